@@ -1,0 +1,79 @@
+/*
+ * llm3d core: status codes and error messages, always-on assertions, accounted allocation,
+ * a counter-based RNG, and a wall clock.
+ *
+ *   l3d_status st = l3d_shard_open(&sh, path);
+ *   if (st != L3D_OK) { fprintf(stderr, "llm3d: %s\n", l3d_error_message()); return 1; }
+ *
+ *   float *buf = l3d_alloc(n * sizeof(float), "activations");   // counted in l3d_mem_peak()
+ *   float x = l3d_rng_normal(seed, stream, index);               // same value on every layout
+ *
+ * Errors the user or the environment can cause return a status; the message (what was wrong,
+ * with which value, and what to do) is kept per thread and read with l3d_error_message().
+ * Programmer errors use L3D_ASSERT, which is always on and calls the abort hook (the distributed
+ * runtime installs one that brings every rank down).
+ */
+#ifndef LLM3D_CORE_H
+#define LLM3D_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    L3D_OK = 0,
+    L3D_ERR_ARG,     /* a bad flag or parameter value */
+    L3D_ERR_IO,      /* a file could not be opened, read or written */
+    L3D_ERR_FORMAT,  /* a file's content is malformed (magic, size, range) */
+    L3D_ERR_OOM,     /* an allocation failed */
+    L3D_ERR_LAYOUT,  /* a layout that does not fit the model or the world */
+    L3D_ERR_INTERNAL,
+} l3d_status;
+
+/* Sets the calling thread's error message (printf-style) and returns st, so that
+ * `return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));` reads well. */
+l3d_status l3d_error(l3d_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *l3d_error_message(void);
+const char *l3d_status_name(l3d_status st);
+
+/* Abort hook: called by L3D_ASSERT and l3d_fatal after the message is printed. The default exits
+ * the process with status 134; the MPI runtime replaces it with MPI_Abort on the world. */
+typedef void (*l3d_abort_fn)(void *ctx);
+void l3d_set_abort_hook(l3d_abort_fn fn, void *ctx);
+/* Rank printed in fatal messages (-1 before the runtime knows it). */
+void l3d_set_log_rank(int rank);
+_Noreturn void l3d_fatal(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define L3D_ASSERT(x)                                                 \
+    do {                                                              \
+        if (!(x)) l3d_fatal(__FILE__, __LINE__, "assertion failed: %s", #x); \
+    } while (0)
+
+/* Accounted host allocation, 64-byte aligned. l3d_alloc aborts with a clear message when memory
+ * runs out (it is only called at start-up, before the step loop); l3d_try_alloc returns NULL. */
+void *l3d_alloc(size_t bytes, const char *what);
+void *l3d_try_alloc(size_t bytes, const char *what);
+void *l3d_calloc(size_t bytes, const char *what);
+void l3d_free(void *p);
+size_t l3d_mem_used(void);
+size_t l3d_mem_peak(void);
+
+/* Counter-based RNG: every value is a pure function of (seed, stream, index), so a tensor element
+ * gets the same initial value whatever rank or shard initialises it. SplitMix64 finaliser
+ * (Steele et al. 2014) over the packed counter; normals by Box-Muller. */
+uint64_t l3d_rng_u64(uint64_t seed, uint64_t stream, uint64_t index);
+float l3d_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index); /* [0, 1) */
+float l3d_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);  /* N(0, 1) */
+
+/* Sequential generator for sampling and batch order: a state that advances. */
+typedef struct {
+    uint64_t state;
+} l3d_rng;
+void l3d_rng_seed(l3d_rng *r, uint64_t seed);
+uint64_t l3d_rng_next(l3d_rng *r);
+float l3d_rng_next_float(l3d_rng *r); /* [0, 1) */
+
+double l3d_time_s(void); /* monotonic wall clock in seconds */
+
+#endif

@@ -1,0 +1,131 @@
+/*
+ * llm3d data: token shards in llm.c's format, the batch loader, and byte-level preparation.
+ *
+ *   struct l3d_data *train;
+ *   if (l3d_data_open(&train, "data/train_*.bin", 50257) != L3D_OK) {   // validates every file
+ *       fprintf(stderr, "llm3d: %s\n", l3d_error_message()); return 1;
+ *   }
+ *   struct l3d_loader_config cfg = {.B = 4, .T = 1024, .random = true, .seed = 1337,
+ *                                   .dp_rank = dp_rank, .dp_size = dp_size};
+ *   struct l3d_loader *ld;
+ *   if (l3d_loader_init(&ld, train, &cfg) != L3D_OK) { ... }
+ *   l3d_loader_next(ld, inputs, targets);          // int32 (B,T) each; no allocation
+ *   struct l3d_loader_pos pos = l3d_loader_get_pos(ld);   // into the checkpoint
+ *   ...
+ *   l3d_loader_free(ld);
+ *   l3d_data_free(train);
+ *
+ * Shard format (llm.c, dev/data/data_common.py, GPT-2 flavour): a header of 256 int32 little-endian,
+ * [0] = magic 20240520, [1] = version 1, [2] = number of tokens N, the rest zero; then N uint16
+ * little-endian tokens. The file is exactly 1024 + 2N bytes.
+ *
+ * Windows and batches. A window is T+1 consecutive tokens of one file starting at a multiple of T
+ * (llm.c's stride): inputs are its first T tokens, targets its last T. A file of n tokens holds
+ * (n-1)/T windows; windows never cross a file boundary, and the tail of a file too short for a full
+ * window is never read. All windows of all files, file after file, are numbered 0..W-1.
+ *
+ * The loader walks an endless stream of windows: epoch e is the W windows in order (sequential mode)
+ * or in a Fisher-Yates shuffle seeded with seed+e (random mode); epoch e+1 follows epoch e, and a
+ * batch may straddle the two. Each call takes the next global batch of dp_size*B windows from the
+ * stream; DP rank r keeps windows [r*B, (r+1)*B) of it. Every rank walks the same stream, so the
+ * union of the ranks' batches is exactly the batch of one process with B*dp_size, and the position
+ * (epoch, index of the next window) is the same on every rank: one position resumes all of them,
+ * for any dp_size with the same dp_size*B.
+ *
+ *   W = 5 windows, dp_size = 2, B = 1 (global batch 2), sequential:
+ *     call 1: rank 0 gets w0, rank 1 gets w1      call 3: rank 0 gets w4, rank 1 gets w0 (epoch 1)
+ *     call 2: rank 0 gets w2, rank 1 gets w3      position after call 3: epoch 1, index 1
+ */
+#ifndef LLM3D_DATA_H
+#define LLM3D_DATA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llm3d/core.h"
+
+#define L3D_SHARD_MAGIC 20240520
+#define L3D_SHARD_VERSION 1
+#define L3D_SHARD_HEADER_INTS 256
+#define L3D_SHARD_HEADER_BYTES (L3D_SHARD_HEADER_INTS * 4)
+#define L3D_SHARD_MAX_TOKENS INT32_MAX /* the header stores the count as int32 */
+
+/* ---- shards ---------------------------------------------------------------------------------- */
+
+struct l3d_data; /* a read-only set of token shards, mapped into memory */
+
+/* Opens one file, or every file a glob(3) pattern matches (in sorted order), and validates each:
+ * header, magic, version, size, at least 2 tokens, and every token < vocab_size (vocab_size 0 skips
+ * the range check). Returns L3D_ERR_IO (cannot open, or no file matches) or L3D_ERR_FORMAT (a
+ * malformed file) with a message naming the file; nothing is left allocated on error. */
+l3d_status l3d_data_open(struct l3d_data **out, const char *pattern, int64_t vocab_size);
+void l3d_data_free(struct l3d_data *data);
+
+int l3d_data_num_files(const struct l3d_data *data);
+int64_t l3d_data_num_tokens(const struct l3d_data *data); /* over all files */
+/* The tokens of file i (0 <= i < num_files); *n receives their count. Valid until l3d_data_free. */
+const uint16_t *l3d_data_file_tokens(const struct l3d_data *data, int i, int64_t *n);
+const char *l3d_data_file_path(const struct l3d_data *data, int i);
+
+/* Writes n tokens as one shard, atomically: to "<path>.tmp", flushed and fsync'ed, then renamed
+ * over path. 0 <= n <= L3D_SHARD_MAX_TOKENS. */
+l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n);
+
+/* ---- loader ---------------------------------------------------------------------------------- */
+
+struct l3d_loader_config {
+    int64_t B;     /* windows per rank per batch */
+    int64_t T;     /* sequence length: a window holds T+1 tokens */
+    bool random;   /* shuffle the windows, again each epoch */
+    uint64_t seed; /* epoch e is shuffled with seed+e */
+    int dp_rank;   /* 0 <= dp_rank < dp_size */
+    int dp_size;   /* a global batch is dp_size*B windows */
+};
+
+/* Where the stream stands: the next window read is window `index` (0 <= index < W) of epoch
+ * `epoch`'s order. Identical on every DP rank. */
+struct l3d_loader_pos {
+    int64_t epoch;
+    int64_t index;
+};
+
+struct l3d_loader;
+
+/* The loader reads from data, which must outlive it. L3D_ERR_ARG for a bad config, or when the data
+ * holds fewer windows than one global batch (the message says how many tokens are needed). */
+l3d_status l3d_loader_init(struct l3d_loader **out, const struct l3d_data *data,
+                           const struct l3d_loader_config *cfg);
+/* inputs (B,T), targets (B,T): the next batch of this rank; targets[b][t] = inputs[b][t+1] within
+ * the window. Never allocates, never fails. */
+void l3d_loader_next(struct l3d_loader *ld, int32_t *inputs, int32_t *targets);
+struct l3d_loader_pos l3d_loader_get_pos(const struct l3d_loader *ld);
+/* Resumes the stream at pos (as returned by get_pos on a loader over the same data, T, seed and
+ * mode). L3D_ERR_ARG when pos is out of range for this data. */
+l3d_status l3d_loader_set_pos(struct l3d_loader *ld, struct l3d_loader_pos pos);
+int64_t l3d_loader_num_windows(const struct l3d_loader *ld); /* W */
+void l3d_loader_free(struct l3d_loader *ld);
+
+/* ---- preparation ----------------------------------------------------------------------------- */
+
+#define L3D_BYTES_VOCAB 256
+
+struct l3d_prepare_stats {
+    int files;
+    int64_t tokens, train_tokens, val_tokens;
+    int train_shards, val_shards;
+    int stale_removed; /* shards of an earlier run, beyond the ones written, that were deleted */
+};
+
+/* Byte-level preparation (until the BPE tokenizer exists): token = byte value, vocabulary 256.
+ * Concatenates the files in order; the last val_fraction (0 <= val_fraction < 1) of the tokens,
+ * at least 2 when val_fraction > 0, go to validation. Writes out_dir/train_000000.bin, ... and
+ * out_dir/val_000000.bin, ... (created, with parents, when missing): each split cut into
+ * ceil(n / shard_tokens) shards of equal size (+-1 token), never more than shard_tokens
+ * (4 <= shard_tokens <= L3D_SHARD_MAX_TOKENS). Numbered shards of an earlier run beyond those
+ * written are deleted, so that "train_*.bin" matches exactly this run's shards. Every file is
+ * read and checked (readable, no NUL byte: text only) before anything is written. stats may be
+ * NULL. */
+l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
+                             int64_t shard_tokens, struct l3d_prepare_stats *stats);
+
+#endif

@@ -1,0 +1,145 @@
+/*
+ * llm3d model: GPT-2 (Radford et al. 2019) forward and backward, written against a shard.
+ *
+ *   struct l3d_gpt_config cfg;
+ *   l3d_gpt_config_preset(&cfg, "d12");             // GPT-2 124M
+ *   struct l3d_shard sh = l3d_shard_full(&cfg);     // the 1x1x1 layout holds everything
+ *   struct l3d_gpt *m;
+ *   if (l3d_gpt_init(&m, &cfg, &sh, be, B, T) != L3D_OK) ...;
+ *   l3d_gpt_init_weights(m, seed);
+ *   l3d_gpt_zero_grad(m);
+ *   float loss = l3d_gpt_forward(m, inputs, targets, B, T);
+ *   l3d_gpt_backward(m, 1.0f / (B * T));           // d(mean loss)/d(loss of one token)
+ *   // m->params, m->grads: one flat buffer each; m->tensors[i] says where each tensor lies
+ *
+ * A shard is what one rank holds: a contiguous range of layers (its pipeline stage), a range of
+ * attention heads and of FFN columns (its tensor-parallel slice), a range of rows of the padded
+ * vocabulary (vocabulary-parallel embedding and LM head), and whether it holds the embedding
+ * (first stage) and the final LayerNorm + head + loss (last stage). The model sizes every buffer
+ * from the shard and never assumes the full model.
+ *
+ * Parameters are the 16 tensors of llm.c's GPT-2 checkpoint, in its order, matrices (out, in):
+ *   wte (Vp,C) wpe (maxT,C) ln1w ln1b (L,C) qkvw (L,3C,C) qkvb (L,3C) attprojw (L,C,C)
+ *   attprojb (L,C) ln2w ln2b (L,C) fcw (L,4C,C) fcb (L,4C) fcprojw (L,C,4C) fcprojb (L,C)
+ *   lnfw lnfb (C)
+ * restricted to the shard's slice (qkvw keeps its q|k|v blocks, each with the local heads).
+ */
+#ifndef LLM3D_MODEL_H
+#define LLM3D_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+
+#define L3D_VOCAB_ALIGN 128
+#define L3D_NUM_TENSORS 16
+
+struct l3d_gpt_config {
+    int L;    /* layers */
+    int C;    /* channels */
+    int NH;   /* attention heads */
+    int V;    /* vocabulary size */
+    int Vp;   /* V padded to a multiple of L3D_VOCAB_ALIGN */
+    int maxT; /* context length (rows of wpe) */
+};
+
+/* Presets: tiny (tests), d6, d12 = gpt2 (124M), d24 = gpt2-medium (350M), d36 = gpt2-large
+ * (774M), d48 = gpt2-xl (1.5B). GPT-2's V = 50257 and maxT = 1024 unless overridden. */
+l3d_status l3d_gpt_config_preset(struct l3d_gpt_config *cfg, const char *name);
+/* Checks sizes (C divisible by NH, positive values) and sets Vp. */
+l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg);
+const char *l3d_gpt_preset_names(void);
+
+struct l3d_shard {
+    int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */
+    int head_start, head_count;   /* attention heads */
+    int64_t ffn_start, ffn_count; /* columns of the 4C MLP */
+    int64_t vocab_start, vocab_count; /* rows of the padded vocabulary */
+    bool has_embedding;  /* token + position embedding (first pipeline stage) */
+    bool has_head;       /* final LayerNorm, tied LM head and loss (last pipeline stage) */
+    bool adds_row_bias;  /* adds the biases of row-parallel layers (one rank of a TP group) */
+};
+
+struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg);
+/* Checks that the shard lies inside the model and is not empty where it must not be. */
+l3d_status l3d_shard_check(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh);
+
+enum l3d_tensor_id {
+    L3D_T_WTE, L3D_T_WPE, L3D_T_LN1W, L3D_T_LN1B, L3D_T_QKVW, L3D_T_QKVB, L3D_T_ATTPROJW,
+    L3D_T_ATTPROJB, L3D_T_LN2W, L3D_T_LN2B, L3D_T_FCW, L3D_T_FCB, L3D_T_FCPROJW, L3D_T_FCPROJB,
+    L3D_T_LNFW, L3D_T_LNFB,
+};
+
+struct l3d_tensor_info {
+    const char *name;   /* llm.c's name */
+    int64_t offset;     /* in elements, into the flat params / grads / moment buffers */
+    int64_t count;      /* elements held by this shard (0 if none) */
+    int64_t layers, rows, cols; /* local shape: (layers, rows, cols); layers 1 for non-layer */
+    bool decay;         /* weight decay applies (matrices: 2-D tensors, as in llm.c / nanoGPT) */
+};
+
+/* Hook the parallel layer installs for tensor parallelism; NULL (tp = 1) makes it a no-op. */
+struct l3d_gpt_hooks {
+    void *ctx;
+    /* In-place sum over the tensor-parallel group. */
+    void (*tp_all_reduce)(void *ctx, float *buf, int64_t n);
+    /* In-place max over the tensor-parallel group (vocabulary-parallel cross-entropy). */
+    void (*tp_all_reduce_max)(void *ctx, float *buf, int64_t n);
+};
+
+struct l3d_gpt_acts; /* activation pointer table, private to the model */
+
+struct l3d_gpt {
+    struct l3d_gpt_config cfg;
+    struct l3d_shard shard;
+    struct l3d_backend *be;
+    struct l3d_gpt_hooks hooks;
+    int Bmax, Tmax;       /* sizes the activations were planned for */
+    int64_t num_params;   /* elements in this shard */
+    struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
+    float *params;        /* flat, num_params */
+    float *grads;         /* flat, num_params, same offsets */
+    struct l3d_gpt_acts *acts;
+    float *input_act;     /* (B,T,C): the stage input when !has_embedding, else the embedding */
+    float *dinput_act;    /* (B,T,C): gradient of the stage input after backward */
+    float *losses;        /* (B,T) per-token loss of the last forward with targets */
+    float *logits;        /* (B,T,Vl): local vocabulary slice of the logits of the last forward */
+    size_t act_bytes;     /* bytes of activations and backward scratch */
+    int32_t *inputs;      /* (B,T) copy of the last forward's tokens, for backward */
+    int32_t *targets;     /* (B,T) copy of its targets */
+    bool has_targets;
+    int B, T;             /* sizes of the last forward */
+};
+
+/* Allocates parameters, gradients and activations for micro-batches up to (B, T), once. */
+l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T);
+void l3d_gpt_free(struct l3d_gpt *m);
+
+/* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
+ * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on
+ * (seed, tensor, its index in the full tensor), so every layout initialises the same model. */
+void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed);
+
+/* Forward of a micro-batch. inputs (B,T) token ids (read when has_embedding; otherwise input_act
+ * holds the stage input), targets (B,T) or NULL. Returns the mean loss over the B*T tokens when
+ * targets are given and the shard has the head, else 0. */
+float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                      int T);
+/* Backward of the last forward (which had targets); parameter gradients accumulate (+=) into
+ * m->grads. dloss is the weight of each token's loss in the objective: 1/(B*T*micro-batches).
+ * For a shard without the head, dout_act (B,T,C) is the gradient of its output (else NULL). */
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act);
+void l3d_gpt_zero_grad(struct l3d_gpt *m);
+/* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */
+const float *l3d_gpt_output_act(const struct l3d_gpt *m);
+
+/* Parameter count of the full model, and the model FLOPs per token of a training step:
+ * 6N + 12 L C T (PaLM, Chowdhery et al. 2022, appendix B), N = every parameter but the position
+ * embedding (which takes part in no matrix product), the LM head counted through the tied wte. */
+int64_t l3d_gpt_param_count(const struct l3d_gpt_config *cfg);
+double l3d_gpt_flops_per_token(const struct l3d_gpt_config *cfg, int T);
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * llm3d optimizer: AdamW with decoupled weight decay on matrices only, a learning-rate schedule
+ * (linear warm-up, cosine decay to a floor) and global-norm gradient clipping.
+ *
+ *   struct l3d_adamw opt;
+ *   l3d_adamw_init(&opt, &hp, model->num_params);
+ *   float lr = l3d_lr_at(&sched, step);
+ *   double norm = l3d_grad_norm(be, model->grads, model->num_params);   // sqrt of sum of squares
+ *   l3d_clip_grads(be, model->grads, model->num_params, norm, hp.grad_clip);
+ *   l3d_adamw_step(&opt, be, model->params, model->grads, model->tensors, L3D_NUM_TENSORS, lr);
+ *
+ * The moments m and v are flat buffers with the parameters' offsets, so a ZeRO shard is a range.
+ */
+#ifndef LLM3D_OPTIM_H
+#define LLM3D_OPTIM_H
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+#include "llm3d/model.h"
+
+struct l3d_adamw_hparams {
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip; /* clip the global norm to this; 0 disables */
+};
+
+struct l3d_adamw {
+    struct l3d_adamw_hparams hp;
+    int64_t n;
+    float *m, *v; /* first and second moments, n each */
+    int64_t t;    /* steps taken */
+};
+
+void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t n);
+void l3d_adamw_free(struct l3d_adamw *opt);
+/* One step over the tensors (weight decay where tensors[i].decay), with learning rate lr. */
+void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
+                    const float *grads, const struct l3d_tensor_info *tensors, int ntensors,
+                    float lr);
+
+struct l3d_lr_schedule {
+    float max_lr;
+    float min_lr;     /* floor reached at the last step */
+    int warmup_steps; /* linear from max_lr/warmup to max_lr */
+    int total_steps;
+};
+/* lr at step (0-based): (step+1)/warmup * max_lr during warm-up, then cosine from max_lr to
+ * min_lr over the remaining steps (Loshchilov & Hutter 2017, without restarts). */
+float l3d_lr_at(const struct l3d_lr_schedule *s, int step);
+
+/* Sum of squares of n gradient elements (the caller sums across ranks, then takes the root). */
+double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n);
+/* Scales the gradients by clip / norm when norm > clip > 0; returns the factor applied. */
+float l3d_clip_grads(struct l3d_backend *be, float *grads, int64_t n, double norm, float clip);
+
+#endif

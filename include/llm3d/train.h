@@ -1,0 +1,49 @@
+/*
+ * llm3d training loop: data → micro-batches → AdamW steps → metrics, validation, final weights.
+ *
+ *   struct l3d_train_config tc;
+ *   l3d_train_config_defaults(&tc);
+ *   tc.train_pattern = "data/train_*.bin"; tc.out_dir = "out";
+ *   l3d_status st = l3d_train_run(&tc, &result);
+ *
+ * Global batch = micro-batch B x gradient accumulation steps x data-parallel size (1 here) sequences
+ * of T tokens. Each step logs one line (step, loss, lr, grad norm, ms, tokens/s, MFU) and appends a
+ * JSON object to out_dir/metrics.jsonl; at the end the weights go to out_dir/model.bin (llm.c).
+ */
+#ifndef LLM3D_TRAIN_H
+#define LLM3D_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llm3d/core.h"
+#include "llm3d/model.h"
+#include "llm3d/optim.h"
+
+struct l3d_train_config {
+    struct l3d_gpt_config model;
+    const char *train_pattern; /* token shards: a file or a glob */
+    const char *val_pattern;   /* NULL: no validation */
+    const char *out_dir;       /* NULL: write nothing */
+    const char *init_from;     /* llm.c checkpoint to start from, or NULL */
+    int B, T, accum, steps;
+    struct l3d_adamw_hparams adamw;
+    float lr, min_lr;
+    int warmup_steps;
+    int val_every, val_batches; /* validation every val_every steps (and at the end) */
+    bool random_batches;
+    uint64_t seed;        /* initial weights and batch order */
+    double peak_flops;    /* for MFU; <= 0: measured at start-up */
+    bool quiet;           /* no per-step line */
+};
+
+struct l3d_train_result {
+    int steps;
+    float first_loss, last_loss, last_val_loss;
+    double median_step_s, tokens_per_s, mfu;
+};
+
+void l3d_train_config_defaults(struct l3d_train_config *tc);
+l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_result *res);
+
+#endif

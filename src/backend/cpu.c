@@ -1,0 +1,469 @@
+/*
+ * CPU backend: matrix products through oneDNN's dnnl_sgemm (row-major, shares the OpenMP thread
+ * pool with the loops below), every other kernel an OpenMP loop written so that GCC vectorises it.
+ *
+ * Contract (include/llm3d/backend.h): activations are overwritten (=), every gradient output
+ * accumulates (+=). Every reduction runs over fixed static chunks combined in thread order, so a
+ * run is bit-identical for the same thread count.
+ */
+#include <dnnl.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+
+#define L3D_MAX_THREADS 256
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (st != dnnl_success)
+        l3d_fatal(__FILE__, __LINE__, "dnnl_sgemm(%c,%c,M=%lld,N=%lld,K=%lld) failed with status %d",
+                  ta, tb, (long long)M, (long long)N, (long long)K, (int)st);
+}
+
+/* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
+ * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
+ * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */
+static inline float fast_expf(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f + shifter;
+    float n = t - shifter;
+    float r = x - n * 0.693145751953125f;  /* ln2 high part, exact in float */
+    r = r - n * 1.428606765330187e-06f;    /* ln2 low part */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t ni = (int32_t)n;
+    int32_t bits = (ni + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* tanh(u) = 1 - 2 / (exp(2u) + 1); saturates correctly at both ends through the clamp above. */
+static inline float fast_tanhf(float u) { return 1.0f - 2.0f / (fast_expf(2.0f * u) + 1.0f); }
+
+/* [lo, hi) of n items for thread tid of nth: the fixed static partition reductions rely on. */
+static inline void chunk(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
+    *lo = n * tid / nth;
+    *hi = n * (tid + 1) / nth;
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+// out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL
+static void cpu_matmul_forward(void *ctx, float *out, const float *inp, const float *weight,
+                               const float *bias, int64_t N, int64_t C, int64_t OC) {
+    (void)ctx;
+    float beta = 0.0f;
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    sgemm('N', 'T', N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+// dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC), inp (N,C), weight (OC,C)
+static void cpu_matmul_backward(void *ctx, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight,
+                                int64_t N, int64_t C, int64_t OC) {
+    (void)ctx;
+    if (dinp) sgemm('N', 'N', N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight) sgemm('T', 'N', OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias) {
+        /* column sums: each thread owns a block of columns and walks all rows */
+#pragma omp parallel
+        {
+            int64_t lo, hi;
+            chunk(OC, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+            for (int64_t n = 0; n < N; n++) {
+                const float *row = dout + n * OC;
+#pragma omp simd
+                for (int64_t o = lo; o < hi; o++) dbias[o] += row[o];
+            }
+        }
+    }
+}
+
+/* ---- embedding -------------------------------------------------------------------------- */
+
+// out (B,T,C), tokens (B,T), wte (vocab_count,C), wpe (>=T,C) or NULL
+static void cpu_encoder_forward(void *ctx, float *out, const int32_t *tokens, const float *wte,
+                                const float *wpe, int64_t vocab_start, int64_t vocab_count,
+                                int64_t B, int64_t T, int64_t C) {
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        float *o = out + bt * C;
+        int64_t v = (int64_t)tokens[bt] - vocab_start;
+        if (v >= 0 && v < vocab_count)
+            memcpy(o, wte + v * C, (size_t)C * sizeof(float));
+        else
+            memset(o, 0, (size_t)C * sizeof(float));
+        if (wpe) {
+            const float *p = wpe + (bt % T) * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) o[c] += p[c];
+        }
+    }
+}
+
+// dwte (vocab_count,C), dwpe (>=T,C) or NULL, dout (B,T,C), tokens (B,T)
+static void cpu_encoder_backward(void *ctx, float *dwte, float *dwpe, const float *dout,
+                                 const int32_t *tokens, int64_t vocab_start, int64_t vocab_count,
+                                 int64_t B, int64_t T, int64_t C) {
+    (void)ctx;
+    /* Tokens repeat, so threads split the channels, not the rows: no two threads touch the same
+     * element and the order of additions is fixed. */
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            const float *d = dout + bt * C;
+            int64_t v = (int64_t)tokens[bt] - vocab_start;
+            if (dwte && v >= 0 && v < vocab_count) {
+                float *w = dwte + v * C;
+#pragma omp simd
+                for (int64_t c = lo; c < hi; c++) w[c] += d[c];
+            }
+            if (dwpe) {
+                float *p = dwpe + (bt % T) * C;
+#pragma omp simd
+                for (int64_t c = lo; c < hi; c++) p[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ---- layernorm -------------------------------------------------------------------------- */
+
+#define L3D_LN_EPS 1e-5f
+
+// out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
+static void cpu_layernorm_forward(void *ctx, float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int64_t N, int64_t C) {
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < C; c++) s += x[c];
+        float m = s / (float)C;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        float r = 1.0f / sqrtf(v / (float)C + L3D_LN_EPS);
+        float *o = out + n * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+// dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
+static void cpu_layernorm_backward(void *ctx, float *dinp, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, const float *weight,
+                                   const float *mean, const float *rstd, int64_t N, int64_t C) {
+    (void)ctx;
+    if (dinp) {
+        /* dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight */
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * C, *d = dout + n * C;
+            float m = mean[n], r = rstd[n];
+            float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
+            for (int64_t c = 0; c < C; c++) {
+                float g = d[c] * weight[c];
+                sg += g;
+                sgx += g * (x[c] - m) * r;
+            }
+            sg /= (float)C;
+            sgx /= (float)C;
+            float *di = dinp + n * C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) {
+                float xhat = (x[c] - m) * r;
+                di[c] += r * (d[c] * weight[c] - sg - xhat * sgx);
+            }
+        }
+    }
+    if (dweight || dbias) {
+#pragma omp parallel
+        {
+            int64_t lo, hi;
+            chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = inp + n * C, *d = dout + n * C;
+                float m = mean[n], r = rstd[n];
+                if (dweight) {
+#pragma omp simd
+                    for (int64_t c = lo; c < hi; c++) dweight[c] += d[c] * (x[c] - m) * r;
+                }
+                if (dbias) {
+#pragma omp simd
+                    for (int64_t c = lo; c < hi; c++) dbias[c] += d[c];
+                }
+            }
+        }
+    }
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* Per (batch, head): S = Q K^T / sqrt(HS) by sgemm, causal softmax row by row, out = P V by sgemm.
+ * The (b, h) pairs are spread over threads; oneDNN runs single-threaded inside the region. The
+ * whole T x T product is computed and the upper triangle zeroed: O(T^2) memory, as planned for
+ * this kernel (a flash-style kernel comes later). */
+// out (B,T,NH,HS), att (B,NH,T,T), qkv (B,T,3,NH,HS)
+static void cpu_attention_forward(void *ctx, float *out, float *att, const float *qkv, int64_t B,
+                                  int64_t T, int64_t NH, int64_t HS) {
+    (void)ctx;
+    const int64_t C = NH * HS, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        const float *q = qkv + b * T * C3 + h * HS;
+        const float *k = q + C;
+        const float *v = q + 2 * C;
+        float *a = att + bh * T * T;
+        sgemm('N', 'T', T, T, HS, scale, q, C3, k, C3, 0.0f, a, T);
+        for (int64_t t = 0; t < T; t++) {
+            float *row = a + t * T;
+            float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+            for (int64_t j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j <= t; j++) {
+                row[j] = fast_expf(row[j] - mx);
+                s += row[j];
+            }
+            float inv = 1.0f / s;
+#pragma omp simd
+            for (int64_t j = 0; j <= t; j++) row[j] *= inv;
+            for (int64_t j = t + 1; j < T; j++) row[j] = 0.0f;
+        }
+        sgemm('N', 'N', T, HS, T, 1.0f, a, T, v, C3, 0.0f, out + b * T * C + h * HS, C);
+    }
+}
+
+// dqkv (B,T,3,NH,HS), datt (B,NH,T,T) scratch, dout (B,T,NH,HS), qkv, att (B,NH,T,T)
+static void cpu_attention_backward(void *ctx, float *dqkv, float *datt, const float *dout,
+                                   const float *qkv, const float *att, int64_t B, int64_t T,
+                                   int64_t NH, int64_t HS) {
+    (void)ctx;
+    const int64_t C = NH * HS, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        const float *q = qkv + b * T * C3 + h * HS, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + b * T * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
+        const float *a = att + bh * T * T;
+        const float *dO = dout + b * T * C + h * HS;
+        float *da = datt + bh * T * T;
+        sgemm('N', 'T', T, T, HS, 1.0f, dO, C, v, C3, 0.0f, da, T); /* dP = dO V^T */
+        sgemm('T', 'N', T, HS, T, 1.0f, a, T, dO, C, 1.0f, dv, C3); /* dV += P^T dO */
+        for (int64_t t = 0; t < T; t++) {                           /* dS = P (dP - rowsum(P dP)) */
+            const float *p = a + t * T;
+            float *d = da + t * T;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j <= t; j++) s += p[j] * d[j];
+#pragma omp simd
+            for (int64_t j = 0; j <= t; j++) d[j] = p[j] * (d[j] - s) * scale;
+            for (int64_t j = t + 1; j < T; j++) d[j] = 0.0f;
+        }
+        sgemm('N', 'N', T, HS, T, 1.0f, da, T, k, C3, 1.0f, dq, C3); /* dQ += dS K */
+        sgemm('T', 'N', T, HS, T, 1.0f, da, T, q, C3, 1.0f, dk, C3); /* dK += dS^T Q */
+    }
+}
+
+/* ---- GELU, residual --------------------------------------------------------------------- */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static void cpu_gelu_forward(void *ctx, float *out, const float *inp, int64_t N) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + fast_tanhf(u));
+    }
+}
+
+static void cpu_gelu_backward(void *ctx, float *dinp, const float *dout, const float *inp,
+                              int64_t N) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float th = fast_tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+static void cpu_residual_forward(void *ctx, float *out, const float *a, const float *b, int64_t N) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_add_inplace(void *ctx, float *dst, const float *src, int64_t N) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N; i++) dst[i] += src[i];
+}
+
+/* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
+
+// maxv (N), logits (N,Vl)
+static void cpu_xent_max(void *ctx, float *maxv, const float *logits, int64_t N, int64_t Vl,
+                         int64_t Vvalid) {
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *l = logits + n * Vl;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < Vvalid; j++) mx = l[j] > mx ? l[j] : mx;
+        maxv[n] = mx;
+    }
+}
+
+// sumexp (N), tlogit (N), logits (N,Vl), maxv (N), targets (N)
+static void cpu_xent_sumexp(void *ctx, float *sumexp, float *tlogit, const float *logits,
+                            const float *maxv, const int32_t *targets, int64_t vocab_start,
+                            int64_t N, int64_t Vl, int64_t Vvalid) {
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *l = logits + n * Vl;
+        float mx = maxv[n], s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < Vvalid; j++) s += fast_expf(l[j] - mx);
+        sumexp[n] = s;
+        int64_t t = (int64_t)targets[n] - vocab_start;
+        tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
+    }
+}
+
+// logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
+static void cpu_xent_backward(void *ctx, float *logits, const float *maxv, const float *sumexp,
+                              const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
+                              int64_t Vl, int64_t Vvalid) {
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *l = logits + n * Vl;
+        float mx = maxv[n], k = dloss / sumexp[n];
+#pragma omp simd
+        for (int64_t j = 0; j < Vvalid; j++) l[j] = fast_expf(l[j] - mx) * k;
+        for (int64_t j = Vvalid; j < Vl; j++) l[j] = 0.0f;
+        int64_t t = (int64_t)targets[n] - vocab_start;
+        if (t >= 0 && t < Vvalid) l[t] -= dloss;
+    }
+}
+
+/* ---- optimizer helpers ------------------------------------------------------------------ */
+
+static void cpu_adamw(void *ctx, float *param, float *m, float *v, const float *grad, int64_t n,
+                      float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                      float bc2) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * param[i]);
+    }
+}
+
+static double cpu_sumsq(void *ctx, const float *x, int64_t n) {
+    (void)ctx;
+    double part[L3D_MAX_THREADS] = {0};
+    int nth_used = 1;
+#pragma omp parallel
+    {
+        int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        L3D_ASSERT(nth <= L3D_MAX_THREADS);
+        int64_t lo, hi;
+        chunk(n, tid, nth, &lo, &hi);
+        double s = 0.0;
+        for (int64_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        part[tid] = s;
+        if (tid == 0) nth_used = nth;
+    }
+    double s = 0.0;
+    for (int t = 0; t < nth_used; t++) s += part[t];
+    return s;
+}
+
+static void cpu_scale(void *ctx, float *x, float s, int64_t n) {
+    (void)ctx;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_free(void *ctx) { (void)ctx; }
+
+static const struct l3d_backend_i cpu_backend_i = {
+    .name = "cpu",
+    .free = cpu_free,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .encoder_forward = cpu_encoder_forward,
+    .encoder_backward = cpu_encoder_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .add_inplace = cpu_add_inplace,
+    .xent_max = cpu_xent_max,
+    .xent_sumexp = cpu_xent_sumexp,
+    .xent_backward = cpu_xent_backward,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+};
+
+struct l3d_backend *l3d_backend_cpu_init(void) {
+    struct l3d_backend *be = l3d_alloc(sizeof *be, "backend");
+    be->i = &cpu_backend_i;
+    be->ctx = NULL;
+    return be;
+}
+
+void l3d_backend_free(struct l3d_backend *be) {
+    if (!be) return;
+    if (be->i->free) be->i->free(be->ctx);
+    l3d_free(be);
+}

@@ -1,0 +1,78 @@
+/* Measured peak FLOP/s of this CPU: FMA throughput and sgemm (include/llm3d/backend.h). */
+#include <dnnl.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+
+#define NACC 16 /* independent accumulators: enough to cover FMA latency x pipes */
+
+/* Returns FLOPs done in `iters` iterations; acc values are stored to keep the loop alive. */
+__attribute__((target("avx512f"))) static double fma_loop_avx512(int64_t iters, float *sink) {
+    __m512 acc[NACC];
+    __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < NACC; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < NACC; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    __m512 s = acc[0];
+    for (int i = 1; i < NACC; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return (double)iters * NACC * 16 * 2;
+}
+
+__attribute__((target("avx2,fma"))) static double fma_loop_avx2(int64_t iters, float *sink) {
+    __m256 acc[NACC];
+    __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < NACC; i++) acc[i] = _mm256_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < NACC; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    __m256 s = acc[0];
+    for (int i = 1; i < NACC; i++) s = _mm256_add_ps(s, acc[i]);
+    float v[8];
+    _mm256_storeu_ps(v, s);
+    *sink = v[0] + v[7];
+    return (double)iters * NACC * 8 * 2;
+}
+
+double l3d_cpu_fma_peak(double seconds) {
+    int avx512 = __builtin_cpu_supports("avx512f");
+    double best = 0.0;
+    /* several short rounds, best one: the clock ramps up and other load comes and goes */
+    for (int round = 0; round < 5; round++) {
+        double flops = 0.0;
+        double t0 = l3d_time_s();
+#pragma omp parallel reduction(+ : flops)
+        {
+            float s;
+            int64_t iters = (int64_t)(2e8 * seconds / 5);
+            flops += avx512 ? fma_loop_avx512(iters / 16, &s) : fma_loop_avx2(iters / 8, &s);
+            volatile float keep = s; /* keeps the loop's result live */
+            (void)keep;
+        }
+        double dt = l3d_time_s() - t0;
+        if (flops / dt > best) best = flops / dt;
+    }
+    return best;
+}
+
+double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds) {
+    float *A = l3d_calloc((size_t)(M * K) * sizeof(float), "bench");
+    float *B = l3d_calloc((size_t)(N * K) * sizeof(float), "bench");
+    float *C = l3d_calloc((size_t)(M * N) * sizeof(float), "bench");
+    dnnl_sgemm('N', 'T', M, N, K, 1.0f, A, K, B, K, 0.0f, C, N); /* warm-up */
+    double best = 0.0, start = l3d_time_s();
+    int reps = 0;
+    while (reps < 3 || l3d_time_s() - start < seconds) {
+        double t0 = l3d_time_s();
+        dnnl_sgemm('N', 'T', M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+        double dt = l3d_time_s() - t0;
+        double f = 2.0 * (double)M * N * K / dt;
+        if (f > best) best = f;
+        reps++;
+    }
+    l3d_free(A);
+    l3d_free(B);
+    l3d_free(C);
+    return best;
+}

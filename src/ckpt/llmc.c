@@ -1,0 +1,110 @@
+/* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm3d/ckpt.h"
+
+static bool is_full_shard(const struct l3d_gpt *m) {
+    struct l3d_shard f = l3d_shard_full(&m->cfg);
+    const struct l3d_shard *s = &m->shard;
+    return s->layer_start == f.layer_start && s->layer_count == f.layer_count &&
+           s->head_count == f.head_count && s->ffn_count == f.ffn_count &&
+           s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
+}
+
+l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
+    if (!is_full_shard(m))
+        return l3d_error(L3D_ERR_ARG, "llm.c checkpoints hold the whole model; this rank holds a "
+                         "shard (gather it first)");
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    int32_t hdr[256] = {0};
+    hdr[0] = L3D_LLMC_MAGIC;
+    hdr[1] = L3D_LLMC_VERSION_FP32;
+    hdr[2] = m->cfg.maxT;
+    hdr[3] = m->cfg.V;
+    hdr[4] = m->cfg.L;
+    hdr[5] = m->cfg.NH;
+    hdr[6] = m->cfg.C;
+    hdr[7] = m->cfg.Vp;
+    bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1 &&
+              fwrite(m->params, sizeof(float), (size_t)m->num_params, f) == (size_t)m->num_params;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
+        int e = errno;
+        unlink(tmp);
+        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
+    }
+    return L3D_OK;
+}
+
+static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
+    if (fread(hdr, sizeof(int32_t), 256, f) != 256)
+        return l3d_error(L3D_ERR_FORMAT, "%s: shorter than the 1024-byte llm.c header", path);
+    if (hdr[0] != L3D_LLMC_MAGIC)
+        return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
+                         path, hdr[0], L3D_LLMC_MAGIC);
+    if (hdr[1] != L3D_LLMC_VERSION_FP32)
+        return l3d_error(L3D_ERR_FORMAT, "%s: version %d; only version 3 (fp32) is supported",
+                         path, hdr[1]);
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
+    int32_t hdr[256];
+    l3d_status st = read_header(f, path, hdr);
+    fclose(f);
+    if (st != L3D_OK) return st;
+    *cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
+                                   .C = hdr[6]};
+    st = l3d_gpt_config_finish(cfg);
+    if (st != L3D_OK) return l3d_error(st, "%s: %s", path, l3d_error_message());
+    if (cfg->Vp != hdr[7])
+        return l3d_error(L3D_ERR_FORMAT, "%s: padded vocabulary %d, expected %d (V=%d padded to a "
+                         "multiple of %d)", path, hdr[7], cfg->Vp, cfg->V, L3D_VOCAB_ALIGN);
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
+    struct l3d_gpt_config cfg;
+    l3d_status st = l3d_ckpt_read_llmc_config(path, &cfg);
+    if (st != L3D_OK) return st;
+    if (cfg.L != m->cfg.L || cfg.C != m->cfg.C || cfg.NH != m->cfg.NH || cfg.V != m->cfg.V ||
+        cfg.maxT != m->cfg.maxT)
+        return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
+                         "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
+                         cfg.maxT, m->cfg.L, m->cfg.C, m->cfg.NH, m->cfg.V, m->cfg.maxT);
+    if (!is_full_shard(m))
+        return l3d_error(L3D_ERR_ARG, "loading an llm.c checkpoint into a shard is not supported yet");
+    FILE *f = fopen(path, "rb");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
+    struct stat sb;
+    int64_t want = 1024 + (int64_t)m->num_params * 4;
+    if (fstat(fileno(f), &sb) != 0 || (int64_t)sb.st_size != want) {
+        fclose(f);
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
+                         "or not fp32", path, (long long)sb.st_size, (long long)want);
+    }
+    fseek(f, 1024, SEEK_SET);
+    size_t got = fread(m->params, sizeof(float), (size_t)m->num_params, f);
+    fclose(f);
+    if (got != (size_t)m->num_params)
+        return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got,
+                         (long long)m->num_params);
+    return L3D_OK;
+}

@@ -1,0 +1,54 @@
+/* Parsing of numeric flag values with one clear message per bad value (src/cli/cli.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+
+int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (end == val || *end != '\0' || errno) {
+        fprintf(stderr, "llm3d %s: --%s '%s' is not a whole number\n", cmd, flag, val);
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "llm3d %s: --%s %ld is out of range: give a value from %ld to %ld\n", cmd,
+                flag, v, lo, hi);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo, double hi,
+                  float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (end == val || *end != '\0' || errno) {
+        fprintf(stderr, "llm3d %s: --%s '%s' is not a number\n", cmd, flag, val);
+        return 0;
+    }
+    if (!(v >= lo && v <= hi)) {
+        fprintf(stderr, "llm3d %s: --%s %g is out of range: give a value from %g to %g\n", cmd, flag,
+                v, lo, hi);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (end == val || *end != '\0' || errno || val[0] == '-') {
+        fprintf(stderr, "llm3d %s: --%s '%s' is not a non-negative whole number\n", cmd, flag, val);
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}

@@ -1,0 +1,83 @@
+/* llm3d bench: this machine's measured peaks and a model's training throughput. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "llm3d/data.h"
+#include "llm3d/train.h"
+
+int l3d_cli_bench(int argc, char **argv) {
+    struct l3d_train_config tc;
+    l3d_train_config_defaults(&tc);
+    l3d_gpt_config_preset(&tc.model, "d12");
+    tc.steps = 10;
+    tc.warmup_steps = 2;
+    int rc = l3d_cli_train_flags("bench", argc, argv, &tc);
+    if (rc >= 0) {
+        if (rc == 0) printf("\nbench takes train's model, batch and optimizer flags; it trains on "
+                            "random tokens (--train ignored) and reports the median step.\n");
+        return rc;
+    }
+    int threads = omp_get_max_threads();
+    printf("threads: %d\n", threads);
+    double fma = l3d_cpu_fma_peak(1.0);
+    printf("fp32 FMA peak:  %7.1f GFLOP/s (%.1f per thread)\n", fma / 1e9, fma / 1e9 / threads);
+    /* sgemm on the GPT-2 124M shapes of a (B*T = 2048)-row micro-batch, and a large square */
+    const struct { const char *what; int64_t M, N, K; } shapes[] = {
+        {"qkv    2048x2304x768 ", 2048, 2304, 768},
+        {"fc     2048x3072x768 ", 2048, 3072, 768},
+        {"fcproj 2048x768x3072 ", 2048, 768, 3072},
+        {"head   2048x50304x768", 2048, 50304, 768},
+        {"square 4096x4096x4096", 4096, 4096, 4096},
+    };
+    double best_gemm = 0.0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double f = l3d_cpu_sgemm_flops(shapes[i].M, shapes[i].N, shapes[i].K, 0.5);
+        if (f > best_gemm) best_gemm = f;
+        printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
+               100.0 * f / fma);
+    }
+    fflush(stdout);
+
+    /* training throughput on random tokens, through the real training loop */
+    char dir[] = "/tmp/llm3d-bench-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("llm3d bench: mkdtemp");
+        return 1;
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/train_000000.bin", dir);
+    int64_t n = (int64_t)tc.B * tc.accum * (tc.T + 1) * 4 + 1;
+    uint16_t *tok = malloc((size_t)n * sizeof(uint16_t));
+    l3d_rng rng;
+    l3d_rng_seed(&rng, tc.seed);
+    for (int64_t i = 0; i < n; i++) tok[i] = (uint16_t)(l3d_rng_next(&rng) % (uint64_t)tc.model.V);
+    l3d_status st = l3d_shard_write(path, tok, n);
+    free(tok);
+    if (st == L3D_OK) {
+        tc.train_pattern = path;
+        tc.val_pattern = NULL;
+        tc.out_dir = NULL;
+        if (tc.peak_flops <= 0) tc.peak_flops = fma;
+        struct l3d_train_result res;
+        printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
+               tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.B, tc.T, tc.accum);
+        st = l3d_train_run(&tc, &res);
+        if (st == L3D_OK)
+            printf("\nresult: %.1f ms/step (median of %d), %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s"
+                   " (%.1f%% of the best sgemm, %.1f GFLOP/s)\n",
+                   res.median_step_s * 1e3, res.steps, res.tokens_per_s, 100.0 * res.mfu,
+                   tc.peak_flops / 1e9, 100.0 * res.mfu * tc.peak_flops / best_gemm,
+                   best_gemm / 1e9);
+    }
+    unlink(path);
+    rmdir(dir);
+    if (st != L3D_OK) {
+        fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
+        return 1;
+    }
+    return 0;
+}

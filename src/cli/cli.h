@@ -1,0 +1,34 @@
+/*
+ * llm3d command-line tool: one entry point per command, `int l3d_cli_<command>(argc, argv)`.
+ * main() dispatches on the first argument and passes the rest with argv[0] = the command's name;
+ * each command parses its own flags (getopt_long), prints errors as "llm3d <command>: <message>"
+ * on stderr and returns the process exit status: 0 on success, 1 on failure, 2 on a usage error.
+ */
+#ifndef LLM3D_CLI_H
+#define LLM3D_CLI_H
+
+#include <stdint.h>
+
+/* llm3d prepare --tokenizer bytes --out DIR [--val-fraction F] [--shard-tokens N] FILE...
+ * (src/cli/prepare.c) */
+int l3d_cli_prepare(int argc, char **argv);
+
+/* llm3d train [flags] (src/cli/train.c) */
+int l3d_cli_train(int argc, char **argv);
+struct l3d_train_config;
+/* Parses the model, data and optimizer flags shared by train and bench into tc (which holds the
+ * defaults). Returns -1 on success, else the exit status to return (0 after --help). */
+int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc);
+/* llm3d bench [flags] (src/cli/bench.c) */
+int l3d_cli_bench(int argc, char **argv);
+/* llm3d generate --checkpoint FILE [flags] (src/cli/generate.c) */
+int l3d_cli_generate(int argc, char **argv);
+
+/* Flag values (src/cli/args.c): parse `val` of `flag` for command `cmd` within [lo, hi]; on a bad
+ * value print "llm3d <cmd>: --<flag> <val>: <why>" and return 0. */
+int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, long hi, int *out);
+int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo, double hi,
+                  float *out);
+int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *out);
+
+#endif

@@ -1,0 +1,117 @@
+/* llm3d prepare: text files -> llm.c token shards. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "llm3d/data.h"
+
+static void usage(FILE *fp) {
+    fprintf(fp,
+            "usage: llm3d prepare --tokenizer bytes --out DIR [options] FILE...\n"
+            "\n"
+            "Tokenizes text files into llm.c token shards: DIR/train_000000.bin, ... and\n"
+            "DIR/val_000000.bin, ... (created when missing); the files are concatenated in order\n"
+            "and the last --val-fraction of the tokens go to validation.\n"
+            "\n"
+            "  --tokenizer NAME      bytes: one token per byte, vocabulary 256 (the only tokenizer\n"
+            "                        until the BPE tokenizer lands); text files only\n"
+            "  --out DIR             output directory\n"
+            "  --val-fraction F      fraction of the tokens for validation, 0 <= F < 1 (0.05)\n"
+            "  --shard-tokens N      at most N tokens per shard, 4 <= N <= %d (100000000)\n"
+            "  -h, --help            this message\n",
+            L3D_SHARD_MAX_TOKENS);
+}
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "llm3d prepare: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see llm3d prepare --help)\n");
+    va_end(ap);
+    return 2;
+}
+
+/* A whole number, also written as 1e8. */
+static int parse_count(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno || v != floor(v) || fabs(v) > 9e15) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+int l3d_cli_prepare(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"tokenizer", required_argument, NULL, 't'},
+        {"out", required_argument, NULL, 'o'},
+        {"val-fraction", required_argument, NULL, 'v'},
+        {"shard-tokens", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *tokenizer = NULL, *out = NULL;
+    double val_fraction = 0.05;
+    int64_t shard_tokens = 100000000;
+
+    optind = 0; /* glibc: full reset, main() or an earlier command may have run getopt */
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': tokenizer = optarg; break;
+        case 'o': out = optarg; break;
+        case 'v': {
+            char *end;
+            errno = 0;
+            val_fraction = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || errno || !(val_fraction >= 0 && val_fraction < 1))
+                return usage_error("--val-fraction %s is not a number in [0, 1)", optarg);
+            break;
+        }
+        case 's':
+            if (!parse_count(optarg, &shard_tokens) || shard_tokens < 4 ||
+                shard_tokens > L3D_SHARD_MAX_TOKENS)
+                return usage_error("--shard-tokens %s is not a whole number in [4, 2147483647]",
+                                   optarg);
+            break;
+        case 'h': usage(stdout); return 0;
+        case ':': return usage_error("option %s needs a value", argv[optind - 1]);
+        default:
+            if (optopt) return usage_error("unknown option -%c", optopt);
+            return usage_error("unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (!tokenizer)
+        return usage_error("missing --tokenizer: use --tokenizer bytes (the only tokenizer "
+                               "until the BPE tokenizer lands)");
+    if (strcmp(tokenizer, "bytes") != 0)
+        return usage_error("unknown tokenizer \"%s\": only \"bytes\" exists until the BPE "
+                           "tokenizer lands", tokenizer);
+    if (!out) return usage_error("missing --out DIR, the directory for the shards");
+    if (optind >= argc) return usage_error("no input FILE given");
+
+    struct l3d_prepare_stats stats;
+    double t0 = l3d_time_s();
+    l3d_status st = l3d_prepare_bytes(out, argv + optind, argc - optind, val_fraction,
+                                      shard_tokens, &stats);
+    if (st != L3D_OK) {
+        fprintf(stderr, "llm3d prepare: %s\n", l3d_error_message());
+        return st == L3D_ERR_ARG ? 2 : 1;
+    }
+    printf("llm3d prepare: %d file(s), %lld tokens (bytes, vocabulary %d) -> %s: "
+           "train %lld tokens in %d shard(s), val %lld tokens in %d shard(s)",
+           stats.files, (long long)stats.tokens, L3D_BYTES_VOCAB, out,
+           (long long)stats.train_tokens, stats.train_shards, (long long)stats.val_tokens,
+           stats.val_shards);
+    if (stats.stale_removed)
+        printf(", %d shard(s) of an earlier run deleted", stats.stale_removed);
+    printf(" (%.2f s)\n", l3d_time_s() - t0);
+    return 0;
+}

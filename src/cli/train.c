@@ -1,0 +1,152 @@
+/* llm3d train: flags -> struct l3d_train_config -> l3d_train_run (include/llm3d/train.h). */
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "llm3d/train.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: llm3d train --train PATTERN [flags]\n"
+        "\n"
+        "model (a preset, then explicit sizes override it):\n"
+        "  --model NAME        %s (d6)\n"
+        "  --layers L --channels C --heads NH --vocab V --context T\n"
+        "  --init-from FILE    start from an llm.c GPT-2 checkpoint instead of random weights\n"
+        "data:\n"
+        "  --train PATTERN     token shards (llm.c format): a file or a quoted glob\n"
+        "  --val PATTERN       validation shards\n"
+        "  --batch B           sequences per micro-batch (4)\n"
+        "  --seq-len T         tokens per sequence (64)\n"
+        "  --grad-accum N      micro-batches per step (1)\n"
+        "  --sequential        read windows in order instead of shuffled\n"
+        "optimizer:\n"
+        "  --steps N (100) --lr LR (6e-4) --min-lr LR (6e-5) --warmup N (10)\n"
+        "  --weight-decay W (0.1, matrices only) --beta1 (0.9) --beta2 (0.95) --eps (1e-8)\n"
+        "  --grad-clip G       clip the global gradient norm to G, 0 disables (1.0)\n"
+        "run:\n"
+        "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
+        "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
+        "  --quiet             no per-step lines\n",
+        l3d_gpt_preset_names());
+}
+
+/* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
+int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
+    enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
+           O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
+           O_THREADS, O_QUIET, O_ACCUM };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
+        {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
+        {"vocab", required_argument, NULL, O_VOCAB}, {"context", required_argument, NULL, O_CONTEXT},
+        {"train", required_argument, NULL, 't'}, {"val", required_argument, NULL, 'v'},
+        {"batch", required_argument, NULL, 'b'}, {"seq-len", required_argument, NULL, 'T'},
+        {"grad-accum", required_argument, NULL, O_ACCUM}, {"steps", required_argument, NULL, 'n'},
+        {"lr", required_argument, NULL, 'l'}, {"min-lr", required_argument, NULL, O_MINLR},
+        {"warmup", required_argument, NULL, O_WARMUP}, {"weight-decay", required_argument, NULL, O_WD},
+        {"beta1", required_argument, NULL, O_BETA1}, {"beta2", required_argument, NULL, O_BETA2},
+        {"eps", required_argument, NULL, O_EPS}, {"grad-clip", required_argument, NULL, O_CLIP},
+        {"val-every", required_argument, NULL, O_VALEVERY},
+        {"val-batches", required_argument, NULL, O_VALBATCHES},
+        {"sequential", no_argument, NULL, O_SEQ}, {"seed", required_argument, NULL, 's'},
+        {"out", required_argument, NULL, 'o'}, {"init-from", required_argument, NULL, O_INIT},
+        {"peak-gflops", required_argument, NULL, O_PEAK}, {"threads", required_argument, NULL, O_THREADS},
+        {"quiet", no_argument, NULL, O_QUIET}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    /* sizes given explicitly override the preset, whatever the order of the flags */
+    int L = 0, C = 0, NH = 0, V = 0, maxT = 0, threads = 0;
+    float peak = 0.0f;
+    const long BIG = 1L << 30;
+    int ok = 1, c;
+    optind = 1;
+    while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            if (l3d_gpt_config_preset(&tc->model, optarg) != L3D_OK) {
+                fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
+                return 2;
+            }
+            break;
+        case O_LAYERS: ok = l3d_arg_int(cmd, "layers", optarg, 1, 4096, &L); break;
+        case O_CHANNELS: ok = l3d_arg_int(cmd, "channels", optarg, 1, 1 << 20, &C); break;
+        case O_HEADS: ok = l3d_arg_int(cmd, "heads", optarg, 1, 4096, &NH); break;
+        case O_VOCAB: ok = l3d_arg_int(cmd, "vocab", optarg, 2, 65536, &V); break;
+        case O_CONTEXT: ok = l3d_arg_int(cmd, "context", optarg, 1, 1 << 20, &maxT); break;
+        case 't': tc->train_pattern = optarg; break;
+        case 'v': tc->val_pattern = optarg; break;
+        case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->B); break;
+        case 'T': ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->T); break;
+        case O_ACCUM: ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->accum); break;
+        case 'n': ok = l3d_arg_int(cmd, "steps", optarg, 1, BIG, &tc->steps); break;
+        case 'l': ok = l3d_arg_float(cmd, "lr", optarg, 1e-12, 10, &tc->lr); break;
+        case O_MINLR: ok = l3d_arg_float(cmd, "min-lr", optarg, 0, 10, &tc->min_lr); break;
+        case O_WARMUP: ok = l3d_arg_int(cmd, "warmup", optarg, 0, BIG, &tc->warmup_steps); break;
+        case O_WD: ok = l3d_arg_float(cmd, "weight-decay", optarg, 0, 10, &tc->adamw.weight_decay); break;
+        case O_BETA1: ok = l3d_arg_float(cmd, "beta1", optarg, 0, 0.999999, &tc->adamw.beta1); break;
+        case O_BETA2: ok = l3d_arg_float(cmd, "beta2", optarg, 0, 0.999999999, &tc->adamw.beta2); break;
+        case O_EPS: ok = l3d_arg_float(cmd, "eps", optarg, 1e-30, 1, &tc->adamw.eps); break;
+        case O_CLIP: ok = l3d_arg_float(cmd, "grad-clip", optarg, 0, 1e30, &tc->adamw.grad_clip); break;
+        case O_VALEVERY: ok = l3d_arg_int(cmd, "val-every", optarg, 0, BIG, &tc->val_every); break;
+        case O_VALBATCHES: ok = l3d_arg_int(cmd, "val-batches", optarg, 1, BIG, &tc->val_batches); break;
+        case O_SEQ: tc->random_batches = false; break;
+        case 's': ok = l3d_arg_u64(cmd, "seed", optarg, &tc->seed); break;
+        case 'o': tc->out_dir = optarg; break;
+        case O_INIT: tc->init_from = optarg; break;
+        case O_PEAK: ok = l3d_arg_float(cmd, "peak-gflops", optarg, 1e-3, 1e12, &peak); break;
+        case O_THREADS: ok = l3d_arg_int(cmd, "threads", optarg, 1, 1024, &threads); break;
+        case O_QUIET: tc->quiet = true; break;
+        case 'h': usage(stdout); return 0;
+        default:
+            fprintf(stderr, "llm3d %s: see llm3d %s --help\n", cmd, cmd);
+            return 2;
+        }
+    }
+    if (!ok) return 2;
+    if (optind < argc) {
+        fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see --help)\n", cmd,
+                argv[optind]);
+        return 2;
+    }
+    if (L) tc->model.L = L;
+    if (C) tc->model.C = C;
+    if (NH) tc->model.NH = NH;
+    if (V) tc->model.V = V;
+    if (maxT) tc->model.maxT = maxT;
+    if (l3d_gpt_config_finish(&tc->model) != L3D_OK) {
+        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+        return 2;
+    }
+    if (tc->T > tc->model.maxT) {
+        fprintf(stderr, "llm3d %s: --seq-len %d exceeds the model's context %d: raise --context or "
+                "lower --seq-len\n", cmd, tc->T, tc->model.maxT);
+        return 2;
+    }
+    tc->peak_flops = peak * 1e9;
+    if (threads) omp_set_num_threads(threads);
+    return -1;
+}
+
+int l3d_cli_train(int argc, char **argv) {
+    struct l3d_train_config tc;
+    l3d_train_config_defaults(&tc);
+    int rc = l3d_cli_train_flags("train", argc, argv, &tc);
+    if (rc >= 0) return rc;
+    if (!tc.train_pattern) {
+        fprintf(stderr, "llm3d train: no training data: give --train with a token shard file or a "
+                "quoted glob (make some with llm3d prepare)\n");
+        return 2;
+    }
+    struct l3d_train_result res;
+    l3d_status st = l3d_train_run(&tc, &res);
+    if (st != L3D_OK) {
+        fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,149 @@
+/* Errors, assertions, accounted allocation, RNG and clock. See include/llm3d/core.h. */
+#include "llm3d/core.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char err_msg[1024];
+
+l3d_status l3d_error(l3d_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *l3d_error_message(void) { return err_msg[0] ? err_msg : "no error"; }
+
+const char *l3d_status_name(l3d_status st) {
+    switch (st) {
+    case L3D_OK: return "ok";
+    case L3D_ERR_ARG: return "invalid argument";
+    case L3D_ERR_IO: return "i/o error";
+    case L3D_ERR_FORMAT: return "malformed file";
+    case L3D_ERR_OOM: return "out of memory";
+    case L3D_ERR_LAYOUT: return "invalid layout";
+    case L3D_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+/* The hook and the rank are set once at start-up, before any thread starts. */
+static l3d_abort_fn abort_fn;
+static void *abort_ctx;
+static int log_rank = -1;
+
+void l3d_set_abort_hook(l3d_abort_fn fn, void *ctx) {
+    abort_fn = fn;
+    abort_ctx = ctx;
+}
+
+void l3d_set_log_rank(int rank) { log_rank = rank; }
+
+_Noreturn void l3d_fatal(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (log_rank >= 0)
+        fprintf(stderr, "llm3d: rank %d: fatal at %s:%d: %s\n", log_rank, file, line, msg);
+    else
+        fprintf(stderr, "llm3d: fatal at %s:%d: %s\n", file, line, msg);
+    fflush(stderr);
+    if (abort_fn) abort_fn(abort_ctx);
+    exit(134);
+}
+
+/* Each block carries a 64-byte header holding its size, so l3d_free can account for it and the
+ * user pointer stays 64-byte aligned. */
+#define L3D_ALLOC_HDR 64
+static atomic_size_t mem_used;
+static atomic_size_t mem_peak;
+
+void *l3d_try_alloc(size_t bytes, const char *what) {
+    (void)what;
+    size_t total = bytes + L3D_ALLOC_HDR;
+    total = (total + 63) & ~(size_t)63;
+    unsigned char *base = aligned_alloc(64, total);
+    if (!base) return NULL;
+    memcpy(base, &bytes, sizeof bytes);
+    size_t now = atomic_fetch_add(&mem_used, bytes) + bytes;
+    size_t peak = atomic_load(&mem_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, now)) {
+    }
+    return base + L3D_ALLOC_HDR;
+}
+
+void *l3d_alloc(size_t bytes, const char *what) {
+    void *p = l3d_try_alloc(bytes, what);
+    if (!p)
+        l3d_fatal(__FILE__, __LINE__, "out of memory allocating %zu bytes for %s (in use: %zu bytes)",
+                  bytes, what, atomic_load(&mem_used));
+    return p;
+}
+
+void *l3d_calloc(size_t bytes, const char *what) {
+    void *p = l3d_alloc(bytes, what);
+    memset(p, 0, bytes);
+    return p;
+}
+
+void l3d_free(void *p) {
+    if (!p) return;
+    unsigned char *base = (unsigned char *)p - L3D_ALLOC_HDR;
+    size_t bytes;
+    memcpy(&bytes, base, sizeof bytes);
+    atomic_fetch_sub(&mem_used, bytes);
+    free(base);
+}
+
+size_t l3d_mem_used(void) { return atomic_load(&mem_used); }
+size_t l3d_mem_peak(void) { return atomic_load(&mem_peak); }
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t l3d_rng_u64(uint64_t seed, uint64_t stream, uint64_t index) {
+    return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ index);
+}
+
+float l3d_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+    return (float)(l3d_rng_u64(seed, stream, index) >> 40) * (1.0f / 16777216.0f);
+}
+
+float l3d_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    /* Box-Muller from two independent 53-bit uniforms of the same counter; u1 in (0, 1]. */
+    uint64_t a = l3d_rng_u64(seed, stream, 2 * index);
+    uint64_t b = l3d_rng_u64(seed, stream, 2 * index + 1);
+    double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void l3d_rng_seed(l3d_rng *r, uint64_t seed) { r->state = splitmix64(seed ^ 0x6c6c6d3364ULL); }
+
+uint64_t l3d_rng_next(l3d_rng *r) {
+    r->state += 0x9e3779b97f4a7c15ULL;
+    uint64_t x = r->state;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+float l3d_rng_next_float(l3d_rng *r) { return (float)(l3d_rng_next(r) >> 40) * (1.0f / 16777216.0f); }
+
+double l3d_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,292 @@
+/* Token shards in llm.c's format: the validating reader and the atomic writer. See
+ * include/llm3d/data.h for the format.
+ *
+ * Files are mapped read-only (MAP_SHARED), so the DP ranks on one node share one copy of the data
+ * in the page cache instead of each holding its own. Tokens are used in place: the host must be
+ * little-endian, like the format. */
+#include "llm3d/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "llm3d reads llm.c token shards in place: a little-endian host is required"
+#endif
+
+struct l3d_data_file {
+    char *path;
+    void *map; /* the whole file, or NULL */
+    size_t map_bytes;
+    const uint16_t *tokens; /* map + header */
+    int64_t ntok;
+};
+
+struct l3d_data {
+    int nfiles;
+    int64_t ntok;
+    struct l3d_data_file *files;
+};
+
+static char *dup_string(const char *s, const char *what) {
+    size_t n = strlen(s) + 1;
+    char *d = l3d_alloc(n, what);
+    memcpy(d, s, n);
+    return d;
+}
+
+static bool has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+/* Index of the first token >= vocab, or -1. The max pass vectorises; the search runs only when a
+ * bad token exists. */
+static int64_t first_bad_token(const uint16_t *tok, int64_t n, int64_t vocab) {
+    uint16_t mx = 0;
+    for (int64_t i = 0; i < n; i++) mx = tok[i] > mx ? tok[i] : mx;
+    if ((int64_t)mx < vocab) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if ((int64_t)tok[i] >= vocab) return i;
+    return -1;
+}
+
+/* Opens, checks and maps one shard into f (whose path is set). On error f->map stays NULL. */
+static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
+    const char *path = f->path;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open token shard %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return l3d_error(L3D_ERR_IO, "cannot stat token shard %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return l3d_error(L3D_ERR_IO, "token shard %s is not a regular file", path);
+    }
+    long long size = (long long)st.st_size;
+    if (size < L3D_SHARD_HEADER_BYTES) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s has %lld bytes, fewer than the %d-byte header of an llm.c token shard",
+                         path, size, L3D_SHARD_HEADER_BYTES);
+    }
+    int32_t header[L3D_SHARD_HEADER_INTS];
+    ssize_t got = pread(fd, header, sizeof header, 0);
+    if (got != (ssize_t)sizeof header) {
+        int e = got < 0 ? errno : EIO;
+        close(fd);
+        return l3d_error(L3D_ERR_IO, "cannot read the header of %s: %s", path, strerror(e));
+    }
+    if (header[0] != L3D_SHARD_MAGIC) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s has magic number %d where %d was expected: it is not an llm.c token "
+                         "shard%s",
+                         path, (int)header[0], L3D_SHARD_MAGIC,
+                         header[0] == 20240801 ? " of GPT-2 tokens (20240801 marks llm.c's Llama 3 "
+                                                 "shards of uint32 tokens, not supported)"
+                                               : "");
+    }
+    if (header[1] != L3D_SHARD_VERSION) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s has shard version %d, but only version %d (uint16 GPT-2 tokens) is "
+                         "supported",
+                         path, (int)header[1], L3D_SHARD_VERSION);
+    }
+    long long ntok = header[2];
+    long long expect = L3D_SHARD_HEADER_BYTES + 2 * ntok;
+    if (ntok < 0) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT, "%s has a negative token count (%lld) in its header", path,
+                         ntok);
+    }
+    if (size < expect) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s is truncated: its header says %lld tokens = %lld bytes with the header, "
+                         "but the file has %lld bytes",
+                         path, ntok, expect, size);
+    }
+    if (size > expect) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s has %lld bytes after its tokens: its header says %lld tokens = %lld "
+                         "bytes with the header, but the file has %lld bytes",
+                         path, size - expect, ntok, expect, size);
+    }
+    if (ntok < 2) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT,
+                         "%s holds %lld token(s); a shard needs at least 2 (an input and its target)",
+                         path, ntok);
+    }
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return l3d_error(L3D_ERR_IO, "cannot map token shard %s into memory: %s", path, strerror(e));
+    const uint16_t *tok = (const uint16_t *)((const char *)map + L3D_SHARD_HEADER_BYTES);
+    int64_t bad = vocab_size > 0 ? first_bad_token(tok, ntok, vocab_size) : -1;
+    if (bad >= 0) {
+        l3d_status st_err = l3d_error(
+            L3D_ERR_FORMAT,
+            "%s holds token %u at byte offset %lld, outside the vocabulary of %lld tokens: the data "
+            "was prepared with another tokenizer than the model's (check --vocab and the model's "
+            "vocabulary size)",
+            path, (unsigned)tok[bad], (long long)(L3D_SHARD_HEADER_BYTES + 2 * bad),
+            (long long)vocab_size);
+        munmap(map, (size_t)size);
+        return st_err;
+    }
+    f->map = map;
+    f->map_bytes = (size_t)size;
+    f->tokens = tok;
+    f->ntok = ntok;
+    return L3D_OK;
+}
+
+l3d_status l3d_data_open(struct l3d_data **out, const char *pattern, int64_t vocab_size) {
+    *out = NULL;
+    if (vocab_size < 0)
+        return l3d_error(L3D_ERR_ARG, "vocabulary size %lld is negative", (long long)vocab_size);
+
+    /* A plain path is opened as is, so that a missing file reads "cannot open X: No such file". */
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    bool globbed = has_glob_chars(pattern);
+    if (globbed) {
+        int rc = glob(pattern, 0, NULL, &g);
+        if (rc == GLOB_NOMATCH) {
+            globfree(&g);
+            return l3d_error(L3D_ERR_IO, "no file matches the token shard pattern %s", pattern);
+        }
+        if (rc != 0) {
+            globfree(&g);
+            return l3d_error(rc == GLOB_NOSPACE ? L3D_ERR_OOM : L3D_ERR_IO,
+                             "cannot list the files matching %s: %s", pattern,
+                             rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
+        }
+    }
+    int nfiles = globbed ? (int)g.gl_pathc : 1;
+
+    struct l3d_data *d = l3d_calloc(sizeof *d, "token shards");
+    d->files = l3d_calloc((size_t)nfiles * sizeof *d->files, "token shard table");
+    d->nfiles = nfiles;
+    for (int i = 0; i < nfiles; i++)
+        d->files[i].path = dup_string(globbed ? g.gl_pathv[i] : pattern, "token shard path");
+    if (globbed) globfree(&g);
+
+    for (int i = 0; i < nfiles; i++) {
+        l3d_status st = open_file(&d->files[i], vocab_size);
+        if (st != L3D_OK) {
+            l3d_data_free(d);
+            return st;
+        }
+        d->ntok += d->files[i].ntok;
+    }
+    *out = d;
+    return L3D_OK;
+}
+
+void l3d_data_free(struct l3d_data *data) {
+    if (!data) return;
+    for (int i = 0; i < data->nfiles; i++) {
+        struct l3d_data_file *f = &data->files[i];
+        if (f->map) munmap(f->map, f->map_bytes);
+        l3d_free(f->path);
+    }
+    l3d_free(data->files);
+    l3d_free(data);
+}
+
+int l3d_data_num_files(const struct l3d_data *data) { return data->nfiles; }
+
+int64_t l3d_data_num_tokens(const struct l3d_data *data) { return data->ntok; }
+
+const uint16_t *l3d_data_file_tokens(const struct l3d_data *data, int i, int64_t *n) {
+    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    *n = data->files[i].ntok;
+    return data->files[i].tokens;
+}
+
+const char *l3d_data_file_path(const struct l3d_data *data, int i) {
+    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    return data->files[i].path;
+}
+
+/* fsync the directory holding path, so that the rename itself survives a crash. Best effort: some
+ * file systems refuse fsync on a directory. */
+static void sync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) {
+        dir = dup_string(".", "directory name");
+    } else {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        dir = l3d_alloc(n + 1, "directory name");
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    l3d_free(dir);
+}
+
+l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) {
+    if (n < 0 || n > L3D_SHARD_MAX_TOKENS)
+        return l3d_error(L3D_ERR_ARG,
+                         "cannot write %lld tokens to shard %s: a shard holds 0 to %d tokens",
+                         (long long)n, path, L3D_SHARD_MAX_TOKENS);
+    size_t plen = strlen(path);
+    char *tmp = l3d_alloc(plen + 5, "shard temporary name");
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+
+    int32_t header[L3D_SHARD_HEADER_INTS] = {0};
+    header[0] = L3D_SHARD_MAGIC;
+    header[1] = L3D_SHARD_VERSION;
+    header[2] = (int32_t)n;
+
+    l3d_status st = L3D_OK;
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        st = l3d_error(L3D_ERR_IO, "cannot create token shard %s: %s", tmp, strerror(errno));
+        l3d_free(tmp);
+        return st;
+    }
+    errno = 0;
+    bool ok = fwrite(header, sizeof header, 1, fp) == 1;
+    if (ok && n > 0) ok = fwrite(tokens, sizeof *tokens, (size_t)n, fp) == (size_t)n;
+    if (ok) ok = fflush(fp) == 0;
+    if (ok) ok = fsync(fileno(fp)) == 0;
+    int e = errno ? errno : EIO;
+    if (fclose(fp) != 0 && ok) {
+        ok = false;
+        e = errno ? errno : EIO;
+    }
+    if (!ok) {
+        st = l3d_error(L3D_ERR_IO, "cannot write token shard %s: %s", tmp, strerror(e));
+        unlink(tmp);
+        l3d_free(tmp);
+        return st;
+    }
+    if (rename(tmp, path) != 0) {
+        st = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        l3d_free(tmp);
+        return st;
+    }
+    l3d_free(tmp);
+    sync_parent_dir(path);
+    return L3D_OK;
+}

@@ -1,0 +1,538 @@
+/*
+ * GPT-2 forward and backward over one shard (include/llm3d/model.h).
+ *
+ * Activations are planned once from (B, T) and the shard and live in one flat buffer; backward
+ * uses one layer's worth of gradient scratch, reused from the last layer to the first, plus the
+ * residual-stream gradient. Every kernel call goes through the backend table.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/model.h"
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+struct preset {
+    const char *name, *alias;
+    int L, C, NH;
+};
+
+static const struct preset presets[] = {
+    {"tiny", NULL, 2, 64, 4},       {"d6", NULL, 6, 384, 6},
+    {"d12", "gpt2", 12, 768, 12},   {"d24", "gpt2-medium", 24, 1024, 16},
+    {"d36", "gpt2-large", 36, 1280, 20}, {"d48", "gpt2-xl", 48, 1600, 25},
+};
+
+const char *l3d_gpt_preset_names(void) {
+    return "tiny, d6, d12 (gpt2, 124M), d24 (gpt2-medium, 350M), d36 (gpt2-large, 774M), "
+           "d48 (gpt2-xl, 1.5B)";
+}
+
+l3d_status l3d_gpt_config_preset(struct l3d_gpt_config *cfg, const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        const struct preset *p = &presets[i];
+        if (strcmp(name, p->name) == 0 || (p->alias && strcmp(name, p->alias) == 0)) {
+            cfg->L = p->L;
+            cfg->C = p->C;
+            cfg->NH = p->NH;
+            cfg->V = strcmp(p->name, "tiny") == 0 ? 256 : 50257;
+            cfg->maxT = strcmp(p->name, "tiny") == 0 ? 64 : 1024;
+            return l3d_gpt_config_finish(cfg);
+        }
+    }
+    return l3d_error(L3D_ERR_ARG, "unknown model preset '%s': choose one of %s, or give --layers, "
+                     "--channels, --heads", name, l3d_gpt_preset_names());
+}
+
+l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg) {
+    if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
+        return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
+                         "%d, vocabulary %d, context %d)", cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);
+    if (cfg->C % cfg->NH != 0)
+        return l3d_error(L3D_ERR_ARG, "channels (%d) must be divisible by heads (%d)", cfg->C,
+                         cfg->NH);
+    if (cfg->V > (1 << 30))
+        return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
+    cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    return L3D_OK;
+}
+
+struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg) {
+    return (struct l3d_shard){
+        .layer_start = 0, .layer_count = cfg->L,
+        .head_start = 0, .head_count = cfg->NH,
+        .ffn_start = 0, .ffn_count = 4 * (int64_t)cfg->C,
+        .vocab_start = 0, .vocab_count = cfg->Vp,
+        .has_embedding = true, .has_head = true, .adds_row_bias = true,
+    };
+}
+
+l3d_status l3d_shard_check(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh) {
+    if (sh->layer_start < 0 || sh->layer_count < 0 || sh->layer_start + sh->layer_count > cfg->L)
+        return l3d_error(L3D_ERR_LAYOUT, "shard layers [%d, %d) outside the model's %d layers",
+                         sh->layer_start, sh->layer_start + sh->layer_count, cfg->L);
+    if (sh->head_start < 0 || sh->head_count < 1 || sh->head_start + sh->head_count > cfg->NH)
+        return l3d_error(L3D_ERR_LAYOUT, "shard heads [%d, %d) outside the model's %d heads",
+                         sh->head_start, sh->head_start + sh->head_count, cfg->NH);
+    if (sh->ffn_start < 0 || sh->ffn_count < 1 || sh->ffn_start + sh->ffn_count > 4 * (int64_t)cfg->C)
+        return l3d_error(L3D_ERR_LAYOUT, "shard FFN columns [%lld, %lld) outside the model's %lld",
+                         (long long)sh->ffn_start, (long long)(sh->ffn_start + sh->ffn_count),
+                         4 * (long long)cfg->C);
+    if (sh->vocab_start < 0 || sh->vocab_count < 1 || sh->vocab_start + sh->vocab_count > cfg->Vp)
+        return l3d_error(L3D_ERR_LAYOUT, "shard vocabulary rows [%lld, %lld) outside the padded "
+                         "vocabulary of %d", (long long)sh->vocab_start,
+                         (long long)(sh->vocab_start + sh->vocab_count), cfg->Vp);
+    if (sh->layer_count == 0 && !sh->has_embedding && !sh->has_head)
+        return l3d_error(L3D_ERR_LAYOUT, "shard holds no layer, no embedding and no head");
+    return L3D_OK;
+}
+
+/* ---- parameter table -------------------------------------------------------------------- */
+
+static const char *const tensor_names[L3D_NUM_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+};
+
+static void plan_params(struct l3d_gpt *m) {
+    const struct l3d_gpt_config *c = &m->cfg;
+    const struct l3d_shard *s = &m->shard;
+    int64_t C = c->C, Ll = s->layer_count;
+    int64_t Ca = (int64_t)s->head_count * (C / c->NH); /* local attention channels */
+    int64_t F = s->ffn_count;
+    int64_t Vl = (s->has_embedding || s->has_head) ? s->vocab_count : 0;
+    int64_t Tw = s->has_embedding ? c->maxT : 0;
+    int64_t Cf = s->has_head ? C : 0;
+    /* (layers, rows, cols) of each tensor, in llm.c's order */
+    const int64_t shape[L3D_NUM_TENSORS][3] = {
+        {1, Vl, C},     {1, Tw, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, 3 * Ca, C}, {Ll, 1, 3 * Ca},
+        {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, F, C},      {Ll, 1, F},
+        {Ll, C, F},     {Ll, 1, C},     {1, 1, Cf},  {1, 1, Cf},
+    };
+    int64_t off = 0;
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
+        struct l3d_tensor_info *t = &m->tensors[i];
+        t->name = tensor_names[i];
+        t->layers = shape[i][0];
+        t->rows = shape[i][1];
+        t->cols = shape[i][2];
+        t->count = t->layers * t->rows * t->cols;
+        t->offset = off;
+        t->decay = (i == L3D_T_WTE || i == L3D_T_WPE || i == L3D_T_QKVW || i == L3D_T_ATTPROJW ||
+                    i == L3D_T_FCW || i == L3D_T_FCPROJW);
+        off += t->count;
+    }
+    m->num_params = off;
+}
+
+/* ---- activations ------------------------------------------------------------------------ */
+
+/* One layer's saved activations; pointers into the flat activation buffer. */
+struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *qkv;                       /* (B,T,3Ca) */
+    float *atty;                      /* (B,T,Ca) */
+    float *att;                       /* (B,Hl,T,T) */
+    float *res2;                      /* (B,T,C) residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;            /* (B,T,F) */
+    float *res3;                      /* (B,T,C) residual after the MLP: the layer's output */
+};
+
+struct l3d_gpt_acts {
+    float *base;
+    struct layer_acts *layer; /* layer_count entries */
+    float *scratch;           /* (B,T,C): row-parallel matmul output before the residual add */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *maxv, *sumexp, *tlogit; /* (B,T) */
+    /* backward scratch, one layer's worth */
+    float *dres;              /* (B,T,C) gradient of the residual stream */
+    float *dln;               /* (B,T,C) */
+    float *dqkv;              /* (B,T,3Ca) */
+    float *datty;             /* (B,T,Ca) */
+    float *datt;              /* (B,Hl,T,T) */
+    float *dfch, *dfch_gelu;  /* (B,T,F) */
+};
+
+/* Walks the activation plan: with base NULL it only counts, so sizing and pointing share one list. */
+static int64_t point_acts(struct l3d_gpt *m, float *base) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C;
+    int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
+    int64_t Vl = s->vocab_count;
+    int64_t off = 0;
+#define TAKE(ptr, n)                                     \
+    do {                                                 \
+        if (base) (ptr) = (void *)(base + off);          \
+        off += ((int64_t)(n) + 15) / 16 * 16; /* 64-byte aligned */ \
+    } while (0)
+    TAKE(m->input_act, BT * C);
+    for (int l = 0; l < s->layer_count; l++) {
+        struct layer_acts *la = &a->layer[l];
+        TAKE(la->ln1, BT * C);
+        TAKE(la->ln1_mean, BT);
+        TAKE(la->ln1_rstd, BT);
+        TAKE(la->qkv, BT * 3 * Ca);
+        TAKE(la->atty, BT * Ca);
+        TAKE(la->att, (int64_t)m->Bmax * Hl * T * T);
+        TAKE(la->res2, BT * C);
+        TAKE(la->ln2, BT * C);
+        TAKE(la->ln2_mean, BT);
+        TAKE(la->ln2_rstd, BT);
+        TAKE(la->fch, BT * F);
+        TAKE(la->fch_gelu, BT * F);
+        TAKE(la->res3, BT * C);
+    }
+    TAKE(a->scratch, BT * C);
+    if (s->has_head) {
+        TAKE(a->lnf, BT * C);
+        TAKE(a->lnf_mean, BT);
+        TAKE(a->lnf_rstd, BT);
+        TAKE(m->logits, BT * Vl);
+        TAKE(m->losses, BT);
+        TAKE(a->maxv, BT);
+        TAKE(a->sumexp, BT);
+        TAKE(a->tlogit, BT);
+    }
+    TAKE(a->dres, BT * C);
+    TAKE(m->inputs, BT); /* int32 and float are both 4 bytes */
+    TAKE(m->targets, BT);
+    TAKE(m->dinput_act, BT * C);
+    TAKE(a->dln, BT * C);
+    TAKE(a->dqkv, BT * 3 * Ca);
+    TAKE(a->datty, BT * Ca);
+    TAKE(a->datt, (int64_t)m->Bmax * Hl * T * T);
+    TAKE(a->dfch, BT * F);
+    TAKE(a->dfch_gelu, BT * F);
+#undef TAKE
+    return off;
+}
+
+l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T) {
+    *out = NULL;
+    l3d_status st = l3d_shard_check(cfg, sh);
+    if (st != L3D_OK) return st;
+    if (B < 1 || T < 1)
+        return l3d_error(L3D_ERR_ARG, "batch size (%d) and sequence length (%d) must be positive",
+                         B, T);
+    if (T > cfg->maxT)
+        return l3d_error(L3D_ERR_ARG, "sequence length %d exceeds the model's context length %d "
+                         "(raise --context or lower --seq-len)", T, cfg->maxT);
+    struct l3d_gpt *m = l3d_calloc(sizeof *m, "model");
+    m->cfg = *cfg;
+    m->shard = *sh;
+    m->be = be;
+    m->Bmax = B;
+    m->Tmax = T;
+    plan_params(m);
+    m->acts = l3d_calloc(sizeof *m->acts, "activation table");
+    m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
+                                "activation table");
+    int64_t n_act = point_acts(m, NULL);
+    m->act_bytes = (size_t)n_act * sizeof(float);
+    size_t pbytes = (size_t)m->num_params * sizeof(float);
+    m->params = l3d_try_alloc(pbytes, "parameters");
+    m->grads = l3d_try_alloc(pbytes, "gradients");
+    m->acts->base = l3d_try_alloc(m->act_bytes, "activations");
+    if (!m->params || !m->grads || !m->acts->base) {
+        size_t need = 2 * pbytes + m->act_bytes;
+        l3d_gpt_free(m);
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for parameters, gradients and "
+                         "activations (B=%d, T=%d): lower --batch or --seq-len", need / 1073741824.0,
+                         B, T);
+    }
+    /* first touch now, not inside the step loop */
+    memset(m->params, 0, pbytes);
+    memset(m->grads, 0, pbytes);
+    memset(m->acts->base, 0, m->act_bytes);
+    point_acts(m, m->acts->base);
+    *out = m;
+    return L3D_OK;
+}
+
+void l3d_gpt_free(struct l3d_gpt *m) {
+    if (!m) return;
+    if (m->acts) {
+        l3d_free(m->acts->base);
+        l3d_free(m->acts->layer);
+        l3d_free(m->acts);
+    }
+    l3d_free(m->params);
+    l3d_free(m->grads);
+    l3d_free(m);
+}
+
+/* ---- initialisation --------------------------------------------------------------------- */
+
+/* Global (row, col) in the full llm.c tensor of a local (row, col) of this shard. */
+static void global_rc(const struct l3d_gpt *m, int t, int64_t r, int64_t c, int64_t *gr,
+                      int64_t *gc) {
+    const struct l3d_shard *s = &m->shard;
+    int64_t C = m->cfg.C, HS = C / m->cfg.NH, Ca = (int64_t)s->head_count * HS;
+    int64_t h0 = (int64_t)s->head_start * HS;
+    *gr = r;
+    *gc = c;
+    switch (t) {
+    case L3D_T_WTE: *gr = s->vocab_start + r; break;
+    case L3D_T_QKVW: *gr = (r / Ca) * C + h0 + r % Ca; break; /* q|k|v block, then local heads */
+    case L3D_T_ATTPROJW: *gc = h0 + c; break;
+    case L3D_T_FCW: *gr = s->ffn_start + r; break;
+    case L3D_T_FCPROJW: *gc = s->ffn_start + c; break;
+    default: break;
+    }
+}
+
+void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
+    const struct l3d_gpt_config *cfg = &m->cfg;
+    int64_t C = cfg->C;
+    /* full (rows, cols) of each normal-initialised matrix, to index its elements globally */
+    struct { int t; int64_t rows, cols; float std; } mats[] = {
+        {L3D_T_WTE, cfg->Vp, C, 0.02f},
+        {L3D_T_WPE, cfg->maxT, C, 0.02f},
+        {L3D_T_QKVW, 3 * C, C, 0.02f},
+        {L3D_T_ATTPROJW, C, C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_FCW, 4 * C, C, 0.02f},
+        {L3D_T_FCPROJW, C, 4 * C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+    };
+    memset(m->params, 0, (size_t)m->num_params * sizeof(float));
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];
+        float *p = m->params + ti->offset;
+        for (int64_t l = 0; l < ti->layers; l++) {
+            int64_t gl = mats[i].t >= L3D_T_LN1W ? m->shard.layer_start + l : 0;
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < ti->rows; r++) {
+                for (int64_t c = 0; c < ti->cols; c++) {
+                    int64_t gr, gc;
+                    global_rc(m, mats[i].t, r, c, &gr, &gc);
+                    float *dst = p + (l * ti->rows + r) * ti->cols + c;
+                    if (mats[i].t == L3D_T_WTE && gr >= cfg->V) {
+                        *dst = 0.0f; /* padding rows */
+                        continue;
+                    }
+                    uint64_t idx = (uint64_t)((gl * mats[i].rows + gr) * mats[i].cols + gc);
+                    *dst = mats[i].std * l3d_rng_normal(seed, (uint64_t)mats[i].t, idx);
+                }
+            }
+        }
+    }
+    const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
+    for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
+        const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
+        for (int64_t k = 0; k < ti->count; k++) m->params[ti->offset + k] = 1.0f;
+    }
+}
+
+void l3d_gpt_zero_grad(struct l3d_gpt *m) {
+    memset(m->grads, 0, (size_t)m->num_params * sizeof(float));
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+/* Pointers to one layer's parameters (or gradients) inside a flat buffer. */
+struct layer_params {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+        *fcprojb;
+};
+
+static struct layer_params layer_params(const struct l3d_gpt *m, float *flat, int l) {
+    const struct l3d_tensor_info *t = m->tensors;
+#define LP(id) (flat + t[id].offset + (int64_t)l * t[id].rows * t[id].cols)
+    return (struct layer_params){
+        .ln1w = LP(L3D_T_LN1W), .ln1b = LP(L3D_T_LN1B), .qkvw = LP(L3D_T_QKVW),
+        .qkvb = LP(L3D_T_QKVB), .attprojw = LP(L3D_T_ATTPROJW), .attprojb = LP(L3D_T_ATTPROJB),
+        .ln2w = LP(L3D_T_LN2W), .ln2b = LP(L3D_T_LN2B), .fcw = LP(L3D_T_FCW),
+        .fcb = LP(L3D_T_FCB), .fcprojw = LP(L3D_T_FCPROJW), .fcprojb = LP(L3D_T_FCPROJB),
+    };
+#undef LP
+}
+
+static void tp_all_reduce(struct l3d_gpt *m, float *buf, int64_t n) {
+    if (m->hooks.tp_all_reduce) m->hooks.tp_all_reduce(m->hooks.ctx, buf, n);
+}
+
+static int64_t local_valid_vocab(const struct l3d_gpt *m) {
+    int64_t v = m->cfg.V - m->shard.vocab_start;
+    return v < 0 ? 0 : (v > m->shard.vocab_count ? m->shard.vocab_count : v);
+}
+
+/* Row-parallel matrix product followed by the residual add:
+ * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group. */
+static void row_parallel_residual(struct l3d_gpt *m, float *res_out, const float *res_in,
+                                  const float *inp, const float *w, const float *b, int64_t N,
+                                  int64_t Cin) {
+    const struct l3d_backend_i *k = m->be->i;
+    int64_t C = m->cfg.C;
+    float *out = m->acts->scratch;
+    if (m->hooks.tp_all_reduce) {
+        k->matmul_forward(m->be->ctx, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin, C);
+        tp_all_reduce(m, out, N * C);
+    } else {
+        k->matmul_forward(m->be->ctx, out, inp, w, b, N, Cin, C);
+    }
+    k->residual_forward(m->be->ctx, res_out, res_in, out, N * C);
+}
+
+float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                      int T) {
+    L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
+    const struct l3d_backend_i *k = m->be->i;
+    void *bc = m->be->ctx;
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t N = (int64_t)B * T, C = m->cfg.C;
+    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
+    m->B = B;
+    m->T = T;
+    m->has_targets = targets != NULL;
+    if (inputs) memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
+    if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+
+    if (s->has_embedding) {
+        const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
+        const float *wpe = m->params + m->tensors[L3D_T_WPE].offset;
+        if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
+            k->encoder_forward(bc, m->input_act, inputs, wte, NULL, s->vocab_start, s->vocab_count,
+                               B, T, C);
+            tp_all_reduce(m, m->input_act, N * C);
+            k->encoder_forward(bc, a->scratch, inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
+            k->add_inplace(bc, m->input_act, a->scratch, N * C);
+        } else {
+            k->encoder_forward(bc, m->input_act, inputs, wte, wpe, s->vocab_start, s->vocab_count,
+                               B, T, C);
+        }
+    }
+    const float *x = m->input_act;
+    for (int l = 0; l < s->layer_count; l++) {
+        struct layer_acts *la = &a->layer[l];
+        struct layer_params p = layer_params(m, m->params, l);
+        k->layernorm_forward(bc, la->ln1, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, N, C);
+        k->matmul_forward(bc, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
+        k->attention_forward(bc, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
+        k->layernorm_forward(bc, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, N,
+                             C);
+        k->matmul_forward(bc, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
+        k->gelu_forward(bc, la->fch_gelu, la->fch, N * F);
+        row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
+        x = la->res3;
+    }
+    if (!s->has_head) return 0.0f;
+
+    const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
+    const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
+    const float *lnfb = m->params + m->tensors[L3D_T_LNFB].offset;
+    int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
+    k->layernorm_forward(bc, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, N, C);
+    k->matmul_forward(bc, m->logits, a->lnf, wte, NULL, N, C, Vl);
+    if (!targets) return 0.0f;
+    /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit */
+    k->xent_max(bc, a->maxv, m->logits, N, Vl, Vvalid);
+    if (m->hooks.tp_all_reduce_max) m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N);
+    k->xent_sumexp(bc, a->sumexp, a->tlogit, m->logits, a->maxv, targets, s->vocab_start, N, Vl,
+                   Vvalid);
+    if (m->hooks.tp_all_reduce) {
+        tp_all_reduce(m, a->sumexp, N);
+        tp_all_reduce(m, a->tlogit, N);
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < N; i++) {
+        m->losses[i] = logf(a->sumexp[i]) + a->maxv[i] - a->tlogit[i];
+        total += m->losses[i];
+    }
+    return (float)(total / (double)N);
+}
+
+const float *l3d_gpt_output_act(const struct l3d_gpt *m) {
+    return m->shard.layer_count > 0 ? m->acts->layer[m->shard.layer_count - 1].res3 : m->input_act;
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
+    const struct l3d_backend_i *k = m->be->i;
+    void *bc = m->be->ctx;
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int B = m->B, T = m->T;
+    int64_t N = (int64_t)B * T, C = m->cfg.C;
+    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
+    size_t bytes_c = (size_t)(N * C) * sizeof(float);
+    const float *x_last = l3d_gpt_output_act(m);
+
+    if (s->has_head) {
+        float *dwte = m->grads + m->tensors[L3D_T_WTE].offset;
+        const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
+        const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
+        float *dlnfw = m->grads + m->tensors[L3D_T_LNFW].offset;
+        float *dlnfb = m->grads + m->tensors[L3D_T_LNFB].offset;
+        int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
+        /* logits become dlogits in place */
+        L3D_ASSERT(m->has_targets);
+        k->xent_backward(bc, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
+                         Vl, Vvalid);
+        memset(a->dln, 0, bytes_c);
+        k->matmul_backward(bc, a->dln, dwte, NULL, m->logits, a->lnf, wte, N, C, Vl);
+        tp_all_reduce(m, a->dln, N * C); /* the head is column-parallel over the vocabulary */
+        memset(a->dres, 0, bytes_c);
+        k->layernorm_backward(bc, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
+                              a->lnf_rstd, N, C);
+    } else {
+        L3D_ASSERT(dout_act != NULL);
+        memcpy(a->dres, dout_act, bytes_c);
+    }
+
+    for (int l = s->layer_count - 1; l >= 0; l--) {
+        struct layer_acts *la = &a->layer[l];
+        struct layer_params p = layer_params(m, m->params, l);
+        struct layer_params g = layer_params(m, m->grads, l);
+        const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+        /* MLP: dres holds d(res3) */
+        memset(a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
+        k->matmul_backward(bc, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres, la->fch_gelu,
+                           p.fcprojw, N, F, C);
+        memset(a->dfch, 0, (size_t)(N * F) * sizeof(float));
+        k->gelu_backward(bc, a->dfch, a->dfch_gelu, la->fch, N * F);
+        memset(a->dln, 0, bytes_c);
+        k->matmul_backward(bc, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
+        tp_all_reduce(m, a->dln, N * C);
+        k->layernorm_backward(bc, a->dres, g.ln2w, g.ln2b, a->dln, la->res2, p.ln2w, la->ln2_mean,
+                              la->ln2_rstd, N, C);
+        /* attention: dres now holds d(res2) */
+        memset(a->datty, 0, (size_t)(N * Ca) * sizeof(float));
+        k->matmul_backward(bc, a->datty, g.attprojw, g.attprojb, a->dres, la->atty, p.attprojw,
+                           N, Ca, C);
+        memset(a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
+        k->attention_backward(bc, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
+        memset(a->dln, 0, bytes_c);
+        k->matmul_backward(bc, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, 3 * Ca);
+        tp_all_reduce(m, a->dln, N * C);
+        k->layernorm_backward(bc, a->dres, g.ln1w, g.ln1b, a->dln, x, p.ln1w, la->ln1_mean,
+                              la->ln1_rstd, N, C);
+        /* dres now holds d(x), the layer's input */
+    }
+    memcpy(m->dinput_act, a->dres, bytes_c);
+    if (s->has_embedding) {
+        float *dwte = m->grads + m->tensors[L3D_T_WTE].offset;
+        float *dwpe = m->grads + m->tensors[L3D_T_WPE].offset;
+        k->encoder_backward(bc, dwte, dwpe, a->dres, m->inputs, s->vocab_start,
+                            s->vocab_count, B, T, C);
+    }
+}
+
+/* ---- counts ----------------------------------------------------------------------------- */
+
+int64_t l3d_gpt_param_count(const struct l3d_gpt_config *cfg) {
+    int64_t C = cfg->C, L = cfg->L;
+    return (int64_t)cfg->Vp * C + (int64_t)cfg->maxT * C +
+           L * (2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C) +
+           2 * C;
+}
+
+double l3d_gpt_flops_per_token(const struct l3d_gpt_config *cfg, int T) {
+    double n = (double)l3d_gpt_param_count(cfg) - (double)cfg->maxT * cfg->C;
+    return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
+}

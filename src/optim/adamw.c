@@ -1,0 +1,58 @@
+/* AdamW, learning-rate schedule, gradient clipping (include/llm3d/optim.h). */
+#include <math.h>
+#include <string.h>
+
+#include "llm3d/optim.h"
+
+void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t n) {
+    opt->hp = *hp;
+    opt->n = n;
+    opt->t = 0;
+    opt->m = l3d_calloc((size_t)n * sizeof(float), "adamw first moment");
+    opt->v = l3d_calloc((size_t)n * sizeof(float), "adamw second moment");
+}
+
+void l3d_adamw_free(struct l3d_adamw *opt) {
+    l3d_free(opt->m);
+    l3d_free(opt->v);
+    opt->m = opt->v = NULL;
+}
+
+void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
+                    const float *grads, const struct l3d_tensor_info *tensors, int ntensors,
+                    float lr) {
+    const struct l3d_adamw_hparams *hp = &opt->hp;
+    opt->t++;
+    float bc1 = 1.0f - powf(hp->beta1, (float)opt->t);
+    float bc2 = 1.0f - powf(hp->beta2, (float)opt->t);
+    for (int i = 0; i < ntensors; i++) {
+        const struct l3d_tensor_info *t = &tensors[i];
+        if (t->count == 0) continue;
+        L3D_ASSERT(t->offset + t->count <= opt->n);
+        be->i->adamw(be->ctx, params + t->offset, opt->m + t->offset, opt->v + t->offset,
+                     grads + t->offset, t->count, lr, hp->beta1, hp->beta2, hp->eps,
+                     t->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+    }
+}
+
+float l3d_lr_at(const struct l3d_lr_schedule *s, int step) {
+    if (s->warmup_steps > 0 && step < s->warmup_steps)
+        return s->max_lr * (float)(step + 1) / (float)s->warmup_steps;
+    int decay_steps = s->total_steps - s->warmup_steps;
+    if (decay_steps <= 1) return s->max_lr;
+    double frac = (double)(step - s->warmup_steps) / (double)(decay_steps - 1);
+    if (frac > 1.0) frac = 1.0;
+    double coeff = 0.5 * (1.0 + cos(3.14159265358979323846 * frac));
+    return (float)(s->min_lr + coeff * (s->max_lr - s->min_lr));
+}
+
+double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n) {
+    return be->i->sumsq(be->ctx, grads, n);
+}
+
+float l3d_clip_grads(struct l3d_backend *be, float *grads, int64_t n, double norm, float clip) {
+    if (clip <= 0.0f || norm <= (double)clip) return 1.0f;
+    float f = (float)((double)clip / (norm + 1e-6));
+    be->i->scale(be->ctx, grads, f, n);
+    return f;
+}
