@@ -1,0 +1,49 @@
+# llm3d: `make demo` installs what is missing, builds, trains a small GPT and samples from it;
+# `make test` installs what is missing, builds and runs every test (normal and ASan+UBSan builds).
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= 2
+# -Werror in CI (CI=true), warnings only elsewhere
+WERROR := $(if $(filter true 1 yes,$(CI)),ON,OFF)
+CORPUS := $(sort $(shell find /usr/share/games/fortunes -maxdepth 1 ! -type d ! -name '*.dat' ! -name '*.u8' 2>/dev/null))
+DEMO_DATA ?= data/fortunes
+DEMO_OUT ?= out/demo
+DEMO_STEPS ?= 300
+
+.PHONY: all setup build demo test test-asan bench clean
+
+all: build
+
+setup:
+	bash scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR=$(WERROR)
+	cmake --build $(BUILD) -j$(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+	$(MAKE) --no-print-directory test-asan
+
+test-asan: setup
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL3D_SANITIZE=ON -DL3D_WERROR=$(WERROR)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+
+# Byte-level GPT (d6: 6 layers, 384 channels, 6 heads; vocabulary 256) on the fortunes package's
+# text files, then a sample.
+demo: build
+	$(BUILD)/llm3d prepare --tokenizer bytes --out $(DEMO_DATA) $(if $(CORPUS),$(CORPUS),$(error no fortunes files: run scripts/setup.sh))
+	$(BUILD)/llm3d train --model d6 --vocab 256 --context 256 --seq-len 256 --batch 8 \
+	    --steps $(DEMO_STEPS) --lr 1e-3 --min-lr 1e-4 --warmup 20 --val-every 100 \
+	    --train '$(DEMO_DATA)/train_*.bin' --val '$(DEMO_DATA)/val_*.bin' --out $(DEMO_OUT)
+	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --prompt "The meaning of life is" \
+	    --max-tokens 300 --temperature 0.8 --top-k 40
+
+# GPT-2 124M throughput at the issue's two shapes (2 threads).
+bench: build
+	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 4 --seq-len 64 --steps 10
+	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 8 --seq-len 256 --steps 6
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

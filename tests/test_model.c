@@ -1,0 +1,333 @@
+/*
+ * Whole-model tests at tiny sizes:
+ *   - forward loss equals a double-precision GPT-2 composed from the reference kernels;
+ *   - every parameter's gradient equals central finite differences of that double model;
+ *   - initial loss is about ln(V); a tiny model overfits one batch; two runs are bit-identical;
+ *   - the model written against a shard: a two-stage layer split gives the full model's loss and
+ *     gradients, and a head slice initialises the same values as the full model holds there.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/model.h"
+#include "llm3d/optim.h"
+#include "support/ref.h"
+#include "test.h"
+
+/* ---- the double-precision reference GPT-2 --------------------------------------------------- */
+
+struct ref_gpt {
+    struct l3d_gpt_config cfg;
+    const struct l3d_tensor_info *t; /* offsets of the full model */
+    const int32_t *inp, *tgt;
+    int B, T;
+    double *params;
+};
+
+static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+
+/* Mean loss of the full model over (B,T), params in llm.c's layout. */
+static double ref_gpt_loss(void *ctx) {
+    struct ref_gpt *r = ctx;
+    const struct l3d_gpt_config *c = &r->cfg;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
+    const double *p = r->params;
+    const struct l3d_tensor_info *t = r->t;
+#define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
+    double *x = dalloc(N * C), *ln = dalloc(N * C), *mean = dalloc(N), *rstd = dalloc(N);
+    double *qkv = dalloc(N * 3 * C), *atty = dalloc(N * C), *att = dalloc(B * NH * T * T);
+    double *tmp = dalloc(N * C), *fch = dalloc(N * 4 * C), *gel = dalloc(N * 4 * C);
+    double *logits = dalloc(N * Vp), *loss = dalloc(N);
+    ref_encoder_forward(x, r->inp, P(L3D_T_WTE, 0), P(L3D_T_WPE, 0), 0, Vp, B, T, C);
+    for (int l = 0; l < c->L; l++) {
+        ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N, C);
+        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C, 3 * C);
+        ref_attention_forward(atty, att, qkv, B, T, NH, HS);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), P(L3D_T_ATTPROJB, l), N, C, C);
+        ref_residual_forward(x, x, tmp, N * C);
+        ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N, C);
+        ref_matmul_forward(fch, ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), N, C, 4 * C);
+        ref_gelu_forward(gel, fch, N * 4 * C);
+        ref_matmul_forward(tmp, gel, P(L3D_T_FCPROJW, l), P(L3D_T_FCPROJB, l), N, 4 * C, C);
+        ref_residual_forward(x, x, tmp, N * C);
+    }
+    ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LNFW, 0), P(L3D_T_LNFB, 0), N, C);
+    ref_matmul_forward(logits, ln, P(L3D_T_WTE, 0), NULL, N, C, Vp);
+    ref_xent_loss(loss, logits, r->tgt, 0, N, Vp, c->V);
+#undef P
+    double s = 0.0;
+    for (int64_t i = 0; i < N; i++) s += loss[i];
+    free(x); free(ln); free(mean); free(rstd); free(qkv); free(atty); free(att); free(tmp);
+    free(fch); free(gel); free(logits); free(loss);
+    return s / (double)N;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static struct l3d_gpt_config tiny_config(int L, int C, int NH, int V, int maxT) {
+    struct l3d_gpt_config c = {.L = L, .C = C, .NH = NH, .V = V, .maxT = maxT};
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
+    return c;
+}
+
+/* Random weights with non-trivial biases and LayerNorm affine parts; wte padding rows stay 0. */
+static void randomize(struct l3d_gpt *m, uint64_t seed) {
+    ref_fill_normal(m->params, m->num_params, 0.0f, 0.3f, seed, 1);
+    const struct l3d_tensor_info *w = &m->tensors[L3D_T_WTE];
+    for (int64_t r = m->cfg.V; r < w->rows; r++) memset(m->params + w->offset + r * w->cols, 0,
+                                                        (size_t)w->cols * sizeof(float));
+    const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
+    for (int i = 0; i < 3; i++) {
+        const struct l3d_tensor_info *t = &m->tensors[lnw[i]];
+        for (int64_t k = 0; k < t->count; k++) m->params[t->offset + k] += 1.0f;
+    }
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+static void test_forward_and_gradients(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 50, 8); /* Vp = 128: 78 padding rows */
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    int B = 2, T = 5;
+    struct l3d_gpt *m;
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    randomize(m, 7);
+    int32_t inp[10], tgt[10];
+    ref_fill_tokens(inp, B * T, 0, cfg.V, 3, 1);
+    ref_fill_tokens(tgt, B * T, 0, cfg.V, 3, 2);
+    CHECK(m->num_params == l3d_gpt_param_count(&cfg));
+
+    l3d_gpt_zero_grad(m);
+    float loss = l3d_gpt_forward(m, inp, tgt, B, T);
+    l3d_gpt_backward(m, 1.0f / (float)(B * T), NULL);
+
+    struct ref_gpt r = {.cfg = cfg, .t = m->tensors, .inp = inp, .tgt = tgt, .B = B, .T = T};
+    r.params = dalloc(m->num_params);
+    ref_to_double(r.params, m->params, m->num_params);
+    double rloss = ref_gpt_loss(&r);
+    CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
+
+    /* every parameter of every tensor: |analytic - numeric| small against the tensor's scale */
+    for (int ti = 0; ti < L3D_NUM_TENSORS; ti++) {
+        const struct l3d_tensor_info *t = &m->tensors[ti];
+        double worst = 0.0, scale = 1e-3;
+        int64_t worst_i = -1;
+        /* up to 97 elements spread over the tensor (a prime stride reaches every row and column
+         * pattern), all of them in small tensors */
+        int64_t stride = t->count > 97 ? t->count / 97 : 1;
+        double *num = dalloc(t->count);
+        for (int64_t i = 0; i < t->count; i += stride) {
+            num[i] = ref_fd_partial(ref_gpt_loss, &r, r.params + t->offset, i, 1e-5);
+            scale = fmax(scale, fabs(num[i]));
+        }
+        for (int64_t i = 0; i < t->count; i += stride) {
+            double d = fabs((double)m->grads[t->offset + i] - num[i]);
+            if (d > worst) { worst = d; worst_i = i; }
+        }
+        if (worst > 2e-4 * scale)
+            fprintf(stderr, "tensor %s: worst element %lld analytic %.8g numeric %.8g\n", t->name,
+                    (long long)worst_i, m->grads[t->offset + worst_i], num[worst_i]);
+        CHECK(worst <= 2e-4 * scale);
+        if (ti == L3D_T_WTE) /* padding rows: exactly zero gradient */
+            for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++) CHECK(m->grads[t->offset + i] == 0.0f);
+        free(num);
+    }
+    free(r.params);
+    l3d_gpt_free(m);
+}
+
+static void test_initial_loss(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg;
+    CHECK(l3d_gpt_config_preset(&cfg, "tiny") == L3D_OK);
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    int B = 4, T = 32;
+    struct l3d_gpt *m;
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    l3d_gpt_init_weights(m, 1337);
+    int32_t inp[128], tgt[128];
+    ref_fill_tokens(inp, B * T, 0, cfg.V, 5, 1);
+    ref_fill_tokens(tgt, B * T, 0, cfg.V, 5, 2);
+    float loss = l3d_gpt_forward(m, inp, tgt, B, T);
+    CHECK_NEAR(loss, logf((float)cfg.V), 0.02 * logf((float)cfg.V));
+    l3d_gpt_free(m);
+}
+
+/* Trains `steps` AdamW steps on one fixed batch; returns the losses and final params. */
+static void train_fixed(struct l3d_backend *be, int steps, float lr, float *losses, float **params,
+                        int64_t *n) {
+    struct l3d_gpt_config cfg;
+    l3d_gpt_config_preset(&cfg, "tiny");
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    int B = 4, T = 32;
+    struct l3d_gpt *m;
+    L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    l3d_gpt_init_weights(m, 42);
+    int32_t inp[128], tgt[128];
+    ref_fill_tokens(inp, B * T, 0, cfg.V, 9, 1);
+    ref_fill_tokens(tgt, B * T, 0, cfg.V, 9, 2);
+    struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                   .weight_decay = 0.0f, .grad_clip = 1.0f};
+    struct l3d_adamw opt;
+    l3d_adamw_init(&opt, &hp, m->num_params);
+    for (int s = 0; s < steps; s++) {
+        l3d_gpt_zero_grad(m);
+        losses[s] = l3d_gpt_forward(m, inp, tgt, B, T);
+        l3d_gpt_backward(m, 1.0f / (float)(B * T), NULL);
+        double norm = sqrt(l3d_grad_sumsq(be, m->grads, m->num_params));
+        l3d_clip_grads(be, m->grads, m->num_params, norm, hp.grad_clip);
+        l3d_adamw_step(&opt, be, m->params, m->grads, m->tensors, L3D_NUM_TENSORS, lr);
+    }
+    *n = m->num_params;
+    *params = malloc((size_t)m->num_params * sizeof(float));
+    memcpy(*params, m->params, (size_t)m->num_params * sizeof(float));
+    l3d_adamw_free(&opt);
+    l3d_gpt_free(m);
+}
+
+static void test_overfit_and_determinism(struct l3d_backend *be) {
+    enum { STEPS = 300 };
+    float la[STEPS], lb[STEPS];
+    float *pa, *pb;
+    int64_t na, nb;
+    train_fixed(be, STEPS, 3e-3f, la, &pa, &na);
+    fprintf(stderr, "overfit: loss %.4f -> %.4f after %d steps\n", la[0], la[STEPS - 1], STEPS);
+    CHECK(la[STEPS - 1] < 0.1f);
+    train_fixed(be, STEPS, 3e-3f, lb, &pb, &nb);
+    CHECK(na == nb);
+    CHECK(memcmp(la, lb, sizeof la) == 0);
+    CHECK(memcmp(pa, pb, (size_t)na * sizeof(float)) == 0);
+    free(pa);
+    free(pb);
+}
+
+/* Two pipeline-style shards (layers [0,2) with the embedding, [2,3) with the head) chained by
+ * hand reproduce the full model's loss and gradients. */
+static void test_layer_shards(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg = tiny_config(3, 16, 2, 40, 8);
+    int B = 2, T = 6;
+    struct l3d_shard full = l3d_shard_full(&cfg), s0 = full, s1 = full;
+    s0.layer_count = 2;
+    s0.has_head = false;
+    s1.layer_start = 2;
+    s1.layer_count = 1;
+    s1.has_embedding = false;
+    struct l3d_gpt *mf, *m0, *m1;
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&m0, &cfg, &s0, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&m1, &cfg, &s1, be, B, T) == L3D_OK);
+    l3d_gpt_init_weights(mf, 11);
+    l3d_gpt_init_weights(m0, 11);
+    l3d_gpt_init_weights(m1, 11);
+    CHECK(m0->tensors[L3D_T_LNFW].count == 0 && m1->tensors[L3D_T_WPE].count == 0);
+    /* same initial values where the shards overlap the full model */
+    for (int ti = 0; ti < L3D_NUM_TENSORS; ti++) {
+        const struct l3d_tensor_info *f = &mf->tensors[ti], *a = &m0->tensors[ti], *b = &m1->tensors[ti];
+        if (a->count) CHECK(memcmp(m0->params + a->offset, mf->params + f->offset, (size_t)a->count * 4) == 0);
+        if (b->count) {
+            int64_t skip = f->layers > 1 ? 2 * f->rows * f->cols : 0; /* layer 2 of the full model */
+            CHECK(memcmp(m1->params + b->offset, mf->params + f->offset + skip, (size_t)b->count * 4) == 0);
+        }
+    }
+    int32_t inp[12], tgt[12];
+    ref_fill_tokens(inp, B * T, 0, cfg.V, 4, 1);
+    ref_fill_tokens(tgt, B * T, 0, cfg.V, 4, 2);
+    l3d_gpt_zero_grad(mf);
+    l3d_gpt_zero_grad(m0);
+    l3d_gpt_zero_grad(m1);
+    float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
+    l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
+    l3d_gpt_forward(m0, inp, NULL, B, T);
+    memcpy(m1->input_act, l3d_gpt_output_act(m0), (size_t)(B * T * cfg.C) * sizeof(float));
+    float l1 = l3d_gpt_forward(m1, NULL, tgt, B, T);
+    l3d_gpt_backward(m1, 1.0f / (float)(B * T), NULL);
+    l3d_gpt_backward(m0, 1.0f / (float)(B * T), m1->dinput_act);
+    CHECK(lf == l1);
+    /* the tied wte: the full model's gradient is the sum of the embedding's and the head's */
+    const struct l3d_tensor_info *fw = &mf->tensors[L3D_T_WTE];
+    double worst = 0.0;
+    for (int64_t i = 0; i < fw->count; i++) {
+        double g = (double)m0->grads[m0->tensors[L3D_T_WTE].offset + i] +
+                   (double)m1->grads[m1->tensors[L3D_T_WTE].offset + i];
+        worst = fmax(worst, fabs(g - mf->grads[fw->offset + i]));
+    }
+    CHECK(worst < 1e-6);
+    for (int ti = L3D_T_WPE; ti < L3D_NUM_TENSORS; ti++) {
+        const struct l3d_tensor_info *f = &mf->tensors[ti], *a = &m0->tensors[ti], *b = &m1->tensors[ti];
+        if (a->count) CHECK(memcmp(m0->grads + a->offset, mf->grads + f->offset, (size_t)a->count * 4) == 0);
+        if (b->count) {
+            int64_t skip = f->layers > 1 ? 2 * f->rows * f->cols : 0;
+            CHECK(memcmp(m1->grads + b->offset, mf->grads + f->offset + skip, (size_t)b->count * 4) == 0);
+        }
+    }
+    l3d_gpt_free(mf);
+    l3d_gpt_free(m0);
+    l3d_gpt_free(m1);
+}
+
+/* A tensor-parallel-style slice (second head, second half of the FFN, second half of the padded
+ * vocabulary) holds exactly the full model's values for those rows and columns. */
+static void test_slice_init(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 200, 8); /* Vp = 256 */
+    int B = 1, T = 4, C = 16, HS = 8;
+    struct l3d_shard full = l3d_shard_full(&cfg), s = full;
+    s.head_start = 1;
+    s.head_count = 1;
+    s.ffn_start = 32;
+    s.ffn_count = 32;
+    s.vocab_start = 128;
+    s.vocab_count = 128;
+    struct l3d_gpt *mf, *ms;
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&ms, &cfg, &s, be, B, T) == L3D_OK);
+    l3d_gpt_init_weights(mf, 5);
+    l3d_gpt_init_weights(ms, 5);
+    int mism = 0;
+    for (int l = 0; l < 2; l++) {
+        const float *fq = mf->params + mf->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * C * C;
+        const float *sq = ms->params + ms->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * HS * C;
+        for (int part = 0; part < 3; part++)
+            for (int r = 0; r < HS; r++)
+                mism += memcmp(sq + (part * HS + r) * C, fq + (part * C + HS + r) * C, (size_t)C * 4) != 0;
+        const float *fp = mf->params + mf->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * C;
+        const float *sp = ms->params + ms->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * HS;
+        for (int r = 0; r < C; r++) mism += memcmp(sp + r * HS, fp + r * C + HS, (size_t)HS * 4) != 0;
+        const float *ff = mf->params + mf->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 4 * C;
+        const float *sf = ms->params + ms->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 32;
+        for (int r = 0; r < C; r++) mism += memcmp(sf + r * 32, ff + r * 4 * C + 32, 32 * 4) != 0;
+        const float *fw = mf->params + mf->tensors[L3D_T_FCW].offset + (int64_t)l * 4 * C * C;
+        const float *sw = ms->params + ms->tensors[L3D_T_FCW].offset + (int64_t)l * 32 * C;
+        mism += memcmp(sw, fw + 32 * C, 32 * C * 4) != 0;
+    }
+    mism += memcmp(ms->params + ms->tensors[L3D_T_WTE].offset,
+                   mf->params + mf->tensors[L3D_T_WTE].offset + 128 * C, 128 * C * 4) != 0;
+    CHECK(mism == 0);
+    l3d_gpt_free(mf);
+    l3d_gpt_free(ms);
+}
+
+static void test_errors(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "divisible") != NULL);
+    CHECK(l3d_gpt_config_preset(&cfg, "nope") == L3D_ERR_ARG);
+    cfg = tiny_config(2, 16, 2, 50, 8);
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    struct l3d_gpt *m;
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 9) == L3D_ERR_ARG);
+    CHECK(m == NULL);
+    sh.layer_count = 3;
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 4) == L3D_ERR_LAYOUT);
+}
+
+int main(void) {
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    test_forward_and_gradients(be);
+    test_initial_loss(be);
+    test_overfit_and_determinism(be);
+    test_layer_shards(be);
+    test_slice_init(be);
+    test_errors(be);
+    l3d_backend_free(be);
+    return TEST_REPORT();
+}
