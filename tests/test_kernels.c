@@ -1,0 +1,806 @@
+/*
+ * Every kernel pair of the CPU backend against the double-precision oracle (tests/support/ref.c).
+ *
+ *   forward:  the float output against the double reference run on the same (float) inputs:
+ *             |got - want| <= FWD_RTOL * (|want| + max|want|), max over the tensor;
+ *   backward: a scalar objective L = sum_i w_i out_i with fixed random weights w, so dout = w.
+ *             The float backward's gradients against central differences of the DOUBLE reference
+ *             forward (ggml test-backend-ops MODE_GRAD): |got - num| <= BWD_RTOL * (|num| + max|num|).
+ *             Gradient outputs are pre-filled with random values that are subtracted afterwards,
+ *             which tests the += contract; forward outputs and scratch are pre-filled with NaN,
+ *             which tests the = contract. Then the NULL gradient outputs the contract allows.
+ *
+ * Why these tolerances. The reference sees exactly the float inputs, so the only error is the
+ * kernel's fp32 arithmetic (a few ulp, 6e-8, times the depth of its sums: ~1e-6 of a tensor's
+ * magnitude at these sizes) and, for gradients, the finite difference in double (eps 1e-6:
+ * truncation ~1e-12, round-off ~1e-9 of the gradient's scale). The worst error of each kernel is
+ * printed at the end as a fraction of its tolerance (0.08 at most when this was written). Scaling
+ * by max|want| keeps entries that cancel to ~0 from demanding a precision fp32 cannot give, while
+ * a real bug (a dropped term, a wrong index, a transpose, a missing scale, = for +=) moves some
+ * entry by a sizeable fraction of that magnitude, orders of magnitude above 1e-5. What it cannot
+ * see is a change smaller than that, e.g. a typo in the 5th digit of GELU's 0.044715 (~1e-6).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+#include "support/ref.h"
+#include "test.h"
+
+#define FWD_RTOL 1e-5
+#define BWD_RTOL 1e-5
+#define FD_EPS 1e-6
+/* At most this many entries of one gradient tensor are checked by finite differences (all of
+ * them below it; a stratified random sample above, always including the first and the last). */
+#define FD_MAX 400
+#define SEED 20240611u
+
+typedef long long ll; /* for printing int64_t sizes with %lld */
+
+/* ---------------------------------------------------------------------------------------------
+ * Buffers and comparison
+ * ------------------------------------------------------------------------------------------- */
+
+/* Plain malloc of exactly the requested size, so that ASan sees any overrun by a kernel. */
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    L3D_ASSERT(p != NULL);
+    return p;
+}
+static float *falloc(int64_t n) { return xmalloc((size_t)n * sizeof(float)); }
+static double *dalloc(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
+static int32_t *ialloc(int64_t n) { return xmalloc((size_t)n * sizeof(int32_t)); }
+static void *xcalloc(size_t n, size_t size) {
+    void *p = xmalloc(n * size);
+    memset(p, 0, n * size);
+    return p;
+}
+
+static float *fnan(int64_t n) {
+    float *x = falloc(n);
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+static float *frand(int64_t n, float mean, float std, uint64_t stream) {
+    float *x = falloc(n);
+    ref_fill_normal(x, n, mean, std, SEED, stream);
+    return x;
+}
+static double *dcopy(const float *x, int64_t n) {
+    double *d = dalloc(n);
+    ref_to_double(d, x, n);
+    return d;
+}
+
+static double max_abs(const double *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+/* The kernels, for the margin table printed at the end. */
+enum kern { K_MATMUL, K_ENCODER, K_LAYERNORM, K_ATTENTION, K_GELU, K_RESIDUAL, K_XENT, K_ADAMW,
+            K_SUMSQ, K_SCALE, K_COUNT };
+static const char *const kern_name[K_COUNT] = {"matmul", "encoder", "layernorm", "attention", "gelu",
+                                               "residual", "xent", "adamw", "sumsq", "scale"};
+/* Worst |err| / tol seen per kernel, forward and backward; 1 is the tolerance. */
+static double margin[K_COUNT][2];
+
+/*
+ * got[idx[k]] against want[k] for k < n (idx NULL: got[k]), |err| <= rtol * (|want| + max|want|).
+ * One check; on failure prints the worst offender and how many entries fail. The worst err/tol
+ * goes into margin[kern][bwd].
+ */
+static void check_close(enum kern kern, int bwd, const char *tag, const char *what,
+                        const double *got, const int64_t *idx, const double *want, int64_t n,
+                        double rtol) {
+    double scale = max_abs(want, n);
+    double worst = 0.0;
+    int64_t worst_k = -1, nbad = 0;
+    for (int64_t k = 0; k < n; k++) {
+        double g = got[idx ? idx[k] : k];
+        double tol = rtol * (fabs(want[k]) + scale);
+        double err = fabs(g - want[k]);
+        double r = tol > 0 ? err / tol : (err == 0.0 ? 0.0 : INFINITY);
+        if (!(err <= tol)) {
+            nbad++;
+            if (isnan(err)) r = INFINITY;
+        }
+        if (worst_k < 0 || r > worst) {
+            worst = r;
+            worst_k = k;
+        }
+    }
+    if (worst > margin[kern][bwd]) margin[kern][bwd] = worst;
+    test_checks++;
+    if (nbad) {
+        test_failures++;
+        int64_t i = idx ? idx[worst_k] : worst_k;
+        fprintf(stderr,
+                "FAIL %s: %s: %lld of %lld entries out of tolerance; worst [%lld]: got %.9g, want "
+                "%.9g, |diff| %.3g > tol %.3g (rtol %.0e, max|want| %.3g)\n",
+                tag, what, (ll)nbad, (ll)n, (ll)i, got[i], want[worst_k], fabs(got[i] - want[worst_k]),
+                rtol * (fabs(want[worst_k]) + scale), rtol, scale);
+    }
+}
+
+/* A float output against a double reference, forward tolerance. */
+static void check_fwd(enum kern kern, const char *tag, const char *what, const float *got,
+                      const double *want, int64_t n) {
+    double *g = dcopy(got, n);
+    check_close(kern, 0, tag, what, g, NULL, want, n, FWD_RTOL);
+    free(g);
+}
+
+/* Every entry of x[0..n) bitwise equal to want (e.g. exact zeros); prints the first that is not. */
+static void check_all_equal(const char *tag, const char *what, const float *x, const float *want,
+                            int64_t n) {
+    int64_t nbad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &want[i], sizeof(float)) != 0) {
+            if (first < 0) first = i;
+            nbad++;
+        }
+    test_checks++;
+    if (nbad) {
+        test_failures++;
+        fprintf(stderr, "FAIL %s: %s: %lld of %lld entries differ; first [%lld]: got %.9g, want %.9g\n",
+                tag, what, (ll)nbad, (ll)n, (ll)first, x[first], want[first]);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Gradients: finite differences of the double reference against the float backward
+ * ------------------------------------------------------------------------------------------- */
+
+typedef double (*objective_fn)(void *ctx);
+
+struct grad {
+    const char *name;
+    double *x;    /* the double input the objective reads; perturbed by the finite differences */
+    int64_t n;
+    float *g;     /* the float kernel's gradient output (n) */
+    float *pre;   /* its content before the backward call: subtracted, to test += */
+    int64_t *idx; /* the entries checked */
+    double *num;  /* numeric gradient at idx */
+    int64_t nidx;
+    uint64_t stream;
+};
+
+/* Numeric gradient of f with respect to x at a sample of indices; allocates the float output. */
+static struct grad grad_numeric(const char *name, double *x, int64_t n, objective_fn f, void *ctx,
+                                uint64_t stream) {
+    struct grad gr = {.name = name, .x = x, .n = n, .stream = stream};
+    gr.nidx = n <= FD_MAX ? n : FD_MAX;
+    gr.idx = xmalloc((size_t)gr.nidx * sizeof(int64_t));
+    gr.num = dalloc(gr.nidx);
+    for (int64_t k = 0; k < gr.nidx; k++) {
+        if (gr.nidx == n) {
+            gr.idx[k] = k;
+        } else { /* one random entry from each of nidx equal strata */
+            int64_t lo = k * n / gr.nidx, hi = (k + 1) * n / gr.nidx;
+            gr.idx[k] = lo + (int64_t)(l3d_rng_u64(SEED, stream, (uint64_t)k) % (uint64_t)(hi - lo));
+        }
+    }
+    if (gr.nidx < n) {
+        gr.idx[0] = 0;
+        gr.idx[gr.nidx - 1] = n - 1;
+    }
+    for (int64_t k = 0; k < gr.nidx; k++) gr.num[k] = ref_fd_partial(f, ctx, x, gr.idx[k], FD_EPS);
+    gr.g = falloc(n);
+    gr.pre = falloc(n);
+    return gr;
+}
+
+/* Fills the gradient output with random values of the gradient's own magnitude. */
+static void grad_prefill(struct grad *gr) {
+    double s = max_abs(gr->num, gr->nidx);
+    ref_fill_normal(gr->pre, gr->n, 0.0f, (float)(s > 0 ? 0.5 * s : 0.5), SEED, gr->stream + 7777);
+    memcpy(gr->g, gr->pre, (size_t)gr->n * sizeof(float));
+}
+
+/* (g - pre) against the numeric gradient. */
+static void grad_check(enum kern kern, const char *tag, const struct grad *gr) {
+    double *got = dalloc(gr->n);
+    for (int64_t i = 0; i < gr->n; i++) got[i] = (double)gr->g[i] - (double)gr->pre[i];
+    check_close(kern, 1, tag, gr->name, got, gr->idx, gr->num, gr->nidx, BWD_RTOL);
+    free(got);
+}
+
+static void grad_free(struct grad *gr) {
+    free(gr->idx);
+    free(gr->num);
+    free(gr->g);
+    free(gr->pre);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * matmul
+ * ------------------------------------------------------------------------------------------- */
+
+struct mm_ctx {
+    int64_t N, C, OC;
+    double *inp, *w, *b, *out, *dout;
+};
+
+static double mm_objective(void *p) {
+    struct mm_ctx *c = p;
+    ref_matmul_forward(c->out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+    return ref_dot(c->dout, c->out, c->N * c->OC);
+}
+
+static void test_matmul(const struct l3d_backend *be, int64_t N, int64_t C, int64_t OC,
+                        int with_bias, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "matmul N=%lld C=%lld OC=%lld%s", (ll)N, (ll)C, (ll)OC,
+             with_bias ? "" : " (no bias)");
+    float *inp = frand(N * C, 0, 1, s + 1), *w = frand(OC * C, 0, 1, s + 2);
+    float *b = with_bias ? frand(OC, 0, 1, s + 3) : NULL;
+    float *dout = frand(N * OC, 0, 1, s + 4), *out = fnan(N * OC);
+    struct mm_ctx c = {N, C, OC, dcopy(inp, N * C), dcopy(w, OC * C), b ? dcopy(b, OC) : NULL,
+                       dalloc(N * OC), dcopy(dout, N * OC)};
+
+    be->i->matmul_forward(be->ctx, out, inp, w, b, N, C, OC);
+    mm_objective(&c);
+    check_fwd(K_MATMUL, tag, "out", out, c.out, N * OC);
+
+    struct grad gi = grad_numeric("dinp", c.inp, N * C, mm_objective, &c, s + 11);
+    struct grad gw = grad_numeric("dweight", c.w, OC * C, mm_objective, &c, s + 12);
+    struct grad gb = {0};
+    if (with_bias) gb = grad_numeric("dbias", c.b, OC, mm_objective, &c, s + 13);
+    grad_prefill(&gi);
+    grad_prefill(&gw);
+    if (with_bias) grad_prefill(&gb);
+    be->i->matmul_backward(be->ctx, gi.g, gw.g, gb.g, dout, inp, w, N, C, OC);
+    grad_check(K_MATMUL, tag, &gi);
+    grad_check(K_MATMUL, tag, &gw);
+    if (with_bias) grad_check(K_MATMUL, tag, &gb);
+
+    /* NULL gradient outputs are skipped; the others are still right. */
+    char tag2[160];
+    snprintf(tag2, sizeof tag2, "%s, dinp NULL", tag);
+    grad_prefill(&gw);
+    if (with_bias) grad_prefill(&gb);
+    be->i->matmul_backward(be->ctx, NULL, gw.g, gb.g, dout, inp, w, N, C, OC);
+    grad_check(K_MATMUL, tag2, &gw);
+    if (with_bias) grad_check(K_MATMUL, tag2, &gb);
+    snprintf(tag2, sizeof tag2, "%s, dbias and dweight NULL", tag);
+    grad_prefill(&gi);
+    be->i->matmul_backward(be->ctx, gi.g, NULL, NULL, dout, inp, w, N, C, OC);
+    grad_check(K_MATMUL, tag2, &gi);
+    if (with_bias) {
+        snprintf(tag2, sizeof tag2, "%s, dbias NULL", tag);
+        grad_prefill(&gi);
+        grad_prefill(&gw);
+        be->i->matmul_backward(be->ctx, gi.g, gw.g, NULL, dout, inp, w, N, C, OC);
+        grad_check(K_MATMUL, tag2, &gi);
+        grad_check(K_MATMUL, tag2, &gw);
+    }
+
+    grad_free(&gi);
+    grad_free(&gw);
+    if (with_bias) grad_free(&gb);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.dout);
+    free(inp), free(w), free(b), free(dout), free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * encoder
+ * ------------------------------------------------------------------------------------------- */
+
+struct enc_ctx {
+    int64_t B, T, C, vocab_start, vocab_count;
+    const int32_t *tokens;
+    double *wte, *wpe, *out, *dout;
+};
+
+static double enc_objective(void *p) {
+    struct enc_ctx *c = p;
+    ref_encoder_forward(c->out, c->tokens, c->wte, c->wpe, c->vocab_start, c->vocab_count, c->B,
+                        c->T, c->C);
+    return ref_dot(c->dout, c->out, c->B * c->T * c->C);
+}
+
+/* Tokens drawn from [0, Vtotal); the slice [vocab_start, vocab_start+vocab_count) sees only some.
+ * wpe has Tw >= T rows (0: no wpe). */
+static void test_encoder(const struct l3d_backend *be, int64_t B, int64_t T, int64_t C,
+                         int64_t vocab_start, int64_t vocab_count, int64_t Vtotal, int64_t Tw,
+                         uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "encoder B=%lld T=%lld C=%lld slice [%lld,%lld) of %lld, wpe rows %lld",
+             (ll)B, (ll)T, (ll)C, (ll)vocab_start, (ll)(vocab_start + vocab_count), (ll)Vtotal, (ll)Tw);
+    const int64_t BT = B * T;
+    int32_t *tokens = ialloc(BT);
+    ref_fill_tokens(tokens, BT, 0, (int32_t)Vtotal, SEED, s + 1);
+    /* Make sure the first and last ids of the slice and its two neighbours occur. */
+    int32_t edge[4] = {(int32_t)vocab_start, (int32_t)(vocab_start + vocab_count - 1),
+                       (int32_t)(vocab_start - 1), (int32_t)(vocab_start + vocab_count)};
+    for (int k = 0; k < 4 && k < BT; k++)
+        if (edge[k] >= 0 && edge[k] < Vtotal) tokens[(k * 7) % BT] = edge[k];
+    float *wte = frand(vocab_count * C, 0, 1, s + 2);
+    float *wpe = Tw ? frand(Tw * C, 0, 1, s + 3) : NULL;
+    float *dout = frand(BT * C, 0, 1, s + 4), *out = fnan(BT * C);
+    struct enc_ctx c = {B, T, C, vocab_start, vocab_count, tokens, dcopy(wte, vocab_count * C),
+                        wpe ? dcopy(wpe, Tw * C) : NULL, dalloc(BT * C), dcopy(dout, BT * C)};
+
+    be->i->encoder_forward(be->ctx, out, tokens, wte, wpe, vocab_start, vocab_count, B, T, C);
+    enc_objective(&c);
+    check_fwd(K_ENCODER, tag, "out", out, c.out, BT * C);
+    /* Out-of-slice tokens: exactly wpe[t], or exactly zero. */
+    float *want = falloc(C);
+    int64_t nout = 0;
+    for (int64_t bt = 0; bt < BT; bt++) {
+        int64_t row = tokens[bt] - vocab_start;
+        if (row >= 0 && row < vocab_count) continue;
+        nout++;
+        for (int64_t i = 0; i < C; i++) want[i] = wpe ? wpe[(bt % T) * C + i] : 0.0f;
+        check_all_equal(tag, "out row of an out-of-slice token", out + bt * C, want, C);
+    }
+    free(want);
+    CHECK(nout > 0 || vocab_count == Vtotal);
+
+    struct grad gte = grad_numeric("dwte", c.wte, vocab_count * C, enc_objective, &c, s + 11);
+    struct grad gpe = {0};
+    if (wpe) gpe = grad_numeric("dwpe", c.wpe, Tw * C, enc_objective, &c, s + 12);
+    grad_prefill(&gte);
+    if (wpe) grad_prefill(&gpe);
+    be->i->encoder_backward(be->ctx, gte.g, gpe.g, dout, tokens, vocab_start, vocab_count, B, T, C);
+    grad_check(K_ENCODER, tag, &gte);
+    if (wpe) grad_check(K_ENCODER, tag, &gpe);
+    /* Rows of wte no token of the slice uses, and rows of wpe past T: exactly untouched. */
+    char *used = xcalloc((size_t)vocab_count, 1);
+    for (int64_t bt = 0; bt < BT; bt++) {
+        int64_t row = tokens[bt] - vocab_start;
+        if (row >= 0 && row < vocab_count) used[row] = 1;
+    }
+    for (int64_t r = 0; r < vocab_count; r++)
+        if (!used[r]) check_all_equal(tag, "dwte row of an unused id", gte.g + r * C, gte.pre + r * C, C);
+    free(used);
+    if (wpe && Tw > T)
+        check_all_equal(tag, "dwpe rows past T", gpe.g + T * C, gpe.pre + T * C, (Tw - T) * C);
+
+    char tag2[200];
+    if (wpe) {
+        snprintf(tag2, sizeof tag2, "%s, dwpe NULL", tag);
+        grad_prefill(&gte);
+        be->i->encoder_backward(be->ctx, gte.g, NULL, dout, tokens, vocab_start, vocab_count, B, T, C);
+        grad_check(K_ENCODER, tag2, &gte);
+        snprintf(tag2, sizeof tag2, "%s, dwte NULL", tag);
+        grad_prefill(&gpe);
+        be->i->encoder_backward(be->ctx, NULL, gpe.g, dout, tokens, vocab_start, vocab_count, B, T, C);
+        grad_check(K_ENCODER, tag2, &gpe);
+    }
+
+    grad_free(&gte);
+    if (wpe) grad_free(&gpe);
+    free(c.wte), free(c.wpe), free(c.out), free(c.dout);
+    free(tokens), free(wte), free(wpe), free(dout), free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * layernorm
+ * ------------------------------------------------------------------------------------------- */
+
+struct ln_ctx {
+    int64_t N, C;
+    double *inp, *w, *b, *out, *mean, *rstd, *dout;
+};
+
+static double ln_objective(void *p) {
+    struct ln_ctx *c = p;
+    ref_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    return ref_dot(c->dout, c->out, c->N * c->C);
+}
+
+/* inp ~ N(mu, sigma): a small sigma makes the result depend on eps (1e-5) and on the variance
+ * being the biased one. */
+static void test_layernorm(const struct l3d_backend *be, int64_t N, int64_t C, float mu, float sigma,
+                           uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "layernorm N=%lld C=%lld inp~N(%g,%g)", (ll)N, (ll)C, mu, sigma);
+    float *inp = frand(N * C, mu, sigma, s + 1), *w = frand(C, 1, 0.5f, s + 2);
+    float *b = frand(C, 0, 0.5f, s + 3), *dout = frand(N * C, 0, 1, s + 4);
+    float *out = fnan(N * C), *mean = fnan(N), *rstd = fnan(N);
+    struct ln_ctx c = {N, C, dcopy(inp, N * C), dcopy(w, C), dcopy(b, C), dalloc(N * C),
+                       dalloc(N), dalloc(N), dcopy(dout, N * C)};
+
+    be->i->layernorm_forward(be->ctx, out, mean, rstd, inp, w, b, N, C);
+    ln_objective(&c);
+    check_fwd(K_LAYERNORM, tag, "out", out, c.out, N * C);
+    check_fwd(K_LAYERNORM, tag, "mean", mean, c.mean, N);
+    check_fwd(K_LAYERNORM, tag, "rstd", rstd, c.rstd, N);
+
+    struct grad gi = grad_numeric("dinp", c.inp, N * C, ln_objective, &c, s + 11);
+    struct grad gw = grad_numeric("dweight", c.w, C, ln_objective, &c, s + 12);
+    struct grad gb = grad_numeric("dbias", c.b, C, ln_objective, &c, s + 13);
+    grad_prefill(&gi), grad_prefill(&gw), grad_prefill(&gb);
+    be->i->layernorm_backward(be->ctx, gi.g, gw.g, gb.g, dout, inp, w, mean, rstd, N, C);
+    grad_check(K_LAYERNORM, tag, &gi);
+    grad_check(K_LAYERNORM, tag, &gw);
+    grad_check(K_LAYERNORM, tag, &gb);
+
+    char tag2[160];
+    snprintf(tag2, sizeof tag2, "%s, dinp NULL", tag);
+    grad_prefill(&gw), grad_prefill(&gb);
+    be->i->layernorm_backward(be->ctx, NULL, gw.g, gb.g, dout, inp, w, mean, rstd, N, C);
+    grad_check(K_LAYERNORM, tag2, &gw);
+    grad_check(K_LAYERNORM, tag2, &gb);
+    snprintf(tag2, sizeof tag2, "%s, dweight and dbias NULL", tag);
+    grad_prefill(&gi);
+    be->i->layernorm_backward(be->ctx, gi.g, NULL, NULL, dout, inp, w, mean, rstd, N, C);
+    grad_check(K_LAYERNORM, tag2, &gi);
+
+    grad_free(&gi), grad_free(&gw), grad_free(&gb);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.dout);
+    free(inp), free(w), free(b), free(dout), free(out), free(mean), free(rstd);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * attention
+ * ------------------------------------------------------------------------------------------- */
+
+struct att_ctx {
+    int64_t B, T, NH, HS;
+    double *qkv, *out, *att, *dout;
+};
+
+static double att_objective(void *p) {
+    struct att_ctx *c = p;
+    ref_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->HS);
+    return ref_dot(c->dout, c->out, c->B * c->T * c->NH * c->HS);
+}
+
+static void test_attention(const struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
+                           int64_t HS, float sigma, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld HS=%lld qkv~N(0,%g)", (ll)B, (ll)T,
+             (ll)NH, (ll)HS, sigma);
+    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, natt = B * NH * T * T;
+    float *qkv = frand(nqkv, 0, sigma, s + 1), *dout = frand(nout, 0, 1, s + 2);
+    float *out = fnan(nout), *att = fnan(natt);
+    struct att_ctx c = {B, T, NH, HS, dcopy(qkv, nqkv), dalloc(nout), dalloc(natt), dcopy(dout, nout)};
+
+    be->i->attention_forward(be->ctx, out, att, qkv, B, T, NH, HS);
+    att_objective(&c);
+    check_fwd(K_ATTENTION, tag, "out", out, c.out, nout);
+    check_fwd(K_ATTENTION, tag, "att", att, c.att, natt);
+    /* Exactly zero above the diagonal. */
+    int64_t nbad = 0;
+    for (int64_t bh = 0; bh < B * NH; bh++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t t2 = t + 1; t2 < T; t2++) nbad += att[(bh * T + t) * T + t2] != 0.0f;
+    if (nbad) fprintf(stderr, "FAIL %s: %lld entries of att above the diagonal not 0\n", tag, (ll)nbad);
+    CHECK(nbad == 0);
+
+    struct grad gq = grad_numeric("dqkv", c.qkv, nqkv, att_objective, &c, s + 11);
+    grad_prefill(&gq);
+    float *datt = fnan(natt); /* scratch: overwritten, never read before written */
+    be->i->attention_backward(be->ctx, gq.g, datt, dout, qkv, att, B, T, NH, HS);
+    grad_check(K_ATTENTION, tag, &gq);
+
+    grad_free(&gq);
+    free(c.qkv), free(c.out), free(c.att), free(c.dout);
+    free(qkv), free(dout), free(out), free(att), free(datt);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * gelu
+ * ------------------------------------------------------------------------------------------- */
+
+struct gelu_ctx {
+    int64_t N;
+    double *inp, *out, *dout;
+};
+
+static double gelu_objective(void *p) {
+    struct gelu_ctx *c = p;
+    ref_gelu_forward(c->out, c->inp, c->N);
+    return ref_dot(c->dout, c->out, c->N);
+}
+
+static void test_gelu(const struct l3d_backend *be, int64_t N, float sigma, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "gelu N=%lld inp~N(0,%g)", (ll)N, sigma);
+    float *inp = frand(N, 0, sigma, s + 1), *dout = frand(N, 0, 1, s + 2), *out = fnan(N);
+    /* The interesting points: 0, the tails where tanh saturates, the bend near -0.75. */
+    const float special[] = {0.0f, -0.75f, 1.0f, -3.0f, 4.5f, -9.0f, 12.0f, -20.0f, 1e-4f};
+    for (int64_t k = 0; k < (int64_t)(sizeof special / sizeof special[0]) && 3 * k < N; k++)
+        inp[3 * k] = special[k];
+    struct gelu_ctx c = {N, dcopy(inp, N), dalloc(N), dcopy(dout, N)};
+
+    be->i->gelu_forward(be->ctx, out, inp, N);
+    gelu_objective(&c);
+    check_fwd(K_GELU, tag, "out", out, c.out, N);
+
+    struct grad gi = grad_numeric("dinp", c.inp, N, gelu_objective, &c, s + 11);
+    grad_prefill(&gi);
+    be->i->gelu_backward(be->ctx, gi.g, dout, inp, N);
+    grad_check(K_GELU, tag, &gi);
+
+    grad_free(&gi);
+    free(c.inp), free(c.out), free(c.dout);
+    free(inp), free(dout), free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * residual and add_inplace (its backward)
+ * ------------------------------------------------------------------------------------------- */
+
+struct res_ctx {
+    int64_t N;
+    double *a, *b, *out, *dout;
+};
+
+static double res_objective(void *p) {
+    struct res_ctx *c = p;
+    ref_residual_forward(c->out, c->a, c->b, c->N);
+    return ref_dot(c->dout, c->out, c->N);
+}
+
+static void test_residual(const struct l3d_backend *be, int64_t N, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "residual N=%lld", (ll)N);
+    float *a = frand(N, 0, 1, s + 1), *b = frand(N, 0, 1, s + 2), *dout = frand(N, 0, 1, s + 3);
+    float *out = fnan(N), *want = falloc(N);
+    struct res_ctx c = {N, dcopy(a, N), dcopy(b, N), dalloc(N), dcopy(dout, N)};
+
+    be->i->residual_forward(be->ctx, out, a, b, N);
+    res_objective(&c);
+    check_fwd(K_RESIDUAL, tag, "out", out, c.out, N);
+    for (int64_t i = 0; i < N; i++) want[i] = a[i] + b[i]; /* one rounding: exact */
+    check_all_equal(tag, "out == a + b in float", out, want, N);
+
+    /* Backward: add_inplace of dout into da and db. */
+    struct grad ga = grad_numeric("da", c.a, N, res_objective, &c, s + 11);
+    struct grad gb = grad_numeric("db", c.b, N, res_objective, &c, s + 12);
+    grad_prefill(&ga), grad_prefill(&gb);
+    be->i->add_inplace(be->ctx, ga.g, dout, N);
+    be->i->add_inplace(be->ctx, gb.g, dout, N);
+    grad_check(K_RESIDUAL, tag, &ga);
+    grad_check(K_RESIDUAL, tag, &gb);
+    for (int64_t i = 0; i < N; i++) want[i] = ga.pre[i] + dout[i];
+    check_all_equal(tag, "add_inplace == dst + src in float", ga.g, want, N);
+
+    grad_free(&ga), grad_free(&gb);
+    free(c.a), free(c.b), free(c.out), free(c.dout);
+    free(a), free(b), free(dout), free(out), free(want);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * cross-entropy: xent_max, xent_sumexp, the loss as the model forms it, xent_backward
+ * ------------------------------------------------------------------------------------------- */
+
+struct xent_ctx {
+    int64_t N, Vl, Vvalid, vocab_start;
+    const int32_t *targets;
+    double *logits, *loss, dloss;
+};
+
+static double xent_objective(void *p) {
+    struct xent_ctx *c = p;
+    ref_xent_loss(c->loss, c->logits, c->targets, c->vocab_start, c->N, c->Vl, c->Vvalid);
+    double s = 0.0;
+    for (int64_t n = 0; n < c->N; n++) s += c->loss[n];
+    return c->dloss * s;
+}
+
+/* logits (N,Vl) ~ N(0,sigma) in the Vvalid real columns, +-1e30 in the padding; targets drawn
+ * from [0, Vtotal), the slice being [vocab_start, vocab_start+Vvalid). */
+static void test_xent(const struct l3d_backend *be, int64_t N, int64_t Vl, int64_t Vvalid,
+                      int64_t vocab_start, int64_t Vtotal, float sigma, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "xent N=%lld Vl=%lld Vvalid=%lld slice [%lld,%lld) of %lld logits~N(0,%g)",
+             (ll)N, (ll)Vl, (ll)Vvalid, (ll)vocab_start, (ll)(vocab_start + Vvalid), (ll)Vtotal,
+             sigma);
+    float *logits = frand(N * Vl, 0, sigma, s + 1);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t j = Vvalid; j < Vl; j++) logits[n * Vl + j] = (j % 2) ? -1e30f : 1e30f;
+    int32_t *targets = ialloc(N);
+    ref_fill_tokens(targets, N, 0, (int32_t)Vtotal, SEED, s + 2);
+    if (N >= 2) { /* the slice's edges */
+        targets[0] = (int32_t)vocab_start;
+        targets[N - 1] = (int32_t)(vocab_start + Vvalid - 1);
+    }
+    if (N >= 3 && Vtotal > Vvalid) targets[1] = (int32_t)(vocab_start > 0 ? vocab_start - 1 : vocab_start + Vvalid);
+    float *maxv = fnan(N), *sumexp = fnan(N), *tlogit = fnan(N);
+    struct xent_ctx c = {N, Vl, Vvalid, vocab_start, targets, dcopy(logits, N * Vl), dalloc(N), 0.37};
+
+    be->i->xent_max(be->ctx, maxv, logits, N, Vl, Vvalid);
+    be->i->xent_sumexp(be->ctx, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl, Vvalid);
+    /* maxv: the exact max of the real columns. tlogit: the exact target logit, or 0. */
+    float *want = falloc(N), *want_t = falloc(N);
+    double *want_s = dalloc(N);
+    int64_t nin = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const float *l = logits + n * Vl;
+        float mx = l[0];
+        for (int64_t j = 1; j < Vvalid; j++) mx = l[j] > mx ? l[j] : mx;
+        want[n] = mx;
+        double se = 0.0;
+        for (int64_t j = 0; j < Vvalid; j++) se += exp((double)l[j] - (double)maxv[n]);
+        want_s[n] = se;
+        int64_t tc = targets[n] - vocab_start;
+        int in = tc >= 0 && tc < Vvalid;
+        nin += in;
+        want_t[n] = in ? l[tc] : 0.0f;
+    }
+    CHECK(nin > 0);
+    CHECK(nin < N || Vtotal == Vvalid || N < 3);
+    check_all_equal(tag, "maxv", maxv, want, N);
+    check_all_equal(tag, "tlogit", tlogit, want_t, N);
+    check_fwd(K_XENT, tag, "sumexp", sumexp, want_s, N);
+    /* The loss as the model forms it after its all-reduces: log(sumexp) + max - tlogit. */
+    double *loss = dalloc(N);
+    for (int64_t n = 0; n < N; n++) loss[n] = log((double)sumexp[n]) + maxv[n] - tlogit[n];
+    xent_objective(&c);
+    check_close(K_XENT, 0, tag, "loss", loss, NULL, c.loss, N, FWD_RTOL);
+
+    /* Backward in place: dlogits = (softmax - onehot) * dloss, against d(dloss * sum loss). */
+    struct grad gl = grad_numeric("dlogits", c.logits, N * Vl, xent_objective, &c, s + 11);
+    memcpy(gl.g, logits, (size_t)(N * Vl) * sizeof(float));
+    memset(gl.pre, 0, (size_t)(N * Vl) * sizeof(float)); /* overwritten, not accumulated */
+    be->i->xent_backward(be->ctx, gl.g, maxv, sumexp, targets, (float)c.dloss, vocab_start, N, Vl,
+                         Vvalid);
+    grad_check(K_XENT, tag, &gl);
+    /* Padding: exactly 0 (the sample above may miss it). */
+    if (Vl > Vvalid) {
+        float *zero = xcalloc((size_t)(Vl - Vvalid), sizeof(float));
+        for (int64_t n = 0; n < N; n++)
+            check_all_equal(tag, "dlogits padding", gl.g + n * Vl + Vvalid, zero, Vl - Vvalid);
+        free(zero);
+    }
+
+    grad_free(&gl);
+    free(c.logits), free(c.loss);
+    free(logits), free(targets), free(maxv), free(sumexp), free(tlogit), free(want), free(want_t);
+    free(want_s), free(loss);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * adamw, sumsq, scale
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_adamw(const struct l3d_backend *be, int64_t n, float lr, float beta1, float beta2,
+                       float eps, float wd, float gscale, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "adamw n=%lld lr=%g beta1=%g beta2=%g eps=%g wd=%g |g|~%g, 3 steps",
+             (ll)n, lr, beta1, beta2, eps, wd, gscale);
+    float *p = frand(n, 0, 1, s + 1), *m = falloc(n), *v = falloc(n), *g = falloc(n);
+    memset(m, 0, (size_t)n * sizeof(float));
+    memset(v, 0, (size_t)n * sizeof(float));
+    double *pd = dcopy(p, n), *md = dcopy(m, n), *vd = dcopy(v, n), *gd = dalloc(n);
+    for (int t = 1; t <= 3; t++) {
+        ref_fill_normal(g, n, 0, gscale, SEED, s + 10 + (uint64_t)t);
+        ref_to_double(gd, g, n);
+        float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+        be->i->adamw(be->ctx, p, m, v, g, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+        ref_adamw(pd, md, vd, gd, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+    }
+    /* Each entry moves by ~lr per step; fp32 keeps ~1e-7 of |param|, far below 1e-5 of it. */
+    check_fwd(K_ADAMW, tag, "param", p, pd, n);
+    check_fwd(K_ADAMW, tag, "m", m, md, n);
+    check_fwd(K_ADAMW, tag, "v", v, vd, n);
+    free(p), free(m), free(v), free(g), free(pd), free(md), free(vd), free(gd);
+}
+
+static void test_sumsq(const struct l3d_backend *be, int64_t n, float sigma, uint64_t s) {
+    float *x = frand(n, 0, sigma, s);
+    double want = 0.0;
+    for (int64_t i = 0; i < n; i++) want += (double)x[i] * (double)x[i];
+    double got = be->i->sumsq(be->ctx, x, n);
+    /* Accumulated in double, any order: within 1e-7 even with each square rounded to float
+     * (relative error <= 2^-24 per term); a float accumulator over many terms is not. */
+    double tol = 1e-7 * want;
+    double r = want > 0 ? fabs(got - want) / tol : (got == 0.0 ? 0.0 : INFINITY);
+    if (r > margin[K_SUMSQ][0]) margin[K_SUMSQ][0] = r;
+    if (!(fabs(got - want) <= tol)) fprintf(stderr, "FAIL sumsq n=%lld:\n", (ll)n);
+    CHECK_NEAR(got, want, tol);
+    free(x);
+}
+
+static void test_scale(const struct l3d_backend *be, int64_t n, float sc, uint64_t s) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "scale n=%lld s=%g", (ll)n, sc);
+    float *x = frand(n, 0, 1, s), *want = falloc(n);
+    for (int64_t i = 0; i < n; i++) want[i] = x[i] * sc; /* one rounding: exact */
+    be->i->scale(be->ctx, x, sc, n);
+    check_all_equal(tag, "x * s in float", x, want, n);
+    free(x), free(want);
+}
+
+/* ------------------------------------------------------------------------------------------- */
+
+int main(void) {
+    double t0 = l3d_time_s();
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    L3D_ASSERT(be != NULL && be->i != NULL);
+    printf("backend: %s\n", be->i->name);
+    uint64_t s = 0;
+
+    /* N, C, OC: ones, primes (no multiple of 8 or 16), powers of two, one larger sampled case. */
+    const int64_t mm[][3] = {{1, 1, 1}, {1, 5, 3}, {2, 1, 7}, {7, 13, 9}, {5, 16, 8},
+                             {17, 37, 23}, {32, 64, 48}, {48, 160, 136}};
+    for (size_t k = 0; k < sizeof mm / sizeof mm[0]; k++) {
+        test_matmul(be, mm[k][0], mm[k][1], mm[k][2], 1, s += 100);
+        if (k % 3 == 1) test_matmul(be, mm[k][0], mm[k][1], mm[k][2], 0, s += 100);
+    }
+
+    /* B, T, C, vocab_start, vocab_count, Vtotal, wpe rows (0: none). */
+    const int64_t enc[][7] = {{1, 1, 1, 0, 1, 1, 1},    {1, 1, 4, 0, 3, 3, 0},
+                              {2, 5, 7, 0, 6, 6, 5},    {3, 8, 16, 4, 5, 13, 11},
+                              {2, 13, 9, 10, 7, 17, 0}, {4, 16, 24, 0, 9, 20, 16},
+                              {2, 9, 33, 11, 12, 23, 20}};
+    for (size_t k = 0; k < sizeof enc / sizeof enc[0]; k++)
+        test_encoder(be, enc[k][0], enc[k][1], enc[k][2], enc[k][3], enc[k][4], enc[k][5], enc[k][6],
+                     s += 100);
+
+    /* N, C and the input's spread: sigma 0.01 makes var ~1e-4, where eps = 1e-5 shows. */
+    test_layernorm(be, 1, 1, 0.5f, 1, s += 100);
+    test_layernorm(be, 1, 3, 0, 1, s += 100);
+    test_layernorm(be, 4, 7, 0.3f, 2, s += 100);
+    test_layernorm(be, 9, 32, -1, 1, s += 100);
+    test_layernorm(be, 13, 65, 0.5f, 1, s += 100);
+    test_layernorm(be, 6, 40, 0.02f, 0.01f, s += 100);
+    test_layernorm(be, 3, 200, 0.1f, 3, s += 100);
+
+    /* B, T, NH, HS: T=1, T<HS, T>HS, HS not a multiple of 8, peaky softmax. */
+    test_attention(be, 1, 1, 1, 1, 1, s += 100);
+    test_attention(be, 1, 1, 2, 4, 1, s += 100);
+    test_attention(be, 2, 5, 3, 4, 1, s += 100);
+    test_attention(be, 1, 13, 2, 8, 1, s += 100);
+    test_attention(be, 2, 9, 1, 16, 1, s += 100);
+    test_attention(be, 1, 33, 2, 5, 1, s += 100);
+    test_attention(be, 2, 20, 4, 8, 2.5f, s += 100);
+    test_attention(be, 1, 64, 1, 4, 1, s += 100);
+
+    test_gelu(be, 1, 1, s += 100);
+    test_gelu(be, 37, 1, s += 100);
+    test_gelu(be, 1000, 3, s += 100);
+    test_gelu(be, 4099, 2, s += 100);
+
+    test_residual(be, 1, s += 100);
+    test_residual(be, 17, s += 100);
+    test_residual(be, 1003, s += 100);
+
+    /* N, Vl, Vvalid, vocab_start, Vtotal, sigma. */
+    test_xent(be, 1, 1, 1, 0, 1, 1, s += 100);
+    test_xent(be, 3, 10, 10, 0, 10, 1, s += 100);
+    test_xent(be, 5, 37, 37, 0, 37, 3, s += 100);
+    test_xent(be, 4, 40, 33, 0, 33, 1, s += 100);      /* padding, huge padding logits */
+    test_xent(be, 6, 32, 32, 32, 96, 2, s += 100);     /* middle slice: targets outside */
+    test_xent(be, 7, 24, 17, 48, 65, 1, s += 100);     /* last slice: outside and padding */
+    test_xent(be, 2, 128, 100, 0, 100, 4, s += 100);
+    test_xent(be, 9, 64, 61, 61, 122, 10, s += 100);   /* very peaky */
+
+    test_adamw(be, 1, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, s += 100);
+    test_adamw(be, 13, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, s += 100);
+    test_adamw(be, 1000, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, s += 100);
+    test_adamw(be, 1001, 3e-3f, 0.8f, 0.99f, 1e-3f, 0.1f, 1e-3f, s += 100); /* eps matters */
+    /* A large lr * wd, so that decaying the updated instead of the old param (an lr^2 wd term)
+     * shows. */
+    test_adamw(be, 257, 0.2f, 0.9f, 0.999f, 1e-8f, 0.5f, 1, s += 100);
+
+    test_sumsq(be, 0, 1, s += 100);
+    test_sumsq(be, 1, 1, s += 100);
+    test_sumsq(be, 7, 1, s += 100);
+    test_sumsq(be, 1000, 3, s += 100);
+    test_sumsq(be, 100003, 1, s += 100);
+    test_sumsq(be, 1000003, 1e-3f, s += 100);
+
+    test_scale(be, 1, 0.5f, s += 100);
+    test_scale(be, 13, 0.731f, s += 100);
+    test_scale(be, 100003, 3.7f, s += 100);
+    test_scale(be, 17, 0.0f, s += 100);
+
+    printf("worst error as a fraction of the tolerance (fwd rtol %.0e, bwd rtol %.0e):\n", FWD_RTOL,
+           BWD_RTOL);
+    for (int k = 0; k < K_COUNT; k++)
+        printf("  %-10s forward %.3g   backward %.3g\n", kern_name[k], margin[k][0], margin[k][1]);
+    l3d_backend_free(be);
+    printf("%.2f s\n", l3d_time_s() - t0);
+    return TEST_REPORT();
+}
