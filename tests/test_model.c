@@ -175,8 +175,8 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
         losses[s] = l3d_gpt_forward(m, inp, tgt, B, T);
         l3d_gpt_backward(m, 1.0f / (float)(B * T), NULL);
         double norm = sqrt(l3d_grad_sumsq(be, m->grads, m->num_params));
-        l3d_clip_grads(be, m->grads, m->num_params, norm, hp.grad_clip);
-        l3d_adamw_step(&opt, be, m->params, m->grads, m->tensors, L3D_NUM_TENSORS, lr);
+        float clip = l3d_clip_factor(norm, hp.grad_clip);
+        l3d_adamw_step(&opt, be, m->params, m->grads, clip, m->tensors, L3D_NUM_TENSORS, lr);
     }
     *n = m->num_params;
     *params = malloc((size_t)m->num_params * sizeof(float));

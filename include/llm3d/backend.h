@@ -89,14 +89,14 @@ struct l3d_backend_i {
                           const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
                           int64_t Vl, int64_t Vvalid);
 
-    /* AdamW (Loshchilov & Hutter 2019) on n elements: m, v moments updated, param updated with
+    /* AdamW (Loshchilov & Hutter 2019) on n elements with gradient grad * grad_scale (gradient
+     * clipping folded in): m, v moments updated, param updated with
      * lr * (mhat / (sqrt(vhat) + eps) + wd * param); bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
-    void (*adamw)(void *ctx, float *param, float *m, float *v, const float *grad, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float wd, float bc1, float bc2);
+    void (*adamw)(void *ctx, float *param, float *m, float *v, const float *grad, float grad_scale,
+                  int64_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                  float bc2);
     /* Sum of squares in double, for the global gradient norm. */
     double (*sumsq)(void *ctx, const float *x, int64_t n);
-    /* x (n) *= s. */
-    void (*scale)(void *ctx, float *x, float s, int64_t n);
 };
 
 struct l3d_backend {

@@ -5,9 +5,10 @@
  *   struct l3d_adamw opt;
  *   l3d_adamw_init(&opt, &hp, model->num_params);
  *   float lr = l3d_lr_at(&sched, step);
- *   double norm = l3d_grad_norm(be, model->grads, model->num_params);   // sqrt of sum of squares
- *   l3d_clip_grads(be, model->grads, model->num_params, norm, hp.grad_clip);
- *   l3d_adamw_step(&opt, be, model->params, model->grads, model->tensors, L3D_NUM_TENSORS, lr);
+ *   double norm = sqrt(l3d_grad_sumsq(be, model->grads, model->num_params));
+ *   float clip = l3d_clip_factor(norm, hp.grad_clip);
+ *   l3d_adamw_step(&opt, be, model->params, model->grads, clip, model->tensors, L3D_NUM_TENSORS,
+ *                  lr);
  *
  * The moments m and v are flat buffers with the parameters' offsets, so a ZeRO shard is a range.
  */
@@ -32,10 +33,11 @@ struct l3d_adamw {
 
 void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t n);
 void l3d_adamw_free(struct l3d_adamw *opt);
-/* One step over the tensors (weight decay where tensors[i].decay), with learning rate lr. */
+/* One step over the tensors (weight decay where tensors[i].decay), with learning rate lr, on the
+ * gradients times grad_scale (the clipping factor of l3d_clip_factor). */
 void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
-                    const float *grads, const struct l3d_tensor_info *tensors, int ntensors,
-                    float lr);
+                    const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
+                    int ntensors, float lr);
 
 struct l3d_lr_schedule {
     float max_lr;
@@ -49,7 +51,8 @@ float l3d_lr_at(const struct l3d_lr_schedule *s, int step);
 
 /* Sum of squares of n gradient elements (the caller sums across ranks, then takes the root). */
 double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n);
-/* Scales the gradients by clip / norm when norm > clip > 0; returns the factor applied. */
-float l3d_clip_grads(struct l3d_backend *be, float *grads, int64_t n, double norm, float clip);
+/* Global-norm clipping (Pascanu et al. 2013): clip / norm when norm > clip > 0, else 1. AdamW
+ * applies it to the gradients as it reads them, saving a pass over memory. */
+float l3d_clip_factor(double norm, float clip);
 
 #endif

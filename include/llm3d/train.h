@@ -41,6 +41,7 @@ struct l3d_train_result {
     int steps;
     float first_loss, last_loss, last_val_loss;
     double median_step_s, tokens_per_s, mfu;
+    double median_optimizer_s; /* gradient norm, clipping and AdamW */
 };
 
 void l3d_train_config_defaults(struct l3d_train_config *tc);

@@ -19,8 +19,8 @@ void l3d_adamw_free(struct l3d_adamw *opt) {
 }
 
 void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
-                    const float *grads, const struct l3d_tensor_info *tensors, int ntensors,
-                    float lr) {
+                    const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
+                    int ntensors, float lr) {
     const struct l3d_adamw_hparams *hp = &opt->hp;
     opt->t++;
     float bc1 = 1.0f - powf(hp->beta1, (float)opt->t);
@@ -30,7 +30,7 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params
         if (t->count == 0) continue;
         L3D_ASSERT(t->offset + t->count <= opt->n);
         be->i->adamw(be->ctx, params + t->offset, opt->m + t->offset, opt->v + t->offset,
-                     grads + t->offset, t->count, lr, hp->beta1, hp->beta2, hp->eps,
+                     grads + t->offset, grad_scale, t->count, lr, hp->beta1, hp->beta2, hp->eps,
                      t->decay ? hp->weight_decay : 0.0f, bc1, bc2);
     }
 }
@@ -50,9 +50,7 @@ double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n) {
     return be->i->sumsq(be->ctx, grads, n);
 }
 
-float l3d_clip_grads(struct l3d_backend *be, float *grads, int64_t n, double norm, float clip) {
-    if (clip <= 0.0f || norm <= (double)clip) return 1.0f;
-    float f = (float)((double)clip / (norm + 1e-6));
-    be->i->scale(be->ctx, grads, f, n);
-    return f;
+float l3d_clip_factor(double norm, float clip) {
+    if (clip <= 0.0f || !(norm > (double)clip)) return 1.0f;
+    return (float)((double)clip / (norm + 1e-6));
 }

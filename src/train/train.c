@@ -62,7 +62,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
     struct l3d_backend *be = NULL;
     FILE *metrics = NULL;
     int32_t *inp = NULL, *tgt = NULL;
-    double *step_s = NULL;
+    double *step_s = NULL, *opt_s = NULL;
     struct l3d_adamw opt = {0};
     l3d_status st = l3d_data_open(&train, tc->train_pattern, tc->model.V);
     if (st != L3D_OK) goto done;
@@ -103,6 +103,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
     inp = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
     tgt = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
     step_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
+    opt_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
 
     double peak = tc->peak_flops > 0 ? tc->peak_flops : l3d_cpu_fma_peak(0.3);
     double flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->T);
@@ -135,12 +136,14 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
             l3d_gpt_backward(m, 1.0f / (float)(BT * tc->accum), NULL);
         }
         loss /= tc->accum;
+        double t1 = l3d_time_s();
         double norm = sqrt(l3d_grad_sumsq(be, m->grads, m->num_params));
-        l3d_clip_grads(be, m->grads, m->num_params, norm, tc->adamw.grad_clip);
+        float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
         float lr = l3d_lr_at(&sched, step);
-        l3d_adamw_step(&opt, be, m->params, m->grads, m->tensors, L3D_NUM_TENSORS, lr);
-        double dt = l3d_time_s() - t0;
+        l3d_adamw_step(&opt, be, m->params, m->grads, clip, m->tensors, L3D_NUM_TENSORS, lr);
+        double dt = l3d_time_s() - t0, dt_opt = l3d_time_s() - t1;
         step_s[step] = dt;
+        opt_s[step] = dt_opt;
         double tps = (double)tokens_step / dt, mfu = tps * flops_tok / peak;
         if (!isfinite(loss)) {
             st = l3d_error(L3D_ERR_INTERNAL, "loss is %g at step %d: training diverged (lower --lr "
@@ -164,9 +167,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
         }
         if (metrics) {
             fprintf(metrics, "{\"step\":%d,\"loss\":%.7g,\"lr\":%.6g,\"grad_norm\":%.6g,\"ms\":%.3f,"
-                    "\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,"
+                    "\"optimizer_ms\":%.3f,\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,"
                     "\"peak_flops\":%.6g,\"mem_peak_bytes\":%zu", step + 1, loss, lr, norm, dt * 1e3,
-                    tps, mfu, (long long)tokens_step * (step + 1), flops_tok, peak, l3d_mem_peak());
+                    dt_opt * 1e3, tps, mfu, (long long)tokens_step * (step + 1), flops_tok, peak, l3d_mem_peak());
             if (!isnan(vloss)) fprintf(metrics, ",\"val_loss\":%.7g", vloss);
             fprintf(metrics, "}\n");
             fflush(metrics);
@@ -175,6 +178,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
     res->steps = tc->steps;
     qsort(step_s, (size_t)tc->steps, sizeof(double), cmp_double);
     res->median_step_s = step_s[tc->steps / 2];
+    qsort(opt_s, (size_t)tc->steps, sizeof(double), cmp_double);
+    res->median_optimizer_s = opt_s[tc->steps / 2];
     res->tokens_per_s = (double)tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * flops_tok / peak;
     if (tc->out_dir) {
@@ -184,14 +189,17 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
         if (!tc->quiet) printf("saved %s\n", path);
     }
     if (!tc->quiet)
-        printf("median step %.1f ms, %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB\n",
-               res->median_step_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
+        printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f), %.0f tokens/s, MFU "
+               "%.1f%%, peak host memory %.1f MiB\n", res->median_step_s * 1e3,
+               (res->median_step_s - res->median_optimizer_s) * 1e3, res->median_optimizer_s * 1e3,
+               res->tokens_per_s, 100.0 * res->mfu,
                l3d_mem_peak() / 1048576.0);
 done:
     if (metrics) fclose(metrics);
     l3d_free(inp);
     l3d_free(tgt);
     l3d_free(step_s);
+    l3d_free(opt_s);
     if (opt.m) l3d_adamw_free(&opt);
     l3d_gpt_free(m);
     l3d_backend_free(be);
