@@ -76,4 +76,8 @@ float l3d_rng_next_float(l3d_rng *r); /* [0, 1) */
 
 double l3d_time_s(void); /* monotonic wall clock in seconds */
 
+/* mkdir -p: creates dir and its missing parents; L3D_ERR_IO naming the part that failed, or when
+ * dir exists and is not a directory. */
+l3d_status l3d_mkdir_p(const char *dir);
+
 #endif

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 static _Thread_local char err_msg[1024];
 
@@ -147,3 +149,35 @@ double l3d_time_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+l3d_status l3d_mkdir_p(const char *dir) {
+    size_t n = strlen(dir);
+    char *p = l3d_alloc(n + 1, "directory name");
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0') continue;
+        char c = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            int e = errno;
+            l3d_status st =
+                c == '\0' ? l3d_error(L3D_ERR_IO, "cannot create the output directory %s: %s", dir,
+                                       strerror(e))
+                           : l3d_error(L3D_ERR_IO, "cannot create the output directory %s: "
+                                       "creating %s failed: %s", dir, p, strerror(e));
+            l3d_free(p);
+            return st;
+        }
+        p[i] = c;
+    }
+    l3d_free(p);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return l3d_error(L3D_ERR_IO, "cannot create the output directory %s: %s", dir,
+                         strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return l3d_error(L3D_ERR_IO, "cannot use %s as the output directory: it exists and is not "
+                         "a directory", dir);
+    return L3D_OK;
+}
+

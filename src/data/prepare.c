@@ -105,38 +105,6 @@ static l3d_status read_input(const char *path, unsigned char *chunk, int64_t *nb
     return L3D_OK;
 }
 
-/* mkdir -p. */
-static l3d_status make_dirs(const char *dir) {
-    size_t n = strlen(dir);
-    char *p = l3d_alloc(n + 1, "directory name");
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != '\0') continue;
-        char c = p[i];
-        p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            int e = errno;
-            l3d_status st =
-                c == '\0' ? l3d_error(L3D_ERR_IO, "cannot create the output directory %s: %s", dir,
-                                       strerror(e))
-                           : l3d_error(L3D_ERR_IO, "cannot create the output directory %s: "
-                                       "creating %s failed: %s", dir, p, strerror(e));
-            l3d_free(p);
-            return st;
-        }
-        p[i] = c;
-    }
-    l3d_free(p);
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "cannot create the output directory %s: %s", dir,
-                         strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return l3d_error(L3D_ERR_IO, "cannot use %s as the output directory: it exists and is not "
-                         "a directory", dir);
-    return L3D_OK;
-}
-
 /* Deletes <split>_NNNNNN.bin with NNNNNN >= the number just written: shards of an earlier run
  * that a "train_*.bin" pattern would otherwise pick up. Returns how many were deleted. */
 static l3d_status remove_stale(const char *dir, const int nshards[2], int *removed) {
@@ -210,7 +178,7 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
                          "shard of at least 2 tokens%s", (long long)total,
                          nval ? " and a validation shard of at least 2" : "");
     }
-    l3d_status st = make_dirs(out_dir);
+    l3d_status st = l3d_mkdir_p(out_dir);
     if (st != L3D_OK) {
         l3d_free(chunk);
         return st;

@@ -76,11 +76,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
         if ((st = l3d_loader_init(&vld, val, &vc)) != L3D_OK) goto done;
     }
     if (tc->out_dir) {
-        if (mkdir(tc->out_dir, 0777) != 0 && errno != EEXIST) {
-            st = l3d_error(L3D_ERR_IO, "cannot create output directory %s: %s", tc->out_dir,
-                           strerror(errno));
-            goto done;
-        }
+        if ((st = l3d_mkdir_p(tc->out_dir)) != L3D_OK) goto done;
         char path[4096];
         snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir);
         metrics = fopen(path, "w");
