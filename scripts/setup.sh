@@ -2,10 +2,13 @@
 # Installs the Debian packages llm3d needs, only those that are missing. Idempotent.
 #   build:    gcc, make, cmake, OpenMP (libgomp ships with gcc)
 #   math:     oneDNN (libdnnl-dev): sgemm and bf16 matmul sharing the OpenMP pool (see docs/DESIGN.md)
-#   parallel: Open MPI (libopenmpi-dev, openmpi-bin), used from issue "distributed runtime" on
+#   parallel: Open MPI (libopenmpi-dev, openmpi-bin), the default build (-DL3D_MPI=openmpi), and
+#             MPICH (mpich, libmpich-dev) for -DL3D_MPI=mpich. Debian installs both side by side;
+#             the build names each flavour's own wrapper and launcher (mpicc.<flavour>,
+#             mpiexec.<flavour>), so whichever /usr/bin/mpicc points at does not matter.
 #   data:     the fortunes package's text files, the demo's default corpus
 set -euo pipefail
-pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin fortunes fortunes-min)
+pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -91,7 +91,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5;
     struct l3d_gpt *m;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     randomize(m, 7);
     int32_t inp[10], tgt[10];
     ref_fill_tokens(inp, B * T, 0, cfg.V, 3, 1);
@@ -143,7 +143,7 @@ static void test_initial_loss(struct l3d_backend *be) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
     struct l3d_gpt *m;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(m, 1337);
     int32_t inp[128], tgt[128];
     ref_fill_tokens(inp, B * T, 0, cfg.V, 5, 1);
@@ -161,7 +161,7 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
     struct l3d_gpt *m;
-    L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T) == L3D_OK);
+    L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(m, 42);
     int32_t inp[128], tgt[128];
     ref_fill_tokens(inp, B * T, 0, cfg.V, 9, 1);
@@ -169,7 +169,7 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
     struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.0f, .grad_clip = 1.0f};
     struct l3d_adamw opt;
-    l3d_adamw_init(&opt, &hp, m->num_params);
+    l3d_adamw_init(&opt, &hp, 0, m->num_params);
     for (int s = 0; s < steps; s++) {
         l3d_gpt_zero_grad(m);
         losses[s] = l3d_gpt_forward(m, inp, tgt, B, T);
@@ -213,9 +213,9 @@ static void test_layer_shards(struct l3d_backend *be) {
     s1.layer_count = 1;
     s1.has_embedding = false;
     struct l3d_gpt *mf, *m0, *m1;
-    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T) == L3D_OK);
-    CHECK(l3d_gpt_init(&m0, &cfg, &s0, be, B, T) == L3D_OK);
-    CHECK(l3d_gpt_init(&m1, &cfg, &s1, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&m0, &cfg, &s0, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&m1, &cfg, &s1, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(mf, 11);
     l3d_gpt_init_weights(m0, 11);
     l3d_gpt_init_weights(m1, 11);
@@ -278,8 +278,8 @@ static void test_slice_init(struct l3d_backend *be) {
     s.vocab_start = 128;
     s.vocab_count = 128;
     struct l3d_gpt *mf, *ms;
-    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T) == L3D_OK);
-    CHECK(l3d_gpt_init(&ms, &cfg, &s, be, B, T) == L3D_OK);
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&ms, &cfg, &s, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(mf, 5);
     l3d_gpt_init_weights(ms, 5);
     int mism = 0;
@@ -314,10 +314,10 @@ static void test_errors(struct l3d_backend *be) {
     cfg = tiny_config(2, 16, 2, 50, 8);
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 9) == L3D_ERR_ARG);
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 9, L3D_GRADS_FLAT) == L3D_ERR_ARG);
     CHECK(m == NULL);
     sh.layer_count = 3;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 4) == L3D_ERR_LAYOUT);
+    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 4, L3D_GRADS_FLAT) == L3D_ERR_LAYOUT);
 }
 
 int main(void) {

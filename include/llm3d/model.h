@@ -5,7 +5,7 @@
  *   l3d_gpt_config_preset(&cfg, "d12");             // GPT-2 124M
  *   struct l3d_shard sh = l3d_shard_full(&cfg);     // the 1x1x1 layout holds everything
  *   struct l3d_gpt *m;
- *   if (l3d_gpt_init(&m, &cfg, &sh, be, B, T) != L3D_OK) ...;
+ *   if (l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) != L3D_OK) ...;
  *   l3d_gpt_init_weights(m, seed);
  *   l3d_gpt_zero_grad(m);
  *   float loss = l3d_gpt_forward(m, inputs, targets, B, T);
@@ -80,13 +80,18 @@ struct l3d_tensor_info {
     bool decay;         /* weight decay applies (matrices: 2-D tensors, as in llm.c / nanoGPT) */
 };
 
-/* Hook the parallel layer installs for tensor parallelism; NULL (tp = 1) makes it a no-op. */
+/* Hooks the parallel layers install; a NULL hook is a no-op (tp = 1, dp = 1). */
 struct l3d_gpt_hooks {
     void *ctx;
     /* In-place sum over the tensor-parallel group. */
     void (*tp_all_reduce)(void *ctx, float *buf, int64_t n);
     /* In-place max over the tensor-parallel group (vocabulary-parallel cross-entropy). */
     void (*tp_all_reduce_max)(void *ctx, float *buf, int64_t n);
+    /* Called by backward when the gradients of local layer `layer` are final for this micro-batch,
+     * and with layer -1 at the end, when those of the non-layer tensors (wte, wpe, lnf) are. In
+     * gradient-slot mode it must not return before the slot of layer + 1 may be reused. */
+    void *grads_ctx;
+    void (*grads_ready)(void *ctx, int layer);
 };
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
@@ -100,7 +105,12 @@ struct l3d_gpt {
     int64_t num_params;   /* elements in this shard */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     float *params;        /* flat, num_params */
-    float *grads;         /* flat, num_params, same offsets */
+    float *grads;         /* flat, num_params, same offsets (L3D_GRADS_FLAT only) */
+    /* Gradient-slot mode (ZeRO-2): the non-layer tensors' gradients in one buffer, each layer's in
+     * one of two slots (layer % 2) holding its one-layer slices of the 12 layer tensors. */
+    float *grads_nonlayer;
+    float *grad_slot[2];
+    int64_t slot_size, slot_off[L3D_NUM_TENSORS], nonlayer_size, nonlayer_off[L3D_NUM_TENSORS];
     struct l3d_gpt_acts *acts;
     float *input_act;     /* (B,T,C): the stage input when !has_embedding, else the embedding */
     float *dinput_act;    /* (B,T,C): gradient of the stage input after backward */
@@ -113,9 +123,14 @@ struct l3d_gpt {
     int B, T;             /* sizes of the last forward */
 };
 
+/* Where gradients live: one flat buffer (the default), two layer slots plus the non-layer
+ * tensors (ZeRO-2, see l3d_gpt_grad_ptr), or nowhere (inference). */
+enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE };
+
 /* Allocates parameters, gradients and activations for micro-batches up to (B, T), once. */
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
-                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T);
+                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                        enum l3d_grad_mode grads);
 void l3d_gpt_free(struct l3d_gpt *m);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
@@ -133,6 +148,14 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
  * For a shard without the head, dout_act (B,T,C) is the gradient of its output (else NULL). */
 void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
+/* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
+ * rows*cols elements for a layer tensor or count for the others. */
+float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer);
+/* Fills the tensor table of a shard (offsets, local shapes) and returns its element count. */
+int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                             struct l3d_tensor_info tensors[L3D_NUM_TENSORS]);
+/* Whether tensor t is one of the 12 per-layer tensors. */
+bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */
 const float *l3d_gpt_output_act(const struct l3d_gpt *m);
 

@@ -3,7 +3,7 @@
  * (linear warm-up, cosine decay to a floor) and global-norm gradient clipping.
  *
  *   struct l3d_adamw opt;
- *   l3d_adamw_init(&opt, &hp, model->num_params);
+ *   l3d_adamw_init(&opt, &hp, 0, model->num_params);
  *   float lr = l3d_lr_at(&sched, step);
  *   double norm = sqrt(l3d_grad_sumsq(be, model->grads, model->num_params));
  *   float clip = l3d_clip_factor(norm, hp.grad_clip);
@@ -26,15 +26,19 @@ struct l3d_adamw_hparams {
 
 struct l3d_adamw {
     struct l3d_adamw_hparams hp;
-    int64_t n;
-    float *m, *v; /* first and second moments, n each */
-    int64_t t;    /* steps taken */
+    int64_t start, n; /* the range of the flat parameter space it updates (a ZeRO shard) */
+    float *m, *v;     /* first and second moments, n each */
+    int64_t t;        /* steps taken */
 };
 
-void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t n);
+/* State for parameters [start, start + n) of the flat parameter space. */
+void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t start,
+                    int64_t n);
 void l3d_adamw_free(struct l3d_adamw *opt);
-/* One step over the tensors (weight decay where tensors[i].decay), with learning rate lr, on the
- * gradients times grad_scale (the clipping factor of l3d_clip_factor). */
+/* One step over the part of each tensor inside the range (weight decay where tensors[i].decay),
+ * with learning rate lr, on the gradients times grad_scale (the clipping factor of
+ * l3d_clip_factor). params is the whole flat buffer; grads[i] is the gradient of parameter
+ * start + i. */
 void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
                     const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
                     int ntensors, float lr);

@@ -4,10 +4,10 @@
  *   struct l3d_train_config tc;
  *   l3d_train_config_defaults(&tc);
  *   tc.train_pattern = "data/train_*.bin"; tc.out_dir = "out";
- *   l3d_status st = l3d_train_run(&tc, &result);
+ *   l3d_status st = l3d_train_run(&tc, world, &result);
  *
- * Global batch = micro-batch B x gradient accumulation steps x data-parallel size (1 here) sequences
- * of T tokens. Each step logs one line (step, loss, lr, grad norm, ms, tokens/s, MFU) and appends a
+ * Global batch = micro-batch B x gradient accumulation steps x data-parallel size sequences of T
+ * tokens; each DP rank reads its own B of every micro-batch's B x dp. Each step logs one line (step, loss, lr, grad norm, ms, tokens/s, MFU) and appends a
  * JSON object to out_dir/metrics.jsonl; at the end the weights go to out_dir/model.bin (llm.c).
  */
 #ifndef LLM3D_TRAIN_H
@@ -35,16 +35,26 @@ struct l3d_train_config {
     uint64_t seed;        /* initial weights and batch order */
     double peak_flops;    /* for MFU; <= 0: measured at start-up */
     bool quiet;           /* no per-step line */
+    /* layout: world = tp x pp x dp (dp 0: inferred) */
+    int tp, pp, dp;
+    int zero;             /* ZeRO stage 0, 1 or 2 over the data-parallel group */
+    size_t bucket_bytes;  /* gradient reduction pieces */
 };
 
 struct l3d_train_result {
     int steps;
     float first_loss, last_loss, last_val_loss;
     double median_step_s, tokens_per_s, mfu;
-    double median_optimizer_s; /* gradient norm, clipping and AdamW */
+    double median_optimizer_s; /* gradient norm, clipping, AdamW and the ZeRO all-gather */
+    double median_comm_s;      /* exposed data-parallel communication: time blocked waiting */
+    bool report_error;         /* on failure: this rank is the one that prints the message */
 };
 
+struct l3d_comm;
 void l3d_train_config_defaults(struct l3d_train_config *tc);
-l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_result *res);
+/* Trains on the ranks of world (a single process is a world of one). Every rank returns the same
+ * status; report_error marks the one rank that should print the message, so it appears once. */
+l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *world,
+                         struct l3d_train_result *res);
 
 #endif

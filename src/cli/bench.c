@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "llm3d/comm.h"
 #include "llm3d/data.h"
 #include "llm3d/train.h"
 
@@ -20,6 +21,17 @@ int l3d_cli_bench(int argc, char **argv) {
         if (rc == 0) printf("\nbench takes train's model, batch and optimizer flags; it trains on "
                             "random tokens (--train ignored) and reports the median step.\n");
         return rc;
+    }
+    struct l3d_comm *world;
+    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
+        fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
+        return 1;
+    }
+    if (world->size > 1) {
+        fprintf(stderr, "llm3d bench: runs as one process; for several ranks use llm3d train under "
+                "mpiexec (bench/scaling.sh)\n");
+        l3d_comm_mpi_finalize(world);
+        return 2;
     }
     int threads = omp_get_max_threads();
     printf("threads: %d\n", threads);
@@ -46,6 +58,7 @@ int l3d_cli_bench(int argc, char **argv) {
     char dir[] = "/tmp/llm3d-bench-XXXXXX";
     if (!mkdtemp(dir)) {
         perror("llm3d bench: mkdtemp");
+        l3d_comm_mpi_finalize(world);
         return 1;
     }
     char path[256];
@@ -65,7 +78,7 @@ int l3d_cli_bench(int argc, char **argv) {
         struct l3d_train_result res;
         printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
                tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.B, tc.T, tc.accum);
-        st = l3d_train_run(&tc, &res);
+        st = l3d_train_run(&tc, world, &res);
         if (st == L3D_OK)
             printf("\nresult: %.1f ms/step (median of %d), %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s"
                    " (%.1f%% of the best sgemm, %.1f GFLOP/s)\n",
@@ -75,6 +88,7 @@ int l3d_cli_bench(int argc, char **argv) {
     }
     unlink(path);
     rmdir(dir);
+    l3d_comm_mpi_finalize(world);
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
         return 1;

@@ -98,7 +98,7 @@ int l3d_cli_generate(int argc, char **argv) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m;
-    if (l3d_gpt_init(&m, &cfg, &sh, be, 1, T) != L3D_OK || l3d_ckpt_load_llmc(ckpt, m) != L3D_OK) {
+    if (l3d_gpt_init(&m, &cfg, &sh, be, 1, T, L3D_GRADS_NONE) != L3D_OK || l3d_ckpt_load_llmc(ckpt, m) != L3D_OK) {
         fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
         l3d_backend_free(be);
         return 1;

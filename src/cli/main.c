@@ -13,6 +13,7 @@ static const struct {
     {"generate", l3d_cli_generate, "sample text from a checkpoint"},
     {"prepare", l3d_cli_prepare, "turn text files into token shards"},
     {"bench", l3d_cli_bench, "measure this machine's peak and a model's training throughput"},
+    {"compare", l3d_cli_compare, "check that two runs trained the same model (losses, weights)"},
 };
 
 static void usage(FILE *f) {

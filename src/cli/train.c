@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/comm.h"
 #include "llm3d/train.h"
 
 static void usage(FILE *f) {
@@ -27,6 +28,12 @@ static void usage(FILE *f) {
         "  --steps N (100) --lr LR (6e-4) --min-lr LR (6e-5) --warmup N (10)\n"
         "  --weight-decay W (0.1, matrices only) --beta1 (0.9) --beta2 (0.95) --eps (1e-8)\n"
         "  --grad-clip G       clip the global gradient norm to G, 0 disables (1.0)\n"
+        "parallel layout (launch with mpiexec -n N; see README):\n"
+        "  --tp N --pp N       tensor and pipeline parallel sizes (1; larger not implemented yet)\n"
+        "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
+        "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
+        "                      2: gradients sharded too (0)\n"
+        "  --bucket-mb M       gradient reduction pieces in MiB (4)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -39,7 +46,7 @@ static void usage(FILE *f) {
 int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
-           O_THREADS, O_QUIET, O_ACCUM };
+           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -57,6 +64,9 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"out", required_argument, NULL, 'o'}, {"init-from", required_argument, NULL, O_INIT},
         {"peak-gflops", required_argument, NULL, O_PEAK}, {"threads", required_argument, NULL, O_THREADS},
         {"quiet", no_argument, NULL, O_QUIET}, {"help", no_argument, NULL, 'h'},
+        {"tp", required_argument, NULL, O_TP}, {"pp", required_argument, NULL, O_PP},
+        {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
+        {"bucket-mb", required_argument, NULL, O_BUCKET},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -101,6 +111,16 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_PEAK: ok = l3d_arg_float(cmd, "peak-gflops", optarg, 1e-3, 1e12, &peak); break;
         case O_THREADS: ok = l3d_arg_int(cmd, "threads", optarg, 1, 1024, &threads); break;
         case O_QUIET: tc->quiet = true; break;
+        case O_TP: ok = l3d_arg_int(cmd, "tp", optarg, 1, 1 << 20, &tc->tp); break;
+        case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->pp); break;
+        case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->dp); break;
+        case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->zero); break;
+        case O_BUCKET: {
+            float mb = 0;
+            ok = l3d_arg_float(cmd, "bucket-mb", optarg, 0.004, 4096, &mb);
+            tc->bucket_bytes = (size_t)(mb * 1048576.0f);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default:
             fprintf(stderr, "llm3d %s: see llm3d %s --help\n", cmd, cmd);
@@ -142,11 +162,15 @@ int l3d_cli_train(int argc, char **argv) {
                 "quoted glob (make some with llm3d prepare)\n");
         return 2;
     }
-    struct l3d_train_result res;
-    l3d_status st = l3d_train_run(&tc, &res);
-    if (st != L3D_OK) {
+    struct l3d_comm *world;
+    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
         fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
         return 1;
     }
-    return 0;
+    struct l3d_train_result res;
+    l3d_status st = l3d_train_run(&tc, world, &res);
+    if (st != L3D_OK && res.report_error)
+        fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
+    l3d_comm_mpi_finalize(world);
+    return st == L3D_OK ? 0 : 1;
 }

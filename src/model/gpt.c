@@ -95,9 +95,8 @@ static const char *const tensor_names[L3D_NUM_TENSORS] = {
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
 };
 
-static void plan_params(struct l3d_gpt *m) {
-    const struct l3d_gpt_config *c = &m->cfg;
-    const struct l3d_shard *s = &m->shard;
+int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *c, const struct l3d_shard *s,
+                             struct l3d_tensor_info tensors[L3D_NUM_TENSORS]) {
     int64_t C = c->C, Ll = s->layer_count;
     int64_t Ca = (int64_t)s->head_count * (C / c->NH); /* local attention channels */
     int64_t F = s->ffn_count;
@@ -112,7 +111,7 @@ static void plan_params(struct l3d_gpt *m) {
     };
     int64_t off = 0;
     for (int i = 0; i < L3D_NUM_TENSORS; i++) {
-        struct l3d_tensor_info *t = &m->tensors[i];
+        struct l3d_tensor_info *t = &tensors[i];
         t->name = tensor_names[i];
         t->layers = shape[i][0];
         t->rows = shape[i][1];
@@ -123,8 +122,32 @@ static void plan_params(struct l3d_gpt *m) {
                     i == L3D_T_FCW || i == L3D_T_FCPROJW);
         off += t->count;
     }
-    m->num_params = off;
+    return off;
 }
+
+static void plan_params(struct l3d_gpt *m) {
+    m->num_params = l3d_gpt_plan_tensors(&m->cfg, &m->shard, m->tensors);
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
+        const struct l3d_tensor_info *t = &m->tensors[i];
+        if (l3d_gpt_is_layer_tensor(i)) {
+            m->slot_off[i] = m->slot_size;
+            m->slot_size += t->rows * t->cols;
+        } else {
+            m->nonlayer_off[i] = m->nonlayer_size;
+            m->nonlayer_size += t->count;
+        }
+    }
+}
+
+bool l3d_gpt_is_layer_tensor(int t) { return t >= L3D_T_LN1W && t <= L3D_T_FCPROJB; }
+
+float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer) {
+    const struct l3d_tensor_info *ti = &m->tensors[t];
+    if (!m->grads_nonlayer) return m->grads + ti->offset + (int64_t)layer * ti->rows * ti->cols;
+    if (l3d_gpt_is_layer_tensor(t)) return m->grad_slot[layer % 2] + m->slot_off[t];
+    return m->grads_nonlayer + m->nonlayer_off[t];
+}
+
 
 /* ---- activations ------------------------------------------------------------------------ */
 
@@ -211,7 +234,8 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
 }
 
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
-                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T) {
+                        const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                        enum l3d_grad_mode grads) {
     *out = NULL;
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
@@ -234,11 +258,22 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
     int64_t n_act = point_acts(m, NULL);
     m->act_bytes = (size_t)n_act * sizeof(float);
     size_t pbytes = (size_t)m->num_params * sizeof(float);
+    size_t gbytes = grads == L3D_GRADS_FLAT    ? pbytes
+                    : grads == L3D_GRADS_SLOTS ? (size_t)(m->nonlayer_size + 2 * m->slot_size) * 4
+                                               : 0;
     m->params = l3d_try_alloc(pbytes, "parameters");
-    m->grads = l3d_try_alloc(pbytes, "gradients");
+    bool grads_ok = true;
+    if (grads == L3D_GRADS_FLAT) {
+        grads_ok = (m->grads = l3d_try_alloc(pbytes, "gradients")) != NULL;
+    } else if (grads == L3D_GRADS_SLOTS) {
+        m->grads_nonlayer = l3d_try_alloc((size_t)m->nonlayer_size * 4 + 64, "gradients");
+        for (int i = 0; i < 2; i++)
+            m->grad_slot[i] = l3d_try_alloc((size_t)m->slot_size * 4 + 64, "gradient slots");
+        grads_ok = m->grads_nonlayer && m->grad_slot[0] && m->grad_slot[1];
+    }
     m->acts->base = l3d_try_alloc(m->act_bytes, "activations");
-    if (!m->params || !m->grads || !m->acts->base) {
-        size_t need = 2 * pbytes + m->act_bytes;
+    if (!m->params || !grads_ok || !m->acts->base) {
+        size_t need = pbytes + gbytes + m->act_bytes;
         l3d_gpt_free(m);
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for parameters, gradients and "
                          "activations (B=%d, T=%d): lower --batch or --seq-len", need / 1073741824.0,
@@ -246,7 +281,11 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
     }
     /* first touch now, not inside the step loop */
     memset(m->params, 0, pbytes);
-    memset(m->grads, 0, pbytes);
+    if (m->grads) memset(m->grads, 0, pbytes);
+    if (m->grads_nonlayer) {
+        memset(m->grads_nonlayer, 0, (size_t)m->nonlayer_size * 4);
+        for (int i = 0; i < 2; i++) memset(m->grad_slot[i], 0, (size_t)m->slot_size * 4);
+    }
     memset(m->acts->base, 0, m->act_bytes);
     point_acts(m, m->acts->base);
     *out = m;
@@ -262,6 +301,9 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     }
     l3d_free(m->params);
     l3d_free(m->grads);
+    l3d_free(m->grads_nonlayer);
+    l3d_free(m->grad_slot[0]);
+    l3d_free(m->grad_slot[1]);
     l3d_free(m);
 }
 
@@ -327,7 +369,10 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
 }
 
 void l3d_gpt_zero_grad(struct l3d_gpt *m) {
-    memset(m->grads, 0, (size_t)m->num_params * sizeof(float));
+    if (m->grads)
+        memset(m->grads, 0, (size_t)m->num_params * sizeof(float));
+    else if (m->grads_nonlayer) /* slots are zeroed layer by layer in backward */
+        memset(m->grads_nonlayer, 0, (size_t)m->nonlayer_size * sizeof(float));
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -337,6 +382,18 @@ struct layer_params {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
         *fcprojb;
 };
+
+/* One layer's gradients: in the flat buffer, or in the layer's slot. */
+static struct layer_params layer_grads(const struct l3d_gpt *m, int l) {
+#define LG(id) l3d_gpt_grad_ptr(m, id, l)
+    return (struct layer_params){
+        .ln1w = LG(L3D_T_LN1W), .ln1b = LG(L3D_T_LN1B), .qkvw = LG(L3D_T_QKVW),
+        .qkvb = LG(L3D_T_QKVB), .attprojw = LG(L3D_T_ATTPROJW), .attprojb = LG(L3D_T_ATTPROJB),
+        .ln2w = LG(L3D_T_LN2W), .ln2b = LG(L3D_T_LN2B), .fcw = LG(L3D_T_FCW),
+        .fcb = LG(L3D_T_FCB), .fcprojw = LG(L3D_T_FCPROJW), .fcprojb = LG(L3D_T_FCPROJB),
+    };
+#undef LG
+}
 
 static struct layer_params layer_params(const struct l3d_gpt *m, float *flat, int l) {
     const struct l3d_tensor_info *t = m->tensors;
@@ -453,6 +510,7 @@ const float *l3d_gpt_output_act(const struct l3d_gpt *m) {
 /* ---- backward --------------------------------------------------------------------------- */
 
 void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
+    L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_backend_i *k = m->be->i;
     void *bc = m->be->ctx;
     const struct l3d_shard *s = &m->shard;
@@ -464,11 +522,11 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
     const float *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
-        float *dwte = m->grads + m->tensors[L3D_T_WTE].offset;
+        float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
         const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
-        float *dlnfw = m->grads + m->tensors[L3D_T_LNFW].offset;
-        float *dlnfb = m->grads + m->tensors[L3D_T_LNFB].offset;
+        float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
+        float *dlnfb = l3d_gpt_grad_ptr(m, L3D_T_LNFB, 0);
         int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
         /* logits become dlogits in place */
         L3D_ASSERT(m->has_targets);
@@ -488,7 +546,8 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
     for (int l = s->layer_count - 1; l >= 0; l--) {
         struct layer_acts *la = &a->layer[l];
         struct layer_params p = layer_params(m, m->params, l);
-        struct layer_params g = layer_params(m, m->grads, l);
+        if (m->grads_nonlayer) memset(m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
+        struct layer_params g = layer_grads(m, l);
         const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         /* MLP: dres holds d(res3) */
         memset(a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
@@ -513,14 +572,16 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         k->layernorm_backward(bc, a->dres, g.ln1w, g.ln1b, a->dln, x, p.ln1w, la->ln1_mean,
                               la->ln1_rstd, N, C);
         /* dres now holds d(x), the layer's input */
+        if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
     }
     memcpy(m->dinput_act, a->dres, bytes_c);
     if (s->has_embedding) {
-        float *dwte = m->grads + m->tensors[L3D_T_WTE].offset;
-        float *dwpe = m->grads + m->tensors[L3D_T_WPE].offset;
+        float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
+        float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
         k->encoder_backward(bc, dwte, dwpe, a->dres, m->inputs, s->vocab_start,
                             s->vocab_count, B, T, C);
     }
+    if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */

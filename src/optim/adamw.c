@@ -4,8 +4,10 @@
 
 #include "llm3d/optim.h"
 
-void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t n) {
+void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t start,
+                    int64_t n) {
     opt->hp = *hp;
+    opt->start = start;
     opt->n = n;
     opt->t = 0;
     opt->m = l3d_calloc((size_t)n * sizeof(float), "adamw first moment");
@@ -25,12 +27,14 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params
     opt->t++;
     float bc1 = 1.0f - powf(hp->beta1, (float)opt->t);
     float bc2 = 1.0f - powf(hp->beta2, (float)opt->t);
+    int64_t s0 = opt->start, s1 = opt->start + opt->n;
     for (int i = 0; i < ntensors; i++) {
         const struct l3d_tensor_info *t = &tensors[i];
-        if (t->count == 0) continue;
-        L3D_ASSERT(t->offset + t->count <= opt->n);
-        be->i->adamw(be->ctx, params + t->offset, opt->m + t->offset, opt->v + t->offset,
-                     grads + t->offset, grad_scale, t->count, lr, hp->beta1, hp->beta2, hp->eps,
+        int64_t lo = t->offset > s0 ? t->offset : s0;
+        int64_t hi = t->offset + t->count < s1 ? t->offset + t->count : s1;
+        if (lo >= hi) continue;
+        be->i->adamw(be->ctx, params + lo, opt->m + (lo - s0), opt->v + (lo - s0),
+                     grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2, hp->eps,
                      t->decay ? hp->weight_decay : 0.0f, bc1, bc2);
     }
 }

@@ -4,10 +4,12 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "llm3d/ckpt.h"
+#include "llm3d/comm.h"
 #include "llm3d/data.h"
+#include "llm3d/dp.h"
+#include "llm3d/topo.h"
 #include "llm3d/train.h"
 
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
@@ -26,6 +28,10 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->val_batches = 8;
     tc->random_batches = true;
     tc->seed = 1337;
+    tc->tp = 1;
+    tc->pp = 1;
+    tc->dp = 0;
+    tc->bucket_bytes = 4u << 20;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -33,128 +39,193 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Mean loss over n batches of the validation loader (forward only). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/* Every rank learns whether any rank failed, before the next collective or large allocation, so a
+ * rank never waits in a collective for one that gave up. The lowest failing rank reports. */
+static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_result *res) {
+    int32_t v[2] = {st != L3D_OK ? (int32_t)st : 0, st != L3D_OK ? world->size - world->rank : 0};
+    if (world->size > 1) l3d_comm_all_reduce(world, v, 2, L3D_I32, L3D_MAX, NULL);
+    if (v[0] == 0) return L3D_OK;
+    int first = world->size - v[1];
+    res->report_error = first == world->rank;
+    if (st == L3D_OK) return l3d_error((l3d_status)v[0], "rank %d failed", first);
+    return st;
+}
+
+/* Mean loss over n batches of the validation loader, averaged over the data-parallel group. */
 static float eval_loss(struct l3d_gpt *m, struct l3d_loader *ld, int n, int32_t *inp, int32_t *tgt,
-                       int B, int T) {
+                       int B, int T, struct l3d_comm *dp) {
     double s = 0.0;
     for (int i = 0; i < n; i++) {
         l3d_loader_next(ld, inp, tgt);
         s += l3d_gpt_forward(m, inp, tgt, B, T);
     }
-    return (float)(s / n);
+    if (dp->size > 1) l3d_comm_all_reduce(dp, &s, 1, L3D_F64, L3D_SUM, NULL);
+    return (float)(s / n / dp->size);
 }
 
-l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_result *res) {
+l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *world,
+                         struct l3d_train_result *res) {
     memset(res, 0, sizeof *res);
-    if (tc->steps < 1 || tc->accum < 1)
-        return l3d_error(L3D_ERR_ARG, "--steps (%d) and --grad-accum (%d) must be at least 1",
-                         tc->steps, tc->accum);
-    if (!tc->train_pattern)
-        return l3d_error(L3D_ERR_ARG, "no training data: give --train with a token shard or glob");
-    if (tc->lr <= 0.0f || tc->min_lr < 0.0f || tc->min_lr > tc->lr)
-        return l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g), "
-                         "--lr > 0", tc->min_lr, tc->lr);
-
-    /* Everything that can fail on bad input is checked before the large allocations. */
     struct l3d_data *train = NULL, *val = NULL;
     struct l3d_loader *ld = NULL, *vld = NULL;
     struct l3d_gpt *m = NULL;
     struct l3d_backend *be = NULL;
     FILE *metrics = NULL;
     int32_t *inp = NULL, *tgt = NULL;
-    double *step_s = NULL, *opt_s = NULL;
+    double *step_s = NULL, *opt_s = NULL, *comm_s = NULL;
     struct l3d_adamw opt = {0};
-    l3d_status st = l3d_data_open(&train, tc->train_pattern, tc->model.V);
-    if (st != L3D_OK) goto done;
+    struct l3d_topo topo = {0};
+    struct l3d_dp dp = {0};
+    bool topo_up = false, dp_up = false;
+    int tp = tc->tp, pp = tc->pp, dps = tc->dp;
+    const bool lead = world->rank == 0; /* prints and writes files */
+
+    /* Checks that need no communication: every rank reaches the same verdict. */
+    l3d_status st = L3D_OK;
+    if (tc->steps < 1 || tc->accum < 1)
+        st = l3d_error(L3D_ERR_ARG, "--steps (%d) and --grad-accum (%d) must be at least 1",
+                       tc->steps, tc->accum);
+    else if (!tc->train_pattern)
+        st = l3d_error(L3D_ERR_ARG, "no training data: give --train with a token shard or glob");
+    else if (tc->lr <= 0.0f || tc->min_lr < 0.0f || tc->min_lr > tc->lr)
+        st = l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g), "
+                       "--lr > 0", tc->min_lr, tc->lr);
+    else if ((st = l3d_topo_resolve(world->size, &tp, &pp, &dps)) != L3D_OK)
+        ;
+    else if (tp > 1 || pp > 1)
+        st = l3d_error(L3D_ERR_LAYOUT, "--tp %d --pp %d: tensor and pipeline parallelism are not "
+                       "implemented yet; use --tp 1 --pp 1 (data parallelism over all %d ranks)",
+                       tp, pp, world->size);
+    else if (tc->zero < 0 || tc->zero > 2)
+        st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
+                       "sharded gradients)", tc->zero);
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
+    if ((st = l3d_topo_init(&topo, world, tp, pp, dps)) != L3D_OK) goto fail;
+    topo_up = true;
+
+    /* Data and output: files may differ between nodes, so agree again. */
+    st = l3d_data_open(&train, tc->train_pattern, tc->model.V);
     struct l3d_loader_config lc = {.B = tc->B, .T = tc->T, .random = tc->random_batches,
-                                   .seed = tc->seed, .dp_rank = 0, .dp_size = 1};
-    if ((st = l3d_loader_init(&ld, train, &lc)) != L3D_OK) goto done;
-    if (tc->val_pattern) {
-        if ((st = l3d_data_open(&val, tc->val_pattern, tc->model.V)) != L3D_OK) goto done;
+                                   .seed = tc->seed, .dp_rank = topo.dp_rank, .dp_size = topo.dp};
+    if (st == L3D_OK) st = l3d_loader_init(&ld, train, &lc);
+    if (st == L3D_OK && tc->val_pattern) {
+        st = l3d_data_open(&val, tc->val_pattern, tc->model.V);
         struct l3d_loader_config vc = lc;
         vc.random = false;
-        if ((st = l3d_loader_init(&vld, val, &vc)) != L3D_OK) goto done;
+        if (st == L3D_OK) st = l3d_loader_init(&vld, val, &vc);
     }
-    if (tc->out_dir) {
-        if ((st = l3d_mkdir_p(tc->out_dir)) != L3D_OK) goto done;
+    if (st == L3D_OK && tc->out_dir && lead) {
+        st = l3d_mkdir_p(tc->out_dir);
         char path[4096];
         snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir);
-        metrics = fopen(path, "w");
-        if (!metrics) {
+        if (st == L3D_OK && !(metrics = fopen(path, "w")))
             st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-            goto done;
-        }
     }
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
 
     be = l3d_backend_cpu_init();
     struct l3d_shard sh = l3d_shard_full(&tc->model);
-    if ((st = l3d_gpt_init(&m, &tc->model, &sh, be, tc->B, tc->T)) != L3D_OK) goto done;
-    if (tc->init_from) {
-        if ((st = l3d_ckpt_load_llmc(tc->init_from, m)) != L3D_OK) goto done;
-    } else {
-        l3d_gpt_init_weights(m, tc->seed);
+    st = l3d_gpt_init(&m, &tc->model, &sh, be, tc->B, tc->T,
+                      tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT);
+    if (st == L3D_OK) {
+        if (tc->init_from)
+            st = l3d_ckpt_load_llmc(tc->init_from, m);
+        else
+            l3d_gpt_init_weights(m, tc->seed);
     }
-    l3d_adamw_init(&opt, &tc->adamw, m->num_params);
+    if (st == L3D_OK) st = l3d_dp_init(&dp, m, topo.dp_comm, tc->zero, tc->bucket_bytes);
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    dp_up = true;
+    int64_t own_start, own_count;
+    l3d_dp_opt_range(&dp, &own_start, &own_count);
+    l3d_adamw_init(&opt, &tc->adamw, own_start, own_count);
     int64_t BT = (int64_t)tc->B * tc->T;
     inp = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
     tgt = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
     step_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
     opt_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
+    comm_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
 
-    double peak = tc->peak_flops > 0 ? tc->peak_flops : l3d_cpu_fma_peak(0.3);
+    /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */
+    double peak = tc->peak_flops;
+    if (peak <= 0) {
+        peak = lead ? l3d_cpu_fma_peak(0.3) : 0.0;
+        if (world->size > 1) l3d_comm_broadcast(world, &peak, 1, L3D_F64, 0, NULL);
+    }
+    peak *= world->size;
     double flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->T);
-    int64_t tokens_step = BT * tc->accum;
+    int64_t tokens_step = BT * tc->accum * topo.dp;
+    float dloss = 1.0f / (float)tokens_step; /* each token's weight in the global mean loss */
     struct l3d_lr_schedule sched = {.max_lr = tc->lr, .min_lr = tc->min_lr,
                                     .warmup_steps = tc->warmup_steps, .total_steps = tc->steps};
-    if (!tc->quiet) {
+    if (lead && !tc->quiet) {
+        struct l3d_dp_memory mem = l3d_dp_memory(&dp, &opt);
+        double N = (double)m->num_params, d = topo.dp, MiB = 1048576.0;
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
-               tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T,
-               (double)m->num_params / 1e6);
-        printf("batch: %d x %d tokens x %d micro-batches = %lld tokens per step; %d threads\n", tc->B,
-               tc->T, tc->accum, (long long)tokens_step, omp_get_max_threads());
+               tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
+        printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s, %d thread(s) per rank\n",
+               world->size, tp, pp, topo.dp, tc->zero, l3d_comm_mpi_library(),
+               omp_get_max_threads());
+        printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
+               tc->B, tc->T, tc->accum, topo.dp, (long long)tokens_step);
         printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(train),
                l3d_data_num_files(train), val ? ", validation on" : "");
-        printf("memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, activations "
-               "%.1f MiB; model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n",
-               m->num_params * 4 / 1048576.0, m->num_params * 4 / 1048576.0,
-               m->num_params * 8 / 1048576.0, m->act_bytes / 1048576.0, flops_tok, peak / 1e9,
-               tc->peak_flops > 0 ? "given" : "measured FMA peak");
+        const char *fgrad = tc->zero == 2 ? "4N/dp" : "4N", *fopt = tc->zero >= 1 ? "8N/dp" : "8N";
+        double want = 4 * N + (tc->zero == 2 ? 4 * N / d : 4 * N) + (tc->zero >= 1 ? 8 * N / d : 8 * N);
+        printf("memory per rank: parameters %.1f MiB (4N), gradients %.1f MiB (%s), AdamW %.1f MiB "
+               "(%s); total %.1f MiB, formula %.1f MiB; gradient slots %.1f MiB, activations "
+               "%.1f MiB\n", mem.params / MiB, mem.grads / MiB, fgrad, mem.optimizer / MiB, fopt,
+               (mem.params + mem.grads + mem.optimizer) / MiB, want / MiB, mem.grad_scratch / MiB,
+               m->act_bytes / MiB);
+        printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", flops_tok, peak / 1e9,
+               tc->peak_flops > 0 ? "given, times ranks" : "measured FMA peak, times ranks");
         fflush(stdout);
     }
 
+    l3d_gpt_zero_grad(m);
     for (int step = 0; step < tc->steps; step++) {
         double t0 = l3d_time_s();
-        l3d_gpt_zero_grad(m);
+        dp.comm_wait_s = 0.0;
         double loss = 0.0;
         for (int micro = 0; micro < tc->accum; micro++) {
             l3d_loader_next(ld, inp, tgt);
+            l3d_dp_begin_micro(&dp, micro == tc->accum - 1);
             loss += l3d_gpt_forward(m, inp, tgt, tc->B, tc->T);
-            l3d_gpt_backward(m, 1.0f / (float)(BT * tc->accum), NULL);
+            l3d_gpt_backward(m, dloss, NULL);
         }
-        loss /= tc->accum;
+        l3d_dp_finish(&dp);
         double t1 = l3d_time_s();
-        double norm = sqrt(l3d_grad_sumsq(be, m->grads, m->num_params));
+        if (topo.dp > 1) l3d_comm_all_reduce(topo.dp_comm, &loss, 1, L3D_F64, L3D_SUM, NULL);
+        loss /= (double)tc->accum * topo.dp;
+        double norm = sqrt(l3d_dp_grad_sumsq(&dp, be));
         float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
         float lr = l3d_lr_at(&sched, step);
-        l3d_adamw_step(&opt, be, m->params, m->grads, clip, m->tensors, L3D_NUM_TENSORS, lr);
+        l3d_dp_step(&dp, &opt, be, lr, clip);
         double dt = l3d_time_s() - t0, dt_opt = l3d_time_s() - t1;
         step_s[step] = dt;
         opt_s[step] = dt_opt;
+        comm_s[step] = dp.comm_wait_s;
         double tps = (double)tokens_step / dt, mfu = tps * flops_tok / peak;
         if (!isfinite(loss)) {
             st = l3d_error(L3D_ERR_INTERNAL, "loss is %g at step %d: training diverged (lower --lr "
                            "or raise --warmup)", loss, step + 1);
-            goto done;
+            res->report_error = lead;
+            goto fail;
         }
         if (step == 0) res->first_loss = (float)loss;
         res->last_loss = (float)loss;
         float vloss = NAN;
         if (vld && tc->val_every > 0 && ((step + 1) % tc->val_every == 0 || step + 1 == tc->steps)) {
             l3d_loader_set_pos(vld, (struct l3d_loader_pos){0, 0});
-            vloss = eval_loss(m, vld, tc->val_batches, inp, tgt, tc->B, tc->T);
+            vloss = eval_loss(m, vld, tc->val_batches, inp, tgt, tc->B, tc->T, topo.dp_comm);
             res->last_val_loss = vloss;
         }
-        if (!tc->quiet) {
+        if (lead && !tc->quiet) {
             printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s | MFU "
                    "%5.1f%%", step + 1, tc->steps, loss, lr, norm, dt * 1e3, tps, 100.0 * mfu);
             if (!isnan(vloss)) printf(" | val %.4f", vloss);
@@ -162,46 +233,54 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_train_res
             fflush(stdout);
         }
         if (metrics) {
-            fprintf(metrics, "{\"step\":%d,\"loss\":%.7g,\"lr\":%.6g,\"grad_norm\":%.6g,\"ms\":%.3f,"
-                    "\"optimizer_ms\":%.3f,\"tokens_per_s\":%.1f,\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,"
-                    "\"peak_flops\":%.6g,\"mem_peak_bytes\":%zu", step + 1, loss, lr, norm, dt * 1e3,
-                    dt_opt * 1e3, tps, mfu, (long long)tokens_step * (step + 1), flops_tok, peak, l3d_mem_peak());
-            if (!isnan(vloss)) fprintf(metrics, ",\"val_loss\":%.7g", vloss);
+            fprintf(metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"ms\":%.3f,"
+                    "\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tokens_per_s\":%.1f,"
+                    "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+                    "\"ranks\":%d,\"mem_peak_bytes\":%zu", step + 1, loss, lr, norm, dt * 1e3,
+                    dt_opt * 1e3, dp.comm_wait_s * 1e3, tps, mfu,
+                    (long long)tokens_step * (step + 1), flops_tok, peak, world->size,
+                    l3d_mem_peak());
+            if (!isnan(vloss)) fprintf(metrics, ",\"val_loss\":%.9g", vloss);
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
     }
     res->steps = tc->steps;
-    qsort(step_s, (size_t)tc->steps, sizeof(double), cmp_double);
-    res->median_step_s = step_s[tc->steps / 2];
-    qsort(opt_s, (size_t)tc->steps, sizeof(double), cmp_double);
-    res->median_optimizer_s = opt_s[tc->steps / 2];
+    res->median_step_s = median(step_s, tc->steps);
+    res->median_optimizer_s = median(opt_s, tc->steps);
+    res->median_comm_s = median(comm_s, tc->steps);
     res->tokens_per_s = (double)tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * flops_tok / peak;
-    if (tc->out_dir) {
+    st = L3D_OK;
+    if (tc->out_dir && lead) {
         char path[4096];
         snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-        if ((st = l3d_ckpt_save_llmc(path, m)) != L3D_OK) goto done;
-        if (!tc->quiet) printf("saved %s\n", path);
+        st = l3d_ckpt_save_llmc(path, m);
+        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
     }
-    if (!tc->quiet)
-        printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f), %.0f tokens/s, MFU "
-               "%.1f%%, peak host memory %.1f MiB\n", res->median_step_s * 1e3,
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if (lead && !tc->quiet)
+        printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
+               "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB per rank\n",
+               res->median_step_s * 1e3,
                (res->median_step_s - res->median_optimizer_s) * 1e3, res->median_optimizer_s * 1e3,
-               res->tokens_per_s, 100.0 * res->mfu,
+               res->median_comm_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
                l3d_mem_peak() / 1048576.0);
-done:
+fail:
     if (metrics) fclose(metrics);
     l3d_free(inp);
     l3d_free(tgt);
     l3d_free(step_s);
     l3d_free(opt_s);
+    l3d_free(comm_s);
     if (opt.m) l3d_adamw_free(&opt);
+    if (dp_up) l3d_dp_free(&dp);
     l3d_gpt_free(m);
     l3d_backend_free(be);
     l3d_loader_free(vld);
     l3d_loader_free(ld);
     l3d_data_free(val);
     l3d_data_free(train);
+    if (topo_up) l3d_topo_free(&topo);
     return st;
 }

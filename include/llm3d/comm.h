@@ -1,0 +1,163 @@
+/*
+ * llm3d communicators: the collectives and point-to-point operations every parallel layer uses,
+ * behind one table of function pointers. The MPI implementation (src/comm/mpi.c) is the only file
+ * that includes mpi.h; an NCCL one will fill the same table.
+ *
+ *   struct l3d_comm *world;
+ *   if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) ...;   // also installs the abort hook
+ *   struct l3d_comm *dp;
+ *   l3d_comm_split(world, color, key, &dp);                        // a sub-group
+ *   l3d_comm_all_reduce(dp, grads, n, L3D_F32, L3D_SUM, NULL);      // blocking
+ *   l3d_req r;
+ *   l3d_comm_all_reduce(dp, bucket, m, L3D_F32, L3D_SUM, &r);       // non-blocking ...
+ *   l3d_comm_wait(dp, &r);                                          // ... completed here
+ *   l3d_comm_free(dp);
+ *   l3d_comm_mpi_finalize(world);
+ *
+ * Failure policy: an operation either succeeds or brings every rank down. Any error an MPI call
+ * returns is reported as "rank R: <call> failed: <MPI's message>" and the job is aborted
+ * (MPI_Abort on the world), so a failed or dead peer never leaves the others hanging.
+ *
+ * Buffers: counts are elements of the given type. In-place forms: all_reduce and broadcast work
+ * in place; reduce works in place at the root (other ranks' buf is only read); reduce_scatter
+ * reads send (size * n elements, rank r's block at r * n) and writes recv (n elements; recv must
+ * not overlap send); all_gather reads this rank's n elements at recv + rank * n and fills the
+ * other blocks (in place); all_gatherv likewise with this rank's block at recv + displs[rank],
+ * leaving the elements outside every block untouched.
+ *
+ * Blocking and non-blocking: req == NULL blocks until the operation is complete. With a req (which
+ * must be inactive: zero-initialised, or waited on / tested complete) the call only starts the
+ * operation and marks req active; its buffers must not be touched until l3d_comm_wait returns or
+ * l3d_comm_test returns true, which both make req inactive again. Waiting on, or testing, an
+ * inactive req does nothing (test returns true). The counts/displs arrays of all_gatherv may be
+ * reused as soon as the call returns. Every rank of the communicator must start the same
+ * collectives in the same order and in the same form (all blocking or all non-blocking: MPI does
+ * not match a blocking collective with a non-blocking one); a blocking send may meet a
+ * non-blocking recv and the reverse.
+ *
+ * Counts: blocking operations take any count (the MPI implementation cuts more than INT_MAX / 2
+ * elements into several calls). A non-blocking operation is one MPI call: a collective's count
+ * (and, for all_gatherv, each count and displacement) must be at most INT_MAX, and a send's or
+ * recv's at most INT_MAX / 2, the size of one blocking chunk, so that a transfer is cut the same
+ * way on both sides. Bucket larger buffers.
+ */
+#ifndef LLM3D_COMM_H
+#define LLM3D_COMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "llm3d/core.h"
+
+enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8 };
+enum l3d_redop { L3D_SUM, L3D_MAX };
+
+/* A pending non-blocking operation. Opaque storage for the implementation's request handle. */
+typedef struct {
+    uint64_t opaque[4];
+    bool active;
+} l3d_req;
+
+struct l3d_comm;
+
+struct l3d_comm_i {
+    const char *name;
+    /* New communicator of the ranks with the same color, ordered by key (then by rank in c).
+     * Collective over c. A negative color joins no group: *out is set to NULL. */
+    l3d_status (*split)(struct l3d_comm *c, int color, int key, struct l3d_comm **out);
+    /* releases a communicator made by split (a no-op on the world: see l3d_comm_mpi_finalize) */
+    void (*free)(struct l3d_comm *c);
+    void (*all_reduce)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                       enum l3d_redop op, l3d_req *req);
+    void (*reduce)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, enum l3d_redop op,
+                   int root, l3d_req *req);
+    void (*reduce_scatter)(struct l3d_comm *c, const void *send, void *recv, int64_t n,
+                           enum l3d_dtype t, enum l3d_redop op, l3d_req *req);
+    void (*all_gather)(struct l3d_comm *c, void *recv, int64_t n, enum l3d_dtype t, l3d_req *req);
+    /* all_gather with a block of counts[r] elements at displs[r] for each rank r (in place) */
+    void (*all_gatherv)(struct l3d_comm *c, void *recv, const int64_t *counts,
+                        const int64_t *displs, enum l3d_dtype t, l3d_req *req);
+    void (*broadcast)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
+                      l3d_req *req);
+    void (*send)(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
+                 int tag, l3d_req *req);
+    void (*recv)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer, int tag,
+                 l3d_req *req);
+    void (*wait)(struct l3d_comm *c, l3d_req *req);
+    /* true when the operation has completed (then it needs no wait); drives MPI's progress */
+    bool (*test)(struct l3d_comm *c, l3d_req *req);
+    void (*barrier)(struct l3d_comm *c);
+    /* Ends the whole job (every rank) with this exit code; does not return. (C11 does not allow
+     * _Noreturn on a pointer member: l3d_comm_abort below is the _Noreturn entry point.) */
+    void (*abort)(struct l3d_comm *c, int code);
+};
+
+struct l3d_comm {
+    const struct l3d_comm_i *i;
+    void *ctx;
+    int rank, size;
+    int world_rank; /* this process's rank in the world, for messages */
+};
+
+/* MPI: initialises MPI (thread level FUNNELED: only the main thread calls MPI) and returns the
+ * world; installs an abort hook so that L3D_ASSERT and l3d_fatal on any rank abort the whole job
+ * (exit status 134), and sets the rank printed in fatal messages. Once per process.
+ * Returns L3D_ERR_LAYOUT, with MPI already finalised and *world NULL, when MPI sees one rank but
+ * the launcher's environment announces more (a binary built with one MPI started by another MPI's
+ * launcher runs N single-rank copies); the message names the variable and both fixes. */
+l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world);
+/* Frees the world and finalises MPI; every communicator split from it must be freed first. */
+void l3d_comm_mpi_finalize(struct l3d_comm *world);
+/* Name and version of the MPI library (for logs). */
+const char *l3d_comm_mpi_library(void);
+
+static inline l3d_status l3d_comm_split(struct l3d_comm *c, int color, int key,
+                                        struct l3d_comm **out) {
+    return c->i->split(c, color, key, out);
+}
+static inline void l3d_comm_free(struct l3d_comm *c) {
+    if (c) c->i->free(c);
+}
+static inline void l3d_comm_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                                       enum l3d_redop op, l3d_req *req) {
+    c->i->all_reduce(c, buf, n, t, op, req);
+}
+static inline void l3d_comm_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                                   enum l3d_redop op, int root, l3d_req *req) {
+    c->i->reduce(c, buf, n, t, op, root, req);
+}
+static inline void l3d_comm_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
+                                           int64_t n, enum l3d_dtype t, enum l3d_redop op,
+                                           l3d_req *req) {
+    c->i->reduce_scatter(c, send, recv, n, t, op, req);
+}
+static inline void l3d_comm_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_dtype t,
+                                       l3d_req *req) {
+    c->i->all_gather(c, recv, n, t, req);
+}
+static inline void l3d_comm_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
+                                        const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
+    c->i->all_gatherv(c, recv, counts, displs, t, req);
+}
+static inline void l3d_comm_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                                      int root, l3d_req *req) {
+    c->i->broadcast(c, buf, n, t, root, req);
+}
+static inline void l3d_comm_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t,
+                                 int peer, int tag, l3d_req *req) {
+    c->i->send(c, buf, n, t, peer, tag, req);
+}
+static inline void l3d_comm_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                                 int peer, int tag, l3d_req *req) {
+    c->i->recv(c, buf, n, t, peer, tag, req);
+}
+static inline void l3d_comm_wait(struct l3d_comm *c, l3d_req *req) { c->i->wait(c, req); }
+static inline bool l3d_comm_test(struct l3d_comm *c, l3d_req *req) { return c->i->test(c, req); }
+static inline void l3d_comm_barrier(struct l3d_comm *c) { c->i->barrier(c); }
+static inline _Noreturn void l3d_comm_abort(struct l3d_comm *c, int code) {
+    c->i->abort(c, code);
+    abort(); /* not reached */
+}
+
+#endif

@@ -1,0 +1,579 @@
+/*
+ * The MPI communicator (include/llm3d/comm.h): the only file that includes mpi.h.
+ *
+ * Every MPI call goes through L3D_MPI_CHECK. Communicators use MPI_ERRORS_RETURN, so an error
+ * comes back here as a code, is printed as "llm3d: rank R: <call> failed: <MPI's message>" and
+ * ends the job with MPI_Abort on the world: a failed operation never leaves peers waiting.
+ *
+ * Counts: MPI counts are int. Blocking operations take any int64_t count and loop over chunks
+ * of at most max_count elements (INT_MAX / 2 unless a test lowers it); non-blocking collectives
+ * take at most INT_MAX elements and non-blocking send/recv at most max_count (callers bucket),
+ * since one request stands for one MPI call.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "comm/mpi-impl.h"
+#include "llm3d/comm.h"
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+/* Prints "llm3d: rank R: MPI_Xxx failed: <message>" and aborts every rank. `call` is the text of
+ * the call; only its name (up to the parenthesis) is printed. */
+static _Noreturn void mpi_fail(const char *call, int rc, const char *file, int line) {
+    char msg[MPI_MAX_ERROR_STRING] = "unknown error";
+    int len = 0, rank = -1;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int name_len = (int)strcspn(call, "( ");
+    fprintf(stderr, "llm3d: rank %d: %.*s failed: %s (%s:%d)\n", rank, name_len, call, msg, file,
+            line);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1); /* MPI_Abort does not return; this keeps _Noreturn honest if it did */
+}
+
+#define L3D_MPI_CHECK(call)                                                \
+    do {                                                                   \
+        int l3d_mpi_rc_ = (call);                                          \
+        if (l3d_mpi_rc_ != MPI_SUCCESS)                                    \
+            mpi_fail(#call, l3d_mpi_rc_, __FILE__, __LINE__);              \
+    } while (0)
+
+/* The core abort hook: L3D_ASSERT / l3d_fatal on any rank take the whole job down (134 is the
+ * status a single process gets from the default hook). */
+static void mpi_abort_hook(void *ctx) {
+    (void)ctx;
+    MPI_Abort(MPI_COMM_WORLD, 134);
+}
+
+/* ---- communicator state ---------------------------------------------------------------------- */
+
+struct mpi_comm {
+    struct l3d_comm base;
+    MPI_Comm comm;
+    int64_t max_count; /* largest count of one blocking MPI call (see mpi-impl.h) */
+    bool is_world;     /* MPI_COMM_WORLD: released by l3d_comm_mpi_finalize only */
+};
+
+/* What a l3d_req holds: the MPI request and memory to release when it completes (the int
+ * counts/displacements of an all_gatherv, which MPI reads until completion). */
+struct mpi_req {
+    MPI_Request r;
+    void *scratch;
+};
+_Static_assert(sizeof(struct mpi_req) <= sizeof(((l3d_req *)0)->opaque),
+               "l3d_req.opaque too small for an MPI request");
+
+static const struct l3d_comm_i mpi_comm_i;
+
+static struct mpi_comm *mc(struct l3d_comm *c) {
+    L3D_ASSERT(c && c->i == &mpi_comm_i);
+    return c->ctx;
+}
+
+static MPI_Datatype mpi_type(enum l3d_dtype t) {
+    switch (t) {
+    case L3D_F32: return MPI_FLOAT;
+    case L3D_F64: return MPI_DOUBLE;
+    case L3D_I32: return MPI_INT;
+    case L3D_U8: return MPI_UNSIGNED_CHAR;
+    }
+    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+}
+
+static size_t dtype_size(enum l3d_dtype t) {
+    switch (t) {
+    case L3D_F32: return 4;
+    case L3D_F64: return 8;
+    case L3D_I32: return 4;
+    case L3D_U8: return 1;
+    }
+    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+}
+
+static MPI_Op mpi_op(enum l3d_redop op) {
+    switch (op) {
+    case L3D_SUM: return MPI_SUM;
+    case L3D_MAX: return MPI_MAX;
+    }
+    l3d_fatal(__FILE__, __LINE__, "unknown reduction %d", (int)op);
+}
+
+static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_count, bool is_world) {
+    struct mpi_comm *m = l3d_calloc(sizeof *m, "communicator");
+    L3D_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    m->comm = comm;
+    m->max_count = max_count;
+    m->is_world = is_world;
+    m->base.i = &mpi_comm_i;
+    m->base.ctx = m;
+    m->base.world_rank = world_rank;
+    L3D_MPI_CHECK(MPI_Comm_rank(comm, &m->base.rank));
+    L3D_MPI_CHECK(MPI_Comm_size(comm, &m->base.size));
+    return m;
+}
+
+/* Records a started MPI request in req, which must not hold one still pending. The request is
+ * copied in and out of req->opaque with memcpy (no aliasing of the uint64_t storage). */
+static void req_store(l3d_req *req, MPI_Request r, void *scratch) {
+    L3D_ASSERT(!req->active);
+    struct mpi_req q = {.r = r, .scratch = scratch};
+    memset(req->opaque, 0, sizeof req->opaque);
+    memcpy(req->opaque, &q, sizeof q);
+    req->active = true;
+}
+
+static struct mpi_req req_load(const l3d_req *req) {
+    struct mpi_req q;
+    memcpy(&q, req->opaque, sizeof q);
+    return q;
+}
+
+static void req_done(l3d_req *req, struct mpi_req *q) {
+    l3d_free(q->scratch);
+    memset(req->opaque, 0, sizeof req->opaque);
+    req->active = false;
+}
+
+/* A non-blocking count: one MPI call, so it must fit an int. */
+static int nb_count(int64_t n) {
+    L3D_ASSERT(n >= 0 && n <= INT_MAX);
+    return (int)n;
+}
+
+static char *at(const void *buf, int64_t elems, size_t esize) {
+    return (char *)buf + (size_t)elems * esize;
+}
+
+/* ---- split / free ---------------------------------------------------------------------------- */
+
+static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_comm **out) {
+    struct mpi_comm *m = mc(c);
+    MPI_Comm nc;
+    L3D_MPI_CHECK(MPI_Comm_split(m->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc));
+    if (nc == MPI_COMM_NULL) {
+        *out = NULL;
+        return L3D_OK;
+    }
+    *out = &comm_new(nc, c->world_rank, m->max_count, false)->base;
+    return L3D_OK;
+}
+
+static void mpi_free(struct l3d_comm *c) {
+    struct mpi_comm *m = mc(c);
+    if (m->is_world) return; /* l3d_comm_mpi_finalize releases the world */
+    L3D_MPI_CHECK(MPI_Comm_free(&m->comm));
+    l3d_free(m);
+}
+
+/* ---- collectives ----------------------------------------------------------------------------- */
+
+static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                           enum l3d_redop op, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), mpi_type(t), mpi_op(op),
+                                     m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    size_t es = dtype_size(t);
+    for (int64_t o = 0; o < n; o += m->max_count) {
+        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
+        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, mpi_type(t), mpi_op(op),
+                                    m->comm));
+    }
+}
+
+/* MPICH 4.0 to 4.1.x crash in a blocking MPI_Reduce with MPI_IN_PLACE at a root other than 0 once
+ * the count is large enough for the reduce-scatter-gather algorithm (513 floats on 2 ranks of one
+ * node: pmodels/mpich#6540, #6893). Its MPI_Ireduce does not; so on MPICH a blocking in-place
+ * reduce is an MPI_Ireduce and a wait (on every rank, as a blocking and a non-blocking collective
+ * do not match). */
+#if defined(MPICH)
+#define REDUCE_IN_PLACE_VIA_IREDUCE 1
+#else
+#define REDUCE_IN_PLACE_VIA_IREDUCE 0
+#endif
+
+/* Blocking reduce of n elements from send on every rank into recv on root, in chunks. At the root
+ * send == recv means in place (in_place must then be true on every rank); elsewhere recv is not
+ * used. */
+static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int64_t n,
+                           enum l3d_dtype t, enum l3d_redop op, int root, bool in_place) {
+    size_t es = dtype_size(t);
+    bool at_root = m->base.rank == root;
+    for (int64_t o = 0; o < n; o += m->max_count) {
+        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
+        const void *s = at_root && in_place ? MPI_IN_PLACE : at(send, o, es);
+        void *r = at_root ? at(recv, o, es) : NULL;
+        if (in_place && REDUCE_IN_PLACE_VIA_IREDUCE) {
+            MPI_Request q;
+            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, mpi_type(t), mpi_op(op), root, m->comm, &q));
+            L3D_MPI_CHECK(MPI_Wait(&q, MPI_STATUS_IGNORE));
+        } else {
+            L3D_MPI_CHECK(MPI_Reduce(s, r, k, mpi_type(t), mpi_op(op), root, m->comm));
+        }
+    }
+}
+
+static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                       enum l3d_redop op, int root, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    L3D_ASSERT(root >= 0 && root < c->size);
+    if (req) {
+        bool at_root = c->rank == root;
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf, at_root ? buf : NULL, nb_count(n),
+                                  mpi_type(t), mpi_op(op), root, m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    reduce_chunked(m, buf, buf, n, t, op, root, true);
+}
+
+/* Blocking broadcast of n elements at buf from root, in chunks. */
+static void bcast_chunked(struct mpi_comm *m, void *buf, int64_t n, enum l3d_dtype t, int root) {
+    size_t es = dtype_size(t);
+    for (int64_t o = 0; o < n; o += m->max_count) {
+        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
+        L3D_MPI_CHECK(MPI_Bcast(at(buf, o, es), k, mpi_type(t), root, m->comm));
+    }
+}
+
+static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv, int64_t n,
+                               enum l3d_dtype t, enum l3d_redop op, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), mpi_type(t), mpi_op(op),
+                                                m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    if (n * c->size <= m->max_count) {
+        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(t), mpi_op(op),
+                                               m->comm));
+        return;
+    }
+    /* Large: rank r's block is reduced to r, one chunked reduce per rank (no staging copy). */
+    size_t es = dtype_size(t);
+    for (int r = 0; r < c->size; r++)
+        reduce_chunked(m, at(send, (int64_t)r * n, es), recv, n, t, op, r, false);
+}
+
+static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_dtype t,
+                           l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
+                                     mpi_type(t), m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    if (n * c->size <= m->max_count) {
+        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, mpi_type(t),
+                                    m->comm));
+        return;
+    }
+    /* Large: every rank broadcasts its block, in chunks. */
+    size_t es = dtype_size(t);
+    for (int r = 0; r < c->size; r++) bcast_chunked(m, at(recv, (int64_t)r * n, es), n, t, r);
+}
+
+static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
+                            const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    int p = c->size;
+    int64_t limit = req ? INT_MAX : m->max_count;
+    bool fits = true;
+    for (int r = 0; r < p; r++) {
+        L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
+        if (counts[r] > limit || displs[r] > limit) fits = false;
+    }
+    if (!fits) {
+        L3D_ASSERT(!req); /* non-blocking: counts and displacements must fit an int */
+        size_t es = dtype_size(t);
+        for (int r = 0; r < p; r++) bcast_chunked(m, at(recv, displs[r], es), counts[r], t, r);
+        return;
+    }
+    int *ic = l3d_alloc(2 * (size_t)p * sizeof *ic, "all_gatherv counts");
+    int *id = ic + p;
+    for (int r = 0; r < p; r++) {
+        ic[r] = (int)counts[r];
+        id[r] = (int)displs[r];
+    }
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
+                                      mpi_type(t), m->comm, &r));
+        req_store(req, r, ic); /* MPI reads ic and id until completion, when they are freed */
+        return;
+    }
+    L3D_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id, mpi_type(t),
+                                 m->comm));
+    l3d_free(ic);
+}
+
+static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
+                          l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    L3D_ASSERT(root >= 0 && root < c->size);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(t), root, m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    bcast_chunked(m, buf, n, t, root);
+}
+
+/* ---- point to point -------------------------------------------------------------------------- */
+
+/* A blocking send or receive of more than max_count elements is a run of messages with the same
+ * tag; MPI keeps their order between one pair of ranks, so they match chunk by chunk. A blocking
+ * send may meet a non-blocking receive (and the reverse), so the non-blocking forms take at most
+ * max_count elements, one message: both sides then always cut a transfer the same way. */
+static int p2p_nb_count(const struct mpi_comm *m, int64_t n) {
+    L3D_ASSERT(n >= 0 && n <= m->max_count);
+    return (int)n;
+}
+
+static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
+                     int tag, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    L3D_ASSERT(peer >= 0 && peer < c->size);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(t), peer, tag, m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    size_t es = dtype_size(t);
+    int64_t o = 0;
+    do { /* one message even when n is 0, to match the receiver's */
+        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
+        L3D_MPI_CHECK(MPI_Send(at(buf, o, es), k, mpi_type(t), peer, tag, m->comm));
+        o += k;
+    } while (o < n);
+}
+
+static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer,
+                     int tag, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    L3D_ASSERT(peer >= 0 && peer < c->size);
+    if (req) {
+        MPI_Request r;
+        L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(t), peer, tag, m->comm, &r));
+        req_store(req, r, NULL);
+        return;
+    }
+    size_t es = dtype_size(t);
+    int64_t o = 0;
+    do {
+        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
+        L3D_MPI_CHECK(MPI_Recv(at(buf, o, es), k, mpi_type(t), peer, tag, m->comm,
+                               MPI_STATUS_IGNORE));
+        o += k;
+    } while (o < n);
+}
+
+/* ---- completion ------------------------------------------------------------------------------ */
+
+static void mpi_wait(struct l3d_comm *c, l3d_req *req) {
+    (void)mc(c);
+    if (!req->active) return;
+    struct mpi_req q = req_load(req);
+    L3D_MPI_CHECK(MPI_Wait(&q.r, MPI_STATUS_IGNORE));
+    req_done(req, &q);
+}
+
+static bool mpi_test(struct l3d_comm *c, l3d_req *req) {
+    (void)mc(c);
+    if (!req->active) return true;
+    int flag = 0;
+    struct mpi_req q = req_load(req);
+    L3D_MPI_CHECK(MPI_Test(&q.r, &flag, MPI_STATUS_IGNORE));
+    if (flag)
+        req_done(req, &q);
+    else /* MPI may update a request it has not completed */
+        memcpy(req->opaque, &q, sizeof q);
+    return flag != 0;
+}
+
+static void mpi_barrier(struct l3d_comm *c) { L3D_MPI_CHECK(MPI_Barrier(mc(c)->comm)); }
+
+static _Noreturn void mpi_abort(struct l3d_comm *c, int code) {
+    (void)c;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+static const struct l3d_comm_i mpi_comm_i = {
+    .name = "mpi",
+    .split = mpi_split,
+    .free = mpi_free,
+    .all_reduce = mpi_all_reduce,
+    .reduce = mpi_reduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_gather = mpi_all_gather,
+    .all_gatherv = mpi_all_gatherv,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .wait = mpi_wait,
+    .test = mpi_test,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort,
+};
+
+void l3d_comm_mpi_set_max_count(struct l3d_comm *c, int64_t max_count) {
+    L3D_ASSERT(max_count >= 1 && max_count <= INT_MAX);
+    mc(c)->max_count = max_count;
+}
+
+/* ---- library and launcher -------------------------------------------------------------------- */
+
+const char *l3d_comm_mpi_library(void) {
+    /* Written once, on the first call; the text is the same for every caller. */
+    static char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    if (!lib[0]) {
+        char full[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        if (MPI_Get_library_version(full, &len) != MPI_SUCCESS) return "unknown MPI";
+        full[len < (int)sizeof full ? len : (int)sizeof full - 1] = '\0';
+        /* first line, runs of blanks folded to one space ("MPICH Version:\t4.0.2") */
+        size_t w = 0;
+        for (size_t r = 0; full[r] && full[r] != '\n' && w + 1 < sizeof lib; r++) {
+            bool blank = full[r] == ' ' || full[r] == '\t';
+            if (blank && (w == 0 || lib[w - 1] == ' ')) continue;
+            lib[w++] = blank ? ' ' : full[r];
+        }
+        while (w > 0 && lib[w - 1] == ' ') w--;
+        lib[w] = '\0';
+        static const char mpich[] = "MPICH Version: "; /* -> "MPICH 4.0.2" */
+        if (strncmp(lib, mpich, sizeof mpich - 1) == 0)
+            memmove(lib + 6, lib + sizeof mpich - 1, strlen(lib + sizeof mpich - 1) + 1);
+    }
+    return lib;
+}
+
+#if defined(L3D_MPIEXEC)
+#define MPIEXEC_HINT L3D_MPIEXEC
+#elif defined(OPEN_MPI)
+#define MPIEXEC_HINT "Open MPI's mpiexec; on Debian mpiexec.openmpi"
+#elif defined(MPICH)
+#define MPIEXEC_HINT "MPICH's mpiexec; on Debian mpiexec.mpich"
+#else
+#define MPIEXEC_HINT "the mpiexec installed with it"
+#endif
+
+/* Variables that launchers set in each process, with the number of ranks of the job, checked in
+ * this order (verified on Debian 12: Open MPI 4.1 mpirun sets OMPI_COMM_WORLD_SIZE and no
+ * PMIX_SIZE; MPICH 4 Hydra sets PMI_SIZE; Slurm's srun sets SLURM_STEP_NUM_TASKS, which sbatch
+ * does not, so a singleton in a batch script with -n 4 is not mistaken for a 4-rank launch). */
+static const struct {
+    const char *var, *fix;
+} launchers[] = {
+    {"OMPI_COMM_WORLD_SIZE", "rebuild with -DL3D_MPI=openmpi to use Open MPI's launcher"},
+    {"PMI_SIZE", "rebuild with -DL3D_MPI=mpich to use MPICH's launcher (Hydra)"},
+    {"SLURM_STEP_NUM_TASKS",
+     "give srun the --mpi plugin this MPI speaks (srun --mpi=list; pmix for Open MPI, pmi2 for "
+     "MPICH)"},
+};
+
+l3d_status l3d_comm_mpi_check_launcher(int mpi_size) {
+    if (mpi_size != 1) return L3D_OK;
+    for (size_t k = 0; k < sizeof launchers / sizeof launchers[0]; k++) {
+        const char *v = getenv(launchers[k].var);
+        if (!v) continue;
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (end == v || n <= 1) continue;
+        const char *lib = l3d_comm_mpi_library();
+        int lib_len = (int)strcspn(lib, ","); /* "Open MPI v4.1.4, package: ..." */
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "this llm3d was built with %.*s but was started by a launcher that "
+                         "announces %ld ranks (%s=%s) while MPI sees 1: launch it with the mpiexec "
+                         "of the same MPI (%s), or %s",
+                         lib_len, lib, n, launchers[k].var, v, MPIEXEC_HINT, launchers[k].fix);
+    }
+    return L3D_OK;
+}
+
+/* ---- init / finalize ------------------------------------------------------------------------- */
+
+/* A rank that exits while MPI is still initialised (an exit() on an error path, or main returning
+ * before l3d_comm_mpi_finalize) takes the job down with it. Without this, MPICH's Hydra reports
+ * the exit status of the first process to end: a rank calling exit(0) early kills its blocked
+ * peers and the job "succeeds" with status 0. Open MPI's mpirun fails such a job by itself. */
+static void exit_guard_status(int status) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized) return;
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (status == 0)
+        fprintf(stderr, "llm3d: rank %d: exiting without l3d_comm_mpi_finalize: aborting the job\n",
+                rank);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status ? status : 1);
+}
+#if defined(__GLIBC__)
+static void exit_guard(int status, void *arg) {
+    (void)arg;
+    exit_guard_status(status);
+}
+#define INSTALL_EXIT_GUARD() on_exit(exit_guard, NULL)
+#else
+static void exit_guard(void) { exit_guard_status(1); }
+#define INSTALL_EXIT_GUARD() atexit(exit_guard)
+#endif
+
+l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
+    *world = NULL;
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    L3D_ASSERT(!inited); /* one l3d_comm_mpi_init per process */
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS)
+        return l3d_error(L3D_ERR_INTERNAL, "MPI_Init_thread failed (error %d) with %s", rc,
+                         l3d_comm_mpi_library());
+    /* From here on, any MPI error or L3D_ASSERT on any rank aborts every rank. */
+    L3D_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    int rank, size;
+    L3D_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    L3D_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    l3d_set_log_rank(rank);
+    l3d_set_abort_hook(mpi_abort_hook, NULL);
+    INSTALL_EXIT_GUARD(); /* once per process: init runs once */
+    l3d_status st = l3d_comm_mpi_check_launcher(size);
+    if (st != L3D_OK) { /* N independent singletons: end MPI cleanly, the caller reports */
+        l3d_set_abort_hook(NULL, NULL);
+        l3d_set_log_rank(-1);
+        MPI_Finalize();
+        return st;
+    }
+    *world = &comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, true)->base;
+    return L3D_OK;
+}
+
+void l3d_comm_mpi_finalize(struct l3d_comm *world) {
+    if (!world) return;
+    struct mpi_comm *m = mc(world);
+    L3D_ASSERT(m->is_world);
+    l3d_free(m);
+    /* After MPI_Finalize no MPI call (MPI_Abort included) is allowed: back to the default hook,
+     * and MPI_Finalize's own status is not checked (there is nothing left to abort). */
+    l3d_set_abort_hook(NULL, NULL);
+    MPI_Finalize();
+}

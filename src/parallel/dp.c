@@ -1,0 +1,223 @@
+/* Data parallelism: bucketed gradient reduction during backward, ZeRO-1/2 (include/llm3d/dp.h). */
+#include <string.h>
+
+#include "llm3d/dp.h"
+
+/* One reduction in flight: elements [off, off + n) of the flat parameter space, read from src. */
+struct l3d_dp_piece {
+    l3d_req req;
+    int64_t off, n;
+    float *src;
+    int root; /* owner (ZeRO >= 1), -1 for an all-reduce */
+};
+
+#define DP_SLOTS 3 /* pending lists: layer l, layer l + 1, non-layer tensors */
+
+static int owner_of(const struct l3d_dp *dp, int64_t off) { return (int)(off / dp->shard_size); }
+
+static void push(struct l3d_dp *dp, int slot, struct l3d_dp_piece p) {
+    if (dp->npend[slot] == dp->cap[slot]) {
+        int cap = dp->cap[slot] ? 2 * dp->cap[slot] : 64;
+        struct l3d_dp_piece *np = l3d_alloc((size_t)cap * sizeof *np, "dp pending");
+        if (dp->npend[slot]) memcpy(np, dp->pend[slot], (size_t)dp->npend[slot] * sizeof *np);
+        l3d_free(dp->pend[slot]);
+        dp->pend[slot] = np;
+        dp->cap[slot] = cap;
+    }
+    dp->pend[slot][dp->npend[slot]++] = p;
+}
+
+/* Sends out the reduction of one tensor slice [off, off + n) whose gradients lie at src. */
+static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, int64_t n) {
+    while (n > 0) {
+        int64_t len = n < dp->bucket ? n : dp->bucket;
+        int root = -1;
+        if (dp->zero > 0) { /* stop at the owner's boundary */
+            root = owner_of(dp, off);
+            int64_t end = (int64_t)(root + 1) * dp->shard_size;
+            if (off + len > end) len = end - off;
+        }
+        struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root};
+        if (dp->comm->size == 1) /* ZeRO-2 on one rank: nothing to send, drain() adds */
+            ;
+        else if (root < 0)
+            l3d_comm_all_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, &p.req);
+        else
+            l3d_comm_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, root, &p.req);
+        push(dp, slot, p);
+        src += len;
+        off += len;
+        n -= len;
+    }
+}
+
+/* Waits for a pending list; ZeRO-2 owners add the reduced pieces into their shard. */
+static void drain(struct l3d_dp *dp, int slot) {
+    double t0 = l3d_time_s();
+    for (int i = 0; i < dp->npend[slot]; i++) {
+        struct l3d_dp_piece *p = &dp->pend[slot][i];
+        l3d_comm_wait(dp->comm, &p->req);
+        if (dp->zero == 2 && p->root == dp->comm->rank) {
+            float *dst = dp->grad_shard + (p->off - dp->own_start);
+            for (int64_t k = 0; k < p->n; k++) dst[k] += p->src[k];
+        }
+    }
+    dp->npend[slot] = 0;
+    dp->comm_wait_s += l3d_time_s() - t0;
+}
+
+/* Polls a pending list so that MPI progresses it while the next layer computes. */
+static void poll(struct l3d_dp *dp, int slot) {
+    for (int i = 0; i < dp->npend[slot]; i++)
+        if (dp->pend[slot][i].req.active) l3d_comm_test(dp->comm, &dp->pend[slot][i].req);
+}
+
+static void grads_ready(void *ctx, int layer) {
+    struct l3d_dp *dp = ctx;
+    struct l3d_gpt *m = dp->m;
+    if (!dp->sync || (dp->comm->size == 1 && dp->zero < 2)) return;
+    if (layer < 0) {
+        for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+            const struct l3d_tensor_info *ti = &m->tensors[t];
+            if (l3d_gpt_is_layer_tensor(t) || ti->count == 0) continue;
+            reduce_slice(dp, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
+        }
+        return;
+    }
+    /* the list of layer + 1 moves to slot 1 once this layer's pieces are out; what was in slot 1
+     * (layer + 2) must be done before the model reuses its gradient slot for layer - 1 */
+    drain(dp, 1);
+    struct l3d_dp_piece *tmp = dp->pend[1];
+    int tc = dp->cap[1];
+    dp->pend[1] = dp->pend[0];
+    dp->npend[1] = dp->npend[0];
+    dp->cap[1] = dp->cap[0];
+    dp->pend[0] = tmp;
+    dp->npend[0] = 0;
+    dp->cap[0] = tc;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+        if (!l3d_gpt_is_layer_tensor(t)) continue;
+        const struct l3d_tensor_info *ti = &m->tensors[t];
+        int64_t slice = ti->rows * ti->cols;
+        if (slice == 0) continue;
+        reduce_slice(dp, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + (int64_t)layer * slice,
+                     slice);
+    }
+    poll(dp, 1);
+    if (dp->zero == 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */
+}
+
+l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
+                       size_t bucket_bytes) {
+    memset(dp, 0, sizeof *dp);
+    if (zero < 0 || zero > 2)
+        return l3d_error(L3D_ERR_ARG, "--zero %d: choose 0 (replicated optimizer), 1 (sharded "
+                         "optimizer state) or 2 (also sharded gradients)", zero);
+    if (bucket_bytes < 4096)
+        return l3d_error(L3D_ERR_ARG, "gradient bucket of %zu bytes is too small (at least 4 KiB)",
+                         bucket_bytes);
+    if (zero == 2 && m->grads)
+        return l3d_error(L3D_ERR_ARG, "ZeRO-2 needs a model built with gradient slots");
+    dp->m = m;
+    dp->comm = comm;
+    dp->zero = zero;
+    dp->bucket = (int64_t)(bucket_bytes / sizeof(float));
+    int64_t N = m->num_params, d = comm->size;
+    dp->shard_size = ((N + d - 1) / d + 15) / 16 * 16;
+    dp->own_start = zero > 0 ? dp->shard_size * comm->rank : 0;
+    dp->own_count = zero > 0 ? N - dp->own_start : N;
+    if (dp->own_count > dp->shard_size && zero > 0) dp->own_count = dp->shard_size;
+    if (dp->own_count < 0) dp->own_count = 0;
+    if (zero == 2)
+        dp->grad_shard = l3d_calloc((size_t)(dp->own_count + 1) * sizeof(float), "gradient shard");
+    dp->sync = true;
+    m->hooks.grads_ctx = dp;
+    m->hooks.grads_ready = grads_ready;
+    return L3D_OK;
+}
+
+void l3d_dp_free(struct l3d_dp *dp) {
+    for (int s = 0; s < DP_SLOTS; s++) l3d_free(dp->pend[s]);
+    l3d_free(dp->grad_shard);
+    if (dp->m) {
+        dp->m->hooks.grads_ready = NULL;
+        dp->m->hooks.grads_ctx = NULL;
+    }
+    memset(dp, 0, sizeof *dp);
+}
+
+void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count) {
+    *start = dp->own_start;
+    *count = dp->own_count;
+}
+
+void l3d_dp_begin_micro(struct l3d_dp *dp, bool last) {
+    dp->sync = last || dp->zero == 2;
+    if (dp->zero == 2) {
+        /* the previous micro-batch's pieces were read from the slots and the non-layer buffer
+         * that this backward overwrites; its non-layer gradients are in the shard now */
+        for (int s = 0; s < DP_SLOTS; s++) drain(dp, s);
+        l3d_gpt_zero_grad(dp->m);
+    }
+}
+
+void l3d_dp_finish(struct l3d_dp *dp) {
+    for (int s = 0; s < DP_SLOTS; s++) drain(dp, s);
+}
+
+/* Gradients of this rank's range as (pointer to global offset own_start). */
+static const float *own_grads(const struct l3d_dp *dp) {
+    return dp->zero == 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
+}
+
+double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be) {
+    double s = be->i->sumsq(be->ctx, own_grads(dp), dp->own_count);
+    if (dp->zero > 0 && dp->comm->size > 1)
+        l3d_comm_all_reduce(dp->comm, &s, 1, L3D_F64, L3D_SUM, NULL);
+    return s;
+}
+
+void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
+                 float grad_scale) {
+    struct l3d_gpt *m = dp->m;
+    l3d_adamw_step(opt, be, m->params, own_grads(dp), grad_scale, m->tensors, L3D_NUM_TENSORS, lr);
+    if (dp->zero > 0 && dp->comm->size > 1) {
+        /* all-gather the updated ranges in pieces of at most one bucket per rank */
+        int d = dp->comm->size;
+        int64_t counts[256], displs[256];
+        L3D_ASSERT(d <= 256);
+        double t0 = l3d_time_s();
+        for (int64_t k = 0; k < dp->shard_size; k += dp->bucket) {
+            bool any = false;
+            for (int r = 0; r < d; r++) {
+                int64_t start = (int64_t)r * dp->shard_size + k;
+                int64_t end = (int64_t)(r + 1) * dp->shard_size;
+                if (end > m->num_params) end = m->num_params;
+                int64_t n = end - start;
+                if (n > dp->bucket) n = dp->bucket;
+                if (n < 0) n = 0;
+                counts[r] = n;
+                displs[r] = n > 0 ? start : 0;
+                any = any || n > 0;
+            }
+            if (any) l3d_comm_all_gatherv(dp->comm, m->params, counts, displs, L3D_F32, NULL);
+        }
+        dp->comm_wait_s += l3d_time_s() - t0;
+    }
+    if (dp->zero == 2) memset(dp->grad_shard, 0, (size_t)dp->own_count * sizeof(float));
+    l3d_gpt_zero_grad(m);
+}
+
+struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt) {
+    const struct l3d_gpt *m = dp->m;
+    struct l3d_dp_memory r = {0};
+    r.params = (size_t)m->num_params * 4;
+    r.optimizer = (size_t)opt->n * 8;
+    if (m->grads) {
+        r.grads = (size_t)m->num_params * 4;
+    } else {
+        r.grads = (size_t)dp->own_count * 4;
+        r.grad_scratch = (size_t)(m->nonlayer_size + 2 * m->slot_size) * 4;
+    }
+    return r;
+}

@@ -1,0 +1,116 @@
+/*
+ * The rank grid (include/llm3d/topo.h): world = tp x pp x dp,
+ *
+ *     rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank
+ *
+ * Each group is a split of the world whose color is the rank with the group's own coordinate
+ * removed and whose key is that coordinate, so rank i of a group has coordinate i:
+ *
+ *     group   color                                  key       8 ranks, tp = pp = dp = 2
+ *     TP      dp_rank * pp + pp_rank  (rank / tp)    tp_rank   {0,1} {2,3} {4,5} {6,7}
+ *     PP      dp_rank * tp + tp_rank                 pp_rank   {0,2} {1,3} {4,6} {5,7}
+ *     DP      pp_rank * tp + tp_rank  (rank % tp*pp) dp_rank   {0,4} {1,5} {2,6} {3,7}
+ *     embed   as PP, first and last stage only       pp_rank   {0,2} {1,3} {4,6} {5,7}
+ */
+#include <stdio.h>
+
+#include "llm3d/topo.h"
+
+/* "1, 2, 4" : the divisors of n, for messages (a few; n is a world size). */
+static void divisors(int n, char *out, size_t cap) {
+    size_t w = 0;
+    out[0] = '\0';
+    for (int d = 1; d <= n && w + 16 < cap; d++)
+        if (n % d == 0) w += (size_t)snprintf(out + w, cap - w, "%s%d", w ? ", " : "", d);
+}
+
+l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp) {
+    L3D_ASSERT(world_size >= 1);
+    char divs[256];
+    divisors(world_size, divs, sizeof divs);
+    if (*tp < 1)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "--tp %d is invalid: the tensor-parallel degree must be at least 1; with "
+                         "%d ranks, --tp x --pp must divide %d (divisors: %s)",
+                         *tp, world_size, world_size, divs);
+    if (*pp < 1)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "--pp %d is invalid: the pipeline-parallel degree must be at least 1; "
+                         "with %d ranks, --tp x --pp must divide %d (divisors: %s)",
+                         *pp, world_size, world_size, divs);
+    if (*dp < 0)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "--dp %d is invalid: give the data-parallel degree (at least 1), or 0 to "
+                         "infer it as world size / (tp x pp)",
+                         *dp);
+    int64_t tpp = (int64_t)*tp * *pp;
+    if (*dp == 0) {
+        if (world_size % tpp != 0)
+            return l3d_error(L3D_ERR_LAYOUT,
+                             "--tp %d x --pp %d = %lld does not divide the world size %d: choose "
+                             "--tp and --pp whose product divides %d (divisors: %s), or launch a "
+                             "multiple of %lld ranks",
+                             *tp, *pp, (long long)tpp, world_size, world_size, divs,
+                             (long long)tpp);
+        *dp = (int)(world_size / tpp);
+        return L3D_OK;
+    }
+    int64_t total = tpp * *dp;
+    if (total != world_size)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: "
+                         "launch %lld ranks (mpiexec -n %lld), or change the flags so that their "
+                         "product is %d (--dp 0 infers the data-parallel degree)",
+                         *tp, *pp, *dp, (long long)total, world_size, (long long)total,
+                         (long long)total, world_size);
+    return L3D_OK;
+}
+
+int l3d_topo_rank_of(int tp, int pp, int tp_rank, int pp_rank, int dp_rank) {
+    L3D_ASSERT(tp >= 1 && pp >= 1);
+    L3D_ASSERT(tp_rank >= 0 && tp_rank < tp && pp_rank >= 0 && pp_rank < pp && dp_rank >= 0);
+    return dp_rank * (pp * tp) + pp_rank * tp + tp_rank;
+}
+
+void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *dp_rank) {
+    L3D_ASSERT(tp >= 1 && pp >= 1 && rank >= 0);
+    *tp_rank = rank % tp;
+    *pp_rank = rank / tp % pp;
+    *dp_rank = rank / (tp * pp);
+}
+
+l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp) {
+    L3D_ASSERT(tp >= 1 && pp >= 1 && dp >= 1 && (int64_t)tp * pp * dp == world->size);
+    *t = (struct l3d_topo){.tp = tp, .pp = pp, .dp = dp, .world = world};
+    t->rank = world->rank;
+    t->world_size = world->size;
+    l3d_topo_coords(tp, pp, t->rank, &t->tp_rank, &t->pp_rank, &t->dp_rank);
+
+    /* Every split is collective over the world: each rank takes part in all four, in this order. */
+    l3d_status st;
+    int pipeline = t->dp_rank * tp + t->tp_rank; /* which pipeline this rank belongs to */
+    if ((st = l3d_comm_split(world, t->dp_rank * pp + t->pp_rank, t->tp_rank, &t->tp_comm)) ||
+        (st = l3d_comm_split(world, pipeline, t->pp_rank, &t->pp_comm)) ||
+        (st = l3d_comm_split(world, t->pp_rank * tp + t->tp_rank, t->dp_rank, &t->dp_comm))) {
+        l3d_topo_free(t);
+        return st;
+    }
+    bool ends = t->pp_rank == 0 || t->pp_rank == pp - 1;
+    if ((st = l3d_comm_split(world, ends ? pipeline : -1, t->pp_rank, &t->embed_comm))) {
+        l3d_topo_free(t);
+        return st;
+    }
+    L3D_ASSERT(t->tp_comm->size == tp && t->tp_comm->rank == t->tp_rank);
+    L3D_ASSERT(t->pp_comm->size == pp && t->pp_comm->rank == t->pp_rank);
+    L3D_ASSERT(t->dp_comm->size == dp && t->dp_comm->rank == t->dp_rank);
+    L3D_ASSERT(ends == (t->embed_comm != NULL));
+    return L3D_OK;
+}
+
+void l3d_topo_free(struct l3d_topo *t) {
+    l3d_comm_free(t->embed_comm);
+    l3d_comm_free(t->dp_comm);
+    l3d_comm_free(t->pp_comm);
+    l3d_comm_free(t->tp_comm);
+    t->embed_comm = t->dp_comm = t->pp_comm = t->tp_comm = NULL;
+}

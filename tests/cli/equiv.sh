@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The equivalence harness (shared/DESIGN.md): a parallel layout must train the same model as one
+# process on the same global batch and seed: per-step losses and final weights within 1e-5
+# (llm3d compare). Usage: equiv.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the launcher of
+# the MPI the binary was built with.
+set -u
+bin=$1
+dir=$2
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+rm -rf "$dir" && mkdir -p "$dir"
+fail=0
+
+# data: a few thousand bytes of text as byte tokens
+for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+
+# train OUT NP B ACCUM [flags]: NP ranks (0 = no launcher), B sequences per rank.
+# AdamW's eps is 1e-6, not 1e-8: Adam turns round-off in gradients that are zero in exact
+# arithmetic (the attention key bias, to which softmax is invariant; dead GELU units) into steps of
+# size lr whose sign is noise, so with eps 1e-8 those weights differ between any two summation
+# orders by ~100% of their (tiny) size. With 1e-6 such steps stay at round-off size and the
+# comparison tests the layout, not the noise (measured: worst tensor 4e-4 -> 3e-6).
+
+train() {
+    local out=$1 np=$2 b=$3 accum=$4
+    shift 4
+    local launch=()
+    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
+    OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
+        --seq-len 32 --batch "$b" --grad-accum "$accum" --steps 10 --warmup 3 --lr 3e-3 --eps 1e-6 \
+        --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
+}
+
+# equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*NP sequences
+equiv() {
+    local name=$1 np=$2 b=$3 accum=$4
+    shift 4
+    local ref="ref_b$((b * np))_a$accum"
+    if [ ! -f "$dir/$ref/model.bin" ]; then
+        train "$ref" 0 $((b * np)) "$accum" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
+    fi
+    if ! train "$name" "$np" "$b" "$accum" "$@" > "$dir/$name.log" 2>&1; then
+        echo "FAIL: $name did not run:"; cat "$dir/$name.log"; fail=1; return
+    fi
+    if "$bin" compare "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
+        echo "ok: $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
+    else
+        echo "FAIL: $name"; cat "$dir/$name.cmp"; fail=1
+    fi
+}
+
+for np in 2 4; do
+    for zero in 0 1 2; do
+        equiv "dp${np}_zero${zero}" "$np" 2 1 --zero "$zero"
+        equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
+    done
+done
+# small buckets: many pieces per tensor, pieces cut at shard boundaries
+equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
+equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01
+
+# layout errors: one message, from one rank, non-zero exit
+expect_error() { # DESCRIPTION PATTERN COMMAND...
+    local what=$1 pat=$2; shift 2
+    local err rc
+    err=$("$@" 2>&1 >/dev/null); rc=$?
+    if [ $rc -ne 0 ] && [ "$(echo "$err" | grep -c -- "$pat")" -eq 1 ]; then
+        echo "ok: $what"
+    else
+        echo "FAIL: $what (exit $rc): $err"; fail=1
+    fi
+}
+expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
+expect_error "tp not implemented yet" "\-\-tp 2" train bad 2 1 1 --tp 2
+expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"
+exit $fail

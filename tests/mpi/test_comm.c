@@ -1,0 +1,452 @@
+/*
+ * The MPI communicator and the rank grid, on whatever world it is started with (ctest: 2 and 4
+ * ranks; 1 when run directly). Every operation blocking and non-blocking, checked exactly
+ * (integer-valued floats, so sums are exact in any order); the large-count path with a lowered
+ * chunk size; every (tp, pp) layout of the world against the formula of topo.h.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/mpi-impl.h"
+#include "llm3d/comm.h"
+#include "llm3d/topo.h"
+#include "test.h"
+
+/* A check that names the world rank when it fails: every rank runs the same checks. */
+static int world_rank;
+#define RCHECK(x)                                                                  \
+    do {                                                                           \
+        if (!(x)) fprintf(stderr, "rank %d: ", world_rank);                        \
+        CHECK(x);                                                                  \
+    } while (0)
+
+/* Starts (req != NULL) then completes an operation: alternately by test() polling and wait(). */
+static void finish(struct l3d_comm *c, l3d_req *req, int how) {
+    if (!req) return;
+    RCHECK(req->active);
+    if (how & 1)
+        while (!l3d_comm_test(c, req)) {
+        }
+    l3d_comm_wait(c, req); /* no-op when test completed it */
+    RCHECK(!req->active);
+    RCHECK(l3d_comm_test(c, req)); /* inactive: complete */
+}
+
+static l3d_req *pick(l3d_req *r, int nb) {
+    memset(r, 0, sizeof *r);
+    return nb ? r : NULL;
+}
+
+/* Element i of rank r's contribution: small integers, distinct per rank and index. */
+static double val(int r, int64_t i) { return (double)((r + 1) * 3 + (i % 17)); }
+
+static void test_all_reduce(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    float *f = malloc((size_t)n * sizeof *f);
+    double *d = malloc((size_t)n * sizeof *d);
+    int32_t *k = malloc((size_t)n * sizeof *k);
+    uint8_t *u = malloc((size_t)n * sizeof *u);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r1, r2, r3, r4;
+        for (int64_t i = 0; i < n; i++) {
+            f[i] = (float)val(me, i);
+            d[i] = val(me, i) * 0.5;
+            k[i] = (int32_t)val(me, i);
+            u[i] = (uint8_t)(me + i % 5);
+        }
+        l3d_comm_all_reduce(c, f, n, L3D_F32, L3D_SUM, pick(&r1, nb));
+        l3d_comm_all_reduce(c, d, n, L3D_F64, L3D_SUM, pick(&r2, nb));
+        l3d_comm_all_reduce(c, k, n, L3D_I32, L3D_MAX, pick(&r3, nb));
+        l3d_comm_all_reduce(c, u, n, L3D_U8, L3D_MAX, pick(&r4, nb));
+        if (nb) {
+            finish(c, &r1, 1);
+            finish(c, &r2, 0);
+            finish(c, &r3, 1);
+            finish(c, &r4, 0);
+        }
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int r = 0; r < p; r++) s += val(r, i);
+            bad += f[i] != (float)s;
+            bad += d[i] != s * 0.5;
+            bad += k[i] != (int32_t)val(p - 1, i);
+            bad += u[i] != (uint8_t)(p - 1 + i % 5);
+        }
+        RCHECK(bad == 0);
+    }
+    free(f), free(d), free(k), free(u);
+}
+
+static void test_reduce(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    float *f = malloc((size_t)n * sizeof *f);
+    for (int nb = 0; nb < 2; nb++)
+        for (int root = 0; root < p; root++) {
+            l3d_req r;
+            for (int64_t i = 0; i < n; i++) f[i] = (float)val(me, i);
+            l3d_comm_reduce(c, f, n, L3D_F32, L3D_SUM, root, pick(&r, nb));
+            if (nb) finish(c, &r, root & 1);
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double s = 0;
+                for (int q = 0; q < p; q++) s += val(q, i);
+                bad += f[i] != (float)(me == root ? s : val(me, i)); /* others: only read */
+            }
+            RCHECK(bad == 0);
+        }
+    free(f);
+}
+
+static void test_reduce_scatter(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    float *send = malloc((size_t)(n * p) * sizeof *send);
+    float *recv = malloc((size_t)n * sizeof *recv);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r;
+        for (int64_t i = 0; i < n * p; i++) send[i] = (float)val(me, i);
+        for (int64_t i = 0; i < n; i++) recv[i] = -1;
+        l3d_comm_reduce_scatter(c, send, recv, n, L3D_F32, L3D_SUM, pick(&r, nb));
+        if (nb) finish(c, &r, 1);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int q = 0; q < p; q++) s += val(q, (int64_t)me * n + i);
+            bad += recv[i] != (float)s;
+        }
+        for (int64_t i = 0; i < n * p; i++) bad += send[i] != (float)val(me, i); /* send: read */
+        RCHECK(bad == 0);
+    }
+    free(send), free(recv);
+}
+
+static void test_all_gather(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    double *buf = malloc((size_t)(n * p) * sizeof *buf);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r;
+        for (int64_t i = 0; i < n * p; i++) buf[i] = -1;
+        for (int64_t i = 0; i < n; i++) buf[me * n + i] = val(me, i);
+        l3d_comm_all_gather(c, buf, n, L3D_F64, pick(&r, nb));
+        if (nb) finish(c, &r, 0);
+        int bad = 0;
+        for (int q = 0; q < p; q++)
+            for (int64_t i = 0; i < n; i++) bad += buf[q * n + i] != val(q, i);
+        RCHECK(bad == 0);
+    }
+    free(buf);
+}
+
+/* Uneven blocks, one empty when p > 1, in a different order than the ranks, with gaps that must
+ * stay untouched. */
+static void test_all_gatherv(struct l3d_comm *c, int64_t scale) {
+    int p = c->size, me = c->rank;
+    int64_t counts[64], displs[64], total = 0;
+    L3D_ASSERT(p <= 64);
+    for (int q = p - 1; q >= 0; q--) { /* last rank's block first */
+        counts[q] = p > 1 && q == 1 ? 0 : scale * (q + 1) + q;
+        displs[q] = total + 2; /* a gap of 2 before each block */
+        total = displs[q] + counts[q];
+    }
+    total += 3;
+    int32_t *buf = malloc((size_t)total * sizeof *buf);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r;
+        for (int64_t i = 0; i < total; i++) buf[i] = -7;
+        for (int64_t i = 0; i < counts[me]; i++) buf[displs[me] + i] = (int32_t)val(me, i);
+        int64_t cc[64], dd[64];
+        memcpy(cc, counts, sizeof cc);
+        memcpy(dd, displs, sizeof dd);
+        l3d_comm_all_gatherv(c, buf, cc, dd, L3D_I32, pick(&r, nb));
+        memset(cc, 0xff, sizeof cc); /* the arrays may be reused once the call returns */
+        memset(dd, 0xff, sizeof dd);
+        if (nb) finish(c, &r, 1);
+        int bad = 0;
+        for (int64_t i = 0; i < total; i++) {
+            int32_t want = -7;
+            for (int q = 0; q < p; q++)
+                if (i >= displs[q] && i < displs[q] + counts[q])
+                    want = (int32_t)val(q, i - displs[q]);
+            bad += buf[i] != want;
+        }
+        RCHECK(bad == 0);
+    }
+    free(buf);
+}
+
+static void test_broadcast(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    uint8_t *u = malloc((size_t)n);
+    float *f = malloc((size_t)n * sizeof *f);
+    for (int nb = 0; nb < 2; nb++)
+        for (int root = 0; root < p; root++) {
+            l3d_req r1, r2;
+            for (int64_t i = 0; i < n; i++) {
+                u[i] = (uint8_t)(me == root ? 100 + root + i % 7 : 0);
+                f[i] = (float)(me == root ? val(root, i) : -1);
+            }
+            l3d_comm_broadcast(c, u, n, L3D_U8, root, pick(&r1, nb));
+            l3d_comm_broadcast(c, f, n, L3D_F32, root, pick(&r2, nb));
+            if (nb) finish(c, &r2, 1), finish(c, &r1, 0); /* completed out of order */
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++)
+                bad += u[i] != (uint8_t)(100 + root + i % 7) || f[i] != (float)val(root, i);
+            RCHECK(bad == 0);
+        }
+    free(u), free(f);
+}
+
+/* A ring: each rank sends to the next and receives from the previous, in both directions of
+ * blocking/non-blocking (a blocking send is paired with a posted receive, so a ring of one rank,
+ * sending to itself, cannot deadlock). */
+static void test_ring(struct l3d_comm *c, int64_t n, int64_t max_count) {
+    int p = c->size, me = c->rank, next = (me + 1) % p, prev = (me + p - 1) % p;
+    float *out = malloc((size_t)n * sizeof *out), *in = malloc((size_t)n * sizeof *in);
+    for (int64_t i = 0; i < n; i++) out[i] = (float)val(me, i);
+    for (int mode = 0; mode < 2; mode++) {
+        l3d_req r;
+        memset(&r, 0, sizeof r);
+        for (int64_t i = 0; i < n; i++) in[i] = -1;
+        if (n > max_count && (mode == 0 || p == 1)) /* non-blocking: at most one chunk */
+            continue;
+        if (mode == 0) { /* non-blocking recv, blocking send */
+            l3d_comm_recv(c, in, n, L3D_F32, prev, 7, &r);
+            l3d_comm_send(c, out, n, L3D_F32, next, 7, NULL);
+            finish(c, &r, 1);
+        } else if (p == 1) { /* non-blocking send to itself, then a blocking recv */
+            l3d_comm_send(c, out, n, L3D_F32, next, 8, &r);
+            l3d_comm_recv(c, in, n, L3D_F32, prev, 8, NULL);
+            finish(c, &r, 0);
+        } else if (me % 2 == 0) { /* blocking both ways, ordered to avoid a cycle */
+            l3d_comm_send(c, out, n, L3D_F32, next, 8, NULL);
+            l3d_comm_recv(c, in, n, L3D_F32, prev, 8, NULL);
+        } else {
+            l3d_comm_recv(c, in, n, L3D_F32, prev, 8, NULL);
+            l3d_comm_send(c, out, n, L3D_F32, next, 8, NULL);
+        }
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += in[i] != (float)val(prev, i);
+        RCHECK(bad == 0);
+    }
+    free(out), free(in);
+}
+
+static void test_all_ops(struct l3d_comm *c, int64_t n, int64_t max_count) {
+    test_all_reduce(c, n);
+    test_reduce(c, n);
+    test_reduce_scatter(c, n);
+    test_all_gather(c, n);
+    test_all_gatherv(c, n);
+    test_broadcast(c, n);
+    test_ring(c, n, max_count);
+    l3d_comm_barrier(c);
+}
+
+static void test_split(struct l3d_comm *w) {
+    /* two groups by parity, ordered by descending world rank; rank 0 joins none when p > 2 */
+    int color = w->rank % 2;
+    if (w->size > 2 && w->rank == 0) color = -1;
+    struct l3d_comm *s;
+    RCHECK(l3d_comm_split(w, color, -w->rank, &s) == L3D_OK);
+    if (color < 0) {
+        RCHECK(s == NULL);
+    } else {
+        RCHECK(s != NULL);
+        int members[64], n = 0;
+        for (int r = w->size - 1; r >= 0; r--)
+            if (r % 2 == color && !(w->size > 2 && r == 0)) members[n++] = r;
+        RCHECK(s->size == n);
+        RCHECK(s->world_rank == w->rank);
+        RCHECK(s->rank >= 0 && s->rank < n && members[s->rank] == w->rank);
+        int32_t got[64];
+        got[s->rank] = w->rank;
+        l3d_comm_all_gather(s, got, 1, L3D_I32, NULL);
+        int bad = 0;
+        for (int i = 0; i < n; i++) bad += got[i] != members[i];
+        RCHECK(bad == 0);
+        test_all_reduce(s, 5);
+    }
+    l3d_comm_free(s);
+}
+
+/* The members of a group, in group rank order, by all-gathering world ranks inside it. */
+static void group_members(struct l3d_comm *g, int world_rank_, int32_t *out) {
+    out[g->rank] = world_rank_;
+    l3d_comm_all_gather(g, out, 1, L3D_I32, NULL);
+}
+
+static void check_group(struct l3d_comm *g, int want_size, const int32_t *want, const char *what,
+                        int tp, int pp) {
+    int32_t got[64];
+    RCHECK(g && g->size == want_size);
+    if (!g || g->size != want_size) return;
+    group_members(g, world_rank, got);
+    int bad = 0;
+    for (int i = 0; i < want_size; i++) bad += got[i] != want[i];
+    if (bad)
+        fprintf(stderr, "rank %d: %s group of tp %d pp %d differs\n", world_rank, what, tp, pp);
+    RCHECK(bad == 0);
+}
+
+static void test_topo_layouts(struct l3d_comm *w) {
+    int p = w->size;
+    for (int tp = 1; tp <= p; tp++)
+        for (int pp = 1; pp <= p; pp++) {
+            if (p % (tp * pp)) continue;
+            int t = tp, q = pp, d = 0;
+            RCHECK(l3d_topo_resolve(p, &t, &q, &d) == L3D_OK);
+            RCHECK(t == tp && q == pp && d == p / (tp * pp));
+            for (int r = 0; r < p; r++) { /* coordinates round-trip */
+                int a, b, e;
+                l3d_topo_coords(tp, pp, r, &a, &b, &e);
+                RCHECK(a < tp && b < pp && e < d);
+                RCHECK(l3d_topo_rank_of(tp, pp, a, b, e) == r);
+            }
+            struct l3d_topo topo;
+            RCHECK(l3d_topo_init(&topo, w, tp, pp, d) == L3D_OK);
+            RCHECK(topo.tp == tp && topo.pp == pp && topo.dp == d && topo.world == w);
+            RCHECK(topo.rank == w->rank && topo.world_size == p);
+            int a, b, e;
+            l3d_topo_coords(tp, pp, w->rank, &a, &b, &e);
+            RCHECK(topo.tp_rank == a && topo.pp_rank == b && topo.dp_rank == e);
+            int32_t want[64];
+            for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of(tp, pp, i, b, e);
+            check_group(topo.tp_comm, tp, want, "TP", tp, pp);
+            for (int i = 0; i < pp; i++) want[i] = l3d_topo_rank_of(tp, pp, a, i, e);
+            check_group(topo.pp_comm, pp, want, "PP", tp, pp);
+            for (int i = 0; i < d; i++) want[i] = l3d_topo_rank_of(tp, pp, a, b, i);
+            check_group(topo.dp_comm, d, want, "DP", tp, pp);
+            if (b == 0 || b == pp - 1) {
+                want[0] = l3d_topo_rank_of(tp, pp, a, 0, e);
+                want[1] = l3d_topo_rank_of(tp, pp, a, pp - 1, e);
+                check_group(topo.embed_comm, pp == 1 ? 1 : 2, want, "embed", tp, pp);
+            } else {
+                RCHECK(topo.embed_comm == NULL);
+            }
+            /* the groups work: a sum over the DP group of the dp ranks */
+            int32_t s = topo.dp_rank;
+            l3d_comm_all_reduce(topo.dp_comm, &s, 1, L3D_I32, L3D_SUM, NULL);
+            RCHECK(s == d * (d - 1) / 2);
+            l3d_topo_free(&topo);
+            RCHECK(topo.tp_comm == NULL && topo.embed_comm == NULL);
+        }
+}
+
+/* The worked example of topo.h, 8 ranks as tp = pp = dp = 2, without MPI. */
+static void test_topo_table(void) {
+    static const int table[8][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0},
+                                    {0, 0, 1}, {1, 0, 1}, {0, 1, 1}, {1, 1, 1}};
+    for (int r = 0; r < 8; r++) {
+        int a, b, e;
+        l3d_topo_coords(2, 2, r, &a, &b, &e);
+        CHECK(a == table[r][0] && b == table[r][1] && e == table[r][2]);
+        CHECK(l3d_topo_rank_of(2, 2, a, b, e) == r);
+    }
+}
+
+static int has(const char *s, const char *sub) {
+    if (!strstr(s, sub)) {
+        fprintf(stderr, "message \"%s\" lacks \"%s\"\n", s, sub);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_topo_resolve_errors(void) {
+    int tp, pp, dp;
+    tp = 2, pp = 2, dp = 2; /* 8 != 4 */
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--tp 2") && has(l3d_error_message(), "--dp 2") &&
+          has(l3d_error_message(), "= 8 ranks") && has(l3d_error_message(), "world size is 4") &&
+          has(l3d_error_message(), "mpiexec -n 8"));
+    tp = 0, pp = 1, dp = 0;
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--tp 0 is invalid") && has(l3d_error_message(), "1, 2, 4"));
+    tp = 1, pp = 0, dp = 0;
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--pp 0 is invalid"));
+    tp = 1, pp = 1, dp = -1;
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--dp -1 is invalid"));
+    tp = 3, pp = 1, dp = 0; /* does not divide */
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--tp 3 x --pp 1 = 3 does not divide the world size 4") &&
+          has(l3d_error_message(), "multiple of 3"));
+    tp = 2, pp = 3, dp = 0;
+    CHECK(l3d_topo_resolve(12, &tp, &pp, &dp) == L3D_OK && dp == 2);
+    tp = 65536, pp = 65536, dp = 0; /* product beyond int */
+    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    tp = 1, pp = 1, dp = 1;
+    CHECK(l3d_topo_resolve(1, &tp, &pp, &dp) == L3D_OK);
+}
+
+/* The launcher check of l3d_comm_mpi_init with a made-up environment. */
+static void test_launcher_check(int size) {
+    CHECK(l3d_comm_mpi_check_launcher(size) == L3D_OK); /* the real launch is consistent */
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"};
+    char *saved[3];
+    for (int k = 0; k < 3; k++) {
+        const char *v = getenv(vars[k]);
+        saved[k] = v ? strdup(v) : NULL;
+        unsetenv(vars[k]);
+    }
+    CHECK(l3d_comm_mpi_check_launcher(1) == L3D_OK); /* a singleton */
+    setenv("PMI_SIZE", "1", 1);
+    CHECK(l3d_comm_mpi_check_launcher(1) == L3D_OK); /* mpiexec -n 1 */
+    setenv("PMI_SIZE", "3", 1);
+    CHECK(l3d_comm_mpi_check_launcher(3) == L3D_OK);
+    CHECK(l3d_comm_mpi_check_launcher(1) == L3D_ERR_LAYOUT);
+    const char *m = l3d_error_message();
+    CHECK(has(m, "announces 3 ranks (PMI_SIZE=3) while MPI sees 1") && has(m, "-DL3D_MPI=mpich") &&
+          has(m, "mpiexec"));
+    unsetenv("PMI_SIZE");
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    CHECK(l3d_comm_mpi_check_launcher(1) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "(OMPI_COMM_WORLD_SIZE=2)") &&
+          has(l3d_error_message(), "-DL3D_MPI=openmpi"));
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+    CHECK(l3d_comm_mpi_check_launcher(1) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "srun"));
+    unsetenv("SLURM_STEP_NUM_TASKS");
+    for (int k = 0; k < 3; k++)
+        if (saved[k]) setenv(vars[k], saved[k], 1), free(saved[k]);
+}
+
+int main(int argc, char **argv) {
+    struct l3d_comm *w;
+    l3d_status st = l3d_comm_mpi_init(&argc, &argv, &w);
+    if (st != L3D_OK) {
+        fprintf(stderr, "llm3d: %s\n", l3d_error_message());
+        return 1;
+    }
+    world_rank = w->rank;
+    double t0 = l3d_time_s();
+    CHECK(w->size >= 1 && w->rank >= 0 && w->rank < w->size && w->world_rank == w->rank);
+    CHECK(strlen(l3d_comm_mpi_library()) > 0 && !strchr(l3d_comm_mpi_library(), '\n'));
+    if (w->rank == 0) fprintf(stderr, "test_comm: %d ranks, %s\n", w->size, l3d_comm_mpi_library());
+
+    test_all_ops(w, 1, INT_MAX / 2);
+    test_all_ops(w, 1000, INT_MAX / 2);
+    test_all_ops(w, 0, INT_MAX / 2);
+    /* the blocking large-count path: chunks of 7 elements, counts not a multiple of 7 */
+    l3d_comm_mpi_set_max_count(w, 7);
+    test_all_ops(w, 7, 7);
+    test_all_ops(w, 30, 7);
+    test_split(w); /* inherits the chunk size */
+    l3d_comm_mpi_set_max_count(w, 1 << 30);
+    test_split(w);
+
+    test_topo_layouts(w);
+    test_topo_table();
+    test_topo_resolve_errors();
+    test_launcher_check(w->size);
+
+    int failed = test_failures;
+    l3d_comm_all_reduce(w, &failed, 1, L3D_I32, L3D_SUM, NULL);
+    if (w->rank == 0) fprintf(stderr, "test_comm: %.2f s\n", l3d_time_s() - t0);
+    int rc = TEST_REPORT();
+    l3d_comm_mpi_finalize(w);
+    return rc || failed ? 1 : 0;
+}
