@@ -45,14 +45,17 @@ struct l3d_topo {
     struct l3d_comm *embed_comm; /* first and last stage of this pipeline; NULL on middle stages */
 };
 
-/* Checks tp, pp >= 1 and fills dp when it is 0 (world / (tp * pp)); L3D_ERR_LAYOUT with a message
- * naming the flags and values when tp * pp * dp != world_size. Collective-free: every rank
- * reaches the same verdict on its own. */
+/* Checks tp, pp >= 1 and dp >= 0 and fills dp when it is 0 (world / (tp * pp)); L3D_ERR_LAYOUT,
+ * with a message naming the flags (--tp, --pp, --dp), their values, the world size and what to
+ * do, when one is out of range, tp * pp does not divide the world, or tp * pp * dp != world_size.
+ * Collective-free: every rank reaches the same verdict on its own. */
 l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp);
 /* Rank of (tp_rank, pp_rank, dp_rank), and back. */
 int l3d_topo_rank_of(int tp, int pp, int tp_rank, int pp_rank, int dp_rank);
 void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *dp_rank);
-/* Builds the sub-communicators (collective over the world). The layout must be resolved. */
+/* Builds the sub-communicators (collective over the world: four splits, each group ordered by its
+ * own coordinate, so tp_comm->rank == tp_rank and so on). The layout must be resolved.
+ * l3d_topo_free releases them (not the world). */
 l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp);
 void l3d_topo_free(struct l3d_topo *t);
 

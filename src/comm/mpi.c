@@ -1,9 +1,13 @@
 /*
  * The MPI communicator (include/llm3d/comm.h): the only file that includes mpi.h.
  *
- * Every MPI call goes through L3D_MPI_CHECK. Communicators use MPI_ERRORS_RETURN, so an error
- * comes back here as a code, is printed as "llm3d: rank R: <call> failed: <MPI's message>" and
- * ends the job with MPI_Abort on the world: a failed operation never leaves peers waiting.
+ * Every MPI call between init and finalize goes through L3D_MPI_CHECK (only the calls of the
+ * failure paths themselves do not). Communicators use MPI_ERRORS_RETURN, so an error comes back
+ * here as a code, is printed as "llm3d: rank R: <call> failed: <MPI's message>" and ends the job
+ * with MPI_Abort on the world: a failed operation never leaves peers waiting. A rank that dies
+ * (signal, exit) is handled by the launcher: Open MPI's mpirun and MPICH's Hydra both kill the
+ * other ranks within a second and return a non-zero status; the exit guard below covers the one
+ * case Hydra would report as success (a rank calling exit(0) before finalize).
  *
  * Counts: MPI counts are int. Blocking operations take any int64_t count and loop over chunks
  * of at most max_count elements (INT_MAX / 2 unless a test lowers it); non-blocking collectives

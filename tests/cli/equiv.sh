@@ -49,7 +49,8 @@ equiv() {
     fi
 }
 
-for np in 2 4; do
+# L3D_EQUIV_NP limits the world sizes (MPICH busy-waits when ranks outnumber cores: its run uses 2)
+for np in ${L3D_EQUIV_NP:-2 4}; do
     for zero in 0 1 2; do
         equiv "dp${np}_zero${zero}" "$np" 2 1 --zero "$zero"
         equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
@@ -57,7 +58,7 @@ for np in 2 4; do
 done
 # small buckets: many pieces per tensor, pieces cut at shard boundaries
 equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
-equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01
+case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac
 
 # layout errors: one message, from one rank, non-zero exit
 expect_error() { # DESCRIPTION PATTERN COMMAND...

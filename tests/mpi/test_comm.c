@@ -17,8 +17,9 @@
 static int world_rank;
 #define RCHECK(x)                                                                  \
     do {                                                                           \
-        if (!(x)) fprintf(stderr, "rank %d: ", world_rank);                        \
-        CHECK(x);                                                                  \
+        int rcheck_ok_ = (x) ? 1 : 0; /* evaluated once */                         \
+        if (!rcheck_ok_) fprintf(stderr, "rank %d: ", world_rank);                 \
+        CHECK(rcheck_ok_ && #x);                                                   \
     } while (0)
 
 /* Starts (req != NULL) then completes an operation: alternately by test() polling and wait(). */
