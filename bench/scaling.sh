@@ -10,7 +10,7 @@ build=${1:-build}
 model=${2:-d6}
 steps=${3:-12}
 bin=$build/llm3d
-mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE' "$build/CMakeCache.txt" | cut -d= -f2)
+mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -22,20 +22,31 @@ med() { # FIELD FILE: median of a numeric metrics field over the steps after the
     grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | sort -g |
         awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
 }
-run() { # NP B ZERO -> prints median ms, comm ms, optimizer ms
-    local np=$1 b=$2 zero=$3 out="$dir/run_$1_$2_$3"
+run() { # NP B ZERO MODE -> prints median ms, comm ms, optimizer ms
+    local np=$1 b=$2 zero=$3 mode=$4 out="$dir/run_$1_$2_$3_$4"
     "$mpiexec" -n "$np" "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 \
-        --batch "$b" --steps "$steps" --warmup 2 --val-every 0 --zero "$zero" --quiet \
-        --peak-gflops 208 --train "$data" --out "$out" > /dev/null
+        --batch "$b" --steps "$steps" --warmup 2 --val-every 0 --zero "$zero" --dp-comm "$mode" \
+        --quiet --peak-gflops 208 --train "$data" --out "$out" > /dev/null
     echo "$(med ms "$out/metrics.jsonl") $(med comm_wait_ms "$out/metrics.jsonl") $(med optimizer_ms "$out/metrics.jsonl")"
 }
 echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec"
-for zero in 0 1; do
-    read -r t1 c1 o1 <<< "$(run 1 4 $zero)"
-    read -r t2w c2w o2w <<< "$(run 2 4 $zero)"
-    read -r t1s c1s o1s <<< "$(run 1 8 $zero)"
-    read -r t2s c2s o2s <<< "$(run 2 4 $zero)"
-    awk -v z=$zero -v t1=$t1 -v t2=$t2w -v c2=$c2w -v o2=$o2w -v t1s=$t1s -v t2s=$t2s -v c2s=$c2s 'BEGIN {
-        printf "ZeRO-%d weak   (B=4 per rank): 1 rank %.1f ms, 2 ranks %.1f ms (exposed comm %.1f, optimizer %.1f): efficiency %.1f%%\n", z, t1, t2, c2, o2, 100*t1/t2;
-        printf "ZeRO-%d strong (B=8 global):   1 rank %.1f ms, 2 ranks %.1f ms (exposed comm %.1f): efficiency %.1f%%\n", z, t1s, t2s, c2s, 100*t1s/(2*t2s) }'
+# Control: two independent one-rank runs at once show what sharing the machine costs (memory
+# bandwidth, clock) with no communication at all.
+"$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
+    --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_a" > /dev/null &
+"$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
+    --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_b" > /dev/null
+wait
+read -r t1 c1 o1 <<< "$(run 1 4 0 overlap)"
+ctl=$(med ms "$dir/ctl_a/metrics.jsonl")
+awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
+for zero in 0 1 2; do
+    for mode in overlap blocking; do
+        read -r t1 c1 o1 <<< "$(run 1 4 $zero $mode)"
+        read -r t2 c2 o2 <<< "$(run 2 4 $zero $mode)"
+        read -r t1s c1s o1s <<< "$(run 1 8 $zero $mode)"
+        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl 'BEGIN {
+            printf "ZeRO-%d %-8s weak (B=4/rank): 1 rank %.1f ms, 2 ranks %.1f ms (comm %.1f, optimizer %.1f): %.1f%% (%.1f%% of the control)\n", z, m, t1, t2, c2, o2, 100*t1/t2, 100*ctl/t2;
+            printf "ZeRO-%d %-8s strong (B=8):    1 rank %.1f ms, 2 ranks %.1f ms: %.1f%%\n", z, m, t1s, t2, 100*t1s/(2*t2) }'
+    done
 done

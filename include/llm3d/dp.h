@@ -3,7 +3,7 @@
  * ZeRO stages 1 and 2 (Rajbhandari et al. 2020) over the data-parallel group.
  *
  *   struct l3d_dp dp;
- *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes);   // installs the model's hooks
+ *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
  *   for each micro-batch: l3d_dp_begin_micro(&dp, last); forward; backward;  // buckets fly
  *   l3d_dp_finish(&dp);                 // waits: averaged gradients (or this rank's shard) ready
  *   double sumsq = l3d_dp_grad_sumsq(&dp);                      // global, across the group
@@ -34,6 +34,11 @@
  * written as reduces, since a layer's slice of a tensor lies in one or two owners' ranges).
  * Without ZeRO-2, gradients accumulate locally and go out on the last micro-batch only; ZeRO-2 has
  * no room to accumulate non-owned gradients, so it reduces every micro-batch into the owner's shard.
+ *
+ * overlap = false issues each piece as a blocking call at the same point instead. Overlap needs a
+ * transport that moves data while the ranks compute (RDMA networks); over shared memory on 2 busy
+ * cores, Open MPI moves data only inside MPI calls, and its non-blocking collectives (libnbc) took
+ * 1.5-2x as long as the blocking ones here (docs/BENCHMARKS.md), so blocking pieces measured faster.
  */
 #ifndef LLM3D_DP_H
 #define LLM3D_DP_H
@@ -51,6 +56,7 @@ struct l3d_dp {
     struct l3d_gpt *m;
     struct l3d_comm *comm;
     int zero;
+    bool overlap;            /* non-blocking pieces (else blocking ones at the layer boundary) */
     int64_t bucket;          /* elements per piece */
     int64_t shard_size;      /* S */
     int64_t own_start, own_count; /* this rank's range (ZeRO >= 1) */
@@ -59,7 +65,7 @@ struct l3d_dp {
     /* pending pieces per layer slot: [0] layer l, [1] the layer before it (l+1) */
     struct l3d_dp_piece *pend[3];
     int npend[3], cap[3];
-    double comm_wait_s;      /* time blocked waiting for reductions this step (exposed comm) */
+    double comm_wait_s;      /* time inside communication calls this step (exposed comm) */
 };
 
 struct l3d_dp_memory {
@@ -69,7 +75,7 @@ struct l3d_dp_memory {
 /* Sets the model's gradient hooks (and, for ZeRO-2, its gradient slots) and allocates the shard
  * state. zero in {0, 1, 2}; bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
-                       size_t bucket_bytes);
+                       size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);

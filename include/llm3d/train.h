@@ -39,6 +39,7 @@ struct l3d_train_config {
     int tp, pp, dp;
     int zero;             /* ZeRO stage 0, 1 or 2 over the data-parallel group */
     size_t bucket_bytes;  /* gradient reduction pieces */
+    bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
 };
 
 struct l3d_train_result {

@@ -34,6 +34,9 @@ static void usage(FILE *f) {
         "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
         "                      2: gradients sharded too (0)\n"
         "  --bucket-mb M       gradient reduction pieces in MiB (4)\n"
+        "  --dp-comm MODE      overlap: non-blocking pieces during backward (default);\n"
+        "                      blocking: blocking pieces at the same points (faster over\n"
+        "                      shared memory on busy cores, see docs/BENCHMARKS.md)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -46,7 +49,7 @@ static void usage(FILE *f) {
 int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
-           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET };
+           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -67,6 +70,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"tp", required_argument, NULL, O_TP}, {"pp", required_argument, NULL, O_PP},
         {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
         {"bucket-mb", required_argument, NULL, O_BUCKET},
+        {"dp-comm", required_argument, NULL, O_DPCOMM},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -115,6 +119,14 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->pp); break;
         case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->dp); break;
         case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->zero); break;
+        case O_DPCOMM:
+            if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
+                tc->dp_blocking = strcmp(optarg, "blocking") == 0;
+            } else {
+                fprintf(stderr, "llm3d %s: --dp-comm '%s': choose overlap or blocking\n", cmd, optarg);
+                ok = 0;
+            }
+            break;
         case O_BUCKET: {
             float mb = 0;
             ok = l3d_arg_float(cmd, "bucket-mb", optarg, 0.004, 4096, &mb);

@@ -38,12 +38,15 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
             if (off + len > end) len = end - off;
         }
         struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root};
+        l3d_req *req = dp->overlap ? &p.req : NULL;
+        double t0 = l3d_time_s();
         if (dp->comm->size == 1) /* ZeRO-2 on one rank: nothing to send, drain() adds */
             ;
         else if (root < 0)
-            l3d_comm_all_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, &p.req);
+            l3d_comm_all_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, req);
         else
-            l3d_comm_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, root, &p.req);
+            l3d_comm_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, root, req);
+        dp->comm_wait_s += l3d_time_s() - t0;
         push(dp, slot, p);
         src += len;
         off += len;
@@ -68,8 +71,10 @@ static void drain(struct l3d_dp *dp, int slot) {
 
 /* Polls a pending list so that MPI progresses it while the next layer computes. */
 static void poll(struct l3d_dp *dp, int slot) {
+    double t0 = l3d_time_s(); /* without a progress thread, MPI moves the data inside these calls */
     for (int i = 0; i < dp->npend[slot]; i++)
         if (dp->pend[slot][i].req.active) l3d_comm_test(dp->comm, &dp->pend[slot][i].req);
+    dp->comm_wait_s += l3d_time_s() - t0;
 }
 
 static void grads_ready(void *ctx, int layer) {
@@ -108,7 +113,7 @@ static void grads_ready(void *ctx, int layer) {
 }
 
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
-                       size_t bucket_bytes) {
+                       size_t bucket_bytes, bool overlap) {
     memset(dp, 0, sizeof *dp);
     if (zero < 0 || zero > 2)
         return l3d_error(L3D_ERR_ARG, "--zero %d: choose 0 (replicated optimizer), 1 (sharded "
@@ -121,6 +126,7 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     dp->m = m;
     dp->comm = comm;
     dp->zero = zero;
+    dp->overlap = overlap;
     dp->bucket = (int64_t)(bucket_bytes / sizeof(float));
     int64_t N = m->num_params, d = comm->size;
     dp->shard_size = ((N + d - 1) / d + 15) / 16 * 16;

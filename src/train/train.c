@@ -138,7 +138,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         else
             l3d_gpt_init_weights(m, tc->seed);
     }
-    if (st == L3D_OK) st = l3d_dp_init(&dp, m, topo.dp_comm, tc->zero, tc->bucket_bytes);
+    if (st == L3D_OK) st = l3d_dp_init(&dp, m, topo.dp_comm, tc->zero, tc->bucket_bytes, !tc->dp_blocking);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     dp_up = true;
     int64_t own_start, own_count;
@@ -168,8 +168,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         double N = (double)m->num_params, d = topo.dp, MiB = 1048576.0;
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
                tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
-        printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s, %d thread(s) per rank\n",
-               world->size, tp, pp, topo.dp, tc->zero, l3d_comm_mpi_library(),
+        printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces, %s, %d "
+               "thread(s) per rank\n", world->size, tp, pp, topo.dp, tc->zero,
+               tc->dp_blocking ? "blocking" : "overlapped", l3d_comm_mpi_library(),
                omp_get_max_threads());
         printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
                tc->B, tc->T, tc->accum, topo.dp, (long long)tokens_step);

@@ -56,6 +56,9 @@ for np in ${L3D_EQUIV_NP:-2 4}; do
         equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
     done
 done
+# blocking pieces instead of overlapped ones
+equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --dp-comm blocking
+equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --dp-comm blocking
 # small buckets: many pieces per tensor, pieces cut at shard boundaries
 equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac
