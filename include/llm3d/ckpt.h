@@ -22,6 +22,9 @@
 
 /* Written atomically: a temporary file, fsync, then rename over path. */
 l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m);
+/* The same from a full model's flat parameters (e.g. gathered from tensor-parallel shards). */
+l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
+                                     const float *params, int64_t num_params);
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 

@@ -6,7 +6,7 @@
  *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
  *   for each micro-batch: l3d_dp_begin_micro(&dp, last); forward; backward;  // buckets fly
  *   l3d_dp_finish(&dp);                 // waits: averaged gradients (or this rank's shard) ready
- *   double sumsq = l3d_dp_grad_sumsq(&dp);                      // global, across the group
+ *   double sumsq = l3d_dp_grad_sumsq(&dp, be, tp_comm);         // global, across the groups
  *   l3d_dp_step(&dp, &opt, lr, clip);   // AdamW on this rank's range, then parameters gathered
  *   l3d_dp_free(&dp);
  *
@@ -83,8 +83,9 @@ void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 void l3d_dp_begin_micro(struct l3d_dp *dp, bool last);
 /* After the last backward: waits for every reduction. */
 void l3d_dp_finish(struct l3d_dp *dp);
-/* Sum of squares of the averaged gradients of the whole model (all-reduced over the group). */
-double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be);
+/* Sum of squares of the averaged gradients of the whole model: over the DP group's ranges and,
+ * when tp_comm has several ranks, over the tensor-parallel slices (replicated tensors once). */
+double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are
  * all-gathered; gradients are zeroed for the next step. */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,

@@ -154,6 +154,10 @@ float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer);
 /* Fills the tensor table of a shard (offsets, local shapes) and returns its element count. */
 int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]);
+/* Places a shard's parameters (src, laid out by l3d_gpt_plan_tensors for sh) at their positions in
+ * the full model's flat buffer (full): gathering tensor-parallel shards into one llm.c model. */
+void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                           const float *src, float *full);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */

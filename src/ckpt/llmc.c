@@ -19,6 +19,11 @@ l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
     if (!is_full_shard(m))
         return l3d_error(L3D_ERR_ARG, "llm.c checkpoints hold the whole model; this rank holds a "
                          "shard (gather it first)");
+    return l3d_ckpt_save_llmc_params(path, &m->cfg, m->params, m->num_params);
+}
+
+l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
+                                     const float *params, int64_t num_params) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
@@ -27,14 +32,14 @@ l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
     hdr[1] = L3D_LLMC_VERSION_FP32;
-    hdr[2] = m->cfg.maxT;
-    hdr[3] = m->cfg.V;
-    hdr[4] = m->cfg.L;
-    hdr[5] = m->cfg.NH;
-    hdr[6] = m->cfg.C;
-    hdr[7] = m->cfg.Vp;
+    hdr[2] = cfg->maxT;
+    hdr[3] = cfg->V;
+    hdr[4] = cfg->L;
+    hdr[5] = cfg->NH;
+    hdr[6] = cfg->C;
+    hdr[7] = cfg->Vp;
     bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1 &&
-              fwrite(m->params, sizeof(float), (size_t)m->num_params, f) == (size_t)m->num_params;
+              fwrite(params, sizeof(float), (size_t)num_params, f) == (size_t)num_params;
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;

@@ -309,21 +309,42 @@ void l3d_gpt_free(struct l3d_gpt *m) {
 
 /* ---- initialisation --------------------------------------------------------------------- */
 
-/* Global (row, col) in the full llm.c tensor of a local (row, col) of this shard. */
-static void global_rc(const struct l3d_gpt *m, int t, int64_t r, int64_t c, int64_t *gr,
-                      int64_t *gc) {
-    const struct l3d_shard *s = &m->shard;
-    int64_t C = m->cfg.C, HS = C / m->cfg.NH, Ca = (int64_t)s->head_count * HS;
+/* Global (row, col) in the full llm.c tensor of a local (row, col) of a shard's tensor t. */
+static void global_rc(const struct l3d_gpt_config *cfg, const struct l3d_shard *s, int t, int64_t r,
+                      int64_t c, int64_t *gr, int64_t *gc) {
+    int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
     int64_t h0 = (int64_t)s->head_start * HS;
     *gr = r;
     *gc = c;
     switch (t) {
     case L3D_T_WTE: *gr = s->vocab_start + r; break;
     case L3D_T_QKVW: *gr = (r / Ca) * C + h0 + r % Ca; break; /* q|k|v block, then local heads */
+    case L3D_T_QKVB: *gc = (c / Ca) * C + h0 + c % Ca; break;
     case L3D_T_ATTPROJW: *gc = h0 + c; break;
     case L3D_T_FCW: *gr = s->ffn_start + r; break;
+    case L3D_T_FCB: *gc = s->ffn_start + c; break;
     case L3D_T_FCPROJW: *gc = s->ffn_start + c; break;
     default: break;
+    }
+}
+
+void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                           const float *src, float *full) {
+    struct l3d_tensor_info ts[L3D_NUM_TENSORS], tf[L3D_NUM_TENSORS];
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    l3d_gpt_plan_tensors(cfg, sh, ts);
+    l3d_gpt_plan_tensors(cfg, &fs, tf);
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+        const struct l3d_tensor_info *a = &ts[t], *b = &tf[t];
+        int64_t l0 = l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0;
+        for (int64_t l = 0; l < a->layers; l++)
+            for (int64_t r = 0; r < a->rows; r++)
+                for (int64_t c = 0; c < a->cols; c++) {
+                    int64_t gr, gc;
+                    global_rc(cfg, sh, t, r, c, &gr, &gc);
+                    full[b->offset + ((l0 + l) * b->rows + gr) * b->cols + gc] =
+                        src[a->offset + (l * a->rows + r) * a->cols + c];
+                }
     }
 }
 
@@ -349,7 +370,7 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
             for (int64_t r = 0; r < ti->rows; r++) {
                 for (int64_t c = 0; c < ti->cols; c++) {
                     int64_t gr, gc;
-                    global_rc(m, mats[i].t, r, c, &gr, &gc);
+                    global_rc(&m->cfg, &m->shard, mats[i].t, r, c, &gr, &gc);
                     float *dst = p + (l * ti->rows + r) * ti->cols + c;
                     if (mats[i].t == L3D_T_WTE && gr >= cfg->V) {
                         *dst = 0.0f; /* padding rows */

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "llm3d/dp.h"
+#include "llm3d/tp.h"
 
 /* One reduction in flight: elements [off, off + n) of the flat parameter space, read from src. */
 struct l3d_dp_piece {
@@ -176,11 +177,21 @@ static const float *own_grads(const struct l3d_dp *dp) {
     return dp->zero == 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
 }
 
-double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be) {
-    double s = be->i->sumsq(be->ctx, own_grads(dp), dp->own_count);
+double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm) {
+    /* [0]: tensors split over the TP group, summed over it; [1]: replicated ones, counted once */
+    double v[2] = {0.0, 0.0};
+    const float *g = own_grads(dp);
+    int64_t s0 = dp->own_start, s1 = dp->own_start + dp->own_count;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+        const struct l3d_tensor_info *ti = &dp->m->tensors[t];
+        int64_t lo = ti->offset > s0 ? ti->offset : s0;
+        int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
+        if (lo < hi) v[l3d_tp_tensor_split(t) ? 0 : 1] += be->i->sumsq(be->ctx, g + (lo - s0), hi - lo);
+    }
     if (dp->zero > 0 && dp->comm->size > 1)
-        l3d_comm_all_reduce(dp->comm, &s, 1, L3D_F64, L3D_SUM, NULL);
-    return s;
+        l3d_comm_all_reduce(dp->comm, v, 2, L3D_F64, L3D_SUM, NULL);
+    if (tp_comm && tp_comm->size > 1) l3d_comm_all_reduce(tp_comm, v, 1, L3D_F64, L3D_SUM, NULL);
+    return v[0] + v[1];
 }
 
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,

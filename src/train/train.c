@@ -10,6 +10,7 @@
 #include "llm3d/data.h"
 #include "llm3d/dp.h"
 #include "llm3d/topo.h"
+#include "llm3d/tp.h"
 #include "llm3d/train.h"
 
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
@@ -97,10 +98,14 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
                        "--lr > 0", tc->min_lr, tc->lr);
     else if ((st = l3d_topo_resolve(world->size, &tp, &pp, &dps)) != L3D_OK)
         ;
-    else if (tp > 1 || pp > 1)
-        st = l3d_error(L3D_ERR_LAYOUT, "--tp %d --pp %d: tensor and pipeline parallelism are not "
-                       "implemented yet; use --tp 1 --pp 1 (data parallelism over all %d ranks)",
-                       tp, pp, world->size);
+    else if (pp > 1)
+        st = l3d_error(L3D_ERR_LAYOUT, "--pp %d: pipeline parallelism is not implemented yet; use "
+                       "--pp 1 (tensor and data parallelism over the %d ranks)", pp, world->size);
+    else if (tp > 1 && (st = l3d_tp_shard(&tc->model, tp, 0, &(struct l3d_shard){0})) != L3D_OK)
+        ;
+    else if (tp > 1 && tc->init_from)
+        st = l3d_error(L3D_ERR_ARG, "--init-from with --tp %d: loading an llm.c checkpoint into "
+                       "tensor-parallel shards is not implemented yet", tp);
     else if (tc->zero < 0 || tc->zero > 2)
         st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
                        "sharded gradients)", tc->zero);
@@ -130,6 +135,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
 
     be = l3d_backend_cpu_init();
     struct l3d_shard sh = l3d_shard_full(&tc->model);
+    if (tp > 1) L3D_ASSERT(l3d_tp_shard(&tc->model, tp, topo.tp_rank, &sh) == L3D_OK);
     st = l3d_gpt_init(&m, &tc->model, &sh, be, tc->B, tc->T,
                       tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT);
     if (st == L3D_OK) {
@@ -138,6 +144,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         else
             l3d_gpt_init_weights(m, tc->seed);
     }
+    if (st == L3D_OK) l3d_tp_attach(m, topo.tp_comm);
     if (st == L3D_OK) st = l3d_dp_init(&dp, m, topo.dp_comm, tc->zero, tc->bucket_bytes, !tc->dp_blocking);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     dp_up = true;
@@ -203,7 +210,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         double t1 = l3d_time_s();
         if (topo.dp > 1) l3d_comm_all_reduce(topo.dp_comm, &loss, 1, L3D_F64, L3D_SUM, NULL);
         loss /= (double)tc->accum * topo.dp;
-        double norm = sqrt(l3d_dp_grad_sumsq(&dp, be));
+        double norm = sqrt(l3d_dp_grad_sumsq(&dp, be, topo.tp_comm));
         float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
         float lr = l3d_lr_at(&sched, step);
         l3d_dp_step(&dp, &opt, be, lr, clip);
@@ -253,11 +260,19 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     res->tokens_per_s = (double)tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * flops_tok / peak;
     st = L3D_OK;
-    if (tc->out_dir && lead) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-        st = l3d_ckpt_save_llmc(path, m);
-        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
+    if (tc->out_dir && topo.dp_rank == 0) {
+        /* the first replica's TP shards, gathered into one llm.c model on rank 0 */
+        int64_t n_full = l3d_gpt_param_count(&tc->model);
+        float *full = NULL;
+        if (lead) full = tp > 1 ? l3d_alloc((size_t)n_full * sizeof(float), "gathered model") : m->params;
+        if (tp > 1) l3d_tp_gather(m, topo.tp_comm, full);
+        if (lead) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
+            st = l3d_ckpt_save_llmc_params(path, &tc->model, full, n_full);
+            if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
+            if (tp > 1) l3d_free(full);
+        }
     }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     if (lead && !tc->quiet)

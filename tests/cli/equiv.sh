@@ -27,17 +27,18 @@ train() {
     local launch=()
     [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
     OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
-        --seq-len 32 --batch "$b" --grad-accum "$accum" --steps 10 --warmup 3 --lr 3e-3 --eps 1e-6 \
+        --seq-len 32 --batch "$b" --grad-accum "$accum" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
         --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
 }
 
-# equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*NP sequences
+# equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*DP sequences,
+# DP = NP / TP (L3D_TP: the tensor-parallel size of the layout, 1 by default)
 equiv() {
     local name=$1 np=$2 b=$3 accum=$4
     shift 4
-    local ref="ref_b$((b * np))_a$accum"
+    local ref="ref_b$((b * np / ${L3D_TP:-1}))_a$accum"
     if [ ! -f "$dir/$ref/model.bin" ]; then
-        train "$ref" 0 $((b * np)) "$accum" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
+        train "$ref" 0 $((b * np / ${L3D_TP:-1})) "$accum" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
     fi
     if ! train "$name" "$np" "$b" "$accum" "$@" > "$dir/$name.log" 2>&1; then
         echo "FAIL: $name did not run:"; cat "$dir/$name.log"; fail=1; return
@@ -56,6 +57,15 @@ for np in ${L3D_EQUIV_NP:-2 4}; do
         equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
     done
 done
+# tensor parallelism (Megatron-style, vocabulary-parallel embedding and cross-entropy), alone and
+# with data parallelism and ZeRO-1
+L3D_TP=2 equiv "tp2" 2 4 1 --tp 2
+L3D_TP=2 equiv "tp2_accum" 2 2 2 --tp 2
+case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
+    L3D_TP=4 equiv "tp4" 4 4 1 --tp 4
+    L3D_TP=2 equiv "tp2_dp2_zero1" 4 2 1 --tp 2 --zero 1
+    L3D_TP=2 equiv "tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
+esac
 # blocking pieces instead of overlapped ones
 equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --dp-comm blocking
 equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --dp-comm blocking
@@ -75,6 +85,7 @@ expect_error() { # DESCRIPTION PATTERN COMMAND...
     fi
 }
 expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
-expect_error "tp not implemented yet" "\-\-tp 2" train bad 2 1 1 --tp 2
+expect_error "pp not implemented yet" "\-\-pp 2" train bad 2 1 1 --pp 2
+expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
 expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"
 exit $fail

@@ -1,0 +1,41 @@
+/*
+ * llm3d tensor parallelism (Megatron-LM, Shoeybi et al. 2019): each rank of a TP group holds a
+ * slice of every layer and the model's hooks sum the partial results over the group.
+ *
+ *   struct l3d_shard sh;
+ *   if (l3d_tp_shard(&cfg, tp, tp_rank, &sh) != L3D_OK) ...;   // checks divisibility, no MPI
+ *   l3d_gpt_init(&m, &cfg, &sh, be, B, T, grads);
+ *   l3d_tp_attach(m, topo.tp_comm);                            // installs the TP hooks
+ *   l3d_tp_gather(m, topo.tp_comm, full);                      // the full model on TP rank 0
+ *
+ * Slices of rank r of tp: heads [r NH/tp, (r+1) NH/tp) of QKV (column-parallel) and of the
+ * attention output projection (row-parallel, its bias added by rank 0 only, after the sum);
+ * columns [r 4C/tp, (r+1) 4C/tp) of the MLP up (column-parallel) and down (row-parallel)
+ * projections; rows [r Vp/tp, (r+1) Vp/tp) of the tied token embedding / LM head (vocabulary-
+ * parallel: each rank looks up its rows and the sum gives the embedding; each rank computes its
+ * slice of the logits and the cross-entropy combines the slices by max and sum all-reduces).
+ * LayerNorms, the position embedding and the row-parallel biases are replicated: every rank
+ * computes the same gradient for them. E.g. GPT-2 124M, tp = 2: rank 1 holds heads 6-11, FFN
+ * columns 1536-3071 and vocabulary rows 25152-50303 (all padding from 50257 on).
+ */
+#ifndef LLM3D_TP_H
+#define LLM3D_TP_H
+
+#include <stdbool.h>
+
+#include "llm3d/comm.h"
+#include "llm3d/model.h"
+
+/* The shard of TP rank tp_rank (all layers, embedding and head). L3D_ERR_LAYOUT naming --tp when
+ * the heads, the FFN width or the padded vocabulary do not divide by tp. */
+l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
+                        struct l3d_shard *out);
+/* Installs the hooks that sum (and max) over tp_comm; nothing when it has one rank. */
+void l3d_tp_attach(struct l3d_gpt *m, struct l3d_comm *tp_comm);
+/* Whether tensor t is split over the TP group (else every TP rank holds the same copy). */
+bool l3d_tp_tensor_split(int t);
+/* Gathers the TP group's shards into full (the full model's flat layout, on TP rank 0 only; other
+ * ranks pass NULL). Collective over tp_comm. */
+void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, float *full);
+
+#endif

@@ -1,0 +1,74 @@
+/* Tensor parallelism: shards and the model's collective hooks (include/llm3d/tp.h). */
+#include <stdlib.h>
+
+#include "llm3d/tp.h"
+
+l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
+                        struct l3d_shard *out) {
+    int64_t F = 4 * (int64_t)cfg->C;
+    if (tp > cfg->NH)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d is larger than the model's %d attention heads: "
+                         "choose a tensor-parallel size that divides the heads", tp, cfg->NH);
+    if (cfg->NH % tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d attention heads: "
+                         "choose a divisor of %d", tp, cfg->NH, cfg->NH);
+    if (F % tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld (4 x %d "
+                         "channels)", tp, (long long)F, cfg->C);
+    if (cfg->Vp % tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the padded vocabulary %d (the "
+                         "vocabulary %d rounded up to a multiple of %d)", tp, cfg->Vp, cfg->V,
+                         L3D_VOCAB_ALIGN);
+    struct l3d_shard s = l3d_shard_full(cfg);
+    s.head_count = cfg->NH / tp;
+    s.head_start = tp_rank * s.head_count;
+    s.ffn_count = F / tp;
+    s.ffn_start = tp_rank * s.ffn_count;
+    s.vocab_count = cfg->Vp / tp;
+    s.vocab_start = tp_rank * s.vocab_count;
+    s.adds_row_bias = tp_rank == 0;
+    *out = s;
+    return L3D_OK;
+}
+
+static void tp_sum(void *ctx, float *buf, int64_t n) {
+    l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_SUM, NULL);
+}
+
+static void tp_max(void *ctx, float *buf, int64_t n) {
+    l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_MAX, NULL);
+}
+
+void l3d_tp_attach(struct l3d_gpt *m, struct l3d_comm *tp_comm) {
+    if (tp_comm->size == 1) return;
+    m->hooks.ctx = tp_comm;
+    m->hooks.tp_all_reduce = tp_sum;
+    m->hooks.tp_all_reduce_max = tp_max;
+}
+
+bool l3d_tp_tensor_split(int t) {
+    return t == L3D_T_WTE || t == L3D_T_QKVW || t == L3D_T_QKVB || t == L3D_T_ATTPROJW ||
+           t == L3D_T_FCW || t == L3D_T_FCB || t == L3D_T_FCPROJW;
+}
+
+void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, float *full) {
+    if (tp_comm->rank != 0) {
+        l3d_comm_send(tp_comm, m->params, m->num_params, L3D_F32, 0, 71, NULL);
+        return;
+    }
+    float *buf = tp_comm->size > 1 ? l3d_alloc((size_t)m->num_params * sizeof(float), "tp gather")
+                                   : NULL;
+    for (int r = 0; r < tp_comm->size; r++) {
+        struct l3d_shard sh;
+        L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, &sh) == L3D_OK);
+        struct l3d_tensor_info t[L3D_NUM_TENSORS];
+        L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
+        const float *src = m->params;
+        if (r > 0) {
+            l3d_comm_recv(tp_comm, buf, m->num_params, L3D_F32, r, 71, NULL);
+            src = buf;
+        }
+        l3d_gpt_shard_to_full(&m->cfg, &sh, src, full);
+    }
+    l3d_free(buf);
+}
