@@ -87,6 +87,10 @@ struct l3d_gpt_hooks {
     void (*tp_all_reduce)(void *ctx, float *buf, int64_t n);
     /* In-place max over the tensor-parallel group (vocabulary-parallel cross-entropy). */
     void (*tp_all_reduce_max)(void *ctx, float *buf, int64_t n);
+    /* Optional non-blocking form of tp_all_reduce, one in flight at a time: begin, then end waits.
+     * Backward overlaps the input-gradient sum with the weight-gradient product through it. */
+    void (*tp_all_reduce_begin)(void *ctx, float *buf, int64_t n);
+    void (*tp_all_reduce_end)(void *ctx);
     /* Called by backward when the gradients of local layer `layer` are final for this micro-batch,
      * and with layer -1 at the end, when those of the non-layer tensors (wte, wpe, lnf) are. In
      * gradient-slot mode it must not return before the slot of layer + 1 may be reused. */

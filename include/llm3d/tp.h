@@ -5,8 +5,9 @@
  *   struct l3d_shard sh;
  *   if (l3d_tp_shard(&cfg, tp, tp_rank, &sh) != L3D_OK) ...;   // checks divisibility, no MPI
  *   l3d_gpt_init(&m, &cfg, &sh, be, B, T, grads);
- *   l3d_tp_attach(m, topo.tp_comm);                            // installs the TP hooks
- *   l3d_tp_gather(m, topo.tp_comm, full);                      // the full model on TP rank 0
+ *   struct l3d_tp tpc;
+ *   l3d_tp_attach(&tpc, m, topo.tp_comm, true);                // installs the TP hooks
+ *   l3d_tp_gather(m, topo.tp_comm, m->params, full);           // the full model on TP rank 0
  *
  * Slices of rank r of tp: heads [r NH/tp, (r+1) NH/tp) of QKV (column-parallel) and of the
  * attention output projection (row-parallel, its bias added by rank 0 only, after the sum);
@@ -30,12 +31,22 @@
  * the heads, the FFN width or the padded vocabulary do not divide by tp. */
 l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
                         struct l3d_shard *out);
-/* Installs the hooks that sum (and max) over tp_comm; nothing when it has one rank. */
-void l3d_tp_attach(struct l3d_gpt *m, struct l3d_comm *tp_comm);
+/* The TP hooks' state: the group and the one non-blocking sum in flight. */
+struct l3d_tp {
+    struct l3d_comm *comm;
+    l3d_req req;
+};
+
+/* Installs the hooks that sum (and max) over tp_comm (nothing when it has one rank); with overlap,
+ * backward sums each input gradient non-blocking while the weight gradient computes. tp must
+ * outlive the model's use of the hooks. */
+void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap);
 /* Whether tensor t is split over the TP group (else every TP rank holds the same copy). */
 bool l3d_tp_tensor_split(int t);
-/* Gathers the TP group's shards into full (the full model's flat layout, on TP rank 0 only; other
- * ranks pass NULL). Collective over tp_comm. */
-void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, float *full);
+/* Gathers a flat buffer laid out like the shard's parameters (the parameters themselves, or the
+ * gradients) from every rank of the TP group into full, the full model's layout, on TP rank 0
+ * (other ranks pass NULL). Collective over tp_comm. */
+void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
+                   float *full);
 
 #endif

@@ -29,14 +29,16 @@ static void usage(FILE *f) {
         "  --weight-decay W (0.1, matrices only) --beta1 (0.9) --beta2 (0.95) --eps (1e-8)\n"
         "  --grad-clip G       clip the global gradient norm to G, 0 disables (1.0)\n"
         "parallel layout (launch with mpiexec -n N; see README):\n"
-        "  --tp N --pp N       tensor and pipeline parallel sizes (1; larger not implemented yet)\n"
+        "  --tp N              tensor-parallel size: heads, MLP and vocabulary split (1)\n"
+        "  --pp N              pipeline-parallel size (1; larger not implemented yet)\n"
         "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
         "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
         "                      2: gradients sharded too (0)\n"
         "  --bucket-mb M       gradient reduction pieces in MiB (4)\n"
-        "  --dp-comm MODE      overlap: non-blocking pieces during backward (default);\n"
-        "                      blocking: blocking pieces at the same points (faster over\n"
-        "                      shared memory on busy cores, see docs/BENCHMARKS.md)\n"
+        "  --comm MODE         overlap: data-parallel gradient pieces and tensor-parallel\n"
+        "                      input-gradient sums non-blocking, behind compute (default);\n"
+        "                      blocking: the same calls blocking (faster over shared memory on\n"
+        "                      busy cores, see docs/BENCHMARKS.md)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -70,7 +72,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"tp", required_argument, NULL, O_TP}, {"pp", required_argument, NULL, O_PP},
         {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
         {"bucket-mb", required_argument, NULL, O_BUCKET},
-        {"dp-comm", required_argument, NULL, O_DPCOMM},
+        {"comm", required_argument, NULL, O_DPCOMM},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -123,7 +125,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;
             } else {
-                fprintf(stderr, "llm3d %s: --dp-comm '%s': choose overlap or blocking\n", cmd, optarg);
+                fprintf(stderr, "llm3d %s: --comm '%s': choose overlap or blocking\n", cmd, optarg);
                 ok = 0;
             }
             break;

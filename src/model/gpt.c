@@ -432,6 +432,25 @@ static void tp_all_reduce(struct l3d_gpt *m, float *buf, int64_t n) {
     if (m->hooks.tp_all_reduce) m->hooks.tp_all_reduce(m->hooks.ctx, buf, n);
 }
 
+/* Backward of a column-parallel product (Megatron's conjugate of the identity): the input gradient
+ * dinp (N,C) is summed over the TP group, and that sum runs while the weight-gradient product
+ * computes. dinp is zeroed here. */
+static void column_parallel_backward(struct l3d_gpt *m, float *dinp, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, const float *weight,
+                                     int64_t N, int64_t C, int64_t OC) {
+    const struct l3d_backend_i *k = m->be->i;
+    memset(dinp, 0, (size_t)(N * C) * sizeof(float));
+    if (!m->hooks.tp_all_reduce_begin) {
+        k->matmul_backward(m->be->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+        tp_all_reduce(m, dinp, N * C);
+        return;
+    }
+    k->matmul_backward(m->be->ctx, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+    m->hooks.tp_all_reduce_begin(m->hooks.ctx, dinp, N * C);
+    k->matmul_backward(m->be->ctx, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+    m->hooks.tp_all_reduce_end(m->hooks.ctx);
+}
+
 static int64_t local_valid_vocab(const struct l3d_gpt *m) {
     int64_t v = m->cfg.V - m->shard.vocab_start;
     return v < 0 ? 0 : (v > m->shard.vocab_count ? m->shard.vocab_count : v);
@@ -553,9 +572,8 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         L3D_ASSERT(m->has_targets);
         k->xent_backward(bc, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
                          Vl, Vvalid);
-        memset(a->dln, 0, bytes_c);
-        k->matmul_backward(bc, a->dln, dwte, NULL, m->logits, a->lnf, wte, N, C, Vl);
-        tp_all_reduce(m, a->dln, N * C); /* the head is column-parallel over the vocabulary */
+        /* the head is column-parallel over the vocabulary */
+        column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf, wte, N, C, Vl);
         memset(a->dres, 0, bytes_c);
         k->layernorm_backward(bc, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
                               a->lnf_rstd, N, C);
@@ -576,9 +594,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
                            p.fcprojw, N, F, C);
         memset(a->dfch, 0, (size_t)(N * F) * sizeof(float));
         k->gelu_backward(bc, a->dfch, a->dfch_gelu, la->fch, N * F);
-        memset(a->dln, 0, bytes_c);
-        k->matmul_backward(bc, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
-        tp_all_reduce(m, a->dln, N * C);
+        column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
         k->layernorm_backward(bc, a->dres, g.ln2w, g.ln2b, a->dln, la->res2, p.ln2w, la->ln2_mean,
                               la->ln2_rstd, N, C);
         /* attention: dres now holds d(res2) */
@@ -587,9 +603,8 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
                            N, Ca, C);
         memset(a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
         k->attention_backward(bc, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
-        memset(a->dln, 0, bytes_c);
-        k->matmul_backward(bc, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, 3 * Ca);
-        tp_all_reduce(m, a->dln, N * C);
+        column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
+                                 3 * Ca);
         k->layernorm_backward(bc, a->dres, g.ln1w, g.ln1b, a->dln, x, p.ln1w, la->ln1_mean,
                               la->ln1_rstd, N, C);
         /* dres now holds d(x), the layer's input */

@@ -1,5 +1,6 @@
 /* Tensor parallelism: shards and the model's collective hooks (include/llm3d/tp.h). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "llm3d/tp.h"
 
@@ -39,11 +40,31 @@ static void tp_max(void *ctx, float *buf, int64_t n) {
     l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_MAX, NULL);
 }
 
-void l3d_tp_attach(struct l3d_gpt *m, struct l3d_comm *tp_comm) {
+static void tp_sum_begin(void *ctx, float *buf, int64_t n) {
+    struct l3d_tp *tp = ctx;
+    L3D_ASSERT(!tp->req.active);
+    l3d_comm_all_reduce(tp->comm, buf, n, L3D_F32, L3D_SUM, &tp->req);
+}
+
+static void tp_sum_end(void *ctx) {
+    struct l3d_tp *tp = ctx;
+    l3d_comm_wait(tp->comm, &tp->req);
+}
+
+static void tp_sum_ctx(void *ctx, float *buf, int64_t n) { tp_sum(((struct l3d_tp *)ctx)->comm, buf, n); }
+static void tp_max_ctx(void *ctx, float *buf, int64_t n) { tp_max(((struct l3d_tp *)ctx)->comm, buf, n); }
+
+void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap) {
+    memset(tp, 0, sizeof *tp);
+    tp->comm = tp_comm;
     if (tp_comm->size == 1) return;
-    m->hooks.ctx = tp_comm;
-    m->hooks.tp_all_reduce = tp_sum;
-    m->hooks.tp_all_reduce_max = tp_max;
+    m->hooks.ctx = tp;
+    m->hooks.tp_all_reduce = tp_sum_ctx;
+    m->hooks.tp_all_reduce_max = tp_max_ctx;
+    if (overlap) {
+        m->hooks.tp_all_reduce_begin = tp_sum_begin;
+        m->hooks.tp_all_reduce_end = tp_sum_end;
+    }
 }
 
 bool l3d_tp_tensor_split(int t) {
@@ -51,9 +72,10 @@ bool l3d_tp_tensor_split(int t) {
            t == L3D_T_FCW || t == L3D_T_FCB || t == L3D_T_FCPROJW;
 }
 
-void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, float *full) {
+void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
+                   float *full) {
     if (tp_comm->rank != 0) {
-        l3d_comm_send(tp_comm, m->params, m->num_params, L3D_F32, 0, 71, NULL);
+        l3d_comm_send(tp_comm, local, m->num_params, L3D_F32, 0, 71, NULL);
         return;
     }
     float *buf = tp_comm->size > 1 ? l3d_alloc((size_t)m->num_params * sizeof(float), "tp gather")
@@ -63,7 +85,7 @@ void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, float *ful
         L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, &sh) == L3D_OK);
         struct l3d_tensor_info t[L3D_NUM_TENSORS];
         L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
-        const float *src = m->params;
+        const float *src = local;
         if (r > 0) {
             l3d_comm_recv(tp_comm, buf, m->num_params, L3D_F32, r, 71, NULL);
             src = buf;

@@ -82,6 +82,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     struct l3d_adamw opt = {0};
     struct l3d_topo topo = {0};
     struct l3d_dp dp = {0};
+    struct l3d_tp tpc = {0};
     bool topo_up = false, dp_up = false;
     int tp = tc->tp, pp = tc->pp, dps = tc->dp;
     const bool lead = world->rank == 0; /* prints and writes files */
@@ -144,7 +145,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         else
             l3d_gpt_init_weights(m, tc->seed);
     }
-    if (st == L3D_OK) l3d_tp_attach(m, topo.tp_comm);
+    if (st == L3D_OK) l3d_tp_attach(&tpc, m, topo.tp_comm, !tc->dp_blocking);
     if (st == L3D_OK) st = l3d_dp_init(&dp, m, topo.dp_comm, tc->zero, tc->bucket_bytes, !tc->dp_blocking);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     dp_up = true;
@@ -265,7 +266,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         int64_t n_full = l3d_gpt_param_count(&tc->model);
         float *full = NULL;
         if (lead) full = tp > 1 ? l3d_alloc((size_t)n_full * sizeof(float), "gathered model") : m->params;
-        if (tp > 1) l3d_tp_gather(m, topo.tp_comm, full);
+        if (tp > 1) l3d_tp_gather(m, topo.tp_comm, m->params, full);
         if (lead) {
             char path[4096];
             snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);

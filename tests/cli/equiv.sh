@@ -67,8 +67,8 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_TP=2 equiv "tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
 esac
 # blocking pieces instead of overlapped ones
-equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --dp-comm blocking
-equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --dp-comm blocking
+equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --comm blocking
+equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
 # small buckets: many pieces per tensor, pieces cut at shard boundaries
 equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac

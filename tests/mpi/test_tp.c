@@ -1,0 +1,109 @@
+/*
+ * Tensor-parallel layers against the unsharded model, on every world size ctest runs (tp = world):
+ * after one forward and backward of the same batch, the sharded model's loss, its slice of the
+ * logits, the gradient of its input and every parameter gradient (gathered into the full layout)
+ * equal the single-rank model's. Models of one and two layers separate the parallel layers: the
+ * vocabulary-parallel embedding and cross-entropy, the column/row-parallel attention block and
+ * the column/row-parallel MLP, and the replicated LayerNorms and row-parallel biases.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/comm.h"
+#include "llm3d/model.h"
+#include "llm3d/tp.h"
+#include "test.h"
+
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double d = 0.0, m = 1e-12;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / m;
+}
+
+static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, bool overlap) {
+    int tp = world->size;
+    struct l3d_gpt_config cfg = {.L = L, .C = 32, .NH = 4, .V = 200, .maxT = 16};
+    L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK); /* Vp = 256 */
+    int B = 2, T = 7;
+    struct l3d_shard full = l3d_shard_full(&cfg), sh;
+    CHECK(l3d_tp_shard(&cfg, tp, world->rank, &sh) == L3D_OK);
+    struct l3d_gpt *mf, *ms;
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&ms, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    l3d_gpt_init_weights(mf, 99);
+    l3d_gpt_init_weights(ms, 99);
+    struct l3d_tp tpc;
+    l3d_tp_attach(&tpc, ms, world, overlap);
+    int32_t inp[14], tgt[14];
+    for (int i = 0; i < B * T; i++) {
+        inp[i] = (int32_t)(l3d_rng_u64(5, 1, (uint64_t)i) % (uint64_t)cfg.V);
+        tgt[i] = (int32_t)(l3d_rng_u64(5, 2, (uint64_t)i) % (uint64_t)cfg.V);
+    }
+    l3d_gpt_zero_grad(mf);
+    l3d_gpt_zero_grad(ms);
+    float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
+    /* the forward logits of this rank's vocabulary slice, before backward overwrites them */
+    float *slice = malloc((size_t)(B * T) * (size_t)sh.vocab_count * sizeof(float));
+    float ls = l3d_gpt_forward(ms, inp, tgt, B, T);
+    for (int64_t n = 0; n < (int64_t)B * T; n++)
+        memcpy(slice + n * sh.vocab_count, ms->logits + n * sh.vocab_count,
+               (size_t)sh.vocab_count * sizeof(float));
+    double dl = 0.0;
+    for (int64_t n = 0; n < (int64_t)B * T; n++)
+        dl = fmax(dl, rel_diff(slice + n * sh.vocab_count,
+                               mf->logits + n * cfg.Vp + sh.vocab_start, sh.vocab_count));
+    CHECK(dl < 1e-5);
+    CHECK_NEAR(ls, lf, 1e-6 * fabs(lf));
+    l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
+    l3d_gpt_backward(ms, 1.0f / (float)(B * T), NULL);
+    CHECK(rel_diff(ms->dinput_act, mf->dinput_act, (int64_t)B * T * cfg.C) < 1e-5);
+    float *g = world->rank == 0 ? calloc((size_t)mf->num_params, sizeof(float)) : NULL;
+    l3d_tp_gather(ms, world, ms->grads, g);
+    if (world->rank == 0) {
+        for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+            const struct l3d_tensor_info *ti = &mf->tensors[t];
+            double r = rel_diff(g + ti->offset, mf->grads + ti->offset, ti->count);
+            if (r >= 1e-5)
+                fprintf(stderr, "tp %d, L %d, overlap %d: gradient of %s differs by %.3g\n", tp, L,
+                        overlap, ti->name, r);
+            CHECK(r < 1e-5);
+        }
+    }
+    free(g);
+    free(slice);
+    l3d_gpt_free(mf);
+    l3d_gpt_free(ms);
+}
+
+int main(int argc, char **argv) {
+    struct l3d_comm *world;
+    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
+        fprintf(stderr, "%s\n", l3d_error_message());
+        return 1;
+    }
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    check_layout(world, be, 1, false);
+    check_layout(world, be, 2, false);
+    check_layout(world, be, 2, true); /* input-gradient sums overlapped with weight gradients */
+    /* layouts the model cannot be split into */
+    struct l3d_gpt_config cfg = {.L = 1, .C = 30, .NH = 6, .V = 100, .maxT = 8};
+    L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
+    struct l3d_shard sh;
+    CHECK(l3d_tp_shard(&cfg, 4, 0, &sh) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--tp 4") != NULL);
+    CHECK(l3d_tp_shard(&cfg, 8, 0, &sh) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "larger") != NULL);
+    CHECK(l3d_tp_shard(&cfg, 3, 0, &sh) == L3D_ERR_LAYOUT); /* padded vocabulary 128 */
+    CHECK(strstr(l3d_error_message(), "vocabulary") != NULL);
+    CHECK(l3d_tp_shard(&cfg, 2, 1, &sh) == L3D_OK && sh.head_start == 3 && sh.ffn_start == 60);
+    l3d_backend_free(be);
+    int fails = test_failures;
+    l3d_comm_all_reduce(world, &fails, 1, L3D_I32, L3D_MAX, NULL);
+    int rc = TEST_REPORT();
+    l3d_comm_mpi_finalize(world);
+    return fails ? 1 : rc;
+}
