@@ -35,7 +35,18 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
 struct l3d_tp {
     struct l3d_comm *comm;
     l3d_req req;
+    double comm_s; /* time inside TP communication calls, for the caller to read and reset */
+    int64_t bytes; /* bytes summed (all-reduce payload) */
 };
+
+/* All-reduce payload of one micro-batch's forward and backward per TP rank, in bytes: per layer two
+ * sums of the (B*T, C) activations in forward (attention and MLP outputs) and two of their input
+ * gradients in backward, plus the embedding's sum and the head's input gradient, plus three (B*T)
+ * vectors of the cross-entropy: 4 (4L + 2) B T C + 12 B T (Megatron-LM, Shoeybi et al. 2019, sec.
+ * 3). A ring all-reduce moves 2 (tp - 1) / tp of the payload in and out of each rank. */
+static inline double l3d_tp_bytes_per_micro(const struct l3d_gpt_config *cfg, int B, int T) {
+    return 4.0 * (4.0 * cfg->L + 2.0) * B * T * cfg->C + 12.0 * B * T;
+}
 
 /* Installs the hooks that sum (and max) over tp_comm (nothing when it has one rank); with overlap,
  * backward sums each input gradient non-blocking while the weight gradient computes. tp must

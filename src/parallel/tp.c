@@ -40,19 +40,39 @@ static void tp_max(void *ctx, float *buf, int64_t n) {
     l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_MAX, NULL);
 }
 
+/* Each hook counts the time spent inside the communication call (exposed TP communication) and
+ * the bytes summed. */
 static void tp_sum_begin(void *ctx, float *buf, int64_t n) {
     struct l3d_tp *tp = ctx;
     L3D_ASSERT(!tp->req.active);
+    double t0 = l3d_time_s();
     l3d_comm_all_reduce(tp->comm, buf, n, L3D_F32, L3D_SUM, &tp->req);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * (int64_t)sizeof(float);
 }
 
 static void tp_sum_end(void *ctx) {
     struct l3d_tp *tp = ctx;
+    double t0 = l3d_time_s();
     l3d_comm_wait(tp->comm, &tp->req);
+    tp->comm_s += l3d_time_s() - t0;
 }
 
-static void tp_sum_ctx(void *ctx, float *buf, int64_t n) { tp_sum(((struct l3d_tp *)ctx)->comm, buf, n); }
-static void tp_max_ctx(void *ctx, float *buf, int64_t n) { tp_max(((struct l3d_tp *)ctx)->comm, buf, n); }
+static void tp_sum_ctx(void *ctx, float *buf, int64_t n) {
+    struct l3d_tp *tp = ctx;
+    double t0 = l3d_time_s();
+    tp_sum(tp->comm, buf, n);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * (int64_t)sizeof(float);
+}
+
+static void tp_max_ctx(void *ctx, float *buf, int64_t n) {
+    struct l3d_tp *tp = ctx;
+    double t0 = l3d_time_s();
+    tp_max(tp->comm, buf, n);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * (int64_t)sizeof(float);
+}
 
 void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap) {
     memset(tp, 0, sizeof *tp);

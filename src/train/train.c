@@ -191,6 +191,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
                "%.1f MiB\n", mem.params / MiB, mem.grads / MiB, fgrad, mem.optimizer / MiB, fopt,
                (mem.params + mem.grads + mem.optimizer) / MiB, want / MiB, mem.grad_scratch / MiB,
                m->act_bytes / MiB);
+        if (tp > 1)
+            printf("tensor parallelism: %.2f MB all-reduced per micro-batch per rank (4 (4L + 2) B T C "
+                   "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->B, tc->T) / 1e6);
         printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", flops_tok, peak / 1e9,
                tc->peak_flops > 0 ? "given, times ranks" : "measured FMA peak, times ranks");
         fflush(stdout);
@@ -200,6 +203,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     for (int step = 0; step < tc->steps; step++) {
         double t0 = l3d_time_s();
         dp.comm_wait_s = 0.0;
+        tpc.comm_s = 0.0;
+        tpc.bytes = 0;
         double loss = 0.0;
         for (int micro = 0; micro < tc->accum; micro++) {
             l3d_loader_next(ld, inp, tgt);
@@ -243,10 +248,12 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         }
         if (metrics) {
             fprintf(metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"ms\":%.3f,"
-                    "\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tokens_per_s\":%.1f,"
+                    "\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
+                    "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
                     "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
                     "\"ranks\":%d,\"mem_peak_bytes\":%zu", step + 1, loss, lr, norm, dt * 1e3,
-                    dt_opt * 1e3, dp.comm_wait_s * 1e3, tps, mfu,
+                    dt_opt * 1e3, dp.comm_wait_s * 1e3, tpc.comm_s * 1e3, (long long)tpc.bytes,
+                    tps, mfu,
                     (long long)tokens_step * (step + 1), flops_tok, peak, world->size,
                     l3d_mem_peak());
             if (!isnan(vloss)) fprintf(metrics, ",\"val_loss\":%.9g", vloss);
