@@ -60,6 +60,9 @@ struct l3d_shard {
     bool has_embedding;  /* token + position embedding (first pipeline stage) */
     bool has_head;       /* final LayerNorm, tied LM head and loss (last pipeline stage) */
     bool adds_row_bias;  /* adds the biases of row-parallel layers (one rank of a TP group) */
+    /* Sequence parallelism (Korthikanti et al. 2022): with sp_size > 1 the LayerNorm and residual
+     * regions hold rows [sp_rank N/sp_size, (sp_rank+1) N/sp_size) of the N = B*T rows only. */
+    int sp_size, sp_rank;
 };
 
 struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg);
@@ -91,6 +94,10 @@ struct l3d_gpt_hooks {
      * Backward overlaps the input-gradient sum with the weight-gradient product through it. */
     void (*tp_all_reduce_begin)(void *ctx, float *buf, int64_t n);
     void (*tp_all_reduce_end)(void *ctx);
+    /* Sequence parallelism: full (size x n) <- every rank's local (n); local (n) <- this rank's
+     * block of the sum of full over the group. */
+    void (*tp_all_gather)(void *ctx, const float *local, float *full, int64_t n);
+    void (*tp_reduce_scatter)(void *ctx, const float *full, float *local, int64_t n);
     /* Called by backward when the gradients of local layer `layer` are final for this micro-batch,
      * and with layer -1 at the end, when those of the non-layer tensors (wte, wpe, lnf) are. In
      * gradient-slot mode it must not return before the slot of layer + 1 may be reused. */

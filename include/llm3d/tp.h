@@ -3,7 +3,7 @@
  * slice of every layer and the model's hooks sum the partial results over the group.
  *
  *   struct l3d_shard sh;
- *   if (l3d_tp_shard(&cfg, tp, tp_rank, &sh) != L3D_OK) ...;   // checks divisibility, no MPI
+ *   if (l3d_tp_shard(&cfg, tp, tp_rank, sp, &sh) != L3D_OK) ...; // checks divisibility, no MPI
  *   l3d_gpt_init(&m, &cfg, &sh, be, B, T, grads);
  *   struct l3d_tp tpc;
  *   l3d_tp_attach(&tpc, m, topo.tp_comm, true);                // installs the TP hooks
@@ -27,10 +27,12 @@
 #include "llm3d/comm.h"
 #include "llm3d/model.h"
 
-/* The shard of TP rank tp_rank (all layers, embedding and head). L3D_ERR_LAYOUT naming --tp when
- * the heads, the FFN width or the padded vocabulary do not divide by tp. */
+/* The shard of TP rank tp_rank (all layers, embedding and head), with sequence parallelism
+ * (LayerNorm and residual regions split by rows, all-reduces become reduce-scatter + all-gather)
+ * when asked. L3D_ERR_LAYOUT naming --tp when the heads, the FFN width or the padded vocabulary do
+ * not divide by tp. */
 l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
-                        struct l3d_shard *out);
+                        bool sequence_parallel, struct l3d_shard *out);
 /* The TP hooks' state: the group and the one non-blocking sum in flight. */
 struct l3d_tp {
     struct l3d_comm *comm;

@@ -38,6 +38,7 @@ struct l3d_train_config {
     /* layout: world = tp x pp x dp (dp 0: inferred) */
     int tp, pp, dp;
     int zero;             /* ZeRO stage 0, 1 or 2 over the data-parallel group */
+    bool sequence_parallel; /* split LayerNorm/residual regions over the TP group by rows */
     size_t bucket_bytes;  /* gradient reduction pieces */
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
 };

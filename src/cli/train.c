@@ -30,6 +30,7 @@ static void usage(FILE *f) {
         "  --grad-clip G       clip the global gradient norm to G, 0 disables (1.0)\n"
         "parallel layout (launch with mpiexec -n N; see README):\n"
         "  --tp N              tensor-parallel size: heads, MLP and vocabulary split (1)\n"
+        "  --sequence-parallel LayerNorm and residual regions split by rows over the TP group\n"
         "  --pp N              pipeline-parallel size (1; larger not implemented yet)\n"
         "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
         "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
@@ -51,7 +52,7 @@ static void usage(FILE *f) {
 int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
-           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM };
+           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -73,6 +74,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
         {"bucket-mb", required_argument, NULL, O_BUCKET},
         {"comm", required_argument, NULL, O_DPCOMM},
+        {"sequence-parallel", no_argument, NULL, O_SP},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -121,6 +123,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->pp); break;
         case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->dp); break;
         case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->zero); break;
+        case O_SP: tc->sequence_parallel = true; break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;

@@ -65,6 +65,7 @@ struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg) {
         .ffn_start = 0, .ffn_count = 4 * (int64_t)cfg->C,
         .vocab_start = 0, .vocab_count = cfg->Vp,
         .has_embedding = true, .has_head = true, .adds_row_bias = true,
+        .sp_size = 1, .sp_rank = 0,
     };
 }
 
@@ -85,6 +86,9 @@ l3d_status l3d_shard_check(const struct l3d_gpt_config *cfg, const struct l3d_sh
                          (long long)(sh->vocab_start + sh->vocab_count), cfg->Vp);
     if (sh->layer_count == 0 && !sh->has_embedding && !sh->has_head)
         return l3d_error(L3D_ERR_LAYOUT, "shard holds no layer, no embedding and no head");
+    if (sh->sp_size < 1 || sh->sp_rank < 0 || sh->sp_rank >= sh->sp_size)
+        return l3d_error(L3D_ERR_LAYOUT, "sequence-parallel rank %d of %d", sh->sp_rank,
+                         sh->sp_size);
     return L3D_OK;
 }
 
@@ -167,6 +171,14 @@ struct l3d_gpt_acts {
     float *base;
     struct layer_acts *layer; /* layer_count entries */
     float *scratch;           /* (B,T,C): row-parallel matmul output before the residual add */
+    /* Sequence parallelism: this rank's rows (N/sp) where the full rows are gathered or scattered;
+     * with sp = 1 they alias the full buffers. */
+    float *scratch_local;     /* (N/sp,C) reduce-scattered row-parallel output */
+    float *ln_local;          /* (N/sp,C) LayerNorm output before the all-gather */
+    float *lnf_full;          /* (N,C) gathered final LayerNorm output */
+    float *dres_full;         /* (N,C) gathered residual-stream gradient */
+    float *dln_local;         /* (N/sp,C) reduce-scattered LayerNorm-output gradient */
+    float *dlnw;              /* (4C) LayerNorm weight gradients of this rank's rows (SP) */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *maxv, *sumexp, *tlogit; /* (B,T) */
     /* backward scratch, one layer's worth */
@@ -183,6 +195,8 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C;
+    int64_t sp = s->sp_size, BTl = BT / sp; /* rows of the LayerNorm and residual regions */
+    int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
     int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
     int64_t Vl = s->vocab_count;
     int64_t off = 0;
@@ -191,45 +205,57 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
         if (base) (ptr) = (void *)(base + off);          \
         off += ((int64_t)(n) + 15) / 16 * 16; /* 64-byte aligned */ \
     } while (0)
-    TAKE(m->input_act, BT * C);
+    TAKE(m->input_act, BTl * C);
     for (int l = 0; l < s->layer_count; l++) {
         struct layer_acts *la = &a->layer[l];
         TAKE(la->ln1, BT * C);
-        TAKE(la->ln1_mean, BT);
-        TAKE(la->ln1_rstd, BT);
+        TAKE(la->ln1_mean, BTl);
+        TAKE(la->ln1_rstd, BTl);
         TAKE(la->qkv, BT * 3 * Ca);
         TAKE(la->atty, BT * Ca);
         TAKE(la->att, (int64_t)m->Bmax * Hl * T * T);
-        TAKE(la->res2, BT * C);
+        TAKE(la->res2, BTl * C);
         TAKE(la->ln2, BT * C);
-        TAKE(la->ln2_mean, BT);
-        TAKE(la->ln2_rstd, BT);
+        TAKE(la->ln2_mean, BTl);
+        TAKE(la->ln2_rstd, BTl);
         TAKE(la->fch, BT * F);
         TAKE(la->fch_gelu, BT * F);
-        TAKE(la->res3, BT * C);
+        TAKE(la->res3, BTl * C);
     }
     TAKE(a->scratch, BT * C);
+    TAKE(a->scratch_local, BTls * C);
+    TAKE(a->ln_local, BTls * C);
     if (s->has_head) {
-        TAKE(a->lnf, BT * C);
-        TAKE(a->lnf_mean, BT);
-        TAKE(a->lnf_rstd, BT);
+        TAKE(a->lnf, BTl * C);
+        TAKE(a->lnf_full, BTs * C);
+        TAKE(a->lnf_mean, BTl);
+        TAKE(a->lnf_rstd, BTl);
         TAKE(m->logits, BT * Vl);
         TAKE(m->losses, BT);
         TAKE(a->maxv, BT);
         TAKE(a->sumexp, BT);
         TAKE(a->tlogit, BT);
     }
-    TAKE(a->dres, BT * C);
+    TAKE(a->dres, BTl * C);
+    TAKE(a->dres_full, BTs * C);
     TAKE(m->inputs, BT); /* int32 and float are both 4 bytes */
     TAKE(m->targets, BT);
-    TAKE(m->dinput_act, BT * C);
+    TAKE(m->dinput_act, BTl * C);
     TAKE(a->dln, BT * C);
+    TAKE(a->dln_local, BTls * C);
+    TAKE(a->dlnw, sp > 1 ? 4 * C : 0);
     TAKE(a->dqkv, BT * 3 * Ca);
     TAKE(a->datty, BT * Ca);
     TAKE(a->datt, (int64_t)m->Bmax * Hl * T * T);
     TAKE(a->dfch, BT * F);
     TAKE(a->dfch_gelu, BT * F);
 #undef TAKE
+    if (base && sp == 1) {
+        a->scratch_local = a->scratch;
+        a->lnf_full = a->lnf;
+        a->dres_full = a->dres;
+        a->dln_local = a->dln;
+    }
     return off;
 }
 
@@ -245,6 +271,10 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
     if (T > cfg->maxT)
         return l3d_error(L3D_ERR_ARG, "sequence length %d exceeds the model's context length %d "
                          "(raise --context or lower --seq-len)", T, cfg->maxT);
+    if (((int64_t)B * T) % sh->sp_size != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "sequence parallelism over %d ranks needs batch x "
+                         "sequence length (%d x %d) to divide by %d", sh->sp_size, B, T,
+                         sh->sp_size);
     struct l3d_gpt *m = l3d_calloc(sizeof *m, "model");
     m->cfg = *cfg;
     m->shard = *sh;
@@ -434,12 +464,20 @@ static void tp_all_reduce(struct l3d_gpt *m, float *buf, int64_t n) {
 
 /* Backward of a column-parallel product (Megatron's conjugate of the identity): the input gradient
  * dinp (N,C) is summed over the TP group, and that sum runs while the weight-gradient product
- * computes. dinp is zeroed here. */
+ * computes; with sequence parallelism it is reduce-scattered into acts->dln_local instead (the
+ * conjugate of the forward all-gather). dinp is zeroed here. */
 static void column_parallel_backward(struct l3d_gpt *m, float *dinp, float *dweight, float *dbias,
                                      const float *dout, const float *inp, const float *weight,
                                      int64_t N, int64_t C, int64_t OC) {
     const struct l3d_backend_i *k = m->be->i;
+    int64_t sp = m->shard.sp_size;
     memset(dinp, 0, (size_t)(N * C) * sizeof(float));
+    if (sp > 1) { /* sequence parallel: the sum is reduce-scattered to this rank's rows */
+        k->matmul_backward(m->be->ctx, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+        m->hooks.tp_reduce_scatter(m->hooks.ctx, dinp, m->acts->dln_local, N / sp * C);
+        k->matmul_backward(m->be->ctx, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+        return;
+    }
     if (!m->hooks.tp_all_reduce_begin) {
         k->matmul_backward(m->be->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
         tp_all_reduce(m, dinp, N * C);
@@ -462,8 +500,17 @@ static void row_parallel_residual(struct l3d_gpt *m, float *res_out, const float
                                   const float *inp, const float *w, const float *b, int64_t N,
                                   int64_t Cin) {
     const struct l3d_backend_i *k = m->be->i;
-    int64_t C = m->cfg.C;
+    int64_t C = m->cfg.C, sp = m->shard.sp_size;
     float *out = m->acts->scratch;
+    if (sp > 1) { /* sequence parallel: reduce-scatter instead of all-reduce */
+        int64_t Nl = N / sp, r0 = m->shard.sp_rank * Nl;
+        k->matmul_forward(m->be->ctx, out, inp, w, NULL, N, Cin, C);
+        for (int64_t n = r0; n < r0 + Nl; n++) /* the bias once: on the rows this rank keeps */
+            k->add_inplace(m->be->ctx, out + n * C, b, C);
+        m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C);
+        k->residual_forward(m->be->ctx, res_out, res_in, m->acts->scratch_local, Nl * C);
+        return;
+    }
     if (m->hooks.tp_all_reduce) {
         k->matmul_forward(m->be->ctx, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin, C);
         tp_all_reduce(m, out, N * C);
@@ -488,10 +535,18 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     if (inputs) memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
     if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
 
+    int64_t sp = s->sp_size, Nl = N / sp, r0 = s->sp_rank * Nl;
+    L3D_ASSERT(N % sp == 0);
     if (s->has_embedding) {
         const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
         const float *wpe = m->params + m->tensors[L3D_T_WPE].offset;
-        if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
+        if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
+            k->encoder_forward(bc, a->scratch, inputs, wte, NULL, s->vocab_start, s->vocab_count,
+                               B, T, C);
+            m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C);
+            k->encoder_forward(bc, a->scratch, inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
+            k->add_inplace(bc, m->input_act, a->scratch + r0 * C, Nl * C);
+        } else if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
             k->encoder_forward(bc, m->input_act, inputs, wte, NULL, s->vocab_start, s->vocab_count,
                                B, T, C);
             tp_all_reduce(m, m->input_act, N * C);
@@ -506,12 +561,16 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     for (int l = 0; l < s->layer_count; l++) {
         struct layer_acts *la = &a->layer[l];
         struct layer_params p = layer_params(m, m->params, l);
-        k->layernorm_forward(bc, la->ln1, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, N, C);
+        float *lnout = sp > 1 ? a->ln_local : la->ln1;
+        k->layernorm_forward(bc, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
         k->matmul_forward(bc, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
         k->attention_forward(bc, la->atty, la->att, la->qkv, B, T, Hl, HS);
         row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
-        k->layernorm_forward(bc, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, N,
+        lnout = sp > 1 ? a->ln_local : la->ln2;
+        k->layernorm_forward(bc, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl,
                              C);
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C);
         k->matmul_forward(bc, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
         k->gelu_forward(bc, la->fch_gelu, la->fch, N * F);
         row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
@@ -523,8 +582,9 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
     const float *lnfb = m->params + m->tensors[L3D_T_LNFB].offset;
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    k->layernorm_forward(bc, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, N, C);
-    k->matmul_forward(bc, m->logits, a->lnf, wte, NULL, N, C, Vl);
+    k->layernorm_forward(bc, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C);
+    k->matmul_forward(bc, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
     /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit */
     k->xent_max(bc, a->maxv, m->logits, N, Vl, Vvalid);
@@ -558,7 +618,12 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
     int B = m->B, T = m->T;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
     int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
-    size_t bytes_c = (size_t)(N * C) * sizeof(float);
+    /* sequence parallel: the LayerNorm and residual regions hold Nl of the N rows; their
+     * gradients are gathered before each row-parallel product (the conjugate of its
+     * reduce-scatter), and the LayerNorm weights' gradients, partial sums over this rank's rows,
+     * are summed over the group. With sp = 1 the gathered buffers alias the local ones. */
+    int64_t sp = s->sp_size, Nl = N / sp;
+    size_t bytes_l = (size_t)(Nl * C) * sizeof(float);
     const float *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
@@ -573,13 +638,22 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         k->xent_backward(bc, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
                          Vl, Vvalid);
         /* the head is column-parallel over the vocabulary */
-        column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf, wte, N, C, Vl);
-        memset(a->dres, 0, bytes_c);
-        k->layernorm_backward(bc, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
-                              a->lnf_rstd, N, C);
+        column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
+        memset(a->dres, 0, bytes_l);
+        if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
+            memset(a->dlnw, 0, 2 * (size_t)C * sizeof(float));
+            k->layernorm_backward(bc, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
+                                  a->lnf_mean, a->lnf_rstd, Nl, C);
+            tp_all_reduce(m, a->dlnw, 2 * C);
+            k->add_inplace(bc, dlnfw, a->dlnw, C);
+            k->add_inplace(bc, dlnfb, a->dlnw + C, C);
+        } else {
+            k->layernorm_backward(bc, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
+                                  a->lnf_rstd, N, C);
+        }
     } else {
         L3D_ASSERT(dout_act != NULL);
-        memcpy(a->dres, dout_act, bytes_c);
+        memcpy(a->dres, dout_act, bytes_l);
     }
 
     for (int l = s->layer_count - 1; l >= 0; l--) {
@@ -588,33 +662,51 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         if (m->grads_nonlayer) memset(m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
         struct layer_params g = layer_grads(m, l);
         const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+        /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
+         * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
+        float *g_ln2w = g.ln2w, *g_ln2b = g.ln2b, *g_ln1w = g.ln1w, *g_ln1b = g.ln1b;
+        if (sp > 1) {
+            memset(a->dlnw, 0, 4 * (size_t)C * sizeof(float));
+            g_ln2w = a->dlnw, g_ln2b = a->dlnw + C;
+            g_ln1w = a->dlnw + 2 * C, g_ln1b = a->dlnw + 3 * C;
+        }
         /* MLP: dres holds d(res3) */
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
         memset(a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
-        k->matmul_backward(bc, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres, la->fch_gelu,
+        k->matmul_backward(bc, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
                            p.fcprojw, N, F, C);
         memset(a->dfch, 0, (size_t)(N * F) * sizeof(float));
         k->gelu_backward(bc, a->dfch, a->dfch_gelu, la->fch, N * F);
         column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
-        k->layernorm_backward(bc, a->dres, g.ln2w, g.ln2b, a->dln, la->res2, p.ln2w, la->ln2_mean,
-                              la->ln2_rstd, N, C);
+        k->layernorm_backward(bc, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
+                              la->ln2_mean, la->ln2_rstd, Nl, C);
         /* attention: dres now holds d(res2) */
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
         memset(a->datty, 0, (size_t)(N * Ca) * sizeof(float));
-        k->matmul_backward(bc, a->datty, g.attprojw, g.attprojb, a->dres, la->atty, p.attprojw,
-                           N, Ca, C);
+        k->matmul_backward(bc, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty,
+                           p.attprojw, N, Ca, C);
         memset(a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
         k->attention_backward(bc, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
-        k->layernorm_backward(bc, a->dres, g.ln1w, g.ln1b, a->dln, x, p.ln1w, la->ln1_mean,
-                              la->ln1_rstd, N, C);
+        k->layernorm_backward(bc, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
+                              la->ln1_rstd, Nl, C);
+        if (sp > 1) {
+            tp_all_reduce(m, a->dlnw, 4 * C);
+            k->add_inplace(bc, g.ln2w, g_ln2w, C);
+            k->add_inplace(bc, g.ln2b, g_ln2b, C);
+            k->add_inplace(bc, g.ln1w, g_ln1w, C);
+            k->add_inplace(bc, g.ln1b, g_ln1b, C);
+        }
         /* dres now holds d(x), the layer's input */
         if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
     }
-    memcpy(m->dinput_act, a->dres, bytes_c);
+    memcpy(m->dinput_act, a->dres, bytes_l);
     if (s->has_embedding) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
-        k->encoder_backward(bc, dwte, dwpe, a->dres, m->inputs, s->vocab_start,
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
+        k->encoder_backward(bc, dwte, dwpe, a->dres_full, m->inputs, s->vocab_start,
                             s->vocab_count, B, T, C);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);

@@ -5,7 +5,7 @@
 #include "llm3d/tp.h"
 
 l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
-                        struct l3d_shard *out) {
+                        bool sequence_parallel, struct l3d_shard *out) {
     int64_t F = 4 * (int64_t)cfg->C;
     if (tp > cfg->NH)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d is larger than the model's %d attention heads: "
@@ -28,6 +28,10 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
     s.vocab_count = cfg->Vp / tp;
     s.vocab_start = tp_rank * s.vocab_count;
     s.adds_row_bias = tp_rank == 0;
+    if (sequence_parallel) {
+        s.sp_size = tp;
+        s.sp_rank = tp_rank;
+    }
     *out = s;
     return L3D_OK;
 }
@@ -74,6 +78,23 @@ static void tp_max_ctx(void *ctx, float *buf, int64_t n) {
     tp->bytes += n * (int64_t)sizeof(float);
 }
 
+static void tp_gather(void *ctx, const float *local, float *full, int64_t n) {
+    struct l3d_tp *tp = ctx;
+    double t0 = l3d_time_s();
+    memcpy(full + (int64_t)tp->comm->rank * n, local, (size_t)n * sizeof(float));
+    l3d_comm_all_gather(tp->comm, full, n, L3D_F32, NULL);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * tp->comm->size * (int64_t)sizeof(float);
+}
+
+static void tp_scatter(void *ctx, const float *full, float *local, int64_t n) {
+    struct l3d_tp *tp = ctx;
+    double t0 = l3d_time_s();
+    l3d_comm_reduce_scatter(tp->comm, full, local, n, L3D_F32, L3D_SUM, NULL);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * tp->comm->size * (int64_t)sizeof(float);
+}
+
 void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap) {
     memset(tp, 0, sizeof *tp);
     tp->comm = tp_comm;
@@ -81,6 +102,8 @@ void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_com
     m->hooks.ctx = tp;
     m->hooks.tp_all_reduce = tp_sum_ctx;
     m->hooks.tp_all_reduce_max = tp_max_ctx;
+    m->hooks.tp_all_gather = tp_gather;
+    m->hooks.tp_reduce_scatter = tp_scatter;
     if (overlap) {
         m->hooks.tp_all_reduce_begin = tp_sum_begin;
         m->hooks.tp_all_reduce_end = tp_sum_end;
@@ -102,7 +125,7 @@ void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const floa
                                    : NULL;
     for (int r = 0; r < tp_comm->size; r++) {
         struct l3d_shard sh;
-        L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, &sh) == L3D_OK);
+        L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, m->shard.sp_size > 1, &sh) == L3D_OK);
         struct l3d_tensor_info t[L3D_NUM_TENSORS];
         L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
         const float *src = local;

@@ -102,8 +102,15 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     else if (pp > 1)
         st = l3d_error(L3D_ERR_LAYOUT, "--pp %d: pipeline parallelism is not implemented yet; use "
                        "--pp 1 (tensor and data parallelism over the %d ranks)", pp, world->size);
-    else if (tp > 1 && (st = l3d_tp_shard(&tc->model, tp, 0, &(struct l3d_shard){0})) != L3D_OK)
+    else if (tp > 1 && (st = l3d_tp_shard(&tc->model, tp, 0, tc->sequence_parallel,
+                                            &(struct l3d_shard){0})) != L3D_OK)
         ;
+    else if (tc->sequence_parallel && tp == 1)
+        st = l3d_error(L3D_ERR_LAYOUT, "--sequence-parallel splits the tensor-parallel group's "
+                       "sequence; it needs --tp 2 or more");
+    else if (tc->sequence_parallel && ((int64_t)tc->B * tc->T) % tp != 0)
+        st = l3d_error(L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len "
+                       "(%d x %d) to divide by %d", tp, tc->B, tc->T, tp);
     else if (tp > 1 && tc->init_from)
         st = l3d_error(L3D_ERR_ARG, "--init-from with --tp %d: loading an llm.c checkpoint into "
                        "tensor-parallel shards is not implemented yet", tp);
@@ -136,7 +143,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
 
     be = l3d_backend_cpu_init();
     struct l3d_shard sh = l3d_shard_full(&tc->model);
-    if (tp > 1) L3D_ASSERT(l3d_tp_shard(&tc->model, tp, topo.tp_rank, &sh) == L3D_OK);
+    if (tp > 1)
+        L3D_ASSERT(l3d_tp_shard(&tc->model, tp, topo.tp_rank, tc->sequence_parallel, &sh) == L3D_OK);
     st = l3d_gpt_init(&m, &tc->model, &sh, be, tc->B, tc->T,
                       tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT);
     if (st == L3D_OK) {

@@ -61,8 +61,11 @@ done
 # with data parallelism and ZeRO-1
 L3D_TP=2 equiv "tp2" 2 4 1 --tp 2
 L3D_TP=2 equiv "tp2_accum" 2 2 2 --tp 2
+L3D_TP=2 equiv "tp2_sp" 2 4 1 --tp 2 --sequence-parallel
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_TP=4 equiv "tp4" 4 4 1 --tp 4
+    L3D_TP=4 equiv "tp4_sp" 4 4 1 --tp 4 --sequence-parallel
+    L3D_TP=2 equiv "tp2_sp_dp2_zero1" 4 2 1 --tp 2 --sequence-parallel --zero 1
     L3D_TP=2 equiv "tp2_dp2_zero1" 4 2 1 --tp 2 --zero 1
     L3D_TP=2 equiv "tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
 esac
@@ -87,5 +90,6 @@ expect_error() { # DESCRIPTION PATTERN COMMAND...
 expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
 expect_error "pp not implemented yet" "\-\-pp 2" train bad 2 1 1 --pp 2
 expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
+expect_error "sequence parallel without tp" "sequence-parallel" train bad 2 1 1 --sequence-parallel
 expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"
 exit $fail

@@ -24,13 +24,14 @@ static double rel_diff(const float *a, const float *b, int64_t n) {
     return d / m;
 }
 
-static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, bool overlap) {
+static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, bool overlap,
+                         bool sp) {
     int tp = world->size;
     struct l3d_gpt_config cfg = {.L = L, .C = 32, .NH = 4, .V = 200, .maxT = 16};
     L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK); /* Vp = 256 */
-    int B = 2, T = 7;
+    int B = 2, T = 8; /* B*T divisible by tp for sequence parallelism */
     struct l3d_shard full = l3d_shard_full(&cfg), sh;
-    CHECK(l3d_tp_shard(&cfg, tp, world->rank, &sh) == L3D_OK);
+    CHECK(l3d_tp_shard(&cfg, tp, world->rank, sp, &sh) == L3D_OK);
     struct l3d_gpt *mf, *ms;
     CHECK(l3d_gpt_init(&mf, &cfg, &full, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     CHECK(l3d_gpt_init(&ms, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
@@ -38,7 +39,7 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
     l3d_gpt_init_weights(ms, 99);
     struct l3d_tp tpc;
     l3d_tp_attach(&tpc, ms, world, overlap);
-    int32_t inp[14], tgt[14];
+    int32_t inp[16], tgt[16];
     for (int i = 0; i < B * T; i++) {
         inp[i] = (int32_t)(l3d_rng_u64(5, 1, (uint64_t)i) % (uint64_t)cfg.V);
         tgt[i] = (int32_t)(l3d_rng_u64(5, 2, (uint64_t)i) % (uint64_t)cfg.V);
@@ -60,7 +61,9 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
     CHECK_NEAR(ls, lf, 1e-6 * fabs(lf));
     l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
     l3d_gpt_backward(ms, 1.0f / (float)(B * T), NULL);
-    CHECK(rel_diff(ms->dinput_act, mf->dinput_act, (int64_t)B * T * cfg.C) < 1e-5);
+    /* the input gradient: this rank's rows of it with sequence parallelism */
+    int64_t rows = (int64_t)B * T / sh.sp_size, r0 = sh.sp_rank * rows;
+    CHECK(rel_diff(ms->dinput_act, mf->dinput_act + r0 * cfg.C, rows * cfg.C) < 1e-5);
     float *g = world->rank == 0 ? calloc((size_t)mf->num_params, sizeof(float)) : NULL;
     l3d_tp_gather(ms, world, ms->grads, g);
     if (world->rank == 0) {
@@ -68,8 +71,8 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
             const struct l3d_tensor_info *ti = &mf->tensors[t];
             double r = rel_diff(g + ti->offset, mf->grads + ti->offset, ti->count);
             if (r >= 1e-5)
-                fprintf(stderr, "tp %d, L %d, overlap %d: gradient of %s differs by %.3g\n", tp, L,
-                        overlap, ti->name, r);
+                fprintf(stderr, "tp %d, L %d, overlap %d, sp %d: gradient of %s differs by %.3g\n", tp,
+                        L, overlap, sp, ti->name, r);
             CHECK(r < 1e-5);
         }
     }
@@ -86,20 +89,22 @@ int main(int argc, char **argv) {
         return 1;
     }
     struct l3d_backend *be = l3d_backend_cpu_init();
-    check_layout(world, be, 1, false);
-    check_layout(world, be, 2, false);
-    check_layout(world, be, 2, true); /* input-gradient sums overlapped with weight gradients */
+    check_layout(world, be, 1, false, false);
+    check_layout(world, be, 2, false, false);
+    check_layout(world, be, 2, true, false); /* input-gradient sums overlapped with weight grads */
+    check_layout(world, be, 1, false, true);  /* sequence parallel */
+    check_layout(world, be, 2, false, true);
     /* layouts the model cannot be split into */
     struct l3d_gpt_config cfg = {.L = 1, .C = 30, .NH = 6, .V = 100, .maxT = 8};
     L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
     struct l3d_shard sh;
-    CHECK(l3d_tp_shard(&cfg, 4, 0, &sh) == L3D_ERR_LAYOUT);
+    CHECK(l3d_tp_shard(&cfg, 4, 0, false, &sh) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--tp 4") != NULL);
-    CHECK(l3d_tp_shard(&cfg, 8, 0, &sh) == L3D_ERR_LAYOUT);
+    CHECK(l3d_tp_shard(&cfg, 8, 0, false, &sh) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "larger") != NULL);
-    CHECK(l3d_tp_shard(&cfg, 3, 0, &sh) == L3D_ERR_LAYOUT); /* padded vocabulary 128 */
+    CHECK(l3d_tp_shard(&cfg, 3, 0, false, &sh) == L3D_ERR_LAYOUT); /* padded vocabulary 128 */
     CHECK(strstr(l3d_error_message(), "vocabulary") != NULL);
-    CHECK(l3d_tp_shard(&cfg, 2, 1, &sh) == L3D_OK && sh.head_start == 3 && sh.ffn_start == 60);
+    CHECK(l3d_tp_shard(&cfg, 2, 1, false, &sh) == L3D_OK && sh.head_start == 3 && sh.ffn_start == 60);
     l3d_backend_free(be);
     int fails = test_failures;
     l3d_comm_all_reduce(world, &fails, 1, L3D_I32, L3D_MAX, NULL);
