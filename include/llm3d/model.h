@@ -169,6 +169,9 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *cfg, const struct l3d_
  * the full model's flat buffer (full): gathering tensor-parallel shards into one llm.c model. */
 void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
                            const float *src, float *full);
+/* The reverse: a shard's parameters (dst) cut from the full model's flat buffer. */
+void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                           const float *full, float *dst);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */

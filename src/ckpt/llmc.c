@@ -94,22 +94,31 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
         return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
                          "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
                          cfg.maxT, m->cfg.L, m->cfg.C, m->cfg.NH, m->cfg.V, m->cfg.maxT);
-    if (!is_full_shard(m))
-        return l3d_error(L3D_ERR_ARG, "loading an llm.c checkpoint into a shard is not supported yet");
     FILE *f = fopen(path, "rb");
     if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
     struct stat sb;
-    int64_t want = 1024 + (int64_t)m->num_params * 4;
+    int64_t n_full = l3d_gpt_param_count(&m->cfg);
+    int64_t want = 1024 + n_full * 4;
     if (fstat(fileno(f), &sb) != 0 || (int64_t)sb.st_size != want) {
         fclose(f);
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
                          "or not fp32", path, (long long)sb.st_size, (long long)want);
     }
+    /* a shard (tensor- or pipeline-parallel rank) reads the whole file and keeps its slice */
+    bool full = is_full_shard(m);
+    float *dst = full ? m->params : l3d_try_alloc((size_t)n_full * sizeof(float), "checkpoint");
+    if (!dst) {
+        fclose(f);
+        return l3d_error(L3D_ERR_OOM, "%s: no memory to read the %lld parameters", path,
+                         (long long)n_full);
+    }
     fseek(f, 1024, SEEK_SET);
-    size_t got = fread(m->params, sizeof(float), (size_t)m->num_params, f);
+    size_t got = fread(dst, sizeof(float), (size_t)n_full, f);
     fclose(f);
-    if (got != (size_t)m->num_params)
+    if (got == (size_t)n_full && !full) l3d_gpt_full_to_shard(&m->cfg, &m->shard, dst, m->params);
+    if (!full) l3d_free(dst);
+    if (got != (size_t)n_full)
         return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got,
-                         (long long)m->num_params);
+                         (long long)n_full);
     return L3D_OK;
 }

@@ -358,8 +358,9 @@ static void global_rc(const struct l3d_gpt_config *cfg, const struct l3d_shard *
     }
 }
 
-void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
-                           const float *src, float *full) {
+/* Copies between a shard's flat layout and the full model's: to_full, or back. */
+static void shard_copy(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, float *shard,
+                       float *full, bool to_full) {
     struct l3d_tensor_info ts[L3D_NUM_TENSORS], tf[L3D_NUM_TENSORS];
     struct l3d_shard fs = l3d_shard_full(cfg);
     l3d_gpt_plan_tensors(cfg, sh, ts);
@@ -372,10 +373,24 @@ void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_sh
                 for (int64_t c = 0; c < a->cols; c++) {
                     int64_t gr, gc;
                     global_rc(cfg, sh, t, r, c, &gr, &gc);
-                    full[b->offset + ((l0 + l) * b->rows + gr) * b->cols + gc] =
-                        src[a->offset + (l * a->rows + r) * a->cols + c];
+                    float *f = &full[b->offset + ((l0 + l) * b->rows + gr) * b->cols + gc];
+                    float *p = &shard[a->offset + (l * a->rows + r) * a->cols + c];
+                    if (to_full)
+                        *f = *p;
+                    else
+                        *p = *f;
                 }
     }
+}
+
+void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                           const float *src, float *full) {
+    shard_copy(cfg, sh, (float *)src, full, true); /* src is only read */
+}
+
+void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+                           const float *full, float *dst) {
+    shard_copy(cfg, sh, dst, (float *)full, false); /* full is only read */
 }
 
 void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {

@@ -111,9 +111,6 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     else if (tc->sequence_parallel && ((int64_t)tc->B * tc->T) % tp != 0)
         st = l3d_error(L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len "
                        "(%d x %d) to divide by %d", tp, tc->B, tc->T, tp);
-    else if (tp > 1 && tc->init_from)
-        st = l3d_error(L3D_ERR_ARG, "--init-from with --tp %d: loading an llm.c checkpoint into "
-                       "tensor-parallel shards is not implemented yet", tp);
     else if (tc->zero < 0 || tc->zero > 2)
         st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
                        "sharded gradients)", tc->zero);
