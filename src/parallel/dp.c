@@ -62,8 +62,8 @@ static void drain(struct l3d_dp *dp, int slot) {
         struct l3d_dp_piece *p = &dp->pend[slot][i];
         l3d_comm_wait(dp->comm, &p->req);
         if (dp->zero == 2 && p->root == dp->comm->rank) {
-            float *dst = dp->grad_shard + (p->off - dp->own_start);
-            for (int64_t k = 0; k < p->n; k++) dst[k] += p->src[k];
+            struct l3d_backend *be = dp->m->be;
+            be->i->add_inplace(be->ctx, dp->grad_shard + (p->off - dp->own_start), p->src, p->n);
         }
     }
     dp->npend[slot] = 0;
