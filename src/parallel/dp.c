@@ -17,14 +17,7 @@ struct l3d_dp_piece {
 static int owner_of(const struct l3d_dp *dp, int64_t off) { return (int)(off / dp->shard_size); }
 
 static void push(struct l3d_dp *dp, int slot, struct l3d_dp_piece p) {
-    if (dp->npend[slot] == dp->cap[slot]) {
-        int cap = dp->cap[slot] ? 2 * dp->cap[slot] : 64;
-        struct l3d_dp_piece *np = l3d_alloc((size_t)cap * sizeof *np, "dp pending");
-        if (dp->npend[slot]) memcpy(np, dp->pend[slot], (size_t)dp->npend[slot] * sizeof *np);
-        l3d_free(dp->pend[slot]);
-        dp->pend[slot] = np;
-        dp->cap[slot] = cap;
-    }
+    L3D_ASSERT(dp->npend[slot] < dp->cap[slot]); /* sized in l3d_dp_init */
     dp->pend[slot][dp->npend[slot]++] = p;
 }
 
@@ -137,6 +130,23 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     if (dp->own_count < 0) dp->own_count = 0;
     if (zero == 2)
         dp->grad_shard = l3d_calloc((size_t)(dp->own_count + 1) * sizeof(float), "gradient shard");
+    /* the pending lists at their largest, allocated now rather than in the first step: a slice of
+     * n elements goes out in at most n / bucket + 1 pieces, plus one per owner boundary crossed */
+    int64_t per_layer = 0, nonlayer = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+        const struct l3d_tensor_info *ti = &m->tensors[t];
+        int64_t n = l3d_gpt_is_layer_tensor(t) ? ti->rows * ti->cols : ti->count;
+        int64_t pieces = n / dp->bucket + 1 + (zero > 0 ? n / dp->shard_size + 1 : 0);
+        if (l3d_gpt_is_layer_tensor(t))
+            per_layer += pieces;
+        else
+            nonlayer += pieces;
+    }
+    const int64_t caps[DP_SLOTS] = {per_layer, per_layer, nonlayer};
+    for (int sl = 0; sl < DP_SLOTS; sl++) {
+        dp->cap[sl] = (int)caps[sl];
+        dp->pend[sl] = l3d_alloc((size_t)caps[sl] * sizeof(struct l3d_dp_piece), "dp pending");
+    }
     dp->sync = true;
     m->hooks.grads_ctx = dp;
     m->hooks.grads_ready = grads_ready;
