@@ -36,23 +36,22 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
     return L3D_OK;
 }
 
-static void tp_sum(void *ctx, float *buf, int64_t n) {
-    l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_SUM, NULL);
+/* Every hook counts the time spent inside the communication call (exposed TP communication) and
+ * the payload bytes. One all-reduce over the group; req NULL: blocking. */
+static void all_reduce(struct l3d_tp *tp, float *buf, int64_t n, enum l3d_redop op, l3d_req *req) {
+    double t0 = l3d_time_s();
+    l3d_comm_all_reduce(tp->comm, buf, n, L3D_F32, op, req);
+    tp->comm_s += l3d_time_s() - t0;
+    tp->bytes += n * (int64_t)sizeof(float);
 }
 
-static void tp_max(void *ctx, float *buf, int64_t n) {
-    l3d_comm_all_reduce(ctx, buf, n, L3D_F32, L3D_MAX, NULL);
-}
+static void tp_sum(void *ctx, float *buf, int64_t n) { all_reduce(ctx, buf, n, L3D_SUM, NULL); }
+static void tp_max(void *ctx, float *buf, int64_t n) { all_reduce(ctx, buf, n, L3D_MAX, NULL); }
 
-/* Each hook counts the time spent inside the communication call (exposed TP communication) and
- * the bytes summed. */
 static void tp_sum_begin(void *ctx, float *buf, int64_t n) {
     struct l3d_tp *tp = ctx;
     L3D_ASSERT(!tp->req.active);
-    double t0 = l3d_time_s();
-    l3d_comm_all_reduce(tp->comm, buf, n, L3D_F32, L3D_SUM, &tp->req);
-    tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * (int64_t)sizeof(float);
+    all_reduce(tp, buf, n, L3D_SUM, &tp->req);
 }
 
 static void tp_sum_end(void *ctx) {
@@ -60,22 +59,6 @@ static void tp_sum_end(void *ctx) {
     double t0 = l3d_time_s();
     l3d_comm_wait(tp->comm, &tp->req);
     tp->comm_s += l3d_time_s() - t0;
-}
-
-static void tp_sum_ctx(void *ctx, float *buf, int64_t n) {
-    struct l3d_tp *tp = ctx;
-    double t0 = l3d_time_s();
-    tp_sum(tp->comm, buf, n);
-    tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * (int64_t)sizeof(float);
-}
-
-static void tp_max_ctx(void *ctx, float *buf, int64_t n) {
-    struct l3d_tp *tp = ctx;
-    double t0 = l3d_time_s();
-    tp_max(tp->comm, buf, n);
-    tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * (int64_t)sizeof(float);
 }
 
 static void tp_gather(void *ctx, const float *local, float *full, int64_t n) {
@@ -100,8 +83,8 @@ void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_com
     tp->comm = tp_comm;
     if (tp_comm->size == 1) return;
     m->hooks.ctx = tp;
-    m->hooks.tp_all_reduce = tp_sum_ctx;
-    m->hooks.tp_all_reduce_max = tp_max_ctx;
+    m->hooks.tp_all_reduce = tp_sum;
+    m->hooks.tp_all_reduce_max = tp_max;
     m->hooks.tp_all_gather = tp_gather;
     m->hooks.tp_reduce_scatter = tp_scatter;
     if (overlap) {
