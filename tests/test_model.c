@@ -306,6 +306,85 @@ static void test_slice_init(struct l3d_backend *be) {
     l3d_gpt_free(ms);
 }
 
+/* Activation slots and recomputation: two micro-batches forwarded into two slots before either
+ * backward (what a pipeline stage does), under each recomputation mode, give bit-identical
+ * gradients to one micro-batch at a time with everything kept; the activation bytes match the
+ * closed form up to each buffer's 64-byte alignment, and recomputation shrinks them. */
+static void test_slots_and_recompute(struct l3d_backend *be) {
+    struct l3d_gpt_config cfg = tiny_config(3, 16, 2, 40, 8);
+    int B = 2, T = 6;
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    sh.has_embedding = false; /* a middle-to-last stage: input from input_act */
+    sh.layer_start = 1;
+    sh.layer_count = 2;
+    int32_t tgt[2][12];
+    ref_fill_tokens(tgt[0], B * T, 0, cfg.V, 4, 7);
+    ref_fill_tokens(tgt[1], B * T, 0, cfg.V, 4, 8);
+    float *x[2], *dx[2];
+    int64_t nx = (int64_t)B * T * cfg.C;
+    for (int i = 0; i < 2; i++) {
+        x[i] = malloc((size_t)nx * sizeof(float));
+        dx[i] = malloc((size_t)nx * sizeof(float));
+        for (int64_t j = 0; j < nx; j++) x[i][j] = 0.5f * l3d_rng_normal(99, (uint64_t)i, (uint64_t)j);
+    }
+    struct l3d_gpt *ref;
+    CHECK(l3d_gpt_init(&ref, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    l3d_gpt_init_weights(ref, 3);
+    l3d_gpt_zero_grad(ref);
+    float lref[2];
+    for (int i = 0; i < 2; i++) {
+        memcpy(ref->input_act, x[i], (size_t)nx * sizeof(float));
+        lref[i] = l3d_gpt_forward(ref, NULL, tgt[i], B, T);
+        l3d_gpt_backward(ref, 0.01f, NULL);
+        memcpy(dx[i], ref->dinput_act, (size_t)nx * sizeof(float));
+    }
+    size_t bytes[3];
+    for (int rc = L3D_RECOMPUTE_NONE; rc <= L3D_RECOMPUTE_FULL; rc++) {
+        struct l3d_gpt *m;
+        CHECK(l3d_gpt_init_ex(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT, 2, rc) == L3D_OK);
+        l3d_gpt_init_weights(m, 3);
+        l3d_gpt_zero_grad(m);
+        float l[2];
+        for (int i = 0; i < 2; i++) {
+            l3d_gpt_use_slot(m, i);
+            memcpy(m->input_act, x[i], (size_t)nx * sizeof(float));
+            l[i] = l3d_gpt_forward(m, NULL, tgt[i], B, T);
+        }
+        int same_dx = 1;
+        for (int i = 0; i < 2; i++) {
+            l3d_gpt_use_slot(m, i);
+            l3d_gpt_backward(m, 0.01f, NULL);
+            same_dx &= memcmp(m->dinput_act, dx[i], (size_t)nx * sizeof(float)) == 0;
+        }
+        CHECK(l[0] == lref[0] && l[1] == lref[1]);
+        CHECK(same_dx);
+        CHECK(memcmp(m->grads, ref->grads, (size_t)m->num_params * sizeof(float)) == 0);
+        size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 2, rc);
+        bytes[rc] = m->act_bytes;
+        CHECK(m->act_bytes >= want && m->act_bytes <= want + 64 * (size_t)(2 * 40 + 40));
+        l3d_gpt_free(m);
+    }
+    CHECK(bytes[L3D_RECOMPUTE_FULL] < bytes[L3D_RECOMPUTE_SELECTIVE] &&
+          bytes[L3D_RECOMPUTE_SELECTIVE] < bytes[L3D_RECOMPUTE_NONE]);
+    /* the closed form at GPT-2 124M's shapes, no recomputation, one slot: the per-layer term is
+     * 4 (s b h (2 + 12 + 2) + a s^2 b + 4 s b) bytes */
+    struct l3d_gpt_config g;
+    l3d_gpt_config_preset(&g, "d12");
+    struct l3d_shard one = l3d_shard_full(&g);
+    one.layer_count = 1;
+    one.has_embedding = one.has_head = false;
+    struct l3d_shard two = one;
+    two.layer_count = 2;
+    double per_layer = 4.0 * (64.0 * 4 * 768 * 16 + 12.0 * 64 * 64 * 4 + 4.0 * 64 * 4);
+    CHECK((double)(l3d_gpt_act_bytes(&g, &two, 4, 64, 1, L3D_RECOMPUTE_NONE) -
+                   l3d_gpt_act_bytes(&g, &one, 4, 64, 1, L3D_RECOMPUTE_NONE)) == per_layer);
+    l3d_gpt_free(ref);
+    for (int i = 0; i < 2; i++) {
+        free(x[i]);
+        free(dx[i]);
+    }
+}
+
 static void test_errors(struct l3d_backend *be) {
     struct l3d_gpt_config cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
@@ -327,6 +406,7 @@ int main(void) {
     test_overfit_and_determinism(be);
     test_layer_shards(be);
     test_slice_init(be);
+    test_slots_and_recompute(be);
     test_errors(be);
     l3d_backend_free(be);
     return TEST_REPORT();

@@ -107,12 +107,20 @@ struct l3d_gpt_hooks {
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
 
+/* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+ * Transformer Models"): keep every layer's activations (none), all but the attention
+ * probabilities, recomputed from q and k in backward (selective), or only each layer's input,
+ * the whole layer recomputed in backward (full). Same results in every mode. */
+enum l3d_recompute { L3D_RECOMPUTE_NONE, L3D_RECOMPUTE_SELECTIVE, L3D_RECOMPUTE_FULL };
+
 struct l3d_gpt {
     struct l3d_gpt_config cfg;
     struct l3d_shard shard;
     struct l3d_backend *be;
     struct l3d_gpt_hooks hooks;
     int Bmax, Tmax;       /* sizes the activations were planned for */
+    int act_slots, slot;  /* micro-batches whose activations can be kept at once; current one */
+    enum l3d_recompute recompute;
     int64_t num_params;   /* elements in this shard */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     float *params;        /* flat, num_params */
@@ -142,7 +150,25 @@ enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE };
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
                         const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                         enum l3d_grad_mode grads);
+/* The same with act_slots sets of saved activations (a pipeline stage keeps several micro-batches
+ * between their forward and backward; l3d_gpt_use_slot chooses the one that forward, backward,
+ * input_act, dinput_act, logits and the output act on) and a recomputation mode. */
+l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute);
+void l3d_gpt_use_slot(struct l3d_gpt *m, int slot);
 void l3d_gpt_free(struct l3d_gpt *m);
+/* Activation bytes of a shard in closed form (what m->act_bytes holds, up to 64-byte alignment of
+ * each buffer): per layer and micro-batch, in fp32 with s = T, b = B, h = C, a = heads, t = TP size
+ * and p = 1 or t with sequence parallelism (Korthikanti et al. 2022, sec. 4, adapted: no dropout,
+ * LayerNorm statistics kept instead of inputs, 4-byte values):
+ *   none       4 (s b h (2 + 12/t + 2/p) + a s^2 b / t + 4 s b / p)
+ *   selective  4 (s b h (2 + 12/t + 2/p) + 4 s b / p)
+ *   full       4 s b h / p                       (the layer's input only)
+ * times act_slots micro-batches, plus the stage's input, head and token buffers per slot and one
+ * layer's backward (and recomputation) buffers shared by all slots. */
+size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+                         int T, int act_slots, enum l3d_recompute recompute);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on

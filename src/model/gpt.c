@@ -169,7 +169,13 @@ struct layer_acts {
 
 struct l3d_gpt_acts {
     float *base;
-    struct layer_acts *layer; /* layer_count entries */
+    int64_t slot_floats;      /* size of one slot's region; slots come first in base */
+    struct layer_acts *layer; /* layer_count entries, pointing into the current slot */
+    /* recomputation: one layer's activations rebuilt in backward (full), the attention
+     * probabilities of the layer being computed (selective and full), the recomputed attention
+     * output that nobody reads (selective) and layer output (full) */
+    struct layer_acts rc;
+    float *att_shared, *atty_tmp, *res3_tmp;
     float *scratch;           /* (B,T,C): row-parallel matmul output before the residual add */
     /* Sequence parallelism: this rank's rows (N/sp) where the full rows are gathered or scattered;
      * with sp = 1 they alias the full buffers. */
@@ -190,8 +196,30 @@ struct l3d_gpt_acts {
     float *dfch, *dfch_gelu;  /* (B,T,F) */
 };
 
-/* Walks the activation plan: with base NULL it only counts, so sizing and pointing share one list. */
-static int64_t point_acts(struct l3d_gpt *m, float *base) {
+/* The sizes (floats) of one layer's activations, in the order they are taken. */
+static void layer_act_sizes(const struct l3d_gpt *m, int64_t sz[13]) {
+    const struct l3d_shard *s = &m->shard;
+    int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C, BTl = BT / s->sp_size;
+    int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
+    const int64_t v[13] = {BT * C, BTl, BTl, BT * 3 * Ca, BT * Ca, (int64_t)m->Bmax * Hl * T * T,
+                           BTl * C, BT * C, BTl, BTl, BT * F, BT * F, BTl * C};
+    memcpy(sz, v, sizeof v);
+}
+
+static float **layer_act_field(struct layer_acts *la, int i) {
+    float **f[13] = {&la->ln1, &la->ln1_mean, &la->ln1_rstd, &la->qkv, &la->atty, &la->att,
+                     &la->res2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->fch_gelu,
+                     &la->res3};
+    return f[i];
+}
+
+/* Walks the activation plan: with base NULL it only counts, so sizing and pointing share one list.
+ * The first region holds what a micro-batch keeps from its forward to its backward, once per
+ * activation slot (the pipeline keeps several micro-batches in flight); `slot` chooses which one
+ * the pointers name. The second region is shared: scratch and one layer's backward buffers.
+ * Which per-layer tensors are kept depends on the recomputation mode: all of them (none), all but
+ * the attention probabilities (selective), only the layer's output (full). */
+static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C;
@@ -199,32 +227,22 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
     int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
     int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
     int64_t Vl = s->vocab_count;
-    int64_t off = 0;
+    int64_t off = 0, sz[13];
+    float *region = base ? base + (int64_t)slot * a->slot_floats : NULL;
+    layer_act_sizes(m, sz);
 #define TAKE(ptr, n)                                     \
     do {                                                 \
-        if (base) (ptr) = (void *)(base + off);          \
+        if (region) (ptr) = (void *)(region + off);      \
         off += ((int64_t)(n) + 15) / 16 * 16; /* 64-byte aligned */ \
     } while (0)
+    /* per-slot region */
     TAKE(m->input_act, BTl * C);
-    for (int l = 0; l < s->layer_count; l++) {
-        struct layer_acts *la = &a->layer[l];
-        TAKE(la->ln1, BT * C);
-        TAKE(la->ln1_mean, BTl);
-        TAKE(la->ln1_rstd, BTl);
-        TAKE(la->qkv, BT * 3 * Ca);
-        TAKE(la->atty, BT * Ca);
-        TAKE(la->att, (int64_t)m->Bmax * Hl * T * T);
-        TAKE(la->res2, BTl * C);
-        TAKE(la->ln2, BT * C);
-        TAKE(la->ln2_mean, BTl);
-        TAKE(la->ln2_rstd, BTl);
-        TAKE(la->fch, BT * F);
-        TAKE(la->fch_gelu, BT * F);
-        TAKE(la->res3, BTl * C);
-    }
-    TAKE(a->scratch, BT * C);
-    TAKE(a->scratch_local, BTls * C);
-    TAKE(a->ln_local, BTls * C);
+    for (int l = 0; l < s->layer_count; l++)
+        for (int i = 0; i < 13; i++) {
+            bool keep = m->recompute == L3D_RECOMPUTE_NONE ||
+                        (m->recompute == L3D_RECOMPUTE_SELECTIVE && i != 5) || i == 12;
+            if (keep) TAKE(*layer_act_field(&a->layer[l], i), sz[i]);
+        }
     if (s->has_head) {
         TAKE(a->lnf, BTl * C);
         TAKE(a->lnf_full, BTs * C);
@@ -236,11 +254,26 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
         TAKE(a->sumexp, BT);
         TAKE(a->tlogit, BT);
     }
-    TAKE(a->dres, BTl * C);
-    TAKE(a->dres_full, BTs * C);
     TAKE(m->inputs, BT); /* int32 and float are both 4 bytes */
     TAKE(m->targets, BT);
     TAKE(m->dinput_act, BTl * C);
+    a->slot_floats = off;
+    int64_t total = off * m->act_slots; /* the shared region follows every slot */
+    region = base ? base + total : NULL;
+    off = 0;
+    /* shared region */
+    if (m->recompute != L3D_RECOMPUTE_NONE) TAKE(a->att_shared, (int64_t)m->Bmax * Hl * T * T);
+    if (m->recompute == L3D_RECOMPUTE_SELECTIVE) TAKE(a->atty_tmp, BT * Ca);
+    if (m->recompute == L3D_RECOMPUTE_FULL) {
+        for (int i = 0; i < 12; i++)
+            if (i != 5) TAKE(*layer_act_field(&a->rc, i), sz[i]);
+        TAKE(a->res3_tmp, BTl * C);
+    }
+    TAKE(a->scratch, BT * C);
+    TAKE(a->scratch_local, BTls * C);
+    TAKE(a->ln_local, BTls * C);
+    TAKE(a->dres, BTl * C);
+    TAKE(a->dres_full, BTs * C);
     TAKE(a->dln, BT * C);
     TAKE(a->dln_local, BTls * C);
     TAKE(a->dlnw, sp > 1 ? 4 * C : 0);
@@ -250,19 +283,40 @@ static int64_t point_acts(struct l3d_gpt *m, float *base) {
     TAKE(a->dfch, BT * F);
     TAKE(a->dfch_gelu, BT * F);
 #undef TAKE
-    if (base && sp == 1) {
-        a->scratch_local = a->scratch;
-        a->lnf_full = a->lnf;
-        a->dres_full = a->dres;
-        a->dln_local = a->dln;
+    if (base) {
+        a->rc.att = a->att_shared;
+        a->rc.res3 = a->res3_tmp;
+        for (int l = 0; l < s->layer_count; l++) {
+            struct layer_acts *la = &a->layer[l];
+            if (m->recompute == L3D_RECOMPUTE_FULL) { /* all but the output live in rc */
+                float *res3 = la->res3;
+                *la = a->rc;
+                la->res3 = res3;
+            } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE) {
+                la->att = a->att_shared;
+            }
+        }
+        if (sp == 1) {
+            a->scratch_local = a->scratch;
+            a->lnf_full = a->lnf;
+            a->dres_full = a->dres;
+            a->dln_local = a->dln;
+        }
     }
-    return off;
+    return total + off;
 }
 
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
                         const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                         enum l3d_grad_mode grads) {
+    return l3d_gpt_init_ex(out, cfg, sh, be, B, T, grads, 1, L3D_RECOMPUTE_NONE);
+}
+
+l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute) {
     *out = NULL;
+    L3D_ASSERT(act_slots >= 1);
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
     if (B < 1 || T < 1)
@@ -281,11 +335,13 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
     m->be = be;
     m->Bmax = B;
     m->Tmax = T;
+    m->act_slots = act_slots;
+    m->recompute = recompute;
     plan_params(m);
     m->acts = l3d_calloc(sizeof *m->acts, "activation table");
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
                                 "activation table");
-    int64_t n_act = point_acts(m, NULL);
+    int64_t n_act = point_acts(m, NULL, 0);
     m->act_bytes = (size_t)n_act * sizeof(float);
     size_t pbytes = (size_t)m->num_params * sizeof(float);
     size_t gbytes = grads == L3D_GRADS_FLAT    ? pbytes
@@ -317,7 +373,7 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
         for (int i = 0; i < 2; i++) memset(m->grad_slot[i], 0, (size_t)m->slot_size * 4);
     }
     memset(m->acts->base, 0, m->act_bytes);
-    point_acts(m, m->acts->base);
+    point_acts(m, m->acts->base, 0);
     *out = m;
     return L3D_OK;
 }
@@ -535,6 +591,37 @@ static void row_parallel_residual(struct l3d_gpt *m, float *res_out, const float
     k->residual_forward(m->be->ctx, res_out, res_in, out, N * C);
 }
 
+/* One transformer layer's forward from its input x into la (res3 is its output). */
+static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const float *x, int B,
+                          int T) {
+    const struct l3d_backend_i *k = m->be->i;
+    void *bc = m->be->ctx;
+    struct l3d_gpt_acts *a = m->acts;
+    const struct l3d_shard *s = &m->shard;
+    int64_t N = (int64_t)B * T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
+    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
+    struct layer_params p = layer_params(m, m->params, l);
+    float *lnout = sp > 1 ? a->ln_local : la->ln1;
+    k->layernorm_forward(bc, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
+    k->matmul_forward(bc, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
+    k->attention_forward(bc, la->atty, la->att, la->qkv, B, T, Hl, HS);
+    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
+    lnout = sp > 1 ? a->ln_local : la->ln2;
+    k->layernorm_forward(bc, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl, C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C);
+    k->matmul_forward(bc, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
+    k->gelu_forward(bc, la->fch_gelu, la->fch, N * F);
+    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
+}
+
+void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
+    L3D_ASSERT(slot >= 0 && slot < m->act_slots);
+    if (slot == m->slot) return;
+    point_acts(m, m->acts->base, slot);
+    m->slot = slot;
+}
+
 float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
                       int T) {
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
@@ -543,7 +630,6 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
-    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
     m->B = B;
     m->T = T;
     m->has_targets = targets != NULL;
@@ -574,22 +660,8 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     }
     const float *x = m->input_act;
     for (int l = 0; l < s->layer_count; l++) {
-        struct layer_acts *la = &a->layer[l];
-        struct layer_params p = layer_params(m, m->params, l);
-        float *lnout = sp > 1 ? a->ln_local : la->ln1;
-        k->layernorm_forward(bc, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
-        k->matmul_forward(bc, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
-        k->attention_forward(bc, la->atty, la->att, la->qkv, B, T, Hl, HS);
-        row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
-        lnout = sp > 1 ? a->ln_local : la->ln2;
-        k->layernorm_forward(bc, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl,
-                             C);
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C);
-        k->matmul_forward(bc, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
-        k->gelu_forward(bc, la->fch_gelu, la->fch, N * F);
-        row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
-        x = la->res3;
+        forward_layer(m, l, &a->layer[l], x, B, T);
+        x = a->layer[l].res3;
     }
     if (!s->has_head) return 0.0f;
 
@@ -677,6 +749,12 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         if (m->grads_nonlayer) memset(m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
         struct layer_params g = layer_grads(m, l);
         const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+        if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
+            la = &a->rc;
+            forward_layer(m, l, la, x, B, T);
+        } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE) { /* the attention probabilities */
+            k->attention_forward(bc, a->atty_tmp, la->att, la->qkv, B, T, Hl, HS);
+        }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
         float *g_ln2w = g.ln2w, *g_ln2b = g.ln2b, *g_ln1w = g.ln1w, *g_ln1b = g.ln1b;
@@ -725,6 +803,30 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
                             s->vocab_count, B, T, C);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
+}
+
+size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+                         int T, int act_slots, enum l3d_recompute recompute) {
+    double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
+    double p = sh->sp_size, sb = s * b, sbh = s * b * h, V = (double)sh->vocab_count;
+    double Ca = h / t, att = a * s * s * b; /* a: this rank's heads, the model's / t */
+    double layer_all = sbh * (2 + 12 / t + 2 / p) + att + 4 * sb / p;
+    double layer = recompute == L3D_RECOMPUTE_NONE        ? layer_all
+                   : recompute == L3D_RECOMPUTE_SELECTIVE ? layer_all - att
+                                                          : sbh / p;
+    /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
+     * LayerNorm (its gathered copy under SP), the logits slice and the loss statistics */
+    double slot = sh->layer_count * layer + 2 * sbh / p + 2 * sb;
+    if (sh->has_head) slot += sbh / p + (p > 1 ? sbh : 0) + 2 * sb / p + sb * V + 4 * sb;
+    /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
+     * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
+     * gathered and scattered copies; recomputation adds what it rebuilds */
+    double shared = sbh / p + sbh + 3 * sb * Ca + sb * Ca + att + 8 * sbh / t + sbh;
+    if (p > 1) shared += 2 * sbh / p + sbh + sbh / p + 4 * h;
+    if (recompute != L3D_RECOMPUTE_NONE) shared += att;
+    if (recompute == L3D_RECOMPUTE_SELECTIVE) shared += sb * Ca;
+    if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
+    return (size_t)(4 * (act_slots * slot + shared));
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */
