@@ -1,0 +1,107 @@
+/*
+ * llm3d pipeline parallelism: stage partition and schedules as data.
+ *
+ *   int layers[8];                       // layers of each virtual stage
+ *   l3d_pp_partition(&cfg, T, pp * v, layers);        // balanced by estimated cost
+ *   struct l3d_pp_schedule s;
+ *   l3d_pp_schedule_build(&s, L3D_PP_1F1B, pp, 1, m); // m micro-batches
+ *   for (int i = 0; i < s.n[stage]; i++) { const struct l3d_pp_action *a = &s.acts[stage][i]; ... }
+ *   struct l3d_pp_sim sim;
+ *   l3d_pp_simulate(&s, 1.0, 2.0, &sim);  // deadlock? idle fraction? (no MPI)
+ *   l3d_pp_schedule_free(&s);
+ *
+ * A schedule is, for each pipeline rank (stage), the ordered list of what it does in one training
+ * step: forward or backward of micro-batch i on model chunk c, and the sends and receives around
+ * them. With v virtual stages per rank (interleaved schedule, Narayanan et al. 2021, sec. 2.2),
+ * rank r holds chunks c = 0..v-1, chunk c being virtual stage c * pp + r of the pp * v stages; the
+ * first virtual stage holds the embedding, the last the head and loss.
+ *
+ *   GPipe (Huang et al. 2019): all forwards, then all backwards; m micro-batches in flight.
+ *   1F1B (PipeDream-Flush, Narayanan et al. 2021): stage r runs pp - r - 1 warm-up forwards, then
+ *     alternates one forward and one backward, then the remaining backwards; at most pp - r
+ *     micro-batches in flight.
+ *   Interleaved 1F1B: forwards walk chunks in groups of pp micro-batches; warm-up
+ *     2 (pp - r - 1) + (v - 1) pp forwards (as in Megatron-LM); needs m divisible by pp.
+ *
+ * Receives come right before the computation that needs them and sends right after the one that
+ * produced them; sends never block (the executor posts them non-blocking), so a schedule runs if
+ * every receive is matched by an earlier send — l3d_pp_simulate checks exactly that. With forward
+ * time f and backward time b per chunk, the idle fraction of the timeline is the textbook bubble
+ * (pp - 1) / (v m + pp - 1): (pp - 1) / (m + pp - 1) without interleaving.
+ */
+#ifndef LLM3D_PIPELINE_H
+#define LLM3D_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llm3d/core.h"
+#include "llm3d/model.h"
+
+enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED };
+
+enum l3d_pp_op {
+    L3D_PP_FWD,       /* forward of (micro, chunk) */
+    L3D_PP_BWD,       /* backward of (micro, chunk) */
+    L3D_PP_RECV_ACT,  /* the chunk's input activation, from the previous virtual stage */
+    L3D_PP_SEND_ACT,  /* its output activation, to the next virtual stage */
+    L3D_PP_RECV_GRAD, /* the gradient of its output, from the next virtual stage */
+    L3D_PP_SEND_GRAD, /* the gradient of its input, to the previous virtual stage */
+};
+
+struct l3d_pp_action {
+    uint8_t op;
+    int16_t chunk;
+    int32_t micro;
+    int32_t peer; /* pipeline rank sent to or received from (-1 for compute) */
+};
+
+struct l3d_pp_schedule {
+    enum l3d_pp_kind kind;
+    int pp, v, m;
+    int *n;                      /* n[stage]: actions of the stage */
+    struct l3d_pp_action **acts; /* acts[stage][0 .. n[stage]) */
+    int *slots;                  /* slots[stage * v + chunk]: most micro-batches of the chunk
+                                  * between forward and backward at once */
+};
+
+const char *l3d_pp_kind_name(enum l3d_pp_kind kind);
+/* "gpipe", "1f1b" or "interleaved"; L3D_ERR_ARG naming --pp-schedule otherwise. */
+l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);
+/* Checks (pp >= 1, m >= 1, v >= 1; v > 1 only interleaved, which needs pp >= 2 and m divisible by
+ * pp) with messages naming the flags, then builds. */
+l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
+                                 int m);
+void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
+/* Idle fraction of an ideal timeline (equal stages, free communication): (pp-1) / (v m + pp-1). */
+double l3d_pp_bubble(int pp, int v, int m);
+
+/* A dataflow simulation of the schedule: each stage runs its list in order; a send takes no time
+ * and never blocks; a receive waits for its matching send; forward and backward of a chunk take
+ * t_fwd and t_bwd. */
+struct l3d_pp_sim {
+    bool deadlock;        /* some stage waits for a message that is never sent */
+    bool order_ok;        /* each (micro, chunk) forwarded once, then backwarded once, per stage */
+    bool fifo_ok;         /* per chunk, micro-batches leave in the order they entered (so slot =
+                           * micro % slots never overwrites one in flight) */
+    bool matched;         /* every send received, nothing left over */
+    double makespan;      /* time of the last action */
+    double idle_fraction; /* mean over stages of 1 - busy / makespan */
+    int max_in_flight[64]; /* per stage (all chunks), first 64 stages */
+};
+l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
+                           struct l3d_pp_sim *out);
+
+/* Estimated forward cost of one token through a layer, the embedding and the head + loss, in
+ * FLOPs (matrix products 2 per multiply-add, attention as in PaLM's 12 L C T over 3 passes). */
+double l3d_pp_layer_cost(const struct l3d_gpt_config *cfg, int T);
+double l3d_pp_head_cost(const struct l3d_gpt_config *cfg);
+/* Splits the L layers into `stages` contiguous runs of at least one layer, minimising the largest
+ * stage cost (layers, plus the embedding on the first and the head + loss on the last stage).
+ * L3D_ERR_LAYOUT when stages > L. */
+l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers);
+/* Parses "a,b,c" (--pp-layers) into `stages` counts summing to L. */
+l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cfg, int stages,
+                               int *layers);
+
+#endif

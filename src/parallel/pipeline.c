@@ -1,0 +1,301 @@
+/* Pipeline schedules, their simulation, and the stage partition (include/llm3d/pipeline.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/pipeline.h"
+
+const char *l3d_pp_kind_name(enum l3d_pp_kind kind) {
+    switch (kind) {
+    case L3D_PP_GPIPE: return "gpipe";
+    case L3D_PP_1F1B: return "1f1b";
+    case L3D_PP_INTERLEAVED: return "interleaved";
+    }
+    return "?";
+}
+
+l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind) {
+    for (int k = L3D_PP_GPIPE; k <= L3D_PP_INTERLEAVED; k++)
+        if (strcmp(name, l3d_pp_kind_name((enum l3d_pp_kind)k)) == 0) {
+            *kind = (enum l3d_pp_kind)k;
+            return L3D_OK;
+        }
+    return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b or interleaved", name);
+}
+
+double l3d_pp_bubble(int pp, int v, int m) {
+    return (double)(pp - 1) / ((double)v * m + pp - 1);
+}
+
+/* ---- building ---------------------------------------------------------------------------- */
+
+struct builder {
+    const struct l3d_pp_schedule *s;
+    int stage, n;
+    struct l3d_pp_action *out;
+};
+
+static void emit(struct builder *b, int op, int micro, int chunk, int peer) {
+    b->out[b->n++] = (struct l3d_pp_action){.op = (uint8_t)op, .chunk = (int16_t)chunk,
+                                            .micro = micro, .peer = peer};
+}
+
+/* A computation with the receive before it and the send after it. */
+static void compute(struct builder *b, bool fwd, int micro, int chunk) {
+    int pp = b->s->pp, r = b->stage, vs = chunk * pp + r, last = pp * b->s->v - 1;
+    int prev = (r + pp - 1) % pp, next = (r + 1) % pp;
+    if (fwd) {
+        if (vs > 0) emit(b, L3D_PP_RECV_ACT, micro, chunk, prev);
+        emit(b, L3D_PP_FWD, micro, chunk, -1);
+        if (vs < last) emit(b, L3D_PP_SEND_ACT, micro, chunk, next);
+    } else {
+        if (vs < last) emit(b, L3D_PP_RECV_GRAD, micro, chunk, next);
+        emit(b, L3D_PP_BWD, micro, chunk, -1);
+        if (vs > 0) emit(b, L3D_PP_SEND_GRAD, micro, chunk, prev);
+    }
+}
+
+/* The k-th forward (or backward) of a stage: which micro-batch on which chunk. */
+static void nth(const struct l3d_pp_schedule *s, bool fwd, int k, int *micro, int *chunk) {
+    if (s->kind != L3D_PP_INTERLEAVED) {
+        *micro = k;
+        *chunk = 0;
+        return;
+    }
+    int pp = s->pp, v = s->v, group = k / pp % v;
+    *chunk = fwd ? group : v - 1 - group;
+    *micro = k / (pp * v) * pp + k % pp;
+}
+
+static void build_stage(struct l3d_pp_schedule *s, int r) {
+    int total = s->m * s->v, warm;
+    if (s->kind == L3D_PP_GPIPE)
+        warm = total;
+    else if (s->kind == L3D_PP_1F1B)
+        warm = s->pp - r - 1;
+    else
+        warm = 2 * (s->pp - r - 1) + (s->v - 1) * s->pp;
+    if (warm > total) warm = total;
+    struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
+    int mi, ch;
+    for (int k = 0; k < warm; k++) {
+        nth(s, true, k, &mi, &ch);
+        compute(&b, true, mi, ch);
+    }
+    for (int k = 0; k < total - warm; k++) {
+        nth(s, true, warm + k, &mi, &ch);
+        compute(&b, true, mi, ch);
+        nth(s, false, k, &mi, &ch);
+        compute(&b, false, mi, ch);
+    }
+    for (int k = total - warm; k < total; k++) {
+        nth(s, false, k, &mi, &ch);
+        compute(&b, false, mi, ch);
+    }
+    s->n[r] = b.n;
+    /* activation slots: the most micro-batches of each chunk between forward and backward */
+    int *live = &s->slots[r * s->v];
+    int cur[256] = {0};
+    for (int i = 0; i < b.n; i++) {
+        const struct l3d_pp_action *a = &b.out[i];
+        if (a->op == L3D_PP_FWD && ++cur[a->chunk] > live[a->chunk]) live[a->chunk] = cur[a->chunk];
+        if (a->op == L3D_PP_BWD) cur[a->chunk]--;
+    }
+}
+
+l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
+                                 int m) {
+    memset(s, 0, sizeof *s);
+    if (pp < 1 || m < 1 || v < 1)
+        return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
+                         "each must be at least 1", pp, m, v);
+    if (v > 1 && kind != L3D_PP_INTERLEAVED)
+        return l3d_error(L3D_ERR_ARG, "--pp-virtual %d needs --pp-schedule interleaved", v);
+    if (v > 256)
+        return l3d_error(L3D_ERR_ARG, "--pp-virtual %d: at most 256 virtual stages per rank", v);
+    if (kind == L3D_PP_INTERLEAVED && (pp < 2 || v < 2))
+        return l3d_error(L3D_ERR_ARG, "the interleaved schedule needs --pp 2 or more (got %d) and "
+                         "--pp-virtual 2 or more (got %d)", pp, v);
+    if (kind == L3D_PP_INTERLEAVED && m % pp != 0)
+        return l3d_error(L3D_ERR_ARG, "the interleaved schedule needs the micro-batches "
+                         "(--grad-accum %d) to be a multiple of --pp %d", m, pp);
+    s->kind = kind;
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
+    s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
+    s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    for (int r = 0; r < pp; r++) {
+        /* each (micro, chunk): a forward and a backward with at most one receive and send each */
+        s->acts[r] = l3d_alloc((size_t)m * v * 6 * sizeof(struct l3d_pp_action), "schedule");
+        build_stage(s, r);
+    }
+    return L3D_OK;
+}
+
+void l3d_pp_schedule_free(struct l3d_pp_schedule *s) {
+    if (s->acts)
+        for (int r = 0; r < s->pp; r++) l3d_free(s->acts[r]);
+    l3d_free(s->acts);
+    l3d_free(s->n);
+    l3d_free(s->slots);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- simulation -------------------------------------------------------------------------- */
+
+/* A message's identity: activation or gradient of (micro, chunk) into stage `to`. */
+static int64_t msg_key(const struct l3d_pp_schedule *s, bool grad, int micro, int chunk, int to) {
+    return (((int64_t)to * 2 + grad) * s->v + chunk) * s->m + micro;
+}
+
+l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
+                           struct l3d_pp_sim *out) {
+    memset(out, 0, sizeof *out);
+    int pp = s->pp, v = s->v, m = s->m;
+    int64_t nkeys = (int64_t)pp * 2 * v * m, ncell = (int64_t)pp * v * m;
+    double *sent = l3d_alloc((size_t)nkeys * sizeof(double), "simulation"); /* send time, or -1 */
+    int *pos = l3d_calloc((size_t)pp * sizeof(int), "simulation");
+    double *clock = l3d_calloc((size_t)pp * sizeof(double), "simulation");
+    double *busy = l3d_calloc((size_t)pp * sizeof(double), "simulation");
+    uint8_t *state = l3d_calloc((size_t)ncell, "simulation"); /* 0, 1 forwarded, 2 done */
+    int *next_in = l3d_calloc((size_t)pp * v * sizeof(int), "simulation");  /* FIFO check */
+    int *next_out = l3d_calloc((size_t)pp * v * sizeof(int), "simulation");
+    int *live = l3d_calloc((size_t)pp * sizeof(int), "simulation");
+    for (int64_t i = 0; i < nkeys; i++) sent[i] = -1.0;
+    out->order_ok = out->fifo_ok = out->matched = true;
+    int64_t pending = 0; /* sent, not yet received */
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int r = 0; r < pp; r++) {
+            while (pos[r] < s->n[r]) {
+                const struct l3d_pp_action *a = &s->acts[r][pos[r]];
+                uint8_t *st = &state[((int64_t)r * v + a->chunk) * m + a->micro];
+                int *in = &next_in[r * v + a->chunk], *outq = &next_out[r * v + a->chunk];
+                if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_SEND_GRAD) {
+                    bool grad = a->op == L3D_PP_SEND_GRAD;
+                    int chunk = a->chunk + (grad ? (r == 0 ? -1 : 0) : (r == pp - 1 ? 1 : 0));
+                    int64_t key = msg_key(s, grad, a->micro, chunk, a->peer);
+                    if (sent[key] >= 0) out->matched = false; /* sent twice */
+                    sent[key] = clock[r];
+                    pending++;
+                } else if (a->op == L3D_PP_RECV_ACT || a->op == L3D_PP_RECV_GRAD) {
+                    int64_t key = msg_key(s, a->op == L3D_PP_RECV_GRAD, a->micro, a->chunk, r);
+                    if (sent[key] < 0) break; /* blocked */
+                    if (sent[key] > clock[r]) clock[r] = sent[key];
+                    sent[key] = -2.0; /* consumed */
+                    pending--;
+                } else if (a->op == L3D_PP_FWD) {
+                    if (*st != 0) out->order_ok = false;
+                    if (a->micro != *in) out->fifo_ok = false;
+                    *in = a->micro + 1;
+                    *st = 1;
+                    clock[r] += t_fwd;
+                    busy[r] += t_fwd;
+                    if (++live[r] > out->max_in_flight[r] && r < 64) out->max_in_flight[r] = live[r];
+                } else {
+                    if (*st != 1) out->order_ok = false;
+                    if (a->micro != *outq) out->fifo_ok = false;
+                    *outq = a->micro + 1;
+                    *st = 2;
+                    clock[r] += t_bwd;
+                    busy[r] += t_bwd;
+                    live[r]--;
+                }
+                pos[r]++;
+                progress = true;
+            }
+        }
+    }
+    for (int r = 0; r < pp; r++) {
+        if (pos[r] < s->n[r]) out->deadlock = true;
+        if (clock[r] > out->makespan) out->makespan = clock[r];
+    }
+    for (int64_t i = 0; i < ncell; i++)
+        if (state[i] != 2) out->order_ok = false;
+    if (pending != 0) out->matched = false;
+    double idle = 0.0;
+    for (int r = 0; r < pp; r++) idle += out->makespan > 0 ? 1.0 - busy[r] / out->makespan : 0.0;
+    out->idle_fraction = idle / pp;
+    l3d_free(sent);
+    l3d_free(pos);
+    l3d_free(clock);
+    l3d_free(busy);
+    l3d_free(state);
+    l3d_free(next_in);
+    l3d_free(next_out);
+    l3d_free(live);
+    return L3D_OK;
+}
+
+/* ---- partition --------------------------------------------------------------------------- */
+
+double l3d_pp_layer_cost(const struct l3d_gpt_config *cfg, int T) {
+    double C = cfg->C;
+    return 2.0 * 12.0 * C * C + 4.0 * C * T; /* qkv, projection, MLP; scores and weighted sum */
+}
+
+double l3d_pp_head_cost(const struct l3d_gpt_config *cfg) {
+    return 2.0 * (double)cfg->C * cfg->Vp; /* the LM head; the softmax is small beside it */
+}
+
+l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers) {
+    int L = cfg->L;
+    if (stages < 1 || stages > L)
+        return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (--pp x --pp-virtual) but the model "
+                         "has %d layers: each stage needs at least one layer; lower --pp or "
+                         "--pp-virtual", stages, L);
+    double lc = l3d_pp_layer_cost(cfg, T), head = l3d_pp_head_cost(cfg);
+    double emb = 2.0 * cfg->C; /* token + position rows added */
+    /* best[k][j]: smallest possible largest cost placing the first j layers on k stages */
+    double *best = l3d_alloc((size_t)(stages + 1) * (L + 1) * sizeof(double), "partition");
+    int *cut = l3d_alloc((size_t)(stages + 1) * (L + 1) * sizeof(int), "partition");
+#define BEST(k, j) best[(k) * (L + 1) + (j)]
+#define CUT(k, j) cut[(k) * (L + 1) + (j)]
+    for (int k = 0; k <= stages; k++)
+        for (int j = 0; j <= L; j++) BEST(k, j) = 1e300;
+    BEST(0, 0) = 0.0;
+    for (int k = 1; k <= stages; k++)
+        for (int j = k; j <= L - (stages - k); j++)
+            for (int i = k - 1; i < j; i++) { /* stage k-1 holds layers [i, j) */
+                double c = (j - i) * lc + (k == 1 ? emb : 0.0) + (k == stages ? head : 0.0);
+                double w = BEST(k - 1, i) > c ? BEST(k - 1, i) : c;
+                if (w < BEST(k, j)) { /* ties keep the earliest cut: more layers later */
+                    BEST(k, j) = w;
+                    CUT(k, j) = i;
+                }
+            }
+    for (int k = stages, j = L; k >= 1; k--) {
+        layers[k - 1] = j - CUT(k, j);
+        j = CUT(k, j);
+    }
+#undef BEST
+#undef CUT
+    l3d_free(best);
+    l3d_free(cut);
+    return L3D_OK;
+}
+
+l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cfg, int stages,
+                               int *layers) {
+    int n = 0, sum = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || (*end && *end != ','))
+            return l3d_error(L3D_ERR_ARG, "--pp-layers '%s': give a comma-separated list of "
+                             "positive layer counts, one per pipeline stage", text);
+        if (n == stages)
+            return l3d_error(L3D_ERR_ARG, "--pp-layers '%s' lists more than the %d pipeline "
+                             "stages (--pp x --pp-virtual)", text, stages);
+        layers[n++] = (int)v;
+        sum += (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != stages || sum != cfg->L)
+        return l3d_error(L3D_ERR_ARG, "--pp-layers '%s': %d counts summing to %d, but the layout "
+                         "has %d stages (--pp x --pp-virtual) and the model %d layers", text, n, sum,
+                         stages, cfg->L);
+    return L3D_OK;
+}

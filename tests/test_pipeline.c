@@ -1,0 +1,177 @@
+/*
+ * Pipeline schedules as data, without MPI: every schedule of every size runs to the end in a
+ * dataflow simulation (no deadlock, each send received once), forwards each micro-batch of each
+ * chunk before its backward, keeps micro-batches first-in first-out per chunk, bounds the
+ * micro-batches in flight (pp - stage for 1F1B, m for GPipe), and idles exactly the textbook
+ * bubble (pp - 1) / (v m + pp - 1). A broken schedule is caught. The balanced partition is the
+ * best contiguous split (checked against brute force) and errors name the flags.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/pipeline.h"
+#include "test.h"
+
+static void check_schedule(enum l3d_pp_kind kind, int pp, int v, int m, double tf, double tb) {
+    struct l3d_pp_schedule s;
+    CHECK(l3d_pp_schedule_build(&s, kind, pp, v, m) == L3D_OK);
+    struct l3d_pp_sim sim;
+    l3d_pp_simulate(&s, tf, tb, &sim);
+    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    CHECK(ok);
+    double want = l3d_pp_bubble(pp, v, m);
+    if (kind != L3D_PP_INTERLEAVED || tb == 2 * tf) CHECK_NEAR(sim.idle_fraction, want, 1e-12);
+    if (kind == L3D_PP_1F1B)
+        for (int r = 0; r < pp && r < 64; r++) {
+            int bound = pp - r < m ? pp - r : m;
+            CHECK(sim.max_in_flight[r] == bound);
+            CHECK(s.slots[r] == bound);
+        }
+    if (kind == L3D_PP_GPIPE)
+        for (int r = 0; r < pp && r < 64; r++) CHECK(s.slots[r] == m && sim.max_in_flight[r] == m);
+    if (!ok || fabs(sim.idle_fraction - want) > 1e-12)
+        fprintf(stderr, "  %s pp %d v %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
+                "want %.6f\n", l3d_pp_kind_name(kind), pp, v, m, sim.deadlock, sim.order_ok,
+                sim.fifo_ok, sim.matched, sim.idle_fraction, want);
+    l3d_pp_schedule_free(&s);
+}
+
+static void test_schedules(void) {
+    const int pps[] = {1, 2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
+        for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) {
+            check_schedule(L3D_PP_GPIPE, pps[i], 1, ms[j], 1.0, 2.0);
+            check_schedule(L3D_PP_1F1B, pps[i], 1, ms[j], 1.0, 2.0);
+            check_schedule(L3D_PP_1F1B, pps[i], 1, ms[j], 1.0, 1.0);
+            for (int v = 2; v <= 3; v++)
+                if (pps[i] >= 2 && ms[j] % pps[i] == 0)
+                    check_schedule(L3D_PP_INTERLEAVED, pps[i], v, ms[j], 1.0, 2.0);
+        }
+    /* the textbook numbers: pp 4, m 8: 3/11 of the timeline idle; interleaved v 2: 3/19 */
+    CHECK_NEAR(l3d_pp_bubble(4, 1, 8), 3.0 / 11.0, 1e-15);
+    CHECK_NEAR(l3d_pp_bubble(4, 2, 8), 3.0 / 19.0, 1e-15);
+}
+
+/* 1F1B's shape on stage 0 of 4 with 6 micro-batches: 3 warm-up forwards, then F3 B0 F4 B1 F5 B2,
+ * then B3 B4 B5; interleaving lowers stage 0's idle time below 1F1B's. */
+static void test_shapes(void) {
+    struct l3d_pp_schedule s;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_1F1B, 4, 1, 6) == L3D_OK);
+    char seq[64] = {0};
+    int n = 0;
+    for (int i = 0; i < s.n[0]; i++) {
+        const struct l3d_pp_action *a = &s.acts[0][i];
+        if (a->op == L3D_PP_FWD || a->op == L3D_PP_BWD) {
+            seq[n++] = a->op == L3D_PP_FWD ? 'F' : 'B';
+            seq[n++] = (char)('0' + a->micro);
+        }
+    }
+    CHECK(strcmp(seq, "F0F1F2F3B0F4B1F5B2B3B4B5") == 0);
+    /* stage 0 sends activations to stage 1 and receives gradients from it, nothing else */
+    int sends = 0, recvs = 0;
+    for (int i = 0; i < s.n[0]; i++) {
+        const struct l3d_pp_action *a = &s.acts[0][i];
+        sends += a->op == L3D_PP_SEND_ACT && a->peer == 1;
+        recvs += a->op == L3D_PP_RECV_GRAD && a->peer == 1;
+        CHECK(a->op != L3D_PP_RECV_ACT && a->op != L3D_PP_SEND_GRAD);
+    }
+    CHECK(sends == 6 && recvs == 6);
+    l3d_pp_schedule_free(&s);
+    /* interleaved: stage 3 of 4 (the last rank) sends chunk 0's output to rank 0, chunk 1 */
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_INTERLEAVED, 4, 2, 8) == L3D_OK);
+    int wrap = 0;
+    for (int i = 0; i < s.n[3]; i++)
+        wrap += s.acts[3][i].op == L3D_PP_SEND_ACT && s.acts[3][i].peer == 0 && s.acts[3][i].chunk == 0;
+    CHECK(wrap == 8);
+    l3d_pp_schedule_free(&s);
+}
+
+/* A stage 0 that skips a send leaves stage 1 waiting forever (deadlock); one that runs its
+ * backwards out of order breaks first-in first-out; the simulator says so. */
+static void test_broken(void) {
+    struct l3d_pp_schedule s;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_1F1B, 2, 1, 2) == L3D_OK);
+    struct l3d_pp_sim sim;
+    /* stage 0: drop its first send */
+    struct l3d_pp_action saved[32];
+    int n0 = s.n[0];
+    memcpy(saved, s.acts[0], (size_t)n0 * sizeof saved[0]);
+    for (int i = 0, j = 0; i < n0; i++)
+        if (!(saved[i].op == L3D_PP_SEND_ACT && saved[i].micro == 0)) s.acts[0][j++] = saved[i];
+    s.n[0] = n0 - 1;
+    l3d_pp_simulate(&s, 1, 2, &sim);
+    CHECK(sim.deadlock);
+    memcpy(s.acts[0], saved, (size_t)n0 * sizeof saved[0]);
+    s.n[0] = n0;
+    /* stage 0: backward of micro-batch 1 before micro-batch 0 (breaks first-in first-out) */
+    int b0 = -1, b1 = -1;
+    for (int i = 0; i < n0; i++) {
+        if (s.acts[0][i].op == L3D_PP_BWD && s.acts[0][i].micro == 0) b0 = i;
+        if (s.acts[0][i].op == L3D_PP_BWD && s.acts[0][i].micro == 1) b1 = i;
+    }
+    CHECK(b0 >= 0 && b1 >= 0);
+    s.acts[0][b0].micro = 1;
+    s.acts[0][b1].micro = 0;
+    l3d_pp_simulate(&s, 1, 2, &sim);
+    CHECK(!sim.fifo_ok);
+    l3d_pp_schedule_free(&s);
+}
+
+static double stage_cost(const struct l3d_gpt_config *cfg, int T, const int *layers, int k, int n) {
+    return layers[k] * l3d_pp_layer_cost(cfg, T) + (k == 0 ? 2.0 * cfg->C : 0.0) +
+           (k == n - 1 ? l3d_pp_head_cost(cfg) : 0.0);
+}
+
+static double worst(const struct l3d_gpt_config *cfg, int T, const int *layers, int n) {
+    double w = 0;
+    for (int k = 0; k < n; k++) w = fmax(w, stage_cost(cfg, T, layers, k, n));
+    return w;
+}
+
+static void test_partition(void) {
+    struct l3d_gpt_config cfg;
+    l3d_gpt_config_preset(&cfg, "d12");
+    int layers[12];
+    /* GPT-2 124M on 2 stages: the head weighs about 5.5 layers, so the last stage gets fewer */
+    CHECK(l3d_pp_partition(&cfg, 1024, 2, layers) == L3D_OK);
+    CHECK(layers[0] + layers[1] == 12 && layers[0] > layers[1]);
+    /* brute force over every split into 3 stages */
+    CHECK(l3d_pp_partition(&cfg, 64, 3, layers) == L3D_OK);
+    double best = 1e300;
+    for (int a = 1; a <= 10; a++)
+        for (int b = 1; a + b <= 11; b++) {
+            int t[3] = {a, b, 12 - a - b};
+            best = fmin(best, worst(&cfg, 64, t, 3));
+        }
+    CHECK(worst(&cfg, 64, layers, 3) == best);
+    CHECK(layers[0] + layers[1] + layers[2] == 12);
+    /* without a heavy head the split is even */
+    struct l3d_gpt_config small = {.L = 8, .C = 256, .NH = 4, .V = 256, .maxT = 64};
+    l3d_gpt_config_finish(&small);
+    CHECK(l3d_pp_partition(&small, 64, 4, layers) == L3D_OK);
+    CHECK(layers[0] == 2 && layers[1] == 2 && layers[2] == 2 && layers[3] == 2);
+    /* errors */
+    CHECK(l3d_pp_partition(&small, 64, 9, layers) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "8 layers") != NULL);
+    CHECK(l3d_pp_parse_layers("3,5", &small, 2, layers) == L3D_OK && layers[0] == 3 && layers[1] == 5);
+    CHECK(l3d_pp_parse_layers("3,4", &small, 2, layers) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--pp-layers") != NULL);
+    CHECK(l3d_pp_parse_layers("3,x", &small, 2, layers) == L3D_ERR_ARG);
+    CHECK(l3d_pp_parse_layers("0,8", &small, 2, layers) == L3D_ERR_ARG);
+    CHECK(l3d_pp_parse_layers("2,2,4", &small, 2, layers) == L3D_ERR_ARG);
+    struct l3d_pp_schedule s;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_INTERLEAVED, 4, 2, 6) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "multiple of --pp 4") != NULL);
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_1F1B, 4, 2, 8) == L3D_ERR_ARG);
+    enum l3d_pp_kind k;
+    CHECK(l3d_pp_kind_parse("1f1b", &k) == L3D_OK && k == L3D_PP_1F1B);
+    CHECK(l3d_pp_kind_parse("zigzag", &k) == L3D_ERR_ARG);
+}
+
+int main(void) {
+    test_schedules();
+    test_shapes();
+    test_broken();
+    test_partition();
+    return TEST_REPORT();
+}
