@@ -66,6 +66,7 @@ struct l3d_dp {
     struct l3d_dp_piece *pend[3];
     int npend[3], cap[3];
     double comm_wait_s;      /* time inside communication calls this step (exposed comm) */
+    bool defer_nonlayer;     /* the non-layer tensors wait for l3d_dp_reduce_nonlayer */
 };
 
 struct l3d_dp_memory {
@@ -81,11 +82,22 @@ void l3d_dp_free(struct l3d_dp *dp);
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */
 void l3d_dp_begin_micro(struct l3d_dp *dp, bool last);
+/* Pipeline parallelism: the tied token embedding's gradient must first be summed between the
+ * first and the last stage, so the non-layer tensors (wte, wpe, final LayerNorm) are not reduced
+ * by the backward pass but by l3d_dp_reduce_nonlayer, called after the last backward (and that
+ * sum) and before l3d_dp_finish. With ZeRO-2 they accumulate over the micro-batches meanwhile. */
+void l3d_dp_defer_nonlayer(struct l3d_dp *dp);
+void l3d_dp_reduce_nonlayer(struct l3d_dp *dp);
 /* After the last backward: waits for every reduction. */
 void l3d_dp_finish(struct l3d_dp *dp);
 /* Sum of squares of the averaged gradients of the whole model: over the DP group's ranges and,
  * when tp_comm has several ranks, over the tensor-parallel slices (replicated tensors once). */
 double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm);
+/* This rank's part of it without communication: v[0] += split tensors, v[1] += replicated ones
+ * (skip_wte: a pipeline's last stage, whose tied wte is counted on the first). The caller sums v
+ * over the DP group (ZeRO >= 1), v[0] over the TP group and both over the pipeline. */
+void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool skip_wte,
+                           double v[2]);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are
  * all-gathered; gradients are zeroed for the next step. */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,

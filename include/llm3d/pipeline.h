@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "llm3d/comm.h"
 #include "llm3d/core.h"
 #include "llm3d/model.h"
 
@@ -72,6 +73,8 @@ l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);
  * pp) with messages naming the flags, then builds. */
 l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
                                  int m);
+/* Forward only (validation): each stage forwards micro-batches in order, chunk by chunk. */
+l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m);
 void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
 /* Idle fraction of an ideal timeline (equal stages, free communication): (pp-1) / (v m + pp-1). */
 double l3d_pp_bubble(int pp, int v, int m);
@@ -103,5 +106,59 @@ l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages,
 /* Parses "a,b,c" (--pp-layers) into `stages` counts summing to L. */
 l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cfg, int stages,
                                int *layers);
+
+/* ---- executor ---------------------------------------------------------------------------
+ *
+ *   struct l3d_pp_exec x;
+ *   l3d_pp_exec_init(&x, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_events);
+ *   double loss = l3d_pp_exec_run(&x, sched.acts[pp_rank], sched.n[pp_rank], m, inputs,
+ *                                 targets, B, T, dloss);      // forwards, backwards, p2p
+ *   l3d_pp_exec_finish_grads(&x);   // tied wte summed between first and last stage, DP waited
+ *
+ * Activations go forward and gradients backward as non-blocking sends from the chunk's activation
+ * slot (micro % slots) and blocking receives into it; a slot's sends are waited for before the
+ * slot is reused. Micro-batch i of a step reads inputs/targets + i B T. */
+struct l3d_dp;
+
+enum l3d_pp_event_kind { L3D_EV_FWD, L3D_EV_BWD, L3D_EV_RECV_ACT, L3D_EV_RECV_GRAD,
+                         L3D_EV_EMBED_SYNC, L3D_EV_DP_WAIT, L3D_EV_OPTIMIZER, L3D_EV_STEP };
+
+struct l3d_pp_event {
+    double t0, t1;   /* seconds since the trace's origin */
+    uint8_t kind;
+    int16_t chunk;
+    int32_t micro;   /* micro-batch, or step for optimizer and step events */
+};
+
+struct l3d_pp_exec {
+    struct l3d_gpt **chunks; /* v models: chunk c is virtual stage c pp + pp_rank */
+    struct l3d_dp *dp;       /* v data-parallel states, or NULL */
+    int v, max_slots;
+    struct l3d_comm *pp_comm, *embed_comm;
+    float *grad_buf;         /* received output gradient */
+    l3d_req *act_req, *grad_req; /* [chunk * max_slots + slot] */
+    double busy_s, span_s, recv_s; /* last run: compute time, first to last action, receive waits */
+    struct l3d_pp_event *ev; /* trace events (NULL: not tracing) */
+    int64_t nev, cap_ev;
+    double origin;
+};
+
+void l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v, struct l3d_dp *dp,
+                      struct l3d_comm *pp_comm, struct l3d_comm *embed_comm, int64_t trace_events);
+void l3d_pp_exec_free(struct l3d_pp_exec *x);
+/* Runs one stage's actions over m micro-batches; returns the sum of the micro-batch losses on the
+ * stage that holds the head (0 elsewhere). dloss: each token's weight (ignored without backward). */
+double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, int n, int m,
+                       const int32_t *inputs, const int32_t *targets, int B, int T, float dloss);
+/* After the last backward: sums the tied wte's gradient over the embedding group, then lets the
+ * data-parallel reductions finish. */
+void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x);
+/* Records an event (when tracing and there is room). */
+void l3d_pp_trace_add(struct l3d_pp_exec *x, int kind, int chunk, int micro, double t0, double t1);
+/* Gathers every rank's events to world rank 0, which writes one Chrome trace-event JSON file
+ * (chrome://tracing, ui.perfetto.dev): a process per rank named by its (tp, pp, dp) coordinates.
+ * Collective over world. */
+l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, const char *path,
+                              int tp_rank, int pp_rank, int dp_rank);
 
 #endif

@@ -19,6 +19,7 @@
 #include "llm3d/core.h"
 #include "llm3d/model.h"
 #include "llm3d/optim.h"
+#include "llm3d/pipeline.h"
 
 struct l3d_train_config {
     struct l3d_gpt_config model;
@@ -41,6 +42,12 @@ struct l3d_train_config {
     bool sequence_parallel; /* split LayerNorm/residual regions over the TP group by rows */
     size_t bucket_bytes;  /* gradient reduction pieces */
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
+    /* pipeline: accum micro-batches per step flow through pp stages (pipeline.h) */
+    enum l3d_pp_kind pp_schedule;
+    int pp_virtual;         /* model chunks per pipeline rank (interleaved); 0 or 1: one */
+    const char *pp_layers;  /* "a,b,..." layers per virtual stage, or NULL: balanced */
+    enum l3d_recompute recompute;
+    const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
 };
 
 struct l3d_train_result {
@@ -49,6 +56,8 @@ struct l3d_train_result {
     double median_step_s, tokens_per_s, mfu;
     double median_optimizer_s; /* gradient norm, clipping, AdamW and the ZeRO all-gather */
     double median_comm_s;      /* exposed data-parallel communication: time blocked waiting */
+    double bubble, bubble_theory; /* pipeline idle fraction, measured (median step) and ideal */
+    size_t act_bytes, act_bytes_formula; /* activations per rank: allocated, closed form */
     bool report_error;         /* on failure: this rank is the one that prints the message */
 };
 

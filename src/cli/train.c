@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "llm3d/comm.h"
+#include "llm3d/pipeline.h"
 #include "llm3d/train.h"
 
 static void usage(FILE *f) {
@@ -52,7 +53,8 @@ static void usage(FILE *f) {
 int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
-           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP };
+           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
+           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -75,6 +77,11 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"bucket-mb", required_argument, NULL, O_BUCKET},
         {"comm", required_argument, NULL, O_DPCOMM},
         {"sequence-parallel", no_argument, NULL, O_SP},
+        {"pp-schedule", required_argument, NULL, O_PPSCHED},
+        {"pp-virtual", required_argument, NULL, O_PPVIRT},
+        {"pp-layers", required_argument, NULL, O_PPLAYERS},
+        {"recompute", required_argument, NULL, O_RECOMPUTE},
+        {"trace", required_argument, NULL, O_TRACE},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -82,6 +89,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     float peak = 0.0f;
     const long BIG = 1L << 30;
     int ok = 1, c;
+    bool sched_given = false;
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -124,6 +132,29 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->dp); break;
         case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->zero); break;
         case O_SP: tc->sequence_parallel = true; break;
+        case O_PPSCHED:
+            if (l3d_pp_kind_parse(optarg, &tc->pp_schedule) != L3D_OK) {
+                fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+                ok = 0;
+            }
+            sched_given = true;
+            break;
+        case O_PPVIRT: ok = l3d_arg_int(cmd, "pp-virtual", optarg, 1, 256, &tc->pp_virtual); break;
+        case O_PPLAYERS: tc->pp_layers = optarg; break;
+        case O_TRACE: tc->trace_path = optarg; break;
+        case O_RECOMPUTE:
+            if (strcmp(optarg, "none") == 0) {
+                tc->recompute = L3D_RECOMPUTE_NONE;
+            } else if (strcmp(optarg, "selective") == 0) {
+                tc->recompute = L3D_RECOMPUTE_SELECTIVE;
+            } else if (strcmp(optarg, "full") == 0) {
+                tc->recompute = L3D_RECOMPUTE_FULL;
+            } else {
+                fprintf(stderr, "llm3d %s: --recompute '%s': choose none, selective or full\n",
+                        cmd, optarg);
+                ok = 0;
+            }
+            break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;
@@ -145,6 +176,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         }
     }
     if (!ok) return 2;
+    if (tc->pp_virtual > 1 && !sched_given) tc->pp_schedule = L3D_PP_INTERLEAVED;
     if (optind < argc) {
         fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see --help)\n", cmd,
                 argv[optind]);

@@ -71,16 +71,21 @@ static void poll(struct l3d_dp *dp, int slot) {
     dp->comm_wait_s += l3d_time_s() - t0;
 }
 
+static void reduce_nonlayer(struct l3d_dp *dp) {
+    struct l3d_gpt *m = dp->m;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+        const struct l3d_tensor_info *ti = &m->tensors[t];
+        if (l3d_gpt_is_layer_tensor(t) || ti->count == 0) continue;
+        reduce_slice(dp, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
+    }
+}
+
 static void grads_ready(void *ctx, int layer) {
     struct l3d_dp *dp = ctx;
     struct l3d_gpt *m = dp->m;
     if (!dp->sync || (dp->comm->size == 1 && dp->zero < 2)) return;
     if (layer < 0) {
-        for (int t = 0; t < L3D_NUM_TENSORS; t++) {
-            const struct l3d_tensor_info *ti = &m->tensors[t];
-            if (l3d_gpt_is_layer_tensor(t) || ti->count == 0) continue;
-            reduce_slice(dp, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
-        }
+        if (!dp->defer_nonlayer) reduce_nonlayer(dp);
         return;
     }
     /* the list of layer + 1 moves to slot 1 once this layer's pieces are out; what was in slot 1
@@ -172,10 +177,19 @@ void l3d_dp_begin_micro(struct l3d_dp *dp, bool last) {
     dp->sync = last || dp->zero == 2;
     if (dp->zero == 2) {
         /* the previous micro-batch's pieces were read from the slots and the non-layer buffer
-         * that this backward overwrites; its non-layer gradients are in the shard now */
+         * that this backward overwrites; its non-layer gradients are in the shard now (when
+         * deferred, they stay and accumulate in the non-layer buffer instead) */
         for (int s = 0; s < DP_SLOTS; s++) drain(dp, s);
-        l3d_gpt_zero_grad(dp->m);
+        if (!dp->defer_nonlayer) l3d_gpt_zero_grad(dp->m);
     }
+}
+
+void l3d_dp_defer_nonlayer(struct l3d_dp *dp) { dp->defer_nonlayer = true; }
+
+void l3d_dp_reduce_nonlayer(struct l3d_dp *dp) {
+    L3D_ASSERT(dp->defer_nonlayer);
+    if (dp->comm->size == 1 && dp->zero < 2) return;
+    reduce_nonlayer(dp);
 }
 
 void l3d_dp_finish(struct l3d_dp *dp) {
@@ -187,17 +201,22 @@ static const float *own_grads(const struct l3d_dp *dp) {
     return dp->zero == 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
 }
 
-double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm) {
-    /* [0]: tensors split over the TP group, summed over it; [1]: replicated ones, counted once */
-    double v[2] = {0.0, 0.0};
+void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool skip_wte,
+                           double v[2]) {
     const float *g = own_grads(dp);
     int64_t s0 = dp->own_start, s1 = dp->own_start + dp->own_count;
-    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
+    for (int t = skip_wte ? 1 : 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &dp->m->tensors[t];
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
         int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
         if (lo < hi) v[l3d_tp_tensor_split(t) ? 0 : 1] += be->i->sumsq(be->ctx, g + (lo - s0), hi - lo);
     }
+}
+
+double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm) {
+    /* [0]: tensors split over the TP group, summed over it; [1]: replicated ones, counted once */
+    double v[2] = {0.0, 0.0};
+    l3d_dp_grad_sumsq_add(dp, be, false, v);
     if (dp->zero > 0 && dp->comm->size > 1)
         l3d_comm_all_reduce(dp->comm, v, 2, L3D_F64, L3D_SUM, NULL);
     if (tp_comm && tp_comm->size > 1) l3d_comm_all_reduce(tp_comm, v, 1, L3D_F64, L3D_SUM, NULL);

@@ -133,6 +133,29 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     return L3D_OK;
 }
 
+l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m) {
+    memset(s, 0, sizeof *s);
+    if (pp < 1 || m < 1 || v < 1)
+        return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
+                         "each must be at least 1", pp, m, v);
+    s->kind = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE;
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
+    s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
+    s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    for (int r = 0; r < pp; r++) {
+        s->acts[r] = l3d_alloc((size_t)m * v * 3 * sizeof(struct l3d_pp_action), "schedule");
+        struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
+        for (int i = 0; i < m; i++) /* (micro, virtual stage) order: dependencies come first */
+            for (int c = 0; c < v; c++) compute(&b, true, i, c);
+        s->n[r] = b.n;
+        for (int c = 0; c < v; c++) s->slots[r * v + c] = 1;
+    }
+    return L3D_OK;
+}
+
 void l3d_pp_schedule_free(struct l3d_pp_schedule *s) {
     if (s->acts)
         for (int r = 0; r < s->pp; r++) l3d_free(s->acts[r]);

@@ -32,15 +32,17 @@ train() {
 }
 
 # equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*DP sequences,
-# DP = NP / TP (L3D_TP: the tensor-parallel size of the layout, 1 by default)
+# DP = NP / (TP PP) (L3D_TP, L3D_PP: the layout's tensor- and pipeline-parallel sizes, 1 by
+# default); L3D_MODEL: model flags for both runs (more layers for deep pipelines)
 equiv() {
     local name=$1 np=$2 b=$3 accum=$4
     shift 4
-    local ref="ref_b$((b * np / ${L3D_TP:-1}))_a$accum"
+    local model=(${L3D_MODEL:-}) replicas=$((np / ${L3D_TP:-1} / ${L3D_PP:-1}))
+    local ref="ref_b$((b * replicas))_a${accum}$(echo "${L3D_MODEL:-}" | tr -d ' -')"
     if [ ! -f "$dir/$ref/model.bin" ]; then
-        train "$ref" 0 $((b * np / ${L3D_TP:-1})) "$accum" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
+        train "$ref" 0 $((b * replicas)) "$accum" "${model[@]}" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
     fi
-    if ! train "$name" "$np" "$b" "$accum" "$@" > "$dir/$name.log" 2>&1; then
+    if ! train "$name" "$np" "$b" "$accum" "${model[@]}" "$@" > "$dir/$name.log" 2>&1; then
         echo "FAIL: $name did not run:"; cat "$dir/$name.log"; fail=1; return
     fi
     if "$bin" compare "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
@@ -78,6 +80,24 @@ if train ref_init 0 4 1 --init-from "$dir/init.bin" > "$dir/ref_init.log" 2>&1 &
 else
     echo "FAIL: tp2_init_from"; cat "$dir/ref_init.log" "$dir/tp2_init.log" "$dir/tp2_init.cmp" 2>/dev/null; fail=1
 fi
+# pipeline parallelism: each schedule, interleaved chunks, recomputation, and with TP, SP, DP and
+# ZeRO; the micro-batches of the pipeline are the gradient-accumulation steps
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b" 2 2 4 --pp 2 --pp-schedule 1f1b
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_interleaved_v2" 2 2 4 --pp 2 --pp-virtual 2
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_full" 2 2 4 --pp 2 --recompute full
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_selective_layers_3_1" 2 2 4 --pp 2 --recompute selective --pp-layers 3,1
+case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
+    L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
+    L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
+    L3D_PP=4 L3D_MODEL="--layers 8" equiv "pp4_interleaved_v2" 4 2 4 --pp 4 --pp-virtual 2
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1" 4 2 4 --pp 2 --zero 1
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_recompute_full" 4 2 4 --pp 2 --zero 2 --recompute full
+    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2" 4 2 2 --pp 2 --tp 2
+    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
+    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective
+    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
+esac
 # blocking pieces instead of overlapped ones
 equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --comm blocking
 equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
@@ -97,7 +117,9 @@ expect_error() { # DESCRIPTION PATTERN COMMAND...
     fi
 }
 expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
-expect_error "pp not implemented yet" "\-\-pp 2" train bad 2 1 1 --pp 2
+expect_error "more stages than layers" "\-\-pp 2 x \-\-pp-virtual 2" train bad 2 1 1 --pp 2 --pp-virtual 2
+expect_error "interleaved needs m divisible by pp" "multiple of \-\-pp 2" train bad 2 1 3 --pp 2 --layers 4 --pp-virtual 2
+expect_error "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 2 --pp 2 --pp-layers 1,2
 expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
 expect_error "sequence parallel without tp" "sequence-parallel" train bad 2 1 1 --sequence-parallel
 expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"

@@ -1,0 +1,209 @@
+/* The pipeline executor and its timeline (include/llm3d/pipeline.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "llm3d/comm.h"
+#include "llm3d/dp.h"
+#include "llm3d/pipeline.h"
+
+void l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v, struct l3d_dp *dp,
+                      struct l3d_comm *pp_comm, struct l3d_comm *embed_comm, int64_t trace_events) {
+    memset(x, 0, sizeof *x);
+    x->chunks = chunks;
+    x->v = v;
+    x->dp = dp;
+    x->pp_comm = pp_comm;
+    x->embed_comm = embed_comm;
+    const struct l3d_gpt *m0 = chunks[0];
+    for (int c = 0; c < v; c++)
+        if (chunks[c]->act_slots > x->max_slots) x->max_slots = chunks[c]->act_slots;
+    int64_t rows = (int64_t)m0->Bmax * m0->Tmax / m0->shard.sp_size;
+    x->grad_buf = l3d_calloc((size_t)(rows * m0->cfg.C) * sizeof(float), "pipeline gradient");
+    x->act_req = l3d_calloc((size_t)v * x->max_slots * sizeof(l3d_req), "pipeline requests");
+    x->grad_req = l3d_calloc((size_t)v * x->max_slots * sizeof(l3d_req), "pipeline requests");
+    if (trace_events > 0) {
+        x->cap_ev = trace_events;
+        x->ev = l3d_calloc((size_t)trace_events * sizeof(struct l3d_pp_event), "trace");
+    }
+    x->origin = l3d_time_s();
+    if (pp_comm->size > 1)
+        for (int c = 0; c < v; c++)
+            if (dp) l3d_dp_defer_nonlayer(&dp[c]);
+}
+
+void l3d_pp_exec_free(struct l3d_pp_exec *x) {
+    l3d_free(x->grad_buf);
+    l3d_free(x->act_req);
+    l3d_free(x->grad_req);
+    l3d_free(x->ev);
+    memset(x, 0, sizeof *x);
+}
+
+void l3d_pp_trace_add(struct l3d_pp_exec *x, int kind, int chunk, int micro, double t0, double t1) {
+    if (!x->ev || x->nev >= x->cap_ev) return;
+    x->ev[x->nev++] = (struct l3d_pp_event){.t0 = t0 - x->origin, .t1 = t1 - x->origin,
+                                            .kind = (uint8_t)kind, .chunk = (int16_t)chunk,
+                                            .micro = micro};
+}
+
+/* The sends from a slot's buffers (its output activation, its input gradient) have completed. */
+static void wait_slot(struct l3d_pp_exec *x, int chunk, int slot) {
+    l3d_comm_wait(x->pp_comm, &x->act_req[chunk * x->max_slots + slot]);
+    l3d_comm_wait(x->pp_comm, &x->grad_req[chunk * x->max_slots + slot]);
+}
+
+/* Tags name the boundary between virtual stages b and b + 1: 2b for the activation, 2b + 1 for
+ * its gradient; messages with the same tag arrive in the order sent (micro-batch order). */
+double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, int n, int m,
+                       const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
+    int pp = x->pp_comm->size, r = x->pp_comm->rank;
+    int64_t BT = (int64_t)B * T;
+    double loss = 0.0, start = l3d_time_s();
+    x->busy_s = x->recv_s = 0.0;
+    for (int i = 0; i < n; i++) {
+        const struct l3d_pp_action *a = &acts[i];
+        struct l3d_gpt *g = x->chunks[a->chunk];
+        int slot = a->micro % g->act_slots, vs = a->chunk * pp + r;
+        int64_t count = BT / g->shard.sp_size * g->cfg.C;
+        l3d_req *areq = &x->act_req[a->chunk * x->max_slots + slot];
+        l3d_req *greq = &x->grad_req[a->chunk * x->max_slots + slot];
+        double t0 = l3d_time_s();
+        switch (a->op) {
+        case L3D_PP_RECV_ACT:
+            l3d_gpt_use_slot(g, slot);
+            wait_slot(x, a->chunk, slot);
+            l3d_comm_recv(x->pp_comm, g->input_act, count, L3D_F32, a->peer, 2 * (vs - 1), NULL);
+            x->recv_s += l3d_time_s() - t0;
+            l3d_pp_trace_add(x, L3D_EV_RECV_ACT, a->chunk, a->micro, t0, l3d_time_s());
+            break;
+        case L3D_PP_FWD: {
+            l3d_gpt_use_slot(g, slot);
+            wait_slot(x, a->chunk, slot);
+            const int32_t *in = g->shard.has_embedding ? inputs + a->micro * BT : NULL;
+            const int32_t *tg = g->shard.has_head ? targets + a->micro * BT : NULL;
+            double l = l3d_gpt_forward(g, in, tg, B, T);
+            if (g->shard.has_head) loss += l;
+            double t1 = l3d_time_s();
+            x->busy_s += t1 - t0;
+            l3d_pp_trace_add(x, L3D_EV_FWD, a->chunk, a->micro, t0, t1);
+            break;
+        }
+        case L3D_PP_SEND_ACT:
+            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, L3D_F32, a->peer, 2 * vs, areq);
+            break;
+        case L3D_PP_RECV_GRAD:
+            l3d_comm_recv(x->pp_comm, x->grad_buf, count, L3D_F32, a->peer, 2 * vs + 1, NULL);
+            x->recv_s += l3d_time_s() - t0;
+            l3d_pp_trace_add(x, L3D_EV_RECV_GRAD, a->chunk, a->micro, t0, l3d_time_s());
+            break;
+        case L3D_PP_BWD: {
+            l3d_gpt_use_slot(g, slot);
+            if (x->dp) l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
+            l3d_gpt_backward(g, dloss, g->shard.has_head ? NULL : x->grad_buf);
+            double t1 = l3d_time_s();
+            x->busy_s += t1 - t0;
+            l3d_pp_trace_add(x, L3D_EV_BWD, a->chunk, a->micro, t0, t1);
+            break;
+        }
+        case L3D_PP_SEND_GRAD:
+            l3d_comm_send(x->pp_comm, g->dinput_act, count, L3D_F32, a->peer, 2 * (vs - 1) + 1, greq);
+            break;
+        default: L3D_ASSERT(!"unknown pipeline action");
+        }
+    }
+    for (int k = 0; k < x->v * x->max_slots; k++) {
+        l3d_comm_wait(x->pp_comm, &x->act_req[k]);
+        l3d_comm_wait(x->pp_comm, &x->grad_req[k]);
+    }
+    x->span_s = l3d_time_s() - start;
+    return loss;
+}
+
+void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
+    double t0 = l3d_time_s();
+    if (x->embed_comm && x->embed_comm->size > 1)
+        for (int c = 0; c < x->v; c++) {
+            struct l3d_gpt *g = x->chunks[c];
+            const struct l3d_tensor_info *t = &g->tensors[L3D_T_WTE];
+            if (t->count > 0) /* the first stage's embedding, the last stage's head: one sum */
+                l3d_comm_all_reduce(x->embed_comm, l3d_gpt_grad_ptr(g, L3D_T_WTE, 0), t->count,
+                                    L3D_F32, L3D_SUM, NULL);
+        }
+    double t1 = l3d_time_s();
+    if (x->embed_comm && x->embed_comm->size > 1)
+        l3d_pp_trace_add(x, L3D_EV_EMBED_SYNC, 0, 0, t0, t1);
+    if (!x->dp) return;
+    for (int c = 0; c < x->v; c++)
+        if (x->dp[c].defer_nonlayer) l3d_dp_reduce_nonlayer(&x->dp[c]);
+    for (int c = 0; c < x->v; c++) l3d_dp_finish(&x->dp[c]);
+    l3d_pp_trace_add(x, L3D_EV_DP_WAIT, 0, 0, t1, l3d_time_s());
+}
+
+/* ---- trace file -------------------------------------------------------------------------- */
+
+static const char *const ev_names[] = {"forward", "backward", "recv activation", "recv gradient",
+                                       "tied embedding sum", "data-parallel wait", "optimizer",
+                                       "step"};
+
+l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, const char *path,
+                              int tp_rank, int pp_rank, int dp_rank) {
+    /* every rank's count and coordinates, then its events, to rank 0 */
+    int32_t mine[4] = {(int32_t)x->nev, tp_rank, pp_rank, dp_rank};
+    int W = world->size;
+    int32_t *all = l3d_alloc((size_t)W * 4 * sizeof(int32_t), "trace");
+    int64_t counts[1024], displs[1024];
+    L3D_ASSERT(W <= 1024);
+    for (int i = 0; i < W; i++) {
+        counts[i] = 4;
+        displs[i] = 4 * i;
+    }
+    memcpy(all + 4 * world->rank, mine, sizeof mine);
+    l3d_comm_all_gatherv(world, all, counts, displs, L3D_I32, NULL);
+    l3d_status st = L3D_OK;
+    if (world->rank != 0) {
+        if (x->nev > 0)
+            l3d_comm_send(world, x->ev, x->nev * (int64_t)sizeof(struct l3d_pp_event), L3D_U8, 0,
+                          77, NULL);
+        l3d_free(all);
+        return st;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) st = l3d_error(L3D_ERR_IO, "--trace %s: cannot create: %s", path, strerror(errno));
+    if (f) fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    bool first = true;
+    for (int rk = 0; rk < W; rk++) {
+        int64_t n = all[4 * rk];
+        struct l3d_pp_event *ev = x->ev;
+        if (rk != 0) {
+            ev = l3d_alloc((size_t)(n > 0 ? n : 1) * sizeof *ev, "trace");
+            if (n > 0)
+                l3d_comm_recv(world, ev, n * (int64_t)sizeof *ev, L3D_U8, rk, 77, NULL);
+        }
+        if (f) {
+            fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
+                    "\"rank %d (tp %d, pp %d, dp %d)\"}}", first ? "" : ",\n", rk, rk,
+                    all[4 * rk + 1], all[4 * rk + 2], all[4 * rk + 3]);
+            first = false;
+            for (int64_t i = 0; i < n; i++) {
+                const struct l3d_pp_event *e = &ev[i];
+                bool mb = e->kind <= L3D_EV_RECV_GRAD;
+                fprintf(f, ",\n{\"name\":\"%s", ev_names[e->kind]);
+                if (mb) fprintf(f, " m%d c%d", e->micro, e->chunk);
+                if (e->kind >= L3D_EV_OPTIMIZER) fprintf(f, " %d", e->micro);
+                fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                        "\"dur\":%.3f,\"args\":{\"micro\":%d,\"chunk\":%d}}", ev_names[e->kind],
+                        rk, e->kind == L3D_EV_STEP ? 1 : 0, e->t0 * 1e6, (e->t1 - e->t0) * 1e6,
+                        e->micro, e->chunk);
+            }
+        }
+        if (rk != 0) l3d_free(ev);
+    }
+    if (f) {
+        fprintf(f, "\n]}\n");
+        if (fclose(f) != 0 && st == L3D_OK)
+            st = l3d_error(L3D_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));
+    }
+    l3d_free(all);
+    return st;
+}
