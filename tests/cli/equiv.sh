@@ -98,6 +98,19 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
 esac
+# the timeline: every rank's forwards, backwards and optimizer steps in one trace-event file
+if train pp2_trace 2 2 4 --layers 4 --pp 2 --steps 3 --trace "$dir/trace.json" > "$dir/pp2_trace.log" 2>&1 &&
+   [ "$(grep -c '"process_name"' "$dir/trace.json")" -eq 2 ] &&
+   [ "$(grep -c '"name":"forward m' "$dir/trace.json")" -eq 24 ] &&
+   [ "$(grep -c '"name":"backward m' "$dir/trace.json")" -eq 24 ] &&
+   [ "$(grep -c '"name":"optimizer' "$dir/trace.json")" -eq 6 ] &&
+   [ "$(head -n 1 "$dir/trace.json")" = '{"displayTimeUnit":"ms","traceEvents":[' ] &&
+   [ "$(tail -n 1 "$dir/trace.json")" = ']}' ] &&
+   grep -q "\"bubble\":0\.[0-9]*[1-9]" "$dir/pp2_trace/metrics.jsonl"; then
+    echo "ok: pp2 trace ($(grep -c '"ph":"X"' "$dir/trace.json") events)"
+else
+    echo "FAIL: pp2 trace"; cat "$dir/pp2_trace.log"; fail=1
+fi
 # blocking pieces instead of overlapped ones
 equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --comm blocking
 equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
