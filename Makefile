@@ -11,7 +11,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 1000
 
-.PHONY: all setup build demo test test-asan test-mpich bench scaling clean
+.PHONY: all setup build demo test test-asan test-mpich bench scaling pipeline clean
 
 all: build
 
@@ -58,6 +58,10 @@ bench: build
 # Data-parallel weak and strong scaling from 1 to 2 ranks (issue "distributed runtime").
 scaling: build
 	bash bench/scaling.sh $(BUILD)
+
+# Pipeline parallelism: pp = 2 against one process, m = 4, 8, 16 micro-batches, measured bubble.
+pipeline: build
+	bash bench/pipeline.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Pipeline parallelism on this machine: pp = 2 ranks (one OpenMP thread each, so ranks x threads =
+# cores) against one process with 2 threads, on the same global batch of m micro-batches, for
+# m = 4, 8, 16; and the measured bubble (idle share of each rank's pipeline time, averaged over the
+# ranks, median step) against the ideal (p - 1) / (m + p - 1) of equal stages and free transfers.
+# Usage: bench/pipeline.sh [BUILD_DIR] [MODEL] [STEPS] [SCHEDULE]  (defaults: build d12 5 1f1b)
+set -eu
+build=${1:-build}
+model=${2:-d12}
+steps=${3:-5}
+sched=${4:-1f1b}
+bin=$build/llm3d
+mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
+    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
+data="$dir/d/train_*.bin"
+med() { # FIELD FILE: median of a numeric metrics field over the steps after the first
+    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +2 | cut -d: -f2 | sort -g |
+        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
+}
+common=(train --model "$model" --batch 2 --seq-len 64 --steps "$steps" --warmup 2 --val-every 0
+        --peak-gflops 208 --train "$data")
+echo "model $model, B=2 x T=64 per micro-batch, $steps steps (median after the first), launcher $mpiexec"
+for m in 4 8 16; do
+    OMP_NUM_THREADS=2 "$bin" "${common[@]}" --grad-accum "$m" --out "$dir/one_$m" > /dev/null
+    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" "${common[@]}" --grad-accum "$m" --pp 2 \
+        --pp-schedule "$sched" --out "$dir/pp_$m" > "$dir/pp_$m.log"
+    t1=$(med ms "$dir/one_$m/metrics.jsonl")
+    t2=$(med ms "$dir/pp_$m/metrics.jsonl")
+    b=$(med bubble "$dir/pp_$m/metrics.jsonl")
+    layers=$(grep -o 'layers [0-9,]*' "$dir/pp_$m.log" | head -1 | tr -d '\n')
+    awk -v m="$m" -v t1="$t1" -v t2="$t2" -v b="$b" -v l="$layers" -v s="$sched" 'BEGIN {
+        ideal = 1 / (m + 1);
+        printf "m=%2d: 1 process x 2 threads %.0f ms/step, pp=2 (%s, %s) %.0f ms/step: %.2fx; bubble measured %.1f%%, ideal %.1f%% (difference %+.1f points)\n",
+            m, t1, s, l, t2, t1 / t2, 100 * b, 100 * ideal, 100 * (b - ideal) }'
+done
