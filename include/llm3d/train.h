@@ -28,6 +28,7 @@ struct l3d_train_config {
     const char *out_dir;       /* NULL: write nothing */
     const char *init_from;     /* llm.c checkpoint to start from, or NULL */
     int B, T, accum, steps;
+    int64_t global_batch; /* > 0: sequences per step; accum = global_batch / (B dp) */
     struct l3d_adamw_hparams adamw;
     float lr, min_lr;
     int warmup_steps;

@@ -24,6 +24,7 @@ static void usage(FILE *f) {
         "  --batch B           sequences per micro-batch (4)\n"
         "  --seq-len T         tokens per sequence (64)\n"
         "  --grad-accum N      micro-batches per step (1)\n"
+        "  --global-batch G    sequences per step instead: G / (batch x dp) micro-batches\n"
         "  --sequential        read windows in order instead of shuffled\n"
         "optimizer:\n"
         "  --steps N (100) --lr LR (6e-4) --min-lr LR (6e-5) --warmup N (10)\n"
@@ -54,7 +55,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
-           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE };
+           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -82,6 +83,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"pp-layers", required_argument, NULL, O_PPLAYERS},
         {"recompute", required_argument, NULL, O_RECOMPUTE},
         {"trace", required_argument, NULL, O_TRACE},
+        {"global-batch", required_argument, NULL, O_GLOBAL},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -89,7 +91,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     float peak = 0.0f;
     const long BIG = 1L << 30;
     int ok = 1, c;
-    bool sched_given = false;
+    bool sched_given = false, accum_given = false;
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -108,7 +110,10 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case 'v': tc->val_pattern = optarg; break;
         case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->B); break;
         case 'T': ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->T); break;
-        case O_ACCUM: ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->accum); break;
+        case O_ACCUM:
+            ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->accum);
+            accum_given = true;
+            break;
         case 'n': ok = l3d_arg_int(cmd, "steps", optarg, 1, BIG, &tc->steps); break;
         case 'l': ok = l3d_arg_float(cmd, "lr", optarg, 1e-12, 10, &tc->lr); break;
         case O_MINLR: ok = l3d_arg_float(cmd, "min-lr", optarg, 0, 10, &tc->min_lr); break;
@@ -142,6 +147,12 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_PPVIRT: ok = l3d_arg_int(cmd, "pp-virtual", optarg, 1, 256, &tc->pp_virtual); break;
         case O_PPLAYERS: tc->pp_layers = optarg; break;
         case O_TRACE: tc->trace_path = optarg; break;
+        case O_GLOBAL: {
+            int g = 0;
+            ok = l3d_arg_int(cmd, "global-batch", optarg, 1, BIG, &g);
+            tc->global_batch = g;
+            break;
+        }
         case O_RECOMPUTE:
             if (strcmp(optarg, "none") == 0) {
                 tc->recompute = L3D_RECOMPUTE_NONE;
@@ -177,6 +188,11 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     }
     if (!ok) return 2;
     if (tc->pp_virtual > 1 && !sched_given) tc->pp_schedule = L3D_PP_INTERLEAVED;
+    if (accum_given && tc->global_batch > 0) {
+        fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "
+                "per step are global batch / (batch x dp))\n", cmd);
+        return 2;
+    }
     if (optind < argc) {
         fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see --help)\n", cmd,
                 argv[optind]);

@@ -124,9 +124,11 @@ static l3d_status save_model(const struct l3d_train_config *tc, struct l3d_comm 
     return st;
 }
 
-l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *world,
+l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *world,
                          struct l3d_train_result *res) {
     memset(res, 0, sizeof *res);
+    struct l3d_train_config tcv = *tc_in; /* accum follows from --global-batch once dp is known */
+    const struct l3d_train_config *tc = &tcv;
     struct l3d_data *train = NULL, *val = NULL;
     struct l3d_loader *ld = NULL, *vld = NULL;
     struct l3d_gpt **chunks = NULL;
@@ -157,6 +159,13 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         st = l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g), "
                        "--lr > 0", tc->min_lr, tc->lr);
     else if ((st = l3d_topo_resolve(world->size, &tp, &pp, &dps_n)) != L3D_OK)
+        ;
+    else if (tc->global_batch > 0 && tc->global_batch % ((int64_t)tc->B * dps_n) != 0)
+        st = l3d_error(L3D_ERR_ARG, "--global-batch %lld does not split into micro-batches: it must "
+                       "be a multiple of --batch %d x %d data-parallel replicas = %lld sequences",
+                       (long long)tc->global_batch, tc->B, dps_n, (long long)tc->B * dps_n);
+    else if (tc->global_batch > 0 && (tcv.accum = (int)(tc->global_batch /
+                                                          ((int64_t)tc->B * dps_n))) < 1)
         ;
     else if (tc->pp_schedule == L3D_PP_INTERLEAVED && v < 2)
         st = l3d_error(L3D_ERR_LAYOUT, "--pp-schedule interleaved needs --pp-virtual 2 or more "

@@ -24,10 +24,11 @@ for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 10
 train() {
     local out=$1 np=$2 b=$3 accum=$4
     shift 4
-    local launch=()
+    local launch=() accum_flag=(--grad-accum "$accum")
     [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
+    [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
     OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
-        --seq-len 32 --batch "$b" --grad-accum "$accum" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
+        --seq-len 32 --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
         --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
 }
 
@@ -45,7 +46,7 @@ equiv() {
     if ! train "$name" "$np" "$b" "$accum" "${model[@]}" "$@" > "$dir/$name.log" 2>&1; then
         echo "FAIL: $name did not run:"; cat "$dir/$name.log"; fail=1; return
     fi
-    if "$bin" compare "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
+    if "$bin" compare ${L3D_RTOL:+--rtol "$L3D_RTOL"} "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
         echo "ok: $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
     else
         echo "FAIL: $name"; cat "$dir/$name.cmp"; fail=1
@@ -84,6 +85,7 @@ fi
 # ZeRO; the micro-batches of the pipeline are the gradient-accumulation steps
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b" 2 2 4 --pp 2 --pp-schedule 1f1b
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b_global_batch" 2 2 4 --pp 2 --global-batch 8
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_interleaved_v2" 2 2 4 --pp 2 --pp-virtual 2
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_full" 2 2 4 --pp 2 --recompute full
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_selective_layers_3_1" 2 2 4 --pp 2 --recompute selective --pp-layers 3,1
@@ -93,8 +95,12 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_PP=4 L3D_MODEL="--layers 8" equiv "pp4_interleaved_v2" 4 2 4 --pp 4 --pp-virtual 2
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1" 4 2 4 --pp 2 --zero 1
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_recompute_full" 4 2 4 --pp 2 --zero 2 --recompute full
-    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2" 4 2 2 --pp 2 --tp 2
-    L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
+    # TP splits the matrix products into other shapes, so their rounding differs element by
+    # element, and AdamW's normalisation lifts that to ~1e-5 of a tensor's scale where gradients
+    # are near eps (measured 0.7-1.2e-5 on fcprojw over 10 steps, builds differ; losses agree to
+    # 1e-7); a wrong layout differs by 1e-2 or more
+    L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2" 4 2 2 --pp 2 --tp 2
+    L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
 esac
@@ -132,6 +138,7 @@ expect_error() { # DESCRIPTION PATTERN COMMAND...
 expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
 expect_error "more stages than layers" "\-\-pp 2 x \-\-pp-virtual 2" train bad 2 1 1 --pp 2 --pp-virtual 2
 expect_error "interleaved needs m divisible by pp" "multiple of \-\-pp 2" train bad 2 1 3 --pp 2 --layers 4 --pp-virtual 2
+expect_error "global batch does not split into micro-batches" "\-\-global-batch 6" train bad 4 2 1 --pp 2 --layers 4 --global-batch 6
 expect_error "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 2 --pp 2 --pp-layers 1,2
 expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
 expect_error "sequence parallel without tp" "sequence-parallel" train bad 2 1 1 --sequence-parallel
