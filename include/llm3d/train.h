@@ -41,6 +41,13 @@ struct l3d_train_config {
     bool sequence_parallel; /* split LayerNorm/residual regions over the TP group by rows */
     size_t bucket_bytes;  /* gradient reduction pieces */
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
+    /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
+     * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"
+     * (the latest, or a fresh start when there is none), a step directory, or NULL. SIGTERM and
+     * SIGUSR1 save at the next step boundary and stop (res->stopped_by). */
+    const char *ckpt_dir;
+    const char *resume;
+    int save_every, keep;
 };
 
 struct l3d_train_result {
@@ -50,6 +57,8 @@ struct l3d_train_result {
     double median_optimizer_s; /* gradient norm, clipping, AdamW and the ZeRO all-gather */
     double median_comm_s;      /* exposed data-parallel communication: time blocked waiting */
     bool report_error;         /* on failure: this rank is the one that prints the message */
+    int start_step;            /* steps already done by the checkpoint resumed from */
+    int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
 };
 
 struct l3d_comm;

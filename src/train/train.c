@@ -12,6 +12,7 @@
 #include "llm3d/topo.h"
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
+#include "train/resume.h"
 
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
     memset(tc, 0, sizeof *tc);
@@ -33,6 +34,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->pp = 1;
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
+    tc->keep = 3;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -48,13 +50,7 @@ static double median(double *v, int n) {
 /* Every rank learns whether any rank failed, before the next collective or large allocation, so a
  * rank never waits in a collective for one that gave up. The lowest failing rank reports. */
 static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_result *res) {
-    int32_t v[2] = {st != L3D_OK ? (int32_t)st : 0, st != L3D_OK ? world->size - world->rank : 0};
-    if (world->size > 1) l3d_comm_all_reduce(world, v, 2, L3D_I32, L3D_MAX, NULL);
-    if (v[0] == 0) return L3D_OK;
-    int first = world->size - v[1];
-    res->report_error = first == world->rank;
-    if (st == L3D_OK) return l3d_error((l3d_status)v[0], "rank %d failed", first);
-    return st;
+    return l3d_comm_agree(world, st, &res->report_error);
 }
 
 /* Mean loss over n batches of the validation loader, averaged over the data-parallel group. */
@@ -83,7 +79,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     struct l3d_topo topo = {0};
     struct l3d_dp dp = {0};
     struct l3d_tp tpc = {0};
-    bool topo_up = false, dp_up = false;
+    struct l3d_train_ckpt ck;
+    bool topo_up = false, dp_up = false, ck_up = false;
     int tp = tc->tp, pp = tc->pp, dps = tc->dp;
     const bool lead = world->rank == 0; /* prints and writes files */
 
@@ -129,13 +126,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         vc.random = false;
         if (st == L3D_OK) st = l3d_loader_init(&vld, val, &vc);
     }
-    if (st == L3D_OK && tc->out_dir && lead) {
-        st = l3d_mkdir_p(tc->out_dir);
-        char path[4096];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir);
-        if (st == L3D_OK && !(metrics = fopen(path, "w")))
-            st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    }
+    if (st == L3D_OK && tc->out_dir && lead) st = l3d_mkdir_p(tc->out_dir);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
 
     be = l3d_backend_cpu_init();
@@ -157,6 +148,15 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     int64_t own_start, own_count;
     l3d_dp_opt_range(&dp, &own_start, &own_count);
     l3d_adamw_init(&opt, &tc->adamw, own_start, own_count);
+    /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
+    l3d_train_ckpt_init(&ck, tc, &topo, world);
+    ck_up = true;
+    int start_step = 0;
+    st = l3d_train_ckpt_resume(&ck, tc, world, m, &opt, ld, &start_step, &res->report_error);
+    if (st != L3D_OK) goto fail;
+    res->start_step = start_step;
+    if (lead) st = l3d_train_ckpt_open_metrics(tc, start_step, &metrics);
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     int64_t BT = (int64_t)tc->B * tc->T;
     inp = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
     tgt = l3d_alloc((size_t)BT * sizeof(int32_t), "batch");
@@ -205,7 +205,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
     }
 
     l3d_gpt_zero_grad(m);
-    for (int step = 0; step < tc->steps; step++) {
+    int end_step = tc->steps;
+    for (int step = start_step; step < tc->steps; step++) {
         double t0 = l3d_time_s();
         dp.comm_wait_s = 0.0;
         tpc.comm_s = 0.0;
@@ -236,7 +237,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
             res->report_error = lead;
             goto fail;
         }
-        if (step == 0) res->first_loss = (float)loss;
+        if (step == start_step) res->first_loss = (float)loss;
         res->last_loss = (float)loss;
         float vloss = NAN;
         if (vld && tc->val_every > 0 && ((step + 1) % tc->val_every == 0 || step + 1 == tc->steps)) {
@@ -265,15 +266,36 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
+        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
+        res->stopped_by = l3d_ckpt_stop_requested(world);
+        if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))
+            if ((st = l3d_train_ckpt_save(&ck, tc, world, m, &opt, ld, step + 1,
+                                           &res->report_error)) != L3D_OK)
+                goto fail;
+        if (res->stopped_by) {
+            end_step = step + 1;
+            if (lead && !tc->quiet)
+                printf("signal %d: stopped after step %d%s\n", res->stopped_by, end_step,
+                       ck.root[0] ? "; continue with --resume auto" : " (no --out: nothing saved)");
+            break;
+        }
     }
-    res->steps = tc->steps;
-    res->median_step_s = median(step_s, tc->steps);
-    res->median_optimizer_s = median(opt_s, tc->steps);
-    res->median_comm_s = median(comm_s, tc->steps);
-    res->tokens_per_s = (double)tokens_step / res->median_step_s;
-    res->mfu = res->tokens_per_s * flops_tok / peak;
+    /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
+    if (!res->stopped_by && tc->save_every > 0 &&
+        (st = l3d_train_ckpt_save(&ck, tc, world, m, &opt, ld, end_step, &res->report_error)) !=
+            L3D_OK)
+        goto fail;
+    int ran = end_step - start_step;
+    res->steps = end_step;
+    if (ran > 0) {
+        res->median_step_s = median(step_s + start_step, ran);
+        res->median_optimizer_s = median(opt_s + start_step, ran);
+        res->median_comm_s = median(comm_s + start_step, ran);
+        res->tokens_per_s = (double)tokens_step / res->median_step_s;
+        res->mfu = res->tokens_per_s * flops_tok / peak;
+    }
     st = L3D_OK;
-    if (tc->out_dir && topo.dp_rank == 0) {
+    if (tc->out_dir && topo.dp_rank == 0 && !res->stopped_by) {
         /* the first replica's TP shards, gathered into one llm.c model on rank 0 */
         int64_t n_full = l3d_gpt_param_count(&tc->model);
         float *full = NULL;
@@ -288,7 +310,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
         }
     }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    if (lead && !tc->quiet)
+    if (lead && !tc->quiet && ran > 0)
         printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
                "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB per rank\n",
                res->median_step_s * 1e3,
@@ -296,6 +318,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
                res->median_comm_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
                l3d_mem_peak() / 1048576.0);
 fail:
+    if (ck_up) l3d_train_ckpt_free(&ck);
     if (metrics) fclose(metrics);
     l3d_free(inp);
     l3d_free(tgt);
