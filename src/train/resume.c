@@ -57,7 +57,7 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     l3d_status st = l3d_ckpt_resolve(tc->resume, c->root[0] ? c->root : NULL, dir, sizeof dir);
     if ((st = l3d_comm_agree(world, st, report)) != L3D_OK) return st;
     if (!dir[0]) {
-        if (c->lead && !c->quiet) printf("resume auto: no checkpoint in %s, starting fresh\n", c->root);
+        if (c->lead) printf("resume auto: no checkpoint in %s, starting fresh\n", c->root);
         return L3D_OK;
     }
     struct l3d_ckpt_state s;
@@ -77,7 +77,7 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
         return st;
     }
     *start_step = (int)s.step;
-    if (c->lead && !c->quiet) {
+    if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
         printf("resumed %s: step %lld, saved as tp %d x pp %d x dp %d ZeRO-%d%s; %.1f MB read in "
                "%.2f s (%.0f MB/s over all ranks)\n", dir, (long long)s.step, l->tp, l->pp, l->dp,

@@ -274,7 +274,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *wor
                 goto fail;
         if (res->stopped_by) {
             end_step = step + 1;
-            if (lead && !tc->quiet)
+            if (lead)
                 printf("signal %d: stopped after step %d%s\n", res->stopped_by, end_step,
                        ck.root[0] ? "; continue with --resume auto" : " (no --out: nothing saved)");
             break;
