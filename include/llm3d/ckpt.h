@@ -70,7 +70,8 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * own file); otherwise it assembles the full model's tensors from the saved shards
  * (l3d_gpt_shard_to_full) and cuts its slice (l3d_gpt_full_to_shard), one buffer at a time
  * (peak: the full model once plus two shards). Every file is checked against the manifest (size,
- * checksum, header) before any tensor is loaded.
+ * checksum, header) before any tensor is used; a rank's own file, when it holds what the rank
+ * needs, is loaded by the same pass.
  */
 #define L3D_CKPT_FORMAT 1
 
@@ -95,7 +96,8 @@ struct l3d_ckpt_state {
 
 struct l3d_ckpt_io {
     double seconds;                /* wall time of the whole save or load, every rank waiting */
-    int64_t bytes_rank, bytes_total; /* written or read by this rank, and by all ranks */
+    int64_t bytes_total;           /* size of the checkpoint: all rank files */
+    int64_t bytes_rank;            /* written, or read (checksum passes included), by this rank */
 };
 
 /* Saves step s->step under root; collective over world. keep >= 1. Every rank returns the same

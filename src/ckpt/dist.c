@@ -690,8 +690,15 @@ static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {
 static int64_t off_m(const struct mf_file *f) { return HEADER_BYTES + 4 * f->params; }
 static int64_t off_v(const struct mf_file *f) { return off_m(f) + 4 * f->opt_count; }
 
-/* Whole file against the manifest: header fields and checksum. */
-static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, size_t cap) {
+/* A byte range of a rank file and where it goes: the same pass that checksums the file loads it. */
+struct seg {
+    int64_t off, n;
+    void *dst;
+};
+
+/* Whole file against the manifest: header fields and checksum; bytes in segs are copied out. */
+static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, size_t cap,
+                              const struct seg *segs, int nseg, int64_t *bytes) {
     const struct mf_file *f = &mf->files[r];
     char path[PATH_CAP];
     file_path(mf, r, path, sizeof path);
@@ -708,9 +715,16 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
         if (got < HEADER_BYTES)
             memcpy(hdr + got, buf, (size_t)(k < HEADER_BYTES - got ? k : HEADER_BYTES - got));
         hash_update(&h, buf, (size_t)k);
+        for (int i = 0; i < nseg; i++) {
+            int64_t lo = got > segs[i].off ? got : segs[i].off;
+            int64_t hi = got + k < segs[i].off + segs[i].n ? got + k : segs[i].off + segs[i].n;
+            if (hi > lo) memcpy((char *)segs[i].dst + (lo - segs[i].off), buf + (lo - got),
+                                (size_t)(hi - lo));
+        }
         got += k;
     }
     close(fd);
+    *bytes += got;
     if (got != f->bytes)
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the file is "
                          "truncated or damaged", path, (long long)got, (long long)f->bytes);
@@ -731,8 +745,9 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
 }
 
 /* Every file present with its size (every rank: a stat each); the checksums split over the
- * ranks, file r verified by rank r mod world size. */
-static l3d_status check_files(const struct manifest *mf, int rank, int nranks) {
+ * ranks, file r verified by rank r mod world size, which also copies out segs of file `rank`. */
+static l3d_status check_files(const struct manifest *mf, int rank, int nranks,
+                              const struct seg *segs, int nseg, int64_t *bytes) {
     char path[PATH_CAP];
     for (int r = 0; r < mf->lay.world; r++) {
         struct stat sb;
@@ -750,7 +765,7 @@ static l3d_status check_files(const struct manifest *mf, int rank, int nranks) {
     uint8_t *buf = l3d_alloc(cap, "checkpoint read buffer");
     l3d_status st = L3D_OK;
     for (int r = rank; st == L3D_OK && r < mf->lay.world; r += nranks)
-        st = verify_file(mf, r, buf, cap);
+        st = verify_file(mf, r, buf, cap, r == rank ? segs : NULL, r == rank ? nseg : 0, bytes);
     l3d_free(buf);
     return st;
 }
@@ -818,7 +833,13 @@ static l3d_status check_no_nan(const struct manifest *mf, const float *p, int64_
     return L3D_OK;
 }
 
-/* This rank's parameters: straight from a file of the same shard, else cut from the full model. */
+static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
+    struct l3d_shard f = l3d_shard_full(c);
+    return same_shard(s, &f);
+}
+
+/* This rank's parameters: straight from a file of the same shard, else cut from the full model
+ * (assembled in place when this rank holds the whole model). */
 static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int64_t *bytes) {
     char path[PATH_CAP];
     for (int r = 0; r < mf->lay.world; r++) {
@@ -830,14 +851,16 @@ static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int6
         }
     }
     int64_t N = l3d_gpt_param_count(&mf->cfg);
-    float *full = alloc_nan(N, "checkpoint full model");
+    bool whole = is_full(&mf->cfg, &m->shard);
+    float *full = whole ? m->params : alloc_nan(N, "checkpoint full model");
     if (!full) return no_memory(mf, N);
+    if (whole) memset(full, 0xff, (size_t)N * sizeof(float));
     l3d_status st = assemble_full(mf, 0, full, bytes);
     if (st == L3D_OK) {
-        l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, m->params);
+        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, m->params);
         st = check_no_nan(mf, m->params, m->num_params, "parameter");
     }
-    l3d_free(full);
+    if (!whole) l3d_free(full);
     return st;
 }
 
@@ -872,9 +895,11 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
         return st;
     }
     int64_t N = l3d_gpt_param_count(&mf->cfg);
+    bool whole = is_full(&mf->cfg, &m->shard); /* then full is this rank's layout already */
     float *full = alloc_nan(N, "checkpoint full model");
-    float *mine = full ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
-                       : NULL;
+    float *mine = whole ? full
+                : full  ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
+                        : NULL;
     if (!mine) {
         l3d_free(full);
         return no_memory(mf, N);
@@ -883,12 +908,12 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
         if (sel == 2) memset(full, 0xff, (size_t)N * sizeof(float));
         st = assemble_full(mf, sel, full, bytes);
         if (st != L3D_OK) break;
-        l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
+        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
         float *dst = sel == 1 ? opt->m : opt->v;
         memcpy(dst, mine + s0, (size_t)opt->n * sizeof(float));
         st = check_no_nan(mf, dst, opt->n, sel == 1 ? "AdamW m" : "AdamW v");
     }
-    l3d_free(mine);
+    if (!whole) l3d_free(mine);
     l3d_free(full);
     return st;
 }
@@ -910,11 +935,29 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                        "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT, b->L, b->C,
                        b->NH, b->V, b->maxT);
     if (st == L3D_OK) st = manifest_check_layout(&mf);
-    if (st == L3D_OK) st = check_files(&mf, world->rank, world->size);
+    /* this rank's own file, when it holds what this rank needs (the same layout), is loaded by
+     * the pass that verifies it */
+    struct seg segs[3];
+    int nseg = 0;
+    bool own_params = false, own_moments = false;
+    if (st == L3D_OK && world->rank < mf.lay.world &&
+        same_shard(&mf.files[world->rank].shard, &m->shard)) {
+        const struct mf_file *f = &mf.files[world->rank];
+        if (f->params) {
+            segs[nseg++] = (struct seg){HEADER_BYTES, 4 * f->params, m->params};
+            own_params = true;
+        }
+        if (f->opt_start == opt->start && f->opt_count == opt->n && opt->n > 0) {
+            segs[nseg++] = (struct seg){off_m(f), 4 * f->opt_count, opt->m};
+            segs[nseg++] = (struct seg){off_v(f), 4 * f->opt_count, opt->v};
+            own_moments = true;
+        }
+    }
+    int64_t bytes = 0;
+    if (st == L3D_OK) st = check_files(&mf, world->rank, world->size, segs, nseg, &bytes);
     if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
-        int64_t bytes = 0;
-        st = load_params(&mf, m, &bytes);
-        if (st == L3D_OK) st = load_moments(&mf, m, opt, &bytes);
+        if (!own_params) st = load_params(&mf, m, &bytes);
+        if (st == L3D_OK && !own_moments) st = load_moments(&mf, m, opt, &bytes);
         io->bytes_rank = bytes;
         st = l3d_comm_agree(world, st, report);
     }
@@ -922,9 +965,7 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
         *s = mf.st;
         s->layout = mf.lay;
         opt->t = mf.st.adamw_t;
-        double tot = (double)io->bytes_rank;
-        if (world->size > 1) l3d_comm_all_reduce(world, &tot, 1, L3D_F64, L3D_SUM, NULL);
-        io->bytes_total = (int64_t)tot;
+        for (int r = 0; r < mf.lay.world; r++) io->bytes_total += mf.files[r].bytes;
     }
     if (parsed) manifest_free(&mf);
     io->seconds = l3d_time_s() - t0;
@@ -988,8 +1029,8 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     struct manifest mf;
     if ((st = manifest_read(dir, &mf)) != L3D_OK) return st;
     st = manifest_check_layout(&mf);
-    if (st == L3D_OK) st = check_files(&mf, 0, 1);
     int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
+    if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
     float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;
     if (st == L3D_OK && !full) st = no_memory(&mf, N);
     if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);

@@ -175,6 +175,12 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 2;
     }
+    if ((tc->save_every > 0 || (tc->resume && strcmp(tc->resume, "auto") == 0)) && !tc->out_dir &&
+        !tc->ckpt_dir) {
+        fprintf(stderr, "llm3d %s: --save-every and --resume auto need a checkpoint directory: give "
+                "--out DIR (checkpoints go to DIR/checkpoints) or --ckpt-dir DIR\n", cmd);
+        return 2;
+    }
     if (tc->T > tc->model.maxT) {
         fprintf(stderr, "llm3d %s: --seq-len %d exceeds the model's context %d: raise --context or "
                 "lower --seq-len\n", cmd, tc->T, tc->model.maxT);

@@ -79,11 +79,12 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     *start_step = (int)s.step;
     if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
-        printf("resumed %s: step %lld, saved as tp %d x pp %d x dp %d ZeRO-%d%s; %.1f MB read in "
-               "%.2f s (%.0f MB/s over all ranks)\n", dir, (long long)s.step, l->tp, l->pp, l->dp,
-               l->zero, l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
-               l->zero == c->lay.zero ? "" : ", re-sliced", io.bytes_total / 1e6, io.seconds,
-               io.bytes_total / 1e6 / io.seconds);
+        bool same = l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
+                    l->zero == c->lay.zero;
+        printf("resumed %s: step %lld, saved as tp %d x pp %d x dp %d ZeRO-%d%s; %.1f MB loaded "
+               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->tp,
+               l->pp, l->dp, l->zero, same ? "" : ", re-sliced", io.bytes_total / 1e6, io.seconds,
+               io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
         notes(tc, &s, c->lay.dp);
         fflush(stdout);
     }

@@ -126,9 +126,9 @@ expect_error() { # expect_error DESCRIPTION PATTERN STEP_DIR NP B [flags]
     local out="bad_$((++nbad))"
     rm -rf "${dir:?}/$out" && mkdir -p "$dir/$out" && cp "$dir/ref/metrics.jsonl" "$dir/$out/"
     local before after err rc
-    before=$(cd "$from" && md5sum ./* 2>/dev/null)
+    before=$(cd "$from" 2>/dev/null && md5sum ./*)
     err=$(train "$out" "$np" "$b" --resume "$from" "$@" 2>&1 >/dev/null); rc=$?
-    after=$(cd "$from" && md5sum ./* 2>/dev/null)
+    after=$(cd "$from" 2>/dev/null && md5sum ./*)
     # (mpiexec adds its own lines about the exit status)
     if [ $rc -ne 0 ] && [ "$(echo "$err" | grep -c -- "$pat")" -eq 1 ] &&
        [ "$(echo "$err" | grep -c "^llm3d")" -eq 1 ] &&
