@@ -782,6 +782,11 @@ static l3d_status no_memory(const struct manifest *mf, int64_t n) {
                      (long long)n);
 }
 
+static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
+    struct l3d_shard f = l3d_shard_full(c);
+    return same_shard(s, &f);
+}
+
 /* The full model's parameters (sel 0) or moments m (1) / v (2), from the rank files: each distinct
  * shard's buffer assembled, then placed by l3d_gpt_shard_to_full. full holds NaN where nothing
  * was stored. */
@@ -803,21 +808,23 @@ static l3d_status assemble_full(const struct manifest *mf, int sel, float *full,
         for (int q = 0; q < r; q++) first &= !same_shard(&mf->files[q].shard, &f->shard);
         if (!first) continue;
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
-        memset(tmp, 0xff, (size_t)n * sizeof(float));
+        bool whole = is_full(c, &f->shard); /* read straight into full */
+        float *dst = whole ? full : tmp;
+        if (!whole) memset(tmp, 0xff, (size_t)n * sizeof(float));
         for (int q = r; st == L3D_OK && q < mf->lay.world; q++) {
             const struct mf_file *g = &mf->files[q];
             if (!same_shard(&g->shard, &f->shard)) continue;
             file_path(mf, q, path, sizeof path);
             if (sel == 0 && g->params) {
-                st = read_at(path, HEADER_BYTES, tmp, (size_t)n * sizeof(float));
+                st = read_at(path, HEADER_BYTES, dst, (size_t)n * sizeof(float));
                 *bytes += n * 4;
             } else if (sel > 0 && g->opt_count) {
-                st = read_at(path, sel == 1 ? off_m(g) : off_v(g), tmp + g->opt_start,
+                st = read_at(path, sel == 1 ? off_m(g) : off_v(g), dst + g->opt_start,
                              (size_t)g->opt_count * sizeof(float));
                 *bytes += g->opt_count * 4;
             }
         }
-        if (st == L3D_OK) l3d_gpt_shard_to_full(c, &f->shard, tmp, full);
+        if (st == L3D_OK && !whole) l3d_gpt_shard_to_full(c, &f->shard, tmp, full);
     }
     l3d_free(tmp);
     return st;
@@ -831,11 +838,6 @@ static l3d_status check_no_nan(const struct manifest *mf, const float *p, int64_
                              "rank's slice (or it is NaN): the checkpoint is incomplete",
                              mf->path, what, (long long)i);
     return L3D_OK;
-}
-
-static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
-    struct l3d_shard f = l3d_shard_full(c);
-    return same_shard(s, &f);
 }
 
 /* This rank's parameters: straight from a file of the same shard, else cut from the full model
