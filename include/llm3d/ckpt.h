@@ -52,7 +52,10 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  *                  step count, then one `file` line per rank: its coordinates, its shard (layer
  *                  range = pipeline stage; head, FFN-column and vocabulary ranges = tensor-parallel
  *                  slice; embedding / head), its optimizer range, size and checksum; then `end`.
- *                  Floats are C99 hex floats, exact.
+ *                  Floats are C99 hex floats, exact; ranges START+COUNT. E.g.
+ *                    file rank 1 tp 1 pp 0 dp 0 name rank_00001.bin bytes 485952 hash 9b... params
+ *                    60736 opt_start 0 opt_count 30368 layers 0+2 heads 2+2 ffn 128+128 vocab
+ *                    128+128 embedding 1 head 1
  *   rank_00003.bin a 64-byte header, then the rank's parameters (the shard's flat buffer, in the
  *                  order of l3d_gpt_plan_tensors; written by data-parallel rank 0 only), then
  *                  AdamW's m and v over its optimizer range [opt_start, opt_start + opt_count) of

@@ -261,8 +261,8 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
     for (int r = 0; r < lay->world; r++) {
         const struct rank_rec *q = &recs[r];
         OUT("file rank %d tp %lld pp %lld dp %lld name rank_%05d.bin bytes %lld hash %016" PRIx64
-            " params %lld opt_start %lld opt_count %lld layers %lld %lld heads %lld %lld ffn %lld "
-            "%lld vocab %lld %lld embedding %lld head %lld\n",
+            " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
+            "%lld vocab %lld+%lld embedding %lld head %lld\n",
             r, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank, r,
             (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
             (long long)q->opt_count, (long long)q->layer_start, (long long)q->layer_count,
@@ -494,14 +494,17 @@ static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct ma
     f->opt_start = get_i64(p, tok, n, "opt_start");
     f->opt_count = get_i64(p, tok, n, "opt_count");
     struct l3d_shard s = l3d_shard_full(&mf->cfg);
-    /* "layers a b": two values after the key */
-    for (int i = 1; i + 2 < n; i++) {
-        int64_t a = strtoll(tok[i + 1], NULL, 10), b = strtoll(tok[i + 2], NULL, 10);
-        if (strcmp(tok[i], "layers") == 0) s.layer_start = (int)a, s.layer_count = (int)b;
-        if (strcmp(tok[i], "heads") == 0) s.head_start = (int)a, s.head_count = (int)b;
-        if (strcmp(tok[i], "ffn") == 0) s.ffn_start = a, s.ffn_count = b;
-        if (strcmp(tok[i], "vocab") == 0) s.vocab_start = a, s.vocab_count = b;
-    }
+    /* ranges as start+count */
+    const char *keys[4] = {"layers", "heads", "ffn", "vocab"};
+    long long a[4] = {0}, b[4] = {0};
+    for (int i = 0; i < 4; i++)
+        if (want(p, tok, n, keys[i], &v) && sscanf(v, "%lld+%lld", &a[i], &b[i]) != 2)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT", mf->path,
+                             p->line, keys[i], v);
+    s.layer_start = (int)a[0], s.layer_count = (int)b[0];
+    s.head_start = (int)a[1], s.head_count = (int)b[1];
+    s.ffn_start = a[2], s.ffn_count = b[2];
+    s.vocab_start = a[3], s.vocab_count = b[3];
     s.has_embedding = get_i64(p, tok, n, "embedding") != 0;
     s.has_head = get_i64(p, tok, n, "head") != 0;
     f->shard = s;
