@@ -1,6 +1,8 @@
 /*
- * llm3d checkpoints. For now: llm.c's single-file GPT-2 weights (the sharded, resumable format
- * comes with issue "checkpoints").
+ * llm3d checkpoints: llm.c's single-file GPT-2 weights, and sharded training checkpoints that
+ * resume exactly on the same layout and by re-slicing on any other.
+ *
+ * llm.c weights:
  *
  *   l3d_ckpt_save_llmc("out/model.bin", model);              // full shard only
  *   struct l3d_gpt_config cfg;
@@ -14,8 +16,13 @@
 #ifndef LLM3D_CKPT_H
 #define LLM3D_CKPT_H
 
+#include <stdbool.h>
+
+#include "llm3d/comm.h"
 #include "llm3d/core.h"
+#include "llm3d/data.h"
 #include "llm3d/model.h"
+#include "llm3d/optim.h"
 
 #define L3D_LLMC_MAGIC 20240326
 #define L3D_LLMC_VERSION_FP32 3
@@ -27,5 +34,107 @@ l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_conf
                                      const float *params, int64_t num_params);
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
+
+/* ---- sharded checkpoints (src/ckpt/dist.c) ------------------------------------------------------
+ *
+ *   struct l3d_ckpt_layout lay = {.world = 4, .tp = 2, .pp = 1, .dp = 2, .zero = 1,
+ *                                 .tp_rank = topo.tp_rank, .pp_rank = topo.pp_rank,
+ *                                 .dp_rank = topo.dp_rank};
+ *   struct l3d_ckpt_state s = {.step = 50, .loader = l3d_loader_get_pos(ld), ...};
+ *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, model, &opt, &io, &report); // collective
+ *   char dir[4096];
+ *   l3d_ckpt_resolve("auto", "out/checkpoints", dir, sizeof dir);  // "" when there is none
+ *   l3d_ckpt_load(dir, world, &lay, model, &opt, &s, &io, &report); // any layout
+ *
+ * On disk, one directory per saved step, ROOT/step_00000050/:
+ *   manifest       text, one record per line: format version, model config, layout, step,
+ *                  data-loader position, seed, learning-rate schedule, AdamW hyper-parameters and
+ *                  step count, then one `file` line per rank: its coordinates, its shard (layer
+ *                  range = pipeline stage; head, FFN-column and vocabulary ranges = tensor-parallel
+ *                  slice; embedding / head), its optimizer range, size and checksum; then `end`.
+ *                  Floats are C99 hex floats, exact; ranges START+COUNT. E.g.
+ *                    file rank 1 tp 1 pp 0 dp 0 name rank_00001.bin bytes 485952 hash 9b... params
+ *                    60736 opt_start 0 opt_count 30368 layers 0+2 heads 2+2 ffn 128+128 vocab
+ *                    128+128 embedding 1 head 1
+ *   rank_00003.bin a 64-byte header, then the rank's parameters (the shard's flat buffer, in the
+ *                  order of l3d_gpt_plan_tensors; written by data-parallel rank 0 only), then
+ *                  AdamW's m and v over its optimizer range [opt_start, opt_start + opt_count) of
+ *                  that buffer (ZeRO >= 1: every rank its range; ZeRO-0: data-parallel rank 0).
+ * ROOT/latest names the newest complete step directory.
+ *
+ * Atomic save: rank files go to ROOT/.tmp_step_..., each flushed and fsync'ed; then rank 0 writes
+ * the manifest, fsyncs, renames the directory into place (exchanging it with an existing one of the
+ * same step) and only then rewrites `latest` (temporary file, fsync, rename), and removes all but
+ * the newest `keep` step directories up to this step. A crash at any point leaves `latest` naming a
+ * complete checkpoint; a stale .tmp_ directory is removed by the next save.
+ *
+ * Loading re-slices by logical tensor: a rank whose shard equals a saved one reads its parameters
+ * and its optimizer range straight from the files of that shard (the same layout reads only its
+ * own file); otherwise it assembles the full model's tensors from the saved shards
+ * (l3d_gpt_shard_to_full) and cuts its slice (l3d_gpt_full_to_shard), one buffer at a time
+ * (peak: the full model once plus two shards). Every file is checked against the manifest (size,
+ * checksum, header) before any tensor is used; a rank's own file, when it holds what the rank
+ * needs, is loaded by the same pass.
+ */
+#define L3D_CKPT_FORMAT 1
+
+struct l3d_ckpt_layout {
+    int world, tp, pp, dp, zero;
+    bool sequence_parallel;
+    int tp_rank, pp_rank, dp_rank; /* this rank's coordinates */
+};
+
+/* What a checkpoint holds besides tensors. Training has no other random state: initial weights
+ * and the batch order are pure functions of the seed (core.h, data.h). */
+struct l3d_ckpt_state {
+    int64_t step;                  /* optimizer steps completed */
+    struct l3d_loader_pos loader;  /* the training loader's position after that step */
+    uint64_t seed;
+    int B, T, accum;               /* per-rank micro-batch, sequence length, accumulation */
+    struct l3d_lr_schedule sched;
+    struct l3d_adamw_hparams adamw;
+    int64_t adamw_t;               /* AdamW's step count (bias correction) */
+    struct l3d_ckpt_layout layout; /* load: the layout it was saved under (save: ignored) */
+};
+
+struct l3d_ckpt_io {
+    double seconds;                /* wall time of the whole save or load, every rank waiting */
+    int64_t bytes_total;           /* size of the checkpoint: all rank files */
+    int64_t bytes_rank;            /* written, or read (checksum passes included), by this rank */
+};
+
+/* Saves step s->step under root; collective over world. keep >= 1. Every rank returns the same
+ * status; *report is true on the one rank that should print the message. */
+l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
+                         const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
+                         const struct l3d_gpt *m, const struct l3d_adamw *opt,
+                         struct l3d_ckpt_io *io, bool *report);
+/* The step directory that spec names: "auto" -> the one root/latest names, or "" when root has no
+ * latest (a fresh start); a step directory (holding a manifest); or a root holding `latest`. */
+l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap);
+/* Loads dir into this rank's model and optimizer (m->params, opt->m, opt->v, opt->t), whatever
+ * the layout it was saved under, and returns the saved state in s. Collective over world; reads
+ * only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching file,
+ * L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout cannot hold the model. */
+l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
+                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *m,
+                         struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
+                         bool *report);
+/* Reads a step directory's model config (to size a model before loading). */
+l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step);
+/* Writes the weights of step directory dir as one llm.c checkpoint (one process). */
+l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
+
+/* Preemption: after install, SIGTERM and SIGUSR1 set a flag (a second one exits at once with
+ * status 128 + signal); l3d_ckpt_stop_requested, called by every rank at a step boundary, says
+ * whether any rank got one (collective). restore puts the previous handlers back. The flag is the
+ * one process-wide state here: a signal handler can reach nothing else. */
+void l3d_ckpt_signals_install(void);
+void l3d_ckpt_signals_restore(void);
+int l3d_ckpt_stop_requested(struct l3d_comm *world); /* the signal number, or 0 */
+
+/* Keeps the lines of a metrics.jsonl whose "step" is at most step (a resumed run appends after
+ * them); atomic like every write here. A missing file is not an error. */
+l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);
 
 #endif

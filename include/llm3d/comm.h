@@ -112,6 +112,19 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world);
 /* Name and version of the MPI library (for logs). */
 const char *l3d_comm_mpi_library(void);
 
+/* Every rank learns whether any rank failed (collective over c), before a collective that a failed
+ * rank would never join. Returns st on a failing rank, an error naming the lowest failing rank on
+ * the others, L3D_OK when none failed; *report is set true on that lowest failing rank only. */
+static inline l3d_status l3d_comm_agree(struct l3d_comm *c, l3d_status st, bool *report) {
+    int32_t v[2] = {st != L3D_OK ? (int32_t)st : 0, st != L3D_OK ? c->size - c->rank : 0};
+    if (c->size > 1) c->i->all_reduce(c, v, 2, L3D_I32, L3D_MAX, NULL);
+    if (v[0] == 0) return L3D_OK;
+    int first = c->size - v[1];
+    *report = first == c->rank;
+    if (st == L3D_OK) return l3d_error((l3d_status)v[0], "rank %d failed", first);
+    return st;
+}
+
 static inline l3d_status l3d_comm_split(struct l3d_comm *c, int color, int key,
                                         struct l3d_comm **out) {
     return c->i->split(c, color, key, out);

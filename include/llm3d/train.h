@@ -49,6 +49,13 @@ struct l3d_train_config {
     const char *pp_layers;  /* "a,b,..." layers per virtual stage, or NULL: balanced */
     enum l3d_recompute recompute;
     const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
+    /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
+     * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"
+     * (the latest, or a fresh start when there is none), a step directory, or NULL. SIGTERM and
+     * SIGUSR1 save at the next step boundary and stop (res->stopped_by). */
+    const char *ckpt_dir;
+    const char *resume;
+    int save_every, keep;
 };
 
 struct l3d_train_result {
@@ -60,6 +67,8 @@ struct l3d_train_result {
     double bubble, bubble_theory; /* pipeline idle fraction, measured (median step) and ideal */
     size_t act_bytes, act_bytes_formula; /* activations per rank: allocated, closed form */
     bool report_error;         /* on failure: this rank is the one that prints the message */
+    int start_step;            /* steps already done by the checkpoint resumed from */
+    int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
 };
 
 struct l3d_comm;

@@ -23,6 +23,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
 int l3d_cli_bench(int argc, char **argv);
 /* llm3d compare RUN REFERENCE [--rtol R] (src/cli/compare.c) */
 int l3d_cli_compare(int argc, char **argv);
+/* llm3d convert CHECKPOINT OUT.bin (src/cli/convert.c) */
+int l3d_cli_convert(int argc, char **argv);
 /* llm3d generate --checkpoint FILE [flags] (src/cli/generate.c) */
 int l3d_cli_generate(int argc, char **argv);
 

@@ -14,6 +14,7 @@ static const struct {
     {"prepare", l3d_cli_prepare, "turn text files into token shards"},
     {"bench", l3d_cli_bench, "measure this machine's peak and a model's training throughput"},
     {"compare", l3d_cli_compare, "check that two runs trained the same model (losses, weights)"},
+    {"convert", l3d_cli_convert, "write a training checkpoint's weights as an llm.c checkpoint"},
 };
 
 static void usage(FILE *f) {

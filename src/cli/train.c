@@ -46,7 +46,15 @@ static void usage(FILE *f) {
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
-        "  --quiet             no per-step lines\n",
+        "  --quiet             no per-step lines\n"
+        "checkpoints (sharded, atomic; resume on any layout; see README):\n"
+        "  --save-every N      save every N steps and after the last (0: never; default 0)\n"
+        "  --ckpt-dir DIR      where step directories go (default OUT/checkpoints)\n"
+        "  --keep K            keep the newest K checkpoints (3)\n"
+        "  --resume auto|PATH  continue from the latest checkpoint (auto: a fresh start when\n"
+        "                      there is none) or from a step or checkpoint directory\n"
+        "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
+        "                      at once\n",
         l3d_gpt_preset_names());
 }
 
@@ -55,7 +63,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
-           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL };
+           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
+           O_CKPT_DIR, O_KEEP, O_RESUME };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -84,6 +93,9 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"recompute", required_argument, NULL, O_RECOMPUTE},
         {"trace", required_argument, NULL, O_TRACE},
         {"global-batch", required_argument, NULL, O_GLOBAL},
+        {"save-every", required_argument, NULL, O_SAVE_EVERY},
+        {"ckpt-dir", required_argument, NULL, O_CKPT_DIR},
+        {"keep", required_argument, NULL, O_KEEP}, {"resume", required_argument, NULL, O_RESUME},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -166,6 +178,10 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
                 ok = 0;
             }
             break;
+        case O_SAVE_EVERY: ok = l3d_arg_int(cmd, "save-every", optarg, 0, BIG, &tc->save_every); break;
+        case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;
+        case O_CKPT_DIR: tc->ckpt_dir = optarg; break;
+        case O_RESUME: tc->resume = optarg; break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;
@@ -205,6 +221,12 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     if (maxT) tc->model.maxT = maxT;
     if (l3d_gpt_config_finish(&tc->model) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+        return 2;
+    }
+    if ((tc->save_every > 0 || (tc->resume && strcmp(tc->resume, "auto") == 0)) && !tc->out_dir &&
+        !tc->ckpt_dir) {
+        fprintf(stderr, "llm3d %s: --save-every and --resume auto need a checkpoint directory: give "
+                "--out DIR (checkpoints go to DIR/checkpoints) or --ckpt-dir DIR\n", cmd);
         return 2;
     }
     if (tc->T > tc->model.maxT) {

@@ -13,6 +13,7 @@
 #include "llm3d/topo.h"
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
+#include "train/resume.h"
 
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
     memset(tc, 0, sizeof *tc);
@@ -34,6 +35,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->pp = 1;
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
+    tc->keep = 3;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -49,13 +51,7 @@ static double median(double *v, int n) {
 /* Every rank learns whether any rank failed, before the next collective or large allocation, so a
  * rank never waits in a collective for one that gave up. The lowest failing rank reports. */
 static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_result *res) {
-    int32_t v[2] = {st != L3D_OK ? (int32_t)st : 0, st != L3D_OK ? world->size - world->rank : 0};
-    if (world->size > 1) l3d_comm_all_reduce(world, v, 2, L3D_I32, L3D_MAX, NULL);
-    if (v[0] == 0) return L3D_OK;
-    int first = world->size - v[1];
-    res->report_error = first == world->rank;
-    if (st == L3D_OK) return l3d_error((l3d_status)v[0], "rank %d failed", first);
-    return st;
+    return l3d_comm_agree(world, st, &res->report_error);
 }
 
 /* The shard of virtual stage vs (of S), on TP rank tp_rank: its layers, TP slice, ends. */
@@ -142,7 +138,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     struct l3d_tp tpc = {0};
     struct l3d_pp_schedule sched = {0}, vsched = {0};
     struct l3d_pp_exec px = {0};
-    bool topo_up = false, px_up = false;
+    struct l3d_train_ckpt ck;
+    bool topo_up = false, px_up = false, ck_up = false;
     int ndp = 0; /* data-parallel states initialised */
     int tp = tc->tp, pp = tc->pp, dps_n = tc->dp, v = tc->pp_virtual > 1 ? tc->pp_virtual : 1;
     int layers[4096];
@@ -195,6 +192,10 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     else if (tc->zero < 0 || tc->zero > 2)
         st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
                        "sharded gradients)", tc->zero);
+    else if (v > 1 && (tc->resume || tc->save_every > 0))
+        st = l3d_error(L3D_ERR_LAYOUT, "checkpoints of interleaved layouts (--pp-virtual %d) are "
+                       "not implemented yet: drop --save-every/--resume, or save under --pp-virtual "
+                       "1 (a checkpoint resumes on any layout with one chunk per rank)", v);
     if (st == L3D_OK && tc->val_pattern)
         st = l3d_pp_schedule_build_forward(&vsched, pp, v, tc->val_batches);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
@@ -212,13 +213,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         vc.random = false;
         if (st == L3D_OK) st = l3d_loader_init(&vld, val, &vc);
     }
-    if (st == L3D_OK && tc->out_dir && lead) {
-        st = l3d_mkdir_p(tc->out_dir);
-        char path[4096];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir);
-        if (st == L3D_OK && !(metrics = fopen(path, "w")))
-            st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    }
+    if (st == L3D_OK && tc->out_dir && lead) st = l3d_mkdir_p(tc->out_dir);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
 
     /* This rank's model chunks: chunk c is virtual stage c pp + pp_rank. */
@@ -254,6 +249,16 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         l3d_dp_opt_range(&dps[c], &own_start, &own_count);
         l3d_adamw_init(&opts[c], &tc->adamw, own_start, own_count);
     }
+    /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
+    l3d_train_ckpt_init(&ck, tc, &topo, world);
+    ck_up = true;
+    int start_step = 0;
+    st = l3d_train_ckpt_resume(&ck, tc, world, chunks[0], &opts[0], ld, &start_step,
+                               &res->report_error);
+    if (st != L3D_OK) goto fail;
+    res->start_step = start_step;
+    if (lead) st = l3d_train_ckpt_open_metrics(tc, start_step, &metrics);
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     int64_t trace_cap = 0;
     if (tc->trace_path) {
         trace_cap = ((int64_t)sched.n[topo.pp_rank] + 4) * tc->steps + 64;
@@ -343,7 +348,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     for (int c = 0; c < v; c++) l3d_gpt_zero_grad(chunks[c]);
     if (world->size > 1) l3d_comm_barrier(world);
     px.origin = l3d_time_s(); /* the trace's zero, right after a barrier on every rank */
-    for (int step = 0; step < tc->steps; step++) {
+    int end_step = tc->steps;
+    for (int step = start_step; step < tc->steps; step++) {
         double t0 = l3d_time_s();
         for (int c = 0; c < v; c++) dps[c].comm_wait_s = 0.0;
         tpc.comm_s = 0.0;
@@ -387,7 +393,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
             res->report_error = lead;
             goto fail;
         }
-        if (step == 0) res->first_loss = (float)loss;
+        if (step == start_step) res->first_loss = (float)loss;
         res->last_loss = (float)loss;
         float vloss = NAN;
         if (vld && tc->val_every > 0 && ((step + 1) % tc->val_every == 0 || step + 1 == tc->steps)) {
@@ -422,14 +428,38 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
+        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
+        res->stopped_by = l3d_ckpt_stop_requested(world);
+        if ((res->stopped_by && v == 1) || l3d_train_ckpt_due(&ck, tc, step + 1))
+            if ((st = l3d_train_ckpt_save(&ck, tc, world, chunks[0], &opts[0], ld, step + 1,
+                                           &res->report_error)) != L3D_OK)
+                goto fail;
+        if (res->stopped_by) {
+            end_step = step + 1;
+            if (lead)
+                printf("signal %d: stopped after step %d%s\n", res->stopped_by, end_step,
+                       v > 1      ? " (interleaved layout: nothing saved)"
+                       : ck.root[0] ? "; continue with --resume auto"
+                                    : " (no --out: nothing saved)");
+            break;
+        }
     }
-    res->steps = tc->steps;
-    res->median_step_s = median(step_s, tc->steps);
-    res->median_optimizer_s = median(opt_s, tc->steps);
-    res->median_comm_s = median(comm_s, tc->steps);
-    res->bubble = median(bub, tc->steps);
-    res->tokens_per_s = (double)tokens_step / res->median_step_s;
-    res->mfu = res->tokens_per_s * flops_tok / peak;
+    /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
+    if (!res->stopped_by && tc->save_every > 0 &&
+        (st = l3d_train_ckpt_save(&ck, tc, world, chunks[0], &opts[0], ld, end_step,
+                                  &res->report_error)) !=
+            L3D_OK)
+        goto fail;
+    int ran = end_step - start_step;
+    res->steps = end_step;
+    if (ran > 0) {
+        res->median_step_s = median(step_s + start_step, ran);
+        res->median_optimizer_s = median(opt_s + start_step, ran);
+        res->median_comm_s = median(comm_s + start_step, ran);
+        res->bubble = median(bub + start_step, ran);
+        res->tokens_per_s = (double)tokens_step / res->median_step_s;
+        res->mfu = res->tokens_per_s * flops_tok / peak;
+    }
     st = L3D_OK;
     if (tc->trace_path) {
         st = l3d_pp_trace_write(&px, world, tc->trace_path, topo.tp_rank, topo.pp_rank,
@@ -437,9 +467,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         if (st == L3D_OK && lead && !tc->quiet) printf("trace: %s\n", tc->trace_path);
     }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    if (tc->out_dir) st = save_model(tc, world, &topo, chunks, v, layers);
+    if (tc->out_dir && !res->stopped_by) st = save_model(tc, world, &topo, chunks, v, layers);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    if (lead && !tc->quiet) {
+    if (lead && !tc->quiet && ran > 0) {
         printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
                "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB per rank\n",
                res->median_step_s * 1e3,
@@ -451,6 +481,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
                    "(p-1)/(v m+p-1) = %.1f%%\n", 100.0 * res->bubble, 100.0 * res->bubble_theory);
     }
 fail:
+    if (ck_up) l3d_train_ckpt_free(&ck);
     if (metrics) fclose(metrics);
     l3d_free(inp);
     l3d_free(tgt);

@@ -1,0 +1,1112 @@
+/* Sharded, atomic training checkpoints; loading on any layout (include/llm3d/ckpt.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm3d/ckpt.h"
+
+#define PATH_CAP 4096
+#define HEADER_BYTES 64
+static const char file_magic[8] = "L3DSHRD1";
+
+/* ---- checksum ------------------------------------------------------------------------------
+ * 64-bit, four independent lanes over 8-byte little-endian words, so it runs at memory speed: the
+ * round of xxHash64 (Y. Collet, xxhash.com spec: acc = rotl(acc + w * P2, 31) * P1, with its
+ * primes), the lanes and the length folded by the SplitMix64 finaliser (Steele et al. 2014). An
+ * integrity check against truncation and bit flips, not a cryptographic hash. */
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+
+struct hasher {
+    uint64_t lane[4];
+    uint8_t pend[32];
+    int npend;
+    uint64_t len;
+};
+
+static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static void hash_init(struct hasher *h) {
+    memset(h, 0, sizeof *h);
+    for (int i = 0; i < 4; i++) h->lane[i] = P1 * (uint64_t)(i + 1);
+}
+
+static void hash_block(struct hasher *h, const uint8_t *p) {
+    for (int i = 0; i < 4; i++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        h->lane[i] = rotl(h->lane[i] + w * P2, 31) * P1;
+    }
+}
+
+static void hash_update(struct hasher *h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    h->len += n;
+    if (h->npend) {
+        size_t k = 32 - (size_t)h->npend < n ? 32 - (size_t)h->npend : n;
+        memcpy(h->pend + h->npend, p, k);
+        h->npend += (int)k;
+        p += k;
+        n -= k;
+        if (h->npend < 32) return;
+        hash_block(h, h->pend);
+        h->npend = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) hash_block(h, p);
+    memcpy(h->pend, p, n);
+    h->npend = (int)n;
+}
+
+static uint64_t hash_final(const struct hasher *h) {
+    uint8_t tail[32] = {0};
+    memcpy(tail, h->pend, (size_t)h->npend);
+    struct hasher c = *h;
+    hash_block(&c, tail);
+    uint64_t r = mix(c.len);
+    for (int i = 0; i < 4; i++) r = mix(r ^ c.lane[i]);
+    return r;
+}
+
+/* ---- files ---------------------------------------------------------------------------------- */
+
+/* buf = a + sep + b; every entry point checks its paths against PATH_CAP first (long_path). */
+static void join(char *buf, size_t cap, const char *a, const char *sep, const char *b) {
+    int n = snprintf(buf, cap, "%s%s%s", a, sep, b);
+    L3D_ASSERT(n >= 0 && (size_t)n < cap);
+}
+
+static l3d_status long_path(const char *p) {
+    if (strlen(p) < PATH_CAP - 128) return L3D_OK;
+    return l3d_error(L3D_ERR_ARG, "checkpoint path too long (%zu characters, at most %d): %.80s...",
+                     strlen(p), PATH_CAP - 129, p);
+}
+
+static l3d_status write_all(int fd, const char *path, const void *buf, size_t n,
+                            struct hasher *h) {
+    if (h) hash_update(h, buf, n);
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        p += k;
+        n -= (size_t)k;
+    }
+    return L3D_OK;
+}
+
+static l3d_status read_at(const char *path, int64_t off, void *buf, size_t n) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = errno;
+            close(fd);
+            return l3d_error(L3D_ERR_FORMAT, "%s: cannot read %zu bytes at offset %lld: %s", path,
+                             n, (long long)off, k == 0 ? "file too short" : strerror(e));
+        }
+        p += k;
+        n -= (size_t)k;
+        off += k;
+    }
+    close(fd);
+    return L3D_OK;
+}
+
+static l3d_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0) return l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(e));
+    return L3D_OK;
+}
+
+/* Writes text to path atomically: path.tmp, fsync, rename, fsync of the directory dir. */
+static l3d_status write_text_atomic(const char *path, const char *dir, const char *text) {
+    char tmp[PATH_CAP];
+    join(tmp, sizeof tmp, path, "", ".tmp");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    l3d_status st = write_all(fd, tmp, text, strlen(text), NULL);
+    if (st == L3D_OK && fsync(fd) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", tmp, strerror(errno));
+    close(fd);
+    if (st == L3D_OK && rename(tmp, path) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st != L3D_OK) unlink(tmp);
+    return st == L3D_OK ? fsync_path(dir) : st;
+}
+
+/* Removes a directory of plain files (a step or temporary directory; nothing nested). */
+static void remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_CAP];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        join(p, sizeof p, path, "/", e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+/* Test hook: L3D_CKPT_TEST_KILL="STEP:PHASE[:RANK]" makes that rank SIGKILL itself at PHASE of
+ * the save of STEP (shard: half-way through its rank file; rename: files and manifest written, the
+ * directory not yet in place; latest: in place, `latest` not yet updated). The crash tests use it
+ * to stop a writer at each point deterministically. */
+static void test_kill(int64_t step, const char *phase, int rank) {
+    const char *v = getenv("L3D_CKPT_TEST_KILL");
+    if (!v) return;
+    long long s = -1;
+    int r = -1;
+    char ph[32] = "";
+    if (sscanf(v, "%lld:%31[a-z]:%d", &s, ph, &r) < 2) return;
+    if (s == step && strcmp(ph, phase) == 0 && (r < 0 || r == rank)) raise(SIGKILL);
+}
+
+/* ---- save ----------------------------------------------------------------------------------- */
+
+/* What each rank tells rank 0 about its file, gathered as bytes. */
+struct rank_rec {
+    int64_t status, bytes, params, opt_start, opt_count;
+    uint64_t hash;
+    int64_t tp_rank, pp_rank, dp_rank;
+    int64_t layer_start, layer_count, head_start, head_count, ffn_start, ffn_count, vocab_start,
+        vocab_count, has_embedding, has_head;
+};
+
+static void step_name(char *buf, size_t cap, int64_t step) {
+    snprintf(buf, cap, "step_%08lld", (long long)step);
+}
+
+static l3d_status write_rank_file(const char *path, int rank, int64_t step, const float *params,
+                                  int64_t np, const float *m, const float *v, int64_t ostart,
+                                  int64_t ocount, struct rank_rec *rec) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    struct hasher h;
+    hash_init(&h);
+    uint8_t hdr[HEADER_BYTES] = {0};
+    int64_t f[5] = {L3D_CKPT_FORMAT, rank, step, np, ocount};
+    memcpy(hdr, file_magic, 8);
+    memcpy(hdr + 8, f, sizeof f);
+    memcpy(hdr + 48, &ostart, 8);
+    l3d_status st = write_all(fd, path, hdr, sizeof hdr, &h);
+    if (st == L3D_OK) st = write_all(fd, path, params, (size_t)np * sizeof(float), &h);
+    if (st == L3D_OK && ocount > 0) {
+        st = write_all(fd, path, m, (size_t)ocount * 2, &h); /* half of m: the crash point */
+        test_kill(step, "shard", rank);
+        if (st == L3D_OK)
+            st = write_all(fd, path, (const char *)m + ocount * 2, (size_t)ocount * 2, &h);
+        if (st == L3D_OK) st = write_all(fd, path, v, (size_t)ocount * sizeof(float), &h);
+    }
+    if (st == L3D_OK && fsync(fd) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(errno));
+    if (close(fd) != 0 && st == L3D_OK)
+        st = l3d_error(L3D_ERR_IO, "cannot close %s: %s", path, strerror(errno));
+    rec->bytes = HEADER_BYTES + (np + 2 * ocount) * (int64_t)sizeof(float);
+    rec->hash = hash_final(&h);
+    return st;
+}
+
+static void shard_to_rec(const struct l3d_shard *s, struct rank_rec *r) {
+    r->layer_start = s->layer_start;
+    r->layer_count = s->layer_count;
+    r->head_start = s->head_start;
+    r->head_count = s->head_count;
+    r->ffn_start = s->ffn_start;
+    r->ffn_count = s->ffn_count;
+    r->vocab_start = s->vocab_start;
+    r->vocab_count = s->vocab_count;
+    r->has_embedding = s->has_embedding;
+    r->has_head = s->has_head;
+}
+
+static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c,
+                           const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
+                           const struct rank_rec *recs) {
+    size_t n = 0;
+#define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
+    OUT("llm3d-checkpoint format %d\n", L3D_CKPT_FORMAT);
+    OUT("step %lld\n", (long long)s->step);
+    OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
+    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d\n", lay->world, lay->tp, lay->pp, lay->dp,
+        lay->zero, lay->sequence_parallel ? 1 : 0);
+    OUT("data epoch %lld index %lld B %d T %d accum %d seed %" PRIu64 "\n",
+        (long long)s->loader.epoch, (long long)s->loader.index, s->B, s->T, s->accum, s->seed);
+    OUT("schedule max_lr %a min_lr %a warmup %d total %d\n", (double)s->sched.max_lr,
+        (double)s->sched.min_lr, s->sched.warmup_steps, s->sched.total_steps);
+    OUT("adamw beta1 %a beta2 %a eps %a weight_decay %a grad_clip %a t %lld\n",
+        (double)s->adamw.beta1, (double)s->adamw.beta2, (double)s->adamw.eps,
+        (double)s->adamw.weight_decay, (double)s->adamw.grad_clip, (long long)s->adamw_t);
+    for (int r = 0; r < lay->world; r++) {
+        const struct rank_rec *q = &recs[r];
+        OUT("file rank %d tp %lld pp %lld dp %lld name rank_%05d.bin bytes %lld hash %016" PRIx64
+            " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
+            "%lld vocab %lld+%lld embedding %lld head %lld\n",
+            r, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank, r,
+            (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
+            (long long)q->opt_count, (long long)q->layer_start, (long long)q->layer_count,
+            (long long)q->head_start, (long long)q->head_count, (long long)q->ffn_start,
+            (long long)q->ffn_count, (long long)q->vocab_start, (long long)q->vocab_count,
+            (long long)q->has_embedding, (long long)q->has_head);
+    }
+    OUT("end\n");
+#undef OUT
+    L3D_ASSERT(n < cap);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Removes step directories below `step` beyond the newest `keep` (newer ones are left alone:
+ * they belong to a run this one was resumed before). */
+static void prune(const char *root, int64_t step, int keep) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    char *names[4096];
+    int n = 0;
+    struct dirent *e;
+    char cur[64];
+    step_name(cur, sizeof cur, step);
+    while ((e = readdir(d)) && n < 4096)
+        if (strncmp(e->d_name, "step_", 5) == 0 && strcmp(e->d_name, cur) <= 0)
+            names[n++] = strdup(e->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    char p[PATH_CAP];
+    for (int i = 0; i < n; i++) {
+        if (i < n - keep) {
+            join(p, sizeof p, root, "/", names[i]);
+            remove_dir(p);
+        }
+        free(names[i]);
+    }
+}
+
+/* Rank 0's part: manifest, rename into place, `latest`, pruning. */
+static l3d_status publish(const char *root, const char *tmp, int keep,
+                          const struct l3d_gpt_config *cfg, const struct l3d_ckpt_layout *lay,
+                          const struct l3d_ckpt_state *s, const struct rank_rec *recs) {
+    size_t cap = 4096 + (size_t)lay->world * 512;
+    char *text = l3d_alloc(cap, "checkpoint manifest");
+    print_manifest(text, cap, cfg, lay, s, recs);
+    char path[PATH_CAP], dst[PATH_CAP], name[64];
+    join(path, sizeof path, tmp, "/", "manifest");
+    l3d_status st = write_text_atomic(path, tmp, text);
+    l3d_free(text);
+    if (st != L3D_OK) return st;
+    test_kill(s->step, "rename", 0);
+    step_name(name, sizeof name, s->step);
+    join(dst, sizeof dst, root, "/", name);
+    /* a directory of the same step (a run resumed from an earlier step) is swapped atomically */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) {
+        remove_dir(tmp);
+    } else if (errno == ENOENT) {
+        if (rename(tmp, dst) != 0)
+            return l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, dst, strerror(errno));
+    } else {
+        return l3d_error(L3D_ERR_IO, "cannot replace %s: %s", dst, strerror(errno));
+    }
+    if ((st = fsync_path(root)) != L3D_OK) return st;
+    test_kill(s->step, "latest", 0);
+    char line[80];
+    snprintf(line, sizeof line, "%s\n", name);
+    join(path, sizeof path, root, "/", "latest");
+    if ((st = write_text_atomic(path, root, line)) != L3D_OK) return st;
+    prune(root, s->step, keep);
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
+                         const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
+                         const struct l3d_gpt *m, const struct l3d_adamw *opt,
+                         struct l3d_ckpt_io *io, bool *report) {
+    double t0 = l3d_time_s();
+    memset(io, 0, sizeof *io);
+    char tmp[PATH_CAP] = "", name[64];
+    step_name(name, sizeof name, s->step);
+    l3d_status st = long_path(root);
+    if (st == L3D_OK) join(tmp, sizeof tmp, root, "/.tmp_", name);
+    if (st == L3D_OK && world->rank == 0) {
+        st = l3d_mkdir_p(root);
+        DIR *d = st == L3D_OK ? opendir(root) : NULL;
+        struct dirent *e;
+        char p[PATH_CAP];
+        while (d && (e = readdir(d))) /* left by a save that crashed */
+            if (strncmp(e->d_name, ".tmp_", 5) == 0) {
+                join(p, sizeof p, root, "/", e->d_name);
+                remove_dir(p);
+            }
+        if (d) closedir(d);
+        if (st == L3D_OK && mkdir(tmp, 0755) != 0)
+            st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    }
+    if ((st = l3d_comm_agree(world, st, report)) != L3D_OK) return st;
+
+    /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0 */
+    bool wparams = lay->dp_rank == 0, wmoments = lay->zero > 0 || lay->dp_rank == 0;
+    struct rank_rec *recs = l3d_calloc((size_t)world->size * sizeof *recs, "checkpoint records");
+    struct rank_rec *me = &recs[world->rank];
+    me->params = wparams ? m->num_params : 0;
+    me->opt_start = wmoments ? opt->start : 0;
+    me->opt_count = wmoments ? opt->n : 0;
+    me->tp_rank = lay->tp_rank;
+    me->pp_rank = lay->pp_rank;
+    me->dp_rank = lay->dp_rank;
+    shard_to_rec(&m->shard, me);
+    char path[PATH_CAP], fname[32];
+    snprintf(fname, sizeof fname, "rank_%05d.bin", world->rank);
+    join(path, sizeof path, tmp, "/", fname);
+    st = write_rank_file(path, world->rank, s->step, m->params, me->params, opt->m, opt->v,
+                         me->opt_start, me->opt_count, me);
+    me->status = st;
+    if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
+        if (world->size > 1)
+            l3d_comm_all_gather(world, recs, (int64_t)sizeof *recs, L3D_U8, NULL);
+        if (world->rank == 0) st = publish(root, tmp, keep, &m->cfg, lay, s, recs);
+        st = l3d_comm_agree(world, st, report);
+    }
+    io->bytes_rank = me->bytes;
+    for (int r = 0; r < world->size; r++) io->bytes_total += recs[r].bytes;
+    l3d_free(recs);
+    io->seconds = l3d_time_s() - t0;
+    return st;
+}
+
+/* ---- manifest ------------------------------------------------------------------------------- */
+
+struct mf_file {
+    int rank, tp_rank, pp_rank, dp_rank;
+    char name[64];
+    int64_t bytes, params, opt_start, opt_count;
+    uint64_t hash;
+    struct l3d_shard shard;
+};
+
+struct manifest {
+    char path[PATH_CAP]; /* of the manifest, for messages */
+    char dir[PATH_CAP];
+    struct l3d_gpt_config cfg;
+    struct l3d_ckpt_layout lay;
+    struct l3d_ckpt_state st;
+    struct mf_file *files; /* lay.world, indexed by rank */
+};
+
+#define MAXTOK 64
+
+/* Splits a line into at most MAXTOK space-separated tokens (in place). */
+static int tokenize(char *line, char **tok) {
+    int n = 0;
+    for (char *p = strtok(line, " \t\n"); p && n < MAXTOK; p = strtok(NULL, " \t\n")) tok[n++] = p;
+    return n;
+}
+
+/* The value after key in "word key value key value ..." (tok[0] is the word), or NULL. */
+static const char *kv(char **tok, int n, const char *key) {
+    for (int i = 1; i + 1 < n; i += 2)
+        if (strcmp(tok[i], key) == 0) return tok[i + 1];
+    return NULL;
+}
+
+struct parser {
+    const struct manifest *mf;
+    int line;
+    l3d_status st;
+};
+
+static bool want(struct parser *p, char **tok, int n, const char *key, const char **v) {
+    if (p->st != L3D_OK) return false;
+    *v = kv(tok, n, key);
+    if (!*v)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' record has no %s: the manifest is "
+                          "damaged", p->mf->path, p->line, tok[0], key);
+    return *v != NULL;
+}
+
+static int64_t get_i64(struct parser *p, char **tok, int n, const char *key) {
+    const char *v;
+    if (!want(p, tok, n, key, &v)) return 0;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (*end) p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number",
+                                p->mf->path, p->line, key, v);
+    return x;
+}
+
+static double get_f(struct parser *p, char **tok, int n, const char *key) {
+    const char *v;
+    if (!want(p, tok, n, key, &v)) return 0;
+    char *end;
+    double x = strtod(v, &end);
+    if (*end) p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a number",
+                                p->mf->path, p->line, key, v);
+    return x;
+}
+
+static void manifest_free(struct manifest *mf) {
+    free(mf->files);
+    mf->files = NULL;
+}
+
+static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct manifest *mf) {
+    int r = (int)get_i64(p, tok, n, "rank");
+    if (p->st != L3D_OK) return p->st;
+    if (r < 0 || r >= mf->lay.world)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d outside the world of %d", mf->path,
+                         p->line, r, mf->lay.world);
+    struct mf_file *f = &mf->files[r];
+    if (f->rank >= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d listed twice", mf->path, p->line, r);
+    f->rank = r;
+    f->tp_rank = (int)get_i64(p, tok, n, "tp");
+    f->pp_rank = (int)get_i64(p, tok, n, "pp");
+    f->dp_rank = (int)get_i64(p, tok, n, "dp");
+    const char *v;
+    if (want(p, tok, n, "name", &v)) {
+        if (strlen(v) >= sizeof f->name || strchr(v, '/'))
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: bad file name '%s'", mf->path, p->line, v);
+        strcpy(f->name, v);
+    }
+    f->bytes = get_i64(p, tok, n, "bytes");
+    if (want(p, tok, n, "hash", &v)) f->hash = strtoull(v, NULL, 16);
+    f->params = get_i64(p, tok, n, "params");
+    f->opt_start = get_i64(p, tok, n, "opt_start");
+    f->opt_count = get_i64(p, tok, n, "opt_count");
+    struct l3d_shard s = l3d_shard_full(&mf->cfg);
+    /* ranges as start+count */
+    const char *keys[4] = {"layers", "heads", "ffn", "vocab"};
+    long long a[4] = {0}, b[4] = {0};
+    for (int i = 0; i < 4; i++)
+        if (want(p, tok, n, keys[i], &v) && sscanf(v, "%lld+%lld", &a[i], &b[i]) != 2)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT", mf->path,
+                             p->line, keys[i], v);
+    s.layer_start = (int)a[0], s.layer_count = (int)b[0];
+    s.head_start = (int)a[1], s.head_count = (int)b[1];
+    s.ffn_start = a[2], s.ffn_count = b[2];
+    s.vocab_start = a[3], s.vocab_count = b[3];
+    s.has_embedding = get_i64(p, tok, n, "embedding") != 0;
+    s.has_head = get_i64(p, tok, n, "head") != 0;
+    f->shard = s;
+    return p->st;
+}
+
+/* Reads and checks dir/manifest: every record present, the layout possible for the model. */
+static l3d_status manifest_read(const char *dir, struct manifest *mf) {
+    memset(mf, 0, sizeof *mf);
+    if (long_path(dir) != L3D_OK) return L3D_ERR_ARG;
+    join(mf->dir, sizeof mf->dir, dir, "", "");
+    join(mf->path, sizeof mf->path, dir, "/", "manifest");
+    FILE *f = fopen(mf->path, "r");
+    if (!f)
+        return l3d_error(L3D_ERR_IO, "cannot open checkpoint manifest %s: %s (is %s a checkpoint "
+                         "step directory?)", mf->path, strerror(errno), dir);
+    struct parser p = {.mf = mf, .st = L3D_OK};
+    char line[2048], *tok[MAXTOK];
+    bool seen_end = false, seen[6] = {false};
+    int nfile = 0;
+    while (p.st == L3D_OK && fgets(line, sizeof line, f)) {
+        p.line++;
+        int n = tokenize(line, tok);
+        if (n == 0) continue;
+        if (p.line == 1) {
+            if (strcmp(tok[0], "llm3d-checkpoint") != 0) {
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: not an llm3d checkpoint manifest", mf->path);
+                break;
+            }
+            int64_t fmt = get_i64(&p, tok, n, "format");
+            if (p.st == L3D_OK && fmt != L3D_CKPT_FORMAT)
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
+                                 "version %d", mf->path, (long long)fmt, L3D_CKPT_FORMAT);
+        } else if (strcmp(tok[0], "step") == 0 && n == 2) {
+            mf->st.step = strtoll(tok[1], NULL, 10);
+            seen[0] = true;
+        } else if (strcmp(tok[0], "model") == 0) {
+            mf->cfg = (struct l3d_gpt_config){
+                .L = (int)get_i64(&p, tok, n, "L"), .C = (int)get_i64(&p, tok, n, "C"),
+                .NH = (int)get_i64(&p, tok, n, "NH"), .V = (int)get_i64(&p, tok, n, "V"),
+                .Vp = (int)get_i64(&p, tok, n, "Vp"), .maxT = (int)get_i64(&p, tok, n, "maxT")};
+            seen[1] = true;
+        } else if (strcmp(tok[0], "layout") == 0) {
+            struct l3d_ckpt_layout *l = &mf->lay;
+            l->world = (int)get_i64(&p, tok, n, "world");
+            l->tp = (int)get_i64(&p, tok, n, "tp");
+            l->pp = (int)get_i64(&p, tok, n, "pp");
+            l->dp = (int)get_i64(&p, tok, n, "dp");
+            l->zero = (int)get_i64(&p, tok, n, "zero");
+            l->sequence_parallel = get_i64(&p, tok, n, "sp") != 0;
+            if (p.st == L3D_OK && (l->world < 1 || l->world > (1 << 20)))
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: world size %d", mf->path, l->world);
+            if (p.st == L3D_OK) {
+                mf->files = calloc((size_t)l->world, sizeof *mf->files);
+                for (int r = 0; r < l->world; r++) mf->files[r].rank = -1;
+            }
+            seen[2] = true;
+        } else if (strcmp(tok[0], "data") == 0) {
+            mf->st.loader.epoch = get_i64(&p, tok, n, "epoch");
+            mf->st.loader.index = get_i64(&p, tok, n, "index");
+            mf->st.B = (int)get_i64(&p, tok, n, "B");
+            mf->st.T = (int)get_i64(&p, tok, n, "T");
+            mf->st.accum = (int)get_i64(&p, tok, n, "accum");
+            const char *v;
+            if (want(&p, tok, n, "seed", &v)) mf->st.seed = strtoull(v, NULL, 10);
+            seen[3] = true;
+        } else if (strcmp(tok[0], "schedule") == 0) {
+            struct l3d_lr_schedule *s = &mf->st.sched;
+            s->max_lr = (float)get_f(&p, tok, n, "max_lr");
+            s->min_lr = (float)get_f(&p, tok, n, "min_lr");
+            s->warmup_steps = (int)get_i64(&p, tok, n, "warmup");
+            s->total_steps = (int)get_i64(&p, tok, n, "total");
+            seen[4] = true;
+        } else if (strcmp(tok[0], "adamw") == 0) {
+            struct l3d_adamw_hparams *h = &mf->st.adamw;
+            h->beta1 = (float)get_f(&p, tok, n, "beta1");
+            h->beta2 = (float)get_f(&p, tok, n, "beta2");
+            h->eps = (float)get_f(&p, tok, n, "eps");
+            h->weight_decay = (float)get_f(&p, tok, n, "weight_decay");
+            h->grad_clip = (float)get_f(&p, tok, n, "grad_clip");
+            mf->st.adamw_t = get_i64(&p, tok, n, "t");
+            seen[5] = true;
+        } else if (strcmp(tok[0], "file") == 0) {
+            if (!mf->files || !seen[1])
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: file record before the model and "
+                                 "layout records", mf->path, p.line);
+            else
+                p.st = parse_file_line(&p, tok, n, mf), nfile++;
+        } else if (strcmp(tok[0], "end") == 0) {
+            seen_end = true;
+            break;
+        } else {
+            p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: unknown record '%s'", mf->path, p.line,
+                             tok[0]);
+        }
+    }
+    fclose(f);
+    const char *names[6] = {"step", "model", "layout", "data", "schedule", "adamw"};
+    for (int i = 0; p.st == L3D_OK && i < 6; i++)
+        if (!seen[i])
+            p.st = l3d_error(L3D_ERR_FORMAT, "%s: no '%s' record: the manifest is damaged",
+                             mf->path, names[i]);
+    if (p.st == L3D_OK && !seen_end)
+        p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'end' line: the manifest is truncated", mf->path);
+    if (p.st == L3D_OK && nfile != mf->lay.world)
+        p.st = l3d_error(L3D_ERR_FORMAT, "%s lists %d rank files for a world of %d", mf->path,
+                         nfile, mf->lay.world);
+    if (p.st != L3D_OK) manifest_free(mf);
+    return p.st;
+}
+
+static bool same_config(const struct l3d_gpt_config *a, const struct l3d_gpt_config *b) {
+    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
+           a->maxT == b->maxT;
+}
+
+static bool same_shard(const struct l3d_shard *a, const struct l3d_shard *b) {
+    return a->layer_start == b->layer_start && a->layer_count == b->layer_count &&
+           a->head_start == b->head_start && a->head_count == b->head_count &&
+           a->ffn_start == b->ffn_start && a->ffn_count == b->ffn_count &&
+           a->vocab_start == b->vocab_start && a->vocab_count == b->vocab_count &&
+           a->has_embedding == b->has_embedding && a->has_head == b->has_head;
+}
+
+/* The layout the manifest describes must be able to hold its model: tp x pp x dp = world, every
+ * shard inside the model with the parameter count its shape gives, the optimizer ranges inside
+ * their shards, and every layer of every tensor-parallel slice held by some rank's parameters. */
+static l3d_status manifest_check_layout(const struct manifest *mf) {
+    const struct l3d_ckpt_layout *l = &mf->lay;
+    const struct l3d_gpt_config *c = &mf->cfg;
+    if (l->tp < 1 || l->pp < 1 || l->dp < 1 || (int64_t)l->tp * l->pp * l->dp != l->world ||
+        l->zero < 0 || l->zero > 2)
+        return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
+                         "make its world of %d ranks", mf->path, l->tp, l->pp, l->dp, l->zero,
+                         l->world);
+    if (c->NH % l->tp != 0 || (4 * (int64_t)c->C) % l->tp != 0 || c->Vp % l->tp != 0 ||
+        l->pp > c->L)
+        return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d is impossible for the model "
+                         "(NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d layers): the checkpoint "
+                         "is damaged", mf->path, l->tp, l->pp, c->NH, 4 * c->C, c->Vp, c->L);
+    /* every (layer, head) slice must be held by some rank's parameters */
+    bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);
+    bool emb = false, head = false;
+    for (int r = 0; r < l->world; r++) {
+        const struct mf_file *f = &mf->files[r];
+        struct l3d_tensor_info t[L3D_NUM_TENSORS];
+        if (l3d_shard_check(c, &f->shard) != L3D_OK) {
+            free(held);
+            return l3d_error(L3D_ERR_LAYOUT, "%s: rank %d: %s", mf->path, r, l3d_error_message());
+        }
+        int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
+        if ((f->params != 0 && f->params != n) || f->opt_start < 0 || f->opt_count < 0 ||
+            f->opt_start + f->opt_count > n ||
+            f->bytes != HEADER_BYTES + 4 * (f->params + 2 * f->opt_count)) {
+            free(held);
+            return l3d_error(L3D_ERR_LAYOUT, "%s: rank %d: %lld parameters, optimizer range "
+                             "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
+                             mf->path, r, (long long)f->params, (long long)f->opt_start,
+                             (long long)(f->opt_start + f->opt_count), (long long)f->bytes,
+                             (long long)n);
+        }
+        if (!f->params) continue;
+        emb |= f->shard.has_embedding;
+        head |= f->shard.has_head;
+        for (int ly = 0; ly < f->shard.layer_count; ly++)
+            for (int h = 0; h < f->shard.head_count; h++)
+                held[(size_t)(f->shard.layer_start + ly) * c->NH + f->shard.head_start + h] = true;
+    }
+    int64_t missing = 0;
+    for (int64_t i = 0; i < (int64_t)c->L * c->NH; i++) missing += !held[i];
+    free(held);
+    if (missing || !emb || !head)
+        return l3d_error(L3D_ERR_LAYOUT, "%s: the rank files' parameters miss %lld of the model's "
+                         "%lld (layer, head) slices%s%s: the layout cannot hold the model",
+                         mf->path, (long long)missing, (long long)c->L * c->NH,
+                         emb ? "" : ", the embedding", head ? "" : ", the head");
+    return L3D_OK;
+}
+
+/* ---- load ----------------------------------------------------------------------------------- */
+
+static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {
+    join(buf, cap, mf->dir, "/", mf->files[r].name);
+}
+
+static int64_t off_m(const struct mf_file *f) { return HEADER_BYTES + 4 * f->params; }
+static int64_t off_v(const struct mf_file *f) { return off_m(f) + 4 * f->opt_count; }
+
+/* A byte range of a rank file and where it goes: the same pass that checksums the file loads it. */
+struct seg {
+    int64_t off, n;
+    void *dst;
+};
+
+/* Whole file against the manifest: header fields and checksum; bytes in segs are copied out. */
+static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, size_t cap,
+                              const struct seg *segs, int nseg, int64_t *bytes) {
+    const struct mf_file *f = &mf->files[r];
+    char path[PATH_CAP];
+    file_path(mf, r, path, sizeof path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct hasher h;
+    hash_init(&h);
+    int64_t got = 0;
+    uint8_t hdr[HEADER_BYTES];
+    for (;;) {
+        ssize_t k = read(fd, buf, cap);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        if (got < HEADER_BYTES)
+            memcpy(hdr + got, buf, (size_t)(k < HEADER_BYTES - got ? k : HEADER_BYTES - got));
+        hash_update(&h, buf, (size_t)k);
+        for (int i = 0; i < nseg; i++) {
+            int64_t lo = got > segs[i].off ? got : segs[i].off;
+            int64_t hi = got + k < segs[i].off + segs[i].n ? got + k : segs[i].off + segs[i].n;
+            if (hi > lo) memcpy((char *)segs[i].dst + (lo - segs[i].off), buf + (lo - got),
+                                (size_t)(hi - lo));
+        }
+        got += k;
+    }
+    close(fd);
+    *bytes += got;
+    if (got != f->bytes)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the file is "
+                         "truncated or damaged", path, (long long)got, (long long)f->bytes);
+    int64_t fields[5], ostart;
+    memcpy(fields, hdr + 8, sizeof fields);
+    memcpy(&ostart, hdr + 48, 8);
+    if (memcmp(hdr, file_magic, 8) != 0 || fields[0] != L3D_CKPT_FORMAT || fields[1] != r ||
+        fields[2] != mf->st.step || fields[3] != f->params || fields[4] != f->opt_count ||
+        ostart != f->opt_start)
+        return l3d_error(L3D_ERR_FORMAT, "%s: its header does not match the manifest (rank %d, "
+                         "step %lld): a file from another checkpoint?", path, r,
+                         (long long)mf->st.step);
+    uint64_t sum = hash_final(&h);
+    if (sum != f->hash)
+        return l3d_error(L3D_ERR_FORMAT, "%s: checksum %016" PRIx64 ", the manifest says %016"
+                         PRIx64 ": the file is damaged", path, sum, f->hash);
+    return L3D_OK;
+}
+
+/* Every file present with its size (every rank: a stat each); the checksums split over the
+ * ranks, file r verified by rank r mod world size, which also copies out segs of file `rank`. */
+static l3d_status check_files(const struct manifest *mf, int rank, int nranks,
+                              const struct seg *segs, int nseg, int64_t *bytes) {
+    char path[PATH_CAP];
+    for (int r = 0; r < mf->lay.world; r++) {
+        struct stat sb;
+        file_path(mf, r, path, sizeof path);
+        if (stat(path, &sb) != 0)
+            return l3d_error(L3D_ERR_IO, "rank file %s, listed in %s, is missing (%s): the "
+                             "checkpoint is incomplete; resume from another step", path, mf->path,
+                             strerror(errno));
+        if ((int64_t)sb.st_size != mf->files[r].bytes)
+            return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the file "
+                             "is truncated or damaged", path, (long long)sb.st_size,
+                             (long long)mf->files[r].bytes);
+    }
+    size_t cap = 8u << 20;
+    uint8_t *buf = l3d_alloc(cap, "checkpoint read buffer");
+    l3d_status st = L3D_OK;
+    for (int r = rank; st == L3D_OK && r < mf->lay.world; r += nranks)
+        st = verify_file(mf, r, buf, cap, r == rank ? segs : NULL, r == rank ? nseg : 0, bytes);
+    l3d_free(buf);
+    return st;
+}
+
+static float *alloc_nan(int64_t n, const char *what) {
+    float *p = l3d_try_alloc((size_t)(n > 0 ? n : 1) * sizeof(float), what);
+    if (p) memset(p, 0xff, (size_t)n * sizeof(float)); /* all-ones bits: a NaN */
+    return p;
+}
+
+static l3d_status no_memory(const struct manifest *mf, int64_t n) {
+    return l3d_error(L3D_ERR_OOM, "%s: no memory to re-slice the checkpoint (%lld parameters of "
+                     "the full model): resume on the layout it was saved under", mf->path,
+                     (long long)n);
+}
+
+static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
+    struct l3d_shard f = l3d_shard_full(c);
+    return same_shard(s, &f);
+}
+
+/* The full model's parameters (sel 0) or moments m (1) / v (2), from the rank files: each distinct
+ * shard's buffer assembled, then placed by l3d_gpt_shard_to_full. full holds NaN where nothing
+ * was stored. */
+static l3d_status assemble_full(const struct manifest *mf, int sel, float *full, int64_t *bytes) {
+    const struct l3d_gpt_config *c = &mf->cfg;
+    int64_t maxn = 0;
+    struct l3d_tensor_info t[L3D_NUM_TENSORS];
+    for (int r = 0; r < mf->lay.world; r++) {
+        int64_t n = l3d_gpt_plan_tensors(c, &mf->files[r].shard, t);
+        if (n > maxn) maxn = n;
+    }
+    float *tmp = alloc_nan(maxn, "checkpoint shard");
+    if (!tmp) return no_memory(mf, maxn);
+    l3d_status st = L3D_OK;
+    char path[PATH_CAP];
+    for (int r = 0; st == L3D_OK && r < mf->lay.world; r++) {
+        const struct mf_file *f = &mf->files[r];
+        bool first = true; /* the first rank of this shard does the whole shard */
+        for (int q = 0; q < r; q++) first &= !same_shard(&mf->files[q].shard, &f->shard);
+        if (!first) continue;
+        int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
+        bool whole = is_full(c, &f->shard); /* read straight into full */
+        float *dst = whole ? full : tmp;
+        if (!whole) memset(tmp, 0xff, (size_t)n * sizeof(float));
+        for (int q = r; st == L3D_OK && q < mf->lay.world; q++) {
+            const struct mf_file *g = &mf->files[q];
+            if (!same_shard(&g->shard, &f->shard)) continue;
+            file_path(mf, q, path, sizeof path);
+            if (sel == 0 && g->params) {
+                st = read_at(path, HEADER_BYTES, dst, (size_t)n * sizeof(float));
+                *bytes += n * 4;
+            } else if (sel > 0 && g->opt_count) {
+                st = read_at(path, sel == 1 ? off_m(g) : off_v(g), dst + g->opt_start,
+                             (size_t)g->opt_count * sizeof(float));
+                *bytes += g->opt_count * 4;
+            }
+        }
+        if (st == L3D_OK && !whole) l3d_gpt_shard_to_full(c, &f->shard, tmp, full);
+    }
+    l3d_free(tmp);
+    return st;
+}
+
+static l3d_status check_no_nan(const struct manifest *mf, const float *p, int64_t n,
+                               const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (p[i] != p[i])
+            return l3d_error(L3D_ERR_FORMAT, "%s: no rank file holds %s element %lld of this "
+                             "rank's slice (or it is NaN): the checkpoint is incomplete",
+                             mf->path, what, (long long)i);
+    return L3D_OK;
+}
+
+/* This rank's parameters: straight from a file of the same shard, else cut from the full model
+ * (assembled in place when this rank holds the whole model). */
+static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int64_t *bytes) {
+    char path[PATH_CAP];
+    for (int r = 0; r < mf->lay.world; r++) {
+        const struct mf_file *f = &mf->files[r];
+        if (f->params && same_shard(&f->shard, &m->shard)) {
+            file_path(mf, r, path, sizeof path);
+            *bytes += m->num_params * 4;
+            return read_at(path, HEADER_BYTES, m->params, (size_t)m->num_params * sizeof(float));
+        }
+    }
+    int64_t N = l3d_gpt_param_count(&mf->cfg);
+    bool whole = is_full(&mf->cfg, &m->shard);
+    float *full = whole ? m->params : alloc_nan(N, "checkpoint full model");
+    if (!full) return no_memory(mf, N);
+    if (whole) memset(full, 0xff, (size_t)N * sizeof(float));
+    l3d_status st = assemble_full(mf, 0, full, bytes);
+    if (st == L3D_OK) {
+        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, m->params);
+        st = check_no_nan(mf, m->params, m->num_params, "parameter");
+    }
+    if (!whole) l3d_free(full);
+    return st;
+}
+
+/* This rank's optimizer range: from the files of the same shard (their ranges intersected with
+ * ours), else cut from the full model's moments. */
+static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *m,
+                               struct l3d_adamw *opt, int64_t *bytes) {
+    int64_t s0 = opt->start, s1 = opt->start + opt->n, covered = 0;
+    bool same = false;
+    char path[PATH_CAP];
+    l3d_status st = L3D_OK;
+    for (int r = 0; st == L3D_OK && r < mf->lay.world; r++) {
+        const struct mf_file *f = &mf->files[r];
+        if (!same_shard(&f->shard, &m->shard)) continue;
+        same = true;
+        int64_t lo = f->opt_start > s0 ? f->opt_start : s0;
+        int64_t hi = f->opt_start + f->opt_count < s1 ? f->opt_start + f->opt_count : s1;
+        if (hi <= lo) continue;
+        file_path(mf, r, path, sizeof path);
+        size_t nb = (size_t)(hi - lo) * sizeof(float);
+        st = read_at(path, off_m(f) + 4 * (lo - f->opt_start), opt->m + (lo - s0), nb);
+        if (st == L3D_OK)
+            st = read_at(path, off_v(f) + 4 * (lo - f->opt_start), opt->v + (lo - s0), nb);
+        covered += hi - lo;
+        *bytes += 2 * (int64_t)nb;
+    }
+    if (same || st != L3D_OK) {
+        if (st == L3D_OK && covered != opt->n)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: the rank files hold %lld of the %lld optimizer "
+                           "elements of this rank's range: the checkpoint is incomplete",
+                           mf->path, (long long)covered, (long long)opt->n);
+        return st;
+    }
+    int64_t N = l3d_gpt_param_count(&mf->cfg);
+    bool whole = is_full(&mf->cfg, &m->shard); /* then full is this rank's layout already */
+    float *full = alloc_nan(N, "checkpoint full model");
+    float *mine = whole ? full
+                : full  ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
+                        : NULL;
+    if (!mine) {
+        l3d_free(full);
+        return no_memory(mf, N);
+    }
+    for (int sel = 1; st == L3D_OK && sel <= 2; sel++) {
+        if (sel == 2) memset(full, 0xff, (size_t)N * sizeof(float));
+        st = assemble_full(mf, sel, full, bytes);
+        if (st != L3D_OK) break;
+        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
+        float *dst = sel == 1 ? opt->m : opt->v;
+        memcpy(dst, mine + s0, (size_t)opt->n * sizeof(float));
+        st = check_no_nan(mf, dst, opt->n, sel == 1 ? "AdamW m" : "AdamW v");
+    }
+    if (!whole) l3d_free(mine);
+    l3d_free(full);
+    return st;
+}
+
+l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
+                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *m,
+                         struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
+                         bool *report) {
+    (void)lay;
+    double t0 = l3d_time_s();
+    memset(io, 0, sizeof *io);
+    struct manifest mf;
+    l3d_status st = manifest_read(dir, &mf);
+    bool parsed = st == L3D_OK;
+    const struct l3d_gpt_config *a = &mf.cfg, *b = &m->cfg;
+    if (st == L3D_OK && !same_config(a, b))
+        st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d, not the "
+                       "configured L=%d C=%d NH=%d V=%d context=%d: give the model flags it was "
+                       "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT, b->L, b->C,
+                       b->NH, b->V, b->maxT);
+    if (st == L3D_OK) st = manifest_check_layout(&mf);
+    /* this rank's own file, when it holds what this rank needs (the same layout), is loaded by
+     * the pass that verifies it */
+    struct seg segs[3];
+    int nseg = 0;
+    bool own_params = false, own_moments = false;
+    if (st == L3D_OK && world->rank < mf.lay.world &&
+        same_shard(&mf.files[world->rank].shard, &m->shard)) {
+        const struct mf_file *f = &mf.files[world->rank];
+        if (f->params) {
+            segs[nseg++] = (struct seg){HEADER_BYTES, 4 * f->params, m->params};
+            own_params = true;
+        }
+        if (f->opt_start == opt->start && f->opt_count == opt->n && opt->n > 0) {
+            segs[nseg++] = (struct seg){off_m(f), 4 * f->opt_count, opt->m};
+            segs[nseg++] = (struct seg){off_v(f), 4 * f->opt_count, opt->v};
+            own_moments = true;
+        }
+    }
+    int64_t bytes = 0;
+    if (st == L3D_OK) st = check_files(&mf, world->rank, world->size, segs, nseg, &bytes);
+    if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
+        if (!own_params) st = load_params(&mf, m, &bytes);
+        if (st == L3D_OK && !own_moments) st = load_moments(&mf, m, opt, &bytes);
+        io->bytes_rank = bytes;
+        st = l3d_comm_agree(world, st, report);
+    }
+    if (st == L3D_OK) {
+        *s = mf.st;
+        s->layout = mf.lay;
+        opt->t = mf.st.adamw_t;
+        for (int r = 0; r < mf.lay.world; r++) io->bytes_total += mf.files[r].bytes;
+    }
+    if (parsed) manifest_free(&mf);
+    io->seconds = l3d_time_s() - t0;
+    return st;
+}
+
+l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap) {
+    dir[0] = '\0';
+    bool autom = strcmp(spec, "auto") == 0;
+    const char *base = autom ? root : spec;
+    if (!base)
+        return l3d_error(L3D_ERR_ARG, "--resume auto looks in the checkpoint directory: give --out "
+                         "or --ckpt-dir");
+    char path[PATH_CAP];
+    struct stat sb;
+    if (long_path(base) != L3D_OK) return L3D_ERR_ARG;
+    join(path, sizeof path, base, "/", "manifest");
+    if (!autom && stat(path, &sb) == 0) {
+        join(dir, cap, base, "", "");
+        return L3D_OK;
+    }
+    join(path, sizeof path, base, "/", "latest");
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (autom && errno == ENOENT) return L3D_OK; /* nothing saved yet: a fresh start */
+        return l3d_error(L3D_ERR_IO, "--resume %s: no checkpoint there (%s: %s); give a step "
+                         "directory (holding a manifest) or a checkpoint directory (holding "
+                         "`latest`)", spec, path, strerror(errno));
+    }
+    char name[256] = "";
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    if (!ok || strncmp(name, "step_", 5) != 0 || strchr(name, '/'))
+        return l3d_error(L3D_ERR_FORMAT, "%s: '%s' is not a step directory name", path, name);
+    if ((size_t)snprintf(dir, cap, "%s/%s", base, name) >= cap)
+        return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s/%s", base, name);
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step) {
+    struct manifest mf;
+    l3d_status st = manifest_read(dir, &mf);
+    if (st != L3D_OK) return st;
+    *cfg = mf.cfg;
+    *step = mf.st.step;
+    manifest_free(&mf);
+    struct l3d_gpt_config c = *cfg;
+    if (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != cfg->Vp)
+        return l3d_error(L3D_ERR_FORMAT, "%s/manifest: model record L=%d C=%d NH=%d V=%d Vp=%d "
+                         "is not a valid GPT-2 config", dir, cfg->L, cfg->C, cfg->NH, cfg->V,
+                         cfg->Vp);
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
+    struct l3d_gpt_config cfg;
+    int64_t step;
+    l3d_status st = l3d_ckpt_read_config(dir, &cfg, &step);
+    if (st != L3D_OK) return st;
+    struct manifest mf;
+    if ((st = manifest_read(dir, &mf)) != L3D_OK) return st;
+    st = manifest_check_layout(&mf);
+    int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
+    if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
+    float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;
+    if (st == L3D_OK && !full) st = no_memory(&mf, N);
+    if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);
+    if (st == L3D_OK) st = check_no_nan(&mf, full, N, "parameter");
+    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params(path, &cfg, full, N);
+    l3d_free(full);
+    manifest_free(&mf);
+    return st;
+}
+
+/* ---- preemption ----------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+static struct sigaction old_term, old_usr1;
+
+static void on_stop_signal(int sig) {
+    if (stop_signal) _exit(128 + sig); /* the second one: at once */
+    stop_signal = sig;
+}
+
+void l3d_ckpt_signals_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    stop_signal = 0;
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR1, &sa, &old_usr1);
+}
+
+void l3d_ckpt_signals_restore(void) {
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGUSR1, &old_usr1, NULL);
+}
+
+int l3d_ckpt_stop_requested(struct l3d_comm *world) {
+    int32_t v = stop_signal;
+    if (world->size > 1) l3d_comm_all_reduce(world, &v, 1, L3D_I32, L3D_MAX, NULL);
+    return v;
+}
+
+/* ---- metrics -------------------------------------------------------------------------------- */
+
+l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
+    if (long_path(path) != L3D_OK) return L3D_ERR_ARG;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) return L3D_OK;
+        return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *text = malloc(cap), line[8192];
+    text[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"step\":");
+        if (!p || strtoll(p + 7, NULL, 10) > step) continue;
+        size_t k = strlen(line);
+        if (n + k + 1 > cap) text = realloc(text, cap = 2 * (n + k + 1));
+        memcpy(text + n, line, k + 1);
+        n += k;
+    }
+    fclose(f);
+    char dir[PATH_CAP];
+    join(dir, sizeof dir, path, "", "");
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
+    l3d_status st = write_text_atomic(path, dir, text);
+    free(text);
+    return st;
+}

@@ -1,0 +1,132 @@
+/* The training loop's checkpoint calls (src/train/resume.h). */
+#include <errno.h>
+#include <string.h>
+
+#include "train/resume.h"
+
+void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                         const struct l3d_topo *topo, struct l3d_comm *world) {
+    memset(c, 0, sizeof *c);
+    c->lay = (struct l3d_ckpt_layout){
+        .world = world->size, .tp = topo->tp, .pp = topo->pp, .dp = topo->dp, .zero = tc->zero,
+        .sequence_parallel = tc->sequence_parallel, .tp_rank = topo->tp_rank,
+        .pp_rank = topo->pp_rank, .dp_rank = topo->dp_rank};
+    if (tc->ckpt_dir)
+        snprintf(c->root, sizeof c->root, "%s", tc->ckpt_dir);
+    else if (tc->out_dir && snprintf(c->root, sizeof c->root, "%s/checkpoints", tc->out_dir) >=
+                                (int)sizeof c->root)
+        c->root[0] = '\0';
+    c->last_saved = -1;
+    c->quiet = tc->quiet;
+    c->lead = world->rank == 0;
+    l3d_ckpt_signals_install();
+}
+
+void l3d_train_ckpt_free(struct l3d_train_ckpt *c) {
+    (void)c;
+    l3d_ckpt_signals_restore();
+}
+
+/* What differs from the checkpoint's run and makes the continuation another trajectory: said
+ * once, not an error (a longer --steps is the usual reason to resume). */
+static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state *s, int dp) {
+    const struct l3d_lr_schedule *q = &s->sched;
+    const struct l3d_adamw_hparams *a = &s->adamw, *b = &tc->adamw;
+    if (s->seed != tc->seed)
+        printf("note: --seed %llu, the checkpoint's run used %llu (another batch order)\n",
+               (unsigned long long)tc->seed, (unsigned long long)s->seed);
+    if ((int64_t)s->B * s->accum * s->layout.dp != (int64_t)tc->B * tc->accum * dp)
+        printf("note: global batch %lld sequences, the checkpoint's run used %lld\n",
+               (long long)tc->B * tc->accum * dp, (long long)s->B * s->accum * s->layout.dp);
+    if (q->max_lr != tc->lr || q->min_lr != tc->min_lr || q->warmup_steps != tc->warmup_steps ||
+        q->total_steps != tc->steps)
+        printf("note: learning-rate schedule (--lr %g --min-lr %g --warmup %d --steps %d) differs "
+               "from the checkpoint's (%g %g %d %d)\n", tc->lr, tc->min_lr, tc->warmup_steps,
+               tc->steps, q->max_lr, q->min_lr, q->warmup_steps, q->total_steps);
+    if (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->eps != b->eps ||
+        a->weight_decay != b->weight_decay || a->grad_clip != b->grad_clip)
+        printf("note: AdamW hyper-parameters differ from the checkpoint's\n");
+}
+
+l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                                 struct l3d_comm *world, struct l3d_gpt *m, struct l3d_adamw *opt,
+                                 struct l3d_loader *ld, int *start_step, bool *report) {
+    *start_step = 0;
+    if (!tc->resume) return L3D_OK;
+    char dir[4096];
+    l3d_status st = l3d_ckpt_resolve(tc->resume, c->root[0] ? c->root : NULL, dir, sizeof dir);
+    if ((st = l3d_comm_agree(world, st, report)) != L3D_OK) return st;
+    if (!dir[0]) {
+        if (c->lead) printf("resume auto: no checkpoint in %s, starting fresh\n", c->root);
+        return L3D_OK;
+    }
+    struct l3d_ckpt_state s;
+    struct l3d_ckpt_io io;
+    if ((st = l3d_ckpt_load(dir, world, &c->lay, m, opt, &s, &io, report)) != L3D_OK) return st;
+    if (s.T != tc->T)
+        st = l3d_error(L3D_ERR_ARG, "--seq-len %d, but %s was trained with %d: its data position "
+                       "counts windows of %d tokens; resume with --seq-len %d", tc->T, dir, s.T,
+                       s.T + 1, s.T);
+    else if (s.step > tc->steps)
+        st = l3d_error(L3D_ERR_ARG, "--steps %d, but %s is at step %lld already: give more steps",
+                       tc->steps, dir, (long long)s.step);
+    else
+        st = l3d_loader_set_pos(ld, s.loader);
+    if (st != L3D_OK) {
+        *report = c->lead; /* every rank found the same */
+        return st;
+    }
+    *start_step = (int)s.step;
+    if (c->lead) { /* also with --quiet: a resume is worth a line */
+        const struct l3d_ckpt_layout *l = &s.layout;
+        bool same = l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
+                    l->zero == c->lay.zero;
+        printf("resumed %s: step %lld, saved as tp %d x pp %d x dp %d ZeRO-%d%s; %.1f MB loaded "
+               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->tp,
+               l->pp, l->dp, l->zero, same ? "" : ", re-sliced", io.bytes_total / 1e6, io.seconds,
+               io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
+        notes(tc, &s, c->lay.dp);
+        fflush(stdout);
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
+                                       FILE **out) {
+    *out = NULL;
+    if (!tc->out_dir) return L3D_OK;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir) >= (int)sizeof path)
+        return l3d_error(L3D_ERR_ARG, "--out path too long: %s", tc->out_dir);
+    l3d_status st = start_step > 0 ? l3d_ckpt_trim_metrics(path, start_step) : L3D_OK;
+    if (st == L3D_OK && !(*out = fopen(path, start_step > 0 ? "a" : "w")))
+        st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    return st;
+}
+
+bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                        int step) {
+    return c->root[0] && tc->save_every > 0 && (step % tc->save_every == 0 || step == tc->steps);
+}
+
+l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                               struct l3d_comm *world, const struct l3d_gpt *m,
+                               const struct l3d_adamw *opt, const struct l3d_loader *ld, int step,
+                               bool *report) {
+    if (!c->root[0] || c->last_saved == step) return L3D_OK;
+    struct l3d_ckpt_state s = {
+        .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->B, .T = tc->T,
+        .accum = tc->accum, .adamw = opt->hp, .adamw_t = opt->t,
+        .sched = {.max_lr = tc->lr, .min_lr = tc->min_lr, .warmup_steps = tc->warmup_steps,
+                  .total_steps = tc->steps}};
+    struct l3d_ckpt_io io;
+    l3d_status st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, &io, report);
+    if (st != L3D_OK) return st;
+    c->last_saved = step;
+    if (c->lead && !c->quiet) {
+        printf("checkpoint %s/step_%08d: %.1f MB in %.2f s (%.0f MB/s over all ranks)\n", c->root,
+               step, io.bytes_total / 1e6, io.seconds, io.bytes_total / 1e6 / io.seconds);
+        fflush(stdout);
+    }
+    return L3D_OK;
+}

@@ -1,0 +1,53 @@
+/*
+ * The training loop's checkpoint calls (private to src/train): where checkpoints go, resuming,
+ * periodic and preemption saves, each one call from the loop (include/llm3d/ckpt.h holds the
+ * format).
+ *
+ *   struct l3d_train_ckpt ck;
+ *   l3d_train_ckpt_init(&ck, tc, &topo, world);          // installs the SIGTERM/SIGUSR1 handlers
+ *   l3d_train_ckpt_resume(&ck, tc, world, m, &opt, ld, &start, &report);  // after optimizer init
+ *   for (step = start; ...) {
+ *       ... one optimizer step ...
+ *       int sig = l3d_ckpt_stop_requested(world);      // collective
+ *       if (sig || l3d_train_ckpt_due(&ck, tc, step + 1)) l3d_train_ckpt_save(..., step + 1, ...);
+ *       if (sig) break;
+ *   }
+ *   l3d_train_ckpt_free(&ck);
+ */
+#ifndef LLM3D_TRAIN_RESUME_H
+#define LLM3D_TRAIN_RESUME_H
+
+#include <stdio.h>
+
+#include "llm3d/ckpt.h"
+#include "llm3d/topo.h"
+#include "llm3d/train.h"
+
+struct l3d_train_ckpt {
+    char root[4096];           /* where step directories go; "" when there is nowhere */
+    struct l3d_ckpt_layout lay;
+    int64_t last_saved;        /* step of this run's last checkpoint, -1 before the first */
+    bool quiet, lead;
+};
+
+void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                         const struct l3d_topo *topo, struct l3d_comm *world);
+void l3d_train_ckpt_free(struct l3d_train_ckpt *c);
+/* tc->resume: loads the checkpoint into m and opt (any layout), moves the loader to its position
+ * and sets *start_step (0 for a fresh start). Collective; prints what it did on the lead rank. */
+l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                                 struct l3d_comm *world, struct l3d_gpt *m, struct l3d_adamw *opt,
+                                 struct l3d_loader *ld, int *start_step, bool *report);
+/* Lead rank: out_dir/metrics.jsonl, new, or for a resumed run its lines up to start_step kept. */
+l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
+                                       FILE **out);
+/* Whether the periodic schedule saves after `step` steps. */
+bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                        int step);
+/* Saves the state after `step` steps (collective); a no-op without a checkpoint directory. */
+l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                               struct l3d_comm *world, const struct l3d_gpt *m,
+                               const struct l3d_adamw *opt, const struct l3d_loader *ld, int step,
+                               bool *report);
+
+#endif

@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# Checkpoints end to end (include/llm3d/ckpt.h): exact resume on the same layout (bit for bit),
+# resume on other layouts (re-sliced weights and AdamW moments; the continued losses and final
+# weights match the uninterrupted single-process run within fp32 round-off), save-load-save round
+# trip, keep-last-K, resume auto, bad files (one clear error, nothing overwritten), a writer killed
+# mid-save, preemption signals, llm3d convert. Usage: ckpt.sh LLM3D SCRATCH_DIR; ctest sets
+# L3D_MPIEXEC to the launcher of the MPI the binary was built with.
+set -u
+bin=$1
+dir=$2
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+rm -rf "$dir" && mkdir -p "$dir"
+fail=0
+# every run below, except under the sanitizers (L3D_SANITIZED, ~5x slower), where the runs marked
+# `full &&` are left out: each repeats a code path that another run takes (another layout through
+# the same re-slicing code, another crash point, another signal)
+full() { [ -z "${L3D_SANITIZED:-}" ]; }
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+check() { # check DESCRIPTION COMMAND...: the command must succeed
+    local what=$1; shift
+    if "$@"; then ok "$what"; else bad "$what"; fi
+}
+
+for i in $(seq 1 400); do echo "row $i of the checkpoint corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+
+# train OUT NP B [flags]: NP ranks (0 = no launcher), B sequences per rank, 10 steps (the
+# equivalence settings of equiv.sh, which explains eps 1e-6)
+train_cmd() { # sets CMD
+    local out=$1 np=$2 b=$3
+    shift 3
+    CMD=(env OMP_NUM_THREADS=1)
+    [ "$np" -gt 0 ] && CMD+=("$mpiexec" -n "$np")
+    CMD+=("$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --batch "$b" --steps 10
+          --warmup 3 --lr 1e-3 --eps 1e-6 --val-every 0 --quiet --peak-gflops 100
+          --train "$dir/data/train_*.bin"
+          --out "$dir/$out" "$@")
+}
+train() { train_cmd "$@"; "${CMD[@]}"; }
+step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
+# same_files A B: every rank file of step directory A equals B's, byte for byte
+same_files() {
+    local f n=0
+    for f in "$1"/rank_*.bin; do cmp -s "$f" "$2/$(basename "$f")" || return 1; n=$((n + 1)); done
+    [ "$n" -gt 0 ] && [ "$n" -eq "$(ls "$2"/rank_*.bin | wc -l)" ]
+}
+# resumed NAME FROM_STEP_DIR NP B [flags]: a run continued from a checkpoint in its own output
+# directory, holding the saver's metrics (trimmed to the checkpoint's step by the resume)
+resumed() {
+    local name=$1 from=$2 np=$3 b=$4
+    shift 4
+    rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
+    cp "$dir/ref/metrics.jsonl" "$dir/$name/"
+    train "$name" "$np" "$b" --resume "$from" "$@" > "$dir/$name.log" 2>&1
+}
+compare() { # compare NAME RTOL: against the uninterrupted single-process run
+    "$bin" compare --rtol "$2" "$dir/$1" "$dir/ref" > "$dir/$1.cmp" 2>&1
+}
+
+# the uninterrupted single-process run, checkpoints at steps 5 and 10
+train ref 0 4 --save-every 5 > "$dir/ref.log" 2>&1 || { cat "$dir/ref.log"; exit 1; }
+
+# exact resume on the same layout: bit-identical losses, weights and step-10 checkpoint
+if resumed exact1 "$(step_dir ref 5)" 0 4 --save-every 5 && compare exact1 0 &&
+   same_files "$(step_dir exact1 10)" "$(step_dir ref 10)" && cmp -s "$dir/exact1/model.bin" "$dir/ref/model.bin"; then
+    ok "exact resume 1x1x1 ($(tr '\n' ' ' < "$dir/exact1.cmp"))"
+else
+    bad "exact resume 1x1x1"; cat "$dir/exact1.log" "$dir/exact1.cmp"
+fi
+
+# saved under tp 2 x dp 2 with ZeRO-1
+train A 4 2 --tp 2 --zero 1 --save-every 5 > "$dir/A.log" 2>&1 || { cat "$dir/A.log"; exit 1; }
+if resumed exactA "$(step_dir A 5)" 4 2 --tp 2 --zero 1 --save-every 5 &&
+   same_files "$(step_dir exactA 10)" "$(step_dir A 10)" && cmp -s "$dir/exactA/model.bin" "$dir/A/model.bin"; then
+    ok "exact resume tp2 x dp2 ZeRO-1: identical step-10 checkpoint and weights"
+else
+    bad "exact resume tp2 x dp2 ZeRO-1"; cat "$dir/exactA.log"
+fi
+
+# reshard NAME NP B [flags]: resume A's step 5 under another layout; matches the reference run
+reshard() {
+    local name=$1 np=$2 b=$3
+    shift 3
+    if resumed "$name" "$(step_dir A 5)" "$np" "$b" "$@" && compare "$name" 1e-5; then
+        ok "resume tp2 x dp2 ZeRO-1 as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
+    else
+        bad "resume as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
+    fi
+}
+# other shards: full tensors assembled and cut (1x1x1, 4x1x1, 1x1x4, 1x1x2 ZeRO-2); the same
+# shards with other optimizer ranges (2x1x1: each rank gathers the ranges of two saved files); the
+# same shards and ranges under another ZeRO stage (2x1x2 ZeRO-2: each rank reads its own file)
+reshard 1x1x1 0 4
+full && reshard 4x1x1 4 4 --tp 4
+full && reshard 1x1x4 4 1
+reshard 1x1x2_zero2 2 2 --zero 2
+reshard 2x1x1 2 4 --tp 2
+full && reshard 2x1x2_zero2 4 2 --tp 2 --zero 2
+reshard 1x2x1 2 4 --pp 2
+full && reshard 2x2x1_selective 4 4 --tp 2 --pp 2 --recompute selective
+
+# the 3D case: saved under tp 2 x pp 2 x dp 2 with ZeRO-1 (8 ranks; 4 layers, so that 4 pipeline
+# stages fit), resumed as 1x1x1, 4x1x2, 1x4x1 and 2x1x4; each continues like one process
+train ref4 0 4 --layers 4 > "$dir/ref4.log" 2>&1 || { cat "$dir/ref4.log"; exit 1; }
+train P 8 2 --layers 4 --tp 2 --pp 2 --zero 1 --save-every 5 > "$dir/P.log" 2>&1 || { cat "$dir/P.log"; exit 1; }
+reshard3d() { # NAME NP B [flags]
+    local name=$1 np=$2 b=$3
+    shift 3
+    rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
+    cp "$dir/ref4/metrics.jsonl" "$dir/$name/"
+    if train "$name" "$np" "$b" --layers 4 --resume "$(step_dir P 5)" "$@" > "$dir/$name.log" 2>&1 &&
+       "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/ref4" > "$dir/$name.cmp" 2>&1; then
+        ok "resume tp2 x pp2 x dp2 ZeRO-1 as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
+    else
+        bad "resume tp2 x pp2 x dp2 as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
+    fi
+}
+reshard3d 1x1x1_from_3d 0 4
+full && reshard3d 4x1x2_from_3d 8 2 --tp 4 --dp 2 --zero 1
+reshard3d 1x4x1_from_3d 4 4 --pp 4
+full && reshard3d 2x1x4_from_3d 8 1 --tp 2 --zero 1
+
+# save-load-save: A's step 5 re-saved as 1x1x1 (no step left to run), then back as tp2 x dp2
+# ZeRO-1: the same rank files, byte for byte; and the 1x1x1 copy continues like the reference
+if resumed rt1 "$(step_dir A 5)" 0 4 --steps 5 --save-every 5 &&
+   resumed rt2 "$(step_dir rt1 5)" 4 2 --tp 2 --zero 1 --steps 5 --save-every 5 &&
+   same_files "$(step_dir rt2 5)" "$(step_dir A 5)"; then
+    ok "save-load-save tp2 x dp2 -> 1x1x1 -> tp2 x dp2: identical rank files"
+else
+    bad "save-load-save round trip"; cat "$dir/rt1.log" "$dir/rt2.log"
+fi
+if resumed rt3 "$(step_dir rt1 5)" 2 2 --zero 1 && compare rt3 1e-5; then
+    ok "re-saved 1x1x1 copy resumes as dp2 ZeRO-1 ($(tr '\n' ' ' < "$dir/rt3.cmp"))"
+else
+    bad "re-saved copy resumes"; cat "$dir/rt3.log" "$dir/rt3.cmp"
+fi
+
+# keep the newest K; resume auto: fresh without a checkpoint, then from `latest`
+train keep 0 4 --save-every 2 --keep 2 --resume auto > "$dir/keep.log" 2>&1
+check "keep 2: only steps 8 and 10 left" test "$(cd "$dir/keep/checkpoints" && echo step_*)" = "step_00000008 step_00000010"
+check "latest names step 10" test "$(cat "$dir/keep/checkpoints/latest")" = step_00000010
+check "resume auto without a checkpoint starts fresh" grep -q "starting fresh" "$dir/keep.log"
+train keep 0 4 --save-every 2 --keep 2 --resume auto > "$dir/keep2.log" 2>&1
+check "resume auto at the end: nothing to run, re-saved" grep -q "resumed .*step_00000010: step 10" "$dir/keep2.log"
+check "  ... metrics kept, same model" compare keep 0
+
+# bad files: one message naming the file, exit 1, the checkpoint and the run's files unchanged
+expect_error() { # expect_error DESCRIPTION PATTERN STEP_DIR NP B [flags]
+    local what=$1 pat=$2 from=$3 np=$4 b=$5
+    shift 5
+    local out="bad_$((++nbad))"
+    rm -rf "${dir:?}/$out" && mkdir -p "$dir/$out" && cp "$dir/ref/metrics.jsonl" "$dir/$out/"
+    local before after err rc
+    before=$(cd "$from" 2>/dev/null && md5sum ./*)
+    err=$(train "$out" "$np" "$b" --resume "$from" "$@" 2>&1 >/dev/null); rc=$?
+    after=$(cd "$from" 2>/dev/null && md5sum ./*)
+    # (mpiexec adds its own lines about the exit status)
+    if [ $rc -ne 0 ] && [ "$(echo "$err" | grep -c -- "$pat")" -eq 1 ] &&
+       [ "$(echo "$err" | grep -c "^llm3d")" -eq 1 ] &&
+       [ "$before" = "$after" ] && cmp -s "$dir/$out/metrics.jsonl" "$dir/ref/metrics.jsonl" &&
+       [ ! -e "$dir/$out/checkpoints" ]; then
+        ok "$what: $(echo "$err" | grep -- "$pat")"
+    else
+        bad "$what (exit $rc): $err"
+    fi
+}
+nbad=0
+copy() { rm -rf "${dir:?}/$1" && cp -r "$(step_dir A 5)" "$dir/$1"; }
+copy trunc && truncate -s -100 "$dir/trunc/rank_00001.bin"
+expect_error "truncated shard" "rank_00001.bin.*truncated" "$dir/trunc" 0 4
+copy flip && printf '\x5a' | dd of="$dir/flip/rank_00002.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_error "checksum mismatch" "rank_00002.bin: checksum" "$dir/flip" 0 4
+copy flip3 && printf '\x5a' | dd of="$dir/flip3/rank_00003.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_error "checksum mismatch, found by rank 1 of 2" "rank_00003.bin: checksum" "$dir/flip3" 2 4 --tp 2
+expect_error "incompatible model" "holds a model L=2.*configured L=3" "$(step_dir A 5)" 0 4 --layers 3
+copy missing && rm "$dir/missing/rank_00003.bin"
+expect_error "missing rank file" "rank_00003.bin.*missing" "$dir/missing" 0 4
+copy layout && sed -i 's/^layout world 4 tp 2 pp 1 dp 2/layout world 4 tp 1 pp 4 dp 1/' "$dir/layout/manifest"
+expect_error "layout impossible for the model" "pp 4 is impossible for the model" "$dir/layout" 0 4
+copy cut && head -n 5 "$(step_dir A 5)/manifest" > "$dir/cut/manifest"
+expect_error "truncated manifest" "manifest.*truncated\|manifest: no" "$dir/cut" 0 4
+expect_error "resume layout impossible for the model" "\-\-tp 3" "$(step_dir A 5)" 0 4 --tp 3 --dp 1
+expect_error "no checkpoint there" "no checkpoint there" "$dir/nonexistent" 0 4
+
+# a writer killed mid-save (L3D_CKPT_TEST_KILL: that rank SIGKILLs itself at that point), then
+# resumed with --resume auto: the previous checkpoint loads and the run ends bit-identical
+crash() { # crash NAME STEP:PHASE[:RANK] NP B [flags]
+    local name=$1 kill=$2 np=$3 b=$4
+    shift 4
+    rm -rf "${dir:?}/$name"
+    L3D_CKPT_TEST_KILL=$kill train "$name" "$np" "$b" --save-every 2 "$@" > "$dir/$name.log" 2>&1
+    local rc=$? latest
+    latest=$(cat "$dir/$name/checkpoints/latest" 2>/dev/null)
+    if [ $rc -ne 0 ] && [ "$latest" = step_00000004 ] &&
+       train "$name" "$np" "$b" --save-every 2 --resume auto "$@" > "$dir/$name.resume.log" 2>&1 &&
+       grep -q "step_00000004: step 4" "$dir/$name.resume.log" &&
+       [ -z "$(ls -A "$dir/$name/checkpoints" | grep tmp)" ] &&
+       [ "$(cat "$dir/$name/checkpoints/latest")" = step_00000010 ]; then
+        return 0
+    fi
+    echo "exit $rc, latest '$latest'"; cat "$dir/$name.log" "$dir/$name.resume.log" 2>/dev/null
+    return 1
+}
+check "killed writing its rank file, resumed: bit-identical to the uninterrupted run" \
+    crash kill_shard 6:shard 0 4
+check "  ... losses and weights" compare kill_shard 0
+full && check "killed before the rename, resumed" \
+    crash kill_rename 6:rename 0 4
+full && check "  ... losses and weights" compare kill_rename 0
+full && check "killed before updating latest, resumed (step 6 replaced)" \
+    crash kill_latest 6:latest 0 4
+full && check "  ... losses and weights" compare kill_latest 0
+check "rank 1 of 2 killed writing its rank file, resumed" \
+    crash kill_dp2 6:shard:1 2 2 --zero 1
+check "  ... losses and weights" compare kill_dp2 1e-5
+
+# preemption: SIGTERM (one process) or SIGUSR1 (to one rank of two, as a scheduler signals every
+# task) saves at the next step boundary and exits 0; resumed, the run goes on from there
+preempt() { # preempt NAME SIGNAL NP B [flags]
+    local name=$1 sig=$2 np=$3 b=$4
+    shift 4
+    rm -rf "${dir:?}/$name"
+    train_cmd "$name" "$np" "$b" --steps 100000 "$@"
+    "${CMD[@]}" > "$dir/$name.log" 2>&1 &
+    local pid=$! i target
+    for i in $(seq 1 600); do
+        [ "$(cat "$dir/$name/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+        sleep 0.05
+    done
+    target=$pid
+    # the env process execs the launcher or llm3d; a rank is a child of the launcher
+    [ "$np" -gt 0 ] && target=$(pgrep -P "$pid" -x llm3d | tail -n 1)
+    kill "-$sig" "$target"
+    wait "$pid"
+    local rc=$? steps
+    steps=$(wc -l < "$dir/$name/metrics.jsonl")
+    [ $rc -eq 0 ] && [ "$(cat "$dir/$name/checkpoints/latest")" = "$(printf 'step_%08d' "$steps")" ] &&
+        grep -q "signal" "$dir/$name.log" && [ ! -e "$dir/$name/model.bin" ] || {
+        echo "exit $rc after $steps steps"; cat "$dir/$name.log"; return 1; }
+    train "$name" "$np" "$b" --steps $((steps + 2)) --resume auto "$@" > "$dir/$name.resume.log" 2>&1 &&
+        grep -q "step $steps," "$dir/$name.resume.log" && [ "$(wc -l < "$dir/$name/metrics.jsonl")" -eq $((steps + 2)) ]
+}
+check "SIGTERM: saved at a step boundary, exit 0, resumed" \
+    preempt sigterm TERM 0 4
+full && check "SIGUSR1 to one of 2 ranks: both saved, exit 0, resumed" \
+    preempt sigusr1 USR1 2 2 --zero 1
+# a second signal exits at once (128 + the signal), before the step boundary. Two different
+# signals sent back to back, so that they cannot merge into one pending signal (as two SIGTERMs
+# would) and need no timing: SIGUSR1 then SIGTERM, within one step of ~0.3 s; Linux delivers
+# pending signals lowest number first, so the second is SIGTERM (143), else SIGUSR1 (138)
+second_signal() {
+    rm -rf "$dir/twice"
+    train_cmd twice 0 32 --channels 512 --steps 100000
+    "${CMD[@]}" > "$dir/twice.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 600); do [ "$(cat "$dir/twice/metrics.jsonl" 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.05; done
+    kill -USR1 $pid
+    kill -TERM $pid
+    wait $pid
+    local rc=$?
+    { [ $rc -eq 143 ] || [ $rc -eq 138 ]; } && [ ! -e "$dir/twice/checkpoints" ] || { echo "exit $rc"; cat "$dir/twice.log"; return 1; }
+}
+full && check "a second signal exits at once (143), nothing saved" second_signal
+
+# llm.c export: the weights of any layout's checkpoint as one llm.c file
+check "convert tp2 x dp2 checkpoint to llm.c" "$bin" convert "$dir/A/checkpoints" "$dir/A.bin"
+check "  ... identical to the run's gathered model.bin" cmp -s "$dir/A.bin" "$dir/A/model.bin"
+exit $fail
