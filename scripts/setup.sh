@@ -8,7 +8,7 @@
 #             mpiexec.<flavour>), so whichever /usr/bin/mpicc points at does not matter.
 #   data:     the fortunes package's text files, the demo's default corpus
 set -euo pipefail
-pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min)
+pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
