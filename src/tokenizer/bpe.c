@@ -90,10 +90,11 @@ static int put_utf8(char *o, int cp) {
     return 3;
 }
 
-void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256]) {
+void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256],
+                           bool json) {
     for (size_t i = 0; i < n; i++) {
         char u[4];
-        if (s[i] == '"' || s[i] == '\\') fputc('\\', fp);
+        if (json && (s[i] == '"' || s[i] == '\\')) fputc('\\', fp);
         fwrite(u, 1, (size_t)put_utf8(u, byte_cp[s[i]]), fp);
     }
 }
@@ -429,6 +430,42 @@ void l3d_tokenizer_free(struct l3d_tokenizer *t) {
     l3d_free(t);
 }
 
+static l3d_status compile_pattern(struct l3d_tokenizer *t) {
+    int err;
+    PCRE2_SIZE erroff;
+    t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
+    if (!t->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return l3d_error(L3D_ERR_INTERNAL, "PCRE2 cannot compile GPT-2's pattern: %s", (char *)msg);
+    }
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* without JIT, pcre2_match interprets */
+    return L3D_OK;
+}
+
+l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out) {
+    struct l3d_tokenizer *t = tok_new();
+    t->V = 256;
+    t->off = l3d_alloc(257 * sizeof *t->off, "token offsets");
+    t->blob = l3d_alloc(256, "token bytes");
+    for (int b = 0; b < 256; b++) {
+        t->blob[b] = (unsigned char)b;
+        t->off[b] = b;
+        t->byte_id[b] = b;
+    }
+    t->off[256] = 256;
+    t->merges = l3d_calloc(sizeof *t->merges, "merge table"); /* one empty slot */
+    t->mmask = 0;
+    l3d_status st = compile_pattern(t);
+    if (st != L3D_OK) {
+        l3d_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return L3D_OK;
+}
+
 l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
     *out = NULL;
     size_t plen = strlen(dir) + 32;
@@ -444,19 +481,7 @@ l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
         st = l3d_read_whole_file(path, "the tokenizer's", &bpe, &nbpe);
     }
     if (st == L3D_OK) st = parse_merges(t, path, bpe, nbpe);
-    if (st == L3D_OK) {
-        int err;
-        PCRE2_SIZE erroff;
-        t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED,
-                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
-        if (!t->re) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(err, msg, sizeof msg);
-            st = l3d_error(L3D_ERR_INTERNAL, "PCRE2 cannot compile GPT-2's pattern: %s", (char *)msg);
-        } else {
-            pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* falls back to the interpreter */
-        }
-    }
+    if (st == L3D_OK) st = compile_pattern(t);
     l3d_free(path);
     l3d_free(js);
     l3d_free(bpe);
@@ -600,6 +625,15 @@ l3d_status l3d_tokenizer_save_llmc(const struct l3d_tokenizer *t, const char *pa
     }
     if (fclose(fp) != 0) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     return L3D_OK;
+}
+
+static bool is_graph(char c) { return c > ' ' && c < 127; }
+
+size_t l3d_tok_cut(const char *text, size_t a, size_t b, size_t target) {
+    if (b - a <= 2 * target) return b;
+    for (size_t e = a + target; e + 1 < b; e++)
+        if (text[e - 1] == '\n' && is_graph(text[e]) && is_graph(text[e - 2])) return e;
+    return b;
 }
 
 /* ---- encoding ------------------------------------------------------------------------------- */

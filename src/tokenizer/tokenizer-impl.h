@@ -2,7 +2,9 @@
 #ifndef LLM3D_TOKENIZER_IMPL_H
 #define LLM3D_TOKENIZER_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "llm3d/core.h"
@@ -12,11 +14,22 @@
  * byte order. l3d_byte_order[i] is the byte with id i in GPT-2's encoder.json (printable first). */
 void l3d_bytes_to_unicode(int byte_cp[256], int byte_order[256]);
 
-/* Appends the UTF-8 JSON string spelling of bytes s[0..n) (through bytes_to_unicode, with '"' and
- * '\\' escaped) to fp. */
-void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256]);
+/* Writes the spelling of bytes s[0..n) through bytes_to_unicode, in UTF-8, to fp; with json,
+ * '"' and '\\' escaped for a JSON string. */
+void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256],
+                           bool json);
 
 /* Reads a whole file into a NUL-terminated buffer (l3d_free it); `what` names it in errors. */
 l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, size_t *len);
+
+/* A tokenizer of the 256 single bytes only (no merges), with GPT-2's pattern: for pre-tokenizing. */
+struct l3d_tokenizer;
+l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out);
+
+/* Where to end a piece of text[a..b) of about `target` bytes so that pieces encode apart exactly as
+ * a whole: at a "\n" between two printable ASCII characters, where GPT-2's pattern always ends a
+ * pre-token (a lone "\n" there is its own match, and no match reaches back across it). Returns b
+ * when text[a..b) is shorter than 2 targets or has no such place after a + target. */
+size_t l3d_tok_cut(const char *text, size_t a, size_t b, size_t target);
 
 #endif
