@@ -19,6 +19,8 @@ static void usage(FILE *fp) {
             "         prints the token ids of TEXT (or of the file), one line\n"
             "       llm3d tokenizer decode --tokenizer SPEC SHARD\n"
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
+            "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
+            "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
             "SPEC: gpt2, a directory with encoder.json and vocab.bpe, or llm.c's\n"
             "gpt2_tokenizer.bin (decode only)\n");
 }
@@ -42,8 +44,10 @@ int l3d_cli_tokenizer(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
-    if (strcmp(sub, "train") && strcmp(sub, "encode") && strcmp(sub, "decode")) {
-        fprintf(stderr, "llm3d tokenizer: unknown subcommand '%s': train, encode or decode\n", sub);
+    if (strcmp(sub, "train") && strcmp(sub, "encode") && strcmp(sub, "decode") &&
+        strcmp(sub, "export")) {
+        fprintf(stderr, "llm3d tokenizer: unknown subcommand '%s': train, encode, decode or "
+                "export\n", sub);
         return 2;
     }
     static const struct option opts[] = {
@@ -90,6 +94,18 @@ int l3d_cli_tokenizer(int argc, char **argv) {
     struct l3d_tokenizer *tok;
     int rc = open_tok(spec, &tok);
     if (rc) return rc;
+    if (strcmp(sub, "export") == 0) {
+        rc = 0;
+        if (!out) {
+            fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
+            rc = 2;
+        } else if (l3d_tokenizer_save_llmc(tok, out) != L3D_OK) {
+            fprintf(stderr, "llm3d tokenizer export: %s\n", l3d_error_message());
+            rc = 1;
+        }
+        l3d_tokenizer_free(tok);
+        return rc;
+    }
     if (strcmp(sub, "encode") == 0) {
         char *buf = NULL;
         size_t n = 0;
