@@ -39,12 +39,12 @@ check "  ... decodes back to the documents" sh -c "'$bin' tokenizer decode --tok
 check "  ... every document starts with end-of-text" test "$("$bin" tokenizer decode --tokenizer "$dir/tok" \
     "$dir/data/train_000000.bin" | grep -c '^<|endoftext|>fortune')" -eq 360
 check "encode" test "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox' | wc -w)" -le 6
-OMP_NUM_THREADS=2 "$bin" train --model tiny --vocab 400 --context 32 --seq-len 32 --batch 4 --steps 30 \
+OMP_NUM_THREADS=2 "$bin" train --model tiny --vocab 400 --context 32 --seq-len 32 --batch 4 --steps 60 \
     --lr 3e-3 --warmup 2 --val-every 30 --quiet --train "$dir/data/train_*.bin" \
     --val "$dir/data/val_*.bin" --out "$dir/run" > /dev/null
 check "train on BPE shards" test -s "$dir/run/model.bin"
 gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" \
-    --prompt "fortune" --max-tokens 40 --temperature 0 "$@" 2>/dev/null; }
+    --prompt "fortune" --max-tokens 25 --temperature 0 "$@" 2>/dev/null; }
 check "generate with the KV cache" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen > '$dir/kv.txt'"
 check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --recompute > '$dir/re.txt'"
 check "  ... the same greedy text" cmp -s "$dir/kv.txt" "$dir/re.txt"
