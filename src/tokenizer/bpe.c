@@ -688,6 +688,82 @@ static int32_t pair_rank(const struct l3d_tokenizer *t, int32_t a, int32_t b) {
     return m ? m->rank : INT32_MAX;
 }
 
+#define LONG_WORD 256 /* longer pre-tokens merge through a heap: O(n log n), not O(n^2) */
+
+static void heap_up(uint64_t *h, size_t i) {
+    while (i > 0 && h[i] < h[(i - 1) / 2]) {
+        uint64_t x = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = x;
+        i = (i - 1) / 2;
+    }
+}
+
+static uint64_t heap_take(uint64_t *h, size_t *n) {
+    uint64_t top = h[0];
+    h[0] = h[--*n];
+    for (size_t i = 0;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < *n && h[l] < h[m]) m = l;
+        if (r < *n && h[r] < h[m]) m = r;
+        if (m == i) break;
+        uint64_t x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+    return top;
+}
+
+/* The same merges for a long pre-token, in the same order: symbols in a linked list over their
+ * byte positions, pairs in a min-heap keyed (rank, position of the left symbol), so the first
+ * valid entry is the leftmost lowest-ranked pair. An entry is stale when its left symbol is gone or
+ * the pair there now has another rank (ranks are unique per pair). Writes the ids to w. */
+static size_t bpe_long(const struct l3d_tokenizer *t, const unsigned char *s, size_t n,
+                       int32_t *w) {
+    int32_t *tok = malloc(n * sizeof *tok), *nx = malloc(n * sizeof *nx), *pv = malloc(n * sizeof *pv);
+    uint64_t *h = malloc(3 * n * sizeof *h);
+    L3D_ASSERT(tok && nx && pv && h);
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = t->byte_id[s[i]];
+        nx[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
+        pv[i] = (int32_t)i - 1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        int32_t r = pair_rank(t, tok[i], tok[i + 1]);
+        if (r != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | i;
+            heap_up(h, hn - 1);
+        }
+    }
+    while (hn > 0) {
+        uint64_t top = heap_take(h, &hn);
+        int32_t r = (int32_t)(top >> 32), i = (int32_t)(top & 0xffffffffu);
+        if (tok[i] < 0 || nx[i] < 0 || pair_rank(t, tok[i], tok[nx[i]]) != r) continue;
+        int32_t j = nx[i];
+        tok[i] = merge_find(t, tok[i], tok[j])->result;
+        tok[j] = -1;
+        nx[i] = nx[j];
+        if (nx[j] >= 0) pv[nx[j]] = i;
+        if (pv[i] >= 0 && (r = pair_rank(t, tok[pv[i]], tok[i])) != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | (uint32_t)pv[i];
+            heap_up(h, hn - 1);
+        }
+        if (nx[i] >= 0 && (r = pair_rank(t, tok[i], tok[nx[i]])) != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | (uint32_t)i;
+            heap_up(h, hn - 1);
+        }
+    }
+    size_t m = 0;
+    for (int32_t i = 0; i >= 0; i = nx[i]) w[m++] = tok[i];
+    free(tok);
+    free(nx);
+    free(pv);
+    free(h);
+    return m;
+}
+
 /* BPE of one pre-token; returns the number of ids left in e->word. */
 static size_t bpe_word(struct l3d_encoder *e, const unsigned char *s, size_t n) {
     const struct l3d_tokenizer *t = e->t;
@@ -698,6 +774,7 @@ static size_t bpe_word(struct l3d_encoder *e, const unsigned char *s, size_t n) 
         e->word = l3d_alloc(e->wcap * sizeof *e->word, "encoder scratch");
         e->rank = l3d_alloc(e->wcap * sizeof *e->rank, "encoder scratch");
     }
+    if (n > LONG_WORD) return bpe_long(t, s, n, e->word);
     int32_t *w = e->word, *r = e->rank; /* r[i]: rank of the pair (w[i], w[i+1]) */
     for (size_t i = 0; i < n; i++) w[i] = t->byte_id[s[i]];
     for (size_t i = 0; i + 1 < n; i++) r[i] = pair_rank(t, w[i], w[i + 1]);
