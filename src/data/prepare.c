@@ -173,21 +173,28 @@ static l3d_status remove_stale(const char *dir, const int nshards[2], int *remov
     return st;
 }
 
-l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
-                             int64_t shard_tokens, struct l3d_prepare_stats *stats) {
-    if (stats) memset(stats, 0, sizeof *stats);
+/* The arguments both preparations share. */
+static l3d_status check_args(int nfiles, double val_fraction, int64_t shard_tokens) {
     if (nfiles < 1) return l3d_error(L3D_ERR_ARG, "no input file to prepare");
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return l3d_error(L3D_ERR_ARG, "validation fraction %g is outside [0, 1)", val_fraction);
     if (shard_tokens < 4 || shard_tokens > L3D_SHARD_MAX_TOKENS)
         return l3d_error(L3D_ERR_ARG, "shard size %lld tokens is outside [4, %d]",
                          (long long)shard_tokens, L3D_SHARD_MAX_TOKENS);
+    return L3D_OK;
+}
+
+l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
+                             int64_t shard_tokens, struct l3d_prepare_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
+    if (st != L3D_OK) return st;
 
     unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
     int64_t total = 0;
     for (int i = 0; i < nfiles; i++) {
         int64_t n;
-        l3d_status st = read_input(files[i], chunk, &n, NULL);
+        st = read_input(files[i], chunk, &n, NULL);
         if (st != L3D_OK) {
             l3d_free(chunk);
             return st;
@@ -208,7 +215,7 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
                          "shard of at least 2 tokens%s", (long long)total,
                          nval ? " and a validation shard of at least 2" : "");
     }
-    l3d_status st = l3d_mkdir_p(out_dir);
+    st = l3d_mkdir_p(out_dir);
     if (st != L3D_OK) {
         l3d_free(chunk);
         return st;
@@ -343,12 +350,8 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
                            const char *doc_separator, bool progress,
                            struct l3d_prepare_stats *stats) {
     if (stats) memset(stats, 0, sizeof *stats);
-    if (nfiles < 1) return l3d_error(L3D_ERR_ARG, "no input file to prepare");
-    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-        return l3d_error(L3D_ERR_ARG, "validation fraction %g is outside [0, 1)", val_fraction);
-    if (shard_tokens < 4 || shard_tokens > L3D_SHARD_MAX_TOKENS)
-        return l3d_error(L3D_ERR_ARG, "shard size %lld tokens is outside [4, %d]",
-                         (long long)shard_tokens, L3D_SHARD_MAX_TOKENS);
+    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
+    if (st != L3D_OK) return st;
     int V = l3d_tokenizer_vocab_size(tok), eot = l3d_tokenizer_eot(tok);
     if (V > 65536)
         return l3d_error(L3D_ERR_ARG, "the tokenizer has %d tokens, too many for llm.c's uint16 "
@@ -362,7 +365,6 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
     /* every file checked (readable, text) before any work */
     unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
     int64_t total = 0;
-    l3d_status st = L3D_OK;
     for (int i = 0; i < nfiles && st == L3D_OK; i++) {
         int64_t n;
         st = read_input(files[i], chunk, &n, NULL);
