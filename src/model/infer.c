@@ -69,11 +69,12 @@ int l3d_infer_pos(const struct l3d_infer *inf) { return inf->pos; }
 void l3d_infer_reset(struct l3d_infer *inf) { inf->pos = 0; }
 
 /* atty (n,C): each head of each new row i (position pos+i) attends over cached positions
- * 0..pos+i. q from qkv (n,3C); keys and values from the layer's cache (maxT,2C). */
+ * 0..pos+i. q from qkv (n,3C); keys and values from the layer's cache (maxT,2C). Threads only
+ * when the work (about n NH (pos+n) HS products) outweighs starting a parallel region. */
 static void attend(struct l3d_infer *inf, const float *kv, int pos, int n) {
     const int64_t C = inf->C, NH = inf->m->cfg.NH, HS = C / NH;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for schedule(static) if (n * NH > 1)
+#pragma omp parallel for schedule(static) if ((int64_t)n * NH * (pos + n) * HS > (1 << 16))
     for (int64_t ih = 0; ih < (int64_t)n * NH; ih++) {
         int64_t i = ih / NH, h = ih % NH, len = pos + i + 1;
         const float *q = inf->qkv + i * 3 * C + h * HS;
