@@ -117,7 +117,7 @@ struct l3d_prepare_stats {
     int64_t docs, bytes; /* BPE preparation: documents, input bytes */
 };
 
-/* Byte-level preparation (until the BPE tokenizer exists): token = byte value, vocabulary 256.
+/* Byte-level preparation (--tokenizer bytes): token = byte value, vocabulary 256.
  * Concatenates the files in order; the last val_fraction (0 <= val_fraction < 1) of the tokens,
  * at least 2 when val_fraction > 0, go to validation. Writes out_dir/train_000000.bin, ... and
  * out_dir/val_000000.bin, ... (created, with parents, when missing): each split cut into
