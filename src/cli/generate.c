@@ -11,6 +11,7 @@
  * --max-tokens or at an end-of-text token. */
 #include <getopt.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +92,9 @@ static void usage(FILE *fp) {
             "  --top-k K           sample among the K most likely, 0 = all (40)\n"
             "  --top-p P           then among the fewest whose probability reaches P, 1 = all (1)\n"
             "  --seed S            sampling seed (42)\n"
-            "  --recompute         no KV cache: re-run the whole sequence for each token\n");
+            "  --recompute         no KV cache: re-run the whole sequence for each token\n"
+            "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
+            "                      threads mostly wait on each other and on memory)\n");
 }
 
 /* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
@@ -118,17 +121,18 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, st
 }
 
 int l3d_cli_generate(int argc, char **argv) {
-    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE };
+    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS };
     static const struct option opts[] = {
         {"checkpoint", required_argument, NULL, 'c'}, {"prompt", required_argument, NULL, 'p'},
         {"max-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
         {"top-k", required_argument, NULL, 'k'}, {"top-p", required_argument, NULL, O_TOPP},
         {"seed", required_argument, NULL, 's'}, {"tokenizer", required_argument, NULL, O_TOK},
-        {"recompute", no_argument, NULL, O_RECOMPUTE}, {"help", no_argument, NULL, 'h'},
+        {"recompute", no_argument, NULL, O_RECOMPUTE}, {"threads", required_argument, NULL, O_THREADS},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *ckpt = NULL, *prompt = "", *tokspec = NULL;
-    int max_tokens = 200, ok = 1, c;
+    int max_tokens = 200, threads = 1, ok = 1, c;
     bool recompute = false;
     uint64_t seed = 42;
     struct sampler smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40};
@@ -144,11 +148,13 @@ int l3d_cli_generate(int argc, char **argv) {
         case 'k': ok = l3d_arg_int("generate", "top-k", optarg, 0, 1 << 30, &smp.top_k); break;
         case O_TOPP: ok = l3d_arg_float("generate", "top-p", optarg, 1e-6, 1, &smp.top_p); break;
         case 's': ok = l3d_arg_u64("generate", "seed", optarg, &seed); break;
+        case O_THREADS: ok = l3d_arg_int("generate", "threads", optarg, 1, 1024, &threads); break;
         case 'h': usage(stdout); return 0;
         default: return 2;
         }
     }
     if (!ok) return 2;
+    omp_set_num_threads(threads);
     if (!ckpt) {
         fprintf(stderr, "llm3d generate: give --checkpoint FILE (an llm.c GPT-2 checkpoint, e.g. "
                 "the model.bin that llm3d train --out writes)\n");
