@@ -9,9 +9,9 @@ WERROR := $(if $(filter true 1 yes,$(CI)),ON,OFF)
 CORPUS := $(sort $(shell find /usr/share/games/fortunes -maxdepth 1 ! -type d ! -name '*.dat' ! -name '*.u8' 2>/dev/null))
 DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
-DEMO_STEPS ?= 1000
+DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-asan test-mpich bench scaling pipeline clean
+.PHONY: all setup build demo test test-asan test-mpich bench bench-text scaling pipeline clean
 
 all: build
 
@@ -39,21 +39,34 @@ test-asan: setup
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 
-# Byte-level GPT (4 layers, 256 channels, 4 heads, context 128; vocabulary 256) on the fortunes
-# packages' text files, then a sample. About 3 minutes on 2 cores.
+# A byte-level BPE vocabulary of 4096 tokens learnt from the fortunes packages' text files (one
+# fortune a document, "%" lines between them), a GPT (4 layers, 256 channels, 4 heads, context 128)
+# trained on it, then a sample through the KV cache. About 3-4 minutes on 2 cores.
+DEMO_TOK ?= data/fortunes-bpe
+DEMO_VOCAB ?= 4096
 demo: build
-	$(BUILD)/llm3d prepare --tokenizer bytes --out $(DEMO_DATA) $(if $(CORPUS),$(CORPUS),$(error no fortunes files: run scripts/setup.sh))
-	$(BUILD)/llm3d train --layers 4 --channels 256 --heads 4 --vocab 256 --context 128 \
+	$(BUILD)/llm3d tokenizer train --vocab-size $(DEMO_VOCAB) --out $(DEMO_TOK) $(if $(CORPUS),$(CORPUS),$(error no fortunes files: run scripts/setup.sh))
+	$(BUILD)/llm3d prepare --tokenizer $(DEMO_TOK) --doc-separator % --out $(DEMO_DATA) $(CORPUS)
+	$(BUILD)/llm3d train --layers 4 --channels 256 --heads 4 --vocab $(DEMO_VOCAB) --context 128 \
 	    --seq-len 128 --batch 16 --steps $(DEMO_STEPS) --lr 2e-3 --min-lr 2e-4 --warmup 30 \
 	    --val-every 250 \
 	    --train '$(DEMO_DATA)/train_*.bin' --val '$(DEMO_DATA)/val_*.bin' --out $(DEMO_OUT)
-	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --prompt "The meaning of life is" \
-	    --max-tokens 400 --temperature 0.8 --top-k 40
+	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --tokenizer $(DEMO_TOK) \
+	    --prompt "The meaning of life is" --max-tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95
 
 # GPT-2 124M throughput at the issue's two shapes (2 threads).
 bench: build
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 4 --seq-len 64 --steps 10
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 8 --seq-len 256 --steps 6
+
+# Tokenizer throughput per core (GPT-2's vocabulary from tests/data, a 4096-token one learnt from
+# the fortunes) and generation speed with the KV cache against recomputation at 256 tokens.
+bench-text: build
+	$(BUILD)/llm3d tokenizer train --vocab-size 4096 --out $(BUILD)/bench-tok $(CORPUS)
+	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer tests/data/gpt2 $(CORPUS)
+	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer $(BUILD)/bench-tok $(CORPUS)
+	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 4 256 4 4096 256
+	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 6 384 6 50257 256
 
 # Data-parallel weak and strong scaling from 1 to 2 ranks (issue "distributed runtime").
 scaling: build

@@ -1,5 +1,5 @@
 /*
- * llm3d data: token shards in llm.c's format, the batch loader, and byte-level preparation.
+ * llm3d data: token shards in llm.c's format, the batch loader, and preparation (bytes or BPE).
  *
  *   struct l3d_data *train;
  *   if (l3d_data_open(&train, "data/train_*.bin", 50257) != L3D_OK) {   // validates every file
@@ -114,9 +114,10 @@ struct l3d_prepare_stats {
     int64_t tokens, train_tokens, val_tokens;
     int train_shards, val_shards;
     int stale_removed; /* shards of an earlier run, beyond the ones written, that were deleted */
+    int64_t docs, bytes; /* BPE preparation: documents, input bytes */
 };
 
-/* Byte-level preparation (until the BPE tokenizer exists): token = byte value, vocabulary 256.
+/* Byte-level preparation (--tokenizer bytes): token = byte value, vocabulary 256.
  * Concatenates the files in order; the last val_fraction (0 <= val_fraction < 1) of the tokens,
  * at least 2 when val_fraction > 0, go to validation. Writes out_dir/train_000000.bin, ... and
  * out_dir/val_000000.bin, ... (created, with parents, when missing): each split cut into
@@ -127,5 +128,21 @@ struct l3d_prepare_stats {
  * NULL. */
 l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
                              int64_t shard_tokens, struct l3d_prepare_stats *stats);
+
+/* BPE preparation with a tokenizer that encodes (include/llm3d/tokenizer.h), vocabulary at most
+ * 65536 (uint16 shards) with an end-of-text token. Each file is a document, or, with
+ * doc_separator, each run of lines between lines equal to it (e.g. "%" for fortune files; the
+ * separator lines are dropped, empty documents skipped). Every document is written as end-of-text
+ * then its tokens (llm.c's convention), whole: document i goes to validation when
+ * floor((i+1) f) > floor(i f) for f = val_fraction (every 1/f-th document), the others to
+ * training; each split cut into shards as l3d_prepare_bytes does. The files are checked first
+ * (readable, no NUL byte) as there; then encoded by all OpenMP threads, documents and pieces of
+ * long ones in parallel; progress prints a bar on stderr. The tokens are held in memory (2 bytes
+ * each) until the shards are written. */
+struct l3d_tokenizer;
+l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
+                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                           const char *doc_separator, bool progress,
+                           struct l3d_prepare_stats *stats);
 
 #endif

@@ -9,9 +9,11 @@
 
 #include <stdint.h>
 
-/* llm3d prepare --tokenizer bytes --out DIR [--val-fraction F] [--shard-tokens N] FILE...
- * (src/cli/prepare.c) */
+/* llm3d prepare --tokenizer SPEC --out DIR [--val-fraction F] [--shard-tokens N]
+ * [--doc-separator LINE] FILE... (src/cli/prepare.c) */
 int l3d_cli_prepare(int argc, char **argv);
+/* llm3d tokenizer train|encode|decode ... (src/cli/tokenizer.c) */
+int l3d_cli_tokenizer(int argc, char **argv);
 
 /* llm3d train [flags] (src/cli/train.c) */
 int l3d_cli_train(int argc, char **argv);

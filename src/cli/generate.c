@@ -1,15 +1,26 @@
-/* llm3d generate: sample from a checkpoint. Byte-level vocabularies are decoded to text; others
- * print token ids until the tokenizer lands. Each new token re-runs the forward pass over the
- * sequence so far (the KV cache comes with issue "tokenizer"). */
+/* llm3d generate: sample text from a checkpoint, token by token, printed as it comes.
+ *
+ * The prompt is encoded with the tokenizer (bytes for a 256-token vocabulary, else a BPE
+ * tokenizer, gpt2 by default for GPT-2's 50257) after an end-of-text token, as every document
+ * starts in prepared data. Each new token costs one position through the KV cache
+ * (include/llm3d/infer.h); --recompute re-runs the full forward over the sequence instead (the
+ * reference the cache is measured against). At the end of the context the last half of the
+ * sequence is run again from position 0 and sampling goes on. Sampling: logits / temperature, then
+ * the top-k most likely, then the smallest set of those whose probability reaches top-p (Holtzman
+ * et al. 2020, nucleus sampling), renormalised; temperature 0 is greedy. Generation stops after
+ * --max-tokens or at an end-of-text token. */
 #include <getopt.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/infer.h"
 #include "llm3d/model.h"
+#include "llm3d/tokenizer.h"
 
 struct cand {
     float p;
@@ -18,13 +29,20 @@ struct cand {
 
 static int cmp_cand(const void *a, const void *b) {
     float x = ((const struct cand *)a)->p, y = ((const struct cand *)b)->p;
-    return (x < y) - (x > y);
+    if (x != y) return (x < y) - (x > y);
+    return ((const struct cand *)a)->id - ((const struct cand *)b)->id;
 }
 
-/* Samples from logits (V) with temperature and top-k (0 = all); cand is scratch of V entries. */
-static int sample(const float *logits, int V, float temperature, int top_k, struct cand *cand,
-                  l3d_rng *rng) {
-    if (temperature <= 0.0f) {
+struct sampler {
+    float temperature, top_p;
+    int top_k;
+    struct cand *cand; /* V entries */
+    l3d_rng rng;
+};
+
+/* Samples one of the V logits. */
+static int sample(struct sampler *s, const float *logits, int V) {
+    if (s->temperature <= 0.0f) {
         int best = 0;
         for (int i = 1; i < V; i++)
             if (logits[i] > logits[best]) best = i;
@@ -32,50 +50,111 @@ static int sample(const float *logits, int V, float temperature, int top_k, stru
     }
     float mx = logits[0];
     for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    for (int i = 0; i < V; i++) cand[i] = (struct cand){expf((logits[i] - mx) / temperature), i};
-    int n = V;
-    if (top_k > 0 && top_k < V) {
-        qsort(cand, (size_t)V, sizeof *cand, cmp_cand);
-        n = top_k;
-    }
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += cand[i].p;
-    double r = l3d_rng_next_float(rng) * sum, acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += cand[i].p;
-        if (r < acc) return cand[i].id;
+    for (int i = 0; i < V; i++) {
+        s->cand[i] = (struct cand){expf((logits[i] - mx) / s->temperature), i};
+        sum += s->cand[i].p;
     }
-    return cand[n - 1].id;
+    int n = V;
+    if ((s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f) {
+        qsort(s->cand, (size_t)V, sizeof *s->cand, cmp_cand);
+        if (s->top_k > 0 && s->top_k < V) n = s->top_k;
+        double kept = 0.0;
+        for (int i = 0; i < n; i++) kept += s->cand[i].p;
+        if (s->top_p < 1.0f) {
+            double acc = 0.0;
+            int m = 0;
+            while (m < n && acc < s->top_p * kept) acc += s->cand[m++].p;
+            n = m > 0 ? m : 1;
+            kept = acc > 0.0 ? acc : s->cand[0].p;
+        }
+        sum = kept;
+    }
+    double r = l3d_rng_next_float(&s->rng) * sum, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += s->cand[i].p;
+        if (r < acc) return s->cand[i].id;
+    }
+    return s->cand[n - 1].id;
+}
+
+static void usage(FILE *fp) {
+    fprintf(fp,
+            "usage: llm3d generate --checkpoint FILE [flags]\n"
+            "  --checkpoint FILE   an llm.c GPT-2 checkpoint (llm3d train --out writes model.bin)\n"
+            "  --tokenizer SPEC    bytes, gpt2, a directory with encoder.json + vocab.bpe (llm3d\n"
+            "                      tokenizer train), or llm.c's gpt2_tokenizer.bin (decoding\n"
+            "                      only: no --prompt). Default: bytes for a 256-token vocabulary,\n"
+            "                      gpt2 for 50257\n"
+            "  --prompt TEXT       text to continue (default: none, a new document)\n"
+            "  --max-tokens N      tokens to generate (200)\n"
+            "  --temperature T     0 = greedy (0.8)\n"
+            "  --top-k K           sample among the K most likely, 0 = all (40)\n"
+            "  --top-p P           then among the fewest whose probability reaches P, 1 = all (1)\n"
+            "  --seed S            sampling seed (42)\n"
+            "  --recompute         no KV cache: re-run the whole sequence for each token\n"
+            "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
+            "                      threads mostly wait on each other and on memory)\n");
+}
+
+/* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
+static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, struct l3d_ids *ids) {
+    if (!tok) { /* bytes */
+        if (!*prompt) l3d_ids_push(ids, '\n');
+        for (const char *p = prompt; *p; p++) l3d_ids_push(ids, (unsigned char)*p);
+        return 0;
+    }
+    if (l3d_tokenizer_eot(tok) >= 0) l3d_ids_push(ids, l3d_tokenizer_eot(tok));
+    if (*prompt) {
+        if (!l3d_tokenizer_can_encode(tok)) {
+            fprintf(stderr, "llm3d generate: llm.c's tokenizer file decodes only: give --tokenizer "
+                    "gpt2 or a directory with encoder.json and vocab.bpe to use a --prompt\n");
+            return 2;
+        }
+        struct l3d_encoder *e = l3d_encoder_init(tok);
+        l3d_encoder_encode(e, prompt, strlen(prompt), ids);
+        l3d_encoder_free(e);
+    } else if (ids->n == 0) {
+        l3d_ids_push(ids, 0);
+    }
+    return 0;
 }
 
 int l3d_cli_generate(int argc, char **argv) {
+    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS };
     static const struct option opts[] = {
         {"checkpoint", required_argument, NULL, 'c'}, {"prompt", required_argument, NULL, 'p'},
         {"max-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
-        {"top-k", required_argument, NULL, 'k'}, {"seed", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+        {"top-k", required_argument, NULL, 'k'}, {"top-p", required_argument, NULL, O_TOPP},
+        {"seed", required_argument, NULL, 's'}, {"tokenizer", required_argument, NULL, O_TOK},
+        {"recompute", no_argument, NULL, O_RECOMPUTE}, {"threads", required_argument, NULL, O_THREADS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
-    const char *ckpt = NULL, *prompt = "";
-    int max_tokens = 200, top_k = 40, ok = 1, c;
-    float temperature = 0.8f;
+    const char *ckpt = NULL, *prompt = "", *tokspec = NULL;
+    int max_tokens = 200, threads = 1, ok = 1, c;
+    bool recompute = false;
     uint64_t seed = 42;
+    struct sampler smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40};
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'p': prompt = optarg; break;
+        case O_TOK: tokspec = optarg; break;
+        case O_RECOMPUTE: recompute = true; break;
         case 'n': ok = l3d_arg_int("generate", "max-tokens", optarg, 1, 1 << 20, &max_tokens); break;
-        case 't': ok = l3d_arg_float("generate", "temperature", optarg, 0, 100, &temperature); break;
-        case 'k': ok = l3d_arg_int("generate", "top-k", optarg, 0, 1 << 30, &top_k); break;
+        case 't': ok = l3d_arg_float("generate", "temperature", optarg, 0, 100, &smp.temperature); break;
+        case 'k': ok = l3d_arg_int("generate", "top-k", optarg, 0, 1 << 30, &smp.top_k); break;
+        case O_TOPP: ok = l3d_arg_float("generate", "top-p", optarg, 1e-6, 1, &smp.top_p); break;
         case 's': ok = l3d_arg_u64("generate", "seed", optarg, &seed); break;
-        case 'h':
-            printf("usage: llm3d generate --checkpoint FILE [--prompt TEXT] [--max-tokens N (200)]\n"
-                   "       [--temperature T (0.8; 0 = greedy)] [--top-k K (40; 0 = all)] [--seed S]\n");
-            return 0;
+        case O_THREADS: ok = l3d_arg_int("generate", "threads", optarg, 1, 1024, &threads); break;
+        case 'h': usage(stdout); return 0;
         default: return 2;
         }
     }
     if (!ok) return 2;
+    omp_set_num_threads(threads);
     if (!ckpt) {
         fprintf(stderr, "llm3d generate: give --checkpoint FILE (an llm.c GPT-2 checkpoint, e.g. "
                 "the model.bin that llm3d train --out writes)\n");
@@ -86,47 +165,101 @@ int l3d_cli_generate(int argc, char **argv) {
         fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
         return 1;
     }
-    bool bytes = cfg.V == 256;
-    int plen = (int)strlen(prompt);
-    if (!bytes && plen > 0) {
-        fprintf(stderr, "llm3d generate: this checkpoint's vocabulary has %d tokens; text prompts "
-                "need the byte-level vocabulary (256) until the BPE tokenizer lands\n", cfg.V);
-        return 2;
+    if (!tokspec) {
+        if (cfg.V != 256 && cfg.V != 50257) {
+            fprintf(stderr, "llm3d generate: %s has a vocabulary of %d tokens: give --tokenizer, "
+                    "the directory of the tokenizer its data was prepared with\n", ckpt, cfg.V);
+            return 2;
+        }
+        tokspec = cfg.V == 256 ? "bytes" : "gpt2";
     }
-    int T = plen + max_tokens < cfg.maxT ? plen + max_tokens : cfg.maxT;
-    if (T < 2) T = 2;
-    struct l3d_backend *be = l3d_backend_cpu_init();
-    struct l3d_shard sh = l3d_shard_full(&cfg);
-    struct l3d_gpt *m;
-    if (l3d_gpt_init(&m, &cfg, &sh, be, 1, T, L3D_GRADS_NONE) != L3D_OK || l3d_ckpt_load_llmc(ckpt, m) != L3D_OK) {
-        fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
-        l3d_backend_free(be);
-        return 1;
+    struct l3d_tokenizer *tok = NULL;
+    if (strcmp(tokspec, "bytes") == 0) {
+        if (cfg.V != 256) {
+            fprintf(stderr, "llm3d generate: --tokenizer bytes needs a 256-token vocabulary; %s "
+                    "has %d\n", ckpt, cfg.V);
+            return 2;
+        }
+    } else {
+        if (l3d_tokenizer_open(&tok, tokspec) != L3D_OK) {
+            fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
+            return 1;
+        }
+        if (l3d_tokenizer_vocab_size(tok) != cfg.V) {
+            fprintf(stderr, "llm3d generate: tokenizer %s has %d tokens but %s was trained on %d: "
+                    "give the tokenizer its data was prepared with\n", tokspec,
+                    l3d_tokenizer_vocab_size(tok), ckpt, cfg.V);
+            l3d_tokenizer_free(tok);
+            return 2;
+        }
     }
-    int32_t *seq = calloc((size_t)(plen + max_tokens + 1), sizeof(int32_t));
-    struct cand *cand = malloc((size_t)cfg.V * sizeof *cand);
-    int n = 0;
-    if (plen == 0) seq[n++] = bytes ? '\n' : 0; /* start from a newline (or token 0) */
-    for (int i = 0; i < plen; i++) seq[n++] = (unsigned char)prompt[i];
+    struct l3d_ids seq = {0};
+    int rc = encode_prompt(tok, prompt, &seq);
+    int64_t nprompt = seq.n;
+    if (rc == 0 && nprompt >= cfg.maxT) {
+        fprintf(stderr, "llm3d generate: the prompt is %lld tokens, the model's context %d: give "
+                "a shorter --prompt\n", (long long)nprompt, cfg.maxT);
+        rc = 2;
+    }
+    struct l3d_backend *be = NULL;
+    struct l3d_gpt *m = NULL;
+    struct l3d_infer *inf = NULL;
+    if (rc == 0) {
+        be = l3d_backend_cpu_init();
+        struct l3d_shard sh = l3d_shard_full(&cfg);
+        if (l3d_gpt_init(&m, &cfg, &sh, be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
+            l3d_ckpt_load_llmc(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
+            fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
+            rc = 1;
+        }
+    }
+    if (rc != 0) {
+        l3d_ids_free(&seq);
+        l3d_gpt_free(m);
+        if (be) l3d_backend_free(be);
+        l3d_tokenizer_free(tok);
+        return rc;
+    }
     fputs(prompt, stdout);
-    l3d_rng rng;
-    l3d_rng_seed(&rng, seed);
-    for (int i = 0; i < max_tokens; i++) {
-        int start = n > T ? n - T : 0, len = n - start; /* slide the window past the context */
-        l3d_gpt_forward(m, seq + start, NULL, 1, len);
-        const float *row = m->logits + (int64_t)(len - 1) * sh.vocab_count;
-        int tok = sample(row, cfg.V, temperature, top_k, cand, &rng);
-        seq[n++] = tok;
-        if (bytes)
-            putchar(tok);
-        else
-            printf("%d ", tok);
+    fflush(stdout);
+    smp.cand = malloc((size_t)cfg.V * sizeof *smp.cand);
+    l3d_rng_seed(&smp.rng, seed);
+    int eot = tok ? l3d_tokenizer_eot(tok) : -1;
+    int64_t fed = 0; /* tokens of seq in the KV cache */
+    double t0 = l3d_time_s();
+    int generated = 0;
+    for (; generated < max_tokens; generated++) {
+        const float *logits;
+        if (recompute) {
+            int64_t start = seq.n > cfg.maxT ? seq.n - cfg.maxT : 0, len = seq.n - start;
+            l3d_gpt_forward(m, seq.v + start, NULL, 1, (int)len);
+            logits = m->logits + (len - 1) * (int64_t)cfg.Vp;
+        } else {
+            if (seq.n > cfg.maxT) { /* context full: run the last half again from position 0 */
+                l3d_infer_reset(inf);
+                fed = seq.n - cfg.maxT / 2;
+            }
+            logits = l3d_infer_step(inf, seq.v + fed, (int)(seq.n - fed));
+            fed = seq.n;
+        }
+        int t = sample(&smp, logits, cfg.V);
+        if (t == eot) break;
+        l3d_ids_push(&seq, t);
+        size_t len = 1;
+        unsigned char b = (unsigned char)t;
+        const unsigned char *bytes = tok ? l3d_tokenizer_token(tok, t, &len) : &b;
+        fwrite(bytes, 1, len, stdout);
         fflush(stdout);
     }
+    double dt = l3d_time_s() - t0;
     putchar('\n');
-    free(seq);
-    free(cand);
+    fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s)\n", generated, dt,
+            dt > 0 ? generated / dt : 0.0, recompute ? "recomputed" : "KV cache");
+    free(smp.cand);
+    l3d_ids_free(&seq);
+    l3d_infer_free(inf);
     l3d_gpt_free(m);
     l3d_backend_free(be);
+    l3d_tokenizer_free(tok);
     return 0;
 }

@@ -12,6 +12,7 @@ static const struct {
     {"train", l3d_cli_train, "train a GPT on token shards"},
     {"generate", l3d_cli_generate, "sample text from a checkpoint"},
     {"prepare", l3d_cli_prepare, "turn text files into token shards"},
+    {"tokenizer", l3d_cli_tokenizer, "train a BPE vocabulary; encode text, decode shards"},
     {"bench", l3d_cli_bench, "measure this machine's peak and a model's training throughput"},
     {"compare", l3d_cli_compare, "check that two runs trained the same model (losses, weights)"},
     {"convert", l3d_cli_convert, "write a training checkpoint's weights as an llm.c checkpoint"},

@@ -5,6 +5,8 @@
  * one shard in memory at a time. */
 #include "llm3d/data.h"
 
+#include <omp.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -13,6 +15,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "llm3d/tokenizer.h"
+#include "tokenizer/tokenizer-impl.h"
 
 #define CHUNK_BYTES ((size_t)1 << 20)
 
@@ -49,20 +54,45 @@ static void shard_path(char *path, size_t cap, const char *dir, int split, int s
 
 static size_t path_cap(const char *dir) { return strlen(dir) + 32; }
 
+static l3d_status sink_put(struct sink *s, uint16_t tok) {
+    if (s->split >= 2)
+        return l3d_error(L3D_ERR_IO, "the input files grew while they were being prepared: "
+                         "run llm3d prepare again on files that do not change");
+    s->buf[s->fill++] = tok;
+    if (s->fill == s->want) {
+        shard_path(s->path, path_cap(s->dir), s->dir, s->split, s->shard);
+        l3d_status st = l3d_shard_write(s->path, s->buf, s->fill);
+        if (st != L3D_OK) return st;
+        s->shard++;
+        next_shard(s);
+    }
+    return L3D_OK;
+}
+
 static l3d_status sink_push(struct sink *s, const unsigned char *bytes, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (s->split >= 2)
-            return l3d_error(L3D_ERR_IO, "the input files grew while they were being prepared: "
-                             "run llm3d prepare again on files that do not change");
-        s->buf[s->fill++] = bytes[i];
-        if (s->fill == s->want) {
-            shard_path(s->path, path_cap(s->dir), s->dir, s->split, s->shard);
-            l3d_status st = l3d_shard_write(s->path, s->buf, s->fill);
-            if (st != L3D_OK) return st;
-            s->shard++;
-            next_shard(s);
-        }
+        l3d_status st = sink_put(s, bytes[i]);
+        if (st != L3D_OK) return st;
     }
+    return L3D_OK;
+}
+
+/* Sizes the shards of ntrain + nval tokens (at most shard_tokens each) and allocates the buffer of
+ * the largest. */
+static l3d_status sink_open(struct sink *s, const char *out_dir, int64_t ntrain, int64_t nval,
+                            int64_t shard_tokens) {
+    *s = (struct sink){.dir = out_dir, .n = {ntrain, nval}};
+    for (int k = 0; k < 2; k++)
+        s->nshards[k] = (int)((s->n[k] + shard_tokens - 1) / shard_tokens);
+    int64_t biggest = shard_size(ntrain, s->nshards[0], 0); /* shard 0 is a split's largest */
+    if (nval && shard_size(nval, s->nshards[1], 0) > biggest)
+        biggest = shard_size(nval, s->nshards[1], 0);
+    s->buf = l3d_try_alloc((size_t)biggest * sizeof *s->buf, "shard buffer");
+    if (!s->buf)
+        return l3d_error(L3D_ERR_OOM, "out of memory for a shard of %lld tokens: lower "
+                         "--shard-tokens", (long long)biggest);
+    s->path = l3d_alloc(path_cap(out_dir), "shard path");
+    next_shard(s);
     return L3D_OK;
 }
 
@@ -84,8 +114,8 @@ static l3d_status read_input(const char *path, unsigned char *chunk, int64_t *nb
         if (nul) {
             fclose(fp);
             return l3d_error(L3D_ERR_FORMAT,
-                             "%s holds a NUL byte at offset %lld: it is not a text file (byte-level "
-                             "preparation takes text only)",
+                             "%s holds a NUL byte at offset %lld: it is not a text file (llm3d prepare "
+                             "takes text files only)",
                              path, (long long)(total + (nul - chunk)));
         }
         if (sink && got) {
@@ -143,21 +173,28 @@ static l3d_status remove_stale(const char *dir, const int nshards[2], int *remov
     return st;
 }
 
-l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
-                             int64_t shard_tokens, struct l3d_prepare_stats *stats) {
-    if (stats) memset(stats, 0, sizeof *stats);
+/* The arguments both preparations share. */
+static l3d_status check_args(int nfiles, double val_fraction, int64_t shard_tokens) {
     if (nfiles < 1) return l3d_error(L3D_ERR_ARG, "no input file to prepare");
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return l3d_error(L3D_ERR_ARG, "validation fraction %g is outside [0, 1)", val_fraction);
     if (shard_tokens < 4 || shard_tokens > L3D_SHARD_MAX_TOKENS)
         return l3d_error(L3D_ERR_ARG, "shard size %lld tokens is outside [4, %d]",
                          (long long)shard_tokens, L3D_SHARD_MAX_TOKENS);
+    return L3D_OK;
+}
+
+l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
+                             int64_t shard_tokens, struct l3d_prepare_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
+    if (st != L3D_OK) return st;
 
     unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
     int64_t total = 0;
     for (int i = 0; i < nfiles; i++) {
         int64_t n;
-        l3d_status st = read_input(files[i], chunk, &n, NULL);
+        st = read_input(files[i], chunk, &n, NULL);
         if (st != L3D_OK) {
             l3d_free(chunk);
             return st;
@@ -178,25 +215,18 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
                          "shard of at least 2 tokens%s", (long long)total,
                          nval ? " and a validation shard of at least 2" : "");
     }
-    l3d_status st = l3d_mkdir_p(out_dir);
+    st = l3d_mkdir_p(out_dir);
     if (st != L3D_OK) {
         l3d_free(chunk);
         return st;
     }
 
-    struct sink s = {.dir = out_dir, .n = {ntrain, nval}};
-    for (int k = 0; k < 2; k++)
-        s.nshards[k] = (int)((s.n[k] + shard_tokens - 1) / shard_tokens);
-    int64_t biggest = shard_size(ntrain, s.nshards[0], 0); /* shard 0 is a split's largest */
-    if (nval && shard_size(nval, s.nshards[1], 0) > biggest) biggest = shard_size(nval, s.nshards[1], 0);
-    s.buf = l3d_try_alloc((size_t)biggest * sizeof *s.buf, "shard buffer");
-    if (!s.buf) {
+    struct sink s;
+    st = sink_open(&s, out_dir, ntrain, nval, shard_tokens);
+    if (st != L3D_OK) {
         l3d_free(chunk);
-        return l3d_error(L3D_ERR_OOM, "out of memory for a shard of %lld tokens: lower "
-                         "--shard-tokens", (long long)biggest);
+        return st;
     }
-    s.path = l3d_alloc(path_cap(out_dir), "shard path");
-    next_shard(&s);
     for (int i = 0; i < nfiles && st == L3D_OK; i++) {
         int64_t n;
         st = read_input(files[i], chunk, &n, &s);
@@ -220,4 +250,211 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
         stats->stale_removed = removed;
     }
     return L3D_OK;
+}
+
+/* ---- BPE preparation ------------------------------------------------------------------------ */
+
+/* Work for the encoding threads: a piece of one document's text, documents cut into pieces of
+ * about PIECE_BYTES where encoding them apart gives the ids of the whole (l3d_tok_cut). */
+#define PIECE_BYTES ((size_t)1 << 16)
+
+struct piece {
+    size_t start, len;
+    bool doc_start; /* first piece of a document: an end-of-text token goes before it */
+    struct l3d_ids ids;
+};
+
+/* Appends the pieces of document text[a..b) to *pv. */
+static void add_doc(const char *text, size_t a, size_t b, struct piece **pv, size_t *np,
+                    size_t *cap) {
+    bool first = true;
+    while (a < b) {
+        size_t e = l3d_tok_cut(text, a, b, PIECE_BYTES);
+        if (*np == *cap) {
+            *cap = *cap ? 2 * *cap : 256;
+            struct piece *n2 = realloc(*pv, *cap * sizeof **pv);
+            L3D_ASSERT(n2 != NULL);
+            *pv = n2;
+        }
+        (*pv)[(*np)++] = (struct piece){.start = a, .len = e - a, .doc_start = first};
+        first = false;
+        a = e;
+    }
+}
+
+/* Cuts text[0..n) into documents at lines equal to sep (dropped; no separator: one document) and
+ * those into pieces; empty documents are left out. */
+static void split_docs(const char *text, size_t n, const char *sep, struct piece **pv, size_t *np,
+                       size_t *cap) {
+    size_t seplen = sep ? strlen(sep) : 0, doc = 0, line = 0;
+    if (!sep) {
+        if (n) add_doc(text, 0, n, pv, np, cap);
+        return;
+    }
+    while (line < n) {
+        const char *nl = memchr(text + line, '\n', n - line);
+        size_t end = nl ? (size_t)(nl - text) : n, next = nl ? end + 1 : n;
+        size_t l = end - line - (end > line && text[end - 1] == '\r');
+        if (l == seplen && memcmp(text + line, sep, seplen) == 0) {
+            if (line > doc) add_doc(text, doc, line, pv, np, cap);
+            doc = next;
+        }
+        line = next;
+    }
+    if (n > doc) add_doc(text, doc, n, pv, np, cap);
+}
+
+static void progress_bar(double done, double total, double t0) {
+    int w = 30, k = total > 0 ? (int)(w * done / total) : w;
+    double dt = l3d_time_s() - t0;
+    fprintf(stderr, "\rprepare: [%.*s%*s] %3.0f%% %.1f/%.1f MB, %.1f MB/s ", k,
+            "##############################", w - k, "", total > 0 ? 100.0 * done / total : 100.0,
+            done / 1e6, total / 1e6, dt > 0 ? done / 1e6 / dt : 0.0);
+}
+
+/* Growable uint16 token store with document boundaries. */
+struct corpus {
+    uint16_t *tok;
+    int64_t n, cap;
+    int64_t *doc; /* start of each document in tok; ndocs + 1 entries once finished */
+    int64_t ndocs, dcap;
+};
+
+static void corpus_put(struct corpus *c, int32_t t) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 1 << 20;
+        uint16_t *t2 = realloc(c->tok, (size_t)c->cap * sizeof *t2);
+        L3D_ASSERT(t2 != NULL);
+        c->tok = t2;
+    }
+    c->tok[c->n++] = (uint16_t)t;
+}
+
+static void corpus_doc(struct corpus *c) {
+    if (c->ndocs + 1 >= c->dcap) {
+        c->dcap = c->dcap ? 2 * c->dcap : 1024;
+        int64_t *d2 = realloc(c->doc, (size_t)c->dcap * sizeof *d2);
+        L3D_ASSERT(d2 != NULL);
+        c->doc = d2;
+    }
+    c->doc[c->ndocs++] = c->n;
+}
+
+/* Whether document i goes to validation: every (1/f)-th document, spread over the corpus. */
+static bool is_val(int64_t i, double f) {
+    return f > 0 && (int64_t)floor((double)(i + 1) * f) > (int64_t)floor((double)i * f);
+}
+
+l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
+                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                           const char *doc_separator, bool progress,
+                           struct l3d_prepare_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
+    if (st != L3D_OK) return st;
+    int V = l3d_tokenizer_vocab_size(tok), eot = l3d_tokenizer_eot(tok);
+    if (V > 65536)
+        return l3d_error(L3D_ERR_ARG, "the tokenizer has %d tokens, too many for llm.c's uint16 "
+                         "shards (at most 65536): train a smaller vocabulary", V);
+    if (!l3d_tokenizer_can_encode(tok))
+        return l3d_error(L3D_ERR_ARG, "llm.c's tokenizer file decodes only: give the tokenizer "
+                         "as gpt2 or a directory with encoder.json and vocab.bpe");
+    if (eot < 0)
+        return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with",
+                         L3D_EOT_STRING);
+    /* every file checked (readable, text) before any work */
+    unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
+    int64_t total = 0;
+    for (int i = 0; i < nfiles && st == L3D_OK; i++) {
+        int64_t n;
+        st = read_input(files[i], chunk, &n, NULL);
+        total += n;
+    }
+    l3d_free(chunk);
+    if (st != L3D_OK) return st;
+    if (total == 0)
+        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no text (0 bytes): nothing to "
+                         "prepare", nfiles);
+
+    int nth = omp_get_max_threads();
+    struct l3d_encoder **enc = l3d_alloc((size_t)nth * sizeof *enc, "encoders");
+    for (int i = 0; i < nth; i++) enc[i] = l3d_encoder_init(tok);
+    struct corpus c = {0};
+    struct piece *pv = NULL;
+    size_t cap = 0;
+    double t0 = l3d_time_s(), done = 0;
+    for (int f = 0; f < nfiles && st == L3D_OK; f++) {
+        char *text;
+        size_t n, np = 0;
+        st = l3d_read_whole_file(files[f], "input", &text, &n);
+        if (st != L3D_OK) break;
+        split_docs(text, n, doc_separator, &pv, &np, &cap);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t i = 0; i < np; i++) {
+            pv[i].ids.n = 0;
+            l3d_encoder_encode(enc[omp_get_thread_num()], text + pv[i].start, pv[i].len, &pv[i].ids);
+        }
+        for (size_t i = 0; i < np; i++) {
+            if (pv[i].doc_start) {
+                corpus_doc(&c);
+                corpus_put(&c, eot);
+            }
+            for (int64_t k = 0; k < pv[i].ids.n; k++) corpus_put(&c, pv[i].ids.v[k]);
+            l3d_ids_free(&pv[i].ids);
+        }
+        l3d_free(text);
+        done += (double)n;
+        if (progress) progress_bar(done, (double)total, t0);
+    }
+    if (progress) fputc('\n', stderr);
+    for (int i = 0; i < nth; i++) l3d_encoder_free(enc[i]);
+    l3d_free(enc);
+    free(pv);
+    if (st == L3D_OK && c.ndocs == 0)
+        st = l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no document: every line is the "
+                       "separator \"%s\"", nfiles, doc_separator ? doc_separator : "");
+    int64_t nval = 0, nvaldocs = 0;
+    if (st == L3D_OK) {
+        corpus_doc(&c); /* end of the last document */
+        c.ndocs--;
+        for (int64_t d = 0; d < c.ndocs; d++)
+            if (is_val(d, val_fraction)) {
+                nval += c.doc[d + 1] - c.doc[d];
+                nvaldocs++;
+            }
+        if (val_fraction > 0 && (nvaldocs == 0 || nvaldocs == c.ndocs))
+            st = l3d_error(L3D_ERR_FORMAT, "%lld document(s) cannot be split into training and "
+                           "validation at --val-fraction %g: give more text, documents separated "
+                           "by a line (--doc-separator), or --val-fraction 0", (long long)c.ndocs,
+                           val_fraction);
+        else if (c.n - nval < 2)
+            st = l3d_error(L3D_ERR_FORMAT, "the input holds %lld token(s), too few for a training "
+                           "shard of at least 2", (long long)c.n);
+    }
+    struct sink s = {0};
+    if (st == L3D_OK) st = l3d_mkdir_p(out_dir);
+    if (st == L3D_OK) st = sink_open(&s, out_dir, c.n - nval, nval, shard_tokens);
+    for (int split = 0; split < 2 && st == L3D_OK; split++)
+        for (int64_t d = 0; d < c.ndocs && st == L3D_OK; d++)
+            if (is_val(d, val_fraction) == (split == 1))
+                for (int64_t k = c.doc[d]; k < c.doc[d + 1] && st == L3D_OK; k++)
+                    st = sink_put(&s, c.tok[k]);
+    int removed = 0;
+    if (st == L3D_OK) st = remove_stale(out_dir, s.nshards, &removed);
+    l3d_free(s.path);
+    l3d_free(s.buf);
+    if (st == L3D_OK && stats) {
+        stats->files = nfiles;
+        stats->docs = c.ndocs;
+        stats->tokens = c.n;
+        stats->train_tokens = c.n - nval;
+        stats->val_tokens = nval;
+        stats->train_shards = s.nshards[0];
+        stats->val_shards = s.nshards[1];
+        stats->stale_removed = removed;
+        stats->bytes = total;
+    }
+    free(c.tok);
+    free(c.doc);
+    return st;
 }

@@ -1,0 +1,172 @@
+/* llm3d tokenizer: train a byte-level BPE vocabulary; encode text, decode token shards. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "llm3d/data.h"
+#include "llm3d/tokenizer.h"
+
+static void usage(FILE *fp) {
+    fprintf(fp,
+            "usage: llm3d tokenizer train --vocab-size N --out DIR FILE...\n"
+            "         learns a byte-level BPE vocabulary of N tokens (258..65536, the end-of-text\n"
+            "         token included) with GPT-2's pre-tokenization; writes DIR/encoder.json and\n"
+            "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate)\n"
+            "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE]\n"
+            "         prints the token ids of TEXT (or of the file), one line\n"
+            "       llm3d tokenizer decode --tokenizer SPEC SHARD\n"
+            "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
+            "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
+            "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
+            "SPEC: gpt2, a directory with encoder.json and vocab.bpe, or llm.c's\n"
+            "gpt2_tokenizer.bin (decode only)\n");
+}
+
+static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
+    if (!spec) {
+        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (gpt2, or a directory with "
+                "encoder.json and vocab.bpe)\n");
+        return 2;
+    }
+    if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
+        fprintf(stderr, "llm3d tokenizer: %s\n", l3d_error_message());
+        return 1;
+    }
+    return 0;
+}
+
+int l3d_cli_tokenizer(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    if (strcmp(sub, "train") && strcmp(sub, "encode") && strcmp(sub, "decode") &&
+        strcmp(sub, "export")) {
+        fprintf(stderr, "llm3d tokenizer: unknown subcommand '%s': train, encode, decode or "
+                "export\n", sub);
+        return 2;
+    }
+    static const struct option opts[] = {
+        {"vocab-size", required_argument, NULL, 'v'}, {"out", required_argument, NULL, 'o'},
+        {"tokenizer", required_argument, NULL, 't'}, {"text", required_argument, NULL, 'x'},
+        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL, *spec = NULL, *text = NULL;
+    int vocab = 0, c;
+    optind = 0;
+    while ((c = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'v':
+            if (!l3d_arg_int("tokenizer", "vocab-size", optarg, 258, 65536, &vocab)) return 2;
+            break;
+        case 'o': out = optarg; break;
+        case 't': spec = optarg; break;
+        case 'x': text = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: return 2;
+        }
+    }
+    char **files = argv + 1 + optind;
+    int nfiles = argc - 1 - optind;
+    if (strcmp(sub, "train") == 0) {
+        if (!vocab || !out || nfiles < 1) {
+            fprintf(stderr, "llm3d tokenizer train: give --vocab-size N, --out DIR and at least "
+                    "one corpus FILE\n");
+            return 2;
+        }
+        double t0 = l3d_time_s();
+        int merges;
+        if (l3d_bpe_train(files, nfiles, vocab, out, &merges, isatty(2)) != L3D_OK) {
+            fprintf(stderr, "llm3d tokenizer train: %s\n", l3d_error_message());
+            return 1;
+        }
+        printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe (%.1f s)\n",
+               merges, out, out, l3d_time_s() - t0);
+        if (merges < vocab - 257)
+            printf("llm3d tokenizer train: the corpus ran out of pairs occurring twice: %d tokens "
+                   "instead of %d\n", merges + 257, vocab);
+        return 0;
+    }
+    struct l3d_tokenizer *tok;
+    int rc = open_tok(spec, &tok);
+    if (rc) return rc;
+    if (strcmp(sub, "export") == 0) {
+        rc = 0;
+        if (!out) {
+            fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
+            rc = 2;
+        } else if (l3d_tokenizer_save_llmc(tok, out) != L3D_OK) {
+            fprintf(stderr, "llm3d tokenizer export: %s\n", l3d_error_message());
+            rc = 1;
+        }
+        l3d_tokenizer_free(tok);
+        return rc;
+    }
+    if (strcmp(sub, "encode") == 0) {
+        char *buf = NULL;
+        size_t n = 0;
+        if (text) {
+            n = strlen(text);
+        } else if (nfiles == 1) {
+            FILE *fp = fopen(files[0], "rb");
+            size_t cap = 0;
+            for (size_t got = 1; fp && got;) {
+                if (n + 65536 > cap) buf = realloc(buf, cap = 2 * cap + 65536);
+                n += got = fread(buf + n, 1, 65536, fp);
+            }
+            if (!fp) {
+                fprintf(stderr, "llm3d tokenizer encode: cannot read %s\n", files[0]);
+                l3d_tokenizer_free(tok);
+                return 1;
+            }
+            fclose(fp);
+        } else {
+            fprintf(stderr, "llm3d tokenizer encode: give --text TEXT or one FILE\n");
+            l3d_tokenizer_free(tok);
+            return 2;
+        }
+        if (!l3d_tokenizer_can_encode(tok)) {
+            fprintf(stderr, "llm3d tokenizer encode: llm.c's tokenizer file decodes only\n");
+            free(buf);
+            l3d_tokenizer_free(tok);
+            return 2;
+        }
+        struct l3d_encoder *e = l3d_encoder_init(tok);
+        struct l3d_ids ids = {0};
+        l3d_encoder_encode(e, text ? text : buf, n, &ids);
+        for (int64_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.v[i]);
+        printf("\n");
+        l3d_ids_free(&ids);
+        l3d_encoder_free(e);
+        free(buf);
+        l3d_tokenizer_free(tok);
+        return 0;
+    }
+    if (nfiles != 1) {
+        fprintf(stderr, "llm3d tokenizer decode: give one SHARD file\n");
+        l3d_tokenizer_free(tok);
+        return 2;
+    }
+    struct l3d_data *d;
+    if (l3d_data_open(&d, files[0], l3d_tokenizer_vocab_size(tok)) != L3D_OK) {
+        fprintf(stderr, "llm3d tokenizer decode: %s\n", l3d_error_message());
+        l3d_tokenizer_free(tok);
+        return 1;
+    }
+    for (int f = 0; f < l3d_data_num_files(d); f++) {
+        int64_t n;
+        const uint16_t *t = l3d_data_file_tokens(d, f, &n);
+        for (int64_t i = 0; i < n; i++) {
+            size_t len;
+            const unsigned char *b = l3d_tokenizer_token(tok, t[i], &len);
+            fwrite(b, 1, len, stdout);
+        }
+    }
+    l3d_data_free(d);
+    l3d_tokenizer_free(tok);
+    return 0;
+}

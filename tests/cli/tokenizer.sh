@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# End to end through the command line with a trained BPE vocabulary: tokenizer train -> prepare ->
+# train -> generate (KV cache and recomputation give the same greedy text); one clear error for
+# each bad tokenizer or corpus. Usage: tokenizer.sh LLM3D SCRATCH_DIR
+set -u
+bin=$1
+dir=$2
+rm -rf "$dir" && mkdir -p "$dir"
+fail=0
+check() { # check DESCRIPTION COMMAND...: the command must succeed
+    local what=$1; shift
+    if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+}
+expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
+    local what=$1 pat=$2; shift 2
+    local err
+    err=$("$@" 2>&1 >/dev/null)
+    local rc=$?
+    if [ $rc -ne 0 ] && echo "$err" | grep -q -- "$pat" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
+        echo "ok: $what"
+    else
+        echo "FAIL: $what (exit $rc): $err"
+        fail=1
+    fi
+}
+
+# a corpus of documents separated by "%" lines, as fortune files are
+for i in $(seq 1 400); do
+    echo "fortune $i: the quick brown fox jumps over the lazy dog $((i * 7)) times."
+    echo "  -- someone's proverb, number $((i % 13))"
+    echo "%"
+done > "$dir/corpus.txt"
+check "tokenizer train" "$bin" tokenizer train --vocab-size 400 --out "$dir/tok" "$dir/corpus.txt"
+check "  ... writes GPT-2's two files" test -s "$dir/tok/encoder.json" -a -s "$dir/tok/vocab.bpe"
+check "prepare with it" "$bin" prepare --tokenizer "$dir/tok" --doc-separator % --val-fraction 0.1 \
+    --out "$dir/data" "$dir/corpus.txt"
+check "  ... decodes back to the documents" sh -c "'$bin' tokenizer decode --tokenizer '$dir/tok' \
+    '$dir/data/train_000000.bin' | grep -c 'fortune 1: the quick' | grep -qx 1"
+check "  ... every document starts with end-of-text" test "$("$bin" tokenizer decode --tokenizer "$dir/tok" \
+    "$dir/data/train_000000.bin" | grep -c '^<|endoftext|>fortune')" -eq 360
+check "encode" test "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox' | wc -w)" -le 6
+OMP_NUM_THREADS=2 "$bin" train --model tiny --vocab 400 --context 32 --seq-len 32 --batch 4 --steps 60 \
+    --lr 3e-3 --warmup 2 --val-every 30 --quiet --train "$dir/data/train_*.bin" \
+    --val "$dir/data/val_*.bin" --out "$dir/run" > /dev/null
+check "train on BPE shards" test -s "$dir/run/model.bin"
+gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" \
+    --prompt "fortune" --max-tokens 25 --temperature 0 "$@" 2>/dev/null; }
+check "generate with the KV cache" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen > '$dir/kv.txt'"
+check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --recompute > '$dir/re.txt'"
+check "  ... the same greedy text" cmp -s "$dir/kv.txt" "$dir/re.txt"
+check "  ... continues the prompt" grep -q '^fortune' "$dir/kv.txt"
+check "sampling with top-k, top-p and a seed is reproducible" sh -c "$(declare -f gen); bin='$bin' dir='$dir'; \
+    a=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); b=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); \
+    test \"\$a\" = \"\$b\""
+
+# errors
+expect_error "tokenizer directory missing" "nowhere" "$bin" prepare --tokenizer "$dir/nowhere" --out "$dir/x" "$dir/corpus.txt"
+mkdir -p "$dir/badtok" && echo '{"a": 0' > "$dir/badtok/encoder.json" && cp "$dir/tok/vocab.bpe" "$dir/badtok/"
+expect_error "malformed encoder.json" "badtok/encoder.json: malformed JSON" "$bin" prepare --tokenizer "$dir/badtok" --out "$dir/x" "$dir/corpus.txt"
+cp "$dir/tok/encoder.json" "$dir/badtok/" && rm "$dir/badtok/vocab.bpe"
+expect_error "vocab.bpe missing" "badtok/vocab.bpe" "$bin" prepare --tokenizer "$dir/badtok" --out "$dir/x" "$dir/corpus.txt"
+expect_error "gpt2 not fetched" "setup.sh --gpt2" env L3D_CACHE_DIR="$dir/nocache" "$bin" prepare --tokenizer gpt2 --out "$dir/x" "$dir/corpus.txt"
+head -c 3000 /dev/urandom > "$dir/binary.dat"; printf 'ab\0cd' >> "$dir/binary.dat"
+expect_error "non-text input" "binary.dat holds a NUL byte" "$bin" prepare --tokenizer "$dir/tok" --out "$dir/x" "$dir/binary.dat"
+: > "$dir/empty.txt"
+expect_error "empty corpus (prepare)" "hold no text" "$bin" prepare --tokenizer "$dir/tok" --out "$dir/x" "$dir/empty.txt"
+expect_error "empty corpus (tokenizer train)" "hold no text" "$bin" tokenizer train --vocab-size 300 --out "$dir/x" "$dir/empty.txt"
+expect_error "vocabulary too large for uint16" "vocab-size 70000 is out of range" "$bin" tokenizer train --vocab-size 70000 --out "$dir/x" "$dir/corpus.txt"
+expect_error "one document cannot be split" "val-fraction 0" "$bin" prepare --tokenizer "$dir/tok" --out "$dir/x" "$dir/corpus.txt"
+expect_error "tokenizer and checkpoint differ" "has 50257 tokens but" "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$(dirname "$0")/../data/gpt2"
+check "export llm.c's tokenizer file" "$bin" tokenizer export --tokenizer "$dir/tok" --out "$dir/tok.bin"
+check "generate decodes with it" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run/model.bin' --tokenizer '$dir/tok.bin' --max-tokens 5 > /dev/null 2>&1"
+expect_error "decode-only tokenizer with a prompt" "decodes only" sh -c "'$bin' generate --checkpoint '$dir/run/model.bin' --tokenizer '$dir/tok.bin' --prompt hi" 
+exit $fail
