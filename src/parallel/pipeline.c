@@ -102,6 +102,20 @@ static void build_stage(struct l3d_pp_schedule *s, int r) {
     }
 }
 
+/* Room for per_cell actions per (micro, chunk) on every stage. */
+static void alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v, int m,
+                           int per_cell) {
+    s->kind = kind;
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
+    s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
+    s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    for (int r = 0; r < pp; r++)
+        s->acts[r] = l3d_alloc((size_t)m * v * per_cell * sizeof(struct l3d_pp_action), "schedule");
+}
+
 l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
                                  int m) {
     memset(s, 0, sizeof *s);
@@ -118,18 +132,8 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     if (kind == L3D_PP_INTERLEAVED && m % pp != 0)
         return l3d_error(L3D_ERR_ARG, "the interleaved schedule needs the micro-batches "
                          "(--grad-accum %d) to be a multiple of --pp %d", m, pp);
-    s->kind = kind;
-    s->pp = pp;
-    s->v = v;
-    s->m = m;
-    s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
-    s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
-    s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
-    for (int r = 0; r < pp; r++) {
-        /* each (micro, chunk): a forward and a backward with at most one receive and send each */
-        s->acts[r] = l3d_alloc((size_t)m * v * 6 * sizeof(struct l3d_pp_action), "schedule");
-        build_stage(s, r);
-    }
+    alloc_schedule(s, kind, pp, v, m, 6); /* each (micro, chunk): F and B, a send and a receive each */
+    for (int r = 0; r < pp; r++) build_stage(s, r);
     return L3D_OK;
 }
 
@@ -138,15 +142,8 @@ l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int 
     if (pp < 1 || m < 1 || v < 1)
         return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
                          "each must be at least 1", pp, m, v);
-    s->kind = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE;
-    s->pp = pp;
-    s->v = v;
-    s->m = m;
-    s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
-    s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
-    s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    alloc_schedule(s, v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE, pp, v, m, 3);
     for (int r = 0; r < pp; r++) {
-        s->acts[r] = l3d_alloc((size_t)m * v * 3 * sizeof(struct l3d_pp_action), "schedule");
         struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
         for (int i = 0; i < m; i++) /* (micro, virtual stage) order: dependencies come first */
             for (int c = 0; c < v; c++) compute(&b, true, i, c);

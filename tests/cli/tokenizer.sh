@@ -6,23 +6,8 @@ set -u
 bin=$1
 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
-fail=0
-check() { # check DESCRIPTION COMMAND...: the command must succeed
-    local what=$1; shift
-    if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
-expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
-    local what=$1 pat=$2; shift 2
-    local err
-    err=$("$@" 2>&1 >/dev/null)
-    local rc=$?
-    if [ $rc -ne 0 ] && echo "$err" | grep -q -- "$pat" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
-        echo "ok: $what"
-    else
-        echo "FAIL: $what (exit $rc): $err"
-        fail=1
-    fi
-}
+# check, expect_error, fail
+source "$(dirname "$0")/lib/checks.sh"
 
 # a corpus of documents separated by "%" lines, as fortune files are
 for i in $(seq 1 400); do

@@ -5,11 +5,8 @@ set -u
 bin=$1
 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
-fail=0
-check() { # check DESCRIPTION COMMAND...: the command must succeed
-    local what=$1; shift
-    if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+# check, expect_error, fail
+source "$(dirname "$0")/lib/checks.sh"
 
 # a small text corpus
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7))"; done > "$dir/a.txt"
@@ -34,18 +31,6 @@ check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"
 check "  ... prints prompt and 20 bytes" test "$(head -c 24 "$dir/gen.txt" | wc -c)" -eq 24
 
-expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
-    local what=$1 pat=$2; shift 2
-    local err
-    err=$("$@" 2>&1 >/dev/null)
-    local rc=$?
-    if [ $rc -ne 0 ] && echo "$err" | grep -q -- "$pat" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
-        echo "ok: $what"
-    else
-        echo "FAIL: $what (exit $rc): $err"
-        fail=1
-    fi
-}
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
