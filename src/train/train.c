@@ -33,6 +33,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->seed = 1337;
     tc->tp = 1;
     tc->pp = 1;
+    tc->pp_schedule = L3D_PP_1F1B;
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
     tc->keep = 3;
