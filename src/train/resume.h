@@ -5,8 +5,8 @@
  *
  *   struct l3d_train_ckpt ck;
  *   l3d_train_ckpt_init(&ck, tc, &topo, world);          // installs the SIGTERM/SIGUSR1 handlers
- *   l3d_train_ckpt_resume(&ck, tc, world, chunks, opts, v, ld, &start, &report); // after the
- *                                                                           // optimizers' init
+ *   // after the optimizers' init; the rank's v model chunks and their optimizers:
+ *   l3d_train_ckpt_resume(&ck, tc, world, chunks, opts, v, ld, &start, &report);
  *   for (step = start; ...) {
  *       ... one optimizer step ...
  *       int sig = l3d_ckpt_stop_requested(world);      // collective

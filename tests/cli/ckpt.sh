@@ -206,6 +206,12 @@ copy cut && head -n 5 "$(step_dir A 5)/manifest" > "$dir/cut/manifest"
 expect_error "truncated manifest" "manifest.*truncated\|manifest: no" "$dir/cut" 0 4
 expect_error "resume layout impossible for the model" "\-\-tp 3" "$(step_dir A 5)" 0 4 --tp 3 --dp 1
 expect_error "no checkpoint there" "no checkpoint there" "$dir/nonexistent" 0 4
+copyV() { rm -rf "${dir:?}/$1" && cp -r "$(step_dir V 5)" "$dir/$1"; }
+copyV missingV && rm "$dir/missingV/rank_00001_c1.bin"
+expect_error "missing chunk file" "rank_00001_c1.bin.*missing" "$dir/missingV" 0 4 --layers 4 --grad-accum 2
+copyV swapV && mv "$dir/swapV/rank_00000_c1.bin" "$dir/swapV/x" &&
+    mv "$dir/swapV/rank_00001_c0.bin" "$dir/swapV/rank_00000_c1.bin" && mv "$dir/swapV/x" "$dir/swapV/rank_00001_c0.bin"
+expect_error "chunk files swapped (same size)" "rank_00000_c1.bin: its header does not match" "$dir/swapV" 0 4 --layers 4 --grad-accum 2
 
 # a writer killed mid-save (L3D_CKPT_TEST_KILL: that rank SIGKILLs itself at that point), then
 # resumed with --resume auto: the previous checkpoint loads and the run ends bit-identical
