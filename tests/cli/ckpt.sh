@@ -259,8 +259,14 @@ preempt() { # preempt NAME SIGNAL NP B [flags]
         sleep 0.05
     done
     target=$pid
-    # the env process execs the launcher or llm3d; a rank is a child of the launcher
-    [ "$np" -gt 0 ] && target=$(pgrep -P "$pid" -x llm3d | tail -n 1)
+    # the env process execs the launcher or llm3d; a rank is an llm3d process of this run, a child
+    # of the launcher (Open MPI) or of its proxy (MPICH's hydra_pmi_proxy): the last one found
+    if [ "$np" -gt 0 ]; then
+        local p
+        for p in $(pgrep -x llm3d); do
+            tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q -- "--out $dir/$name " && target=$p
+        done
+    fi
     kill "-$sig" "$target"
     wait "$pid"
     local rc=$? steps
