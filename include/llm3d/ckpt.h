@@ -38,29 +38,38 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 /* ---- sharded checkpoints (src/ckpt/dist.c) ------------------------------------------------------
  *
  *   struct l3d_ckpt_layout lay = {.world = 4, .tp = 2, .pp = 1, .dp = 2, .zero = 1,
- *                                 .tp_rank = topo.tp_rank, .pp_rank = topo.pp_rank,
- *                                 .dp_rank = topo.dp_rank};
+ *                                 .pp_virtual = 1, .tp_rank = topo.tp_rank,
+ *                                 .pp_rank = topo.pp_rank, .dp_rank = topo.dp_rank};
  *   struct l3d_ckpt_state s = {.step = 50, .loader = l3d_loader_get_pos(ld), ...};
- *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, model, &opt, &io, &report); // collective
+ *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, chunks, opts, &io, &report); // collective
  *   char dir[4096];
  *   l3d_ckpt_resolve("auto", "out/checkpoints", dir, sizeof dir);  // "" when there is none
- *   l3d_ckpt_load(dir, world, &lay, model, &opt, &s, &io, &report); // any layout
+ *   l3d_ckpt_load(dir, world, &lay, chunks, opts, &s, &io, &report); // any layout
+ *
+ * chunks and opts hold the rank's lay.pp_virtual model chunks and their optimizers (one for a
+ * rank without an interleaved schedule; chunk c of pipeline rank r is virtual stage c pp + r,
+ * include/llm3d/pipeline.h). Each (rank, chunk) is one piece of the checkpoint, with its own file.
  *
  * On disk, one directory per saved step, ROOT/step_00000050/:
  *   manifest       text, one record per line: format version, model config, layout, step,
  *                  data-loader position, seed, learning-rate schedule, AdamW hyper-parameters and
- *                  step count, then one `file` line per rank: its coordinates, its shard (layer
- *                  range = pipeline stage; head, FFN-column and vocabulary ranges = tensor-parallel
- *                  slice; embedding / head), its optimizer range, size and checksum; then `end`.
- *                  Floats are C99 hex floats, exact; ranges START+COUNT. E.g.
+ *                  step count, then one `file` line per piece (rank, then chunk): its coordinates,
+ *                  its shard (layer range = pipeline stage; head, FFN-column and vocabulary ranges
+ *                  = tensor-parallel slice; embedding / head), its optimizer range, size and
+ *                  checksum; then `end`. Floats are C99 hex floats, exact; ranges START+COUNT. E.g.
  *                    file rank 1 tp 1 pp 0 dp 0 name rank_00001.bin bytes 485952 hash 9b... params
  *                    60736 opt_start 0 opt_count 30368 layers 0+2 heads 2+2 ffn 128+128 vocab
  *                    128+128 embedding 1 head 1
- *   rank_00003.bin a 64-byte header, then the rank's parameters (the shard's flat buffer, in the
+ *   rank_00003.bin a 64-byte header, then the piece's parameters (the shard's flat buffer, in the
  *                  order of l3d_gpt_plan_tensors; written by data-parallel rank 0 only), then
  *                  AdamW's m and v over its optimizer range [opt_start, opt_start + opt_count) of
  *                  that buffer (ZeRO >= 1: every rank its range; ZeRO-0: data-parallel rank 0).
  * ROOT/latest names the newest complete step directory.
+ *
+ * Formats: 1 holds one chunk per rank, one file per rank as above. 2 holds V = lay.pp_virtual > 1
+ * chunks per rank: the layout record adds `virtual V`, each file line `chunk C`, the file of
+ * chunk C of rank R is rank_RRRRR_cC.bin (header bytes 56..63: C), V lines per rank. A save with
+ * one chunk per rank writes format 1 (readable by builds before format 2); loading reads both.
  *
  * Atomic save: rank files go to ROOT/.tmp_step_..., each flushed and fsync'ed; then rank 0 writes
  * the manifest, fsyncs, renames the directory into place (exchanging it with an existing one of the
@@ -76,10 +85,12 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * checksum, header) before any tensor is used; a rank's own file, when it holds what the rank
  * needs, is loaded by the same pass.
  */
-#define L3D_CKPT_FORMAT 1
+#define L3D_CKPT_FORMAT 2     /* the newest format read and written */
+#define L3D_CKPT_FORMAT_ONE 1 /* one chunk per rank: written when lay.pp_virtual is 1 */
 
 struct l3d_ckpt_layout {
     int world, tp, pp, dp, zero;
+    int pp_virtual;                /* model chunks per rank, V >= 1 (0 reads as 1) */
     bool sequence_parallel;
     int tp_rank, pp_rank, dp_rank; /* this rank's coordinates */
 };
@@ -103,21 +114,24 @@ struct l3d_ckpt_io {
     int64_t bytes_rank;            /* written, or read (checksum passes included), by this rank */
 };
 
-/* Saves step s->step under root; collective over world. keep >= 1. Every rank returns the same
- * status; *report is true on the one rank that should print the message. */
+/* Saves step s->step under root, the lay->pp_virtual chunks m[c] with their optimizers opt[c];
+ * collective over world. keep >= 1. Every rank returns the same status; *report is true on the
+ * one rank that should print the message. */
 l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
-                         const struct l3d_gpt *m, const struct l3d_adamw *opt,
+                         struct l3d_gpt *const *m, const struct l3d_adamw *opt,
                          struct l3d_ckpt_io *io, bool *report);
 /* The step directory that spec names: "auto" -> the one root/latest names, or "" when root has no
  * latest (a fresh start); a step directory (holding a manifest); or a root holding `latest`. */
 l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap);
-/* Loads dir into this rank's model and optimizer (m->params, opt->m, opt->v, opt->t), whatever
- * the layout it was saved under, and returns the saved state in s. Collective over world; reads
- * only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching file,
- * L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout cannot hold the model. */
+/* Loads dir into this rank's lay->pp_virtual model chunks and optimizers (m[c]->params,
+ * opt[c].m, .v, .t), whatever the layout (chunks per rank included) it was saved under, and
+ * returns the saved state in s. Each chunk loads like a rank of its own. Collective over world;
+ * reads only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching
+ * file, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout cannot hold the
+ * model. */
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
-                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *m,
+                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
                          struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
                          bool *report);
 /* Reads a step directory's model config (to size a model before loading). */

@@ -185,11 +185,11 @@ static void test_kill(int64_t step, const char *phase, int rank) {
 
 /* ---- save ----------------------------------------------------------------------------------- */
 
-/* What each rank tells rank 0 about its file, gathered as bytes. */
+/* What each rank tells rank 0 about each of its files (one per chunk), gathered as bytes. */
 struct rank_rec {
     int64_t status, bytes, params, opt_start, opt_count;
     uint64_t hash;
-    int64_t tp_rank, pp_rank, dp_rank;
+    int64_t tp_rank, pp_rank, dp_rank, chunk;
     int64_t layer_start, layer_count, head_start, head_count, ffn_start, ffn_count, vocab_start,
         vocab_count, has_embedding, has_head;
 };
@@ -198,23 +198,33 @@ static void step_name(char *buf, size_t cap, int64_t step) {
     snprintf(buf, cap, "step_%08lld", (long long)step);
 }
 
-static l3d_status write_rank_file(const char *path, int rank, int64_t step, const float *params,
-                                  int64_t np, const float *m, const float *v, int64_t ostart,
-                                  int64_t ocount, struct rank_rec *rec) {
+/* The name of the file of chunk `chunk` of rank `rank` (format 1: one file per rank). */
+static void piece_name(char *buf, size_t cap, int format, int rank, int chunk) {
+    if (format == L3D_CKPT_FORMAT_ONE)
+        snprintf(buf, cap, "rank_%05d.bin", rank);
+    else
+        snprintf(buf, cap, "rank_%05d_c%d.bin", rank, chunk);
+}
+
+static l3d_status write_rank_file(const char *path, int format, int rank, int64_t chunk,
+                                  int64_t step, const float *params, int64_t np, const float *m,
+                                  const float *v, int64_t ostart, int64_t ocount,
+                                  struct rank_rec *rec) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     struct hasher h;
     hash_init(&h);
     uint8_t hdr[HEADER_BYTES] = {0};
-    int64_t f[5] = {L3D_CKPT_FORMAT, rank, step, np, ocount};
+    int64_t f[5] = {format, rank, step, np, ocount};
     memcpy(hdr, file_magic, 8);
     memcpy(hdr + 8, f, sizeof f);
     memcpy(hdr + 48, &ostart, 8);
+    memcpy(hdr + 56, &chunk, 8); /* 0 in format 1 */
     l3d_status st = write_all(fd, path, hdr, sizeof hdr, &h);
     if (st == L3D_OK) st = write_all(fd, path, params, (size_t)np * sizeof(float), &h);
     if (st == L3D_OK && ocount > 0) {
         st = write_all(fd, path, m, (size_t)ocount * 2, &h); /* half of m: the crash point */
-        test_kill(step, "shard", rank);
+        if (chunk == 0) test_kill(step, "shard", rank);
         if (st == L3D_OK)
             st = write_all(fd, path, (const char *)m + ocount * 2, (size_t)ocount * 2, &h);
         if (st == L3D_OK) st = write_all(fd, path, v, (size_t)ocount * sizeof(float), &h);
@@ -241,16 +251,27 @@ static void shard_to_rec(const struct l3d_shard *s, struct rank_rec *r) {
     r->has_head = s->has_head;
 }
 
+static int chunks_of(const struct l3d_ckpt_layout *lay) {
+    return lay->pp_virtual > 1 ? lay->pp_virtual : 1;
+}
+
+static int format_of(const struct l3d_ckpt_layout *lay) {
+    return chunks_of(lay) > 1 ? L3D_CKPT_FORMAT : L3D_CKPT_FORMAT_ONE;
+}
+
 static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c,
                            const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
                            const struct rank_rec *recs) {
     size_t n = 0;
+    const int format = format_of(lay), nc = chunks_of(lay);
 #define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
-    OUT("llm3d-checkpoint format %d\n", L3D_CKPT_FORMAT);
+    OUT("llm3d-checkpoint format %d\n", format);
     OUT("step %lld\n", (long long)s->step);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
-    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d\n", lay->world, lay->tp, lay->pp, lay->dp,
+    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d", lay->world, lay->tp, lay->pp, lay->dp,
         lay->zero, lay->sequence_parallel ? 1 : 0);
+    if (format != L3D_CKPT_FORMAT_ONE) OUT(" virtual %d", nc);
+    OUT("\n");
     OUT("data epoch %lld index %lld B %d T %d accum %d seed %" PRIu64 "\n",
         (long long)s->loader.epoch, (long long)s->loader.index, s->B, s->T, s->accum, s->seed);
     OUT("schedule max_lr %a min_lr %a warmup %d total %d\n", (double)s->sched.max_lr,
@@ -258,13 +279,17 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
     OUT("adamw beta1 %a beta2 %a eps %a weight_decay %a grad_clip %a t %lld\n",
         (double)s->adamw.beta1, (double)s->adamw.beta2, (double)s->adamw.eps,
         (double)s->adamw.weight_decay, (double)s->adamw.grad_clip, (long long)s->adamw_t);
-    for (int r = 0; r < lay->world; r++) {
-        const struct rank_rec *q = &recs[r];
-        OUT("file rank %d tp %lld pp %lld dp %lld name rank_%05d.bin bytes %lld hash %016" PRIx64
+    for (int i = 0; i < lay->world * nc; i++) {
+        const struct rank_rec *q = &recs[i];
+        char fname[64], chunk[32] = "";
+        piece_name(fname, sizeof fname, format, i / nc, (int)q->chunk);
+        if (format != L3D_CKPT_FORMAT_ONE)
+            snprintf(chunk, sizeof chunk, " chunk %lld", (long long)q->chunk);
+        OUT("file rank %d%s tp %lld pp %lld dp %lld name %s bytes %lld hash %016" PRIx64
             " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
             "%lld vocab %lld+%lld embedding %lld head %lld\n",
-            r, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank, r,
-            (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
+            i / nc, chunk, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank,
+            fname, (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
             (long long)q->opt_count, (long long)q->layer_start, (long long)q->layer_count,
             (long long)q->head_start, (long long)q->head_count, (long long)q->ffn_start,
             (long long)q->ffn_count, (long long)q->vocab_start, (long long)q->vocab_count,
@@ -308,7 +333,7 @@ static void prune(const char *root, int64_t step, int keep) {
 static l3d_status publish(const char *root, const char *tmp, int keep,
                           const struct l3d_gpt_config *cfg, const struct l3d_ckpt_layout *lay,
                           const struct l3d_ckpt_state *s, const struct rank_rec *recs) {
-    size_t cap = 4096 + (size_t)lay->world * 512;
+    size_t cap = 4096 + (size_t)lay->world * (size_t)chunks_of(lay) * 512;
     char *text = l3d_alloc(cap, "checkpoint manifest");
     print_manifest(text, cap, cfg, lay, s, recs);
     char path[PATH_CAP], dst[PATH_CAP], name[64];
@@ -340,7 +365,7 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
 
 l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
-                         const struct l3d_gpt *m, const struct l3d_adamw *opt,
+                         struct l3d_gpt *const *m, const struct l3d_adamw *opt,
                          struct l3d_ckpt_io *io, bool *report) {
     double t0 = l3d_time_s();
     memset(io, 0, sizeof *io);
@@ -364,31 +389,37 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
     }
     if ((st = l3d_comm_agree(world, st, report)) != L3D_OK) return st;
 
-    /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0 */
+    /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0;
+     * each chunk its own file */
     bool wparams = lay->dp_rank == 0, wmoments = lay->zero > 0 || lay->dp_rank == 0;
-    struct rank_rec *recs = l3d_calloc((size_t)world->size * sizeof *recs, "checkpoint records");
-    struct rank_rec *me = &recs[world->rank];
-    me->params = wparams ? m->num_params : 0;
-    me->opt_start = wmoments ? opt->start : 0;
-    me->opt_count = wmoments ? opt->n : 0;
-    me->tp_rank = lay->tp_rank;
-    me->pp_rank = lay->pp_rank;
-    me->dp_rank = lay->dp_rank;
-    shard_to_rec(&m->shard, me);
-    char path[PATH_CAP], fname[32];
-    snprintf(fname, sizeof fname, "rank_%05d.bin", world->rank);
-    join(path, sizeof path, tmp, "/", fname);
-    st = write_rank_file(path, world->rank, s->step, m->params, me->params, opt->m, opt->v,
-                         me->opt_start, me->opt_count, me);
-    me->status = st;
+    const int nc = chunks_of(lay), format = format_of(lay);
+    struct rank_rec *recs =
+        l3d_calloc((size_t)world->size * (size_t)nc * sizeof *recs, "checkpoint records");
+    for (int c = 0; c < nc && st == L3D_OK; c++) {
+        struct rank_rec *me = &recs[world->rank * nc + c];
+        me->params = wparams ? m[c]->num_params : 0;
+        me->opt_start = wmoments ? opt[c].start : 0;
+        me->opt_count = wmoments ? opt[c].n : 0;
+        me->tp_rank = lay->tp_rank;
+        me->pp_rank = lay->pp_rank;
+        me->dp_rank = lay->dp_rank;
+        me->chunk = c;
+        shard_to_rec(&m[c]->shard, me);
+        char path[PATH_CAP], fname[64];
+        piece_name(fname, sizeof fname, format, world->rank, c);
+        join(path, sizeof path, tmp, "/", fname);
+        st = write_rank_file(path, format, world->rank, c, s->step, m[c]->params, me->params,
+                             opt[c].m, opt[c].v, me->opt_start, me->opt_count, me);
+        me->status = st;
+        io->bytes_rank += me->bytes;
+    }
     if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
         if (world->size > 1)
-            l3d_comm_all_gather(world, recs, (int64_t)sizeof *recs, L3D_U8, NULL);
-        if (world->rank == 0) st = publish(root, tmp, keep, &m->cfg, lay, s, recs);
+            l3d_comm_all_gather(world, recs, (int64_t)sizeof *recs * nc, L3D_U8, NULL);
+        if (world->rank == 0) st = publish(root, tmp, keep, &m[0]->cfg, lay, s, recs);
         st = l3d_comm_agree(world, st, report);
     }
-    io->bytes_rank = me->bytes;
-    for (int r = 0; r < world->size; r++) io->bytes_total += recs[r].bytes;
+    for (int i = 0; i < world->size * nc; i++) io->bytes_total += recs[i].bytes;
     l3d_free(recs);
     io->seconds = l3d_time_s() - t0;
     return st;
@@ -397,7 +428,7 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
 /* ---- manifest ------------------------------------------------------------------------------- */
 
 struct mf_file {
-    int rank, tp_rank, pp_rank, dp_rank;
+    int rank, chunk, tp_rank, pp_rank, dp_rank;
     char name[64];
     int64_t bytes, params, opt_start, opt_count;
     uint64_t hash;
@@ -410,7 +441,9 @@ struct manifest {
     struct l3d_gpt_config cfg;
     struct l3d_ckpt_layout lay;
     struct l3d_ckpt_state st;
-    struct mf_file *files; /* lay.world, indexed by rank */
+    int format, nc;        /* format version; chunks per rank (lay.pp_virtual, 1 in format 1) */
+    int nfiles;            /* lay.world x nc */
+    struct mf_file *files; /* nfiles, the piece of chunk c of rank r at r nc + c */
 };
 
 #define MAXTOK 64
@@ -471,14 +504,20 @@ static void manifest_free(struct manifest *mf) {
 
 static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct manifest *mf) {
     int r = (int)get_i64(p, tok, n, "rank");
+    int c = mf->format == L3D_CKPT_FORMAT_ONE ? 0 : (int)get_i64(p, tok, n, "chunk");
     if (p->st != L3D_OK) return p->st;
     if (r < 0 || r >= mf->lay.world)
         return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d outside the world of %d", mf->path,
                          p->line, r, mf->lay.world);
-    struct mf_file *f = &mf->files[r];
+    if (c < 0 || c >= mf->nc)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: chunk %d outside the %d chunks per rank",
+                         mf->path, p->line, c, mf->nc);
+    struct mf_file *f = &mf->files[r * mf->nc + c];
     if (f->rank >= 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d listed twice", mf->path, p->line, r);
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d chunk %d listed twice", mf->path,
+                         p->line, r, c);
     f->rank = r;
+    f->chunk = c;
     f->tp_rank = (int)get_i64(p, tok, n, "tp");
     f->pp_rank = (int)get_i64(p, tok, n, "pp");
     f->dp_rank = (int)get_i64(p, tok, n, "dp");
@@ -535,9 +574,11 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                 break;
             }
             int64_t fmt = get_i64(&p, tok, n, "format");
-            if (p.st == L3D_OK && fmt != L3D_CKPT_FORMAT)
+            if (p.st == L3D_OK && fmt != L3D_CKPT_FORMAT && fmt != L3D_CKPT_FORMAT_ONE)
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
-                                 "version %d", mf->path, (long long)fmt, L3D_CKPT_FORMAT);
+                                 "versions %d and %d", mf->path, (long long)fmt,
+                                 L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
+            mf->format = (int)fmt;
         } else if (strcmp(tok[0], "step") == 0 && n == 2) {
             mf->st.step = strtoll(tok[1], NULL, 10);
             seen[0] = true;
@@ -555,11 +596,19 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
             l->dp = (int)get_i64(&p, tok, n, "dp");
             l->zero = (int)get_i64(&p, tok, n, "zero");
             l->sequence_parallel = get_i64(&p, tok, n, "sp") != 0;
+            l->pp_virtual =
+                mf->format == L3D_CKPT_FORMAT_ONE ? 1 : (int)get_i64(&p, tok, n, "virtual");
             if (p.st == L3D_OK && (l->world < 1 || l->world > (1 << 20)))
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: world size %d", mf->path, l->world);
-            if (p.st == L3D_OK) {
-                mf->files = calloc((size_t)l->world, sizeof *mf->files);
-                for (int r = 0; r < l->world; r++) mf->files[r].rank = -1;
+            if (p.st == L3D_OK && (l->pp_virtual < 1 || l->pp_virtual > 256 ||
+                                   (int64_t)l->world * l->pp_virtual > (1 << 20)))
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
+                                 l->pp_virtual);
+            if (p.st == L3D_OK && !mf->files) {
+                mf->nc = l->pp_virtual;
+                mf->nfiles = l->world * mf->nc;
+                mf->files = calloc((size_t)mf->nfiles, sizeof *mf->files);
+                for (int r = 0; r < mf->nfiles; r++) mf->files[r].rank = -1;
             }
             seen[2] = true;
         } else if (strcmp(tok[0], "data") == 0) {
@@ -609,9 +658,9 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                              mf->path, names[i]);
     if (p.st == L3D_OK && !seen_end)
         p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'end' line: the manifest is truncated", mf->path);
-    if (p.st == L3D_OK && nfile != mf->lay.world)
-        p.st = l3d_error(L3D_ERR_FORMAT, "%s lists %d rank files for a world of %d", mf->path,
-                         nfile, mf->lay.world);
+    if (p.st == L3D_OK && nfile != mf->nfiles)
+        p.st = l3d_error(L3D_ERR_FORMAT, "%s lists %d rank files for a world of %d with %d "
+                         "chunk(s) each", mf->path, nfile, mf->lay.world, mf->nc);
     if (p.st != L3D_OK) manifest_free(mf);
     return p.st;
 }
@@ -641,28 +690,29 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
                          "make its world of %d ranks", mf->path, l->tp, l->pp, l->dp, l->zero,
                          l->world);
     if (c->NH % l->tp != 0 || (4 * (int64_t)c->C) % l->tp != 0 || c->Vp % l->tp != 0 ||
-        l->pp > c->L)
+        (int64_t)l->pp * mf->nc > c->L)
         return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d is impossible for the model "
-                         "(NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d layers): the checkpoint "
-                         "is damaged", mf->path, l->tp, l->pp, c->NH, 4 * c->C, c->Vp, c->L);
-    /* every (layer, head) slice must be held by some rank's parameters */
+                         "with %d chunk(s) per rank (NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d "
+                         "layers): the checkpoint is damaged", mf->path, l->tp, l->pp, mf->nc,
+                         c->NH, 4 * c->C, c->Vp, c->L);
+    /* every (layer, head) slice must be held by some piece's parameters */
     bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);
     bool emb = false, head = false;
-    for (int r = 0; r < l->world; r++) {
+    for (int r = 0; r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
         struct l3d_tensor_info t[L3D_NUM_TENSORS];
         if (l3d_shard_check(c, &f->shard) != L3D_OK) {
             free(held);
-            return l3d_error(L3D_ERR_LAYOUT, "%s: rank %d: %s", mf->path, r, l3d_error_message());
+            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %s", mf->path, f->name, l3d_error_message());
         }
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
         if ((f->params != 0 && f->params != n) || f->opt_start < 0 || f->opt_count < 0 ||
             f->opt_start + f->opt_count > n ||
             f->bytes != HEADER_BYTES + 4 * (f->params + 2 * f->opt_count)) {
             free(held);
-            return l3d_error(L3D_ERR_LAYOUT, "%s: rank %d: %lld parameters, optimizer range "
+            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range "
                              "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
-                             mf->path, r, (long long)f->params, (long long)f->opt_start,
+                             mf->path, f->name, (long long)f->params, (long long)f->opt_start,
                              (long long)(f->opt_start + f->opt_count), (long long)f->bytes,
                              (long long)n);
         }
@@ -693,8 +743,10 @@ static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {
 static int64_t off_m(const struct mf_file *f) { return HEADER_BYTES + 4 * f->params; }
 static int64_t off_v(const struct mf_file *f) { return off_m(f) + 4 * f->opt_count; }
 
-/* A byte range of a rank file and where it goes: the same pass that checksums the file loads it. */
+/* A byte range of a rank file (piece `piece`) and where it goes: the same pass that checksums
+ * the file loads it. */
 struct seg {
+    int piece;
     int64_t off, n;
     void *dst;
 };
@@ -719,6 +771,7 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
             memcpy(hdr + got, buf, (size_t)(k < HEADER_BYTES - got ? k : HEADER_BYTES - got));
         hash_update(&h, buf, (size_t)k);
         for (int i = 0; i < nseg; i++) {
+            if (segs[i].piece != r) continue;
             int64_t lo = got > segs[i].off ? got : segs[i].off;
             int64_t hi = got + k < segs[i].off + segs[i].n ? got + k : segs[i].off + segs[i].n;
             if (hi > lo) memcpy((char *)segs[i].dst + (lo - segs[i].off), buf + (lo - got),
@@ -731,15 +784,16 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
     if (got != f->bytes)
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the file is "
                          "truncated or damaged", path, (long long)got, (long long)f->bytes);
-    int64_t fields[5], ostart;
+    int64_t fields[5], ostart, chunk;
     memcpy(fields, hdr + 8, sizeof fields);
     memcpy(&ostart, hdr + 48, 8);
-    if (memcmp(hdr, file_magic, 8) != 0 || fields[0] != L3D_CKPT_FORMAT || fields[1] != r ||
+    memcpy(&chunk, hdr + 56, 8);
+    if (memcmp(hdr, file_magic, 8) != 0 || fields[0] != mf->format || fields[1] != f->rank ||
         fields[2] != mf->st.step || fields[3] != f->params || fields[4] != f->opt_count ||
-        ostart != f->opt_start)
-        return l3d_error(L3D_ERR_FORMAT, "%s: its header does not match the manifest (rank %d, "
-                         "step %lld): a file from another checkpoint?", path, r,
-                         (long long)mf->st.step);
+        ostart != f->opt_start || chunk != f->chunk)
+        return l3d_error(L3D_ERR_FORMAT, "%s: its header does not match the manifest (rank %d "
+                         "chunk %d, step %lld): a file from another checkpoint?", path, f->rank,
+                         f->chunk, (long long)mf->st.step);
     uint64_t sum = hash_final(&h);
     if (sum != f->hash)
         return l3d_error(L3D_ERR_FORMAT, "%s: checksum %016" PRIx64 ", the manifest says %016"
@@ -748,11 +802,12 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
 }
 
 /* Every file present with its size (every rank: a stat each); the checksums split over the
- * ranks, file r verified by rank r mod world size, which also copies out segs of file `rank`. */
+ * ranks, the files of saved rank r verified by rank r mod world size, which also copies out segs
+ * (of the files of saved rank `rank`). */
 static l3d_status check_files(const struct manifest *mf, int rank, int nranks,
                               const struct seg *segs, int nseg, int64_t *bytes) {
     char path[PATH_CAP];
-    for (int r = 0; r < mf->lay.world; r++) {
+    for (int r = 0; r < mf->nfiles; r++) {
         struct stat sb;
         file_path(mf, r, path, sizeof path);
         if (stat(path, &sb) != 0)
@@ -767,8 +822,9 @@ static l3d_status check_files(const struct manifest *mf, int rank, int nranks,
     size_t cap = 8u << 20;
     uint8_t *buf = l3d_alloc(cap, "checkpoint read buffer");
     l3d_status st = L3D_OK;
-    for (int r = rank; st == L3D_OK && r < mf->lay.world; r += nranks)
-        st = verify_file(mf, r, buf, cap, r == rank ? segs : NULL, r == rank ? nseg : 0, bytes);
+    for (int r = 0; st == L3D_OK && r < mf->nfiles; r++)
+        if (mf->files[r].rank % nranks == rank)
+            st = verify_file(mf, r, buf, cap, segs, nseg, bytes);
     l3d_free(buf);
     return st;
 }
@@ -797,7 +853,7 @@ static l3d_status assemble_full(const struct manifest *mf, int sel, float *full,
     const struct l3d_gpt_config *c = &mf->cfg;
     int64_t maxn = 0;
     struct l3d_tensor_info t[L3D_NUM_TENSORS];
-    for (int r = 0; r < mf->lay.world; r++) {
+    for (int r = 0; r < mf->nfiles; r++) {
         int64_t n = l3d_gpt_plan_tensors(c, &mf->files[r].shard, t);
         if (n > maxn) maxn = n;
     }
@@ -805,16 +861,16 @@ static l3d_status assemble_full(const struct manifest *mf, int sel, float *full,
     if (!tmp) return no_memory(mf, maxn);
     l3d_status st = L3D_OK;
     char path[PATH_CAP];
-    for (int r = 0; st == L3D_OK && r < mf->lay.world; r++) {
+    for (int r = 0; st == L3D_OK && r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
-        bool first = true; /* the first rank of this shard does the whole shard */
+        bool first = true; /* the first piece of this shard does the whole shard */
         for (int q = 0; q < r; q++) first &= !same_shard(&mf->files[q].shard, &f->shard);
         if (!first) continue;
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
         bool whole = is_full(c, &f->shard); /* read straight into full */
         float *dst = whole ? full : tmp;
         if (!whole) memset(tmp, 0xff, (size_t)n * sizeof(float));
-        for (int q = r; st == L3D_OK && q < mf->lay.world; q++) {
+        for (int q = r; st == L3D_OK && q < mf->nfiles; q++) {
             const struct mf_file *g = &mf->files[q];
             if (!same_shard(&g->shard, &f->shard)) continue;
             file_path(mf, q, path, sizeof path);
@@ -843,11 +899,11 @@ static l3d_status check_no_nan(const struct manifest *mf, const float *p, int64_
     return L3D_OK;
 }
 
-/* This rank's parameters: straight from a file of the same shard, else cut from the full model
- * (assembled in place when this rank holds the whole model). */
+/* A chunk's parameters: straight from a file of the same shard, else cut from the full model
+ * (assembled in place when the chunk holds the whole model). */
 static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int64_t *bytes) {
     char path[PATH_CAP];
-    for (int r = 0; r < mf->lay.world; r++) {
+    for (int r = 0; r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
         if (f->params && same_shard(&f->shard, &m->shard)) {
             file_path(mf, r, path, sizeof path);
@@ -869,7 +925,7 @@ static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int6
     return st;
 }
 
-/* This rank's optimizer range: from the files of the same shard (their ranges intersected with
+/* A chunk's optimizer range: from the files of the same shard (their ranges intersected with
  * ours), else cut from the full model's moments. */
 static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *m,
                                struct l3d_adamw *opt, int64_t *bytes) {
@@ -877,7 +933,7 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
     bool same = false;
     char path[PATH_CAP];
     l3d_status st = L3D_OK;
-    for (int r = 0; st == L3D_OK && r < mf->lay.world; r++) {
+    for (int r = 0; st == L3D_OK && r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
         if (!same_shard(&f->shard, &m->shard)) continue;
         same = true;
@@ -924,53 +980,61 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
 }
 
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
-                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *m,
+                         const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
                          struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
                          bool *report) {
-    (void)lay;
     double t0 = l3d_time_s();
     memset(io, 0, sizeof *io);
+    const int nc = chunks_of(lay);
     struct manifest mf;
     l3d_status st = manifest_read(dir, &mf);
     bool parsed = st == L3D_OK;
-    const struct l3d_gpt_config *a = &mf.cfg, *b = &m->cfg;
+    const struct l3d_gpt_config *a = &mf.cfg, *b = &m[0]->cfg;
     if (st == L3D_OK && !same_config(a, b))
         st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d, not the "
                        "configured L=%d C=%d NH=%d V=%d context=%d: give the model flags it was "
                        "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT, b->L, b->C,
                        b->NH, b->V, b->maxT);
     if (st == L3D_OK) st = manifest_check_layout(&mf);
-    /* this rank's own file, when it holds what this rank needs (the same layout), is loaded by
-     * the pass that verifies it */
-    struct seg segs[3];
+    /* the files of this rank's own pieces, when they hold what a chunk needs (the same layout),
+     * are loaded by the pass that verifies them */
+    struct seg *segs = l3d_calloc((size_t)nc * 3 * sizeof *segs, "checkpoint segments");
+    bool *own = l3d_calloc((size_t)nc * 2 * sizeof *own, "checkpoint segments");
     int nseg = 0;
-    bool own_params = false, own_moments = false;
-    if (st == L3D_OK && world->rank < mf.lay.world &&
-        same_shard(&mf.files[world->rank].shard, &m->shard)) {
-        const struct mf_file *f = &mf.files[world->rank];
-        if (f->params) {
-            segs[nseg++] = (struct seg){HEADER_BYTES, 4 * f->params, m->params};
-            own_params = true;
-        }
-        if (f->opt_start == opt->start && f->opt_count == opt->n && opt->n > 0) {
-            segs[nseg++] = (struct seg){off_m(f), 4 * f->opt_count, opt->m};
-            segs[nseg++] = (struct seg){off_v(f), 4 * f->opt_count, opt->v};
-            own_moments = true;
+    for (int c = 0; st == L3D_OK && c < nc && world->rank < mf.lay.world; c++) {
+        for (int k = 0; k < mf.nc; k++) {
+            int i = world->rank * mf.nc + k;
+            const struct mf_file *f = &mf.files[i];
+            if (!same_shard(&f->shard, &m[c]->shard)) continue;
+            if (f->params) {
+                segs[nseg++] = (struct seg){i, HEADER_BYTES, 4 * f->params, m[c]->params};
+                own[2 * c] = true;
+            }
+            if (f->opt_start == opt[c].start && f->opt_count == opt[c].n && opt[c].n > 0) {
+                segs[nseg++] = (struct seg){i, off_m(f), 4 * f->opt_count, opt[c].m};
+                segs[nseg++] = (struct seg){i, off_v(f), 4 * f->opt_count, opt[c].v};
+                own[2 * c + 1] = true;
+            }
+            break;
         }
     }
     int64_t bytes = 0;
     if (st == L3D_OK) st = check_files(&mf, world->rank, world->size, segs, nseg, &bytes);
     if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
-        if (!own_params) st = load_params(&mf, m, &bytes);
-        if (st == L3D_OK && !own_moments) st = load_moments(&mf, m, opt, &bytes);
+        for (int c = 0; st == L3D_OK && c < nc; c++) {
+            if (!own[2 * c]) st = load_params(&mf, m[c], &bytes);
+            if (st == L3D_OK && !own[2 * c + 1]) st = load_moments(&mf, m[c], &opt[c], &bytes);
+        }
         io->bytes_rank = bytes;
         st = l3d_comm_agree(world, st, report);
     }
+    l3d_free(segs);
+    l3d_free(own);
     if (st == L3D_OK) {
         *s = mf.st;
         s->layout = mf.lay;
-        opt->t = mf.st.adamw_t;
-        for (int r = 0; r < mf.lay.world; r++) io->bytes_total += mf.files[r].bytes;
+        for (int c = 0; c < nc; c++) opt[c].t = mf.st.adamw_t;
+        for (int r = 0; r < mf.nfiles; r++) io->bytes_total += mf.files[r].bytes;
     }
     if (parsed) manifest_free(&mf);
     io->seconds = l3d_time_s() - t0;

@@ -9,6 +9,7 @@ void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config
     memset(c, 0, sizeof *c);
     c->lay = (struct l3d_ckpt_layout){
         .world = world->size, .tp = topo->tp, .pp = topo->pp, .dp = topo->dp, .zero = tc->zero,
+        .pp_virtual = tc->pp_virtual > 1 ? tc->pp_virtual : 1,
         .sequence_parallel = tc->sequence_parallel, .tp_rank = topo->tp_rank,
         .pp_rank = topo->pp_rank, .dp_rank = topo->dp_rank};
     if (tc->ckpt_dir)
@@ -49,8 +50,10 @@ static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state
 }
 
 l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
-                                 struct l3d_comm *world, struct l3d_gpt *m, struct l3d_adamw *opt,
-                                 struct l3d_loader *ld, int *start_step, bool *report) {
+                                 struct l3d_comm *world, struct l3d_gpt *const *m,
+                                 struct l3d_adamw *opt, int n, struct l3d_loader *ld,
+                                 int *start_step, bool *report) {
+    L3D_ASSERT(n == c->lay.pp_virtual);
     *start_step = 0;
     if (!tc->resume) return L3D_OK;
     char dir[4096];
@@ -80,11 +83,14 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
         bool same = l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
-                    l->zero == c->lay.zero;
-        printf("resumed %s: step %lld, saved as tp %d x pp %d x dp %d ZeRO-%d%s; %.1f MB loaded "
+                    l->zero == c->lay.zero && l->pp_virtual == c->lay.pp_virtual;
+        char chunks[48] = "";
+        if (l->pp_virtual > 1)
+            snprintf(chunks, sizeof chunks, " (%d chunks per rank)", l->pp_virtual);
+        printf("resumed %s: step %lld, saved as tp %d x pp %d%s x dp %d ZeRO-%d%s; %.1f MB loaded "
                "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->tp,
-               l->pp, l->dp, l->zero, same ? "" : ", re-sliced", io.bytes_total / 1e6, io.seconds,
-               io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
+               l->pp, chunks, l->dp, l->zero, same ? "" : ", re-sliced", io.bytes_total / 1e6,
+               io.seconds, io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
         notes(tc, &s, c->lay.dp);
         fflush(stdout);
     }
@@ -110,9 +116,10 @@ bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_c
 }
 
 l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
-                               struct l3d_comm *world, const struct l3d_gpt *m,
-                               const struct l3d_adamw *opt, const struct l3d_loader *ld, int step,
-                               bool *report) {
+                               struct l3d_comm *world, struct l3d_gpt *const *m,
+                               const struct l3d_adamw *opt, int n, const struct l3d_loader *ld,
+                               int step, bool *report) {
+    L3D_ASSERT(n == c->lay.pp_virtual);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
     struct l3d_ckpt_state s = {
         .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->B, .T = tc->T,

@@ -5,7 +5,8 @@
  *
  *   struct l3d_train_ckpt ck;
  *   l3d_train_ckpt_init(&ck, tc, &topo, world);          // installs the SIGTERM/SIGUSR1 handlers
- *   l3d_train_ckpt_resume(&ck, tc, world, m, &opt, ld, &start, &report);  // after optimizer init
+ *   // after the optimizers' init; the rank's v model chunks and their optimizers:
+ *   l3d_train_ckpt_resume(&ck, tc, world, chunks, opts, v, ld, &start, &report);
  *   for (step = start; ...) {
  *       ... one optimizer step ...
  *       int sig = l3d_ckpt_stop_requested(world);      // collective
@@ -33,21 +34,25 @@ struct l3d_train_ckpt {
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world);
 void l3d_train_ckpt_free(struct l3d_train_ckpt *c);
-/* tc->resume: loads the checkpoint into m and opt (any layout), moves the loader to its position
- * and sets *start_step (0 for a fresh start). Collective; prints what it did on the lead rank. */
+/* tc->resume: loads the checkpoint into the rank's n model chunks m[i] and their optimizers
+ * opt[i] (any layout; n = the layout's chunks per rank, --pp-virtual), moves the loader to its
+ * position and sets *start_step (0 for a fresh start). Collective; prints what it did on the lead
+ * rank. */
 l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
-                                 struct l3d_comm *world, struct l3d_gpt *m, struct l3d_adamw *opt,
-                                 struct l3d_loader *ld, int *start_step, bool *report);
+                                 struct l3d_comm *world, struct l3d_gpt *const *m,
+                                 struct l3d_adamw *opt, int n, struct l3d_loader *ld,
+                                 int *start_step, bool *report);
 /* Lead rank: out_dir/metrics.jsonl, new, or for a resumed run its lines up to start_step kept. */
 l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
                                        FILE **out);
 /* Whether the periodic schedule saves after `step` steps. */
 bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                         int step);
-/* Saves the state after `step` steps (collective); a no-op without a checkpoint directory. */
+/* Saves the state after `step` steps, the n chunks m[i] with their optimizers opt[i]
+ * (collective); a no-op without a checkpoint directory. */
 l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
-                               struct l3d_comm *world, const struct l3d_gpt *m,
-                               const struct l3d_adamw *opt, const struct l3d_loader *ld, int step,
-                               bool *report);
+                               struct l3d_comm *world, struct l3d_gpt *const *m,
+                               const struct l3d_adamw *opt, int n, const struct l3d_loader *ld,
+                               int step, bool *report);
 
 #endif

@@ -193,10 +193,6 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     else if (tc->zero < 0 || tc->zero > 2)
         st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
                        "sharded gradients)", tc->zero);
-    else if (v > 1 && (tc->resume || tc->save_every > 0))
-        st = l3d_error(L3D_ERR_LAYOUT, "checkpoints of interleaved layouts (--pp-virtual %d) are "
-                       "not implemented yet: drop --save-every/--resume, or save under --pp-virtual "
-                       "1 (a checkpoint resumes on any layout with one chunk per rank)", v);
     if (st == L3D_OK && tc->val_pattern)
         st = l3d_pp_schedule_build_forward(&vsched, pp, v, tc->val_batches);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
@@ -254,7 +250,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     l3d_train_ckpt_init(&ck, tc, &topo, world);
     ck_up = true;
     int start_step = 0;
-    st = l3d_train_ckpt_resume(&ck, tc, world, chunks[0], &opts[0], ld, &start_step,
+    st = l3d_train_ckpt_resume(&ck, tc, world, chunks, opts, v, ld, &start_step,
                                &res->report_error);
     if (st != L3D_OK) goto fail;
     res->start_step = start_step;
@@ -431,25 +427,22 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         }
         /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
         res->stopped_by = l3d_ckpt_stop_requested(world);
-        if ((res->stopped_by && v == 1) || l3d_train_ckpt_due(&ck, tc, step + 1))
-            if ((st = l3d_train_ckpt_save(&ck, tc, world, chunks[0], &opts[0], ld, step + 1,
+        if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))
+            if ((st = l3d_train_ckpt_save(&ck, tc, world, chunks, opts, v, ld, step + 1,
                                            &res->report_error)) != L3D_OK)
                 goto fail;
         if (res->stopped_by) {
             end_step = step + 1;
             if (lead)
                 printf("signal %d: stopped after step %d%s\n", res->stopped_by, end_step,
-                       v > 1      ? " (interleaved layout: nothing saved)"
-                       : ck.root[0] ? "; continue with --resume auto"
-                                    : " (no --out: nothing saved)");
+                       ck.root[0] ? "; continue with --resume auto" : " (no --out: nothing saved)");
             break;
         }
     }
     /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
     if (!res->stopped_by && tc->save_every > 0 &&
-        (st = l3d_train_ckpt_save(&ck, tc, world, chunks[0], &opts[0], ld, end_step,
-                                  &res->report_error)) !=
-            L3D_OK)
+        (st = l3d_train_ckpt_save(&ck, tc, world, chunks, opts, v, ld, end_step,
+                                  &res->report_error)) != L3D_OK)
         goto fail;
     int ran = end_step - start_step;
     res->steps = end_step;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checkpoints end to end (include/llm3d/ckpt.h): exact resume on the same layout (bit for bit),
 # resume on other layouts (re-sliced weights and AdamW moments; the continued losses and final
-# weights match the uninterrupted single-process run within fp32 round-off), save-load-save round
-# trip, keep-last-K, resume auto, bad files (one clear error, nothing overwritten), a writer killed
+# weights match the uninterrupted single-process run within fp32 round-off), both with several
+# model chunks per rank (interleaved pipelines) and without, save-load-save round trip,
+# keep-last-K, resume auto, bad files (one clear error, nothing overwritten), a writer killed
 # mid-save, preemption signals, llm3d convert. Usage: ckpt.sh LLM3D SCRATCH_DIR; ctest sets
 # L3D_MPIEXEC to the launcher of the MPI the binary was built with.
 set -u
@@ -104,22 +105,45 @@ full && reshard 2x2x1_selective 4 4 --tp 2 --pp 2 --recompute selective
 # stages fit), resumed as 1x1x1, 4x1x2, 1x4x1 and 2x1x4; each continues like one process
 train ref4 0 4 --layers 4 > "$dir/ref4.log" 2>&1 || { cat "$dir/ref4.log"; exit 1; }
 train P 8 2 --layers 4 --tp 2 --pp 2 --zero 1 --save-every 5 > "$dir/P.log" 2>&1 || { cat "$dir/P.log"; exit 1; }
-reshard3d() { # NAME NP B [flags]
-    local name=$1 np=$2 b=$3
-    shift 3
+# resume_as WHAT FROM REF NAME NP B [flags]: FROM's step 5 resumed under another layout (4 layers);
+# matches the uninterrupted single-process run REF
+resume_as() {
+    local what=$1 from=$2 ref=$3 name=$4 np=$5 b=$6
+    shift 6
     rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
-    cp "$dir/ref4/metrics.jsonl" "$dir/$name/"
-    if train "$name" "$np" "$b" --layers 4 --resume "$(step_dir P 5)" "$@" > "$dir/$name.log" 2>&1 &&
-       "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/ref4" > "$dir/$name.cmp" 2>&1; then
-        ok "resume tp2 x pp2 x dp2 ZeRO-1 as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
+    cp "$dir/$ref/metrics.jsonl" "$dir/$name/"
+    if train "$name" "$np" "$b" --layers 4 --resume "$(step_dir "$from" 5)" "$@" > "$dir/$name.log" 2>&1 &&
+       "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
+        ok "resume $what as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
     else
-        bad "resume tp2 x pp2 x dp2 as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
+        bad "resume $what as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
     fi
 }
+reshard3d() { resume_as "tp2 x pp2 x dp2 ZeRO-1" P ref4 "$@"; } # NAME NP B [flags]
 reshard3d 1x1x1_from_3d 0 4
 full && reshard3d 4x1x2_from_3d 8 2 --tp 4 --dp 2 --zero 1
 reshard3d 1x4x1_from_3d 4 4 --pp 4
 full && reshard3d 2x1x4_from_3d 8 1 --tp 2 --zero 1
+# into an interleaved layout: 2 chunks per rank, each cut from the assembled model
+reshard3d pp2_v2_from_3d 2 2 --pp 2 --pp-virtual 2 --grad-accum 2
+
+# saved under an interleaved schedule, pp 2 with 2 chunks per rank (format 2: a file per rank and
+# chunk), 2 micro-batches; the reference run has the same global batch and accumulation
+interleaved=(--layers 4 --pp 2 --pp-virtual 2 --grad-accum 2)
+train refV 0 4 --layers 4 --grad-accum 2 > "$dir/refV.log" 2>&1 || { cat "$dir/refV.log"; exit 1; }
+train V 2 4 "${interleaved[@]}" --save-every 5 > "$dir/V.log" 2>&1 || { cat "$dir/V.log"; exit 1; }
+rm -rf "$dir/exactV" && mkdir -p "$dir/exactV" && cp "$dir/V/metrics.jsonl" "$dir/exactV/"
+if grep -q "^layout world 2 tp 1 pp 2 dp 1 zero 0 sp 0 virtual 2$" "$(step_dir V 5)/manifest" &&
+   [ "$(ls "$(step_dir V 5)"/rank_*_c*.bin | wc -l)" -eq 4 ] &&
+   train exactV 2 4 "${interleaved[@]}" --save-every 5 --resume "$(step_dir V 5)" > "$dir/exactV.log" 2>&1 &&
+   "$bin" compare --rtol 0 "$dir/exactV" "$dir/V" > "$dir/exactV.cmp" 2>&1 &&
+   same_files "$(step_dir exactV 10)" "$(step_dir V 10)" && cmp -s "$dir/exactV/model.bin" "$dir/V/model.bin"; then
+    ok "exact resume pp2 x 2 chunks: identical losses, step-10 checkpoint (4 files) and weights"
+else
+    bad "exact resume pp2 x 2 chunks"; cat "$dir/exactV.log" "$dir/exactV.cmp" 2>/dev/null
+fi
+resume_as "pp2 x 2 chunks" V refV 1x1x1_from_v2 0 4 --grad-accum 2
+full && resume_as "pp2 x 2 chunks" V refV 2x2x2_v2_from_v2 8 2 --tp 2 --pp 2 --pp-virtual 2 --dp 2 --zero 1 --grad-accum 2
 
 # save-load-save: A's step 5 re-saved as 1x1x1 (no step left to run), then back as tp2 x dp2
 # ZeRO-1: the same rank files, byte for byte; and the 1x1x1 copy continues like the reference
@@ -182,6 +206,12 @@ copy cut && head -n 5 "$(step_dir A 5)/manifest" > "$dir/cut/manifest"
 expect_error "truncated manifest" "manifest.*truncated\|manifest: no" "$dir/cut" 0 4
 expect_error "resume layout impossible for the model" "\-\-tp 3" "$(step_dir A 5)" 0 4 --tp 3 --dp 1
 expect_error "no checkpoint there" "no checkpoint there" "$dir/nonexistent" 0 4
+copyV() { rm -rf "${dir:?}/$1" && cp -r "$(step_dir V 5)" "$dir/$1"; }
+copyV missingV && rm "$dir/missingV/rank_00001_c1.bin"
+expect_error "missing chunk file" "rank_00001_c1.bin.*missing" "$dir/missingV" 0 4 --layers 4 --grad-accum 2
+copyV swapV && mv "$dir/swapV/rank_00000_c1.bin" "$dir/swapV/x" &&
+    mv "$dir/swapV/rank_00001_c0.bin" "$dir/swapV/rank_00000_c1.bin" && mv "$dir/swapV/x" "$dir/swapV/rank_00001_c0.bin"
+expect_error "chunk files swapped (same size)" "rank_00000_c1.bin: its header does not match" "$dir/swapV" 0 4 --layers 4 --grad-accum 2
 
 # a writer killed mid-save (L3D_CKPT_TEST_KILL: that rank SIGKILLs itself at that point), then
 # resumed with --resume auto: the previous checkpoint loads and the run ends bit-identical
@@ -229,8 +259,14 @@ preempt() { # preempt NAME SIGNAL NP B [flags]
         sleep 0.05
     done
     target=$pid
-    # the env process execs the launcher or llm3d; a rank is a child of the launcher
-    [ "$np" -gt 0 ] && target=$(pgrep -P "$pid" -x llm3d | tail -n 1)
+    # the env process execs the launcher or llm3d; a rank is an llm3d process of this run, a child
+    # of the launcher (Open MPI) or of its proxy (MPICH's hydra_pmi_proxy): the last one found
+    if [ "$np" -gt 0 ]; then
+        local p
+        for p in $(pgrep -x llm3d); do
+            tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q -- "--out $dir/$name " && target=$p
+        done
+    fi
     kill "-$sig" "$target"
     wait "$pid"
     local rc=$? steps
@@ -245,6 +281,8 @@ check "SIGTERM: saved at a step boundary, exit 0, resumed" \
     preempt sigterm TERM 0 4
 full && check "SIGUSR1 to one of 2 ranks: both saved, exit 0, resumed" \
     preempt sigusr1 USR1 2 2 --zero 1
+full && check "SIGTERM to one rank of pp2 x 2 chunks: saved, exit 0, resumed" \
+    preempt sigterm_v2 TERM 2 4 "${interleaved[@]}"
 # a second signal exits at once (128 + the signal), before the step boundary. Two different
 # signals sent back to back, so that they cannot merge into one pending signal (as two SIGTERMs
 # would) and need no timing: SIGUSR1 then SIGTERM, within one step of ~0.3 s; Linux delivers
