@@ -6,7 +6,8 @@
  *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
  *   for each micro-batch: l3d_dp_begin_micro(&dp, last); forward; backward;  // buckets fly
  *   l3d_dp_finish(&dp);                 // waits: averaged gradients (or this rank's shard) ready
- *   double sumsq = l3d_dp_grad_sumsq(&dp, be, tp_comm);         // global, across the groups
+ *   double sq[2] = {0, 0};
+ *   l3d_dp_grad_sumsq_add(&dp, be, false, sq);  // this rank's part; the caller sums the groups
  *   l3d_dp_step(&dp, &opt, lr, clip);   // AdamW on this rank's range, then parameters gathered
  *   l3d_dp_free(&dp);
  *
@@ -90,12 +91,11 @@ void l3d_dp_defer_nonlayer(struct l3d_dp *dp);
 void l3d_dp_reduce_nonlayer(struct l3d_dp *dp);
 /* After the last backward: waits for every reduction. */
 void l3d_dp_finish(struct l3d_dp *dp);
-/* Sum of squares of the averaged gradients of the whole model: over the DP group's ranges and,
- * when tp_comm has several ranks, over the tensor-parallel slices (replicated tensors once). */
-double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm);
-/* This rank's part of it without communication: v[0] += split tensors, v[1] += replicated ones
- * (skip_wte: a pipeline's last stage, whose tied wte is counted on the first). The caller sums v
- * over the DP group (ZeRO >= 1), v[0] over the TP group and both over the pipeline. */
+/* Sum of squares of the averaged gradients, this rank's part without communication: v[0] += the
+ * tensors split over TP, v[1] += the replicated ones, over this rank's range (skip_wte: a
+ * pipeline's last stage, whose tied wte is counted on the first). The global sum is v summed over
+ * the DP group (ZeRO >= 1, where each rank holds its range), v[0] over the TP group (replicated
+ * tensors once) and both over the pipeline stages. */
 void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool skip_wte,
                            double v[2]);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are

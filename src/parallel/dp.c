@@ -213,15 +213,6 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool
     }
 }
 
-double l3d_dp_grad_sumsq(struct l3d_dp *dp, struct l3d_backend *be, struct l3d_comm *tp_comm) {
-    /* [0]: tensors split over the TP group, summed over it; [1]: replicated ones, counted once */
-    double v[2] = {0.0, 0.0};
-    l3d_dp_grad_sumsq_add(dp, be, false, v);
-    if (dp->zero > 0 && dp->comm->size > 1)
-        l3d_comm_all_reduce(dp->comm, v, 2, L3D_F64, L3D_SUM, NULL);
-    if (tp_comm && tp_comm->size > 1) l3d_comm_all_reduce(tp_comm, v, 1, L3D_F64, L3D_SUM, NULL);
-    return v[0] + v[1];
-}
 
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale) {

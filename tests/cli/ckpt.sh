@@ -11,17 +11,9 @@ bin=$1
 dir=$2
 mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
-fail=0
-# every run below, except under the sanitizers (L3D_SANITIZED, ~5x slower), where the runs marked
-# `full &&` are left out: each repeats a code path that another run takes (another layout through
-# the same re-slicing code, another crash point, another signal)
-full() { [ -z "${L3D_SANITIZED:-}" ]; }
-ok() { echo "ok: $1"; }
-bad() { echo "FAIL: $1"; fail=1; }
-check() { # check DESCRIPTION COMMAND...: the command must succeed
-    local what=$1; shift
-    if "$@"; then ok "$what"; else bad "$what"; fi
-}
+# ok, bad, check, full, fail; `full &&` runs repeat a code path of another run (another layout
+# through the same re-slicing code, another crash point, another signal)
+source "$(dirname "$0")/lib/checks.sh"
 
 for i in $(seq 1 400); do echo "row $i of the checkpoint corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
 "$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1

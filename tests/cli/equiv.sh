@@ -8,7 +8,7 @@ bin=$1
 dir=$2
 mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
-fail=0
+source "$(dirname "$0")/lib/checks.sh" # fail, full (expect_error is this script's own, below)
 
 # data: a few thousand bytes of text as byte tokens
 for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
@@ -85,7 +85,6 @@ fi
 # ZeRO; the micro-batches of the pipeline are the gradient-accumulation steps. Under the sanitizers
 # (L3D_SANITIZED, ~5x slower) the runs marked `full &&` are left out: each takes a code path that
 # another run takes too (another schedule's order is data, checked by test_pipeline)
-full() { [ -z "${L3D_SANITIZED:-}" ]; }
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b" 2 2 4 --pp 2 --pp-schedule 1f1b
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b_global_batch" 2 2 4 --pp 2 --global-batch 8
@@ -127,7 +126,8 @@ equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
 equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac
 
-# layout errors: one message, from one rank, non-zero exit
+# layout errors: one message, from one rank, non-zero exit (the launcher may add its own lines,
+# so the message is counted rather than the lines)
 expect_error() { # DESCRIPTION PATTERN COMMAND...
     local what=$1 pat=$2; shift 2
     local err rc

@@ -1,10 +1,15 @@
 # Shared by the CLI test scripts (sourced): each check prints "ok: ..." or "FAIL: ..." and a
 # failure sets fail=1, the script's exit status.
 fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
 check() { # check DESCRIPTION COMMAND...: the command must succeed
     local what=$1; shift
-    if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+    if "$@"; then ok "$what"; else bad "$what"; fi
 }
+# Under the sanitizers (L3D_SANITIZED, set by CMake, ~5x slower) the runs marked `full &&` are
+# left out: each takes a code path that another run takes too.
+full() { [ -z "${L3D_SANITIZED:-}" ]; }
 expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
     local what=$1 pat=$2; shift 2
     local err
