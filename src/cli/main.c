@@ -15,6 +15,7 @@ static const struct {
     {"tokenizer", l3d_cli_tokenizer, "train a BPE vocabulary; encode text, decode shards"},
     {"bench", l3d_cli_bench, "measure this machine's peak and a model's training throughput"},
     {"compare", l3d_cli_compare, "check that two runs trained the same model (losses, weights)"},
+    {"plan", l3d_cli_plan, "predict memory and step time of layouts on a system; the best first"},
     {"convert", l3d_cli_convert, "write a training checkpoint's weights as an llm.c checkpoint"},
 };
 

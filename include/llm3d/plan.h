@@ -1,0 +1,182 @@
+/*
+ * llm3d planner: memory and step time of a training layout on a system, and the search for the
+ * fastest layout that fits.
+ *
+ *   struct l3d_plan_model model;
+ *   l3d_plan_model_preset(&model, "frontier-175b");          // or a GPT-2 size, or explicit
+ *   struct l3d_profile prof;
+ *   l3d_profile_load(&prof, "profiles/frontier.prof");       // a readable text file
+ *   struct l3d_plan_run run = l3d_plan_run_default();
+ *   run.devices = 128; run.global_batch = 640; run.precision = L3D_PREC_FP16; run.flash = true;
+ *   struct l3d_plan_layout lay = {.tp = 4, .pp = 16, .dp = 2, .mb = 1, .v = 1, .zero = 1,
+ *                                 .recompute = L3D_RECOMPUTE_FULL};
+ *   struct l3d_plan_result r;
+ *   l3d_plan_evaluate(&model, &prof, &run, &lay, &r);        // r.mem.total, r.time.step, r.hfu
+ *   l3d_plan_search(&model, &prof, &run, &fixed, best, 10, &n_best, &stats);
+ *
+ * Two regimes share the time model and differ in what memory holds:
+ *   - precision fp32 is llm3d's own trainer: parameters, gradients and AdamW moments in fp32, its
+ *     activation plan (l3d_gpt_act_bytes) and its schedules' micro-batches in flight, so the
+ *     prediction is the trainer's accounted allocation, exactly (tests/cli/plan.sh);
+ *   - fp16 / bf16 is Megatron-LM-style mixed precision: 16-bit weights and gradients, fp32 master
+ *     weights and Adam moments (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes a
+ *     parameter), 16-bit activations by Korthikanti et al. 2022, Table 2.
+ *
+ * Time of one step (every formula names its source at its definition in src/plan/plan.c):
+ *   per micro-batch and pipeline rank: matrix products at the profile's efficiency for their size,
+ *   the attention core at attn_eff, element-wise kernels at kernel_bw_eff of the memory bandwidth,
+ *   recomputation, TP collectives on the link the TP group sits on, p2p to the next stage;
+ *   the pipeline: (m - 1/v) t_max + sum over ranks t_r / v (1F1B and interleaved; = (m + p - 1) t
+ *   for equal stages, the bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2);
+ *   then DP gradient communication (less what the backward hides, where the profile overlaps it),
+ *   the tied-embedding all-reduce and the optimizer.
+ */
+#ifndef LLM3D_PLAN_H
+#define LLM3D_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm3d/core.h"
+#include "llm3d/model.h"
+#include "llm3d/pipeline.h"
+
+/* ---- model ---------------------------------------------------------------------------- */
+
+struct l3d_plan_model {
+    char name[48];
+    int L, h, heads;   /* layers, hidden size, attention heads; the MLP is 4h wide (GPT) */
+    int V;             /* vocabulary (padded to a multiple of 128, as the trainer does) */
+    int s;             /* sequence length */
+};
+
+/* GPT-2 sizes (d12 = gpt2 ... d48 = gpt2-xl, tiny), the Frontier study's frontier-22b,
+ * frontier-175b, frontier-1t (Dash et al. 2023), gpt3-175b (Brown et al. 2020), and Megatron 2021's
+ * weak-scaling table megatron-1.7b ... megatron-1t (Narayanan et al. 2021, Table 1). */
+l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name);
+const char *l3d_plan_model_names(void);
+/* Checks sizes (h divisible by heads, positive values); messages name the flags. */
+l3d_status l3d_plan_model_check(const struct l3d_plan_model *m);
+/* The trainer's model config of the same sizes (V, maxT = s). */
+struct l3d_gpt_config l3d_plan_model_gpt(const struct l3d_plan_model *m);
+/* Parameters of the full model (tied embedding counted once, position embedding included). */
+int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
+
+/* ---- system profile ------------------------------------------------------------------- */
+
+#define L3D_PROFILE_MAX_EFF 32
+struct l3d_profile {
+    char name[48];
+    char device[128];
+    double peak_flops[3];      /* per device, by enum l3d_prec; 0 = not supported */
+    double mem_bytes;          /* per device */
+    double mem_bw;             /* bytes/s per device */
+    int devices_per_node;
+    int pair_size;             /* devices sharing the fastest link */
+    double pair_bw, intra_bw, inter_bw; /* bytes/s; inter_bw is per node */
+    double intra_lat, inter_lat;        /* seconds */
+    int n_eff;
+    double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* GEMM efficiency curve */
+    double attn_eff, kernel_bw_eff;
+    bool dp_overlap;           /* DP gradient communication overlaps the last backward */
+};
+
+enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
+const char *l3d_prec_name(enum l3d_prec p);
+l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p);
+
+/* Reads a profile (format: profiles/README.md). Unknown keys, missing keys, values out of range
+ * and unsorted efficiency points are errors naming the file, the line and the key. */
+l3d_status l3d_profile_load(struct l3d_profile *p, const char *path);
+l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char *what);
+/* A profile name without '/' or '.' is looked up as <dir>/<name>.prof in L3D_PROFILE_DIR, then
+ * ./profiles and the source tree's profiles/. */
+l3d_status l3d_profile_find(struct l3d_profile *p, const char *name_or_path);
+/* Achieved fraction of the peak by one matrix product of `flops` FLOPs (2 m n k). */
+double l3d_profile_gemm_eff(const struct l3d_profile *p, double flops);
+
+/* ---- one layout ----------------------------------------------------------------------- */
+
+struct l3d_plan_run {
+    int64_t devices;       /* ranks x threads_per_rank on a CPU; GPUs otherwise */
+    int64_t global_batch;  /* sequences per step */
+    enum l3d_prec precision;
+    bool flash;            /* fused attention: no s^2 scores kept or moved through memory */
+    int threads;           /* CPU devices (cores) per rank; 1 on GPUs */
+    size_t bucket_bytes;   /* DP bucket (fp32 trainer: no extra buffer; mixed: one in flight) */
+};
+struct l3d_plan_run l3d_plan_run_default(void);
+
+struct l3d_plan_layout {
+    int tp, pp, dp;
+    int mb;                /* micro-batch size (sequences) */
+    int v;                 /* model chunks per pipeline rank (interleaved when > 1) */
+    int zero;              /* 0, 1 (optimizer state sharded over DP), 2 (also gradients) */
+    enum l3d_recompute recompute;
+    bool sp;               /* sequence parallelism (tp > 1) */
+    enum l3d_pp_kind schedule; /* 1F1B, GPipe, or interleaved (v > 1) */
+    int threads;           /* CPU: threads per rank (from run.threads when 0) */
+};
+
+struct l3d_plan_mem {      /* bytes on the fullest rank */
+    double params, grads, optimizer, activations, other, total;
+    int stage;             /* pipeline rank that holds the most */
+    int in_flight;         /* micro-batches whose activations stage 0 keeps */
+};
+
+struct l3d_plan_time {     /* seconds per training step */
+    double gemm, attention, elementwise; /* compute of the slowest pipeline rank, whole step */
+    double recompute;      /* part of the above spent re-running forwards */
+    double tp_comm, pp_p2p, bubble, dp_comm, embed_sync, optimizer;
+    double step;
+};
+
+struct l3d_plan_result {
+    struct l3d_plan_layout layout;
+    struct l3d_plan_mem mem;
+    struct l3d_plan_time time;
+    bool fits;
+    int m;                  /* micro-batches per pipeline per step */
+    double tokens_per_s;
+    double model_flops;     /* per step: Narayanan et al. 2021 eq. 3, 3 passes (no recompute) */
+    double hw_flops;        /* the same with the recomputed forward counted (4 passes when full) */
+    double mfu, hfu;        /* per device against the precision's peak */
+};
+
+/* Checks the layout against model, run and profile (divisibility, heads, schedule rules, the
+ * precision's peak); L3D_ERR_LAYOUT with a sentence naming the value and the rule. */
+l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                          const struct l3d_plan_run *run, const struct l3d_plan_layout *lay);
+l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+                             struct l3d_plan_result *r);
+
+/* Layers of each pipeline rank's chunks, as the trainer splits them (l3d_pp_partition) when
+ * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
+l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                                 int stages, int *layers);
+
+/* ---- search --------------------------------------------------------------------------- */
+
+/* Fixed parts of the layout: 0 (or -1 for zero, recompute, sp, v) leaves it free. */
+struct l3d_plan_fixed {
+    int tp, pp, dp, mb, v, zero, recompute, sp;
+};
+struct l3d_plan_fixed l3d_plan_fixed_none(void);
+
+struct l3d_plan_search_stats {
+    int64_t evaluated, valid, fit;
+    double seconds;
+};
+/* Enumerates (tp, pp, dp, micro-batch, v, ZeRO, recompute, SP) valid for the run, keeps those
+ * that fit in memory, returns the `top` fastest in out (sorted), their number in *n_out. */
+l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                           const struct l3d_plan_run *run, const struct l3d_plan_fixed *fixed,
+                           struct l3d_plan_result *out, int top, int *n_out,
+                           struct l3d_plan_search_stats *stats);
+/* One line on why the first result beats the second (its largest time advantage). */
+void l3d_plan_explain(const struct l3d_plan_result *best, const struct l3d_plan_result *next,
+                      char *buf, size_t len);
+
+#endif

@@ -1,0 +1,702 @@
+/* Planner: the memory and time model of one layout, and the layout search (include/llm3d/plan.h).
+ *
+ * Notation as in Korthikanti et al. 2022 and Narayanan et al. 2021: s sequence length, b
+ * micro-batch, h hidden size, a heads, L layers, V vocabulary, t TP size, p PP size, d DP size,
+ * v model chunks per pipeline rank, m micro-batches per step, e bytes per activation element. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/plan.h"
+#include "llm3d/tp.h"
+
+/* ---- models ----------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int L, h, heads, V, s;
+} presets[] = {
+    /* Dash et al. 2023, "Optimizing Distributed Training on Frontier for Large Language Models"
+     * (arXiv 2312.12705): the configurations of the authors' scripts */
+    {"frontier-22b", 48, 6144, 48, 50257, 2048},
+    {"frontier-175b", 96, 12288, 96, 50257, 2048},
+    {"frontier-1t", 128, 25600, 128, 50257, 2048},
+    /* Brown et al. 2020, Table 2.1 */
+    {"gpt3-175b", 96, 12288, 96, 50257, 2048},
+    /* Narayanan et al. 2021 (Megatron-LM on A100), Table 1: V = 51200, s = 2048 */
+    {"megatron-1.7b", 24, 2304, 24, 51200, 2048},
+    {"megatron-3.6b", 30, 3072, 32, 51200, 2048},
+    {"megatron-7.5b", 36, 4096, 32, 51200, 2048},
+    {"megatron-18b", 40, 6144, 48, 51200, 2048},
+    {"megatron-39b", 48, 8192, 64, 51200, 2048},
+    {"megatron-76b", 60, 10240, 80, 51200, 2048},
+    {"megatron-145b", 80, 12288, 96, 51200, 2048},
+    {"megatron-310b", 96, 16384, 128, 51200, 2048},
+    {"megatron-530b", 105, 20480, 128, 51200, 2048},
+    {"megatron-1t", 128, 25600, 160, 51200, 2048},
+};
+
+const char *l3d_plan_model_names(void) {
+    return "GPT-2 sizes (tiny, d6, d12 = gpt2, d24, d36, d48 = gpt2-xl; s = 1024), frontier-22b, "
+           "frontier-175b, frontier-1t, gpt3-175b, megatron-1.7b, -3.6b, -7.5b, -18b, -39b, -76b, "
+           "-145b, -310b, -530b, -1t";
+}
+
+l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name) {
+    memset(m, 0, sizeof *m);
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) {
+            snprintf(m->name, sizeof m->name, "%s", name);
+            m->L = presets[i].L;
+            m->h = presets[i].h;
+            m->heads = presets[i].heads;
+            m->V = presets[i].V;
+            m->s = presets[i].s;
+            return L3D_OK;
+        }
+    struct l3d_gpt_config cfg;
+    if (l3d_gpt_config_preset(&cfg, name) != L3D_OK)
+        return l3d_error(L3D_ERR_ARG, "--model '%s' is not a preset: choose one of %s, or give "
+                         "--layers, --hidden, --heads, --vocab, --seq-len", name,
+                         l3d_plan_model_names());
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->L = cfg.L;
+    m->h = cfg.C;
+    m->heads = cfg.NH;
+    m->V = cfg.V;
+    m->s = cfg.maxT;
+    return L3D_OK;
+}
+
+l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
+    if (m->L < 1 || m->h < 1 || m->heads < 1 || m->V < 1 || m->s < 1)
+        return l3d_error(L3D_ERR_ARG, "model sizes must be positive (--layers %d, --hidden %d, "
+                         "--heads %d, --vocab %d, --seq-len %d)", m->L, m->h, m->heads, m->V, m->s);
+    if (m->h % m->heads != 0)
+        return l3d_error(L3D_ERR_ARG, "--hidden %d must be divisible by --heads %d", m->h,
+                         m->heads);
+    if (m->V > 1 << 30 || m->h > 1 << 20 || m->L > 1 << 16 || m->s > 1 << 22)
+        return l3d_error(L3D_ERR_ARG, "model sizes out of range (vocabulary <= 2^30, hidden <= "
+                         "2^20, layers <= 65536, sequence <= 2^22)");
+    return L3D_OK;
+}
+
+struct l3d_gpt_config l3d_plan_model_gpt(const struct l3d_plan_model *m) {
+    struct l3d_gpt_config c = {.L = m->L, .C = m->h, .NH = m->heads, .V = m->V, .maxT = m->s};
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
+    return c;
+}
+
+int64_t l3d_plan_model_params(const struct l3d_plan_model *m) {
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    return l3d_gpt_param_count(&c);
+}
+
+/* ---- runs and layouts ------------------------------------------------------------------- */
+
+struct l3d_plan_run l3d_plan_run_default(void) {
+    return (struct l3d_plan_run){.devices = 1, .global_batch = 1, .precision = L3D_PREC_FP32,
+                                 .flash = false, .threads = 1, .bucket_bytes = 25000000};
+}
+
+struct l3d_plan_fixed l3d_plan_fixed_none(void) {
+    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0};
+}
+
+static bool trainer(const struct l3d_plan_run *run) { return run->precision == L3D_PREC_FP32; }
+
+l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                                 int stages, int *layers) {
+    if (stages > m->L)
+        return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (pp x v) for %d layers: each stage "
+                         "needs a layer", stages, m->L);
+    if (trainer(run)) {
+        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        return l3d_pp_partition(&c, m->s, stages, layers);
+    }
+    if (m->L % stages != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "%d layers do not split evenly into pp x v = %d stages "
+                         "(Megatron-LM needs L divisible by pp v)", m->L, stages);
+    for (int i = 0; i < stages; i++) layers[i] = m->L / stages;
+    return L3D_OK;
+}
+
+l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                          const struct l3d_plan_run *run, const struct l3d_plan_layout *lay) {
+    l3d_status st = l3d_plan_model_check(m);
+    if (st != L3D_OK) return st;
+    int th = lay->threads > 0 ? lay->threads : run->threads;
+    if (lay->tp < 1 || lay->pp < 1 || lay->dp < 1 || lay->mb < 1 || lay->v < 1 || th < 1)
+        return l3d_error(L3D_ERR_LAYOUT, "tp %d, pp %d, dp %d, micro-batch %d, v %d and threads %d "
+                         "must be at least 1", lay->tp, lay->pp, lay->dp, lay->mb, lay->v, th);
+    if ((int64_t)lay->tp * lay->pp * lay->dp * th != run->devices)
+        return l3d_error(L3D_ERR_LAYOUT, "tp %d x pp %d x dp %d x threads %d = %lld, not the %lld "
+                         "devices", lay->tp, lay->pp, lay->dp, th,
+                         (long long)lay->tp * lay->pp * lay->dp * th, (long long)run->devices);
+    if (th > 1 && prof->devices_per_node > 1 && th > prof->devices_per_node)
+        return l3d_error(L3D_ERR_LAYOUT, "%d threads a rank but %d cores a node", th,
+                         prof->devices_per_node);
+    if (prof->peak_flops[run->precision] <= 0)
+        return l3d_error(L3D_ERR_ARG, "profile %s has no %s peak (peak_tflops_%s = 0)", prof->name,
+                         l3d_prec_name(run->precision), l3d_prec_name(run->precision));
+    if (m->heads % lay->tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "tp %d does not divide the %d attention heads", lay->tp,
+                         m->heads);
+    if (trainer(run) && lay->tp > 1) {
+        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        struct l3d_shard sh;
+        if ((st = l3d_tp_shard(&c, lay->tp, 0, lay->sp, &sh)) != L3D_OK) return st;
+    }
+    if (run->global_batch % ((int64_t)lay->mb * lay->dp) != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "global batch %lld is not a multiple of micro-batch %d x "
+                         "dp %d", (long long)run->global_batch, lay->mb, lay->dp);
+    int64_t mm = run->global_batch / ((int64_t)lay->mb * lay->dp);
+    if (mm > 1 << 24)
+        return l3d_error(L3D_ERR_LAYOUT, "%lld micro-batches a step is too many", (long long)mm);
+    if ((int64_t)lay->pp * lay->v > m->L)
+        return l3d_error(L3D_ERR_LAYOUT, "pp %d x v %d stages for %d layers", lay->pp, lay->v,
+                         m->L);
+    if (!trainer(run) && m->L % (lay->pp * lay->v) != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "%d layers do not split evenly into pp %d x v %d stages",
+                         m->L, lay->pp, lay->v);
+    if (lay->v > 1 && (lay->pp < 2 || mm % lay->pp != 0 || lay->schedule != L3D_PP_INTERLEAVED))
+        return l3d_error(L3D_ERR_LAYOUT, "v %d chunks a rank needs the interleaved schedule, pp >= "
+                         "2 and micro-batches (%lld) divisible by pp %d", lay->v, (long long)mm,
+                         lay->pp);
+    if (lay->v == 1 && lay->schedule == L3D_PP_INTERLEAVED)
+        return l3d_error(L3D_ERR_LAYOUT, "the interleaved schedule needs v >= 2");
+    if (lay->zero < 0 || lay->zero > 2)
+        return l3d_error(L3D_ERR_LAYOUT, "ZeRO stage %d: 0, 1 or 2", lay->zero);
+    if (lay->sp && (lay->tp < 2 || ((int64_t)lay->mb * m->s) % lay->tp != 0))
+        return l3d_error(L3D_ERR_LAYOUT, "sequence parallelism needs tp >= 2 dividing micro-batch "
+                         "x sequence (%d x %d)", lay->mb, m->s);
+    if (lay->recompute < L3D_RECOMPUTE_NONE || lay->recompute > L3D_RECOMPUTE_FULL)
+        return l3d_error(L3D_ERR_LAYOUT, "recompute mode %d", (int)lay->recompute);
+    return L3D_OK;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* One chunk of a pipeline rank: its shard (TP rank 0, the one adding row biases) and how many
+ * micro-batches' activations it keeps. */
+struct chunk {
+    struct l3d_shard sh;
+    int64_t n;        /* parameters */
+    int slots;
+    bool first, last; /* first / last virtual stage */
+};
+
+/* Micro-batches in flight on rank r (all its chunks together), Megatron-LM's schedules:
+ * GPipe keeps all m; 1F1B min(p - r, m) (Narayanan et al. 2021, sec. 2.2.1); interleaved
+ * 1F1B runs 2 (p - r - 1) + (v - 1) p warm-up forwards of chunks, then one more before its first
+ * backward. */
+static int in_flight(enum l3d_pp_kind k, int p, int v, int64_t m, int r) {
+    if (p == 1) return 1;
+    if (k == L3D_PP_GPIPE) return (int)m;
+    if (k == L3D_PP_1F1B) return (int)(m < p - r ? m : p - r);
+    int64_t w = 2LL * (p - r - 1) + (int64_t)(v - 1) * p + 1;
+    return (int)(w < m * v ? w : m * v);
+}
+
+/* Activation bytes a layer keeps per micro-batch in 16-bit training, Korthikanti et al. 2022,
+ * Table 2 (dropout included; 34 s b h and 5 a s^2 b per layer without parallelism); a fused
+ * (flash) attention keeps no s^2 scores, so the 5 a s / h term goes; full recomputation keeps the
+ * layer's 2 s b h input. */
+static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                           enum l3d_recompute rc, bool flash) {
+    double s = m->s, b = lay->mb, h = m->h, a = m->heads, t = lay->tp;
+    double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s / h;
+    if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
+    if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
+    if (lay->sp) return sbh / t * (34 + att);
+    return sbh * (10 + 24 / t + att / t);
+}
+
+static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                        const int *layers, int r, const int *slots, int64_t mm, bool fp32,
+                        struct chunk *out) {
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    int S = lay->pp * lay->v;
+    for (int k = 0; k < lay->v; k++) {
+        int vs = k * lay->pp + r;
+        struct l3d_shard sh = l3d_shard_full(&c);
+        if (lay->tp > 1) {
+            /* sizes only: the trainer's shard when it splits this way, the even split else */
+            if (l3d_tp_shard(&c, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
+                sh.head_count = m->heads / lay->tp;
+                sh.ffn_count = 4LL * m->h / lay->tp;
+                sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
+            }
+        }
+        sh.layer_start = 0;
+        for (int i = 0; i < vs; i++) sh.layer_start += layers[i];
+        sh.layer_count = layers[vs];
+        sh.has_embedding = vs == 0;
+        sh.has_head = vs == S - 1;
+        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+        out[k].sh = sh;
+        out[k].n = l3d_gpt_plan_tensors(&c, &sh, ti);
+        out[k].first = vs == 0;
+        out[k].last = vs == S - 1;
+        if (fp32 && slots)
+            out[k].slots = slots[r * lay->v + k];
+        else {
+            int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+            out[k].slots = (f + lay->v - 1) / lay->v;
+        }
+    }
+}
+
+static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                        const struct l3d_plan_layout *lay, const struct chunk *ch, int r,
+                        int64_t mm, struct l3d_plan_mem *mem) {
+    memset(mem, 0, sizeof *mem);
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    double d = lay->dp;
+    if (trainer(run)) {
+        /* exactly what the trainer allocates: l3d_gpt_init_ex, l3d_dp_init, l3d_adamw_init */
+        for (int k = 0; k < lay->v; k++) {
+            struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+            int64_t n = l3d_gpt_plan_tensors(&c, &ch[k].sh, ti);
+            int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
+            int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
+            mem->params += 4.0 * n;
+            if (lay->zero == 2) {
+                int64_t slot = 0, nonlayer = 0;
+                for (int t = 0; t < L3D_NUM_TENSORS; t++)
+                    if (l3d_gpt_is_layer_tensor(t)) slot += ti[t].rows * ti[t].cols;
+                    else nonlayer += ti[t].count;
+                mem->grads += (4.0 * nonlayer + 64) + 2 * (4.0 * slot + 64) + 4.0 * (own + 1);
+            } else {
+                mem->grads += 4.0 * n;
+            }
+            mem->optimizer += 8.0 * own;
+            mem->activations += (double)l3d_gpt_act_bytes(&c, &ch[k].sh, lay->mb, m->s,
+                                                          ch[k].slots, lay->recompute);
+        }
+        /* the step's token ids (inputs and targets) */
+        mem->other = 2.0 * 4 * lay->mb * m->s * (double)mm;
+    } else {
+        /* mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
+         * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2 */
+        double n = 0, acts = 0;
+        int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+        double per_chunk_layers = 0;
+        for (int k = 0; k < lay->v; k++) {
+            n += (double)ch[k].n;
+            per_chunk_layers += ch[k].sh.layer_count;
+        }
+        per_chunk_layers /= lay->v;
+        mem->params = 2 * n;
+        mem->grads = lay->zero >= 2 ? 2 * n / d : 2 * n;
+        mem->optimizer = lay->zero >= 1 ? 12 * n / d : 12 * n;
+        acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
+        /* the layer being recomputed in backward holds its full set once */
+        if (lay->recompute != L3D_RECOMPUTE_NONE)
+            acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
+        double s = m->s, b = lay->mb, h = m->h, t = lay->tp;
+        if (ch[0].first) acts += f * s * b * h; /* the embedding's dropout mask (its output is the
+                                                  * first layer's input, counted there) */
+        if (ch[lay->v - 1].last) acts += 6 * s * b * c.Vp / t; /* 16-bit logits + fp32 loss */
+        mem->activations = acts;
+        mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
+    }
+    mem->total = mem->params + mem->grads + mem->optimizer + mem->activations + mem->other;
+    mem->stage = r;
+    mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+}
+
+/* ---- time ------------------------------------------------------------------------------- */
+
+struct tctx {
+    const struct l3d_plan_model *m;
+    const struct l3d_profile *prof;
+    const struct l3d_plan_layout *lay;
+    double rate;    /* peak FLOP/s of one rank (its threads, shared when oversubscribed) */
+    double threads; /* devices per rank for the GEMM efficiency */
+    double bw;      /* element-wise bytes/s of one rank */
+    double e;       /* bytes per activation element */
+    double ntok;    /* tokens in a micro-batch, b s */
+    bool fp32;
+};
+
+static double gemm(const struct tctx *x, double M, double N, double K) {
+    double f = 2 * M * N * K;
+    return f / (x->rate * l3d_profile_gemm_eff(x->prof, f / x->threads));
+}
+
+/* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
+ * 2 (g - 1) / g n / bw + 2 (g - 1) lat (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"). */
+static double all_reduce(double n, int g, double bw, double lat) {
+    if (g <= 1) return 0.0;
+    return 2.0 * (g - 1) / g * n / bw + 2.0 * (g - 1) * lat;
+}
+
+/* The link a group of g consecutive-rank blocks of `stride` ranks sits on: ranks lo and hi. */
+static void link_of(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
+                    double *lat) {
+    int64_t dpn = p->devices_per_node;
+    if (lo / dpn != hi / dpn) {
+        /* the node's NICs, shared by the devices that send at once */
+        *bw = p->inter_bw > 0 ? p->inter_bw / (senders < dpn ? senders : dpn) : 1e-30;
+        *lat = p->inter_lat;
+    } else if (p->pair_size > 1 && lo / p->pair_size == hi / p->pair_size) {
+        *bw = p->pair_bw;
+        *lat = p->intra_lat;
+    } else {
+        *bw = p->intra_bw > 0 ? p->intra_bw : p->mem_bw;
+        *lat = p->intra_lat;
+    }
+}
+
+/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split. */
+struct parts {
+    double gemm, attn, elem, tp, p2p, rec, total;
+    double bwd; /* backward part (what DP communication can hide behind) */
+};
+
+static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_bw, double tp_lat,
+                       double p2p_prev, double p2p_next, struct parts *o) {
+    const struct l3d_plan_model *m = x->m;
+    const struct l3d_plan_layout *lay = x->lay;
+    double t = lay->tp, h = m->h, s = m->s, b = lay->mb, N = x->ntok, e = x->e;
+    double spdiv = lay->sp ? t : 1.0;
+    double Ll = ch->sh.layer_count;
+    memset(o, 0, sizeof *o);
+    /* per layer, forward: QKV, attention projection, MLP up and down (column / row parallel) */
+    double g = gemm(x, N, 3 * h / t, h) + gemm(x, N, h, h / t) + gemm(x, N, 4 * h / t, h) +
+               gemm(x, N, h, 4 * h / t);
+    /* the attention core: 4 b s^2 h / t FLOPs forward (QK^T and PV, full s^2 as Narayanan counts),
+     * twice that backward */
+    double at = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
+    /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
+     * the 4h/t hidden (2 x 4h/t); backward about twice the traffic */
+    double el = N * e * (10 * h / spdiv + 8 * h / t) / x->bw;
+    double ar = lay->tp > 1 ? all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) : 0.0;
+    double fwd = g + at + el + 2 * ar;
+    o->gemm = Ll * 3 * g;
+    o->attn = Ll * 3 * at;
+    o->elem = Ll * 3 * el;
+    o->tp = Ll * 4 * ar;
+    o->bwd = Ll * (2 * g + 2 * at + 2 * el + 2 * ar);
+    if (lay->recompute == L3D_RECOMPUTE_FULL) {
+        o->rec = Ll * fwd;
+        o->gemm += Ll * g;
+        o->attn += Ll * at;
+        o->elem += Ll * el;
+        o->tp += Ll * 2 * ar;
+    } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE) {
+        o->rec = Ll * at / 2; /* QK^T and softmax again */
+        o->attn += Ll * at / 2;
+    }
+    if (ch->last) {
+        /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
+        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        double Vl = (double)c.Vp / t;
+        double hg = gemm(x, N, Vl, h);
+        double hel = (N * Vl * 4 * 5 + N * h * e * 2 * 3) / x->bw;
+        o->gemm += 3 * hg;
+        o->elem += hel;
+        o->bwd += 2 * hg;
+        if (lay->tp > 1) o->tp += all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) +
+                                  3 * all_reduce(N * 4, lay->tp, tp_bw, tp_lat);
+    }
+    if (ch->first) {
+        o->elem += N * h * e * 3 * 3 / x->bw; /* gather + position add, and its backward */
+        if (lay->tp > 1) o->tp += all_reduce(N * h * e, lay->tp, tp_bw, tp_lat);
+    }
+    o->p2p = p2p_prev + p2p_next;
+    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
+}
+
+l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
+                             struct l3d_plan_result *r) {
+    memset(r, 0, sizeof *r);
+    struct l3d_plan_layout lay = *lay_in;
+    if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
+    l3d_status st = l3d_plan_check(m, prof, run, &lay);
+    if (st != L3D_OK) return st;
+    r->layout = lay;
+    bool fp32 = trainer(run);
+    int p = lay.pp, v = lay.v, t = lay.tp;
+    int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
+    r->m = (int)mm;
+    int S = p * v;
+    int *layers = malloc(sizeof(int) * (size_t)S);
+    struct chunk *ch = malloc(sizeof(struct chunk) * (size_t)v);
+    if (!layers || !ch) {
+        free(layers);
+        free(ch);
+        return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    }
+    st = l3d_plan_stage_layers(m, run, S, layers);
+    struct l3d_pp_schedule sched = {0};
+    bool have_sched = false;
+    if (st == L3D_OK && fp32 && (int64_t)p * v * mm <= (1 << 20)) {
+        /* the trainer's own schedule says how many micro-batches each chunk keeps */
+        st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
+        have_sched = st == L3D_OK;
+    }
+    if (st != L3D_OK) {
+        free(layers);
+        free(ch);
+        return st;
+    }
+
+    /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
+    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32};
+    double share = 1.0;
+    if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
+        share = (double)prof->devices_per_node / (double)run->devices; /* one oversubscribed node */
+    x.threads = lay.threads;
+    x.rate = prof->peak_flops[run->precision] * lay.threads * share;
+    x.bw = prof->mem_bw * prof->kernel_bw_eff * lay.threads * share;
+    x.e = fp32 ? 4.0 : 2.0;
+    x.ntok = (double)lay.mb * m->s;
+
+    double tp_bw = 0, tp_lat = 0;
+    if (t > 1) link_of(prof, 0, t - 1, t, &tp_bw, &tp_lat);
+    /* per pipeline rank: chunk times and memory */
+    double t_max = 0, t_sum = 0, bwd_of_max = 0;
+    struct parts worst = {0};
+    double n_max = 0;
+    struct l3d_plan_mem mem_worst = {0};
+    for (int rr = 0; rr < p; rr++) {
+        rank_chunks(m, &lay, layers, rr, have_sched ? sched.slots : NULL, mm, fp32, ch);
+        struct l3d_plan_mem mem;
+        rank_memory(m, run, &lay, ch, rr, mm, &mem);
+        if (mem.total > mem_worst.total) mem_worst = mem;
+        struct parts sum = {0};
+        double n_rank = 0;
+        for (int k = 0; k < v; k++) {
+            /* p2p: the rank receives an activation from the previous virtual stage and a gradient
+             * from the next one per micro-batch; Megatron's scatter/gather sends 1/t of it per TP
+             * rank in mixed precision, the trainer the whole (B,T,C) */
+            double msg = x.ntok * m->h * x.e / (fp32 ? 1.0 : t);
+            double pp_prev = 0, pp_next = 0, bw, lat;
+            int64_t me = (int64_t)rr * t;
+            if (!ch[k].first) {
+                int64_t peer = (int64_t)((rr - 1 + p) % p) * t;
+                link_of(prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t, &bw,
+                        &lat);
+                pp_prev = msg / bw + lat;
+            }
+            if (!ch[k].last) {
+                int64_t peer = (int64_t)((rr + 1) % p) * t;
+                link_of(prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t, &bw,
+                        &lat);
+                pp_next = msg / bw + lat;
+            }
+            struct parts cp;
+            chunk_time(&x, &ch[k], tp_bw, tp_lat, pp_prev, pp_next, &cp);
+            sum.gemm += cp.gemm;
+            sum.attn += cp.attn;
+            sum.elem += cp.elem;
+            sum.tp += cp.tp;
+            sum.p2p += cp.p2p;
+            sum.rec += cp.rec;
+            sum.bwd += cp.bwd;
+            sum.total += cp.total;
+            n_rank += (double)ch[k].n;
+        }
+        t_sum += sum.total;
+        if (sum.total > t_max) {
+            t_max = sum.total;
+            worst = sum;
+            bwd_of_max = sum.bwd;
+        }
+        if (n_rank > n_max) n_max = n_rank;
+    }
+    if (have_sched) l3d_pp_schedule_free(&sched);
+
+    /* the pipeline: (m - 1/v) t_max + sum_r t_r / v; for equal stages (m + (p - 1)/v) t, i.e. the
+     * bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2 */
+    double pipe = (mm - 1.0 / v) * t_max + t_sum / v;
+    struct l3d_plan_time *T = &r->time;
+    T->gemm = mm * worst.gemm;
+    T->attention = mm * worst.attn;
+    T->elementwise = mm * worst.elem;
+    T->recompute = mm * worst.rec;
+    T->tp_comm = mm * worst.tp;
+    T->pp_p2p = mm * worst.p2p;
+    T->bubble = pipe - mm * t_max;
+
+    /* DP: gradients reduced over d replicas (all-reduce; ZeRO-1 reduce-scatter + all-gather of the
+     * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch) */
+    double gb = fp32 ? 4.0 : 2.0, pb = fp32 ? 4.0 : 2.0;
+    if (lay.dp > 1) {
+        double bw, lat;
+        int64_t span = (int64_t)t * p * lay.dp;
+        link_of(prof, 0, span - 1, (int)(span < prof->devices_per_node ? span
+                                                                        : prof->devices_per_node),
+                &bw, &lat);
+        double d = lay.dp;
+        double rs = (d - 1) / d * n_max * gb / bw + (d - 1) * lat;
+        double ag = (d - 1) / d * n_max * pb / bw + (d - 1) * lat;
+        double comm = lay.zero == 2 ? mm * rs + ag : rs + ag;
+        double hide = prof->dp_overlap ? (lay.zero == 2 ? mm * bwd_of_max : bwd_of_max) : 0.0;
+        if (hide > 0.9 * comm) hide = 0.9 * comm; /* the last bucket is always exposed */
+        T->dp_comm = comm - (prof->dp_overlap ? hide : 0.0);
+    }
+    if (p > 1) {
+        /* the tied embedding's gradient summed between the first and the last stage */
+        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        double bw, lat;
+        link_of(prof, 0, (int64_t)(p - 1) * t + t - 1, t, &bw, &lat);
+        T->embed_sync = all_reduce((double)c.Vp / t * m->h * gb, 2, bw, lat);
+    }
+    /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
+     * parameter, m, v (28 bytes); mixed precision also writes the 16-bit copy (32); one more read
+     * of the gradients for the global norm */
+    double n_opt = lay.zero >= 1 ? n_max / lay.dp : n_max;
+    T->optimizer = (n_opt * (fp32 ? 28.0 : 32.0) + n_max * gb) / x.bw;
+    T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
+
+    r->mem = mem_worst;
+    r->fits = mem_worst.total <= prof->mem_bytes;
+    double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
+     * recomputation (3 passes); the full recomputation's extra forward makes it 96 */
+    double layer_f = 24 * h * h + 4 * s * h, head = 6 * h * c.Vp;
+    r->model_flops = G * s * (3 * L * layer_f + head);
+    double extra = lay.recompute == L3D_RECOMPUTE_FULL        ? L * layer_f
+                   : lay.recompute == L3D_RECOMPUTE_SELECTIVE ? L * 2 * s * h
+                                                               : 0.0;
+    r->hw_flops = r->model_flops + G * s * extra;
+    r->tokens_per_s = G * s / T->step;
+    double peak_all = prof->peak_flops[run->precision] * (double)run->devices;
+    r->mfu = r->model_flops / T->step / peak_all;
+    r->hfu = r->hw_flops / T->step / peak_all;
+    free(layers);
+    free(ch);
+    return L3D_OK;
+}
+
+/* ---- search ----------------------------------------------------------------------------- */
+
+static bool better(const struct l3d_plan_result *a, const struct l3d_plan_result *b) {
+    if (a->time.step != b->time.step) return a->time.step < b->time.step;
+    return a->mem.total < b->mem.total;
+}
+
+static void keep(struct l3d_plan_result *out, int top, int *n, const struct l3d_plan_result *r) {
+    int i = *n < top ? (*n)++ : top;
+    if (i == top) {
+        if (!better(r, &out[top - 1])) return;
+        i = top - 1;
+    }
+    while (i > 0 && better(r, &out[i - 1])) {
+        out[i] = out[i - 1];
+        i--;
+    }
+    out[i] = *r;
+}
+
+l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                           const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
+                           struct l3d_plan_result *out, int top, int *n_out,
+                           struct l3d_plan_search_stats *stats) {
+    double t0 = l3d_time_s();
+    memset(stats, 0, sizeof *stats);
+    *n_out = 0;
+    l3d_status st = l3d_plan_model_check(m);
+    if (st != L3D_OK) return st;
+    if (top < 1) return l3d_error(L3D_ERR_ARG, "--top %d must be at least 1", top);
+    int th = run->threads > 0 ? run->threads : 1;
+    if (run->devices % th != 0)
+        return l3d_error(L3D_ERR_ARG, "%lld devices do not split into ranks of %d threads",
+                         (long long)run->devices, th);
+    int64_t ranks = run->devices / th;
+    static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
+    static const int vs[] = {1, 2, 3, 4, 6, 8};
+    l3d_status first_err = L3D_OK;
+    char first_msg[512] = "";
+    for (int64_t tp = 1; tp <= ranks; tp++) {
+        if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
+        if (!fx->tp && (tp > m->heads || (tp > prof->devices_per_node && prof->devices_per_node > 1)))
+            continue;
+        for (int64_t pp = 1; pp <= ranks / tp; pp++) {
+            if ((ranks / tp) % pp || (fx->pp && pp != fx->pp) || pp > m->L) continue;
+            int64_t dp = ranks / tp / pp;
+            if (fx->dp && dp != fx->dp) continue;
+            size_t n_mb = fx->mb ? 1 : sizeof mbs / sizeof mbs[0];
+            for (size_t bi = 0; bi < n_mb; bi++) {
+                int mb = fx->mb ? fx->mb : mbs[bi];
+                if (run->global_batch % ((int64_t)mb * dp)) continue;
+                for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
+                    int v = vs[vi];
+                    if (fx->v ? v != fx->v : false) continue;
+                    if (v > 1 && pp < 2) continue;
+                    for (int z = 0; z <= 2; z++) {
+                        if (fx->zero >= 0 ? z != fx->zero : (z > 0 && dp == 1)) continue;
+                        for (int rc = 0; rc <= 2; rc++) {
+                            if (fx->recompute >= 0 && rc != fx->recompute) continue;
+                            for (int sp = 0; sp <= 1; sp++) {
+                                if (fx->sp >= 0 ? sp != fx->sp : (sp && tp == 1)) continue;
+                                struct l3d_plan_layout lay = {
+                                    .tp = (int)tp, .pp = (int)pp, .dp = (int)dp, .mb = mb, .v = v,
+                                    .zero = z, .recompute = (enum l3d_recompute)rc, .sp = sp,
+                                    .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
+                                    .threads = th};
+                                struct l3d_plan_result res;
+                                stats->evaluated++;
+                                l3d_status e = l3d_plan_evaluate(m, prof, run, &lay, &res);
+                                if (e != L3D_OK) {
+                                    if (first_err == L3D_OK) {
+                                        first_err = e;
+                                        snprintf(first_msg, sizeof first_msg, "%s",
+                                                 l3d_error_message());
+                                    }
+                                    continue;
+                                }
+                                stats->valid++;
+                                if (!res.fits) continue;
+                                stats->fit++;
+                                keep(out, top, n_out, &res);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    stats->seconds = l3d_time_s() - t0;
+    if (stats->valid == 0 && first_err != L3D_OK)
+        return l3d_error(first_err, "no valid layout; the first tried: %s", first_msg);
+    if (stats->valid == 0)
+        return l3d_error(L3D_ERR_LAYOUT, "no layout of %lld devices (ranks of %d threads) suits "
+                         "this model and batch: check --devices, --global-batch and the fixed "
+                         "parts", (long long)run->devices, th);
+    return L3D_OK;
+}
+
+void l3d_plan_explain(const struct l3d_plan_result *a, const struct l3d_plan_result *b, char *buf,
+                      size_t len) {
+    if (!b) {
+        snprintf(buf, len, "the only layout that fits");
+        return;
+    }
+    const char *names[] = {"matrix products", "attention", "element-wise kernels", "TP communication",
+                           "pipeline p2p", "pipeline bubble", "DP communication",
+                           "embedding sync", "optimizer"};
+    const double va[] = {a->time.gemm, a->time.attention, a->time.elementwise, a->time.tp_comm,
+                         a->time.pp_p2p, a->time.bubble, a->time.dp_comm, a->time.embed_sync,
+                         a->time.optimizer};
+    const double vb[] = {b->time.gemm, b->time.attention, b->time.elementwise, b->time.tp_comm,
+                         b->time.pp_p2p, b->time.bubble, b->time.dp_comm, b->time.embed_sync,
+                         b->time.optimizer};
+    int best = 0;
+    for (int i = 1; i < 9; i++)
+        if (vb[i] - va[i] > vb[best] - va[best]) best = i;
+    snprintf(buf, len, "%.1f%% faster than the next (tp %d pp %d dp %d mb %d v %d ZeRO-%d %s%s): "
+             "%s %.3g s instead of %.3g s a step",
+             100.0 * (b->time.step / a->time.step - 1), b->layout.tp, b->layout.pp, b->layout.dp,
+             b->layout.mb, b->layout.v, b->layout.zero,
+             b->layout.recompute == L3D_RECOMPUTE_FULL ? "full recompute"
+             : b->layout.recompute == L3D_RECOMPUTE_SELECTIVE ? "selective recompute"
+                                                              : "no recompute",
+             b->layout.sp ? ", SP" : "", names[best], va[best], vb[best]);
+}

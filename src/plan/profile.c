@@ -1,0 +1,253 @@
+/* System profiles: readable text files of device and link figures (format: profiles/README.md). */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/plan.h"
+
+#ifndef L3D_SOURCE_DIR
+#define L3D_SOURCE_DIR "."
+#endif
+
+const char *l3d_prec_name(enum l3d_prec p) {
+    return p == L3D_PREC_FP32 ? "fp32" : p == L3D_PREC_BF16 ? "bf16" : "fp16";
+}
+
+l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
+    if (strcmp(name, "fp32") == 0) *p = L3D_PREC_FP32;
+    else if (strcmp(name, "bf16") == 0) *p = L3D_PREC_BF16;
+    else if (strcmp(name, "fp16") == 0) *p = L3D_PREC_FP16;
+    else
+        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32 (llm3d's trainer), bf16 or "
+                         "fp16 (mixed precision)", name);
+    return L3D_OK;
+}
+
+/* Keys: where the value goes, its scale to SI units, and whether it must be present. */
+enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_EFF };
+static const struct key {
+    const char *name;
+    enum kind kind;
+    size_t off;
+    double scale;
+    bool positive; /* must be > 0 (else >= 0) */
+} keys[] = {
+#define OFF(f) offsetof(struct l3d_profile, f)
+    {"name", K_TEXT, OFF(name), 0, false},
+    {"device", K_TEXT, OFF(device), 0, false},
+    {"peak_tflops_fp32", K_NUM, OFF(peak_flops[L3D_PREC_FP32]), 1e12, false},
+    {"peak_tflops_bf16", K_NUM, OFF(peak_flops[L3D_PREC_BF16]), 1e12, false},
+    {"peak_tflops_fp16", K_NUM, OFF(peak_flops[L3D_PREC_FP16]), 1e12, false},
+    {"mem_gb", K_NUM, OFF(mem_bytes), 1e9, true},
+    {"mem_bw_gbs", K_NUM, OFF(mem_bw), 1e9, true},
+    {"devices_per_node", K_INT, OFF(devices_per_node), 0, true},
+    {"pair_size", K_INT, OFF(pair_size), 0, true},
+    {"pair_bw_gbs", K_NUM, OFF(pair_bw), 1e9, false},
+    {"intra_bw_gbs", K_NUM, OFF(intra_bw), 1e9, false},
+    {"intra_lat_us", K_NUM, OFF(intra_lat), 1e-6, false},
+    {"inter_bw_gbs", K_NUM, OFF(inter_bw), 1e9, false},
+    {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false},
+    {"gemm_eff", K_EFF, 0, 0, true},
+    {"attn_eff", K_NUM, OFF(attn_eff), 1, true},
+    {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true},
+    {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false},
+#undef OFF
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+static l3d_status parse_eff(struct l3d_profile *p, char *val, const char *what, int line) {
+    p->n_eff = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        char *colon = strchr(tok, ':'), *end1, *end2;
+        if (!colon)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff point '%s' is not flops:fraction",
+                             what, line, tok);
+        *colon = '\0';
+        errno = 0;
+        double f = strtod(tok, &end1), e = strtod(colon + 1, &end2);
+        if (errno || *end1 || *end2 || !(f > 0) || !(e > 0) || e > 1.5)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff point '%s:%s' needs flops > 0 and "
+                             "a fraction in (0, 1.5]", what, line, tok, colon + 1);
+        if (p->n_eff == L3D_PROFILE_MAX_EFF)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d gemm_eff points", what, line,
+                             L3D_PROFILE_MAX_EFF);
+        if (p->n_eff > 0 && f <= p->eff_flops[p->n_eff - 1])
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff points must have increasing "
+                             "flops (%g after %g)", what, line, f, p->eff_flops[p->n_eff - 1]);
+        p->eff_flops[p->n_eff] = f;
+        p->eff[p->n_eff++] = e;
+    }
+    if (p->n_eff == 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff has no points", what, line);
+    return L3D_OK;
+}
+
+l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char *what) {
+    memset(p, 0, sizeof *p);
+    bool seen[NKEYS] = {false};
+    char *copy = strdup(text);
+    if (!copy) return l3d_error(L3D_ERR_OOM, "out of memory reading %s", what);
+    l3d_status st = L3D_OK;
+    int line = 0;
+    for (char *s = copy, *next; s && st == L3D_OK; s = next) {
+        next = strchr(s, '\n');
+        if (next) *next++ = '\0';
+        line++;
+        char *hash = strchr(s, '#');
+        if (hash) *hash = '\0';
+        s = trim(s);
+        if (!*s) continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' is not key = value", what, line, s);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        size_t k = 0;
+        while (k < NKEYS && strcmp(keys[k].name, key) != 0) k++;
+        if (k == NKEYS) {
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: unknown key '%s' (profiles/README.md lists "
+                           "the keys)", what, line, key);
+            break;
+        }
+        if (seen[k]) {
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' given twice", what, line, key);
+            break;
+        }
+        seen[k] = true;
+        const struct key *kk = &keys[k];
+        char *base = (char *)p + kk->off, *end;
+        errno = 0;
+        switch (kk->kind) {
+        case K_TEXT:
+            snprintf(base, kk->off == offsetof(struct l3d_profile, name) ? sizeof p->name
+                                                                          : sizeof p->device,
+                     "%s", val);
+            break;
+        case K_EFF:
+            st = parse_eff(p, val, what, line);
+            break;
+        case K_BOOL:
+            if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
+            else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
+            else st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes or no", what, line,
+                                key, val);
+            break;
+        case K_INT: {
+            long v = strtol(val, &end, 10);
+            if (errno || *end || v < 1 || v > 1000000)
+                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a positive integer",
+                               what, line, key, val);
+            else
+                *(int *)base = (int)v;
+            break;
+        }
+        case K_NUM: {
+            double v = strtod(val, &end);
+            if (errno || *end || !isfinite(v) || v < 0 || (kk->positive && v == 0))
+                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a %s number", what,
+                               line, key, val, kk->positive ? "positive" : "non-negative");
+            else
+                *(double *)base = v * kk->scale;
+            break;
+        }
+        }
+    }
+    free(copy);
+    for (size_t k = 0; k < NKEYS && st == L3D_OK; k++)
+        if (!seen[k])
+            st = l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md lists the "
+                           "keys)", what, keys[k].name);
+    if (st == L3D_OK && p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
+    if (st == L3D_OK && (p->attn_eff > 1.5 || p->kernel_bw_eff > 1.5))
+        st = l3d_error(L3D_ERR_FORMAT, "%s: attn_eff and kernel_bw_eff are fractions (<= 1.5)",
+                       what);
+    if (st == L3D_OK && p->pair_size > p->devices_per_node)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
+                       p->pair_size, p->devices_per_node);
+    if (st == L3D_OK && p->devices_per_node > 1 && p->intra_bw <= 0)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: intra_bw_gbs must be positive with %d devices a node",
+                       what, p->devices_per_node);
+    if (st == L3D_OK && p->pair_size > 1 && p->pair_bw <= 0)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_bw_gbs must be positive with pair_size %d", what,
+                       p->pair_size);
+    return st;
+}
+
+l3d_status l3d_profile_load(struct l3d_profile *p, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot open profile %s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        if (len + 2 > cap) {
+            cap = cap ? 2 * cap : 4096;
+            if (cap > (1u << 20)) {
+                free(text);
+                fclose(f);
+                return l3d_error(L3D_ERR_FORMAT, "profile %s is larger than 1 MiB", path);
+            }
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return l3d_error(L3D_ERR_OOM, "out of memory reading %s", path);
+            }
+            text = t;
+        }
+        text[len++] = (char)c;
+    }
+    fclose(f);
+    if (!text) return l3d_error(L3D_ERR_FORMAT, "profile %s is empty", path);
+    text[len] = '\0';
+    l3d_status st = l3d_profile_parse(p, text, path);
+    free(text);
+    return st;
+}
+
+l3d_status l3d_profile_find(struct l3d_profile *p, const char *name) {
+    if (strchr(name, '/') || strchr(name, '.')) return l3d_profile_load(p, name);
+    const char *env = getenv("L3D_PROFILE_DIR");
+    const char *dirs[] = {env && *env ? env : NULL, "profiles", L3D_SOURCE_DIR "/profiles"};
+    char path[4096];
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        if (!dirs[i]) continue;
+        snprintf(path, sizeof path, "%s/%s.prof", dirs[i], name);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        fclose(f);
+        return l3d_profile_load(p, path);
+    }
+    if (strcmp(name, "local") == 0)
+        return l3d_error(L3D_ERR_IO, "no profile 'local' yet: measure this machine with "
+                         "`mpiexec -n 2 llm3d bench --calibrate --out profiles/local.prof`");
+    return l3d_error(L3D_ERR_IO, "no profile '%s' in %s%s./profiles or %s/profiles: give --profile "
+                     "a shipped name (frontier, dgx-a100, dgx-h100, h200) or a file path", name,
+                     env && *env ? env : "", env && *env ? ", " : "", L3D_SOURCE_DIR);
+}
+
+double l3d_profile_gemm_eff(const struct l3d_profile *p, double flops) {
+    if (p->n_eff == 0) return 1.0;
+    if (flops <= p->eff_flops[0]) return p->eff[0];
+    for (int i = 1; i < p->n_eff; i++)
+        if (flops <= p->eff_flops[i]) {
+            double x0 = log(p->eff_flops[i - 1]), x1 = log(p->eff_flops[i]);
+            double w = (log(flops) - x0) / (x1 - x0);
+            return p->eff[i - 1] + w * (p->eff[i] - p->eff[i - 1]);
+        }
+    return p->eff[p->n_eff - 1];
+}
