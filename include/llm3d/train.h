@@ -66,6 +66,7 @@ struct l3d_train_result {
     double median_comm_s;      /* exposed data-parallel communication: time blocked waiting */
     double bubble, bubble_theory; /* pipeline idle fraction, measured (median step) and ideal */
     size_t act_bytes, act_bytes_formula; /* activations per rank: allocated, closed form */
+    size_t mem_peak;           /* accounted host memory of the fullest rank while training */
     bool report_error;         /* on failure: this rank is the one that prints the message */
     int start_step;            /* steps already done by the checkpoint resumed from */
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */

@@ -89,7 +89,7 @@ static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
 static void print_table(const struct l3d_profile *prof, const struct l3d_plan_result *r, int n) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    printf("  # tp pp  dp  mb  v Z recompute SP     m | memory %s: params grads optim  acts other "
+    printf("  # tp  pp   dp  mb  v Z recompute SP     m | memory %s: params grads optim  acts other "
            " total | step s: compute recomp     TP    p2p bubble     DP  optim   step | tok/s  MFU  "
            "HFU\n", u);
     for (int i = 0; i < n; i++) {
@@ -97,7 +97,7 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
         const struct l3d_plan_time *t = &r[i].time;
         const struct l3d_plan_mem *m = &r[i].mem;
         double compute = t->gemm + t->attention + t->elementwise;
-        printf("%3d %2d %2d %3d %3d %2d %d %-9s %-2s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f %6.2f "
+        printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f %6.2f "
                "| %15.4g %6.3g %6.3g %6.3g %6.3g %6.3g %6.3g %6.4g | %5.3g %4.1f%% %4.1f%%\n",
                i + 1, l->tp, l->pp, l->dp, l->mb, l->v, l->zero, rc_name(l->recompute),
                l->sp ? "y" : "n", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
@@ -135,6 +135,43 @@ static const struct published {
      0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1"},
 };
 
+static l3d_status eval_published(const struct published *p, int64_t devices, int dp,
+                                 int64_t batch, struct l3d_plan_result *r) {
+    struct l3d_plan_model m;
+    struct l3d_profile prof;
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.devices = devices;
+    run.global_batch = batch;
+    run.precision = p->prec;
+    run.flash = p->flash;
+    struct l3d_plan_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .mb = p->mb, .v = p->v,
+                                  .zero = p->zero, .recompute = p->rc,
+                                  .schedule = p->v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
+                                  .threads = 1};
+    l3d_status st = l3d_plan_model_preset(&m, p->model);
+    if (st == L3D_OK) st = l3d_profile_find(&prof, p->profile);
+    if (st == L3D_OK) st = l3d_plan_evaluate(&m, &prof, &run, &lay, r);
+    return st;
+}
+
+/* Scaling of the Frontier runs (Dash et al. 2023, abstract): weak scaling keeps the sequences per
+ * replica, strong scaling the global batch, from `devices` to `devices2` GCDs. */
+static const struct scaling {
+    int run;            /* index into published[] */
+    bool strong;
+    int64_t devices, batch, devices2, batch2;
+    double pct;
+    const char *note;
+} scalings[] = {
+    {1, false, 128, 640, 1024, 5120, 100.0, "320 sequences a replica, dp 2 -> 16"},
+    {2, false, 1024, 1024, 3072, 3072, 100.0, "512 sequences a replica, dp 2 -> 6"},
+    {1, true, 1024, 5184, 3072, 5184, 89.93,
+     "batch of the 1024-GCD weak-scaling run (5120) rounded to a multiple of dp 48"},
+    {2, true, 1024, 1026, 3072, 1026, 87.05,
+     "batch of the 1024-GCD run (1024) rounded to a multiple of dp 6"},
+    {2, true, 1024, 3072, 3072, 3072, 87.05, "batch of the 3072-GCD weak-scaling run"},
+};
+
 static int run_published(void) {
     printf("| run | devices | layout (tp x pp x dp, micro-batch, global batch) | published %% of "
            "peak | predicted %% of peak | difference (points) | predicted memory / device | "
@@ -142,22 +179,8 @@ static int run_published(void) {
     int rc = 0;
     for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
         const struct published *p = &published[i];
-        struct l3d_plan_model m;
-        struct l3d_profile prof;
         struct l3d_plan_result r;
-        struct l3d_plan_run run = l3d_plan_run_default();
-        run.devices = p->devices;
-        run.global_batch = p->batch;
-        run.precision = p->prec;
-        run.flash = p->flash;
-        struct l3d_plan_layout lay = {.tp = p->tp, .pp = p->pp, .dp = p->dp, .mb = p->mb,
-                                      .v = p->v, .zero = p->zero, .recompute = p->rc,
-                                      .schedule = p->v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
-                                      .threads = 1};
-        l3d_status st = l3d_plan_model_preset(&m, p->model);
-        if (st == L3D_OK) st = l3d_profile_find(&prof, p->profile);
-        if (st == L3D_OK) st = l3d_plan_evaluate(&m, &prof, &run, &lay, &r);
-        if (st != L3D_OK) {
+        if (eval_published(p, p->devices, p->dp, p->batch, &r) != L3D_OK) {
             fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
             rc = 1;
             continue;
@@ -168,6 +191,26 @@ static int run_published(void) {
                p->what, (long long)p->devices, p->tp, p->pp, p->dp, p->mb, (long long)p->batch,
                p->pct, pred, pred - p->pct, r.mem.total / 1e9, r.fits ? "" : " (does not fit)",
                p->source);
+    }
+    printf("\n| scaling | GCDs | global batch | published efficiency | predicted efficiency | "
+           "batch chosen |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof scalings / sizeof scalings[0]; i++) {
+        const struct scaling *sc = &scalings[i];
+        const struct published *p = &published[sc->run];
+        int64_t per_dp = (int64_t)p->tp * p->pp;
+        struct l3d_plan_result a, b;
+        if (eval_published(p, sc->devices, (int)(sc->devices / per_dp), sc->batch, &a) != L3D_OK ||
+            eval_published(p, sc->devices2, (int)(sc->devices2 / per_dp), sc->batch2, &b) !=
+                L3D_OK) {
+            fprintf(stderr, "llm3d plan: %s scaling: %s\n", p->what, l3d_error_message());
+            rc = 1;
+            continue;
+        }
+        /* throughput per device at the larger scale over that at the smaller */
+        double eff = (b.tokens_per_s / (double)sc->devices2) / (a.tokens_per_s / (double)sc->devices);
+        printf("| %s, %s | %lld -> %lld | %lld -> %lld | %.2f%% | %.2f%% | %s |\n", p->what,
+               sc->strong ? "strong" : "weak", (long long)sc->devices, (long long)sc->devices2,
+               (long long)sc->batch, (long long)sc->batch2, sc->pct, 100 * eff, sc->note);
     }
     return rc;
 }
@@ -331,16 +374,27 @@ int l3d_cli_plan(int argc, char **argv) {
     }
     print_table(&prof, res, n);
     const struct l3d_plan_result *b = &res[0];
-    printf("\nbest: tp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, %s "
-           "recompute%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
+    printf("\nbest: tp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, %s%s"
+           "%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
            b->layout.tp, b->layout.pp, b->layout.dp, b->layout.mb, b->m, b->layout.v,
-           b->layout.zero, rc_name(b->layout.recompute), b->layout.sp ? ", sequence parallel" : "",
+           b->layout.zero,
+           b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
+           " recomputation", b->layout.sp ? ", sequence parallel" : "",
            b->time.step, b->tokens_per_s, 100 * b->mfu, 100 * b->hfu, b->mem.total / sc, u,
            b->mem.stage);
-    if (n > 1) {
+    /* why: against the best layout of another shape (tp, pp, dp, micro-batch, v), so that the
+     * answer is not a variant of the same layout */
+    const struct l3d_plan_result *other = NULL;
+    for (int i = 1; i < n && !other; i++) {
+        const struct l3d_plan_layout *x = &res[i].layout, *y = &b->layout;
+        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp || x->mb != y->mb || x->v != y->v)
+            other = &res[i];
+    }
+    if (!other && n > 1) other = &res[1];
+    if (other) {
         char why[512];
-        l3d_plan_explain(&res[0], &res[1], why, sizeof why);
+        l3d_plan_explain(b, other, why, sizeof why);
         printf("why: %s\n", why);
     }
     free(res);

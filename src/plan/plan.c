@@ -275,8 +275,9 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
             mem->activations += (double)l3d_gpt_act_bytes(&c, &ch[k].sh, lay->mb, m->s,
                                                           ch[k].slots, lay->recompute);
         }
-        /* the step's token ids (inputs and targets) */
-        mem->other = 2.0 * 4 * lay->mb * m->s * (double)mm;
+        /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
+         * batches (--val-batches, 8 by default) when more */
+        mem->other = 2.0 * 4 * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
     } else {
         /* mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
          * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2 */
@@ -610,6 +611,20 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
         return l3d_error(L3D_ERR_ARG, "%lld devices do not split into ranks of %d threads",
                          (long long)run->devices, th);
     int64_t ranks = run->devices / th;
+    const char *part[] = {"--tp", "--pp", "--dp"};
+    const int val[] = {fx->tp, fx->pp, fx->dp};
+    for (int i = 0; i < 3; i++)
+        if (val[i] && ranks % val[i] != 0)
+            return l3d_error(L3D_ERR_LAYOUT, "%s %d does not divide the %lld ranks (%lld devices%s)",
+                             part[i], val[i], (long long)ranks, (long long)run->devices,
+                             th > 1 ? " / threads" : "");
+    if (fx->tp && m->heads % fx->tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d heads", fx->tp,
+                         m->heads);
+    if ((int64_t)(fx->tp ? fx->tp : 1) * (fx->pp ? fx->pp : 1) * (fx->dp ? fx->dp : 1) > ranks ||
+        (fx->tp && fx->pp && fx->dp && (int64_t)fx->tp * fx->pp * fx->dp != ranks))
+        return l3d_error(L3D_ERR_LAYOUT, "--tp x --pp x --dp must equal the %lld ranks",
+                         (long long)ranks);
     static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
     static const int vs[] = {1, 2, 3, 4, 6, 8};
     l3d_status first_err = L3D_OK;
@@ -673,30 +688,34 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
     return L3D_OK;
 }
 
+static const char *rc_words(enum l3d_recompute r) {
+    return r == L3D_RECOMPUTE_FULL        ? "full recomputation"
+           : r == L3D_RECOMPUTE_SELECTIVE ? "selective recomputation"
+                                          : "no recomputation";
+}
+
 void l3d_plan_explain(const struct l3d_plan_result *a, const struct l3d_plan_result *b, char *buf,
                       size_t len) {
     if (!b) {
         snprintf(buf, len, "the only layout that fits");
         return;
     }
-    const char *names[] = {"matrix products", "attention", "element-wise kernels", "TP communication",
-                           "pipeline p2p", "pipeline bubble", "DP communication",
-                           "embedding sync", "optimizer"};
-    const double va[] = {a->time.gemm, a->time.attention, a->time.elementwise, a->time.tp_comm,
-                         a->time.pp_p2p, a->time.bubble, a->time.dp_comm, a->time.embed_sync,
-                         a->time.optimizer};
-    const double vb[] = {b->time.gemm, b->time.attention, b->time.elementwise, b->time.tp_comm,
-                         b->time.pp_p2p, b->time.bubble, b->time.dp_comm, b->time.embed_sync,
-                         b->time.optimizer};
+    const char *names[] = {"matrix products", "attention", "element-wise kernels", "recomputation",
+                           "TP communication", "pipeline p2p", "pipeline bubble",
+                           "DP communication", "embedding sync", "optimizer"};
+    const struct l3d_plan_time *x = &a->time, *y = &b->time;
+    const double va[] = {x->gemm - x->recompute, x->attention, x->elementwise, x->recompute,
+                         x->tp_comm, x->pp_p2p, x->bubble, x->dp_comm, x->embed_sync,
+                         x->optimizer};
+    const double vb[] = {y->gemm - y->recompute, y->attention, y->elementwise, y->recompute,
+                         y->tp_comm, y->pp_p2p, y->bubble, y->dp_comm, y->embed_sync,
+                         y->optimizer};
     int best = 0;
-    for (int i = 1; i < 9; i++)
+    for (int i = 1; i < 10; i++)
         if (vb[i] - va[i] > vb[best] - va[best]) best = i;
-    snprintf(buf, len, "%.1f%% faster than the next (tp %d pp %d dp %d mb %d v %d ZeRO-%d %s%s): "
-             "%s %.3g s instead of %.3g s a step",
+    snprintf(buf, len, "%.1f%% faster than the best layout of another shape (tp %d pp %d dp %d "
+             "micro-batch %d v %d, ZeRO-%d, %s%s): %s %.3g s instead of %.3g s a step",
              100.0 * (b->time.step / a->time.step - 1), b->layout.tp, b->layout.pp, b->layout.dp,
-             b->layout.mb, b->layout.v, b->layout.zero,
-             b->layout.recompute == L3D_RECOMPUTE_FULL ? "full recompute"
-             : b->layout.recompute == L3D_RECOMPUTE_SELECTIVE ? "selective recompute"
-                                                              : "no recompute",
+             b->layout.mb, b->layout.v, b->layout.zero, rc_words(b->layout.recompute),
              b->layout.sp ? ", SP" : "", names[best], va[best], vb[best]);
 }

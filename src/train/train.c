@@ -439,6 +439,11 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
             break;
         }
     }
+    /* the fullest rank's accounted peak while training (before model.bin's gather; what llm3d
+     * plan predicts) */
+    double mem_peak = (double)l3d_mem_peak();
+    if (world->size > 1) l3d_comm_all_reduce(world, &mem_peak, 1, L3D_F64, L3D_MAX, NULL);
+    res->mem_peak = (size_t)mem_peak;
     /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
     if (!res->stopped_by && tc->save_every > 0 &&
         (st = l3d_train_ckpt_save(&ck, tc, world, chunks, opts, v, ld, end_step,
@@ -478,11 +483,12 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     if (lead && !tc->quiet && ran > 0) {
         printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
-               "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB per rank\n",
+               "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB (%zu bytes, the "
+               "fullest rank)\n",
                res->median_step_s * 1e3,
                (res->median_step_s - res->median_optimizer_s) * 1e3, res->median_optimizer_s * 1e3,
                res->median_comm_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
-               l3d_mem_peak() / 1048576.0);
+               res->mem_peak / 1048576.0, res->mem_peak);
         if (pp > 1)
             printf("pipeline bubble: measured %.1f%% of the pipeline's time (median step), ideal "
                    "(p-1)/(v m+p-1) = %.1f%%\n", 100.0 * res->bubble, 100.0 * res->bubble_theory);

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# llm3d plan against the trainer: for layouts the trainer runs here (1-8 ranks mixing tp, pp, dp,
+# ZeRO, micro-batches, recomputation, schedules), the planner's predicted peak memory of the
+# fullest rank must equal the trainer's accounted peak (llm3d's allocator: parameters, gradients,
+# AdamW moments, activations, token buffers) within 1%; then the planner's own checks: bad
+# profiles and layouts give one clear error, the search returns valid fitting layouts, and
+# docs/frontier.md is what `llm3d plan --published` prints. Usage: plan.sh LLM3D SCRATCH_DIR.
+set -u
+bin=$1
+dir=$2
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$dir" && mkdir -p "$dir"
+source "$(dirname "$0")/lib/checks.sh"
+prof=$src/tests/data/plan/cpu.prof
+
+for i in $(seq 1 300); do echo "line $i of the planner's corpus: $((i * 53 % 97)) apples"; done > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+
+model=(--layers 4 --heads 4 --vocab 256)
+# mem NAME NP B ACCUM PLAN_FLAGS -- TRAIN_FLAGS: run the trainer, compare its peak with the plan
+mem() {
+    local name=$1 np=$2 b=$3 accum=$4
+    shift 4
+    local pflags=() tflags=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
+    shift
+    tflags=("$@")
+    local launch=()
+    [ "$np" -gt 1 ] && launch=("$mpiexec" -n "$np")
+    if ! OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train "${model[@]}" --channels 128 --context 64 \
+        --seq-len 64 --batch "$b" --grad-accum "$accum" --steps 2 --val-every 0 \
+        --train "$dir/data/train_*.bin" "${tflags[@]}" > "$dir/$name.log" 2>&1; then
+        bad "$name: the trainer failed"; cat "$dir/$name.log"; return
+    fi
+    local measured
+    measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
+    local json
+    if ! json=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$prof" \
+        --precision fp32 --devices "$np" --micro-batch "$b" "${pflags[@]}" --json 2> "$dir/$name.plan"); then
+        bad "$name: llm3d plan failed: $(cat "$dir/$name.plan")"; return
+    fi
+    local predicted
+    predicted=$(echo "$json" | head -1 | sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
+    if [ -z "$measured" ] || [ -z "$predicted" ]; then
+        bad "$name: no figures (measured '$measured', predicted '$predicted')"; return
+    fi
+    local rel
+    rel=$(awk -v a="$predicted" -v b="$measured" 'BEGIN { printf "%.4f", (a - b) / b }')
+    if awk -v r="$rel" 'BEGIN { exit !(r < 0.01 && r > -0.01) }'; then
+        ok "$name: predicted $predicted bytes, measured $measured ($rel)"
+    else
+        bad "$name: predicted $predicted bytes, measured $measured ($rel)"
+    fi
+}
+
+# NAME NP B ACCUM   plan flags (global batch = B x ACCUM x dp)   --   train flags
+mem one        1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none -- 
+mem accum_full 1 2 4  --global-batch 8  --tp 1 --pp 1 --zero 0 --recompute full -- --recompute full
+mem dp2_zero1  2 2 1  --global-batch 4  --tp 1 --pp 1 --zero 1 --recompute none -- --zero 1
+mem dp2_zero2  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 2 --recompute none -- --zero 2
+mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --sequence-parallel no -- --tp 2
+mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel yes -- --tp 2 --sequence-parallel --recompute selective
+mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
+mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute selective --pp-schedule gpipe -- --pp 2 --pp-schedule gpipe --recompute selective
+mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
+full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --sequence-parallel no -- --tp 2 --zero 2 --recompute full
+full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --sequence-parallel no --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
+
+# ---- the planner's own checks --------------------------------------------------------------
+# bad profiles: one line naming the file, line and key
+sed 's/^attn_eff/attn_efff/' "$prof" > "$dir/typo.prof"
+expect_error "profile with an unknown key" "typo.prof line .*unknown key 'attn_efff'" \
+    "$bin" plan --profile "$dir/typo.prof" --precision fp32
+grep -v '^kernel_bw_eff' "$prof" > "$dir/missing.prof"
+expect_error "profile with a missing key" "missing.prof: key 'kernel_bw_eff' is missing" \
+    "$bin" plan --profile "$dir/missing.prof" --precision fp32
+sed 's/^gemm_eff = .*/gemm_eff = 1e8:0.5 1e6:0.6/' "$prof" > "$dir/order.prof"
+expect_error "efficiency points out of order" "increasing flops" \
+    "$bin" plan --profile "$dir/order.prof" --precision fp32
+expect_error "no such profile" "no profile 'nosuch'" "$bin" plan --profile nosuch
+expect_error "unknown model" "--model 'd13' is not a preset" "$bin" plan --model d13 --profile frontier
+expect_error "precision without a peak" "no bf16 peak" \
+    "$bin" plan --profile "$prof" --precision bf16
+expect_error "tp that divides no layout" "no layout of 4 devices" \
+    "$bin" plan --model d12 --profile frontier --devices 4 --tp 3
+expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
+    "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
+expect_error "interleaving needs m divisible by pp" "divisible by pp" \
+    "$bin" plan --model d12 --profile frontier --devices 4 --global-batch 6 --tp 1 --pp 4 \
+    --micro-batch 1 --zero 0 --recompute none --pp-virtual 3 --pp-schedule interleaved
+
+# the search: every layout listed is valid, fits, and comes out sorted by step time; the same
+# layout evaluated alone gives the same figures
+json=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --global-batch 1536 \
+    --top 20 --json)
+n=$(echo "$json" | grep -c '"fits":true')
+check "3072-GCD search lists 20 fitting layouts ($n)" test "$n" -eq 20
+sorted=$(echo "$json" | sed -n 's/.*"step_s":\([0-9.e+-]*\).*/\1/p' | sort -g -c && echo yes)
+check "search results sorted by step time" test "$sorted" = yes
+prod=$(echo "$json" | sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\),.*/\1 \2 \3/p' |
+    awk '$1 * $2 * $3 != 3072 { bad = 1 } END { print bad ? "no" : "yes" }')
+check "tp x pp x dp = 3072 for every layout" test "$prod" = yes
+first=$(echo "$json" | head -1)
+get() { echo "$first" | sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"]*\)\"\{0,1\},.*/\1/p"; }
+sp=$(get sp); [ "$sp" = true ] && sp=yes || sp=no
+again=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --global-batch 1536 \
+    --tp "$(get tp)" --pp "$(get pp)" --micro-batch "$(get mb)" --pp-virtual "$(get v)" \
+    --zero "$(get zero)" --recompute "$(get recompute)" --sequence-parallel "$sp" --json)
+check "the best layout evaluated alone: same step time" \
+    test "$(echo "$again" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')" = "$(get step_s)"
+out=$("$bin" plan --model frontier-1t --profile frontier --devices 3072 --global-batch 3072)
+check "the table names why the best wins" grep -q '^why: .*faster than the next' <<< "$out"
+check "a 1T model does not fit on 8 GCDs" \
+    bash -c "! '$bin' plan --model frontier-1t --profile frontier --devices 8 --global-batch 8 > /dev/null"
+
+# docs/frontier.md is what the planner prints
+check "docs/frontier.md is current" bash "$src/scripts/plan_published.sh" "$bin" --check
+
+exit $fail

@@ -1,0 +1,348 @@
+/*
+ * The planner without MPI: profile files (parsing, every error), the GEMM efficiency curve, the
+ * memory model against the closed forms it cites (ZeRO's 2 + 2 + 12 bytes a parameter,
+ * Korthikanti et al.'s activations per layer, micro-batches in flight per schedule), the trainer's
+ * own allocation in fp32, the FLOP counts of Narayanan et al. eq. 3, the time model's structure
+ * (bubble, interleaving, TP and DP terms), the search (valid, fitting, sorted, fast), and the
+ * Frontier runs within the issue's 2 points.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/plan.h"
+#include "test.h"
+
+static const char *good =
+    "# a comment\n"
+    "name = t\n"
+    "device = test device   # trailing comment\n"
+    "peak_tflops_fp32 = 10\n"
+    "peak_tflops_bf16 = 100\n"
+    "peak_tflops_fp16 = 100\n"
+    "mem_gb = 80\n"
+    "mem_bw_gbs = 2000\n"
+    "devices_per_node = 8\n"
+    "pair_size = 2\n"
+    "pair_bw_gbs = 200\n"
+    "intra_bw_gbs = 100\n"
+    "intra_lat_us = 5\n"
+    "inter_bw_gbs = 100\n"
+    "inter_lat_us = 10\n"
+    "gemm_eff = 1e9:0.2 1e11:0.6 1e13:0.8\n"
+    "attn_eff = 0.3\n"
+    "kernel_bw_eff = 0.7\n"
+    "dp_overlap = no\n";
+
+static l3d_status parse_with(const char *from, const char *to, struct l3d_profile *p) {
+    char buf[4096];
+    const char *at = strstr(good, from);
+    if (!at) return L3D_ERR_INTERNAL;
+    size_t pre = (size_t)(at - good);
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)pre, good, to, at + strlen(from));
+    return l3d_profile_parse(p, buf, "x.prof");
+}
+
+static void test_profiles(void) {
+    struct l3d_profile p;
+    CHECK(l3d_profile_parse(&p, good, "good") == L3D_OK);
+    CHECK(strcmp(p.name, "t") == 0 && strcmp(p.device, "test device") == 0);
+    CHECK_NEAR(p.peak_flops[L3D_PREC_BF16], 100e12, 1);
+    CHECK_NEAR(p.mem_bytes, 80e9, 1);
+    CHECK_NEAR(p.intra_lat, 5e-6, 1e-12);
+    CHECK(p.devices_per_node == 8 && p.pair_size == 2 && !p.dp_overlap && p.n_eff == 3);
+    /* the curve: the points, log-linear between them, flat beyond */
+    CHECK_NEAR(l3d_profile_gemm_eff(&p, 1e11), 0.6, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff(&p, 1e10), 0.4, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff(&p, 1e12), 0.7, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff(&p, 1e3), 0.2, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff(&p, 1e20), 0.8, 1e-12);
+    /* every error names the file and what is wrong */
+    struct { const char *from, *to, *want; } bad[] = {
+        {"attn_eff", "attn_efff", "unknown key 'attn_efff'"},
+        {"dp_overlap = no\n", "", "key 'dp_overlap' is missing"},
+        {"name = t\n", "name = t\nname = u\n", "'name' given twice"},
+        {"mem_gb = 80", "mem_gb = 8O", "mem_gb = '8O'"},
+        {"mem_gb = 80", "mem_gb = 0", "positive"},
+        {"devices_per_node = 8", "devices_per_node = 2.5", "not a positive integer"},
+        {"1e11:0.6", "1e8:0.6", "increasing flops"},
+        {"1e11:0.6", "1e11", "not flops:fraction"},
+        {"1e11:0.6", "1e11:2", "fraction in (0, 1.5]"},
+        {"dp_overlap = no", "dp_overlap = maybe", "give yes or no"},
+        {"pair_size = 2", "pair_size = 9", "pair_size 9 exceeds"},
+        {"attn_eff = 0.3\n", "attn_eff = 0.3\nfoo\n", "not key = value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        l3d_status st = parse_with(bad[i].from, bad[i].to, &p);
+        CHECK(st == L3D_ERR_FORMAT);
+        CHECK(strstr(l3d_error_message(), "x.prof") != NULL);
+        if (!strstr(l3d_error_message(), bad[i].want)) {
+            fprintf(stderr, "case %zu: message '%s' lacks '%s'\n", i, l3d_error_message(),
+                    bad[i].want);
+            CHECK(0);
+        }
+    }
+    /* the shipped profiles load */
+    const char *shipped[] = {"frontier", "dgx-a100", "dgx-h100", "h200"};
+    for (size_t i = 0; i < 4; i++) {
+        CHECK(l3d_profile_find(&p, shipped[i]) == L3D_OK);
+        CHECK(strcmp(p.name, shipped[i]) == 0);
+    }
+    CHECK(l3d_profile_find(&p, "frontier") == L3D_OK);
+    CHECK_NEAR(p.peak_flops[L3D_PREC_FP16], 191.5e12, 1);
+    CHECK_NEAR(p.mem_bytes, 64e9, 1);
+    CHECK(p.devices_per_node == 8 && p.pair_size == 2);
+    CHECK(l3d_profile_find(&p, "no-such-profile") == L3D_ERR_IO);
+    CHECK(strstr(l3d_error_message(), "no profile 'no-such-profile'") != NULL);
+}
+
+static struct l3d_plan_layout layout(int tp, int pp, int dp, int mb, int v, int zero,
+                                     enum l3d_recompute rc, bool sp) {
+    return (struct l3d_plan_layout){.tp = tp, .pp = pp, .dp = dp, .mb = mb, .v = v, .zero = zero,
+                                    .recompute = rc, .sp = sp,
+                                    .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
+                                    .threads = 1};
+}
+
+static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
+    struct l3d_plan_run r = l3d_plan_run_default();
+    r.devices = devices;
+    r.global_batch = batch;
+    r.precision = L3D_PREC_FP16;
+    r.flash = flash;
+    return r;
+}
+
+static void test_memory_mixed(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "gpt3-175b") == L3D_OK);
+    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    double s = m.s, h = m.h, a = m.heads, L = m.L, Vp = c.Vp;
+    struct l3d_plan_result r;
+    /* tp 8, no pipeline: parameters 2 + 2 + 12 bytes (ZeRO paper, K = 12) of the rank's share */
+    struct l3d_plan_run run = run16(8, 8, false);
+    struct l3d_plan_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    double n = r.mem.params / 2;
+    /* the rank holds 1/8 of everything but LayerNorms, biases of row-parallel layers and wpe */
+    double full = (double)l3d_plan_model_params(&m);
+    CHECK(n > full / 8 && n < full / 8 * 1.01);
+    CHECK_NEAR(r.mem.grads, 2 * n, 1);
+    CHECK_NEAR(r.mem.optimizer, 12 * n, 1);
+    /* activations, Korthikanti et al. Table 2 with TP: s b h (10 + 24/t + 5 a s / (h t)) a layer,
+     * plus the embedding's dropout mask s b h and the 16-bit logits and fp32 loss 6 s b V / t */
+    double sbh = s * h, per = sbh * (10 + 24.0 / 8 + 5 * a * s / (h * 8));
+    CHECK_NEAR(r.mem.activations, L * per + sbh + 6 * s * Vp / 8, 1);
+    /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
+    lay.sp = true;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.activations, L * sbh / 8 * (34 + 5 * a * s / h) + sbh + 6 * s * Vp / 8, 1);
+    /* selective: 34 s b h / t; fused attention the same without recomputing */
+    lay.recompute = L3D_RECOMPUTE_SELECTIVE;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    double sel = r.mem.activations;
+    double one_layer = sbh / 8 * (34 + 5 * a * s / h); /* the layer recomputed in backward */
+    CHECK_NEAR(sel, L * 34 * sbh / 8 + one_layer + sbh + 6 * s * Vp / 8, 1);
+    /* full: the layer input 2 s b h / t */
+    lay.recompute = L3D_RECOMPUTE_FULL;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + sbh + 6 * s * Vp / 8, 1);
+    /* ZeRO over dp 4: optimizer / 4, then gradients / 4 */
+    run = run16(32, 32, true);
+    lay = layout(8, 1, 4, 1, 1, 1, L3D_RECOMPUTE_FULL, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    n = r.mem.params / 2;
+    CHECK_NEAR(r.mem.optimizer, 12 * n / 4, 1);
+    CHECK_NEAR(r.mem.grads, 2 * n, 1);
+    lay.zero = 2;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.grads, 2 * n / 4, 1);
+    /* 1F1B with pp 4 and m 8: stage 0 keeps 4 micro-batches of L/4 layers = L layers' worth
+     * (Korthikanti et al. sec. 4.2.3); GPipe keeps all 8 */
+    run = run16(32, 8, true);
+    one_layer = 34 * sbh / 8; /* fused attention: no scores */
+    lay = layout(8, 4, 1, 1, 1, 0, L3D_RECOMPUTE_FULL, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(r.mem.stage == 0 && r.mem.in_flight == 4);
+    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + 4 * sbh, 1);
+    lay.schedule = L3D_PP_GPIPE;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(r.mem.in_flight == 8);
+    CHECK_NEAR(r.mem.activations, 2 * L * 2 * sbh / 8 + one_layer + 8 * sbh, 1);
+    /* interleaved, v 2: stage 0 runs 2 (p - 1) + (v - 1) p + 1 = 11 chunk-forwards before its
+     * first backward: L (1 + (p - 1)/(p v)) layers' worth, Narayanan et al. sec. 2.2.2 */
+    lay = layout(8, 4, 1, 1, 2, 0, L3D_RECOMPUTE_FULL, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(r.mem.in_flight == 11);
+    CHECK_NEAR(r.mem.activations, 11 * (L / 8) * 2 * sbh / 8 + one_layer + 11 * sbh, 1);
+}
+
+static void test_memory_trainer(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    m.s = 256;
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.global_batch = 4;
+    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_plan_result r;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    struct l3d_shard sh = l3d_shard_full(&c);
+    double n = (double)l3d_gpt_param_count(&c);
+    /* fp32: 4 bytes of weights, 4 of gradients, 8 of AdamW moments; the trainer's own plan */
+    CHECK_NEAR(r.mem.params, 4 * n, 0);
+    CHECK_NEAR(r.mem.grads, 4 * n, 0);
+    CHECK_NEAR(r.mem.optimizer, 8 * n, 0);
+    CHECK_NEAR(r.mem.activations,
+               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_NONE), 0);
+    CHECK_NEAR(r.mem.other, 2.0 * 4 * 4 * 256 * 8, 0);
+    /* the activations of the full recomputation: the model's closed form again */
+    lay.recompute = L3D_RECOMPUTE_FULL;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.activations,
+               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_FULL), 0);
+    /* the trainer's partition for pp 2 (9 + 3 layers for GPT-2 124M) */
+    int layers[2];
+    CHECK(l3d_plan_stage_layers(&m, &run, 2, layers) == L3D_OK);
+    CHECK(layers[0] + layers[1] == 12 && layers[0] > layers[1]);
+}
+
+static void test_flops_and_time(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    struct l3d_plan_run run = run16(128, 640, true);
+    struct l3d_plan_layout lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    struct l3d_plan_result r;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    /* Narayanan et al. 2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) with the recomputation, 72
+     * (and the same head term) without */
+    double B = 640, s = 2048, l = 96, h = 12288, V = c.Vp;
+    double eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+    CHECK_NEAR(r.hw_flops / eq3, 1.0, 1e-12);
+    CHECK_NEAR(r.model_flops, eq3 - 24 * B * s * l * h * h * (1 + s / (6 * h)), eq3 * 1e-12);
+    CHECK_NEAR(r.hfu / r.mfu, r.hw_flops / r.model_flops, 1e-12);
+    CHECK(r.m == 320);
+    /* the parts add up to the step */
+    const struct l3d_plan_time *t = &r.time;
+    CHECK_NEAR(t->gemm + t->attention + t->elementwise + t->tp_comm + t->pp_p2p + t->bubble +
+                   t->dp_comm + t->embed_sync + t->optimizer, t->step, t->step * 1e-9);
+    CHECK(t->tp_comm > 0 && t->bubble > 0 && t->dp_comm > 0 && t->recompute > 0);
+    /* the bubble: about (p - 1)/m of the pipeline's busy time, less when the stages are uneven */
+    double busy = t->gemm + t->attention + t->elementwise + t->tp_comm + t->pp_p2p;
+    CHECK(t->bubble < busy * 15.0 / 320 * 1.001 && t->bubble > busy * 15.0 / 320 * 0.8);
+    /* interleaving v 2 halves it; twice the micro-batches halve its share */
+    lay = layout(4, 16, 2, 1, 2, 1, L3D_RECOMPUTE_FULL, false);
+    struct l3d_plan_result r2;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK_NEAR(r2.time.bubble / r.time.bubble, 0.5, 0.03);
+    CHECK(r2.time.pp_p2p > r.time.pp_p2p);
+    /* no TP: no TP communication; no recomputation: less time, same model FLOPs */
+    lay = layout(1, 16, 8, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(r2.time.tp_comm == 0 && r2.time.recompute == 0);
+    CHECK_NEAR(r2.model_flops, r.model_flops, 1);
+    CHECK_NEAR(r2.hw_flops, r2.model_flops, 1);
+    /* dp 2 -> 4 halves the micro-batches per pipeline: less time a step */
+    run = run16(256, 640, true);
+    lay = layout(4, 16, 4, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(r2.m == 160 && r2.time.step < r.time.step && r2.time.step > r.time.step / 2);
+    /* the Frontier runs within the 2 points (docs/frontier.md): HFU, as their counter */
+    struct { const char *model; int64_t dev, batch; int tp, pp, dp, zero; double pct; } fr[] = {
+        {"frontier-22b", 16, 640, 1, 8, 2, 0, 38.38},
+        {"frontier-175b", 128, 640, 4, 16, 2, 1, 36.14},
+        {"frontier-1t", 1024, 1024, 4, 128, 2, 1, 31.96},
+    };
+    for (int i = 0; i < 3; i++) {
+        CHECK(l3d_plan_model_preset(&m, fr[i].model) == L3D_OK);
+        run = run16(fr[i].dev, fr[i].batch, true);
+        lay = layout(fr[i].tp, fr[i].pp, fr[i].dp, 1, 1, fr[i].zero, L3D_RECOMPUTE_FULL, false);
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+        CHECK_NEAR(100 * r.hfu, fr[i].pct, 2.0);
+        CHECK(r.fits);
+    }
+}
+
+static void test_checks_and_search(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    struct l3d_plan_run run = run16(128, 640, true);
+    struct l3d_plan_result r;
+    struct { struct l3d_plan_layout lay; const char *want; } bad[] = {
+        {layout(4, 16, 1, 1, 1, 0, 0, false), "not the 128 devices"},
+        {layout(128, 1, 1, 1, 1, 0, 0, false), "heads"},
+        {layout(4, 32, 1, 3, 1, 0, 0, false), "not a multiple of micro-batch 3"},
+        {layout(4, 1, 32, 1, 2, 0, 0, false), "pp >= 2"},
+        {layout(4, 32, 1, 1, 1, 0, 0, true), "sequence parallelism"}, /* fine: tp 4 | 2048 */
+        {layout(2, 64, 1, 1, 1, 0, 0, false), "do not split evenly"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        l3d_status st = l3d_plan_evaluate(&m, &prof, &run, &bad[i].lay, &r);
+        if (i == 4) {
+            CHECK(st == L3D_OK);
+            continue;
+        }
+        CHECK(st == L3D_ERR_LAYOUT);
+        if (!strstr(l3d_error_message(), bad[i].want)) {
+            fprintf(stderr, "case %zu: '%s' lacks '%s'\n", i, l3d_error_message(), bad[i].want);
+            CHECK(0);
+        }
+    }
+    /* search over 3072 GCDs: sorted, every result valid and fitting, in well under a second */
+    struct l3d_plan_result best[16];
+    int n = 0;
+    struct l3d_plan_search_stats stats;
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    run = run16(3072, 1536, true);
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(n == 16 && stats.valid > 1000 && stats.fit >= 16 && stats.seconds < 5);
+    for (int i = 0; i < n; i++) {
+        const struct l3d_plan_layout *l = &best[i].layout;
+        CHECK(best[i].fits && best[i].mem.total <= prof.mem_bytes);
+        CHECK((int64_t)l->tp * l->pp * l->dp == 3072);
+        CHECK(m.heads % l->tp == 0 && m.L % (l->pp * l->v) == 0);
+        if (i) CHECK(best[i - 1].time.step <= best[i].time.step);
+    }
+    /* the best beats a hand-picked layout too */
+    struct l3d_plan_layout hand = layout(8, 16, 24, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &hand, &r) == L3D_OK);
+    CHECK(best[0].time.step <= r.time.step);
+    /* fixed parts are kept */
+    fx.tp = 4;
+    fx.pp = 16;
+    fx.recompute = L3D_RECOMPUTE_FULL;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    for (int i = 0; i < n; i++)
+        CHECK(best[i].layout.tp == 4 && best[i].layout.pp == 16 &&
+              best[i].layout.recompute == L3D_RECOMPUTE_FULL);
+    /* nothing fits: OK with no result; a tp that divides nothing: an error naming it */
+    fx = l3d_plan_fixed_none();
+    CHECK(l3d_plan_model_preset(&m, "frontier-1t") == L3D_OK);
+    run = run16(8, 8, true);
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(n == 0 && stats.valid > 0 && stats.fit == 0);
+    fx.tp = 3;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--tp 3") != NULL);
+    /* explanation names a part of the time */
+    char why[512];
+    l3d_plan_explain(&best[0], NULL, why, sizeof why);
+    CHECK(strcmp(why, "the only layout that fits") == 0);
+}
+
+int main(void) {
+    test_profiles();
+    test_memory_mixed();
+    test_memory_trainer();
+    test_flops_and_time();
+    test_checks_and_search();
+    return TEST_REPORT();
+}
