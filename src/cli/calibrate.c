@@ -109,24 +109,40 @@ static float *filled(int64_t n, float lo, float hi, uint64_t stream) {
         }                                                                                          \
     } while (0)
 
-/* Bytes/s of four element-wise kernels of the backend with the current thread count: each reads
- * and writes its arrays once (rows of layernorm stay in cache between its passes), counted as the
- * triad is counted (no write-allocate traffic). */
-static void measure_kernels(struct l3d_backend *be, struct calib *c) {
+#define TIME_ONE(best, call)                                                                       \
+    do {                                                                                           \
+        double t0_ = l3d_time_s();                                                                 \
+        call;                                                                                      \
+        (best) = fmin((best), l3d_time_s() - t0_);                                                 \
+    } while (0)
+
+/* With all cores: STREAM's triad and four element-wise kernels of the backend, interleaved pass
+ * by pass for about `secs` (the memory bandwidth of a shared machine swings by 2x from one second
+ * to the next: interleaved, the triad and the kernels see the same spells), the best pass of each.
+ * A kernel's bytes are its arrays read and written once (layernorm's rows stay in cache between
+ * its passes), counted as the triad is counted, without write-allocate traffic: adamw, which
+ * updates in place, can pass the triad. Then the triad on one thread (printed only). */
+static void measure_memory(struct l3d_backend *be, struct calib *c) {
     const int64_t n = c->k_n, C = 768, N = n / C;
-    const double secs = c->quick ? 0.1 : 0.3;
+    const double secs = c->quick ? 0.5 : 3.0;
     float *a = filled(n, -2.0f, 2.0f, 1), *b = filled(n, -2.0f, 2.0f, 2);
     float *m = filled(n, -0.01f, 0.01f, 3), *v = filled(n, 0.0f, 0.01f, 4);
     float *w = filled(C, 0.5f, 1.5f, 5), *bias = filled(C, -0.1f, 0.1f, 6);
     float *mean = filled(N, 0.0f, 0.0f, 7), *rstd = filled(N, 0.0f, 0.0f, 8);
     const struct l3d_backend_i *k = be->i;
-    double t[4];
-    TIME_BEST(t[0], secs, k->layernorm_forward(be->ctx, b, mean, rstd, a, w, bias, N, C));
-    TIME_BEST(t[1], secs, k->gelu_forward(be->ctx, b, a, n));
-    TIME_BEST(t[2], secs, k->residual_forward(be->ctx, m, a, b, n));
-    /* a tiny learning rate: the parameters stay finite however often it runs */
-    TIME_BEST(t[3], secs, k->adamw(be->ctx, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                                    0.1f, 0.05f));
+    double t[5] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    double start = l3d_time_s();
+    for (int r = 0; r < 5 || l3d_time_s() - start < secs; r++) {
+        t[4] = fmin(t[4], l3d_cpu_triad_pass(m, a, b, n)); /* m = a + b / 2 */
+        TIME_ONE(t[0], k->layernorm_forward(be->ctx, b, mean, rstd, a, w, bias, N, C));
+        TIME_ONE(t[1], k->gelu_forward(be->ctx, b, a, n));
+        TIME_ONE(t[2], k->residual_forward(be->ctx, m, a, b, n));
+        /* a tiny learning rate: the parameters stay put however often it runs */
+        TIME_ONE(t[3], k->adamw(be->ctx, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
+                                 0.1f, 0.05f));
+    }
+    c->triad_bytes = 12 * (size_t)n;
+    c->bw_all = 12.0 * (double)n / t[4];
     const double bytes[4] = {(2.0 * N * C + 2.0 * N) * 4, 8.0 * n, 12.0 * n, 28.0 * n};
     double frac[4];
     for (int i = 0; i < 4; i++) {
@@ -134,6 +150,14 @@ static void measure_kernels(struct l3d_backend *be, struct calib *c) {
         frac[i] = c->k_bw[i] / c->bw_all;
     }
     c->kernel_bw_eff = median(frac, 4);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double t1 = INFINITY;
+    start = l3d_time_s();
+    for (int r = 0; r < 3 || l3d_time_s() - start < secs / 4; r++)
+        t1 = fmin(t1, l3d_cpu_triad_pass(m, a, b, n));
+    c->bw_one = 12.0 * (double)n / t1;
+    omp_set_num_threads(threads);
     float *bufs[] = {a, b, m, v, w, bias, mean, rstd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
@@ -141,12 +165,12 @@ static void measure_kernels(struct l3d_backend *be, struct calib *c) {
 /* dnnl_sgemm of one thread on GPT-shaped products: rows M of a micro-batch (B*T), N x K from the
  * layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by FLOPs (2 m n k)
  * in half decades from 1e6 to 1e11; a point is the geometric mean of its bucket's FLOPs and the
- * median fraction of the FMA peak, each product at its best pass. */
+ * median FLOP/s (made a fraction of the FMA peak by the caller), each product at its best pass. */
 static void measure_gemm(struct calib *c) {
     static const int64_t Ms[] = {64, 256, 1024, 2048};
     static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
     const int per_bucket = c->quick ? 1 : 3;
-    const double secs = c->quick ? 0.02 : 0.1;
+    const double secs = c->quick ? 0.02 : 0.3;
     c->n_eff = 0;
     c->eff_shapes = 0;
     for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
@@ -168,7 +192,7 @@ static void measure_gemm(struct calib *c) {
             int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
             const int64_t *sh = shape[idx];
             double f = 2.0 * sh[0] * sh[1] * sh[2];
-            frac[s] = l3d_cpu_sgemm_flops(sh[0], sh[1], sh[2], secs) / c->fma;
+            frac[s] = l3d_cpu_sgemm_flops(sh[0], sh[1], sh[2], secs); /* FLOP/s for now */
             logf += log(f);
         }
         c->eff_flops[c->n_eff] = exp(logf / take);
@@ -178,20 +202,19 @@ static void measure_gemm(struct calib *c) {
     }
 }
 
-/* Attention core at GPT-2 small's shape with one thread. Model FLOPs (Narayanan et al. 2021,
- * sec. 5.1: 4 B s^2 h for Q K^T and P V forward, twice that backward), full T^2: the causal
- * half that is masked is counted, as Megatron counts it (and as this kernel computes it). */
+/* Attention core at GPT-2 small's shape with one thread: best forward and backward times. The
+ * caller divides model FLOPs 12 B T^2 C (Narayanan et al. 2021, sec. 5.1: 4 B s^2 h for Q K^T
+ * and P V forward, twice that backward) by them: the full T^2, the masked causal half counted,
+ * as Megatron counts it (and as this kernel computes it). */
 static void measure_attention(struct l3d_backend *be, struct calib *c) {
     const int64_t B = 4, T = 256, NH = 12, HS = 64, C = NH * HS;
     float *qkv = filled(B * T * 3 * C, -1.0f, 1.0f, 11), *dout = filled(B * T * C, -1.0f, 1.0f, 12);
     float *out = filled(B * T * C, 0.0f, 0.0f, 13), *dqkv = filled(B * T * 3 * C, 0.0f, 0.0f, 14);
     float *att = filled(B * NH * T * T, 0.0f, 0.0f, 15), *datt = filled(B * NH * T * T, 0.0f, 0.0f, 16);
-    const double secs = c->quick ? 0.1 : 0.5;
+    const double secs = c->quick ? 0.1 : 1.0;
     TIME_BEST(c->attn_fwd_s, secs, be->i->attention_forward(be->ctx, out, att, qkv, B, T, NH, HS));
     TIME_BEST(c->attn_bwd_s, secs, be->i->attention_backward(be->ctx, dqkv, datt, dout, qkv, att,
                                                             B, T, NH, HS));
-    double flops = 12.0 * B * T * T * C;
-    c->attn_eff = flops / (c->attn_fwd_s + c->attn_bwd_s) / c->fma;
     float *bufs[] = {qkv, dout, out, dqkv, att, datt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
@@ -199,30 +222,31 @@ static void measure_attention(struct l3d_backend *be, struct calib *c) {
 static void measure_compute(struct calib *c) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     c->cores = widen_affinity();
-    c->triad_bytes = (size_t)(c->quick ? 192 : 768) << 20;
     c->k_n = (int64_t)(c->quick ? 16 : 32) << 20;
     printf("calibrating on %d cores%s\n", c->cores, c->quick ? " (--quick)" : "");
     fflush(stdout);
     omp_set_num_threads(c->cores);
-    c->bw_all = l3d_cpu_triad_bw(c->triad_bytes, c->quick ? 0.2 : 1.0);
-    measure_kernels(be, c);
-    omp_set_num_threads(1);
-    c->bw_one = l3d_cpu_triad_bw(c->triad_bytes, c->quick ? 0.2 : 1.0);
+    measure_memory(be, c);
     printf("memory bandwidth (triad): %.1f GB/s on %d cores (%.1f a core), %.1f GB/s on one\n",
            c->bw_all / 1e9, c->cores, c->bw_all / 1e9 / c->cores, c->bw_one / 1e9);
     for (int i = 0; i < 4; i++)
         printf("  %-18s %6.1f GB/s on %d cores (%.0f%%)\n", k_names[i], c->k_bw[i] / 1e9,
                c->cores, 100.0 * c->k_bw[i] / c->bw_all);
     fflush(stdout);
+    omp_set_num_threads(1);
+    /* the FMA peak before, between and after the products, the highest: the clock and the
+     * neighbours vary */
     c->fma = l3d_cpu_fma_peak(1.0);
-    printf("fp32 FMA peak of one core: %.1f GFLOP/s\n", c->fma / 1e9);
-    fflush(stdout);
     measure_gemm(c);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    measure_attention(be, c);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    printf("fp32 FMA peak of one core: %.1f GFLOP/s\n", c->fma / 1e9);
+    for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
     printf("sgemm, one core (fraction of the FMA peak):");
     for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
     printf("\n");
-    fflush(stdout);
-    measure_attention(be, c);
+    c->attn_eff = 12.0 * 4 * 256 * 256 * 768 / (c->attn_fwd_s + c->attn_bwd_s) / c->fma;
     printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
            "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
     fflush(stdout);
@@ -237,7 +261,7 @@ static void measure_compute(struct calib *c) {
  * 4 MiB, each after a barrier, median of all; latency: median of back-to-back 8-byte all-reduces.
  * Results on rank 0. */
 static void measure_comm(struct l3d_comm *w, struct calib *c) {
-    const int reps = c->quick ? 10 : 30, lat_reps = c->quick ? 300 : 2000;
+    const int reps = c->quick ? 10 : 50, lat_reps = c->quick ? 300 : 5000;
     const int64_t max = (4 << 20) / 4;
     float *buf = l3d_alloc((size_t)max * sizeof(float), "calibrate");
     for (int64_t i = 0; i < max; i++) buf[i] = 1e-6f; /* touched before timing */
@@ -246,7 +270,7 @@ static void measure_comm(struct l3d_comm *w, struct calib *c) {
     const double p = w->size;
     int k = 0;
     for (int64_t count = max / 4; count <= max; count *= 2) {
-        l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL); /* warm-up */
+        for (int r = 0; r < 3; r++) l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
         for (int r = 0; r < reps; r++) {
             l3d_comm_barrier(w);
             double t0 = l3d_time_s();
@@ -302,7 +326,7 @@ static void write_profile(FILE *f, const struct calib *c) {
     fprintf(f, "device = one core of %s (%d cores%s)\n", model, c->cores,
             __builtin_cpu_supports("avx512f") ? ", AVX-512" : ", AVX2");
     fprintf(f, "\n%s: fp32 fused multiply-adds of one thread, independent %s chains, "
-               "best of 5 rounds\n",
+               "the best of 5 rounds before, between and after the products below\n",
             by, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2");
     fprintf(f, "peak_tflops_fp32 = %.4g\n", c->fma / 1e12);
     fprintf(f, "# not measured: the CPU backend computes in fp32 only\n");
@@ -311,7 +335,7 @@ static void write_profile(FILE *f, const struct calib *c) {
             c->cores);
     fprintf(f, "mem_gb = %.4g\n", c->mem_bytes / 1e9 / c->cores);
     fprintf(f, "%s: STREAM triad (12 bytes an element) on all %d cores at once over 3 arrays of "
-               "%zu MiB in all, best pass: %.1f GB/s / %d cores (one core alone: %.1f GB/s)\n",
+               "%zu MiB in all, best pass, interleaved with the kernels below: %.1f GB/s / %d cores (one core alone: %.1f GB/s)\n",
             by, c->cores, c->triad_bytes >> 20, c->bw_all / 1e9, c->cores, c->bw_one / 1e9);
     fprintf(f, "mem_bw_gbs = %.4g\n", c->bw_all / 1e9 / c->cores);
     fprintf(f, "\n%s: cores (logical CPUs this process may use)\n", by);
@@ -319,9 +343,9 @@ static void write_profile(FILE *f, const struct calib *c) {
     fprintf(f, "# cores share no faster link than memory\npair_size = 1\npair_bw_gbs = 0\n");
     fprintf(f, "%s: all-reduce between %d ranks of this machine through the communicator "
                "(%s): bus bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 and 4 MiB\n",
-            by, c->ranks, l3d_comm_mpi_library(), c->quick ? 30 : 90);
+            by, c->ranks, l3d_comm_mpi_library(), c->quick ? 30 : 150);
     fprintf(f, "intra_bw_gbs = %.4g\n", c->intra_bw / 1e9);
-    fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, c->quick ? 300 : 2000);
+    fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, c->quick ? 300 : 5000);
     fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
     fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
     fprintf(f, "\n%s: dnnl_sgemm on one core, %d GPT-shaped products (M in 64..2048, N and K in "
@@ -337,7 +361,7 @@ static void write_profile(FILE *f, const struct calib *c) {
             by, c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3);
     fprintf(f, "attn_eff = %.3f\n", c->attn_eff);
     fprintf(f, "%s: the backend's element-wise kernels on all %d cores over %lld-element arrays, "
-               "bytes read + written once / best time / triad bandwidth of all cores:",
+               "bytes read + written once / best time / triad bandwidth of all cores, interleaved:",
             by, c->cores, (long long)c->k_n);
     for (int i = 0; i < 4; i++)
         fprintf(f, " %s %.2f%s", k_names[i], c->k_bw[i] / c->bw_all, i < 3 ? "," : "");
