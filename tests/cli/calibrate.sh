@@ -53,8 +53,12 @@ between() { awk -v x="$(val "$1")" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x + 0 =
 for k in peak_tflops_fp32 mem_gb mem_bw_gbs intra_bw_gbs intra_lat_us; do
     check "$k = $(val $k) is positive" between $k 0 1e9
 done
-check "attn_eff = $(val attn_eff) in (0, 1.2]" between attn_eff 0 1.2
-check "kernel_bw_eff = $(val kernel_bw_eff) in (0, 2]" between kernel_bw_eff 0 2
+# fractions of the peaks: under the sanitizers (L3D_SANITIZED) the instrumented FMA and triad loops
+# are slower than oneDNN's uninstrumented sgemm, so there only their sign is checked
+max=1.2
+full || max=1e9
+check "attn_eff = $(val attn_eff) in (0, $max]" between attn_eff 0 $max
+check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
 check "devices_per_node = $(val devices_per_node): 1 to the online CPUs" \
     between devices_per_node 0 "$(getconf _NPROCESSORS_ONLN)"
 check "pair_size = 1, pair_bw 0, no network, no bf16/fp16" test "$(val pair_size) $(val pair_bw_gbs) \
@@ -62,13 +66,13 @@ $(val inter_bw_gbs) $(val inter_lat_us) $(val peak_tflops_bf16) $(val peak_tflop
 mem_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
 check "mem_gb x devices is the machine's memory (within 5%)" awk -v g="$(val mem_gb)" \
     -v d="$(val devices_per_node)" -v kb="$mem_kb" 'BEGIN { r = g * d * 1e9 / (kb * 1024); exit !(r > 0.95 && r < 1.05) }'
-check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fractions in (0, 1.2]" \
-    awk -v pts="$(val gemm_eff)" 'BEGIN {
+check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fractions in (0, $max]" \
+    awk -v pts="$(val gemm_eff)" -v max=$max 'BEGIN {
         n = split(pts, p, " "); if (n < 6) exit 1
         for (i = 1; i <= n; i++) {
             if (split(p[i], fe, ":") != 2) exit 1
             f = fe[1] + 0; e = fe[2] + 0
-            if (!(e > 0 && e <= 1.2) || (i > 1 && f <= prev)) exit 1
+            if (!(e > 0 && e <= max) || (i > 1 && f <= prev)) exit 1
             if (i == 1) first = f
             prev = f
         }
