@@ -411,7 +411,7 @@ static void usage(FILE *f) {
             "element-wise\nkernel bandwidth, attention efficiency, MPI all-reduce bandwidth and "
             "latency between the ranks.\n"
             "  --out FILE   where to write it (default: local.prof in this directory)\n"
-            "  --quick      shorter measurements (about a third of the time; noisier figures)\n");
+            "  --quick      shorter measurements (about a fifth of the time; noisier figures)\n");
 }
 
 int l3d_cli_calibrate(int argc, char **argv) {
