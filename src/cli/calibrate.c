@@ -11,7 +11,10 @@
  *   1. all cores (its CPU affinity widened to every core the launcher's binding left out): STREAM
  *      triad bandwidth, and the backend's element-wise kernels at the same thread count;
  *   2. one thread: the triad again (printed), the FMA peak, dnnl_sgemm on a ladder of GPT-shaped
- *      products, and the backend's attention forward + backward at a GPT-2 small shape.
+ *      products, and the backend's attention forward + backward at a GPT-2 small shape;
+ *   3. back on the launcher's binding, the all-reduces.
+ * The CPU time each phase got is compared with the time it asked for: below 90%, other processes
+ * were running, and the file and the output say that the figures are low.
  * --quick (used by tests/cli/calibrate.sh) measures fewer products for shorter times and fewer
  * all-reduces: the same figures, noisier.
  */
@@ -55,6 +58,7 @@ struct calib {
     int ranks;
     double intra_bw, intra_lat;      /* bytes/s, seconds */
     double secs[3];                  /* time taken: compute, comm, total */
+    double share[3];                 /* CPU time got / asked for: all cores, one, all-reduce */
 };
 
 static const char *k_names[4] = {"layernorm_forward", "gelu_forward", "residual_forward", "adamw"};
@@ -73,8 +77,10 @@ static double median(double *v, int n) {
 
 /* Under mpiexec each rank is bound to one core (Open MPI binds to cores for 2 ranks), so its
  * OpenMP threads would share that core. Asks for every CPU (the kernel keeps those the cpuset
- * allows), on this thread and on every thread of the OpenMP pool, and returns their number. */
-static int widen_affinity(void) {
+ * allows), on this thread and on every thread of the OpenMP pool, and returns their number; *was
+ * is this thread's mask before, which measure_compute restores for the all-reduces. */
+static int widen_affinity(cpu_set_t *was) {
+    if (sched_getaffinity(0, sizeof *was, was) != 0) CPU_ZERO(was);
     cpu_set_t all;
     CPU_ZERO(&all);
     for (int i = 0; i < CPU_SETSIZE; i++) CPU_SET(i, &all);
@@ -86,6 +92,13 @@ static int widen_affinity(void) {
 #pragma omp parallel
     sched_setaffinity(0, sizeof all, &all);
     return n;
+}
+
+/* CPU time of this process, all its threads, in seconds */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static float *filled(int64_t n, float lo, float hi, uint64_t stream) {
@@ -131,7 +144,7 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
     float *mean = filled(N, 0.0f, 0.0f, 7), *rstd = filled(N, 0.0f, 0.0f, 8);
     const struct l3d_backend_i *k = be->i;
     double t[5] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
-    double start = l3d_time_s();
+    double start = l3d_time_s(), cpu0 = cpu_s();
     for (int r = 0; r < 5 || l3d_time_s() - start < secs; r++) {
         t[4] = fmin(t[4], l3d_cpu_triad_pass(m, a, b, n)); /* m = a + b / 2 */
         TIME_ONE(t[0], k->layernorm_forward(be->ctx, b, mean, rstd, a, w, bias, N, C));
@@ -141,6 +154,7 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
         TIME_ONE(t[3], k->adamw(be->ctx, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
                                  0.1f, 0.05f));
     }
+    c->share[0] = (cpu_s() - cpu0) / ((l3d_time_s() - start) * omp_get_max_threads());
     c->triad_bytes = 12 * (size_t)n;
     c->bw_all = 12.0 * (double)n / t[4];
     const double bytes[4] = {(2.0 * N * C + 2.0 * N) * 4, 8.0 * n, 12.0 * n, 28.0 * n};
@@ -221,7 +235,8 @@ static void measure_attention(struct l3d_backend *be, struct calib *c) {
 
 static void measure_compute(struct calib *c) {
     struct l3d_backend *be = l3d_backend_cpu_init();
-    c->cores = widen_affinity();
+    cpu_set_t bound;
+    c->cores = widen_affinity(&bound);
     c->k_n = (int64_t)(c->quick ? 16 : 32) << 20;
     printf("calibrating on %d cores%s\n", c->cores, c->quick ? " (--quick)" : "");
     fflush(stdout);
@@ -236,11 +251,13 @@ static void measure_compute(struct calib *c) {
     omp_set_num_threads(1);
     /* the FMA peak before, between and after the products, the highest: the clock and the
      * neighbours vary */
+    double wall0 = l3d_time_s(), cpu0 = cpu_s();
     c->fma = l3d_cpu_fma_peak(1.0);
     measure_gemm(c);
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     measure_attention(be, c);
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
     printf("fp32 FMA peak of one core: %.1f GFLOP/s\n", c->fma / 1e9);
     for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
     printf("sgemm, one core (fraction of the FMA peak):");
@@ -250,6 +267,7 @@ static void measure_compute(struct calib *c) {
     printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
            "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
     fflush(stdout);
+    if (CPU_COUNT(&bound) > 0) sched_setaffinity(0, sizeof bound, &bound);
     l3d_backend_free(be);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     c->mem_bytes = pages > 0 && page > 0 ? (double)pages * (double)page : 0.0;
@@ -267,7 +285,7 @@ static void measure_comm(struct l3d_comm *w, struct calib *c) {
     for (int64_t i = 0; i < max; i++) buf[i] = 1e-6f; /* touched before timing */
     double *t = l3d_alloc((size_t)(lat_reps > 3 * reps ? lat_reps : 3 * reps) * sizeof(double),
                           "calibrate");
-    const double p = w->size;
+    const double p = w->size, wall0 = l3d_time_s(), cpu0 = cpu_s();
     int k = 0;
     for (int64_t count = max / 4; count <= max; count *= 2) {
         for (int r = 0; r < 3; r++) l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
@@ -287,6 +305,7 @@ static void measure_comm(struct l3d_comm *w, struct calib *c) {
         t[r] = l3d_time_s() - t0;
     }
     c->intra_lat = median(t, lat_reps);
+    c->share[2] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
     l3d_free(t);
     l3d_free(buf);
 }
@@ -310,6 +329,11 @@ static void cpu_model(char *out, size_t n) {
     fclose(f);
 }
 
+/* Did another process take CPU time from the measurements? */
+static bool busy(const struct calib *c) {
+    return c->share[0] < 0.9 || c->share[1] < 0.9 || c->share[2] < 0.9;
+}
+
 static void write_profile(FILE *f, const struct calib *c) {
     char date[32], model[160];
     time_t now = time(NULL);
@@ -322,6 +346,10 @@ static void write_profile(FILE *f, const struct calib *c) {
                "profiles/README.md.\n# A device is one CPU core: a rank with k OpenMP threads uses "
                "k devices (llm3d plan --threads k).\n",
             c->quick ? " --quick" : "", date, c->secs[2]);
+    if (busy(c))
+        fprintf(f, "# WARNING: other processes were running: the measurements got %.0f%% of the "
+                   "%d cores, %.0f%% of one, %.0f%% during the all-reduces; these figures are low\n",
+                100.0 * c->share[0], c->cores, 100.0 * c->share[1], 100.0 * c->share[2]);
     fprintf(f, "name = local\n");
     fprintf(f, "device = one core of %s (%d cores%s)\n", model, c->cores,
             __builtin_cpu_supports("avx512f") ? ", AVX-512" : ", AVX2");
@@ -492,6 +520,11 @@ int l3d_cli_calibrate(int argc, char **argv) {
     if (lead) {
         printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 bytes)\n",
                world->size, c.intra_bw / 1e9, c.intra_lat * 1e6);
+        printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
+               "all-reduces\n", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);
+        if (busy(&c))
+            fprintf(stderr, "llm3d " CMD ": warning: other processes were running, so the figures "
+                    "are low (the file says so); calibrate on an idle machine\n");
         st = write_file(out, &c);
         if (st == L3D_OK)
             printf("wrote %s (measured in %.0f s: compute %.0f s, all-reduce %.0f s)\n", out,
