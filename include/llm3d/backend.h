@@ -22,6 +22,7 @@
 #ifndef LLM3D_BACKEND_H
 #define LLM3D_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct l3d_backend_i {
@@ -112,5 +113,12 @@ void l3d_backend_free(struct l3d_backend *be);
  * thread: the peak MFU is quoted against), and dnnl_sgemm on an M x N x K product. */
 double l3d_cpu_fma_peak(double seconds);
 double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds);
+/* Memory bandwidth in bytes/s reached by STREAM's triad (a = b + s c, 12 bytes an element) over
+ * three arrays of `bytes` in all (make it much larger than the caches) with the current OpenMP
+ * thread count: the best pass of those run in about `seconds` (at least 4). One pass over
+ * caller's arrays of n elements, in seconds: l3d_cpu_triad_pass (to interleave with other
+ * measurements on a machine whose bandwidth varies). */
+double l3d_cpu_triad_bw(size_t bytes, double seconds);
+double l3d_cpu_triad_pass(float *a, const float *b, const float *c, int64_t n);
 
 #endif

@@ -1,6 +1,7 @@
-/* Measured peak FLOP/s of this CPU: FMA throughput and sgemm (include/llm3d/backend.h). */
+/* Measured peaks of this CPU: FMA throughput, sgemm, STREAM triad bandwidth (include/llm3d/backend.h). */
 #include <dnnl.h>
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 
 #include "llm3d/backend.h"
@@ -75,4 +76,40 @@ double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds) {
     l3d_free(B);
     l3d_free(C);
     return best;
+}
+
+/* STREAM's triad (McCalpin 1995), a[i] = b[i] + s c[i], counted as STREAM counts it: 3 x 4 bytes
+ * an element (two reads, one write; the write-allocate read of a is not counted). */
+double l3d_cpu_triad_pass(float *a, const float *b, const float *c, int64_t n) {
+    const float s = 0.5f;
+    double t0 = l3d_time_s();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+    return l3d_time_s() - t0;
+}
+
+/* The arrays are first touched by the threads that time them (same static schedule), so pages
+ * sit on their nodes and no page fault is timed. */
+double l3d_cpu_triad_bw(size_t bytes, double seconds) {
+    int64_t n = (int64_t)(bytes / (3 * sizeof(float)));
+    float *a = l3d_alloc((size_t)n * sizeof(float), "bench");
+    float *b = l3d_alloc((size_t)n * sizeof(float), "bench");
+    float *c = l3d_alloc((size_t)n * sizeof(float), "bench");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = 0.0f;
+        b[i] = 1.0f;
+        c[i] = 2.0f;
+    }
+    double best = INFINITY, start = l3d_time_s();
+    for (int reps = 0; reps < 4 || l3d_time_s() - start < seconds; reps++) {
+        double dt = l3d_cpu_triad_pass(a, b, c, n);
+        if (dt < best) best = dt;
+    }
+    volatile float keep = a[n / 2]; /* the stores are live */
+    (void)keep;
+    l3d_free(a);
+    l3d_free(b);
+    l3d_free(c);
+    return 3.0 * sizeof(float) * (double)n / best;
 }

@@ -1,4 +1,5 @@
-/* llm3d bench: this machine's measured peaks and a model's training throughput. */
+/* llm3d bench: this machine's measured peaks and a model's training throughput; with --calibrate,
+ * its system profile (src/cli/calibrate.c). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,8 @@
 #include "llm3d/train.h"
 
 int l3d_cli_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--calibrate") == 0) return l3d_cli_calibrate(argc, argv);
     struct l3d_train_config tc;
     l3d_train_config_defaults(&tc);
     l3d_gpt_config_preset(&tc.model, "d12");
@@ -19,7 +22,10 @@ int l3d_cli_bench(int argc, char **argv) {
     int rc = l3d_cli_train_flags("bench", argc, argv, &tc);
     if (rc >= 0) {
         if (rc == 0) printf("\nbench takes train's model, batch and optimizer flags; it trains on "
-                            "random tokens (--train ignored) and reports the median step.\n");
+                            "random tokens (--train ignored) and reports the median step.\n"
+                            "llm3d bench --calibrate [--out FILE] [--quick], under mpiexec, measures "
+                            "this machine and writes\nits system profile for llm3d plan (see llm3d "
+                            "bench --calibrate --help).\n");
         return rc;
     }
     struct l3d_comm *world;

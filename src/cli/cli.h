@@ -25,6 +25,9 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
 int l3d_cli_bench(int argc, char **argv);
 /* llm3d plan [flags] (src/cli/plan.c) */
 int l3d_cli_plan(int argc, char **argv);
+/* llm3d bench --calibrate [--out FILE] [--quick]: this machine's system profile, under mpiexec
+ * (src/cli/calibrate.c); l3d_cli_bench passes every argument when one is --calibrate */
+int l3d_cli_calibrate(int argc, char **argv);
 /* llm3d compare RUN REFERENCE [--rtol R] (src/cli/compare.c) */
 int l3d_cli_compare(int argc, char **argv);
 /* llm3d convert CHECKPOINT OUT.bin (src/cli/convert.c) */

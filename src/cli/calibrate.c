@@ -1,0 +1,537 @@
+/*
+ * llm3d bench --calibrate [--out FILE] [--quick]: measures this machine and writes its system
+ * profile (format: profiles/README.md) with `name = local`, where a device is one CPU core.
+ *
+ *   OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate          # writes ./local.prof
+ *
+ * It needs two or more ranks on this machine: the MPI figures (intra_bw_gbs, intra_lat_us) are an
+ * all-reduce between them. Rank 0 measures the compute figures while the other ranks sleep (in a
+ * polled receive, so that they take no core), then every rank measures the all-reduce, then rank 0
+ * writes the file (FILE.tmp, fsync, rename). Order of the compute measurements on rank 0:
+ *   1. all cores (its CPU affinity widened to every core the launcher's binding left out): STREAM
+ *      triad bandwidth, and the backend's element-wise kernels at the same thread count;
+ *   2. one thread: the triad again (printed), the FMA peak, dnnl_sgemm on a ladder of GPT-shaped
+ *      products, and the backend's attention forward + backward at a GPT-2 small shape;
+ *   3. back on the launcher's binding, the all-reduces.
+ * The CPU time each phase got is compared with the time it asked for: below 90%, other processes
+ * were running, and the file and the output say that the figures are low.
+ * --quick (used by tests/cli/calibrate.sh) measures fewer products for shorter times and fewer
+ * all-reduces: the same figures, noisier.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "llm3d/backend.h"
+#include "llm3d/comm.h"
+#include "llm3d/core.h"
+
+#define CMD "bench"
+#define MAX_POINTS 16
+#define TAG_GO 7301 /* rank 0 -> the others: the compute measurements are done */
+
+struct calib {
+    bool quick;
+    int cores;                       /* devices: cores this process may run on */
+    double fma;                      /* fp32 FMA peak of one thread, FLOP/s */
+    double bw_one, bw_all;           /* triad, bytes/s: one thread; all cores together */
+    size_t triad_bytes;
+    int n_eff;                       /* gemm ladder: flops, fraction of fma, shapes per point */
+    double eff_flops[MAX_POINTS], eff[MAX_POINTS];
+    int eff_shapes;
+    double k_bw[4];                  /* element-wise kernels, bytes/s on all cores */
+    int64_t k_n;                     /* elements per kernel array */
+    double kernel_bw_eff;
+    double attn_fwd_s, attn_bwd_s, attn_eff;
+    double mem_bytes;
+    int ranks;
+    double intra_bw, intra_lat;      /* bytes/s, seconds */
+    double secs[3];                  /* time taken: compute, comm, total */
+    double share[3];                 /* CPU time got / asked for: all cores, one, all-reduce */
+};
+
+static const char *k_names[4] = {"layernorm_forward", "gelu_forward", "residual_forward", "adamw"};
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- compute, on rank 0 ------------------------------------------------------------------ */
+
+/* Under mpiexec each rank is bound to one core (Open MPI binds to cores for 2 ranks), so its
+ * OpenMP threads would share that core. Asks for every CPU (the kernel keeps those the cpuset
+ * allows), on this thread and on every thread of the OpenMP pool, and returns their number; *was
+ * is this thread's mask before, which measure_compute restores for the all-reduces. */
+static int widen_affinity(cpu_set_t *was) {
+    if (sched_getaffinity(0, sizeof *was, was) != 0) CPU_ZERO(was);
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int i = 0; i < CPU_SETSIZE; i++) CPU_SET(i, &all);
+    sched_setaffinity(0, sizeof all, &all);
+    cpu_set_t got;
+    if (sched_getaffinity(0, sizeof got, &got) != 0) return omp_get_num_procs();
+    int n = CPU_COUNT(&got);
+    omp_set_num_threads(n);
+#pragma omp parallel
+    sched_setaffinity(0, sizeof all, &all);
+    return n;
+}
+
+/* CPU time of this process, all its threads, in seconds */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *filled(int64_t n, float lo, float hi, uint64_t stream) {
+    float *p = l3d_alloc((size_t)n * sizeof(float), "calibrate");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * l3d_rng_uniform(1, stream, (uint64_t)i);
+    return p;
+}
+
+/* Best of the passes run in about `seconds` (at least 3, after one warm-up), in seconds. */
+#define TIME_BEST(best, seconds, call)                                                             \
+    do {                                                                                           \
+        call;                                                                                      \
+        double start_ = l3d_time_s();                                                              \
+        (best) = INFINITY;                                                                         \
+        for (int r_ = 0; r_ < 3 || l3d_time_s() - start_ < (seconds); r_++) {                      \
+            double t0_ = l3d_time_s();                                                             \
+            call;                                                                                  \
+            double dt_ = l3d_time_s() - t0_;                                                       \
+            if (dt_ < (best)) (best) = dt_;                                                        \
+        }                                                                                          \
+    } while (0)
+
+#define TIME_ONE(best, call)                                                                       \
+    do {                                                                                           \
+        double t0_ = l3d_time_s();                                                                 \
+        call;                                                                                      \
+        (best) = fmin((best), l3d_time_s() - t0_);                                                 \
+    } while (0)
+
+/* With all cores: STREAM's triad and four element-wise kernels of the backend, interleaved pass
+ * by pass for about `secs` (the memory bandwidth of a shared machine swings by 2x from one second
+ * to the next: interleaved, the triad and the kernels see the same spells), the best pass of each.
+ * A kernel's bytes are its arrays read and written once (layernorm's rows stay in cache between
+ * its passes), counted as the triad is counted, without write-allocate traffic: adamw, which
+ * updates in place, can pass the triad. Then the triad on one thread (printed only). */
+static void measure_memory(struct l3d_backend *be, struct calib *c) {
+    const int64_t n = c->k_n, C = 768, N = n / C;
+    const double secs = c->quick ? 0.5 : 3.0;
+    float *a = filled(n, -2.0f, 2.0f, 1), *b = filled(n, -2.0f, 2.0f, 2);
+    float *m = filled(n, -0.01f, 0.01f, 3), *v = filled(n, 0.0f, 0.01f, 4);
+    float *w = filled(C, 0.5f, 1.5f, 5), *bias = filled(C, -0.1f, 0.1f, 6);
+    float *mean = filled(N, 0.0f, 0.0f, 7), *rstd = filled(N, 0.0f, 0.0f, 8);
+    const struct l3d_backend_i *k = be->i;
+    double t[5] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    double start = l3d_time_s(), cpu0 = cpu_s();
+    for (int r = 0; r < 5 || l3d_time_s() - start < secs; r++) {
+        t[4] = fmin(t[4], l3d_cpu_triad_pass(m, a, b, n)); /* m = a + b / 2 */
+        TIME_ONE(t[0], k->layernorm_forward(be->ctx, b, mean, rstd, a, w, bias, N, C));
+        TIME_ONE(t[1], k->gelu_forward(be->ctx, b, a, n));
+        TIME_ONE(t[2], k->residual_forward(be->ctx, m, a, b, n));
+        /* a tiny learning rate: the parameters stay put however often it runs */
+        TIME_ONE(t[3], k->adamw(be->ctx, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
+                                 0.1f, 0.05f));
+    }
+    c->share[0] = (cpu_s() - cpu0) / ((l3d_time_s() - start) * omp_get_max_threads());
+    c->triad_bytes = 12 * (size_t)n;
+    c->bw_all = 12.0 * (double)n / t[4];
+    const double bytes[4] = {(2.0 * N * C + 2.0 * N) * 4, 8.0 * n, 12.0 * n, 28.0 * n};
+    double frac[4];
+    for (int i = 0; i < 4; i++) {
+        c->k_bw[i] = bytes[i] / t[i];
+        frac[i] = c->k_bw[i] / c->bw_all;
+    }
+    c->kernel_bw_eff = median(frac, 4);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double t1 = INFINITY;
+    start = l3d_time_s();
+    for (int r = 0; r < 3 || l3d_time_s() - start < secs / 4; r++)
+        t1 = fmin(t1, l3d_cpu_triad_pass(m, a, b, n));
+    c->bw_one = 12.0 * (double)n / t1;
+    omp_set_num_threads(threads);
+    float *bufs[] = {a, b, m, v, w, bias, mean, rstd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
+}
+
+/* dnnl_sgemm of one thread on GPT-shaped products: rows M of a micro-batch (B*T), N x K from the
+ * layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by FLOPs (2 m n k)
+ * in half decades from 1e6 to 1e11; a point is the geometric mean of its bucket's FLOPs and the
+ * median FLOP/s (made a fraction of the FMA peak by the caller), each product at its best pass. */
+static void measure_gemm(struct calib *c) {
+    static const int64_t Ms[] = {64, 256, 1024, 2048};
+    static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
+    const int per_bucket = c->quick ? 1 : 3;
+    const double secs = c->quick ? 0.02 : 0.3;
+    c->n_eff = 0;
+    c->eff_shapes = 0;
+    for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
+        double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0);
+        int64_t shape[128][3];
+        int n = 0;
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
+            for (size_t j = 0; j < sizeof NKs / sizeof NKs[0]; j++)
+                for (size_t l = 0; l < sizeof NKs / sizeof NKs[0]; l++) {
+                    double f = 2.0 * Ms[i] * NKs[j] * NKs[l];
+                    if (f >= lo && f < hi && n < 128)
+                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l], n++;
+                }
+        if (n == 0) continue;
+        int take = n < per_bucket ? n : per_bucket;
+        double frac[8], logf = 0.0;
+        for (int s = 0; s < take; s++) {
+            /* spread over the bucket's list (M slowest): different aspect ratios */
+            int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
+            const int64_t *sh = shape[idx];
+            double f = 2.0 * sh[0] * sh[1] * sh[2];
+            frac[s] = l3d_cpu_sgemm_flops(sh[0], sh[1], sh[2], secs); /* FLOP/s for now */
+            logf += log(f);
+        }
+        c->eff_flops[c->n_eff] = exp(logf / take);
+        c->eff[c->n_eff] = median(frac, take);
+        c->n_eff++;
+        c->eff_shapes += take;
+    }
+}
+
+/* Attention core at GPT-2 small's shape with one thread: best forward and backward times. The
+ * caller divides model FLOPs 12 B T^2 C (Narayanan et al. 2021, sec. 5.1: 4 B s^2 h for Q K^T
+ * and P V forward, twice that backward) by them: the full T^2, the masked causal half counted,
+ * as Megatron counts it (and as this kernel computes it). */
+static void measure_attention(struct l3d_backend *be, struct calib *c) {
+    const int64_t B = 4, T = 256, NH = 12, HS = 64, C = NH * HS;
+    float *qkv = filled(B * T * 3 * C, -1.0f, 1.0f, 11), *dout = filled(B * T * C, -1.0f, 1.0f, 12);
+    float *out = filled(B * T * C, 0.0f, 0.0f, 13), *dqkv = filled(B * T * 3 * C, 0.0f, 0.0f, 14);
+    float *att = filled(B * NH * T * T, 0.0f, 0.0f, 15), *datt = filled(B * NH * T * T, 0.0f, 0.0f, 16);
+    const double secs = c->quick ? 0.1 : 1.0;
+    TIME_BEST(c->attn_fwd_s, secs, be->i->attention_forward(be->ctx, out, att, qkv, B, T, NH, HS));
+    TIME_BEST(c->attn_bwd_s, secs, be->i->attention_backward(be->ctx, dqkv, datt, dout, qkv, att,
+                                                            B, T, NH, HS));
+    float *bufs[] = {qkv, dout, out, dqkv, att, datt};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
+}
+
+static void measure_compute(struct calib *c) {
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    cpu_set_t bound;
+    c->cores = widen_affinity(&bound);
+    c->k_n = (int64_t)(c->quick ? 16 : 32) << 20;
+    printf("calibrating on %d cores%s\n", c->cores, c->quick ? " (--quick)" : "");
+    fflush(stdout);
+    omp_set_num_threads(c->cores);
+    measure_memory(be, c);
+    printf("memory bandwidth (triad): %.1f GB/s on %d cores (%.1f a core), %.1f GB/s on one\n",
+           c->bw_all / 1e9, c->cores, c->bw_all / 1e9 / c->cores, c->bw_one / 1e9);
+    for (int i = 0; i < 4; i++)
+        printf("  %-18s %6.1f GB/s on %d cores (%.0f%%)\n", k_names[i], c->k_bw[i] / 1e9,
+               c->cores, 100.0 * c->k_bw[i] / c->bw_all);
+    fflush(stdout);
+    omp_set_num_threads(1);
+    /* the FMA peak before, between and after the products, the highest: the clock and the
+     * neighbours vary */
+    double wall0 = l3d_time_s(), cpu0 = cpu_s();
+    c->fma = l3d_cpu_fma_peak(1.0);
+    measure_gemm(c);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    measure_attention(be, c);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
+    printf("fp32 FMA peak of one core: %.1f GFLOP/s\n", c->fma / 1e9);
+    for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
+    printf("sgemm, one core (fraction of the FMA peak):");
+    for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
+    printf("\n");
+    c->attn_eff = 12.0 * 4 * 256 * 256 * 768 / (c->attn_fwd_s + c->attn_bwd_s) / c->fma;
+    printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
+           "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
+    fflush(stdout);
+    if (CPU_COUNT(&bound) > 0) sched_setaffinity(0, sizeof bound, &bound);
+    l3d_backend_free(be);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    c->mem_bytes = pages > 0 && page > 0 ? (double)pages * (double)page : 0.0;
+}
+
+/* ---- all-reduce, on every rank ----------------------------------------------------------- */
+
+/* Bus bandwidth (nccl-tests: bytes / time x 2 (p - 1) / p) of blocking all-reduces of 1, 2 and
+ * 4 MiB, each after a barrier, median of all; latency: median of back-to-back 8-byte all-reduces.
+ * Results on rank 0. */
+static void measure_comm(struct l3d_comm *w, struct calib *c) {
+    const int reps = c->quick ? 10 : 50, lat_reps = c->quick ? 300 : 5000;
+    const int64_t max = (4 << 20) / 4;
+    float *buf = l3d_alloc((size_t)max * sizeof(float), "calibrate");
+    for (int64_t i = 0; i < max; i++) buf[i] = 1e-6f; /* touched before timing */
+    double *t = l3d_alloc((size_t)(lat_reps > 3 * reps ? lat_reps : 3 * reps) * sizeof(double),
+                          "calibrate");
+    const double p = w->size, wall0 = l3d_time_s(), cpu0 = cpu_s();
+    int k = 0;
+    for (int64_t count = max / 4; count <= max; count *= 2) {
+        for (int r = 0; r < 3; r++) l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
+        for (int r = 0; r < reps; r++) {
+            l3d_comm_barrier(w);
+            double t0 = l3d_time_s();
+            l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
+            t[k++] = 4.0 * (double)count / (l3d_time_s() - t0) * 2.0 * (p - 1) / p;
+        }
+    }
+    c->intra_bw = median(t, k);
+    for (int r = 0; r < 20; r++) l3d_comm_all_reduce(w, buf, 2, L3D_F32, L3D_SUM, NULL);
+    l3d_comm_barrier(w);
+    for (int r = 0; r < lat_reps; r++) {
+        double t0 = l3d_time_s();
+        l3d_comm_all_reduce(w, buf, 2, L3D_F32, L3D_SUM, NULL);
+        t[r] = l3d_time_s() - t0;
+    }
+    c->intra_lat = median(t, lat_reps);
+    c->share[2] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
+    l3d_free(t);
+    l3d_free(buf);
+}
+
+/* ---- the file ---------------------------------------------------------------------------- */
+
+static void cpu_model(char *out, size_t n) {
+    snprintf(out, n, "x86-64 CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            colon += 1 + strspn(colon + 1, " \t");
+            colon[strcspn(colon, "\n")] = '\0';
+            if (*colon) snprintf(out, n, "%s", colon);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* Did another process take CPU time from the measurements? */
+static bool busy(const struct calib *c) {
+    return c->share[0] < 0.9 || c->share[1] < 0.9 || c->share[2] < 0.9;
+}
+
+static void write_profile(FILE *f, const struct calib *c) {
+    char date[32], model[160];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
+    cpu_model(model, sizeof model);
+    char by[96];
+    snprintf(by, sizeof by, "# measured by llm3d bench --calibrate%s on %s", c->quick ? " --quick" : "",
+             date);
+    fprintf(f, "# This machine, written by llm3d bench --calibrate%s on %s (%.0f s); format: "
+               "profiles/README.md.\n# A device is one CPU core: a rank with k OpenMP threads uses "
+               "k devices (llm3d plan --threads k).\n",
+            c->quick ? " --quick" : "", date, c->secs[2]);
+    if (busy(c))
+        fprintf(f, "# WARNING: other processes were running: the measurements got %.0f%% of the "
+                   "%d cores, %.0f%% of one, %.0f%% during the all-reduces; these figures are low\n",
+                100.0 * c->share[0], c->cores, 100.0 * c->share[1], 100.0 * c->share[2]);
+    fprintf(f, "name = local\n");
+    fprintf(f, "device = one core of %s (%d cores%s)\n", model, c->cores,
+            __builtin_cpu_supports("avx512f") ? ", AVX-512" : ", AVX2");
+    fprintf(f, "\n%s: fp32 fused multiply-adds of one thread, independent %s chains, "
+               "the best of 5 rounds before, between and after the products below\n",
+            by, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2");
+    fprintf(f, "peak_tflops_fp32 = %.4g\n", c->fma / 1e12);
+    fprintf(f, "# not measured: the CPU backend computes in fp32 only\n");
+    fprintf(f, "peak_tflops_bf16 = 0\npeak_tflops_fp16 = 0\n");
+    fprintf(f, "\n%s: physical memory (sysconf, %.1f GB) / %d cores\n", by, c->mem_bytes / 1e9,
+            c->cores);
+    fprintf(f, "mem_gb = %.4g\n", c->mem_bytes / 1e9 / c->cores);
+    fprintf(f, "%s: STREAM triad (12 bytes an element) on all %d cores at once over 3 arrays of "
+               "%zu MiB in all, best pass, interleaved with the kernels below: %.1f GB/s / %d cores (one core alone: %.1f GB/s)\n",
+            by, c->cores, c->triad_bytes >> 20, c->bw_all / 1e9, c->cores, c->bw_one / 1e9);
+    fprintf(f, "mem_bw_gbs = %.4g\n", c->bw_all / 1e9 / c->cores);
+    fprintf(f, "\n%s: cores (logical CPUs this process may use)\n", by);
+    fprintf(f, "devices_per_node = %d\n", c->cores);
+    fprintf(f, "# cores share no faster link than memory\npair_size = 1\npair_bw_gbs = 0\n");
+    fprintf(f, "%s: all-reduce between %d ranks of this machine through the communicator "
+               "(%s): bus bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 and 4 MiB\n",
+            by, c->ranks, l3d_comm_mpi_library(), c->quick ? 30 : 150);
+    fprintf(f, "intra_bw_gbs = %.4g\n", c->intra_bw / 1e9);
+    fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, c->quick ? 300 : 5000);
+    fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
+    fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
+    fprintf(f, "\n%s: dnnl_sgemm on one core, %d GPT-shaped products (M in 64..2048, N and K in "
+               "64..3072), best pass each, bucketed by FLOPs in half decades: geometric-mean FLOPs, "
+               "median fraction of the FMA peak\n",
+            by, c->eff_shapes);
+    fprintf(f, "gemm_eff =");
+    for (int i = 0; i < c->n_eff; i++) fprintf(f, " %.3g:%.3f", c->eff_flops[i], c->eff[i]);
+    fprintf(f, "\n%s: the backend's attention forward + backward on one core at B=4 T=256 NH=12 "
+               "HS=64 (%.1f + %.1f ms, best passes); model FLOPs 12 B T^2 C (forward 4 B T^2 C, "
+               "backward twice that; the full T^2, causal half not removed, as Narayanan et al. "
+               "2021 count) / time / FMA peak\n",
+            by, c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3);
+    fprintf(f, "attn_eff = %.3f\n", c->attn_eff);
+    fprintf(f, "%s: the backend's element-wise kernels on all %d cores over %lld-element arrays, "
+               "bytes read + written once / best time / triad bandwidth of all cores, interleaved:",
+            by, c->cores, (long long)c->k_n);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, " %s %.2f%s", k_names[i], c->k_bw[i] / c->bw_all, i < 3 ? "," : "");
+    fprintf(f, "; the median\nkernel_bw_eff = %.3f\n", c->kernel_bw_eff);
+}
+
+/* Can `path` be written? Creates and removes path.tmp, as write_file will. */
+static l3d_status check_out(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return l3d_error(L3D_ERR_ARG, "--out %s is a directory; give a file name", path);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return l3d_error(L3D_ERR_ARG, "--out path is too long");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return l3d_error(L3D_ERR_IO, "cannot write %s: %s (give a writable --out FILE)", tmp,
+                         strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return L3D_OK;
+}
+
+static l3d_status write_file(const char *path, const struct calib *c) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    write_profile(f, c);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(e));
+    }
+    return L3D_OK;
+}
+
+/* ---- the command ------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate [--out FILE] [--quick]\n\n"
+            "Measures this machine (a device is one core) and writes its system profile for llm3d "
+            "plan\n(profiles/README.md): FMA peak, sgemm efficiency against size, memory and "
+            "element-wise\nkernel bandwidth, attention efficiency, MPI all-reduce bandwidth and "
+            "latency between the ranks.\n"
+            "  --out FILE   where to write it (default: local.prof in this directory)\n"
+            "  --quick      shorter measurements (about a fifth of the time; noisier figures)\n");
+}
+
+int l3d_cli_calibrate(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"calibrate", no_argument, NULL, 'c'}, {"out", required_argument, NULL, 'o'},
+        {"quick", no_argument, NULL, 'q'},     {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct calib c = {0};
+    const char *out = "local.prof";
+    int o;
+    optind = 1;
+    opterr = 0;
+    while ((o = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': break;
+        case 'o': out = optarg; break;
+        case 'q': c.quick = true; break;
+        case 'h': usage(stdout); return 0;
+        case ':':
+            fprintf(stderr, "llm3d " CMD ": %s needs a value (see llm3d bench --calibrate --help)\n",
+                    argv[optind - 1]);
+            return 2;
+        default:
+            fprintf(stderr, "llm3d " CMD ": --calibrate takes only --out FILE and --quick, not '%s'"
+                    " (it measures the machine, not a model)\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "llm3d " CMD ": unexpected argument '%s' (flags only; see llm3d bench "
+                "--calibrate --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!*out) {
+        fprintf(stderr, "llm3d " CMD ": --out is empty; give a file name\n");
+        return 2;
+    }
+
+    struct l3d_comm *world;
+    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
+        fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
+        return 1;
+    }
+    bool lead = world->rank == 0, report = false;
+    l3d_status st = lead ? check_out(out) : L3D_OK;
+    st = l3d_comm_agree(world, st, &report);
+    if (st != L3D_OK) {
+        if (report) fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
+        l3d_comm_mpi_finalize(world);
+        return st == L3D_ERR_ARG ? 2 : 1;
+    }
+    if (world->size < 2) {
+        fprintf(stderr, "llm3d " CMD ": --calibrate measures MPI between ranks too, so it needs 2 "
+                "ranks on this machine: OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate\n");
+        l3d_comm_mpi_finalize(world);
+        return 2;
+    }
+    c.ranks = world->size;
+    double t0 = l3d_time_s();
+    int32_t go = 1;
+    if (lead) {
+        measure_compute(&c);
+        for (int r = 1; r < world->size; r++) l3d_comm_send(world, &go, 1, L3D_I32, r, TAG_GO, NULL);
+    } else {
+        /* wait without taking a core: MPI's blocking wait would spin on it */
+        l3d_req req = {0};
+        l3d_comm_recv(world, &go, 1, L3D_I32, 0, TAG_GO, &req);
+        const struct timespec ms = {0, 1000000};
+        while (!l3d_comm_test(world, &req)) nanosleep(&ms, NULL);
+    }
+    c.secs[0] = l3d_time_s() - t0;
+    omp_set_num_threads(1);
+    measure_comm(world, &c);
+    c.secs[1] = l3d_time_s() - t0 - c.secs[0];
+    c.secs[2] = l3d_time_s() - t0;
+    st = L3D_OK;
+    if (lead) {
+        printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 bytes)\n",
+               world->size, c.intra_bw / 1e9, c.intra_lat * 1e6);
+        printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
+               "all-reduces\n", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);
+        if (busy(&c))
+            fprintf(stderr, "llm3d " CMD ": warning: other processes were running, so the figures "
+                    "are low (the file says so); calibrate on an idle machine\n");
+        st = write_file(out, &c);
+        if (st == L3D_OK)
+            printf("wrote %s (measured in %.0f s: compute %.0f s, all-reduce %.0f s)\n", out,
+                   c.secs[2], c.secs[0], c.secs[1]);
+        else
+            fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
+    }
+    l3d_comm_mpi_finalize(world);
+    return st == L3D_OK ? 0 : 1;
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# llm3d bench --calibrate: on 2 ranks it writes a profile with every key of profiles/README.md's
+# table, once each and no other, each measured figure with its comment, in range, and a gemm_eff
+# curve of increasing sizes; on one rank, or with a bad flag or path, one clear error.
+# Usage: calibrate.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the launcher of the MPI the
+# binary was built with.
+set -u
+bin=$1
+dir=$2
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+readme="$(dirname "$0")/../../profiles/README.md"
+rm -rf "$dir" && mkdir -p "$dir"
+source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, fail
+
+# errors: one line each, before any measurement
+expect_error "one rank: names the mpiexec command" "mpiexec -n 2 llm3d bench --calibrate" \
+    "$bin" bench --calibrate --out "$dir/one.prof"
+"$bin" bench --calibrate --out "$dir/one.prof" > /dev/null 2>&1
+check "  ... with exit status 2" test $? -eq 2
+check "  ... and writes nothing" test ! -e "$dir/one.prof" -a ! -e "$dir/one.prof.tmp"
+expect_error "unknown flag" "not '--model'" "$bin" bench --calibrate --model d12
+expect_error "--out without a value" "--out needs a value" "$bin" bench --calibrate --out
+expect_error "unwritable --out" "cannot write $dir/nowhere/x.prof.tmp" \
+    "$bin" bench --calibrate --out "$dir/nowhere/x.prof"
+expect_error "--out a directory" "is a directory" "$bin" bench --calibrate --out "$dir"
+
+# the measurement, on 2 ranks of one OpenMP thread
+prof="$dir/local.prof"
+echo "stale" > "$prof"
+OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --quick --out "$prof" > "$dir/log" 2>&1
+rc=$?
+check "mpiexec -n 2 bench --calibrate --quick" test $rc -eq 0
+[ $rc -eq 0 ] || cat "$dir/log"
+check "  ... says where it wrote" grep -q "^wrote $prof " "$dir/log"
+check "  ... replaced the old file, no .tmp left" test ! -e "$prof.tmp" -a "$(head -c 5 "$prof")" != stale
+
+# keys: the first column of the README's table (some cells name several keys)
+keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
+check "the README's table names 17 keys" test "$(echo "$keys" | wc -l)" -eq 17
+for k in $keys; do
+    n=$(grep -c "^$k = " "$prof")
+    [ "$n" -eq 1 ] || bad "key $k appears $n times"
+done
+grep -v '^#' "$prof" | grep -v '^$' | cut -d' ' -f1 | while read -r k; do
+    echo "$keys" | grep -qx "$k" || echo "$k"
+done > "$dir/unknown"
+check "every line is a key of the table or a comment" test ! -s "$dir/unknown"
+check "name = local" grep -qx "name = local" "$prof"
+
+val() { sed -n "s/^$1 = //p" "$prof"; }
+# between KEY LO HI: LO < value <= HI
+between() { awk -v x="$(val "$1")" -v lo="$2" -v hi="$3" 'BEGIN { exit !(x + 0 == x && x > lo && x <= hi) }'; }
+for k in peak_tflops_fp32 mem_gb mem_bw_gbs intra_bw_gbs intra_lat_us; do
+    check "$k = $(val $k) is positive" between $k 0 1e9
+done
+# fractions of the peaks: under the sanitizers (L3D_SANITIZED) the instrumented FMA and triad loops
+# are slower than oneDNN's uninstrumented sgemm, so there only their sign is checked
+max=1.2
+full || max=1e9
+check "attn_eff = $(val attn_eff) in (0, $max]" between attn_eff 0 $max
+check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
+check "devices_per_node = $(val devices_per_node): 1 to the online CPUs" \
+    between devices_per_node 0 "$(getconf _NPROCESSORS_ONLN)"
+check "pair_size = 1, pair_bw 0, no network, no bf16/fp16" test "$(val pair_size) $(val pair_bw_gbs) \
+$(val inter_bw_gbs) $(val inter_lat_us) $(val peak_tflops_bf16) $(val peak_tflops_fp16)" = "1 0 0 0 0 0"
+mem_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+check "mem_gb x devices is the machine's memory (within 5%)" awk -v g="$(val mem_gb)" \
+    -v d="$(val devices_per_node)" -v kb="$mem_kb" 'BEGIN { r = g * d * 1e9 / (kb * 1024); exit !(r > 0.95 && r < 1.05) }'
+check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fractions in (0, $max]" \
+    awk -v pts="$(val gemm_eff)" -v max=$max 'BEGIN {
+        n = split(pts, p, " "); if (n < 6) exit 1
+        for (i = 1; i <= n; i++) {
+            if (split(p[i], fe, ":") != 2) exit 1
+            f = fe[1] + 0; e = fe[2] + 0
+            if (!(e > 0 && e <= max) || (i > 1 && f <= prev)) exit 1
+            if (i == 1) first = f
+            prev = f
+        }
+        exit !(first <= 3e6 && prev >= 1e10) }'
+for k in peak_tflops_fp32 mem_gb mem_bw_gbs devices_per_node intra_bw_gbs intra_lat_us gemm_eff \
+    attn_eff kernel_bw_eff; do
+    grep -B1 "^$k = " "$prof" | head -1 | grep -Eq "^# measured by llm3d bench --calibrate --quick on [0-9]{4}-[0-9]{2}-[0-9]{2}: " ||
+        bad "$k has no '# measured by ... on DATE:' comment above it"
+done
+exit $fail
