@@ -11,7 +11,8 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-asan test-mpich bench bench-text scaling pipeline clean
+.PHONY: all setup build demo test test-asan test-mpich bench bench-text scaling pipeline calibrate \
+	plan-local clean
 
 all: build
 
@@ -75,6 +76,16 @@ scaling: build
 # Pipeline parallelism: pp = 2 against one process, m = 4, 8, 16 micro-batches, measured bubble.
 pipeline: build
 	bash bench/pipeline.sh $(BUILD)
+
+# This machine's system profile for the planner (profiles/local.prof, about 17 s on 2 ranks).
+calibrate: build
+	OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	    $$(grep -E '^MPIEXEC_EXECUTABLE:' $(BUILD)/CMakeCache.txt | cut -d= -f2) -n 2 \
+	    $(BUILD)/llm3d bench --calibrate --out profiles/local.prof
+
+# The planner's predicted step time and memory against the trainer's on 8 layouts (issue "Planner").
+plan-local: build
+	bash bench/plan_local.sh $(BUILD) profiles/local.prof
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD)

@@ -30,6 +30,7 @@ static const char *good =
     "inter_lat_us = 10\n"
     "gemm_eff = 1e9:0.2 1e11:0.6 1e13:0.8\n"
     "attn_eff = 0.3\n"
+    "gemm_thread_eff = 1\n"
     "kernel_bw_eff = 0.7\n"
     "dp_overlap = no\n";
 
@@ -134,6 +135,21 @@ static void test_memory_mixed(void) {
      * plus the embedding's dropout mask s b h and the 16-bit logits and fp32 loss 6 s b V / t */
     double sbh = s * h, per = sbh * (10 + 24.0 / 8 + 5 * a * s / (h * 8));
     CHECK_NEAR(r.mem.activations, L * per + sbh + 6 * s * Vp / 8, 1);
+    /* an MLP twice as wide (f = 8h): (f - 4h)/t (2h + 1) more parameters a layer, 4 s b (f - 4h)/t
+     * more activation bytes (its two f-wide inputs), 4 h (f - 4h) more forward FLOPs a token */
+    struct l3d_plan_model wide = m;
+    wide.ffn = 8LL * m.h;
+    struct l3d_plan_result rw;
+    CHECK(l3d_plan_evaluate(&wide, &prof, &run, &lay, &rw) == L3D_OK);
+    CHECK_NEAR(rw.mem.params / 2 - n, L * (4 * h / 8) * (2 * h + 1), 0.5);
+    CHECK_NEAR(rw.mem.activations - r.mem.activations, L * 4 * s * 4 * h / 8, 1);
+    CHECK_NEAR(rw.model_flops - r.model_flops, 3.0 * 8 * s * L * 4 * h * 4 * h, rw.model_flops * 1e-12);
+    CHECK(rw.time.gemm > r.time.gemm);
+    CHECK_NEAR((double)l3d_plan_model_params(&wide) - full, L * 4 * h * (2 * h + 1), 0.5);
+    struct l3d_plan_run r32 = run;
+    r32.precision = L3D_PREC_FP32;
+    CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "4h MLP") != NULL);
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
     lay.sp = true;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);

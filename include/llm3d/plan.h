@@ -46,7 +46,8 @@
 
 struct l3d_plan_model {
     char name[48];
-    int L, h, heads;   /* layers, hidden size, attention heads; the MLP is 4h wide (GPT) */
+    int L, h, heads;   /* layers, hidden size, attention heads */
+    int64_t ffn;       /* MLP width: 4h in GPT-2/3 and every preset; llm3d's trainer needs 4h */
     int V;             /* vocabulary (padded to a multiple of 128, as the trainer does) */
     int s;             /* sequence length */
 };
@@ -79,6 +80,7 @@ struct l3d_profile {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* GEMM efficiency curve */
     double attn_eff, kernel_bw_eff;
+    double gemm_thread_eff;    /* CPU: one product on k threads of a rank against k cores */
     bool dp_overlap;           /* DP gradient communication overlaps the last backward */
 };
 

@@ -5,14 +5,16 @@
  *   OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate          # writes ./local.prof
  *
  * It needs two or more ranks on this machine: the MPI figures (intra_bw_gbs, intra_lat_us) are an
- * all-reduce between them. Rank 0 measures the compute figures while the other ranks sleep (in a
- * polled receive, so that they take no core), then every rank measures the all-reduce, then rank 0
- * writes the file (FILE.tmp, fsync, rename). Order of the compute measurements on rank 0:
- *   1. all cores (its CPU affinity widened to every core the launcher's binding left out): STREAM
- *      triad bandwidth, and the backend's element-wise kernels at the same thread count;
- *   2. one thread: the triad again (printed), the FMA peak, dnnl_sgemm on a ladder of GPT-shaped
- *      products, and the backend's attention forward + backward at a GPT-2 small shape;
- *   3. back on the launcher's binding, the all-reduces.
+ * all-reduce between them. The order:
+ *   1. rank 0 on all cores (its CPU affinity widened to every core the launcher's binding left
+ *      out), the others asleep in a polled receive so that they take no core: STREAM triad
+ *      bandwidth, the backend's element-wise kernels at the same thread count, the triad on one
+ *      thread (printed);
+ *   2. every rank on its own core, one thread each, at once (each core measured with its
+ *      neighbours busy, as in a run that uses every core): the FMA peak, dnnl_sgemm on a ladder of
+ *      GPT-shaped products, the backend's attention forward + backward at a GPT-2 small shape;
+ *      rank 0's figures are written;
+ *   3. the all-reduces; rank 0 writes the file (FILE.tmp, fsync, rename).
  * The CPU time each phase got is compared with the time it asked for: below 90%, other processes
  * were running, and the file and the output say that the figures are low.
  * --quick (used by tests/cli/calibrate.sh) measures fewer products for shorter times and fewer
@@ -45,6 +47,8 @@ struct calib {
     bool quick;
     int cores;                       /* devices: cores this process may run on */
     double fma;                      /* fp32 FMA peak of one thread, FLOP/s */
+    double thr_all[4], thr_one[4];   /* sgemm FLOP/s of thread_shapes: all cores, one core */
+    double thread_eff;               /* all cores' rate / (cores x one core's), median */
     double bw_one, bw_all;           /* triad, bytes/s: one thread; all cores together */
     size_t triad_bytes;
     int n_eff;                       /* gemm ladder: flops, fraction of fma, shapes per point */
@@ -233,7 +237,13 @@ static void measure_attention(struct l3d_backend *be, struct calib *c) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
 
-static void measure_compute(struct calib *c) {
+/* GPT-2 124M's products at 512 and 2048 rows: one product on every thread of a rank against the
+ * same on one core (gemm_thread_eff) */
+static const int64_t thread_shapes[4][3] = {
+    {512, 2304, 768}, {512, 768, 3072}, {2048, 3072, 768}, {2048, 768, 768}};
+
+/* Rank 0, every core: triad bandwidth and the element-wise kernels; then back on its binding. */
+static void measure_all_cores(struct calib *c) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     cpu_set_t bound;
     c->cores = widen_affinity(&bound);
@@ -247,30 +257,49 @@ static void measure_compute(struct calib *c) {
     for (int i = 0; i < 4; i++)
         printf("  %-18s %6.1f GB/s on %d cores (%.0f%%)\n", k_names[i], c->k_bw[i] / 1e9,
                c->cores, 100.0 * c->k_bw[i] / c->bw_all);
-    fflush(stdout);
-    omp_set_num_threads(1);
-    /* the FMA peak before, between and after the products, the highest: the clock and the
-     * neighbours vary */
-    double wall0 = l3d_time_s(), cpu0 = cpu_s();
-    c->fma = l3d_cpu_fma_peak(1.0);
-    measure_gemm(c);
-    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
-    measure_attention(be, c);
-    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
-    c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
-    printf("fp32 FMA peak of one core: %.1f GFLOP/s\n", c->fma / 1e9);
-    for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
-    printf("sgemm, one core (fraction of the FMA peak):");
-    for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
-    printf("\n");
-    c->attn_eff = 12.0 * 4 * 256 * 256 * 768 / (c->attn_fwd_s + c->attn_bwd_s) / c->fma;
-    printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
-           "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
+    for (int i = 0; i < 4; i++)
+        c->thr_all[i] = l3d_cpu_sgemm_flops(thread_shapes[i][0], thread_shapes[i][1],
+                                            thread_shapes[i][2], c->quick ? 0.05 : 0.3);
     fflush(stdout);
     if (CPU_COUNT(&bound) > 0) sched_setaffinity(0, sizeof bound, &bound);
     l3d_backend_free(be);
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     c->mem_bytes = pages > 0 && page > 0 ? (double)pages * (double)page : 0.0;
+}
+
+/* Every rank at once, one thread each on its own core, so that each core is measured with its
+ * neighbours busy, as in a run that uses every core (a core alone clocks higher and has the
+ * memory to itself): the FMA peak before, between and after the products (the highest: the
+ * clock and the neighbours vary), dnnl_sgemm on the ladder, the attention kernels. */
+static void measure_one_core(struct calib *c, bool lead) {
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    omp_set_num_threads(1);
+    double wall0 = l3d_time_s(), cpu0 = cpu_s();
+    c->fma = l3d_cpu_fma_peak(1.0);
+    measure_gemm(c);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    measure_attention(be, c);
+    for (int i = 0; i < 4; i++)
+        c->thr_one[i] = l3d_cpu_sgemm_flops(thread_shapes[i][0], thread_shapes[i][1],
+                                            thread_shapes[i][2], c->quick ? 0.05 : 0.3);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
+    double ratio[4];
+    for (int i = 0; i < 4; i++) ratio[i] = c->thr_all[i] / (c->cores * c->thr_one[i]);
+    c->thread_eff = median(ratio, 4);
+    for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
+    c->attn_eff = 12.0 * 4 * 256 * 256 * 768 / (c->attn_fwd_s + c->attn_bwd_s) / c->fma;
+    l3d_backend_free(be);
+    if (!lead) return;
+    printf("fp32 FMA peak of one core, every core busy: %.1f GFLOP/s\n", c->fma / 1e9);
+    printf("sgemm, one core (fraction of the FMA peak):");
+    for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
+    printf("\n");
+    printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
+           "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
+    printf("sgemm on all %d cores of one rank against %d single cores: %.2f\n", c->cores, c->cores,
+           c->thread_eff);
+    fflush(stdout);
 }
 
 /* ---- all-reduce, on every rank ----------------------------------------------------------- */
@@ -353,8 +382,9 @@ static void write_profile(FILE *f, const struct calib *c) {
     fprintf(f, "name = local\n");
     fprintf(f, "device = one core of %s (%d cores%s)\n", model, c->cores,
             __builtin_cpu_supports("avx512f") ? ", AVX-512" : ", AVX2");
-    fprintf(f, "\n%s: fp32 fused multiply-adds of one thread, independent %s chains, "
-               "the best of 5 rounds before, between and after the products below\n",
+    fprintf(f, "\n%s: fp32 fused multiply-adds of one thread, every core running the same at once, "
+               "independent %s chains, the best of 5 rounds before, between and after the products "
+               "below\n",
             by, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2");
     fprintf(f, "peak_tflops_fp32 = %.4g\n", c->fma / 1e12);
     fprintf(f, "# not measured: the CPU backend computes in fp32 only\n");
@@ -376,24 +406,34 @@ static void write_profile(FILE *f, const struct calib *c) {
     fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, c->quick ? 300 : 5000);
     fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
     fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
-    fprintf(f, "\n%s: dnnl_sgemm on one core, %d GPT-shaped products (M in 64..2048, N and K in "
+    fprintf(f, "\n%s: dnnl_sgemm on one core (every core busy with the same), %d GPT-shaped products (M in 64..2048, N and K in "
                "64..3072), best pass each, bucketed by FLOPs in half decades: geometric-mean FLOPs, "
                "median fraction of the FMA peak\n",
             by, c->eff_shapes);
     fprintf(f, "gemm_eff =");
     for (int i = 0; i < c->n_eff; i++) fprintf(f, " %.3g:%.3f", c->eff_flops[i], c->eff[i]);
-    fprintf(f, "\n%s: the backend's attention forward + backward on one core at B=4 T=256 NH=12 "
+    fprintf(f, "\n%s: the backend's attention forward + backward on one core (every core busy) at B=4 T=256 NH=12 "
                "HS=64 (%.1f + %.1f ms, best passes); model FLOPs 12 B T^2 C (forward 4 B T^2 C, "
                "backward twice that; the full T^2, causal half not removed, as Narayanan et al. "
                "2021 count) / time / FMA peak\n",
             by, c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3);
     fprintf(f, "attn_eff = %.3f\n", c->attn_eff);
+    fprintf(f, "%s: dnnl_sgemm on all %d cores of one process against %d single cores (every core "
+               "busy), GPT-2 124M's products:", by, c->cores, c->cores);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, " %lldx%lldx%lld %.2f%s", (long long)thread_shapes[i][0],
+                (long long)thread_shapes[i][1], (long long)thread_shapes[i][2],
+                c->thr_all[i] / (c->cores * c->thr_one[i]), i < 3 ? "," : "");
+    fprintf(f, "; the median\ngemm_thread_eff = %.3f\n", c->thread_eff);
     fprintf(f, "%s: the backend's element-wise kernels on all %d cores over %lld-element arrays, "
                "bytes read + written once / best time / triad bandwidth of all cores, interleaved:",
             by, c->cores, (long long)c->k_n);
     for (int i = 0; i < 4; i++)
         fprintf(f, " %s %.2f%s", k_names[i], c->k_bw[i] / c->bw_all, i < 3 ? "," : "");
     fprintf(f, "; the median\nkernel_bw_eff = %.3f\n", c->kernel_bw_eff);
+    fprintf(f, "# the trainer posts DP gradient pieces non-blocking during backward, but over shared "
+               "memory MPI copies them with the cores the backward uses: counted as exposed\n"
+               "dp_overlap = no\n");
 }
 
 /* Can `path` be written? Creates and removes path.tmp, as write_file will. */
@@ -502,7 +542,7 @@ int l3d_cli_calibrate(int argc, char **argv) {
     double t0 = l3d_time_s();
     int32_t go = 1;
     if (lead) {
-        measure_compute(&c);
+        measure_all_cores(&c);
         for (int r = 1; r < world->size; r++) l3d_comm_send(world, &go, 1, L3D_I32, r, TAG_GO, NULL);
     } else {
         /* wait without taking a core: MPI's blocking wait would spin on it */
@@ -511,8 +551,10 @@ int l3d_cli_calibrate(int argc, char **argv) {
         const struct timespec ms = {0, 1000000};
         while (!l3d_comm_test(world, &req)) nanosleep(&ms, NULL);
     }
+    l3d_comm_barrier(world);
+    measure_one_core(&c, lead);
+    l3d_comm_barrier(world);
     c.secs[0] = l3d_time_s() - t0;
-    omp_set_num_threads(1);
     measure_comm(world, &c);
     c.secs[1] = l3d_time_s() - t0 - c.secs[0];
     c.secs[2] = l3d_time_s() - t0;

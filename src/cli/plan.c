@@ -16,7 +16,8 @@ static void usage(FILE *f) {
         "\n"
         "model:\n"
         "  --model NAME        %s (d12)\n"
-        "  --layers L --hidden H --heads A --vocab V --seq-len S   explicit sizes (override)\n"
+        "  --layers L --hidden H --heads A --vocab V --seq-len S --ffn F   explicit sizes\n"
+        "                      (override the preset; the MLP width F is 4H unless given)\n"
         "system and run:\n"
         "  --profile P         a shipped profile (frontier, dgx-a100, dgx-h100, h200), local\n"
         "                      (written by `llm3d bench --calibrate`), or a file (local)\n"
@@ -216,13 +217,14 @@ static int run_published(void) {
 }
 
 int l3d_cli_plan(int argc, char **argv) {
-    enum { O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
+    enum { O_FFN = 250, O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
            O_GLOBAL, O_PREC, O_FLASH, O_NOFLASH, O_TP, O_PP, O_DP, O_MB, O_V, O_ZERO, O_RC, O_SP,
            O_SCHED, O_TOP, O_JSON, O_PUB };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"hidden", required_argument, NULL, O_HIDDEN}, {"heads", required_argument, NULL, O_HEADS},
         {"vocab", required_argument, NULL, O_VOCAB}, {"seq-len", required_argument, NULL, O_SEQ},
+        {"ffn", required_argument, NULL, O_FFN},
         {"profile", required_argument, NULL, O_PROFILE},
         {"devices", required_argument, NULL, O_DEVICES},
         {"threads", required_argument, NULL, O_THREADS},
@@ -238,7 +240,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"json", no_argument, NULL, O_JSON}, {"published", no_argument, NULL, O_PUB},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL;
-    int L = 0, H = 0, A = 0, V = 0, S = 0, devices = 1, threads = 1, global = 8, top = 10;
+    int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
     int flash = -1, json = 0, pub = 0, rc_fixed = -1;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     int c;
@@ -253,6 +255,7 @@ int l3d_cli_plan(int argc, char **argv) {
         case O_HEADS: ok = l3d_arg_int("plan", "heads", optarg, 1, 1 << 16, &A); break;
         case O_VOCAB: ok = l3d_arg_int("plan", "vocab", optarg, 1, 1 << 30, &V); break;
         case O_SEQ: ok = l3d_arg_int("plan", "seq-len", optarg, 1, 1 << 22, &S); break;
+        case O_FFN: ok = l3d_arg_int("plan", "ffn", optarg, 1, 1 << 24, &F); break;
         case O_PROFILE: profile = optarg; break;
         case O_DEVICES: ok = l3d_arg_int("plan", "devices", optarg, 1, 1 << 24, &devices); break;
         case O_THREADS: ok = l3d_arg_int("plan", "threads", optarg, 1, 4096, &threads); break;
@@ -302,7 +305,8 @@ int l3d_cli_plan(int argc, char **argv) {
         if (A) m.heads = A;
         if (V) m.V = V;
         if (S) m.s = S;
-        if (L || H || A || V || S) snprintf(m.name, sizeof m.name, "custom");
+        m.ffn = F ? F : 4LL * m.h;
+        if (L || H || A || V || S || F) snprintf(m.name, sizeof m.name, "custom");
         st = l3d_plan_model_check(&m);
     }
     if (st == L3D_OK) st = l3d_profile_find(&prof, profile);
@@ -358,8 +362,8 @@ int l3d_cli_plan(int argc, char **argv) {
     }
     double sc;
     const char *u = mem_unit(&prof, &sc);
-    printf("model %s: L=%d h=%d heads=%d V=%d s=%d, %.3g parameters; profile %s (%s), %lld devices"
-           ", global batch %lld, %s%s\n", m.name, m.L, m.h, m.heads, m.V, m.s,
+    printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), %lld devices"
+           ", global batch %lld, %s%s\n", m.name, m.L, m.h, m.heads, (long long)m.ffn, m.V, m.s,
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");

@@ -53,6 +53,7 @@ l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name) {
             m->heads = presets[i].heads;
             m->V = presets[i].V;
             m->s = presets[i].s;
+            m->ffn = 4LL * m->h;
             return L3D_OK;
         }
     struct l3d_gpt_config cfg;
@@ -66,6 +67,7 @@ l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name) {
     m->heads = cfg.NH;
     m->V = cfg.V;
     m->s = cfg.maxT;
+    m->ffn = 4LL * m->h;
     return L3D_OK;
 }
 
@@ -73,6 +75,8 @@ l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
     if (m->L < 1 || m->h < 1 || m->heads < 1 || m->V < 1 || m->s < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (--layers %d, --hidden %d, "
                          "--heads %d, --vocab %d, --seq-len %d)", m->L, m->h, m->heads, m->V, m->s);
+    if (m->ffn < 1 || m->ffn > (int64_t)1 << 24)
+        return l3d_error(L3D_ERR_ARG, "--ffn %lld must be from 1 to 2^24", (long long)m->ffn);
     if (m->h % m->heads != 0)
         return l3d_error(L3D_ERR_ARG, "--hidden %d must be divisible by --heads %d", m->h,
                          m->heads);
@@ -90,7 +94,8 @@ struct l3d_gpt_config l3d_plan_model_gpt(const struct l3d_plan_model *m) {
 
 int64_t l3d_plan_model_params(const struct l3d_plan_model *m) {
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
-    return l3d_gpt_param_count(&c);
+    /* fcw, fcb and fcprojw of an MLP of width ffn instead of 4h */
+    return l3d_gpt_param_count(&c) + (int64_t)m->L * (m->ffn - 4LL * m->h) * (2LL * m->h + 1);
 }
 
 /* ---- runs and layouts ------------------------------------------------------------------- */
@@ -143,6 +148,12 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
     if (m->heads % lay->tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "tp %d does not divide the %d attention heads", lay->tp,
                          m->heads);
+    if (m->ffn % lay->tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "tp %d does not divide the MLP width %lld", lay->tp,
+                         (long long)m->ffn);
+    if (trainer(run) && m->ffn != 4LL * m->h)
+        return l3d_error(L3D_ERR_ARG, "llm3d's trainer (precision fp32) has a 4h MLP: --ffn %lld "
+                         "needs --precision bf16 or fp16", (long long)m->ffn);
     if (trainer(run) && lay->tp > 1) {
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
         struct l3d_shard sh;
@@ -200,17 +211,19 @@ static int in_flight(enum l3d_pp_kind k, int p, int v, int64_t m, int r) {
 }
 
 /* Activation bytes a layer keeps per micro-batch in 16-bit training, Korthikanti et al. 2022,
- * Table 2 (dropout included; 34 s b h and 5 a s^2 b per layer without parallelism); a fused
- * (flash) attention keeps no s^2 scores, so the 5 a s / h term goes; full recomputation keeps the
- * layer's 2 s b h input. */
+ * Table 2 (dropout included; 34 s b h and 5 a s^2 b per layer without parallelism). Their 34 is
+ * 10 s b h not split by TP (LayerNorm inputs, the attention and MLP inputs' halves kept by both,
+ * dropout masks), 8 s b h of attention split by TP and 16 s b h of the 4h MLP (its two 4h-wide
+ * inputs), i.e. 4 s b f for an MLP of width f. A fused (flash) attention keeps no s^2 scores, so
+ * the 5 a s^2 b term goes; full recomputation keeps the layer's 2 s b h input. */
 static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
                            enum l3d_recompute rc, bool flash) {
-    double s = m->s, b = lay->mb, h = m->h, a = m->heads, t = lay->tp;
-    double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s / h;
+    double s = m->s, b = lay->mb, h = m->h, a = m->heads, t = lay->tp, f = (double)m->ffn;
+    double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
     if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
-    if (lay->sp) return sbh / t * (34 + att);
-    return sbh * (10 + 24 / t + att / t);
+    double split = 8 * sbh + 4 * s * b * f + att;
+    return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
 static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
@@ -237,6 +250,8 @@ static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_la
         struct l3d_tensor_info ti[L3D_NUM_TENSORS];
         out[k].sh = sh;
         out[k].n = l3d_gpt_plan_tensors(&c, &sh, ti);
+        /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
+        out[k].n += (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) * (2LL * m->h + 1);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && slots)
@@ -322,9 +337,13 @@ struct tctx {
     bool fp32;
 };
 
+/* One product of a rank: its threads share it (each the size f / threads on the curve), at the
+ * profile's efficiency for a product spread over threads (1 on GPUs) */
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
-    return f / (x->rate * l3d_profile_gemm_eff(x->prof, f / x->threads));
+    double e = l3d_profile_gemm_eff(x->prof, f / x->threads);
+    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
+    return f / (x->rate * e);
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
@@ -338,9 +357,11 @@ static double all_reduce(double n, int g, double bw, double lat) {
 static void link_of(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
                     double *lat) {
     int64_t dpn = p->devices_per_node;
-    if (lo / dpn != hi / dpn) {
+    /* a machine without a network (inter_bw 0, the local profile) runs every rank on its one node,
+     * oversubscribed when ranks x threads exceed its devices */
+    if (lo / dpn != hi / dpn && p->inter_bw > 0) {
         /* the node's NICs, shared by the devices that send at once */
-        *bw = p->inter_bw > 0 ? p->inter_bw / (senders < dpn ? senders : dpn) : 1e-30;
+        *bw = p->inter_bw / (senders < dpn ? senders : dpn);
         *lat = p->inter_lat;
     } else if (p->pair_size > 1 && lo / p->pair_size == hi / p->pair_size) {
         *bw = p->pair_bw;
@@ -366,14 +387,15 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     double Ll = ch->sh.layer_count;
     memset(o, 0, sizeof *o);
     /* per layer, forward: QKV, attention projection, MLP up and down (column / row parallel) */
-    double g = gemm(x, N, 3 * h / t, h) + gemm(x, N, h, h / t) + gemm(x, N, 4 * h / t, h) +
-               gemm(x, N, h, 4 * h / t);
+    double f = (double)m->ffn;
+    double g = gemm(x, N, 3 * h / t, h) + gemm(x, N, h, h / t) + gemm(x, N, f / t, h) +
+               gemm(x, N, h, f / t);
     /* the attention core: 4 b s^2 h / t FLOPs forward (QK^T and PV, full s^2 as Narayanan counts),
      * twice that backward */
     double at = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
     /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
-     * the 4h/t hidden (2 x 4h/t); backward about twice the traffic */
-    double el = N * e * (10 * h / spdiv + 8 * h / t) / x->bw;
+     * the f/t hidden (2 f/t); backward about twice the traffic */
+    double el = N * e * (10 * h / spdiv + 2 * f / t) / x->bw;
     double ar = lay->tp > 1 ? all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) : 0.0;
     double fwd = g + at + el + 2 * ar;
     o->gemm = Ll * 3 * g;
@@ -556,12 +578,14 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;
-    r->fits = mem_worst.total <= prof->mem_bytes;
+    r->fits = mem_worst.total <= prof->mem_bytes * lay.threads; /* a CPU rank: its cores' share */
     double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
-     * recomputation (3 passes); the full recomputation's extra forward makes it 96 */
-    double layer_f = 24 * h * h + 4 * s * h, head = 6 * h * c.Vp;
+     * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
+     * forward per token: 24 h^2 = 2 (3h^2 + h^2 + 2 h f) with f = 4h, plus attention's 4 s h */
+    double f = (double)m->ffn;
+    double layer_f = 8 * h * h + 4 * h * f + 4 * s * h, head = 6 * h * c.Vp;
     r->model_flops = G * s * (3 * L * layer_f + head);
     double extra = lay.recompute == L3D_RECOMPUTE_FULL        ? L * layer_f
                    : lay.recompute == L3D_RECOMPUTE_SELECTIVE ? L * 2 * s * h

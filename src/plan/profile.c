@@ -52,6 +52,7 @@ static const struct key {
     {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false},
     {"gemm_eff", K_EFF, 0, 0, true},
     {"attn_eff", K_NUM, OFF(attn_eff), 1, true},
+    {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true},
     {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true},
     {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false},
 #undef OFF
@@ -172,9 +173,9 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
                            "keys)", what, keys[k].name);
     if (st == L3D_OK && p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
         st = l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
-    if (st == L3D_OK && (p->attn_eff > 1.5 || p->kernel_bw_eff > 1.5))
-        st = l3d_error(L3D_ERR_FORMAT, "%s: attn_eff and kernel_bw_eff are fractions (<= 1.5)",
-                       what);
+    if (st == L3D_OK && (p->attn_eff > 1.5 || p->kernel_bw_eff > 2.5 || p->gemm_thread_eff > 1.5))
+        st = l3d_error(L3D_ERR_FORMAT, "%s: attn_eff, gemm_thread_eff (<= 1.5) and kernel_bw_eff "
+                       "(<= 2.5) are fractions", what);
     if (st == L3D_OK && p->pair_size > p->devices_per_node)
         st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
                        p->pair_size, p->devices_per_node);

@@ -36,7 +36,7 @@ check "  ... replaced the old file, no .tmp left" test ! -e "$prof.tmp" -a "$(he
 
 # keys: the first column of the README's table (some cells name several keys)
 keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
-check "the README's table names 17 keys" test "$(echo "$keys" | wc -l)" -eq 17
+check "the README's table names 19 keys" test "$(echo "$keys" | wc -l)" -eq 19
 for k in $keys; do
     n=$(grep -c "^$k = " "$prof")
     [ "$n" -eq 1 ] || bad "key $k appears $n times"
@@ -59,6 +59,9 @@ max=1.2
 full || max=1e9
 check "attn_eff = $(val attn_eff) in (0, $max]" between attn_eff 0 $max
 check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
+check "gemm_thread_eff = $(val gemm_thread_eff) in (0, $max]" between gemm_thread_eff 0 $max
+check "dp_overlap = no (shared-memory MPI uses the cores the backward uses)" test "$(val dp_overlap)" = no
+check "llm3d plan reads the profile" "$bin" plan --profile "$prof" --model tiny --devices 2 --global-batch 4 --top 1 --json
 check "devices_per_node = $(val devices_per_node): 1 to the online CPUs" \
     between devices_per_node 0 "$(getconf _NPROCESSORS_ONLN)"
 check "pair_size = 1, pair_bw 0, no network, no bf16/fp16" test "$(val pair_size) $(val pair_bw_gbs) \
@@ -78,7 +81,7 @@ check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fr
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
 for k in peak_tflops_fp32 mem_gb mem_bw_gbs devices_per_node intra_bw_gbs intra_lat_us gemm_eff \
-    attn_eff kernel_bw_eff; do
+    attn_eff gemm_thread_eff kernel_bw_eff; do
     grep -B1 "^$k = " "$prof" | head -1 | grep -Eq "^# measured by llm3d bench --calibrate --quick on [0-9]{4}-[0-9]{2}-[0-9]{2}: " ||
         bad "$k has no '# measured by ... on DATE:' comment above it"
 done

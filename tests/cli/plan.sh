@@ -82,7 +82,7 @@ expect_error "no such profile" "no profile 'nosuch'" "$bin" plan --profile nosuc
 expect_error "unknown model" "--model 'd13' is not a preset" "$bin" plan --model d13 --profile frontier
 expect_error "precision without a peak" "no bf16 peak" \
     "$bin" plan --profile "$prof" --precision bf16
-expect_error "tp that divides no layout" "no layout of 4 devices" \
+expect_error "tp that does not divide the ranks" "--tp 3 does not divide the 4 ranks" \
     "$bin" plan --model d12 --profile frontier --devices 4 --tp 3
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
@@ -110,7 +110,7 @@ again=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --gl
 check "the best layout evaluated alone: same step time" \
     test "$(echo "$again" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')" = "$(get step_s)"
 out=$("$bin" plan --model frontier-1t --profile frontier --devices 3072 --global-batch 3072)
-check "the table names why the best wins" grep -q '^why: .*faster than the next' <<< "$out"
+check "the table names why the best wins" grep -q '^why: .*faster than the best layout of another shape' <<< "$out"
 check "a 1T model does not fit on 8 GCDs" \
     bash -c "! '$bin' plan --model frontier-1t --profile frontier --devices 8 --global-batch 8 > /dev/null"
 
