@@ -353,7 +353,9 @@ static double all_reduce(double n, int g, double bw, double lat) {
     return 2.0 * (g - 1) / g * n / bw + 2.0 * (g - 1) * lat;
 }
 
-/* The link a group of g consecutive-rank blocks of `stride` ranks sits on: ranks lo and hi. */
+/* The link between ranks lo and hi, the ends of a group on the rank grid: the node's NICs shared by
+ * the `senders` devices that use them at once when the group crosses nodes, else the pair link
+ * when both lie in one pair, else the node's links. */
 static void link_of(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
                     double *lat) {
     int64_t dpn = p->devices_per_node;
