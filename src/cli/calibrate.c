@@ -82,7 +82,7 @@ static double median(double *v, int n) {
 
 /* Under mpiexec each rank is bound to one core (Open MPI binds to cores for 2 ranks), so its
  * OpenMP threads would share that core. Asks for every CPU (the kernel keeps those the cpuset
- * allows), on this thread and on every thread of the OpenMP pool, and returns their number; *was
+ * allows) and pins the OpenMP pool's threads one to each, returns their number; *was
  * is this thread's mask before, which measure_compute restores for the all-reduces. */
 static int widen_affinity(cpu_set_t *was) {
     if (sched_getaffinity(0, sizeof *was, was) != 0) CPU_ZERO(was);
@@ -95,7 +95,15 @@ static int widen_affinity(cpu_set_t *was) {
     int n = CPU_COUNT(&got);
     omp_set_num_threads(n);
 #pragma omp parallel
-    sched_setaffinity(0, sizeof all, &all);
+    {
+        /* one thread per core, pinned: threads left free to migrate shared a core for whole
+         * milliseconds whenever a sleeping rank woke up on the other's, 5-15% of the CPU time */
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        for (int i = 0, k = 0; i < CPU_SETSIZE; i++)
+            if (CPU_ISSET(i, &got) && k++ == omp_get_thread_num()) CPU_SET(i, &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
     return n;
 }
 
@@ -589,11 +597,13 @@ int l3d_cli_calibrate(int argc, char **argv) {
         measure_all_cores(&c);
         for (int r = 1; r < world->size; r++) l3d_comm_send(world, &go, 1, L3D_I32, r, TAG_GO, NULL);
     } else {
-        /* wait without taking a core: MPI's blocking wait would spin on it */
+        /* wait without taking a core: MPI's blocking wait would spin on it. Every 50 ms: polled
+         * each millisecond, the wake-ups cost rank 0's threads 10% of their CPU time and a
+         * quarter of the triad's bandwidth */
         l3d_req req = {0};
         l3d_comm_recv(world, &go, 1, L3D_I32, 0, TAG_GO, &req);
-        const struct timespec ms = {0, 1000000};
-        while (!l3d_comm_test(world, &req)) nanosleep(&ms, NULL);
+        const struct timespec nap = {0, 50000000};
+        while (!l3d_comm_test(world, &req)) nanosleep(&nap, NULL);
     }
     l3d_comm_barrier(world);
     measure_one_core(&c, lead);
