@@ -141,8 +141,11 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
 
 /* Preemption: after install, SIGTERM and SIGUSR1 set a flag (a second one exits at once with
  * status 128 + signal); l3d_ckpt_stop_requested, called by every rank at a step boundary, says
- * whether any rank got one (collective). restore puts the previous handlers back. The flag is the
- * one process-wide state here: a signal handler can reach nothing else. */
+ * whether any rank got one (collective). A thread of its own takes them (sigwait); block, called
+ * before the process starts any thread (MPI_Init, the first OpenMP region), keeps them off every
+ * other thread, which inherit the mask. restore ends that thread and unblocks them on the calling
+ * thread (their default action again). The flag is the one process-wide state here. */
+void l3d_ckpt_signals_block(void);
 void l3d_ckpt_signals_install(void);
 void l3d_ckpt_signals_restore(void);
 int l3d_ckpt_stop_requested(struct l3d_comm *world); /* the signal number, or 0 */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/ckpt.h"
 #include "llm3d/comm.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/train.h"
@@ -255,6 +256,7 @@ int l3d_cli_train(int argc, char **argv) {
         return 2;
     }
     struct l3d_comm *world;
+    l3d_ckpt_signals_block(); /* before MPI and OpenMP start threads: they inherit the mask */
     if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
         fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
         return 1;
