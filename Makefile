@@ -83,7 +83,7 @@ calibrate: build
 	    $$(grep -E '^MPIEXEC_EXECUTABLE:' $(BUILD)/CMakeCache.txt | cut -d= -f2) -n 2 \
 	    $(BUILD)/llm3d bench --calibrate --out profiles/local.prof
 
-# The planner's predicted step time and memory against the trainer's on 8 layouts (issue "Planner").
+# The planner's predicted step time and memory against the trainer's on 9 layouts (1-8 ranks) (issue "Planner").
 plan-local: build
 	bash bench/plan_local.sh $(BUILD) profiles/local.prof
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planner against the trainer on this machine: for layouts the trainer runs here (1-4 ranks,
+# The planner against the trainer on this machine: for layouts the trainer runs here (1-8 ranks,
 # tp, pp, dp, ZeRO, micro-batches, recomputation), `llm3d plan --profile local` predicts the step
 # time and the fullest rank's peak memory; the trainer measures them (median step after the first
 # two; the accounted peak). Goals (issue "Planner"): time within 10%, memory within 5%.
@@ -73,3 +73,4 @@ run "tp2 + SP, selective"    2 1 4 1 --tp 2 --pp 1 --zero 0 --recompute selectiv
 run "pp2 1F1B, m=4"          2 1 2 4 --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
 run "pp2 1F1B, m=8, selective" 2 1 1 8 --tp 1 --pp 2 --zero 0 --recompute selective --pp-virtual 1 -- --pp 2 --recompute selective
 run "tp2 x dp2, ZeRO-1 (4 ranks on 2 cores)" 4 1 2 2 --tp 2 --pp 1 --zero 1 --recompute none --sequence-parallel no -- --tp 2 --zero 1
+run "tp2 x pp2 x dp2, ZeRO-1 (8 ranks on 2 cores)" 8 1 2 4 --tp 2 --pp 2 --zero 1 --recompute none --sequence-parallel no --pp-virtual 1 -- --tp 2 --pp 2 --zero 1
