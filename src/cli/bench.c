@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "llm3d/ckpt.h"
 #include "llm3d/comm.h"
 #include "llm3d/data.h"
 #include "llm3d/train.h"
@@ -29,6 +30,7 @@ int l3d_cli_bench(int argc, char **argv) {
         return rc;
     }
     struct l3d_comm *world;
+    l3d_ckpt_signals_block(); /* l3d_train_run takes SIGTERM/SIGUSR1 on a thread of its own */
     if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
         fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
         return 1;

@@ -165,6 +165,15 @@ static double phase_others(const struct calib *c, const struct phase *p, double 
     return fmax(0.0, busy - p->busy - own - 2.0 * n / (double)sysconf(_SC_CLK_TCK)) / (wall * n);
 }
 
+/* Ends a phase that every rank ran (collective): the ranks' CPU time summed, rank 0's estimate of
+ * the other processes' share, -1 elsewhere */
+static double phase_end(struct l3d_comm *w, const struct calib *c, const struct phase *p,
+                        bool lead) {
+    double own = cpu_s() - p->cpu;
+    l3d_comm_all_reduce(w, &own, 1, L3D_F64, L3D_SUM, NULL);
+    return lead ? phase_others(c, p, own) : -1.0;
+}
+
 static float *filled(int64_t n, float lo, float hi, uint64_t stream) {
     float *p = l3d_alloc((size_t)n * sizeof(float), "calibrate");
 #pragma omp parallel for schedule(static)
@@ -602,15 +611,6 @@ static void usage(FILE *f) {
             "latency between the ranks.\n"
             "  --out FILE   where to write it (default: local.prof in this directory)\n"
             "  --quick      shorter measurements (about a fifth of the time; noisier figures)\n");
-}
-
-/* Ends a phase that every rank ran (collective): the ranks' CPU time summed, rank 0's estimate of
- * the other processes' share, -1 elsewhere */
-static double phase_end(struct l3d_comm *w, const struct calib *c, const struct phase *p,
-                        bool lead) {
-    double own = cpu_s() - p->cpu;
-    l3d_comm_all_reduce(w, &own, 1, L3D_F64, L3D_SUM, NULL);
-    return lead ? phase_others(c, p, own) : -1.0;
 }
 
 int l3d_cli_calibrate(int argc, char **argv) {
