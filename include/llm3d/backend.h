@@ -25,6 +25,130 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llm3d/core.h"
+
+/* ---- the device interface ---------------------------------------------------------------
+ *
+ *   struct l3d_backend *be;
+ *   if (l3d_backend_init(NULL, &be) != L3D_OK) ...;        // $L3D_BACKEND, else "cpu"
+ *   float *w = l3d_be_alloc(be, n * sizeof(float), "weights");   // device memory, accounted
+ *   l3d_be_copy_h2d(be, w, host, n * sizeof(float));              // host -> device
+ *   l3d_be_matmul_forward(be, L3D_F32, out, inp, w, NULL, N, C, OC);
+ *   double *sq = l3d_be_alloc(be, sizeof(double), "norm");
+ *   l3d_be_memset(be, sq, 0, sizeof(double));
+ *   l3d_be_sumsq(be, L3D_F32, sq, w, n);                          // stays on the device ...
+ *   double host_sq;
+ *   l3d_be_copy_d2h(be, &host_sq, sq, sizeof host_sq);            // ... until asked for
+ *   l3d_be_free(be, w);
+ *
+ * Memory a backend allocates is device memory: only the backend's kernels and copies read or
+ * write it, and host code reaches it only through l3d_be_copy_d2h / h2d (explicit staging).
+ * Pointer arithmetic inside an allocation is allowed (sub-buffers of a flat buffer); the
+ * checking backend ("check") makes every other access fail. Kernels run in issue order on one
+ * stream: a copy to the host, l3d_be_sync and l3d_be_event_wait return when the work issued
+ * before them is complete. Communicators read and write device buffers through
+ * l3d_be_host_view (an MPI that can reach device memory; NCCL takes device pointers as they are)
+ * after the backend is synchronised.
+ */
+struct l3d_backend;
+struct l3d_event;
+
+/* A backend by name: "cpu" (oneDNN + OpenMP) or "check" (the CPU kernels behind a separate
+ * arena that refuses foreign pointers and host access to device memory). NULL or "" takes
+ * $L3D_BACKEND, else "cpu". L3D_ERR_ARG naming the value and the choices otherwise. */
+l3d_status l3d_backend_init(const char *name, struct l3d_backend **out);
+struct l3d_backend *l3d_backend_cpu_init(void);
+void l3d_backend_free(struct l3d_backend *be);
+const char *l3d_backend_name(const struct l3d_backend *be);
+
+/* Device memory. alloc returns NULL when the device is out of memory (the contents are
+ * undefined: memset or copy before use); every byte is counted in l3d_mem_used/l3d_mem_peak. */
+void *l3d_be_alloc(struct l3d_backend *be, size_t bytes, const char *what);
+void l3d_be_free(struct l3d_backend *be, void *p);
+void l3d_be_memset(struct l3d_backend *be, void *dst, int value, size_t bytes);
+void l3d_be_copy_h2d(struct l3d_backend *be, void *dst, const void *src, size_t bytes);
+void l3d_be_copy_d2h(struct l3d_backend *be, void *dst, const void *src, size_t bytes);
+void l3d_be_copy_d2d(struct l3d_backend *be, void *dst, const void *src, size_t bytes);
+/* Waits until every kernel and copy issued so far is complete. */
+void l3d_be_sync(struct l3d_backend *be);
+/* Events: record marks the point in the stream reached so far; wait blocks the host until the
+ * work before the last record is complete (waiting on an event never recorded is an error). */
+struct l3d_event *l3d_be_event_new(struct l3d_backend *be);
+void l3d_be_event_record(struct l3d_backend *be, struct l3d_event *ev);
+void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev);
+void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
+/* Peak FLOP/s of the device's dense products in dtype t (0 when it has no such arithmetic),
+ * measured once on first use (CPU: fused multiply-adds on every thread). */
+double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
+/* The address at which host code such as an MPI library may access [p, p + bytes) of device
+ * memory, after l3d_be_sync; p itself when p is not device memory of this backend. */
+void *l3d_be_host_view(struct l3d_backend *be, const void *p, size_t bytes);
+
+/* ---- kernels -------------------------------------------------------------------------------
+ * dt is the element type of the floating-point activations and parameters a kernel reads and
+ * writes; the CPU backend has fp32 kernels (mixed precision adds bf16/fp16). Shapes as in the
+ * table below. tokens and targets are int32 device buffers. */
+void l3d_be_matmul_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
+                           const void *weight, const void *bias, int64_t N, int64_t C, int64_t OC);
+void l3d_be_matmul_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp, void *dweight,
+                            void *dbias, const void *dout, const void *inp, const void *weight,
+                            int64_t N, int64_t C, int64_t OC);
+void l3d_be_encoder_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
+                            const int32_t *tokens, const void *wte, const void *wpe,
+                            int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
+                            int64_t C);
+void l3d_be_encoder_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dwte, void *dwpe,
+                             const void *dout, const int32_t *tokens, int64_t vocab_start,
+                             int64_t vocab_count, int64_t B, int64_t T, int64_t C);
+void l3d_be_layernorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *mean,
+                              float *rstd, const void *inp, const void *weight, const void *bias,
+                              int64_t N, int64_t C);
+void l3d_be_layernorm_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp,
+                               void *dweight, void *dbias, const void *dout, const void *inp,
+                               const void *weight, const float *mean, const float *rstd,
+                               int64_t N, int64_t C);
+void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, void *att,
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv, void *datt,
+                               const void *dout, const void *qkv, const void *att, int64_t B,
+                               int64_t T, int64_t NH, int64_t HS);
+/* Attention of n new rows at positions pos..pos+n-1 over a key/value cache (generation):
+ * out (n, NH*HS) = softmax(q k^T / sqrt(HS)) v over cached positions 0..pos+i for row i; q (n)
+ * rows of q_stride elements (heads at h*HS); k, v (pos+n) rows of kv_stride elements. */
+void l3d_be_attention_cached(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *q,
+                             const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
+                             int64_t HS, int64_t q_stride, int64_t kv_stride);
+void l3d_be_gelu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
+                         int64_t N);
+void l3d_be_gelu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp, const void *dout,
+                          const void *inp, int64_t N);
+void l3d_be_residual_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *a,
+                             const void *b, int64_t N);
+void l3d_be_add_inplace(struct l3d_backend *be, enum l3d_dtype dt, void *dst, const void *src,
+                        int64_t N);
+/* out (N,C) += bias (C) on every row. */
+void l3d_be_add_bias(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *bias,
+                     int64_t N, int64_t C);
+void l3d_be_xent_max(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, const void *logits,
+                     int64_t N, int64_t Vl, int64_t Vvalid);
+void l3d_be_xent_sumexp(struct l3d_backend *be, enum l3d_dtype dt, float *sumexp, float *tlogit,
+                        const void *logits, const float *maxv, const int32_t *targets,
+                        int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+void l3d_be_xent_backward(struct l3d_backend *be, enum l3d_dtype dt, void *logits,
+                          const float *maxv, const float *sumexp, const int32_t *targets,
+                          float dloss, int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+/* losses (N) = log(sumexp) + maxv - tlogit, each token's loss; *loss_sum (one device double)
+ * += their sum, in token order. */
+void l3d_be_xent_loss(struct l3d_backend *be, float *losses, double *loss_sum, const float *maxv,
+                      const float *sumexp, const float *tlogit, int64_t N);
+/* dt is the parameters' and gradients' type; m and v are fp32. */
+void l3d_be_adamw(struct l3d_backend *be, enum l3d_dtype dt, void *param, float *m, float *v,
+                  const void *grad, float grad_scale, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float wd, float bc1, float bc2);
+/* *acc (one device double) += sum of x[i]^2 over n elements, accumulated in double. */
+void l3d_be_sumsq(struct l3d_backend *be, enum l3d_dtype dt, double *acc, const void *x,
+                  int64_t n);
+
 struct l3d_backend_i {
     const char *name;
     void (*free)(void *ctx);
@@ -104,9 +228,6 @@ struct l3d_backend {
     const struct l3d_backend_i *i;
     void *ctx;
 };
-
-struct l3d_backend *l3d_backend_cpu_init(void);
-void l3d_backend_free(struct l3d_backend *be);
 
 /* Measured peaks of this CPU with the current OpenMP thread count, in FLOP/s, over about
  * `seconds`: fp32 FMA throughput (independent AVX-512, else AVX2, fused multiply-adds on every

@@ -30,6 +30,9 @@ typedef enum {
     L3D_ERR_INTERNAL,
 } l3d_status;
 
+/* Element types of tensors, device buffers and communication buffers. */
+enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8, L3D_BF16, L3D_F16, L3D_I64 };
+
 /* Sets the calling thread's error message (printf-style) and returns st, so that
  * `return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));` reads well. */
 l3d_status l3d_error(l3d_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
