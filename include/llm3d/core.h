@@ -32,6 +32,8 @@ typedef enum {
 
 /* Element types of tensors, device buffers and communication buffers. */
 enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8, L3D_BF16, L3D_F16, L3D_I64 };
+/* Bytes per element: the one function the planner, the model and the communicators share. */
+size_t l3d_dtype_size(enum l3d_dtype t);
 
 /* Sets the calling thread's error message (printf-style) and returns st, so that
  * `return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));` reads well. */

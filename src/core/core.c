@@ -181,3 +181,13 @@ l3d_status l3d_mkdir_p(const char *dir) {
     return L3D_OK;
 }
 
+
+size_t l3d_dtype_size(enum l3d_dtype t) {
+    switch (t) {
+    case L3D_F64: case L3D_I64: return 8;
+    case L3D_F32: case L3D_I32: return 4;
+    case L3D_BF16: case L3D_F16: return 2;
+    case L3D_U8: return 1;
+    }
+    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+}
