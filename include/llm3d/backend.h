@@ -4,7 +4,7 @@
  * rest; a CUDA backend will fill the same table.
  *
  *   struct l3d_backend *be = l3d_backend_cpu_init();
- *   be->i->matmul_forward(be->ctx, out, inp, w, b, N, C, OC);   // out (N,OC) = inp (N,C) w^T + b
+ *   l3d_be_matmul_forward(be, L3D_F32, out, inp, w, b, N, C, OC); // out (N,OC) = inp w^T + b
  *   l3d_backend_free(be);
  *
  * Conventions, for every kernel:
@@ -16,8 +16,8 @@
  *     once per optimizer step, so micro-batches accumulate for free;
  *   - a NULL gradient output is skipped (e.g. no dinp for the first layer's input).
  *
- * The table is public because the model, a separate layer, is its caller; backends are the only
- * code that fills it.
+ * The handle is opaque: the table of function pointers behind it is in src/backend/backend-impl.h,
+ * filled by each backend (cpu.c, check.c); callers use the l3d_be_* functions below.
  */
 #ifndef LLM3D_BACKEND_H
 #define LLM3D_BACKEND_H
@@ -78,7 +78,8 @@ void l3d_be_event_record(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
 /* Peak FLOP/s of the device's dense products in dtype t (0 when it has no such arithmetic),
- * measured once on first use (CPU: fused multiply-adds on every thread). */
+ * measured at each call (CPU: about 0.3 s of fused multiply-adds, or AVX512-BF16 dot products,
+ * on every thread of the current OpenMP team size). */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend. */
@@ -149,90 +150,13 @@ void l3d_be_adamw(struct l3d_backend *be, enum l3d_dtype dt, void *param, float 
 void l3d_be_sumsq(struct l3d_backend *be, enum l3d_dtype dt, double *acc, const void *x,
                   int64_t n);
 
-struct l3d_backend_i {
-    const char *name;
-    void (*free)(void *ctx);
-
-    /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL. */
-    void (*matmul_forward)(void *ctx, float *out, const float *inp, const float *weight,
-                           const float *bias, int64_t N, int64_t C, int64_t OC);
-    /* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp (N,C);
-     * dbias (OC) += column sums of dout. */
-    void (*matmul_backward)(void *ctx, float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int64_t N, int64_t C, int64_t OC);
-
-    /* out (B,T,C) = wte[tok - vocab_start] for tokens in [vocab_start, vocab_start+vocab_count),
-     * zero for the others (vocabulary-parallel lookup), plus wpe[t] when wpe is not NULL.
-     * tokens (B,T), wte (vocab_count,C), wpe (>=T,C). */
-    void (*encoder_forward)(void *ctx, float *out, const int32_t *tokens, const float *wte,
-                            const float *wpe, int64_t vocab_start, int64_t vocab_count, int64_t B,
-                            int64_t T, int64_t C);
-    /* dwte (vocab_count,C) += dout rows of the tokens in range; dwpe (>=T,C) += sum over B. */
-    void (*encoder_backward)(void *ctx, float *dwte, float *dwpe, const float *dout,
-                             const int32_t *tokens, int64_t vocab_start, int64_t vocab_count,
-                             int64_t B, int64_t T, int64_t C);
-
-    /* out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward. */
-    void (*layernorm_forward)(void *ctx, float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int64_t N, int64_t C);
-    void (*layernorm_backward)(void *ctx, float *dinp, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight,
-                               const float *mean, const float *rstd, int64_t N, int64_t C);
-
-    /* Causal self-attention over NH heads of size HS (the heads of this shard).
-     * qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); att (B,NH,T,T) the softmax
-     * probabilities, saved for backward (zero above the diagonal). Scale 1/sqrt(HS). */
-    void (*attention_forward)(void *ctx, float *out, float *att, const float *qkv, int64_t B,
-                              int64_t T, int64_t NH, int64_t HS);
-    /* dqkv (B,T,3,NH,HS) += ...; datt (B,NH,T,T) is scratch, overwritten. */
-    void (*attention_backward)(void *ctx, float *dqkv, float *datt, const float *dout,
-                               const float *qkv, const float *att, int64_t B, int64_t T,
-                               int64_t NH, int64_t HS);
-
-    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. after 2). */
-    void (*gelu_forward)(void *ctx, float *out, const float *inp, int64_t N);
-    void (*gelu_backward)(void *ctx, float *dinp, const float *dout, const float *inp, int64_t N);
-
-    /* out (N) = a + b. Its backward is add_inplace twice. */
-    void (*residual_forward)(void *ctx, float *out, const float *a, const float *b, int64_t N);
-    /* dst (N) += src. */
-    void (*add_inplace)(void *ctx, float *dst, const float *src, int64_t N);
-
-    /* Softmax cross-entropy over a slice of the vocabulary, in three passes so that the tensor-
-     * parallel model can all-reduce between them (max, then sum of exponentials and target logit).
-     * logits (N,Vl): columns [0,Vvalid) are real vocabulary entries vocab_start.., the rest padding,
-     * which never wins and gets zero gradient. targets (N) are global token ids. */
-    void (*xent_max)(void *ctx, float *maxv, const float *logits, int64_t N, int64_t Vl,
-                     int64_t Vvalid);
-    /* sumexp (N) = sum_j exp(logit_j - maxv); tlogit (N) = logit of the target if it lies in this
-     * slice, else 0. */
-    void (*xent_sumexp)(void *ctx, float *sumexp, float *tlogit, const float *logits,
-                        const float *maxv, const int32_t *targets, int64_t vocab_start, int64_t N,
-                        int64_t Vl, int64_t Vvalid);
-    /* In place: logits (N,Vl) becomes dlogits = (softmax - onehot(target)) * dloss; padding 0. */
-    void (*xent_backward)(void *ctx, float *logits, const float *maxv, const float *sumexp,
-                          const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
-                          int64_t Vl, int64_t Vvalid);
-
-    /* AdamW (Loshchilov & Hutter 2019) on n elements with gradient grad * grad_scale (gradient
-     * clipping folded in): m, v moments updated, param updated with
-     * lr * (mhat / (sqrt(vhat) + eps) + wd * param); bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
-    void (*adamw)(void *ctx, float *param, float *m, float *v, const float *grad, float grad_scale,
-                  int64_t n, float lr, float beta1, float beta2, float eps, float wd, float bc1,
-                  float bc2);
-    /* Sum of squares in double, for the global gradient norm. */
-    double (*sumsq)(void *ctx, const float *x, int64_t n);
-};
-
-struct l3d_backend {
-    const struct l3d_backend_i *i;
-    void *ctx;
-};
-
 /* Measured peaks of this CPU with the current OpenMP thread count, in FLOP/s, over about
  * `seconds`: fp32 FMA throughput (independent AVX-512, else AVX2, fused multiply-adds on every
  * thread: the peak MFU is quoted against), and dnnl_sgemm on an M x N x K product. */
 double l3d_cpu_fma_peak(double seconds);
+/* bf16 dot products (AVX512-BF16 vdpbf16ps, fp32 accumulation, 4 FLOPs a lane) on every thread;
+ * 0 when the CPU has no AVX512-BF16. */
+double l3d_cpu_bf16_peak(double seconds);
 double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds);
 /* Memory bandwidth in bytes/s reached by STREAM's triad (a = b + s c, 12 bytes an element) over
  * three arrays of `bytes` in all (make it much larger than the caches) with the current OpenMP

@@ -16,6 +16,7 @@
 #ifndef LLM3D_CORE_H
 #define LLM3D_CORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +35,7 @@ typedef enum {
 enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8, L3D_BF16, L3D_F16, L3D_I64 };
 /* Bytes per element: the one function the planner, the model and the communicators share. */
 size_t l3d_dtype_size(enum l3d_dtype t);
+const char *l3d_dtype_name(enum l3d_dtype t); /* fp32, fp64, int32, uint8, bf16, fp16, int64 */
 
 /* Sets the calling thread's error message (printf-style) and returns st, so that
  * `return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));` reads well. */
@@ -62,6 +64,8 @@ void *l3d_try_alloc(size_t bytes, const char *what);
 void *l3d_calloc(size_t bytes, const char *what);
 void l3d_free(void *p);
 size_t l3d_mem_used(void);
+/* Counts memory not from l3d_alloc (a backend's device arena) in l3d_mem_used / l3d_mem_peak. */
+void l3d_mem_count(size_t bytes, bool add);
 size_t l3d_mem_peak(void);
 
 /* Counter-based RNG: every value is a pure function of (seed, stream, index), so a tensor element

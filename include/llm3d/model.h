@@ -18,6 +18,9 @@
  * (first stage) and the final LayerNorm + head + loss (last stage). The model sizes every buffer
  * from the shard and never assumes the full model.
  *
+ * Every buffer of the model (parameters, gradients, activations, tokens) is device memory of the
+ * backend it was built with; l3d_gpt_shard_to_full / full_to_shard work on host copies.
+ *
  * Parameters are the 16 tensors of llm.c's GPT-2 checkpoint, in its order, matrices (out, in):
  *   wte (Vp,C) wpe (maxT,C) ln1w ln1b (L,C) qkvw (L,3C,C) qkvb (L,3C) attprojw (L,C,C)
  *   attprojb (L,C) ln2w ln2b (L,C) fcw (L,4C,C) fcb (L,4C) fcprojw (L,C,4C) fcprojb (L,C)
@@ -79,6 +82,8 @@ struct l3d_tensor_info {
     const char *name;   /* llm.c's name */
     int64_t offset;     /* in elements, into the flat params / grads / moment buffers */
     int64_t count;      /* elements held by this shard (0 if none) */
+    enum l3d_dtype dtype; /* element type in the parameter buffer (fp32) */
+    size_t bytes;       /* count * l3d_dtype_size(dtype) */
     int64_t layers, rows, cols; /* local shape: (layers, rows, cols); layers 1 for non-layer */
     bool decay;         /* weight decay applies (matrices: 2-D tensors, as in llm.c / nanoGPT) */
 };
@@ -123,6 +128,7 @@ struct l3d_gpt {
     enum l3d_recompute recompute;
     int64_t num_params;   /* elements in this shard */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
+    /* Device memory of `be` (include/llm3d/backend.h): host code reaches it only by copies. */
     float *params;        /* flat, num_params */
     float *grads;         /* flat, num_params, same offsets (L3D_GRADS_FLAT only) */
     /* Gradient-slot mode (ZeRO-2): the non-layer tensors' gradients in one buffer, each layer's in
@@ -138,6 +144,7 @@ struct l3d_gpt {
     size_t act_bytes;     /* bytes of activations and backward scratch */
     int32_t *inputs;      /* (B,T) copy of the last forward's tokens, for backward */
     int32_t *targets;     /* (B,T) copy of its targets */
+    double *loss_sum;     /* one double: the summed loss of the last forward */
     bool has_targets;
     int B, T;             /* sizes of the last forward */
 };

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llm3d/backend.h"
+#include "backend/backend-impl.h"
 #include "llm3d/core.h"
 
 #define L3D_MAX_THREADS 256
@@ -82,6 +82,8 @@ struct cpu_ctx {
     dnnl_stream_t stream;
     struct mm_entry mm[L3D_MM_CACHE];
     int mm_count, mm_next; /* entries in use; next to evict when full */
+    float *scores;         /* attention_cached scratch: (threads, positions) */
+    size_t scores_bytes;
 };
 
 #define DNNL_CHECK(call)                                                                     \
@@ -140,7 +142,7 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, int64_t N, int64_t C, int64_t
 }
 
 // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL
-static void cpu_matmul_forward(void *ctx, float *out, const float *inp, const float *weight,
+static void matmul_forward_f32(void *ctx, float *out, const float *inp, const float *weight,
                                const float *bias, int64_t N, int64_t C, int64_t OC) {
     struct cpu_ctx *cx = ctx;
     struct mm_entry *e = mm_get(cx, N, C, OC, bias != NULL);
@@ -155,7 +157,7 @@ static void cpu_matmul_forward(void *ctx, float *out, const float *inp, const fl
 }
 
 // dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC), inp (N,C), weight (OC,C)
-static void cpu_matmul_backward(void *ctx, float *dinp, float *dweight, float *dbias,
+static void matmul_backward_f32(void *ctx, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 int64_t N, int64_t C, int64_t OC) {
     (void)ctx;
@@ -179,7 +181,7 @@ static void cpu_matmul_backward(void *ctx, float *dinp, float *dweight, float *d
 /* ---- embedding -------------------------------------------------------------------------- */
 
 // out (B,T,C), tokens (B,T), wte (vocab_count,C), wpe (>=T,C) or NULL
-static void cpu_encoder_forward(void *ctx, float *out, const int32_t *tokens, const float *wte,
+static void encoder_forward_f32(void *ctx, float *out, const int32_t *tokens, const float *wte,
                                 const float *wpe, int64_t vocab_start, int64_t vocab_count,
                                 int64_t B, int64_t T, int64_t C) {
     (void)ctx;
@@ -200,7 +202,7 @@ static void cpu_encoder_forward(void *ctx, float *out, const int32_t *tokens, co
 }
 
 // dwte (vocab_count,C), dwpe (>=T,C) or NULL, dout (B,T,C), tokens (B,T)
-static void cpu_encoder_backward(void *ctx, float *dwte, float *dwpe, const float *dout,
+static void encoder_backward_f32(void *ctx, float *dwte, float *dwpe, const float *dout,
                                  const int32_t *tokens, int64_t vocab_start, int64_t vocab_count,
                                  int64_t B, int64_t T, int64_t C) {
     (void)ctx;
@@ -232,7 +234,7 @@ static void cpu_encoder_backward(void *ctx, float *dwte, float *dwpe, const floa
 #define L3D_LN_EPS 1e-5f
 
 // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C)
-static void cpu_layernorm_forward(void *ctx, float *out, float *mean, float *rstd, const float *inp,
+static void layernorm_forward_f32(void *ctx, float *out, float *mean, float *rstd, const float *inp,
                                   const float *weight, const float *bias, int64_t N, int64_t C) {
     (void)ctx;
 #pragma omp parallel for schedule(static)
@@ -255,7 +257,7 @@ static void cpu_layernorm_forward(void *ctx, float *out, float *mean, float *rst
 }
 
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
-static void cpu_layernorm_backward(void *ctx, float *dinp, float *dweight, float *dbias,
+static void layernorm_backward_f32(void *ctx, float *dinp, float *dweight, float *dbias,
                                    const float *dout, const float *inp, const float *weight,
                                    const float *mean, const float *rstd, int64_t N, int64_t C) {
     (void)ctx;
@@ -310,7 +312,7 @@ static void cpu_layernorm_backward(void *ctx, float *dinp, float *dweight, float
  * whole T x T product is computed and the upper triangle zeroed: O(T^2) memory, as planned for
  * this kernel (a flash-style kernel comes later). */
 // out (B,T,NH,HS), att (B,NH,T,T), qkv (B,T,3,NH,HS)
-static void cpu_attention_forward(void *ctx, float *out, float *att, const float *qkv, int64_t B,
+static void attention_forward_f32(void *ctx, float *out, float *att, const float *qkv, int64_t B,
                                   int64_t T, int64_t NH, int64_t HS) {
     (void)ctx;
     const int64_t C = NH * HS, C3 = 3 * C;
@@ -344,7 +346,7 @@ static void cpu_attention_forward(void *ctx, float *out, float *att, const float
 }
 
 // dqkv (B,T,3,NH,HS), datt (B,NH,T,T) scratch, dout (B,T,NH,HS), qkv, att (B,NH,T,T)
-static void cpu_attention_backward(void *ctx, float *dqkv, float *datt, const float *dout,
+static void attention_backward_f32(void *ctx, float *dqkv, float *datt, const float *dout,
                                    const float *qkv, const float *att, int64_t B, int64_t T,
                                    int64_t NH, int64_t HS) {
     (void)ctx;
@@ -379,7 +381,7 @@ static void cpu_attention_backward(void *ctx, float *dqkv, float *datt, const fl
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-static void cpu_gelu_forward(void *ctx, float *out, const float *inp, int64_t N) {
+static void gelu_forward_f32(void *ctx, float *out, const float *inp, int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < N; i++) {
@@ -389,7 +391,7 @@ static void cpu_gelu_forward(void *ctx, float *out, const float *inp, int64_t N)
     }
 }
 
-static void cpu_gelu_backward(void *ctx, float *dinp, const float *dout, const float *inp,
+static void gelu_backward_f32(void *ctx, float *dinp, const float *dout, const float *inp,
                               int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
@@ -403,13 +405,13 @@ static void cpu_gelu_backward(void *ctx, float *dinp, const float *dout, const f
     }
 }
 
-static void cpu_residual_forward(void *ctx, float *out, const float *a, const float *b, int64_t N) {
+static void residual_forward_f32(void *ctx, float *out, const float *a, const float *b, int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
-static void cpu_add_inplace(void *ctx, float *dst, const float *src, int64_t N) {
+static void add_inplace_f32(void *ctx, float *dst, const float *src, int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < N; i++) dst[i] += src[i];
@@ -418,7 +420,7 @@ static void cpu_add_inplace(void *ctx, float *dst, const float *src, int64_t N) 
 /* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
 
 // maxv (N), logits (N,Vl)
-static void cpu_xent_max(void *ctx, float *maxv, const float *logits, int64_t N, int64_t Vl,
+static void xent_max_f32(void *ctx, float *maxv, const float *logits, int64_t N, int64_t Vl,
                          int64_t Vvalid) {
     (void)ctx;
 #pragma omp parallel for schedule(static)
@@ -432,7 +434,7 @@ static void cpu_xent_max(void *ctx, float *maxv, const float *logits, int64_t N,
 }
 
 // sumexp (N), tlogit (N), logits (N,Vl), maxv (N), targets (N)
-static void cpu_xent_sumexp(void *ctx, float *sumexp, float *tlogit, const float *logits,
+static void xent_sumexp_f32(void *ctx, float *sumexp, float *tlogit, const float *logits,
                             const float *maxv, const int32_t *targets, int64_t vocab_start,
                             int64_t N, int64_t Vl, int64_t Vvalid) {
     (void)ctx;
@@ -449,7 +451,7 @@ static void cpu_xent_sumexp(void *ctx, float *sumexp, float *tlogit, const float
 }
 
 // logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
-static void cpu_xent_backward(void *ctx, float *logits, const float *maxv, const float *sumexp,
+static void xent_backward_f32(void *ctx, float *logits, const float *maxv, const float *sumexp,
                               const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
                               int64_t Vl, int64_t Vvalid) {
     (void)ctx;
@@ -467,7 +469,7 @@ static void cpu_xent_backward(void *ctx, float *logits, const float *maxv, const
 
 /* ---- optimizer helpers ------------------------------------------------------------------ */
 
-static void cpu_adamw(void *ctx, float *param, float *m, float *v, const float *grad,
+static void adamw_f32(void *ctx, float *param, float *m, float *v, const float *grad,
                       float grad_scale, int64_t n, float lr, float beta1, float beta2, float eps,
                       float wd, float bc1, float bc2) {
     (void)ctx;
@@ -483,7 +485,7 @@ static void cpu_adamw(void *ctx, float *param, float *m, float *v, const float *
     }
 }
 
-static double cpu_sumsq(void *ctx, const float *x, int64_t n) {
+static double sumsq_f32(void *ctx, const float *x, int64_t n) {
     (void)ctx;
     double part[L3D_MAX_THREADS] = {0};
     int nth_used = 1;
@@ -504,17 +506,249 @@ static double cpu_sumsq(void *ctx, const float *x, int64_t n) {
     return s;
 }
 
+
+/* ---- attention over a key/value cache (generation) ------------------------------------- */
+
+/* Each head of each new row i (position pos+i) attends over positions 0..pos+i: scores by dot
+ * products, softmax (glibc expf: generation is not the hot loop), weighted sum of the values.
+ * Threads only when the work (about n NH (pos+n) HS products) outweighs starting a region. */
+static void attention_cached_f32(void *ctx, float *out, const float *q, const float *k,
+                                 const float *v, int64_t pos, int64_t n, int64_t NH, int64_t HS,
+                                 int64_t q_stride, int64_t kv_stride) {
+    struct cpu_ctx *cx = ctx;
+    const int64_t len_max = pos + n, C = NH * HS;
+    const int nth = omp_get_max_threads();
+    size_t need = (size_t)nth * (size_t)len_max * sizeof(float);
+    if (need > cx->scores_bytes) { /* grows with the position, at most to the context */
+        l3d_free(cx->scores);
+        cx->scores = l3d_alloc(need, "attention scratch");
+        cx->scores_bytes = need;
+    }
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static) if (n * NH * len_max * HS > (1 << 16))
+    for (int64_t ih = 0; ih < n * NH; ih++) {
+        int64_t i = ih / NH, h = ih % NH, len = pos + i + 1;
+        const float *qi = q + i * q_stride + h * HS;
+        float *sc = cx->scores + (int64_t)omp_get_thread_num() * len_max;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < len; t++) {
+            const float *kt = k + t * kv_stride + h * HS;
+            float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+            for (int64_t j = 0; j < HS; j++) d += qi[j] * kt[j];
+            sc[t] = d * scale;
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        float sum = 0.0f;
+        for (int64_t t = 0; t < len; t++) {
+            sc[t] = expf(sc[t] - mx);
+            sum += sc[t];
+        }
+        float inv = 1.0f / sum, *o = out + i * C + h * HS;
+        memset(o, 0, (size_t)HS * sizeof(float));
+        for (int64_t t = 0; t < len; t++) {
+            const float *vt = v + t * kv_stride + h * HS;
+            float p = sc[t] * inv;
+#pragma omp simd
+            for (int64_t j = 0; j < HS; j++) o[j] += p * vt[j];
+        }
+    }
+}
+
+// out (N,C) += bias (C) on every row
+static void add_bias_f32(void *ctx, float *out, const float *bias, int64_t N, int64_t C) {
+    (void)ctx;
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+    for (int64_t n = 0; n < N; n++) {
+        float *o = out + n * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) o[c] += bias[c];
+    }
+}
+
+/* losses (N), *loss_sum += sum in token order (sequential: bit-identical for any thread count) */
+static void cpu_xent_loss(void *ctx, float *losses, double *loss_sum, const float *maxv,
+                          const float *sumexp, const float *tlogit, int64_t N) {
+    (void)ctx;
+    double total = *loss_sum;
+    for (int64_t i = 0; i < N; i++) {
+        losses[i] = logf(sumexp[i]) + maxv[i] - tlogit[i];
+        total += losses[i];
+    }
+    *loss_sum = total;
+}
+
+/* ---- the table: every kernel has an fp32 variant (mixed precision adds 16-bit ones) ----- */
+
+#define F32_ONLY(kernel)                                                            \
+    do {                                                                            \
+        if (dt != L3D_F32) l3d_backend_no_variant("cpu", kernel, dt);              \
+    } while (0)
+
+static void cpu_matmul_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                               const void *weight, const void *bias, int64_t N, int64_t C,
+                               int64_t OC) {
+    F32_ONLY("matmul_forward");
+    matmul_forward_f32(ctx, out, inp, weight, bias, N, C, OC);
+}
+static void cpu_matmul_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
+                                void *dbias, const void *dout, const void *inp, const void *weight,
+                                int64_t N, int64_t C, int64_t OC) {
+    F32_ONLY("matmul_backward");
+    matmul_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+static void cpu_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
+                                const void *wte, const void *wpe, int64_t vocab_start,
+                                int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    F32_ONLY("encoder_forward");
+    encoder_forward_f32(ctx, out, tokens, wte, wpe, vocab_start, vocab_count, B, T, C);
+}
+static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
+                                 const void *dout, const int32_t *tokens, int64_t vocab_start,
+                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    F32_ONLY("encoder_backward");
+    encoder_backward_f32(ctx, dwte, dwpe, dout, tokens, vocab_start, vocab_count, B, T, C);
+}
+static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
+                                  float *rstd, const void *inp, const void *weight,
+                                  const void *bias, int64_t N, int64_t C) {
+    F32_ONLY("layernorm_forward");
+    layernorm_forward_f32(ctx, out, mean, rstd, inp, weight, bias, N, C);
+}
+static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
+                                   void *dbias, const void *dout, const void *inp,
+                                   const void *weight, const float *mean, const float *rstd,
+                                   int64_t N, int64_t C) {
+    F32_ONLY("layernorm_backward");
+    layernorm_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    F32_ONLY("attention_forward");
+    attention_forward_f32(ctx, out, att, qkv, B, T, NH, HS);
+}
+static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                                   const void *dout, const void *qkv, const void *att, int64_t B,
+                                   int64_t T, int64_t NH, int64_t HS) {
+    F32_ONLY("attention_backward");
+    attention_backward_f32(ctx, dqkv, datt, dout, qkv, att, B, T, NH, HS);
+}
+static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
+                                 const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
+                                 int64_t HS, int64_t q_stride, int64_t kv_stride) {
+    F32_ONLY("attention_cached");
+    attention_cached_f32(ctx, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride);
+}
+static void cpu_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                             int64_t N) {
+    F32_ONLY("gelu_forward");
+    gelu_forward_f32(ctx, out, inp, N);
+}
+static void cpu_gelu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                              const void *inp, int64_t N) {
+    F32_ONLY("gelu_backward");
+    gelu_backward_f32(ctx, dinp, dout, inp, N);
+}
+static void cpu_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const void *a,
+                                 const void *b, int64_t N) {
+    F32_ONLY("residual_forward");
+    residual_forward_f32(ctx, out, a, b, N);
+}
+static void cpu_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
+    F32_ONLY("add_inplace");
+    add_inplace_f32(ctx, dst, src, N);
+}
+static void cpu_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
+                         int64_t C) {
+    F32_ONLY("add_bias");
+    add_bias_f32(ctx, out, bias, N, C);
+}
+static void cpu_xent_max(void *ctx, enum l3d_dtype dt, float *maxv, const void *logits, int64_t N,
+                         int64_t Vl, int64_t Vvalid) {
+    F32_ONLY("xent_max");
+    xent_max_f32(ctx, maxv, logits, N, Vl, Vvalid);
+}
+static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
+                            const void *logits, const float *maxv, const int32_t *targets,
+                            int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    F32_ONLY("xent_sumexp");
+    xent_sumexp_f32(ctx, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl, Vvalid);
+}
+static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
+                              const float *sumexp, const int32_t *targets, float dloss,
+                              int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    F32_ONLY("xent_backward");
+    xent_backward_f32(ctx, logits, maxv, sumexp, targets, dloss, vocab_start, N, Vl, Vvalid);
+}
+static void cpu_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, float *v,
+                      const void *grad, float grad_scale, int64_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, float bc1, float bc2) {
+    F32_ONLY("adamw");
+    adamw_f32(ctx, param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+}
+static void cpu_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n) {
+    F32_ONLY("sumsq");
+    *acc += sumsq_f32(ctx, x, n);
+}
+
+/* ---- memory: the device is the host; buffers come from the accounting allocator -------- */
+
+static void *cpu_alloc(void *ctx, size_t bytes, const char *what) {
+    (void)ctx;
+    return l3d_try_alloc(bytes, what);
+}
+static void cpu_dfree(void *ctx, void *p) {
+    (void)ctx;
+    l3d_free(p);
+}
+static void cpu_memset(void *ctx, void *dst, int value, size_t bytes) {
+    (void)ctx;
+    memset(dst, value, bytes);
+}
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+static void cpu_copy_d2d(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memmove(dst, src, bytes);
+}
+static void cpu_sync(void *ctx) { (void)ctx; } /* every kernel returns when it is done */
+static double cpu_peak_flops(void *ctx, enum l3d_dtype t) {
+    (void)ctx;
+    if (t == L3D_F32) return l3d_cpu_fma_peak(0.3);
+    if (t == L3D_BF16) return l3d_cpu_bf16_peak(0.3);
+    return 0.0; /* no fp16 arithmetic on these CPUs */
+}
+static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
+    (void)ctx;
+    (void)bytes;
+    return (void *)p;
+}
+
 static void cpu_free(void *ctx) {
     struct cpu_ctx *cx = ctx;
     for (int i = 0; i < cx->mm_count; i++) mm_entry_destroy(&cx->mm[i]);
     dnnl_stream_destroy(cx->stream);
     dnnl_engine_destroy(cx->engine);
+    l3d_free(cx->scores);
     l3d_free(cx);
 }
 
 static const struct l3d_backend_i cpu_backend_i = {
     .name = "cpu",
     .free = cpu_free,
+    .alloc = cpu_alloc,
+    .dfree = cpu_dfree,
+    .memset = cpu_memset,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy_d2d,
+    .sync = cpu_sync,
+    .event_record = NULL, /* synchronous */
+    .event_wait = NULL,
+    .peak_flops = cpu_peak_flops,
+    .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .encoder_forward = cpu_encoder_forward,
@@ -523,13 +757,16 @@ static const struct l3d_backend_i cpu_backend_i = {
     .layernorm_backward = cpu_layernorm_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .attention_cached = cpu_attention_cached,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
     .add_inplace = cpu_add_inplace,
+    .add_bias = cpu_add_bias,
     .xent_max = cpu_xent_max,
     .xent_sumexp = cpu_xent_sumexp,
     .xent_backward = cpu_xent_backward,
+    .xent_loss = cpu_xent_loss,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
 };
@@ -538,14 +775,5 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     struct cpu_ctx *cx = l3d_calloc(sizeof *cx, "cpu backend");
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));
-    struct l3d_backend *be = l3d_alloc(sizeof *be, "backend");
-    be->i = &cpu_backend_i;
-    be->ctx = cx;
-    return be;
-}
-
-void l3d_backend_free(struct l3d_backend *be) {
-    if (!be) return;
-    if (be->i->free) be->i->free(be->ctx);
-    l3d_free(be);
+    return l3d_backend_make(&cpu_backend_i, cx);
 }

@@ -57,6 +57,38 @@ double l3d_cpu_fma_peak(double seconds) {
     return best;
 }
 
+/* vdpbf16ps: each of the 16 fp32 lanes adds two bf16 products, 4 FLOPs a lane an instruction. */
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_loop(int64_t iters, float *sink) {
+    __m512 acc[NACC];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+    for (int i = 0; i < NACC; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < NACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __m512 s = acc[0];
+    for (int i = 1; i < NACC; i++) s = _mm512_add_ps(s, acc[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return (double)iters * NACC * 16 * 4;
+}
+
+double l3d_cpu_bf16_peak(double seconds) {
+    if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+    double best = 0.0;
+    for (int round = 0; round < 5; round++) {
+        double flops = 0.0;
+        double t0 = l3d_time_s();
+#pragma omp parallel reduction(+ : flops)
+        {
+            float s;
+            flops += bf16_loop((int64_t)(2e8 * seconds / 5) / 32, &s);
+            volatile float keep = s;
+            (void)keep;
+        }
+        double dt = l3d_time_s() - t0;
+        if (flops / dt > best) best = flops / dt;
+    }
+    return best;
+}
+
 double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds) {
     float *A = l3d_calloc((size_t)(M * K) * sizeof(float), "bench");
     float *B = l3d_calloc((size_t)(N * K) * sizeof(float), "bench");

@@ -215,16 +215,15 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
     float *m = filled(n, -0.01f, 0.01f, 3), *v = filled(n, 0.0f, 0.01f, 4);
     float *w = filled(C, 0.5f, 1.5f, 5), *bias = filled(C, -0.1f, 0.1f, 6);
     float *mean = filled(N, 0.0f, 0.0f, 7), *rstd = filled(N, 0.0f, 0.0f, 8);
-    const struct l3d_backend_i *k = be->i;
     double t[5] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
     double start = l3d_time_s(), cpu0 = cpu_s();
     for (int r = 0; r < 5 || l3d_time_s() - start < secs; r++) {
         t[4] = fmin(t[4], l3d_cpu_triad_pass(m, a, b, n)); /* m = a + b / 2 */
-        TIME_ONE(t[0], k->layernorm_forward(be->ctx, b, mean, rstd, a, w, bias, N, C));
-        TIME_ONE(t[1], k->gelu_forward(be->ctx, b, a, n));
-        TIME_ONE(t[2], k->residual_forward(be->ctx, m, a, b, n));
+        TIME_ONE(t[0], l3d_be_layernorm_forward(be, L3D_F32, b, mean, rstd, a, w, bias, N, C));
+        TIME_ONE(t[1], l3d_be_gelu_forward(be, L3D_F32, b, a, n));
+        TIME_ONE(t[2], l3d_be_residual_forward(be, L3D_F32, m, a, b, n));
         /* a tiny learning rate: the parameters stay put however often it runs */
-        TIME_ONE(t[3], k->adamw(be->ctx, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
+        TIME_ONE(t[3], l3d_be_adamw(be, L3D_F32, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
                                  0.1f, 0.05f));
     }
     c->share[0] = (cpu_s() - cpu0) / ((l3d_time_s() - start) * omp_get_max_threads());
@@ -265,8 +264,8 @@ static double layer_flops(struct l3d_backend *be, int64_t M, int64_t N, int64_t 
         float *x = buf + ((r + 1) % sets) * set, *w = x + M * K, *y = w + N * K, *dy = y + M * N;
         float *dx = dy + M * N, *dw = dx + M * K;
         double t0 = l3d_time_s();
-        be->i->matmul_forward(be->ctx, y, x, w, NULL, M, K, N);
-        be->i->matmul_backward(be->ctx, dx, dw, NULL, dy, x, w, M, K, N);
+        l3d_be_matmul_forward(be, L3D_F32, y, x, w, NULL, M, K, N);
+        l3d_be_matmul_backward(be, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
         double dt = l3d_time_s() - t0;
         if (r >= 0) rate[n++] = 6.0 * (double)M * N * K / dt; /* pass -1: primitives, warm-up */
     }
@@ -325,8 +324,8 @@ static void measure_attention(struct l3d_backend *be, struct calib *c) {
     float *out = filled(B * T * C, 0.0f, 0.0f, 13), *dqkv = filled(B * T * 3 * C, 0.0f, 0.0f, 14);
     float *att = filled(B * NH * T * T, 0.0f, 0.0f, 15), *datt = filled(B * NH * T * T, 0.0f, 0.0f, 16);
     const double secs = c->quick ? 0.1 : 1.0;
-    TIME_BEST(c->attn_fwd_s, secs, be->i->attention_forward(be->ctx, out, att, qkv, B, T, NH, HS));
-    TIME_BEST(c->attn_bwd_s, secs, be->i->attention_backward(be->ctx, dqkv, datt, dout, qkv, att,
+    TIME_BEST(c->attn_fwd_s, secs, l3d_be_attention_forward(be, L3D_F32, out, att, qkv, B, T, NH, HS));
+    TIME_BEST(c->attn_bwd_s, secs, l3d_be_attention_backward(be, L3D_F32, dqkv, datt, dout, qkv, att,
                                                             B, T, NH, HS));
     float *bufs[] = {qkv, dout, out, dqkv, att, datt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);

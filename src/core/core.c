@@ -75,11 +75,19 @@ void *l3d_try_alloc(size_t bytes, const char *what) {
     unsigned char *base = aligned_alloc(64, total);
     if (!base) return NULL;
     memcpy(base, &bytes, sizeof bytes);
+    l3d_mem_count(bytes, true);
+    return base + L3D_ALLOC_HDR;
+}
+
+void l3d_mem_count(size_t bytes, bool add) {
+    if (!add) {
+        atomic_fetch_sub(&mem_used, bytes);
+        return;
+    }
     size_t now = atomic_fetch_add(&mem_used, bytes) + bytes;
     size_t peak = atomic_load(&mem_peak);
     while (now > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, now)) {
     }
-    return base + L3D_ALLOC_HDR;
 }
 
 void *l3d_alloc(size_t bytes, const char *what) {
@@ -190,4 +198,17 @@ size_t l3d_dtype_size(enum l3d_dtype t) {
     case L3D_U8: return 1;
     }
     l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+}
+
+const char *l3d_dtype_name(enum l3d_dtype t) {
+    switch (t) {
+    case L3D_F32: return "fp32";
+    case L3D_F64: return "fp64";
+    case L3D_I32: return "int32";
+    case L3D_U8: return "uint8";
+    case L3D_BF16: return "bf16";
+    case L3D_F16: return "fp16";
+    case L3D_I64: return "int64";
+    }
+    return "unknown dtype";
 }

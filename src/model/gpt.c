@@ -3,7 +3,9 @@
  *
  * Activations are planned once from (B, T) and the shard and live in one flat buffer; backward
  * uses one layer's worth of gradient scratch, reused from the last layer to the first, plus the
- * residual-stream gradient. Every kernel call goes through the backend table.
+ * residual-stream gradient. Parameters, gradients and activations are device memory of the
+ * model's backend: every kernel, fill and copy goes through it (include/llm3d/backend.h), and
+ * host values (the initial weights, the loss) cross by explicit copies.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -122,6 +124,8 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *c, const struct l3d_sh
         t->cols = shape[i][2];
         t->count = t->layers * t->rows * t->cols;
         t->offset = off;
+        t->dtype = L3D_F32; /* parameters are fp32 (mixed precision adds 16-bit copies) */
+        t->bytes = (size_t)t->count * l3d_dtype_size(t->dtype);
         t->decay = (i == L3D_T_WTE || i == L3D_T_WPE || i == L3D_T_QKVW || i == L3D_T_ATTPROJW ||
                     i == L3D_T_FCW || i == L3D_T_FCPROJW);
         off += t->count;
@@ -342,23 +346,26 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
                                 "activation table");
     int64_t n_act = point_acts(m, NULL, 0);
-    m->act_bytes = (size_t)n_act * sizeof(float);
-    size_t pbytes = (size_t)m->num_params * sizeof(float);
+    const size_t es = l3d_dtype_size(L3D_F32); /* parameters, gradients, activations */
+    m->act_bytes = (size_t)n_act * es;
+    size_t pbytes = (size_t)m->num_params * es;
+    size_t nlbytes = (size_t)m->nonlayer_size * es, slbytes = (size_t)m->slot_size * es;
     size_t gbytes = grads == L3D_GRADS_FLAT    ? pbytes
-                    : grads == L3D_GRADS_SLOTS ? (size_t)(m->nonlayer_size + 2 * m->slot_size) * 4
+                    : grads == L3D_GRADS_SLOTS ? nlbytes + 2 * slbytes
                                                : 0;
-    m->params = l3d_try_alloc(pbytes, "parameters");
+    m->params = l3d_be_alloc(be, pbytes, "parameters");
     bool grads_ok = true;
     if (grads == L3D_GRADS_FLAT) {
-        grads_ok = (m->grads = l3d_try_alloc(pbytes, "gradients")) != NULL;
+        grads_ok = (m->grads = l3d_be_alloc(be, pbytes, "gradients")) != NULL;
     } else if (grads == L3D_GRADS_SLOTS) {
-        m->grads_nonlayer = l3d_try_alloc((size_t)m->nonlayer_size * 4 + 64, "gradients");
+        m->grads_nonlayer = l3d_be_alloc(be, nlbytes + 64, "gradients");
         for (int i = 0; i < 2; i++)
-            m->grad_slot[i] = l3d_try_alloc((size_t)m->slot_size * 4 + 64, "gradient slots");
+            m->grad_slot[i] = l3d_be_alloc(be, slbytes + 64, "gradient slots");
         grads_ok = m->grads_nonlayer && m->grad_slot[0] && m->grad_slot[1];
     }
-    m->acts->base = l3d_try_alloc(m->act_bytes, "activations");
-    if (!m->params || !grads_ok || !m->acts->base) {
+    m->acts->base = l3d_be_alloc(be, m->act_bytes, "activations");
+    m->loss_sum = l3d_be_alloc(be, sizeof(double), "loss");
+    if (!m->params || !grads_ok || !m->acts->base || !m->loss_sum) {
         size_t need = pbytes + gbytes + m->act_bytes;
         l3d_gpt_free(m);
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for parameters, gradients and "
@@ -366,13 +373,14 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
                          B, T);
     }
     /* first touch now, not inside the step loop */
-    memset(m->params, 0, pbytes);
-    if (m->grads) memset(m->grads, 0, pbytes);
+    l3d_be_memset(be, m->params, 0, pbytes);
+    if (m->grads) l3d_be_memset(be, m->grads, 0, pbytes);
     if (m->grads_nonlayer) {
-        memset(m->grads_nonlayer, 0, (size_t)m->nonlayer_size * 4);
-        for (int i = 0; i < 2; i++) memset(m->grad_slot[i], 0, (size_t)m->slot_size * 4);
+        l3d_be_memset(be, m->grads_nonlayer, 0, nlbytes);
+        for (int i = 0; i < 2; i++) l3d_be_memset(be, m->grad_slot[i], 0, slbytes);
     }
-    memset(m->acts->base, 0, m->act_bytes);
+    l3d_be_memset(be, m->acts->base, 0, m->act_bytes);
+    l3d_be_memset(be, m->loss_sum, 0, sizeof(double));
     point_acts(m, m->acts->base, 0);
     *out = m;
     return L3D_OK;
@@ -380,16 +388,18 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
 
 void l3d_gpt_free(struct l3d_gpt *m) {
     if (!m) return;
+    struct l3d_backend *be = m->be;
     if (m->acts) {
-        l3d_free(m->acts->base);
+        l3d_be_free(be, m->acts->base);
         l3d_free(m->acts->layer);
         l3d_free(m->acts);
     }
-    l3d_free(m->params);
-    l3d_free(m->grads);
-    l3d_free(m->grads_nonlayer);
-    l3d_free(m->grad_slot[0]);
-    l3d_free(m->grad_slot[1]);
+    l3d_be_free(be, m->params);
+    l3d_be_free(be, m->grads);
+    l3d_be_free(be, m->grads_nonlayer);
+    l3d_be_free(be, m->grad_slot[0]);
+    l3d_be_free(be, m->grad_slot[1]);
+    l3d_be_free(be, m->loss_sum);
     l3d_free(m);
 }
 
@@ -461,10 +471,15 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
         {L3D_T_FCW, 4 * C, C, 0.02f},
         {L3D_T_FCPROJW, C, 4 * C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
     };
-    memset(m->params, 0, (size_t)m->num_params * sizeof(float));
+    /* computed on the host, one tensor at a time, and copied to the device */
+    int64_t most = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++)
+        most = m->tensors[t].count > most ? m->tensors[t].count : most;
+    float *host = l3d_alloc((size_t)(most > 0 ? most : 1) * sizeof(float), "initial weights");
+    l3d_be_memset(m->be, m->params, 0, (size_t)m->num_params * sizeof(float));
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];
-        float *p = m->params + ti->offset;
+        float *p = host;
         for (int64_t l = 0; l < ti->layers; l++) {
             int64_t gl = mats[i].t >= L3D_T_LN1W ? m->shard.layer_start + l : 0;
 #pragma omp parallel for schedule(static)
@@ -482,19 +497,22 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
                 }
             }
         }
+        l3d_be_copy_h2d(m->be, m->params + ti->offset, host, ti->bytes);
     }
     const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
-        for (int64_t k = 0; k < ti->count; k++) m->params[ti->offset + k] = 1.0f;
+        for (int64_t k = 0; k < ti->count; k++) host[k] = 1.0f;
+        l3d_be_copy_h2d(m->be, m->params + ti->offset, host, ti->bytes);
     }
+    l3d_free(host);
 }
 
 void l3d_gpt_zero_grad(struct l3d_gpt *m) {
     if (m->grads)
-        memset(m->grads, 0, (size_t)m->num_params * sizeof(float));
+        l3d_be_memset(m->be, m->grads, 0, (size_t)m->num_params * sizeof(float));
     else if (m->grads_nonlayer) /* slots are zeroed layer by layer in backward */
-        memset(m->grads_nonlayer, 0, (size_t)m->nonlayer_size * sizeof(float));
+        l3d_be_memset(m->be, m->grads_nonlayer, 0, (size_t)m->nonlayer_size * sizeof(float));
 }
 
 /* ---- forward ---------------------------------------------------------------------------- */
@@ -540,23 +558,22 @@ static void tp_all_reduce(struct l3d_gpt *m, float *buf, int64_t n) {
 static void column_parallel_backward(struct l3d_gpt *m, float *dinp, float *dweight, float *dbias,
                                      const float *dout, const float *inp, const float *weight,
                                      int64_t N, int64_t C, int64_t OC) {
-    const struct l3d_backend_i *k = m->be->i;
     int64_t sp = m->shard.sp_size;
-    memset(dinp, 0, (size_t)(N * C) * sizeof(float));
+    l3d_be_memset(m->be, dinp, 0, (size_t)(N * C) * sizeof(float));
     if (sp > 1) { /* sequence parallel: the sum is reduce-scattered to this rank's rows */
-        k->matmul_backward(m->be->ctx, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+        l3d_be_matmul_backward(m->be, L3D_F32, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
         m->hooks.tp_reduce_scatter(m->hooks.ctx, dinp, m->acts->dln_local, N / sp * C);
-        k->matmul_backward(m->be->ctx, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+        l3d_be_matmul_backward(m->be, L3D_F32, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
         return;
     }
     if (!m->hooks.tp_all_reduce_begin) {
-        k->matmul_backward(m->be->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+        l3d_be_matmul_backward(m->be, L3D_F32, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
         tp_all_reduce(m, dinp, N * C);
         return;
     }
-    k->matmul_backward(m->be->ctx, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+    l3d_be_matmul_backward(m->be, L3D_F32, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
     m->hooks.tp_all_reduce_begin(m->hooks.ctx, dinp, N * C);
-    k->matmul_backward(m->be->ctx, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+    l3d_be_matmul_backward(m->be, L3D_F32, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
     m->hooks.tp_all_reduce_end(m->hooks.ctx);
 }
 
@@ -570,48 +587,45 @@ static int64_t local_valid_vocab(const struct l3d_gpt *m) {
 static void row_parallel_residual(struct l3d_gpt *m, float *res_out, const float *res_in,
                                   const float *inp, const float *w, const float *b, int64_t N,
                                   int64_t Cin) {
-    const struct l3d_backend_i *k = m->be->i;
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
     float *out = m->acts->scratch;
     if (sp > 1) { /* sequence parallel: reduce-scatter instead of all-reduce */
         int64_t Nl = N / sp, r0 = m->shard.sp_rank * Nl;
-        k->matmul_forward(m->be->ctx, out, inp, w, NULL, N, Cin, C);
-        for (int64_t n = r0; n < r0 + Nl; n++) /* the bias once: on the rows this rank keeps */
-            k->add_inplace(m->be->ctx, out + n * C, b, C);
+        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, NULL, N, Cin, C);
+        /* the bias once: on the rows this rank keeps */
+        l3d_be_add_bias(m->be, L3D_F32, out + r0 * C, b, Nl, C);
         m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C);
-        k->residual_forward(m->be->ctx, res_out, res_in, m->acts->scratch_local, Nl * C);
+        l3d_be_residual_forward(m->be, L3D_F32, res_out, res_in, m->acts->scratch_local, Nl * C);
         return;
     }
     if (m->hooks.tp_all_reduce) {
-        k->matmul_forward(m->be->ctx, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin, C);
+        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin, C);
         tp_all_reduce(m, out, N * C);
     } else {
-        k->matmul_forward(m->be->ctx, out, inp, w, b, N, Cin, C);
+        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, b, N, Cin, C);
     }
-    k->residual_forward(m->be->ctx, res_out, res_in, out, N * C);
+    l3d_be_residual_forward(m->be, L3D_F32, res_out, res_in, out, N * C);
 }
 
 /* One transformer layer's forward from its input x into la (res3 is its output). */
 static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const float *x, int B,
                           int T) {
-    const struct l3d_backend_i *k = m->be->i;
-    void *bc = m->be->ctx;
     struct l3d_gpt_acts *a = m->acts;
     const struct l3d_shard *s = &m->shard;
     int64_t N = (int64_t)B * T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
     int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
     struct layer_params p = layer_params(m, m->params, l);
     float *lnout = sp > 1 ? a->ln_local : la->ln1;
-    k->layernorm_forward(bc, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
+    l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
-    k->matmul_forward(bc, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
-    k->attention_forward(bc, la->atty, la->att, la->qkv, B, T, Hl, HS);
+    l3d_be_matmul_forward(m->be, L3D_F32, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
+    l3d_be_attention_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
-    k->layernorm_forward(bc, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl, C);
+    l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl, C);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C);
-    k->matmul_forward(bc, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
-    k->gelu_forward(bc, la->fch_gelu, la->fch, N * F);
+    l3d_be_matmul_forward(m->be, L3D_F32, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
+    l3d_be_gelu_forward(m->be, L3D_F32, la->fch_gelu, la->fch, N * F);
     row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
 }
 
@@ -625,16 +639,14 @@ void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
 float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
                       int T) {
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
-    const struct l3d_backend_i *k = m->be->i;
-    void *bc = m->be->ctx;
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
     m->B = B;
     m->T = T;
     m->has_targets = targets != NULL;
-    if (inputs) memcpy(m->inputs, inputs, (size_t)N * sizeof(int32_t));
-    if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (inputs) l3d_be_copy_h2d(m->be, m->inputs, inputs, (size_t)N * sizeof(int32_t));
+    if (targets) l3d_be_copy_h2d(m->be, m->targets, targets, (size_t)N * sizeof(int32_t));
 
     int64_t sp = s->sp_size, Nl = N / sp, r0 = s->sp_rank * Nl;
     L3D_ASSERT(N % sp == 0);
@@ -642,19 +654,19 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
         const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
         const float *wpe = m->params + m->tensors[L3D_T_WPE].offset;
         if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
-            k->encoder_forward(bc, a->scratch, inputs, wte, NULL, s->vocab_start, s->vocab_count,
+            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, NULL, s->vocab_start, s->vocab_count,
                                B, T, C);
             m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C);
-            k->encoder_forward(bc, a->scratch, inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
-            k->add_inplace(bc, m->input_act, a->scratch + r0 * C, Nl * C);
+            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
+            l3d_be_add_inplace(m->be, L3D_F32, m->input_act, a->scratch + r0 * C, Nl * C);
         } else if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
-            k->encoder_forward(bc, m->input_act, inputs, wte, NULL, s->vocab_start, s->vocab_count,
+            l3d_be_encoder_forward(m->be, L3D_F32, m->input_act, m->inputs, wte, NULL, s->vocab_start, s->vocab_count,
                                B, T, C);
             tp_all_reduce(m, m->input_act, N * C);
-            k->encoder_forward(bc, a->scratch, inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
-            k->add_inplace(bc, m->input_act, a->scratch, N * C);
+            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
+            l3d_be_add_inplace(m->be, L3D_F32, m->input_act, a->scratch, N * C);
         } else {
-            k->encoder_forward(bc, m->input_act, inputs, wte, wpe, s->vocab_start, s->vocab_count,
+            l3d_be_encoder_forward(m->be, L3D_F32, m->input_act, m->inputs, wte, wpe, s->vocab_start, s->vocab_count,
                                B, T, C);
         }
     }
@@ -669,24 +681,23 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
     const float *lnfb = m->params + m->tensors[L3D_T_LNFB].offset;
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    k->layernorm_forward(bc, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
+    l3d_be_layernorm_forward(m->be, L3D_F32, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C);
-    k->matmul_forward(bc, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
+    l3d_be_matmul_forward(m->be, L3D_F32, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
     /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit */
-    k->xent_max(bc, a->maxv, m->logits, N, Vl, Vvalid);
+    l3d_be_xent_max(m->be, L3D_F32, a->maxv, m->logits, N, Vl, Vvalid);
     if (m->hooks.tp_all_reduce_max) m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N);
-    k->xent_sumexp(bc, a->sumexp, a->tlogit, m->logits, a->maxv, targets, s->vocab_start, N, Vl,
+    l3d_be_xent_sumexp(m->be, L3D_F32, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets, s->vocab_start, N, Vl,
                    Vvalid);
     if (m->hooks.tp_all_reduce) {
         tp_all_reduce(m, a->sumexp, N);
         tp_all_reduce(m, a->tlogit, N);
     }
     double total = 0.0;
-    for (int64_t i = 0; i < N; i++) {
-        m->losses[i] = logf(a->sumexp[i]) + a->maxv[i] - a->tlogit[i];
-        total += m->losses[i];
-    }
+    l3d_be_memset(m->be, m->loss_sum, 0, sizeof(double));
+    l3d_be_xent_loss(m->be, m->losses, m->loss_sum, a->maxv, a->sumexp, a->tlogit, N);
+    l3d_be_copy_d2h(m->be, &total, m->loss_sum, sizeof total);
     return (float)(total / (double)N);
 }
 
@@ -698,8 +709,6 @@ const float *l3d_gpt_output_act(const struct l3d_gpt *m) {
 
 void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
-    const struct l3d_backend_i *k = m->be->i;
-    void *bc = m->be->ctx;
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int B = m->B, T = m->T;
@@ -722,84 +731,85 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
         /* logits become dlogits in place */
         L3D_ASSERT(m->has_targets);
-        k->xent_backward(bc, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
+        l3d_be_xent_backward(m->be, L3D_F32, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
                          Vl, Vvalid);
         /* the head is column-parallel over the vocabulary */
         column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
-        memset(a->dres, 0, bytes_l);
+        l3d_be_memset(m->be, a->dres, 0, bytes_l);
         if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
-            memset(a->dlnw, 0, 2 * (size_t)C * sizeof(float));
-            k->layernorm_backward(bc, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
+            l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
+            l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
                                   a->lnf_mean, a->lnf_rstd, Nl, C);
             tp_all_reduce(m, a->dlnw, 2 * C);
-            k->add_inplace(bc, dlnfw, a->dlnw, C);
-            k->add_inplace(bc, dlnfb, a->dlnw + C, C);
+            l3d_be_add_inplace(m->be, L3D_F32, dlnfw, a->dlnw, C);
+            l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
         } else {
-            k->layernorm_backward(bc, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
+            l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
                                   a->lnf_rstd, N, C);
         }
     } else {
         L3D_ASSERT(dout_act != NULL);
-        memcpy(a->dres, dout_act, bytes_l);
+        l3d_be_copy_d2d(m->be, a->dres, dout_act, bytes_l);
     }
 
     for (int l = s->layer_count - 1; l >= 0; l--) {
         struct layer_acts *la = &a->layer[l];
         struct layer_params p = layer_params(m, m->params, l);
-        if (m->grads_nonlayer) memset(m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
+        if (m->grads_nonlayer)
+            l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
         struct layer_params g = layer_grads(m, l);
         const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
             la = &a->rc;
             forward_layer(m, l, la, x, B, T);
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE) { /* the attention probabilities */
-            k->attention_forward(bc, a->atty_tmp, la->att, la->qkv, B, T, Hl, HS);
+            l3d_be_attention_forward(m->be, L3D_F32, a->atty_tmp, la->att, la->qkv, B, T, Hl, HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
         float *g_ln2w = g.ln2w, *g_ln2b = g.ln2b, *g_ln1w = g.ln1w, *g_ln1b = g.ln1b;
         if (sp > 1) {
-            memset(a->dlnw, 0, 4 * (size_t)C * sizeof(float));
+            l3d_be_memset(m->be, a->dlnw, 0, 4 * (size_t)C * sizeof(float));
             g_ln2w = a->dlnw, g_ln2b = a->dlnw + C;
             g_ln1w = a->dlnw + 2 * C, g_ln1b = a->dlnw + 3 * C;
         }
         /* MLP: dres holds d(res3) */
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        memset(a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
-        k->matmul_backward(bc, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
+        l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
+        l3d_be_matmul_backward(m->be, L3D_F32, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
                            p.fcprojw, N, F, C);
-        memset(a->dfch, 0, (size_t)(N * F) * sizeof(float));
-        k->gelu_backward(bc, a->dfch, a->dfch_gelu, la->fch, N * F);
+        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * F) * sizeof(float));
+        l3d_be_gelu_backward(m->be, L3D_F32, a->dfch, a->dfch_gelu, la->fch, N * F);
         column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
-        k->layernorm_backward(bc, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
+        l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
                               la->ln2_mean, la->ln2_rstd, Nl, C);
         /* attention: dres now holds d(res2) */
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        memset(a->datty, 0, (size_t)(N * Ca) * sizeof(float));
-        k->matmul_backward(bc, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty,
+        l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * sizeof(float));
+        l3d_be_matmul_backward(m->be, L3D_F32, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty,
                            p.attprojw, N, Ca, C);
-        memset(a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
-        k->attention_backward(bc, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
+        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
+        l3d_be_attention_backward(m->be, L3D_F32, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
-        k->layernorm_backward(bc, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
+        l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
                               la->ln1_rstd, Nl, C);
         if (sp > 1) {
             tp_all_reduce(m, a->dlnw, 4 * C);
-            k->add_inplace(bc, g.ln2w, g_ln2w, C);
-            k->add_inplace(bc, g.ln2b, g_ln2b, C);
-            k->add_inplace(bc, g.ln1w, g_ln1w, C);
-            k->add_inplace(bc, g.ln1b, g_ln1b, C);
+            l3d_be_add_inplace(m->be, L3D_F32, g.ln2w, g_ln2w, C);
+            l3d_be_add_inplace(m->be, L3D_F32, g.ln2b, g_ln2b, C);
+            l3d_be_add_inplace(m->be, L3D_F32, g.ln1w, g_ln1w, C);
+            l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
         }
         /* dres now holds d(x), the layer's input */
         if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
     }
-    memcpy(m->dinput_act, a->dres, bytes_l);
+    l3d_be_copy_d2d(m->be, m->dinput_act, a->dres, bytes_l);
     if (s->has_embedding) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        k->encoder_backward(bc, dwte, dwpe, a->dres_full, m->inputs, s->vocab_start,
+        l3d_be_encoder_backward(m->be, L3D_F32, dwte, dwpe, a->dres_full, m->inputs, s->vocab_start,
                             s->vocab_count, B, T, C);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);

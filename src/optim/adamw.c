@@ -33,7 +33,7 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params
         int64_t lo = t->offset > s0 ? t->offset : s0;
         int64_t hi = t->offset + t->count < s1 ? t->offset + t->count : s1;
         if (lo >= hi) continue;
-        be->i->adamw(be->ctx, params + lo, opt->m + (lo - s0), opt->v + (lo - s0),
+        l3d_be_adamw(be, L3D_F32, params + lo, opt->m + (lo - s0), opt->v + (lo - s0),
                      grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2, hp->eps,
                      t->decay ? hp->weight_decay : 0.0f, bc1, bc2);
     }
@@ -51,7 +51,9 @@ float l3d_lr_at(const struct l3d_lr_schedule *s, int step) {
 }
 
 double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n) {
-    return be->i->sumsq(be->ctx, grads, n);
+    double s = 0.0;
+    l3d_be_sumsq(be, L3D_F32, &s, grads, n);
+    return s;
 }
 
 float l3d_clip_factor(double norm, float clip) {

@@ -56,7 +56,7 @@ static void drain(struct l3d_dp *dp, int slot) {
         l3d_comm_wait(dp->comm, &p->req);
         if (dp->zero == 2 && p->root == dp->comm->rank) {
             struct l3d_backend *be = dp->m->be;
-            be->i->add_inplace(be->ctx, dp->grad_shard + (p->off - dp->own_start), p->src, p->n);
+            l3d_be_add_inplace(be, L3D_F32, dp->grad_shard + (p->off - dp->own_start), p->src, p->n);
         }
     }
     dp->npend[slot] = 0;
@@ -209,7 +209,7 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool
         const struct l3d_tensor_info *ti = &dp->m->tensors[t];
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
         int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
-        if (lo < hi) v[l3d_tp_tensor_split(t) ? 0 : 1] += be->i->sumsq(be->ctx, g + (lo - s0), hi - lo);
+        if (lo < hi) l3d_be_sumsq(be, L3D_F32, &v[l3d_tp_tensor_split(t) ? 0 : 1], g + (lo - s0), hi - lo);
     }
 }
 

@@ -1,0 +1,132 @@
+/*
+ * The backend table behind the opaque struct l3d_backend (include/llm3d/backend.h): what a
+ * backend implements. Only src/backend/ includes this file. Every entry takes the backend's own
+ * context; pointers are device memory of that backend, sizes and shapes as documented per kernel.
+ * Kernels take the element type dt of the floating-point activations and parameters; an entry
+ * refuses a dtype it has no variant for (l3d_backend_no_variant). NULL is allowed for the
+ * optional entries marked so.
+ */
+#ifndef LLM3D_BACKEND_IMPL_H
+#define LLM3D_BACKEND_IMPL_H
+
+#include <stdbool.h>
+
+#include "llm3d/backend.h"
+
+struct l3d_event {
+    struct l3d_backend *be;
+    void *impl;    /* the backend's own event, if it has one */
+    bool recorded;
+};
+
+struct l3d_backend_i {
+    const char *name;
+    void (*free)(void *ctx);
+
+    /* ---- memory: device buffers, accounted in l3d_mem_used ---- */
+    void *(*alloc)(void *ctx, size_t bytes, const char *what); /* NULL when out of memory */
+    void (*dfree)(void *ctx, void *p);
+    void (*memset)(void *ctx, void *dst, int value, size_t bytes);
+    void (*copy_h2d)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*copy_d2h)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*copy_d2d)(void *ctx, void *dst, const void *src, size_t bytes); /* may overlap */
+    void (*sync)(void *ctx);
+    /* optional (NULL: the backend is synchronous, so a recorded event is always complete) */
+    void (*event_record)(void *ctx, struct l3d_event *ev);
+    void (*event_wait)(void *ctx, struct l3d_event *ev);
+    double (*peak_flops)(void *ctx, enum l3d_dtype t);
+    /* host-accessible address of device memory (NULL: not reachable from the host) */
+    void *(*host_view)(void *ctx, const void *p, size_t bytes);
+
+    /* ---- kernels ---- */
+    /* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be NULL. */
+    void (*matmul_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                           const void *weight, const void *bias, int64_t N, int64_t C, int64_t OC);
+    /* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp (N,C);
+     * dbias (OC) += column sums of dout. */
+    void (*matmul_backward)(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight, void *dbias,
+                            const void *dout, const void *inp, const void *weight, int64_t N,
+                            int64_t C, int64_t OC);
+    /* out (B,T,C) = wte[tok - vocab_start] for tokens in [vocab_start, vocab_start+vocab_count),
+     * zero for the others (vocabulary-parallel lookup), plus wpe[t] when wpe is not NULL.
+     * tokens (B,T), wte (vocab_count,C), wpe (>=T,C). */
+    void (*encoder_forward)(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
+                            const void *wte, const void *wpe, int64_t vocab_start,
+                            int64_t vocab_count, int64_t B, int64_t T, int64_t C);
+    /* dwte (vocab_count,C) += dout rows of the tokens in range; dwpe (>=T,C) += sum over B. */
+    void (*encoder_backward)(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
+                             const void *dout, const int32_t *tokens, int64_t vocab_start,
+                             int64_t vocab_count, int64_t B, int64_t T, int64_t C);
+    /* out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) fp32, saved for backward. */
+    void (*layernorm_forward)(void *ctx, enum l3d_dtype dt, void *out, float *mean, float *rstd,
+                              const void *inp, const void *weight, const void *bias, int64_t N,
+                              int64_t C);
+    void (*layernorm_backward)(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
+                               void *dbias, const void *dout, const void *inp, const void *weight,
+                               const float *mean, const float *rstd, int64_t N, int64_t C);
+    /* Causal self-attention over NH heads of size HS (the heads of this shard).
+     * qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); att (B,NH,T,T) the softmax
+     * probabilities, saved for backward (zero above the diagonal). Scale 1/sqrt(HS). */
+    void (*attention_forward)(void *ctx, enum l3d_dtype dt, void *out, void *att, const void *qkv,
+                              int64_t B, int64_t T, int64_t NH, int64_t HS);
+    /* dqkv (B,T,3,NH,HS) += ...; datt (B,NH,T,T) is scratch, overwritten. */
+    void (*attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                               const void *dout, const void *qkv, const void *att, int64_t B,
+                               int64_t T, int64_t NH, int64_t HS);
+    /* see l3d_be_attention_cached */
+    void (*attention_cached)(void *ctx, enum l3d_dtype dt, void *out, const void *q,
+                             const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
+                             int64_t HS, int64_t q_stride, int64_t kv_stride);
+    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. after 2). */
+    void (*gelu_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp, int64_t N);
+    void (*gelu_backward)(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                          const void *inp, int64_t N);
+    /* out (N) = a + b. Its backward is add_inplace twice. */
+    void (*residual_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *a, const void *b,
+                             int64_t N);
+    /* dst (N) += src. */
+    void (*add_inplace)(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N);
+    /* out (N,C) += bias (C) on every row. */
+    void (*add_bias)(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
+                     int64_t C);
+    /* Softmax cross-entropy over a slice of the vocabulary, in three passes so that the tensor-
+     * parallel model can all-reduce between them (max, then sum of exponentials and target logit).
+     * logits (N,Vl): columns [0,Vvalid) are real vocabulary entries vocab_start.., the rest
+     * padding, which never wins and gets zero gradient. targets (N) are global token ids. */
+    void (*xent_max)(void *ctx, enum l3d_dtype dt, float *maxv, const void *logits, int64_t N,
+                     int64_t Vl, int64_t Vvalid);
+    /* sumexp (N) = sum_j exp(logit_j - maxv); tlogit (N) = logit of the target if it lies in this
+     * slice, else 0. */
+    void (*xent_sumexp)(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
+                        const void *logits, const float *maxv, const int32_t *targets,
+                        int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+    /* In place: logits (N,Vl) becomes dlogits = (softmax - onehot(target)) * dloss; padding 0. */
+    void (*xent_backward)(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
+                          const float *sumexp, const int32_t *targets, float dloss,
+                          int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+    /* losses (N) = log(sumexp) + maxv - tlogit; *loss_sum += their sum in token order. */
+    void (*xent_loss)(void *ctx, float *losses, double *loss_sum, const float *maxv,
+                      const float *sumexp, const float *tlogit, int64_t N);
+    /* AdamW (Loshchilov & Hutter 2019) on n elements with gradient grad * grad_scale (gradient
+     * clipping folded in): m, v (fp32) updated, param updated with
+     * lr * (mhat / (sqrt(vhat) + eps) + wd * param); bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
+    void (*adamw)(void *ctx, enum l3d_dtype dt, void *param, float *m, float *v, const void *grad,
+                  float grad_scale, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float wd, float bc1, float bc2);
+    /* *acc += sum of squares of x (n), in double. */
+    void (*sumsq)(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n);
+};
+
+struct l3d_backend {
+    const struct l3d_backend_i *i;
+    void *ctx;
+};
+
+/* For backends: wraps a filled table and context into a handle (freed by l3d_backend_free). */
+struct l3d_backend *l3d_backend_make(const struct l3d_backend_i *i, void *ctx);
+/* Aborts: `kernel` of backend `be_name` has no variant for dtype dt. */
+_Noreturn void l3d_backend_no_variant(const char *be_name, const char *kernel, enum l3d_dtype dt);
+/* The checking backend over an inner backend it owns (check.c). */
+struct l3d_backend *l3d_backend_check_init(struct l3d_backend *inner);
+
+#endif

@@ -1,0 +1,412 @@
+/*
+ * The checking backend ("check", L3D_BACKEND=check): the CPU kernels behind a device arena that
+ * host code cannot touch, so that the test suite proves the device interface is honest before a
+ * GPU exists.
+ *
+ * Every buffer is a memfd mapped twice: a device view, PROT_NONE, whose address is what
+ * l3d_be_alloc returns and what the model, the optimizer and the parallel layers pass around;
+ * and a host view the kernels work on. So:
+ *   - host code that dereferences, memsets or memcpys device memory faults at once; the SIGSEGV
+ *     handler names the buffer and the offset before the process dies;
+ *   - every pointer that reaches a kernel or a copy is looked up in the registry of buffers
+ *     (sorted by address, binary search) with the extent the kernel will touch: a host pointer, a
+ *     pointer of another backend, or a range past the end of its buffer aborts with the kernel's
+ *     and the argument's name; so does a host-to-device copy whose source is device memory (and
+ *     the other directions alike);
+ *   - communicators reach device memory through l3d_be_host_view, as an MPI that can read GPU
+ *     memory would.
+ * The kernels are the CPU backend's, so results are bit-identical to "cpu".
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend/backend-impl.h"
+
+struct region {
+    char *dev, *host; /* device view (PROT_NONE) and host view of the same pages */
+    size_t bytes;     /* what was asked for */
+    size_t map;       /* mapped: bytes rounded up to pages */
+    const char *what;
+};
+
+struct chk {
+    struct l3d_backend *inner;
+    struct region *r; /* sorted by dev */
+    int n, cap;
+};
+
+/* The fault handler reads the live registries (one per process in practice). */
+static struct chk *volatile fault_reg;
+
+static void on_fault(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
+    struct chk *c = fault_reg;
+    const char *addr = si->si_addr;
+    for (int i = 0; c && i < c->n; i++) {
+        const struct region *g = &c->r[i];
+        if (addr >= g->dev && addr < g->dev + g->map) {
+            char msg[512];
+            int k = snprintf(msg, sizeof msg,
+                             "llm3d: check backend: host code touched device memory at %p "
+                             "(offset %zu of the %zu-byte buffer '%s'): copy it with "
+                             "l3d_be_copy_d2h / h2d, or use a kernel\n",
+                             (void *)addr, (size_t)(addr - g->dev), g->bytes, g->what);
+            if (k > 0) (void)!write(2, msg, (size_t)k < sizeof msg ? (size_t)k : sizeof msg - 1);
+            break;
+        }
+    }
+    signal(sig, SIG_DFL); /* the faulting access runs again and ends the process */
+}
+
+static void install_fault_handler(struct chk *c) {
+    fault_reg = c;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, NULL);
+}
+
+/* The region holding p, or NULL. */
+static struct region *find(struct chk *c, const void *p) {
+    const char *a = p;
+    int lo = 0, hi = c->n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        struct region *g = &c->r[mid];
+        if (a < g->dev)
+            hi = mid - 1;
+        else if (a >= g->dev + (g->bytes ? g->bytes : 1))
+            lo = mid + 1;
+        else
+            return g;
+    }
+    return NULL;
+}
+
+/* The host view of [p, p + bytes), which must lie inside one device buffer; NULL stays NULL. */
+static void *dev(struct chk *c, const void *p, size_t bytes, const char *op, const char *arg) {
+    if (!p) return NULL;
+    struct region *g = find(c, p);
+    if (!g)
+        l3d_fatal(__FILE__, __LINE__, "check backend: %s: %s = %p is not device memory of this "
+                  "backend (a host pointer, or another backend's)", op, arg, p);
+    size_t off = (size_t)((const char *)p - g->dev);
+    if (bytes > g->bytes - off)
+        l3d_fatal(__FILE__, __LINE__, "check backend: %s: %s reaches %zu bytes from offset %zu of "
+                  "the %zu-byte buffer '%s': past its end", op, arg, bytes, off, g->bytes,
+                  g->what);
+    return g->host + off;
+}
+
+/* A host buffer, which must not be device memory. */
+static void *host(struct chk *c, const void *p, const char *op, const char *arg) {
+    if (find(c, p))
+        l3d_fatal(__FILE__, __LINE__, "check backend: %s: %s = %p is device memory where host "
+                  "memory is expected", op, arg, p);
+    return (void *)p;
+}
+
+static void *chk_alloc(void *ctx, size_t bytes, const char *what) {
+    struct chk *c = ctx;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t map = ((bytes ? bytes : 1) + page - 1) / page * page;
+    int fd = memfd_create("l3d-check", MFD_CLOEXEC);
+    if (fd < 0) return NULL;
+    void *h = MAP_FAILED, *d = MAP_FAILED;
+    if (ftruncate(fd, (off_t)map) == 0) {
+        h = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        d = mmap(NULL, map, PROT_NONE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (h == MAP_FAILED || d == MAP_FAILED) {
+        if (h != MAP_FAILED) munmap(h, map);
+        if (d != MAP_FAILED) munmap(d, map);
+        return NULL;
+    }
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 64;
+        struct region *r = l3d_alloc((size_t)cap * sizeof *r, "check backend registry");
+        if (c->n) memcpy(r, c->r, (size_t)c->n * sizeof *r);
+        l3d_free(c->r);
+        c->r = r;
+        c->cap = cap;
+    }
+    int i = c->n;
+    while (i > 0 && c->r[i - 1].dev > (char *)d) i--; /* keep the registry sorted */
+    memmove(&c->r[i + 1], &c->r[i], (size_t)(c->n - i) * sizeof *c->r);
+    c->r[i] = (struct region){.dev = d, .host = h, .bytes = bytes, .map = map, .what = what};
+    c->n++;
+    l3d_mem_count(bytes, true);
+    return d;
+}
+
+static void chk_dfree(void *ctx, void *p) {
+    struct chk *c = ctx;
+    struct region *g = find(c, p);
+    if (!g || g->dev != (char *)p)
+        l3d_fatal(__FILE__, __LINE__, "check backend: freeing %p, which is not the start of a "
+                  "device buffer of this backend", p);
+    munmap(g->dev, g->map);
+    munmap(g->host, g->map);
+    l3d_mem_count(g->bytes, false);
+    int i = (int)(g - c->r);
+    memmove(&c->r[i], &c->r[i + 1], (size_t)(c->n - i - 1) * sizeof *c->r);
+    c->n--;
+}
+
+static void chk_memset(void *ctx, void *dst, int value, size_t bytes) {
+    memset(dev(ctx, dst, bytes, "memset", "dst"), value, bytes);
+}
+static void chk_copy_h2d(void *ctx, void *dst, const void *src, size_t bytes) {
+    memcpy(dev(ctx, dst, bytes, "copy_h2d", "dst"), host(ctx, src, "copy_h2d", "src"), bytes);
+}
+static void chk_copy_d2h(void *ctx, void *dst, const void *src, size_t bytes) {
+    memcpy(host(ctx, dst, "copy_d2h", "dst"), dev(ctx, src, bytes, "copy_d2h", "src"), bytes);
+}
+static void chk_copy_d2d(void *ctx, void *dst, const void *src, size_t bytes) {
+    memmove(dev(ctx, dst, bytes, "copy_d2d", "dst"), dev(ctx, src, bytes, "copy_d2d", "src"),
+            bytes);
+}
+static void chk_sync(void *ctx) { l3d_be_sync(((struct chk *)ctx)->inner); }
+static double chk_peak_flops(void *ctx, enum l3d_dtype t) {
+    return l3d_be_peak_flops(((struct chk *)ctx)->inner, t);
+}
+static void *chk_host_view(void *ctx, const void *p, size_t bytes) {
+    struct chk *c = ctx;
+    return find(c, p) ? dev(c, p, bytes, "host_view", "buffer") : (void *)p;
+}
+
+static void chk_free(void *ctx) {
+    struct chk *c = ctx;
+    if (fault_reg == c) fault_reg = NULL;
+    while (c->n) chk_dfree(c, c->r[c->n - 1].dev); /* buffers the caller did not free */
+    l3d_free(c->r);
+    l3d_backend_free(c->inner);
+    l3d_free(c);
+}
+
+/* ---- kernels: every pointer translated with the extent the kernel touches -------------- */
+
+#define IN(c) ((c)->inner)
+#define D(p, n, name) dev(c, p, (size_t)(n), name, #p)
+
+static void chk_matmul_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                               const void *weight, const void *bias, int64_t N, int64_t C,
+                               int64_t OC) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "matmul_forward";
+    l3d_be_matmul_forward(IN(c), dt, D(out, N * OC * e, k), D(inp, N * C * e, k),
+                          D(weight, OC * C * e, k), D(bias, OC * e, k), N, C, OC);
+}
+static void chk_matmul_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
+                                void *dbias, const void *dout, const void *inp, const void *weight,
+                                int64_t N, int64_t C, int64_t OC) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "matmul_backward";
+    l3d_be_matmul_backward(IN(c), dt, D(dinp, N * C * e, k), D(dweight, OC * C * e, k),
+                           D(dbias, OC * e, k), D(dout, N * OC * e, k), D(inp, N * C * e, k),
+                           D(weight, OC * C * e, k), N, C, OC);
+}
+static void chk_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
+                                const void *wte, const void *wpe, int64_t vocab_start,
+                                int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "encoder_forward";
+    l3d_be_encoder_forward(IN(c), dt, D(out, B * T * C * e, k), D(tokens, B * T * 4, k),
+                           D(wte, vocab_count * C * e, k), D(wpe, T * C * e, k), vocab_start,
+                           vocab_count, B, T, C);
+}
+static void chk_encoder_backward(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
+                                 const void *dout, const int32_t *tokens, int64_t vocab_start,
+                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "encoder_backward";
+    l3d_be_encoder_backward(IN(c), dt, D(dwte, vocab_count * C * e, k), D(dwpe, T * C * e, k),
+                            D(dout, B * T * C * e, k), D(tokens, B * T * 4, k), vocab_start,
+                            vocab_count, B, T, C);
+}
+static void chk_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
+                                  float *rstd, const void *inp, const void *weight,
+                                  const void *bias, int64_t N, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "layernorm_forward";
+    l3d_be_layernorm_forward(IN(c), dt, D(out, N * C * e, k), D(mean, N * 4, k),
+                             D(rstd, N * 4, k), D(inp, N * C * e, k), D(weight, C * e, k),
+                             D(bias, C * e, k), N, C);
+}
+static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
+                                   void *dbias, const void *dout, const void *inp,
+                                   const void *weight, const float *mean, const float *rstd,
+                                   int64_t N, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "layernorm_backward";
+    l3d_be_layernorm_backward(IN(c), dt, D(dinp, N * C * e, k), D(dweight, C * e, k),
+                              D(dbias, C * e, k), D(dout, N * C * e, k), D(inp, N * C * e, k),
+                              D(weight, C * e, k), D(mean, N * 4, k), D(rstd, N * 4, k), N, C);
+}
+static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_forward";
+    l3d_be_attention_forward(IN(c), dt, D(out, B * T * NH * HS * e, k),
+                             D(att, B * NH * T * T * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
+                             B, T, NH, HS);
+}
+static void chk_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                                   const void *dout, const void *qkv, const void *att, int64_t B,
+                                   int64_t T, int64_t NH, int64_t HS) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_backward";
+    l3d_be_attention_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
+                              D(datt, B * NH * T * T * e, k), D(dout, B * T * NH * HS * e, k),
+                              D(qkv, B * T * 3 * NH * HS * e, k), D(att, B * NH * T * T * e, k),
+                              B, T, NH, HS);
+}
+static void chk_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
+                                 const void *kc, const void *vc, int64_t pos, int64_t n,
+                                 int64_t NH, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_cached";
+    int64_t C = NH * HS, kv = ((pos + n - 1) * kv_stride + C) * (int64_t)e;
+    l3d_be_attention_cached(IN(c), dt, D(out, n * C * e, k), D(q, ((n - 1) * q_stride + C) * e, k),
+                            D(kc, kv, k), D(vc, kv, k), pos, n, NH, HS, q_stride, kv_stride);
+}
+static void chk_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                             int64_t N) {
+    struct chk *c = ctx;
+    size_t b = (size_t)N * l3d_dtype_size(dt);
+    l3d_be_gelu_forward(IN(c), dt, D(out, b, "gelu_forward"), D(inp, b, "gelu_forward"), N);
+}
+static void chk_gelu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                              const void *inp, int64_t N) {
+    struct chk *c = ctx;
+    size_t b = (size_t)N * l3d_dtype_size(dt);
+    const char *k = "gelu_backward";
+    l3d_be_gelu_backward(IN(c), dt, D(dinp, b, k), D(dout, b, k), D(inp, b, k), N);
+}
+static void chk_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const void *a,
+                                 const void *b, int64_t N) {
+    struct chk *c = ctx;
+    size_t n = (size_t)N * l3d_dtype_size(dt);
+    const char *k = "residual_forward";
+    l3d_be_residual_forward(IN(c), dt, D(out, n, k), D(a, n, k), D(b, n, k), N);
+}
+static void chk_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
+    struct chk *c = ctx;
+    size_t n = (size_t)N * l3d_dtype_size(dt);
+    l3d_be_add_inplace(IN(c), dt, D(dst, n, "add_inplace"), D(src, n, "add_inplace"), N);
+}
+static void chk_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
+                         int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    l3d_be_add_bias(IN(c), dt, D(out, N * C * e, "add_bias"), D(bias, C * e, "add_bias"), N, C);
+}
+static void chk_xent_max(void *ctx, enum l3d_dtype dt, float *maxv, const void *logits, int64_t N,
+                         int64_t Vl, int64_t Vvalid) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    l3d_be_xent_max(IN(c), dt, D(maxv, N * 4, "xent_max"), D(logits, N * Vl * e, "xent_max"), N,
+                    Vl, Vvalid);
+}
+static void chk_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
+                            const void *logits, const float *maxv, const int32_t *targets,
+                            int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "xent_sumexp";
+    l3d_be_xent_sumexp(IN(c), dt, D(sumexp, N * 4, k), D(tlogit, N * 4, k),
+                       D(logits, N * Vl * e, k), D(maxv, N * 4, k), D(targets, N * 4, k),
+                       vocab_start, N, Vl, Vvalid);
+}
+static void chk_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
+                              const float *sumexp, const int32_t *targets, float dloss,
+                              int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "xent_backward";
+    l3d_be_xent_backward(IN(c), dt, D(logits, N * Vl * e, k), D(maxv, N * 4, k),
+                         D(sumexp, N * 4, k), D(targets, N * 4, k), dloss, vocab_start, N, Vl,
+                         Vvalid);
+}
+static void chk_xent_loss(void *ctx, float *losses, double *loss_sum, const float *maxv,
+                          const float *sumexp, const float *tlogit, int64_t N) {
+    struct chk *c = ctx;
+    const char *k = "xent_loss";
+    l3d_be_xent_loss(IN(c), D(losses, N * 4, k), D(loss_sum, 8, k), D(maxv, N * 4, k),
+                     D(sumexp, N * 4, k), D(tlogit, N * 4, k), N);
+}
+static void chk_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, float *v,
+                      const void *grad, float grad_scale, int64_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, float bc1, float bc2) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "adamw";
+    l3d_be_adamw(IN(c), dt, D(param, n * e, k), D(m, n * 4, k), D(v, n * 4, k),
+                 D(grad, n * e, k), grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+}
+static void chk_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n) {
+    struct chk *c = ctx;
+    l3d_be_sumsq(IN(c), dt, D(acc, 8, "sumsq"), D(x, n * l3d_dtype_size(dt), "sumsq"), n);
+}
+
+#undef D
+#undef IN
+
+static const struct l3d_backend_i check_backend_i = {
+    .name = "check",
+    .free = chk_free,
+    .alloc = chk_alloc,
+    .dfree = chk_dfree,
+    .memset = chk_memset,
+    .copy_h2d = chk_copy_h2d,
+    .copy_d2h = chk_copy_d2h,
+    .copy_d2d = chk_copy_d2d,
+    .sync = chk_sync,
+    .event_record = NULL, /* the inner backend is synchronous */
+    .event_wait = NULL,
+    .peak_flops = chk_peak_flops,
+    .host_view = chk_host_view,
+    .matmul_forward = chk_matmul_forward,
+    .matmul_backward = chk_matmul_backward,
+    .encoder_forward = chk_encoder_forward,
+    .encoder_backward = chk_encoder_backward,
+    .layernorm_forward = chk_layernorm_forward,
+    .layernorm_backward = chk_layernorm_backward,
+    .attention_forward = chk_attention_forward,
+    .attention_backward = chk_attention_backward,
+    .attention_cached = chk_attention_cached,
+    .gelu_forward = chk_gelu_forward,
+    .gelu_backward = chk_gelu_backward,
+    .residual_forward = chk_residual_forward,
+    .add_inplace = chk_add_inplace,
+    .add_bias = chk_add_bias,
+    .xent_max = chk_xent_max,
+    .xent_sumexp = chk_xent_sumexp,
+    .xent_backward = chk_xent_backward,
+    .xent_loss = chk_xent_loss,
+    .adamw = chk_adamw,
+    .sumsq = chk_sumsq,
+};
+
+struct l3d_backend *l3d_backend_check_init(struct l3d_backend *inner) {
+    struct chk *c = l3d_calloc(sizeof *c, "check backend");
+    c->inner = inner;
+    install_fault_handler(c);
+    return l3d_backend_make(&check_backend_i, c);
+}
