@@ -50,7 +50,6 @@
 
 #include "llm3d/core.h"
 
-enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8 };
 enum l3d_redop { L3D_SUM, L3D_MAX };
 
 /* A pending non-blocking operation. Opaque storage for the implementation's request handle. */
