@@ -247,18 +247,18 @@ static void mpi_free(struct l3d_comm *c) {
 static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                            enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), mpi_type(m, t), mpi_op(m, t, op),
-                                     m->comm, &r));
+        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), dt, mo, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
     size_t es = l3d_dtype_size(t);
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, mpi_type(m, t), mpi_op(m, t, op),
-                                    m->comm));
+        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, dt, mo, m->comm));
     }
 }
 
@@ -279,6 +279,8 @@ static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
 static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int64_t n,
                            enum l3d_dtype t, enum l3d_redop op, int root, bool in_place) {
     size_t es = l3d_dtype_size(t);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     bool at_root = m->base.rank == root;
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
@@ -286,10 +288,10 @@ static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int
         void *r = at_root ? at(recv, o, es) : NULL;
         if (in_place && REDUCE_IN_PLACE_VIA_IREDUCE) {
             MPI_Request q;
-            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, mpi_type(m, t), mpi_op(m, t, op), root, m->comm, &q));
+            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, dt, mo, root, m->comm, &q));
             L3D_MPI_CHECK(MPI_Wait(&q, MPI_STATUS_IGNORE));
         } else {
-            L3D_MPI_CHECK(MPI_Reduce(s, r, k, mpi_type(m, t), mpi_op(m, t, op), root, m->comm));
+            L3D_MPI_CHECK(MPI_Reduce(s, r, k, dt, mo, root, m->comm));
         }
     }
 }
@@ -321,16 +323,16 @@ static void bcast_chunked(struct mpi_comm *m, void *buf, int64_t n, enum l3d_dty
 static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv, int64_t n,
                                enum l3d_dtype t, enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), mpi_type(m, t), mpi_op(m, t, op),
-                                                m->comm, &r));
+        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), dt, mo, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(m, t), mpi_op(m, t, op),
-                                               m->comm));
+        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, dt, mo, m->comm));
         return;
     }
     /* Large: rank r's block is reduced to r, one chunked reduce per rank (no staging copy). */
@@ -350,8 +352,8 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, mpi_type(m, t),
-                                    m->comm));
+        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n,
+                                    mpi_type(m, t), m->comm));
         return;
     }
     /* Large: every rank broadcasts its block, in chunks. */

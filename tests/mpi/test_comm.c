@@ -2,8 +2,8 @@
  * The MPI communicator and the rank grid, on whatever world it is started with (ctest: 2 and 4
  * ranks; 1 when run directly). Every operation blocking and non-blocking, checked exactly
  * (integer-valued floats, so sums are exact in any order); bf16 and fp16 reductions against the
- * host's rounding, with named cases that truncation or rounding half up would fail; the large-count path with a lowered
- * chunk size; every (tp, pp) layout of the world against the formula of topo.h.
+ * host's rounding, with named cases that truncation or rounding half up would fail; the
+ * large-count path with a lowered chunk size; every (tp, pp) layout of the world against the formula of topo.h.
  */
 #include <limits.h>
 #include <stdlib.h>
