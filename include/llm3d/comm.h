@@ -35,6 +35,16 @@
  * not match a blocking collective with a non-blocking one); a blocking send may meet a
  * non-blocking recv and the reverse.
  *
+ * Element types (enum l3d_dtype, core.h): every operation takes every type. fp32, fp64, int32,
+ * uint8 and int64 are MPI's own types and reductions. bf16 and fp16 have no portable MPI type:
+ * they travel as 2 contiguous bytes, bit for bit (NaN payloads included), and reduce with
+ * user-defined commutative operations that compute in fp32 and round to nearest even once per
+ * pairwise combine (the correctly rounded sum of the two; MAX is exact, +0 over -0, and a NaN on
+ * either side gives the type's quiet NaN). A sum over more than two ranks is a tree of such
+ * combines whose shape is the MPI library's: exact whenever the partial sums are representable,
+ * otherwise it may differ in the last bit between libraries, rank counts or message sizes (the
+ * same holds for fp32 with MPI's own MPI_SUM).
+ *
  * Counts: blocking operations take any count (the MPI implementation cuts more than INT_MAX / 2
  * elements into several calls). A non-blocking operation is one MPI call: a collective's count
  * (and, for all_gatherv, each count and displacement) must be at most INT_MAX, and a send's or

@@ -8,6 +8,9 @@
  *   float *buf = l3d_alloc(n * sizeof(float), "activations");   // counted in l3d_mem_peak()
  *   float x = l3d_rng_normal(seed, stream, index);               // same value on every layout
  *
+ *   uint16_t h = l3d_f32_to_bf16(x);                             // round to nearest even
+ *   size_t bytes = n * l3d_dtype_size(L3D_BF16);                 // planner and trainer alike
+ *
  * Errors the user or the environment can cause return a status; the message (what was wrong,
  * with which value, and what to do) is kept per thread and read with l3d_error_message().
  * Programmer errors use L3D_ASSERT, which is always on and calls the abort hook (the distributed
@@ -31,11 +34,6 @@ typedef enum {
     L3D_ERR_INTERNAL,
 } l3d_status;
 
-/* Element types of tensors, device buffers and communication buffers. */
-enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8, L3D_BF16, L3D_F16, L3D_I64 };
-/* Bytes per element: the one function the planner, the model and the communicators share. */
-size_t l3d_dtype_size(enum l3d_dtype t);
-const char *l3d_dtype_name(enum l3d_dtype t); /* fp32, fp64, int32, uint8, bf16, fp16, int64 */
 
 /* Sets the calling thread's error message (printf-style) and returns st, so that
  * `return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));` reads well. */
@@ -82,6 +80,26 @@ typedef struct {
 void l3d_rng_seed(l3d_rng *r, uint64_t seed);
 uint64_t l3d_rng_next(l3d_rng *r);
 float l3d_rng_next_float(l3d_rng *r); /* [0, 1) */
+
+/* Element types of tensors and of communicator buffers. bf16 is the upper half of an IEEE binary32
+ * (Google Brain float16: 8 exponent bits, 7 stored mantissa bits); fp16 is IEEE 754 binary16. */
+enum l3d_dtype { L3D_F32, L3D_F64, L3D_I32, L3D_U8, L3D_BF16, L3D_F16, L3D_I64 };
+
+/* Bytes per element: the one function the planner and the trainer size buffers with. */
+size_t l3d_dtype_size(enum l3d_dtype t);
+/* "fp32", "fp64", "int32", "uint8", "bf16", "fp16", "int64" */
+const char *l3d_dtype_name(enum l3d_dtype t);
+/* The inverse of l3d_dtype_name; L3D_ERR_ARG naming the text and the choices otherwise. */
+l3d_status l3d_dtype_parse(const char *s, enum l3d_dtype *t);
+
+/* Scalar conversions. From fp32: round to nearest, ties to even; a NaN stays a NaN of the same
+ * sign with the quiet bit set (its payload's upper bits kept). To fp16: magnitudes from 65520 up
+ * become Inf, those below 2^-14 become subnormals (multiples of 2^-24), rounded the same way.
+ * To fp32: exact. */
+uint16_t l3d_f32_to_bf16(float f);
+float l3d_bf16_to_f32(uint16_t h);
+uint16_t l3d_f32_to_f16(float f);
+float l3d_f16_to_f32(uint16_t h);
 
 double l3d_time_s(void); /* monotonic wall clock in seconds */
 

@@ -62,8 +62,9 @@ static void mpi_abort_hook(void *ctx) {
 struct mpi_comm {
     struct l3d_comm base;
     MPI_Comm comm;
-    int64_t max_count; /* largest count of one blocking MPI call (see mpi-impl.h) */
-    bool is_world;     /* MPI_COMM_WORLD: released by l3d_comm_mpi_finalize only */
+    int64_t max_count;       /* largest count of one blocking MPI call (see mpi-impl.h) */
+    struct mpi_types *types; /* bf16/fp16 datatype and reductions: the world's, shared by splits */
+    bool is_world;           /* MPI_COMM_WORLD: released by l3d_comm_mpi_finalize only */
 };
 
 /* What a l3d_req holds: the MPI request and memory to release when it completes (the int
@@ -82,36 +83,100 @@ static struct mpi_comm *mc(struct l3d_comm *c) {
     return c->ctx;
 }
 
-static MPI_Datatype mpi_type(enum l3d_dtype t) {
+/* ---- element types and reductions --------------------------------------------------------- */
+
+/* MPI 3 and 4 have no portable bf16 or fp16 type (MPIX_C_FLOAT16 is MPICH's only), so both travel
+ * as one committed datatype of 2 contiguous bytes, and their SUM and MAX are user-defined,
+ * commutative operations. A pairwise SUM adds in fp32 and rounds once to nearest even: fp32's 24
+ * bits are at least 2p + 2 for bf16 (p = 8) and fp16 (p = 11), so the fp32 sum rounded again is
+ * the correctly rounded sum (Figueroa 1995, "When is double rounding innocuous?"), the same on
+ * every rank whatever the MPI library's reduction order within a pair. MAX is exact: the larger
+ * value, +0 over -0, and a NaN on either side gives the type's quiet NaN (NaN-propagating, so an
+ * overflow shows; one canonical NaN, so the operation stays commutative). The handles are made
+ * once by l3d_comm_mpi_init, shared by every communicator split from the world, and freed by
+ * l3d_comm_mpi_finalize. */
+struct mpi_types {
+    MPI_Datatype half;   /* bf16 and fp16: 2 contiguous bytes */
+    MPI_Op op[2][2];     /* [0 bf16, 1 fp16][L3D_SUM, L3D_MAX] */
+};
+
+static void half_combine(const void *in, void *inout, int n, bool f16, enum l3d_redop op) {
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    uint16_t qnan = f16 ? 0x7e00 : 0x7fc0;
+    for (int i = 0; i < n; i++) {
+        float fa = f16 ? l3d_f16_to_f32(a[i]) : l3d_bf16_to_f32(a[i]);
+        float fb = f16 ? l3d_f16_to_f32(b[i]) : l3d_bf16_to_f32(b[i]);
+        if (op == L3D_SUM)
+            b[i] = f16 ? l3d_f32_to_f16(fa + fb) : l3d_f32_to_bf16(fa + fb);
+        else if (fa != fa || fb != fb)
+            b[i] = qnan;
+        else if (fa == fb)
+            b[i] = a[i] & b[i]; /* the same pattern, or +0 and -0: +0 */
+        else if (fa > fb)
+            b[i] = a[i];
+    }
+}
+
+static void bf16_sum(void *in, void *inout, int *n, MPI_Datatype *t) {
+    (void)t;
+    half_combine(in, inout, *n, false, L3D_SUM);
+}
+static void bf16_max(void *in, void *inout, int *n, MPI_Datatype *t) {
+    (void)t;
+    half_combine(in, inout, *n, false, L3D_MAX);
+}
+static void f16_sum(void *in, void *inout, int *n, MPI_Datatype *t) {
+    (void)t;
+    half_combine(in, inout, *n, true, L3D_SUM);
+}
+static void f16_max(void *in, void *inout, int *n, MPI_Datatype *t) {
+    (void)t;
+    half_combine(in, inout, *n, true, L3D_MAX);
+}
+
+static struct mpi_types *types_init(void) {
+    struct mpi_types *ty = l3d_calloc(sizeof *ty, "MPI types");
+    L3D_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &ty->half));
+    L3D_MPI_CHECK(MPI_Type_set_name(ty->half, "l3d_half"));
+    L3D_MPI_CHECK(MPI_Type_commit(&ty->half));
+    L3D_MPI_CHECK(MPI_Op_create(bf16_sum, 1, &ty->op[0][L3D_SUM]));
+    L3D_MPI_CHECK(MPI_Op_create(bf16_max, 1, &ty->op[0][L3D_MAX]));
+    L3D_MPI_CHECK(MPI_Op_create(f16_sum, 1, &ty->op[1][L3D_SUM]));
+    L3D_MPI_CHECK(MPI_Op_create(f16_max, 1, &ty->op[1][L3D_MAX]));
+    return ty;
+}
+
+static void types_free(struct mpi_types *ty) {
+    for (int k = 0; k < 2; k++)
+        for (int o = 0; o < 2; o++) L3D_MPI_CHECK(MPI_Op_free(&ty->op[k][o]));
+    L3D_MPI_CHECK(MPI_Type_free(&ty->half));
+    l3d_free(ty);
+}
+
+static MPI_Datatype mpi_type(const struct mpi_comm *m, enum l3d_dtype t) {
     switch (t) {
     case L3D_F32: return MPI_FLOAT;
     case L3D_F64: return MPI_DOUBLE;
-    case L3D_I32: return MPI_INT;
-    case L3D_U8: return MPI_UNSIGNED_CHAR;
+    case L3D_I32: return MPI_INT32_T;
+    case L3D_U8: return MPI_UINT8_T;
+    case L3D_BF16:
+    case L3D_F16: return m->types->half;
+    case L3D_I64: return MPI_INT64_T;
     }
     l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
 }
 
-static size_t dtype_size(enum l3d_dtype t) {
-    switch (t) {
-    case L3D_F32: return 4;
-    case L3D_F64: return 8;
-    case L3D_I32: return 4;
-    case L3D_U8: return 1;
-    }
-    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+static MPI_Op mpi_op(const struct mpi_comm *m, enum l3d_dtype t, enum l3d_redop op) {
+    L3D_ASSERT(op == L3D_SUM || op == L3D_MAX);
+    if (t == L3D_BF16 || t == L3D_F16) return m->types->op[t == L3D_F16][op];
+    return op == L3D_SUM ? MPI_SUM : MPI_MAX;
 }
 
-static MPI_Op mpi_op(enum l3d_redop op) {
-    switch (op) {
-    case L3D_SUM: return MPI_SUM;
-    case L3D_MAX: return MPI_MAX;
-    }
-    l3d_fatal(__FILE__, __LINE__, "unknown reduction %d", (int)op);
-}
-
-static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_count, bool is_world) {
+static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_count,
+                                 struct mpi_types *types, bool is_world) {
     struct mpi_comm *m = l3d_calloc(sizeof *m, "communicator");
+    m->types = types;
     L3D_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     m->comm = comm;
     m->max_count = max_count;
@@ -166,7 +231,7 @@ static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_c
         *out = NULL;
         return L3D_OK;
     }
-    *out = &comm_new(nc, c->world_rank, m->max_count, false)->base;
+    *out = &comm_new(nc, c->world_rank, m->max_count, m->types, false)->base;
     return L3D_OK;
 }
 
@@ -182,18 +247,18 @@ static void mpi_free(struct l3d_comm *c) {
 static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                            enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), mpi_type(t), mpi_op(op),
-                                     m->comm, &r));
+        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), dt, mo, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, mpi_type(t), mpi_op(op),
-                                    m->comm));
+        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, dt, mo, m->comm));
     }
 }
 
@@ -213,7 +278,9 @@ static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
  * used. */
 static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int64_t n,
                            enum l3d_dtype t, enum l3d_redop op, int root, bool in_place) {
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     bool at_root = m->base.rank == root;
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
@@ -221,10 +288,10 @@ static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int
         void *r = at_root ? at(recv, o, es) : NULL;
         if (in_place && REDUCE_IN_PLACE_VIA_IREDUCE) {
             MPI_Request q;
-            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, mpi_type(t), mpi_op(op), root, m->comm, &q));
+            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, dt, mo, root, m->comm, &q));
             L3D_MPI_CHECK(MPI_Wait(&q, MPI_STATUS_IGNORE));
         } else {
-            L3D_MPI_CHECK(MPI_Reduce(s, r, k, mpi_type(t), mpi_op(op), root, m->comm));
+            L3D_MPI_CHECK(MPI_Reduce(s, r, k, dt, mo, root, m->comm));
         }
     }
 }
@@ -237,7 +304,7 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
         bool at_root = c->rank == root;
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf, at_root ? buf : NULL, nb_count(n),
-                                  mpi_type(t), mpi_op(op), root, m->comm, &r));
+                                  mpi_type(m, t), mpi_op(m, t, op), root, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
@@ -246,30 +313,30 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
 
 /* Blocking broadcast of n elements at buf from root, in chunks. */
 static void bcast_chunked(struct mpi_comm *m, void *buf, int64_t n, enum l3d_dtype t, int root) {
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Bcast(at(buf, o, es), k, mpi_type(t), root, m->comm));
+        L3D_MPI_CHECK(MPI_Bcast(at(buf, o, es), k, mpi_type(m, t), root, m->comm));
     }
 }
 
 static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv, int64_t n,
                                enum l3d_dtype t, enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Op mo = mpi_op(m, t, op);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), mpi_type(t), mpi_op(op),
-                                                m->comm, &r));
+        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), dt, mo, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(t), mpi_op(op),
-                                               m->comm));
+        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, dt, mo, m->comm));
         return;
     }
     /* Large: rank r's block is reduced to r, one chunked reduce per rank (no staging copy). */
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     for (int r = 0; r < c->size; r++)
         reduce_chunked(m, at(send, (int64_t)r * n, es), recv, n, t, op, r, false);
 }
@@ -280,17 +347,17 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
-                                     mpi_type(t), m->comm, &r));
+                                     mpi_type(m, t), m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, mpi_type(t),
-                                    m->comm));
+        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n,
+                                    mpi_type(m, t), m->comm));
         return;
     }
     /* Large: every rank broadcasts its block, in chunks. */
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     for (int r = 0; r < c->size; r++) bcast_chunked(m, at(recv, (int64_t)r * n, es), n, t, r);
 }
 
@@ -306,7 +373,7 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
     }
     if (!fits) {
         L3D_ASSERT(!req); /* non-blocking: counts and displacements must fit an int */
-        size_t es = dtype_size(t);
+        size_t es = l3d_dtype_size(t);
         for (int r = 0; r < p; r++) bcast_chunked(m, at(recv, displs[r], es), counts[r], t, r);
         return;
     }
@@ -319,11 +386,11 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
-                                      mpi_type(t), m->comm, &r));
+                                      mpi_type(m, t), m->comm, &r));
         req_store(req, r, ic); /* MPI reads ic and id until completion, when they are freed */
         return;
     }
-    L3D_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id, mpi_type(t),
+    L3D_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id, mpi_type(m, t),
                                  m->comm));
     l3d_free(ic);
 }
@@ -334,7 +401,7 @@ static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
     L3D_ASSERT(root >= 0 && root < c->size);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(t), root, m->comm, &r));
+        L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(m, t), root, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
@@ -358,15 +425,15 @@ static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dt
     L3D_ASSERT(peer >= 0 && peer < c->size);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(t), peer, tag, m->comm, &r));
+        L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     int64_t o = 0;
     do { /* one message even when n is 0, to match the receiver's */
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Send(at(buf, o, es), k, mpi_type(t), peer, tag, m->comm));
+        L3D_MPI_CHECK(MPI_Send(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm));
         o += k;
     } while (o < n);
 }
@@ -377,15 +444,15 @@ static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
     L3D_ASSERT(peer >= 0 && peer < c->size);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(t), peer, tag, m->comm, &r));
+        L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
         req_store(req, r, NULL);
         return;
     }
-    size_t es = dtype_size(t);
+    size_t es = l3d_dtype_size(t);
     int64_t o = 0;
     do {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Recv(at(buf, o, es), k, mpi_type(t), peer, tag, m->comm,
+        L3D_MPI_CHECK(MPI_Recv(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm,
                                MPI_STATUS_IGNORE));
         o += k;
     } while (o < n);
@@ -579,7 +646,7 @@ l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
         MPI_Finalize();
         return st;
     }
-    *world = &comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, true)->base;
+    *world = &comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, types_init(), true)->base;
     return L3D_OK;
 }
 
@@ -587,6 +654,7 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world) {
     if (!world) return;
     struct mpi_comm *m = mc(world);
     L3D_ASSERT(m->is_world);
+    types_free(m->types);
     l3d_free(m);
     /* After MPI_Finalize no MPI call (MPI_Abort included) is allowed: back to the default hook,
      * and MPI_Finalize's own status is not checked (there is nothing left to abort). */

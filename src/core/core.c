@@ -190,25 +190,88 @@ l3d_status l3d_mkdir_p(const char *dir) {
 }
 
 
+/* ---- element types --------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[] = {
+    [L3D_F32] = {"fp32", 4}, [L3D_F64] = {"fp64", 8}, [L3D_I32] = {"int32", 4},
+    [L3D_U8] = {"uint8", 1}, [L3D_BF16] = {"bf16", 2}, [L3D_F16] = {"fp16", 2},
+    [L3D_I64] = {"int64", 8},
+};
+#define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
+_Static_assert(N_DTYPES == L3D_I64 + 1, "a dtype without a name and size");
+
 size_t l3d_dtype_size(enum l3d_dtype t) {
-    switch (t) {
-    case L3D_F64: case L3D_I64: return 8;
-    case L3D_F32: case L3D_I32: return 4;
-    case L3D_BF16: case L3D_F16: return 2;
-    case L3D_U8: return 1;
-    }
-    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+    L3D_ASSERT((unsigned)t < N_DTYPES);
+    return dtypes[t].size;
 }
 
 const char *l3d_dtype_name(enum l3d_dtype t) {
-    switch (t) {
-    case L3D_F32: return "fp32";
-    case L3D_F64: return "fp64";
-    case L3D_I32: return "int32";
-    case L3D_U8: return "uint8";
-    case L3D_BF16: return "bf16";
-    case L3D_F16: return "fp16";
-    case L3D_I64: return "int64";
+    L3D_ASSERT((unsigned)t < N_DTYPES);
+    return dtypes[t].name;
+}
+
+l3d_status l3d_dtype_parse(const char *s, enum l3d_dtype *t) {
+    for (size_t k = 0; k < N_DTYPES; k++)
+        if (strcmp(s, dtypes[k].name) == 0) {
+            *t = (enum l3d_dtype)k;
+            return L3D_OK;
+        }
+    return l3d_error(L3D_ERR_ARG, "unknown element type '%s': choose fp32, bf16, fp16, fp64, "
+                     "int32, int64 or uint8", s);
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Adding 0x7fff plus the lowest kept bit carries into the kept half exactly when the dropped half
+ * is above one half, or is one half and the kept value is odd: nearest, ties to even. The largest
+ * finite values carry into the exponent and become Inf, as they should. */
+uint16_t l3d_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float l3d_bf16_to_f32(uint16_t h) { return f32_of((uint32_t)h << 16); }
+
+uint16_t l3d_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* quiet NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 = 65504 + ulp/2: Inf */
+    if (a >= 0x38800000u) {                                   /* >= 2^-14: normal */
+        uint32_t r = a - 0x38000000u;                         /* exponent bias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);                       /* as in l3d_f32_to_bf16 */
+        return (uint16_t)(sign | (r >> 13));
     }
-    return "unknown dtype";
+    if (a <= 0x33000000u) return sign; /* <= 2^-25, half the smallest subnormal: to (signed) 0 */
+    /* subnormal: the value in units of 2^-24 is mant 2^(e - 150 + 24), i.e. mant >> (126 - e),
+     * with e in [102, 112]; rounding up from 0x3ff gives 0x400, the smallest normal */
+    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+    int shift = 126 - (int)e;
+    uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+float l3d_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return f32_of(sign | 0x7f800000u | (m << 13)); /* Inf, NaN (payload kept) */
+    if (e) return f32_of(sign | ((e + 112) << 23) | (m << 13));
+    float v = (float)m * 0x1p-24f; /* zero or subnormal: exact */
+    return sign ? -v : v;
 }

@@ -111,6 +111,13 @@ struct l3d_plan_fixed l3d_plan_fixed_none(void) {
 
 static bool trainer(const struct l3d_plan_run *run) { return run->precision == L3D_PREC_FP32; }
 
+/* Bytes per element come from l3d_dtype_size, the function the trainer sizes its buffers with. */
+static double bytes_of(enum l3d_dtype t) { return (double)l3d_dtype_size(t); }
+/* the element type of the run's weights, gradients and activations */
+static enum l3d_dtype prec_dtype(enum l3d_prec p) {
+    return p == L3D_PREC_FP32 ? L3D_F32 : p == L3D_PREC_BF16 ? L3D_BF16 : L3D_F16;
+}
+
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                                  int stages, int *layers) {
     if (stages > m->L)
@@ -268,7 +275,7 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
                         int64_t mm, struct l3d_plan_mem *mem) {
     memset(mem, 0, sizeof *mem);
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
-    double d = lay->dp;
+    double d = lay->dp, f32 = bytes_of(L3D_F32), w = bytes_of(prec_dtype(run->precision));
     if (trainer(run)) {
         /* exactly what the trainer allocates: l3d_gpt_init_ex, l3d_dp_init, l3d_adamw_init */
         for (int k = 0; k < lay->v; k++) {
@@ -276,23 +283,23 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
             int64_t n = l3d_gpt_plan_tensors(&c, &ch[k].sh, ti);
             int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
             int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
-            mem->params += 4.0 * n;
+            mem->params += f32 * n;
             if (lay->zero == 2) {
                 int64_t slot = 0, nonlayer = 0;
                 for (int t = 0; t < L3D_NUM_TENSORS; t++)
                     if (l3d_gpt_is_layer_tensor(t)) slot += ti[t].rows * ti[t].cols;
                     else nonlayer += ti[t].count;
-                mem->grads += (4.0 * nonlayer + 64) + 2 * (4.0 * slot + 64) + 4.0 * (own + 1);
+                mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
             } else {
-                mem->grads += 4.0 * n;
+                mem->grads += f32 * n;
             }
-            mem->optimizer += 8.0 * own;
+            mem->optimizer += 2 * f32 * own; /* AdamW m and v */
             mem->activations += (double)l3d_gpt_act_bytes(&c, &ch[k].sh, lay->mb, m->s,
                                                           ch[k].slots, lay->recompute);
         }
         /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
          * batches (--val-batches, 8 by default) when more */
-        mem->other = 2.0 * 4 * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
+        mem->other = 2.0 * bytes_of(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
     } else {
         /* mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
          * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2 */
@@ -304,9 +311,9 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
             per_chunk_layers += ch[k].sh.layer_count;
         }
         per_chunk_layers /= lay->v;
-        mem->params = 2 * n;
-        mem->grads = lay->zero >= 2 ? 2 * n / d : 2 * n;
-        mem->optimizer = lay->zero >= 1 ? 12 * n / d : 12 * n;
+        mem->params = w * n;
+        mem->grads = lay->zero >= 2 ? w * n / d : w * n;
+        mem->optimizer = lay->zero >= 1 ? 3 * f32 * n / d : 3 * f32 * n;
         acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
         /* the layer being recomputed in backward holds its full set once */
         if (lay->recompute != L3D_RECOMPUTE_NONE)
@@ -314,7 +321,8 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
         double s = m->s, b = lay->mb, h = m->h, t = lay->tp;
         if (ch[0].first) acts += f * s * b * h; /* the embedding's dropout mask (its output is the
                                                   * first layer's input, counted there) */
-        if (ch[lay->v - 1].last) acts += 6 * s * b * c.Vp / t; /* 16-bit logits + fp32 loss */
+        /* the last stage's 16-bit logits and fp32 loss inputs */
+        if (ch[lay->v - 1].last) acts += (w + f32) * s * b * c.Vp / t;
         mem->activations = acts;
         mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
     }
@@ -420,12 +428,12 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
         double Vl = (double)c.Vp / t;
         double hg = gemm(x, N, Vl, h);
-        double hel = (N * Vl * 4 * 5 + N * h * e * 2 * 3) / x->bw;
+        double hel = (N * Vl * bytes_of(L3D_F32) * 5 + N * h * e * 2 * 3) / x->bw;
         o->gemm += 3 * hg;
         o->elem += hel;
         o->bwd += 2 * hg;
         if (lay->tp > 1) o->tp += all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) +
-                                  3 * all_reduce(N * 4, lay->tp, tp_bw, tp_lat);
+                                  3 * all_reduce(N * bytes_of(L3D_F32), lay->tp, tp_bw, tp_lat);
     }
     if (ch->first) {
         o->elem += N * h * e * 3 * 3 / x->bw; /* gather + position add, and its backward */
@@ -478,7 +486,7 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     x.threads = lay.threads;
     x.rate = prof->peak_flops[run->precision] * lay.threads * share;
     x.bw = prof->mem_bw * prof->kernel_bw_eff * lay.threads * share;
-    x.e = fp32 ? 4.0 : 2.0;
+    x.e = bytes_of(prec_dtype(run->precision));
     x.ntok = (double)lay.mb * m->s;
 
     double tp_bw = 0, tp_lat = 0;
@@ -550,7 +558,7 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
 
     /* DP: gradients reduced over d replicas (all-reduce; ZeRO-1 reduce-scatter + all-gather of the
      * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch) */
-    double gb = fp32 ? 4.0 : 2.0, pb = fp32 ? 4.0 : 2.0;
+    double gb = x.e, pb = x.e; /* gradients and parameters: the run's element type */
     if (lay.dp > 1) {
         double bw, lat;
         int64_t span = (int64_t)t * p * lay.dp;

@@ -1,8 +1,9 @@
 /*
  * The MPI communicator and the rank grid, on whatever world it is started with (ctest: 2 and 4
  * ranks; 1 when run directly). Every operation blocking and non-blocking, checked exactly
- * (integer-valued floats, so sums are exact in any order); the large-count path with a lowered
- * chunk size; every (tp, pp) layout of the world against the formula of topo.h.
+ * (integer-valued floats, so sums are exact in any order); bf16 and fp16 reductions against the
+ * host's rounding, with named cases that truncation or rounding half up would fail; the
+ * large-count path with a lowered chunk size; every (tp, pp) layout of the world against the formula of topo.h.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -233,6 +234,183 @@ static void test_ring(struct l3d_comm *c, int64_t n, int64_t max_count) {
     free(out), free(in);
 }
 
+/* ---- bf16 and fp16 --------------------------------------------------------------------------- */
+
+/* The 16-bit types: n integer-valued elements (sums exact in any order), then HALF_NAMED named
+ * elements that only ranks 0 and 1 make non-zero, so that one pairwise combine decides each
+ * whatever the MPI library's reduction tree. Expected values are folded on the host with the same
+ * rounding, and the named ones are also checked against their literal patterns. */
+#define HALF_NAMED 4
+
+static uint16_t h_of(enum l3d_dtype t, float x) {
+    return t == L3D_BF16 ? l3d_f32_to_bf16(x) : l3d_f32_to_f16(x);
+}
+static float h_to(enum l3d_dtype t, uint16_t h) {
+    return t == L3D_BF16 ? l3d_bf16_to_f32(h) : l3d_f16_to_f32(h);
+}
+
+/* Element j (of n + HALF_NAMED) of rank r's contribution to block q. */
+static uint16_t hval(enum l3d_dtype t, enum l3d_redop op, int r, int64_t j, int64_t n, int q) {
+    bool bf = t == L3D_BF16;
+    float ulp = bf ? 0x1p-7f : 0x1p-10f;            /* of 1.0 */
+    uint16_t hmax = bf ? 0x7f7f : 0x7bff;           /* the largest finite value */
+    float half_ulp_max = bf ? 0x1p119f : 16.0f;     /* half its ulp */
+    uint16_t neg_inf = bf ? 0xff80 : 0xfc00, snan = bf ? 0x7f81 : 0x7c01;
+    if (j < n) {
+        if (op == L3D_SUM) return h_of(t, (float)val(r, j + q));
+        return h_of(t, (float)((r * 7 + j * 3 + q) % 11 - 5) * 0.375f);
+    }
+    int k = (int)(j - n);
+    if (op == L3D_SUM) {
+        if (r > 1) return 0;
+        if (k == 0) return h_of(t, r == 0 ? 1.0f : 0.75f * ulp);      /* rounds up, not down */
+        if (k == 1) return h_of(t, r == 0 ? 1.0f : 0.5f * ulp);       /* a tie: stays at 1 */
+        if (k == 2) return h_of(t, r == 0 ? 1.0f + ulp : 0.5f * ulp); /* a tie: up to even */
+        return r == 0 ? hmax : h_of(t, half_ulp_max);                 /* a tie: Inf */
+    }
+    if (k == 0) return r == 0 ? 0x8000 : 0x0000;     /* max(-0, +0) = +0 */
+    if (k == 1) return 0x8000;                       /* all -0 */
+    if (k == 2) return r == 1 ? snan : h_of(t, 1.0f); /* NaN wins, as the quiet NaN */
+    return r == 0 ? neg_inf : (uint16_t)(hmax | 0x8000);
+}
+
+/* The host's pairwise combine: what the MPI operation is documented to compute. */
+static uint16_t hcombine(enum l3d_dtype t, enum l3d_redop op, uint16_t a, uint16_t b) {
+    float fa = h_to(t, a), fb = h_to(t, b);
+    if (op == L3D_SUM) return h_of(t, fa + fb);
+    if (fa != fa || fb != fb) return t == L3D_BF16 ? 0x7fc0 : 0x7e00;
+    if (fa == fb) return a & b;
+    return fa > fb ? a : b;
+}
+
+static uint16_t hwant(enum l3d_dtype t, enum l3d_redop op, int p, int64_t j, int64_t n, int q) {
+    uint16_t acc = hval(t, op, 0, j, n, q);
+    for (int r = 1; r < p; r++) acc = hcombine(t, op, acc, hval(t, op, r, j, n, q));
+    return acc;
+}
+
+/* The named results on 2 or more ranks, literally: a truncating sum would give 1.0 (0x3f80,
+ * 0x3c00) for the first; rounding half up 0x3f81/0x3c01 for the second. */
+static int hnamed_bad(enum l3d_dtype t, enum l3d_redop op, const uint16_t *x) {
+    bool bf = t == L3D_BF16;
+    static const uint16_t sum_bf[] = {0x3f81, 0x3f80, 0x3f82, 0x7f80};
+    static const uint16_t sum_f16[] = {0x3c01, 0x3c00, 0x3c02, 0x7c00};
+    static const uint16_t max_bf[] = {0x0000, 0x8000, 0x7fc0, 0xff7f};
+    static const uint16_t max_f16[] = {0x0000, 0x8000, 0x7e00, 0xfbff};
+    const uint16_t *want = op == L3D_SUM ? (bf ? sum_bf : sum_f16) : (bf ? max_bf : max_f16);
+    int bad = 0;
+    for (int k = 0; k < HALF_NAMED; k++) bad += x[k] != want[k];
+    return bad;
+}
+
+static void test_half_reductions(struct l3d_comm *c, enum l3d_dtype t, int64_t n) {
+    int p = c->size, me = c->rank, root = p - 1;
+    int64_t N = n + HALF_NAMED;
+    uint16_t *buf = malloc((size_t)(N * p) * sizeof *buf);
+    uint16_t *recv = malloc((size_t)N * sizeof *recv);
+    for (int o = 0; o < 2; o++)
+        for (int nb = 0; nb < 2; nb++) {
+            enum l3d_redop op = o ? L3D_MAX : L3D_SUM;
+            l3d_req r;
+            int bad = 0;
+            /* all_reduce */
+            for (int64_t j = 0; j < N; j++) buf[j] = hval(t, op, me, j, n, 0);
+            l3d_comm_all_reduce(c, buf, N, t, op, pick(&r, nb));
+            if (nb) finish(c, &r, 1);
+            for (int64_t j = 0; j < N; j++) bad += buf[j] != hwant(t, op, p, j, n, 0);
+            if (p >= 2) bad += hnamed_bad(t, op, buf + n);
+            RCHECK(bad == 0);
+            /* reduce to the last rank (not 0 when p > 1): in place there, only read elsewhere */
+            bad = 0;
+            for (int64_t j = 0; j < N; j++) buf[j] = hval(t, op, me, j, n, 1);
+            l3d_comm_reduce(c, buf, N, t, op, root, pick(&r, nb));
+            if (nb) finish(c, &r, 0);
+            for (int64_t j = 0; j < N; j++)
+                bad += buf[j] != (me == root ? hwant(t, op, p, j, n, 1) : hval(t, op, me, j, n, 1));
+            if (p >= 2 && me == root) bad += hnamed_bad(t, op, buf + n);
+            RCHECK(bad == 0);
+            /* reduce_scatter: rank q gets block q */
+            bad = 0;
+            for (int q = 0; q < p; q++)
+                for (int64_t j = 0; j < N; j++) buf[q * N + j] = hval(t, op, me, j, n, q);
+            for (int64_t j = 0; j < N; j++) recv[j] = 0xdead;
+            l3d_comm_reduce_scatter(c, buf, recv, N, t, op, pick(&r, nb));
+            if (nb) finish(c, &r, 1);
+            for (int64_t j = 0; j < N; j++) bad += recv[j] != hwant(t, op, p, j, n, me);
+            if (p >= 2) bad += hnamed_bad(t, op, recv + n);
+            RCHECK(bad == 0);
+        }
+    free(buf), free(recv);
+}
+
+/* Data movement is bit for bit: every pattern, NaN payloads and signalling NaNs included. */
+static uint16_t hbits(int r, int64_t i) { return (uint16_t)(0x7c01 + 977 * r + 31 * i); }
+
+static void test_half_moves(struct l3d_comm *c, enum l3d_dtype t, int64_t n, int64_t max_count) {
+    int p = c->size, me = c->rank, root = p - 1, next = (me + 1) % p, prev = (me + p - 1) % p;
+    uint16_t *buf = malloc((size_t)(n * p + 1) * sizeof *buf);
+    uint16_t *in = malloc((size_t)(n + 1) * sizeof *in);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r, r2;
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) buf[i] = me == root ? hbits(root, i) : 0;
+        l3d_comm_broadcast(c, buf, n, t, root, pick(&r, nb));
+        if (nb) finish(c, &r, 0);
+        for (int64_t i = 0; i < n; i++) bad += buf[i] != hbits(root, i);
+        for (int64_t i = 0; i < n * p; i++) buf[i] = 0;
+        for (int64_t i = 0; i < n; i++) buf[me * n + i] = hbits(me, i);
+        l3d_comm_all_gather(c, buf, n, t, pick(&r, nb));
+        if (nb) finish(c, &r, 1);
+        for (int q = 0; q < p; q++)
+            for (int64_t i = 0; i < n; i++) bad += buf[q * n + i] != hbits(q, i);
+        /* ring: non-blocking both ways (nb), or a posted receive and a blocking send; over one
+         * chunk, blocking both ways in an order without a cycle (not to itself) */
+        for (int64_t i = 0; i < n; i++) buf[i] = hbits(me, i), in[i] = 0;
+        if (n <= max_count) {
+            l3d_comm_recv(c, in, n, t, prev, 9, pick(&r, 1));
+            l3d_comm_send(c, buf, n, t, next, 9, pick(&r2, nb));
+            if (nb) finish(c, &r2, 0);
+            finish(c, &r, 1);
+        } else if (nb == 0 && p > 1) {
+            if (me % 2 == 0) l3d_comm_send(c, buf, n, t, next, 9, NULL);
+            l3d_comm_recv(c, in, n, t, prev, 9, NULL);
+            if (me % 2 == 1) l3d_comm_send(c, buf, n, t, next, 9, NULL);
+        } else {
+            for (int64_t i = 0; i < n; i++) in[i] = hbits(prev, i); /* not run */
+        }
+        for (int64_t i = 0; i < n; i++) bad += in[i] != hbits(prev, i);
+        RCHECK(bad == 0);
+    }
+    free(buf), free(in);
+}
+
+static void test_half(struct l3d_comm *c, int64_t n, int64_t max_count) {
+    for (enum l3d_dtype t = L3D_BF16; t <= L3D_F16; t++) {
+        test_half_reductions(c, t, n);
+        test_half_moves(c, t, n, max_count);
+    }
+}
+
+/* int64: MPI_INT64_T, values beyond 32 bits */
+static void test_i64(struct l3d_comm *c, int64_t n) {
+    int p = c->size, me = c->rank;
+    int64_t *x = malloc((size_t)(n + 1) * sizeof *x), *y = malloc((size_t)(n + 1) * sizeof *y);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r1, r2;
+        for (int64_t i = 0; i < n; i++) x[i] = y[i] = ((int64_t)1 << 40) * (me + 1) + i;
+        l3d_comm_all_reduce(c, x, n, L3D_I64, L3D_SUM, pick(&r1, nb));
+        l3d_comm_all_reduce(c, y, n, L3D_I64, L3D_MAX, pick(&r2, nb));
+        if (nb) finish(c, &r1, 0), finish(c, &r2, 1);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            bad += x[i] != ((int64_t)1 << 40) * p * (p + 1) / 2 + p * i;
+            bad += y[i] != ((int64_t)1 << 40) * p + i;
+        }
+        RCHECK(bad == 0);
+    }
+    free(x), free(y);
+}
+
 static void test_all_ops(struct l3d_comm *c, int64_t n, int64_t max_count) {
     test_all_reduce(c, n);
     test_reduce(c, n);
@@ -241,6 +419,8 @@ static void test_all_ops(struct l3d_comm *c, int64_t n, int64_t max_count) {
     test_all_gatherv(c, n);
     test_broadcast(c, n);
     test_ring(c, n, max_count);
+    test_half(c, n, max_count);
+    test_i64(c, n);
     l3d_comm_barrier(c);
 }
 
