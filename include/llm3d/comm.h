@@ -102,12 +102,22 @@ struct l3d_comm_i {
     void (*abort)(struct l3d_comm *c, int code);
 };
 
+struct l3d_backend;
+
 struct l3d_comm {
     const struct l3d_comm_i *i;
     void *ctx;
     int rank, size;
     int world_rank; /* this process's rank in the world, for messages */
+    /* The backend whose device buffers this communicator is given (NULL: host memory only);
+     * communicators split from this one inherit it. Set with l3d_comm_use_backend. */
+    struct l3d_backend *be;
 };
+
+/* Buffers given to c (and to communicators split from it afterwards) may be device memory of be:
+ * the MPI communicator synchronises be before each operation and hands MPI the backend's host
+ * view of the buffer (l3d_be_host_view); host buffers pass unchanged. */
+static inline void l3d_comm_use_backend(struct l3d_comm *c, struct l3d_backend *be) { c->be = be; }
 
 /* MPI: initialises MPI (thread level FUNNELED: only the main thread calls MPI) and returns the
  * world; installs an abort hook so that L3D_ASSERT and l3d_fatal on any rank abort the whole job

@@ -17,7 +17,9 @@
  *     memory would.
  * The kernels are the CPU backend's, so results are bit-identical to "cpu".
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>

@@ -205,9 +205,9 @@ int l3d_cli_generate(int argc, char **argv) {
     struct l3d_gpt *m = NULL;
     struct l3d_infer *inf = NULL;
     if (rc == 0) {
-        be = l3d_backend_cpu_init();
         struct l3d_shard sh = l3d_shard_full(&cfg);
-        if (l3d_gpt_init(&m, &cfg, &sh, be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
+        if (l3d_backend_init(NULL, &be) != L3D_OK ||
+            l3d_gpt_init(&m, &cfg, &sh, be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
             l3d_ckpt_load_llmc(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
             fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
             rc = 1;
@@ -223,6 +223,7 @@ int l3d_cli_generate(int argc, char **argv) {
     fputs(prompt, stdout);
     fflush(stdout);
     smp.cand = malloc((size_t)cfg.V * sizeof *smp.cand);
+    float *last_logits = malloc((size_t)cfg.Vp * sizeof *last_logits); /* host copy */
     l3d_rng_seed(&smp.rng, seed);
     int eot = tok ? l3d_tokenizer_eot(tok) : -1;
     int64_t fed = 0; /* tokens of seq in the KV cache */
@@ -233,7 +234,9 @@ int l3d_cli_generate(int argc, char **argv) {
         if (recompute) {
             int64_t start = seq.n > cfg.maxT ? seq.n - cfg.maxT : 0, len = seq.n - start;
             l3d_gpt_forward(m, seq.v + start, NULL, 1, (int)len);
-            logits = m->logits + (len - 1) * (int64_t)cfg.Vp;
+            l3d_be_copy_d2h(be, last_logits, m->logits + (len - 1) * (int64_t)cfg.Vp,
+                            (size_t)cfg.Vp * sizeof(float));
+            logits = last_logits;
         } else {
             if (seq.n > cfg.maxT) { /* context full: run the last half again from position 0 */
                 l3d_infer_reset(inf);
@@ -256,6 +259,7 @@ int l3d_cli_generate(int argc, char **argv) {
     fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s)\n", generated, dt,
             dt > 0 ? generated / dt : 0.0, recompute ? "recomputed" : "KV cache");
     free(smp.cand);
+    free(last_logits);
     l3d_ids_free(&seq);
     l3d_infer_free(inf);
     l3d_gpt_free(m);

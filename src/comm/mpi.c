@@ -24,6 +24,7 @@
 #include <mpi.h>
 
 #include "comm/mpi-impl.h"
+#include "llm3d/backend.h"
 #include "llm3d/comm.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -221,6 +222,15 @@ static char *at(const void *buf, int64_t elems, size_t esize) {
     return (char *)buf + (size_t)elems * esize;
 }
 
+/* Where MPI may read and write a buffer of n elements: device memory of the communicator's
+ * backend through the backend's host view, after the backend finished the kernels that
+ * produce it (MPI reaches device memory as a GPU-aware MPI does); host memory as it is. */
+static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t) {
+    if (!c->be || !buf) return (void *)buf;
+    l3d_be_sync(c->be);
+    return l3d_be_host_view(c->be, buf, (size_t)n * l3d_dtype_size(t));
+}
+
 /* ---- split / free ---------------------------------------------------------------------------- */
 
 static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_comm **out) {
@@ -232,6 +242,7 @@ static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_c
         return L3D_OK;
     }
     *out = &comm_new(nc, c->world_rank, m->max_count, m->types, false)->base;
+    (*out)->be = c->be;
     return L3D_OK;
 }
 
@@ -247,6 +258,7 @@ static void mpi_free(struct l3d_comm *c) {
 static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                            enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    buf = hv(c, buf, n, t);
     MPI_Datatype dt = mpi_type(m, t);
     MPI_Op mo = mpi_op(m, t, op);
     if (req) {
@@ -300,6 +312,7 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
                        enum l3d_redop op, int root, l3d_req *req) {
     struct mpi_comm *m = mc(c);
     L3D_ASSERT(root >= 0 && root < c->size);
+    buf = hv(c, buf, n, t);
     if (req) {
         bool at_root = c->rank == root;
         MPI_Request r;
@@ -323,6 +336,8 @@ static void bcast_chunked(struct mpi_comm *m, void *buf, int64_t n, enum l3d_dty
 static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv, int64_t n,
                                enum l3d_dtype t, enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    send = hv(c, send, n * c->size, t);
+    recv = hv(c, recv, n, t);
     MPI_Datatype dt = mpi_type(m, t);
     MPI_Op mo = mpi_op(m, t, op);
     if (req) {
@@ -344,6 +359,7 @@ static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
 static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_dtype t,
                            l3d_req *req) {
     struct mpi_comm *m = mc(c);
+    recv = hv(c, recv, n * c->size, t);
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
@@ -371,6 +387,10 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
         if (counts[r] > limit || displs[r] > limit) fits = false;
     }
+    int64_t extent = 0;
+    for (int r = 0; r < p; r++)
+        if (counts[r] > 0 && displs[r] + counts[r] > extent) extent = displs[r] + counts[r];
+    recv = hv(c, recv, extent, t);
     if (!fits) {
         L3D_ASSERT(!req); /* non-blocking: counts and displacements must fit an int */
         size_t es = l3d_dtype_size(t);
@@ -399,6 +419,7 @@ static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
                           l3d_req *req) {
     struct mpi_comm *m = mc(c);
     L3D_ASSERT(root >= 0 && root < c->size);
+    buf = hv(c, buf, n, t);
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(m, t), root, m->comm, &r));
@@ -423,6 +444,7 @@ static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dt
                      int tag, l3d_req *req) {
     struct mpi_comm *m = mc(c);
     L3D_ASSERT(peer >= 0 && peer < c->size);
+    buf = hv(c, buf, n, t);
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
@@ -442,6 +464,7 @@ static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                      int tag, l3d_req *req) {
     struct mpi_comm *m = mc(c);
     L3D_ASSERT(peer >= 0 && peer < c->size);
+    buf = hv(c, buf, n, t);
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
