@@ -11,7 +11,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-asan test-mpich bench bench-text scaling pipeline calibrate \
+.PHONY: all setup build demo test test-check test-asan test-mpich bench bench-text scaling pipeline calibrate \
 	plan-local clean
 
 all: build
@@ -25,6 +25,7 @@ build: setup
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure
+	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-mpich
 
@@ -34,6 +35,11 @@ test-mpich: setup
 	cmake -S . -B $(MPICH_BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_MPI=mpich -DL3D_WERROR=$(WERROR)
 	cmake --build $(MPICH_BUILD) -j$(JOBS)
 	cd $(MPICH_BUILD) && L3D_EQUIV_NP=2 ctest --output-on-failure -R 'np2|equiv'
+
+# The whole suite again on the checking backend (src/backend/check.c): device memory that host code
+# cannot touch and kernels that refuse pointers they did not allocate.
+test-check: build
+	cd $(BUILD) && L3D_BACKEND=check ctest --output-on-failure
 
 test-asan: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL3D_SANITIZE=ON -DL3D_WERROR=$(WERROR)
