@@ -265,8 +265,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         if (vsched.n) trace_cap += (int64_t)vsched.n[topo.pp_rank] * tc->steps;
         if (trace_cap > (1 << 22)) trace_cap = 1 << 22; /* 128 MiB of events at most */
     }
-    l3d_pp_exec_init(&px, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_cap);
+    st = l3d_pp_exec_init(&px, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_cap);
     px_up = true;
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     int64_t BT = (int64_t)tc->B * tc->T;
     int nbatch = tc->accum > tc->val_batches ? tc->accum : tc->val_batches;
     inp = l3d_alloc((size_t)(BT * nbatch) * sizeof(int32_t), "batch");
