@@ -169,18 +169,24 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
     struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.0f, .grad_clip = 1.0f};
     struct l3d_adamw opt;
-    l3d_adamw_init(&opt, &hp, 0, m->num_params);
+    L3D_ASSERT(l3d_adamw_init(&opt, be, &hp, 0, m->num_params) == L3D_OK);
+    struct l3d_sumsq gsq;
+    L3D_ASSERT(l3d_sumsq_init(&gsq, be, 1) == L3D_OK);
     for (int s = 0; s < steps; s++) {
         l3d_gpt_zero_grad(m);
         losses[s] = l3d_gpt_forward(m, inp, tgt, B, T);
         l3d_gpt_backward(m, 1.0f / (float)(B * T), NULL);
-        double norm = sqrt(l3d_grad_sumsq(be, m->grads, m->num_params));
+        double sq;
+        l3d_grad_sumsq(&gsq, 0, m->grads, m->num_params);
+        l3d_sumsq_take(&gsq, &sq);
+        double norm = sqrt(sq);
         float clip = l3d_clip_factor(norm, hp.grad_clip);
         l3d_adamw_step(&opt, be, m->params, m->grads, clip, m->tensors, L3D_NUM_TENSORS, lr);
     }
     *n = m->num_params;
     *params = malloc((size_t)m->num_params * sizeof(float));
     memcpy(*params, m->params, (size_t)m->num_params * sizeof(float));
+    l3d_sumsq_free(&gsq);
     l3d_adamw_free(&opt);
     l3d_gpt_free(m);
 }

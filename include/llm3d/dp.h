@@ -6,8 +6,11 @@
  *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
  *   for each micro-batch: l3d_dp_begin_micro(&dp, last); forward; backward;  // buckets fly
  *   l3d_dp_finish(&dp);                 // waits: averaged gradients (or this rank's shard) ready
- *   double sq[2] = {0, 0};
- *   l3d_dp_grad_sumsq_add(&dp, be, false, sq);  // this rank's part; the caller sums the groups
+ *   struct l3d_sumsq sq;                // 2 device doubles (optim.h), once at start-up
+ *   l3d_sumsq_init(&sq, be, 2);
+ *   l3d_dp_grad_sumsq_add(&dp, &sq, false);  // this rank's part, on the device
+ *   double v[2];
+ *   l3d_sumsq_take(&sq, v);             // read once; the caller sums the groups
  *   l3d_dp_step(&dp, &opt, lr, clip);   // AdamW on this rank's range, then parameters gathered
  *   l3d_dp_free(&dp);
  *
@@ -20,13 +23,15 @@
  * tensors; AdamW applies each tensor's weight decay to its part of the range.
  *
  * Per-rank memory in fp32 (the ZeRO paper's mixed-precision formulas count 2-byte parameters and
- * gradients and K = 12 bytes of optimizer state; here parameters and gradients are 4 bytes and the
- * optimizer state is AdamW's m and v, 8 bytes):
+ * gradients and K = 12 bytes of optimizer state; here parameters and gradients are 4 bytes, the
+ * sizes of param_dtype and grad_dtype, and the optimizer state is AdamW's fp32 m and v, 8 bytes):
  *   zero 0:  4N params + 4N grads + 8N moments          = 16N   (paper: 16N)
  *   zero 1:  4N params + 4N grads + 8N/dp moments       = 8N + 8N/dp   (paper: 4N + 12N/dp)
  *   zero 2:  4N params + 4N/dp grads + 8N/dp moments    = 4N + 12N/dp  (paper: 2N + 14N/dp)
  * ZeRO-2 also holds two layers' worth of gradient slots and the non-layer tensors' gradients
  * (embeddings, final LayerNorm) while the backward pass runs; l3d_dp_memory() reports them apart.
+ * The gradients, the shard and the parameters are device memory (include/llm3d/backend.h): the
+ * communicators are given them as they are, and only backend kernels touch them.
  *
  * Buckets: each layer's gradients are final when the backward pass leaves the layer; they go out
  * right then, in pieces of at most bucket_bytes (Open MPI's all-reduce measured here falls from
@@ -56,12 +61,13 @@ struct l3d_dp_piece; /* a pending reduction: private */
 struct l3d_dp {
     struct l3d_gpt *m;
     struct l3d_comm *comm;
+    enum l3d_dtype param_dtype, grad_dtype; /* the model's (L3D_F32 for now) */
     int zero;
     bool overlap;            /* non-blocking pieces (else blocking ones at the layer boundary) */
     int64_t bucket;          /* elements per piece */
     int64_t shard_size;      /* S */
     int64_t own_start, own_count; /* this rank's range (ZeRO >= 1) */
-    float *grad_shard;       /* ZeRO-2: own_count accumulated gradients */
+    float *grad_shard;       /* ZeRO-2: own_count accumulated gradients (device memory) */
     bool sync;               /* this micro-batch reduces (last one, or always with ZeRO-2) */
     /* pending pieces per layer slot: [0] layer l, [1] the layer before it (l+1) */
     struct l3d_dp_piece *pend[3];
@@ -75,7 +81,8 @@ struct l3d_dp_memory {
 };
 
 /* Sets the model's gradient hooks (and, for ZeRO-2, its gradient slots) and allocates the shard
- * state. zero in {0, 1, 2}; bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
+ * state (ZeRO-2's gradient shard on the model's backend, zeroed; L3D_ERR_OOM when it has no
+ * room). zero in {0, 1, 2}; bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
@@ -91,13 +98,14 @@ void l3d_dp_defer_nonlayer(struct l3d_dp *dp);
 void l3d_dp_reduce_nonlayer(struct l3d_dp *dp);
 /* After the last backward: waits for every reduction. */
 void l3d_dp_finish(struct l3d_dp *dp);
-/* Sum of squares of the averaged gradients, this rank's part without communication: v[0] += the
- * tensors split over TP, v[1] += the replicated ones, over this rank's range (skip_wte: a
- * pipeline's last stage, whose tied wte is counted on the first). The global sum is v summed over
- * the DP group (ZeRO >= 1, where each rank holds its range), v[0] over the TP group (replicated
- * tensors once) and both over the pipeline stages. */
-void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool skip_wte,
-                           double v[2]);
+/* Sum of squares of the averaged gradients, this rank's part without communication, added on
+ * the device to the two accumulators of sq (l3d_sumsq_init(sq, be, 2)): acc[0] += the tensors
+ * split over TP, acc[1] += the replicated ones, over this rank's range, range by range in tensor
+ * order (skip_wte: a pipeline's last stage, whose tied wte is counted on the first). Nothing is
+ * read back: l3d_sumsq_take does, once every chunk has added its part. The global sum is the
+ * pair summed over the DP group (ZeRO >= 1, where each rank holds its range), acc[0] over the
+ * TP group (replicated tensors once) and both over the pipeline stages. */
+void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool skip_wte);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are
  * all-gathered; gradients are zeroed for the next step. */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,

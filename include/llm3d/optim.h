@@ -3,14 +3,21 @@
  * (linear warm-up, cosine decay to a floor) and global-norm gradient clipping.
  *
  *   struct l3d_adamw opt;
- *   l3d_adamw_init(&opt, &hp, 0, model->num_params);
+ *   if (l3d_adamw_init(&opt, be, &hp, 0, model->num_params) != L3D_OK) ...;  // out of memory
+ *   struct l3d_sumsq sq;
+ *   if (l3d_sumsq_init(&sq, be, 1) != L3D_OK) ...;
  *   float lr = l3d_lr_at(&sched, step);
- *   double norm = sqrt(l3d_grad_sumsq(be, model->grads, model->num_params));
- *   float clip = l3d_clip_factor(norm, hp.grad_clip);
+ *   l3d_grad_sumsq(&sq, 0, model->grads, model->num_params);  // on the device
+ *   double host_sq;
+ *   l3d_sumsq_take(&sq, &host_sq);                             // the one read of the step
+ *   float clip = l3d_clip_factor(sqrt(host_sq), hp.grad_clip);
  *   l3d_adamw_step(&opt, be, model->params, model->grads, clip, model->tensors, L3D_NUM_TENSORS,
  *                  lr);
+ *   l3d_sumsq_free(&sq);
+ *   l3d_adamw_free(&opt);
  *
- * The moments m and v are flat buffers with the parameters' offsets, so a ZeRO shard is a range.
+ * The moments m and v are flat fp32 device buffers (l3d_be_alloc) with the parameters' offsets,
+ * so a ZeRO shard is a range.
  */
 #ifndef LLM3D_OPTIM_H
 #define LLM3D_OPTIM_H
@@ -26,14 +33,17 @@ struct l3d_adamw_hparams {
 
 struct l3d_adamw {
     struct l3d_adamw_hparams hp;
+    struct l3d_backend *be; /* owns m and v */
     int64_t start, n; /* the range of the flat parameter space it updates (a ZeRO shard) */
-    float *m, *v;     /* first and second moments, n each */
+    float *m, *v;     /* first and second moments, n each, fp32 device memory (NULL when n = 0) */
     int64_t t;        /* steps taken */
 };
 
-/* State for parameters [start, start + n) of the flat parameter space. */
-void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t start,
-                    int64_t n);
+/* State for parameters [start, start + n) of the flat parameter space: the moments allocated on
+ * be's device and zeroed. L3D_ERR_OOM naming their size when the device has no room. */
+l3d_status l3d_adamw_init(struct l3d_adamw *opt, struct l3d_backend *be,
+                          const struct l3d_adamw_hparams *hp, int64_t start, int64_t n);
+/* Frees the moments; a zeroed or already freed struct is fine. */
 void l3d_adamw_free(struct l3d_adamw *opt);
 /* One step over the part of each tensor inside the range (weight decay where tensors[i].decay),
  * with learning rate lr, on the gradients times grad_scale (the clipping factor of
@@ -53,8 +63,22 @@ struct l3d_lr_schedule {
  * min_lr over the remaining steps (Loshchilov & Hutter 2017, without restarts). */
 float l3d_lr_at(const struct l3d_lr_schedule *s, int step);
 
-/* Sum of squares of n gradient elements (the caller sums across ranks, then takes the root). */
-double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n);
+/* Sums of squares for the global gradient norm, kept on the device until asked for: n device
+ * doubles, each the running sum acc += sum x^2 of the ranges added in the order they were added
+ * (so the result does not depend on when it is read). The caller sums them across ranks, then
+ * takes the root. */
+struct l3d_sumsq {
+    struct l3d_backend *be;
+    double *acc; /* n device doubles */
+    int n;
+};
+/* n accumulators, zero. L3D_ERR_OOM when the device has no room. */
+l3d_status l3d_sumsq_init(struct l3d_sumsq *sq, struct l3d_backend *be, int n);
+void l3d_sumsq_free(struct l3d_sumsq *sq);
+/* Copies the n sums to out (host) and zeroes them for the next accumulation. */
+void l3d_sumsq_take(struct l3d_sumsq *sq, double *out);
+/* acc[i] += sum of squares of n gradient elements (device memory). */
+void l3d_grad_sumsq(struct l3d_sumsq *sq, int i, const float *grads, int64_t n);
 /* Global-norm clipping (Pascanu et al. 2013): clip / norm when norm > clip > 0, else 1. AdamW
  * applies it to the gradients as it reads them, saving a pass over memory. */
 float l3d_clip_factor(double norm, float clip);

@@ -110,7 +110,8 @@ l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cf
 /* ---- executor ---------------------------------------------------------------------------
  *
  *   struct l3d_pp_exec x;
- *   l3d_pp_exec_init(&x, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_events);
+ *   l3d_status st = l3d_pp_exec_init(&x, chunks, v, dps, topo.pp_comm, topo.embed_comm,
+ *                                    trace_events);     // L3D_ERR_OOM: no device memory
  *   double loss = l3d_pp_exec_run(&x, sched.acts[pp_rank], sched.n[pp_rank], m, inputs,
  *                                 targets, B, T, dloss);      // forwards, backwards, p2p
  *   l3d_pp_exec_finish_grads(&x);   // tied wte summed between first and last stage, DP waited
@@ -135,7 +136,10 @@ struct l3d_pp_exec {
     struct l3d_dp *dp;       /* v data-parallel states, or NULL */
     int v, max_slots;
     struct l3d_comm *pp_comm, *embed_comm;
-    float *grad_buf;         /* received output gradient */
+    struct l3d_backend *be;  /* the chunks' backend: grad_buf's owner */
+    enum l3d_dtype act_dtype;  /* activations and their gradients between stages (the model's) */
+    enum l3d_dtype grad_dtype; /* parameter gradients (the tied wte's sum) */
+    float *grad_buf;         /* received output gradient (device memory of the chunks' backend) */
     l3d_req *act_req, *grad_req; /* [chunk * max_slots + slot] */
     double busy_s, span_s, recv_s; /* last run: compute time, first to last action, receive waits */
     struct l3d_pp_event *ev; /* trace events (NULL: not tracing) */
@@ -143,8 +147,12 @@ struct l3d_pp_exec {
     double origin;
 };
 
-void l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v, struct l3d_dp *dp,
-                      struct l3d_comm *pp_comm, struct l3d_comm *embed_comm, int64_t trace_events);
+/* L3D_ERR_OOM when the device has no room for the received gradient (one micro-batch's (B T, C)
+ * rows); x is then zeroed. */
+l3d_status l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v,
+                            struct l3d_dp *dp, struct l3d_comm *pp_comm,
+                            struct l3d_comm *embed_comm, int64_t trace_events);
+/* Also fine on a zeroed struct. */
 void l3d_pp_exec_free(struct l3d_pp_exec *x);
 /* Runs one stage's actions over m micro-batches; returns the sum of the micro-batch losses on the
  * stage that holds the head (0 elsewhere). dloss: each token's weight (ignored without backward). */

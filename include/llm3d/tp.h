@@ -8,6 +8,7 @@
  *   struct l3d_tp tpc;
  *   l3d_tp_attach(&tpc, m, topo.tp_comm, true);                // installs the TP hooks
  *   l3d_tp_gather(m, topo.tp_comm, m->params, full);           // the full model on TP rank 0
+ *                                                              // (host memory)
  *
  * Slices of rank r of tp: heads [r NH/tp, (r+1) NH/tp) of QKV (column-parallel) and of the
  * attention output projection (row-parallel, its bias added by rank 0 only, after the sum);
@@ -36,6 +37,8 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
 /* The TP hooks' state: the group and the one non-blocking sum in flight. */
 struct l3d_tp {
     struct l3d_comm *comm;
+    struct l3d_backend *be;   /* the model's: the hooks' buffers are its device memory */
+    enum l3d_dtype act_dtype; /* the activations' element type (the model's, L3D_F32 for now) */
     l3d_req req;
     double comm_s; /* time inside TP communication calls, for the caller to read and reset */
     int64_t bytes; /* bytes summed (all-reduce payload) */
@@ -57,9 +60,11 @@ void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_com
 /* Whether tensor t is split over the TP group (else every TP rank holds the same copy). */
 bool l3d_tp_tensor_split(int t);
 /* Gathers a flat buffer laid out like the shard's parameters (the parameters themselves, or the
- * gradients) from every rank of the TP group into full, the full model's layout, on TP rank 0
- * (other ranks pass NULL). Collective over tp_comm. */
-void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
-                   float *full);
+ * gradients: device memory of m's backend) from every rank of the TP group into full, host memory
+ * in the full model's layout, on TP rank 0 (other ranks pass NULL). Collective over tp_comm.
+ * L3D_ERR_OOM on every rank when rank 0 has no room for a shard's worth of staging (one on the
+ * device to receive into, one on the host to lay out from). */
+l3d_status l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
+                         float *full);
 
 #endif

@@ -4,19 +4,31 @@
 
 #include "llm3d/optim.h"
 
-void l3d_adamw_init(struct l3d_adamw *opt, const struct l3d_adamw_hparams *hp, int64_t start,
-                    int64_t n) {
+l3d_status l3d_adamw_init(struct l3d_adamw *opt, struct l3d_backend *be,
+                          const struct l3d_adamw_hparams *hp, int64_t start, int64_t n) {
+    memset(opt, 0, sizeof *opt);
     opt->hp = *hp;
+    opt->be = be;
     opt->start = start;
     opt->n = n;
-    opt->t = 0;
-    opt->m = l3d_calloc((size_t)n * sizeof(float), "adamw first moment");
-    opt->v = l3d_calloc((size_t)n * sizeof(float), "adamw second moment");
+    if (n == 0) return L3D_OK;
+    size_t bytes = (size_t)n * sizeof(float); /* the moments are fp32 whatever the parameters */
+    opt->m = l3d_be_alloc(be, bytes, "adamw first moment");
+    opt->v = l3d_be_alloc(be, bytes, "adamw second moment");
+    if (!opt->m || !opt->v) {
+        l3d_adamw_free(opt);
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for AdamW's moments of %lld "
+                         "parameters: use --zero 1 or more data-parallel ranks to shard them, or a "
+                         "smaller model", 2.0 * (double)bytes / 1073741824.0, (long long)n);
+    }
+    l3d_be_memset(be, opt->m, 0, bytes); /* first touch now, not inside the step loop */
+    l3d_be_memset(be, opt->v, 0, bytes);
+    return L3D_OK;
 }
 
 void l3d_adamw_free(struct l3d_adamw *opt) {
-    l3d_free(opt->m);
-    l3d_free(opt->v);
+    if (opt->m) l3d_be_free(opt->be, opt->m);
+    if (opt->v) l3d_be_free(opt->be, opt->v);
     opt->m = opt->v = NULL;
 }
 
@@ -50,10 +62,31 @@ float l3d_lr_at(const struct l3d_lr_schedule *s, int step) {
     return (float)(s->min_lr + coeff * (s->max_lr - s->min_lr));
 }
 
-double l3d_grad_sumsq(struct l3d_backend *be, const float *grads, int64_t n) {
-    double s = 0.0;
-    l3d_be_sumsq(be, L3D_F32, &s, grads, n);
-    return s;
+l3d_status l3d_sumsq_init(struct l3d_sumsq *sq, struct l3d_backend *be, int n) {
+    L3D_ASSERT(n > 0);
+    size_t bytes = (size_t)n * sizeof(double);
+    *sq = (struct l3d_sumsq){.be = be, .n = n, .acc = l3d_be_alloc(be, bytes, "gradient norm")};
+    if (!sq->acc)
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %zu bytes of device memory for the "
+                         "gradient norm: the device is full", bytes);
+    l3d_be_memset(be, sq->acc, 0, bytes);
+    return L3D_OK;
+}
+
+void l3d_sumsq_free(struct l3d_sumsq *sq) {
+    if (sq->acc) l3d_be_free(sq->be, sq->acc);
+    sq->acc = NULL;
+}
+
+void l3d_sumsq_take(struct l3d_sumsq *sq, double *out) {
+    size_t bytes = (size_t)sq->n * sizeof(double);
+    l3d_be_copy_d2h(sq->be, out, sq->acc, bytes);
+    l3d_be_memset(sq->be, sq->acc, 0, bytes);
+}
+
+void l3d_grad_sumsq(struct l3d_sumsq *sq, int i, const float *grads, int64_t n) {
+    L3D_ASSERT(i >= 0 && i < sq->n);
+    l3d_be_sumsq(sq->be, L3D_F32, sq->acc + i, grads, n);
 }
 
 float l3d_clip_factor(double norm, float clip) {

@@ -37,9 +37,9 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
         if (dp->comm->size == 1) /* ZeRO-2 on one rank: nothing to send, drain() adds */
             ;
         else if (root < 0)
-            l3d_comm_all_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, req);
+            l3d_comm_all_reduce(dp->comm, src, len, dp->grad_dtype, L3D_SUM, req);
         else
-            l3d_comm_reduce(dp->comm, src, len, L3D_F32, L3D_SUM, root, req);
+            l3d_comm_reduce(dp->comm, src, len, dp->grad_dtype, L3D_SUM, root, req);
         dp->comm_wait_s += l3d_time_s() - t0;
         push(dp, slot, p);
         src += len;
@@ -54,10 +54,9 @@ static void drain(struct l3d_dp *dp, int slot) {
     for (int i = 0; i < dp->npend[slot]; i++) {
         struct l3d_dp_piece *p = &dp->pend[slot][i];
         l3d_comm_wait(dp->comm, &p->req);
-        if (dp->zero == 2 && p->root == dp->comm->rank) {
-            struct l3d_backend *be = dp->m->be;
-            l3d_be_add_inplace(be, L3D_F32, dp->grad_shard + (p->off - dp->own_start), p->src, p->n);
-        }
+        if (dp->zero == 2 && p->root == dp->comm->rank)
+            l3d_be_add_inplace(dp->m->be, dp->grad_dtype, dp->grad_shard + (p->off - dp->own_start),
+                               p->src, p->n);
     }
     dp->npend[slot] = 0;
     dp->comm_wait_s += l3d_time_s() - t0;
@@ -124,17 +123,30 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
         return l3d_error(L3D_ERR_ARG, "ZeRO-2 needs a model built with gradient slots");
     dp->m = m;
     dp->comm = comm;
+    dp->param_dtype = dp->grad_dtype = L3D_F32;
     dp->zero = zero;
     dp->overlap = overlap;
-    dp->bucket = (int64_t)(bucket_bytes / sizeof(float));
+    size_t gsize = l3d_dtype_size(dp->grad_dtype);
+    dp->bucket = (int64_t)(bucket_bytes / gsize);
     int64_t N = m->num_params, d = comm->size;
     dp->shard_size = ((N + d - 1) / d + 15) / 16 * 16;
     dp->own_start = zero > 0 ? dp->shard_size * comm->rank : 0;
     dp->own_count = zero > 0 ? N - dp->own_start : N;
     if (dp->own_count > dp->shard_size && zero > 0) dp->own_count = dp->shard_size;
     if (dp->own_count < 0) dp->own_count = 0;
-    if (zero == 2)
-        dp->grad_shard = l3d_calloc((size_t)(dp->own_count + 1) * sizeof(float), "gradient shard");
+    if (zero == 2) {
+        size_t bytes = (size_t)(dp->own_count + 1) * gsize;
+        dp->grad_shard = l3d_be_alloc(m->be, bytes, "gradient shard");
+        if (!dp->grad_shard) {
+            l3d_status st = l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for this rank's "
+                                      "ZeRO-2 gradient shard (%lld elements): use more "
+                                      "data-parallel ranks or a smaller model",
+                                      (double)bytes / 1073741824.0, (long long)dp->own_count);
+            memset(dp, 0, sizeof *dp);
+            return st;
+        }
+        l3d_be_memset(m->be, dp->grad_shard, 0, bytes); /* first touch now, not in the step */
+    }
     /* the pending lists at their largest, allocated now rather than in the first step: a slice of
      * n elements goes out in at most n / bucket + 1 pieces, plus one per owner boundary crossed */
     int64_t per_layer = 0, nonlayer = 0;
@@ -160,7 +172,7 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
 
 void l3d_dp_free(struct l3d_dp *dp) {
     for (int s = 0; s < DP_SLOTS; s++) l3d_free(dp->pend[s]);
-    l3d_free(dp->grad_shard);
+    if (dp->grad_shard) l3d_be_free(dp->m->be, dp->grad_shard);
     if (dp->m) {
         dp->m->hooks.grads_ready = NULL;
         dp->m->hooks.grads_ctx = NULL;
@@ -201,18 +213,19 @@ static const float *own_grads(const struct l3d_dp *dp) {
     return dp->zero == 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
 }
 
-void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_backend *be, bool skip_wte,
-                           double v[2]) {
+void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool skip_wte) {
+    L3D_ASSERT(sq->n >= 2);
     const float *g = own_grads(dp);
     int64_t s0 = dp->own_start, s1 = dp->own_start + dp->own_count;
     for (int t = skip_wte ? 1 : 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &dp->m->tensors[t];
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
         int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
-        if (lo < hi) l3d_be_sumsq(be, L3D_F32, &v[l3d_tp_tensor_split(t) ? 0 : 1], g + (lo - s0), hi - lo);
+        if (lo < hi)
+            l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + (l3d_tp_tensor_split(t) ? 0 : 1),
+                         g + (lo - s0), hi - lo);
     }
 }
-
 
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale) {
@@ -237,24 +250,28 @@ void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *b
                 displs[r] = n > 0 ? start : 0;
                 any = any || n > 0;
             }
-            if (any) l3d_comm_all_gatherv(dp->comm, m->params, counts, displs, L3D_F32, NULL);
+            if (any)
+                l3d_comm_all_gatherv(dp->comm, m->params, counts, displs, dp->param_dtype, NULL);
         }
         dp->comm_wait_s += l3d_time_s() - t0;
     }
-    if (dp->zero == 2) memset(dp->grad_shard, 0, (size_t)dp->own_count * sizeof(float));
+    if (dp->zero == 2)
+        l3d_be_memset(m->be, dp->grad_shard, 0,
+                      (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
     l3d_gpt_zero_grad(m);
 }
 
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt) {
     const struct l3d_gpt *m = dp->m;
     struct l3d_dp_memory r = {0};
-    r.params = (size_t)m->num_params * 4;
-    r.optimizer = (size_t)opt->n * 8;
+    size_t psize = l3d_dtype_size(dp->param_dtype), gsize = l3d_dtype_size(dp->grad_dtype);
+    r.params = (size_t)m->num_params * psize;
+    r.optimizer = (size_t)opt->n * 2 * sizeof(float); /* AdamW's m and v, fp32 */
     if (m->grads) {
-        r.grads = (size_t)m->num_params * 4;
+        r.grads = (size_t)m->num_params * gsize;
     } else {
-        r.grads = (size_t)dp->own_count * 4;
-        r.grad_scratch = (size_t)(m->nonlayer_size + 2 * m->slot_size) * 4;
+        r.grads = (size_t)dp->own_count * gsize;
+        r.grad_scratch = (size_t)(m->nonlayer_size + 2 * m->slot_size) * gsize;
     }
     return r;
 }

@@ -7,19 +7,30 @@
 #include "llm3d/dp.h"
 #include "llm3d/pipeline.h"
 
-void l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v, struct l3d_dp *dp,
-                      struct l3d_comm *pp_comm, struct l3d_comm *embed_comm, int64_t trace_events) {
+l3d_status l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v,
+                            struct l3d_dp *dp, struct l3d_comm *pp_comm,
+                            struct l3d_comm *embed_comm, int64_t trace_events) {
     memset(x, 0, sizeof *x);
     x->chunks = chunks;
     x->v = v;
     x->dp = dp;
     x->pp_comm = pp_comm;
     x->embed_comm = embed_comm;
+    x->act_dtype = x->grad_dtype = L3D_F32;
     const struct l3d_gpt *m0 = chunks[0];
+    x->be = m0->be;
     for (int c = 0; c < v; c++)
         if (chunks[c]->act_slots > x->max_slots) x->max_slots = chunks[c]->act_slots;
     int64_t rows = (int64_t)m0->Bmax * m0->Tmax / m0->shard.sp_size;
-    x->grad_buf = l3d_calloc((size_t)(rows * m0->cfg.C) * sizeof(float), "pipeline gradient");
+    size_t bytes = (size_t)(rows * m0->cfg.C) * l3d_dtype_size(x->act_dtype);
+    x->grad_buf = l3d_be_alloc(x->be, bytes, "pipeline gradient");
+    if (!x->grad_buf) {
+        memset(x, 0, sizeof *x);
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the pipeline's received "
+                         "gradient (%lld rows of %d): lower --batch or --seq-len",
+                         (double)bytes / 1048576.0, (long long)rows, m0->cfg.C);
+    }
+    l3d_be_memset(x->be, x->grad_buf, 0, bytes); /* first touch now, not inside the step loop */
     x->act_req = l3d_calloc((size_t)v * x->max_slots * sizeof(l3d_req), "pipeline requests");
     x->grad_req = l3d_calloc((size_t)v * x->max_slots * sizeof(l3d_req), "pipeline requests");
     if (trace_events > 0) {
@@ -30,10 +41,11 @@ void l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int v, str
     if (pp_comm->size > 1)
         for (int c = 0; c < v; c++)
             if (dp) l3d_dp_defer_nonlayer(&dp[c]);
+    return L3D_OK;
 }
 
 void l3d_pp_exec_free(struct l3d_pp_exec *x) {
-    l3d_free(x->grad_buf);
+    if (x->grad_buf) l3d_be_free(x->be, x->grad_buf);
     l3d_free(x->act_req);
     l3d_free(x->grad_req);
     l3d_free(x->ev);
@@ -73,7 +85,8 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         case L3D_PP_RECV_ACT:
             l3d_gpt_use_slot(g, slot);
             wait_slot(x, a->chunk, slot);
-            l3d_comm_recv(x->pp_comm, g->input_act, count, L3D_F32, a->peer, 2 * (vs - 1), NULL);
+            l3d_comm_recv(x->pp_comm, g->input_act, count, x->act_dtype, a->peer, 2 * (vs - 1),
+                          NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_ACT, a->chunk, a->micro, t0, l3d_time_s());
             break;
@@ -90,10 +103,11 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_ACT:
-            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, L3D_F32, a->peer, 2 * vs, areq);
+            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, x->act_dtype, a->peer, 2 * vs,
+                          areq);
             break;
         case L3D_PP_RECV_GRAD:
-            l3d_comm_recv(x->pp_comm, x->grad_buf, count, L3D_F32, a->peer, 2 * vs + 1, NULL);
+            l3d_comm_recv(x->pp_comm, x->grad_buf, count, x->act_dtype, a->peer, 2 * vs + 1, NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_GRAD, a->chunk, a->micro, t0, l3d_time_s());
             break;
@@ -107,7 +121,8 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_GRAD:
-            l3d_comm_send(x->pp_comm, g->dinput_act, count, L3D_F32, a->peer, 2 * (vs - 1) + 1, greq);
+            l3d_comm_send(x->pp_comm, g->dinput_act, count, x->act_dtype, a->peer, 2 * (vs - 1) + 1,
+                          greq);
             break;
         default: L3D_ASSERT(!"unknown pipeline action");
         }
@@ -128,7 +143,7 @@ void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
             const struct l3d_tensor_info *t = &g->tensors[L3D_T_WTE];
             if (t->count > 0) /* the first stage's embedding, the last stage's head: one sum */
                 l3d_comm_all_reduce(x->embed_comm, l3d_gpt_grad_ptr(g, L3D_T_WTE, 0), t->count,
-                                    L3D_F32, L3D_SUM, NULL);
+                                    x->grad_dtype, L3D_SUM, NULL);
         }
     double t1 = l3d_time_s();
     if (x->embed_comm && x->embed_comm->size > 1)

@@ -40,9 +40,9 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
  * the payload bytes. One all-reduce over the group; req NULL: blocking. */
 static void all_reduce(struct l3d_tp *tp, float *buf, int64_t n, enum l3d_redop op, l3d_req *req) {
     double t0 = l3d_time_s();
-    l3d_comm_all_reduce(tp->comm, buf, n, L3D_F32, op, req);
+    l3d_comm_all_reduce(tp->comm, buf, n, tp->act_dtype, op, req);
     tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * (int64_t)sizeof(float);
+    tp->bytes += n * (int64_t)l3d_dtype_size(tp->act_dtype);
 }
 
 static void tp_sum(void *ctx, float *buf, int64_t n) { all_reduce(ctx, buf, n, L3D_SUM, NULL); }
@@ -64,23 +64,26 @@ static void tp_sum_end(void *ctx) {
 static void tp_gather(void *ctx, const float *local, float *full, int64_t n) {
     struct l3d_tp *tp = ctx;
     double t0 = l3d_time_s();
-    memcpy(full + (int64_t)tp->comm->rank * n, local, (size_t)n * sizeof(float));
-    l3d_comm_all_gather(tp->comm, full, n, L3D_F32, NULL);
+    size_t esize = l3d_dtype_size(tp->act_dtype);
+    l3d_be_copy_d2d(tp->be, full + (int64_t)tp->comm->rank * n, local, (size_t)n * esize);
+    l3d_comm_all_gather(tp->comm, full, n, tp->act_dtype, NULL);
     tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * tp->comm->size * (int64_t)sizeof(float);
+    tp->bytes += n * tp->comm->size * (int64_t)esize;
 }
 
 static void tp_scatter(void *ctx, const float *full, float *local, int64_t n) {
     struct l3d_tp *tp = ctx;
     double t0 = l3d_time_s();
-    l3d_comm_reduce_scatter(tp->comm, full, local, n, L3D_F32, L3D_SUM, NULL);
+    l3d_comm_reduce_scatter(tp->comm, full, local, n, tp->act_dtype, L3D_SUM, NULL);
     tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * tp->comm->size * (int64_t)sizeof(float);
+    tp->bytes += n * tp->comm->size * (int64_t)l3d_dtype_size(tp->act_dtype);
 }
 
 void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap) {
     memset(tp, 0, sizeof *tp);
     tp->comm = tp_comm;
+    tp->be = m->be;
+    tp->act_dtype = L3D_F32;
     if (tp_comm->size == 1) return;
     m->hooks.ctx = tp;
     m->hooks.tp_all_reduce = tp_sum;
@@ -98,25 +101,39 @@ bool l3d_tp_tensor_split(int t) {
            t == L3D_T_FCW || t == L3D_T_FCB || t == L3D_T_FCPROJW;
 }
 
-void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
-                   float *full) {
-    if (tp_comm->rank != 0) {
-        l3d_comm_send(tp_comm, local, m->num_params, L3D_F32, 0, 71, NULL);
-        return;
+/* Rank 0 receives each rank's shard into device memory, stages it to the host and places it. */
+l3d_status l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
+                         float *full) {
+    const enum l3d_dtype dt = L3D_F32; /* the parameters' (l3d_gpt_shard_to_full is fp32) */
+    size_t bytes = (size_t)m->num_params * l3d_dtype_size(dt);
+    float *host = NULL, *dev = NULL;
+    l3d_status st = L3D_OK;
+    if (tp_comm->rank == 0) {
+        host = l3d_try_alloc(bytes, "tp gather staging");
+        dev = tp_comm->size > 1 ? l3d_be_alloc(m->be, bytes, "tp gather") : NULL;
+        if (!host || (tp_comm->size > 1 && !dev))
+            st = l3d_error(L3D_ERR_OOM, "cannot allocate 2 x %.2f MiB to gather the tensor-"
+                           "parallel shards on rank 0: the host or the device is full",
+                           (double)bytes / 1048576.0);
     }
-    float *buf = tp_comm->size > 1 ? l3d_alloc((size_t)m->num_params * sizeof(float), "tp gather")
-                                   : NULL;
-    for (int r = 0; r < tp_comm->size; r++) {
+    bool report;
+    st = l3d_comm_agree(tp_comm, st, &report); /* before any rank sends */
+    if (st == L3D_OK && tp_comm->rank != 0)
+        l3d_comm_send(tp_comm, local, m->num_params, dt, 0, 71, NULL);
+    for (int r = 0; st == L3D_OK && tp_comm->rank == 0 && r < tp_comm->size; r++) {
         struct l3d_shard sh;
         L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, m->shard.sp_size > 1, &sh) == L3D_OK);
         struct l3d_tensor_info t[L3D_NUM_TENSORS];
         L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
         const float *src = local;
         if (r > 0) {
-            l3d_comm_recv(tp_comm, buf, m->num_params, L3D_F32, r, 71, NULL);
-            src = buf;
+            l3d_comm_recv(tp_comm, dev, m->num_params, dt, r, 71, NULL);
+            src = dev;
         }
-        l3d_gpt_shard_to_full(&m->cfg, &sh, src, full);
+        l3d_be_copy_d2h(m->be, host, src, bytes);
+        l3d_gpt_shard_to_full(&m->cfg, &sh, host, full);
     }
-    l3d_free(buf);
+    if (dev) l3d_be_free(m->be, dev);
+    l3d_free(host);
+    return st;
 }

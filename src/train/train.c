@@ -139,6 +139,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
     struct l3d_tp tpc = {0};
     struct l3d_pp_schedule sched = {0}, vsched = {0};
     struct l3d_pp_exec px = {0};
+    struct l3d_sumsq gsq = {0}; /* the squared gradient norm, on the device */
     struct l3d_train_ckpt ck;
     bool topo_up = false, px_up = false, ck_up = false;
     int ndp = 0; /* data-parallel states initialised */
@@ -241,11 +242,13 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         if (st == L3D_OK) ndp++;
     }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    for (int c = 0; c < v; c++) {
+    for (int c = 0; c < v && st == L3D_OK; c++) {
         int64_t own_start, own_count;
         l3d_dp_opt_range(&dps[c], &own_start, &own_count);
-        l3d_adamw_init(&opts[c], &tc->adamw, own_start, own_count);
+        st = l3d_adamw_init(&opts[c], be, &tc->adamw, own_start, own_count);
     }
+    if (st == L3D_OK) st = l3d_sumsq_init(&gsq, be, 2);
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
     l3d_train_ckpt_init(&ck, tc, &topo, world);
     ck_up = true;
@@ -262,8 +265,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         if (vsched.n) trace_cap += (int64_t)vsched.n[topo.pp_rank] * tc->steps;
         if (trace_cap > (1 << 22)) trace_cap = 1 << 22; /* 128 MiB of events at most */
     }
-    l3d_pp_exec_init(&px, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_cap);
+    st = l3d_pp_exec_init(&px, chunks, v, dps, topo.pp_comm, topo.embed_comm, trace_cap);
     px_up = true;
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     int64_t BT = (int64_t)tc->B * tc->T;
     int nbatch = tc->accum > tc->val_batches ? tc->accum : tc->val_batches;
     inp = l3d_alloc((size_t)(BT * nbatch) * sizeof(int32_t), "batch");
@@ -361,9 +365,10 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_comm *
         sum_f64(topo.dp_comm, &loss, 1);
         loss /= (double)tc->accum * topo.dp;
         /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
-        double sq[2] = {0.0, 0.0};
+        double sq[2];
         for (int c = 0; c < v; c++)
-            l3d_dp_grad_sumsq_add(&dps[c], be, pp > 1 && !chunks[c]->shard.has_embedding, sq);
+            l3d_dp_grad_sumsq_add(&dps[c], &gsq, pp > 1 && !chunks[c]->shard.has_embedding);
+        l3d_sumsq_take(&gsq, sq);
         if (tc->zero > 0) sum_f64(topo.dp_comm, sq, 2);
         sum_f64(topo.tp_comm, sq, 1);
         sum_f64(topo.pp_comm, sq, 2);
@@ -505,6 +510,7 @@ fail:
     if (px_up) l3d_pp_exec_free(&px);
     for (int c = 0; c < v && opts; c++)
         if (opts[c].m) l3d_adamw_free(&opts[c]);
+    l3d_sumsq_free(&gsq);
     for (int c = 0; c < ndp; c++) l3d_dp_free(&dps[c]);
     for (int c = 0; c < v && chunks; c++) l3d_gpt_free(chunks[c]);
     l3d_free(chunks);
