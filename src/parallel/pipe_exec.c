@@ -53,8 +53,9 @@ static void wait_slot(struct l3d_pp_exec *x, int chunk, int slot) {
     l3d_comm_wait(x->pp_comm, &x->grad_req[chunk * x->max_slots + slot]);
 }
 
-/* Tags name the boundary between virtual stages b and b + 1: 2b for the activation, 2b + 1 for
- * its gradient; messages with the same tag arrive in the order sent (micro-batch order). */
+/* Tags name the boundary between virtual stages b and b + 1: L3D_TAG_PIPE + 2b for the activation,
+ * + 2b + 1 for its gradient; messages with the same tag arrive in the order sent (micro-batch
+ * order). */
 double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, int n, int m,
                        const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
     int pp = x->pp_comm->size, r = x->pp_comm->rank;
@@ -73,7 +74,8 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         case L3D_PP_RECV_ACT:
             l3d_gpt_use_slot(g, slot);
             wait_slot(x, a->chunk, slot);
-            l3d_comm_recv(x->pp_comm, g->input_act, count, L3D_F32, a->peer, 2 * (vs - 1), NULL);
+            l3d_comm_recv(x->pp_comm, g->input_act, count, L3D_F32, a->peer,
+                          L3D_TAG_PIPE + 2 * (vs - 1), NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_ACT, a->chunk, a->micro, t0, l3d_time_s());
             break;
@@ -90,10 +92,12 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_ACT:
-            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, L3D_F32, a->peer, 2 * vs, areq);
+            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, L3D_F32, a->peer,
+                          L3D_TAG_PIPE + 2 * vs, areq);
             break;
         case L3D_PP_RECV_GRAD:
-            l3d_comm_recv(x->pp_comm, x->grad_buf, count, L3D_F32, a->peer, 2 * vs + 1, NULL);
+            l3d_comm_recv(x->pp_comm, x->grad_buf, count, L3D_F32, a->peer,
+                          L3D_TAG_PIPE + 2 * vs + 1, NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_GRAD, a->chunk, a->micro, t0, l3d_time_s());
             break;
@@ -107,7 +111,8 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_GRAD:
-            l3d_comm_send(x->pp_comm, g->dinput_act, count, L3D_F32, a->peer, 2 * (vs - 1) + 1, greq);
+            l3d_comm_send(x->pp_comm, g->dinput_act, count, L3D_F32, a->peer,
+                          L3D_TAG_PIPE + 2 * (vs - 1) + 1, greq);
             break;
         default: L3D_ASSERT(!"unknown pipeline action");
         }
@@ -164,7 +169,7 @@ l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, con
     if (world->rank != 0) {
         if (x->nev > 0)
             l3d_comm_send(world, x->ev, x->nev * (int64_t)sizeof(struct l3d_pp_event), L3D_U8, 0,
-                          77, NULL);
+                          L3D_TAG_TRACE, NULL);
         l3d_free(all);
         return st;
     }
@@ -178,7 +183,7 @@ l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, con
         if (rk != 0) {
             ev = l3d_alloc((size_t)(n > 0 ? n : 1) * sizeof *ev, "trace");
             if (n > 0)
-                l3d_comm_recv(world, ev, n * (int64_t)sizeof *ev, L3D_U8, rk, 77, NULL);
+                l3d_comm_recv(world, ev, n * (int64_t)sizeof *ev, L3D_U8, rk, L3D_TAG_TRACE, NULL);
         }
         if (f) {
             fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"

@@ -101,7 +101,7 @@ bool l3d_tp_tensor_split(int t) {
 void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const float *local,
                    float *full) {
     if (tp_comm->rank != 0) {
-        l3d_comm_send(tp_comm, local, m->num_params, L3D_F32, 0, 71, NULL);
+        l3d_comm_send(tp_comm, local, m->num_params, L3D_F32, 0, L3D_TAG_TP_GATHER, NULL);
         return;
     }
     float *buf = tp_comm->size > 1 ? l3d_alloc((size_t)m->num_params * sizeof(float), "tp gather")
@@ -113,7 +113,7 @@ void l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, const floa
         L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
         const float *src = local;
         if (r > 0) {
-            l3d_comm_recv(tp_comm, buf, m->num_params, L3D_F32, r, 71, NULL);
+            l3d_comm_recv(tp_comm, buf, m->num_params, L3D_F32, r, L3D_TAG_TP_GATHER, NULL);
             src = buf;
         }
         l3d_gpt_shard_to_full(&m->cfg, &sh, src, full);

@@ -88,7 +88,8 @@ static l3d_status save_model(const struct l3d_train_config *tc, struct l3d_comm 
     int S = topo->pp * v, group = topo->tp * topo->pp; /* replica 0: world ranks [0, group) */
     if (!lead) {
         for (int c = 0; c < v; c++)
-            l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0, 100 + c, NULL);
+            l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0,
+                          L3D_TAG_MODEL_GATHER + c, NULL);
         return L3D_OK;
     }
     int64_t n_full = l3d_gpt_param_count(&tc->model);
@@ -106,7 +107,7 @@ static l3d_status save_model(const struct l3d_train_config *tc, struct l3d_comm 
                 int64_t n = l3d_gpt_plan_tensors(&tc->model, &sh, ti);
                 l3d_free(tmp);
                 tmp = l3d_alloc((size_t)n * sizeof(float), "gathered model");
-                l3d_comm_recv(world, tmp, n, L3D_F32, r, 100 + c, NULL);
+                l3d_comm_recv(world, tmp, n, L3D_F32, r, L3D_TAG_MODEL_GATHER + c, NULL);
                 src = tmp;
             }
             l3d_gpt_shard_to_full(&tc->model, &sh, src, full);
