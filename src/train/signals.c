@@ -9,7 +9,8 @@
  * that computes: delivered to the thread running a oneDNN product, SIGTERM corrupted the heap
  * (measured: 4-8 of 50 single-process runs died in free() within two steps of the signal, none
  * with the signal kept off that thread). Every other thread blocks them: l3d_train_signals_block
- * before any thread starts (MPI's, OpenMP's), which the threads then inherit. */
+ * before any thread starts (the communication library's, OpenMP's), which the threads then
+ * inherit. */
 static int stop_signal;      /* __atomic: written by the waiter, read at step boundaries */
 static int waiter_up, waiter_quit;
 static pthread_t waiter;
