@@ -139,17 +139,6 @@ l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int
 /* Writes the weights of step directory dir as one llm.c checkpoint (one process). */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
 
-/* Preemption: after install, SIGTERM and SIGUSR1 set a flag (a second one exits at once with
- * status 128 + signal); l3d_ckpt_stop_requested, called by every rank at a step boundary, says
- * whether any rank got one (collective). A thread of its own takes them (sigwait); block, called
- * before the process starts any thread (MPI_Init, the first OpenMP region), keeps them off every
- * other thread, which inherit the mask. restore ends that thread and unblocks them on the calling
- * thread (their default action again). The flag is the one process-wide state here. */
-void l3d_ckpt_signals_block(void);
-void l3d_ckpt_signals_install(void);
-void l3d_ckpt_signals_restore(void);
-int l3d_ckpt_stop_requested(struct l3d_comm *world); /* the signal number, or 0 */
-
 /* Keeps the lines of a metrics.jsonl whose "step" is at most step (a resumed run appends after
  * them); atomic like every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);

@@ -62,6 +62,18 @@
 
 enum l3d_redop { L3D_SUM, L3D_MAX };
 
+/* Point-to-point message tags: every send and recv of the project names one of these, so that two
+ * exchanges can never match each other's messages. MPI guarantees tags up to 32767. */
+enum l3d_tag {
+    L3D_TAG_TP_GATHER = 1,     /* tensor-parallel ranks' parameters to TP rank 0 (l3d_tp_gather) */
+    L3D_TAG_TRACE = 2,         /* a rank's trace events to world rank 0 (--trace) */
+    L3D_TAG_CALIBRATE_GO = 3,  /* bench --calibrate: rank 0 tells the others to go on */
+    L3D_TAG_MODEL_GATHER = 16, /* + chunk (< 256): a (tp, pp) rank's parameters to rank 0 for
+                                * model.bin */
+    L3D_TAG_PIPE = 1024,       /* + 2b: the activation from virtual stage b to b + 1; + 2b + 1:
+                                * its gradient back (b < 4096 stages: at most 9215) */
+};
+
 /* A pending non-blocking operation. Opaque storage for the implementation's request handle. */
 typedef struct {
     uint64_t opaque[4];

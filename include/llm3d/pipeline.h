@@ -163,10 +163,5 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
 void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x);
 /* Records an event (when tracing and there is room). */
 void l3d_pp_trace_add(struct l3d_pp_exec *x, int kind, int chunk, int micro, double t0, double t1);
-/* Gathers every rank's events to world rank 0, which writes one Chrome trace-event JSON file
- * (chrome://tracing, ui.perfetto.dev): a process per rank named by its (tp, pp, dp) coordinates.
- * Collective over world. */
-l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, const char *path,
-                              int tp_rank, int pp_rank, int dp_rank);
 
 #endif

@@ -4,7 +4,9 @@
  *   struct l3d_train_config tc;
  *   l3d_train_config_defaults(&tc);
  *   tc.train_pattern = "data/train_*.bin"; tc.out_dir = "out";
- *   l3d_status st = l3d_train_run(&tc, world, &result);
+ *   struct l3d_runtime *rt;                          // world and backend (include/llm3d/runtime.h)
+ *   l3d_runtime_init(&argc, &argv, &(struct l3d_runtime_opts){.cmd = "train"}, &rt);
+ *   l3d_status st = l3d_train_run(&tc, rt, &result); // builds the layout's communicators in rt
  *
  * Global batch = micro-batch B x gradient accumulation steps x data-parallel size sequences of T
  * tokens; each DP rank reads its own B of every micro-batch's B x dp. Each step logs one line (step, loss, lr, grad norm, ms, tokens/s, MFU) and appends a
@@ -72,11 +74,36 @@ struct l3d_train_result {
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
 };
 
-struct l3d_comm;
+/* A layout checked against the flags and the world, before any communication or allocation:
+ * every rank reaches the same verdict on its own. */
+struct l3d_train_layout {
+    int tp, pp, dp, v;             /* v: model chunks per pipeline rank */
+    int stages;                    /* pp v virtual stages */
+    int accum;                     /* micro-batches per step (from --global-batch when given) */
+    int *layers;                   /* layers of each virtual stage */
+    struct l3d_pp_schedule sched;  /* the training step's actions, per pipeline rank */
+    struct l3d_pp_schedule vsched; /* validation's forwards (empty without --val) */
+};
+
+struct l3d_runtime;
 void l3d_train_config_defaults(struct l3d_train_config *tc);
-/* Trains on the ranks of world (a single process is a world of one). Every rank returns the same
- * status; report_error marks the one rank that should print the message, so it appears once. */
-l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_comm *world,
+/* Checks tc's flags and layout for world_size ranks and fills lay: the grid, the micro-batches,
+ * the stage partition and the schedules. Collective-free; an error names the flag, its value and
+ * what to do (l3d_error_message), and leaves nothing to free. */
+l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_train_config *tc,
+                                 int world_size);
+/* The model shard of virtual stage vs on TP rank tp_rank (l3d_layout_stage_shard). */
+struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,
+                                        const struct l3d_train_config *tc, int vs, int tp_rank);
+void l3d_train_layout_free(struct l3d_train_layout *lay);
+/* Trains on the runtime's world (a single process is a world of one) and backend, building the
+ * layout's communicators in rt (l3d_runtime_layout). Every rank returns the same status;
+ * report_error marks the one rank that should print the message, so it appears once. */
+l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_runtime *rt,
                          struct l3d_train_result *res);
+/* Keeps SIGTERM and SIGUSR1 (the preemption signals l3d_train_run takes on a thread of its own)
+ * off the calling thread and every thread started after: call it before MPI and OpenMP start
+ * theirs (l3d_runtime_init does, with stop_signals). */
+void l3d_train_signals_block(void);
 
 #endif

@@ -7,9 +7,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "llm3d/ckpt.h"
-#include "llm3d/comm.h"
 #include "llm3d/data.h"
+#include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
 int l3d_cli_bench(int argc, char **argv) {
@@ -20,7 +19,9 @@ int l3d_cli_bench(int argc, char **argv) {
     l3d_gpt_config_preset(&tc.model, "d12");
     tc.steps = 10;
     tc.warmup_steps = 2;
-    int rc = l3d_cli_train_flags("bench", argc, argv, &tc);
+    /* l3d_train_run takes SIGTERM/SIGUSR1 on a thread of its own */
+    struct l3d_runtime_opts ro = {.cmd = "bench", .stop_signals = true};
+    int rc = l3d_cli_train_flags("bench", argc, argv, &tc, &ro.backend);
     if (rc >= 0) {
         if (rc == 0) printf("\nbench takes train's model, batch and optimizer flags; it trains on "
                             "random tokens (--train ignored) and reports the median step.\n"
@@ -29,16 +30,12 @@ int l3d_cli_bench(int argc, char **argv) {
                             "bench --calibrate --help).\n");
         return rc;
     }
-    struct l3d_comm *world;
-    l3d_ckpt_signals_block(); /* l3d_train_run takes SIGTERM/SIGUSR1 on a thread of its own */
-    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
-        fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
-        return 1;
-    }
-    if (world->size > 1) {
+    struct l3d_runtime *rt;
+    if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
+    if (rt->world->size > 1) {
         fprintf(stderr, "llm3d bench: runs as one process; for several ranks use llm3d train under "
                 "mpiexec (bench/scaling.sh)\n");
-        l3d_comm_mpi_finalize(world);
+        l3d_runtime_free(rt);
         return 2;
     }
     int threads = omp_get_max_threads();
@@ -66,7 +63,7 @@ int l3d_cli_bench(int argc, char **argv) {
     char dir[] = "/tmp/llm3d-bench-XXXXXX";
     if (!mkdtemp(dir)) {
         perror("llm3d bench: mkdtemp");
-        l3d_comm_mpi_finalize(world);
+        l3d_runtime_free(rt);
         return 1;
     }
     char path[256];
@@ -86,7 +83,7 @@ int l3d_cli_bench(int argc, char **argv) {
         struct l3d_train_result res;
         printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
                tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.B, tc.T, tc.accum);
-        st = l3d_train_run(&tc, world, &res);
+        st = l3d_train_run(&tc, rt, &res);
         if (st == L3D_OK)
             printf("\nresult: %.1f ms/step (median of %d), %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s"
                    " (%.1f%% of the best sgemm, %.1f GFLOP/s)\n",
@@ -96,7 +93,7 @@ int l3d_cli_bench(int argc, char **argv) {
     }
     unlink(path);
     rmdir(dir);
-    l3d_comm_mpi_finalize(world);
+    l3d_runtime_free(rt);
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
         return 1;

@@ -44,7 +44,6 @@
 
 #define CMD "bench"
 #define MAX_POINTS 16
-#define TAG_GO 7301 /* rank 0 -> the others: the compute measurements are done */
 
 struct calib {
     bool quick;
@@ -673,13 +672,14 @@ int l3d_cli_calibrate(int argc, char **argv) {
     int32_t go = 1;
     if (lead) {
         measure_all_cores(&c);
-        for (int r = 1; r < world->size; r++) l3d_comm_send(world, &go, 1, L3D_I32, r, TAG_GO, NULL);
+        for (int r = 1; r < world->size; r++)
+            l3d_comm_send(world, &go, 1, L3D_I32, r, L3D_TAG_CALIBRATE_GO, NULL);
     } else {
         /* wait without taking a core: MPI's blocking wait would spin on it. Every 50 ms: polled
          * each millisecond, the wake-ups cost rank 0's threads 10% of their CPU time and a
          * quarter of the triad's bandwidth */
         l3d_req req = {0};
-        l3d_comm_recv(world, &go, 1, L3D_I32, 0, TAG_GO, &req);
+        l3d_comm_recv(world, &go, 1, L3D_I32, 0, L3D_TAG_CALIBRATE_GO, &req);
         const struct timespec nap = {0, 50000000};
         while (!l3d_comm_test(world, &req)) nanosleep(&nap, NULL);
     }

@@ -19,8 +19,10 @@ int l3d_cli_tokenizer(int argc, char **argv);
 int l3d_cli_train(int argc, char **argv);
 struct l3d_train_config;
 /* Parses the model, data and optimizer flags shared by train and bench into tc (which holds the
- * defaults). Returns -1 on success, else the exit status to return (0 after --help). */
-int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc);
+ * defaults), and --backend into *backend (left as it is when not given). Returns -1 on success,
+ * else the exit status to return (0 after --help). */
+int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
+                        const char **backend);
 /* llm3d bench [flags] (src/cli/bench.c) */
 int l3d_cli_bench(int argc, char **argv);
 /* llm3d plan [flags] (src/cli/plan.c) */

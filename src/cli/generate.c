@@ -20,6 +20,7 @@
 #include "llm3d/ckpt.h"
 #include "llm3d/infer.h"
 #include "llm3d/model.h"
+#include "llm3d/runtime.h"
 #include "llm3d/tokenizer.h"
 
 struct cand {
@@ -94,7 +95,8 @@ static void usage(FILE *fp) {
             "  --seed S            sampling seed (42)\n"
             "  --recompute         no KV cache: re-run the whole sequence for each token\n"
             "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
-            "                      threads mostly wait on each other and on memory)\n");
+            "                      threads mostly wait on each other and on memory)\n"
+            "  --backend NAME      the device: cpu (default: $L3D_BACKEND, else cpu)\n");
 }
 
 /* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
@@ -121,14 +123,14 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, st
 }
 
 int l3d_cli_generate(int argc, char **argv) {
-    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS };
+    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS, O_BACKEND };
     static const struct option opts[] = {
         {"checkpoint", required_argument, NULL, 'c'}, {"prompt", required_argument, NULL, 'p'},
         {"max-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
         {"top-k", required_argument, NULL, 'k'}, {"top-p", required_argument, NULL, O_TOPP},
         {"seed", required_argument, NULL, 's'}, {"tokenizer", required_argument, NULL, O_TOK},
         {"recompute", no_argument, NULL, O_RECOMPUTE}, {"threads", required_argument, NULL, O_THREADS},
-        {"help", no_argument, NULL, 'h'},
+        {"backend", required_argument, NULL, O_BACKEND}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *ckpt = NULL, *prompt = "", *tokspec = NULL;
@@ -136,6 +138,7 @@ int l3d_cli_generate(int argc, char **argv) {
     bool recompute = false;
     uint64_t seed = 42;
     struct sampler smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40};
+    struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true};
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -149,6 +152,7 @@ int l3d_cli_generate(int argc, char **argv) {
         case O_TOPP: ok = l3d_arg_float("generate", "top-p", optarg, 1e-6, 1, &smp.top_p); break;
         case 's': ok = l3d_arg_u64("generate", "seed", optarg, &seed); break;
         case O_THREADS: ok = l3d_arg_int("generate", "threads", optarg, 1, 1024, &threads); break;
+        case O_BACKEND: ro.backend = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return 2;
         }
@@ -201,13 +205,13 @@ int l3d_cli_generate(int argc, char **argv) {
                 "a shorter --prompt\n", (long long)nprompt, cfg.maxT);
         rc = 2;
     }
-    struct l3d_backend *be = NULL;
+    struct l3d_runtime *rt = NULL;
     struct l3d_gpt *m = NULL;
     struct l3d_infer *inf = NULL;
+    if (rc == 0 && l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) rc = 1; /* said there */
     if (rc == 0) {
         struct l3d_shard sh = l3d_shard_full(&cfg);
-        if (l3d_backend_init(NULL, &be) != L3D_OK ||
-            l3d_gpt_init(&m, &cfg, &sh, be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
+        if (l3d_gpt_init(&m, &cfg, &sh, rt->be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
             l3d_ckpt_load_llmc(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
             fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
             rc = 1;
@@ -216,7 +220,7 @@ int l3d_cli_generate(int argc, char **argv) {
     if (rc != 0) {
         l3d_ids_free(&seq);
         l3d_gpt_free(m);
-        if (be) l3d_backend_free(be);
+        l3d_runtime_free(rt);
         l3d_tokenizer_free(tok);
         return rc;
     }
@@ -234,7 +238,7 @@ int l3d_cli_generate(int argc, char **argv) {
         if (recompute) {
             int64_t start = seq.n > cfg.maxT ? seq.n - cfg.maxT : 0, len = seq.n - start;
             l3d_gpt_forward(m, seq.v + start, NULL, 1, (int)len);
-            l3d_be_copy_d2h(be, last_logits, m->logits + (len - 1) * (int64_t)cfg.Vp,
+            l3d_be_copy_d2h(rt->be, last_logits, m->logits + (len - 1) * (int64_t)cfg.Vp,
                             (size_t)cfg.Vp * sizeof(float));
             logits = last_logits;
         } else {
@@ -263,7 +267,7 @@ int l3d_cli_generate(int argc, char **argv) {
     l3d_ids_free(&seq);
     l3d_infer_free(inf);
     l3d_gpt_free(m);
-    l3d_backend_free(be);
+    l3d_runtime_free(rt);
     l3d_tokenizer_free(tok);
     return 0;
 }

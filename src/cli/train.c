@@ -6,9 +6,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "llm3d/ckpt.h"
-#include "llm3d/comm.h"
 #include "llm3d/pipeline.h"
+#include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
 static void usage(FILE *f) {
@@ -51,6 +50,7 @@ static void usage(FILE *f) {
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+        "  --backend NAME      the device: cpu (default: $L3D_BACKEND, else cpu)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
         "  --quiet             no per-step lines\n"
         "checkpoints (sharded, atomic; resume on any layout; see README):\n"
@@ -65,12 +65,13 @@ static void usage(FILE *f) {
 }
 
 /* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
-int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc) {
+int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
+                        const char **backend) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
-           O_CKPT_DIR, O_KEEP, O_RESUME };
+           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -102,6 +103,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"save-every", required_argument, NULL, O_SAVE_EVERY},
         {"ckpt-dir", required_argument, NULL, O_CKPT_DIR},
         {"keep", required_argument, NULL, O_KEEP}, {"resume", required_argument, NULL, O_RESUME},
+        {"backend", required_argument, NULL, O_BACKEND},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -188,6 +190,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;
         case O_CKPT_DIR: tc->ckpt_dir = optarg; break;
         case O_RESUME: tc->resume = optarg; break;
+        case O_BACKEND: *backend = optarg; break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;
@@ -248,23 +251,20 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
 int l3d_cli_train(int argc, char **argv) {
     struct l3d_train_config tc;
     l3d_train_config_defaults(&tc);
-    int rc = l3d_cli_train_flags("train", argc, argv, &tc);
+    struct l3d_runtime_opts ro = {.cmd = "train", .stop_signals = true};
+    int rc = l3d_cli_train_flags("train", argc, argv, &tc, &ro.backend);
     if (rc >= 0) return rc;
     if (!tc.train_pattern) {
         fprintf(stderr, "llm3d train: no training data: give --train with a token shard file or a "
                 "quoted glob (make some with llm3d prepare)\n");
         return 2;
     }
-    struct l3d_comm *world;
-    l3d_ckpt_signals_block(); /* before MPI and OpenMP start threads: they inherit the mask */
-    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
-        fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
-        return 1;
-    }
+    struct l3d_runtime *rt;
+    if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
     struct l3d_train_result res;
-    l3d_status st = l3d_train_run(&tc, world, &res);
+    l3d_status st = l3d_train_run(&tc, rt, &res);
     if (st != L3D_OK && res.report_error)
         fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
-    l3d_comm_mpi_finalize(world);
+    l3d_runtime_free(rt);
     return st == L3D_OK ? 0 : 1;
 }

@@ -65,8 +65,9 @@ static void wait_slot(struct l3d_pp_exec *x, int chunk, int slot) {
     l3d_comm_wait(x->pp_comm, &x->grad_req[chunk * x->max_slots + slot]);
 }
 
-/* Tags name the boundary between virtual stages b and b + 1: 2b for the activation, 2b + 1 for
- * its gradient; messages with the same tag arrive in the order sent (micro-batch order). */
+/* Tags name the boundary between virtual stages b and b + 1: L3D_TAG_PIPE + 2b for the activation,
+ * + 2b + 1 for its gradient; messages with the same tag arrive in the order sent (micro-batch
+ * order). */
 double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, int n, int m,
                        const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
     int pp = x->pp_comm->size, r = x->pp_comm->rank;
@@ -85,7 +86,7 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         case L3D_PP_RECV_ACT:
             l3d_gpt_use_slot(g, slot);
             wait_slot(x, a->chunk, slot);
-            l3d_comm_recv(x->pp_comm, g->input_act, count, x->act_dtype, a->peer, 2 * (vs - 1),
+            l3d_comm_recv(x->pp_comm, g->input_act, count, x->act_dtype, a->peer, L3D_TAG_PIPE + 2 * (vs - 1),
                           NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_ACT, a->chunk, a->micro, t0, l3d_time_s());
@@ -103,11 +104,11 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_ACT:
-            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, x->act_dtype, a->peer, 2 * vs,
+            l3d_comm_send(x->pp_comm, l3d_gpt_output_act(g), count, x->act_dtype, a->peer, L3D_TAG_PIPE + 2 * vs,
                           areq);
             break;
         case L3D_PP_RECV_GRAD:
-            l3d_comm_recv(x->pp_comm, x->grad_buf, count, x->act_dtype, a->peer, 2 * vs + 1, NULL);
+            l3d_comm_recv(x->pp_comm, x->grad_buf, count, x->act_dtype, a->peer, L3D_TAG_PIPE + 2 * vs + 1, NULL);
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_GRAD, a->chunk, a->micro, t0, l3d_time_s());
             break;
@@ -121,7 +122,7 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             break;
         }
         case L3D_PP_SEND_GRAD:
-            l3d_comm_send(x->pp_comm, g->dinput_act, count, x->act_dtype, a->peer, 2 * (vs - 1) + 1,
+            l3d_comm_send(x->pp_comm, g->dinput_act, count, x->act_dtype, a->peer, L3D_TAG_PIPE + 2 * (vs - 1) + 1,
                           greq);
             break;
         default: L3D_ASSERT(!"unknown pipeline action");
@@ -153,72 +154,4 @@ void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
         if (x->dp[c].defer_nonlayer) l3d_dp_reduce_nonlayer(&x->dp[c]);
     for (int c = 0; c < x->v; c++) l3d_dp_finish(&x->dp[c]);
     l3d_pp_trace_add(x, L3D_EV_DP_WAIT, 0, 0, t1, l3d_time_s());
-}
-
-/* ---- trace file -------------------------------------------------------------------------- */
-
-static const char *const ev_names[] = {"forward", "backward", "recv activation", "recv gradient",
-                                       "tied embedding sum", "data-parallel wait", "optimizer",
-                                       "step"};
-
-l3d_status l3d_pp_trace_write(struct l3d_pp_exec *x, struct l3d_comm *world, const char *path,
-                              int tp_rank, int pp_rank, int dp_rank) {
-    /* every rank's count and coordinates, then its events, to rank 0 */
-    int32_t mine[4] = {(int32_t)x->nev, tp_rank, pp_rank, dp_rank};
-    int W = world->size;
-    int32_t *all = l3d_alloc((size_t)W * 4 * sizeof(int32_t), "trace");
-    int64_t counts[1024], displs[1024];
-    L3D_ASSERT(W <= 1024);
-    for (int i = 0; i < W; i++) {
-        counts[i] = 4;
-        displs[i] = 4 * i;
-    }
-    memcpy(all + 4 * world->rank, mine, sizeof mine);
-    l3d_comm_all_gatherv(world, all, counts, displs, L3D_I32, NULL);
-    l3d_status st = L3D_OK;
-    if (world->rank != 0) {
-        if (x->nev > 0)
-            l3d_comm_send(world, x->ev, x->nev * (int64_t)sizeof(struct l3d_pp_event), L3D_U8, 0,
-                          77, NULL);
-        l3d_free(all);
-        return st;
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) st = l3d_error(L3D_ERR_IO, "--trace %s: cannot create: %s", path, strerror(errno));
-    if (f) fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    bool first = true;
-    for (int rk = 0; rk < W; rk++) {
-        int64_t n = all[4 * rk];
-        struct l3d_pp_event *ev = x->ev;
-        if (rk != 0) {
-            ev = l3d_alloc((size_t)(n > 0 ? n : 1) * sizeof *ev, "trace");
-            if (n > 0)
-                l3d_comm_recv(world, ev, n * (int64_t)sizeof *ev, L3D_U8, rk, 77, NULL);
-        }
-        if (f) {
-            fprintf(f, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
-                    "\"rank %d (tp %d, pp %d, dp %d)\"}}", first ? "" : ",\n", rk, rk,
-                    all[4 * rk + 1], all[4 * rk + 2], all[4 * rk + 3]);
-            first = false;
-            for (int64_t i = 0; i < n; i++) {
-                const struct l3d_pp_event *e = &ev[i];
-                bool mb = e->kind <= L3D_EV_RECV_GRAD;
-                fprintf(f, ",\n{\"name\":\"%s", ev_names[e->kind]);
-                if (mb) fprintf(f, " m%d c%d", e->micro, e->chunk);
-                if (e->kind >= L3D_EV_OPTIMIZER) fprintf(f, " %d", e->micro);
-                fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-                        "\"dur\":%.3f,\"args\":{\"micro\":%d,\"chunk\":%d}}", ev_names[e->kind],
-                        rk, e->kind == L3D_EV_STEP ? 1 : 0, e->t0 * 1e6, (e->t1 - e->t0) * 1e6,
-                        e->micro, e->chunk);
-            }
-        }
-        if (rk != 0) l3d_free(ev);
-    }
-    if (f) {
-        fprintf(f, "\n]}\n");
-        if (fclose(f) != 0 && st == L3D_OK)
-            st = l3d_error(L3D_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));
-    }
-    l3d_free(all);
-    return st;
 }

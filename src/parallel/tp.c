@@ -119,7 +119,7 @@ l3d_status l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, cons
     bool report;
     st = l3d_comm_agree(tp_comm, st, &report); /* before any rank sends */
     if (st == L3D_OK && tp_comm->rank != 0)
-        l3d_comm_send(tp_comm, local, m->num_params, dt, 0, 71, NULL);
+        l3d_comm_send(tp_comm, local, m->num_params, dt, 0, L3D_TAG_TP_GATHER, NULL);
     for (int r = 0; st == L3D_OK && tp_comm->rank == 0 && r < tp_comm->size; r++) {
         struct l3d_shard sh;
         L3D_ASSERT(l3d_tp_shard(&m->cfg, tp_comm->size, r, m->shard.sp_size > 1, &sh) == L3D_OK);
@@ -127,7 +127,7 @@ l3d_status l3d_tp_gather(const struct l3d_gpt *m, struct l3d_comm *tp_comm, cons
         L3D_ASSERT(l3d_gpt_plan_tensors(&m->cfg, &sh, t) == m->num_params);
         const float *src = local;
         if (r > 0) {
-            l3d_comm_recv(tp_comm, dev, m->num_params, dt, r, 71, NULL);
+            l3d_comm_recv(tp_comm, dev, m->num_params, dt, r, L3D_TAG_TP_GATHER, NULL);
             src = dev;
         }
         l3d_be_copy_d2h(m->be, host, src, bytes);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/layout.h"
 #include "llm3d/plan.h"
 #include "llm3d/tp.h"
 
@@ -125,7 +126,7 @@ l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3
                          "needs a layer", stages, m->L);
     if (trainer(run)) {
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
-        return l3d_pp_partition(&c, m->s, stages, layers);
+        return l3d_layout_stage_layers(&c, m->s, stages, 1, NULL, layers);
     }
     if (m->L % stages != 0)
         return l3d_error(L3D_ERR_LAYOUT, "%d layers do not split evenly into pp x v = %d stages "
@@ -240,20 +241,13 @@ static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_la
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
         int vs = k * lay->pp + r;
-        struct l3d_shard sh = l3d_shard_full(&c);
-        if (lay->tp > 1) {
-            /* sizes only: the trainer's shard when it splits this way, the even split else */
-            if (l3d_tp_shard(&c, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
-                sh.head_count = m->heads / lay->tp;
-                sh.ffn_count = 4LL * m->h / lay->tp;
-                sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
-            }
+        struct l3d_shard sh;
+        /* sizes only: the trainer's shard when it splits this way, the even split else */
+        if (l3d_layout_stage_shard(&c, layers, S, vs, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
+            sh.head_count = m->heads / lay->tp;
+            sh.ffn_count = 4LL * m->h / lay->tp;
+            sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
         }
-        sh.layer_start = 0;
-        for (int i = 0; i < vs; i++) sh.layer_start += layers[i];
-        sh.layer_count = layers[vs];
-        sh.has_embedding = vs == 0;
-        sh.has_head = vs == S - 1;
         struct l3d_tensor_info ti[L3D_NUM_TENSORS];
         out[k].sh = sh;
         out[k].n = l3d_gpt_plan_tensors(&c, &sh, ti);

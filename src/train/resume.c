@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "train/resume.h"
+#include "train/signals.h"
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world) {
@@ -20,12 +21,12 @@ void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config
     c->last_saved = -1;
     c->quiet = tc->quiet;
     c->lead = world->rank == 0;
-    l3d_ckpt_signals_install();
+    l3d_train_signals_install();
 }
 
 void l3d_train_ckpt_free(struct l3d_train_ckpt *c) {
     (void)c;
-    l3d_ckpt_signals_restore();
+    l3d_train_signals_restore();
 }
 
 /* What differs from the checkpoint's run and makes the continuation another trajectory: said

@@ -9,7 +9,7 @@
  *   l3d_train_ckpt_resume(&ck, tc, world, chunks, opts, v, ld, &start, &report);
  *   for (step = start; ...) {
  *       ... one optimizer step ...
- *       int sig = l3d_ckpt_stop_requested(world);      // collective
+ *       int sig = l3d_train_stop_requested(world);      // collective
  *       if (sig || l3d_train_ckpt_due(&ck, tc, step + 1)) l3d_train_ckpt_save(..., step + 1, ...);
  *       if (sig) break;
  *   }

@@ -146,4 +146,5 @@ expect_error "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 
 expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
 expect_error "sequence parallel without tp" "sequence-parallel" train bad 2 1 1 --sequence-parallel
 expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"
+expect_error "unknown backend reported once" "backend 'nope'" train bad 2 1 1 --backend nope
 exit $fail

@@ -42,4 +42,9 @@ expect_error "seq-len beyond context" "context" train bad --seq-len 64
 expect_error "heads do not divide channels" "divisible" train bad --heads 5
 expect_error "unknown preset" "preset" train bad --model gpt5
 expect_error "missing checkpoint" "nope.bin" "$bin" generate --checkpoint "$dir/nope.bin"
+expect_error "unknown --backend" "backend 'nope'.*use cpu" train bad --backend nope
+expect_error "unknown \$L3D_BACKEND" "backend 'nope'" env L3D_BACKEND=nope "$bin" train --model tiny \
+    --vocab 256 --train "$dir/data/train_*.bin"
+expect_error "generate: unknown --backend" "backend 'nope'" "$bin" generate \
+    --checkpoint "$dir/run1/model.bin" --backend nope
 exit $fail

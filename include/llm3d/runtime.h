@@ -1,0 +1,52 @@
+/*
+ * llm3d runtime: the one place that builds what a command runs on — the world communicator, the
+ * backend, and once the layout is known the rank grid with its TP, PP, DP and embedding
+ * communicators — and hands it to train/ (which then names no MPI function and no backend).
+ *
+ *   struct l3d_runtime_opts o = {.cmd = "train", .backend = NULL};  // NULL: $L3D_BACKEND, cpu
+ *   struct l3d_runtime *rt;
+ *   if (l3d_runtime_init(&argc, &argv, &o, &rt) != L3D_OK) ...;      // message printed once
+ *   ... resolve the layout (collective-free: every rank the same verdict) ...
+ *   if (l3d_runtime_layout(rt, tp, pp, dp) != L3D_OK) ...;           // collective over the world
+ *   l3d_comm_all_reduce(rt->topo.dp_comm, ...);
+ *   l3d_runtime_free(rt);                                             // communicators, backend, MPI
+ */
+#ifndef LLM3D_RUNTIME_H
+#define LLM3D_RUNTIME_H
+
+#include <stdbool.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/comm.h"
+#include "llm3d/core.h"
+#include "llm3d/topo.h"
+
+struct l3d_runtime_opts {
+    const char *cmd;     /* the command, for messages ("train") */
+    const char *backend; /* the --backend flag: NULL or "" takes $L3D_BACKEND, else "cpu" */
+    bool no_world;       /* one process without MPI (generate): world is a communicator of one */
+    bool stop_signals;   /* SIGTERM / SIGUSR1 kept off every thread before MPI and OpenMP start
+                          * theirs, for the training loop's preemption saves */
+};
+
+struct l3d_runtime {
+    struct l3d_comm *world;   /* NULL with no_world */
+    struct l3d_backend *be;
+    struct l3d_topo topo;     /* valid once l3d_runtime_layout returned L3D_OK */
+    bool has_topo;
+    const char *comm_name;    /* the communication library, for logs */
+    bool mpi;                 /* world came from MPI (finalised by l3d_runtime_free) */
+};
+
+/* Builds the world (MPI: l3d_comm_mpi_init, which installs the abort hook; it may consume MPI's
+ * own arguments from argc/argv) and the backend. On failure every rank has the same status and
+ * the message is printed once, prefixed "llm3d <cmd>: "; *out is NULL and nothing is left. */
+l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_opts *o,
+                            struct l3d_runtime **out);
+/* Builds the rank grid tp x pp x dp (resolved: l3d_topo_resolve) and its communicators, replacing
+ * an earlier one. Collective over the world. */
+l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp);
+/* Frees the communicators, the backend and the world (MPI finalised); NULL is a no-op. */
+void l3d_runtime_free(struct l3d_runtime *rt);
+
+#endif

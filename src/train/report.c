@@ -1,0 +1,140 @@
+/* What the training loop says: the run's description, a line a step, metrics.jsonl, the summary
+ * (src/train/train-impl.h). */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "train/train-impl.h"
+
+void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_train_layout *lay = &t->lay;
+    int v = lay->v, tp = lay->tp, pp = lay->pp;
+    if (!t->lead || tc->quiet) return;
+    struct l3d_dp_memory mem = {0};
+    for (int c = 0; c < v; c++) {
+        struct l3d_dp_memory mc = l3d_dp_memory(&t->dps[c], &t->opts[c]);
+        mem.params += mc.params;
+        mem.grads += mc.grads;
+        mem.optimizer += mc.optimizer;
+        mem.grad_scratch += mc.grad_scratch;
+    }
+    double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
+    double d = t->topo->dp, MiB = 1048576.0;
+    printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
+           tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
+    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces, %s, %d "
+           "thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
+           tc->dp_blocking ? "blocking" : "overlapped", t->comm_name, omp_get_max_threads());
+    if (pp > 1) {
+        printf("pipeline: %s schedule, %d micro-batches, %d stage(s) x %d chunk(s), layers",
+               l3d_pp_kind_name(lay->sched.kind), tc->accum, pp, v);
+        for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
+        printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
+               tc->pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
+    }
+    printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
+           tc->B, tc->T, tc->accum, t->topo->dp, (long long)t->tokens_step);
+    printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(t->train),
+           l3d_data_num_files(t->train), t->val ? ", validation on" : "");
+    const char *fgrad = tc->zero == 2 ? "4N/dp" : "4N", *fopt = tc->zero >= 1 ? "8N/dp" : "8N";
+    double want = 4 * Nl + (tc->zero == 2 ? 4 * Nl / d : 4 * Nl) +
+                  (tc->zero >= 1 ? 8 * Nl / d : 8 * Nl);
+    printf("memory on rank 0 (N = its %.2fM parameters): parameters %.1f MiB (4N), gradients "
+           "%.1f MiB (%s), AdamW %.1f MiB (%s); total %.1f MiB, formula %.1f MiB; gradient "
+           "slots %.1f MiB\n", Nl / 1e6, mem.params / MiB, mem.grads / MiB, fgrad,
+           mem.optimizer / MiB, fopt, (mem.params + mem.grads + mem.optimizer) / MiB,
+           want / MiB, mem.grad_scratch / MiB);
+    printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
+           "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
+           res->act_bytes_formula / MiB,
+           tc->recompute == L3D_RECOMPUTE_NONE ? "none"
+           : tc->recompute == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full");
+    for (int c = 0; c < v; c++) printf(" %d", lay->sched.slots[c]);
+    printf(")\n");
+    if (tp > 1)
+        printf("tensor parallelism: %.2f MB all-reduced per micro-batch per rank (4 (4L + 2) B T C "
+               "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->B, tc->T) / 1e6);
+    printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", t->flops_tok, t->peak / 1e9,
+           tc->peak_flops > 0 ? "given, times ranks" : "measured FMA peak, times ranks");
+    fflush(stdout);
+}
+
+void l3d_train_report_step(const struct l3d_trainer *t, int step, const struct l3d_step_stats *s) {
+    const struct l3d_train_config *tc = t->tc;
+    int pp = t->lay.pp;
+    if (t->lead && !tc->quiet) {
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s | MFU "
+               "%5.1f%%", step + 1, tc->steps, s->loss, s->lr, s->norm, s->seconds * 1e3,
+               s->tokens_per_s, 100.0 * s->mfu);
+        if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
+        if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
+        printf("\n");
+        fflush(stdout);
+    }
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"ms\":%.3f,"
+                "\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
+                "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
+                "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+                "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, s->loss, s->lr,
+                s->norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
+                t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
+                (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak, t->world->size,
+                l3d_mem_peak(), s->bubble);
+        if (!isnan(s->val_loss)) fprintf(t->metrics, ",\"val_loss\":%.9g", s->val_loss);
+        fprintf(t->metrics, "}\n");
+        fflush(t->metrics);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
+                             struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    int ran = end - start;
+    if (ran <= 0) return;
+    res->median_step_s = median(t->step_s + start, ran);
+    res->median_optimizer_s = median(t->opt_s + start, ran);
+    res->median_comm_s = median(t->comm_s + start, ran);
+    res->bubble = median(t->bub + start, ran);
+    res->tokens_per_s = (double)t->tokens_step / res->median_step_s;
+    res->mfu = res->tokens_per_s * t->flops_tok / t->peak;
+    if (res->mfu > 1.0 && tc->peak_flops <= 0) {
+        /* the model ran faster than the measured peak: other work held the cores while it was
+         * measured; measure again (rank 0, shared) and keep the larger */
+        struct l3d_comm *world = t->world;
+        double again = t->lead ? l3d_be_peak_flops(t->be, L3D_F32) * world->size : 0.0;
+        if (world->size > 1) l3d_comm_broadcast(world, &again, 1, L3D_F64, 0, NULL);
+        if (t->lead && !tc->quiet)
+            printf("note: the start-up peak (%.1f GFLOP/s) was below the model's own rate "
+                   "(busy machine); measured again: %.1f GFLOP/s%s\n", t->peak / 1e9, again / 1e9,
+                   again * 0.99 < res->tokens_per_s * t->flops_tok
+                       ? " (still low: give --peak-gflops)" : "");
+        if (again > t->peak) t->peak = again;
+        res->mfu = res->tokens_per_s * t->flops_tok / t->peak;
+    }
+}
+
+void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_result *res) {
+    if (!t->lead || t->tc->quiet || res->steps - res->start_step <= 0) return;
+    printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
+           "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB (%zu bytes, the "
+           "fullest rank)\n",
+           res->median_step_s * 1e3,
+           (res->median_step_s - res->median_optimizer_s) * 1e3, res->median_optimizer_s * 1e3,
+           res->median_comm_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
+           res->mem_peak / 1048576.0, res->mem_peak);
+    if (t->lay.pp > 1)
+        printf("pipeline bubble: measured %.1f%% of the pipeline's time (median step), ideal "
+               "(p-1)/(v m+p-1) = %.1f%%\n", 100.0 * res->bubble, 100.0 * res->bubble_theory);
+}

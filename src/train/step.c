@@ -1,0 +1,78 @@
+/* One optimizer step and the validation loss (src/train/train-impl.h). */
+#include <math.h>
+
+#include "train/train-impl.h"
+
+static void load_batches(struct l3d_loader *ld, int n, int64_t BT, int32_t *inp, int32_t *tgt) {
+    for (int i = 0; i < n; i++) l3d_loader_next(ld, inp + i * BT, tgt + i * BT);
+}
+
+/* Sum over a communicator of size > 1 (else nothing). */
+static void sum_f64(struct l3d_comm *c, double *v, int n) {
+    if (c && c->size > 1) l3d_comm_all_reduce(c, v, n, L3D_F64, L3D_SUM, NULL);
+}
+
+void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_topo *topo = t->topo;
+    const struct l3d_pp_schedule *sched = &t->lay.sched;
+    int v = t->lay.v, pp = t->lay.pp, r = topo->pp_rank;
+    double t0 = l3d_time_s();
+    for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = 0.0;
+    t->tpc.comm_s = 0.0;
+    t->tpc.bytes = 0;
+    load_batches(t->ld, tc->accum, t->BT, t->inp, t->tgt);
+    double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->accum, t->inp, t->tgt,
+                                  tc->B, tc->T, t->dloss);
+    double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
+    l3d_pp_exec_finish_grads(&t->px);
+    double t1 = l3d_time_s();
+    sum_f64(topo->pp_comm, &loss, 1); /* only the last stage has it */
+    sum_f64(topo->dp_comm, &loss, 1);
+    loss /= (double)tc->accum * topo->dp;
+    /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
+    double sq[2];
+    for (int c = 0; c < v; c++)
+        l3d_dp_grad_sumsq_add(&t->dps[c], &t->gsq, pp > 1 && !t->chunks[c]->shard.has_embedding);
+    l3d_sumsq_take(&t->gsq, sq); /* the one copy of the sums to the host */
+    if (tc->zero > 0) sum_f64(topo->dp_comm, sq, 2);
+    sum_f64(topo->tp_comm, sq, 1);
+    sum_f64(topo->pp_comm, sq, 2);
+    double norm = sqrt(sq[0] + sq[1]);
+    float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
+    float lr = l3d_lr_at(&t->lrs, step);
+    for (int c = 0; c < v; c++) l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, clip);
+    double t2 = l3d_time_s(), dt = t2 - t0, dt_opt = t2 - t1;
+    l3d_pp_trace_add(&t->px, L3D_EV_OPTIMIZER, 0, step + 1, t1, t2);
+    l3d_pp_trace_add(&t->px, L3D_EV_STEP, 0, step + 1, t0, t2);
+    /* the pipeline's idle fraction, averaged over the ranks */
+    double b[2] = {idle, pipe_s};
+    if (pp > 1) sum_f64(t->world, b, 2);
+    double cw = 0.0;
+    for (int c = 0; c < v; c++) cw += t->dps[c].comm_wait_s;
+    *s = (struct l3d_step_stats){.loss = loss, .norm = norm, .seconds = dt, .optimizer_s = dt_opt,
+                                 .comm_wait_s = cw, .lr = lr, .val_loss = NAN,
+                                 .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0};
+    s->tokens_per_s = (double)t->tokens_step / dt;
+    s->mfu = s->tokens_per_s * t->flops_tok / t->peak;
+    t->bub[step] = s->bubble;
+    t->step_s[step] = dt;
+    t->opt_s[step] = dt_opt;
+    t->comm_s[step] = cw;
+}
+
+void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {
+    const struct l3d_train_config *tc = t->tc;
+    s->val_loss = NAN;
+    if (!t->vld || tc->val_every <= 0 || ((step + 1) % tc->val_every != 0 && step + 1 != tc->steps))
+        return;
+    const struct l3d_pp_schedule *vs = &t->lay.vsched;
+    int r = t->topo->pp_rank;
+    l3d_loader_set_pos(t->vld, (struct l3d_loader_pos){0, 0});
+    load_batches(t->vld, tc->val_batches, t->BT, t->inp, t->tgt);
+    double sum = l3d_pp_exec_run(&t->px, vs->acts[r], vs->n[r], tc->val_batches, t->inp, t->tgt,
+                                 tc->B, tc->T, 0.0f);
+    sum_f64(t->topo->pp_comm, &sum, 1);
+    sum_f64(t->topo->dp_comm, &sum, 1);
+    s->val_loss = (float)(sum / tc->val_batches / t->topo->dp);
+}

@@ -1,0 +1,78 @@
+/*
+ * The training loop's state and its parts (private to src/train): l3d_train_run (train.c) builds a
+ * struct l3d_trainer, then each step is
+ *
+ *   l3d_trainer_step(t, step, &s);       // step.c: micro-batches, DP reduction, norm, AdamW
+ *   l3d_trainer_validate(t, step, &s);   // step.c: the validation loss when it is due
+ *   l3d_train_report_step(t, step, &s);  // report.c: the log line and metrics.jsonl
+ *
+ * between l3d_train_report_start (the run's description) and l3d_train_report_end (the medians,
+ * the final summary).
+ */
+#ifndef LLM3D_TRAIN_IMPL_H
+#define LLM3D_TRAIN_IMPL_H
+
+#include <stdio.h>
+
+#include "llm3d/data.h"
+#include "llm3d/dp.h"
+#include "llm3d/pipeline.h"
+#include "llm3d/runtime.h"
+#include "llm3d/tp.h"
+#include "llm3d/train.h"
+
+struct l3d_trainer {
+    const struct l3d_train_config *tc; /* accum resolved (lay.accum) */
+    struct l3d_train_layout lay;
+    struct l3d_comm *world;
+    const struct l3d_topo *topo;       /* the runtime's */
+    struct l3d_backend *be;            /* the runtime's */
+    const char *comm_name;
+    bool lead;                         /* world rank 0: prints and writes files */
+    struct l3d_data *train, *val;
+    struct l3d_loader *ld, *vld;
+    /* this rank's v model chunks (chunk c is virtual stage c pp + pp_rank), their data-parallel
+     * states (ndp initialised) and optimizers */
+    struct l3d_gpt **chunks;
+    struct l3d_dp *dps;
+    struct l3d_adamw *opts;
+    struct l3d_sumsq gsq;              /* the squared gradient norm, on the device */
+    int ndp;
+    struct l3d_tp tpc;
+    struct l3d_pp_exec px;
+    bool px_up;
+    FILE *metrics;                     /* lead rank with --out */
+    int32_t *inp, *tgt;                /* token ids of a step's micro-batches */
+    int64_t BT, tokens_step, n_local;
+    size_t act_bytes, act_formula;     /* this rank's activations: allocated, closed form */
+    float dloss;                       /* each token's weight in the global mean loss */
+    struct l3d_lr_schedule lrs;
+    double peak, flops_tok;            /* FLOP/s of all ranks, model FLOPs per token */
+    double *step_s, *opt_s, *comm_s, *bub; /* per step, for the medians */
+};
+
+/* What one step measured. */
+struct l3d_step_stats {
+    double loss, norm, seconds, optimizer_s, comm_wait_s, bubble, tokens_per_s, mfu;
+    float lr, val_loss; /* val_loss NaN when validation was not due */
+};
+
+/* One optimizer step (collective): the step's micro-batches through the pipeline schedule, the
+ * tied-embedding and data-parallel gradient reductions, the global gradient norm, clipping and
+ * AdamW (ZeRO all-gather included). Fills s except val_loss. */
+void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
+/* The validation loss after `step` (0-based) when it is due, else NaN (collective). */
+void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
+
+/* The lead rank's description of the run (model, layout, pipeline, batch, memory). */
+void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res);
+/* The step's log line (lead, unless --quiet) and metrics.jsonl line. */
+void l3d_train_report_step(const struct l3d_trainer *t, int step, const struct l3d_step_stats *s);
+/* The medians of steps [start, end) into res, the peak measured again when the model outran it
+ * (collective). */
+void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
+                             struct l3d_train_result *res);
+/* The lead rank's final summary. */
+void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_result *res);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * The training layout's checks without MPI (l3d_train_layout_init): every rank reaches the same
+ * verdict from the flags and the world size alone, so layouts of thousands of ranks are checked
+ * here instead of launched. Also: the shared stage shards (include/llm3d/layout.h) tile the model.
+ */
+#include <string.h>
+
+#include "llm3d/layout.h"
+#include "llm3d/train.h"
+#include "test.h"
+
+static struct l3d_train_config config(void) {
+    struct l3d_train_config tc;
+    l3d_train_config_defaults(&tc);
+    l3d_gpt_config_preset(&tc.model, "tiny");
+    tc.train_pattern = "unused";
+    return tc;
+}
+
+/* the layout fails with a message containing each of the words */
+static void check_error(const struct l3d_train_config *tc, int world, const char *a,
+                        const char *b) {
+    struct l3d_train_layout lay;
+    l3d_status st = l3d_train_layout_init(&lay, tc, world);
+    CHECK(st != L3D_OK);
+    const char *msg = l3d_error_message();
+    bool found = strstr(msg, a) && (!b || strstr(msg, b));
+    if (!found) fprintf(stderr, "message: %s\n", msg);
+    CHECK(found);
+    CHECK(lay.layers == NULL && lay.sched.n == NULL);
+}
+
+int main(void) {
+    struct l3d_train_config tc = config();
+    struct l3d_train_layout lay;
+
+    /* a good layout: 4 ranks as tp 1 x pp 2 x dp 2, micro-batches from the global batch */
+    tc.pp = 2;
+    tc.global_batch = 16; /* B 4 x dp 2 x 2 micro-batches */
+    CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK);
+    CHECK(lay.tp == 1 && lay.pp == 2 && lay.dp == 2 && lay.v == 1 && lay.stages == 2);
+    CHECK(lay.accum == 2);
+    CHECK(lay.layers[0] + lay.layers[1] == tc.model.L);
+    CHECK(lay.sched.pp == 2 && lay.sched.m == 2);
+    struct l3d_shard s0 = l3d_train_layout_shard(&lay, &tc, 0, 0);
+    struct l3d_shard s1 = l3d_train_layout_shard(&lay, &tc, 1, 0);
+    CHECK(s0.layer_start == 0 && s0.layer_count == lay.layers[0] && s0.has_embedding);
+    CHECK(!s0.has_head && !s1.has_embedding && s1.has_head);
+    CHECK(s1.layer_start == lay.layers[0] && s1.layer_count == lay.layers[1]);
+    l3d_train_layout_free(&lay);
+
+    /* ZeRO over more than 256 data-parallel replicas: a checked error naming --zero and the count */
+    tc = config();
+    tc.zero = 1;
+    check_error(&tc, 512, "--zero 1", "512 data-parallel");
+    tc.zero = 0; /* replicated optimizer: no limit */
+    CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
+    l3d_train_layout_free(&lay);
+    tc.zero = 2;
+    tc.tp = 2; /* 512 ranks as tp 2 x dp 256: allowed */
+    CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
+    CHECK(lay.dp == 256);
+    l3d_train_layout_free(&lay);
+
+    /* more stages than layers, at any size (no fixed-size table) */
+    tc = config();
+    tc.pp = 5000;
+    check_error(&tc, 5000, "--pp 5000", "layers");
+    tc.pp = 2;
+    tc.pp_virtual = 200;
+    tc.pp_schedule = L3D_PP_INTERLEAVED;
+    check_error(&tc, 2, "--pp-virtual 200", NULL);
+    /* a model with more layers than the old 4096-entry table: one layer a stage */
+    tc = config();
+    tc.model.L = 4097;
+    tc.pp = 4097;
+    static char ones[2 * 4097]; /* "1,1,...,1": one layer a stage */
+    for (int i = 0; i < 4097; i++) {
+        ones[2 * i] = '1';
+        ones[2 * i + 1] = ',';
+    }
+    ones[2 * 4097 - 1] = '\0';
+    tc.pp_layers = ones;
+    CHECK(l3d_train_layout_init(&lay, &tc, 4097) == L3D_OK);
+    CHECK(lay.stages == 4097 && lay.layers[4096] == 1);
+    l3d_train_layout_free(&lay);
+
+    /* the others keep their messages */
+    tc = config();
+    tc.dp = 3;
+    check_error(&tc, 2, "--dp 3", NULL);
+    tc = config();
+    tc.sequence_parallel = true;
+    check_error(&tc, 1, "--sequence-parallel", NULL);
+    tc = config();
+    tc.zero = 3;
+    check_error(&tc, 1, "--zero 3", NULL);
+
+    /* the planner's stage layers are the trainer's */
+    tc = config();
+    int a[2], b[2];
+    CHECK(l3d_layout_stage_layers(&tc.model, tc.T, 2, 1, NULL, a) == L3D_OK);
+    CHECK(l3d_pp_partition(&tc.model, tc.T, 2, b) == L3D_OK);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    return TEST_REPORT();
+}
