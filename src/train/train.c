@@ -60,16 +60,15 @@ static l3d_status save_model(const struct l3d_trainer *t) {
         for (int c = 0; c < v; c++) {
             struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * topo->pp + pp_rank,
                                                          tp_rank);
-            const float *src = chunks[c]->params;
-            if (r != 0) {
-                struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-                int64_t n = l3d_gpt_plan_tensors(&tc->model, &sh, ti);
-                l3d_free(tmp);
-                tmp = l3d_alloc((size_t)n * sizeof(float), "gathered model");
+            struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+            int64_t n = l3d_gpt_plan_tensors(&tc->model, &sh, ti);
+            l3d_free(tmp);
+            tmp = l3d_alloc((size_t)n * sizeof(float), "gathered model"); /* host staging */
+            if (r != 0)
                 l3d_comm_recv(world, tmp, n, L3D_F32, r, L3D_TAG_MODEL_GATHER + c, NULL);
-                src = tmp;
-            }
-            l3d_gpt_shard_to_full(&tc->model, &sh, src, full);
+            else
+                l3d_be_copy_d2h(t->be, tmp, chunks[c]->params, (size_t)n * sizeof(float));
+            l3d_gpt_shard_to_full(&tc->model, &sh, tmp, full);
         }
     }
     l3d_free(tmp);
