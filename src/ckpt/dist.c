@@ -191,7 +191,9 @@ static l3d_status write_device(int fd, const char *path, struct l3d_backend *be,
     return st;
 }
 
-/* n bytes at off of path into device memory at dst, a staging buffer at a time. */
+/* n bytes at off of path into device memory at dst, a staging buffer at a time. A copy to the
+ * device may read its host buffer until the backend is synchronised: every h2d here is followed
+ * by l3d_be_sync before that buffer is refilled or freed. */
 static l3d_status read_device(const char *path, int64_t off, struct l3d_backend *be, void *dst,
                               size_t n) {
     struct stage sg;
@@ -200,6 +202,7 @@ static l3d_status read_device(const char *path, int64_t off, struct l3d_backend 
         k = n - done < sg.cap ? n - done : sg.cap;
         st = read_at(path, off + (int64_t)done, sg.p, k);
         if (st == L3D_OK) l3d_be_copy_h2d(be, (char *)dst + done, sg.p, k);
+        l3d_be_sync(be);
     }
     l3d_free(sg.p);
     return st;
@@ -915,9 +918,11 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
             if (segs[i].piece != r) continue;
             int64_t lo = got > segs[i].off ? got : segs[i].off;
             int64_t hi = got + k < segs[i].off + segs[i].n ? got + k : segs[i].off + segs[i].n;
-            if (hi > lo)
+            if (hi > lo) {
                 l3d_be_copy_h2d(segs[i].be, (char *)segs[i].dst + (lo - segs[i].off),
                                 buf + (lo - got), (size_t)(hi - lo));
+                l3d_be_sync(segs[i].be); /* before buf is read into again */
+            }
         }
         got += k;
     }
@@ -1071,6 +1076,7 @@ static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int6
         st = check_no_nan(mf, mine, m->num_params, "parameter");
     }
     if (st == L3D_OK) l3d_be_copy_h2d(m->be, m->params, mine, nb);
+    l3d_be_sync(m->be);
     if (!whole) l3d_free(mine);
     l3d_free(full);
     return st;
@@ -1129,6 +1135,7 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
         if (st == L3D_OK)
             l3d_be_copy_h2d(m->be, sel == 1 ? opt->m : opt->v, mine + s0,
                             (size_t)opt->n * sizeof(float));
+        l3d_be_sync(m->be); /* before full and mine are refilled or freed */
     }
     if (!whole) l3d_free(mine);
     l3d_free(full);

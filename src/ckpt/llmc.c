@@ -150,11 +150,13 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
         k = nb - got < cap ? nb - got : cap;
         if (fread(buf, 1, k, f) != k) break;
         if (full) l3d_be_copy_h2d(m->be, (char *)m->params + got, buf, k);
+        l3d_be_sync(m->be); /* the copy may read buf until then */
     }
     fclose(f);
     if (got == nb && !full) {
         l3d_gpt_full_to_shard(&m->cfg, &m->shard, buf, mine);
         l3d_be_copy_h2d(m->be, m->params, mine, (size_t)m->num_params * es);
+        l3d_be_sync(m->be);
     }
     l3d_free(mine);
     l3d_free(buf);
