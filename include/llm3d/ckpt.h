@@ -143,8 +143,8 @@ l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_
  * opt[c].m, .v, .t), whatever the layout (chunks per rank included) it was saved under, and
  * returns the saved state in s. Each chunk loads like a rank of its own. Collective over world;
  * reads only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching
- * file or dtype, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout cannot hold the
- * model. */
+ * file or dtype, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout
+ * cannot hold the model. */
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
                          struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,

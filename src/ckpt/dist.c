@@ -10,12 +10,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt-impl.h"
 #include "llm3d/ckpt.h"
 
 #define PATH_CAP 4096
 #define HEADER_BYTES 128    /* of a rank file in format 3 */
 #define HEADER_BYTES_OLD 64 /* formats 1 and 2: no dtype names */
-#define STAGE_BYTES ((size_t)64 << 20) /* host staging for device tensors: at most per transfer */
 static const char file_magic[8] = "L3DSHRD1";
 
 /* ---- element types -------------------------------------------------------------------------
@@ -51,14 +51,14 @@ static enum l3d_dtype moments_dtype(const struct l3d_adamw *opt) {
     return L3D_F32;
 }
 
-/* A host staging buffer for transfers of up to `want` bytes: min(want, STAGE_BYTES). */
+/* A host staging buffer for transfers of up to `want` bytes (l3d_ckpt_stage_cap: 64 MiB). */
 struct stage {
     void *p;
     size_t cap;
 };
 
 static l3d_status stage_init(struct stage *sg, size_t want, const char *path) {
-    sg->cap = want < STAGE_BYTES ? (want > 0 ? want : 1) : STAGE_BYTES;
+    sg->cap = l3d_ckpt_stage_cap(want);
     sg->p = l3d_try_alloc(sg->cap, "checkpoint staging");
     if (!sg->p)
         return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer of the "
@@ -383,12 +383,12 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
         OUT("file rank %d chunk %lld tp %lld pp %lld dp %lld name %s bytes %lld hash %016" PRIx64
             " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
             "%lld vocab %lld+%lld embedding %lld head %lld\n",
-            i / nc, (long long)q->chunk, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank,
-            fname, (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
-            (long long)q->opt_count, (long long)q->layer_start, (long long)q->layer_count,
-            (long long)q->head_start, (long long)q->head_count, (long long)q->ffn_start,
-            (long long)q->ffn_count, (long long)q->vocab_start, (long long)q->vocab_count,
-            (long long)q->has_embedding, (long long)q->has_head);
+            i / nc, (long long)q->chunk, (long long)q->tp_rank, (long long)q->pp_rank,
+            (long long)q->dp_rank, fname, (long long)q->bytes, q->hash, (long long)q->params,
+            (long long)q->opt_start, (long long)q->opt_count, (long long)q->layer_start,
+            (long long)q->layer_count, (long long)q->head_start, (long long)q->head_count,
+            (long long)q->ffn_start, (long long)q->ffn_count, (long long)q->vocab_start,
+            (long long)q->vocab_count, (long long)q->has_embedding, (long long)q->has_head);
     }
     OUT("end\n");
 #undef OUT
@@ -782,6 +782,10 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
     return p.st;
 }
 
+/* Bytes per stored parameter and moment element. */
+static int64_t psize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->pdt); }
+static int64_t msize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->mdt); }
+
 static bool same_config(const struct l3d_gpt_config *a, const struct l3d_gpt_config *b) {
     return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
            a->maxT == b->maxT;
@@ -825,8 +829,7 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
         if ((f->params != 0 && f->params != n) || f->opt_start < 0 || f->opt_count < 0 ||
             f->opt_start + f->opt_count > n ||
-            f->bytes != mf->header + (int64_t)l3d_dtype_size(mf->pdt) * f->params +
-                            2 * (int64_t)l3d_dtype_size(mf->mdt) * f->opt_count) {
+            f->bytes != mf->header + psize(mf) * f->params + 2 * msize(mf) * f->opt_count) {
             free(held);
             return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range "
                              "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
@@ -858,9 +861,7 @@ static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {
     join(buf, cap, mf->dir, "/", mf->files[r].name);
 }
 
-/* Bytes per stored parameter and moment element; where a piece's m and v begin. */
-static int64_t psize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->pdt); }
-static int64_t msize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->mdt); }
+/* Where a piece's m and v begin in its file. */
 static int64_t off_m(const struct manifest *mf, const struct mf_file *f) {
     return mf->header + psize(mf) * f->params;
 }

@@ -1,15 +1,15 @@
 /* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). A model's parameters are
- * device memory: they travel through a host staging buffer of at most STAGE_BYTES. */
+ * device memory: they travel through a host staging buffer (l3d_ckpt_stage_cap: 64 MiB at most). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt-impl.h"
 #include "llm3d/backend.h"
 #include "llm3d/ckpt.h"
 
-#define STAGE_BYTES ((size_t)64 << 20)
 #define HEADER_BYTES 1024
 
 static bool is_full_shard(const struct l3d_gpt *m) {
@@ -27,7 +27,7 @@ static l3d_status save(const char *path, const struct l3d_gpt_config *cfg,
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
     const size_t nb = (size_t)num_params * l3d_dtype_size(L3D_F32);
-    size_t cap = nb < STAGE_BYTES ? (nb > 0 ? nb : 1) : STAGE_BYTES;
+    size_t cap = l3d_ckpt_stage_cap(nb);
     void *stage = be ? l3d_try_alloc(cap, "checkpoint staging") : NULL;
     if (be && !stage)
         return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer", path,
@@ -134,7 +134,7 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     /* the full shard streams through the staging buffer; a shard (tensor- or pipeline-parallel
      * rank) reads the whole file on the host, keeps its slice and copies that */
     bool full = is_full_shard(m);
-    size_t cap = !full ? nb : nb < STAGE_BYTES ? (nb > 0 ? nb : 1) : STAGE_BYTES;
+    size_t cap = full ? l3d_ckpt_stage_cap(nb) : nb;
     void *buf = l3d_try_alloc(cap, "checkpoint");
     float *mine = full || !buf ? NULL
                                : l3d_try_alloc((size_t)m->num_params * es, "checkpoint shard");
