@@ -12,6 +12,12 @@
  * File (llm.c train_gpt2.c, gpt2_build_from_checkpoint): 256 int32 header, [0] = 20240326,
  * [1] = 3 (fp32), [2] = maxT, [3] = V, [4] = L, [5] = NH, [6] = C, [7] = Vp; then the 16 tensors in
  * llm.c's order as fp32, the padded wte rows included.
+ *
+ * Device memory: a model's parameters (m->params) and an optimizer's moments (opt.m, .v) belong
+ * to the model's backend (m->be, include/llm3d/backend.h). Checkpoint code never touches them:
+ * it copies them through host staging buffers (l3d_be_copy_d2h before a write, l3d_be_copy_h2d
+ * after a read), at most 64 MiB at a time where a tensor streams straight between file and device;
+ * re-slicing and NaN checks work on host copies. l3d_ckpt_save_llmc_params takes host memory.
  */
 #ifndef LLM3D_CKPT_H
 #define LLM3D_CKPT_H
@@ -60,16 +66,24 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  *                    file rank 1 tp 1 pp 0 dp 0 name rank_00001.bin bytes 485952 hash 9b... params
  *                    60736 opt_start 0 opt_count 30368 layers 0+2 heads 2+2 ffn 128+128 vocab
  *                    128+128 embedding 1 head 1
- *   rank_00003.bin a 64-byte header, then the piece's parameters (the shard's flat buffer, in the
+ *   rank_00003.bin a 128-byte header, then the piece's parameters (the shard's flat buffer, in the
  *                  order of l3d_gpt_plan_tensors; written by data-parallel rank 0 only), then
  *                  AdamW's m and v over its optimizer range [opt_start, opt_start + opt_count) of
  *                  that buffer (ZeRO >= 1: every rank its range; ZeRO-0: data-parallel rank 0).
+ *                  Header: bytes 0..7 "L3DSHRD1", then int64 format, rank, step, params,
+ *                  opt_count, opt_start, chunk (8..63), the parameters' and the moments' dtype
+ *                  names NUL-padded (64..71, 72..79: "fp32"), zeros (80..127).
  * ROOT/latest names the newest complete step directory.
  *
- * Formats: 1 holds one chunk per rank, one file per rank as above. 2 holds V = lay.pp_virtual > 1
- * chunks per rank: the layout record adds `virtual V`, each file line `chunk C`, the file of
- * chunk C of rank R is rank_RRRRR_cC.bin (header bytes 56..63: C), V lines per rank. A save with
- * one chunk per rank writes format 1 (readable by builds before format 2); loading reads both.
+ * Formats (the manifest's first line): 3, written since the dtypes were recorded, holds V =
+ * lay.pp_virtual >= 1 chunks per rank: the record `dtype params fp32 moments fp32` follows the
+ * model record (element types by name: fp32, bf16, fp16, fp64; sizes from l3d_dtype_size), the
+ * layout record ends with `virtual V`, each file line has `chunk C`, and the file of chunk C of
+ * rank R is rank_RRRRR.bin when V = 1, else rank_RRRRR_cC.bin, V lines per rank. Older formats
+ * still load, as fp32 with a 64-byte header (bytes 0..63 above; no dtype record): 1 (one chunk
+ * per rank, no `virtual` or `chunk`) and 2 (V > 1 chunks, `virtual V` and `chunk C` as in 3).
+ * A checkpoint whose dtypes are not the run's is refused before any rank file is read (there is
+ * no conversion on load), naming the manifest, the stored dtype and the run's.
  *
  * Atomic save: rank files go to ROOT/.tmp_step_..., each flushed and fsync'ed; then rank 0 writes
  * the manifest, fsyncs, renames the directory into place (exchanging it with an existing one of the
@@ -80,13 +94,14 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * Loading re-slices by logical tensor: a rank whose shard equals a saved one reads its parameters
  * and its optimizer range straight from the files of that shard (the same layout reads only its
  * own file); otherwise it assembles the full model's tensors from the saved shards
- * (l3d_gpt_shard_to_full) and cuts its slice (l3d_gpt_full_to_shard), one buffer at a time
- * (peak: the full model once plus two shards). Every file is checked against the manifest (size,
+ * (l3d_gpt_shard_to_full) and cuts its slice (l3d_gpt_full_to_shard), one buffer at a time, in
+ * host memory, then copies the slice to the device (host peak: the full model once plus two
+ * shards). Every file is checked against the manifest (size,
  * checksum, header) before any tensor is used; a rank's own file, when it holds what the rank
  * needs, is loaded by the same pass.
  */
-#define L3D_CKPT_FORMAT 2     /* the newest format read and written */
-#define L3D_CKPT_FORMAT_ONE 1 /* one chunk per rank: written when lay.pp_virtual is 1 */
+#define L3D_CKPT_FORMAT 3     /* the format written, and the newest read: dtypes recorded */
+#define L3D_CKPT_FORMAT_ONE 1 /* the oldest read: fp32, one chunk per rank */
 
 struct l3d_ckpt_layout {
     int world, tp, pp, dp, zero;
@@ -128,15 +143,15 @@ l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_
  * opt[c].m, .v, .t), whatever the layout (chunks per rank included) it was saved under, and
  * returns the saved state in s. Each chunk loads like a rank of its own. Collective over world;
  * reads only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching
- * file, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout cannot hold the
- * model. */
+ * file or dtype, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout
+ * cannot hold the model. */
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
                          struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
                          bool *report);
 /* Reads a step directory's model config (to size a model before loading). */
 l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step);
-/* Writes the weights of step directory dir as one llm.c checkpoint (one process). */
+/* Writes the weights of step directory dir as one llm.c checkpoint (one process); fp32 only. */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
 
 /* Keeps the lines of a metrics.jsonl whose "step" is at most step (a resumed run appends after

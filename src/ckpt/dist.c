@@ -9,11 +9,61 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt-impl.h"
 #include "llm3d/ckpt.h"
 
 #define PATH_CAP 4096
-#define HEADER_BYTES 64
+#define HEADER_BYTES 128    /* of a rank file in format 3 */
+#define HEADER_BYTES_OLD 64 /* formats 1 and 2: no dtype names */
 static const char file_magic[8] = "L3DSHRD1";
+
+/* ---- element types -------------------------------------------------------------------------
+ * On disk a dtype is its name (manifest `dtype` record, rank-file header), never the enum's
+ * number. The element types a chunk keeps its parameters and AdamW moments in: fp32 in this
+ * build (float buffers); a mixed-precision model and optimizer will say their own here. */
+static const char *const dtype_names[] = {
+    [L3D_F32] = "fp32", [L3D_F64] = "fp64", [L3D_I32] = "int32", [L3D_U8] = "uint8",
+    [L3D_BF16] = "bf16", [L3D_F16] = "fp16", [L3D_I64] = "int64",
+};
+#define NUM_DTYPES (int)(sizeof dtype_names / sizeof dtype_names[0])
+
+static const char *dtype_name(enum l3d_dtype t) { return dtype_names[t]; }
+
+/* The floating-point types a tensor can be stored in; false for anything else. */
+static bool dtype_parse(const char *s, enum l3d_dtype *t) {
+    for (int k = 0; k < NUM_DTYPES; k++)
+        if (strcmp(s, dtype_names[k]) == 0 && (k == L3D_F32 || k == L3D_F64 || k == L3D_BF16 ||
+                                               k == L3D_F16)) {
+            *t = (enum l3d_dtype)k;
+            return true;
+        }
+    return false;
+}
+
+static enum l3d_dtype params_dtype(const struct l3d_gpt *m) {
+    (void)m;
+    return L3D_F32;
+}
+
+static enum l3d_dtype moments_dtype(const struct l3d_adamw *opt) {
+    (void)opt;
+    return L3D_F32;
+}
+
+/* A host staging buffer for transfers of up to `want` bytes (l3d_ckpt_stage_cap: 64 MiB). */
+struct stage {
+    void *p;
+    size_t cap;
+};
+
+static l3d_status stage_init(struct stage *sg, size_t want, const char *path) {
+    sg->cap = l3d_ckpt_stage_cap(want);
+    sg->p = l3d_try_alloc(sg->cap, "checkpoint staging");
+    if (!sg->p)
+        return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer of the "
+                         "checkpoint", path, sg->cap);
+    return L3D_OK;
+}
 
 /* ---- checksum ------------------------------------------------------------------------------
  * 64-bit, four independent lanes over 8-byte little-endian words, so it runs at memory speed: the
@@ -128,6 +178,35 @@ static l3d_status read_at(const char *path, int64_t off, void *buf, size_t n) {
     return L3D_OK;
 }
 
+/* n bytes of device memory at src, copied to the host a staging buffer at a time, written. */
+static l3d_status write_device(int fd, const char *path, struct l3d_backend *be, const void *src,
+                               size_t n, const struct stage *sg, struct hasher *h) {
+    l3d_status st = L3D_OK;
+    for (size_t done = 0, k; st == L3D_OK && done < n; done += k) {
+        k = n - done < sg->cap ? n - done : sg->cap;
+        l3d_be_copy_d2h(be, sg->p, (const char *)src + done, k);
+        st = write_all(fd, path, sg->p, k, h);
+    }
+    return st;
+}
+
+/* n bytes at off of path into device memory at dst, a staging buffer at a time. A copy to the
+ * device may read its host buffer until the backend is synchronised: every h2d here is followed
+ * by l3d_be_sync before that buffer is refilled or freed. */
+static l3d_status read_device(const char *path, int64_t off, struct l3d_backend *be, void *dst,
+                              size_t n) {
+    struct stage sg;
+    l3d_status st = stage_init(&sg, n, path);
+    for (size_t done = 0, k; st == L3D_OK && done < n; done += k) {
+        k = n - done < sg.cap ? n - done : sg.cap;
+        st = read_at(path, off + (int64_t)done, sg.p, k);
+        if (st == L3D_OK) l3d_be_copy_h2d(be, (char *)dst + done, sg.p, k);
+        l3d_be_sync(be);
+    }
+    l3d_free(sg.p);
+    return st;
+}
+
 static l3d_status fsync_path(const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
@@ -198,42 +277,63 @@ static void step_name(char *buf, size_t cap, int64_t step) {
     snprintf(buf, cap, "step_%08lld", (long long)step);
 }
 
-/* The name of the file of chunk `chunk` of rank `rank` (format 1: one file per rank). */
-static void piece_name(char *buf, size_t cap, int format, int rank, int chunk) {
-    if (format == L3D_CKPT_FORMAT_ONE)
+/* The name of the file of chunk `chunk` of rank `rank`, with nc chunks per rank. */
+static void piece_name(char *buf, size_t cap, int nc, int rank, int chunk) {
+    if (nc == 1)
         snprintf(buf, cap, "rank_%05d.bin", rank);
     else
         snprintf(buf, cap, "rank_%05d_c%d.bin", rank, chunk);
 }
 
-static l3d_status write_rank_file(const char *path, int format, int rank, int64_t chunk,
-                                  int64_t step, const float *params, int64_t np, const float *m,
-                                  const float *v, int64_t ostart, int64_t ocount,
+/* What one piece's file holds: its parameters (np elements of pdt; device memory of be) and its
+ * optimizer range of the moments m and v (ocount elements of mdt each, from start ostart). */
+struct piece {
+    int rank;
+    int64_t chunk, step;
+    struct l3d_backend *be;
+    const void *params, *m, *v;
+    int64_t np, ostart, ocount;
+    enum l3d_dtype pdt, mdt;
+};
+
+static l3d_status write_rank_file(const char *path, const struct piece *pc,
                                   struct rank_rec *rec) {
+    const size_t pbytes = (size_t)pc->np * l3d_dtype_size(pc->pdt);
+    const size_t mbytes = (size_t)pc->ocount * l3d_dtype_size(pc->mdt);
+    rec->bytes = HEADER_BYTES + (int64_t)(pbytes + 2 * mbytes);
+    struct stage sg;
+    l3d_status st = stage_init(&sg, pbytes > mbytes ? pbytes : mbytes, path);
+    if (st != L3D_OK) return st;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (fd < 0) {
+        l3d_free(sg.p);
+        return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    }
     struct hasher h;
     hash_init(&h);
     uint8_t hdr[HEADER_BYTES] = {0};
-    int64_t f[5] = {format, rank, step, np, ocount};
+    int64_t f[5] = {L3D_CKPT_FORMAT, pc->rank, pc->step, pc->np, pc->ocount};
     memcpy(hdr, file_magic, 8);
     memcpy(hdr + 8, f, sizeof f);
-    memcpy(hdr + 48, &ostart, 8);
-    memcpy(hdr + 56, &chunk, 8); /* 0 in format 1 */
-    l3d_status st = write_all(fd, path, hdr, sizeof hdr, &h);
-    if (st == L3D_OK) st = write_all(fd, path, params, (size_t)np * sizeof(float), &h);
-    if (st == L3D_OK && ocount > 0) {
-        st = write_all(fd, path, m, (size_t)ocount * 2, &h); /* half of m: the crash point */
-        if (chunk == 0) test_kill(step, "shard", rank);
+    memcpy(hdr + 48, &pc->ostart, 8);
+    memcpy(hdr + 56, &pc->chunk, 8);
+    memcpy(hdr + 64, dtype_name(pc->pdt), strlen(dtype_name(pc->pdt))); /* NUL-padded to 8 */
+    memcpy(hdr + 72, dtype_name(pc->mdt), strlen(dtype_name(pc->mdt)));
+    st = write_all(fd, path, hdr, sizeof hdr, &h);
+    if (st == L3D_OK) st = write_device(fd, path, pc->be, pc->params, pbytes, &sg, &h);
+    if (st == L3D_OK && pc->ocount > 0) {
+        st = write_device(fd, path, pc->be, pc->m, mbytes / 2, &sg, &h); /* the crash point */
+        if (pc->chunk == 0) test_kill(pc->step, "shard", pc->rank);
         if (st == L3D_OK)
-            st = write_all(fd, path, (const char *)m + ocount * 2, (size_t)ocount * 2, &h);
-        if (st == L3D_OK) st = write_all(fd, path, v, (size_t)ocount * sizeof(float), &h);
+            st = write_device(fd, path, pc->be, (const char *)pc->m + mbytes / 2,
+                              mbytes - mbytes / 2, &sg, &h);
+        if (st == L3D_OK) st = write_device(fd, path, pc->be, pc->v, mbytes, &sg, &h);
     }
     if (st == L3D_OK && fsync(fd) != 0)
         st = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(errno));
     if (close(fd) != 0 && st == L3D_OK)
         st = l3d_error(L3D_ERR_IO, "cannot close %s: %s", path, strerror(errno));
-    rec->bytes = HEADER_BYTES + (np + 2 * ocount) * (int64_t)sizeof(float);
+    l3d_free(sg.p);
     rec->hash = hash_final(&h);
     return st;
 }
@@ -255,23 +355,19 @@ static int chunks_of(const struct l3d_ckpt_layout *lay) {
     return lay->pp_virtual > 1 ? lay->pp_virtual : 1;
 }
 
-static int format_of(const struct l3d_ckpt_layout *lay) {
-    return chunks_of(lay) > 1 ? L3D_CKPT_FORMAT : L3D_CKPT_FORMAT_ONE;
-}
-
 static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c,
+                           enum l3d_dtype pdt, enum l3d_dtype mdt,
                            const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
                            const struct rank_rec *recs) {
     size_t n = 0;
-    const int format = format_of(lay), nc = chunks_of(lay);
+    const int nc = chunks_of(lay);
 #define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
-    OUT("llm3d-checkpoint format %d\n", format);
+    OUT("llm3d-checkpoint format %d\n", L3D_CKPT_FORMAT);
     OUT("step %lld\n", (long long)s->step);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
-    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d", lay->world, lay->tp, lay->pp, lay->dp,
-        lay->zero, lay->sequence_parallel ? 1 : 0);
-    if (format != L3D_CKPT_FORMAT_ONE) OUT(" virtual %d", nc);
-    OUT("\n");
+    OUT("dtype params %s moments %s\n", dtype_name(pdt), dtype_name(mdt));
+    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->tp,
+        lay->pp, lay->dp, lay->zero, lay->sequence_parallel ? 1 : 0, nc);
     OUT("data epoch %lld index %lld B %d T %d accum %d seed %" PRIu64 "\n",
         (long long)s->loader.epoch, (long long)s->loader.index, s->B, s->T, s->accum, s->seed);
     OUT("schedule max_lr %a min_lr %a warmup %d total %d\n", (double)s->sched.max_lr,
@@ -281,19 +377,17 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
         (double)s->adamw.weight_decay, (double)s->adamw.grad_clip, (long long)s->adamw_t);
     for (int i = 0; i < lay->world * nc; i++) {
         const struct rank_rec *q = &recs[i];
-        char fname[64], chunk[32] = "";
-        piece_name(fname, sizeof fname, format, i / nc, (int)q->chunk);
-        if (format != L3D_CKPT_FORMAT_ONE)
-            snprintf(chunk, sizeof chunk, " chunk %lld", (long long)q->chunk);
-        OUT("file rank %d%s tp %lld pp %lld dp %lld name %s bytes %lld hash %016" PRIx64
+        char fname[64];
+        piece_name(fname, sizeof fname, nc, i / nc, (int)q->chunk);
+        OUT("file rank %d chunk %lld tp %lld pp %lld dp %lld name %s bytes %lld hash %016" PRIx64
             " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
             "%lld vocab %lld+%lld embedding %lld head %lld\n",
-            i / nc, chunk, (long long)q->tp_rank, (long long)q->pp_rank, (long long)q->dp_rank,
-            fname, (long long)q->bytes, q->hash, (long long)q->params, (long long)q->opt_start,
-            (long long)q->opt_count, (long long)q->layer_start, (long long)q->layer_count,
-            (long long)q->head_start, (long long)q->head_count, (long long)q->ffn_start,
-            (long long)q->ffn_count, (long long)q->vocab_start, (long long)q->vocab_count,
-            (long long)q->has_embedding, (long long)q->has_head);
+            i / nc, (long long)q->chunk, (long long)q->tp_rank, (long long)q->pp_rank,
+            (long long)q->dp_rank, fname, (long long)q->bytes, q->hash, (long long)q->params,
+            (long long)q->opt_start, (long long)q->opt_count, (long long)q->layer_start,
+            (long long)q->layer_count, (long long)q->head_start, (long long)q->head_count,
+            (long long)q->ffn_start, (long long)q->ffn_count, (long long)q->vocab_start,
+            (long long)q->vocab_count, (long long)q->has_embedding, (long long)q->has_head);
     }
     OUT("end\n");
 #undef OUT
@@ -331,11 +425,12 @@ static void prune(const char *root, int64_t step, int keep) {
 
 /* Rank 0's part: manifest, rename into place, `latest`, pruning. */
 static l3d_status publish(const char *root, const char *tmp, int keep,
-                          const struct l3d_gpt_config *cfg, const struct l3d_ckpt_layout *lay,
+                          const struct l3d_gpt_config *cfg, enum l3d_dtype pdt,
+                          enum l3d_dtype mdt, const struct l3d_ckpt_layout *lay,
                           const struct l3d_ckpt_state *s, const struct rank_rec *recs) {
     size_t cap = 4096 + (size_t)lay->world * (size_t)chunks_of(lay) * 512;
     char *text = l3d_alloc(cap, "checkpoint manifest");
-    print_manifest(text, cap, cfg, lay, s, recs);
+    print_manifest(text, cap, cfg, pdt, mdt, lay, s, recs);
     char path[PATH_CAP], dst[PATH_CAP], name[64];
     join(path, sizeof path, tmp, "/", "manifest");
     l3d_status st = write_text_atomic(path, tmp, text);
@@ -392,7 +487,8 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
     /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0;
      * each chunk its own file */
     bool wparams = lay->dp_rank == 0, wmoments = lay->zero > 0 || lay->dp_rank == 0;
-    const int nc = chunks_of(lay), format = format_of(lay);
+    const int nc = chunks_of(lay);
+    const enum l3d_dtype pdt = params_dtype(m[0]), mdt = moments_dtype(&opt[0]);
     struct rank_rec *recs =
         l3d_calloc((size_t)world->size * (size_t)nc * sizeof *recs, "checkpoint records");
     for (int c = 0; c < nc && st == L3D_OK; c++) {
@@ -406,17 +502,23 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
         me->chunk = c;
         shard_to_rec(&m[c]->shard, me);
         char path[PATH_CAP], fname[64];
-        piece_name(fname, sizeof fname, format, world->rank, c);
+        piece_name(fname, sizeof fname, nc, world->rank, c);
         join(path, sizeof path, tmp, "/", fname);
-        st = write_rank_file(path, format, world->rank, c, s->step, m[c]->params, me->params,
-                             opt[c].m, opt[c].v, me->opt_start, me->opt_count, me);
+        /* every chunk of every rank in the same types: the manifest says them once */
+        L3D_ASSERT(params_dtype(m[c]) == pdt && moments_dtype(&opt[c]) == mdt);
+        const struct piece pc = {
+            .rank = world->rank, .chunk = c, .step = s->step, .be = m[c]->be,
+            .params = m[c]->params, .np = me->params, .pdt = pdt,
+            .m = opt[c].m, .v = opt[c].v, .ostart = me->opt_start, .ocount = me->opt_count,
+            .mdt = mdt};
+        st = write_rank_file(path, &pc, me);
         me->status = st;
         io->bytes_rank += me->bytes;
     }
     if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
         if (world->size > 1)
             l3d_comm_all_gather(world, recs, (int64_t)sizeof *recs * nc, L3D_U8, NULL);
-        if (world->rank == 0) st = publish(root, tmp, keep, &m[0]->cfg, lay, s, recs);
+        if (world->rank == 0) st = publish(root, tmp, keep, &m[0]->cfg, pdt, mdt, lay, s, recs);
         st = l3d_comm_agree(world, st, report);
     }
     for (int i = 0; i < world->size * nc; i++) io->bytes_total += recs[i].bytes;
@@ -442,6 +544,8 @@ struct manifest {
     struct l3d_ckpt_layout lay;
     struct l3d_ckpt_state st;
     int format, nc;        /* format version; chunks per rank (lay.pp_virtual, 1 in format 1) */
+    enum l3d_dtype pdt, mdt; /* element types of the parameters and moments (fp32 before 3) */
+    int64_t header;        /* bytes of a rank file's header */
     int nfiles;            /* lay.world x nc */
     struct mf_file *files; /* nfiles, the piece of chunk c of rank r at r nc + c */
 };
@@ -562,7 +666,7 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                          "step directory?)", mf->path, strerror(errno), dir);
     struct parser p = {.mf = mf, .st = L3D_OK};
     char line[2048], *tok[MAXTOK];
-    bool seen_end = false, seen[6] = {false};
+    bool seen_end = false, seen[7] = {false};
     int nfile = 0;
     while (p.st == L3D_OK && fgets(line, sizeof line, f)) {
         p.line++;
@@ -574,11 +678,14 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                 break;
             }
             int64_t fmt = get_i64(&p, tok, n, "format");
-            if (p.st == L3D_OK && fmt != L3D_CKPT_FORMAT && fmt != L3D_CKPT_FORMAT_ONE)
+            if (p.st == L3D_OK && (fmt < L3D_CKPT_FORMAT_ONE || fmt > L3D_CKPT_FORMAT))
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
-                                 "versions %d and %d", mf->path, (long long)fmt,
-                                 L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
+                                 "versions %d to %d (a newer llm3d wrote it?)", mf->path,
+                                 (long long)fmt, L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
             mf->format = (int)fmt;
+            /* formats 1 and 2 hold fp32 tensors behind a 64-byte header */
+            mf->header = fmt >= L3D_CKPT_FORMAT ? HEADER_BYTES : HEADER_BYTES_OLD;
+            mf->pdt = mf->mdt = L3D_F32;
         } else if (strcmp(tok[0], "step") == 0 && n == 2) {
             mf->st.step = strtoll(tok[1], NULL, 10);
             seen[0] = true;
@@ -588,6 +695,15 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                 .NH = (int)get_i64(&p, tok, n, "NH"), .V = (int)get_i64(&p, tok, n, "V"),
                 .Vp = (int)get_i64(&p, tok, n, "Vp"), .maxT = (int)get_i64(&p, tok, n, "maxT")};
             seen[1] = true;
+        } else if (strcmp(tok[0], "dtype") == 0 && mf->format >= L3D_CKPT_FORMAT) {
+            const char *keys[2] = {"params", "moments"}, *v;
+            enum l3d_dtype *dst[2] = {&mf->pdt, &mf->mdt};
+            for (int i = 0; i < 2 && want(&p, tok, n, keys[i], &v); i++)
+                if (!dtype_parse(v, dst[i]))
+                    p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s dtype '%s' is not one of "
+                                     "fp32, bf16, fp16, fp64: the manifest is damaged or from a "
+                                     "newer llm3d", mf->path, p.line, keys[i], v);
+            seen[6] = true;
         } else if (strcmp(tok[0], "layout") == 0) {
             struct l3d_ckpt_layout *l = &mf->lay;
             l->world = (int)get_i64(&p, tok, n, "world");
@@ -651,9 +767,9 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
         }
     }
     fclose(f);
-    const char *names[6] = {"step", "model", "layout", "data", "schedule", "adamw"};
-    for (int i = 0; p.st == L3D_OK && i < 6; i++)
-        if (!seen[i])
+    const char *names[7] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype"};
+    for (int i = 0; p.st == L3D_OK && i < 7; i++)
+        if (!seen[i] && (i < 6 || mf->format >= L3D_CKPT_FORMAT))
             p.st = l3d_error(L3D_ERR_FORMAT, "%s: no '%s' record: the manifest is damaged",
                              mf->path, names[i]);
     if (p.st == L3D_OK && !seen_end)
@@ -664,6 +780,10 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
     if (p.st != L3D_OK) manifest_free(mf);
     return p.st;
 }
+
+/* Bytes per stored parameter and moment element. */
+static int64_t psize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->pdt); }
+static int64_t msize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->mdt); }
 
 static bool same_config(const struct l3d_gpt_config *a, const struct l3d_gpt_config *b) {
     return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
@@ -708,7 +828,7 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
         if ((f->params != 0 && f->params != n) || f->opt_start < 0 || f->opt_count < 0 ||
             f->opt_start + f->opt_count > n ||
-            f->bytes != HEADER_BYTES + 4 * (f->params + 2 * f->opt_count)) {
+            f->bytes != mf->header + psize(mf) * f->params + 2 * msize(mf) * f->opt_count) {
             free(held);
             return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range "
                              "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
@@ -740,16 +860,40 @@ static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {
     join(buf, cap, mf->dir, "/", mf->files[r].name);
 }
 
-static int64_t off_m(const struct mf_file *f) { return HEADER_BYTES + 4 * f->params; }
-static int64_t off_v(const struct mf_file *f) { return off_m(f) + 4 * f->opt_count; }
+/* Where a piece's m and v begin in its file. */
+static int64_t off_m(const struct manifest *mf, const struct mf_file *f) {
+    return mf->header + psize(mf) * f->params;
+}
+static int64_t off_v(const struct manifest *mf, const struct mf_file *f) {
+    return off_m(mf, f) + msize(mf) * f->opt_count;
+}
 
-/* A byte range of a rank file (piece `piece`) and where it goes: the same pass that checksums
- * the file loads it. */
+/* A byte range of a rank file (piece `piece`) and the device memory of be it goes to: the same
+ * pass that checksums the file loads it, from its read buffer. */
 struct seg {
     int piece;
     int64_t off, n;
+    struct l3d_backend *be;
     void *dst;
 };
+
+/* The run keeps its tensors in the types the checkpoint stores them in, or nothing is read:
+ * there is no conversion on load. */
+static l3d_status check_dtypes(const struct manifest *mf, enum l3d_dtype pdt, enum l3d_dtype mdt,
+                               const char *who, const char *todo) {
+    bool p = mf->pdt != pdt;
+    if (!p && mf->mdt == mdt) return L3D_OK;
+    return l3d_error(L3D_ERR_FORMAT, "%s stores the %s as %s, but %s them as %s and llm3d does "
+                     "not convert checkpoints: %s", mf->path, p ? "parameters" : "AdamW moments",
+                     dtype_name(p ? mf->pdt : mf->mdt), who, dtype_name(p ? pdt : mdt), todo);
+}
+
+/* The 8-byte NUL-padded dtype name of a format-3 header. */
+static bool same_dtype_name(const uint8_t *field, enum l3d_dtype t) {
+    char name[8] = {0};
+    memcpy(name, dtype_name(t), strlen(dtype_name(t)));
+    return memcmp(field, name, 8) == 0;
+}
 
 /* Whole file against the manifest: header fields and checksum; bytes in segs are copied out. */
 static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, size_t cap,
@@ -762,20 +906,23 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
     struct hasher h;
     hash_init(&h);
     int64_t got = 0;
-    uint8_t hdr[HEADER_BYTES];
+    uint8_t hdr[HEADER_BYTES] = {0};
     for (;;) {
         ssize_t k = read(fd, buf, cap);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) break;
-        if (got < HEADER_BYTES)
-            memcpy(hdr + got, buf, (size_t)(k < HEADER_BYTES - got ? k : HEADER_BYTES - got));
+        if (got < mf->header)
+            memcpy(hdr + got, buf, (size_t)(k < mf->header - got ? k : mf->header - got));
         hash_update(&h, buf, (size_t)k);
         for (int i = 0; i < nseg; i++) {
             if (segs[i].piece != r) continue;
             int64_t lo = got > segs[i].off ? got : segs[i].off;
             int64_t hi = got + k < segs[i].off + segs[i].n ? got + k : segs[i].off + segs[i].n;
-            if (hi > lo) memcpy((char *)segs[i].dst + (lo - segs[i].off), buf + (lo - got),
-                                (size_t)(hi - lo));
+            if (hi > lo) {
+                l3d_be_copy_h2d(segs[i].be, (char *)segs[i].dst + (lo - segs[i].off),
+                                buf + (lo - got), (size_t)(hi - lo));
+                l3d_be_sync(segs[i].be); /* before buf is read into again */
+            }
         }
         got += k;
     }
@@ -790,7 +937,9 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
     memcpy(&chunk, hdr + 56, 8);
     if (memcmp(hdr, file_magic, 8) != 0 || fields[0] != mf->format || fields[1] != f->rank ||
         fields[2] != mf->st.step || fields[3] != f->params || fields[4] != f->opt_count ||
-        ostart != f->opt_start || chunk != f->chunk)
+        ostart != f->opt_start || chunk != f->chunk ||
+        (mf->format >= L3D_CKPT_FORMAT && !same_dtype_name(hdr + 64, mf->pdt)) ||
+        (mf->format >= L3D_CKPT_FORMAT && !same_dtype_name(hdr + 72, mf->mdt)))
         return l3d_error(L3D_ERR_FORMAT, "%s: its header does not match the manifest (rank %d "
                          "chunk %d, step %lld): a file from another checkpoint?", path, f->rank,
                          f->chunk, (long long)mf->st.step);
@@ -847,10 +996,11 @@ static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
 }
 
 /* The full model's parameters (sel 0) or moments m (1) / v (2), from the rank files: each distinct
- * shard's buffer assembled, then placed by l3d_gpt_shard_to_full. full holds NaN where nothing
- * was stored. */
+ * shard's buffer assembled, then placed by l3d_gpt_shard_to_full; host memory only. full holds
+ * NaN where nothing was stored. fp32 (the types were checked against the run's). */
 static l3d_status assemble_full(const struct manifest *mf, int sel, float *full, int64_t *bytes) {
     const struct l3d_gpt_config *c = &mf->cfg;
+    L3D_ASSERT((sel == 0 ? psize(mf) : msize(mf)) == sizeof(float));
     int64_t maxn = 0;
     struct l3d_tensor_info t[L3D_NUM_TENSORS];
     for (int r = 0; r < mf->nfiles; r++) {
@@ -875,12 +1025,12 @@ static l3d_status assemble_full(const struct manifest *mf, int sel, float *full,
             if (!same_shard(&g->shard, &f->shard)) continue;
             file_path(mf, q, path, sizeof path);
             if (sel == 0 && g->params) {
-                st = read_at(path, HEADER_BYTES, dst, (size_t)n * sizeof(float));
-                *bytes += n * 4;
+                st = read_at(path, mf->header, dst, (size_t)n * sizeof(float));
+                *bytes += n * psize(mf);
             } else if (sel > 0 && g->opt_count) {
-                st = read_at(path, sel == 1 ? off_m(g) : off_v(g), dst + g->opt_start,
+                st = read_at(path, sel == 1 ? off_m(mf, g) : off_v(mf, g), dst + g->opt_start,
                              (size_t)g->opt_count * sizeof(float));
-                *bytes += g->opt_count * 4;
+                *bytes += g->opt_count * msize(mf);
             }
         }
         if (st == L3D_OK && !whole) l3d_gpt_shard_to_full(c, &f->shard, tmp, full);
@@ -899,37 +1049,46 @@ static l3d_status check_no_nan(const struct manifest *mf, const float *p, int64_
     return L3D_OK;
 }
 
-/* A chunk's parameters: straight from a file of the same shard, else cut from the full model
- * (assembled in place when the chunk holds the whole model). */
+/* A chunk's parameters: straight from a file of the same shard (staged to the device), else cut
+ * from the full model assembled on the host, checked there, then copied to the device. */
 static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int64_t *bytes) {
     char path[PATH_CAP];
+    const size_t nb = (size_t)m->num_params * sizeof(float);
     for (int r = 0; r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
         if (f->params && same_shard(&f->shard, &m->shard)) {
             file_path(mf, r, path, sizeof path);
-            *bytes += m->num_params * 4;
-            return read_at(path, HEADER_BYTES, m->params, (size_t)m->num_params * sizeof(float));
+            *bytes += m->num_params * psize(mf);
+            return read_device(path, mf->header, m->be, m->params, nb);
         }
     }
     int64_t N = l3d_gpt_param_count(&mf->cfg);
-    bool whole = is_full(&mf->cfg, &m->shard);
-    float *full = whole ? m->params : alloc_nan(N, "checkpoint full model");
-    if (!full) return no_memory(mf, N);
-    if (whole) memset(full, 0xff, (size_t)N * sizeof(float));
+    bool whole = is_full(&mf->cfg, &m->shard); /* then full is the chunk's buffer already */
+    float *full = alloc_nan(N, "checkpoint full model");
+    float *mine = whole ? full : full ? l3d_try_alloc(nb, "checkpoint shard") : NULL;
+    if (!mine) {
+        l3d_free(full);
+        return no_memory(mf, N);
+    }
     l3d_status st = assemble_full(mf, 0, full, bytes);
     if (st == L3D_OK) {
-        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, m->params);
-        st = check_no_nan(mf, m->params, m->num_params, "parameter");
+        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
+        st = check_no_nan(mf, mine, m->num_params, "parameter");
     }
-    if (!whole) l3d_free(full);
+    if (st == L3D_OK) l3d_be_copy_h2d(m->be, m->params, mine, nb);
+    l3d_be_sync(m->be);
+    if (!whole) l3d_free(mine);
+    l3d_free(full);
     return st;
 }
 
 /* A chunk's optimizer range: from the files of the same shard (their ranges intersected with
- * ours), else cut from the full model's moments. */
+ * ours, staged to the device), else cut from the full model's moments on the host. The moments
+ * live on the chunk's device (m->be). */
 static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *m,
                                struct l3d_adamw *opt, int64_t *bytes) {
     int64_t s0 = opt->start, s1 = opt->start + opt->n, covered = 0;
+    const int64_t es = msize(mf);
     bool same = false;
     char path[PATH_CAP];
     l3d_status st = L3D_OK;
@@ -941,10 +1100,12 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
         int64_t hi = f->opt_start + f->opt_count < s1 ? f->opt_start + f->opt_count : s1;
         if (hi <= lo) continue;
         file_path(mf, r, path, sizeof path);
-        size_t nb = (size_t)(hi - lo) * sizeof(float);
-        st = read_at(path, off_m(f) + 4 * (lo - f->opt_start), opt->m + (lo - s0), nb);
+        size_t nb = (size_t)((hi - lo) * es);
+        st = read_device(path, off_m(mf, f) + es * (lo - f->opt_start), m->be, opt->m + (lo - s0),
+                         nb);
         if (st == L3D_OK)
-            st = read_at(path, off_v(f) + 4 * (lo - f->opt_start), opt->v + (lo - s0), nb);
+            st = read_device(path, off_v(mf, f) + es * (lo - f->opt_start), m->be,
+                             opt->v + (lo - s0), nb);
         covered += hi - lo;
         *bytes += 2 * (int64_t)nb;
     }
@@ -970,9 +1131,11 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
         st = assemble_full(mf, sel, full, bytes);
         if (st != L3D_OK) break;
         if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
-        float *dst = sel == 1 ? opt->m : opt->v;
-        memcpy(dst, mine + s0, (size_t)opt->n * sizeof(float));
-        st = check_no_nan(mf, dst, opt->n, sel == 1 ? "AdamW m" : "AdamW v");
+        st = check_no_nan(mf, mine + s0, opt->n, sel == 1 ? "AdamW m" : "AdamW v");
+        if (st == L3D_OK)
+            l3d_be_copy_h2d(m->be, sel == 1 ? opt->m : opt->v, mine + s0,
+                            (size_t)opt->n * sizeof(float));
+        l3d_be_sync(m->be); /* before full and mine are refilled or freed */
     }
     if (!whole) l3d_free(mine);
     l3d_free(full);
@@ -995,6 +1158,10 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                        "configured L=%d C=%d NH=%d V=%d context=%d: give the model flags it was "
                        "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT, b->L, b->C,
                        b->NH, b->V, b->maxT);
+    if (st == L3D_OK)
+        st = check_dtypes(&mf, params_dtype(m[0]), moments_dtype(&opt[0]), "this run keeps",
+                          "resume it with the precision it was saved in (an llm3d build and "
+                          "flags that train in those types)");
     if (st == L3D_OK) st = manifest_check_layout(&mf);
     /* the files of this rank's own pieces, when they hold what a chunk needs (the same layout),
      * are loaded by the pass that verifies them */
@@ -1007,12 +1174,14 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
             const struct mf_file *f = &mf.files[i];
             if (!same_shard(&f->shard, &m[c]->shard)) continue;
             if (f->params) {
-                segs[nseg++] = (struct seg){i, HEADER_BYTES, 4 * f->params, m[c]->params};
+                segs[nseg++] = (struct seg){i, mf.header, psize(&mf) * f->params, m[c]->be,
+                                            m[c]->params};
                 own[2 * c] = true;
             }
             if (f->opt_start == opt[c].start && f->opt_count == opt[c].n && opt[c].n > 0) {
-                segs[nseg++] = (struct seg){i, off_m(f), 4 * f->opt_count, opt[c].m};
-                segs[nseg++] = (struct seg){i, off_v(f), 4 * f->opt_count, opt[c].v};
+                int64_t nb = msize(&mf) * f->opt_count;
+                segs[nseg++] = (struct seg){i, off_m(&mf, f), nb, m[c]->be, opt[c].m};
+                segs[nseg++] = (struct seg){i, off_v(&mf, f), nb, m[c]->be, opt[c].v};
                 own[2 * c + 1] = true;
             }
             break;
@@ -1097,7 +1266,9 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     if (st != L3D_OK) return st;
     struct manifest mf;
     if ((st = manifest_read(dir, &mf)) != L3D_OK) return st;
-    st = manifest_check_layout(&mf);
+    st = check_dtypes(&mf, L3D_F32, mf.mdt, "an llm.c file holds",
+                      "llm3d convert reads checkpoints with fp32 parameters only");
+    if (st == L3D_OK) st = manifest_check_layout(&mf);
     int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
     if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
     float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;

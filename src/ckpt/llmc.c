@@ -1,11 +1,16 @@
-/* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). */
+/* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). A model's parameters are
+ * device memory: they travel through a host staging buffer (l3d_ckpt_stage_cap: 64 MiB at most). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt-impl.h"
+#include "llm3d/backend.h"
 #include "llm3d/ckpt.h"
+
+#define HEADER_BYTES 1024
 
 static bool is_full_shard(const struct l3d_gpt *m) {
     struct l3d_shard f = l3d_shard_full(&m->cfg);
@@ -15,20 +20,23 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
-l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
-    if (!is_full_shard(m))
-        return l3d_error(L3D_ERR_ARG, "llm.c checkpoints hold the whole model; this rank holds a "
-                         "shard (gather it first)");
-    return l3d_ckpt_save_llmc_params(path, &m->cfg, m->params, m->num_params);
-}
-
-l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
-                                     const float *params, int64_t num_params) {
+/* Writes the file from params: device memory of be, or host memory when be is NULL. */
+static l3d_status save(const char *path, const struct l3d_gpt_config *cfg,
+                       struct l3d_backend *be, const float *params, int64_t num_params) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
+    const size_t nb = (size_t)num_params * l3d_dtype_size(L3D_F32);
+    size_t cap = l3d_ckpt_stage_cap(nb);
+    void *stage = be ? l3d_try_alloc(cap, "checkpoint staging") : NULL;
+    if (be && !stage)
+        return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer", path,
+                         cap);
     FILE *f = fopen(tmp, "wb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    if (!f) {
+        l3d_free(stage);
+        return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    }
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
     hdr[1] = L3D_LLMC_VERSION_FP32;
@@ -38,8 +46,14 @@ l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_conf
     hdr[5] = cfg->NH;
     hdr[6] = cfg->C;
     hdr[7] = cfg->Vp;
-    bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1 &&
-              fwrite(params, sizeof(float), (size_t)num_params, f) == (size_t)num_params;
+    bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1;
+    for (size_t done = 0, k; ok && done < nb; done += k) {
+        k = !be ? nb : nb - done < cap ? nb - done : cap;
+        const void *src = (const char *)params + done;
+        if (be) l3d_be_copy_d2h(be, stage, src, k);
+        ok = fwrite(be ? stage : src, 1, k, f) == k;
+    }
+    l3d_free(stage);
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;
@@ -54,6 +68,18 @@ l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_conf
         return l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
     }
     return L3D_OK;
+}
+
+l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
+    if (!is_full_shard(m))
+        return l3d_error(L3D_ERR_ARG, "llm.c checkpoints hold the whole model; this rank holds a "
+                         "shard (gather it first)");
+    return save(path, &m->cfg, m->be, m->params, m->num_params);
+}
+
+l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
+                                     const float *params, int64_t num_params) {
+    return save(path, cfg, NULL, params, num_params);
 }
 
 static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
@@ -98,27 +124,44 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
     struct stat sb;
     int64_t n_full = l3d_gpt_param_count(&m->cfg);
-    int64_t want = 1024 + n_full * 4;
+    const size_t es = l3d_dtype_size(L3D_F32), nb = (size_t)n_full * es;
+    int64_t want = HEADER_BYTES + (int64_t)nb;
     if (fstat(fileno(f), &sb) != 0 || (int64_t)sb.st_size != want) {
         fclose(f);
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
                          "or not fp32", path, (long long)sb.st_size, (long long)want);
     }
-    /* a shard (tensor- or pipeline-parallel rank) reads the whole file and keeps its slice */
+    /* the full shard streams through the staging buffer; a shard (tensor- or pipeline-parallel
+     * rank) reads the whole file on the host, keeps its slice and copies that */
     bool full = is_full_shard(m);
-    float *dst = full ? m->params : l3d_try_alloc((size_t)n_full * sizeof(float), "checkpoint");
-    if (!dst) {
+    size_t cap = full ? l3d_ckpt_stage_cap(nb) : nb;
+    void *buf = l3d_try_alloc(cap, "checkpoint");
+    float *mine = full || !buf ? NULL
+                               : l3d_try_alloc((size_t)m->num_params * es, "checkpoint shard");
+    if (!buf || (!full && !mine)) {
         fclose(f);
+        l3d_free(buf);
         return l3d_error(L3D_ERR_OOM, "%s: no memory to read the %lld parameters", path,
                          (long long)n_full);
     }
-    fseek(f, 1024, SEEK_SET);
-    size_t got = fread(dst, sizeof(float), (size_t)n_full, f);
+    fseek(f, HEADER_BYTES, SEEK_SET);
+    size_t got = 0;
+    for (size_t k; got < nb; got += k) {
+        k = nb - got < cap ? nb - got : cap;
+        if (fread(buf, 1, k, f) != k) break;
+        if (full) l3d_be_copy_h2d(m->be, (char *)m->params + got, buf, k);
+        l3d_be_sync(m->be); /* the copy may read buf until then */
+    }
     fclose(f);
-    if (got == (size_t)n_full && !full) l3d_gpt_full_to_shard(&m->cfg, &m->shard, dst, m->params);
-    if (!full) l3d_free(dst);
-    if (got != (size_t)n_full)
-        return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got,
+    if (got == nb && !full) {
+        l3d_gpt_full_to_shard(&m->cfg, &m->shard, buf, mine);
+        l3d_be_copy_h2d(m->be, m->params, mine, (size_t)m->num_params * es);
+        l3d_be_sync(m->be);
+    }
+    l3d_free(mine);
+    l3d_free(buf);
+    if (got != nb)
+        return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got / es,
                          (long long)n_full);
     return L3D_OK;
 }

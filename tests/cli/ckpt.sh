@@ -3,8 +3,9 @@
 # resume on other layouts (re-sliced weights and AdamW moments; the continued losses and final
 # weights match the uninterrupted single-process run within fp32 round-off), both with several
 # model chunks per rank (interleaved pipelines) and without, save-load-save round trip,
-# keep-last-K, resume auto, bad files (one clear error, nothing overwritten), a writer killed
-# mid-save, preemption signals, llm3d convert. Usage: ckpt.sh LLM3D SCRATCH_DIR; ctest sets
+# keep-last-K, resume auto, bad files (one clear error, nothing overwritten), checkpoints of the
+# older formats 1 and 2 (tests/data/ckpt_v1, ckpt_v2), a dtype this build cannot load, a writer
+# killed mid-save, preemption signals, llm3d convert. Usage: ckpt.sh LLM3D SCRATCH_DIR; ctest sets
 # L3D_MPIEXEC to the launcher of the MPI the binary was built with.
 set -u
 bin=$1
@@ -61,6 +62,25 @@ if resumed exact1 "$(step_dir ref 5)" 0 4 --save-every 5 && compare exact1 0 &&
 else
     bad "exact resume 1x1x1"; cat "$dir/exact1.log" "$dir/exact1.cmp"
 fi
+
+# host staging of device memory in 1000-byte transfers (L3D_CKPT_TEST_STAGE; 64 MiB otherwise),
+# so that every tensor takes many: the exact resume is bit-identical again, a rank reading its
+# shard from another rank's file (dp2 ZeRO-1 from 1x1x1) continues like the reference, and an
+# llm.c file loads (--init-from) as it does through one transfer
+if L3D_CKPT_TEST_STAGE=1000 resumed stage1 "$(step_dir ref 5)" 0 4 --save-every 5 && compare stage1 0 &&
+   same_files "$(step_dir stage1 10)" "$(step_dir ref 10)"; then
+    ok "exact resume 1x1x1 through 1000-byte staging: identical losses, weights and checkpoint"
+else
+    bad "exact resume through 1000-byte staging"; cat "$dir/stage1.log" "$dir/stage1.cmp"
+fi
+if L3D_CKPT_TEST_STAGE=1000 resumed stage2 "$(step_dir ref 5)" 2 2 --zero 1 && compare stage2 1e-5; then
+    ok "1x1x1 resumed as dp2 ZeRO-1 through 1000-byte staging ($(tr '\n' ' ' < "$dir/stage2.cmp"))"
+else
+    bad "resume as dp2 ZeRO-1 through 1000-byte staging"; cat "$dir/stage2.log" "$dir/stage2.cmp"
+fi
+train init1 0 4 --steps 2 --init-from "$dir/ref/model.bin" > "$dir/init1.log" 2>&1
+L3D_CKPT_TEST_STAGE=1000 train init2 0 4 --steps 2 --init-from "$dir/ref/model.bin" > "$dir/init2.log" 2>&1
+check "--init-from through 1000-byte staging: the same run" cmp -s "$dir/init1/model.bin" "$dir/init2/model.bin"
 
 # saved under tp 2 x dp 2 with ZeRO-1
 train A 4 2 --tp 2 --zero 1 --save-every 5 > "$dir/A.log" 2>&1 || { cat "$dir/A.log"; exit 1; }
@@ -204,6 +224,65 @@ expect_error "missing chunk file" "rank_00001_c1.bin.*missing" "$dir/missingV" 0
 copyV swapV && mv "$dir/swapV/rank_00000_c1.bin" "$dir/swapV/x" &&
     mv "$dir/swapV/rank_00001_c0.bin" "$dir/swapV/rank_00000_c1.bin" && mv "$dir/swapV/x" "$dir/swapV/rank_00001_c0.bin"
 expect_error "chunk files swapped (same size)" "rank_00000_c1.bin: its header does not match" "$dir/swapV" 0 4 --layers 4 --grad-accum 2
+# dtypes (format 3): the manifest names the stored types; another one than the run's is refused
+# before any rank file is read (the edited manifest needs no other change)
+check "format 3 manifest records the dtypes" grep -qx "dtype params fp32 moments fp32" "$(step_dir A 5)/manifest"
+check "  ... and the rank-file header (bytes 64..79)" \
+    test "$(dd if="$(step_dir A 5)/rank_00000.bin" bs=1 skip=64 count=16 status=none | tr '\0' .)" = "fp32....fp32...."
+copy bf16 && sed -i 's/^dtype params fp32/dtype params bf16/' "$dir/bf16/manifest"
+expect_error "bf16 parameters into an fp32 run" "bf16/manifest stores the parameters as bf16.*fp32.*resume it with" "$dir/bf16" 0 4
+copy bf16m && sed -i 's/^dtype params fp32 moments fp32/dtype params fp32 moments bf16/' "$dir/bf16m/manifest"
+expect_error "bf16 moments into an fp32 run" "bf16m/manifest stores the AdamW moments as bf16" "$dir/bf16m" 0 4
+copy fp8 && sed -i 's/^dtype params fp32/dtype params fp8/' "$dir/fp8/manifest"
+expect_error "unknown dtype" "params dtype 'fp8' is not one of" "$dir/fp8" 0 4
+copy nodtype && sed -i '/^dtype /d' "$dir/nodtype/manifest"
+expect_error "format 3 without its dtype record" "no 'dtype' record" "$dir/nodtype" 0 4
+copy fmt4 && sed -i '1s/format 3/format 4/' "$dir/fmt4/manifest"
+expect_error "a newer format" "format version 4; this llm3d reads versions 1 to 3" "$dir/fmt4" 0 4
+err=$("$bin" convert "$dir/bf16" "$dir/bf16.bin" 2>&1 >/dev/null)
+check "convert refuses bf16 parameters: $err" test -n "$(echo "$err" | grep "stores the parameters as bf16")" -a ! -e "$dir/bf16.bin"
+
+# checkpoints of formats 1 and 2 (fp32, no dtype record, 64-byte headers), written by d270d36
+# (tests/data/ckpt_v*/README): resumed on their layout, step 3 has the old binary's loss and
+# gradient norm to the last digit, and the re-save is format 3
+fixtures=$(cd "$(dirname "$0")/../data" && pwd)
+old_format() { # old_format N NAME NP [flags]: resume tests/data/ckpt_vN as NAME
+    local v=$1 name=$2 np=$3
+    shift 3
+    rm -rf "${dir:?}/$name"
+    local cmd=(env OMP_NUM_THREADS=1)
+    [ "$np" -gt 0 ] && cmd+=("$mpiexec" -n "$np")
+    "${cmd[@]}" "$bin" train --channels 4 --heads 2 --vocab 128 --context 16 --seq-len 16 \
+        --warmup 1 --lr 1e-3 --steps 3 --val-every 0 --quiet --peak-gflops 100 \
+        --train "$dir/data/train_*.bin" --out "$dir/$name" --save-every 3 \
+        --resume "$fixtures/ckpt_v$v/step_00000002" "$@" > "$dir/$name.log" 2>&1
+}
+step3() { grep -o '"step":3,"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1"; }
+same_step3() { # same_step3 N NAME: NAME's step 3 equals the old binary's resumed from ckpt_vN
+    local want got
+    want=$(step3 "$fixtures/ckpt_v$1/resumed.jsonl") got=$(step3 "$dir/$2/metrics.jsonl")
+    [ -n "$want" ] && [ "$want" = "$got" ] && head -n 1 "$(step_dir "$2" 3)/manifest" | grep -qx "llm3d-checkpoint format 3" ||
+        { echo "want $want, got $got"; cat "$dir/$2.log"; return 1; }
+}
+if old_format 1 old_v1 2 --layers 2 --batch 1 --zero 1 && same_step3 1 old_v1; then
+    ok "format 1 (d270d36, dp2 ZeRO-1) resumes: $(step3 "$dir/old_v1/metrics.jsonl")"
+else
+    bad "format 1 (d270d36) resumes"
+fi
+if old_format 2 old_v2 2 --layers 4 --batch 2 --pp 2 --pp-virtual 2 --grad-accum 2 && same_step3 2 old_v2; then
+    ok "format 2 (d270d36, pp2 x 2 chunks) resumes: $(step3 "$dir/old_v2/metrics.jsonl")"
+else
+    bad "format 2 (d270d36) resumes"
+fi
+# re-sliced into one process: the same loss within fp32 round-off (summed in another order)
+loss3() { step3 "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+if old_format 2 old_v2_1x1x1 0 --layers 4 --batch 4 --grad-accum 1 &&
+   awk -v a="$(loss3 "$dir/old_v2_1x1x1/metrics.jsonl")" -v b="$(loss3 "$fixtures/ckpt_v2/resumed.jsonl")" \
+       'BEGIN { d = a - b; exit !(a != "" && b > 0 && (d < 0 ? -d : d) <= 1e-5 * b) }'; then
+    ok "format 2 re-sliced as 1x1x1: loss $(loss3 "$dir/old_v2_1x1x1/metrics.jsonl") (d270d36 on pp2 x 2 chunks: $(loss3 "$fixtures/ckpt_v2/resumed.jsonl"))"
+else
+    bad "format 2 re-sliced as 1x1x1"; cat "$dir/old_v2_1x1x1.log"; step3 "$dir/old_v2_1x1x1/metrics.jsonl"
+fi
 
 # a writer killed mid-save (L3D_CKPT_TEST_KILL: that rank SIGKILLs itself at that point), then
 # resumed with --resume auto: the previous checkpoint loads and the run ends bit-identical
