@@ -261,7 +261,7 @@ static void usage(void) {
         "           tensor 0.74-1.1.\n"
         "So the defaults pass equivalent runs trained with either eps, the weights with a margin\n"
         "of 3x (a tensor off by 1e-2 is a wrong layout). Runs trained with eps 1e-6 can be held\n"
-        "to --rtol 1e-5 (3e-5 with pp x tp), as tests/cli/equiv.sh does.\n",
+        "to --rtol 1e-5 (3e-5 for some tp layouts), as tests/cli/equiv.sh does.\n",
         LOSS_RTOL, WEIGHTS_RTOL);
 }
 

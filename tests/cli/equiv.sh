@@ -73,11 +73,13 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_TP=2 equiv "tp2_dp2_zero1" 4 2 1 --tp 2 --zero 1
     L3D_TP=2 equiv "tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
 esac
-# starting from an llm.c checkpoint (a reference run's output): each TP rank cuts its slice
+# starting from an llm.c checkpoint (a reference run's output): each TP rank cuts its slice; 3e-5
+# as for pp2_tp2 below: from trained weights, TP's other matrix shapes moved fcb by 1.12e-5 of its
+# scale here (losses identical), beside 2-5e-6 from random ones
 cp "$dir/ref_b4_a1/model.bin" "$dir/init.bin"
 if train ref_init 0 4 1 --init-from "$dir/init.bin" > "$dir/ref_init.log" 2>&1 &&
    train tp2_init 2 4 1 --tp 2 --init-from "$dir/init.bin" > "$dir/tp2_init.log" 2>&1 &&
-   "$bin" compare --rtol 1e-5 "$dir/tp2_init" "$dir/ref_init" > "$dir/tp2_init.cmp" 2>&1; then
+   "$bin" compare --rtol 3e-5 "$dir/tp2_init" "$dir/ref_init" > "$dir/tp2_init.cmp" 2>&1; then
     echo "ok: tp2_init_from ($(tr '\n' ' ' < "$dir/tp2_init.cmp"))"
 else
     echo "FAIL: tp2_init_from"; cat "$dir/ref_init.log" "$dir/tp2_init.log" "$dir/tp2_init.cmp" 2>/dev/null; fail=1
