@@ -7,6 +7,7 @@
 #define L3D_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 static int test_failures;
@@ -21,7 +22,8 @@ static int test_checks;
         }                                                                          \
     } while (0)
 
-/* |a - b| <= tol, printing both values when it fails. */
+/* |a - b| <= tol, printing both values when it fails. Written as !(d <= tol) so that a NaN on
+ * either side (or in tol) fails: `fabs(a - b) > tol` is false for a NaN and would pass it. */
 #define CHECK_NEAR(a, b, tol)                                                      \
     do {                                                                           \
         double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);             \
@@ -32,6 +34,27 @@ static int test_checks;
                     __FILE__, __LINE__, #a, a_, #b, b_, fabs(a_ - b_), t_);        \
         }                                                                          \
     } while (0)
+
+/* Comparisons that keep a NaN. fmax(m, NAN) is m and `x > m` is false for a NaN, so the usual
+ * running maximum of |a - b| drops a NaN difference and a `worst <= tol` check passes it. */
+
+/* max(m, x), NaN once either is NaN (and from then on, as m). */
+static inline double test_max(double m, double x) {
+    return isnan(m) || isnan(x) ? NAN : x > m ? x : m;
+}
+
+/* max_i |a_i - b_i| / max_i |b_i| (max |a_i - b_i| when b is all zeros); infinite when any a_i or
+ * b_i is not finite, so that `test_rel_diff(...) < tol` fails on a NaN or Inf on either side. */
+static inline double test_rel_diff(const float *a, const float *b, int64_t n) {
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        double e = fabs((double)a[i] - b[i]), v = fabs((double)b[i]);
+        d = e > d ? e : d;
+        m = v > m ? v : m;
+    }
+    return m > 0 ? d / m : d;
+}
 
 #define TEST_REPORT()                                                                      \
     (fprintf(stderr, "%s: %d checks, %d failed\n", __FILE__, test_checks, test_failures), \

@@ -74,6 +74,7 @@ struct l3d_dp {
     int npend[3], cap[3];
     double comm_wait_s;      /* time inside communication calls this step (exposed comm) */
     bool defer_nonlayer;     /* the non-layer tensors wait for l3d_dp_reduce_nonlayer */
+    bool test_skip_reduce;   /* test hook L3D_TEST_SKIP_DP_REDUCE=1 (l3d_dp_init): send nothing */
 };
 
 struct l3d_dp_memory {

@@ -30,7 +30,8 @@ int l3d_cli_plan(int argc, char **argv);
 /* llm3d bench --calibrate [--out FILE] [--quick]: this machine's system profile, under mpiexec
  * (src/cli/calibrate.c); l3d_cli_bench passes every argument when one is --calibrate */
 int l3d_cli_calibrate(int argc, char **argv);
-/* llm3d compare RUN REFERENCE [--rtol R] (src/cli/compare.c) */
+/* llm3d compare RUN REFERENCE [--rtol R] [--loss-rtol R] [--weights-rtol R] [--verbose]
+ * (src/cli/compare.c): exit status 0 SAME, 1 DIFFERENT, 2 nothing compared */
 int l3d_cli_compare(int argc, char **argv);
 /* llm3d convert CHECKPOINT OUT.bin (src/cli/convert.c) */
 int l3d_cli_convert(int argc, char **argv);

@@ -1,4 +1,5 @@
 /* Data parallelism: bucketed gradient reduction during backward, ZeRO-1/2 (include/llm3d/dp.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "llm3d/dp.h"
@@ -34,7 +35,7 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
         struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root};
         l3d_req *req = dp->overlap ? &p.req : NULL;
         double t0 = l3d_time_s();
-        if (dp->comm->size == 1) /* ZeRO-2 on one rank: nothing to send, drain() adds */
+        if (dp->comm->size == 1 || dp->test_skip_reduce) /* ZeRO-2 on one rank: drain() adds */
             ;
         else if (root < 0)
             l3d_comm_all_reduce(dp->comm, src, len, dp->grad_dtype, L3D_SUM, req);
@@ -164,6 +165,11 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
         dp->cap[sl] = (int)caps[sl];
         dp->pend[sl] = l3d_alloc((size_t)caps[sl] * sizeof(struct l3d_dp_piece), "dp pending");
     }
+    /* Test hook: L3D_TEST_SKIP_DP_REDUCE=1 skips every gradient reduction, so each rank steps on
+     * its own micro-batches' gradients: the broken data parallelism that tests/cli/compare.sh
+     * checks llm3d compare tells apart from the single-process run. Read once, here. */
+    const char *skip = getenv("L3D_TEST_SKIP_DP_REDUCE");
+    dp->test_skip_reduce = skip && strcmp(skip, "1") == 0;
     dp->sync = true;
     m->hooks.grads_ctx = dp;
     m->hooks.grads_ready = grads_ready;

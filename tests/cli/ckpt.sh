@@ -118,20 +118,22 @@ full && reshard 2x2x1_selective 4 4 --tp 2 --pp 2 --recompute selective
 train ref4 0 4 --layers 4 > "$dir/ref4.log" 2>&1 || { cat "$dir/ref4.log"; exit 1; }
 train P 8 2 --layers 4 --tp 2 --pp 2 --zero 1 --save-every 5 > "$dir/P.log" 2>&1 || { cat "$dir/P.log"; exit 1; }
 # resume_as WHAT FROM REF NAME NP B [flags]: FROM's step 5 resumed under another layout (4 layers);
-# matches the uninterrupted single-process run REF
+# matches the uninterrupted single-process run REF within RTOL (1e-5)
 resume_as() {
     local what=$1 from=$2 ref=$3 name=$4 np=$5 b=$6
     shift 6
     rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
     cp "$dir/$ref/metrics.jsonl" "$dir/$name/"
     if train "$name" "$np" "$b" --layers 4 --resume "$(step_dir "$from" 5)" "$@" > "$dir/$name.log" 2>&1 &&
-       "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
+       "$bin" compare --rtol "${RTOL:-1e-5}" "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
         ok "resume $what as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
     else
         bad "resume $what as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
     fi
 }
-reshard3d() { resume_as "tp2 x pp2 x dp2 ZeRO-1" P ref4 "$@"; } # NAME NP B [flags]
+# NAME NP B [flags]; 3e-5 as for pp2 x tp2 in equiv.sh: the first 5 steps ran under tp x pp (qkvb
+# measured 1.58e-5 of its scale, losses within 5e-8)
+reshard3d() { RTOL=3e-5 resume_as "tp2 x pp2 x dp2 ZeRO-1" P ref4 "$@"; }
 reshard3d 1x1x1_from_3d 0 4
 full && reshard3d 4x1x2_from_3d 8 2 --tp 4 --dp 2 --zero 1
 reshard3d 1x4x1_from_3d 4 4 --pp 4

@@ -25,7 +25,14 @@ check "12 metrics lines with MFU" test "$(grep -c '"mfu"' "$dir/run1/metrics.jso
 check "validation loss logged" grep -q '"val_loss"' "$dir/run1/metrics.jsonl"
 check "identical losses for identical seeds" test "$(losses "$dir/run1")" = "$(losses "$dir/run2")"
 check "identical weights for identical seeds" cmp -s "$dir/run1/model.bin" "$dir/run2/model.bin"
-check "loss decreases" awk -F'"loss":' 'NR==1{split($2,a,",");f=a[1]} END{split($2,b,","); exit !(b[1] < f)}' "$dir/run1/metrics.jsonl"
+first=$(losses "$dir/run1" | head -1 | cut -d: -f2)
+last=$(losses "$dir/run1" | tail -1 | cut -d: -f2)
+check "loss decreases ($first -> $last)" less_than "$last" "$first"
+if less_than -nan "$first" || less_than nan "$first" || less_than -inf "$first" || less_than "" "$first"; then
+    bad "  ... the check passes a loss that is not a finite number"
+else
+    ok "  ... a NaN or infinite last loss would fail it"
+fi
 check "another seed differs" train run3 --seed 7
 check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3")"
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"

@@ -22,3 +22,10 @@ expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one m
         fail=1
     fi
 }
+# is_number X: X is a finite decimal number. less_than A B: A < B, both finite. awk alone passes
+# what is not a number: mawk compares a loss printed as "-nan" with another as strings, and
+# "-nan" < "5.4" holds; "-inf" is less than anything.
+is_number() { [[ $1 =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
+less_than() {
+    is_number "$1" && is_number "$2" && awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'
+}
