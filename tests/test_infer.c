@@ -20,12 +20,7 @@ static double rel_diff(const float *a, const float *b, int V) {
 int main(void) {
     struct l3d_gpt_config cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
-    struct l3d_backend *be;
-    if (l3d_backend_init(NULL, &be) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    printf("backend: %s\n", l3d_backend_name(be));
+    struct l3d_backend *be = test_backend_init();
     struct l3d_shard sh = l3d_shard_full(&cfg);
     const int T = cfg.maxT;
     struct l3d_gpt *m;

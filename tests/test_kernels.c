@@ -891,12 +891,7 @@ static void test_sumsq(struct l3d_backend *be, int64_t n, float sigma, uint64_t 
 
 int main(void) {
     double t0 = l3d_time_s();
-    struct l3d_backend *be;
-    if (l3d_backend_init(NULL, &be) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    printf("backend: %s\n", l3d_backend_name(be));
+    struct l3d_backend *be = test_backend_init();
     uint64_t s = 0;
 
     /* N, C, OC: ones, primes (no multiple of 8 or 16), powers of two, one larger sampled case. */

@@ -7,7 +7,7 @@
  *     gradients, and a head slice initialises the same values as the full model holds there;
  *   - the checking backend gives bit-identical results to the CPU backend.
  * The model's buffers are device memory of the backend ($L3D_BACKEND, default cpu): the tests read
- * and write them through copies (to_host, l3d_be_copy_h2d).
+ * and write them through copies (test_to_host, l3d_be_copy_h2d).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -29,14 +29,6 @@ struct ref_gpt {
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
-
-/* A host copy of n floats of device memory; free() it. */
-static float *to_host(struct l3d_backend *be, const float *dev, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    L3D_ASSERT(h != NULL);
-    l3d_be_copy_d2h(be, h, dev, (size_t)n * sizeof(float));
-    return h;
-}
 
 /* Mean loss of the full model over (B,T), params in llm.c's layout. */
 static double ref_gpt_loss(void *ctx) {
@@ -118,7 +110,8 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
 
     struct ref_gpt r = {.cfg = cfg, .t = m->tensors, .inp = inp, .tgt = tgt, .B = B, .T = T};
     r.params = dalloc(m->num_params);
-    float *params = to_host(be, m->params, m->num_params), *grads = to_host(be, m->grads, m->num_params);
+    float *params = test_to_host(be, m->params, m->num_params);
+    float *grads = test_to_host(be, m->grads, m->num_params);
     ref_to_double(r.params, params, m->num_params);
     double rloss = ref_gpt_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
@@ -145,7 +138,8 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
                     (long long)worst_i, grads[t->offset + worst_i], num[worst_i]);
         CHECK(worst <= 2e-4 * scale);
         if (ti == L3D_T_WTE) /* padding rows: exactly zero gradient */
-            for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++) CHECK(grads[t->offset + i] == 0.0f);
+            for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++)
+                CHECK(grads[t->offset + i] == 0.0f);
         free(num);
     }
     free(r.params);
@@ -227,7 +221,7 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
         dev_adamw_step(&opt, m, lr);
     }
     *n = m->num_params;
-    *params = to_host(be, m->params, m->num_params);
+    *params = test_to_host(be, m->params, m->num_params);
     l3d_be_free(be, opt.m);
     l3d_be_free(be, opt.v);
     l3d_be_free(be, opt.sumsq);
@@ -270,8 +264,9 @@ static void test_layer_shards(struct l3d_backend *be) {
     l3d_gpt_init_weights(m1, 11);
     CHECK(m0->tensors[L3D_T_LNFW].count == 0 && m1->tensors[L3D_T_WPE].count == 0);
     /* same initial values where the shards overlap the full model */
-    float *pf = to_host(be, mf->params, mf->num_params), *p0 = to_host(be, m0->params, m0->num_params);
-    float *p1 = to_host(be, m1->params, m1->num_params);
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *p0 = test_to_host(be, m0->params, m0->num_params);
+    float *p1 = test_to_host(be, m1->params, m1->num_params);
     for (int ti = 0; ti < L3D_NUM_TENSORS; ti++) {
         const struct l3d_tensor_info *f = &mf->tensors[ti], *a = &m0->tensors[ti], *b = &m1->tensors[ti];
         if (a->count) CHECK(memcmp(p0 + a->offset, pf + f->offset, (size_t)a->count * 4) == 0);
@@ -290,15 +285,17 @@ static void test_layer_shards(struct l3d_backend *be) {
     float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
     l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
     l3d_gpt_forward(m0, inp, NULL, B, T);
-    l3d_be_copy_d2d(be, m1->input_act, l3d_gpt_output_act(m0), (size_t)(B * T * cfg.C) * sizeof(float));
+    l3d_be_copy_d2d(be, m1->input_act, l3d_gpt_output_act(m0),
+                    (size_t)(B * T * cfg.C) * sizeof(float));
     float l1 = l3d_gpt_forward(m1, NULL, tgt, B, T);
     l3d_gpt_backward(m1, 1.0f / (float)(B * T), NULL);
     l3d_gpt_backward(m0, 1.0f / (float)(B * T), m1->dinput_act);
     CHECK(lf == l1);
     /* the tied wte: the full model's gradient is the sum of the embedding's and the head's */
     const struct l3d_tensor_info *fw = &mf->tensors[L3D_T_WTE];
-    float *gf = to_host(be, mf->grads, mf->num_params), *g0 = to_host(be, m0->grads, m0->num_params);
-    float *g1 = to_host(be, m1->grads, m1->num_params);
+    float *gf = test_to_host(be, mf->grads, mf->num_params);
+    float *g0 = test_to_host(be, m0->grads, m0->num_params);
+    float *g1 = test_to_host(be, m1->grads, m1->num_params);
     double worst = 0.0;
     for (int64_t i = 0; i < fw->count; i++) {
         double g = (double)g0[m0->tensors[L3D_T_WTE].offset + i] +
@@ -337,7 +334,8 @@ static void test_slice_init(struct l3d_backend *be) {
     CHECK(l3d_gpt_init(&ms, &cfg, &s, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(mf, 5);
     l3d_gpt_init_weights(ms, 5);
-    float *pf = to_host(be, mf->params, mf->num_params), *ps = to_host(be, ms->params, ms->num_params);
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *ps = test_to_host(be, ms->params, ms->num_params);
     int mism = 0;
     for (int l = 0; l < 2; l++) {
         const float *fq = pf + mf->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * C * C;
@@ -411,13 +409,14 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
         for (int i = 0; i < 2; i++) {
             l3d_gpt_use_slot(m, i);
             l3d_gpt_backward(m, 0.01f, NULL);
-            float *d = to_host(be, m->dinput_act, nx);
+            float *d = test_to_host(be, m->dinput_act, nx);
             same_dx &= memcmp(d, dx[i], (size_t)nx * sizeof(float)) == 0;
             free(d);
         }
         CHECK(l[0] == lref[0] && l[1] == lref[1]);
         CHECK(same_dx);
-        float *g = to_host(be, m->grads, m->num_params), *gref = to_host(be, ref->grads, ref->num_params);
+        float *g = test_to_host(be, m->grads, m->num_params);
+        float *gref = test_to_host(be, ref->grads, ref->num_params);
         CHECK(memcmp(g, gref, (size_t)m->num_params * sizeof(float)) == 0);
         free(g), free(gref);
         size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 2, rc);
@@ -468,10 +467,10 @@ static void test_check_identical(void) {
         np = m->num_params;
         l3d_gpt_zero_grad(m);
         loss[k] = l3d_gpt_forward(m, inp, tgt, B, T);
-        logits[k] = to_host(be, m->logits, (int64_t)N * cfg.Vp);
-        losses[k] = to_host(be, m->losses, N);
+        logits[k] = test_to_host(be, m->logits, (int64_t)N * cfg.Vp);
+        losses[k] = test_to_host(be, m->losses, N);
         l3d_gpt_backward(m, 1.0f / (float)N, NULL);
-        grads[k] = to_host(be, m->grads, np);
+        grads[k] = test_to_host(be, m->grads, np);
         struct dev_adamw opt = {.hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                        .weight_decay = 0.1f, .grad_clip = 1.0f},
                                 .m = l3d_be_alloc(be, (size_t)np * 4, "adamw m"),
@@ -480,7 +479,7 @@ static void test_check_identical(void) {
         l3d_be_memset(be, opt.m, 0, (size_t)np * 4);
         l3d_be_memset(be, opt.v, 0, (size_t)np * 4);
         dev_adamw_step(&opt, m, 1e-2f);
-        params[k] = to_host(be, m->params, np);
+        params[k] = test_to_host(be, m->params, np);
         l3d_be_free(be, opt.m);
         l3d_be_free(be, opt.v);
         l3d_be_free(be, opt.sumsq);
@@ -510,12 +509,7 @@ static void test_errors(struct l3d_backend *be) {
 }
 
 int main(void) {
-    struct l3d_backend *be;
-    if (l3d_backend_init(NULL, &be) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    printf("backend: %s\n", l3d_backend_name(be));
+    struct l3d_backend *be = test_backend_init();
     test_forward_and_gradients(be);
     test_initial_loss(be);
     test_overfit_and_determinism(be);

@@ -26,14 +26,6 @@ static double rel_diff(const float *a, const float *b, int64_t n) {
     return d / m;
 }
 
-/* A host copy of n floats of device memory; free() it. */
-static float *to_host(struct l3d_backend *be, const float *dev, int64_t n) {
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    L3D_ASSERT(h != NULL);
-    l3d_be_copy_d2h(be, h, dev, (size_t)n * sizeof(float));
-    return h;
-}
-
 static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, bool overlap,
                          bool sp) {
     int tp = world->size;
@@ -58,9 +50,9 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
     l3d_gpt_zero_grad(ms);
     float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
     /* the forward logits (this rank's vocabulary slice), before backward overwrites them */
-    float *logits = to_host(be, mf->logits, (int64_t)B * T * cfg.Vp);
+    float *logits = test_to_host(be, mf->logits, (int64_t)B * T * cfg.Vp);
     float ls = l3d_gpt_forward(ms, inp, tgt, B, T);
-    float *slice = to_host(be, ms->logits, (int64_t)B * T * sh.vocab_count);
+    float *slice = test_to_host(be, ms->logits, (int64_t)B * T * sh.vocab_count);
     double dl = 0.0;
     for (int64_t n = 0; n < (int64_t)B * T; n++)
         dl = fmax(dl, rel_diff(slice + n * sh.vocab_count,
@@ -71,12 +63,12 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
     l3d_gpt_backward(ms, 1.0f / (float)(B * T), NULL);
     /* the input gradient: this rank's rows of it with sequence parallelism */
     int64_t rows = (int64_t)B * T / sh.sp_size, r0 = sh.sp_rank * rows;
-    float *dxs = to_host(be, ms->dinput_act, rows * cfg.C);
-    float *dxf = to_host(be, mf->dinput_act, (int64_t)B * T * cfg.C);
+    float *dxs = test_to_host(be, ms->dinput_act, rows * cfg.C);
+    float *dxf = test_to_host(be, mf->dinput_act, (int64_t)B * T * cfg.C);
     CHECK(rel_diff(dxs, dxf + r0 * cfg.C, rows * cfg.C) < 1e-5);
     float *g = world->rank == 0 ? calloc((size_t)mf->num_params, sizeof(float)) : NULL;
-    float *gs = to_host(be, ms->grads, ms->num_params);
-    float *gf = to_host(be, mf->grads, mf->num_params);
+    float *gs = test_to_host(be, ms->grads, ms->num_params);
+    float *gf = test_to_host(be, mf->grads, mf->num_params);
     l3d_tp_gather(ms, world, gs, g);
     if (world->rank == 0) {
         for (int t = 0; t < L3D_NUM_TENSORS; t++) {
@@ -100,12 +92,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", l3d_error_message());
         return 1;
     }
-    struct l3d_backend *be;
-    if (l3d_backend_init(NULL, &be) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    if (world->rank == 0) printf("backend: %s\n", l3d_backend_name(be));
+    struct l3d_backend *be = test_backend_init();
     check_layout(world, be, 1, false, false);
     check_layout(world, be, 2, false, false);
     check_layout(world, be, 2, true, false); /* input-gradient sums overlapped with weight grads */
