@@ -27,7 +27,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "l3d_bench_generate: %s\n", ntok < 1 ? "TOKENS must be >= 1" : l3d_error_message());
         return 2;
     }
-    struct l3d_backend *be = l3d_backend_cpu_init();
+    struct l3d_backend *be;
+    if (l3d_backend_init(NULL, &be) != L3D_OK) {
+        fprintf(stderr, "l3d_bench_generate: %s\n", l3d_error_message());
+        return 2;
+    }
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m;
     if (l3d_gpt_init(&m, &cfg, &sh, be, 1, cfg.maxT, L3D_GRADS_NONE) != L3D_OK) {
@@ -41,10 +45,13 @@ int main(int argc, char **argv) {
     double t0 = l3d_time_s();
     for (int i = 0; i < ntok; i++) a[i + 1] = argmax(l3d_infer_step(inf, &a[i], 1), cfg.V);
     double t1 = l3d_time_s();
+    float *row = malloc((size_t)cfg.Vp * sizeof *row); /* the last row, copied to the host */
     for (int i = 0; i < ntok; i++) {
         l3d_gpt_forward(m, b, NULL, 1, i + 1);
-        b[i + 1] = argmax(m->logits + (int64_t)i * cfg.Vp, cfg.V);
+        l3d_be_copy_d2h(be, row, m->logits + (int64_t)i * cfg.Vp, (size_t)cfg.Vp * sizeof *row);
+        b[i + 1] = argmax(row, cfg.V);
     }
+    free(row);
     double t2 = l3d_time_s();
     int same = 1;
     for (int i = 0; i <= ntok; i++) same &= a[i] == b[i];

@@ -56,6 +56,30 @@ static inline double test_rel_diff(const float *a, const float *b, int64_t n) {
     return m > 0 ? d / m : d;
 }
 
+/* With include/llm3d/backend.h included first: the backend the tests run on, $L3D_BACKEND (default
+ * cpu), its name printed (exits on an unknown name); and a host copy of n floats of its device
+ * memory, to free(). */
+#ifdef LLM3D_BACKEND_H
+#include <stdlib.h>
+
+static inline struct l3d_backend *test_backend_init(void) {
+    struct l3d_backend *be;
+    if (l3d_backend_init(NULL, &be) != L3D_OK) {
+        fprintf(stderr, "%s\n", l3d_error_message());
+        exit(1);
+    }
+    printf("backend: %s\n", l3d_backend_name(be));
+    return be;
+}
+
+static inline float *test_to_host(struct l3d_backend *be, const float *dev, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    L3D_ASSERT(h != NULL);
+    l3d_be_copy_d2h(be, h, dev, (size_t)n * sizeof(float));
+    return h;
+}
+#endif
+
 #define TEST_REPORT()                                                                      \
     (fprintf(stderr, "%s: %d checks, %d failed\n", __FILE__, test_checks, test_failures), \
      test_failures ? 1 : 0)

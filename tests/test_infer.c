@@ -12,18 +12,21 @@ static double rel_diff(const float *a, const float *b, int V) { return test_rel_
 int main(void) {
     struct l3d_gpt_config cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
-    struct l3d_backend *be = l3d_backend_cpu_init();
+    struct l3d_backend *be = test_backend_init();
     struct l3d_shard sh = l3d_shard_full(&cfg);
     const int T = cfg.maxT;
     struct l3d_gpt *m;
     CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, T, L3D_GRADS_NONE) == L3D_OK);
     /* weights of order 1 (larger than GPT-2's initialisation) so that the logits spread widely */
-    for (int64_t i = 0; i < m->num_params; i++) m->params[i] = 0.3f * l3d_rng_normal(5, 0, (uint64_t)i);
+    float *w = malloc((size_t)m->num_params * sizeof(float));
+    for (int64_t i = 0; i < m->num_params; i++) w[i] = 0.3f * l3d_rng_normal(5, 0, (uint64_t)i);
+    l3d_be_copy_h2d(be, m->params, w, (size_t)m->num_params * sizeof(float)); /* device memory */
+    free(w);
     int32_t tok[40];
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(l3d_rng_u64(9, 0, (uint64_t)t) % (uint64_t)cfg.V);
     l3d_gpt_forward(m, tok, NULL, 1, T);
     float *full = malloc((size_t)T * cfg.Vp * sizeof(float));
-    memcpy(full, m->logits, (size_t)T * cfg.Vp * sizeof(float));
+    l3d_be_copy_d2h(be, full, m->logits, (size_t)T * cfg.Vp * sizeof(float));
     double spread = 0.0;
     for (int i = 0; i < cfg.V; i++) spread = fabs(full[i]) > spread ? fabs(full[i]) : spread;
     CHECK(spread > 1.0); /* not a near-constant output */

@@ -4,7 +4,10 @@
  *   - every parameter's gradient equals central finite differences of that double model;
  *   - initial loss is about ln(V); a tiny model overfits one batch; two runs are bit-identical;
  *   - the model written against a shard: a two-stage layer split gives the full model's loss and
- *     gradients, and a head slice initialises the same values as the full model holds there.
+ *     gradients, and a head slice initialises the same values as the full model holds there;
+ *   - the checking backend gives bit-identical results to the CPU backend.
+ * The model's buffers are device memory of the backend ($L3D_BACKEND, default cpu): the tests read
+ * and write them through copies (test_to_host, l3d_be_copy_h2d).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -73,15 +76,18 @@ static struct l3d_gpt_config tiny_config(int L, int C, int NH, int V, int maxT) 
 
 /* Random weights with non-trivial biases and LayerNorm affine parts; wte padding rows stay 0. */
 static void randomize(struct l3d_gpt *m, uint64_t seed) {
-    ref_fill_normal(m->params, m->num_params, 0.0f, 0.3f, seed, 1);
+    float *p = malloc((size_t)m->num_params * sizeof(float));
+    ref_fill_normal(p, m->num_params, 0.0f, 0.3f, seed, 1);
     const struct l3d_tensor_info *w = &m->tensors[L3D_T_WTE];
-    for (int64_t r = m->cfg.V; r < w->rows; r++) memset(m->params + w->offset + r * w->cols, 0,
+    for (int64_t r = m->cfg.V; r < w->rows; r++) memset(p + w->offset + r * w->cols, 0,
                                                         (size_t)w->cols * sizeof(float));
     const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (int i = 0; i < 3; i++) {
         const struct l3d_tensor_info *t = &m->tensors[lnw[i]];
-        for (int64_t k = 0; k < t->count; k++) m->params[t->offset + k] += 1.0f;
+        for (int64_t k = 0; k < t->count; k++) p[t->offset + k] += 1.0f;
     }
+    l3d_be_copy_h2d(m->be, m->params, p, (size_t)m->num_params * sizeof(float));
+    free(p);
 }
 
 /* ---- tests -------------------------------------------------------------------------------- */
@@ -104,7 +110,9 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
 
     struct ref_gpt r = {.cfg = cfg, .t = m->tensors, .inp = inp, .tgt = tgt, .B = B, .T = T};
     r.params = dalloc(m->num_params);
-    ref_to_double(r.params, m->params, m->num_params);
+    float *params = test_to_host(be, m->params, m->num_params);
+    float *grads = test_to_host(be, m->grads, m->num_params);
+    ref_to_double(r.params, params, m->num_params);
     double rloss = ref_gpt_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
 
@@ -122,7 +130,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
             scale = fmax(scale, fabs(num[i]));
         }
         for (int64_t i = 0; i < t->count; i += stride) {
-            double d = fabs((double)m->grads[t->offset + i] - num[i]);
+            double d = fabs((double)grads[t->offset + i] - num[i]);
             if (!isnan(worst) && !(d <= worst)) { /* a NaN d becomes the worst and stays */
                 worst = d;
                 worst_i = i;
@@ -130,13 +138,16 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
         }
         if (!(worst <= 2e-4 * scale))
             fprintf(stderr, "tensor %s: worst element %lld analytic %.8g numeric %.8g\n", t->name,
-                    (long long)worst_i, m->grads[t->offset + worst_i], num[worst_i]);
+                    (long long)worst_i, grads[t->offset + worst_i], num[worst_i]);
         CHECK(worst <= 2e-4 * scale);
         if (ti == L3D_T_WTE) /* padding rows: exactly zero gradient */
-            for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++) CHECK(m->grads[t->offset + i] == 0.0f);
+            for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++)
+                CHECK(grads[t->offset + i] == 0.0f);
         free(num);
     }
     free(r.params);
+    free(params);
+    free(grads);
     l3d_gpt_free(m);
 }
 
@@ -154,6 +165,34 @@ static void test_initial_loss(struct l3d_backend *be) {
     float loss = l3d_gpt_forward(m, inp, tgt, B, T);
     CHECK_NEAR(loss, logf((float)cfg.V), 0.02 * logf((float)cfg.V));
     l3d_gpt_free(m);
+}
+
+/* AdamW with global-norm clipping over the whole model, its state in device memory: the
+ * optimizer's kernels driven as l3d_adamw_step does (src/optim keeps its moments on the host for
+ * now, which the checking backend refuses). */
+struct dev_adamw {
+    struct l3d_adamw_hparams hp;
+    float *m, *v;
+    double *sumsq;
+    int t;
+};
+
+static void dev_adamw_step(struct dev_adamw *o, struct l3d_gpt *m, float lr) {
+    struct l3d_backend *be = m->be;
+    double sq;
+    l3d_be_memset(be, o->sumsq, 0, sizeof sq);
+    l3d_be_sumsq(be, L3D_F32, o->sumsq, m->grads, m->num_params);
+    l3d_be_copy_d2h(be, &sq, o->sumsq, sizeof sq);
+    float clip = l3d_clip_factor(sqrt(sq), o->hp.grad_clip);
+    o->t++;
+    float bc1 = 1.0f - powf(o->hp.beta1, (float)o->t), bc2 = 1.0f - powf(o->hp.beta2, (float)o->t);
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
+        const struct l3d_tensor_info *t = &m->tensors[i];
+        if (!t->count) continue;
+        l3d_be_adamw(be, L3D_F32, m->params + t->offset, o->m + t->offset, o->v + t->offset,
+                     m->grads + t->offset, clip, t->count, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
+                     t->decay ? o->hp.weight_decay : 0.0f, bc1, bc2);
+    }
 }
 
 /* Trains `steps` AdamW steps on one fixed batch; returns the losses and final params. */
@@ -187,8 +226,7 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
         l3d_adamw_step(&opt, be, m->params, m->grads, clip, m->tensors, L3D_NUM_TENSORS, lr);
     }
     *n = m->num_params;
-    *params = malloc((size_t)m->num_params * sizeof(float));
-    memcpy(*params, m->params, (size_t)m->num_params * sizeof(float));
+    *params = test_to_host(be, m->params, m->num_params);
     l3d_sumsq_free(&gsq);
     l3d_adamw_free(&opt);
     l3d_gpt_free(m);
@@ -230,14 +268,18 @@ static void test_layer_shards(struct l3d_backend *be) {
     l3d_gpt_init_weights(m1, 11);
     CHECK(m0->tensors[L3D_T_LNFW].count == 0 && m1->tensors[L3D_T_WPE].count == 0);
     /* same initial values where the shards overlap the full model */
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *p0 = test_to_host(be, m0->params, m0->num_params);
+    float *p1 = test_to_host(be, m1->params, m1->num_params);
     for (int ti = 0; ti < L3D_NUM_TENSORS; ti++) {
         const struct l3d_tensor_info *f = &mf->tensors[ti], *a = &m0->tensors[ti], *b = &m1->tensors[ti];
-        if (a->count) CHECK(memcmp(m0->params + a->offset, mf->params + f->offset, (size_t)a->count * 4) == 0);
+        if (a->count) CHECK(memcmp(p0 + a->offset, pf + f->offset, (size_t)a->count * 4) == 0);
         if (b->count) {
             int64_t skip = f->layers > 1 ? 2 * f->rows * f->cols : 0; /* layer 2 of the full model */
-            CHECK(memcmp(m1->params + b->offset, mf->params + f->offset + skip, (size_t)b->count * 4) == 0);
+            CHECK(memcmp(p1 + b->offset, pf + f->offset + skip, (size_t)b->count * 4) == 0);
         }
     }
+    free(pf), free(p0), free(p1);
     int32_t inp[12], tgt[12];
     ref_fill_tokens(inp, B * T, 0, cfg.V, 4, 1);
     ref_fill_tokens(tgt, B * T, 0, cfg.V, 4, 2);
@@ -247,28 +289,33 @@ static void test_layer_shards(struct l3d_backend *be) {
     float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
     l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
     l3d_gpt_forward(m0, inp, NULL, B, T);
-    memcpy(m1->input_act, l3d_gpt_output_act(m0), (size_t)(B * T * cfg.C) * sizeof(float));
+    l3d_be_copy_d2d(be, m1->input_act, l3d_gpt_output_act(m0),
+                    (size_t)(B * T * cfg.C) * sizeof(float));
     float l1 = l3d_gpt_forward(m1, NULL, tgt, B, T);
     l3d_gpt_backward(m1, 1.0f / (float)(B * T), NULL);
     l3d_gpt_backward(m0, 1.0f / (float)(B * T), m1->dinput_act);
     CHECK(lf == l1);
     /* the tied wte: the full model's gradient is the sum of the embedding's and the head's */
     const struct l3d_tensor_info *fw = &mf->tensors[L3D_T_WTE];
+    float *gf = test_to_host(be, mf->grads, mf->num_params);
+    float *g0 = test_to_host(be, m0->grads, m0->num_params);
+    float *g1 = test_to_host(be, m1->grads, m1->num_params);
     double worst = 0.0;
     for (int64_t i = 0; i < fw->count; i++) {
-        double g = (double)m0->grads[m0->tensors[L3D_T_WTE].offset + i] +
-                   (double)m1->grads[m1->tensors[L3D_T_WTE].offset + i];
-        worst = test_max(worst, fabs(g - mf->grads[fw->offset + i]));
+        double g = (double)g0[m0->tensors[L3D_T_WTE].offset + i] +
+                   (double)g1[m1->tensors[L3D_T_WTE].offset + i];
+        worst = test_max(worst, fabs(g - gf[fw->offset + i]));
     }
     CHECK(worst < 1e-6);
     for (int ti = L3D_T_WPE; ti < L3D_NUM_TENSORS; ti++) {
         const struct l3d_tensor_info *f = &mf->tensors[ti], *a = &m0->tensors[ti], *b = &m1->tensors[ti];
-        if (a->count) CHECK(memcmp(m0->grads + a->offset, mf->grads + f->offset, (size_t)a->count * 4) == 0);
+        if (a->count) CHECK(memcmp(g0 + a->offset, gf + f->offset, (size_t)a->count * 4) == 0);
         if (b->count) {
             int64_t skip = f->layers > 1 ? 2 * f->rows * f->cols : 0;
-            CHECK(memcmp(m1->grads + b->offset, mf->grads + f->offset + skip, (size_t)b->count * 4) == 0);
+            CHECK(memcmp(g1 + b->offset, gf + f->offset + skip, (size_t)b->count * 4) == 0);
         }
     }
+    free(gf), free(g0), free(g1);
     l3d_gpt_free(mf);
     l3d_gpt_free(m0);
     l3d_gpt_free(m1);
@@ -291,26 +338,29 @@ static void test_slice_init(struct l3d_backend *be) {
     CHECK(l3d_gpt_init(&ms, &cfg, &s, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_init_weights(mf, 5);
     l3d_gpt_init_weights(ms, 5);
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *ps = test_to_host(be, ms->params, ms->num_params);
     int mism = 0;
     for (int l = 0; l < 2; l++) {
-        const float *fq = mf->params + mf->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * C * C;
-        const float *sq = ms->params + ms->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * HS * C;
+        const float *fq = pf + mf->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * C * C;
+        const float *sq = ps + ms->tensors[L3D_T_QKVW].offset + (int64_t)l * 3 * HS * C;
         for (int part = 0; part < 3; part++)
             for (int r = 0; r < HS; r++)
                 mism += memcmp(sq + (part * HS + r) * C, fq + (part * C + HS + r) * C, (size_t)C * 4) != 0;
-        const float *fp = mf->params + mf->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * C;
-        const float *sp = ms->params + ms->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * HS;
+        const float *fp = pf + mf->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * C;
+        const float *sp = ps + ms->tensors[L3D_T_ATTPROJW].offset + (int64_t)l * C * HS;
         for (int r = 0; r < C; r++) mism += memcmp(sp + r * HS, fp + r * C + HS, (size_t)HS * 4) != 0;
-        const float *ff = mf->params + mf->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 4 * C;
-        const float *sf = ms->params + ms->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 32;
+        const float *ff = pf + mf->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 4 * C;
+        const float *sf = ps + ms->tensors[L3D_T_FCPROJW].offset + (int64_t)l * C * 32;
         for (int r = 0; r < C; r++) mism += memcmp(sf + r * 32, ff + r * 4 * C + 32, 32 * 4) != 0;
-        const float *fw = mf->params + mf->tensors[L3D_T_FCW].offset + (int64_t)l * 4 * C * C;
-        const float *sw = ms->params + ms->tensors[L3D_T_FCW].offset + (int64_t)l * 32 * C;
+        const float *fw = pf + mf->tensors[L3D_T_FCW].offset + (int64_t)l * 4 * C * C;
+        const float *sw = ps + ms->tensors[L3D_T_FCW].offset + (int64_t)l * 32 * C;
         mism += memcmp(sw, fw + 32 * C, 32 * C * 4) != 0;
     }
-    mism += memcmp(ms->params + ms->tensors[L3D_T_WTE].offset,
-                   mf->params + mf->tensors[L3D_T_WTE].offset + 128 * C, 128 * C * 4) != 0;
+    mism += memcmp(ps + ms->tensors[L3D_T_WTE].offset,
+                   pf + mf->tensors[L3D_T_WTE].offset + 128 * C, 128 * C * 4) != 0;
     CHECK(mism == 0);
+    free(pf), free(ps);
     l3d_gpt_free(mf);
     l3d_gpt_free(ms);
 }
@@ -342,10 +392,10 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
     l3d_gpt_zero_grad(ref);
     float lref[2];
     for (int i = 0; i < 2; i++) {
-        memcpy(ref->input_act, x[i], (size_t)nx * sizeof(float));
+        l3d_be_copy_h2d(be, ref->input_act, x[i], (size_t)nx * sizeof(float));
         lref[i] = l3d_gpt_forward(ref, NULL, tgt[i], B, T);
         l3d_gpt_backward(ref, 0.01f, NULL);
-        memcpy(dx[i], ref->dinput_act, (size_t)nx * sizeof(float));
+        l3d_be_copy_d2h(be, dx[i], ref->dinput_act, (size_t)nx * sizeof(float));
     }
     size_t bytes[3];
     for (int rc = L3D_RECOMPUTE_NONE; rc <= L3D_RECOMPUTE_FULL; rc++) {
@@ -356,18 +406,23 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
         float l[2];
         for (int i = 0; i < 2; i++) {
             l3d_gpt_use_slot(m, i);
-            memcpy(m->input_act, x[i], (size_t)nx * sizeof(float));
+            l3d_be_copy_h2d(be, m->input_act, x[i], (size_t)nx * sizeof(float));
             l[i] = l3d_gpt_forward(m, NULL, tgt[i], B, T);
         }
         int same_dx = 1;
         for (int i = 0; i < 2; i++) {
             l3d_gpt_use_slot(m, i);
             l3d_gpt_backward(m, 0.01f, NULL);
-            same_dx &= memcmp(m->dinput_act, dx[i], (size_t)nx * sizeof(float)) == 0;
+            float *d = test_to_host(be, m->dinput_act, nx);
+            same_dx &= memcmp(d, dx[i], (size_t)nx * sizeof(float)) == 0;
+            free(d);
         }
         CHECK(l[0] == lref[0] && l[1] == lref[1]);
         CHECK(same_dx);
-        CHECK(memcmp(m->grads, ref->grads, (size_t)m->num_params * sizeof(float)) == 0);
+        float *g = test_to_host(be, m->grads, m->num_params);
+        float *gref = test_to_host(be, ref->grads, ref->num_params);
+        CHECK(memcmp(g, gref, (size_t)m->num_params * sizeof(float)) == 0);
+        free(g), free(gref);
         size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 2, rc);
         bytes[rc] = m->act_bytes;
         CHECK(m->act_bytes >= want && m->act_bytes <= want + 64 * (size_t)(2 * 40 + 40));
@@ -394,6 +449,55 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
     }
 }
 
+/* For fp32, the checking backend runs the CPU kernels on the same values: a forward, backward and
+ * optimizer step give bit-identical logits, per-token losses, loss, gradients and parameters. */
+static void test_check_identical(void) {
+    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 50, 8);
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    int B = 2, T = 5, N = B * T;
+    int32_t inp[10], tgt[10];
+    ref_fill_tokens(inp, N, 0, cfg.V, 6, 1);
+    ref_fill_tokens(tgt, N, 0, cfg.V, 6, 2);
+    const char *names[2] = {"cpu", "check"};
+    float loss[2], *logits[2], *losses[2], *grads[2], *params[2];
+    int64_t np = 0;
+    for (int k = 0; k < 2; k++) {
+        struct l3d_backend *be;
+        L3D_ASSERT(l3d_backend_init(names[k], &be) == L3D_OK);
+        CHECK(strcmp(l3d_backend_name(be), names[k]) == 0);
+        struct l3d_gpt *m;
+        L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+        randomize(m, 21);
+        np = m->num_params;
+        l3d_gpt_zero_grad(m);
+        loss[k] = l3d_gpt_forward(m, inp, tgt, B, T);
+        logits[k] = test_to_host(be, m->logits, (int64_t)N * cfg.Vp);
+        losses[k] = test_to_host(be, m->losses, N);
+        l3d_gpt_backward(m, 1.0f / (float)N, NULL);
+        grads[k] = test_to_host(be, m->grads, np);
+        struct dev_adamw opt = {.hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                       .weight_decay = 0.1f, .grad_clip = 1.0f},
+                                .m = l3d_be_alloc(be, (size_t)np * 4, "adamw m"),
+                                .v = l3d_be_alloc(be, (size_t)np * 4, "adamw v"),
+                                .sumsq = l3d_be_alloc(be, sizeof(double), "grad sumsq")};
+        l3d_be_memset(be, opt.m, 0, (size_t)np * 4);
+        l3d_be_memset(be, opt.v, 0, (size_t)np * 4);
+        dev_adamw_step(&opt, m, 1e-2f);
+        params[k] = test_to_host(be, m->params, np);
+        l3d_be_free(be, opt.m);
+        l3d_be_free(be, opt.v);
+        l3d_be_free(be, opt.sumsq);
+        l3d_gpt_free(m);
+        l3d_backend_free(be);
+    }
+    CHECK(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0);
+    CHECK(memcmp(logits[0], logits[1], (size_t)N * cfg.Vp * sizeof(float)) == 0);
+    CHECK(memcmp(losses[0], losses[1], (size_t)N * sizeof(float)) == 0);
+    CHECK(memcmp(grads[0], grads[1], (size_t)np * sizeof(float)) == 0);
+    CHECK(memcmp(params[0], params[1], (size_t)np * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++) free(logits[k]), free(losses[k]), free(grads[k]), free(params[k]);
+}
+
 static void test_errors(struct l3d_backend *be) {
     struct l3d_gpt_config cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
@@ -409,7 +513,7 @@ static void test_errors(struct l3d_backend *be) {
 }
 
 int main(void) {
-    struct l3d_backend *be = l3d_backend_cpu_init();
+    struct l3d_backend *be = test_backend_init();
     test_forward_and_gradients(be);
     test_initial_loss(be);
     test_overfit_and_determinism(be);
@@ -417,6 +521,7 @@ int main(void) {
     test_slice_init(be);
     test_slots_and_recompute(be);
     test_errors(be);
+    test_check_identical();
     l3d_backend_free(be);
     return TEST_REPORT();
 }

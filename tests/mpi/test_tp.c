@@ -5,6 +5,8 @@
  * equal the single-rank model's. Models of one and two layers separate the parallel layers: the
  * vocabulary-parallel embedding and cross-entropy, the column/row-parallel attention block and
  * the column/row-parallel MLP, and the replicated LayerNorms and row-parallel biases.
+ * The models' buffers are device memory of the backend ($L3D_BACKEND, default cpu): the checks
+ * read host copies of them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -41,37 +43,39 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
     l3d_gpt_zero_grad(mf);
     l3d_gpt_zero_grad(ms);
     float lf = l3d_gpt_forward(mf, inp, tgt, B, T);
-    /* the forward logits of this rank's vocabulary slice, before backward overwrites them */
-    float *slice = malloc((size_t)(B * T) * (size_t)sh.vocab_count * sizeof(float));
+    /* the forward logits (this rank's vocabulary slice), before backward overwrites them */
+    float *logits = test_to_host(be, mf->logits, (int64_t)B * T * cfg.Vp);
     float ls = l3d_gpt_forward(ms, inp, tgt, B, T);
-    for (int64_t n = 0; n < (int64_t)B * T; n++)
-        memcpy(slice + n * sh.vocab_count, ms->logits + n * sh.vocab_count,
-               (size_t)sh.vocab_count * sizeof(float));
+    float *slice = test_to_host(be, ms->logits, (int64_t)B * T * sh.vocab_count);
     double dl = 0.0;
     for (int64_t n = 0; n < (int64_t)B * T; n++)
         dl = test_max(dl, rel_diff(slice + n * sh.vocab_count,
-                                   mf->logits + n * cfg.Vp + sh.vocab_start, sh.vocab_count));
+                                   logits + n * cfg.Vp + sh.vocab_start, sh.vocab_count));
     CHECK(dl < 1e-5);
     CHECK_NEAR(ls, lf, 1e-6 * fabs(lf));
     l3d_gpt_backward(mf, 1.0f / (float)(B * T), NULL);
     l3d_gpt_backward(ms, 1.0f / (float)(B * T), NULL);
     /* the input gradient: this rank's rows of it with sequence parallelism */
     int64_t rows = (int64_t)B * T / sh.sp_size, r0 = sh.sp_rank * rows;
-    CHECK(rel_diff(ms->dinput_act, mf->dinput_act + r0 * cfg.C, rows * cfg.C) < 1e-5);
+    float *dxs = test_to_host(be, ms->dinput_act, rows * cfg.C);
+    float *dxf = test_to_host(be, mf->dinput_act, (int64_t)B * T * cfg.C);
+    CHECK(rel_diff(dxs, dxf + r0 * cfg.C, rows * cfg.C) < 1e-5);
     float *g = world->rank == 0 ? calloc((size_t)mf->num_params, sizeof(float)) : NULL;
-    l3d_tp_gather(ms, world, ms->grads, g);
+    float *gs = test_to_host(be, ms->grads, ms->num_params);
+    float *gf = test_to_host(be, mf->grads, mf->num_params);
+    l3d_tp_gather(ms, world, gs, g);
     if (world->rank == 0) {
         for (int t = 0; t < L3D_NUM_TENSORS; t++) {
             const struct l3d_tensor_info *ti = &mf->tensors[t];
-            double r = rel_diff(g + ti->offset, mf->grads + ti->offset, ti->count);
+            double r = rel_diff(g + ti->offset, gf + ti->offset, ti->count);
             if (r >= 1e-5)
                 fprintf(stderr, "tp %d, L %d, overlap %d, sp %d: gradient of %s differs by %.3g\n", tp,
                         L, overlap, sp, ti->name, r);
             CHECK(r < 1e-5);
         }
     }
-    free(g);
-    free(slice);
+    free(g), free(gs), free(gf), free(dxs), free(dxf);
+    free(slice), free(logits);
     l3d_gpt_free(mf);
     l3d_gpt_free(ms);
 }
@@ -82,7 +86,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", l3d_error_message());
         return 1;
     }
-    struct l3d_backend *be = l3d_backend_cpu_init();
+    struct l3d_backend *be = test_backend_init();
+    l3d_comm_use_backend(world, be); /* before the TP group is split from the world */
     check_layout(world, be, 1, false, false);
     check_layout(world, be, 2, false, false);
     check_layout(world, be, 2, true, false); /* input-gradient sums overlapped with weight grads */
