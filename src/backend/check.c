@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #endif
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -133,9 +134,9 @@ static void *chk_alloc(void *ctx, size_t bytes, const char *what) {
     }
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 64;
-        struct region *r = l3d_alloc((size_t)cap * sizeof *r, "check backend registry");
-        if (c->n) memcpy(r, c->r, (size_t)c->n * sizeof *r);
-        l3d_free(c->r);
+        /* the checker's own bookkeeping: not counted with the memory the program uses */
+        struct region *r = realloc(c->r, (size_t)cap * sizeof *r);
+        if (!r) l3d_fatal(__FILE__, __LINE__, "check backend: out of memory for its registry");
         c->r = r;
         c->cap = cap;
     }
@@ -188,7 +189,7 @@ static void chk_free(void *ctx) {
     struct chk *c = ctx;
     if (fault_reg == c) fault_reg = NULL;
     while (c->n) chk_dfree(c, c->r[c->n - 1].dev); /* buffers the caller did not free */
-    l3d_free(c->r);
+    free(c->r);
     l3d_backend_free(c->inner);
     l3d_free(c);
 }
