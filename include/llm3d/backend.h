@@ -82,7 +82,8 @@ void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
  * on every thread of the current OpenMP team size). */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
- * memory, after l3d_be_sync; p itself when p is not device memory of this backend. */
+ * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the
+ * device's memory is not reachable so (a GPU without a GPU-aware MPI). */
 void *l3d_be_host_view(struct l3d_backend *be, const void *p, size_t bytes);
 
 /* ---- kernels -------------------------------------------------------------------------------

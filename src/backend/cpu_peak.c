@@ -36,18 +36,19 @@ __attribute__((target("avx2,fma"))) static double fma_loop_avx2(int64_t iters, f
     return (double)iters * NACC * 8 * 2;
 }
 
-double l3d_cpu_fma_peak(double seconds) {
-    int avx512 = __builtin_cpu_supports("avx512f");
+typedef double (*peak_loop)(int64_t iters, float *sink);
+
+/* The best of five short rounds of `loop` on every thread, each about seconds / 5 (the clock
+ * ramps up and other load comes and goes), with iters chosen per lanes of the instruction. */
+static double peak_rounds(peak_loop loop, int64_t lanes, double seconds) {
     double best = 0.0;
-    /* several short rounds, best one: the clock ramps up and other load comes and goes */
     for (int round = 0; round < 5; round++) {
         double flops = 0.0;
         double t0 = l3d_time_s();
 #pragma omp parallel reduction(+ : flops)
         {
             float s;
-            int64_t iters = (int64_t)(2e8 * seconds / 5);
-            flops += avx512 ? fma_loop_avx512(iters / 16, &s) : fma_loop_avx2(iters / 8, &s);
+            flops += loop((int64_t)(2e8 * seconds / 5) / lanes, &s);
             volatile float keep = s; /* keeps the loop's result live */
             (void)keep;
         }
@@ -55,6 +56,11 @@ double l3d_cpu_fma_peak(double seconds) {
         if (flops / dt > best) best = flops / dt;
     }
     return best;
+}
+
+double l3d_cpu_fma_peak(double seconds) {
+    if (__builtin_cpu_supports("avx512f")) return peak_rounds(fma_loop_avx512, 16, seconds);
+    return peak_rounds(fma_loop_avx2, 8, seconds);
 }
 
 /* vdpbf16ps: each of the 16 fp32 lanes adds two bf16 products, 4 FLOPs a lane an instruction. */
@@ -72,21 +78,7 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_loop(int64_t it
 
 double l3d_cpu_bf16_peak(double seconds) {
     if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
-    double best = 0.0;
-    for (int round = 0; round < 5; round++) {
-        double flops = 0.0;
-        double t0 = l3d_time_s();
-#pragma omp parallel reduction(+ : flops)
-        {
-            float s;
-            flops += bf16_loop((int64_t)(2e8 * seconds / 5) / 32, &s);
-            volatile float keep = s;
-            (void)keep;
-        }
-        double dt = l3d_time_s() - t0;
-        if (flops / dt > best) best = flops / dt;
-    }
-    return best;
+    return peak_rounds(bf16_loop, 32, seconds);
 }
 
 double l3d_cpu_sgemm_flops(int64_t M, int64_t N, int64_t K, double seconds) {

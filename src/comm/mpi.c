@@ -228,7 +228,12 @@ static char *at(const void *buf, int64_t elems, size_t esize) {
 static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t) {
     if (!c->be || !buf) return (void *)buf;
     l3d_be_sync(c->be);
-    return l3d_be_host_view(c->be, buf, (size_t)n * l3d_dtype_size(t));
+    void *h = l3d_be_host_view(c->be, buf, (size_t)n * l3d_dtype_size(t));
+    if (!h)
+        l3d_fatal(__FILE__, __LINE__, "rank %d: MPI cannot reach the device memory of backend "
+                  "%s: use a GPU-aware MPI or the NCCL communicator", c->world_rank,
+                  l3d_backend_name(c->be));
+    return h;
 }
 
 /* ---- split / free ---------------------------------------------------------------------------- */

@@ -54,6 +54,7 @@ l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp) {
 void l3d_runtime_free(struct l3d_runtime *rt) {
     if (!rt) return;
     if (rt->has_topo) l3d_topo_free(&rt->topo);
+    if (rt->world) l3d_comm_use_backend(rt->world, NULL);
     if (rt->be) l3d_backend_free(rt->be);
     if (rt->mpi) l3d_comm_mpi_finalize(rt->world);
     free(rt);
