@@ -96,7 +96,8 @@ static void usage(FILE *fp) {
             "  --recompute         no KV cache: re-run the whole sequence for each token\n"
             "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
             "                      threads mostly wait on each other and on memory)\n"
-            "  --backend NAME      the device: cpu (default: $L3D_BACKEND, else cpu)\n");
+            "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
+            "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n");
 }
 
 /* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
