@@ -22,6 +22,7 @@
  * see is a change smaller than that, e.g. a typo in the 5th digit of GELU's 0.044715 (~1e-6).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,19 +258,47 @@ static void k_layernorm_backward(struct l3d_backend *be, float *dinp, float *dw,
                               in_f(&s, w, C), in_f(&s, mean, N), in_f(&s, rstd, N), N, C);
     stage_done(&s);
 }
-static void k_attention_forward(struct l3d_backend *be, float *out, float *att, const float *qkv,
+static void k_attention_forward(struct l3d_backend *be, float *out, float *lse, const float *qkv,
                                 int64_t B, int64_t T, int64_t NH, int64_t HS) {
     struct stage s = {.be = be};
-    l3d_be_attention_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS),
+    l3d_be_attention_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS), out_f(&s, lse, B * NH * T),
+                             in_f(&s, qkv, B * T * 3 * NH * HS), B, T, NH, HS);
+    stage_done(&s);
+}
+static void k_attention_backward(struct l3d_backend *be, float *dqkv, const float *dout,
+                                 const float *qkv, const float *out, const float *lse, int64_t B,
+                                 int64_t T, int64_t NH, int64_t HS) {
+    struct stage s = {.be = be};
+    l3d_be_attention_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
+                              in_f(&s, dout, B * T * NH * HS), in_f(&s, qkv, B * T * 3 * NH * HS),
+                              in_f(&s, out, B * T * NH * HS), in_f(&s, lse, B * NH * T), B, T, NH,
+                              HS);
+    stage_done(&s);
+}
+static void k_attention_cached(struct l3d_backend *be, float *out, const float *q, const float *k,
+                               const float *v, int64_t pos, int64_t n, int64_t NH, int64_t HS,
+                               int64_t qs, int64_t ks) {
+    struct stage s = {.be = be};
+    int64_t C = NH * HS;
+    l3d_be_attention_cached(be, L3D_F32, out_f(&s, out, n * C), in_f(&s, q, (n - 1) * qs + C),
+                            in_f(&s, k, (pos + n - 1) * ks + C), in_f(&s, v, (pos + n - 1) * ks + C),
+                            pos, n, NH, HS, qs, ks);
+    stage_done(&s);
+}
+static void k_attention_naive_forward(struct l3d_backend *be, float *out, float *att,
+                                      const float *qkv, int64_t B, int64_t T, int64_t NH,
+                                      int64_t HS) {
+    struct stage s = {.be = be};
+    l3d_be_attention_naive_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS),
                              out_f(&s, att, B * NH * T * T), in_f(&s, qkv, B * T * 3 * NH * HS),
                              B, T, NH, HS);
     stage_done(&s);
 }
-static void k_attention_backward(struct l3d_backend *be, float *dqkv, float *datt,
-                                 const float *dout, const float *qkv, const float *att, int64_t B,
-                                 int64_t T, int64_t NH, int64_t HS) {
+static void k_attention_naive_backward(struct l3d_backend *be, float *dqkv, float *datt,
+                                       const float *dout, const float *qkv, const float *att,
+                                       int64_t B, int64_t T, int64_t NH, int64_t HS) {
     struct stage s = {.be = be};
-    l3d_be_attention_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
+    l3d_be_attention_naive_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
                               out_f(&s, datt, B * NH * T * T), in_f(&s, dout, B * T * NH * HS),
                               in_f(&s, qkv, B * T * 3 * NH * HS), in_f(&s, att, B * NH * T * T),
                               B, T, NH, HS);
@@ -637,22 +666,60 @@ static double att_objective(void *p) {
     return ref_dot(c->dout, c->out, c->B * c->T * c->NH * c->HS);
 }
 
+/* Whether got against want fails the forward tolerance somewhere (for the negative cases: an
+ * oracle must reject a perturbed input). */
+static int fwd_rejects(const float *got, const double *want, int64_t n) {
+    double scale = max_abs(want, n);
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= FWD_RTOL * (fabs(want[i]) + scale))) return 1;
+    return 0;
+}
+
+/* The tiled kernel (FlashAttention) against the double reference: out and the per-row
+ * log-sum-exp forward, dqkv by finite differences of the reference forward. */
 static void test_attention(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
                            int64_t HS, float sigma, uint64_t s) {
     char tag[128];
     snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld HS=%lld qkv~N(0,%g)", (ll)B, (ll)T,
              (ll)NH, (ll)HS, sigma);
+    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    float *qkv = frand(nqkv, 0, sigma, s + 1), *dout = frand(nout, 0, 1, s + 2);
+    float *out = fnan(nout), *lse = fnan(nlse);
+    struct att_ctx c = {B, T, NH, HS, dcopy(qkv, nqkv), dalloc(nout), NULL, dcopy(dout, nout)};
+    double *lse_ref = dalloc(nlse);
+
+    k_attention_forward(be, out, lse, qkv, B, T, NH, HS);
+    att_objective(&c);
+    ref_attention_lse(lse_ref, c.qkv, B, T, NH, HS);
+    check_fwd(K_ATTENTION, tag, "out", out, c.out, nout);
+    check_fwd(K_ATTENTION, tag, "lse", lse, lse_ref, nlse);
+
+    struct grad gq = grad_numeric("dqkv", c.qkv, nqkv, att_objective, &c, s + 11);
+    grad_prefill(&gq);
+    k_attention_backward(be, gq.g, dout, qkv, out, lse, B, T, NH, HS);
+    grad_check(K_ATTENTION, tag, &gq);
+
+    grad_free(&gq);
+    free(c.qkv), free(c.out), free(c.dout), free(lse_ref);
+    free(qkv), free(dout), free(out), free(lse);
+}
+
+/* The materialising pair (the benchmark's L3D_ATTENTION=naive), as before the tiled kernel. */
+static void test_attention_naive(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
+                                 int64_t HS, float sigma, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "attention_naive B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T,
+             (ll)NH, (ll)HS);
     const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, natt = B * NH * T * T;
     float *qkv = frand(nqkv, 0, sigma, s + 1), *dout = frand(nout, 0, 1, s + 2);
     float *out = fnan(nout), *att = fnan(natt);
     struct att_ctx c = {B, T, NH, HS, dcopy(qkv, nqkv), dalloc(nout), dalloc(natt), dcopy(dout, nout)};
 
-    k_attention_forward(be, out, att, qkv, B, T, NH, HS);
+    k_attention_naive_forward(be, out, att, qkv, B, T, NH, HS);
     att_objective(&c);
     check_fwd(K_ATTENTION, tag, "out", out, c.out, nout);
     check_fwd(K_ATTENTION, tag, "att", att, c.att, natt);
-    /* Exactly zero above the diagonal. */
-    int64_t nbad = 0;
+    int64_t nbad = 0; /* exactly zero above the diagonal */
     for (int64_t bh = 0; bh < B * NH; bh++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t t2 = t + 1; t2 < T; t2++) nbad += att[(bh * T + t) * T + t2] != 0.0f;
@@ -662,12 +729,73 @@ static void test_attention(struct l3d_backend *be, int64_t B, int64_t T, int64_t
     struct grad gq = grad_numeric("dqkv", c.qkv, nqkv, att_objective, &c, s + 11);
     grad_prefill(&gq);
     float *datt = fnan(natt); /* scratch: overwritten, never read before written */
-    k_attention_backward(be, gq.g, datt, dout, qkv, att, B, T, NH, HS);
+    k_attention_naive_backward(be, gq.g, datt, dout, qkv, att, B, T, NH, HS);
     grad_check(K_ATTENTION, tag, &gq);
 
     grad_free(&gq);
     free(c.qkv), free(c.out), free(c.att), free(c.dout);
     free(qkv), free(dout), free(out), free(att), free(datt);
+}
+
+/* The tiled kernel's outputs bit for bit with 1, 2 and 3 threads (its tasks are fixed pieces of
+ * work, each run start to end by one thread); and the negative cases of the oracle: a perturbed
+ * query, or keys seen from the future, must be rejected. */
+static void test_attention_threads(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
+                                   int64_t HS, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "attention threads B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T,
+             (ll)NH, (ll)HS);
+    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    float *qkv = frand(nqkv, 0, 1, s + 1), *dout = frand(nout, 0, 1, s + 2);
+    float *out[3], *lse[3], *dqkv[3];
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+        omp_set_num_threads(k + 1);
+        out[k] = fnan(nout), lse[k] = fnan(nlse), dqkv[k] = xcalloc((size_t)nqkv, sizeof(float));
+        k_attention_forward(be, out[k], lse[k], qkv, B, T, NH, HS);
+        k_attention_backward(be, dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, HS);
+    }
+    omp_set_num_threads(saved);
+    for (int k = 1; k < 3; k++) {
+        check_all_equal(tag, k == 1 ? "out, 2 threads vs 1" : "out, 3 threads vs 1", out[k], out[0], nout);
+        check_all_equal(tag, "lse vs 1 thread", lse[k], lse[0], nlse);
+        check_all_equal(tag, "dqkv vs 1 thread", dqkv[k], dqkv[0], nqkv);
+    }
+    /* negative cases: the reference on a query perturbed by 1e-3, and without the causal mask */
+    double *dq = dcopy(qkv, nqkv), *want = dalloc(nout);
+    dq[(T / 2) * 3 * NH * HS] += 1e-3;
+    ref_attention_forward(want, NULL, dq, B, T, NH, HS);
+    CHECK(fwd_rejects(out[0], want, nout));
+    dq[(T / 2) * 3 * NH * HS] -= 1e-3;
+    /* a future key's value changed: the causal output before it must not move, after it must */
+    int64_t t_future = T - 1;
+    dq[t_future * 3 * NH * HS + 2 * NH * HS] += 1.0; /* v of the last position, head 0 */
+    ref_attention_forward(want, NULL, dq, B, T, NH, HS);
+    CHECK(!fwd_rejects(out[0], want, (T - 1) * NH * HS)); /* rows before it: same */
+    CHECK(fwd_rejects(out[0], want, nout));
+    free(dq), free(want);
+    for (int k = 0; k < 3; k++) free(out[k]), free(lse[k]), free(dqkv[k]);
+    free(qkv), free(dout);
+}
+
+/* attention_cached (generation) against the reference rows: n new rows at position pos over a
+ * key/value cache with its own strides, the same kernel as training with a query block of n. */
+static void test_attention_cached(struct l3d_backend *be, int64_t pos, int64_t n, int64_t NH,
+                                  int64_t HS, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld HS=%lld", (ll)pos, (ll)n,
+             (ll)NH, (ll)HS);
+    const int64_t T = pos + n, C = NH * HS, nqkv = T * 3 * C;
+    float *qkv = frand(nqkv, 0, 1, s + 1);
+    /* cache rows of 2C (keys | values), queries rows of 3C, as infer.c lays them out */
+    float *kv = falloc(T * 2 * C), *out = fnan(n * C);
+    for (int64_t t = 0; t < T; t++) memcpy(kv + t * 2 * C, qkv + t * 3 * C + C, (size_t)(2 * C) * sizeof(float));
+    double *d = dcopy(qkv, nqkv), *want = dalloc(T * C);
+    ref_attention_forward(want, NULL, d, 1, T, NH, HS);
+    k_attention_cached(be, out, qkv + pos * 3 * C, kv, kv + C, pos, n, NH, HS, 3 * C, 2 * C);
+    check_fwd(K_ATTENTION, tag, "out", out, want + pos * C, n * C);
+    if (pos > 0) CHECK(fwd_rejects(out, want + (pos - 1) * C, n * C)); /* a row off: rejected */
+    free(qkv), free(kv), free(out), free(d), free(want);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -929,6 +1057,22 @@ int main(void) {
     test_attention(be, 1, 33, 2, 5, 1, s += 100);
     test_attention(be, 2, 20, 4, 8, 2.5f, s += 100);
     test_attention(be, 1, 64, 1, 4, 1, s += 100);
+    /* the tiled kernel's blocks are 64: T across one, several and a partial last block, head
+     * sizes 64 (GPT-2), 24 and 80 (not multiples of the block), T = 1024 with one small head */
+    test_attention(be, 1, 7, 2, 64, 1, s += 100);
+    test_attention(be, 1, 64, 2, 24, 1, s += 100);
+    test_attention(be, 1, 65, 1, 80, 1.5f, s += 100);
+    test_attention(be, 1, 257, 2, 12, 1, s += 100);
+    test_attention(be, 1, 1024, 1, 4, 1, s += 100);
+    test_attention_naive(be, 1, 1, 1, 1, 1, s += 100);
+    test_attention_naive(be, 2, 5, 3, 4, 1, s += 100);
+    test_attention_naive(be, 2, 20, 4, 8, 2.5f, s += 100);
+    test_attention_threads(be, 2, 257, 3, 24, s += 100);
+    test_attention_threads(be, 1, 1024, 2, 16, s += 100);
+    test_attention_cached(be, 0, 1, 2, 8, s += 100);
+    test_attention_cached(be, 100, 1, 2, 8, s += 100);
+    test_attention_cached(be, 37, 90, 3, 16, s += 100);
+    test_attention_cached(be, 64, 64, 1, 64, s += 100);
 
     test_gelu(be, 1, 1, s += 100);
     test_gelu(be, 37, 1, s += 100);

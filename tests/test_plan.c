@@ -213,13 +213,14 @@ static void test_memory_trainer(void) {
     CHECK_NEAR(r.mem.grads, 4 * n, 0);
     CHECK_NEAR(r.mem.optimizer, 8 * n, 0);
     CHECK_NEAR(r.mem.activations,
-               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_NONE), 0);
-    CHECK_NEAR(r.mem.other, 2.0 * 4 * 4 * 256 * 8, 0);
+               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_NONE, true), 0);
+    /* the token buffers, and the pipeline's received gradient (b s h fp32) */
+    CHECK_NEAR(r.mem.other, 2.0 * 4 * 4 * 256 * 8 + 4.0 * 4 * 256 * 768, 0);
     /* the activations of the full recomputation: the model's closed form again */
     lay.recompute = L3D_RECOMPUTE_FULL;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.activations,
-               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_FULL), 0);
+               (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_FULL, true), 0);
     /* the trainer's partition for pp 2 (9 + 3 layers for GPT-2 124M) */
     int layers[2];
     CHECK(l3d_plan_stage_layers(&m, &run, 2, layers) == L3D_OK);

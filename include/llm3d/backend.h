@@ -109,11 +109,24 @@ void l3d_be_layernorm_backward(struct l3d_backend *be, enum l3d_dtype dt, void *
                                void *dweight, void *dbias, const void *dout, const void *inp,
                                const void *weight, const float *mean, const float *rstd,
                                int64_t N, int64_t C);
-void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, void *att,
+/* Causal self-attention, tiled (FlashAttention): out (B,T,NH,HS) from qkv (B,T,3,NH,HS); lse
+ * (B,NH,T) fp32, the log-sum-exp of each query row's scaled scores, saved for backward, which
+ * recomputes the scores from qkv, out and lse. No (B,NH,T,T) tensor. */
+void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
                               const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
-void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv, void *datt,
-                               const void *dout, const void *qkv, const void *att, int64_t B,
-                               int64_t T, int64_t NH, int64_t HS);
+void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
+                               const void *dout, const void *qkv, const void *out,
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t HS);
+/* The materialising kernel pair, att (B,NH,T,T) the probabilities, datt (B,NH,T,T) scratch: the
+ * oracle the tiled kernel is benchmarked against (L3D_ATTENTION=naive); NULL in a backend
+ * without it (the call aborts). */
+void l3d_be_attention_naive_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
+                                    void *att, const void *qkv, int64_t B, int64_t T, int64_t NH,
+                                    int64_t HS);
+void l3d_be_attention_naive_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
+                                     void *datt, const void *dout, const void *qkv,
+                                     const void *att, int64_t B, int64_t T, int64_t NH,
+                                     int64_t HS);
 /* Attention of n new rows at positions pos..pos+n-1 over a key/value cache (generation):
  * out (n, NH*HS) = softmax(q k^T / sqrt(HS)) v over cached positions 0..pos+i for row i; q (n)
  * rows of q_stride elements (heads at h*HS); k, v (pos+n) rows of kv_stride elements. */

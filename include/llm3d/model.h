@@ -115,7 +115,10 @@ struct l3d_gpt_acts; /* activation pointer table, private to the model */
 /* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
  * Transformer Models"): keep every layer's activations (none), all but the attention
  * probabilities, recomputed from q and k in backward (selective), or only each layer's input,
- * the whole layer recomputed in backward (full). Same results in every mode. */
+ * the whole layer recomputed in backward (full). Same results in every mode. The tiled attention
+ * kernel (the default) keeps no probabilities, only a log-sum-exp per query row, and its backward
+ * recomputes the scores anyway: selective then keeps and recomputes what none does (it differs
+ * from none only under the benchmark's materialising kernel, L3D_ATTENTION=naive). */
 enum l3d_recompute { L3D_RECOMPUTE_NONE, L3D_RECOMPUTE_SELECTIVE, L3D_RECOMPUTE_FULL };
 
 struct l3d_gpt {
@@ -126,6 +129,7 @@ struct l3d_gpt {
     int Bmax, Tmax;       /* sizes the activations were planned for */
     int act_slots, slot;  /* micro-batches whose activations can be kept at once; current one */
     enum l3d_recompute recompute;
+    bool attn_naive;      /* L3D_ATTENTION=naive: the materialising kernel (benchmark, oracle) */
     int64_t num_params;   /* elements in this shard */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     /* Device memory of `be` (include/llm3d/backend.h): host code reaches it only by copies. */
@@ -168,14 +172,16 @@ void l3d_gpt_free(struct l3d_gpt *m);
 /* Activation bytes of a shard in closed form (what m->act_bytes holds, up to 64-byte alignment of
  * each buffer): per layer and micro-batch, in fp32 with s = T, b = B, h = C, a = heads, t = TP size
  * and p = 1 or t with sequence parallelism (Korthikanti et al. 2022, sec. 4, adapted: no dropout,
- * LayerNorm statistics kept instead of inputs, 4-byte values):
- *   none       4 (s b h (2 + 12/t + 2/p) + a s^2 b / t + 4 s b / p)
- *   selective  4 (s b h (2 + 12/t + 2/p) + 4 s b / p)
- *   full       4 s b h / p                       (the layer's input only)
- * times act_slots micro-batches, plus the stage's input, head and token buffers per slot and one
- * layer's backward (and recomputation) buffers shared by all slots. */
+ * LayerNorm statistics kept instead of inputs, 4-byte values), with the tiled attention kernel
+ * (flash; Dao et al. 2022), which keeps one log-sum-exp per query row and head:
+ *   none, selective  4 (s b h (2 + 12/t + 2/p) + a s b / t + 4 s b / p)
+ *   full             4 s b h / p                       (the layer's input only)
+ * and with the materialising kernel (flash false: L3D_ATTENTION=naive, the benchmark's oracle)
+ * the a s b / t term becomes a s^2 b / t, which selective drops, plus an a s^2 b / t scratch
+ * for its backward. Times act_slots micro-batches, plus the stage's input, head and token buffers
+ * per slot and one layer's backward (and recomputation) buffers shared by all slots. */
 size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
-                         int T, int act_slots, enum l3d_recompute recompute);
+                         int T, int act_slots, enum l3d_recompute recompute, bool flash);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on

@@ -64,15 +64,22 @@ struct l3d_backend_i {
     void (*layernorm_backward)(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
                                void *dbias, const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int64_t N, int64_t C);
-    /* Causal self-attention over NH heads of size HS (the heads of this shard).
-     * qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); att (B,NH,T,T) the softmax
-     * probabilities, saved for backward (zero above the diagonal). Scale 1/sqrt(HS). */
-    void (*attention_forward)(void *ctx, enum l3d_dtype dt, void *out, void *att, const void *qkv,
-                              int64_t B, int64_t T, int64_t NH, int64_t HS);
-    /* dqkv (B,T,3,NH,HS) += ...; datt (B,NH,T,T) is scratch, overwritten. */
-    void (*attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
-                               const void *dout, const void *qkv, const void *att, int64_t B,
+    /* Causal self-attention over NH heads of size HS (the heads of this shard), tiled
+     * (FlashAttention). qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); lse (B,NH,T)
+     * fp32: log sum_j exp(s_ij) of each row's scores s = q k^T / sqrt(HS), saved for backward. */
+    void (*attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+    /* dqkv (B,T,3,NH,HS) += ..., the scores recomputed block by block from qkv, out and lse. */
+    void (*attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                               const void *qkv, const void *out, const float *lse, int64_t B,
                                int64_t T, int64_t NH, int64_t HS);
+    /* optional: the materialising pair, the benchmark's and tests' oracle. att (B,NH,T,T) the
+     * softmax probabilities (zero above the diagonal); datt (B,NH,T,T) scratch, overwritten. */
+    void (*attention_naive_forward)(void *ctx, enum l3d_dtype dt, void *out, void *att,
+                                    const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+    void (*attention_naive_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                                     const void *dout, const void *qkv, const void *att,
+                                     int64_t B, int64_t T, int64_t NH, int64_t HS);
     /* see l3d_be_attention_cached */
     void (*attention_cached)(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,

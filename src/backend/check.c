@@ -259,22 +259,42 @@ static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, voi
                               D(dbias, C * e, k), D(dout, N * C * e, k), D(inp, N * C * e, k),
                               D(weight, C * e, k), D(mean, N * 4, k), D(rstd, N * 4, k), N, C);
 }
-static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                   const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_forward";
-    l3d_be_attention_forward(IN(c), dt, D(out, B * T * NH * HS * e, k),
-                             D(att, B * NH * T * T * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
-                             B, T, NH, HS);
+    l3d_be_attention_forward(IN(c), dt, D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k),
+                             D(qkv, B * T * 3 * NH * HS * e, k), B, T, NH, HS);
 }
-static void chk_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
-                                   const void *dout, const void *qkv, const void *att, int64_t B,
+static void chk_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                                   const void *qkv, const void *out, const float *lse, int64_t B,
                                    int64_t T, int64_t NH, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_backward";
     l3d_be_attention_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
+                              D(dout, B * T * NH * HS * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
+                              D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k), B, T, NH,
+                              HS);
+}
+static void chk_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+                                        const void *qkv, int64_t B, int64_t T, int64_t NH,
+                                        int64_t HS) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_naive_forward";
+    l3d_be_attention_naive_forward(IN(c), dt, D(out, B * T * NH * HS * e, k),
+                             D(att, B * NH * T * T * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
+                             B, T, NH, HS);
+}
+static void chk_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                                         const void *dout, const void *qkv, const void *att,
+                                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_naive_backward";
+    l3d_be_attention_naive_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
                               D(datt, B * NH * T * T * e, k), D(dout, B * T * NH * HS * e, k),
                               D(qkv, B * T * 3 * NH * HS * e, k), D(att, B * NH * T * T * e, k),
                               B, T, NH, HS);
@@ -393,6 +413,8 @@ static const struct l3d_backend_i check_backend_i = {
     .layernorm_backward = chk_layernorm_backward,
     .attention_forward = chk_attention_forward,
     .attention_backward = chk_attention_backward,
+    .attention_naive_forward = chk_attention_naive_forward,
+    .attention_naive_backward = chk_attention_naive_backward,
     .attention_cached = chk_attention_cached,
     .gelu_forward = chk_gelu_forward,
     .gelu_backward = chk_gelu_backward,

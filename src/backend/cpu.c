@@ -82,8 +82,6 @@ struct cpu_ctx {
     dnnl_stream_t stream;
     struct mm_entry mm[L3D_MM_CACHE];
     int mm_count, mm_next; /* entries in use; next to evict when full */
-    float *scores;         /* attention_cached scratch: (threads, positions) */
-    size_t scores_bytes;
 };
 
 #define DNNL_CHECK(call)                                                                     \
@@ -305,14 +303,175 @@ static void layernorm_backward_f32(void *ctx, float *dinp, float *dweight, float
     }
 }
 
+/* ---- attention: tiled, online softmax (FlashAttention) ----------------------------------
+ *
+ * Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
+ * (Algorithm 1 forward, Algorithm 2 backward) with the loop order of Dao 2023, "FlashAttention-2"
+ * (Algorithm 1: query blocks outer in forward, key blocks outer in backward; the running output
+ * rescaled once per key block and divided by the row sum at the end; only the log-sum-exp
+ * L = m + log(l) per query row saved). No B NH T^2 tensor exists: the scores of one
+ * (L3D_FA_BQ x L3D_FA_BK) block live in a per-thread stack buffer and are recomputed in backward.
+ *
+ * Blocks: 64 query rows x 64 keys. With GPT-2's HS = 64 a block's Q, K, V, scores and dP are
+ * 16 KiB each (80 KiB): they stay in this EPYC's 512 KiB L2 per core while the 32 KiB L1 holds the
+ * panels dnnl_sgemm streams; 64-wide blocks waste half of only the diagonal block to the causal
+ * mask (1/16 of the work at T = 1024) and give (T/64) tasks per head to share among threads.
+ * 128 x 128 measured no faster here (docs/BENCHMARKS.md).
+ *
+ * Every product is dnnl_sgemm on a block, called inside an OpenMP region where oneDNN runs
+ * single-threaded. Each output element is computed by one task, start to end, in a fixed order
+ * (key blocks ascending in forward; in backward, per (batch, head), key blocks outer and query
+ * blocks inner, so dQ sums its key blocks ascending and dK, dV their query blocks ascending): the
+ * results do not depend on the number of threads or on which thread runs a task.
+ */
+#define L3D_FA_BQ 64
+#define L3D_FA_BK 64
+
+/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i.
+ * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
+ * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
+ * always unmasked for every row, so the running max is finite from the start. */
+static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                             int64_t HS, float *S) {
+    const float scale = 1.0f / sqrtf((float)HS);
+    float m[L3D_FA_BQ], l[L3D_FA_BQ];
+    for (int64_t i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        memset(out + i * os, 0, (size_t)HS * sizeof(float));
+    }
+    const int64_t nkeys = p0 + nq;
+    for (int64_t j0 = 0; j0 < nkeys; j0 += L3D_FA_BK) {
+        int64_t nk = nkeys - j0 < L3D_FA_BK ? nkeys - j0 : L3D_FA_BK;
+        sgemm('N', 'T', nq, nk, HS, scale, q, qs, k + j0 * ks, ks, 0.0f, S, L3D_FA_BK);
+        for (int64_t i = 0; i < nq; i++) {
+            float *s = S + i * L3D_FA_BK;
+            int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
+            valid = valid > nk ? nk : valid;
+            float mx = m[i];
+#pragma omp simd reduction(max : mx)
+            for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < valid; j++) {
+                s[j] = fast_expf(s[j] - mx);
+                sum += s[j];
+            }
+            for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
+            float corr = fast_expf(m[i] - mx); /* 0 on the first block: m = -inf */
+            l[i] = l[i] * corr + sum;
+            m[i] = mx;
+            if (corr != 1.0f) {
+                float *o = out + i * os;
+#pragma omp simd
+                for (int64_t d = 0; d < HS; d++) o[d] *= corr;
+            }
+        }
+        sgemm('N', 'N', nq, HS, nk, 1.0f, S, L3D_FA_BK, v + j0 * ks, ks, 1.0f, out, os);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float inv = 1.0f / l[i], *o = out + i * os;
+#pragma omp simd
+        for (int64_t d = 0; d < HS; d++) o[d] *= inv;
+        if (lse) lse[i] = m[i] + logf(l[i]);
+    }
+}
+
+// out (B,T,NH,HS), lse (B,NH,T), qkv (B,T,3,NH,HS)
+static void attention_forward_f32(void *ctx, float *out, float *lse, const float *qkv, int64_t B,
+                                  int64_t T, int64_t NH, int64_t HS) {
+    (void)ctx;
+    const int64_t C = NH * HS, C3 = 3 * C, nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    /* tasks (b, h, query block), the longest rows (last blocks) first so the static partition
+     * over threads is less lopsided */
+#pragma omp parallel
+    {
+        _Alignas(64) float S[L3D_FA_BQ * L3D_FA_BK];
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < B * NH * nb; task++) {
+            int64_t bh = task % (B * NH), qb = nb - 1 - task / (B * NH);
+            int64_t b = bh / NH, h = bh % NH, i0 = qb * L3D_FA_BQ;
+            int64_t nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
+            const float *q = qkv + b * T * C3 + h * HS;
+            fa_forward_block(out + (b * T + i0) * C + h * HS, C, lse + bh * T + i0, q + i0 * C3,
+                             C3, q + C, q + 2 * C, C3, i0, nq, HS, S);
+        }
+    }
+}
+
+// dqkv (B,T,3,NH,HS) +=, dout (B,T,NH,HS), qkv (B,T,3,NH,HS), out (B,T,NH,HS), lse (B,NH,T)
+static void attention_backward_f32(void *ctx, float *dqkv, const float *dout, const float *qkv,
+                                   const float *out, const float *lse, int64_t B, int64_t T,
+                                   int64_t NH, int64_t HS) {
+    (void)ctx;
+    const int64_t C = NH * HS, C3 = 3 * C, nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const float scale = 1.0f / sqrtf((float)HS);
+    /* One task per (batch, head) owns its dQ, dK and dV: race-free without atomics or partial
+     * sums (FlashAttention-2 parallelises dK/dV over key blocks and adds dQ atomically, which is
+     * not deterministic). Per pair (query block i, key block j <= i):
+     *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
+     *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
+#pragma omp parallel
+    {
+        _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
+        _Alignas(64) float dS[L3D_FA_BQ * L3D_FA_BK];
+        float D[L3D_FA_BQ];
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * NH; bh++) {
+            int64_t b = bh / NH, h = bh % NH;
+            const float *q = qkv + b * T * C3 + h * HS, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + b * T * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
+            const float *dO = dout + b * T * C + h * HS, *O = out + b * T * C + h * HS;
+            const float *L = lse + bh * T;
+            for (int64_t kb = 0; kb < nb; kb++) {
+                int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
+                for (int64_t qb = kb; qb < nb; qb++) {
+                    int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
+                    sgemm('N', 'T', nq, nk, HS, scale, q + i0 * C3, C3, k + j0 * C3, C3, 0.0f, P,
+                          L3D_FA_BK);
+                    sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * C, C, v + j0 * C3, C3, 0.0f, dS,
+                          L3D_FA_BK);
+                    for (int64_t i = 0; i < nq; i++) {
+                        const float *o = O + (i0 + i) * C, *g = dO + (i0 + i) * C;
+                        float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+                        for (int64_t c = 0; c < HS; c++) d += o[c] * g[c];
+                        D[i] = d;
+                    }
+                    for (int64_t i = 0; i < nq; i++) {
+                        float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
+                        float Li = L[i0 + i], Di = D[i];
+                        int64_t valid = i0 + i - j0 + 1;
+                        valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
+#pragma omp simd
+                        for (int64_t j = 0; j < valid; j++) {
+                            p[j] = fast_expf(p[j] - Li);
+                            ds[j] = p[j] * (ds[j] - Di) * scale;
+                        }
+                        for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
+                    }
+                    sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * C, C, 1.0f,
+                          dv + j0 * C3, C3);
+                    sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * C3, C3, 1.0f,
+                          dq + i0 * C3, C3);
+                    sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * C3, C3, 1.0f,
+                          dk + j0 * C3, C3);
+                }
+            }
+        }
+    }
+}
+
 /* ---- attention -------------------------------------------------------------------------- */
 
-/* Per (batch, head): S = Q K^T / sqrt(HS) by sgemm, causal softmax row by row, out = P V by sgemm.
- * The (b, h) pairs are spread over threads; oneDNN runs single-threaded inside the region. The
- * whole T x T product is computed and the upper triangle zeroed: O(T^2) memory, as planned for
- * this kernel (a flash-style kernel comes later). */
+/* The materialising kernel pair, kept as the oracle the tiled kernel is benchmarked against
+ * (L3D_ATTENTION=naive): per (batch, head), S = Q K^T / sqrt(HS) by sgemm, causal softmax row by
+ * row, out = P V by sgemm. The (b, h) pairs are spread over threads; oneDNN runs single-threaded
+ * inside the region. The whole T x T product is computed and the upper triangle zeroed: O(T^2)
+ * memory. */
 // out (B,T,NH,HS), att (B,NH,T,T), qkv (B,T,3,NH,HS)
-static void attention_forward_f32(void *ctx, float *out, float *att, const float *qkv, int64_t B,
+static void attention_naive_forward_f32(void *ctx, float *out, float *att, const float *qkv, int64_t B,
                                   int64_t T, int64_t NH, int64_t HS) {
     (void)ctx;
     const int64_t C = NH * HS, C3 = 3 * C;
@@ -346,7 +505,7 @@ static void attention_forward_f32(void *ctx, float *out, float *att, const float
 }
 
 // dqkv (B,T,3,NH,HS), datt (B,NH,T,T) scratch, dout (B,T,NH,HS), qkv, att (B,NH,T,T)
-static void attention_backward_f32(void *ctx, float *dqkv, float *datt, const float *dout,
+static void attention_naive_backward_f32(void *ctx, float *dqkv, float *datt, const float *dout,
                                    const float *qkv, const float *att, int64_t B, int64_t T,
                                    int64_t NH, int64_t HS) {
     (void)ctx;
@@ -509,48 +668,24 @@ static double sumsq_f32(void *ctx, const float *x, int64_t n) {
 
 /* ---- attention over a key/value cache (generation) ------------------------------------- */
 
-/* Each head of each new row i (position pos+i) attends over positions 0..pos+i: scores by dot
- * products, softmax (glibc expf: generation is not the hot loop), weighted sum of the values.
- * Threads only when the work (about n NH (pos+n) HS products) outweighs starting a region. */
+/* The training kernel's forward block (fa_forward_block) with the queries of the n new rows and
+ * the keys and values of the cache: one new row is a query block of one. Tasks (head, query
+ * block) over threads. The same code and key blocks as attention_forward_f32; only oneDNN may
+ * round a one-row product differently from a 64-row one. */
 static void attention_cached_f32(void *ctx, float *out, const float *q, const float *k,
                                  const float *v, int64_t pos, int64_t n, int64_t NH, int64_t HS,
                                  int64_t q_stride, int64_t kv_stride) {
-    struct cpu_ctx *cx = ctx;
-    const int64_t len_max = pos + n, C = NH * HS;
-    const int nth = omp_get_max_threads();
-    size_t need = (size_t)nth * (size_t)len_max * sizeof(float);
-    if (need > cx->scores_bytes) { /* grows with the position, at most to the context */
-        l3d_free(cx->scores);
-        cx->scores = l3d_alloc(need, "attention scratch");
-        cx->scores_bytes = need;
-    }
-    const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for schedule(static) if (n * NH * len_max * HS > (1 << 16))
-    for (int64_t ih = 0; ih < n * NH; ih++) {
-        int64_t i = ih / NH, h = ih % NH, len = pos + i + 1;
-        const float *qi = q + i * q_stride + h * HS;
-        float *sc = cx->scores + (int64_t)omp_get_thread_num() * len_max;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < len; t++) {
-            const float *kt = k + t * kv_stride + h * HS;
-            float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-            for (int64_t j = 0; j < HS; j++) d += qi[j] * kt[j];
-            sc[t] = d * scale;
-            mx = sc[t] > mx ? sc[t] : mx;
-        }
-        float sum = 0.0f;
-        for (int64_t t = 0; t < len; t++) {
-            sc[t] = expf(sc[t] - mx);
-            sum += sc[t];
-        }
-        float inv = 1.0f / sum, *o = out + i * C + h * HS;
-        memset(o, 0, (size_t)HS * sizeof(float));
-        for (int64_t t = 0; t < len; t++) {
-            const float *vt = v + t * kv_stride + h * HS;
-            float p = sc[t] * inv;
-#pragma omp simd
-            for (int64_t j = 0; j < HS; j++) o[j] += p * vt[j];
+    (void)ctx;
+    const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ;
+#pragma omp parallel
+    {
+        _Alignas(64) float S[L3D_FA_BQ * L3D_FA_BK];
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < NH * nb; task++) {
+            int64_t h = task % NH, i0 = (task / NH) * L3D_FA_BQ;
+            int64_t nq = n - i0 < L3D_FA_BQ ? n - i0 : L3D_FA_BQ;
+            fa_forward_block(out + i0 * C + h * HS, C, NULL, q + i0 * q_stride + h * HS, q_stride,
+                             k + h * HS, v + h * HS, kv_stride, pos + i0, nq, HS, S);
         }
     }
 }
@@ -622,16 +757,28 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, voi
     F32_ONLY("layernorm_backward");
     layernorm_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
-static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                   const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
     F32_ONLY("attention_forward");
-    attention_forward_f32(ctx, out, att, qkv, B, T, NH, HS);
+    attention_forward_f32(ctx, out, lse, qkv, B, T, NH, HS);
 }
-static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
-                                   const void *dout, const void *qkv, const void *att, int64_t B,
+static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                                   const void *qkv, const void *out, const float *lse, int64_t B,
                                    int64_t T, int64_t NH, int64_t HS) {
     F32_ONLY("attention_backward");
-    attention_backward_f32(ctx, dqkv, datt, dout, qkv, att, B, T, NH, HS);
+    attention_backward_f32(ctx, dqkv, dout, qkv, out, lse, B, T, NH, HS);
+}
+static void cpu_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
+                                        const void *qkv, int64_t B, int64_t T, int64_t NH,
+                                        int64_t HS) {
+    F32_ONLY("attention_naive_forward");
+    attention_naive_forward_f32(ctx, out, att, qkv, B, T, NH, HS);
+}
+static void cpu_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
+                                         const void *dout, const void *qkv, const void *att,
+                                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    F32_ONLY("attention_naive_backward");
+    attention_naive_backward_f32(ctx, dqkv, datt, dout, qkv, att, B, T, NH, HS);
 }
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
@@ -731,7 +878,6 @@ static void cpu_free(void *ctx) {
     for (int i = 0; i < cx->mm_count; i++) mm_entry_destroy(&cx->mm[i]);
     dnnl_stream_destroy(cx->stream);
     dnnl_engine_destroy(cx->engine);
-    l3d_free(cx->scores);
     l3d_free(cx);
 }
 
@@ -757,6 +903,8 @@ static const struct l3d_backend_i cpu_backend_i = {
     .layernorm_backward = cpu_layernorm_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .attention_naive_forward = cpu_attention_naive_forward,
+    .attention_naive_backward = cpu_attention_naive_backward,
     .attention_cached = cpu_attention_cached,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,

@@ -4,8 +4,14 @@
  * tokenizer, gpt2 by default for GPT-2's 50257) after an end-of-text token, as every document
  * starts in prepared data. Each new token costs one position through the KV cache
  * (include/llm3d/infer.h); --recompute re-runs the full forward over the sequence instead (the
- * reference the cache is measured against). At the end of the context the last half of the
- * sequence is run again from position 0 and sampling goes on. Sampling: logits / temperature, then
+ * reference the cache is measured against). Past the context, both read the same window of the
+ * sequence (window_start): when it would exceed the context it slides to the last half of the
+ * context, which is run again from position 0 (the KV path re-fills its cache once), and grows by
+ * one token a step until the next slide. A model with learned absolute positions (GPT-2's wpe)
+ * sees each window's tokens at positions 0.., so the cached and the recomputed paths compute the
+ * same thing for every token, at the cache's speed between slides (one slide per context/2
+ * tokens). A recompute over the last `context` tokens at every token would change the positions of
+ * every cached key each step: no cache could follow it. Sampling: logits / temperature, then
  * the top-k most likely, then the smallest set of those whose probability reaches top-p (Holtzman
  * et al. 2020, nucleus sampling), renormalised; temperature 0 is greedy. Generation stops after
  * --max-tokens or at an end-of-text token. */
@@ -93,11 +99,18 @@ static void usage(FILE *fp) {
             "  --top-k K           sample among the K most likely, 0 = all (40)\n"
             "  --top-p P           then among the fewest whose probability reaches P, 1 = all (1)\n"
             "  --seed S            sampling seed (42)\n"
-            "  --recompute         no KV cache: re-run the whole sequence for each token\n"
+            "  --recompute         no KV cache: re-run the window (the same tokens the cache\n"
+            "                      holds) for each token\n"
             "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
             "                      threads mostly wait on each other and on memory)\n"
             "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
             "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n");
+}
+
+/* The first token of the window the next step reads, given the previous window start w and the
+ * sequence length n: w while the window fits the context maxT, else the last maxT/2 tokens. */
+static int64_t window_start(int64_t w, int64_t n, int64_t maxT) {
+    return n - w > maxT ? n - maxT / 2 : w;
 }
 
 /* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
@@ -200,12 +213,6 @@ int l3d_cli_generate(int argc, char **argv) {
     }
     struct l3d_ids seq = {0};
     int rc = encode_prompt(tok, prompt, &seq);
-    int64_t nprompt = seq.n;
-    if (rc == 0 && nprompt >= cfg.maxT) {
-        fprintf(stderr, "llm3d generate: the prompt is %lld tokens, the model's context %d: give "
-                "a shorter --prompt\n", (long long)nprompt, cfg.maxT);
-        rc = 2;
-    }
     struct l3d_runtime *rt = NULL;
     struct l3d_gpt *m = NULL;
     struct l3d_infer *inf = NULL;
@@ -231,21 +238,23 @@ int l3d_cli_generate(int argc, char **argv) {
     float *last_logits = malloc((size_t)cfg.Vp * sizeof *last_logits); /* host copy */
     l3d_rng_seed(&smp.rng, seed);
     int eot = tok ? l3d_tokenizer_eot(tok) : -1;
-    int64_t fed = 0; /* tokens of seq in the KV cache */
+    int64_t fed = 0, w = 0; /* tokens of seq in the KV cache; the window's first token */
     double t0 = l3d_time_s();
     int generated = 0;
     for (; generated < max_tokens; generated++) {
         const float *logits;
+        int64_t w_next = window_start(w, seq.n, cfg.maxT);
         if (recompute) {
-            int64_t start = seq.n > cfg.maxT ? seq.n - cfg.maxT : 0, len = seq.n - start;
-            l3d_gpt_forward(m, seq.v + start, NULL, 1, (int)len);
+            w = w_next;
+            int64_t len = seq.n - w;
+            l3d_gpt_forward(m, seq.v + w, NULL, 1, (int)len);
             l3d_be_copy_d2h(rt->be, last_logits, m->logits + (len - 1) * (int64_t)cfg.Vp,
                             (size_t)cfg.Vp * sizeof(float));
             logits = last_logits;
         } else {
-            if (seq.n > cfg.maxT) { /* context full: run the last half again from position 0 */
+            if (w_next != w) { /* the window slid: its tokens again from position 0 */
                 l3d_infer_reset(inf);
-                fed = seq.n - cfg.maxT / 2;
+                w = fed = w_next;
             }
             logits = l3d_infer_step(inf, seq.v + fed, (int)(seq.n - fed));
             fed = seq.n;

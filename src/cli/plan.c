@@ -27,7 +27,8 @@ static void usage(FILE *f) {
         "  --precision P       fp32 (llm3d's trainer: its own memory plan), bf16 or fp16 (mixed\n"
         "                      precision, Megatron-LM style); default fp32 on a profile without\n"
         "                      16-bit peak, else bf16 (fp16 if the profile has no bf16)\n"
-        "  --flash / --no-flash  fused attention (default: on in 16-bit, off in fp32)\n"
+        "  --flash / --no-flash  fused attention (default: on; fp32 --no-flash is the trainer\n"
+        "                      under L3D_ATTENTION=naive)\n"
         "layout (fixed when given):\n"
         "  --tp N --pp N --dp N --micro-batch B --pp-virtual V --zero 0|1|2\n"
         "  --recompute none|selective|full --sequence-parallel yes|no\n"
@@ -320,7 +321,7 @@ int l3d_cli_plan(int argc, char **argv) {
                              : prof.peak_flops[L3D_PREC_FP16] > 0 ? L3D_PREC_FP16
                                                                   : L3D_PREC_FP32;
     }
-    run.flash = flash >= 0 ? flash : run.precision != L3D_PREC_FP32;
+    run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
         return st == L3D_ERR_ARG ? 2 : 1;

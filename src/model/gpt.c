@@ -164,7 +164,8 @@ struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkv;                       /* (B,T,3Ca) */
     float *atty;                      /* (B,T,Ca) */
-    float *att;                       /* (B,Hl,T,T) */
+    float *att;                       /* (B,Hl,T) log-sum-exp of the tiled kernel's rows, or
+                                       * (B,Hl,T,T) probabilities with L3D_ATTENTION=naive */
     float *res2;                      /* (B,T,C) residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fch_gelu;            /* (B,T,F) */
@@ -196,7 +197,7 @@ struct l3d_gpt_acts {
     float *dln;               /* (B,T,C) */
     float *dqkv;              /* (B,T,3Ca) */
     float *datty;             /* (B,T,Ca) */
-    float *datt;              /* (B,Hl,T,T) */
+    float *datt;              /* (B,Hl,T,T), L3D_ATTENTION=naive only */
     float *dfch, *dfch_gelu;  /* (B,T,F) */
 };
 
@@ -205,7 +206,8 @@ static void layer_act_sizes(const struct l3d_gpt *m, int64_t sz[13]) {
     const struct l3d_shard *s = &m->shard;
     int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C, BTl = BT / s->sp_size;
     int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
-    const int64_t v[13] = {BT * C, BTl, BTl, BT * 3 * Ca, BT * Ca, (int64_t)m->Bmax * Hl * T * T,
+    int64_t att = (int64_t)m->Bmax * Hl * T * (m->attn_naive ? T : 1);
+    const int64_t v[13] = {BT * C, BTl, BTl, BT * 3 * Ca, BT * Ca, att,
                            BTl * C, BT * C, BTl, BTl, BT * F, BT * F, BTl * C};
     memcpy(sz, v, sizeof v);
 }
@@ -222,16 +224,19 @@ static float **layer_act_field(struct layer_acts *la, int i) {
  * activation slot (the pipeline keeps several micro-batches in flight); `slot` chooses which one
  * the pointers name. The second region is shared: scratch and one layer's backward buffers.
  * Which per-layer tensors are kept depends on the recomputation mode: all of them (none), all but
- * the attention probabilities (selective), only the layer's output (full). */
+ * the attention probabilities (selective: only the materialising kernel has them; with the tiled
+ * kernel it keeps everything, as none), only the layer's output (full). */
 static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
-    int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C;
+    int64_t BT = (int64_t)m->Bmax * m->Tmax, C = m->cfg.C;
     int64_t sp = s->sp_size, BTl = BT / sp; /* rows of the LayerNorm and residual regions */
     int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
     int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
     int64_t Vl = s->vocab_count;
     int64_t off = 0, sz[13];
+    /* selective recomputation drops only the materialised probabilities */
+    const bool naive_sel = m->attn_naive && m->recompute == L3D_RECOMPUTE_SELECTIVE;
     float *region = base ? base + (int64_t)slot * a->slot_floats : NULL;
     layer_act_sizes(m, sz);
 #define TAKE(ptr, n)                                     \
@@ -244,7 +249,8 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     for (int l = 0; l < s->layer_count; l++)
         for (int i = 0; i < 13; i++) {
             bool keep = m->recompute == L3D_RECOMPUTE_NONE ||
-                        (m->recompute == L3D_RECOMPUTE_SELECTIVE && i != 5) || i == 12;
+                        (m->recompute == L3D_RECOMPUTE_SELECTIVE && (i != 5 || !naive_sel)) ||
+                        i == 12;
             if (keep) TAKE(*layer_act_field(&a->layer[l], i), sz[i]);
         }
     if (s->has_head) {
@@ -266,8 +272,8 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     region = base ? base + total : NULL;
     off = 0;
     /* shared region */
-    if (m->recompute != L3D_RECOMPUTE_NONE) TAKE(a->att_shared, (int64_t)m->Bmax * Hl * T * T);
-    if (m->recompute == L3D_RECOMPUTE_SELECTIVE) TAKE(a->atty_tmp, BT * Ca);
+    if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5]);
+    if (naive_sel) TAKE(a->atty_tmp, BT * Ca);
     if (m->recompute == L3D_RECOMPUTE_FULL) {
         for (int i = 0; i < 12; i++)
             if (i != 5) TAKE(*layer_act_field(&a->rc, i), sz[i]);
@@ -283,7 +289,7 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     TAKE(a->dlnw, sp > 1 ? 4 * C : 0);
     TAKE(a->dqkv, BT * 3 * Ca);
     TAKE(a->datty, BT * Ca);
-    TAKE(a->datt, (int64_t)m->Bmax * Hl * T * T);
+    TAKE(a->datt, m->attn_naive ? sz[5] : 0);
     TAKE(a->dfch, BT * F);
     TAKE(a->dfch_gelu, BT * F);
 #undef TAKE
@@ -296,7 +302,7 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
                 float *res3 = la->res3;
                 *la = a->rc;
                 la->res3 = res3;
-            } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE) {
+            } else if (naive_sel) {
                 la->att = a->att_shared;
             }
         }
@@ -341,6 +347,13 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
     m->Tmax = T;
     m->act_slots = act_slots;
     m->recompute = recompute;
+    const char *attn = getenv("L3D_ATTENTION");
+    if (attn && *attn && strcmp(attn, "flash") != 0 && strcmp(attn, "naive") != 0) {
+        l3d_free(m);
+        return l3d_error(L3D_ERR_ARG, "L3D_ATTENTION='%s': choose flash (the tiled kernel, the "
+                         "default) or naive (the materialising oracle, for benchmarks)", attn);
+    }
+    m->attn_naive = attn && strcmp(attn, "naive") == 0;
     plan_params(m);
     m->acts = l3d_calloc(sizeof *m->acts, "activation table");
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
@@ -619,7 +632,10 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
     l3d_be_matmul_forward(m->be, L3D_F32, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
-    l3d_be_attention_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
+    if (m->attn_naive)
+        l3d_be_attention_naive_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
+    else
+        l3d_be_attention_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
     l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl, C);
@@ -762,8 +778,10 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
             la = &a->rc;
             forward_layer(m, l, la, x, B, T);
-        } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE) { /* the attention probabilities */
-            l3d_be_attention_forward(m->be, L3D_F32, a->atty_tmp, la->att, la->qkv, B, T, Hl, HS);
+        } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
+            /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
+            l3d_be_attention_naive_forward(m->be, L3D_F32, a->atty_tmp, la->att, la->qkv, B, T,
+                                           Hl, HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
@@ -789,7 +807,12 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
         l3d_be_matmul_backward(m->be, L3D_F32, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty,
                            p.attprojw, N, Ca, C);
         l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
-        l3d_be_attention_backward(m->be, L3D_F32, a->dqkv, a->datt, a->datty, la->qkv, la->att, B, T, Hl, HS);
+        if (m->attn_naive)
+            l3d_be_attention_naive_backward(m->be, L3D_F32, a->dqkv, a->datt, a->datty, la->qkv,
+                                            la->att, B, T, Hl, HS);
+        else
+            l3d_be_attention_backward(m->be, L3D_F32, a->dqkv, a->datty, la->qkv, la->atty,
+                                      la->att, B, T, Hl, HS);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
         l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
@@ -816,13 +839,16 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
 }
 
 size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
-                         int T, int act_slots, enum l3d_recompute recompute) {
+                         int T, int act_slots, enum l3d_recompute recompute, bool flash) {
     double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
     double p = sh->sp_size, sb = s * b, sbh = s * b * h, V = (double)sh->vocab_count;
-    double Ca = h / t, att = a * s * s * b; /* a: this rank's heads, the model's / t */
+    /* a: this rank's heads, the model's / t. The tiled kernel keeps a log-sum-exp per query row
+     * (a s b), the materialising one the probabilities (a s^2 b) and a scratch of that size */
+    double Ca = h / t, att = flash ? a * s * b : a * s * s * b;
+    bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
     double layer_all = sbh * (2 + 12 / t + 2 / p) + att + 4 * sb / p;
-    double layer = recompute == L3D_RECOMPUTE_NONE        ? layer_all
-                   : recompute == L3D_RECOMPUTE_SELECTIVE ? layer_all - att
+    double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
+                   : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
      * LayerNorm (its gathered copy under SP), the logits slice and the loss statistics */
@@ -831,10 +857,10 @@ size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shar
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
-    double shared = sbh / p + sbh + 3 * sb * Ca + sb * Ca + att + 8 * sbh / t + sbh;
+    double shared = sbh / p + sbh + 3 * sb * Ca + sb * Ca + (flash ? 0 : att) + 8 * sbh / t + sbh;
     if (p > 1) shared += 2 * sbh / p + sbh + sbh / p + 4 * h;
-    if (recompute != L3D_RECOMPUTE_NONE) shared += att;
-    if (recompute == L3D_RECOMPUTE_SELECTIVE) shared += sb * Ca;
+    if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
+    if (naive_sel) shared += sb * Ca;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
     return (size_t)(4 * (act_slots * slot + shared));
 }

@@ -103,7 +103,7 @@ int64_t l3d_plan_model_params(const struct l3d_plan_model *m) {
 
 struct l3d_plan_run l3d_plan_run_default(void) {
     return (struct l3d_plan_run){.devices = 1, .global_batch = 1, .precision = L3D_PREC_FP32,
-                                 .flash = false, .threads = 1, .bucket_bytes = 25000000};
+                                 .flash = true, .threads = 1, .bucket_bytes = 25000000};
 }
 
 struct l3d_plan_fixed l3d_plan_fixed_none(void) {
@@ -289,11 +289,15 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
             }
             mem->optimizer += 2 * f32 * own; /* AdamW m and v */
             mem->activations += (double)l3d_gpt_act_bytes(&c, &ch[k].sh, lay->mb, m->s,
-                                                          ch[k].slots, lay->recompute);
+                                                          ch[k].slots, lay->recompute, run->flash);
         }
         /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
          * batches (--val-batches, 8 by default) when more */
         mem->other = 2.0 * bytes_of(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
+        /* the pipeline executor's received stage-output gradient (src/parallel/pipe_exec.c), the
+         * rows of this rank under sequence parallelism; once small beside the s^2 attention
+         * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
+        mem->other += f32 * lay->mb * m->s * m->h / (lay->sp ? lay->tp : 1);
     } else {
         /* mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
          * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2 */

@@ -122,7 +122,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
                              tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->recompute);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
-        t->act_formula += l3d_gpt_act_bytes(&tc->model, &sh, tc->B, tc->T, slots, tc->recompute);
+        t->act_formula += l3d_gpt_act_bytes(&tc->model, &sh, tc->B, tc->T, slots, tc->recompute,
+                                            !t->chunks[c]->attn_naive);
         t->n_local += t->chunks[c]->num_params;
         if (tc->init_from)
             st = l3d_ckpt_load_llmc(tc->init_from, t->chunks[c]);

@@ -38,6 +38,25 @@ check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"
 check "  ... prints prompt and 20 bytes" test "$(head -c 24 "$dir/gen.txt" | wc -c)" -eq 24
 
+# past the context: greedy tokens through the KV cache equal --recompute's (both slide the same
+# window), for 3 prompts (one longer than the 64-token context) and 300 tokens each
+check "train a 64-token context" train ctx64 --context 64 --seq-len 64 --steps 4 --val-every 0
+long=$(printf 'line %d: the quick brown fox ' 1 2 3)
+n=0
+for p in "the " "line 12: the quick" "$long"; do
+    n=$((n + 1))
+    gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/ctx64/model.bin" --prompt "$p" \
+        --temperature 0 --max-tokens 300 "$@"; }
+    gen > "$dir/kv$n.txt" 2> /dev/null
+    gen --recompute > "$dir/re$n.txt" 2> /dev/null
+    check "generate past the context, prompt $n: KV cache = --recompute" cmp -s "$dir/kv$n.txt" "$dir/re$n.txt"
+    check "  ... 300 bytes after the prompt" test "$(wc -c < "$dir/kv$n.txt")" -eq $((${#p} + 301))
+done
+# the comparison's negative case: a different text (sampled at temperature 1) is told apart
+check "  ... a different text at temperature 1" sh -c "! OMP_NUM_THREADS=2 '$bin' generate \
+    --checkpoint '$dir/ctx64/model.bin' --prompt 'the ' --temperature 1 --max-tokens 300 2>/dev/null \
+    | cmp -s - '$dir/kv1.txt'"
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"

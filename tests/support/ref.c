@@ -90,6 +90,28 @@ void ref_attention_forward(double *out, double *att, const double *qkv, int64_t 
     free(p);
 }
 
+void ref_attention_lse(double *lse, const double *qkv, int64_t B, int64_t T, int64_t NH,
+                       int64_t HS) {
+    const int64_t C = NH * HS;
+    const double scale = 1.0 / sqrt((double)HS);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const double *q = qkv + (b * T + t) * 3 * C + h * HS;
+                double mx = -INFINITY, sum = 0.0;
+                for (int pass = 0; pass < 2; pass++)
+                    for (int64_t t2 = 0; t2 <= t; t2++) {
+                        const double *k = qkv + (b * T + t2) * 3 * C + C + h * HS;
+                        double s = 0.0;
+                        for (int64_t i = 0; i < HS; i++) s += q[i] * k[i];
+                        s *= scale;
+                        if (pass == 0) mx = s > mx ? s : mx;
+                        else sum += exp(s - mx);
+                    }
+                lse[(b * NH + h) * T + t] = mx + log(sum);
+            }
+}
+
 void ref_gelu_forward(double *out, const double *inp, int64_t N) {
     const double k = sqrt(2.0 / 3.14159265358979323846);
     for (int64_t i = 0; i < N; i++) {

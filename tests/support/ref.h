@@ -41,6 +41,10 @@ void ref_layernorm_forward(double *out, double *mean, double *rstd, const double
  * not NULL. */
 void ref_attention_forward(double *out, double *att, const double *qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t HS);
+/* lse (B,NH,T): log sum_{t2 <= t} exp(q_t k_t2 / sqrt(HS)) of each causal row's scores, the
+ * statistic the tiled kernel saves for its backward. */
+void ref_attention_lse(double *lse, const double *qkv, int64_t B, int64_t T, int64_t NH,
+                       int64_t HS);
 
 /* out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh approximation
  * (Hendrycks & Gimpel 2016, eq. after 2). */
