@@ -316,7 +316,7 @@ static void layernorm_backward_f32(void *ctx, float *dinp, float *dweight, float
  * 16 KiB each (80 KiB): they stay in this EPYC's 512 KiB L2 per core while the 32 KiB L1 holds the
  * panels dnnl_sgemm streams; 64-wide blocks waste half of only the diagonal block to the causal
  * mask (1/16 of the work at T = 1024) and give (T/64) tasks per head to share among threads.
- * 128 x 128 measured no faster here (docs/BENCHMARKS.md).
+ * Larger blocks (128 x 128) have not been measured yet.
  *
  * Every product is dnnl_sgemm on a block, called inside an OpenMP region where oneDNN runs
  * single-threaded. Each output element is computed by one task, start to end, in a fixed order
