@@ -246,13 +246,14 @@ check "convert refuses bf16 parameters: $err" test -n "$(echo "$err" | grep "sto
 
 # checkpoints of formats 1 and 2 (fp32, no dtype record, 64-byte headers), written by d270d36
 # (tests/data/ckpt_v*/README): resumed on their layout, step 3 has the old binary's loss and
-# gradient norm to the last digit, and the re-save is format 3
+# gradient norm to the last digit (on the attention kernel that binary had, L3D_ATTENTION=naive:
+# the tiled kernel sums in another order), and the re-save is format 3
 fixtures=$(cd "$(dirname "$0")/../data" && pwd)
 old_format() { # old_format N NAME NP [flags]: resume tests/data/ckpt_vN as NAME
     local v=$1 name=$2 np=$3
     shift 3
     rm -rf "${dir:?}/$name"
-    local cmd=(env OMP_NUM_THREADS=1)
+    local cmd=(env OMP_NUM_THREADS=1 L3D_ATTENTION=naive)
     [ "$np" -gt 0 ] && cmd+=("$mpiexec" -n "$np")
     "${cmd[@]}" "$bin" train --channels 4 --heads 2 --vocab 128 --context 16 --seq-len 16 \
         --warmup 1 --lr 1e-3 --steps 3 --val-every 0 --quiet --peak-gflops 100 \
