@@ -10,7 +10,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
     int v = lay->v, tp = lay->tp, pp = lay->pp;
-    if (!t->lead || tc->quiet) return;
+    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
     struct l3d_dp_memory mem = {0};
     for (int c = 0; c < v; c++) {
         struct l3d_dp_memory mc = l3d_dp_memory(&t->dps[c], &t->opts[c]);
@@ -126,7 +126,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
 }
 
 void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_result *res) {
-    if (!t->lead || t->tc->quiet || res->steps - res->start_step <= 0) return;
+    if (!t->lead || res->steps - res->start_step <= 0) return; /* also with --quiet */
     printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
            "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB (%zu bytes, the "
            "fullest rank)\n",

@@ -38,6 +38,21 @@ check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"
 check "  ... prints prompt and 20 bytes" test "$(head -c 24 "$dir/gen.txt" | wc -c)" -eq 24
 
+# --init-from: the model's sizes come from the file's header; flags given must agree
+init() { OMP_NUM_THREADS=2 "$bin" train --steps 2 --batch 2 --quiet --init-from "$dir/run1/model.bin" \
+    --train "$dir/data/train_*.bin" "$@"; }
+check "--init-from without size flags" sh -c "$(declare -f init); bin='$bin' dir='$dir' init --out '$dir/init' > '$dir/init.log'"
+check "  ... trains the file's model (L=2 C=64 V=256 context 32)" grep -q "L=2 C=64 NH=4 V=256" "$dir/init.log"
+check "--quiet keeps the start-up summary" grep -q "^model: .*parameters" "$dir/init.log"
+check "  ... and the final line" grep -q "^median step" "$dir/init.log"
+check "  ... and drops the step lines" sh -c "! grep -q '^step ' '$dir/init.log'"
+check "  ... with agreeing flags" sh -c "$(declare -f init); bin='$bin' dir='$dir' init --model tiny --vocab 256 --context 32 > /dev/null"
+expect_error "--init-from: a disagreeing size flag names it and both values" \
+    "\-\-layers 3 disagrees.*layers 2" init --layers 3
+expect_error "--init-from: a disagreeing --context" "\-\-context 64 disagrees.*context 32" init --context 64
+expect_error "--init-from: a disagreeing --model" "\-\-model d6 has layers 6.*has 2" init --model d6
+expect_error "--init-from: a missing file" "init-from.*nope.bin" init --init-from "$dir/nope.bin"
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
