@@ -200,9 +200,9 @@ int l3d_cli_generate(int argc, char **argv) {
     struct l3d_ids seq = {0};
     int rc = encode_prompt(tok, prompt, &seq);
     int64_t nprompt = seq.n;
-    if (rc == 0 && nprompt >= cfg.maxT) {
-        fprintf(stderr, "llm3d generate: the prompt is %lld tokens, the model's context %d: give "
-                "a shorter --prompt\n", (long long)nprompt, cfg.maxT);
+    if (rc == 0 && nprompt > cfg.maxT) { /* a full context is fine: generation slides on */
+        fprintf(stderr, "llm3d generate: the prompt is %lld tokens, more than the model's context "
+                "%d: give a shorter --prompt\n", (long long)nprompt, cfg.maxT);
         rc = 2;
     }
     struct l3d_runtime *rt = NULL;

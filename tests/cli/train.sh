@@ -53,6 +53,20 @@ expect_error "--init-from: a disagreeing --context" "\-\-context 64 disagrees.*c
 expect_error "--init-from: a disagreeing --model" "\-\-model d6 has layers 6.*has 2" init --model d6
 expect_error "--init-from: a missing file" "init-from.*nope.bin" init --init-from "$dir/nope.bin"
 
+# generate: a prompt of exactly the context (32 bytes) is accepted, one more is not; weights that
+# are not all finite are refused (the parameter at offset 10 set to NaN)
+gen() { OMP_NUM_THREADS=2 "$bin" generate --max-tokens 4 "$@"; }
+check "generate: a prompt of exactly the context length" \
+    sh -c "$(declare -f gen); bin='$bin' gen --checkpoint '$dir/run1/model.bin' --prompt \"\$(printf 'x%.0s' \$(seq 32))\" > /dev/null 2>&1"
+expect_error "generate: a prompt longer than the context" "33 tokens, more than the model's context 32" \
+    gen --checkpoint "$dir/run1/model.bin" --prompt "$(printf 'x%.0s' $(seq 33))"
+cp "$dir/run1/model.bin" "$dir/nan.bin"
+printf '\x00\x00\xc0\x7f' | dd of="$dir/nan.bin" bs=1 seek=$((1024 + 4 * 10)) conv=notrunc status=none
+expect_error "generate refuses weights that are not finite" "nan.bin: 1 of its .* not finite.*parameter 10" \
+    gen --checkpoint "$dir/nan.bin"
+expect_error "  ... and so does --init-from" "nan.bin: 1 of its .* not finite" \
+    init --init-from "$dir/nan.bin"
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
