@@ -11,12 +11,24 @@
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
-static void usage(FILE *f) {
+static void usage(FILE *f, const char *cmd) {
+    bool bench = strcmp(cmd, "bench") == 0;
+    if (bench)
+        fprintf(f,
+            "usage: llm3d bench [flags]\n"
+            "       llm3d bench --calibrate [--out FILE] [--quick]   (under mpiexec; see its --help)\n"
+            "\n"
+            "Measures this machine's fp32 FMA peak and sgemm rates, then trains a model on random\n"
+            "tokens through the real training loop (one process) and reports the median step,\n"
+            "tokens/s and MFU. --calibrate writes the system profile that llm3d plan reads.\n"
+            "Flags: train's below (--train, --val and --out are ignored); defaults --model d12\n"
+            "--steps 10 --warmup 2.\n"
+            "\n");
+    else
+        fprintf(f, "usage: llm3d train --train PATTERN [flags]\n\n");
     fprintf(f,
-        "usage: llm3d train --train PATTERN [flags]\n"
-        "\n"
         "model (a preset, then explicit sizes override it):\n"
-        "  --model NAME        %s (d6)\n"
+        "  --model NAME        %s (%s)\n"
         "  --layers L --channels C --heads NH --vocab V --context T\n"
         "  --init-from FILE    start from an llm.c GPT-2 checkpoint instead of random weights;\n"
         "                      the model's sizes come from its header (flags given must agree)\n"
@@ -55,6 +67,8 @@ static void usage(FILE *f) {
         "  --backend NAME      the device: cpu (default: $L3D_BACKEND, else cpu)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
         "  --quiet             no per-step lines (the start-up summary and the final line stay)\n"
+        "  Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
+        "  prints it); validation at step k runs after update k.\n"
         "checkpoints (sharded, atomic; resume on any layout; see README):\n"
         "  --save-every N      save every N steps and after the last (0: never; default 0)\n"
         "  --ckpt-dir DIR      where step directories go (default OUT/checkpoints)\n"
@@ -63,7 +77,7 @@ static void usage(FILE *f) {
         "                      there is none) or from a step or checkpoint directory\n"
         "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
         "                      at once\n",
-        l3d_gpt_preset_names());
+        l3d_gpt_preset_names(), bench ? "d12" : "d6");
 }
 
 /* --init-from FILE: the model's sizes from the llm.c header into tc->model. given: the values of
@@ -243,14 +257,17 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
             tc->bucket_bytes = (size_t)(mb * 1048576.0f);
             break;
         }
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout, cmd); return 0;
         default:
             fprintf(stderr, "llm3d %s: see llm3d %s --help\n", cmd, cmd);
             return 2;
         }
     }
     if (!ok) return 2;
-    if (tc->pp_virtual > 1 && !sched_given) tc->pp_schedule = L3D_PP_INTERLEAVED;
+    if (tc->pp_virtual > 1 && !sched_given) {
+        tc->pp_schedule = L3D_PP_INTERLEAVED;
+        tc->pp_schedule_implied = true;
+    }
     if (accum_given && tc->global_batch > 0) {
         fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "
                 "per step are global batch / (batch x dp))\n", cmd);

@@ -27,8 +27,10 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            "thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
            tc->dp_blocking ? "blocking" : "overlapped", t->comm_name, omp_get_max_threads());
     if (pp > 1) {
-        printf("pipeline: %s schedule, %d micro-batches, %d stage(s) x %d chunk(s), layers",
-               l3d_pp_kind_name(lay->sched.kind), tc->accum, pp, v);
+        printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
+               l3d_pp_kind_name(lay->sched.kind),
+               tc->pp_schedule_implied ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
+                                       : "", tc->accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
                tc->pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);

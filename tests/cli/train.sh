@@ -67,6 +67,17 @@ expect_error "generate refuses weights that are not finite" "nan.bin: 1 of its .
 expect_error "  ... and so does --init-from" "nan.bin: 1 of its .* not finite" \
     init --init-from "$dir/nan.bin"
 
+# help texts and conventions
+check "bench --help prints bench's usage" sh -c "'$bin' bench --help | head -1 | grep -q '^usage: llm3d bench'"
+check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
+check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
+expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad --dp 2
+check "  ... (0 is rejected)" sh -c "! '$bin' train --model tiny --train '$dir/data/train_*.bin' --dp 2 2>&1 | grep -q -- '--dp 0'"
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+full && check "--pp-virtual 2 says it chose the interleaved schedule" sh -c "OMP_NUM_THREADS=1 '$mpiexec' -n 2 '$bin' \
+    train --model tiny --vocab 256 --context 32 --seq-len 32 --layers 4 --batch 2 --grad-accum 2 --steps 1 --quiet \
+    --pp 2 --pp-virtual 2 --train '$dir/data/train_*.bin' 2>&1 | grep -q 'interleaved schedule (chosen for --pp-virtual'"
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
