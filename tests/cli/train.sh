@@ -78,6 +78,14 @@ full && check "--pp-virtual 2 says it chose the interleaved schedule" sh -c "OMP
     train --model tiny --vocab 256 --context 32 --seq-len 32 --layers 4 --batch 2 --grad-accum 2 --steps 1 --quiet \
     --pp 2 --pp-virtual 2 --train '$dir/data/train_*.bin' 2>&1 | grep -q 'interleaved schedule (chosen for --pp-virtual'"
 
+# out of memory (3 GB of address space): the message names what does not fit
+oom() { (ulimit -v 3000000; OMP_NUM_THREADS=1 "$bin" train --vocab 256 --steps 1 --train "$dir/data/train_*.bin" "$@"); }
+expect_error "out of memory: parameters too large names the parameters" \
+    "for the parameters and gradients (1477609600 parameters.*smaller model" oom --model d48 --batch 1 --seq-len 32
+expect_error "out of memory: activations too large names the batch" \
+    "parameters, gradients and activations (B=15, T=1024): lower --batch" oom --model tiny --context 1024 \
+    --channels 256 --heads 16 --batch 15 --seq-len 1024
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
