@@ -1282,6 +1282,22 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     return st;
 }
 
+l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info) {
+    memset(info, 0, sizeof *info);
+    struct manifest mf;
+    l3d_status st = manifest_read(dir, &mf);
+    if (st != L3D_OK) return st;
+    *info = (struct l3d_ckpt_info){.format = mf.format, .cfg = mf.cfg, .layout = mf.lay,
+                                   .state = mf.st, .params_dtype = dtype_name(mf.pdt),
+                                   .moments_dtype = dtype_name(mf.mdt), .nfiles = mf.nfiles};
+    for (int r = 0; r < mf.nfiles; r++) info->bytes += mf.files[r].bytes;
+    int64_t read = 0;
+    st = manifest_check_layout(&mf);
+    if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &read);
+    manifest_free(&mf);
+    return st;
+}
+
 /* ---- metrics -------------------------------------------------------------------------------- */
 
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
