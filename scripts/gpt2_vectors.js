@@ -1,11 +1,28 @@
 // Writes GPT-2 tokenizer test vectors with the reference JavaScript encoder of the npm package
 // gpt-3-encoder (OpenAI's encoder.py ported to JavaScript), for tests/test_tokenizer.c.
 //   node scripts/gpt2_vectors.js DIR_OF_UNPACKED_PACKAGE [TEXT_FILE...] > tests/data/gpt2_vectors.tsv
+//   node scripts/gpt2_vectors.js DIR_OF_UNPACKED_PACKAGE --unicode > tests/data/gpt2_vectors_unicode.tsv
+// --unicode: only strings with letters and digits added in Unicode 15.0 to 17.0 (newer than PCRE2
+// 10.42's tables); they need a node whose ICU has them (process.versions.unicode >= 17.0; node
+// 20.20.2 with ICU 78.2 wrote the committed file).
 // One case a line: the input's UTF-8 bytes in hex, a tab, the token ids separated by spaces.
 // Cases: the strings below, then every non-empty valid UTF-8 line of the text files (446 cases in all).
 const path = require('path');
 const fs = require('fs');
 const { encode } = require(path.resolve(process.argv[2], 'Encoder.js'));
+const unicode = [
+  "\u{11F04}'ll", "\u{31350}'ll", ' \u{11F04}\u{11F05}\u{11F12} Kawi', 'CJK-H \u{31350}\u{31351} I \u{2EBF0}',
+  'Nag Mundari \u{1E4D0}\u{1E4D1}\u{1E4EB} \u{1E4F0}\u{1E4F1}', 'Kawi digits \u{11F50}\u{11F51}x',
+  'Garay \u{10D4A}\u{10D4B} \u{10D40}\u{10D41}', 'Kirat Rai \u{16D40}\u{16D41} \u{16D70}',
+  'Unicode 17 \u{1E6C0}\u{1E6C1} \u{11DB0}', 'outlined digits \u{1CCF0}\u{1CCF1}', 'x\u{11F04}y 1\u{11F50}2',
+  'Telugu \u0C5C Kannada \u0CDC Latin \uA7CB\uA7D2 Cyrillic \u1C89',
+];
+if (process.argv[3] === '--unicode') {
+  if (parseFloat(process.versions.unicode) < 17) throw new Error('this node has Unicode ' + process.versions.unicode + ', not 17.0');
+  for (const s of unicode)
+    process.stdout.write(Buffer.from(s, 'utf-8').toString('hex') + '\t' + encode(s).join(' ') + '\n');
+  process.exit(0);
+}
 const cases = [
   'Hello, world!', 'hello world', ' leading space', 'trailing space ', '',
   "I'm sure they'll say it's fine, we've seen you'd've done 'em", "DON'T SHOUT'S", "y'all 're",

@@ -1,5 +1,6 @@
 /* GPT-2 byte-level BPE: the reference encoder's ids (tests/data/gpt2_vectors.tsv, written by
- * scripts/gpt2_vectors.js with the npm package gpt-3-encoder), round trips of arbitrary bytes,
+ * scripts/gpt2_vectors.js with the npm package gpt-3-encoder; gpt2_vectors_unicode.tsv: letters and
+ * digits of Unicode 15 to 17), the \s choice where the references disagree, round trips of arbitrary bytes,
  * llm.c's tokenizer file, and one clear error per malformed file. */
 #include <libgen.h>
 #include <stdlib.h>
@@ -38,9 +39,9 @@ static void copy_file(const char *from, const char *dir, const char *name, size_
 static int hexval(int c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
 
 /* Every vector of the reference encoder: same ids, and decoding gives the text back. */
-static void test_vectors(const struct l3d_tokenizer *t) {
+static void test_vectors(const struct l3d_tokenizer *t, const char *file, int min_cases) {
     char path[8192];
-    snprintf(path, sizeof path, "%s/gpt2_vectors.tsv", data_dir);
+    snprintf(path, sizeof path, "%s/%s", data_dir, file);
     FILE *fp = fopen(path, "r");
     CHECK(fp != NULL);
     if (!fp) return;
@@ -81,8 +82,31 @@ static void test_vectors(const struct l3d_tokenizer *t) {
     fclose(fp);
     free(dec);
     l3d_encoder_free(e);
-    fprintf(stderr, "%d reference vectors, %d mismatches\n", cases, bad);
-    CHECK(cases >= 400);
+    fprintf(stderr, "%s: %d reference vectors, %d mismatches\n", file, cases, bad);
+    CHECK(cases >= min_cases);
+}
+
+static bool encodes_as(const struct l3d_tokenizer *t, const char *s, const int32_t *want, int n) {
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct l3d_ids got = {0};
+    l3d_encoder_encode(e, s, strlen(s), &got);
+    bool same = got.n == n && memcmp(got.v, want, (size_t)n * sizeof *want) == 0;
+    if (!same) {
+        fprintf(stderr, "\"%s\" encodes as", s);
+        for (int64_t i = 0; i < got.n; i++) fprintf(stderr, " %d", got.v[i]);
+        fprintf(stderr, "\n");
+    }
+    l3d_ids_free(&got);
+    l3d_encoder_free(e);
+    return same;
+}
+
+/* Where the references disagree, \s is the Python `regex` module's (Unicode White_Space): U+0085
+ * is space, U+FEFF is not (docs/DESIGN.md). Python splits " \u0085a" as " ", "\u0085", "a" and
+ * " \uFEFFa" as " \uFEFF", "a"; the JavaScript encoder gives 1587 227 64 and 220 171 119 123 64. */
+static void test_whitespace_choice(const struct l3d_tokenizer *t) {
+    CHECK(encodes_as(t, " \xc2\x85" "a", (const int32_t[]){220, 126, 227, 64}, 4));
+    CHECK(encodes_as(t, " \xef\xbb\xbf" "a", (const int32_t[]){27332, 119, 123, 64}, 4));
 }
 
 static bool round_trip(struct l3d_encoder *e, const struct l3d_tokenizer *t, const unsigned char *s,
@@ -257,7 +281,9 @@ int main(void) {
     if (st != L3D_OK) return TEST_REPORT();
     CHECK(l3d_tokenizer_vocab_size(t) == 50257);
     CHECK(l3d_tokenizer_eot(t) == 50256);
-    test_vectors(t);
+    test_vectors(t, "gpt2_vectors.tsv", 400);
+    test_vectors(t, "gpt2_vectors_unicode.tsv", 12);
+    test_whitespace_choice(t);
     test_round_trip(t);
     test_llmc_file(t);
     test_errors();

@@ -154,6 +154,20 @@ l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int
 /* Writes the weights of step directory dir as one llm.c checkpoint (one process); fp32 only. */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
 
+/* What a step directory holds, for llm3d inspect. */
+struct l3d_ckpt_info {
+    int format;                      /* the manifest's format version */
+    struct l3d_gpt_config cfg;
+    struct l3d_ckpt_layout layout;   /* saved under (world, tp, pp, dp, zero, pp_virtual, sp) */
+    struct l3d_ckpt_state state;     /* step, loader position, seed, B, T, accum, ... */
+    const char *params_dtype, *moments_dtype; /* "fp32", "bf16", ...; static strings */
+    int nfiles;                      /* rank files (world x chunks per rank) */
+    int64_t bytes;                   /* of all rank files */
+};
+/* Reads dir's manifest into info and verifies every rank file against it (present, size, header,
+ * checksum), reading them all once; one process. The errors are l3d_ckpt_load's. */
+l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info);
+
 /* Keeps the lines of a metrics.jsonl whose "step" is at most step (a resumed run appends after
  * them); atomic like every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);

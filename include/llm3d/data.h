@@ -25,16 +25,22 @@
  * window is never read. All windows of all files, file after file, are numbered 0..W-1.
  *
  * The loader walks an endless stream of windows: epoch e is the W windows in order (sequential mode)
- * or in a Fisher-Yates shuffle seeded with seed+e (random mode); epoch e+1 follows epoch e, and a
- * batch may straddle the two. Each call takes the next global batch of dp_size*B windows from the
- * stream; DP rank r keeps windows [r*B, (r+1)*B) of it. Every rank walks the same stream, so the
+ * or in a Fisher-Yates shuffle seeded with seed+e (random mode); epoch e+1 follows epoch e. Each
+ * call takes the next global batch of G = dp_size*B windows from the stream; DP rank r keeps
+ * windows [r*B, (r+1)*B) of it. A batch never straddles two epochs: when fewer than G windows are
+ * left in an epoch they are skipped and the batch starts the next epoch (in random mode they are
+ * other windows each epoch). This is llm.c's rule (its loader moves to the next shard when the
+ * current one has less than a batch left): on one file in sequential mode the batches are
+ * llm.c's, token for token. (Windows of several files are numbered as one sequence, so a batch
+ * can span a file boundary, where llm.c would skip the first file's tail.) Every rank walks the same stream, so the
  * union of the ranks' batches is exactly the batch of one process with B*dp_size, and the position
  * (epoch, index of the next window) is the same on every rank: one position resumes all of them,
  * for any dp_size with the same dp_size*B.
  *
  *   W = 5 windows, dp_size = 2, B = 1 (global batch 2), sequential:
- *     call 1: rank 0 gets w0, rank 1 gets w1      call 3: rank 0 gets w4, rank 1 gets w0 (epoch 1)
- *     call 2: rank 0 gets w2, rank 1 gets w3      position after call 3: epoch 1, index 1
+ *     call 1: rank 0 gets w0, rank 1 gets w1      call 3: rank 0 gets w0, rank 1 gets w1 (epoch 1;
+ *     call 2: rank 0 gets w2, rank 1 gets w3              w4 is skipped: one window left, not two)
+ *                                                 position after call 3: epoch 1, index 2
  */
 #ifndef LLM3D_DATA_H
 #define LLM3D_DATA_H

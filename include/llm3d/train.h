@@ -47,6 +47,7 @@ struct l3d_train_config {
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
     /* pipeline: accum micro-batches per step flow through pp stages (pipeline.h) */
     enum l3d_pp_kind pp_schedule;
+    bool pp_schedule_implied; /* interleaved because pp_virtual > 1, not asked for: said at start */
     int pp_virtual;         /* model chunks per pipeline rank (interleaved); 0 or 1: one */
     const char *pp_layers;  /* "a,b,..." layers per virtual stage, or NULL: balanced */
     enum l3d_recompute recompute;

@@ -961,7 +961,7 @@ static l3d_status check_files(const struct manifest *mf, int rank, int nranks,
         file_path(mf, r, path, sizeof path);
         if (stat(path, &sb) != 0)
             return l3d_error(L3D_ERR_IO, "rank file %s, listed in %s, is missing (%s): the "
-                             "checkpoint is incomplete; resume from another step", path, mf->path,
+                             "checkpoint is incomplete; use another step", path, mf->path,
                              strerror(errno));
         if ((int64_t)sb.st_size != mf->files[r].bytes)
             return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the file "
@@ -984,11 +984,12 @@ static float *alloc_nan(int64_t n, const char *what) {
     return p;
 }
 
-static l3d_status no_memory(const struct manifest *mf, int64_t n) {
-    return l3d_error(L3D_ERR_OOM, "%s: no memory to re-slice the checkpoint (%lld parameters of "
-                     "the full model): resume on the layout it was saved under", mf->path,
-                     (long long)n);
+/* hint: what to do, e.g. "resume on the layout it was saved under" */
+static l3d_status no_memory(const struct manifest *mf, int64_t n, const char *hint) {
+    return l3d_error(L3D_ERR_OOM, "%s: no memory to assemble the checkpoint's full model (%lld "
+                     "parameters): %s", mf->path, (long long)n, hint);
 }
+#define NO_MEMORY_RESUME "resume on the layout it was saved under"
 
 static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
     struct l3d_shard f = l3d_shard_full(c);
@@ -1008,7 +1009,7 @@ static l3d_status assemble_full(const struct manifest *mf, int sel, float *full,
         if (n > maxn) maxn = n;
     }
     float *tmp = alloc_nan(maxn, "checkpoint shard");
-    if (!tmp) return no_memory(mf, maxn);
+    if (!tmp) return no_memory(mf, maxn, "free host memory");
     l3d_status st = L3D_OK;
     char path[PATH_CAP];
     for (int r = 0; st == L3D_OK && r < mf->nfiles; r++) {
@@ -1068,7 +1069,7 @@ static l3d_status load_params(const struct manifest *mf, struct l3d_gpt *m, int6
     float *mine = whole ? full : full ? l3d_try_alloc(nb, "checkpoint shard") : NULL;
     if (!mine) {
         l3d_free(full);
-        return no_memory(mf, N);
+        return no_memory(mf, N, NO_MEMORY_RESUME);
     }
     l3d_status st = assemble_full(mf, 0, full, bytes);
     if (st == L3D_OK) {
@@ -1124,7 +1125,7 @@ static l3d_status load_moments(const struct manifest *mf, const struct l3d_gpt *
                         : NULL;
     if (!mine) {
         l3d_free(full);
-        return no_memory(mf, N);
+        return no_memory(mf, N, NO_MEMORY_RESUME);
     }
     for (int sel = 1; st == L3D_OK && sel <= 2; sel++) {
         if (sel == 2) memset(full, 0xff, (size_t)N * sizeof(float));
@@ -1229,7 +1230,7 @@ l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_
     FILE *f = fopen(path, "r");
     if (!f) {
         if (autom && errno == ENOENT) return L3D_OK; /* nothing saved yet: a fresh start */
-        return l3d_error(L3D_ERR_IO, "--resume %s: no checkpoint there (%s: %s); give a step "
+        return l3d_error(L3D_ERR_IO, "%s: no checkpoint there (%s: %s); give a step "
                          "directory (holding a manifest) or a checkpoint directory (holding "
                          "`latest`)", spec, path, strerror(errno));
     }
@@ -1272,11 +1273,27 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
     if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
     float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;
-    if (st == L3D_OK && !full) st = no_memory(&mf, N);
+    if (st == L3D_OK && !full) st = no_memory(&mf, N, "convert on a machine with more memory");
     if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);
     if (st == L3D_OK) st = check_no_nan(&mf, full, N, "parameter");
     if (st == L3D_OK) st = l3d_ckpt_save_llmc_params(path, &cfg, full, N);
     l3d_free(full);
+    manifest_free(&mf);
+    return st;
+}
+
+l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info) {
+    memset(info, 0, sizeof *info);
+    struct manifest mf;
+    l3d_status st = manifest_read(dir, &mf);
+    if (st != L3D_OK) return st;
+    *info = (struct l3d_ckpt_info){.format = mf.format, .cfg = mf.cfg, .layout = mf.lay,
+                                   .state = mf.st, .params_dtype = dtype_name(mf.pdt),
+                                   .moments_dtype = dtype_name(mf.mdt), .nfiles = mf.nfiles};
+    for (int r = 0; r < mf.nfiles; r++) info->bytes += mf.files[r].bytes;
+    int64_t read = 0;
+    st = manifest_check_layout(&mf);
+    if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &read);
     manifest_free(&mf);
     return st;
 }

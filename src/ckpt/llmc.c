@@ -1,6 +1,7 @@
 /* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). A model's parameters are
  * device memory: they travel through a host staging buffer (l3d_ckpt_stage_cap: 64 MiB at most). */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -146,9 +147,13 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     }
     fseek(f, HEADER_BYTES, SEEK_SET);
     size_t got = 0;
+    int64_t bad = 0, first_bad = -1; /* parameters that are NaN or infinite */
     for (size_t k; got < nb; got += k) {
         k = nb - got < cap ? nb - got : cap;
         if (fread(buf, 1, k, f) != k) break;
+        for (size_t i = 0; i < k / es; i++)
+            if (!isfinite(((const float *)buf)[i]) && bad++ == 0)
+                first_bad = (int64_t)(got / es + i);
         if (full) l3d_be_copy_h2d(m->be, (char *)m->params + got, buf, k);
         l3d_be_sync(m->be); /* the copy may read buf until then */
     }
@@ -163,5 +168,10 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     if (got != nb)
         return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got / es,
                          (long long)n_full);
+    if (bad)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld of its %lld parameters are not finite (NaN or "
+                         "infinite; the first is parameter %lld): the file is damaged or its run "
+                         "diverged; use another checkpoint", path, (long long)bad,
+                         (long long)n_full, (long long)first_bad);
     return L3D_OK;
 }

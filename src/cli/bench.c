@@ -22,14 +22,7 @@ int l3d_cli_bench(int argc, char **argv) {
     /* l3d_train_run takes SIGTERM/SIGUSR1 on a thread of its own */
     struct l3d_runtime_opts ro = {.cmd = "bench", .stop_signals = true};
     int rc = l3d_cli_train_flags("bench", argc, argv, &tc, &ro.backend);
-    if (rc >= 0) {
-        if (rc == 0) printf("\nbench takes train's model, batch and optimizer flags; it trains on "
-                            "random tokens (--train ignored) and reports the median step.\n"
-                            "llm3d bench --calibrate [--out FILE] [--quick], under mpiexec, measures "
-                            "this machine and writes\nits system profile for llm3d plan (see llm3d "
-                            "bench --calibrate --help).\n");
-        return rc;
-    }
+    if (rc >= 0) return rc;
     struct l3d_runtime *rt;
     if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
     if (rt->world->size > 1) {

@@ -35,6 +35,8 @@ int l3d_cli_calibrate(int argc, char **argv);
 int l3d_cli_compare(int argc, char **argv);
 /* llm3d convert CHECKPOINT OUT.bin (src/cli/convert.c) */
 int l3d_cli_convert(int argc, char **argv);
+/* llm3d inspect PATH [--tokenizer SPEC] [--json] (src/cli/inspect.c) */
+int l3d_cli_inspect(int argc, char **argv);
 /* llm3d generate --checkpoint FILE [flags] (src/cli/generate.c) */
 int l3d_cli_generate(int argc, char **argv);
 

@@ -1,6 +1,7 @@
 /* llm3d prepare: text files -> llm.c token shards. */
 #include <errno.h>
 #include <getopt.h>
+#include <omp.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,6 +32,8 @@ static void usage(FILE *fp) {
             "  --out DIR             output directory\n"
             "  --val-fraction F      fraction for validation, 0 <= F < 1 (0.05)\n"
             "  --shard-tokens N      at most N tokens per shard, 4 <= N <= %d (100000000)\n"
+            "  --threads N           encoding threads (default: OMP_NUM_THREADS or all cores); the\n"
+            "                        shards are the same for any N\n"
             "  -h, --help            this message\n",
             L3D_SHARD_MAX_TOKENS);
 }
@@ -62,6 +65,7 @@ int l3d_cli_prepare(int argc, char **argv) {
         {"val-fraction", required_argument, NULL, 'v'},
         {"shard-tokens", required_argument, NULL, 's'},
         {"doc-separator", required_argument, NULL, 'd'},
+        {"threads", required_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -91,6 +95,12 @@ int l3d_cli_prepare(int argc, char **argv) {
                 return usage_error("--shard-tokens %s is not a whole number in [4, 2147483647]",
                                    optarg);
             break;
+        case 'j': {
+            int threads;
+            if (!l3d_arg_int("prepare", "threads", optarg, 1, 1024, &threads)) return 2;
+            omp_set_num_threads(threads);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case ':': return usage_error("option %s needs a value", argv[optind - 1]);
         default:

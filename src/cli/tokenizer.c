@@ -15,8 +15,8 @@ static void usage(FILE *fp) {
             "         learns a byte-level BPE vocabulary of N tokens (258..65536, the end-of-text\n"
             "         token included) with GPT-2's pre-tokenization; writes DIR/encoder.json and\n"
             "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate)\n"
-            "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE]\n"
-            "         prints the token ids of TEXT (or of the file), one line\n"
+            "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE | -]\n"
+            "         prints the token ids of TEXT (or of the file; - reads standard input), one line\n"
             "       llm3d tokenizer decode --tokenizer SPEC SHARD\n"
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
@@ -112,7 +112,8 @@ int l3d_cli_tokenizer(int argc, char **argv) {
         if (text) {
             n = strlen(text);
         } else if (nfiles == 1) {
-            FILE *fp = fopen(files[0], "rb");
+            bool in = strcmp(files[0], "-") == 0;
+            FILE *fp = in ? stdin : fopen(files[0], "rb");
             size_t cap = 0;
             for (size_t got = 1; fp && got;) {
                 if (n + 65536 > cap) buf = realloc(buf, cap = 2 * cap + 65536);
@@ -123,7 +124,7 @@ int l3d_cli_tokenizer(int argc, char **argv) {
                 l3d_tokenizer_free(tok);
                 return 1;
             }
-            fclose(fp);
+            if (!in) fclose(fp);
         } else {
             fprintf(stderr, "llm3d tokenizer encode: give --text TEXT or one FILE\n");
             l3d_tokenizer_free(tok);

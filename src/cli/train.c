@@ -6,23 +6,37 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/ckpt.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
-static void usage(FILE *f) {
+static void usage(FILE *f, const char *cmd) {
+    bool bench = strcmp(cmd, "bench") == 0;
+    if (bench)
+        fprintf(f,
+            "usage: llm3d bench [flags]\n"
+            "       llm3d bench --calibrate [--out FILE] [--quick]   (under mpiexec; see its --help)\n"
+            "\n"
+            "Measures this machine's fp32 FMA peak and sgemm rates, then trains a model on random\n"
+            "tokens through the real training loop (one process) and reports the median step,\n"
+            "tokens/s and MFU. --calibrate writes the system profile that llm3d plan reads.\n"
+            "Flags: train's below (--train, --val and --out are ignored); defaults --model d12\n"
+            "--steps 10 --warmup 2.\n"
+            "\n");
+    else
+        fprintf(f, "usage: llm3d train --train PATTERN [flags]\n\n");
     fprintf(f,
-        "usage: llm3d train --train PATTERN [flags]\n"
-        "\n"
         "model (a preset, then explicit sizes override it):\n"
-        "  --model NAME        %s (d6)\n"
+        "  --model NAME        %s (%s)\n"
         "  --layers L --channels C --heads NH --vocab V --context T\n"
-        "  --init-from FILE    start from an llm.c GPT-2 checkpoint instead of random weights\n"
+        "  --init-from FILE    start from an llm.c GPT-2 checkpoint instead of random weights;\n"
+        "                      the model's sizes come from its header (flags given must agree)\n"
         "data:\n"
         "  --train PATTERN     token shards (llm.c format): a file or a quoted glob\n"
         "  --val PATTERN       validation shards\n"
         "  --batch B           sequences per micro-batch (4)\n"
-        "  --seq-len T         tokens per sequence (64)\n"
+        "  --seq-len T         tokens per sequence (64, or the context when shorter)\n"
         "  --grad-accum N      micro-batches per step (1)\n"
         "  --global-batch G    sequences per step instead: G / (batch x dp) micro-batches\n"
         "  --sequential        read windows in order instead of shuffled\n"
@@ -53,7 +67,9 @@ static void usage(FILE *f) {
         "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
         "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
-        "  --quiet             no per-step lines\n"
+        "  --quiet             no per-step lines (the start-up summary and the final line stay)\n"
+        "  Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
+        "  prints it); validation at step k runs after update k.\n"
         "checkpoints (sharded, atomic; resume on any layout; see README):\n"
         "  --save-every N      save every N steps and after the last (0: never; default 0)\n"
         "  --ckpt-dir DIR      where step directories go (default OUT/checkpoints)\n"
@@ -62,7 +78,38 @@ static void usage(FILE *f) {
         "                      there is none) or from a step or checkpoint directory\n"
         "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
         "                      at once\n",
-        l3d_gpt_preset_names());
+        l3d_gpt_preset_names(), bench ? "d12" : "d6");
+}
+
+/* --init-from FILE: the model's sizes from the llm.c header into tc->model. given: the values of
+ * --layers --channels --heads --vocab --context (0: not given); each given one, and a --model
+ * preset's, must equal the file's. Returns -1 when they agree, else the exit status. */
+static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const char *preset,
+                           const int given[5]) {
+    struct l3d_gpt_config f;
+    if (l3d_ckpt_read_llmc_config(tc->init_from, &f) != L3D_OK) {
+        fprintf(stderr, "llm3d %s: --init-from: %s\n", cmd, l3d_error_message());
+        return 1;
+    }
+    static const char *const flag[5] = {"layers", "channels", "heads", "vocab", "context"};
+    const int file[5] = {f.L, f.C, f.NH, f.V, f.maxT};
+    const int pre[5] = {tc->model.L, tc->model.C, tc->model.NH, tc->model.V, tc->model.maxT};
+    for (int i = 0; i < 5; i++) {
+        if (given[i] && given[i] != file[i]) {
+            fprintf(stderr, "llm3d %s: --%s %d disagrees with --init-from %s, whose model has "
+                    "%s %d: drop --%s (the file's sizes are used)\n", cmd, flag[i], given[i],
+                    tc->init_from, flag[i], file[i], flag[i]);
+            return 2;
+        }
+        if (preset && !given[i] && pre[i] != file[i]) {
+            fprintf(stderr, "llm3d %s: --model %s has %s %d but --init-from %s has %d: drop "
+                    "--model (the file's sizes are used)\n", cmd, preset, flag[i], pre[i],
+                    tc->init_from, file[i]);
+            return 2;
+        }
+    }
+    tc->model = f;
+    return -1;
 }
 
 /* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
@@ -112,11 +159,13 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     float peak = 0.0f;
     const long BIG = 1L << 30;
     int ok = 1, c;
-    bool sched_given = false, accum_given = false;
+    bool sched_given = false, accum_given = false, seq_given = false;
+    const char *preset = NULL;
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'm':
+            preset = optarg;
             if (l3d_gpt_config_preset(&tc->model, optarg) != L3D_OK) {
                 fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
                 return 2;
@@ -130,7 +179,10 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case 't': tc->train_pattern = optarg; break;
         case 'v': tc->val_pattern = optarg; break;
         case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->B); break;
-        case 'T': ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->T); break;
+        case 'T':
+            ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->T);
+            seq_given = true;
+            break;
         case O_ACCUM:
             ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->accum);
             accum_given = true;
@@ -206,14 +258,17 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
             tc->bucket_bytes = (size_t)(mb * 1048576.0f);
             break;
         }
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout, cmd); return 0;
         default:
             fprintf(stderr, "llm3d %s: see llm3d %s --help\n", cmd, cmd);
             return 2;
         }
     }
     if (!ok) return 2;
-    if (tc->pp_virtual > 1 && !sched_given) tc->pp_schedule = L3D_PP_INTERLEAVED;
+    if (tc->pp_virtual > 1 && !sched_given) {
+        tc->pp_schedule = L3D_PP_INTERLEAVED;
+        tc->pp_schedule_implied = true;
+    }
     if (accum_given && tc->global_batch > 0) {
         fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "
                 "per step are global batch / (batch x dp))\n", cmd);
@@ -223,6 +278,11 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see --help)\n", cmd,
                 argv[optind]);
         return 2;
+    }
+    if (tc->init_from) { /* the file's sizes; the flags given must agree with them */
+        int rc = init_from_sizes(cmd, tc, preset, (const int[]){L, C, NH, V, maxT});
+        if (rc >= 0) return rc;
+        L = C = NH = V = maxT = 0;
     }
     if (L) tc->model.L = L;
     if (C) tc->model.C = C;
@@ -239,6 +299,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
                 "--out DIR (checkpoints go to DIR/checkpoints) or --ckpt-dir DIR\n", cmd);
         return 2;
     }
+    if (!seq_given && tc->T > tc->model.maxT) tc->T = tc->model.maxT; /* the default fits */
     if (tc->T > tc->model.maxT) {
         fprintf(stderr, "llm3d %s: --seq-len %d exceeds the model's context %d: raise --context or "
                 "lower --seq-len\n", cmd, tc->T, tc->model.maxT);

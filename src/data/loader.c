@@ -99,6 +99,11 @@ static void copy_window(const struct l3d_loader *ld, int64_t w, int32_t *inp, in
 void l3d_loader_next(struct l3d_loader *ld, int32_t *inputs, int32_t *targets) {
     int64_t B = ld->cfg.B, T = ld->cfg.T;
     int64_t G = B * ld->cfg.dp_size, mine = B * ld->cfg.dp_rank;
+    if (ld->nwin - ld->index < G) { /* a batch never straddles two epochs (as llm.c's shards) */
+        ld->index = 0;
+        ld->epoch++;
+        if (ld->perm) shuffle(ld);
+    }
     for (int64_t g = 0; g < G; g++) {
         if (g >= mine && g < mine + B) {
             int64_t w = ld->perm ? ld->perm[ld->index] : ld->index;

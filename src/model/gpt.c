@@ -380,7 +380,14 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
     m->loss_sum = l3d_be_alloc(be, sizeof(double), "loss");
     if (!m->params || !grads_ok || !m->acts->base || !m->loss_sum) {
         size_t need = pbytes + gbytes + m->act_bytes;
+        bool weights = !m->params || !grads_ok; /* the model itself does not fit, whatever B, T */
+        int64_t n = m->num_params;
         l3d_gpt_free(m);
+        if (weights)
+            return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for the parameters and "
+                             "gradients (%lld parameters on this rank): the model does not fit; "
+                             "split it over more ranks (--tp, --pp, --zero 2) or choose a smaller "
+                             "model", (pbytes + gbytes) / 1073741824.0, (long long)n);
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for parameters, gradients and "
                          "activations (B=%d, T=%d): lower --batch or --seq-len", need / 1073741824.0,
                          B, T);

@@ -60,7 +60,7 @@ l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp) {
         return l3d_error(L3D_ERR_LAYOUT,
                          "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: "
                          "launch %lld ranks (mpiexec -n %lld), or change the flags so that their "
-                         "product is %d (--dp 0 infers the data-parallel degree)",
+                         "product is %d (leave out --dp to infer the data-parallel degree)",
                          *tp, *pp, *dp, (long long)total, world_size, (long long)total,
                          (long long)total, world_size);
     return L3D_OK;

@@ -15,19 +15,47 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
+#include "tokenizer/unicode_classes.h"
 
 /* The Unicode White_Space property (PropList.txt): what \s means in the Python `regex` module that
- * GPT-2's encoder.py uses. PCRE2's own \s leaves out U+0085, so the pattern spells it out. */
+ * GPT-2's encoder.py uses. PCRE2's own \s leaves out U+0085, so the pattern spells it out; the
+ * JavaScript port's \s has U+FEFF too, which stays out here (docs/DESIGN.md). */
 #define WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
            "\\x{202F}\\x{205F}\\x{3000}"
-static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
-                                   "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+
+/* Appends the ranges of a Unicode class as \x{A}-\x{B} items of a character class. */
+static char *put_ranges(char *p, const uint32_t (*r)[2], size_t n) {
+    for (size_t i = 0; i < n; i++)
+        p += r[i][0] == r[i][1] ? sprintf(p, "\\x{%X}", (unsigned)r[i][0])
+                                : sprintf(p, "\\x{%X}-\\x{%X}", (unsigned)r[i][0], (unsigned)r[i][1]);
+    return p;
+}
+
+/* GPT-2's pattern, 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, with
+ * \p{L} and \p{N} spelled out from src/tokenizer/unicode_classes.h (Unicode L3D_UNICODE_VERSION,
+ * the reference encoder's) rather than PCRE2's own tables, which may be older (10.42: Unicode 14).
+ * The caller frees it. */
+static char *gpt2_pattern(void) {
+    const size_t nl = sizeof l3d_uni_letter / sizeof l3d_uni_letter[0];
+    const size_t nn = sizeof l3d_uni_number / sizeof l3d_uni_number[0];
+    char *pat = l3d_alloc(64 * (2 * nl + 2 * nn) + 1024, "tokenizer pattern"), *p = pat;
+    p += sprintf(p, "'s|'t|'re|'ve|'m|'ll|'d| ?[");
+    p = put_ranges(p, l3d_uni_letter, nl);
+    p += sprintf(p, "]+| ?[");
+    p = put_ranges(p, l3d_uni_number, nn);
+    p += sprintf(p, "]+| ?[^" WS);
+    p = put_ranges(p, l3d_uni_letter, nl);
+    p = put_ranges(p, l3d_uni_number, nn);
+    sprintf(p, "]+|[" WS "]+(?![^" WS "])|[" WS "]+");
+    return pat;
+}
 
 struct merge_slot {
     uint64_t key; /* (left << 32 | right) + 1; 0 = empty */
@@ -433,8 +461,10 @@ void l3d_tokenizer_free(struct l3d_tokenizer *t) {
 static l3d_status compile_pattern(struct l3d_tokenizer *t) {
     int err;
     PCRE2_SIZE erroff;
-    t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED,
+    char *pat = gpt2_pattern();
+    t->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
+    l3d_free(pat);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);

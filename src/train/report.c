@@ -10,7 +10,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
     int v = lay->v, tp = lay->tp, pp = lay->pp;
-    if (!t->lead || tc->quiet) return;
+    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
     struct l3d_dp_memory mem = {0};
     for (int c = 0; c < v; c++) {
         struct l3d_dp_memory mc = l3d_dp_memory(&t->dps[c], &t->opts[c]);
@@ -27,8 +27,10 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            "thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
            tc->dp_blocking ? "blocking" : "overlapped", t->comm_name, omp_get_max_threads());
     if (pp > 1) {
-        printf("pipeline: %s schedule, %d micro-batches, %d stage(s) x %d chunk(s), layers",
-               l3d_pp_kind_name(lay->sched.kind), tc->accum, pp, v);
+        printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
+               l3d_pp_kind_name(lay->sched.kind),
+               tc->pp_schedule_implied ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
+                                       : "", tc->accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
                tc->pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
@@ -126,7 +128,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
 }
 
 void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_result *res) {
-    if (!t->lead || t->tc->quiet || res->steps - res->start_step <= 0) return;
+    if (!t->lead || res->steps - res->start_step <= 0) return; /* also with --quiet */
     printf("median step %.1f ms (forward+backward %.1f, optimizer %.1f, exposed DP communication "
            "%.1f), %.0f tokens/s, MFU %.1f%%, peak host memory %.1f MiB (%zu bytes, the "
            "fullest rank)\n",

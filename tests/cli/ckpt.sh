@@ -220,6 +220,12 @@ copy cut && head -n 5 "$(step_dir A 5)/manifest" > "$dir/cut/manifest"
 expect_error "truncated manifest" "manifest.*truncated\|manifest: no" "$dir/cut" 0 4
 expect_error "resume layout impossible for the model" "\-\-tp 3" "$(step_dir A 5)" 0 4 --tp 3 --dp 1
 expect_error "no checkpoint there" "no checkpoint there" "$dir/nonexistent" 0 4
+# convert's errors speak of convert's arguments, not of --resume
+convert_err() { "$bin" convert "$1" "$dir/none.bin" 2>&1 >/dev/null && echo "(exit 0)"; }
+err=$(convert_err "$dir/nonexistent")
+check "convert: no checkpoint there: $err" sh -c "echo '$err' | grep -q 'nonexistent: no checkpoint there' && ! echo '$err' | grep -q resume"
+err=$(convert_err "$dir/missing")
+check "convert: a missing rank file: $err" sh -c "echo '$err' | grep -q 'rank_00003.bin.*missing' && ! echo '$err' | grep -q resume"
 copyV() { rm -rf "${dir:?}/$1" && cp -r "$(step_dir V 5)" "$dir/$1"; }
 copyV missingV && rm "$dir/missingV/rank_00001_c1.bin"
 expect_error "missing chunk file" "rank_00001_c1.bin.*missing" "$dir/missingV" 0 4 --layers 4 --grad-accum 2

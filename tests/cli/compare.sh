@@ -12,6 +12,7 @@ dir=$2
 mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, fail
+check "compare --help says what tolerance equivalent runs need and why" sh -c "'$bin' compare --help | grep -q '^Tolerances. Equivalent layouts (tp, pp, dp, ZeRO) add in other orders'"
 
 for i in $(seq 1 300); do echo "row $i of the comparison corpus: $((i * 37 % 101)) bottles"; done \
     > "$dir/corpus.txt"

@@ -24,6 +24,14 @@ check "  ... decodes back to the documents" sh -c "'$bin' tokenizer decode --tok
 check "  ... every document starts with end-of-text" test "$("$bin" tokenizer decode --tokenizer "$dir/tok" \
     "$dir/data/train_000000.bin" | grep -c '^<|endoftext|>fortune')" -eq 360
 check "encode" test "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox' | wc -w)" -le 6
+check "encode - reads standard input" test "$(printf 'the quick brown fox' | "$bin" tokenizer encode \
+    --tokenizer "$dir/tok" -)" = "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox')"
+check "prepare --threads 1" "$bin" prepare --tokenizer "$dir/tok" --doc-separator % --val-fraction 0.1 \
+    --threads 1 --out "$dir/data1" "$dir/corpus.txt"
+check "  ... the same shards as with 2 threads" sh -c "cmp -s '$dir/data/train_000000.bin' \
+    '$dir/data1/train_000000.bin' && cmp -s '$dir/data/val_000000.bin' '$dir/data1/val_000000.bin'"
+expect_error "prepare --threads 0" "\-\-threads 0 is out of range" "$bin" prepare --tokenizer bytes \
+    --threads 0 --out "$dir/data0" "$dir/corpus.txt"
 OMP_NUM_THREADS=2 "$bin" train --model tiny --vocab 400 --context 32 --seq-len 32 --batch 4 --steps 60 \
     --lr 3e-3 --warmup 2 --val-every 30 --quiet --train "$dir/data/train_*.bin" \
     --val "$dir/data/val_*.bin" --out "$dir/run" > /dev/null

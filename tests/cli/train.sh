@@ -57,6 +57,54 @@ check "  ... a different text at temperature 1" sh -c "! OMP_NUM_THREADS=2 '$bin
     --checkpoint '$dir/ctx64/model.bin' --prompt 'the ' --temperature 1 --max-tokens 300 2>/dev/null \
     | cmp -s - '$dir/kv1.txt'"
 
+# --init-from: the model's sizes come from the file's header; flags given must agree
+init() { OMP_NUM_THREADS=2 "$bin" train --steps 2 --batch 2 --quiet --init-from "$dir/run1/model.bin" \
+    --train "$dir/data/train_*.bin" "$@"; }
+check "--init-from without size flags" sh -c "$(declare -f init); bin='$bin' dir='$dir' init --out '$dir/init' > '$dir/init.log'"
+check "  ... trains the file's model (L=2 C=64 V=256 context 32)" grep -q "L=2 C=64 NH=4 V=256" "$dir/init.log"
+check "--quiet keeps the start-up summary" grep -q "^model: .*parameters" "$dir/init.log"
+check "  ... and the final line" grep -q "^median step" "$dir/init.log"
+check "  ... and drops the step lines" sh -c "! grep -q '^step ' '$dir/init.log'"
+check "  ... with agreeing flags" sh -c "$(declare -f init); bin='$bin' dir='$dir' init --model tiny --vocab 256 --context 32 > /dev/null"
+expect_error "--init-from: a disagreeing size flag names it and both values" \
+    "\-\-layers 3 disagrees.*layers 2" init --layers 3
+expect_error "--init-from: a disagreeing --context" "\-\-context 64 disagrees.*context 32" init --context 64
+expect_error "--init-from: a disagreeing --model" "\-\-model d6 has layers 6.*has 2" init --model d6
+expect_error "--init-from: a missing file" "init-from.*nope.bin" init --init-from "$dir/nope.bin"
+
+# generate: a prompt of exactly the context (32 bytes) is accepted, one more is not; weights that
+# are not all finite are refused (the parameter at offset 10 set to NaN)
+gen() { OMP_NUM_THREADS=2 "$bin" generate --max-tokens 4 "$@"; }
+check "generate: a prompt of exactly the context length" \
+    sh -c "$(declare -f gen); bin='$bin' gen --checkpoint '$dir/run1/model.bin' --prompt \"\$(printf 'x%.0s' \$(seq 32))\" > /dev/null 2>&1"
+check "generate: a prompt longer than the context (the window slides)" \
+    sh -c "$(declare -f gen); bin='$bin' gen --checkpoint '$dir/run1/model.bin' --prompt \"\$(printf 'x%.0s' \$(seq 33))\" > /dev/null 2>&1"
+cp "$dir/run1/model.bin" "$dir/nan.bin"
+printf '\x00\x00\xc0\x7f' | dd of="$dir/nan.bin" bs=1 seek=$((1024 + 4 * 10)) conv=notrunc status=none
+expect_error "generate refuses weights that are not finite" "nan.bin: 1 of its .* not finite.*parameter 10" \
+    gen --checkpoint "$dir/nan.bin"
+expect_error "  ... and so does --init-from" "nan.bin: 1 of its .* not finite" \
+    init --init-from "$dir/nan.bin"
+
+# help texts and conventions
+check "bench --help prints bench's usage" sh -c "'$bin' bench --help | head -1 | grep -q '^usage: llm3d bench'"
+check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
+check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
+expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad --dp 2
+check "  ... (0 is rejected)" sh -c "! '$bin' train --model tiny --train '$dir/data/train_*.bin' --dp 2 2>&1 | grep -q -- '--dp 0'"
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+full && check "--pp-virtual 2 says it chose the interleaved schedule" sh -c "OMP_NUM_THREADS=1 '$mpiexec' -n 2 '$bin' \
+    train --model tiny --vocab 256 --context 32 --seq-len 32 --layers 4 --batch 2 --grad-accum 2 --steps 1 --quiet \
+    --pp 2 --pp-virtual 2 --train '$dir/data/train_*.bin' 2>&1 | grep -q 'interleaved schedule (chosen for --pp-virtual'"
+
+# out of memory (3 GB of address space): the message names what does not fit
+oom() { (ulimit -v 3000000; OMP_NUM_THREADS=1 "$bin" train --vocab 256 --steps 1 --train "$dir/data/train_*.bin" "$@"); }
+expect_error "out of memory: parameters too large names the parameters" \
+    "for the parameters and gradients (1477609600 parameters.*smaller model" oom --model d48 --batch 1 --seq-len 32
+expect_error "out of memory: activations too large names the batch" \
+    "parameters, gradients and activations (B=15, T=1024): lower --batch" oom --model tiny --context 1024 \
+    --channels 2048 --heads 16 --batch 15 --seq-len 1024
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"

@@ -1,0 +1,458 @@
+/* llm3d inspect: what a file or directory is, on one screen (or one JSON object): a token shard,
+ * an llm.c GPT-2 checkpoint, a training checkpoint (a step directory, or a checkpoint directory
+ * whose `latest` names one) or a run directory (train --out). Everything it prints it has checked:
+ * sizes against headers, every rank file's checksum against its manifest, weights finite. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "llm3d/ckpt.h"
+#include "llm3d/data.h"
+#include "llm3d/tokenizer.h"
+
+#define FIRST_TOKENS 24
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: llm3d inspect PATH [--tokenizer SPEC] [--json]\n"
+        "Says what PATH is and what it holds, after checking it:\n"
+        "  token shard        (llm.c format, magic 20240520): tokens, their range, the first\n"
+        "                     tokens (decoded with --tokenizer SPEC: bytes, gpt2 or a directory)\n"
+        "  llm.c checkpoint   (magic 20240326): model shape, dtype, parameters; size and\n"
+        "                     finiteness of the weights checked\n"
+        "  training checkpoint a step directory (holding `manifest`) or a checkpoint directory\n"
+        "                     (holding `latest`): step, layout, precision, sizes; every rank\n"
+        "                     file's size and checksum verified\n"
+        "  run directory      (llm3d train --out): steps and losses of metrics.jsonl, model.bin,\n"
+        "                     the latest checkpoint\n"
+        "  --json             one JSON object instead\n"
+        "Exit status: 0 when PATH is one of these and intact, 1 when it is damaged or unknown\n"
+        "(one line on stderr says why), 2 on a usage error.\n");
+}
+
+/* ---- output helpers ---------------------------------------------------------------------------- */
+
+/* s[0..n) as a JSON string (quotes included); bytes that are not valid UTF-8 become U+FFFD. */
+static void json_str(const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    putchar('"');
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool valid = len > 0 && i + (size_t)len <= n;
+        for (int k = 1; valid && k < len; k++) valid = (p[i + (size_t)k] & 0xc0) == 0x80;
+        if (!valid) {
+            fputs("\\ufffd", stdout);
+            i++;
+            continue;
+        }
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
+        else fwrite(p + i, 1, (size_t)len, stdout);
+        i += (size_t)len;
+    }
+    putchar('"');
+}
+
+/* s[0..n) on one line: newlines, tabs and other control bytes escaped. */
+static void text_str(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+static void json_model(const struct l3d_gpt_config *c) {
+    printf("\"L\":%d,\"C\":%d,\"NH\":%d,\"V\":%d,\"Vp\":%d,\"context\":%d,\"parameters\":%lld", c->L,
+           c->C, c->NH, c->V, c->Vp, c->maxT, (long long)l3d_gpt_param_count(c));
+}
+
+static void text_model(const struct l3d_gpt_config *c) {
+    printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
+           c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
+}
+
+/* ---- token shards -------------------------------------------------------------------------------- */
+
+static int inspect_shard(const char *path, const char *tokspec, bool json) {
+    struct l3d_data *d;
+    if (l3d_data_open(&d, path, 65536) != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        return 1;
+    }
+    int64_t n;
+    const uint16_t *tok = l3d_data_file_tokens(d, 0, &n);
+    int lo = n ? 65535 : 0, hi = 0;
+    for (int64_t i = 0; i < n; i++) {
+        lo = tok[i] < lo ? tok[i] : lo;
+        hi = tok[i] > hi ? tok[i] : hi;
+    }
+    int64_t k = n < FIRST_TOKENS ? n : FIRST_TOKENS;
+    int32_t ids[FIRST_TOKENS];
+    for (int64_t i = 0; i < k; i++) ids[i] = tok[i];
+    char *text = NULL;
+    size_t cap = 0, len = 0;
+    int rc = 0;
+    if (tokspec) {
+        struct l3d_tokenizer *t = NULL;
+        if (strcmp(tokspec, "bytes") == 0) {
+            if (hi > 255) {
+                fprintf(stderr, "llm3d inspect: %s holds token %d, beyond the 256 of --tokenizer "
+                        "bytes: give the tokenizer it was prepared with\n", path, hi);
+                rc = 2;
+            }
+            text = malloc((size_t)k + 1);
+            for (int64_t i = 0; i < k; i++) text[i] = (char)ids[i];
+            len = (size_t)k;
+        } else if (l3d_tokenizer_open(&t, tokspec) != L3D_OK) {
+            fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+            rc = 1;
+        } else if (hi >= l3d_tokenizer_vocab_size(t)) {
+            fprintf(stderr, "llm3d inspect: %s holds token %d, beyond the %d of tokenizer %s: give "
+                    "the tokenizer it was prepared with\n", path, hi, l3d_tokenizer_vocab_size(t),
+                    tokspec);
+            rc = 2;
+        } else {
+            len = l3d_tokenizer_decode(t, ids, k, &text, &cap);
+        }
+        l3d_tokenizer_free(t);
+    }
+    if (rc == 0 && json) {
+        printf("{\"kind\":\"token_shard\",\"path\":");
+        json_str(path, strlen(path));
+        printf(",\"tokens\":%lld,\"min_token\":%d,\"max_token\":%d,\"first_tokens\":[", (long long)n,
+               lo, hi);
+        for (int64_t i = 0; i < k; i++) printf("%s%d", i ? "," : "", ids[i]);
+        printf("]");
+        if (text) {
+            printf(",\"first_text\":");
+            json_str(text, len);
+        }
+        printf("}\n");
+    } else if (rc == 0) {
+        printf("%s: token shard (llm.c format, uint16 tokens)\n", path);
+        printf("  tokens:     %lld, ids %d..%d (a vocabulary of at least %d)\n", (long long)n, lo,
+               hi, hi + 1);
+        printf("  first ids:  ");
+        for (int64_t i = 0; i < k; i++) printf("%s%d", i ? " " : "", ids[i]);
+        printf("\n");
+        if (text) {
+            printf("  decoded:    ");
+            text_str(text, len);
+            printf(" (--tokenizer %s)\n", tokspec);
+        } else {
+            printf("  (give --tokenizer SPEC to decode them)\n");
+        }
+    }
+    free(text);
+    l3d_data_free(d);
+    return rc;
+}
+
+/* ---- llm.c checkpoints --------------------------------------------------------------------------- */
+
+struct llmc_info {
+    struct l3d_gpt_config cfg;
+    const char *dtype;
+    int64_t bytes, nonfinite;
+};
+
+/* Header, size and every weight of an llm.c file (version 3: fp32, 5: bf16, as llm.c writes). */
+static l3d_status read_llmc(const char *path, struct llmc_info *info) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    int32_t hdr[256];
+    l3d_status st = L3D_OK;
+    size_t es = 4;
+    if (fread(hdr, sizeof hdr, 1, f) != 1)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: shorter than the 1024-byte llm.c header", path);
+    else if (hdr[1] != 3 && hdr[1] != 5)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: llm.c checkpoint version %d; known: 3 (fp32), 5 (bf16)",
+                       path, hdr[1]);
+    if (st == L3D_OK) {
+        info->dtype = hdr[1] == 3 ? "fp32" : "bf16";
+        es = hdr[1] == 3 ? 4 : 2;
+        info->cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
+                                            .C = hdr[6]};
+        if (l3d_gpt_config_finish(&info->cfg) != L3D_OK || info->cfg.Vp != hdr[7])
+            st = l3d_error(L3D_ERR_FORMAT, "%s: header L=%d C=%d NH=%d V=%d Vp=%d context %d is "
+                           "not a GPT-2 model", path, hdr[4], hdr[6], hdr[5], hdr[3], hdr[7],
+                           hdr[2]);
+    }
+    struct stat sb;
+    if (st == L3D_OK && fstat(fileno(f), &sb) == 0) {
+        int64_t want = 1024 + l3d_gpt_param_count(&info->cfg) * (int64_t)es;
+        info->bytes = (int64_t)sb.st_size;
+        if (info->bytes != want)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for its header's model "
+                           "(%s): truncated or damaged", path, (long long)info->bytes,
+                           (long long)want, info->dtype);
+    }
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = st == L3D_OK ? malloc(CHUNK) : NULL;
+    for (size_t k; st == L3D_OK && (k = fread(buf, 1, CHUNK, f)) > 0;)
+        for (size_t i = 0; i + es <= k; i += es) {
+            if (es == 4) {
+                float x;
+                memcpy(&x, buf + i, 4);
+                info->nonfinite += !isfinite(x);
+            } else {
+                uint16_t h;
+                memcpy(&h, buf + i, 2);
+                info->nonfinite += (h & 0x7f80u) == 0x7f80u;
+            }
+        }
+    free(buf);
+    fclose(f);
+    return st;
+}
+
+static void print_llmc(const char *path, const struct llmc_info *m, bool json) {
+    if (json) {
+        printf("{\"kind\":\"llmc_checkpoint\",\"path\":");
+        json_str(path, strlen(path));
+        printf(",\"dtype\":\"%s\",", m->dtype);
+        json_model(&m->cfg);
+        printf(",\"bytes\":%lld,\"non_finite\":%lld}", (long long)m->bytes,
+               (long long)m->nonfinite);
+        return;
+    }
+    printf("%s: llm.c GPT-2 checkpoint (magic 20240326, %s)\n", path, m->dtype);
+    text_model(&m->cfg);
+    printf("  size:       %lld bytes, as the header says\n", (long long)m->bytes);
+    printf("  weights:    %s\n", m->nonfinite ? "NOT all finite" : "all finite");
+}
+
+/* ---- training checkpoints ------------------------------------------------------------------------ */
+
+static void print_ckpt(const char *dir, const struct l3d_ckpt_info *c, bool json) {
+    const struct l3d_ckpt_layout *l = &c->layout;
+    const struct l3d_ckpt_state *s = &c->state;
+    if (json) {
+        printf("{\"kind\":\"training_checkpoint\",\"path\":");
+        json_str(dir, strlen(dir));
+        printf(",\"format\":%d,\"step\":%lld,", c->format, (long long)s->step);
+        json_model(&c->cfg);
+        printf(",\"world\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"zero\":%d,\"pp_virtual\":%d,"
+               "\"sequence_parallel\":%s,\"params_dtype\":\"%s\",\"moments_dtype\":\"%s\","
+               "\"batch\":%d,\"seq_len\":%d,\"grad_accum\":%d,\"seed\":%llu,\"loader_epoch\":%lld,"
+               "\"loader_index\":%lld,\"files\":%d,\"bytes\":%lld,\"checksums_verified\":true}",
+               l->world, l->tp, l->pp, l->dp, l->zero, l->pp_virtual > 1 ? l->pp_virtual : 1,
+               l->sequence_parallel ? "true" : "false", c->params_dtype, c->moments_dtype, s->B,
+               s->T, s->accum, (unsigned long long)s->seed, (long long)s->loader.epoch,
+               (long long)s->loader.index, c->nfiles, (long long)c->bytes);
+        return;
+    }
+    printf("%s: llm3d training checkpoint, format %d, step %lld\n", dir, c->format,
+           (long long)s->step);
+    text_model(&c->cfg);
+    printf("  layout:     %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %d chunk(s) per rank%s\n",
+           l->world, l->tp, l->pp, l->dp, l->zero, l->pp_virtual > 1 ? l->pp_virtual : 1,
+           l->sequence_parallel ? ", sequence parallel" : "");
+    printf("  precision:  parameters %s, AdamW moments %s\n", c->params_dtype, c->moments_dtype);
+    printf("  training:   batch %d x %d tokens x %d micro-batches per rank, seed %llu, data at "
+           "epoch %lld window %lld\n", s->B, s->T, s->accum, (unsigned long long)s->seed,
+           (long long)s->loader.epoch, (long long)s->loader.index);
+    printf("  files:      %d rank file(s), %.1f MB; sizes, headers and checksums verified\n",
+           c->nfiles, c->bytes / 1e6);
+}
+
+/* A step directory, or a checkpoint directory (its `latest`), verified. */
+static l3d_status read_ckpt(const char *path, char *dir, size_t cap, struct l3d_ckpt_info *c) {
+    l3d_status st = l3d_ckpt_resolve(path, NULL, dir, cap);
+    return st == L3D_OK ? l3d_ckpt_inspect(dir, c) : st;
+}
+
+/* ---- run directories ----------------------------------------------------------------------------- */
+
+struct metrics {
+    int lines;
+    long first_step, last_step, val_step;
+    double first_loss, last_loss, val_loss;
+};
+
+static bool read_metrics(const char *path, struct metrics *m) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"step\":"), *l = strstr(line, "\"loss\":");
+        if (!p || !l) continue;
+        long step = strtol(p + 7, NULL, 10);
+        double loss = strtod(l + 7, NULL);
+        if (m->lines++ == 0) {
+            m->first_step = step;
+            m->first_loss = loss;
+        }
+        m->last_step = step;
+        m->last_loss = loss;
+        const char *v = strstr(line, "\"val_loss\":");
+        if (v) {
+            m->val_step = step;
+            m->val_loss = strtod(v + 11, NULL);
+        }
+    }
+    fclose(f);
+    return true;
+}
+
+static int inspect_run(const char *path, bool json) {
+    char p[4096], dir[4096];
+    struct metrics mt = {0};
+    snprintf(p, sizeof p, "%s/metrics.jsonl", path);
+    bool has_metrics = read_metrics(p, &mt);
+    struct llmc_info m = {0};
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/model.bin", path);
+    bool has_model = stat(p, &sb) == 0;
+    if (has_model && read_llmc(p, &m) != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        return 1;
+    }
+    char ck[4096];
+    snprintf(ck, sizeof ck, "%s/checkpoints/latest", path);
+    bool has_ckpt = stat(ck, &sb) == 0;
+    struct l3d_ckpt_info c;
+    snprintf(ck, sizeof ck, "%s/checkpoints", path);
+    if (has_ckpt && read_ckpt(ck, dir, sizeof dir, &c) != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        return 1;
+    }
+    const char *id = strrchr(path, '/');
+    id = id && id[1] ? id + 1 : path;
+    if (json) {
+        printf("{\"kind\":\"run\",\"path\":");
+        json_str(path, strlen(path));
+        printf(",\"run_id\":");
+        json_str(id, strlen(id));
+        if (has_metrics && mt.lines)
+            printf(",\"metrics_lines\":%d,\"first_step\":%ld,\"last_step\":%ld,\"first_loss\":%.9g,"
+                   "\"last_loss\":%.9g", mt.lines, mt.first_step, mt.last_step, mt.first_loss,
+                   mt.last_loss);
+        if (mt.val_step) printf(",\"val_step\":%ld,\"val_loss\":%.9g", mt.val_step, mt.val_loss);
+        printf(",\"model\":");
+        if (has_model) print_llmc(p, &m, true);
+        else printf("null");
+        printf(",\"checkpoint\":");
+        if (has_ckpt) print_ckpt(dir, &c, true);
+        else printf("null");
+        printf("}\n");
+        return 0;
+    }
+    printf("%s: llm3d run directory (run id: %s, the directory's name)\n", path, id);
+    if (has_metrics && mt.lines)
+        printf("  metrics:    %d step line(s), steps %ld..%ld, loss %.4f -> %.4f\n", mt.lines,
+               mt.first_step, mt.last_step, mt.first_loss, mt.last_loss);
+    else
+        printf("  metrics:    none\n");
+    if (mt.val_step) printf("  validation: loss %.4f at step %ld\n", mt.val_loss, mt.val_step);
+    if (has_model)
+        printf("  model.bin:  llm.c %s, L=%d C=%d NH=%d V=%d context %d, %.2fM parameters, "
+               "weights %s\n", m.dtype, m.cfg.L, m.cfg.C, m.cfg.NH, m.cfg.V, m.cfg.maxT,
+               l3d_gpt_param_count(&m.cfg) / 1e6, m.nonfinite ? "NOT all finite" : "all finite");
+    else
+        printf("  model.bin:  none (the run has not finished, or had no --out)\n");
+    if (has_ckpt)
+        printf("  checkpoint: %s, step %lld, tp %d x pp %d x dp %d, %.1f MB, checksums verified\n",
+               dir, (long long)c.state.step, c.layout.tp, c.layout.pp, c.layout.dp, c.bytes / 1e6);
+    else
+        printf("  checkpoint: none\n");
+    return 0;
+}
+
+/* ---- the command --------------------------------------------------------------------------------- */
+
+static bool exists(const char *dir, const char *name) {
+    char p[4096];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &sb) == 0;
+}
+
+int l3d_cli_inspect(int argc, char **argv) {
+    enum { O_TOK = 256, O_JSON };
+    static const struct option opts[] = {
+        {"tokenizer", required_argument, NULL, O_TOK}, {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
+    };
+    const char *tokspec = NULL;
+    bool json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_TOK: tokspec = optarg; break;
+        case O_JSON: json = true; break;
+        case 'h': usage(stdout); return 0;
+        default: fprintf(stderr, "llm3d inspect: see llm3d inspect --help\n"); return 2;
+        }
+    }
+    if (argc - optind != 1) {
+        fprintf(stderr, "llm3d inspect: give one PATH (see --help)\n");
+        return 2;
+    }
+    const char *path = argv[optind];
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        fprintf(stderr, "llm3d inspect: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        if (exists(path, "manifest") || exists(path, "latest")) {
+            char dir[4096];
+            struct l3d_ckpt_info ci;
+            if (read_ckpt(path, dir, sizeof dir, &ci) != L3D_OK) {
+                fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+                return 1;
+            }
+            print_ckpt(dir, &ci, json);
+            if (json) putchar('\n');
+            return 0;
+        }
+        if (exists(path, "metrics.jsonl") || exists(path, "model.bin") ||
+            exists(path, "checkpoints/latest"))
+            return inspect_run(path, json);
+        fprintf(stderr, "llm3d inspect: %s: a directory that is neither a training checkpoint (no "
+                "manifest or latest) nor a run directory (no metrics.jsonl, model.bin or "
+                "checkpoints)\n", path);
+        return 1;
+    }
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    bool got = f && fread(&magic, sizeof magic, 1, f) == 1;
+    if (f) fclose(f);
+    if (!f) {
+        fprintf(stderr, "llm3d inspect: cannot open %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (got && magic == L3D_SHARD_MAGIC) return inspect_shard(path, tokspec, json);
+    if (got && magic == L3D_LLMC_MAGIC) {
+        struct llmc_info m = {0};
+        if (read_llmc(path, &m) != L3D_OK) {
+            fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+            return 1;
+        }
+        print_llmc(path, &m, json);
+        if (json) putchar('\n');
+        if (m.nonfinite)
+            fprintf(stderr, "llm3d inspect: %s: %lld of its weights are not finite (NaN or "
+                    "infinite)\n", path, (long long)m.nonfinite);
+        return m.nonfinite ? 1 : 0;
+    }
+    fprintf(stderr, "llm3d inspect: %s: not a token shard (magic %d) or an llm.c checkpoint "
+            "(magic %d): its first 4 bytes read %d\n", path, L3D_SHARD_MAGIC, L3D_LLMC_MAGIC,
+            magic);
+    return 1;
+}
