@@ -37,9 +37,10 @@ test-mpich: setup
 	cd $(MPICH_BUILD) && L3D_EQUIV_NP=2 ctest --output-on-failure -R 'np2|equiv'
 
 # The whole suite again on the checking backend (src/backend/check.c): device memory that host code
-# cannot touch and kernels that refuse pointers they did not allocate.
+# cannot touch and kernels that refuse pointers they did not allocate. All but cli_calibrate, which
+# measures this CPU through the CPU backend by name (host buffers; nothing for the checker to see).
 test-check: build
-	cd $(BUILD) && L3D_BACKEND=check ctest --output-on-failure
+	cd $(BUILD) && L3D_BACKEND=check ctest --output-on-failure -E '^cli_calibrate$$'
 
 test-asan: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL3D_SANITIZE=ON -DL3D_WERROR=$(WERROR)
