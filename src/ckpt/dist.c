@@ -18,26 +18,18 @@
 static const char file_magic[8] = "L3DSHRD1";
 
 /* ---- element types -------------------------------------------------------------------------
- * On disk a dtype is its name (manifest `dtype` record, rank-file header), never the enum's
- * number. The element types a chunk keeps its parameters and AdamW moments in: fp32 in this
+ * On disk a dtype is its name (l3d_dtype_name: manifest `dtype` record, rank-file header), never
+ * the enum's number. The element types a chunk keeps its parameters and AdamW moments in: fp32 in this
  * build (float buffers); a mixed-precision model and optimizer will say their own here. */
-static const char *const dtype_names[] = {
-    [L3D_F32] = "fp32", [L3D_F64] = "fp64", [L3D_I32] = "int32", [L3D_U8] = "uint8",
-    [L3D_BF16] = "bf16", [L3D_F16] = "fp16", [L3D_I64] = "int64",
-};
-#define NUM_DTYPES (int)(sizeof dtype_names / sizeof dtype_names[0])
-
-static const char *dtype_name(enum l3d_dtype t) { return dtype_names[t]; }
+static const char *dtype_name(enum l3d_dtype t) { return l3d_dtype_name(t); }
 
 /* The floating-point types a tensor can be stored in; false for anything else. */
 static bool dtype_parse(const char *s, enum l3d_dtype *t) {
-    for (int k = 0; k < NUM_DTYPES; k++)
-        if (strcmp(s, dtype_names[k]) == 0 && (k == L3D_F32 || k == L3D_F64 || k == L3D_BF16 ||
-                                               k == L3D_F16)) {
-            *t = (enum l3d_dtype)k;
-            return true;
-        }
-    return false;
+    enum l3d_dtype k;
+    if (l3d_dtype_parse(s, &k) != L3D_OK) return false; /* the caller says what is wrong */
+    if (k != L3D_F32 && k != L3D_F64 && k != L3D_BF16 && k != L3D_F16) return false;
+    *t = k;
+    return true;
 }
 
 static enum l3d_dtype params_dtype(const struct l3d_gpt *m) {
