@@ -167,32 +167,22 @@ static void test_initial_loss(struct l3d_backend *be) {
     l3d_gpt_free(m);
 }
 
-/* AdamW with global-norm clipping over the whole model, its state in device memory: the
- * optimizer's kernels driven as l3d_adamw_step does (src/optim keeps its moments on the host for
- * now, which the checking backend refuses). */
-struct dev_adamw {
-    struct l3d_adamw_hparams hp;
-    float *m, *v;
-    double *sumsq;
-    int t;
-};
-
-static void dev_adamw_step(struct dev_adamw *o, struct l3d_gpt *m, float lr) {
-    struct l3d_backend *be = m->be;
+/* One AdamW step with global-norm clipping over the whole model, through src/optim (its moments and
+ * the norm's sum of squares on the device). */
+static void adamw_once(struct l3d_gpt *m, float lr) {
+    struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                   .weight_decay = 0.1f, .grad_clip = 1.0f};
+    struct l3d_adamw opt;
+    struct l3d_sumsq gsq;
+    L3D_ASSERT(l3d_adamw_init(&opt, m->be, &hp, 0, m->num_params) == L3D_OK);
+    L3D_ASSERT(l3d_sumsq_init(&gsq, m->be, 1) == L3D_OK);
     double sq;
-    l3d_be_memset(be, o->sumsq, 0, sizeof sq);
-    l3d_be_sumsq(be, L3D_F32, o->sumsq, m->grads, m->num_params);
-    l3d_be_copy_d2h(be, &sq, o->sumsq, sizeof sq);
-    float clip = l3d_clip_factor(sqrt(sq), o->hp.grad_clip);
-    o->t++;
-    float bc1 = 1.0f - powf(o->hp.beta1, (float)o->t), bc2 = 1.0f - powf(o->hp.beta2, (float)o->t);
-    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
-        const struct l3d_tensor_info *t = &m->tensors[i];
-        if (!t->count) continue;
-        l3d_be_adamw(be, L3D_F32, m->params + t->offset, o->m + t->offset, o->v + t->offset,
-                     m->grads + t->offset, clip, t->count, lr, o->hp.beta1, o->hp.beta2, o->hp.eps,
-                     t->decay ? o->hp.weight_decay : 0.0f, bc1, bc2);
-    }
+    l3d_grad_sumsq(&gsq, 0, m->grads, m->num_params);
+    l3d_sumsq_take(&gsq, &sq);
+    l3d_adamw_step(&opt, m->be, m->params, m->grads, l3d_clip_factor(sqrt(sq), hp.grad_clip),
+                   m->tensors, L3D_NUM_TENSORS, lr);
+    l3d_sumsq_free(&gsq);
+    l3d_adamw_free(&opt);
 }
 
 /* Trains `steps` AdamW steps on one fixed batch; returns the losses and final params. */
@@ -480,18 +470,8 @@ static void test_check_identical(void) {
         losses[k] = test_to_host(be, m->losses, N);
         l3d_gpt_backward(m, 1.0f / (float)N, NULL);
         grads[k] = test_to_host(be, m->grads, np);
-        struct dev_adamw opt = {.hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                       .weight_decay = 0.1f, .grad_clip = 1.0f},
-                                .m = l3d_be_alloc(be, (size_t)np * 4, "adamw m"),
-                                .v = l3d_be_alloc(be, (size_t)np * 4, "adamw v"),
-                                .sumsq = l3d_be_alloc(be, sizeof(double), "grad sumsq")};
-        l3d_be_memset(be, opt.m, 0, (size_t)np * 4);
-        l3d_be_memset(be, opt.v, 0, (size_t)np * 4);
-        dev_adamw_step(&opt, m, 1e-2f);
+        adamw_once(m, 1e-2f);
         params[k] = test_to_host(be, m->params, np);
-        l3d_be_free(be, opt.m);
-        l3d_be_free(be, opt.v);
-        l3d_be_free(be, opt.sumsq);
         l3d_gpt_free(m);
         l3d_backend_free(be);
     }
