@@ -31,7 +31,7 @@ train_cmd() { # sets CMD
           --train "$dir/data/train_*.bin"
           --out "$dir/$out" "$@")
 }
-train() { train_cmd "$@"; "${CMD[@]}"; }
+train() { train_cmd "$@"; bounded "${CMD[@]}"; }
 step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
 # same_files A B: every rank file of step directory A equals B's, byte for byte
 same_files() {
@@ -261,7 +261,7 @@ old_format() { # old_format N NAME NP [flags]: resume tests/data/ckpt_vN as NAME
     rm -rf "${dir:?}/$name"
     local cmd=(env OMP_NUM_THREADS=1 L3D_ATTENTION=naive)
     [ "$np" -gt 0 ] && cmd+=("$mpiexec" -n "$np")
-    "${cmd[@]}" "$bin" train --channels 4 --heads 2 --vocab 128 --context 16 --seq-len 16 \
+    bounded "${cmd[@]}" "$bin" train --channels 4 --heads 2 --vocab 128 --context 16 --seq-len 16 \
         --warmup 1 --lr 1e-3 --steps 3 --val-every 0 --quiet --peak-gflops 100 \
         --train "$dir/data/train_*.bin" --out "$dir/$name" --save-every 3 \
         --resume "$fixtures/ckpt_v$v/step_00000002" "$@" > "$dir/$name.log" 2>&1

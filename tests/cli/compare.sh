@@ -26,7 +26,7 @@ train() {
     shift 3
     local launch=()
     [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
-    OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --layers 2 --channels 32 --heads 2 \
+    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --layers 2 --channels 32 --heads 2 \
         --vocab 256 --context 16 --seq-len 16 --batch "$b" --steps 8 --warmup 2 --lr 1e-3 \
         --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@" \
         > "$dir/$out.log" 2>&1 ||

@@ -28,7 +28,7 @@ train() {
     local launch=() accum_flag=(--grad-accum "$accum")
     [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
     [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
-    OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
+    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
         --seq-len 32 --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
         --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
 }

@@ -28,7 +28,7 @@ mem() {
     tflags=("$@")
     local launch=()
     [ "$np" -gt 1 ] && launch=("$mpiexec" -n "$np")
-    if ! OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train "${model[@]}" --channels 128 --context 64 \
+    if ! bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train "${model[@]}" --channels 128 --context 64 \
         --seq-len 64 --batch "$b" --grad-accum "$accum" --steps 2 --val-every 0 \
         --train "$dir/data/train_*.bin" "${tflags[@]}" > "$dir/$name.log" 2>&1; then
         bad "$name: the trainer failed"; cat "$dir/$name.log"; return

@@ -29,3 +29,46 @@ is_number() { [[ $1 =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
 less_than() {
     is_number "$1" && is_number "$2" && awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'
 }
+# bounded COMMAND...: runs the command with a time limit (L3D_TEST_RUN_LIMIT seconds, 300 by
+# default: the slowest run of these scripts takes ~10 s here). A run that outlives it has hung:
+# the stacks of every process it started (gdb, where installed; else each thread's kernel wait
+# channel) and one "HUNG" line go to stderr, the processes are ended and the status is 124, so
+# that a hang fails its check with a diagnosis instead of stalling the whole test until ctest's
+# own limit kills it silently.
+descendants() { # PID: the processes below PID, from /proc (ps may not be installed)
+    local kids
+    kids=$(awk -v p="$1" '{ sub(/^.*\) /, ""); if ($2 == p) { split(FILENAME, f, "/"); print f[3] } }' \
+        /proc/[0-9]*/stat 2>/dev/null)
+    for k in $kids; do echo "$k"; descendants "$k"; done
+}
+hang_report() { # PID LIMIT COMMAND...
+    local pid=$1 limit=$2; shift 2
+    local procs p
+    procs="$pid $(descendants "$pid")"
+    echo "HUNG: still running after $limit s: $*" >&2
+    for p in $procs; do
+        [ -r "/proc/$p/cmdline" ] || continue
+        echo "--- process $p: $(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-200)" >&2
+        if command -v gdb > /dev/null; then
+            timeout 60 gdb -batch -nx -p "$p" -ex "thread apply all bt" 2>&1 |
+                grep -E '^(Thread|#)' >&2
+        else
+            for t in /proc/"$p"/task/*; do echo "thread ${t##*/}: $(cat "$t/wchan" 2>/dev/null)" >&2; done
+        fi
+    done
+    kill -TERM $procs 2>/dev/null
+    sleep 2
+    kill -KILL $procs 2>/dev/null
+}
+bounded() {
+    local limit=${L3D_TEST_RUN_LIMIT:-300} pid watcher rc
+    "$@" &
+    pid=$!
+    ( for ((i = 0; i < limit * 10; i++)); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.1; done
+      hang_report "$pid" "$limit" "$@"; exit 1 ) &
+    watcher=$!
+    wait "$pid"
+    rc=$?
+    wait "$watcher" || return 124
+    return $rc
+}
