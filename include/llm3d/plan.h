@@ -154,6 +154,12 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
                              const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
                              struct l3d_plan_result *r);
 
+/* The memory of the fullest rank alone (no profile, no time): the same formulas as
+ * l3d_plan_evaluate's r.mem. The trainer checks its own layout, and the alternatives it proposes,
+ * with it before allocating (src/train/memory.c). */
+l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                           const struct l3d_plan_layout *lay, struct l3d_plan_mem *worst);
+
 /* Layers of each pipeline rank's chunks, as the trainer splits them (l3d_pp_partition) when
  * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,

@@ -59,6 +59,10 @@ struct l3d_train_config {
     const char *ckpt_dir;
     const char *resume;
     int save_every, keep;
+    /* run directories (DESIGN.md, "Run identity"): overwrite removes llm3d's files of an earlier
+     * run in out_dir (and ckpt_dir) instead of refusing to start there */
+    bool overwrite;
+    bool ignore_memory_check; /* allocate even when the planned bytes exceed the memory free */
 };
 
 struct l3d_train_result {

@@ -66,6 +66,9 @@ static void usage(FILE *f, const char *cmd) {
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
         "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
         "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n"
+        "  --ignore-memory-check  start even when the layout's planned memory exceeds what is\n"
+        "                      free (by default it is refused before allocating, with layouts\n"
+        "                      that fit)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
         "  --quiet             no per-step lines (the start-up summary and the final line stay)\n"
         "  Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
@@ -76,6 +79,10 @@ static void usage(FILE *f, const char *cmd) {
         "  --keep K            keep the newest K checkpoints (3)\n"
         "  --resume auto|PATH  continue from the latest checkpoint (auto: a fresh start when\n"
         "                      there is none) or from a step or checkpoint directory\n"
+        "  --overwrite         start a new run in an --out (or --ckpt-dir) that holds an earlier\n"
+        "                      run: removes its run, metrics.jsonl, model.bin, checkpoints'\n"
+        "                      latest and step_NNNNNNNN directories (nothing else); without it\n"
+        "                      such a directory is refused unless --resume is given\n"
         "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
         "                      at once\n",
         l3d_gpt_preset_names(), bench ? "d12" : "d6");
@@ -119,7 +126,7 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
-           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND };
+           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -152,6 +159,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"ckpt-dir", required_argument, NULL, O_CKPT_DIR},
         {"keep", required_argument, NULL, O_KEEP}, {"resume", required_argument, NULL, O_RESUME},
         {"backend", required_argument, NULL, O_BACKEND},
+        {"overwrite", no_argument, NULL, O_OVERWRITE},
+        {"ignore-memory-check", no_argument, NULL, O_IGNORE_MEM},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -244,6 +253,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_CKPT_DIR: tc->ckpt_dir = optarg; break;
         case O_RESUME: tc->resume = optarg; break;
         case O_BACKEND: *backend = optarg; break;
+        case O_OVERWRITE: tc->overwrite = true; break;
+        case O_IGNORE_MEM: tc->ignore_memory_check = true; break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;

@@ -147,10 +147,10 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
         return l3d_error(L3D_ERR_LAYOUT, "tp %d x pp %d x dp %d x threads %d = %lld, not the %lld "
                          "devices", lay->tp, lay->pp, lay->dp, th,
                          (long long)lay->tp * lay->pp * lay->dp * th, (long long)run->devices);
-    if (th > 1 && prof->devices_per_node > 1 && th > prof->devices_per_node)
+    if (prof && th > 1 && prof->devices_per_node > 1 && th > prof->devices_per_node)
         return l3d_error(L3D_ERR_LAYOUT, "%d threads a rank but %d cores a node", th,
                          prof->devices_per_node);
-    if (prof->peak_flops[run->precision] <= 0)
+    if (prof && prof->peak_flops[run->precision] <= 0)
         return l3d_error(L3D_ERR_ARG, "profile %s has no %s peak (peak_tflops_%s = 0)", prof->name,
                          l3d_prec_name(run->precision), l3d_prec_name(run->precision));
     if (m->heads % lay->tp != 0)
@@ -327,6 +327,37 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
     mem->total = mem->params + mem->grads + mem->optimizer + mem->activations + mem->other;
     mem->stage = r;
     mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+}
+
+l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                           const struct l3d_plan_layout *lay_in, struct l3d_plan_mem *worst) {
+    memset(worst, 0, sizeof *worst);
+    struct l3d_plan_layout lay = *lay_in;
+    if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
+    l3d_status st = l3d_plan_check(m, NULL, run, &lay);
+    if (st != L3D_OK) return st;
+    int p = lay.pp, v = lay.v, S = p * v;
+    int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
+    int *layers = malloc(sizeof(int) * (size_t)S);
+    struct chunk *ch = malloc(sizeof(struct chunk) * (size_t)v);
+    if (!layers || !ch) st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    if (st == L3D_OK) st = l3d_plan_stage_layers(m, run, S, layers);
+    struct l3d_pp_schedule sched = {0};
+    bool have_sched = false, fp32 = trainer(run);
+    if (st == L3D_OK && fp32 && (int64_t)S * mm <= (1 << 20)) {
+        st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
+        have_sched = st == L3D_OK;
+    }
+    for (int r = 0; st == L3D_OK && r < p; r++) {
+        struct l3d_plan_mem mem;
+        rank_chunks(m, &lay, layers, r, have_sched ? sched.slots : NULL, mm, fp32, ch);
+        rank_memory(m, run, &lay, ch, r, mm, &mem);
+        if (mem.total > worst->total) *worst = mem;
+    }
+    if (have_sched) l3d_pp_schedule_free(&sched);
+    free(layers);
+    free(ch);
+    return st;
 }
 
 /* ---- time ------------------------------------------------------------------------------- */

@@ -64,6 +64,15 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
 /* The validation loss after `step` (0-based) when it is due, else NaN (collective). */
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
 
+/* Before any large allocation (collective): the layout's planned bytes on each rank
+ * (l3d_plan_memory) against the memory available to it (MemAvailable or the cgroup's room, shared
+ * by the node's ranks; L3D_TEST_MEM_AVAILABLE overrides the node's bytes in tests); an
+ * L3D_ERR_OOM with the figures and the layouts of the same ranks that fit, unless
+ * tc->ignore_memory_check (src/train/memory.c). */
+l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
+                                  const struct l3d_train_layout *lay, struct l3d_comm *world,
+                                  bool *report);
+
 /* The lead rank's description of the run (model, layout, pipeline, batch, memory). */
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res);
 /* The step's log line (lead, unless --quiet) and metrics.jsonl line. */

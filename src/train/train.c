@@ -179,6 +179,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     tcv.accum = t->lay.accum;
+    if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
     int v = t->lay.v, pp = t->lay.pp;
     if ((st = l3d_runtime_layout(rt, t->lay.tp, pp, t->lay.dp)) != L3D_OK) goto fail;
     t->topo = &rt->topo;

@@ -1,0 +1,284 @@
+/* The memory check before allocation (src/train/train-impl.h, l3d_train_memory_check): the
+ * layout's planned bytes per rank (the planner's closed form, l3d_plan_memory: exactly what the
+ * trainer allocates) against the memory this rank may use (MemAvailable, or the cgroup's limit
+ * less its usage when lower, shared by the ranks of the node), and the layouts that would fit. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "llm3d/plan.h"
+#include "train/train-impl.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* bytes as "1.50 GiB" or "3.4 MiB" (a temporary: use within the expression) */
+struct human { char s[32]; };
+static struct human human(double b) {
+    struct human h;
+    if (b >= GIB) snprintf(h.s, sizeof h.s, "%.2f GiB", b / GIB);
+    else snprintf(h.s, sizeof h.s, "%.1f MiB", b / 1048576.0);
+    return h;
+}
+
+/* The first integer after `key` in file path, in bytes (meminfo lines are in kB: scale 1024);
+ * -1 when the file or the key is not there or says "max". */
+static double read_number(const char *path, const char *key, double scale) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    double v = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (key && strncmp(line, key, strlen(key)) != 0) continue;
+        const char *p = line + (key ? strlen(key) : 0);
+        char *end;
+        unsigned long long x = strtoull(p, &end, 10);
+        if (end != p) v = (double)x * scale;
+        break;
+    }
+    fclose(f);
+    return v;
+}
+
+/* The process's cgroup path for controller ctl ("" for v2's unified line), from /proc/self/cgroup;
+ * "" when it is the root or the file is not there. */
+static void cgroup_path(const char *ctl, char *out, size_t cap) {
+    out[0] = '\0';
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
+        if (!b) continue;
+        *b = '\0';
+        bool hit = ctl[0] ? strstr(a + 1, ctl) != NULL : a[1] == '\0';
+        if (hit && strcmp(b + 1, "/") != 0) snprintf(out, cap, "%s", b + 1);
+        if (hit) break;
+    }
+    fclose(f);
+}
+
+/* limit - usage of a cgroup whose files are dir/limit and dir/usage, tried below the process's
+ * own path and at the mount's root (a container sees its own group there); -1 without a limit. */
+static double cgroup_room(const char *mount, const char *sub, const char *limit,
+                          const char *usage) {
+    char path[1536];
+    double best = -1;
+    const char *dirs[2] = {sub, ""};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0 && !sub[0]) continue;
+        snprintf(path, sizeof path, "%s%s/%s", mount, dirs[i], limit);
+        double lim = read_number(path, NULL, 1.0);
+        if (lim < 0 || lim >= 9.0e18) continue; /* "max", or v1's "no limit" (2^63 - page) */
+        snprintf(path, sizeof path, "%s%s/%s", mount, dirs[i], usage);
+        double use = read_number(path, NULL, 1.0);
+        double room = lim - (use > 0 ? use : 0);
+        if (room < 0) room = 0;
+        if (best < 0 || room < best) best = room;
+    }
+    return best;
+}
+
+/* The bytes this node may still allocate, and a description of where the figure comes from. */
+static double node_available(char *src, size_t cap) {
+    const char *test = getenv("L3D_TEST_MEM_AVAILABLE");
+    if (test && *test) { /* tests: a machine of that many bytes */
+        snprintf(src, cap, "L3D_TEST_MEM_AVAILABLE");
+        return strtod(test, NULL);
+    }
+    double avail = read_number("/proc/meminfo", "MemAvailable:", 1024.0);
+    snprintf(src, cap, "MemAvailable");
+    char sub[1024];
+    cgroup_path("", sub, sizeof sub);
+    double v2 = cgroup_room("/sys/fs/cgroup", sub, "memory.max", "memory.current");
+    cgroup_path("memory", sub, sizeof sub);
+    double v1 = cgroup_room("/sys/fs/cgroup/memory", sub, "memory.limit_in_bytes",
+                            "memory.usage_in_bytes");
+    if (v2 >= 0 && (avail < 0 || v2 < avail)) {
+        avail = v2;
+        snprintf(src, cap, "the cgroup's memory.max less its usage");
+    }
+    if (v1 >= 0 && (avail < 0 || v1 < avail)) {
+        avail = v1;
+        snprintf(src, cap, "the cgroup's memory limit less its usage");
+    }
+    return avail;
+}
+
+/* This machine's identity: the kernel's boot id (one per running kernel: containers of one host
+ * share its memory) mixed with the host name. */
+static int64_t node_key(void) {
+    char buf[512] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(buf, 64, f)) buf[0] = '\0';
+        fclose(f);
+    }
+    size_t n = strlen(buf);
+    gethostname(buf + n, sizeof buf - n - 1);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = buf; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (int64_t)(h >> 1);
+}
+
+/* One layout of the trainer as the planner sees it. */
+struct cand {
+    int tp, pp, dp, v, zero, B, accum;
+    enum l3d_recompute rc;
+    double bytes; /* the fullest rank's, extras included; < 0: not a valid layout */
+    struct l3d_plan_mem mem;
+    int cost;     /* how far from the flags given: fewer and cheaper changes first */
+};
+
+static const char *rc_name(enum l3d_recompute r) {
+    return r == L3D_RECOMPUTE_NONE ? "none" : r == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full";
+}
+
+/* The fullest rank's bytes for layout c: the planner's total, plus what the planner leaves out
+ * and the trainer holds: the position table's rows beyond the sequence length (the plan sizes
+ * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank the
+ * whole model gathered for model.bin (lead_extra). */
+static void evaluate(const struct l3d_train_config *tc, struct cand *c, double lead_extra) {
+    struct l3d_plan_model m = {.L = tc->model.L, .h = tc->model.C, .heads = tc->model.NH,
+                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .s = tc->T};
+    snprintf(m.name, sizeof m.name, "train");
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.devices = (int64_t)c->tp * c->pp * c->dp;
+    run.global_batch = (int64_t)c->B * c->accum * c->dp;
+    const char *attn = getenv("L3D_ATTENTION");
+    run.flash = !(attn && strcmp(attn, "naive") == 0);
+    run.bucket_bytes = tc->bucket_bytes;
+    struct l3d_plan_layout lay = {
+        .tp = c->tp, .pp = c->pp, .dp = c->dp, .mb = c->B, .v = c->v, .zero = c->zero,
+        .recompute = c->rc, .sp = tc->sequence_parallel && c->tp > 1,
+        .schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->pp_schedule) : L3D_PP_1F1B,
+        .threads = 1};
+    if (lay.schedule == L3D_PP_INTERLEAVED && c->v < 2) lay.schedule = L3D_PP_1F1B;
+    c->bytes = -1;
+    if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
+    double rows = (double)(tc->model.maxT > tc->T ? tc->model.maxT - tc->T : 0) * tc->model.C;
+    double per = 4.0 * (2.0 + (c->zero >= 1 ? 2.0 / c->dp : 2.0)); /* params, grads, m, v */
+    c->bytes = c->mem.total + rows * per + lead_extra;
+}
+
+static int cmp_cand(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost - y->cost;
+    return (x->bytes > y->bytes) - (x->bytes < y->bytes);
+}
+
+/* Up to three layouts of the same ranks (and global batch) that fit in `room`, as flags, into
+ * out; "" when none does. */
+static void alternatives(const struct l3d_train_config *tc, const struct cand *now, double room,
+                         double lead_extra, char *out, size_t cap) {
+    struct cand list[512];
+    int n = 0, world = now->tp * now->pp * now->dp;
+    double least = -1;
+    char least_flags[160] = "";
+    for (int tp = 1; tp <= world; tp++) {
+        if (world % tp) continue;
+        for (int pp = 1; pp <= world / tp; pp++) {
+            if ((world / tp) % pp) continue;
+            int dp = world / tp / pp;
+            for (int z = 0; z <= 2; z++) {
+                if (z > 0 && dp == 1) continue;
+                for (int r = 0; r <= 2; r++) {
+                    for (int half = 0; half <= 3; half++) { /* --batch B / 2^half */
+                        if (n == (int)(sizeof list / sizeof list[0])) break;
+                        int B = now->B >> half;
+                        if (B < 1 || (half && B << half != now->B)) continue;
+                        /* the same global batch: B accum dp sequences a step */
+                        int64_t g = (int64_t)now->B * now->accum * now->dp;
+                        if (g % ((int64_t)B * dp)) continue;
+                        struct cand c = {.tp = tp, .pp = pp, .dp = dp,
+                                         .v = pp == now->pp ? now->v : 1, .zero = z,
+                                         .B = B, .accum = (int)(g / ((int64_t)B * dp)),
+                                         .rc = (enum l3d_recompute)r};
+                        evaluate(tc, &c, lead_extra);
+                        if (c.bytes < 0) continue;
+                        c.cost = (z != now->zero) + (r == L3D_RECOMPUTE_SELECTIVE ? 1
+                                                     : r == L3D_RECOMPUTE_FULL ? 3 : 0) +
+                                 2 * (tp != now->tp) + 2 * (pp != now->pp) + 2 * half;
+                        if (c.cost == 0) continue;
+                        if (least < 0 || c.bytes < least) {
+                            least = c.bytes;
+                            snprintf(least_flags, sizeof least_flags,
+                                     "--tp %d --pp %d --zero %d --recompute %s --batch %d", tp, pp,
+                                     z, rc_name(c.rc), B);
+                        }
+                        if (c.bytes <= room) list[n++] = c;
+                    }
+                }
+            }
+        }
+    }
+    qsort(list, (size_t)n, sizeof list[0], cmp_cand);
+    size_t k = 0;
+    out[0] = '\0';
+    if (n == 0) {
+        snprintf(out, cap, "no layout of %d rank(s) fits (the least, %s, with %s): use more nodes "
+                 "or a smaller model", world, human(least).s, least_flags);
+        return;
+    }
+    k += (size_t)snprintf(out + k, cap - k, "layouts of %d rank(s) that fit:", world);
+    for (int i = 0; i < n && i < 3 && k < cap; i++) {
+        const struct cand *c = &list[i];
+        char flags[160] = "";
+        size_t f = 0;
+#define ADD(...) f += (size_t)snprintf(flags + f, sizeof flags - f, __VA_ARGS__)
+        if (c->tp != now->tp) ADD(" --tp %d", c->tp);
+        if (c->pp != now->pp) ADD(" --pp %d", c->pp);
+        if (c->zero != now->zero) ADD(" --zero %d", c->zero);
+        if (c->rc != now->rc) ADD(" --recompute %s", rc_name(c->rc));
+        if (c->B != now->B) ADD(" --batch %d --grad-accum %d", c->B, c->accum);
+#undef ADD
+        k += (size_t)snprintf(out + k, cap - k, "%s%s (%s)", i ? ";" : "", flags,
+                              human(c->bytes).s);
+    }
+}
+
+l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
+                                  const struct l3d_train_layout *lay, struct l3d_comm *world,
+                                  bool *report) {
+    /* the ranks of this node: those whose node key is this one's */
+    int W = world->size;
+    int64_t *keys = l3d_alloc((size_t)W * sizeof *keys, "node keys");
+    keys[world->rank] = node_key();
+    if (W > 1) l3d_comm_all_gather(world, keys, 1, L3D_I64, NULL);
+    int local = 0;
+    for (int i = 0; i < W; i++) local += keys[i] == keys[world->rank];
+    l3d_free(keys);
+
+    char src[96];
+    double node = node_available(src, sizeof src);
+    l3d_status st = L3D_OK;
+    if (node >= 0 && !tc->ignore_memory_check) {
+        double room = node / local;
+        double gather = world->rank == 0 && tc->out_dir
+                            ? 4.0 * (double)l3d_gpt_param_count(&tc->model) : 0.0;
+        struct cand now = {.tp = lay->tp, .pp = lay->pp, .dp = lay->dp, .v = lay->v,
+                           .zero = tc->zero, .B = tc->B, .accum = lay->accum,
+                           .rc = tc->recompute};
+        evaluate(tc, &now, gather);
+        if (now.bytes > room) {
+            char alt[1024];
+            alternatives(tc, &now, room, gather, alt, sizeof alt);
+            const struct l3d_plan_mem *m = &now.mem;
+            char lead[64] = "";
+            if (gather > 0)
+                snprintf(lead, sizeof lead, ", model.bin gathered %s", human(gather).s);
+            st = l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
+                           "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
+                           "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s "
+                           "%s shared by %d rank(s) of this node); %s; or --ignore-memory-check "
+                           "to try anyway", now.tp, now.pp, now.dp, now.zero, rc_name(now.rc),
+                           now.B, human(now.bytes).s, world->rank, human(m->params).s,
+                           human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
+                           human(m->other + now.bytes - m->total - gather).s, lead,
+                           human(room).s, src, human(node).s, local, alt);
+        }
+    }
+    return l3d_comm_agree(world, st, report);
+}
