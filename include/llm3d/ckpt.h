@@ -88,8 +88,11 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * Atomic save: rank files go to ROOT/.tmp_step_..., each flushed and fsync'ed; then rank 0 writes
  * the manifest, fsyncs, renames the directory into place (exchanging it with an existing one of the
  * same step) and only then rewrites `latest` (temporary file, fsync, rename), and removes all but
- * the newest `keep` step directories up to this step. A crash at any point leaves `latest` naming a
- * complete checkpoint; a stale .tmp_ directory is removed by the next save.
+ * the newest `keep` step directories up to this step that this run wrote (exact step_NNNNNNNN
+ * names whose manifest's `run` record is this run's id). A crash at any point leaves `latest`
+ * naming a complete checkpoint; a stale .tmp_ directory is removed by the next save. A save that
+ * fails (a write error: the message names the file and errno) removes its .tmp_ directory on the
+ * way out, so a full disk is not left fuller.
  *
  * Loading re-slices by logical tensor: a rank whose shard equals a saved one reads its parameters
  * and its optimizer range straight from the files of that shard (the same layout reads only its
@@ -121,6 +124,7 @@ struct l3d_ckpt_state {
     struct l3d_adamw_hparams adamw;
     int64_t adamw_t;               /* AdamW's step count (bias correction) */
     struct l3d_ckpt_layout layout; /* load: the layout it was saved under (save: ignored) */
+    uint64_t run_id;               /* the run that wrote it (manifest record `run`); 0: none */
 };
 
 struct l3d_ckpt_io {
@@ -168,8 +172,19 @@ struct l3d_ckpt_info {
  * checksum), reading them all once; one process. The errors are l3d_ckpt_load's. */
 l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info);
 
-/* Keeps the lines of a metrics.jsonl whose "step" is at most step (a resumed run appends after
- * them); atomic like every write here. A missing file is not an error. */
+/* Keeps the lines of a metrics.jsonl whose "step" is at most step, and its run record (a resumed
+ * run appends after them); a last line without its newline (a write cut short) goes; atomic like
+ * every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);
+/* The run id of a step directory's manifest (its `run` record): 0 when it has none or cannot be
+ * read. Reads only that record (pruning and --overwrite decide by it). */
+uint64_t l3d_ckpt_run_id(const char *dir);
+/* Whether name is a step directory's name exactly as written: step_ and eight or more digits,
+ * nothing else (a user's step_00000003.bak is not one). */
+bool l3d_ckpt_is_step_name(const char *name);
+/* --overwrite: removes what llm3d wrote under root: `latest`, its temporary files and
+ * directories, and every step directory (exact name, holding a manifest); nothing else. Returns
+ * the number of step directories removed in *n (may be NULL). */
+l3d_status l3d_ckpt_clear(const char *root, int *n);
 
 #endif

@@ -356,6 +356,7 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
 #define OUT(...) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__)
     OUT("llm3d-checkpoint format %d\n", L3D_CKPT_FORMAT);
     OUT("step %lld\n", (long long)s->step);
+    if (s->run_id) OUT("run %016" PRIx64 "\n", s->run_id);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
     OUT("dtype params %s moments %s\n", dtype_name(pdt), dtype_name(mdt));
     OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->tp,
@@ -390,22 +391,50 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Removes step directories below `step` beyond the newest `keep` (newer ones are left alone:
- * they belong to a run this one was resumed before). */
-static void prune(const char *root, int64_t step, int keep) {
+bool l3d_ckpt_is_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0 || strlen(name) < 13) return false;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return true;
+}
+
+uint64_t l3d_ckpt_run_id(const char *dir) {
+    char path[PATH_CAP], line[256];
+    if (long_path(dir) != L3D_OK) return 0;
+    join(path, sizeof path, dir, "/", "manifest");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    uint64_t id = 0;
+    unsigned long long x;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "run %llx", &x) == 1) {
+            id = x;
+            break;
+        } else if (strncmp(line, "file ", 5) == 0) {
+            break; /* the records before the file lines hold it */
+        }
+    fclose(f);
+    return id;
+}
+
+/* Removes step directories below `step` beyond the newest `keep` of this run's (newer ones are
+ * left alone: they belong to a run this one was resumed before). Only exact step names whose
+ * manifest is this run's: a user's step_00000003.bak, or another run's checkpoint, stays. */
+static void prune(const char *root, int64_t step, int keep, uint64_t run_id) {
     DIR *d = opendir(root);
     if (!d) return;
     char *names[4096];
     int n = 0;
     struct dirent *e;
-    char cur[64];
+    char cur[64], p[PATH_CAP];
     step_name(cur, sizeof cur, step);
-    while ((e = readdir(d)) && n < 4096)
-        if (strncmp(e->d_name, "step_", 5) == 0 && strcmp(e->d_name, cur) <= 0)
-            names[n++] = strdup(e->d_name);
+    while ((e = readdir(d)) && n < 4096) {
+        if (!l3d_ckpt_is_step_name(e->d_name) || strcmp(e->d_name, cur) > 0) continue;
+        join(p, sizeof p, root, "/", e->d_name);
+        if (run_id && l3d_ckpt_run_id(p) == run_id) names[n++] = strdup(e->d_name);
+    }
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], cmp_str);
-    char p[PATH_CAP];
     for (int i = 0; i < n; i++) {
         if (i < n - keep) {
             join(p, sizeof p, root, "/", names[i]);
@@ -413,6 +442,37 @@ static void prune(const char *root, int64_t step, int keep) {
         }
         free(names[i]);
     }
+}
+
+l3d_status l3d_ckpt_clear(const char *root, int *removed) {
+    if (removed) *removed = 0;
+    l3d_status st = long_path(root);
+    if (st != L3D_OK) return st;
+    DIR *d = opendir(root);
+    if (!d) return errno == ENOENT ? L3D_OK
+                                   : l3d_error(L3D_ERR_IO, "cannot read %s: %s", root,
+                                               strerror(errno));
+    struct dirent *e;
+    char p[PATH_CAP], m[PATH_CAP];
+    struct stat sb;
+    while ((e = readdir(d))) {
+        join(p, sizeof p, root, "/", e->d_name);
+        if (strcmp(e->d_name, "latest") == 0 || strcmp(e->d_name, "latest.tmp") == 0) {
+            if (unlink(p) != 0 && st == L3D_OK)
+                st = l3d_error(L3D_ERR_IO, "cannot remove %s: %s", p, strerror(errno));
+        } else if (l3d_ckpt_is_step_name(e->d_name) || strncmp(e->d_name, ".tmp_step_", 10) == 0) {
+            join(m, sizeof m, p, "/", "manifest");
+            if (e->d_name[0] == 's' && stat(m, &sb) != 0) continue; /* not a checkpoint */
+            remove_dir(p);
+            if (stat(p, &sb) == 0 && st == L3D_OK)
+                st = l3d_error(L3D_ERR_IO, "cannot remove %s (files of another program in it?)",
+                               p);
+            else if (removed && e->d_name[0] == 's')
+                (*removed)++;
+        }
+    }
+    closedir(d);
+    return st;
 }
 
 /* Rank 0's part: manifest, rename into place, `latest`, pruning. */
@@ -446,7 +506,7 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
     snprintf(line, sizeof line, "%s\n", name);
     join(path, sizeof path, root, "/", "latest");
     if ((st = write_text_atomic(path, root, line)) != L3D_OK) return st;
-    prune(root, s->step, keep);
+    prune(root, s->step, keep, s->run_id);
     return L3D_OK;
 }
 
@@ -513,6 +573,8 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
         if (world->rank == 0) st = publish(root, tmp, keep, &m[0]->cfg, pdt, mdt, lay, s, recs);
         st = l3d_comm_agree(world, st, report);
     }
+    /* a failed save leaves no temporary directory behind (once every rank is done writing) */
+    if (st != L3D_OK && world->rank == 0 && tmp[0]) remove_dir(tmp);
     for (int i = 0; i < world->size * nc; i++) io->bytes_total += recs[i].bytes;
     l3d_free(recs);
     io->seconds = l3d_time_s() - t0;
@@ -678,6 +740,8 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
             /* formats 1 and 2 hold fp32 tensors behind a 64-byte header */
             mf->header = fmt >= L3D_CKPT_FORMAT ? HEADER_BYTES : HEADER_BYTES_OLD;
             mf->pdt = mf->mdt = L3D_F32;
+        } else if (strcmp(tok[0], "run") == 0 && n == 2) { /* the run that wrote it */
+            mf->st.run_id = strtoull(tok[1], NULL, 16);
         } else if (strcmp(tok[0], "step") == 0 && n == 2) {
             mf->st.step = strtoll(tok[1], NULL, 10);
             seen[0] = true;
@@ -1304,7 +1368,9 @@ l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
     text[0] = '\0';
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"step\":");
-        if (!p || strtoll(p + 7, NULL, 10) > step) continue;
+        size_t len = strlen(line);
+        if (len == 0 || line[len - 1] != '\n') continue; /* cut short (or too long to be ours) */
+        if (p ? strtoll(p + 7, NULL, 10) > step : strncmp(line, "{\"run\":", 7) != 0) continue;
         size_t k = strlen(line);
         if (n + k + 1 > cap) text = realloc(text, cap = 2 * (n + k + 1));
         memcpy(text + n, line, k + 1);

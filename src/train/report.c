@@ -1,8 +1,11 @@
 /* What the training loop says: the run's description, a line a step, metrics.jsonl, the summary
  * (src/train/train-impl.h). */
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "train/train-impl.h"
 
@@ -62,7 +65,8 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     fflush(stdout);
 }
 
-void l3d_train_report_step(const struct l3d_trainer *t, int step, const struct l3d_step_stats *s) {
+l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
+                                  const struct l3d_step_stats *s) {
     const struct l3d_train_config *tc = t->tc;
     int pp = t->lay.pp;
     if (t->lead && !tc->quiet) {
@@ -74,20 +78,39 @@ void l3d_train_report_step(const struct l3d_trainer *t, int step, const struct l
         printf("\n");
         fflush(stdout);
     }
-    if (t->metrics) {
-        fprintf(t->metrics, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,\"ms\":%.3f,"
-                "\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
-                "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
-                "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
-                "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, s->loss, s->lr,
-                s->norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
-                t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
-                (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak, t->world->size,
-                l3d_mem_peak(), s->bubble);
-        if (!isnan(s->val_loss)) fprintf(t->metrics, ",\"val_loss\":%.9g", s->val_loss);
-        fprintf(t->metrics, "}\n");
-        fflush(t->metrics);
-    }
+    if (!t->metrics) return L3D_OK;
+    /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
+     * limit) is reported with the path and errno, and the line cut short is taken back, so the
+     * file ends with the last complete step */
+    char line[1024];
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,"
+                     "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
+                     "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
+                     "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+                     "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, s->loss,
+                     s->lr, s->norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
+                     t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
+                     (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
+                     t->world->size, l3d_mem_peak(), s->bubble);
+    if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
+    L3D_ASSERT(n > 0 && n < (int)sizeof line);
+    return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
+}
+
+l3d_status l3d_train_metrics_write(FILE *f, const char *path, const char *line) {
+    long at = ftell(f);
+    size_t n = strlen(line);
+    errno = 0;
+    bool ok = fwrite(line, 1, n, f) == n;
+    ok = fflush(f) == 0 && ok;
+    if (ok) return L3D_OK;
+    int e = errno ? errno : EIO;
+    clearerr(f);
+    if (at >= 0 && ftruncate(fileno(f), (off_t)at) == 0) fseek(f, at, SEEK_SET);
+    return l3d_error(L3D_ERR_IO, "cannot write %s: %s (the run stops; it ends with the last "
+                     "complete line)", path, strerror(e));
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -4,6 +4,7 @@
 
 #include "train/resume.h"
 #include "train/signals.h"
+#include "train/train-impl.h"
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world) {
@@ -100,15 +101,26 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
 }
 
 l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
-                                       FILE **out) {
+                                       uint64_t run_id, FILE **out, char *path, size_t cap) {
     *out = NULL;
+    path[0] = '\0';
     if (!tc->out_dir) return L3D_OK;
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/metrics.jsonl", tc->out_dir) >= (int)sizeof path)
+    if (snprintf(path, cap, "%s/metrics.jsonl", tc->out_dir) >= (int)cap)
         return l3d_error(L3D_ERR_ARG, "--out path too long: %s", tc->out_dir);
+    /* appended a line at a time (each flushed and checked, report.c), not renamed into place: the
+     * file is the run's own log (out/run guards it from other runs); a resumed run first keeps
+     * its lines up to the checkpoint (rewritten atomically) */
     l3d_status st = start_step > 0 ? l3d_ckpt_trim_metrics(path, start_step) : L3D_OK;
     if (st == L3D_OK && !(*out = fopen(path, start_step > 0 ? "a" : "w")))
         st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (st == L3D_OK && start_step == 0) { /* the first record: the run */
+        const struct l3d_gpt_config *c = &tc->model;
+        char line[256];
+        snprintf(line, sizeof line, "{\"run\":\"%016llx\",\"model\":{\"L\":%d,\"C\":%d,\"NH\":%d,"
+                 "\"V\":%d,\"maxT\":%d},\"seq_len\":%d}\n", (unsigned long long)run_id, c->L, c->C,
+                 c->NH, c->V, c->maxT, tc->T);
+        st = l3d_train_metrics_write(*out, path, line);
+    }
     return st;
 }
 
@@ -127,7 +139,7 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
         .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->B, .T = tc->T,
         .accum = tc->accum, .adamw = opt->hp, .adamw_t = opt->t,
         .sched = {.max_lr = tc->lr, .min_lr = tc->min_lr, .warmup_steps = tc->warmup_steps,
-                  .total_steps = tc->steps}};
+                  .total_steps = tc->steps}, .run_id = c->run_id};
     struct l3d_ckpt_io io;
     l3d_status st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, &io, report);
     if (st != L3D_OK) return st;

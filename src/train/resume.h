@@ -29,6 +29,7 @@ struct l3d_train_ckpt {
     struct l3d_ckpt_layout lay;
     int64_t last_saved;        /* step of this run's last checkpoint, -1 before the first */
     bool quiet, lead;
+    uint64_t run_id;           /* written in each manifest; pruning removes only its own */
 };
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
@@ -42,9 +43,10 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
                                  struct l3d_comm *world, struct l3d_gpt *const *m,
                                  struct l3d_adamw *opt, int n, struct l3d_loader *ld,
                                  int *start_step, bool *report);
-/* Lead rank: out_dir/metrics.jsonl, new, or for a resumed run its lines up to start_step kept. */
+/* Lead rank: out_dir/metrics.jsonl (its path into path), new with the run's record first, or
+ * for a resumed run its lines up to start_step kept. */
 l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
-                                       FILE **out);
+                                       uint64_t run_id, FILE **out, char *path, size_t cap);
 /* Whether the periodic schedule saves after `step` steps. */
 bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                         int step);

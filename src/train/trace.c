@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "train/trace.h"
 
@@ -31,8 +32,14 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
         l3d_free(all);
         return st;
     }
-    FILE *f = fopen(path, "w");
-    if (!f) st = l3d_error(L3D_ERR_IO, "--trace %s: cannot create: %s", path, strerror(errno));
+    /* written to path.tmp and renamed over path when complete: a failed write (its path and errno
+     * reported) leaves no partial trace and whatever path held before */
+    char tmp[4200];
+    FILE *f = NULL;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        st = l3d_error(L3D_ERR_ARG, "--trace %s: path too long", path);
+    else if (!(f = fopen(tmp, "w")))
+        st = l3d_error(L3D_ERR_IO, "--trace %s: cannot create %s: %s", path, tmp, strerror(errno));
     if (f) fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     bool first = true;
     for (int rk = 0; rk < W; rk++) {
@@ -67,8 +74,15 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
     }
     if (f) {
         fprintf(f, "\n]}\n");
-        if (fclose(f) != 0 && st == L3D_OK)
-            st = l3d_error(L3D_ERR_IO, "--trace %s: write failed: %s", path, strerror(errno));
+        errno = 0;
+        bool ok = fflush(f) == 0 && !ferror(f);
+        int e = errno ? errno : EIO;
+        if (fclose(f) != 0 && ok) ok = false, e = errno;
+        if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+        if (!ok) {
+            unlink(tmp);
+            st = l3d_error(L3D_ERR_IO, "--trace: cannot write %s: %s", tmp, strerror(e));
+        }
     }
     l3d_free(all);
     return st;

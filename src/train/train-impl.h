@@ -42,6 +42,8 @@ struct l3d_trainer {
     struct l3d_pp_exec px;
     bool px_up;
     FILE *metrics;                     /* lead rank with --out */
+    char metrics_path[4200];
+    uint64_t run_id;                   /* this run's (rundir.c) */
     int32_t *inp, *tgt;                /* token ids of a step's micro-batches */
     int64_t BT, tokens_step, n_local;
     size_t act_bytes, act_formula;     /* this rank's activations: allocated, closed form */
@@ -75,8 +77,19 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
 
 /* The lead rank's description of the run (model, layout, pipeline, batch, memory). */
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res);
-/* The step's log line (lead, unless --quiet) and metrics.jsonl line. */
-void l3d_train_report_step(const struct l3d_trainer *t, int step, const struct l3d_step_stats *s);
+/* The step's log line (lead, unless --quiet) and metrics.jsonl line (lead; L3D_ERR_IO naming
+ * the file and errno when it cannot be written: the caller agrees). */
+l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
+                                 const struct l3d_step_stats *s);
+/* One line to the open metrics file f (path for messages), written and flushed, checked; on a
+ * failure the part written is truncated away. */
+l3d_status l3d_train_metrics_write(FILE *f, const char *path, const char *line);
+/* The run directory (collective; rank 0 decides): refuses an --out or checkpoint directory that
+ * holds an earlier run unless --resume (continuing it: the flags' model must be the run's) or
+ * --overwrite (its files removed first), refuses outputs that are inputs, writes out/run and sets
+ * *id, the run's id (the earlier run's when resuming), on every rank (src/train/rundir.c). */
+l3d_status l3d_train_run_claim(const struct l3d_train_config *tc, struct l3d_comm *world,
+                               uint64_t *id, bool *report);
 /* The medians of steps [start, end) into res, the peak measured again when the model outran it
  * (collective). */
 void l3d_train_report_result(struct l3d_trainer *t, int start, int end,

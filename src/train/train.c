@@ -1,6 +1,7 @@
 /* The training loop (include/llm3d/train.h): builds the trainer on the runtime, runs the steps
  * (step.c), reports (report.c), saves. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,6 +167,9 @@ static void trainer_free(struct l3d_trainer *t) {
 l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtime *rt,
                          struct l3d_train_result *res) {
     memset(res, 0, sizeof *res);
+    /* a file-size limit (ulimit -f) makes write fail with EFBIG, reported like any write error,
+     * instead of killing the process (SIGXFSZ's default) */
+    signal(SIGXFSZ, SIG_IGN);
     struct l3d_train_config tcv = *tc_in; /* accum follows from --global-batch once dp is known */
     const struct l3d_train_config *tc = &tcv;
     struct l3d_comm *world = rt->world;
@@ -180,6 +184,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     tcv.accum = t->lay.accum;
     if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
+    if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) goto fail;
     int v = t->lay.v, pp = t->lay.pp;
     if ((st = l3d_runtime_layout(rt, t->lay.tp, pp, t->lay.dp)) != L3D_OK) goto fail;
     t->topo = &rt->topo;
@@ -197,13 +202,16 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
     l3d_train_ckpt_init(&ck, tc, topo, world);
+    ck.run_id = t->run_id;
     ck_up = true;
     int start_step = 0;
     st = l3d_train_ckpt_resume(&ck, tc, world, t->chunks, t->opts, v, t->ld, &start_step,
                                &res->report_error);
     if (st != L3D_OK) goto fail;
     res->start_step = start_step;
-    if (t->lead) st = l3d_train_ckpt_open_metrics(tc, start_step, &t->metrics);
+    if (t->lead)
+        st = l3d_train_ckpt_open_metrics(tc, start_step, t->run_id, &t->metrics, t->metrics_path,
+                                         sizeof t->metrics_path);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     int64_t trace_cap = 0;
     if (tc->trace_path) {
@@ -261,7 +269,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
         res->last_loss = (float)s.loss;
         l3d_trainer_validate(t, step, &s);
         if (!isnan(s.val_loss)) res->last_val_loss = s.val_loss;
-        l3d_train_report_step(t, step, &s);
+        st = l3d_train_report_step(t, step, &s);
+        if ((st = agree(world, st, res)) != L3D_OK) goto fail;
         /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
         res->stopped_by = l3d_train_stop_requested(world);
         if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Run directories and data safety (issue 16, items 2-4; docs/DESIGN.md "Run directories"):
+# a run's identity (out/run, metrics' first record, each manifest); a new run refused in a
+# directory holding an earlier one, --overwrite removing only llm3d's files, --resume auto refusing
+# another model, pruning only this run's exact step directories, --init-from never overwritten;
+# every write checked (a file-size limit: one error naming the file and errno, no partial or
+# temporary file left, `latest` kept, the run resumable); the memory check before allocation
+# (refused with figures and layouts that fit; a suggested layout really runs in that memory).
+# Usage: runs.sh LLM3D SCRATCH_DIR.
+set -u
+bin=$1
+dir=$2
+mpiexec=${L3D_MPIEXEC:-mpiexec}
+rm -rf "$dir" && mkdir -p "$dir"
+source "$(dirname "$0")/lib/checks.sh"
+
+for i in $(seq 1 400); do echo "row $i of the run corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+flags=(--model tiny --vocab 256 --context 32 --seq-len 32 --batch 4 --warmup 2 --val-every 0
+       --quiet --peak-gflops 100 --train "$dir/data/train_*.bin")
+run() { OMP_NUM_THREADS=1 bounded "$bin" train "${flags[@]}" "$@"; }
+
+# ---- run identity -------------------------------------------------------------------------
+o=$dir/a
+check "a first run saves" run --steps 4 --save-every 2 --out "$o" > /dev/null
+id=$(sed -n 's/^id //p' "$o/run")
+check "out/run holds a 64-bit hex id" test "${#id}" -eq 16
+check "metrics.jsonl's first record is the run" grep -q "^{\"run\":\"$id\"" <(head -1 "$o/metrics.jsonl")
+check "each manifest names the run" grep -qx "run $id" "$o/checkpoints/step_00000004/manifest"
+sum_before=$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)
+expect_error "a new run into it is refused, naming the directory and both ways out" \
+    "$o holds an earlier run.*--resume auto.*--overwrite" run --steps 4 --out "$o"
+check "... and nothing of the earlier run changed" \
+    test "$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)" = "$sum_before"
+expect_error "--resume auto with another model says what differs" \
+    "another model: --layers 3 (the run's: 2)" run --layers 3 --steps 6 --resume auto --out "$o"
+expect_error "--init-from OUT/model.bin --out OUT is refused" \
+    "would overwrite the model it starts from" run --steps 2 --init-from "$o/model.bin" --out "$o"
+check "... and the starting model is untouched" \
+    test "$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)" = "$sum_before"
+check "--resume auto continues the run" run --steps 6 --save-every 2 --resume auto --out "$o" > /dev/null
+check "... keeping its id" grep -qx "id $id" "$o/run"
+check "... and its run record" test "$(grep -c '"run":' "$o/metrics.jsonl")" -eq 1
+
+# pruning: exact step names of this run only. A user's step_00000003.bak and a checkpoint of
+# another run (copied in under a step name) survive --keep 1.
+mkdir -p "$o/checkpoints/step_00000003.bak" && echo mine > "$o/checkpoints/step_00000003.bak/notes"
+check "a second run for a foreign checkpoint" run --steps 2 --save-every 2 --out "$dir/b" > /dev/null
+cp -r "$dir/b/checkpoints/step_00000002" "$o/checkpoints/step_00000005"
+check "--keep 1 prunes" run --steps 10 --save-every 2 --keep 1 --resume auto --out "$o" > /dev/null
+kept=$(cd "$o/checkpoints" && echo step_*)
+check "... only this run's exact step directories (left: $kept)" \
+    test "$kept" = "step_00000003.bak step_00000005 step_00000010"
+
+# --overwrite: llm3d's files go, the user's stay
+echo "my notes" > "$o/notes.txt"
+check "--overwrite starts a new run" run --steps 2 --out "$o" --overwrite > /dev/null
+check "... with a new id" test "$(sed -n 's/^id //p' "$o/run")" != "$id"
+left=$(cd "$o" && echo * checkpoints/*)
+check "... the user's files kept, the earlier checkpoints gone (left: $left)" \
+    test "$left" = "checkpoints metrics.jsonl model.bin notes.txt run checkpoints/step_00000003.bak"
+check "... its metrics start over" test "$(wc -l < "$o/metrics.jsonl")" -eq 3
+
+# ---- every write checked (a file-size limit: EFBIG) ---------------------------------------
+o=$dir/w
+(ulimit -f 2; run --steps 30 --out "$o" > /dev/null 2> "$dir/err1")
+rc=$?
+check "metrics.jsonl past the file-size limit: non-zero exit (got $rc)" test "$rc" -ne 0
+check "... one error naming the file and errno" sh -c "one() { [ \"\$(wc -l < \"\$1\")\" -eq 1 ]; };
+    one '$dir/err1' && grep -q 'cannot write $o/metrics.jsonl: File too large' '$dir/err1'"
+check "... the file ends with the last complete line" \
+    sh -c "tail -c 2 '$o/metrics.jsonl' | od -c | grep -q '}  *\\\\n'"
+check "... every line complete" sh -c "! grep -v '^{.*}\$' '$o/metrics.jsonl'"
+
+o=$dir/c
+check "a run with a checkpoint at step 4" run --steps 4 --save-every 2 --out "$o" > /dev/null
+(ulimit -f 1000; run --steps 8 --save-every 2 --resume auto --out "$o" > /dev/null 2> "$dir/err2")
+rc=$?
+check "a checkpoint past the file-size limit: non-zero exit (got $rc)" test "$rc" -ne 0
+check "... one error naming the rank file and errno" sh -c "[ \$(wc -l < '$dir/err2') -eq 1 ] &&
+    grep -q 'cannot write $o/checkpoints/.tmp_step_00000006/rank_00000.bin: File too large' \
+    '$dir/err2'"
+check "... no temporary directory left" test -z "$(ls -a "$o/checkpoints" | grep tmp)"
+check "... latest still the step before" grep -qx step_00000004 "$o/checkpoints/latest"
+check "... and --resume auto continues from it" \
+    sh -c "OMP_NUM_THREADS=1 '$bin' train ${flags[*]} --steps 8 --save-every 2 --resume auto \
+           --out '$o' 2>&1 | grep -q 'resumed $o/checkpoints/step_00000004'"
+
+o=$dir/m
+(ulimit -f 100; run --steps 2 --out "$o" > /dev/null 2> "$dir/err3")
+rc=$?
+check "model.bin past the file-size limit: non-zero exit (got $rc)" test "$rc" -ne 0
+check "... one error naming the file and errno" sh -c "[ \$(wc -l < '$dir/err3') -eq 1 ] &&
+    grep -q 'cannot write $o/model.bin.tmp: File too large' '$dir/err3'"
+check "... no model.bin nor its temporary file" test ! -e "$o/model.bin" -a ! -e "$o/model.bin.tmp"
+
+# a full file system where one can be mounted (root, CI); a file-size limit above covers the rest
+mnt=$dir/tmpfs
+mkdir -p "$mnt"
+if mount -t tmpfs -o size=1200k tmpfs "$mnt" 2> /dev/null; then
+    run --steps 4 --save-every 2 --out "$mnt/o" > /dev/null 2> "$dir/err4"
+    rc=$?
+    check "a full tmpfs: non-zero exit (got $rc), one error naming the file and ENOSPC" \
+        sh -c "[ $rc -ne 0 ] && [ \$(wc -l < '$dir/err4') -eq 1 ] &&
+        grep -q 'cannot write $mnt/o/.*No space left on device' '$dir/err4'"
+    check "... no temporary file or directory left" \
+        test -z "$(find "$mnt" -mindepth 1 -name '*tmp*')"
+    umount "$mnt"
+else
+    echo "skip: a full file system (cannot mount a tmpfs here: not root?); the file-size limit covers the checks"
+fi
+
+# ---- memory check before allocation --------------------------------------------------------
+start=$(date +%s)
+expect_error "a model too big for any machine is refused before allocating" \
+    "not enough memory: this layout.*needs [0-9.]* GiB on rank 0.*no layout of 1 rank(s) fits" \
+    run --channels 16384 --layers 96 --heads 128 --context 1024 --steps 1
+check "... at once ($(( $(date +%s) - start )) s)" test $(( $(date +%s) - start )) -lt 60
+L3D_TEST_MEM_AVAILABLE=3000000 run --steps 2 > /dev/null 2> "$dir/err5"
+check "a 3 MB machine refuses batch 4 with the figures and layouts that fit" sh -c \
+    "[ \$(wc -l < '$dir/err5') -eq 1 ] && grep -q 'needs 3.5 MiB on rank 0 (parameters 0.5 MiB.*but has 2.9 MiB.*fit: --batch 2 --grad-accum 2' '$dir/err5'"
+peak=$(L3D_TEST_MEM_AVAILABLE=3000000 run --steps 2 --batch 2 --grad-accum 2 |
+       sed -n 's/.*peak host memory.*(\([0-9]*\) bytes.*/\1/p')
+check "... the suggested layout runs within 3 MB (measured peak ${peak:-none} bytes)" \
+    test "${peak:-3000001}" -le 3000000
+check "--ignore-memory-check runs it anyway" \
+    env L3D_TEST_MEM_AVAILABLE=3000000 OMP_NUM_THREADS=1 "$bin" train "${flags[@]}" --steps 1 \
+    --ignore-memory-check > /dev/null
+if full; then
+    out=$(L3D_TEST_MEM_AVAILABLE=7000000 OMP_NUM_THREADS=1 bounded "$mpiexec" -n 2 "$bin" train "${flags[@]}" --steps 1 --out "$dir/mpi" 2>&1)
+    check "2 ranks: the node's memory is shared by its ranks, and --tp 2 suggested" sh -c \
+        "[ \$(echo '$out' | grep -c 'not enough memory') -eq 1 ] &&
+         echo '$out' | grep -q 'has 3.3 MiB (L3D_TEST_MEM_AVAILABLE 6.7 MiB shared by 2 rank(s).*fit: --tp 2'"
+fi
+exit $fail
