@@ -426,12 +426,15 @@ static void prune(const char *root, int64_t step, int keep, uint64_t run_id) {
     char *names[4096];
     int n = 0;
     struct dirent *e;
-    char cur[64], p[PATH_CAP];
+    char cur[64], p[PATH_CAP], m[PATH_CAP];
+    struct stat sb;
     step_name(cur, sizeof cur, step);
     while ((e = readdir(d)) && n < 4096) {
         if (!l3d_ckpt_is_step_name(e->d_name) || strcmp(e->d_name, cur) > 0) continue;
         join(p, sizeof p, root, "/", e->d_name);
-        if (run_id && l3d_ckpt_run_id(p) == run_id) names[n++] = strdup(e->d_name);
+        join(m, sizeof m, p, "/", "manifest");
+        /* a checkpoint (it has a manifest) of this run (0: of callers that set no id) */
+        if (stat(m, &sb) == 0 && l3d_ckpt_run_id(p) == run_id) names[n++] = strdup(e->d_name);
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], cmp_str);

@@ -24,7 +24,7 @@ struct losses {
     double *loss;
 };
 
-/* Reads "step" and "loss" of every line; CANNOT (with the message printed) when the file is
+/* Reads "step" and "loss" of every line but the run record; CANNOT (with the message printed) when the file is
  * missing, empty, or a line lacks either field, or the steps do not increase. */
 static int read_losses(const char *dir, struct losses *l) {
     char path[4096], line[8192];
@@ -38,6 +38,7 @@ static int read_losses(const char *dir, struct losses *l) {
     int cap = 0, lineno = 0, rc = SAME;
     while (rc == SAME && fgets(line, sizeof line, f)) {
         lineno++;
+        if (strncmp(line, "{\"run\":", 7) == 0) continue; /* the run's record, not a step */
         const char *s = strstr(line, "\"step\":"), *p = strstr(line, "\"loss\":");
         char *end = NULL;
         long step = s ? strtol(s + 7, &end, 10) : 0;

@@ -114,9 +114,10 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
                          tc->trace_path);
 
-    /* what an earlier run left (names: the message lists them) */
+    /* what an earlier run left (names: the message lists them); `run` alone (a run that
+     * stopped before its first step: bad data, a layout error) holds nothing to lose */
     char found[128] = "";
-    for (int i = 0; out && i < 3; i++) {
+    for (int i = 0; out && i < 2; i++) {
         snprintf(p, sizeof p, "%s/%s", out, outs[i]);
         if (exists(p)) strcat(strcat(found, found[0] ? ", " : ""), outs[i]);
     }
@@ -128,7 +129,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     }
     uint64_t old_id = 0;
     struct l3d_gpt_config old = {0};
-    bool have_run = out && read_run(run_path, &old_id, &old);
+    bool have_run = found[0] && out && read_run(run_path, &old_id, &old);
 
     if (found[0] && !tc->resume && !tc->overwrite)
         return l3d_error(L3D_ERR_ARG, "%s holds an earlier run (%s): continue it with --resume "
