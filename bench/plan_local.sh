@@ -45,7 +45,8 @@ run() {
     for r in $(seq 1 "$reps"); do
         OMP_NUM_THREADS=$th "${launch[@]}" "$bin" train "${model[@]}" --context 128 --seq-len 128 \
             --batch "$b" --grad-accum "$accum" --steps "$steps" --warmup 2 --val-every 0 \
-            --train "$dir/d/train_*.bin" --out "$dir/$name" "${tf[@]}" > "$dir/$name.log" 2>&1 ||
+            --train "$dir/d/train_*.bin" --out "$dir/$name" --overwrite "${tf[@]}" \
+            > "$dir/$name.log" 2>&1 ||
             { echo "| $name | the trainer failed: $(tail -1 "$dir/$name.log") |"; return; }
         t=$(med ms "$dir/$name/metrics.jsonl")
         ms=$(awk -v a="$ms" -v b="$t" 'BEGIN { print (a == "" || b < a) ? b : a }')

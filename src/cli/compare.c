@@ -24,8 +24,8 @@ struct losses {
     double *loss;
 };
 
-/* Reads "step" and "loss" of every line but the run record; CANNOT (with the message printed) when the file is
- * missing, empty, or a line lacks either field, or the steps do not increase. */
+/* Reads "step" and "loss" of every line but the run record; CANNOT (with the message printed)
+ * when the file is missing, empty, or a line lacks either field, or the steps do not increase. */
 static int read_losses(const char *dir, struct losses *l) {
     char path[4096], line[8192];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);

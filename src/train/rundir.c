@@ -147,8 +147,9 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         int n = 0;
         l3d_status st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
         if (st != L3D_OK) return l3d_error(st, "--overwrite: %s", l3d_error_message());
-        if (!tc->quiet) printf("overwrite: removed the earlier run's files (%s; %d checkpoint(s))\n",
-                               found, n);
+        if (!tc->quiet)
+            printf("overwrite: removed the earlier run's files (%s; %d checkpoint(s))\n", found,
+                   n);
     }
 
     *id = 0;
@@ -164,11 +165,14 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
             *id = old_id;
         }
         char dir[4096] = "";
+        bool autom = strcmp(tc->resume, "auto") == 0;
         if (l3d_ckpt_resolve(tc->resume, ckroot[0] ? ckroot : NULL, dir, sizeof dir) == L3D_OK &&
             dir[0]) {
             struct l3d_gpt_config cc;
             int64_t step;
-            if (l3d_ckpt_read_config(dir, &cc, &step) == L3D_OK) {
+            /* auto: the directory's own checkpoint must be this model's (a step directory given
+             * by name is checked by the load, which names both models) */
+            if (autom && l3d_ckpt_read_config(dir, &cc, &step) == L3D_OK) {
                 differences(&cc, &tc->model, diff, sizeof diff);
                 if (diff[0])
                     return l3d_error(L3D_ERR_ARG, "--resume: %s holds a checkpoint of another "

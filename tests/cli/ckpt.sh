@@ -350,12 +350,13 @@ preempt() { # preempt NAME SIGNAL NP B [flags]
     kill "-$sig" "$target"
     wait "$pid"
     local rc=$? steps
-    steps=$(wc -l < "$dir/$name/metrics.jsonl")
+    steps=$(grep -c '"step":' "$dir/$name/metrics.jsonl") # the first line is the run's record
     [ $rc -eq 0 ] && [ "$(cat "$dir/$name/checkpoints/latest")" = "$(printf 'step_%08d' "$steps")" ] &&
         grep -q "signal" "$dir/$name.log" && [ ! -e "$dir/$name/model.bin" ] || {
         echo "exit $rc after $steps steps"; cat "$dir/$name.log"; return 1; }
     train "$name" "$np" "$b" --steps $((steps + 2)) --resume auto "$@" > "$dir/$name.resume.log" 2>&1 &&
-        grep -q "step $steps," "$dir/$name.resume.log" && [ "$(wc -l < "$dir/$name/metrics.jsonl")" -eq $((steps + 2)) ]
+        grep -q "step $steps," "$dir/$name.resume.log" &&
+        [ "$(grep -c '"step":' "$dir/$name/metrics.jsonl")" -eq $((steps + 2)) ]
 }
 check "SIGTERM: saved at a step boundary, exit 0, resumed" \
     preempt sigterm TERM 0 4

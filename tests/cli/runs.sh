@@ -14,8 +14,10 @@ mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
 
-for i in $(seq 1 400); do echo "row $i of the run corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+for i in $(seq 1 400); do echo "row $i of the run corpus: $((i * 37 % 101)) bottles"; done \
+    > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
+    > /dev/null || exit 1
 flags=(--model tiny --vocab 256 --context 32 --seq-len 32 --batch 4 --warmup 2 --val-every 0
        --quiet --peak-gflops 100 --train "$dir/data/train_*.bin")
 run() { OMP_NUM_THREADS=1 bounded "$bin" train "${flags[@]}" "$@"; }
@@ -25,7 +27,8 @@ o=$dir/a
 check "a first run saves" run --steps 4 --save-every 2 --out "$o" > /dev/null
 id=$(sed -n 's/^id //p' "$o/run")
 check "out/run holds a 64-bit hex id" test "${#id}" -eq 16
-check "metrics.jsonl's first record is the run" grep -q "^{\"run\":\"$id\"" <(head -1 "$o/metrics.jsonl")
+check "metrics.jsonl's first record is the run" \
+    grep -q "^{\"run\":\"$id\"" <(head -1 "$o/metrics.jsonl")
 check "each manifest names the run" grep -qx "run $id" "$o/checkpoints/step_00000004/manifest"
 sum_before=$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)
 expect_error "a new run into it is refused, naming the directory and both ways out" \
@@ -38,14 +41,16 @@ expect_error "--init-from OUT/model.bin --out OUT is refused" \
     "would overwrite the model it starts from" run --steps 2 --init-from "$o/model.bin" --out "$o"
 check "... and the starting model is untouched" \
     test "$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)" = "$sum_before"
-check "--resume auto continues the run" run --steps 6 --save-every 2 --resume auto --out "$o" > /dev/null
+check "--resume auto continues the run" \
+    run --steps 6 --save-every 2 --resume auto --out "$o" > /dev/null
 check "... keeping its id" grep -qx "id $id" "$o/run"
 check "... and its run record" test "$(grep -c '"run":' "$o/metrics.jsonl")" -eq 1
 
 # pruning: exact step names of this run only. A user's step_00000003.bak and a checkpoint of
 # another run (copied in under a step name) survive --keep 1.
 mkdir -p "$o/checkpoints/step_00000003.bak" && echo mine > "$o/checkpoints/step_00000003.bak/notes"
-check "a second run for a foreign checkpoint" run --steps 2 --save-every 2 --out "$dir/b" > /dev/null
+check "a second run for a foreign checkpoint" \
+    run --steps 2 --save-every 2 --out "$dir/b" > /dev/null
 cp -r "$dir/b/checkpoints/step_00000002" "$o/checkpoints/step_00000005"
 check "--keep 1 prunes" run --steps 10 --save-every 2 --keep 1 --resume auto --out "$o" > /dev/null
 kept=$(cd "$o/checkpoints" && echo step_*)
@@ -75,7 +80,8 @@ check "... every line complete" sh -c "! grep -v '^{.*}\$' '$o/metrics.jsonl'"
 
 o=$dir/c
 check "a run with a checkpoint at step 4" run --steps 4 --save-every 2 --out "$o" > /dev/null
-(ulimit -f 1000; run --backend cpu --steps 8 --save-every 2 --resume auto --out "$o" > /dev/null 2> "$dir/err2")
+(ulimit -f 1000
+ run --backend cpu --steps 8 --save-every 2 --resume auto --out "$o" > /dev/null 2> "$dir/err2")
 rc=$?
 check "a checkpoint past the file-size limit: non-zero exit (got $rc)" test "$rc" -ne 0
 check "... one error naming the rank file and errno" sh -c "[ \$(wc -l < '$dir/err2') -eq 1 ] &&
@@ -108,7 +114,8 @@ if mount -t tmpfs -o size=1200k tmpfs "$mnt" 2> /dev/null; then
         test -z "$(find "$mnt" -mindepth 1 -name '*tmp*')"
     umount "$mnt"
 else
-    echo "skip: a full file system (cannot mount a tmpfs here: not root?); the file-size limit covers the checks"
+    echo "skip: a full file system (cannot mount a tmpfs here: not root?); the file-size" \
+         "limit covers the checks"
 fi
 
 # ---- memory check before allocation --------------------------------------------------------
@@ -119,7 +126,8 @@ expect_error "a model too big for any machine is refused before allocating" \
 check "... at once ($(( $(date +%s) - start )) s)" test $(( $(date +%s) - start )) -lt 60
 L3D_TEST_MEM_AVAILABLE=3000000 run --steps 2 > /dev/null 2> "$dir/err5"
 check "a 3 MB machine refuses batch 4 with the figures and layouts that fit" sh -c \
-    "[ \$(wc -l < '$dir/err5') -eq 1 ] && grep -q 'needs 3.5 MiB on rank 0 (parameters 0.5 MiB.*but has 2.9 MiB.*fit: --batch 2 --grad-accum 2' '$dir/err5'"
+    "[ \$(wc -l < '$dir/err5') -eq 1 ] && grep -q 'needs 3.5 MiB on rank 0 (parameters 0.5 MiB' \
+     '$dir/err5' && grep -q 'but has 2.9 MiB.*fit: --batch 2 --grad-accum 2' '$dir/err5'"
 peak=$(L3D_TEST_MEM_AVAILABLE=3000000 run --steps 2 --batch 2 --grad-accum 2 |
        sed -n 's/.*peak host memory.*(\([0-9]*\) bytes.*/\1/p')
 check "... the suggested layout runs within 3 MB (measured peak ${peak:-none} bytes)" \
