@@ -227,6 +227,50 @@ static void test_memory_trainer(void) {
     CHECK(layers[0] + layers[1] == 12 && layers[0] > layers[1]);
 }
 
+/* l3d_plan_memory (the trainer's memory check, src/train/memory.c) is l3d_plan_evaluate's memory
+ * without a profile: the same fullest rank, term by term, over layouts of every kind; and it
+ * refuses what evaluate refuses. */
+static void test_memory_alone(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    m.s = 128;
+    const struct l3d_plan_layout lays[] = {
+        layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false),
+        layout(1, 1, 4, 2, 1, 2, L3D_RECOMPUTE_SELECTIVE, false),
+        layout(2, 2, 1, 4, 1, 0, L3D_RECOMPUTE_FULL, true),
+        layout(1, 2, 2, 1, 2, 1, L3D_RECOMPUTE_NONE, false),
+    };
+    for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
+        struct l3d_plan_run run = l3d_plan_run_default();
+        run.devices = (int64_t)lays[i].tp * lays[i].pp * lays[i].dp;
+        run.global_batch = (int64_t)lays[i].mb * lays[i].dp * 4;
+        struct l3d_plan_result r;
+        struct l3d_plan_mem mem;
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lays[i], &r) == L3D_OK);
+        CHECK(l3d_plan_memory(&m, &run, &lays[i], &mem) == L3D_OK);
+        CHECK_NEAR(mem.total, r.mem.total, 0);
+        CHECK_NEAR(mem.activations, r.mem.activations, 0);
+        CHECK_NEAR(mem.optimizer, r.mem.optimizer, 0);
+        CHECK(mem.stage == r.mem.stage && mem.total > 0);
+    }
+    /* negative: a layout the planner refuses is refused here too, and ZeRO changes the figure */
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.devices = 5;
+    run.global_batch = 20;
+    struct l3d_plan_mem a, b;
+    struct l3d_plan_layout bad = layout(5, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_memory(&m, &run, &bad, &a) == L3D_ERR_LAYOUT); /* tp 5 of 12 heads */
+    run.devices = 2;
+    run.global_batch = 8;
+    struct l3d_plan_layout z0 = layout(1, 1, 2, 4, 1, 0, L3D_RECOMPUTE_NONE, false), z1 = z0;
+    z1.zero = 1;
+    CHECK(l3d_plan_memory(&m, &run, &z0, &a) == L3D_OK);
+    CHECK(l3d_plan_memory(&m, &run, &z1, &b) == L3D_OK);
+    CHECK(b.optimizer * 2 <= a.optimizer + 64 && b.total < a.total);
+}
+
 static void test_flops_and_time(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
@@ -359,6 +403,7 @@ int main(void) {
     test_profiles();
     test_memory_mixed();
     test_memory_trainer();
+    test_memory_alone();
     test_flops_and_time();
     test_checks_and_search();
     return TEST_REPORT();

@@ -147,7 +147,8 @@ struct l3d_plan_result {
 };
 
 /* Checks the layout against model, run and profile (divisibility, heads, schedule rules, the
- * precision's peak); L3D_ERR_LAYOUT with a sentence naming the value and the rule. */
+ * precision's peak); L3D_ERR_LAYOUT with a sentence naming the value and the rule. prof NULL: the
+ * profile's checks (threads a node, the peak) are left out (l3d_plan_memory). */
 l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profile *prof,
                           const struct l3d_plan_run *run, const struct l3d_plan_layout *lay);
 l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
