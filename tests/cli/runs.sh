@@ -124,6 +124,11 @@ expect_error "a model too big for any machine is refused before allocating" \
     "not enough memory: this layout.*needs [0-9.]* GiB on rank 0.*no layout of 1 rank(s) fits" \
     run --channels 16384 --layers 96 --heads 128 --context 1024 --steps 1
 check "... at once ($(( $(date +%s) - start )) s)" test $(( $(date +%s) - start )) -lt 60
+# d24-sized on a 24 GiB machine (the issue's: OOM-killed after 74 s of first touch)
+expect_error "--channels 4096 --layers 24 on a 24 GiB machine is refused with its figures" \
+    "needs 73.6[0-9] GiB on rank 0 (parameters 18.0[0-9] GiB.*but has 24.00 GiB" \
+    env L3D_TEST_MEM_AVAILABLE=25769803776 OMP_NUM_THREADS=1 "$bin" train "${flags[@]}" \
+    --channels 4096 --layers 24 --heads 32 --context 1024 --seq-len 64 --steps 1
 L3D_TEST_MEM_AVAILABLE=3000000 run --steps 2 > /dev/null 2> "$dir/err5"
 check "a 3 MB machine refuses batch 4 with the figures and layouts that fit" sh -c \
     "[ \$(wc -l < '$dir/err5') -eq 1 ] && grep -q 'needs 3.5 MiB on rank 0 (parameters 0.5 MiB' \
