@@ -60,7 +60,11 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     if (!tc->resume) return L3D_OK;
     char dir[4096];
     l3d_status st = l3d_ckpt_resolve(tc->resume, c->root[0] ? c->root : NULL, dir, sizeof dir);
-    if (st != L3D_OK) st = l3d_error(st, "--resume: %s", l3d_error_message());
+    if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", l3d_error_message());
+        st = l3d_error(st, "--resume: %s", why);
+    }
     if ((st = l3d_comm_agree(world, st, report)) != L3D_OK) return st;
     if (!dir[0]) {
         if (c->lead) printf("resume auto: no checkpoint in %s, starting fresh\n", c->root);

@@ -101,7 +101,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         return l3d_error(L3D_ERR_ARG, "--resume continues the run in %s and --overwrite starts it "
                          "over: give one of them", out ? out : ckroot);
 
-    /* outputs never replace an input: the model to start from, or one of the token shards */
+    /* outputs never replace an input: the model to start from (same device and inode) */
     const char *outs[3] = {"model.bin", "metrics.jsonl", "run"};
     for (int i = 0; out && tc->init_from && i < 3; i++) {
         snprintf(p, sizeof p, "%s/%s", out, outs[i]);
@@ -146,7 +146,11 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         }
         int n = 0;
         l3d_status st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
-        if (st != L3D_OK) return l3d_error(st, "--overwrite: %s", l3d_error_message());
+        if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", l3d_error_message());
+            return l3d_error(st, "--overwrite: %s", why);
+        }
         if (!tc->quiet)
             printf("overwrite: removed the earlier run's files (%s; %d checkpoint(s))\n", found,
                    n);

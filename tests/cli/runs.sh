@@ -37,6 +37,9 @@ check "... and nothing of the earlier run changed" \
     test "$(cat "$o/model.bin" "$o/metrics.jsonl" "$o/checkpoints/latest" | md5sum)" = "$sum_before"
 expect_error "--resume auto with another model says what differs" \
     "another model: --layers 3 (the run's: 2)" run --layers 3 --steps 6 --resume auto --out "$o"
+expect_error "--resume of a directory without checkpoints: its message whole (not garbled)" \
+    "^llm3d train: --resume: $dir/nowhere: no checkpoint there ($dir/nowhere/latest" \
+    run --steps 2 --resume "$dir/nowhere"
 expect_error "--init-from OUT/model.bin --out OUT is refused" \
     "would overwrite the model it starts from" run --steps 2 --init-from "$o/model.bin" --out "$o"
 check "... and the starting model is untouched" \
