@@ -128,6 +128,7 @@ struct cand {
     int tp, pp, dp, v, zero, B, accum;
     enum l3d_recompute rc;
     double bytes; /* the fullest rank's, extras included; < 0: not a valid layout */
+    double gather; /* of which model.bin's gathered copy (rank 0) */
     struct l3d_plan_mem mem;
     int cost;     /* how far from the flags given: fewer and cheaper changes first */
 };
@@ -138,9 +139,9 @@ static const char *rc_name(enum l3d_recompute r) {
 
 /* The fullest rank's bytes for layout c: the planner's total, plus what the planner leaves out
  * and the trainer holds: the position table's rows beyond the sequence length (the plan sizes
- * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank the
- * whole model gathered for model.bin (lead_extra). */
-static void evaluate(const struct l3d_train_config *tc, struct cand *c, double lead_extra) {
+ * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank
+ * model.bin's copy. */
+static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
     struct l3d_plan_model m = {.L = tc->model.L, .h = tc->model.C, .heads = tc->model.NH,
                                .ffn = 4LL * tc->model.C, .V = tc->model.V, .s = tc->T};
     snprintf(m.name, sizeof m.name, "train");
@@ -160,7 +161,14 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, double l
     if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
     double rows = (double)(tc->model.maxT > tc->T ? tc->model.maxT - tc->T : 0) * tc->model.C;
     double per = 4.0 * (2.0 + (c->zero >= 1 ? 2.0 / c->dp : 2.0)); /* params, grads, m, v */
-    c->bytes = c->mem.total + rows * per + lead_extra;
+    /* model.bin: gathered whole on rank 0 from a replica of several ranks or chunks; one rank's
+     * whole model streams from the device through 64 MiB of staging (src/train/train.c) */
+    c->gather = 0.0;
+    if (lead && tc->out_dir) {
+        double full = 4.0 * (double)l3d_gpt_param_count(&tc->model);
+        c->gather = c->tp * c->pp * c->v > 1 ? full : full < 67108864.0 ? full : 67108864.0;
+    }
+    c->bytes = c->mem.total + rows * per + c->gather;
 }
 
 static int cmp_cand(const void *a, const void *b) {
@@ -172,7 +180,7 @@ static int cmp_cand(const void *a, const void *b) {
 /* Up to three layouts of the same ranks (and global batch) that fit in `room`, as flags, into
  * out; "" when none does. */
 static void alternatives(const struct l3d_train_config *tc, const struct cand *now, double room,
-                         double lead_extra, char *out, size_t cap) {
+                         bool lead, char *out, size_t cap) {
     struct cand list[512];
     int n = 0, world = now->tp * now->pp * now->dp;
     double least = -1;
@@ -196,7 +204,7 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
                                          .v = pp == now->pp ? now->v : 1, .zero = z,
                                          .B = B, .accum = (int)(g / ((int64_t)B * dp)),
                                          .rc = (enum l3d_recompute)r};
-                        evaluate(tc, &c, lead_extra);
+                        evaluate(tc, &c, lead);
                         if (c.bytes < 0) continue;
                         c.cost = (z != now->zero) + (r == L3D_RECOMPUTE_SELECTIVE ? 1
                                                      : r == L3D_RECOMPUTE_FULL ? 3 : 0) +
@@ -256,19 +264,19 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
     l3d_status st = L3D_OK;
     if (node >= 0 && !tc->ignore_memory_check) {
         double room = node / local;
-        double gather = world->rank == 0 && tc->out_dir
-                            ? 4.0 * (double)l3d_gpt_param_count(&tc->model) : 0.0;
+        bool lead = world->rank == 0;
         struct cand now = {.tp = lay->tp, .pp = lay->pp, .dp = lay->dp, .v = lay->v,
                            .zero = tc->zero, .B = tc->B, .accum = lay->accum,
                            .rc = tc->recompute};
-        evaluate(tc, &now, gather);
+        evaluate(tc, &now, lead);
+        double gather = now.gather;
         if (now.bytes > room) {
             char alt[1024];
-            alternatives(tc, &now, room, gather, alt, sizeof alt);
+            alternatives(tc, &now, room, lead, alt, sizeof alt);
             const struct l3d_plan_mem *m = &now.mem;
-            char lead[64] = "";
+            char extra[64] = "";
             if (gather > 0)
-                snprintf(lead, sizeof lead, ", model.bin gathered %s", human(gather).s);
+                snprintf(extra, sizeof extra, ", model.bin %s", human(gather).s);
             st = l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
                            "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
                            "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s "
@@ -276,7 +284,7 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                            "to try anyway", now.tp, now.pp, now.dp, now.zero, rc_name(now.rc),
                            now.B, human(now.bytes).s, world->rank, human(m->params).s,
                            human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
-                           human(m->other + now.bytes - m->total - gather).s, lead,
+                           human(m->other + now.bytes - m->total - gather).s, extra,
                            human(room).s, src, human(node).s, local, alt);
         }
     }

@@ -46,6 +46,13 @@ static l3d_status save_model(const struct l3d_trainer *t) {
     if (topo->dp_rank != 0) return L3D_OK;
     const bool lead = world->rank == 0;
     int group = topo->tp * topo->pp; /* replica 0: world ranks [0, group) */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
+    if (group == 1 && v == 1) { /* the whole model on this rank: streamed from the device */
+        l3d_status st = l3d_ckpt_save_llmc(path, chunks[0]);
+        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
+        return st;
+    }
     if (!lead) {
         for (int c = 0; c < v; c++)
             l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0,
@@ -73,8 +80,6 @@ static l3d_status save_model(const struct l3d_trainer *t) {
         }
     }
     l3d_free(tmp);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
     l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full, n_full);
     if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
     l3d_free(full);
