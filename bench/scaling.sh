@@ -26,7 +26,7 @@ run() { # NP B ZERO MODE -> prints median ms, comm ms, optimizer ms
     local np=$1 b=$2 zero=$3 mode=$4 out="$dir/run_$1_$2_$3_$4"
     "$mpiexec" -n "$np" "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 \
         --batch "$b" --steps "$steps" --warmup 2 --val-every 0 --zero "$zero" --comm "$mode" \
-        --quiet --peak-gflops 208 --train "$data" --out "$out" > /dev/null
+        --quiet --peak-gflops 208 --train "$data" --out "$out" --overwrite > /dev/null
     echo "$(med ms "$out/metrics.jsonl") $(med comm_wait_ms "$out/metrics.jsonl") $(med optimizer_ms "$out/metrics.jsonl")"
 }
 echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec"
