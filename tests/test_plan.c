@@ -132,9 +132,11 @@ static void test_memory_mixed(void) {
     CHECK_NEAR(r.mem.grads, 2 * n, 1);
     CHECK_NEAR(r.mem.optimizer, 12 * n, 1);
     /* activations, Korthikanti et al. Table 2 with TP: s b h (10 + 24/t + 5 a s / (h t)) a layer,
-     * plus the embedding's dropout mask s b h and the 16-bit logits and fp32 loss 6 s b V / t */
+     * plus (sec. 4.3) the embedding's dropout mask s b h, the final LayerNorm's and the output
+     * projection's inputs 4 s b h, and the fp32 logits 4 s b V / t */
     double sbh = s * h, per = sbh * (10 + 24.0 / 8 + 5 * a * s / (h * 8));
-    CHECK_NEAR(r.mem.activations, L * per + sbh + 6 * s * Vp / 8, 1);
+    double ends = sbh + 4 * sbh + 4 * s * Vp / 8, ends_sp = (sbh + 4 * sbh) / 8 + 4 * s * Vp / 8;
+    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
     /* an MLP twice as wide (f = 8h): (f - 4h)/t (2h + 1) more parameters a layer, 4 s b (f - 4h)/t
      * more activation bytes (its two f-wide inputs), 4 h (f - 4h) more forward FLOPs a token */
     struct l3d_plan_model wide = m;
@@ -153,17 +155,17 @@ static void test_memory_mixed(void) {
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
     lay.sp = true;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    CHECK_NEAR(r.mem.activations, L * sbh / 8 * (34 + 5 * a * s / h) + sbh + 6 * s * Vp / 8, 1);
+    CHECK_NEAR(r.mem.activations, L * sbh / 8 * (34 + 5 * a * s / h) + ends_sp, 1);
     /* selective: 34 s b h / t; fused attention the same without recomputing */
     lay.recompute = L3D_RECOMPUTE_SELECTIVE;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double sel = r.mem.activations;
     double one_layer = sbh / 8 * (34 + 5 * a * s / h); /* the layer recomputed in backward */
-    CHECK_NEAR(sel, L * 34 * sbh / 8 + one_layer + sbh + 6 * s * Vp / 8, 1);
+    CHECK_NEAR(sel, L * 34 * sbh / 8 + one_layer + ends_sp, 1);
     /* full: the layer input 2 s b h / t */
     lay.recompute = L3D_RECOMPUTE_FULL;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + sbh + 6 * s * Vp / 8, 1);
+    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + ends_sp, 1);
     /* ZeRO over dp 4: optimizer / 4, then gradients / 4 */
     run = run16(32, 32, true);
     lay = layout(8, 1, 4, 1, 1, 1, L3D_RECOMPUTE_FULL, true);
@@ -175,23 +177,142 @@ static void test_memory_mixed(void) {
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.grads, 2 * n / 4, 1);
     /* 1F1B with pp 4 and m 8: stage 0 keeps 4 micro-batches of L/4 layers = L layers' worth
-     * (Korthikanti et al. sec. 4.2.3); GPipe keeps all 8 */
+     * (Korthikanti et al. sec. 4.2.3), and 4 embedding dropout masks, split by SP; GPipe keeps
+     * all 8, so the last stage, with 8 micro-batches' output layers, holds the most */
     run = run16(32, 8, true);
     one_layer = 34 * sbh / 8; /* fused attention: no scores */
     lay = layout(8, 4, 1, 1, 1, 0, L3D_RECOMPUTE_FULL, true);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.stage == 0 && r.mem.in_flight == 4);
-    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + 4 * sbh, 1);
+    CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + 4 * sbh / 8, 1);
     lay.schedule = L3D_PP_GPIPE;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    CHECK(r.mem.in_flight == 8);
-    CHECK_NEAR(r.mem.activations, 2 * L * 2 * sbh / 8 + one_layer + 8 * sbh, 1);
+    CHECK(r.mem.in_flight == 8 && r.mem.stage == 3);
+    CHECK_NEAR(r.mem.activations, 2 * L * 2 * sbh / 8 + one_layer + 8 * (ends_sp - sbh / 8), 1);
     /* interleaved, v 2: stage 0 runs 2 (p - 1) + (v - 1) p + 1 = 11 chunk-forwards before its
-     * first backward: L (1 + (p - 1)/(p v)) layers' worth, Narayanan et al. sec. 2.2.2 */
+     * first backward: L (1 + (p - 1)/(p v)) layers' worth, Narayanan et al. sec. 2.2.2; the
+     * embedding's dropout masks only of the first chunk's ceil(11 / 2) = 6 micro-batches, split
+     * by SP (the defect: all 11 chunk-forwards' masks, unsplit: 11 s b h instead of 6 s b h / 8) */
     lay = layout(8, 4, 1, 1, 2, 0, L3D_RECOMPUTE_FULL, true);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.in_flight == 11);
-    CHECK_NEAR(r.mem.activations, 11 * (L / 8) * 2 * sbh / 8 + one_layer + 11 * sbh, 1);
+    CHECK_NEAR(r.mem.activations, 11 * (L / 8) * 2 * sbh / 8 + one_layer + 6 * sbh / 8, 1);
+}
+
+/* Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+ * (arXiv 2205.05198): the models of its Table 3 (s = 2048, V = 51200, t = 8), micro-batch b. */
+static const struct {
+    const char *name;
+    int L, h, a, p, b, batch;
+} kmodels[] = {
+    {"22B", 48, 6144, 64, 1, 4, 4},
+    {"175B", 96, 12288, 96, 8, 1, 64},
+    {"530B", 105, 20480, 128, 35, 1, 280},
+    {"1T", 128, 25600, 160, 64, 1, 512},
+};
+
+static struct l3d_plan_model kmodel(int i, int L) {
+    struct l3d_plan_model m = {.L = L, .h = kmodels[i].h, .heads = kmodels[i].a, .V = 51200,
+                               .s = 2048, .ffn = 4LL * kmodels[i].h};
+    snprintf(m.name, sizeof m.name, "korthikanti-%s", kmodels[i].name);
+    return m;
+}
+
+/* Activation bytes of one layer as the planner counts them: a 2-layer model less a 1-layer one
+ * (the embedding, the output layer and the recomputed layer's buffer cancel), unfused attention
+ * as in the paper, no pipeline. */
+static double per_layer(int i, int t, bool sp, enum l3d_recompute rc) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_find(&prof, "dgx-a100") == L3D_OK);
+    struct l3d_plan_run run = run16(t, kmodels[i].b, false);
+    struct l3d_plan_layout lay = layout(t, 1, 1, kmodels[i].b, 1, 0, rc, sp);
+    struct l3d_plan_result r1, r2;
+    struct l3d_plan_model m1 = kmodel(i, 1), m2 = kmodel(i, 2);
+    CHECK(l3d_plan_evaluate(&m1, &prof, &run, &lay, &r1) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m2, &prof, &run, &lay, &r2) == L3D_OK);
+    return r2.mem.activations - r1.mem.activations;
+}
+
+static void test_korthikanti(void) {
+    for (int i = 0; i < 4; i++) {
+        double s = 2048, b = kmodels[i].b, h = kmodels[i].h, a = kmodels[i].a, t = 8;
+        double sbh = s * b * h, att = 5 * a * s / h;
+        /* Table 2, row by row (bytes a layer, 16-bit activations, 1-byte dropout masks) */
+        CHECK_NEAR(per_layer(i, 1, false, L3D_RECOMPUTE_NONE), sbh * (34 + att), 1);
+        CHECK_NEAR(per_layer(i, 8, false, L3D_RECOMPUTE_NONE), sbh * (10 + 24 / t + att / t), 1);
+        CHECK_NEAR(per_layer(i, 8, true, L3D_RECOMPUTE_NONE), sbh / t * (34 + att), 1);
+        CHECK_NEAR(per_layer(i, 8, false, L3D_RECOMPUTE_SELECTIVE), sbh * (10 + 24 / t), 1);
+        CHECK_NEAR(per_layer(i, 8, true, L3D_RECOMPUTE_SELECTIVE), 34 * sbh / t, 1);
+        CHECK_NEAR(per_layer(i, 8, false, L3D_RECOMPUTE_FULL), 2 * sbh, 1);
+    }
+    /* sec. 5: with sequence parallelism, selective recomputation saves 70% of the activations of
+     * GPT-3 175B (5 a s / h = 80) and 65% of MT-NLG 530B's (5 a s / h = 64), as printed */
+    double gpt3 = 1 - per_layer(1, 8, true, L3D_RECOMPUTE_SELECTIVE) /
+                          per_layer(1, 8, true, L3D_RECOMPUTE_NONE);
+    double mtnlg = 1 - per_layer(2, 8, true, L3D_RECOMPUTE_SELECTIVE) /
+                           per_layer(2, 8, true, L3D_RECOMPUTE_NONE);
+    CHECK_NEAR(100 * gpt3, 70, 0.5);
+    CHECK_NEAR(100 * mtnlg, 65, 0.5);
+    /* abstract and sec. 6.1 (Figure 7): sequence parallelism with selective recomputation needs
+     * about 5x less than the tensor-parallel baseline (530B and 1T: 21 / 4.25 = 4.94) */
+    for (int i = 2; i < 4; i++) {
+        double x = per_layer(i, 8, false, L3D_RECOMPUTE_NONE) /
+                   per_layer(i, 8, true, L3D_RECOMPUTE_SELECTIVE);
+        CHECK_NEAR(x, 5, 0.5);
+    }
+    /* sec. 4.2.3 and 4.3 on the pipeline's first stage, 530B over p 35 with SP (3 layers a stage):
+     * 1F1B keeps p micro-batches of L/p layers, L layers' worth, and p embedding dropout masks
+     * s b h p / t; interleaving v 3 (1 layer a chunk) multiplies the layers by
+     * 1 + (p - 1)/(p v) = 139/105, and the first chunk keeps p (1 + (p - 1)/(p v)) = 46.3, i.e. 47,
+     * dropout masks (the defect was 139 masks not split by t: 5.8 GB instead of 0.25 GB) */
+    struct l3d_profile prof;
+    CHECK(l3d_profile_find(&prof, "dgx-a100") == L3D_OK);
+    struct l3d_plan_model m = kmodel(2, 105);
+    double s = 2048, h = 20480, t = 8, p = 35, sbh = s * h, sp_layer = 34 * sbh / t;
+    struct l3d_plan_run run = run16(280, 280, false);
+    struct l3d_plan_layout lay = layout(8, 35, 1, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
+    struct l3d_plan_result r;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    double recomputed = sbh / t * (34 + 5 * 128 * s / h); /* the layer recomputed in backward */
+    CHECK(r.mem.stage == 0 && r.mem.in_flight == 35);
+    CHECK_NEAR(r.mem.activations, 105 * sp_layer + recomputed + sbh * p / t, 1);
+    lay = layout(8, 35, 1, 1, 3, 0, L3D_RECOMPUTE_SELECTIVE, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(r.mem.stage == 0 && r.mem.in_flight == 139);
+    CHECK_NEAR(105 * (1 + (p - 1) / (p * 3)), 139, 1e-9);
+    CHECK_NEAR(r.mem.activations, 139 * sp_layer + recomputed + 47 * sbh / t, 1);
+    CHECK(r.mem.activations < 139 * sp_layer + recomputed + 139 * sbh - 5e9);
+    /* sec. 4.3 without a pipeline: the output layer adds 4 s b h / t (1 + V/h) to the first (and
+     * only) stage, the embedding one dropout mask s b h / t (22B, b 4, SP, selective) */
+    m = kmodel(0, 48);
+    run = run16(8, 4, false);
+    lay = layout(8, 1, 1, 4, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    double sbh4 = s * 4 * 6144;
+    CHECK_NEAR(r.mem.activations, 48 * 34 * sbh4 / t + sbh4 / t * (34 + 5 * 64 * s / 6144) +
+                                      4 * sbh4 / t * (1 + 51200.0 / 6144) + sbh4 / t, 1);
+    /* Figure 1: on an 80 GB A100, each Table 3 model at its layout needs more than 80 GB with
+     * tensor parallelism alone (no recomputation) and fits with sequence parallelism and
+     * selective recomputation, and with full recomputation */
+    const double gb80 = 80.0 * 1024 * 1024 * 1024;
+    for (int i = 0; i < 4; i++) {
+        m = kmodel(i, kmodels[i].L);
+        int pp = kmodels[i].p, mb = kmodels[i].b;
+        run = run16(8 * pp, kmodels[i].batch, false);
+        struct l3d_plan_result base, present, full;
+        lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_NONE, false);
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &base) == L3D_OK);
+        lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &present) == L3D_OK);
+        lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_FULL, false);
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &full) == L3D_OK);
+        printf("Korthikanti %s: %.1f GB (TP), %.1f GB (TP + SP + selective), %.1f GB (full)\n",
+               kmodels[i].name, base.mem.total / 1e9, present.mem.total / 1e9,
+               full.mem.total / 1e9);
+        CHECK(base.mem.total > gb80);
+        CHECK(present.mem.total < gb80);
+        CHECK(full.mem.total < gb80);
+    }
 }
 
 static void test_memory_trainer(void) {
@@ -358,6 +479,7 @@ static void test_checks_and_search(void) {
 int main(void) {
     test_profiles();
     test_memory_mixed();
+    test_korthikanti();
     test_memory_trainer();
     test_flops_and_time();
     test_checks_and_search();

@@ -316,11 +316,20 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
         /* the layer being recomputed in backward holds its full set once */
         if (lay->recompute != L3D_RECOMPUTE_NONE)
             acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
-        double s = m->s, b = lay->mb, h = m->h, t = lay->tp;
-        if (ch[0].first) acts += f * s * b * h; /* the embedding's dropout mask (its output is the
-                                                  * first layer's input, counted there) */
-        /* the last stage's 16-bit logits and fp32 loss inputs */
-        if (ch[lay->v - 1].last) acts += (w + f32) * s * b * c.Vp / t;
+        /* Korthikanti et al. 2022, sec. 4.3, beyond the layers: the embedding's dropout mask,
+         * s b h bytes a micro-batch (one byte an element, as the 34 of Table 2 counts masks),
+         * split along the sequence under SP; the first chunk keeps it for each of its micro-batches
+         * in flight: p of them under 1F1B, p (1 + (p - 1)/(p v)) with interleaving (sec. 4.2.3),
+         * i.e. this chunk's own share, not every chunk's of the rank. Its output is the first
+         * layer's input, counted there. */
+        double s = m->s, b = lay->mb, h = m->h, t = lay->tp, spd = lay->sp ? t : 1.0;
+        if (ch[0].first) acts += ch[0].slots * s * b * h / spd;
+        /* the output layer, sec. 4.3: the final LayerNorm's input 2 s b h and the projection's
+         * input 2 s b h (sequence-split under SP), and the fp32 logits the cross-entropy keeps,
+         * 4 s b V / t: 4 s b h / t (1 + V/h) with SP, for each micro-batch the last chunk keeps
+         * (1 under 1F1B, where the last stage's backward follows its forward) */
+        if (ch[lay->v - 1].last)
+            acts += ch[lay->v - 1].slots * (4 * s * b * h / spd + f32 * s * b * c.Vp / t);
         mem->activations = acts;
         mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
     }
