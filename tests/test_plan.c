@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "test.h"
 
@@ -348,6 +349,47 @@ static void test_memory_trainer(void) {
     CHECK(layers[0] + layers[1] == 12 && layers[0] > layers[1]);
 }
 
+/* The planner's O(stages log L) partition is the trainer's O(stages L^2) dynamic programme:
+ * every (L, stages) up to 48 layers, for models whose head weighs from a fraction of a layer to
+ * many layers, sequences short and long */
+static void test_partition(void) {
+    const struct { int h, heads, V, s; } cfgs[] = {
+        {768, 12, 50257, 1024}, {64, 4, 256, 64}, {4096, 32, 51200, 2048}, {128, 4, 65536, 16},
+        {256, 4, 1000, 4096},
+    };
+    struct l3d_plan_run run = l3d_plan_run_default(); /* fp32: the trainer's partition */
+    int fast[48], slow[48], differ = 0;
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
+        for (int L = 1; L <= 48; L++) {
+            struct l3d_plan_model m = {.L = L, .h = cfgs[c].h, .heads = cfgs[c].heads,
+                                       .V = cfgs[c].V, .s = cfgs[c].s, .ffn = 4LL * cfgs[c].h};
+            struct l3d_gpt_config g = l3d_plan_model_gpt(&m);
+            for (int S = 1; S <= L; S++) {
+                CHECK(l3d_plan_stage_layers(&m, &run, S, fast) == L3D_OK);
+                CHECK(l3d_pp_partition(&g, m.s, S, slow) == L3D_OK);
+                if (memcmp(fast, slow, sizeof(int) * (size_t)S) != 0 && differ++ < 5)
+                    fprintf(stderr, "partition of %d layers (h %d) into %d stages differs\n", L,
+                            m.h, S);
+            }
+        }
+    CHECK(differ == 0);
+    /* a negative case: the comparison sees a changed split */
+    struct l3d_plan_model m = {.L = 12, .h = 768, .heads = 12, .V = 50257, .s = 1024, .ffn = 3072};
+    CHECK(l3d_plan_stage_layers(&m, &run, 2, fast) == L3D_OK);
+    fast[0]--, fast[1]++;
+    struct l3d_gpt_config g = l3d_plan_model_gpt(&m);
+    CHECK(l3d_pp_partition(&g, m.s, 2, slow) == L3D_OK);
+    CHECK(memcmp(fast, slow, sizeof(int) * 2) != 0);
+    /* and at 65536 layers, where the dynamic programme takes hours: balanced, the head's stage
+     * lighter */
+    m.L = 65536;
+    int big[64];
+    CHECK(l3d_plan_stage_layers(&m, &run, 64, big) == L3D_OK);
+    int sum = 0;
+    for (int i = 0; i < 64; i++) sum += big[i];
+    CHECK(sum == 65536 && big[63] < big[0] && big[0] - big[1] <= 1);
+}
+
 static void test_flops_and_time(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
@@ -481,6 +523,7 @@ int main(void) {
     test_memory_mixed();
     test_korthikanti();
     test_memory_trainer();
+    test_partition();
     test_flops_and_time();
     test_checks_and_search();
     return TEST_REPORT();

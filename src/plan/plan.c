@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "llm3d/layout.h"
+#include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "llm3d/tp.h"
 
@@ -119,6 +120,81 @@ static enum l3d_dtype prec_dtype(enum l3d_prec p) {
     return p == L3D_PREC_FP32 ? L3D_F32 : p == L3D_PREC_BF16 ? L3D_BF16 : L3D_F16;
 }
 
+/* ---- the trainer's stage partition, fast ------------------------------------------------
+ *
+ * l3d_pp_partition (src/parallel/pipeline.c) finds by dynamic programming, in O(stages L^2), the
+ * split of L layers of cost lc into stages that minimises the largest stage cost, the first stage
+ * also paying the embedding, the last the head; ties keep the earliest cut. Every layer costs the
+ * same, so the planner gets the same split in O(stages log L): best(k, j), the smallest largest
+ * cost of the first j layers on k stages, is the smallest stage cost (a whole number of layers
+ * plus one of the four extras) under which the k stages' capacities hold j layers; the cut
+ * before stage k is then the earliest one whose stage fits under best(k, j), as the dynamic
+ * programme's backtracking picks it. tests/test_plan.c checks the two agree on every (L, stages)
+ * up to 48 layers for several models. */
+struct part {
+    double lc, emb, head;
+    int stages;
+};
+
+/* a stage of n layers, with the dynamic programme's own floating-point expression */
+static double stage_cost(const struct part *P, int64_t n, bool first, bool last) {
+    return (double)n * P->lc + (first ? P->emb : 0.0) + (last ? P->head : 0.0);
+}
+
+/* the most layers a stage holds under cost C (0 if none), at most `most` */
+static int64_t capacity(const struct part *P, double C, bool first, bool last, int64_t most) {
+    double x = (C - (first ? P->emb : 0.0) - (last ? P->head : 0.0)) / P->lc;
+    int64_t n = x < 0 ? 0 : x > (double)most ? most : (int64_t)x;
+    while (n < most && stage_cost(P, n + 1, first, last) <= C) n++;
+    while (n > 0 && stage_cost(P, n, first, last) > C) n--;
+    return n;
+}
+
+/* can stages 1..k (stage k the last of all when k == stages) hold j layers under cost C? */
+static bool holds(const struct part *P, double C, int k, int64_t j) {
+    bool last_k = k == P->stages;
+    if (k == 1) return capacity(P, C, true, last_k, j) >= j;
+    int64_t c1 = capacity(P, C, true, false, j), ck = capacity(P, C, false, last_k, j);
+    int64_t cm = k > 2 ? capacity(P, C, false, false, j) : 0;
+    if (c1 < 1 || ck < 1 || (k > 2 && cm < 1)) return false;
+    return c1 + ck + (int64_t)(k - 2) * cm >= j;
+}
+
+/* best(k, j): the smallest feasible cost among n lc + extra, n = 1..j, for each of the extras */
+static double best_cost(const struct part *P, int k, int64_t j) {
+    double best = INFINITY;
+    for (int e = 0; e < 4; e++) {
+        bool first = e & 1, last = e & 2;
+        if (!holds(P, stage_cost(P, j, first, last), k, j)) continue;
+        int64_t lo = 1, hi = j; /* the smallest n whose cost holds the layers */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (holds(P, stage_cost(P, mid, first, last), k, j)) hi = mid;
+            else lo = mid + 1;
+        }
+        double c = stage_cost(P, lo, first, last);
+        if (c < best) best = c;
+    }
+    return best;
+}
+
+static void fast_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers) {
+    struct part P = {.lc = l3d_pp_layer_cost(cfg, T), .emb = 2.0 * cfg->C,
+                     .head = l3d_pp_head_cost(cfg), .stages = stages};
+    int64_t j = cfg->L;
+    for (int k = stages; k >= 1; k--) {
+        if (k == 1) {
+            layers[0] = (int)j;
+            break;
+        }
+        double B = best_cost(&P, k, j);
+        int64_t i = j - capacity(&P, B, false, k == stages, j);
+        if (i < k - 1) i = k - 1;
+        layers[k - 1] = (int)(j - i);
+        j = i;
+    }
+}
+
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                                  int stages, int *layers) {
     if (stages > m->L)
@@ -126,7 +202,8 @@ l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3
                          "needs a layer", stages, m->L);
     if (trainer(run)) {
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
-        return l3d_layout_stage_layers(&c, m->s, stages, 1, NULL, layers);
+        fast_partition(&c, m->s, stages, layers);
+        return L3D_OK;
     }
     if (m->L % stages != 0)
         return l3d_error(L3D_ERR_LAYOUT, "%d layers do not split evenly into pp x v = %d stages "
@@ -202,8 +279,30 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
 struct chunk {
     struct l3d_shard sh;
     int64_t n;        /* parameters */
+    int64_t n_gpt;    /* of them the trainer's tensors (l3d_gpt_plan_tensors, a 4h MLP) */
+    int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     bool first, last; /* first / last virtual stage */
+    int shape;        /* its entry in the evaluation's shape memo, -1 if none */
+};
+
+/* Chunks of the same shape (layers, first, last) have the same sizes and time: a layout's
+ * thousands of chunks come in a few shapes (the partition differs by at most a layer or so
+ * between stages), so each shape is sized and timed once. */
+#define PLAN_SHAPES 8
+struct parts {
+    double gemm, attn, elem, tp, p2p, rec, total;
+    double bwd; /* backward part (what DP communication can hide behind) */
+};
+struct shape_memo {
+    int n;
+    struct {
+        int layers;
+        bool first, last, timed;
+        struct l3d_shard sh;
+        int64_t n, n_gpt, slot, nonlayer;
+        struct parts t; /* without p2p */
+    } e[PLAN_SHAPES];
 };
 
 /* Micro-batches in flight on rank r (all its chunks together), Megatron-LM's schedules:
@@ -234,25 +333,14 @@ static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan
     return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
+/* start[vs]: the first layer of virtual stage vs (prefix sums of layers) */
 static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
-                        const int *layers, int r, const int *slots, int64_t mm, bool fp32,
-                        struct chunk *out) {
+                        const int *layers, const int64_t *start, int r, const int *slots,
+                        int64_t mm, bool fp32, struct shape_memo *memo, struct chunk *out) {
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
         int vs = k * lay->pp + r;
-        struct l3d_shard sh;
-        /* sizes only: the trainer's shard when it splits this way, the even split else */
-        if (l3d_layout_stage_shard(&c, layers, S, vs, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
-            sh.head_count = m->heads / lay->tp;
-            sh.ffn_count = 4LL * m->h / lay->tp;
-            sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
-        }
-        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-        out[k].sh = sh;
-        out[k].n = l3d_gpt_plan_tensors(&c, &sh, ti);
-        /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
-        out[k].n += (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) * (2LL * m->h + 1);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && slots)
@@ -260,6 +348,56 @@ static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_la
         else {
             int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
             out[k].slots = (f + lay->v - 1) / lay->v;
+        }
+        out[k].shape = -1;
+        for (int i = 0; i < memo->n; i++)
+            if (memo->e[i].layers == layers[vs] && memo->e[i].first == out[k].first &&
+                memo->e[i].last == out[k].last) {
+                out[k].shape = i;
+                out[k].sh = memo->e[i].sh;
+                out[k].sh.layer_start = (int)start[vs];
+                out[k].n = memo->e[i].n;
+                out[k].n_gpt = memo->e[i].n_gpt;
+                out[k].slot = memo->e[i].slot;
+                out[k].nonlayer = memo->e[i].nonlayer;
+            }
+        if (out[k].shape >= 0) continue;
+        struct l3d_shard sh;
+        /* sizes only: the trainer's shard when it splits this way, the even split else; the
+         * shard of stage 0 with the layer range and the ends of stage vs set as
+         * l3d_layout_stage_shard sets them, from the prefix sums (it sums the layers before vs,
+         * which over every chunk of a layout is O(stages^2)) */
+        if (l3d_layout_stage_shard(&c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
+            sh.head_count = m->heads / lay->tp;
+            sh.ffn_count = 4LL * m->h / lay->tp;
+            sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
+        }
+        sh.layer_start = (int)start[vs];
+        sh.layer_count = layers[vs];
+        sh.has_embedding = vs == 0;
+        sh.has_head = vs == S - 1;
+        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+        out[k].sh = sh;
+        out[k].n_gpt = l3d_gpt_plan_tensors(&c, &sh, ti);
+        out[k].slot = out[k].nonlayer = 0;
+        for (int t = 0; t < L3D_NUM_TENSORS; t++)
+            if (l3d_gpt_is_layer_tensor(t)) out[k].slot += ti[t].rows * ti[t].cols;
+            else out[k].nonlayer += ti[t].count;
+        /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
+        out[k].n = out[k].n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) *
+                                      (2LL * m->h + 1);
+        if (memo->n < PLAN_SHAPES) {
+            int i = memo->n++;
+            memo->e[i].layers = layers[vs];
+            memo->e[i].first = out[k].first;
+            memo->e[i].last = out[k].last;
+            memo->e[i].timed = false;
+            memo->e[i].sh = sh;
+            memo->e[i].n = out[k].n;
+            memo->e[i].n_gpt = out[k].n_gpt;
+            memo->e[i].slot = out[k].slot;
+            memo->e[i].nonlayer = out[k].nonlayer;
+            out[k].shape = i;
         }
     }
 }
@@ -273,16 +411,12 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
     if (trainer(run)) {
         /* exactly what the trainer allocates: l3d_gpt_init_ex, l3d_dp_init, l3d_adamw_init */
         for (int k = 0; k < lay->v; k++) {
-            struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-            int64_t n = l3d_gpt_plan_tensors(&c, &ch[k].sh, ti);
+            int64_t n = ch[k].n_gpt;
             int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
             int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
             mem->params += f32 * n;
             if (lay->zero == 2) {
-                int64_t slot = 0, nonlayer = 0;
-                for (int t = 0; t < L3D_NUM_TENSORS; t++)
-                    if (l3d_gpt_is_layer_tensor(t)) slot += ti[t].rows * ti[t].cols;
-                    else nonlayer += ti[t].count;
+                double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
                 mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
             } else {
                 mem->grads += f32 * n;
@@ -389,11 +523,8 @@ static void link_of(const struct l3d_profile *p, int64_t lo, int64_t hi, int sen
     }
 }
 
-/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split. */
-struct parts {
-    double gemm, attn, elem, tp, p2p, rec, total;
-    double bwd; /* backward part (what DP communication can hide behind) */
-};
+/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split
+ * (struct parts). */
 
 static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_bw, double tp_lat,
                        double p2p_prev, double p2p_next, struct parts *o) {
@@ -450,9 +581,59 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
 }
 
-l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
-                             struct l3d_plan_result *r) {
+/* What the layouts of one search share: the stage partitions by stage count and the last
+ * schedule, so that a search computes each once rather than once a layout. */
+#define PLAN_CACHE 32
+struct plan_cache {
+    int S[PLAN_CACHE];
+    int *layers[PLAN_CACHE];
+    int next;
+    bool have_sched;
+    enum l3d_pp_kind kind;
+    int p, v;
+    int64_t mm;
+    struct l3d_pp_schedule sched;
+};
+
+static void cache_free(struct plan_cache *cc) {
+    for (int i = 0; i < PLAN_CACHE; i++) free(cc->layers[i]);
+    if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+    memset(cc, 0, sizeof *cc);
+}
+
+/* the layers of each of S stages: from the cache, else computed (and kept there when cc) */
+static l3d_status stage_layers_cached(const struct l3d_plan_model *m,
+                                      const struct l3d_plan_run *run, int S,
+                                      struct plan_cache *cc, int **owned, const int **layers) {
+    *owned = NULL;
+    if (cc)
+        for (int i = 0; i < PLAN_CACHE; i++)
+            if (cc->layers[i] && cc->S[i] == S) {
+                *layers = cc->layers[i];
+                return L3D_OK;
+            }
+    int *buf = malloc(sizeof(int) * (size_t)S);
+    if (!buf) return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    l3d_status st = l3d_plan_stage_layers(m, run, S, buf);
+    if (st != L3D_OK) {
+        free(buf);
+        return st;
+    }
+    if (cc) {
+        free(cc->layers[cc->next]);
+        cc->layers[cc->next] = buf;
+        cc->S[cc->next] = S;
+        cc->next = (cc->next + 1) % PLAN_CACHE;
+    } else {
+        *owned = buf;
+    }
+    *layers = buf;
+    return L3D_OK;
+}
+
+static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                           const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
+                           struct l3d_plan_result *r, struct plan_cache *cc) {
     memset(r, 0, sizeof *r);
     struct l3d_plan_layout lay = *lay_in;
     if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
@@ -464,23 +645,48 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
     r->m = (int)mm;
     int S = p * v;
-    int *layers = malloc(sizeof(int) * (size_t)S);
+    int *owned = NULL;
+    const int *layers = NULL;
+    st = stage_layers_cached(m, run, S, cc, &owned, &layers);
+    if (st != L3D_OK) return st;
+    int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct chunk *ch = malloc(sizeof(struct chunk) * (size_t)v);
-    if (!layers || !ch) {
-        free(layers);
+    if (!start || !ch) {
+        free(owned);
+        free(start);
         free(ch);
         return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
     }
-    st = l3d_plan_stage_layers(m, run, S, layers);
-    struct l3d_pp_schedule sched = {0};
-    bool have_sched = false;
-    if (st == L3D_OK && fp32 && (int64_t)p * v * mm <= (1 << 20)) {
-        /* the trainer's own schedule says how many micro-batches each chunk keeps */
-        st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
-        have_sched = st == L3D_OK;
+    start[0] = 0;
+    for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];
+    /* the trainer's own schedule says how many micro-batches each chunk keeps */
+    struct l3d_pp_schedule own_sched = {0};
+    const struct l3d_pp_schedule *sched = NULL;
+    enum l3d_pp_kind kind = p > 1 ? lay.schedule : L3D_PP_1F1B;
+    if (fp32 && (int64_t)p * v * mm <= (1 << 20)) {
+        if (cc && cc->have_sched && cc->kind == kind && cc->p == p && cc->v == v && cc->mm == mm) {
+            sched = &cc->sched;
+        } else if (cc) {
+            if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+            cc->have_sched = false;
+            st = l3d_pp_schedule_build(&cc->sched, kind, p, v, (int)mm);
+            if (st == L3D_OK) {
+                cc->have_sched = true;
+                cc->kind = kind;
+                cc->p = p;
+                cc->v = v;
+                cc->mm = mm;
+                sched = &cc->sched;
+            }
+        } else {
+            st = l3d_pp_schedule_build(&own_sched, kind, p, v, (int)mm);
+            if (st == L3D_OK) sched = &own_sched;
+        }
     }
+    bool have_sched = sched != NULL;
     if (st != L3D_OK) {
-        free(layers);
+        free(owned);
+        free(start);
         free(ch);
         return st;
     }
@@ -503,8 +709,10 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     struct parts worst = {0};
     double n_max = 0;
     struct l3d_plan_mem mem_worst = {0};
+    struct shape_memo memo = {0};
     for (int rr = 0; rr < p; rr++) {
-        rank_chunks(m, &lay, layers, rr, have_sched ? sched.slots : NULL, mm, fp32, ch);
+        rank_chunks(m, &lay, layers, start, rr, have_sched ? sched->slots : NULL, mm, fp32, &memo,
+                    ch);
         struct l3d_plan_mem mem;
         rank_memory(m, run, &lay, ch, rr, mm, &mem);
         if (mem.total > mem_worst.total) mem_worst = mem;
@@ -530,7 +738,17 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
                 pp_next = msg / bw + lat;
             }
             struct parts cp;
-            chunk_time(&x, &ch[k], tp_bw, tp_lat, pp_prev, pp_next, &cp);
+            if (ch[k].shape >= 0 && memo.e[ch[k].shape].timed) {
+                cp = memo.e[ch[k].shape].t;
+            } else {
+                chunk_time(&x, &ch[k], tp_bw, tp_lat, 0.0, 0.0, &cp);
+                if (ch[k].shape >= 0) {
+                    memo.e[ch[k].shape].t = cp;
+                    memo.e[ch[k].shape].timed = true;
+                }
+            }
+            cp.p2p = pp_prev + pp_next;
+            cp.total += cp.p2p;
             sum.gemm += cp.gemm;
             sum.attn += cp.attn;
             sum.elem += cp.elem;
@@ -549,7 +767,7 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
         }
         if (n_rank > n_max) n_max = n_rank;
     }
-    if (have_sched) l3d_pp_schedule_free(&sched);
+    if (sched == &own_sched) l3d_pp_schedule_free(&own_sched);
 
     /* the pipeline: (m - 1/v) t_max + sum_r t_r / v; for equal stages (m + (p - 1)/v) t, i.e. the
      * bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2 */
@@ -612,9 +830,16 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     double peak_all = prof->peak_flops[run->precision] * (double)run->devices;
     r->mfu = r->model_flops / T->step / peak_all;
     r->hfu = r->hw_flops / T->step / peak_all;
-    free(layers);
+    free(owned);
+    free(start);
     free(ch);
     return L3D_OK;
+}
+
+l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+                             struct l3d_plan_result *r) {
+    return evaluate(m, prof, run, lay, r, NULL);
 }
 
 /* ---- search ----------------------------------------------------------------------------- */
@@ -667,9 +892,9 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
         return l3d_error(L3D_ERR_LAYOUT, "--tp x --pp x --dp must equal the %lld ranks",
                          (long long)ranks);
     static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
-    static const int vs[] = {1, 2, 3, 4, 6, 8};
     l3d_status first_err = L3D_OK;
     char first_msg[512] = "";
+    struct plan_cache cache = {0};
     for (int64_t tp = 1; tp <= ranks; tp++) {
         if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
         if (!fx->tp && (tp > m->heads || (tp > prof->devices_per_node && prof->devices_per_node > 1)))
@@ -682,9 +907,12 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
             for (size_t bi = 0; bi < n_mb; bi++) {
                 int mb = fx->mb ? fx->mb : mbs[bi];
                 if (run->global_batch % ((int64_t)mb * dp)) continue;
-                for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
-                    int v = vs[vi];
-                    if (fx->v ? v != fx->v : false) continue;
+                /* every v that divides the layers a pipeline rank holds (Megatron-LM needs it;
+                 * the trainer splits unevenly, so there the rank's whole layers, L / pp rounded
+                 * down, which keeps the choice to the divisors) */
+                int per_rank = (int)(m->L / pp);
+                for (int v = 1; v <= per_rank; v++) {
+                    if (per_rank % v || (fx->v && v != fx->v)) continue;
                     if (v > 1 && pp < 2) continue;
                     for (int z = 0; z <= 2; z++) {
                         if (fx->zero >= 0 ? z != fx->zero : (z > 0 && dp == 1)) continue;
@@ -699,7 +927,7 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
                                     .threads = th};
                                 struct l3d_plan_result res;
                                 stats->evaluated++;
-                                l3d_status e = l3d_plan_evaluate(m, prof, run, &lay, &res);
+                                l3d_status e = evaluate(m, prof, run, &lay, &res, &cache);
                                 if (e != L3D_OK) {
                                     if (first_err == L3D_OK) {
                                         first_err = e;
@@ -719,6 +947,7 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
             }
         }
     }
+    cache_free(&cache);
     stats->seconds = l3d_time_s() - t0;
     if (stats->valid == 0 && first_err != L3D_OK)
         return l3d_error(first_err, "no valid layout; the first tried: %s", first_msg);
