@@ -72,6 +72,13 @@ static void test_profiles(void) {
         {"dp_overlap = no", "dp_overlap = maybe", "give yes or no"},
         {"pair_size = 2", "pair_size = 9", "pair_size 9 exceeds"},
         {"attn_eff = 0.3\n", "attn_eff = 0.3\nfoo\n", "not key = value"},
+        /* ranges (issue 18: 1e308 was accepted): the key, the value, the allowed range */
+        {"peak_tflops_bf16 = 100", "peak_tflops_bf16 = 1e308",
+         "line 5: peak_tflops_bf16 = 1e308 is out of range: allowed 0 to 100000"},
+        {"mem_gb = 80", "mem_gb = 1e308", "mem_gb = 1e308 is out of range: allowed above 0 to"},
+        {"intra_lat_us = 5", "intra_lat_us = 1e308", "intra_lat_us = 1e308 is out of range"},
+        {"attn_eff = 0.3", "attn_eff = 2", "attn_eff = 2 is out of range: allowed above 0 to 1.5"},
+        {"dp_overlap = no\n", "dp_overlap = no\nreserve_gb = 80\n", "reserve_gb 80 leaves nothing"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         l3d_status st = parse_with(bad[i].from, bad[i].to, &p);
@@ -88,7 +95,15 @@ static void test_profiles(void) {
     for (size_t i = 0; i < 4; i++) {
         CHECK(l3d_profile_find(&p, shipped[i]) == L3D_OK);
         CHECK(strcmp(p.name, shipped[i]) == 0);
+        CHECK(p.reserve_bytes > 0 && p.reserve_bytes < 0.1 * p.mem_bytes); /* each has one */
     }
+    /* reserve_gb is optional (0), and read when given */
+    CHECK(l3d_profile_parse(&p, good, "good") == L3D_OK && p.reserve_bytes == 0);
+    CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\nreserve_gb = 2.5\n", &p) == L3D_OK);
+    CHECK_NEAR(p.reserve_bytes, 2.5e9, 1);
+    /* a directory is not an empty profile */
+    CHECK(l3d_profile_load(&p, "/") == L3D_ERR_IO);
+    CHECK(strstr(l3d_error_message(), "is a directory") != NULL);
     CHECK(l3d_profile_find(&p, "frontier") == L3D_OK);
     CHECK_NEAR(p.peak_flops[L3D_PREC_FP16], 191.5e12, 1);
     CHECK_NEAR(p.mem_bytes, 64e9, 1);
@@ -512,6 +527,40 @@ static void test_checks_and_search(void) {
     fx.tp = 3;
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--tp 3") != NULL);
+    /* the runtime's reserve counts against "fits", not in the predicted bytes */
+    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    run = run16(128, 640, true);
+    struct l3d_plan_layout one = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    prof.reserve_bytes = 0;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
+    double total = r.mem.total;
+    prof.reserve_bytes = prof.mem_bytes - total + 1;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && !r.fits);
+    CHECK(r.mem.total == total);
+    prof.reserve_bytes = prof.mem_bytes - total - 1;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
+    CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
+    /* every v dividing the layers a rank holds: 10 layers on pp 2 (5 a rank) try v 5, which the
+     * old list {1, 2, 3, 4, 6, 8} never did */
+    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    m.L = 10;
+    run = run16(2, 4, true);
+    fx = l3d_plan_fixed_none();
+    fx.pp = 2;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    bool v5 = false;
+    for (int i = 0; i < n; i++) v5 = v5 || best[i].layout.v == 5;
+    CHECK(n > 0 && v5);
+    fx.v = 5;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(n > 0 && best[0].layout.v == 5 && best[0].layout.pp == 2);
+    /* absurd sizes: one error, before any search */
+    m.L = 65536;
+    m.h = 1 << 20;
+    m.heads = 16;
+    m.ffn = 4LL * m.h;
+    CHECK(l3d_plan_model_check(&m) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "up to 10^15 parameters") != NULL);
     /* explanation names a part of the time */
     char why[512];
     l3d_plan_explain(&best[0], NULL, why, sizeof why);

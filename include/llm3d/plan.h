@@ -82,6 +82,8 @@ struct l3d_profile {
     double attn_eff, kernel_bw_eff;
     double gemm_thread_eff;    /* CPU: one product on k threads of a rank against k cores */
     bool dp_overlap;           /* DP gradient communication overlaps the last backward */
+    double reserve_bytes;      /* per device (a CPU: per rank), kept by the runtime: context,
+                                * library workspaces, communication buffers, fragmentation */
 };
 
 enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };

@@ -56,12 +56,38 @@ static int parse_rc(const char *v, int *out) {
     return 1;
 }
 
+/* s as a JSON string, quotes included (RFC 8259 sec. 7: '"', '\\' and control characters
+ * escaped) */
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c == '\n') fputs("\\n", f);
+        else if (*c == '\t') fputs("\\t", f);
+        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
+/* --json: a failure is one object too, {"error": reason}, so that a reader of the output sees
+ * why there is no layout */
+static void print_json_error(const char *reason) {
+    printf("{\"error\":");
+    json_string(stdout, reason);
+    printf("}\n");
+}
+
 static void print_json(const struct l3d_plan_model *m, const struct l3d_profile *prof,
                        const struct l3d_plan_run *run, const struct l3d_plan_result *r) {
     const struct l3d_plan_layout *l = &r->layout;
     const struct l3d_plan_time *t = &r->time;
     const struct l3d_plan_mem *mm = &r->mem;
-    printf("{\"model\":\"%s\",\"profile\":\"%s\",\"devices\":%lld,\"global_batch\":%lld,"
+    printf("{\"model\":");
+    json_string(stdout, m->name);
+    printf(",\"profile\":");
+    json_string(stdout, prof->name);
+    printf(",\"devices\":%lld,\"global_batch\":%lld,"
            "\"precision\":\"%s\",\"tp\":%d,\"pp\":%d,\"dp\":%d,\"mb\":%d,\"v\":%d,\"zero\":%d,"
            "\"recompute\":\"%s\",\"sp\":%s,\"schedule\":\"%s\",\"threads\":%d,\"m\":%d,"
            "\"mem_params\":%.0f,\"mem_grads\":%.0f,\"mem_optimizer\":%.0f,"
@@ -69,14 +95,15 @@ static void print_json(const struct l3d_plan_model *m, const struct l3d_profile 
            "\"fits\":%s,\"t_gemm\":%.6g,\"t_attention\":%.6g,\"t_elementwise\":%.6g,"
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
-           "\"mfu\":%.5f,\"hfu\":%.5f}\n",
-           m->name, prof->name, (long long)run->devices, (long long)run->global_batch,
+           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f}\n",
+           (long long)run->devices, (long long)run->global_batch,
            l3d_prec_name(run->precision), l->tp, l->pp, l->dp, l->mb, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
            l->threads, r->m, mm->params, mm->grads, mm->optimizer, mm->activations, mm->other,
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
-           t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu);
+           t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
+           prof->reserve_bytes);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -242,7 +269,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL;
     int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
-    int flash = -1, json = 0, pub = 0, rc_fixed = -1;
+    int flash = -1, json = 0, pub = 0, rc_fixed = -1, model_given = 0;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     int c;
     optind = 1;
@@ -250,7 +277,7 @@ int l3d_cli_plan(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         int ok = 1;
         switch (c) {
-        case 'm': model = optarg; break;
+        case 'm': model = optarg; model_given = 1; break;
         case O_LAYERS: ok = l3d_arg_int("plan", "layers", optarg, 1, 65536, &L); break;
         case O_HIDDEN: ok = l3d_arg_int("plan", "hidden", optarg, 1, 1 << 20, &H); break;
         case O_HEADS: ok = l3d_arg_int("plan", "heads", optarg, 1, 1 << 16, &A); break;
@@ -307,7 +334,21 @@ int l3d_cli_plan(int argc, char **argv) {
         if (V) m.V = V;
         if (S) m.s = S;
         m.ffn = F ? F : 4LL * m.h;
-        if (L || H || A || V || S || F) snprintf(m.name, sizeof m.name, "custom");
+        if (L || H || A || V || S || F) {
+            /* explicit sizes without --model: say what the rest came from */
+            char kept[160] = "";
+            const struct { int given; const char *what; } part[] = {
+                {L, "--layers"}, {H, "--hidden"}, {A, "--heads"}, {V, "--vocab"}, {S, "--seq-len"}};
+            const int d12[] = {m.L, m.h, m.heads, m.V, m.s};
+            for (int i = 0; i < 5; i++)
+                if (!part[i].given)
+                    snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s %d",
+                             *kept ? ", " : "", part[i].what, d12[i]);
+            if (!model_given && *kept)
+                fprintf(stderr, "llm3d plan: no --model: the sizes not given are d12's (GPT-2 "
+                        "124M): %s; give them, or --model, to change them\n", kept);
+            snprintf(m.name, sizeof m.name, "custom");
+        }
         st = l3d_plan_model_check(&m);
     }
     if (st == L3D_OK) st = l3d_profile_find(&prof, profile);
@@ -324,6 +365,7 @@ int l3d_cli_plan(int argc, char **argv) {
     run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
+        if (json) print_json_error(l3d_error_message());
         return st == L3D_ERR_ARG ? 2 : 1;
     }
     int n = 0;
@@ -353,24 +395,41 @@ int l3d_cli_plan(int argc, char **argv) {
     }
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
+        if (json) print_json_error(l3d_error_message());
         free(res);
         return st == L3D_ERR_ARG ? 2 : 1;
     }
+    double sc;
+    const char *u = mem_unit(&prof, &sc);
+    if (sched && n == 1 && !res[0].fits) {
+        /* one layout, given whole: it is not a "best" when it does not fit */
+        char why[512];
+        snprintf(why, sizeof why, "the layout does not fit: %.2f %s on the fullest device (stage "
+                 "%d) and a runtime reserve of %.2f %s, but the device has %.2f %s; add devices, "
+                 "lower --micro-batch, or give --recompute full or --zero 1/2",
+                 res[0].mem.total / sc, u, res[0].mem.stage, prof.reserve_bytes / sc, u,
+                 prof.mem_bytes * res[0].layout.threads / sc, u);
+        fprintf(stderr, "llm3d plan: %s\n", why);
+        if (json) print_json_error(why);
+        free(res);
+        return 1;
+    }
     if (json) {
         for (int i = 0; i < n; i++) print_json(&m, &prof, &run, &res[i]);
+        if (n == 0)
+            print_json_error("no layout fits in memory: add devices, lower the micro-batch or "
+                             "sequence, or recompute activations");
         free(res);
         return n > 0 ? 0 : 1;
     }
-    double sc;
-    const char *u = mem_unit(&prof, &sc);
     printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), %lld devices"
            ", global batch %lld, %s%s\n", m.name, m.L, m.h, m.heads, (long long)m.ffn, m.V, m.s,
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");
-    printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s\n",
-           (long long)stats.evaluated, stats.seconds, (long long)stats.valid, (long long)stats.fit,
-           prof.mem_bytes / sc, u);
+    printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s (%.1f %s kept by "
+           "the runtime)\n", (long long)stats.evaluated, stats.seconds, (long long)stats.valid,
+           (long long)stats.fit, prof.mem_bytes / sc, u, prof.reserve_bytes / sc, u);
     if (n == 0) {
         printf("no layout fits in memory: add devices, lower the micro-batch or sequence, or "
                "recompute activations\n");

@@ -85,6 +85,15 @@ l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
     if (m->V > 1 << 30 || m->h > 1 << 20 || m->L > 1 << 16 || m->s > 1 << 22)
         return l3d_error(L3D_ERR_ARG, "model sizes out of range (vocabulary <= 2^30, hidden <= "
                          "2^20, layers <= 65536, sequence <= 2^22)");
+    /* weights and a layer's products alone, in double: a model beyond 10^15 parameters (500x
+     * the largest trained) would overflow the planner's 64-bit element counts long before
+     * anything could hold it */
+    double h = m->h, params = (double)m->L * (4 * h * h + 2 * h * (double)m->ffn) + (double)m->V * h;
+    if (params > 1e15)
+        return l3d_error(L3D_ERR_ARG, "a model of %.3g parameters (--layers %d, --hidden %d, "
+                         "--ffn %lld, --vocab %d): the planner sizes models up to 10^15 "
+                         "parameters; lower --layers or --hidden", params, m->L, m->h,
+                         (long long)m->ffn, m->V);
     return L3D_OK;
 }
 
@@ -813,7 +822,10 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;
-    r->fits = mem_worst.total <= prof->mem_bytes * lay.threads; /* a CPU rank: its cores' share */
+    /* a CPU rank: its cores' share; less what the runtime keeps (the profile's reserve_gb: the
+     * device context, library workspaces, communication buffers, the allocator's fragmentation),
+     * which the predicted bytes do not include */
+    r->fits = mem_worst.total + prof->reserve_bytes <= prof->mem_bytes * lay.threads;
     double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
