@@ -88,7 +88,8 @@ l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
     /* weights and a layer's products alone, in double: a model beyond 10^15 parameters (500x
      * the largest trained) would overflow the planner's 64-bit element counts long before
      * anything could hold it */
-    double h = m->h, params = (double)m->L * (4 * h * h + 2 * h * (double)m->ffn) + (double)m->V * h;
+    double h = m->h;
+    double params = (double)m->L * (4 * h * h + 2 * h * (double)m->ffn) + (double)m->V * h;
     if (params > 1e15)
         return l3d_error(L3D_ERR_ARG, "a model of %.3g parameters (--layers %d, --hidden %d, "
                          "--ffn %lld, --vocab %d): the planner sizes models up to 10^15 "
