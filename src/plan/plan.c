@@ -493,6 +493,7 @@ struct tctx {
     double bw;      /* element-wise bytes/s of one rank */
     double e;       /* bytes per activation element */
     double ntok;    /* tokens in a micro-batch, b s */
+    double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     bool fp32;
 };
 
@@ -500,7 +501,7 @@ struct tctx {
  * profile's efficiency for a product spread over threads (1 on GPUs) */
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
-    double e = l3d_profile_gemm_eff(x->prof, f / x->threads);
+    double e = l3d_profile_gemm_eff(x->prof, f / x->threads) * x->cal;
     if (x->threads > 1) e *= x->prof->gemm_thread_eff;
     return f / (x->rate * e);
 }
@@ -702,7 +703,8 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     }
 
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
-    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32};
+    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0};
+    if (run->calibrated && prof->gemm_calibration > 0) x.cal = prof->gemm_calibration;
     double share = 1.0;
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
         share = (double)prof->devices_per_node / (double)run->devices; /* one oversubscribed node */

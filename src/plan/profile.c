@@ -62,6 +62,7 @@ static const struct key {
     {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
     {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false, 0, false},
     {"reserve_gb", K_NUM, OFF(reserve_bytes), 1e9, false, 1e5, true},
+    {"gemm_calibration", K_NUM, OFF(gemm_calibration), 1, true, 2, true},
 #undef OFF
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
