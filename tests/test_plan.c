@@ -358,6 +358,16 @@ static void test_memory_trainer(void) {
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.activations,
                (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_FULL, true), 0);
+    /* the trainer shards ZeRO over at most 256 replicas: 512 is not proposed */
+    run.devices = 512;
+    run.global_batch = 512;
+    lay = layout(1, 1, 512, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "at most 256 replicas") != NULL);
+    lay.zero = 0;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    run.devices = 1;
+    run.global_batch = 4;
     /* the trainer's partition for pp 2 (9 + 3 layers for GPT-2 124M) */
     int layers[2];
     CHECK(l3d_plan_stage_layers(&m, &run, 2, layers) == L3D_OK);

@@ -274,6 +274,12 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
         return l3d_error(L3D_ERR_LAYOUT, "the interleaved schedule needs v >= 2");
     if (lay->zero < 0 || lay->zero > 2)
         return l3d_error(L3D_ERR_LAYOUT, "ZeRO stage %d: 0, 1 or 2", lay->zero);
+    /* llm3d's trainer refuses ZeRO over more than 256 replicas (ZERO_MAX_DP, src/train/layout.c:
+     * its all-gather keeps per-rank counts on the stack, src/parallel/dp.c): propose only what
+     * it runs */
+    if (trainer(run) && lay->zero > 0 && lay->dp > 256)
+        return l3d_error(L3D_ERR_LAYOUT, "ZeRO-%d over dp %d: llm3d's trainer shards over at most "
+                         "256 replicas; ZeRO-0, or a larger tp or pp", lay->zero, lay->dp);
     if (lay->sp && (lay->tp < 2 || ((int64_t)lay->mb * m->s) % lay->tp != 0))
         return l3d_error(L3D_ERR_LAYOUT, "sequence parallelism needs tp >= 2 dividing micro-batch "
                          "x sequence (%d x %d)", lay->mb, m->s);
