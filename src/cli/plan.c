@@ -480,6 +480,10 @@ int l3d_cli_plan(int argc, char **argv) {
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");
+    if (run.calibrated)
+        printf("calibrated: the GEMM curve times %g, a factor fitted on a published run "
+               "(profile key gemm_calibration; docs/frontier.md)%s\n", prof.gemm_calibration,
+               prof.gemm_calibration > 0 ? "" : " -- this profile has none, so none applied");
     printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s (%.1f %s kept by "
            "the runtime)\n", (long long)stats.evaluated, stats.seconds, (long long)stats.valid,
            (long long)stats.fit, prof.mem_bytes / sc, u, prof.reserve_bytes / sc, u);

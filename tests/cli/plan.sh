@@ -166,6 +166,18 @@ check "--layers alone names the sizes assumed" \
     grep -q "sizes not given are d12's (GPT-2 124M): --hidden 768, --heads 12, --vocab 50257, --seq" \
     <<< "$err"
 
+# the fitted GEMM factor applies only when asked for, and says so
+out=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
+    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json)
+cal=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
+    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json \
+    --calibrated)
+s0=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$out")
+s1=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$cal")
+check "--calibrated slows the GEMMs of the fit-free prediction ($s0 s -> $s1 s)" less_than "$s0" "$s1"
+check "--calibrated is named in the table" bash -c "'$bin' plan --model d12 --profile frontier \
+    --devices 8 --calibrated | grep -q '^calibrated: the GEMM curve times 0.81'"
+
 # docs/frontier.md is what the planner prints
 check "docs/frontier.md is current" bash "$src/scripts/plan_published.sh" "$bin" --check
 
