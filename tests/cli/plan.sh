@@ -174,7 +174,8 @@ cal=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --globa
     --calibrated)
 s0=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$out")
 s1=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$cal")
-check "--calibrated slows the GEMMs of the fit-free prediction ($s0 s -> $s1 s)" less_than "$s0" "$s1"
+check "--calibrated slows the GEMMs of the fit-free prediction ($s0 s -> $s1 s)" \
+    less_than "$s0" "$s1"
 check "--calibrated is named in the table" bash -c "'$bin' plan --model d12 --profile frontier \
     --devices 8 --calibrated | grep -q '^calibrated: the GEMM curve times 0.81'"
 
