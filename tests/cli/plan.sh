@@ -163,7 +163,7 @@ expect_error "--profile DIR/" "is a directory: give a profile file" \
 # --layers without --model says what it assumed
 err=$("$bin" plan --layers 4 --profile frontier --devices 8 --top 1 2>&1 > /dev/null)
 check "--layers alone names the sizes assumed" \
-    grep -q "sizes not given are d12's (GPT-2 124M): --hidden 768, --heads 12, --vocab 50257, --seq" \
+    grep -q "sizes not given are d12's (GPT-2 124M): --hidden 768, --heads 12, --vocab 50257" \
     <<< "$err"
 
 # the fitted GEMM factor applies only when asked for, and says so
