@@ -22,17 +22,21 @@ counted (Megatron-DeepSpeed's `throughput_calculator` uses factor 4 with activat
 divided by the step time, the devices and the 16-bit dense peak (191.5 TFLOP/s per MI250X GCD,
 312 per A100). `llm3d plan` also prints the model FLOPs utilisation without the recomputation.
 
-What was fitted, and to what:
-- Frontier: the GEMM efficiency curve measured on one GCD with ROCm 7.0's hipBLASLt (0.53 at
-  4096^3, 0.56 at 8192^3) times one factor, 0.81, chosen so that the 22B run matches. The 2023 runs
-  used ROCm 5.4-5.7, whose GEMM rates are not published. 175B and 1T are predictions with nothing
-  else changed.
-- A100: the curve of today's cuBLAS (0.86 at the largest sizes) times one factor, 0.815, chosen on
-  Megatron's 1T run; 1.7B, 145.6B and 529.6B are predictions.
-- Assumed, not fitted: flash attention at 0.25 of the MI250X peak on the full s^2 count, the
-  unfused 2021 attention at 0.30 of the A100 peak, element-wise kernels at 0.78 / 0.80 of the
-  memory bandwidth, collective latencies of 8-20 us; links from the vendors' data sheets (the
-  profiles name each source).
+Predictions first, without any fit. Where each figure of the profiles comes from:
+- GEMM efficiency: Frontier, hipBLASLt measured on one MI250X GCD (ROCm 7.0, LUMI:
+  huizhg/gpu-perf-mi250x; 0.53 at 4096^3, 0.56 at 8192^3); A100, today's cuBLAS best measured
+  (0.86-0.87, stas00/ml-engineering). The points at small sizes are assumed (the usual shape of
+  such curves). Neither is the software of the runs (ROCm 5.4-5.7 in 2023, CUDA 11 in 2021), whose
+  GEMM rates are not published.
+- Assumed, with the reason in the profile: flash attention at 0.25 of the MI250X peak on the full
+  s^2 count, the unfused 2021 attention at 0.30 of the A100 peak, element-wise kernels at 0.78 /
+  0.80 of the memory bandwidth (0.78 measured on a GCD by a 512 MiB copy), collective latencies of
+  8-20 us; links from the vendors' data sheets (each profile names its source).
+
+Then, separately, the optional calibration (`llm3d plan --calibrated`): one factor per profile on
+its GEMM curve, `gemm_calibration`, fitted on one published run (Frontier: 0.81 on the 22B run;
+A100: 0.815 on Megatron's 1T run), for the era's GEMM rates that no microbenchmark gives. The
+second table names the run that set it; the error on the others is what the calibration earns.
 
 Configurations: Frontier from the issue and the authors' scripts (22B: TP1 PP8 DP2, flash
 attention; 175B: TP4 PP16 DP2, ZeRO-1; 1T: TP4 PP128 DP2, ZeRO-1; micro-batch 1, fp16, full
@@ -46,9 +50,11 @@ HEAD
 cat <<'TAIL'
 
 Notes:
-- The 1.7B prediction is 6 points high: its GEMMs are the smallest of the table (h = 2304), where
-  the assumed part of the A100 curve and per-kernel overheads that the model leaves out (launches,
-  the optimizer's many small tensors) matter most, and its micro-batch is assumed.
+- Without the fit every run is predicted 5-13 points high: today's GEMM libraries reach more of
+  the peak than those of the runs did, and the model leaves out per-kernel overheads (launches,
+  the optimizer's many small tensors). The 1.7B run is the furthest off even calibrated: its GEMMs
+  are the smallest of the table (h = 2304), where the assumed part of the A100 curve matters most,
+  and its micro-batch is assumed.
 - Strong scaling depends on the global batch through the micro-batches per pipeline, m = G / dp:
   the bubble (p - 1)/m grows as dp grows. The batches of the paper's strong-scaling runs are not in
   the sources read here; with the 1T model's 128 stages a batch near 1024 would leave 171

@@ -82,6 +82,10 @@ struct l3d_profile {
     double attn_eff, kernel_bw_eff;
     double gemm_thread_eff;    /* CPU: one product on k threads of a rank against k cores */
     bool dp_overlap;           /* DP gradient communication overlaps the last backward */
+    double reserve_bytes;      /* per device (a CPU: per rank), kept by the runtime: context,
+                                * library workspaces, communication buffers, fragmentation */
+    double gemm_calibration;   /* optional factor on gemm_eff fitted on a published run, applied
+                                * only when a run asks for it (run.calibrated); 0: none */
 };
 
 enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
@@ -107,6 +111,7 @@ struct l3d_plan_run {
     bool flash;            /* fused attention: no s^2 scores kept or moved through memory */
     int threads;           /* CPU devices (cores) per rank; 1 on GPUs */
     size_t bucket_bytes;   /* DP bucket (fp32 trainer: no extra buffer; mixed: one in flight) */
+    bool calibrated;       /* apply the profile's gemm_calibration (a fit, docs/frontier.md) */
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

@@ -1,5 +1,6 @@
 /* llm3d plan: predicted memory and step time of layouts, the best ones first (include/llm3d/plan.h). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@ static void usage(FILE *f) {
         "  --tp N --pp N --dp N --micro-batch B --pp-virtual V --zero 0|1|2\n"
         "  --recompute none|selective|full --sequence-parallel yes|no\n"
         "  --pp-schedule 1f1b|gpipe|interleaved   (with every other part fixed)\n"
+        "  --calibrated        apply the profile's gemm_calibration, a factor fitted on a\n"
+        "                      published run (off: from measured and assumed figures only)\n"
         "output:\n"
         "  --top N             layouts to list (10)\n"
         "  --json              one JSON object per layout instead of the table\n"
@@ -56,12 +59,38 @@ static int parse_rc(const char *v, int *out) {
     return 1;
 }
 
+/* s as a JSON string, quotes included (RFC 8259 sec. 7: '"', '\\' and control characters
+ * escaped) */
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c == '\n') fputs("\\n", f);
+        else if (*c == '\t') fputs("\\t", f);
+        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
+/* --json: a failure is one object too, {"error": reason}, so that a reader of the output sees
+ * why there is no layout */
+static void print_json_error(const char *reason) {
+    printf("{\"error\":");
+    json_string(stdout, reason);
+    printf("}\n");
+}
+
 static void print_json(const struct l3d_plan_model *m, const struct l3d_profile *prof,
                        const struct l3d_plan_run *run, const struct l3d_plan_result *r) {
     const struct l3d_plan_layout *l = &r->layout;
     const struct l3d_plan_time *t = &r->time;
     const struct l3d_plan_mem *mm = &r->mem;
-    printf("{\"model\":\"%s\",\"profile\":\"%s\",\"devices\":%lld,\"global_batch\":%lld,"
+    printf("{\"model\":");
+    json_string(stdout, m->name);
+    printf(",\"profile\":");
+    json_string(stdout, prof->name);
+    printf(",\"devices\":%lld,\"global_batch\":%lld,"
            "\"precision\":\"%s\",\"tp\":%d,\"pp\":%d,\"dp\":%d,\"mb\":%d,\"v\":%d,\"zero\":%d,"
            "\"recompute\":\"%s\",\"sp\":%s,\"schedule\":\"%s\",\"threads\":%d,\"m\":%d,"
            "\"mem_params\":%.0f,\"mem_grads\":%.0f,\"mem_optimizer\":%.0f,"
@@ -69,14 +98,15 @@ static void print_json(const struct l3d_plan_model *m, const struct l3d_profile 
            "\"fits\":%s,\"t_gemm\":%.6g,\"t_attention\":%.6g,\"t_elementwise\":%.6g,"
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
-           "\"mfu\":%.5f,\"hfu\":%.5f}\n",
-           m->name, prof->name, (long long)run->devices, (long long)run->global_batch,
+           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f}\n",
+           (long long)run->devices, (long long)run->global_batch,
            l3d_prec_name(run->precision), l->tp, l->pp, l->dp, l->mb, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
            l->threads, r->m, mm->params, mm->grads, mm->optimizer, mm->activations, mm->other,
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
-           t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu);
+           t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
+           prof->reserve_bytes);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -120,25 +150,26 @@ static const struct published {
     enum l3d_recompute rc;
     double pct;      /* published % of the peak, the run's own FLOP counter */
     const char *source;
+    bool fit;        /* the run the profile's gemm_calibration was fitted on */
 } published[] = {
     {"Frontier 22B", "frontier-22b", "frontier", 16, 640, L3D_PREC_FP16, true, 1, 8, 2, 1, 1, 0,
-     L3D_RECOMPUTE_FULL, 38.38, "Dash et al. 2023, abstract"},
+     L3D_RECOMPUTE_FULL, 38.38, "Dash et al. 2023, abstract", true},
     {"Frontier 175B", "frontier-175b", "frontier", 128, 640, L3D_PREC_FP16, true, 4, 16, 2, 1, 1, 1,
-     L3D_RECOMPUTE_FULL, 36.14, "Dash et al. 2023, abstract"},
+     L3D_RECOMPUTE_FULL, 36.14, "Dash et al. 2023, abstract", false},
     {"Frontier 1T", "frontier-1t", "frontier", 1024, 1024, L3D_PREC_FP16, true, 4, 128, 2, 1, 1,
-     1, L3D_RECOMPUTE_FULL, 31.96, "Dash et al. 2023, abstract"},
+     1, L3D_RECOMPUTE_FULL, 31.96, "Dash et al. 2023, abstract", false},
     {"Megatron 1.7B", "megatron-1.7b", "dgx-a100", 32, 512, L3D_PREC_FP16, false, 1, 1, 32, 16,
-     1, 0, L3D_RECOMPUTE_FULL, 44, "Narayanan et al. 2021, Table 1"},
+     1, 0, L3D_RECOMPUTE_FULL, 44, "Narayanan et al. 2021, Table 1", false},
     {"Megatron 145.6B", "megatron-145b", "dgx-a100", 1536, 2304, L3D_PREC_FP16, false, 8, 8, 24,
-     1, 1, 0, L3D_RECOMPUTE_FULL, 47, "Narayanan et al. 2021, Table 1"},
+     1, 1, 0, L3D_RECOMPUTE_FULL, 47, "Narayanan et al. 2021, Table 1", false},
     {"Megatron 529.6B", "megatron-530b", "dgx-a100", 2520, 2520, L3D_PREC_FP16, false, 8, 35, 9,
-     1, 1, 0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1"},
+     1, 1, 0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1", false},
     {"Megatron 1T", "megatron-1t", "dgx-a100", 3072, 3072, L3D_PREC_FP16, false, 8, 64, 6, 1, 1,
-     0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1"},
+     0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1", true},
 };
 
 static l3d_status eval_published(const struct published *p, int64_t devices, int dp,
-                                 int64_t batch, struct l3d_plan_result *r) {
+                                 int64_t batch, bool calibrated, struct l3d_plan_result *r) {
     struct l3d_plan_model m;
     struct l3d_profile prof;
     struct l3d_plan_run run = l3d_plan_run_default();
@@ -146,6 +177,7 @@ static l3d_status eval_published(const struct published *p, int64_t devices, int
     run.global_batch = batch;
     run.precision = p->prec;
     run.flash = p->flash;
+    run.calibrated = calibrated;
     struct l3d_plan_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .mb = p->mb, .v = p->v,
                                   .zero = p->zero, .recompute = p->rc,
                                   .schedule = p->v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
@@ -175,14 +207,17 @@ static const struct scaling {
 };
 
 static int run_published(void) {
-    printf("| run | devices | layout (tp x pp x dp, micro-batch, global batch) | published %% of "
+    printf("Predictions without any fit (the profiles' measured and assumed figures only):\n\n"
+           "| run | devices | layout (tp x pp x dp, micro-batch, global batch) | published %% of "
            "peak | predicted %% of peak | difference (points) | predicted memory / device | "
            "source |\n|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
+    double sum = 0, worst = 0, sum_c = 0, worst_c = 0;
+    int n = 0, n_c = 0;
     for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
-        if (eval_published(p, p->devices, p->dp, p->batch, &r) != L3D_OK) {
+        if (eval_published(p, p->devices, p->dp, p->batch, false, &r) != L3D_OK) {
             fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
             rc = 1;
             continue;
@@ -193,26 +228,68 @@ static int run_published(void) {
                p->what, (long long)p->devices, p->tp, p->pp, p->dp, p->mb, (long long)p->batch,
                p->pct, pred, pred - p->pct, r.mem.total / 1e9, r.fits ? "" : " (does not fit)",
                p->source);
+        double e = fabs(pred - p->pct) / p->pct;
+        sum += e;
+        worst = e > worst ? e : worst;
+        n++;
     }
-    printf("\n| scaling | GCDs | global batch | published efficiency | predicted efficiency | "
-           "batch chosen |\n|---|---|---|---|---|---|\n");
+    printf("\nRelative error without a fit: %.1f%% mean, %.1f%% worst over the %d runs.\n",
+           100 * sum / (n ? n : 1), 100 * worst, n);
+    printf("\nWith the optional calibration (`llm3d plan --calibrated`: each profile's "
+           "gemm_calibration, one factor on its GEMM curve fitted on one run):\n\n"
+           "| run | gemm_calibration | predicted %% of peak | difference (points) | the run's role "
+           "|\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+        const struct published *p = &published[i];
+        struct l3d_plan_result r;
+        struct l3d_profile prof;
+        if (eval_published(p, p->devices, p->dp, p->batch, true, &r) != L3D_OK ||
+            l3d_profile_find(&prof, p->profile) != L3D_OK) {
+            fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+            rc = 1;
+            continue;
+        }
+        double pred = 100 * r.hfu;
+        printf("| %s | %.3g | %.2f | %+.2f | %s |\n", p->what, prof.gemm_calibration, pred,
+               pred - p->pct, p->fit ? "set the calibration" : "never used to set a constant");
+        if (!p->fit) {
+            double e = fabs(pred - p->pct) / p->pct;
+            sum_c += e;
+            worst_c = e > worst_c ? e : worst_c;
+            n_c++;
+        }
+    }
+    printf("\nRelative error with the calibration, on the %d runs not used to set it: %.1f%% "
+           "mean, %.1f%% worst.\n", n_c, 100 * sum_c / (n_c ? n_c : 1), 100 * worst_c);
+    printf("\n| scaling | GCDs | global batch | published efficiency | predicted efficiency (no "
+           "fit) | predicted efficiency (calibrated) | batch chosen |\n"
+           "|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof scalings / sizeof scalings[0]; i++) {
         const struct scaling *sc = &scalings[i];
         const struct published *p = &published[sc->run];
         int64_t per_dp = (int64_t)p->tp * p->pp;
-        struct l3d_plan_result a, b;
-        if (eval_published(p, sc->devices, (int)(sc->devices / per_dp), sc->batch, &a) != L3D_OK ||
-            eval_published(p, sc->devices2, (int)(sc->devices2 / per_dp), sc->batch2, &b) !=
-                L3D_OK) {
+        double eff[2];
+        bool ok = true;
+        for (int cal = 0; cal < 2 && ok; cal++) {
+            struct l3d_plan_result a, b;
+            ok = eval_published(p, sc->devices, (int)(sc->devices / per_dp), sc->batch, cal,
+                                &a) == L3D_OK &&
+                 eval_published(p, sc->devices2, (int)(sc->devices2 / per_dp), sc->batch2, cal,
+                                &b) == L3D_OK;
+            /* throughput per device at the larger scale over that at the smaller */
+            if (ok)
+                eff[cal] = (b.tokens_per_s / (double)sc->devices2) /
+                           (a.tokens_per_s / (double)sc->devices);
+        }
+        if (!ok) {
             fprintf(stderr, "llm3d plan: %s scaling: %s\n", p->what, l3d_error_message());
             rc = 1;
             continue;
         }
-        /* throughput per device at the larger scale over that at the smaller */
-        double eff = (b.tokens_per_s / (double)sc->devices2) / (a.tokens_per_s / (double)sc->devices);
-        printf("| %s, %s | %lld -> %lld | %lld -> %lld | %.2f%% | %.2f%% | %s |\n", p->what,
-               sc->strong ? "strong" : "weak", (long long)sc->devices, (long long)sc->devices2,
-               (long long)sc->batch, (long long)sc->batch2, sc->pct, 100 * eff, sc->note);
+        printf("| %s, %s | %lld -> %lld | %lld -> %lld | %.2f%% | %.2f%% | %.2f%% | %s |\n",
+               p->what, sc->strong ? "strong" : "weak", (long long)sc->devices,
+               (long long)sc->devices2, (long long)sc->batch, (long long)sc->batch2, sc->pct,
+               100 * eff[0], 100 * eff[1], sc->note);
     }
     return rc;
 }
@@ -220,7 +297,7 @@ static int run_published(void) {
 int l3d_cli_plan(int argc, char **argv) {
     enum { O_FFN = 250, O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
            O_GLOBAL, O_PREC, O_FLASH, O_NOFLASH, O_TP, O_PP, O_DP, O_MB, O_V, O_ZERO, O_RC, O_SP,
-           O_SCHED, O_TOP, O_JSON, O_PUB };
+           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"hidden", required_argument, NULL, O_HIDDEN}, {"heads", required_argument, NULL, O_HEADS},
@@ -239,10 +316,11 @@ int l3d_cli_plan(int argc, char **argv) {
         {"sequence-parallel", required_argument, NULL, O_SP},
         {"pp-schedule", required_argument, NULL, O_SCHED}, {"top", required_argument, NULL, O_TOP},
         {"json", no_argument, NULL, O_JSON}, {"published", no_argument, NULL, O_PUB},
+        {"calibrated", no_argument, NULL, O_CAL},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL;
     int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
-    int flash = -1, json = 0, pub = 0, rc_fixed = -1;
+    int flash = -1, json = 0, pub = 0, rc_fixed = -1, model_given = 0, calibrated = 0;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     int c;
     optind = 1;
@@ -250,7 +328,7 @@ int l3d_cli_plan(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         int ok = 1;
         switch (c) {
-        case 'm': model = optarg; break;
+        case 'm': model = optarg; model_given = 1; break;
         case O_LAYERS: ok = l3d_arg_int("plan", "layers", optarg, 1, 65536, &L); break;
         case O_HIDDEN: ok = l3d_arg_int("plan", "hidden", optarg, 1, 1 << 20, &H); break;
         case O_HEADS: ok = l3d_arg_int("plan", "heads", optarg, 1, 1 << 16, &A); break;
@@ -283,6 +361,7 @@ int l3d_cli_plan(int argc, char **argv) {
         case O_TOP: ok = l3d_arg_int("plan", "top", optarg, 1, 1000, &top); break;
         case O_JSON: json = 1; break;
         case O_PUB: pub = 1; break;
+        case O_CAL: calibrated = 1; break;
         case 'h': usage(stdout); return 0;
         default:
             fprintf(stderr, "llm3d plan: unknown or incomplete flag '%s' (llm3d plan --help)\n",
@@ -307,7 +386,21 @@ int l3d_cli_plan(int argc, char **argv) {
         if (V) m.V = V;
         if (S) m.s = S;
         m.ffn = F ? F : 4LL * m.h;
-        if (L || H || A || V || S || F) snprintf(m.name, sizeof m.name, "custom");
+        if (L || H || A || V || S || F) {
+            /* explicit sizes without --model: say what the rest came from */
+            char kept[160] = "";
+            const struct { int given; const char *what; } part[] = {
+                {L, "--layers"}, {H, "--hidden"}, {A, "--heads"}, {V, "--vocab"}, {S, "--seq-len"}};
+            const int d12[] = {m.L, m.h, m.heads, m.V, m.s};
+            for (int i = 0; i < 5; i++)
+                if (!part[i].given)
+                    snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s %d",
+                             *kept ? ", " : "", part[i].what, d12[i]);
+            if (!model_given && *kept)
+                fprintf(stderr, "llm3d plan: no --model: the sizes not given are d12's (GPT-2 "
+                        "124M): %s; give them, or --model, to change them\n", kept);
+            snprintf(m.name, sizeof m.name, "custom");
+        }
         st = l3d_plan_model_check(&m);
     }
     if (st == L3D_OK) st = l3d_profile_find(&prof, profile);
@@ -315,6 +408,7 @@ int l3d_cli_plan(int argc, char **argv) {
     run.devices = devices;
     run.global_batch = global;
     run.threads = threads;
+    run.calibrated = calibrated;
     if (st == L3D_OK) {
         if (prec) st = l3d_prec_parse(prec, &run.precision);
         else run.precision = prof.peak_flops[L3D_PREC_BF16] > 0   ? L3D_PREC_BF16
@@ -324,6 +418,7 @@ int l3d_cli_plan(int argc, char **argv) {
     run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
+        if (json) print_json_error(l3d_error_message());
         return st == L3D_ERR_ARG ? 2 : 1;
     }
     int n = 0;
@@ -353,24 +448,45 @@ int l3d_cli_plan(int argc, char **argv) {
     }
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
+        if (json) print_json_error(l3d_error_message());
         free(res);
         return st == L3D_ERR_ARG ? 2 : 1;
     }
+    double sc;
+    const char *u = mem_unit(&prof, &sc);
+    if (sched && n == 1 && !res[0].fits) {
+        /* one layout, given whole: it is not a "best" when it does not fit */
+        char why[512];
+        snprintf(why, sizeof why, "the layout does not fit: %.2f %s on the fullest device (stage "
+                 "%d) and a runtime reserve of %.2f %s, but the device has %.2f %s; add devices, "
+                 "lower --micro-batch, or give --recompute full or --zero 1/2",
+                 res[0].mem.total / sc, u, res[0].mem.stage, prof.reserve_bytes / sc, u,
+                 prof.mem_bytes * res[0].layout.threads / sc, u);
+        fprintf(stderr, "llm3d plan: %s\n", why);
+        if (json) print_json_error(why);
+        free(res);
+        return 1;
+    }
     if (json) {
         for (int i = 0; i < n; i++) print_json(&m, &prof, &run, &res[i]);
+        if (n == 0)
+            print_json_error("no layout fits in memory: add devices, lower the micro-batch or "
+                             "sequence, or recompute activations");
         free(res);
         return n > 0 ? 0 : 1;
     }
-    double sc;
-    const char *u = mem_unit(&prof, &sc);
     printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), %lld devices"
            ", global batch %lld, %s%s\n", m.name, m.L, m.h, m.heads, (long long)m.ffn, m.V, m.s,
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");
-    printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s\n",
-           (long long)stats.evaluated, stats.seconds, (long long)stats.valid, (long long)stats.fit,
-           prof.mem_bytes / sc, u);
+    if (run.calibrated)
+        printf("calibrated: the GEMM curve times %g, a factor fitted on a published run "
+               "(profile key gemm_calibration; docs/frontier.md)%s\n", prof.gemm_calibration,
+               prof.gemm_calibration > 0 ? "" : " -- this profile has none, so none applied");
+    printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s (%.1f %s kept by "
+           "the runtime)\n", (long long)stats.evaluated, stats.seconds, (long long)stats.valid,
+           (long long)stats.fit, prof.mem_bytes / sc, u, prof.reserve_bytes / sc, u);
     if (n == 0) {
         printf("no layout fits in memory: add devices, lower the micro-batch or sequence, or "
                "recompute activations\n");

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "llm3d/layout.h"
+#include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "llm3d/tp.h"
 
@@ -84,6 +85,16 @@ l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
     if (m->V > 1 << 30 || m->h > 1 << 20 || m->L > 1 << 16 || m->s > 1 << 22)
         return l3d_error(L3D_ERR_ARG, "model sizes out of range (vocabulary <= 2^30, hidden <= "
                          "2^20, layers <= 65536, sequence <= 2^22)");
+    /* weights and a layer's products alone, in double: a model beyond 10^15 parameters (500x
+     * the largest trained) would overflow the planner's 64-bit element counts long before
+     * anything could hold it */
+    double h = m->h;
+    double params = (double)m->L * (4 * h * h + 2 * h * (double)m->ffn) + (double)m->V * h;
+    if (params > 1e15)
+        return l3d_error(L3D_ERR_ARG, "a model of %.3g parameters (--layers %d, --hidden %d, "
+                         "--ffn %lld, --vocab %d): the planner sizes models up to 10^15 "
+                         "parameters; lower --layers or --hidden", params, m->L, m->h,
+                         (long long)m->ffn, m->V);
     return L3D_OK;
 }
 
@@ -119,6 +130,81 @@ static enum l3d_dtype prec_dtype(enum l3d_prec p) {
     return p == L3D_PREC_FP32 ? L3D_F32 : p == L3D_PREC_BF16 ? L3D_BF16 : L3D_F16;
 }
 
+/* ---- the trainer's stage partition, fast ------------------------------------------------
+ *
+ * l3d_pp_partition (src/parallel/pipeline.c) finds by dynamic programming, in O(stages L^2), the
+ * split of L layers of cost lc into stages that minimises the largest stage cost, the first stage
+ * also paying the embedding, the last the head; ties keep the earliest cut. Every layer costs the
+ * same, so the planner gets the same split in O(stages log L): best(k, j), the smallest largest
+ * cost of the first j layers on k stages, is the smallest stage cost (a whole number of layers
+ * plus one of the four extras) under which the k stages' capacities hold j layers; the cut
+ * before stage k is then the earliest one whose stage fits under best(k, j), as the dynamic
+ * programme's backtracking picks it. tests/test_plan.c checks the two agree on every (L, stages)
+ * up to 48 layers for several models. */
+struct part {
+    double lc, emb, head;
+    int stages;
+};
+
+/* a stage of n layers, with the dynamic programme's own floating-point expression */
+static double stage_cost(const struct part *P, int64_t n, bool first, bool last) {
+    return (double)n * P->lc + (first ? P->emb : 0.0) + (last ? P->head : 0.0);
+}
+
+/* the most layers a stage holds under cost C (0 if none), at most `most` */
+static int64_t capacity(const struct part *P, double C, bool first, bool last, int64_t most) {
+    double x = (C - (first ? P->emb : 0.0) - (last ? P->head : 0.0)) / P->lc;
+    int64_t n = x < 0 ? 0 : x > (double)most ? most : (int64_t)x;
+    while (n < most && stage_cost(P, n + 1, first, last) <= C) n++;
+    while (n > 0 && stage_cost(P, n, first, last) > C) n--;
+    return n;
+}
+
+/* can stages 1..k (stage k the last of all when k == stages) hold j layers under cost C? */
+static bool holds(const struct part *P, double C, int k, int64_t j) {
+    bool last_k = k == P->stages;
+    if (k == 1) return capacity(P, C, true, last_k, j) >= j;
+    int64_t c1 = capacity(P, C, true, false, j), ck = capacity(P, C, false, last_k, j);
+    int64_t cm = k > 2 ? capacity(P, C, false, false, j) : 0;
+    if (c1 < 1 || ck < 1 || (k > 2 && cm < 1)) return false;
+    return c1 + ck + (int64_t)(k - 2) * cm >= j;
+}
+
+/* best(k, j): the smallest feasible cost among n lc + extra, n = 1..j, for each of the extras */
+static double best_cost(const struct part *P, int k, int64_t j) {
+    double best = INFINITY;
+    for (int e = 0; e < 4; e++) {
+        bool first = e & 1, last = e & 2;
+        if (!holds(P, stage_cost(P, j, first, last), k, j)) continue;
+        int64_t lo = 1, hi = j; /* the smallest n whose cost holds the layers */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (holds(P, stage_cost(P, mid, first, last), k, j)) hi = mid;
+            else lo = mid + 1;
+        }
+        double c = stage_cost(P, lo, first, last);
+        if (c < best) best = c;
+    }
+    return best;
+}
+
+static void fast_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers) {
+    struct part P = {.lc = l3d_pp_layer_cost(cfg, T), .emb = 2.0 * cfg->C,
+                     .head = l3d_pp_head_cost(cfg), .stages = stages};
+    int64_t j = cfg->L;
+    for (int k = stages; k >= 1; k--) {
+        if (k == 1) {
+            layers[0] = (int)j;
+            break;
+        }
+        double B = best_cost(&P, k, j);
+        int64_t i = j - capacity(&P, B, false, k == stages, j);
+        if (i < k - 1) i = k - 1;
+        layers[k - 1] = (int)(j - i);
+        j = i;
+    }
+}
+
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                                  int stages, int *layers) {
     if (stages > m->L)
@@ -126,7 +212,8 @@ l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3
                          "needs a layer", stages, m->L);
     if (trainer(run)) {
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
-        return l3d_layout_stage_layers(&c, m->s, stages, 1, NULL, layers);
+        fast_partition(&c, m->s, stages, layers);
+        return L3D_OK;
     }
     if (m->L % stages != 0)
         return l3d_error(L3D_ERR_LAYOUT, "%d layers do not split evenly into pp x v = %d stages "
@@ -187,6 +274,12 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
         return l3d_error(L3D_ERR_LAYOUT, "the interleaved schedule needs v >= 2");
     if (lay->zero < 0 || lay->zero > 2)
         return l3d_error(L3D_ERR_LAYOUT, "ZeRO stage %d: 0, 1 or 2", lay->zero);
+    /* llm3d's trainer refuses ZeRO over more than 256 replicas (ZERO_MAX_DP, src/train/layout.c:
+     * its all-gather keeps per-rank counts on the stack, src/parallel/dp.c): propose only what
+     * it runs */
+    if (trainer(run) && lay->zero > 0 && lay->dp > 256)
+        return l3d_error(L3D_ERR_LAYOUT, "ZeRO-%d over dp %d: llm3d's trainer shards over at most "
+                         "256 replicas; ZeRO-0, or a larger tp or pp", lay->zero, lay->dp);
     if (lay->sp && (lay->tp < 2 || ((int64_t)lay->mb * m->s) % lay->tp != 0))
         return l3d_error(L3D_ERR_LAYOUT, "sequence parallelism needs tp >= 2 dividing micro-batch "
                          "x sequence (%d x %d)", lay->mb, m->s);
@@ -202,8 +295,30 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
 struct chunk {
     struct l3d_shard sh;
     int64_t n;        /* parameters */
+    int64_t n_gpt;    /* of them the trainer's tensors (l3d_gpt_plan_tensors, a 4h MLP) */
+    int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     bool first, last; /* first / last virtual stage */
+    int shape;        /* its entry in the evaluation's shape memo, -1 if none */
+};
+
+/* Chunks of the same shape (layers, first, last) have the same sizes and time: a layout's
+ * thousands of chunks come in a few shapes (the partition differs by at most a layer or so
+ * between stages), so each shape is sized and timed once. */
+#define PLAN_SHAPES 8
+struct parts {
+    double gemm, attn, elem, tp, p2p, rec, total;
+    double bwd; /* backward part (what DP communication can hide behind) */
+};
+struct shape_memo {
+    int n;
+    struct {
+        int layers;
+        bool first, last, timed;
+        struct l3d_shard sh;
+        int64_t n, n_gpt, slot, nonlayer;
+        struct parts t; /* without p2p */
+    } e[PLAN_SHAPES];
 };
 
 /* Micro-batches in flight on rank r (all its chunks together), Megatron-LM's schedules:
@@ -234,25 +349,14 @@ static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan
     return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
+/* start[vs]: the first layer of virtual stage vs (prefix sums of layers) */
 static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
-                        const int *layers, int r, const int *slots, int64_t mm, bool fp32,
-                        struct chunk *out) {
+                        const int *layers, const int64_t *start, int r, const int *slots,
+                        int64_t mm, bool fp32, struct shape_memo *memo, struct chunk *out) {
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
         int vs = k * lay->pp + r;
-        struct l3d_shard sh;
-        /* sizes only: the trainer's shard when it splits this way, the even split else */
-        if (l3d_layout_stage_shard(&c, layers, S, vs, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
-            sh.head_count = m->heads / lay->tp;
-            sh.ffn_count = 4LL * m->h / lay->tp;
-            sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
-        }
-        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-        out[k].sh = sh;
-        out[k].n = l3d_gpt_plan_tensors(&c, &sh, ti);
-        /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
-        out[k].n += (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) * (2LL * m->h + 1);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && slots)
@@ -260,6 +364,56 @@ static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_la
         else {
             int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
             out[k].slots = (f + lay->v - 1) / lay->v;
+        }
+        out[k].shape = -1;
+        for (int i = 0; i < memo->n; i++)
+            if (memo->e[i].layers == layers[vs] && memo->e[i].first == out[k].first &&
+                memo->e[i].last == out[k].last) {
+                out[k].shape = i;
+                out[k].sh = memo->e[i].sh;
+                out[k].sh.layer_start = (int)start[vs];
+                out[k].n = memo->e[i].n;
+                out[k].n_gpt = memo->e[i].n_gpt;
+                out[k].slot = memo->e[i].slot;
+                out[k].nonlayer = memo->e[i].nonlayer;
+            }
+        if (out[k].shape >= 0) continue;
+        struct l3d_shard sh;
+        /* sizes only: the trainer's shard when it splits this way, the even split else; the
+         * shard of stage 0 with the layer range and the ends of stage vs set as
+         * l3d_layout_stage_shard sets them, from the prefix sums (it sums the layers before vs,
+         * which over every chunk of a layout is O(stages^2)) */
+        if (l3d_layout_stage_shard(&c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
+            sh.head_count = m->heads / lay->tp;
+            sh.ffn_count = 4LL * m->h / lay->tp;
+            sh.vocab_count = ((int64_t)c.Vp + lay->tp - 1) / lay->tp;
+        }
+        sh.layer_start = (int)start[vs];
+        sh.layer_count = layers[vs];
+        sh.has_embedding = vs == 0;
+        sh.has_head = vs == S - 1;
+        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+        out[k].sh = sh;
+        out[k].n_gpt = l3d_gpt_plan_tensors(&c, &sh, ti);
+        out[k].slot = out[k].nonlayer = 0;
+        for (int t = 0; t < L3D_NUM_TENSORS; t++)
+            if (l3d_gpt_is_layer_tensor(t)) out[k].slot += ti[t].rows * ti[t].cols;
+            else out[k].nonlayer += ti[t].count;
+        /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
+        out[k].n = out[k].n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) *
+                                      (2LL * m->h + 1);
+        if (memo->n < PLAN_SHAPES) {
+            int i = memo->n++;
+            memo->e[i].layers = layers[vs];
+            memo->e[i].first = out[k].first;
+            memo->e[i].last = out[k].last;
+            memo->e[i].timed = false;
+            memo->e[i].sh = sh;
+            memo->e[i].n = out[k].n;
+            memo->e[i].n_gpt = out[k].n_gpt;
+            memo->e[i].slot = out[k].slot;
+            memo->e[i].nonlayer = out[k].nonlayer;
+            out[k].shape = i;
         }
     }
 }
@@ -273,16 +427,12 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
     if (trainer(run)) {
         /* exactly what the trainer allocates: l3d_gpt_init_ex, l3d_dp_init, l3d_adamw_init */
         for (int k = 0; k < lay->v; k++) {
-            struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-            int64_t n = l3d_gpt_plan_tensors(&c, &ch[k].sh, ti);
+            int64_t n = ch[k].n_gpt;
             int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
             int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
             mem->params += f32 * n;
             if (lay->zero == 2) {
-                int64_t slot = 0, nonlayer = 0;
-                for (int t = 0; t < L3D_NUM_TENSORS; t++)
-                    if (l3d_gpt_is_layer_tensor(t)) slot += ti[t].rows * ti[t].cols;
-                    else nonlayer += ti[t].count;
+                double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
                 mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
             } else {
                 mem->grads += f32 * n;
@@ -316,11 +466,20 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
         /* the layer being recomputed in backward holds its full set once */
         if (lay->recompute != L3D_RECOMPUTE_NONE)
             acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
-        double s = m->s, b = lay->mb, h = m->h, t = lay->tp;
-        if (ch[0].first) acts += f * s * b * h; /* the embedding's dropout mask (its output is the
-                                                  * first layer's input, counted there) */
-        /* the last stage's 16-bit logits and fp32 loss inputs */
-        if (ch[lay->v - 1].last) acts += (w + f32) * s * b * c.Vp / t;
+        /* Korthikanti et al. 2022, sec. 4.3, beyond the layers: the embedding's dropout mask,
+         * s b h bytes a micro-batch (one byte an element, as the 34 of Table 2 counts masks),
+         * split along the sequence under SP; the first chunk keeps it for each of its micro-batches
+         * in flight: p of them under 1F1B, p (1 + (p - 1)/(p v)) with interleaving (sec. 4.2.3),
+         * i.e. this chunk's own share, not every chunk's of the rank. Its output is the first
+         * layer's input, counted there. */
+        double s = m->s, b = lay->mb, h = m->h, t = lay->tp, spd = lay->sp ? t : 1.0;
+        if (ch[0].first) acts += ch[0].slots * s * b * h / spd;
+        /* the output layer, sec. 4.3: the final LayerNorm's input 2 s b h and the projection's
+         * input 2 s b h (sequence-split under SP), and the fp32 logits the cross-entropy keeps,
+         * 4 s b V / t: 4 s b h / t (1 + V/h) with SP, for each micro-batch the last chunk keeps
+         * (1 under 1F1B, where the last stage's backward follows its forward) */
+        if (ch[lay->v - 1].last)
+            acts += ch[lay->v - 1].slots * (4 * s * b * h / spd + f32 * s * b * c.Vp / t);
         mem->activations = acts;
         mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
     }
@@ -339,9 +498,16 @@ l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan
     int p = lay.pp, v = lay.v, S = p * v;
     int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
     int *layers = malloc(sizeof(int) * (size_t)S);
+    int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct chunk *ch = malloc(sizeof(struct chunk) * (size_t)v);
-    if (!layers || !ch) st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    if (!layers || !start || !ch)
+        st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
     if (st == L3D_OK) st = l3d_plan_stage_layers(m, run, S, layers);
+    if (st == L3D_OK) {
+        start[0] = 0;
+        for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];
+    }
+    struct shape_memo memo = {0};
     struct l3d_pp_schedule sched = {0};
     bool have_sched = false, fp32 = trainer(run);
     if (st == L3D_OK && fp32 && (int64_t)S * mm <= (1 << 20)) {
@@ -350,12 +516,14 @@ l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan
     }
     for (int r = 0; st == L3D_OK && r < p; r++) {
         struct l3d_plan_mem mem;
-        rank_chunks(m, &lay, layers, r, have_sched ? sched.slots : NULL, mm, fp32, ch);
+        rank_chunks(m, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm, fp32, &memo,
+                    ch);
         rank_memory(m, run, &lay, ch, r, mm, &mem);
         if (mem.total > worst->total) *worst = mem;
     }
     if (have_sched) l3d_pp_schedule_free(&sched);
     free(layers);
+    free(start);
     free(ch);
     return st;
 }
@@ -371,6 +539,7 @@ struct tctx {
     double bw;      /* element-wise bytes/s of one rank */
     double e;       /* bytes per activation element */
     double ntok;    /* tokens in a micro-batch, b s */
+    double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     bool fp32;
 };
 
@@ -378,7 +547,7 @@ struct tctx {
  * profile's efficiency for a product spread over threads (1 on GPUs) */
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
-    double e = l3d_profile_gemm_eff(x->prof, f / x->threads);
+    double e = l3d_profile_gemm_eff(x->prof, f / x->threads) * x->cal;
     if (x->threads > 1) e *= x->prof->gemm_thread_eff;
     return f / (x->rate * e);
 }
@@ -411,11 +580,8 @@ static void link_of(const struct l3d_profile *p, int64_t lo, int64_t hi, int sen
     }
 }
 
-/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split. */
-struct parts {
-    double gemm, attn, elem, tp, p2p, rec, total;
-    double bwd; /* backward part (what DP communication can hide behind) */
-};
+/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split
+ * (struct parts). */
 
 static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_bw, double tp_lat,
                        double p2p_prev, double p2p_next, struct parts *o) {
@@ -472,9 +638,59 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
 }
 
-l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
-                             struct l3d_plan_result *r) {
+/* What the layouts of one search share: the stage partitions by stage count and the last
+ * schedule, so that a search computes each once rather than once a layout. */
+#define PLAN_CACHE 32
+struct plan_cache {
+    int S[PLAN_CACHE];
+    int *layers[PLAN_CACHE];
+    int next;
+    bool have_sched;
+    enum l3d_pp_kind kind;
+    int p, v;
+    int64_t mm;
+    struct l3d_pp_schedule sched;
+};
+
+static void cache_free(struct plan_cache *cc) {
+    for (int i = 0; i < PLAN_CACHE; i++) free(cc->layers[i]);
+    if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+    memset(cc, 0, sizeof *cc);
+}
+
+/* the layers of each of S stages: from the cache, else computed (and kept there when cc) */
+static l3d_status stage_layers_cached(const struct l3d_plan_model *m,
+                                      const struct l3d_plan_run *run, int S,
+                                      struct plan_cache *cc, int **owned, const int **layers) {
+    *owned = NULL;
+    if (cc)
+        for (int i = 0; i < PLAN_CACHE; i++)
+            if (cc->layers[i] && cc->S[i] == S) {
+                *layers = cc->layers[i];
+                return L3D_OK;
+            }
+    int *buf = malloc(sizeof(int) * (size_t)S);
+    if (!buf) return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    l3d_status st = l3d_plan_stage_layers(m, run, S, buf);
+    if (st != L3D_OK) {
+        free(buf);
+        return st;
+    }
+    if (cc) {
+        free(cc->layers[cc->next]);
+        cc->layers[cc->next] = buf;
+        cc->S[cc->next] = S;
+        cc->next = (cc->next + 1) % PLAN_CACHE;
+    } else {
+        *owned = buf;
+    }
+    *layers = buf;
+    return L3D_OK;
+}
+
+static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                           const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
+                           struct l3d_plan_result *r, struct plan_cache *cc) {
     memset(r, 0, sizeof *r);
     struct l3d_plan_layout lay = *lay_in;
     if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
@@ -486,29 +702,55 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
     r->m = (int)mm;
     int S = p * v;
-    int *layers = malloc(sizeof(int) * (size_t)S);
+    int *owned = NULL;
+    const int *layers = NULL;
+    st = stage_layers_cached(m, run, S, cc, &owned, &layers);
+    if (st != L3D_OK) return st;
+    int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct chunk *ch = malloc(sizeof(struct chunk) * (size_t)v);
-    if (!layers || !ch) {
-        free(layers);
+    if (!start || !ch) {
+        free(owned);
+        free(start);
         free(ch);
         return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
     }
-    st = l3d_plan_stage_layers(m, run, S, layers);
-    struct l3d_pp_schedule sched = {0};
-    bool have_sched = false;
-    if (st == L3D_OK && fp32 && (int64_t)p * v * mm <= (1 << 20)) {
-        /* the trainer's own schedule says how many micro-batches each chunk keeps */
-        st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
-        have_sched = st == L3D_OK;
+    start[0] = 0;
+    for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];
+    /* the trainer's own schedule says how many micro-batches each chunk keeps */
+    struct l3d_pp_schedule own_sched = {0};
+    const struct l3d_pp_schedule *sched = NULL;
+    enum l3d_pp_kind kind = p > 1 ? lay.schedule : L3D_PP_1F1B;
+    if (fp32 && (int64_t)p * v * mm <= (1 << 20)) {
+        if (cc && cc->have_sched && cc->kind == kind && cc->p == p && cc->v == v && cc->mm == mm) {
+            sched = &cc->sched;
+        } else if (cc) {
+            if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+            cc->have_sched = false;
+            st = l3d_pp_schedule_build(&cc->sched, kind, p, v, (int)mm);
+            if (st == L3D_OK) {
+                cc->have_sched = true;
+                cc->kind = kind;
+                cc->p = p;
+                cc->v = v;
+                cc->mm = mm;
+                sched = &cc->sched;
+            }
+        } else {
+            st = l3d_pp_schedule_build(&own_sched, kind, p, v, (int)mm);
+            if (st == L3D_OK) sched = &own_sched;
+        }
     }
+    bool have_sched = sched != NULL;
     if (st != L3D_OK) {
-        free(layers);
+        free(owned);
+        free(start);
         free(ch);
         return st;
     }
 
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
-    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32};
+    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0};
+    if (run->calibrated && prof->gemm_calibration > 0) x.cal = prof->gemm_calibration;
     double share = 1.0;
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
         share = (double)prof->devices_per_node / (double)run->devices; /* one oversubscribed node */
@@ -525,8 +767,10 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     struct parts worst = {0};
     double n_max = 0;
     struct l3d_plan_mem mem_worst = {0};
+    struct shape_memo memo = {0};
     for (int rr = 0; rr < p; rr++) {
-        rank_chunks(m, &lay, layers, rr, have_sched ? sched.slots : NULL, mm, fp32, ch);
+        rank_chunks(m, &lay, layers, start, rr, have_sched ? sched->slots : NULL, mm, fp32, &memo,
+                    ch);
         struct l3d_plan_mem mem;
         rank_memory(m, run, &lay, ch, rr, mm, &mem);
         if (mem.total > mem_worst.total) mem_worst = mem;
@@ -552,7 +796,17 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
                 pp_next = msg / bw + lat;
             }
             struct parts cp;
-            chunk_time(&x, &ch[k], tp_bw, tp_lat, pp_prev, pp_next, &cp);
+            if (ch[k].shape >= 0 && memo.e[ch[k].shape].timed) {
+                cp = memo.e[ch[k].shape].t;
+            } else {
+                chunk_time(&x, &ch[k], tp_bw, tp_lat, 0.0, 0.0, &cp);
+                if (ch[k].shape >= 0) {
+                    memo.e[ch[k].shape].t = cp;
+                    memo.e[ch[k].shape].timed = true;
+                }
+            }
+            cp.p2p = pp_prev + pp_next;
+            cp.total += cp.p2p;
             sum.gemm += cp.gemm;
             sum.attn += cp.attn;
             sum.elem += cp.elem;
@@ -571,7 +825,7 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
         }
         if (n_rank > n_max) n_max = n_rank;
     }
-    if (have_sched) l3d_pp_schedule_free(&sched);
+    if (sched == &own_sched) l3d_pp_schedule_free(&own_sched);
 
     /* the pipeline: (m - 1/v) t_max + sum_r t_r / v; for equal stages (m + (p - 1)/v) t, i.e. the
      * bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2 */
@@ -617,7 +871,10 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;
-    r->fits = mem_worst.total <= prof->mem_bytes * lay.threads; /* a CPU rank: its cores' share */
+    /* a CPU rank: its cores' share; less what the runtime keeps (the profile's reserve_gb: the
+     * device context, library workspaces, communication buffers, the allocator's fragmentation),
+     * which the predicted bytes do not include */
+    r->fits = mem_worst.total + prof->reserve_bytes <= prof->mem_bytes * lay.threads;
     double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
@@ -634,9 +891,16 @@ l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_pr
     double peak_all = prof->peak_flops[run->precision] * (double)run->devices;
     r->mfu = r->model_flops / T->step / peak_all;
     r->hfu = r->hw_flops / T->step / peak_all;
-    free(layers);
+    free(owned);
+    free(start);
     free(ch);
     return L3D_OK;
+}
+
+l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+                             struct l3d_plan_result *r) {
+    return evaluate(m, prof, run, lay, r, NULL);
 }
 
 /* ---- search ----------------------------------------------------------------------------- */
@@ -689,9 +953,9 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
         return l3d_error(L3D_ERR_LAYOUT, "--tp x --pp x --dp must equal the %lld ranks",
                          (long long)ranks);
     static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
-    static const int vs[] = {1, 2, 3, 4, 6, 8};
     l3d_status first_err = L3D_OK;
     char first_msg[512] = "";
+    struct plan_cache cache = {0};
     for (int64_t tp = 1; tp <= ranks; tp++) {
         if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
         if (!fx->tp && (tp > m->heads || (tp > prof->devices_per_node && prof->devices_per_node > 1)))
@@ -704,9 +968,12 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
             for (size_t bi = 0; bi < n_mb; bi++) {
                 int mb = fx->mb ? fx->mb : mbs[bi];
                 if (run->global_batch % ((int64_t)mb * dp)) continue;
-                for (size_t vi = 0; vi < sizeof vs / sizeof vs[0]; vi++) {
-                    int v = vs[vi];
-                    if (fx->v ? v != fx->v : false) continue;
+                /* every v that divides the layers a pipeline rank holds (Megatron-LM needs it;
+                 * the trainer splits unevenly, so there the rank's whole layers, L / pp rounded
+                 * down, which keeps the choice to the divisors) */
+                int per_rank = (int)(m->L / pp);
+                for (int v = 1; v <= per_rank; v++) {
+                    if (per_rank % v || (fx->v && v != fx->v)) continue;
                     if (v > 1 && pp < 2) continue;
                     for (int z = 0; z <= 2; z++) {
                         if (fx->zero >= 0 ? z != fx->zero : (z > 0 && dp == 1)) continue;
@@ -721,7 +988,7 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
                                     .threads = th};
                                 struct l3d_plan_result res;
                                 stats->evaluated++;
-                                l3d_status e = l3d_plan_evaluate(m, prof, run, &lay, &res);
+                                l3d_status e = evaluate(m, prof, run, &lay, &res, &cache);
                                 if (e != L3D_OK) {
                                     if (first_err == L3D_OK) {
                                         first_err = e;
@@ -741,6 +1008,7 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
             }
         }
     }
+    cache_free(&cache);
     stats->seconds = l3d_time_s() - t0;
     if (stats->valid == 0 && first_err != L3D_OK)
         return l3d_error(first_err, "no valid layout; the first tried: %s", first_msg);

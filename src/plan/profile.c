@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "llm3d/plan.h"
 
@@ -26,7 +27,10 @@ l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
     return L3D_OK;
 }
 
-/* Keys: where the value goes, its scale to SI units, and whether it must be present. */
+/* Keys: where the value goes, its scale to SI units, whether it must be present, and the range
+ * of a number in the file's units: above lo (at lo too when !positive), at most hi. The ranges
+ * are generous bounds on any device of the next decade (a 1e308 peak, memory or latency is a
+ * typo, and would overflow the planner's arithmetic), not a judgement of the figures. */
 enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_EFF };
 static const struct key {
     const char *name;
@@ -34,27 +38,31 @@ static const struct key {
     size_t off;
     double scale;
     bool positive; /* must be > 0 (else >= 0) */
+    double hi;     /* largest value, in the file's unit */
+    bool optional; /* 0 when absent */
 } keys[] = {
 #define OFF(f) offsetof(struct l3d_profile, f)
-    {"name", K_TEXT, OFF(name), 0, false},
-    {"device", K_TEXT, OFF(device), 0, false},
-    {"peak_tflops_fp32", K_NUM, OFF(peak_flops[L3D_PREC_FP32]), 1e12, false},
-    {"peak_tflops_bf16", K_NUM, OFF(peak_flops[L3D_PREC_BF16]), 1e12, false},
-    {"peak_tflops_fp16", K_NUM, OFF(peak_flops[L3D_PREC_FP16]), 1e12, false},
-    {"mem_gb", K_NUM, OFF(mem_bytes), 1e9, true},
-    {"mem_bw_gbs", K_NUM, OFF(mem_bw), 1e9, true},
-    {"devices_per_node", K_INT, OFF(devices_per_node), 0, true},
-    {"pair_size", K_INT, OFF(pair_size), 0, true},
-    {"pair_bw_gbs", K_NUM, OFF(pair_bw), 1e9, false},
-    {"intra_bw_gbs", K_NUM, OFF(intra_bw), 1e9, false},
-    {"intra_lat_us", K_NUM, OFF(intra_lat), 1e-6, false},
-    {"inter_bw_gbs", K_NUM, OFF(inter_bw), 1e9, false},
-    {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false},
-    {"gemm_eff", K_EFF, 0, 0, true},
-    {"attn_eff", K_NUM, OFF(attn_eff), 1, true},
-    {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true},
-    {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true},
-    {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false},
+    {"name", K_TEXT, OFF(name), 0, false, 0, false},
+    {"device", K_TEXT, OFF(device), 0, false, 0, false},
+    {"peak_tflops_fp32", K_NUM, OFF(peak_flops[L3D_PREC_FP32]), 1e12, false, 1e5, false},
+    {"peak_tflops_bf16", K_NUM, OFF(peak_flops[L3D_PREC_BF16]), 1e12, false, 1e5, false},
+    {"peak_tflops_fp16", K_NUM, OFF(peak_flops[L3D_PREC_FP16]), 1e12, false, 1e5, false},
+    {"mem_gb", K_NUM, OFF(mem_bytes), 1e9, true, 1e5, false},
+    {"mem_bw_gbs", K_NUM, OFF(mem_bw), 1e9, true, 1e6, false},
+    {"devices_per_node", K_INT, OFF(devices_per_node), 0, true, 1e6, false},
+    {"pair_size", K_INT, OFF(pair_size), 0, true, 1e6, false},
+    {"pair_bw_gbs", K_NUM, OFF(pair_bw), 1e9, false, 1e6, false},
+    {"intra_bw_gbs", K_NUM, OFF(intra_bw), 1e9, false, 1e6, false},
+    {"intra_lat_us", K_NUM, OFF(intra_lat), 1e-6, false, 1e6, false},
+    {"inter_bw_gbs", K_NUM, OFF(inter_bw), 1e9, false, 1e6, false},
+    {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false, 1e6, false},
+    {"gemm_eff", K_EFF, 0, 0, true, 0, false},
+    {"attn_eff", K_NUM, OFF(attn_eff), 1, true, 1.5, false},
+    {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true, 1.5, false},
+    {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
+    {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false, 0, false},
+    {"reserve_gb", K_NUM, OFF(reserve_bytes), 1e9, false, 1e5, true},
+    {"gemm_calibration", K_NUM, OFF(gemm_calibration), 1, true, 2, true},
 #undef OFF
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -160,6 +168,10 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             if (errno || *end || !isfinite(v) || v < 0 || (kk->positive && v == 0))
                 st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a %s number", what,
                                line, key, val, kk->positive ? "positive" : "non-negative");
+            else if (v > kk->hi)
+                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = %s is out of range: allowed %s0 "
+                               "to %g (profiles/README.md gives the unit)", what, line, key, val,
+                               kk->positive ? "above " : "", kk->hi);
             else
                 *(double *)base = v * kk->scale;
             break;
@@ -168,14 +180,15 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
     }
     free(copy);
     for (size_t k = 0; k < NKEYS && st == L3D_OK; k++)
-        if (!seen[k])
+        if (!seen[k] && !keys[k].optional)
             st = l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md lists the "
                            "keys)", what, keys[k].name);
     if (st == L3D_OK && p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
         st = l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
-    if (st == L3D_OK && (p->attn_eff > 1.5 || p->kernel_bw_eff > 2.5 || p->gemm_thread_eff > 1.5))
-        st = l3d_error(L3D_ERR_FORMAT, "%s: attn_eff, gemm_thread_eff (<= 1.5) and kernel_bw_eff "
-                       "(<= 2.5) are fractions", what);
+    if (st == L3D_OK && p->reserve_bytes >= p->mem_bytes)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
+                       "runtime's reserve must be less than the device's memory", what,
+                       p->reserve_bytes / 1e9, p->mem_bytes / 1e9);
     if (st == L3D_OK && p->pair_size > p->devices_per_node)
         st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
                        p->pair_size, p->devices_per_node);
@@ -189,6 +202,11 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
 }
 
 l3d_status l3d_profile_load(struct l3d_profile *p, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return l3d_error(L3D_ERR_IO, "--profile %s is a directory: give a profile file (such as "
+                         "%s%sNAME.prof) or a shipped name (frontier, dgx-a100, dgx-h100, h200)",
+                         path, path, path[strlen(path) - 1] == '/' ? "" : "/");
     FILE *f = fopen(path, "rb");
     if (!f) return l3d_error(L3D_ERR_IO, "cannot open profile %s: %s", path, strerror(errno));
     char *text = NULL;

@@ -114,6 +114,71 @@ check "the table names why the best wins" grep -q '^why: .*faster than the best 
 check "a 1T model does not fit on 8 GCDs" \
     bash -c "! '$bin' plan --model frontier-1t --profile frontier --devices 8 --global-batch 8 > /dev/null"
 
+# ---- robustness (issue 18): each of these failed on 072c816 ----------------------------------
+# the search is fast for any input: 8192 layers took minutes (an O(stages L^2) partition a
+# layout); absurd sizes are one clear error
+check "8192 layers on 64 devices: searched within a minute" \
+    timeout 60 "$bin" plan --layers 8192 --hidden 256 --heads 4 --vocab 256 --seq-len 64 \
+    --profile frontier --precision fp32 --devices 64 --top 1
+expect_error "a model beyond 10^15 parameters" "the planner sizes models up to 10^15 parameters" \
+    "$bin" plan --layers 65536 --hidden 1048576 --heads 16 --vocab 256 --seq-len 64 \
+    --profile frontier
+# --json: a failed search prints a JSON error object, and exits non-zero
+out=$("$bin" plan --model frontier-1t --profile frontier --devices 8 --global-batch 8 --json \
+    2> /dev/null)
+rc=$?
+check "--json with nothing fitting: an error object ($out), exit $rc" \
+    bash -c "[ $rc -ne 0 ] && grep -q '^{\"error\":\"no layout fits' <<< '$out'"
+out=$("$bin" plan --model d12 --profile frontier --devices 4 --tp 3 --json 2> /dev/null)
+check "--json with a bad layout: an error object naming it" \
+    grep -q '^{"error":"--tp 3 does not' <<< "$out"
+# JSON strings are escaped
+sed 's/^name = .*/name = my "quoted\\" profile/' "$prof" > "$dir/quote.prof"
+out=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$dir/quote.prof" \
+    --precision fp32 --devices 1 --global-batch 2 --top 1 --json)
+check "a quote in the profile name is escaped" \
+    grep -qF '"profile":"my \"quoted\\\" profile",' <<< "$out"
+# profile values have ranges
+sed 's/^mem_gb = .*/mem_gb = 1e308/' "$prof" > "$dir/huge.prof"
+expect_error "a 1e308 memory" \
+    "huge.prof line .*mem_gb = 1e308 is out of range: allowed above 0 to 100000" \
+    "$bin" plan --profile "$dir/huge.prof" --precision fp32
+sed 's/^intra_lat_us = .*/intra_lat_us = 1e308/' "$prof" > "$dir/slow.prof"
+expect_error "a 1e308 latency" "slow.prof line .*intra_lat_us = 1e308 is out of range" \
+    "$bin" plan --profile "$dir/slow.prof" --precision fp32
+# a whole layout that does not fit is not "best": an error, non-zero exit
+expect_error "a fixed layout that does not fit" \
+    "the layout does not fit: .* GB on the fullest device" \
+    "$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
+    --pp 16 --micro-batch 4 --zero 0 --recompute none --pp-schedule 1f1b
+# the runtime's reserve counts against "fits" (not the predicted bytes): the 0.2 GB of the test
+# profile's reserve, printed with the search
+out=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$prof" --precision fp32 \
+    --devices 1 --global-batch 2)
+check "the search names the runtime's reserve" \
+    grep -q 'fit in 12.0 GB (0.2 GB kept by the runtime)' <<< "$out"
+# a directory is not "empty"
+expect_error "--profile DIR/" "is a directory: give a profile file" \
+    "$bin" plan --profile "$src/profiles/"
+# --layers without --model says what it assumed
+err=$("$bin" plan --layers 4 --profile frontier --devices 8 --top 1 2>&1 > /dev/null)
+check "--layers alone names the sizes assumed" \
+    grep -q "sizes not given are d12's (GPT-2 124M): --hidden 768, --heads 12, --vocab 50257" \
+    <<< "$err"
+
+# the fitted GEMM factor applies only when asked for, and says so
+out=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
+    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json)
+cal=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
+    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json \
+    --calibrated)
+s0=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$out")
+s1=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$cal")
+check "--calibrated slows the GEMMs of the fit-free prediction ($s0 s -> $s1 s)" \
+    less_than "$s0" "$s1"
+check "--calibrated is named in the table" bash -c "'$bin' plan --model d12 --profile frontier \
+    --devices 8 --calibrated | grep -q '^calibrated: the GEMM curve times 0.81'"
+
 # docs/frontier.md is what the planner prints
 check "docs/frontier.md is current" bash "$src/scripts/plan_published.sh" "$bin" --check
 
