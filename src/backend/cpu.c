@@ -1011,12 +1011,33 @@ static void encoder_forward_16(enum l3d_dtype dt, void *out, const int32_t *toke
     }
 }
 
-/* dwte, dwpe (type gdt) +=. Threads split the channels as the fp32 kernel does. dwpe sums its B
- * rows in fp32 before the one addition; dwte adds each occurrence of a token (rounded each time
- * when gdt is 16-bit: Megatron accumulates into the fp32 main_grad, gdt = L3D_F32). */
+/* (token, position) pairs, ordered by token then position: a token's rows in order */
+struct tok_pos {
+    int64_t v, bt;
+};
+static int tok_pos_cmp(const void *a, const void *b) {
+    const struct tok_pos *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? -1 : 1;
+    return x->bt < y->bt ? -1 : x->bt > y->bt;
+}
+
+/* dwte, dwpe (type gdt) +=. Threads split the channels as the fp32 kernel does. Every reduction
+ * in fp32, added to the gradient once: dwpe sums its B rows; dwte sums the rows of each token
+ * (found by sorting (token, position) pairs, so the order is fixed), which a 16-bit dwte needs:
+ * adding each occurrence would round once per occurrence. */
 static void encoder_backward_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte, void *dwpe,
                                 const void *dout, const int32_t *tokens, int64_t vocab_start,
                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    struct tok_pos *tp = NULL;
+    int64_t ntp = 0;
+    if (dwte) {
+        tp = l3d_alloc((size_t)(B * T) * sizeof *tp, "encoder gradient token order");
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            int64_t v = (int64_t)tokens[bt] - vocab_start;
+            if (v >= 0 && v < vocab_count) tp[ntp++] = (struct tok_pos){v, bt};
+        }
+        qsort(tp, (size_t)ntp, sizeof *tp, tok_pos_cmp);
+    }
     float *scr = thread_scratch(3 * C, "encoder gradient scratch");
 #pragma omp parallel
     {
@@ -1024,13 +1045,17 @@ static void encoder_backward_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dwt
         chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
         int64_t w = hi - lo;
         float *acc = scr + omp_get_thread_num() * 3 * C, *d = acc + C, *g = d + C;
-        for (int64_t bt = 0; dwte && w > 0 && bt < B * T; bt++) {
-            int64_t v = (int64_t)tokens[bt] - vocab_start;
-            if (v < 0 || v >= vocab_count) continue;
-            to_f32(dt, d, at(dt, dout, bt * C + lo), w);
+        for (int64_t i = 0; w > 0 && i < ntp;) {
+            int64_t v = tp[i].v;
+            memset(acc, 0, (size_t)w * sizeof(float));
+            for (; i < ntp && tp[i].v == v; i++) {
+                to_f32(dt, d, at(dt, dout, tp[i].bt * C + lo), w);
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) acc[c] += d[c];
+            }
             to_f32(gdt, g, at(gdt, dwte, v * C + lo), w);
 #pragma omp simd
-            for (int64_t c = 0; c < w; c++) g[c] += d[c];
+            for (int64_t c = 0; c < w; c++) g[c] += acc[c];
             from_f32(gdt, at(gdt, dwte, v * C + lo), g, w);
         }
         for (int64_t t = 0; dwpe && w > 0 && t < T; t++) {
@@ -1047,6 +1072,7 @@ static void encoder_backward_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dwt
         }
     }
     l3d_free(scr);
+    l3d_free(tp);
 }
 
 // out (N,C), mean (N), rstd (N) fp32, inp (N,C), weight (C), bias (C)
