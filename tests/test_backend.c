@@ -312,6 +312,12 @@ int main(void) {
     double peak = l3d_be_peak_flops(be, L3D_F32);
     printf("peak fp32: %.3g FLOP/s\n", peak);
     CHECK(peak > 0.0);
+    /* 16-bit products: bf16 dot products, or fp32 ones around converted operands */
+    double pb = l3d_be_peak_flops(be, L3D_BF16), ph = l3d_be_peak_flops(be, L3D_F16);
+    printf("peak bf16: %.3g FLOP/s, fp16: %.3g FLOP/s\n", pb, ph);
+    CHECK(pb > 0.0);
+    CHECK(ph > 0.0);
+    CHECK(l3d_be_peak_flops(be, L3D_I32) == 0.0);
     l3d_backend_free(be);
 
     printf("checking backend:\n");

@@ -77,9 +77,11 @@ struct l3d_event *l3d_be_event_new(struct l3d_backend *be);
 void l3d_be_event_record(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
-/* Peak FLOP/s of the device's dense products in dtype t (0 when it has no such arithmetic),
- * measured at each call (CPU: about 0.3 s of fused multiply-adds, or AVX512-BF16 dot products,
- * on every thread of the current OpenMP team size). */
+/* Peak FLOP/s of the device's dense products in dtype t as the backend runs them (0 for a type
+ * it has no products in), measured at each call on every thread of the current OpenMP team size
+ * (CPU: about 0.3 s of fp32 fused multiply-adds; for bf16, AVX512-BF16 dot products where the CPU
+ * has them, else the fp32 peak, as its bf16 products are fp32 products of widened operands; for
+ * fp16 the fp32 peak likewise: these CPUs have no fp16 arithmetic). MFU is quoted against it. */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the

@@ -1713,9 +1713,11 @@ static void cpu_copy_d2d(void *ctx, void *dst, const void *src, size_t bytes) {
 static void cpu_sync(void *ctx) { (void)ctx; } /* every kernel returns when it is done */
 static double cpu_peak_flops(void *ctx, enum l3d_dtype t) {
     (void)ctx;
-    if (t == L3D_F32) return l3d_cpu_fma_peak(0.3);
-    if (t == L3D_BF16) return l3d_cpu_bf16_peak(0.3);
-    return 0.0; /* no fp16 arithmetic on these CPUs */
+    /* 16-bit products without 16-bit arithmetic run as fp32 products (matmul_forward_16) */
+    double bf16 = t == L3D_BF16 ? l3d_cpu_bf16_peak(0.3) : 0.0;
+    if (bf16 > 0.0) return bf16;
+    if (t == L3D_F32 || is16(t)) return l3d_cpu_fma_peak(0.3);
+    return 0.0;
 }
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
