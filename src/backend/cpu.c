@@ -119,8 +119,8 @@ static bool mm_key_eq(const struct mm_key *a, const struct mm_key *b) {
 }
 
 /* The cached primitive for k, created on first use; e->ok false when oneDNN answers
- * "unimplemented" (e.g. bf16 or fp16 on a CPU without AVX512 BF16 / FP16 support): the caller
- * then computes in fp32. */
+ * "unimplemented" (e.g. bf16 or fp16 on a CPU without AVX512 BF16 / FP16 support) or offers only
+ * its reference implementation for 16-bit types: the caller then computes in fp32. */
 static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
     for (int i = 0; i < cx->mm_count; i++)
         if (mm_key_eq(&cx->mm[i].k, k)) return &cx->mm[i];
@@ -160,6 +160,15 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
         return e;
     }
     DNNL_CHECK(st);
+    const char *impl = "";
+    DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+    if (k->st != dnnl_f32 && strncmp(impl, "ref", 3) == 0) {
+        /* oneDNN's reference loops (e.g. for a layout its 16-bit kernels do not take) are far
+         * slower than the fp32 product around converted operands */
+        dnnl_primitive_desc_destroy(pd);
+        e->ok = false;
+        return e;
+    }
     DNNL_CHECK(dnnl_primitive_create(&e->prim, pd));
     dnnl_primitive_desc_destroy(pd);
     DNNL_CHECK(dnnl_memory_create(&e->src, &src, cx->engine, DNNL_MEMORY_NONE));
