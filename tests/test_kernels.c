@@ -1261,7 +1261,8 @@ static void mp_unscale(struct l3d_backend *be, enum l3d_dtype t, int64_t n, uint
     char tag[96];
     snprintf(tag, sizeof tag, "unscale n=%lld", (ll)n);
     for (int c = 0; c < 4; c++) { /* all finite; an Inf; a NaN; all finite, flag already set */
-        float *x = qrand(t, n, 0, 1000, s + c), *want = fdup(x, n), flag[1] = {c == 3 ? 1.0f : 0.0f};
+        float *x = qrand(t, n, 0, 1000, s + c), *want = fdup(x, n);
+        float flag[1] = {c == 3 ? 1.0f : 0.0f};
         if (c == 1) x[n - 1] = -INFINITY;
         if (c == 2) x[n / 3] = NAN;
         const float inv = 1.0f / 1024.0f * 3.0f;
@@ -1299,7 +1300,8 @@ static void mp_matmul(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype g
     float *inp = qrand(t, N * C, 0, 1, s + 1), *w = qrand(t, OC * C, 0, 1, s + 2);
     float *b = with_bias ? qrand(t, OC, 0, 1, s + 3) : NULL, *dout = qrand(t, N * OC, 0, 1, s + 4);
     float *out[2], *di[2], *dw[2], *db[2];
-    float *di0 = null_dinp ? NULL : qrand(t, N * C, 0, 2, s + 5), *dw0 = qrand(t, OC * C, 0, 2, s + 6);
+    float *di0 = null_dinp ? NULL : qrand(t, N * C, 0, 2, s + 5);
+    float *dw0 = qrand(t, OC * C, 0, 2, s + 6);
     float *db0 = with_bias ? qrand(t, OC, 0, 2, s + 7) : NULL;
     for (int k = 0; k < 2; k++) {
         out[k] = fnan(N * OC), di[k] = fdup(di0, N * C), dw[k] = fdup(dw0, OC * C),
@@ -1330,9 +1332,12 @@ static void mp_encoder(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype 
     float *wte = qrand(t, vocab_count * C, 0, 1, s + 2), *wpe = qrand(t, T * C, 0, 1, s + 3);
     float *dout = qrand(t, B * T * C, 0, 1, s + 4);
     float *g0 = qrand(t, vocab_count * C, 0, 1, s + 5), *p0 = qrand(t, T * C, 0, 1, s + 6);
-    float *out[2], *dwte[2], *dwpe[2];
-    for (int k = 0; k < 2; k++) {
+    /* k = 0: fp32, 1: 16-bit, 2: 16-bit on 3 threads (bit-identical: threads own channels) */
+    float *out[3], *dwte[3], *dwpe[3];
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
         enum l3d_dtype a = k ? t : L3D_F32, g = k ? gt : L3D_F32;
+        omp_set_num_threads(k == 2 ? 3 : saved);
         out[k] = fnan(B * T * C), dwte[k] = fdup(g0, vocab_count * C), dwpe[k] = fdup(p0, T * C);
         struct mstage st = {.be = be};
         int32_t *dtok = l3d_be_alloc(be, (size_t)(B * T) * 4, "test tokens");
@@ -1347,12 +1352,16 @@ static void mp_encoder(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype 
         ms_done(&st);
         l3d_be_free(be, dtok);
     }
+    omp_set_num_threads(saved);
+    check_all_equal(tag, "16-bit out, 3 threads", out[2], out[1], B * T * C);
+    check_all_equal(tag, "16-bit dwte, 3 threads", dwte[2], dwte[1], vocab_count * C);
+    check_all_equal(tag, "16-bit dwpe, 3 threads", dwpe[2], dwpe[1], T * C);
     double rg = gt == L3D_F32 ? 0 : 1; /* dwte: a token's rows summed in fp32, added once */
     mp_check(K_ENCODER, t, tag, "out", out[1], out[0], B * T * C, 1, 1);
     mp_check(K_ENCODER, t, tag, "dwte", dwte[1], dwte[0], vocab_count * C,
              rg, B * T);
     mp_check(K_ENCODER, t, tag, "dwpe", dwpe[1], dwpe[0], T * C, rg, B);
-    for (int k = 0; k < 2; k++) free(out[k]), free(dwte[k]), free(dwpe[k]);
+    for (int k = 0; k < 3; k++) free(out[k]), free(dwte[k]), free(dwpe[k]);
     free(tok), free(wte), free(wpe), free(dout), free(g0), free(p0);
 }
 
@@ -1367,9 +1376,12 @@ static void mp_layernorm(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtyp
     float *b = qrand(t, C, 0, 0.5f, s + 3), *dout = qrand(t, N * C, 0, 1, s + 4);
     float *di0 = qrand(t, N * C, 0, 1, s + 5), *dw0 = qrand(t, C, 0, 1, s + 6);
     float *db0 = qrand(t, C, 0, 1, s + 7);
-    float *out[2], *mean[2], *rstd[2], *di[2], *dw[2], *db[2];
-    for (int k = 0; k < 2; k++) {
+    /* k = 0: fp32, 1: 16-bit, 2: 16-bit on 3 threads (bit-identical: rows and columns owned) */
+    float *out[3], *mean[3], *rstd[3], *di[3], *dw[3], *db[3];
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
         enum l3d_dtype a = k ? t : L3D_F32, g = k ? gt : L3D_F32;
+        omp_set_num_threads(k == 2 ? 3 : saved);
         out[k] = fnan(N * C), mean[k] = fnan(N), rstd[k] = fnan(N);
         di[k] = fdup(di0, N * C), dw[k] = fdup(dw0, C), db[k] = fdup(db0, C);
         struct mstage st = {.be = be};
@@ -1382,6 +1394,11 @@ static void mp_layernorm(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtyp
                                         ms(&st, a, dout, N * C, 0), dinp, dwt, dmean, drstd, N, C);
         ms_done(&st);
     }
+    omp_set_num_threads(saved);
+    check_all_equal(tag, "16-bit out, 3 threads", out[2], out[1], N * C);
+    check_all_equal(tag, "16-bit dinp, 3 threads", di[2], di[1], N * C);
+    check_all_equal(tag, "16-bit dweight, 3 threads", dw[2], dw[1], C);
+    check_all_equal(tag, "16-bit dbias, 3 threads", db[2], db[1], C);
     double rg = gt == L3D_F32 ? 0 : 1;
     mp_check(K_LAYERNORM, t, tag, "out", out[1], out[0], N * C, 1, C);
     mp_check(K_LAYERNORM, t, tag, "mean", mean[1], mean[0], N, 0, C);
@@ -1389,7 +1406,7 @@ static void mp_layernorm(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtyp
     mp_check(K_LAYERNORM, t, tag, "dinp", di[1], di[0], N * C, 1, C);
     mp_check(K_LAYERNORM, t, tag, "dweight", dw[1], dw[0], C, rg, N);
     mp_check(K_LAYERNORM, t, tag, "dbias", db[1], db[0], C, rg, N);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         free(out[k]), free(mean[k]), free(rstd[k]), free(di[k]), free(dw[k]), free(db[k]);
     free(inp), free(w), free(b), free(dout), free(di0), free(dw0), free(db0);
 }
@@ -1482,7 +1499,8 @@ static void mp_elementwise(struct l3d_backend *be, enum l3d_dtype t, int64_t N, 
     char tag[96];
     snprintf(tag, sizeof tag, "elementwise N=%lld C=%lld", (ll)N, (ll)C);
     const int64_t n = N * C;
-    float *x = qrand(t, n, 0, 2, s + 1), *y = qrand(t, n, 0, 1, s + 2), *d = qrand(t, n, 0, 1, s + 3);
+    float *x = qrand(t, n, 0, 2, s + 1), *y = qrand(t, n, 0, 1, s + 2);
+    float *d = qrand(t, n, 0, 1, s + 3);
     float *bias = qrand(t, C, 0, 1, s + 4);
     float *g[2], *dg[2], *r[2], *ai[2], *ab[2];
     for (int k = 0; k < 2; k++) {
@@ -1546,7 +1564,8 @@ static void mp_adamw(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt
                      uint64_t s) {
     char tag[96];
     snprintf(tag, sizeof tag, "adamw_mixed n=%lld grads %s", (ll)n, l3d_dtype_name(gt));
-    float *p0 = frand(n, 0, 1, s + 1), *m0 = frand(n, 0, 0.1f, s + 2), *g = qrand(t, n, 0, 1, s + 4);
+    float *p0 = frand(n, 0, 1, s + 1), *m0 = frand(n, 0, 0.1f, s + 2);
+    float *g = qrand(t, n, 0, 1, s + 4);
     float *v0 = frand(n, 0, 0.1f, s + 3);
     for (int64_t i = 0; i < n; i++) v0[i] = v0[i] * v0[i];
     float *p[2], *m[2], *v[2], *w16 = fnan(n);
