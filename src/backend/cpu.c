@@ -1,6 +1,8 @@
 /*
  * CPU backend: matrix products through oneDNN's dnnl_sgemm (row-major, shares the OpenMP thread
  * pool with the loops below), every other kernel an OpenMP loop written so that GCC vectorises it.
+ * Every kernel has an fp32 variant and, for mixed precision, bf16 and fp16 ones ("16-bit storage"
+ * below): 16-bit operands, fp32 arithmetic, each 16-bit output rounded once.
  *
  * Contract (include/llm3d/backend.h): activations are overwritten (=), every gradient output
  * accumulates (+=). Every reduction runs over fixed static chunks combined in thread order, so a
