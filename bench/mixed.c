@@ -104,10 +104,10 @@ int main(int argc, char **argv) {
     }
     const enum l3d_dtype ts[3] = {L3D_F32, L3D_BF16, L3D_F16};
     const int64_t shapes[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
-    printf("backend %s, %d threads, N = %lld rows; peak: fp32 FMA %.1f GFLOP/s, bf16 dot %.1f "
-           "GFLOP/s (0: no AVX512-BF16)\n", l3d_backend_name(be), omp_get_max_threads(),
-           (long long)N, l3d_be_peak_flops(be, L3D_F32) / 1e9,
-           l3d_be_peak_flops(be, L3D_BF16) / 1e9);
+    printf("backend %s, %d threads, N = %lld rows; peak (l3d_be_peak_flops): fp32 %.1f, bf16 %.1f "
+           "GFLOP/s (bf16 dot products with AVX512-BF16, else fp32 FMAs)\n",
+           l3d_backend_name(be), omp_get_max_threads(), (long long)N,
+           l3d_be_peak_flops(be, L3D_F32) / 1e9, l3d_be_peak_flops(be, L3D_BF16) / 1e9);
     printf("(the three types interleaved pass by pass, medians: the machine's load drifts)\n");
     printf("%-16s %-5s %12s %12s %10s %10s\n", "shape C x OC", "type", "fwd GFLOP/s",
            "bwd GFLOP/s", "fwd vs f32", "bwd vs f32");
