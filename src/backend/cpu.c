@@ -868,16 +868,37 @@ static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
     }
 }
 
-/* The same over threads, for whole tensors. */
-static void to_f32_par(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 8 * L3D_BLK)
-    for (int64_t i0 = 0; i0 < n; i0 += 8 * L3D_BLK)
-        to_f32(t, dst + i0, at(t, src, i0), n - i0 < 8 * L3D_BLK ? n - i0 : 8 * L3D_BLK);
-}
-static void from_f32_par(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 8 * L3D_BLK)
-    for (int64_t i0 = 0; i0 < n; i0 += 8 * L3D_BLK)
-        from_f32(t, at(t, dst, i0), src + i0, n - i0 < 8 * L3D_BLK ? n - i0 : 8 * L3D_BLK);
+/* A conversion of n elements between the fp32 buffer f and h of type t: to fp32 (in) or back. */
+struct cvt_job {
+    enum l3d_dtype t;
+    float *f;
+    void *h;
+    int64_t n;
+    bool in;
+};
+#define L3D_CVT_JOBS 6
+
+/* Whole tensors, all the jobs in one pass in blocks of 8 L3D_BLK; over threads, in one parallel
+ * region, only from 4M elements on. A conversion is memory-bound: one core converts the 1.8M
+ * elements of a 768 x 2304 weight in 0.4 ms, while a fork-join on cores shared with other
+ * processes waits for the other thread's time slice (4-8 ms measured on this VM under load). */
+static void cvt_par(const struct cvt_job *jobs, int nj) {
+    const int64_t CB = 8 * L3D_BLK;
+    int64_t nb[L3D_CVT_JOBS], total = 0, elems = 0;
+    L3D_ASSERT(nj <= L3D_CVT_JOBS);
+    for (int j = 0; j < nj; j++) total += nb[j] = (jobs[j].n + CB - 1) / CB, elems += jobs[j].n;
+#pragma omp parallel for schedule(static) if (elems > ((int64_t)1 << 22))
+    for (int64_t b = 0; b < total; b++) {
+        int j = 0;
+        int64_t k = b;
+        while (k >= nb[j]) k -= nb[j++];
+        const struct cvt_job *c = &jobs[j];
+        int64_t i0 = k * CB, n = c->n - i0 < CB ? c->n - i0 : CB;
+        if (c->in)
+            to_f32(c->t, c->f + i0, at(c->t, c->h, i0), n);
+        else
+            from_f32(c->t, at(c->t, c->h, i0), c->f + i0, n);
+    }
 }
 
 /* rows x cols of a strided 16-bit matrix (stride ss elements) into / out of a dense fp32 one
@@ -922,11 +943,12 @@ static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
     float *fi = l3d_alloc((size_t)(N * C + OC * C + OC + N * OC) * sizeof(float),
                           "fp32 operands of a 16-bit matmul");
     float *fw = fi + N * C, *fb = fw + OC * C, *fo = fb + OC;
-    to_f32_par(dt, fi, inp, N * C);
-    to_f32_par(dt, fw, weight, OC * C);
-    if (bias) to_f32(dt, fb, bias, OC);
+    struct cvt_job in[3] = {{dt, fi, (void *)inp, N * C, true},
+                            {dt, fw, (void *)weight, OC * C, true},
+                            {dt, fb, (void *)bias, bias ? OC : 0, true}};
+    cvt_par(in, 3);
     matmul_forward_f32(cx, fo, fi, fw, bias ? fb : NULL, N, C, OC);
-    from_f32_par(dt, out, fo, N * OC);
+    cvt_par(&(struct cvt_job){dt, fo, out, N * OC, false}, 1);
     l3d_free(fi);
 }
 
@@ -975,23 +997,21 @@ static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_d
         int64_t n = N * OC + (fi ? OC * C + N * C : 0) + (fw ? N * C : 0) +
                     (fw && gdt != L3D_F32 ? OC * C : 0);
         float *fo = l3d_alloc((size_t)n * sizeof(float), "fp32 operands of a 16-bit matmul");
-        float *p = fo + N * OC;
-        to_f32_par(dt, fo, dout, N * OC);
-        if (fi) {
-            float *fwt = p, *fdi = p + OC * C;
-            p += OC * C + N * C;
-            to_f32_par(dt, fwt, weight, OC * C);
-            to_f32_par(dt, fdi, dinp, N * C);
-            sgemm('N', 'N', N, C, OC, 1.0f, fo, OC, fwt, C, 1.0f, fdi, C);
-            from_f32_par(dt, dinp, fdi, N * C);
-        }
-        if (fw) {
-            float *fin = p, *fdw = gdt == L3D_F32 ? dweight : p + N * C;
-            to_f32_par(dt, fin, inp, N * C);
-            if (gdt != L3D_F32) to_f32_par(gdt, fdw, dweight, OC * C);
-            sgemm('T', 'N', OC, C, N, 1.0f, fo, OC, fin, C, 1.0f, fdw, C);
-            if (gdt != L3D_F32) from_f32_par(gdt, dweight, fdw, OC * C);
-        }
+        /* fo: dout; then fi: weight, dinp; fw: inp, dweight unless it is fp32 already */
+        float *fwt = fo + N * OC, *fdi = fwt + (fi ? OC * C : 0);
+        float *fin = fdi + (fi ? N * C : 0), *fdw = gdt == L3D_F32 ? dweight : fin + N * C;
+        bool cw = fw && gdt != L3D_F32;
+        struct cvt_job in[5] = {{dt, fo, (void *)dout, N * OC, true},
+                                {dt, fwt, (void *)weight, fi ? OC * C : 0, true},
+                                {dt, fdi, dinp, fi ? N * C : 0, true},
+                                {dt, fin, (void *)inp, fw ? N * C : 0, true},
+                                {gdt, fdw, dweight, cw ? OC * C : 0, true}};
+        cvt_par(in, 5);
+        if (fi) sgemm('N', 'N', N, C, OC, 1.0f, fo, OC, fwt, C, 1.0f, fdi, C);
+        if (fw) sgemm('T', 'N', OC, C, N, 1.0f, fo, OC, fin, C, 1.0f, fdw, C);
+        struct cvt_job back[2] = {{dt, fdi, dinp, fi ? N * C : 0, false},
+                                  {gdt, fdw, dweight, cw ? OC * C : 0, false}};
+        cvt_par(back, 2);
         l3d_free(fo);
     }
     if (dbias) bias_grad_16(dt, gdt, dbias, dout, N, OC);
