@@ -227,6 +227,24 @@ static void d2h_past_end(struct death *dz) {
     l3d_be_copy_d2h(dz->be, dz->host, dz->dev + 1, N * sizeof(float));
 }
 
+/* mixed precision: an fp32 main_grad sized as if it were bf16 (1500 elements: 3000 bytes in bf16
+ * fit the 4000-byte buffer, 6000 in fp32 do not) */
+static void main_grad_too_small(struct death *dz) {
+    l3d_be_matmul_backward_mixed(dz->be, L3D_BF16, L3D_F32, NULL, dz->dev, NULL, dz->dev2,
+                                 dz->dev2, dz->dev2, 1, 30, 50);
+}
+static void grads_of_other_16bit_type(struct death *dz) {
+    l3d_be_matmul_backward_mixed(dz->be, L3D_BF16, L3D_F16, NULL, dz->dev, NULL, dz->dev2,
+                                 dz->dev2, dz->dev2, 1, 30, 50);
+}
+static void adamw_16bit_params(struct death *dz) {
+    l3d_be_adamw(dz->be, L3D_BF16, dz->dev, dz->dev2, dz->dev2, dz->dev, 1.0f, 10, 1e-3f, 0.9f,
+                 0.95f, 1e-8f, 0.0f, 0.1f, 0.05f);
+}
+static void naive_attention_bf16(struct death *dz) {
+    l3d_be_attention_naive_forward(dz->be, L3D_BF16, dz->dev, dz->dev2, dz->dev, 1, 4, 1, 8);
+}
+
 static void test_check_refusals(void) {
     struct death dz = {0};
     L3D_ASSERT(l3d_backend_init("check", &dz.be) == L3D_OK);
@@ -261,6 +279,15 @@ static void test_check_refusals(void) {
          {"copy_d2h: dst = ", "is device memory where host memory is expected"}},
         {"copy_d2h past the end of the source", d2h_past_end, 0,
          {"copy_d2h: src reaches", "past its end"}},
+        {"an fp32 main_grad the size of a bf16 one", main_grad_too_small, 0,
+         {"matmul_backward: dweight reaches 6000 bytes from offset 0 of the 4000-byte buffer "
+          "'weights': past its end", ""}},
+        {"fp16 gradients of bf16 activations", grads_of_other_16bit_type, 0,
+         {"matmul_backward has no variant for fp16 gradients of bf16 activations", ""}},
+        {"adamw on bf16 parameters (adamw_mixed keeps fp32 masters)", adamw_16bit_params, 0,
+         {"kernel adamw has no bf16 variant", ""}},
+        {"the naive attention (an fp32 oracle) in bf16", naive_attention_bf16, 0,
+         {"kernel attention_naive_forward has no bf16 variant", ""}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_death(cases[i].what, cases[i].fn, &dz, cases[i].sig, cases[i].msg);
@@ -285,6 +312,12 @@ int main(void) {
     double peak = l3d_be_peak_flops(be, L3D_F32);
     printf("peak fp32: %.3g FLOP/s\n", peak);
     CHECK(peak > 0.0);
+    /* 16-bit products: bf16 dot products, or fp32 ones around converted operands */
+    double pb = l3d_be_peak_flops(be, L3D_BF16), ph = l3d_be_peak_flops(be, L3D_F16);
+    printf("peak bf16: %.3g FLOP/s, fp16: %.3g FLOP/s\n", pb, ph);
+    CHECK(pb > 0.0);
+    CHECK(ph > 0.0);
+    CHECK(l3d_be_peak_flops(be, L3D_I32) == 0.0);
     l3d_backend_free(be);
 
     printf("checking backend:\n");

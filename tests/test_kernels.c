@@ -1017,6 +1017,644 @@ static void test_sumsq(struct l3d_backend *be, int64_t n, float sigma, uint64_t 
 
 /* ------------------------------------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------------------------------------
+ * Mixed precision: every kernel in bf16 and fp16 against the fp32 kernel (itself checked against
+ * the double reference above) run on the same inputs, rounded to the 16-bit format first so that
+ * both see exactly the same values.
+ *
+ * Tolerances, from the format's unit roundoff u (half an ulp at 1: bf16 2^-8, fp16 2^-11). The
+ * 16-bit kernels widen their operands to fp32 (exact), compute in fp32 and round each output
+ * once (an accumulated gradient: old + delta, rounded once). So a 16-bit output y16 and the fp32
+ * kernel's y32 differ by
+ *     |y16 - y32| <= r u |y32| + d,
+ * r the number of 16-bit roundings on the value's path (1 for every output here; 0 for the fp32
+ * outputs mean, rstd, lse, maxv, sumexp and an fp32 main_grad; the number of occurrences of a
+ * token for a 16-bit embedding gradient, which adds each occurrence), and d the difference of two
+ * fp32 computations of the same value in another order or by another product kernel (oneDNN's
+ * bf16 matmul against sgemm): at most ~ k 2^-24 sum|terms| for a sum of k terms. The check is
+ *     |got - want| <= r (u |want| + s) + k 2^-23 (|want| + max|want|),
+ * s = 2^-25 for fp16 (half its subnormal spacing: below 2^-14 the rounding error is absolute),
+ * k the length of the longest fp32 sum behind the value (C or OC for a product, N for a column
+ * sum, T for attention, Vvalid for the softmax), the max|want| term covering sums that cancel
+ * (sum|terms| is ~ sqrt(k) max|want| for these random inputs, well inside k 2^-23 max|want|).
+ * Round to nearest even gives |y16 - y32| <= u |y32| exactly, so the worst err/tol printed at the
+ * end approaches 1 from below; truncation (up to 2u), a second rounding, a wrong element or 16-bit
+ * accumulation (k roundings) exceeds it. Every check is followed by its negative case: the same
+ * oracle must reject the output with one entry moved by twice its tolerance, and with a NaN.
+ * ------------------------------------------------------------------------------------------- */
+
+static double unit_roundoff(enum l3d_dtype t) {
+    return t == L3D_BF16 ? 0x1p-8 : t == L3D_F16 ? 0x1p-11 : 0x1p-24;
+}
+/* The tolerance of one entry: r roundings of the value itself (plus half fp16's smallest
+ * subnormal spacing, for outputs in fp16's subnormal range), and k fp32 operations' worth of
+ * the tensor's scale. */
+struct mp_tol {
+    double r, k;
+};
+static double mp_tol_at(enum l3d_dtype t, struct mp_tol tl, double want, double scale) {
+    double sub = t == L3D_F16 ? 0x1p-25 : 0.0;
+    return tl.r * (unit_roundoff(t) * fabs(want) + sub) + tl.k * 0x1p-23 * (fabs(want) + scale);
+}
+
+/* x rounded to type t in place (exactly representable afterwards) */
+static void q16(enum l3d_dtype t, float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (t == L3D_BF16) x[i] = l3d_bf16_to_f32(l3d_f32_to_bf16(x[i]));
+        if (t == L3D_F16) x[i] = l3d_f16_to_f32(l3d_f32_to_f16(x[i]));
+    }
+}
+static float *qrand(enum l3d_dtype t, int64_t n, float mean, float std, uint64_t stream) {
+    float *x = frand(n, mean, std, stream);
+    q16(t, x, n);
+    return x;
+}
+static float *fdup(const float *x, int64_t n) {
+    if (!x) return NULL;
+    float *y = falloc(n);
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return y;
+}
+
+/* Staging in a given element type: host fp32 arrays converted to t on upload, widened back on
+ * download (outputs). */
+#define MS_MAX 12
+struct mstage {
+    struct l3d_backend *be;
+    int n;
+    struct {
+        float *host;
+        void *dev;
+        int64_t count;
+        enum l3d_dtype t;
+        int out;
+    } a[MS_MAX];
+};
+
+static void *ms(struct mstage *s, enum l3d_dtype t, const float *h, int64_t n, int out) {
+    if (!h) return NULL;
+    L3D_ASSERT(s->n < MS_MAX);
+    size_t e = l3d_dtype_size(t);
+    void *tmp = xmalloc((size_t)n * e);
+    for (int64_t i = 0; i < n; i++) {
+        if (t == L3D_F32) ((float *)tmp)[i] = h[i];
+        if (t == L3D_BF16) ((uint16_t *)tmp)[i] = l3d_f32_to_bf16(h[i]);
+        if (t == L3D_F16) ((uint16_t *)tmp)[i] = l3d_f32_to_f16(h[i]);
+    }
+    void *dev = l3d_be_alloc(s->be, (size_t)n * e, "test staging");
+    L3D_ASSERT(dev != NULL);
+    l3d_be_copy_h2d(s->be, dev, tmp, (size_t)n * e);
+    free(tmp);
+    s->a[s->n].host = (float *)h;
+    s->a[s->n].dev = dev;
+    s->a[s->n].count = n;
+    s->a[s->n].t = t;
+    s->a[s->n].out = out;
+    s->n++;
+    return dev;
+}
+static void ms_done(struct mstage *s) {
+    for (int i = 0; i < s->n; i++) {
+        if (s->a[i].out) {
+            enum l3d_dtype t = s->a[i].t;
+            int64_t n = s->a[i].count;
+            void *tmp = xmalloc((size_t)n * l3d_dtype_size(t));
+            l3d_be_copy_d2h(s->be, tmp, s->a[i].dev, (size_t)n * l3d_dtype_size(t));
+            for (int64_t k = 0; k < n; k++) {
+                float *h = s->a[i].host;
+                if (t == L3D_F32) h[k] = ((float *)tmp)[k];
+                if (t == L3D_BF16) h[k] = l3d_bf16_to_f32(((uint16_t *)tmp)[k]);
+                if (t == L3D_F16) h[k] = l3d_f16_to_f32(((uint16_t *)tmp)[k]);
+            }
+            free(tmp);
+        }
+        l3d_be_free(s->be, s->a[i].dev);
+    }
+    s->n = 0;
+}
+
+static double mp_margin[K_COUNT][2]; /* worst err/tol per kernel, [0] bf16, [1] fp16 */
+
+/* Entries of got outside |got - want| <= mp_tol_at (NaN-aware); *worst the largest err/tol,
+ * *worst_i where. */
+static int64_t mp_bad(enum l3d_dtype t, const float *got, const float *want, int64_t n,
+                      struct mp_tol tl, double *worst, int64_t *worst_i) {
+    double scale = 0.0;
+    for (int64_t i = 0; i < n; i++) scale = test_max(scale, fabs((double)want[i]));
+    int64_t nbad = 0;
+    *worst = 0.0;
+    *worst_i = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - want[i]), tol = mp_tol_at(t, tl, want[i], scale);
+        double r = err <= tol ? (tol > 0 ? err / tol : 0.0) : INFINITY;
+        if (!(err <= tol)) {
+            nbad++;
+            r = tol > 0 && !isnan(err) ? err / tol : INFINITY;
+        }
+        if (r > *worst || (isnan(r))) {
+            *worst = r;
+            *worst_i = i;
+        }
+    }
+    return nbad;
+}
+
+/* got (the 16-bit kernel's output, widened) against want (the fp32 kernel's), then the negative
+ * cases: one entry moved by twice its tolerance, and a NaN, must both be rejected. */
+static void mp_check(enum kern kern, enum l3d_dtype t, const char *tag, const char *what,
+                     const float *got, const float *want, int64_t n, double r, double k_ops) {
+    struct mp_tol tl = {r, k_ops};
+    double worst;
+    int64_t wi;
+    int64_t nbad = mp_bad(t, got, want, n, tl, &worst, &wi);
+    int slot = t == L3D_F16;
+    if (worst > mp_margin[kern][slot]) mp_margin[kern][slot] = worst;
+    test_checks++;
+    if (nbad) {
+        test_failures++;
+        fprintf(stderr, "FAIL %s %s: %s: %lld of %lld entries out of tolerance; worst [%lld]: "
+                "got %.9g, want %.9g (%g roundings + %g fp32 ops)\n", tag, l3d_dtype_name(t),
+                what, (ll)nbad, (ll)n, (ll)wi, got[wi], want[wi], r, k_ops);
+    }
+    if (n == 0) return;
+    float *bad = fdup(got, n);
+    double scale = 0.0;
+    for (int64_t i = 0; i < n; i++) scale = test_max(scale, fabs((double)want[i]));
+    int64_t k = n / 2;
+    double tol = mp_tol_at(t, tl, want[k], scale);
+    bad[k] = (float)((double)want[k] + (tol > 0 ? 2.0 * tol : 1e-30));
+    int64_t dummy;
+    if (bad[k] != want[k]) CHECK(mp_bad(t, bad, want, n, tl, &worst, &dummy) > 0);
+    bad[k] = got[k];
+    bad[n - 1] = NAN;
+    CHECK(mp_bad(t, bad, want, n, tl, &worst, &dummy) > 0);
+    free(bad);
+}
+
+static const enum l3d_dtype mp_types[2] = {L3D_BF16, L3D_F16};
+
+/* -- conversions, and the loss-scaling check -- */
+
+static void mp_convert(struct l3d_backend *be) {
+    /* specials, ties, the fp16 range edges and subnormals, then random values of many scales */
+    const float sp[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, -NAN,
+                        1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-23f, 1.0f + 3 * 0x1p-8f,
+                        1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 65519.99f, 65520.0f,
+                        1e30f, 3.4e38f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f,
+                        1e-40f, 0x1.fffffep127f};
+    const int64_t nsp = (int64_t)(sizeof sp / sizeof sp[0]), n = 1037;
+    float *x = frand(n, 0, 1, 9001);
+    for (int64_t i = 0; i < n; i++) x[i] *= powf(2.0f, (float)((i % 61) - 30));
+    memcpy(x, sp, sizeof sp);
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype t = mp_types[k];
+        uint16_t *want = xmalloc((size_t)n * 2), *got = xmalloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++)
+            want[i] = t == L3D_BF16 ? l3d_f32_to_bf16(x[i]) : l3d_f32_to_f16(x[i]);
+        float *d32 = l3d_be_alloc(be, (size_t)n * 4, "test");
+        void *d16 = l3d_be_alloc(be, (size_t)n * 2, "test");
+        l3d_be_copy_h2d(be, d32, x, (size_t)n * 4);
+        l3d_be_convert(be, t, d16, L3D_F32, d32, n);
+        l3d_be_copy_d2h(be, got, d16, (size_t)n * 2);
+        int64_t nbad = 0;
+        for (int64_t i = 0; i < n; i++) nbad += got[i] != want[i];
+        CHECK(nbad == 0);
+        if (nbad) fprintf(stderr, "FAIL convert fp32 -> %s: %lld of %lld differ from core's\n",
+                          l3d_dtype_name(t), (ll)nbad, (ll)n);
+        /* negative: the comparison sees a single wrong bit */
+        got[3] ^= 1;
+        nbad = 0;
+        for (int64_t i = 0; i < n; i++) nbad += got[i] != want[i];
+        CHECK(nbad == 1);
+        /* back to fp32: exact (bit for bit) */
+        float *back = falloc(n);
+        l3d_be_convert(be, L3D_F32, d32, t, d16, n);
+        l3d_be_copy_d2h(be, back, d32, (size_t)n * 4);
+        nbad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float w = t == L3D_BF16 ? l3d_bf16_to_f32(want[i]) : l3d_f16_to_f32(want[i]);
+            nbad += memcmp(&w, &back[i], 4) != 0;
+        }
+        CHECK(nbad == 0);
+        /* 16 -> other 16 goes through fp32: round(widen(x)) */
+        enum l3d_dtype o = mp_types[1 - k];
+        void *d16b = l3d_be_alloc(be, (size_t)n * 2, "test");
+        l3d_be_convert(be, o, d16b, t, d16, n);
+        l3d_be_copy_d2h(be, got, d16b, (size_t)n * 2);
+        nbad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float w = t == L3D_BF16 ? l3d_bf16_to_f32(want[i]) : l3d_f16_to_f32(want[i]);
+            nbad += got[i] != (o == L3D_BF16 ? l3d_f32_to_bf16(w) : l3d_f32_to_f16(w));
+        }
+        CHECK(nbad == 0);
+        l3d_be_free(be, d16b);
+        l3d_be_free(be, d32);
+        l3d_be_free(be, d16);
+        free(back), free(want), free(got);
+    }
+    CHECK(nsp < n);
+    free(x);
+}
+
+/* unscale: the flag set by any Inf/NaN (never cleared), finite values scaled and rounded once */
+static void mp_unscale(struct l3d_backend *be, enum l3d_dtype t, int64_t n, uint64_t s) {
+    char tag[96];
+    snprintf(tag, sizeof tag, "unscale n=%lld", (ll)n);
+    for (int c = 0; c < 4; c++) { /* all finite; an Inf; a NaN; all finite, flag already set */
+        float *x = qrand(t, n, 0, 1000, s + c), *want = fdup(x, n);
+        float flag[1] = {c == 3 ? 1.0f : 0.0f};
+        if (c == 1) x[n - 1] = -INFINITY;
+        if (c == 2) x[n / 3] = NAN;
+        const float inv = 1.0f / 1024.0f * 3.0f;
+        for (int64_t i = 0; i < n; i++) want[i] = x[i] * inv;
+        q16(t, want, n);
+        struct mstage st = {.be = be};
+        void *dx = ms(&st, t, x, n, 1);
+        l3d_be_unscale(be, t, ms(&st, L3D_F32, flag, 1, 1), dx, inv, n);
+        ms_done(&st);
+        CHECK(flag[0] == (c == 0 ? 0.0f : 1.0f));
+        if (c == 0) mp_check(K_SUMSQ, t, tag, "x * inv_scale", x, want, n, 1, 1);
+        free(x), free(want);
+    }
+}
+
+/* -- matmul -- */
+
+static void mm_run(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, float *out,
+                   float *dinp, float *dw, float *db, const float *inp, const float *w,
+                   const float *b, const float *dout, int64_t N, int64_t C, int64_t OC) {
+    struct mstage s = {.be = be};
+    l3d_be_matmul_forward(be, t, ms(&s, t, out, N * OC, 1), ms(&s, t, inp, N * C, 0),
+                          ms(&s, t, w, OC * C, 0), ms(&s, t, b, OC, 0), N, C, OC);
+    l3d_be_matmul_backward_mixed(be, t, gt, ms(&s, t, dinp, N * C, 1), ms(&s, gt, dw, OC * C, 1),
+                                 ms(&s, gt, db, OC, 1), ms(&s, t, dout, N * OC, 0),
+                                 ms(&s, t, inp, N * C, 0), ms(&s, t, w, OC * C, 0), N, C, OC);
+    ms_done(&s);
+}
+
+static void mp_matmul(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t N,
+                      int64_t C, int64_t OC, int with_bias, int null_dinp, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "matmul N=%lld C=%lld OC=%lld%s%s grads %s", (ll)N, (ll)C, (ll)OC,
+             with_bias ? "" : " (no bias)", null_dinp ? " dinp NULL" : "", l3d_dtype_name(gt));
+    float *inp = qrand(t, N * C, 0, 1, s + 1), *w = qrand(t, OC * C, 0, 1, s + 2);
+    float *b = with_bias ? qrand(t, OC, 0, 1, s + 3) : NULL, *dout = qrand(t, N * OC, 0, 1, s + 4);
+    float *out[2], *di[2], *dw[2], *db[2];
+    float *di0 = null_dinp ? NULL : qrand(t, N * C, 0, 2, s + 5);
+    float *dw0 = qrand(t, OC * C, 0, 2, s + 6);
+    float *db0 = with_bias ? qrand(t, OC, 0, 2, s + 7) : NULL;
+    for (int k = 0; k < 2; k++) {
+        out[k] = fnan(N * OC), di[k] = fdup(di0, N * C), dw[k] = fdup(dw0, OC * C),
+        db[k] = fdup(db0, OC);
+        mm_run(be, k ? t : L3D_F32, k ? gt : L3D_F32, out[k], di[k], dw[k], db[k], inp, w, b, dout,
+               N, C, OC);
+    }
+    double rg = gt == L3D_F32 ? 0 : 1;
+    mp_check(K_MATMUL, t, tag, "out", out[1], out[0], N * OC, 1, C);
+    if (!null_dinp) mp_check(K_MATMUL, t, tag, "dinp", di[1], di[0], N * C, 1, OC);
+    mp_check(K_MATMUL, t, tag, "dweight", dw[1], dw[0], OC * C, rg, N);
+    if (with_bias) mp_check(K_MATMUL, t, tag, "dbias", db[1], db[0], OC, rg, N);
+    for (int k = 0; k < 2; k++) free(out[k]), free(di[k]), free(dw[k]), free(db[k]);
+    free(inp), free(w), free(b), free(dout), free(di0), free(dw0), free(db0);
+}
+
+/* -- encoder -- */
+
+static void mp_encoder(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t B,
+                       int64_t T, int64_t C, int64_t vocab_start, int64_t vocab_count,
+                       int64_t Vtotal, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "encoder B=%lld T=%lld C=%lld slice [%lld,+%lld) of %lld grads %s",
+             (ll)B, (ll)T, (ll)C, (ll)vocab_start, (ll)vocab_count, (ll)Vtotal,
+             l3d_dtype_name(gt));
+    int32_t *tok = ialloc(B * T);
+    ref_fill_tokens(tok, B * T, 0, (int32_t)Vtotal, SEED, s + 1);
+    float *wte = qrand(t, vocab_count * C, 0, 1, s + 2), *wpe = qrand(t, T * C, 0, 1, s + 3);
+    float *dout = qrand(t, B * T * C, 0, 1, s + 4);
+    float *g0 = qrand(t, vocab_count * C, 0, 1, s + 5), *p0 = qrand(t, T * C, 0, 1, s + 6);
+    /* k = 0: fp32, 1: 16-bit, 2: 16-bit on 3 threads (bit-identical: threads own channels) */
+    float *out[3], *dwte[3], *dwpe[3];
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32, g = k ? gt : L3D_F32;
+        omp_set_num_threads(k == 2 ? 3 : saved);
+        out[k] = fnan(B * T * C), dwte[k] = fdup(g0, vocab_count * C), dwpe[k] = fdup(p0, T * C);
+        struct mstage st = {.be = be};
+        int32_t *dtok = l3d_be_alloc(be, (size_t)(B * T) * 4, "test tokens");
+        l3d_be_copy_h2d(be, dtok, tok, (size_t)(B * T) * 4);
+        l3d_be_encoder_forward(be, a, ms(&st, a, out[k], B * T * C, 1), dtok,
+                               ms(&st, a, wte, vocab_count * C, 0), ms(&st, a, wpe, T * C, 0),
+                               vocab_start, vocab_count, B, T, C);
+        l3d_be_encoder_backward_mixed(be, a, g, ms(&st, g, dwte[k], vocab_count * C, 1),
+                                      ms(&st, g, dwpe[k], T * C, 1),
+                                      ms(&st, a, dout, B * T * C, 0), dtok, vocab_start,
+                                      vocab_count, B, T, C);
+        ms_done(&st);
+        l3d_be_free(be, dtok);
+    }
+    omp_set_num_threads(saved);
+    check_all_equal(tag, "16-bit out, 3 threads", out[2], out[1], B * T * C);
+    check_all_equal(tag, "16-bit dwte, 3 threads", dwte[2], dwte[1], vocab_count * C);
+    check_all_equal(tag, "16-bit dwpe, 3 threads", dwpe[2], dwpe[1], T * C);
+    double rg = gt == L3D_F32 ? 0 : 1; /* dwte: a token's rows summed in fp32, added once */
+    mp_check(K_ENCODER, t, tag, "out", out[1], out[0], B * T * C, 1, 1);
+    mp_check(K_ENCODER, t, tag, "dwte", dwte[1], dwte[0], vocab_count * C,
+             rg, B * T);
+    mp_check(K_ENCODER, t, tag, "dwpe", dwpe[1], dwpe[0], T * C, rg, B);
+    for (int k = 0; k < 3; k++) free(out[k]), free(dwte[k]), free(dwpe[k]);
+    free(tok), free(wte), free(wpe), free(dout), free(g0), free(p0);
+}
+
+/* -- layernorm -- */
+
+static void mp_layernorm(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t N,
+                         int64_t C, float mu, float sigma, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "layernorm N=%lld C=%lld inp~N(%g,%g) grads %s", (ll)N, (ll)C, mu,
+             sigma, l3d_dtype_name(gt));
+    float *inp = qrand(t, N * C, mu, sigma, s + 1), *w = qrand(t, C, 1, 0.5f, s + 2);
+    float *b = qrand(t, C, 0, 0.5f, s + 3), *dout = qrand(t, N * C, 0, 1, s + 4);
+    float *di0 = qrand(t, N * C, 0, 1, s + 5), *dw0 = qrand(t, C, 0, 1, s + 6);
+    float *db0 = qrand(t, C, 0, 1, s + 7);
+    /* k = 0: fp32, 1: 16-bit, 2: 16-bit on 3 threads (bit-identical: rows and columns owned) */
+    float *out[3], *mean[3], *rstd[3], *di[3], *dw[3], *db[3];
+    int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32, g = k ? gt : L3D_F32;
+        omp_set_num_threads(k == 2 ? 3 : saved);
+        out[k] = fnan(N * C), mean[k] = fnan(N), rstd[k] = fnan(N);
+        di[k] = fdup(di0, N * C), dw[k] = fdup(dw0, C), db[k] = fdup(db0, C);
+        struct mstage st = {.be = be};
+        float *dmean = ms(&st, L3D_F32, mean[k], N, 1), *drstd = ms(&st, L3D_F32, rstd[k], N, 1);
+        const void *dinp = ms(&st, a, inp, N * C, 0), *dwt = ms(&st, a, w, C, 0);
+        l3d_be_layernorm_forward(be, a, ms(&st, a, out[k], N * C, 1), dmean, drstd, dinp, dwt,
+                                 ms(&st, a, b, C, 0), N, C);
+        l3d_be_layernorm_backward_mixed(be, a, g, ms(&st, a, di[k], N * C, 1),
+                                        ms(&st, g, dw[k], C, 1), ms(&st, g, db[k], C, 1),
+                                        ms(&st, a, dout, N * C, 0), dinp, dwt, dmean, drstd, N, C);
+        ms_done(&st);
+    }
+    omp_set_num_threads(saved);
+    check_all_equal(tag, "16-bit out, 3 threads", out[2], out[1], N * C);
+    check_all_equal(tag, "16-bit dinp, 3 threads", di[2], di[1], N * C);
+    check_all_equal(tag, "16-bit dweight, 3 threads", dw[2], dw[1], C);
+    check_all_equal(tag, "16-bit dbias, 3 threads", db[2], db[1], C);
+    double rg = gt == L3D_F32 ? 0 : 1;
+    mp_check(K_LAYERNORM, t, tag, "out", out[1], out[0], N * C, 1, C);
+    mp_check(K_LAYERNORM, t, tag, "mean", mean[1], mean[0], N, 0, C);
+    mp_check(K_LAYERNORM, t, tag, "rstd", rstd[1], rstd[0], N, 0, C);
+    mp_check(K_LAYERNORM, t, tag, "dinp", di[1], di[0], N * C, 1, C);
+    mp_check(K_LAYERNORM, t, tag, "dweight", dw[1], dw[0], C, rg, N);
+    mp_check(K_LAYERNORM, t, tag, "dbias", db[1], db[0], C, rg, N);
+    for (int k = 0; k < 3; k++)
+        free(out[k]), free(mean[k]), free(rstd[k]), free(di[k]), free(dw[k]), free(db[k]);
+    free(inp), free(w), free(b), free(dout), free(di0), free(dw0), free(db0);
+}
+
+/* -- attention: tiled forward and backward, and over a key/value cache -- */
+
+/* forward when out is not NULL (out, lse =), else backward (dqkv +=) from the given out, lse */
+static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float *lse, float *dqkv,
+                    const float *out_in, const float *lse_in, const float *qkv, const float *dout,
+                    int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    struct mstage st = {.be = be};
+    const void *dq = ms(&st, a, qkv, nqkv, 0);
+    if (out)
+        l3d_be_attention_forward(be, a, ms(&st, a, out, nout, 1), ms(&st, L3D_F32, lse, nlse, 1),
+                                 dq, B, T, NH, HS);
+    else
+        l3d_be_attention_backward(be, a, ms(&st, a, dqkv, nqkv, 1), ms(&st, a, dout, nout, 0), dq,
+                                  ms(&st, a, out_in, nout, 0), ms(&st, L3D_F32, lse_in, nlse, 0),
+                                  B, T, NH, HS);
+    ms_done(&st);
+}
+
+/* Backward's inputs are forward's outputs: both backward runs get the 16-bit kernel's out (exact
+ * in fp32) and lse, so that the comparison sees only the backward kernel's own roundings (the
+ * rounding of out moves D = rowsum(dO * O), and through it every dS of the row, by far more than
+ * u relative where dP - D cancels: inherent to 16-bit activations, not the kernel's error). */
+static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, int64_t T,
+                         int64_t NH, int64_t HS, int threads, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T, (ll)NH,
+             (ll)HS);
+    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    float *qkv = qrand(t, nqkv, 0, 1, s + 1), *dout = qrand(t, nout, 0, 1, s + 2);
+    float *d0 = qrand(t, nqkv, 0, 1, s + 3);
+    float *out[2], *lse[2], *dqkv[2];
+    for (int k = 0; k < 2; k++) {
+        out[k] = fnan(nout), lse[k] = fnan(nlse), dqkv[k] = fdup(d0, nqkv);
+        att_run(be, k ? t : L3D_F32, out[k], lse[k], NULL, NULL, NULL, qkv, NULL, B, T, NH, HS);
+    }
+    for (int k = 0; k < 2; k++)
+        att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, HS);
+    mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], nout, 1, T);
+    mp_check(K_ATTENTION, t, tag, "lse", lse[1], lse[0], nlse, 0, T);
+    mp_check(K_ATTENTION, t, tag, "dqkv", dqkv[1], dqkv[0], nqkv, 1, T);
+    if (threads) { /* the 16-bit kernel is bit-identical for 1, 2 and 3 threads */
+        int saved = omp_get_max_threads();
+        for (int nth = 2; nth <= 3; nth++) {
+            omp_set_num_threads(nth);
+            float *o = fnan(nout), *l = fnan(nlse), *d = fdup(d0, nqkv);
+            att_run(be, t, o, l, NULL, NULL, NULL, qkv, NULL, B, T, NH, HS);
+            att_run(be, t, NULL, NULL, d, o, l, qkv, dout, B, T, NH, HS);
+            check_all_equal(tag, "16-bit out, 2-3 threads vs 1", o, out[1], nout);
+            check_all_equal(tag, "16-bit lse, 2-3 threads vs 1", l, lse[1], nlse);
+            check_all_equal(tag, "16-bit dqkv, 2-3 threads vs 1", d, dqkv[1], nqkv);
+            free(o), free(l), free(d);
+        }
+        omp_set_num_threads(saved);
+    }
+    for (int k = 0; k < 2; k++) free(out[k]), free(lse[k]), free(dqkv[k]);
+    free(qkv), free(dout), free(d0);
+}
+
+static void mp_attention_cached(struct l3d_backend *be, enum l3d_dtype t, int64_t pos, int64_t n,
+                                int64_t NH, int64_t HS, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld HS=%lld", (ll)pos, (ll)n,
+             (ll)NH, (ll)HS);
+    const int64_t C = NH * HS, qs = 3 * C + 5, ks = C + 3, T = pos + n;
+    float *q = qrand(t, n * qs, 0, 1, s + 1), *kc = qrand(t, T * ks, 0, 1, s + 2);
+    float *vc = qrand(t, T * ks, 0, 1, s + 3);
+    float *out[2];
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32;
+        out[k] = fnan(n * C);
+        struct mstage st = {.be = be};
+        l3d_be_attention_cached(be, a, ms(&st, a, out[k], n * C, 1), ms(&st, a, q, n * qs, 0),
+                                ms(&st, a, kc, T * ks, 0), ms(&st, a, vc, T * ks, 0), pos, n, NH,
+                                HS, qs, ks);
+        ms_done(&st);
+    }
+    mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], n * C, 1, T);
+    free(out[0]), free(out[1]), free(q), free(kc), free(vc);
+}
+
+/* -- elementwise: gelu, residual, add_inplace, add_bias -- */
+
+static void mp_elementwise(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t C,
+                           uint64_t s) {
+    char tag[96];
+    snprintf(tag, sizeof tag, "elementwise N=%lld C=%lld", (ll)N, (ll)C);
+    const int64_t n = N * C;
+    float *x = qrand(t, n, 0, 2, s + 1), *y = qrand(t, n, 0, 1, s + 2);
+    float *d = qrand(t, n, 0, 1, s + 3);
+    float *bias = qrand(t, C, 0, 1, s + 4);
+    float *g[2], *dg[2], *r[2], *ai[2], *ab[2];
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32;
+        g[k] = fnan(n), dg[k] = fdup(y, n), r[k] = fnan(n), ai[k] = fdup(x, n), ab[k] = fdup(x, n);
+        struct mstage st = {.be = be};
+        const void *dx = ms(&st, a, x, n, 0), *dy = ms(&st, a, y, n, 0);
+        l3d_be_gelu_forward(be, a, ms(&st, a, g[k], n, 1), dx, n);
+        l3d_be_gelu_backward(be, a, ms(&st, a, dg[k], n, 1), ms(&st, a, d, n, 0), dx, n);
+        l3d_be_residual_forward(be, a, ms(&st, a, r[k], n, 1), dx, dy, n);
+        l3d_be_add_inplace(be, a, ms(&st, a, ai[k], n, 1), dy, n);
+        l3d_be_add_bias(be, a, ms(&st, a, ab[k], n, 1), ms(&st, a, bias, C, 0), N, C);
+        ms_done(&st);
+    }
+    mp_check(K_GELU, t, tag, "gelu out", g[1], g[0], n, 1, 1);
+    mp_check(K_GELU, t, tag, "gelu dinp", dg[1], dg[0], n, 1, 1);
+    mp_check(K_RESIDUAL, t, tag, "residual out", r[1], r[0], n, 1, 1);
+    mp_check(K_RESIDUAL, t, tag, "add_inplace dst", ai[1], ai[0], n, 1, 1);
+    mp_check(K_RESIDUAL, t, tag, "add_bias out", ab[1], ab[0], n, 1, 1);
+    for (int k = 0; k < 2; k++) free(g[k]), free(dg[k]), free(r[k]), free(ai[k]), free(ab[k]);
+    free(x), free(y), free(d), free(bias);
+}
+
+/* -- cross-entropy on 16-bit logits -- */
+
+static void mp_xent(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t Vl,
+                    int64_t Vvalid, int64_t vocab_start, int64_t Vtotal, float sigma, uint64_t s) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "xent N=%lld Vl=%lld Vvalid=%lld start %lld of %lld sigma %g", (ll)N,
+             (ll)Vl, (ll)Vvalid, (ll)vocab_start, (ll)Vtotal, sigma);
+    float *logits = qrand(t, N * Vl, 0, sigma, s + 1);
+    int32_t *tg = ialloc(N);
+    ref_fill_tokens(tg, N, 0, (int32_t)Vtotal, SEED, s + 2);
+    float *mx[2], *se[2], *tl[2], *dl[2];
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32;
+        mx[k] = fnan(N), se[k] = fnan(N), tl[k] = fnan(N), dl[k] = fdup(logits, N * Vl);
+        struct mstage st = {.be = be};
+        int32_t *dt = l3d_be_alloc(be, (size_t)N * 4, "test targets");
+        l3d_be_copy_h2d(be, dt, tg, (size_t)N * 4);
+        float *dmx = ms(&st, L3D_F32, mx[k], N, 1), *dse = ms(&st, L3D_F32, se[k], N, 1);
+        void *dlg = ms(&st, a, dl[k], N * Vl, 1);
+        l3d_be_xent_max(be, a, dmx, dlg, N, Vl, Vvalid);
+        l3d_be_xent_sumexp(be, a, dse, ms(&st, L3D_F32, tl[k], N, 1), dlg, dmx, dt, vocab_start,
+                           N, Vl, Vvalid);
+        l3d_be_xent_backward(be, a, dlg, dmx, dse, dt, 0.37f, vocab_start, N, Vl, Vvalid);
+        ms_done(&st);
+        l3d_be_free(be, dt);
+    }
+    mp_check(K_XENT, t, tag, "maxv", mx[1], mx[0], N, 0, 0);
+    mp_check(K_XENT, t, tag, "sumexp", se[1], se[0], N, 0, Vvalid);
+    mp_check(K_XENT, t, tag, "tlogit", tl[1], tl[0], N, 0, 0);
+    mp_check(K_XENT, t, tag, "dlogits", dl[1], dl[0], N * Vl, 1, Vvalid);
+    for (int k = 0; k < 2; k++) free(mx[k]), free(se[k]), free(tl[k]), free(dl[k]);
+    free(logits), free(tg);
+}
+
+/* -- the optimizer step on fp32 master weights, and sumsq of 16-bit gradients -- */
+
+static void mp_adamw(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t n,
+                     uint64_t s) {
+    char tag[96];
+    snprintf(tag, sizeof tag, "adamw_mixed n=%lld grads %s", (ll)n, l3d_dtype_name(gt));
+    float *p0 = frand(n, 0, 1, s + 1), *m0 = frand(n, 0, 0.1f, s + 2);
+    float *g = qrand(t, n, 0, 1, s + 4);
+    float *v0 = frand(n, 0, 0.1f, s + 3);
+    for (int64_t i = 0; i < n; i++) v0[i] = v0[i] * v0[i];
+    float *p[2], *m[2], *v[2], *w16 = fnan(n);
+    for (int k = 0; k < 2; k++) {
+        p[k] = fdup(p0, n), m[k] = fdup(m0, n), v[k] = fdup(v0, n);
+        struct mstage st = {.be = be};
+        float *dp = ms(&st, L3D_F32, p[k], n, 1), *dm = ms(&st, L3D_F32, m[k], n, 1);
+        float *dv = ms(&st, L3D_F32, v[k], n, 1);
+        if (k == 0)
+            l3d_be_adamw(be, L3D_F32, dp, dm, dv, ms(&st, L3D_F32, g, n, 0), 0.5f, n, 1e-2f, 0.9f,
+                         0.95f, 1e-8f, 0.1f, 0.3f, 0.2f);
+        else
+            l3d_be_adamw_mixed(be, t, gt, ms(&st, t, w16, n, 1), dp, dm, dv, ms(&st, gt, g, n, 0),
+                               0.5f, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.3f, 0.2f);
+        ms_done(&st);
+    }
+    mp_check(K_ADAMW, t, tag, "master", p[1], p[0], n, 0, 4);
+    mp_check(K_ADAMW, t, tag, "m", m[1], m[0], n, 0, 4);
+    mp_check(K_ADAMW, t, tag, "v", v[1], v[0], n, 0, 4);
+    /* the 16-bit copy is the updated master rounded to nearest even, bit for bit */
+    float *want = fdup(p[1], n);
+    q16(t, want, n);
+    check_all_equal(tag, "16-bit param = round(master)", w16, want, n);
+    for (int k = 0; k < 2; k++) free(p[k]), free(m[k]), free(v[k]);
+    free(p0), free(m0), free(v0), free(g), free(w16), free(want);
+}
+
+static void mp_sumsq(struct l3d_backend *be, enum l3d_dtype t, int64_t n, uint64_t s) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "sumsq n=%lld", (ll)n);
+    float *x = qrand(t, n, 0, 1, s);
+    double acc[2] = {0.25, 0.25};
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype a = k ? t : L3D_F32;
+        struct mstage st = {.be = be};
+        double *dacc = l3d_be_alloc(be, sizeof(double), "test");
+        l3d_be_copy_h2d(be, dacc, &acc[k], sizeof(double));
+        l3d_be_sumsq(be, a, dacc, ms(&st, a, x, n, 0), n);
+        l3d_be_copy_d2h(be, &acc[k], dacc, sizeof(double));
+        l3d_be_free(be, dacc);
+        ms_done(&st);
+    }
+    /* squares of 16-bit values are exact in double; only the order of the double sums differs */
+    CHECK_NEAR(acc[1], acc[0], 1e-12 * acc[0]);
+    CHECK(!(fabs(acc[1] * (1 + 1e-9) - acc[0]) <= 1e-12 * acc[0])); /* negative case */
+    (void)tag;
+    free(x);
+}
+
+static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
+    mp_convert(be);
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype t = mp_types[k];
+        mp_unscale(be, L3D_F32, 1000, s += 100);
+        mp_unscale(be, t, 1037, s += 100);
+        const int64_t mm[][3] = {{1, 1, 1}, {7, 13, 9}, {17, 37, 23}, {48, 160, 136}};
+        for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+            mp_matmul(be, t, t, mm[i][0], mm[i][1], mm[i][2], 1, 0, s += 100);
+            mp_matmul(be, t, L3D_F32, mm[i][0], mm[i][1], mm[i][2], (int)(i % 2), (int)(i == 2),
+                      s += 100);
+        }
+        mp_encoder(be, t, t, 2, 5, 7, 0, 6, 6, s += 100);
+        mp_encoder(be, t, L3D_F32, 3, 8, 16, 4, 5, 13, s += 100);
+        mp_encoder(be, t, t, 2, 9, 600, 11, 12, 23, s += 100);
+        mp_layernorm(be, t, t, 4, 7, 0.3f, 2, s += 100);
+        mp_layernorm(be, t, L3D_F32, 13, 65, 0.5f, 1, s += 100);
+        mp_layernorm(be, t, t, 3, 768, 0.1f, 3, s += 100);
+        mp_attention(be, t, 1, 1, 1, 1, 0, s += 100);
+        mp_attention(be, t, 2, 9, 1, 16, 0, s += 100);
+        mp_attention(be, t, 1, 65, 1, 80, 0, s += 100);
+        mp_attention(be, t, 2, 257, 3, 24, 1, s += 100);
+        mp_attention_cached(be, t, 0, 1, 2, 8, s += 100);
+        mp_attention_cached(be, t, 37, 90, 3, 16, s += 100);
+        mp_elementwise(be, t, 1, 1, s += 100);
+        mp_elementwise(be, t, 7, 300, s += 100);
+        mp_elementwise(be, t, 9, 1029, s += 100);
+        mp_xent(be, t, 3, 10, 10, 0, 10, 1, s += 100);
+        mp_xent(be, t, 7, 40, 33, 48, 100, 3, s += 100);
+        mp_xent(be, t, 4, 1100, 1000, 0, 1000, 10, s += 100);
+        mp_adamw(be, t, t, 1037, s += 100);
+        mp_adamw(be, t, L3D_F32, 1037, s += 100);
+        mp_sumsq(be, t, 1, s += 100);
+        mp_sumsq(be, t, 100003, s += 100);
+    }
+    printf("mixed precision: worst error as a fraction of the tolerance (bf16, fp16):\n");
+    for (int k = 0; k < K_COUNT; k++)
+        printf("  %-10s %.3g   %.3g\n", kern_name[k], mp_margin[k][0], mp_margin[k][1]);
+}
+
 int main(void) {
     double t0 = l3d_time_s();
     struct l3d_backend *be = test_backend_init();
@@ -1107,6 +1745,8 @@ int main(void) {
     test_sumsq(be, 1000, 3, s += 100);
     test_sumsq(be, 100003, 1, s += 100);
     test_sumsq(be, 1000003, 1e-3f, s += 100);
+
+    test_mixed_precision(be, s += 100);
 
 
     printf("worst error as a fraction of the tolerance (fwd rtol %.0e, bwd rtol %.0e):\n", FWD_RTOL,

@@ -77,9 +77,11 @@ struct l3d_event *l3d_be_event_new(struct l3d_backend *be);
 void l3d_be_event_record(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev);
 void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
-/* Peak FLOP/s of the device's dense products in dtype t (0 when it has no such arithmetic),
- * measured at each call (CPU: about 0.3 s of fused multiply-adds, or AVX512-BF16 dot products,
- * on every thread of the current OpenMP team size). */
+/* Peak FLOP/s of the device's dense products in dtype t as the backend runs them (0 for a type
+ * it has no products in), measured at each call on every thread of the current OpenMP team size
+ * (CPU: about 0.3 s of fp32 fused multiply-adds; for bf16, AVX512-BF16 dot products where the CPU
+ * has them, else the fp32 peak, as its bf16 products are fp32 products of widened operands; for
+ * fp16 the fp32 peak likewise: these CPUs have no fp16 arithmetic). MFU is quoted against it. */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the
@@ -156,13 +158,61 @@ void l3d_be_xent_backward(struct l3d_backend *be, enum l3d_dtype dt, void *logit
  * += their sum, in token order. */
 void l3d_be_xent_loss(struct l3d_backend *be, float *losses, double *loss_sum, const float *maxv,
                       const float *sumexp, const float *tlogit, int64_t N);
-/* dt is the parameters' and gradients' type; m and v are fp32. */
+/* fp32 parameters and gradients (dt = L3D_F32); m and v are fp32. Mixed precision:
+ * l3d_be_adamw_mixed. */
 void l3d_be_adamw(struct l3d_backend *be, enum l3d_dtype dt, void *param, float *m, float *v,
                   const void *grad, float grad_scale, int64_t n, float lr, float beta1,
                   float beta2, float eps, float wd, float bc1, float bc2);
 /* *acc (one device double) += sum of x[i]^2 over n elements, accumulated in double. */
 void l3d_be_sumsq(struct l3d_backend *be, enum l3d_dtype dt, double *acc, const void *x,
                   int64_t n);
+
+/* ---- mixed precision ------------------------------------------------------------------------
+ * Every kernel above also takes dt = L3D_BF16 or L3D_F16 (except adamw, which is fp32 only, and
+ * the naive attention pair, an fp32 oracle): activations and parameters are stored in 16 bits,
+ * the arithmetic is fp32 (Megatron-LM's mixed precision, Micikevicius et al. 2018): LayerNorm
+ * statistics, softmax, cross-entropy, GELU and every reduction accumulate in fp32, mean, rstd,
+ * lse, maxv, sumexp stay fp32, and each 16-bit output is rounded once, to nearest even. Matrix
+ * products: oneDNN's bf16 matmul (fp32 accumulation) where the CPU has it; otherwise, and for fp16
+ * on every CPU here, the operands are converted to fp32 around the fp32 product.
+ *
+ *   l3d_be_matmul_forward(be, L3D_BF16, out16, inp16, w16, b16, N, C, OC);
+ *   l3d_be_matmul_backward_mixed(be, L3D_BF16, L3D_F32, dinp16, main_grad_w, main_grad_b, ...);
+ *   l3d_be_unscale(be, L3D_F32, found_inf, main_grad, 1.0f / loss_scale, n);  // fp16 only
+ *   l3d_be_adamw_mixed(be, L3D_BF16, L3D_F32, w16, master, m, v, main_grad, clip, n, ...);
+ *
+ * The _mixed backward kernels take gdt, the type of the parameter gradients they accumulate
+ * into: dt, or L3D_F32 for Megatron's fp32 `main_grad` buffer (accumulated across micro-batches
+ * without 16-bit rounding). The plain backward kernels are the _mixed ones with gdt = dt. */
+void l3d_be_matmul_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                  void *dinp, void *dweight, void *dbias, const void *dout,
+                                  const void *inp, const void *weight, int64_t N, int64_t C,
+                                  int64_t OC);
+void l3d_be_encoder_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                   void *dwte, void *dwpe, const void *dout,
+                                   const int32_t *tokens, int64_t vocab_start,
+                                   int64_t vocab_count, int64_t B, int64_t T, int64_t C);
+void l3d_be_layernorm_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt,
+                                     enum l3d_dtype gdt, void *dinp, void *dweight, void *dbias,
+                                     const void *dout, const void *inp, const void *weight,
+                                     const float *mean, const float *rstd, int64_t N, int64_t C);
+/* AdamW on the fp32 master weights (n): master, m, v updated as l3d_be_adamw does with the
+ * gradient grad (type gdt: L3D_F32 main_grad, or the 16-bit dt) times grad_scale, then param
+ * (type dt, may be NULL) = master rounded to dt: the optimizer's step and the copy to the model's
+ * 16-bit weights in one pass. */
+void l3d_be_adamw_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                        void *param, float *master, float *m, float *v, const void *grad,
+                        float grad_scale, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, float bc1, float bc2);
+/* dst (n, type dst_t) = src (n, type src_t), for fp32, bf16, fp16: to 16 bits rounded to nearest
+ * even (fp16: Inf from 65520 up), to fp32 exact. The buffers must not overlap unless equal. */
+void l3d_be_convert(struct l3d_backend *be, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
+                    const void *src, int64_t n);
+/* Loss-scaling check (fp16): *found_inf (one device float) = 1 when any of x (n, type dt) is Inf
+ * or NaN, else left as it is (so one flag collects many buffers, then is all-reduced with MAX);
+ * then x *= inv_scale in place (rounded to dt) unless inv_scale is 1. */
+void l3d_be_unscale(struct l3d_backend *be, enum l3d_dtype dt, float *found_inf, void *x,
+                    float inv_scale, int64_t n);
 
 /* Measured peaks of this CPU with the current OpenMP thread count, in FLOP/s, over about
  * `seconds`: fp32 FMA throughput (independent AVX-512, else AVX2, fused multiply-adds on every

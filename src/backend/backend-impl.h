@@ -43,27 +43,31 @@ struct l3d_backend_i {
     void (*matmul_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                            const void *weight, const void *bias, int64_t N, int64_t C, int64_t OC);
     /* dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp (N,C);
-     * dbias (OC) += column sums of dout. */
-    void (*matmul_backward)(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight, void *dbias,
-                            const void *dout, const void *inp, const void *weight, int64_t N,
-                            int64_t C, int64_t OC);
+     * dbias (OC) += column sums of dout. dweight and dbias have type gdt (dt, or L3D_F32). */
+    void (*matmul_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                            void *dweight, void *dbias, const void *dout, const void *inp,
+                            const void *weight, int64_t N, int64_t C, int64_t OC);
     /* out (B,T,C) = wte[tok - vocab_start] for tokens in [vocab_start, vocab_start+vocab_count),
      * zero for the others (vocabulary-parallel lookup), plus wpe[t] when wpe is not NULL.
      * tokens (B,T), wte (vocab_count,C), wpe (>=T,C). */
     void (*encoder_forward)(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
                             const void *wte, const void *wpe, int64_t vocab_start,
                             int64_t vocab_count, int64_t B, int64_t T, int64_t C);
-    /* dwte (vocab_count,C) += dout rows of the tokens in range; dwpe (>=T,C) += sum over B. */
-    void (*encoder_backward)(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
-                             const void *dout, const int32_t *tokens, int64_t vocab_start,
-                             int64_t vocab_count, int64_t B, int64_t T, int64_t C);
+    /* dwte (vocab_count,C) += dout rows of the tokens in range; dwpe (>=T,C) += sum over B;
+     * both of type gdt. */
+    void (*encoder_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
+                             void *dwpe, const void *dout, const int32_t *tokens,
+                             int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
+                             int64_t C);
     /* out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) fp32, saved for backward. */
     void (*layernorm_forward)(void *ctx, enum l3d_dtype dt, void *out, float *mean, float *rstd,
                               const void *inp, const void *weight, const void *bias, int64_t N,
                               int64_t C);
-    void (*layernorm_backward)(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
-                               void *dbias, const void *dout, const void *inp, const void *weight,
-                               const float *mean, const float *rstd, int64_t N, int64_t C);
+    /* dweight, dbias of type gdt */
+    void (*layernorm_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                               void *dweight, void *dbias, const void *dout, const void *inp,
+                               const void *weight, const float *mean, const float *rstd,
+                               int64_t N, int64_t C);
     /* Causal self-attention over NH heads of size HS (the heads of this shard), tiled
      * (FlashAttention). qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); lse (B,NH,T)
      * fp32: log sum_j exp(s_ij) of each row's scores s = q k^T / sqrt(HS), saved for backward. */
@@ -122,6 +126,15 @@ struct l3d_backend_i {
                   float wd, float bc1, float bc2);
     /* *acc += sum of squares of x (n), in double. */
     void (*sumsq)(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n);
+    /* see l3d_be_adamw_mixed, l3d_be_convert, l3d_be_unscale */
+    void (*adamw_mixed)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                        float *master, float *m, float *v, const void *grad, float grad_scale,
+                        int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                        float bc1, float bc2);
+    void (*convert)(void *ctx, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
+                    const void *src, int64_t n);
+    void (*unscale)(void *ctx, enum l3d_dtype dt, float *found_inf, void *x, float inv_scale,
+                    int64_t n);
 };
 
 struct l3d_backend {

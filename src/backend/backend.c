@@ -103,7 +103,14 @@ void l3d_be_matmul_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
 void l3d_be_matmul_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp, void *dweight,
                             void *dbias, const void *dout, const void *inp, const void *weight,
                             int64_t N, int64_t C, int64_t OC) {
-    be->i->matmul_backward(be->ctx, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    be->i->matmul_backward(be->ctx, dt, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void l3d_be_matmul_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                  void *dinp, void *dweight, void *dbias, const void *dout,
+                                  const void *inp, const void *weight, int64_t N, int64_t C,
+                                  int64_t OC) {
+    be->i->matmul_backward(be->ctx, dt, gdt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
 void l3d_be_encoder_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
@@ -116,7 +123,16 @@ void l3d_be_encoder_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out
 void l3d_be_encoder_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dwte, void *dwpe,
                              const void *dout, const int32_t *tokens, int64_t vocab_start,
                              int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
-    be->i->encoder_backward(be->ctx, dt, dwte, dwpe, dout, tokens, vocab_start, vocab_count, B, T, C);
+    be->i->encoder_backward(be->ctx, dt, dt, dwte, dwpe, dout, tokens, vocab_start, vocab_count,
+                            B, T, C);
+}
+
+void l3d_be_encoder_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                   void *dwte, void *dwpe, const void *dout,
+                                   const int32_t *tokens, int64_t vocab_start,
+                                   int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    be->i->encoder_backward(be->ctx, dt, gdt, dwte, dwpe, dout, tokens, vocab_start, vocab_count,
+                            B, T, C);
 }
 
 void l3d_be_layernorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *mean,
@@ -129,7 +145,16 @@ void l3d_be_layernorm_backward(struct l3d_backend *be, enum l3d_dtype dt, void *
                                void *dweight, void *dbias, const void *dout, const void *inp,
                                const void *weight, const float *mean, const float *rstd,
                                int64_t N, int64_t C) {
-    be->i->layernorm_backward(be->ctx, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    be->i->layernorm_backward(be->ctx, dt, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                              N, C);
+}
+
+void l3d_be_layernorm_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt,
+                                     enum l3d_dtype gdt, void *dinp, void *dweight, void *dbias,
+                                     const void *dout, const void *inp, const void *weight,
+                                     const float *mean, const float *rstd, int64_t N, int64_t C) {
+    be->i->layernorm_backward(be->ctx, dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean,
+                              rstd, N, C);
 }
 
 void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
@@ -224,4 +249,22 @@ void l3d_be_adamw(struct l3d_backend *be, enum l3d_dtype dt, void *param, float 
 void l3d_be_sumsq(struct l3d_backend *be, enum l3d_dtype dt, double *acc, const void *x,
                   int64_t n) {
     be->i->sumsq(be->ctx, dt, acc, x, n);
+}
+
+void l3d_be_adamw_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                        void *param, float *master, float *m, float *v, const void *grad,
+                        float grad_scale, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, float bc1, float bc2) {
+    be->i->adamw_mixed(be->ctx, dt, gdt, param, master, m, v, grad, grad_scale, n, lr, beta1,
+                       beta2, eps, wd, bc1, bc2);
+}
+
+void l3d_be_convert(struct l3d_backend *be, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
+                    const void *src, int64_t n) {
+    be->i->convert(be->ctx, dst_t, dst, src_t, src, n);
+}
+
+void l3d_be_unscale(struct l3d_backend *be, enum l3d_dtype dt, float *found_inf, void *x,
+                    float inv_scale, int64_t n) {
+    be->i->unscale(be->ctx, dt, found_inf, x, inv_scale, n);
 }

@@ -208,15 +208,16 @@ static void chk_matmul_forward(void *ctx, enum l3d_dtype dt, void *out, const vo
     l3d_be_matmul_forward(IN(c), dt, D(out, N * OC * e, k), D(inp, N * C * e, k),
                           D(weight, OC * C * e, k), D(bias, OC * e, k), N, C, OC);
 }
-static void chk_matmul_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
-                                void *dbias, const void *dout, const void *inp, const void *weight,
-                                int64_t N, int64_t C, int64_t OC) {
+static void chk_matmul_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                void *dweight, void *dbias, const void *dout, const void *inp,
+                                const void *weight, int64_t N, int64_t C, int64_t OC) {
     struct chk *c = ctx;
-    size_t e = l3d_dtype_size(dt);
+    size_t e = l3d_dtype_size(dt), ge = l3d_dtype_size(gdt);
     const char *k = "matmul_backward";
-    l3d_be_matmul_backward(IN(c), dt, D(dinp, N * C * e, k), D(dweight, OC * C * e, k),
-                           D(dbias, OC * e, k), D(dout, N * OC * e, k), D(inp, N * C * e, k),
-                           D(weight, OC * C * e, k), N, C, OC);
+    l3d_be_matmul_backward_mixed(IN(c), dt, gdt, D(dinp, N * C * e, k),
+                                 D(dweight, OC * C * ge, k), D(dbias, OC * ge, k),
+                                 D(dout, N * OC * e, k), D(inp, N * C * e, k),
+                                 D(weight, OC * C * e, k), N, C, OC);
 }
 static void chk_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
                                 const void *wte, const void *wpe, int64_t vocab_start,
@@ -228,15 +229,16 @@ static void chk_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const i
                            D(wte, vocab_count * C * e, k), D(wpe, T * C * e, k), vocab_start,
                            vocab_count, B, T, C);
 }
-static void chk_encoder_backward(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
-                                 const void *dout, const int32_t *tokens, int64_t vocab_start,
-                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+static void chk_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
+                                 void *dwpe, const void *dout, const int32_t *tokens,
+                                 int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
+                                 int64_t C) {
     struct chk *c = ctx;
-    size_t e = l3d_dtype_size(dt);
+    size_t e = l3d_dtype_size(dt), ge = l3d_dtype_size(gdt);
     const char *k = "encoder_backward";
-    l3d_be_encoder_backward(IN(c), dt, D(dwte, vocab_count * C * e, k), D(dwpe, T * C * e, k),
-                            D(dout, B * T * C * e, k), D(tokens, B * T * 4, k), vocab_start,
-                            vocab_count, B, T, C);
+    l3d_be_encoder_backward_mixed(IN(c), dt, gdt, D(dwte, vocab_count * C * ge, k),
+                                  D(dwpe, T * C * ge, k), D(dout, B * T * C * e, k),
+                                  D(tokens, B * T * 4, k), vocab_start, vocab_count, B, T, C);
 }
 static void chk_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                   float *rstd, const void *inp, const void *weight,
@@ -248,16 +250,17 @@ static void chk_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float
                              D(rstd, N * 4, k), D(inp, N * C * e, k), D(weight, C * e, k),
                              D(bias, C * e, k), N, C);
 }
-static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
-                                   void *dbias, const void *dout, const void *inp,
+static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                   void *dweight, void *dbias, const void *dout, const void *inp,
                                    const void *weight, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
     struct chk *c = ctx;
-    size_t e = l3d_dtype_size(dt);
+    size_t e = l3d_dtype_size(dt), ge = l3d_dtype_size(gdt);
     const char *k = "layernorm_backward";
-    l3d_be_layernorm_backward(IN(c), dt, D(dinp, N * C * e, k), D(dweight, C * e, k),
-                              D(dbias, C * e, k), D(dout, N * C * e, k), D(inp, N * C * e, k),
-                              D(weight, C * e, k), D(mean, N * 4, k), D(rstd, N * 4, k), N, C);
+    l3d_be_layernorm_backward_mixed(IN(c), dt, gdt, D(dinp, N * C * e, k), D(dweight, C * ge, k),
+                                    D(dbias, C * ge, k), D(dout, N * C * e, k),
+                                    D(inp, N * C * e, k), D(weight, C * e, k), D(mean, N * 4, k),
+                                    D(rstd, N * 4, k), N, C);
 }
 static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                   const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
@@ -388,6 +391,29 @@ static void chk_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, 
     l3d_be_sumsq(IN(c), dt, D(acc, 8, "sumsq"), D(x, n * l3d_dtype_size(dt), "sumsq"), n);
 }
 
+static void chk_adamw_mixed(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                            float *master, float *m, float *v, const void *grad, float grad_scale,
+                            int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                            float bc1, float bc2) {
+    struct chk *c = ctx;
+    const char *k = "adamw_mixed";
+    l3d_be_adamw_mixed(IN(c), dt, gdt, D(param, n * l3d_dtype_size(dt), k), D(master, n * 4, k),
+                       D(m, n * 4, k), D(v, n * 4, k), D(grad, n * l3d_dtype_size(gdt), k),
+                       grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+}
+static void chk_convert(void *ctx, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
+                        const void *src, int64_t n) {
+    struct chk *c = ctx;
+    l3d_be_convert(IN(c), dst_t, D(dst, n * l3d_dtype_size(dst_t), "convert"), src_t,
+                   D(src, n * l3d_dtype_size(src_t), "convert"), n);
+}
+static void chk_unscale(void *ctx, enum l3d_dtype dt, float *found_inf, void *x, float inv_scale,
+                        int64_t n) {
+    struct chk *c = ctx;
+    l3d_be_unscale(IN(c), dt, D(found_inf, 4, "unscale"), D(x, n * l3d_dtype_size(dt), "unscale"),
+                   inv_scale, n);
+}
+
 #undef D
 #undef IN
 
@@ -427,6 +453,9 @@ static const struct l3d_backend_i check_backend_i = {
     .xent_loss = chk_xent_loss,
     .adamw = chk_adamw,
     .sumsq = chk_sumsq,
+    .adamw_mixed = chk_adamw_mixed,
+    .convert = chk_convert,
+    .unscale = chk_unscale,
 };
 
 struct l3d_backend *l3d_backend_check_init(struct l3d_backend *inner) {

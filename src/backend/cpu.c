@@ -1,12 +1,15 @@
 /*
  * CPU backend: matrix products through oneDNN's dnnl_sgemm (row-major, shares the OpenMP thread
  * pool with the loops below), every other kernel an OpenMP loop written so that GCC vectorises it.
+ * Every kernel has an fp32 variant and, for mixed precision, bf16 and fp16 ones ("16-bit storage"
+ * below): 16-bit operands, fp32 arithmetic, each 16-bit output rounded once.
  *
  * Contract (include/llm3d/backend.h): activations are overwritten (=), every gradient output
  * accumulates (+=). Every reduction runs over fixed static chunks combined in thread order, so a
  * run is bit-identical for the same thread count.
  */
 #include <dnnl.h>
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -68,11 +71,20 @@ static inline void chunk(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) 
  * 256 x 768 x 3072 with the transposed weight: 206 vs ~330 GFLOP/s in place on 2 threads); the
  * backward products stay on dnnl_sgemm, faster there. Primitives are created once per shape and
  * kept in a small cache in the backend context. */
-#define L3D_MM_CACHE 32
+#define L3D_MM_CACHE 48
+
+/* A product dst (M,N) (+)= src (M,K) x wei (K,N) (+ bias (1,N)), src and wei read with the
+ * given strides (so a transpose is a stride), dst row-major. acc adds to dst (oneDNN's sum
+ * post-op: the old dst is read in its own type and the sum rounded once). */
+struct mm_key {
+    int64_t M, K, N, ss0, ss1, ws0, ws1;
+    dnnl_data_type_t st, dt; /* src/weights/bias type, dst type */
+    bool bias, acc;
+};
 
 struct mm_entry {
-    int64_t N, C, OC;
-    bool bias;
+    struct mm_key k;
+    bool ok; /* false: oneDNN has no implementation for these types on this CPU */
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, bia, dst;
 };
@@ -92,21 +104,28 @@ struct cpu_ctx {
     } while (0)
 
 static void mm_entry_destroy(struct mm_entry *e) {
-    dnnl_primitive_destroy(e->prim);
-    dnnl_memory_destroy(e->src);
-    dnnl_memory_destroy(e->wei);
-    if (e->bia) dnnl_memory_destroy(e->bia);
-    dnnl_memory_destroy(e->dst);
+    if (e->ok) {
+        dnnl_primitive_destroy(e->prim);
+        dnnl_memory_destroy(e->src);
+        dnnl_memory_destroy(e->wei);
+        if (e->bia) dnnl_memory_destroy(e->bia);
+        dnnl_memory_destroy(e->dst);
+    }
     memset(e, 0, sizeof *e);
 }
 
-/* out (N,OC) = inp (N,C) x weight^T: src (N,C) row-major, weights (C,OC) with strides (1,C), i.e.
- * the (OC,C) matrix read transposed, bias (1,OC), dst (N,OC) row-major. */
-static struct mm_entry *mm_get(struct cpu_ctx *cx, int64_t N, int64_t C, int64_t OC, bool bias) {
-    for (int i = 0; i < cx->mm_count; i++) {
-        struct mm_entry *e = &cx->mm[i];
-        if (e->N == N && e->C == C && e->OC == OC && e->bias == bias) return e;
-    }
+static bool mm_key_eq(const struct mm_key *a, const struct mm_key *b) {
+    return a->M == b->M && a->K == b->K && a->N == b->N && a->ss0 == b->ss0 &&
+           a->ss1 == b->ss1 && a->ws0 == b->ws0 && a->ws1 == b->ws1 && a->st == b->st &&
+           a->dt == b->dt && a->bias == b->bias && a->acc == b->acc;
+}
+
+/* The cached primitive for k, created on first use; e->ok false when oneDNN answers
+ * "unimplemented" (e.g. bf16 or fp16 on a CPU without AVX512 BF16 / FP16 support) or offers only
+ * its reference implementation for 16-bit types: the caller then computes in fp32. */
+static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
+    for (int i = 0; i < cx->mm_count; i++)
+        if (mm_key_eq(&cx->mm[i].k, k)) return &cx->mm[i];
     struct mm_entry *e;
     if (cx->mm_count < L3D_MM_CACHE) {
         e = &cx->mm[cx->mm_count++];
@@ -115,43 +134,80 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, int64_t N, int64_t C, int64_t
         cx->mm_next = (cx->mm_next + 1) % L3D_MM_CACHE;
         mm_entry_destroy(e);
     }
+    e->k = *k;
     dnnl_memory_desc_t src, wei, bia, dst;
-    dnnl_dims_t sd = {N, C}, ss = {C, 1}, wd = {C, OC}, ws = {1, C}, bd = {1, OC}, bs = {OC, 1},
-                dd = {N, OC}, ds = {OC, 1};
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&src, 2, sd, dnnl_f32, ss));
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&wei, 2, wd, dnnl_f32, ws));
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bia, 2, bd, dnnl_f32, bs));
-    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&dst, 2, dd, dnnl_f32, ds));
+    dnnl_dims_t sd = {k->M, k->K}, ss = {k->ss0, k->ss1}, wd = {k->K, k->N},
+                ws = {k->ws0, k->ws1}, bd = {1, k->N}, bs = {k->N, 1}, dd = {k->M, k->N},
+                ds = {k->N, 1};
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&src, 2, sd, k->st, ss));
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&wei, 2, wd, k->st, ws));
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bia, 2, bd, k->st, bs));
+    DNNL_CHECK(dnnl_memory_desc_init_by_strides(&dst, 2, dd, k->dt, ds));
     dnnl_matmul_desc_t md;
-    DNNL_CHECK(dnnl_matmul_desc_init(&md, &src, &wei, bias ? &bia : NULL, &dst));
+    DNNL_CHECK(dnnl_matmul_desc_init(&md, &src, &wei, k->bias ? &bia : NULL, &dst));
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (k->acc) {
+        DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+        DNNL_CHECK(dnnl_post_ops_create(&po));
+        DNNL_CHECK(dnnl_post_ops_append_sum(po, 1.0f));
+        DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
     dnnl_primitive_desc_t pd;
-    DNNL_CHECK(dnnl_primitive_desc_create(&pd, &md, NULL, cx->engine, NULL));
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, cx->engine, NULL);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st == dnnl_unimplemented) {
+        e->ok = false;
+        return e;
+    }
+    DNNL_CHECK(st);
+    const char *impl = "";
+    DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+    if (k->st != dnnl_f32 && strncmp(impl, "ref", 3) == 0) {
+        /* oneDNN's reference loops (e.g. for a layout its 16-bit kernels do not take) are far
+         * slower than the fp32 product around converted operands */
+        dnnl_primitive_desc_destroy(pd);
+        e->ok = false;
+        return e;
+    }
     DNNL_CHECK(dnnl_primitive_create(&e->prim, pd));
     dnnl_primitive_desc_destroy(pd);
     DNNL_CHECK(dnnl_memory_create(&e->src, &src, cx->engine, DNNL_MEMORY_NONE));
     DNNL_CHECK(dnnl_memory_create(&e->wei, &wei, cx->engine, DNNL_MEMORY_NONE));
-    if (bias) DNNL_CHECK(dnnl_memory_create(&e->bia, &bia, cx->engine, DNNL_MEMORY_NONE));
+    if (k->bias) DNNL_CHECK(dnnl_memory_create(&e->bia, &bia, cx->engine, DNNL_MEMORY_NONE));
     DNNL_CHECK(dnnl_memory_create(&e->dst, &dst, cx->engine, DNNL_MEMORY_NONE));
-    e->N = N;
-    e->C = C;
-    e->OC = OC;
-    e->bias = bias;
+    e->ok = true;
     return e;
+}
+
+static void mm_run(struct cpu_ctx *cx, struct mm_entry *e, void *dst, const void *src,
+                   const void *wei, const void *bias) {
+    L3D_ASSERT(e->ok);
+    DNNL_CHECK(dnnl_memory_set_data_handle(e->src, (void *)src));
+    DNNL_CHECK(dnnl_memory_set_data_handle(e->wei, (void *)wei));
+    if (e->k.bias) DNNL_CHECK(dnnl_memory_set_data_handle(e->bia, (void *)bias));
+    DNNL_CHECK(dnnl_memory_set_data_handle(e->dst, dst));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei},
+                               {DNNL_ARG_DST, e->dst}, {DNNL_ARG_BIAS, e->bia}};
+    DNNL_CHECK(dnnl_primitive_execute(e->prim, cx->stream, e->k.bias ? 4 : 3, args));
+    DNNL_CHECK(dnnl_stream_wait(cx->stream));
+}
+
+/* out (N,OC) = inp (N,C) x weight^T: src (N,C) row-major, weights (C,OC) with strides (1,C), i.e.
+ * the (OC,C) matrix read transposed, bias (1,OC), dst (N,OC) row-major. */
+static struct mm_key mm_key_forward(int64_t N, int64_t C, int64_t OC, dnnl_data_type_t t,
+                                    bool bias) {
+    return (struct mm_key){.M = N, .K = C, .N = OC, .ss0 = C, .ss1 = 1, .ws0 = 1, .ws1 = C,
+                           .st = t, .dt = t, .bias = bias, .acc = false};
 }
 
 // out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL
 static void matmul_forward_f32(void *ctx, float *out, const float *inp, const float *weight,
                                const float *bias, int64_t N, int64_t C, int64_t OC) {
     struct cpu_ctx *cx = ctx;
-    struct mm_entry *e = mm_get(cx, N, C, OC, bias != NULL);
-    DNNL_CHECK(dnnl_memory_set_data_handle(e->src, (void *)inp));
-    DNNL_CHECK(dnnl_memory_set_data_handle(e->wei, (void *)weight));
-    if (bias) DNNL_CHECK(dnnl_memory_set_data_handle(e->bia, (void *)bias));
-    DNNL_CHECK(dnnl_memory_set_data_handle(e->dst, out));
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei},
-                               {DNNL_ARG_DST, e->dst}, {DNNL_ARG_BIAS, e->bia}};
-    DNNL_CHECK(dnnl_primitive_execute(e->prim, cx->stream, bias ? 4 : 3, args));
-    DNNL_CHECK(dnnl_stream_wait(cx->stream));
+    struct mm_key k = mm_key_forward(N, C, OC, dnnl_f32, bias != NULL);
+    mm_run(cx, mm_get(cx, &k), out, inp, weight, bias);
 }
 
 // dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC), inp (N,C), weight (OC,C)
@@ -400,18 +456,63 @@ static void attention_forward_f32(void *ctx, float *out, float *lse, const float
     }
 }
 
+/* One (batch, head) of the backward pass: dq, dk, dv (T rows, stride gs) +=, from q, k, v (T rows,
+ * stride qs), dO, O (T rows, stride os) and L (T); P, dS (L3D_FA_BQ x L3D_FA_BK) and D (L3D_FA_BQ)
+ * scratch. Per pair (query block i, key block j <= i):
+ *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
+ *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
+static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const float *q,
+                             const float *k, const float *v, int64_t qs, const float *dO,
+                             const float *O, int64_t os, const float *L, int64_t T, int64_t HS,
+                             float *P, float *dS, float *D) {
+    const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t kb = 0; kb < nb; kb++) {
+        int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
+        for (int64_t qb = kb; qb < nb; qb++) {
+            int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
+            sgemm('N', 'T', nq, nk, HS, scale, q + i0 * qs, qs, k + j0 * qs, qs, 0.0f, P,
+                  L3D_FA_BK);
+            sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * os, os, v + j0 * qs, qs, 0.0f, dS,
+                  L3D_FA_BK);
+            for (int64_t i = 0; i < nq; i++) {
+                const float *o = O + (i0 + i) * os, *g = dO + (i0 + i) * os;
+                float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+                for (int64_t c = 0; c < HS; c++) d += o[c] * g[c];
+                D[i] = d;
+            }
+            for (int64_t i = 0; i < nq; i++) {
+                float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
+                float Li = L[i0 + i], Di = D[i];
+                int64_t valid = i0 + i - j0 + 1;
+                valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
+#pragma omp simd
+                for (int64_t j = 0; j < valid; j++) {
+                    p[j] = fast_expf(p[j] - Li);
+                    ds[j] = p[j] * (ds[j] - Di) * scale;
+                }
+                for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
+            }
+            sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * os, os, 1.0f, dv + j0 * gs,
+                  gs);
+            sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * qs, qs, 1.0f, dq + i0 * gs,
+                  gs);
+            sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * qs, qs, 1.0f, dk + j0 * gs,
+                  gs);
+        }
+    }
+}
+
 // dqkv (B,T,3,NH,HS) +=, dout (B,T,NH,HS), qkv (B,T,3,NH,HS), out (B,T,NH,HS), lse (B,NH,T)
 static void attention_backward_f32(void *ctx, float *dqkv, const float *dout, const float *qkv,
                                    const float *out, const float *lse, int64_t B, int64_t T,
                                    int64_t NH, int64_t HS) {
     (void)ctx;
-    const int64_t C = NH * HS, C3 = 3 * C, nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
-    const float scale = 1.0f / sqrtf((float)HS);
+    const int64_t C = NH * HS, C3 = 3 * C;
     /* One task per (batch, head) owns its dQ, dK and dV: race-free without atomics or partial
      * sums (FlashAttention-2 parallelises dK/dV over key blocks and adds dQ atomically, which is
-     * not deterministic). Per pair (query block i, key block j <= i):
-     *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
-     *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
+     * not deterministic). */
 #pragma omp parallel
     {
         _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
@@ -420,45 +521,11 @@ static void attention_backward_f32(void *ctx, float *dqkv, const float *dout, co
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < B * NH; bh++) {
             int64_t b = bh / NH, h = bh % NH;
-            const float *q = qkv + b * T * C3 + h * HS, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + b * T * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
-            const float *dO = dout + b * T * C + h * HS, *O = out + b * T * C + h * HS;
-            const float *L = lse + bh * T;
-            for (int64_t kb = 0; kb < nb; kb++) {
-                int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
-                for (int64_t qb = kb; qb < nb; qb++) {
-                    int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
-                    sgemm('N', 'T', nq, nk, HS, scale, q + i0 * C3, C3, k + j0 * C3, C3, 0.0f, P,
-                          L3D_FA_BK);
-                    sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * C, C, v + j0 * C3, C3, 0.0f, dS,
-                          L3D_FA_BK);
-                    for (int64_t i = 0; i < nq; i++) {
-                        const float *o = O + (i0 + i) * C, *g = dO + (i0 + i) * C;
-                        float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-                        for (int64_t c = 0; c < HS; c++) d += o[c] * g[c];
-                        D[i] = d;
-                    }
-                    for (int64_t i = 0; i < nq; i++) {
-                        float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
-                        float Li = L[i0 + i], Di = D[i];
-                        int64_t valid = i0 + i - j0 + 1;
-                        valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
-#pragma omp simd
-                        for (int64_t j = 0; j < valid; j++) {
-                            p[j] = fast_expf(p[j] - Li);
-                            ds[j] = p[j] * (ds[j] - Di) * scale;
-                        }
-                        for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
-                    }
-                    sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * C, C, 1.0f,
-                          dv + j0 * C3, C3);
-                    sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * C3, C3, 1.0f,
-                          dq + i0 * C3, C3);
-                    sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * C3, C3, 1.0f,
-                          dk + j0 * C3, C3);
-                }
-            }
+            const float *q = qkv + b * T * C3 + h * HS;
+            float *dq = dqkv + b * T * C3 + h * HS;
+            fa_backward_head(dq, dq + C, dq + 2 * C, C3, q, q + C, q + 2 * C, C3,
+                             dout + b * T * C + h * HS, out + b * T * C + h * HS, C, lse + bh * T,
+                             T, HS, P, dS, D);
         }
     }
 }
@@ -540,28 +607,29 @@ static void attention_naive_backward_f32(void *ctx, float *dqkv, float *datt, co
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+static inline float gelu_f(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + fast_tanhf(u));
+}
+/* d gelu(x) / dx */
+static inline float gelu_df(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float th = fast_tanhf(u);
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static void gelu_forward_f32(void *ctx, float *out, const float *inp, int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + fast_tanhf(u));
-    }
+    for (int64_t i = 0; i < N; i++) out[i] = gelu_f(inp[i]);
 }
 
 static void gelu_backward_f32(void *ctx, float *dinp, const float *dout, const float *inp,
                               int64_t N) {
     (void)ctx;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = fast_tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += g * dout[i];
-    }
+    for (int64_t i = 0; i < N; i++) dinp[i] += gelu_df(inp[i]) * dout[i];
 }
 
 static void residual_forward_f32(void *ctx, float *out, const float *a, const float *b, int64_t N) {
@@ -713,60 +781,846 @@ static void cpu_xent_loss(void *ctx, float *losses, double *loss_sum, const floa
     *loss_sum = total;
 }
 
+/* ---- 16-bit storage: conversions -----------------------------------------------------------
+ *
+ * Mixed precision (include/llm3d/backend.h): the bf16 and fp16 kernels below read 16-bit
+ * operands into fp32 (exact), compute exactly as the fp32 kernels do, and round each 16-bit
+ * output once, to nearest even. bf16 is the upper half of a binary32: widening is a shift and
+ * narrowing adds the rounding bias (bit for bit l3d_f32_to_bf16, NaN kept quiet), plain loops GCC
+ * vectorises. fp16 uses F16C (vcvtph2ps, vcvtps2ph with round-to-nearest-even, the same bits as
+ * l3d_f32_to_f16 / l3d_f16_to_f32) where the CPU has it, chosen at run time, else the scalar
+ * functions. Every kernel works on blocks of L3D_BLK elements converted into fp32 on the stack,
+ * or on rows converted into per-thread fp32 scratch.
+ */
+#define L3D_BLK 512
+
+static inline float bf16_ld(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t bf16_st(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
+                                                                int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = l3d_f16_to_f32(src[i]);
+}
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src,
+                                                                int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = l3d_f32_to_f16(src[i]);
+}
+
+static inline size_t esz(enum l3d_dtype t) { return t == L3D_F32 ? 4 : 2; }
+/* element i of a buffer of type t */
+static inline void *at(enum l3d_dtype t, const void *p, int64_t i) {
+    return (char *)p + i * (int64_t)esz(t);
+}
+
+/* dst (n fp32) = src (n of type t: fp32, bf16 or fp16); serial. */
+static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
+    if (t == L3D_BF16) {
+        const uint16_t *s = src;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_ld(s[i]);
+    } else if (t == L3D_F16) {
+        if (__builtin_cpu_supports("f16c")) {
+            f16_to_f32_f16c(dst, src, n);
+        } else {
+            const uint16_t *s = src;
+            for (int64_t i = 0; i < n; i++) dst[i] = l3d_f16_to_f32(s[i]);
+        }
+    } else {
+        L3D_ASSERT(t == L3D_F32);
+        if ((const void *)dst != src) memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* dst (n of type t) = src (n fp32) rounded to nearest even; serial. */
+static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
+    if (t == L3D_BF16) {
+        uint16_t *d = dst;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) d[i] = bf16_st(src[i]);
+    } else if (t == L3D_F16) {
+        if (__builtin_cpu_supports("f16c")) {
+            f32_to_f16_f16c(dst, src, n);
+        } else {
+            uint16_t *d = dst;
+            for (int64_t i = 0; i < n; i++) d[i] = l3d_f32_to_f16(src[i]);
+        }
+    } else {
+        L3D_ASSERT(t == L3D_F32);
+        if (dst != (const void *)src) memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* A conversion of n elements between the fp32 buffer f and h of type t: to fp32 (in) or back. */
+struct cvt_job {
+    enum l3d_dtype t;
+    float *f;
+    void *h;
+    int64_t n;
+    bool in;
+};
+#define L3D_CVT_JOBS 6
+
+/* Whole tensors, all the jobs in one pass in blocks of 8 L3D_BLK; over threads, in one parallel
+ * region, only from 4M elements on. A conversion is memory-bound: one core converts the 1.8M
+ * elements of a 768 x 2304 weight in 0.4 ms, while a fork-join on cores shared with other
+ * processes waits for the other thread's time slice (4-8 ms measured on this VM under load). */
+static void cvt_par(const struct cvt_job *jobs, int nj) {
+    const int64_t CB = 8 * L3D_BLK;
+    int64_t nb[L3D_CVT_JOBS], total = 0, elems = 0;
+    L3D_ASSERT(nj <= L3D_CVT_JOBS);
+    for (int j = 0; j < nj; j++) total += nb[j] = (jobs[j].n + CB - 1) / CB, elems += jobs[j].n;
+#pragma omp parallel for schedule(static) if (elems > ((int64_t)1 << 22))
+    for (int64_t b = 0; b < total; b++) {
+        int j = 0;
+        int64_t k = b;
+        while (k >= nb[j]) k -= nb[j++];
+        const struct cvt_job *c = &jobs[j];
+        int64_t i0 = k * CB, n = c->n - i0 < CB ? c->n - i0 : CB;
+        if (c->in)
+            to_f32(c->t, c->f + i0, at(c->t, c->h, i0), n);
+        else
+            from_f32(c->t, at(c->t, c->h, i0), c->f + i0, n);
+    }
+}
+
+/* rows x cols of a strided 16-bit matrix (stride ss elements) into / out of a dense fp32 one
+ * (stride ds) */
+static void rows_to_f32(enum l3d_dtype t, float *dst, int64_t ds, const void *src, int64_t ss,
+                        int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) to_f32(t, dst + r * ds, at(t, src, r * ss), cols);
+}
+static void rows_from_f32(enum l3d_dtype t, void *dst, int64_t ds, const float *src, int64_t ss,
+                          int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) from_f32(t, at(t, dst, r * ds), src + r * ss, cols);
+}
+
+/* fp32 scratch of `per` floats for each thread of the next parallel region (accounted), freed
+ * with l3d_free; thread tid uses base + tid * per. */
+static float *thread_scratch(int64_t per, const char *what) {
+    int64_t nth = omp_get_max_threads();
+    return l3d_alloc((size_t)(nth * per) * sizeof(float), what);
+}
+
+static bool is16(enum l3d_dtype t) { return t == L3D_BF16 || t == L3D_F16; }
+
+static dnnl_data_type_t dnnl_type(enum l3d_dtype t) {
+    return t == L3D_BF16 ? dnnl_bf16 : t == L3D_F16 ? dnnl_f16 : dnnl_f32;
+}
+
+/* ---- 16-bit kernels --------------------------------------------------------------------- */
+
+/* Matrix products in 16 bits: oneDNN's matmul with 16-bit source and weights and fp32
+ * accumulation where it has one (bf16: AVX512-BF16 / AMX CPUs; fp16: AVX512-FP16); otherwise the
+ * 16-bit operands are converted to fp32 (exact), the fp32 product runs, and the result is rounded
+ * once: the same numerics (fp32 accumulation, one rounding), at the cost of the conversions. */
+static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, const void *inp,
+                              const void *weight, const void *bias, int64_t N, int64_t C,
+                              int64_t OC) {
+    struct mm_key k = mm_key_forward(N, C, OC, dnnl_type(dt), bias != NULL);
+    struct mm_entry *e = mm_get(cx, &k);
+    if (e->ok) {
+        mm_run(cx, e, out, inp, weight, bias);
+        return;
+    }
+    float *fi = l3d_alloc((size_t)(N * C + OC * C + OC + N * OC) * sizeof(float),
+                          "fp32 operands of a 16-bit matmul");
+    float *fw = fi + N * C, *fb = fw + OC * C, *fo = fb + OC;
+    struct cvt_job in[3] = {{dt, fi, (void *)inp, N * C, true},
+                            {dt, fw, (void *)weight, OC * C, true},
+                            {dt, fb, (void *)bias, bias ? OC : 0, true}};
+    cvt_par(in, 3);
+    matmul_forward_f32(cx, fo, fi, fw, bias ? fb : NULL, N, C, OC);
+    cvt_par(&(struct cvt_job){dt, fo, out, N * OC, false}, 1);
+    l3d_free(fi);
+}
+
+/* dbias (OC, type gdt) += column sums of dout (N,OC), accumulated in fp32 per column (each
+ * thread a block of columns, all rows in order: bit-identical for any thread count) and added
+ * once. */
+static void bias_grad_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias, const void *dout,
+                         int64_t N, int64_t OC) {
+    float *scr = thread_scratch(2 * OC, "bias gradient scratch");
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(OC, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        float *acc = scr + omp_get_thread_num() * 2 * OC, *row = acc + OC;
+        int64_t w = hi - lo;
+        memset(acc, 0, (size_t)(w > 0 ? w : 0) * sizeof(float));
+        for (int64_t n = 0; n < N && w > 0; n++) {
+            to_f32(dt, row, at(dt, dout, n * OC + lo), w);
+#pragma omp simd
+            for (int64_t o = 0; o < w; o++) acc[o] += row[o];
+        }
+        if (w > 0) {
+            to_f32(gdt, row, at(gdt, dbias, lo), w);
+#pragma omp simd
+            for (int64_t o = 0; o < w; o++) row[o] += acc[o];
+            from_f32(gdt, at(gdt, dbias, lo), row, w);
+        }
+    }
+    l3d_free(scr);
+}
+
+static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
+                               void *dinp, void *dweight, void *dbias, const void *dout,
+                               const void *inp, const void *weight, int64_t N, int64_t C,
+                               int64_t OC) {
+    /* dinp (N,C) += dout (N,OC) x weight (OC,C); dweight (OC,C) += dout^T (OC,N) x inp (N,C) */
+    struct mm_key ki = {.M = N, .K = OC, .N = C, .ss0 = OC, .ss1 = 1, .ws0 = C, .ws1 = 1,
+                        .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true};
+    struct mm_key kw = {.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
+                        .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true};
+    struct mm_entry *ei = dinp ? mm_get(cx, &ki) : NULL, *ew = dweight ? mm_get(cx, &kw) : NULL;
+    if (ei && ei->ok) mm_run(cx, ei, dinp, dout, weight, NULL);
+    if (ew && ew->ok) mm_run(cx, ew, dweight, dout, inp, NULL);
+    bool fi = ei && !ei->ok, fw = ew && !ew->ok;
+    if (fi || fw) { /* fp32 around the fp32 products (sgemm, as matmul_backward_f32) */
+        int64_t n = N * OC + (fi ? OC * C + N * C : 0) + (fw ? N * C : 0) +
+                    (fw && gdt != L3D_F32 ? OC * C : 0);
+        float *fo = l3d_alloc((size_t)n * sizeof(float), "fp32 operands of a 16-bit matmul");
+        /* fo: dout; then fi: weight, dinp; fw: inp, dweight unless it is fp32 already */
+        float *fwt = fo + N * OC, *fdi = fwt + (fi ? OC * C : 0);
+        float *fin = fdi + (fi ? N * C : 0), *fdw = gdt == L3D_F32 ? dweight : fin + N * C;
+        bool cw = fw && gdt != L3D_F32;
+        struct cvt_job in[5] = {{dt, fo, (void *)dout, N * OC, true},
+                                {dt, fwt, (void *)weight, fi ? OC * C : 0, true},
+                                {dt, fdi, dinp, fi ? N * C : 0, true},
+                                {dt, fin, (void *)inp, fw ? N * C : 0, true},
+                                {gdt, fdw, dweight, cw ? OC * C : 0, true}};
+        cvt_par(in, 5);
+        if (fi) sgemm('N', 'N', N, C, OC, 1.0f, fo, OC, fwt, C, 1.0f, fdi, C);
+        if (fw) sgemm('T', 'N', OC, C, N, 1.0f, fo, OC, fin, C, 1.0f, fdw, C);
+        struct cvt_job back[2] = {{dt, fdi, dinp, fi ? N * C : 0, false},
+                                  {gdt, fdw, dweight, cw ? OC * C : 0, false}};
+        cvt_par(back, 2);
+        l3d_free(fo);
+    }
+    if (dbias) bias_grad_16(dt, gdt, dbias, dout, N, OC);
+}
+
+// out (B,T,C), tokens (B,T), wte (vocab_count,C), wpe (>=T,C) or NULL
+static void encoder_forward_16(enum l3d_dtype dt, void *out, const int32_t *tokens,
+                               const void *wte, const void *wpe, int64_t vocab_start,
+                               int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        int64_t v = (int64_t)tokens[bt] - vocab_start;
+        bool in = v >= 0 && v < vocab_count;
+        for (int64_t c0 = 0; c0 < C; c0 += L3D_BLK) {
+            int64_t n = C - c0 < L3D_BLK ? C - c0 : L3D_BLK;
+            float o[L3D_BLK], p[L3D_BLK];
+            if (in)
+                to_f32(dt, o, at(dt, wte, v * C + c0), n);
+            else
+                memset(o, 0, (size_t)n * sizeof(float));
+            if (wpe) {
+                to_f32(dt, p, at(dt, wpe, (bt % T) * C + c0), n);
+#pragma omp simd
+                for (int64_t c = 0; c < n; c++) o[c] += p[c];
+            }
+            from_f32(dt, at(dt, out, bt * C + c0), o, n);
+        }
+    }
+}
+
+/* (token, position) pairs, ordered by token then position: a token's rows in order */
+struct tok_pos {
+    int64_t v, bt;
+};
+static int tok_pos_cmp(const void *a, const void *b) {
+    const struct tok_pos *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? -1 : 1;
+    return x->bt < y->bt ? -1 : x->bt > y->bt;
+}
+
+/* dwte, dwpe (type gdt) +=. Threads split the channels as the fp32 kernel does. Every reduction
+ * in fp32, added to the gradient once: dwpe sums its B rows; dwte sums the rows of each token
+ * (found by sorting (token, position) pairs, so the order is fixed), which a 16-bit dwte needs:
+ * adding each occurrence would round once per occurrence. */
+static void encoder_backward_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte, void *dwpe,
+                                const void *dout, const int32_t *tokens, int64_t vocab_start,
+                                int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
+    struct tok_pos *tp = NULL;
+    int64_t ntp = 0;
+    if (dwte) {
+        tp = l3d_alloc((size_t)(B * T) * sizeof *tp, "encoder gradient token order");
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            int64_t v = (int64_t)tokens[bt] - vocab_start;
+            if (v >= 0 && v < vocab_count) tp[ntp++] = (struct tok_pos){v, bt};
+        }
+        qsort(tp, (size_t)ntp, sizeof *tp, tok_pos_cmp);
+    }
+    float *scr = thread_scratch(3 * C, "encoder gradient scratch");
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int64_t w = hi - lo;
+        float *acc = scr + omp_get_thread_num() * 3 * C, *d = acc + C, *g = d + C;
+        for (int64_t i = 0; w > 0 && i < ntp;) {
+            int64_t v = tp[i].v;
+            memset(acc, 0, (size_t)w * sizeof(float));
+            for (; i < ntp && tp[i].v == v; i++) {
+                to_f32(dt, d, at(dt, dout, tp[i].bt * C + lo), w);
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) acc[c] += d[c];
+            }
+            to_f32(gdt, g, at(gdt, dwte, v * C + lo), w);
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++) g[c] += acc[c];
+            from_f32(gdt, at(gdt, dwte, v * C + lo), g, w);
+        }
+        for (int64_t t = 0; dwpe && w > 0 && t < T; t++) {
+            memset(acc, 0, (size_t)w * sizeof(float));
+            for (int64_t b = 0; b < B; b++) {
+                to_f32(dt, d, at(dt, dout, (b * T + t) * C + lo), w);
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) acc[c] += d[c];
+            }
+            to_f32(gdt, g, at(gdt, dwpe, t * C + lo), w);
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++) g[c] += acc[c];
+            from_f32(gdt, at(gdt, dwpe, t * C + lo), g, w);
+        }
+    }
+    l3d_free(scr);
+    l3d_free(tp);
+}
+
+// out (N,C), mean (N), rstd (N) fp32, inp (N,C), weight (C), bias (C)
+static void layernorm_forward_16(enum l3d_dtype dt, void *out, float *mean, float *rstd,
+                                 const void *inp, const void *weight, const void *bias, int64_t N,
+                                 int64_t C) {
+    float *wb = l3d_alloc((size_t)(2 * C) * sizeof(float), "layernorm fp32 weights");
+    to_f32(dt, wb, weight, C);
+    to_f32(dt, wb + C, bias, C);
+    const float *wf = wb, *bf = wb + C;
+    float *scr = thread_scratch(C, "layernorm scratch");
+#pragma omp parallel
+    {
+        float *x = scr + omp_get_thread_num() * C;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            to_f32(dt, x, at(dt, inp, n * C), C);
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < C; c++) s += x[c];
+            float m = s / (float)C;
+            float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+            for (int64_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+            float r = 1.0f / sqrtf(v / (float)C + L3D_LN_EPS);
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) x[c] = (x[c] - m) * r * wf[c] + bf[c];
+            from_f32(dt, at(dt, out, n * C), x, C);
+            mean[n] = m;
+            rstd[n] = r;
+        }
+    }
+    l3d_free(scr);
+    l3d_free(wb);
+}
+
+static void layernorm_backward_16(enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                  void *dweight, void *dbias, const void *dout, const void *inp,
+                                  const void *weight, const float *mean, const float *rstd,
+                                  int64_t N, int64_t C) {
+    float *wf = l3d_alloc((size_t)C * sizeof(float), "layernorm fp32 weights");
+    to_f32(dt, wf, weight, C);
+    float *scr = thread_scratch(4 * C, "layernorm scratch");
+    if (dinp) {
+#pragma omp parallel
+        {
+            float *x = scr + omp_get_thread_num() * 4 * C, *d = x + C, *di = d + C;
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; n++) {
+                to_f32(dt, x, at(dt, inp, n * C), C);
+                to_f32(dt, d, at(dt, dout, n * C), C);
+                to_f32(dt, di, at(dt, dinp, n * C), C);
+                float m = mean[n], r = rstd[n];
+                float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
+                for (int64_t c = 0; c < C; c++) {
+                    float g = d[c] * wf[c];
+                    sg += g;
+                    sgx += g * (x[c] - m) * r;
+                }
+                sg /= (float)C;
+                sgx /= (float)C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) {
+                    float xhat = (x[c] - m) * r;
+                    di[c] += r * (d[c] * wf[c] - sg - xhat * sgx);
+                }
+                from_f32(dt, at(dt, dinp, n * C), di, C);
+            }
+        }
+    }
+    if (dweight || dbias) { /* fp32 column sums over the rows, added once */
+#pragma omp parallel
+        {
+            int64_t lo, hi;
+            chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+            int64_t w = hi - lo;
+            float *aw = scr + omp_get_thread_num() * 4 * C, *ab = aw + C, *x = ab + C, *d = x + C;
+            if (w > 0) {
+                memset(aw, 0, (size_t)w * sizeof(float));
+                memset(ab, 0, (size_t)w * sizeof(float));
+                for (int64_t n = 0; n < N; n++) {
+                    to_f32(dt, x, at(dt, inp, n * C + lo), w);
+                    to_f32(dt, d, at(dt, dout, n * C + lo), w);
+                    float m = mean[n], r = rstd[n];
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) {
+                        aw[c] += d[c] * (x[c] - m) * r;
+                        ab[c] += d[c];
+                    }
+                }
+                for (int k = 0; k < 2; k++) {
+                    void *g = k ? dbias : dweight;
+                    const float *a = k ? ab : aw;
+                    if (!g) continue;
+                    to_f32(gdt, x, at(gdt, g, lo), w);
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) x[c] += a[c];
+                    from_f32(gdt, at(gdt, g, lo), x, w);
+                }
+            }
+        }
+    }
+    l3d_free(scr);
+    l3d_free(wf);
+}
+
+/* Attention in 16 bits: each task converts the rows it reads into fp32 scratch (a query block
+ * and its keys and values: 2 (p0 + nq) HS elements for ~4 (p0 + nq) nq HS FLOPs, 1/(2 nq) of a
+ * conversion per FLOP), runs the fp32 block code and rounds its output rows once. The same
+ * tasks and the same fixed order as the fp32 kernel: bit-identical for any thread count. */
+static void attention_forward_16(enum l3d_dtype dt, void *out, float *lse, const void *qkv,
+                                 int64_t B, int64_t T, int64_t NH, int64_t HS) {
+    const int64_t C = NH * HS, C3 = 3 * C, nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const int64_t per = (2 * L3D_FA_BQ + 2 * T) * HS;
+    float *scr = thread_scratch(per, "attention fp32 scratch");
+#pragma omp parallel
+    {
+        _Alignas(64) float S[L3D_FA_BQ * L3D_FA_BK];
+        float *qf = scr + omp_get_thread_num() * per, *of = qf + L3D_FA_BQ * HS;
+        float *kf = of + L3D_FA_BQ * HS, *vf = kf + T * HS;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < B * NH * nb; task++) {
+            int64_t bh = task % (B * NH), qb = nb - 1 - task / (B * NH);
+            int64_t b = bh / NH, h = bh % NH, i0 = qb * L3D_FA_BQ;
+            int64_t nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
+            const void *q = at(dt, qkv, b * T * C3 + h * HS);
+            rows_to_f32(dt, qf, HS, at(dt, q, i0 * C3), C3, nq, HS);
+            rows_to_f32(dt, kf, HS, at(dt, q, C), C3, i0 + nq, HS);
+            rows_to_f32(dt, vf, HS, at(dt, q, 2 * C), C3, i0 + nq, HS);
+            fa_forward_block(of, HS, lse + bh * T + i0, qf, HS, kf, vf, HS, i0, nq, HS, S);
+            rows_from_f32(dt, at(dt, out, (b * T + i0) * C + h * HS), C, of, HS, nq, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+static void attention_backward_16(enum l3d_dtype dt, void *dqkv, const void *dout,
+                                  const void *qkv, const void *out, const float *lse, int64_t B,
+                                  int64_t T, int64_t NH, int64_t HS) {
+    const int64_t C = NH * HS, C3 = 3 * C, TH = T * HS, per = 8 * TH;
+    float *scr = thread_scratch(per, "attention fp32 scratch");
+#pragma omp parallel
+    {
+        _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
+        _Alignas(64) float dS[L3D_FA_BQ * L3D_FA_BK];
+        float D[L3D_FA_BQ];
+        float *f = scr + omp_get_thread_num() * per;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * NH; bh++) {
+            int64_t b = bh / NH, h = bh % NH;
+            const void *q = at(dt, qkv, b * T * C3 + h * HS);
+            void *dq = at(dt, dqkv, b * T * C3 + h * HS);
+            /* f: q k v (stride HS each, TH apart), dq dk dv, dO, O */
+            for (int j = 0; j < 3; j++) {
+                rows_to_f32(dt, f + j * TH, HS, at(dt, q, j * C), C3, T, HS);
+                rows_to_f32(dt, f + (3 + j) * TH, HS, at(dt, dq, j * C), C3, T, HS);
+            }
+            rows_to_f32(dt, f + 6 * TH, HS, at(dt, dout, b * T * C + h * HS), C, T, HS);
+            rows_to_f32(dt, f + 7 * TH, HS, at(dt, out, b * T * C + h * HS), C, T, HS);
+            fa_backward_head(f + 3 * TH, f + 4 * TH, f + 5 * TH, HS, f, f + TH, f + 2 * TH, HS,
+                             f + 6 * TH, f + 7 * TH, HS, lse + bh * T, T, HS, P, dS, D);
+            for (int j = 0; j < 3; j++)
+                rows_from_f32(dt, at(dt, dq, j * C), C3, f + (3 + j) * TH, HS, T, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+static void attention_cached_16(enum l3d_dtype dt, void *out, const void *q, const void *k,
+                                const void *v, int64_t pos, int64_t n, int64_t NH, int64_t HS,
+                                int64_t q_stride, int64_t kv_stride) {
+    const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const int64_t per = (2 * L3D_FA_BQ + 2 * (pos + n)) * HS;
+    float *scr = thread_scratch(per, "attention fp32 scratch");
+#pragma omp parallel
+    {
+        _Alignas(64) float S[L3D_FA_BQ * L3D_FA_BK];
+        float *qf = scr + omp_get_thread_num() * per, *of = qf + L3D_FA_BQ * HS;
+        float *kf = of + L3D_FA_BQ * HS, *vf = kf + (pos + n) * HS;
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < NH * nb; task++) {
+            int64_t h = task % NH, i0 = (task / NH) * L3D_FA_BQ;
+            int64_t nq = n - i0 < L3D_FA_BQ ? n - i0 : L3D_FA_BQ, nk = pos + i0 + nq;
+            rows_to_f32(dt, qf, HS, at(dt, q, i0 * q_stride + h * HS), q_stride, nq, HS);
+            rows_to_f32(dt, kf, HS, at(dt, k, h * HS), kv_stride, nk, HS);
+            rows_to_f32(dt, vf, HS, at(dt, v, h * HS), kv_stride, nk, HS);
+            fa_forward_block(of, HS, NULL, qf, HS, kf, vf, HS, pos + i0, nq, HS, S);
+            rows_from_f32(dt, at(dt, out, i0 * C + h * HS), C, of, HS, nq, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* Elementwise kernels: blocks of L3D_BLK over threads. */
+static void gelu_forward_16(enum l3d_dtype dt, void *out, const void *inp, int64_t N) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float x[L3D_BLK];
+        to_f32(dt, x, at(dt, inp, i0), n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) x[i] = gelu_f(x[i]);
+        from_f32(dt, at(dt, out, i0), x, n);
+    }
+}
+
+static void gelu_backward_16(enum l3d_dtype dt, void *dinp, const void *dout, const void *inp,
+                             int64_t N) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float x[L3D_BLK], d[L3D_BLK], g[L3D_BLK];
+        to_f32(dt, x, at(dt, inp, i0), n);
+        to_f32(dt, d, at(dt, dout, i0), n);
+        to_f32(dt, g, at(dt, dinp, i0), n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) g[i] += gelu_df(x[i]) * d[i];
+        from_f32(dt, at(dt, dinp, i0), g, n);
+    }
+}
+
+static void residual_forward_16(enum l3d_dtype dt, void *out, const void *a, const void *b,
+                                int64_t N) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float x[L3D_BLK], y[L3D_BLK];
+        to_f32(dt, x, at(dt, a, i0), n);
+        to_f32(dt, y, at(dt, b, i0), n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) x[i] += y[i];
+        from_f32(dt, at(dt, out, i0), x, n);
+    }
+}
+
+static void add_inplace_16(enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float x[L3D_BLK], y[L3D_BLK];
+        to_f32(dt, x, at(dt, dst, i0), n);
+        to_f32(dt, y, at(dt, src, i0), n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) x[i] += y[i];
+        from_f32(dt, at(dt, dst, i0), x, n);
+    }
+}
+
+static void add_bias_16(enum l3d_dtype dt, void *out, const void *bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+    for (int64_t r = 0; r < N; r++) {
+        for (int64_t c0 = 0; c0 < C; c0 += L3D_BLK) {
+            int64_t n = C - c0 < L3D_BLK ? C - c0 : L3D_BLK;
+            float x[L3D_BLK], y[L3D_BLK];
+            to_f32(dt, x, at(dt, out, r * C + c0), n);
+            to_f32(dt, y, at(dt, bias, c0), n);
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) x[i] += y[i];
+            from_f32(dt, at(dt, out, r * C + c0), x, n);
+        }
+    }
+}
+
+/* Cross-entropy on 16-bit logits: each row converted into fp32 scratch, then the fp32 code. */
+static void xent_max_16(enum l3d_dtype dt, float *maxv, const void *logits, int64_t N, int64_t Vl,
+                        int64_t Vvalid) {
+    float *scr = thread_scratch(Vl, "cross-entropy scratch");
+#pragma omp parallel
+    {
+        float *l = scr + omp_get_thread_num() * Vl;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            to_f32(dt, l, at(dt, logits, n * Vl), Vvalid);
+            float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+            for (int64_t j = 0; j < Vvalid; j++) mx = l[j] > mx ? l[j] : mx;
+            maxv[n] = mx;
+        }
+    }
+    l3d_free(scr);
+}
+
+static void xent_sumexp_16(enum l3d_dtype dt, float *sumexp, float *tlogit, const void *logits,
+                           const float *maxv, const int32_t *targets, int64_t vocab_start,
+                           int64_t N, int64_t Vl, int64_t Vvalid) {
+    float *scr = thread_scratch(Vl, "cross-entropy scratch");
+#pragma omp parallel
+    {
+        float *l = scr + omp_get_thread_num() * Vl;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            to_f32(dt, l, at(dt, logits, n * Vl), Vvalid);
+            float mx = maxv[n], s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j < Vvalid; j++) s += fast_expf(l[j] - mx);
+            sumexp[n] = s;
+            int64_t t = (int64_t)targets[n] - vocab_start;
+            tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
+        }
+    }
+    l3d_free(scr);
+}
+
+static void xent_backward_16(enum l3d_dtype dt, void *logits, const float *maxv,
+                             const float *sumexp, const int32_t *targets, float dloss,
+                             int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    float *scr = thread_scratch(Vl, "cross-entropy scratch");
+#pragma omp parallel
+    {
+        float *l = scr + omp_get_thread_num() * Vl;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            to_f32(dt, l, at(dt, logits, n * Vl), Vvalid);
+            float mx = maxv[n], k = dloss / sumexp[n];
+#pragma omp simd
+            for (int64_t j = 0; j < Vvalid; j++) l[j] = fast_expf(l[j] - mx) * k;
+            for (int64_t j = Vvalid; j < Vl; j++) l[j] = 0.0f;
+            int64_t t = (int64_t)targets[n] - vocab_start;
+            if (t >= 0 && t < Vvalid) l[t] -= dloss;
+            from_f32(dt, at(dt, logits, n * Vl), l, Vl);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* The same static partition as sumsq_f32, each element widened to double. */
+static double sumsq_16(enum l3d_dtype dt, const void *x, int64_t n) {
+    double part[L3D_MAX_THREADS] = {0};
+    int nth_used = 1;
+#pragma omp parallel
+    {
+        int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        L3D_ASSERT(nth <= L3D_MAX_THREADS);
+        int64_t lo, hi;
+        chunk(n, tid, nth, &lo, &hi);
+        double s = 0.0;
+        float b[L3D_BLK];
+        for (int64_t i0 = lo; i0 < hi; i0 += L3D_BLK) {
+            int64_t m = hi - i0 < L3D_BLK ? hi - i0 : L3D_BLK;
+            to_f32(dt, b, at(dt, x, i0), m);
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < m; i++) s += (double)b[i] * (double)b[i];
+        }
+        part[tid] = s;
+        if (tid == 0) nth_used = nth;
+    }
+    double s = 0.0;
+    for (int t = 0; t < nth_used; t++) s += part[t];
+    return s;
+}
+
+/* AdamW on the fp32 master weights, the update exactly adamw_f32's, then the 16-bit copy. */
+static void adamw_mixed_cpu(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                            float *master, float *m, float *v, const void *grad, float grad_scale,
+                            int64_t N, float lr, float beta1, float beta2, float eps, float wd,
+                            float bc1, float bc2) {
+    (void)ctx;
+    if (!(dt == L3D_F32 || is16(dt)) || !(gdt == L3D_F32 || gdt == dt))
+        l3d_fatal(__FILE__, __LINE__, "backend cpu: adamw_mixed has no variant for parameters "
+                  "%s with gradients %s", l3d_dtype_name(dt), l3d_dtype_name(gdt));
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float g[L3D_BLK];
+        float *p = master + i0, *mm = m + i0, *vv = v + i0;
+        to_f32(gdt, g, at(gdt, grad, i0), n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            float gi = g[i] * grad_scale;
+            float mi = beta1 * mm[i] + (1.0f - beta1) * gi;
+            float vi = beta2 * vv[i] + (1.0f - beta2) * gi * gi;
+            mm[i] = mi;
+            vv[i] = vi;
+            float mhat = mi / bc1, vhat = vi / bc2;
+            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+        }
+        if (param) from_f32(dt, at(dt, param, i0), p, n);
+    }
+}
+
+static void convert_cpu(void *ctx, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
+                        const void *src, int64_t N) {
+    (void)ctx;
+    if (!(dst_t == L3D_F32 || is16(dst_t)) || !(src_t == L3D_F32 || is16(src_t)))
+        l3d_fatal(__FILE__, __LINE__, "backend cpu: convert has no variant from %s to %s",
+                  l3d_dtype_name(src_t), l3d_dtype_name(dst_t));
+    if (dst_t == src_t) {
+        if (dst != src) memmove(dst, src, (size_t)N * esz(dst_t));
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float x[L3D_BLK];
+        to_f32(src_t, x, at(src_t, src, i0), n);
+        from_f32(dst_t, at(dst_t, dst, i0), x, n);
+    }
+}
+
+static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x, float inv_scale,
+                        int64_t N) {
+    (void)ctx;
+    if (!(dt == L3D_F32 || is16(dt))) l3d_backend_no_variant("cpu", "unscale", dt);
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+    for (int64_t i0 = 0; i0 < N; i0 += L3D_BLK) {
+        int64_t n = N - i0 < L3D_BLK ? N - i0 : L3D_BLK;
+        float b[L3D_BLK];
+        to_f32(dt, b, at(dt, x, i0), n);
+        int nf = 0;
+#pragma omp simd reduction(| : nf)
+        for (int64_t i = 0; i < n; i++) nf |= !(fabsf(b[i]) <= 3.40282347e38f); /* Inf, NaN */
+        bad |= nf;
+        if (inv_scale != 1.0f) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) b[i] *= inv_scale;
+            from_f32(dt, at(dt, x, i0), b, n);
+        }
+    }
+    if (bad) *found_inf = 1.0f;
+}
+
 /* ---- the table: every kernel has an fp32 variant (mixed precision adds 16-bit ones) ----- */
 
 #define F32_ONLY(kernel)                                                            \
     do {                                                                            \
         if (dt != L3D_F32) l3d_backend_no_variant("cpu", kernel, dt);              \
     } while (0)
+/* fp32, or one of the 16-bit variants above */
+#define F32_OR_16(kernel)                                                           \
+    do {                                                                            \
+        if (dt != L3D_F32 && !is16(dt)) l3d_backend_no_variant("cpu", kernel, dt); \
+    } while (0)
+/* parameter gradients of type dt, or fp32 (main_grad) */
+#define GRAD_TYPE(kernel)                                                                    \
+    do {                                                                                     \
+        if (gdt != dt && gdt != L3D_F32)                                                     \
+            l3d_fatal(__FILE__, __LINE__, "backend cpu: %s has no variant for %s gradients " \
+                      "of %s activations", kernel, l3d_dtype_name(gdt), l3d_dtype_name(dt)); \
+    } while (0)
 
 static void cpu_matmul_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                                const void *weight, const void *bias, int64_t N, int64_t C,
                                int64_t OC) {
-    F32_ONLY("matmul_forward");
-    matmul_forward_f32(ctx, out, inp, weight, bias, N, C, OC);
+    F32_OR_16("matmul_forward");
+    if (is16(dt))
+        matmul_forward_16(ctx, dt, out, inp, weight, bias, N, C, OC);
+    else
+        matmul_forward_f32(ctx, out, inp, weight, bias, N, C, OC);
 }
-static void cpu_matmul_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
-                                void *dbias, const void *dout, const void *inp, const void *weight,
-                                int64_t N, int64_t C, int64_t OC) {
-    F32_ONLY("matmul_backward");
-    matmul_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+static void cpu_matmul_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                void *dweight, void *dbias, const void *dout, const void *inp,
+                                const void *weight, int64_t N, int64_t C, int64_t OC) {
+    F32_OR_16("matmul_backward");
+    GRAD_TYPE("matmul_backward");
+    if (is16(dt))
+        matmul_backward_16(ctx, dt, gdt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    else
+        matmul_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 static void cpu_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const int32_t *tokens,
                                 const void *wte, const void *wpe, int64_t vocab_start,
                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
-    F32_ONLY("encoder_forward");
-    encoder_forward_f32(ctx, out, tokens, wte, wpe, vocab_start, vocab_count, B, T, C);
+    F32_OR_16("encoder_forward");
+    if (is16(dt))
+        encoder_forward_16(dt, out, tokens, wte, wpe, vocab_start, vocab_count, B, T, C);
+    else
+        encoder_forward_f32(ctx, out, tokens, wte, wpe, vocab_start, vocab_count, B, T, C);
 }
-static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, void *dwte, void *dwpe,
-                                 const void *dout, const int32_t *tokens, int64_t vocab_start,
-                                 int64_t vocab_count, int64_t B, int64_t T, int64_t C) {
-    F32_ONLY("encoder_backward");
-    encoder_backward_f32(ctx, dwte, dwpe, dout, tokens, vocab_start, vocab_count, B, T, C);
+static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
+                                 void *dwpe, const void *dout, const int32_t *tokens,
+                                 int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
+                                 int64_t C) {
+    F32_OR_16("encoder_backward");
+    GRAD_TYPE("encoder_backward");
+    if (is16(dt))
+        encoder_backward_16(dt, gdt, dwte, dwpe, dout, tokens, vocab_start, vocab_count, B, T, C);
+    else
+        encoder_backward_f32(ctx, dwte, dwpe, dout, tokens, vocab_start, vocab_count, B, T, C);
 }
 static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                   float *rstd, const void *inp, const void *weight,
                                   const void *bias, int64_t N, int64_t C) {
-    F32_ONLY("layernorm_forward");
-    layernorm_forward_f32(ctx, out, mean, rstd, inp, weight, bias, N, C);
+    F32_OR_16("layernorm_forward");
+    if (is16(dt))
+        layernorm_forward_16(dt, out, mean, rstd, inp, weight, bias, N, C);
+    else
+        layernorm_forward_f32(ctx, out, mean, rstd, inp, weight, bias, N, C);
 }
-static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, void *dinp, void *dweight,
-                                   void *dbias, const void *dout, const void *inp,
+static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                   void *dweight, void *dbias, const void *dout, const void *inp,
                                    const void *weight, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
-    F32_ONLY("layernorm_backward");
-    layernorm_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    F32_OR_16("layernorm_backward");
+    GRAD_TYPE("layernorm_backward");
+    if (is16(dt) || gdt != dt)
+        layernorm_backward_16(dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    else
+        layernorm_backward_f32(ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                   const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
-    F32_ONLY("attention_forward");
-    attention_forward_f32(ctx, out, lse, qkv, B, T, NH, HS);
+    F32_OR_16("attention_forward");
+    if (is16(dt))
+        attention_forward_16(dt, out, lse, qkv, B, T, NH, HS);
+    else
+        attention_forward_f32(ctx, out, lse, qkv, B, T, NH, HS);
 }
 static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
                                    int64_t T, int64_t NH, int64_t HS) {
-    F32_ONLY("attention_backward");
-    attention_backward_f32(ctx, dqkv, dout, qkv, out, lse, B, T, NH, HS);
+    F32_OR_16("attention_backward");
+    if (is16(dt))
+        attention_backward_16(dt, dqkv, dout, qkv, out, lse, B, T, NH, HS);
+    else
+        attention_backward_f32(ctx, dqkv, dout, qkv, out, lse, B, T, NH, HS);
 }
 static void cpu_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
                                         const void *qkv, int64_t B, int64_t T, int64_t NH,
@@ -783,49 +1637,76 @@ static void cpu_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqk
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                                  int64_t HS, int64_t q_stride, int64_t kv_stride) {
-    F32_ONLY("attention_cached");
-    attention_cached_f32(ctx, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride);
+    F32_OR_16("attention_cached");
+    if (is16(dt))
+        attention_cached_16(dt, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride);
+    else
+        attention_cached_f32(ctx, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride);
 }
 static void cpu_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                              int64_t N) {
-    F32_ONLY("gelu_forward");
-    gelu_forward_f32(ctx, out, inp, N);
+    F32_OR_16("gelu_forward");
+    if (is16(dt))
+        gelu_forward_16(dt, out, inp, N);
+    else
+        gelu_forward_f32(ctx, out, inp, N);
 }
 static void cpu_gelu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
                               const void *inp, int64_t N) {
-    F32_ONLY("gelu_backward");
-    gelu_backward_f32(ctx, dinp, dout, inp, N);
+    F32_OR_16("gelu_backward");
+    if (is16(dt))
+        gelu_backward_16(dt, dinp, dout, inp, N);
+    else
+        gelu_backward_f32(ctx, dinp, dout, inp, N);
 }
 static void cpu_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const void *a,
                                  const void *b, int64_t N) {
-    F32_ONLY("residual_forward");
-    residual_forward_f32(ctx, out, a, b, N);
+    F32_OR_16("residual_forward");
+    if (is16(dt))
+        residual_forward_16(dt, out, a, b, N);
+    else
+        residual_forward_f32(ctx, out, a, b, N);
 }
 static void cpu_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
-    F32_ONLY("add_inplace");
-    add_inplace_f32(ctx, dst, src, N);
+    F32_OR_16("add_inplace");
+    if (is16(dt))
+        add_inplace_16(dt, dst, src, N);
+    else
+        add_inplace_f32(ctx, dst, src, N);
 }
 static void cpu_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
                          int64_t C) {
-    F32_ONLY("add_bias");
-    add_bias_f32(ctx, out, bias, N, C);
+    F32_OR_16("add_bias");
+    if (is16(dt))
+        add_bias_16(dt, out, bias, N, C);
+    else
+        add_bias_f32(ctx, out, bias, N, C);
 }
 static void cpu_xent_max(void *ctx, enum l3d_dtype dt, float *maxv, const void *logits, int64_t N,
                          int64_t Vl, int64_t Vvalid) {
-    F32_ONLY("xent_max");
-    xent_max_f32(ctx, maxv, logits, N, Vl, Vvalid);
+    F32_OR_16("xent_max");
+    if (is16(dt))
+        xent_max_16(dt, maxv, logits, N, Vl, Vvalid);
+    else
+        xent_max_f32(ctx, maxv, logits, N, Vl, Vvalid);
 }
 static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
                             const void *logits, const float *maxv, const int32_t *targets,
                             int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
-    F32_ONLY("xent_sumexp");
-    xent_sumexp_f32(ctx, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl, Vvalid);
+    F32_OR_16("xent_sumexp");
+    if (is16(dt))
+        xent_sumexp_16(dt, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl, Vvalid);
+    else
+        xent_sumexp_f32(ctx, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl, Vvalid);
 }
 static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
                               const float *sumexp, const int32_t *targets, float dloss,
                               int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
-    F32_ONLY("xent_backward");
-    xent_backward_f32(ctx, logits, maxv, sumexp, targets, dloss, vocab_start, N, Vl, Vvalid);
+    F32_OR_16("xent_backward");
+    if (is16(dt))
+        xent_backward_16(dt, logits, maxv, sumexp, targets, dloss, vocab_start, N, Vl, Vvalid);
+    else
+        xent_backward_f32(ctx, logits, maxv, sumexp, targets, dloss, vocab_start, N, Vl, Vvalid);
 }
 static void cpu_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, float *v,
                       const void *grad, float grad_scale, int64_t n, float lr, float beta1,
@@ -834,8 +1715,8 @@ static void cpu_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, float
     adamw_f32(ctx, param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
 }
 static void cpu_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n) {
-    F32_ONLY("sumsq");
-    *acc += sumsq_f32(ctx, x, n);
+    F32_OR_16("sumsq");
+    *acc += is16(dt) ? sumsq_16(dt, x, n) : sumsq_f32(ctx, x, n);
 }
 
 /* ---- memory: the device is the host; buffers come from the accounting allocator -------- */
@@ -863,9 +1744,11 @@ static void cpu_copy_d2d(void *ctx, void *dst, const void *src, size_t bytes) {
 static void cpu_sync(void *ctx) { (void)ctx; } /* every kernel returns when it is done */
 static double cpu_peak_flops(void *ctx, enum l3d_dtype t) {
     (void)ctx;
-    if (t == L3D_F32) return l3d_cpu_fma_peak(0.3);
-    if (t == L3D_BF16) return l3d_cpu_bf16_peak(0.3);
-    return 0.0; /* no fp16 arithmetic on these CPUs */
+    /* 16-bit products without 16-bit arithmetic run as fp32 products (matmul_forward_16) */
+    double bf16 = t == L3D_BF16 ? l3d_cpu_bf16_peak(0.3) : 0.0;
+    if (bf16 > 0.0) return bf16;
+    if (t == L3D_F32 || is16(t)) return l3d_cpu_fma_peak(0.3);
+    return 0.0;
 }
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
@@ -917,6 +1800,9 @@ static const struct l3d_backend_i cpu_backend_i = {
     .xent_loss = cpu_xent_loss,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
+    .adamw_mixed = adamw_mixed_cpu,
+    .convert = convert_cpu,
+    .unscale = unscale_cpu,
 };
 
 struct l3d_backend *l3d_backend_cpu_init(void) {
