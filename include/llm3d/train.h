@@ -59,6 +59,11 @@ struct l3d_train_config {
     const char *ckpt_dir;
     const char *resume;
     int save_every, keep;
+    /* faults: every wait bounded by timeout_s (0: none; comm.h, struct l3d_watch); a step whose
+     * loss or gradient norm is not finite is skipped on every rank, and max_skipped such steps
+     * in a row stop the run with an error (the last checkpoint kept) */
+    double timeout_s;
+    int max_skipped;
 };
 
 struct l3d_train_result {
@@ -73,6 +78,7 @@ struct l3d_train_result {
     bool report_error;         /* on failure: this rank is the one that prints the message */
     int start_step;            /* steps already done by the checkpoint resumed from */
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
+    int skipped;               /* steps skipped for a non-finite loss or gradient norm */
 };
 
 /* A layout checked against the flags and the world, before any communication or allocation:

@@ -77,7 +77,13 @@ static void usage(FILE *f, const char *cmd) {
         "  --resume auto|PATH  continue from the latest checkpoint (auto: a fresh start when\n"
         "                      there is none) or from a step or checkpoint directory\n"
         "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
-        "                      at once\n",
+        "                      at once\n"
+        "faults:\n"
+        "  --timeout S         abort the job (exit 75) when a rank waits S seconds on another\n"
+        "                      (a stopped, hung or dead rank), naming it; the last checkpoint\n"
+        "                      is kept (600; 0: wait for ever)\n"
+        "  --max-skipped-steps N  a step whose loss or gradient norm is not finite is skipped\n"
+        "                      on every rank; N such steps in a row stop the run (10)\n",
         l3d_gpt_preset_names(), bench ? "d12" : "d6");
 }
 
@@ -119,7 +125,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
-           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND };
+           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND,
+           O_TIMEOUT, O_MAX_SKIPPED };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -152,6 +159,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"ckpt-dir", required_argument, NULL, O_CKPT_DIR},
         {"keep", required_argument, NULL, O_KEEP}, {"resume", required_argument, NULL, O_RESUME},
         {"backend", required_argument, NULL, O_BACKEND},
+        {"timeout", required_argument, NULL, O_TIMEOUT},
+        {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -244,6 +253,15 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_CKPT_DIR: tc->ckpt_dir = optarg; break;
         case O_RESUME: tc->resume = optarg; break;
         case O_BACKEND: *backend = optarg; break;
+        case O_TIMEOUT: {
+            float sec = 0;
+            ok = l3d_arg_float(cmd, "timeout", optarg, 0, 1e7, &sec);
+            tc->timeout_s = sec;
+            break;
+        }
+        case O_MAX_SKIPPED:
+            ok = l3d_arg_int(cmd, "max-skipped-steps", optarg, 1, 1 << 20, &tc->max_skipped);
+            break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;
