@@ -7,7 +7,10 @@
  * with MPI_Abort on the world: a failed operation never leaves peers waiting. A rank that dies
  * (signal, exit) is handled by the launcher: Open MPI's mpirun and MPICH's Hydra both kill the
  * other ranks within a second and return a non-zero status; the exit guard below covers the one
- * case Hydra would report as success (a rank calling exit(0) before finalize).
+ * case Hydra would report as success (a rank calling exit(0) before finalize). A rank that stops
+ * or hangs is the watchdog's: every blocking operation is its non-blocking form and a watch_wait,
+ * which polls with growing sleeps and, after the world's watch timeout, finds the rank that does
+ * not respond, names it and aborts (struct l3d_watch, comm.h; docs/DESIGN.md).
  *
  * Counts: MPI counts are int. Blocking operations take any int64_t count and loop over chunks
  * of at most max_count elements (INT_MAX / 2 unless a test lowers it); non-blocking collectives
@@ -256,6 +259,9 @@ static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t
 #define WATCH_NAP_MIN_S 10e-6
 #define WATCH_NAP_MAX_S 5e-3
 #define WATCH_EXIT 75 /* EX_TEMPFAIL: try again (--resume auto) */
+/* A gap between two polls longer than this: the rank itself was stopped (SIGSTOP, a debugger,
+ * the machine suspended), which is no wait on the others and no stall of theirs. */
+#define WATCH_AWAY_S 0.5
 
 struct mpi_watch {
     struct l3d_watch pub;
@@ -424,25 +430,33 @@ static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char 
     L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
     if (flag) return;
     struct mpi_watch *w = m->watch;
-    double t0 = now_s(), t = t0, timeout = w->pub.timeout_s;
+    double t0 = now_s(), t = t0, prev = t0, timeout = w->pub.timeout_s;
     double deadline = timeout > 0 ? t0 + timeout : INFINITY;
+    double away = 0.0; /* time this rank did not run (itself stopped): not a wait on others */
     int expiries = 0;
     for (;;) {
         L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
         if (flag) break;
         t = now_s();
-        double waited = t - t0;
+        if (t - prev > WATCH_AWAY_S) { /* polls are at most 5 ms apart when the rank runs */
+            away += t - prev;
+            deadline += t - prev;
+        }
+        prev = t;
+        double waited = t - t0 - away;
         if (waited < WATCH_SPIN_S) continue;
         watch_answer(w);
         if (t >= deadline) {
             if (watch_expired(m, r, peer, op, waited, expiries++ > 0)) break;
             deadline = now_s() + timeout;
+            prev = now_s();
             continue;
         }
         double s = waited / 8;
         nap(s < WATCH_NAP_MIN_S ? WATCH_NAP_MIN_S : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S : s);
     }
-    double waited = now_s() - t0;
+    t = now_s();
+    double waited = t - t0 - away - (t - prev > WATCH_AWAY_S ? t - prev : 0.0);
     if (waited > w->pub.longest_s) {
         w->pub.longest_s = waited;
         if (waited >= 0.5)
