@@ -88,7 +88,8 @@ stop_rank() {
     local job=$! pid latest t0 t1 rc
     wait_for 120 eval "has_latest '$out' || ! kill -0 $job 2> /dev/null"
     has_latest "$out" || { echo "no checkpoint"; end_job "$out" $job; cat "$out.log"; return 1; }
-    pid=$(rank_pid "$out" "$rank") || { echo "rank $rank not found"; end_job "$out" $job; return 1; }
+    pid=$(rank_pid "$out" "$rank") || {
+        echo "rank $rank not found"; end_job "$out" $job; return 1; }
     kill -STOP "$pid"
     t0=$(date +%s%N)
     # a save the ranks had agreed on before the stop may still be committed: `latest` is read
@@ -121,7 +122,8 @@ stop_rank() {
 check "SIGSTOP rank 1 of dp2: the job ends within --timeout + 10 s, rank 1 named, checkpoint kept" \
     stop_rank dp2 2 1 "rank 1 (tp 0, pp 0, dp 1)" 3 --dp 2
 # the oracle's negative case: the same log does not name another rank
-check "  ... the check tells another rank apart" eval "! names_rank '$dir/dp2.log' 'rank 0 (tp 0, pp 0, dp 0)'"
+check "  ... the check tells another rank apart" \
+    eval "! names_rank '$dir/dp2.log' 'rank 0 (tp 0, pp 0, dp 0)'"
 if [ "${L3D_MPI:-openmpi}" != mpich ]; then # the MPICH suite runs 2 ranks
     check "SIGSTOP rank 0 of tp2 x dp2: rank 0 named, checkpoint kept" \
         stop_rank tp2dp2 4 0 "rank 0 (tp 0, pp 0, dp 0)" 3 --tp 2 --dp 2
@@ -150,12 +152,14 @@ stall() {
     end_job "$out" $job
     local rc=$?
     grep "stalled" "$out.log" | sed 's/^/  /'
-    [ $rc -eq 0 ] && grep -q "^llm3d: rank 0 (tp 0, pp 0, dp 0): stalled [2-9]\.[0-9] s at step" "$out.log" &&
+    [ $rc -eq 0 ] &&
+        grep -q "^llm3d: rank 0 (tp 0, pp 0, dp 0): stalled [2-9]\.[0-9] s at step" "$out.log" &&
         grep -q '"stall_s":[2-9]\.' "$out/metrics.jsonl" &&
         [ "$(grep -c '"stall_s"' "$out/metrics.jsonl")" -eq 1 ] &&
         ! grep -q "^llm3d: rank 1 .*stalled" "$out.log" || { echo "exit $rc"; cat "$out.log"; return 1; }
 }
-check "SIGSTOP of rank 1 for 2.5 s under --timeout 60: the run goes on, the stall reported once, by rank 0" stall
+check "SIGSTOP of rank 1 for 2.5 s under --timeout 60: the run goes on, the stall reported once, \
+by rank 0" stall
 
 # NaN gradients: rank 1 of dp2 at step 4 (after the reduction, so rank 0's own norm is finite)
 weights() { "$bin" convert "$dir/$1/checkpoints/$(printf 'step_%08d' "$2")" "$dir/$1.w$2.bin" > /dev/null; }
@@ -176,7 +180,8 @@ skip_one() {
         ! cmp -s "$dir/nan1.w2.bin" "$dir/nan1.w3.bin" &&
         "$bin" inspect "$out/model.bin" > /dev/null 2>&1 || { cat "$out.log"; return 1; }
 }
-check "NaN gradient on rank 1 of 2 at step 4: skipped on both ranks (weights of step 4 = step 3, steps 2->3 and 4->5 update), run completes" skip_one
+check "NaN gradient on rank 1 of 2 at step 4: skipped on both ranks (weights of step 4 = step 3; \
+steps 2->3 and 4->5 update), the run completes" skip_one
 
 # tp2 x dp2, NaN on rank 3 only: the norm's sums reach its TP partner (rank 2), not the other
 # replica (ranks 0, 1): the skip is agreed over the world
