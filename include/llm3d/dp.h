@@ -115,7 +115,7 @@ void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *b
 /* A skipped step (a non-finite loss or gradient norm, agreed by every rank): no update, no
  * communication; the gradients are zeroed for the next step as l3d_dp_step does. */
 void l3d_dp_skip_step(struct l3d_dp *dp);
-/* Test hook (L3D_TEST_NAN_AT_STEP, src/train/step.c): sets the first gradient of this rank's
+/* Test hook (L3D_TEST_NAN_AT_STEP, src/train/step.c): sets the last gradient of this rank's
  * range to NaN, after the reduction, so that only this rank sees it. */
 void l3d_dp_test_poison(struct l3d_dp *dp);
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt);

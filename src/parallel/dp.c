@@ -286,9 +286,12 @@ void l3d_dp_test_poison(struct l3d_dp *dp) {
     const float nan = NAN;
     const uint16_t half_nan = 0x7fff; /* a NaN in bf16 and in fp16 */
     bool f32 = dp->grad_dtype == L3D_F32;
+    size_t es = l3d_dtype_size(dp->grad_dtype);
+    /* the last element: the first is the tied embedding's, which the norm leaves out on the
+     * last pipeline stage (it counts the first stage's copy) */
     if (dp->own_count > 0)
-        l3d_be_copy_h2d(dp->m->be, (void *)own_grads(dp), f32 ? (const void *)&nan : &half_nan,
-                        l3d_dtype_size(dp->grad_dtype));
+        l3d_be_copy_h2d(dp->m->be, (char *)own_grads(dp) + (size_t)(dp->own_count - 1) * es,
+                        f32 ? (const void *)&nan : &half_nan, es);
 }
 
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt) {

@@ -198,6 +198,20 @@ skip_tp() {
 [ "${L3D_MPI:-openmpi}" != mpich ] && full &&
     check "NaN gradient on rank 3 of tp2 x dp2 at step 3: skipped on every rank" skip_tp
 
+# pp2, NaN on the last stage (rank 1) at step 3: skipped on both stages
+skip_pp() {
+    local out=$dir/nan_pp
+    rm -rf "$out"
+    train_cmd nan_pp 2 --pp 2 --grad-accum 2 --steps 5 --save-every 1 --keep 20
+    L3D_TEST_NAN_AT_STEP=3:1 bounded "${CMD[@]}" > "$out.log" 2>&1 || { cat "$out.log"; return 1; }
+    weights nan_pp 2 && weights nan_pp 3 && weights nan_pp 4 &&
+        [ "$(grep -c "update skipped" "$out.log")" -eq 1 ] &&
+        grep -q "^step 3: rank [01]'s loss .* skipped on every rank" "$out.log" &&
+        cmp -s "$dir/nan_pp.w2.bin" "$dir/nan_pp.w3.bin" &&
+        ! cmp -s "$dir/nan_pp.w3.bin" "$dir/nan_pp.w4.bin" || { cat "$out.log"; return 1; }
+}
+check "NaN gradient on the last stage of pp2 at step 3: skipped on both stages" skip_pp
+
 # NaN in every step from 3 on, --max-skipped-steps 3: the run stops at step 5 with one message;
 # the checkpoints hold the weights of step 2 (step 4's is a skipped step: the same weights), no
 # model.bin
