@@ -123,7 +123,8 @@ struct l3d_backend;
  * respond, and aborts the job (exit status 75, EX_TEMPFAIL: the last checkpoint is untouched,
  * --resume auto continues). When every rank it waits on answers, they all wait on something else
  * and the rank that waits on the silent one reports; after a second timeout_s the rank reports a
- * deadlock itself. One per process, shared by the world and every communicator split from it:
+ * deadlock itself; the reporting rank tells every other rank first, and they end quietly. One per
+ * process, shared by the world and every communicator split from it:
  *
  *   struct l3d_watch *w = world->watch;
  *   w->timeout_s = 600;                          // 0: unbounded

@@ -259,6 +259,10 @@ static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t
 #define WATCH_NAP_MIN_S 10e-6
 #define WATCH_NAP_MAX_S 5e-3
 #define WATCH_EXIT 75 /* EX_TEMPFAIL: try again (--resume auto) */
+/* The tag of the notice a rank sends every other rank before it aborts the job: the others then
+ * end quietly instead of blaming it (a rank inside MPI_Abort answers no question). Questions use
+ * the even tags 2 to 32000, answers the odd ones after them. */
+#define WATCH_TAG_NOTICE 32700
 /* A gap between two polls longer than this: the rank itself was stopped (SIGSTOP, a debugger,
  * the machine suspended), which is no wait on the others and no stall of theirs. */
 #define WATCH_AWAY_S 0.5
@@ -268,6 +272,8 @@ struct mpi_watch {
     MPI_Comm wd;           /* a duplicate of the world for the liveness questions */
     MPI_Group world_group; /* to name a communicator's members by their world ranks */
     int seq;               /* the next question's number */
+    int world_size;
+    bool aborting;         /* another rank's notice came: the job is being aborted */
 };
 
 static double now_s(void) {
@@ -292,6 +298,10 @@ static void watch_answer(struct mpi_watch *w) {
         int v;
         L3D_MPI_CHECK(MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG, w->wd,
                                MPI_STATUS_IGNORE));
+        if (st.MPI_TAG == WATCH_TAG_NOTICE) {
+            w->aborting = true;
+            continue;
+        }
         if (st.MPI_TAG % 2 != 0) continue; /* an answer to a question given up on */
         MPI_Request q;
         L3D_MPI_CHECK(MPI_Isend(&alive, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG + 1, w->wd, &q));
@@ -343,6 +353,15 @@ static void watch_describe(const struct mpi_comm *m, int peer, const char *op, c
     if (k >= n && n > 4) memcpy(buf + n - 4, "...", 4);
 }
 
+/* Another rank has reported and aborts the job: this one ends too, without a message. */
+static _Noreturn void watch_quiet_abort(struct mpi_watch *w) {
+    (void)w;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, WATCH_EXIT);
+    exit(WATCH_EXIT);
+}
+
 /* The wait on r has lasted timeout_s. Asks every rank it waits on (the peer, or the other members
  * of the communicator) whether it is alive, for a grace of a quarter of the timeout (1 to 30 s),
  * answering the others' questions meanwhile. Returns true when r completed in the meantime; false
@@ -385,6 +404,7 @@ static bool watch_expired(struct mpi_comm *m, MPI_Request *r, int peer, const ch
             if (f) state[k] = 1, answered++;
         }
         watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
         nap(1e-3);
     }
     if (flag || (answered == n && !final)) { /* done, or everyone alive: wait on */
@@ -396,6 +416,21 @@ static bool watch_expired(struct mpi_comm *m, MPI_Request *r, int peer, const ch
         l3d_free(rq);
         l3d_free(who);
         return flag != 0;
+    }
+    /* Ranks that waited in the same operation reach this point together: the lower world rank
+     * reports first (20 ms apart, up to 1 s), and its notice ends the others quietly. */
+    double turn = now_s() + 0.02 * (m->base.world_rank % 50);
+    do {
+        watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
+        nap(1e-3);
+    } while (now_s() < turn);
+    static const int notice = 0;
+    for (int dst = 0; dst < w->world_size; dst++) {
+        if (dst == m->base.world_rank) continue;
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Isend(&notice, 1, MPI_INT, dst, WATCH_TAG_NOTICE, w->wd, &q));
+        L3D_MPI_CHECK(MPI_Request_free(&q));
     }
     char self[96], what[512], silent[384];
     rank_name(w, m->base.world_rank, self, sizeof self);
@@ -446,6 +481,7 @@ static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char 
         double waited = t - t0 - away;
         if (waited < WATCH_SPIN_S) continue;
         watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
         if (t >= deadline) {
             if (watch_expired(m, r, peer, op, waited, expiries++ > 0)) break;
             deadline = now_s() + timeout;
@@ -928,6 +964,7 @@ l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
     L3D_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w->watch->wd));
     L3D_MPI_CHECK(MPI_Comm_set_errhandler(w->watch->wd, MPI_ERRORS_RETURN));
     L3D_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &w->watch->world_group));
+    w->watch->world_size = size;
     w->base.watch = &w->watch->pub;
     *world = &w->base;
     return L3D_OK;
