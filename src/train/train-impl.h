@@ -67,10 +67,10 @@ struct l3d_step_stats {
 void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
 /* Whether this step's update is skipped on every rank: the lowest world rank that passed bad (a
  * non-finite loss or gradient norm; mixed precision: an fp16 overflow), -1 when none did, the
- * same on every rank. One MAX over the world,
- * which also carries each rank's longest wait since the previous call: a wait of 1 s or more
- * that took half that time is a stall, printed by the rank that waited (what it waited on) and
- * returned in *stall_s (the largest of any rank, 0: none). Collective over the world. */
+ * same on every rank. One MAX over the world, which also carries each rank's longest wait since
+ * the previous call: a wait of 1 s or more that took half that time is a stall, printed by the
+ * rank that waited (what it waited on) and returned in *stall_s (the largest of any rank, 0:
+ * none). Collective over the world. */
 int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s);
 /* The validation loss after `step` (0-based) when it is due, else NaN (collective). */
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
