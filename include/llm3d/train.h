@@ -63,6 +63,11 @@ struct l3d_train_config {
      * run in out_dir (and ckpt_dir) instead of refusing to start there */
     bool overwrite;
     bool ignore_memory_check; /* allocate even when the planned bytes exceed the memory free */
+    /* faults: every wait bounded by timeout_s (0: none; comm.h, struct l3d_watch); a step whose
+     * loss or gradient norm is not finite is skipped on every rank, and max_skipped such steps
+     * in a row stop the run with an error (the last checkpoint kept) */
+    double timeout_s;
+    int max_skipped;
 };
 
 struct l3d_train_result {
@@ -77,6 +82,7 @@ struct l3d_train_result {
     bool report_error;         /* on failure: this rank is the one that prints the message */
     int start_step;            /* steps already done by the checkpoint resumed from */
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
+    int skipped;               /* steps skipped for a non-finite loss or gradient norm */
 };
 
 /* A layout checked against the flags and the world, before any communication or allocation:
