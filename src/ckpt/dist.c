@@ -953,6 +953,18 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
     return L3D_OK;
 }
 
+l3d_status l3d_ckpt_manifest_check(const char *text, size_t len) {
+    struct manifest mf;
+    memset(&mf, 0, sizeof mf);
+    strcpy(mf.dir, "(text)");
+    strcpy(mf.path, "(text)/manifest");
+    l3d_status st = manifest_parse(&mf, text, len);
+    if (st != L3D_OK) return st; /* freed */
+    st = manifest_check_layout(&mf);
+    manifest_free(&mf);
+    return st;
+}
+
 /* ---- load ----------------------------------------------------------------------------------- */
 
 static void file_path(const struct manifest *mf, int r, char *buf, size_t cap) {

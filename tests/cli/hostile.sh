@@ -67,7 +67,7 @@ with open(a[0], "wb") as f:
     f.write(struct.pack("<%df" % n, *([v] * n)))
 EOF
 }
-llmc "$dir/huge.bin" 1024 50257 2147483647 12 768 50304 1000
+llmc "$dir/huge.bin" 1024 256 2147483647 12 768 256 1000
 refused "generate: model.bin claiming L=2147483647" "huge.bin: model too large: layers 2147483647" \
     "$bin" generate --checkpoint "$dir/huge.bin" --tokenizer bytes --prompt hi
 llmc "$dir/short.bin" 32 256 2 4 64 256 1000
