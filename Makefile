@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 MPICH_BUILD ?= build-mpich
 FUZZ_BUILD ?= build-fuzz
 # seconds each libFuzzer target runs: in `make test` (test-fuzz) and in `make fuzz`
-FUZZ_TEST_SECONDS ?= 5
+FUZZ_TEST_SECONDS ?= 4
 FUZZ_SECONDS ?= 600
 JOBS ?= 2
 # -Werror in CI (CI=true), warnings only elsewhere

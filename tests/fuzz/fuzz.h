@@ -20,7 +20,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* A scratch directory of this process, made once (removed by run.sh's scratch directory). */
-static const char *fuzz_dir(void) {
+static inline const char *fuzz_dir(void) {
     static char dir[256];
     if (!dir[0]) {
         const char *base = getenv("TMPDIR");
@@ -34,7 +34,7 @@ static const char *fuzz_dir(void) {
 }
 
 /* dir/name holding data[0..size): the path (static storage, one per name slot). */
-static const char *fuzz_file(const char *name, const uint8_t *data, size_t size) {
+static inline const char *fuzz_file(const char *name, const uint8_t *data, size_t size) {
     static char path[4][512];
     static int slot;
     char *p = path[slot++ & 3];
@@ -57,7 +57,7 @@ static const char *fuzz_file(const char *name, const uint8_t *data, size_t size)
 }
 
 /* A NUL-terminated copy (l3d_free it). */
-static char *fuzz_text(const uint8_t *data, size_t size) {
+static inline char *fuzz_text(const uint8_t *data, size_t size) {
     char *t = l3d_alloc(size + 1, "fuzz input");
     memcpy(t, data, size);
     t[size] = '\0';
@@ -65,7 +65,7 @@ static char *fuzz_text(const uint8_t *data, size_t size) {
 }
 
 /* A file of the source tree's tests/fuzz/data read whole (malloc'd, NUL-terminated). */
-static char *fuzz_data_file(const char *name, size_t *len) {
+static inline char *fuzz_data_file(const char *name, size_t *len) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", L3D_FUZZ_DATA, name);
     FILE *f = fopen(path, "rb");
