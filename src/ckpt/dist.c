@@ -583,9 +583,11 @@ static int64_t get_i64(struct parser *p, char **tok, int n, const char *key) {
     const char *v;
     if (!want(p, tok, n, key, &v)) return 0;
     char *end;
+    errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (*end) p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number",
-                                p->mf->path, p->line, key, v);
+    if (*end || end == v || errno)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number%s",
+                          p->mf->path, p->line, key, v, errno ? " in range" : "");
     return x;
 }
 
@@ -612,6 +614,17 @@ static double get_f(struct parser *p, char **tok, int n, const char *key) {
 static void manifest_free(struct manifest *mf) {
     free(mf->files);
     mf->files = NULL;
+}
+
+/* "START+COUNT", each a whole number in [0, 2^30) */
+static bool parse_range(const char *v, long long *a, long long *b) {
+    char *end;
+    errno = 0;
+    *a = strtoll(v, &end, 10);
+    if (end == v || *end != '+' || errno || *a < 0 || *a >= (1 << 30)) return false;
+    const char *c = end + 1;
+    *b = strtoll(c, &end, 10);
+    return end != c && !*end && !errno && *b >= 0 && *b < (1 << 30);
 }
 
 static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct manifest *mf) {
@@ -649,9 +662,7 @@ static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct ma
     const char *keys[4] = {"layers", "heads", "ffn", "vocab"};
     long long a[4] = {0}, b[4] = {0};
     for (int i = 0; i < 4; i++)
-        if (want(p, tok, n, keys[i], &v) &&
-            (sscanf(v, "%lld+%lld", &a[i], &b[i]) != 2 || a[i] < 0 || b[i] < 0 ||
-             a[i] >= (1 << 30) || b[i] >= (1 << 30)))
+        if (want(p, tok, n, keys[i], &v) && !parse_range(v, &a[i], &b[i]))
             return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT (each "
                              "below 2^30)", mf->path, p->line, keys[i], v);
     s.layer_start = (int)a[0], s.layer_count = (int)b[0];
@@ -929,11 +940,10 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
             f->opt_start > n || f->opt_count > n - f->opt_start ||
             f->bytes != mf->header + psize(mf) * f->params + 2 * msize(mf) * f->opt_count) {
             free(held);
-            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range "
-                             "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
+            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range from "
+                             "%lld of %lld, %lld bytes do not fit its shard of %lld parameters",
                              mf->path, f->name, (long long)f->params, (long long)f->opt_start,
-                             (long long)(f->opt_start + f->opt_count), (long long)f->bytes,
-                             (long long)n);
+                             (long long)f->opt_count, (long long)f->bytes, (long long)n);
         }
         if (!f->params) continue;
         emb |= f->shard.has_embedding;
