@@ -121,6 +121,9 @@ err=$(lim "$mpiexec" -n 2 "$bin" train --batch 0 --train "$dir/data/train_*.bin"
 check "a flag error under mpiexec -n 2 is printed once: $(echo "$err" | grep '^llm3d' | head -1)" \
     test "$(echo "$err" | grep -c '^llm3d train: --batch 0 is out of range')" -eq 1
 err=$(lim "$mpiexec" -n 2 "$bin" train --steps 1 --train "$dir/fifo" 2>&1 >/dev/null)
-check "a FIFO under mpiexec -n 2: refused, in bounded time: $(echo "$err" | grep '^llm3d' | head -1)" \
-    sh -c "echo '$err' | grep -q 'is not a regular file (a FIFO)'"
+check "a FIFO under mpiexec -n 2: refused once, in bounded time: $(echo "$err" | grep '^llm3d' | head -1)" \
+    test "$(echo "$err" | grep -c '^llm3d train: token shard .* is not a regular file (a FIFO)')" -eq 1
+err=$(lim "$mpiexec" -n 2 "$bin" train --steps 1 --train "$dir/data/train_*.bin" --init-from "$dir/fifo" 2>&1 >/dev/null)
+check "--init-from FIFO under mpiexec -n 2: refused once: $(echo "$err" | grep '^llm3d' | head -1)" \
+    test "$(echo "$err" | grep -c '^llm3d train: --init-from: checkpoint .* is not a regular file')" -eq 1
 exit $fail
