@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llm3d/plan.h"
 
@@ -189,8 +190,9 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
 }
 
 l3d_status l3d_profile_load(struct l3d_profile *p, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot open profile %s: %s", path, strerror(errno));
+    FILE *f;
+    l3d_status ost = l3d_fopen_regular(path, "profile", &f, NULL);
+    if (ost != L3D_OK) return ost;
     char *text = NULL;
     size_t len = 0, cap = 0;
     int c;
@@ -228,9 +230,7 @@ l3d_status l3d_profile_find(struct l3d_profile *p, const char *name) {
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         if (!dirs[i]) continue;
         snprintf(path, sizeof path, "%s/%s.prof", dirs[i], name);
-        FILE *f = fopen(path, "rb");
-        if (!f) continue;
-        fclose(f);
+        if (access(path, F_OK) != 0) continue;
         return l3d_profile_load(p, path);
     }
     if (strcmp(name, "local") == 0)

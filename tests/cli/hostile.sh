@@ -51,6 +51,12 @@ refused "generate --checkpoint FIFO" "checkpoint .*fifo is not a regular file (a
 mkdir -p "$dir/tokfifo" && mkfifo "$dir/tokfifo/encoder.json" && touch "$dir/tokfifo/vocab.bpe"
 refused "tokenizer directory with a FIFO encoder.json" "encoder.json is not a regular file" \
     "$bin" tokenizer encode --tokenizer "$dir/tokfifo" --text hi
+refused "inspect FIFO" "file .*fifo is not a regular file (a FIFO)" "$bin" inspect "$dir/fifo"
+refused "plan --profile FIFO" "profile .*fifo is not a regular file (a FIFO)" \
+    "$bin" plan --model d6 --devices 2 --profile "$dir/fifo"
+mkdir -p "$dir/cmpfifo" && mkfifo "$dir/cmpfifo/metrics.jsonl"
+check "compare with a FIFO metrics.jsonl: exit 2 in bounded time" \
+    sh -c "lim() { timeout -s KILL 20 \"\$@\"; }; lim '$bin' compare '$dir/cmpfifo' '$dir/cmpfifo' > /dev/null 2>&1; test \$? -eq 2"
 refused "a directory as --init-from" "is not a regular file (a directory)" \
     "$bin" train --steps 1 --train "$dir/data/train_*.bin" --init-from "$dir"
 
