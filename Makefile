@@ -3,6 +3,10 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 MPICH_BUILD ?= build-mpich
+FUZZ_BUILD ?= build-fuzz
+# seconds each libFuzzer target runs: in `make test` (test-fuzz) and in `make fuzz`
+FUZZ_TEST_SECONDS ?= 4
+FUZZ_SECONDS ?= 600
 JOBS ?= 2
 # -Werror in CI (CI=true), warnings only elsewhere
 WERROR := $(if $(filter true 1 yes,$(CI)),ON,OFF)
@@ -11,7 +15,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-check test-asan test-mpich bench bench-text scaling pipeline calibrate \
+.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
 	plan-local clean
 
 all: build
@@ -28,6 +32,29 @@ test: build
 	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-mpich
+	$(MAKE) --no-print-directory test-fuzz
+
+# libFuzzer targets for every parser (tests/fuzz/README.md), FUZZ_TEST_SECONDS each, in a build of
+# their own with clang (instrumented library, ASan + UBSan); skipped, said in one line, without
+# a clang that has libFuzzer. `make fuzz` runs them FUZZ_SECONDS each.
+fuzz-build: setup
+	@if command -v clang > /dev/null; then \
+	    mkdir -p $(FUZZ_BUILD) && \
+	    { cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	        -DL3D_FUZZ=ON -DL3D_FUZZ_SECONDS=$(FUZZ_SECONDS_NOW) > $(FUZZ_BUILD)/configure.log || \
+	      { cat $(FUZZ_BUILD)/configure.log; exit 1; }; } && \
+	    cmake --build $(FUZZ_BUILD) -j$(JOBS); \
+	else echo "fuzz: skipped: no clang (scripts/setup.sh installs Debian's clang)"; fi
+
+test-fuzz:
+	@$(MAKE) --no-print-directory fuzz-build FUZZ_SECONDS_NOW=$(FUZZ_TEST_SECONDS)
+	@if [ -f $(FUZZ_BUILD)/CTestTestfile.cmake ] && grep -q fuzz_ $(FUZZ_BUILD)/CTestTestfile.cmake; then \
+	    cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz; \
+	else echo "fuzz: skipped: $$(grep -ho 'fuzz targets skipped.*' $(FUZZ_BUILD)/configure.log 2>/dev/null || echo 'no fuzz build')"; fi
+
+fuzz:
+	@$(MAKE) --no-print-directory fuzz-build FUZZ_SECONDS_NOW=$(FUZZ_SECONDS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -V -L fuzz | grep -E 'executions in|crash|FAIL|ERROR'
 
 # The same code built against MPICH: the MPI and equivalence tests on 2 ranks (MPICH busy-waits
 # when ranks outnumber the cores, 40-60x slower, so no 4-rank runs here).
@@ -96,4 +123,4 @@ plan-local: build
 	bash bench/plan_local.sh $(BUILD) profiles/local.prof
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD)

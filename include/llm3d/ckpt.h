@@ -103,7 +103,8 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * checksum, header) before any tensor is used; a rank's own file, when it holds what the rank
  * needs, is loaded by the same pass.
  */
-#define L3D_CKPT_FORMAT 3     /* the format written, and the newest read: dtypes recorded */
+#define L3D_CKPT_FORMAT 4     /* the format written, and the newest read: the manifest's checksum */
+#define L3D_CKPT_FORMAT_DTYPES 3 /* from this one on: dtypes recorded, 128-byte rank-file headers */
 #define L3D_CKPT_FORMAT_ONE 1 /* the oldest read: fp32, one chunk per rank */
 
 struct l3d_ckpt_layout {

@@ -107,4 +107,12 @@ double l3d_time_s(void); /* monotonic wall clock in seconds */
  * dir exists and is not a directory. */
 l3d_status l3d_mkdir_p(const char *dir);
 
+/* Opens an input file for reading, refusing anything but a regular file without blocking (a FIFO
+ * with no writer, a device): opened O_NONBLOCK, checked with fstat, then made blocking again.
+ * L3D_ERR_IO names `what` ("token shard", "checkpoint"), the path and the reason. *size (when not
+ * NULL) gets the file's size. */
+l3d_status l3d_open_regular(const char *path, const char *what, int *fd, int64_t *size);
+/* The same as a stdio stream ("rb"). */
+l3d_status l3d_fopen_regular(const char *path, const char *what, FILE **f, int64_t *size);
+
 #endif

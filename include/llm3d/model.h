@@ -37,6 +37,11 @@
 #include "llm3d/core.h"
 
 #define L3D_VOCAB_ALIGN 128
+/* Limits l3d_gpt_config_finish enforces (a file's header is checked against them before any
+ * allocation): with them every element count and byte size of the model fits an int64_t. */
+#define L3D_MAX_LAYERS (1 << 14)
+#define L3D_MAX_CHANNELS (1 << 18)
+#define L3D_MAX_CONTEXT (1 << 24)
 #define L3D_NUM_TENSORS 16
 
 struct l3d_gpt_config {

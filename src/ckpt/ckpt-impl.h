@@ -4,6 +4,8 @@
 
 #include <stdlib.h>
 
+#include "llm3d/core.h"
+
 #define L3D_CKPT_STAGE_BYTES ((size_t)64 << 20)
 
 /* Bytes of the host buffer that stages a transfer of `want` bytes between a file and device
@@ -14,5 +16,9 @@ static inline size_t l3d_ckpt_stage_cap(size_t want) {
     size_t most = v && atoll(v) > 0 ? (size_t)atoll(v) : L3D_CKPT_STAGE_BYTES;
     return want < most ? (want > 0 ? want : 1) : most;
 }
+
+/* A manifest's text parsed and its layout checked against its model, as a load does before it
+ * reads any rank file (dist.c): the entry of the fuzz target tests/fuzz/fuzz_manifest.c. */
+l3d_status l3d_ckpt_manifest_check(const char *text, size_t len);
 
 #endif

@@ -13,7 +13,7 @@
 #include "llm3d/ckpt.h"
 
 #define PATH_CAP 4096
-#define HEADER_BYTES 128    /* of a rank file in format 3 */
+#define HEADER_BYTES 128    /* of a rank file from format 3 on */
 #define HEADER_BYTES_OLD 64 /* formats 1 and 2: no dtype names */
 static const char file_magic[8] = "L3DSHRD1";
 
@@ -382,6 +382,12 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
             (long long)q->ffn_start, (long long)q->ffn_count, (long long)q->vocab_start,
             (long long)q->vocab_count, (long long)q->has_embedding, (long long)q->has_head);
     }
+    /* format 4: the checksum of every byte above it (the manifest's own integrity) */
+    L3D_ASSERT(n < cap);
+    struct hasher h;
+    hash_init(&h);
+    hash_update(&h, buf, n);
+    OUT("checksum %016" PRIx64 "\n", hash_final(&h));
     OUT("end\n");
 #undef OUT
     L3D_ASSERT(n < cap);
@@ -642,10 +648,22 @@ static int64_t get_i64(struct parser *p, char **tok, int n, const char *key) {
     const char *v;
     if (!want(p, tok, n, key, &v)) return 0;
     char *end;
+    errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (*end) p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number",
-                                p->mf->path, p->line, key, v);
+    if (*end || end == v || errno)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number%s",
+                          p->mf->path, p->line, key, v, errno ? " in range" : "");
     return x;
+}
+
+/* A whole number for an int field, in a range where sums of two cannot overflow. */
+#define FIELD_MAX ((1 << 30) + (1 << 20))
+static int get_int(struct parser *p, char **tok, int n, const char *key) {
+    int64_t x = get_i64(p, tok, n, key);
+    if (p->st == L3D_OK && (x < -FIELD_MAX || x > FIELD_MAX))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s %lld is out of range: the manifest is "
+                          "damaged", p->mf->path, p->line, key, (long long)x);
+    return p->st == L3D_OK ? (int)x : 0;
 }
 
 static double get_f(struct parser *p, char **tok, int n, const char *key) {
@@ -663,9 +681,20 @@ static void manifest_free(struct manifest *mf) {
     mf->files = NULL;
 }
 
+/* "START+COUNT", each a whole number in [0, 2^30) */
+static bool parse_range(const char *v, long long *a, long long *b) {
+    char *end;
+    errno = 0;
+    *a = strtoll(v, &end, 10);
+    if (end == v || *end != '+' || errno || *a < 0 || *a >= (1 << 30)) return false;
+    const char *c = end + 1;
+    *b = strtoll(c, &end, 10);
+    return end != c && !*end && !errno && *b >= 0 && *b < (1 << 30);
+}
+
 static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct manifest *mf) {
-    int r = (int)get_i64(p, tok, n, "rank");
-    int c = mf->format == L3D_CKPT_FORMAT_ONE ? 0 : (int)get_i64(p, tok, n, "chunk");
+    int r = get_int(p, tok, n, "rank");
+    int c = mf->format == L3D_CKPT_FORMAT_ONE ? 0 : get_int(p, tok, n, "chunk");
     if (p->st != L3D_OK) return p->st;
     if (r < 0 || r >= mf->lay.world)
         return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d outside the world of %d", mf->path,
@@ -679,9 +708,9 @@ static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct ma
                          p->line, r, c);
     f->rank = r;
     f->chunk = c;
-    f->tp_rank = (int)get_i64(p, tok, n, "tp");
-    f->pp_rank = (int)get_i64(p, tok, n, "pp");
-    f->dp_rank = (int)get_i64(p, tok, n, "dp");
+    f->tp_rank = get_int(p, tok, n, "tp");
+    f->pp_rank = get_int(p, tok, n, "pp");
+    f->dp_rank = get_int(p, tok, n, "dp");
     const char *v;
     if (want(p, tok, n, "name", &v)) {
         if (strlen(v) >= sizeof f->name || strchr(v, '/'))
@@ -698,9 +727,9 @@ static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct ma
     const char *keys[4] = {"layers", "heads", "ffn", "vocab"};
     long long a[4] = {0}, b[4] = {0};
     for (int i = 0; i < 4; i++)
-        if (want(p, tok, n, keys[i], &v) && sscanf(v, "%lld+%lld", &a[i], &b[i]) != 2)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT", mf->path,
-                             p->line, keys[i], v);
+        if (want(p, tok, n, keys[i], &v) && !parse_range(v, &a[i], &b[i]))
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT (each "
+                             "below 2^30)", mf->path, p->line, keys[i], v);
     s.layer_start = (int)a[0], s.layer_count = (int)b[0];
     s.head_start = (int)a[1], s.head_count = (int)b[1];
     s.ffn_start = a[2], s.ffn_count = b[2];
@@ -711,25 +740,80 @@ static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct ma
     return p->st;
 }
 
+#define MANIFEST_MAX_BYTES ((int64_t)1 << 30)
+#define MANIFEST_LINE 2048
+
+static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len);
+
 /* Reads and checks dir/manifest: every record present, the layout possible for the model. */
 static l3d_status manifest_read(const char *dir, struct manifest *mf) {
     memset(mf, 0, sizeof *mf);
     if (long_path(dir) != L3D_OK) return L3D_ERR_ARG;
     join(mf->dir, sizeof mf->dir, dir, "", "");
     join(mf->path, sizeof mf->path, dir, "/", "manifest");
-    FILE *f = fopen(mf->path, "r");
-    if (!f)
-        return l3d_error(L3D_ERR_IO, "cannot open checkpoint manifest %s: %s (is %s a checkpoint "
-                         "step directory?)", mf->path, strerror(errno), dir);
+    int fd;
+    int64_t size;
+    l3d_status st = l3d_open_regular(mf->path, "checkpoint manifest", &fd, &size);
+    if (st != L3D_OK)
+        return l3d_error(st, "%s (is %s a checkpoint step directory?)", l3d_error_message(), dir);
+    if (size > MANIFEST_MAX_BYTES) {
+        close(fd);
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, more than a manifest can hold (%lld): "
+                         "not a checkpoint manifest", mf->path, (long long)size,
+                         (long long)MANIFEST_MAX_BYTES);
+    }
+    char *text = l3d_try_alloc((size_t)size + 1, "checkpoint manifest");
+    if (!text) {
+        close(fd);
+        return l3d_error(L3D_ERR_OOM, "%s: no memory to read its %lld bytes", mf->path,
+                         (long long)size);
+    }
+    int64_t got = 0;
+    for (ssize_t k = 1; got < size && k > 0; got += k > 0 ? k : 0) {
+        k = read(fd, text + got, (size_t)(size - got));
+        if (k < 0 && errno == EINTR) k = 1, got -= 1;
+    }
+    int e = errno;
+    close(fd);
+    if (got != size) {
+        l3d_free(text);
+        return l3d_error(L3D_ERR_IO, "cannot read %s: %s", mf->path,
+                         got < size ? strerror(e) : "it changed while read");
+    }
+    st = manifest_parse(mf, text, (size_t)size);
+    l3d_free(text);
+    return st;
+}
+
+/* The manifest's text (len bytes; mf->path and mf->dir set) into mf, checked record by record:
+ * the model against l3d_gpt_config_finish's limits and the table of rank files against the
+ * text's size before it is allocated; from format 4 on the `checksum` line covers every byte
+ * above it. */
+static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len) {
     struct parser p = {.mf = mf, .st = L3D_OK};
-    char line[2048], *tok[MAXTOK];
-    bool seen_end = false, seen[7] = {false};
+    char line[MANIFEST_LINE], *tok[MAXTOK];
+    bool seen_end = false, seen_sum = false, seen[7] = {false};
     int nfile = 0;
-    while (p.st == L3D_OK && fgets(line, sizeof line, f)) {
+    for (size_t at = 0, next; p.st == L3D_OK && at < len; at = next) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        next = nl ? (size_t)(nl - text) + 1 : len;
         p.line++;
+        if (next - at >= sizeof line || memchr(text + at, '\0', next - at)) {
+            p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s: the manifest is damaged", mf->path,
+                             p.line, next - at >= sizeof line ? "too long" : "a NUL byte");
+            break;
+        }
+        memcpy(line, text + at, next - at);
+        line[next - at] = '\0';
         int n = tokenize(line, tok);
         if (n == 0) continue;
-        if (p.line == 1) {
+        const char *names[7] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype"};
+        for (int k = 0; k < 7; k++)
+            if (seen[k] && strcmp(tok[0], names[k]) == 0)
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: a second '%s' record: the manifest "
+                                 "is damaged", mf->path, p.line, names[k]);
+        if (p.st != L3D_OK) break;
+        if (mf->format == 0) { /* the first record */
             if (strcmp(tok[0], "llm3d-checkpoint") != 0) {
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: not an llm3d checkpoint manifest", mf->path);
                 break;
@@ -739,9 +823,9 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
                                  "versions %d to %d (a newer llm3d wrote it?)", mf->path,
                                  (long long)fmt, L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
-            mf->format = (int)fmt;
+            mf->format = p.st == L3D_OK ? (int)fmt : 0;
             /* formats 1 and 2 hold fp32 tensors behind a 64-byte header */
-            mf->header = fmt >= L3D_CKPT_FORMAT ? HEADER_BYTES : HEADER_BYTES_OLD;
+            mf->header = fmt >= L3D_CKPT_FORMAT_DTYPES ? HEADER_BYTES : HEADER_BYTES_OLD;
             mf->pdt = mf->mdt = L3D_F32;
         } else if (strcmp(tok[0], "run") == 0 && n == 2) { /* the run that wrote it */
             mf->st.run_id = strtoull(tok[1], NULL, 16);
@@ -750,11 +834,18 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
             seen[0] = true;
         } else if (strcmp(tok[0], "model") == 0) {
             mf->cfg = (struct l3d_gpt_config){
-                .L = (int)get_i64(&p, tok, n, "L"), .C = (int)get_i64(&p, tok, n, "C"),
-                .NH = (int)get_i64(&p, tok, n, "NH"), .V = (int)get_i64(&p, tok, n, "V"),
-                .Vp = (int)get_i64(&p, tok, n, "Vp"), .maxT = (int)get_i64(&p, tok, n, "maxT")};
+                .L = get_int(&p, tok, n, "L"), .C = get_int(&p, tok, n, "C"),
+                .NH = get_int(&p, tok, n, "NH"), .V = get_int(&p, tok, n, "V"),
+                .Vp = get_int(&p, tok, n, "Vp"), .maxT = get_int(&p, tok, n, "maxT")};
+            struct l3d_gpt_config c = mf->cfg;
+            if (p.st == L3D_OK && (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != mf->cfg.Vp))
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: model L=%d C=%d NH=%d V=%d Vp=%d "
+                                 "maxT=%d is not a valid GPT-2 model (%s): the manifest is "
+                                 "damaged", mf->path, p.line, mf->cfg.L, mf->cfg.C, mf->cfg.NH,
+                                 mf->cfg.V, mf->cfg.Vp, mf->cfg.maxT,
+                                 c.Vp != mf->cfg.Vp ? "Vp is not V padded" : l3d_error_message());
             seen[1] = true;
-        } else if (strcmp(tok[0], "dtype") == 0 && mf->format >= L3D_CKPT_FORMAT) {
+        } else if (strcmp(tok[0], "dtype") == 0 && mf->format >= L3D_CKPT_FORMAT_DTYPES) {
             const char *keys[2] = {"params", "moments"}, *v;
             enum l3d_dtype *dst[2] = {&mf->pdt, &mf->mdt};
             for (int i = 0; i < 2 && want(&p, tok, n, keys[i], &v); i++)
@@ -765,33 +856,44 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
             seen[6] = true;
         } else if (strcmp(tok[0], "layout") == 0) {
             struct l3d_ckpt_layout *l = &mf->lay;
-            l->world = (int)get_i64(&p, tok, n, "world");
-            l->tp = (int)get_i64(&p, tok, n, "tp");
-            l->pp = (int)get_i64(&p, tok, n, "pp");
-            l->dp = (int)get_i64(&p, tok, n, "dp");
-            l->zero = (int)get_i64(&p, tok, n, "zero");
+            l->world = get_int(&p, tok, n, "world");
+            l->tp = get_int(&p, tok, n, "tp");
+            l->pp = get_int(&p, tok, n, "pp");
+            l->dp = get_int(&p, tok, n, "dp");
+            l->zero = get_int(&p, tok, n, "zero");
             l->sequence_parallel = get_i64(&p, tok, n, "sp") != 0;
             l->pp_virtual =
-                mf->format == L3D_CKPT_FORMAT_ONE ? 1 : (int)get_i64(&p, tok, n, "virtual");
+                mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(&p, tok, n, "virtual");
             if (p.st == L3D_OK && (l->world < 1 || l->world > (1 << 20)))
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: world size %d", mf->path, l->world);
             if (p.st == L3D_OK && (l->pp_virtual < 1 || l->pp_virtual > 256 ||
                                    (int64_t)l->world * l->pp_virtual > (1 << 20)))
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
                                  l->pp_virtual);
+            /* a file record takes more than 64 bytes: a world the text cannot list is refused
+             * before its table is allocated */
+            if (p.st == L3D_OK && (int64_t)l->world * l->pp_virtual > (int64_t)(len / 64))
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: a world of %d ranks with %d chunk(s) each, "
+                                 "more rank files than its %zu bytes can list: the manifest is "
+                                 "truncated or damaged", mf->path, l->world, l->pp_virtual, len);
             if (p.st == L3D_OK && !mf->files) {
                 mf->nc = l->pp_virtual;
                 mf->nfiles = l->world * mf->nc;
                 mf->files = calloc((size_t)mf->nfiles, sizeof *mf->files);
+                if (!mf->files) {
+                    p.st = l3d_error(L3D_ERR_OOM, "%s: no memory for its table of %d rank files",
+                                     mf->path, mf->nfiles);
+                    break;
+                }
                 for (int r = 0; r < mf->nfiles; r++) mf->files[r].rank = -1;
             }
             seen[2] = true;
         } else if (strcmp(tok[0], "data") == 0) {
             mf->st.loader.epoch = get_i64(&p, tok, n, "epoch");
             mf->st.loader.index = get_i64(&p, tok, n, "index");
-            mf->st.B = (int)get_i64(&p, tok, n, "B");
-            mf->st.T = (int)get_i64(&p, tok, n, "T");
-            mf->st.accum = (int)get_i64(&p, tok, n, "accum");
+            mf->st.B = get_int(&p, tok, n, "B");
+            mf->st.T = get_int(&p, tok, n, "T");
+            mf->st.accum = get_int(&p, tok, n, "accum");
             const char *v;
             if (want(&p, tok, n, "seed", &v)) mf->st.seed = strtoull(v, NULL, 10);
             seen[3] = true;
@@ -799,8 +901,8 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
             struct l3d_lr_schedule *s = &mf->st.sched;
             s->max_lr = (float)get_f(&p, tok, n, "max_lr");
             s->min_lr = (float)get_f(&p, tok, n, "min_lr");
-            s->warmup_steps = (int)get_i64(&p, tok, n, "warmup");
-            s->total_steps = (int)get_i64(&p, tok, n, "total");
+            s->warmup_steps = get_int(&p, tok, n, "warmup");
+            s->total_steps = get_int(&p, tok, n, "total");
             seen[4] = true;
         } else if (strcmp(tok[0], "adamw") == 0) {
             struct l3d_adamw_hparams *h = &mf->st.adamw;
@@ -817,6 +919,17 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                                  "layout records", mf->path, p.line);
             else
                 p.st = parse_file_line(&p, tok, n, mf), nfile++;
+        } else if (strcmp(tok[0], "checksum") == 0 && n == 2) {
+            struct hasher h;
+            hash_init(&h);
+            hash_update(&h, text, at);
+            char *end;
+            uint64_t want_sum = strtoull(tok[1], &end, 16), sum = hash_final(&h);
+            if (*end || sum != want_sum)
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s: its checksum is %016" PRIx64 " but line %d "
+                                 "says %s: the manifest was edited or damaged; use another "
+                                 "checkpoint step", mf->path, sum, p.line, tok[1]);
+            seen_sum = true;
         } else if (strcmp(tok[0], "end") == 0) {
             seen_end = true;
             break;
@@ -825,12 +938,14 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
                              tok[0]);
         }
     }
-    fclose(f);
     const char *names[7] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype"};
     for (int i = 0; p.st == L3D_OK && i < 7; i++)
-        if (!seen[i] && (i < 6 || mf->format >= L3D_CKPT_FORMAT))
+        if (!seen[i] && (i < 6 || mf->format >= L3D_CKPT_FORMAT_DTYPES))
             p.st = l3d_error(L3D_ERR_FORMAT, "%s: no '%s' record: the manifest is damaged",
                              mf->path, names[i]);
+    if (p.st == L3D_OK && !seen_sum && mf->format >= L3D_CKPT_FORMAT)
+        p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'checksum' line (format %d carries one): the "
+                         "manifest is damaged or truncated", mf->path, mf->format);
     if (p.st == L3D_OK && !seen_end)
         p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'end' line: the manifest is truncated", mf->path);
     if (p.st == L3D_OK && nfile != mf->nfiles)
@@ -876,6 +991,9 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
                          c->NH, 4 * c->C, c->Vp, c->L);
     /* every (layer, head) slice must be held by some piece's parameters */
     bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);
+    if (!held)
+        return l3d_error(L3D_ERR_OOM, "%s: no memory to check the %lld (layer, head) slices of its "
+                         "model", mf->path, (long long)c->L * c->NH);
     bool emb = false, head = false;
     for (int r = 0; r < mf->nfiles; r++) {
         const struct mf_file *f = &mf->files[r];
@@ -886,14 +1004,13 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
         }
         int64_t n = l3d_gpt_plan_tensors(c, &f->shard, t);
         if ((f->params != 0 && f->params != n) || f->opt_start < 0 || f->opt_count < 0 ||
-            f->opt_start + f->opt_count > n ||
+            f->opt_start > n || f->opt_count > n - f->opt_start ||
             f->bytes != mf->header + psize(mf) * f->params + 2 * msize(mf) * f->opt_count) {
             free(held);
-            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range "
-                             "[%lld, %lld), %lld bytes do not fit its shard of %lld parameters",
+            return l3d_error(L3D_ERR_LAYOUT, "%s: %s: %lld parameters, optimizer range from "
+                             "%lld of %lld, %lld bytes do not fit its shard of %lld parameters",
                              mf->path, f->name, (long long)f->params, (long long)f->opt_start,
-                             (long long)(f->opt_start + f->opt_count), (long long)f->bytes,
-                             (long long)n);
+                             (long long)f->opt_count, (long long)f->bytes, (long long)n);
         }
         if (!f->params) continue;
         emb |= f->shard.has_embedding;
@@ -911,6 +1028,18 @@ static l3d_status manifest_check_layout(const struct manifest *mf) {
                          mf->path, (long long)missing, (long long)c->L * c->NH,
                          emb ? "" : ", the embedding", head ? "" : ", the head");
     return L3D_OK;
+}
+
+l3d_status l3d_ckpt_manifest_check(const char *text, size_t len) {
+    struct manifest mf;
+    memset(&mf, 0, sizeof mf);
+    strcpy(mf.dir, "(text)");
+    strcpy(mf.path, "(text)/manifest");
+    l3d_status st = manifest_parse(&mf, text, len);
+    if (st != L3D_OK) return st; /* freed */
+    st = manifest_check_layout(&mf);
+    manifest_free(&mf);
+    return st;
 }
 
 /* ---- load ----------------------------------------------------------------------------------- */
@@ -997,8 +1126,8 @@ static l3d_status verify_file(const struct manifest *mf, int r, uint8_t *buf, si
     if (memcmp(hdr, file_magic, 8) != 0 || fields[0] != mf->format || fields[1] != f->rank ||
         fields[2] != mf->st.step || fields[3] != f->params || fields[4] != f->opt_count ||
         ostart != f->opt_start || chunk != f->chunk ||
-        (mf->format >= L3D_CKPT_FORMAT && !same_dtype_name(hdr + 64, mf->pdt)) ||
-        (mf->format >= L3D_CKPT_FORMAT && !same_dtype_name(hdr + 72, mf->mdt)))
+        (mf->format >= L3D_CKPT_FORMAT_DTYPES && !same_dtype_name(hdr + 64, mf->pdt)) ||
+        (mf->format >= L3D_CKPT_FORMAT_DTYPES && !same_dtype_name(hdr + 72, mf->mdt)))
         return l3d_error(L3D_ERR_FORMAT, "%s: its header does not match the manifest (rank %d "
                          "chunk %d, step %lld): a file from another checkpoint?", path, f->rank,
                          f->chunk, (long long)mf->st.step);

@@ -95,21 +95,36 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     return L3D_OK;
 }
 
-l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
+/* The header checked against the limits of a model and the file's size, before anything is
+ * allocated for it. */
+static l3d_status read_config(FILE *f, const char *path, int64_t size,
+                              struct l3d_gpt_config *cfg) {
     int32_t hdr[256];
     l3d_status st = read_header(f, path, hdr);
-    fclose(f);
     if (st != L3D_OK) return st;
     *cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                    .C = hdr[6]};
     st = l3d_gpt_config_finish(cfg);
-    if (st != L3D_OK) return l3d_error(st, "%s: %s", path, l3d_error_message());
+    if (st != L3D_OK) return l3d_error(L3D_ERR_FORMAT, "%s: %s", path, l3d_error_message());
     if (cfg->Vp != hdr[7])
         return l3d_error(L3D_ERR_FORMAT, "%s: padded vocabulary %d, expected %d (V=%d padded to a "
                          "multiple of %d)", path, hdr[7], cfg->Vp, cfg->V, L3D_VOCAB_ALIGN);
+    int64_t want = HEADER_BYTES + l3d_gpt_param_count(cfg) * (int64_t)l3d_dtype_size(L3D_F32);
+    if (size != want)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, but its header (L=%d C=%d NH=%d V=%d "
+                         "T=%d) needs %lld: truncated, damaged or not fp32", path, (long long)size,
+                         cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT, (long long)want);
     return L3D_OK;
+}
+
+l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
+    FILE *f;
+    int64_t size;
+    l3d_status st = l3d_fopen_regular(path, "checkpoint", &f, &size);
+    if (st != L3D_OK) return st;
+    st = read_config(f, path, size, cfg);
+    fclose(f);
+    return st;
 }
 
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
@@ -121,16 +136,17 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
         return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
                          "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
                          cfg.maxT, m->cfg.L, m->cfg.C, m->cfg.NH, m->cfg.V, m->cfg.maxT);
-    FILE *f = fopen(path, "rb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot open checkpoint %s: %s", path, strerror(errno));
-    struct stat sb;
+    FILE *f;
+    int64_t size;
+    st = l3d_fopen_regular(path, "checkpoint", &f, &size);
+    if (st != L3D_OK) return st;
     int64_t n_full = l3d_gpt_param_count(&m->cfg);
     const size_t es = l3d_dtype_size(L3D_F32), nb = (size_t)n_full * es;
     int64_t want = HEADER_BYTES + (int64_t)nb;
-    if (fstat(fileno(f), &sb) != 0 || (int64_t)sb.st_size != want) {
+    if (size != want) { /* the file changed since its header was read */
         fclose(f);
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
-                         "or not fp32", path, (long long)sb.st_size, (long long)want);
+                         "or not fp32", path, (long long)size, (long long)want);
     }
     /* the full shard streams through the staging buffer; a shard (tensor- or pipeline-parallel
      * rank) reads the whole file on the host, keeps its slice and copies that */

@@ -3,6 +3,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -51,4 +53,37 @@ int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *ou
     }
     *out = (uint64_t)v;
     return 1;
+}
+
+int l3d_cli_launcher_rank(void) {
+    /* Open MPI (mpiexec, and under PMIx), MPICH's Hydra, PMIx launchers, Slurm's srun */
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                       "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+void l3d_cli_mute_begin(struct l3d_cli_mute *m) {
+    m->out = m->err = -1;
+    if (l3d_cli_launcher_rank() == 0) return;
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null < 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    m->out = dup(STDOUT_FILENO);
+    m->err = dup(STDERR_FILENO);
+    if (m->out >= 0) dup2(null, STDOUT_FILENO);
+    if (m->err >= 0) dup2(null, STDERR_FILENO);
+    close(null);
+}
+
+void l3d_cli_mute_end(struct l3d_cli_mute *m) {
+    fflush(stdout);
+    fflush(stderr);
+    if (m->out >= 0) dup2(m->out, STDOUT_FILENO), close(m->out);
+    if (m->err >= 0) dup2(m->err, STDERR_FILENO), close(m->err);
+    m->out = m->err = -1;
 }

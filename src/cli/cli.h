@@ -47,4 +47,15 @@ int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo,
                   float *out);
 int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *out);
 
+/* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
+ * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:
+ * between l3d_cli_mute_begin and _end the ranks but 0 print nothing (stdout and stderr go to
+ * /dev/null), so that a flag error is said once. */
+int l3d_cli_launcher_rank(void);
+struct l3d_cli_mute {
+    int out, err; /* the saved descriptors, -1 when not muted */
+};
+void l3d_cli_mute_begin(struct l3d_cli_mute *m);
+void l3d_cli_mute_end(struct l3d_cli_mute *m);
+
 #endif

@@ -30,9 +30,9 @@ static int read_losses(const char *dir, struct losses *l) {
     char path[4096], line[8192];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     memset(l, 0, sizeof *l);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "llm3d compare: cannot open %s: is %s the --out of a run?\n", path, dir);
+    FILE *f;
+    if (l3d_fopen_regular(path, "metrics file", &f, NULL) != L3D_OK) {
+        fprintf(stderr, "llm3d compare: %s: is %s the --out of a run?\n", l3d_error_message(), dir);
         return CANNOT;
     }
     int cap = 0, lineno = 0, rc = SAME;
@@ -165,7 +165,8 @@ static float *read_weights(const char *dir, struct l3d_gpt_config *cfg, int64_t 
     struct l3d_tensor_info t[L3D_NUM_TENSORS];
     *n = l3d_gpt_plan_tensors(cfg, &sh, t);
     float *w = malloc((size_t)*n * sizeof(float));
-    FILE *f = fopen(path, "rb");
+    FILE *f = NULL;
+    if (l3d_fopen_regular(path, "checkpoint", &f, NULL) != L3D_OK) f = NULL;
     bool ok = w && f && fseek(f, 1024, SEEK_SET) == 0 &&
               fread(w, sizeof(float), (size_t)*n, f) == (size_t)*n;
     if (f) fclose(f);

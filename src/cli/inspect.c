@@ -171,8 +171,9 @@ struct llmc_info {
 
 /* Header, size and every weight of an llm.c file (version 3: fp32, 5: bf16, as llm.c writes). */
 static l3d_status read_llmc(const char *path, struct llmc_info *info) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    FILE *f;
+    l3d_status ost = l3d_fopen_regular(path, "checkpoint", &f, NULL);
+    if (ost != L3D_OK) return ost;
     int32_t hdr[256];
     l3d_status st = L3D_OK;
     size_t es = 4;
@@ -429,14 +430,14 @@ int l3d_cli_inspect(int argc, char **argv) {
                 "checkpoints)\n", path);
         return 1;
     }
-    FILE *f = fopen(path, "rb");
-    int32_t magic = 0;
-    bool got = f && fread(&magic, sizeof magic, 1, f) == 1;
-    if (f) fclose(f);
-    if (!f) {
-        fprintf(stderr, "llm3d inspect: cannot open %s: %s\n", path, strerror(errno));
+    FILE *f;
+    if (l3d_fopen_regular(path, "file", &f, NULL) != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
         return 1;
     }
+    int32_t magic = 0;
+    bool got = fread(&magic, sizeof magic, 1, f) == 1;
+    fclose(f);
     if (got && magic == L3D_SHARD_MAGIC) return inspect_shard(path, tokspec, json);
     if (got && magic == L3D_LLMC_MAGIC) {
         struct llmc_info m = {0};

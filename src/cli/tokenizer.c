@@ -113,7 +113,12 @@ int l3d_cli_tokenizer(int argc, char **argv) {
             n = strlen(text);
         } else if (nfiles == 1) {
             bool in = strcmp(files[0], "-") == 0;
-            FILE *fp = in ? stdin : fopen(files[0], "rb");
+            FILE *fp = stdin;
+            if (!in && l3d_fopen_regular(files[0], "input", &fp, NULL) != L3D_OK) {
+                fprintf(stderr, "llm3d tokenizer encode: %s\n", l3d_error_message());
+                l3d_tokenizer_free(tok);
+                return 1;
+            }
             size_t cap = 0;
             for (size_t got = 1; fp && got;) {
                 if (n + 65536 > cap) buf = realloc(buf, cap = 2 * cap + 65536);

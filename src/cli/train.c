@@ -126,8 +126,8 @@ static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const c
 }
 
 /* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
-int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
-                        const char **backend) {
+static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
+                       const char **backend) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
            O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
@@ -339,6 +339,16 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
     return -1;
 }
 
+/* Every rank parses the flags (before MPI starts) and finds the same errors: rank 0 says them. */
+int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
+                        const char **backend) {
+    struct l3d_cli_mute mute;
+    l3d_cli_mute_begin(&mute);
+    int rc = train_flags(cmd, argc, argv, tc, backend);
+    l3d_cli_mute_end(&mute);
+    return rc;
+}
+
 int l3d_cli_train(int argc, char **argv) {
     struct l3d_train_config tc;
     l3d_train_config_defaults(&tc);
@@ -346,8 +356,9 @@ int l3d_cli_train(int argc, char **argv) {
     int rc = l3d_cli_train_flags("train", argc, argv, &tc, &ro.backend);
     if (rc >= 0) return rc;
     if (!tc.train_pattern) {
-        fprintf(stderr, "llm3d train: no training data: give --train with a token shard file or a "
-                "quoted glob (make some with llm3d prepare)\n");
+        if (l3d_cli_launcher_rank() == 0)
+            fprintf(stderr, "llm3d train: no training data: give --train with a token shard file "
+                    "or a quoted glob (make some with llm3d prepare)\n");
         return 2;
     }
     struct l3d_runtime *rt;

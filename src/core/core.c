@@ -8,15 +8,22 @@
 #include <string.h>
 #include <time.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static _Thread_local char err_msg[1024];
 
+/* Formats into a buffer of its own first: callers wrap the previous message
+ * (l3d_error(st, "%s: %s", path, l3d_error_message())), and vsnprintf must not read the buffer it
+ * writes (C11 7.21.6.12: undefined; glibc garbles the message). */
 l3d_status l3d_error(l3d_status st, const char *fmt, ...) {
+    char msg[sizeof err_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(err_msg, msg, sizeof msg);
     return st;
 }
 
@@ -274,4 +281,47 @@ float l3d_f16_to_f32(uint16_t h) {
     if (e) return f32_of(sign | ((e + 112) << 23) | (m << 13));
     float v = (float)m * 0x1p-24f; /* zero or subnormal: exact */
     return sign ? -v : v;
+}
+
+l3d_status l3d_open_regular(const char *path, const char *what, int *fd, int64_t *size) {
+    *fd = -1;
+    /* O_NONBLOCK: opening a FIFO with no writer, or some devices, would block here forever */
+    int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (d < 0) return l3d_error(L3D_ERR_IO, "cannot open %s %s: %s", what, path, strerror(errno));
+    struct stat sb;
+    if (fstat(d, &sb) != 0) {
+        int e = errno;
+        close(d);
+        return l3d_error(L3D_ERR_IO, "cannot stat %s %s: %s", what, path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(d);
+        return l3d_error(L3D_ERR_IO, "%s %s is not a regular file (%s): give the path of a file",
+                         what, path, S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode)
+                         ? "a FIFO" : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                         : "a special file");
+    }
+    int fl = fcntl(d, F_GETFL);
+    if (fl < 0 || fcntl(d, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(d);
+        return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(e));
+    }
+    *fd = d;
+    if (size) *size = (int64_t)sb.st_size;
+    return L3D_OK;
+}
+
+l3d_status l3d_fopen_regular(const char *path, const char *what, FILE **f, int64_t *size) {
+    int fd;
+    *f = NULL;
+    l3d_status st = l3d_open_regular(path, what, &fd, size);
+    if (st != L3D_OK) return st;
+    *f = fdopen(fd, "rb");
+    if (!*f) {
+        int e = errno;
+        close(fd);
+        return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(e));
+    }
+    return L3D_OK;
 }

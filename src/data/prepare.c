@@ -100,13 +100,9 @@ static l3d_status sink_open(struct sink *s, const char *out_dir, int64_t ntrain,
  * them to sink when sink is not NULL. */
 static l3d_status read_input(const char *path, unsigned char *chunk, int64_t *nbytes,
                              struct sink *sink) {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return l3d_error(L3D_ERR_IO, "cannot read %s: it is a directory, not a text file", path);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return l3d_error(L3D_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    FILE *fp;
+    l3d_status ost = l3d_fopen_regular(path, "text file", &fp, NULL);
+    if (ost != L3D_OK) return ost;
     int64_t total = 0;
     for (;;) {
         size_t got = fread(chunk, 1, CHUNK_BYTES, fp);

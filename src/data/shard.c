@@ -57,19 +57,11 @@ static int64_t first_bad_token(const uint16_t *tok, int64_t n, int64_t vocab) {
 /* Opens, checks and maps one shard into f (whose path is set). On error f->map stays NULL. */
 static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
     const char *path = f->path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open token shard %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return l3d_error(L3D_ERR_IO, "cannot stat token shard %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return l3d_error(L3D_ERR_IO, "token shard %s is not a regular file", path);
-    }
-    long long size = (long long)st.st_size;
+    int fd;
+    int64_t fsize;
+    l3d_status ost = l3d_open_regular(path, "token shard", &fd, &fsize);
+    if (ost != L3D_OK) return ost;
+    long long size = (long long)fsize;
     if (size < L3D_SHARD_HEADER_BYTES) {
         close(fd);
         return l3d_error(L3D_ERR_FORMAT,

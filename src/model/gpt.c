@@ -56,6 +56,11 @@ l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg) {
                          cfg->NH);
     if (cfg->V > (1 << 30))
         return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
+    /* sane limits (far above any GPT): every count and byte size below then fits an int64_t */
+    if (cfg->L > L3D_MAX_LAYERS || cfg->C > L3D_MAX_CHANNELS || cfg->maxT > L3D_MAX_CONTEXT)
+        return l3d_error(L3D_ERR_ARG, "model too large: layers %d (at most %d), channels %d (at "
+                         "most %d), context %d (at most %d)", cfg->L, L3D_MAX_LAYERS, cfg->C,
+                         L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
     return L3D_OK;
 }

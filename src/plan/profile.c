@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "llm3d/plan.h"
 
@@ -207,8 +208,9 @@ l3d_status l3d_profile_load(struct l3d_profile *p, const char *path) {
         return l3d_error(L3D_ERR_IO, "--profile %s is a directory: give a profile file (such as "
                          "%s%sNAME.prof) or a shipped name (frontier, dgx-a100, dgx-h100, h200)",
                          path, path, path[strlen(path) - 1] == '/' ? "" : "/");
-    FILE *f = fopen(path, "rb");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot open profile %s: %s", path, strerror(errno));
+    FILE *f;
+    l3d_status ost = l3d_fopen_regular(path, "profile", &f, NULL);
+    if (ost != L3D_OK) return ost;
     char *text = NULL;
     size_t len = 0, cap = 0;
     int c;
@@ -246,9 +248,7 @@ l3d_status l3d_profile_find(struct l3d_profile *p, const char *name) {
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         if (!dirs[i]) continue;
         snprintf(path, sizeof path, "%s/%s.prof", dirs[i], name);
-        FILE *f = fopen(path, "rb");
-        if (!f) continue;
-        fclose(f);
+        if (access(path, F_OK) != 0) continue;
         return l3d_profile_load(p, path);
     }
     if (strcmp(name, "local") == 0)

@@ -128,14 +128,11 @@ void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int
 }
 
 l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, size_t *len) {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return l3d_error(L3D_ERR_IO, "cannot read %s %s: it is a directory", what, path);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return l3d_error(L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(errno));
-    size_t cap = (size_t)st.st_size + 1, n = 0;
+    FILE *fp;
+    int64_t size;
+    l3d_status ost = l3d_fopen_regular(path, what, &fp, &size);
+    if (ost != L3D_OK) return ost;
+    size_t cap = (size_t)size + 1, n = 0;
     char *b = l3d_try_alloc(cap, what);
     if (!b) {
         fclose(fp);
@@ -238,7 +235,7 @@ static int get_utf8(const unsigned char *s, size_t n, int *cp) {
     return 0;
 }
 
-static l3d_status parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
+l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
                                      size_t n) {
     int byte_cp[256], cp_byte[512];
     l3d_bytes_to_unicode(byte_cp, NULL);
@@ -364,7 +361,7 @@ done:
     return st;
 }
 
-static l3d_status parse_merges(struct l3d_tokenizer *t, const char *path, char *txt, size_t n) {
+l3d_status l3d_tok_parse_merges(struct l3d_tokenizer *t, const char *path, char *txt, size_t n) {
     int byte_cp[256], cp_byte[512];
     l3d_bytes_to_unicode(byte_cp, NULL);
     for (int i = 0; i < 512; i++) cp_byte[i] = -1;
@@ -442,7 +439,7 @@ done:
     return st;
 }
 
-static struct l3d_tokenizer *tok_new(void) {
+struct l3d_tokenizer *l3d_tok_new(void) {
     struct l3d_tokenizer *t = l3d_calloc(sizeof *t, "tokenizer");
     t->eot = -1;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
@@ -475,7 +472,7 @@ static l3d_status compile_pattern(struct l3d_tokenizer *t) {
 }
 
 l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out) {
-    struct l3d_tokenizer *t = tok_new();
+    struct l3d_tokenizer *t = l3d_tok_new();
     t->V = 256;
     t->off = l3d_alloc(257 * sizeof *t->off, "token offsets");
     t->blob = l3d_alloc(256, "token bytes");
@@ -502,15 +499,15 @@ l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
     char *path = l3d_alloc(plen, "tokenizer path");
     char *js = NULL, *bpe = NULL;
     size_t njs, nbpe;
-    struct l3d_tokenizer *t = tok_new();
+    struct l3d_tokenizer *t = l3d_tok_new();
     snprintf(path, plen, "%s/encoder.json", dir);
     l3d_status st = l3d_read_whole_file(path, "the tokenizer's", &js, &njs);
-    if (st == L3D_OK) st = parse_encoder_json(t, path, js, njs);
+    if (st == L3D_OK) st = l3d_tok_parse_encoder_json(t, path, js, njs);
     if (st == L3D_OK) {
         snprintf(path, plen, "%s/vocab.bpe", dir);
         st = l3d_read_whole_file(path, "the tokenizer's", &bpe, &nbpe);
     }
-    if (st == L3D_OK) st = parse_merges(t, path, bpe, nbpe);
+    if (st == L3D_OK) st = l3d_tok_parse_merges(t, path, bpe, nbpe);
     if (st == L3D_OK) st = compile_pattern(t);
     l3d_free(path);
     l3d_free(js);
@@ -525,31 +522,38 @@ l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
 
 l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path) {
     *out = NULL;
-    char *buf;
-    size_t n;
+    char *buf = NULL;
+    size_t n = 0;
     l3d_status st = l3d_read_whole_file(path, "the llm.c tokenizer file", &buf, &n);
     if (st != L3D_OK) return st;
+    st = l3d_tok_parse_llmc(out, path, buf, n);
+    l3d_free(buf);
+    return st;
+}
+
+l3d_status l3d_tok_parse_llmc(struct l3d_tokenizer **out, const char *path, const char *buf,
+                              size_t n) {
+    *out = NULL;
     const unsigned char *b = (const unsigned char *)buf;
     uint32_t hdr[256];
-    if (n < sizeof hdr) {
-        l3d_free(buf);
+    if (n < sizeof hdr)
         return l3d_error(L3D_ERR_FORMAT, "%s is %zu bytes, shorter than llm.c's tokenizer header "
                          "(1024 bytes)", path, n);
-    }
     memcpy(hdr, b, sizeof hdr);
-    if (hdr[0] != L3D_LLMC_TOKENIZER_MAGIC || (hdr[1] != 1 && hdr[1] != 2)) {
-        l3d_free(buf);
+    if (hdr[0] != L3D_LLMC_TOKENIZER_MAGIC || (hdr[1] != 1 && hdr[1] != 2))
         return l3d_error(L3D_ERR_FORMAT, "%s is not llm.c's tokenizer file: magic %u version %u, "
                          "expected %d version 1 or 2", path, hdr[0], hdr[1],
                          L3D_LLMC_TOKENIZER_MAGIC);
-    }
-    if (hdr[2] < 1 || hdr[2] > (1u << 24)) {
-        l3d_free(buf);
+    if (hdr[2] < 1 || hdr[2] > (1u << 24))
         return l3d_error(L3D_ERR_FORMAT, "%s: vocabulary size %u is out of range", path, hdr[2]);
-    }
-    struct l3d_tokenizer *t = tok_new();
+    /* each token takes at least 2 bytes (its length and one byte): checked before allocating */
+    if ((uint64_t)n < sizeof hdr + 2 * (uint64_t)hdr[2])
+        return l3d_error(L3D_ERR_FORMAT, "%s is %zu bytes, too short for the %u tokens its header "
+                         "claims (at least %llu bytes): truncated or corrupt", path, n, hdr[2],
+                         (unsigned long long)(sizeof hdr + 2 * (uint64_t)hdr[2]));
+    struct l3d_tokenizer *t = l3d_tok_new();
     t->V = (int)hdr[2];
-    t->eot = hdr[1] == 1 ? 50256 : (int)hdr[3];
+    t->eot = hdr[1] == 1 ? 50256 : hdr[3] < (uint32_t)t->V ? (int)hdr[3] : -1;
     if (t->eot >= t->V) t->eot = -1;
     t->off = l3d_alloc((size_t)(t->V + 1) * sizeof *t->off, "token offsets");
     t->blob = l3d_alloc(n, "token bytes");
@@ -558,7 +562,6 @@ l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path)
     for (int id = 0; id < t->V; id++) {
         if (p >= n || b[p] == 0 || p + 1 + b[p] > n) {
             l3d_tokenizer_free(t);
-            l3d_free(buf);
             return l3d_error(L3D_ERR_FORMAT, "%s is truncated or corrupt at token %d of %u "
                              "(byte %zu)", path, id, hdr[2], p);
         }
@@ -568,7 +571,6 @@ l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path)
         p += 1 + (size_t)b[p];
     }
     t->off[t->V] = o;
-    l3d_free(buf);
     if (p != n) {
         l3d_tokenizer_free(t);
         return l3d_error(L3D_ERR_FORMAT, "%s has %zu bytes after its %d tokens: corrupt", path,

@@ -32,4 +32,14 @@ l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out);
  * when text[a..b) is shorter than 2 targets or has no such place after a + target. */
 size_t l3d_tok_cut(const char *text, size_t a, size_t b, size_t target);
 
+/* The parsers of the tokenizer files, on buffers (path only names them in errors): an empty
+ * tokenizer (l3d_tokenizer_free it), GPT-2's encoder.json then vocab.bpe into it (txt NUL-
+ * terminated), llm.c's tokenizer file. The loaders in bpe.c and the fuzz targets call these. */
+struct l3d_tokenizer *l3d_tok_new(void);
+l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
+                                      size_t n);
+l3d_status l3d_tok_parse_merges(struct l3d_tokenizer *t, const char *path, char *txt, size_t n);
+l3d_status l3d_tok_parse_llmc(struct l3d_tokenizer **out, const char *path, const char *buf,
+                              size_t n);
+
 #endif

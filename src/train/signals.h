@@ -4,8 +4,10 @@
  * step boundary, says whether any rank got one (collective). A thread of its own takes them
  * (sigwait); l3d_train_signals_block (include/llm3d/train.h), called before the process starts any
  * thread (the communication library's, the first OpenMP region's), keeps them off every other thread, which inherit the
- * mask. restore ends that thread and unblocks them on the calling thread (their default action
- * again). The flag is the one process-wide state here.
+ * mask, and starts that thread: until install, a signal ends the process (status 128 + signal, as
+ * its default action would), so a start-up blocked in a read still stops. restore ends that thread
+ * and unblocks them on the calling thread (their default action again). The flag is the one
+ * process-wide state here.
  *
  *   l3d_train_signals_install();
  *   for (step ...) { ...; if ((sig = l3d_train_stop_requested(world))) { save; break; } }

@@ -204,6 +204,7 @@ expect_error() { # expect_error DESCRIPTION PATTERN STEP_DIR NP B [flags]
     fi
 }
 nbad=0
+convert_err() { "$bin" convert "$1" "$dir/none.bin" 2>&1 >/dev/null && echo "(exit 0)"; }
 copy() { rm -rf "${dir:?}/$1" && cp -r "$(step_dir A 5)" "$dir/$1"; }
 copy trunc && truncate -s -100 "$dir/trunc/rank_00001.bin"
 expect_error "truncated shard" "rank_00001.bin.*truncated" "$dir/trunc" 0 4
@@ -214,14 +215,32 @@ expect_error "checksum mismatch, found by rank 1 of 2" "rank_00003.bin: checksum
 expect_error "incompatible model" "holds a model L=2.*configured L=3" "$(step_dir A 5)" 0 4 --layers 3
 copy missing && rm "$dir/missing/rank_00003.bin"
 expect_error "missing rank file" "rank_00003.bin.*missing" "$dir/missing" 0 4
+# unseal M: make M a format-3 manifest (no checksum line), so that the check an edit meets is the
+# one under test, not the manifest's checksum (format 4); the rank files still say format 4, so
+# such a manifest never loads: each edit below is refused before any rank file is read
+unseal() { sed -i -e '1s/^llm3d-checkpoint format 4$/llm3d-checkpoint format 3/' -e '/^checksum /d' "$1"; }
 copy layout && sed -i 's/^layout world 4 tp 2 pp 1 dp 2/layout world 4 tp 1 pp 4 dp 1/' "$dir/layout/manifest"
+unseal "$dir/layout/manifest"
 expect_error "layout impossible for the model" "pp 4 is impossible for the model" "$dir/layout" 0 4
+# the manifest's own checksum (format 4): an edited layout index or AdamW t, a dropped checksum
+# line, a downgrade to format 3 (the rank files' headers still say 4)
+copy edit_t && sed -i 's/ t 5$/ t 6/' "$dir/edit_t/manifest"
+check "  ... (the edit applies)" grep -q " t 6$" "$dir/edit_t/manifest"
+expect_error "manifest edited: AdamW t" "edit_t/manifest: its checksum is .* the manifest was edited" "$dir/edit_t" 0 4
+copy edit_idx && sed -i 's/^data epoch 0 index \([0-9]*\)/data epoch 0 index 1\1/' "$dir/edit_idx/manifest"
+check "  ... (the edit applies)" sh -c "! cmp -s '$dir/edit_idx/manifest' '$(step_dir A 5)/manifest'"
+expect_error "manifest edited: data index" "edit_idx/manifest: its checksum is" "$dir/edit_idx" 0 4
+copy nosum && sed -i '/^checksum /d' "$dir/nosum/manifest"
+expect_error "manifest without its checksum line" "nosum/manifest: no 'checksum' line" "$dir/nosum" 0 4
+copy down && sed -i 's/ t 5$/ t 6/' "$dir/down/manifest" && unseal "$dir/down/manifest"
+expect_error "manifest edited and downgraded to format 3" "rank_0000[0-3].bin: its header does not match" "$dir/down" 0 4
+err=$(convert_err "$dir/edit_t")
+check "convert: an edited manifest: $err" sh -c "echo '$err' | grep -q 'edit_t/manifest: its checksum'"
 copy cut && head -n 5 "$(step_dir A 5)/manifest" > "$dir/cut/manifest"
 expect_error "truncated manifest" "manifest.*truncated\|manifest: no" "$dir/cut" 0 4
 expect_error "resume layout impossible for the model" "\-\-tp 3" "$(step_dir A 5)" 0 4 --tp 3 --dp 1
 expect_error "no checkpoint there" "no checkpoint there" "$dir/nonexistent" 0 4
 # convert's errors speak of convert's arguments, not of --resume
-convert_err() { "$bin" convert "$1" "$dir/none.bin" 2>&1 >/dev/null && echo "(exit 0)"; }
 err=$(convert_err "$dir/nonexistent")
 check "convert: no checkpoint there: $err" sh -c "echo '$err' | grep -q 'nonexistent: no checkpoint there' && ! echo '$err' | grep -q resume"
 err=$(convert_err "$dir/missing")
@@ -237,23 +256,23 @@ expect_error "chunk files swapped (same size)" "rank_00000_c1.bin: its header do
 check "format 3 manifest records the dtypes" grep -qx "dtype params fp32 moments fp32" "$(step_dir A 5)/manifest"
 check "  ... and the rank-file header (bytes 64..79)" \
     test "$(dd if="$(step_dir A 5)/rank_00000.bin" bs=1 skip=64 count=16 status=none | tr '\0' .)" = "fp32....fp32...."
-copy bf16 && sed -i 's/^dtype params fp32/dtype params bf16/' "$dir/bf16/manifest"
+copy bf16 && sed -i 's/^dtype params fp32/dtype params bf16/' "$dir/bf16/manifest" && unseal "$dir/bf16/manifest"
 expect_error "bf16 parameters into an fp32 run" "bf16/manifest stores the parameters as bf16.*fp32.*resume it with" "$dir/bf16" 0 4
-copy bf16m && sed -i 's/^dtype params fp32 moments fp32/dtype params fp32 moments bf16/' "$dir/bf16m/manifest"
+copy bf16m && sed -i 's/^dtype params fp32 moments fp32/dtype params fp32 moments bf16/' "$dir/bf16m/manifest" && unseal "$dir/bf16m/manifest"
 expect_error "bf16 moments into an fp32 run" "bf16m/manifest stores the AdamW moments as bf16" "$dir/bf16m" 0 4
 copy fp8 && sed -i 's/^dtype params fp32/dtype params fp8/' "$dir/fp8/manifest"
 expect_error "unknown dtype" "params dtype 'fp8' is not one of" "$dir/fp8" 0 4
-copy nodtype && sed -i '/^dtype /d' "$dir/nodtype/manifest"
+copy nodtype && sed -i '/^dtype /d' "$dir/nodtype/manifest" && unseal "$dir/nodtype/manifest"
 expect_error "format 3 without its dtype record" "no 'dtype' record" "$dir/nodtype" 0 4
-copy fmt4 && sed -i '1s/format 3/format 4/' "$dir/fmt4/manifest"
-expect_error "a newer format" "format version 4; this llm3d reads versions 1 to 3" "$dir/fmt4" 0 4
+copy fmt5 && sed -i '1s/format 4/format 5/' "$dir/fmt5/manifest"
+expect_error "a newer format" "format version 5; this llm3d reads versions 1 to 4" "$dir/fmt5" 0 4
 err=$("$bin" convert "$dir/bf16" "$dir/bf16.bin" 2>&1 >/dev/null)
 check "convert refuses bf16 parameters: $err" test -n "$(echo "$err" | grep "stores the parameters as bf16")" -a ! -e "$dir/bf16.bin"
 
 # checkpoints of formats 1 and 2 (fp32, no dtype record, 64-byte headers), written by d270d36
 # (tests/data/ckpt_v*/README): resumed on their layout, step 3 has the old binary's loss and
 # gradient norm to the last digit (on the attention kernel that binary had, L3D_ATTENTION=naive:
-# the tiled kernel sums in another order), and the re-save is format 3
+# the tiled kernel sums in another order), and the re-save is format 4
 fixtures=$(cd "$(dirname "$0")/../data" && pwd)
 old_format() { # old_format N NAME NP [flags]: resume tests/data/ckpt_vN as NAME
     local v=$1 name=$2 np=$3
@@ -270,7 +289,7 @@ step3() { grep -o '"step":3,"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1"; }
 same_step3() { # same_step3 N NAME: NAME's step 3 equals the old binary's resumed from ckpt_vN
     local want got
     want=$(step3 "$fixtures/ckpt_v$1/resumed.jsonl") got=$(step3 "$dir/$2/metrics.jsonl")
-    [ -n "$want" ] && [ "$want" = "$got" ] && head -n 1 "$(step_dir "$2" 3)/manifest" | grep -qx "llm3d-checkpoint format 3" ||
+    [ -n "$want" ] && [ "$want" = "$got" ] && head -n 1 "$(step_dir "$2" 3)/manifest" | grep -qx "llm3d-checkpoint format 4" ||
         { echo "want $want, got $got"; cat "$dir/$2.log"; return 1; }
 }
 if old_format 1 old_v1 2 --layers 2 --batch 1 --zero 1 && same_step3 1 old_v1; then

@@ -35,7 +35,7 @@ check "  ... --json" sh -c "$(declare -f insp); bin='$bin' dir='$dir' insp '$dir
 check "  ... parameters 118528, fp32" test "$(jfield parameters) $(jfield dtype)" = "118528 fp32"
 
 check "training checkpoint (the checkpoint directory)" insp "$dir/run/checkpoints"
-check "  ... step 4 (latest)" has "training checkpoint, format 3, step 4"
+check "  ... step 4 (latest)" has "training checkpoint, format 4, step 4"
 check "  ... layout, precision" sh -c "grep -q 'tp 1 x pp 1 x dp 1, ZeRO-0' '$dir/out.txt' && grep -q 'parameters fp32, AdamW moments fp32' '$dir/out.txt'"
 check "  ... checksums verified" has "checksums verified"
 check "  ... a step directory" sh -c "'$bin' inspect '$dir/run/checkpoints/step_00000002' | grep -q 'step 2$'"
