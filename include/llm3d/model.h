@@ -38,10 +38,13 @@
 
 #define L3D_VOCAB_ALIGN 128
 /* Limits l3d_gpt_config_finish enforces (a file's header is checked against them before any
- * allocation): with them every element count and byte size of the model fits an int64_t. */
-#define L3D_MAX_LAYERS (1 << 14)
-#define L3D_MAX_CHANNELS (1 << 18)
+ * allocation): the sizes as large as the planner's (llm3d plan sizes models up to these), and at
+ * most L3D_MAX_PARAMS parameters, so that every element count and byte size of the model, its
+ * gradients and its optimizer state (16 bytes a parameter) fits an int64_t. */
+#define L3D_MAX_LAYERS (1 << 16)
+#define L3D_MAX_CHANNELS (1 << 20)
 #define L3D_MAX_CONTEXT (1 << 24)
+#define L3D_MAX_PARAMS ((double)(1LL << 56))
 #define L3D_NUM_TENSORS 16
 
 struct l3d_gpt_config {

@@ -792,7 +792,7 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
 static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len) {
     struct parser p = {.mf = mf, .st = L3D_OK};
     char line[MANIFEST_LINE], *tok[MAXTOK];
-    bool seen_end = false, seen_sum = false, seen[7] = {false};
+    bool seen_end = false, seen_sum = false, seen[8] = {false};
     int nfile = 0;
     for (size_t at = 0, next; p.st == L3D_OK && at < len; at = next) {
         const char *nl = memchr(text + at, '\n', len - at);
@@ -807,8 +807,9 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
         line[next - at] = '\0';
         int n = tokenize(line, tok);
         if (n == 0) continue;
-        const char *names[7] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype"};
-        for (int k = 0; k < 7; k++)
+        const char *names[8] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype",
+                                "run"};
+        for (int k = 0; k < 8; k++)
             if (seen[k] && strcmp(tok[0], names[k]) == 0)
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: a second '%s' record: the manifest "
                                  "is damaged", mf->path, p.line, names[k]);
@@ -828,7 +829,13 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
             mf->header = fmt >= L3D_CKPT_FORMAT_DTYPES ? HEADER_BYTES : HEADER_BYTES_OLD;
             mf->pdt = mf->mdt = L3D_F32;
         } else if (strcmp(tok[0], "run") == 0 && n == 2) { /* the run that wrote it */
-            mf->st.run_id = strtoull(tok[1], NULL, 16);
+            char *end;
+            errno = 0;
+            mf->st.run_id = strtoull(tok[1], &end, 16);
+            if (errno || *end || strlen(tok[1]) != 16)
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: run '%s' is not a 16-digit hex "
+                                 "run id: the manifest is damaged", mf->path, p.line, tok[1]);
+            seen[7] = true;
         } else if (strcmp(tok[0], "step") == 0 && n == 2) {
             mf->st.step = strtoll(tok[1], NULL, 10);
             seen[0] = true;

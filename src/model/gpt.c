@@ -62,6 +62,12 @@ l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg) {
                          "most %d), context %d (at most %d)", cfg->L, L3D_MAX_LAYERS, cfg->C,
                          L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    double C = cfg->C, params = (double)cfg->L * (12 * C * C + 13 * C) +
+                                ((double)cfg->Vp + cfg->maxT) * C + 2 * C;
+    if (params > L3D_MAX_PARAMS)
+        return l3d_error(L3D_ERR_ARG, "model too large: %.3g parameters (layers %d, channels %d, "
+                         "vocabulary %d, context %d; at most 2^56)", params, cfg->L, cfg->C,
+                         cfg->V, cfg->maxT);
     return L3D_OK;
 }
 

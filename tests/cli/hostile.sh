@@ -104,7 +104,7 @@ mf() { # mf NAME SED: a copy of the checkpoint with its manifest edited
             -e "$2" "$dir/$1/manifest"
 }
 mf bigL 's/^model L 2 /model L 2097152 /'
-refused "convert: manifest claiming L=2097152" "bigL/manifest line 3: model L=2097152 .*model too large" \
+refused "convert: manifest claiming L=2097152" "bigL/manifest line [0-9]*: model L=2097152 .*model too large" \
     "$bin" convert "$dir/bigL" "$dir/out.bin"
 mf world 's/^layout world 1 /layout world 1048576 /'
 refused "convert: manifest claiming a world of 2^20 ranks" "world/manifest: a world of 1048576 ranks" \
@@ -113,9 +113,13 @@ mf layers 's/ layers 0+2 / layers 0+5 /'
 refused "convert: a shard outside the model, message intact" \
     "^llm3d convert: .*layers/manifest: rank_00000.bin: shard layers \[0, 5) outside the model's 2 layers$" \
     "$bin" convert "$dir/layers" "$dir/out.bin"
-mf twice '3p'
-refused "convert: a record twice" "twice/manifest line 4: a second 'model' record" \
+mf twice '/^model /p'
+refused "convert: a record twice" "twice/manifest line [0-9]*: a second 'model' record" \
     "$bin" convert "$dir/twice" "$dir/out.bin"
+mf runid 's/^run \([0-9a-f]*\)$/run \1x/'
+refused "convert: a run id that is not 16 hex digits" \
+    "runid/manifest line [0-9]*: run '[0-9a-f]*x' is not a 16-digit hex" \
+    "$bin" convert "$dir/runid" "$dir/out.bin"
 rm -rf "$dir/mfifo" && cp -r "$step" "$dir/mfifo" && rm "$dir/mfifo/manifest" && mkfifo "$dir/mfifo/manifest"
 refused "convert: a FIFO manifest" "manifest .*is not a regular file (a FIFO)" \
     "$bin" convert "$dir/mfifo" "$dir/out.bin"
