@@ -231,4 +231,20 @@ skip_many() {
 }
 check "NaN gradients 3 steps in a row (--max-skipped-steps 3): one error, last checkpoint kept" skip_many
 
+# The end-of-run MFU check is decided by every rank together: rank 1 alone finding an MFU above
+# 1 (its own median step time; test hook L3D_TEST_MFU_OVER_ONE_RANK) used to enter a broadcast
+# that rank 0 never joined, and the job hung (cli_equiv's timeout in CI). No --peak-gflops here:
+# a given peak is never measured again.
+mfu_out=$dir/mfu_one_rank
+bounded env L3D_TEST_MFU_OVER_ONE_RANK=1 OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" train \
+    --model tiny --vocab 256 --context 32 --seq-len 32 --batch 2 --steps 3 --warmup 1 \
+    --val-every 0 --timeout 20 --train "$dir/data/train_*.bin" --out "$mfu_out" \
+    > "$mfu_out.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "measured again" "$mfu_out.log"; then
+    ok "rank 1 alone over an MFU of 1: every rank measures again and the job ends"
+else
+    bad "rank 1 alone over an MFU of 1 (exit $rc)"; cat "$mfu_out.log"
+fi
+
 exit $fail
