@@ -20,6 +20,10 @@
 #                                      share this machine's cores, so waiting ranks yield
 #                                      (mpi_yield_when_idle; L3D_CLUSTER_BTL: the btl list,
 #                                      tcp,vader,self by default)
+#   scripts/cluster.sh hydra NAME ARGS...
+#                                      MPICH's mpiexec (hydra), started in NAME-h0 with the agent
+#                                      (scripts/cluster-agent) and eth0 for its own connections;
+#                                      give the hosts as -hosts 10.77.0.1:2,10.77.0.2:2
 #
 # Choose a NAME of your own for each cluster (the tests use l3dc<pid>): two clusters of different
 # names never collide, since every address lives inside its own namespaces. Interface names are
@@ -77,6 +81,7 @@ enter() {
 }
 
 agent() {
+    while [[ ${1:-} == -* ]]; do shift; done # ssh's flags that launchers add (hydra: -x)
     local addr=$1 name=${L3D_CLUSTER:-}
     shift
     [ -n "$name" ] || die "agent: L3D_CLUSTER (the cluster's name) is not set"
@@ -98,5 +103,11 @@ case "${1:-}" in
             --mca plm_rsh_agent "$here/cluster.sh agent" \
             --mca btl "${L3D_CLUSTER_BTL:-tcp,vader,self}" --mca btl_tcp_if_include "$net.0/24" \
             --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 "$@" ;;
+    hydra)
+        name=$2; shift 2
+        check_name "$name"
+        export L3D_CLUSTER=$name
+        enter "$name-h0" "${L3D_CLUSTER_MPIEXEC:-mpiexec.hydra}" -launcher ssh \
+            -launcher-exec "$here/cluster-agent" -iface eth0 "$@" ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
