@@ -23,7 +23,11 @@
 #   scripts/cluster.sh hydra NAME ARGS...
 #                                      MPICH's mpiexec (hydra), started in NAME-h0 with the agent
 #                                      (scripts/cluster-agent) and eth0 for its own connections;
-#                                      give the hosts as -hosts 10.77.0.1:2,10.77.0.2:2
+#                                      give the hosts as -hosts 10.77.0.1:2,10.77.0.2:2. Debian's
+#                                      MPICH is ch4:ucx, and UCX takes the namespaces (one boot
+#                                      id) for one machine and would join them by shared memory:
+#                                      UCX_TLS=tcp,self (L3D_CLUSTER_UCX_TLS) keeps it on TCP,
+#                                      within a host too
 #
 # Choose a NAME of your own for each cluster (the tests use l3dc<pid>): two clusters of different
 # names never collide, since every address lives inside its own namespaces. Interface names are
@@ -108,6 +112,7 @@ case "${1:-}" in
         check_name "$name"
         export L3D_CLUSTER=$name
         enter "$name-h0" "${L3D_CLUSTER_MPIEXEC:-mpiexec.hydra}" -launcher ssh \
-            -launcher-exec "$here/cluster-agent" -iface eth0 "$@" ;;
+            -launcher-exec "$here/cluster-agent" -iface eth0 \
+            -genv UCX_TLS "${L3D_CLUSTER_UCX_TLS:-tcp,self}" -genv UCX_NET_DEVICES eth0 "$@" ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
