@@ -120,6 +120,50 @@ struct l3d_comm_i {
 
 struct l3d_backend;
 
+/* The watchdog: every wait of a communicator (a blocking operation, l3d_comm_wait) is bounded by
+ * timeout_s. A waiting rank polls with growing sleeps (no core burnt on a long wait); when the
+ * time is up it asks the ranks it waits on whether they are alive (they answer from their own
+ * waits), prints one line naming itself, the step, what it was doing and the rank that does not
+ * respond, and aborts the job (exit status 75, EX_TEMPFAIL: the last checkpoint is untouched,
+ * --resume auto continues). When every rank it waits on answers, they all wait on something else
+ * and the rank that waits on the silent one reports; after a second timeout_s the rank reports a
+ * deadlock itself; the reporting rank tells every other rank first, and they end quietly. One per
+ * process, shared by the world and every communicator split from it:
+ *
+ *   struct l3d_watch *w = world->watch;
+ *   w->timeout_s = 600;                          // 0: unbounded
+ *   w->step = step + 1;
+ *   struct l3d_doing was = l3d_comm_doing(dp, "DP gradient bucket", 2, -1); // for the next waits
+ *   ...
+ *   l3d_comm_done(dp, was);
+ *
+ * The callers set what they do before they communicate; the text is only formatted when a wait
+ * expires or lasts long, so a label costs three stores. */
+struct l3d_doing {
+    const char *what; /* static text naming the action ("forward micro-batch"); NULL: none */
+    int index, chunk; /* a micro-batch or bucket number, a model chunk; -1: none */
+};
+
+struct l3d_watch {
+    double timeout_s; /* bound of one wait in seconds; 0: none */
+    int step;         /* the 1-based step under way, 0 outside the steps */
+    struct l3d_doing doing;
+    /* Writes a rank's name ("rank 3 (tp 1, pp 0, dp 1)") into buf; NULL: "rank R". */
+    void (*name)(void *ctx, int world_rank, char *buf, size_t n);
+    void *name_ctx;
+    /* Filled by the communicator: the longest wait since the caller last set longest_s to 0, and
+     * (for a wait of 0.5 s or more) the line that says what it waited on. */
+    double longest_s;
+    char longest_what[256];
+};
+
+/* Says what the next waits of c (and of every communicator of its world) are for; returns what
+ * was said before, for l3d_comm_done. */
+static inline struct l3d_doing l3d_comm_doing(struct l3d_comm *c, const char *what, int index,
+                                              int chunk);
+/* Restores what l3d_comm_doing returned (a nested action is over). */
+static inline void l3d_comm_done(struct l3d_comm *c, struct l3d_doing before);
+
 struct l3d_comm {
     const struct l3d_comm_i *i;
     void *ctx;
@@ -128,7 +172,21 @@ struct l3d_comm {
     /* The backend whose device buffers this communicator is given (NULL: host memory only);
      * communicators split from this one inherit it. Set with l3d_comm_use_backend. */
     struct l3d_backend *be;
+    struct l3d_watch *watch; /* the world's (NULL for a communicator without a watchdog) */
+    const char *role;        /* "TP", "DP", ... for messages (NULL: none); set by its maker */
 };
+
+static inline struct l3d_doing l3d_comm_doing(struct l3d_comm *c, const char *what, int index,
+                                              int chunk) {
+    struct l3d_doing before = {NULL, -1, -1};
+    if (!c || !c->watch) return before;
+    before = c->watch->doing;
+    c->watch->doing = (struct l3d_doing){what, index, chunk};
+    return before;
+}
+static inline void l3d_comm_done(struct l3d_comm *c, struct l3d_doing before) {
+    if (c && c->watch) c->watch->doing = before;
+}
 
 /* Buffers given to c (and to communicators split from it afterwards) may be device memory of be:
  * the MPI communicator synchronises be before each operation and hands MPI the backend's host

@@ -72,6 +72,7 @@ struct l3d_dp {
     /* pending pieces per layer slot: [0] layer l, [1] the layer before it (l+1) */
     struct l3d_dp_piece *pend[3];
     int npend[3], cap[3];
+    int piece_seq;           /* pieces sent in this micro-batch's backward (watchdog messages) */
     double comm_wait_s;      /* time inside communication calls this step (exposed comm) */
     bool defer_nonlayer;     /* the non-layer tensors wait for l3d_dp_reduce_nonlayer */
     bool test_skip_reduce;   /* test hook L3D_TEST_SKIP_DP_REDUCE=1 (l3d_dp_init): send nothing */
@@ -111,6 +112,12 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
  * all-gathered; gradients are zeroed for the next step. */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale);
+/* A skipped step (a non-finite loss or gradient norm, agreed by every rank): no update, no
+ * communication; the gradients are zeroed for the next step as l3d_dp_step does. */
+void l3d_dp_skip_step(struct l3d_dp *dp);
+/* Test hook (L3D_TEST_NAN_AT_STEP, src/train/step.c): sets the last gradient of this rank's
+ * range to NaN, after the reduction, so that only this rank sees it. */
+void l3d_dp_test_poison(struct l3d_dp *dp);
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt);
 
 #endif

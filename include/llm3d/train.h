@@ -64,6 +64,11 @@ struct l3d_train_config {
     bool overwrite;
     bool ignore_memory_check; /* allocate even when the planned bytes exceed the memory free */
     bool allow_cross_node_tp; /* a TP group may span nodes (a warning instead of an error) */
+    /* faults: every wait bounded by timeout_s (0: none; comm.h, struct l3d_watch); a step whose
+     * loss or gradient norm is not finite is skipped on every rank, and max_skipped such steps
+     * in a row stop the run with an error (the last checkpoint kept) */
+    double timeout_s;
+    int max_skipped;
 };
 
 struct l3d_train_result {
@@ -78,6 +83,7 @@ struct l3d_train_result {
     bool report_error;         /* on failure: this rank is the one that prints the message */
     int start_step;            /* steps already done by the checkpoint resumed from */
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
+    int skipped;               /* steps skipped for a non-finite loss or gradient norm */
 };
 
 /* A layout checked against the flags and the world, before any communication or allocation:

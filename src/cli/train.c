@@ -89,7 +89,13 @@ static void usage(FILE *f, const char *cmd) {
         "                      latest and step_NNNNNNNN directories (nothing else); without it\n"
         "                      such a directory is refused unless --resume is given\n"
         "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
-        "                      at once\n",
+        "                      at once\n"
+        "faults:\n"
+        "  --timeout S         abort the job (exit 75) when a rank waits S seconds on another\n"
+        "                      (a stopped, hung or dead rank), naming it; the last checkpoint\n"
+        "                      is kept (600; 0: wait for ever)\n"
+        "  --max-skipped-steps N  a step whose loss or gradient norm is not finite is skipped\n"
+        "                      on every rank; N such steps in a row stop the run (10)\n",
         l3d_gpt_preset_names(), bench ? "d12" : "d6");
 }
 
@@ -132,7 +138,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
-           O_CROSS_TP };
+           O_CROSS_TP,
+           O_TIMEOUT, O_MAX_SKIPPED };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -168,6 +175,8 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         {"overwrite", no_argument, NULL, O_OVERWRITE},
         {"ignore-memory-check", no_argument, NULL, O_IGNORE_MEM},
         {"allow-cross-node-tp", no_argument, NULL, O_CROSS_TP},
+        {"timeout", required_argument, NULL, O_TIMEOUT},
+        {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -263,6 +272,15 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
         case O_OVERWRITE: tc->overwrite = true; break;
         case O_IGNORE_MEM: tc->ignore_memory_check = true; break;
         case O_CROSS_TP: tc->allow_cross_node_tp = true; break;
+        case O_TIMEOUT: {
+            float sec = 0;
+            ok = l3d_arg_float(cmd, "timeout", optarg, 0, 1e7, &sec);
+            tc->timeout_s = sec;
+            break;
+        }
+        case O_MAX_SKIPPED:
+            ok = l3d_arg_int(cmd, "max-skipped-steps", optarg, 1, 1 << 20, &tc->max_skipped);
+            break;
         case O_DPCOMM:
             if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
                 tc->dp_blocking = strcmp(optarg, "blocking") == 0;

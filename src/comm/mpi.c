@@ -7,7 +7,10 @@
  * with MPI_Abort on the world: a failed operation never leaves peers waiting. A rank that dies
  * (signal, exit) is handled by the launcher: Open MPI's mpirun and MPICH's Hydra both kill the
  * other ranks within a second and return a non-zero status; the exit guard below covers the one
- * case Hydra would report as success (a rank calling exit(0) before finalize).
+ * case Hydra would report as success (a rank calling exit(0) before finalize). A rank that stops
+ * or hangs is the watchdog's: every blocking operation is its non-blocking form and a watch_wait,
+ * which polls with growing sleeps and, after the world's watch timeout, finds the rank that does
+ * not respond, names it and aborts (struct l3d_watch, comm.h; docs/DESIGN.md).
  *
  * Counts: MPI counts are int. Blocking operations take any int64_t count and loop over chunks
  * of at most max_count elements (INT_MAX / 2 unless a test lowers it); non-blocking collectives
@@ -18,8 +21,11 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -60,8 +66,11 @@ static void mpi_abort_hook(void *ctx) {
 
 /* ---- communicator state ---------------------------------------------------------------------- */
 
+struct mpi_watch;
+
 struct mpi_comm {
     struct l3d_comm base;
+    struct mpi_watch *watch; /* the world's, shared by splits */
     MPI_Comm comm;
     int64_t max_count;       /* largest count of one blocking MPI call (see mpi-impl.h) */
     struct mpi_types *types; /* bf16/fp16 datatype and reductions: the world's, shared by splits */
@@ -73,6 +82,8 @@ struct mpi_comm {
 struct mpi_req {
     MPI_Request r;
     void *scratch;
+    int peer;       /* a send's or receive's peer (rank in the communicator), -1: a collective */
+    const char *op; /* "all-reduce", "receive from", ...: for the watchdog's message */
 };
 _Static_assert(sizeof(struct mpi_req) <= sizeof(((l3d_req *)0)->opaque),
                "l3d_req.opaque too small for an MPI request");
@@ -192,9 +203,9 @@ static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_coun
 
 /* Records a started MPI request in req, which must not hold one still pending. The request is
  * copied in and out of req->opaque with memcpy (no aliasing of the uint64_t storage). */
-static void req_store(l3d_req *req, MPI_Request r, void *scratch) {
+static void req_store(l3d_req *req, MPI_Request r, void *scratch, int peer, const char *op) {
     L3D_ASSERT(!req->active);
-    struct mpi_req q = {.r = r, .scratch = scratch};
+    struct mpi_req q = {.r = r, .scratch = scratch, .peer = peer, .op = op};
     memset(req->opaque, 0, sizeof req->opaque);
     memcpy(req->opaque, &q, sizeof q);
     req->active = true;
@@ -236,6 +247,259 @@ static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t
     return h;
 }
 
+/* ---- the watchdog (struct l3d_watch, comm.h) ------------------------------------------------- */
+
+/* Every wait is a loop of MPI_Test: spinning for the first WATCH_SPIN_S (a short wait, the
+ * common case, keeps its latency), then sleeping an eighth of the time waited so far, between
+ * WATCH_NAP_MIN_S and WATCH_NAP_MAX_S: a wait is lengthened by at most 1/8 (and 5 ms), and a rank
+ * that waits long calls MPI 200 times a second instead of burning a core. Liveness questions go
+ * over a duplicate of the world (wd), so they never match the program's own messages: a ping has
+ * an even tag 2k, its answer the tag 2k + 1; ranks answer from the sleeping part of every wait. */
+#define WATCH_SPIN_S 200e-6
+#define WATCH_NAP_MIN_S 10e-6
+#define WATCH_NAP_MAX_S 5e-3
+#define WATCH_EXIT 75 /* EX_TEMPFAIL: try again (--resume auto) */
+/* The tag of the notice a rank sends every other rank before it aborts the job: the others then
+ * end quietly instead of blaming it (a rank inside MPI_Abort answers no question). Questions use
+ * the even tags 2 to 32000, answers the odd ones after them. */
+#define WATCH_TAG_NOTICE 32700
+/* A gap between two polls longer than this: the rank itself was stopped (SIGSTOP, a debugger,
+ * the machine suspended), which is no wait on the others and no stall of theirs. */
+#define WATCH_AWAY_S 0.5
+
+struct mpi_watch {
+    struct l3d_watch pub;
+    MPI_Comm wd;           /* a duplicate of the world for the liveness questions */
+    MPI_Group world_group; /* to name a communicator's members by their world ranks */
+    int seq;               /* the next question's number */
+    int world_size;
+    bool aborting;         /* another rank's notice came: the job is being aborted */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Answers the liveness questions that have arrived; drops answers that came too late. */
+static void watch_answer(struct mpi_watch *w) {
+    static const int alive = 1;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        L3D_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, w->wd, &flag, &st));
+        if (!flag) return;
+        int v;
+        L3D_MPI_CHECK(MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG, w->wd,
+                               MPI_STATUS_IGNORE));
+        if (st.MPI_TAG == WATCH_TAG_NOTICE) {
+            w->aborting = true;
+            continue;
+        }
+        if (st.MPI_TAG % 2 != 0) continue; /* an answer to a question given up on */
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Isend(&alive, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG + 1, w->wd, &q));
+        L3D_MPI_CHECK(MPI_Request_free(&q));
+    }
+}
+
+static void rank_name(const struct mpi_watch *w, int world_rank, char *buf, size_t n) {
+    if (w->pub.name)
+        w->pub.name(w->pub.name_ctx, world_rank, buf, n);
+    else
+        snprintf(buf, n, "rank %d", world_rank);
+}
+
+/* "step 7, DP gradient bucket 2 (all-reduce with ranks 1, 3)" into buf. */
+static void watch_describe(const struct mpi_comm *m, int peer, const char *op, char *buf,
+                           size_t n) {
+    const struct l3d_watch *p = &m->watch->pub;
+    size_t k = 0;
+#define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
+    if (p->step > 0) PUT("step %d, ", p->step);
+    PUT("%s", p->doing.what ? p->doing.what : "communication");
+    if (p->doing.index >= 0) PUT(" %d", p->doing.index);
+    if (p->doing.chunk >= 0) PUT(" chunk %d", p->doing.chunk);
+    const char *role = m->base.role ? m->base.role : "";
+    int size = m->base.size;
+    if (peer >= 0) {
+        int wr = peer;
+        MPI_Group g;
+        L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
+        L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &peer, m->watch->world_group, &wr));
+        L3D_MPI_CHECK(MPI_Group_free(&g));
+        char name[96];
+        rank_name(m->watch, wr, name, sizeof name);
+        PUT(" (%s%s%s %s)", role, *role ? " " : "", op, name);
+    } else {
+        PUT(" (%s%s%s with ranks", role, *role ? " " : "", op);
+        MPI_Group g;
+        L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
+        for (int r = 0; r < size && r < 16; r++) {
+            int wr;
+            L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &r, m->watch->world_group, &wr));
+            PUT("%s %d", r ? "," : "", wr);
+        }
+        L3D_MPI_CHECK(MPI_Group_free(&g));
+        PUT("%s)", size > 16 ? ", ..." : "");
+    }
+#undef PUT
+    if (k >= n && n > 4) memcpy(buf + n - 4, "...", 4);
+}
+
+/* Another rank has reported and aborts the job: this one ends too, without a message. */
+static _Noreturn void watch_quiet_abort(struct mpi_watch *w) {
+    (void)w;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, WATCH_EXIT);
+    exit(WATCH_EXIT);
+}
+
+/* The wait on r has lasted timeout_s. Asks every rank it waits on (the peer, or the other members
+ * of the communicator) whether it is alive, for a grace of a quarter of the timeout (1 to 30 s),
+ * answering the others' questions meanwhile. Returns true when r completed in the meantime; false
+ * when every rank answered (the caller waits on); reports and aborts when one does not. */
+static bool watch_expired(struct mpi_comm *m, MPI_Request *r, int peer, const char *op,
+                          double waited, bool final) {
+    struct mpi_watch *w = m->watch;
+    static const int question = 0;
+    int size = m->base.size, n = 0;
+    int *who = l3d_alloc(3 * (size_t)size * sizeof *who, "watchdog");
+    int *ans = who + size, *state = ans + size; /* state: 0 asked, 1 answered */
+    MPI_Request *rq = l3d_alloc((size_t)size * sizeof *rq, "watchdog");
+    MPI_Group g;
+    L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
+    for (int k = 0; k < size; k++) {
+        if (peer >= 0 ? k != peer : k == m->base.rank) continue;
+        L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &k, w->world_group, &who[n]));
+        n++;
+    }
+    L3D_MPI_CHECK(MPI_Group_free(&g));
+    int tag = 2 * (1 + w->seq++ % 16000); /* even tags up to 32000: MPI guarantees 32767 */
+    for (int k = 0; k < n; k++) {
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Isend(&question, 1, MPI_INT, who[k], tag, w->wd, &q));
+        L3D_MPI_CHECK(MPI_Request_free(&q));
+        L3D_MPI_CHECK(MPI_Irecv(&ans[k], 1, MPI_INT, who[k], tag + 1, w->wd, &rq[k]));
+        state[k] = 0;
+    }
+    double grace = w->pub.timeout_s / 4;
+    grace = grace < 1 ? 1 : grace > 30 ? 30 : grace;
+    double t0 = now_s();
+    int flag = 0, answered = 0;
+    while (answered < n && now_s() - t0 < grace) {
+        L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
+        if (flag) break;
+        for (int k = 0; k < n; k++) {
+            if (state[k]) continue;
+            int f = 0;
+            L3D_MPI_CHECK(MPI_Test(&rq[k], &f, MPI_STATUS_IGNORE));
+            if (f) state[k] = 1, answered++;
+        }
+        watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
+        nap(1e-3);
+    }
+    if (flag || (answered == n && !final)) { /* done, or everyone alive: wait on */
+        for (int k = 0; k < n; k++)
+            if (!state[k]) { /* a late answer is dropped by watch_answer */
+                L3D_MPI_CHECK(MPI_Cancel(&rq[k]));
+                L3D_MPI_CHECK(MPI_Wait(&rq[k], MPI_STATUS_IGNORE));
+            }
+        l3d_free(rq);
+        l3d_free(who);
+        return flag != 0;
+    }
+    /* Ranks that waited in the same operation reach this point together: the lower world rank
+     * reports first (20 ms apart, up to 1 s), and its notice ends the others quietly. */
+    double turn = now_s() + 0.02 * (m->base.world_rank % 50);
+    do {
+        watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
+        nap(1e-3);
+    } while (now_s() < turn);
+    static const int notice = 0;
+    for (int dst = 0; dst < w->world_size; dst++) {
+        if (dst == m->base.world_rank) continue;
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Isend(&notice, 1, MPI_INT, dst, WATCH_TAG_NOTICE, w->wd, &q));
+        L3D_MPI_CHECK(MPI_Request_free(&q));
+    }
+    char self[96], what[512], silent[384];
+    rank_name(w, m->base.world_rank, self, sizeof self);
+    watch_describe(m, peer, op, what, sizeof what);
+    size_t k = 0;
+    for (int i = 0; i < n && k < sizeof silent; i++)
+        if (!state[i]) {
+            char name[96];
+            rank_name(w, who[i], name, sizeof name);
+            k += (size_t)snprintf(silent + k, sizeof silent - k, "%s%s", k ? ", " : "", name);
+        }
+    if (answered < n)
+        fprintf(stderr, "llm3d: %s: no progress for %.1f s (--timeout %g) at %s; %s did not "
+                "respond within %.0f s (stopped, hung or dead): aborting the job, the last "
+                "checkpoint is kept (--resume auto continues)\n", self, waited,
+                w->pub.timeout_s, what, silent, grace);
+    else
+        fprintf(stderr, "llm3d: %s: no progress for %.1f s (--timeout %g) at %s, although the "
+                "ranks it waits on respond (a deadlock, or a wait longer than --timeout): "
+                "aborting the job, the last checkpoint is kept\n", self, waited, w->pub.timeout_s,
+                what);
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, WATCH_EXIT);
+    exit(WATCH_EXIT);
+}
+
+/* Completes r (a request of communicator m: peer >= 0 for a send or receive, -1 for a
+ * collective) under the watchdog, and records the longest wait. */
+static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char *op) {
+    int flag = 0;
+    L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
+    if (flag) return;
+    struct mpi_watch *w = m->watch;
+    double t0 = now_s(), t = t0, prev = t0, timeout = w->pub.timeout_s;
+    double deadline = timeout > 0 ? t0 + timeout : INFINITY;
+    double away = 0.0; /* time this rank did not run (itself stopped): not a wait on others */
+    int expiries = 0;
+    for (;;) {
+        L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
+        if (flag) break;
+        t = now_s();
+        if (t - prev > WATCH_AWAY_S) { /* polls are at most 5 ms apart when the rank runs */
+            away += t - prev;
+            deadline += t - prev;
+        }
+        prev = t;
+        double waited = t - t0 - away;
+        if (waited < WATCH_SPIN_S) continue;
+        watch_answer(w);
+        if (w->aborting) watch_quiet_abort(w);
+        if (t >= deadline) {
+            if (watch_expired(m, r, peer, op, waited, expiries++ > 0)) break;
+            deadline = now_s() + timeout;
+            prev = now_s();
+            continue;
+        }
+        double s = waited / 8;
+        nap(s < WATCH_NAP_MIN_S ? WATCH_NAP_MIN_S : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S : s);
+    }
+    t = now_s();
+    double waited = t - t0 - away - (t - prev > WATCH_AWAY_S ? t - prev : 0.0);
+    if (waited > w->pub.longest_s) {
+        w->pub.longest_s = waited;
+        if (waited >= 0.5)
+            watch_describe(m, peer, op, w->pub.longest_what, sizeof w->pub.longest_what);
+    }
+}
+
 /* ---- split / free ---------------------------------------------------------------------------- */
 
 static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_comm **out) {
@@ -246,8 +510,11 @@ static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_c
         *out = NULL;
         return L3D_OK;
     }
-    *out = &comm_new(nc, c->world_rank, m->max_count, m->types, false)->base;
-    (*out)->be = c->be;
+    struct mpi_comm *n = comm_new(nc, c->world_rank, m->max_count, m->types, false);
+    n->watch = m->watch;
+    n->base.watch = c->watch;
+    n->base.be = c->be;
+    *out = &n->base;
     return L3D_OK;
 }
 
@@ -269,26 +536,21 @@ static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), dt, mo, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, -1, "all-reduce");
         return;
     }
     size_t es = l3d_dtype_size(t);
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, at(buf, o, es), k, dt, mo, m->comm));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at(buf, o, es), k, dt, mo, m->comm, &q));
+        watch_wait(m, &q, -1, "all-reduce");
     }
 }
 
-/* MPICH 4.0 to 4.1.x crash in a blocking MPI_Reduce with MPI_IN_PLACE at a root other than 0 once
- * the count is large enough for the reduce-scatter-gather algorithm (513 floats on 2 ranks of one
- * node: pmodels/mpich#6540, #6893). Its MPI_Ireduce does not; so on MPICH a blocking in-place
- * reduce is an MPI_Ireduce and a wait (on every rank, as a blocking and a non-blocking collective
- * do not match). */
-#if defined(MPICH)
-#define REDUCE_IN_PLACE_VIA_IREDUCE 1
-#else
-#define REDUCE_IN_PLACE_VIA_IREDUCE 0
-#endif
+/* Every blocking operation is its non-blocking form and a watch_wait. (This also keeps clear of
+ * MPICH 4.0 to 4.1.x's crash in a blocking in-place MPI_Reduce at a root other than 0,
+ * pmodels/mpich#6540, #6893, which its MPI_Ireduce does not have.) */
 
 /* Blocking reduce of n elements from send on every rank into recv on root, in chunks. At the root
  * send == recv means in place (in_place must then be true on every rank); elsewhere recv is not
@@ -303,13 +565,9 @@ static void reduce_chunked(struct mpi_comm *m, const void *send, void *recv, int
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
         const void *s = at_root && in_place ? MPI_IN_PLACE : at(send, o, es);
         void *r = at_root ? at(recv, o, es) : NULL;
-        if (in_place && REDUCE_IN_PLACE_VIA_IREDUCE) {
-            MPI_Request q;
-            L3D_MPI_CHECK(MPI_Ireduce(s, r, k, dt, mo, root, m->comm, &q));
-            L3D_MPI_CHECK(MPI_Wait(&q, MPI_STATUS_IGNORE));
-        } else {
-            L3D_MPI_CHECK(MPI_Reduce(s, r, k, dt, mo, root, m->comm));
-        }
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Ireduce(s, r, k, dt, mo, root, m->comm, &q));
+        watch_wait(m, &q, -1, "reduce");
     }
 }
 
@@ -323,7 +581,7 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf, at_root ? buf : NULL, nb_count(n),
                                   mpi_type(m, t), mpi_op(m, t, op), root, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, -1, "reduce");
         return;
     }
     reduce_chunked(m, buf, buf, n, t, op, root, true);
@@ -334,7 +592,9 @@ static void bcast_chunked(struct mpi_comm *m, void *buf, int64_t n, enum l3d_dty
     size_t es = l3d_dtype_size(t);
     for (int64_t o = 0; o < n; o += m->max_count) {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Bcast(at(buf, o, es), k, mpi_type(m, t), root, m->comm));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Ibcast(at(buf, o, es), k, mpi_type(m, t), root, m->comm, &q));
+        watch_wait(m, &q, -1, "broadcast");
     }
 }
 
@@ -348,11 +608,13 @@ static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), dt, mo, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, -1, "reduce-scatter");
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, (int)n, dt, mo, m->comm));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, (int)n, dt, mo, m->comm, &q));
+        watch_wait(m, &q, -1, "reduce-scatter");
         return;
     }
     /* Large: rank r's block is reduced to r, one chunked reduce per rank (no staging copy). */
@@ -369,12 +631,14 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
                                      mpi_type(m, t), m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, -1, "all-gather");
         return;
     }
     if (n * c->size <= m->max_count) {
-        L3D_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n,
-                                    mpi_type(m, t), m->comm));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n,
+                                     mpi_type(m, t), m->comm, &q));
+        watch_wait(m, &q, -1, "all-gather");
         return;
     }
     /* Large: every rank broadcasts its block, in chunks. */
@@ -412,11 +676,14 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
                                       mpi_type(m, t), m->comm, &r));
-        req_store(req, r, ic); /* MPI reads ic and id until completion, when they are freed */
+        /* MPI reads ic and id until completion, when they are freed */
+        req_store(req, r, ic, -1, "all-gather");
         return;
     }
-    L3D_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id, mpi_type(m, t),
-                                 m->comm));
+    MPI_Request q;
+    L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
+                                  mpi_type(m, t), m->comm, &q));
+    watch_wait(m, &q, -1, "all-gather");
     l3d_free(ic);
 }
 
@@ -428,7 +695,7 @@ static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(m, t), root, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, -1, "broadcast");
         return;
     }
     bcast_chunked(m, buf, n, t, root);
@@ -453,14 +720,16 @@ static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dt
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, peer, "send to");
         return;
     }
     size_t es = l3d_dtype_size(t);
     int64_t o = 0;
     do { /* one message even when n is 0, to match the receiver's */
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Send(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Isend(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm, &q));
+        watch_wait(m, &q, peer, "send to");
         o += k;
     } while (o < n);
 }
@@ -473,15 +742,16 @@ static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(req, r, NULL);
+        req_store(req, r, NULL, peer, "receive from");
         return;
     }
     size_t es = l3d_dtype_size(t);
     int64_t o = 0;
     do {
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        L3D_MPI_CHECK(MPI_Recv(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm,
-                               MPI_STATUS_IGNORE));
+        MPI_Request q;
+        L3D_MPI_CHECK(MPI_Irecv(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm, &q));
+        watch_wait(m, &q, peer, "receive from");
         o += k;
     } while (o < n);
 }
@@ -489,10 +759,10 @@ static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
 /* ---- completion ------------------------------------------------------------------------------ */
 
 static void mpi_wait(struct l3d_comm *c, l3d_req *req) {
-    (void)mc(c);
+    struct mpi_comm *m = mc(c);
     if (!req->active) return;
     struct mpi_req q = req_load(req);
-    L3D_MPI_CHECK(MPI_Wait(&q.r, MPI_STATUS_IGNORE));
+    watch_wait(m, &q.r, q.peer, q.op);
     req_done(req, &q);
 }
 
@@ -509,7 +779,12 @@ static bool mpi_test(struct l3d_comm *c, l3d_req *req) {
     return flag != 0;
 }
 
-static void mpi_barrier(struct l3d_comm *c) { L3D_MPI_CHECK(MPI_Barrier(mc(c)->comm)); }
+static void mpi_barrier(struct l3d_comm *c) {
+    struct mpi_comm *m = mc(c);
+    MPI_Request q;
+    L3D_MPI_CHECK(MPI_Ibarrier(m->comm, &q));
+    watch_wait(m, &q, -1, "barrier");
+}
 
 static _Noreturn void mpi_abort(struct l3d_comm *c, int code) {
     (void)c;
@@ -693,7 +968,16 @@ l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
         MPI_Finalize();
         return st;
     }
-    *world = &comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, types_init(), true)->base;
+    struct mpi_comm *w = comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, types_init(), true);
+    w->watch = l3d_calloc(sizeof *w->watch, "watchdog");
+    w->watch->pub.doing = (struct l3d_doing){NULL, -1, -1};
+    w->base.role = "world";
+    L3D_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w->watch->wd));
+    L3D_MPI_CHECK(MPI_Comm_set_errhandler(w->watch->wd, MPI_ERRORS_RETURN));
+    L3D_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &w->watch->world_group));
+    w->watch->world_size = size;
+    w->base.watch = &w->watch->pub;
+    *world = &w->base;
     return L3D_OK;
 }
 
@@ -702,6 +986,9 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world) {
     struct mpi_comm *m = mc(world);
     L3D_ASSERT(m->is_world);
     types_free(m->types);
+    L3D_MPI_CHECK(MPI_Group_free(&m->watch->world_group));
+    L3D_MPI_CHECK(MPI_Comm_free(&m->watch->wd));
+    l3d_free(m->watch);
     l3d_free(m);
     /* After MPI_Finalize no MPI call (MPI_Abort included) is allowed: back to the default hook,
      * and MPI_Finalize's own status is not checked (there is nothing left to abort). */

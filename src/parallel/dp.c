@@ -1,4 +1,5 @@
 /* Data parallelism: bucketed gradient reduction during backward, ZeRO-1/2 (include/llm3d/dp.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@ struct l3d_dp_piece {
     int64_t off, n;
     float *src;
     int root; /* owner (ZeRO >= 1), -1 for an all-reduce */
+    int seq;  /* its number in the micro-batch's backward (the watchdog's "bucket") */
 };
 
 #define DP_SLOTS 3 /* pending lists: layer l, layer l + 1, non-layer tensors */
@@ -32,7 +34,8 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
             int64_t end = (int64_t)(root + 1) * dp->shard_size;
             if (off + len > end) len = end - off;
         }
-        struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root};
+        struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root,
+                                 .seq = dp->piece_seq++};
         l3d_req *req = dp->overlap ? &p.req : NULL;
         double t0 = l3d_time_s();
         if (dp->comm->size == 1 || dp->test_skip_reduce) /* ZeRO-2 on one rank: drain() adds */
@@ -54,7 +57,9 @@ static void drain(struct l3d_dp *dp, int slot) {
     double t0 = l3d_time_s();
     for (int i = 0; i < dp->npend[slot]; i++) {
         struct l3d_dp_piece *p = &dp->pend[slot][i];
+        struct l3d_doing was = l3d_comm_doing(dp->comm, "DP gradient bucket", p->seq, -1);
         l3d_comm_wait(dp->comm, &p->req);
+        l3d_comm_done(dp->comm, was);
         if (dp->zero == 2 && p->root == dp->comm->rank)
             l3d_be_add_inplace(dp->m->be, dp->grad_dtype, dp->grad_shard + (p->off - dp->own_start),
                                p->src, p->n);
@@ -193,6 +198,7 @@ void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count) {
 
 void l3d_dp_begin_micro(struct l3d_dp *dp, bool last) {
     dp->sync = last || dp->zero == 2;
+    dp->piece_seq = 0;
     if (dp->zero == 2) {
         /* the previous micro-batch's pieces were read from the slots and the non-layer buffer
          * that this backward overwrites; its non-layer gradients are in the shard now (when
@@ -243,6 +249,7 @@ void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *b
         int64_t counts[256], displs[256];
         L3D_ASSERT(d <= 256);
         double t0 = l3d_time_s();
+        struct l3d_doing was = l3d_comm_doing(dp->comm, "ZeRO parameter all-gather", -1, -1);
         for (int64_t k = 0; k < dp->shard_size; k += dp->bucket) {
             bool any = false;
             for (int r = 0; r < d; r++) {
@@ -259,12 +266,32 @@ void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *b
             if (any)
                 l3d_comm_all_gatherv(dp->comm, m->params, counts, displs, dp->param_dtype, NULL);
         }
+        l3d_comm_done(dp->comm, was);
         dp->comm_wait_s += l3d_time_s() - t0;
     }
     if (dp->zero == 2)
         l3d_be_memset(m->be, dp->grad_shard, 0,
                       (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
     l3d_gpt_zero_grad(m);
+}
+
+void l3d_dp_skip_step(struct l3d_dp *dp) {
+    if (dp->zero == 2)
+        l3d_be_memset(dp->m->be, dp->grad_shard, 0,
+                      (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
+    l3d_gpt_zero_grad(dp->m);
+}
+
+void l3d_dp_test_poison(struct l3d_dp *dp) {
+    const float nan = NAN;
+    const uint16_t half_nan = 0x7fff; /* a NaN in bf16 and in fp16 */
+    bool f32 = dp->grad_dtype == L3D_F32;
+    size_t es = l3d_dtype_size(dp->grad_dtype);
+    /* the last element: the first is the tied embedding's, which the norm leaves out on the
+     * last pipeline stage (it counts the first stage's copy) */
+    if (dp->own_count > 0)
+        l3d_be_copy_h2d(dp->m->be, (char *)own_grads(dp) + (size_t)(dp->own_count - 1) * es,
+                        f32 ? (const void *)&nan : &half_nan, es);
 }
 
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt) {

@@ -82,6 +82,12 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         l3d_req *areq = &x->act_req[a->chunk * x->max_slots + slot];
         l3d_req *greq = &x->grad_req[a->chunk * x->max_slots + slot];
         double t0 = l3d_time_s();
+        static const char *const doing[] = {
+            [L3D_PP_RECV_ACT] = "forward micro-batch", [L3D_PP_FWD] = "forward micro-batch",
+            [L3D_PP_SEND_ACT] = "forward micro-batch", [L3D_PP_RECV_GRAD] = "backward micro-batch",
+            [L3D_PP_BWD] = "backward micro-batch", [L3D_PP_SEND_GRAD] = "backward micro-batch"};
+        l3d_comm_doing(x->pp_comm, a->op <= L3D_PP_SEND_GRAD ? doing[a->op] : NULL, a->micro,
+                       a->chunk); /* what the watchdog names */
         switch (a->op) {
         case L3D_PP_RECV_ACT:
             l3d_gpt_use_slot(g, slot);
@@ -128,6 +134,7 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         default: L3D_ASSERT(!"unknown pipeline action");
         }
     }
+    l3d_comm_doing(x->pp_comm, "completing the pipeline's sends", -1, -1);
     for (int k = 0; k < x->v * x->max_slots; k++) {
         l3d_comm_wait(x->pp_comm, &x->act_req[k]);
         l3d_comm_wait(x->pp_comm, &x->grad_req[k]);
@@ -138,6 +145,7 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
 
 void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
     double t0 = l3d_time_s();
+    l3d_comm_doing(x->pp_comm, "tied-embedding gradient sum", -1, -1);
     if (x->embed_comm && x->embed_comm->size > 1)
         for (int c = 0; c < x->v; c++) {
             struct l3d_gpt *g = x->chunks[c];
@@ -150,6 +158,7 @@ void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
     if (x->embed_comm && x->embed_comm->size > 1)
         l3d_pp_trace_add(x, L3D_EV_EMBED_SYNC, 0, 0, t0, t1);
     if (!x->dp) return;
+    l3d_comm_doing(x->pp_comm, "DP gradient reduction, end of the step", -1, -1);
     for (int c = 0; c < x->v; c++)
         if (x->dp[c].defer_nonlayer) l3d_dp_reduce_nonlayer(&x->dp[c]);
     for (int c = 0; c < x->v; c++) l3d_dp_finish(&x->dp[c]);

@@ -79,6 +79,14 @@ void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *
     *dp_rank = rank / (tp * pp);
 }
 
+/* "rank 5 (tp 1, pp 0, dp 1)": a world rank named by its coordinates (the watchdog's names). */
+static void topo_rank_name(void *ctx, int world_rank, char *buf, size_t n) {
+    const struct l3d_topo *t = ctx;
+    int tp_rank, pp_rank, dp_rank;
+    l3d_topo_coords(t->tp, t->pp, world_rank, &tp_rank, &pp_rank, &dp_rank);
+    snprintf(buf, n, "rank %d (tp %d, pp %d, dp %d)", world_rank, tp_rank, pp_rank, dp_rank);
+}
+
 l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp) {
     L3D_ASSERT(tp >= 1 && pp >= 1 && dp >= 1 && (int64_t)tp * pp * dp == world->size);
     *t = (struct l3d_topo){.tp = tp, .pp = pp, .dp = dp, .world = world};
@@ -104,10 +112,22 @@ l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int
     L3D_ASSERT(t->pp_comm->size == pp && t->pp_comm->rank == t->pp_rank);
     L3D_ASSERT(t->dp_comm->size == dp && t->dp_comm->rank == t->dp_rank);
     L3D_ASSERT(ends == (t->embed_comm != NULL));
+    t->tp_comm->role = "TP";
+    t->pp_comm->role = "pipeline";
+    t->dp_comm->role = "DP";
+    if (t->embed_comm) t->embed_comm->role = "tied-embedding";
+    if (world->watch) { /* the watchdog names ranks by their coordinates */
+        world->watch->name = topo_rank_name;
+        world->watch->name_ctx = t;
+    }
     return L3D_OK;
 }
 
 void l3d_topo_free(struct l3d_topo *t) {
+    if (t->tp_comm && t->tp_comm->watch && t->tp_comm->watch->name_ctx == t) {
+        t->tp_comm->watch->name = NULL;
+        t->tp_comm->watch->name_ctx = NULL;
+    }
     l3d_comm_free(t->embed_comm);
     l3d_comm_free(t->dp_comm);
     l3d_comm_free(t->pp_comm);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -65,6 +66,13 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     fflush(stdout);
 }
 
+static void json_number(char *buf, size_t n, double v) {
+    if (isfinite(v))
+        snprintf(buf, n, "%.9g", v);
+    else
+        snprintf(buf, n, "null");
+}
+
 l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                                   const struct l3d_step_stats *s) {
     const struct l3d_train_config *tc = t->tc;
@@ -75,6 +83,8 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                s->tokens_per_s, 100.0 * s->mfu);
         if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
         if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
+        if (s->skipped) printf(" | skipped");
+        if (s->stall_s > 0) printf(" | stalled %.1f s", s->stall_s);
         printf("\n");
         fflush(stdout);
     }
@@ -82,18 +92,24 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
     /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
-    char line[1024];
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.9g,"
+    char line[1024], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    json_number(loss, sizeof loss, s->loss);
+    json_number(norm, sizeof norm, s->norm);
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
                      "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
                      "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
                      "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
-                     "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, s->loss,
-                     s->lr, s->norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
+                     "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, loss,
+                     s->lr, norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
                      t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (s->skipped && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"skipped\":true");
+    if (s->stall_s > 0 && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
     if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
     L3D_ASSERT(n > 0 && n < (int)sizeof line);
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);

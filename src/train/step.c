@@ -1,5 +1,7 @@
 /* One optimizer step and the validation loss (src/train/train-impl.h). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "train/train-impl.h"
 
@@ -10,6 +12,43 @@ static void load_batches(struct l3d_loader *ld, int n, int64_t BT, int32_t *inp,
 /* Sum over a communicator of size > 1 (else nothing). */
 static void sum_f64(struct l3d_comm *c, double *v, int n) {
     if (c && c->size > 1) l3d_comm_all_reduce(c, v, n, L3D_F64, L3D_SUM, NULL);
+}
+
+/* Test hook: L3D_TEST_NAN_AT_STEP=S:R (or S1-S2:R) poisons world rank R's gradients after their
+ * reduction at step S (1-based; every step from S1 to S2), where only R sees the NaN: the skip
+ * decision must still be the same on every rank. */
+static bool test_nan_due(int step, int world_rank) {
+    const char *e = getenv("L3D_TEST_NAN_AT_STEP");
+    int s1, s2, r;
+    if (!e) return false;
+    if (sscanf(e, "%d-%d:%d", &s1, &s2, &r) != 3) {
+        if (sscanf(e, "%d:%d", &s1, &r) != 2) return false;
+        s2 = s1;
+    }
+    return world_rank == r && step + 1 >= s1 && step + 1 <= s2;
+}
+
+int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s) {
+    struct l3d_watch *w = t->world->watch;
+    double now = l3d_time_s(), since = now - t->agreed_at, stall = 0.0;
+    /* a stall: a wait of a second or more that took half the time since the last agreement */
+    if (w && w->longest_s >= 1.0 && w->longest_s >= 0.5 * since) {
+        stall = w->longest_s;
+        char self[96];
+        if (w->name)
+            w->name(w->name_ctx, t->world->rank, self, sizeof self);
+        else
+            snprintf(self, sizeof self, "rank %d", t->world->rank);
+        fprintf(stderr, "llm3d: %s: stalled %.1f s at %s\n", self, stall, w->longest_what);
+        fflush(stderr);
+    }
+    if (w) w->longest_s = 0.0;
+    int size = t->world->size;
+    double v[2] = {bad ? (double)(size - t->world->rank) : 0.0, stall}; /* MAX: the lowest */
+    if (size > 1) l3d_comm_all_reduce(t->world, v, 2, L3D_F64, L3D_MAX, NULL);
+    t->agreed_at = l3d_time_s();
+    *stall_s = v[1];
+    return v[0] > 0.0 ? size - (int)v[0] : -1;
 }
 
 void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {
@@ -27,6 +66,8 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
     l3d_pp_exec_finish_grads(&t->px);
     double t1 = l3d_time_s();
+    if (test_nan_due(step, t->world->rank)) l3d_dp_test_poison(&t->dps[0]);
+    l3d_comm_doing(t->world, "loss and gradient-norm sums", -1, -1);
     sum_f64(topo->pp_comm, &loss, 1); /* only the last stage has it */
     sum_f64(topo->dp_comm, &loss, 1);
     loss /= (double)tc->accum * topo->dp;
@@ -41,18 +82,31 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     double norm = sqrt(sq[0] + sq[1]);
     float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
     float lr = l3d_lr_at(&t->lrs, step);
-    for (int c = 0; c < v; c++) l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, clip);
+    /* a non-finite loss or norm on any rank: no update anywhere (agreed: the norm's sums do not
+     * reach every rank, e.g. replicated tensors over TP, or DP without ZeRO) */
+    l3d_comm_doing(t->world, "skip agreement", -1, -1);
+    double stall_s;
+    int bad_rank = l3d_trainer_agree_skip(t, !isfinite(loss) || !isfinite(norm), &stall_s);
+    bool skip = bad_rank >= 0;
+    l3d_comm_doing(t->world, "optimizer step", -1, -1);
+    for (int c = 0; c < v; c++)
+        if (skip)
+            l3d_dp_skip_step(&t->dps[c]);
+        else
+            l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, clip);
     double t2 = l3d_time_s(), dt = t2 - t0, dt_opt = t2 - t1;
     l3d_pp_trace_add(&t->px, L3D_EV_OPTIMIZER, 0, step + 1, t1, t2);
     l3d_pp_trace_add(&t->px, L3D_EV_STEP, 0, step + 1, t0, t2);
     /* the pipeline's idle fraction, averaged over the ranks */
     double b[2] = {idle, pipe_s};
+    l3d_comm_doing(t->world, "pipeline bubble sum", -1, -1);
     if (pp > 1) sum_f64(t->world, b, 2);
     double cw = 0.0;
     for (int c = 0; c < v; c++) cw += t->dps[c].comm_wait_s;
     *s = (struct l3d_step_stats){.loss = loss, .norm = norm, .seconds = dt, .optimizer_s = dt_opt,
                                  .comm_wait_s = cw, .lr = lr, .val_loss = NAN,
-                                 .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0};
+                                 .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0,
+                                 .skipped = skip, .skip_rank = bad_rank, .stall_s = stall_s};
     s->tokens_per_s = (double)t->tokens_step / dt;
     s->mfu = s->tokens_per_s * t->flops_tok / t->peak;
     t->bub[step] = s->bubble;
@@ -68,6 +122,7 @@ void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats
         return;
     const struct l3d_pp_schedule *vs = &t->lay.vsched;
     int r = t->topo->pp_rank;
+    l3d_comm_doing(t->world, "validation", -1, -1);
     l3d_loader_set_pos(t->vld, (struct l3d_loader_pos){0, 0});
     load_batches(t->vld, tc->val_batches, t->BT, t->inp, t->tgt);
     double sum = l3d_pp_exec_run(&t->px, vs->acts[r], vs->n[r], tc->val_batches, t->inp, t->tgt,

@@ -51,18 +51,29 @@ struct l3d_trainer {
     struct l3d_lr_schedule lrs;
     double peak, flops_tok;            /* FLOP/s of all ranks, model FLOPs per token */
     double *step_s, *opt_s, *comm_s, *bub; /* per step, for the medians */
+    double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
 };
 
 /* What one step measured. */
 struct l3d_step_stats {
     double loss, norm, seconds, optimizer_s, comm_wait_s, bubble, tokens_per_s, mfu;
     float lr, val_loss; /* val_loss NaN when validation was not due */
+    bool skipped;       /* no update: a rank saw a non-finite loss or gradient norm ... */
+    int skip_rank;      /* ... the lowest such world rank (-1: none) */
+    double stall_s;     /* the longest stalled wait of any rank (0: none; see agree_skip) */
 };
 
 /* One optimizer step (collective): the step's micro-batches through the pipeline schedule, the
  * tied-embedding and data-parallel gradient reductions, the global gradient norm, clipping and
  * AdamW (ZeRO all-gather included). Fills s except val_loss. */
 void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
+/* Whether this step's update is skipped on every rank: the lowest world rank that passed bad (a
+ * non-finite loss or gradient norm; mixed precision: an fp16 overflow), -1 when none did, the
+ * same on every rank. One MAX over the world, which also carries each rank's longest wait since
+ * the previous call: a wait of 1 s or more that took half that time is a stall, printed by the
+ * rank that waited (what it waited on) and returned in *stall_s (the largest of any rank, 0:
+ * none). Collective over the world. */
+int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s);
 /* The validation loss after `step` (0-based) when it is due, else NaN (collective). */
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
 

@@ -33,6 +33,8 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
     tc->keep = 3;
+    tc->timeout_s = 600;
+    tc->max_skipped = 10;
 }
 
 /* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
@@ -184,6 +186,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     struct l3d_train_ckpt ck;
     bool ck_up = false;
 
+    if (world->watch) world->watch->timeout_s = tc->timeout_s; /* every wait bounded from here */
     /* Checks that need no communication: every rank reaches the same verdict. */
     l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
@@ -264,23 +267,40 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     for (int c = 0; c < v; c++) l3d_gpt_zero_grad(t->chunks[c]);
     if (world->size > 1) l3d_comm_barrier(world);
     t->px.origin = l3d_time_s(); /* the trace's zero, right after a barrier on every rank */
-    int end_step = tc->steps;
+    t->agreed_at = t->px.origin;
+    int end_step = tc->steps, skipped_run = 0;
     for (int step = start_step; step < tc->steps; step++) {
         struct l3d_step_stats s;
+        if (world->watch) world->watch->step = step + 1;
         l3d_trainer_step(t, step, &s);
-        if (!isfinite(s.loss)) {
-            st = l3d_error(L3D_ERR_INTERNAL, "loss is %g at step %d: training diverged (lower --lr "
-                           "or raise --warmup)", s.loss, step + 1);
-            res->report_error = t->lead;
-            goto fail;
+        if (s.skipped) { /* agreed by every rank: no update was made */
+            res->skipped++;
+            skipped_run++;
+            if (t->lead)
+                printf("step %d: rank %d's loss or gradient norm is not finite: update skipped "
+                       "on every rank (%d in a row, %d in all; --max-skipped-steps %d)\n",
+                       step + 1, s.skip_rank, skipped_run, res->skipped, tc->max_skipped);
+            if (skipped_run >= tc->max_skipped) {
+                st = l3d_error(L3D_ERR_INTERNAL, "steps %d to %d: the loss or gradient norm was "
+                               "not finite %d times in a row (--max-skipped-steps %d): training "
+                               "diverged; nothing was saved after step %d (the last checkpoint "
+                               "is kept): lower --lr or raise --warmup, and resume",
+                               step + 2 - skipped_run, step + 1, skipped_run, tc->max_skipped,
+                               step + 1 - skipped_run);
+                res->report_error = t->lead;
+                goto fail;
+            }
+        } else {
+            skipped_run = 0;
+            if (step == start_step || !isfinite(res->first_loss)) res->first_loss = (float)s.loss;
+            res->last_loss = (float)s.loss;
         }
-        if (step == start_step) res->first_loss = (float)s.loss;
-        res->last_loss = (float)s.loss;
         l3d_trainer_validate(t, step, &s);
         if (!isnan(s.val_loss)) res->last_val_loss = s.val_loss;
         st = l3d_train_report_step(t, step, &s);
         if ((st = agree(world, st, res)) != L3D_OK) goto fail;
         /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
+        l3d_comm_doing(world, "end-of-step signal check and checkpoint", -1, -1);
         res->stopped_by = l3d_train_stop_requested(world);
         if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))
             if ((st = l3d_train_ckpt_save(&ck, tc, world, t->chunks, t->opts, v, t->ld, step + 1,
@@ -296,6 +316,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     }
     /* the fullest rank's accounted peak while training (before model.bin's gather; what llm3d
      * plan predicts) */
+    if (world->watch) world->watch->step = 0;
+    l3d_comm_doing(world, "end of training (checkpoint, model.bin, trace)", -1, -1);
     double mem_peak = (double)l3d_mem_peak();
     if (world->size > 1) l3d_comm_all_reduce(world, &mem_peak, 1, L3D_F64, L3D_MAX, NULL);
     res->mem_peak = (size_t)mem_peak;

@@ -35,11 +35,17 @@ less_than() {
 # channel) and one "HUNG" line go to stderr, the processes are ended and the status is 124, so
 # that a hang fails its check with a diagnosis instead of stalling the whole test until ctest's
 # own limit kills it silently.
-descendants() { # PID: the processes below PID, from /proc (ps may not be installed)
-    local kids
-    kids=$(awk -v p="$1" '{ sub(/^.*\) /, ""); if ($2 == p) { split(FILENAME, f, "/"); print f[3] } }' \
-        /proc/[0-9]*/stat 2>/dev/null)
-    for k in $kids; do echo "$k"; descendants "$k"; done
+descendants() { # PID: the processes below PID, from /proc (ps may not be installed). Each
+    # stat file is read on its own: a process that ends between the glob and the read is skipped
+    # (awk over the whole glob stops at the first file that has vanished)
+    local parent=$1 f line k kids=()
+    for f in /proc/[0-9]*/stat; do
+        read -r line 2> /dev/null < "$f" || continue
+        line=${line##*) } # after "PID (COMM) ": state, ppid, ...
+        line=${line#* }
+        [ "${line%% *}" = "$parent" ] && kids+=("$(basename "$(dirname "$f")")")
+    done
+    for k in "${kids[@]}"; do echo "$k"; descendants "$k"; done
 }
 hang_report() { # PID LIMIT COMMAND...
     local pid=$1 limit=$2; shift 2
