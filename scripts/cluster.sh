@@ -71,6 +71,10 @@ up() {
         ip -n "$name-sw" link set "h$i" up
         ip -n "$name-h$i" addr add "$net.$((i + 1))/24" dev eth0
         ip -n "$name-h$i" link set eth0 up
+        # a connection whose packets go unanswered fails after ~3 s instead of Linux's ~15 min
+        # (tcp_retries2 15), as a fabric reports a dead link: mpirun then gives up on the daemon
+        # behind a link that went down instead of waiting on it (a per-namespace setting)
+        ip netns exec "$name-h$i" sysctl -q -w net.ipv4.tcp_retries2=3
     done
     trap - ERR
 }

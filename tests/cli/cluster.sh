@@ -146,4 +146,50 @@ else
     bad "the 2-host run saved no step-5 checkpoint ($step5)"
 fi
 
+# a link taken down mid-run: host 1's eth0 goes down after the first checkpoint. The ranks of
+# host 0 wait on the DP all-reduce (or the step's agreement) with host 1; the watchdog names a
+# rank of host 1 (dp 1) in its line and aborts the job, which ends (mpirun gives up on host 1's
+# daemon once its connection fails) with the checkpoint `latest` named before untouched and
+# loadable. (Host 1's own lines cannot cross the dead link.)
+link_down() {
+    local out=$dir/linkdown to=3 job latest t0 t1 rc silent
+    OMP_NUM_THREADS=1 bounded launch 4 2 "$bin" train --model tiny --vocab 256 --context 32 \
+        --seq-len 32 --batch 2 --warmup 3 --val-every 0 --quiet --train "$dir/data/train_*.bin" \
+        --tp 2 --steps 1000000 --save-every 5 --timeout $to --out "$out" > "$out.log" 2>&1 &
+    job=$!
+    for ((i = 0; i < 1200; i++)); do
+        [ -s "$out/checkpoints/latest" ] || ! kill -0 $job 2>/dev/null && break
+        sleep 0.1
+    done
+    [ -s "$out/checkpoints/latest" ] || { echo "no checkpoint"; cat "$out.log"; return 1; }
+    ip -n "$name-h1" link set eth0 down
+    t0=$(date +%s%N)
+    sleep 0.5 # a save agreed on before the link went down may still be committed
+    latest=$(cat "$out/checkpoints/latest")
+    for ((i = 0; i < (to + 20) * 10; i++)); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+    t1=$(date +%s%N)
+    if kill -0 $job 2>/dev/null; then
+        echo "still running $(((t1 - t0) / 1000000)) ms after the link went down"
+        cleanup # ends the ranks and launchers in the namespaces (the last check: removes them)
+        wait $job
+        cat "$out.log"
+        return 1
+    fi
+    wait $job
+    rc=$?
+    echo "  host 1's link down: the job ended after $(((t1 - t0) / 1000000)) ms, exit $rc"
+    grep "^llm3d: .*no progress" "$out.log" | sed 's/^/  /'
+    silent=$(grep "^llm3d: .*no progress for" "$out.log" | sed 's/.*; \(.*\) did not respond.*/\1/')
+    [ "$rc" -ne 0 ] && [ -n "$silent" ] && echo "$silent" | grep -q "dp 1)" &&
+        ! echo "$silent" | grep -q "dp 0)" &&
+        [ "$(cat "$out/checkpoints/latest")" = "$latest" ] &&
+        "$bin" inspect "$out/checkpoints/$latest" > "$out.inspect" 2>&1 || {
+        echo "exit $rc, latest $(cat "$out/checkpoints/latest") (was $latest), silent: $silent"
+        cat "$out.log" "$out.inspect" 2>/dev/null
+        return 1
+    }
+}
+check "a link down mid-run: the watchdog names a rank of host 1, the job ends within --timeout + 20 s, the last checkpoint intact" \
+    link_down
+
 exit $fail
