@@ -9,7 +9,7 @@
 # Needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN (namespaces, veths); where they are missing the
 # script says so in one line and passes: whether they work is found by trying.
 # Usage: cluster.sh LLM3D SCRATCH_DIR (L3D_MPI: openmpi or mpich, the MPI the binary was built
-# with; L3D_MPIEXEC: its launcher, for the one-host runs).
+# with: the cluster runs need Open MPI; L3D_MPIEXEC: its launcher, for the one-host runs).
 set -u
 bin=$1
 dir=$2
@@ -43,17 +43,22 @@ if ! why=$("$cluster" up "$name" 2 2>&1 && ip netns exec "$name-h0" unshare --ut
     exit 0
 fi
 
+# MPICH (Debian's 4.0.2, ch4:ucx) under hydra trains across the hosts and equals one process,
+# but in about 1 run of 3 a rank stays in MPI_Finalize (hydra's PMI barrier) after the last step:
+# a hang CI cannot afford. Its run of this script is left out, saying so; README "Several
+# machines" gives the command line.
+if [ "${L3D_MPI:-openmpi}" = mpich ]; then
+    echo "skip: the cluster runs use Open MPI's mpirun; with MPICH's hydra a rank hangs in" \
+         "MPI_Finalize in about 1 run of 3 across the namespace hosts (README, Several machines)"
+    exit 0
+fi
+
 # launch NP PER_HOST COMMAND...: NP ranks, PER_HOST on each host in rank order
 launch() {
     local np=$1 per=$2
     shift 2
-    if [ "${L3D_MPI:-openmpi}" = mpich ]; then
-        "$cluster" hydra "$name" -hosts "10.77.0.1:$per,10.77.0.2:$per" -n "$np" \
-            -genv OMP_NUM_THREADS 1 "$@"
-    else
-        "$cluster" hostfile 2 "$per" > "$dir/hosts$per"
-        "$cluster" mpirun "$name" --hostfile "$dir/hosts$per" -n "$np" -x OMP_NUM_THREADS=1 "$@"
-    fi
+    "$cluster" hostfile 2 "$per" > "$dir/hosts$per"
+    "$cluster" mpirun "$name" --hostfile "$dir/hosts$per" -n "$np" -x OMP_NUM_THREADS=1 "$@"
 }
 
 for i in $(seq 1 400); do echo "row $i of the cluster corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
