@@ -61,8 +61,10 @@ launch() {
     "$cluster" mpirun "$name" --hostfile "$dir/hosts$per" -n "$np" -x OMP_NUM_THREADS=1 "$@"
 }
 
-for i in $(seq 1 400); do echo "row $i of the cluster corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+for i in $(seq 1 400); do echo "row $i of the cluster corpus: $((i * 37 % 101)) bottles"; done \
+    > "$dir/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
+    > /dev/null || exit 1
 
 # train OUT WHERE B ACCUM [flags]: WHERE is "one" (one process), "host N" (N ranks on this
 # machine, the usual launcher) or "NP PER_HOST" (the cluster). The flags of tests/cli/equiv.sh.
@@ -97,16 +99,19 @@ rx0=$(rx_bytes)
 if train tp2_dp2 "4 2" 2 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
    has tp2_dp2 "^nodes: 2 .* rank:node 0:0 1:0 2:1 3:1$" &&
    has tp2_dp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
-   has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"; then
+   has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"
+then
     ok "2 hosts: tp2 inside x dp2 across = one process ($(tr '\n' ' ' < "$dir/tp2_dp2.cmp"))"
 else
     bad "2 hosts: tp2 inside x dp2 across"; cat "$dir/tp2_dp2.log" "$dir/tp2_dp2.cmp" 2>/dev/null
 fi
 rx1=$(rx_bytes)
 if is_number "$rx0" && is_number "$rx1" && [ $((rx1 - rx0)) -gt 2000000 ] &&
-   [ -z "$(ip -4 addr show | grep '10\.77\.0\.')" ] && [ -z "$(ip -4 route show | grep '10\.77\.0\.')" ] &&
+   [ -z "$(ip -4 addr show | grep '10\.77\.0\.')" ] &&
+   [ -z "$(ip -4 route show | grep '10\.77\.0\.')" ] &&
    [ -z "$(ip link show | grep -E "$name|br0")" ]; then
-    ok "the DP traffic crossed host 1's link ($(((rx1 - rx0) / 1000)) kB received); the root namespace has no address, route or link of the cluster"
+    ok "the DP traffic crossed host 1's link ($(((rx1 - rx0) / 1000)) kB received); the root\
+ namespace has no address, route or link of the cluster"
 else
     bad "traffic over the cluster's links (host 1 received $rx0 -> $rx1 bytes)"
     ip -4 addr show | grep '10\.77\.0\.'; ip link show | grep -E "$name|br0"
@@ -116,7 +121,8 @@ fi
 # pp2_tp2 (TP's other matrix shapes, lifted by AdamW where gradients are near eps)
 if train pp2_tp2 "4 2" 2 2 --layers 4 --pp 2 --tp 2 && same pp2_tp2 ref_pp 3e-5 &&
    has pp2_tp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
-   has pp2_tp2 "^PP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"; then
+   has pp2_tp2 "^PP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"
+then
     ok "2 hosts: pp2 across x tp2 inside = one process ($(tr '\n' ' ' < "$dir/pp2_tp2.cmp"))"
 else
     bad "2 hosts: pp2 across x tp2 inside"; cat "$dir/pp2_tp2.log" "$dir/pp2_tp2.cmp" 2>/dev/null
@@ -125,15 +131,19 @@ fi
 # a TP group across the hosts (one rank on each): refused with one message, before any step;
 # --allow-cross-node-tp runs it with one warning, and it still trains the same model
 if ! train tp2_across "2 1" 4 1 --tp 2 &&
-   [ "$(grep -c -- "--tp 2: the TP group {0,1} on nodes 0,1 spans nodes" "$dir/tp2_across.log")" -eq 1 ] &&
+   [ "$(grep -c -- "--tp 2: the TP group {0,1} on nodes 0,1 spans nodes" \
+        "$dir/tp2_across.log")" -eq 1 ] &&
    ! has tp2_across "^step\|^median"; then
-    ok "a TP group across hosts is refused: $(grep -o -- '--tp 2: the TP group.*spans nodes' "$dir/tp2_across.log")"
+    ok "a TP group across hosts is refused:\
+ $(grep -o -- '--tp 2: the TP group.*spans nodes' "$dir/tp2_across.log")"
 else
     bad "a TP group across hosts is refused"; cat "$dir/tp2_across.log"
 fi
 if train tp2_allowed "2 1" 4 1 --tp 2 --allow-cross-node-tp && same tp2_allowed ref_b4 1e-5 &&
-   [ "$(grep -c "warning: --tp 2: the TP group {0,1} on nodes 0,1 spans nodes" "$dir/tp2_allowed.log")" -eq 1 ]; then
-    ok "--allow-cross-node-tp: one warning, the same model ($(tr '\n' ' ' < "$dir/tp2_allowed.cmp"))"
+   [ "$(grep -c "warning: --tp 2: the TP group {0,1} on nodes 0,1 spans nodes" \
+        "$dir/tp2_allowed.log")" -eq 1 ]; then
+    ok "--allow-cross-node-tp: one warning, the same model\
+ ($(tr '\n' ' ' < "$dir/tp2_allowed.cmp"))"
 else
     bad "--allow-cross-node-tp"; cat "$dir/tp2_allowed.log" "$dir/tp2_allowed.cmp" 2>/dev/null
 fi
@@ -145,7 +155,8 @@ if [ -f "$step5/manifest" ] || [ -d "$step5" ]; then
     if train resumed "host 2" 2 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5; then
         ok "the 2-host checkpoint resumed on one host as dp2 ($(tr '\n' ' ' < "$dir/resumed.cmp"))"
     else
-        bad "the 2-host checkpoint resumed on one host"; cat "$dir/resumed.log" "$dir/resumed.cmp" 2>/dev/null
+        bad "the 2-host checkpoint resumed on one host"
+        cat "$dir/resumed.log" "$dir/resumed.cmp" 2>/dev/null
     fi
 else
     bad "the 2-host run saved no step-5 checkpoint ($step5)"
@@ -194,7 +205,7 @@ link_down() {
         return 1
     }
 }
-check "a link down mid-run: the watchdog names a rank of host 1, the job ends within --timeout + 20 s, the last checkpoint intact" \
-    link_down
+check "a link down mid-run: the watchdog names a rank of host 1, the job ends within\
+ --timeout + 20 s, the last checkpoint intact" link_down
 
 exit $fail
