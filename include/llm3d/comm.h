@@ -112,6 +112,10 @@ struct l3d_comm_i {
     /* Ends the whole job (every rank) with this exit code; does not return. (C11 does not allow
      * _Noreturn on a pointer member: l3d_comm_abort below is the _Noreturn entry point.) */
     void (*abort)(struct l3d_comm *c, int code);
+    /* The rank in c of the lowest rank of c on this rank's node: the ranks that can share memory
+     * (MPI_COMM_TYPE_SHARED: for Open MPI and MPICH, the ranks that the launcher started on one
+     * host of its host list). Collective over c. NULL: every rank is a node of its own. */
+    int (*node)(struct l3d_comm *c);
 };
 
 struct l3d_backend;
@@ -253,6 +257,19 @@ static inline void l3d_comm_send(struct l3d_comm *c, const void *buf, int64_t n,
 static inline void l3d_comm_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                                  int peer, int tag, l3d_req *req) {
     c->i->recv(c, buf, n, t, peer, tag, req);
+}
+/* The node of every rank of c (collective over c): node_of[r] (c->size entries) numbers the nodes
+ * 0, 1, ... in the order of their lowest rank; returns the number of nodes. Placement (TP inside
+ * a node) and the memory check (the ranks that share a node's memory) both count nodes this way. */
+static inline int l3d_comm_nodes(struct l3d_comm *c, int *node_of) {
+    int32_t *lead = (int32_t *)malloc((size_t)c->size * sizeof *lead);
+    L3D_ASSERT(lead);
+    lead[c->rank] = c->i->node ? c->i->node(c) : c->rank;
+    if (c->size > 1) c->i->all_gather(c, lead, 1, L3D_I32, NULL);
+    int n = 0;
+    for (int r = 0; r < c->size; r++) node_of[r] = lead[r] == r ? n++ : node_of[lead[r]];
+    free(lead);
+    return n;
 }
 static inline void l3d_comm_wait(struct l3d_comm *c, l3d_req *req) { c->i->wait(c, req); }
 static inline bool l3d_comm_test(struct l3d_comm *c, l3d_req *req) { return c->i->test(c, req); }

@@ -63,6 +63,7 @@ struct l3d_train_config {
      * run in out_dir (and ckpt_dir) instead of refusing to start there */
     bool overwrite;
     bool ignore_memory_check; /* allocate even when the planned bytes exceed the memory free */
+    bool allow_cross_node_tp; /* a TP group may span nodes (a warning instead of an error) */
     /* faults: every wait bounded by timeout_s (0: none; comm.h, struct l3d_watch); a step whose
      * loss or gradient norm is not finite is skipped on every rank, and max_skipped such steps
      * in a row stop the run with an error (the last checkpoint kept) */

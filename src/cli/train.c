@@ -69,11 +69,16 @@ static void usage(FILE *f, const char *cmd) {
         "  --ignore-memory-check  start even when the layout's planned memory exceeds what is\n"
         "                      free (by default it is refused before allocating, with layouts\n"
         "                      that fit)\n"
+        "  --allow-cross-node-tp  run even when a TP group spans nodes (a warning; by default\n"
+        "                      an error: TP groups are runs of --tp consecutive ranks and must\n"
+        "                      sit inside one node; PP and DP groups may cross nodes)\n"
         "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
         "  --quiet             no per-step lines (the start-up summary and the final line stay)\n"
         "  Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
         "  prints it); validation at step k runs after update k.\n"
-        "checkpoints (sharded, atomic; resume on any layout; see README):\n"
+        "checkpoints (sharded, atomic; resume on any layout; see README). Several nodes: the\n"
+        "  --out and --ckpt-dir directories must be one shared filesystem (NFS, Lustre...); each\n"
+        "  rank writes its own shard files there, rank 0 the manifest and model.bin:\n"
         "  --save-every N      save every N steps and after the last (0: never; default 0)\n"
         "  --ckpt-dir DIR      where step directories go (default OUT/checkpoints)\n"
         "  --keep K            keep the newest K checkpoints (3)\n"
@@ -133,6 +138,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
            O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
+           O_CROSS_TP,
            O_TIMEOUT, O_MAX_SKIPPED };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
@@ -168,6 +174,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         {"backend", required_argument, NULL, O_BACKEND},
         {"overwrite", no_argument, NULL, O_OVERWRITE},
         {"ignore-memory-check", no_argument, NULL, O_IGNORE_MEM},
+        {"allow-cross-node-tp", no_argument, NULL, O_CROSS_TP},
         {"timeout", required_argument, NULL, O_TIMEOUT},
         {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
         {NULL, 0, NULL, 0},
@@ -264,6 +271,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         case O_BACKEND: *backend = optarg; break;
         case O_OVERWRITE: tc->overwrite = true; break;
         case O_IGNORE_MEM: tc->ignore_memory_check = true; break;
+        case O_CROSS_TP: tc->allow_cross_node_tp = true; break;
         case O_TIMEOUT: {
             float sec = 0;
             ok = l3d_arg_float(cmd, "timeout", optarg, 0, 1e7, &sec);

@@ -794,6 +794,16 @@ static _Noreturn void mpi_abort(struct l3d_comm *c, int code) {
     exit(code);
 }
 
+static int mpi_node(struct l3d_comm *c) {
+    struct mpi_comm *m = mc(c);
+    MPI_Comm shm;
+    int lead = c->rank;
+    L3D_MPI_CHECK(MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shm));
+    L3D_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, shm));
+    L3D_MPI_CHECK(MPI_Comm_free(&shm));
+    return lead;
+}
+
 static const struct l3d_comm_i mpi_comm_i = {
     .name = "mpi",
     .split = mpi_split,
@@ -810,6 +820,7 @@ static const struct l3d_comm_i mpi_comm_i = {
     .test = mpi_test,
     .barrier = mpi_barrier,
     .abort = mpi_abort,
+    .node = mpi_node,
 };
 
 void l3d_comm_mpi_set_max_count(struct l3d_comm *c, int64_t max_count) {

@@ -107,22 +107,6 @@ static double node_available(char *src, size_t cap) {
     return avail;
 }
 
-/* This machine's identity: the kernel's boot id (one per running kernel: containers of one host
- * share its memory) mixed with the host name. */
-static int64_t node_key(void) {
-    char buf[512] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(buf, 64, f)) buf[0] = '\0';
-        fclose(f);
-    }
-    size_t n = strlen(buf);
-    gethostname(buf + n, sizeof buf - n - 1);
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const char *p = buf; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    return (int64_t)(h >> 1);
-}
-
 /* One layout of the trainer as the planner sees it. */
 struct cand {
     int tp, pp, dp, v, zero, B, accum;
@@ -250,14 +234,14 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
 l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                                   const struct l3d_train_layout *lay, struct l3d_comm *world,
                                   bool *report) {
-    /* the ranks of this node: those whose node key is this one's */
+    /* the ranks of this node: those the communicator puts on this one's (l3d_comm_nodes, the same
+     * count as the placement of TP groups) */
     int W = world->size;
-    int64_t *keys = l3d_alloc((size_t)W * sizeof *keys, "node keys");
-    keys[world->rank] = node_key();
-    if (W > 1) l3d_comm_all_gather(world, keys, 1, L3D_I64, NULL);
+    int *node_of = l3d_alloc((size_t)W * sizeof *node_of, "node of each rank");
+    l3d_comm_nodes(world, node_of);
     int local = 0;
-    for (int i = 0; i < W; i++) local += keys[i] == keys[world->rank];
-    l3d_free(keys);
+    for (int i = 0; i < W; i++) local += node_of[i] == node_of[world->rank];
+    l3d_free(node_of);
 
     char src[96];
     double node = node_available(src, sizeof src);

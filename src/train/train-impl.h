@@ -86,6 +86,13 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                                   const struct l3d_train_layout *lay, struct l3d_comm *world,
                                   bool *report);
 
+/* The node of every rank (l3d_comm_nodes); L3D_ERR_LAYOUT on every rank when a TP group spans
+ * nodes, unless tc->allow_cross_node_tp (then a warning from the lead). With more than one node
+ * the lead prints where the TP, PP and DP groups lie (src/train/placement.c). Collective. */
+l3d_status l3d_train_placement(const struct l3d_train_config *tc,
+                               const struct l3d_train_layout *lay, struct l3d_comm *world,
+                               bool lead);
+
 /* The lead rank's description of the run (model, layout, pipeline, batch, memory). */
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res);
 /* The step's log line (lead, unless --quiet) and metrics.jsonl line (lead; L3D_ERR_IO naming

@@ -192,6 +192,10 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     tcv.accum = t->lay.accum;
     if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
+    if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
+        res->report_error = t->lead;
+        goto fail;
+    }
     if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) goto fail;
     int v = t->lay.v, pp = t->lay.pp;
     if ((st = l3d_runtime_layout(rt, t->lay.tp, pp, t->lay.dp)) != L3D_OK) goto fail;
