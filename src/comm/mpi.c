@@ -249,13 +249,15 @@ static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t
 
 /* ---- the watchdog (struct l3d_watch, comm.h) ------------------------------------------------- */
 
-/* Every wait is a loop of MPI_Test: spinning for the first WATCH_SPIN_S (a short wait, the
- * common case, keeps its latency), then sleeping an eighth of the time waited so far, between
+/* Every wait is a loop of MPI_Test: spinning for the first WATCH_SPIN_S (a wait of up to a
+ * second, the common case, keeps its latency; Open MPI's shared-memory transport moves a large
+ * message only inside MPI calls, and napping from 200 us on made d6's DP communication 11x
+ * slower: docs/DESIGN.md), then sleeping an eighth of the time waited so far, between
  * WATCH_NAP_MIN_S and WATCH_NAP_MAX_S: a wait is lengthened by at most 1/8 (and 5 ms), and a rank
  * that waits long calls MPI 200 times a second instead of burning a core. Liveness questions go
  * over a duplicate of the world (wd), so they never match the program's own messages: a ping has
  * an even tag 2k, its answer the tag 2k + 1; ranks answer from the sleeping part of every wait. */
-#define WATCH_SPIN_S 200e-6
+#define WATCH_SPIN_S 1.0
 #define WATCH_NAP_MIN_S 10e-6
 #define WATCH_NAP_MAX_S 5e-3
 #define WATCH_EXIT 75 /* EX_TEMPFAIL: try again (--resume auto) */
