@@ -8,6 +8,7 @@
  * accumulates (+=). Every reduction runs over fixed static chunks combined in thread order, so a
  * run is bit-identical for the same thread count.
  */
+#include <cpuid.h>
 #include <dnnl.h>
 #include <immintrin.h>
 #include <math.h>
@@ -838,6 +839,19 @@ static inline void *at(enum l3d_dtype t, const void *p, int64_t i) {
     return (char *)p + i * (int64_t)esz(t);
 }
 
+/* The CPU converts fp16 in hardware (F16C: CPUID leaf 1, ECX bit 29 and AVX). Read through
+ * <cpuid.h>, not __builtin_cpu_supports("f16c"), which clang 14 (the fuzz build) does not know. */
+static bool has_f16c(void) {
+    static int known = -1; /* atomic: threads converting rows may ask at once */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        k = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_AVX);
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k;
+}
+
 /* dst (n fp32) = src (n of type t: fp32, bf16 or fp16); serial. */
 static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
     if (t == L3D_BF16) {
@@ -845,7 +859,7 @@ static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_ld(s[i]);
     } else if (t == L3D_F16) {
-        if (__builtin_cpu_supports("f16c")) {
+        if (has_f16c()) {
             f16_to_f32_f16c(dst, src, n);
         } else {
             const uint16_t *s = src;
@@ -864,7 +878,7 @@ static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) d[i] = bf16_st(src[i]);
     } else if (t == L3D_F16) {
-        if (__builtin_cpu_supports("f16c")) {
+        if (has_f16c()) {
             f32_to_f16_f16c(dst, src, n);
         } else {
             uint16_t *d = dst;
