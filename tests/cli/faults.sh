@@ -2,8 +2,8 @@
 # Faults: the watchdog (--timeout) and non-finite steps (--max-skipped-steps).
 # - A rank stopped with SIGSTOP (of 2 ranks, dp2; of 4, tp2 x dp2 and pp2 x dp2): the job ends
 #   within --timeout + 10 s with a non-zero status, the stopped rank named by its coordinates in
-#   the waiting ranks' one line each, and the last checkpoint untouched (`latest` unchanged, its
-#   files verified by llm3d inspect).
+#   the waiting ranks' one line each, and the last checkpoint whole (`latest` unchanged or a later
+#   save every rank had finished, its files verified by llm3d inspect).
 # - A rank stopped for ~2.5 s and continued, under a larger --timeout: the run goes on and the
 #   stall is reported (the waiting rank's line, the step line, metrics.jsonl).
 # - A NaN gradient on one rank at one step (test hook L3D_TEST_NAN_AT_STEP=STEP:RANK): that step
@@ -111,9 +111,15 @@ stop_rank() {
     kill -KILL "$pid" 2>/dev/null # in case the launcher left it stopped
     echo "  rank $rank stopped: the job ended after $(((t1 - t0) / 1000000)) ms, exit $rc"
     grep "^llm3d: .*no progress" "$out.log" | sed 's/^/  /'
-    [ "$rc" -ne 0 ] && names_rank "$out.log" "$who" &&
-        [ "$(cat "$out/checkpoints/latest")" = "$latest" ] &&
-        "$bin" inspect "$out/checkpoints/$latest" > "$out.inspect" 2>&1 || {
+    # `latest` is the step read after the stop, or a later one whose save every rank had finished
+    # before: Open MPI's abort sends the stopped rank SIGCONT, then SIGTERM (a stop request to the
+    # trainer) and only later SIGKILL, so a rank 0 stopped inside a save may still commit it
+    # (seen once in CI: 25 read, 30 committed). Either way it must be whole (inspect checks every
+    # rank file's size, header and checksum) and not older.
+    local now
+    now=$(cat "$out/checkpoints/latest")
+    [ "$rc" -ne 0 ] && names_rank "$out.log" "$who" && [[ ! "$now" < "$latest" ]] &&
+        "$bin" inspect "$out/checkpoints/$now" > "$out.inspect" 2>&1 || {
         echo "exit $rc, latest $(cat "$out/checkpoints/latest") (was $latest)"
         cat "$out.log" "$out.inspect" 2>/dev/null
         return 1
