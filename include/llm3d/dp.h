@@ -61,7 +61,7 @@ struct l3d_dp_piece; /* a pending reduction: private */
 struct l3d_dp {
     struct l3d_gpt *m;
     struct l3d_comm *comm;
-    enum l3d_dtype param_dtype, grad_dtype; /* the model's (L3D_F32 for now) */
+    enum l3d_dtype param_dtype, grad_dtype; /* the model's dt; fp32 gradients */
     int zero;
     bool overlap;            /* non-blocking pieces (else blocking ones at the layer boundary) */
     int64_t bucket;          /* elements per piece */
@@ -119,5 +119,17 @@ void l3d_dp_skip_step(struct l3d_dp *dp);
  * range to NaN, after the reduction, so that only this rank sees it. */
 void l3d_dp_test_poison(struct l3d_dp *dp);
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt);
+/* The chunk's parameters in fp32 (num_params, device memory), for initialisation, checkpoints and
+ * llm.c files in every precision: the parameters themselves in fp32; in mixed precision the fp32
+ * master weights, which are whole without ZeRO, else a buffer to fill, the fp32 gradient buffer
+ * (free between steps) or, under ZeRO-2, one allocated for the call (NULL when the device has no
+ * room). Between steps only (the gradients are zero). No communication. */
+float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt);
+/* Fills such a buffer with the master weights of every rank's range (a collective over the DP
+ * group: after the ranks agreed that each has its buffer); nothing when it is whole already. */
+void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf);
+/* Ends the use of a buffer from l3d_dp_fp32_params; loaded: it was filled with new parameters,
+ * which become the master weights of this rank's range and, rounded, the model's 16-bit ones. */
+void l3d_dp_fp32_params_done(struct l3d_dp *dp, struct l3d_adamw *opt, float *buf, bool loaded);
 
 #endif

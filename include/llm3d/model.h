@@ -90,27 +90,31 @@ struct l3d_tensor_info {
     const char *name;   /* llm.c's name */
     int64_t offset;     /* in elements, into the flat params / grads / moment buffers */
     int64_t count;      /* elements held by this shard (0 if none) */
-    enum l3d_dtype dtype; /* element type in the parameter buffer (fp32) */
+    enum l3d_dtype dtype; /* element type in the parameter buffer (the model's dt) */
     size_t bytes;       /* count * l3d_dtype_size(dtype) */
     int64_t layers, rows, cols; /* local shape: (layers, rows, cols); layers 1 for non-layer */
     bool decay;         /* weight decay applies (matrices: 2-D tensors, as in llm.c / nanoGPT) */
 };
 
-/* Hooks the parallel layers install; a NULL hook is a no-op (tp = 1, dp = 1). */
+/* Hooks the parallel layers install; a NULL hook is a no-op (tp = 1, dp = 1). Buffers hold n
+ * elements of type dt: the model's activation type (16 bits in mixed precision, which is what
+ * Megatron-LM's TP collectives move), or L3D_F32 for the cross-entropy statistics and the
+ * LayerNorm weight gradients. */
 struct l3d_gpt_hooks {
     void *ctx;
     /* In-place sum over the tensor-parallel group. */
-    void (*tp_all_reduce)(void *ctx, float *buf, int64_t n);
+    void (*tp_all_reduce)(void *ctx, void *buf, int64_t n, enum l3d_dtype dt);
     /* In-place max over the tensor-parallel group (vocabulary-parallel cross-entropy). */
-    void (*tp_all_reduce_max)(void *ctx, float *buf, int64_t n);
+    void (*tp_all_reduce_max)(void *ctx, void *buf, int64_t n, enum l3d_dtype dt);
     /* Optional non-blocking form of tp_all_reduce, one in flight at a time: begin, then end waits.
      * Backward overlaps the input-gradient sum with the weight-gradient product through it. */
-    void (*tp_all_reduce_begin)(void *ctx, float *buf, int64_t n);
+    void (*tp_all_reduce_begin)(void *ctx, void *buf, int64_t n, enum l3d_dtype dt);
     void (*tp_all_reduce_end)(void *ctx);
     /* Sequence parallelism: full (size x n) <- every rank's local (n); local (n) <- this rank's
      * block of the sum of full over the group. */
-    void (*tp_all_gather)(void *ctx, const float *local, float *full, int64_t n);
-    void (*tp_reduce_scatter)(void *ctx, const float *full, float *local, int64_t n);
+    void (*tp_all_gather)(void *ctx, const void *local, void *full, int64_t n, enum l3d_dtype dt);
+    void (*tp_reduce_scatter)(void *ctx, const void *full, void *local, int64_t n,
+                              enum l3d_dtype dt);
     /* Called by backward when the gradients of local layer `layer` are final for this micro-batch,
      * and with layer -1 at the end, when those of the non-layer tensors (wte, wpe, lnf) are. In
      * gradient-slot mode it must not return before the slot of layer + 1 may be reused. */
@@ -139,9 +143,15 @@ struct l3d_gpt {
     enum l3d_recompute recompute;
     bool attn_naive;      /* L3D_ATTENTION=naive: the materialising kernel (benchmark, oracle) */
     int64_t num_params;   /* elements in this shard */
+    /* Precision: the type of the parameters and activations (L3D_F32, or L3D_BF16 / L3D_F16 for
+     * mixed precision: the matrix products' operands in 16 bits, every reduction in fp32);
+     * gradients are always fp32 (Megatron-LM's main_grad, accumulated over micro-batches without
+     * 16-bit rounding), as are LayerNorm statistics, the attention log-sum-exp and the loss. */
+    enum l3d_dtype dt;
+    size_t es;            /* l3d_dtype_size(dt) */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     /* Device memory of `be` (include/llm3d/backend.h): host code reaches it only by copies. */
-    float *params;        /* flat, num_params */
+    void *params;         /* flat, num_params of type dt */
     float *grads;         /* flat, num_params, same offsets (L3D_GRADS_FLAT only) */
     /* Gradient-slot mode (ZeRO-2): the non-layer tensors' gradients in one buffer, each layer's in
      * one of two slots (layer % 2) holding its one-layer slices of the 12 layer tensors. */
@@ -149,10 +159,11 @@ struct l3d_gpt {
     float *grad_slot[2];
     int64_t slot_size, slot_off[L3D_NUM_TENSORS], nonlayer_size, nonlayer_off[L3D_NUM_TENSORS];
     struct l3d_gpt_acts *acts;
-    float *input_act;     /* (B,T,C): the stage input when !has_embedding, else the embedding */
-    float *dinput_act;    /* (B,T,C): gradient of the stage input after backward */
+    /* activations of type dt */
+    void *input_act;      /* (B,T,C): the stage input when !has_embedding, else the embedding */
+    void *dinput_act;     /* (B,T,C): gradient of the stage input after backward */
     float *losses;        /* (B,T) per-token loss of the last forward with targets */
-    float *logits;        /* (B,T,Vl): local vocabulary slice of the logits of the last forward */
+    void *logits;         /* (B,T,Vl): local vocabulary slice of the logits of the last forward */
     size_t act_bytes;     /* bytes of activations and backward scratch */
     int32_t *inputs;      /* (B,T) copy of the last forward's tokens, for backward */
     int32_t *targets;     /* (B,T) copy of its targets */
@@ -175,6 +186,18 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
 l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute);
+/* The same in precision dt (L3D_F32, L3D_BF16 or L3D_F16): parameters and activations of that
+ * type, gradients fp32. The materialising attention kernel (L3D_ATTENTION=naive) is fp32 only. */
+l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
+                           enum l3d_dtype dt);
+/* An fp32 view of m: a copy of its struct whose parameters are the fp32 buffer p (num_params,
+ * device memory), for code that reads or writes fp32 parameters (initialisation, checkpoints,
+ * llm.c files) whatever m's precision; it shares m's activations and must not run or be freed. */
+void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view);
+/* Where tensor t's parameters of local layer `layer` lie in m->params (type m->dt). */
+void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer);
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot);
 void l3d_gpt_free(struct l3d_gpt *m);
 /* Activation bytes of a shard in closed form (what m->act_bytes holds, up to 64-byte alignment of
@@ -190,6 +213,11 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * per slot and one layer's backward (and recomputation) buffers shared by all slots. */
 size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
+/* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
+ * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
+size_t l3d_gpt_act_bytes_dt(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+                            int T, int act_slots, enum l3d_recompute recompute, bool flash,
+                            enum l3d_dtype dt);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on
@@ -204,7 +232,7 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
 /* Backward of the last forward (which had targets); parameter gradients accumulate (+=) into
  * m->grads. dloss is the weight of each token's loss in the objective: 1/(B*T*micro-batches).
  * For a shard without the head, dout_act (B,T,C) is the gradient of its output (else NULL). */
-void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act);
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */
@@ -222,7 +250,7 @@ void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_sh
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */
-const float *l3d_gpt_output_act(const struct l3d_gpt *m);
+const void *l3d_gpt_output_act(const struct l3d_gpt *m);
 
 /* Parameter count of the full model, and the model FLOPs per token of a training step:
  * 6N + 12 L C T (PaLM, Chowdhery et al. 2022, appendix B), N = every parameter but the position

@@ -36,6 +36,11 @@ struct l3d_adamw {
     struct l3d_backend *be; /* owns m and v */
     int64_t start, n; /* the range of the flat parameter space it updates (a ZeRO shard) */
     float *m, *v;     /* first and second moments, n each, fp32 device memory (NULL when n = 0) */
+    /* Mixed precision (pdt 16-bit): the fp32 master weights of the range, n (Micikevicius et al.
+     * 2018; Megatron-LM's distributed optimizer keeps them with the moments, so ZeRO shards them
+     * too): the source of truth the step updates, the model's 16-bit parameters their rounding. */
+    enum l3d_dtype pdt; /* the model's parameter type */
+    float *master;    /* NULL in fp32 */
     int64_t t;        /* steps taken */
 };
 
@@ -43,13 +48,19 @@ struct l3d_adamw {
  * be's device and zeroed. L3D_ERR_OOM naming their size when the device has no room. */
 l3d_status l3d_adamw_init(struct l3d_adamw *opt, struct l3d_backend *be,
                           const struct l3d_adamw_hparams *hp, int64_t start, int64_t n);
+/* The same for a model whose parameters are of type pdt: 16-bit types add fp32 master weights
+ * (zeroed: the caller fills them, l3d_dp_fp32_params_done). */
+l3d_status l3d_adamw_init_dt(struct l3d_adamw *opt, struct l3d_backend *be,
+                             const struct l3d_adamw_hparams *hp, int64_t start, int64_t n,
+                             enum l3d_dtype pdt);
 /* Frees the moments; a zeroed or already freed struct is fine. */
 void l3d_adamw_free(struct l3d_adamw *opt);
 /* One step over the part of each tensor inside the range (weight decay where tensors[i].decay),
  * with learning rate lr, on the gradients times grad_scale (the clipping factor of
- * l3d_clip_factor). params is the whole flat buffer; grads[i] is the gradient of parameter
- * start + i. */
-void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
+ * l3d_clip_factor). params is the whole flat buffer (type pdt); grads[i] is the gradient of
+ * parameter start + i. With master weights the step updates them and writes their rounding to
+ * params. */
+void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
                     const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
                     int ntensors, float lr);
 

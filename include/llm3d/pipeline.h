@@ -139,7 +139,7 @@ struct l3d_pp_exec {
     struct l3d_backend *be;  /* the chunks' backend: grad_buf's owner */
     enum l3d_dtype act_dtype;  /* activations and their gradients between stages (the model's) */
     enum l3d_dtype grad_dtype; /* parameter gradients (the tied wte's sum) */
-    float *grad_buf;         /* received output gradient (device memory of the chunks' backend) */
+    void *grad_buf;          /* received output gradient (act_dtype; device memory of the chunks' backend) */
     l3d_req *act_req, *grad_req; /* [chunk * max_slots + slot] */
     double busy_s, span_s, recv_s; /* last run: compute time, first to last action, receive waits */
     struct l3d_pp_event *ev; /* trace events (NULL: not tracing) */

@@ -38,7 +38,7 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
 struct l3d_tp {
     struct l3d_comm *comm;
     struct l3d_backend *be;   /* the model's: the hooks' buffers are its device memory */
-    enum l3d_dtype act_dtype; /* the activations' element type (the model's, L3D_F32 for now) */
+    enum l3d_dtype act_dtype; /* the activations' element type (the model's dt) */
     l3d_req req;
     double comm_s; /* time inside TP communication calls, for the caller to read and reset */
     int64_t bytes; /* bytes summed (all-reduce payload) */

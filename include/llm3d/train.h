@@ -51,6 +51,9 @@ struct l3d_train_config {
     int pp_virtual;         /* model chunks per pipeline rank (interleaved); 0 or 1: one */
     const char *pp_layers;  /* "a,b,..." layers per virtual stage, or NULL: balanced */
     enum l3d_recompute recompute;
+    /* precision (--precision): L3D_F32, or L3D_BF16 / L3D_F16 mixed precision (16-bit parameters
+     * and activations, fp32 gradients, master weights and moments; include/llm3d/model.h) */
+    enum l3d_dtype precision;
     const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
     /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
      * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"

@@ -52,6 +52,8 @@ static void usage(FILE *f, const char *cmd) {
         "  --pp-virtual V      model chunks per pipeline rank, interleaved schedule (1)\n"
         "  --pp-layers a,b,..  layers of each (virtual) stage (default: balanced by cost)\n"
         "  --recompute MODE    none (default), selective (attention scores), full (layers)\n"
+        "  --precision P       fp32 (default), bf16 or fp16: mixed precision (16-bit weights\n"
+        "                      and activations; fp32 gradients, master weights, AdamW moments)\n"
         "  --trace FILE        every rank's pipeline timeline as Chrome trace-event JSON\n"
         "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
         "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
@@ -139,7 +141,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
            O_CROSS_TP,
-           O_TIMEOUT, O_MAX_SKIPPED };
+           O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -177,6 +179,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         {"allow-cross-node-tp", no_argument, NULL, O_CROSS_TP},
         {"timeout", required_argument, NULL, O_TIMEOUT},
         {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
+        {"precision", required_argument, NULL, O_PRECISION},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -261,6 +264,20 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
             } else {
                 fprintf(stderr, "llm3d %s: --recompute '%s': choose none, selective or full\n",
                         cmd, optarg);
+                ok = 0;
+            }
+            break;
+        case O_PRECISION:
+            if (strcmp(optarg, "fp32") == 0) {
+                tc->precision = L3D_F32;
+            } else if (strcmp(optarg, "bf16") == 0) {
+                tc->precision = L3D_BF16;
+            } else if (strcmp(optarg, "fp16") == 0) {
+                tc->precision = L3D_F16;
+            } else {
+                fprintf(stderr, "llm3d %s: --precision '%s': choose fp32 (the default), bf16 or "
+                        "fp16 (mixed precision: 16-bit weights and activations, fp32 gradients, "
+                        "master weights and optimizer)\n", cmd, optarg);
                 ok = 0;
             }
             break;

@@ -135,7 +135,7 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *c, const struct l3d_sh
         t->cols = shape[i][2];
         t->count = t->layers * t->rows * t->cols;
         t->offset = off;
-        t->dtype = L3D_F32; /* parameters are fp32 (mixed precision adds 16-bit copies) */
+        t->dtype = L3D_F32; /* l3d_gpt_init_dt sets the model's type */
         t->bytes = (size_t)t->count * l3d_dtype_size(t->dtype);
         t->decay = (i == L3D_T_WTE || i == L3D_T_WPE || i == L3D_T_QKVW || i == L3D_T_ATTPROJW ||
                     i == L3D_T_FCW || i == L3D_T_FCPROJW);
@@ -160,6 +160,25 @@ static void plan_params(struct l3d_gpt *m) {
 
 bool l3d_gpt_is_layer_tensor(int t) { return t >= L3D_T_LN1W && t <= L3D_T_FCPROJB; }
 
+/* Element i of a buffer of type t. */
+static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
+
+void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer) {
+    const struct l3d_tensor_info *ti = &m->tensors[t];
+    return el(m->params, ti->offset + (int64_t)layer * ti->rows * ti->cols, m->es);
+}
+
+void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view) {
+    *view = *m;
+    view->params = p;
+    view->dt = L3D_F32;
+    view->es = sizeof(float);
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
+        view->tensors[i].dtype = L3D_F32;
+        view->tensors[i].bytes = (size_t)view->tensors[i].count * sizeof(float);
+    }
+}
+
 float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer) {
     const struct l3d_tensor_info *ti = &m->tensors[t];
     if (!m->grads_nonlayer) return m->grads + ti->offset + (int64_t)layer * ti->rows * ti->cols;
@@ -171,45 +190,46 @@ float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer) {
 /* ---- activations ------------------------------------------------------------------------ */
 
 /* One layer's saved activations; pointers into the flat activation buffer. */
-struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *qkv;                       /* (B,T,3Ca) */
-    float *atty;                      /* (B,T,Ca) */
-    float *att;                       /* (B,Hl,T) log-sum-exp of the tiled kernel's rows, or
+struct layer_acts { /* of the model's type dt, but the statistics (fp32: mean, rstd, att) */
+    void *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B,T), (B,T) */
+    void *qkv;                        /* (B,T,3Ca) */
+    void *atty;                       /* (B,T,Ca) */
+    void *att;                        /* (B,Hl,T) log-sum-exp of the tiled kernel's rows, or
                                        * (B,Hl,T,T) probabilities with L3D_ATTENTION=naive */
-    float *res2;                      /* (B,T,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;            /* (B,T,F) */
-    float *res3;                      /* (B,T,C) residual after the MLP: the layer's output */
+    void *res2;                       /* (B,T,C) residual after attention */
+    void *ln2, *ln2_mean, *ln2_rstd;
+    void *fch, *fch_gelu;             /* (B,T,F) */
+    void *res3;                       /* (B,T,C) residual after the MLP: the layer's output */
 };
 
-struct l3d_gpt_acts {
-    float *base;
-    int64_t slot_floats;      /* size of one slot's region; slots come first in base */
+struct l3d_gpt_acts { /* of the model's type dt, but the fp32 statistics and dlnw */
+    void *base;
+    int64_t slot_bytes;       /* size of one slot's region; slots come first in base */
     struct layer_acts *layer; /* layer_count entries, pointing into the current slot */
     /* recomputation: one layer's activations rebuilt in backward (full), the attention
      * probabilities of the layer being computed (selective and full), the recomputed attention
      * output that nobody reads (selective) and layer output (full) */
     struct layer_acts rc;
-    float *att_shared, *atty_tmp, *res3_tmp;
-    float *scratch;           /* (B,T,C): row-parallel matmul output before the residual add */
+    float *att_shared;
+    void *atty_tmp, *res3_tmp;
+    void *scratch;            /* (B,T,C): row-parallel matmul output before the residual add */
     /* Sequence parallelism: this rank's rows (N/sp) where the full rows are gathered or scattered;
      * with sp = 1 they alias the full buffers. */
-    float *scratch_local;     /* (N/sp,C) reduce-scattered row-parallel output */
-    float *ln_local;          /* (N/sp,C) LayerNorm output before the all-gather */
-    float *lnf_full;          /* (N,C) gathered final LayerNorm output */
-    float *dres_full;         /* (N,C) gathered residual-stream gradient */
-    float *dln_local;         /* (N/sp,C) reduce-scattered LayerNorm-output gradient */
-    float *dlnw;              /* (4C) LayerNorm weight gradients of this rank's rows (SP) */
-    float *lnf, *lnf_mean, *lnf_rstd;
+    void *scratch_local;      /* (N/sp,C) reduce-scattered row-parallel output */
+    void *ln_local;           /* (N/sp,C) LayerNorm output before the all-gather */
+    void *lnf_full;           /* (N,C) gathered final LayerNorm output */
+    void *dres_full;          /* (N,C) gathered residual-stream gradient */
+    void *dln_local;          /* (N/sp,C) reduce-scattered LayerNorm-output gradient */
+    float *dlnw;              /* (4C) LayerNorm weight gradients of this rank's rows (SP), fp32 */
+    void *lnf; float *lnf_mean, *lnf_rstd;
     float *maxv, *sumexp, *tlogit; /* (B,T) */
     /* backward scratch, one layer's worth */
-    float *dres;              /* (B,T,C) gradient of the residual stream */
-    float *dln;               /* (B,T,C) */
-    float *dqkv;              /* (B,T,3Ca) */
-    float *datty;             /* (B,T,Ca) */
-    float *datt;              /* (B,Hl,T,T), L3D_ATTENTION=naive only */
-    float *dfch, *dfch_gelu;  /* (B,T,F) */
+    void *dres;               /* (B,T,C) gradient of the residual stream */
+    void *dln;                /* (B,T,C) */
+    void *dqkv;               /* (B,T,3Ca) */
+    void *datty;              /* (B,T,Ca) */
+    float *datt;              /* (B,Hl,T,T), L3D_ATTENTION=naive only (fp32) */
+    void *dfch, *dfch_gelu;   /* (B,T,F) */
 };
 
 /* The sizes (floats) of one layer's activations, in the order they are taken. */
@@ -223,12 +243,15 @@ static void layer_act_sizes(const struct l3d_gpt *m, int64_t sz[13]) {
     memcpy(sz, v, sizeof v);
 }
 
-static float **layer_act_field(struct layer_acts *la, int i) {
-    float **f[13] = {&la->ln1, &la->ln1_mean, &la->ln1_rstd, &la->qkv, &la->atty, &la->att,
-                     &la->res2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->fch_gelu,
-                     &la->res3};
+static void **layer_act_field(struct layer_acts *la, int i) {
+    void **f[13] = {&la->ln1, &la->ln1_mean, &la->ln1_rstd, &la->qkv, &la->atty, &la->att,
+                    &la->res2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->fch_gelu,
+                    &la->res3};
     return f[i];
 }
+
+/* Whether field i of layer_act_field is an fp32 statistic (else of the model's type). */
+static bool layer_act_f32(int i) { return i == 1 || i == 2 || i == 5 || i == 8 || i == 9; }
 
 /* Walks the activation plan: with base NULL it only counts, so sizing and pointing share one list.
  * The first region holds what a micro-batch keeps from its forward to its backward, once per
@@ -237,7 +260,7 @@ static float **layer_act_field(struct layer_acts *la, int i) {
  * Which per-layer tensors are kept depends on the recomputation mode: all of them (none), all but
  * the attention probabilities (selective: only the materialising kernel has them; with the tiled
  * kernel it keeps everything, as none), only the layer's output (full). */
-static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
+static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int64_t BT = (int64_t)m->Bmax * m->Tmax, C = m->cfg.C;
@@ -246,63 +269,64 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
     int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
     int64_t Vl = s->vocab_count;
     int64_t off = 0, sz[13];
+    const int64_t E = (int64_t)m->es, F4 = 4; /* bytes: the model's type; fp32 and int32 */
     /* selective recomputation drops only the materialised probabilities */
     const bool naive_sel = m->attn_naive && m->recompute == L3D_RECOMPUTE_SELECTIVE;
-    float *region = base ? base + (int64_t)slot * a->slot_floats : NULL;
+    char *region = base ? (char *)base + (int64_t)slot * a->slot_bytes : NULL;
     layer_act_sizes(m, sz);
-#define TAKE(ptr, n)                                     \
-    do {                                                 \
-        if (region) (ptr) = (void *)(region + off);      \
-        off += ((int64_t)(n) + 15) / 16 * 16; /* 64-byte aligned */ \
+#define TAKE(ptr, n, es)                                            \
+    do {                                                            \
+        if (region) (ptr) = (void *)(region + off);                 \
+        off += ((int64_t)(n) * (es) + 63) / 64 * 64; /* aligned */  \
     } while (0)
     /* per-slot region */
-    TAKE(m->input_act, BTl * C);
+    TAKE(m->input_act, BTl * C, E);
     for (int l = 0; l < s->layer_count; l++)
         for (int i = 0; i < 13; i++) {
             bool keep = m->recompute == L3D_RECOMPUTE_NONE ||
                         (m->recompute == L3D_RECOMPUTE_SELECTIVE && (i != 5 || !naive_sel)) ||
                         i == 12;
-            if (keep) TAKE(*layer_act_field(&a->layer[l], i), sz[i]);
+            if (keep) TAKE(*layer_act_field(&a->layer[l], i), sz[i], layer_act_f32(i) ? F4 : E);
         }
     if (s->has_head) {
-        TAKE(a->lnf, BTl * C);
-        TAKE(a->lnf_full, BTs * C);
-        TAKE(a->lnf_mean, BTl);
-        TAKE(a->lnf_rstd, BTl);
-        TAKE(m->logits, BT * Vl);
-        TAKE(m->losses, BT);
-        TAKE(a->maxv, BT);
-        TAKE(a->sumexp, BT);
-        TAKE(a->tlogit, BT);
+        TAKE(a->lnf, BTl * C, E);
+        TAKE(a->lnf_full, BTs * C, E);
+        TAKE(a->lnf_mean, BTl, F4);
+        TAKE(a->lnf_rstd, BTl, F4);
+        TAKE(m->logits, BT * Vl, E);
+        TAKE(m->losses, BT, F4);
+        TAKE(a->maxv, BT, F4);
+        TAKE(a->sumexp, BT, F4);
+        TAKE(a->tlogit, BT, F4);
     }
-    TAKE(m->inputs, BT); /* int32 and float are both 4 bytes */
-    TAKE(m->targets, BT);
-    TAKE(m->dinput_act, BTl * C);
-    a->slot_floats = off;
+    TAKE(m->inputs, BT, F4);
+    TAKE(m->targets, BT, F4);
+    TAKE(m->dinput_act, BTl * C, E);
+    a->slot_bytes = off;
     int64_t total = off * m->act_slots; /* the shared region follows every slot */
-    region = base ? base + total : NULL;
+    region = base ? (char *)base + total : NULL;
     off = 0;
     /* shared region */
-    if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5]);
-    if (naive_sel) TAKE(a->atty_tmp, BT * Ca);
+    if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5], F4);
+    if (naive_sel) TAKE(a->atty_tmp, BT * Ca, E);
     if (m->recompute == L3D_RECOMPUTE_FULL) {
         for (int i = 0; i < 12; i++)
-            if (i != 5) TAKE(*layer_act_field(&a->rc, i), sz[i]);
-        TAKE(a->res3_tmp, BTl * C);
+            if (i != 5) TAKE(*layer_act_field(&a->rc, i), sz[i], layer_act_f32(i) ? F4 : E);
+        TAKE(a->res3_tmp, BTl * C, E);
     }
-    TAKE(a->scratch, BT * C);
-    TAKE(a->scratch_local, BTls * C);
-    TAKE(a->ln_local, BTls * C);
-    TAKE(a->dres, BTl * C);
-    TAKE(a->dres_full, BTs * C);
-    TAKE(a->dln, BT * C);
-    TAKE(a->dln_local, BTls * C);
-    TAKE(a->dlnw, sp > 1 ? 4 * C : 0);
-    TAKE(a->dqkv, BT * 3 * Ca);
-    TAKE(a->datty, BT * Ca);
-    TAKE(a->datt, m->attn_naive ? sz[5] : 0);
-    TAKE(a->dfch, BT * F);
-    TAKE(a->dfch_gelu, BT * F);
+    TAKE(a->scratch, BT * C, E);
+    TAKE(a->scratch_local, BTls * C, E);
+    TAKE(a->ln_local, BTls * C, E);
+    TAKE(a->dres, BTl * C, E);
+    TAKE(a->dres_full, BTs * C, E);
+    TAKE(a->dln, BT * C, E);
+    TAKE(a->dln_local, BTls * C, E);
+    TAKE(a->dlnw, sp > 1 ? 4 * C : 0, F4);
+    TAKE(a->dqkv, BT * 3 * Ca, E);
+    TAKE(a->datty, BT * Ca, E);
+    TAKE(a->datt, m->attn_naive ? sz[5] : 0, F4);
+    TAKE(a->dfch, BT * F, E);
+    TAKE(a->dfch_gelu, BT * F, E);
 #undef TAKE
     if (base) {
         a->rc.att = a->att_shared;
@@ -310,7 +334,7 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
         for (int l = 0; l < s->layer_count; l++) {
             struct layer_acts *la = &a->layer[l];
             if (m->recompute == L3D_RECOMPUTE_FULL) { /* all but the output live in rc */
-                float *res3 = la->res3;
+                void *res3 = la->res3;
                 *la = a->rc;
                 la->res3 = res3;
             } else if (naive_sel) {
@@ -324,7 +348,7 @@ static int64_t point_acts(struct l3d_gpt *m, float *base, int slot) {
             a->dln_local = a->dln;
         }
     }
-    return total + off;
+    return total + off; /* bytes */
 }
 
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
@@ -336,8 +360,16 @@ l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
 l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute) {
+    return l3d_gpt_init_dt(out, cfg, sh, be, B, T, grads, act_slots, recompute, L3D_F32);
+}
+
+l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
+                           enum l3d_dtype dt) {
     *out = NULL;
     L3D_ASSERT(act_slots >= 1);
+    L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
     if (B < 1 || T < 1)
@@ -365,22 +397,32 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
                          "default) or naive (the materialising oracle, for benchmarks)", attn);
     }
     m->attn_naive = attn && strcmp(attn, "naive") == 0;
+    if (m->attn_naive && dt != L3D_F32) {
+        l3d_free(m);
+        return l3d_error(L3D_ERR_ARG, "L3D_ATTENTION=naive: the materialising attention kernel "
+                         "is an fp32 oracle; use --precision fp32 with it, or unset L3D_ATTENTION");
+    }
+    m->dt = dt;
+    m->es = l3d_dtype_size(dt);
     plan_params(m);
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) {
+        m->tensors[i].dtype = dt;
+        m->tensors[i].bytes = (size_t)m->tensors[i].count * m->es;
+    }
     m->acts = l3d_calloc(sizeof *m->acts, "activation table");
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
                                 "activation table");
-    int64_t n_act = point_acts(m, NULL, 0);
-    const size_t es = l3d_dtype_size(L3D_F32); /* parameters, gradients, activations */
-    m->act_bytes = (size_t)n_act * es;
-    size_t pbytes = (size_t)m->num_params * es;
-    size_t nlbytes = (size_t)m->nonlayer_size * es, slbytes = (size_t)m->slot_size * es;
-    size_t gbytes = grads == L3D_GRADS_FLAT    ? pbytes
+    m->act_bytes = (size_t)point_acts(m, NULL, 0);
+    const size_t gs = sizeof(float); /* gradients: fp32 */
+    size_t pbytes = (size_t)m->num_params * m->es, gflat = (size_t)m->num_params * gs;
+    size_t nlbytes = (size_t)m->nonlayer_size * gs, slbytes = (size_t)m->slot_size * gs;
+    size_t gbytes = grads == L3D_GRADS_FLAT    ? gflat
                     : grads == L3D_GRADS_SLOTS ? nlbytes + 2 * slbytes
                                                : 0;
     m->params = l3d_be_alloc(be, pbytes, "parameters");
     bool grads_ok = true;
     if (grads == L3D_GRADS_FLAT) {
-        grads_ok = (m->grads = l3d_be_alloc(be, pbytes, "gradients")) != NULL;
+        grads_ok = (m->grads = l3d_be_alloc(be, gflat, "gradients")) != NULL;
     } else if (grads == L3D_GRADS_SLOTS) {
         m->grads_nonlayer = l3d_be_alloc(be, nlbytes + 64, "gradients");
         for (int i = 0; i < 2; i++)
@@ -405,7 +447,7 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cf
     }
     /* first touch now, not inside the step loop */
     l3d_be_memset(be, m->params, 0, pbytes);
-    if (m->grads) l3d_be_memset(be, m->grads, 0, pbytes);
+    if (m->grads) l3d_be_memset(be, m->grads, 0, gflat);
     if (m->grads_nonlayer) {
         l3d_be_memset(be, m->grads_nonlayer, 0, nlbytes);
         for (int i = 0; i < 2; i++) l3d_be_memset(be, m->grad_slot[i], 0, slbytes);
@@ -491,6 +533,7 @@ void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_sh
 }
 
 void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
+    L3D_ASSERT(m->dt == L3D_F32); /* 16-bit models are initialised through an fp32 view */
     const struct l3d_gpt_config *cfg = &m->cfg;
     int64_t C = cfg->C;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally */
@@ -528,13 +571,13 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
                 }
             }
         }
-        l3d_be_copy_h2d(m->be, m->params + ti->offset, host, ti->bytes);
+        l3d_be_copy_h2d(m->be, l3d_gpt_param_ptr(m, mats[i].t, 0), host, ti->bytes);
     }
     const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
         for (int64_t k = 0; k < ti->count; k++) host[k] = 1.0f;
-        l3d_be_copy_h2d(m->be, m->params + ti->offset, host, ti->bytes);
+        l3d_be_copy_h2d(m->be, l3d_gpt_param_ptr(m, ones[i], 0), host, ti->bytes);
     }
     l3d_free(host);
 }
@@ -548,16 +591,21 @@ void l3d_gpt_zero_grad(struct l3d_gpt *m) {
 
 /* ---- forward ---------------------------------------------------------------------------- */
 
-/* Pointers to one layer's parameters (or gradients) inside a flat buffer. */
-struct layer_params {
+/* Pointers to one layer's gradients (fp32) in the flat buffer or the layer's slot. */
+struct layer_grads {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
         *fcprojb;
 };
 
-/* One layer's gradients: in the flat buffer, or in the layer's slot. */
-static struct layer_params layer_grads(const struct l3d_gpt *m, int l) {
+/* Pointers to one layer's parameters (type m->dt) in m->params. */
+struct layer_params {
+    void *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+        *fcprojb;
+};
+
+static struct layer_grads layer_grads(const struct l3d_gpt *m, int l) {
 #define LG(id) l3d_gpt_grad_ptr(m, id, l)
-    return (struct layer_params){
+    return (struct layer_grads){
         .ln1w = LG(L3D_T_LN1W), .ln1b = LG(L3D_T_LN1B), .qkvw = LG(L3D_T_QKVW),
         .qkvb = LG(L3D_T_QKVB), .attprojw = LG(L3D_T_ATTPROJW), .attprojb = LG(L3D_T_ATTPROJB),
         .ln2w = LG(L3D_T_LN2W), .ln2b = LG(L3D_T_LN2B), .fcw = LG(L3D_T_FCW),
@@ -566,9 +614,8 @@ static struct layer_params layer_grads(const struct l3d_gpt *m, int l) {
 #undef LG
 }
 
-static struct layer_params layer_params(const struct l3d_gpt *m, float *flat, int l) {
-    const struct l3d_tensor_info *t = m->tensors;
-#define LP(id) (flat + t[id].offset + (int64_t)l * t[id].rows * t[id].cols)
+static struct layer_params layer_params(const struct l3d_gpt *m, int l) {
+#define LP(id) l3d_gpt_param_ptr(m, id, l)
     return (struct layer_params){
         .ln1w = LP(L3D_T_LN1W), .ln1b = LP(L3D_T_LN1B), .qkvw = LP(L3D_T_QKVW),
         .qkvb = LP(L3D_T_QKVB), .attprojw = LP(L3D_T_ATTPROJW), .attprojb = LP(L3D_T_ATTPROJB),
@@ -578,33 +625,49 @@ static struct layer_params layer_params(const struct l3d_gpt *m, float *flat, in
 #undef LP
 }
 
-static void tp_all_reduce(struct l3d_gpt *m, float *buf, int64_t n) {
-    if (m->hooks.tp_all_reduce) m->hooks.tp_all_reduce(m->hooks.ctx, buf, n);
+/* In-place sum over the TP group of n elements of type dt. */
+static void tp_all_reduce(struct l3d_gpt *m, void *buf, int64_t n, enum l3d_dtype dt) {
+    if (m->hooks.tp_all_reduce) m->hooks.tp_all_reduce(m->hooks.ctx, buf, n, dt);
+}
+
+/* The backward kernels: activations of the model's type, parameter gradients fp32 (main_grad). */
+static void matmul_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
+                            const void *dout, const void *inp, const void *weight, int64_t N,
+                            int64_t C, int64_t OC) {
+    l3d_be_matmul_backward_mixed(m->be, m->dt, L3D_F32, dinp, dweight, dbias, dout, inp, weight,
+                                 N, C, OC);
+}
+
+static void layernorm_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
+                               const void *dout, const void *inp, const void *weight,
+                               const float *mean, const float *rstd, int64_t N, int64_t C) {
+    l3d_be_layernorm_backward_mixed(m->be, m->dt, L3D_F32, dinp, dweight, dbias, dout, inp,
+                                    weight, mean, rstd, N, C);
 }
 
 /* Backward of a column-parallel product (Megatron's conjugate of the identity): the input gradient
  * dinp (N,C) is summed over the TP group, and that sum runs while the weight-gradient product
  * computes; with sequence parallelism it is reduce-scattered into acts->dln_local instead (the
  * conjugate of the forward all-gather). dinp is zeroed here. */
-static void column_parallel_backward(struct l3d_gpt *m, float *dinp, float *dweight, float *dbias,
-                                     const float *dout, const float *inp, const float *weight,
+static void column_parallel_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
+                                     const void *dout, const void *inp, const void *weight,
                                      int64_t N, int64_t C, int64_t OC) {
     int64_t sp = m->shard.sp_size;
-    l3d_be_memset(m->be, dinp, 0, (size_t)(N * C) * sizeof(float));
+    l3d_be_memset(m->be, dinp, 0, (size_t)(N * C) * m->es);
     if (sp > 1) { /* sequence parallel: the sum is reduce-scattered to this rank's rows */
-        l3d_be_matmul_backward(m->be, L3D_F32, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
-        m->hooks.tp_reduce_scatter(m->hooks.ctx, dinp, m->acts->dln_local, N / sp * C);
-        l3d_be_matmul_backward(m->be, L3D_F32, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+        matmul_backward(m, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+        m->hooks.tp_reduce_scatter(m->hooks.ctx, dinp, m->acts->dln_local, N / sp * C, m->dt);
+        matmul_backward(m, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
         return;
     }
     if (!m->hooks.tp_all_reduce_begin) {
-        l3d_be_matmul_backward(m->be, L3D_F32, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-        tp_all_reduce(m, dinp, N * C);
+        matmul_backward(m, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+        tp_all_reduce(m, dinp, N * C, m->dt);
         return;
     }
-    l3d_be_matmul_backward(m->be, L3D_F32, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
-    m->hooks.tp_all_reduce_begin(m->hooks.ctx, dinp, N * C);
-    l3d_be_matmul_backward(m->be, L3D_F32, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+    matmul_backward(m, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
+    m->hooks.tp_all_reduce_begin(m->hooks.ctx, dinp, N * C, m->dt);
+    matmul_backward(m, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
     m->hooks.tp_all_reduce_end(m->hooks.ctx);
 }
 
@@ -615,51 +678,56 @@ static int64_t local_valid_vocab(const struct l3d_gpt *m) {
 
 /* Row-parallel matrix product followed by the residual add:
  * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group. */
-static void row_parallel_residual(struct l3d_gpt *m, float *res_out, const float *res_in,
-                                  const float *inp, const float *w, const float *b, int64_t N,
+static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *res_in,
+                                  const void *inp, const void *w, const void *b, int64_t N,
                                   int64_t Cin) {
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
-    float *out = m->acts->scratch;
+    void *out = m->acts->scratch;
+    const enum l3d_dtype dt = m->dt;
     if (sp > 1) { /* sequence parallel: reduce-scatter instead of all-reduce */
         int64_t Nl = N / sp, r0 = m->shard.sp_rank * Nl;
-        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, NULL, N, Cin, C);
+        l3d_be_matmul_forward(m->be, dt, out, inp, w, NULL, N, Cin, C);
         /* the bias once: on the rows this rank keeps */
-        l3d_be_add_bias(m->be, L3D_F32, out + r0 * C, b, Nl, C);
-        m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C);
-        l3d_be_residual_forward(m->be, L3D_F32, res_out, res_in, m->acts->scratch_local, Nl * C);
+        l3d_be_add_bias(m->be, dt, el(out, r0 * C, m->es), b, Nl, C);
+        m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C, dt);
+        l3d_be_residual_forward(m->be, dt, res_out, res_in, m->acts->scratch_local, Nl * C);
         return;
     }
     if (m->hooks.tp_all_reduce) {
-        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin, C);
-        tp_all_reduce(m, out, N * C);
+        l3d_be_matmul_forward(m->be, dt, out, inp, w, m->shard.adds_row_bias ? b : NULL, N, Cin,
+                              C);
+        tp_all_reduce(m, out, N * C, dt);
     } else {
-        l3d_be_matmul_forward(m->be, L3D_F32, out, inp, w, b, N, Cin, C);
+        l3d_be_matmul_forward(m->be, dt, out, inp, w, b, N, Cin, C);
     }
-    l3d_be_residual_forward(m->be, L3D_F32, res_out, res_in, out, N * C);
+    l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
 }
 
 /* One transformer layer's forward from its input x into la (res3 is its output). */
-static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const float *x, int B,
+static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
                           int T) {
     struct l3d_gpt_acts *a = m->acts;
     const struct l3d_shard *s = &m->shard;
+    const enum l3d_dtype dt = m->dt;
     int64_t N = (int64_t)B * T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
     int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
-    struct layer_params p = layer_params(m, m->params, l);
-    float *lnout = sp > 1 ? a->ln_local : la->ln1;
-    l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl, C);
-    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C);
-    l3d_be_matmul_forward(m->be, L3D_F32, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
+    struct layer_params p = layer_params(m, l);
+    void *lnout = sp > 1 ? a->ln_local : la->ln1;
+    l3d_be_layernorm_forward(m->be, dt, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl,
+                             C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
+    l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
     if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
     else
-        l3d_be_attention_forward(m->be, L3D_F32, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
-    l3d_be_layernorm_forward(m->be, L3D_F32, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl, C);
-    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C);
-    l3d_be_matmul_forward(m->be, L3D_F32, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
-    l3d_be_gelu_forward(m->be, L3D_F32, la->fch_gelu, la->fch, N * F);
+    l3d_be_layernorm_forward(m->be, dt, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w,
+                             p.ln2b, Nl, C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
+    l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
+    l3d_be_gelu_forward(m->be, dt, la->fch_gelu, la->fch, N * F);
     row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
 }
 
@@ -675,6 +743,7 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
+    const enum l3d_dtype dt = m->dt;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
     m->B = B;
     m->T = T;
@@ -685,48 +754,49 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     int64_t sp = s->sp_size, Nl = N / sp, r0 = s->sp_rank * Nl;
     L3D_ASSERT(N % sp == 0);
     if (s->has_embedding) {
-        const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
-        const float *wpe = m->params + m->tensors[L3D_T_WPE].offset;
+        const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
+        const void *wpe = l3d_gpt_param_ptr(m, L3D_T_WPE, 0);
+        int64_t v0 = s->vocab_start, vn = s->vocab_count;
         if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
-            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, NULL, s->vocab_start, s->vocab_count,
-                               B, T, C);
-            m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C);
-            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
-            l3d_be_add_inplace(m->be, L3D_F32, m->input_act, a->scratch + r0 * C, Nl * C);
+            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, NULL, v0, vn, B, T, C);
+            m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C, dt);
+            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+            l3d_be_add_inplace(m->be, dt, m->input_act, el(a->scratch, r0 * C, m->es), Nl * C);
         } else if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
-            l3d_be_encoder_forward(m->be, L3D_F32, m->input_act, m->inputs, wte, NULL, s->vocab_start, s->vocab_count,
-                               B, T, C);
-            tp_all_reduce(m, m->input_act, N * C);
-            l3d_be_encoder_forward(m->be, L3D_F32, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C); /* wpe only */
-            l3d_be_add_inplace(m->be, L3D_F32, m->input_act, a->scratch, N * C);
+            l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, NULL, v0, vn, B, T,
+                                   C);
+            tp_all_reduce(m, m->input_act, N * C, dt);
+            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+            l3d_be_add_inplace(m->be, dt, m->input_act, a->scratch, N * C);
         } else {
-            l3d_be_encoder_forward(m->be, L3D_F32, m->input_act, m->inputs, wte, wpe, s->vocab_start, s->vocab_count,
-                               B, T, C);
+            l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, wpe, v0, vn, B, T, C);
         }
     }
-    const float *x = m->input_act;
+    const void *x = m->input_act;
     for (int l = 0; l < s->layer_count; l++) {
         forward_layer(m, l, &a->layer[l], x, B, T);
         x = a->layer[l].res3;
     }
     if (!s->has_head) return 0.0f;
 
-    const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
-    const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
-    const float *lnfb = m->params + m->tensors[L3D_T_LNFB].offset;
+    const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
+    const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
+    const void *lnfb = l3d_gpt_param_ptr(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    l3d_be_layernorm_forward(m->be, L3D_F32, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
-    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C);
-    l3d_be_matmul_forward(m->be, L3D_F32, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
+    l3d_be_layernorm_forward(m->be, dt, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
+    l3d_be_matmul_forward(m->be, dt, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
-    /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit */
-    l3d_be_xent_max(m->be, L3D_F32, a->maxv, m->logits, N, Vl, Vvalid);
-    if (m->hooks.tp_all_reduce_max) m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N);
-    l3d_be_xent_sumexp(m->be, L3D_F32, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets, s->vocab_start, N, Vl,
-                   Vvalid);
+    /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit, the
+     * statistics fp32 whatever the logits' type */
+    l3d_be_xent_max(m->be, dt, a->maxv, m->logits, N, Vl, Vvalid);
+    if (m->hooks.tp_all_reduce_max)
+        m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N, L3D_F32);
+    l3d_be_xent_sumexp(m->be, dt, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets,
+                       s->vocab_start, N, Vl, Vvalid);
     if (m->hooks.tp_all_reduce) {
-        tp_all_reduce(m, a->sumexp, N);
-        tp_all_reduce(m, a->tlogit, N);
+        tp_all_reduce(m, a->sumexp, N, L3D_F32);
+        tp_all_reduce(m, a->tlogit, N, L3D_F32);
     }
     double total = 0.0;
     l3d_be_memset(m->be, m->loss_sum, 0, sizeof(double));
@@ -735,16 +805,18 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     return (float)(total / (double)N);
 }
 
-const float *l3d_gpt_output_act(const struct l3d_gpt *m) {
+const void *l3d_gpt_output_act(const struct l3d_gpt *m) {
     return m->shard.layer_count > 0 ? m->acts->layer[m->shard.layer_count - 1].res3 : m->input_act;
 }
 
 /* ---- backward --------------------------------------------------------------------------- */
 
-void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
+    const enum l3d_dtype dt = m->dt;
+    const size_t E = m->es;
     int B = m->B, T = m->T;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
     int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
@@ -753,33 +825,33 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
      * reduce-scatter), and the LayerNorm weights' gradients, partial sums over this rank's rows,
      * are summed over the group. With sp = 1 the gathered buffers alias the local ones. */
     int64_t sp = s->sp_size, Nl = N / sp;
-    size_t bytes_l = (size_t)(Nl * C) * sizeof(float);
-    const float *x_last = l3d_gpt_output_act(m);
+    size_t bytes_l = (size_t)(Nl * C) * E;
+    const void *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
-        const float *wte = m->params + m->tensors[L3D_T_WTE].offset;
-        const float *lnfw = m->params + m->tensors[L3D_T_LNFW].offset;
+        const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
+        const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
         float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
         float *dlnfb = l3d_gpt_grad_ptr(m, L3D_T_LNFB, 0);
         int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
         /* logits become dlogits in place */
         L3D_ASSERT(m->has_targets);
-        l3d_be_xent_backward(m->be, L3D_F32, m->logits, a->maxv, a->sumexp, m->targets, dloss, s->vocab_start, N,
-                         Vl, Vvalid);
+        l3d_be_xent_backward(m->be, dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
+                             s->vocab_start, N, Vl, Vvalid);
         /* the head is column-parallel over the vocabulary */
         column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
         l3d_be_memset(m->be, a->dres, 0, bytes_l);
         if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
             l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
-            l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
-                                  a->lnf_mean, a->lnf_rstd, Nl, C);
-            tp_all_reduce(m, a->dlnw, 2 * C);
+            layernorm_backward(m, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
+                               a->lnf_mean, a->lnf_rstd, Nl, C);
+            tp_all_reduce(m, a->dlnw, 2 * C, L3D_F32);
             l3d_be_add_inplace(m->be, L3D_F32, dlnfw, a->dlnw, C);
             l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
         } else {
-            l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
-                                  a->lnf_rstd, N, C);
+            layernorm_backward(m, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
+                               a->lnf_rstd, N, C);
         }
     } else {
         L3D_ASSERT(dout_act != NULL);
@@ -788,18 +860,18 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
 
     for (int l = s->layer_count - 1; l >= 0; l--) {
         struct layer_acts *la = &a->layer[l];
-        struct layer_params p = layer_params(m, m->params, l);
+        struct layer_params p = layer_params(m, l);
         if (m->grads_nonlayer)
             l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
-        struct layer_params g = layer_grads(m, l);
-        const float *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+        struct layer_grads g = layer_grads(m, l);
+        const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
             la = &a->rc;
             forward_layer(m, l, la, x, B, T);
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
             /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
-            l3d_be_attention_naive_forward(m->be, L3D_F32, a->atty_tmp, la->att, la->qkv, B, T,
-                                           Hl, HS);
+            l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
+                                           HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
@@ -810,33 +882,33 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
             g_ln1w = a->dlnw + 2 * C, g_ln1b = a->dlnw + 3 * C;
         }
         /* MLP: dres holds d(res3) */
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * sizeof(float));
-        l3d_be_matmul_backward(m->be, L3D_F32, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
-                           p.fcprojw, N, F, C);
-        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * F) * sizeof(float));
-        l3d_be_gelu_backward(m->be, L3D_F32, a->dfch, a->dfch_gelu, la->fch, N * F);
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+        l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * E);
+        matmul_backward(m, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
+                        p.fcprojw, N, F, C);
+        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * F) * E);
+        l3d_be_gelu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N * F);
         column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
-        l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
-                              la->ln2_mean, la->ln2_rstd, Nl, C);
+        layernorm_backward(m, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
+                           la->ln2_mean, la->ln2_rstd, Nl, C);
         /* attention: dres now holds d(res2) */
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * sizeof(float));
-        l3d_be_matmul_backward(m->be, L3D_F32, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty,
-                           p.attprojw, N, Ca, C);
-        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * sizeof(float));
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+        l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * E);
+        matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
+                        N, Ca, C);
+        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * E);
         if (m->attn_naive)
-            l3d_be_attention_naive_backward(m->be, L3D_F32, a->dqkv, a->datt, a->datty, la->qkv,
+            l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
                                             la->att, B, T, Hl, HS);
         else
-            l3d_be_attention_backward(m->be, L3D_F32, a->dqkv, a->datty, la->qkv, la->atty,
-                                      la->att, B, T, Hl, HS);
+            l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
+                                      B, T, Hl, HS);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
-        l3d_be_layernorm_backward(m->be, L3D_F32, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
-                              la->ln1_rstd, Nl, C);
+        layernorm_backward(m, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
+                           la->ln1_rstd, Nl, C);
         if (sp > 1) {
-            tp_all_reduce(m, a->dlnw, 4 * C);
+            tp_all_reduce(m, a->dlnw, 4 * C, L3D_F32);
             l3d_be_add_inplace(m->be, L3D_F32, g.ln2w, g_ln2w, C);
             l3d_be_add_inplace(m->be, L3D_F32, g.ln2b, g_ln2b, C);
             l3d_be_add_inplace(m->be, L3D_F32, g.ln1w, g_ln1w, C);
@@ -849,38 +921,49 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const float *dout_act) {
     if (s->has_embedding) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C);
-        l3d_be_encoder_backward(m->be, L3D_F32, dwte, dwpe, a->dres_full, m->inputs, s->vocab_start,
-                            s->vocab_count, B, T, C);
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+        l3d_be_encoder_backward_mixed(m->be, dt, L3D_F32, dwte, dwpe, a->dres_full, m->inputs,
+                                      s->vocab_start, s->vocab_count, B, T, C);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
 
 size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash) {
+    return l3d_gpt_act_bytes_dt(cfg, sh, B, T, act_slots, recompute, flash, L3D_F32);
+}
+
+size_t l3d_gpt_act_bytes_dt(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+                            int T, int act_slots, enum l3d_recompute recompute, bool flash,
+                            enum l3d_dtype dt) {
     double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
     double p = sh->sp_size, sb = s * b, sbh = s * b * h, V = (double)sh->vocab_count;
-    /* a: this rank's heads, the model's / t. The tiled kernel keeps a log-sum-exp per query row
-     * (a s b), the materialising one the probabilities (a s^2 b) and a scratch of that size */
-    double Ca = h / t, att = flash ? a * s * b : a * s * s * b;
+    double E = (double)l3d_dtype_size(dt);
+    /* each term in bytes: E for the activations of the model's type, 4 for the fp32 statistics
+     * and the int32 tokens. a: this rank's heads, the model's / t. The tiled kernel keeps a
+     * log-sum-exp per query row (a s b), the materialising one the probabilities (a s^2 b) and a
+     * scratch of that size (both fp32) */
+    double Ca = h / t, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
-    double layer_all = sbh * (2 + 12 / t + 2 / p) + att + 4 * sb / p;
+    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p);
     double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
-                                                          : sbh / p;
+                                                          : E * sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
      * LayerNorm (its gathered copy under SP), the logits slice and the loss statistics */
-    double slot = sh->layer_count * layer + 2 * sbh / p + 2 * sb;
-    if (sh->has_head) slot += sbh / p + (p > 1 ? sbh : 0) + 2 * sb / p + sb * V + 4 * sb;
+    double slot = sh->layer_count * layer + E * 2 * sbh / p + 4 * 2 * sb;
+    if (sh->has_head)
+        slot += E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 4 * sb);
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
-    double shared = sbh / p + sbh + 3 * sb * Ca + sb * Ca + (flash ? 0 : att) + 8 * sbh / t + sbh;
-    if (p > 1) shared += 2 * sbh / p + sbh + sbh / p + 4 * h;
+    double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sbh / t + sbh) +
+                    (flash ? 0 : att);
+    if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
-    if (naive_sel) shared += sb * Ca;
+    if (naive_sel) shared += E * sb * Ca;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
-    return (size_t)(4 * (act_slots * slot + shared));
+    return (size_t)(act_slots * slot + shared);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */

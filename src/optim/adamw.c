@@ -6,33 +6,45 @@
 
 l3d_status l3d_adamw_init(struct l3d_adamw *opt, struct l3d_backend *be,
                           const struct l3d_adamw_hparams *hp, int64_t start, int64_t n) {
+    return l3d_adamw_init_dt(opt, be, hp, start, n, L3D_F32);
+}
+
+l3d_status l3d_adamw_init_dt(struct l3d_adamw *opt, struct l3d_backend *be,
+                             const struct l3d_adamw_hparams *hp, int64_t start, int64_t n,
+                             enum l3d_dtype pdt) {
     memset(opt, 0, sizeof *opt);
     opt->hp = *hp;
     opt->be = be;
     opt->start = start;
     opt->n = n;
+    opt->pdt = pdt;
     if (n == 0) return L3D_OK;
     size_t bytes = (size_t)n * sizeof(float); /* the moments are fp32 whatever the parameters */
+    int k = pdt == L3D_F32 ? 2 : 3; /* and 16-bit parameters have fp32 master copies */
     opt->m = l3d_be_alloc(be, bytes, "adamw first moment");
     opt->v = l3d_be_alloc(be, bytes, "adamw second moment");
-    if (!opt->m || !opt->v) {
+    if (k == 3) opt->master = l3d_be_alloc(be, bytes, "fp32 master weights");
+    if (!opt->m || !opt->v || (k == 3 && !opt->master)) {
         l3d_adamw_free(opt);
-        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for AdamW's moments of %lld "
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for AdamW's moments%s of %lld "
                          "parameters: use --zero 1 or more data-parallel ranks to shard them, or a "
-                         "smaller model", 2.0 * (double)bytes / 1073741824.0, (long long)n);
+                         "smaller model", k * (double)bytes / 1073741824.0,
+                         k == 3 ? " and fp32 master weights" : "", (long long)n);
     }
     l3d_be_memset(be, opt->m, 0, bytes); /* first touch now, not inside the step loop */
     l3d_be_memset(be, opt->v, 0, bytes);
+    if (opt->master) l3d_be_memset(be, opt->master, 0, bytes);
     return L3D_OK;
 }
 
 void l3d_adamw_free(struct l3d_adamw *opt) {
     if (opt->m) l3d_be_free(opt->be, opt->m);
     if (opt->v) l3d_be_free(opt->be, opt->v);
-    opt->m = opt->v = NULL;
+    if (opt->master) l3d_be_free(opt->be, opt->master);
+    opt->m = opt->v = opt->master = NULL;
 }
 
-void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params,
+void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
                     const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
                     int ntensors, float lr) {
     const struct l3d_adamw_hparams *hp = &opt->hp;
@@ -45,9 +57,17 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, float *params
         int64_t lo = t->offset > s0 ? t->offset : s0;
         int64_t hi = t->offset + t->count < s1 ? t->offset + t->count : s1;
         if (lo >= hi) continue;
-        l3d_be_adamw(be, L3D_F32, params + lo, opt->m + (lo - s0), opt->v + (lo - s0),
-                     grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2, hp->eps,
-                     t->decay ? hp->weight_decay : 0.0f, bc1, bc2);
+        float wd = t->decay ? hp->weight_decay : 0.0f;
+        if (opt->master) /* the fp32 master weights, then the model's 16-bit copy */
+            l3d_be_adamw_mixed(be, opt->pdt, L3D_F32,
+                               (char *)params + lo * (int64_t)l3d_dtype_size(opt->pdt),
+                               opt->master + (lo - s0), opt->m + (lo - s0), opt->v + (lo - s0),
+                               grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2,
+                               hp->eps, wd, bc1, bc2);
+        else
+            l3d_be_adamw(be, L3D_F32, (float *)params + lo, opt->m + (lo - s0),
+                         opt->v + (lo - s0), grads + (lo - s0), grad_scale, hi - lo, lr,
+                         hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
     }
 }
 

@@ -129,7 +129,8 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
         return l3d_error(L3D_ERR_ARG, "ZeRO-2 needs a model built with gradient slots");
     dp->m = m;
     dp->comm = comm;
-    dp->param_dtype = dp->grad_dtype = L3D_F32;
+    dp->param_dtype = m->dt;
+    dp->grad_dtype = L3D_F32; /* fp32 gradients (main_grad) in every precision */
     dp->zero = zero;
     dp->overlap = overlap;
     size_t gsize = l3d_dtype_size(dp->grad_dtype);
@@ -239,36 +240,43 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
     }
 }
 
+/* All-gathers every rank's range of buf (num_params elements of type dt) over the DP group, in
+ * pieces of at most one bucket's bytes per rank. */
+static void gather_ranges(struct l3d_dp *dp, void *buf, enum l3d_dtype dt, const char *what) {
+    struct l3d_gpt *m = dp->m;
+    int d = dp->comm->size;
+    int64_t counts[256], displs[256];
+    L3D_ASSERT(d <= 256);
+    int64_t piece = (int64_t)(dp->bucket * l3d_dtype_size(dp->grad_dtype) / l3d_dtype_size(dt));
+    double t0 = l3d_time_s();
+    struct l3d_doing was = l3d_comm_doing(dp->comm, what, -1, -1);
+    for (int64_t k = 0; k < dp->shard_size; k += piece) {
+        bool any = false;
+        for (int r = 0; r < d; r++) {
+            int64_t start = (int64_t)r * dp->shard_size + k;
+            int64_t end = (int64_t)(r + 1) * dp->shard_size;
+            if (end > m->num_params) end = m->num_params;
+            int64_t n = end - start;
+            if (n > piece) n = piece;
+            if (n < 0) n = 0;
+            counts[r] = n;
+            displs[r] = n > 0 ? start : 0;
+            any = any || n > 0;
+        }
+        if (any) l3d_comm_all_gatherv(dp->comm, buf, counts, displs, dt, NULL);
+    }
+    l3d_comm_done(dp->comm, was);
+    dp->comm_wait_s += l3d_time_s() - t0;
+}
+
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale) {
     struct l3d_gpt *m = dp->m;
     l3d_adamw_step(opt, be, m->params, own_grads(dp), grad_scale, m->tensors, L3D_NUM_TENSORS, lr);
-    if (dp->zero > 0 && dp->comm->size > 1) {
-        /* all-gather the updated ranges in pieces of at most one bucket per rank */
-        int d = dp->comm->size;
-        int64_t counts[256], displs[256];
-        L3D_ASSERT(d <= 256);
-        double t0 = l3d_time_s();
-        struct l3d_doing was = l3d_comm_doing(dp->comm, "ZeRO parameter all-gather", -1, -1);
-        for (int64_t k = 0; k < dp->shard_size; k += dp->bucket) {
-            bool any = false;
-            for (int r = 0; r < d; r++) {
-                int64_t start = (int64_t)r * dp->shard_size + k;
-                int64_t end = (int64_t)(r + 1) * dp->shard_size;
-                if (end > m->num_params) end = m->num_params;
-                int64_t n = end - start;
-                if (n > dp->bucket) n = dp->bucket;
-                if (n < 0) n = 0;
-                counts[r] = n;
-                displs[r] = n > 0 ? start : 0;
-                any = any || n > 0;
-            }
-            if (any)
-                l3d_comm_all_gatherv(dp->comm, m->params, counts, displs, dp->param_dtype, NULL);
-        }
-        l3d_comm_done(dp->comm, was);
-        dp->comm_wait_s += l3d_time_s() - t0;
-    }
+    /* the updated ranges, in the model's type (16-bit in mixed precision, as Megatron-LM's
+     * distributed optimizer gathers them) */
+    if (dp->zero > 0 && dp->comm->size > 1)
+        gather_ranges(dp, m->params, dp->param_dtype, "ZeRO parameter all-gather");
     if (dp->zero == 2)
         l3d_be_memset(m->be, dp->grad_shard, 0,
                       (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
@@ -299,7 +307,8 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
     struct l3d_dp_memory r = {0};
     size_t psize = l3d_dtype_size(dp->param_dtype), gsize = l3d_dtype_size(dp->grad_dtype);
     r.params = (size_t)m->num_params * psize;
-    r.optimizer = (size_t)opt->n * 2 * sizeof(float); /* AdamW's m and v, fp32 */
+    /* AdamW's m and v, fp32, and the fp32 master weights in mixed precision */
+    r.optimizer = (size_t)opt->n * (opt->master ? 3 : 2) * sizeof(float);
     if (m->grads) {
         r.grads = (size_t)m->num_params * gsize;
     } else {
@@ -307,4 +316,34 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
         r.grad_scratch = (size_t)(m->nonlayer_size + 2 * m->slot_size) * gsize;
     }
     return r;
+}
+
+float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt) {
+    struct l3d_gpt *m = dp->m;
+    if (!opt->master) return m->params; /* fp32: the parameters themselves */
+    if (opt->start == 0 && opt->n == m->num_params) return opt->master; /* the whole range */
+    size_t bytes = (size_t)m->num_params * sizeof(float);
+    /* the fp32 gradient buffer is free between steps; ZeRO-2 has none, so a staging buffer */
+    return m->grads ? m->grads : l3d_be_alloc(m->be, bytes, "fp32 parameter staging");
+}
+
+void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
+    if (!opt->master || buf == opt->master) return; /* whole already */
+    l3d_be_copy_d2d(dp->m->be, buf + opt->start, opt->master, (size_t)opt->n * sizeof(float));
+    if (dp->comm->size > 1) gather_ranges(dp, buf, L3D_F32, "fp32 master-weight all-gather");
+}
+
+void l3d_dp_fp32_params_done(struct l3d_dp *dp, struct l3d_adamw *opt, float *buf, bool loaded) {
+    struct l3d_gpt *m = dp->m;
+    if (!opt->master || !buf) return;
+    if (loaded) { /* the model's 16-bit copy, and this rank's master range */
+        l3d_be_convert(m->be, m->dt, m->params, L3D_F32, buf, m->num_params);
+        if (buf != opt->master)
+            l3d_be_copy_d2d(m->be, opt->master, buf + opt->start, (size_t)opt->n * sizeof(float));
+    }
+    if (buf == opt->master) return;
+    if (buf == m->grads)
+        l3d_be_memset(m->be, buf, 0, (size_t)m->num_params * sizeof(float));
+    else
+        l3d_be_free(m->be, buf);
 }

@@ -16,7 +16,8 @@ l3d_status l3d_pp_exec_init(struct l3d_pp_exec *x, struct l3d_gpt **chunks, int 
     x->dp = dp;
     x->pp_comm = pp_comm;
     x->embed_comm = embed_comm;
-    x->act_dtype = x->grad_dtype = L3D_F32;
+    x->act_dtype = chunks[0]->dt; /* 16-bit activations between stages in mixed precision */
+    x->grad_dtype = L3D_F32;
     const struct l3d_gpt *m0 = chunks[0];
     x->be = m0->be;
     for (int c = 0; c < v; c++)

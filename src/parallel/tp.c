@@ -37,21 +37,27 @@ l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
 }
 
 /* Every hook counts the time spent inside the communication call (exposed TP communication) and
- * the payload bytes. One all-reduce over the group; req NULL: blocking. */
-static void all_reduce(struct l3d_tp *tp, float *buf, int64_t n, enum l3d_redop op, l3d_req *req) {
+ * the payload bytes; buffers hold n elements of type dt (the model's activation type, or fp32
+ * statistics). One all-reduce over the group; req NULL: blocking. */
+static void all_reduce(struct l3d_tp *tp, void *buf, int64_t n, enum l3d_dtype dt,
+                       enum l3d_redop op, l3d_req *req) {
     double t0 = l3d_time_s();
-    l3d_comm_all_reduce(tp->comm, buf, n, tp->act_dtype, op, req);
+    l3d_comm_all_reduce(tp->comm, buf, n, dt, op, req);
     tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * (int64_t)l3d_dtype_size(tp->act_dtype);
+    tp->bytes += n * (int64_t)l3d_dtype_size(dt);
 }
 
-static void tp_sum(void *ctx, float *buf, int64_t n) { all_reduce(ctx, buf, n, L3D_SUM, NULL); }
-static void tp_max(void *ctx, float *buf, int64_t n) { all_reduce(ctx, buf, n, L3D_MAX, NULL); }
+static void tp_sum(void *ctx, void *buf, int64_t n, enum l3d_dtype dt) {
+    all_reduce(ctx, buf, n, dt, L3D_SUM, NULL);
+}
+static void tp_max(void *ctx, void *buf, int64_t n, enum l3d_dtype dt) {
+    all_reduce(ctx, buf, n, dt, L3D_MAX, NULL);
+}
 
-static void tp_sum_begin(void *ctx, float *buf, int64_t n) {
+static void tp_sum_begin(void *ctx, void *buf, int64_t n, enum l3d_dtype dt) {
     struct l3d_tp *tp = ctx;
     L3D_ASSERT(!tp->req.active);
-    all_reduce(tp, buf, n, L3D_SUM, &tp->req);
+    all_reduce(tp, buf, n, dt, L3D_SUM, &tp->req);
 }
 
 static void tp_sum_end(void *ctx) {
@@ -61,29 +67,30 @@ static void tp_sum_end(void *ctx) {
     tp->comm_s += l3d_time_s() - t0;
 }
 
-static void tp_gather(void *ctx, const float *local, float *full, int64_t n) {
+static void tp_gather(void *ctx, const void *local, void *full, int64_t n, enum l3d_dtype dt) {
     struct l3d_tp *tp = ctx;
     double t0 = l3d_time_s();
-    size_t esize = l3d_dtype_size(tp->act_dtype);
-    l3d_be_copy_d2d(tp->be, full + (int64_t)tp->comm->rank * n, local, (size_t)n * esize);
-    l3d_comm_all_gather(tp->comm, full, n, tp->act_dtype, NULL);
+    size_t esize = l3d_dtype_size(dt);
+    l3d_be_copy_d2d(tp->be, (char *)full + (size_t)tp->comm->rank * (size_t)n * esize, local,
+                    (size_t)n * esize);
+    l3d_comm_all_gather(tp->comm, full, n, dt, NULL);
     tp->comm_s += l3d_time_s() - t0;
     tp->bytes += n * tp->comm->size * (int64_t)esize;
 }
 
-static void tp_scatter(void *ctx, const float *full, float *local, int64_t n) {
+static void tp_scatter(void *ctx, const void *full, void *local, int64_t n, enum l3d_dtype dt) {
     struct l3d_tp *tp = ctx;
     double t0 = l3d_time_s();
-    l3d_comm_reduce_scatter(tp->comm, full, local, n, tp->act_dtype, L3D_SUM, NULL);
+    l3d_comm_reduce_scatter(tp->comm, full, local, n, dt, L3D_SUM, NULL);
     tp->comm_s += l3d_time_s() - t0;
-    tp->bytes += n * tp->comm->size * (int64_t)l3d_dtype_size(tp->act_dtype);
+    tp->bytes += n * tp->comm->size * (int64_t)l3d_dtype_size(dt);
 }
 
 void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_comm, bool overlap) {
     memset(tp, 0, sizeof *tp);
     tp->comm = tp_comm;
     tp->be = m->be;
-    tp->act_dtype = L3D_F32;
+    tp->act_dtype = m->dt;
     if (tp_comm->size == 1) return;
     m->hooks.ctx = tp;
     m->hooks.tp_all_reduce = tp_sum;

@@ -160,7 +160,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
     int32_t redo = (res->mfu > 1.0 || (hook && atoi(hook) == world->rank)) && tc->peak_flops <= 0;
     if (world->size > 1) l3d_comm_all_reduce(world, &redo, 1, L3D_I32, L3D_MAX, NULL);
     if (redo) {
-        double again = t->lead ? l3d_be_peak_flops(t->be, L3D_F32) * world->size : 0.0;
+        double again = t->lead ? l3d_be_peak_flops(t->be, tc->precision) * world->size : 0.0;
         if (world->size > 1) l3d_comm_broadcast(world, &again, 1, L3D_F64, 0, NULL);
         if (t->lead && !tc->quiet)
             printf("note: the start-up peak (%.1f GFLOP/s) was below the model's own rate "

@@ -37,6 +37,10 @@ struct l3d_trainer {
     struct l3d_dp *dps;
     struct l3d_adamw *opts;
     struct l3d_sumsq gsq;              /* the squared gradient norm, on the device */
+    /* fp32 views of the chunks' parameters (views_begin in train.c: the chunks themselves in
+     * fp32, their master weights in mixed precision) for initialisation and checkpoints */
+    struct l3d_gpt *views, **vptr;
+    float **p32;
     int ndp;
     struct l3d_tp tpc;
     struct l3d_pp_exec px;

@@ -35,15 +35,17 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->keep = 3;
     tc->timeout_s = 600;
     tc->max_skipped = 10;
+    tc->precision = L3D_F32;
 }
 
 /* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
- * on rank 0: each rank sends its chunks' parameters, rank 0 places them by their shard. */
+ * on rank 0: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0 places
+ * them by their shard. */
 static l3d_status save_model(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
-    struct l3d_gpt **chunks = t->chunks;
+    struct l3d_gpt **chunks = t->vptr;
     int v = t->lay.v;
     if (topo->dp_rank != 0) return L3D_OK;
     const bool lead = world->rank == 0;
@@ -94,6 +96,53 @@ static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_
     return l3d_comm_agree(world, st, &res->report_error);
 }
 
+/* Ends the fp32 views; loaded: they were filled with new parameters, which become the master
+ * weights and the model's 16-bit ones (l3d_dp_fp32_params_done). */
+static void views_end(struct l3d_trainer *t, bool loaded) {
+    for (int c = 0; c < t->lay.v && t->p32; c++) {
+        if (t->p32[c]) l3d_dp_fp32_params_done(&t->dps[c], &t->opts[c], t->p32[c], loaded);
+        t->p32[c] = NULL;
+    }
+}
+
+/* fp32 views of every chunk's parameters in t->vptr (collective: the ranks agree that each has
+ * its buffer); gather: filled with the master weights of every DP rank's range, for saving. In
+ * fp32 the views are the chunks' own parameters. */
+static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_train_result *res) {
+    int v = t->lay.v;
+    l3d_status st = L3D_OK;
+    for (int c = 0; c < v; c++) {
+        t->p32[c] = l3d_dp_fp32_params(&t->dps[c], &t->opts[c]);
+        if (!t->p32[c] && st == L3D_OK)
+            st = l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB to stage the fp32 parameters "
+                           "of ZeRO-2 in mixed precision (initialisation, checkpoint, model.bin): "
+                           "use more ranks (--tp, --pp) or a smaller model",
+                           (double)t->chunks[c]->num_params * 4 / 1048576.0);
+    }
+    if ((st = agree(t->world, st, res)) != L3D_OK) {
+        views_end(t, false);
+        return st;
+    }
+    for (int c = 0; c < v; c++) {
+        if (gather) l3d_dp_fp32_gather(&t->dps[c], &t->opts[c], t->p32[c]);
+        l3d_gpt_fp32_view(t->chunks[c], t->p32[c], &t->views[c]);
+        t->vptr[c] = &t->views[c];
+    }
+    return L3D_OK;
+}
+
+/* A checkpoint of step (when due and not saved yet) from the fp32 views. */
+static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, int step,
+                            struct l3d_train_result *res) {
+    if (!ck->root[0] || ck->last_saved == step) return L3D_OK;
+    l3d_status st = views_begin(t, true, res);
+    if (st != L3D_OK) return st;
+    st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->lay.v, t->ld, step,
+                             &res->report_error);
+    views_end(t, false);
+    return st;
+}
+
 /* Data and output: files may differ between nodes, so the caller agrees after. */
 static l3d_status open_data(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
@@ -122,32 +171,52 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     t->chunks = l3d_calloc((size_t)v * sizeof *t->chunks, "model chunks");
     t->dps = l3d_calloc((size_t)v * sizeof *t->dps, "model chunks");
     t->opts = l3d_calloc((size_t)v * sizeof *t->opts, "model chunks");
+    t->views = l3d_calloc((size_t)v * sizeof *t->views, "model chunks");
+    t->vptr = l3d_calloc((size_t)v * sizeof *t->vptr, "model chunks");
+    t->p32 = l3d_calloc((size_t)v * sizeof *t->p32, "model chunks");
     for (int c = 0; c < v && st == L3D_OK; c++) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
-        st = l3d_gpt_init_ex(&t->chunks[c], &tc->model, &sh, t->be, tc->B, tc->T,
-                             tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->recompute);
+        st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->B, tc->T,
+                             tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->recompute,
+                             tc->precision);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
-        t->act_formula += l3d_gpt_act_bytes(&tc->model, &sh, tc->B, tc->T, slots, tc->recompute,
-                                            !t->chunks[c]->attn_naive);
+        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->B, tc->T, slots,
+                                               tc->recompute, !t->chunks[c]->attn_naive,
+                                               tc->precision);
         t->n_local += t->chunks[c]->num_params;
-        if (tc->init_from)
-            st = l3d_ckpt_load_llmc(tc->init_from, t->chunks[c]);
-        else
-            l3d_gpt_init_weights(t->chunks[c], tc->seed);
-        if (st == L3D_OK) l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        if (st == L3D_OK)
-            st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
-                             !tc->dp_blocking);
-        if (st == L3D_OK) t->ndp++;
+        l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
+        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
+                         !tc->dp_blocking);
+        if (st != L3D_OK) break;
+        t->ndp++;
+        int64_t own_start, own_count;
+        l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
+        st = l3d_adamw_init_dt(&t->opts[c], t->be, &tc->adamw, own_start, own_count,
+                               tc->precision);
     }
     return st;
 }
 
+/* The initial weights (--init-from, else the seed's) through the fp32 views; the caller resumes
+ * into the same views, then ends them (views_end with loaded). */
+static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    l3d_status st = views_begin(t, false, res);
+    for (int c = 0; c < t->lay.v && st == L3D_OK; c++) {
+        if (tc->init_from)
+            st = l3d_ckpt_load_llmc(tc->init_from, t->vptr[c]);
+        else
+            l3d_gpt_init_weights(t->vptr[c], tc->seed);
+    }
+    return agree(t->world, st, res);
+}
+
 static void trainer_free(struct l3d_trainer *t) {
     int v = t->lay.v;
+    views_end(t, false);
     if (t->metrics) fclose(t->metrics);
     l3d_free(t->inp);
     l3d_free(t->tgt);
@@ -164,6 +233,9 @@ static void trainer_free(struct l3d_trainer *t) {
     l3d_free(t->chunks);
     l3d_free(t->dps);
     l3d_free(t->opts);
+    l3d_free(t->views);
+    l3d_free(t->vptr);
+    l3d_free(t->p32);
     l3d_train_layout_free(&t->lay);
     l3d_loader_free(t->vld);
     l3d_loader_free(t->ld);
@@ -204,22 +276,18 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     st = open_data(t);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     st = build_chunks(t);
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    for (int c = 0; c < v && st == L3D_OK; c++) {
-        int64_t own_start, own_count;
-        l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
-        st = l3d_adamw_init(&t->opts[c], t->be, &tc->adamw, own_start, own_count);
-    }
     if (st == L3D_OK) st = l3d_sumsq_init(&t->gsq, t->be, 2);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if ((st = init_weights(t, res)) != L3D_OK) goto fail;
     /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
     l3d_train_ckpt_init(&ck, tc, topo, world);
     ck.run_id = t->run_id;
     ck_up = true;
     int start_step = 0;
-    st = l3d_train_ckpt_resume(&ck, tc, world, t->chunks, t->opts, v, t->ld, &start_step,
+    st = l3d_train_ckpt_resume(&ck, tc, world, t->vptr, t->opts, v, t->ld, &start_step,
                                &res->report_error);
     if (st != L3D_OK) goto fail;
+    views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
     res->start_step = start_step;
     if (t->lead)
         st = l3d_train_ckpt_open_metrics(tc, start_step, t->run_id, &t->metrics, t->metrics_path,
@@ -247,7 +315,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */
     double peak = tc->peak_flops;
     if (peak <= 0) {
-        peak = t->lead ? l3d_be_peak_flops(t->be, L3D_F32) : 0.0;
+        peak = t->lead ? l3d_be_peak_flops(t->be, tc->precision) : 0.0;
         if (world->size > 1) l3d_comm_broadcast(world, &peak, 1, L3D_F64, 0, NULL);
     }
     t->peak = peak * world->size;
@@ -303,9 +371,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
         l3d_comm_doing(world, "end-of-step signal check and checkpoint", -1, -1);
         res->stopped_by = l3d_train_stop_requested(world);
         if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))
-            if ((st = l3d_train_ckpt_save(&ck, tc, world, t->chunks, t->opts, v, t->ld, step + 1,
-                                           &res->report_error)) != L3D_OK)
-                goto fail;
+            if ((st = save_ckpt(t, &ck, step + 1, res)) != L3D_OK) goto fail;
         if (res->stopped_by) {
             end_step = step + 1;
             if (t->lead)
@@ -322,9 +388,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if (world->size > 1) l3d_comm_all_reduce(world, &mem_peak, 1, L3D_F64, L3D_MAX, NULL);
     res->mem_peak = (size_t)mem_peak;
     /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
-    if (!res->stopped_by && tc->save_every > 0 &&
-        (st = l3d_train_ckpt_save(&ck, tc, world, t->chunks, t->opts, v, t->ld, end_step,
-                                  &res->report_error)) != L3D_OK)
+    if (!res->stopped_by && tc->save_every > 0 && (st = save_ckpt(t, &ck, end_step, res)) != L3D_OK)
         goto fail;
     res->steps = end_step;
     l3d_train_report_result(t, start_step, end_step, res);
@@ -335,7 +399,11 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
         if (st == L3D_OK && t->lead && !tc->quiet) printf("trace: %s\n", tc->trace_path);
     }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    if (tc->out_dir && !res->stopped_by) st = save_model(t);
+    if (tc->out_dir && !res->stopped_by) {
+        if ((st = views_begin(t, true, res)) != L3D_OK) goto fail;
+        st = save_model(t);
+        views_end(t, false);
+    }
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     l3d_train_report_end(t, res);
 fail:
