@@ -126,6 +126,10 @@ struct l3d_ckpt_state {
     int64_t adamw_t;               /* AdamW's step count (bias correction) */
     struct l3d_ckpt_layout layout; /* load: the layout it was saved under (save: ignored) */
     uint64_t run_id;               /* the run that wrote it (manifest record `run`); 0: none */
+    /* fp16 dynamic loss scaling (manifest record `lossscale`, optional): the scale (0: none),
+     * steps since its last change, overflows left before the next back-off */
+    double loss_scale;
+    int64_t ls_good, ls_hyst;
 };
 
 struct l3d_ckpt_io {

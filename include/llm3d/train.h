@@ -54,6 +54,15 @@ struct l3d_train_config {
     /* precision (--precision): L3D_F32, or L3D_BF16 / L3D_F16 mixed precision (16-bit parameters
      * and activations, fp32 gradients, master weights and moments; include/llm3d/model.h) */
     enum l3d_dtype precision;
+    /* fp16 loss scaling (Micikevicius et al. 2018; Megatron-LM's DynamicGradScaler and defaults):
+     * the loss is multiplied by the scale before backward and the gradients divided by it in the
+     * optimizer; a step whose gradients hold an Inf or NaN on any rank is skipped on every rank
+     * (an overflow), and `hysteresis` overflows (not necessarily in a row) halve the scale (times
+     * loss_scale_backoff, not below min_loss_scale); loss_scale_window steps without overflow
+     * multiply it by loss_scale_growth. loss_scale > 0: a static scale instead. bf16 and fp32
+     * need none (fp32's exponent range). */
+    double loss_scale, loss_scale_init, min_loss_scale, loss_scale_backoff, loss_scale_growth;
+    int loss_scale_window, hysteresis;
     const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
     /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
      * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"
@@ -87,6 +96,7 @@ struct l3d_train_result {
     int start_step;            /* steps already done by the checkpoint resumed from */
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
     int skipped;               /* steps skipped for a non-finite loss or gradient norm */
+    int overflows;             /* of them, fp16 overflows that backed the loss scale off */
 };
 
 /* A layout checked against the flags and the world, before any communication or allocation:

@@ -368,6 +368,9 @@ static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c
     OUT("adamw beta1 %a beta2 %a eps %a weight_decay %a grad_clip %a t %lld\n",
         (double)s->adamw.beta1, (double)s->adamw.beta2, (double)s->adamw.eps,
         (double)s->adamw.weight_decay, (double)s->adamw.grad_clip, (long long)s->adamw_t);
+    if (s->loss_scale > 0)
+        OUT("lossscale scale %a good %lld hysteresis %lld\n", s->loss_scale,
+            (long long)s->ls_good, (long long)s->ls_hyst);
     for (int i = 0; i < lay->world * nc; i++) {
         const struct rank_rec *q = &recs[i];
         char fname[64];
@@ -792,7 +795,7 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
 static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len) {
     struct parser p = {.mf = mf, .st = L3D_OK};
     char line[MANIFEST_LINE], *tok[MAXTOK];
-    bool seen_end = false, seen_sum = false, seen[8] = {false};
+    bool seen_end = false, seen_sum = false, seen[9] = {false};
     int nfile = 0;
     for (size_t at = 0, next; p.st == L3D_OK && at < len; at = next) {
         const char *nl = memchr(text + at, '\n', len - at);
@@ -807,9 +810,9 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
         line[next - at] = '\0';
         int n = tokenize(line, tok);
         if (n == 0) continue;
-        const char *names[8] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype",
-                                "run"};
-        for (int k = 0; k < 8; k++)
+        const char *names[9] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype",
+                                "run", "lossscale"};
+        for (int k = 0; k < 9; k++)
             if (seen[k] && strcmp(tok[0], names[k]) == 0)
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: a second '%s' record: the manifest "
                                  "is damaged", mf->path, p.line, names[k]);
@@ -920,6 +923,17 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
             h->grad_clip = (float)get_f(&p, tok, n, "grad_clip");
             mf->st.adamw_t = get_i64(&p, tok, n, "t");
             seen[5] = true;
+        } else if (strcmp(tok[0], "lossscale") == 0) { /* optional: fp16 runs */
+            mf->st.loss_scale = get_f(&p, tok, n, "scale");
+            mf->st.ls_good = get_i64(&p, tok, n, "good");
+            mf->st.ls_hyst = get_i64(&p, tok, n, "hysteresis");
+            if (p.st == L3D_OK && !(mf->st.loss_scale > 0 && mf->st.loss_scale < 1e300 &&
+                                    mf->st.ls_good >= 0 && mf->st.ls_hyst >= 0))
+                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: loss scale %g, %lld, %lld out of "
+                                 "range: the manifest is damaged", mf->path, p.line,
+                                 mf->st.loss_scale, (long long)mf->st.ls_good,
+                                 (long long)mf->st.ls_hyst);
+            seen[8] = true;
         } else if (strcmp(tok[0], "file") == 0) {
             if (!mf->files || !seen[1])
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: file record before the model and "

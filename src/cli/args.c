@@ -27,6 +27,14 @@ int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, lon
 
 int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo, double hi,
                   float *out) {
+    double v;
+    if (!l3d_arg_double(cmd, flag, val, lo, hi, &v)) return 0;
+    *out = (float)v;
+    return 1;
+}
+
+int l3d_arg_double(const char *cmd, const char *flag, const char *val, double lo, double hi,
+                   double *out) {
     char *end;
     errno = 0;
     double v = strtod(val, &end);
@@ -39,7 +47,7 @@ int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo,
                 v, lo, hi);
         return 0;
     }
-    *out = (float)v;
+    *out = v;
     return 1;
 }
 

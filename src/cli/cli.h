@@ -45,6 +45,8 @@ int l3d_cli_generate(int argc, char **argv);
 int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, long hi, int *out);
 int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo, double hi,
                   float *out);
+int l3d_arg_double(const char *cmd, const char *flag, const char *val, double lo, double hi,
+                   double *out);
 int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *out);
 
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,

@@ -54,6 +54,10 @@ static void usage(FILE *f, const char *cmd) {
         "  --recompute MODE    none (default), selective (attention scores), full (layers)\n"
         "  --precision P       fp32 (default), bf16 or fp16: mixed precision (16-bit weights\n"
         "                      and activations; fp32 gradients, master weights, AdamW moments)\n"
+        "  fp16 loss scaling (Megatron-LM's defaults): --initial-loss-scale S (2^32)\n"
+        "  --loss-scale-window N (1000 steps without overflow double it) --hysteresis N (2\n"
+        "  overflows before each back-off) --loss-scale-backoff F (0.5) --min-loss-scale S (1);\n"
+        "  --loss-scale S      a static scale instead of the dynamic one\n"
         "  --trace FILE        every rank's pipeline timeline as Chrome trace-event JSON\n"
         "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
         "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
@@ -141,7 +145,8 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
            O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
            O_CROSS_TP,
-           O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION };
+           O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION, O_LS, O_LS_INIT, O_LS_MIN, O_LS_WINDOW,
+           O_LS_HYST, O_LS_BACKOFF };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -180,6 +185,12 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         {"timeout", required_argument, NULL, O_TIMEOUT},
         {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
         {"precision", required_argument, NULL, O_PRECISION},
+        {"loss-scale", required_argument, NULL, O_LS},
+        {"initial-loss-scale", required_argument, NULL, O_LS_INIT},
+        {"min-loss-scale", required_argument, NULL, O_LS_MIN},
+        {"loss-scale-window", required_argument, NULL, O_LS_WINDOW},
+        {"hysteresis", required_argument, NULL, O_LS_HYST},
+        {"loss-scale-backoff", required_argument, NULL, O_LS_BACKOFF},
         {NULL, 0, NULL, 0},
     };
     /* sizes given explicitly override the preset, whatever the order of the flags */
@@ -280,6 +291,22 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                         "master weights and optimizer)\n", cmd, optarg);
                 ok = 0;
             }
+            break;
+        case O_LS: ok = l3d_arg_double(cmd, "loss-scale", optarg, 0, 1e30, &tc->loss_scale); break;
+        case O_LS_INIT:
+            ok = l3d_arg_double(cmd, "initial-loss-scale", optarg, 1e-30, 1e30,
+                                &tc->loss_scale_init);
+            break;
+        case O_LS_MIN:
+            ok = l3d_arg_double(cmd, "min-loss-scale", optarg, 1e-30, 1e30, &tc->min_loss_scale);
+            break;
+        case O_LS_WINDOW:
+            ok = l3d_arg_int(cmd, "loss-scale-window", optarg, 1, BIG, &tc->loss_scale_window);
+            break;
+        case O_LS_HYST: ok = l3d_arg_int(cmd, "hysteresis", optarg, 1, BIG, &tc->hysteresis); break;
+        case O_LS_BACKOFF:
+            ok = l3d_arg_double(cmd, "loss-scale-backoff", optarg, 1e-6, 0.999999,
+                                &tc->loss_scale_backoff);
             break;
         case O_SAVE_EVERY: ok = l3d_arg_int(cmd, "save-every", optarg, 0, BIG, &tc->save_every); break;
         case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;

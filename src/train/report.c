@@ -83,6 +83,7 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                s->tokens_per_s, 100.0 * s->mfu);
         if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
         if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
+        if (s->loss_scale > 0) printf(" | scale %.0f", s->loss_scale);
         if (s->skipped) printf(" | skipped");
         if (s->stall_s > 0) printf(" | stalled %.1f s", s->stall_s);
         printf("\n");
@@ -106,8 +107,12 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                      t->world->size, l3d_mem_peak(), s->bubble);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
+                      s->loss_scale);
     if (s->skipped && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"skipped\":true");
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"skipped\":true%s",
+                      s->overflow ? ",\"overflow\":true" : "");
     if (s->stall_s > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
     if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");

@@ -87,6 +87,9 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
         return st;
     }
     *start_step = (int)s.step;
+    c->ls_scale = s.loss_scale;
+    c->ls_good = s.ls_good;
+    c->ls_hyst = s.ls_hyst;
     if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
         bool same = l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
@@ -143,7 +146,8 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
         .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->B, .T = tc->T,
         .accum = tc->accum, .adamw = opt->hp, .adamw_t = opt->t,
         .sched = {.max_lr = tc->lr, .min_lr = tc->min_lr, .warmup_steps = tc->warmup_steps,
-                  .total_steps = tc->steps}, .run_id = c->run_id};
+                  .total_steps = tc->steps}, .run_id = c->run_id, .loss_scale = c->ls_scale,
+        .ls_good = c->ls_good, .ls_hyst = c->ls_hyst};
     struct l3d_ckpt_io io;
     l3d_status st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, &io, report);
     if (st != L3D_OK) return st;

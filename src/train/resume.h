@@ -30,6 +30,10 @@ struct l3d_train_ckpt {
     int64_t last_saved;        /* step of this run's last checkpoint, -1 before the first */
     bool quiet, lead;
     uint64_t run_id;           /* written in each manifest; pruning removes only its own */
+    /* fp16 loss scaling: the trainer's state, saved with each checkpoint and set by a resume
+     * from one that has it (scale 0: none) */
+    double ls_scale;
+    int64_t ls_good, ls_hyst;
 };
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,

@@ -28,6 +28,24 @@ static bool test_nan_due(int step, int world_rank) {
     return world_rank == r && step + 1 >= s1 && step + 1 <= s2;
 }
 
+bool l3d_loss_scaler_update(struct l3d_loss_scaler *ls, const struct l3d_train_config *tc,
+                            bool overflow) {
+    if (!ls->on || !ls->dynamic) return false;
+    double was = ls->scale;
+    if (overflow) { /* Megatron-LM's DynamicGradScaler.update */
+        ls->good_steps = 0;
+        if (ls->hyst_left > 0) ls->hyst_left--;
+        if (ls->hyst_left == 0) {
+            ls->scale = fmax(ls->scale * tc->loss_scale_backoff, tc->min_loss_scale);
+        } /* and again at each overflow until a growth resets the count */
+    } else if (++ls->good_steps >= tc->loss_scale_window) {
+        ls->good_steps = 0;
+        ls->hyst_left = tc->hysteresis;
+        ls->scale *= tc->loss_scale_growth;
+    }
+    return ls->scale != was;
+}
+
 int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s) {
     struct l3d_watch *w = t->world->watch;
     double now = l3d_time_s(), since = now - t->agreed_at, stall = 0.0;
@@ -61,8 +79,11 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
     load_batches(t->ld, tc->accum, t->BT, t->inp, t->tgt);
+    /* fp16: the loss scaled before backward, so that small gradients stay above fp16's
+     * subnormals; the gradients are divided by it again in the optimizer */
+    const double scale = t->ls.on ? t->ls.scale : 1.0;
     double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->accum, t->inp, t->tgt,
-                                  tc->B, tc->T, t->dloss);
+                                  tc->B, tc->T, (float)(t->dloss * scale));
     double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
     l3d_pp_exec_finish_grads(&t->px);
     double t1 = l3d_time_s();
@@ -79,7 +100,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     if (tc->zero > 0) sum_f64(topo->dp_comm, sq, 2);
     sum_f64(topo->tp_comm, sq, 1);
     sum_f64(topo->pp_comm, sq, 2);
-    double norm = sqrt(sq[0] + sq[1]);
+    double norm = sqrt(sq[0] + sq[1]) / scale;
     float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
     float lr = l3d_lr_at(&t->lrs, step);
     /* a non-finite loss or norm on any rank: no update anywhere (agreed: the norm's sums do not
@@ -93,7 +114,11 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
         if (skip)
             l3d_dp_skip_step(&t->dps[c]);
         else
-            l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, clip);
+            l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, (float)(clip / scale));
+    /* an fp16 overflow: the loss is finite (the same on every rank: summed) but a gradient is
+     * not on some rank; every rank updates its scaler from the same agreed facts */
+    bool overflow = t->ls.on && skip && isfinite(loss);
+    if (t->ls.on) l3d_loss_scaler_update(&t->ls, tc, overflow);
     double t2 = l3d_time_s(), dt = t2 - t0, dt_opt = t2 - t1;
     l3d_pp_trace_add(&t->px, L3D_EV_OPTIMIZER, 0, step + 1, t1, t2);
     l3d_pp_trace_add(&t->px, L3D_EV_STEP, 0, step + 1, t0, t2);
@@ -106,7 +131,8 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     *s = (struct l3d_step_stats){.loss = loss, .norm = norm, .seconds = dt, .optimizer_s = dt_opt,
                                  .comm_wait_s = cw, .lr = lr, .val_loss = NAN,
                                  .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0,
-                                 .skipped = skip, .skip_rank = bad_rank, .stall_s = stall_s};
+                                 .skipped = skip, .skip_rank = bad_rank, .stall_s = stall_s,
+                                 .overflow = overflow, .loss_scale = t->ls.on ? scale : 0.0};
     s->tokens_per_s = (double)t->tokens_step / dt;
     s->mfu = s->tokens_per_s * t->flops_tok / t->peak;
     t->bub[step] = s->bubble;

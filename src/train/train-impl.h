@@ -21,6 +21,18 @@
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
 
+/* fp16 loss scaling (train.h, tc->loss_scale...): the same state on every rank, updated from the
+ * agreed skip decision only. */
+struct l3d_loss_scaler {
+    bool on, dynamic;
+    double scale;
+    int64_t good_steps;  /* steps without overflow since the last change (growth tracker) */
+    int64_t hyst_left;   /* overflows left before the next back-off */
+};
+/* After a step: overflow, or a step without one; returns whether the scale changed. */
+bool l3d_loss_scaler_update(struct l3d_loss_scaler *ls, const struct l3d_train_config *tc,
+                            bool overflow);
+
 struct l3d_trainer {
     const struct l3d_train_config *tc; /* accum resolved (lay.accum) */
     struct l3d_train_layout lay;
@@ -56,6 +68,7 @@ struct l3d_trainer {
     double peak, flops_tok;            /* FLOP/s of all ranks, model FLOPs per token */
     double *step_s, *opt_s, *comm_s, *bub; /* per step, for the medians */
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
+    struct l3d_loss_scaler ls;         /* fp16 only */
 };
 
 /* What one step measured. */
@@ -63,6 +76,8 @@ struct l3d_step_stats {
     double loss, norm, seconds, optimizer_s, comm_wait_s, bubble, tokens_per_s, mfu;
     float lr, val_loss; /* val_loss NaN when validation was not due */
     bool skipped;       /* no update: a rank saw a non-finite loss or gradient norm ... */
+    bool overflow;      /* ... an fp16 overflow: finite loss, Inf/NaN gradients (scaled) */
+    double loss_scale;  /* the scale this step's backward used (0: no loss scaling) */
     int skip_rank;      /* ... the lowest such world rank (-1: none) */
     double stall_s;     /* the longest stalled wait of any rank (0: none; see agree_skip) */
 };

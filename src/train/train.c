@@ -36,6 +36,15 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->timeout_s = 600;
     tc->max_skipped = 10;
     tc->precision = L3D_F32;
+    /* Megatron-LM's: --initial-loss-scale 2^32, --min-loss-scale 1, --loss-scale-window 1000,
+     * --hysteresis 2, and DynamicGradScaler's growth 2 and back-off 0.5 */
+    tc->loss_scale = 0.0;
+    tc->loss_scale_init = 4294967296.0;
+    tc->min_loss_scale = 1.0;
+    tc->loss_scale_window = 1000;
+    tc->hysteresis = 2;
+    tc->loss_scale_backoff = 0.5;
+    tc->loss_scale_growth = 2.0;
 }
 
 /* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
@@ -135,6 +144,9 @@ static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_tra
 static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, int step,
                             struct l3d_train_result *res) {
     if (!ck->root[0] || ck->last_saved == step) return L3D_OK;
+    ck->ls_scale = t->ls.on && t->ls.dynamic ? t->ls.scale : 0.0;
+    ck->ls_good = t->ls.good_steps;
+    ck->ls_hyst = t->ls.hyst_left;
     l3d_status st = views_begin(t, true, res);
     if (st != L3D_OK) return st;
     st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->lay.v, t->ld, step,
@@ -279,6 +291,10 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if (st == L3D_OK) st = l3d_sumsq_init(&t->gsq, t->be, 2);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     if ((st = init_weights(t, res)) != L3D_OK) goto fail;
+    t->ls = (struct l3d_loss_scaler){
+        .on = tc->precision == L3D_F16, .dynamic = tc->loss_scale <= 0,
+        .scale = tc->loss_scale > 0 ? tc->loss_scale : tc->loss_scale_init,
+        .hyst_left = tc->hysteresis};
     /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
     l3d_train_ckpt_init(&ck, tc, topo, world);
     ck.run_id = t->run_id;
@@ -288,6 +304,11 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
                                &res->report_error);
     if (st != L3D_OK) goto fail;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
+    if (t->ls.on && t->ls.dynamic && ck.ls_scale > 0) { /* the resumed run's loss scale */
+        t->ls.scale = ck.ls_scale;
+        t->ls.good_steps = ck.ls_good;
+        t->ls.hyst_left = ck.ls_hyst;
+    }
     res->start_step = start_step;
     if (t->lead)
         st = l3d_train_ckpt_open_metrics(tc, start_step, t->run_id, &t->metrics, t->metrics_path,
@@ -341,7 +362,15 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
         struct l3d_step_stats s;
         if (world->watch) world->watch->step = step + 1;
         l3d_trainer_step(t, step, &s);
-        if (s.skipped) { /* agreed by every rank: no update was made */
+        if (s.overflow && s.loss_scale > tc->min_loss_scale && t->ls.dynamic) {
+            /* fp16: the scale was too large; it backs off (not a divergence) */
+            res->skipped++;
+            res->overflows++;
+            if (t->lead)
+                printf("step %d: gradient overflow at loss scale %.0f (rank %d): update skipped "
+                       "on every rank; loss scale now %.0f\n", step + 1, s.loss_scale,
+                       s.skip_rank, t->ls.scale);
+        } else if (s.skipped) { /* agreed by every rank: no update was made */
             res->skipped++;
             skipped_run++;
             if (t->lead)
