@@ -43,14 +43,24 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            tc->B, tc->T, tc->accum, t->topo->dp, (long long)t->tokens_step);
     printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(t->train),
            l3d_data_num_files(t->train), t->val ? ", validation on" : "");
-    const char *fgrad = tc->zero == 2 ? "4N/dp" : "4N", *fopt = tc->zero >= 1 ? "8N/dp" : "8N";
-    double want = 4 * Nl + (tc->zero == 2 ? 4 * Nl / d : 4 * Nl) +
-                  (tc->zero >= 1 ? 8 * Nl / d : 8 * Nl);
-    printf("memory on rank 0 (N = its %.2fM parameters): parameters %.1f MiB (4N), gradients "
-           "%.1f MiB (%s), AdamW %.1f MiB (%s); total %.1f MiB, formula %.1f MiB; gradient "
-           "slots %.1f MiB\n", Nl / 1e6, mem.params / MiB, mem.grads / MiB, fgrad,
-           mem.optimizer / MiB, fopt, (mem.params + mem.grads + mem.optimizer) / MiB,
-           want / MiB, mem.grad_scratch / MiB);
+    /* mixed precision: 16-bit parameters, fp32 gradients (main_grad), and AdamW's m and v with
+     * the fp32 master weights: 2 + 4 + 12 bytes a parameter without ZeRO (the ZeRO paper's
+     * K = 12 optimizer bytes, with fp32 gradients instead of its 2-byte ones) */
+    const bool mixed = tc->precision != L3D_F32;
+    const double pb = (double)l3d_dtype_size(tc->precision), ob = mixed ? 12 : 8;
+    char fpar[8], fopt[16];
+    snprintf(fpar, sizeof fpar, "%.0fN", pb);
+    snprintf(fopt, sizeof fopt, "%.0fN%s", ob, tc->zero >= 1 ? "/dp" : "");
+    const char *fgrad = tc->zero == 2 ? "4N/dp" : "4N";
+    double want = pb * Nl + (tc->zero == 2 ? 4 * Nl / d : 4 * Nl) +
+                  (tc->zero >= 1 ? ob * Nl / d : ob * Nl);
+    printf("memory on rank 0 (N = its %.2fM parameters, %s): parameters %.1f MiB (%s), gradients "
+           "%.1f MiB (%s), AdamW %.1f MiB (%s%s); total %.1f MiB, formula %.1f MiB; gradient "
+           "slots %.1f MiB\n", Nl / 1e6, mixed ? (tc->precision == L3D_BF16 ? "bf16 mixed "
+           "precision" : "fp16 mixed precision") : "fp32", mem.params / MiB, fpar,
+           mem.grads / MiB, fgrad, mem.optimizer / MiB, fopt,
+           mixed ? ": m, v, fp32 master weights" : "", (mem.params + mem.grads + mem.optimizer) /
+           MiB, want / MiB, mem.grad_scratch / MiB);
     printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
            "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
            res->act_bytes_formula / MiB,
@@ -62,7 +72,9 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         printf("tensor parallelism: %.2f MB all-reduced per micro-batch per rank (4 (4L + 2) B T C "
                "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->B, tc->T) / 1e6);
     printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", t->flops_tok, t->peak / 1e9,
-           tc->peak_flops > 0 ? "given, times ranks" : "measured FMA peak, times ranks");
+           tc->peak_flops > 0   ? "given, times ranks"
+           : tc->precision == L3D_F32 ? "measured fp32 FMA peak, times ranks"
+                                      : "measured peak of the 16-bit products, times ranks");
     fflush(stdout);
 }
 
