@@ -48,7 +48,8 @@ int main(int argc, char **argv) {
     float *row = malloc((size_t)cfg.Vp * sizeof *row); /* the last row, copied to the host */
     for (int i = 0; i < ntok; i++) {
         l3d_gpt_forward(m, b, NULL, 1, i + 1);
-        l3d_be_copy_d2h(be, row, m->logits + (int64_t)i * cfg.Vp, (size_t)cfg.Vp * sizeof *row);
+        const float *lg = m->logits; /* an fp32 model */
+        l3d_be_copy_d2h(be, row, lg + (int64_t)i * cfg.Vp, (size_t)cfg.Vp * sizeof *row);
         b[i + 1] = argmax(row, cfg.V);
     }
     free(row);

@@ -248,7 +248,8 @@ int l3d_cli_generate(int argc, char **argv) {
             w = w_next;
             int64_t len = seq.n - w;
             l3d_gpt_forward(m, seq.v + w, NULL, 1, (int)len);
-            l3d_be_copy_d2h(rt->be, last_logits, m->logits + (len - 1) * (int64_t)cfg.Vp,
+            const float *lg = m->logits; /* an fp32 model (generation) */
+            l3d_be_copy_d2h(rt->be, last_logits, lg + (len - 1) * (int64_t)cfg.Vp,
                             (size_t)cfg.Vp * sizeof(float));
             logits = last_logits;
         } else {

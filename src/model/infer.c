@@ -27,6 +27,7 @@ struct l3d_infer {
 
 l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     *out = NULL;
+    L3D_ASSERT(m->dt == L3D_F32); /* generation runs the fp32 model of model.bin */
     const struct l3d_shard *s = &m->shard;
     const struct l3d_gpt_config *c = &m->cfg;
     if (s->layer_start != 0 || s->layer_count != c->L || s->head_count != c->NH ||

@@ -173,6 +173,13 @@ static l3d_status open_data(struct l3d_trainer *t) {
     return st;
 }
 
+/* The initial weights of an fp32 model or view: --init-from, else the seed's. */
+static l3d_status init_one(struct l3d_trainer *t, struct l3d_gpt *m) {
+    if (t->tc->init_from) return l3d_ckpt_load_llmc(t->tc->init_from, m);
+    l3d_gpt_init_weights(m, t->tc->seed);
+    return L3D_OK;
+}
+
 /* This rank's model chunks (chunk c is virtual stage c pp + pp_rank), their weights, TP hooks and
  * data-parallel states; the caller agrees after. */
 static l3d_status build_chunks(struct l3d_trainer *t) {
@@ -199,6 +206,11 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
                                                tc->recompute, !t->chunks[c]->attn_naive,
                                                tc->precision);
         t->n_local += t->chunks[c]->num_params;
+        /* fp32: the weights now, into the parameters, while the host staging of the initial
+         * values is the largest thing allocated (before the optimizer state, as the memory plan
+         * has it); mixed precision: through the fp32 views once the master weights exist */
+        if (tc->precision == L3D_F32) st = init_one(t, t->chunks[c]);
+        if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
                          !tc->dp_blocking);
@@ -212,17 +224,12 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     return st;
 }
 
-/* The initial weights (--init-from, else the seed's) through the fp32 views; the caller resumes
- * into the same views, then ends them (views_end with loaded). */
+/* The fp32 views (views_begin) the caller resumes into, then ends (views_end with loaded); in
+ * mixed precision, with the initial weights in them. */
 static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
-    const struct l3d_train_config *tc = t->tc;
     l3d_status st = views_begin(t, false, res);
-    for (int c = 0; c < t->lay.v && st == L3D_OK; c++) {
-        if (tc->init_from)
-            st = l3d_ckpt_load_llmc(tc->init_from, t->vptr[c]);
-        else
-            l3d_gpt_init_weights(t->vptr[c], tc->seed);
-    }
+    for (int c = 0; c < t->lay.v && st == L3D_OK && t->tc->precision != L3D_F32; c++)
+        st = init_one(t, t->vptr[c]);
     return agree(t->world, st, res);
 }
 
