@@ -86,6 +86,11 @@ struct l3d_profile {
                                 * library workspaces, communication buffers, fragmentation */
     double gemm_calibration;   /* optional factor on gemm_eff fitted on a published run, applied
                                 * only when a run asks for it (run.calibrated); 0: none */
+    int compute_units;         /* optional: SMs / CUs a device (data sheet); 0: no wave
+                                * quantization (a CPU) */
+    int tile_m, tile_n;        /* optional gemm_tile: output tile of one block of the GEMM
+                                * library's kernels for large products (0 with compute_units 0) */
+    double tp_overlap;         /* optional: fraction of TP communication hidden behind compute */
 };
 
 enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
@@ -99,8 +104,19 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
 /* A profile name without '/' or '.' is looked up as <dir>/<name>.prof in L3D_PROFILE_DIR, then
  * ./profiles and the source tree's profiles/. */
 l3d_status l3d_profile_find(struct l3d_profile *p, const char *name_or_path);
-/* Achieved fraction of the peak by one matrix product of `flops` FLOPs (2 m n k). */
+/* Achieved fraction of the peak by one matrix product of `flops` FLOPs (2 m n k): the curve of
+ * gemm_eff, measured on cubes. */
 double l3d_profile_gemm_eff(const struct l3d_profile *p, double flops);
+/* Wave quantization of an M x N output (NVIDIA, "Matrix Multiplication Background User's Guide"):
+ * tiles / (waves x compute units), the tiles gemm_tile in the better of its two orientations, the
+ * waves ceil(tiles / compute_units); 1 without compute_units, and for outputs of at most one wave
+ * (there the libraries use smaller tiles or split K: the curve's small sizes cover them). */
+double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
+/* Compute efficiency of an M x N x K product (M x K times K x N) by its shape: the gemm_eff curve
+ * at its FLOPs with each measured cube's own wave quantization taken out, times the shape's; at a
+ * cube of a gemm_eff point, exactly that point (unless a larger point is less efficient without
+ * its quantization: that one's bounds it). The memory-bound floor is the planner's. */
+double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
 
 /* ---- one layout ----------------------------------------------------------------------- */
 
@@ -170,6 +186,15 @@ l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan
  * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                                  int stages, int *layers);
+
+/* The pipeline phase of a step: the schedule's actions run on a timeline, each virtual stage vs
+ * (chunk c of rank r is c pp + r) with its own forward fwd[vs], backward bwd[vs] (recomputation
+ * included), and receive times rin_act[vs] of its input and rin_grad[vs] of its output's
+ * gradient. A rank runs its list in order, a receive waits for the matching send and then takes
+ * its time, sends do not block. Returns the time of the last action; -1 when a receive is never
+ * matched or memory runs out. */
+double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
+                          const double *rin_act, const double *rin_grad);
 
 /* ---- search --------------------------------------------------------------------------- */
 
