@@ -195,6 +195,12 @@ l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3
  * matched or memory runs out. */
 double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
                           const double *rin_act, const double *rin_grad);
+/* The same for m micro-batches of a schedule kind: in full when p v m <= full, else the timelines
+ * of 4p and 5p micro-batches extended linearly (past the warm-up each p more micro-batches add the
+ * same time); l3d_plan_evaluate uses 2^13. -1 when neither applies. */
+double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const double *fwd,
+                           const double *bwd, const double *rin_act, const double *rin_grad,
+                           int64_t full);
 
 /* ---- search --------------------------------------------------------------------------- */
 

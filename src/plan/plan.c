@@ -729,9 +729,76 @@ double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, c
     return end;
 }
 
+/* Schedules of a few (kind, p, v, m), kept across the layouts of a search. */
+#define PIPE_CACHE 4
+#define PIPE_FULL (1 << 11) /* chunk-micro-batches a layout's timeline runs in full */
+struct pipe_cache {
+    bool have[PIPE_CACHE];
+    enum l3d_pp_kind kind[PIPE_CACHE];
+    int p[PIPE_CACHE], v[PIPE_CACHE], m[PIPE_CACHE];
+    struct l3d_pp_schedule s[PIPE_CACHE];
+    int next;
+};
+
+static void pipe_cache_free(struct pipe_cache *pc) {
+    for (int i = 0; i < PIPE_CACHE; i++)
+        if (pc->have[i]) l3d_pp_schedule_free(&pc->s[i]);
+    memset(pc, 0, sizeof *pc);
+}
+
+static const struct l3d_pp_schedule *pipe_schedule(struct pipe_cache *pc, enum l3d_pp_kind kind,
+                                                   int p, int v, int m) {
+    for (int i = 0; i < PIPE_CACHE; i++)
+        if (pc->have[i] && pc->kind[i] == kind && pc->p[i] == p && pc->v[i] == v && pc->m[i] == m)
+            return &pc->s[i];
+    int i = pc->next;
+    pc->next = (pc->next + 1) % PIPE_CACHE;
+    if (pc->have[i]) l3d_pp_schedule_free(&pc->s[i]);
+    pc->have[i] = l3d_pp_schedule_build(&pc->s[i], kind, p, v, m) == L3D_OK;
+    if (!pc->have[i]) return NULL;
+    pc->kind[i] = kind;
+    pc->p[i] = p;
+    pc->v[i] = v;
+    pc->m[i] = m;
+    return &pc->s[i];
+}
+
+/* The pipeline phase of m micro-batches: the timeline of the schedule itself when p v m is at
+ * most `full` chunk-micro-batches; else the timelines of 4p and 5p micro-batches, extended
+ * linearly: past its warm-up (at most 2 (p - 1) + (v - 1) p chunk-forwards, under 2p
+ * micro-batches) a schedule repeats with a fixed period per micro-batch, so each p more add the
+ * same time (test_pipe_time checks the two agree). -1 when neither is possible (more than 2^20
+ * chunk-micro-batches even so, out of memory). */
+static double pipe_phase(struct pipe_cache *pc, enum l3d_pp_kind kind, int p, int v, int64_t m,
+                         const double *fwd, const double *bwd, const double *rin_act,
+                         const double *rin_grad, int64_t full) {
+    if ((int64_t)p * v * m <= full && m <= 1 << 24) {
+        const struct l3d_pp_schedule *sc = pipe_schedule(pc, kind, p, v, (int)m);
+        return sc ? l3d_plan_pipe_time(sc, fwd, bwd, rin_act, rin_grad) : -1;
+    }
+    int64_t m1 = 2LL * p, m2 = 3LL * p;
+    if (m <= m2 || (int64_t)p * v * m2 > 1 << 20) return -1;
+    const struct l3d_pp_schedule *s1 = pipe_schedule(pc, kind, p, v, (int)m1);
+    double t1 = s1 ? l3d_plan_pipe_time(s1, fwd, bwd, rin_act, rin_grad) : -1;
+    const struct l3d_pp_schedule *s2 = pipe_schedule(pc, kind, p, v, (int)m2);
+    double t2 = s2 ? l3d_plan_pipe_time(s2, fwd, bwd, rin_act, rin_grad) : -1;
+    if (t1 < 0 || t2 < 0) return -1;
+    return t2 + (double)(m - m2) * (t2 - t1) / (double)p;
+}
+
+double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const double *fwd,
+                           const double *bwd, const double *rin_act, const double *rin_grad,
+                           int64_t full) {
+    struct pipe_cache pc = {0};
+    double t = pipe_phase(&pc, kind, p, v, m, fwd, bwd, rin_act, rin_grad, full);
+    pipe_cache_free(&pc);
+    return t;
+}
+
 /* What the layouts of one search share: the stage partitions by stage count and the last
  * schedule, so that a search computes each once rather than once a layout. */
 #define PLAN_CACHE 32
+#define PIPE_MEMO 8
 struct plan_cache {
     int S[PLAN_CACHE];
     int *layers[PLAN_CACHE];
@@ -741,11 +808,24 @@ struct plan_cache {
     int p, v;
     int64_t mm;
     struct l3d_pp_schedule sched;
+    struct pipe_cache pc; /* the short schedules the timeline runs */
+    /* the last timelines' stage times (4 S) and results: layouts that differ in the ZeRO stage
+     * alone (the search tries the recomputation and SP variants in between) share them */
+    struct {
+        double *vt;
+        int S, v;
+        enum l3d_pp_kind kind;
+        int64_t mm;
+        double pipe;
+    } tl[PIPE_MEMO];
+    int tl_next;
 };
 
 static void cache_free(struct plan_cache *cc) {
     for (int i = 0; i < PLAN_CACHE; i++) free(cc->layers[i]);
     if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+    pipe_cache_free(&cc->pc);
+    for (int i = 0; i < PIPE_MEMO; i++) free(cc->tl[i].vt);
     memset(cc, 0, sizeof *cc);
 }
 
@@ -811,7 +891,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     struct l3d_pp_schedule own_sched = {0};
     const struct l3d_pp_schedule *sched = NULL;
     enum l3d_pp_kind kind = p > 1 ? lay.schedule : L3D_PP_1F1B;
-    if ((fp32 || p > 1) && (int64_t)p * v * mm <= (1 << 20)) {
+    if (fp32 && (int64_t)p * v * mm <= (1 << 20)) {
         if (cc && cc->have_sched && cc->kind == kind && cc->p == p && cc->v == v && cc->mm == mm) {
             sched = &cc->sched;
         } else if (cc) {
@@ -862,7 +942,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     struct shape_memo memo = {0};
     /* per virtual stage, for the schedule's timeline: forward, backward (+ recomputation), and the
      * receives of its input and of its output's gradient */
-    double *vt = have_sched && p > 1 ? malloc(sizeof(double) * 4 * (size_t)S) : NULL;
+    double *vt = p > 1 ? malloc(sizeof(double) * 4 * (size_t)S) : NULL;
     for (int rr = 0; rr < p; rr++) {
         rank_chunks(m, &lay, layers, start, rr, have_sched && fp32 ? sched->slots : NULL, mm,
                     fp32, &memo, ch);
@@ -927,13 +1007,39 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
         }
         if (n_rank > n_max) n_max = n_rank;
     }
-    /* the pipeline: the schedule run with each stage's own times (l3d_plan_pipe_time); beyond 2^20
+    /* the pipeline: the schedule run with each stage's own times (pipe_phase); beyond 2^20
      * chunk-micro-batches, or out of memory, the closed form (m - 1/v) t_max + sum_r t_r / v,
      * which for equal stages is (m + (p - 1)/v) t, the bubble (p - 1)/(v m) of Narayanan et al.
      * 2021, sec. 2.2 */
     double pipe = (mm - 1.0 / v) * t_max + t_sum / v;
     if (vt) {
-        double sim = l3d_plan_pipe_time(sched, vt, vt + S, vt + 2 * S, vt + 3 * S);
+        size_t n = sizeof(double) * 4 * (size_t)S;
+        double sim = -1;
+        int hit = -1;
+        for (int i = 0; cc && i < PIPE_MEMO && hit < 0; i++)
+            if (cc->tl[i].vt && cc->tl[i].S == S && cc->tl[i].kind == kind && cc->tl[i].v == v &&
+                cc->tl[i].mm == mm && memcmp(cc->tl[i].vt, vt, n) == 0)
+                hit = i;
+        if (hit >= 0) {
+            sim = cc->tl[hit].pipe;
+        } else {
+            struct pipe_cache own_pc = {0};
+            sim = pipe_phase(cc ? &cc->pc : &own_pc, kind, p, v, mm, vt, vt + S, vt + 2 * S,
+                             vt + 3 * S, PIPE_FULL);
+            pipe_cache_free(&own_pc);
+            if (cc) {
+                int i = cc->tl_next;
+                cc->tl_next = (i + 1) % PIPE_MEMO;
+                free(cc->tl[i].vt);
+                cc->tl[i].vt = vt;
+                vt = NULL;
+                cc->tl[i].S = S;
+                cc->tl[i].kind = kind;
+                cc->tl[i].v = v;
+                cc->tl[i].mm = mm;
+                cc->tl[i].pipe = sim;
+            }
+        }
         if (sim >= 0) pipe = sim;
     }
     free(vt);
