@@ -70,7 +70,7 @@ Notes:
   are the smallest of the table (h = 2304), where the assumed part of the A100 curve matters most,
   and its micro-batch is assumed.
 - Timing each product at its own shape, recomputation by what it recomputes and the pipeline by
-  its schedule moved these predictions by 1 point or less (before: 19.8% mean, 29.9% worst
+  its schedule moved these predictions by 1.1 points or less (before: 19.8% mean, 29.9% worst
   relative error without a fit): the runs' shards fill the devices' waves about as well as the
   curve's cubes do, and for 1F1B with equal layers the timeline equals the closed form. What is
   left is the era's GEMM rates, which the calibration stands in for.

@@ -702,6 +702,10 @@ double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, c
                     const struct l3d_pp_action *a = &sc->acts[r][at[r]];
                     int vs = a->chunk * p + r;
                     int64_t i = (int64_t)vs * m + a->micro;
+                    bool to_next = a->op == L3D_PP_SEND_ACT, to_prev = a->op == L3D_PP_SEND_GRAD;
+                    if (a->chunk < 0 || a->chunk >= v || a->micro < 0 || a->micro >= m ||
+                        (to_next && vs + 1 >= S) || (to_prev && vs == 0))
+                        break; /* not a schedule this timeline knows: reported as unmatched */
                     if (a->op == L3D_PP_FWD) clock[r] += fwd[vs];
                     else if (a->op == L3D_PP_BWD) clock[r] += bwd[vs];
                     else if (a->op == L3D_PP_SEND_ACT) act[i + m] = clock[r];      /* to vs + 1 */
