@@ -115,7 +115,8 @@ double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
 /* Compute efficiency of an M x N x K product (M x K times K x N) by its shape: the gemm_eff curve
  * at its FLOPs with each measured cube's own wave quantization taken out, times the shape's; at a
  * cube of a gemm_eff point, exactly that point (unless a larger point is less efficient without
- * its quantization: that one's bounds it). The memory-bound floor is the planner's. */
+ * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
+ * memory-bound floor is the planner's. */
 double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
 
 /* ---- one layout ----------------------------------------------------------------------- */

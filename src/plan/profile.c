@@ -313,6 +313,7 @@ double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N) {
  * an assumed point on a cube of badly filled waves (A100: 3684^3, 435 tiles in 5 waves of 108,
  * 0.81 of them) would stand for 0.97 of the peak, above the measured largest. */
 static double point_free(const struct l3d_profile *p, int i) {
+    if (p->compute_units <= 0) return p->eff[i]; /* no quantization: the curve as given */
     double best = INFINITY;
     for (int j = i; j < p->n_eff; j++) {
         double c = round(cbrt(p->eff_flops[j] / 2));
