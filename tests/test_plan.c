@@ -3,8 +3,10 @@
  * memory model against the closed forms it cites (ZeRO's 2 + 2 + 12 bytes a parameter,
  * Korthikanti et al.'s activations per layer, micro-batches in flight per schedule), the trainer's
  * own allocation in fp32, the FLOP counts of Narayanan et al. eq. 3, the time model's structure
- * (bubble, interleaving, TP and DP terms), the search (valid, fitting, sorted, fast), and the
- * Frontier runs within the issue's 2 points.
+ * (bubble, interleaving, TP and DP terms), the search (valid, fitting, sorted, fast), the
+ * Frontier runs within the issue's 2 points, and issue 18's item 3: each product at its own shape
+ * (wave quantization, the roofline floor), recomputation by what is recomputed, TP overlap, and
+ * the pipeline's timeline against hand-derived makespans and the pipeline module's simulation.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -673,6 +675,19 @@ static void test_gemm_shape(void) {
     CHECK(l3d_profile_find(&fr, "frontier") == L3D_OK && fr.compute_units == 110);
     CHECK_NEAR(l3d_profile_gemm_eff_shape(&fr, 4096, 4096, 4096), 0.53, 2e-4);
     CHECK_NEAR(l3d_profile_gemm_eff_shape(&fr, 8192, 8192, 8192), 0.56, 2e-4);
+    /* a smaller point whose cube fills its waves badly cannot stand for more, quantization taken
+     * out, than a larger one: flat 0.6 on 100 units, 3684^3 (435 tiles, 5 waves) is bounded by
+     * the 17100^3 point's 0.6 / q, not 0.6 / 0.87 */
+    struct l3d_profile fp;
+    CHECK(parse_with("gemm_eff = 1e9:0.2 1e11:0.6 1e13:0.8\n", "gemm_eff = 1e11:0.6 1e13:0.6\n"
+                     "compute_units = 100\ngemm_tile = 256x128\n", &fp) == L3D_OK);
+    double c13 = round(cbrt(0.5e13));
+    double q13 = l3d_profile_gemm_waves(&fp, c13, c13);
+    double q11 = l3d_profile_gemm_waves(&fp, 3684, 3684);
+    CHECK_NEAR(q11, 435.0 / 500, 1e-15);
+    CHECK(q13 > q11);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&fp, 3684, 3684, 3684), 0.6 / q13 * q11, 1e-12);
+    CHECK(!(fabs(l3d_profile_gemm_eff_shape(&fp, 3684, 3684, 3684) - 0.6) <= 0.01));
     /* the same FLOPs as 4096^3 in a TP shard of 2048 x 1792 outputs: 112 tiles on 110 units, 2
      * waves; the cube's 512 tiles took 5 (512/550): 0.53 / (512/550) x 112/220 */
     double thin = l3d_profile_gemm_eff_shape(&fr, 2048, 1792, 4096.0 * 4096 * 4096 / 2048 / 1792);
