@@ -23,11 +23,13 @@
  *     parameter), 16-bit activations by Korthikanti et al. 2022, Table 2.
  *
  * Time of one step (every formula names its source at its definition in src/plan/plan.c):
- *   per micro-batch and pipeline rank: matrix products at the profile's efficiency for their size,
- *   the attention core at attn_eff, element-wise kernels at kernel_bw_eff of the memory bandwidth,
- *   recomputation, TP collectives on the link the TP group sits on, p2p to the next stage;
- *   the pipeline: (m - 1/v) t_max + sum over ranks t_r / v (1F1B and interleaved; = (m + p - 1) t
- *   for equal stages, the bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2);
+ *   per micro-batch and pipeline stage: each matrix product at the efficiency of its own (M, N, K)
+ *   (the profile's curve, wave quantization, a roofline floor), the attention core at attn_eff,
+ *   element-wise kernels at kernel_bw_eff of the memory bandwidth, what recomputation recomputes,
+ *   TP collectives on the link the TP group sits on (less the profile's tp_overlap), p2p;
+ *   the pipeline: the schedule's actions on a timeline with each stage's times
+ *   (l3d_plan_pipe_phase; for equal stages (m + (p - 1)/v) t, the bubble (p - 1)/(v m) of
+ *   Narayanan et al. 2021, sec. 2.2);
  *   then DP gradient communication (less what the backward hides, where the profile overlaps it),
  *   the tied-embedding all-reduce and the optimizer.
  */
