@@ -23,11 +23,13 @@
  *     parameter), 16-bit activations by Korthikanti et al. 2022, Table 2.
  *
  * Time of one step (every formula names its source at its definition in src/plan/plan.c):
- *   per micro-batch and pipeline rank: matrix products at the profile's efficiency for their size,
- *   the attention core at attn_eff, element-wise kernels at kernel_bw_eff of the memory bandwidth,
- *   recomputation, TP collectives on the link the TP group sits on, p2p to the next stage;
- *   the pipeline: (m - 1/v) t_max + sum over ranks t_r / v (1F1B and interleaved; = (m + p - 1) t
- *   for equal stages, the bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2);
+ *   per micro-batch and pipeline stage: each matrix product at the efficiency of its own (M, N, K)
+ *   (the profile's curve, wave quantization, a roofline floor), the attention core at attn_eff,
+ *   element-wise kernels at kernel_bw_eff of the memory bandwidth, what recomputation recomputes,
+ *   TP collectives on the link the TP group sits on (less the profile's tp_overlap), p2p;
+ *   the pipeline: the schedule's actions on a timeline with each stage's times
+ *   (l3d_plan_pipe_phase; for equal stages (m + (p - 1)/v) t, the bubble (p - 1)/(v m) of
+ *   Narayanan et al. 2021, sec. 2.2);
  *   then DP gradient communication (less what the backward hides, where the profile overlaps it),
  *   the tied-embedding all-reduce and the optimizer.
  */
@@ -86,6 +88,11 @@ struct l3d_profile {
                                 * library workspaces, communication buffers, fragmentation */
     double gemm_calibration;   /* optional factor on gemm_eff fitted on a published run, applied
                                 * only when a run asks for it (run.calibrated); 0: none */
+    int compute_units;         /* optional: SMs / CUs a device (data sheet); 0: no wave
+                                * quantization (a CPU) */
+    int tile_m, tile_n;        /* optional gemm_tile: output tile of one block of the GEMM
+                                * library's kernels for large products (0 with compute_units 0) */
+    double tp_overlap;         /* optional: fraction of TP communication hidden behind compute */
 };
 
 enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
@@ -99,8 +106,20 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
 /* A profile name without '/' or '.' is looked up as <dir>/<name>.prof in L3D_PROFILE_DIR, then
  * ./profiles and the source tree's profiles/. */
 l3d_status l3d_profile_find(struct l3d_profile *p, const char *name_or_path);
-/* Achieved fraction of the peak by one matrix product of `flops` FLOPs (2 m n k). */
+/* Achieved fraction of the peak by one matrix product of `flops` FLOPs (2 m n k): the curve of
+ * gemm_eff, measured on cubes. */
 double l3d_profile_gemm_eff(const struct l3d_profile *p, double flops);
+/* Wave quantization of an M x N output (NVIDIA, "Matrix Multiplication Background User's Guide"):
+ * tiles / (waves x compute units), the tiles gemm_tile in the better of its two orientations, the
+ * waves ceil(tiles / compute_units); 1 without compute_units, and for outputs of at most one wave
+ * (there the libraries use smaller tiles or split K: the curve's small sizes cover them). */
+double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
+/* Compute efficiency of an M x N x K product (M x K times K x N) by its shape: the gemm_eff curve
+ * at its FLOPs with each measured cube's own wave quantization taken out, times the shape's; at a
+ * cube of a gemm_eff point, exactly that point (unless a larger point is less efficient without
+ * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
+ * memory-bound floor is the planner's. */
+double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
 
 /* ---- one layout ----------------------------------------------------------------------- */
 
@@ -170,6 +189,21 @@ l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan
  * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
 l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                                  int stages, int *layers);
+
+/* The pipeline phase of a step: the schedule's actions run on a timeline, each virtual stage vs
+ * (chunk c of rank r is c pp + r) with its own forward fwd[vs], backward bwd[vs] (recomputation
+ * included), and receive times rin_act[vs] of its input and rin_grad[vs] of its output's
+ * gradient. A rank runs its list in order, a receive waits for the matching send and then takes
+ * its time, sends do not block. Returns the time of the last action; -1 when a receive is never
+ * matched or memory runs out. */
+double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
+                          const double *rin_act, const double *rin_grad);
+/* The same for m micro-batches of a schedule kind: in full when p v m <= full, else the timelines
+ * of 4p and 5p micro-batches extended linearly (past the warm-up each p more micro-batches add the
+ * same time); l3d_plan_evaluate uses 2^13. -1 when neither applies. */
+double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const double *fwd,
+                           const double *bwd, const double *rin_act, const double *rin_grad,
+                           int64_t full);
 
 /* ---- search --------------------------------------------------------------------------- */
 

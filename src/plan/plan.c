@@ -541,15 +541,34 @@ struct tctx {
     double ntok;    /* tokens in a micro-batch, b s */
     double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     bool fp32;
+    bool flash;     /* fused attention */
 };
 
-/* One product of a rank: its threads share it (each the size f / threads on the curve), at the
- * profile's efficiency for a product spread over threads (1 on GPUs) */
+/* One M x N x K product of a rank (M x K times K x N). Its threads share it (each the size
+ * f / threads on the curve), at the profile's efficiency for a product spread over threads (1 on
+ * GPUs). The efficiency is the product's own shape's (l3d_profile_gemm_eff_shape: the curve at its
+ * FLOPs, with the wave quantization of its M x N output tiles), so a small micro-batch (small M)
+ * or a thin TP shard (small N or K) is slower per FLOP than the cubes the curve was measured on.
+ * Roofline (Williams et al. 2009): never faster than moving its operands and result once through
+ * memory, e (M K + K N + M N) bytes at the element-wise kernels' bandwidth. */
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
-    double e = l3d_profile_gemm_eff(x->prof, f / x->threads) * x->cal;
-    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
-    return f / (x->rate * e);
+    double e;
+    if (x->threads > 1)
+        e = l3d_profile_gemm_eff(x->prof, f / x->threads) * x->prof->gemm_thread_eff *
+            l3d_profile_gemm_waves(x->prof, M, N);
+    else
+        e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
+    double compute = f / (x->rate * e * x->cal);
+    double memory = x->e * (M * K + K * N + M * N) / x->bw;
+    return compute > memory ? compute : memory;
+}
+
+/* Forward and backward of a linear layer on M tokens, K inputs, N outputs: y = x W (M x N x K);
+ * backward dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens. */
+static void linear(const struct tctx *x, double M, double N, double K, double *fwd, double *bwd) {
+    *fwd += gemm(x, M, N, K);
+    *bwd += gemm(x, M, K, N) + gemm(x, K, N, M);
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
@@ -591,56 +610,199 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     double spdiv = lay->sp ? t : 1.0;
     double Ll = ch->sh.layer_count;
     memset(o, 0, sizeof *o);
-    /* per layer, forward: QKV, attention projection, MLP up and down (column / row parallel) */
-    double f = (double)m->ffn;
-    double g = gemm(x, N, 3 * h / t, h) + gemm(x, N, h, h / t) + gemm(x, N, f / t, h) +
-               gemm(x, N, h, f / t);
+    /* per layer: QKV, attention projection, MLP up and down (column / row parallel), each on the
+     * micro-batch's b s tokens (all of them under SP too: the all-gather comes first), forward
+     * and its two backward products */
+    double f = (double)m->ffn, g = 0, gb = 0;
+    linear(x, N, 3 * h / t, h, &g, &gb);
+    linear(x, N, h, h / t, &g, &gb);
+    linear(x, N, f / t, h, &g, &gb);
+    linear(x, N, h, f / t, &g, &gb);
     /* the attention core: 4 b s^2 h / t FLOPs forward (QK^T and PV, full s^2 as Narayanan counts),
      * twice that backward */
     double at = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
     /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
      * the f/t hidden (2 f/t); backward about twice the traffic */
     double el = N * e * (10 * h / spdiv + 2 * f / t) / x->bw;
-    double ar = lay->tp > 1 ? all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) : 0.0;
-    double fwd = g + at + el + 2 * ar;
-    o->gemm = Ll * 3 * g;
+    /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
+     * volume), two backward; the profile's tp_overlap of it hidden behind compute */
+    double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) *
+                                  all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) : 0.0;
+    o->gemm = Ll * (g + gb);
     o->attn = Ll * 3 * at;
     o->elem = Ll * 3 * el;
     o->tp = Ll * 4 * ar;
-    o->bwd = Ll * (2 * g + 2 * at + 2 * el + 2 * ar);
+    o->bwd = Ll * (gb + 2 * at + 2 * el + 2 * ar);
+    /* what is recomputed before each layer's backward: full, the whole forward from the layer's
+     * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
+     * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
+     * QK^T through softmax and dropout to the product with V (their sec. 5, Figure 3), i.e. its
+     * forward, and nothing with a fused attention, which keeps no scores to drop and whose
+     * backward already recomputes them (counted in attn_eff): Megatron-LM checkpoints the core
+     * attention only without flash attention */
     if (lay->recompute == L3D_RECOMPUTE_FULL) {
-        o->rec = Ll * fwd;
+        o->rec = Ll * (g + at + el + 2 * ar);
         o->gemm += Ll * g;
         o->attn += Ll * at;
         o->elem += Ll * el;
         o->tp += Ll * 2 * ar;
-    } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE) {
-        o->rec = Ll * at / 2; /* QK^T and softmax again */
-        o->attn += Ll * at / 2;
+    } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE && !x->flash) {
+        o->rec = Ll * at;
+        o->attn += Ll * at;
     }
     if (ch->last) {
         /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
         double Vl = (double)c.Vp / t;
-        double hg = gemm(x, N, Vl, h);
+        double hg = 0, hgb = 0;
+        linear(x, N, Vl, h, &hg, &hgb);
         double hel = (N * Vl * bytes_of(L3D_F32) * 5 + N * h * e * 2 * 3) / x->bw;
-        o->gemm += 3 * hg;
+        o->gemm += hg + hgb;
         o->elem += hel;
-        o->bwd += 2 * hg;
-        if (lay->tp > 1) o->tp += all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) +
-                                  3 * all_reduce(N * bytes_of(L3D_F32), lay->tp, tp_bw, tp_lat);
+        o->bwd += hgb;
+        if (lay->tp > 1) o->tp += (1 - x->prof->tp_overlap) *
+                                  (all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) +
+                                   3 * all_reduce(N * bytes_of(L3D_F32), lay->tp, tp_bw, tp_lat));
     }
     if (ch->first) {
         o->elem += N * h * e * 3 * 3 / x->bw; /* gather + position add, and its backward */
-        if (lay->tp > 1) o->tp += all_reduce(N * h * e, lay->tp, tp_bw, tp_lat);
+        if (lay->tp > 1)
+            o->tp += (1 - x->prof->tp_overlap) * all_reduce(N * h * e, lay->tp, tp_bw, tp_lat);
     }
     o->p2p = p2p_prev + p2p_next;
     o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
 }
 
+/* The step's pipeline phase, by running the schedule's actions (the trainer's own, as
+ * l3d_pp_schedule_build lists them: Megatron-LM's 1F1B, interleaved 1F1B or GPipe) on a timeline
+ * with each virtual stage's own times: fwd[vs] a forward of one micro-batch, bwd[vs] its backward
+ * with any recomputation, rin_act[vs] / rin_grad[vs] the receive of its input activation / output
+ * gradient (the link between the two ranks). A rank runs its list in order; a receive waits for
+ * the matching send, then takes its transfer time; sends do not block (the trainer and Megatron
+ * post them non-blocking). So the bubble and the p2p are those of the real stage imbalance: the
+ * first stage's embedding, the last one's head and loss, uneven partitions, links that differ
+ * between ranks. Returns the time of the last action; -1 when out of memory or the schedule
+ * waits for a send never made (l3d_pp_simulate checks that never happens). */
+double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
+                          const double *rin_act, const double *rin_grad) {
+    int p = sc->pp, v = sc->v, S = p * v;
+    int64_t m = sc->m;
+    double *ready = malloc(sizeof(double) * 2 * (size_t)S * (size_t)m);
+    double *clock = calloc((size_t)p, sizeof(double));
+    int *at = calloc((size_t)p, sizeof(int));
+    double end = -1;
+    if (ready && clock && at) {
+        for (int64_t i = 0; i < 2 * (int64_t)S * m; i++) ready[i] = -1;
+        double *act = ready, *grad = ready + (size_t)S * (size_t)m; /* [vs * m + micro] */
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int r = 0; r < p; r++) {
+                while (at[r] < sc->n[r]) {
+                    const struct l3d_pp_action *a = &sc->acts[r][at[r]];
+                    int vs = a->chunk * p + r;
+                    int64_t i = (int64_t)vs * m + a->micro;
+                    bool to_next = a->op == L3D_PP_SEND_ACT, to_prev = a->op == L3D_PP_SEND_GRAD;
+                    if (a->chunk < 0 || a->chunk >= v || a->micro < 0 || a->micro >= m ||
+                        (to_next && vs + 1 >= S) || (to_prev && vs == 0))
+                        break; /* not a schedule this timeline knows: reported as unmatched */
+                    if (a->op == L3D_PP_FWD) clock[r] += fwd[vs];
+                    else if (a->op == L3D_PP_BWD) clock[r] += bwd[vs];
+                    else if (a->op == L3D_PP_SEND_ACT) act[i + m] = clock[r];      /* to vs + 1 */
+                    else if (a->op == L3D_PP_SEND_GRAD) grad[i - m] = clock[r];    /* to vs - 1 */
+                    else {
+                        double t = a->op == L3D_PP_RECV_ACT ? act[i] : grad[i];
+                        if (t < 0) break; /* not sent yet: another rank first */
+                        clock[r] = (clock[r] > t ? clock[r] : t) +
+                                   (a->op == L3D_PP_RECV_ACT ? rin_act[vs] : rin_grad[vs]);
+                    }
+                    at[r]++;
+                    moved = true;
+                }
+            }
+        }
+        end = 0;
+        for (int r = 0; r < p; r++) {
+            if (at[r] < sc->n[r]) end = -1;
+            if (end >= 0 && clock[r] > end) end = clock[r];
+        }
+    }
+    free(ready);
+    free(clock);
+    free(at);
+    return end;
+}
+
+/* Schedules of a few (kind, p, v, m), kept across the layouts of a search. */
+#define PIPE_CACHE 4
+#define PIPE_FULL (1 << 11) /* chunk-micro-batches a layout's timeline runs in full */
+struct pipe_cache {
+    bool have[PIPE_CACHE];
+    enum l3d_pp_kind kind[PIPE_CACHE];
+    int p[PIPE_CACHE], v[PIPE_CACHE], m[PIPE_CACHE];
+    struct l3d_pp_schedule s[PIPE_CACHE];
+    int next;
+};
+
+static void pipe_cache_free(struct pipe_cache *pc) {
+    for (int i = 0; i < PIPE_CACHE; i++)
+        if (pc->have[i]) l3d_pp_schedule_free(&pc->s[i]);
+    memset(pc, 0, sizeof *pc);
+}
+
+static const struct l3d_pp_schedule *pipe_schedule(struct pipe_cache *pc, enum l3d_pp_kind kind,
+                                                   int p, int v, int m) {
+    for (int i = 0; i < PIPE_CACHE; i++)
+        if (pc->have[i] && pc->kind[i] == kind && pc->p[i] == p && pc->v[i] == v && pc->m[i] == m)
+            return &pc->s[i];
+    int i = pc->next;
+    pc->next = (pc->next + 1) % PIPE_CACHE;
+    if (pc->have[i]) l3d_pp_schedule_free(&pc->s[i]);
+    pc->have[i] = l3d_pp_schedule_build(&pc->s[i], kind, p, v, m) == L3D_OK;
+    if (!pc->have[i]) return NULL;
+    pc->kind[i] = kind;
+    pc->p[i] = p;
+    pc->v[i] = v;
+    pc->m[i] = m;
+    return &pc->s[i];
+}
+
+/* The pipeline phase of m micro-batches: the timeline of the schedule itself when p v m is at
+ * most `full` chunk-micro-batches; else the timelines of 4p and 5p micro-batches, extended
+ * linearly: past its warm-up (at most 2 (p - 1) + (v - 1) p chunk-forwards, under 2p
+ * micro-batches) a schedule repeats with a fixed period per micro-batch, so each p more add the
+ * same time (test_pipe_time checks the two agree). -1 when neither is possible (more than 2^20
+ * chunk-micro-batches even so, out of memory). */
+static double pipe_phase(struct pipe_cache *pc, enum l3d_pp_kind kind, int p, int v, int64_t m,
+                         const double *fwd, const double *bwd, const double *rin_act,
+                         const double *rin_grad, int64_t full) {
+    if ((int64_t)p * v * m <= full && m <= 1 << 24) {
+        const struct l3d_pp_schedule *sc = pipe_schedule(pc, kind, p, v, (int)m);
+        return sc ? l3d_plan_pipe_time(sc, fwd, bwd, rin_act, rin_grad) : -1;
+    }
+    int64_t m1 = 2LL * p, m2 = 3LL * p;
+    if (m <= m2 || (int64_t)p * v * m2 > 1 << 20) return -1;
+    const struct l3d_pp_schedule *s1 = pipe_schedule(pc, kind, p, v, (int)m1);
+    double t1 = s1 ? l3d_plan_pipe_time(s1, fwd, bwd, rin_act, rin_grad) : -1;
+    const struct l3d_pp_schedule *s2 = pipe_schedule(pc, kind, p, v, (int)m2);
+    double t2 = s2 ? l3d_plan_pipe_time(s2, fwd, bwd, rin_act, rin_grad) : -1;
+    if (t1 < 0 || t2 < 0) return -1;
+    return t2 + (double)(m - m2) * (t2 - t1) / (double)p;
+}
+
+double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const double *fwd,
+                           const double *bwd, const double *rin_act, const double *rin_grad,
+                           int64_t full) {
+    struct pipe_cache pc = {0};
+    double t = pipe_phase(&pc, kind, p, v, m, fwd, bwd, rin_act, rin_grad, full);
+    pipe_cache_free(&pc);
+    return t;
+}
+
 /* What the layouts of one search share: the stage partitions by stage count and the last
  * schedule, so that a search computes each once rather than once a layout. */
 #define PLAN_CACHE 32
+#define PIPE_MEMO 8
 struct plan_cache {
     int S[PLAN_CACHE];
     int *layers[PLAN_CACHE];
@@ -650,11 +812,24 @@ struct plan_cache {
     int p, v;
     int64_t mm;
     struct l3d_pp_schedule sched;
+    struct pipe_cache pc; /* the short schedules the timeline runs */
+    /* the last timelines' stage times (4 S) and results: layouts that differ in the ZeRO stage
+     * alone (the search tries the recomputation and SP variants in between) share them */
+    struct {
+        double *vt;
+        int S, v;
+        enum l3d_pp_kind kind;
+        int64_t mm;
+        double pipe;
+    } tl[PIPE_MEMO];
+    int tl_next;
 };
 
 static void cache_free(struct plan_cache *cc) {
     for (int i = 0; i < PLAN_CACHE; i++) free(cc->layers[i]);
     if (cc->have_sched) l3d_pp_schedule_free(&cc->sched);
+    pipe_cache_free(&cc->pc);
+    for (int i = 0; i < PIPE_MEMO; i++) free(cc->tl[i].vt);
     memset(cc, 0, sizeof *cc);
 }
 
@@ -749,7 +924,8 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     }
 
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
-    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0};
+    struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0,
+                     .flash = run->flash};
     if (run->calibrated && prof->gemm_calibration > 0) x.cal = prof->gemm_calibration;
     double share = 1.0;
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
@@ -768,9 +944,12 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     double n_max = 0;
     struct l3d_plan_mem mem_worst = {0};
     struct shape_memo memo = {0};
+    /* per virtual stage, for the schedule's timeline: forward, backward (+ recomputation), and the
+     * receives of its input and of its output's gradient */
+    double *vt = p > 1 ? malloc(sizeof(double) * 4 * (size_t)S) : NULL;
     for (int rr = 0; rr < p; rr++) {
-        rank_chunks(m, &lay, layers, start, rr, have_sched ? sched->slots : NULL, mm, fp32, &memo,
-                    ch);
+        rank_chunks(m, &lay, layers, start, rr, have_sched && fp32 ? sched->slots : NULL, mm,
+                    fp32, &memo, ch);
         struct l3d_plan_mem mem;
         rank_memory(m, run, &lay, ch, rr, mm, &mem);
         if (mem.total > mem_worst.total) mem_worst = mem;
@@ -805,6 +984,13 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
                     memo.e[ch[k].shape].timed = true;
                 }
             }
+            if (vt) {
+                int vs = k * p + rr;
+                vt[vs] = cp.total - cp.bwd - cp.rec;
+                vt[S + vs] = cp.bwd + cp.rec;
+                vt[2 * S + vs] = pp_prev;
+                vt[3 * S + vs] = pp_next;
+            }
             cp.p2p = pp_prev + pp_next;
             cp.total += cp.p2p;
             sum.gemm += cp.gemm;
@@ -825,11 +1011,43 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
         }
         if (n_rank > n_max) n_max = n_rank;
     }
-    if (sched == &own_sched) l3d_pp_schedule_free(&own_sched);
-
-    /* the pipeline: (m - 1/v) t_max + sum_r t_r / v; for equal stages (m + (p - 1)/v) t, i.e. the
-     * bubble (p - 1)/(v m) of Narayanan et al. 2021, sec. 2.2 */
+    /* the pipeline: the schedule run with each stage's own times (pipe_phase); beyond 2^20
+     * chunk-micro-batches, or out of memory, the closed form (m - 1/v) t_max + sum_r t_r / v,
+     * which for equal stages is (m + (p - 1)/v) t, the bubble (p - 1)/(v m) of Narayanan et al.
+     * 2021, sec. 2.2 */
     double pipe = (mm - 1.0 / v) * t_max + t_sum / v;
+    if (vt) {
+        size_t n = sizeof(double) * 4 * (size_t)S;
+        double sim = -1;
+        int hit = -1;
+        for (int i = 0; cc && i < PIPE_MEMO && hit < 0; i++)
+            if (cc->tl[i].vt && cc->tl[i].S == S && cc->tl[i].kind == kind && cc->tl[i].v == v &&
+                cc->tl[i].mm == mm && memcmp(cc->tl[i].vt, vt, n) == 0)
+                hit = i;
+        if (hit >= 0) {
+            sim = cc->tl[hit].pipe;
+        } else {
+            struct pipe_cache own_pc = {0};
+            sim = pipe_phase(cc ? &cc->pc : &own_pc, kind, p, v, mm, vt, vt + S, vt + 2 * S,
+                             vt + 3 * S, PIPE_FULL);
+            pipe_cache_free(&own_pc);
+            if (cc) {
+                int i = cc->tl_next;
+                cc->tl_next = (i + 1) % PIPE_MEMO;
+                free(cc->tl[i].vt);
+                cc->tl[i].vt = vt;
+                vt = NULL;
+                cc->tl[i].S = S;
+                cc->tl[i].kind = kind;
+                cc->tl[i].v = v;
+                cc->tl[i].mm = mm;
+                cc->tl[i].pipe = sim;
+            }
+        }
+        if (sim >= 0) pipe = sim;
+    }
+    free(vt);
+    if (sched == &own_sched) l3d_pp_schedule_free(&own_sched);
     struct l3d_plan_time *T = &r->time;
     T->gemm = mm * worst.gemm;
     T->attention = mm * worst.attn;
@@ -883,9 +1101,11 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     double f = (double)m->ffn;
     double layer_f = 8 * h * h + 4 * h * f + 4 * s * h, head = 6 * h * c.Vp;
     r->model_flops = G * s * (3 * L * layer_f + head);
-    double extra = lay.recompute == L3D_RECOMPUTE_FULL        ? L * layer_f
-                   : lay.recompute == L3D_RECOMPUTE_SELECTIVE ? L * 2 * s * h
-                                                               : 0.0;
+    /* the recomputed forward (chunk_time): full, a layer's; selective, the attention core's 4 s h
+     * a token, none with a fused attention */
+    double extra = lay.recompute == L3D_RECOMPUTE_FULL ? L * layer_f
+                   : lay.recompute == L3D_RECOMPUTE_SELECTIVE && !run->flash ? L * 4 * s * h
+                                                                             : 0.0;
     r->hw_flops = r->model_flops + G * s * extra;
     r->tokens_per_s = G * s / T->step;
     double peak_all = prof->peak_flops[run->precision] * (double)run->devices;
