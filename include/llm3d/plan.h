@@ -131,6 +131,10 @@ struct l3d_plan_run {
     int threads;           /* CPU devices (cores) per rank; 1 on GPUs */
     size_t bucket_bytes;   /* DP bucket (fp32 trainer: no extra buffer; mixed: one in flight) */
     bool calibrated;       /* apply the profile's gemm_calibration (a fit, docs/frontier.md) */
+    /* bf16/fp16 as llm3d's trainer runs them (--precision bf16: 16-bit parameters and
+     * activations, fp32 gradients, AdamW moments and master weights; its allocation plan, as for
+     * fp32) instead of Megatron-LM's (2-byte gradients, the ZeRO paper's K = 12) */
+    bool llm3d_mixed;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

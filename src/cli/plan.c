@@ -28,6 +28,9 @@ static void usage(FILE *f) {
         "  --precision P       fp32 (llm3d's trainer: its own memory plan), bf16 or fp16 (mixed\n"
         "                      precision, Megatron-LM style); default fp32 on a profile without\n"
         "                      16-bit peak, else bf16 (fp16 if the profile has no bf16)\n"
+        "  --trainer T         whose mixed precision: llm3d (fp32 gradients and master weights:\n"
+        "                      its allocation plan; default on a CPU profile) or megatron\n"
+        "                      (2-byte gradients; default on a GPU profile)\n"
         "  --flash / --no-flash  fused attention (default: on; fp32 --no-flash is the trainer\n"
         "                      under L3D_ATTENTION=naive)\n"
         "layout (fixed when given):\n"
@@ -311,7 +314,7 @@ static int run_published(void) {
 int l3d_cli_plan(int argc, char **argv) {
     enum { O_FFN = 250, O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
            O_GLOBAL, O_PREC, O_FLASH, O_NOFLASH, O_TP, O_PP, O_DP, O_MB, O_V, O_ZERO, O_RC, O_SP,
-           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL };
+           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL, O_TRAINER };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"hidden", required_argument, NULL, O_HIDDEN}, {"heads", required_argument, NULL, O_HEADS},
@@ -322,6 +325,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"threads", required_argument, NULL, O_THREADS},
         {"global-batch", required_argument, NULL, O_GLOBAL},
         {"precision", required_argument, NULL, O_PREC}, {"flash", no_argument, NULL, O_FLASH},
+        {"trainer", required_argument, NULL, O_TRAINER},
         {"no-flash", no_argument, NULL, O_NOFLASH}, {"tp", required_argument, NULL, O_TP},
         {"pp", required_argument, NULL, O_PP}, {"dp", required_argument, NULL, O_DP},
         {"micro-batch", required_argument, NULL, O_MB},
@@ -332,7 +336,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"json", no_argument, NULL, O_JSON}, {"published", no_argument, NULL, O_PUB},
         {"calibrated", no_argument, NULL, O_CAL},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL;
+    const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL, *trainer_name = NULL;
     int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
     int flash = -1, json = 0, pub = 0, rc_fixed = -1, model_given = 0, calibrated = 0;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
@@ -354,6 +358,16 @@ int l3d_cli_plan(int argc, char **argv) {
         case O_THREADS: ok = l3d_arg_int("plan", "threads", optarg, 1, 4096, &threads); break;
         case O_GLOBAL: ok = l3d_arg_int("plan", "global-batch", optarg, 1, 1 << 26, &global); break;
         case O_PREC: prec = optarg; break;
+        case O_TRAINER:
+            if (strcmp(optarg, "llm3d") == 0 || strcmp(optarg, "megatron") == 0) {
+                trainer_name = optarg;
+            } else {
+                fprintf(stderr, "llm3d plan: --trainer '%s': choose llm3d (this project's "
+                        "trainer: fp32 gradients and master weights in mixed precision) or "
+                        "megatron (Megatron-LM: 2-byte gradients)\n", optarg);
+                ok = 0;
+            }
+            break;
         case O_FLASH: flash = 1; break;
         case O_NOFLASH: flash = 0; break;
         case O_TP: ok = l3d_arg_int("plan", "tp", optarg, 1, 1 << 20, &fx.tp); break;
@@ -430,6 +444,9 @@ int l3d_cli_plan(int argc, char **argv) {
                                                                   : L3D_PREC_FP32;
     }
     run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
+    /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
+     * Megatron-LM's (the GPU clusters' published runs) */
+    run.llm3d_mixed = trainer_name ? strcmp(trainer_name, "llm3d") == 0 : prof.compute_units == 0;
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
         if (json) print_json_error(l3d_error_message());

@@ -545,40 +545,45 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
         {L3D_T_FCW, 4 * C, C, 0.02f},
         {L3D_T_FCPROJW, C, 4 * C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
     };
-    /* computed on the host, one tensor at a time, and copied to the device */
-    int64_t most = 0;
-    for (int t = 0; t < L3D_NUM_TENSORS; t++)
-        most = m->tensors[t].count > most ? m->tensors[t].count : most;
-    float *host = l3d_alloc((size_t)(most > 0 ? most : 1) * sizeof(float), "initial weights");
+    /* computed on the host in blocks of at most INIT_BLOCK elements (a small staging buffer:
+     * a mixed-precision run initialises after its optimizer state is allocated, at its memory
+     * peak) and copied to the device */
+    enum { INIT_BLOCK = 16384 };
+    float *host = l3d_alloc(INIT_BLOCK * sizeof(float), "initial weights");
     l3d_be_memset(m->be, m->params, 0, (size_t)m->num_params * sizeof(float));
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];
-        float *p = host;
-        for (int64_t l = 0; l < ti->layers; l++) {
-            int64_t gl = mats[i].t >= L3D_T_LN1W ? m->shard.layer_start + l : 0;
+        const int64_t per_layer = ti->rows * ti->cols;
+        float *dst0 = l3d_gpt_param_ptr(m, mats[i].t, 0);
+        for (int64_t b0 = 0; b0 < ti->count; b0 += INIT_BLOCK) {
+            int64_t nb = ti->count - b0 < INIT_BLOCK ? ti->count - b0 : INIT_BLOCK;
 #pragma omp parallel for schedule(static)
-            for (int64_t r = 0; r < ti->rows; r++) {
-                for (int64_t c = 0; c < ti->cols; c++) {
-                    int64_t gr, gc;
-                    global_rc(&m->cfg, &m->shard, mats[i].t, r, c, &gr, &gc);
-                    float *dst = p + (l * ti->rows + r) * ti->cols + c;
-                    if (mats[i].t == L3D_T_WTE && gr >= cfg->V) {
-                        *dst = 0.0f; /* padding rows */
-                        continue;
-                    }
-                    uint64_t idx = (uint64_t)((gl * mats[i].rows + gr) * mats[i].cols + gc);
-                    *dst = mats[i].std * l3d_rng_normal(seed, (uint64_t)mats[i].t, idx);
+            for (int64_t k = 0; k < nb; k++) {
+                int64_t e = b0 + k, l = e / per_layer, r = e % per_layer / ti->cols;
+                int64_t c = e % ti->cols, gl = mats[i].t >= L3D_T_LN1W ? m->shard.layer_start + l : 0;
+                int64_t gr, gc;
+                global_rc(&m->cfg, &m->shard, mats[i].t, r, c, &gr, &gc);
+                if (mats[i].t == L3D_T_WTE && gr >= cfg->V) {
+                    host[k] = 0.0f; /* padding rows */
+                    continue;
                 }
+                uint64_t idx = (uint64_t)((gl * mats[i].rows + gr) * mats[i].cols + gc);
+                host[k] = mats[i].std * l3d_rng_normal(seed, (uint64_t)mats[i].t, idx);
             }
+            l3d_be_copy_h2d(m->be, dst0 + b0, host, (size_t)nb * sizeof(float));
         }
-        l3d_be_copy_h2d(m->be, l3d_gpt_param_ptr(m, mats[i].t, 0), host, ti->bytes);
     }
+    for (int64_t k = 0; k < INIT_BLOCK; k++) host[k] = 1.0f;
     const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
-        for (int64_t k = 0; k < ti->count; k++) host[k] = 1.0f;
-        l3d_be_copy_h2d(m->be, l3d_gpt_param_ptr(m, ones[i], 0), host, ti->bytes);
+        float *dst0 = l3d_gpt_param_ptr(m, ones[i], 0);
+        for (int64_t b0 = 0; b0 < ti->count; b0 += INIT_BLOCK)
+            l3d_be_copy_h2d(m->be, dst0 + b0, host,
+                            (size_t)(ti->count - b0 < INIT_BLOCK ? ti->count - b0 : INIT_BLOCK) *
+                                sizeof(float));
     }
+    l3d_be_sync(m->be); /* before the staging buffer is refilled or freed */
     l3d_free(host);
 }
 

@@ -121,7 +121,16 @@ struct l3d_plan_fixed l3d_plan_fixed_none(void) {
     return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0};
 }
 
-static bool trainer(const struct l3d_plan_run *run) { return run->precision == L3D_PREC_FP32; }
+static bool trainer(const struct l3d_plan_run *run) {
+    return run->precision == L3D_PREC_FP32 || run->llm3d_mixed;
+}
+
+/* The peak of the run's products: llm3d's mixed precision on a CPU without 16-bit products runs
+ * them as fp32 products of widened operands (docs/DESIGN.md), at the fp32 peak. */
+static double run_peak(const struct l3d_profile *prof, const struct l3d_plan_run *run) {
+    double p = prof->peak_flops[run->precision];
+    return p <= 0 && run->llm3d_mixed ? prof->peak_flops[L3D_PREC_FP32] : p;
+}
 
 /* Bytes per element come from l3d_dtype_size, the function the trainer sizes its buffers with. */
 static double bytes_of(enum l3d_dtype t) { return (double)l3d_dtype_size(t); }
@@ -237,7 +246,7 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
     if (prof && th > 1 && prof->devices_per_node > 1 && th > prof->devices_per_node)
         return l3d_error(L3D_ERR_LAYOUT, "%d threads a rank but %d cores a node", th,
                          prof->devices_per_node);
-    if (prof && prof->peak_flops[run->precision] <= 0)
+    if (prof && run_peak(prof, run) <= 0)
         return l3d_error(L3D_ERR_ARG, "profile %s has no %s peak (peak_tflops_%s = 0)", prof->name,
                          l3d_prec_name(run->precision), l3d_prec_name(run->precision));
     if (m->heads % lay->tp != 0)
@@ -418,36 +427,73 @@ static void rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_la
     }
 }
 
+/* The CPU backend's 16-bit matrix products without oneDNN's 16-bit kernels (the default on every
+ * CPU, docs/DESIGN.md) run as fp32 products on fp32 copies of their operands, allocated for the
+ * call: the largest such set of a chunk's products, forward (input, weight, bias, output) or
+ * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is). */
+static double mixed_matmul_scratch(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                                   const struct chunk *ch) {
+    const struct l3d_shard *sh = &ch->sh;
+    double N = (double)lay->mb * m->s, C = (double)m->h;
+    double Ca = (double)sh->head_count * (m->h / m->heads), F = (double)sh->ffn_count;
+    double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
+    double best = 0;
+    for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
+        double cin = prod[i][0], oc = prod[i][1];
+        double fwd = N * cin + oc * cin + oc + N * oc, bwd = N * oc + oc * cin + 2 * N * cin;
+        best = fmax(best, fmax(fwd, bwd));
+    }
+    return 4.0 * best;
+}
+
 static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                         const struct l3d_plan_layout *lay, const struct chunk *ch, int r,
                         int64_t mm, struct l3d_plan_mem *mem) {
     memset(mem, 0, sizeof *mem);
     struct l3d_gpt_config c = l3d_plan_model_gpt(m);
     double d = lay->dp, f32 = bytes_of(L3D_F32), w = bytes_of(prec_dtype(run->precision));
+    double scratch16 = 0, staging = 0;
     if (trainer(run)) {
-        /* exactly what the trainer allocates: l3d_gpt_init_ex, l3d_dp_init, l3d_adamw_init */
+        /* exactly what the trainer allocates: l3d_gpt_init_dt, l3d_dp_init, l3d_adamw_init_dt;
+         * in mixed precision (w = 2) 16-bit parameters and activations, fp32 gradients, and the
+         * fp32 master weights with the moments */
+        const enum l3d_dtype dt = prec_dtype(run->precision);
+        const double k_opt = run->precision == L3D_PREC_FP32 ? 2 : 3;
         for (int k = 0; k < lay->v; k++) {
             int64_t n = ch[k].n_gpt;
             int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
             int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
-            mem->params += f32 * n;
+            mem->params += w * n;
             if (lay->zero == 2) {
                 double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
                 mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
             } else {
                 mem->grads += f32 * n;
             }
-            mem->optimizer += 2 * f32 * own; /* AdamW m and v */
-            mem->activations += (double)l3d_gpt_act_bytes(&c, &ch[k].sh, lay->mb, m->s,
-                                                          ch[k].slots, lay->recompute, run->flash);
+            mem->optimizer += k_opt * f32 * own; /* AdamW m and v (and the master weights) */
+            mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->mb, m->s,
+                                                             ch[k].slots, lay->recompute,
+                                                             run->flash, dt);
+            /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation
+             * and for each save (l3d_dp_fp32_params): allocated then freed, at the peak */
+            if (lay->zero == 2 && dt != L3D_F32) staging += f32 * n;
+        }
+        /* the fp32 operands of the largest 16-bit product, once (freed after each product) */
+        if (dt != L3D_F32) {
+            double most = 0;
+            for (int k = 0; k < lay->v; k++) {
+                double x = mixed_matmul_scratch(m, lay, &ch[k]);
+                most = x > most ? x : most;
+            }
+            scratch16 = most;
         }
         /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
          * batches (--val-batches, 8 by default) when more */
-        mem->other = 2.0 * bytes_of(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
+        mem->other += 2.0 * bytes_of(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
         /* the pipeline executor's received stage-output gradient (src/parallel/pipe_exec.c), the
          * rows of this rank under sequence parallelism; once small beside the s^2 attention
          * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
-        mem->other += f32 * lay->mb * m->s * m->h / (lay->sp ? lay->tp : 1);
+        mem->other += w * lay->mb * m->s * m->h / (lay->sp ? lay->tp : 1);
     } else {
         /* mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
          * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2 */
@@ -483,6 +529,8 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
         mem->activations = acts;
         mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
     }
+    /* transients, not at once: the larger adds to the peak */
+    mem->other += staging > scratch16 ? staging : scratch16;
     mem->total = mem->params + mem->grads + mem->optimizer + mem->activations + mem->other;
     mem->stage = r;
     mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
@@ -931,7 +979,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
         share = (double)prof->devices_per_node / (double)run->devices; /* one oversubscribed node */
     x.threads = lay.threads;
-    x.rate = prof->peak_flops[run->precision] * lay.threads * share;
+    x.rate = run_peak(prof, run) * lay.threads * share;
     x.bw = prof->mem_bw * prof->kernel_bw_eff * lay.threads * share;
     x.e = bytes_of(prec_dtype(run->precision));
     x.ntok = (double)lay.mb * m->s;
@@ -1108,7 +1156,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
                                                                              : 0.0;
     r->hw_flops = r->model_flops + G * s * extra;
     r->tokens_per_s = G * s / T->step;
-    double peak_all = prof->peak_flops[run->precision] * (double)run->devices;
+    double peak_all = run_peak(prof, run) * (double)run->devices;
     r->mfu = r->model_flops / T->step / peak_all;
     r->hfu = r->hw_flops / T->step / peak_all;
     free(owned);

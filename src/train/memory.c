@@ -135,6 +135,10 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
     run.bucket_bytes = tc->bucket_bytes;
+    run.precision = tc->precision == L3D_BF16  ? L3D_PREC_BF16
+                    : tc->precision == L3D_F16 ? L3D_PREC_FP16
+                                               : L3D_PREC_FP32;
+    run.llm3d_mixed = true; /* this trainer's allocation plan in every precision */
     struct l3d_plan_layout lay = {
         .tp = c->tp, .pp = c->pp, .dp = c->dp, .mb = c->B, .v = c->v, .zero = c->zero,
         .recompute = c->rc, .sp = tc->sequence_parallel && c->tp > 1,
@@ -144,7 +148,9 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     c->bytes = -1;
     if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
     double rows = (double)(tc->model.maxT > tc->T ? tc->model.maxT - tc->T : 0) * tc->model.C;
-    double per = 4.0 * (2.0 + (c->zero >= 1 ? 2.0 / c->dp : 2.0)); /* params, grads, m, v */
+    /* params, grads, m, v (and the fp32 master weights in mixed precision) */
+    double pb = (double)l3d_dtype_size(tc->precision), kopt = tc->precision == L3D_F32 ? 8 : 12;
+    double per = pb + 4.0 + (c->zero >= 1 ? kopt / c->dp : kopt);
     /* model.bin: gathered whole on rank 0 from a replica of several ranks or chunks; one rank's
      * whole model streams from the device through 64 MiB of staging (src/train/train.c) */
     c->gather = 0.0;

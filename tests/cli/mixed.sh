@@ -155,4 +155,47 @@ train ck_z2 2 2 "${ck[@]}" --precision bf16 --zero 2 &&
     train ck_z2_on1 0 4 "${ck[@]}" --precision bf16 --resume "$dir/ck_z2/checkpoints/step_00000005" &&
     same "bf16 ZeRO-2 dp2 checkpoint resumed on one process" ck_z2_on1 ck_z2 "$lt" "$wt"
 
+# ---- memory: llm3d plan --precision bf16 (this trainer's plan) against the accounted peak -------
+prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
+# mem NAME NP B ACCUM DP PRECISION PLAN_FLAGS -- TRAIN_FLAGS: within 1%
+mem() {
+    local name=$1 np=$2 b=$3 accum=$4 dp=$5 prec=$6
+    shift 6
+    local pflags=() launch=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do pflags+=("$1"); shift; done
+    shift
+    [ "$np" -gt 1 ] && launch=("$mpiexec" -n "$np")
+    local mdl=(--layers 4 --heads 4 --vocab 256)
+    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train "${mdl[@]}" --channels 128 \
+        --context 64 --seq-len 64 --batch "$b" --grad-accum "$accum" --steps 2 --val-every 0 \
+        --precision "$prec" --train "$dir/data/train_*.bin" "$@" > "$dir/$name.log" 2>&1 ||
+        { bad "$name: the trainer failed"; cat "$dir/$name.log"; return; }
+    local measured predicted
+    measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
+    predicted=$("$bin" plan "${mdl[@]}" --hidden 128 --seq-len 64 --profile "$prof" \
+        --precision "$prec" --devices "$np" --micro-batch "$b" \
+        --global-batch $((b * accum * dp)) "${pflags[@]}" --json 2> "$dir/$name.plan" |
+        head -1 | sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
+    if is_number "$measured" && is_number "$predicted" &&
+        awk -v a="$predicted" -v b="$measured" 'BEGIN { r = (a - b) / b; exit !(r < 0.01 && r > -0.01) }'
+    then ok "$name: plan --precision $prec predicts $predicted bytes, measured $measured"
+    else bad "$name: plan --precision $prec predicts '$predicted' bytes, measured '$measured' $(cat "$dir/$name.plan")"; fi
+}
+base=(--recompute none)
+mem mem_bf16_one 1 2 1 1 bf16 --tp 1 --pp 1 --zero 0 "${base[@]}" --
+mem mem_bf16_dp2_zero1 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 "${base[@]}" -- --zero 1
+mem mem_bf16_dp2_zero2 2 1 3 2 bf16 --tp 1 --pp 1 --zero 2 "${base[@]}" -- --zero 2
+full && mem mem_bf16_tp2_sp 2 2 1 1 bf16 --tp 2 --pp 1 --zero 0 --sequence-parallel yes \
+    "${base[@]}" -- --tp 2 --sequence-parallel
+full && mem mem_fp16_pp2 2 2 4 1 fp16 --tp 1 --pp 2 --zero 0 --pp-virtual 1 "${base[@]}" -- --pp 2
+# negative case: the fp32 plan of the same bf16 run is off by more than 1%
+predicted=$("$bin" plan --layers 4 --heads 4 --vocab 256 --hidden 128 --seq-len 64 \
+    --profile "$prof" --precision fp32 --devices 1 --micro-batch 2 --global-batch 2 --tp 1 --pp 1 \
+    --zero 0 "${base[@]}" --json 2> /dev/null | head -1 | sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
+measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/mem_bf16_one.log")
+if is_number "$measured" && is_number "$predicted" &&
+    awk -v a="$predicted" -v b="$measured" 'BEGIN { r = (a - b) / b; exit (r < 0.01 && r > -0.01) }'
+then ok "the fp32 plan ($predicted) misses the bf16 run ($measured) by more than 1%"
+else bad "the fp32 plan '$predicted' against the bf16 run '$measured'"; fi
+
 exit $fail
