@@ -32,12 +32,19 @@
 
 #define L3D_LLMC_MAGIC 20240326
 #define L3D_LLMC_VERSION_FP32 3
+#define L3D_LLMC_VERSION_BF16 5 /* llm.c's bf16 file: the same layout, 2-byte parameters */
 
-/* Written atomically: a temporary file, fsync, then rename over path. */
+/* Written atomically: a temporary file, fsync, then rename over path. Version 3 (fp32). Reading
+ * takes version 3 and version 5 (bf16, widened to fp32 exactly). */
 l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m);
 /* The same from a full model's flat parameters (e.g. gathered from tensor-parallel shards). */
 l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
                                      const float *params, int64_t num_params);
+/* The same as llm.c version 3 (dt L3D_F32) or version 5 (L3D_BF16: each parameter rounded to
+ * nearest even). */
+l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_gpt_config *cfg,
+                                        const float *params, int64_t num_params,
+                                        enum l3d_dtype dt);
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 
@@ -160,8 +167,10 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          bool *report);
 /* Reads a step directory's model config (to size a model before loading). */
 l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step);
-/* Writes the weights of step directory dir as one llm.c checkpoint (one process); fp32 only. */
+/* Writes the weights of step directory dir as one llm.c checkpoint (one process): version 3 (fp32),
+ * or with _dt and L3D_BF16 version 5 (the fp32 weights rounded to bf16). */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
+l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt);
 
 /* What a step directory holds, for llm3d inspect. */
 struct l3d_ckpt_info {

@@ -1470,6 +1470,10 @@ l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int
 }
 
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
+    return l3d_ckpt_export_llmc_dt(dir, path, L3D_F32);
+}
+
+l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
     struct l3d_gpt_config cfg;
     int64_t step;
     l3d_status st = l3d_ckpt_read_config(dir, &cfg, &step);
@@ -1485,7 +1489,7 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     if (st == L3D_OK && !full) st = no_memory(&mf, N, "convert on a machine with more memory");
     if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);
     if (st == L3D_OK) st = check_no_nan(&mf, full, N, "parameter");
-    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params(path, &cfg, full, N);
+    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params_dt(path, &cfg, full, N, dt);
     l3d_free(full);
     manifest_free(&mf);
     return st;

@@ -1,5 +1,7 @@
-/* llm.c single-file GPT-2 checkpoint, fp32 (include/llm3d/ckpt.h). A model's parameters are
- * device memory: they travel through a host staging buffer (l3d_ckpt_stage_cap: 64 MiB at most). */
+/* llm.c single-file GPT-2 checkpoint, version 3 (fp32) or 5 (bf16) (include/llm3d/ckpt.h). A
+ * model's parameters are device memory: they travel through a host staging buffer
+ * (l3d_ckpt_stage_cap: 64 MiB at most). bf16 files are widened to fp32 (exact) as they are read
+ * and rounded from fp32 (nearest even) as they are written. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,26 +23,35 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
-/* Writes the file from params: device memory of be, or host memory when be is NULL. */
+/* Writes the file from fp32 params: device memory of be, or host memory when be is NULL; as
+ * version 5 (bf16) when dt is L3D_BF16. */
 static l3d_status save(const char *path, const struct l3d_gpt_config *cfg,
-                       struct l3d_backend *be, const float *params, int64_t num_params) {
+                       struct l3d_backend *be, const float *params, int64_t num_params,
+                       enum l3d_dtype dt) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
+    L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16);
+    const bool bf16 = dt == L3D_BF16;
     const size_t nb = (size_t)num_params * l3d_dtype_size(L3D_F32);
     size_t cap = l3d_ckpt_stage_cap(nb);
-    void *stage = be ? l3d_try_alloc(cap, "checkpoint staging") : NULL;
-    if (be && !stage)
+    void *stage = be || bf16 ? l3d_try_alloc(cap, "checkpoint staging") : NULL;
+    uint16_t *half = bf16 ? l3d_try_alloc(cap / 2 + 2, "checkpoint bf16 staging") : NULL;
+    if ((be || bf16) && (!stage || (bf16 && !half))) {
+        l3d_free(stage);
+        l3d_free(half);
         return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer", path,
                          cap);
+    }
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         l3d_free(stage);
+        l3d_free(half);
         return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
-    hdr[1] = L3D_LLMC_VERSION_FP32;
+    hdr[1] = bf16 ? L3D_LLMC_VERSION_BF16 : L3D_LLMC_VERSION_FP32;
     hdr[2] = cfg->maxT;
     hdr[3] = cfg->V;
     hdr[4] = cfg->L;
@@ -49,12 +60,20 @@ static l3d_status save(const char *path, const struct l3d_gpt_config *cfg,
     hdr[7] = cfg->Vp;
     bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1;
     for (size_t done = 0, k; ok && done < nb; done += k) {
-        k = !be ? nb : nb - done < cap ? nb - done : cap;
+        k = !be && !bf16 ? nb : nb - done < cap ? nb - done : cap;
         const void *src = (const char *)params + done;
         if (be) l3d_be_copy_d2h(be, stage, src, k);
-        ok = fwrite(be ? stage : src, 1, k, f) == k;
+        else if (bf16) memcpy(stage, src, k);
+        if (bf16) {
+            const float *x = stage;
+            for (size_t i = 0; i < k / 4; i++) half[i] = l3d_f32_to_bf16(x[i]);
+            ok = fwrite(half, 2, k / 4, f) == k / 4;
+        } else {
+            ok = fwrite(be ? stage : src, 1, k, f) == k;
+        }
     }
     l3d_free(stage);
+    l3d_free(half);
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;
@@ -75,12 +94,19 @@ l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
     if (!is_full_shard(m))
         return l3d_error(L3D_ERR_ARG, "llm.c checkpoints hold the whole model; this rank holds a "
                          "shard (gather it first)");
-    return save(path, &m->cfg, m->be, m->params, m->num_params);
+    L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
+    return save(path, &m->cfg, m->be, m->params, m->num_params, L3D_F32);
 }
 
 l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
                                      const float *params, int64_t num_params) {
-    return save(path, cfg, NULL, params, num_params);
+    return save(path, cfg, NULL, params, num_params, L3D_F32);
+}
+
+l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_gpt_config *cfg,
+                                        const float *params, int64_t num_params,
+                                        enum l3d_dtype dt) {
+    return save(path, cfg, NULL, params, num_params, dt);
 }
 
 static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
@@ -89,19 +115,20 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     if (hdr[0] != L3D_LLMC_MAGIC)
         return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
                          path, hdr[0], L3D_LLMC_MAGIC);
-    if (hdr[1] != L3D_LLMC_VERSION_FP32)
-        return l3d_error(L3D_ERR_FORMAT, "%s: version %d; only version 3 (fp32) is supported",
-                         path, hdr[1]);
+    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16)
+        return l3d_error(L3D_ERR_FORMAT, "%s: version %d; llm3d reads version 3 (fp32) and 5 "
+                         "(bf16)", path, hdr[1]);
     return L3D_OK;
 }
 
 /* The header checked against the limits of a model and the file's size, before anything is
  * allocated for it. */
 static l3d_status read_config(FILE *f, const char *path, int64_t size,
-                              struct l3d_gpt_config *cfg) {
+                              struct l3d_gpt_config *cfg, size_t *es) {
     int32_t hdr[256];
     l3d_status st = read_header(f, path, hdr);
     if (st != L3D_OK) return st;
+    *es = hdr[1] == L3D_LLMC_VERSION_BF16 ? 2 : 4; /* bytes a parameter in the file */
     *cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                    .C = hdr[6]};
     st = l3d_gpt_config_finish(cfg);
@@ -109,27 +136,36 @@ static l3d_status read_config(FILE *f, const char *path, int64_t size,
     if (cfg->Vp != hdr[7])
         return l3d_error(L3D_ERR_FORMAT, "%s: padded vocabulary %d, expected %d (V=%d padded to a "
                          "multiple of %d)", path, hdr[7], cfg->Vp, cfg->V, L3D_VOCAB_ALIGN);
-    int64_t want = HEADER_BYTES + l3d_gpt_param_count(cfg) * (int64_t)l3d_dtype_size(L3D_F32);
+    int64_t want = HEADER_BYTES + l3d_gpt_param_count(cfg) * (int64_t)*es;
     if (size != want)
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, but its header (L=%d C=%d NH=%d V=%d "
-                         "T=%d) needs %lld: truncated, damaged or not fp32", path, (long long)size,
-                         cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT, (long long)want);
+                         "T=%d, %s) needs %lld: truncated or damaged", path, (long long)size,
+                         cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT, *es == 2 ? "bf16" : "fp32",
+                         (long long)want);
     return L3D_OK;
 }
 
-l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
+/* The header's config and the file's bytes a parameter. */
+static l3d_status read_llmc_config(const char *path, struct l3d_gpt_config *cfg, size_t *es) {
     FILE *f;
     int64_t size;
     l3d_status st = l3d_fopen_regular(path, "checkpoint", &f, &size);
     if (st != L3D_OK) return st;
-    st = read_config(f, path, size, cfg);
+    st = read_config(f, path, size, cfg, es);
     fclose(f);
     return st;
 }
 
+l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
+    size_t es;
+    return read_llmc_config(path, cfg, &es);
+}
+
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
+    L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
     struct l3d_gpt_config cfg;
-    l3d_status st = l3d_ckpt_read_llmc_config(path, &cfg);
+    size_t fes; /* the file's bytes a parameter: 4, or 2 (bf16) */
+    l3d_status st = read_llmc_config(path, &cfg, &fes);
     if (st != L3D_OK) return st;
     if (cfg.L != m->cfg.L || cfg.C != m->cfg.C || cfg.NH != m->cfg.NH || cfg.V != m->cfg.V ||
         cfg.maxT != m->cfg.maxT)
@@ -142,11 +178,11 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     if (st != L3D_OK) return st;
     int64_t n_full = l3d_gpt_param_count(&m->cfg);
     const size_t es = l3d_dtype_size(L3D_F32), nb = (size_t)n_full * es;
-    int64_t want = HEADER_BYTES + (int64_t)nb;
+    int64_t want = HEADER_BYTES + n_full * (int64_t)fes;
     if (size != want) { /* the file changed since its header was read */
         fclose(f);
         return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
-                         "or not fp32", path, (long long)size, (long long)want);
+                         "or damaged", path, (long long)size, (long long)want);
     }
     /* the full shard streams through the staging buffer; a shard (tensor- or pipeline-parallel
      * rank) reads the whole file on the host, keeps its slice and copies that */
@@ -166,7 +202,14 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     int64_t bad = 0, first_bad = -1; /* parameters that are NaN or infinite */
     for (size_t k; got < nb; got += k) {
         k = nb - got < cap ? nb - got : cap;
-        if (fread(buf, 1, k, f) != k) break;
+        if (fes == 2) { /* bf16: the chunk's halves read into the upper half of buf, widened */
+            uint16_t *h = (uint16_t *)((char *)buf + k / 2);
+            if (fread(h, 2, k / 4, f) != k / 4) break;
+            float *x = buf;
+            for (size_t i = 0; i < k / 4; i++) x[i] = l3d_bf16_to_f32(h[i]);
+        } else if (fread(buf, 1, k, f) != k) {
+            break;
+        }
         for (size_t i = 0; i < k / es; i++)
             if (!isfinite(((const float *)buf)[i]) && bad++ == 0)
                 first_bad = (int64_t)(got / es + i);

@@ -155,6 +155,41 @@ train ck_z2 2 2 "${ck[@]}" --precision bf16 --zero 2 &&
     train ck_z2_on1 0 4 "${ck[@]}" --precision bf16 --resume "$dir/ck_z2/checkpoints/step_00000005" &&
     same "bf16 ZeRO-2 dp2 checkpoint resumed on one process" ck_z2_on1 ck_z2 "$lt" "$wt"
 
+# ---- llm.c's bf16 file (version 5): written by convert, read by --init-from and generate --------
+ckp="$dir/ck_bf16/checkpoints/step_00000005"
+check "convert --precision bf16 writes llm.c version 5" sh -c "'$bin' convert '$ckp' \
+    '$dir/v5.bin' --precision bf16 > /dev/null"
+check "convert writes llm.c version 3 by default" sh -c "'$bin' convert '$ckp' '$dir/v3.bin' \
+    > /dev/null"
+[ "$(od -A n -t d4 -j 4 -N 4 "$dir/v5.bin" | tr -d ' ')" = 5 ] &&
+    [ "$(od -A n -t d4 -j 4 -N 4 "$dir/v3.bin" | tr -d ' ')" = 3 ] &&
+    [ $(($(stat -c %s "$dir/v3.bin") - 1024)) = $((2 * ($(stat -c %s "$dir/v5.bin") - 1024))) ] &&
+    ok "version 5 holds 2 bytes a parameter, version 3 four" || bad "llm.c versions and sizes"
+# a bf16 run's 16-bit weights are the rounding of its fp32 ones: from either file, the same loss
+train init_v5 0 4 --steps 1 --precision bf16 --init-from "$dir/v5.bin" &&
+    train init_v3 0 4 --steps 1 --precision bf16 --init-from "$dir/v3.bin" &&
+    [ -n "$(grep -o '"loss":[^,]*' "$dir/init_v5/metrics.jsonl")" ] &&
+    [ "$(grep -o '"loss":[^,]*' "$dir/init_v5/metrics.jsonl")" = \
+      "$(grep -o '"loss":[^,]*' "$dir/init_v3/metrics.jsonl")" ] &&
+    ok "--init-from version 5 and version 3 give a bf16 run the same first loss" ||
+    bad "--init-from version 5 against version 3"
+# an fp32 run on version 5's weights: close to the bf16 run on the same rounded weights (a file
+# read as the wrong width would give garbage)
+train init_v5_fp32 0 4 --steps 1 --precision fp32 --init-from "$dir/v5.bin" &&
+    same "an fp32 run from version 5 is within bf16's bound of one from version 3" init_v5_fp32 \
+        init_v3 7.8e-3 1
+check "generate reads version 5" sh -c "'$bin' generate --checkpoint '$dir/v5.bin' --tokenizer \
+    bytes --prompt row --max-tokens 8 --temperature 0 > '$dir/gen5.txt' 2> '$dir/gen5.err'"
+head -c 1024 "$dir/v5.bin" > "$dir/v4.bin" && printf '\004' | dd of="$dir/v4.bin" bs=1 seek=4 \
+    conv=notrunc 2> /dev/null && cat "$dir/v5.bin" | tail -c +1025 >> "$dir/v4.bin"
+expect_error "llm.c version 4 is refused" "version 4; llm3d reads version 3 (fp32) and 5" \
+    "$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --steps 1 \
+    --train "$dir/data/train_*.bin" --init-from "$dir/v4.bin"
+head -c 2000 "$dir/v5.bin" > "$dir/v5_short.bin"
+expect_error "a truncated version 5 file is refused" "needs .*truncated or damaged" \
+    "$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --steps 1 \
+    --train "$dir/data/train_*.bin" --init-from "$dir/v5_short.bin"
+
 # ---- memory: llm3d plan --precision bf16 (this trainer's plan) against the accounted peak -------
 prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
 # mem NAME NP B ACCUM DP PRECISION PLAN_FLAGS -- TRAIN_FLAGS: within 1%
