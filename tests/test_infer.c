@@ -63,6 +63,43 @@ int main(void) {
     CHECK(rel_diff(l3d_infer_step(inf, &other[1], 1), full + cfg.Vp, cfg.V) > 1e-3);
     l3d_infer_free(inf);
 
+    /* 16 bits (generate --precision): the same weights rounded, the KV cache and activations in
+     * bf16 / fp16, against the same model's full forward in that type (they round at the same
+     * points; only the fp32 products' blocking differs, which can move a rounding by one unit:
+     * 2^-7 of the logits' spread), and against fp32's (the rounding shows, within a few units) */
+    for (int k = 0; k < 2; k++) {
+        enum l3d_dtype dt = k ? L3D_F16 : L3D_BF16;
+        struct l3d_gpt *h;
+        CHECK(l3d_gpt_init_dt(&h, &cfg, &sh, be, 1, T, L3D_GRADS_NONE, 1, L3D_RECOMPUTE_NONE,
+                              dt) == L3D_OK);
+        float *p32 = l3d_be_alloc(be, (size_t)m->num_params * sizeof(float), "test");
+        l3d_be_copy_d2d(be, p32, m->params, (size_t)m->num_params * sizeof(float));
+        l3d_be_convert(be, dt, h->params, L3D_F32, p32, m->num_params);
+        l3d_gpt_forward(h, tok, NULL, 1, T);
+        float *full16 = malloc((size_t)T * cfg.Vp * sizeof(float));
+        l3d_be_convert(be, L3D_F32, p32, dt, h->logits, (int64_t)T * cfg.Vp > m->num_params
+                                                             ? m->num_params
+                                                             : (int64_t)T * cfg.Vp);
+        CHECK((int64_t)T * cfg.Vp <= m->num_params); /* the staging holds every logit */
+        l3d_be_copy_d2h(be, full16, p32, (size_t)T * cfg.Vp * sizeof(float));
+        struct l3d_infer *inf16;
+        CHECK(l3d_infer_init(&inf16, h) == L3D_OK);
+        double kv = 0.0, vs32 = 0.0;
+        for (int q = 0; q < T; q++) {
+            const float *lg = l3d_infer_step(inf16, &tok[q], 1);
+            kv = test_max(kv, rel_diff(lg, full16 + (int64_t)q * cfg.Vp, cfg.V));
+            vs32 = test_max(vs32, rel_diff(lg, full + (int64_t)q * cfg.Vp, cfg.V));
+        }
+        fprintf(stderr, "%s: KV cache against the full forward %.3g, against fp32 %.3g\n",
+                l3d_dtype_name(dt), kv, vs32);
+        CHECK(kv < 0.0078);                 /* 2^-7 */
+        CHECK(vs32 > 0.0 && vs32 < 0.0625); /* 16 bits differ from fp32, by a few units */
+        l3d_infer_free(inf16);
+        l3d_be_free(be, p32);
+        free(full16);
+        l3d_gpt_free(h);
+    }
+
     /* a sharded model is refused with a clear error */
     struct l3d_shard half = sh;
     half.layer_count = 1;

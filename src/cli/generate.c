@@ -104,7 +104,28 @@ static void usage(FILE *fp) {
             "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
             "                      threads mostly wait on each other and on memory)\n"
             "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
-            "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n");
+            "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n"
+            "  --precision P       fp32 (default), bf16 or fp16: the weights rounded to 16 bits\n"
+            "                      and 16-bit activations and KV cache, fp32 arithmetic (half the\n"
+            "                      cache's memory)\n");
+}
+
+/* The model of an llm.c file in precision dt: loaded into an fp32 view (a staging buffer of the
+ * device for a 16-bit model), then rounded to dt. */
+static l3d_status load_model(const char *ckpt, struct l3d_gpt *m) {
+    if (m->dt == L3D_F32) return l3d_ckpt_load_llmc(ckpt, m);
+    size_t bytes = (size_t)m->num_params * sizeof(float);
+    float *p32 = l3d_be_alloc(m->be, bytes, "fp32 weights staging");
+    if (!p32)
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB to stage %s's fp32 weights",
+                         bytes / 1073741824.0, ckpt);
+    struct l3d_gpt view;
+    l3d_gpt_fp32_view(m, p32, &view);
+    l3d_status st = l3d_ckpt_load_llmc(ckpt, &view);
+    if (st == L3D_OK) l3d_be_convert(m->be, m->dt, m->params, L3D_F32, p32, m->num_params);
+    l3d_be_sync(m->be);
+    l3d_be_free(m->be, p32);
+    return st;
 }
 
 /* The first token of the window the next step reads, given the previous window start w and the
@@ -137,7 +158,7 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, st
 }
 
 int l3d_cli_generate(int argc, char **argv) {
-    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS, O_BACKEND };
+    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS, O_BACKEND, O_PRECISION };
     static const struct option opts[] = {
         {"checkpoint", required_argument, NULL, 'c'}, {"prompt", required_argument, NULL, 'p'},
         {"max-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
@@ -145,11 +166,13 @@ int l3d_cli_generate(int argc, char **argv) {
         {"seed", required_argument, NULL, 's'}, {"tokenizer", required_argument, NULL, O_TOK},
         {"recompute", no_argument, NULL, O_RECOMPUTE}, {"threads", required_argument, NULL, O_THREADS},
         {"backend", required_argument, NULL, O_BACKEND}, {"help", no_argument, NULL, 'h'},
+        {"precision", required_argument, NULL, O_PRECISION},
         {NULL, 0, NULL, 0},
     };
     const char *ckpt = NULL, *prompt = "", *tokspec = NULL;
     int max_tokens = 200, threads = 1, ok = 1, c;
     bool recompute = false;
+    enum l3d_dtype dt = L3D_F32;
     uint64_t seed = 42;
     struct sampler smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40};
     struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true};
@@ -167,6 +190,16 @@ int l3d_cli_generate(int argc, char **argv) {
         case 's': ok = l3d_arg_u64("generate", "seed", optarg, &seed); break;
         case O_THREADS: ok = l3d_arg_int("generate", "threads", optarg, 1, 1024, &threads); break;
         case O_BACKEND: ro.backend = optarg; break;
+        case O_PRECISION:
+            if (strcmp(optarg, "fp32") == 0 || strcmp(optarg, "bf16") == 0 ||
+                strcmp(optarg, "fp16") == 0) {
+                dt = optarg[0] == 'b' ? L3D_BF16 : optarg[2] == '1' ? L3D_F16 : L3D_F32;
+            } else {
+                fprintf(stderr, "llm3d generate: --precision '%s': choose fp32, bf16 or fp16\n",
+                        optarg);
+                ok = 0;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: return 2;
         }
@@ -219,8 +252,9 @@ int l3d_cli_generate(int argc, char **argv) {
     if (rc == 0 && l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) rc = 1; /* said there */
     if (rc == 0) {
         struct l3d_shard sh = l3d_shard_full(&cfg);
-        if (l3d_gpt_init(&m, &cfg, &sh, rt->be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE) != L3D_OK ||
-            l3d_ckpt_load_llmc(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
+        if (l3d_gpt_init_dt(&m, &cfg, &sh, rt->be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE,
+                            1, L3D_RECOMPUTE_NONE, dt) != L3D_OK ||
+            load_model(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
             fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
             rc = 1;
         }
@@ -236,6 +270,10 @@ int l3d_cli_generate(int argc, char **argv) {
     fflush(stdout);
     smp.cand = malloc((size_t)cfg.V * sizeof *smp.cand);
     float *last_logits = malloc((size_t)cfg.Vp * sizeof *last_logits); /* host copy */
+    /* a 16-bit model's last logits row, widened on the device (recompute) */
+    float *row32 = recompute && dt != L3D_F32
+                       ? l3d_be_alloc(rt->be, (size_t)cfg.Vp * sizeof(float), "logits row")
+                       : NULL;
     l3d_rng_seed(&smp.rng, seed);
     int eot = tok ? l3d_tokenizer_eot(tok) : -1;
     int64_t fed = 0, w = 0; /* tokens of seq in the KV cache; the window's first token */
@@ -248,9 +286,12 @@ int l3d_cli_generate(int argc, char **argv) {
             w = w_next;
             int64_t len = seq.n - w;
             l3d_gpt_forward(m, seq.v + w, NULL, 1, (int)len);
-            const float *lg = m->logits; /* an fp32 model (generation) */
-            l3d_be_copy_d2h(rt->be, last_logits, lg + (len - 1) * (int64_t)cfg.Vp,
-                            (size_t)cfg.Vp * sizeof(float));
+            const void *row = (const char *)m->logits + (len - 1) * (int64_t)cfg.Vp * m->es;
+            if (row32) {
+                l3d_be_convert(rt->be, L3D_F32, row32, dt, row, cfg.Vp);
+                row = row32;
+            }
+            l3d_be_copy_d2h(rt->be, last_logits, row, (size_t)cfg.Vp * sizeof(float));
             logits = last_logits;
         } else {
             if (w_next != w) { /* the window slid: its tokens again from position 0 */
@@ -269,12 +310,14 @@ int l3d_cli_generate(int argc, char **argv) {
         fwrite(bytes, 1, len, stdout);
         fflush(stdout);
     }
-    double dt = l3d_time_s() - t0;
+    double secs = l3d_time_s() - t0;
     putchar('\n');
-    fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s)\n", generated, dt,
-            dt > 0 ? generated / dt : 0.0, recompute ? "recomputed" : "KV cache");
+    fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s, %s)\n", generated,
+            secs, secs > 0 ? generated / secs : 0.0, recompute ? "recomputed" : "KV cache",
+            l3d_dtype_name(dt));
     free(smp.cand);
     free(last_logits);
+    if (row32) l3d_be_free(rt->be, row32);
     l3d_ids_free(&seq);
     l3d_infer_free(inf);
     l3d_gpt_free(m);

@@ -17,17 +17,22 @@ struct l3d_infer {
     struct l3d_backend *be;
     int pos;
     int64_t maxT, C, F, Vp;
+    enum l3d_dtype dt;         /* the model's: activations and the cache (mean, rstd fp32) */
+    size_t es;
     /* device memory of the model's backend */
-    float *kv;                 /* (L, maxT, 2C): keys | values of each cached position */
-    float *x, *ln, *mean, *rstd, *qkv, *atty, *proj, *fch, *fchg; /* rows of n <= maxT */
-    float *logits;             /* (Vp) */
+    void *kv;                  /* (L, maxT, 2C): keys | values of each cached position */
+    void *x, *ln, *qkv, *atty, *proj, *fch, *fchg; /* rows of n <= maxT */
+    float *mean, *rstd;
+    void *logits;              /* (Vp) */
+    float *logits32;           /* (Vp) fp32, a 16-bit model's logits widened */
     int32_t *tokens;           /* (maxT) */
     float *logits_host;        /* (Vp): what l3d_infer_step returns */
 };
 
+static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
+
 l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     *out = NULL;
-    L3D_ASSERT(m->dt == L3D_F32); /* generation runs the fp32 model of model.bin */
     const struct l3d_shard *s = &m->shard;
     const struct l3d_gpt_config *c = &m->cfg;
     if (s->layer_start != 0 || s->layer_count != c->L || s->head_count != c->NH ||
@@ -42,20 +47,23 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     inf->C = c->C;
     inf->F = 4 * (int64_t)c->C;
     inf->Vp = c->Vp;
+    inf->dt = m->dt;
+    inf->es = m->es;
     int64_t T = inf->maxT, C = inf->C;
-    const size_t es = l3d_dtype_size(L3D_F32);
+    const size_t es = m->es, f4 = sizeof(float);
     struct { void **p; size_t bytes; const char *what; } bufs[] = {
-        {(void **)&inf->kv, (size_t)(c->L * T * 2 * C) * es, "KV cache"},
-        {(void **)&inf->x, (size_t)(T * C) * es, "inference activations"},
-        {(void **)&inf->ln, (size_t)(T * C) * es, "inference activations"},
-        {(void **)&inf->mean, (size_t)T * es, "inference activations"},
-        {(void **)&inf->rstd, (size_t)T * es, "inference activations"},
-        {(void **)&inf->qkv, (size_t)(T * 3 * C) * es, "inference activations"},
-        {(void **)&inf->atty, (size_t)(T * C) * es, "inference activations"},
-        {(void **)&inf->proj, (size_t)(T * C) * es, "inference activations"},
-        {(void **)&inf->fch, (size_t)(T * inf->F) * es, "inference activations"},
-        {(void **)&inf->fchg, (size_t)(T * inf->F) * es, "inference activations"},
-        {(void **)&inf->logits, (size_t)inf->Vp * es, "logits"},
+        {&inf->kv, (size_t)(c->L * T * 2 * C) * es, "KV cache"},
+        {&inf->x, (size_t)(T * C) * es, "inference activations"},
+        {&inf->ln, (size_t)(T * C) * es, "inference activations"},
+        {(void **)&inf->mean, (size_t)T * f4, "inference activations"},
+        {(void **)&inf->rstd, (size_t)T * f4, "inference activations"},
+        {&inf->qkv, (size_t)(T * 3 * C) * es, "inference activations"},
+        {&inf->atty, (size_t)(T * C) * es, "inference activations"},
+        {&inf->proj, (size_t)(T * C) * es, "inference activations"},
+        {&inf->fch, (size_t)(T * inf->F) * es, "inference activations"},
+        {&inf->fchg, (size_t)(T * inf->F) * es, "inference activations"},
+        {&inf->logits, (size_t)inf->Vp * es, "logits"},
+        {(void **)&inf->logits32, (size_t)inf->Vp * f4, "logits"},
         {(void **)&inf->tokens, (size_t)T * sizeof(int32_t), "inference tokens"},
     };
     size_t need = 0;
@@ -80,7 +88,7 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
 void l3d_infer_free(struct l3d_infer *inf) {
     if (!inf) return;
     void *bufs[] = {inf->kv, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty,
-                    inf->proj, inf->fch, inf->fchg, inf->logits, inf->tokens};
+                    inf->proj, inf->fch, inf->fchg, inf->logits, inf->logits32, inf->tokens};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) l3d_be_free(inf->be, bufs[i]);
     l3d_free(inf->logits_host);
     l3d_free(inf);
@@ -94,26 +102,26 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
     L3D_ASSERT(n >= 1 && inf->pos + n <= inf->maxT);
     for (int i = 0; i < n; i++) L3D_ASSERT(tokens[i] >= 0 && tokens[i] < m->cfg.V);
     struct l3d_backend *be = inf->be;
-    const struct l3d_tensor_info *ti = m->tensors;
-    const float *P = m->params;
     const int64_t C = inf->C, F = inf->F, T = inf->maxT, N = n, NH = m->cfg.NH;
     const int pos = inf->pos;
-    const enum l3d_dtype dt = L3D_F32;
+    const enum l3d_dtype dt = inf->dt;
+    const size_t es = inf->es;
     l3d_be_copy_h2d(be, inf->tokens, tokens, (size_t)n * sizeof(int32_t));
-    l3d_be_encoder_forward(be, dt, inf->x, inf->tokens, P + ti[L3D_T_WTE].offset,
-                           P + ti[L3D_T_WPE].offset + (int64_t)pos * C, 0, inf->Vp, 1, N, C);
+    l3d_be_encoder_forward(be, dt, inf->x, inf->tokens, l3d_gpt_param_ptr(m, L3D_T_WTE, 0),
+                           el(l3d_gpt_param_ptr(m, L3D_T_WPE, 0), (int64_t)pos * C, es), 0,
+                           inf->Vp, 1, N, C);
     for (int l = 0; l < m->cfg.L; l++) {
-#define LP(id) (P + ti[id].offset + (int64_t)l * ti[id].rows * ti[id].cols)
-        float *kv = inf->kv + (int64_t)l * T * 2 * C;
+#define LP(id) l3d_gpt_param_ptr(m, id, l)
+        void *kv = el(inf->kv, (int64_t)l * T * 2 * C, es);
         l3d_be_layernorm_forward(be, dt, inf->ln, inf->mean, inf->rstd, inf->x, LP(L3D_T_LN1W),
                                  LP(L3D_T_LN1B), N, C);
         l3d_be_matmul_forward(be, dt, inf->qkv, inf->ln, LP(L3D_T_QKVW), LP(L3D_T_QKVB), N, C,
                               3 * C);
         for (int64_t i = 0; i < N; i++) /* keys and values of the new positions */
-            l3d_be_copy_d2d(be, kv + (pos + i) * 2 * C, inf->qkv + i * 3 * C + C,
-                            (size_t)(2 * C) * sizeof(float));
-        l3d_be_attention_cached(be, dt, inf->atty, inf->qkv, kv, kv + C, pos, N, NH, C / NH,
-                                3 * C, 2 * C);
+            l3d_be_copy_d2d(be, el(kv, (pos + i) * 2 * C, es), el(inf->qkv, i * 3 * C + C, es),
+                            (size_t)(2 * C) * es);
+        l3d_be_attention_cached(be, dt, inf->atty, inf->qkv, kv, el(kv, C, es), pos, N, NH,
+                                C / NH, 3 * C, 2 * C);
         l3d_be_matmul_forward(be, dt, inf->proj, inf->atty, LP(L3D_T_ATTPROJW),
                               LP(L3D_T_ATTPROJB), N, C, C);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
@@ -126,12 +134,18 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
 #undef LP
     }
-    const float *last = inf->x + (N - 1) * C;
+    const void *last = el(inf->x, (N - 1) * C, es);
     l3d_be_layernorm_forward(be, dt, inf->ln, inf->mean, inf->rstd, last,
-                             P + ti[L3D_T_LNFW].offset, P + ti[L3D_T_LNFB].offset, 1, C);
-    l3d_be_matmul_forward(be, dt, inf->logits, inf->ln, P + ti[L3D_T_WTE].offset, NULL, 1, C,
-                          inf->Vp);
-    l3d_be_copy_d2h(be, inf->logits_host, inf->logits, (size_t)inf->Vp * sizeof(float));
+                             l3d_gpt_param_ptr(m, L3D_T_LNFW, 0),
+                             l3d_gpt_param_ptr(m, L3D_T_LNFB, 0), 1, C);
+    l3d_be_matmul_forward(be, dt, inf->logits, inf->ln, l3d_gpt_param_ptr(m, L3D_T_WTE, 0), NULL,
+                          1, C, inf->Vp);
+    const float *lg = inf->logits;
+    if (dt != L3D_F32) { /* widened on the device (exact), then the one copy back */
+        l3d_be_convert(be, L3D_F32, inf->logits32, dt, inf->logits, inf->Vp);
+        lg = inf->logits32;
+    }
+    l3d_be_copy_d2h(be, inf->logits_host, lg, (size_t)inf->Vp * sizeof(float));
     inf->pos += n;
     return inf->logits_host;
 }
