@@ -199,6 +199,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
     const long BIG = 1L << 30;
     int ok = 1, c;
     bool sched_given = false, accum_given = false, seq_given = false;
+    const char *ls_flag = NULL; /* a loss-scaling flag given (fp16 only) */
     const char *preset = NULL;
     optind = 1;
     while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -292,21 +293,29 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                 ok = 0;
             }
             break;
-        case O_LS: ok = l3d_arg_double(cmd, "loss-scale", optarg, 0, 1e30, &tc->loss_scale); break;
+        case O_LS:
+            ls_flag = "loss-scale";
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 0, 1e30, &tc->loss_scale);
+            break;
         case O_LS_INIT:
-            ok = l3d_arg_double(cmd, "initial-loss-scale", optarg, 1e-30, 1e30,
-                                &tc->loss_scale_init);
+            ls_flag = "initial-loss-scale";
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->loss_scale_init);
             break;
         case O_LS_MIN:
-            ok = l3d_arg_double(cmd, "min-loss-scale", optarg, 1e-30, 1e30, &tc->min_loss_scale);
+            ls_flag = "min-loss-scale";
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->min_loss_scale);
             break;
         case O_LS_WINDOW:
-            ok = l3d_arg_int(cmd, "loss-scale-window", optarg, 1, BIG, &tc->loss_scale_window);
+            ls_flag = "loss-scale-window";
+            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->loss_scale_window);
             break;
-        case O_LS_HYST: ok = l3d_arg_int(cmd, "hysteresis", optarg, 1, BIG, &tc->hysteresis); break;
+        case O_LS_HYST:
+            ls_flag = "hysteresis";
+            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->hysteresis);
+            break;
         case O_LS_BACKOFF:
-            ok = l3d_arg_double(cmd, "loss-scale-backoff", optarg, 1e-6, 0.999999,
-                                &tc->loss_scale_backoff);
+            ls_flag = "loss-scale-backoff";
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-6, 0.999999, &tc->loss_scale_backoff);
             break;
         case O_SAVE_EVERY: ok = l3d_arg_int(cmd, "save-every", optarg, 0, BIG, &tc->save_every); break;
         case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;
@@ -349,6 +358,12 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
     if (tc->pp_virtual > 1 && !sched_given) {
         tc->pp_schedule = L3D_PP_INTERLEAVED;
         tc->pp_schedule_implied = true;
+    }
+    if (ls_flag && tc->precision != L3D_F16) {
+        fprintf(stderr, "llm3d %s: --%s: loss scaling is for --precision fp16 (bf16 and fp32 "
+                "have fp32's exponent range and need none): drop it or train in fp16\n", cmd,
+                ls_flag);
+        return 2;
     }
     if (accum_given && tc->global_batch > 0) {
         fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "

@@ -133,13 +133,23 @@ fi
 # ---- checkpoints: the fp32 master weights and moments, and the loss scale --------------------
 ck=(--steps 10 --save-every 5)
 for p in bf16 fp16; do
-    train "ck_$p" 0 4 "${ck[@]}" --precision "$p" --initial-loss-scale 65536 --loss-scale-window 3 &&
-        train "ck_${p}_resumed" 0 4 "${ck[@]}" --precision "$p" --initial-loss-scale 65536 \
-            --loss-scale-window 3 --resume "$dir/ck_$p/checkpoints/step_00000005" &&
+    lsf=()
+    [ $p = fp16 ] && lsf=(--initial-loss-scale 65536 --loss-scale-window 3) # it grows at step 3
+    train "ck_$p" 0 4 "${ck[@]}" --precision "$p" "${lsf[@]}" &&
+        train "ck_${p}_resumed" 0 4 "${ck[@]}" --precision "$p" "${lsf[@]}" \
+            --resume "$dir/ck_$p/checkpoints/step_00000005" &&
         same "$p resumed at step 5 is bit-identical" "ck_${p}_resumed" "ck_$p" 0 0
 done
 grep -q '^lossscale scale ' "$dir/ck_fp16/checkpoints/step_00000005/manifest" &&
     ok "fp16 checkpoints hold the loss scale" || bad "fp16 checkpoints hold the loss scale"
+# the scale grew after step 3 and grows again after step 6: the resumed run's scales, step by step,
+# are the original's (scaling by a power of two is exact, so the losses alone would not show it)
+scales() { grep -o '"step":\([6-9]\|10\),.*"loss_scale":[0-9]*' "$dir/$1/metrics.jsonl" |
+    sed 's/"step":\([0-9]*\),.*"loss_scale":\([0-9]*\)/\1:\2/' | tr '\n' ' '; }
+[ -n "$(scales ck_fp16)" ] && [ "$(scales ck_fp16)" = "$(scales ck_fp16_resumed)" ] &&
+    [ "$(scales ck_fp16 | grep -c 262144)" = 1 ] &&
+    ok "fp16 resumed: the loss scale, its growth count and hysteresis carry over ($(scales ck_fp16))" ||
+    bad "fp16 resumed loss scales: $(scales ck_fp16) against $(scales ck_fp16_resumed)"
 grep -q '^dtype params fp32 moments fp32' "$dir/ck_bf16/checkpoints/step_00000005/manifest" &&
     ok "bf16 checkpoints hold the fp32 master weights" || bad "bf16 checkpoints: fp32 params"
 # across precisions: within the 16-bit-against-fp32 bound of the runs they continue
@@ -189,6 +199,20 @@ head -c 2000 "$dir/v5.bin" > "$dir/v5_short.bin"
 expect_error "a truncated version 5 file is refused" "needs .*truncated or damaged" \
     "$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --steps 1 \
     --train "$dir/data/train_*.bin" --init-from "$dir/v5_short.bin"
+
+# ---- bad flags: one line each, also from two ranks ----------------------------------------------
+expect_error "--precision int8" "--precision 'int8': choose fp32 (the default), bf16 or fp16" \
+    "$bin" train --model tiny --precision int8 --train "$dir/data/train_*.bin"
+expect_error "loss scaling without fp16" "--hysteresis: loss scaling is for --precision fp16" \
+    "$bin" train --model tiny --precision bf16 --hysteresis 3 --train "$dir/data/train_*.bin"
+err=$("$mpiexec" -n 2 "$bin" train --model tiny --precision bf16 --hysteresis 3 \
+    --train "$dir/data/train_*.bin" 2>&1 > /dev/null)
+[ $? -ne 0 ] && [ "$(echo "$err" | grep -c '^llm3d train: ')" = 1 ] &&
+    ok "  ... said once by 2 ranks" || bad "  ... said once by 2 ranks: $err"
+expect_error "--loss-scale-backoff 1.5" "--loss-scale-backoff 1.5 is out of range" \
+    "$bin" train --model tiny --precision fp16 --loss-scale-backoff 1.5 --train "$dir/data/train_*.bin"
+expect_error "generate --precision fp8" "--precision 'fp8': choose fp32, bf16 or fp16" \
+    "$bin" generate --checkpoint "$dir/v5.bin" --tokenizer bytes --precision fp8
 
 # ---- memory: llm3d plan --precision bf16 (this trainer's plan) against the accounted peak -------
 prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
