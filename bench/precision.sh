@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Mixed precision against fp32 (issue 14's benchmark): GPT-2 124M (d12) on 2 threads at B=4 T=64
+# and B=8 T=256, the precisions interleaved run by run (the VM's speed drifts: compare within a
+# run, never across days); d24 (350M) in bf16 at B=8 T=256 (tokens/s and peak memory); bf16
+# against fp32 on tp2 and pp2 (2 ranks x 1 thread). Usage: bench/precision.sh BUILD_DIR [ROUNDS]
+# Prints one line per run and a summary of medians. Not a test: nothing here can fail but a run.
+set -u
+build=${1:-build}
+rounds=${2:-3}
+bin=$build/llm3d
+mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" 2>/dev/null | cut -d= -f2)
+mpiexec=${mpiexec:-mpiexec}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# one NAME [launcher...] -- [bench flags]: the bench's tokens/s and peak memory into $out/NAME
+one() {
+    local name=$1
+    shift
+    local launch=()
+    while [ "$1" != "--" ]; do launch+=("$1"); shift; done
+    shift
+    local log
+    log=$("${launch[@]}" "$bin" bench --peak-gflops 100 "$@" 2>&1) || {
+        echo "$name: failed: $(echo "$log" | tail -3)"; return; }
+    local tps mem
+    tps=$(echo "$log" | sed -n 's/.*ms\/step (median of [0-9]*), \([0-9.]*\) tokens\/s.*/\1/p' | tail -1)
+    mem=$(echo "$log" | sed -n 's/.*peak host memory \([0-9.]*\) MiB.*/\1/p' | tail -1)
+    echo "$name: $tps tokens/s, peak memory $mem MiB"
+    echo "$tps $mem" >> "$out/$name"
+}
+med() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "nan" }'; }
+
+for r in $(seq 1 "$rounds"); do
+    for p in fp32 bf16 fp16; do
+        one "d12_b4_t64_$p" env OMP_NUM_THREADS=2 -- --model d12 --batch 4 --seq-len 64 \
+            --steps 6 --precision "$p"
+        one "d12_b8_t256_$p" env OMP_NUM_THREADS=2 -- --model d12 --batch 8 --seq-len 256 \
+            --steps 4 --precision "$p"
+    done
+    for p in fp32 bf16; do
+        one "d12_tp2_$p" env OMP_NUM_THREADS=1 "$mpiexec" -n 2 -- --model d12 --batch 4 \
+            --seq-len 64 --steps 6 --tp 2 --precision "$p"
+        one "d12_pp2_$p" env OMP_NUM_THREADS=1 "$mpiexec" -n 2 -- --model d12 --batch 4 \
+            --seq-len 64 --steps 6 --pp 2 --grad-accum 4 --precision "$p"
+    done
+done
+one d24_b8_t256_bf16 env OMP_NUM_THREADS=2 -- --model d24 --batch 8 --seq-len 256 --steps 3 \
+    --precision bf16
+one d24_b8_t256_fp32 env OMP_NUM_THREADS=2 -- --model d24 --batch 8 --seq-len 256 --steps 3 \
+    --precision fp32
+
+echo "medians (tokens/s; peak MiB) and 16-bit / fp32:"
+for base in d12_b4_t64 d12_b8_t256 d12_tp2 d12_pp2 d24_b8_t256; do
+    f32=$(cut -d' ' -f1 "$out/${base}_fp32" 2>/dev/null | med)
+    for p in fp32 bf16 fp16; do
+        [ -f "$out/${base}_$p" ] || continue
+        t=$(cut -d' ' -f1 "$out/${base}_$p" | med)
+        m=$(cut -d' ' -f2 "$out/${base}_$p" | med)
+        echo "  $base $p: $t tokens/s, $m MiB, x$(awk -v a="$t" -v b="$f32" 'BEGIN { printf "%.2f", a / b }')"
+    done
+done
