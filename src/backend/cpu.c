@@ -55,8 +55,12 @@ static inline float fast_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t ni = (int32_t)n;
-    int32_t bits = (ni + 127) << 23;
+    /* 2^n from t's low bits: t = 1.5 * 2^23 + n exactly, so its encoding is 0x4b400000 + n.
+     * Unsigned, so that a NaN x (n NaN: p is NaN, the result NaN) is no undefined behaviour:
+     * (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
