@@ -620,11 +620,11 @@ static int tok_pos_cmp(const void *a, const void *b) {
 }
 
 /* dwte, dwpe (type gdt) +=. Tokens repeat, so threads split the channels, not the rows: no two
- * threads touch the same element and the order of additions is fixed. fp32 adds each row of dout
- * into its dwte and dwpe rows, in row order. A 16-bit kernel sums in fp32 and adds to the gradient
- * once (acc_begin): dwpe the B rows of a position; dwte the rows of each token, found by sorting
- * (token, position) pairs (so the order is fixed), which a 16-bit dwte needs: adding each
- * occurrence would round once per occurrence. */
+ * threads touch the same element and the order of additions is fixed. fp32 walks the rows of
+ * dout once, in order, adding each into its dwte and dwpe rows. A 16-bit kernel sums in fp32 and
+ * adds to the gradient once (acc_begin): dwte the rows of each token, found by sorting (token,
+ * position) pairs (so the order is fixed), which a 16-bit dwte needs: adding each occurrence
+ * would round once per occurrence; then dwpe the B rows of each position. */
 // dwte (vocab_count,C), dwpe (>=T,C) or NULL, dout (B,T,C), tokens (B,T)
 static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
                                  void *dwpe, const void *dout, const int32_t *tokens,
@@ -633,9 +633,11 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
     (void)ctx;
     F32_OR_16("encoder_backward");
     GRAD_TYPE("encoder_backward");
-    /* the rows of dwte's tokens: 16-bit, the sorted pairs tp; fp32, row i of dout itself */
+    /* the rows in the order of the first pass: 16-bit, the sorted pairs tp (the rows of dwte's
+     * tokens); fp32, row i of dout itself, all of them, dwpe added in the same pass (fused) */
+    const bool fused = !is16(dt) && dwpe;
     struct tok_pos *tp = NULL;
-    int64_t nrow = dwte ? B * T : 0;
+    int64_t nrow = dwte || fused ? B * T : 0;
     if (dwte && is16(dt)) {
         tp = l3d_alloc((size_t)(B * T) * sizeof *tp, "encoder gradient token order");
         nrow = 0;
@@ -654,20 +656,18 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
         float *acc = off(scr, omp_get_thread_num() * 3 * C), *d = off(acc, C), *g = off(d, C);
         for (int64_t i = 0; w > 0 && i < nrow;) {
             int64_t v = tp ? tp[i].v : (int64_t)tokens[i] - vocab_start;
-            if (v < 0 || v >= vocab_count) {
-                i++;
-                continue;
-            }
-            void *gv = at(gdt, dwte, v * C + lo);
-            float *a = acc_begin(dt, acc, gv, w);
+            void *gv = dwte && v >= 0 && v < vocab_count ? at(gdt, dwte, v * C + lo) : NULL;
+            float *a = gv ? acc_begin(dt, acc, gv, w) : NULL;
             do { /* the run of rows of token v */
                 int64_t bt = tp ? tp[i].bt : i;
-                vadd(a, row_in(dt, d, at(dt, dout, bt * C + lo), w), w);
+                const float *dr = row_in(dt, d, at(dt, dout, bt * C + lo), w);
+                if (a) vadd(a, dr, w);
+                if (fused) vadd(at(L3D_F32, dwpe, (bt % T) * C + lo), dr, w);
                 i++;
             } while (i < nrow && (tp ? tp[i].v : (int64_t)tokens[i] - vocab_start) == v);
-            acc_done(dt, gdt, gv, a, g, w);
+            if (gv) acc_done(dt, gdt, gv, a, g, w);
         }
-        for (int64_t t = 0; dwpe && w > 0 && t < T; t++) {
+        for (int64_t t = 0; dwpe && !fused && w > 0 && t < T; t++) {
             void *gt = at(gdt, dwpe, t * C + lo);
             float *a = acc_begin(dt, acc, gt, w);
             for (int64_t b = 0; b < B; b++)
