@@ -11,9 +11,7 @@ mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # fail, full (expect_error is this script's own, below)
 
-# data: a few thousand bytes of text as byte tokens
-for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+byte_corpus equivalence # a few thousand bytes of text as byte tokens
 
 # train OUT NP B ACCUM [flags]: NP ranks (0 = no launcher), B sequences per rank.
 # AdamW's eps is 1e-6, not 1e-8: Adam turns round-off in gradients that are zero in exact
@@ -25,12 +23,11 @@ for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 10
 train() {
     local out=$1 np=$2 b=$3 accum=$4
     shift 4
-    local launch=() accum_flag=(--grad-accum "$accum")
-    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
+    local accum_flag=(--grad-accum "$accum")
     [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
-    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
-        --seq-len 32 --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
-        --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
+    tiny_train "$np" --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
+        --out "$dir/$out" "$@"
+    bounded "${CMD[@]}"
 }
 
 # equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*DP sequences,

@@ -16,19 +16,11 @@ bin=$1
 dir=$2
 mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
-# ok, bad, check, full, bounded, fail
+# ok, bad, check, full, bounded, byte_corpus, tiny_train, fail
 source "$(dirname "$0")/lib/checks.sh"
+byte_corpus fault
 
-for i in $(seq 1 400); do echo "row $i of the fault corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
-
-train_cmd() { # train_cmd OUT NP [flags]: sets CMD
-    local out=$1 np=$2
-    shift 2
-    CMD=(env OMP_NUM_THREADS=1 "$mpiexec" -n "$np" "$bin" train --model tiny --vocab 256
-         --context 32 --seq-len 32 --batch 2 --warmup 3 --val-every 0 --quiet --peak-gflops 100
-         --train "$dir/data/train_*.bin" --out "$dir/$out" "$@")
-}
+train_cmd() { tiny_train "$2" --batch 2 --warmup 3 --out "$dir/$1" "${@:3}"; } # OUT NP [flags]: CMD
 
 # rank_pid OUT RANK: the llm3d process of world rank RANK of the run writing OUT (each test run
 # has its own OUT), by its launcher's variable: OMPI_COMM_WORLD_RANK for Open MPI, PMI_RANK for
