@@ -7,9 +7,17 @@ check() { # check DESCRIPTION COMMAND...: the command must succeed
     local what=$1; shift
     if "$@"; then ok "$what"; else bad "$what"; fi
 }
-# Under the sanitizers (L3D_SANITIZED, set by CMake, ~5x slower) the runs marked `full &&` are
-# left out: each takes a code path that another run takes too.
-full() { [ -z "${L3D_SANITIZED:-}" ]; }
+# Stages that run the suite again to look for other defects need each code path once, not every
+# layout at every size. The runs marked `full &&` are left out under the sanitizers (L3D_SANITIZED,
+# set by CMake, ~5x slower: `make test-asan`) and on the checking backend (L3D_BACKEND=check:
+# `make test-check`): each takes a code path that a run kept in those stages takes too (the
+# comment at each says which). The runs marked `cpu_backend &&` are left out on the checking
+# backend only: nothing in them reaches device memory on a path that the kept runs do not take
+# (errors found before any allocation, the watchdog's clock), while the sanitizers still look at
+# them (error paths are where leaks hide).
+full() { [ -z "${L3D_SANITIZED:-}" ] && cpu_backend; }
+cpu_backend() { [ "${L3D_BACKEND:-cpu}" != check ]; }
+sanitized() { [ -n "${L3D_SANITIZED:-}" ]; }
 # byte_corpus NAME [ROWS]: ROWS (400) numbered lines of "the NAME corpus" in $dir/corpus.txt,
 # prepared as byte tokens into $dir/data (a tenth for validation; the script ends if that fails);
 # sets TINY, the flags of the tiny model (2 layers, 64 channels) on them: context and sequence
