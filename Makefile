@@ -8,6 +8,9 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_TEST_SECONDS ?= 4
 FUZZ_SECONDS ?= 600
 JOBS ?= 2
+# tests at once in each stage of `make test` (ctest -j: a test is mostly one rank or one thread
+# at a time; the tests that check times run alone, RUN_SERIAL in CMakeLists.txt)
+TEST_JOBS ?= 2
 # -Werror in CI (CI=true), warnings only elsewhere
 WERROR := $(if $(filter true 1 yes,$(CI)),ON,OFF)
 CORPUS := $(sort $(shell find /usr/share/games/fortunes -maxdepth 1 ! -type d ! -name '*.dat' ! -name '*.u8' 2>/dev/null))
@@ -28,7 +31,7 @@ build: setup
 	cmake --build $(BUILD) -j$(JOBS)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure
+	cd $(BUILD) && ctest -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-mpich
@@ -64,15 +67,20 @@ test-mpich: setup
 	cd $(MPICH_BUILD) && L3D_EQUIV_NP=2 ctest --output-on-failure -R 'np2|equiv'
 
 # The whole suite again on the checking backend (src/backend/check.c): device memory that host code
-# cannot touch and kernels that refuse pointers they did not allocate. All but cli_calibrate, which
-# measures this CPU through the CPU backend by name (host buffers; nothing for the checker to see).
+# cannot touch and kernels that refuse pointers they did not allocate; the CLI scripts leave out
+# the runs that take no device path of their own there (`full`, `cpu_backend` in
+# tests/cli/lib/checks.sh). All but cli_calibrate, which measures this CPU through the CPU backend
+# by name (host buffers; nothing for the checker to see), and cli_cluster, whose layouts reach
+# device memory as cli_equiv's do (tp2 x dp2, pp2 x tp2): only the transport differs, MPI's own.
 test-check: build
-	cd $(BUILD) && L3D_BACKEND=check ctest --output-on-failure -E '^cli_calibrate$$'
+	cd $(BUILD) && L3D_BACKEND=check ctest -j$(TEST_JOBS) --output-on-failure \
+	    -E '^cli_(calibrate|cluster)$$'
 
 test-asan: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL3D_SANITIZE=ON -DL3D_WERROR=$(WERROR)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest -j$(TEST_JOBS) --output-on-failure
 
 # A byte-level BPE vocabulary of 4096 tokens learnt from the fortunes packages' text files (one
 # fortune a document, "%" lines between them), a GPT (4 layers, 256 channels, 4 heads, context 128)

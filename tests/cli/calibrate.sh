@@ -64,7 +64,7 @@ done
 # (under the sanitizers the instrumented FMA loop is slower than oneDNN's uninstrumented sgemm).
 # The triad loop is instrumented too, so there only the sign of the other ratios is checked.
 max=1.2
-full || max=1e9
+sanitized && max=1e9
 check "attn_eff = $(val attn_eff) in (0, 1]" between attn_eff 0 1
 check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
 check "gemm_thread_eff = $(val gemm_thread_eff) in (0, $max]" between gemm_thread_eff 0 $max

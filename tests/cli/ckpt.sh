@@ -16,20 +16,12 @@ rm -rf "$dir" && mkdir -p "$dir"
 # through the same re-slicing code, another crash point, another signal)
 source "$(dirname "$0")/lib/checks.sh"
 
-for i in $(seq 1 400); do echo "row $i of the checkpoint corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+byte_corpus checkpoint
 
-# train OUT NP B [flags]: NP ranks (0 = no launcher), B sequences per rank, 10 steps (the
-# equivalence settings of equiv.sh, which explains eps 1e-6)
-train_cmd() { # sets CMD
-    local out=$1 np=$2 b=$3
-    shift 3
-    CMD=(env OMP_NUM_THREADS=1)
-    [ "$np" -gt 0 ] && CMD+=("$mpiexec" -n "$np")
-    CMD+=("$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --batch "$b" --steps 10
-          --warmup 3 --lr 1e-3 --eps 1e-6 --val-every 0 --quiet --peak-gflops 100
-          --train "$dir/data/train_*.bin"
-          --out "$dir/$out" "$@")
+# train_cmd OUT NP B [flags]: sets CMD; NP ranks (0 = no launcher), B sequences per rank, 10 steps
+# (the equivalence settings of equiv.sh, which explains eps 1e-6)
+train_cmd() {
+    tiny_train "$2" --batch "$3" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 --out "$dir/$1" "${@:4}"
 }
 train() { train_cmd "$@"; bounded "${CMD[@]}"; }
 step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }

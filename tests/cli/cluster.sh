@@ -61,10 +61,7 @@ launch() {
     "$cluster" mpirun "$name" --hostfile "$dir/hosts$per" -n "$np" -x OMP_NUM_THREADS=1 "$@"
 }
 
-for i in $(seq 1 400); do echo "row $i of the cluster corpus: $((i * 37 % 101)) bottles"; done \
-    > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
-    > /dev/null || exit 1
+byte_corpus cluster
 
 # train OUT WHERE B ACCUM [flags]: WHERE is "one" (one process), "host N" (N ranks on this
 # machine, the usual launcher) or "NP PER_HOST" (the cluster). The flags of tests/cli/equiv.sh.
@@ -77,10 +74,9 @@ train() {
         host*) launch_cmd=("$mpiexec" -n "${where#host }") ;;
         *) launch_cmd=(launch $where) ;;
     esac
-    OMP_NUM_THREADS=1 bounded "${launch_cmd[@]}" "$bin" train --model tiny --vocab 256 \
-        --context 32 --seq-len 32 --batch "$b" --grad-accum "$accum" --steps 10 --warmup 3 \
-        --lr 1e-3 --eps 1e-6 --val-every 0 --quiet --train "$dir/data/train_*.bin" \
-        --out "$dir/$out" "$@" > "$dir/$out.log" 2>&1
+    OMP_NUM_THREADS=1 bounded "${launch_cmd[@]}" "$bin" train "${TINY[@]}" --batch "$b" \
+        --grad-accum "$accum" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 --out "$dir/$out" "$@" \
+        > "$dir/$out.log" 2>&1
 }
 # same RUN REF RTOL: llm3d compare says SAME
 same() {
@@ -169,9 +165,8 @@ fi
 # loadable. (Host 1's own lines cannot cross the dead link.)
 link_down() {
     local out=$dir/linkdown to=3 job latest t0 t1 rc silent
-    OMP_NUM_THREADS=1 bounded launch 4 2 "$bin" train --model tiny --vocab 256 --context 32 \
-        --seq-len 32 --batch 2 --warmup 3 --val-every 0 --quiet --train "$dir/data/train_*.bin" \
-        --tp 2 --steps 1000000 --save-every 5 --timeout $to --out "$out" > "$out.log" 2>&1 &
+    OMP_NUM_THREADS=1 bounded launch 4 2 "$bin" train "${TINY[@]}" --batch 2 --warmup 3 --tp 2 \
+        --steps 1000000 --save-every 5 --timeout $to --out "$out" > "$out.log" 2>&1 &
     job=$!
     for ((i = 0; i < 1200; i++)); do
         [ -s "$out/checkpoints/latest" ] || ! kill -0 $job 2>/dev/null && break

@@ -14,10 +14,7 @@ rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, fail
 check "compare --help says what tolerance equivalent runs need and why" sh -c "'$bin' compare --help | grep -q '^Tolerances. Equivalent layouts (tp, pp, dp, ZeRO) add in other orders'"
 
-for i in $(seq 1 300); do echo "row $i of the comparison corpus: $((i * 37 % 101)) bottles"; done \
-    > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
-    > /dev/null || exit 1
+byte_corpus comparison 300
 
 # train OUT NP B [flags]: a tiny model, 8 steps, train's default AdamW eps (1e-8, the case the
 # default tolerances are chosen for); NP ranks (0 = no launcher) of B sequences each

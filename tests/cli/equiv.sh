@@ -11,9 +11,7 @@ mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # fail, full (expect_error is this script's own, below)
 
-# data: a few thousand bytes of text as byte tokens
-for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+byte_corpus equivalence # a few thousand bytes of text as byte tokens
 
 # train OUT NP B ACCUM [flags]: NP ranks (0 = no launcher), B sequences per rank.
 # AdamW's eps is 1e-6, not 1e-8: Adam turns round-off in gradients that are zero in exact
@@ -25,12 +23,11 @@ for i in $(seq 1 400); do echo "row $i of the equivalence corpus: $((i * 37 % 10
 train() {
     local out=$1 np=$2 b=$3 accum=$4
     shift 4
-    local launch=() accum_flag=(--grad-accum "$accum")
-    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
+    local accum_flag=(--grad-accum "$accum")
     [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
-    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 --context 32 \
-        --seq-len 32 --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
-        --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@"
+    tiny_train "$np" --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
+        --out "$dir/$out" "$@"
+    bounded "${CMD[@]}"
 }
 
 # equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*DP sequences,
@@ -54,23 +51,28 @@ equiv() {
     fi
 }
 
-# L3D_EQUIV_NP limits the world sizes (MPICH busy-waits when ranks outnumber cores: its run uses 2)
+# L3D_EQUIV_NP limits the world sizes (MPICH busy-waits when ranks outnumber cores: its run uses
+# 2). The `full &&` runs of 4 replicas take the code of 2 (the shards' offsets are data); 4-way
+# shards stay in the sanitized and checked stages through dp4_zero2_accum and
+# dp4_zero1_small_buckets below, and tp2_dp2_zero2_accum.
 for np in ${L3D_EQUIV_NP:-2 4}; do
     for zero in 0 1 2; do
-        equiv "dp${np}_zero${zero}" "$np" 2 1 --zero "$zero"
-        equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
+        { [ "$np" -eq 2 ] || full; } && equiv "dp${np}_zero${zero}" "$np" 2 1 --zero "$zero"
+        { [ "$np" -eq 2 ] || [ "$zero" -eq 2 ] || full; } &&
+            equiv "dp${np}_zero${zero}_accum" "$np" 1 3 --zero "$zero"
     done
 done
 # tensor parallelism (Megatron-style, vocabulary-parallel embedding and cross-entropy), alone and
-# with data parallelism and ZeRO-1
+# with data parallelism and ZeRO-1 (`full &&`: tp4_sp takes tp2_sp's code with 4 slices, tp4's
+# sizes; tp2_dp2_zero1 the code of tp2_sp_dp2_zero1 but for SP, which tp2_dp2_zero2_accum takes)
 L3D_TP=2 equiv "tp2" 2 4 1 --tp 2
 L3D_TP=2 equiv "tp2_accum" 2 2 2 --tp 2
 L3D_TP=2 equiv "tp2_sp" 2 4 1 --tp 2 --sequence-parallel
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_TP=4 equiv "tp4" 4 4 1 --tp 4
-    L3D_TP=4 equiv "tp4_sp" 4 4 1 --tp 4 --sequence-parallel
+    full && L3D_TP=4 equiv "tp4_sp" 4 4 1 --tp 4 --sequence-parallel
     L3D_TP=2 equiv "tp2_sp_dp2_zero1" 4 2 1 --tp 2 --sequence-parallel --zero 1
-    L3D_TP=2 equiv "tp2_dp2_zero1" 4 2 1 --tp 2 --zero 1
+    full && L3D_TP=2 equiv "tp2_dp2_zero1" 4 2 1 --tp 2 --zero 1
     L3D_TP=2 equiv "tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
 esac
 # starting from an llm.c checkpoint (a reference run's output): each TP rank cuts its slice; 3e-5
@@ -85,8 +87,8 @@ else
     echo "FAIL: tp2_init_from"; cat "$dir/ref_init.log" "$dir/tp2_init.log" "$dir/tp2_init.cmp" 2>/dev/null; fail=1
 fi
 # pipeline parallelism: each schedule, interleaved chunks, recomputation, and with TP, SP, DP and
-# ZeRO; the micro-batches of the pipeline are the gradient-accumulation steps. Under the sanitizers
-# (L3D_SANITIZED, ~5x slower) the runs marked `full &&` are left out: each takes a code path that
+# ZeRO; the micro-batches of the pipeline are the gradient-accumulation steps. The runs marked
+# `full &&` (left out under the sanitizers and on the checking backend) each take a code path that
 # another run takes too (another schedule's order is data, checked by test_pipeline)
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b" 2 2 4 --pp 2 --pp-schedule 1f1b
@@ -130,7 +132,9 @@ equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac
 
 # layout errors: one message, from one rank, non-zero exit (the launcher may add its own lines,
-# so the message is counted rather than the lines)
+# so the message is counted rather than the lines). Found before any allocation: not again on the
+# checking backend (cpu_backend), but under the sanitizers.
+cpu_backend || { echo "(layout errors: on the CPU backend only)"; exit $fail; }
 expect_error() { # DESCRIPTION PATTERN COMMAND...
     local what=$1 pat=$2; shift 2
     local err rc

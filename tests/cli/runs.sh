@@ -14,12 +14,8 @@ mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
 
-for i in $(seq 1 400); do echo "row $i of the run corpus: $((i * 37 % 101)) bottles"; done \
-    > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
-    > /dev/null || exit 1
-flags=(--model tiny --vocab 256 --context 32 --seq-len 32 --batch 4 --warmup 2 --val-every 0
-       --quiet --peak-gflops 100 --train "$dir/data/train_*.bin")
+byte_corpus run
+flags=("${TINY[@]}" --batch 4 --warmup 2)
 run() { OMP_NUM_THREADS=1 bounded "$bin" train "${flags[@]}" "$@"; }
 
 # ---- run identity -------------------------------------------------------------------------

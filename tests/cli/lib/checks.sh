@@ -7,9 +7,42 @@ check() { # check DESCRIPTION COMMAND...: the command must succeed
     local what=$1; shift
     if "$@"; then ok "$what"; else bad "$what"; fi
 }
-# Under the sanitizers (L3D_SANITIZED, set by CMake, ~5x slower) the runs marked `full &&` are
-# left out: each takes a code path that another run takes too.
-full() { [ -z "${L3D_SANITIZED:-}" ]; }
+# Stages that run the suite again to look for other defects need each code path once, not every
+# layout at every size. The runs marked `full &&` are left out under the sanitizers (L3D_SANITIZED,
+# set by CMake, ~5x slower: `make test-asan`) and on the checking backend (L3D_BACKEND=check:
+# `make test-check`): each takes a code path that a run kept in those stages takes too (the
+# comment at each says which). The runs marked `cpu_backend &&` are left out on the checking
+# backend only: nothing in them reaches device memory on a path that the kept runs do not take
+# (errors found before any allocation, the watchdog's clock), while the sanitizers still look at
+# them (error paths are where leaks hide).
+full() { [ -z "${L3D_SANITIZED:-}" ] && cpu_backend; }
+cpu_backend() { [ "${L3D_BACKEND:-cpu}" != check ]; }
+sanitized() { [ -n "${L3D_SANITIZED:-}" ]; }
+# byte_corpus NAME [ROWS]: ROWS (400) numbered lines of "the NAME corpus" in $dir/corpus.txt,
+# prepared as byte tokens into $dir/data (a tenth for validation; the script ends if that fails);
+# sets TINY, the flags of the tiny model (2 layers, 64 channels) on them: context and sequence
+# 32, no validation, quiet, and --peak-gflops 100 (MFU against a given peak: no 0.3 s measurement
+# of the FMA peak in every run; train.sh and the MFU check of faults.sh measure it)
+byte_corpus() {
+    local i
+    for i in $(seq 1 "${2:-400}"); do
+        echo "row $i of the $1 corpus: $((i * 37 % 101)) bottles"
+    done > "$dir/corpus.txt"
+    "$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
+        > /dev/null || exit 1
+    TINY=(--model tiny --vocab 256 --context 32 --seq-len 32 --val-every 0 --quiet
+          --peak-gflops 100 --train "$dir/data/train_*.bin")
+}
+# tiny_train NP [flags]: sets CMD to `llm3d train` of the tiny model (TINY, then the flags) with
+# one OpenMP thread, on NP ranks under the script's $mpiexec (the launcher of the MPI the binary
+# was built with: ctest sets L3D_MPIEXEC), or one process without a launcher when NP is 0
+tiny_train() {
+    local np=$1
+    shift
+    CMD=(env OMP_NUM_THREADS=1)
+    [ "$np" -gt 0 ] && CMD+=("$mpiexec" -n "$np")
+    CMD+=("$bin" train "${TINY[@]}" "$@")
+}
 expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
     local what=$1 pat=$2; shift 2
     local err
