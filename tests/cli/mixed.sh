@@ -27,19 +27,14 @@ mpiexec=${L3D_MPIEXEC:-mpiexec}
 rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
 
-for i in $(seq 1 400); do echo "row $i of the mixed-precision corpus: $((i * 37 % 101)) bottles"; done > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" > /dev/null || exit 1
+byte_corpus mixed-precision
 
-# train OUT NP B [flags]: NP ranks (0: no launcher), B sequences per rank
+# train OUT NP B [flags]: the tiny model (TINY) on NP ranks (0: no launcher), B sequences per rank
 train() {
     local out=$1 np=$2 b=$3
     shift 3
-    local launch=()
-    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
-    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 \
-        --context 32 --seq-len 32 --batch "$b" --warmup 3 --lr 1e-3 --val-every 0 --quiet \
-        --peak-gflops 100 --train "$dir/data/train_*.bin" --out "$dir/$out" "$@" \
-        > "$dir/$out.log" 2>&1 ||
+    tiny_train "$np" --batch "$b" --warmup 3 --lr 1e-3 --out "$dir/$out" "$@"
+    bounded "${CMD[@]}" > "$dir/$out.log" 2>&1 ||
         { echo "FAIL: $out did not run:"; cat "$dir/$out.log"; fail=1; return 1; }
 }
 
