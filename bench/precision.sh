@@ -22,14 +22,19 @@ one() {
     while [ "$1" != "--" ]; do launch+=("$1"); shift; done
     shift
     local log
-    log=$("${launch[@]}" "$bin" bench --peak-gflops 100 "$@" 2>&1) || {
+    log=$("${launch[@]}" "$bin" "${cmd[@]}" --peak-gflops 100 "$@" 2>&1) || {
         echo "$name: failed: $(echo "$log" | tail -3)"; return; }
     local tps mem
-    tps=$(echo "$log" | sed -n 's/.*ms\/step (median of [0-9]*), \([0-9.]*\) tokens\/s.*/\1/p' | tail -1)
+    tps=$(echo "$log" | sed -n 's/^median step .*), \([0-9.]*\) tokens\/s.*/\1/p' | tail -1)
     mem=$(echo "$log" | sed -n 's/.*peak host memory \([0-9.]*\) MiB.*/\1/p' | tail -1)
     echo "$name: $tps tokens/s, peak memory $mem MiB"
     echo "$tps $mem" >> "$out/$name"
 }
+# bench (one process) by default; the 2-rank runs train on a byte corpus (llm3d bench is one process)
+cmd=(bench)
+for i in $(seq 1 3000); do echo "line $i of the precision benchmark's corpus, $((i * 7919 % 104729))"; done > "$out/corpus.txt"
+"$bin" prepare --tokenizer bytes --out "$out/data" "$out/corpus.txt" > /dev/null || exit 1
+train2=(--train "$out/data/train_*.bin" --val-every 0 --quiet)
 med() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "nan" }'; }
 
 for r in $(seq 1 "$rounds"); do
@@ -39,12 +44,14 @@ for r in $(seq 1 "$rounds"); do
         one "d12_b8_t256_$p" env OMP_NUM_THREADS=2 -- --model d12 --batch 8 --seq-len 256 \
             --steps 4 --precision "$p"
     done
+    cmd=(train)
     for p in fp32 bf16; do
         one "d12_tp2_$p" env OMP_NUM_THREADS=1 "$mpiexec" -n 2 -- --model d12 --batch 4 \
-            --seq-len 64 --steps 6 --tp 2 --precision "$p"
+            --seq-len 64 --steps 6 --tp 2 --precision "$p" "${train2[@]}"
         one "d12_pp2_$p" env OMP_NUM_THREADS=1 "$mpiexec" -n 2 -- --model d12 --batch 4 \
-            --seq-len 64 --steps 6 --pp 2 --grad-accum 4 --precision "$p"
+            --seq-len 64 --steps 6 --pp 2 --grad-accum 4 --precision "$p" "${train2[@]}"
     done
+    cmd=(bench)
 done
 one d24_b8_t256_bf16 env OMP_NUM_THREADS=2 -- --model d24 --batch 8 --seq-len 256 --steps 3 \
     --precision bf16
