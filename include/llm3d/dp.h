@@ -88,6 +88,12 @@ struct l3d_dp_memory {
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
+/* Overlap by polling: installs the model's progress hook, so that the backward pass tests the
+ * pending pieces after every kernel (about 10 calls per layer) instead of only between layers;
+ * MPI then moves the data of transports without their own progress (Open MPI's shared memory,
+ * TCP) in those calls. For overlap = true; the other mechanism is the communicator's progress
+ * thread (l3d_comm_mpi_init_progress). */
+void l3d_dp_poll_kernels(struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */

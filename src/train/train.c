@@ -215,6 +215,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
                          !tc->dp_blocking);
         if (st != L3D_OK) break;
+        if (!tc->dp_blocking && tc->progress == L3D_PROGRESS_POLL)
+            l3d_dp_poll_kernels(&t->dps[c]);
         t->ndp++;
         int64_t own_start, own_count;
         l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
