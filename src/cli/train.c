@@ -69,7 +69,7 @@ static void usage(FILE *f, const char *cmd) {
         "                      busy cores, see docs/BENCHMARKS.md)\n"
         "  --progress MODE     what moves overlapped pieces while ranks compute: none (MPI\n"
         "                      calls between layers only), poll (between kernels) or thread\n"
-        "                      (an MPI progress thread, MPI_THREAD_MULTIPLE)\n"
+        "                      (an MPI progress thread, MPI_THREAD_MULTIPLE) (thread)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
