@@ -32,7 +32,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->pp_schedule = L3D_PP_1F1B;
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
-    tc->progress = L3D_PROGRESS_THREAD; /* measured fastest: docs/DESIGN.md, "Progress" */
+    tc->progress = L3D_PROGRESS_POLL; /* measured fastest here: docs/DESIGN.md, "Progress" */
     tc->keep = 3;
     tc->timeout_s = 600;
     tc->max_skipped = 10;

@@ -3,8 +3,8 @@
 # non-blocking operations"): the mechanism changes when MPI moves data, never what is summed.
 # - dp2, ZeRO 0, 1 and 2, 2 micro-batches, small buckets (many pieces in flight): each mode's
 #   model.bin (and the default's) is bit for bit the one --comm blocking writes, and that one
-#   matches one process (llm3d compare --rtol 1e-5); the layout line names the mechanism, the
-#   progress thread by default.
+#   matches one process (llm3d compare --rtol 1e-5); the layout line names the mechanism, polling
+#   between kernels by default.
 # - a wrong --progress is refused in one line.
 # - the watchdog with the progress thread: rank 1 of dp2 stopped with SIGSTOP, the job ends
 #   within --timeout + 10 s naming rank 1 (the thread never waits, so every wait stays bounded).
@@ -55,8 +55,8 @@ check "the layout line names the poll mechanism" \
     grep -q "overlapped gradient pieces (polled between kernels)" "$dir/z1_poll.log"
 check "the layout line names the progress thread" \
     grep -q "overlapped gradient pieces (progress thread)" "$dir/z1_thread.log"
-check "the progress thread is the default" \
-    grep -q "ZeRO-1, overlapped gradient pieces (progress thread)" "$dir/z1_default.log"
+check "polling between kernels is the default" \
+    grep -q "ZeRO-1, overlapped gradient pieces (polled between kernels)" "$dir/z1_default.log"
 check "--comm blocking names no progress mechanism" \
     grep -q "ZeRO-1, blocking gradient pieces, " "$dir/z1_blocking.log"
 
