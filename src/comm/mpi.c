@@ -219,6 +219,7 @@ static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_coun
  * watchdog's back-off). Otherwise it sleeps on a condition variable and costs nothing. It never
  * waits on a request, so every wait stays the watchdog's. */
 #define PROGRESS_NAP_S 50e-6
+#define PROGRESS_NAP_MAX_S 2e-3
 
 struct mpi_progress {
     pthread_t thread;
@@ -227,6 +228,7 @@ struct mpi_progress {
     atomic_int pending; /* non-blocking operations started and not yet completed */
     atomic_int waiting; /* the main thread is in a wait, driving MPI itself */
     atomic_bool stop;
+    atomic_bool fresh;  /* an operation started since the last probe: nap from nap_s again */
     MPI_Comm probe;     /* the duplicate of the world that the thread probes */
     double nap_s;
 };
@@ -235,6 +237,7 @@ static void nap(double s);
 
 static void *progress_main(void *arg) {
     struct mpi_progress *p = arg;
+    double nap_s = p->nap_s;
     pthread_mutex_lock(&p->mu);
     while (!atomic_load(&p->stop)) {
         if (atomic_load(&p->pending) == 0 || atomic_load(&p->waiting)) {
@@ -244,7 +247,11 @@ static void *progress_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         int flag = 0;
         L3D_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, p->probe, &flag, MPI_STATUS_IGNORE));
-        nap(p->nap_s);
+        /* a new operation needs its rounds soon; one pending for long is mostly done at the MPI
+         * level already (it counts until the main thread tests it): the naps double up to
+         * PROGRESS_NAP_MAX_S, so the thread wakes less and leaves the core to the compute */
+        nap_s = atomic_exchange(&p->fresh, false) ? p->nap_s : fmin(2 * nap_s, PROGRESS_NAP_MAX_S);
+        nap(nap_s);
         pthread_mutex_lock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
@@ -254,7 +261,9 @@ static void *progress_main(void *arg) {
 /* A non-blocking operation has started: wakes the thread when it is the only one pending. */
 static void progress_started(struct mpi_comm *m) {
     struct mpi_progress *p = m->prog;
-    if (!p || atomic_fetch_add(&p->pending, 1) != 0) return;
+    if (!p) return;
+    atomic_store(&p->fresh, true);
+    if (atomic_fetch_add(&p->pending, 1) != 0) return;
     pthread_mutex_lock(&p->mu);
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
@@ -281,6 +290,7 @@ static struct mpi_progress *progress_init(void) {
     atomic_init(&p->pending, 0);
     atomic_init(&p->waiting, 0);
     atomic_init(&p->stop, false);
+    atomic_init(&p->fresh, false);
     p->nap_s = PROGRESS_NAP_S;
     const char *us = getenv("L3D_PROGRESS_NAP_US"); /* bench/scaling.sh tries other naps */
     if (us && atof(us) > 0) p->nap_s = atof(us) * 1e-6;
