@@ -642,11 +642,13 @@ static void progress(struct l3d_gpt *m) {
 }
 
 /* With a progress hook the two products (input gradient, then weight gradient; independent, so
- * the same results) run as two calls with a progress call after each. */
+ * the same results) run as two calls with a progress call after each; in fp32 only: a 16-bit
+ * product the CPU backend computes through fp32 operand copies stages both products' copies
+ * at once, the peak the memory plan accounts (tests/cli/mixed.sh), which two calls would lower. */
 static void matmul_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                             const void *dout, const void *inp, const void *weight, int64_t N,
                             int64_t C, int64_t OC) {
-    if (m->hooks.progress && dinp && dweight) {
+    if (m->hooks.progress && dinp && dweight && m->dt == L3D_F32) {
         l3d_be_matmul_backward_mixed(m->be, m->dt, L3D_F32, dinp, NULL, NULL, dout, inp, weight,
                                      N, C, OC);
         progress(m);
