@@ -200,6 +200,13 @@ static inline void l3d_comm_use_backend(struct l3d_comm *c, struct l3d_backend *
  * the launcher's environment announces more (a binary built with one MPI started by another MPI's
  * launcher runs N single-rank copies); the message names the variable and both fixes. */
 l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world);
+/* l3d_comm_mpi_init with, when thread is true, MPI_THREAD_MULTIPLE and a progress thread: while
+ * any non-blocking operation of this process is pending and the caller computes, the thread
+ * drives MPI's progress engine every 50 us, so that transports which move data only inside MPI
+ * calls (Open MPI's shared memory, TCP) complete them behind the computation. L3D_ERR_ARG (MPI
+ * finalised, *world NULL) when the library has no MPI_THREAD_MULTIPLE. */
+l3d_status l3d_comm_mpi_init_progress(int *argc, char ***argv, bool thread,
+                                      struct l3d_comm **world);
 /* Frees the world and finalises MPI; every communicator split from it must be freed first. */
 void l3d_comm_mpi_finalize(struct l3d_comm *world);
 /* Name and version of the MPI library (for logs). */

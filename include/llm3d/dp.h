@@ -35,16 +35,18 @@
  *
  * Buckets: each layer's gradients are final when the backward pass leaves the layer; they go out
  * right then, in pieces of at most bucket_bytes (Open MPI's all-reduce measured here falls from
- * ~5 GB/s at 4 MiB to 0.2 GB/s at 64 MiB), and are polled between layers to progress. zero 0:
- * all-reduce in place; zero 1 and 2: each piece is reduced to the rank owning it (a reduce-scatter
- * written as reduces, since a layer's slice of a tensor lies in one or two owners' ranges).
+ * ~5 GB/s at 4 MiB to 0.2 GB/s at 64 MiB), and are tested between layers (overlap: below).
+ * zero 0: all-reduce in place; zero 1 and 2: each piece is reduced to the rank owning it (a
+ * reduce-scatter written as reduces, since a layer's slice of a tensor lies in one or two owners'
+ * ranges).
  * Without ZeRO-2, gradients accumulate locally and go out on the last micro-batch only; ZeRO-2 has
  * no room to accumulate non-owned gradients, so it reduces every micro-batch into the owner's shard.
  *
- * overlap = false issues each piece as a blocking call at the same point instead. Overlap needs a
- * transport that moves data while the ranks compute (RDMA networks); over shared memory on 2 busy
- * cores, Open MPI moves data only inside MPI calls, and its non-blocking collectives (libnbc) took
- * 1.5-2x as long as the blocking ones here (docs/BENCHMARKS.md), so blocking pieces measured faster.
+ * overlap = false issues each piece as a blocking call at the same point instead. Overlap needs
+ * something that moves data while the ranks compute: Open MPI's shared-memory and TCP transports
+ * move it only inside MPI calls, so either the communicator's progress thread does
+ * (l3d_comm_mpi_init_progress, the trainer's default) or l3d_dp_poll_kernels has the backward
+ * pass test the pieces between kernels (docs/DESIGN.md, "Progress of non-blocking operations").
  */
 #ifndef LLM3D_DP_H
 #define LLM3D_DP_H
@@ -88,6 +90,12 @@ struct l3d_dp_memory {
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
+/* Overlap by polling: installs the model's progress hook, so that the backward pass tests the
+ * pending pieces after every kernel (about 10 calls per layer) instead of only between layers;
+ * MPI then moves the data of transports without their own progress (Open MPI's shared memory,
+ * TCP) in those calls. For overlap = true; the other mechanism is the communicator's progress
+ * thread (l3d_comm_mpi_init_progress). */
+void l3d_dp_poll_kernels(struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */

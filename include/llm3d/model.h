@@ -120,6 +120,9 @@ struct l3d_gpt_hooks {
      * gradient-slot mode it must not return before the slot of layer + 1 may be reused. */
     void *grads_ctx;
     void (*grads_ready)(void *ctx, int layer);
+    /* Called by backward between kernels (with grads_ctx): lets the communication started by
+     * grads_ready progress while the next kernels compute (see l3d_dp_poll_kernels). */
+    void (*progress)(void *ctx);
 };
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */

@@ -27,6 +27,8 @@ struct l3d_runtime_opts {
     bool no_world;       /* one process without MPI (generate): world is a communicator of one */
     bool stop_signals;   /* SIGTERM / SIGUSR1 kept off every thread before MPI and OpenMP start
                           * theirs, for the training loop's preemption saves */
+    bool progress_thread; /* MPI_THREAD_MULTIPLE and a progress thread
+                           * (l3d_comm_mpi_init_progress) */
 };
 
 struct l3d_runtime {

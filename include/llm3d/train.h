@@ -45,6 +45,10 @@ struct l3d_train_config {
     bool sequence_parallel; /* split LayerNorm/residual regions over the TP group by rows */
     size_t bucket_bytes;  /* gradient reduction pieces */
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
+    /* what moves overlapped pieces while the ranks compute: nothing but the calls between layers
+     * (none), the backward pass's calls between kernels (poll, l3d_dp_poll_kernels) or a
+     * progress thread (thread, l3d_comm_mpi_init_progress: set when the world is made) */
+    enum l3d_progress { L3D_PROGRESS_NONE, L3D_PROGRESS_POLL, L3D_PROGRESS_THREAD } progress;
     /* pipeline: accum micro-batches per step flow through pp stages (pipeline.h) */
     enum l3d_pp_kind pp_schedule;
     bool pp_schedule_implied; /* interleaved because pp_virtual > 1, not asked for: said at start */

@@ -23,6 +23,7 @@ int l3d_cli_bench(int argc, char **argv) {
     struct l3d_runtime_opts ro = {.cmd = "bench", .stop_signals = true};
     int rc = l3d_cli_train_flags("bench", argc, argv, &tc, &ro.backend);
     if (rc >= 0) return rc;
+    ro.progress_thread = !tc.dp_blocking && tc.progress == L3D_PROGRESS_THREAD; /* as train */
     struct l3d_runtime *rt;
     if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
     if (rt->world->size > 1) {

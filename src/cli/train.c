@@ -67,6 +67,10 @@ static void usage(FILE *f, const char *cmd) {
         "                      input-gradient sums non-blocking, behind compute (default);\n"
         "                      blocking: the same calls blocking (faster over shared memory on\n"
         "                      busy cores, see docs/BENCHMARKS.md)\n"
+        "  --progress MODE     what moves overlapped pieces while ranks compute: none (MPI\n"
+        "                      calls between layers only), poll (between kernels) or thread\n"
+        "                      (an MPI progress thread, MPI_THREAD_MULTIPLE; for nodes with a\n"
+        "                      core to spare) (poll)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -146,7 +150,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
            O_CROSS_TP,
            O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION, O_LS, O_LS_INIT, O_LS_MIN, O_LS_WINDOW,
-           O_LS_HYST, O_LS_BACKOFF };
+           O_LS_HYST, O_LS_BACKOFF, O_PROGRESS };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -168,6 +172,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
         {"bucket-mb", required_argument, NULL, O_BUCKET},
         {"comm", required_argument, NULL, O_DPCOMM},
+        {"progress", required_argument, NULL, O_PROGRESS},
         {"sequence-parallel", no_argument, NULL, O_SP},
         {"pp-schedule", required_argument, NULL, O_PPSCHED},
         {"pp-virtual", required_argument, NULL, O_PPVIRT},
@@ -342,6 +347,19 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                 ok = 0;
             }
             break;
+        case O_PROGRESS:
+            if (strcmp(optarg, "none") == 0)
+                tc->progress = L3D_PROGRESS_NONE;
+            else if (strcmp(optarg, "poll") == 0)
+                tc->progress = L3D_PROGRESS_POLL;
+            else if (strcmp(optarg, "thread") == 0)
+                tc->progress = L3D_PROGRESS_THREAD;
+            else {
+                fprintf(stderr, "llm3d %s: --progress '%s': choose none, poll or thread\n", cmd,
+                        optarg);
+                ok = 0;
+            }
+            break;
         case O_BUCKET: {
             float mb = 0;
             ok = l3d_arg_float(cmd, "bucket-mb", optarg, 0.004, 4096, &mb);
@@ -429,6 +447,7 @@ int l3d_cli_train(int argc, char **argv) {
         return 2;
     }
     struct l3d_runtime *rt;
+    ro.progress_thread = !tc.dp_blocking && tc.progress == L3D_PROGRESS_THREAD;
     if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
     struct l3d_train_result res;
     l3d_status st = l3d_train_run(&tc, rt, &res);

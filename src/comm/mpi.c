@@ -22,6 +22,8 @@
 #include <malloc.h>
 #endif
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,10 +69,12 @@ static void mpi_abort_hook(void *ctx) {
 /* ---- communicator state ---------------------------------------------------------------------- */
 
 struct mpi_watch;
+struct mpi_progress;
 
 struct mpi_comm {
     struct l3d_comm base;
-    struct mpi_watch *watch; /* the world's, shared by splits */
+    struct mpi_watch *watch;     /* the world's, shared by splits */
+    struct mpi_progress *prog;   /* the world's progress thread, shared by splits; NULL: none */
     MPI_Comm comm;
     int64_t max_count;       /* largest count of one blocking MPI call (see mpi-impl.h) */
     struct mpi_types *types; /* bf16/fp16 datatype and reductions: the world's, shared by splits */
@@ -201,10 +205,120 @@ static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_coun
     return m;
 }
 
+/* ---- the progress thread (l3d_comm_mpi_init_progress) ------------------------------------- */
+
+/* Open MPI's shared-memory transport (vader: a 32 KiB first fragment, then a CMA copy by the
+ * receiver and a completion message back) and libnbc's non-blocking collectives move a message
+ * only inside MPI calls of both sides, so a non-blocking gradient piece started before a layer's
+ * backward used to sit untouched until the next call between layers (docs/DESIGN.md, "Progress
+ * of non-blocking operations"). With a progress thread, the process asks for
+ * MPI_THREAD_MULTIPLE and a thread probes a private duplicate of the world (MPI_Iprobe drives the
+ * whole progress engine, every communicator's requests included; nothing is ever sent on that
+ * duplicate) every PROGRESS_NAP_S while any non-blocking operation of the process is pending and
+ * the main thread is not itself inside a wait (which drives MPI and, after a second, naps: the
+ * watchdog's back-off). Otherwise it sleeps on a condition variable and costs nothing. It never
+ * waits on a request, so every wait stays the watchdog's. */
+#define PROGRESS_NAP_S 50e-6
+#define PROGRESS_NAP_MAX_S 2e-3
+
+struct mpi_progress {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int pending; /* non-blocking operations started and not yet completed */
+    atomic_int waiting; /* the main thread is in a wait, driving MPI itself */
+    atomic_bool stop;
+    atomic_bool fresh;  /* an operation started since the last probe: nap from nap_s again */
+    MPI_Comm probe;     /* the duplicate of the world that the thread probes */
+    double nap_s;
+};
+
+static void nap(double s);
+
+static void *progress_main(void *arg) {
+    struct mpi_progress *p = arg;
+    double nap_s = p->nap_s;
+    pthread_mutex_lock(&p->mu);
+    while (!atomic_load(&p->stop)) {
+        if (atomic_load(&p->pending) == 0 || atomic_load(&p->waiting)) {
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&p->mu);
+        int flag = 0;
+        L3D_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, p->probe, &flag, MPI_STATUS_IGNORE));
+        /* a new operation needs its rounds soon; one pending for long is mostly done at the MPI
+         * level already (it counts until the main thread tests it): the naps double up to
+         * PROGRESS_NAP_MAX_S, so the thread wakes less and leaves the core to the compute */
+        nap_s = atomic_exchange(&p->fresh, false) ? p->nap_s : fmin(2 * nap_s, PROGRESS_NAP_MAX_S);
+        nap(nap_s);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* A non-blocking operation has started: wakes the thread when it is the only one pending. */
+static void progress_started(struct mpi_comm *m) {
+    struct mpi_progress *p = m->prog;
+    if (!p) return;
+    atomic_store(&p->fresh, true);
+    if (atomic_fetch_add(&p->pending, 1) != 0) return;
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The main thread leaves a wait: the thread polls again if anything is pending. */
+static void progress_resume(struct mpi_comm *m) {
+    struct mpi_progress *p = m->prog;
+    if (!p) return;
+    atomic_store(&p->waiting, 0);
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void progress_ended(struct mpi_comm *m) {
+    if (m->prog) atomic_fetch_sub(&m->prog->pending, 1);
+}
+
+static struct mpi_progress *progress_init(void) {
+    struct mpi_progress *p = l3d_calloc(sizeof *p, "progress thread");
+    L3D_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &p->probe));
+    L3D_MPI_CHECK(MPI_Comm_set_errhandler(p->probe, MPI_ERRORS_RETURN));
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->waiting, 0);
+    atomic_init(&p->stop, false);
+    atomic_init(&p->fresh, false);
+    p->nap_s = PROGRESS_NAP_S;
+    const char *us = getenv("L3D_PROGRESS_NAP_US"); /* bench/scaling.sh tries other naps */
+    if (us && atof(us) > 0) p->nap_s = atof(us) * 1e-6;
+    if (pthread_mutex_init(&p->mu, NULL) != 0 || pthread_cond_init(&p->cv, NULL) != 0 ||
+        pthread_create(&p->thread, NULL, progress_main, p) != 0)
+        l3d_fatal(__FILE__, __LINE__, "cannot start the MPI progress thread");
+    return p;
+}
+
+static void progress_free(struct mpi_progress *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, true);
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->thread, NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    L3D_MPI_CHECK(MPI_Comm_free(&p->probe));
+    l3d_free(p);
+}
+
 /* Records a started MPI request in req, which must not hold one still pending. The request is
  * copied in and out of req->opaque with memcpy (no aliasing of the uint64_t storage). */
-static void req_store(l3d_req *req, MPI_Request r, void *scratch, int peer, const char *op) {
+static void req_store(struct mpi_comm *m, l3d_req *req, MPI_Request r, void *scratch, int peer,
+                      const char *op) {
     L3D_ASSERT(!req->active);
+    progress_started(m);
     struct mpi_req q = {.r = r, .scratch = scratch, .peer = peer, .op = op};
     memset(req->opaque, 0, sizeof req->opaque);
     memcpy(req->opaque, &q, sizeof q);
@@ -217,7 +331,8 @@ static struct mpi_req req_load(const l3d_req *req) {
     return q;
 }
 
-static void req_done(l3d_req *req, struct mpi_req *q) {
+static void req_done(struct mpi_comm *m, l3d_req *req, struct mpi_req *q) {
+    progress_ended(m);
     l3d_free(q->scratch);
     memset(req->opaque, 0, sizeof req->opaque);
     req->active = false;
@@ -466,6 +581,7 @@ static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char 
     int flag = 0;
     L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
     if (flag) return;
+    if (m->prog) atomic_store(&m->prog->waiting, 1); /* this thread drives MPI now */
     struct mpi_watch *w = m->watch;
     double t0 = now_s(), t = t0, prev = t0, timeout = w->pub.timeout_s;
     double deadline = timeout > 0 ? t0 + timeout : INFINITY;
@@ -493,6 +609,7 @@ static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char 
         double s = waited / 8;
         nap(s < WATCH_NAP_MIN_S ? WATCH_NAP_MIN_S : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S : s);
     }
+    progress_resume(m);
     t = now_s();
     double waited = t - t0 - away - (t - prev > WATCH_AWAY_S ? t - prev : 0.0);
     if (waited > w->pub.longest_s) {
@@ -514,6 +631,7 @@ static l3d_status mpi_split(struct l3d_comm *c, int color, int key, struct l3d_c
     }
     struct mpi_comm *n = comm_new(nc, c->world_rank, m->max_count, m->types, false);
     n->watch = m->watch;
+    n->prog = m->prog;
     n->base.watch = c->watch;
     n->base.be = c->be;
     *out = &n->base;
@@ -538,7 +656,7 @@ static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), dt, mo, m->comm, &r));
-        req_store(req, r, NULL, -1, "all-reduce");
+        req_store(m, req, r, NULL, -1, "all-reduce");
         return;
     }
     size_t es = l3d_dtype_size(t);
@@ -583,7 +701,7 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf, at_root ? buf : NULL, nb_count(n),
                                   mpi_type(m, t), mpi_op(m, t, op), root, m->comm, &r));
-        req_store(req, r, NULL, -1, "reduce");
+        req_store(m, req, r, NULL, -1, "reduce");
         return;
     }
     reduce_chunked(m, buf, buf, n, t, op, root, true);
@@ -610,7 +728,7 @@ static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), dt, mo, m->comm, &r));
-        req_store(req, r, NULL, -1, "reduce-scatter");
+        req_store(m, req, r, NULL, -1, "reduce-scatter");
         return;
     }
     if (n * c->size <= m->max_count) {
@@ -633,7 +751,7 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
                                      mpi_type(m, t), m->comm, &r));
-        req_store(req, r, NULL, -1, "all-gather");
+        req_store(m, req, r, NULL, -1, "all-gather");
         return;
     }
     if (n * c->size <= m->max_count) {
@@ -679,7 +797,7 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
                                       mpi_type(m, t), m->comm, &r));
         /* MPI reads ic and id until completion, when they are freed */
-        req_store(req, r, ic, -1, "all-gather");
+        req_store(m, req, r, ic, -1, "all-gather");
         return;
     }
     MPI_Request q;
@@ -697,7 +815,7 @@ static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(m, t), root, m->comm, &r));
-        req_store(req, r, NULL, -1, "broadcast");
+        req_store(m, req, r, NULL, -1, "broadcast");
         return;
     }
     bcast_chunked(m, buf, n, t, root);
@@ -722,7 +840,7 @@ static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dt
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(req, r, NULL, peer, "send to");
+        req_store(m, req, r, NULL, peer, "send to");
         return;
     }
     size_t es = l3d_dtype_size(t);
@@ -744,7 +862,7 @@ static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(req, r, NULL, peer, "receive from");
+        req_store(m, req, r, NULL, peer, "receive from");
         return;
     }
     size_t es = l3d_dtype_size(t);
@@ -765,17 +883,17 @@ static void mpi_wait(struct l3d_comm *c, l3d_req *req) {
     if (!req->active) return;
     struct mpi_req q = req_load(req);
     watch_wait(m, &q.r, q.peer, q.op);
-    req_done(req, &q);
+    req_done(m, req, &q);
 }
 
 static bool mpi_test(struct l3d_comm *c, l3d_req *req) {
-    (void)mc(c);
+    struct mpi_comm *m = mc(c);
     if (!req->active) return true;
     int flag = 0;
     struct mpi_req q = req_load(req);
     L3D_MPI_CHECK(MPI_Test(&q.r, &flag, MPI_STATUS_IGNORE));
     if (flag)
-        req_done(req, &q);
+        req_done(m, req, &q);
     else /* MPI may update a request it has not completed */
         memcpy(req->opaque, &q, sizeof q);
     return flag != 0;
@@ -930,6 +1048,11 @@ static void exit_guard(void) { exit_guard_status(1); }
 #endif
 
 l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
+    return l3d_comm_mpi_init_progress(argc, argv, false, world);
+}
+
+l3d_status l3d_comm_mpi_init_progress(int *argc, char ***argv, bool thread,
+                                      struct l3d_comm **world) {
     *world = NULL;
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
@@ -950,11 +1073,23 @@ l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
      * (measured: a one-step tiny run 0.49 -> 0.38 s). A setting of the user's own wins. */
     if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK"))
         setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    /* Non-blocking reduce (ZeRO's gradient pieces): libnbc's default for 2-4 ranks and 64 KiB or
+     * more is a chain of 8 KiB segments, one schedule round each, and a round moves only when
+     * both ranks are inside MPI: a 4 MiB piece needed 512 rounds and was still pending after
+     * 1.5 s of progress-thread polling on 4 loaded ranks (tests/mpi/test_progress.c). The
+     * binomial tree takes log2(ranks) rounds of whole messages. A user's own setting wins. */
+    setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "binomial", 0);
 #endif
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    int want = thread ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+    int rc = MPI_Init_thread(argc, argv, want, &provided);
     if (rc != MPI_SUCCESS)
         return l3d_error(L3D_ERR_INTERNAL, "MPI_Init_thread failed (error %d) with %s", rc,
                          l3d_comm_mpi_library());
+    if (provided < want) { /* the same on every rank: one library */
+        MPI_Finalize();
+        return l3d_error(L3D_ERR_ARG, "%s provides no MPI_THREAD_MULTIPLE, which the progress "
+                         "thread needs: use --progress poll or none", l3d_comm_mpi_library());
+    }
     /* From here on, any MPI error or L3D_ASSERT on any rank aborts every rank. */
     L3D_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     int rank, size;
@@ -979,6 +1114,7 @@ l3d_status l3d_comm_mpi_init(int *argc, char ***argv, struct l3d_comm **world) {
     L3D_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &w->watch->world_group));
     w->watch->world_size = size;
     w->base.watch = &w->watch->pub;
+    if (thread) w->prog = progress_init();
     *world = &w->base;
     return L3D_OK;
 }
@@ -987,6 +1123,7 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world) {
     if (!world) return;
     struct mpi_comm *m = mc(world);
     L3D_ASSERT(m->is_world);
+    progress_free(m->prog);
     types_free(m->types);
     L3D_MPI_CHECK(MPI_Group_free(&m->watch->world_group));
     L3D_MPI_CHECK(MPI_Comm_free(&m->watch->wd));

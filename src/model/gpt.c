@@ -636,11 +636,27 @@ static void tp_all_reduce(struct l3d_gpt *m, void *buf, int64_t n, enum l3d_dtyp
 }
 
 /* The backward kernels: activations of the model's type, parameter gradients fp32 (main_grad). */
+/* Lets the communication in flight progress between two kernels of backward (hooks.progress). */
+static void progress(struct l3d_gpt *m) {
+    if (m->hooks.progress) m->hooks.progress(m->hooks.grads_ctx);
+}
+
+/* With a progress hook the two products (input gradient, then weight gradient; independent, so
+ * the same results) run as two calls with a progress call after each; in fp32 only: a 16-bit
+ * product the CPU backend computes through fp32 operand copies stages both products' copies
+ * at once, the peak the memory plan accounts (tests/cli/mixed.sh), which two calls would lower. */
 static void matmul_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                             const void *dout, const void *inp, const void *weight, int64_t N,
                             int64_t C, int64_t OC) {
+    if (m->hooks.progress && dinp && dweight && m->dt == L3D_F32) {
+        l3d_be_matmul_backward_mixed(m->be, m->dt, L3D_F32, dinp, NULL, NULL, dout, inp, weight,
+                                     N, C, OC);
+        progress(m);
+        dinp = NULL;
+    }
     l3d_be_matmul_backward_mixed(m->be, m->dt, L3D_F32, dinp, dweight, dbias, dout, inp, weight,
                                  N, C, OC);
+    progress(m);
 }
 
 static void layernorm_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
@@ -893,9 +909,11 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
                         p.fcprojw, N, F, C);
         l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * F) * E);
         l3d_be_gelu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N * F);
+        progress(m);
         column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
         layernorm_backward(m, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
                            la->ln2_mean, la->ln2_rstd, Nl, C);
+        progress(m);
         /* attention: dres now holds d(res2) */
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
         l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * E);
@@ -908,6 +926,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
         else
             l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
                                       B, T, Hl, HS);
+        progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
         layernorm_backward(m, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,

@@ -76,6 +76,13 @@ static void poll(struct l3d_dp *dp, int slot) {
     dp->comm_wait_s += l3d_time_s() - t0;
 }
 
+/* The model's progress hook (l3d_dp_poll_kernels): every pending piece tested. */
+static void progress_hook(void *ctx) {
+    struct l3d_dp *dp = ctx;
+    for (int s = 0; s < DP_SLOTS; s++)
+        if (dp->npend[s] > 0) poll(dp, s);
+}
+
 static void reduce_nonlayer(struct l3d_dp *dp) {
     struct l3d_gpt *m = dp->m;
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
@@ -182,11 +189,17 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     return L3D_OK;
 }
 
+void l3d_dp_poll_kernels(struct l3d_dp *dp) {
+    L3D_ASSERT(dp->m && dp->overlap);
+    if (dp->comm->size > 1) dp->m->hooks.progress = progress_hook;
+}
+
 void l3d_dp_free(struct l3d_dp *dp) {
     for (int s = 0; s < DP_SLOTS; s++) l3d_free(dp->pend[s]);
     if (dp->grad_shard) l3d_be_free(dp->m->be, dp->grad_shard);
     if (dp->m) {
         dp->m->hooks.grads_ready = NULL;
+        dp->m->hooks.progress = NULL;
         dp->m->hooks.grads_ctx = NULL;
     }
     memset(dp, 0, sizeof *dp);

@@ -17,7 +17,8 @@ l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_op
     }
     l3d_status st = L3D_OK;
     if (!o->no_world) {
-        if ((st = l3d_comm_mpi_init(argc, argv, &rt->world)) != L3D_OK) {
+        st = l3d_comm_mpi_init_progress(argc, argv, o->progress_thread, &rt->world);
+        if (st != L3D_OK) {
             fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
             free(rt);
             return st;

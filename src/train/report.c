@@ -27,9 +27,12 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
-    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces, %s, %d "
+    static const char *const progress[] = {"", " (polled between kernels)",
+                                           " (progress thread)"};
+    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s, %s, %d "
            "thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
-           tc->dp_blocking ? "blocking" : "overlapped", t->comm_name, omp_get_max_threads());
+           tc->dp_blocking ? "blocking" : "overlapped",
+           tc->dp_blocking ? "" : progress[tc->progress], t->comm_name, omp_get_max_threads());
     if (pp > 1) {
         printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
                l3d_pp_kind_name(lay->sched.kind),

@@ -32,6 +32,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->pp_schedule = L3D_PP_1F1B;
     tc->dp = 0;
     tc->bucket_bytes = 4u << 20;
+    tc->progress = L3D_PROGRESS_POLL; /* measured fastest here: docs/DESIGN.md, "Progress" */
     tc->keep = 3;
     tc->timeout_s = 600;
     tc->max_skipped = 10;
@@ -215,6 +216,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
                          !tc->dp_blocking);
         if (st != L3D_OK) break;
+        if (!tc->dp_blocking && tc->progress == L3D_PROGRESS_POLL)
+            l3d_dp_poll_kernels(&t->dps[c]);
         t->ndp++;
         int64_t own_start, own_count;
         l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
