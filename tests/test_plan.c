@@ -893,6 +893,146 @@ static void test_pipe_time(void) {
                    t->dp_comm + t->embed_sync + t->optimizer, t->step, t->step * 1e-12);
 }
 
+/* Issue 18 item 5: llm3d's bf16 / fp16 on a CPU profile. A local-like profile (no 16-bit peak,
+ * no wave quantization, no latency so that byte counts compare exactly) with and without the
+ * 16-bit keys llm3d bench --calibrate writes. */
+static const char *cpu_prof =
+    "name = l\n"
+    "device = one core\n"
+    "peak_tflops_fp32 = 0.1\n"
+    "peak_tflops_bf16 = 0\n"
+    "peak_tflops_fp16 = 0\n"
+    "mem_gb = 12\n"
+    "mem_bw_gbs = 20\n"
+    "devices_per_node = 2\n"
+    "pair_size = 1\n"
+    "pair_bw_gbs = 0\n"
+    "intra_bw_gbs = 5\n"
+    "intra_lat_us = 0\n"
+    "inter_bw_gbs = 0\n"
+    "inter_lat_us = 0\n"
+    "gemm_eff = 1e6:0.5 1e8:0.8 1e10:0.85\n"
+    "attn_eff = 0.6\n"
+    "gemm_thread_eff = 0.9\n"
+    "kernel_bw_eff = 0.9\n"
+    "dp_overlap = no\n";
+/* each bf16 figure half the fp32 one's (the thread efficiency too) */
+static const char *bf16_keys =
+    "gemm_eff_bf16 = 1e6:0.25 1e8:0.4 1e10:0.425\n"
+    "attn_eff_bf16 = 0.3\n"
+    "gemm_thread_eff_bf16 = 0.45\n"
+    "kernel_bw_eff_bf16 = 0.45\n";
+
+static void test_mixed_local(void) {
+    char text[4096];
+    struct l3d_profile base, p16, tmp;
+    CHECK(l3d_profile_parse(&base, cpu_prof, "cpu") == L3D_OK);
+    snprintf(text, sizeof text, "%s%s", cpu_prof, bf16_keys);
+    CHECK(l3d_profile_parse(&p16, text, "cpu16") == L3D_OK);
+    /* old profiles (no 16-bit keys) load; the keys are read into their type's figures */
+    CHECK(base.mixed[0].n_eff == 0 && base.mixed[1].n_eff == 0);
+    CHECK(p16.mixed[0].n_eff == 3 && p16.mixed[1].n_eff == 0);
+    CHECK_NEAR(p16.mixed[0].eff[1], 0.4, 0);
+    CHECK_NEAR(p16.mixed[0].attn_eff, 0.3, 0);
+    CHECK(!l3d_profile_mixed(&base, L3D_PREC_BF16, &tmp) && tmp.n_eff == 3);
+    CHECK(!l3d_profile_mixed(&p16, L3D_PREC_FP32, &tmp) && tmp.eff[0] == 0.5);
+    CHECK(!l3d_profile_mixed(&p16, L3D_PREC_FP16, &tmp) && tmp.attn_eff == 0.6);
+    CHECK(l3d_profile_mixed(&p16, L3D_PREC_BF16, &tmp));
+    CHECK(tmp.n_eff == 3 && tmp.eff[2] == 0.425 && tmp.attn_eff == 0.3);
+    CHECK(tmp.gemm_thread_eff == 0.45 && tmp.kernel_bw_eff == 0.45 && tmp.mem_bw == base.mem_bw);
+    CHECK_NEAR(l3d_profile_gemm_eff(&tmp, 1e8), 0.4, 1e-12);
+    /* a type's four keys go together; a bad point names its key */
+    snprintf(text, sizeof text, "%sgemm_eff_fp16 = 1e6:0.5\n", cpu_prof);
+    CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
+    CHECK(strstr(l3d_error_message(), "gemm_eff_fp16, attn_eff_fp16") != NULL);
+    snprintf(text, sizeof text, "%sgemm_eff_bf16 = 1e6:0.5 1e5:0.6\n", cpu_prof);
+    CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
+    CHECK(strstr(l3d_error_message(), "gemm_eff_bf16 points must have increasing") != NULL);
+    snprintf(text, sizeof text, "%skernel_bw_eff_bf16 = 3\n", cpu_prof);
+    CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
+    CHECK(strstr(l3d_error_message(), "kernel_bw_eff_bf16 = 3 is out of range") != NULL);
+
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    m.V = 256;
+    m.s = 128;
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.global_batch = 4;
+    run.precision = L3D_PREC_BF16;
+    run.llm3d_mixed = true;
+    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_plan_result a, b, f;
+    /* the bf16 figures replace the fp32 ones: each half, each part twice the time; memory the
+     * same */
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
+    CHECK_NEAR(b.time.gemm, 2 * a.time.gemm, a.time.gemm * 1e-9);
+    CHECK_NEAR(b.time.attention, 2 * a.time.attention, a.time.attention * 1e-9);
+    CHECK_NEAR(b.time.elementwise, 2 * a.time.elementwise, a.time.elementwise * 1e-9);
+    CHECK_NEAR(b.time.optimizer, 2 * a.time.optimizer, a.time.optimizer * 1e-9);
+    CHECK(a.time.gemm > 0 && a.time.attention > 0 && a.time.elementwise > 0);
+    CHECK(b.mem.total == a.mem.total);
+    /* two threads a rank: the bf16 curve and the bf16 thread efficiency, each half: 4x */
+    run.devices = 2;
+    run.threads = 2;
+    lay.threads = 2;
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
+    CHECK_NEAR(b.time.gemm, 4 * a.time.gemm, a.time.gemm * 1e-9);
+    CHECK_NEAR(b.time.attention, 2 * a.time.attention, a.time.attention * 1e-9);
+    /* the search uses them too */
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    fx.tp = 1, fx.pp = 1, fx.mb = 4, fx.zero = 0, fx.recompute = L3D_RECOMPUTE_NONE;
+    struct l3d_plan_result best;
+    int n = 0;
+    struct l3d_plan_search_stats stats;
+    CHECK(l3d_plan_search(&m, &p16, &run, &fx, &best, 1, &n, &stats) == L3D_OK && n == 1);
+    CHECK_NEAR(best.time.step, b.time.step, b.time.step * 1e-12);
+    /* they touch nothing else: fp32, fp16 (no fp16 keys here), Megatron-style bf16 */
+    run.devices = 1;
+    run.threads = 1;
+    lay.threads = 1;
+    struct { enum l3d_prec prec; bool llm3d; } other[] = {
+        {L3D_PREC_FP32, false}, {L3D_PREC_FP16, true}, {L3D_PREC_BF16, false}};
+    struct l3d_profile gpuish = base, gpuish16 = p16; /* Megatron-style needs a 16-bit peak */
+    gpuish.peak_flops[L3D_PREC_BF16] = gpuish16.peak_flops[L3D_PREC_BF16] = 0.2e12;
+    for (int i = 0; i < 3; i++) {
+        run.precision = other[i].prec;
+        run.llm3d_mixed = other[i].llm3d;
+        const struct l3d_profile *p0 = other[i].llm3d ? &base : &gpuish;
+        const struct l3d_profile *p1 = other[i].llm3d ? &p16 : &gpuish16;
+        CHECK(l3d_plan_evaluate(&m, p0, &run, &lay, &a) == L3D_OK);
+        CHECK(l3d_plan_evaluate(&m, p1, &run, &lay, &b) == L3D_OK);
+        CHECK(a.time.step == b.time.step && a.time.step > 0);
+    }
+    /* llm3d's mixed precision moves its fp32 main_grad and 16-bit parameters (src/parallel/dp.c):
+     * dp 2, ZeRO-0, all-reduces 4-byte gradients as fp32 does; ZeRO-1 reduces 4 bytes and
+     * all-gathers 2 (3/4 of fp32's); Megatron-style bf16 moves 2 and 2 (half) */
+    run.devices = 2;
+    run.global_batch = 8;
+    for (int zero = 0; zero <= 1; zero++) {
+        lay = layout(1, 1, 2, 4, 1, zero, L3D_RECOMPUTE_NONE, false);
+        run.precision = L3D_PREC_FP32;
+        run.llm3d_mixed = false;
+        CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &f) == L3D_OK);
+        run.precision = L3D_PREC_BF16;
+        run.llm3d_mixed = true;
+        CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+        run.llm3d_mixed = false;
+        CHECK(l3d_plan_evaluate(&m, &gpuish, &run, &lay, &b) == L3D_OK);
+        CHECK(f.time.dp_comm > 0);
+        CHECK_NEAR(a.time.dp_comm, (zero ? 0.75 : 1.0) * f.time.dp_comm, f.time.dp_comm * 1e-12);
+        CHECK_NEAR(b.time.dp_comm, 0.5 * f.time.dp_comm, f.time.dp_comm * 1e-12);
+        /* AdamW on the fp32 master writes the 16-bit copy: 30 bytes against fp32's 28, plus
+         * the norm's read of the fp32 gradient (4) */
+        double shard = zero ? 0.5 : 1.0;
+        CHECK_NEAR(a.time.optimizer / f.time.optimizer, (30 * shard + 4) / (28 * shard + 4),
+                   1e-12);
+        /* every element-wise pass at 2 bytes, the trainer's 16-bit logits included */
+        CHECK_NEAR(a.time.elementwise, 0.5 * f.time.elementwise, f.time.elementwise * 1e-12);
+    }
+}
+
 int main(void) {
     test_profiles();
     test_memory_mixed();
@@ -905,5 +1045,6 @@ int main(void) {
     test_gemm_shape();
     test_recompute_and_overlap();
     test_pipe_time();
+    test_mixed_local();
     return TEST_REPORT();
 }

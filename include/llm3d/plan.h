@@ -69,6 +69,16 @@ int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
 /* ---- system profile ------------------------------------------------------------------- */
 
 #define L3D_PROFILE_MAX_EFF 32
+/* llm3d's 16-bit kernels on a device without 16-bit products (a CPU without AVX512-BF16: the
+ * operands widened around the fp32 product, docs/DESIGN.md), measured by llm3d bench
+ * --calibrate: the optional keys gemm_eff_bf16, attn_eff_bf16, gemm_thread_eff_bf16,
+ * kernel_bw_eff_bf16 (and _fp16). n_eff 0: not in the profile (the fp32 figures are used). */
+struct l3d_profile_16 {
+    int n_eff;
+    double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* of the run's peak */
+    double attn_eff, gemm_thread_eff, kernel_bw_eff; /* kernel bytes at 2-byte elements */
+};
+
 struct l3d_profile {
     char name[48];
     char device[128];
@@ -93,6 +103,7 @@ struct l3d_profile {
     int tile_m, tile_n;        /* optional gemm_tile: output tile of one block of the GEMM
                                 * library's kernels for large products (0 with compute_units 0) */
     double tp_overlap;         /* optional: fraction of TP communication hidden behind compute */
+    struct l3d_profile_16 mixed[2]; /* optional: llm3d's bf16 [0] and fp16 [1] kernels */
 };
 
 enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
@@ -120,6 +131,10 @@ double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
  * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
  * memory-bound floor is the planner's. */
 double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
+/* The profile as llm3d's trainer runs precision `prec` on it: for bf16 / fp16 with that type's
+ * 16-bit keys in the profile, *out is p with gemm_eff, attn_eff, gemm_thread_eff and
+ * kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */
+bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out);
 
 /* ---- one layout ----------------------------------------------------------------------- */
 

@@ -68,9 +68,20 @@ struct calib {
     double share[3];                 /* CPU time got / asked for: all cores, one, all-reduce */
     double others[3];                /* other processes' share of the cores then; -1: unknown */
     cpu_set_t cpus;                  /* the cores rank 0 may use */
+    /* llm3d's 16-bit kernels, [0] bf16 and [1] fp16, measured as their fp32 counterparts */
+    int n_eff16[2];
+    double eff16_flops[2][MAX_POINTS], eff16[2][MAX_POINTS];
+    double attn16_s[2][2], attn_eff16[2];            /* forward, backward; fraction */
+    double thr_all16[2][4], thr_one16[2][4], thread_eff16[2];
+    double k_bw16[2][4], kernel_bw_eff16[2];
 };
 
+static const enum l3d_dtype types16[2] = {L3D_BF16, L3D_F16};
+static const char *const names16[2] = {"bf16", "fp16"};
+
 static const char *k_names[4] = {"layernorm_forward", "gelu_forward", "residual_forward", "adamw"};
+static const char *k_names16[4] = {"layernorm_forward", "gelu_forward", "residual_forward",
+                                   "adamw_mixed"};
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -180,6 +191,18 @@ static float *filled(int64_t n, float lo, float hi, uint64_t stream) {
     return p;
 }
 
+/* n elements of type dt (fp32, bf16, fp16) uniform in [lo, hi), rounded to dt */
+static void *filled_dt(enum l3d_dtype dt, int64_t n, float lo, float hi, uint64_t stream) {
+    if (dt == L3D_F32) return filled(n, lo, hi, stream);
+    uint16_t *p = l3d_alloc((size_t)n * sizeof(uint16_t), "calibrate");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float f = lo + (hi - lo) * l3d_rng_uniform(1, stream, (uint64_t)i);
+        p[i] = dt == L3D_BF16 ? l3d_f32_to_bf16(f) : l3d_f32_to_f16(f);
+    }
+    return p;
+}
+
 /* Best of the passes run in about `seconds` (at least 3, after one warm-up), in seconds. */
 #define TIME_BEST(best, seconds, call)                                                             \
     do {                                                                                           \
@@ -214,7 +237,16 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
     float *m = filled(n, -0.01f, 0.01f, 3), *v = filled(n, 0.0f, 0.01f, 4);
     float *w = filled(C, 0.5f, 1.5f, 5), *bias = filled(C, -0.1f, 0.1f, 6);
     float *mean = filled(N, 0.0f, 0.0f, 7), *rstd = filled(N, 0.0f, 0.0f, 8);
+    /* the 16-bit kernels' arrays, shared by bf16 and fp16: bf16 roundings of values in [-2, 2],
+     * which read as fp16 are finite values of the same range (no Inf or NaN slows a kernel) */
+    void *a16 = filled_dt(L3D_BF16, n, -2.0f, 2.0f, 9);
+    void *b16 = filled_dt(L3D_BF16, n, -2.0f, 2.0f, 10);
+    void *p16 = filled_dt(L3D_BF16, n, -2.0f, 2.0f, 16);
+    void *w16 = filled_dt(L3D_BF16, C, 0.5f, 1.5f, 17);
+    void *bias16 = filled_dt(L3D_BF16, C, -0.1f, 0.1f, 18);
     double t[5] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    double t16[2][4] = {{INFINITY, INFINITY, INFINITY, INFINITY},
+                        {INFINITY, INFINITY, INFINITY, INFINITY}};
     double start = l3d_time_s(), cpu0 = cpu_s();
     for (int r = 0; r < 5 || l3d_time_s() - start < secs; r++) {
         t[4] = fmin(t[4], l3d_cpu_triad_pass(m, a, b, n)); /* m = a + b / 2 */
@@ -224,6 +256,18 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
         /* a tiny learning rate: the parameters stay put however often it runs */
         TIME_ONE(t[3], l3d_be_adamw(be, L3D_F32, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
                                  0.1f, 0.05f));
+        /* the same kernels in 16 bits, as the trainer's --precision bf16|fp16 calls them:
+         * 16-bit activations and weights, fp32 statistics; AdamW on fp32 master weights (a),
+         * moments and main_grad (b), writing the 16-bit copy */
+        for (int i = 0; i < 2; i++) {
+            enum l3d_dtype dt = types16[i];
+            TIME_ONE(t16[i][0], l3d_be_layernorm_forward(be, dt, b16, mean, rstd, a16, w16, bias16,
+                                                         N, C));
+            TIME_ONE(t16[i][1], l3d_be_gelu_forward(be, dt, b16, a16, n));
+            TIME_ONE(t16[i][2], l3d_be_residual_forward(be, dt, p16, a16, b16, n));
+            TIME_ONE(t16[i][3], l3d_be_adamw_mixed(be, dt, L3D_F32, p16, a, m, v, b, 1.0f, n,
+                                                   1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.1f, 0.05f));
+        }
     }
     c->share[0] = (cpu_s() - cpu0) / ((l3d_time_s() - start) * omp_get_max_threads());
     c->triad_bytes = 12 * (size_t)n;
@@ -235,6 +279,16 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
         frac[i] = c->k_bw[i] / c->bw_all;
     }
     c->kernel_bw_eff = median(frac, 4);
+    /* 16-bit: the 2-byte arrays, fp32 statistics; adamw_mixed reads and writes the fp32 master
+     * and moments, reads the fp32 gradient and writes the 16-bit copy (4 x 7 + 2 bytes) */
+    const double bytes16[4] = {(2.0 * N * C) * 2 + 2.0 * N * 4, 4.0 * n, 6.0 * n, 30.0 * n};
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 4; k++) {
+            c->k_bw16[i][k] = bytes16[k] / t16[i][k];
+            frac[k] = c->k_bw16[i][k] / c->bw_all;
+        }
+        c->kernel_bw_eff16[i] = median(frac, 4);
+    }
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     double t1 = INFINITY;
@@ -243,7 +297,7 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
         t1 = fmin(t1, l3d_cpu_triad_pass(m, a, b, n));
     c->bw_one = 12.0 * (double)n / t1;
     omp_set_num_threads(threads);
-    float *bufs[] = {a, b, m, v, w, bias, mean, rstd};
+    void *bufs[] = {a, b, m, v, w, bias, mean, rstd, a16, b16, p16, w16, bias16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
 
@@ -251,22 +305,38 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
  * N x K weight, no bias) and the backward's two (input and weight gradients, accumulated), 6 M N K
  * FLOPs. The buffers rotate through sets filling at least 64 MiB, so that each pass finds its
  * weight and activations out of cache, as a layer does after the other layers ran; the median
- * pass's FLOP/s (a training step sustains the typical pass, not the best). */
-static double layer_flops(struct l3d_backend *be, int64_t M, int64_t N, int64_t K, double secs) {
-    const int64_t set = 2 * (M * K + N * K + M * N), arena = (int64_t)16 << 20; /* floats */
+ * pass's FLOP/s (a training step sustains the typical pass, not the best). In 16 bits (dt bf16 or
+ * fp16) as --precision bf16|fp16 runs it: 16-bit input, weight, output and activation gradients,
+ * the weight gradient accumulated into the fp32 main_grad (l3d_be_matmul_backward_mixed); on a
+ * CPU without 16-bit products that is the operands widened to fp32 around the fp32 product, the
+ * conversions and their fp32 copies' allocation included. */
+static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
+                          int64_t K, double secs) {
+    /* elements of dt: x, dx (M K), w (N K), y, dy (M N); dw (N K) fp32, counted as 2 of dt */
+    const int64_t es = (int64_t)l3d_dtype_size(dt), gw = dt == L3D_F32 ? 1 : 2;
+    const int64_t set = 2 * M * K + (1 + gw) * N * K + 2 * M * N; /* elements of dt */
+    const int64_t arena = ((int64_t)64 << 20) / es;
     const int64_t sets = set >= arena ? 1 : arena / set;
-    float *buf = filled(sets * set, -1e-3f, 1e-3f, 21);
+    /* one set drawn, copied to the others (drawing 64 MiB took longer than the products); the
+     * fp32 dw of a 16-bit set holds pairs of 16-bit values: finite fp32 numbers */
+    char *buf = l3d_alloc((size_t)(sets * set * es), "calibrate");
+    void *first = filled_dt(dt, set, -1e-3f, 1e-3f, 21);
+    for (int64_t i = 0; i < sets; i++) memcpy(buf + i * set * es, first, (size_t)(set * es));
+    l3d_free(first);
     double rate[512];
     int n = 0;
     const double start = l3d_time_s();
     for (int64_t r = -1; n < 5 || (l3d_time_s() - start < secs && n < 512); r++) {
-        float *x = buf + ((r + 1) % sets) * set, *w = x + M * K, *y = w + N * K, *dy = y + M * N;
-        float *dx = dy + M * N, *dw = dx + M * K;
+        char *x = buf + ((r + 1) % sets) * set * es, *w = x + M * K * es, *y = w + N * K * es;
+        char *dy = y + M * N * es, *dx = dy + M * N * es, *dw = dx + M * K * es;
         double t0 = l3d_time_s();
-        l3d_be_matmul_forward(be, L3D_F32, y, x, w, NULL, M, K, N);
-        l3d_be_matmul_backward(be, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
-        double dt = l3d_time_s() - t0;
-        if (r >= 0) rate[n++] = 6.0 * (double)M * N * K / dt; /* pass -1: primitives, warm-up */
+        l3d_be_matmul_forward(be, dt, y, x, w, NULL, M, K, N);
+        if (dt == L3D_F32)
+            l3d_be_matmul_backward(be, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
+        else
+            l3d_be_matmul_backward_mixed(be, dt, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
+        double sec = l3d_time_s() - t0;
+        if (r >= 0) rate[n++] = 6.0 * (double)M * N * K / sec; /* pass -1: primitives, warm-up */
     }
     l3d_free(buf);
     return median(rate, n);
@@ -277,12 +347,13 @@ static double layer_flops(struct l3d_backend *be, int64_t M, int64_t N, int64_t 
  * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point is the geometric mean
  * of its bucket's FLOPs and the median of its layers' FLOP/s (made a fraction of the FMA peak by
  * the caller). */
-static void measure_gemm(struct l3d_backend *be, struct calib *c) {
+static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype dt, int *n_eff,
+                         double *eff_flops, double *eff) {
     static const int64_t Ms[] = {64, 256, 1024, 2048};
     static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
     const int per_bucket = c->quick ? 1 : 3;
     const double secs = c->quick ? 0.02 : 0.3;
-    c->n_eff = 0;
+    *n_eff = 0;
     c->eff_shapes = 0;
     for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
         double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0);
@@ -303,12 +374,12 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c) {
             int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
             const int64_t *sh = shape[idx];
             double f = 2.0 * sh[0] * sh[1] * sh[2];
-            frac[s] = layer_flops(be, sh[0], sh[1], sh[2], secs); /* FLOP/s for now */
+            frac[s] = layer_flops(be, dt, sh[0], sh[1], sh[2], secs); /* FLOP/s for now */
             logf += log(f);
         }
-        c->eff_flops[c->n_eff] = exp(logf / take);
-        c->eff[c->n_eff] = median(frac, take);
-        c->n_eff++;
+        eff_flops[*n_eff] = exp(logf / take);
+        eff[*n_eff] = median(frac, take);
+        (*n_eff)++;
         c->eff_shapes += take;
     }
 }
@@ -317,16 +388,19 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c) {
  * caller divides model FLOPs 12 B T^2 C (Narayanan et al. 2021, sec. 5.1: 4 B s^2 h for Q K^T
  * and P V forward, twice that backward) by them: the full T^2, the masked causal half counted,
  * as Megatron counts it (the tiled kernel skips the blocks above the diagonal, about half). */
-static void measure_attention(struct l3d_backend *be, struct calib *c) {
+static void measure_attention(struct l3d_backend *be, const struct calib *c, enum l3d_dtype dt,
+                              double *fwd_s, double *bwd_s) {
     const int64_t B = 4, T = 256, NH = 12, HS = 64, C = NH * HS;
-    float *qkv = filled(B * T * 3 * C, -1.0f, 1.0f, 11), *dout = filled(B * T * C, -1.0f, 1.0f, 12);
-    float *out = filled(B * T * C, 0.0f, 0.0f, 13), *dqkv = filled(B * T * 3 * C, 0.0f, 0.0f, 14);
+    void *qkv = filled_dt(dt, B * T * 3 * C, -1.0f, 1.0f, 11);
+    void *dout = filled_dt(dt, B * T * C, -1.0f, 1.0f, 12);
+    void *out = filled_dt(dt, B * T * C, 0.0f, 0.0f, 13);
+    void *dqkv = filled_dt(dt, B * T * 3 * C, 0.0f, 0.0f, 14);
     float *lse = filled(B * NH * T, 0.0f, 0.0f, 15);
     const double secs = c->quick ? 0.1 : 1.0;
-    TIME_BEST(c->attn_fwd_s, secs, l3d_be_attention_forward(be, L3D_F32, out, lse, qkv, B, T, NH, HS));
-    TIME_BEST(c->attn_bwd_s, secs, l3d_be_attention_backward(be, L3D_F32, dqkv, dout, qkv, out, lse,
-                                                            B, T, NH, HS));
-    float *bufs[] = {qkv, dout, out, dqkv, lse};
+    TIME_BEST(*fwd_s, secs, l3d_be_attention_forward(be, dt, out, lse, qkv, B, T, NH, HS));
+    TIME_BEST(*bwd_s, secs, l3d_be_attention_backward(be, dt, dqkv, dout, qkv, out, lse, B, T, NH,
+                                                      HS));
+    void *bufs[] = {qkv, dout, out, dqkv, lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
 
@@ -352,8 +426,13 @@ static void measure_all_cores(struct calib *c) {
         printf("  %-18s %6.1f GB/s on %d cores (%.0f%%)\n", k_names[i], c->k_bw[i] / 1e9,
                c->cores, 100.0 * c->k_bw[i] / c->bw_all);
     for (int i = 0; i < 4; i++)
-        c->thr_all[i] = layer_flops(be, thread_shapes[i][0], thread_shapes[i][1],
+        c->thr_all[i] = layer_flops(be, L3D_F32, thread_shapes[i][0], thread_shapes[i][1],
                                     thread_shapes[i][2], c->quick ? 0.05 : 0.3);
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 4; i++)
+            c->thr_all16[t][i] = layer_flops(be, types16[t], thread_shapes[i][0],
+                                             thread_shapes[i][1], thread_shapes[i][2],
+                                             c->quick ? 0.05 : 0.3);
     fflush(stdout);
     c->others[0] = phase_others(c, &ph, cpu_s() - ph.cpu);
     if (CPU_COUNT(&bound) > 0) sched_setaffinity(0, sizeof bound, &bound);
@@ -371,27 +450,53 @@ static void measure_one_core(struct calib *c, bool lead) {
     omp_set_num_threads(1);
     double wall0 = l3d_time_s(), cpu0 = cpu_s();
     c->fma = l3d_cpu_fma_peak(1.0);
-    measure_gemm(be, c);
+    measure_gemm(be, c, L3D_F32, &c->n_eff, c->eff_flops, c->eff);
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
-    measure_attention(be, c);
+    measure_attention(be, c, L3D_F32, &c->attn_fwd_s, &c->attn_bwd_s);
     for (int i = 0; i < 4; i++)
-        c->thr_one[i] = layer_flops(be, thread_shapes[i][0], thread_shapes[i][1],
+        c->thr_one[i] = layer_flops(be, L3D_F32, thread_shapes[i][0], thread_shapes[i][1],
                                     thread_shapes[i][2], c->quick ? 0.05 : 0.3);
+    c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
+    /* the 16-bit kernels (llm3d's --precision bf16|fp16), after the fp32 ones */
+    for (int t = 0; t < 2; t++) {
+        int shapes = c->eff_shapes;
+        measure_gemm(be, c, types16[t], &c->n_eff16[t], c->eff16_flops[t], c->eff16[t]);
+        c->eff_shapes = shapes;
+        measure_attention(be, c, types16[t], &c->attn16_s[t][0], &c->attn16_s[t][1]);
+        for (int i = 0; i < 4; i++)
+            c->thr_one16[t][i] = layer_flops(be, types16[t], thread_shapes[i][0],
+                                             thread_shapes[i][1], thread_shapes[i][2],
+                                             c->quick ? 0.05 : 0.3);
+    }
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
     double ratio[4];
     for (int i = 0; i < 4; i++) ratio[i] = c->thr_all[i] / (c->cores * c->thr_one[i]);
     c->thread_eff = median(ratio, 4);
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < 4; i++) ratio[i] = c->thr_all16[t][i] / (c->cores * c->thr_one16[t][i]);
+        c->thread_eff16[t] = median(ratio, 4);
+    }
     /* The peak is at least the fastest rate measured: a slowed FMA loop (a sanitizer build, a
      * core taken away during its rounds) must not give fractions above 1, which plan rejects. */
-    const double attn_rate = 12.0 * 4 * 256 * 256 * 768 / (c->attn_fwd_s + c->attn_bwd_s);
+    const double attn_flops = 12.0 * 4 * 256 * 256 * 768;
+    const double attn_rate = attn_flops / (c->attn_fwd_s + c->attn_bwd_s);
     double top = attn_rate;
     for (int i = 0; i < c->n_eff; i++) top = fmax(top, c->eff[i]);
     for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one[i]);
+    for (int t = 0; t < 2; t++) {
+        top = fmax(top, attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]));
+        for (int i = 0; i < c->n_eff16[t]; i++) top = fmax(top, c->eff16[t][i]);
+        for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one16[t][i]);
+    }
     c->fma_loop = 0.0;
     if (top > c->fma) c->fma_loop = c->fma, c->fma = top;
     for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
     c->attn_eff = attn_rate / c->fma;
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < c->n_eff16[t]; i++) c->eff16[t][i] /= c->fma;
+        c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / c->fma;
+    }
     l3d_backend_free(be);
     if (!lead) return;
     printf("fp32 FMA peak of one core, every core busy: %.1f GFLOP/s\n", c->fma / 1e9);
@@ -406,6 +511,14 @@ static void measure_one_core(struct calib *c, bool lead) {
            "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
     printf("linear layers on all %d cores of one rank against %d single cores: %.2f\n", c->cores, c->cores,
            c->thread_eff);
+    for (int t = 0; t < 2; t++) {
+        printf("%s (llm3d's 16-bit kernels): linear layer", names16[t]);
+        for (int i = 0; i < c->n_eff16[t]; i++)
+            printf(" %.2g:%.2f", c->eff16_flops[t][i], c->eff16[t][i]);
+        printf("; attention %.0f%%; %d cores %.2f; element-wise %.0f%% of the triad\n",
+               100.0 * c->attn_eff16[t], c->cores, c->thread_eff16[t],
+               100.0 * c->kernel_bw_eff16[t]);
+    }
     fflush(stdout);
 }
 
@@ -560,6 +673,34 @@ static void write_profile(FILE *f, const struct calib *c) {
     for (int i = 0; i < 4; i++)
         fprintf(f, " %s %.2f%s", k_names[i], c->k_bw[i] / c->bw_all, i < 3 ? "," : "");
     fprintf(f, "; the median\nkernel_bw_eff = %.3f\n", c->kernel_bw_eff);
+    for (int t = 0; t < 2; t++) {
+        const char *n = names16[t];
+        fprintf(f, "\n# llm3d's %s kernels (--precision %s: 16-bit activations and weights, fp32 "
+                   "main_grad), %s\n", n, n,
+                __builtin_cpu_supports("avx512bf16") ? "on a CPU with AVX512-BF16 (oneDNN's 16-bit "
+                "products are opt-in, L3D_DNNL_16BIT=1: without it, as measured here, the "
+                "operands are widened around the fp32 product)"
+                : "widened to fp32 around the fp32 product on this CPU, conversions included");
+        fprintf(f, "%s: the linear layer as gemm_eff, in %s through the backend (forward, backward "
+                   "into an fp32 weight gradient), the same shapes and buckets; fraction of the "
+                   "fp32 FMA peak\n", by, n);
+        fprintf(f, "gemm_eff_%s =", n);
+        for (int i = 0; i < c->n_eff16[t]; i++)
+            fprintf(f, " %.3g:%.3f", c->eff16_flops[t][i], c->eff16[t][i]);
+        fprintf(f, "\n%s: the attention as attn_eff, in %s (%.1f + %.1f ms)\n", by, n,
+                c->attn16_s[t][0] * 1e3, c->attn16_s[t][1] * 1e3);
+        fprintf(f, "attn_eff_%s = %.3f\n", n, c->attn_eff16[t]);
+        fprintf(f, "%s: as gemm_thread_eff, in %s:", by, n);
+        for (int i = 0; i < 4; i++)
+            fprintf(f, " %.2f", c->thr_all16[t][i] / (c->cores * c->thr_one16[t][i]));
+        fprintf(f, "; the median\ngemm_thread_eff_%s = %.3f\n", n, c->thread_eff16[t]);
+        fprintf(f, "%s: as kernel_bw_eff, in %s, bytes at 2 an element (fp32 statistics; "
+                   "adamw_mixed 30 bytes: fp32 master, moments, gradient and the 16-bit copy):", by,
+                n);
+        for (int i = 0; i < 4; i++)
+            fprintf(f, " %s %.2f%s", k_names16[i], c->k_bw16[t][i] / c->bw_all, i < 3 ? "," : "");
+        fprintf(f, "; the median\nkernel_bw_eff_%s = %.3f\n", n, c->kernel_bw_eff16[t]);
+    }
     fprintf(f, "# the trainer posts DP gradient pieces non-blocking during backward, but over shared "
                "memory MPI copies them with the cores the backward uses: counted as exposed\n"
                "dp_overlap = no\n");

@@ -511,6 +511,17 @@ int l3d_cli_plan(int argc, char **argv) {
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");
+    if (run.llm3d_mixed && run.precision != L3D_PREC_FP32) {
+        struct l3d_profile p16;
+        const char *t = l3d_prec_name(run.precision);
+        if (l3d_profile_mixed(&prof, run.precision, &p16))
+            printf("llm3d's %s kernels timed at the profile's %s figures (gemm_eff_%s: %d "
+                   "points, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t, t, t, p16.n_eff, t,
+                   p16.attn_eff, t, p16.kernel_bw_eff);
+        else
+            printf("this profile has no gemm_eff_%s: llm3d's %s kernels timed at the fp32 figures "
+                   "(llm3d bench --calibrate measures them)\n", t, t);
+    }
     if (run.calibrated)
         printf("calibrated: the GEMM curve times %g, a factor fitted on a published run "
                "(profile key gemm_calibration; docs/frontier.md)%s\n", prof.gemm_calibration,

@@ -704,7 +704,10 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
         double Vl = (double)c.Vp / t;
         double hg = 0, hgb = 0;
         linear(x, N, Vl, h, &hg, &hgb);
-        double hel = (N * Vl * bytes_of(L3D_F32) * 5 + N * h * e * 2 * 3) / x->bw;
+        /* the trainer keeps the logits in its own type (16 bits in mixed precision); Megatron-LM
+         * casts them to fp32 for the loss (Korthikanti et al. 2022, sec. 4.3: 4 s b v bytes) */
+        double le = x->fp32 ? e : bytes_of(L3D_F32);
+        double hel = (N * Vl * le * 5 + N * h * e * 2 * 3) / x->bw;
         o->gemm += hg + hgb;
         o->elem += hel;
         o->bwd += hgb;
@@ -1107,7 +1110,10 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
 
     /* DP: gradients reduced over d replicas (all-reduce; ZeRO-1 reduce-scatter + all-gather of the
      * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch) */
-    double gb = x.e, pb = x.e; /* gradients and parameters: the run's element type */
+    /* gradients and parameters: the run's element type; llm3d's mixed precision reduces its fp32
+     * main_grad (all-reduce, or ZeRO's reduce to the owner) and all-gathers the 16-bit
+     * parameters under ZeRO (src/parallel/dp.c) */
+    double gb = run->llm3d_mixed ? bytes_of(L3D_F32) : x.e, pb = lay.zero >= 1 ? x.e : gb;
     if (lay.dp > 1) {
         double bw, lat;
         int64_t span = (int64_t)t * p * lay.dp;
@@ -1130,10 +1136,12 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
         T->embed_sync = all_reduce((double)c.Vp / t * m->h * gb, 2, bw, lat);
     }
     /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
-     * parameter, m, v (28 bytes); mixed precision also writes the 16-bit copy (32); one more read
-     * of the gradients for the global norm */
+     * parameter, m, v (28 bytes); llm3d's mixed precision also writes the 16-bit copy (28 + 2,
+     * l3d_be_adamw_mixed), Megatron-LM's (32, as counted before); one more read of the gradients
+     * for the global norm */
     double n_opt = lay.zero >= 1 ? n_max / lay.dp : n_max;
-    T->optimizer = (n_opt * (fp32 ? 28.0 : 32.0) + n_max * gb) / x.bw;
+    double opt_bytes = !fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x.e : 28.0;
+    T->optimizer = (n_opt * opt_bytes + n_max * gb) / x.bw;
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;
@@ -1165,9 +1173,22 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     return L3D_OK;
 }
 
+/* The figures a run's kernels reach: llm3d's bf16 / fp16 on a profile with that type's 16-bit
+ * keys (measured by llm3d bench --calibrate through the backend's 16-bit kernels: on a CPU
+ * without 16-bit products, widened operands around the fp32 product, conversions included) take
+ * them in place of gemm_eff, attn_eff, gemm_thread_eff and kernel_bw_eff; every other run, and a
+ * profile without them (older local profiles; the GPU profiles, Megatron-style), its own. */
+static const struct l3d_profile *run_profile(const struct l3d_profile *prof,
+                                             const struct l3d_plan_run *run,
+                                             struct l3d_profile *tmp) {
+    return run->llm3d_mixed && l3d_profile_mixed(prof, run->precision, tmp) ? tmp : prof;
+}
+
 l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
                              const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
                              struct l3d_plan_result *r) {
+    struct l3d_profile tmp;
+    prof = run_profile(prof, run, &tmp);
     return evaluate(m, prof, run, lay, r, NULL);
 }
 
@@ -1196,6 +1217,8 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
                            struct l3d_plan_result *out, int top, int *n_out,
                            struct l3d_plan_search_stats *stats) {
     double t0 = l3d_time_s();
+    struct l3d_profile tmp;
+    prof = run_profile(prof, run, &tmp);
     memset(stats, 0, sizeof *stats);
     *n_out = 0;
     l3d_status st = l3d_plan_model_check(m);

@@ -67,6 +67,14 @@ static const struct key {
     {"compute_units", K_INT, OFF(compute_units), 0, true, 1e6, true},
     {"gemm_tile", K_TILE, 0, 0, true, 0, true},
     {"tp_overlap", K_NUM, OFF(tp_overlap), 1, false, 1, true},
+    /* llm3d's 16-bit kernels (struct l3d_profile_16): all four of a type or none */
+#define MIXED(T, i)                                                                                \
+    {"gemm_eff_" T, K_EFF, OFF(mixed[i]), 0, true, 0, true},                                      \
+    {"attn_eff_" T, K_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true},                           \
+    {"gemm_thread_eff_" T, K_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true},             \
+    {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true}
+    MIXED("bf16", 0), MIXED("fp16", 1),
+#undef MIXED
 #undef OFF
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -78,31 +86,33 @@ static char *trim(char *s) {
     return s;
 }
 
-static l3d_status parse_eff(struct l3d_profile *p, char *val, const char *what, int line) {
-    p->n_eff = 0;
+/* A curve of flops:fraction points into n, fl, ef (gemm_eff, or a 16-bit type's gemm_eff_T) */
+static l3d_status parse_eff(int *n, double *fl, double *ef, const char *key, char *val,
+                            const char *what, int line) {
+    *n = 0;
     char *save = NULL;
     for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
         char *colon = strchr(tok, ':'), *end1, *end2;
         if (!colon)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff point '%s' is not flops:fraction",
-                             what, line, tok);
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s' is not flops:fraction",
+                             what, line, key, tok);
         *colon = '\0';
         errno = 0;
         double f = strtod(tok, &end1), e = strtod(colon + 1, &end2);
         if (errno || *end1 || *end2 || !(f > 0) || !(e > 0) || e > 1.5)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff point '%s:%s' needs flops > 0 and "
-                             "a fraction in (0, 1.5]", what, line, tok, colon + 1);
-        if (p->n_eff == L3D_PROFILE_MAX_EFF)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d gemm_eff points", what, line,
-                             L3D_PROFILE_MAX_EFF);
-        if (p->n_eff > 0 && f <= p->eff_flops[p->n_eff - 1])
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff points must have increasing "
-                             "flops (%g after %g)", what, line, f, p->eff_flops[p->n_eff - 1]);
-        p->eff_flops[p->n_eff] = f;
-        p->eff[p->n_eff++] = e;
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s:%s' needs flops > 0 and a "
+                             "fraction in (0, 1.5]", what, line, key, tok, colon + 1);
+        if (*n == L3D_PROFILE_MAX_EFF)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d %s points", what, line,
+                             L3D_PROFILE_MAX_EFF, key);
+        if (*n > 0 && f <= fl[*n - 1])
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s points must have increasing flops "
+                             "(%g after %g)", what, line, key, f, fl[*n - 1]);
+        fl[*n] = f;
+        ef[(*n)++] = e;
     }
-    if (p->n_eff == 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_eff has no points", what, line);
+    if (*n == 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s has no points", what, line, key);
     return L3D_OK;
 }
 
@@ -150,7 +160,12 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
                      "%s", val);
             break;
         case K_EFF:
-            st = parse_eff(p, val, what, line);
+            if (kk->off == 0) {
+                st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line);
+            } else {
+                struct l3d_profile_16 *m16 = (struct l3d_profile_16 *)base;
+                st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line);
+            }
             break;
         case K_TILE: {
             long tm = 0, tn = 0;
@@ -212,6 +227,16 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
     if (st == L3D_OK && (p->compute_units > 0) != (p->tile_m > 0))
         st = l3d_error(L3D_ERR_FORMAT, "%s: compute_units and gemm_tile go together (wave "
                        "quantization needs both): give both or neither", what);
+    for (int i = 0; i < 2 && st == L3D_OK; i++) {
+        const struct l3d_profile_16 *m16 = &p->mixed[i];
+        int given = (m16->n_eff > 0) + (m16->attn_eff > 0) + (m16->gemm_thread_eff > 0) +
+                    (m16->kernel_bw_eff > 0);
+        const char *t = i == 0 ? "bf16" : "fp16";
+        if (given != 0 && given != 4)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
+                           "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
+                           "four): give all or none", what, t, t, t, t);
+    }
     if (st == L3D_OK && p->pair_size > p->devices_per_node)
         st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
                        p->pair_size, p->devices_per_node);
@@ -335,4 +360,18 @@ double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double 
             return (e0 + w * (e1 - e0)) * q;
         }
     return point_free(p, p->n_eff - 1) * q;
+}
+
+bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out) {
+    *out = *p;
+    if (prec == L3D_PREC_FP32) return false;
+    const struct l3d_profile_16 *m16 = &p->mixed[prec == L3D_PREC_BF16 ? 0 : 1];
+    if (m16->n_eff <= 0) return false;
+    out->n_eff = m16->n_eff;
+    memcpy(out->eff_flops, m16->eff_flops, sizeof out->eff_flops);
+    memcpy(out->eff, m16->eff, sizeof out->eff);
+    out->attn_eff = m16->attn_eff;
+    out->gemm_thread_eff = m16->gemm_thread_eff;
+    out->kernel_bw_eff = m16->kernel_bw_eff;
+    return true;
 }

@@ -37,9 +37,10 @@ check "  ... replaced the old file, no .tmp left" test ! -e "$prof.tmp" -a "$(he
 # keys: the first column of the README's table (some cells name several keys); those whose
 # description starts with "optional" may be left out (at most once), the others appear once
 keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
-optional=$(grep '^| `[a-z0-9_]*` | optional' "$readme" | cut -d'|' -f2 | tr -d '` ')
-check "the README's table names 24 keys, 5 of them optional" \
-    test "$(echo "$keys" | wc -l)" -eq 24 -a "$(echo "$optional" | wc -l)" -eq 5
+optional=$(grep '^| `[^|]*` | optional' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' |
+    tr -d '`')
+check "the README's table names 32 keys, 13 of them optional" \
+    test "$(echo "$keys" | wc -l)" -eq 32 -a "$(echo "$optional" | wc -l)" -eq 13
 for k in $keys; do
     n=$(grep -c "^$k = " "$prof")
     if echo "$optional" | grep -qx "$k"; then
@@ -77,8 +78,9 @@ $(val inter_bw_gbs) $(val inter_lat_us) $(val peak_tflops_bf16) $(val peak_tflop
 mem_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
 check "mem_gb x devices is the machine's memory (within 5%)" awk -v g="$(val mem_gb)" \
     -v d="$(val devices_per_node)" -v kb="$mem_kb" 'BEGIN { r = g * d * 1e9 / (kb * 1024); exit !(r > 0.95 && r < 1.05) }'
-check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fractions in (0, 1]" \
-    awk -v pts="$(val gemm_eff)" -v max=1 'BEGIN {
+for g in gemm_eff gemm_eff_bf16 gemm_eff_fp16; do
+check "$g: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fractions in (0, 1]" \
+    awk -v pts="$(val $g)" -v max=1 'BEGIN {
         n = split(pts, p, " "); if (n < 6) exit 1
         for (i = 1; i <= n; i++) {
             if (split(p[i], fe, ":") != 2) exit 1
@@ -88,8 +90,10 @@ check "gemm_eff: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fr
             prev = f
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
+done
 for k in peak_tflops_fp32 mem_gb mem_bw_gbs devices_per_node intra_bw_gbs intra_lat_us gemm_eff \
-    attn_eff gemm_thread_eff kernel_bw_eff; do
+    attn_eff gemm_thread_eff kernel_bw_eff gemm_eff_bf16 attn_eff_bf16 gemm_thread_eff_bf16 \
+    kernel_bw_eff_bf16 gemm_eff_fp16 attn_eff_fp16 gemm_thread_eff_fp16 kernel_bw_eff_fp16; do
     grep -B1 "^$k = " "$prof" | head -1 | grep -Eq "^# measured by llm3d bench --calibrate --quick on [0-9]{4}-[0-9]{2}-[0-9]{2}: " ||
         bad "$k has no '# measured by ... on DATE:' comment above it"
 done
