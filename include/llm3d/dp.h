@@ -78,10 +78,16 @@ struct l3d_dp {
     double comm_wait_s;      /* time inside communication calls this step (exposed comm) */
     bool defer_nonlayer;     /* the non-layer tensors wait for l3d_dp_reduce_nonlayer */
     bool test_skip_reduce;   /* test hook L3D_TEST_SKIP_DP_REDUCE=1 (l3d_dp_init): send nothing */
+    /* the type the gradients travel in (l3d_dp_reduce_in): grad_dtype, or 16 bits through the
+     * staging buffers, one per pending list (device memory, swapped with the lists) */
+    enum l3d_dtype reduce_dtype;
+    void *stage[3];
+    int64_t stage_fill[3], stage_cap[3];
 };
 
 struct l3d_dp_memory {
     size_t params, grads, optimizer, grad_scratch; /* bytes per rank */
+    size_t reduce_staging; /* the 16-bit reduction's staging buffers (l3d_dp_reduce_in) */
 };
 
 /* Sets the model's gradient hooks (and, for ZeRO-2, its gradient slots) and allocates the shard
@@ -96,6 +102,15 @@ void l3d_dp_free(struct l3d_dp *dp);
  * TCP) in those calls. For overlap = true; the other mechanism is the communicator's progress
  * thread (l3d_comm_mpi_init_progress). */
 void l3d_dp_poll_kernels(struct l3d_dp *dp);
+/* Gradients reduced over the group in type t (L3D_BF16 or L3D_F16; L3D_F32, the default, undoes
+ * it): they still accumulate over micro-batches in fp32 (main_grad); each piece is rounded to t
+ * (to nearest even) into a staging buffer, reduced there (the sum of each pair of values rounded
+ * to t, as a 16-bit all-reduce in Megatron-LM without --accumulate-allreduce-grads-in-fp32), and
+ * widened back into the fp32 gradients when it completes. Half the bytes on the wire; the
+ * staging holds the pending lists' gradients at their largest, two layers' and the non-layer
+ * tensors' (l3d_dp_memory's reduce_staging). A group of one sends nothing and stages nothing.
+ * L3D_ERR_OOM when the staging does not fit. */
+l3d_status l3d_dp_reduce_in(struct l3d_dp *dp, enum l3d_dtype t);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */

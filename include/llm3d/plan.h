@@ -150,6 +150,9 @@ struct l3d_plan_run {
      * activations, fp32 gradients, AdamW moments and master weights; its allocation plan, as for
      * fp32) instead of Megatron-LM's (2-byte gradients, the ZeRO paper's K = 12) */
     bool llm3d_mixed;
+    /* llm3d's trainer with --grad-reduce-dtype bf16|fp16: its DP gradient sums move 2 bytes an
+     * element (from fp32 main_grad, through 16-bit staging: l3d_dp_reduce_in) */
+    bool grad_reduce_16;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

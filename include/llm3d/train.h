@@ -58,6 +58,10 @@ struct l3d_train_config {
     /* precision (--precision): L3D_F32, or L3D_BF16 / L3D_F16 mixed precision (16-bit parameters
      * and activations, fp32 gradients, master weights and moments; include/llm3d/model.h) */
     enum l3d_dtype precision;
+    /* the type the data-parallel gradient reduction moves (--grad-reduce-dtype): L3D_F32 (the
+     * default), or L3D_BF16 / L3D_F16 (fp16 with --precision fp16 only) through 16-bit staging,
+     * the fp32 accumulation kept (l3d_dp_reduce_in) */
+    enum l3d_dtype grad_reduce;
     /* fp16 loss scaling (Micikevicius et al. 2018; Megatron-LM's DynamicGradScaler and defaults):
      * the loss is multiplied by the scale before backward and the gradients divided by it in the
      * optimizer; a step whose gradients hold an Inf or NaN on any rank is skipped on every rank

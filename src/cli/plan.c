@@ -31,6 +31,8 @@ static void usage(FILE *f) {
         "  --trainer T         whose mixed precision: llm3d (fp32 gradients and master weights:\n"
         "                      its allocation plan; default on a CPU profile) or megatron\n"
         "                      (2-byte gradients; default on a GPU profile)\n"
+        "  --grad-reduce-dtype T  llm3d's trainer: fp32 (default), bf16 or fp16 DP gradient\n"
+        "                      sums (2 bytes an element on the wire, 16-bit staging buffers)\n"
         "  --flash / --no-flash  fused attention (default: on; fp32 --no-flash is the trainer\n"
         "                      under L3D_ATTENTION=naive)\n"
         "layout (fixed when given):\n"
@@ -314,7 +316,7 @@ static int run_published(void) {
 int l3d_cli_plan(int argc, char **argv) {
     enum { O_FFN = 250, O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
            O_GLOBAL, O_PREC, O_FLASH, O_NOFLASH, O_TP, O_PP, O_DP, O_MB, O_V, O_ZERO, O_RC, O_SP,
-           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL, O_TRAINER };
+           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL, O_TRAINER, O_GRAD_REDUCE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"hidden", required_argument, NULL, O_HIDDEN}, {"heads", required_argument, NULL, O_HEADS},
@@ -326,6 +328,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"global-batch", required_argument, NULL, O_GLOBAL},
         {"precision", required_argument, NULL, O_PREC}, {"flash", no_argument, NULL, O_FLASH},
         {"trainer", required_argument, NULL, O_TRAINER},
+        {"grad-reduce-dtype", required_argument, NULL, O_GRAD_REDUCE},
         {"no-flash", no_argument, NULL, O_NOFLASH}, {"tp", required_argument, NULL, O_TP},
         {"pp", required_argument, NULL, O_PP}, {"dp", required_argument, NULL, O_DP},
         {"micro-batch", required_argument, NULL, O_MB},
@@ -337,6 +340,7 @@ int l3d_cli_plan(int argc, char **argv) {
         {"calibrated", no_argument, NULL, O_CAL},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL, *trainer_name = NULL;
+    const char *grad_reduce = NULL; /* --grad-reduce-dtype */
     int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
     int flash = -1, json = 0, pub = 0, rc_fixed = -1, model_given = 0, calibrated = 0;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
@@ -365,6 +369,16 @@ int l3d_cli_plan(int argc, char **argv) {
                 fprintf(stderr, "llm3d plan: --trainer '%s': choose llm3d (this project's "
                         "trainer: fp32 gradients and master weights in mixed precision) or "
                         "megatron (Megatron-LM: 2-byte gradients)\n", optarg);
+                ok = 0;
+            }
+            break;
+        case O_GRAD_REDUCE:
+            if (strcmp(optarg, "fp32") == 0 || strcmp(optarg, "bf16") == 0 ||
+                strcmp(optarg, "fp16") == 0) {
+                grad_reduce = optarg;
+            } else {
+                fprintf(stderr, "llm3d plan: --grad-reduce-dtype '%s': choose fp32, bf16 or "
+                        "fp16\n", optarg);
                 ok = 0;
             }
             break;
@@ -447,6 +461,15 @@ int l3d_cli_plan(int argc, char **argv) {
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
      * Megatron-LM's (the GPU clusters' published runs) */
     run.llm3d_mixed = trainer_name ? strcmp(trainer_name, "llm3d") == 0 : prof.compute_units == 0;
+    run.grad_reduce_16 = grad_reduce && strcmp(grad_reduce, "fp32") != 0;
+    if (st == L3D_OK && grad_reduce && !run.llm3d_mixed && run.precision != L3D_PREC_FP32)
+        st = l3d_error(L3D_ERR_ARG, "--grad-reduce-dtype %s: for llm3d's trainer (--trainer "
+                       "llm3d); Megatron-LM's %s gradients are reduced in %s already",
+                       grad_reduce, l3d_prec_name(run.precision), l3d_prec_name(run.precision));
+    if (st == L3D_OK && grad_reduce && strcmp(grad_reduce, "fp16") == 0 &&
+        run.precision != L3D_PREC_FP16)
+        st = l3d_error(L3D_ERR_ARG, "--grad-reduce-dtype fp16: only with --precision fp16 (its "
+                       "loss scaling keeps small gradients from underflowing), as the trainer");
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
         if (json) print_json_error(l3d_error_message());
@@ -511,6 +534,9 @@ int l3d_cli_plan(int argc, char **argv) {
            (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
            (long long)run.global_batch, l3d_prec_name(run.precision),
            run.flash ? ", fused attention" : "");
+    if (run.grad_reduce_16)
+        printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
+               grad_reduce);
     if (run.llm3d_mixed && run.precision != L3D_PREC_FP32) {
         struct l3d_profile p16;
         const char *t = l3d_prec_name(run.precision);

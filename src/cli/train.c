@@ -54,6 +54,9 @@ static void usage(FILE *f, const char *cmd) {
         "  --recompute MODE    none (default), selective (attention scores), full (layers)\n"
         "  --precision P       fp32 (default), bf16 or fp16: mixed precision (16-bit weights\n"
         "                      and activations; fp32 gradients, master weights, AdamW moments)\n"
+        "  --grad-reduce-dtype T  fp32 (default) or bf16, or fp16 with --precision fp16: the\n"
+        "                      type data-parallel gradient sums travel in (half the bytes;\n"
+        "                      gradients still accumulate over micro-batches in fp32)\n"
         "  fp16 loss scaling (Megatron-LM's defaults): --initial-loss-scale S (2^32)\n"
         "  --loss-scale-window N (1000 steps without overflow double it) --hysteresis N (2\n"
         "  overflows before each back-off) --loss-scale-backoff F (0.5) --min-loss-scale S (1);\n"
@@ -141,6 +144,20 @@ static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const c
 }
 
 /* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
+/* --FLAG fp32|bf16|fp16 into *t: 1, or 0 after one line naming the choices */
+static int float_type(const char *cmd, const char *flag, const char *s, enum l3d_dtype *t,
+                      const char *choices) {
+    static const struct { const char *name; enum l3d_dtype t; } types[] = {
+        {"fp32", L3D_F32}, {"bf16", L3D_BF16}, {"fp16", L3D_F16}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strcmp(s, types[i].name) == 0) {
+            *t = types[i].t;
+            return 1;
+        }
+    fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, s, choices);
+    return 0;
+}
+
 static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
                        const char **backend) {
     enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
@@ -150,7 +167,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
            O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
            O_CROSS_TP,
            O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION, O_LS, O_LS_INIT, O_LS_MIN, O_LS_WINDOW,
-           O_LS_HYST, O_LS_BACKOFF, O_PROGRESS };
+           O_LS_HYST, O_LS_BACKOFF, O_PROGRESS, O_GRAD_REDUCE };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
         {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
@@ -190,6 +207,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         {"timeout", required_argument, NULL, O_TIMEOUT},
         {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
         {"precision", required_argument, NULL, O_PRECISION},
+        {"grad-reduce-dtype", required_argument, NULL, O_GRAD_REDUCE},
         {"loss-scale", required_argument, NULL, O_LS},
         {"initial-loss-scale", required_argument, NULL, O_LS_INIT},
         {"min-loss-scale", required_argument, NULL, O_LS_MIN},
@@ -284,19 +302,14 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                 ok = 0;
             }
             break;
+        case O_GRAD_REDUCE:
+            ok = float_type(cmd, "grad-reduce-dtype", optarg, &tc->grad_reduce,
+                            "fp32 (the default), bf16, or fp16 (with --precision fp16)");
+            break;
         case O_PRECISION:
-            if (strcmp(optarg, "fp32") == 0) {
-                tc->precision = L3D_F32;
-            } else if (strcmp(optarg, "bf16") == 0) {
-                tc->precision = L3D_BF16;
-            } else if (strcmp(optarg, "fp16") == 0) {
-                tc->precision = L3D_F16;
-            } else {
-                fprintf(stderr, "llm3d %s: --precision '%s': choose fp32 (the default), bf16 or "
-                        "fp16 (mixed precision: 16-bit weights and activations, fp32 gradients, "
-                        "master weights and optimizer)\n", cmd, optarg);
-                ok = 0;
-            }
+            ok = float_type(cmd, "precision", optarg, &tc->precision,
+                            "fp32 (the default), bf16 or fp16 (mixed precision: 16-bit weights "
+                            "and activations, fp32 gradients, master weights and optimizer)");
             break;
         case O_LS:
             ls_flag = "loss-scale";
@@ -381,6 +394,12 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         fprintf(stderr, "llm3d %s: --%s: loss scaling is for --precision fp16 (bf16 and fp32 "
                 "have fp32's exponent range and need none): drop it or train in fp16\n", cmd,
                 ls_flag);
+        return 2;
+    }
+    if (tc->grad_reduce == L3D_F16 && tc->precision != L3D_F16) {
+        fprintf(stderr, "llm3d %s: --grad-reduce-dtype fp16: fp16 sums need fp16's loss scaling "
+                "to keep small gradients from underflowing, so only with --precision fp16; "
+                "reduce in bf16 (fp32's exponent range) or fp32 instead\n", cmd);
         return 2;
     }
     if (accum_given && tc->global_batch > 0) {

@@ -11,6 +11,7 @@ struct l3d_dp_piece {
     l3d_req req;
     int64_t off, n;
     float *src;
+    void *stage; /* the 16-bit copy reduced instead of src (l3d_dp_reduce_in), else NULL */
     int root; /* owner (ZeRO >= 1), -1 for an all-reduce */
     int seq;  /* its number in the micro-batch's backward (the watchdog's "bucket") */
 };
@@ -37,13 +38,23 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
         struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root,
                                  .seq = dp->piece_seq++};
         l3d_req *req = dp->overlap ? &p.req : NULL;
+        void *buf = src;
+        enum l3d_dtype t = dp->grad_dtype;
+        bool send = dp->comm->size > 1 && !dp->test_skip_reduce; /* else ZeRO-2: drain() adds */
+        if (send && dp->stage[slot]) { /* rounded into this list's staging, reduced there */
+            L3D_ASSERT(dp->stage_fill[slot] + len <= dp->stage_cap[slot]);
+            t = dp->reduce_dtype;
+            buf = p.stage = (char *)dp->stage[slot] + (size_t)dp->stage_fill[slot] * 2;
+            dp->stage_fill[slot] += len;
+            l3d_be_convert(dp->m->be, t, buf, dp->grad_dtype, src, len);
+        }
         double t0 = l3d_time_s();
-        if (dp->comm->size == 1 || dp->test_skip_reduce) /* ZeRO-2 on one rank: drain() adds */
+        if (!send)
             ;
         else if (root < 0)
-            l3d_comm_all_reduce(dp->comm, src, len, dp->grad_dtype, L3D_SUM, req);
+            l3d_comm_all_reduce(dp->comm, buf, len, t, L3D_SUM, req);
         else
-            l3d_comm_reduce(dp->comm, src, len, dp->grad_dtype, L3D_SUM, root, req);
+            l3d_comm_reduce(dp->comm, buf, len, t, L3D_SUM, root, req);
         dp->comm_wait_s += l3d_time_s() - t0;
         push(dp, slot, p);
         src += len;
@@ -60,11 +71,14 @@ static void drain(struct l3d_dp *dp, int slot) {
         struct l3d_doing was = l3d_comm_doing(dp->comm, "DP gradient bucket", p->seq, -1);
         l3d_comm_wait(dp->comm, &p->req);
         l3d_comm_done(dp->comm, was);
+        if (p->stage && (p->root < 0 || p->root == dp->comm->rank)) /* the sum, widened back */
+            l3d_be_convert(dp->m->be, dp->grad_dtype, p->src, dp->reduce_dtype, p->stage, p->n);
         if (dp->zero == 2 && p->root == dp->comm->rank)
             l3d_be_add_inplace(dp->m->be, dp->grad_dtype, dp->grad_shard + (p->off - dp->own_start),
                                p->src, p->n);
     }
     dp->npend[slot] = 0;
+    dp->stage_fill[slot] = 0;
     dp->comm_wait_s += l3d_time_s() - t0;
 }
 
@@ -111,6 +125,11 @@ static void grads_ready(void *ctx, int layer) {
     dp->pend[0] = tmp;
     dp->npend[0] = 0;
     dp->cap[0] = tc;
+    void *ts = dp->stage[1]; /* the staging moves with its list (both drained: fill 0) */
+    dp->stage[1] = dp->stage[0];
+    dp->stage[0] = ts;
+    dp->stage_fill[1] = dp->stage_fill[0];
+    dp->stage_fill[0] = 0;
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         if (!l3d_gpt_is_layer_tensor(t)) continue;
         const struct l3d_tensor_info *ti = &m->tensors[t];
@@ -138,6 +157,7 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     dp->comm = comm;
     dp->param_dtype = m->dt;
     dp->grad_dtype = L3D_F32; /* fp32 gradients (main_grad) in every precision */
+    dp->reduce_dtype = L3D_F32;
     dp->zero = zero;
     dp->overlap = overlap;
     size_t gsize = l3d_dtype_size(dp->grad_dtype);
@@ -189,6 +209,38 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     return L3D_OK;
 }
 
+static void stage_free(struct l3d_dp *dp) {
+    for (int s = 0; s < DP_SLOTS; s++) {
+        if (dp->stage[s]) l3d_be_free(dp->m->be, dp->stage[s]);
+        dp->stage[s] = NULL;
+        dp->stage_cap[s] = dp->stage_fill[s] = 0;
+    }
+}
+
+l3d_status l3d_dp_reduce_in(struct l3d_dp *dp, enum l3d_dtype t) {
+    L3D_ASSERT(t == L3D_F32 || t == L3D_BF16 || t == L3D_F16);
+    L3D_ASSERT(dp->npend[0] + dp->npend[1] + dp->npend[2] == 0); /* between steps */
+    stage_free(dp);
+    dp->reduce_dtype = t;
+    if (t == dp->grad_dtype || dp->comm->size == 1) return L3D_OK;
+    /* a list holds at most one layer's gradients (slots 0, 1) or the non-layer tensors' (2) */
+    const int64_t caps[DP_SLOTS] = {dp->m->slot_size, dp->m->slot_size, dp->m->nonlayer_size};
+    for (int s = 0; s < DP_SLOTS; s++) {
+        size_t bytes = (size_t)caps[s] * l3d_dtype_size(t) + 64;
+        dp->stage[s] = l3d_be_alloc(dp->m->be, bytes, "16-bit gradient reduction staging");
+        if (!dp->stage[s]) {
+            stage_free(dp);
+            dp->reduce_dtype = dp->grad_dtype;
+            return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB of staging for the 16-bit "
+                             "gradient reduction: reduce in fp32 (--grad-reduce-dtype fp32) or "
+                             "use a smaller model", (double)bytes / 1073741824.0);
+        }
+        l3d_be_memset(dp->m->be, dp->stage[s], 0, bytes); /* first touch now, not in the step */
+        dp->stage_cap[s] = caps[s];
+    }
+    return L3D_OK;
+}
+
 void l3d_dp_poll_kernels(struct l3d_dp *dp) {
     L3D_ASSERT(dp->m && dp->overlap);
     if (dp->comm->size > 1) dp->m->hooks.progress = progress_hook;
@@ -196,6 +248,7 @@ void l3d_dp_poll_kernels(struct l3d_dp *dp) {
 
 void l3d_dp_free(struct l3d_dp *dp) {
     for (int s = 0; s < DP_SLOTS; s++) l3d_free(dp->pend[s]);
+    if (dp->m) stage_free(dp);
     if (dp->grad_shard) l3d_be_free(dp->m->be, dp->grad_shard);
     if (dp->m) {
         dp->m->hooks.grads_ready = NULL;
@@ -328,6 +381,9 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
         r.grads = (size_t)dp->own_count * gsize;
         r.grad_scratch = (size_t)(m->nonlayer_size + 2 * m->slot_size) * gsize;
     }
+    for (int s = 0; s < DP_SLOTS; s++)
+        if (dp->stage[s])
+            r.reduce_staging += (size_t)dp->stage_cap[s] * l3d_dtype_size(dp->reduce_dtype) + 64;
     return r;
 }
 

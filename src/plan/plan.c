@@ -487,6 +487,11 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
             }
             scratch16 = most;
         }
+        /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
+         * non-layer tensors', in 2 bytes, per chunk; none in a group of one */
+        if (run->grad_reduce_16 && lay->dp > 1)
+            for (int k = 0; k < lay->v; k++)
+                mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
         /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
          * batches (--val-batches, 8 by default) when more */
         mem->other += 2.0 * bytes_of(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
@@ -1113,7 +1118,10 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     /* gradients and parameters: the run's element type; llm3d's mixed precision reduces its fp32
      * main_grad (all-reduce, or ZeRO's reduce to the owner) and all-gathers the 16-bit
      * parameters under ZeRO (src/parallel/dp.c) */
-    double gb = run->llm3d_mixed ? bytes_of(L3D_F32) : x.e, pb = lay.zero >= 1 ? x.e : gb;
+    /* (with --grad-reduce-dtype bf16|fp16, 2 bytes an element: l3d_dp_reduce_in); the fp32
+     * main_grad is what the tied embedding's sum and the optimizer read */
+    double eb = run->llm3d_mixed ? bytes_of(L3D_F32) : x.e;
+    double gb = run->grad_reduce_16 ? bytes_of(L3D_BF16) : eb, pb = lay.zero >= 1 ? x.e : gb;
     if (lay.dp > 1) {
         double bw, lat;
         int64_t span = (int64_t)t * p * lay.dp;
@@ -1133,7 +1141,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
         struct l3d_gpt_config c = l3d_plan_model_gpt(m);
         double bw, lat;
         link_of(prof, 0, (int64_t)(p - 1) * t + t - 1, t, &bw, &lat);
-        T->embed_sync = all_reduce((double)c.Vp / t * m->h * gb, 2, bw, lat);
+        T->embed_sync = all_reduce((double)c.Vp / t * m->h * eb, 2, bw, lat);
     }
     /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
      * parameter, m, v (28 bytes); llm3d's mixed precision also writes the 16-bit copy (28 + 2,
@@ -1141,7 +1149,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
      * for the global norm */
     double n_opt = lay.zero >= 1 ? n_max / lay.dp : n_max;
     double opt_bytes = !fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x.e : 28.0;
-    T->optimizer = (n_opt * opt_bytes + n_max * gb) / x.bw;
+    T->optimizer = (n_opt * opt_bytes + n_max * eb) / x.bw;
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;

@@ -139,6 +139,7 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
                     : tc->precision == L3D_F16 ? L3D_PREC_FP16
                                                : L3D_PREC_FP32;
     run.llm3d_mixed = true; /* this trainer's allocation plan in every precision */
+    run.grad_reduce_16 = tc->grad_reduce != L3D_F32;
     struct l3d_plan_layout lay = {
         .tp = c->tp, .pp = c->pp, .dp = c->dp, .mb = c->B, .v = c->v, .zero = c->zero,
         .recompute = c->rc, .sp = tc->sequence_parallel && c->tp > 1,

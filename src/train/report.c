@@ -22,6 +22,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         mem.grads += mc.grads;
         mem.optimizer += mc.optimizer;
         mem.grad_scratch += mc.grad_scratch;
+        mem.reduce_staging += mc.reduce_staging;
     }
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
     double d = t->topo->dp, MiB = 1048576.0;
@@ -29,10 +30,11 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
-    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s, %s, %d "
-           "thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
+    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
+           "%d thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
            tc->dp_blocking ? "blocking" : "overlapped",
-           tc->dp_blocking ? "" : progress[tc->progress], t->comm_name, omp_get_max_threads());
+           tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->grad_reduce),
+           t->comm_name, omp_get_max_threads());
     if (pp > 1) {
         printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
                l3d_pp_kind_name(lay->sched.kind),
@@ -59,11 +61,15 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                   (tc->zero >= 1 ? ob * Nl / d : ob * Nl);
     printf("memory on rank 0 (N = its %.2fM parameters, %s): parameters %.1f MiB (%s), gradients "
            "%.1f MiB (%s), AdamW %.1f MiB (%s%s); total %.1f MiB, formula %.1f MiB; gradient "
-           "slots %.1f MiB\n", Nl / 1e6, mixed ? (tc->precision == L3D_BF16 ? "bf16 mixed "
+           "slots %.1f MiB", Nl / 1e6, mixed ? (tc->precision == L3D_BF16 ? "bf16 mixed "
            "precision" : "fp16 mixed precision") : "fp32", mem.params / MiB, fpar,
            mem.grads / MiB, fgrad, mem.optimizer / MiB, fopt,
            mixed ? ": m, v, fp32 master weights" : "", (mem.params + mem.grads + mem.optimizer) /
            MiB, want / MiB, mem.grad_scratch / MiB);
+    if (mem.reduce_staging > 0)
+        printf(", %s reduction staging %.1f MiB", l3d_dtype_name(tc->grad_reduce),
+               mem.reduce_staging / MiB);
+    printf("\n");
     printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
            "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
            res->act_bytes_formula / MiB,

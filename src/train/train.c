@@ -37,6 +37,7 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->timeout_s = 600;
     tc->max_skipped = 10;
     tc->precision = L3D_F32;
+    tc->grad_reduce = L3D_F32;
     /* Megatron-LM's: --initial-loss-scale 2^32, --min-loss-scale 1, --loss-scale-window 1000,
      * --hysteresis 2, and DynamicGradScaler's growth 2 and back-off 0.5 */
     tc->loss_scale = 0.0;
@@ -216,9 +217,11 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
                          !tc->dp_blocking);
         if (st != L3D_OK) break;
+        t->ndp++;
+        st = l3d_dp_reduce_in(&t->dps[c], tc->grad_reduce);
+        if (st != L3D_OK) break;
         if (!tc->dp_blocking && tc->progress == L3D_PROGRESS_POLL)
             l3d_dp_poll_kernels(&t->dps[c]);
-        t->ndp++;
         int64_t own_start, own_count;
         l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
         st = l3d_adamw_init_dt(&t->opts[c], t->be, &tc->adamw, own_start, own_count,

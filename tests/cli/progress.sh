@@ -58,7 +58,7 @@ check "the layout line names the progress thread" \
 check "polling between kernels is the default" \
     grep -q "ZeRO-1, overlapped gradient pieces (polled between kernels)" "$dir/z1_default.log"
 check "--comm blocking names no progress mechanism" \
-    grep -q "ZeRO-1, blocking gradient pieces, " "$dir/z1_blocking.log"
+    grep -q "ZeRO-1, blocking gradient pieces in fp32, " "$dir/z1_blocking.log"
 
 expect_error "--progress sometimes is refused" \
     "--progress 'sometimes': choose none, poll or thread" \
