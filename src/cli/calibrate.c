@@ -5,7 +5,10 @@
  *   OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate          # writes ./local.prof
  *
  * It needs two or more ranks on this machine: the MPI figures (intra_bw_gbs, intra_lat_us) are an
- * all-reduce between them. The order:
+ * all-reduce between them. Launched on several nodes with as many ranks each (one thread a rank),
+ * it writes a two-level profile: devices_per_node is the ranks of a node, intra_* an all-reduce
+ * inside each node (none with one rank a node), inter_* one between the nodes, a rank of each
+ * (run once on the namespace cluster of scripts/cluster.sh, one rank a host). The order:
  *   1. rank 0 on all cores (its CPU affinity widened to every core the launcher's binding left
  *      out), the others asleep in a polled receive so that they take no core: STREAM triad
  *      bandwidth, the backend's element-wise kernels at the same thread count, the triad on one
@@ -63,7 +66,9 @@ struct calib {
     double attn_fwd_s, attn_bwd_s, attn_eff;
     double mem_bytes;
     int ranks;
-    double intra_bw, intra_lat;      /* bytes/s, seconds */
+    int nodes, per_node;             /* the launch: nodes (l3d_comm_nodes), ranks on each */
+    double intra_bw, intra_lat;      /* bytes/s, seconds; 0: not measured (one rank a node) */
+    double inter_bw, inter_lat;      /* between nodes (several nodes); 0: one node */
     double secs[3];                  /* time taken: compute, comm, total */
     double share[3];                 /* CPU time got / asked for: all cores, one, all-reduce */
     double others[3];                /* other processes' share of the cores then; -1: unknown */
@@ -525,38 +530,64 @@ static void measure_one_core(struct calib *c, bool lead) {
 /* ---- all-reduce, on every rank ----------------------------------------------------------- */
 
 /* Bus bandwidth (nccl-tests: bytes / time x 2 (p - 1) / p) of blocking all-reduces of 1, 2 and
- * 4 MiB, each after a barrier, median of all; latency: median of back-to-back 8-byte all-reduces.
- * Results on rank 0. */
-static void measure_comm(struct l3d_comm *w, struct calib *c) {
-    const int reps = c->quick ? 10 : 50, lat_reps = c->quick ? 300 : 5000;
+ * 4 MiB over g, each after a barrier, median of all; latency: median of back-to-back 8-byte
+ * all-reduces. Every rank of g; *bw (bytes/s) and *lat (s) on each. */
+static void all_reduce_figures(struct l3d_comm *g, bool quick, double *bw, double *lat) {
+    const int reps = quick ? 10 : 50, lat_reps = quick ? 300 : 5000;
     const int64_t max = (4 << 20) / 4;
     float *buf = l3d_alloc((size_t)max * sizeof(float), "calibrate");
     for (int64_t i = 0; i < max; i++) buf[i] = 1e-6f; /* touched before timing */
     double *t = l3d_alloc((size_t)(lat_reps > 3 * reps ? lat_reps : 3 * reps) * sizeof(double),
                           "calibrate");
-    const double p = w->size, wall0 = l3d_time_s(), cpu0 = cpu_s();
+    const double p = g->size;
     int k = 0;
     for (int64_t count = max / 4; count <= max; count *= 2) {
-        for (int r = 0; r < 3; r++) l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
+        for (int r = 0; r < 3; r++) l3d_comm_all_reduce(g, buf, count, L3D_F32, L3D_SUM, NULL);
         for (int r = 0; r < reps; r++) {
-            l3d_comm_barrier(w);
+            l3d_comm_barrier(g);
             double t0 = l3d_time_s();
-            l3d_comm_all_reduce(w, buf, count, L3D_F32, L3D_SUM, NULL);
+            l3d_comm_all_reduce(g, buf, count, L3D_F32, L3D_SUM, NULL);
             t[k++] = 4.0 * (double)count / (l3d_time_s() - t0) * 2.0 * (p - 1) / p;
         }
     }
-    c->intra_bw = median(t, k);
-    for (int r = 0; r < 20; r++) l3d_comm_all_reduce(w, buf, 2, L3D_F32, L3D_SUM, NULL);
-    l3d_comm_barrier(w);
+    *bw = median(t, k);
+    for (int r = 0; r < 20; r++) l3d_comm_all_reduce(g, buf, 2, L3D_F32, L3D_SUM, NULL);
+    l3d_comm_barrier(g);
     for (int r = 0; r < lat_reps; r++) {
         double t0 = l3d_time_s();
-        l3d_comm_all_reduce(w, buf, 2, L3D_F32, L3D_SUM, NULL);
+        l3d_comm_all_reduce(g, buf, 2, L3D_F32, L3D_SUM, NULL);
         t[r] = l3d_time_s() - t0;
     }
-    c->intra_lat = median(t, lat_reps);
-    c->share[2] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
+    *lat = median(t, lat_reps);
     l3d_free(t);
     l3d_free(buf);
+}
+
+/* The links, on every rank; results on rank 0. One node: the all-reduce among all ranks (intra).
+ * Several (a two-level profile): inside each node among its ranks, every node at once (intra;
+ * none with one rank a node), then between nodes among one rank of each, the lowest (inter: the
+ * network, what the planner divides among a node's ranks that send at once). */
+static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of) {
+    const double wall0 = l3d_time_s(), cpu0 = cpu_s();
+    if (c->nodes == 1) {
+        all_reduce_figures(w, c->quick, &c->intra_bw, &c->intra_lat);
+    } else {
+        struct l3d_comm *node = NULL, *leads = NULL;
+        int first = w->rank; /* the lowest rank of this rank's node */
+        for (int r = 0; r < w->rank; r++)
+            if (node_of[r] == node_of[w->rank]) { first = r; break; }
+        if (l3d_comm_split(w, node_of[w->rank], w->rank, &node) != L3D_OK ||
+            l3d_comm_split(w, first == w->rank ? 0 : 1, w->rank, &leads) != L3D_OK)
+            l3d_fatal(__FILE__, __LINE__, "calibrate: cannot split the world by node: %s",
+                      l3d_error_message());
+        if (c->per_node > 1) all_reduce_figures(node, c->quick, &c->intra_bw, &c->intra_lat);
+        l3d_comm_barrier(w);
+        if (first == w->rank) all_reduce_figures(leads, c->quick, &c->inter_bw, &c->inter_lat);
+        l3d_comm_barrier(w);
+        l3d_comm_free(leads);
+        l3d_comm_free(node);
+    }
+    c->share[2] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);
 }
 
 /* ---- the file ---------------------------------------------------------------------------- */
@@ -637,16 +668,40 @@ static void write_profile(FILE *f, const struct calib *c) {
                "%zu MiB in all, best pass, interleaved with the kernels below: %.1f GB/s / %d cores (one core alone: %.1f GB/s)\n",
             by, c->cores, c->triad_bytes >> 20, c->bw_all / 1e9, c->cores, c->bw_one / 1e9);
     fprintf(f, "mem_bw_gbs = %.4g\n", c->bw_all / 1e9 / c->cores);
-    fprintf(f, "\n%s: cores (logical CPUs this process may use)\n", by);
-    fprintf(f, "devices_per_node = %d\n", c->cores);
+    const int n_bw = c->quick ? 30 : 150, n_lat = c->quick ? 300 : 5000;
+    if (c->nodes == 1) {
+        fprintf(f, "\n%s: cores (logical CPUs this process may use)\n", by);
+        fprintf(f, "devices_per_node = %d\n", c->cores);
+    } else {
+        fprintf(f, "\n%s: the ranks launched on each of %d nodes (a device is a rank's core: "
+                   "launch one OpenMP thread a rank)\n", by, c->nodes);
+        fprintf(f, "devices_per_node = %d\n", c->per_node);
+    }
     fprintf(f, "# cores share no faster link than memory\npair_size = 1\npair_bw_gbs = 0\n");
-    fprintf(f, "%s: all-reduce between %d ranks of this machine through the communicator "
-               "(%s): bus bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 and 4 MiB\n",
-            by, c->ranks, l3d_comm_mpi_library(), c->quick ? 30 : 150);
-    fprintf(f, "intra_bw_gbs = %.4g\n", c->intra_bw / 1e9);
-    fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, c->quick ? 300 : 5000);
-    fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
-    fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
+    if (c->nodes > 1 && c->per_node == 1) {
+        fprintf(f, "# one rank a node: no link inside a node measured (the planner uses mem_bw)\n"
+                   "intra_bw_gbs = 0\nintra_lat_us = 0\n");
+    } else {
+        fprintf(f, "%s: all-reduce between %d ranks of %s through the communicator (%s): bus "
+                   "bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 and 4 MiB\n", by,
+                c->nodes == 1 ? c->ranks : c->per_node,
+                c->nodes == 1 ? "this machine" : "each node, every node at once",
+                l3d_comm_mpi_library(), n_bw);
+        fprintf(f, "intra_bw_gbs = %.4g\n", c->intra_bw / 1e9);
+        fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, n_lat);
+        fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
+    }
+    if (c->nodes == 1) {
+        fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
+    } else {
+        fprintf(f, "%s: all-reduce between the %d nodes, one rank each (the lowest), through the "
+                   "communicator (%s): bus bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 "
+                   "and 4 MiB\n", by, c->nodes, l3d_comm_mpi_library(), n_bw);
+        fprintf(f, "inter_bw_gbs = %.4g\n", c->inter_bw / 1e9);
+        fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces between the nodes\n", by,
+                n_lat);
+        fprintf(f, "inter_lat_us = %.4g\n", c->inter_lat * 1e6);
+    }
     fprintf(f, "\n%s: the backend's linear layer, forward + backward (6 M N K FLOPs), on one core (every core busy with the same), "
                "%d GPT shapes (M in 64..2048, N and K in 64..3072), buffers rotating over 64 MiB, median pass each, "
                "bucketed by the FLOPs of one product (2 M N K) in half decades: geometric-mean FLOPs, "
@@ -747,7 +802,8 @@ static void usage(FILE *f) {
             "Measures this machine (a device is one core) and writes its system profile for llm3d "
             "plan\n(profiles/README.md): FMA peak, linear-layer efficiency against size, memory and "
             "element-wise\nkernel bandwidth, attention efficiency, MPI all-reduce bandwidth and "
-            "latency between the ranks.\n"
+            "latency between the ranks;\nlaunched on several nodes with as many ranks each, "
+            "also between the nodes (a two-level profile).\n"
             "  --out FILE   where to write it (default: local.prof in this directory)\n"
             "  --quick      shorter measurements (about a fifth of the time; noisier figures)\n");
 }
@@ -809,6 +865,25 @@ int l3d_cli_calibrate(int argc, char **argv) {
         return 2;
     }
     c.ranks = world->size;
+    /* the nodes of the launch: one, or several with as many ranks each (a two-level profile) */
+    int *node_of = l3d_alloc((size_t)world->size * sizeof(int), "calibrate");
+    c.nodes = l3d_comm_nodes(world, node_of);
+    c.per_node = 0;
+    for (int r = 0; r < world->size; r++) c.per_node += node_of[r] == 0;
+    for (int n = 1; n < c.nodes && st == L3D_OK; n++) {
+        int k = 0;
+        for (int r = 0; r < world->size; r++) k += node_of[r] == n;
+        if (k != c.per_node)
+            st = l3d_error(L3D_ERR_ARG, "--calibrate across nodes needs as many ranks on each node "
+                           "(node 0 has %d, node %d has %d): launch the same number per host "
+                           "(e.g. mpiexec --map-by ppr:1:node)", c.per_node, n, k);
+    }
+    if (st != L3D_OK) {
+        if (lead) fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
+        l3d_free(node_of);
+        l3d_comm_mpi_finalize(world);
+        return 2;
+    }
     double t0 = l3d_time_s();
     int32_t go = 1;
     if (lead) {
@@ -831,14 +906,22 @@ int l3d_cli_calibrate(int argc, char **argv) {
     c.others[1] = phase_end(world, &c, &ph, lead);
     c.secs[0] = l3d_time_s() - t0;
     ph = phase_start(&c);
-    measure_comm(world, &c);
+    measure_comm(world, &c, node_of);
+    l3d_free(node_of);
     c.others[2] = phase_end(world, &c, &ph, lead);
     c.secs[1] = l3d_time_s() - t0 - c.secs[0];
     c.secs[2] = l3d_time_s() - t0;
     st = L3D_OK;
     if (lead) {
-        printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 bytes)\n",
-               world->size, c.intra_bw / 1e9, c.intra_lat * 1e6);
+        if (c.nodes == 1)
+            printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 "
+                   "bytes)\n", world->size, c.intra_bw / 1e9, c.intra_lat * 1e6);
+        else
+            printf("%d nodes x %d ranks; all-reduce inside a node: %.2f GB/s, %.1f us%s; between "
+                   "nodes (one rank each): %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 bytes)\n",
+                   c.nodes, c.per_node, c.intra_bw / 1e9, c.intra_lat * 1e6,
+                   c.per_node > 1 ? "" : " (one rank a node: not measured)", c.inter_bw / 1e9,
+                   c.inter_lat * 1e6);
         printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
                "all-reduces; ", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);
         print_others(stdout, &c);
