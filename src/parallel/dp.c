@@ -44,7 +44,8 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
         if (send && dp->stage[slot]) { /* rounded into this list's staging, reduced there */
             L3D_ASSERT(dp->stage_fill[slot] + len <= dp->stage_cap[slot]);
             t = dp->reduce_dtype;
-            buf = p.stage = (char *)dp->stage[slot] + (size_t)dp->stage_fill[slot] * 2;
+            buf = p.stage = (char *)dp->stage[slot] +
+                             (size_t)dp->stage_fill[slot] * l3d_dtype_size(t);
             dp->stage_fill[slot] += len;
             l3d_be_convert(dp->m->be, t, buf, dp->grad_dtype, src, len);
         }

@@ -1117,9 +1117,9 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
      * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch) */
     /* gradients and parameters: the run's element type; llm3d's mixed precision reduces its fp32
      * main_grad (all-reduce, or ZeRO's reduce to the owner) and all-gathers the 16-bit
-     * parameters under ZeRO (src/parallel/dp.c) */
-    /* (with --grad-reduce-dtype bf16|fp16, 2 bytes an element: l3d_dp_reduce_in); the fp32
-     * main_grad is what the tied embedding's sum and the optimizer read */
+     * parameters under ZeRO (src/parallel/dp.c); with --grad-reduce-dtype bf16|fp16, 2 bytes an
+     * element (l3d_dp_reduce_in). The fp32 main_grad is what the tied embedding's sum and the
+     * optimizer read. */
     double eb = run->llm3d_mixed ? bytes_of(L3D_F32) : x.e;
     double gb = run->grad_reduce_16 ? bytes_of(L3D_BF16) : eb, pb = lay.zero >= 1 ? x.e : gb;
     if (lay.dp > 1) {
