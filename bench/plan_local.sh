@@ -7,7 +7,8 @@
 # gradients and master weights; the planner with the profile's bf16 figures, issue 18 item 5:
 # time within 10%, memory within 1%).
 # Usage: bench/plan_local.sh [BUILD_DIR] [PROFILE] [STEPS] [REPS] [PRECISIONS]
-#   (defaults: build profiles/local.prof 6 3 "fp32 bf16"; PRECISIONS picks the cases run)
+#   (defaults: build profiles/local.prof 6 3 "fp32 bf16"; PRECISIONS picks the cases run;
+#   CASES=REGEX in the environment runs only the layouts whose name matches it)
 # The profile is measured first when missing (`llm3d bench --calibrate` on 2 ranks).
 set -eu
 build=${1:-build}
@@ -39,6 +40,7 @@ echo "|---|---|---|---|---|---|---|---|---|---|"
 # case NAME NP THREADS B ACCUM PLAN_FLAGS -- TRAIN_FLAGS: one run in each precision of $precs
 case_() {
     local p
+    [[ $1 =~ ${CASES:-.} ]] || return 0
     for p in $precs; do run "$p" "$@"; done
 }
 # run PRECISION NAME NP THREADS B ACCUM PLAN_FLAGS -- TRAIN_FLAGS

@@ -1033,6 +1033,52 @@ static void test_mixed_local(void) {
     }
 }
 
+/* CPU ranks (issue 18 item 5). Threads: gemm_thread_eff is what one product reaches on k threads
+ * against the same product on k single cores (llm3d bench --calibrate), so k threads run it at
+ * the one-core efficiency of its own shape times gemm_thread_eff (not the curve at 1/k of its
+ * size, which counted the small size twice). Oversubscription: ranks beyond the cores yield their
+ * core while they wait, so a pipeline's bubble holds other ranks' work and costs nothing. */
+static void test_cpu_ranks(void) {
+    struct l3d_profile p1, p8;
+    CHECK(l3d_profile_parse(&p1, cpu_prof, "cpu") == L3D_OK);
+    struct l3d_plan_model m;
+    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    m.V = 256;
+    m.s = 128;
+    struct l3d_plan_run run = l3d_plan_run_default();
+    run.global_batch = 4;
+    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_plan_result a, b;
+    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &a) == L3D_OK);
+    run.devices = 2;
+    run.threads = 2;
+    lay.threads = 2;
+    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
+    CHECK(a.time.gemm > 0);
+    CHECK_NEAR(b.time.gemm, a.time.gemm / (2 * 0.9), a.time.gemm * 1e-9);
+
+    /* tp2 x pp2 x dp2, 4 micro-batches: on 2 cores (a node of 2, 4 ranks a core) and on a node
+     * of 8 (a core each) */
+    p8 = p1;
+    p8.devices_per_node = 8;
+    run.devices = 8;
+    run.threads = 1;
+    run.global_batch = 16;
+    lay = layout(2, 2, 2, 2, 1, 1, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &p8, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
+    const struct l3d_plan_time *ta = &a.time, *tb = &b.time;
+    CHECK(ta->bubble > 0.1 * ta->gemm);
+    CHECK(fabs(tb->bubble) <= 1e-12 * tb->step);
+    /* the average rank's compute at a quarter of a core (the slowest rank's on 8 cores) */
+    double ca = ta->gemm + ta->attention + ta->elementwise, cb = tb->gemm + tb->attention +
+                                                                 tb->elementwise;
+    CHECK(cb < 4 * ca && cb > 0.95 * 4 * ca);
+    CHECK_NEAR(tb->gemm + tb->attention + tb->elementwise + tb->tp_comm + tb->pp_p2p +
+                   tb->bubble + tb->dp_comm + tb->embed_sync + tb->optimizer,
+               tb->step, tb->step * 1e-9);
+}
+
 int main(void) {
     test_profiles();
     test_memory_mixed();
@@ -1046,5 +1092,6 @@ int main(void) {
     test_recompute_and_overlap();
     test_pipe_time();
     test_mixed_local();
+    test_cpu_ranks();
     return TEST_REPORT();
 }

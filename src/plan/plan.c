@@ -607,11 +607,8 @@ struct tctx {
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
     double e;
-    if (x->threads > 1)
-        e = l3d_profile_gemm_eff(x->prof, f / x->threads) * x->prof->gemm_thread_eff *
-            l3d_profile_gemm_waves(x->prof, M, N);
-    else
-        e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
+    e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
+    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
     double compute = f / (x->rate * e * x->cal);
     double memory = x->e * (M * K + K * N + M * N) / x->bw;
     return compute > memory ? compute : memory;
@@ -996,7 +993,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     if (t > 1) link_of(prof, 0, t - 1, t, &tp_bw, &tp_lat);
     /* per pipeline rank: chunk times and memory */
     double t_max = 0, t_sum = 0, bwd_of_max = 0;
-    struct parts worst = {0};
+    struct parts worst = {0}, all = {0}; /* the slowest rank's parts; every rank's summed */
     double n_max = 0;
     struct l3d_plan_mem mem_worst = {0};
     struct shape_memo memo = {0};
@@ -1060,6 +1057,12 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
             n_rank += (double)ch[k].n;
         }
         t_sum += sum.total;
+        all.gemm += sum.gemm;
+        all.attn += sum.attn;
+        all.elem += sum.elem;
+        all.tp += sum.tp;
+        all.p2p += sum.p2p;
+        all.rec += sum.rec;
         if (sum.total > t_max) {
             t_max = sum.total;
             worst = sum;
@@ -1104,6 +1107,21 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     }
     free(vt);
     if (sched == &own_sched) l3d_pp_schedule_free(&own_sched);
+    /* An oversubscribed node (share < 1: more ranks x threads than cores, as 8 ranks on the local
+     * profile's 2): a rank that waits gives its core up (Open MPI yields when oversubscribed;
+     * measured in the brief), so the cores serve whichever ranks have work and the pipeline's
+     * bubble holds the other stages' work. The pipeline phase is then the work of all ranks over
+     * the cores, i.e. the average rank's busy time at its share (t_sum / p a micro-batch), no
+     * shorter than the schedule at a whole core's speed (its time at the share, times the
+     * share). Its parts are the average rank's. */
+    if (share < 1) {
+        double work = mm * t_sum / p, crit = pipe * share;
+        pipe = work > crit ? work : crit;
+        worst = all;
+        worst.gemm /= p, worst.attn /= p, worst.elem /= p, worst.tp /= p, worst.p2p /= p;
+        worst.rec /= p;
+        t_max = t_sum / p;
+    }
     struct l3d_plan_time *T = &r->time;
     T->gemm = mm * worst.gemm;
     T->attention = mm * worst.attn;
