@@ -319,6 +319,17 @@ struct parts {
     double gemm, attn, elem, tp, p2p, rec, total;
     double bwd; /* backward part (what DP communication can hide behind) */
 };
+/* to += w from, every part */
+static void parts_add(struct parts *to, const struct parts *from, double w) {
+    to->gemm += w * from->gemm;
+    to->attn += w * from->attn;
+    to->elem += w * from->elem;
+    to->tp += w * from->tp;
+    to->p2p += w * from->p2p;
+    to->rec += w * from->rec;
+    to->total += w * from->total;
+    to->bwd += w * from->bwd;
+}
 struct shape_memo {
     int n;
     struct {
@@ -1046,23 +1057,11 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
             }
             cp.p2p = pp_prev + pp_next;
             cp.total += cp.p2p;
-            sum.gemm += cp.gemm;
-            sum.attn += cp.attn;
-            sum.elem += cp.elem;
-            sum.tp += cp.tp;
-            sum.p2p += cp.p2p;
-            sum.rec += cp.rec;
-            sum.bwd += cp.bwd;
-            sum.total += cp.total;
+            parts_add(&sum, &cp, 1.0);
             n_rank += (double)ch[k].n;
         }
         t_sum += sum.total;
-        all.gemm += sum.gemm;
-        all.attn += sum.attn;
-        all.elem += sum.elem;
-        all.tp += sum.tp;
-        all.p2p += sum.p2p;
-        all.rec += sum.rec;
+        parts_add(&all, &sum, 1.0);
         if (sum.total > t_max) {
             t_max = sum.total;
             worst = sum;
@@ -1117,9 +1116,8 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     if (share < 1) {
         double work = mm * t_sum / p, crit = pipe * share;
         pipe = work > crit ? work : crit;
-        worst = all;
-        worst.gemm /= p, worst.attn /= p, worst.elem /= p, worst.tp /= p, worst.p2p /= p;
-        worst.rec /= p;
+        worst = (struct parts){0};
+        parts_add(&worst, &all, 1.0 / p);
         t_max = t_sum / p;
     }
     struct l3d_plan_time *T = &r->time;
