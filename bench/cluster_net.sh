@@ -14,59 +14,20 @@
 set -u
 build=${1:-build}
 steps=${2:-8}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cluster=$here/../scripts/cluster.sh
+. "$(dirname "${BASH_SOURCE[0]}")/cluster_lib.sh"
 bin=$build/llm3d
 links=${NET_LINKS:-none;10gbit;10gbit/50us;1gbit;1gbit/200us}
 modes=${NET_MODES:-blocking overlap:none overlap:poll overlap:thread}
 zero=${NET_ZERO:-1}
 layouts=${NET_LAYOUTS:-dp2 tp2dp2}
-name=l3dn$$
 dir=$(mktemp -d)
-if [ "$(id -u)" -ne 0 ] || ! command -v tc > /dev/null || ! command -v ip > /dev/null; then
-    echo "cluster_net: cannot run here: needs root and iproute2's ip and tc (scripts/setup.sh)"
-    exit 0
-fi
-trap '"$cluster" down "$name"; rm -rf "$dir"' EXIT
-if ! why=$("$cluster" up "$name" 2 2>&1); then
-    echo "cluster_net: cannot run here: no network namespaces ($(echo "$why" | head -n 1))"
-    exit 0
-fi
-netem=yes
-if ! ip netns exec "$name-h0" tc qdisc add dev eth0 root netem delay 50us 2> /dev/null; then
-    netem=no
-    echo "cluster_net: tc netem is not available in this kernel ($(uname -r)): rates are" \
-         "applied with tbf, the delays are not"
-fi
-ip netns exec "$name-h0" tc qdisc del dev eth0 root 2> /dev/null
+cluster_start l3dn$$ cluster_net
 export OMP_NUM_THREADS=1
 "$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
     /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null || exit 1
 "$cluster" hostfile 2 1 > "$dir/hosts1"
 "$cluster" hostfile 2 2 > "$dir/hosts2"
 
-shape() { # shape SETTING: the same qdisc on both hosts' eth0 (each shapes what it sends)
-    local s=$1 rate=${1%%/*} delay= h burst
-    [[ $s == */* ]] && delay=${s#*/}
-    for h in 0 1; do
-        ip netns exec "$name-h$h" tc qdisc del dev eth0 root 2> /dev/null
-        [ "$s" = none ] && continue
-        # a burst of at least rate x 1 ms (the timer tick tbf refills on)
-        case "$rate" in 10gbit) burst=2mb ;; *) burst=256kb ;; esac
-        if [ -n "$delay" ] && [ "$netem" = yes ]; then
-            ip netns exec "$name-h$h" tc qdisc add dev eth0 root handle 1: netem delay "$delay"
-            ip netns exec "$name-h$h" tc qdisc add dev eth0 parent 1: handle 2: tbf rate "$rate" \
-                burst "$burst" latency 20ms
-        else
-            ip netns exec "$name-h$h" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" \
-                latency 20ms
-        fi
-    done
-}
-med() { # FIELD FILE: median over the steps after the first two
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
-}
 step() { # LAYOUT MODE -> "median ms, comm ms"
     local lay=$1 mode=$2 out="$dir/run" per np flags=(--comm "${2%%:*}")
     [[ $mode == *:* ]] && flags+=(--progress "${mode#*:}")

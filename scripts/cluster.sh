@@ -18,8 +18,10 @@
 #                                      TCP transport between hosts (shared memory within one) and
 #                                      its traffic kept on the cluster's network; the hosts
 #                                      share this machine's cores, so waiting ranks yield
-#                                      (mpi_yield_when_idle; L3D_CLUSTER_BTL: the btl list,
-#                                      tcp,vader,self by default)
+#                                      (mpi_yield_when_idle) and no rank is bound to a core
+#                                      (--bind-to none: each host's daemon would bind its first
+#                                      rank to core 0, the same core on every host); the btl
+#                                      list is L3D_CLUSTER_BTL, tcp,vader,self by default
 #   scripts/cluster.sh hydra NAME ARGS...
 #                                      MPICH's mpiexec (hydra), started in NAME-h0 with the agent
 #                                      (scripts/cluster-agent) and eth0 for its own connections;
@@ -110,7 +112,7 @@ case "${1:-}" in
         enter "$name-h0" "${L3D_CLUSTER_MPIRUN:-mpirun}" \
             --mca plm_rsh_agent "$here/cluster.sh agent" \
             --mca btl "${L3D_CLUSTER_BTL:-tcp,vader,self}" --mca btl_tcp_if_include "$net.0/24" \
-            --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 "$@" ;;
+            --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 --bind-to none "$@" ;;
     hydra)
         name=$2; shift 2
         check_name "$name"

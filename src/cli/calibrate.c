@@ -306,6 +306,10 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }
 
+/* The fewest timed passes of a product: 5 (a median of at least 5), 2 under --quick, whose
+ * largest products (up to 1e11 FLOPs a pass, a second or more on a core) took most of its time */
+static int passes(const struct calib *c) { return c->quick ? 2 : 5; }
+
 /* A linear layer as the trainer runs it, through the backend: the forward product (M x K input,
  * N x K weight, no bias) and the backward's two (input and weight gradients, accumulated), 6 M N K
  * FLOPs. The buffers rotate through sets filling at least 64 MiB, so that each pass finds its
@@ -316,7 +320,7 @@ static void measure_memory(struct l3d_backend *be, struct calib *c) {
  * CPU without 16-bit products that is the operands widened to fp32 around the fp32 product, the
  * conversions and their fp32 copies' allocation included. */
 static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
-                          int64_t K, double secs) {
+                          int64_t K, double secs, int min_n) {
     /* elements of dt: x, dx (M K), w (N K), y, dy (M N); dw (N K) fp32, counted as 2 of dt */
     const int64_t es = (int64_t)l3d_dtype_size(dt), gw = dt == L3D_F32 ? 1 : 2;
     const int64_t set = 2 * M * K + (1 + gw) * N * K + 2 * M * N; /* elements of dt */
@@ -331,7 +335,7 @@ static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, 
     double rate[512];
     int n = 0;
     const double start = l3d_time_s();
-    for (int64_t r = -1; n < 5 || (l3d_time_s() - start < secs && n < 512); r++) {
+    for (int64_t r = -1; n < min_n || (l3d_time_s() - start < secs && n < 512); r++) {
         char *x = buf + ((r + 1) % sets) * set * es, *w = x + M * K * es, *y = w + N * K * es;
         char *dy = y + M * N * es, *dx = dy + M * N * es, *dw = dx + M * K * es;
         double t0 = l3d_time_s();
@@ -379,7 +383,7 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype
             int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
             const int64_t *sh = shape[idx];
             double f = 2.0 * sh[0] * sh[1] * sh[2];
-            frac[s] = layer_flops(be, dt, sh[0], sh[1], sh[2], secs); /* FLOP/s for now */
+            frac[s] = layer_flops(be, dt, sh[0], sh[1], sh[2], secs, passes(c)); /* FLOP/s */
             logf += log(f);
         }
         eff_flops[*n_eff] = exp(logf / take);
@@ -432,12 +436,12 @@ static void measure_all_cores(struct calib *c) {
                c->cores, 100.0 * c->k_bw[i] / c->bw_all);
     for (int i = 0; i < 4; i++)
         c->thr_all[i] = layer_flops(be, L3D_F32, thread_shapes[i][0], thread_shapes[i][1],
-                                    thread_shapes[i][2], c->quick ? 0.05 : 0.3);
+                                    thread_shapes[i][2], c->quick ? 0.05 : 0.3, passes(c));
     for (int t = 0; t < 2; t++)
         for (int i = 0; i < 4; i++)
             c->thr_all16[t][i] = layer_flops(be, types16[t], thread_shapes[i][0],
                                              thread_shapes[i][1], thread_shapes[i][2],
-                                             c->quick ? 0.05 : 0.3);
+                                             c->quick ? 0.05 : 0.3, passes(c));
     fflush(stdout);
     c->others[0] = phase_others(c, &ph, cpu_s() - ph.cpu);
     if (CPU_COUNT(&bound) > 0) sched_setaffinity(0, sizeof bound, &bound);
@@ -460,7 +464,7 @@ static void measure_one_core(struct calib *c, bool lead) {
     measure_attention(be, c, L3D_F32, &c->attn_fwd_s, &c->attn_bwd_s);
     for (int i = 0; i < 4; i++)
         c->thr_one[i] = layer_flops(be, L3D_F32, thread_shapes[i][0], thread_shapes[i][1],
-                                    thread_shapes[i][2], c->quick ? 0.05 : 0.3);
+                                    thread_shapes[i][2], c->quick ? 0.05 : 0.3, passes(c));
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     /* the 16-bit kernels (llm3d's --precision bf16|fp16), after the fp32 ones */
     for (int t = 0; t < 2; t++) {
@@ -471,7 +475,7 @@ static void measure_one_core(struct calib *c, bool lead) {
         for (int i = 0; i < 4; i++)
             c->thr_one16[t][i] = layer_flops(be, types16[t], thread_shapes[i][0],
                                              thread_shapes[i][1], thread_shapes[i][2],
-                                             c->quick ? 0.05 : 0.3);
+                                             c->quick ? 0.05 : 0.3, passes(c));
     }
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     c->share[1] = (cpu_s() - cpu0) / (l3d_time_s() - wall0);

@@ -158,6 +158,43 @@ else
     bad "the 2-host run saved no step-5 checkpoint ($step5)"
 fi
 
+# bench --calibrate across the hosts, one rank each (issue 17 item 5): a two-level profile, a
+# device a node, the all-reduce between the hosts measured over their link (inter_*) and none
+# inside a node (one rank there); plan reads it and times a DP group across the hosts by
+# inter_bw (half the bandwidth: about twice the DP time). Unequal ranks on the hosts (2 and 1):
+# refused in one line, nothing written.
+prof=$dir/two.prof
+pv() { sed -n "s/^$1 = //p" "$2"; }
+dp_s() { # PROFILE: plan's DP seconds of tiny, dp2 across the hosts
+    "$bin" plan --model tiny --vocab 256 --seq-len 32 --profile "$1" --devices 2 --threads 1 \
+        --global-batch 8 --micro-batch 4 --tp 1 --pp 1 --zero 0 --recompute none --json |
+        head -n 1 | sed -n 's/.*"t_dp":\([^,]*\),.*/\1/p'
+}
+if bounded launch 2 1 "$bin" bench --calibrate --quick --out "$prof" > "$dir/cal.log" 2>&1 &&
+   grep -q "^2 nodes x 1 ranks; .* between nodes (one rank each): [0-9.]* GB/s" "$dir/cal.log" &&
+   [ "$(pv devices_per_node "$prof")" = 1 ] && [ "$(pv intra_bw_gbs "$prof")" = 0 ] &&
+   awk -v b="$(pv inter_bw_gbs "$prof")" -v l="$(pv inter_lat_us "$prof")" \
+       'BEGIN { exit !(b + 0 == b && b > 0 && b < 1000 && l + 0 == l && l > 0) }'; then
+    ok "calibrate across 2 hosts: devices_per_node 1, inter_bw_gbs $(pv inter_bw_gbs "$prof"),\
+ inter_lat_us $(pv inter_lat_us "$prof")"
+    sed "s/^inter_bw_gbs = .*/inter_bw_gbs = $(awk -v b="$(pv inter_bw_gbs "$prof")" \
+        'BEGIN { print b / 2 }')/" "$prof" > "$dir/half.prof"
+    a=$(dp_s "$prof") h=$(dp_s "$dir/half.prof")
+    is_number "$a" && is_number "$h" && awk -v a="$a" -v h="$h" 'BEGIN { exit !(a > 0 && h > 1.5 * a && h <= 2 * a) }' &&
+        ok "plan on it: dp2 across the hosts ${a} s of DP, ${h} s at half inter_bw" ||
+        bad "plan on the 2-host profile: DP $a s, at half inter_bw $h s"
+else
+    bad "calibrate across 2 hosts"; cat "$dir/cal.log"; cat "$prof" 2>/dev/null
+fi
+if ! bounded launch 3 2 "$bin" bench --calibrate --quick --out "$dir/uneven.prof" \
+       > "$dir/uneven.log" 2>&1 &&
+   [ "$(grep -c "needs as many ranks on each node (node 0 has 2, node 1 has 1)" \
+        "$dir/uneven.log")" -eq 1 ] && [ ! -e "$dir/uneven.prof" ]; then
+    ok "calibrate with 2 ranks on one host and 1 on the other is refused once"
+else
+    bad "calibrate on uneven hosts"; cat "$dir/uneven.log"
+fi
+
 # a link taken down mid-run: host 1's eth0 goes down after the first checkpoint. The ranks of
 # host 0 wait on the DP all-reduce (or the step's agreement) with host 1; the watchdog names a
 # rank of host 1 (dp 1) in its line and aborts the job, which ends (mpirun gives up on host 1's
