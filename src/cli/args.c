@@ -74,6 +74,20 @@ int l3d_cli_launcher_rank(void) {
     return 0;
 }
 
+bool l3d_cli_launcher_spans_nodes(void) {
+    /* Open MPI: ranks on this node below the job's; MPICH's Hydra the same; Slurm: the step's
+     * nodes (srun), else the allocation's */
+    static const char *const pairs[][2] = {{"OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"},
+                                           {"MPI_LOCALNRANKS", "PMI_SIZE"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        const char *local = getenv(pairs[i][0]), *all = getenv(pairs[i][1]);
+        if (local && all && atoi(local) >= 1 && atoi(local) < atoi(all)) return true;
+    }
+    const char *nodes = getenv("SLURM_STEP_NUM_NODES");
+    if (!nodes) nodes = getenv("SLURM_NNODES");
+    return nodes && atoi(nodes) > 1;
+}
+
 void l3d_cli_mute_begin(struct l3d_cli_mute *m) {
     m->out = m->err = -1;
     if (l3d_cli_launcher_rank() == 0) return;

@@ -7,6 +7,7 @@
 #ifndef LLM3D_CLI_H
 #define LLM3D_CLI_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* llm3d prepare --tokenizer SPEC --out DIR [--val-fraction F] [--shard-tokens N]
@@ -54,6 +55,9 @@ int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *ou
  * between l3d_cli_mute_begin and _end the ranks but 0 print nothing (stdout and stderr go to
  * /dev/null), so that a flag error is said once. */
 int l3d_cli_launcher_rank(void);
+/* Whether the launcher's environment (Open MPI, MPICH's Hydra, Slurm) puts this job's ranks on
+ * more than one node; false where it says nothing */
+bool l3d_cli_launcher_spans_nodes(void);
 struct l3d_cli_mute {
     int out, err; /* the saved descriptors, -1 when not muted */
 };

@@ -73,7 +73,8 @@ static void usage(FILE *f, const char *cmd) {
         "  --progress MODE     what moves overlapped pieces while ranks compute: none (MPI\n"
         "                      calls between layers only), poll (between kernels) or thread\n"
         "                      (an MPI progress thread, MPI_THREAD_MULTIPLE; for nodes with a\n"
-        "                      core to spare) (poll)\n"
+        "                      core to spare) (poll; thread when the launcher puts the ranks\n"
+        "                      on several nodes)\n"
         "run:\n"
         "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
         "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
@@ -448,8 +449,16 @@ int l3d_cli_train_flags(const char *cmd, int argc, char **argv, struct l3d_train
                         const char **backend) {
     struct l3d_cli_mute mute;
     l3d_cli_mute_begin(&mute);
+    /* --progress's default depends on the launch: unset until the flags are read */
+    tc->progress = (enum l3d_progress)-1;
     int rc = train_flags(cmd, argc, argv, tc, backend);
     l3d_cli_mute_end(&mute);
+    /* Across nodes the progress thread is the default: over TCP a non-blocking message moves only
+     * inside MPI calls of both ranks, so a pipeline's 1.5 MiB activation waited for the sender's
+     * next call (pp2 across two namespace hosts, d6: 2122 ms a step polled, 1414 ms with the
+     * thread; DP pieces: docs/BENCHMARKS.md). Within one node, polling (docs/DESIGN.md). */
+    if ((int)tc->progress == -1)
+        tc->progress = l3d_cli_launcher_spans_nodes() ? L3D_PROGRESS_THREAD : L3D_PROGRESS_POLL;
     return rc;
 }
 

@@ -90,12 +90,14 @@ train ref_b4 one 4 1 || { bad "reference b4"; cat "$dir/ref_b4.log"; }
 train ref_pp one 2 2 --layers 4 || { bad "reference layers 4"; cat "$dir/ref_pp.log"; }
 
 # tp2 inside each host x dp2 across: the DP gradient all-reduce crosses the link (at least half
-# of each of the 10 steps' 2 x 59264 x 4 gradient bytes reaches host 1: > 2 MB received)
+# of each of the 10 steps' 2 x 59264 x 4 gradient bytes reaches host 1: > 2 MB received); across
+# hosts the progress thread is the default (polling on one host: the resumed run below)
 rx0=$(rx_bytes)
 if train tp2_dp2 "4 2" 2 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
    has tp2_dp2 "^nodes: 2 .* rank:node 0:0 1:0 2:1 3:1$" &&
    has tp2_dp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
-   has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"
+   has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$" &&
+   has tp2_dp2 "^layout: .* overlapped gradient pieces (progress thread) in fp32"
 then
     ok "2 hosts: tp2 inside x dp2 across = one process ($(tr '\n' ' ' < "$dir/tp2_dp2.cmp"))"
 else
@@ -148,7 +150,8 @@ fi
 # each host wrote into the shared directory, re-sliced), ends where one process does
 step5=$dir/tp2_dp2/checkpoints/step_00000005
 if [ -f "$step5/manifest" ] || [ -d "$step5" ]; then
-    if train resumed "host 2" 2 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5; then
+    if train resumed "host 2" 2 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5 &&
+       has resumed "^layout: .* overlapped gradient pieces (polled between kernels) in fp32"; then
         ok "the 2-host checkpoint resumed on one host as dp2 ($(tr '\n' ' ' < "$dir/resumed.cmp"))"
     else
         bad "the 2-host checkpoint resumed on one host"
