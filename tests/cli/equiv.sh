@@ -23,10 +23,11 @@ byte_corpus equivalence # a few thousand bytes of text as byte tokens
 train() {
     local out=$1 np=$2 b=$3 accum=$4
     shift 4
-    local accum_flag=(--grad-accum "$accum")
+    local accum_flag=(--grad-accum "$accum") steps=10
     [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
-    tiny_train "$np" --batch "$b" "${accum_flag[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 \
-        --out "$dir/$out" "$@"
+    sanitized && steps=5 # every step takes the same code: the sanitizers need it a few times
+    tiny_train "$np" --batch "$b" "${accum_flag[@]}" --steps $steps --warmup 3 --lr 1e-3 \
+        --eps 1e-6 --out "$dir/$out" "$@"
     bounded "${CMD[@]}"
 }
 
