@@ -5,7 +5,8 @@
 #      (devices_per_node 1; inter_* the all-reduce between the hosts over the shaped link);
 #   2. four layouts of d6 (byte tokens, T=256), one rank a host, are trained (median step after
 #      the first two, the fastest of REPS runs) with --comm blocking and with the default
-#      (overlap, polled) and planned with that profile (`llm3d plan --profile`, its dp_overlap):
+#      (overlap; across hosts the progress thread) and planned with that profile (`llm3d plan
+#      --profile`, its dp_overlap):
 #      dp2 ZeRO-0, ZeRO-1 and ZeRO-2 (B=4 a replica) and pp2 (1F1B, 4 micro-batches of 2).
 # The hosts share this machine's cores, one each. Needs root and iproute2's ip and tc; says so
 # in one line otherwise.
