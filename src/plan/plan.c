@@ -608,17 +608,18 @@ struct tctx {
     bool flash;     /* fused attention */
 };
 
-/* One M x N x K product of a rank (M x K times K x N). Its threads share it (each the size
- * f / threads on the curve), at the profile's efficiency for a product spread over threads (1 on
- * GPUs). The efficiency is the product's own shape's (l3d_profile_gemm_eff_shape: the curve at its
- * FLOPs, with the wave quantization of its M x N output tiles), so a small micro-batch (small M)
- * or a thin TP shard (small N or K) is slower per FLOP than the cubes the curve was measured on.
+/* One M x N x K product of a rank (M x K times K x N). The efficiency is the product's own
+ * shape's (l3d_profile_gemm_eff_shape: the curve at its FLOPs, with the wave quantization of its
+ * M x N output tiles), so a small micro-batch (small M) or a thin TP shard (small N or K) is slower
+ * per FLOP than the cubes the curve was measured on. A rank's k threads share the product at that
+ * one-core efficiency times gemm_thread_eff, which calibrate measures as the same product on k
+ * threads against k single cores (not at the curve's 1/k of the FLOPs too: that counted the
+ * smaller size twice; 1 on GPUs).
  * Roofline (Williams et al. 2009): never faster than moving its operands and result once through
  * memory, e (M K + K N + M N) bytes at the element-wise kernels' bandwidth. */
 static double gemm(const struct tctx *x, double M, double N, double K) {
     double f = 2 * M * N * K;
-    double e;
-    e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
+    double e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
     if (x->threads > 1) e *= x->prof->gemm_thread_eff;
     double compute = f / (x->rate * e * x->cal);
     double memory = x->e * (M * K + K * N + M * N) / x->bw;
