@@ -18,7 +18,8 @@
 #    over the steps. With AdamW eps 1e-4 (not 1e-8) a gradient that is zero in exact arithmetic
 #    (the key bias) and only round-off in bf16 makes no full-size step of random sign (see
 #    equiv.sh for the fp32 form of that argument). Measured (10 steps, tiny model): loss 4.5e-5,
-#    weights 7.4e-3 (tp2); dp and pp layouts agree to 1e-7 (their reductions are in fp32).
+#    weights 7.4e-3 (tp2); dp and pp layouts agree to 1e-7 on AVX2 (their reductions are in fp32),
+#    2e-3 on AVX-512, where the products' round-off differs with the rows a rank holds.
 #    Negative case: data parallelism without its gradient reduction must fail these bounds.
 set -u
 bin=$1
@@ -115,10 +116,14 @@ full && L3D_REF_FLAGS="${ls16[*]}" L3D_DP=2 equiv fp16_dp2_zero1_r16 2 2 fp16 --
     --grad-reduce-dtype fp16 "${ls16[@]}"
 full && L3D_DP=2 L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_dp2_zero2_r16 4 2 bf16 --pp 2 \
     --dp 2 --zero 2 --grad-accum 2 "${r16[@]}"
-full && L3D_DP=2 equiv fp32_dp2_r16 2 2 fp32 --zero 1 "${r16[@]}"
-# the sums really are 16-bit: 1e-4 of the weights tells them from fp32 sums (measured 8.5e-8)
-same "fp32 gradient sums over dp2 agree with one process to 1e-4" bf16_dp2_zero2 ref_bf16_b4 1 1e-4
-differ "bf16 gradient sums over dp2 do not (16-bit sums ran)" bf16_dp2_zero0_r16 ref_bf16_b4 1 1e-4
+L3D_DP=2 equiv fp32_dp2_r16 2 2 fp32 --zero 1 "${r16[@]}"
+# the sums really are 16-bit: in fp32 training, 1e-4 of the weights tells them from fp32 sums
+# (fp32 sums: fp32 round-off, measured 7.5e-7; bf16 sums 2e-3 to 3e-3). Not in bf16 training: there a
+# round-off difference in the products (the CPU's GEMM kernels sum half the tokens in another
+# order on AVX-512 than on AVX2) flips 16-bit roundings and grows to 2e-3 with fp32 sums too.
+L3D_DP=2 equiv fp32_dp2_zero1 2 2 fp32 --zero 1
+same "fp32 gradient sums over dp2 agree with one process to 1e-4" fp32_dp2_zero1 ref_fp32_b4 1 1e-4
+differ "bf16 gradient sums over dp2 do not (16-bit sums ran)" fp32_dp2_r16 ref_fp32_b4 1 1e-4
 grep -q "overlapped gradient pieces (polled between kernels) in bf16" "$dir/bf16_dp2_zero0_r16.log" &&
     ok "the layout line names the bf16 sums" || bad "the layout line names the bf16 sums"
 # negative case: data parallelism that never reduces its gradients trains another model
