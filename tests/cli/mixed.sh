@@ -118,9 +118,9 @@ full && L3D_DP=2 L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_dp2_zero2_r16 4 2
     --dp 2 --zero 2 --grad-accum 2 "${r16[@]}"
 L3D_DP=2 equiv fp32_dp2_r16 2 2 fp32 --zero 1 "${r16[@]}"
 # the sums really are 16-bit: in fp32 training, 1e-4 of the weights tells them from fp32 sums
-# (fp32 sums: fp32 round-off, measured 7.5e-7; bf16 sums 2e-3 to 3e-3). Not in bf16 training: there a
-# round-off difference in the products (the CPU's GEMM kernels sum half the tokens in another
-# order on AVX-512 than on AVX2) flips 16-bit roundings and grows to 2e-3 with fp32 sums too.
+# (fp32 sums: fp32 round-off, measured 7.5e-7; bf16 sums 2e-3 to 3e-3). Not in bf16 training: on
+# AVX-512 (-march=native) bf16 dp2 with fp32 sums measured 2.2e-3 against 8.5e-8 on AVX2, most
+# likely a round-off difference of the products that flips 16-bit roundings and grows.
 L3D_DP=2 equiv fp32_dp2_zero1 2 2 fp32 --zero 1
 same "fp32 gradient sums over dp2 agree with one process to 1e-4" fp32_dp2_zero1 ref_fp32_b4 1 1e-4
 differ "bf16 gradient sums over dp2 do not (16-bit sums ran)" fp32_dp2_r16 ref_fp32_b4 1 1e-4
