@@ -19,7 +19,7 @@
 #    (the key bias) and only round-off in bf16 makes no full-size step of random sign (see
 #    equiv.sh for the fp32 form of that argument). Measured (10 steps, tiny model): loss 4.5e-5,
 #    weights 7.4e-3 (tp2); dp and pp layouts agree to 1e-7 on AVX2 (their reductions are in fp32),
-#    2e-3 on AVX-512, where the products' round-off differs with the rows a rank holds.
+#    2.2e-3 (bf16 dp2 ZeRO-2) on an AVX-512 machine (-march=native), still inside these bounds.
 #    Negative case: data parallelism without its gradient reduction must fail these bounds.
 set -u
 bin=$1
