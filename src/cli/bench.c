@@ -73,7 +73,14 @@ int l3d_cli_bench(int argc, char **argv) {
         tc.train_pattern = path;
         tc.val_pattern = NULL;
         tc.out_dir = NULL;
-        if (tc.peak_flops <= 0) tc.peak_flops = fma;
+        /* MFU against the peak of the precision the products run in (bf16 dot products where the
+         * CPU has them: the fp32 FMA peak would give bf16 runs an MFU over 100%) */
+        if (tc.peak_flops <= 0 && tc.precision == L3D_F32) tc.peak_flops = fma;
+        if (tc.peak_flops <= 0) {
+            tc.peak_flops = l3d_be_peak_flops(rt->be, tc.precision);
+            printf("%s peak:  %7.1f GFLOP/s (the MFU's denominator)\n",
+                   l3d_dtype_name(tc.precision), tc.peak_flops / 1e9);
+        }
         struct l3d_train_result res;
         printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
                tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.B, tc.T, tc.accum);

@@ -88,6 +88,21 @@ expect_error "  ... and so does --init-from" "nan.bin: 1 of its .* not finite" \
 
 # help texts and conventions
 check "bench --help prints bench's usage" sh -c "'$bin' bench --help | head -1 | grep -q '^usage: llm3d bench'"
+# bench's MFU is against the peak of the precision that runs: bf16's dot-product peak for
+# --precision bf16 (it was the fp32 FMA peak, an MFU over 100% on an AVX512-BF16 CPU), fp32's FMA
+# peak for fp32. The result line's denominator is the peak bench printed for that precision.
+bench_peak() { # bench_peak PRECISION LABEL: the printed peak labelled LABEL = the result's denominator
+    local log="$dir/bench-$1.log"
+    OMP_NUM_THREADS=2 "$bin" bench --model tiny --vocab 256 --seq-len 32 --batch 2 --steps 2 \
+        --precision "$1" > "$log" 2>&1 || return 1
+    local printed used
+    printed=$(sed -n "s/^$2 peak: *\([0-9.]*\) GFLOP.*/\1/p" "$log")
+    used=$(sed -n 's/^result: .*MFU [0-9.]*% of \([0-9.]*\) GFLOP.*/\1/p' "$log")
+    is_number "$printed" && [ "$printed" = "$used" ]
+}
+full && check "bench --precision bf16: the MFU is against the bf16 peak it prints" bench_peak bf16 bf16
+full && check "bench --precision fp32: the MFU is against the FMA peak" bench_peak fp32 "fp32 FMA"
+full && check "  (negative: the fp32 run has no bf16 peak)" sh -c "! grep -q '^bf16 peak' '$dir/bench-fp32.log'"
 check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
 check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
 expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad --dp 2
