@@ -8,7 +8,8 @@
 # time within 10%, memory within 1%).
 # Usage: bench/plan_local.sh [BUILD_DIR] [PROFILE] [STEPS] [REPS] [PRECISIONS]
 #   (defaults: build profiles/local.prof 6 3 "fp32 bf16"; PRECISIONS picks the cases run;
-#   CASES=REGEX in the environment runs only the layouts whose name matches it)
+#   CASES=REGEX in the environment runs only the layouts whose name matches it; ALT_PROFILE=FILE
+#   adds the prediction from a second profile for the same measured runs, with its error)
 # The profile is measured first when missing (`llm3d bench --calibrate` on 2 ranks).
 set -eu
 build=${1:-build}
@@ -35,8 +36,10 @@ med() { # FIELD FILE: median of a numeric metrics field over the steps after the
 model=(--model d12 --vocab 256)
 echo "model d12 (V=256, T=128), $steps steps, median after the first two, fastest of $reps runs (slowest in brackets); profile $prof; launcher $mpiexec"
 echo
-echo "| layout | precision | ranks x threads | micro-batch x m | predicted step | measured step | error | predicted memory | measured memory | error |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+alt_head="" alt_rule=""
+[ -n "${ALT_PROFILE:-}" ] && alt_head=" predicted with $ALT_PROFILE | error |" alt_rule="---|---|"
+echo "| layout | precision | ranks x threads | micro-batch x m | predicted step | measured step | error | predicted memory | measured memory | error |$alt_head"
+echo "|---|---|---|---|---|---|---|---|---|---|$alt_rule"
 # case NAME NP THREADS B ACCUM PLAN_FLAGS -- TRAIN_FLAGS: one run in each precision of $precs
 case_() {
     local p
@@ -68,17 +71,24 @@ run() {
     dp=$(sed -n 's/^layout: .* x dp \([0-9]*\),.*/\1/p' "$out.log" | head -1)
     local trainer=()
     [ "$prec" != fp32 ] && trainer=(--trainer llm3d)
-    json=$("$bin" plan "${model[@]}" --hidden 768 --heads 12 --layers 12 --seq-len 128 \
-        --profile "$prof" --precision "$prec" "${trainer[@]}" --devices $((np * th)) --threads "$th" \
-        --global-batch $((b * accum * ${dp:-1})) --micro-batch "$b" "${pf[@]}" --json 2>&1 | head -1)
+    plan_of() { # PROFILE: the plan's JSON line for this layout
+        "$bin" plan "${model[@]}" --hidden 768 --heads 12 --layers 12 --seq-len 128 \
+            --profile "$1" --precision "$prec" "${trainer[@]}" --devices $((np * th)) --threads "$th" \
+            --global-batch $((b * accum * ${dp:-1})) --micro-batch "$b" "${pf[@]}" --json 2>&1 | head -1
+    }
+    json=$(plan_of "$prof")
     pms=$(echo "$json" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
     pmem=$(echo "$json" | sed -n 's/.*"mem_total":\([^,]*\),.*/\1/p')
     if [ -z "$pms" ]; then echo "| $name | $prec | plan failed: $json |"; return; fi
+    local alt=""
+    [ -n "${ALT_PROFILE:-}" ] && alt=$(plan_of "$ALT_PROFILE" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
     awk -v n="$name" -v pr="$prec" -v np="$np" -v th="$th" -v b="$b" -v a="$accum" -v ps="$pms" -v ms="$ms" \
-        -v pm="$pmem" -v mm="$mem" -v sl="$slow" 'BEGIN {
-        printf "| %s | %s | %d x %d | %d x %d | %.0f ms | %.0f ms (%.0f) | %+.1f%% | %.1f MiB | %.1f MiB | %+.2f%% |\n",
+        -v pm="$pmem" -v mm="$mem" -v sl="$slow" -v alt="$alt" 'BEGIN {
+        printf "| %s | %s | %d x %d | %d x %d | %.0f ms | %.0f ms (%.0f) | %+.1f%% | %.1f MiB | %.1f MiB | %+.2f%% |",
             n, pr, np, th, b, a, ps * 1e3, ms, sl, 100 * (ps * 1e3 - ms) / ms, pm / 1048576, mm / 1048576,
-            100 * (pm - mm) / mm }'
+            100 * (pm - mm) / mm
+        if (alt != "") printf " %.0f ms | %+.1f%% |", alt * 1e3, 100 * (alt * 1e3 - ms) / ms
+        printf "\n" }'
 }
 case_ "1 process"              1 2 4 1 --tp 1 --pp 1 --zero 0 --recompute none --
 case_ "1 process, full recompute" 1 2 2 4 --tp 1 --pp 1 --zero 0 --recompute full -- --recompute full

@@ -923,6 +923,17 @@ static const char *bf16_keys =
     "gemm_thread_eff_bf16 = 0.45\n"
     "kernel_bw_eff_bf16 = 0.45\n";
 
+/* d12 on 256 byte tokens, sequences of 128, one process, a batch of 4 in one micro-batch */
+static void d12_local(struct l3d_plan_model *m, struct l3d_plan_run *run,
+                      struct l3d_plan_layout *lay) {
+    CHECK(l3d_plan_model_preset(m, "d12") == L3D_OK);
+    m->V = 256;
+    m->s = 128;
+    *run = l3d_plan_run_default();
+    run->global_batch = 4;
+    *lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+}
+
 static void test_mixed_local(void) {
     char text[4096];
     struct l3d_profile base, p16, tmp;
@@ -1033,6 +1044,92 @@ static void test_mixed_local(void) {
     }
 }
 
+/* Element-wise kernels one by one (kernel_bw_effs): each pass at its own kernel's bandwidth. On a
+ * CPU LayerNorm and GELU are bound by their arithmetic, a residual add and AdamW by memory
+ * (calibrate measured 0.30-0.34 against 1.10 of the triad), which one median fits none of. */
+static void test_kernels_one_by_one(void) {
+    char text[4096];
+    struct l3d_profile base, same, slow, tmp;
+    CHECK(l3d_profile_parse(&base, cpu_prof, "cpu") == L3D_OK);
+    for (int k = 0; k < L3D_KERN_N; k++)
+        CHECK(l3d_profile_kern_eff(&base, (enum l3d_kern)k) == 0.9); /* absent: the median */
+    snprintf(text, sizeof text, "%skernel_bw_effs = layernorm:0.9 gelu:0.9 residual:0.9 "
+             "adamw:0.9\n", cpu_prof);
+    CHECK(l3d_profile_parse(&same, text, "cpu") == L3D_OK);
+    /* any order; GELU ten times slower, AdamW half the median */
+    snprintf(text, sizeof text, "%skernel_bw_effs = adamw:0.45 gelu:0.09 residual:0.9 "
+             "layernorm:0.9\n", cpu_prof);
+    CHECK(l3d_profile_parse(&slow, text, "cpu") == L3D_OK);
+    CHECK(l3d_profile_kern_eff(&slow, L3D_KERN_GELU) == 0.09);
+    CHECK(l3d_profile_kern_eff(&slow, L3D_KERN_ADAMW) == 0.45);
+    CHECK(l3d_profile_kern_eff(&slow, L3D_KERN_LAYERNORM) == 0.9);
+    /* errors name the key and what is wrong */
+    struct { const char *line, *want; } bad[] = {
+        {"kernel_bw_effs = layernorm:0.9 residual:0.9 adamw:0.9", "kernel_bw_effs lacks gelu"},
+        {"kernel_bw_effs = layernorm:0.9 gelu:0.9 residual:0.9 adamw:0.9 softmax:1",
+         "entry 'softmax:1' is not kernel:fraction"},
+        {"kernel_bw_effs = layernorm:0.9 gelu:0.9 gelu:0.8 residual:0.9 adamw:0.9",
+         "gives gelu twice"},
+        {"kernel_bw_effs = layernorm:0.9 gelu:3 residual:0.9 adamw:0.9",
+         "gelu:3 needs a fraction above 0 and at most 2.5"},
+        {"kernel_bw_effs = layernorm:0.9 gelu:nan residual:0.9 adamw:0.9", "gelu:nan needs"},
+        {"kernel_bw_effs = layernorm:0.9 gelu:0 residual:0.9 adamw:0.9", "gelu:0 needs"},
+        {"kernel_bw_effs = layernorm:0.9 gelu residual:0.9 adamw:0.9", "entry 'gelu' is not"},
+        {"kernel_bw_effs_bf16 = layernorm:0.9 gelu:0.9 residual:0.9 adamw:0.9",
+         "kernel_bw_effs_bf16 needs gemm_eff_bf16"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, "%s%s\n", cpu_prof, bad[i].line);
+        CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
+        if (!strstr(l3d_error_message(), bad[i].want) || !strstr(l3d_error_message(), "x.prof")) {
+            fprintf(stderr, "case %zu: message '%s' lacks '%s'\n", i, l3d_error_message(),
+                    bad[i].want);
+            CHECK(0);
+        }
+    }
+
+    struct l3d_plan_model m;
+    struct l3d_plan_run run;
+    struct l3d_plan_layout lay;
+    d12_local(&m, &run, &lay);
+    struct l3d_plan_result a, b, c;
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &same, &run, &lay, &b) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &slow, &run, &lay, &c) == L3D_OK);
+    /* every kernel at the median: the same times as without the key */
+    CHECK_NEAR(b.time.step, a.time.step, a.time.step * 1e-12);
+    CHECK_NEAR(b.time.elementwise, a.time.elementwise, a.time.elementwise * 1e-12);
+    /* GELU at a tenth: its passes (2 f bytes a token, fp32, forward and twice that backward, 12
+     * layers, 512 tokens) take 10x; the products and the rest do not move */
+    double gelu = 12 * 3 * 512 * 4.0 * 2 * 3072 / 20e9;
+    CHECK_NEAR(c.time.elementwise - a.time.elementwise, gelu * (1 / 0.09 - 1 / 0.9),
+               a.time.elementwise * 1e-9);
+    CHECK(c.time.gemm == a.time.gemm && c.time.attention == a.time.attention);
+    /* AdamW at half: its 28 bytes a parameter twice the time, the norm's read of the gradient
+     * (4 bytes, a streaming pass as the residual add) the same */
+    CHECK_NEAR(c.time.optimizer / a.time.optimizer, (28 * 2 + 4) / 32.0, 1e-12);
+    /* a 16-bit run takes its type's kernels, not the fp32 ones: with bf16 keys and no
+     * kernel_bw_effs_bf16, each pass at kernel_bw_eff_bf16 whatever the fp32 kernels are */
+    struct l3d_profile p16, p16slow, p16own;
+    snprintf(text, sizeof text, "%s%s", cpu_prof, bf16_keys);
+    CHECK(l3d_profile_parse(&p16, text, "cpu16") == L3D_OK);
+    snprintf(text, sizeof text, "%s%skernel_bw_effs = layernorm:0.9 gelu:0.09 residual:0.9 "
+             "adamw:0.45\n", cpu_prof, bf16_keys);
+    CHECK(l3d_profile_parse(&p16slow, text, "cpu16") == L3D_OK);
+    snprintf(text, sizeof text, "%s%skernel_bw_effs_bf16 = layernorm:0.45 gelu:0.045 "
+             "residual:0.45 adamw:0.45\n", cpu_prof, bf16_keys);
+    CHECK(l3d_profile_parse(&p16own, text, "cpu16") == L3D_OK);
+    run.precision = L3D_PREC_BF16;
+    run.llm3d_mixed = true;
+    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &p16slow, &run, &lay, &b) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &p16own, &run, &lay, &c) == L3D_OK);
+    CHECK(b.time.step == a.time.step);
+    /* ... and its own when given: GELU at a tenth of the bf16 median, 2-byte elements */
+    CHECK_NEAR(c.time.elementwise - a.time.elementwise, gelu / 2 * (1 / 0.045 - 1 / 0.45),
+               a.time.elementwise * 1e-9);
+}
+
 /* CPU ranks (issue 18 item 5). Threads: gemm_thread_eff is what one product reaches on k threads
  * against the same product on k single cores (llm3d bench --calibrate), so k threads run it at
  * the one-core efficiency of its own shape times gemm_thread_eff (not the curve at 1/k of its
@@ -1042,12 +1139,9 @@ static void test_cpu_ranks(void) {
     struct l3d_profile p1, p8;
     CHECK(l3d_profile_parse(&p1, cpu_prof, "cpu") == L3D_OK);
     struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
-    m.V = 256;
-    m.s = 128;
-    struct l3d_plan_run run = l3d_plan_run_default();
-    run.global_batch = 4;
-    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_plan_run run;
+    struct l3d_plan_layout lay;
+    d12_local(&m, &run, &lay);
     struct l3d_plan_result a, b;
     CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &a) == L3D_OK);
     run.devices = 2;
@@ -1092,6 +1186,7 @@ int main(void) {
     test_recompute_and_overlap();
     test_pipe_time();
     test_mixed_local();
+    test_kernels_one_by_one();
     test_cpu_ranks();
     return TEST_REPORT();
 }

@@ -73,10 +73,18 @@ int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
  * operands widened around the fp32 product, docs/DESIGN.md), measured by llm3d bench
  * --calibrate: the optional keys gemm_eff_bf16, attn_eff_bf16, gemm_thread_eff_bf16,
  * kernel_bw_eff_bf16 (and _fp16). n_eff 0: not in the profile (the fp32 figures are used). */
+/* The element-wise kernels whose bandwidth a profile may give one by one (optional key
+ * kernel_bw_effs = layernorm:F gelu:F residual:F adamw:F, and kernel_bw_effs_bf16 / _fp16):
+ * on a CPU, LayerNorm and GELU are bound by their arithmetic (exp, rsqrt), a residual add and
+ * AdamW by memory, 3-4x apart; one median fits neither. */
+enum l3d_kern { L3D_KERN_LAYERNORM, L3D_KERN_GELU, L3D_KERN_RESIDUAL, L3D_KERN_ADAMW, L3D_KERN_N };
+const char *l3d_kern_name(enum l3d_kern k);
+
 struct l3d_profile_16 {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* of the run's peak */
     double attn_eff, gemm_thread_eff, kernel_bw_eff; /* kernel bytes at 2-byte elements */
+    double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs_T; all 0: kernel_bw_eff for each */
 };
 
 struct l3d_profile {
@@ -92,6 +100,8 @@ struct l3d_profile {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* GEMM efficiency curve */
     double attn_eff, kernel_bw_eff;
+    double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs, by enum l3d_kern; all 0: the median
+                                  * kernel_bw_eff for each (l3d_profile_kern_eff) */
     double gemm_thread_eff;    /* CPU: one product on k threads of a rank against k cores */
     bool dp_overlap;           /* DP gradient communication overlaps the last backward */
     double reserve_bytes;      /* per device (a CPU: per rank), kept by the runtime: context,
@@ -131,6 +141,9 @@ double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
  * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
  * memory-bound floor is the planner's. */
 double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
+/* Fraction of mem_bw that element-wise kernel k reaches: its kernel_bw_effs entry, else
+ * kernel_bw_eff. */
+double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k);
 /* The profile as llm3d's trainer runs precision `prec` on it: for bf16 / fp16 with that type's
  * 16-bit keys in the profile, *out is p with gemm_eff, attn_eff, gemm_thread_eff and
  * kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */

@@ -44,6 +44,7 @@
 #include "llm3d/backend.h"
 #include "llm3d/comm.h"
 #include "llm3d/core.h"
+#include "llm3d/plan.h"
 
 #define CMD "bench"
 #define MAX_POINTS 16
@@ -632,6 +633,16 @@ static void print_others(FILE *f, const struct calib *c) {
     fprintf(f, " (of the %d cores' time)", CPU_COUNT(&c->cpus));
 }
 
+/* The four kernels above one by one (their order is enum l3d_kern's), for the planner, which
+ * times each element-wise pass at its own kernel's figure: LayerNorm and GELU are bound by their
+ * arithmetic, a residual add and AdamW by memory, so the median fits none of them */
+static void write_kern(FILE *f, const char *key, const double *k_bw, double bw_all) {
+    fprintf(f, "%s =", key);
+    for (int i = 0; i < L3D_KERN_N; i++)
+        fprintf(f, " %s:%.3f", l3d_kern_name((enum l3d_kern)i), k_bw[i] / bw_all);
+    fprintf(f, "\n");
+}
+
 static void write_profile(FILE *f, const struct calib *c) {
     char date[32], model[160];
     time_t now = time(NULL);
@@ -732,6 +743,7 @@ static void write_profile(FILE *f, const struct calib *c) {
     for (int i = 0; i < 4; i++)
         fprintf(f, " %s %.2f%s", k_names[i], c->k_bw[i] / c->bw_all, i < 3 ? "," : "");
     fprintf(f, "; the median\nkernel_bw_eff = %.3f\n", c->kernel_bw_eff);
+    write_kern(f, "kernel_bw_effs", c->k_bw, c->bw_all);
     for (int t = 0; t < 2; t++) {
         const char *n = names16[t];
         fprintf(f, "\n# llm3d's %s kernels (--precision %s: 16-bit activations and weights, fp32 "
@@ -759,6 +771,9 @@ static void write_profile(FILE *f, const struct calib *c) {
         for (int i = 0; i < 4; i++)
             fprintf(f, " %s %.2f%s", k_names16[i], c->k_bw16[t][i] / c->bw_all, i < 3 ? "," : "");
         fprintf(f, "; the median\nkernel_bw_eff_%s = %.3f\n", n, c->kernel_bw_eff16[t]);
+        char key[32];
+        snprintf(key, sizeof key, "kernel_bw_effs_%s", n);
+        write_kern(f, key, c->k_bw16[t], c->bw_all);
     }
     fprintf(f, "# the trainer posts DP gradient pieces non-blocking during backward, but over shared "
                "memory MPI copies them with the cores the backward uses: counted as exposed\n"

@@ -600,7 +600,9 @@ struct tctx {
     const struct l3d_plan_layout *lay;
     double rate;    /* peak FLOP/s of one rank (its threads, shared when oversubscribed) */
     double threads; /* devices per rank for the GEMM efficiency */
-    double bw;      /* element-wise bytes/s of one rank */
+    double bw;      /* element-wise bytes/s of one rank (the median kernel: products' operands,
+                     * the head's loss, the embedding) */
+    double bw_k[L3D_KERN_N]; /* bytes/s of one rank in each measured element-wise kernel */
     double e;       /* bytes per activation element */
     double ntok;    /* tokens in a micro-batch, b s */
     double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
@@ -684,8 +686,11 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
      * twice that backward */
     double at = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
     /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
-     * the f/t hidden (2 f/t); backward about twice the traffic */
-    double el = N * e * (10 * h / spdiv + 2 * f / t) / x->bw;
+     * the f/t hidden (2 f/t), each at its own kernel's bandwidth; backward about twice the
+     * traffic of the same kernels */
+    double el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
+                         6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL] +
+                         2 * f / t / x->bw_k[L3D_KERN_GELU]);
     /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
      * volume), two backward; the profile's tp_overlap of it hidden behind compute */
     double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) *
@@ -721,7 +726,7 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
         /* the trainer keeps the logits in its own type (16 bits in mixed precision); Megatron-LM
          * casts them to fp32 for the loss (Korthikanti et al. 2022, sec. 4.3: 4 s b v bytes) */
         double le = x->fp32 ? e : bytes_of(L3D_F32);
-        double hel = (N * Vl * le * 5 + N * h * e * 2 * 3) / x->bw;
+        double hel = N * Vl * le * 5 / x->bw + N * h * e * 2 * 3 / x->bw_k[L3D_KERN_LAYERNORM];
         o->gemm += hg + hgb;
         o->elem += hel;
         o->bwd += hgb;
@@ -730,7 +735,8 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
                                    3 * all_reduce(N * bytes_of(L3D_F32), lay->tp, tp_bw, tp_lat));
     }
     if (ch->first) {
-        o->elem += N * h * e * 3 * 3 / x->bw; /* gather + position add, and its backward */
+        /* gather + position add, and its backward: streaming passes, as a residual add */
+        o->elem += N * h * e * 3 * 3 / x->bw_k[L3D_KERN_RESIDUAL];
         if (lay->tp > 1)
             o->tp += (1 - x->prof->tp_overlap) * all_reduce(N * h * e, lay->tp, tp_bw, tp_lat);
     }
@@ -998,6 +1004,9 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     x.threads = lay.threads;
     x.rate = run_peak(prof, run) * lay.threads * share;
     x.bw = prof->mem_bw * prof->kernel_bw_eff * lay.threads * share;
+    for (int k = 0; k < L3D_KERN_N; k++)
+        x.bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay.threads *
+                    share;
     x.e = bytes_of(prec_dtype(run->precision));
     x.ntok = (double)lay.mb * m->s;
 
@@ -1163,10 +1172,11 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
      * parameter, m, v (28 bytes); llm3d's mixed precision also writes the 16-bit copy (28 + 2,
      * l3d_be_adamw_mixed), Megatron-LM's (32, as counted before); one more read of the gradients
-     * for the global norm */
+     * for the global norm, a streaming pass as a residual add is */
     double n_opt = lay.zero >= 1 ? n_max / lay.dp : n_max;
     double opt_bytes = !fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x.e : 28.0;
-    T->optimizer = (n_opt * opt_bytes + n_max * eb) / x.bw;
+    T->optimizer = n_opt * opt_bytes / x.bw_k[L3D_KERN_ADAMW] +
+                   n_max * eb / x.bw_k[L3D_KERN_RESIDUAL];
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;

@@ -32,7 +32,7 @@ l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
  * of a number in the file's units: above lo (at lo too when !positive), at most hi. The ranges
  * are generous bounds on any device of the next decade (a 1e308 peak, memory or latency is a
  * typo, and would overflow the planner's arithmetic), not a judgement of the figures. */
-enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_EFF, K_TILE };
+enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_EFF, K_TILE, K_KERN };
 static const struct key {
     const char *name;
     enum kind kind;
@@ -61,6 +61,7 @@ static const struct key {
     {"attn_eff", K_NUM, OFF(attn_eff), 1, true, 1.5, false},
     {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true, 1.5, false},
     {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
+    {"kernel_bw_effs", K_KERN, OFF(kern_eff), 1, true, 2.5, true},
     {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false, 0, false},
     {"reserve_gb", K_NUM, OFF(reserve_bytes), 1e9, false, 1e5, true},
     {"gemm_calibration", K_NUM, OFF(gemm_calibration), 1, true, 2, true},
@@ -72,12 +73,55 @@ static const struct key {
     {"gemm_eff_" T, K_EFF, OFF(mixed[i]), 0, true, 0, true},                                      \
     {"attn_eff_" T, K_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true},                           \
     {"gemm_thread_eff_" T, K_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true},             \
-    {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true}
+    {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true},                \
+    {"kernel_bw_effs_" T, K_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true}
     MIXED("bf16", 0), MIXED("fp16", 1),
 #undef MIXED
 #undef OFF
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
+
+const char *l3d_kern_name(enum l3d_kern k) {
+    static const char *names[L3D_KERN_N] = {"layernorm", "gelu", "residual", "adamw"};
+    return (unsigned)k < L3D_KERN_N ? names[k] : "?";
+}
+
+/* kernel_bw_effs: name:fraction for each of the L3D_KERN_N kernels, each once, in any order */
+static l3d_status parse_kern(double *out, const char *key, char *val, double hi, const char *what,
+                             int line) {
+    bool got[L3D_KERN_N] = {false};
+    char *save = NULL;
+    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        char *colon = strchr(tok, ':'), *end = NULL;
+        int k = 0;
+        if (colon) {
+            size_t len = (size_t)(colon - tok);
+            while (k < L3D_KERN_N && (strlen(l3d_kern_name((enum l3d_kern)k)) != len ||
+                                      strncmp(tok, l3d_kern_name((enum l3d_kern)k), len) != 0))
+                k++;
+        }
+        if (!colon || k == L3D_KERN_N)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s entry '%s' is not kernel:fraction "
+                             "with kernel layernorm, gelu, residual or adamw", what, line, key,
+                             tok);
+        errno = 0;
+        double f = strtod(colon + 1, &end);
+        if (errno || end == colon + 1 || *end || !isfinite(f) || !(f > 0) || f > hi)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s %s needs a fraction above 0 and "
+                             "at most %g", what, line, key, tok, hi);
+        if (got[k])
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s gives %s twice", what, line, key,
+                             l3d_kern_name((enum l3d_kern)k));
+        got[k] = true;
+        out[k] = f;
+    }
+    for (int k = 0; k < L3D_KERN_N; k++)
+        if (!got[k])
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s lacks %s (give layernorm, gelu, "
+                             "residual and adamw)", what, line, key,
+                             l3d_kern_name((enum l3d_kern)k));
+    return L3D_OK;
+}
 
 static char *trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
@@ -183,6 +227,9 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             }
             break;
         }
+        case K_KERN:
+            st = parse_kern((double *)base, key, val, kk->hi, what, line);
+            break;
         case K_BOOL:
             if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
             else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
@@ -236,6 +283,9 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
                            "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
                            "four): give all or none", what, t, t, t, t);
+        if (st == L3D_OK && given == 0 && m16->kern_eff[0] > 0)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, attn_eff_%s, "
+                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
     }
     if (st == L3D_OK && p->pair_size > p->devices_per_node)
         st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
@@ -362,6 +412,10 @@ double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double 
     return point_free(p, p->n_eff - 1) * q;
 }
 
+double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k) {
+    return p->kern_eff[k] > 0 ? p->kern_eff[k] : p->kernel_bw_eff;
+}
+
 bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out) {
     *out = *p;
     if (prec == L3D_PREC_FP32) return false;
@@ -373,5 +427,7 @@ bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l
     out->attn_eff = m16->attn_eff;
     out->gemm_thread_eff = m16->gemm_thread_eff;
     out->kernel_bw_eff = m16->kernel_bw_eff;
+    /* the type's own kernels one by one, or its median for each (not the fp32 kernels') */
+    memcpy(out->kern_eff, m16->kern_eff, sizeof out->kern_eff);
     return true;
 }

@@ -39,8 +39,8 @@ check "  ... replaced the old file, no .tmp left" test ! -e "$prof.tmp" -a "$(he
 keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
 optional=$(grep '^| `[^|]*` | optional' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' |
     tr -d '`')
-check "the README's table names 32 keys, 13 of them optional" \
-    test "$(echo "$keys" | wc -l)" -eq 32 -a "$(echo "$optional" | wc -l)" -eq 13
+check "the README's table names 35 keys, 16 of them optional" \
+    test "$(echo "$keys" | wc -l)" -eq 35 -a "$(echo "$optional" | wc -l)" -eq 16
 for k in $keys; do
     n=$(grep -c "^$k = " "$prof")
     if echo "$optional" | grep -qx "$k"; then
@@ -90,6 +90,21 @@ check "$g: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fraction
             prev = f
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
+done
+# the element-wise kernels one by one: all four named, in the order calibrate measures them, and
+# their median is the file's kernel_bw_eff (to the 3 decimals written)
+for t in "" _bf16 _fp16; do
+check "kernel_bw_effs$t: layernorm, gelu, residual, adamw; their median is kernel_bw_eff$t" \
+    awk -v pts="$(val kernel_bw_effs$t)" -v med="$(val kernel_bw_eff$t)" 'BEGIN {
+        if (split(pts, p, " ") != 4 || med + 0 != med) exit 1
+        split("layernorm gelu residual adamw", want, " ")
+        for (i = 1; i <= 4; i++) {
+            if (split(p[i], kv, ":") != 2 || kv[1] != want[i] || !(kv[2] + 0 > 0)) exit 1
+            e[i] = kv[2] + 0
+        }
+        for (i = 1; i <= 4; i++) for (j = i + 1; j <= 4; j++) if (e[j] < e[i]) { x = e[i]; e[i] = e[j]; e[j] = x }
+        m = (e[2] + e[3]) / 2
+        exit !(m - med < 0.002 && med - m < 0.002) }'
 done
 for k in peak_tflops_fp32 mem_gb mem_bw_gbs devices_per_node intra_bw_gbs intra_lat_us gemm_eff \
     attn_eff gemm_thread_eff kernel_bw_eff gemm_eff_bf16 attn_eff_bf16 gemm_thread_eff_bf16 \
