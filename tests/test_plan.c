@@ -983,6 +983,17 @@ static void test_mixed_local(void) {
     CHECK_NEAR(b.time.optimizer, 2 * a.time.optimizer, a.time.optimizer * 1e-9);
     CHECK(a.time.gemm > 0 && a.time.attention > 0 && a.time.elementwise > 0);
     CHECK(b.mem.total == a.mem.total);
+    /* gemm_native_bf16 = yes (given alone too): no fp32 copies of the largest product's operands,
+     * here the MLP's down projection backward, 4 (N h + h 4h + 2 N 4h) bytes with N = 512 tokens,
+     * h = 768; the times do not change */
+    struct l3d_profile nat;
+    snprintf(text, sizeof text, "%sgemm_native_bf16 = yes\n", cpu_prof);
+    CHECK(l3d_profile_parse(&nat, text, "cpu") == L3D_OK && nat.mixed[0].native);
+    CHECK(l3d_plan_evaluate(&m, &nat, &run, &lay, &f) == L3D_OK);
+    CHECK_NEAR(a.mem.total - f.mem.total, 4.0 * (512 * 768 + 768 * 3072 + 2 * 512 * 3072), 0);
+    CHECK(f.time.step == a.time.step);
+    snprintf(text, sizeof text, "%sgemm_native_bf16 = maybe\n", cpu_prof);
+    CHECK(l3d_profile_parse(&nat, text, "x.prof") == L3D_ERR_FORMAT);
     /* two threads a rank: the bf16 curve and the bf16 thread efficiency, each half: 4x */
     run.devices = 2;
     run.threads = 2;

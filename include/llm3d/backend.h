@@ -83,6 +83,11 @@ void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
  * has them, else the fp32 peak, as its bf16 products are fp32 products of widened operands; for
  * fp16 the fp32 peak likewise: these CPUs have no fp16 arithmetic). MFU is quoted against it. */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
+/* Whether the backend's matrix products in dtype t run in t itself, with no fp32 copies of their
+ * operands: always for fp32; on the CPU, for bf16 / fp16 where oneDNN's 16-bit matmul runs
+ * (AVX512-BF16 / AVX512-FP16 CPUs, unless L3D_DNNL_16BIT=0), else the operands are widened into
+ * fp32 copies around the fp32 product (which llm3d plan counts in memory). */
+bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the
  * device's memory is not reachable so (a GPU without a GPU-aware MPI). */

@@ -85,6 +85,8 @@ struct l3d_profile_16 {
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* of the run's peak */
     double attn_eff, gemm_thread_eff, kernel_bw_eff; /* kernel bytes at 2-byte elements */
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs_T; all 0: kernel_bw_eff for each */
+    bool native; /* optional gemm_native_T = yes: the products run in 16-bit kernels, with no
+                  * fp32 copies of their operands (l3d_be_matmul_native) */
 };
 
 struct l3d_profile {
@@ -166,6 +168,10 @@ struct l3d_plan_run {
     /* llm3d's trainer with --grad-reduce-dtype bf16|fp16: its DP gradient sums move 2 bytes an
      * element (from fp32 main_grad, through 16-bit staging: l3d_dp_reduce_in) */
     bool grad_reduce_16;
+    /* llm3d's 16-bit products run in 16-bit kernels, with no fp32 copies of their operands
+     * (l3d_be_matmul_native); l3d_plan_evaluate and the search also take it from the profile
+     * (gemm_native_bf16 / _fp16 = yes). false: those copies are counted, once */
+    bool native16;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

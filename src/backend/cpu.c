@@ -361,7 +361,10 @@ struct cpu_ctx {
     dnnl_stream_t stream;
     struct mm_entry mm[L3D_MM_CACHE];
     int mm_count, mm_next; /* entries in use; next to evict when full */
-    bool dnnl_16bit;       /* $L3D_DNNL_16BIT=1: 16-bit products through oneDNN's own kernels */
+    /* 16-bit products through oneDNN's own kernels, bf16 [0] and fp16 [1]: bf16 by default on a
+     * CPU with AVX512-BF16; $L3D_DNNL_16BIT=0 turns both off, =1 both on (fp16 is opt-in: no
+     * machine of this project has had AVX512-FP16) */
+    bool dnnl16[2];
 };
 
 #define DNNL_CHECK(call)                                                                     \
@@ -404,10 +407,8 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
         mm_entry_destroy(e);
     }
     e->k = *k;
-    if (k->st != dnnl_f32 && !cx->dnnl_16bit) {
-        /* oneDNN's 16-bit matmul (AVX512-BF16 / AVX512-FP16 CPUs) has not yet run on a machine
-         * that has those instructions (this project's machines so far answered "unimplemented"),
-         * so it is opt-in until it has passed test_kernels there: L3D_DNNL_16BIT=1. */
+    if (k->st != dnnl_f32 && !cx->dnnl16[k->st == dnnl_bf16 ? 0 : 1]) {
+        /* turned off (L3D_DNNL_16BIT=0), or fp16 without L3D_DNNL_16BIT=1: the widened path */
         e->ok = false;
         return e;
     }
@@ -544,15 +545,23 @@ static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
     l3d_free(fi);
 }
 
+/* dinp (N,C) += dout (N,OC) x weight (OC,C) */
+static struct mm_key mm_key_dinp(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt) {
+    return (struct mm_key){.M = N, .K = OC, .N = C, .ss0 = OC, .ss1 = 1, .ws0 = C, .ws1 = 1,
+                           .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true};
+}
+/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt */
+static struct mm_key mm_key_dweight(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt,
+                                    enum l3d_dtype gdt) {
+    return (struct mm_key){.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
+                           .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true};
+}
+
 static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
                                void *dinp, void *dweight, void *dbias, const void *dout,
                                const void *inp, const void *weight, int64_t N, int64_t C,
                                int64_t OC) {
-    /* dinp (N,C) += dout (N,OC) x weight (OC,C); dweight (OC,C) += dout^T (OC,N) x inp (N,C) */
-    struct mm_key ki = {.M = N, .K = OC, .N = C, .ss0 = OC, .ss1 = 1, .ws0 = C, .ws1 = 1,
-                        .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true};
-    struct mm_key kw = {.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
-                        .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true};
+    struct mm_key ki = mm_key_dinp(N, C, OC, dt), kw = mm_key_dweight(N, C, OC, dt, gdt);
     struct mm_entry *ei = dinp ? mm_get(cx, &ki) : NULL, *ew = dweight ? mm_get(cx, &kw) : NULL;
     if (ei && ei->ok) mm_run(cx, ei, dinp, dout, weight, NULL);
     if (ew && ew->ok) mm_run(cx, ew, dweight, dout, inp, NULL);
@@ -1515,6 +1524,19 @@ static double cpu_peak_flops(void *ctx, enum l3d_dtype t) {
     if (t == L3D_F32 || is16(t)) return l3d_cpu_fma_peak(0.3);
     return 0.0;
 }
+/* The three products of a linear layer (forward with bias, both backward ones, the weight
+ * gradient into fp32 main_grad as the trainer's mixed precision takes it) all through oneDNN's
+ * 16-bit kernels, on a small shape */
+static bool cpu_matmul_native(void *ctx, enum l3d_dtype t) {
+    struct cpu_ctx *cx = ctx;
+    if (t == L3D_F32) return true;
+    if (!is16(t)) return false;
+    struct mm_key k[3] = {mm_key_forward(64, 64, 64, dnnl_type(t), true), mm_key_dinp(64, 64, 64, t),
+                          mm_key_dweight(64, 64, 64, t, L3D_F32)};
+    for (int i = 0; i < 3; i++)
+        if (!mm_get(cx, &k[i])->ok) return false;
+    return true;
+}
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
     (void)bytes;
@@ -1542,6 +1564,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .event_record = NULL, /* synchronous */
     .event_wait = NULL,
     .peak_flops = cpu_peak_flops,
+    .matmul_native = cpu_matmul_native,
     .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
@@ -1573,7 +1596,9 @@ static const struct l3d_backend_i cpu_backend_i = {
 struct l3d_backend *l3d_backend_cpu_init(void) {
     struct cpu_ctx *cx = l3d_calloc(sizeof *cx, "cpu backend");
     const char *d16 = getenv("L3D_DNNL_16BIT");
-    cx->dnnl_16bit = d16 && strcmp(d16, "1") == 0;
+    bool on = d16 && strcmp(d16, "1") == 0, off = d16 && strcmp(d16, "0") == 0;
+    cx->dnnl16[0] = on || (!off && __builtin_cpu_supports("avx512bf16"));
+    cx->dnnl16[1] = on;
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));
     return l3d_backend_make(&cpu_backend_i, cx);

@@ -80,6 +80,11 @@ struct calib {
     double attn16_s[2][2], attn_eff16[2];            /* forward, backward; fraction */
     double thr_all16[2][4], thr_one16[2][4], thread_eff16[2];
     double k_bw16[2][4], kernel_bw_eff16[2];
+    /* the type's products run in its own kernels (l3d_be_matmul_native: oneDNN's bf16 matmul on
+     * an AVX512-BF16 CPU), and then their peak (the backend's, one core, every core busy), of
+     * which the type's fractions are; else 0 and fractions of the fp32 FMA peak */
+    bool native16[2];
+    double peak16[2];
 };
 
 static const enum l3d_dtype types16[2] = {L3D_BF16, L3D_F16};
@@ -469,6 +474,8 @@ static void measure_one_core(struct calib *c, bool lead) {
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     /* the 16-bit kernels (llm3d's --precision bf16|fp16), after the fp32 ones */
     for (int t = 0; t < 2; t++) {
+        c->native16[t] = l3d_be_matmul_native(be, types16[t]);
+        c->peak16[t] = c->native16[t] ? l3d_be_peak_flops(be, types16[t]) : 0.0;
         int shapes = c->eff_shapes;
         measure_gemm(be, c, types16[t], &c->n_eff16[t], c->eff16_flops[t], c->eff16[t]);
         c->eff_shapes = shapes;
@@ -491,21 +498,25 @@ static void measure_one_core(struct calib *c, bool lead) {
      * core taken away during its rounds) must not give fractions above 1, which plan rejects. */
     const double attn_flops = 12.0 * 4 * 256 * 256 * 768;
     const double attn_rate = attn_flops / (c->attn_fwd_s + c->attn_bwd_s);
-    double top = attn_rate;
+    /* A type whose products run natively has a peak of its own, raised the same way. */
+    double top = attn_rate, top16[2] = {0, 0};
     for (int i = 0; i < c->n_eff; i++) top = fmax(top, c->eff[i]);
     for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one[i]);
     for (int t = 0; t < 2; t++) {
-        top = fmax(top, attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]));
-        for (int i = 0; i < c->n_eff16[t]; i++) top = fmax(top, c->eff16[t][i]);
-        for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one16[t][i]);
+        double *tp = c->native16[t] ? &top16[t] : &top;
+        *tp = fmax(*tp, attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]));
+        for (int i = 0; i < c->n_eff16[t]; i++) *tp = fmax(*tp, c->eff16[t][i]);
+        for (int i = 0; i < 4; i++) *tp = fmax(*tp, c->thr_one16[t][i]);
     }
     c->fma_loop = 0.0;
     if (top > c->fma) c->fma_loop = c->fma, c->fma = top;
     for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
     c->attn_eff = attn_rate / c->fma;
     for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < c->n_eff16[t]; i++) c->eff16[t][i] /= c->fma;
-        c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / c->fma;
+        if (c->native16[t]) c->peak16[t] = fmax(c->peak16[t], top16[t]);
+        double peak = c->native16[t] ? c->peak16[t] : c->fma;
+        for (int i = 0; i < c->n_eff16[t]; i++) c->eff16[t][i] /= peak;
+        c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / peak;
     }
     l3d_backend_free(be);
     if (!lead) return;
@@ -674,8 +685,16 @@ static void write_profile(FILE *f, const struct calib *c) {
             by, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2",
             c->fma_loop > 0.0 ? ", or the fastest product's rate where that was higher" : "");
     fprintf(f, "peak_tflops_fp32 = %.4g\n", c->fma / 1e12);
-    fprintf(f, "# not measured: the CPU backend computes in fp32 only\n");
-    fprintf(f, "peak_tflops_bf16 = 0\npeak_tflops_fp16 = 0\n");
+    for (int t = 0; t < 2; t++) {
+        if (c->native16[t])
+            fprintf(f, "%s: %s dot products (the backend's peak of its %s products) of one "
+                       "thread, every core running the same at once, or the fastest %s product's "
+                       "rate where that was higher\npeak_tflops_%s = %.4g\n",
+                    by, names16[t], names16[t], names16[t], names16[t], c->peak16[t] / 1e12);
+        else
+            fprintf(f, "# not measured: the backend's %s products are fp32 products here\n"
+                       "peak_tflops_%s = 0\n", names16[t], names16[t]);
+    }
     fprintf(f, "\n%s: physical memory (sysconf, %.1f GB) / %d cores\n", by, c->mem_bytes / 1e9,
             c->cores);
     fprintf(f, "mem_gb = %.4g\n", c->mem_bytes / 1e9 / c->cores);
@@ -748,13 +767,16 @@ static void write_profile(FILE *f, const struct calib *c) {
         const char *n = names16[t];
         fprintf(f, "\n# llm3d's %s kernels (--precision %s: 16-bit activations and weights, fp32 "
                    "main_grad), %s\n", n, n,
-                __builtin_cpu_supports("avx512bf16") ? "on a CPU with AVX512-BF16 (oneDNN's 16-bit "
-                "products are opt-in, L3D_DNNL_16BIT=1: without it, as measured here, the "
-                "operands are widened around the fp32 product)"
-                : "widened to fp32 around the fp32 product on this CPU, conversions included");
+                c->native16[t] ? "products in oneDNN's own 16-bit kernels (fp32 sums)"
+                : "products widened to fp32 around the fp32 product on this CPU, conversions "
+                  "included");
+        fprintf(f, "%s: whether the products run in 16-bit kernels (no fp32 copies of their "
+                   "operands: the planner's memory leaves those out)\ngemm_native_%s = %s\n", by,
+                n, c->native16[t] ? "yes" : "no");
         fprintf(f, "%s: the linear layer as gemm_eff, in %s through the backend (forward, backward "
-                   "into an fp32 weight gradient), the same shapes and buckets; fraction of the "
-                   "fp32 FMA peak\n", by, n);
+                   "into an fp32 weight gradient), the same shapes and buckets; fraction of %s%s\n",
+                by, n, c->native16[t] ? "peak_tflops_" : "the fp32 FMA peak",
+                c->native16[t] ? n : "");
         fprintf(f, "gemm_eff_%s =", n);
         for (int i = 0; i < c->n_eff16[t]; i++)
             fprintf(f, " %.3g:%.3f", c->eff16_flops[t][i], c->eff16[t][i]);

@@ -26,8 +26,9 @@ static void usage(FILE *f) {
         "  --threads K         CPU: OpenMP threads per rank (1)\n"
         "  --global-batch G    sequences per step (8)\n"
         "  --precision P       fp32 (llm3d's trainer: its own memory plan), bf16 or fp16 (mixed\n"
-        "                      precision, Megatron-LM style); default fp32 on a profile without\n"
-        "                      16-bit peak, else bf16 (fp16 if the profile has no bf16)\n"
+        "                      precision, Megatron-LM style); default fp32 for llm3d's trainer\n"
+        "                      and on a profile without 16-bit peak, else bf16 (fp16 if the\n"
+        "                      profile has no bf16)\n"
         "  --trainer T         whose mixed precision: llm3d (fp32 gradients and master weights:\n"
         "                      its allocation plan; default on a CPU profile) or megatron\n"
         "                      (2-byte gradients; default on a GPU profile)\n"
@@ -451,16 +452,19 @@ int l3d_cli_plan(int argc, char **argv) {
     run.global_batch = global;
     run.threads = threads;
     run.calibrated = calibrated;
+    /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
+     * Megatron-LM's (the GPU clusters' published runs) */
+    run.llm3d_mixed = trainer_name ? strcmp(trainer_name, "llm3d") == 0 : prof.compute_units == 0;
     if (st == L3D_OK) {
+        /* without --precision: llm3d's trainer's own default (fp32), else the profile's 16-bit
+         * peak (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
         if (prec) st = l3d_prec_parse(prec, &run.precision);
-        else run.precision = prof.peak_flops[L3D_PREC_BF16] > 0   ? L3D_PREC_BF16
+        else run.precision = run.llm3d_mixed                      ? L3D_PREC_FP32
+                             : prof.peak_flops[L3D_PREC_BF16] > 0 ? L3D_PREC_BF16
                              : prof.peak_flops[L3D_PREC_FP16] > 0 ? L3D_PREC_FP16
                                                                   : L3D_PREC_FP32;
     }
     run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
-    /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
-     * Megatron-LM's (the GPU clusters' published runs) */
-    run.llm3d_mixed = trainer_name ? strcmp(trainer_name, "llm3d") == 0 : prof.compute_units == 0;
     run.grad_reduce_16 = grad_reduce && strcmp(grad_reduce, "fp32") != 0;
     if (st == L3D_OK && grad_reduce && !run.llm3d_mixed && run.precision != L3D_PREC_FP32)
         st = l3d_error(L3D_ERR_ARG, "--grad-reduce-dtype %s: for llm3d's trainer (--trainer "

@@ -489,8 +489,9 @@ static void rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_ru
              * and for each save (l3d_dp_fp32_params): allocated then freed, at the peak */
             if (lay->zero == 2 && dt != L3D_F32) staging += f32 * n;
         }
-        /* the fp32 operands of the largest 16-bit product, once (freed after each product) */
-        if (dt != L3D_F32) {
+        /* the fp32 operands of the largest 16-bit product, once (freed after each product),
+         * unless the profile says the products run in 16-bit kernels (gemm_native_T) */
+        if (dt != L3D_F32 && !run->native16) {
             double most = 0;
             for (int k = 0; k < lay->v; k++) {
                 double x = mixed_matmul_scratch(m, lay, &ch[k]);
@@ -938,6 +939,11 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
                            const struct l3d_plan_run *run, const struct l3d_plan_layout *lay_in,
                            struct l3d_plan_result *r, struct plan_cache *cc) {
     memset(r, 0, sizeof *r);
+    struct l3d_plan_run rn = *run; /* the profile's word on llm3d's 16-bit products */
+    if (run->llm3d_mixed && run->precision != L3D_PREC_FP32 &&
+        prof->mixed[run->precision == L3D_PREC_BF16 ? 0 : 1].native)
+        rn.native16 = true;
+    run = &rn;
     struct l3d_plan_layout lay = *lay_in;
     if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
     l3d_status st = l3d_plan_check(m, prof, run, &lay);

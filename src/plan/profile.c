@@ -74,7 +74,8 @@ static const struct key {
     {"attn_eff_" T, K_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true},                           \
     {"gemm_thread_eff_" T, K_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true},             \
     {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true},                \
-    {"kernel_bw_effs_" T, K_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true}
+    {"kernel_bw_effs_" T, K_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true},                \
+    {"gemm_native_" T, K_BOOL, OFF(mixed[i].native), 0, false, 0, true}
     MIXED("bf16", 0), MIXED("fp16", 1),
 #undef MIXED
 #undef OFF

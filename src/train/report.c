@@ -70,6 +70,12 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         printf(", %s reduction staging %.1f MiB", l3d_dtype_name(tc->grad_reduce),
                mem.reduce_staging / MiB);
     printf("\n");
+    if (mixed)
+        printf("products: %s\n",
+               l3d_be_matmul_native(t->be, tc->precision)
+                   ? "16-bit operands into fp32 sums, in the backend's own 16-bit kernels"
+                   : "16-bit operands widened into fp32 copies around fp32 products (the "
+                     "device has no 16-bit products, or L3D_DNNL_16BIT=0)");
     printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
            "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
            res->act_bytes_formula / MiB,

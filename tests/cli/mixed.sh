@@ -246,6 +246,11 @@ expect_error "generate --precision fp8" "--precision 'fp8': choose fp32, bf16 or
 
 # ---- memory: llm3d plan --precision bf16 (this trainer's plan) against the accounted peak -------
 prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
+# A run whose 16-bit products run in the backend's own kernels (its start-up line says so: oneDNN's
+# bf16 matmul on an AVX512-BF16 CPU) holds no fp32 copies of their operands: its plan takes the
+# profile with gemm_native_T = yes, as calibrate writes it on such a machine
+for t in bf16 fp16; do { cat "$prof"; echo "gemm_native_$t = yes"; } > "$dir/native_$t.prof"; done
+native() { grep -q "^products: 16-bit operands into fp32 sums, in the backend's own" "$1"; }
 # mem NAME NP B ACCUM DP PRECISION PLAN_FLAGS -- TRAIN_FLAGS: within 1%
 mem() {
     local name=$1 np=$2 b=$3 accum=$4 dp=$5 prec=$6
@@ -259,9 +264,10 @@ mem() {
         --context 64 --seq-len 64 --batch "$b" --grad-accum "$accum" --steps 2 --val-every 0 \
         --precision "$prec" --train "$dir/data/train_*.bin" "$@" > "$dir/$name.log" 2>&1 ||
         { bad "$name: the trainer failed"; cat "$dir/$name.log"; return; }
-    local measured predicted
+    local measured predicted p=$prof
+    native "$dir/$name.log" && p=$dir/native_$prec.prof
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
-    predicted=$("$bin" plan "${mdl[@]}" --hidden 128 --seq-len 64 --profile "$prof" \
+    predicted=$("$bin" plan "${mdl[@]}" --hidden 128 --seq-len 64 --profile "$p" \
         --precision "$prec" --devices "$np" --micro-batch "$b" \
         --global-batch $((b * accum * dp)) "${pflags[@]}" --json 2> "$dir/$name.plan" |
         head -1 | sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
@@ -283,10 +289,11 @@ mem mem_bf16_dp2_zero1_r16 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 --grad-reduce-dty
 # negative cases: a plan of another run misses the measured one by more than 1%
 # miss DESCRIPTION LOG NP PLAN_FLAGS: the plan of the model of mem() on NP ranks, micro-batch 2
 miss() {
-    local what=$1 log=$2 np=$3 predicted measured
+    local what=$1 log=$2 np=$3 predicted measured p=$prof
     shift 3
+    case $1 in --profile) p=$2; shift 2 ;; esac
     predicted=$("$bin" plan --layers 4 --heads 4 --vocab 256 --hidden 128 --seq-len 64 \
-        --profile "$prof" --devices "$np" --micro-batch 2 --global-batch $((2 * np)) --tp 1 \
+        --profile "$p" --devices "$np" --micro-batch 2 --global-batch $((2 * np)) --tp 1 \
         --pp 1 "${base[@]}" "$@" --json 2> /dev/null | head -1 |
         sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$log.log")
@@ -297,6 +304,14 @@ miss() {
 }
 miss "the fp32 plan of the bf16 run" mem_bf16_one 1 --precision fp32 --zero 0
 miss "the plan without the 16-bit sums' staging" mem_bf16_dp2_zero1_r16 2 --precision bf16 \
-    --zero 1
+    --zero 1 --profile "$(native "$dir/mem_bf16_dp2_zero1_r16.log" && echo "$dir/native_bf16.prof" || echo "$prof")"
+# the other product path's plan: fp32 copies of the operands (4% here) where there are none, or none
+# where there are
+if native "$dir/mem_bf16_one.log"; then
+    miss "the plan with the widened products' fp32 copies" mem_bf16_one 1 --precision bf16 --zero 0
+else
+    miss "the plan of 16-bit kernels (gemm_native_bf16 = yes)" mem_bf16_one 1 \
+        --profile "$dir/native_bf16.prof" --precision bf16 --zero 0
+fi
 
 exit $fail
