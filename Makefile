@@ -52,7 +52,7 @@ fuzz-build: setup
 test-fuzz:
 	@$(MAKE) --no-print-directory fuzz-build FUZZ_SECONDS_NOW=$(FUZZ_TEST_SECONDS)
 	@if [ -f $(FUZZ_BUILD)/CTestTestfile.cmake ] && grep -q fuzz_ $(FUZZ_BUILD)/CTestTestfile.cmake; then \
-	    cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz; \
+	    cd $(FUZZ_BUILD) && ctest -j$(TEST_JOBS) --output-on-failure -L fuzz; \
 	else echo "fuzz: skipped: $$(grep -ho 'fuzz targets skipped.*' $(FUZZ_BUILD)/configure.log 2>/dev/null || echo 'no fuzz build')"; fi
 
 fuzz:
@@ -63,7 +63,7 @@ fuzz:
 # when ranks outnumber the cores, 40-60x slower, so no 4-rank runs here).
 test-mpich: setup
 	cmake -S . -B $(MPICH_BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_MPI=mpich -DL3D_WERROR=$(WERROR)
-	cmake --build $(MPICH_BUILD) -j$(JOBS)
+	cmake --build $(MPICH_BUILD) -j$(JOBS) --target llm3d test_comm test_progress test_tp
 	cd $(MPICH_BUILD) && L3D_EQUIV_NP=2 ctest --output-on-failure -R 'np2|equiv'
 
 # The whole suite again on the checking backend (src/backend/check.c): device memory that host code
