@@ -71,10 +71,11 @@ test-mpich: setup
 # the runs that take no device path of their own there (`full`, `cpu_backend` in
 # tests/cli/lib/checks.sh). All but cli_calibrate, which measures this CPU through the CPU backend
 # by name (host buffers; nothing for the checker to see), and cli_cluster, whose layouts reach
-# device memory as cli_equiv's do (tp2 x dp2, pp2 x tp2): only the transport differs, MPI's own.
+# device memory as cli_equiv's do (tp2 x dp2, pp2 x tp2): only the transport differs, MPI's own;
+# and test_kernels_widened, test_kernels again on the other 16-bit product path (CMakeLists.txt).
 test-check: build
 	cd $(BUILD) && L3D_BACKEND=check ctest -j$(TEST_JOBS) --output-on-failure \
-	    -E '^cli_(calibrate|cluster)$$'
+	    -E '^(cli_(calibrate|cluster)|test_kernels_widened)$$'
 
 test-asan: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL3D_SANITIZE=ON -DL3D_WERROR=$(WERROR)
