@@ -1057,7 +1057,8 @@ static void test_mixed_local(void) {
 
 /* Element-wise kernels one by one (kernel_bw_effs): each pass at its own kernel's bandwidth. On a
  * CPU LayerNorm and GELU are bound by their arithmetic, a residual add and AdamW by memory
- * (calibrate measured 0.30-0.34 against 1.10 of the triad), which one median fits none of. */
+ * (make calibrate on the AVX-512 machine: 0.83 and 0.45 against 1.05 and 1.69 of the triad),
+ * which one median (0.94) fits none of. */
 static void test_kernels_one_by_one(void) {
     char text[4096];
     struct l3d_profile base, same, slow, tmp;

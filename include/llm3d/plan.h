@@ -76,7 +76,7 @@ int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
 /* The element-wise kernels whose bandwidth a profile may give one by one (optional key
  * kernel_bw_effs = layernorm:F gelu:F residual:F adamw:F, and kernel_bw_effs_bf16 / _fp16):
  * on a CPU, LayerNorm and GELU are bound by their arithmetic (exp, rsqrt), a residual add and
- * AdamW by memory, 3-4x apart; one median fits neither. */
+ * AdamW by memory, up to ~4x apart; one median fits neither. */
 enum l3d_kern { L3D_KERN_LAYERNORM, L3D_KERN_GELU, L3D_KERN_RESIDUAL, L3D_KERN_ADAMW, L3D_KERN_N };
 const char *l3d_kern_name(enum l3d_kern k);
 
