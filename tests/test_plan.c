@@ -72,7 +72,11 @@ static void test_profiles(void) {
         {"1e11:0.6", "1e8:0.6", "increasing flops"},
         {"1e11:0.6", "1e11", "not flops:fraction"},
         {"1e11:0.6", "1e11:2", "fraction in (0, 1.5]"},
-        {"dp_overlap = no", "dp_overlap = maybe", "give yes or no"},
+        {"dp_overlap = no", "dp_overlap = maybe", "give yes, no or a fraction from 0 to 1"},
+        {"dp_overlap = no", "dp_overlap = 1.5", "dp_overlap = '1.5': give yes, no or a fraction"},
+        {"dp_overlap = no", "dp_overlap = -0.1", "dp_overlap = '-0.1': give yes"},
+        {"dp_overlap = no", "dp_overlap = 0.5x", "dp_overlap = '0.5x': give yes"},
+        {"dp_overlap = no", "dp_overlap = nan", "dp_overlap = 'nan': give yes"},
         {"pair_size = 2", "pair_size = 9", "pair_size 9 exceeds"},
         {"attn_eff = 0.3\n", "attn_eff = 0.3\nfoo\n", "not key = value"},
         /* ranges (issue 18: 1e308 was accepted): the key, the value, the allowed range */
@@ -788,6 +792,32 @@ static void test_recompute_and_overlap(void) {
     CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\ntp_overlap = 1.5\n", &ov) ==
           L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "tp_overlap = 1.5 is out of range") != NULL);
+    /* DP overlap: the profile's fraction of what runs during backward hidden behind it (yes 1,
+     * no 0), while backward lasts, never the last tenth: ZeRO-0 the whole all-reduce, ZeRO-1
+     * and 2 the reduction but not the parameter all-gather after the optimizer step. tp 4 x dp
+     * 2 of the 18B model, 8 micro-batches of 1: backward far longer than the communication. */
+    CHECK(prof.dp_overlap == 0);
+    struct l3d_profile half, all;
+    CHECK(parse_with("dp_overlap = no\n", "dp_overlap = 0.5\n", &half) == L3D_OK);
+    CHECK(half.dp_overlap == 0.5);
+    CHECK(parse_with("dp_overlap = no\n", "dp_overlap = yes\n", &all) == L3D_OK);
+    CHECK(all.dp_overlap == 1);
+    lay.recompute = L3D_RECOMPUTE_NONE;
+    for (int zero = 0; zero <= 2; zero++) {
+        struct l3d_plan_layout dl = layout(4, 1, 2, 1, 1, zero, L3D_RECOMPUTE_NONE, false);
+        struct l3d_plan_result r0, r5, r1;
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &dl, &r0) == L3D_OK);
+        CHECK(l3d_plan_evaluate(&m, &half, &run, &dl, &r5) == L3D_OK);
+        CHECK(l3d_plan_evaluate(&m, &all, &run, &dl, &r1) == L3D_OK);
+        double d0 = r0.time.dp_comm, mm = 8;
+        CHECK(d0 > 0 && d0 < 0.1 * r0.time.gemm);
+        /* fp16 gradients and parameters: the reduction and the all-gather move the same bytes,
+         * each half of the all-reduce's; ZeRO-2 reduces every micro-batch */
+        double during = zero == 0 ? d0 : zero == 1 ? 0.5 * d0 : mm / (mm + 1) * d0;
+        CHECK_NEAR(r1.time.dp_comm, d0 - 0.9 * during, d0 * 1e-12);
+        CHECK_NEAR(r5.time.dp_comm, 0.5 * (r0.time.dp_comm + r1.time.dp_comm), d0 * 1e-12);
+        CHECK_NEAR(r1.time.step - r0.time.step, r1.time.dp_comm - d0, r0.time.step * 1e-12);
+    }
     /* every shipped profile states both overlaps */
     const char *shipped[] = {"frontier", "dgx-a100", "dgx-h100", "h200"};
     for (int i = 0; i < 4; i++) {

@@ -105,7 +105,8 @@ struct l3d_profile {
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs, by enum l3d_kern; all 0: the median
                                   * kernel_bw_eff for each (l3d_profile_kern_eff) */
     double gemm_thread_eff;    /* CPU: one product on k threads of a rank against k cores */
-    bool dp_overlap;           /* DP gradient communication overlaps the last backward */
+    double dp_overlap;         /* fraction, 0 to 1, of the DP gradient reduction hidden behind
+                                * the backward it runs during (yes: 1, no: 0) */
     double reserve_bytes;      /* per device (a CPU: per rank), kept by the runtime: context,
                                 * library workspaces, communication buffers, fragmentation */
     double gemm_calibration;   /* optional factor on gemm_eff fitted on a published run, applied

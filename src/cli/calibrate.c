@@ -85,6 +85,14 @@ struct calib {
      * which the type's fractions are; else 0 and fractions of the fp32 FMA peak */
     bool native16[2];
     double peak16[2];
+    /* DP overlap (measure_overlap): the fraction hidden, its times (s; the median round's), the
+     * bytes reduced, the rounds, and how the pieces progressed (the trainer's default for this
+     * launch: the progress thread across nodes, else polled between the products) */
+    double ov_frac, ov_x, ov_c, ov_t;
+    int64_t ov_bytes;
+    int ov_rounds, ov_kernels;
+    bool ov_thread;
+    bool thread; /* the world has the progress thread (launched across nodes) */
 };
 
 static const enum l3d_dtype types16[2] = {L3D_BF16, L3D_F16};
@@ -579,6 +587,86 @@ static void all_reduce_figures(struct l3d_comm *g, bool quick, double *bw, doubl
     l3d_free(buf);
 }
 
+/* DP overlap, the profile's dp_overlap: how much of a gradient reduction hides behind backward
+ * when it runs as the trainer runs it. The reduction: ov_bytes of fp32 zeros all-reduced in the
+ * trainer's 4 MiB non-blocking pieces, all posted at once (src/parallel/dp.c). The backward: the
+ * input and weight gradients of a linear layer of 256 x 768 x 768 (d12's attention projection on
+ * 2 x 128 tokens, a few ms on a core), one thread a rank, repeated for about twice the
+ * reduction's time so that the reduction could hide entirely; polled between the products
+ * (l3d_comm_test of every piece, the trainer's --progress poll) unless the world has the progress
+ * thread (--progress thread, the default across nodes). Each round times, after a barrier, the
+ * reduction alone posted and waited (X), the products alone (C) and both (T); hidden = (C + X -
+ * T) / X, clamped to 0..1 (the products slowed by as much as the reduction took: 0), the median
+ * of the rounds. Every rank of g; figures on each. */
+#define OV_PIECE ((int64_t)1 << 20) /* fp32 elements: the trainer's 4 MiB bucket */
+struct ov_work {
+    struct l3d_backend *be;
+    float *x, *w, *dy, *dx, *dw, *grad;
+    l3d_req *reqs;
+    int64_t n;
+};
+
+static double ov_time(struct l3d_comm *g, struct ov_work *k, int kernels, bool comm, bool poll) {
+    int np = 0;
+    l3d_comm_barrier(g);
+    double t0 = l3d_time_s();
+    for (int64_t o = 0; comm && o < k->n; o += OV_PIECE, np++)
+        l3d_comm_all_reduce(g, k->grad + o, k->n - o < OV_PIECE ? k->n - o : OV_PIECE, L3D_F32,
+                            L3D_SUM, &k->reqs[np]);
+    for (int i = 0; i < kernels; i++) {
+        l3d_be_matmul_backward(k->be, L3D_F32, k->dx, k->dw, NULL, k->dy, k->x, k->w, 256, 768,
+                               768);
+        for (int j = 0; poll && j < np; j++)
+            if (k->reqs[j].active) l3d_comm_test(g, &k->reqs[j]);
+    }
+    for (int j = 0; j < np; j++)
+        if (k->reqs[j].active) l3d_comm_wait(g, &k->reqs[j]);
+    return l3d_time_s() - t0;
+}
+
+static void measure_overlap(struct l3d_comm *g, struct calib *c, bool thread) {
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    struct ov_work k = {.be = be, .n = (c->quick ? 16 : 64) * OV_PIECE / 4};
+    k.x = filled(256 * 768, -1.0f, 1.0f, 31);
+    k.w = filled(768 * 768, -0.03f, 0.03f, 32);
+    k.dy = filled(256 * 768, -1.0f, 1.0f, 33);
+    k.dx = filled(256 * 768, 0.0f, 0.0f, 34);
+    k.dw = filled(768 * 768, 0.0f, 0.0f, 35);
+    k.grad = filled(k.n, 0.0f, 0.0f, 36); /* zeros: the sums stay zeros, round after round */
+    k.reqs = l3d_calloc((size_t)(k.n / OV_PIECE + 1) * sizeof(l3d_req), "calibrate");
+    const bool poll = !thread;
+    ov_time(g, &k, 2, true, poll); /* warm-up: primitives, MPI's buffers */
+    /* the products' count: twice the reduction's time, the same on every rank (the largest) */
+    double x0 = ov_time(g, &k, 0, true, poll), k1 = ov_time(g, &k, 4, false, poll) / 4;
+    double kernels = fmin(fmax(ceil(2.0 * x0 / k1), 4.0), 4000.0);
+    l3d_comm_all_reduce(g, &kernels, 1, L3D_F64, L3D_MAX, NULL);
+    const int rounds = c->quick ? 3 : 7;
+    double f[7], xs[7], cs[7], ts[7];
+    for (int r = 0; r < rounds; r++) {
+        xs[r] = ov_time(g, &k, 0, true, poll);
+        cs[r] = ov_time(g, &k, (int)kernels, false, poll);
+        ts[r] = ov_time(g, &k, (int)kernels, true, poll);
+        f[r] = fmin(1.0, fmax(0.0, (cs[r] + xs[r] - ts[r]) / xs[r]));
+    }
+    /* the figure and the times of the round that gave it (printed with it) */
+    double sorted[7];
+    memcpy(sorted, f, sizeof f);
+    c->ov_frac = median(sorted, rounds);
+    for (int r = 0; r < rounds; r++)
+        if (f[r] == c->ov_frac) c->ov_x = xs[r], c->ov_c = cs[r], c->ov_t = ts[r];
+    c->ov_bytes = k.n * 4;
+    c->ov_rounds = rounds;
+    c->ov_kernels = (int)kernels;
+    c->ov_thread = thread;
+    float *bufs[] = {k.x, k.w, k.dy, k.dx, k.dw, k.grad};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
+    l3d_free(k.reqs);
+    omp_set_num_threads(threads);
+    l3d_backend_free(be);
+}
+
 /* The links, on every rank; results on rank 0. One node: the all-reduce among all ranks (intra).
  * Several (a two-level profile): inside each node among its ranks, every node at once (intra;
  * none with one rank a node), then between nodes among one rank of each, the lowest (inter: the
@@ -587,6 +675,7 @@ static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of
     const double wall0 = l3d_time_s(), cpu0 = cpu_s();
     if (c->nodes == 1) {
         all_reduce_figures(w, c->quick, &c->intra_bw, &c->intra_lat);
+        measure_overlap(w, c, c->thread);
     } else {
         struct l3d_comm *node = NULL, *leads = NULL;
         int first = w->rank; /* the lowest rank of this rank's node */
@@ -598,7 +687,10 @@ static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of
                       l3d_error_message());
         if (c->per_node > 1) all_reduce_figures(node, c->quick, &c->intra_bw, &c->intra_lat);
         l3d_comm_barrier(w);
-        if (first == w->rank) all_reduce_figures(leads, c->quick, &c->inter_bw, &c->inter_lat);
+        if (first == w->rank) {
+            all_reduce_figures(leads, c->quick, &c->inter_bw, &c->inter_lat);
+            measure_overlap(leads, c, c->thread);
+        }
         l3d_comm_barrier(w);
         l3d_comm_free(leads);
         l3d_comm_free(node);
@@ -797,9 +889,18 @@ static void write_profile(FILE *f, const struct calib *c) {
         snprintf(key, sizeof key, "kernel_bw_effs_%s", n);
         write_kern(f, key, c->k_bw16[t], c->bw_all);
     }
-    fprintf(f, "# the trainer posts DP gradient pieces non-blocking during backward, but over shared "
-               "memory MPI copies them with the cores the backward uses: counted as exposed\n"
-               "dp_overlap = no\n");
+    fprintf(f, "%s: %.0f MiB of gradients all-reduced %s in 4 MiB non-blocking pieces, all posted "
+               "before %d linear-layer backward products (256x768x768, one thread a rank, every "
+               "rank at once), progressed %s: the reduction alone %.1f ms, the products alone "
+               "%.1f ms, both %.1f ms; hidden (products + reduction - both) / reduction, 0 to 1, "
+               "the median of %d rounds\n",
+            by, (double)c->ov_bytes / 1048576.0,
+            c->nodes > 1 ? "between the nodes (a rank of each)" : "among the ranks",
+            c->ov_kernels, c->ov_thread ? "by the progress thread (the trainer's default across "
+                                          "nodes)" : "by tests between the products (the "
+                                          "trainer's default within a node)",
+            c->ov_x * 1e3, c->ov_c * 1e3, c->ov_t * 1e3, c->ov_rounds);
+    fprintf(f, "dp_overlap = %.3f\n", c->ov_frac);
 }
 
 /* Can `path` be written? Creates and removes path.tmp, as write_file will. */
@@ -886,8 +987,11 @@ int l3d_cli_calibrate(int argc, char **argv) {
         return 2;
     }
 
+    /* across nodes with the progress thread, as the trainer's default there (dp_overlap is
+     * measured with it) */
     struct l3d_comm *world;
-    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
+    c.thread = l3d_cli_launcher_spans_nodes();
+    if (l3d_comm_mpi_init_progress(&argc, &argv, c.thread, &world) != L3D_OK) {
         fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
         return 1;
     }
@@ -963,6 +1067,10 @@ int l3d_cli_calibrate(int argc, char **argv) {
                    c.nodes, c.per_node, c.intra_bw / 1e9, c.intra_lat * 1e6,
                    c.per_node > 1 ? "" : " (one rank a node: not measured)", c.inter_bw / 1e9,
                    c.inter_lat * 1e6);
+        printf("DP overlap: %.0f%% of a %.0f MiB reduction hidden behind backward products "
+               "(%s; alone %.1f ms, products %.1f ms, both %.1f ms)\n", 100.0 * c.ov_frac,
+               (double)c.ov_bytes / 1048576.0, c.ov_thread ? "progress thread" : "polled",
+               c.ov_x * 1e3, c.ov_c * 1e3, c.ov_t * 1e3);
         printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
                "all-reduces; ", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);
         print_others(stdout, &c);

@@ -1164,9 +1164,14 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
         double rs = (d - 1) / d * n_max * gb / bw + (d - 1) * lat;
         double ag = (d - 1) / d * n_max * pb / bw + (d - 1) * lat;
         double comm = lay.zero == 2 ? mm * rs + ag : rs + ag;
-        double hide = prof->dp_overlap ? (lay.zero == 2 ? mm * bwd_of_max : bwd_of_max) : 0.0;
-        if (hide > 0.9 * comm) hide = 0.9 * comm; /* the last bucket is always exposed */
-        T->dp_comm = comm - (prof->dp_overlap ? hide : 0.0);
+        /* What runs during backward can hide behind it: ZeRO-0's whole all-reduce, ZeRO-1's
+         * reduction (its parameter all-gather follows the optimizer step), ZeRO-2's reduction of
+         * every micro-batch; of that, the profile's dp_overlap fraction while there is backward
+         * left to hide behind, never the last bucket (at least a tenth stays exposed). */
+        double during = lay.zero == 0 ? comm : lay.zero == 2 ? mm * rs : rs;
+        double window = lay.zero == 2 ? mm * bwd_of_max : bwd_of_max;
+        double hide = fmin(window, 0.9 * during);
+        T->dp_comm = comm - prof->dp_overlap * hide;
     }
     if (p > 1) {
         /* the tied embedding's gradient summed between the first and the last stage */

@@ -32,7 +32,7 @@ l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
  * of a number in the file's units: above lo (at lo too when !positive), at most hi. The ranges
  * are generous bounds on any device of the next decade (a 1e308 peak, memory or latency is a
  * typo, and would overflow the planner's arithmetic), not a judgement of the figures. */
-enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_EFF, K_TILE, K_KERN };
+enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_FRAC, K_EFF, K_TILE, K_KERN };
 static const struct key {
     const char *name;
     enum kind kind;
@@ -62,7 +62,7 @@ static const struct key {
     {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true, 1.5, false},
     {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
     {"kernel_bw_effs", K_KERN, OFF(kern_eff), 1, true, 2.5, true},
-    {"dp_overlap", K_BOOL, OFF(dp_overlap), 0, false, 0, false},
+    {"dp_overlap", K_FRAC, OFF(dp_overlap), 1, false, 1, false},
     {"reserve_gb", K_NUM, OFF(reserve_bytes), 1e9, false, 1e5, true},
     {"gemm_calibration", K_NUM, OFF(gemm_calibration), 1, true, 2, true},
     {"compute_units", K_INT, OFF(compute_units), 0, true, 1e6, true},
@@ -237,6 +237,16 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             else st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes or no", what, line,
                                 key, val);
             break;
+        case K_FRAC: { /* yes (1), no (0) or a fraction from 0 to 1 */
+            bool word = strcmp(val, "yes") == 0 || strcmp(val, "no") == 0;
+            double v = word ? (val[0] == 'y') : strtod(val, &end);
+            if (!word && (errno || end == val || *end || !(v >= 0.0 && v <= 1.0)))
+                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes, no or a fraction "
+                               "from 0 to 1", what, line, key, val);
+            else
+                *(double *)base = v;
+            break;
+        }
         case K_INT: {
             long v = strtol(val, &end, 10);
             if (errno || *end || v < 1 || v > 1000000)

@@ -69,7 +69,29 @@ sanitized && max=1e9
 check "attn_eff = $(val attn_eff) in (0, 1]" between attn_eff 0 1
 check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
 check "gemm_thread_eff = $(val gemm_thread_eff) in (0, $max]" between gemm_thread_eff 0 $max
-check "dp_overlap = no (shared-memory MPI uses the cores the backward uses)" test "$(val dp_overlap)" = no
+# dp_overlap: a fraction in [0, 1], the clamped (products + reduction - both) / reduction of the
+# times its comment gives (to their 0.1 ms), polled on one node
+ov_ok() { # FILE: its dp_overlap agrees with its comment's times
+    local f c
+    f=$(sed -n 's/^dp_overlap = //p' "$1")
+    c=$(grep -B1 '^dp_overlap = ' "$1" | head -n 1)
+    awk -v f="$f" -v c="$c" 'BEGIN {
+        if (!match(c, /alone [0-9.]+ ms, the products alone [0-9.]+ ms, both [0-9.]+ ms/)) exit 1
+        split(substr(c, RSTART, RLENGTH), w, " ")
+        x = w[2]; p = w[7]; b = w[10]; h = (p + x - b) / x; h = h < 0 ? 0 : h > 1 ? 1 : h
+        tol = 0.15 / x + 1e-3
+        exit !(f + 0 == f && f >= 0 && f <= 1 && f - h < tol && h - f < tol) }'
+}
+ov_rejects() { ! ov_ok "$1"; }
+ov=$(grep -B1 '^dp_overlap = ' "$prof" | head -n 1)
+check "dp_overlap = $(val dp_overlap) from the times in its comment (${ov##*: the reduction alone })" \
+    ov_ok "$prof"
+awk '/^dp_overlap = / { print "dp_overlap = " ($3 > 0.5 ? 0 : 1); next } { print }' "$prof" \
+    > "$dir/ov.prof"
+check "  ... and the check rejects a dp_overlap of $(sed -n 's/^dp_overlap = //p' "$dir/ov.prof")" \
+    ov_rejects "$dir/ov.prof"
+check "  ... progressed by tests between the products (one node)" grep -q \
+    "progressed by tests between the products" <<< "$ov"
 check "llm3d plan reads the profile" "$bin" plan --profile "$prof" --model tiny --devices 2 --global-batch 4 --top 1 --json
 check "devices_per_node = $(val devices_per_node): 1 to the online CPUs" \
     between devices_per_node 0 "$(getconf _NPROCESSORS_ONLN)"

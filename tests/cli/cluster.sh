@@ -183,9 +183,16 @@ elif bounded launch 2 1 "$bin" bench --calibrate --quick --out "$prof" > "$dir/c
        'BEGIN { exit !(b + 0 == b && b > 0 && b < 1000 && l + 0 == l && l > 0) }'; then
     ok "calibrate across 2 hosts: devices_per_node 1, inter_bw_gbs $(pv inter_bw_gbs "$prof"),\
  inter_lat_us $(pv inter_lat_us "$prof")"
+    # dp_overlap measured between the hosts with the trainer's default there, the progress thread
+    grep -B1 '^dp_overlap = ' "$prof" | head -n 1 | grep -q "between the nodes .* progressed by the progress thread" &&
+        awk -v f="$(pv dp_overlap "$prof")" 'BEGIN { exit !(f + 0 == f && f >= 0 && f <= 1) }' &&
+        ok "  ... dp_overlap $(pv dp_overlap "$prof"), measured between the hosts with the progress thread" ||
+        bad "  ... dp_overlap: $(grep -B1 '^dp_overlap = ' "$prof")"
+    # the DP time against the link's bandwidth, nothing hidden (dp_overlap 0 in both)
+    sed "s/^dp_overlap = .*/dp_overlap = 0/" "$prof" > "$dir/exposed.prof"
     sed "s/^inter_bw_gbs = .*/inter_bw_gbs = $(awk -v b="$(pv inter_bw_gbs "$prof")" \
-        'BEGIN { print b / 2 }')/" "$prof" > "$dir/half.prof"
-    a=$(dp_s "$prof") h=$(dp_s "$dir/half.prof")
+        'BEGIN { print b / 2 }')/" "$dir/exposed.prof" > "$dir/half.prof"
+    a=$(dp_s "$dir/exposed.prof") h=$(dp_s "$dir/half.prof")
     is_number "$a" && is_number "$h" && awk -v a="$a" -v h="$h" 'BEGIN { exit !(a > 0 && h > 1.5 * a && h <= 2 * a) }' &&
         ok "plan on it: dp2 across the hosts ${a} s of DP, ${h} s at half inter_bw" ||
         bad "plan on the 2-host profile: DP $a s, at half inter_bw $h s"
