@@ -89,7 +89,8 @@ struct calib {
      * bytes reduced, the rounds, and how the pieces progressed (the trainer's default for this
      * launch: the progress thread across nodes, else polled between the products) */
     double ov_frac, ov_x, ov_c, ov_t;
-    int64_t ov_bytes;
+    int64_t stream_bytes;     /* the all-reduce stream's bytes (bandwidths, dp_overlap) */
+    int stream_rounds;
     int ov_rounds, ov_kernels;
     bool ov_thread;
     bool thread; /* the world has the progress thread (launched across nodes) */
@@ -553,28 +554,12 @@ static void measure_one_core(struct calib *c, bool lead) {
 
 /* ---- all-reduce, on every rank ----------------------------------------------------------- */
 
-/* Bus bandwidth (nccl-tests: bytes / time x 2 (p - 1) / p) of blocking all-reduces of 1, 2 and
- * 4 MiB over g, each after a barrier, median of all; latency: median of back-to-back 8-byte
- * all-reduces. Every rank of g; *bw (bytes/s) and *lat (s) on each. */
-static void all_reduce_figures(struct l3d_comm *g, bool quick, double *bw, double *lat) {
-    const int reps = quick ? 10 : 50, lat_reps = quick ? 300 : 5000;
-    const int64_t max = (4 << 20) / 4;
-    float *buf = l3d_alloc((size_t)max * sizeof(float), "calibrate");
-    for (int64_t i = 0; i < max; i++) buf[i] = 1e-6f; /* touched before timing */
-    double *t = l3d_alloc((size_t)(lat_reps > 3 * reps ? lat_reps : 3 * reps) * sizeof(double),
-                          "calibrate");
-    const double p = g->size;
-    int k = 0;
-    for (int64_t count = max / 4; count <= max; count *= 2) {
-        for (int r = 0; r < 3; r++) l3d_comm_all_reduce(g, buf, count, L3D_F32, L3D_SUM, NULL);
-        for (int r = 0; r < reps; r++) {
-            l3d_comm_barrier(g);
-            double t0 = l3d_time_s();
-            l3d_comm_all_reduce(g, buf, count, L3D_F32, L3D_SUM, NULL);
-            t[k++] = 4.0 * (double)count / (l3d_time_s() - t0) * 2.0 * (p - 1) / p;
-        }
-    }
-    *bw = median(t, k);
+/* Latency: the median of back-to-back 8-byte all-reduces over g (every rank; *lat in seconds on
+ * each). */
+static void all_reduce_latency(struct l3d_comm *g, bool quick, double *lat) {
+    const int lat_reps = quick ? 300 : 5000;
+    float buf[2] = {1e-6f, 1e-6f};
+    double *t = l3d_alloc((size_t)lat_reps * sizeof(double), "calibrate");
     for (int r = 0; r < 20; r++) l3d_comm_all_reduce(g, buf, 2, L3D_F32, L3D_SUM, NULL);
     l3d_comm_barrier(g);
     for (int r = 0; r < lat_reps; r++) {
@@ -584,12 +569,12 @@ static void all_reduce_figures(struct l3d_comm *g, bool quick, double *bw, doubl
     }
     *lat = median(t, lat_reps);
     l3d_free(t);
-    l3d_free(buf);
 }
 
 /* DP overlap, the profile's dp_overlap: how much of a gradient reduction hides behind backward
- * when it runs as the trainer runs it. The reduction: ov_bytes of fp32 zeros all-reduced in the
- * trainer's 4 MiB non-blocking pieces, all posted at once (src/parallel/dp.c). The backward: the
+ * when it runs as the trainer runs it. The reduction: 32 MiB (16 with --quick) of fp32 zeros
+ * all-reduced in the trainer's 4 MiB non-blocking pieces, all posted at once (src/parallel/dp.c).
+ * The backward: the
  * input and weight gradients of a linear layer of 256 x 768 x 768 (d12's attention projection on
  * 2 x 128 tokens, a few ms on a core), one thread a rank, repeated for about twice the
  * reduction's time so that the reduction could hide entirely; polled between the products
@@ -597,7 +582,11 @@ static void all_reduce_figures(struct l3d_comm *g, bool quick, double *bw, doubl
  * thread (--progress thread, the default across nodes). Each round times, after a barrier, the
  * reduction alone posted and waited (X), the products alone (C) and both (T); hidden = (C + X -
  * T) / X, clamped to 0..1 (the products slowed by as much as the reduction took: 0), the median
- * of the rounds. Every rank of g; figures on each. */
+ * of the rounds. The link's bandwidth is the same stream's: bus bandwidth (nccl-tests: bytes /
+ * time x 2 (p - 1) / p) of each round's X, the median; a sustained rate, as the gradients move
+ * (isolated 1-4 MiB all-reduces, measured until 2026-12-04, gave twice the rate a 1 Gbit/s
+ * token-bucket link sustains: bench/allreduce.c across two namespace hosts, 0.13 against 0.06
+ * GB/s). Every rank of g; figures on each; the overlap's only with dp (the DP link). */
 #define OV_PIECE ((int64_t)1 << 20) /* fp32 elements: the trainer's 4 MiB bucket */
 struct ov_work {
     struct l3d_backend *be;
@@ -624,11 +613,11 @@ static double ov_time(struct l3d_comm *g, struct ov_work *k, int kernels, bool c
     return l3d_time_s() - t0;
 }
 
-static void measure_overlap(struct l3d_comm *g, struct calib *c, bool thread) {
+static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, bool dp, double *bw) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    struct ov_work k = {.be = be, .n = (c->quick ? 16 : 64) * OV_PIECE / 4};
+    struct ov_work k = {.be = be, .n = (c->quick ? 16 : 32) * OV_PIECE / 4};
     k.x = filled(256 * 768, -1.0f, 1.0f, 31);
     k.w = filled(768 * 768, -0.03f, 0.03f, 32);
     k.dy = filled(256 * 768, -1.0f, 1.0f, 33);
@@ -642,24 +631,31 @@ static void measure_overlap(struct l3d_comm *g, struct calib *c, bool thread) {
     double x0 = ov_time(g, &k, 0, true, poll), k1 = ov_time(g, &k, 4, false, poll) / 4;
     double kernels = fmin(fmax(ceil(2.0 * x0 / k1), 4.0), 4000.0);
     l3d_comm_all_reduce(g, &kernels, 1, L3D_F64, L3D_MAX, NULL);
-    const int rounds = c->quick ? 3 : 7;
-    double f[7], xs[7], cs[7], ts[7];
+    int rounds = c->quick ? 3 : 7;
+    double f[7], xs[7], cs[7], ts[7], rate[7];
+    const double p = g->size;
     for (int r = 0; r < rounds; r++) {
         xs[r] = ov_time(g, &k, 0, true, poll);
         cs[r] = ov_time(g, &k, (int)kernels, false, poll);
         ts[r] = ov_time(g, &k, (int)kernels, true, poll);
         f[r] = fmin(1.0, fmax(0.0, (cs[r] + xs[r] - ts[r]) / xs[r]));
+        rate[r] = 4.0 * (double)k.n / xs[r] * 2.0 * (p - 1) / p;
     }
+    *bw = median(rate, rounds);
     /* the figure and the times of the round that gave it (printed with it) */
     double sorted[7];
     memcpy(sorted, f, sizeof f);
-    c->ov_frac = median(sorted, rounds);
+    if (!dp) rounds = 0; /* not the DP link: the overlap is not kept */
+    if (dp) c->ov_frac = median(sorted, rounds);
     for (int r = 0; r < rounds; r++)
         if (f[r] == c->ov_frac) c->ov_x = xs[r], c->ov_c = cs[r], c->ov_t = ts[r];
-    c->ov_bytes = k.n * 4;
-    c->ov_rounds = rounds;
-    c->ov_kernels = (int)kernels;
-    c->ov_thread = thread;
+    c->stream_bytes = k.n * 4;
+    c->stream_rounds = c->quick ? 3 : 7;
+    if (dp) {
+        c->ov_rounds = rounds;
+        c->ov_kernels = (int)kernels;
+        c->ov_thread = thread;
+    }
     float *bufs[] = {k.x, k.w, k.dy, k.dx, k.dw, k.grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
     l3d_free(k.reqs);
@@ -674,8 +670,8 @@ static void measure_overlap(struct l3d_comm *g, struct calib *c, bool thread) {
 static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of) {
     const double wall0 = l3d_time_s(), cpu0 = cpu_s();
     if (c->nodes == 1) {
-        all_reduce_figures(w, c->quick, &c->intra_bw, &c->intra_lat);
-        measure_overlap(w, c, c->thread);
+        all_reduce_latency(w, c->quick, &c->intra_lat);
+        measure_stream(w, c, c->thread, true, &c->intra_bw);
     } else {
         struct l3d_comm *node = NULL, *leads = NULL;
         int first = w->rank; /* the lowest rank of this rank's node */
@@ -685,11 +681,14 @@ static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of
             l3d_comm_split(w, first == w->rank ? 0 : 1, w->rank, &leads) != L3D_OK)
             l3d_fatal(__FILE__, __LINE__, "calibrate: cannot split the world by node: %s",
                       l3d_error_message());
-        if (c->per_node > 1) all_reduce_figures(node, c->quick, &c->intra_bw, &c->intra_lat);
+        if (c->per_node > 1) {
+            all_reduce_latency(node, c->quick, &c->intra_lat);
+            measure_stream(node, c, c->thread, false, &c->intra_bw);
+        }
         l3d_comm_barrier(w);
         if (first == w->rank) {
-            all_reduce_figures(leads, c->quick, &c->inter_bw, &c->inter_lat);
-            measure_overlap(leads, c, c->thread);
+            all_reduce_latency(leads, c->quick, &c->inter_lat);
+            measure_stream(leads, c, c->thread, true, &c->inter_bw);
         }
         l3d_comm_barrier(w);
         l3d_comm_free(leads);
@@ -794,7 +793,11 @@ static void write_profile(FILE *f, const struct calib *c) {
                "%zu MiB in all, best pass, interleaved with the kernels below: %.1f GB/s / %d cores (one core alone: %.1f GB/s)\n",
             by, c->cores, c->triad_bytes >> 20, c->bw_all / 1e9, c->cores, c->bw_one / 1e9);
     fprintf(f, "mem_bw_gbs = %.4g\n", c->bw_all / 1e9 / c->cores);
-    const int n_bw = c->quick ? 30 : 150, n_lat = c->quick ? 300 : 5000;
+    const int n_lat = c->quick ? 300 : 5000;
+    char stream[160];
+    snprintf(stream, sizeof stream, "bus bandwidth 2(p-1)/p bytes/time of %.0f MiB in 4 MiB "
+             "non-blocking pieces posted together (the trainer's gradient stream), median of %d",
+             (double)c->stream_bytes / 1048576.0, c->stream_rounds);
     if (c->nodes == 1) {
         fprintf(f, "\n%s: cores (logical CPUs this process may use)\n", by);
         fprintf(f, "devices_per_node = %d\n", c->cores);
@@ -808,11 +811,10 @@ static void write_profile(FILE *f, const struct calib *c) {
         fprintf(f, "# one rank a node: no link inside a node measured (the planner uses mem_bw)\n"
                    "intra_bw_gbs = 0\nintra_lat_us = 0\n");
     } else {
-        fprintf(f, "%s: all-reduce between %d ranks of %s through the communicator (%s): bus "
-                   "bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 and 4 MiB\n", by,
-                c->nodes == 1 ? c->ranks : c->per_node,
+        fprintf(f, "%s: all-reduce between %d ranks of %s through the communicator (%s): %s\n",
+                by, c->nodes == 1 ? c->ranks : c->per_node,
                 c->nodes == 1 ? "this machine" : "each node, every node at once",
-                l3d_comm_mpi_library(), n_bw);
+                l3d_comm_mpi_library(), stream);
         fprintf(f, "intra_bw_gbs = %.4g\n", c->intra_bw / 1e9);
         fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces\n", by, n_lat);
         fprintf(f, "intra_lat_us = %.4g\n", c->intra_lat * 1e6);
@@ -821,8 +823,7 @@ static void write_profile(FILE *f, const struct calib *c) {
         fprintf(f, "# one node: no network\ninter_bw_gbs = 0\ninter_lat_us = 0\n");
     } else {
         fprintf(f, "%s: all-reduce between the %d nodes, one rank each (the lowest), through the "
-                   "communicator (%s): bus bandwidth 2(p-1)/p bytes/time, median of %d at 1, 2 "
-                   "and 4 MiB\n", by, c->nodes, l3d_comm_mpi_library(), n_bw);
+                   "communicator (%s): %s\n", by, c->nodes, l3d_comm_mpi_library(), stream);
         fprintf(f, "inter_bw_gbs = %.4g\n", c->inter_bw / 1e9);
         fprintf(f, "%s: median of %d back-to-back 8-byte all-reduces between the nodes\n", by,
                 n_lat);
@@ -894,7 +895,7 @@ static void write_profile(FILE *f, const struct calib *c) {
                "rank at once), progressed %s: the reduction alone %.1f ms, the products alone "
                "%.1f ms, both %.1f ms; hidden (products + reduction - both) / reduction, 0 to 1, "
                "the median of %d rounds\n",
-            by, (double)c->ov_bytes / 1048576.0,
+            by, (double)c->stream_bytes / 1048576.0,
             c->nodes > 1 ? "between the nodes (a rank of each)" : "among the ranks",
             c->ov_kernels, c->ov_thread ? "by the progress thread (the trainer's default across "
                                           "nodes)" : "by tests between the products (the "
@@ -1059,17 +1060,17 @@ int l3d_cli_calibrate(int argc, char **argv) {
     st = L3D_OK;
     if (lead) {
         if (c.nodes == 1)
-            printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 "
+            printf("all-reduce between %d ranks: %.2f GB/s bus bandwidth (a stream), %.1f us (8 "
                    "bytes)\n", world->size, c.intra_bw / 1e9, c.intra_lat * 1e6);
         else
             printf("%d nodes x %d ranks; all-reduce inside a node: %.2f GB/s, %.1f us%s; between "
-                   "nodes (one rank each): %.2f GB/s bus bandwidth (1-4 MiB), %.1f us (8 bytes)\n",
+                   "nodes (one rank each): %.2f GB/s bus bandwidth (a stream), %.1f us (8 bytes)\n",
                    c.nodes, c.per_node, c.intra_bw / 1e9, c.intra_lat * 1e6,
                    c.per_node > 1 ? "" : " (one rank a node: not measured)", c.inter_bw / 1e9,
                    c.inter_lat * 1e6);
         printf("DP overlap: %.0f%% of a %.0f MiB reduction hidden behind backward products "
                "(%s; alone %.1f ms, products %.1f ms, both %.1f ms)\n", 100.0 * c.ov_frac,
-               (double)c.ov_bytes / 1048576.0, c.ov_thread ? "progress thread" : "polled",
+               (double)c.stream_bytes / 1048576.0, c.ov_thread ? "progress thread" : "polled",
                c.ov_x * 1e3, c.ov_c * 1e3, c.ov_t * 1e3);
         printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
                "all-reduces; ", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);
