@@ -85,7 +85,7 @@ struct calib {
      * which the type's fractions are; else 0 and fractions of the fp32 FMA peak */
     bool native16[2];
     double peak16[2];
-    /* DP overlap (measure_overlap): the fraction hidden, its times (s; the median round's), the
+    /* DP overlap (measure_stream): the fraction hidden, its times (s; the median round's), the
      * bytes reduced, the rounds, and how the pieces progressed (the trainer's default for this
      * launch: the progress thread across nodes, else polled between the products) */
     double ov_frac, ov_x, ov_c, ov_t;
@@ -574,9 +574,9 @@ static void all_reduce_latency(struct l3d_comm *g, bool quick, double *lat) {
 /* DP overlap, the profile's dp_overlap: how much of a gradient reduction hides behind backward
  * when it runs as the trainer runs it. The reduction: 32 MiB (16 with --quick) of fp32 zeros
  * all-reduced in the trainer's 4 MiB non-blocking pieces, all posted at once (src/parallel/dp.c).
- * The backward: the
- * input and weight gradients of a linear layer of 256 x 768 x 768 (d12's attention projection on
- * 2 x 128 tokens, a few ms on a core), one thread a rank, repeated for about twice the
+ * The backward: the input and weight gradients of a linear layer of 256 x 768 x 768 (d12's
+ * attention projection on 2 x 128 tokens, a few ms on a core), one thread a rank, repeated for
+ * about twice the
  * reduction's time so that the reduction could hide entirely; polled between the products
  * (l3d_comm_test of every piece, the trainer's --progress poll) unless the world has the progress
  * thread (--progress thread, the default across nodes). Each round times, after a barrier, the
@@ -631,8 +631,8 @@ static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, boo
     double x0 = ov_time(g, &k, 0, true, poll), k1 = ov_time(g, &k, 4, false, poll) / 4;
     double kernels = fmin(fmax(ceil(2.0 * x0 / k1), 4.0), 4000.0);
     l3d_comm_all_reduce(g, &kernels, 1, L3D_F64, L3D_MAX, NULL);
-    int rounds = c->quick ? 3 : 7;
-    double f[7], xs[7], cs[7], ts[7], rate[7];
+    const int rounds = c->quick ? 3 : 7;
+    double f[7] = {0}, xs[7], cs[7], ts[7], rate[7];
     const double p = g->size;
     for (int r = 0; r < rounds; r++) {
         xs[r] = ov_time(g, &k, 0, true, poll);
@@ -642,16 +642,14 @@ static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, boo
         rate[r] = 4.0 * (double)k.n / xs[r] * 2.0 * (p - 1) / p;
     }
     *bw = median(rate, rounds);
-    /* the figure and the times of the round that gave it (printed with it) */
-    double sorted[7];
-    memcpy(sorted, f, sizeof f);
-    if (!dp) rounds = 0; /* not the DP link: the overlap is not kept */
-    if (dp) c->ov_frac = median(sorted, rounds);
-    for (int r = 0; r < rounds; r++)
-        if (f[r] == c->ov_frac) c->ov_x = xs[r], c->ov_c = cs[r], c->ov_t = ts[r];
     c->stream_bytes = k.n * 4;
-    c->stream_rounds = c->quick ? 3 : 7;
-    if (dp) {
+    c->stream_rounds = rounds;
+    if (dp) { /* the DP link's: the figure and the times of the round that gave it */
+        double sorted[7];
+        memcpy(sorted, f, sizeof f);
+        c->ov_frac = median(sorted, rounds);
+        for (int r = 0; r < rounds; r++)
+            if (f[r] == c->ov_frac) c->ov_x = xs[r], c->ov_c = cs[r], c->ov_t = ts[r];
         c->ov_rounds = rounds;
         c->ov_kernels = (int)kernels;
         c->ov_thread = thread;

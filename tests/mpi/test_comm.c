@@ -384,11 +384,40 @@ static void test_half_moves(struct l3d_comm *c, enum l3d_dtype t, int64_t n, int
     free(buf), free(in);
 }
 
+/* bf16's SUM (a loop of its own, src/comm/mpi.c) against l3d_f32_to_bf16 of the fp32 sum for every
+ * 16-bit pattern on rank 0 against four partners on rank 1: a scrambled pattern, itself, its
+ * negation (x + -x: +0; Inf + -Inf: NaN) and the smallest subnormal; rank 1 sends no NaN, so that
+ * the one combine of 2 ranks gives the same bits in either operand order. Other ranks add +0
+ * elsewhere, so on 2 ranks only. */
+static void test_bf16_sum_patterns(struct l3d_comm *c) {
+    if (c->size != 2) return;
+    const int64_t n = 4 * 65536;
+    uint16_t *buf = malloc((size_t)n * sizeof *buf), *want = malloc((size_t)n * sizeof *want);
+    for (int nb = 0; nb < 2; nb++) {
+        for (int64_t j = 0; j < n; j++) {
+            uint16_t a = (uint16_t)j, k = (uint16_t)(j >> 16);
+            uint16_t b = k == 0 ? (uint16_t)(j * 40503 + 12345) : k == 1 ? a
+                         : k == 2 ? (uint16_t)(a ^ 0x8000) : 0x0001;
+            if ((b & 0x7fff) > 0x7f80) b = 0x3f80; /* rank 1: no NaN */
+            buf[j] = c->rank == 0 ? a : b;
+            want[j] = l3d_f32_to_bf16(l3d_bf16_to_f32(a) + l3d_bf16_to_f32(b));
+        }
+        l3d_req r;
+        l3d_comm_all_reduce(c, buf, n, L3D_BF16, L3D_SUM, pick(&r, nb));
+        if (nb) finish(c, &r, 1);
+        int bad = 0;
+        for (int64_t j = 0; j < n; j++) bad += buf[j] != want[j];
+        RCHECK(bad == 0);
+    }
+    free(buf), free(want);
+}
+
 static void test_half(struct l3d_comm *c, int64_t n, int64_t max_count) {
     for (enum l3d_dtype t = L3D_BF16; t <= L3D_F16; t++) {
         test_half_reductions(c, t, n);
         test_half_moves(c, t, n, max_count);
     }
+    test_bf16_sum_patterns(c);
 }
 
 /* int64: MPI_INT64_T, values beyond 32 bits */
