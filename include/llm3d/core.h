@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef enum {
     L3D_OK = 0,
@@ -100,6 +101,20 @@ uint16_t l3d_f32_to_bf16(float f);
 float l3d_bf16_to_f32(uint16_t h);
 uint16_t l3d_f32_to_f16(float f);
 float l3d_f16_to_f32(uint16_t h);
+/* bf16 both ways inline, bit for bit the two above, for loops the compiler vectorizes (the
+ * backend's kernels, MPI's bf16 SUM): widening is a shift, narrowing adds the rounding bias. */
+static inline float l3d_bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t l3d_bf16_narrow(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
 
 double l3d_time_s(void); /* monotonic wall clock in seconds */
 

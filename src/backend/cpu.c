@@ -100,18 +100,8 @@ static inline void chunk(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) 
  */
 #define L3D_BLK 512
 
-static inline float bf16_ld(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline uint16_t bf16_st(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
+static inline float bf16_ld(uint16_t h) { return l3d_bf16_widen(h); }
+static inline uint16_t bf16_st(float f) { return l3d_bf16_narrow(f); }
 
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
                                                                 int64_t n) {
