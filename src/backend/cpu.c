@@ -92,16 +92,14 @@ static inline void chunk(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) 
  * Mixed precision (include/llm3d/backend.h): the bf16 and fp16 kernels below read 16-bit
  * operands into fp32 (exact), compute exactly as the fp32 kernels do, and round each 16-bit
  * output once, to nearest even. bf16 is the upper half of a binary32: widening is a shift and
- * narrowing adds the rounding bias (bit for bit l3d_f32_to_bf16, NaN kept quiet), plain loops GCC
- * vectorises. fp16 uses F16C (vcvtph2ps, vcvtps2ph with round-to-nearest-even, the same bits as
+ * narrowing adds the rounding bias (l3d_bf16_widen / l3d_bf16_narrow in core.h: bit for bit
+ * l3d_f32_to_bf16, NaN kept quiet), plain loops GCC vectorises. fp16 uses F16C (vcvtph2ps, vcvtps2ph with round-to-nearest-even, the same bits as
  * l3d_f32_to_f16 / l3d_f16_to_f32) where the CPU has it, chosen at run time, else the scalar
  * functions. Every kernel works on blocks of L3D_BLK elements converted into fp32 on the stack,
  * or on rows converted into per-thread fp32 scratch.
  */
 #define L3D_BLK 512
 
-static inline float bf16_ld(uint16_t h) { return l3d_bf16_widen(h); }
-static inline uint16_t bf16_st(float f) { return l3d_bf16_narrow(f); }
 
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
                                                                 int64_t n) {
@@ -144,7 +142,7 @@ static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
     if (t == L3D_BF16) {
         const uint16_t *s = src;
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = bf16_ld(s[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_widen(s[i]);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f16_to_f32_f16c(dst, src, n);
@@ -163,7 +161,7 @@ static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
     if (t == L3D_BF16) {
         uint16_t *d = dst;
 #pragma omp simd
-        for (int64_t i = 0; i < n; i++) d[i] = bf16_st(src[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = l3d_bf16_narrow(src[i]);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f32_to_f16_f16c(dst, src, n);

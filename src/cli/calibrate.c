@@ -85,15 +85,14 @@ struct calib {
      * which the type's fractions are; else 0 and fractions of the fp32 FMA peak */
     bool native16[2];
     double peak16[2];
-    /* DP overlap (measure_stream): the fraction hidden, its times (s; the median round's), the
-     * bytes reduced, the rounds, and how the pieces progressed (the trainer's default for this
-     * launch: the progress thread across nodes, else polled between the products) */
-    double ov_frac, ov_x, ov_c, ov_t;
-    int64_t stream_bytes;     /* the all-reduce stream's bytes (bandwidths, dp_overlap) */
+    /* the links' all-reduce stream (measure_stream): its bytes and rounds; on the DP link, the
+     * fraction hidden behind the products, its round's times (s) and the products' count */
+    int64_t stream_bytes;
     int stream_rounds;
-    int ov_rounds, ov_kernels;
-    bool ov_thread;
-    bool thread; /* the world has the progress thread (launched across nodes) */
+    double ov_frac, ov_x, ov_c, ov_t;
+    int ov_kernels;
+    bool thread; /* the world has the progress thread (launched across nodes): the pieces
+                  * progress by it, else by tests between the products (the trainer's defaults) */
 };
 
 static const enum l3d_dtype types16[2] = {L3D_BF16, L3D_F16};
@@ -576,8 +575,8 @@ static void all_reduce_latency(struct l3d_comm *g, bool quick, double *lat) {
  * all-reduced in the trainer's 4 MiB non-blocking pieces, all posted at once (src/parallel/dp.c).
  * The backward: the input and weight gradients of a linear layer of 256 x 768 x 768 (d12's
  * attention projection on 2 x 128 tokens, a few ms on a core), one thread a rank, repeated for
- * about twice the
- * reduction's time so that the reduction could hide entirely; polled between the products
+ * about twice the reduction's time so that the reduction could hide entirely; polled between the
+ * products
  * (l3d_comm_test of every piece, the trainer's --progress poll) unless the world has the progress
  * thread (--progress thread, the default across nodes). Each round times, after a barrier, the
  * reduction alone posted and waited (X), the products alone (C) and both (T); hidden = (C + X -
@@ -586,7 +585,8 @@ static void all_reduce_latency(struct l3d_comm *g, bool quick, double *lat) {
  * time x 2 (p - 1) / p) of each round's X, the median; a sustained rate, as the gradients move
  * (isolated 1-4 MiB all-reduces, measured until 2026-12-04, gave twice the rate a 1 Gbit/s
  * token-bucket link sustains: bench/allreduce.c across two namespace hosts, 0.13 against 0.06
- * GB/s). Every rank of g; figures on each; the overlap's only with dp (the DP link). */
+ * GB/s). Every rank of g; figures on each; the products and the overlap only with dp (the DP
+ * link), else the stream alone. */
 #define OV_PIECE ((int64_t)1 << 20) /* fp32 elements: the trainer's 4 MiB bucket */
 struct ov_work {
     struct l3d_backend *be;
@@ -613,7 +613,7 @@ static double ov_time(struct l3d_comm *g, struct ov_work *k, int kernels, bool c
     return l3d_time_s() - t0;
 }
 
-static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, bool dp, double *bw) {
+static void measure_stream(struct l3d_comm *g, struct calib *c, bool dp, double *bw) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -625,21 +625,25 @@ static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, boo
     k.dw = filled(768 * 768, 0.0f, 0.0f, 35);
     k.grad = filled(k.n, 0.0f, 0.0f, 36); /* zeros: the sums stay zeros, round after round */
     k.reqs = l3d_calloc((size_t)(k.n / OV_PIECE + 1) * sizeof(l3d_req), "calibrate");
-    const bool poll = !thread;
-    ov_time(g, &k, 2, true, poll); /* warm-up: primitives, MPI's buffers */
+    const bool poll = !c->thread;
+    ov_time(g, &k, dp ? 2 : 0, true, poll); /* warm-up: primitives, MPI's buffers */
     /* the products' count: twice the reduction's time, the same on every rank (the largest) */
-    double x0 = ov_time(g, &k, 0, true, poll), k1 = ov_time(g, &k, 4, false, poll) / 4;
-    double kernels = fmin(fmax(ceil(2.0 * x0 / k1), 4.0), 4000.0);
-    l3d_comm_all_reduce(g, &kernels, 1, L3D_F64, L3D_MAX, NULL);
+    double kernels = 0;
+    if (dp) {
+        double x0 = ov_time(g, &k, 0, true, poll), k1 = ov_time(g, &k, 4, false, poll) / 4;
+        kernels = fmin(fmax(ceil(2.0 * x0 / k1), 4.0), 4000.0);
+        l3d_comm_all_reduce(g, &kernels, 1, L3D_F64, L3D_MAX, NULL);
+    }
     const int rounds = c->quick ? 3 : 7;
     double f[7] = {0}, xs[7], cs[7], ts[7], rate[7];
     const double p = g->size;
     for (int r = 0; r < rounds; r++) {
         xs[r] = ov_time(g, &k, 0, true, poll);
+        rate[r] = 4.0 * (double)k.n / xs[r] * 2.0 * (p - 1) / p;
+        if (!dp) continue;
         cs[r] = ov_time(g, &k, (int)kernels, false, poll);
         ts[r] = ov_time(g, &k, (int)kernels, true, poll);
         f[r] = fmin(1.0, fmax(0.0, (cs[r] + xs[r] - ts[r]) / xs[r]));
-        rate[r] = 4.0 * (double)k.n / xs[r] * 2.0 * (p - 1) / p;
     }
     *bw = median(rate, rounds);
     c->stream_bytes = k.n * 4;
@@ -650,9 +654,7 @@ static void measure_stream(struct l3d_comm *g, struct calib *c, bool thread, boo
         c->ov_frac = median(sorted, rounds);
         for (int r = 0; r < rounds; r++)
             if (f[r] == c->ov_frac) c->ov_x = xs[r], c->ov_c = cs[r], c->ov_t = ts[r];
-        c->ov_rounds = rounds;
         c->ov_kernels = (int)kernels;
-        c->ov_thread = thread;
     }
     float *bufs[] = {k.x, k.w, k.dy, k.dx, k.dw, k.grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
@@ -669,7 +671,7 @@ static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of
     const double wall0 = l3d_time_s(), cpu0 = cpu_s();
     if (c->nodes == 1) {
         all_reduce_latency(w, c->quick, &c->intra_lat);
-        measure_stream(w, c, c->thread, true, &c->intra_bw);
+        measure_stream(w, c, true, &c->intra_bw);
     } else {
         struct l3d_comm *node = NULL, *leads = NULL;
         int first = w->rank; /* the lowest rank of this rank's node */
@@ -681,12 +683,12 @@ static void measure_comm(struct l3d_comm *w, struct calib *c, const int *node_of
                       l3d_error_message());
         if (c->per_node > 1) {
             all_reduce_latency(node, c->quick, &c->intra_lat);
-            measure_stream(node, c, c->thread, false, &c->intra_bw);
+            measure_stream(node, c, false, &c->intra_bw);
         }
         l3d_comm_barrier(w);
         if (first == w->rank) {
             all_reduce_latency(leads, c->quick, &c->inter_lat);
-            measure_stream(leads, c, c->thread, true, &c->inter_bw);
+            measure_stream(leads, c, true, &c->inter_bw);
         }
         l3d_comm_barrier(w);
         l3d_comm_free(leads);
@@ -895,10 +897,10 @@ static void write_profile(FILE *f, const struct calib *c) {
                "the median of %d rounds\n",
             by, (double)c->stream_bytes / 1048576.0,
             c->nodes > 1 ? "between the nodes (a rank of each)" : "among the ranks",
-            c->ov_kernels, c->ov_thread ? "by the progress thread (the trainer's default across "
+            c->ov_kernels, c->thread ? "by the progress thread (the trainer's default across "
                                           "nodes)" : "by tests between the products (the "
                                           "trainer's default within a node)",
-            c->ov_x * 1e3, c->ov_c * 1e3, c->ov_t * 1e3, c->ov_rounds);
+            c->ov_x * 1e3, c->ov_c * 1e3, c->ov_t * 1e3, c->stream_rounds);
     fprintf(f, "dp_overlap = %.3f\n", c->ov_frac);
 }
 
@@ -1068,7 +1070,7 @@ int l3d_cli_calibrate(int argc, char **argv) {
                    c.inter_lat * 1e6);
         printf("DP overlap: %.0f%% of a %.0f MiB reduction hidden behind backward products "
                "(%s; alone %.1f ms, products %.1f ms, both %.1f ms)\n", 100.0 * c.ov_frac,
-               (double)c.stream_bytes / 1048576.0, c.ov_thread ? "progress thread" : "polled",
+               (double)c.stream_bytes / 1048576.0, c.thread ? "progress thread" : "polled",
                c.ov_x * 1e3, c.ov_c * 1e3, c.ov_t * 1e3);
         printf("CPU time got: %.0f%% of the %d cores, %.0f%% of one core, %.0f%% during the "
                "all-reduces; ", 100.0 * c.share[0], c.cores, 100.0 * c.share[1], 100.0 * c.share[2]);

@@ -387,8 +387,8 @@ static void test_half_moves(struct l3d_comm *c, enum l3d_dtype t, int64_t n, int
 /* bf16's SUM (a loop of its own, src/comm/mpi.c) against l3d_f32_to_bf16 of the fp32 sum for every
  * 16-bit pattern on rank 0 against four partners on rank 1: a scrambled pattern, itself, its
  * negation (x + -x: +0; Inf + -Inf: NaN) and the smallest subnormal; rank 1 sends no NaN, so that
- * the one combine of 2 ranks gives the same bits in either operand order. Other ranks add +0
- * elsewhere, so on 2 ranks only. */
+ * the one combine gives the same bits in either operand order. On exactly 2 ranks (test_comm_np2):
+ * a third rank's +0 would turn a -0 sum into +0, and its combine order would matter. */
 static void test_bf16_sum_patterns(struct l3d_comm *c) {
     if (c->size != 2) return;
     const int64_t n = 4 * 65536;
