@@ -8,6 +8,7 @@
 # Modes (SCALING_MODES, default "blocking overlap:none overlap:poll overlap:thread"): --comm
 # blocking, or --comm overlap with --progress none|poll|thread (a bare "overlap" passes no
 # --progress: the binary's default, for builds before the flag). SCALING_ZERO: stages (0 1 2).
+# SCALING_ROUNDS (default 1): rounds of every configuration, interleaved; medians over rounds.
 set -eu
 build=${1:-build}
 model=${2:-d6}
@@ -36,30 +37,47 @@ run() { # NP B ZERO MODE -> prints median ms, comm ms, optimizer ms
         --quiet --peak-gflops 208 --train "$data" --out "$out" --overwrite > /dev/null
     echo "$(med ms "$out/metrics.jsonl") $(med comm_wait_ms "$out/metrics.jsonl") $(med optimizer_ms "$out/metrics.jsonl")"
 }
-echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec"
-# Control: two independent one-rank runs at once show what sharing the machine costs (memory
-# bandwidth, clock) with no communication at all.
-"$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
-    --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_a" > /dev/null &
-"$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
-    --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_b" > /dev/null
-wait
-read -r t1 c1 o1 <<< "$(run 1 4 0 blocking)"
-ctl=$(med ms "$dir/ctl_a/metrics.jsonl")
-awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
+rounds=${SCALING_ROUNDS:-1}
+echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec, $rounds round(s)"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Every figure is the median over the rounds of one step-time median per run. Each round runs every
+# configuration once, in the same order, so a slow minute of the VM falls on all of them alike. One
+# rank communicates nothing, so its baselines (B=4 weak, B=8 strong) are run once per round, with
+# --zero 0: at one rank every stage shards over one rank and runs the same optimizer.
+declare -A val
+add() { val[$1]+="$2 "; }
+mid() { tr ' ' '\n' <<< "${val[$1]}" | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+for ((r = 0; r < rounds; r++)); do
+    # Control: two independent one-rank runs at once show what sharing the machine costs (memory
+    # bandwidth, clock) with no communication at all.
+    "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
+        --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_a" --overwrite > /dev/null &
+    "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
+        --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_b" --overwrite > /dev/null
+    wait
+    add ctl "$(med ms "$dir/ctl_a/metrics.jsonl")"
+    add ctl "$(med ms "$dir/ctl_b/metrics.jsonl")"
+    read -r t c o <<< "$(run 1 4 0 blocking)"; add t1 "$t"
+    read -r t c o <<< "$(run 1 8 0 blocking)"; add t1s "$t"
+    for zero in $stages; do
+        for mode in $modes; do
+            read -r t c o <<< "$(run 2 4 $zero $mode)"
+            add "t2_${zero}_$mode" "$t"; add "c2_${zero}_$mode" "$c"; add "o2_${zero}_$mode" "$o"
+        done
+    done
+done
+t1=$(mid t1) t1s=$(mid t1s) ctl=$(mid ctl)
+awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
 for zero in $stages; do
-    # one rank communicates nothing: its time is the same in every mode
-    read -r t1 c1 o1 <<< "$(run 1 4 $zero blocking)"
-    read -r t1s c1s o1s <<< "$(run 1 8 $zero blocking)"
     for mode in $modes; do
-        read -r t2 c2 o2 <<< "$(run 2 4 $zero $mode)"
-        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl 'BEGIN {
+        t2=$(mid "t2_${zero}_$mode") c2=$(mid "c2_${zero}_$mode") o2=$(mid "o2_${zero}_$mode")
+        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl -v all="${val[t2_${zero}_$mode]}" 'BEGIN {
             printf "ZeRO-%d %-15s weak (B=4/rank): 1 rank %.1f ms, 2 ranks %.1f ms (comm %.1f, " \
                 "optimizer %.1f): %.1f%% (%.1f%% of the control)\n",
                 z, m, t1, t2, c2, o2, 100*t1/t2, 100*ctl/t2;
-            printf "ZeRO-%d %-15s strong (B=8):    1 rank %.1f ms, 2 ranks %.1f ms: %.1f%%\n",
-                z, m, t1s, t2, 100*t1s/(2*t2) }'
+            printf "ZeRO-%d %-15s strong (B=8):    1 rank %.1f ms, 2 ranks %.1f ms: %.1f%% (%.1f%% of the control)" \
+                "; 2-rank runs: %s ms\n",
+                z, m, t1s, t2, 100*t1s/(2*t2), 100*(t1s/(2*t2))/(t1/ctl), all }'
     done
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
