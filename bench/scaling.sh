@@ -22,9 +22,9 @@ export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 "$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
     /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
 data="$dir/d/train_*.bin"
+median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; } # of stdin's numbers
 med() { # FIELD FILE: median of a numeric metrics field over the steps after the first two
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
+    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | median
 }
 modes=${SCALING_MODES:-blocking overlap:none overlap:poll overlap:thread}
 stages=${SCALING_ZERO:-0 1 2}
@@ -46,7 +46,7 @@ echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 # --zero 0: at one rank every stage shards over one rank and runs the same optimizer.
 declare -A val
 add() { val[$1]+="$2 "; }
-mid() { tr ' ' '\n' <<< "${val[$1]}" | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+mid() { tr ' ' '\n' <<< "${val[$1]}" | grep . | median; }
 for ((r = 0; r < rounds; r++)); do
     # Control: two independent one-rank runs at once show what sharing the machine costs (memory
     # bandwidth, clock) with no communication at all.
@@ -71,7 +71,7 @@ awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step,
 for zero in $stages; do
     for mode in $modes; do
         t2=$(mid "t2_${zero}_$mode") c2=$(mid "c2_${zero}_$mode") o2=$(mid "o2_${zero}_$mode")
-        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl -v all="${val[t2_${zero}_$mode]}" 'BEGIN {
+        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl -v all="${val[t2_${zero}_$mode]% }" 'BEGIN {
             printf "ZeRO-%d %-15s weak (B=4/rank): 1 rank %.1f ms, 2 ranks %.1f ms (comm %.1f, " \
                 "optimizer %.1f): %.1f%% (%.1f%% of the control)\n",
                 z, m, t1, t2, c2, o2, 100*t1/t2, 100*ctl/t2;
