@@ -964,6 +964,96 @@ static void d12_local(struct l3d_plan_model *m, struct l3d_plan_run *run,
     *lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
 }
 
+/* The d12_local layout evaluated on three profiles: a on pa, b on pb, c on pc */
+static void d12_local_three(const struct l3d_profile *pa, const struct l3d_profile *pb,
+                            const struct l3d_profile *pc, struct l3d_plan_result *a,
+                            struct l3d_plan_result *b, struct l3d_plan_result *c) {
+    struct l3d_plan_model m;
+    struct l3d_plan_run run;
+    struct l3d_plan_layout lay;
+    d12_local(&m, &run, &lay);
+    CHECK(l3d_plan_evaluate(&m, pa, &run, &lay, a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, pb, &run, &lay, b) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, pc, &run, &lay, c) == L3D_OK);
+}
+
+/* gemm_eff_wgrad: the weight-gradient product's efficiency by the tokens it reduces over, in
+ * place of the FLOPs curve for that product only (bf16 into an fp32 main_grad on this CPU: 0.45
+ * of the peak at 128 tokens where the forward reaches 0.8) */
+static void test_wgrad_curve(void) {
+    char text[4096];
+    struct l3d_profile base, w, half, tmp;
+    /* flat curves, so that every product's time is its FLOPs over one rate */
+    const char *flat = "gemm_eff = 1e6:0.5 1e8:0.8 1e10:0.85\n";
+    char cpu_flat[2048];
+    const char *at = strstr(cpu_prof, flat);
+    CHECK(at != NULL);
+    snprintf(cpu_flat, sizeof cpu_flat, "%.*sgemm_eff = 1e3:0.5 1e13:0.5\n%s",
+             (int)(at - cpu_prof), cpu_prof, at + strlen(flat));
+    CHECK(l3d_profile_parse(&base, cpu_flat, "cpu") == L3D_OK && base.wgrad.n == 0);
+    snprintf(text, sizeof text, "%sgemm_eff_wgrad = 128:0.25 1024:0.5\n", cpu_flat);
+    CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK && w.wgrad.n == 2);
+    /* interpolated in log(tokens), flat beyond the ends; not the FLOPs: any weight shape */
+    CHECK_NEAR(l3d_profile_wgrad_eff(&w, 128, 768, 3072), 0.25, 1e-12);
+    CHECK_NEAR(l3d_profile_wgrad_eff(&w, sqrt(128.0 * 1024), 64, 64), 0.375, 1e-12);
+    CHECK_NEAR(l3d_profile_wgrad_eff(&w, 16, 768, 768), 0.25, 1e-12);
+    CHECK_NEAR(l3d_profile_wgrad_eff(&w, 1e6, 768, 768), 0.5, 1e-12);
+    /* without the key: the FLOPs curve at the product's shape (output K x N, reduced over M) */
+    CHECK_NEAR(l3d_profile_wgrad_eff(&base, 512, 768, 3072),
+               l3d_profile_gemm_eff_shape(&base, 3072, 768, 512), 0);
+    /* the planner: at the same 0.5, the same times; at 0.25, every weight gradient twice as long,
+     * the products' time 4/3 (forward 1, input gradient 1, weight gradient 2 parts); the rest
+     * unchanged */
+    snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.5 2048:0.5\n", cpu_flat);
+    CHECK(l3d_profile_parse(&half, text, "cpu") == L3D_OK);
+    /* 0.25 up to the layout's 512 tokens, 0.5 from 768 on: the curve must be read at the
+     * tokens (512), not at a weight dimension (768, 2304, 3072), which would give 0.5 and 1x */
+    snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.25 512:0.25 768:0.5 4096:0.5\n",
+             cpu_flat);
+    CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK);
+    struct l3d_plan_result a, b, c;
+    d12_local_three(&base, &half, &w, &a, &b, &c);
+    CHECK_NEAR(b.time.gemm, a.time.gemm, a.time.gemm * 1e-12);
+    CHECK_NEAR(c.time.gemm, 4.0 / 3.0 * a.time.gemm, a.time.gemm * 1e-9);
+    CHECK(c.time.attention == a.time.attention && c.time.elementwise == a.time.elementwise);
+    CHECK(c.time.step > a.time.step && c.mem.total == a.mem.total);
+    /* negative: at micro-batch 8 (1024 tokens) the curve reads 0.5, and the weight gradient is
+     * no slower than the flat curve's: the 4/3 above is the tokens' doing */
+    struct l3d_plan_model m;
+    struct l3d_plan_run run;
+    struct l3d_plan_layout lay;
+    d12_local(&m, &run, &lay);
+    run.global_batch = 8;
+    lay.mb = 8;
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(l3d_plan_evaluate(&m, &w, &run, &lay, &c) == L3D_OK);
+    CHECK_NEAR(c.time.gemm, a.time.gemm, a.time.gemm * 1e-12);
+    CHECK(!(fabs(c.time.gemm - 4.0 / 3.0 * a.time.gemm) <= a.time.gemm * 1e-3));
+    /* the 16-bit types: their own curve, none when the type has none (its gemm_eff_T is then of
+     * all three products, not to be mixed with the fp32 weight-gradient curve) */
+    snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.25 4096:0.5\n%sgemm_eff_wgrad_bf16 = "
+             "128:0.2\n", cpu_flat, bf16_keys);
+    CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK);
+    CHECK(l3d_profile_mixed(&w, L3D_PREC_BF16, &tmp) && tmp.wgrad.n == 1 && tmp.wgrad.eff[0] == 0.2);
+    CHECK(!l3d_profile_mixed(&w, L3D_PREC_FP32, &tmp) && tmp.wgrad.n == 2);
+    snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.5\n%s", cpu_flat, bf16_keys);
+    CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK);
+    CHECK(l3d_profile_mixed(&w, L3D_PREC_BF16, &tmp) && tmp.wgrad.n == 0);
+    /* bad curves name their key: decreasing tokens, a fraction out of range, not tokens:fraction,
+     * a type's curve without its four keys */
+    const char *bad[][2] = {
+        {"gemm_eff_wgrad = 256:0.5 128:0.6\n", "gemm_eff_wgrad points must have increasing tokens"},
+        {"gemm_eff_wgrad = 128:2\n", "gemm_eff_wgrad point '128:2' needs tokens > 0"},
+        {"gemm_eff_wgrad = 0.5\n", "gemm_eff_wgrad point '0.5' is not tokens:fraction"},
+        {"gemm_eff_wgrad_fp16 = 128:0.5\n", "gemm_eff_wgrad_fp16 needs gemm_eff_fp16"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(text, sizeof text, "%s%s", cpu_flat, bad[i][0]);
+        CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
+        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
+    }
+}
+
 static void test_mixed_local(void) {
     char text[4096];
     struct l3d_profile base, p16, tmp;
@@ -1130,14 +1220,8 @@ static void test_kernels_one_by_one(void) {
         }
     }
 
-    struct l3d_plan_model m;
-    struct l3d_plan_run run;
-    struct l3d_plan_layout lay;
-    d12_local(&m, &run, &lay);
     struct l3d_plan_result a, b, c;
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &same, &run, &lay, &b) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &slow, &run, &lay, &c) == L3D_OK);
+    d12_local_three(&base, &same, &slow, &a, &b, &c);
     /* every kernel at the median: the same times as without the key */
     CHECK_NEAR(b.time.step, a.time.step, a.time.step * 1e-12);
     CHECK_NEAR(b.time.elementwise, a.time.elementwise, a.time.elementwise * 1e-12);
@@ -1161,6 +1245,10 @@ static void test_kernels_one_by_one(void) {
     snprintf(text, sizeof text, "%s%skernel_bw_effs_bf16 = layernorm:0.45 gelu:0.045 "
              "residual:0.45 adamw:0.45\n", cpu_prof, bf16_keys);
     CHECK(l3d_profile_parse(&p16own, text, "cpu16") == L3D_OK);
+    struct l3d_plan_model m;
+    struct l3d_plan_run run;
+    struct l3d_plan_layout lay;
+    d12_local(&m, &run, &lay);
     run.precision = L3D_PREC_BF16;
     run.llm3d_mixed = true;
     CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
@@ -1228,6 +1316,7 @@ int main(void) {
     test_recompute_and_overlap();
     test_pipe_time();
     test_mixed_local();
+    test_wgrad_curve();
     test_kernels_one_by_one();
     test_cpu_ranks();
     return TEST_REPORT();

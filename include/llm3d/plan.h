@@ -80,6 +80,18 @@ int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
 enum l3d_kern { L3D_KERN_LAYERNORM, L3D_KERN_GELU, L3D_KERN_RESIDUAL, L3D_KERN_ADAMW, L3D_KERN_N };
 const char *l3d_kern_name(enum l3d_kern k);
 
+/* The weight-gradient product of a linear layer (dW = x^T dy, its output the weight, its
+ * reduction over the micro-batch's tokens), optional keys gemm_eff_wgrad and gemm_eff_wgrad_T:
+ * `tokens:fraction` points. Where a backend's weight gradient depends on the tokens and not the
+ * FLOPs (oneDNN's bf16 product accumulating into the fp32 main_grad: 0.39-0.43 of the peak at
+ * 128 tokens, 0.74-0.77 at 1024, whatever the weight's shape: docs/BENCHMARKS.md), a
+ * FLOPs curve cannot describe it. With it, gemm_eff (gemm_eff_T) is of the forward and
+ * input-gradient products only. n 0: not given (gemm_eff for all three). */
+struct l3d_profile_wgrad {
+    int n;
+    double tokens[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF];
+};
+
 struct l3d_profile_16 {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* of the run's peak */
@@ -87,6 +99,7 @@ struct l3d_profile_16 {
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs_T; all 0: kernel_bw_eff for each */
     bool native; /* optional gemm_native_T = yes: the products run in 16-bit kernels, with no
                   * fp32 copies of their operands (l3d_be_matmul_native) */
+    struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad_T (with the four above) */
 };
 
 struct l3d_profile {
@@ -101,6 +114,7 @@ struct l3d_profile {
     double intra_lat, inter_lat;        /* seconds */
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* GEMM efficiency curve */
+    struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad */
     double attn_eff, kernel_bw_eff;
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs, by enum l3d_kern; all 0: the median
                                   * kernel_bw_eff for each (l3d_profile_kern_eff) */
@@ -144,12 +158,17 @@ double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
  * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
  * memory-bound floor is the planner's. */
 double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K);
+/* Compute efficiency of the weight-gradient product of a linear layer on M tokens, K inputs, N
+ * outputs (a K x N output reduced over M): the gemm_eff_wgrad curve at M tokens (interpolated
+ * linearly in log(tokens), flat beyond the ends) times the K x N output's wave quantization;
+ * without that curve, l3d_profile_gemm_eff_shape(p, K, N, M). */
+double l3d_profile_wgrad_eff(const struct l3d_profile *p, double M, double N, double K);
 /* Fraction of mem_bw that element-wise kernel k reaches: its kernel_bw_effs entry, else
  * kernel_bw_eff. */
 double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k);
 /* The profile as llm3d's trainer runs precision `prec` on it: for bf16 / fp16 with that type's
- * 16-bit keys in the profile, *out is p with gemm_eff, attn_eff, gemm_thread_eff and
- * kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */
+ * 16-bit keys in the profile, *out is p with gemm_eff, gemm_eff_wgrad (none when the type has
+ * none), attn_eff, gemm_thread_eff and kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */
 bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out);
 
 /* ---- one layout ----------------------------------------------------------------------- */

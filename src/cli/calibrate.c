@@ -61,6 +61,8 @@ struct calib {
     int n_eff;                       /* gemm ladder: flops, fraction of fma, shapes per point */
     double eff_flops[MAX_POINTS], eff[MAX_POINTS];
     int eff_shapes;
+    int n_wg;                        /* weight-gradient product: tokens, fraction of fma */
+    double wg_tok[MAX_POINTS], wg_eff[MAX_POINTS];
     double k_bw[4];                  /* element-wise kernels, bytes/s on all cores */
     int64_t k_n;                     /* elements per kernel array */
     double kernel_bw_eff;
@@ -77,6 +79,8 @@ struct calib {
     /* llm3d's 16-bit kernels, [0] bf16 and [1] fp16, measured as their fp32 counterparts */
     int n_eff16[2];
     double eff16_flops[2][MAX_POINTS], eff16[2][MAX_POINTS];
+    int n_wg16[2];
+    double wg16_tok[2][MAX_POINTS], wg16_eff[2][MAX_POINTS];
     double attn16_s[2][2], attn_eff16[2];            /* forward, backward; fraction */
     double thr_all16[2][4], thr_one16[2][4], thread_eff16[2];
     double k_bw16[2][4], kernel_bw_eff16[2];
@@ -327,14 +331,18 @@ static int passes(const struct calib *c) { return c->quick ? 2 : 5; }
 /* A linear layer as the trainer runs it, through the backend: the forward product (M x K input,
  * N x K weight, no bias) and the backward's two (input and weight gradients, accumulated), 6 M N K
  * FLOPs. The buffers rotate through sets filling at least 64 MiB, so that each pass finds its
- * weight and activations out of cache, as a layer does after the other layers ran; the median
- * pass's FLOP/s (a training step sustains the typical pass, not the best). In 16 bits (dt bf16 or
- * fp16) as --precision bf16|fp16 runs it: 16-bit input, weight, output and activation gradients,
- * the weight gradient accumulated into the fp32 main_grad (l3d_be_matmul_backward_mixed); on a
- * CPU without 16-bit products that is the operands widened to fp32 around the fp32 product, the
- * conversions and their fp32 copies' allocation included. */
-static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
-                          int64_t K, double secs, int min_n) {
+ * weight and activations out of cache, as a layer does after the other layers ran; each product's
+ * median pass time (a training step sustains the typical pass, not the best), as FLOP/s: of the
+ * layer (.all), of the forward and input-gradient products (.fwd_dx), of the weight gradient
+ * (.wgrad). In 16 bits (dt bf16 or fp16) as --precision bf16|fp16 runs it: 16-bit input, weight,
+ * output and activation gradients, the weight gradient accumulated into the fp32 main_grad
+ * (l3d_be_matmul_backward_mixed); on a CPU without 16-bit products that is the operands widened
+ * to fp32 around the fp32 product, the conversions and their fp32 copies' allocation included. */
+struct layer_rate {
+    double all, fwd_dx, wgrad;
+};
+static struct layer_rate layer_rates(struct l3d_backend *be, enum l3d_dtype dt, int64_t M,
+                                     int64_t N, int64_t K, double secs, int min_n) {
     /* elements of dt: x, dx (M K), w (N K), y, dy (M N); dw (N K) fp32, counted as 2 of dt */
     const int64_t es = (int64_t)l3d_dtype_size(dt), gw = dt == L3D_F32 ? 1 : 2;
     const int64_t set = 2 * M * K + (1 + gw) * N * K + 2 * M * N; /* elements of dt */
@@ -346,7 +354,7 @@ static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, 
     void *first = filled_dt(dt, set, -1e-3f, 1e-3f, 21);
     for (int64_t i = 0; i < sets; i++) memcpy(buf + i * set * es, first, (size_t)(set * es));
     l3d_free(first);
-    double rate[512];
+    static double sec[3][512];
     int n = 0;
     const double start = l3d_time_s();
     for (int64_t r = -1; n < min_n || (l3d_time_s() - start < secs && n < 512); r++) {
@@ -354,40 +362,65 @@ static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, 
         char *dy = y + M * N * es, *dx = dy + M * N * es, *dw = dx + M * K * es;
         double t0 = l3d_time_s();
         l3d_be_matmul_forward(be, dt, y, x, w, NULL, M, K, N);
+        double t1 = l3d_time_s();
         if (dt == L3D_F32)
-            l3d_be_matmul_backward(be, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
+            l3d_be_matmul_backward(be, L3D_F32, dx, NULL, NULL, dy, x, w, M, K, N);
         else
-            l3d_be_matmul_backward_mixed(be, dt, L3D_F32, dx, dw, NULL, dy, x, w, M, K, N);
-        double sec = l3d_time_s() - t0;
-        if (r >= 0) rate[n++] = 6.0 * (double)M * N * K / sec; /* pass -1: primitives, warm-up */
+            l3d_be_matmul_backward_mixed(be, dt, L3D_F32, dx, NULL, NULL, dy, x, w, M, K, N);
+        double t2 = l3d_time_s();
+        if (dt == L3D_F32)
+            l3d_be_matmul_backward(be, L3D_F32, NULL, dw, NULL, dy, x, w, M, K, N);
+        else
+            l3d_be_matmul_backward_mixed(be, dt, L3D_F32, NULL, dw, NULL, dy, x, w, M, K, N);
+        double t3 = l3d_time_s();
+        if (r >= 0) { /* pass -1: primitives, warm-up */
+            sec[0][n] = t1 - t0, sec[1][n] = t2 - t1, sec[2][n] = t3 - t2;
+            n++;
+        }
     }
     l3d_free(buf);
-    return median(rate, n);
+    const double f = 2.0 * (double)M * N * K;
+    double tf = median(sec[0], n), tdx = median(sec[1], n), tw = median(sec[2], n);
+    return (struct layer_rate){3 * f / (tf + tdx + tw), 2 * f / (tf + tdx), f / tw};
+}
+static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
+                          int64_t K, double secs, int min_n) {
+    return layer_rates(be, dt, M, N, K, secs, min_n).all;
 }
 
-/* Linear layers (layer_flops) on one thread at GPT shapes: rows M of a micro-batch (B*T), N x K
+/* Linear layers (layer_rates) on one thread at GPT shapes: rows M of a micro-batch (B*T), N x K
  * from the layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by the
- * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point is the geometric mean
- * of its bucket's FLOPs and the median of its layers' FLOP/s (made a fraction of the FMA peak by
- * the caller). */
+ * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point of eff is the
+ * geometric mean of its bucket's FLOPs and the median of its layers' forward and input-gradient
+ * FLOP/s; a point of wg, a row count M and the median weight-gradient FLOP/s of the layers with
+ * that M (made fractions of the peak by the caller). The weight gradient is a curve of its own,
+ * by tokens: its reduction runs over the M rows, and a backend that accumulates it into an fp32
+ * main_grad may depend on M alone (oneDNN's bf16 product here: 0.39-0.43 of the peak at M = 128
+ * whatever N x K, docs/BENCHMARKS.md). */
 static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype dt, int *n_eff,
-                         double *eff_flops, double *eff) {
-    static const int64_t Ms[] = {64, 256, 1024, 2048};
+                         double *eff_flops, double *eff, int *n_wg, double *wg_tok,
+                         double *wg_eff) {
+    static const int64_t Ms[] = {64, 128, 256, 512, 1024, 2048};
+    enum { NM = sizeof Ms / sizeof Ms[0] };
     static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
     const int per_bucket = c->quick ? 1 : 3;
     const double secs = c->quick ? 0.02 : 0.3;
+    double wg[NM][32];
+    int nwg[NM] = {0};
     *n_eff = 0;
     c->eff_shapes = 0;
     for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
         double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0);
         int64_t shape[128][3];
+        int mi[128];
         int n = 0;
-        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
+        for (int i = 0; i < NM; i++)
             for (size_t j = 0; j < sizeof NKs / sizeof NKs[0]; j++)
                 for (size_t l = 0; l < sizeof NKs / sizeof NKs[0]; l++) {
                     double f = 2.0 * Ms[i] * NKs[j] * NKs[l];
                     if (f >= lo && f < hi && n < 128)
-                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l], n++;
+                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l],
+                        mi[n++] = i;
                 }
         if (n == 0) continue;
         int take = n < per_bucket ? n : per_bucket;
@@ -397,7 +430,9 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype
             int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
             const int64_t *sh = shape[idx];
             double f = 2.0 * sh[0] * sh[1] * sh[2];
-            frac[s] = layer_flops(be, dt, sh[0], sh[1], sh[2], secs, passes(c)); /* FLOP/s */
+            struct layer_rate lr = layer_rates(be, dt, sh[0], sh[1], sh[2], secs, passes(c));
+            frac[s] = lr.fwd_dx; /* FLOP/s */
+            if (nwg[mi[idx]] < 32) wg[mi[idx]][nwg[mi[idx]]++] = lr.wgrad;
             logf += log(f);
         }
         eff_flops[*n_eff] = exp(logf / take);
@@ -405,6 +440,12 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype
         (*n_eff)++;
         c->eff_shapes += take;
     }
+    *n_wg = 0;
+    for (int i = 0; i < NM; i++)
+        if (nwg[i] > 0) {
+            wg_tok[*n_wg] = (double)Ms[i];
+            wg_eff[(*n_wg)++] = median(wg[i], nwg[i]);
+        }
 }
 
 /* Attention core at GPT-2 small's shape with one thread: best forward and backward times. The
@@ -473,7 +514,8 @@ static void measure_one_core(struct calib *c, bool lead) {
     omp_set_num_threads(1);
     double wall0 = l3d_time_s(), cpu0 = cpu_s();
     c->fma = l3d_cpu_fma_peak(1.0);
-    measure_gemm(be, c, L3D_F32, &c->n_eff, c->eff_flops, c->eff);
+    measure_gemm(be, c, L3D_F32, &c->n_eff, c->eff_flops, c->eff, &c->n_wg, c->wg_tok,
+                 c->wg_eff);
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     measure_attention(be, c, L3D_F32, &c->attn_fwd_s, &c->attn_bwd_s);
     for (int i = 0; i < 4; i++)
@@ -485,7 +527,8 @@ static void measure_one_core(struct calib *c, bool lead) {
         c->native16[t] = l3d_be_matmul_native(be, types16[t]);
         c->peak16[t] = c->native16[t] ? l3d_be_peak_flops(be, types16[t]) : 0.0;
         int shapes = c->eff_shapes;
-        measure_gemm(be, c, types16[t], &c->n_eff16[t], c->eff16_flops[t], c->eff16[t]);
+        measure_gemm(be, c, types16[t], &c->n_eff16[t], c->eff16_flops[t], c->eff16[t],
+                     &c->n_wg16[t], c->wg16_tok[t], c->wg16_eff[t]);
         c->eff_shapes = shapes;
         measure_attention(be, c, types16[t], &c->attn16_s[t][0], &c->attn16_s[t][1]);
         for (int i = 0; i < 4; i++)
@@ -509,21 +552,25 @@ static void measure_one_core(struct calib *c, bool lead) {
     /* A type whose products run natively has a peak of its own, raised the same way. */
     double top = attn_rate, top16[2] = {0, 0};
     for (int i = 0; i < c->n_eff; i++) top = fmax(top, c->eff[i]);
+    for (int i = 0; i < c->n_wg; i++) top = fmax(top, c->wg_eff[i]);
     for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one[i]);
     for (int t = 0; t < 2; t++) {
         double *tp = c->native16[t] ? &top16[t] : &top;
         *tp = fmax(*tp, attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]));
         for (int i = 0; i < c->n_eff16[t]; i++) *tp = fmax(*tp, c->eff16[t][i]);
+        for (int i = 0; i < c->n_wg16[t]; i++) *tp = fmax(*tp, c->wg16_eff[t][i]);
         for (int i = 0; i < 4; i++) *tp = fmax(*tp, c->thr_one16[t][i]);
     }
     c->fma_loop = 0.0;
     if (top > c->fma) c->fma_loop = c->fma, c->fma = top;
     for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
+    for (int i = 0; i < c->n_wg; i++) c->wg_eff[i] /= c->fma;
     c->attn_eff = attn_rate / c->fma;
     for (int t = 0; t < 2; t++) {
         if (c->native16[t]) c->peak16[t] = fmax(c->peak16[t], top16[t]);
         double peak = c->native16[t] ? c->peak16[t] : c->fma;
         for (int i = 0; i < c->n_eff16[t]; i++) c->eff16[t][i] /= peak;
+        for (int i = 0; i < c->n_wg16[t]; i++) c->wg16_eff[t][i] /= peak;
         c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / peak;
     }
     l3d_backend_free(be);
@@ -533,8 +580,10 @@ static void measure_one_core(struct calib *c, bool lead) {
         printf("warning: the FMA loop ran at %.1f GFLOP/s, below a measured product; the peak is "
                "the fastest product's rate (a sanitizer build, or a busy machine: calibrate again "
                "on an idle machine with a release build)\n", c->fma_loop / 1e9);
-    printf("linear layer forward + backward, one core (fraction of the FMA peak):");
+    printf("linear layer forward + input gradient, one core (fraction of the FMA peak):");
     for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
+    printf("\nweight gradient by tokens:");
+    for (int i = 0; i < c->n_wg; i++) printf(" %.0f:%.2f", c->wg_tok[i], c->wg_eff[i]);
     printf("\n");
     printf("attention B=4 T=256 NH=12 HS=64, one core: forward %.1f ms, backward %.1f ms, "
            "%.0f%% of the FMA peak\n", c->attn_fwd_s * 1e3, c->attn_bwd_s * 1e3, 100.0 * c->attn_eff);
@@ -544,6 +593,9 @@ static void measure_one_core(struct calib *c, bool lead) {
         printf("%s (llm3d's 16-bit kernels): linear layer", names16[t]);
         for (int i = 0; i < c->n_eff16[t]; i++)
             printf(" %.2g:%.2f", c->eff16_flops[t][i], c->eff16[t][i]);
+        printf("; weight gradient");
+        for (int i = 0; i < c->n_wg16[t]; i++)
+            printf(" %.0f:%.2f", c->wg16_tok[t][i], c->wg16_eff[t][i]);
         printf("; attention %.0f%%; %d cores %.2f; element-wise %.0f%% of the triad\n",
                100.0 * c->attn_eff16[t], c->cores, c->thread_eff16[t],
                100.0 * c->kernel_bw_eff16[t]);
@@ -829,13 +881,17 @@ static void write_profile(FILE *f, const struct calib *c) {
                 n_lat);
         fprintf(f, "inter_lat_us = %.4g\n", c->inter_lat * 1e6);
     }
-    fprintf(f, "\n%s: the backend's linear layer, forward + backward (6 M N K FLOPs), on one core (every core busy with the same), "
+    fprintf(f, "\n%s: the backend's linear layer, its forward and input-gradient products (4 M N K FLOPs), on one core (every core busy with the same), "
                "%d GPT shapes (M in 64..2048, N and K in 64..3072), buffers rotating over 64 MiB, median pass each, "
                "bucketed by the FLOPs of one product (2 M N K) in half decades: geometric-mean FLOPs, "
                "median fraction of the FMA peak\n",
             by, c->eff_shapes);
     fprintf(f, "gemm_eff =");
     for (int i = 0; i < c->n_eff; i++) fprintf(f, " %.3g:%.3f", c->eff_flops[i], c->eff[i]);
+    fprintf(f, "\n%s: the weight-gradient products of the same layers (2 M N K FLOPs, accumulated), by the "
+               "tokens M they reduce over: the median fraction of the FMA peak of the shapes with that M\n", by);
+    fprintf(f, "gemm_eff_wgrad =");
+    for (int i = 0; i < c->n_wg; i++) fprintf(f, " %.0f:%.3f", c->wg_tok[i], c->wg_eff[i]);
     fprintf(f, "\n%s: the backend's attention forward + backward on one core (every core busy) at B=4 T=256 NH=12 "
                "HS=64 (%.1f + %.1f ms, best passes); model FLOPs 12 B T^2 C (forward 4 B T^2 C, "
                "backward twice that; the full T^2, causal half not removed, as Narayanan et al. "
@@ -866,13 +922,18 @@ static void write_profile(FILE *f, const struct calib *c) {
         fprintf(f, "%s: whether the products run in 16-bit kernels (no fp32 copies of their "
                    "operands: the planner's memory leaves those out)\ngemm_native_%s = %s\n", by,
                 n, c->native16[t] ? "yes" : "no");
-        fprintf(f, "%s: the linear layer as gemm_eff, in %s through the backend (forward, backward "
-                   "into an fp32 weight gradient), the same shapes and buckets; fraction of %s%s\n",
+        fprintf(f, "%s: the linear layer as gemm_eff, in %s through the backend (forward and input "
+                   "gradient), the same shapes and buckets; fraction of %s%s\n",
                 by, n, c->native16[t] ? "peak_tflops_" : "the fp32 FMA peak",
                 c->native16[t] ? n : "");
         fprintf(f, "gemm_eff_%s =", n);
         for (int i = 0; i < c->n_eff16[t]; i++)
             fprintf(f, " %.3g:%.3f", c->eff16_flops[t][i], c->eff16[t][i]);
+        fprintf(f, "\n%s: the weight gradient as gemm_eff_wgrad, in %s (into the fp32 main_grad)\n",
+                by, n);
+        fprintf(f, "gemm_eff_wgrad_%s =", n);
+        for (int i = 0; i < c->n_wg16[t]; i++)
+            fprintf(f, " %.0f:%.3f", c->wg16_tok[t][i], c->wg16_eff[t][i]);
         fprintf(f, "\n%s: the attention as attn_eff, in %s (%.1f + %.1f ms)\n", by, n,
                 c->attn16_s[t][0] * 1e3, c->attn16_s[t][1] * 1e3);
         fprintf(f, "attn_eff_%s = %.3f\n", n, c->attn_eff16[t]);

@@ -546,8 +546,8 @@ int l3d_cli_plan(int argc, char **argv) {
         const char *t = l3d_prec_name(run.precision);
         if (l3d_profile_mixed(&prof, run.precision, &p16))
             printf("llm3d's %s kernels timed at the profile's %s figures (gemm_eff_%s: %d "
-                   "points, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t, t, t, p16.n_eff, t,
-                   p16.attn_eff, t, p16.kernel_bw_eff);
+                   "points, gemm_eff_wgrad_%s: %d, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t,
+                   t, t, p16.n_eff, t, p16.wgrad.n, t, p16.attn_eff, t, p16.kernel_bw_eff);
         else
             printf("this profile has no gemm_eff_%s: llm3d's %s kernels timed at the fp32 figures "
                    "(llm3d bench --calibrate measures them)\n", t, t);

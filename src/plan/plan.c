@@ -611,29 +611,34 @@ struct tctx {
     bool flash;     /* fused attention */
 };
 
-/* One M x N x K product of a rank (M x K times K x N). The efficiency is the product's own
- * shape's (l3d_profile_gemm_eff_shape: the curve at its FLOPs, with the wave quantization of its
- * M x N output tiles), so a small micro-batch (small M) or a thin TP shard (small N or K) is slower
+/* One M x N x K product of a rank (M x K times K x N) at compute efficiency e: gemm() gives it
+ * the product's own shape's (l3d_profile_gemm_eff_shape: the curve at its FLOPs, with the wave
+ * quantization of its M x N output tiles), so a small micro-batch (small M) or a thin TP shard (small N or K) is slower
  * per FLOP than the cubes the curve was measured on. A rank's k threads share the product at that
  * one-core efficiency times gemm_thread_eff, which calibrate measures as the same product on k
  * threads against k single cores (not at the curve's 1/k of the FLOPs too: that counted the
  * smaller size twice; 1 on GPUs).
  * Roofline (Williams et al. 2009): never faster than moving its operands and result once through
  * memory, e (M K + K N + M N) bytes at the element-wise kernels' bandwidth. */
-static double gemm(const struct tctx *x, double M, double N, double K) {
+static double gemm_at(const struct tctx *x, double M, double N, double K, double e) {
     double f = 2 * M * N * K;
-    double e = l3d_profile_gemm_eff_shape(x->prof, M, N, K);
     if (x->threads > 1) e *= x->prof->gemm_thread_eff;
     double compute = f / (x->rate * e * x->cal);
     double memory = x->e * (M * K + K * N + M * N) / x->bw;
     return compute > memory ? compute : memory;
 }
+static double gemm(const struct tctx *x, double M, double N, double K) {
+    return gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, M, N, K));
+}
 
 /* Forward and backward of a linear layer on M tokens, K inputs, N outputs: y = x W (M x N x K);
- * backward dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens. */
+ * backward dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens,
+ * at the profile's weight-gradient efficiency by tokens where it has one (gemm_eff_wgrad: on this
+ * CPU the bf16 weight gradient into the fp32 main_grad runs at half the forward's rate at 128
+ * tokens, whatever the weight's shape). */
 static void linear(const struct tctx *x, double M, double N, double K, double *fwd, double *bwd) {
     *fwd += gemm(x, M, N, K);
-    *bwd += gemm(x, M, K, N) + gemm(x, K, N, M);
+    *bwd += gemm(x, M, K, N) + gemm_at(x, K, N, M, l3d_profile_wgrad_eff(x->prof, M, N, K));
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:

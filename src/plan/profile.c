@@ -32,7 +32,7 @@ l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
  * of a number in the file's units: above lo (at lo too when !positive), at most hi. The ranges
  * are generous bounds on any device of the next decade (a 1e308 peak, memory or latency is a
  * typo, and would overflow the planner's arithmetic), not a judgement of the figures. */
-enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_FRAC, K_EFF, K_TILE, K_KERN };
+enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_FRAC, K_EFF, K_WGRAD, K_TILE, K_KERN };
 static const struct key {
     const char *name;
     enum kind kind;
@@ -58,6 +58,7 @@ static const struct key {
     {"inter_bw_gbs", K_NUM, OFF(inter_bw), 1e9, false, 1e6, false},
     {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false, 1e6, false},
     {"gemm_eff", K_EFF, 0, 0, true, 0, false},
+    {"gemm_eff_wgrad", K_WGRAD, OFF(wgrad), 0, true, 0, true},
     {"attn_eff", K_NUM, OFF(attn_eff), 1, true, 1.5, false},
     {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true, 1.5, false},
     {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
@@ -71,6 +72,7 @@ static const struct key {
     /* llm3d's 16-bit kernels (struct l3d_profile_16): all four of a type or none */
 #define MIXED(T, i)                                                                                \
     {"gemm_eff_" T, K_EFF, OFF(mixed[i]), 0, true, 0, true},                                      \
+    {"gemm_eff_wgrad_" T, K_WGRAD, OFF(mixed[i].wgrad), 0, true, 0, true},                        \
     {"attn_eff_" T, K_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true},                           \
     {"gemm_thread_eff_" T, K_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true},             \
     {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true},                \
@@ -131,28 +133,29 @@ static char *trim(char *s) {
     return s;
 }
 
-/* A curve of flops:fraction points into n, fl, ef (gemm_eff, or a 16-bit type's gemm_eff_T) */
+/* A curve of unit:fraction points into n, fl, ef (gemm_eff or a 16-bit type's gemm_eff_T in
+ * flops; gemm_eff_wgrad[_T] in tokens) */
 static l3d_status parse_eff(int *n, double *fl, double *ef, const char *key, char *val,
-                            const char *what, int line) {
+                            const char *what, int line, const char *unit) {
     *n = 0;
     char *save = NULL;
     for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
         char *colon = strchr(tok, ':'), *end1, *end2;
         if (!colon)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s' is not flops:fraction",
-                             what, line, key, tok);
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s' is not %s:fraction",
+                             what, line, key, tok, unit);
         *colon = '\0';
         errno = 0;
         double f = strtod(tok, &end1), e = strtod(colon + 1, &end2);
         if (errno || *end1 || *end2 || !(f > 0) || !(e > 0) || e > 1.5)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s:%s' needs flops > 0 and a "
-                             "fraction in (0, 1.5]", what, line, key, tok, colon + 1);
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s:%s' needs %s > 0 and a "
+                             "fraction in (0, 1.5]", what, line, key, tok, colon + 1, unit);
         if (*n == L3D_PROFILE_MAX_EFF)
             return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d %s points", what, line,
                              L3D_PROFILE_MAX_EFF, key);
         if (*n > 0 && f <= fl[*n - 1])
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s points must have increasing flops "
-                             "(%g after %g)", what, line, key, f, fl[*n - 1]);
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s points must have increasing %s "
+                             "(%g after %g)", what, line, key, unit, f, fl[*n - 1]);
         fl[*n] = f;
         ef[(*n)++] = e;
     }
@@ -206,12 +209,18 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             break;
         case K_EFF:
             if (kk->off == 0) {
-                st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line);
+                st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line, "flops");
             } else {
                 struct l3d_profile_16 *m16 = (struct l3d_profile_16 *)base;
-                st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line);
+                st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line,
+                               "flops");
             }
             break;
+        case K_WGRAD: {
+            struct l3d_profile_wgrad *w = (struct l3d_profile_wgrad *)base;
+            st = parse_eff(&w->n, w->tokens, w->eff, key, val, what, line, "tokens");
+            break;
+        }
         case K_TILE: {
             long tm = 0, tn = 0;
             char *x = NULL;
@@ -296,6 +305,9 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
                            "four): give all or none", what, t, t, t, t);
         if (st == L3D_OK && given == 0 && m16->kern_eff[0] > 0)
             st = l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, attn_eff_%s, "
+                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
+        if (st == L3D_OK && given == 0 && m16->wgrad.n > 0)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, attn_eff_%s, "
                            "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
     }
     if (st == L3D_OK && p->pair_size > p->devices_per_node)
@@ -423,6 +435,20 @@ double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double 
     return point_free(p, p->n_eff - 1) * q;
 }
 
+double l3d_profile_wgrad_eff(const struct l3d_profile *p, double M, double N, double K) {
+    const struct l3d_profile_wgrad *w = &p->wgrad;
+    if (w->n == 0) return l3d_profile_gemm_eff_shape(p, K, N, M);
+    double q = l3d_profile_gemm_waves(p, K, N);
+    if (M <= w->tokens[0]) return w->eff[0] * q;
+    for (int i = 1; i < w->n; i++)
+        if (M <= w->tokens[i]) {
+            double x0 = log(w->tokens[i - 1]), x1 = log(w->tokens[i]);
+            double f = (log(M) - x0) / (x1 - x0);
+            return (w->eff[i - 1] + f * (w->eff[i] - w->eff[i - 1])) * q;
+        }
+    return w->eff[w->n - 1] * q;
+}
+
 double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k) {
     return p->kern_eff[k] > 0 ? p->kern_eff[k] : p->kernel_bw_eff;
 }
@@ -435,6 +461,7 @@ bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l
     out->n_eff = m16->n_eff;
     memcpy(out->eff_flops, m16->eff_flops, sizeof out->eff_flops);
     memcpy(out->eff, m16->eff, sizeof out->eff);
+    out->wgrad = m16->wgrad; /* none: the type's gemm_eff_T covers the weight gradient too */
     out->attn_eff = m16->attn_eff;
     out->gemm_thread_eff = m16->gemm_thread_eff;
     out->kernel_bw_eff = m16->kernel_bw_eff;

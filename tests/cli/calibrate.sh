@@ -39,8 +39,8 @@ check "  ... replaced the old file, no .tmp left" test ! -e "$prof.tmp" -a "$(he
 keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
 optional=$(grep '^| `[^|]*` | optional' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' |
     tr -d '`')
-check "the README's table names 37 keys, 18 of them optional" \
-    test "$(echo "$keys" | wc -l)" -eq 37 -a "$(echo "$optional" | wc -l)" -eq 18
+check "the README's table names 40 keys, 21 of them optional" \
+    test "$(echo "$keys" | wc -l)" -eq 40 -a "$(echo "$optional" | wc -l)" -eq 21
 for k in $keys; do
     n=$(grep -c "^$k = " "$prof")
     if echo "$optional" | grep -qx "$k"; then
@@ -123,6 +123,20 @@ check "$g: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fraction
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
 done
+# the weight-gradient products by tokens: the micro-batch rows the ladder ran (64..2048; --quick
+# runs one shape a bucket, which leaves out some)
+for g in gemm_eff_wgrad gemm_eff_wgrad_bf16 gemm_eff_wgrad_fp16; do
+check "$g: 4+ points, strictly increasing tokens within 64..2048, fractions in (0, 1]" \
+    awk -v pts="$(val $g)" 'BEGIN {
+        n = split(pts, p, " "); if (n < 4) exit 1
+        for (i = 1; i <= n; i++) {
+            if (split(p[i], te, ":") != 2) exit 1
+            t = te[1] + 0; e = te[2] + 0
+            if (!(e > 0 && e <= 1) || t < 64 || t > 2048 || (i > 1 && t <= prev)) exit 1
+            prev = t
+        }
+        exit 0 }'
+done
 # the element-wise kernels one by one: all four named, in the order calibrate measures them, and
 # their median is the file's kernel_bw_eff (to the 3 decimals written)
 for t in "" _bf16 _fp16; do
@@ -139,8 +153,9 @@ check "kernel_bw_effs$t: layernorm, gelu, residual, adamw; their median is kerne
         exit !(m - med < 0.002 && med - m < 0.002) }'
 done
 for k in peak_tflops_fp32 mem_gb mem_bw_gbs devices_per_node intra_bw_gbs intra_lat_us gemm_eff \
-    attn_eff gemm_thread_eff kernel_bw_eff gemm_eff_bf16 attn_eff_bf16 gemm_thread_eff_bf16 \
-    kernel_bw_eff_bf16 gemm_eff_fp16 attn_eff_fp16 gemm_thread_eff_fp16 kernel_bw_eff_fp16; do
+    gemm_eff_wgrad attn_eff gemm_thread_eff kernel_bw_eff gemm_eff_bf16 gemm_eff_wgrad_bf16 \
+    attn_eff_bf16 gemm_thread_eff_bf16 kernel_bw_eff_bf16 gemm_eff_fp16 gemm_eff_wgrad_fp16 \
+    attn_eff_fp16 gemm_thread_eff_fp16 kernel_bw_eff_fp16; do
     grep -B1 "^$k = " "$prof" | head -1 | grep -Eq "^# measured by llm3d bench --calibrate --quick on [0-9]{4}-[0-9]{2}-[0-9]{2}: " ||
         bad "$k has no '# measured by ... on DATE:' comment above it"
 done
