@@ -1166,13 +1166,22 @@ static void test_mixed_local(void) {
         CHECK_NEAR(a.time.dp_comm, (zero ? 0.75 : 1.0) * f.time.dp_comm, f.time.dp_comm * 1e-12);
         CHECK_NEAR(b.time.dp_comm, 0.5 * f.time.dp_comm, f.time.dp_comm * 1e-12);
         /* AdamW on the fp32 master writes the 16-bit copy: 30 bytes against fp32's 28, plus
-         * the norm's read of the fp32 gradient (4) */
+         * the norm's read of the fp32 gradient's shard (4) and the whole buffer's zeroing (4) */
         double shard = zero ? 0.5 : 1.0;
-        CHECK_NEAR(a.time.optimizer / f.time.optimizer, (30 * shard + 4) / (28 * shard + 4),
-                   1e-12);
+        CHECK_NEAR(a.time.optimizer / f.time.optimizer,
+                   (30 * shard + 4 * shard + 4) / (28 * shard + 4 * shard + 4), 1e-12);
         /* every element-wise pass at 2 bytes, the trainer's 16-bit logits included */
         CHECK_NEAR(a.time.elementwise, 0.5 * f.time.elementwise, f.time.elementwise * 1e-12);
     }
+    /* ZeRO-2 zeroes its gradient shard only, ZeRO-1 the whole buffer: fp32 28 / 2 + 4 / 2 + 4
+     * bytes a parameter against 28 / 2 + 4 / 2 + 4 / 2 */
+    run.precision = L3D_PREC_FP32;
+    run.llm3d_mixed = false;
+    lay = layout(1, 1, 2, 4, 1, 1, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    lay = layout(1, 1, 2, 4, 1, 2, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &b) == L3D_OK);
+    CHECK_NEAR(b.time.optimizer / a.time.optimizer, 18.0 / 20.0, 1e-12);
 }
 
 /* Element-wise kernels one by one (kernel_bw_effs): each pass at its own kernel's bandwidth. On a
@@ -1232,8 +1241,8 @@ static void test_kernels_one_by_one(void) {
                a.time.elementwise * 1e-9);
     CHECK(c.time.gemm == a.time.gemm && c.time.attention == a.time.attention);
     /* AdamW at half: its 28 bytes a parameter twice the time, the norm's read of the gradient
-     * (4 bytes, a streaming pass as the residual add) the same */
-    CHECK_NEAR(c.time.optimizer / a.time.optimizer, (28 * 2 + 4) / 32.0, 1e-12);
+     * and its zeroing (4 bytes each, streaming passes as the residual add) the same */
+    CHECK_NEAR(c.time.optimizer / a.time.optimizer, (28 * 2 + 4 + 4) / 36.0, 1e-12);
     /* a 16-bit run takes its type's kernels, not the fp32 ones: with bf16 keys and no
      * kernel_bw_effs_bf16, each pass at kernel_bw_eff_bf16 whatever the fp32 kernels are */
     struct l3d_profile p16, p16slow, p16own;

@@ -1187,12 +1187,15 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     }
     /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
      * parameter, m, v (28 bytes); llm3d's mixed precision also writes the 16-bit copy (28 + 2,
-     * l3d_be_adamw_mixed), Megatron-LM's (32, as counted before); one more read of the gradients
-     * for the global norm, a streaming pass as a residual add is */
+     * l3d_be_adamw_mixed), Megatron-LM's (32, as counted before). Two streaming passes over the
+     * gradients, timed as a residual add is: the global norm reads the shard's (the rank's
+     * range under ZeRO, l3d_dp_grad_sumsq_add), and the gradient buffer is zeroed for the next
+     * step (the whole buffer; ZeRO-2's shard: l3d_dp_step, Megatron-LM's zero_grad_buffer) */
     double n_opt = lay.zero >= 1 ? n_max / lay.dp : n_max;
+    double n_zero = lay.zero == 2 ? n_opt : n_max;
     double opt_bytes = !fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x.e : 28.0;
     T->optimizer = n_opt * opt_bytes / x.bw_k[L3D_KERN_ADAMW] +
-                   n_max * eb / x.bw_k[L3D_KERN_RESIDUAL];
+                   (n_opt + n_zero) * eb / x.bw_k[L3D_KERN_RESIDUAL];
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;
 
     r->mem = mem_worst;
