@@ -342,7 +342,8 @@ struct layer_rate {
     double all, fwd_dx, wgrad;
 };
 static struct layer_rate layer_rates(struct l3d_backend *be, enum l3d_dtype dt, int64_t M,
-                                     int64_t N, int64_t K, double secs, int min_n) {
+                                     int64_t N, int64_t K, double secs, int min_n,
+                                     bool wgrad_only) {
     /* elements of dt: x, dx (M K), w (N K), y, dy (M N); dw (N K) fp32, counted as 2 of dt */
     const int64_t es = (int64_t)l3d_dtype_size(dt), gw = dt == L3D_F32 ? 1 : 2;
     const int64_t set = 2 * M * K + (1 + gw) * N * K + 2 * M * N; /* elements of dt */
@@ -361,9 +362,11 @@ static struct layer_rate layer_rates(struct l3d_backend *be, enum l3d_dtype dt, 
         char *x = buf + ((r + 1) % sets) * set * es, *w = x + M * K * es, *y = w + N * K * es;
         char *dy = y + M * N * es, *dx = dy + M * N * es, *dw = dx + M * K * es;
         double t0 = l3d_time_s();
-        l3d_be_matmul_forward(be, dt, y, x, w, NULL, M, K, N);
+        if (!wgrad_only) l3d_be_matmul_forward(be, dt, y, x, w, NULL, M, K, N);
         double t1 = l3d_time_s();
-        if (dt == L3D_F32)
+        if (wgrad_only)
+            ;
+        else if (dt == L3D_F32)
             l3d_be_matmul_backward(be, L3D_F32, dx, NULL, NULL, dy, x, w, M, K, N);
         else
             l3d_be_matmul_backward_mixed(be, dt, L3D_F32, dx, NULL, NULL, dy, x, w, M, K, N);
@@ -385,42 +388,39 @@ static struct layer_rate layer_rates(struct l3d_backend *be, enum l3d_dtype dt, 
 }
 static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
                           int64_t K, double secs, int min_n) {
-    return layer_rates(be, dt, M, N, K, secs, min_n).all;
+    return layer_rates(be, dt, M, N, K, secs, min_n, false).all;
 }
 
 /* Linear layers (layer_rates) on one thread at GPT shapes: rows M of a micro-batch (B*T), N x K
  * from the layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by the
  * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point of eff is the
  * geometric mean of its bucket's FLOPs and the median of its layers' forward and input-gradient
- * FLOP/s; a point of wg, a row count M and the median weight-gradient FLOP/s of the layers with
- * that M (made fractions of the peak by the caller). The weight gradient is a curve of its own,
- * by tokens: its reduction runs over the M rows, and a backend that accumulates it into an fp32
- * main_grad may depend on M alone (oneDNN's bf16 product here: 0.39-0.43 of the peak at M = 128
- * whatever N x K, docs/BENCHMARKS.md). */
+ * FLOP/s. The weight gradient has a curve of its own, by tokens: its reduction runs over the M
+ * rows, and a backend that accumulates it into an fp32 main_grad may depend on M alone (oneDNN's
+ * bf16 product here: 0.39-0.43 of the peak at M = 128 for every weight out of cache,
+ * docs/BENCHMARKS.md), so a point of wg is M and the median FLOP/s of the weight-gradient product
+ * alone at GPT-2 small's two weights, 768 x 768 and 3072 x 768 (out of every core's cache, as a
+ * model's weights are; the ladder's small weights stay in cache). Fractions of the peak: the
+ * caller's. */
 static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype dt, int *n_eff,
                          double *eff_flops, double *eff, int *n_wg, double *wg_tok,
                          double *wg_eff) {
-    static const int64_t Ms[] = {64, 128, 256, 512, 1024, 2048};
-    enum { NM = sizeof Ms / sizeof Ms[0] };
+    static const int64_t Ms[] = {64, 256, 1024, 2048};
     static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
     const int per_bucket = c->quick ? 1 : 3;
     const double secs = c->quick ? 0.02 : 0.3;
-    double wg[NM][32];
-    int nwg[NM] = {0};
     *n_eff = 0;
     c->eff_shapes = 0;
     for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
         double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0);
         int64_t shape[128][3];
-        int mi[128];
         int n = 0;
-        for (int i = 0; i < NM; i++)
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
             for (size_t j = 0; j < sizeof NKs / sizeof NKs[0]; j++)
                 for (size_t l = 0; l < sizeof NKs / sizeof NKs[0]; l++) {
                     double f = 2.0 * Ms[i] * NKs[j] * NKs[l];
                     if (f >= lo && f < hi && n < 128)
-                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l],
-                        mi[n++] = i;
+                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l], n++;
                 }
         if (n == 0) continue;
         int take = n < per_bucket ? n : per_bucket;
@@ -430,9 +430,7 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype
             int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
             const int64_t *sh = shape[idx];
             double f = 2.0 * sh[0] * sh[1] * sh[2];
-            struct layer_rate lr = layer_rates(be, dt, sh[0], sh[1], sh[2], secs, passes(c));
-            frac[s] = lr.fwd_dx; /* FLOP/s */
-            if (nwg[mi[idx]] < 32) wg[mi[idx]][nwg[mi[idx]]++] = lr.wgrad;
+            frac[s] = layer_rates(be, dt, sh[0], sh[1], sh[2], secs, passes(c), false).fwd_dx;
             logf += log(f);
         }
         eff_flops[*n_eff] = exp(logf / take);
@@ -440,12 +438,17 @@ static void measure_gemm(struct l3d_backend *be, struct calib *c, enum l3d_dtype
         (*n_eff)++;
         c->eff_shapes += take;
     }
+    static const int64_t toks[] = {64, 128, 256, 512, 1024, 2048};
+    static const int64_t weights[2][2] = {{768, 768}, {3072, 768}}; /* N outputs x K inputs */
     *n_wg = 0;
-    for (int i = 0; i < NM; i++)
-        if (nwg[i] > 0) {
-            wg_tok[*n_wg] = (double)Ms[i];
-            wg_eff[(*n_wg)++] = median(wg[i], nwg[i]);
-        }
+    for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+        double r[2];
+        for (int w = 0; w < 2; w++)
+            r[w] = layer_rates(be, dt, toks[i], weights[w][0], weights[w][1], secs, passes(c),
+                               true).wgrad;
+        wg_tok[*n_wg] = (double)toks[i];
+        wg_eff[(*n_wg)++] = median(r, 2);
+    }
 }
 
 /* Attention core at GPT-2 small's shape with one thread: best forward and backward times. The
@@ -888,8 +891,9 @@ static void write_profile(FILE *f, const struct calib *c) {
             by, c->eff_shapes);
     fprintf(f, "gemm_eff =");
     for (int i = 0; i < c->n_eff; i++) fprintf(f, " %.3g:%.3f", c->eff_flops[i], c->eff[i]);
-    fprintf(f, "\n%s: the weight-gradient products of the same layers (2 M N K FLOPs, accumulated), by the "
-               "tokens M they reduce over: the median fraction of the FMA peak of the shapes with that M\n", by);
+    fprintf(f, "\n%s: the linear layer's weight-gradient product alone (2 M N K FLOPs, accumulated into the "
+               "gradient), by the tokens M it reduces over, at GPT-2 small's weights 768x768 and 3072x768 (out of "
+               "cache), buffers rotating over 64 MiB, median pass: the mean of the two, fraction of the FMA peak\n", by);
     fprintf(f, "gemm_eff_wgrad =");
     for (int i = 0; i < c->n_wg; i++) fprintf(f, " %.0f:%.3f", c->wg_tok[i], c->wg_eff[i]);
     fprintf(f, "\n%s: the backend's attention forward + backward on one core (every core busy) at B=4 T=256 NH=12 "
