@@ -4,6 +4,10 @@
 # plain MPI loop of the same sizes.
 #   weak:   per-rank batch fixed (B=4 per rank): efficiency = tokens/s(2) / (2 x tokens/s(1))
 #   strong: global batch fixed (B=8): efficiency = time(1) / (2 x time(2))
+# SCALING_ACCUM=a (default 1): each rank accumulates a micro-batches of B=4 per step (--grad-accum);
+# then weak compares 1 and 2 ranks at a x 4 sequences a rank, and strong keeps the micro-batch and
+# the global batch (8a) fixed, as Megatron-LM's and Frontier's strong scaling do: 1 rank runs 2a
+# micro-batches a step, each of 2 ranks a. (a = 1 keeps the B=8 one-rank baseline above.)
 # Usage: bench/scaling.sh [BUILD_DIR] [MODEL] [STEPS]      (defaults: build d6 12)
 # Modes (SCALING_MODES, default "blocking overlap:none overlap:poll overlap:thread"): --comm
 # blocking, or --comm overlap with --progress none|poll|thread (a bare "overlap" passes no
@@ -28,9 +32,11 @@ med() { # FIELD FILE: median of a numeric metrics field over the steps after the
 }
 modes=${SCALING_MODES:-blocking overlap:none overlap:poll overlap:thread}
 stages=${SCALING_ZERO:-0 1 2}
-run() { # NP B ZERO MODE -> prints median ms, comm ms, optimizer ms
-    local np=$1 b=$2 zero=$3 mode=$4 out="$dir/run_$1_$2_$3_${4/:/_}"
-    local flags=(--comm "${mode%%:*}")
+accum=${SCALING_ACCUM:-1}
+[[ $accum =~ ^[1-9][0-9]*$ ]] || { echo "SCALING_ACCUM=$accum: expected a positive integer" >&2; exit 2; }
+run() { # NP B ZERO MODE [ACCUM] -> prints median ms, comm ms, optimizer ms
+    local np=$1 b=$2 zero=$3 mode=$4 acc=${5:-$accum} out="$dir/run_$1_$2_$3_${4/:/_}"
+    local flags=(--comm "${mode%%:*}" --grad-accum "$acc")
     [[ $mode == *:* ]] && flags+=(--progress "${mode#*:}")
     "$mpiexec" -n "$np" "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 \
         --batch "$b" --steps "$steps" --warmup 2 --val-every 0 --zero "$zero" "${flags[@]}" \
@@ -38,7 +44,7 @@ run() { # NP B ZERO MODE -> prints median ms, comm ms, optimizer ms
     echo "$(med ms "$out/metrics.jsonl") $(med comm_wait_ms "$out/metrics.jsonl") $(med optimizer_ms "$out/metrics.jsonl")"
 }
 rounds=${SCALING_ROUNDS:-1}
-echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec, $rounds round(s)"
+echo "model $model, T=256, $steps steps, 1 thread per rank, launcher $mpiexec, $rounds round(s), $accum micro-batch(es) of 4 a rank a step"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Every figure is the median over the rounds of one step-time median per run. Each round runs every
 # configuration once, in the same order, so a slow minute of the VM falls on all of them alike. One
@@ -51,14 +57,16 @@ for ((r = 0; r < rounds; r++)); do
     # Control: two independent one-rank runs at once show what sharing the machine costs (memory
     # bandwidth, clock) with no communication at all.
     "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
-        --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_a" --overwrite > /dev/null &
+        --warmup 2 --val-every 0 --grad-accum "$accum" --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_a" --overwrite > /dev/null &
     "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
-        --warmup 2 --val-every 0 --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_b" --overwrite > /dev/null
+        --warmup 2 --val-every 0 --grad-accum "$accum" --quiet --peak-gflops 208 --train "$data" --out "$dir/ctl_b" --overwrite > /dev/null
     wait
     add ctl "$(med ms "$dir/ctl_a/metrics.jsonl")"
     add ctl "$(med ms "$dir/ctl_b/metrics.jsonl")"
     read -r t c o <<< "$(run 1 4 0 blocking)"; add t1 "$t"
-    read -r t c o <<< "$(run 1 8 0 blocking)"; add t1s "$t"
+    if ((accum == 1)); then read -r t c o <<< "$(run 1 8 0 blocking)"
+    else read -r t c o <<< "$(run 1 4 0 blocking $((2 * accum)))"; fi
+    add t1s "$t"
     for zero in $stages; do
         for mode in $modes; do
             read -r t c o <<< "$(run 2 4 $zero $mode)"
@@ -71,13 +79,13 @@ awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step,
 for zero in $stages; do
     for mode in $modes; do
         t2=$(mid "t2_${zero}_$mode") c2=$(mid "c2_${zero}_$mode") o2=$(mid "o2_${zero}_$mode")
-        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl -v all="${val[t2_${zero}_$mode]% }" 'BEGIN {
-            printf "ZeRO-%d %-15s weak (B=4/rank): 1 rank %.1f ms, 2 ranks %.1f ms (comm %.1f, " \
+        awk -v z=$zero -v m=$mode -v t1=$t1 -v t2=$t2 -v c2=$c2 -v o2=$o2 -v t1s=$t1s -v ctl=$ctl -v a=$accum -v all="${val[t2_${zero}_$mode]% }" 'BEGIN {
+            printf "ZeRO-%d %-15s weak (%d/rank): 1 rank %.1f ms, 2 ranks %.1f ms (comm %.1f, " \
                 "optimizer %.1f): %.1f%% (%.1f%% of the control)\n",
-                z, m, t1, t2, c2, o2, 100*t1/t2, 100*ctl/t2;
-            printf "ZeRO-%d %-15s strong (B=8):    1 rank %.1f ms, 2 ranks %.1f ms: %.1f%% (%.1f%% of the control)" \
+                z, m, 4*a, t1, t2, c2, o2, 100*t1/t2, 100*ctl/t2;
+            printf "ZeRO-%d %-15s strong (%d in all): 1 rank %.1f ms, 2 ranks %.1f ms: %.1f%% (%.1f%% of the control)" \
                 "; 2-rank runs: %s ms\n",
-                z, m, t1s, t2, 100*t1s/(2*t2), 100*(t1s/(2*t2))/(t1/ctl), all }'
+                z, m, 8*a, t1s, t2, 100*t1s/(2*t2), 100*(t1s/(2*t2))/(t1/ctl), all }'
     done
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
