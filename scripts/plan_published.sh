@@ -38,15 +38,22 @@ Predictions first, without any fit. Where each figure of the profiles comes from
   selective: the attention core's forward, nothing with a fused attention); the pipeline is the
   schedule's own actions run on a timeline with each stage's times and links (the first stage's
   embedding, the last one's head and loss); TP and DP communication are exposed, as the profiles
-  state for these frameworks (`tp_overlap = 0`, `dp_overlap = no`, each with its source).
+  state for these frameworks (`tp_overlap = 0`, `dp_overlap = no`, each with its source). A DP
+  group's ring shares its nodes' NICs with the other groups that have members there (t p of
+  them; one NIC a ring channel, as NCCL runs on rail-aligned nodes), so a DP-only run across
+  nodes has each node's whole network, a run with tp x pp >= 8 a NIC a device.
+- The unfused attention of Megatron-LM 2021 (the Frontier runs used flash attention) is its
+  batched products at the GEMM curve of their shapes and the passes its softmax and attention
+  dropout make over the b a s^2 scores, forward and backward (Korthikanti et al. 2022's tensors),
+  at the element-wise bandwidth: at h = 2304 those passes take as long as the layer's products.
 - Assumed, with the reason in the profile: flash attention at 0.25 of the MI250X peak on the full
-  s^2 count, the unfused 2021 attention at 0.30 of the A100 peak, element-wise kernels at 0.78 /
-  0.80 of the memory bandwidth (0.78 measured on a GCD by a 512 MiB copy), collective latencies of
-  8-20 us; links from the vendors' data sheets (each profile names its source).
+  s^2 count, element-wise kernels at 0.78 / 0.80 of the memory bandwidth (0.78 measured on a GCD
+  by a 512 MiB copy), collective latencies of 8-20 us; links from the vendors' data sheets (each
+  profile names its source).
 
 Then, separately, the optional calibration (`llm3d plan --calibrated`): one factor per profile on
 its GEMM curve, `gemm_calibration`, fitted on one published run (Frontier: 0.825 on the 22B run;
-A100: 0.827 on Megatron's 1T run), for the era's GEMM rates that no microbenchmark gives. The
+A100: 0.830 on Megatron's 1T run), for the era's GEMM rates that no microbenchmark gives. The
 second table names the run that set it; the error on the others is what the calibration earns.
 Every published figure the page uses is in one of the tables, with its role: none set a constant
 of the fit-free predictions; two set the calibrations; one batch of the scaling table was chosen
@@ -64,11 +71,17 @@ HEAD
 cat <<'TAIL'
 
 Notes:
-- Without the fit every run is predicted 5-13 points high: today's GEMM libraries reach more of
-  the peak than those of the runs did, and the model leaves out per-kernel overheads (launches,
-  the optimizer's many small tensors). The 1.7B run is the furthest off even calibrated: its GEMMs
-  are the smallest of the table (h = 2304), where the assumed part of the A100 curve matters most,
-  and its micro-batch is assumed.
+- Without the fit every run is predicted 5-9 points high (14-19%), alike on both machines and
+  all sizes: today's GEMM libraries reach more of the peak than those of the runs did, and the
+  model leaves out per-kernel overheads (launches, the optimizer's many small tensors). The 1.7B
+  run, h = 2304, is still the furthest off calibrated (+7%); its micro-batch is assumed.
+- Two corrections for the right reasons, 2026-12-06: the unfused attention as products and score
+  passes (it was 0.30 of the A100 peak on the FLOPs, an assumed figure) and the NICs shared by
+  the DP groups on a node, not by a group's own members (the 1.7B run's all-reduce was charged a
+  NIC a GPU, 8 times too slow). Before them: 18.9% mean, 29.3% worst relative error without a
+  fit, 4.2% mean and 15.1% worst calibrated (A100 factor 0.827 then); the NIC fix alone made the
+  1.7B row worse (+40.9%: its time was partly the misplaced all-reduce), the attention model
+  brought it to +19.4%, the others to +14-18%.
 - Timing each product at its own shape, recomputation by what it recomputes and the pipeline by
   its schedule moved these predictions by 1.1 points or less (before: 19.8% mean, 29.9% worst
   relative error without a fit): the runs' shards fill the devices' waves about as well as the

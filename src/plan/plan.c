@@ -609,6 +609,7 @@ struct tctx {
     double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     bool fp32;
     bool flash;     /* fused attention */
+    bool dropout;   /* attention dropout (Megatron-LM's core attention; not llm3d's trainer) */
 };
 
 /* One M x N x K product of a rank (M x K times K x N) at compute efficiency e: gemm() gives it
@@ -639,6 +640,38 @@ static double gemm(const struct tctx *x, double M, double N, double K) {
 static void linear(const struct tctx *x, double M, double N, double K, double *fwd, double *bwd) {
     *fwd += gemm(x, M, N, K);
     *bwd += gemm(x, M, K, N) + gemm_at(x, K, N, M, l3d_profile_wgrad_eff(x->prof, M, N, K));
+}
+
+/* The attention core of one layer on one micro-batch and rank (a/t heads): forward *f, backward
+ * *bw. Fused (flash): 4 b s^2 h / t FLOPs forward, twice that backward (its recomputed scores
+ * included), at the profile's attn_eff. Unfused, as Megatron-LM's core attention, which writes
+ * the b (a/t) s^2 scores to memory and reads them back: its batched products at the GEMM curve of
+ * their own shapes, stacked over the heads (forward QK^T, M = b (a/t) s, N = s, K = h/a, and
+ * P V, N = h/a, K = s; backward dP like QK^T, dV, dQ and dK like P V), each bounded by moving
+ * its operands (the scores written or read), then the element-wise passes over the scores at
+ * the kernels' bandwidth: softmax forward reads and writes them, backward reads probabilities
+ * and gradient and writes one; attention dropout (Megatron-LM's, not llm3d's trainer) reads and
+ * writes them and a byte of mask each way. The tensors are Korthikanti et al. 2022's (sec. 4.1:
+ * 2as^2b of QK^T output and of softmax output, as^2b of mask, 2as^2b of dropout output). Where
+ * the scores' size s^2 rivals the layer's h^2, at small h, these passes, not the FLOPs, set the
+ * attention's time. */
+static void attention(const struct tctx *x, double *f, double *bw) {
+    const struct l3d_plan_model *m = x->m;
+    double b = x->lay->mb, s = m->s, h = m->h, t = x->lay->tp;
+    if (x->flash) {
+        *f = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
+        *bw = 2 * *f;
+        return;
+    }
+    double heads = b * m->heads / t, d = h / m->heads, M = heads * s, sc = heads * s * s;
+    double qk = gemm(x, M, s, d), pv = gemm(x, M, d, s), e = x->e;
+    double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
+    if (x->dropout) {
+        pf += sc * (2 * e + 1);
+        pb += sc * (2 * e + 1);
+    }
+    *f = qk + pv + pf / x->bw;
+    *bw = qk + 3 * pv + pb / x->bw;
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
@@ -676,7 +709,7 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
                        double p2p_prev, double p2p_next, struct parts *o) {
     const struct l3d_plan_model *m = x->m;
     const struct l3d_plan_layout *lay = x->lay;
-    double t = lay->tp, h = m->h, s = m->s, b = lay->mb, N = x->ntok, e = x->e;
+    double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
     double spdiv = lay->sp ? t : 1.0;
     double Ll = ch->sh.layer_count;
     memset(o, 0, sizeof *o);
@@ -688,9 +721,9 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     linear(x, N, h, h / t, &g, &gb);
     linear(x, N, f / t, h, &g, &gb);
     linear(x, N, h, f / t, &g, &gb);
-    /* the attention core: 4 b s^2 h / t FLOPs forward (QK^T and PV, full s^2 as Narayanan counts),
-     * twice that backward */
-    double at = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
+    /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
+    double at, atb;
+    attention(x, &at, &atb);
     /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
      * the f/t hidden (2 f/t), each at its own kernel's bandwidth; backward about twice the
      * traffic of the same kernels */
@@ -702,10 +735,10 @@ static void chunk_time(const struct tctx *x, const struct chunk *ch, double tp_b
     double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) *
                                   all_reduce(N * h * e, lay->tp, tp_bw, tp_lat) : 0.0;
     o->gemm = Ll * (g + gb);
-    o->attn = Ll * 3 * at;
+    o->attn = Ll * (at + atb);
     o->elem = Ll * 3 * el;
     o->tp = Ll * 4 * ar;
-    o->bwd = Ll * (gb + 2 * at + 2 * el + 2 * ar);
+    o->bwd = Ll * (gb + atb + 2 * el + 2 * ar);
     /* what is recomputed before each layer's backward: full, the whole forward from the layer's
      * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
      * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
@@ -1007,7 +1040,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
 
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
     struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0,
-                     .flash = run->flash};
+                     .flash = run->flash, .dropout = !fp32 && !run->llm3d_mixed};
     if (run->calibrated && prof->gemm_calibration > 0) x.cal = prof->gemm_calibration;
     double share = 1.0;
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
@@ -1160,11 +1193,21 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
     double eb = run->llm3d_mixed ? bytes_of(L3D_F32) : x.e;
     double gb = run->grad_reduce_16 ? bytes_of(L3D_BF16) : eb, pb = lay.zero >= 1 ? x.e : gb;
     if (lay.dp > 1) {
+        /* A DP group's members are t p ranks apart, so a node holds members of t p groups (of
+         * all of them when t p >= devices_per_node), which reduce at once. Each group's ring
+         * enters and leaves a node once per channel, over that channel's NIC (NCCL's rings, one
+         * NIC a channel on rail-aligned nodes: Jeaugey, "NCCL 2.0", GTC 2017), so the node's
+         * NICs are shared by those t p groups, not by the group's members on the node: a group
+         * that fills its nodes (t p = 1) has the node's whole inter_bw, a group of one member a
+         * node its device's share. Members on one node also pass the ring inside it, which
+         * inter_bw may not outrun. */
         double bw, lat;
-        int64_t span = (int64_t)t * p * lay.dp;
-        link_of(prof, 0, span - 1, (int)(span < prof->devices_per_node ? span
-                                                                        : prof->devices_per_node),
-                &bw, &lat);
+        int64_t span = (int64_t)t * p * lay.dp, tpn = (int64_t)t * p;
+        int64_t dpn = prof->devices_per_node;
+        link_of(prof, 0, span - 1, (int)(tpn < dpn ? tpn : dpn), &bw, &lat);
+        if (tpn < dpn && span > dpn && prof->inter_bw > 0 && prof->intra_bw > 0 &&
+            bw > prof->intra_bw)
+            bw = prof->intra_bw;
         double d = lay.dp;
         double rs = (d - 1) / d * n_max * gb / bw + (d - 1) * lat;
         double ag = (d - 1) / d * n_max * pb / bw + (d - 1) * lat;
