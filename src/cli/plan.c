@@ -261,7 +261,7 @@ static int run_published(void) {
             continue;
         }
         double pred = 100 * r.hfu;
-        printf("| %s | %.3g | %.2f | %+.2f | %+.1f%% | %s |\n", p->what, prof.gemm_calibration,
+        printf("| %s | %.3f | %.2f | %+.2f | %+.1f%% | %s |\n", p->what, prof.gemm_calibration,
                pred, pred - p->pct, 100 * (pred - p->pct) / p->pct,
                p->fit ? "set the calibration" : "never used to set a constant");
         double e = fabs(pred - p->pct) / p->pct;
