@@ -1322,7 +1322,7 @@ static void test_cpu_ranks(void) {
  * reads, writes and keeps a byte of mask. Backward: one product like QK^T, three like P V,
  * dropout's gradient (read, mask, write) and softmax's (read two, write one). llm3d's own
  * trainer has no attention dropout; a fused attention is its FLOPs at attn_eff, whatever the
- * memory. The old model (every unfused attention at attn_eff on its FLOPs) fails all three. */
+ * memory. The old model (every unfused attention at attn_eff on its FLOPs) fails the first two. */
 static void test_attention_unfused(void) {
     struct l3d_profile prof;
     CHECK(parse_with("mem_bw_gbs = 2000\n", "mem_bw_gbs = 1\n", &prof) == L3D_OK);
