@@ -45,7 +45,7 @@ Predictions first, without any fit. Where each figure of the profiles comes from
 - The unfused attention of Megatron-LM 2021 (the Frontier runs used flash attention) is its
   batched products at the GEMM curve of their shapes and the passes its softmax and attention
   dropout make over the b a s^2 scores, forward and backward (Korthikanti et al. 2022's tensors),
-  at the element-wise bandwidth: at h = 2304 (the 1.7B run) the attention takes 1.08 s a step
+  at the element-wise bandwidth: at h = 2304 (the 1.7B run) the attention takes 1.10 s a step
   against 1.61 s for all the products of the layers and head.
 - Assumed, with the reason in the profile: flash attention at 0.25 of the MI250X peak on the full
   s^2 count, element-wise kernels at 0.78 / 0.80 of the memory bandwidth (0.78 measured on a GCD
@@ -88,8 +88,8 @@ Notes:
   NIC a GPU, 8 times too slow). Before them: 18.9% mean, 29.3% worst relative error without a
   fit, 4.2% mean and 15.1% worst calibrated (A100 factor 0.827 then); the NIC fix alone made the
   1.7B row worse (+40.9%: its time was partly the misplaced all-reduce), the attention model
-  brought it to +19.4%, the others to +14-18% (17.1% mean over those 7 runs, calibrated 2.8% mean
-  and 7.4% worst on the 5 held out). The two 2022 rows were added after both corrections.
+  brought it to +18.7%, the others to +14-19% (17.0% mean over those 7 runs, calibrated 2.7% mean
+  and 6.8% worst on the 5 held out). The two 2022 rows were added after both corrections.
 - Timing each product at its own shape, recomputation by what it recomputes and the pipeline by
   its schedule moved these predictions by 1.1 points or less (before: 19.8% mean, 29.9% worst
   relative error without a fit): the runs' shards fill the devices' waves about as well as the

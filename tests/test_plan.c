@@ -1317,8 +1317,8 @@ static void test_cpu_ranks(void) {
 
 /* The unfused attention core (Megatron-LM's, scores in memory) is its batched products and the
  * passes over the b (a/t) s^2 scores: with 1 GB/s of memory every part is bound by its bytes,
- * which this counts independently. Forward: QK^T (M = b (a/t) s, N = s, K = h/a) and P V (N = h/a,
- * K = s), each moving e (M K + K N + M N) bytes; softmax reads and writes the scores, dropout
+ * which this counts independently. Forward: QK^T (s x s x h/a a head) and P V (s x h/a x s), each
+ * head moving its own operands and result; softmax reads and writes the scores, dropout
  * reads, writes and keeps a byte of mask. Backward: one product like QK^T, three like P V,
  * dropout's gradient (read, mask, write) and softmax's (read two, write one). llm3d's own
  * trainer has no attention dropout; a fused attention is its FLOPs at attn_eff, whatever the
@@ -1330,7 +1330,7 @@ static void test_attention_unfused(void) {
     CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
     const double b = 2, t = 2, s = m.s, a = m.heads, d = (double)m.h / m.heads, L = m.L;
     const double bw = 1e9 * 0.7; /* mem_bw x kernel_bw_eff */
-    const double H = b * a / t, M = H * s, sc = H * s * s;
+    const double H = b * a / t, sc = H * s * s;
     for (int k = 0; k < 3; k++) {
         /* 0: fp16, Megatron-LM (dropout); 1: fp32, llm3d's trainer (none); 2: fused */
         struct l3d_plan_run run = run16(2, 2, k == 2);
@@ -1344,7 +1344,8 @@ static void test_attention_unfused(void) {
         if (k == 2) {
             want = L * 3 * 4 * b * s * s * m.h / t / (100e12 * 0.3);
         } else {
-            double qk = e * (M * d + d * s + M * s), pv = e * (M * s + s * d + M * d);
+            /* QK^T reads Q and K, writes the scores; P V reads P and V, writes the output */
+            double qk = e * H * (s * d + d * s + s * s), pv = e * H * (s * s + s * d + s * d);
             double drop = k == 0 ? 2 * e + 1 : 0;
             double fwd = qk + pv + sc * (2 * e + drop), bwd = qk + 3 * pv + sc * (3 * e + drop);
             want = L * (fwd + bwd) / bw;
@@ -1356,7 +1357,7 @@ static void test_attention_unfused(void) {
     struct l3d_plan_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    double e = 2, qk = e * (M * d + d * s + M * s), pv = e * (M * s + s * d + M * d);
+    double e = 2, qk = e * H * (s * d + d * s + s * s), pv = e * H * (s * s + s * d + s * d);
     double nodrop = L * (qk + pv + sc * 2 * e + qk + 3 * pv + sc * 3 * e) / bw;
     CHECK(fabs(r.time.attention - nodrop) > 0.1 * nodrop);
 }
@@ -1375,12 +1376,14 @@ static void test_dp_nics(void) {
                      "inter_bw_gbs = 400\ninter_lat_us = 5\n", &fat) == L3D_OK);
     struct l3d_plan_model m;
     CHECK(l3d_plan_model_preset(&m, "megatron-1.7b") == L3D_OK);
-    const int tps[3] = {1, 2, 8};
-    const double share[3] = {1, 2, 8}; /* inter_bw (100) / intra_bw (100) x groups a node */
-    for (int i = 0; i < 3; i++) {
-        int tp = tps[i], dp = 16 / tp;
-        struct l3d_plan_run run = run16(16, dp, false);
-        struct l3d_plan_layout lay = layout(tp, 1, dp, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    /* tp x pp: the groups a node holds are t p, whether from TP or PP */
+    const int tps[4] = {1, 2, 8, 2}, pps[4] = {1, 1, 1, 2};
+    const double share[4] = {1, 2, 8, 4}; /* inter_bw (100) / intra_bw (100) x groups a node */
+    const double fat_share[4] = {1, 1, 2, 1}; /* inter_bw 400 / groups, at most the node's 100 */
+    for (int i = 0; i < 4; i++) {
+        int tp = tps[i], pp = pps[i], dp = 16 / (tp * pp);
+        struct l3d_plan_run run = run16(16, dp * 2, false);
+        struct l3d_plan_layout lay = layout(tp, pp, dp, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result a, b, c;
         CHECK(l3d_plan_evaluate(&m, &two, &run, &lay, &a) == L3D_OK);
         CHECK(l3d_plan_evaluate(&m, &one, &run, &lay, &b) == L3D_OK);
@@ -1390,8 +1393,8 @@ static void test_dp_nics(void) {
         CHECK_NEAR(a.time.dp_comm - lat, share[i] * (b.time.dp_comm - lat),
                    b.time.dp_comm * 1e-9);
         /* 4 times the NICs: tp1's ring stays at the node's links (100), tp8's has 50 */
-        double want = i == 0 ? 1 : i == 1 ? 1 : 2;
-        CHECK_NEAR(c.time.dp_comm - lat, want * (b.time.dp_comm - lat), b.time.dp_comm * 1e-9);
+        CHECK_NEAR(c.time.dp_comm - lat, fat_share[i] * (b.time.dp_comm - lat),
+                   b.time.dp_comm * 1e-9);
     }
 }
 

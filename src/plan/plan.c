@@ -628,6 +628,16 @@ static double gemm_at(const struct tctx *x, double M, double N, double K, double
     double memory = x->e * (M * K + K * N + M * N) / x->bw;
     return compute > memory ? compute : memory;
 }
+/* c products of one M x N x K shape in one batched call (the attention's heads): the efficiency
+ * of their stacked shape (c M x N x K: the same FLOPs and output tiles), but every product moves
+ * its own operands, c e (M K + K N + M N) bytes. */
+static double gemm_batched(const struct tctx *x, double c, double M, double N, double K) {
+    double e = l3d_profile_gemm_eff_shape(x->prof, c * M, N, K);
+    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
+    double compute = 2 * c * M * N * K / (x->rate * e * x->cal);
+    double memory = c * x->e * (M * K + K * N + M * N) / x->bw;
+    return compute > memory ? compute : memory;
+}
 static double gemm(const struct tctx *x, double M, double N, double K) {
     return gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, M, N, K));
 }
@@ -645,10 +655,10 @@ static void linear(const struct tctx *x, double M, double N, double K, double *f
 /* The attention core of one layer on one micro-batch and rank (a/t heads): forward *f, backward
  * *bw. Fused (flash): 4 b s^2 h / t FLOPs forward, twice that backward (its recomputed scores
  * included), at the profile's attn_eff. Unfused, as Megatron-LM's core attention, which writes
- * the b (a/t) s^2 scores to memory and reads them back: its batched products at the GEMM curve of
- * their own shapes, stacked over the heads (forward QK^T, M = b (a/t) s, N = s, K = h/a, and
- * P V, N = h/a, K = s; backward dP like QK^T, dV, dQ and dK like P V), each bounded by moving
- * its operands (the scores written or read), then the element-wise passes over the scores at
+ * the b (a/t) s^2 scores to memory and reads them back: its batched products, b (a/t) of them, at
+ * the GEMM curve of their stacked shapes (forward QK^T, M = s, N = s, K = h/a, and P V, N = h/a,
+ * K = s; backward dP like QK^T, dV, dQ and dK like P V), each head's bounded by moving its own
+ * operands (the scores written or read), then the element-wise passes over the scores at
  * the kernels' bandwidth: softmax forward reads and writes them, backward reads probabilities
  * and gradient and writes one; attention dropout (Megatron-LM's, not llm3d's trainer) reads and
  * writes them and a byte of mask each way. The tensors are Korthikanti et al. 2022's (sec. 4.1:
@@ -663,8 +673,8 @@ static void attention(const struct tctx *x, double *f, double *bw) {
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->heads / t, d = h / m->heads, M = heads * s, sc = heads * s * s;
-    double qk = gemm(x, M, s, d), pv = gemm(x, M, d, s), e = x->e;
+    double heads = b * m->heads / t, d = h / m->heads, sc = heads * s * s;
+    double qk = gemm_batched(x, heads, s, s, d), pv = gemm_batched(x, heads, s, d, s), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
         pf += sc * (2 * e + 1);
@@ -1040,7 +1050,7 @@ static l3d_status evaluate(const struct l3d_plan_model *m, const struct l3d_prof
 
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
     struct tctx x = {.m = m, .prof = prof, .lay = &lay, .fp32 = fp32, .cal = 1.0,
-                     .flash = run->flash, .dropout = !fp32 && !run->llm3d_mixed};
+                     .flash = run->flash, .dropout = !fp32}; /* fp32: llm3d's trainer */
     if (run->calibrated && prof->gemm_calibration > 0) x.cal = prof->gemm_calibration;
     double share = 1.0;
     if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
