@@ -628,18 +628,14 @@ static double gemm_at(const struct tctx *x, double M, double N, double K, double
     double memory = x->e * (M * K + K * N + M * N) / x->bw;
     return compute > memory ? compute : memory;
 }
-/* c products of one M x N x K shape in one batched call (the attention's heads): the efficiency
- * of their stacked shape (c M x N x K: the same FLOPs and output tiles), but every product moves
- * its own operands, c e (M K + K N + M N) bytes. */
-static double gemm_batched(const struct tctx *x, double c, double M, double N, double K) {
-    double e = l3d_profile_gemm_eff_shape(x->prof, c * M, N, K);
-    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
-    double compute = 2 * c * M * N * K / (x->rate * e * x->cal);
-    double memory = c * x->e * (M * K + K * N + M * N) / x->bw;
-    return compute > memory ? compute : memory;
-}
 static double gemm(const struct tctx *x, double M, double N, double K) {
     return gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, M, N, K));
+}
+/* c products of one M x N x K shape in one batched call (the attention's heads): each at the
+ * efficiency of their stacked shape (c M x N x K: the same FLOPs and output tiles), each moving
+ * its own operands. */
+static double gemm_batched(const struct tctx *x, double c, double M, double N, double K) {
+    return c * gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, c * M, N, K));
 }
 
 /* Forward and backward of a linear layer on M tokens, K inputs, N outputs: y = x W (M x N x K);
