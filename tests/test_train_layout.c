@@ -35,8 +35,8 @@ int main(void) {
     struct l3d_train_layout lay;
 
     /* a good layout: 4 ranks as tp 1 x pp 2 x dp 2, micro-batches from the global batch */
-    tc.pp = 2;
-    tc.global_batch = 16; /* B 4 x dp 2 x 2 micro-batches */
+    tc.layout.pp = 2;
+    tc.layout.global_batch = 16; /* B 4 x dp 2 x 2 micro-batches */
     CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK);
     CHECK(lay.tp == 1 && lay.pp == 2 && lay.dp == 2 && lay.v == 1 && lay.stages == 2);
     CHECK(lay.accum == 2);
@@ -51,56 +51,56 @@ int main(void) {
 
     /* ZeRO over more than 256 data-parallel replicas: a checked error naming --zero and the count */
     tc = config();
-    tc.zero = 1;
+    tc.layout.zero = 1;
     check_error(&tc, 512, "--zero 1", "512 data-parallel");
-    tc.zero = 0; /* replicated optimizer: no limit */
+    tc.layout.zero = 0; /* replicated optimizer: no limit */
     CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
     l3d_train_layout_free(&lay);
-    tc.zero = 2;
-    tc.tp = 2; /* 512 ranks as tp 2 x dp 256: allowed */
+    tc.layout.zero = 2;
+    tc.layout.tp = 2; /* 512 ranks as tp 2 x dp 256: allowed */
     CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
     CHECK(lay.dp == 256);
     l3d_train_layout_free(&lay);
 
     /* more stages than layers, at any size (no fixed-size table) */
     tc = config();
-    tc.pp = 5000;
+    tc.layout.pp = 5000;
     check_error(&tc, 5000, "--pp 5000", "layers");
-    tc.pp = 2;
-    tc.pp_virtual = 200;
-    tc.pp_schedule = L3D_PP_INTERLEAVED;
+    tc.layout.pp = 2;
+    tc.layout.v = 200;
+    tc.layout.schedule = L3D_PP_INTERLEAVED;
     check_error(&tc, 2, "--pp-virtual 200", NULL);
     /* a model with more layers than the old 4096-entry table: one layer a stage */
     tc = config();
     tc.model.L = 4097;
-    tc.pp = 4097;
+    tc.layout.pp = 4097;
     static char ones[2 * 4097]; /* "1,1,...,1": one layer a stage */
     for (int i = 0; i < 4097; i++) {
         ones[2 * i] = '1';
         ones[2 * i + 1] = ',';
     }
     ones[2 * 4097 - 1] = '\0';
-    tc.pp_layers = ones;
+    tc.layout.pp_layers = ones;
     CHECK(l3d_train_layout_init(&lay, &tc, 4097) == L3D_OK);
     CHECK(lay.stages == 4097 && lay.layers[4096] == 1);
     l3d_train_layout_free(&lay);
 
     /* the others keep their messages */
     tc = config();
-    tc.dp = 3;
+    tc.layout.dp = 3;
     check_error(&tc, 2, "--dp 3", NULL);
     tc = config();
-    tc.sequence_parallel = true;
+    tc.layout.sp = true;
     check_error(&tc, 1, "--sequence-parallel", NULL);
     tc = config();
-    tc.zero = 3;
+    tc.layout.zero = 3;
     check_error(&tc, 1, "--zero 3", NULL);
 
     /* the planner's stage layers are the trainer's */
     tc = config();
     int a[2], b[2];
-    CHECK(l3d_layout_stage_layers(&tc.model, tc.T, 2, 1, NULL, a) == L3D_OK);
-    CHECK(l3d_pp_partition(&tc.model, tc.T, 2, b) == L3D_OK);
+    CHECK(l3d_layout_stage_layers(&tc.model, tc.layout.seq, 2, 1, NULL, a) == L3D_OK);
+    CHECK(l3d_pp_partition(&tc.model, tc.layout.seq, 2, b) == L3D_OK);
     CHECK(memcmp(a, b, sizeof a) == 0);
     return TEST_REPORT();
 }

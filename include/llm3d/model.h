@@ -54,6 +54,7 @@ struct l3d_gpt_config {
     int V;    /* vocabulary size */
     int Vp;   /* V padded to a multiple of L3D_VOCAB_ALIGN */
     int maxT; /* context length (rows of wpe) */
+    int64_t ffn; /* MLP width; 0: GPT-2's 4C (llm3d's trainer has no other) */
 };
 
 /* Presets: tiny (tests), d6, d12 = gpt2 (124M), d24 = gpt2-medium (350M), d36 = gpt2-large

@@ -22,15 +22,24 @@
 #include "llm3d/model.h"
 #include "llm3d/optim.h"
 #include "llm3d/pipeline.h"
+#include "llm3d/spec.h"
 
 struct l3d_train_config {
-    struct l3d_gpt_config model;
+    /* the run spec (include/llm3d/spec.h): model, layout and precision, as one struct (spec, for
+     * the validator, the planner and checkpoints) or by part (model, layout, precision) */
+    union {
+        struct l3d_run_spec spec;
+        struct {
+            struct l3d_gpt_config model;
+            struct l3d_layout layout;     /* world = tp x pp x dp (dp 0: inferred) */
+            struct l3d_precision precision;
+        };
+    };
     const char *train_pattern; /* token shards: a file or a glob */
     const char *val_pattern;   /* NULL: no validation */
     const char *out_dir;       /* NULL: write nothing */
     const char *init_from;     /* llm.c checkpoint to start from, or NULL */
-    int B, T, accum, steps;
-    int64_t global_batch; /* > 0: sequences per step; accum = global_batch / (B dp) */
+    int steps;
     struct l3d_adamw_hparams adamw;
     float lr, min_lr;
     int warmup_steps;
@@ -39,38 +48,11 @@ struct l3d_train_config {
     uint64_t seed;        /* initial weights and batch order */
     double peak_flops;    /* for MFU; <= 0: measured at start-up */
     bool quiet;           /* no per-step line */
-    /* layout: world = tp x pp x dp (dp 0: inferred) */
-    int tp, pp, dp;
-    int zero;             /* ZeRO stage 0, 1 or 2 over the data-parallel group */
-    bool sequence_parallel; /* split LayerNorm/residual regions over the TP group by rows */
-    size_t bucket_bytes;  /* gradient reduction pieces */
     bool dp_blocking;     /* blocking gradient pieces instead of overlapped ones (see dp.h) */
     /* what moves overlapped pieces while the ranks compute: nothing but the calls between layers
      * (none), the backward pass's calls between kernels (poll, l3d_dp_poll_kernels) or a
      * progress thread (thread, l3d_comm_mpi_init_progress: set when the world is made) */
     enum l3d_progress { L3D_PROGRESS_NONE, L3D_PROGRESS_POLL, L3D_PROGRESS_THREAD } progress;
-    /* pipeline: accum micro-batches per step flow through pp stages (pipeline.h) */
-    enum l3d_pp_kind pp_schedule;
-    bool pp_schedule_implied; /* interleaved because pp_virtual > 1, not asked for: said at start */
-    int pp_virtual;         /* model chunks per pipeline rank (interleaved); 0 or 1: one */
-    const char *pp_layers;  /* "a,b,..." layers per virtual stage, or NULL: balanced */
-    enum l3d_recompute recompute;
-    /* precision (--precision): L3D_F32, or L3D_BF16 / L3D_F16 mixed precision (16-bit parameters
-     * and activations, fp32 gradients, master weights and moments; include/llm3d/model.h) */
-    enum l3d_dtype precision;
-    /* the type the data-parallel gradient reduction moves (--grad-reduce-dtype): L3D_F32 (the
-     * default), or L3D_BF16 / L3D_F16 (fp16 with --precision fp16 only) through 16-bit staging,
-     * the fp32 accumulation kept (l3d_dp_reduce_in) */
-    enum l3d_dtype grad_reduce;
-    /* fp16 loss scaling (Micikevicius et al. 2018; Megatron-LM's DynamicGradScaler and defaults):
-     * the loss is multiplied by the scale before backward and the gradients divided by it in the
-     * optimizer; a step whose gradients hold an Inf or NaN on any rank is skipped on every rank
-     * (an overflow), and `hysteresis` overflows (not necessarily in a row) halve the scale (times
-     * loss_scale_backoff, not below min_loss_scale); loss_scale_window steps without overflow
-     * multiply it by loss_scale_growth. loss_scale > 0: a static scale instead. bf16 and fp32
-     * need none (fp32's exponent range). */
-    double loss_scale, loss_scale_init, min_loss_scale, loss_scale_backoff, loss_scale_growth;
-    int loss_scale_window, hysteresis;
     const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
     /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
      * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"

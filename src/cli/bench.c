@@ -62,7 +62,7 @@ int l3d_cli_bench(int argc, char **argv) {
     }
     char path[256];
     snprintf(path, sizeof path, "%s/train_000000.bin", dir);
-    int64_t n = (int64_t)tc.B * tc.accum * (tc.T + 1) * 4 + 1;
+    int64_t n = (int64_t)tc.layout.micro_batch * tc.layout.accum * (tc.layout.seq + 1) * 4 + 1;
     uint16_t *tok = malloc((size_t)n * sizeof(uint16_t));
     l3d_rng rng;
     l3d_rng_seed(&rng, tc.seed);
@@ -75,15 +75,15 @@ int l3d_cli_bench(int argc, char **argv) {
         tc.out_dir = NULL;
         /* MFU against the peak of the precision the products run in (bf16 dot products where the
          * CPU has them: the fp32 FMA peak would give bf16 runs an MFU over 100%) */
-        if (tc.peak_flops <= 0 && tc.precision == L3D_F32) tc.peak_flops = fma;
+        if (tc.peak_flops <= 0 && tc.precision.param == L3D_F32) tc.peak_flops = fma;
         if (tc.peak_flops <= 0) {
-            tc.peak_flops = l3d_be_peak_flops(rt->be, tc.precision);
+            tc.peak_flops = l3d_be_peak_flops(rt->be, tc.precision.param);
             printf("%s peak:  %7.1f GFLOP/s (the MFU's denominator)\n",
-                   l3d_dtype_name(tc.precision), tc.peak_flops / 1e9);
+                   l3d_dtype_name(tc.precision.param), tc.peak_flops / 1e9);
         }
         struct l3d_train_result res;
         printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
-               tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.B, tc.T, tc.accum);
+               tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.layout.micro_batch, tc.layout.seq, tc.layout.accum);
         st = l3d_train_run(&tc, rt, &res);
         if (st == L3D_OK)
             printf("\nresult: %.1f ms/step (median of %d), %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s"

@@ -242,13 +242,13 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         case O_CONTEXT: ok = l3d_arg_int(cmd, "context", optarg, 1, 1 << 20, &maxT); break;
         case 't': tc->train_pattern = optarg; break;
         case 'v': tc->val_pattern = optarg; break;
-        case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->B); break;
+        case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->layout.micro_batch); break;
         case 'T':
-            ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->T);
+            ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->layout.seq);
             seq_given = true;
             break;
         case O_ACCUM:
-            ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->accum);
+            ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->layout.accum);
             accum_given = true;
             break;
         case 'n': ok = l3d_arg_int(cmd, "steps", optarg, 1, BIG, &tc->steps); break;
@@ -269,34 +269,34 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         case O_PEAK: ok = l3d_arg_float(cmd, "peak-gflops", optarg, 1e-3, 1e12, &peak); break;
         case O_THREADS: ok = l3d_arg_int(cmd, "threads", optarg, 1, 1024, &threads); break;
         case O_QUIET: tc->quiet = true; break;
-        case O_TP: ok = l3d_arg_int(cmd, "tp", optarg, 1, 1 << 20, &tc->tp); break;
-        case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->pp); break;
-        case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->dp); break;
-        case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->zero); break;
-        case O_SP: tc->sequence_parallel = true; break;
+        case O_TP: ok = l3d_arg_int(cmd, "tp", optarg, 1, 1 << 20, &tc->layout.tp); break;
+        case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->layout.pp); break;
+        case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->layout.dp); break;
+        case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->layout.zero); break;
+        case O_SP: tc->layout.sp = true; break;
         case O_PPSCHED:
-            if (l3d_pp_kind_parse(optarg, &tc->pp_schedule) != L3D_OK) {
+            if (l3d_pp_kind_parse(optarg, &tc->layout.schedule) != L3D_OK) {
                 fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
                 ok = 0;
             }
             sched_given = true;
             break;
-        case O_PPVIRT: ok = l3d_arg_int(cmd, "pp-virtual", optarg, 1, 256, &tc->pp_virtual); break;
-        case O_PPLAYERS: tc->pp_layers = optarg; break;
+        case O_PPVIRT: ok = l3d_arg_int(cmd, "pp-virtual", optarg, 1, 256, &tc->layout.v); break;
+        case O_PPLAYERS: tc->layout.pp_layers = optarg; break;
         case O_TRACE: tc->trace_path = optarg; break;
         case O_GLOBAL: {
             int g = 0;
             ok = l3d_arg_int(cmd, "global-batch", optarg, 1, BIG, &g);
-            tc->global_batch = g;
+            tc->layout.global_batch = g;
             break;
         }
         case O_RECOMPUTE:
             if (strcmp(optarg, "none") == 0) {
-                tc->recompute = L3D_RECOMPUTE_NONE;
+                tc->layout.recompute = L3D_RECOMPUTE_NONE;
             } else if (strcmp(optarg, "selective") == 0) {
-                tc->recompute = L3D_RECOMPUTE_SELECTIVE;
+                tc->layout.recompute = L3D_RECOMPUTE_SELECTIVE;
             } else if (strcmp(optarg, "full") == 0) {
-                tc->recompute = L3D_RECOMPUTE_FULL;
+                tc->layout.recompute = L3D_RECOMPUTE_FULL;
             } else {
                 fprintf(stderr, "llm3d %s: --recompute '%s': choose none, selective or full\n",
                         cmd, optarg);
@@ -304,37 +304,37 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
             }
             break;
         case O_GRAD_REDUCE:
-            ok = float_type(cmd, "grad-reduce-dtype", optarg, &tc->grad_reduce,
+            ok = float_type(cmd, "grad-reduce-dtype", optarg, &tc->precision.reduce,
                             "fp32 (the default), bf16, or fp16 (with --precision fp16)");
             break;
         case O_PRECISION:
-            ok = float_type(cmd, "precision", optarg, &tc->precision,
+            ok = float_type(cmd, "precision", optarg, &tc->precision.param,
                             "fp32 (the default), bf16 or fp16 (mixed precision: 16-bit weights "
                             "and activations, fp32 gradients, master weights and optimizer)");
             break;
         case O_LS:
             ls_flag = "loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 0, 1e30, &tc->loss_scale);
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 0, 1e30, &tc->precision.ls.fixed);
             break;
         case O_LS_INIT:
             ls_flag = "initial-loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->loss_scale_init);
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->precision.ls.init);
             break;
         case O_LS_MIN:
             ls_flag = "min-loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->min_loss_scale);
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->precision.ls.min);
             break;
         case O_LS_WINDOW:
             ls_flag = "loss-scale-window";
-            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->loss_scale_window);
+            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->precision.ls.window);
             break;
         case O_LS_HYST:
             ls_flag = "hysteresis";
-            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->hysteresis);
+            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->precision.ls.hysteresis);
             break;
         case O_LS_BACKOFF:
             ls_flag = "loss-scale-backoff";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-6, 0.999999, &tc->loss_scale_backoff);
+            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-6, 0.999999, &tc->precision.ls.backoff);
             break;
         case O_SAVE_EVERY: ok = l3d_arg_int(cmd, "save-every", optarg, 0, BIG, &tc->save_every); break;
         case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;
@@ -377,7 +377,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         case O_BUCKET: {
             float mb = 0;
             ok = l3d_arg_float(cmd, "bucket-mb", optarg, 0.004, 4096, &mb);
-            tc->bucket_bytes = (size_t)(mb * 1048576.0f);
+            tc->layout.bucket_bytes = (size_t)(mb * 1048576.0f);
             break;
         }
         case 'h': usage(stdout, cmd); return 0;
@@ -387,23 +387,23 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         }
     }
     if (!ok) return 2;
-    if (tc->pp_virtual > 1 && !sched_given) {
-        tc->pp_schedule = L3D_PP_INTERLEAVED;
-        tc->pp_schedule_implied = true;
+    if (tc->layout.v > 1 && !sched_given) {
+        tc->layout.schedule = L3D_PP_INTERLEAVED;
+        tc->layout.schedule_implied = true;
     }
-    if (ls_flag && tc->precision != L3D_F16) {
+    if (ls_flag && tc->precision.param != L3D_F16) {
         fprintf(stderr, "llm3d %s: --%s: loss scaling is for --precision fp16 (bf16 and fp32 "
                 "have fp32's exponent range and need none): drop it or train in fp16\n", cmd,
                 ls_flag);
         return 2;
     }
-    if (tc->grad_reduce == L3D_F16 && tc->precision != L3D_F16) {
+    if (tc->precision.reduce == L3D_F16 && tc->precision.param != L3D_F16) {
         fprintf(stderr, "llm3d %s: --grad-reduce-dtype fp16: fp16 sums need fp16's loss scaling "
                 "to keep small gradients from underflowing, so only with --precision fp16; "
                 "reduce in bf16 (fp32's exponent range) or fp32 instead\n", cmd);
         return 2;
     }
-    if (accum_given && tc->global_batch > 0) {
+    if (accum_given && tc->layout.global_batch > 0) {
         fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "
                 "per step are global batch / (batch x dp))\n", cmd);
         return 2;
@@ -433,10 +433,10 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                 "--out DIR (checkpoints go to DIR/checkpoints) or --ckpt-dir DIR\n", cmd);
         return 2;
     }
-    if (!seq_given && tc->T > tc->model.maxT) tc->T = tc->model.maxT; /* the default fits */
-    if (tc->T > tc->model.maxT) {
+    if (!seq_given && tc->layout.seq > tc->model.maxT) tc->layout.seq = tc->model.maxT; /* the default fits */
+    if (tc->layout.seq > tc->model.maxT) {
         fprintf(stderr, "llm3d %s: --seq-len %d exceeds the model's context %d: raise --context or "
-                "lower --seq-len\n", cmd, tc->T, tc->model.maxT);
+                "lower --seq-len\n", cmd, tc->layout.seq, tc->model.maxT);
         return 2;
     }
     tc->peak_flops = peak * 1e9;

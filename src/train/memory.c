@@ -127,30 +127,30 @@ static const char *rc_name(enum l3d_recompute r) {
  * model.bin's copy. */
 static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
     struct l3d_plan_model m = {.L = tc->model.L, .h = tc->model.C, .heads = tc->model.NH,
-                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .s = tc->T};
+                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .s = tc->layout.seq};
     snprintf(m.name, sizeof m.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = (int64_t)c->tp * c->pp * c->dp;
     run.global_batch = (int64_t)c->B * c->accum * c->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
-    run.bucket_bytes = tc->bucket_bytes;
-    run.precision = tc->precision == L3D_BF16  ? L3D_PREC_BF16
-                    : tc->precision == L3D_F16 ? L3D_PREC_FP16
+    run.bucket_bytes = tc->layout.bucket_bytes;
+    run.precision = tc->precision.param == L3D_BF16  ? L3D_PREC_BF16
+                    : tc->precision.param == L3D_F16 ? L3D_PREC_FP16
                                                : L3D_PREC_FP32;
     run.llm3d_mixed = true; /* this trainer's allocation plan in every precision */
-    run.grad_reduce_16 = tc->grad_reduce != L3D_F32;
+    run.grad_reduce_16 = tc->precision.reduce != L3D_F32;
     struct l3d_plan_layout lay = {
         .tp = c->tp, .pp = c->pp, .dp = c->dp, .mb = c->B, .v = c->v, .zero = c->zero,
-        .recompute = c->rc, .sp = tc->sequence_parallel && c->tp > 1,
-        .schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->pp_schedule) : L3D_PP_1F1B,
+        .recompute = c->rc, .sp = tc->layout.sp && c->tp > 1,
+        .schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule) : L3D_PP_1F1B,
         .threads = 1};
     if (lay.schedule == L3D_PP_INTERLEAVED && c->v < 2) lay.schedule = L3D_PP_1F1B;
     c->bytes = -1;
     if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
-    double rows = (double)(tc->model.maxT > tc->T ? tc->model.maxT - tc->T : 0) * tc->model.C;
+    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) * tc->model.C;
     /* params, grads, m, v (and the fp32 master weights in mixed precision) */
-    double pb = (double)l3d_dtype_size(tc->precision), kopt = tc->precision == L3D_F32 ? 8 : 12;
+    double pb = (double)l3d_dtype_size(tc->precision.param), kopt = tc->precision.param == L3D_F32 ? 8 : 12;
     double per = pb + 4.0 + (c->zero >= 1 ? kopt / c->dp : kopt);
     /* model.bin: gathered whole on rank 0 from a replica of several ranks or chunks; one rank's
      * whole model streams from the device through 64 MiB of staging (src/train/train.c) */
@@ -257,8 +257,8 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
         double room = node / local;
         bool lead = world->rank == 0;
         struct cand now = {.tp = lay->tp, .pp = lay->pp, .dp = lay->dp, .v = lay->v,
-                           .zero = tc->zero, .B = tc->B, .accum = lay->accum,
-                           .rc = tc->recompute};
+                           .zero = tc->layout.zero, .B = tc->layout.micro_batch, .accum = lay->accum,
+                           .rc = tc->layout.recompute};
         evaluate(tc, &now, lead);
         double gather = now.gather;
         if (now.bytes > room) {

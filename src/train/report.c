@@ -27,68 +27,68 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
     double d = t->topo->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
-           tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->T, N / 1e6);
+           tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->zero,
+           "%d thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",
-           tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->grad_reduce),
+           tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
     if (pp > 1) {
         printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
                l3d_pp_kind_name(lay->sched.kind),
-               tc->pp_schedule_implied ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
-                                       : "", tc->accum, pp, v);
+               tc->layout.schedule_implied ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
+                                       : "", tc->layout.accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
-               tc->pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
+               tc->layout.pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
-           tc->B, tc->T, tc->accum, t->topo->dp, (long long)t->tokens_step);
+           tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->dp, (long long)t->tokens_step);
     printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(t->train),
            l3d_data_num_files(t->train), t->val ? ", validation on" : "");
     /* mixed precision: 16-bit parameters, fp32 gradients (main_grad), and AdamW's m and v with
      * the fp32 master weights: 2 + 4 + 12 bytes a parameter without ZeRO (the ZeRO paper's
      * K = 12 optimizer bytes, with fp32 gradients instead of its 2-byte ones) */
-    const bool mixed = tc->precision != L3D_F32;
-    const double pb = (double)l3d_dtype_size(tc->precision), ob = mixed ? 12 : 8;
+    const bool mixed = tc->precision.param != L3D_F32;
+    const double pb = (double)l3d_dtype_size(tc->precision.param), ob = mixed ? 12 : 8;
     char fpar[8], fopt[16];
     snprintf(fpar, sizeof fpar, "%.0fN", pb);
-    snprintf(fopt, sizeof fopt, "%.0fN%s", ob, tc->zero >= 1 ? "/dp" : "");
-    const char *fgrad = tc->zero == 2 ? "4N/dp" : "4N";
-    double want = pb * Nl + (tc->zero == 2 ? 4 * Nl / d : 4 * Nl) +
-                  (tc->zero >= 1 ? ob * Nl / d : ob * Nl);
+    snprintf(fopt, sizeof fopt, "%.0fN%s", ob, tc->layout.zero >= 1 ? "/dp" : "");
+    const char *fgrad = tc->layout.zero == 2 ? "4N/dp" : "4N";
+    double want = pb * Nl + (tc->layout.zero == 2 ? 4 * Nl / d : 4 * Nl) +
+                  (tc->layout.zero >= 1 ? ob * Nl / d : ob * Nl);
     printf("memory on rank 0 (N = its %.2fM parameters, %s): parameters %.1f MiB (%s), gradients "
            "%.1f MiB (%s), AdamW %.1f MiB (%s%s); total %.1f MiB, formula %.1f MiB; gradient "
-           "slots %.1f MiB", Nl / 1e6, mixed ? (tc->precision == L3D_BF16 ? "bf16 mixed "
+           "slots %.1f MiB", Nl / 1e6, mixed ? (tc->precision.param == L3D_BF16 ? "bf16 mixed "
            "precision" : "fp16 mixed precision") : "fp32", mem.params / MiB, fpar,
            mem.grads / MiB, fgrad, mem.optimizer / MiB, fopt,
            mixed ? ": m, v, fp32 master weights" : "", (mem.params + mem.grads + mem.optimizer) /
            MiB, want / MiB, mem.grad_scratch / MiB);
     if (mem.reduce_staging > 0)
-        printf(", %s reduction staging %.1f MiB", l3d_dtype_name(tc->grad_reduce),
+        printf(", %s reduction staging %.1f MiB", l3d_dtype_name(tc->precision.reduce),
                mem.reduce_staging / MiB);
     printf("\n");
     if (mixed)
         printf("products: %s\n",
-               l3d_be_matmul_native(t->be, tc->precision)
+               l3d_be_matmul_native(t->be, tc->precision.param)
                    ? "16-bit operands into fp32 sums, in the backend's own 16-bit kernels"
                    : "16-bit operands widened into fp32 copies around fp32 products (the "
                      "device has no 16-bit products, or L3D_DNNL_16BIT=0)");
     printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
            "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
            res->act_bytes_formula / MiB,
-           tc->recompute == L3D_RECOMPUTE_NONE ? "none"
-           : tc->recompute == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full");
+           tc->layout.recompute == L3D_RECOMPUTE_NONE ? "none"
+           : tc->layout.recompute == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full");
     for (int c = 0; c < v; c++) printf(" %d", lay->sched.slots[c]);
     printf(")\n");
     if (tp > 1)
         printf("tensor parallelism: %.2f MB all-reduced per micro-batch per rank (4 (4L + 2) B T C "
-               "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->B, tc->T) / 1e6);
+               "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->layout.micro_batch, tc->layout.seq) / 1e6);
     printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", t->flops_tok, t->peak / 1e9,
            tc->peak_flops > 0   ? "given, times ranks"
-           : tc->precision == L3D_F32 ? "measured fp32 FMA peak, times ranks"
+           : tc->precision.param == L3D_F32 ? "measured fp32 FMA peak, times ranks"
                                       : "measured peak of the 16-bit products, times ranks");
     fflush(stdout);
 }
@@ -192,7 +192,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
     int32_t redo = (res->mfu > 1.0 || (hook && atoi(hook) == world->rank)) && tc->peak_flops <= 0;
     if (world->size > 1) l3d_comm_all_reduce(world, &redo, 1, L3D_I32, L3D_MAX, NULL);
     if (redo) {
-        double again = t->lead ? l3d_be_peak_flops(t->be, tc->precision) * world->size : 0.0;
+        double again = t->lead ? l3d_be_peak_flops(t->be, tc->precision.param) * world->size : 0.0;
         if (world->size > 1) l3d_comm_broadcast(world, &again, 1, L3D_F64, 0, NULL);
         if (t->lead && !tc->quiet)
             printf("note: the start-up peak (%.1f GFLOP/s) was below the model's own rate "

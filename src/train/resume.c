@@ -10,9 +10,9 @@ void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config
                          const struct l3d_topo *topo, struct l3d_comm *world) {
     memset(c, 0, sizeof *c);
     c->lay = (struct l3d_ckpt_layout){
-        .world = world->size, .tp = topo->tp, .pp = topo->pp, .dp = topo->dp, .zero = tc->zero,
-        .pp_virtual = tc->pp_virtual > 1 ? tc->pp_virtual : 1,
-        .sequence_parallel = tc->sequence_parallel, .tp_rank = topo->tp_rank,
+        .world = world->size, .tp = topo->tp, .pp = topo->pp, .dp = topo->dp, .zero = tc->layout.zero,
+        .pp_virtual = tc->layout.v > 1 ? tc->layout.v : 1,
+        .sequence_parallel = tc->layout.sp, .tp_rank = topo->tp_rank,
         .pp_rank = topo->pp_rank, .dp_rank = topo->dp_rank};
     if (tc->ckpt_dir)
         snprintf(c->root, sizeof c->root, "%s", tc->ckpt_dir);
@@ -38,9 +38,9 @@ static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state
     if (s->seed != tc->seed)
         printf("note: --seed %llu, the checkpoint's run used %llu (another batch order)\n",
                (unsigned long long)tc->seed, (unsigned long long)s->seed);
-    if ((int64_t)s->B * s->accum * s->layout.dp != (int64_t)tc->B * tc->accum * dp)
+    if ((int64_t)s->B * s->accum * s->layout.dp != (int64_t)tc->layout.micro_batch * tc->layout.accum * dp)
         printf("note: global batch %lld sequences, the checkpoint's run used %lld\n",
-               (long long)tc->B * tc->accum * dp, (long long)s->B * s->accum * s->layout.dp);
+               (long long)tc->layout.micro_batch * tc->layout.accum * dp, (long long)s->B * s->accum * s->layout.dp);
     if (q->max_lr != tc->lr || q->min_lr != tc->min_lr || q->warmup_steps != tc->warmup_steps ||
         q->total_steps != tc->steps)
         printf("note: learning-rate schedule (--lr %g --min-lr %g --warmup %d --steps %d) differs "
@@ -73,9 +73,9 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     struct l3d_ckpt_state s;
     struct l3d_ckpt_io io;
     if ((st = l3d_ckpt_load(dir, world, &c->lay, m, opt, &s, &io, report)) != L3D_OK) return st;
-    if (s.T != tc->T)
+    if (s.T != tc->layout.seq)
         st = l3d_error(L3D_ERR_ARG, "--seq-len %d, but %s was trained with %d: its data position "
-                       "counts windows of %d tokens; resume with --seq-len %d", tc->T, dir, s.T,
+                       "counts windows of %d tokens; resume with --seq-len %d", tc->layout.seq, dir, s.T,
                        s.T + 1, s.T);
     else if (s.step > tc->steps)
         st = l3d_error(L3D_ERR_ARG, "--steps %d, but %s is at step %lld already: give more steps",
@@ -125,7 +125,7 @@ l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int st
         char line[256];
         snprintf(line, sizeof line, "{\"run\":\"%016llx\",\"model\":{\"L\":%d,\"C\":%d,\"NH\":%d,"
                  "\"V\":%d,\"maxT\":%d},\"seq_len\":%d}\n", (unsigned long long)run_id, c->L, c->C,
-                 c->NH, c->V, c->maxT, tc->T);
+                 c->NH, c->V, c->maxT, tc->layout.seq);
         st = l3d_train_metrics_write(*out, path, line);
     }
     return st;
@@ -143,8 +143,8 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
     L3D_ASSERT(n == c->lay.pp_virtual);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
     struct l3d_ckpt_state s = {
-        .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->B, .T = tc->T,
-        .accum = tc->accum, .adamw = opt->hp, .adamw_t = opt->t,
+        .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->layout.micro_batch, .T = tc->layout.seq,
+        .accum = tc->layout.accum, .adamw = opt->hp, .adamw_t = opt->t,
         .sched = {.max_lr = tc->lr, .min_lr = tc->min_lr, .warmup_steps = tc->warmup_steps,
                   .total_steps = tc->steps}, .run_id = c->run_id, .loss_scale = c->ls_scale,
         .ls_good = c->ls_good, .ls_hyst = c->ls_hyst};

@@ -36,12 +36,12 @@ bool l3d_loss_scaler_update(struct l3d_loss_scaler *ls, const struct l3d_train_c
         ls->good_steps = 0;
         if (ls->hyst_left > 0) ls->hyst_left--;
         if (ls->hyst_left == 0) {
-            ls->scale = fmax(ls->scale * tc->loss_scale_backoff, tc->min_loss_scale);
+            ls->scale = fmax(ls->scale * tc->precision.ls.backoff, tc->precision.ls.min);
         } /* and again at each overflow until a growth resets the count */
-    } else if (++ls->good_steps >= tc->loss_scale_window) {
+    } else if (++ls->good_steps >= tc->precision.ls.window) {
         ls->good_steps = 0;
-        ls->hyst_left = tc->hysteresis;
-        ls->scale *= tc->loss_scale_growth;
+        ls->hyst_left = tc->precision.ls.hysteresis;
+        ls->scale *= tc->precision.ls.growth;
     }
     return ls->scale != was;
 }
@@ -78,12 +78,12 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
-    load_batches(t->ld, tc->accum, t->BT, t->inp, t->tgt);
+    load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
     /* fp16: the loss scaled before backward, so that small gradients stay above fp16's
      * subnormals; the gradients are divided by it again in the optimizer */
     const double scale = t->ls.on ? t->ls.scale : 1.0;
-    double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->accum, t->inp, t->tgt,
-                                  tc->B, tc->T, (float)(t->dloss * scale));
+    double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->layout.accum, t->inp, t->tgt,
+                                  tc->layout.micro_batch, tc->layout.seq, (float)(t->dloss * scale));
     double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
     l3d_pp_exec_finish_grads(&t->px);
     double t1 = l3d_time_s();
@@ -91,13 +91,13 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     l3d_comm_doing(t->world, "loss and gradient-norm sums", -1, -1);
     sum_f64(topo->pp_comm, &loss, 1); /* only the last stage has it */
     sum_f64(topo->dp_comm, &loss, 1);
-    loss /= (double)tc->accum * topo->dp;
+    loss /= (double)tc->layout.accum * topo->dp;
     /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
     double sq[2];
     for (int c = 0; c < v; c++)
         l3d_dp_grad_sumsq_add(&t->dps[c], &t->gsq, pp > 1 && !t->chunks[c]->shard.has_embedding);
     l3d_sumsq_take(&t->gsq, sq); /* the one copy of the sums to the host */
-    if (tc->zero > 0) sum_f64(topo->dp_comm, sq, 2);
+    if (tc->layout.zero > 0) sum_f64(topo->dp_comm, sq, 2);
     sum_f64(topo->tp_comm, sq, 1);
     sum_f64(topo->pp_comm, sq, 2);
     double norm = sqrt(sq[0] + sq[1]) / scale;
@@ -152,7 +152,7 @@ void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats
     l3d_loader_set_pos(t->vld, (struct l3d_loader_pos){0, 0});
     load_batches(t->vld, tc->val_batches, t->BT, t->inp, t->tgt);
     double sum = l3d_pp_exec_run(&t->px, vs->acts[r], vs->n[r], tc->val_batches, t->inp, t->tgt,
-                                 tc->B, tc->T, 0.0f);
+                                 tc->layout.micro_batch, tc->layout.seq, 0.0f);
     sum_f64(t->topo->pp_comm, &sum, 1);
     sum_f64(t->topo->dp_comm, &sum, 1);
     s->val_loss = (float)(sum / tc->val_batches / t->topo->dp);

@@ -21,7 +21,7 @@
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
 
-/* fp16 loss scaling (train.h, tc->loss_scale...): the same state on every rank, updated from the
+/* fp16 loss scaling (train.h, tc->precision.ls.fixed...): the same state on every rank, updated from the
  * agreed skip decision only. */
 struct l3d_loss_scaler {
     bool on, dynamic;

@@ -13,10 +13,8 @@
 
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
     memset(tc, 0, sizeof *tc);
+    l3d_run_spec_defaults(&tc->spec);
     l3d_gpt_config_preset(&tc->model, "d6");
-    tc->B = 4;
-    tc->T = 64;
-    tc->accum = 1;
     tc->steps = 100;
     tc->adamw = (struct l3d_adamw_hparams){.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                            .weight_decay = 0.1f, .grad_clip = 1.0f};
@@ -27,26 +25,10 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->val_batches = 8;
     tc->random_batches = true;
     tc->seed = 1337;
-    tc->tp = 1;
-    tc->pp = 1;
-    tc->pp_schedule = L3D_PP_1F1B;
-    tc->dp = 0;
-    tc->bucket_bytes = 4u << 20;
     tc->progress = L3D_PROGRESS_POLL; /* measured fastest here: docs/DESIGN.md, "Progress" */
     tc->keep = 3;
     tc->timeout_s = 600;
     tc->max_skipped = 10;
-    tc->precision = L3D_F32;
-    tc->grad_reduce = L3D_F32;
-    /* Megatron-LM's: --initial-loss-scale 2^32, --min-loss-scale 1, --loss-scale-window 1000,
-     * --hysteresis 2, and DynamicGradScaler's growth 2 and back-off 0.5 */
-    tc->loss_scale = 0.0;
-    tc->loss_scale_init = 4294967296.0;
-    tc->min_loss_scale = 1.0;
-    tc->loss_scale_window = 1000;
-    tc->hysteresis = 2;
-    tc->loss_scale_backoff = 0.5;
-    tc->loss_scale_growth = 2.0;
 }
 
 /* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
@@ -161,7 +143,7 @@ static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, in
 static l3d_status open_data(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     l3d_status st = l3d_data_open(&t->train, tc->train_pattern, tc->model.V);
-    struct l3d_loader_config lc = {.B = tc->B, .T = tc->T, .random = tc->random_batches,
+    struct l3d_loader_config lc = {.B = tc->layout.micro_batch, .T = tc->layout.seq, .random = tc->random_batches,
                                    .seed = tc->seed, .dp_rank = t->topo->dp_rank,
                                    .dp_size = t->topo->dp};
     if (st == L3D_OK) st = l3d_loader_init(&t->ld, t->train, &lc);
@@ -199,33 +181,33 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
-        st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->B, tc->T,
-                             tc->zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->recompute,
-                             tc->precision);
+        st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, tc->layout.seq,
+                             tc->layout.zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->layout.recompute,
+                             tc->precision.param);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
-        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->B, tc->T, slots,
-                                               tc->recompute, !t->chunks[c]->attn_naive,
-                                               tc->precision);
+        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch, tc->layout.seq, slots,
+                                               tc->layout.recompute, !t->chunks[c]->attn_naive,
+                                               tc->precision.param);
         t->n_local += t->chunks[c]->num_params;
         /* fp32: the weights now, into the parameters, while the host staging of the initial
          * values is the largest thing allocated (before the optimizer state, as the memory plan
          * has it); mixed precision: through the fp32 views once the master weights exist */
-        if (tc->precision == L3D_F32) st = init_one(t, t->chunks[c]);
+        if (tc->precision.param == L3D_F32) st = init_one(t, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->zero, tc->bucket_bytes,
+        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->layout.zero, tc->layout.bucket_bytes,
                          !tc->dp_blocking);
         if (st != L3D_OK) break;
         t->ndp++;
-        st = l3d_dp_reduce_in(&t->dps[c], tc->grad_reduce);
+        st = l3d_dp_reduce_in(&t->dps[c], tc->precision.reduce);
         if (st != L3D_OK) break;
         if (!tc->dp_blocking && tc->progress == L3D_PROGRESS_POLL)
             l3d_dp_poll_kernels(&t->dps[c]);
         int64_t own_start, own_count;
         l3d_dp_opt_range(&t->dps[c], &own_start, &own_count);
         st = l3d_adamw_init_dt(&t->opts[c], t->be, &tc->adamw, own_start, own_count,
-                               tc->precision);
+                               tc->precision.param);
     }
     return st;
 }
@@ -234,7 +216,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
  * mixed precision, with the initial weights in them. */
 static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
     l3d_status st = views_begin(t, false, res);
-    for (int c = 0; c < t->lay.v && st == L3D_OK && t->tc->precision != L3D_F32; c++)
+    for (int c = 0; c < t->lay.v && st == L3D_OK && t->tc->precision.param != L3D_F32; c++)
         st = init_one(t, t->vptr[c]);
     return agree(t->world, st, res);
 }
@@ -287,7 +269,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     /* Checks that need no communication: every rank reaches the same verdict. */
     l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    tcv.accum = t->lay.accum;
+    tcv.layout.accum = t->lay.accum;
     if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
     if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
         res->report_error = t->lead;
@@ -305,9 +287,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     if ((st = init_weights(t, res)) != L3D_OK) goto fail;
     t->ls = (struct l3d_loss_scaler){
-        .on = tc->precision == L3D_F16, .dynamic = tc->loss_scale <= 0,
-        .scale = tc->loss_scale > 0 ? tc->loss_scale : tc->loss_scale_init,
-        .hyst_left = tc->hysteresis};
+        .on = tc->precision.param == L3D_F16, .dynamic = tc->precision.ls.fixed <= 0,
+        .scale = tc->precision.ls.fixed > 0 ? tc->precision.ls.fixed : tc->precision.ls.init,
+        .hyst_left = tc->precision.ls.hysteresis};
     /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
     l3d_train_ckpt_init(&ck, tc, topo, world);
     ck.run_id = t->run_id;
@@ -337,8 +319,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
                           trace_cap);
     t->px_up = true;
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    t->BT = (int64_t)tc->B * tc->T;
-    int nbatch = tc->accum > tc->val_batches ? tc->accum : tc->val_batches;
+    t->BT = (int64_t)tc->layout.micro_batch * tc->layout.seq;
+    int nbatch = tc->layout.accum > tc->val_batches ? tc->layout.accum : tc->val_batches;
     t->inp = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
     t->tgt = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
     t->step_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
@@ -349,16 +331,16 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */
     double peak = tc->peak_flops;
     if (peak <= 0) {
-        peak = t->lead ? l3d_be_peak_flops(t->be, tc->precision) : 0.0;
+        peak = t->lead ? l3d_be_peak_flops(t->be, tc->precision.param) : 0.0;
         if (world->size > 1) l3d_comm_broadcast(world, &peak, 1, L3D_F64, 0, NULL);
     }
     t->peak = peak * world->size;
-    t->flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->T);
-    t->tokens_step = t->BT * tc->accum * topo->dp;
+    t->flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->layout.seq);
+    t->tokens_step = t->BT * tc->layout.accum * topo->dp;
     t->dloss = 1.0f / (float)t->tokens_step;
     t->lrs = (struct l3d_lr_schedule){.max_lr = tc->lr, .min_lr = tc->min_lr,
                                       .warmup_steps = tc->warmup_steps, .total_steps = tc->steps};
-    res->bubble_theory = pp > 1 ? l3d_pp_bubble(pp, v, tc->accum) : 0.0;
+    res->bubble_theory = pp > 1 ? l3d_pp_bubble(pp, v, tc->layout.accum) : 0.0;
     /* the largest activation memory of any rank, and its closed form */
     double act_max[2] = {(double)t->act_bytes, (double)t->act_formula};
     if (world->size > 1) l3d_comm_all_reduce(world, act_max, 2, L3D_F64, L3D_MAX, NULL);
@@ -375,7 +357,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
         struct l3d_step_stats s;
         if (world->watch) world->watch->step = step + 1;
         l3d_trainer_step(t, step, &s);
-        if (s.overflow && s.loss_scale > tc->min_loss_scale && t->ls.dynamic) {
+        if (s.overflow && s.loss_scale > tc->precision.ls.min && t->ls.dynamic) {
             /* fp16: the scale was too large; it backs off (not a divergence) */
             res->skipped++;
             res->overflows++;

@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     l3d_train_config_defaults(&tc);
     const char *backend = NULL;
     int rc = l3d_cli_train_flags("train", argc, argv, &tc, &backend);
-    if (rc < 0 && (tc.model.L < 1 || tc.model.C % tc.model.NH != 0 || tc.T > tc.model.maxT))
+    if (rc < 0 && (tc.model.L < 1 || tc.model.C % tc.model.NH != 0 || tc.layout.seq > tc.model.maxT))
         abort(); /* accepted flags give a valid model and sequence length */
     l3d_free(buf);
     return 0;

@@ -1,0 +1,137 @@
+/*
+ * llm3d run spec: the one description of a training run's model, layout and precision that the
+ * trainer, bench, the planner, the memory check and checkpoints share (docs/DESIGN.md, "The run
+ * spec"). The command-line flags that set it are one table (src/cli/flags.c); the rules every
+ * consumer relies on are one validator, which returns every violated rule with a message each.
+ *
+ *   struct l3d_run_spec s;
+ *   l3d_run_spec_defaults(&s);                      // fp32, 1 x 1 x 1, B 4, T 64
+ *   l3d_gpt_config_preset(&s.model, "d12");
+ *   s.layout.tp = 2; s.layout.pp = 2; s.layout.zero = 1;
+ *   struct l3d_spec_errors e;
+ *   if (l3d_spec_check(&s, &(struct l3d_spec_ctx){.world = 8}, &e) != L3D_OK)
+ *       for (int i = 0; i < e.n; i++) puts(e.msg[i]);   // one line a broken rule
+ *   struct l3d_param_bytes b;
+ *   l3d_param_bytes(&s.precision, s.layout.zero, 2, &b);  // b.total: 16 + ... bytes / param
+ */
+#ifndef LLM3D_SPEC_H
+#define LLM3D_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm3d/core.h"
+#include "llm3d/model.h"
+#include "llm3d/pipeline.h"
+
+/* ---- layout --------------------------------------------------------------------------------- */
+
+/* How a run is laid out on its ranks and how a step is cut into micro-batches. */
+struct l3d_layout {
+    int tp, cp, pp, dp;       /* tensor, context, pipeline, data parallel sizes; dp 0: world /
+                               * (tp cp pp). cp is 1: context parallelism is not implemented */
+    int v;                    /* model chunks per pipeline rank (interleaved schedule when > 1) */
+    enum l3d_pp_kind schedule;
+    bool schedule_implied;    /* interleaved because v > 1, not asked for (said at start-up) */
+    const char *pp_layers;    /* "a,b,..." layers of each virtual stage, or NULL: balanced */
+    int micro_batch;          /* sequences per micro-batch on each DP rank (--batch) */
+    int seq;                  /* tokens per sequence (--seq-len) */
+    int accum;                /* micro-batches per step (--grad-accum); see global_batch */
+    int64_t global_batch;     /* > 0: sequences per step, accum = global_batch / (B dp) */
+    int zero;                 /* ZeRO stage over the DP group: 0, 1 (optimizer state), 2 (and
+                               * gradients) */
+    bool sp;                  /* sequence parallelism over the TP group (Korthikanti et al. 2022) */
+    enum l3d_recompute recompute;
+    int threads;              /* OpenMP threads per rank (CPU); 0: the default */
+    size_t bucket_bytes;      /* data-parallel gradient reduction pieces */
+};
+
+/* The micro-batches per step: accum, or global_batch / (micro_batch dp) when that is given (0
+ * when it does not divide: l3d_spec_check says so). dp must be resolved. */
+int64_t l3d_layout_accum(const struct l3d_layout *l);
+/* Sequences per step: micro_batch x micro-batches x dp. */
+int64_t l3d_layout_global_batch(const struct l3d_layout *l);
+
+/* ---- precision ------------------------------------------------------------------------------ */
+
+/* fp16 loss scaling (Micikevicius et al. 2018; Megatron-LM's DynamicGradScaler and defaults). */
+struct l3d_loss_scaling {
+    double fixed;             /* > 0: a static scale instead of the dynamic one */
+    double init, min, backoff, growth;
+    int window, hysteresis;
+    bool given;               /* a loss-scaling flag was given (an error outside fp16) */
+};
+
+/* The types a run computes, accumulates and communicates in. llm3d's trainer: param = act (fp32,
+ * or bf16/fp16 mixed precision), grad fp32 (main_grad), reduce fp32 or 16-bit. The planner also
+ * describes Megatron-LM's mixed precision, whose gradients are 16-bit (grad = param). */
+struct l3d_precision {
+    enum l3d_dtype param;     /* parameters (the working copy the products read) */
+    enum l3d_dtype act;       /* activations and the TP / PP messages (= param in llm3d) */
+    enum l3d_dtype grad;      /* gradient accumulation over micro-batches */
+    enum l3d_dtype reduce;    /* what the DP gradient reduction moves */
+    struct l3d_loss_scaling ls;
+};
+
+/* fp32, or (param 16-bit) "bf16" / "fp16": the name of the precision --precision gives. */
+const char *l3d_precision_name(const struct l3d_precision *p);
+/* --precision NAME: fp32, bf16 or fp16 into p (param and act; grad fp32, reduce unchanged).
+ * L3D_ERR_ARG naming the choices otherwise. */
+l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p);
+/* Whether p is llm3d's trainer's allocation plan (fp32 gradients and, in mixed precision, fp32
+ * master weights) rather than Megatron-LM's (16-bit gradients). */
+bool l3d_precision_llm3d(const struct l3d_precision *p);
+
+/* Bytes a rank holds per parameter of its model shard in state that scales with parameters
+ * (parameters, gradients, optimizer), for ZeRO stage `zero` over `dp` replicas: the one formula
+ * the start-up report, the memory check and the planner use.
+ *   llm3d (fp32 gradients): params |param| (2 or 4), grads 4, AdamW m and v 8 plus fp32 master
+ *   weights 4 when the parameters are 16-bit;
+ *   Megatron-LM mixed precision (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1, K = 12): params 2,
+ *   grads 2, optimizer 12 (master weights, m, v).
+ * ZeRO-1 divides the optimizer by dp, ZeRO-2 the gradients too. The *_full fields are the same
+ * before the division. */
+struct l3d_param_bytes {
+    double params, grads, optimizer, total;
+    double params_full, grads_full, optimizer_full;
+};
+void l3d_param_bytes(const struct l3d_precision *p, int zero, int dp, struct l3d_param_bytes *b);
+
+/* ---- the run -------------------------------------------------------------------------------- */
+
+struct l3d_run_spec {
+    struct l3d_gpt_config model;
+    struct l3d_layout layout;
+    struct l3d_precision precision;
+};
+
+/* fp32, tp = pp = cp = 1, dp 0 (inferred), v 1, 1F1B, B 4, T 64, accum 1, ZeRO-0, no SP, no
+ * recomputation, 4 MiB buckets, Megatron-LM's loss-scaling defaults; the model zeroed (a preset
+ * or sizes fill it). */
+void l3d_run_spec_defaults(struct l3d_run_spec *s);
+
+/* What the spec is checked for. */
+struct l3d_spec_ctx {
+    int64_t world;            /* ranks (x threads when threads_in_world); 0: dp must be given */
+    bool threads_in_world;    /* the planner's devices count threads (CPU cores) */
+    bool train;               /* llm3d's trainer will run it (its own limits, e.g. a 4C MLP) */
+};
+
+#define L3D_SPEC_MAX_ERRORS 16
+struct l3d_spec_errors {
+    int n;                    /* violated rules (at most L3D_SPEC_MAX_ERRORS kept) */
+    l3d_status status[L3D_SPEC_MAX_ERRORS]; /* L3D_ERR_ARG (a flag's value) or L3D_ERR_LAYOUT */
+    char msg[L3D_SPEC_MAX_ERRORS][320];     /* each names the flag(s), the value(s) and the rule */
+};
+
+/* Checks every rule of the spec for ctx and returns the first violation's status (its message
+ * also set as l3d_error's, all of them joined by "; "), L3D_OK when none; e (may be NULL) gets
+ * every violated rule. Resolves nothing: dp 0 is inferred from ctx->world for the checks only. */
+l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                          struct l3d_spec_errors *e);
+/* s->layout.dp resolved from the world (dp 0: world / (tp cp pp [threads])); l3d_spec_check
+ * first. */
+void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx);
+
+#endif

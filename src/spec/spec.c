@@ -1,0 +1,334 @@
+/* The run spec: defaults, the precision's names and bytes, and the one validator of model,
+ * layout and precision (include/llm3d/spec.h). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "llm3d/spec.h"
+
+/* The most data-parallel ranks ZeRO shards over in llm3d's trainer: l3d_dp_step all-gathers
+ * from a table of that many ranks (src/parallel/dp.c). */
+#define ZERO_MAX_DP 256
+/* Micro-batches a step at most: the schedule holds a few actions for each (src/parallel/pipeline.c)
+ * and the planner times each on a timeline; 2^24 is a global batch no run has used. */
+#define MAX_MICRO (1LL << 24)
+
+void l3d_run_spec_defaults(struct l3d_run_spec *s) {
+    memset(s, 0, sizeof *s);
+    s->layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .dp = 0, .v = 1,
+                                    .schedule = L3D_PP_1F1B, .micro_batch = 4, .seq = 64,
+                                    .accum = 1, .zero = 0, .recompute = L3D_RECOMPUTE_NONE,
+                                    .bucket_bytes = 4u << 20};
+    /* Megatron-LM's: --initial-loss-scale 2^32, --min-loss-scale 1, --loss-scale-window 1000,
+     * --hysteresis 2, and DynamicGradScaler's growth 2 and back-off 0.5 */
+    s->precision = (struct l3d_precision){
+        .param = L3D_F32, .act = L3D_F32, .grad = L3D_F32, .reduce = L3D_F32,
+        .ls = {.fixed = 0.0, .init = 4294967296.0, .min = 1.0, .backoff = 0.5, .growth = 2.0,
+               .window = 1000, .hysteresis = 2}};
+}
+
+int64_t l3d_layout_accum(const struct l3d_layout *l) {
+    if (l->global_batch <= 0) return l->accum;
+    int64_t per = (int64_t)l->micro_batch * (l->dp > 0 ? l->dp : 1);
+    return per > 0 && l->global_batch % per == 0 ? l->global_batch / per : 0;
+}
+
+int64_t l3d_layout_global_batch(const struct l3d_layout *l) {
+    return (int64_t)l->micro_batch * l3d_layout_accum(l) * (l->dp > 0 ? l->dp : 1);
+}
+
+/* ---- precision ------------------------------------------------------------------------------ */
+
+static bool float_type(enum l3d_dtype t) {
+    return t == L3D_F32 || t == L3D_BF16 || t == L3D_F16;
+}
+
+const char *l3d_precision_name(const struct l3d_precision *p) {
+    return l3d_dtype_name(p->param);
+}
+
+l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p) {
+    enum l3d_dtype t;
+    if (l3d_dtype_parse(name, &t) != L3D_OK || !float_type(t))
+        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32, bf16 or fp16 (mixed "
+                         "precision: 16-bit weights and activations, fp32 gradients, master "
+                         "weights and optimizer)", name);
+    p->param = p->act = t;
+    p->grad = L3D_F32;
+    return L3D_OK;
+}
+
+bool l3d_precision_llm3d(const struct l3d_precision *p) {
+    return p->grad == L3D_F32;
+}
+
+void l3d_param_bytes(const struct l3d_precision *p, int zero, int dp, struct l3d_param_bytes *b) {
+    double w = (double)l3d_dtype_size(p->param), g = (double)l3d_dtype_size(p->grad);
+    /* AdamW m and v in fp32; fp32 master weights when the working copy is not fp32 */
+    double opt = 8.0 + (p->param != L3D_F32 ? 4.0 : 0.0);
+    double d = dp > 0 ? dp : 1;
+    b->params_full = w;
+    b->grads_full = g;
+    b->optimizer_full = opt;
+    b->params = w;
+    b->grads = zero >= 2 ? g / d : g;
+    b->optimizer = zero >= 1 ? opt / d : opt;
+    b->total = b->params + b->grads + b->optimizer;
+}
+
+/* ---- the validator -------------------------------------------------------------------------- */
+
+static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) {
+    if (e->n < L3D_SPEC_MAX_ERRORS) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg[e->n], sizeof e->msg[e->n], fmt, ap);
+        va_end(ap);
+        e->status[e->n] = st;
+    }
+    e->n++;
+}
+
+static void check_model(const struct l3d_gpt_config *m, const struct l3d_spec_ctx *ctx,
+                        struct l3d_spec_errors *e) {
+    if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
+        add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
+            "--context %d: each must be at least 1 (the vocabulary at least 2)", m->L, m->C,
+            m->NH, m->V, m->maxT);
+        return;
+    }
+    if (m->C % m->NH != 0)
+        add(e, L3D_ERR_ARG, "--channels %d does not divide into --heads %d: choose heads that "
+            "divide the channels", m->C, m->NH);
+    int64_t ffn = m->ffn > 0 ? m->ffn : 4LL * m->C;
+    if (ctx->train && ffn != 4LL * m->C)
+        add(e, L3D_ERR_ARG, "--ffn %lld: llm3d's trainer has GPT-2's MLP of 4 x --channels = "
+            "%lld; drop --ffn", (long long)ffn, 4LL * m->C);
+}
+
+/* tp x cp x pp x dp (x threads) against the world; dp resolved into *dp (0 when it cannot be). */
+static void check_grid(const struct l3d_layout *l, const struct l3d_spec_ctx *ctx, int *dp,
+                       struct l3d_spec_errors *e) {
+    *dp = l->dp;
+    if (l->tp < 1 || l->pp < 1 || l->cp < 1 || l->dp < 0) {
+        add(e, L3D_ERR_LAYOUT, "--tp %d --cp %d --pp %d --dp %d: each must be at least 1 (--dp 0: "
+            "inferred from the ranks)", l->tp, l->cp, l->pp, l->dp);
+        *dp = 0;
+        return;
+    }
+    if (l->cp != 1)
+        add(e, L3D_ERR_LAYOUT, "--cp %d: context parallelism is not implemented yet; give --cp 1",
+            l->cp);
+    int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
+    int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
+    if (ctx->world <= 0) {
+        if (l->dp == 0) add(e, L3D_ERR_LAYOUT, "--dp: give the data-parallel size");
+        return;
+    }
+    const char *unit = ctx->threads_in_world ? " x --threads" : "";
+    if (l->dp == 0) {
+        if (ctx->world % per != 0)
+            add(e, L3D_ERR_LAYOUT, "--tp %d x --cp %d x --pp %d%s = %lld does not divide the %lld "
+                "%s: choose sizes whose product divides it", l->tp, l->cp, l->pp, unit,
+                (long long)per, (long long)ctx->world, ctx->threads_in_world ? "devices" : "ranks");
+        else
+            *dp = (int)(ctx->world / per);
+    } else if (per * l->dp != ctx->world) {
+        add(e, L3D_ERR_LAYOUT, "--tp %d x --cp %d x --pp %d x --dp %d%s = %lld, but there are %lld "
+            "%s: give sizes whose product is the %s, or leave --dp out", l->tp, l->cp, l->pp,
+            l->dp, unit, (long long)(per * l->dp), (long long)ctx->world,
+            ctx->threads_in_world ? "devices" : "ranks",
+            ctx->threads_in_world ? "devices" : "number of ranks");
+        *dp = 0;
+    }
+}
+
+static void check_tp(const struct l3d_gpt_config *m, const struct l3d_layout *l,
+                     const struct l3d_spec_ctx *ctx, struct l3d_spec_errors *e) {
+    int64_t ffn = m->ffn > 0 ? m->ffn : 4LL * m->C;
+    if (l->tp < 1 || m->NH < 1) return;
+    if (m->NH % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d attention heads: choose a "
+            "divisor of %d", l->tp, m->NH, m->NH);
+    if (ffn % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", l->tp,
+            (long long)ffn);
+    int Vp = (m->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    if (ctx->train && Vp % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the padded vocabulary %d (the vocabulary "
+            "%d rounded up to a multiple of %d)", l->tp, Vp, m->V, L3D_VOCAB_ALIGN);
+    if (l->sp && l->tp < 2)
+        add(e, L3D_ERR_LAYOUT, "--sequence-parallel splits the tensor-parallel group's sequence; "
+            "it needs --tp 2 or more");
+    else if (l->sp && ((int64_t)l->micro_batch * l->seq) % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len (%d x "
+            "%d) to divide by %d", l->tp, l->micro_batch, l->seq, l->tp);
+}
+
+static void check_pipeline(const struct l3d_gpt_config *m, const struct l3d_layout *l,
+                           const struct l3d_spec_ctx *ctx, int64_t micro,
+                           struct l3d_spec_errors *e) {
+    if (l->v < 1 || l->v > 256)
+        add(e, L3D_ERR_ARG, "--pp-virtual %d: give 1 to 256 model chunks per pipeline rank",
+            l->v);
+    if (l->schedule == L3D_PP_INTERLEAVED && (l->pp < 2 || l->v < 2))
+        add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs --pp 2 or more (got %d) and "
+            "--pp-virtual 2 or more (got %d)", l->pp, l->v);
+    else if (l->v > 1 && l->schedule != L3D_PP_INTERLEAVED)
+        add(e, L3D_ERR_LAYOUT, "--pp-virtual %d needs --pp-schedule interleaved", l->v);
+    else if (l->schedule == L3D_PP_INTERLEAVED && micro > 0 && micro % l->pp != 0)
+        add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs the micro-batches (%lld a step) to "
+            "be a multiple of --pp %d", (long long)micro, l->pp);
+    int64_t stages = (int64_t)l->pp * (l->v > 0 ? l->v : 1);
+    if (l->pp >= 1 && m->L >= 1 && stages > m->L)
+        add(e, L3D_ERR_LAYOUT, "--pp %d x --pp-virtual %d = %lld pipeline stages but the model has "
+            "%d layers: each stage needs at least one layer; lower --pp or --pp-virtual", l->pp,
+            l->v, (long long)stages, m->L);
+    else if (!ctx->train && m->L >= 1 && stages > 0 && m->L % stages != 0)
+        add(e, L3D_ERR_LAYOUT, "%d layers do not split evenly into --pp %d x --pp-virtual %d "
+            "stages (Megatron-LM's rule)", m->L, l->pp, l->v);
+}
+
+/* micro-batch, sequence and micro-batches a step; returns the micro-batches (0: unknown) */
+static int64_t check_batch(const struct l3d_gpt_config *m, const struct l3d_layout *l, int dp,
+                           struct l3d_spec_errors *e) {
+    if (l->micro_batch < 1 || l->seq < 1) {
+        add(e, L3D_ERR_ARG, "--batch %d and --seq-len %d must be at least 1", l->micro_batch,
+            l->seq);
+        return 0;
+    }
+    if (m->maxT >= 1 && l->seq > m->maxT)
+        add(e, L3D_ERR_ARG, "--seq-len %d exceeds the model's context %d: raise --context or "
+            "lower --seq-len", l->seq, m->maxT);
+    if (l->global_batch <= 0) {
+        if (l->accum < 1)
+            add(e, L3D_ERR_ARG, "--grad-accum %d must be at least 1", l->accum);
+        else if (l->accum > MAX_MICRO)
+            add(e, L3D_ERR_ARG, "--grad-accum %d: at most %lld micro-batches a step; give a "
+                "larger --batch", l->accum, MAX_MICRO);
+        return l->accum > 0 ? l->accum : 0;
+    }
+    if (dp < 1) return 0;
+    int64_t per = (int64_t)l->micro_batch * dp;
+    if (l->global_batch % per != 0) {
+        add(e, L3D_ERR_ARG, "--global-batch %lld does not split into micro-batches: it must be a "
+            "multiple of --batch %d x %d data-parallel replicas = %lld sequences",
+            (long long)l->global_batch, l->micro_batch, dp, (long long)per);
+        return 0;
+    }
+    int64_t micro = l->global_batch / per;
+    if (micro > MAX_MICRO)
+        add(e, L3D_ERR_ARG, "--global-batch %lld is %lld micro-batches a step of --batch %d x %d "
+            "replicas: at most %lld; give a larger --batch", (long long)l->global_batch,
+            (long long)micro, l->micro_batch, dp, MAX_MICRO);
+    return micro;
+}
+
+static void check_zero(const struct l3d_layout *l, const struct l3d_spec_ctx *ctx, int dp,
+                       struct l3d_spec_errors *e) {
+    if (l->zero < 0 || l->zero > 2)
+        add(e, L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
+            "sharded gradients)", l->zero);
+    else if (ctx->train && l->zero > 0 && dp > ZERO_MAX_DP)
+        add(e, L3D_ERR_LAYOUT, "--zero %d over %d data-parallel replicas: ZeRO shards over at "
+            "most %d; give --zero 0, or fewer replicas (a larger --tp or --pp)", l->zero, dp,
+            ZERO_MAX_DP);
+    if (l->recompute < L3D_RECOMPUTE_NONE || l->recompute > L3D_RECOMPUTE_FULL)
+        add(e, L3D_ERR_ARG, "--recompute: mode %d is not none, selective or full",
+            (int)l->recompute);
+    if (l->threads < 0)
+        add(e, L3D_ERR_ARG, "--threads %d must be at least 1", l->threads);
+    if (l->bucket_bytes == 0)
+        add(e, L3D_ERR_ARG, "--bucket-mb: the gradient pieces must hold at least one byte");
+}
+
+static void check_loss_scaling(const struct l3d_precision *p, struct l3d_spec_errors *e) {
+    const struct l3d_loss_scaling *s = &p->ls;
+    if (s->given && p->param != L3D_F16) {
+        add(e, L3D_ERR_ARG, "loss scaling (--loss-scale, --initial-loss-scale, --min-loss-scale, "
+            "--loss-scale-window, --hysteresis, --loss-scale-backoff) is for --precision fp16 "
+            "(bf16 and fp32 have fp32's exponent range and need none): drop it or train in fp16");
+        return;
+    }
+    if (!(s->fixed >= 0 && s->fixed <= 1e30))
+        add(e, L3D_ERR_ARG, "--loss-scale %g: give a scale in (0, 1e30], or 0 for the dynamic one",
+            s->fixed);
+    if (!(s->min > 0 && s->min <= 1e30))
+        add(e, L3D_ERR_ARG, "--min-loss-scale %g: give a scale in (0, 1e30]", s->min);
+    if (!(s->init > 0 && s->init <= 1e30))
+        add(e, L3D_ERR_ARG, "--initial-loss-scale %g: give a scale in (0, 1e30]", s->init);
+    else if (s->fixed == 0 && s->min > 0 && s->init < s->min)
+        add(e, L3D_ERR_ARG, "--initial-loss-scale %g is below --min-loss-scale %g: the dynamic "
+            "scale starts at or above its floor; raise the one or lower the other", s->init,
+            s->min);
+    if (!(s->backoff > 0 && s->backoff < 1))
+        add(e, L3D_ERR_ARG, "--loss-scale-backoff %g: give a factor between 0 and 1", s->backoff);
+    if (!(s->growth > 1 && s->growth <= 1e6))
+        add(e, L3D_ERR_ARG, "loss-scale growth %g: give a factor above 1", s->growth);
+    if (s->window < 1 || s->hysteresis < 1)
+        add(e, L3D_ERR_ARG, "--loss-scale-window %d and --hysteresis %d must be at least 1",
+            s->window, s->hysteresis);
+}
+
+static void check_precision(const struct l3d_precision *p, const struct l3d_spec_ctx *ctx,
+                            struct l3d_spec_errors *e) {
+    if (!float_type(p->param) || p->act != p->param) {
+        add(e, L3D_ERR_ARG, "--precision: parameters in %s and activations in %s; llm3d runs "
+            "both in one of fp32, bf16 or fp16", l3d_dtype_name(p->param),
+            l3d_dtype_name(p->act));
+        return;
+    }
+    if (p->grad != L3D_F32 && (ctx->train || p->grad != p->param))
+        add(e, L3D_ERR_ARG, "gradients in %s: llm3d's trainer accumulates them in fp32 (the "
+            "planner's --trainer megatron: in the parameters' type)", l3d_dtype_name(p->grad));
+    if (!float_type(p->reduce))
+        add(e, L3D_ERR_ARG, "--grad-reduce-dtype %s: choose fp32, bf16 or fp16",
+            l3d_dtype_name(p->reduce));
+    else if (p->reduce == L3D_F16 && p->param != L3D_F16)
+        add(e, L3D_ERR_ARG, "--grad-reduce-dtype fp16: fp16 sums need fp16's loss scaling to keep "
+            "small gradients from underflowing, so only with --precision fp16; reduce in bf16 "
+            "(fp32's exponent range) or fp32 instead");
+    else if (p->reduce != L3D_F32 && p->grad != L3D_F32)
+        add(e, L3D_ERR_ARG, "--grad-reduce-dtype %s: for llm3d's trainer (--trainer llm3d); "
+            "Megatron-LM's %s gradients are reduced in %s already", l3d_dtype_name(p->reduce),
+            l3d_dtype_name(p->grad), l3d_dtype_name(p->grad));
+    check_loss_scaling(p, e);
+}
+
+l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                          struct l3d_spec_errors *out) {
+    struct l3d_spec_errors local, *e = out ? out : &local;
+    e->n = 0;
+    const struct l3d_layout *l = &s->layout;
+    int dp = 0;
+    check_model(&s->model, ctx, e);
+    check_grid(l, ctx, &dp, e);
+    check_tp(&s->model, l, ctx, e);
+    int64_t micro = check_batch(&s->model, l, dp, e);
+    check_pipeline(&s->model, l, ctx, micro, e);
+    check_zero(l, ctx, dp, e);
+    check_precision(&s->precision, ctx, e);
+    if (e->n == 0) return L3D_OK;
+    /* every message in the thread's error, the first one's status */
+    char all[L3D_SPEC_MAX_ERRORS * 330];
+    size_t k = 0;
+    int kept = e->n < L3D_SPEC_MAX_ERRORS ? e->n : L3D_SPEC_MAX_ERRORS;
+    for (int i = 0; i < kept && k < sizeof all; i++)
+        k += (size_t)snprintf(all + k, sizeof all - k, "%s%s", i ? "; " : "", e->msg[i]);
+    if (e->n > kept && k < sizeof all)
+        snprintf(all + k, sizeof all - k, "; and %d more", e->n - kept);
+    if (e->n > kept) e->n = kept;
+    return l3d_error(e->status[0], "%s", all);
+}
+
+void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx) {
+    struct l3d_layout *l = &s->layout;
+    int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
+    int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
+    if (l->dp == 0 && ctx->world > 0 && per > 0 && ctx->world % per == 0)
+        l->dp = (int)(ctx->world / per);
+    if (l->global_batch > 0) l->accum = (int)l3d_layout_accum(l);
+}
