@@ -60,7 +60,8 @@ struct l3d_loss_scaling {
     double fixed;             /* > 0: a static scale instead of the dynamic one */
     double init, min, backoff, growth;
     int window, hysteresis;
-    bool given;               /* a loss-scaling flag was given (an error outside fp16) */
+    const char *given;        /* a loss-scaling flag given ("hysteresis"), or NULL: outside
+                               * fp16 an error */
 };
 
 /* The types a run computes, accumulates and communicates in. llm3d's trainer: param = act (fp32,
@@ -114,6 +115,7 @@ void l3d_run_spec_defaults(struct l3d_run_spec *s);
 /* What the spec is checked for. */
 struct l3d_spec_ctx {
     int64_t world;            /* ranks (x threads when threads_in_world); 0: dp must be given */
+    bool world_unknown;       /* before the ranks are known: the rules that need them wait */
     bool threads_in_world;    /* the planner's devices count threads (CPU cores) */
     bool train;               /* llm3d's trainer will run it (its own limits, e.g. a 4C MLP) */
 };

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* llm3d prepare --tokenizer SPEC --out DIR [--val-fraction F] [--shard-tokens N]
  * [--doc-separator LINE] FILE... (src/cli/prepare.c) */
@@ -63,5 +64,54 @@ struct l3d_cli_mute {
 };
 void l3d_cli_mute_begin(struct l3d_cli_mute *m);
 void l3d_cli_mute_end(struct l3d_cli_mute *m);
+
+/* Flag tables (src/cli/flags.c): each command lists its flags as groups, each group a table and
+ * the handler that sets them; one parser (getopt_long) and one --help writer serve them all. */
+struct l3d_flag {
+    const char *name; /* the long name, without "--" */
+    const char *arg;  /* the value's name in --help ("N", "MODE"); NULL: a switch */
+    int id;           /* the group's handler's key */
+    const char *help; /* --help text, '\n' between lines; NULL: not listed (a retired spelling
+                       * whose handler names the new one) */
+};
+struct l3d_flag_group {
+    const char *title;            /* --help section heading, or NULL */
+    const struct l3d_flag *flags; /* ends with {NULL} */
+    /* sets flag id from val (NULL for a switch): 1, or 0 after printing one line "llm3d CMD:
+     * --FLAG VAL: why" */
+    int (*set)(void *ctx, const char *cmd, int id, const char *val);
+    void *ctx;
+};
+/* Parses argv[1..] with the groups' flags. --help prints usage() (may be NULL) and every group's
+ * flags, and returns 0; an unknown flag or a bad value returns 2 after one line; -1 when every
+ * flag was read. first_arg NULL: positional arguments are an error; else *first_arg is the first. */
+int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                    int ng, void (*usage)(FILE *f), int *first_arg);
+void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng);
+
+/* The run spec's flags (model, layout and batch, precision): the same names, values and checks
+ * in train, bench and plan. */
+struct l3d_run_spec;
+struct l3d_spec_ctx;
+struct l3d_cli_spec {
+    struct l3d_run_spec *spec; /* where the values go; holds the command's defaults */
+    const char *preset;        /* --model */
+    int L, C, NH, V, maxT, ffn; /* explicit sizes; 0: not given */
+    unsigned long long given;  /* a bit for each flag given */
+};
+void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec);
+/* The three groups (model, layout, precision) into out[0..2]; returns 3. */
+int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out);
+/* Whether --flag (a spec flag's name) was given. */
+bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
+/* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
+ * status after one line. */
+int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
+/* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
+ * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
+int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);
+/* l3d_spec_check: -1 when the spec holds, else 2 after one line a violated rule. */
+int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,
+                        const struct l3d_spec_ctx *ctx);
 
 #endif

@@ -11,106 +11,28 @@
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
-static void usage(FILE *f, const char *cmd) {
-    bool bench = strcmp(cmd, "bench") == 0;
-    if (bench)
-        fprintf(f,
-            "usage: llm3d bench [flags]\n"
-            "       llm3d bench --calibrate [--out FILE] [--quick]   (under mpiexec; see its --help)\n"
-            "\n"
-            "Measures this machine's fp32 FMA peak and sgemm rates, then trains a model on random\n"
-            "tokens through the real training loop (one process) and reports the median step,\n"
-            "tokens/s and MFU. --calibrate writes the system profile that llm3d plan reads.\n"
-            "Flags: train's below (--train, --val and --out are ignored); defaults --model d12\n"
-            "--steps 10 --warmup 2.\n"
-            "\n");
-    else
-        fprintf(f, "usage: llm3d train --train PATTERN [flags]\n\n");
+static void usage_train(FILE *f) {
     fprintf(f,
-        "model (a preset, then explicit sizes override it):\n"
-        "  --model NAME        %s (%s)\n"
-        "  --layers L --channels C --heads NH --vocab V --context T\n"
-        "  --init-from FILE    start from an llm.c GPT-2 checkpoint instead of random weights;\n"
-        "                      the model's sizes come from its header (flags given must agree)\n"
-        "data:\n"
-        "  --train PATTERN     token shards (llm.c format): a file or a quoted glob\n"
-        "  --val PATTERN       validation shards\n"
-        "  --batch B           sequences per micro-batch (4)\n"
-        "  --seq-len T         tokens per sequence (64, or the context when shorter)\n"
-        "  --grad-accum N      micro-batches per step (1)\n"
-        "  --global-batch G    sequences per step instead: G / (batch x dp) micro-batches\n"
-        "  --sequential        read windows in order instead of shuffled\n"
-        "optimizer:\n"
-        "  --steps N (100) --lr LR (6e-4) --min-lr LR (6e-5) --warmup N (10)\n"
-        "  --weight-decay W (0.1, matrices only) --beta1 (0.9) --beta2 (0.95) --eps (1e-8)\n"
-        "  --grad-clip G       clip the global gradient norm to G, 0 disables (1.0)\n"
-        "parallel layout (launch with mpiexec -n N; see README):\n"
-        "  --tp N              tensor-parallel size: heads, MLP and vocabulary split (1)\n"
-        "  --sequence-parallel LayerNorm and residual regions split by rows over the TP group\n"
-        "  --pp N              pipeline-parallel size: contiguous layer ranges per stage (1)\n"
-        "  --pp-schedule S     1f1b (default), gpipe, or interleaved (with --pp-virtual)\n"
-        "  --pp-virtual V      model chunks per pipeline rank, interleaved schedule (1)\n"
-        "  --pp-layers a,b,..  layers of each (virtual) stage (default: balanced by cost)\n"
-        "  --recompute MODE    none (default), selective (attention scores), full (layers)\n"
-        "  --precision P       fp32 (default), bf16 or fp16: mixed precision (16-bit weights\n"
-        "                      and activations; fp32 gradients, master weights, AdamW moments)\n"
-        "  --grad-reduce-dtype T  fp32 (default) or bf16, or fp16 with --precision fp16: the\n"
-        "                      type data-parallel gradient sums travel in (half the bytes;\n"
-        "                      gradients still accumulate over micro-batches in fp32)\n"
-        "  fp16 loss scaling (Megatron-LM's defaults): --initial-loss-scale S (2^32)\n"
-        "  --loss-scale-window N (1000 steps without overflow double it) --hysteresis N (2\n"
-        "  overflows before each back-off) --loss-scale-backoff F (0.5) --min-loss-scale S (1);\n"
-        "  --loss-scale S      a static scale instead of the dynamic one\n"
-        "  --trace FILE        every rank's pipeline timeline as Chrome trace-event JSON\n"
-        "  --dp N              data-parallel replicas (default: ranks / (tp x pp))\n"
-        "  --zero S            0: replicated optimizer; 1: AdamW state sharded over dp;\n"
-        "                      2: gradients sharded too (0)\n"
-        "  --bucket-mb M       gradient reduction pieces in MiB (4)\n"
-        "  --comm MODE         overlap: data-parallel gradient pieces and tensor-parallel\n"
-        "                      input-gradient sums non-blocking, behind compute (default);\n"
-        "                      blocking: the same calls blocking (faster over shared memory on\n"
-        "                      busy cores, see docs/BENCHMARKS.md)\n"
-        "  --progress MODE     what moves overlapped pieces while ranks compute: none (MPI\n"
-        "                      calls between layers only), poll (between kernels) or thread\n"
-        "                      (an MPI progress thread, MPI_THREAD_MULTIPLE; for nodes with a\n"
-        "                      core to spare) (poll; thread when the launcher puts the ranks\n"
-        "                      on several nodes)\n"
-        "run:\n"
-        "  --val-every N (50) --val-batches N (8) --seed S (1337) --out DIR (none)\n"
-        "  --threads N         OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
-        "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
-        "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n"
-        "  --ignore-memory-check  start even when the layout's planned memory exceeds what is\n"
-        "                      free (by default it is refused before allocating, with layouts\n"
-        "                      that fit)\n"
-        "  --allow-cross-node-tp  run even when a TP group spans nodes (a warning; by default\n"
-        "                      an error: TP groups are runs of --tp consecutive ranks and must\n"
-        "                      sit inside one node; PP and DP groups may cross nodes)\n"
-        "  --peak-gflops P     peak for MFU (default: measured FMA peak of this machine)\n"
-        "  --quiet             no per-step lines (the start-up summary and the final line stay)\n"
-        "  Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
-        "  prints it); validation at step k runs after update k.\n"
-        "checkpoints (sharded, atomic; resume on any layout; see README). Several nodes: the\n"
-        "  --out and --ckpt-dir directories must be one shared filesystem (NFS, Lustre...); each\n"
-        "  rank writes its own shard files there, rank 0 the manifest and model.bin:\n"
-        "  --save-every N      save every N steps and after the last (0: never; default 0)\n"
-        "  --ckpt-dir DIR      where step directories go (default OUT/checkpoints)\n"
-        "  --keep K            keep the newest K checkpoints (3)\n"
-        "  --resume auto|PATH  continue from the latest checkpoint (auto: a fresh start when\n"
-        "                      there is none) or from a step or checkpoint directory\n"
-        "  --overwrite         start a new run in an --out (or --ckpt-dir) that holds an earlier\n"
-        "                      run: removes its run, metrics.jsonl, model.bin, checkpoints'\n"
-        "                      latest and step_NNNNNNNN directories (nothing else); without it\n"
-        "                      such a directory is refused unless --resume is given\n"
-        "  SIGTERM / SIGUSR1   save at the next step boundary and exit 0; a second one exits\n"
-        "                      at once\n"
-        "faults:\n"
-        "  --timeout S         abort the job (exit 75) when a rank waits S seconds on another\n"
-        "                      (a stopped, hung or dead rank), naming it; the last checkpoint\n"
-        "                      is kept (600; 0: wait for ever)\n"
-        "  --max-skipped-steps N  a step whose loss or gradient norm is not finite is skipped\n"
-        "                      on every rank; N such steps in a row stop the run (10)\n",
-        l3d_gpt_preset_names(), bench ? "d12" : "d6");
+        "usage: llm3d train --train PATTERN [flags]\n"
+        "\n"
+        "Trains a GPT-2 model on token shards, as one process or under mpiexec on any layout.\n"
+        "Step k's loss is measured before update k, on the weights of k-1 updates (as llm.c\n"
+        "prints it); validation at step k runs after update k. Defaults: --model d6, --batch 4,\n"
+        "--seq-len 64 (or the context when shorter).\n"
+        "\n");
+}
+
+static void usage_bench(FILE *f) {
+    fprintf(f,
+        "usage: llm3d bench [flags]\n"
+        "       llm3d bench --calibrate [--out FILE] [--quick]   (under mpiexec; see its --help)\n"
+        "\n"
+        "Measures this machine's fp32 FMA peak and sgemm rates, then trains a model on random\n"
+        "tokens through the real training loop (one process) and reports the median step,\n"
+        "tokens/s and MFU. --calibrate writes the system profile that llm3d plan reads.\n"
+        "Flags: train's below (--train, --val and --out are ignored); defaults --model d12\n"
+        "--steps 10 --warmup 2.\n"
+        "\n");
 }
 
 /* --init-from FILE: the model's sizes from the llm.c header into tc->model. given: the values of
@@ -144,303 +66,232 @@ static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const c
     return -1;
 }
 
-/* Parses the flags shared by train and bench into tc. Returns -1 on success, else an exit code. */
-/* --FLAG fp32|bf16|fp16 into *t: 1, or 0 after one line naming the choices */
-static int float_type(const char *cmd, const char *flag, const char *s, enum l3d_dtype *t,
-                      const char *choices) {
-    static const struct { const char *name; enum l3d_dtype t; } types[] = {
-        {"fp32", L3D_F32}, {"bf16", L3D_BF16}, {"fp16", L3D_F16}};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (strcmp(s, types[i].name) == 0) {
-            *t = types[i].t;
+/* train's and bench's own flags (the run spec's are src/cli/flags.c's) */
+enum {
+    T_INIT, T_TRAIN, T_VAL, T_SEQUENTIAL, T_STEPS, T_LR, T_MINLR, T_WARMUP, T_WD, T_BETA1,
+    T_BETA2, T_EPS, T_CLIP, T_VALEVERY, T_VALBATCHES, T_SEED, T_OUT, T_PEAK, T_QUIET, T_BACKEND,
+    T_IGNORE_MEM, T_CROSS_TP, T_TRACE, T_COMM, T_PROGRESS, T_SAVE_EVERY, T_CKPT_DIR, T_KEEP,
+    T_RESUME, T_OVERWRITE, T_TIMEOUT, T_MAX_SKIPPED,
+};
+
+static const struct l3d_flag init_flags[] = {
+    {"init-from", "FILE", T_INIT, "start from an llm.c GPT-2 checkpoint instead of random "
+                                  "weights; the model's sizes come from its header (flags given "
+                                  "must agree)"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag data_flags[] = {
+    {"train", "PATTERN", T_TRAIN, "token shards (llm.c format): a file or a quoted glob"},
+    {"val", "PATTERN", T_VAL, "validation shards"},
+    {"sequential", NULL, T_SEQUENTIAL, "read windows in order instead of shuffled"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag optim_flags[] = {
+    {"steps", "N", T_STEPS, "optimizer steps (100)"},
+    {"lr", "LR", T_LR, "peak learning rate (6e-4), cosine decay to --min-lr"},
+    {"min-lr", "LR", T_MINLR, "(6e-5)"},
+    {"warmup", "N", T_WARMUP, "linear warm-up steps (10)"},
+    {"weight-decay", "W", T_WD, "(0.1, matrices only)"},
+    {"beta1", "B", T_BETA1, "(0.9)"},
+    {"beta2", "B", T_BETA2, "(0.95)"},
+    {"eps", "E", T_EPS, "(1e-8)"},
+    {"grad-clip", "G", T_CLIP, "clip the global gradient norm to G, 0 disables (1.0)"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag run_flags[] = {
+    {"val-every", "N", T_VALEVERY, "validation every N steps and at the end (50)"},
+    {"val-batches", "N", T_VALBATCHES, "micro-batches a validation (8)"},
+    {"seed", "S", T_SEED, "initial weights and batch order (1337)"},
+    {"out", "DIR", T_OUT, "metrics.jsonl, model.bin and checkpoints (none)"},
+    {"backend", "NAME", T_BACKEND, "the device: cpu, or check (the CPU kernels on a checked "
+                                   "device arena, for tests; slower) (default: $L3D_BACKEND, "
+                                   "else cpu)"},
+    {"comm", "MODE", T_COMM, "overlap: data-parallel gradient pieces and tensor-parallel "
+                             "input-gradient sums non-blocking, behind compute (default); "
+                             "blocking: the same calls blocking (faster over shared memory on "
+                             "busy cores, see docs/BENCHMARKS.md)"},
+    {"progress", "MODE", T_PROGRESS, "what moves overlapped pieces while ranks compute: none (MPI "
+                                     "calls between layers only), poll (between kernels) or "
+                                     "thread (an MPI progress thread, MPI_THREAD_MULTIPLE; for "
+                                     "nodes with a core to spare) (poll; thread when the launcher "
+                                     "puts the ranks on several nodes)"},
+    {"trace", "FILE", T_TRACE, "every rank's pipeline timeline as Chrome trace-event JSON"},
+    {"ignore-memory-check", NULL, T_IGNORE_MEM, "start even when the layout's planned memory "
+                                                "exceeds what is free (by default it is refused "
+                                                "before allocating, with layouts that fit)"},
+    {"allow-cross-node-tp", NULL, T_CROSS_TP, "run even when a TP group spans nodes (a warning; "
+                                              "by default an error: TP groups are runs of --tp "
+                                              "consecutive ranks and must sit inside one node; "
+                                              "PP and DP groups may cross nodes)"},
+    {"peak-gflops", "P", T_PEAK, "peak for MFU (default: measured FMA peak of this machine)"},
+    {"quiet", NULL, T_QUIET, "no per-step lines (the start-up summary and the final line stay)"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag ckpt_flags[] = {
+    {"save-every", "N", T_SAVE_EVERY, "save every N steps and after the last (0: never; 0)"},
+    {"ckpt-dir", "DIR", T_CKPT_DIR, "where step directories go (default OUT/checkpoints)"},
+    {"keep", "K", T_KEEP, "keep the newest K checkpoints (3)"},
+    {"resume", "auto|PATH", T_RESUME, "continue from the latest checkpoint (auto: a fresh start "
+                                      "when there is none) or from a step or checkpoint "
+                                      "directory"},
+    {"overwrite", NULL, T_OVERWRITE, "start a new run in an --out (or --ckpt-dir) that holds an "
+                                     "earlier run: removes its run, metrics.jsonl, model.bin, "
+                                     "checkpoints' latest and step_NNNNNNNN directories (nothing "
+                                     "else); without it such a directory is refused unless "
+                                     "--resume is given. SIGTERM / SIGUSR1 save at the next step "
+                                     "boundary and exit 0; a second one exits at once"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag fault_flags[] = {
+    {"timeout", "S", T_TIMEOUT, "abort the job (exit 75) when a rank waits S seconds on "
+                                "another (a stopped, hung or dead rank), naming it; the last "
+                                "checkpoint is kept (600; 0: wait for ever)"},
+    {"max-skipped-steps", "N", T_MAX_SKIPPED, "a step whose loss or gradient norm is not finite "
+                                              "is skipped on every rank; N such steps in a row "
+                                              "stop the run (10)"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct train_ctx {
+    struct l3d_train_config *tc;
+    const char **backend;
+    float peak;
+};
+
+static int set_mode(const char *cmd, const char *flag, const char *v, const char *const *names,
+                    int n, int *out) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
             return 1;
         }
-    fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, s, choices);
+    fprintf(stderr, "llm3d %s: --%s '%s': choose %s, %s%s%s\n", cmd, flag, v, names[0], names[1],
+            n > 2 ? " or " : "", n > 2 ? names[2] : "");
     return 0;
+}
+
+static int set_train(void *ctx, const char *cmd, int id, const char *v) {
+    struct train_ctx *x = ctx;
+    struct l3d_train_config *tc = x->tc;
+    const long BIG = 1L << 30;
+    switch (id) {
+    case T_INIT: tc->init_from = v; return 1;
+    case T_TRAIN: tc->train_pattern = v; return 1;
+    case T_VAL: tc->val_pattern = v; return 1;
+    case T_SEQUENTIAL: tc->random_batches = false; return 1;
+    case T_STEPS: return l3d_arg_int(cmd, "steps", v, 1, BIG, &tc->steps);
+    case T_LR: return l3d_arg_float(cmd, "lr", v, 1e-12, 10, &tc->lr);
+    case T_MINLR: return l3d_arg_float(cmd, "min-lr", v, 0, 10, &tc->min_lr);
+    case T_WARMUP: return l3d_arg_int(cmd, "warmup", v, 0, BIG, &tc->warmup_steps);
+    case T_WD: return l3d_arg_float(cmd, "weight-decay", v, 0, 10, &tc->adamw.weight_decay);
+    case T_BETA1: return l3d_arg_float(cmd, "beta1", v, 0, 0.999999, &tc->adamw.beta1);
+    case T_BETA2: return l3d_arg_float(cmd, "beta2", v, 0, 0.999999999, &tc->adamw.beta2);
+    case T_EPS: return l3d_arg_float(cmd, "eps", v, 1e-30, 1, &tc->adamw.eps);
+    case T_CLIP: return l3d_arg_float(cmd, "grad-clip", v, 0, 1e30, &tc->adamw.grad_clip);
+    case T_VALEVERY: return l3d_arg_int(cmd, "val-every", v, 0, BIG, &tc->val_every);
+    case T_VALBATCHES: return l3d_arg_int(cmd, "val-batches", v, 1, BIG, &tc->val_batches);
+    case T_SEED: return l3d_arg_u64(cmd, "seed", v, &tc->seed);
+    case T_OUT: tc->out_dir = v; return 1;
+    case T_PEAK: return l3d_arg_float(cmd, "peak-gflops", v, 1e-3, 1e12, &x->peak);
+    case T_QUIET: tc->quiet = true; return 1;
+    case T_BACKEND: *x->backend = v; return 1;
+    case T_IGNORE_MEM: tc->ignore_memory_check = true; return 1;
+    case T_CROSS_TP: tc->allow_cross_node_tp = true; return 1;
+    case T_TRACE: tc->trace_path = v; return 1;
+    case T_COMM: {
+        static const char *const modes[] = {"overlap", "blocking"};
+        int m = 0;
+        if (!set_mode(cmd, "comm", v, modes, 2, &m)) return 0;
+        tc->dp_blocking = m == 1;
+        return 1;
+    }
+    case T_PROGRESS: {
+        static const char *const modes[] = {"none", "poll", "thread"};
+        int m = 0;
+        if (!set_mode(cmd, "progress", v, modes, 3, &m)) return 0;
+        tc->progress = (enum l3d_progress)m;
+        return 1;
+    }
+    case T_SAVE_EVERY: return l3d_arg_int(cmd, "save-every", v, 0, BIG, &tc->save_every);
+    case T_CKPT_DIR: tc->ckpt_dir = v; return 1;
+    case T_KEEP: return l3d_arg_int(cmd, "keep", v, 1, 1 << 20, &tc->keep);
+    case T_RESUME: tc->resume = v; return 1;
+    case T_OVERWRITE: tc->overwrite = true; return 1;
+    case T_TIMEOUT: {
+        float sec = 0;
+        if (!l3d_arg_float(cmd, "timeout", v, 0, 1e7, &sec)) return 0;
+        tc->timeout_s = sec;
+        return 1;
+    }
+    case T_MAX_SKIPPED:
+        return l3d_arg_int(cmd, "max-skipped-steps", v, 1, 1 << 20, &tc->max_skipped);
+    }
+    return 0;
+}
+
+/* The model from --init-from, or the preset and sizes; then the default sequence length. */
+static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_cli_spec *cs) {
+    if (tc->init_from) { /* the file's sizes; the flags given must agree with them */
+        if (cs->preset && l3d_gpt_config_preset(&tc->model, cs->preset) != L3D_OK) {
+            fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
+            return 2;
+        }
+        if (cs->ffn) {
+            fprintf(stderr, "llm3d %s: --ffn with --init-from: the file's model has GPT-2's 4C "
+                    "MLP; drop --ffn\n", cmd);
+            return 2;
+        }
+        int rc = init_from_sizes(cmd, tc, cs->preset,
+                                 (const int[]){cs->L, cs->C, cs->NH, cs->V, cs->maxT});
+        if (rc >= 0) return rc;
+    } else {
+        int rc = l3d_cli_spec_model(cmd, cs);
+        if (rc >= 0) return rc;
+    }
+    /* the default sequence fits the context */
+    if (!l3d_cli_spec_given(cs, "seq-len") && tc->layout.seq > tc->model.maxT)
+        tc->layout.seq = tc->model.maxT;
+    return -1;
 }
 
 static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_config *tc,
                        const char **backend) {
-    enum { O_LAYERS = 256, O_CHANNELS, O_HEADS, O_VOCAB, O_CONTEXT, O_MINLR, O_WARMUP, O_WD,
-           O_BETA1, O_BETA2, O_EPS, O_CLIP, O_VALEVERY, O_VALBATCHES, O_SEQ, O_INIT, O_PEAK,
-           O_THREADS, O_QUIET, O_ACCUM, O_TP, O_PP, O_DP, O_ZERO, O_BUCKET, O_DPCOMM, O_SP,
-           O_PPSCHED, O_PPVIRT, O_PPLAYERS, O_RECOMPUTE, O_TRACE, O_GLOBAL, O_SAVE_EVERY,
-           O_CKPT_DIR, O_KEEP, O_RESUME, O_BACKEND, O_OVERWRITE, O_IGNORE_MEM,
-           O_CROSS_TP,
-           O_TIMEOUT, O_MAX_SKIPPED, O_PRECISION, O_LS, O_LS_INIT, O_LS_MIN, O_LS_WINDOW,
-           O_LS_HYST, O_LS_BACKOFF, O_PROGRESS, O_GRAD_REDUCE };
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
-        {"channels", required_argument, NULL, O_CHANNELS}, {"heads", required_argument, NULL, O_HEADS},
-        {"vocab", required_argument, NULL, O_VOCAB}, {"context", required_argument, NULL, O_CONTEXT},
-        {"train", required_argument, NULL, 't'}, {"val", required_argument, NULL, 'v'},
-        {"batch", required_argument, NULL, 'b'}, {"seq-len", required_argument, NULL, 'T'},
-        {"grad-accum", required_argument, NULL, O_ACCUM}, {"steps", required_argument, NULL, 'n'},
-        {"lr", required_argument, NULL, 'l'}, {"min-lr", required_argument, NULL, O_MINLR},
-        {"warmup", required_argument, NULL, O_WARMUP}, {"weight-decay", required_argument, NULL, O_WD},
-        {"beta1", required_argument, NULL, O_BETA1}, {"beta2", required_argument, NULL, O_BETA2},
-        {"eps", required_argument, NULL, O_EPS}, {"grad-clip", required_argument, NULL, O_CLIP},
-        {"val-every", required_argument, NULL, O_VALEVERY},
-        {"val-batches", required_argument, NULL, O_VALBATCHES},
-        {"sequential", no_argument, NULL, O_SEQ}, {"seed", required_argument, NULL, 's'},
-        {"out", required_argument, NULL, 'o'}, {"init-from", required_argument, NULL, O_INIT},
-        {"peak-gflops", required_argument, NULL, O_PEAK}, {"threads", required_argument, NULL, O_THREADS},
-        {"quiet", no_argument, NULL, O_QUIET}, {"help", no_argument, NULL, 'h'},
-        {"tp", required_argument, NULL, O_TP}, {"pp", required_argument, NULL, O_PP},
-        {"dp", required_argument, NULL, O_DP}, {"zero", required_argument, NULL, O_ZERO},
-        {"bucket-mb", required_argument, NULL, O_BUCKET},
-        {"comm", required_argument, NULL, O_DPCOMM},
-        {"progress", required_argument, NULL, O_PROGRESS},
-        {"sequence-parallel", no_argument, NULL, O_SP},
-        {"pp-schedule", required_argument, NULL, O_PPSCHED},
-        {"pp-virtual", required_argument, NULL, O_PPVIRT},
-        {"pp-layers", required_argument, NULL, O_PPLAYERS},
-        {"recompute", required_argument, NULL, O_RECOMPUTE},
-        {"trace", required_argument, NULL, O_TRACE},
-        {"global-batch", required_argument, NULL, O_GLOBAL},
-        {"save-every", required_argument, NULL, O_SAVE_EVERY},
-        {"ckpt-dir", required_argument, NULL, O_CKPT_DIR},
-        {"keep", required_argument, NULL, O_KEEP}, {"resume", required_argument, NULL, O_RESUME},
-        {"backend", required_argument, NULL, O_BACKEND},
-        {"overwrite", no_argument, NULL, O_OVERWRITE},
-        {"ignore-memory-check", no_argument, NULL, O_IGNORE_MEM},
-        {"allow-cross-node-tp", no_argument, NULL, O_CROSS_TP},
-        {"timeout", required_argument, NULL, O_TIMEOUT},
-        {"max-skipped-steps", required_argument, NULL, O_MAX_SKIPPED},
-        {"precision", required_argument, NULL, O_PRECISION},
-        {"grad-reduce-dtype", required_argument, NULL, O_GRAD_REDUCE},
-        {"loss-scale", required_argument, NULL, O_LS},
-        {"initial-loss-scale", required_argument, NULL, O_LS_INIT},
-        {"min-loss-scale", required_argument, NULL, O_LS_MIN},
-        {"loss-scale-window", required_argument, NULL, O_LS_WINDOW},
-        {"hysteresis", required_argument, NULL, O_LS_HYST},
-        {"loss-scale-backoff", required_argument, NULL, O_LS_BACKOFF},
-        {NULL, 0, NULL, 0},
-    };
-    /* sizes given explicitly override the preset, whatever the order of the flags */
-    int L = 0, C = 0, NH = 0, V = 0, maxT = 0, threads = 0;
-    float peak = 0.0f;
-    const long BIG = 1L << 30;
-    int ok = 1, c;
-    bool sched_given = false, accum_given = false, seq_given = false;
-    const char *ls_flag = NULL; /* a loss-scaling flag given (fp16 only) */
-    const char *preset = NULL;
-    optind = 1;
-    while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            preset = optarg;
-            if (l3d_gpt_config_preset(&tc->model, optarg) != L3D_OK) {
-                fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
-                return 2;
-            }
-            break;
-        case O_LAYERS: ok = l3d_arg_int(cmd, "layers", optarg, 1, 4096, &L); break;
-        case O_CHANNELS: ok = l3d_arg_int(cmd, "channels", optarg, 1, 1 << 20, &C); break;
-        case O_HEADS: ok = l3d_arg_int(cmd, "heads", optarg, 1, 4096, &NH); break;
-        case O_VOCAB: ok = l3d_arg_int(cmd, "vocab", optarg, 2, 65536, &V); break;
-        case O_CONTEXT: ok = l3d_arg_int(cmd, "context", optarg, 1, 1 << 20, &maxT); break;
-        case 't': tc->train_pattern = optarg; break;
-        case 'v': tc->val_pattern = optarg; break;
-        case 'b': ok = l3d_arg_int(cmd, "batch", optarg, 1, BIG, &tc->layout.micro_batch); break;
-        case 'T':
-            ok = l3d_arg_int(cmd, "seq-len", optarg, 1, 1 << 20, &tc->layout.seq);
-            seq_given = true;
-            break;
-        case O_ACCUM:
-            ok = l3d_arg_int(cmd, "grad-accum", optarg, 1, BIG, &tc->layout.accum);
-            accum_given = true;
-            break;
-        case 'n': ok = l3d_arg_int(cmd, "steps", optarg, 1, BIG, &tc->steps); break;
-        case 'l': ok = l3d_arg_float(cmd, "lr", optarg, 1e-12, 10, &tc->lr); break;
-        case O_MINLR: ok = l3d_arg_float(cmd, "min-lr", optarg, 0, 10, &tc->min_lr); break;
-        case O_WARMUP: ok = l3d_arg_int(cmd, "warmup", optarg, 0, BIG, &tc->warmup_steps); break;
-        case O_WD: ok = l3d_arg_float(cmd, "weight-decay", optarg, 0, 10, &tc->adamw.weight_decay); break;
-        case O_BETA1: ok = l3d_arg_float(cmd, "beta1", optarg, 0, 0.999999, &tc->adamw.beta1); break;
-        case O_BETA2: ok = l3d_arg_float(cmd, "beta2", optarg, 0, 0.999999999, &tc->adamw.beta2); break;
-        case O_EPS: ok = l3d_arg_float(cmd, "eps", optarg, 1e-30, 1, &tc->adamw.eps); break;
-        case O_CLIP: ok = l3d_arg_float(cmd, "grad-clip", optarg, 0, 1e30, &tc->adamw.grad_clip); break;
-        case O_VALEVERY: ok = l3d_arg_int(cmd, "val-every", optarg, 0, BIG, &tc->val_every); break;
-        case O_VALBATCHES: ok = l3d_arg_int(cmd, "val-batches", optarg, 1, BIG, &tc->val_batches); break;
-        case O_SEQ: tc->random_batches = false; break;
-        case 's': ok = l3d_arg_u64(cmd, "seed", optarg, &tc->seed); break;
-        case 'o': tc->out_dir = optarg; break;
-        case O_INIT: tc->init_from = optarg; break;
-        case O_PEAK: ok = l3d_arg_float(cmd, "peak-gflops", optarg, 1e-3, 1e12, &peak); break;
-        case O_THREADS: ok = l3d_arg_int(cmd, "threads", optarg, 1, 1024, &threads); break;
-        case O_QUIET: tc->quiet = true; break;
-        case O_TP: ok = l3d_arg_int(cmd, "tp", optarg, 1, 1 << 20, &tc->layout.tp); break;
-        case O_PP: ok = l3d_arg_int(cmd, "pp", optarg, 1, 1 << 20, &tc->layout.pp); break;
-        case O_DP: ok = l3d_arg_int(cmd, "dp", optarg, 1, 1 << 20, &tc->layout.dp); break;
-        case O_ZERO: ok = l3d_arg_int(cmd, "zero", optarg, 0, 2, &tc->layout.zero); break;
-        case O_SP: tc->layout.sp = true; break;
-        case O_PPSCHED:
-            if (l3d_pp_kind_parse(optarg, &tc->layout.schedule) != L3D_OK) {
-                fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
-                ok = 0;
-            }
-            sched_given = true;
-            break;
-        case O_PPVIRT: ok = l3d_arg_int(cmd, "pp-virtual", optarg, 1, 256, &tc->layout.v); break;
-        case O_PPLAYERS: tc->layout.pp_layers = optarg; break;
-        case O_TRACE: tc->trace_path = optarg; break;
-        case O_GLOBAL: {
-            int g = 0;
-            ok = l3d_arg_int(cmd, "global-batch", optarg, 1, BIG, &g);
-            tc->layout.global_batch = g;
-            break;
-        }
-        case O_RECOMPUTE:
-            if (strcmp(optarg, "none") == 0) {
-                tc->layout.recompute = L3D_RECOMPUTE_NONE;
-            } else if (strcmp(optarg, "selective") == 0) {
-                tc->layout.recompute = L3D_RECOMPUTE_SELECTIVE;
-            } else if (strcmp(optarg, "full") == 0) {
-                tc->layout.recompute = L3D_RECOMPUTE_FULL;
-            } else {
-                fprintf(stderr, "llm3d %s: --recompute '%s': choose none, selective or full\n",
-                        cmd, optarg);
-                ok = 0;
-            }
-            break;
-        case O_GRAD_REDUCE:
-            ok = float_type(cmd, "grad-reduce-dtype", optarg, &tc->precision.reduce,
-                            "fp32 (the default), bf16, or fp16 (with --precision fp16)");
-            break;
-        case O_PRECISION:
-            ok = float_type(cmd, "precision", optarg, &tc->precision.param,
-                            "fp32 (the default), bf16 or fp16 (mixed precision: 16-bit weights "
-                            "and activations, fp32 gradients, master weights and optimizer)");
-            break;
-        case O_LS:
-            ls_flag = "loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 0, 1e30, &tc->precision.ls.fixed);
-            break;
-        case O_LS_INIT:
-            ls_flag = "initial-loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->precision.ls.init);
-            break;
-        case O_LS_MIN:
-            ls_flag = "min-loss-scale";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-30, 1e30, &tc->precision.ls.min);
-            break;
-        case O_LS_WINDOW:
-            ls_flag = "loss-scale-window";
-            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->precision.ls.window);
-            break;
-        case O_LS_HYST:
-            ls_flag = "hysteresis";
-            ok = l3d_arg_int(cmd, ls_flag, optarg, 1, BIG, &tc->precision.ls.hysteresis);
-            break;
-        case O_LS_BACKOFF:
-            ls_flag = "loss-scale-backoff";
-            ok = l3d_arg_double(cmd, ls_flag, optarg, 1e-6, 0.999999, &tc->precision.ls.backoff);
-            break;
-        case O_SAVE_EVERY: ok = l3d_arg_int(cmd, "save-every", optarg, 0, BIG, &tc->save_every); break;
-        case O_KEEP: ok = l3d_arg_int(cmd, "keep", optarg, 1, 1 << 20, &tc->keep); break;
-        case O_CKPT_DIR: tc->ckpt_dir = optarg; break;
-        case O_RESUME: tc->resume = optarg; break;
-        case O_BACKEND: *backend = optarg; break;
-        case O_OVERWRITE: tc->overwrite = true; break;
-        case O_IGNORE_MEM: tc->ignore_memory_check = true; break;
-        case O_CROSS_TP: tc->allow_cross_node_tp = true; break;
-        case O_TIMEOUT: {
-            float sec = 0;
-            ok = l3d_arg_float(cmd, "timeout", optarg, 0, 1e7, &sec);
-            tc->timeout_s = sec;
-            break;
-        }
-        case O_MAX_SKIPPED:
-            ok = l3d_arg_int(cmd, "max-skipped-steps", optarg, 1, 1 << 20, &tc->max_skipped);
-            break;
-        case O_DPCOMM:
-            if (strcmp(optarg, "overlap") == 0 || strcmp(optarg, "blocking") == 0) {
-                tc->dp_blocking = strcmp(optarg, "blocking") == 0;
-            } else {
-                fprintf(stderr, "llm3d %s: --comm '%s': choose overlap or blocking\n", cmd, optarg);
-                ok = 0;
-            }
-            break;
-        case O_PROGRESS:
-            if (strcmp(optarg, "none") == 0)
-                tc->progress = L3D_PROGRESS_NONE;
-            else if (strcmp(optarg, "poll") == 0)
-                tc->progress = L3D_PROGRESS_POLL;
-            else if (strcmp(optarg, "thread") == 0)
-                tc->progress = L3D_PROGRESS_THREAD;
-            else {
-                fprintf(stderr, "llm3d %s: --progress '%s': choose none, poll or thread\n", cmd,
-                        optarg);
-                ok = 0;
-            }
-            break;
-        case O_BUCKET: {
-            float mb = 0;
-            ok = l3d_arg_float(cmd, "bucket-mb", optarg, 0.004, 4096, &mb);
-            tc->layout.bucket_bytes = (size_t)(mb * 1048576.0f);
-            break;
-        }
-        case 'h': usage(stdout, cmd); return 0;
-        default:
-            fprintf(stderr, "llm3d %s: see llm3d %s --help\n", cmd, cmd);
-            return 2;
-        }
-    }
-    if (!ok) return 2;
-    if (tc->layout.v > 1 && !sched_given) {
-        tc->layout.schedule = L3D_PP_INTERLEAVED;
-        tc->layout.schedule_implied = true;
-    }
-    if (ls_flag && tc->precision.param != L3D_F16) {
-        fprintf(stderr, "llm3d %s: --%s: loss scaling is for --precision fp16 (bf16 and fp32 "
-                "have fp32's exponent range and need none): drop it or train in fp16\n", cmd,
-                ls_flag);
-        return 2;
-    }
-    if (tc->precision.reduce == L3D_F16 && tc->precision.param != L3D_F16) {
-        fprintf(stderr, "llm3d %s: --grad-reduce-dtype fp16: fp16 sums need fp16's loss scaling "
-                "to keep small gradients from underflowing, so only with --precision fp16; "
-                "reduce in bf16 (fp32's exponent range) or fp32 instead\n", cmd);
-        return 2;
-    }
-    if (accum_given && tc->layout.global_batch > 0) {
-        fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the micro-batches "
-                "per step are global batch / (batch x dp))\n", cmd);
-        return 2;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see --help)\n", cmd,
-                argv[optind]);
-        return 2;
-    }
-    if (tc->init_from) { /* the file's sizes; the flags given must agree with them */
-        int rc = init_from_sizes(cmd, tc, preset, (const int[]){L, C, NH, V, maxT});
-        if (rc >= 0) return rc;
-        L = C = NH = V = maxT = 0;
-    }
-    if (L) tc->model.L = L;
-    if (C) tc->model.C = C;
-    if (NH) tc->model.NH = NH;
-    if (V) tc->model.V = V;
-    if (maxT) tc->model.maxT = maxT;
-    if (l3d_gpt_config_finish(&tc->model) != L3D_OK) {
-        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
-        return 2;
-    }
+    struct l3d_cli_spec cs;
+    l3d_cli_spec_init(&cs, &tc->spec);
+    struct train_ctx x = {.tc = tc, .backend = backend};
+    struct l3d_flag_group g[10];
+    int n = l3d_cli_spec_groups(&cs, g);
+    /* the model's, then train's own groups, then the layout's and the precision's */
+    struct l3d_flag_group spec_layout = g[1], spec_prec = g[2];
+    g[n - 2] = (struct l3d_flag_group){NULL, init_flags, set_train, &x};
+    g[n - 1] = (struct l3d_flag_group){"data", data_flags, set_train, &x};
+    g[n++] = (struct l3d_flag_group){"optimizer (AdamW)", optim_flags, set_train, &x};
+    g[n++] = spec_layout;
+    g[n++] = spec_prec;
+    g[n++] = (struct l3d_flag_group){"run", run_flags, set_train, &x};
+    g[n++] = (struct l3d_flag_group){"checkpoints (sharded, atomic; resume on any layout; see "
+                                     "README). Several nodes: --out and --ckpt-dir\n"
+                                     "  must be one shared filesystem (NFS, Lustre...)",
+                                     ckpt_flags, set_train, &x};
+    g[n++] = (struct l3d_flag_group){"faults", fault_flags, set_train, &x};
+    bool bench = strcmp(cmd, "bench") == 0;
+    int rc = l3d_flags_parse(cmd, argc, argv, g, n, bench ? usage_bench : usage_train, NULL);
+    if (rc >= 0) return rc;
+    if ((rc = l3d_cli_spec_flags_done(cmd, &cs)) >= 0) return rc;
+    if ((rc = train_model(cmd, tc, &cs)) >= 0) return rc;
     if ((tc->save_every > 0 || (tc->resume && strcmp(tc->resume, "auto") == 0)) && !tc->out_dir &&
         !tc->ckpt_dir) {
         fprintf(stderr, "llm3d %s: --save-every and --resume auto need a checkpoint directory: give "
                 "--out DIR (checkpoints go to DIR/checkpoints) or --ckpt-dir DIR\n", cmd);
         return 2;
     }
-    if (!seq_given && tc->layout.seq > tc->model.maxT) tc->layout.seq = tc->model.maxT; /* the default fits */
-    if (tc->layout.seq > tc->model.maxT) {
-        fprintf(stderr, "llm3d %s: --seq-len %d exceeds the model's context %d: raise --context or "
-                "lower --seq-len\n", cmd, tc->layout.seq, tc->model.maxT);
-        return 2;
-    }
-    tc->peak_flops = peak * 1e9;
-    if (threads) omp_set_num_threads(threads);
+    /* every rule of the run spec that holds whatever the world (the ranks are known once MPI
+     * starts: l3d_train_layout_init checks the rest, on every rank alike) */
+    if ((rc = l3d_cli_spec_report(cmd, &tc->spec, &(struct l3d_spec_ctx){.world_unknown = true,
+                                                                         .train = true})) >= 0)
+        return rc;
+    tc->peak_flops = x.peak * 1e9;
+    if (tc->layout.threads) omp_set_num_threads(tc->layout.threads);
     return -1;
 }
 

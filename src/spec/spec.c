@@ -51,7 +51,7 @@ const char *l3d_precision_name(const struct l3d_precision *p) {
 l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p) {
     enum l3d_dtype t;
     if (l3d_dtype_parse(name, &t) != L3D_OK || !float_type(t))
-        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32, bf16 or fp16 (mixed "
+        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32 (the default), bf16 or fp16 (mixed "
                          "precision: 16-bit weights and activations, fp32 gradients, master "
                          "weights and optimizer)", name);
     p->param = p->act = t;
@@ -125,7 +125,8 @@ static void check_grid(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
     int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
     int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
     if (ctx->world <= 0) {
-        if (l->dp == 0) add(e, L3D_ERR_LAYOUT, "--dp: give the data-parallel size");
+        if (l->dp == 0 && !ctx->world_unknown)
+            add(e, L3D_ERR_LAYOUT, "--dp: give the data-parallel size");
         return;
     }
     const char *unit = ctx->threads_in_world ? " x --threads" : "";
@@ -248,9 +249,8 @@ static void check_zero(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
 static void check_loss_scaling(const struct l3d_precision *p, struct l3d_spec_errors *e) {
     const struct l3d_loss_scaling *s = &p->ls;
     if (s->given && p->param != L3D_F16) {
-        add(e, L3D_ERR_ARG, "loss scaling (--loss-scale, --initial-loss-scale, --min-loss-scale, "
-            "--loss-scale-window, --hysteresis, --loss-scale-backoff) is for --precision fp16 "
-            "(bf16 and fp32 have fp32's exponent range and need none): drop it or train in fp16");
+        add(e, L3D_ERR_ARG, "--%s: loss scaling is for --precision fp16 (bf16 and fp32 have "
+            "fp32's exponent range and need none): drop it or train in fp16", s->given);
         return;
     }
     if (!(s->fixed >= 0 && s->fixed <= 1e30))

@@ -4,13 +4,10 @@
 #include <string.h>
 
 #include "llm3d/layout.h"
+#include "llm3d/spec.h"
 #include "llm3d/topo.h"
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
-
-/* The most data-parallel ranks ZeRO shards over: l3d_dp_step all-gathers from a table of that
- * many ranks (src/parallel/dp.c). */
-#define ZERO_MAX_DP 256
 
 /* The layers of each virtual stage, allocated once the stages are known to fit the layers. */
 static l3d_status partition(struct l3d_train_layout *lay, const struct l3d_train_config *tc, int pp,
@@ -38,37 +35,20 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
                        "--lr > 0", tc->min_lr, tc->lr);
     else if ((st = l3d_topo_resolve(world_size, &tp, &pp, &dp)) != L3D_OK)
         ;
-    else if (tc->layout.global_batch > 0 && tc->layout.global_batch % ((int64_t)tc->layout.micro_batch * dp) != 0)
-        st = l3d_error(L3D_ERR_ARG, "--global-batch %lld does not split into micro-batches: it must "
-                       "be a multiple of --batch %d x %d data-parallel replicas = %lld sequences",
-                       (long long)tc->layout.global_batch, tc->layout.micro_batch, dp, (long long)tc->layout.micro_batch * dp);
-    else if (tc->layout.global_batch > 0 &&
-             (accum = (int)(tc->layout.global_batch / ((int64_t)tc->layout.micro_batch * dp))) < 1)
+    /* the run spec's every rule (include/llm3d/spec.h), then what building the layout finds */
+    else if ((st = l3d_spec_check(&tc->spec, &(struct l3d_spec_ctx){.world = world_size,
+                                                                    .train = true},
+                                  NULL)) != L3D_OK)
         ;
-    else if (tc->layout.schedule == L3D_PP_INTERLEAVED && v < 2)
-        st = l3d_error(L3D_ERR_LAYOUT, "--pp-schedule interleaved needs --pp-virtual 2 or more "
-                       "model chunks per pipeline rank");
+    else if ((accum = (int)l3d_layout_accum(&(struct l3d_layout){
+                  .micro_batch = tc->layout.micro_batch, .dp = dp, .accum = tc->layout.accum,
+                  .global_batch = tc->layout.global_batch})) < 1)
+        st = l3d_error(L3D_ERR_INTERNAL, "micro-batches a step: %d", accum);
     else if ((st = partition(lay, tc, pp, v)) != L3D_OK)
         ;
-    else if ((st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp,
-                                         v, accum)) != L3D_OK)
-        ;
-    else if (tp > 1 && (st = l3d_tp_shard(&tc->model, tp, 0, tc->layout.sp,
-                                            &(struct l3d_shard){0})) != L3D_OK)
-        ;
-    else if (tc->layout.sp && tp == 1)
-        st = l3d_error(L3D_ERR_LAYOUT, "--sequence-parallel splits the tensor-parallel group's "
-                       "sequence; it needs --tp 2 or more");
-    else if (tc->layout.sp && ((int64_t)tc->layout.micro_batch * tc->layout.seq) % tp != 0)
-        st = l3d_error(L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len "
-                       "(%d x %d) to divide by %d", tp, tc->layout.micro_batch, tc->layout.seq, tp);
-    else if (tc->layout.zero < 0 || tc->layout.zero > 2)
-        st = l3d_error(L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
-                       "sharded gradients)", tc->layout.zero);
-    else if (tc->layout.zero > 0 && dp > ZERO_MAX_DP)
-        st = l3d_error(L3D_ERR_LAYOUT, "--zero %d over %d data-parallel replicas: ZeRO shards over "
-                       "at most %d; give --zero 0, or fewer replicas (a larger --tp or --pp)",
-                       tc->layout.zero, dp, ZERO_MAX_DP);
+    else
+        st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp, v,
+                                   accum);
     if (st == L3D_OK && tc->val_pattern)
         st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
     if (st != L3D_OK) {

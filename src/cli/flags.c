@@ -1,0 +1,355 @@
+/* The flag tables: one parser and one --help writer for every command's flags, and the table of
+ * the flags that set the run spec (model, layout, precision), which train, bench and plan share
+ * with the same names and value syntax (src/cli/cli.h). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "llm3d/spec.h"
+
+/* ---- the generic parser ----------------------------------------------------------------- */
+
+#define MAX_FLAGS 160
+
+static int count(const struct l3d_flag *f) {
+    int n = 0;
+    while (f[n].name) n++;
+    return n;
+}
+
+void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng) {
+    for (int i = 0; i < ng; i++) {
+        if (g[i].title) fprintf(f, "%s:\n", g[i].title);
+        for (const struct l3d_flag *x = g[i].flags; x->name; x++) {
+            if (!x->help) continue; /* a retired spelling: not listed */
+            char head[64];
+            int k = snprintf(head, sizeof head, "  --%s%s%s", x->name, x->arg ? " " : "",
+                             x->arg ? x->arg : "");
+            /* the help's lines, wrapped at 78 columns, the first beside the flag when it fits */
+            const char *h = x->help;
+            bool first = true;
+            while (*h) {
+                const char *nl = strchr(h, '\n');
+                int len = nl ? (int)(nl - h) : (int)strlen(h), cut = len;
+                if (cut > 56) { /* the last space within the width */
+                    cut = 56;
+                    while (cut > 0 && h[cut] != ' ') cut--;
+                    if (cut == 0) cut = len;
+                }
+                if (first && k < 22) fprintf(f, "%-22s%.*s\n", head, cut, h);
+                else if (first) fprintf(f, "%s\n%22s%.*s\n", head, "", cut, h);
+                else fprintf(f, "%22s%.*s\n", "", cut, h);
+                first = false;
+                h += cut;
+                while (*h == ' ' || (*h == '\n' && cut == len)) {
+                    h++;
+                    if (h[-1] == '\n') break;
+                }
+            }
+        }
+    }
+}
+
+int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                    int ng, void (*usage)(FILE *f), int *first_arg) {
+    struct option opts[MAX_FLAGS + 2];
+    int group_of[MAX_FLAGS], index_of[MAX_FLAGS], n = 0;
+    for (int i = 0; i < ng; i++)
+        for (int j = 0; j < count(g[i].flags); j++) {
+            L3D_ASSERT(n < MAX_FLAGS);
+            const struct l3d_flag *x = &g[i].flags[j];
+            opts[n] = (struct option){x->name, x->arg ? required_argument : no_argument, NULL,
+                                      256 + n};
+            group_of[n] = i;
+            index_of[n] = j;
+            n++;
+        }
+    opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    opts[n] = (struct option){NULL, 0, NULL, 0};
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            if (usage) usage(stdout);
+            l3d_flags_help(stdout, g, ng);
+            return 0;
+        }
+        if (c < 256) {
+            const char *bad = argv[optind - 1];
+            fprintf(stderr, "llm3d %s: unknown flag, or a flag without its value: '%s' (see llm3d "
+                    "%s --help)\n", cmd, bad, cmd);
+            return 2;
+        }
+        const struct l3d_flag_group *grp = &g[group_of[c - 256]];
+        const struct l3d_flag *x = &grp->flags[index_of[c - 256]];
+        if (!grp->set(grp->ctx, cmd, x->id, x->arg ? optarg : NULL)) return 2;
+    }
+    if (first_arg) {
+        *first_arg = optind;
+    } else if (optind < argc) {
+        fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see llm3d %s --help)\n",
+                cmd, argv[optind], cmd);
+        return 2;
+    }
+    return -1;
+}
+
+/* ---- the run spec's flags ---------------------------------------------------------------- */
+
+enum {
+    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN,
+    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
+    F_ZERO, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
+    F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
+    F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
+};
+
+static const struct l3d_flag model_flags[] = {
+    {"model", "NAME", F_MODEL, NULL}, /* help written with the preset names: model_help() */
+    {"layers", "L", F_LAYERS, "transformer layers (overrides the preset)"},
+    {"channels", "C", F_CHANNELS, "hidden size (overrides the preset)"},
+    {"heads", "NH", F_HEADS, "attention heads (overrides the preset)"},
+    {"vocab", "V", F_VOCAB, "vocabulary size (overrides the preset)"},
+    {"context", "T", F_CONTEXT, "context length: rows of the position table (overrides the "
+                                "preset)"},
+    {"ffn", "F", F_FFN, "MLP width (4 x channels; the planner's Megatron-LM runs may differ)"},
+    {"hidden", "H", F_OLD_HIDDEN, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static const struct l3d_flag layout_flags[] = {
+    {"tp", "N", F_TP, "tensor-parallel size: heads, MLP and vocabulary split (1)"},
+    {"cp", "N", F_CP, "context-parallel size (1; not implemented yet)"},
+    {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
+    {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
+    {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, or interleaved (with --pp-virtual)"},
+    {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved schedule (1)"},
+    {"pp-layers", "a,b,..", F_PPLAYERS, "layers of each (virtual) stage (default: balanced by "
+                                        "cost)"},
+    {"batch", "B", F_BATCH, "sequences per micro-batch on each data-parallel rank"},
+    {"seq-len", "T", F_SEQ, "tokens per sequence"},
+    {"grad-accum", "N", F_ACCUM, "micro-batches per step (1)"},
+    {"global-batch", "G", F_GLOBAL, "sequences per step instead: G / (batch x dp) micro-batches"},
+    {"zero", "S", F_ZERO, "0: replicated optimizer; 1: AdamW state sharded over dp; "
+                          "2: gradients sharded too (0)"},
+    {"sequence-parallel", NULL, F_SP, "LayerNorm and residual regions split by rows over the TP "
+                                      "group (needs --tp 2 or more)"},
+    {"no-sequence-parallel", NULL, F_NO_SP, "no sequence parallelism (the default)"},
+    {"recompute", "MODE", F_RECOMPUTE, "none (default), selective (attention scores), full "
+                                       "(layers)"},
+    {"threads", "N", F_THREADS, "OpenMP threads per rank (train: OMP_NUM_THREADS or all cores; "
+                                "plan: 1)"},
+    {"bucket-mb", "M", F_BUCKET, "gradient reduction pieces in MiB (4)"},
+    {"micro-batch", "B", F_OLD_MICRO_BATCH, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static const struct l3d_flag precision_flags[] = {
+    {"precision", "P", F_PREC, "fp32 (default), bf16 or fp16: mixed precision (16-bit weights "
+                               "and activations; fp32 gradients, master weights, AdamW moments)"},
+    {"grad-reduce-dtype", "T", F_REDUCE, "fp32 (default) or bf16, or fp16 with --precision fp16: "
+                                         "the type data-parallel gradient sums travel in (half "
+                                         "the bytes; gradients still accumulate in fp32)"},
+    {"initial-loss-scale", "S", F_LS_INIT, "fp16 dynamic loss scaling, Megatron-LM's defaults: "
+                                           "the first scale (2^32)"},
+    {"min-loss-scale", "S", F_LS_MIN, "the scale's floor (1)"},
+    {"loss-scale-window", "N", F_LS_WINDOW, "steps without overflow that double the scale (1000)"},
+    {"hysteresis", "N", F_LS_HYST, "overflows before each back-off (2)"},
+    {"loss-scale-backoff", "F", F_LS_BACKOFF, "factor of each back-off (0.5)"},
+    {"loss-scale", "S", F_LS, "a static scale instead of the dynamic one"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int choose(const char *cmd, const char *flag, const char *val, const char *const *names,
+                  int n, int *out, const char *choices) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(val, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, val, choices);
+    return 0;
+}
+
+static int renamed(const char *cmd, const char *old, const char *now) {
+    fprintf(stderr, "llm3d %s: --%s is now --%s (one spelling in every command): give --%s\n",
+            cmd, old, now, now);
+    return 0;
+}
+
+static int set_model(void *ctx, const char *cmd, int id, const char *v) {
+    struct l3d_cli_spec *cs = ctx;
+    cs->given |= 1ull << id;
+    switch (id) {
+    case F_MODEL: cs->preset = v; return 1;
+    case F_LAYERS: return l3d_arg_int(cmd, "layers", v, 1, L3D_MAX_LAYERS, &cs->L);
+    case F_CHANNELS: return l3d_arg_int(cmd, "channels", v, 1, L3D_MAX_CHANNELS, &cs->C);
+    case F_HEADS: return l3d_arg_int(cmd, "heads", v, 1, 1 << 16, &cs->NH);
+    case F_VOCAB: return l3d_arg_int(cmd, "vocab", v, 2, 1 << 30, &cs->V);
+    case F_CONTEXT: return l3d_arg_int(cmd, "context", v, 1, L3D_MAX_CONTEXT, &cs->maxT);
+    case F_FFN: return l3d_arg_int(cmd, "ffn", v, 1, 1 << 26, &cs->ffn);
+    case F_OLD_HIDDEN: return renamed(cmd, "hidden", "channels");
+    }
+    return 0;
+}
+
+static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
+    struct l3d_cli_spec *cs = ctx;
+    struct l3d_layout *l = &cs->spec->layout;
+    const int BIG = 1 << 30;
+    cs->given |= 1ull << id;
+    switch (id) {
+    case F_TP: return l3d_arg_int(cmd, "tp", v, 1, 1 << 20, &l->tp);
+    case F_CP: return l3d_arg_int(cmd, "cp", v, 1, 1 << 20, &l->cp);
+    case F_PP: return l3d_arg_int(cmd, "pp", v, 1, 1 << 20, &l->pp);
+    case F_DP: return l3d_arg_int(cmd, "dp", v, 1, 1 << 24, &l->dp);
+    case F_SCHED:
+        if (l3d_pp_kind_parse(v, &l->schedule) == L3D_OK) return 1;
+        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+        return 0;
+    case F_VIRT: return l3d_arg_int(cmd, "pp-virtual", v, 1, 256, &l->v);
+    case F_PPLAYERS: l->pp_layers = v; return 1;
+    case F_BATCH: return l3d_arg_int(cmd, "batch", v, 1, BIG, &l->micro_batch);
+    case F_SEQ: return l3d_arg_int(cmd, "seq-len", v, 1, L3D_MAX_CONTEXT, &l->seq);
+    case F_ACCUM: return l3d_arg_int(cmd, "grad-accum", v, 1, BIG, &l->accum);
+    case F_GLOBAL: {
+        double g = 0;
+        if (!l3d_arg_double(cmd, "global-batch", v, 1, (double)(1LL << 40), &g)) return 0;
+        if (g != (double)(int64_t)g) {
+            fprintf(stderr, "llm3d %s: --global-batch %s: give a whole number of sequences\n",
+                    cmd, v);
+            return 0;
+        }
+        l->global_batch = (int64_t)g;
+        return 1;
+    }
+    case F_ZERO: return l3d_arg_int(cmd, "zero", v, 0, 2, &l->zero);
+    case F_SP: l->sp = true; return 1;
+    case F_NO_SP: l->sp = false; return 1;
+    case F_RECOMPUTE: {
+        static const char *const modes[] = {"none", "selective", "full"};
+        int m = 0;
+        if (!choose(cmd, "recompute", v, modes, 3, &m, "none, selective or full")) return 0;
+        l->recompute = (enum l3d_recompute)m;
+        return 1;
+    }
+    case F_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &l->threads);
+    case F_BUCKET: {
+        double mb = 0;
+        if (!l3d_arg_double(cmd, "bucket-mb", v, 0.004, 4096, &mb)) return 0;
+        l->bucket_bytes = (size_t)(mb * 1048576.0);
+        return 1;
+    }
+    case F_OLD_MICRO_BATCH: return renamed(cmd, "micro-batch", "batch");
+    }
+    return 0;
+}
+
+static int set_precision(void *ctx, const char *cmd, int id, const char *v) {
+    struct l3d_cli_spec *cs = ctx;
+    struct l3d_precision *p = &cs->spec->precision;
+    struct l3d_loss_scaling *ls = &p->ls;
+    cs->given |= 1ull << id;
+    if (id >= F_LS && id <= F_LS_BACKOFF) {
+        ls->given = id == F_LS ? "loss-scale" : id == F_LS_INIT ? "initial-loss-scale"
+                      : id == F_LS_MIN ? "min-loss-scale" : id == F_LS_WINDOW ? "loss-scale-window"
+                    : id == F_LS_HYST ? "hysteresis" : "loss-scale-backoff";
+    }
+    switch (id) {
+    case F_PREC:
+        if (l3d_precision_parse(v, p) == L3D_OK) return 1;
+        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+        return 0;
+    case F_REDUCE: {
+        static const char *const types[] = {"fp32", "bf16", "fp16"};
+        static const enum l3d_dtype dt[] = {L3D_F32, L3D_BF16, L3D_F16};
+        int k = 0;
+        if (!choose(cmd, "grad-reduce-dtype", v, types, 3, &k,
+                    "fp32 (the default), bf16, or fp16 (with --precision fp16)"))
+            return 0;
+        p->reduce = dt[k];
+        return 1;
+    }
+    case F_LS: return l3d_arg_double(cmd, "loss-scale", v, 0, 1e30, &ls->fixed);
+    case F_LS_INIT: return l3d_arg_double(cmd, "initial-loss-scale", v, 1e-30, 1e30, &ls->init);
+    case F_LS_MIN: return l3d_arg_double(cmd, "min-loss-scale", v, 1e-30, 1e30, &ls->min);
+    case F_LS_WINDOW: return l3d_arg_int(cmd, "loss-scale-window", v, 1, 1 << 30, &ls->window);
+    case F_LS_HYST: return l3d_arg_int(cmd, "hysteresis", v, 1, 1 << 30, &ls->hysteresis);
+    case F_LS_BACKOFF:
+        return l3d_arg_double(cmd, "loss-scale-backoff", v, 1e-6, 0.999999, &ls->backoff);
+    }
+    return 0;
+}
+
+void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec) {
+    memset(cs, 0, sizeof *cs);
+    cs->spec = spec;
+}
+
+int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
+    /* the preset names belong in --model's help line, written once */
+    static char model_help[320];
+    static struct l3d_flag model_table[sizeof model_flags / sizeof model_flags[0]];
+    memcpy(model_table, model_flags, sizeof model_flags);
+    snprintf(model_help, sizeof model_help, "a preset: %s", l3d_gpt_preset_names());
+    model_table[0].help = model_help;
+    out[0] = (struct l3d_flag_group){"model (a preset, then explicit sizes override it)",
+                                     model_table, set_model, cs};
+    out[1] = (struct l3d_flag_group){"parallel layout and batch (launch with mpiexec -n N; see "
+                                     "README)", layout_flags, set_layout, cs};
+    out[2] = (struct l3d_flag_group){"precision", precision_flags, set_precision, cs};
+    return 3;
+}
+
+bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
+    const struct l3d_flag *t[3] = {model_flags, layout_flags, precision_flags};
+    for (int i = 0; i < 3; i++)
+        for (const struct l3d_flag *x = t[i]; x->name; x++)
+            if (strcmp(x->name, flag) == 0) return (cs->given >> x->id) & 1;
+    L3D_ASSERT(!"l3d_cli_spec_given: no such flag");
+    return false;
+}
+
+int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
+    struct l3d_gpt_config *m = &cs->spec->model;
+    if (cs->preset && l3d_gpt_config_preset(m, cs->preset) != L3D_OK) {
+        fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
+        return 2;
+    }
+    if (cs->L) m->L = cs->L;
+    if (cs->C) m->C = cs->C;
+    if (cs->NH) m->NH = cs->NH;
+    if (cs->V) m->V = cs->V;
+    if (cs->maxT) m->maxT = cs->maxT;
+    if (cs->ffn) m->ffn = cs->ffn;
+    if (l3d_gpt_config_finish(m) != L3D_OK) {
+        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+        return 2;
+    }
+    return -1;
+}
+
+int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs) {
+    struct l3d_layout *l = &cs->spec->layout;
+    if (l3d_cli_spec_given(cs, "grad-accum") && l->global_batch > 0) {
+        fprintf(stderr, "llm3d %s: give --grad-accum or --global-batch, not both (the "
+                "micro-batches per step are global batch / (batch x dp))\n", cmd);
+        return 2;
+    }
+    if (l->v > 1 && !l3d_cli_spec_given(cs, "pp-schedule")) {
+        l->schedule = L3D_PP_INTERLEAVED;
+        l->schedule_implied = true;
+    }
+    return -1;
+}
+
+int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,
+                        const struct l3d_spec_ctx *ctx) {
+    struct l3d_spec_errors e;
+    if (l3d_spec_check(s, ctx, &e) == L3D_OK) return -1;
+    for (int i = 0; i < e.n; i++) fprintf(stderr, "llm3d %s: %s\n", cmd, e.msg[i]);
+    return 2;
+}
