@@ -81,10 +81,10 @@ for s in "${settings[@]}"; do
     echo "| layout | link | predicted step | measured, blocking | error | measured, overlap | error |"
     echo "|---|---|---|---|---|---|---|"
     for z in 0 1 2; do
-        layout "dp2 ZeRO-$z" "--global-batch 8 --micro-batch 4 --tp 1 --pp 1 --zero $z" \
+        layout "dp2 ZeRO-$z" "--global-batch 8 --batch 4 --tp 1 --pp 1 --zero $z" \
             --batch 4 --zero "$z"
     done
-    layout "pp2 1F1B, m=4" "--global-batch 8 --micro-batch 2 --tp 1 --pp 2 --zero 0 --pp-virtual 1" \
+    layout "pp2 1F1B, m=4" "--global-batch 8 --batch 2 --tp 1 --pp 2 --zero 0 --pp-virtual 1" \
         --batch 2 --grad-accum 4 --pp 2
 done
 echo

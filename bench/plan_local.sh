@@ -72,9 +72,9 @@ run() {
     local trainer=()
     [ "$prec" != fp32 ] && trainer=(--trainer llm3d)
     plan_of() { # PROFILE: the plan's JSON line for this layout
-        "$bin" plan "${model[@]}" --hidden 768 --heads 12 --layers 12 --seq-len 128 \
+        "$bin" plan "${model[@]}" --channels 768 --heads 12 --layers 12 --seq-len 128 \
             --profile "$1" --precision "$prec" "${trainer[@]}" --devices $((np * th)) --threads "$th" \
-            --global-batch $((b * accum * ${dp:-1})) --micro-batch "$b" "${pf[@]}" --json 2>&1 | head -1
+            --global-batch $((b * accum * ${dp:-1})) --batch "$b" "${pf[@]}" --json 2>&1 | head -1
     }
     json=$(plan_of "$prof")
     pms=$(echo "$json" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
@@ -93,9 +93,9 @@ run() {
 case_ "1 process"              1 2 4 1 --tp 1 --pp 1 --zero 0 --recompute none --
 case_ "1 process, full recompute" 1 2 2 4 --tp 1 --pp 1 --zero 0 --recompute full -- --recompute full
 case_ "dp2, ZeRO-1"            2 1 2 2 --tp 1 --pp 1 --zero 1 --recompute none -- --zero 1
-case_ "tp2"                    2 1 4 1 --tp 2 --pp 1 --zero 0 --recompute none --sequence-parallel no -- --tp 2
-case_ "tp2 + SP, selective"    2 1 4 1 --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel yes -- --tp 2 --sequence-parallel --recompute selective
+case_ "tp2"                    2 1 4 1 --tp 2 --pp 1 --zero 0 --recompute none --no-sequence-parallel -- --tp 2
+case_ "tp2 + SP, selective"    2 1 4 1 --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel -- --tp 2 --sequence-parallel --recompute selective
 case_ "pp2 1F1B, m=4"          2 1 2 4 --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
 case_ "pp2 1F1B, m=8, selective" 2 1 1 8 --tp 1 --pp 2 --zero 0 --recompute selective --pp-virtual 1 -- --pp 2 --recompute selective
-case_ "tp2 x dp2, ZeRO-1 (4 ranks on 2 cores)" 4 1 2 2 --tp 2 --pp 1 --zero 1 --recompute none --sequence-parallel no -- --tp 2 --zero 1
-case_ "tp2 x pp2 x dp2, ZeRO-1 (8 ranks on 2 cores)" 8 1 2 4 --tp 2 --pp 2 --zero 1 --recompute none --sequence-parallel no --pp-virtual 1 -- --tp 2 --pp 2 --zero 1
+case_ "tp2 x dp2, ZeRO-1 (4 ranks on 2 cores)" 4 1 2 2 --tp 2 --pp 1 --zero 1 --recompute none --no-sequence-parallel -- --tp 2 --zero 1
+case_ "tp2 x pp2 x dp2, ZeRO-1 (8 ranks on 2 cores)" 8 1 2 4 --tp 2 --pp 2 --zero 1 --recompute none --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1

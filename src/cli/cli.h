@@ -88,6 +88,8 @@ struct l3d_flag_group {
 int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
                     int ng, void (*usage)(FILE *f), int *first_arg);
 void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng);
+/* The error for a positional argument a command does not take (one line on stderr). */
+void l3d_flags_unexpected(const char *cmd, const char *arg);
 
 /* The run spec's flags (model, layout and batch, precision): the same names, values and checks
  * in train, bench and plan. */

@@ -90,11 +90,20 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
     if (first_arg) {
         *first_arg = optind;
     } else if (optind < argc) {
-        fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see llm3d %s --help)\n",
-                cmd, argv[optind], cmd);
+        l3d_flags_unexpected(cmd, argv[optind]);
         return 2;
     }
     return -1;
+}
+
+void l3d_flags_unexpected(const char *cmd, const char *arg) {
+    if (strcmp(arg, "yes") == 0 || strcmp(arg, "no") == 0)
+        fprintf(stderr, "llm3d %s: unexpected argument '%s': switches take no value now (one "
+                "spelling in every command): give --sequence-parallel or --no-sequence-parallel, "
+                "--flash or --no-flash\n", cmd, arg);
+    else
+        fprintf(stderr, "llm3d %s: unexpected argument '%s' (flags only; see llm3d %s --help)\n",
+                cmd, arg, cmd);
 }
 
 /* ---- the run spec's flags ---------------------------------------------------------------- */

@@ -7,62 +7,23 @@
 
 #include "cli/cli.h"
 #include "llm3d/plan.h"
+#include "llm3d/spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,
         "usage: llm3d plan [flags]\n"
         "\n"
         "Predicts memory per device and time per step of training layouts on a system and prints\n"
-        "the fastest that fit. Fix any part of the layout with its flag; the rest is searched.\n"
-        "\n"
-        "model:\n"
-        "  --model NAME        %s (d12)\n"
-        "  --layers L --hidden H --heads A --vocab V --seq-len S --ffn F   explicit sizes\n"
-        "                      (override the preset; the MLP width F is 4H unless given)\n"
-        "system and run:\n"
-        "  --profile P         a shipped profile (frontier, dgx-a100, dgx-h100, h200), local\n"
-        "                      (written by `llm3d bench --calibrate`), or a file (local)\n"
-        "  --devices N         GPUs, or CPU cores: ranks x threads (the profile's node)\n"
-        "  --threads K         CPU: OpenMP threads per rank (1)\n"
-        "  --global-batch G    sequences per step (8)\n"
-        "  --precision P       fp32 (llm3d's trainer: its own memory plan), bf16 or fp16 (mixed\n"
-        "                      precision, Megatron-LM style); default fp32 for llm3d's trainer\n"
-        "                      and on a profile without 16-bit peak, else bf16 (fp16 if the\n"
-        "                      profile has no bf16)\n"
-        "  --trainer T         whose mixed precision: llm3d (fp32 gradients and master weights:\n"
-        "                      its allocation plan; default on a CPU profile) or megatron\n"
-        "                      (2-byte gradients; default on a GPU profile)\n"
-        "  --grad-reduce-dtype T  llm3d's trainer: fp32 (default), bf16 or fp16 DP gradient\n"
-        "                      sums (2 bytes an element on the wire, 16-bit staging buffers)\n"
-        "  --flash / --no-flash  fused attention (default: on; fp32 --no-flash is the trainer\n"
-        "                      under L3D_ATTENTION=naive)\n"
-        "layout (fixed when given):\n"
-        "  --tp N --pp N --dp N --micro-batch B --pp-virtual V --zero 0|1|2\n"
-        "  --recompute none|selective|full --sequence-parallel yes|no\n"
-        "  --pp-schedule 1f1b|gpipe|interleaved   (with every other part fixed)\n"
-        "  --calibrated        apply the profile's gemm_calibration, a factor fitted on a\n"
-        "                      published run (off: from measured and assumed figures only)\n"
-        "output:\n"
-        "  --top N             layouts to list (10)\n"
-        "  --json              one JSON object per layout instead of the table\n"
-        "  --published         the published runs (Frontier, Megatron-LM on A100) beside the\n"
-        "                      prediction, as markdown (docs/frontier.md)\n",
-        l3d_plan_model_names());
+        "the fastest that fit. Fix any part of the layout with its flag (the same flags as llm3d\n"
+        "train); the rest is searched. Defaults: --model d12, --seq-len the model's context,\n"
+        "--global-batch 8 (or --batch x --grad-accum x --dp when all three are given), --threads\n"
+        "1; --precision fp32 for llm3d's trainer and on a profile without 16-bit peak, else bf16\n"
+        "(fp16 if the profile has no bf16). The planner's own presets: %s.\n"
+        "\n", l3d_plan_model_names());
 }
 
 static const char *rc_name(enum l3d_recompute r) {
     return r == L3D_RECOMPUTE_FULL ? "full" : r == L3D_RECOMPUTE_SELECTIVE ? "selective" : "none";
-}
-
-static int parse_rc(const char *v, int *out) {
-    if (strcmp(v, "none") == 0) *out = L3D_RECOMPUTE_NONE;
-    else if (strcmp(v, "selective") == 0) *out = L3D_RECOMPUTE_SELECTIVE;
-    else if (strcmp(v, "full") == 0) *out = L3D_RECOMPUTE_FULL;
-    else {
-        fprintf(stderr, "llm3d plan: --recompute '%s': choose none, selective or full\n", v);
-        return 0;
-    }
-    return 1;
 }
 
 /* s as a JSON string, quotes included (RFC 8259 sec. 7: '"', '\\' and control characters
@@ -327,237 +288,205 @@ static int run_published(void) {
     return rc;
 }
 
-int l3d_cli_plan(int argc, char **argv) {
-    enum { O_FFN = 250, O_LAYERS = 256, O_HIDDEN, O_HEADS, O_VOCAB, O_SEQ, O_PROFILE, O_DEVICES, O_THREADS,
-           O_GLOBAL, O_PREC, O_FLASH, O_NOFLASH, O_TP, O_PP, O_DP, O_MB, O_V, O_ZERO, O_RC, O_SP,
-           O_SCHED, O_TOP, O_JSON, O_PUB, O_CAL, O_TRAINER, O_GRAD_REDUCE };
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"layers", required_argument, NULL, O_LAYERS},
-        {"hidden", required_argument, NULL, O_HIDDEN}, {"heads", required_argument, NULL, O_HEADS},
-        {"vocab", required_argument, NULL, O_VOCAB}, {"seq-len", required_argument, NULL, O_SEQ},
-        {"ffn", required_argument, NULL, O_FFN},
-        {"profile", required_argument, NULL, O_PROFILE},
-        {"devices", required_argument, NULL, O_DEVICES},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"global-batch", required_argument, NULL, O_GLOBAL},
-        {"precision", required_argument, NULL, O_PREC}, {"flash", no_argument, NULL, O_FLASH},
-        {"trainer", required_argument, NULL, O_TRAINER},
-        {"grad-reduce-dtype", required_argument, NULL, O_GRAD_REDUCE},
-        {"no-flash", no_argument, NULL, O_NOFLASH}, {"tp", required_argument, NULL, O_TP},
-        {"pp", required_argument, NULL, O_PP}, {"dp", required_argument, NULL, O_DP},
-        {"micro-batch", required_argument, NULL, O_MB},
-        {"pp-virtual", required_argument, NULL, O_V}, {"zero", required_argument, NULL, O_ZERO},
-        {"recompute", required_argument, NULL, O_RC},
-        {"sequence-parallel", required_argument, NULL, O_SP},
-        {"pp-schedule", required_argument, NULL, O_SCHED}, {"top", required_argument, NULL, O_TOP},
-        {"json", no_argument, NULL, O_JSON}, {"published", no_argument, NULL, O_PUB},
-        {"calibrated", no_argument, NULL, O_CAL},
-        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    const char *model = "d12", *profile = "local", *prec = NULL, *sched = NULL, *trainer_name = NULL;
-    const char *grad_reduce = NULL; /* --grad-reduce-dtype */
-    int L = 0, H = 0, A = 0, V = 0, S = 0, F = 0, devices = 1, threads = 1, global = 8, top = 10;
-    int flash = -1, json = 0, pub = 0, rc_fixed = -1, model_given = 0, calibrated = 0;
-    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'm': model = optarg; model_given = 1; break;
-        case O_LAYERS: ok = l3d_arg_int("plan", "layers", optarg, 1, 65536, &L); break;
-        case O_HIDDEN: ok = l3d_arg_int("plan", "hidden", optarg, 1, 1 << 20, &H); break;
-        case O_HEADS: ok = l3d_arg_int("plan", "heads", optarg, 1, 1 << 16, &A); break;
-        case O_VOCAB: ok = l3d_arg_int("plan", "vocab", optarg, 1, 1 << 30, &V); break;
-        case O_SEQ: ok = l3d_arg_int("plan", "seq-len", optarg, 1, 1 << 22, &S); break;
-        case O_FFN: ok = l3d_arg_int("plan", "ffn", optarg, 1, 1 << 24, &F); break;
-        case O_PROFILE: profile = optarg; break;
-        case O_DEVICES: ok = l3d_arg_int("plan", "devices", optarg, 1, 1 << 24, &devices); break;
-        case O_THREADS: ok = l3d_arg_int("plan", "threads", optarg, 1, 4096, &threads); break;
-        case O_GLOBAL: ok = l3d_arg_int("plan", "global-batch", optarg, 1, 1 << 26, &global); break;
-        case O_PREC: prec = optarg; break;
-        case O_TRAINER:
-            if (strcmp(optarg, "llm3d") == 0 || strcmp(optarg, "megatron") == 0) {
-                trainer_name = optarg;
-            } else {
-                fprintf(stderr, "llm3d plan: --trainer '%s': choose llm3d (this project's "
-                        "trainer: fp32 gradients and master weights in mixed precision) or "
-                        "megatron (Megatron-LM: 2-byte gradients)\n", optarg);
-                ok = 0;
-            }
-            break;
-        case O_GRAD_REDUCE:
-            if (strcmp(optarg, "fp32") == 0 || strcmp(optarg, "bf16") == 0 ||
-                strcmp(optarg, "fp16") == 0) {
-                grad_reduce = optarg;
-            } else {
-                fprintf(stderr, "llm3d plan: --grad-reduce-dtype '%s': choose fp32, bf16 or "
-                        "fp16\n", optarg);
-                ok = 0;
-            }
-            break;
-        case O_FLASH: flash = 1; break;
-        case O_NOFLASH: flash = 0; break;
-        case O_TP: ok = l3d_arg_int("plan", "tp", optarg, 1, 1 << 20, &fx.tp); break;
-        case O_PP: ok = l3d_arg_int("plan", "pp", optarg, 1, 1 << 16, &fx.pp); break;
-        case O_DP: ok = l3d_arg_int("plan", "dp", optarg, 1, 1 << 24, &fx.dp); break;
-        case O_MB: ok = l3d_arg_int("plan", "micro-batch", optarg, 1, 1 << 20, &fx.mb); break;
-        case O_V: ok = l3d_arg_int("plan", "pp-virtual", optarg, 1, 4096, &fx.v); break;
-        case O_ZERO: ok = l3d_arg_int("plan", "zero", optarg, 0, 2, &fx.zero); break;
-        case O_RC: ok = parse_rc(optarg, &rc_fixed); fx.recompute = rc_fixed; break;
-        case O_SP:
-            if (strcmp(optarg, "yes") == 0) fx.sp = 1;
-            else if (strcmp(optarg, "no") == 0) fx.sp = 0;
-            else {
-                fprintf(stderr, "llm3d plan: --sequence-parallel '%s': give yes or no\n", optarg);
-                ok = 0;
-            }
-            break;
-        case O_SCHED: sched = optarg; break;
-        case O_TOP: ok = l3d_arg_int("plan", "top", optarg, 1, 1000, &top); break;
-        case O_JSON: json = 1; break;
-        case O_PUB: pub = 1; break;
-        case O_CAL: calibrated = 1; break;
-        case 'h': usage(stdout); return 0;
-        default:
-            fprintf(stderr, "llm3d plan: unknown or incomplete flag '%s' (llm3d plan --help)\n",
-                    argv[optind - 1]);
-            return 2;
-        }
-        if (!ok) return 2;
-    }
-    if (optind < argc) {
-        fprintf(stderr, "llm3d plan: unexpected argument '%s' (llm3d plan --help)\n", argv[optind]);
-        return 2;
-    }
-    if (pub) return run_published();
+/* ---- flags ------------------------------------------------------------------------------ */
 
-    struct l3d_plan_model m;
-    struct l3d_profile prof;
-    l3d_status st = l3d_plan_model_preset(&m, model);
-    if (st == L3D_OK) {
-        if (L) m.L = L;
-        if (H) m.h = H;
-        if (A) m.heads = A;
-        if (V) m.V = V;
-        if (S) m.s = S;
-        m.ffn = F ? F : 4LL * m.h;
-        if (L || H || A || V || S || F) {
-            /* explicit sizes without --model: say what the rest came from */
-            char kept[160] = "";
-            const struct { int given; const char *what; } part[] = {
-                {L, "--layers"}, {H, "--hidden"}, {A, "--heads"}, {V, "--vocab"}, {S, "--seq-len"}};
-            const int d12[] = {m.L, m.h, m.heads, m.V, m.s};
-            for (int i = 0; i < 5; i++)
-                if (!part[i].given)
-                    snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s %d",
-                             *kept ? ", " : "", part[i].what, d12[i]);
-            if (!model_given && *kept)
-                fprintf(stderr, "llm3d plan: no --model: the sizes not given are d12's (GPT-2 "
-                        "124M): %s; give them, or --model, to change them\n", kept);
-            snprintf(m.name, sizeof m.name, "custom");
+enum { P_PROFILE, P_DEVICES, P_TRAINER, P_FLASH, P_NOFLASH, P_CALIBRATED, P_TOP, P_JSON, P_PUB };
+
+static const struct l3d_flag system_flags[] = {
+    {"profile", "P", P_PROFILE, "a shipped profile (frontier, dgx-a100, dgx-h100, h200), local "
+                                "(written by `llm3d bench --calibrate`), or a file (local)"},
+    {"devices", "N", P_DEVICES, "GPUs, or CPU cores: ranks x threads (default: tp x pp x dp x "
+                                "threads when all are given, else 1)"},
+    {"trainer", "T", P_TRAINER, "whose mixed precision: llm3d (fp32 gradients and master "
+                                "weights: its allocation plan; default on a CPU profile) or "
+                                "megatron (2-byte gradients; default on a GPU profile)"},
+    {"flash", NULL, P_FLASH, "fused attention (the default)"},
+    {"no-flash", NULL, P_NOFLASH, "unfused attention (fp32 --no-flash is the trainer under "
+                                  "L3D_ATTENTION=naive)"},
+    {"calibrated", NULL, P_CALIBRATED, "apply the profile's gemm_calibration, a factor fitted on "
+                                       "a published run (off: from measured and assumed figures "
+                                       "only)"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag output_flags[] = {
+    {"top", "N", P_TOP, "layouts to list (10)"},
+    {"json", NULL, P_JSON, "one JSON object per layout instead of the table"},
+    {"published", NULL, P_PUB, "the published runs (Frontier, Megatron-LM on A100) beside the "
+                               "prediction, as markdown (docs/frontier.md)"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct plan_opts {
+    const char *profile, *trainer;
+    int devices, top, flash;
+    bool json, published, calibrated;
+};
+
+static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
+    struct plan_opts *o = ctx;
+    switch (id) {
+    case P_PROFILE: o->profile = v; return 1;
+    case P_DEVICES: return l3d_arg_int(cmd, "devices", v, 1, 1 << 24, &o->devices);
+    case P_TRAINER:
+        if (strcmp(v, "llm3d") == 0 || strcmp(v, "megatron") == 0) {
+            o->trainer = v;
+            return 1;
         }
-        st = l3d_plan_model_check(&m);
+        fprintf(stderr, "llm3d plan: --trainer '%s': choose llm3d (this project's trainer: fp32 "
+                "gradients and master weights in mixed precision) or megatron (Megatron-LM: "
+                "2-byte gradients)\n", v);
+        return 0;
+    case P_FLASH: o->flash = 1; return 1;
+    case P_NOFLASH: o->flash = 0; return 1;
+    case P_CALIBRATED: o->calibrated = true; return 1;
+    case P_TOP: return l3d_arg_int(cmd, "top", v, 1, 1000, &o->top);
+    case P_JSON: o->json = true; return 1;
+    case P_PUB: o->published = true; return 1;
     }
-    if (st == L3D_OK) st = l3d_profile_find(&prof, profile);
-    struct l3d_plan_run run = l3d_plan_run_default();
-    run.devices = devices;
-    run.global_batch = global;
-    run.threads = threads;
-    run.calibrated = calibrated;
+    return 0;
+}
+
+/* The planner's model: a preset of its own table (GPT-2 sizes and the published runs'), then the
+ * sizes given; the sequence is --seq-len, else the preset's. */
+static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_plan_model *m) {
+    l3d_status st = l3d_plan_model_preset(m, cs->preset ? cs->preset : "d12");
+    if (st != L3D_OK) return st;
+    const struct l3d_layout *l = &cs->spec->layout;
+    bool seq = l3d_cli_spec_given(cs, "seq-len");
+    if (cs->L) m->L = cs->L;
+    if (cs->C) m->h = cs->C;
+    if (cs->NH) m->heads = cs->NH;
+    if (cs->V) m->V = cs->V;
+    if (seq) m->s = l->seq;
+    m->ffn = cs->ffn ? cs->ffn : 4LL * m->h;
+    if (cs->maxT && m->s > cs->maxT)
+        return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
+                         "--seq-len", m->s, cs->maxT);
+    if (cs->L || cs->C || cs->NH || cs->V || seq || cs->ffn) {
+        /* explicit sizes without --model: say what the rest came from */
+        char kept[160] = "";
+        const struct { int given; const char *what; } part[] = {
+            {cs->L, "--layers"}, {cs->C, "--channels"}, {cs->NH, "--heads"}, {cs->V, "--vocab"},
+            {seq, "--seq-len"}};
+        const int d12[] = {m->L, m->h, m->heads, m->V, m->s};
+        for (int i = 0; i < 5; i++)
+            if (!part[i].given)
+                snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s %d",
+                         *kept ? ", " : "", part[i].what, d12[i]);
+        if (!cs->preset && *kept)
+            fprintf(stderr, "llm3d plan: no --model: the sizes not given are d12's (GPT-2 124M): "
+                    "%s; give them, or --model, to change them\n", kept);
+        snprintf(m->name, sizeof m->name, "custom");
+    }
+    return l3d_plan_model_check(m);
+}
+
+/* The run: devices, batch, precision (the spec's, or the profile's default), and what the
+ * layout flags fix for the search. */
+static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts *o,
+                           const struct l3d_profile *prof, struct l3d_plan_run *run,
+                           struct l3d_plan_fixed *fx) {
+    const struct l3d_layout *l = &cs->spec->layout;
+    const struct l3d_precision *p = &cs->spec->precision;
+    bool all = l3d_cli_spec_given(cs, "tp") && l3d_cli_spec_given(cs, "pp") &&
+               l3d_cli_spec_given(cs, "dp");
+    *run = l3d_plan_run_default();
+    run->threads = l->threads > 0 ? l->threads : 1;
+    run->devices = o->devices ? o->devices
+                   : all ? (int64_t)l->tp * l->pp * l->dp * run->threads : 1;
+    run->calibrated = o->calibrated;
+    if (l3d_cli_spec_given(cs, "bucket-mb")) run->bucket_bytes = l->bucket_bytes;
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
      * Megatron-LM's (the GPU clusters' published runs) */
-    run.llm3d_mixed = trainer_name ? strcmp(trainer_name, "llm3d") == 0 : prof.compute_units == 0;
-    if (st == L3D_OK) {
-        /* without --precision: llm3d's trainer's own default (fp32), else the profile's 16-bit
-         * peak (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
-        if (prec) st = l3d_prec_parse(prec, &run.precision);
-        else run.precision = run.llm3d_mixed                      ? L3D_PREC_FP32
-                             : prof.peak_flops[L3D_PREC_BF16] > 0 ? L3D_PREC_BF16
-                             : prof.peak_flops[L3D_PREC_FP16] > 0 ? L3D_PREC_FP16
-                                                                  : L3D_PREC_FP32;
+    run->llm3d_mixed = o->trainer ? strcmp(o->trainer, "llm3d") == 0 : prof->compute_units == 0;
+    /* without --precision: llm3d's trainer's own default (fp32), else the profile's 16-bit peak
+     * (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
+    enum l3d_dtype t = l3d_cli_spec_given(cs, "precision") ? p->param
+                       : run->llm3d_mixed                         ? L3D_F32
+                       : prof->peak_flops[L3D_PREC_BF16] > 0      ? L3D_BF16
+                       : prof->peak_flops[L3D_PREC_FP16] > 0      ? L3D_F16
+                                                                  : L3D_F32;
+    run->precision = t == L3D_BF16 ? L3D_PREC_BF16 : t == L3D_F16 ? L3D_PREC_FP16 : L3D_PREC_FP32;
+    run->flash = o->flash >= 0 ? o->flash : true; /* the trainer's kernel, every 16-bit one's */
+    run->grad_reduce_16 = p->reduce != L3D_F32;
+    /* the rules of the precision as this run has it (Megatron-LM's gradients in its type) */
+    struct l3d_run_spec s = *cs->spec;
+    s.precision.param = s.precision.act = t;
+    s.precision.grad = run->llm3d_mixed || t == L3D_F32 ? L3D_F32 : t;
+    l3d_status st = l3d_spec_check_parts(&s, &(struct l3d_spec_ctx){.world_unknown = true},
+                                         L3D_SPEC_PRECISION, NULL);
+    if (st != L3D_OK) return st;
+    *fx = l3d_plan_fixed_none();
+    if (l3d_cli_spec_given(cs, "tp")) fx->tp = l->tp;
+    if (l3d_cli_spec_given(cs, "pp")) fx->pp = l->pp;
+    if (l3d_cli_spec_given(cs, "dp")) fx->dp = l->dp;
+    if (l3d_cli_spec_given(cs, "batch")) fx->mb = l->micro_batch;
+    if (l3d_cli_spec_given(cs, "pp-virtual")) fx->v = l->v;
+    if (l3d_cli_spec_given(cs, "zero")) fx->zero = l->zero;
+    if (l3d_cli_spec_given(cs, "recompute")) fx->recompute = l->recompute;
+    if (l3d_cli_spec_given(cs, "sequence-parallel")) fx->sp = 1;
+    if (l3d_cli_spec_given(cs, "no-sequence-parallel")) fx->sp = 0;
+    run->global_batch = l->global_batch > 0 ? l->global_batch : 8;
+    if (l3d_cli_spec_given(cs, "grad-accum")) {
+        if (!fx->mb || !fx->dp)
+            return l3d_error(L3D_ERR_ARG, "--grad-accum %d: the planner takes the micro-batches "
+                             "as --global-batch / (--batch x --dp); give --batch and --dp with it, "
+                             "or --global-batch instead", l->accum);
+        run->global_batch = (int64_t)l->micro_batch * l->accum * l->dp;
     }
-    run.flash = flash >= 0 ? flash : true; /* the trainer's kernel, and every 16-bit trainer's */
-    run.grad_reduce_16 = grad_reduce && strcmp(grad_reduce, "fp32") != 0;
-    if (st == L3D_OK && grad_reduce && !run.llm3d_mixed && run.precision != L3D_PREC_FP32)
-        st = l3d_error(L3D_ERR_ARG, "--grad-reduce-dtype %s: for llm3d's trainer (--trainer "
-                       "llm3d); Megatron-LM's %s gradients are reduced in %s already",
-                       grad_reduce, l3d_prec_name(run.precision), l3d_prec_name(run.precision));
-    if (st == L3D_OK && grad_reduce && strcmp(grad_reduce, "fp16") == 0 &&
-        run.precision != L3D_PREC_FP16)
-        st = l3d_error(L3D_ERR_ARG, "--grad-reduce-dtype fp16: only with --precision fp16 (its "
-                       "loss scaling keeps small gradients from underflowing), as the trainer");
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
-        if (json) print_json_error(l3d_error_message());
-        return st == L3D_ERR_ARG ? 2 : 1;
-    }
-    int n = 0;
-    struct l3d_plan_result *res = calloc((size_t)top, sizeof *res);
-    struct l3d_plan_search_stats stats = {0};
-    if (sched) {
-        /* a schedule other than the search's own: every part of the layout must be given */
-        enum l3d_pp_kind kind;
-        st = l3d_pp_kind_parse(sched, &kind);
-        if (st == L3D_OK && (!fx.tp || !fx.pp || !fx.mb || fx.zero < 0 || fx.recompute < 0))
-            st = l3d_error(L3D_ERR_ARG, "--pp-schedule evaluates one layout: also give --tp, --pp, "
-                           "--micro-batch, --zero and --recompute");
-        if (st == L3D_OK) {
-            struct l3d_plan_layout lay = {
-                .tp = fx.tp, .pp = fx.pp, .dp = fx.dp ? fx.dp
-                                                      : (int)(devices / threads / fx.tp / fx.pp),
-                .mb = fx.mb, .v = fx.v ? fx.v : 1, .zero = fx.zero,
-                .recompute = (enum l3d_recompute)fx.recompute, .sp = fx.sp > 0, .schedule = kind,
-                .threads = threads};
-            st = l3d_plan_evaluate(&m, &prof, &run, &lay, &res[0]);
-            n = st == L3D_OK ? 1 : 0;
-            stats.evaluated = stats.valid = 1;
-            stats.fit = n && res[0].fits;
-        }
-    } else {
-        st = l3d_plan_search(&m, &prof, &run, &fx, res, top, &n, &stats);
-    }
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plan: %s\n", l3d_error_message());
-        if (json) print_json_error(l3d_error_message());
-        free(res);
-        return st == L3D_ERR_ARG ? 2 : 1;
-    }
+    if (l->pp_layers)
+        return l3d_error(L3D_ERR_ARG, "--pp-layers: the planner balances the stages itself; drop "
+                         "it");
+    if (l->cp != 1)
+        return l3d_error(L3D_ERR_ARG, "--cp %d: context parallelism is not implemented yet; give "
+                         "--cp 1", l->cp);
+    return L3D_OK;
+}
+
+static int plan_flags(int argc, char **argv, struct l3d_cli_spec *cs, struct plan_opts *o) {
+    struct l3d_flag_group g[6];
+    int n = l3d_cli_spec_groups(cs, g);
+    g[n++] = (struct l3d_flag_group){"system and run", system_flags, set_plan, o};
+    g[n++] = (struct l3d_flag_group){"output", output_flags, set_plan, o};
+    int rc = l3d_flags_parse("plan", argc, argv, g, n, usage, NULL);
+    if (rc >= 0) return rc;
+    return l3d_cli_spec_flags_done("plan", cs);
+}
+
+/* One layout, given whole with --pp-schedule: evaluated, not searched. */
+static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_plan_model *m,
+                           const struct l3d_profile *prof, const struct l3d_plan_run *run,
+                           const struct l3d_plan_fixed *fx, struct l3d_plan_result *r) {
+    const struct l3d_layout *l = &cs->spec->layout;
+    if (!fx->tp || !fx->pp || !fx->mb || fx->zero < 0 || fx->recompute < 0)
+        return l3d_error(L3D_ERR_ARG, "--pp-schedule evaluates one layout: also give --tp, --pp, "
+                         "--batch, --zero and --recompute");
+    struct l3d_plan_layout lay = {
+        .tp = fx->tp, .pp = fx->pp,
+        .dp = fx->dp ? fx->dp : (int)(run->devices / run->threads / fx->tp / fx->pp),
+        .mb = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
+        .recompute = (enum l3d_recompute)fx->recompute, .sp = fx->sp > 0, .schedule = l->schedule,
+        .threads = run->threads};
+    return l3d_plan_evaluate(m, prof, run, &lay, r);
+}
+
+static void print_header(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                         const struct l3d_plan_run *run, enum l3d_dtype reduce,
+                         const struct l3d_plan_search_stats *stats) {
     double sc;
-    const char *u = mem_unit(&prof, &sc);
-    if (sched && n == 1 && !res[0].fits) {
-        /* one layout, given whole: it is not a "best" when it does not fit */
-        char why[512];
-        snprintf(why, sizeof why, "the layout does not fit: %.2f %s on the fullest device (stage "
-                 "%d) and a runtime reserve of %.2f %s, but the device has %.2f %s; add devices, "
-                 "lower --micro-batch, or give --recompute full or --zero 1/2",
-                 res[0].mem.total / sc, u, res[0].mem.stage, prof.reserve_bytes / sc, u,
-                 prof.mem_bytes * res[0].layout.threads / sc, u);
-        fprintf(stderr, "llm3d plan: %s\n", why);
-        if (json) print_json_error(why);
-        free(res);
-        return 1;
-    }
-    if (json) {
-        for (int i = 0; i < n; i++) print_json(&m, &prof, &run, &res[i]);
-        if (n == 0)
-            print_json_error("no layout fits in memory: add devices, lower the micro-batch or "
-                             "sequence, or recompute activations");
-        free(res);
-        return n > 0 ? 0 : 1;
-    }
-    printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), %lld devices"
-           ", global batch %lld, %s%s\n", m.name, m.L, m.h, m.heads, (long long)m.ffn, m.V, m.s,
-           (double)l3d_plan_model_params(&m), prof.name, prof.device, (long long)run.devices,
-           (long long)run.global_batch, l3d_prec_name(run.precision),
-           run.flash ? ", fused attention" : "");
-    if (run.grad_reduce_16)
+    const char *u = mem_unit(prof, &sc);
+    printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), "
+           "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->h, m->heads,
+           (long long)m->ffn, m->V, m->s, (double)l3d_plan_model_params(m), prof->name,
+           prof->device, (long long)run->devices, (long long)run->global_batch,
+           l3d_prec_name(run->precision), run->flash ? ", fused attention" : "");
+    if (run->grad_reduce_16)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
-               grad_reduce);
-    if (run.llm3d_mixed && run.precision != L3D_PREC_FP32) {
+               l3d_dtype_name(reduce));
+    if (run->llm3d_mixed && run->precision != L3D_PREC_FP32) {
         struct l3d_profile p16;
-        const char *t = l3d_prec_name(run.precision);
-        if (l3d_profile_mixed(&prof, run.precision, &p16))
+        const char *t = l3d_prec_name(run->precision);
+        if (l3d_profile_mixed(prof, run->precision, &p16))
             printf("llm3d's %s kernels timed at the profile's %s figures (gemm_eff_%s: %d "
                    "points, gemm_eff_wgrad_%s: %d, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t,
                    t, t, p16.n_eff, t, p16.wgrad.n, t, p16.attn_eff, t, p16.kernel_bw_eff);
@@ -565,20 +494,20 @@ int l3d_cli_plan(int argc, char **argv) {
             printf("this profile has no gemm_eff_%s: llm3d's %s kernels timed at the fp32 figures "
                    "(llm3d bench --calibrate measures them)\n", t, t);
     }
-    if (run.calibrated)
+    if (run->calibrated)
         printf("calibrated: the GEMM curve times %g, a factor fitted on a published run "
-               "(profile key gemm_calibration; docs/frontier.md)%s\n", prof.gemm_calibration,
-               prof.gemm_calibration > 0 ? "" : " -- this profile has none, so none applied");
+               "(profile key gemm_calibration; docs/frontier.md)%s\n", prof->gemm_calibration,
+               prof->gemm_calibration > 0 ? "" : " -- this profile has none, so none applied");
     printf("searched %lld layouts in %.3f s: %lld valid, %lld fit in %.1f %s (%.1f %s kept by "
-           "the runtime)\n", (long long)stats.evaluated, stats.seconds, (long long)stats.valid,
-           (long long)stats.fit, prof.mem_bytes / sc, u, prof.reserve_bytes / sc, u);
-    if (n == 0) {
-        printf("no layout fits in memory: add devices, lower the micro-batch or sequence, or "
-               "recompute activations\n");
-        free(res);
-        return 1;
-    }
-    print_table(&prof, res, n);
+           "the runtime)\n", (long long)stats->evaluated, stats->seconds,
+           (long long)stats->valid, (long long)stats->fit, prof->mem_bytes / sc, u,
+           prof->reserve_bytes / sc, u);
+}
+
+static void print_best(const struct l3d_profile *prof, const struct l3d_plan_result *res, int n) {
+    double sc;
+    const char *u = mem_unit(prof, &sc);
+    print_table(prof, res, n);
     const struct l3d_plan_result *b = &res[0];
     printf("\nbest: tp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, %s%s"
            "%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
@@ -603,6 +532,81 @@ int l3d_cli_plan(int argc, char **argv) {
         l3d_plan_explain(b, other, why, sizeof why);
         printf("why: %s\n", why);
     }
-    free(res);
+}
+
+/* The failure of a plan as the exit status, said on stderr (and as JSON with --json). */
+static int plan_fail(l3d_status st, const char *why, bool json) {
+    fprintf(stderr, "llm3d plan: %s\n", why);
+    if (json) print_json_error(why);
+    return st == L3D_ERR_ARG ? 2 : 1;
+}
+
+/* The results: the table and the best, or the JSON objects. 0, or 1 when nothing fits. */
+static int plan_print(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                      const struct l3d_plan_run *run, const struct l3d_plan_result *res, int n,
+                      bool one, bool json, enum l3d_dtype reduce,
+                      const struct l3d_plan_search_stats *stats) {
+    double sc;
+    const char *u = mem_unit(prof, &sc);
+    if (one && n == 1 && !res[0].fits) {
+        /* one layout, given whole: it is not a "best" when it does not fit */
+        char why[512];
+        snprintf(why, sizeof why, "the layout does not fit: %.2f %s on the fullest device (stage "
+                 "%d) and a runtime reserve of %.2f %s, but the device has %.2f %s; add devices, "
+                 "lower --batch, or give --recompute full or --zero 1/2",
+                 res[0].mem.total / sc, u, res[0].mem.stage, prof->reserve_bytes / sc, u,
+                 prof->mem_bytes * res[0].layout.threads / sc, u);
+        return plan_fail(L3D_ERR_LAYOUT, why, json);
+    }
+    if (json) {
+        for (int i = 0; i < n; i++) print_json(m, prof, run, &res[i]);
+        if (n == 0)
+            print_json_error("no layout fits in memory: add devices, lower the micro-batch or "
+                             "sequence, or recompute activations");
+        return n > 0 ? 0 : 1;
+    }
+    print_header(m, prof, run, reduce, stats);
+    if (n == 0) {
+        printf("no layout fits in memory: add devices, lower the micro-batch or sequence, or "
+               "recompute activations\n");
+        return 1;
+    }
+    print_best(prof, res, n);
     return 0;
+}
+
+int l3d_cli_plan(int argc, char **argv) {
+    struct l3d_run_spec spec;
+    l3d_run_spec_defaults(&spec);
+    struct l3d_cli_spec cs;
+    l3d_cli_spec_init(&cs, &spec);
+    struct plan_opts o = {.profile = "local", .top = 10, .flash = -1};
+    int rc = plan_flags(argc, argv, &cs, &o);
+    if (rc >= 0) return rc;
+    if (o.published) return run_published();
+    struct l3d_plan_model m;
+    struct l3d_profile prof;
+    struct l3d_plan_run run;
+    struct l3d_plan_fixed fx;
+    l3d_status st = plan_model(&cs, &m);
+    if (st == L3D_OK) st = l3d_profile_find(&prof, o.profile);
+    if (st == L3D_OK) st = plan_run(&cs, &o, &prof, &run, &fx);
+    if (st != L3D_OK) return plan_fail(st, l3d_error_message(), o.json);
+    int n = 0;
+    struct l3d_plan_result *res = calloc((size_t)o.top, sizeof *res);
+    struct l3d_plan_search_stats stats = {0};
+    bool one = l3d_cli_spec_given(&cs, "pp-schedule");
+    if (one) {
+        st = plan_one(&cs, &m, &prof, &run, &fx, &res[0]);
+        n = st == L3D_OK ? 1 : 0;
+        stats.evaluated = stats.valid = 1;
+        stats.fit = n && res[0].fits;
+    } else {
+        st = l3d_plan_search(&m, &prof, &run, &fx, res, o.top, &n, &stats);
+    }
+    rc = st != L3D_OK ? plan_fail(st, l3d_error_message(), o.json)
+                      : plan_print(&m, &prof, &run, res, n, one, o.json, spec.precision.reduce,
+                                   &stats);
+    free(res);
+    return rc;
 }

@@ -298,19 +298,21 @@ static void check_precision(const struct l3d_precision *p, const struct l3d_spec
     check_loss_scaling(p, e);
 }
 
-l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
-                          struct l3d_spec_errors *out) {
+l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                                unsigned parts, struct l3d_spec_errors *out) {
     struct l3d_spec_errors local, *e = out ? out : &local;
     e->n = 0;
     const struct l3d_layout *l = &s->layout;
-    int dp = 0;
-    check_model(&s->model, ctx, e);
-    check_grid(l, ctx, &dp, e);
-    check_tp(&s->model, l, ctx, e);
-    int64_t micro = check_batch(&s->model, l, dp, e);
-    check_pipeline(&s->model, l, ctx, micro, e);
-    check_zero(l, ctx, dp, e);
-    check_precision(&s->precision, ctx, e);
+    if (parts & L3D_SPEC_MODEL) check_model(&s->model, ctx, e);
+    if (parts & L3D_SPEC_LAYOUT) {
+        int dp = 0;
+        check_grid(l, ctx, &dp, e);
+        check_tp(&s->model, l, ctx, e);
+        int64_t micro = check_batch(&s->model, l, dp, e);
+        check_pipeline(&s->model, l, ctx, micro, e);
+        check_zero(l, ctx, dp, e);
+    }
+    if (parts & L3D_SPEC_PRECISION) check_precision(&s->precision, ctx, e);
     if (e->n == 0) return L3D_OK;
     /* every message in the thread's error, the first one's status */
     char all[L3D_SPEC_MAX_ERRORS * 330];
@@ -322,6 +324,11 @@ l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ct
         snprintf(all + k, sizeof all - k, "; and %d more", e->n - kept);
     if (e->n > kept) e->n = kept;
     return l3d_error(e->status[0], "%s", all);
+}
+
+l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                          struct l3d_spec_errors *e) {
+    return l3d_spec_check_parts(s, ctx, L3D_SPEC_ALL, e);
 }
 
 void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx) {

@@ -171,7 +171,7 @@ prof=$dir/two.prof
 pv() { sed -n "s/^$1 = //p" "$2"; }
 dp_s() { # PROFILE: plan's DP seconds of tiny, dp2 across the hosts
     "$bin" plan --model tiny --vocab 256 --seq-len 32 --profile "$1" --devices 2 --threads 1 \
-        --global-batch 8 --micro-batch 4 --tp 1 --pp 1 --zero 0 --recompute none --json |
+        --global-batch 8 --batch 4 --tp 1 --pp 1 --zero 0 --recompute none --json |
         head -n 1 | sed -n 's/.*"t_dp":\([^,]*\),.*/\1/p'
 }
 if ! full; then

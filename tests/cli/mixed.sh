@@ -267,8 +267,8 @@ mem() {
     local measured predicted p=$prof
     native "$dir/$name.log" && p=$dir/native_$prec.prof
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
-    predicted=$("$bin" plan "${mdl[@]}" --hidden 128 --seq-len 64 --profile "$p" \
-        --precision "$prec" --devices "$np" --micro-batch "$b" \
+    predicted=$("$bin" plan "${mdl[@]}" --channels 128 --seq-len 64 --profile "$p" \
+        --precision "$prec" --devices "$np" --batch "$b" \
         --global-batch $((b * accum * dp)) "${pflags[@]}" --json 2> "$dir/$name.plan" |
         head -1 | sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
     if is_number "$measured" && is_number "$predicted" &&
@@ -280,7 +280,7 @@ base=(--recompute none)
 mem mem_bf16_one 1 2 1 1 bf16 --tp 1 --pp 1 --zero 0 "${base[@]}" --
 full && mem mem_bf16_dp2_zero1 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 "${base[@]}" -- --zero 1
 mem mem_bf16_dp2_zero2 2 1 3 2 bf16 --tp 1 --pp 1 --zero 2 "${base[@]}" -- --zero 2
-full && mem mem_bf16_tp2_sp 2 2 1 1 bf16 --tp 2 --pp 1 --zero 0 --sequence-parallel yes \
+full && mem mem_bf16_tp2_sp 2 2 1 1 bf16 --tp 2 --pp 1 --zero 0 --sequence-parallel \
     "${base[@]}" -- --tp 2 --sequence-parallel
 full && mem mem_fp16_pp2 2 2 4 1 fp16 --tp 1 --pp 2 --zero 0 --pp-virtual 1 "${base[@]}" -- --pp 2
 # the 16-bit sums' staging (two layers' and the non-layer gradients in 2 bytes: 5% here)
@@ -292,8 +292,8 @@ miss() {
     local what=$1 log=$2 np=$3 predicted measured p=$prof
     shift 3
     case $1 in --profile) p=$2; shift 2 ;; esac
-    predicted=$("$bin" plan --layers 4 --heads 4 --vocab 256 --hidden 128 --seq-len 64 \
-        --profile "$p" --devices "$np" --micro-batch 2 --global-batch $((2 * np)) --tp 1 \
+    predicted=$("$bin" plan --layers 4 --heads 4 --vocab 256 --channels 128 --seq-len 64 \
+        --profile "$p" --devices "$np" --batch 2 --global-batch $((2 * np)) --tp 1 \
         --pp 1 "${base[@]}" "$@" --json 2> /dev/null | head -1 |
         sed -n 's/.*"mem_total":\([0-9]*\).*/\1/p')
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$log.log")

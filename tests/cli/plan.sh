@@ -36,8 +36,8 @@ mem() {
     local measured
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
     local json
-    if ! json=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$prof" \
-        --precision fp32 --devices "$np" --micro-batch "$b" "${pflags[@]}" --json 2> "$dir/$name.plan"); then
+    if ! json=$("$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" \
+        --precision fp32 --devices "$np" --batch "$b" "${pflags[@]}" --json 2> "$dir/$name.plan"); then
         bad "$name: llm3d plan failed: $(cat "$dir/$name.plan")"; return
     fi
     local predicted
@@ -64,13 +64,13 @@ mem one        1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none 
 mem accum_full 1 2 4  --global-batch 8  --tp 1 --pp 1 --zero 0 --recompute full -- --recompute full
 full && mem dp2_zero1  2 2 1  --global-batch 4  --tp 1 --pp 1 --zero 1 --recompute none -- --zero 1
 mem dp2_zero2  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 2 --recompute none -- --zero 2
-full && mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --sequence-parallel no -- --tp 2
-mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel yes -- --tp 2 --sequence-parallel --recompute selective
+full && mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --no-sequence-parallel -- --tp 2
+mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel -- --tp 2 --sequence-parallel --recompute selective
 full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
 full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute selective --pp-schedule gpipe -- --pp 2 --pp-schedule gpipe --recompute selective
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
-full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --sequence-parallel no -- --tp 2 --zero 2 --recompute full
-full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --sequence-parallel no --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
+full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
+full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
 
 # ---- the planner's own checks --------------------------------------------------------------
 # bad profiles: one line naming the file, line and key
@@ -94,7 +94,7 @@ expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one la
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
 expect_error "interleaving needs m divisible by pp" "divisible by pp" \
     "$bin" plan --model d12 --profile frontier --devices 4 --global-batch 6 --tp 1 --pp 4 \
-    --micro-batch 1 --zero 0 --recompute none --pp-virtual 3 --pp-schedule interleaved
+    --batch 1 --zero 0 --recompute none --pp-virtual 3 --pp-schedule interleaved
 
 # the search: every layout listed is valid, fits, and comes out sorted by step time; the same
 # layout evaluated alone gives the same figures
@@ -109,10 +109,10 @@ prod=$(echo "$json" | sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\
 check "tp x pp x dp = 3072 for every layout" test "$prod" = yes
 first=$(echo "$json" | head -1)
 get() { echo "$first" | sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"]*\)\"\{0,1\},.*/\1/p"; }
-sp=$(get sp); [ "$sp" = true ] && sp=yes || sp=no
+sp=$(get sp); [ "$sp" = true ] && sp=--sequence-parallel || sp=--no-sequence-parallel
 again=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --global-batch 1536 \
-    --tp "$(get tp)" --pp "$(get pp)" --micro-batch "$(get mb)" --pp-virtual "$(get v)" \
-    --zero "$(get zero)" --recompute "$(get recompute)" --sequence-parallel "$sp" --json)
+    --tp "$(get tp)" --pp "$(get pp)" --batch "$(get mb)" --pp-virtual "$(get v)" \
+    --zero "$(get zero)" --recompute "$(get recompute)" "$sp" --json)
 check "the best layout evaluated alone: same step time" \
     test "$(echo "$again" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')" = "$(get step_s)"
 out=$("$bin" plan --model frontier-1t --profile frontier --devices 3072 --global-batch 3072)
@@ -124,10 +124,10 @@ check "a 1T model does not fit on 8 GCDs" \
 # the search is fast for any input: 8192 layers took minutes (an O(stages L^2) partition a
 # layout); absurd sizes are one clear error
 check "8192 layers on 64 devices: searched within a minute" \
-    timeout 60 "$bin" plan --layers 8192 --hidden 256 --heads 4 --vocab 256 --seq-len 64 \
+    timeout 60 "$bin" plan --layers 8192 --channels 256 --heads 4 --vocab 256 --seq-len 64 \
     --profile frontier --precision fp32 --devices 64 --top 1
 expect_error "a model beyond 10^15 parameters" "the planner sizes models up to 10^15 parameters" \
-    "$bin" plan --layers 65536 --hidden 1048576 --heads 16 --vocab 256 --seq-len 64 \
+    "$bin" plan --layers 65536 --channels 1048576 --heads 16 --vocab 256 --seq-len 64 \
     --profile frontier
 # --json: a failed search prints a JSON error object, and exits non-zero
 out=$("$bin" plan --model frontier-1t --profile frontier --devices 8 --global-batch 8 --json \
@@ -140,7 +140,7 @@ check "--json with a bad layout: an error object naming it" \
     grep -q '^{"error":"--tp 3 does not' <<< "$out"
 # JSON strings are escaped
 sed 's/^name = .*/name = my "quoted\\" profile/' "$prof" > "$dir/quote.prof"
-out=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$dir/quote.prof" \
+out=$("$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$dir/quote.prof" \
     --precision fp32 --devices 1 --global-batch 2 --top 1 --json)
 check "a quote in the profile name is escaped" \
     grep -qF '"profile":"my \"quoted\\\" profile",' <<< "$out"
@@ -156,10 +156,10 @@ expect_error "a 1e308 latency" "slow.prof line .*intra_lat_us = 1e308 is out of 
 expect_error "a fixed layout that does not fit" \
     "the layout does not fit: .* GB on the fullest device" \
     "$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
-    --pp 16 --micro-batch 4 --zero 0 --recompute none --pp-schedule 1f1b
+    --pp 16 --batch 4 --zero 0 --recompute none --pp-schedule 1f1b
 # the runtime's reserve counts against "fits" (not the predicted bytes): the 0.2 GB of the test
 # profile's reserve, printed with the search
-out=$("$bin" plan "${model[@]}" --hidden 128 --seq-len 64 --profile "$prof" --precision fp32 \
+out=$("$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
     --devices 1 --global-batch 2)
 check "the search names the runtime's reserve" \
     grep -q 'fit in 12.0 GB (0.2 GB kept by the runtime)' <<< "$out"
@@ -169,14 +169,14 @@ expect_error "--profile DIR/" "is a directory: give a profile file" \
 # --layers without --model says what it assumed
 err=$("$bin" plan --layers 4 --profile frontier --devices 8 --top 1 2>&1 > /dev/null)
 check "--layers alone names the sizes assumed" \
-    grep -q "sizes not given are d12's (GPT-2 124M): --hidden 768, --heads 12, --vocab 50257" \
+    grep -q "sizes not given are d12's (GPT-2 124M): --channels 768, --heads 12, --vocab 50257" \
     <<< "$err"
 
 # the fitted GEMM factor applies only when asked for, and says so
 out=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
-    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json)
+    --pp 16 --batch 1 --zero 1 --recompute full --no-sequence-parallel --pp-virtual 1 --json)
 cal=$("$bin" plan --model frontier-175b --profile frontier --devices 128 --global-batch 640 --tp 4 \
-    --pp 16 --micro-batch 1 --zero 1 --recompute full --sequence-parallel no --pp-virtual 1 --json \
+    --pp 16 --batch 1 --zero 1 --recompute full --no-sequence-parallel --pp-virtual 1 --json \
     --calibrated)
 s0=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$out")
 s1=$(sed -n 's/.*"step_s":\([^,]*\),.*/\1/p' <<< "$cal")
@@ -184,6 +184,16 @@ check "--calibrated slows the GEMMs of the fit-free prediction ($s0 s -> $s1 s)"
     less_than "$s0" "$s1"
 check "--calibrated is named in the table" bash -c "'$bin' plan --model d12 --profile frontier \
     --devices 8 --calibrated | grep -q '^calibrated: the GEMM curve times 0.825'"
+
+# one spelling in every command: the planner's old ones name the new (src/cli/flags.c)
+expect_error "plan --hidden names --channels" "--hidden is now --channels" \
+    "$bin" plan --hidden 128 --profile "$prof"
+expect_error "plan --micro-batch names --batch" "--micro-batch is now --batch" \
+    "$bin" plan --micro-batch 2 --profile "$prof"
+expect_error "plan --sequence-parallel yes: a switch now" "switches take no value now" \
+    "$bin" plan --tp 2 --sequence-parallel yes --profile "$prof"
+expect_error "  ... and so in train" "switches take no value now" \
+    "$bin" train --model tiny --train "$dir/data/train_*.bin" --sequence-parallel yes
 
 # docs/frontier.md is what the planner prints
 check "docs/frontier.md is current" bash "$src/scripts/plan_published.sh" "$bin" --check
