@@ -1,0 +1,294 @@
+/* Memory of a pipeline rank: its chunks' shards and sizes (l3d_plan_rank_chunks), their bytes in
+ * llm3d's trainer or in Megatron-LM's mixed precision (l3d_plan_rank_memory), and the fullest
+ * rank of a layout alone (l3d_plan_memory). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/layout.h"
+#include "plan-impl.h"
+
+/* Micro-batches in flight on rank r (all its chunks together), Megatron-LM's schedules:
+ * GPipe keeps all m; 1F1B min(p - r, m) (Narayanan et al. 2021, sec. 2.2.1); interleaved
+ * 1F1B runs 2 (p - r - 1) + (v - 1) p warm-up forwards of chunks, then one more before its first
+ * backward. */
+static int in_flight(enum l3d_pp_kind k, int p, int v, int64_t m, int r) {
+    if (p == 1) return 1;
+    if (k == L3D_PP_GPIPE) return (int)m;
+    if (k == L3D_PP_1F1B) return (int)(m < p - r ? m : p - r);
+    int64_t w = 2LL * (p - r - 1) + (int64_t)(v - 1) * p + 1;
+    return (int)(w < m * v ? w : m * v);
+}
+
+/* Activation bytes a layer keeps per micro-batch in 16-bit training, Korthikanti et al. 2022,
+ * Table 2 (dropout included; 34 s b h and 5 a s^2 b per layer without parallelism). Their 34 is
+ * 10 s b h not split by TP (LayerNorm inputs, the attention and MLP inputs' halves kept by both,
+ * dropout masks), 8 s b h of attention split by TP and 16 s b h of the 4h MLP (its two 4h-wide
+ * inputs), i.e. 4 s b f for an MLP of width f. A fused (flash) attention keeps no s^2 scores, so
+ * the 5 a s^2 b term goes; full recomputation keeps the layer's 2 s b h input. */
+static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                           enum l3d_recompute rc, bool flash) {
+    double s = m->s, b = lay->mb, h = m->h, a = m->heads, t = lay->tp, f = (double)m->ffn;
+    double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
+    if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
+    if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
+    double split = 8 * sbh + 4 * s * b * f + att;
+    return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
+}
+
+/* The shard and sizes of chunk ch, virtual stage vs of S. */
+static void chunk_size(const struct l3d_gpt_config *c, const struct l3d_plan_model *m,
+                       const struct l3d_plan_layout *lay, const int *layers, const int64_t *start,
+                       int S, int vs, struct l3d_plan_chunk *ch) {
+    struct l3d_shard sh;
+    /* sizes only: the trainer's shard when it splits this way, the even split else; the
+     * shard of stage 0 with the layer range and the ends of stage vs set as
+     * l3d_layout_stage_shard sets them, from the prefix sums (it sums the layers before vs,
+     * which over every chunk of a layout is O(stages^2)) */
+    if (l3d_layout_stage_shard(c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
+        sh.head_count = m->heads / lay->tp;
+        sh.ffn_count = 4LL * m->h / lay->tp;
+        sh.vocab_count = ((int64_t)c->Vp + lay->tp - 1) / lay->tp;
+    }
+    sh.layer_start = (int)start[vs];
+    sh.layer_count = layers[vs];
+    sh.has_embedding = vs == 0;
+    sh.has_head = vs == S - 1;
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    ch->sh = sh;
+    ch->n_gpt = l3d_gpt_plan_tensors(c, &sh, ti);
+    ch->slot = ch->nonlayer = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++)
+        if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
+        else ch->nonlayer += ti[t].count;
+    /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
+    ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) *
+                            (2LL * m->h + 1);
+}
+
+/* ch's sizes from the memo's entry of its shape (layers, first, last), if there is one */
+static void shape_find(const struct l3d_plan_shapes *memo, int layers, int64_t layer_start,
+                       struct l3d_plan_chunk *ch) {
+    ch->shape = -1;
+    for (int i = 0; i < memo->n; i++)
+        if (memo->e[i].layers == layers && memo->e[i].first == ch->first &&
+            memo->e[i].last == ch->last) {
+            ch->shape = i;
+            ch->sh = memo->e[i].sh;
+            ch->sh.layer_start = (int)layer_start;
+            ch->n = memo->e[i].n;
+            ch->n_gpt = memo->e[i].n_gpt;
+            ch->slot = memo->e[i].slot;
+            ch->nonlayer = memo->e[i].nonlayer;
+        }
+}
+
+/* a new shape, ch's, into the memo while it has room */
+static void shape_keep(struct l3d_plan_shapes *memo, int layers, struct l3d_plan_chunk *ch) {
+    if (memo->n >= L3D_PLAN_SHAPES) return;
+    int i = memo->n++;
+    memo->e[i].layers = layers;
+    memo->e[i].first = ch->first;
+    memo->e[i].last = ch->last;
+    memo->e[i].timed = false;
+    memo->e[i].sh = ch->sh;
+    memo->e[i].n = ch->n;
+    memo->e[i].n_gpt = ch->n_gpt;
+    memo->e[i].slot = ch->slot;
+    memo->e[i].nonlayer = ch->nonlayer;
+    ch->shape = i;
+}
+
+void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                          const int *layers, const int64_t *start, int r, const int *slots,
+                          int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
+                          struct l3d_plan_chunk *out) {
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    int S = lay->pp * lay->v;
+    for (int k = 0; k < lay->v; k++) {
+        int vs = k * lay->pp + r;
+        out[k].first = vs == 0;
+        out[k].last = vs == S - 1;
+        if (fp32 && slots)
+            out[k].slots = slots[r * lay->v + k];
+        else {
+            int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+            out[k].slots = (f + lay->v - 1) / lay->v;
+        }
+        shape_find(memo, layers[vs], start[vs], &out[k]);
+        if (out[k].shape >= 0) continue;
+        chunk_size(&c, m, lay, layers, start, S, vs, &out[k]);
+        shape_keep(memo, layers[vs], &out[k]);
+    }
+}
+
+/* The CPU backend's 16-bit matrix products without oneDNN's 16-bit kernels (the default on every
+ * CPU, docs/DESIGN.md) run as fp32 products on fp32 copies of their operands, allocated for the
+ * call: the largest such set of a chunk's products, forward (input, weight, bias, output) or
+ * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is). */
+static double mixed_matmul_scratch(const struct l3d_plan_model *m,
+                                   const struct l3d_plan_layout *lay,
+                                   const struct l3d_plan_chunk *ch) {
+    const struct l3d_shard *sh = &ch->sh;
+    double N = (double)lay->mb * m->s, C = (double)m->h;
+    double Ca = (double)sh->head_count * (m->h / m->heads), F = (double)sh->ffn_count;
+    double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
+    double best = 0;
+    for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
+        double cin = prod[i][0], oc = prod[i][1];
+        double fwd = N * cin + oc * cin + oc + N * oc, bwd = N * oc + oc * cin + 2 * N * cin;
+        best = fmax(best, fmax(fwd, bwd));
+    }
+    return 4.0 * best;
+}
+
+/* llm3d's trainer: exactly what it allocates (l3d_gpt_init_dt, l3d_dp_init, l3d_adamw_init_dt); in
+ * mixed precision 16-bit parameters and activations, fp32 gradients, and the fp32 master weights
+ * with the moments. Returns the bytes of its transients (not at once: the larger). */
+static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                             const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+                             int64_t mm, struct l3d_plan_mem *mem) {
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
+    double scratch16 = 0, staging = 0;
+    const enum l3d_dtype dt = l3d_plan_dtype(run->precision);
+    const double k_opt = run->precision == L3D_PREC_FP32 ? 2 : 3;
+    for (int k = 0; k < lay->v; k++) {
+        int64_t n = ch[k].n_gpt;
+        int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
+        int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
+        mem->params += w * n;
+        if (lay->zero == 2) {
+            double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
+            mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
+        } else {
+            mem->grads += f32 * n;
+        }
+        mem->optimizer += k_opt * f32 * own; /* AdamW m and v (and the master weights) */
+        mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->mb, m->s,
+                                                         ch[k].slots, lay->recompute,
+                                                         run->flash, dt);
+        /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation
+         * and for each save (l3d_dp_fp32_params): allocated then freed, at the peak */
+        if (lay->zero == 2 && dt != L3D_F32) staging += f32 * n;
+    }
+    /* the fp32 operands of the largest 16-bit product, once (freed after each product),
+     * unless the profile says the products run in 16-bit kernels (gemm_native_T) */
+    if (dt != L3D_F32 && !run->native16) {
+        double most = 0;
+        for (int k = 0; k < lay->v; k++) {
+            double x = mixed_matmul_scratch(m, lay, &ch[k]);
+            most = x > most ? x : most;
+        }
+        scratch16 = most;
+    }
+    /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
+     * non-layer tensors', in 2 bytes, per chunk; none in a group of one */
+    if (run->grad_reduce_16 && lay->dp > 1)
+        for (int k = 0; k < lay->v; k++)
+            mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
+    /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
+     * batches (--val-batches, 8 by default) when more */
+    mem->other += 2.0 * l3d_plan_bytes(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
+    /* the pipeline executor's received stage-output gradient (src/parallel/pipe_exec.c), the
+     * rows of this rank under sequence parallelism; once small beside the s^2 attention
+     * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
+    mem->other += w * lay->mb * m->s * m->h / (lay->sp ? lay->tp : 1);
+    return staging > scratch16 ? staging : scratch16;
+}
+
+/* Megatron-LM's mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
+ * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2; the
+ * activations of Korthikanti et al. 2022. */
+static void megatron_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                            const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+                            int r, int64_t mm, struct l3d_plan_mem *mem) {
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    double d = lay->dp, f32 = l3d_plan_bytes(L3D_F32);
+    double w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
+    double n = 0, acts = 0;
+    int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+    double per_chunk_layers = 0;
+    for (int k = 0; k < lay->v; k++) {
+        n += (double)ch[k].n;
+        per_chunk_layers += ch[k].sh.layer_count;
+    }
+    per_chunk_layers /= lay->v;
+    mem->params = w * n;
+    mem->grads = lay->zero >= 2 ? w * n / d : w * n;
+    mem->optimizer = lay->zero >= 1 ? 3 * f32 * n / d : 3 * f32 * n;
+    acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
+    /* the layer being recomputed in backward holds its full set once */
+    if (lay->recompute != L3D_RECOMPUTE_NONE)
+        acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
+    /* Korthikanti et al. 2022, sec. 4.3, beyond the layers: the embedding's dropout mask,
+     * s b h bytes a micro-batch (one byte an element, as the 34 of Table 2 counts masks),
+     * split along the sequence under SP; the first chunk keeps it for each of its micro-batches
+     * in flight: p of them under 1F1B, p (1 + (p - 1)/(p v)) with interleaving (sec. 4.2.3),
+     * i.e. this chunk's own share, not every chunk's of the rank. Its output is the first
+     * layer's input, counted there. */
+    double s = m->s, b = lay->mb, h = m->h, t = lay->tp, spd = lay->sp ? t : 1.0;
+    if (ch[0].first) acts += ch[0].slots * s * b * h / spd;
+    /* the output layer, sec. 4.3: the final LayerNorm's input 2 s b h and the projection's
+     * input 2 s b h (sequence-split under SP), and the fp32 logits the cross-entropy keeps,
+     * 4 s b V / t: 4 s b h / t (1 + V/h) with SP, for each micro-batch the last chunk keeps
+     * (1 under 1F1B, where the last stage's backward follows its forward) */
+    if (ch[lay->v - 1].last)
+        acts += ch[lay->v - 1].slots * (4 * s * b * h / spd + f32 * s * b * c.Vp / t);
+    mem->activations = acts;
+    mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
+}
+
+void l3d_plan_rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                          const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+                          int r, int64_t mm, struct l3d_plan_mem *mem) {
+    memset(mem, 0, sizeof *mem);
+    double transient = 0;
+    if (l3d_plan_trainer(run)) transient = trainer_memory(m, run, lay, ch, mm, mem);
+    else megatron_memory(m, run, lay, ch, r, mm, mem);
+    /* transients, not at once: the larger adds to the peak */
+    mem->other += transient;
+    mem->total = mem->params + mem->grads + mem->optimizer + mem->activations + mem->other;
+    mem->stage = r;
+    mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+}
+
+l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                           const struct l3d_plan_layout *lay_in, struct l3d_plan_mem *worst) {
+    memset(worst, 0, sizeof *worst);
+    struct l3d_plan_layout lay = *lay_in;
+    if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
+    l3d_status st = l3d_plan_check(m, NULL, run, &lay);
+    if (st != L3D_OK) return st;
+    int p = lay.pp, v = lay.v, S = p * v;
+    int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
+    int *layers = malloc(sizeof(int) * (size_t)S);
+    int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
+    struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
+    if (!layers || !start || !ch)
+        st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
+    if (st == L3D_OK) st = l3d_plan_stage_layers(m, run, S, layers);
+    if (st == L3D_OK) {
+        start[0] = 0;
+        for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];
+    }
+    struct l3d_plan_shapes memo = {0};
+    struct l3d_pp_schedule sched = {0};
+    bool have_sched = false, fp32 = l3d_plan_trainer(run);
+    if (st == L3D_OK && fp32 && (int64_t)S * mm <= (1 << 20)) {
+        st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
+        have_sched = st == L3D_OK;
+    }
+    for (int r = 0; st == L3D_OK && r < p; r++) {
+        struct l3d_plan_mem mem;
+        l3d_plan_rank_chunks(m, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm, fp32,
+                             &memo, ch);
+        l3d_plan_rank_memory(m, run, &lay, ch, r, mm, &mem);
+        if (mem.total > worst->total) *worst = mem;
+    }
+    if (have_sched) l3d_pp_schedule_free(&sched);
+    free(layers);
+    free(start);
+    free(ch);
+    return st;
+}

@@ -1,0 +1,230 @@
+/*
+ * The planner's parts (private to src/plan). l3d_plan_evaluate (plan.c) checks a layout
+ * (check.c), splits the layers into stages (partition.c) and, for each pipeline rank,
+ *
+ *   l3d_plan_rank_chunks(m, lay, layers, start, r, slots, mm, fp32, &shapes, ch); // memory.c
+ *   l3d_plan_rank_memory(m, run, lay, ch, r, mm, &mem);    // memory.c: the rank's bytes
+ *   l3d_plan_rank_time(&x, ch, r, &shapes, vt, &sum);       // time.c: one micro-batch's seconds
+ *
+ * then runs the stages' times on the schedule's timeline (l3d_plan_timeline, timeline.c) and adds
+ * the step's DP communication, embedding sync and optimizer (l3d_plan_step_time, step.c).
+ * l3d_plan_search (search.c) evaluates its layouts with a struct l3d_plan_cache (cache.c), which
+ * keeps what they share.
+ *
+ * Notation as in Korthikanti et al. 2022 and Narayanan et al. 2021: s sequence length, b
+ * micro-batch, h hidden size, a heads, L layers, V vocabulary, t TP size, p PP size, d DP size,
+ * v model chunks per pipeline rank, m micro-batches per step, e bytes per activation element.
+ */
+#ifndef LLM3D_PLAN_IMPL_H
+#define LLM3D_PLAN_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "llm3d/model.h"
+#include "llm3d/pipeline.h"
+#include "llm3d/plan.h"
+
+/* ---- the run ---------------------------------------------------------------------------- */
+
+/* llm3d's own trainer (its allocation plan) rather than Megatron-LM's mixed precision */
+static inline bool l3d_plan_trainer(const struct l3d_plan_run *run) {
+    return run->precision == L3D_PREC_FP32 || run->llm3d_mixed;
+}
+
+/* The peak of the run's products: llm3d's mixed precision on a CPU without 16-bit products runs
+ * them as fp32 products of widened operands (docs/DESIGN.md), at the fp32 peak. */
+static inline double l3d_plan_peak(const struct l3d_profile *prof,
+                                   const struct l3d_plan_run *run) {
+    double p = prof->peak_flops[run->precision];
+    return p <= 0 && run->llm3d_mixed ? prof->peak_flops[L3D_PREC_FP32] : p;
+}
+
+/* Bytes per element come from l3d_dtype_size, the function the trainer sizes its buffers with. */
+static inline double l3d_plan_bytes(enum l3d_dtype t) { return (double)l3d_dtype_size(t); }
+
+/* the element type of the run's weights, gradients and activations */
+static inline enum l3d_dtype l3d_plan_dtype(enum l3d_prec p) {
+    return p == L3D_PREC_FP32 ? L3D_F32 : p == L3D_PREC_BF16 ? L3D_BF16 : L3D_F16;
+}
+
+/* The profile whose figures the run's kernels reach (plan.c). */
+const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
+                                               const struct l3d_plan_run *run,
+                                               struct l3d_profile *tmp);
+
+/* ---- chunks and their shapes (memory.c) --------------------------------------------------- */
+
+/* One chunk of a pipeline rank: its shard (TP rank 0, the one adding row biases) and how many
+ * micro-batches' activations it keeps. */
+struct l3d_plan_chunk {
+    struct l3d_shard sh;
+    int64_t n;        /* parameters */
+    int64_t n_gpt;    /* of them the trainer's tensors (l3d_gpt_plan_tensors, a 4h MLP) */
+    int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
+    int slots;
+    bool first, last; /* first / last virtual stage */
+    int shape;        /* its entry in the evaluation's shape memo, -1 if none */
+};
+
+/* Seconds of one micro-batch through a chunk or a rank, by part. */
+struct l3d_plan_parts {
+    double gemm, attn, elem, tp, p2p, rec, total;
+    double bwd; /* backward part (what DP communication can hide behind) */
+};
+/* to += w from, every part */
+static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
+                                      const struct l3d_plan_parts *from, double w) {
+    to->gemm += w * from->gemm;
+    to->attn += w * from->attn;
+    to->elem += w * from->elem;
+    to->tp += w * from->tp;
+    to->p2p += w * from->p2p;
+    to->rec += w * from->rec;
+    to->total += w * from->total;
+    to->bwd += w * from->bwd;
+}
+
+/* Chunks of the same shape (layers, first, last) have the same sizes and time: a layout's
+ * thousands of chunks come in a few shapes (the partition differs by at most a layer or so
+ * between stages), so each shape is sized and timed once. */
+#define L3D_PLAN_SHAPES 8
+struct l3d_plan_shapes {
+    int n;
+    struct {
+        int layers;
+        bool first, last, timed;
+        struct l3d_shard sh;
+        int64_t n, n_gpt, slot, nonlayer;
+        struct l3d_plan_parts t; /* without p2p */
+    } e[L3D_PLAN_SHAPES];
+};
+
+/* The v chunks of pipeline rank r (out[k] is chunk k, virtual stage k pp + r): their shards,
+ * sizes and micro-batches kept (slots: the trainer's schedule's, [r v + k], when fp32; else by
+ * the schedule kind). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
+void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+                          const int *layers, const int64_t *start, int r, const int *slots,
+                          int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
+                          struct l3d_plan_chunk *out);
+/* The bytes of pipeline rank r, whose chunks are ch. */
+void l3d_plan_rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+                          const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+                          int r, int64_t mm, struct l3d_plan_mem *mem);
+
+/* ---- time (time.c, step.c) ---------------------------------------------------------------- */
+
+/* What the times of one layout are computed with: its rates and links. */
+struct l3d_plan_tctx {
+    const struct l3d_plan_model *m;
+    const struct l3d_profile *prof;
+    const struct l3d_plan_layout *lay;
+    double rate;    /* peak FLOP/s of one rank (its threads, shared when oversubscribed) */
+    double threads; /* devices per rank for the GEMM efficiency */
+    double bw;      /* element-wise bytes/s of one rank (the median kernel: products' operands,
+                     * the head's loss, the embedding) */
+    double bw_k[L3D_KERN_N]; /* bytes/s of one rank in each measured element-wise kernel */
+    double e;       /* bytes per activation element */
+    double ntok;    /* tokens in a micro-batch, b s */
+    double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
+    double share;   /* of a device a rank's thread has: < 1 on an oversubscribed node */
+    double tp_bw, tp_lat; /* the link of a TP group */
+    bool fp32;      /* llm3d's trainer (l3d_plan_trainer) */
+    bool flash;     /* fused attention */
+    bool dropout;   /* attention dropout (Megatron-LM's core attention; not llm3d's trainer) */
+};
+void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_plan_model *m,
+                        const struct l3d_profile *prof, const struct l3d_plan_run *run,
+                        const struct l3d_plan_layout *lay);
+
+/* Ring all-reduce of n bytes over g ranks, and the link between ranks lo and hi (time.c). */
+double l3d_plan_all_reduce(double n, int g, double bw, double lat);
+void l3d_plan_link(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
+                   double *lat);
+
+/* One micro-batch through the chunks ch of pipeline rank r, forward and backward, summed in *sum;
+ * when vt, each chunk's forward, backward and receives in vt (4 pp v, l3d_plan_timeline). */
+void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
+                        struct l3d_plan_shapes *memo, double *vt, struct l3d_plan_parts *sum);
+
+/* What the pipeline ranks add up to. */
+struct l3d_plan_ranks {
+    double t_max, t_sum;      /* a micro-batch on the slowest rank; on all of them */
+    double bwd_of_max;        /* the backward part of t_max */
+    double n_max;             /* parameters of the largest rank */
+    struct l3d_plan_parts worst, all; /* the slowest rank's parts; every rank's summed */
+    struct l3d_plan_mem mem;  /* the fullest rank's bytes */
+};
+/* The step's time: the pipeline phase `pipe` of mm micro-batches over the ranks rk, then DP
+ * communication, the tied embedding's sum and the optimizer (step.c). */
+void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run *run,
+                        const struct l3d_plan_ranks *rk, double pipe, int64_t mm,
+                        struct l3d_plan_time *T);
+
+/* ---- the pipeline's timeline (timeline.c) ------------------------------------------------- */
+
+/* Schedules of a few (kind, p, v, m), kept across the layouts of a search. */
+#define L3D_PLAN_SCHEDULES 4
+struct l3d_plan_schedules {
+    bool have[L3D_PLAN_SCHEDULES];
+    enum l3d_pp_kind kind[L3D_PLAN_SCHEDULES];
+    int p[L3D_PLAN_SCHEDULES], v[L3D_PLAN_SCHEDULES], m[L3D_PLAN_SCHEDULES];
+    struct l3d_pp_schedule s[L3D_PLAN_SCHEDULES];
+    int next;
+};
+/* The short schedules the timeline runs, and the last timelines' stage times (4 S) and results:
+ * layouts that differ in the ZeRO stage alone (the search tries the recomputation and SP variants
+ * in between) share them. */
+#define L3D_PLAN_TIMELINES 8
+struct l3d_plan_timelines {
+    struct l3d_plan_schedules pc;
+    struct {
+        double *vt;
+        int S, v;
+        enum l3d_pp_kind kind;
+        int64_t mm;
+        double pipe;
+    } tl[L3D_PLAN_TIMELINES];
+    int next;
+};
+void l3d_plan_timelines_free(struct l3d_plan_timelines *tc);
+/* The pipeline phase of mm micro-batches with the stage times vt (pp v forwards, backwards,
+ * receives of the input, receives of the output's gradient): a timeline's result kept in tc, else
+ * the schedule's timeline (l3d_plan_pipe_phase), kept there. Takes vt (kept in tc or freed); tc
+ * NULL keeps nothing. -1 when neither is possible. */
+double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, int p, int v,
+                         int64_t mm, double *vt);
+
+/* ---- what a search's layouts share (cache.c) ---------------------------------------------- */
+
+#define L3D_PLAN_PARTITIONS 32
+struct l3d_plan_cache {
+    int S[L3D_PLAN_PARTITIONS];      /* stage partitions by stage count */
+    int *layers[L3D_PLAN_PARTITIONS];
+    int next;
+    bool have_sched;                 /* the trainer's schedule of the last layout */
+    enum l3d_pp_kind kind;
+    int p, v;
+    int64_t mm;
+    struct l3d_pp_schedule sched;
+    struct l3d_plan_timelines tl;
+};
+void l3d_plan_cache_free(struct l3d_plan_cache *cc);
+/* The layers of each of S stages: from the cache, else computed (and kept there when cc; else in
+ * *owned, for the caller to free). */
+l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_plan_model *m,
+                                 const struct l3d_plan_run *run, int S, int **owned,
+                                 const int **layers);
+/* The trainer's schedule of (kind, p, v, mm) in *sched: the cache's, else built (into the cache
+ * when cc, else into *own, for the caller to free). */
+l3d_status l3d_plan_cache_schedule(struct l3d_plan_cache *cc, enum l3d_pp_kind kind, int p, int v,
+                                   int64_t mm, struct l3d_pp_schedule *own,
+                                   const struct l3d_pp_schedule **sched);
+
+/* l3d_plan_evaluate with a search's cache (NULL: none); prof already the run's
+ * (l3d_plan_run_profile) */
+l3d_status l3d_plan_evaluate_in(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+                                const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+                                struct l3d_plan_result *r, struct l3d_plan_cache *cc);
+
+#endif

@@ -1,0 +1,272 @@
+/* Time of one micro-batch on a pipeline rank: each chunk's matrix products at their own shapes'
+ * efficiency, its attention, element-wise kernels, recomputation, TP collectives and p2p
+ * receives (l3d_plan_rank_time), from the rates of the layout's ranks (l3d_plan_tctx_init). */
+#include <string.h>
+
+#include "plan-impl.h"
+
+void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_plan_model *m,
+                        const struct l3d_profile *prof, const struct l3d_plan_run *run,
+                        const struct l3d_plan_layout *lay) {
+    bool fp32 = l3d_plan_trainer(run);
+    /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
+    *x = (struct l3d_plan_tctx){.m = m, .prof = prof, .lay = lay, .fp32 = fp32, .cal = 1.0,
+                                .flash = run->flash, .dropout = !fp32}; /* fp32: llm3d's trainer */
+    if (run->calibrated && prof->gemm_calibration > 0) x->cal = prof->gemm_calibration;
+    double share = 1.0;
+    if (fp32 && run->devices > prof->devices_per_node && prof->inter_bw <= 0)
+        share = (double)prof->devices_per_node / (double)run->devices; /* one oversubscribed node */
+    x->share = share;
+    x->threads = lay->threads;
+    x->rate = l3d_plan_peak(prof, run) * lay->threads * share;
+    x->bw = prof->mem_bw * prof->kernel_bw_eff * lay->threads * share;
+    for (int k = 0; k < L3D_KERN_N; k++)
+        x->bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay->threads *
+                     share;
+    x->e = l3d_plan_bytes(l3d_plan_dtype(run->precision));
+    x->ntok = (double)lay->mb * m->s;
+    if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
+}
+
+/* One M x N x K product of a rank (M x K times K x N) at compute efficiency e: gemm() gives it
+ * the product's own shape's (l3d_profile_gemm_eff_shape: the curve at its FLOPs, with the wave
+ * quantization of its M x N output tiles), so a small micro-batch (small M) or a thin TP shard
+ * (small N or K) is slower per FLOP than the cubes the curve was measured on. A rank's k threads
+ * share the product at that one-core efficiency times gemm_thread_eff, which calibrate measures
+ * as the same product on k threads against k single cores (not at the curve's 1/k of the FLOPs
+ * too: that counted the smaller size twice; 1 on GPUs).
+ * Roofline (Williams et al. 2009): never faster than moving its operands and result once through
+ * memory, e (M K + K N + M N) bytes at the element-wise kernels' bandwidth. */
+static double gemm_at(const struct l3d_plan_tctx *x, double M, double N, double K, double e) {
+    double f = 2 * M * N * K;
+    if (x->threads > 1) e *= x->prof->gemm_thread_eff;
+    double compute = f / (x->rate * e * x->cal);
+    double memory = x->e * (M * K + K * N + M * N) / x->bw;
+    return compute > memory ? compute : memory;
+}
+static double gemm(const struct l3d_plan_tctx *x, double M, double N, double K) {
+    return gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, M, N, K));
+}
+/* c products of one M x N x K shape in one batched call (the attention's heads): each at the
+ * efficiency of their stacked shape (c M x N x K: the same FLOPs and output tiles), each moving
+ * its own operands. */
+static double gemm_batched(const struct l3d_plan_tctx *x, double c, double M, double N, double K) {
+    return c * gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, c * M, N, K));
+}
+
+/* Forward and backward of a linear layer on M tokens, K inputs, N outputs: y = x W (M x N x K);
+ * backward dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens,
+ * at the profile's weight-gradient efficiency by tokens where it has one (gemm_eff_wgrad: on this
+ * CPU the bf16 weight gradient into the fp32 main_grad runs at half the forward's rate at 128
+ * tokens, whatever the weight's shape). */
+static void linear(const struct l3d_plan_tctx *x, double M, double N, double K, double *fwd,
+                   double *bwd) {
+    *fwd += gemm(x, M, N, K);
+    *bwd += gemm(x, M, K, N) + gemm_at(x, K, N, M, l3d_profile_wgrad_eff(x->prof, M, N, K));
+}
+
+/* The attention core of one layer on one micro-batch and rank (a/t heads): forward *f, backward
+ * *bw. Fused (flash): 4 b s^2 h / t FLOPs forward, twice that backward (its recomputed scores
+ * included), at the profile's attn_eff. Unfused, as Megatron-LM's core attention, which writes
+ * the b (a/t) s^2 scores to memory and reads them back: its batched products, b (a/t) of them, at
+ * the GEMM curve of their stacked shapes (forward QK^T, M = s, N = s, K = h/a, and P V, N = h/a,
+ * K = s; backward dP like QK^T, dV, dQ and dK like P V), each head's bounded by moving its own
+ * operands (the scores written or read), then the element-wise passes over the scores at
+ * the kernels' bandwidth: softmax forward reads and writes them, backward reads probabilities
+ * and gradient and writes one; attention dropout (Megatron-LM's, not llm3d's trainer) reads and
+ * writes them and a byte of mask each way. The tensors are Korthikanti et al. 2022's (sec. 4.1:
+ * 2as^2b of QK^T output and of softmax output, as^2b of mask, 2as^2b of dropout output). Where
+ * the scores' size s^2 rivals the layer's h^2, at small h, these passes, not the FLOPs, set the
+ * attention's time. */
+static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
+    const struct l3d_plan_model *m = x->m;
+    double b = x->lay->mb, s = m->s, h = m->h, t = x->lay->tp;
+    if (x->flash) {
+        *f = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
+        *bw = 2 * *f;
+        return;
+    }
+    double heads = b * m->heads / t, d = h / m->heads, sc = heads * s * s;
+    double qk = gemm_batched(x, heads, s, s, d), pv = gemm_batched(x, heads, s, d, s), e = x->e;
+    double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
+    if (x->dropout) {
+        pf += sc * (2 * e + 1);
+        pb += sc * (2 * e + 1);
+    }
+    *f = qk + pv + pf / x->bw;
+    *bw = qk + 3 * pv + pb / x->bw;
+}
+
+/* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
+ * 2 (g - 1) / g n / bw + 2 (g - 1) lat (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"). */
+double l3d_plan_all_reduce(double n, int g, double bw, double lat) {
+    if (g <= 1) return 0.0;
+    return 2.0 * (g - 1) / g * n / bw + 2.0 * (g - 1) * lat;
+}
+
+/* The link between ranks lo and hi, the ends of a group on the rank grid: the node's NICs shared by
+ * the `senders` devices that use them at once when the group crosses nodes, else the pair link
+ * when both lie in one pair, else the node's links. */
+void l3d_plan_link(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
+                   double *lat) {
+    int64_t dpn = p->devices_per_node;
+    /* a machine without a network (inter_bw 0, the local profile) runs every rank on its one node,
+     * oversubscribed when ranks x threads exceed its devices */
+    if (lo / dpn != hi / dpn && p->inter_bw > 0) {
+        /* the node's NICs, shared by the devices that send at once */
+        *bw = p->inter_bw / (senders < dpn ? senders : dpn);
+        *lat = p->inter_lat;
+    } else if (p->pair_size > 1 && lo / p->pair_size == hi / p->pair_size) {
+        *bw = p->pair_bw;
+        *lat = p->intra_lat;
+    } else {
+        *bw = p->intra_bw > 0 ? p->intra_bw : p->mem_bw;
+        *lat = p->intra_lat;
+    }
+}
+
+/* an all-reduce of n bytes over the TP group */
+static double tp_all_reduce(const struct l3d_plan_tctx *x, double n) {
+    return l3d_plan_all_reduce(n, x->lay->tp, x->tp_bw, x->tp_lat);
+}
+
+/* What the last chunk adds to o. */
+static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
+    const struct l3d_plan_model *m = x->m;
+    const struct l3d_plan_layout *lay = x->lay;
+    double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
+    /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
+    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    double Vl = (double)c.Vp / t;
+    double hg = 0, hgb = 0;
+    linear(x, N, Vl, h, &hg, &hgb);
+    /* the trainer keeps the logits in its own type (16 bits in mixed precision); Megatron-LM
+     * casts them to fp32 for the loss (Korthikanti et al. 2022, sec. 4.3: 4 s b v bytes) */
+    double le = x->fp32 ? e : l3d_plan_bytes(L3D_F32);
+    double hel = N * Vl * le * 5 / x->bw + N * h * e * 2 * 3 / x->bw_k[L3D_KERN_LAYERNORM];
+    o->gemm += hg + hgb;
+    o->elem += hel;
+    o->bwd += hgb;
+    if (lay->tp > 1)
+        o->tp += (1 - x->prof->tp_overlap) *
+                 (tp_all_reduce(x, N * h * e) + 3 * tp_all_reduce(x, N * l3d_plan_bytes(L3D_F32)));
+}
+
+/* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split
+ * (struct l3d_plan_parts), its p2p left out. */
+static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch,
+                       struct l3d_plan_parts *o) {
+    const struct l3d_plan_model *m = x->m;
+    const struct l3d_plan_layout *lay = x->lay;
+    double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
+    double spdiv = lay->sp ? t : 1.0;
+    double Ll = ch->sh.layer_count;
+    memset(o, 0, sizeof *o);
+    /* per layer: QKV, attention projection, MLP up and down (column / row parallel), each on the
+     * micro-batch's b s tokens (all of them under SP too: the all-gather comes first), forward
+     * and its two backward products */
+    double f = (double)m->ffn, g = 0, gb = 0;
+    linear(x, N, 3 * h / t, h, &g, &gb);
+    linear(x, N, h, h / t, &g, &gb);
+    linear(x, N, f / t, h, &g, &gb);
+    linear(x, N, h, f / t, &g, &gb);
+    /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
+    double at, atb;
+    attention(x, &at, &atb);
+    /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
+     * the f/t hidden (2 f/t), each at its own kernel's bandwidth; backward about twice the
+     * traffic of the same kernels */
+    double el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
+                         6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL] +
+                         2 * f / t / x->bw_k[L3D_KERN_GELU]);
+    /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
+     * volume), two backward; the profile's tp_overlap of it hidden behind compute */
+    double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e) : 0.0;
+    o->gemm = Ll * (g + gb);
+    o->attn = Ll * (at + atb);
+    o->elem = Ll * 3 * el;
+    o->tp = Ll * 4 * ar;
+    o->bwd = Ll * (gb + atb + 2 * el + 2 * ar);
+    /* what is recomputed before each layer's backward: full, the whole forward from the layer's
+     * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
+     * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
+     * QK^T through softmax and dropout to the product with V (their sec. 5, Figure 3), i.e. its
+     * forward, and nothing with a fused attention, which keeps no scores to drop and whose
+     * backward already recomputes them (counted in attn_eff): Megatron-LM checkpoints the core
+     * attention only without flash attention */
+    if (lay->recompute == L3D_RECOMPUTE_FULL) {
+        o->rec = Ll * (g + at + el + 2 * ar);
+        o->gemm += Ll * g;
+        o->attn += Ll * at;
+        o->elem += Ll * el;
+        o->tp += Ll * 2 * ar;
+    } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE && !x->flash) {
+        o->rec = Ll * at;
+        o->attn += Ll * at;
+    }
+    if (ch->last) head_time(x, o);
+    if (ch->first) {
+        /* gather + position add, and its backward: streaming passes, as a residual add */
+        o->elem += N * h * e * 3 * 3 / x->bw_k[L3D_KERN_RESIDUAL];
+        if (lay->tp > 1)
+            o->tp += (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e);
+    }
+    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
+}
+
+/* The receives of chunk ch of pipeline rank r, a micro-batch: *prev its input activation from the
+ * previous virtual stage, *next its output's gradient from the next one (0 at the ends). Megatron's
+ * scatter/gather sends 1/t of it per TP rank in mixed precision, the trainer the whole (B,T,C). */
+static void chunk_p2p(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
+                      double *prev, double *next) {
+    int p = x->lay->pp, t = x->lay->tp;
+    double msg = x->ntok * x->m->h * x->e / (x->fp32 ? 1.0 : t);
+    double bw, lat;
+    int64_t me = (int64_t)r * t;
+    *prev = *next = 0;
+    if (!ch->first) {
+        int64_t peer = (int64_t)((r - 1 + p) % p) * t;
+        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
+                      &bw, &lat);
+        *prev = msg / bw + lat;
+    }
+    if (!ch->last) {
+        int64_t peer = (int64_t)((r + 1) % p) * t;
+        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
+                      &bw, &lat);
+        *next = msg / bw + lat;
+    }
+}
+
+void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
+                        struct l3d_plan_shapes *memo, double *vt, struct l3d_plan_parts *sum) {
+    int p = x->lay->pp, v = x->lay->v, S = p * v;
+    memset(sum, 0, sizeof *sum);
+    for (int k = 0; k < v; k++) {
+        /* p2p: the rank receives an activation from the previous virtual stage and a gradient
+         * from the next one per micro-batch */
+        double pp_prev, pp_next;
+        chunk_p2p(x, &ch[k], r, &pp_prev, &pp_next);
+        /* the rest once a shape */
+        struct l3d_plan_parts cp;
+        if (ch[k].shape >= 0 && memo->e[ch[k].shape].timed) {
+            cp = memo->e[ch[k].shape].t;
+        } else {
+            chunk_time(x, &ch[k], &cp);
+            if (ch[k].shape >= 0) {
+                memo->e[ch[k].shape].t = cp;
+                memo->e[ch[k].shape].timed = true;
+            }
+        }
+        if (vt) {
+            int vs = k * p + r;
+            vt[vs] = cp.total - cp.bwd - cp.rec;
+            vt[S + vs] = cp.bwd + cp.rec;
+            vt[2 * S + vs] = pp_prev;
+            vt[3 * S + vs] = pp_next;
+        }
+        cp.p2p = pp_prev + pp_next;
+        cp.total += cp.p2p;
+        l3d_plan_parts_add(sum, &cp, 1.0);
+    }
+}
