@@ -10,7 +10,7 @@
 static double rel_diff(const float *a, const float *b, int V) { return test_rel_diff(a, b, V); }
 
 int main(void) {
-    struct l3d_gpt_config cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
+    struct l3d_model_spec cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
     struct l3d_backend *be = test_backend_init();
     struct l3d_shard sh = l3d_shard_full(&cfg);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "llm3d/model.h"
+#include "llm3d/spec.h"
 #include "llm3d/optim.h"
 #include "support/ref.h"
 #include "test.h"
@@ -21,7 +22,7 @@
 /* ---- the double-precision reference GPT-2 --------------------------------------------------- */
 
 struct ref_gpt {
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     const struct l3d_tensor_info *t; /* offsets of the full model */
     const int32_t *inp, *tgt;
     int B, T;
@@ -33,7 +34,7 @@ static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
 /* Mean loss of the full model over (B,T), params in llm.c's layout. */
 static double ref_gpt_loss(void *ctx) {
     struct ref_gpt *r = ctx;
-    const struct l3d_gpt_config *c = &r->cfg;
+    const struct l3d_model_spec *c = &r->cfg;
     int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
@@ -68,8 +69,8 @@ static double ref_gpt_loss(void *ctx) {
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static struct l3d_gpt_config tiny_config(int L, int C, int NH, int V, int maxT) {
-    struct l3d_gpt_config c = {.L = L, .C = C, .NH = NH, .V = V, .maxT = maxT};
+static struct l3d_model_spec tiny_config(int L, int C, int NH, int V, int maxT) {
+    struct l3d_model_spec c = {.L = L, .C = C, .NH = NH, .V = V, .maxT = maxT};
     L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
     return c;
 }
@@ -93,7 +94,7 @@ static void randomize(struct l3d_gpt *m, uint64_t seed) {
 /* ---- tests -------------------------------------------------------------------------------- */
 
 static void test_forward_and_gradients(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 50, 8); /* Vp = 128: 78 padding rows */
+    struct l3d_model_spec cfg = tiny_config(2, 16, 2, 50, 8); /* Vp = 128: 78 padding rows */
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5;
     struct l3d_gpt *m;
@@ -152,8 +153,8 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
 }
 
 static void test_initial_loss(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg;
-    CHECK(l3d_gpt_config_preset(&cfg, "tiny") == L3D_OK);
+    struct l3d_model_spec cfg;
+    CHECK(l3d_model_preset(&cfg, "tiny") == L3D_OK);
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
     struct l3d_gpt *m;
@@ -188,8 +189,8 @@ static void adamw_once(struct l3d_gpt *m, float lr) {
 /* Trains `steps` AdamW steps on one fixed batch; returns the losses and final params. */
 static void train_fixed(struct l3d_backend *be, int steps, float lr, float *losses, float **params,
                         int64_t *n) {
-    struct l3d_gpt_config cfg;
-    l3d_gpt_config_preset(&cfg, "tiny");
+    struct l3d_model_spec cfg;
+    l3d_model_preset(&cfg, "tiny");
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
     struct l3d_gpt *m;
@@ -241,7 +242,7 @@ static void test_overfit_and_determinism(struct l3d_backend *be) {
 /* Two pipeline-style shards (layers [0,2) with the embedding, [2,3) with the head) chained by
  * hand reproduce the full model's loss and gradients. */
 static void test_layer_shards(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg = tiny_config(3, 16, 2, 40, 8);
+    struct l3d_model_spec cfg = tiny_config(3, 16, 2, 40, 8);
     int B = 2, T = 6;
     struct l3d_shard full = l3d_shard_full(&cfg), s0 = full, s1 = full;
     s0.layer_count = 2;
@@ -314,7 +315,7 @@ static void test_layer_shards(struct l3d_backend *be) {
 /* A tensor-parallel-style slice (second head, second half of the FFN, second half of the padded
  * vocabulary) holds exactly the full model's values for those rows and columns. */
 static void test_slice_init(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 200, 8); /* Vp = 256 */
+    struct l3d_model_spec cfg = tiny_config(2, 16, 2, 200, 8); /* Vp = 256 */
     int B = 1, T = 4, C = 16, HS = 8;
     struct l3d_shard full = l3d_shard_full(&cfg), s = full;
     s.head_start = 1;
@@ -360,7 +361,7 @@ static void test_slice_init(struct l3d_backend *be) {
  * gradients to one micro-batch at a time with everything kept; the activation bytes match the
  * closed form up to each buffer's 64-byte alignment, and recomputation shrinks them. */
 static void test_slots_and_recompute(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg = tiny_config(3, 16, 2, 40, 8);
+    struct l3d_model_spec cfg = tiny_config(3, 16, 2, 40, 8);
     int B = 2, T = 6;
     struct l3d_shard sh = l3d_shard_full(&cfg);
     sh.has_embedding = false; /* a middle-to-last stage: input from input_act */
@@ -424,8 +425,8 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
     /* the closed form at GPT-2 124M's shapes, no recomputation, one slot: the per-layer term is
      * 4 (s b h (2 + 12 + 2) + a s b + 4 s b) bytes with the tiled kernel, a s^2 b with the
      * materialising one */
-    struct l3d_gpt_config g;
-    l3d_gpt_config_preset(&g, "d12");
+    struct l3d_model_spec g;
+    l3d_model_preset(&g, "d12");
     struct l3d_shard one = l3d_shard_full(&g);
     one.layer_count = 1;
     one.has_embedding = one.has_head = false;
@@ -447,7 +448,7 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
 /* For fp32, the checking backend runs the CPU kernels on the same values: a forward, backward and
  * optimizer step give bit-identical logits, per-token losses, loss, gradients and parameters. */
 static void test_check_identical(void) {
-    struct l3d_gpt_config cfg = tiny_config(2, 16, 2, 50, 8);
+    struct l3d_model_spec cfg = tiny_config(2, 16, 2, 50, 8);
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5, N = B * T;
     int32_t inp[10], tgt[10];
@@ -484,10 +485,10 @@ static void test_check_identical(void) {
 }
 
 static void test_errors(struct l3d_backend *be) {
-    struct l3d_gpt_config cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
+    struct l3d_model_spec cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "divisible") != NULL);
-    CHECK(l3d_gpt_config_preset(&cfg, "nope") == L3D_ERR_ARG);
+    CHECK(l3d_model_preset(&cfg, "nope") == L3D_ERR_ARG);
     cfg = tiny_config(2, 16, 2, 50, 8);
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m;

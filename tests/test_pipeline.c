@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "llm3d/pipeline.h"
+#include "llm3d/spec.h"
 #include "test.h"
 
 static void check_schedule(enum l3d_pp_kind kind, int pp, int v, int m, double tf, double tb) {
@@ -127,20 +128,20 @@ static void test_broken(void) {
     l3d_pp_schedule_free(&s);
 }
 
-static double stage_cost(const struct l3d_gpt_config *cfg, int T, const int *layers, int k, int n) {
+static double stage_cost(const struct l3d_model_spec *cfg, int T, const int *layers, int k, int n) {
     return layers[k] * l3d_pp_layer_cost(cfg, T) + (k == 0 ? 2.0 * cfg->C : 0.0) +
            (k == n - 1 ? l3d_pp_head_cost(cfg) : 0.0);
 }
 
-static double worst(const struct l3d_gpt_config *cfg, int T, const int *layers, int n) {
+static double worst(const struct l3d_model_spec *cfg, int T, const int *layers, int n) {
     double w = 0;
     for (int k = 0; k < n; k++) w = fmax(w, stage_cost(cfg, T, layers, k, n));
     return w;
 }
 
 static void test_partition(void) {
-    struct l3d_gpt_config cfg;
-    l3d_gpt_config_preset(&cfg, "d12");
+    struct l3d_model_spec cfg;
+    l3d_model_preset(&cfg, "d12");
     int layers[12];
     /* GPT-2 124M on 2 stages: the head weighs about 5.5 layers, so the last stage gets fewer */
     CHECK(l3d_pp_partition(&cfg, 1024, 2, layers) == L3D_OK);
@@ -156,7 +157,7 @@ static void test_partition(void) {
     CHECK(worst(&cfg, 64, layers, 3) == best);
     CHECK(layers[0] + layers[1] + layers[2] == 12);
     /* without a heavy head the split is even */
-    struct l3d_gpt_config small = {.L = 8, .C = 256, .NH = 4, .V = 256, .maxT = 64};
+    struct l3d_model_spec small = {.L = 8, .C = 256, .NH = 4, .V = 256, .maxT = 64};
     l3d_gpt_config_finish(&small);
     CHECK(l3d_pp_partition(&small, 64, 4, layers) == L3D_OK);
     CHECK(layers[0] == 2 && layers[1] == 2 && layers[2] == 2 && layers[3] == 2);

@@ -141,7 +141,7 @@ static void test_memory_mixed(void) {
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_plan_model m;
     CHECK(l3d_plan_model_preset(&m, "gpt3-175b") == L3D_OK);
-    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     double s = m.s, h = m.h, a = m.heads, L = m.L, Vp = c.Vp;
     struct l3d_plan_result r;
     /* tp 8, no pipeline: parameters 2 + 2 + 12 bytes (ZeRO paper, K = 12) of the rank's share */
@@ -349,7 +349,7 @@ static void test_memory_trainer(void) {
     struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     struct l3d_shard sh = l3d_shard_full(&c);
     double n = (double)l3d_gpt_param_count(&c);
     /* fp32: 4 bytes of weights, 4 of gradients, 8 of AdamW moments; the trainer's own plan */
@@ -439,7 +439,7 @@ static void test_partition(void) {
         for (int L = 1; L <= 48; L++) {
             struct l3d_plan_model m = {.L = L, .h = cfgs[c].h, .heads = cfgs[c].heads,
                                        .V = cfgs[c].V, .s = cfgs[c].s, .ffn = 4LL * cfgs[c].h};
-            struct l3d_gpt_config g = l3d_plan_model_gpt(&m);
+            struct l3d_model_spec g = l3d_plan_model_gpt(&m);
             for (int S = 1; S <= L; S++) {
                 CHECK(l3d_plan_stage_layers(&m, &run, S, fast) == L3D_OK);
                 CHECK(l3d_pp_partition(&g, m.s, S, slow) == L3D_OK);
@@ -453,7 +453,7 @@ static void test_partition(void) {
     struct l3d_plan_model m = {.L = 12, .h = 768, .heads = 12, .V = 50257, .s = 1024, .ffn = 3072};
     CHECK(l3d_plan_stage_layers(&m, &run, 2, fast) == L3D_OK);
     fast[0]--, fast[1]++;
-    struct l3d_gpt_config g = l3d_plan_model_gpt(&m);
+    struct l3d_model_spec g = l3d_plan_model_gpt(&m);
     CHECK(l3d_pp_partition(&g, m.s, 2, slow) == L3D_OK);
     CHECK(memcmp(fast, slow, sizeof(int) * 2) != 0);
     /* and at 65536 layers, where the dynamic programme takes hours: balanced, the head's stage
@@ -471,7 +471,7 @@ static void test_flops_and_time(void) {
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
     struct l3d_plan_model m;
     CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
-    struct l3d_gpt_config c = l3d_plan_model_gpt(&m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     struct l3d_plan_run run = run16(128, 640, true);
     struct l3d_plan_layout lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result r;

@@ -12,7 +12,7 @@
 static struct l3d_train_config config(void) {
     struct l3d_train_config tc;
     l3d_train_config_defaults(&tc);
-    l3d_gpt_config_preset(&tc.model, "tiny");
+    l3d_model_preset(&tc.model, "tiny");
     tc.train_pattern = "unused";
     return tc;
 }

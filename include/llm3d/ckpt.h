@@ -5,7 +5,7 @@
  * llm.c weights:
  *
  *   l3d_ckpt_save_llmc("out/model.bin", model);              // full shard only
- *   struct l3d_gpt_config cfg;
+ *   struct l3d_model_spec cfg;
  *   l3d_ckpt_read_llmc_config("out/model.bin", &cfg);        // to size the model
  *   l3d_ckpt_load_llmc("out/model.bin", model);              // into a model of that config
  *
@@ -38,14 +38,14 @@
  * takes version 3 and version 5 (bf16, widened to fp32 exactly). */
 l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m);
 /* The same from a full model's flat parameters (e.g. gathered from tensor-parallel shards). */
-l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
+l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_model_spec *cfg,
                                      const float *params, int64_t num_params);
 /* The same as llm.c version 3 (dt L3D_F32) or version 5 (L3D_BF16: each parameter rounded to
  * nearest even). */
-l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_gpt_config *cfg,
+l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model_spec *cfg,
                                         const float *params, int64_t num_params,
                                         enum l3d_dtype dt);
-l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg);
+l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 
 /* ---- sharded checkpoints (src/ckpt/dist.c) ------------------------------------------------------
@@ -166,7 +166,7 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
                          bool *report);
 /* Reads a step directory's model config (to size a model before loading). */
-l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step);
+l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_model_spec *cfg, int64_t *step);
 /* Writes the weights of step directory dir as one llm.c checkpoint (one process): version 3 (fp32),
  * or with _dt and L3D_BF16 version 5 (the fp32 weights rounded to bf16). */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
@@ -175,7 +175,7 @@ l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_d
 /* What a step directory holds, for llm3d inspect. */
 struct l3d_ckpt_info {
     int format;                      /* the manifest's format version */
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     struct l3d_ckpt_layout layout;   /* saved under (world, tp, pp, dp, zero, pp_virtual, sp) */
     struct l3d_ckpt_state state;     /* step, loader position, seed, B, T, accum, ... */
     const char *params_dtype, *moments_dtype; /* "fp32", "bf16", ...; static strings */

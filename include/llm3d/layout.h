@@ -24,13 +24,13 @@
  * "a,b,..." (--pp-layers), or when given is NULL the partition that balances the stages' cost at
  * sequence length T (l3d_pp_partition). L3D_ERR_LAYOUT naming --pp and --pp-virtual when there are
  * more stages than layers; the parser's error for a bad list. */
-l3d_status l3d_layout_stage_layers(const struct l3d_gpt_config *cfg, int T, int pp, int v,
+l3d_status l3d_layout_stage_layers(const struct l3d_model_spec *cfg, int T, int pp, int v,
                                    const char *given, int *layers);
 /* The shard of virtual stage vs of `stages` on TP rank tp_rank of tp: the layer range from
  * layers, the head / MLP-column / vocabulary slice of l3d_tp_shard (sp: sequence parallel), the
  * embedding on the first stage and the head on the last. Returns l3d_tp_shard's status; the layer
  * range and the ends are filled either way. */
-l3d_status l3d_layout_stage_shard(const struct l3d_gpt_config *cfg, const int *layers, int stages,
+l3d_status l3d_layout_stage_shard(const struct l3d_model_spec *cfg, const int *layers, int stages,
                                   int vs, int tp, int tp_rank, bool sp, struct l3d_shard *out);
 
 #endif

@@ -1,8 +1,8 @@
 /*
  * llm3d model: GPT-2 (Radford et al. 2019) forward and backward, written against a shard.
  *
- *   struct l3d_gpt_config cfg;
- *   l3d_gpt_config_preset(&cfg, "d12");             // GPT-2 124M
+ *   struct l3d_model_spec cfg;
+ *   l3d_model_preset(&cfg, "d12");             // GPT-2 124M
  *   struct l3d_shard sh = l3d_shard_full(&cfg);     // the 1x1x1 layout holds everything
  *   struct l3d_gpt *m;
  *   if (l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) != L3D_OK) ...;
@@ -47,7 +47,10 @@
 #define L3D_MAX_PARAMS ((double)(1LL << 56))
 #define L3D_NUM_TENSORS 16
 
-struct l3d_gpt_config {
+/* The model of a run spec (include/llm3d/spec.h): GPT-2's sizes (the architecture fields come
+ * with the Llama family). */
+struct l3d_model_spec {
+    char name[48]; /* the preset it came from, "custom", or "" */
     int L;    /* layers */
     int C;    /* channels */
     int NH;   /* attention heads */
@@ -57,12 +60,8 @@ struct l3d_gpt_config {
     int64_t ffn; /* MLP width; 0: GPT-2's 4C (llm3d's trainer has no other) */
 };
 
-/* Presets: tiny (tests), d6, d12 = gpt2 (124M), d24 = gpt2-medium (350M), d36 = gpt2-large
- * (774M), d48 = gpt2-xl (1.5B). GPT-2's V = 50257 and maxT = 1024 unless overridden. */
-l3d_status l3d_gpt_config_preset(struct l3d_gpt_config *cfg, const char *name);
 /* Checks sizes (C divisible by NH, positive values) and sets Vp. */
-l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg);
-const char *l3d_gpt_preset_names(void);
+l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 
 struct l3d_shard {
     int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */
@@ -77,9 +76,9 @@ struct l3d_shard {
     int sp_size, sp_rank;
 };
 
-struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg);
+struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg);
 /* Checks that the shard lies inside the model and is not empty where it must not be. */
-l3d_status l3d_shard_check(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh);
+l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_shard *sh);
 
 enum l3d_tensor_id {
     L3D_T_WTE, L3D_T_WPE, L3D_T_LN1W, L3D_T_LN1B, L3D_T_QKVW, L3D_T_QKVB, L3D_T_ATTPROJW,
@@ -138,7 +137,7 @@ struct l3d_gpt_acts; /* activation pointer table, private to the model */
 enum l3d_recompute { L3D_RECOMPUTE_NONE, L3D_RECOMPUTE_SELECTIVE, L3D_RECOMPUTE_FULL };
 
 struct l3d_gpt {
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     struct l3d_shard shard;
     struct l3d_backend *be;
     struct l3d_gpt_hooks hooks;
@@ -181,18 +180,18 @@ struct l3d_gpt {
 enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE };
 
 /* Allocates parameters, gradients and activations for micro-batches up to (B, T), once. */
-l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                         const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                         enum l3d_grad_mode grads);
 /* The same with act_slots sets of saved activations (a pipeline stage keeps several micro-batches
  * between their forward and backward; l3d_gpt_use_slot chooses the one that forward, backward,
  * input_act, dinput_act, logits and the output act on) and a recomputation mode. */
-l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute);
 /* The same in precision dt (L3D_F32, L3D_BF16 or L3D_F16): parameters and activations of that
  * type, gradients fp32. The materialising attention kernel (L3D_ATTENTION=naive) is fp32 only. */
-l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
                            enum l3d_dtype dt);
@@ -215,11 +214,11 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * the a s b / t term becomes a s^2 b / t, which selective drops, plus an a s^2 b / t scratch
  * for its backward. Times act_slots micro-batches, plus the stage's input, head and token buffers
  * per slot and one layer's backward (and recomputation) buffers shared by all slots. */
-size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
  * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
-size_t l3d_gpt_act_bytes_dt(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt);
 
@@ -242,14 +241,14 @@ void l3d_gpt_zero_grad(struct l3d_gpt *m);
  * rows*cols elements for a layer tensor or count for the others. */
 float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer);
 /* Fills the tensor table of a shard (offsets, local shapes) and returns its element count. */
-int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]);
 /* Places a shard's parameters (src, laid out by l3d_gpt_plan_tensors for sh) at their positions in
  * the full model's flat buffer (full): gathering tensor-parallel shards into one llm.c model. */
-void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+void l3d_gpt_shard_to_full(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *src, float *full);
 /* The reverse: a shard's parameters (dst) cut from the full model's flat buffer. */
-void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *full, float *dst);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
@@ -259,7 +258,7 @@ const void *l3d_gpt_output_act(const struct l3d_gpt *m);
 /* Parameter count of the full model, and the model FLOPs per token of a training step:
  * 6N + 12 L C T (PaLM, Chowdhery et al. 2022, appendix B), N = every parameter but the position
  * embedding (which takes part in no matrix product), the LM head counted through the tied wte. */
-int64_t l3d_gpt_param_count(const struct l3d_gpt_config *cfg);
-double l3d_gpt_flops_per_token(const struct l3d_gpt_config *cfg, int T);
+int64_t l3d_gpt_param_count(const struct l3d_model_spec *cfg);
+double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T);
 
 #endif

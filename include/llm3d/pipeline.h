@@ -97,14 +97,14 @@ l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double
 
 /* Estimated forward cost of one token through a layer, the embedding and the head + loss, in
  * FLOPs (matrix products 2 per multiply-add, attention as in PaLM's 12 L C T over 3 passes). */
-double l3d_pp_layer_cost(const struct l3d_gpt_config *cfg, int T);
-double l3d_pp_head_cost(const struct l3d_gpt_config *cfg);
+double l3d_pp_layer_cost(const struct l3d_model_spec *cfg, int T);
+double l3d_pp_head_cost(const struct l3d_model_spec *cfg);
 /* Splits the L layers into `stages` contiguous runs of at least one layer, minimising the largest
  * stage cost (layers, plus the embedding on the first and the head + loss on the last stage).
  * L3D_ERR_LAYOUT when stages > L. */
-l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers);
+l3d_status l3d_pp_partition(const struct l3d_model_spec *cfg, int T, int stages, int *layers);
 /* Parses "a,b,c" (--pp-layers) into `stages` counts summing to L. */
-l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cfg, int stages,
+l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_model_spec *cfg, int stages,
                                int *layers);
 
 /* ---- executor ---------------------------------------------------------------------------

@@ -62,7 +62,7 @@ const char *l3d_plan_model_names(void);
 /* Checks sizes (h divisible by heads, positive values); messages name the flags. */
 l3d_status l3d_plan_model_check(const struct l3d_plan_model *m);
 /* The trainer's model config of the same sizes (V, maxT = s). */
-struct l3d_gpt_config l3d_plan_model_gpt(const struct l3d_plan_model *m);
+struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_plan_model *m);
 /* Parameters of the full model (tied embedding counted once, position embedding included). */
 int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
 

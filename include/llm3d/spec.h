@@ -6,7 +6,7 @@
  *
  *   struct l3d_run_spec s;
  *   l3d_run_spec_defaults(&s);                      // fp32, 1 x 1 x 1, B 4, T 64
- *   l3d_gpt_config_preset(&s.model, "d12");
+ *   l3d_model_preset(&s.model, "d12");
  *   s.layout.tp = 2; s.layout.pp = 2; s.layout.zero = 1;
  *   struct l3d_spec_errors e;
  *   if (l3d_spec_check(&s, &(struct l3d_spec_ctx){.world = 8}, &e) != L3D_OK)
@@ -99,10 +99,20 @@ struct l3d_param_bytes {
 };
 void l3d_param_bytes(const struct l3d_precision *p, int zero, int dp, struct l3d_param_bytes *b);
 
+/* ---- the model ------------------------------------------------------------------------------ */
+
+/* Presets (src/spec/presets.c): tiny (tests), d6, d12 = gpt2 (124M), d24 = gpt2-medium (350M),
+ * d36 = gpt2-large (774M), d48 = gpt2-xl (1.5B), GPT-2's V = 50257 and context 1024; the
+ * Frontier study's frontier-22b, -175b, -1t (Dash et al. 2023), gpt3-175b (Brown et al. 2020),
+ * and Megatron-LM 2021's weak-scaling table megatron-1.7b ... megatron-1t (Narayanan et al. 2021,
+ * Table 1), context 2048. m is reset, its name set. */
+l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name);
+const char *l3d_model_preset_names(void);
+
 /* ---- the run -------------------------------------------------------------------------------- */
 
 struct l3d_run_spec {
-    struct l3d_gpt_config model;
+    struct l3d_model_spec model;
     struct l3d_layout layout;
     struct l3d_precision precision;
 };
@@ -132,6 +142,11 @@ struct l3d_spec_errors {
  * every violated rule. Resolves nothing: dp 0 is inferred from ctx->world for the checks only. */
 l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
                           struct l3d_spec_errors *e);
+/* The same for some of the parts: the planner checks the model and precision once and each
+ * layout it considers on its own. */
+enum { L3D_SPEC_MODEL = 1, L3D_SPEC_LAYOUT = 2, L3D_SPEC_PRECISION = 4, L3D_SPEC_ALL = 7 };
+l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                                unsigned parts, struct l3d_spec_errors *e);
 /* s->layout.dp resolved from the world (dp 0: world / (tp cp pp [threads])); l3d_spec_check
  * first. */
 void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx);

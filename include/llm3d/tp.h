@@ -32,7 +32,7 @@
  * (LayerNorm and residual regions split by rows, all-reduces become reduce-scatter + all-gather)
  * when asked. L3D_ERR_LAYOUT naming --tp when the heads, the FFN width or the padded vocabulary do
  * not divide by tp. */
-l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
+l3d_status l3d_tp_shard(const struct l3d_model_spec *cfg, int tp, int tp_rank,
                         bool sequence_parallel, struct l3d_shard *out);
 /* The TP hooks' state: the group and the one non-blocking sum in flight. */
 struct l3d_tp {
@@ -49,7 +49,7 @@ struct l3d_tp {
  * gradients in backward, plus the embedding's sum and the head's input gradient, plus three (B*T)
  * vectors of the cross-entropy: 4 (4L + 2) B T C + 12 B T (Megatron-LM, Shoeybi et al. 2019, sec.
  * 3). A ring all-reduce moves 2 (tp - 1) / tp of the payload in and out of each rank. */
-static inline double l3d_tp_bytes_per_micro(const struct l3d_gpt_config *cfg, int B, int T) {
+static inline double l3d_tp_bytes_per_micro(const struct l3d_model_spec *cfg, int B, int T) {
     return 4.0 * (4.0 * cfg->L + 2.0) * B * T * cfg->C + 12.0 * B * T;
 }
 

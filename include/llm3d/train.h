@@ -30,7 +30,7 @@ struct l3d_train_config {
     union {
         struct l3d_run_spec spec;
         struct {
-            struct l3d_gpt_config model;
+            struct l3d_model_spec model;
             struct l3d_layout layout;     /* world = tp x pp x dp (dp 0: inferred) */
             struct l3d_precision precision;
         };

@@ -347,7 +347,7 @@ static int chunks_of(const struct l3d_ckpt_layout *lay) {
     return lay->pp_virtual > 1 ? lay->pp_virtual : 1;
 }
 
-static void print_manifest(char *buf, size_t cap, const struct l3d_gpt_config *c,
+static void print_manifest(char *buf, size_t cap, const struct l3d_model_spec *c,
                            enum l3d_dtype pdt, enum l3d_dtype mdt,
                            const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
                            const struct rank_rec *recs) {
@@ -489,7 +489,7 @@ l3d_status l3d_ckpt_clear(const char *root, int *removed) {
 
 /* Rank 0's part: manifest, rename into place, `latest`, pruning. */
 static l3d_status publish(const char *root, const char *tmp, int keep,
-                          const struct l3d_gpt_config *cfg, enum l3d_dtype pdt,
+                          const struct l3d_model_spec *cfg, enum l3d_dtype pdt,
                           enum l3d_dtype mdt, const struct l3d_ckpt_layout *lay,
                           const struct l3d_ckpt_state *s, const struct rank_rec *recs) {
     size_t cap = 4096 + (size_t)lay->world * (size_t)chunks_of(lay) * 512;
@@ -606,7 +606,7 @@ struct mf_file {
 struct manifest {
     char path[PATH_CAP]; /* of the manifest, for messages */
     char dir[PATH_CAP];
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     struct l3d_ckpt_layout lay;
     struct l3d_ckpt_state st;
     int format, nc;        /* format version; chunks per rank (lay.pp_virtual, 1 in format 1) */
@@ -843,11 +843,11 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
             mf->st.step = strtoll(tok[1], NULL, 10);
             seen[0] = true;
         } else if (strcmp(tok[0], "model") == 0) {
-            mf->cfg = (struct l3d_gpt_config){
+            mf->cfg = (struct l3d_model_spec){
                 .L = get_int(&p, tok, n, "L"), .C = get_int(&p, tok, n, "C"),
                 .NH = get_int(&p, tok, n, "NH"), .V = get_int(&p, tok, n, "V"),
                 .Vp = get_int(&p, tok, n, "Vp"), .maxT = get_int(&p, tok, n, "maxT")};
-            struct l3d_gpt_config c = mf->cfg;
+            struct l3d_model_spec c = mf->cfg;
             if (p.st == L3D_OK && (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != mf->cfg.Vp))
                 p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: model L=%d C=%d NH=%d V=%d Vp=%d "
                                  "maxT=%d is not a valid GPT-2 model (%s): the manifest is "
@@ -980,7 +980,7 @@ static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t l
 static int64_t psize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->pdt); }
 static int64_t msize(const struct manifest *mf) { return (int64_t)l3d_dtype_size(mf->mdt); }
 
-static bool same_config(const struct l3d_gpt_config *a, const struct l3d_gpt_config *b) {
+static bool same_config(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
     return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
            a->maxT == b->maxT;
 }
@@ -998,7 +998,7 @@ static bool same_shard(const struct l3d_shard *a, const struct l3d_shard *b) {
  * their shards, and every layer of every tensor-parallel slice held by some rank's parameters. */
 static l3d_status manifest_check_layout(const struct manifest *mf) {
     const struct l3d_ckpt_layout *l = &mf->lay;
-    const struct l3d_gpt_config *c = &mf->cfg;
+    const struct l3d_model_spec *c = &mf->cfg;
     if (l->tp < 1 || l->pp < 1 || l->dp < 1 || (int64_t)l->tp * l->pp * l->dp != l->world ||
         l->zero < 0 || l->zero > 2)
         return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
@@ -1200,7 +1200,7 @@ static l3d_status no_memory(const struct manifest *mf, int64_t n, const char *hi
 }
 #define NO_MEMORY_RESUME "resume on the layout it was saved under"
 
-static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
+static bool is_full(const struct l3d_model_spec *c, const struct l3d_shard *s) {
     struct l3d_shard f = l3d_shard_full(c);
     return same_shard(s, &f);
 }
@@ -1209,7 +1209,7 @@ static bool is_full(const struct l3d_gpt_config *c, const struct l3d_shard *s) {
  * shard's buffer assembled, then placed by l3d_gpt_shard_to_full; host memory only. full holds
  * NaN where nothing was stored. fp32 (the types were checked against the run's). */
 static l3d_status assemble_full(const struct manifest *mf, int sel, float *full, int64_t *bytes) {
-    const struct l3d_gpt_config *c = &mf->cfg;
+    const struct l3d_model_spec *c = &mf->cfg;
     L3D_ASSERT((sel == 0 ? psize(mf) : msize(mf)) == sizeof(float));
     int64_t maxn = 0;
     struct l3d_tensor_info t[L3D_NUM_TENSORS];
@@ -1362,7 +1362,7 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
     struct manifest mf;
     l3d_status st = manifest_read(dir, &mf);
     bool parsed = st == L3D_OK;
-    const struct l3d_gpt_config *a = &mf.cfg, *b = &m[0]->cfg;
+    const struct l3d_model_spec *a = &mf.cfg, *b = &m[0]->cfg;
     if (st == L3D_OK && !same_config(a, b))
         st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d, not the "
                        "configured L=%d C=%d NH=%d V=%d context=%d: give the model flags it was "
@@ -1454,14 +1454,14 @@ l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_
     return L3D_OK;
 }
 
-l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_gpt_config *cfg, int64_t *step) {
+l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_model_spec *cfg, int64_t *step) {
     struct manifest mf;
     l3d_status st = manifest_read(dir, &mf);
     if (st != L3D_OK) return st;
     *cfg = mf.cfg;
     *step = mf.st.step;
     manifest_free(&mf);
-    struct l3d_gpt_config c = *cfg;
+    struct l3d_model_spec c = *cfg;
     if (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != cfg->Vp)
         return l3d_error(L3D_ERR_FORMAT, "%s/manifest: model record L=%d C=%d NH=%d V=%d Vp=%d "
                          "is not a valid GPT-2 config", dir, cfg->L, cfg->C, cfg->NH, cfg->V,
@@ -1474,7 +1474,7 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
 }
 
 l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     int64_t step;
     l3d_status st = l3d_ckpt_read_config(dir, &cfg, &step);
     if (st != L3D_OK) return st;

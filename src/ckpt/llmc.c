@@ -25,7 +25,7 @@ static bool is_full_shard(const struct l3d_gpt *m) {
 
 /* Writes the file from fp32 params: device memory of be, or host memory when be is NULL; as
  * version 5 (bf16) when dt is L3D_BF16. */
-static l3d_status save(const char *path, const struct l3d_gpt_config *cfg,
+static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
                        struct l3d_backend *be, const float *params, int64_t num_params,
                        enum l3d_dtype dt) {
     char tmp[4096];
@@ -98,12 +98,12 @@ l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
     return save(path, &m->cfg, m->be, m->params, m->num_params, L3D_F32);
 }
 
-l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_gpt_config *cfg,
+l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_model_spec *cfg,
                                      const float *params, int64_t num_params) {
     return save(path, cfg, NULL, params, num_params, L3D_F32);
 }
 
-l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_gpt_config *cfg,
+l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model_spec *cfg,
                                         const float *params, int64_t num_params,
                                         enum l3d_dtype dt) {
     return save(path, cfg, NULL, params, num_params, dt);
@@ -124,12 +124,12 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
 /* The header checked against the limits of a model and the file's size, before anything is
  * allocated for it. */
 static l3d_status read_config(FILE *f, const char *path, int64_t size,
-                              struct l3d_gpt_config *cfg, size_t *es) {
+                              struct l3d_model_spec *cfg, size_t *es) {
     int32_t hdr[256];
     l3d_status st = read_header(f, path, hdr);
     if (st != L3D_OK) return st;
     *es = hdr[1] == L3D_LLMC_VERSION_BF16 ? 2 : 4; /* bytes a parameter in the file */
-    *cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
+    *cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                    .C = hdr[6]};
     st = l3d_gpt_config_finish(cfg);
     if (st != L3D_OK) return l3d_error(L3D_ERR_FORMAT, "%s: %s", path, l3d_error_message());
@@ -146,7 +146,7 @@ static l3d_status read_config(FILE *f, const char *path, int64_t size,
 }
 
 /* The header's config and the file's bytes a parameter. */
-static l3d_status read_llmc_config(const char *path, struct l3d_gpt_config *cfg, size_t *es) {
+static l3d_status read_llmc_config(const char *path, struct l3d_model_spec *cfg, size_t *es) {
     FILE *f;
     int64_t size;
     l3d_status st = l3d_fopen_regular(path, "checkpoint", &f, &size);
@@ -156,14 +156,14 @@ static l3d_status read_llmc_config(const char *path, struct l3d_gpt_config *cfg,
     return st;
 }
 
-l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg) {
+l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cfg) {
     size_t es;
     return read_llmc_config(path, cfg, &es);
 }
 
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     size_t fes; /* the file's bytes a parameter: 4, or 2 (bf16) */
     l3d_status st = read_llmc_config(path, &cfg, &fes);
     if (st != L3D_OK) return st;

@@ -16,7 +16,7 @@ int l3d_cli_bench(int argc, char **argv) {
         if (strcmp(argv[i], "--calibrate") == 0) return l3d_cli_calibrate(argc, argv);
     struct l3d_train_config tc;
     l3d_train_config_defaults(&tc);
-    l3d_gpt_config_preset(&tc.model, "d12");
+    l3d_model_preset(&tc.model, "d12");
     tc.steps = 10;
     tc.warmup_steps = 2;
     /* l3d_train_run takes SIGTERM/SIGUSR1 on a thread of its own */

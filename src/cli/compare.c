@@ -154,7 +154,7 @@ static int compare_losses(const char *a, const struct losses *la, const char *b,
     return rc;
 }
 
-static float *read_weights(const char *dir, struct l3d_gpt_config *cfg, int64_t *n) {
+static float *read_weights(const char *dir, struct l3d_model_spec *cfg, int64_t *n) {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.bin", dir);
     if (l3d_ckpt_read_llmc_config(path, cfg) != L3D_OK) {
@@ -181,7 +181,7 @@ static float *read_weights(const char *dir, struct l3d_gpt_config *cfg, int64_t 
 /* Per tensor: max|a - b| / max|b| over its elements (max|a - b| when b is all zeros), and a
  * difference of its own for every element that is not finite on either side. */
 static int compare_weights(const char *a, const char *b, double rtol, bool verbose) {
-    struct l3d_gpt_config ca, cb;
+    struct l3d_model_spec ca, cb;
     int64_t na = 0, nb = 0;
     float *wa = read_weights(a, &ca, &na);
     float *wb = wa ? read_weights(b, &cb, &nb) : NULL;

@@ -47,7 +47,7 @@ int l3d_cli_convert(int argc, char **argv) {
     const char *src = argv[optind], *dst = argv[optind + 1];
     char dir[4096];
     l3d_status st = l3d_ckpt_resolve(src, NULL, dir, sizeof dir);
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     int64_t step = 0;
     if (st == L3D_OK) st = l3d_ckpt_read_config(dir, &cfg, &step);
     if (st == L3D_OK) st = l3d_ckpt_export_llmc_dt(dir, dst, dt);

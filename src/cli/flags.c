@@ -303,7 +303,7 @@ int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     static char model_help[320];
     static struct l3d_flag model_table[sizeof model_flags / sizeof model_flags[0]];
     memcpy(model_table, model_flags, sizeof model_flags);
-    snprintf(model_help, sizeof model_help, "a preset: %s", l3d_gpt_preset_names());
+    snprintf(model_help, sizeof model_help, "a preset: %s", l3d_model_preset_names());
     model_table[0].help = model_help;
     out[0] = (struct l3d_flag_group){"model (a preset, then explicit sizes override it)",
                                      model_table, set_model, cs};
@@ -323,8 +323,8 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
 }
 
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
-    struct l3d_gpt_config *m = &cs->spec->model;
-    if (cs->preset && l3d_gpt_config_preset(m, cs->preset) != L3D_OK) {
+    struct l3d_model_spec *m = &cs->spec->model;
+    if (cs->preset && l3d_model_preset(m, cs->preset) != L3D_OK) {
         fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
         return 2;
     }

@@ -211,7 +211,7 @@ int l3d_cli_generate(int argc, char **argv) {
                 "the model.bin that llm3d train --out writes)\n");
         return 2;
     }
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     if (l3d_ckpt_read_llmc_config(ckpt, &cfg) != L3D_OK) {
         fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
         return 1;

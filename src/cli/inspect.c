@@ -74,12 +74,12 @@ static void text_str(const char *s, size_t n) {
     putchar('"');
 }
 
-static void json_model(const struct l3d_gpt_config *c) {
+static void json_model(const struct l3d_model_spec *c) {
     printf("\"L\":%d,\"C\":%d,\"NH\":%d,\"V\":%d,\"Vp\":%d,\"context\":%d,\"parameters\":%lld", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, (long long)l3d_gpt_param_count(c));
 }
 
-static void text_model(const struct l3d_gpt_config *c) {
+static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
 }
@@ -164,7 +164,7 @@ static int inspect_shard(const char *path, const char *tokspec, bool json) {
 /* ---- llm.c checkpoints --------------------------------------------------------------------------- */
 
 struct llmc_info {
-    struct l3d_gpt_config cfg;
+    struct l3d_model_spec cfg;
     const char *dtype;
     int64_t bytes, nonfinite;
 };
@@ -185,7 +185,7 @@ static l3d_status read_llmc(const char *path, struct llmc_info *info) {
     if (st == L3D_OK) {
         info->dtype = hdr[1] == 3 ? "fp32" : "bf16";
         es = hdr[1] == 3 ? 4 : 2;
-        info->cfg = (struct l3d_gpt_config){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
+        info->cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                             .C = hdr[6]};
         if (l3d_gpt_config_finish(&info->cfg) != L3D_OK || info->cfg.Vp != hdr[7])
             st = l3d_error(L3D_ERR_FORMAT, "%s: header L=%d C=%d NH=%d V=%d Vp=%d context %d is "

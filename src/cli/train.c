@@ -40,7 +40,7 @@ static void usage_bench(FILE *f) {
  * preset's, must equal the file's. Returns -1 when they agree, else the exit status. */
 static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const char *preset,
                            const int given[5]) {
-    struct l3d_gpt_config f;
+    struct l3d_model_spec f;
     if (l3d_ckpt_read_llmc_config(tc->init_from, &f) != L3D_OK) {
         fprintf(stderr, "llm3d %s: --init-from: %s\n", cmd, l3d_error_message());
         return 1;
@@ -232,7 +232,7 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
 /* The model from --init-from, or the preset and sizes; then the default sequence length. */
 static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_cli_spec *cs) {
     if (tc->init_from) { /* the file's sizes; the flags given must agree with them */
-        if (cs->preset && l3d_gpt_config_preset(&tc->model, cs->preset) != L3D_OK) {
+        if (cs->preset && l3d_model_preset(&tc->model, cs->preset) != L3D_OK) {
             fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
             return 2;
         }

@@ -15,39 +15,7 @@
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
-struct preset {
-    const char *name, *alias;
-    int L, C, NH;
-};
-
-static const struct preset presets[] = {
-    {"tiny", NULL, 2, 64, 4},       {"d6", NULL, 6, 384, 6},
-    {"d12", "gpt2", 12, 768, 12},   {"d24", "gpt2-medium", 24, 1024, 16},
-    {"d36", "gpt2-large", 36, 1280, 20}, {"d48", "gpt2-xl", 48, 1600, 25},
-};
-
-const char *l3d_gpt_preset_names(void) {
-    return "tiny, d6, d12 (gpt2, 124M), d24 (gpt2-medium, 350M), d36 (gpt2-large, 774M), "
-           "d48 (gpt2-xl, 1.5B)";
-}
-
-l3d_status l3d_gpt_config_preset(struct l3d_gpt_config *cfg, const char *name) {
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        const struct preset *p = &presets[i];
-        if (strcmp(name, p->name) == 0 || (p->alias && strcmp(name, p->alias) == 0)) {
-            cfg->L = p->L;
-            cfg->C = p->C;
-            cfg->NH = p->NH;
-            cfg->V = strcmp(p->name, "tiny") == 0 ? 256 : 50257;
-            cfg->maxT = strcmp(p->name, "tiny") == 0 ? 64 : 1024;
-            return l3d_gpt_config_finish(cfg);
-        }
-    }
-    return l3d_error(L3D_ERR_ARG, "unknown model preset '%s': choose one of %s, or give --layers, "
-                     "--channels, --heads", name, l3d_gpt_preset_names());
-}
-
-l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg) {
+l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
                          "%d, vocabulary %d, context %d)", cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);
@@ -71,7 +39,7 @@ l3d_status l3d_gpt_config_finish(struct l3d_gpt_config *cfg) {
     return L3D_OK;
 }
 
-struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg) {
+struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg) {
     return (struct l3d_shard){
         .layer_start = 0, .layer_count = cfg->L,
         .head_start = 0, .head_count = cfg->NH,
@@ -82,7 +50,7 @@ struct l3d_shard l3d_shard_full(const struct l3d_gpt_config *cfg) {
     };
 }
 
-l3d_status l3d_shard_check(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh) {
+l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
     if (sh->layer_start < 0 || sh->layer_count < 0 || sh->layer_start + sh->layer_count > cfg->L)
         return l3d_error(L3D_ERR_LAYOUT, "shard layers [%d, %d) outside the model's %d layers",
                          sh->layer_start, sh->layer_start + sh->layer_count, cfg->L);
@@ -112,7 +80,7 @@ static const char *const tensor_names[L3D_NUM_TENSORS] = {
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
 };
 
-int64_t l3d_gpt_plan_tensors(const struct l3d_gpt_config *c, const struct l3d_shard *s,
+int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_shard *s,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]) {
     int64_t C = c->C, Ll = s->layer_count;
     int64_t Ca = (int64_t)s->head_count * (C / c->NH); /* local attention channels */
@@ -351,19 +319,19 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     return total + off; /* bytes */
 }
 
-l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                         const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                         enum l3d_grad_mode grads) {
     return l3d_gpt_init_ex(out, cfg, sh, be, B, T, grads, 1, L3D_RECOMPUTE_NONE);
 }
 
-l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute) {
     return l3d_gpt_init_dt(out, cfg, sh, be, B, T, grads, act_slots, recompute, L3D_F32);
 }
 
-l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_gpt_config *cfg,
+l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
                            enum l3d_dtype dt) {
@@ -479,7 +447,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
 /* ---- initialisation --------------------------------------------------------------------- */
 
 /* Global (row, col) in the full llm.c tensor of a local (row, col) of a shard's tensor t. */
-static void global_rc(const struct l3d_gpt_config *cfg, const struct l3d_shard *s, int t, int64_t r,
+static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t, int64_t r,
                       int64_t c, int64_t *gr, int64_t *gc) {
     int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
     int64_t h0 = (int64_t)s->head_start * HS;
@@ -498,7 +466,7 @@ static void global_rc(const struct l3d_gpt_config *cfg, const struct l3d_shard *
 }
 
 /* Copies between a shard's flat layout and the full model's: to_full, or back. */
-static void shard_copy(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, float *shard,
+static void shard_copy(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, float *shard,
                        float *full, bool to_full) {
     struct l3d_tensor_info ts[L3D_NUM_TENSORS], tf[L3D_NUM_TENSORS];
     struct l3d_shard fs = l3d_shard_full(cfg);
@@ -522,19 +490,19 @@ static void shard_copy(const struct l3d_gpt_config *cfg, const struct l3d_shard 
     }
 }
 
-void l3d_gpt_shard_to_full(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+void l3d_gpt_shard_to_full(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *src, float *full) {
     shard_copy(cfg, sh, (float *)src, full, true); /* src is only read */
 }
 
-void l3d_gpt_full_to_shard(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh,
+void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *full, float *dst) {
     shard_copy(cfg, sh, dst, (float *)full, false); /* full is only read */
 }
 
 void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
     L3D_ASSERT(m->dt == L3D_F32); /* 16-bit models are initialised through an fp32 view */
-    const struct l3d_gpt_config *cfg = &m->cfg;
+    const struct l3d_model_spec *cfg = &m->cfg;
     int64_t C = cfg->C;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally */
     struct { int t; int64_t rows, cols; float std; } mats[] = {
@@ -952,12 +920,12 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
 
-size_t l3d_gpt_act_bytes(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash) {
     return l3d_gpt_act_bytes_dt(cfg, sh, B, T, act_slots, recompute, flash, L3D_F32);
 }
 
-size_t l3d_gpt_act_bytes_dt(const struct l3d_gpt_config *cfg, const struct l3d_shard *sh, int B,
+size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt) {
     double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
@@ -992,14 +960,14 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_gpt_config *cfg, const struct l3d_s
 
 /* ---- counts ----------------------------------------------------------------------------- */
 
-int64_t l3d_gpt_param_count(const struct l3d_gpt_config *cfg) {
+int64_t l3d_gpt_param_count(const struct l3d_model_spec *cfg) {
     int64_t C = cfg->C, L = cfg->L;
     return (int64_t)cfg->Vp * C + (int64_t)cfg->maxT * C +
            L * (2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C) +
            2 * C;
 }
 
-double l3d_gpt_flops_per_token(const struct l3d_gpt_config *cfg, int T) {
+double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T) {
     double n = (double)l3d_gpt_param_count(cfg) - (double)cfg->maxT * cfg->C;
     return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
 }

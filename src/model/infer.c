@@ -34,7 +34,7 @@ static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p +
 l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     *out = NULL;
     const struct l3d_shard *s = &m->shard;
-    const struct l3d_gpt_config *c = &m->cfg;
+    const struct l3d_model_spec *c = &m->cfg;
     if (s->layer_start != 0 || s->layer_count != c->L || s->head_count != c->NH ||
         s->ffn_count != 4 * (int64_t)c->C || s->vocab_count != c->Vp || !s->has_embedding ||
         !s->has_head || s->sp_size != 1)

@@ -3,7 +3,7 @@
 #include "llm3d/pipeline.h"
 #include "llm3d/tp.h"
 
-l3d_status l3d_layout_stage_layers(const struct l3d_gpt_config *cfg, int T, int pp, int v,
+l3d_status l3d_layout_stage_layers(const struct l3d_model_spec *cfg, int T, int pp, int v,
                                    const char *given, int *layers) {
     int64_t stages = (int64_t)pp * v;
     if (stages > cfg->L)
@@ -14,7 +14,7 @@ l3d_status l3d_layout_stage_layers(const struct l3d_gpt_config *cfg, int T, int 
     return l3d_pp_partition(cfg, T, (int)stages, layers);
 }
 
-l3d_status l3d_layout_stage_shard(const struct l3d_gpt_config *cfg, const int *layers, int stages,
+l3d_status l3d_layout_stage_shard(const struct l3d_model_spec *cfg, const int *layers, int stages,
                                   int vs, int tp, int tp_rank, bool sp, struct l3d_shard *out) {
     struct l3d_shard sh = l3d_shard_full(cfg);
     l3d_status st = tp > 1 ? l3d_tp_shard(cfg, tp, tp_rank, sp, &sh) : L3D_OK;

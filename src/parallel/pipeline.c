@@ -250,16 +250,16 @@ l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double
 
 /* ---- partition --------------------------------------------------------------------------- */
 
-double l3d_pp_layer_cost(const struct l3d_gpt_config *cfg, int T) {
+double l3d_pp_layer_cost(const struct l3d_model_spec *cfg, int T) {
     double C = cfg->C;
     return 2.0 * 12.0 * C * C + 4.0 * C * T; /* qkv, projection, MLP; scores and weighted sum */
 }
 
-double l3d_pp_head_cost(const struct l3d_gpt_config *cfg) {
+double l3d_pp_head_cost(const struct l3d_model_spec *cfg) {
     return 2.0 * (double)cfg->C * cfg->Vp; /* the LM head; the softmax is small beside it */
 }
 
-l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers) {
+l3d_status l3d_pp_partition(const struct l3d_model_spec *cfg, int T, int stages, int *layers) {
     int L = cfg->L;
     if (stages < 1 || stages > L)
         return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (--pp x --pp-virtual) but the model "
@@ -296,7 +296,7 @@ l3d_status l3d_pp_partition(const struct l3d_gpt_config *cfg, int T, int stages,
     return L3D_OK;
 }
 
-l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_gpt_config *cfg, int stages,
+l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_model_spec *cfg, int stages,
                                int *layers) {
     int n = 0, sum = 0;
     const char *p = text;

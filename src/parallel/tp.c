@@ -4,7 +4,7 @@
 
 #include "llm3d/tp.h"
 
-l3d_status l3d_tp_shard(const struct l3d_gpt_config *cfg, int tp, int tp_rank,
+l3d_status l3d_tp_shard(const struct l3d_model_spec *cfg, int tp, int tp_rank,
                         bool sequence_parallel, struct l3d_shard *out) {
     int64_t F = 4 * (int64_t)cfg->C;
     if (tp > cfg->NH)

@@ -31,7 +31,7 @@ l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profi
         return l3d_error(L3D_ERR_ARG, "llm3d's trainer (precision fp32) has a 4h MLP: --ffn %lld "
                          "needs --precision bf16 or fp16", (long long)m->ffn);
     if (l3d_plan_trainer(run) && lay->tp > 1) {
-        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        struct l3d_model_spec c = l3d_plan_model_gpt(m);
         struct l3d_shard sh;
         if ((st = l3d_tp_shard(&c, lay->tp, 0, lay->sp, &sh)) != L3D_OK) return st;
     }

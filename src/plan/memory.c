@@ -37,7 +37,7 @@ static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan
 }
 
 /* The shard and sizes of chunk ch, virtual stage vs of S. */
-static void chunk_size(const struct l3d_gpt_config *c, const struct l3d_plan_model *m,
+static void chunk_size(const struct l3d_model_spec *c, const struct l3d_plan_model *m,
                        const struct l3d_plan_layout *lay, const int *layers, const int64_t *start,
                        int S, int vs, struct l3d_plan_chunk *ch) {
     struct l3d_shard sh;
@@ -103,7 +103,7 @@ void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_
                           const int *layers, const int64_t *start, int r, const int *slots,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out) {
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
         int vs = k * lay->pp + r;
@@ -148,7 +148,7 @@ static double mixed_matmul_scratch(const struct l3d_plan_model *m,
 static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                              const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
                              int64_t mm, struct l3d_plan_mem *mem) {
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
     double scratch16 = 0, staging = 0;
     const enum l3d_dtype dt = l3d_plan_dtype(run->precision);
@@ -203,7 +203,7 @@ static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_pl
 static void megatron_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
                             const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double d = lay->dp, f32 = l3d_plan_bytes(L3D_F32);
     double w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
     double n = 0, acts = 0;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "llm3d/plan.h"
+#include "llm3d/spec.h"
 
 static const struct {
     const char *name;
@@ -48,8 +49,8 @@ l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name) {
             m->ffn = 4LL * m->h;
             return L3D_OK;
         }
-    struct l3d_gpt_config cfg;
-    if (l3d_gpt_config_preset(&cfg, name) != L3D_OK)
+    struct l3d_model_spec cfg;
+    if (l3d_model_preset(&cfg, name) != L3D_OK)
         return l3d_error(L3D_ERR_ARG, "--model '%s' is not a preset: choose one of %s, or give "
                          "--layers, --hidden, --heads, --vocab, --seq-len", name,
                          l3d_plan_model_names());
@@ -88,14 +89,14 @@ l3d_status l3d_plan_model_check(const struct l3d_plan_model *m) {
     return L3D_OK;
 }
 
-struct l3d_gpt_config l3d_plan_model_gpt(const struct l3d_plan_model *m) {
-    struct l3d_gpt_config c = {.L = m->L, .C = m->h, .NH = m->heads, .V = m->V, .maxT = m->s};
+struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_plan_model *m) {
+    struct l3d_model_spec c = {.L = m->L, .C = m->h, .NH = m->heads, .V = m->V, .maxT = m->s};
     L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
     return c;
 }
 
 int64_t l3d_plan_model_params(const struct l3d_plan_model *m) {
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     /* fcw, fcb and fcprojw of an MLP of width ffn instead of 4h */
     return l3d_gpt_param_count(&c) + (int64_t)m->L * (m->ffn - 4LL * m->h) * (2LL * m->h + 1);
 }

@@ -63,7 +63,7 @@ static double best_cost(const struct part *P, int k, int64_t j) {
     return best;
 }
 
-static void fast_partition(const struct l3d_gpt_config *cfg, int T, int stages, int *layers) {
+static void fast_partition(const struct l3d_model_spec *cfg, int T, int stages, int *layers) {
     struct part P = {.lc = l3d_pp_layer_cost(cfg, T), .emb = 2.0 * cfg->C,
                      .head = l3d_pp_head_cost(cfg), .stages = stages};
     int64_t j = cfg->L;
@@ -86,7 +86,7 @@ l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3
         return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (pp x v) for %d layers: each stage "
                          "needs a layer", stages, m->L);
     if (l3d_plan_trainer(run)) {
-        struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+        struct l3d_model_spec c = l3d_plan_model_gpt(m);
         fast_partition(&c, m->s, stages, layers);
         return L3D_OK;
     }

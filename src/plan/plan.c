@@ -112,7 +112,7 @@ static void eval_flops(const struct l3d_plan_model *m, const struct l3d_profile 
                        struct l3d_plan_result *r) {
     const struct l3d_plan_time *T = &r->time;
     double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
      * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
      * forward per token: 24 h^2 = 2 (3h^2 + h^2 + 2 h f) with f = 4h, plus attention's 4 s h */

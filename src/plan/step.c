@@ -48,7 +48,7 @@ static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, do
 static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
     const struct l3d_plan_model *m = x->m;
     int t = x->lay->tp, p = x->lay->pp;
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double bw, lat;
     l3d_plan_link(x->prof, 0, (int64_t)(p - 1) * t + t - 1, t, &bw, &lat);
     return l3d_plan_all_reduce((double)c.Vp / t * m->h * eb, 2, bw, lat);

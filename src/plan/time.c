@@ -136,7 +136,7 @@ static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
     const struct l3d_plan_layout *lay = x->lay;
     double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
     /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
-    struct l3d_gpt_config c = l3d_plan_model_gpt(m);
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double Vl = (double)c.Vp / t;
     double hg = 0, hgb = 0;
     linear(x, N, Vl, h, &hg, &hgb);

@@ -92,7 +92,7 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
     e->n++;
 }
 
-static void check_model(const struct l3d_gpt_config *m, const struct l3d_spec_ctx *ctx,
+static void check_model(const struct l3d_model_spec *m, const struct l3d_spec_ctx *ctx,
                         struct l3d_spec_errors *e) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
         add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
@@ -147,7 +147,7 @@ static void check_grid(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
     }
 }
 
-static void check_tp(const struct l3d_gpt_config *m, const struct l3d_layout *l,
+static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
                      const struct l3d_spec_ctx *ctx, struct l3d_spec_errors *e) {
     int64_t ffn = m->ffn > 0 ? m->ffn : 4LL * m->C;
     if (l->tp < 1 || m->NH < 1) return;
@@ -169,7 +169,7 @@ static void check_tp(const struct l3d_gpt_config *m, const struct l3d_layout *l,
             "%d) to divide by %d", l->tp, l->micro_batch, l->seq, l->tp);
 }
 
-static void check_pipeline(const struct l3d_gpt_config *m, const struct l3d_layout *l,
+static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
                            const struct l3d_spec_ctx *ctx, int64_t micro,
                            struct l3d_spec_errors *e) {
     if (l->v < 1 || l->v > 256)
@@ -194,7 +194,7 @@ static void check_pipeline(const struct l3d_gpt_config *m, const struct l3d_layo
 }
 
 /* micro-batch, sequence and micro-batches a step; returns the micro-batches (0: unknown) */
-static int64_t check_batch(const struct l3d_gpt_config *m, const struct l3d_layout *l, int dp,
+static int64_t check_batch(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                            struct l3d_spec_errors *e) {
     if (l->micro_batch < 1 || l->seq < 1) {
         add(e, L3D_ERR_ARG, "--batch %d and --seq-len %d must be at least 1", l->micro_batch,

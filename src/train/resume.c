@@ -121,7 +121,7 @@ l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int st
     if (st == L3D_OK && !(*out = fopen(path, start_step > 0 ? "a" : "w")))
         st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     if (st == L3D_OK && start_step == 0) { /* the first record: the run */
-        const struct l3d_gpt_config *c = &tc->model;
+        const struct l3d_model_spec *c = &tc->model;
         char line[256];
         snprintf(line, sizeof line, "{\"run\":\"%016llx\",\"model\":{\"L\":%d,\"C\":%d,\"NH\":%d,"
                  "\"V\":%d,\"maxT\":%d},\"seq_len\":%d}\n", (unsigned long long)run_id, c->L, c->C,

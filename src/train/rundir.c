@@ -32,7 +32,7 @@ static bool exists(const char *path) {
 }
 
 /* The run file: "llm3d-run 1", "id HEX", "model L C NH V maxT". false when absent or unreadable. */
-static bool read_run(const char *path, uint64_t *id, struct l3d_gpt_config *cfg) {
+static bool read_run(const char *path, uint64_t *id, struct l3d_model_spec *cfg) {
     FILE *f = fopen(path, "r");
     if (!f) return false;
     char line[256];
@@ -50,7 +50,7 @@ static bool read_run(const char *path, uint64_t *id, struct l3d_gpt_config *cfg)
 }
 
 /* Written whole to path.tmp, flushed, synced, renamed over path. */
-static l3d_status write_run(const char *path, uint64_t id, const struct l3d_gpt_config *c) {
+static l3d_status write_run(const char *path, uint64_t id, const struct l3d_model_spec *c) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
@@ -71,7 +71,7 @@ static l3d_status write_run(const char *path, uint64_t id, const struct l3d_gpt_
 }
 
 /* "L 2 (flags: 4), C ..." for the sizes in which a differs from b; "" when none. */
-static void differences(const struct l3d_gpt_config *a, const struct l3d_gpt_config *b, char *out,
+static void differences(const struct l3d_model_spec *a, const struct l3d_model_spec *b, char *out,
                         size_t cap) {
     const char *names[5] = {"--layers", "--channels", "--heads", "--vocab", "--context"};
     int x[5] = {a->L, a->C, a->NH, a->V, a->maxT}, y[5] = {b->L, b->C, b->NH, b->V, b->maxT};
@@ -128,7 +128,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
                                                                     : "checkpoints/latest");
     }
     uint64_t old_id = 0;
-    struct l3d_gpt_config old = {0};
+    struct l3d_model_spec old = {0};
     bool have_run = found[0] && out && read_run(run_path, &old_id, &old);
 
     if (found[0] && !tc->resume && !tc->overwrite)
@@ -172,7 +172,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         bool autom = strcmp(tc->resume, "auto") == 0;
         if (l3d_ckpt_resolve(tc->resume, ckroot[0] ? ckroot : NULL, dir, sizeof dir) == L3D_OK &&
             dir[0]) {
-            struct l3d_gpt_config cc;
+            struct l3d_model_spec cc;
             int64_t step;
             /* auto: the directory's own checkpoint must be this model's (a step directory given
              * by name is checked by the load, which names both models) */

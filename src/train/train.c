@@ -14,7 +14,7 @@
 void l3d_train_config_defaults(struct l3d_train_config *tc) {
     memset(tc, 0, sizeof *tc);
     l3d_run_spec_defaults(&tc->spec);
-    l3d_gpt_config_preset(&tc->model, "d6");
+    l3d_model_preset(&tc->model, "d6");
     tc->steps = 100;
     tc->adamw = (struct l3d_adamw_hparams){.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                            .weight_decay = 0.1f, .grad_clip = 1.0f};

@@ -23,7 +23,7 @@ static double rel_diff(const float *a, const float *b, int64_t n) { return test_
 static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, bool overlap,
                          bool sp) {
     int tp = world->size;
-    struct l3d_gpt_config cfg = {.L = L, .C = 32, .NH = 4, .V = 200, .maxT = 16};
+    struct l3d_model_spec cfg = {.L = L, .C = 32, .NH = 4, .V = 200, .maxT = 16};
     L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK); /* Vp = 256 */
     int B = 2, T = 8; /* B*T divisible by tp for sequence parallelism */
     struct l3d_shard full = l3d_shard_full(&cfg), sh;
@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
     check_layout(world, be, 1, false, true);  /* sequence parallel */
     check_layout(world, be, 2, false, true);
     /* layouts the model cannot be split into */
-    struct l3d_gpt_config cfg = {.L = 1, .C = 30, .NH = 6, .V = 100, .maxT = 8};
+    struct l3d_model_spec cfg = {.L = 1, .C = 30, .NH = 6, .V = 100, .maxT = 8};
     L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
     struct l3d_shard sh;
     CHECK(l3d_tp_shard(&cfg, 4, 0, false, &sh) == L3D_ERR_LAYOUT);
