@@ -21,14 +21,15 @@ static void usage(FILE *fp) {
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
             "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
-            "SPEC: gpt2, a directory with encoder.json and vocab.bpe, or llm.c's\n"
-            "gpt2_tokenizer.bin (decode only)\n");
+            "SPEC: bytes (the 256 byte values, as prepare --tokenizer bytes writes them), gpt2,\n"
+            "a directory with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin (decode\n"
+            "only)\n");
 }
 
 static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
     if (!spec) {
-        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (gpt2, or a directory with "
-                "encoder.json and vocab.bpe)\n");
+        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (bytes, gpt2, or a directory "
+                "with encoder.json and vocab.bpe)\n");
         return 2;
     }
     if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
@@ -73,6 +74,11 @@ int l3d_cli_tokenizer(int argc, char **argv) {
     char **files = argv + 1 + optind;
     int nfiles = argc - 1 - optind;
     if (strcmp(sub, "train") == 0) {
+        if (spec) {
+            fprintf(stderr, "llm3d tokenizer train learns a vocabulary from the corpus and "
+                    "starts from none: leave out --tokenizer %s\n", spec);
+            return 2;
+        }
         if (!vocab || !out || nfiles < 1) {
             fprintf(stderr, "llm3d tokenizer train: give --vocab-size N, --out DIR and at least "
                     "one corpus FILE\n");

@@ -589,6 +589,7 @@ void l3d_tokenizer_gpt2_dir(char *buf, size_t cap) {
 
 l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
     *out = NULL;
+    if (strcmp(spec, "bytes") == 0) return l3d_tokenizer_bytes(out);
     if (strcmp(spec, "gpt2") == 0) {
         char dir[4096], file[4200];
         l3d_tokenizer_gpt2_dir(dir, sizeof dir);
@@ -602,8 +603,8 @@ l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
     }
     struct stat st;
     if (stat(spec, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"gpt2\", a directory with "
-                         "encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
+        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"bytes\", \"gpt2\", a directory "
+                         "with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
                          strerror(errno));
     return S_ISDIR(st.st_mode) ? l3d_tokenizer_load(out, spec) : l3d_tokenizer_load_llmc(out, spec);
 }
