@@ -2,12 +2,9 @@
 # End to end through the command line with a trained BPE vocabulary: tokenizer train -> prepare ->
 # train -> generate (KV cache and recomputation give the same greedy text); one clear error for
 # each bad tokenizer or corpus. Usage: tokenizer.sh LLM3D SCRATCH_DIR
-set -u
-bin=$1
-dir=$2
-rm -rf "$dir" && mkdir -p "$dir"
 # check, expect_error, fail
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 
 # a corpus of documents separated by "%" lines, as fortune files are
 for i in $(seq 1 400); do
