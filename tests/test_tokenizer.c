@@ -267,6 +267,51 @@ static void test_errors(void) {
     expect_bad("", "#version: 0.2\n", L3D_ERR_FORMAT, "JSON object");
 }
 
+/* --tokenizer bytes: the 256 byte values as tokens, the identity in both directions (as prepare
+ * --tokenizer bytes writes shards), no end-of-text; llm.c's file of it round-trips. */
+static void test_bytes_spec(void) {
+    struct l3d_tokenizer *t;
+    l3d_status st = l3d_tokenizer_open(&t, "bytes");
+    if (st != L3D_OK) fprintf(stderr, "%s\n", l3d_error_message());
+    CHECK(st == L3D_OK);
+    if (st != L3D_OK) return;
+    CHECK(l3d_tokenizer_vocab_size(t) == 256);
+    CHECK(l3d_tokenizer_eot(t) == -1);
+    CHECK(l3d_tokenizer_can_encode(t));
+    int diff = 0;
+    for (int id = 0; id < 256; id++) {
+        size_t n;
+        const unsigned char *b = l3d_tokenizer_token(t, id, &n);
+        diff += n != 1 || b[0] != id;
+    }
+    CHECK(diff == 0);
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct l3d_ids ids = {0};
+    const char *s = "the cat's h\xc3\xa9\xff\n\n  7";
+    l3d_encoder_encode(e, s, strlen(s), &ids);
+    diff = ids.n != (int64_t)strlen(s);
+    for (int64_t i = 0; !diff && i < ids.n; i++) diff += ids.v[i] != (unsigned char)s[i];
+    CHECK(diff == 0);
+    l3d_ids_free(&ids);
+    l3d_encoder_free(e);
+
+    char path[8192];
+    snprintf(path, sizeof path, "%s/bytes_tokenizer.bin", tmp_dir);
+    CHECK(l3d_tokenizer_save_llmc(t, path) == L3D_OK);
+    struct l3d_tokenizer *u;
+    CHECK(l3d_tokenizer_open(&u, path) == L3D_OK);
+    CHECK(l3d_tokenizer_vocab_size(u) == 256 && l3d_tokenizer_eot(u) == -1);
+    diff = 0;
+    for (int id = 0; id < 256; id++) {
+        size_t n;
+        const unsigned char *b = l3d_tokenizer_token(u, id, &n);
+        diff += n != 1 || b[0] != id;
+    }
+    CHECK(diff == 0);
+    l3d_tokenizer_free(u);
+    l3d_tokenizer_free(t);
+}
+
 int main(void) {
     char file[] = __FILE__;
     snprintf(data_dir, sizeof data_dir, "%s/data", dirname(file));
@@ -287,6 +332,7 @@ int main(void) {
     test_round_trip(t);
     test_llmc_file(t);
     test_errors();
+    test_bytes_spec();
     l3d_tokenizer_free(t);
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);

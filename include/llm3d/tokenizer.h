@@ -59,7 +59,8 @@ void l3d_ids_free(struct l3d_ids *ids);
 l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir);
 /* llm.c's gpt2_tokenizer.bin (decoding only). */
 l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path);
-/* A --tokenizer argument: "gpt2" (the files scripts/setup.sh --gpt2 fetches into
+/* A --tokenizer argument: "bytes" (the 256 byte values as tokens, no merges and no end-of-text:
+ * what `prepare --tokenizer bytes` writes), "gpt2" (the files scripts/setup.sh --gpt2 fetches into
  * l3d_tokenizer_gpt2_dir()), a directory with the two files, or an llm.c .bin file. */
 l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec);
 /* Where "gpt2" lives: $L3D_CACHE_DIR/gpt2, else $XDG_CACHE_HOME/llm3d/gpt2, else

@@ -21,14 +21,15 @@ static void usage(FILE *fp) {
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
             "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
-            "SPEC: gpt2, a directory with encoder.json and vocab.bpe, or llm.c's\n"
-            "gpt2_tokenizer.bin (decode only)\n");
+            "SPEC: bytes (the 256 byte values, as prepare --tokenizer bytes writes them), gpt2,\n"
+            "a directory with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin (decode\n"
+            "only)\n");
 }
 
 static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
     if (!spec) {
-        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (gpt2, or a directory with "
-                "encoder.json and vocab.bpe)\n");
+        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (bytes, gpt2, or a directory "
+                "with encoder.json and vocab.bpe)\n");
         return 2;
     }
     if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
@@ -38,129 +39,142 @@ static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
     return 0;
 }
 
-int l3d_cli_tokenizer(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    const char *sub = argv[1];
-    if (strcmp(sub, "train") && strcmp(sub, "encode") && strcmp(sub, "decode") &&
-        strcmp(sub, "export")) {
-        fprintf(stderr, "llm3d tokenizer: unknown subcommand '%s': train, encode, decode or "
-                "export\n", sub);
-        return 2;
-    }
+/* The flags and operands of one `llm3d tokenizer SUB` command. */
+struct tok_args {
+    const char *sub, *out, *spec, *text;
+    int vocab;
+    char **files;
+    int nfiles;
+};
+
+/* Reads the flags after the subcommand; returns -1 to go on, else the exit status (--help: 0, a bad
+ * flag: 2). */
+static int parse_args(int argc, char **argv, struct tok_args *a) {
     static const struct option opts[] = {
         {"vocab-size", required_argument, NULL, 'v'}, {"out", required_argument, NULL, 'o'},
         {"tokenizer", required_argument, NULL, 't'}, {"text", required_argument, NULL, 'x'},
         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
     };
-    const char *out = NULL, *spec = NULL, *text = NULL;
-    int vocab = 0, c;
+    int c;
     optind = 0;
     while ((c = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'v':
-            if (!l3d_arg_int("tokenizer", "vocab-size", optarg, 258, 65536, &vocab)) return 2;
+            if (!l3d_arg_int("tokenizer", "vocab-size", optarg, 258, 65536, &a->vocab)) return 2;
             break;
-        case 'o': out = optarg; break;
-        case 't': spec = optarg; break;
-        case 'x': text = optarg; break;
+        case 'o': a->out = optarg; break;
+        case 't': a->spec = optarg; break;
+        case 'x': a->text = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return 2;
         }
     }
-    char **files = argv + 1 + optind;
-    int nfiles = argc - 1 - optind;
-    if (strcmp(sub, "train") == 0) {
-        if (!vocab || !out || nfiles < 1) {
-            fprintf(stderr, "llm3d tokenizer train: give --vocab-size N, --out DIR and at least "
-                    "one corpus FILE\n");
-            return 2;
-        }
-        double t0 = l3d_time_s();
-        int merges;
-        if (l3d_bpe_train(files, nfiles, vocab, out, &merges, isatty(2)) != L3D_OK) {
-            fprintf(stderr, "llm3d tokenizer train: %s\n", l3d_error_message());
-            return 1;
-        }
-        printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe (%.1f s)\n",
-               merges, out, out, l3d_time_s() - t0);
-        if (merges < vocab - 257)
-            printf("llm3d tokenizer train: the corpus ran out of pairs occurring twice: %d tokens "
-                   "instead of %d\n", merges + 257, vocab);
+    a->files = argv + 1 + optind;
+    a->nfiles = argc - 1 - optind;
+    return -1;
+}
+
+static int cmd_train(const struct tok_args *a) {
+    if (a->spec) {
+        fprintf(stderr, "llm3d tokenizer train learns a vocabulary from the corpus and starts "
+                "from none: leave out --tokenizer %s\n", a->spec);
+        return 2;
+    }
+    if (!a->vocab || !a->out || a->nfiles < 1) {
+        fprintf(stderr, "llm3d tokenizer train: give --vocab-size N, --out DIR and at least one "
+                "corpus FILE\n");
+        return 2;
+    }
+    double t0 = l3d_time_s();
+    int merges;
+    if (l3d_bpe_train(a->files, a->nfiles, a->vocab, a->out, &merges, isatty(2)) != L3D_OK) {
+        fprintf(stderr, "llm3d tokenizer train: %s\n", l3d_error_message());
+        return 1;
+    }
+    printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe (%.1f s)\n", merges,
+           a->out, a->out, l3d_time_s() - t0);
+    if (merges < a->vocab - 257)
+        printf("llm3d tokenizer train: the corpus ran out of pairs occurring twice: %d tokens "
+               "instead of %d\n", merges + 257, a->vocab);
+    return 0;
+}
+
+static int cmd_export(const struct tok_args *a, const struct l3d_tokenizer *tok) {
+    if (!a->out) {
+        fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
+        return 2;
+    }
+    if (l3d_tokenizer_save_llmc(tok, a->out) != L3D_OK) {
+        fprintf(stderr, "llm3d tokenizer export: %s\n", l3d_error_message());
+        return 1;
+    }
+    return 0;
+}
+
+/* The text to encode: --text, else the one FILE (- for standard input) read into *buf (free it).
+ * Returns 0, or the exit status. */
+static int encode_input(const struct tok_args *a, const char **text, char **buf, size_t *n) {
+    *buf = NULL;
+    *n = 0;
+    if (a->text) {
+        *text = a->text;
+        *n = strlen(a->text);
         return 0;
     }
-    struct l3d_tokenizer *tok;
-    int rc = open_tok(spec, &tok);
+    if (a->nfiles != 1) {
+        fprintf(stderr, "llm3d tokenizer encode: give --text TEXT or one FILE\n");
+        return 2;
+    }
+    bool in = strcmp(a->files[0], "-") == 0;
+    FILE *fp = stdin;
+    if (!in && l3d_fopen_regular(a->files[0], "input", &fp, NULL) != L3D_OK) {
+        fprintf(stderr, "llm3d tokenizer encode: %s\n", l3d_error_message());
+        return 1;
+    }
+    size_t cap = 0;
+    for (size_t got = 1; fp && got;) {
+        if (*n + 65536 > cap) *buf = realloc(*buf, cap = 2 * cap + 65536);
+        *n += got = fread(*buf + *n, 1, 65536, fp);
+    }
+    if (!fp) {
+        fprintf(stderr, "llm3d tokenizer encode: cannot read %s\n", a->files[0]);
+        return 1;
+    }
+    if (!in) fclose(fp);
+    *text = *buf;
+    return 0;
+}
+
+static int cmd_encode(const struct tok_args *a, const struct l3d_tokenizer *tok) {
+    const char *text;
+    char *buf;
+    size_t n;
+    int rc = encode_input(a, &text, &buf, &n);
     if (rc) return rc;
-    if (strcmp(sub, "export") == 0) {
-        rc = 0;
-        if (!out) {
-            fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
-            rc = 2;
-        } else if (l3d_tokenizer_save_llmc(tok, out) != L3D_OK) {
-            fprintf(stderr, "llm3d tokenizer export: %s\n", l3d_error_message());
-            rc = 1;
-        }
-        l3d_tokenizer_free(tok);
-        return rc;
-    }
-    if (strcmp(sub, "encode") == 0) {
-        char *buf = NULL;
-        size_t n = 0;
-        if (text) {
-            n = strlen(text);
-        } else if (nfiles == 1) {
-            bool in = strcmp(files[0], "-") == 0;
-            FILE *fp = stdin;
-            if (!in && l3d_fopen_regular(files[0], "input", &fp, NULL) != L3D_OK) {
-                fprintf(stderr, "llm3d tokenizer encode: %s\n", l3d_error_message());
-                l3d_tokenizer_free(tok);
-                return 1;
-            }
-            size_t cap = 0;
-            for (size_t got = 1; fp && got;) {
-                if (n + 65536 > cap) buf = realloc(buf, cap = 2 * cap + 65536);
-                n += got = fread(buf + n, 1, 65536, fp);
-            }
-            if (!fp) {
-                fprintf(stderr, "llm3d tokenizer encode: cannot read %s\n", files[0]);
-                l3d_tokenizer_free(tok);
-                return 1;
-            }
-            if (!in) fclose(fp);
-        } else {
-            fprintf(stderr, "llm3d tokenizer encode: give --text TEXT or one FILE\n");
-            l3d_tokenizer_free(tok);
-            return 2;
-        }
-        if (!l3d_tokenizer_can_encode(tok)) {
-            fprintf(stderr, "llm3d tokenizer encode: llm.c's tokenizer file decodes only\n");
-            free(buf);
-            l3d_tokenizer_free(tok);
-            return 2;
-        }
-        struct l3d_encoder *e = l3d_encoder_init(tok);
-        struct l3d_ids ids = {0};
-        l3d_encoder_encode(e, text ? text : buf, n, &ids);
-        for (int64_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.v[i]);
-        printf("\n");
-        l3d_ids_free(&ids);
-        l3d_encoder_free(e);
+    if (!l3d_tokenizer_can_encode(tok)) {
+        fprintf(stderr, "llm3d tokenizer encode: llm.c's tokenizer file decodes only\n");
         free(buf);
-        l3d_tokenizer_free(tok);
-        return 0;
+        return 2;
     }
-    if (nfiles != 1) {
+    struct l3d_encoder *e = l3d_encoder_init(tok);
+    struct l3d_ids ids = {0};
+    l3d_encoder_encode(e, text, n, &ids);
+    for (int64_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.v[i]);
+    printf("\n");
+    l3d_ids_free(&ids);
+    l3d_encoder_free(e);
+    free(buf);
+    return 0;
+}
+
+static int cmd_decode(const struct tok_args *a, const struct l3d_tokenizer *tok) {
+    if (a->nfiles != 1) {
         fprintf(stderr, "llm3d tokenizer decode: give one SHARD file\n");
-        l3d_tokenizer_free(tok);
         return 2;
     }
     struct l3d_data *d;
-    if (l3d_data_open(&d, files[0], l3d_tokenizer_vocab_size(tok)) != L3D_OK) {
+    if (l3d_data_open(&d, a->files[0], l3d_tokenizer_vocab_size(tok)) != L3D_OK) {
         fprintf(stderr, "llm3d tokenizer decode: %s\n", l3d_error_message());
-        l3d_tokenizer_free(tok);
         return 1;
     }
     for (int f = 0; f < l3d_data_num_files(d); f++) {
@@ -173,6 +187,30 @@ int l3d_cli_tokenizer(int argc, char **argv) {
         }
     }
     l3d_data_free(d);
-    l3d_tokenizer_free(tok);
     return 0;
+}
+
+int l3d_cli_tokenizer(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    struct tok_args a = {.sub = argv[1]};
+    if (strcmp(a.sub, "train") && strcmp(a.sub, "encode") && strcmp(a.sub, "decode") &&
+        strcmp(a.sub, "export")) {
+        fprintf(stderr, "llm3d tokenizer: unknown subcommand '%s': train, encode, decode or "
+                "export\n", a.sub);
+        return 2;
+    }
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    if (strcmp(a.sub, "train") == 0) return cmd_train(&a);
+    struct l3d_tokenizer *tok;
+    rc = open_tok(a.spec, &tok);
+    if (rc) return rc;
+    rc = strcmp(a.sub, "export") == 0   ? cmd_export(&a, tok)
+         : strcmp(a.sub, "encode") == 0 ? cmd_encode(&a, tok)
+                                        : cmd_decode(&a, tok);
+    l3d_tokenizer_free(tok);
+    return rc;
 }

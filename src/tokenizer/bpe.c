@@ -235,109 +235,136 @@ static int get_utf8(const unsigned char *s, size_t n, int *cp) {
     return 0;
 }
 
-l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
-                                     size_t n) {
-    int byte_cp[256], cp_byte[512];
-    l3d_bytes_to_unicode(byte_cp, NULL);
-    for (int i = 0; i < 512; i++) cp_byte[i] = -1;
-    for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
-    const unsigned char *s = (const unsigned char *)js;
-    size_t i = 0, cap_e = 1024, ne = 0, cap_b = n + 1, nb = 0;
-    struct json_entry *ent = l3d_alloc(cap_e * sizeof *ent, "encoder.json entries");
-    unsigned char *blob = l3d_alloc(cap_b, "encoder.json tokens");
-    l3d_status st = L3D_OK;
-#define SKIP_WS() while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++
-#define FAIL(...) do { st = l3d_error(L3D_ERR_FORMAT, __VA_ARGS__); goto done; } while (0)
-    SKIP_WS();
-    if (i >= n || s[i] != '{')
-        FAIL("%s is not GPT-2's encoder.json: it does not start with a JSON object '{'", path);
-    i++;
-    SKIP_WS();
-    if (i < n && s[i] == '}') FAIL("%s holds an empty vocabulary", path);
-    for (;;) {
-        SKIP_WS();
-        if (i >= n || s[i] != '"')
-            FAIL("%s: malformed JSON at byte %zu: expected a token string", path, i);
-        i++;
-        int64_t start = (int64_t)nb;
-        for (;;) {
-            if (i >= n) FAIL("%s: malformed JSON: a string is not closed at the end of the file", path);
-            int cp;
-            if (s[i] == '"') { i++; break; }
-            if (s[i] == '\\') {
-                if (i + 1 >= n) FAIL("%s: malformed JSON at byte %zu: a lone backslash", path, i);
-                char c = (char)s[i + 1];
-                i += 2;
-                switch (c) {
-                case '"': cp = '"'; break;
-                case '\\': cp = '\\'; break;
-                case '/': cp = '/'; break;
-                case 'b': cp = 8; break;
-                case 'f': cp = 12; break;
-                case 'n': cp = 10; break;
-                case 'r': cp = 13; break;
-                case 't': cp = 9; break;
-                case 'u': {
-                    cp = 0;
-                    for (int k = 0; k < 4; k++) {
-                        int h = i + (size_t)k < n ? hexval(s[i + (size_t)k]) : -1;
-                        if (h < 0) FAIL("%s: malformed JSON at byte %zu: bad \\u escape", path, i);
-                        cp = cp * 16 + h;
-                    }
-                    i += 4;
-                    break;
-                }
-                default: FAIL("%s: malformed JSON at byte %zu: unknown escape \\%c", path, i - 2, c);
-                }
-            } else {
-                int len = get_utf8(s + i, n - i, &cp);
-                if (!len) FAIL("%s: byte %zu is not valid UTF-8", path, i);
-                i += (size_t)len;
-            }
-            if (cp >= 512 || cp_byte[cp] < 0)
-                FAIL("%s: the token string ending at byte %zu holds U+%04X, which is not one of "
-                     "GPT-2's byte-to-unicode characters: not a byte-level BPE vocabulary", path, i, cp);
-            blob[nb++] = (unsigned char)cp_byte[cp];
+/* A cursor over encoder.json's text, with GPT-2's map from code points back to bytes (-1: a code
+ * point that spells no byte); path names the file in errors. */
+struct json_in {
+    const unsigned char *s;
+    size_t n, i;
+    const char *path;
+    int cp_byte[512];
+};
+
+static void json_skip_ws(struct json_in *in) {
+    while (in->i < in->n && (in->s[in->i] == ' ' || in->s[in->i] == '\n' ||
+                             in->s[in->i] == '\r' || in->s[in->i] == '\t'))
+        in->i++;
+}
+
+/* The escape at in->i (its backslash): its code point in *cp, in->i past it. */
+static l3d_status json_escape(struct json_in *in, int *cp) {
+    const unsigned char *s = in->s;
+    size_t n = in->n, i = in->i;
+    if (i + 1 >= n)
+        return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: a lone backslash",
+                         in->path, i);
+    char c = (char)s[i + 1];
+    i += 2;
+    switch (c) {
+    case '"': *cp = '"'; break;
+    case '\\': *cp = '\\'; break;
+    case '/': *cp = '/'; break;
+    case 'b': *cp = 8; break;
+    case 'f': *cp = 12; break;
+    case 'n': *cp = 10; break;
+    case 'r': *cp = 13; break;
+    case 't': *cp = 9; break;
+    case 'u':
+        *cp = 0;
+        for (int k = 0; k < 4; k++) {
+            int h = i + (size_t)k < n ? hexval(s[i + (size_t)k]) : -1;
+            if (h < 0)
+                return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: bad \\u escape",
+                                 in->path, i);
+            *cp = *cp * 16 + h;
         }
-        SKIP_WS();
-        if (i >= n || s[i] != ':') FAIL("%s: malformed JSON at byte %zu: expected ':'", path, i);
-        i++;
-        SKIP_WS();
-        int64_t id = 0;
-        size_t d0 = i;
-        while (i < n && s[i] >= '0' && s[i] <= '9' && id < INT32_MAX) id = id * 10 + (s[i++] - '0');
-        if (i == d0 || (i < n && s[i] >= '0' && s[i] <= '9'))
-            FAIL("%s: malformed JSON at byte %zu: expected a token id (a whole number below 2^31)",
-                 path, d0);
-        if (ne == cap_e) {
-            struct json_entry *e2 = l3d_alloc(2 * cap_e * sizeof *ent, "encoder.json entries");
-            memcpy(e2, ent, cap_e * sizeof *ent);
-            l3d_free(ent);
-            ent = e2;
-            cap_e *= 2;
-        }
-        ent[ne++] = (struct json_entry){start, (int64_t)nb - start, id};
-        SKIP_WS();
-        if (i < n && s[i] == ',') { i++; continue; }
-        if (i < n && s[i] == '}') { i++; break; }
-        FAIL("%s: malformed JSON at byte %zu: expected ',' or '}'", path, i);
+        i += 4;
+        break;
+    default:
+        return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: unknown escape \\%c",
+                         in->path, i - 2, c);
     }
-    SKIP_WS();
-    if (i != n) FAIL("%s: unexpected text after the JSON object at byte %zu", path, i);
-    if (ne > 1 << 24) FAIL("%s holds %zu tokens, more than llm3d supports (2^24)", path, ne);
-    /* ids must be exactly 0..V-1 */
+    in->i = i;
+    return L3D_OK;
+}
+
+/* The token string at in->i (its opening quote): its bytes appended at blob + *nb (a token's
+ * bytes are no more than its spelling's). */
+static l3d_status json_token_string(struct json_in *in, unsigned char *blob, size_t *nb) {
+    if (in->i >= in->n || in->s[in->i] != '"')
+        return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: expected a token string",
+                         in->path, in->i);
+    in->i++;
+    for (;;) {
+        if (in->i >= in->n)
+            return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON: a string is not closed at the "
+                             "end of the file", in->path);
+        int cp;
+        if (in->s[in->i] == '"') {
+            in->i++;
+            return L3D_OK;
+        }
+        if (in->s[in->i] == '\\') {
+            l3d_status st = json_escape(in, &cp);
+            if (st != L3D_OK) return st;
+        } else {
+            int len = get_utf8(in->s + in->i, in->n - in->i, &cp);
+            if (!len)
+                return l3d_error(L3D_ERR_FORMAT, "%s: byte %zu is not valid UTF-8", in->path, in->i);
+            in->i += (size_t)len;
+        }
+        if (cp >= 512 || in->cp_byte[cp] < 0)
+            return l3d_error(L3D_ERR_FORMAT, "%s: the token string ending at byte %zu holds U+%04X, "
+                             "which is not one of GPT-2's byte-to-unicode characters: not a "
+                             "byte-level BPE vocabulary", in->path, in->i, cp);
+        blob[(*nb)++] = (unsigned char)in->cp_byte[cp];
+    }
+}
+
+/* One member "token": id at in->i (after white space); the token's bytes appended at blob + *nb. */
+static l3d_status json_entry_read(struct json_in *in, unsigned char *blob, size_t *nb,
+                                  struct json_entry *e) {
+    int64_t start = (int64_t)*nb;
+    l3d_status st = json_token_string(in, blob, nb);
+    if (st != L3D_OK) return st;
+    json_skip_ws(in);
+    if (in->i >= in->n || in->s[in->i] != ':')
+        return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: expected ':'", in->path,
+                         in->i);
+    in->i++;
+    json_skip_ws(in);
+    int64_t id = 0;
+    size_t d0 = in->i;
+    while (in->i < in->n && in->s[in->i] >= '0' && in->s[in->i] <= '9' && id < INT32_MAX)
+        id = id * 10 + (in->s[in->i++] - '0');
+    if (in->i == d0 || (in->i < in->n && in->s[in->i] >= '0' && in->s[in->i] <= '9'))
+        return l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: expected a token id (a "
+                         "whole number below 2^31)", in->path, d0);
+    *e = (struct json_entry){start, (int64_t)*nb - start, id};
+    return L3D_OK;
+}
+
+/* t's tokens from the entries ent[0..ne) (their bytes in blob, nb in all), whose ids must be
+ * exactly 0..V-1, V = ne. */
+static l3d_status tok_set_tokens(struct l3d_tokenizer *t, const char *path,
+                                 const struct json_entry *ent, size_t ne,
+                                 const unsigned char *blob, size_t nb) {
+    if (ne > 1 << 24)
+        return l3d_error(L3D_ERR_FORMAT, "%s holds %zu tokens, more than llm3d supports (2^24)",
+                         path, ne);
     int V = (int)ne;
     int64_t *where = l3d_alloc((size_t)V * sizeof *where, "encoder.json ids");
     for (int k = 0; k < V; k++) where[k] = -1;
     for (size_t k = 0; k < ne; k++) {
-        if (ent[k].id >= V) {
+        l3d_status st = L3D_OK;
+        if (ent[k].id >= V)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: token id %lld is out of range: the %d tokens must "
+                           "have ids 0..%d", path, (long long)ent[k].id, V, V - 1);
+        else if (where[ent[k].id] >= 0)
+            st = l3d_error(L3D_ERR_FORMAT, "%s: token id %lld is given twice", path,
+                           (long long)ent[k].id);
+        if (st != L3D_OK) {
             l3d_free(where);
-            FAIL("%s: token id %lld is out of range: the %d tokens must have ids 0..%d",
-                 path, (long long)ent[k].id, V, V - 1);
-        }
-        if (where[ent[k].id] >= 0) {
-            l3d_free(where);
-            FAIL("%s: token id %lld is given twice", path, (long long)ent[k].id);
+            return st;
         }
         where[ent[k].id] = (int64_t)k;
     }
@@ -353,9 +380,57 @@ l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path,
     }
     t->off[V] = o;
     l3d_free(where);
-done:
-#undef SKIP_WS
-#undef FAIL
+    return L3D_OK;
+}
+
+l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path, const char *js,
+                                      size_t n) {
+    struct json_in in = {.s = (const unsigned char *)js, .n = n, .path = path};
+    int byte_cp[256];
+    l3d_bytes_to_unicode(byte_cp, NULL);
+    for (int i = 0; i < 512; i++) in.cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) in.cp_byte[byte_cp[b]] = b;
+    size_t cap_e = 1024, ne = 0, nb = 0;
+    struct json_entry *ent = l3d_alloc(cap_e * sizeof *ent, "encoder.json entries");
+    unsigned char *blob = l3d_alloc(n + 1, "encoder.json tokens");
+    l3d_status st = L3D_OK;
+    json_skip_ws(&in);
+    if (in.i >= n || js[in.i] != '{')
+        st = l3d_error(L3D_ERR_FORMAT, "%s is not GPT-2's encoder.json: it does not start with a "
+                       "JSON object '{'", path);
+    in.i += st == L3D_OK;
+    json_skip_ws(&in);
+    if (st == L3D_OK && in.i < n && js[in.i] == '}')
+        st = l3d_error(L3D_ERR_FORMAT, "%s holds an empty vocabulary", path);
+    while (st == L3D_OK) { /* "token": id, then ',' or '}' */
+        struct json_entry e;
+        json_skip_ws(&in);
+        st = json_entry_read(&in, blob, &nb, &e);
+        if (st != L3D_OK) break;
+        if (ne == cap_e) {
+            struct json_entry *e2 = l3d_alloc(2 * cap_e * sizeof *ent, "encoder.json entries");
+            memcpy(e2, ent, cap_e * sizeof *ent);
+            l3d_free(ent);
+            ent = e2;
+            cap_e *= 2;
+        }
+        ent[ne++] = e;
+        json_skip_ws(&in);
+        if (in.i < n && js[in.i] == ',') {
+            in.i++;
+        } else if (in.i < n && js[in.i] == '}') {
+            in.i++;
+            break;
+        } else {
+            st = l3d_error(L3D_ERR_FORMAT, "%s: malformed JSON at byte %zu: expected ',' or '}'",
+                           path, in.i);
+        }
+    }
+    json_skip_ws(&in);
+    if (st == L3D_OK && in.i != n)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: unexpected text after the JSON object at byte %zu",
+                       path, in.i);
+    if (st == L3D_OK) st = tok_set_tokens(t, path, ent, ne, blob, nb);
     l3d_free(ent);
     l3d_free(blob);
     return st;
@@ -589,6 +664,7 @@ void l3d_tokenizer_gpt2_dir(char *buf, size_t cap) {
 
 l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
     *out = NULL;
+    if (strcmp(spec, "bytes") == 0) return l3d_tokenizer_bytes(out);
     if (strcmp(spec, "gpt2") == 0) {
         char dir[4096], file[4200];
         l3d_tokenizer_gpt2_dir(dir, sizeof dir);
@@ -602,8 +678,8 @@ l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
     }
     struct stat st;
     if (stat(spec, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"gpt2\", a directory with "
-                         "encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
+        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"bytes\", \"gpt2\", a directory "
+                         "with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
                          strerror(errno));
     return S_ISDIR(st.st_mode) ? l3d_tokenizer_load(out, spec) : l3d_tokenizer_load_llmc(out, spec);
 }

@@ -22,7 +22,8 @@ void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int
 /* Reads a whole file into a NUL-terminated buffer (l3d_free it); `what` names it in errors. */
 l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, size_t *len);
 
-/* A tokenizer of the 256 single bytes only (no merges), with GPT-2's pattern: for pre-tokenizing. */
+/* A tokenizer of the 256 single bytes only (no merges), with GPT-2's pattern: for pre-tokenizing,
+ * and --tokenizer bytes (l3d_tokenizer_open). */
 struct l3d_tokenizer;
 l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out);
 

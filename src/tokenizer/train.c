@@ -313,48 +313,51 @@ static l3d_status write_files(const char *out_dir, const struct vocab *v, const 
 
 #define TRAIN_PIECE ((size_t)1 << 16)
 
-l3d_status l3d_bpe_train(char **files, int nfiles, int vocab_size, const char *out_dir,
-                         int *merges_out, bool progress) {
-    if (merges_out) *merges_out = 0;
-    if (vocab_size < 258 || vocab_size > 65536)
-        return l3d_error(L3D_ERR_ARG, "vocabulary size %d is outside [258, 65536] (256 bytes, at "
-                         "least one merge, the end-of-text token; uint16 shards)", vocab_size);
-    if (nfiles < 1) return l3d_error(L3D_ERR_ARG, "no corpus file to train on");
-    /* 1. distinct pre-tokens and their counts, per thread, then merged */
+/* Pre-tokenizes one corpus file (threads over pieces cut by l3d_tok_cut) into the per-thread word
+ * counts maps[thread]; *n receives its size in bytes. */
+static l3d_status count_file(const char *path, const struct l3d_tokenizer *shape,
+                             struct wmap *maps, size_t *n) {
+    char *text;
+    l3d_status st = l3d_read_whole_file(path, "corpus file", &text, n);
+    if (st != L3D_OK) return st;
+    const char *nul = memchr(text, 0, *n);
+    if (nul) {
+        st = l3d_error(L3D_ERR_FORMAT, "%s holds a NUL byte at offset %lld: it is not a text "
+                       "file (the tokenizer trains on text files only)", path,
+                       (long long)(nul - text));
+        l3d_free(text);
+        return st;
+    }
+    size_t npieces = 0, *cut = malloc((*n / TRAIN_PIECE + 2) * sizeof *cut);
+    cut[0] = 0;
+    for (size_t a = 0; a < *n;) a = cut[++npieces] = l3d_tok_cut(text, a, *n, TRAIN_PIECE);
+#pragma omp parallel
+    {
+        struct l3d_encoder *e = l3d_encoder_init(shape);
+        struct wmap *m = &maps[omp_get_thread_num()];
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < npieces; i++)
+            l3d_encoder_pretokenize(e, text + cut[i], cut[i + 1] - cut[i], count_word, m);
+        l3d_encoder_free(e);
+    }
+    free(cut);
+    l3d_free(text);
+    return L3D_OK;
+}
+
+/* Step 1: the distinct pre-tokens of all files and their counts, in one map (l3d_free it after
+ * wmap_free). An empty corpus is an error. */
+static l3d_status count_corpus(char **files, int nfiles, bool progress, struct wmap **out) {
     struct l3d_tokenizer *shape = NULL; /* a tokenizer of only the 256 bytes, for its pattern */
     int nth = omp_get_max_threads();
     struct wmap *maps = l3d_alloc((size_t)nth * sizeof *maps, "word counts");
     for (int i = 0; i < nth; i++) wmap_init(&maps[i]);
     l3d_status st = l3d_tokenizer_bytes(&shape);
     int64_t total = 0;
-    double t0 = l3d_time_s();
     for (int f = 0; f < nfiles && st == L3D_OK; f++) {
-        char *text;
         size_t n;
-        st = l3d_read_whole_file(files[f], "corpus file", &text, &n);
+        st = count_file(files[f], shape, maps, &n);
         if (st != L3D_OK) break;
-        const char *nul = memchr(text, 0, n);
-        if (nul) {
-            st = l3d_error(L3D_ERR_FORMAT, "%s holds a NUL byte at offset %lld: it is not a text "
-                           "file (the tokenizer trains on text files only)", files[f],
-                           (long long)(nul - text));
-            l3d_free(text);
-            break;
-        }
-        size_t npieces = 0, *cut = malloc((n / TRAIN_PIECE + 2) * sizeof *cut);
-        cut[0] = 0;
-        for (size_t a = 0; a < n;) a = cut[++npieces] = l3d_tok_cut(text, a, n, TRAIN_PIECE);
-#pragma omp parallel
-        {
-            struct l3d_encoder *e = l3d_encoder_init(shape);
-            struct wmap *m = &maps[omp_get_thread_num()];
-#pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < npieces; i++)
-                l3d_encoder_pretokenize(e, text + cut[i], cut[i + 1] - cut[i], count_word, m);
-            l3d_encoder_free(e);
-        }
-        free(cut);
-        l3d_free(text);
         total += (int64_t)n;
         if (progress)
             fprintf(stderr, "\rtokenizer train: pre-tokenized %d/%d file(s), %.1f MB", f + 1,
@@ -377,100 +380,182 @@ l3d_status l3d_bpe_train(char **files, int nfiles, int vocab_size, const char *o
         }
         wmap_free(&maps[i]);
     }
-    /* words in a deterministic order: sorted by bytes (thread scheduling must not matter) */
+    *out = maps;
+    return L3D_OK;
+}
+
+/* Sorts ws[0..n) by the words' bytes in arena (bottom-up merge sort): thread scheduling, which
+ * decides the order of the map's slots, must not decide the ids. */
+static void sort_words(struct wslot *ws, int64_t n, const unsigned char *arena) {
+    struct wslot *tmp = malloc((size_t)n * sizeof *tmp), *sorted = ws;
+    for (int64_t width = 1; width < n; width *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * width) {
+            int64_t mid = lo + width < n ? lo + width : n;
+            int64_t hi = lo + 2 * width < n ? lo + 2 * width : n, i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) {
+                const struct wslot *x = &sorted[i], *y = &sorted[j];
+                int32_t m = x->len < y->len ? x->len : y->len;
+                int c = memcmp(arena + x->off, arena + y->off, (size_t)m);
+                if (c < 0 || (c == 0 && x->len <= y->len)) tmp[k++] = sorted[i++];
+                else tmp[k++] = sorted[j++];
+            }
+            while (i < mid) tmp[k++] = sorted[i++];
+            while (j < hi) tmp[k++] = sorted[j++];
+        }
+        struct wslot *sw = sorted;
+        sorted = tmp;
+        tmp = sw;
+    }
+    if (sorted != ws) memcpy(ws, sorted, (size_t)n * sizeof *ws);
+    free(sorted == ws ? tmp : sorted);
+}
+
+/* The words as symbol sequences: word w is sym[start[w] .. start[w] + len[w]) (len shrinks as
+ * merges join symbols), count[w] times in the corpus. */
+struct words {
+    int64_t n;
+    int64_t *start, *count;
+    int32_t *len, *sym;
+};
+
+/* The words of map wm (freed here, with maps) in sorted order, each symbol the id of its byte. */
+static void words_init(struct words *wd, struct wmap *maps) {
     struct wmap *wm = &maps[0];
     int64_t nwords = 0;
     struct wslot *ws = malloc((size_t)wm->used * sizeof *ws);
     for (uint64_t k = 0; k <= wm->mask; k++)
         if (wm->slot[k].count) ws[nwords++] = wm->slot[k];
     const unsigned char *arena = wm->arena;
-    {
-        struct wslot *tmp = malloc((size_t)nwords * sizeof *tmp);
-        for (int64_t width = 1; width < nwords; width *= 2) { /* bottom-up merge sort */
-            for (int64_t lo = 0; lo < nwords; lo += 2 * width) {
-                int64_t mid = lo + width < nwords ? lo + width : nwords;
-                int64_t hi = lo + 2 * width < nwords ? lo + 2 * width : nwords, i = lo, j = mid, k = lo;
-                while (i < mid && j < hi) {
-                    const struct wslot *x = &ws[i], *y = &ws[j];
-                    int32_t m = x->len < y->len ? x->len : y->len;
-                    int c = memcmp(arena + x->off, arena + y->off, (size_t)m);
-                    if (c < 0 || (c == 0 && x->len <= y->len)) tmp[k++] = ws[i++];
-                    else tmp[k++] = ws[j++];
-                }
-                while (i < mid) tmp[k++] = ws[i++];
-                while (j < hi) tmp[k++] = ws[j++];
-            }
-            struct wslot *sw = ws;
-            ws = tmp;
-            tmp = sw;
-        }
-        free(tmp);
-    }
-    /* symbols of each word: ids of its bytes */
+    sort_words(ws, nwords, arena);
     int byte_cp[256], order[256], byte_id[256];
     l3d_bytes_to_unicode(byte_cp, order);
     for (int i = 0; i < 256; i++) byte_id[order[i]] = i;
-    int64_t *wstart = malloc((size_t)(nwords + 1) * sizeof *wstart);
-    int32_t *wlen = malloc((size_t)nwords * sizeof *wlen);
-    int64_t *wcount = malloc((size_t)nwords * sizeof *wcount);
+    wd->n = nwords;
+    wd->start = malloc((size_t)(nwords + 1) * sizeof *wd->start);
+    wd->len = malloc((size_t)nwords * sizeof *wd->len);
+    wd->count = malloc((size_t)nwords * sizeof *wd->count);
     int64_t nsym = 0;
     for (int64_t w = 0; w < nwords; w++) nsym += ws[w].len;
-    int32_t *sym = malloc((size_t)(nsym ? nsym : 1) * sizeof *sym);
+    wd->sym = malloc((size_t)(nsym ? nsym : 1) * sizeof *wd->sym);
     nsym = 0;
     for (int64_t w = 0; w < nwords; w++) {
-        wstart[w] = nsym;
-        wlen[w] = ws[w].len;
-        wcount[w] = ws[w].count;
-        for (int32_t k = 0; k < ws[w].len; k++) sym[nsym++] = byte_id[arena[ws[w].off + k]];
+        wd->start[w] = nsym;
+        wd->len[w] = ws[w].len;
+        wd->count[w] = ws[w].count;
+        for (int32_t k = 0; k < ws[w].len; k++) wd->sym[nsym++] = byte_id[arena[ws[w].off + k]];
     }
     free(ws);
     wmap_free(wm);
     l3d_free(maps);
+}
 
-    struct vocab v = {.cap = vocab_size, .bcap = 1 << 16};
-    v.off = calloc((size_t)vocab_size + 1, sizeof *v.off);
-    v.blob = malloc((size_t)v.bcap);
+static void words_free(struct words *wd) {
+    free(wd->sym);
+    free(wd->start);
+    free(wd->len);
+    free(wd->count);
+}
+
+/* A vocabulary of room for vocab_size tokens holding the 256 bytes, in GPT-2's order. */
+static void vocab_init(struct vocab *v, int vocab_size) {
+    *v = (struct vocab){.cap = vocab_size, .bcap = 1 << 16};
+    v->off = calloc((size_t)vocab_size + 1, sizeof *v->off);
+    v->blob = malloc((size_t)v->bcap);
     uint64_t vcap = 1;
     while (vcap < 2 * (uint64_t)vocab_size) vcap <<= 1;
-    v.slot = calloc(vcap, sizeof *v.slot);
-    v.mask = vcap - 1;
+    v->slot = calloc(vcap, sizeof *v->slot);
+    v->mask = vcap - 1;
+    int byte_cp[256], order[256];
+    l3d_bytes_to_unicode(byte_cp, order);
     for (int i = 0; i < 256; i++) {
         unsigned char c = (unsigned char)order[i];
         bool added;
-        vocab_id(&v, &c, 1, &added);
+        vocab_id(v, &c, 1, &added);
     }
-    /* 2. pair counts and the heap */
-    struct pairs ps = {.cap = 1 << 16, .mask = (1 << 17) - 1};
-    ps.p = malloc((size_t)ps.cap * sizeof *ps.p);
-    ps.slot = calloc(ps.mask + 1, sizeof *ps.slot);
-    for (int64_t w = 0; w < nwords; w++)
-        for (int32_t k = 0; k + 1 < wlen[w]; k++) {
-            int64_t pi = pair_get(&ps, sym[wstart[w] + k], sym[wstart[w] + k + 1]);
-            ps.p[pi].count += wcount[w];
-            pair_add_word(&ps.p[pi], (int32_t)w);
+}
+
+static void vocab_free(struct vocab *v) {
+    free(v->off);
+    free(v->blob);
+    free(v->slot);
+}
+
+/* Step 2: every adjacent pair of every word, counted, with the words that hold it; each pair in
+ * the heap once. */
+static void pairs_init(struct pairs *ps, struct heap *h, const struct words *wd) {
+    *ps = (struct pairs){.cap = 1 << 16, .mask = (1 << 17) - 1};
+    ps->p = malloc((size_t)ps->cap * sizeof *ps->p);
+    ps->slot = calloc(ps->mask + 1, sizeof *ps->slot);
+    for (int64_t w = 0; w < wd->n; w++)
+        for (int32_t k = 0; k + 1 < wd->len[w]; k++) {
+            const int32_t *s = wd->sym + wd->start[w];
+            int64_t pi = pair_get(ps, s[k], s[k + 1]);
+            ps->p[pi].count += wd->count[w];
+            pair_add_word(&ps->p[pi], (int32_t)w);
         }
-    struct heap h = {.ps = &ps};
-    for (int64_t i = 0; i < ps.n; i++) heap_push(&h, ps.p[i].count, i);
-    /* 3. merges */
-    int32_t *merges = malloc((size_t)2 * vocab_size * sizeof *merges);
+    *h = (struct heap){.ps = ps};
+    for (int64_t i = 0; i < ps->n; i++) heap_push(h, ps->p[i].count, i);
+}
+
+static void pairs_free(struct pairs *ps, struct heap *h) {
+    for (int64_t i = 0; i < ps->n; i++) free(ps->p[i].words);
+    free(ps->p);
+    free(ps->slot);
+    free(h->e);
+}
+
+/* Step 3 in word w: each occurrence of (a, b), left to right, becomes z, and the counts of the
+ * pairs around it move from (x, a) (b, y) to (x, z) (z, y). */
+static void merge_word(struct pairs *ps, struct heap *h, struct words *wd, int32_t w, int32_t a,
+                       int32_t b, int32_t z) {
+    int32_t *s = wd->sym + wd->start[w], n = wd->len[w], o = 0;
+    int64_t c = wd->count[w];
+    bool after_z = false; /* s[o-1] is a z made from the occurrence just before */
+    for (int32_t k = 0; k < n;) {
+        if (!(k + 1 < n && s[k] == a && s[k + 1] == b)) {
+            s[o++] = s[k++];
+            after_z = false;
+            continue;
+        }
+        if (o > 0) { /* (x, a) -> (x, z); after a z, (b, a) went with it: (z, z) */
+            if (!after_z) pair_update(ps, h, s[o - 1], a, -c, -1);
+            pair_update(ps, h, s[o - 1], z, c, w);
+        }
+        if (k + 2 < n) { /* (b, y) -> (z, y), unless y starts the next occurrence */
+            pair_update(ps, h, b, s[k + 2], -c, -1);
+            if (!(k + 3 < n && s[k + 2] == a && s[k + 3] == b))
+                pair_update(ps, h, z, s[k + 2], c, w);
+        }
+        s[o++] = z;
+        k += 2;
+        after_z = true;
+    }
+    wd->len[w] = o;
+}
+
+/* Step 3: merges of the most frequent pair until the vocabulary holds vocab_size - 1 tokens or no
+ * pair occurs twice; merges[2k], merges[2k + 1] are the k-th merge's tokens; progress lines count
+ * the seconds since t0. Returns the number of merges. */
+static int learn_merges(struct vocab *v, struct pairs *ps, struct heap *h, struct words *wd,
+                        int vocab_size, int32_t *merges, bool progress, double t0) {
     int nmerges = 0;
-    int32_t *seen = calloc((size_t)(nwords ? nwords : 1), sizeof *seen); /* merge stamp per word */
-    while (v.n < vocab_size - 1 && h.n > 0) {
-        struct hentry top = heap_pop(&h);
-        struct pair *bp = &ps.p[top.pair];
+    int32_t *seen = calloc((size_t)(wd->n ? wd->n : 1), sizeof *seen); /* merge stamp per word */
+    while (v->n < vocab_size - 1 && h->n > 0) {
+        struct hentry top = heap_pop(h);
+        struct pair *bp = &ps->p[top.pair];
         if (top.count != bp->count) { /* stale entry */
-            if (bp->count > 0) heap_push(&h, bp->count, top.pair);
+            if (bp->count > 0) heap_push(h, bp->count, top.pair);
             continue;
         }
         if (bp->count < 2) break;
         int32_t a = bp->a, b = bp->b;
         size_t na, nb;
-        const unsigned char *sa = vocab_bytes(&v, a, &na), *sb = vocab_bytes(&v, b, &nb);
+        const unsigned char *sa = vocab_bytes(v, a, &na), *sb = vocab_bytes(v, b, &nb);
         unsigned char *cat = malloc(na + nb);
         memcpy(cat, sa, na);
         memcpy(cat + na, sb, nb);
         bool added;
-        int32_t z = vocab_id(&v, cat, na + nb, &added);
+        int32_t z = vocab_id(v, cat, na + nb, &added);
         free(cat);
         merges[2 * nmerges] = a;
         merges[2 * nmerges + 1] = b;
@@ -480,54 +565,46 @@ l3d_status l3d_bpe_train(char **files, int nfiles, int vocab_size, const char *o
         bp->nw = bp->cw = 0;
         bp->count = 0; /* every occurrence goes */
         for (int32_t i = 0; i < nwb; i++) {
-            int32_t w = wl[i];
-            if (seen[w] == nmerges) continue;
-            seen[w] = nmerges;
-            int32_t *s = sym + wstart[w], n = wlen[w], o = 0;
-            int64_t c = wcount[w];
-            bool after_z = false; /* s[o-1] is a z made from the occurrence just before */
-            for (int32_t k = 0; k < n;) {
-                if (!(k + 1 < n && s[k] == a && s[k + 1] == b)) {
-                    s[o++] = s[k++];
-                    after_z = false;
-                    continue;
-                }
-                if (o > 0) { /* (x, a) -> (x, z); after a z, (b, a) went with it: (z, z) */
-                    if (!after_z) pair_update(&ps, &h, s[o - 1], a, -c, -1);
-                    pair_update(&ps, &h, s[o - 1], z, c, w);
-                }
-                if (k + 2 < n) { /* (b, y) -> (z, y), unless y starts the next occurrence */
-                    pair_update(&ps, &h, b, s[k + 2], -c, -1);
-                    if (!(k + 3 < n && s[k + 2] == a && s[k + 3] == b))
-                        pair_update(&ps, &h, z, s[k + 2], c, w);
-                }
-                s[o++] = z;
-                k += 2;
-                after_z = true;
-            }
-            wlen[w] = o;
+            if (seen[wl[i]] == nmerges) continue;
+            seen[wl[i]] = nmerges;
+            merge_word(ps, h, wd, wl[i], a, b, z);
         }
         free(wl);
-        ps.p[pair_get(&ps, a, b)].count = 0; /* (x, a)/(b, y) updates may have touched it */
+        ps->p[pair_get(ps, a, b)].count = 0; /* (x, a)/(b, y) updates may have touched it */
         if (progress && nmerges % 256 == 0)
-            fprintf(stderr, "\rtokenizer train: %d merges, %d tokens (%.1f s)   ", nmerges, v.n + 1,
-                    l3d_time_s() - t0);
+            fprintf(stderr, "\rtokenizer train: %d merges, %d tokens (%.1f s)   ", nmerges,
+                    v->n + 1, l3d_time_s() - t0);
     }
+    free(seen);
+    return nmerges;
+}
+
+l3d_status l3d_bpe_train(char **files, int nfiles, int vocab_size, const char *out_dir,
+                         int *merges_out, bool progress) {
+    if (merges_out) *merges_out = 0;
+    if (vocab_size < 258 || vocab_size > 65536)
+        return l3d_error(L3D_ERR_ARG, "vocabulary size %d is outside [258, 65536] (256 bytes, at "
+                         "least one merge, the end-of-text token; uint16 shards)", vocab_size);
+    if (nfiles < 1) return l3d_error(L3D_ERR_ARG, "no corpus file to train on");
+    double t0 = l3d_time_s();
+    struct wmap *maps;
+    l3d_status st = count_corpus(files, nfiles, progress, &maps);
+    if (st != L3D_OK) return st;
+    struct words wd;
+    words_init(&wd, maps);
+    struct vocab v;
+    vocab_init(&v, vocab_size);
+    struct pairs ps;
+    struct heap h;
+    pairs_init(&ps, &h, &wd);
+    int32_t *merges = malloc((size_t)2 * vocab_size * sizeof *merges);
+    int nmerges = learn_merges(&v, &ps, &h, &wd, vocab_size, merges, progress, t0);
     if (progress) fputc('\n', stderr);
     st = write_files(out_dir, &v, merges, nmerges);
     if (merges_out) *merges_out = nmerges;
-    for (int64_t i = 0; i < ps.n; i++) free(ps.p[i].words);
-    free(ps.p);
-    free(ps.slot);
-    free(h.e);
+    pairs_free(&ps, &h);
     free(merges);
-    free(seen);
-    free(sym);
-    free(wstart);
-    free(wlen);
-    free(wcount);
-    free(v.off);
-    free(v.blob);
-    free(v.slot);
+    words_free(&wd);
+    vocab_free(&v);
     return st;
 }

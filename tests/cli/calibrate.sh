@@ -4,13 +4,9 @@
 # curve of increasing sizes; on one rank, or with a bad flag or path, one clear error.
 # Usage: calibrate.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the launcher of the MPI the
 # binary was built with.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
 readme="$(dirname "$0")/../../profiles/README.md"
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, fail
+start_test "$@"
 
 # errors: one line each, before any measurement
 expect_error "one rank: names the mpiexec command" "mpiexec -n 2 llm3d bench --calibrate" \

@@ -10,14 +10,10 @@
 # script says so in one line and passes: whether they work is found by trying.
 # Usage: cluster.sh LLM3D SCRATCH_DIR (L3D_MPI: openmpi or mpich, the MPI the binary was built
 # with: the cluster runs need Open MPI; L3D_MPIEXEC: its launcher, for the one-host runs).
-set -u
-bin=$1
-dir=$2
 here=$(cd "$(dirname "$0")" && pwd)
 cluster=$here/../../scripts/cluster.sh
-mpiexec=${L3D_MPIEXEC:-mpiexec}
 source "$here/lib/checks.sh"
-rm -rf "$dir" && mkdir -p "$dir"
+start_test "$@"
 
 # Every name this run creates starts with l3dc<pid>-: two runs never collide, and the namespaces
 # of a run that was killed before its trap ran (its pid gone) are removed here.
@@ -63,21 +59,11 @@ launch() {
 
 byte_corpus cluster
 
-# train OUT WHERE B ACCUM [flags]: WHERE is "one" (one process), "host N" (N ranks on this
-# machine, the usual launcher) or "NP PER_HOST" (the cluster). The flags of tests/cli/equiv.sh.
-train() {
-    local out=$1 where=$2 b=$3 accum=$4
-    shift 4
-    local launch_cmd=()
-    case "$where" in
-        one) ;;
-        host*) launch_cmd=("$mpiexec" -n "${where#host }") ;;
-        *) launch_cmd=(launch $where) ;;
-    esac
-    OMP_NUM_THREADS=1 bounded "${launch_cmd[@]}" "$bin" train "${TINY[@]}" --batch "$b" \
-        --grad-accum "$accum" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6 --out "$dir/$out" "$@" \
-        > "$dir/$out.log" 2>&1
-}
+# train OUT NP B [flags] (lib/checks.sh): NP is 0 (one process), a number of ranks on this machine
+# (the usual launcher) or "launch NP PER_HOST" (the cluster); the output in $dir/OUT.log. The
+# flags of tests/cli/equiv.sh.
+TRAIN_FLAGS=("${TINY[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6)
+TRAIN_LOG=file
 # same RUN REF RTOL: llm3d compare says SAME
 same() {
     "$bin" compare --rtol "$3" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1
@@ -86,14 +72,14 @@ has() { grep -q -- "$2" "$dir/$1.log"; } # has RUN PATTERN: the run's output hol
 rx_bytes() { ip -n "$name-h1" -s -j link show eth0 | sed 's/.*"rx":{"bytes":\([0-9]*\).*/\1/'; }
 
 # references: one process, the same global batch
-train ref_b4 one 4 1 || { bad "reference b4"; cat "$dir/ref_b4.log"; }
-train ref_pp one 2 2 --layers 4 || { bad "reference layers 4"; cat "$dir/ref_pp.log"; }
+train ref_b4 0 4 --grad-accum 1 || { bad "reference b4"; cat "$dir/ref_b4.log"; }
+train ref_pp 0 2 --grad-accum 2 --layers 4 || { bad "reference layers 4"; cat "$dir/ref_pp.log"; }
 
 # tp2 inside each host x dp2 across: the DP gradient all-reduce crosses the link (at least half
 # of each of the 10 steps' 2 x 59264 x 4 gradient bytes reaches host 1: > 2 MB received); across
 # hosts the progress thread is the default (polling on one host: the resumed run below)
 rx0=$(rx_bytes)
-if train tp2_dp2 "4 2" 2 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
+if train tp2_dp2 "launch 4 2" 2 --grad-accum 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
    has tp2_dp2 "^nodes: 2 .* rank:node 0:0 1:0 2:1 3:1$" &&
    has tp2_dp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
    has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$" &&
@@ -117,7 +103,7 @@ fi
 
 # pp2 across the hosts x tp2 inside (stage 0 on host 0, stage 1 on host 1): 3e-5 as equiv.sh's
 # pp2_tp2 (TP's other matrix shapes, lifted by AdamW where gradients are near eps)
-if train pp2_tp2 "4 2" 2 2 --layers 4 --pp 2 --tp 2 && same pp2_tp2 ref_pp 3e-5 &&
+if train pp2_tp2 "launch 4 2" 2 --grad-accum 2 --layers 4 --pp 2 --tp 2 && same pp2_tp2 ref_pp 3e-5 &&
    has pp2_tp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
    has pp2_tp2 "^PP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"
 then
@@ -128,7 +114,7 @@ fi
 
 # a TP group across the hosts (one rank on each): refused with one message, before any step;
 # --allow-cross-node-tp runs it with one warning, and it still trains the same model
-if ! train tp2_across "2 1" 4 1 --tp 2 &&
+if ! train tp2_across "launch 2 1" 4 --grad-accum 1 --tp 2 &&
    [ "$(grep -c -- "--tp 2: the TP group {0,1} on nodes 0,1 spans nodes" \
         "$dir/tp2_across.log")" -eq 1 ] &&
    ! has tp2_across "^step\|^median"; then
@@ -137,7 +123,7 @@ if ! train tp2_across "2 1" 4 1 --tp 2 &&
 else
     bad "a TP group across hosts is refused"; cat "$dir/tp2_across.log"
 fi
-if train tp2_allowed "2 1" 4 1 --tp 2 --allow-cross-node-tp && same tp2_allowed ref_b4 1e-5 &&
+if train tp2_allowed "launch 2 1" 4 --grad-accum 1 --tp 2 --allow-cross-node-tp && same tp2_allowed ref_b4 1e-5 &&
    [ "$(grep -c "warning: --tp 2: the TP group {0,1} on nodes 0,1 spans nodes" \
         "$dir/tp2_allowed.log")" -eq 1 ]; then
     ok "--allow-cross-node-tp: one warning, the same model\
@@ -150,7 +136,7 @@ fi
 # each host wrote into the shared directory, re-sliced), ends where one process does
 step5=$dir/tp2_dp2/checkpoints/step_00000005
 if [ -f "$step5/manifest" ] || [ -d "$step5" ]; then
-    if train resumed "host 2" 2 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5 &&
+    if train resumed 2 2 --grad-accum 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5 &&
        has resumed "^layout: .* overlapped gradient pieces (polled between kernels) in fp32"; then
         ok "the 2-host checkpoint resumed on one host as dp2 ($(tr '\n' ' ' < "$dir/resumed.cmp"))"
     else

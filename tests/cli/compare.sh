@@ -6,29 +6,18 @@
 # resumed from a checkpoint into a new --out matches the original on the steps they share; runs
 # that share no step cannot be compared (exit 2). Usage: compare.sh LLM3D SCRATCH_DIR; ctest sets
 # L3D_MPIEXEC to the launcher of the MPI the binary was built with.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
-source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, fail
+source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, train, fail
+start_test "$@"
 check "compare --help says what tolerance equivalent runs need and why" sh -c "'$bin' compare --help | grep -q '^Tolerances. Equivalent layouts (tp, pp, dp, ZeRO) add in other orders'"
 
 byte_corpus comparison 300
 
 # train OUT NP B [flags]: a tiny model, 8 steps, train's default AdamW eps (1e-8, the case the
-# default tolerances are chosen for); NP ranks (0 = no launcher) of B sequences each
-train() {
-    local out=$1 np=$2 b=$3
-    shift 3
-    local launch=()
-    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
-    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --layers 2 --channels 32 --heads 2 \
-        --vocab 256 --context 16 --seq-len 16 --batch "$b" --steps 8 --warmup 2 --lr 1e-3 \
-        --val-every 0 --quiet --train "$dir/data/train_*.bin" --out "$dir/$out" "$@" \
-        > "$dir/$out.log" 2>&1 ||
-        { bad "$out did not train"; cat "$dir/$out.log"; }
-}
+# default tolerances are chosen for); NP ranks (0 = no launcher) of B sequences each; a run that
+# fails is a failed check
+TRAIN_FLAGS=(--model tiny --layers 2 --channels 32 --heads 2 --vocab 256 --context 16 --seq-len 16
+             --steps 8 --warmup 2 --lr 1e-3 --val-every 0 --quiet --train "$dir/data/train_*.bin")
+TRAIN_LOG=check
 # expect WHAT STATUS PATTERN RUN REF [flags]: llm3d compare RUN REF exits with STATUS and prints
 # a line matching PATTERN (grep -E; stdout and stderr)
 expect() {

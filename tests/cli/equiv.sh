@@ -4,32 +4,20 @@
 # (llm3d compare --rtol 1e-5: tighter than its defaults, which the AdamW eps of 1e-6 below
 # allows). Usage: equiv.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the launcher of the MPI
 # the binary was built with.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
-source "$(dirname "$0")/lib/checks.sh" # fail, full (expect_error is this script's own, below)
+source "$(dirname "$0")/lib/checks.sh" # fail, full, train, expect_error
+start_test "$@"
 
 byte_corpus equivalence # a few thousand bytes of text as byte tokens
 
-# train OUT NP B ACCUM [flags]: NP ranks (0 = no launcher), B sequences per rank.
+# train OUT NP B [flags]: NP ranks (0 = no launcher), B sequences per rank.
 # AdamW's eps is 1e-6, not 1e-8: Adam turns round-off in gradients that are zero in exact
 # arithmetic (the attention key bias, to which softmax is invariant; dead GELU units) into steps of
 # size lr whose sign is noise, so with eps 1e-8 those weights differ between any two summation
 # orders by ~100% of their (tiny) size. With 1e-6 such steps stay at round-off size and the
 # comparison tests the layout, not the noise (measured: worst tensor 4e-4 -> 3e-6).
-
-train() {
-    local out=$1 np=$2 b=$3 accum=$4
-    shift 4
-    local accum_flag=(--grad-accum "$accum") steps=10
-    [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
-    sanitized && steps=5 # every step takes the same code: the sanitizers need it a few times
-    tiny_train "$np" --batch "$b" "${accum_flag[@]}" --steps $steps --warmup 3 --lr 1e-3 \
-        --eps 1e-6 --out "$dir/$out" "$@"
-    bounded "${CMD[@]}"
-}
+steps=10
+sanitized && steps=5 # every step takes the same code: the sanitizers need it a few times
+TRAIN_FLAGS=("${TINY[@]}" --steps $steps --warmup 3 --lr 1e-3 --eps 1e-6)
 
 # equiv NAME NP B ACCUM [flags]: the layout on NP ranks against one process with B*DP sequences,
 # DP = NP / (TP PP) (L3D_TP, L3D_PP: the layout's tensor- and pipeline-parallel sizes, 1 by
@@ -39,10 +27,12 @@ equiv() {
     shift 4
     local model=(${L3D_MODEL:-}) replicas=$((np / ${L3D_TP:-1} / ${L3D_PP:-1}))
     local ref="ref_b$((b * replicas))_a${accum}$(echo "${L3D_MODEL:-}" | tr -d ' -')"
+    local accum_flag=(--grad-accum "$accum")
+    [[ " $* " == *" --global-batch "* ]] && accum_flag=() # the micro-batches follow from it
     if [ ! -f "$dir/$ref/model.bin" ]; then
-        train "$ref" 0 $((b * replicas)) "$accum" "${model[@]}" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
+        train "$ref" 0 $((b * replicas)) --grad-accum "$accum" "${model[@]}" > "$dir/$ref.log" 2>&1 || { echo "FAIL: reference $ref"; cat "$dir/$ref.log"; fail=1; return; }
     fi
-    if ! train "$name" "$np" "$b" "$accum" "${model[@]}" "$@" > "$dir/$name.log" 2>&1; then
+    if ! train "$name" "$np" "$b" "${accum_flag[@]}" "${model[@]}" "$@" > "$dir/$name.log" 2>&1; then
         echo "FAIL: $name did not run:"; cat "$dir/$name.log"; fail=1; return
     fi
     if "$bin" compare --rtol "${L3D_RTOL:-1e-5}" "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1; then
@@ -80,8 +70,8 @@ esac
 # as for pp2_tp2 below: from trained weights, TP's other matrix shapes moved fcb by 1.12e-5 of its
 # scale here (losses identical), beside 2-5e-6 from random ones
 cp "$dir/ref_b4_a1/model.bin" "$dir/init.bin"
-if train ref_init 0 4 1 --init-from "$dir/init.bin" > "$dir/ref_init.log" 2>&1 &&
-   train tp2_init 2 4 1 --tp 2 --init-from "$dir/init.bin" > "$dir/tp2_init.log" 2>&1 &&
+if train ref_init 0 4 --grad-accum 1 --init-from "$dir/init.bin" > "$dir/ref_init.log" 2>&1 &&
+   train tp2_init 2 4 --grad-accum 1 --tp 2 --init-from "$dir/init.bin" > "$dir/tp2_init.log" 2>&1 &&
    "$bin" compare --rtol 3e-5 "$dir/tp2_init" "$dir/ref_init" > "$dir/tp2_init.cmp" 2>&1; then
     echo "ok: tp2_init_from ($(tr '\n' ' ' < "$dir/tp2_init.cmp"))"
 else
@@ -113,7 +103,7 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
 esac
 # the timeline: every rank's forwards, backwards and optimizer steps in one trace-event file
-if train pp2_trace 2 2 4 --layers 4 --pp 2 --steps 3 --trace "$dir/trace.json" > "$dir/pp2_trace.log" 2>&1 &&
+if train pp2_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --trace "$dir/trace.json" > "$dir/pp2_trace.log" 2>&1 &&
    [ "$(grep -c '"process_name"' "$dir/trace.json")" -eq 2 ] &&
    [ "$(grep -c '"name":"forward m' "$dir/trace.json")" -eq 24 ] &&
    [ "$(grep -c '"name":"backward m' "$dir/trace.json")" -eq 24 ] &&
@@ -136,23 +126,13 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 
 # so the message is counted rather than the lines). Found before any allocation: not again on the
 # checking backend (cpu_backend), but under the sanitizers.
 cpu_backend || { echo "(layout errors: on the CPU backend only)"; exit $fail; }
-expect_error() { # DESCRIPTION PATTERN COMMAND...
-    local what=$1 pat=$2; shift 2
-    local err rc
-    err=$("$@" 2>&1 >/dev/null); rc=$?
-    if [ $rc -ne 0 ] && [ "$(echo "$err" | grep -c -- "$pat")" -eq 1 ]; then
-        echo "ok: $what"
-    else
-        echo "FAIL: $what (exit $rc): $err"; fail=1
-    fi
-}
-expect_error "dp does not match the world" "\-\-dp 3" train bad 2 1 1 --dp 3
-expect_error "more stages than layers" "\-\-pp 2 x \-\-pp-virtual 2" train bad 2 1 1 --pp 2 --pp-virtual 2
-expect_error "interleaved needs m divisible by pp" "multiple of \-\-pp 2" train bad 2 1 3 --pp 2 --layers 4 --pp-virtual 2
-expect_error "global batch does not split into micro-batches" "\-\-global-batch 6" train bad 4 2 1 --pp 2 --layers 4 --global-batch 6
-expect_error "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 2 --pp 2 --pp-layers 1,2
-expect_error "tp does not divide the heads" "\-\-tp 3" train bad 0 1 1 --tp 3 --dp 1
-expect_error "sequence parallel without tp" "sequence-parallel" train bad 2 1 1 --sequence-parallel
-expect_error "data error reported once" "corpus.txt" train bad 2 1 1 --train "$dir/corpus.txt"
-expect_error "unknown backend reported once" "backend 'nope'" train bad 2 1 1 --backend nope
+expect_error --once "dp does not match the world" "\-\-dp 3" train bad 2 1 --grad-accum 1 --dp 3
+expect_error --once "more stages than layers" "\-\-pp 2 x \-\-pp-virtual 2" train bad 2 1 --grad-accum 1 --pp 2 --pp-virtual 2
+expect_error --once "interleaved needs m divisible by pp" "multiple of \-\-pp 2" train bad 2 1 --grad-accum 3 --pp 2 --layers 4 --pp-virtual 2
+expect_error --once "global batch does not split into micro-batches" "\-\-global-batch 6" train bad 4 2 --pp 2 --layers 4 --global-batch 6
+expect_error --once "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 --grad-accum 2 --pp 2 --pp-layers 1,2
+expect_error --once "tp does not divide the heads" "\-\-tp 3" train bad 0 1 --grad-accum 1 --tp 3 --dp 1
+expect_error --once "sequence parallel without tp" "sequence-parallel" train bad 2 1 --grad-accum 1 --sequence-parallel
+expect_error --once "data error reported once" "corpus.txt" train bad 2 1 --grad-accum 1 --train "$dir/corpus.txt"
+expect_error --once "unknown backend reported once" "backend 'nope'" train bad 2 1 --grad-accum 1 --backend nope
 exit $fail

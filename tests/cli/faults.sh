@@ -11,16 +11,12 @@
 #   N steps in a row stop the run with one message and the last checkpoint kept.
 # Usage: faults.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the launcher of the MPI the
 # binary was built with, and L3D_MPI (openmpi or mpich).
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
-# ok, bad, check, full, bounded, byte_corpus, tiny_train, fail
+# ok, bad, check, full, bounded, byte_corpus, train_cmd, fail
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 byte_corpus fault
 
-train_cmd() { tiny_train "$2" --batch 2 --warmup 3 --out "$dir/$1" "${@:3}"; } # OUT NP [flags]: CMD
+TRAIN_FLAGS=("${TINY[@]}" --warmup 3) # train_cmd OUT NP B [flags]: sets CMD
 
 # rank_pid OUT RANK: the llm3d process of world rank RANK of the run writing OUT (each test run
 # has its own OUT), by its launcher's variable: OMPI_COMM_WORLD_RANK for Open MPI, PMI_RANK for
@@ -75,7 +71,7 @@ stop_rank() {
     shift 5
     local out=$dir/$name
     rm -rf "$out"
-    train_cmd "$name" "$np" --steps 1000000 --save-every 5 --timeout "$to" "$@"
+    train_cmd "$name" "$np" 2 --steps 1000000 --save-every 5 --timeout "$to" "$@"
     bounded "${CMD[@]}" > "$out.log" 2>&1 &
     local job=$! pid latest t0 t1 rc
     wait_for 120 eval "has_latest '$out' || ! kill -0 $job 2> /dev/null"
@@ -138,7 +134,7 @@ fi
 stall() {
     local out=$dir/stall job pid
     rm -rf "$out"
-    train_cmd stall 2 --dp 2 --steps 1000000 --timeout 60
+    train_cmd stall 2 2 --dp 2 --steps 1000000 --timeout 60
     bounded "${CMD[@]}" > "$out.log" 2>&1 &
     job=$!
     wait_for 120 eval "metrics_lines '$out' 5 || ! kill -0 $job 2> /dev/null"
@@ -167,7 +163,7 @@ weights() { "$bin" convert "$dir/$1/checkpoints/$(printf 'step_%08d' "$2")" "$di
 skip_one() {
     local out=$dir/nan1
     rm -rf "$out"
-    train_cmd nan1 2 --dp 2 --steps 8 --save-every 1 --keep 20
+    train_cmd nan1 2 2 --dp 2 --steps 8 --save-every 1 --keep 20
     L3D_TEST_NAN_AT_STEP=4:1 bounded "${CMD[@]}" > "$out.log" 2>&1 || { cat "$out.log"; return 1; }
     local k
     for k in 2 3 4 5; do weights nan1 $k || return 1; done
@@ -189,7 +185,7 @@ steps 2->3 and 4->5 update), the run completes" skip_one
 skip_tp() {
     local out=$dir/nan_tp
     rm -rf "$out"
-    train_cmd nan_tp 4 --tp 2 --dp 2 --steps 6 --save-every 1 --keep 20
+    train_cmd nan_tp 4 2 --tp 2 --dp 2 --steps 6 --save-every 1 --keep 20
     L3D_TEST_NAN_AT_STEP=3:3 bounded "${CMD[@]}" > "$out.log" 2>&1 || { cat "$out.log"; return 1; }
     weights nan_tp 2 && weights nan_tp 3 && weights nan_tp 4 &&
         grep -q "^step 3: rank [23]'s loss .* skipped on every rank" "$out.log" &&
@@ -203,7 +199,7 @@ skip_tp() {
 skip_pp() {
     local out=$dir/nan_pp
     rm -rf "$out"
-    train_cmd nan_pp 2 --pp 2 --grad-accum 2 --steps 5 --save-every 1 --keep 20
+    train_cmd nan_pp 2 2 --pp 2 --grad-accum 2 --steps 5 --save-every 1 --keep 20
     L3D_TEST_NAN_AT_STEP=3:1 bounded "${CMD[@]}" > "$out.log" 2>&1 || { cat "$out.log"; return 1; }
     weights nan_pp 2 && weights nan_pp 3 && weights nan_pp 4 &&
         [ "$(grep -c "update skipped" "$out.log")" -eq 1 ] &&
@@ -219,7 +215,7 @@ check "NaN gradient on the last stage of pp2 at step 3: skipped on both stages" 
 skip_many() {
     local out=$dir/nan3 err rc
     rm -rf "$out"
-    train_cmd nan3 2 --dp 2 --steps 20 --save-every 2 --max-skipped-steps 3
+    train_cmd nan3 2 2 --dp 2 --steps 20 --save-every 2 --max-skipped-steps 3
     L3D_TEST_NAN_AT_STEP=3-100:0 bounded "${CMD[@]}" > "$out.log" 2> "$out.err"
     rc=$?
     weights nan3 2 && weights nan3 4 || return 1

@@ -4,11 +4,8 @@
 # without blocking; headers claiming huge models are checked against the file's size before any
 # allocation; a flag error under mpiexec is said once.
 # Usage: hostile.sh LLM3D SCRATCH_DIR
-set -u
-bin=$1
-dir=$2
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, bounded, fail
+start_test "$@"
 export OMP_NUM_THREADS=2
 # lim COMMAND...: at most 20 s (a blocked open would otherwise hang the script); 124 on time-out
 lim() { timeout -s KILL 20 "$@"; }
@@ -126,7 +123,6 @@ refused "convert: a FIFO manifest" "manifest .*is not a regular file (a FIFO)" \
 check "  ... nothing written" test ! -e "$dir/out.bin"
 
 # a flag error under mpiexec: said once, by rank 0
-mpiexec=${L3D_MPIEXEC:-mpiexec}
 err=$(lim "$mpiexec" -n 2 "$bin" train --batch 0 --train "$dir/data/train_*.bin" 2>&1 >/dev/null)
 check "a flag error under mpiexec -n 2 is printed once: $(echo "$err" | grep '^llm3d' | head -1)" \
     test "$(echo "$err" | grep -c '^llm3d train: --batch 0 is out of range')" -eq 1

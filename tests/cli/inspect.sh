@@ -2,11 +2,8 @@
 # llm3d inspect on each kind of path (token shard, llm.c checkpoint, training checkpoint, run
 # directory), text and --json; one clear error for a bad path and for each damaged file.
 # Usage: inspect.sh LLM3D SCRATCH_DIR
-set -u
-bin=$1
-dir=$2
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, fail
+start_test "$@"
 
 for i in $(seq 1 200); do echo "line $i: the quick brown fox"; done > "$dir/a.txt"
 check "prepare" "$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/a.txt" > /dev/null

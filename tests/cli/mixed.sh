@@ -21,23 +21,15 @@
 #    weights 7.4e-3 (tp2); dp and pp layouts agree to 1e-7 on AVX2 (their reductions are in fp32),
 #    2.2e-3 (bf16 dp2 ZeRO-2) on an AVX-512 machine (-march=native), still inside these bounds.
 #    Negative case: data parallelism without its gradient reduction must fail these bounds.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 
 byte_corpus mixed-precision
 
-# train OUT NP B [flags]: the tiny model (TINY) on NP ranks (0: no launcher), B sequences per rank
-train() {
-    local out=$1 np=$2 b=$3
-    shift 3
-    tiny_train "$np" --batch "$b" --warmup 3 --lr 1e-3 --out "$dir/$out" "$@"
-    bounded "${CMD[@]}" > "$dir/$out.log" 2>&1 ||
-        { echo "FAIL: $out did not run:"; cat "$dir/$out.log"; fail=1; return 1; }
-}
+# train OUT NP B [flags]: the tiny model (TINY) on NP ranks (0: no launcher), B sequences per
+# rank; a run that fails is a failed check
+TRAIN_FLAGS=("${TINY[@]}" --warmup 3 --lr 1e-3)
+TRAIN_LOG=check
 
 # same NAME RUN REF LOSS_RTOL WEIGHTS_RTOL: llm3d compare says SAME
 same() {

@@ -5,13 +5,9 @@
 # AdamW moments, activations, token buffers) within 1%; then the planner's own checks: bad
 # profiles and layouts give one clear error, the search returns valid fitting layouts, and
 # docs/frontier.md is what `llm3d plan --published` prints. Usage: plan.sh LLM3D SCRATCH_DIR.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
 src=$(cd "$(dirname "$0")/../.." && pwd)
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 prof=$src/tests/data/plan/cpu.prof
 
 for i in $(seq 1 300); do echo "line $i of the planner's corpus: $((i * 53 % 97)) apples"; done > "$dir/corpus.txt"

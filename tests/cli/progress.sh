@@ -9,32 +9,19 @@
 # - the watchdog with the progress thread: rank 1 of dp2 stopped with SIGSTOP, the job ends
 #   within --timeout + 10 s naming rank 1 (the thread never waits, so every wait stays bounded).
 # Usage: progress.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC to the binary's MPI launcher.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
-source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, bounded, fail
+source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, bounded, train, fail
+start_test "$@"
 
-for i in $(seq 1 400); do echo "row $i of the progress corpus: $((i * 37 % 101)) bottles"; done \
-    > "$dir/corpus.txt"
-"$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/corpus.txt" \
-    > /dev/null || exit 1
+byte_corpus progress
+# train OUT NP B [flags]: tiny model, B sequences per rank and micro-batch, 8 steps; a run that
+# fails is a failed check
+TRAIN_FLAGS=("${TINY[@]}" --steps 8 --warmup 3 --lr 1e-3 --eps 1e-6)
+TRAIN_LOG=check
 
-train() { # train OUT NP [flags]: tiny model, 2 sequences per rank and micro-batch, 8 steps
-    local out=$1 np=$2 launch=()
-    shift 2
-    [ "$np" -gt 0 ] && launch=("$mpiexec" -n "$np")
-    bounded env OMP_NUM_THREADS=1 "${launch[@]}" "$bin" train --model tiny --vocab 256 \
-        --context 32 --seq-len 32 --steps 8 --warmup 3 --lr 1e-3 --eps 1e-6 --val-every 0 \
-        --quiet --peak-gflops 100 --train "$dir/data/train_*.bin" --out "$dir/$out" "$@" \
-        > "$dir/$out.log" 2>&1 || { echo "run $out failed:"; cat "$dir/$out.log"; return 1; }
-}
-
-train ref 0 --batch 4 --grad-accum 2 || bad "the one-process reference ran"
+train ref 0 4 --grad-accum 2 || bad "the one-process reference ran"
 for zero in 0 1 2; do
-    common=(--batch 2 --grad-accum 2 --zero "$zero" --bucket-mb 0.01)
-    if ! train "z${zero}_blocking" 2 "${common[@]}" --comm blocking; then
+    common=(--grad-accum 2 --zero "$zero" --bucket-mb 0.01)
+    if ! train "z${zero}_blocking" 2 2 "${common[@]}" --comm blocking; then
         bad "ZeRO-$zero, --comm blocking ran"
         continue
     fi
@@ -44,7 +31,7 @@ for zero in 0 1 2; do
         name="z${zero}_$mode"
         flags=(--progress "$mode")
         [ "$mode" = default ] && flags=()
-        train "$name" 2 "${common[@]}" --comm overlap "${flags[@]}" || {
+        train "$name" 2 2 "${common[@]}" --comm overlap "${flags[@]}" || {
             bad "ZeRO-$zero, --progress $mode ran"; continue; }
         check "ZeRO-$zero, --progress $mode: model.bin bit for bit that of --comm blocking" \
             cmp -s "$dir/$name/model.bin" "$dir/z${zero}_blocking/model.bin"

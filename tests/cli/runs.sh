@@ -7,12 +7,8 @@
 # temporary file left, `latest` kept, the run resumable); the memory check before allocation
 # (refused with figures and layouts that fit; a suggested layout really runs in that memory).
 # Usage: runs.sh LLM3D SCRATCH_DIR.
-set -u
-bin=$1
-dir=$2
-mpiexec=${L3D_MPIEXEC:-mpiexec}
-rm -rf "$dir" && mkdir -p "$dir"
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 
 byte_corpus run
 flags=("${TINY[@]}" --batch 4 --warmup 2)

@@ -2,12 +2,9 @@
 # End to end through the command line with a trained BPE vocabulary: tokenizer train -> prepare ->
 # train -> generate (KV cache and recomputation give the same greedy text); one clear error for
 # each bad tokenizer or corpus. Usage: tokenizer.sh LLM3D SCRATCH_DIR
-set -u
-bin=$1
-dir=$2
-rm -rf "$dir" && mkdir -p "$dir"
 # check, expect_error, fail
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 
 # a corpus of documents separated by "%" lines, as fortune files are
 for i in $(seq 1 400); do
@@ -68,4 +65,20 @@ expect_error "tokenizer and checkpoint differ" "has 50257 tokens but" "$bin" gen
 check "export llm.c's tokenizer file" "$bin" tokenizer export --tokenizer "$dir/tok" --out "$dir/tok.bin"
 check "generate decodes with it" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run/model.bin' --tokenizer '$dir/tok.bin' --max-tokens 5 > /dev/null 2>&1"
 expect_error "decode-only tokenizer with a prompt" "decodes only" sh -c "'$bin' generate --checkpoint '$dir/run/model.bin' --tokenizer '$dir/tok.bin' --prompt hi" 
+# --tokenizer bytes (the byte values as token ids, as prepare, inspect and generate take it) in
+# every subcommand that reads a tokenizer; train learns a vocabulary and refuses one
+check "prepare --tokenizer bytes" "$bin" prepare --tokenizer bytes --val-fraction 0 --out "$dir/bytes" \
+    "$dir/corpus.txt"
+check "tokenizer decode --tokenizer bytes: the corpus again" \
+    cmp -s "$dir/corpus.txt" <("$bin" tokenizer decode --tokenizer bytes "$dir/bytes/train_000000.bin")
+check "tokenizer encode --tokenizer bytes: the bytes' values" \
+    test "$("$bin" tokenizer encode --tokenizer bytes --text $'h\xc3\xa9\xff')" = "104 195 169 255"
+check "tokenizer export --tokenizer bytes" "$bin" tokenizer export --tokenizer bytes --out "$dir/bytes.bin"
+check "  ... llm.c's file decodes the shard alike" \
+    cmp -s "$dir/corpus.txt" <("$bin" tokenizer decode --tokenizer "$dir/bytes.bin" "$dir/bytes/train_000000.bin")
+expect_error "tokenizer decode --tokenizer bytes: a BPE shard's ids beyond 255" "train_000000.bin.*256" \
+    "$bin" tokenizer decode --tokenizer bytes "$dir/data/train_000000.bin"
+expect_error "tokenizer train --tokenizer: refused" "tokenizer train learns a vocabulary.*--tokenizer" \
+    "$bin" tokenizer train --tokenizer bytes --vocab-size 300 --out "$dir/x" "$dir/corpus.txt"
+check "  ... nothing written" test ! -e "$dir/x"
 exit $fail

@@ -1,25 +1,22 @@
 #!/usr/bin/env bash
 # End to end through the command line: prepare -> train -> generate; determinism of two runs;
 # one clear error for bad data and bad flags. Usage: train.sh LLM3D SCRATCH_DIR
-set -u
-bin=$1
-dir=$2
-rm -rf "$dir" && mkdir -p "$dir"
-# check, expect_error, fail
+# check, expect_error, train, fail
 source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
 
 # a small text corpus
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7))"; done > "$dir/a.txt"
 check "prepare" "$bin" prepare --tokenizer bytes --out "$dir/data" --val-fraction 0.1 "$dir/a.txt"
 
-train() { # train OUT [extra flags]
-    local out=$1; shift
-    OMP_NUM_THREADS=2 "$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --batch 4 \
-        --grad-accum 2 --steps 12 --warmup 2 --val-every 6 --val-batches 2 --quiet \
-        --train "$dir/data/train_*.bin" --val "$dir/data/val_*.bin" --out "$dir/$out" "$@"
-}
-check "train run 1" train run1
-check "train run 2" train run2
+# train OUT 0 4 [flags]: one process, 2 OpenMP threads, 4 sequences; no --peak-gflops: the
+# runs measure the FMA peak their MFU is against
+TRAIN_FLAGS=(--model tiny --vocab 256 --context 32 --seq-len 32 --grad-accum 2 --steps 12
+             --warmup 2 --val-every 6 --val-batches 2 --quiet
+             --train "$dir/data/train_*.bin" --val "$dir/data/val_*.bin")
+TRAIN_THREADS=2
+check "train run 1" train run1 0 4
+check "train run 2" train run2 0 4
 losses() { grep -o '"loss":[^,]*' "$1/metrics.jsonl"; }
 check "12 metrics lines with MFU" test "$(grep -c '"mfu"' "$dir/run1/metrics.jsonl")" -eq 12
 check "validation loss logged" grep -q '"val_loss"' "$dir/run1/metrics.jsonl"
@@ -33,14 +30,14 @@ if less_than -nan "$first" || less_than nan "$first" || less_than -inf "$first" 
 else
     ok "  ... a NaN or infinite last loss would fail it"
 fi
-check "another seed differs" train run3 --seed 7
+check "another seed differs" train run3 0 4 --seed 7
 check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3")"
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"
 check "  ... prints prompt and 20 bytes" test "$(head -c 24 "$dir/gen.txt" | wc -c)" -eq 24
 
 # past the context: greedy tokens through the KV cache equal --recompute's (both slide the same
 # window), for 3 prompts (one longer than the 64-token context) and 300 tokens each
-check "train a 64-token context" train ctx64 --context 64 --seq-len 64 --steps 4 --val-every 0
+check "train a 64-token context" train ctx64 0 4 --context 64 --seq-len 64 --steps 4 --val-every 0
 long=$(printf 'line %d: the quick brown fox ' 1 2 3)
 n=0
 for p in "the " "line 12: the quick" "$long"; do
@@ -105,9 +102,8 @@ full && check "bench --precision fp32: the MFU is against the FMA peak" bench_pe
 full && check "  (negative: the fp32 run has no bf16 peak)" sh -c "! grep -q '^bf16 peak' '$dir/bench-fp32.log'"
 check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
 check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
-expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad --dp 2
+expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad 0 4 --dp 2
 check "  ... (0 is rejected)" sh -c "! '$bin' train --model tiny --train '$dir/data/train_*.bin' --dp 2 2>&1 | grep -q -- '--dp 0'"
-mpiexec=${L3D_MPIEXEC:-mpiexec}
 full && check "--pp-virtual 2 says it chose the interleaved schedule" sh -c "OMP_NUM_THREADS=1 '$mpiexec' -n 2 '$bin' \
     train --model tiny --vocab 256 --context 32 --seq-len 32 --layers 4 --batch 2 --grad-accum 2 --steps 1 --quiet \
     --pp 2 --pp-virtual 2 --train '$dir/data/train_*.bin' 2>&1 | grep -q 'interleaved schedule (chosen for --pp-virtual'"
@@ -130,17 +126,17 @@ else
 fi
 
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
-expect_error "wrong magic" "garbage.bin.*magic" train bad --train "$dir/garbage.bin"
+expect_error "wrong magic" "garbage.bin.*magic" train bad 0 4 --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
-expect_error "truncated shard" "trunc.bin" train bad --train "$dir/trunc.bin"
-expect_error "token beyond the vocabulary" "offset" train bad --vocab 100
-expect_error "no file matches" "nothing_here" train bad --train "$dir/nothing_here_*.bin"
-expect_error "bad flag value" "\-\-batch" train bad --batch 0
-expect_error "seq-len beyond context" "context" train bad --seq-len 64
-expect_error "heads do not divide channels" "divisible" train bad --heads 5
-expect_error "unknown preset" "preset" train bad --model gpt5
+expect_error "truncated shard" "trunc.bin" train bad 0 4 --train "$dir/trunc.bin"
+expect_error "token beyond the vocabulary" "offset" train bad 0 4 --vocab 100
+expect_error "no file matches" "nothing_here" train bad 0 4 --train "$dir/nothing_here_*.bin"
+expect_error "bad flag value" "\-\-batch" train bad 0 4 --batch 0
+expect_error "seq-len beyond context" "context" train bad 0 4 --seq-len 64
+expect_error "heads do not divide channels" "divisible" train bad 0 4 --heads 5
+expect_error "unknown preset" "preset" train bad 0 4 --model gpt5
 expect_error "missing checkpoint" "nope.bin" "$bin" generate --checkpoint "$dir/nope.bin"
-expect_error "unknown --backend" "backend 'nope'.*use cpu" train bad --backend nope
+expect_error "unknown --backend" "backend 'nope'.*use cpu" train bad 0 4 --backend nope
 expect_error "unknown \$L3D_BACKEND" "backend 'nope'" env L3D_BACKEND=nope "$bin" train --model tiny \
     --vocab 256 --train "$dir/data/train_*.bin"
 expect_error "generate: unknown --backend" "backend 'nope'" "$bin" generate \

@@ -1,6 +1,19 @@
 # Shared by the CLI test scripts (sourced): each check prints "ok: ..." or "FAIL: ..." and a
-# failure sets fail=1, the script's exit status.
+# failure sets fail=1, the script's exit status. A script starts with
+#     source "$(dirname "$0")/lib/checks.sh"
+#     start_test "$@"
+# and ends with `exit $fail`.
 fail=0
+# start_test LLM3D SCRATCH_DIR: the arguments ctest gives every script (CMakeLists.txt). Sets bin
+# (the llm3d binary), dir (the scratch directory, emptied) and mpiexec (the launcher of the MPI the
+# binary was built with: ctest sets L3D_MPIEXEC), and makes an unset variable an error (set -u).
+start_test() {
+    set -u
+    bin=${1:?usage: $0 LLM3D SCRATCH_DIR}
+    dir=${2:?usage: $0 LLM3D SCRATCH_DIR}
+    mpiexec=${L3D_MPIEXEC:-mpiexec}
+    rm -rf "$dir" && mkdir -p "$dir" || exit 1
+}
 ok() { echo "ok: $1"; }
 bad() { echo "FAIL: $1"; fail=1; }
 check() { # check DESCRIPTION COMMAND...: the command must succeed
@@ -33,26 +46,57 @@ byte_corpus() {
     TINY=(--model tiny --vocab 256 --context 32 --seq-len 32 --val-every 0 --quiet
           --peak-gflops 100 --train "$dir/data/train_*.bin")
 }
-# tiny_train NP [flags]: sets CMD to `llm3d train` of the tiny model (TINY, then the flags) with
-# one OpenMP thread, on NP ranks under the script's $mpiexec (the launcher of the MPI the binary
-# was built with: ctest sets L3D_MPIEXEC), or one process without a launcher when NP is 0
-tiny_train() {
-    local np=$1
-    shift
-    CMD=(env OMP_NUM_THREADS=1)
-    [ "$np" -gt 0 ] && CMD+=("$mpiexec" -n "$np")
-    CMD+=("$bin" train "${TINY[@]}" "$@")
+# train_cmd OUT NP B [flags]: sets CMD to `llm3d train` with the script's TRAIN_FLAGS (an array it
+# sets once: the model, the data and what its runs share), then --batch B --out $dir/OUT and the
+# flags (of a flag given twice the later counts), with TRAIN_THREADS OpenMP threads (1). NP: 0
+# runs one process without a launcher, a number NP ranks under $mpiexec, anything else is a
+# launcher command in words (cluster.sh: "launch 4 2"), which may be a shell function: env, which
+# sets the threads, cannot run one, so there it runs on the ranks, after the launcher.
+train_cmd() {
+    local out=$1 np=$2 b=$3
+    shift 3
+    local run=("$bin" train "${TRAIN_FLAGS[@]}" --batch "$b" --out "$dir/$out" "$@")
+    local env=(env OMP_NUM_THREADS="${TRAIN_THREADS:-1}") launcher
+    case $np in
+        0) CMD=("${env[@]}" "${run[@]}") ;;
+        *[!0-9]*) read -r -a launcher <<< "$np"; CMD=("${launcher[@]}" "${env[@]}" "${run[@]}") ;;
+        *) CMD=("${env[@]}" "$mpiexec" -n "$np" "${run[@]}") ;;
+    esac
 }
-expect_error() { # expect_error DESCRIPTION PATTERN COMMAND...: fails with one message matching
-    local what=$1 pat=$2; shift 2
-    local err
-    err=$("$@" 2>&1 >/dev/null)
+# train OUT NP B [flags]: runs train_cmd's command under bounded; its status is the run's. The
+# output goes where the caller sends it, or with TRAIN_LOG set (by the script for all its runs, or
+# for one call) to $dir/OUT.log; with TRAIN_LOG=check a run that fails is also a failed check:
+# "FAIL: OUT did not train:", then its log.
+train() {
+    train_cmd "$@"
+    [ -z "${TRAIN_LOG:-}" ] && { bounded "${CMD[@]}"; return; }
+    bounded "${CMD[@]}" > "$dir/$1.log" 2>&1 && return
     local rc=$?
-    if [ $rc -ne 0 ] && echo "$err" | grep -q -- "$pat" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
-        echo "ok: $what"
+    [ "$TRAIN_LOG" = check ] && { bad "$1 did not train:"; cat "$dir/$1.log"; }
+    return $rc
+}
+# expect_error [--once] DESCRIPTION PATTERN COMMAND...: the command fails and all it writes to
+# stderr is one line, matching PATTERN (grep). With --once, for commands under an MPI launcher
+# (which adds lines of its own about the exit status): exactly one line matches and exactly one
+# line is llm3d's (starts "llm3d"). Returns the check's status.
+expect_error() {
+    local once=0
+    [ "$1" = --once ] && { once=1; shift; }
+    local what=$1 pat=$2
+    shift 2
+    local err rc lines
+    err=$("$@" 2>&1 >/dev/null)
+    rc=$?
+    if [ $once = 1 ]; then
+        lines=$(echo "$err" | grep -c "^llm3d")
     else
-        echo "FAIL: $what (exit $rc): $err"
-        fail=1
+        lines=$(echo "$err" | wc -l)
+    fi
+    if [ $rc -ne 0 ] && [ "$(echo "$err" | grep -c -- "$pat")" -eq 1 ] && [ "$lines" -eq 1 ]; then
+        ok "$what: $(echo "$err" | grep -- "$pat")"
+    else
+        bad "$what (exit $rc): $err"
+        return 1
     fi
 }
 # is_number X: X is a finite decimal number. less_than A B: A < B, both finite. awk alone passes
