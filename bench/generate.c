@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int ntok = atoi(argv[5]);
-    struct l3d_gpt_config cfg = {.L = atoi(argv[1]), .C = atoi(argv[2]), .NH = atoi(argv[3]),
+    struct l3d_model_spec cfg = {.L = atoi(argv[1]), .C = atoi(argv[2]), .NH = atoi(argv[3]),
                                  .V = atoi(argv[4]), .maxT = ntok + 1};
     if (ntok < 1 || l3d_gpt_config_finish(&cfg) != L3D_OK) {
         fprintf(stderr, "l3d_bench_generate: %s\n", ntok < 1 ? "TOKENS must be >= 1" : l3d_error_message());

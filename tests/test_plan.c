@@ -119,9 +119,9 @@ static void test_profiles(void) {
     CHECK(strstr(l3d_error_message(), "no profile 'no-such-profile'") != NULL);
 }
 
-static struct l3d_plan_layout layout(int tp, int pp, int dp, int mb, int v, int zero,
+static struct l3d_layout layout(int tp, int pp, int dp, int mb, int v, int zero,
                                      enum l3d_recompute rc, bool sp) {
-    return (struct l3d_plan_layout){.tp = tp, .pp = pp, .dp = dp, .mb = mb, .v = v, .zero = zero,
+    return (struct l3d_layout){.tp = tp, .pp = pp, .dp = dp, .micro_batch = mb, .v = v, .zero = zero,
                                     .recompute = rc, .sp = sp,
                                     .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
                                     .threads = 1};
@@ -139,14 +139,14 @@ static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
 static void test_memory_mixed(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "gpt3-175b") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "gpt3-175b") == L3D_OK);
     struct l3d_model_spec c = l3d_plan_model_gpt(&m);
-    double s = m.s, h = m.h, a = m.heads, L = m.L, Vp = c.Vp;
+    double s = m.maxT, h = m.C, a = m.NH, L = m.L, Vp = c.Vp;
     struct l3d_plan_result r;
     /* tp 8, no pipeline: parameters 2 + 2 + 12 bytes (ZeRO paper, K = 12) of the rank's share */
     struct l3d_plan_run run = run16(8, 8, false);
-    struct l3d_plan_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double n = r.mem.params / 2;
     /* the rank holds 1/8 of everything but LayerNorms, biases of row-parallel layers and wpe */
@@ -162,8 +162,8 @@ static void test_memory_mixed(void) {
     CHECK_NEAR(r.mem.activations, L * per + ends, 1);
     /* an MLP twice as wide (f = 8h): (f - 4h)/t (2h + 1) more parameters a layer, 4 s b (f - 4h)/t
      * more activation bytes (its two f-wide inputs), 4 h (f - 4h) more forward FLOPs a token */
-    struct l3d_plan_model wide = m;
-    wide.ffn = 8LL * m.h;
+    struct l3d_model_spec wide = m;
+    wide.ffn = 8LL * m.C;
     struct l3d_plan_result rw;
     CHECK(l3d_plan_evaluate(&wide, &prof, &run, &lay, &rw) == L3D_OK);
     CHECK_NEAR(rw.mem.params / 2 - n, L * (4 * h / 8) * (2 * h + 1), 0.5);
@@ -234,9 +234,9 @@ static const struct {
     {"1T", 128, 25600, 160, 64, 1, 512},
 };
 
-static struct l3d_plan_model kmodel(int i, int L) {
-    struct l3d_plan_model m = {.L = L, .h = kmodels[i].h, .heads = kmodels[i].a, .V = 51200,
-                               .s = 2048, .ffn = 4LL * kmodels[i].h};
+static struct l3d_model_spec kmodel(int i, int L) {
+    struct l3d_model_spec m = {.L = L, .C = kmodels[i].h, .NH = kmodels[i].a, .V = 51200,
+                               .maxT = 2048, .ffn = 4LL * kmodels[i].h};
     snprintf(m.name, sizeof m.name, "korthikanti-%s", kmodels[i].name);
     return m;
 }
@@ -248,9 +248,9 @@ static double per_layer(int i, int t, bool sp, enum l3d_recompute rc) {
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "dgx-a100") == L3D_OK);
     struct l3d_plan_run run = run16(t, kmodels[i].b, false);
-    struct l3d_plan_layout lay = layout(t, 1, 1, kmodels[i].b, 1, 0, rc, sp);
+    struct l3d_layout lay = layout(t, 1, 1, kmodels[i].b, 1, 0, rc, sp);
     struct l3d_plan_result r1, r2;
-    struct l3d_plan_model m1 = kmodel(i, 1), m2 = kmodel(i, 2);
+    struct l3d_model_spec m1 = kmodel(i, 1), m2 = kmodel(i, 2);
     CHECK(l3d_plan_evaluate(&m1, &prof, &run, &lay, &r1) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m2, &prof, &run, &lay, &r2) == L3D_OK);
     return r2.mem.activations - r1.mem.activations;
@@ -290,10 +290,10 @@ static void test_korthikanti(void) {
      * dropout masks (the defect was 139 masks not split by t: 5.8 GB instead of 0.25 GB) */
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "dgx-a100") == L3D_OK);
-    struct l3d_plan_model m = kmodel(2, 105);
+    struct l3d_model_spec m = kmodel(2, 105);
     double s = 2048, h = 20480, t = 8, p = 35, sbh = s * h, sp_layer = 34 * sbh / t;
     struct l3d_plan_run run = run16(280, 280, false);
-    struct l3d_plan_layout lay = layout(8, 35, 1, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
+    struct l3d_layout lay = layout(8, 35, 1, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double recomputed = sbh / t * (34 + 5 * 128 * s / h); /* the layer recomputed in backward */
@@ -341,12 +341,12 @@ static void test_korthikanti(void) {
 static void test_memory_trainer(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
-    m.s = 256;
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    m.maxT = 256;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.global_batch = 4;
-    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     struct l3d_model_spec c = l3d_plan_model_gpt(&m);
@@ -387,10 +387,10 @@ static void test_memory_trainer(void) {
 static void test_memory_alone(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
-    m.s = 128;
-    const struct l3d_plan_layout lays[] = {
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    m.maxT = 128;
+    const struct l3d_layout lays[] = {
         layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false),
         layout(1, 1, 4, 2, 1, 2, L3D_RECOMPUTE_SELECTIVE, false),
         layout(2, 2, 1, 4, 1, 0, L3D_RECOMPUTE_FULL, true),
@@ -399,7 +399,7 @@ static void test_memory_alone(void) {
     for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
         struct l3d_plan_run run = l3d_plan_run_default();
         run.devices = (int64_t)lays[i].tp * lays[i].pp * lays[i].dp;
-        run.global_batch = (int64_t)lays[i].mb * lays[i].dp * 4;
+        run.global_batch = (int64_t)lays[i].micro_batch * lays[i].dp * 4;
         struct l3d_plan_result r;
         struct l3d_plan_mem mem;
         CHECK(l3d_plan_evaluate(&m, &prof, &run, &lays[i], &r) == L3D_OK);
@@ -414,11 +414,11 @@ static void test_memory_alone(void) {
     run.devices = 5;
     run.global_batch = 20;
     struct l3d_plan_mem a, b;
-    struct l3d_plan_layout bad = layout(5, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout bad = layout(5, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_memory(&m, &run, &bad, &a) == L3D_ERR_LAYOUT); /* tp 5 of 12 heads */
     run.devices = 2;
     run.global_batch = 8;
-    struct l3d_plan_layout z0 = layout(1, 1, 2, 4, 1, 0, L3D_RECOMPUTE_NONE, false), z1 = z0;
+    struct l3d_layout z0 = layout(1, 1, 2, 4, 1, 0, L3D_RECOMPUTE_NONE, false), z1 = z0;
     z1.zero = 1;
     CHECK(l3d_plan_memory(&m, &run, &z0, &a) == L3D_OK);
     CHECK(l3d_plan_memory(&m, &run, &z1, &b) == L3D_OK);
@@ -437,24 +437,24 @@ static void test_partition(void) {
     int fast[48], slow[48], differ = 0;
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
         for (int L = 1; L <= 48; L++) {
-            struct l3d_plan_model m = {.L = L, .h = cfgs[c].h, .heads = cfgs[c].heads,
-                                       .V = cfgs[c].V, .s = cfgs[c].s, .ffn = 4LL * cfgs[c].h};
+            struct l3d_model_spec m = {.L = L, .C = cfgs[c].h, .NH = cfgs[c].heads,
+                                       .V = cfgs[c].V, .maxT = cfgs[c].s, .ffn = 4LL * cfgs[c].h};
             struct l3d_model_spec g = l3d_plan_model_gpt(&m);
             for (int S = 1; S <= L; S++) {
                 CHECK(l3d_plan_stage_layers(&m, &run, S, fast) == L3D_OK);
-                CHECK(l3d_pp_partition(&g, m.s, S, slow) == L3D_OK);
+                CHECK(l3d_pp_partition(&g, m.maxT, S, slow) == L3D_OK);
                 if (memcmp(fast, slow, sizeof(int) * (size_t)S) != 0 && differ++ < 5)
                     fprintf(stderr, "partition of %d layers (h %d) into %d stages differs\n", L,
-                            m.h, S);
+                            m.C, S);
             }
         }
     CHECK(differ == 0);
     /* a negative case: the comparison sees a changed split */
-    struct l3d_plan_model m = {.L = 12, .h = 768, .heads = 12, .V = 50257, .s = 1024, .ffn = 3072};
+    struct l3d_model_spec m = {.L = 12, .C = 768, .NH = 12, .V = 50257, .maxT = 1024, .ffn = 3072};
     CHECK(l3d_plan_stage_layers(&m, &run, 2, fast) == L3D_OK);
     fast[0]--, fast[1]++;
     struct l3d_model_spec g = l3d_plan_model_gpt(&m);
-    CHECK(l3d_pp_partition(&g, m.s, 2, slow) == L3D_OK);
+    CHECK(l3d_pp_partition(&g, m.maxT, 2, slow) == L3D_OK);
     CHECK(memcmp(fast, slow, sizeof(int) * 2) != 0);
     /* and at 65536 layers, where the dynamic programme takes hours: balanced, the head's stage
      * lighter */
@@ -469,11 +469,11 @@ static void test_partition(void) {
 static void test_flops_and_time(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "frontier-175b") == L3D_OK);
     struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     struct l3d_plan_run run = run16(128, 640, true);
-    struct l3d_plan_layout lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    struct l3d_layout lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     /* Narayanan et al. 2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) with the recomputation, 72
@@ -512,7 +512,7 @@ static void test_flops_and_time(void) {
     /* the calibration is a named, optional factor: off by default, and when asked for it scales
      * the matrix products' efficiency and nothing else */
     CHECK(prof.gemm_calibration > 0 && prof.gemm_calibration < 1);
-    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    CHECK(l3d_model_preset(&m, "frontier-175b") == L3D_OK);
     run = run16(128, 640, true);
     lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result plain, cal;
@@ -535,7 +535,7 @@ static void test_flops_and_time(void) {
         {"frontier-1t", 1024, 1024, 4, 128, 2, 1, 31.96},
     };
     for (int i = 0; i < 3; i++) {
-        CHECK(l3d_plan_model_preset(&m, fr[i].model) == L3D_OK);
+        CHECK(l3d_model_preset(&m, fr[i].model) == L3D_OK);
         run = run16(fr[i].dev, fr[i].batch, true);
         run.calibrated = true;
         lay = layout(fr[i].tp, fr[i].pp, fr[i].dp, 1, 1, fr[i].zero, L3D_RECOMPUTE_FULL, false);
@@ -548,11 +548,11 @@ static void test_flops_and_time(void) {
 static void test_checks_and_search(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "frontier-175b") == L3D_OK);
     struct l3d_plan_run run = run16(128, 640, true);
     struct l3d_plan_result r;
-    struct { struct l3d_plan_layout lay; const char *want; } bad[] = {
+    struct { struct l3d_layout lay; const char *want; } bad[] = {
         {layout(4, 16, 1, 1, 1, 0, 0, false), "not the 128 devices"},
         {layout(128, 1, 1, 1, 1, 0, 0, false), "heads"},
         {layout(4, 32, 1, 3, 1, 0, 0, false), "not a multiple of micro-batch 3"},
@@ -581,14 +581,14 @@ static void test_checks_and_search(void) {
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n == 16 && stats.valid > 1000 && stats.fit >= 16 && stats.seconds < 5);
     for (int i = 0; i < n; i++) {
-        const struct l3d_plan_layout *l = &best[i].layout;
+        const struct l3d_layout *l = &best[i].layout;
         CHECK(best[i].fits && best[i].mem.total <= prof.mem_bytes);
         CHECK((int64_t)l->tp * l->pp * l->dp == 3072);
-        CHECK(m.heads % l->tp == 0 && m.L % (l->pp * l->v) == 0);
+        CHECK(m.NH % l->tp == 0 && m.L % (l->pp * l->v) == 0);
         if (i) CHECK(best[i - 1].time.step <= best[i].time.step);
     }
     /* the best beats a hand-picked layout too */
-    struct l3d_plan_layout hand = layout(8, 16, 24, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    struct l3d_layout hand = layout(8, 16, 24, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &hand, &r) == L3D_OK);
     CHECK(best[0].time.step <= r.time.step);
     /* fixed parts are kept */
@@ -601,7 +601,7 @@ static void test_checks_and_search(void) {
               best[i].layout.recompute == L3D_RECOMPUTE_FULL);
     /* nothing fits: OK with no result; a tp that divides nothing: an error naming it */
     fx = l3d_plan_fixed_none();
-    CHECK(l3d_plan_model_preset(&m, "frontier-1t") == L3D_OK);
+    CHECK(l3d_model_preset(&m, "frontier-1t") == L3D_OK);
     run = run16(8, 8, true);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n == 0 && stats.valid > 0 && stats.fit == 0);
@@ -609,9 +609,9 @@ static void test_checks_and_search(void) {
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--tp 3") != NULL);
     /* the runtime's reserve counts against "fits", not in the predicted bytes */
-    CHECK(l3d_plan_model_preset(&m, "frontier-175b") == L3D_OK);
+    CHECK(l3d_model_preset(&m, "frontier-175b") == L3D_OK);
     run = run16(128, 640, true);
-    struct l3d_plan_layout one = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
+    struct l3d_layout one = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     prof.reserve_bytes = 0;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
     double total = r.mem.total;
@@ -623,7 +623,7 @@ static void test_checks_and_search(void) {
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
     /* every v dividing the layers a rank holds: 10 layers on pp 2 (5 a rank) try v 5, which the
      * old list {1, 2, 3, 4, 6, 8} never did */
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
     m.L = 10;
     run = run16(2, 4, true);
     fx = l3d_plan_fixed_none();
@@ -637,9 +637,9 @@ static void test_checks_and_search(void) {
     CHECK(n > 0 && best[0].layout.v == 5 && best[0].layout.pp == 2);
     /* absurd sizes: one error, before any search */
     m.L = 65536;
-    m.h = 1 << 20;
-    m.heads = 16;
-    m.ffn = 4LL * m.h;
+    m.C = 1 << 20;
+    m.NH = 16;
+    m.ffn = 4LL * m.C;
     CHECK(l3d_plan_model_check(&m) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "up to 10^15 parameters") != NULL);
     /* explanation names a part of the time */
@@ -698,10 +698,10 @@ static void test_gemm_shape(void) {
     CHECK_NEAR(thin, 0.53 / (512.0 / 550) * (112.0 / 220), 1e-3);
     /* a step: with the data-sheet compute units, a layout whose shards fill the waves badly is
      * slower than without quantization; one whose shards fill them exactly is not */
-    struct l3d_plan_model m = {.name = "w", .L = 4, .h = 4096, .heads = 32, .ffn = 16384,
-                               .V = 51200, .s = 2048};
+    struct l3d_model_spec m = {.name = "w", .L = 4, .C = 4096, .NH = 32, .ffn = 16384,
+                               .V = 51200, .maxT = 2048};
     struct l3d_plan_run run = run16(8, 8, true);
-    struct l3d_plan_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_profile u, flat, flat_q;
     CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\ncompute_units = 1\n"
                      "gemm_tile = 1x1\n", &u) == L3D_OK);
@@ -721,8 +721,8 @@ static void test_gemm_shape(void) {
     /* a memory-bound product: h 64, one head, 2^17 tokens a micro-batch: the products move more
      * bytes than their FLOPs take at the curve's rate; the step's products are never faster than
      * their operands and results moved once at the element-wise bandwidth */
-    struct l3d_plan_model thin_m = {.name = "m", .L = 1, .h = 8, .heads = 1, .ffn = 32,
-                                    .V = 128, .s = 4096};
+    struct l3d_model_spec thin_m = {.name = "m", .L = 1, .C = 8, .NH = 1, .ffn = 32,
+                                    .V = 128, .maxT = 4096};
     run = run16(1, 32, true);
     lay = layout(1, 1, 1, 32, 1, 0, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&thin_m, &q, &run, &lay, &a) == L3D_OK);
@@ -747,11 +747,11 @@ static void test_gemm_shape(void) {
 static void test_recompute_and_overlap(void) {
     struct l3d_profile prof;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "megatron-18b") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "megatron-18b") == L3D_OK);
     struct l3d_plan_run run = run16(8, 16, false);
     struct l3d_plan_result none, sel, full;
-    struct l3d_plan_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &none) == L3D_OK);
     lay.recompute = L3D_RECOMPUTE_SELECTIVE;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &sel) == L3D_OK);
@@ -766,7 +766,7 @@ static void test_recompute_and_overlap(void) {
                none.time.attention * 1e-12);
     CHECK_NEAR(sel.time.step - none.time.step, sel.time.recompute, sel.time.step * 1e-12);
     /* its FLOPs: 4 s h a token and layer (the 4 b s^2 h / b s of the core's forward) */
-    double G = 16, s = m.s, h = m.h, L = m.L;
+    double G = 16, s = m.maxT, h = m.C, L = m.L;
     CHECK_NEAR(sel.hw_flops - sel.model_flops, G * s * L * 4 * s * h, sel.model_flops * 1e-12);
     /* full: the layer's whole forward, its products and its two TP all-reduces among them */
     CHECK(full.time.recompute > 0.3 * (full.time.gemm - full.time.recompute));
@@ -807,7 +807,7 @@ static void test_recompute_and_overlap(void) {
     CHECK(all.dp_overlap == 1);
     lay.recompute = L3D_RECOMPUTE_NONE;
     for (int zero = 0; zero <= 2; zero++) {
-        struct l3d_plan_layout dl = layout(4, 1, 2, 1, 1, zero, L3D_RECOMPUTE_NONE, false);
+        struct l3d_layout dl = layout(4, 1, 2, 1, 1, zero, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r0, r5, r1;
         CHECK(l3d_plan_evaluate(&m, &prof, &run, &dl, &r0) == L3D_OK);
         CHECK(l3d_plan_evaluate(&m, &half, &run, &dl, &r5) == L3D_OK);
@@ -912,12 +912,12 @@ static void test_pipe_time(void) {
     /* in a step: the trainer's schedule on an uneven fp32 partition, p2p included */
     struct l3d_profile prof;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = 4;
     run.global_batch = 16;
-    struct l3d_plan_layout lay = layout(1, 4, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(1, 4, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     const struct l3d_plan_time *t = &r.time;
@@ -957,11 +957,11 @@ static const char *bf16_keys =
     "kernel_bw_eff_bf16 = 0.45\n";
 
 /* d12 on 256 byte tokens, sequences of 128, one process, a batch of 4 in one micro-batch */
-static void d12_local(struct l3d_plan_model *m, struct l3d_plan_run *run,
-                      struct l3d_plan_layout *lay) {
-    CHECK(l3d_plan_model_preset(m, "d12") == L3D_OK);
+static void d12_local(struct l3d_model_spec *m, struct l3d_plan_run *run,
+                      struct l3d_layout *lay) {
+    CHECK(l3d_model_preset(m, "d12") == L3D_OK);
     m->V = 256;
-    m->s = 128;
+    m->maxT = 128;
     *run = l3d_plan_run_default();
     run->global_batch = 4;
     *lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
@@ -971,9 +971,9 @@ static void d12_local(struct l3d_plan_model *m, struct l3d_plan_run *run,
 static void d12_local_three(const struct l3d_profile *pa, const struct l3d_profile *pb,
                             const struct l3d_profile *pc, struct l3d_plan_result *a,
                             struct l3d_plan_result *b, struct l3d_plan_result *c) {
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_plan_run run;
-    struct l3d_plan_layout lay;
+    struct l3d_layout lay;
     d12_local(&m, &run, &lay);
     CHECK(l3d_plan_evaluate(&m, pa, &run, &lay, a) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m, pb, &run, &lay, b) == L3D_OK);
@@ -1022,12 +1022,12 @@ static void test_wgrad_curve(void) {
     CHECK(c.time.step > a.time.step && c.mem.total == a.mem.total);
     /* negative: at micro-batch 8 (1024 tokens) the curve reads 0.5, and the weight gradient is
      * no slower than the flat curve's: the 4/3 above is the tokens' doing */
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_plan_run run;
-    struct l3d_plan_layout lay;
+    struct l3d_layout lay;
     d12_local(&m, &run, &lay);
     run.global_batch = 8;
-    lay.mb = 8;
+    lay.micro_batch = 8;
     CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m, &w, &run, &lay, &c) == L3D_OK);
     CHECK_NEAR(c.time.gemm, a.time.gemm, a.time.gemm * 1e-12);
@@ -1086,15 +1086,15 @@ static void test_mixed_local(void) {
     CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "kernel_bw_eff_bf16 = 3 is out of range") != NULL);
 
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
     m.V = 256;
-    m.s = 128;
+    m.maxT = 128;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.global_batch = 4;
     run.precision = L3D_PREC_BF16;
     run.llm3d_mixed = true;
-    struct l3d_plan_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result a, b, f;
     /* the bf16 figures replace the fp32 ones: each half, each part twice the time; memory the
      * same */
@@ -1257,9 +1257,9 @@ static void test_kernels_one_by_one(void) {
     snprintf(text, sizeof text, "%s%skernel_bw_effs_bf16 = layernorm:0.45 gelu:0.045 "
              "residual:0.45 adamw:0.45\n", cpu_prof, bf16_keys);
     CHECK(l3d_profile_parse(&p16own, text, "cpu16") == L3D_OK);
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_plan_run run;
-    struct l3d_plan_layout lay;
+    struct l3d_layout lay;
     d12_local(&m, &run, &lay);
     run.precision = L3D_PREC_BF16;
     run.llm3d_mixed = true;
@@ -1280,9 +1280,9 @@ static void test_kernels_one_by_one(void) {
 static void test_cpu_ranks(void) {
     struct l3d_profile p1, p8;
     CHECK(l3d_profile_parse(&p1, cpu_prof, "cpu") == L3D_OK);
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_plan_run run;
-    struct l3d_plan_layout lay;
+    struct l3d_layout lay;
     d12_local(&m, &run, &lay);
     struct l3d_plan_result a, b;
     CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &a) == L3D_OK);
@@ -1326,9 +1326,9 @@ static void test_cpu_ranks(void) {
 static void test_attention_unfused(void) {
     struct l3d_profile prof;
     CHECK(parse_with("mem_bw_gbs = 2000\n", "mem_bw_gbs = 1\n", &prof) == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "d12") == L3D_OK);
-    const double b = 2, t = 2, s = m.s, a = m.heads, d = (double)m.h / m.heads, L = m.L;
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    const double b = 2, t = 2, s = m.maxT, a = m.NH, d = (double)m.C / m.NH, L = m.L;
     const double bw = 1e9 * 0.7; /* mem_bw x kernel_bw_eff */
     const double H = b * a / t, sc = H * s * s;
     for (int k = 0; k < 3; k++) {
@@ -1336,13 +1336,13 @@ static void test_attention_unfused(void) {
         struct l3d_plan_run run = run16(2, 2, k == 2);
         if (k == 1) run.precision = L3D_PREC_FP32;
         double e = k == 1 ? 4 : 2;
-        struct l3d_plan_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
+        struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r;
         CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
         CHECK(r.m == 1);
         double want;
         if (k == 2) {
-            want = L * 3 * 4 * b * s * s * m.h / t / (100e12 * 0.3);
+            want = L * 3 * 4 * b * s * s * m.C / t / (100e12 * 0.3);
         } else {
             /* QK^T reads Q and K, writes the scores; P V reads P and V, writes the output */
             double qk = e * H * (s * d + d * s + s * s), pv = e * H * (s * s + s * d + s * d);
@@ -1354,7 +1354,7 @@ static void test_attention_unfused(void) {
     }
     /* a perturbed count is rejected: the same checks with the dropout bytes left out of case 0 */
     struct l3d_plan_run run = run16(2, 2, false);
-    struct l3d_plan_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double e = 2, qk = e * H * (s * d + d * s + s * s), pv = e * H * (s * s + s * d + s * d);
@@ -1374,8 +1374,8 @@ static void test_dp_nics(void) {
     one.devices_per_node = 16;
     CHECK(parse_with("inter_bw_gbs = 100\ninter_lat_us = 10\n",
                      "inter_bw_gbs = 400\ninter_lat_us = 5\n", &fat) == L3D_OK);
-    struct l3d_plan_model m;
-    CHECK(l3d_plan_model_preset(&m, "megatron-1.7b") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "megatron-1.7b") == L3D_OK);
     /* tp x pp: the groups a node holds are t p, whether from TP or PP */
     const int tps[4] = {1, 2, 8, 2}, pps[4] = {1, 1, 1, 2};
     const double share[4] = {1, 2, 8, 4}; /* inter_bw (100) / intra_bw (100) x groups a node */
@@ -1383,7 +1383,7 @@ static void test_dp_nics(void) {
     for (int i = 0; i < 4; i++) {
         int tp = tps[i], pp = pps[i], dp = 16 / (tp * pp);
         struct l3d_plan_run run = run16(16, dp * 2, false);
-        struct l3d_plan_layout lay = layout(tp, pp, dp, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+        struct l3d_layout lay = layout(tp, pp, dp, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result a, b, c;
         CHECK(l3d_plan_evaluate(&m, &two, &run, &lay, &a) == L3D_OK);
         CHECK(l3d_plan_evaluate(&m, &one, &run, &lay, &b) == L3D_OK);

@@ -2,13 +2,13 @@
  * llm3d planner: memory and step time of a training layout on a system, and the search for the
  * fastest layout that fits.
  *
- *   struct l3d_plan_model model;
+ *   struct l3d_model_spec model;
  *   l3d_plan_model_preset(&model, "frontier-175b");          // or a GPT-2 size, or explicit
  *   struct l3d_profile prof;
  *   l3d_profile_load(&prof, "profiles/frontier.prof");       // a readable text file
  *   struct l3d_plan_run run = l3d_plan_run_default();
  *   run.devices = 128; run.global_batch = 640; run.precision = L3D_PREC_FP16; run.flash = true;
- *   struct l3d_plan_layout lay = {.tp = 4, .pp = 16, .dp = 2, .mb = 1, .v = 1, .zero = 1,
+ *   struct l3d_layout lay = {.tp = 4, .pp = 16, .dp = 2, .mb = 1, .v = 1, .zero = 1,
  *                                 .recompute = L3D_RECOMPUTE_FULL};
  *   struct l3d_plan_result r;
  *   l3d_plan_evaluate(&model, &prof, &run, &lay, &r);        // r.mem.total, r.time.step, r.hfu
@@ -43,28 +43,22 @@
 #include "llm3d/core.h"
 #include "llm3d/model.h"
 #include "llm3d/pipeline.h"
+#include "llm3d/spec.h"
 
 /* ---- model ---------------------------------------------------------------------------- */
 
-struct l3d_plan_model {
-    char name[48];
-    int L, h, heads;   /* layers, hidden size, attention heads */
-    int64_t ffn;       /* MLP width: 4h in GPT-2/3 and every preset; llm3d's trainer needs 4h */
-    int V;             /* vocabulary (padded to a multiple of 128, as the trainer does) */
-    int s;             /* sequence length */
-};
-
-/* GPT-2 sizes (d12 = gpt2 ... d48 = gpt2-xl, tiny), the Frontier study's frontier-22b,
- * frontier-175b, frontier-1t (Dash et al. 2023), gpt3-175b (Brown et al. 2020), and Megatron 2021's
- * weak-scaling table megatron-1.7b ... megatron-1t (Narayanan et al. 2021, Table 1). */
-l3d_status l3d_plan_model_preset(struct l3d_plan_model *m, const char *name);
-const char *l3d_plan_model_names(void);
-/* Checks sizes (h divisible by heads, positive values); messages name the flags. */
-l3d_status l3d_plan_model_check(const struct l3d_plan_model *m);
-/* The trainer's model config of the same sizes (V, maxT = s). */
-struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_plan_model *m);
+/* The planner's model is the run spec's (include/llm3d/spec.h, struct l3d_model_spec; presets:
+ * l3d_model_preset), with two readings of its own: maxT is the sequence length planned (a step's
+ * sequences fill the context; the trainer's memory check passes its --seq-len as maxT and adds
+ * the position rows beyond it), and ffn the MLP width (any, for Megatron-LM's runs; 4C in
+ * llm3d's trainer). */
+/* Checks the sizes for the planner (the run spec's model rules, and a model of at most 10^15
+ * parameters); messages name the flags. */
+l3d_status l3d_plan_model_check(const struct l3d_model_spec *m);
+/* The trainer's model of the same sizes (Vp set, ffn 4C). */
+struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_model_spec *m);
 /* Parameters of the full model (tied embedding counted once, position embedding included). */
-int64_t l3d_plan_model_params(const struct l3d_plan_model *m);
+int64_t l3d_plan_model_params(const struct l3d_model_spec *m);
 
 /* ---- system profile ------------------------------------------------------------------- */
 
@@ -195,16 +189,9 @@ struct l3d_plan_run {
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 
-struct l3d_plan_layout {
-    int tp, pp, dp;
-    int mb;                /* micro-batch size (sequences) */
-    int v;                 /* model chunks per pipeline rank (interleaved when > 1) */
-    int zero;              /* 0, 1 (optimizer state sharded over DP), 2 (also gradients) */
-    enum l3d_recompute recompute;
-    bool sp;               /* sequence parallelism (tp > 1) */
-    enum l3d_pp_kind schedule; /* 1F1B, GPipe, or interleaved (v > 1) */
-    int threads;           /* CPU: threads per rank (from run.threads when 0) */
-};
+/* A layout is the run spec's struct l3d_layout: tp, pp, dp, micro_batch, v, zero, recompute, sp,
+ * schedule and threads (CPU: threads per rank; from run.threads when 0); cp 0 reads as 1. The
+ * global batch and the sequence are the run's (run.global_batch, the model's maxT). */
 
 struct l3d_plan_mem {      /* bytes on the fullest rank */
     double params, grads, optimizer, activations, other, total;
@@ -220,7 +207,7 @@ struct l3d_plan_time {     /* seconds per training step */
 };
 
 struct l3d_plan_result {
-    struct l3d_plan_layout layout;
+    struct l3d_layout layout;
     struct l3d_plan_mem mem;
     struct l3d_plan_time time;
     bool fits;
@@ -234,21 +221,21 @@ struct l3d_plan_result {
 /* Checks the layout against model, run and profile (divisibility, heads, schedule rules, the
  * precision's peak); L3D_ERR_LAYOUT with a sentence naming the value and the rule. prof NULL: the
  * profile's checks (threads a node, the peak) are left out (l3d_plan_memory). */
-l3d_status l3d_plan_check(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                          const struct l3d_plan_run *run, const struct l3d_plan_layout *lay);
-l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                          const struct l3d_plan_run *run, const struct l3d_layout *lay);
+l3d_status l3d_plan_evaluate(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_layout *lay,
                              struct l3d_plan_result *r);
 
 /* The memory of the fullest rank alone (no profile, no time): the same formulas as
  * l3d_plan_evaluate's r.mem. The trainer checks its own layout, and the alternatives it proposes,
  * with it before allocating (src/train/memory.c). */
-l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                           const struct l3d_plan_layout *lay, struct l3d_plan_mem *worst);
+l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                           const struct l3d_layout *lay, struct l3d_plan_mem *worst);
 
 /* Layers of each pipeline rank's chunks, as the trainer splits them (l3d_pp_partition) when
  * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
-l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+l3d_status l3d_plan_stage_layers(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                                  int stages, int *layers);
 
 /* The pipeline phase of a step: the schedule's actions run on a timeline, each virtual stage vs
@@ -280,7 +267,7 @@ struct l3d_plan_search_stats {
 };
 /* Enumerates (tp, pp, dp, micro-batch, v, ZeRO, recompute, SP) valid for the run, keeps those
  * that fit in memory, returns the `top` fastest in out (sorted), their number in *n_out. */
-l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                            const struct l3d_plan_run *run, const struct l3d_plan_fixed *fixed,
                            struct l3d_plan_result *out, int top, int *n_out,
                            struct l3d_plan_search_stats *stats);

@@ -18,8 +18,8 @@ static void usage(FILE *f) {
         "train); the rest is searched. Defaults: --model d12, --seq-len the model's context,\n"
         "--global-batch 8 (or --batch x --grad-accum x --dp when all three are given), --threads\n"
         "1; --precision fp32 for llm3d's trainer and on a profile without 16-bit peak, else bf16\n"
-        "(fp16 if the profile has no bf16). The planner's own presets: %s.\n"
-        "\n", l3d_plan_model_names());
+        "(fp16 if the profile has no bf16).\n"
+        "\n");
 }
 
 static const char *rc_name(enum l3d_recompute r) {
@@ -48,9 +48,9 @@ static void print_json_error(const char *reason) {
     printf("}\n");
 }
 
-static void print_json(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+static void print_json(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                        const struct l3d_plan_run *run, const struct l3d_plan_result *r) {
-    const struct l3d_plan_layout *l = &r->layout;
+    const struct l3d_layout *l = &r->layout;
     const struct l3d_plan_time *t = &r->time;
     const struct l3d_plan_mem *mm = &r->mem;
     printf("{\"model\":");
@@ -67,7 +67,7 @@ static void print_json(const struct l3d_plan_model *m, const struct l3d_profile 
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
            "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f}\n",
            (long long)run->devices, (long long)run->global_batch,
-           l3d_prec_name(run->precision), l->tp, l->pp, l->dp, l->mb, l->v, l->zero,
+           l3d_prec_name(run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
            l->threads, r->m, mm->params, mm->grads, mm->optimizer, mm->activations, mm->other,
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
@@ -92,13 +92,13 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
            " total | step s: compute recomp     TP    p2p bubble     DP  optim   step | tok/s  MFU  "
            "HFU\n", u);
     for (int i = 0; i < n; i++) {
-        const struct l3d_plan_layout *l = &r[i].layout;
+        const struct l3d_layout *l = &r[i].layout;
         const struct l3d_plan_time *t = &r[i].time;
         const struct l3d_plan_mem *m = &r[i].mem;
         double compute = t->gemm + t->attention + t->elementwise;
         printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f %6.2f "
                "| %15.4g %6.3g %6.3g %6.3g %6.3g %6.3g %6.3g %6.4g | %5.3g %4.1f%% %4.1f%%\n",
-               i + 1, l->tp, l->pp, l->dp, l->mb, l->v, l->zero, rc_name(l->recompute),
+               i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero, rc_name(l->recompute),
                l->sp ? "y" : "n", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
                m->activations / sc, m->other / sc, m->total / sc, compute, t->recompute,
                t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm + t->embed_sync, t->optimizer,
@@ -149,7 +149,7 @@ static const struct published {
 
 static l3d_status eval_published(const struct published *p, int64_t devices, int dp,
                                  int64_t batch, bool calibrated, struct l3d_plan_result *r) {
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_profile prof;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = devices;
@@ -157,11 +157,11 @@ static l3d_status eval_published(const struct published *p, int64_t devices, int
     run.precision = p->prec;
     run.flash = p->flash;
     run.calibrated = calibrated;
-    struct l3d_plan_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .mb = p->mb, .v = p->v,
+    struct l3d_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .micro_batch = p->mb, .v = p->v,
                                   .zero = p->zero, .recompute = p->rc, .sp = p->sp,
                                   .schedule = p->v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
                                   .threads = 1};
-    l3d_status st = l3d_plan_model_preset(&m, p->model);
+    l3d_status st = l3d_model_preset(&m, p->model);
     if (st == L3D_OK) st = l3d_profile_find(&prof, p->profile);
     if (st == L3D_OK) st = l3d_plan_evaluate(&m, &prof, &run, &lay, r);
     return st;
@@ -346,29 +346,30 @@ static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
     return 0;
 }
 
-/* The planner's model: a preset of its own table (GPT-2 sizes and the published runs'), then the
- * sizes given; the sequence is --seq-len, else the preset's. */
-static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_plan_model *m) {
-    l3d_status st = l3d_plan_model_preset(m, cs->preset ? cs->preset : "d12");
+/* The planner's model: the --model preset (d12 without one), then the sizes given; its maxT is
+ * the sequence planned: --seq-len, else --context, else the preset's context. */
+static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
+    l3d_status st = l3d_model_preset(m, cs->preset ? cs->preset : "d12");
     if (st != L3D_OK) return st;
     const struct l3d_layout *l = &cs->spec->layout;
     bool seq = l3d_cli_spec_given(cs, "seq-len");
     if (cs->L) m->L = cs->L;
-    if (cs->C) m->h = cs->C;
-    if (cs->NH) m->heads = cs->NH;
+    if (cs->C) m->C = cs->C;
+    if (cs->NH) m->NH = cs->NH;
     if (cs->V) m->V = cs->V;
-    if (seq) m->s = l->seq;
-    m->ffn = cs->ffn ? cs->ffn : 4LL * m->h;
-    if (cs->maxT && m->s > cs->maxT)
+    if (cs->maxT) m->maxT = cs->maxT;
+    if (cs->maxT && seq && l->seq > cs->maxT)
         return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
-                         "--seq-len", m->s, cs->maxT);
-    if (cs->L || cs->C || cs->NH || cs->V || seq || cs->ffn) {
+                         "--seq-len", l->seq, cs->maxT);
+    if (seq) m->maxT = l->seq;
+    m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
+    if (cs->L || cs->C || cs->NH || cs->V || seq || cs->maxT || cs->ffn) {
         /* explicit sizes without --model: say what the rest came from */
         char kept[160] = "";
         const struct { int given; const char *what; } part[] = {
             {cs->L, "--layers"}, {cs->C, "--channels"}, {cs->NH, "--heads"}, {cs->V, "--vocab"},
-            {seq, "--seq-len"}};
-        const int d12[] = {m->L, m->h, m->heads, m->V, m->s};
+            {seq || cs->maxT, "--seq-len"}};
+        const int d12[] = {m->L, m->C, m->NH, m->V, m->maxT};
         for (int i = 0; i < 5; i++)
             if (!part[i].given)
                 snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s %d",
@@ -454,30 +455,30 @@ static int plan_flags(int argc, char **argv, struct l3d_cli_spec *cs, struct pla
 }
 
 /* One layout, given whole with --pp-schedule: evaluated, not searched. */
-static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_plan_model *m,
+static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_model_spec *m,
                            const struct l3d_profile *prof, const struct l3d_plan_run *run,
                            const struct l3d_plan_fixed *fx, struct l3d_plan_result *r) {
     const struct l3d_layout *l = &cs->spec->layout;
     if (!fx->tp || !fx->pp || !fx->mb || fx->zero < 0 || fx->recompute < 0)
         return l3d_error(L3D_ERR_ARG, "--pp-schedule evaluates one layout: also give --tp, --pp, "
                          "--batch, --zero and --recompute");
-    struct l3d_plan_layout lay = {
+    struct l3d_layout lay = {
         .tp = fx->tp, .pp = fx->pp,
         .dp = fx->dp ? fx->dp : (int)(run->devices / run->threads / fx->tp / fx->pp),
-        .mb = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
+        .micro_batch = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
         .recompute = (enum l3d_recompute)fx->recompute, .sp = fx->sp > 0, .schedule = l->schedule,
         .threads = run->threads};
     return l3d_plan_evaluate(m, prof, run, &lay, r);
 }
 
-static void print_header(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+static void print_header(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                          const struct l3d_plan_run *run, enum l3d_dtype reduce,
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
     printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), "
-           "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->h, m->heads,
-           (long long)m->ffn, m->V, m->s, (double)l3d_plan_model_params(m), prof->name,
+           "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->C, m->NH,
+           (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)run->global_batch,
            l3d_prec_name(run->precision), run->flash ? ", fused attention" : "");
     if (run->grad_reduce_16)
@@ -512,7 +513,7 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     printf("\nbest: tp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, %s%s"
            "%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
-           b->layout.tp, b->layout.pp, b->layout.dp, b->layout.mb, b->m, b->layout.v,
+           b->layout.tp, b->layout.pp, b->layout.dp, b->layout.micro_batch, b->m, b->layout.v,
            b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
@@ -522,8 +523,8 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
      * answer is not a variant of the same layout */
     const struct l3d_plan_result *other = NULL;
     for (int i = 1; i < n && !other; i++) {
-        const struct l3d_plan_layout *x = &res[i].layout, *y = &b->layout;
-        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp || x->mb != y->mb || x->v != y->v)
+        const struct l3d_layout *x = &res[i].layout, *y = &b->layout;
+        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp || x->micro_batch != y->micro_batch || x->v != y->v)
             other = &res[i];
     }
     if (!other && n > 1) other = &res[1];
@@ -542,7 +543,7 @@ static int plan_fail(l3d_status st, const char *why, bool json) {
 }
 
 /* The results: the table and the best, or the JSON objects. 0, or 1 when nothing fits. */
-static int plan_print(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+static int plan_print(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                       const struct l3d_plan_run *run, const struct l3d_plan_result *res, int n,
                       bool one, bool json, enum l3d_dtype reduce,
                       const struct l3d_plan_search_stats *stats) {
@@ -584,7 +585,7 @@ int l3d_cli_plan(int argc, char **argv) {
     int rc = plan_flags(argc, argv, &cs, &o);
     if (rc >= 0) return rc;
     if (o.published) return run_published();
-    struct l3d_plan_model m;
+    struct l3d_model_spec m;
     struct l3d_profile prof;
     struct l3d_plan_run run;
     struct l3d_plan_fixed fx;

@@ -30,6 +30,7 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
                          "most %d), context %d (at most %d)", cfg->L, L3D_MAX_LAYERS, cfg->C,
                          L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    if (cfg->ffn <= 0) cfg->ffn = 4LL * cfg->C; /* GPT-2's MLP */
     double C = cfg->C, params = (double)cfg->L * (12 * C * C + 13 * C) +
                                 ((double)cfg->Vp + cfg->maxT) * C + 2 * C;
     if (params > L3D_MAX_PARAMS)

@@ -13,7 +13,7 @@ void l3d_plan_cache_free(struct l3d_plan_cache *cc) {
     memset(cc, 0, sizeof *cc);
 }
 
-l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_plan_model *m,
+l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_model_spec *m,
                                  const struct l3d_plan_run *run, int S, int **owned,
                                  const int **layers) {
     *owned = NULL;

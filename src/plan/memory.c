@@ -26,9 +26,9 @@ static int in_flight(enum l3d_pp_kind k, int p, int v, int64_t m, int r) {
  * dropout masks), 8 s b h of attention split by TP and 16 s b h of the 4h MLP (its two 4h-wide
  * inputs), i.e. 4 s b f for an MLP of width f. A fused (flash) attention keeps no s^2 scores, so
  * the 5 a s^2 b term goes; full recomputation keeps the layer's 2 s b h input. */
-static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layout *lay,
                            enum l3d_recompute rc, bool flash) {
-    double s = m->s, b = lay->mb, h = m->h, a = m->heads, t = lay->tp, f = (double)m->ffn;
+    double s = m->maxT, b = lay->micro_batch, h = m->C, a = m->NH, t = lay->tp, f = (double)m->ffn;
     double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
     if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
@@ -37,8 +37,8 @@ static double layer_act_16(const struct l3d_plan_model *m, const struct l3d_plan
 }
 
 /* The shard and sizes of chunk ch, virtual stage vs of S. */
-static void chunk_size(const struct l3d_model_spec *c, const struct l3d_plan_model *m,
-                       const struct l3d_plan_layout *lay, const int *layers, const int64_t *start,
+static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_spec *m,
+                       const struct l3d_layout *lay, const int *layers, const int64_t *start,
                        int S, int vs, struct l3d_plan_chunk *ch) {
     struct l3d_shard sh;
     /* sizes only: the trainer's shard when it splits this way, the even split else; the
@@ -46,8 +46,8 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_plan_mod
      * l3d_layout_stage_shard sets them, from the prefix sums (it sums the layers before vs,
      * which over every chunk of a layout is O(stages^2)) */
     if (l3d_layout_stage_shard(c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
-        sh.head_count = m->heads / lay->tp;
-        sh.ffn_count = 4LL * m->h / lay->tp;
+        sh.head_count = m->NH / lay->tp;
+        sh.ffn_count = 4LL * m->C / lay->tp;
         sh.vocab_count = ((int64_t)c->Vp + lay->tp - 1) / lay->tp;
     }
     sh.layer_start = (int)start[vs];
@@ -62,8 +62,8 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_plan_mod
         if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
         else ch->nonlayer += ti[t].count;
     /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
-    ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->h) / lay->tp) *
-                            (2LL * m->h + 1);
+    ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->C) / lay->tp) *
+                            (2LL * m->C + 1);
 }
 
 /* ch's sizes from the memo's entry of its shape (layers, first, last), if there is one */
@@ -99,7 +99,7 @@ static void shape_keep(struct l3d_plan_shapes *memo, int layers, struct l3d_plan
     ch->shape = i;
 }
 
-void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layout *lay,
                           const int *layers, const int64_t *start, int r, const int *slots,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out) {
@@ -126,12 +126,12 @@ void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_
  * CPU, docs/DESIGN.md) run as fp32 products on fp32 copies of their operands, allocated for the
  * call: the largest such set of a chunk's products, forward (input, weight, bias, output) or
  * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is). */
-static double mixed_matmul_scratch(const struct l3d_plan_model *m,
-                                   const struct l3d_plan_layout *lay,
+static double mixed_matmul_scratch(const struct l3d_model_spec *m,
+                                   const struct l3d_layout *lay,
                                    const struct l3d_plan_chunk *ch) {
     const struct l3d_shard *sh = &ch->sh;
-    double N = (double)lay->mb * m->s, C = (double)m->h;
-    double Ca = (double)sh->head_count * (m->h / m->heads), F = (double)sh->ffn_count;
+    double N = (double)lay->micro_batch * m->maxT, C = (double)m->C;
+    double Ca = (double)sh->head_count * (m->C / m->NH), F = (double)sh->ffn_count;
     double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
     double best = 0;
     for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
@@ -145,8 +145,8 @@ static double mixed_matmul_scratch(const struct l3d_plan_model *m,
 /* llm3d's trainer: exactly what it allocates (l3d_gpt_init_dt, l3d_dp_init, l3d_adamw_init_dt); in
  * mixed precision 16-bit parameters and activations, fp32 gradients, and the fp32 master weights
  * with the moments. Returns the bytes of its transients (not at once: the larger). */
-static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                             const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                             const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                              int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
@@ -165,7 +165,7 @@ static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_pl
             mem->grads += f32 * n;
         }
         mem->optimizer += k_opt * f32 * own; /* AdamW m and v (and the master weights) */
-        mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->mb, m->s,
+        mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
         /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation
@@ -189,19 +189,19 @@ static double trainer_memory(const struct l3d_plan_model *m, const struct l3d_pl
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
      * batches (--val-batches, 8 by default) when more */
-    mem->other += 2.0 * l3d_plan_bytes(L3D_I32) * lay->mb * m->s * (double)(mm > 8 ? mm : 8);
+    mem->other += 2.0 * l3d_plan_bytes(L3D_I32) * lay->micro_batch * m->maxT * (double)(mm > 8 ? mm : 8);
     /* the pipeline executor's received stage-output gradient (src/parallel/pipe_exec.c), the
      * rows of this rank under sequence parallelism; once small beside the s^2 attention
      * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
-    mem->other += w * lay->mb * m->s * m->h / (lay->sp ? lay->tp : 1);
+    mem->other += w * lay->micro_batch * m->maxT * m->C / (lay->sp ? lay->tp : 1);
     return staging > scratch16 ? staging : scratch16;
 }
 
 /* Megatron-LM's mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
  * master weights, Adam m and v: 12 bytes, divided by d from ZeRO-1, gradients from ZeRO-2; the
  * activations of Korthikanti et al. 2022. */
-static void megatron_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                            const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                            const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double d = lay->dp, f32 = l3d_plan_bytes(L3D_F32);
@@ -227,7 +227,7 @@ static void megatron_memory(const struct l3d_plan_model *m, const struct l3d_pla
      * in flight: p of them under 1F1B, p (1 + (p - 1)/(p v)) with interleaving (sec. 4.2.3),
      * i.e. this chunk's own share, not every chunk's of the rank. Its output is the first
      * layer's input, counted there. */
-    double s = m->s, b = lay->mb, h = m->h, t = lay->tp, spd = lay->sp ? t : 1.0;
+    double s = m->maxT, b = lay->micro_batch, h = m->C, t = lay->tp, spd = lay->sp ? t : 1.0;
     if (ch[0].first) acts += ch[0].slots * s * b * h / spd;
     /* the output layer, sec. 4.3: the final LayerNorm's input 2 s b h and the projection's
      * input 2 s b h (sequence-split under SP), and the fp32 logits the cross-entropy keeps,
@@ -239,8 +239,8 @@ static void megatron_memory(const struct l3d_plan_model *m, const struct l3d_pla
     mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
 }
 
-void l3d_plan_rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                          const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+void l3d_plan_rank_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                          const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                           int r, int64_t mm, struct l3d_plan_mem *mem) {
     memset(mem, 0, sizeof *mem);
     double transient = 0;
@@ -253,15 +253,15 @@ void l3d_plan_rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_
     mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
 }
 
-l3d_status l3d_plan_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                           const struct l3d_plan_layout *lay_in, struct l3d_plan_mem *worst) {
+l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                           const struct l3d_layout *lay_in, struct l3d_plan_mem *worst) {
     memset(worst, 0, sizeof *worst);
-    struct l3d_plan_layout lay = *lay_in;
+    struct l3d_layout lay = *lay_in;
     if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
     l3d_status st = l3d_plan_check(m, NULL, run, &lay);
     if (st != L3D_OK) return st;
     int p = lay.pp, v = lay.v, S = p * v;
-    int64_t mm = run->global_batch / ((int64_t)lay.mb * lay.dp);
+    int64_t mm = run->global_batch / ((int64_t)lay.micro_batch * lay.dp);
     int *layers = malloc(sizeof(int) * (size_t)S);
     int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);

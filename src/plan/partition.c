@@ -80,14 +80,14 @@ static void fast_partition(const struct l3d_model_spec *cfg, int T, int stages, 
     }
 }
 
-l3d_status l3d_plan_stage_layers(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+l3d_status l3d_plan_stage_layers(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                                  int stages, int *layers) {
     if (stages > m->L)
         return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (pp x v) for %d layers: each stage "
                          "needs a layer", stages, m->L);
     if (l3d_plan_trainer(run)) {
         struct l3d_model_spec c = l3d_plan_model_gpt(m);
-        fast_partition(&c, m->s, stages, layers);
+        fast_partition(&c, m->maxT, stages, layers);
         return L3D_OK;
     }
     if (m->L % stages != 0)

@@ -103,22 +103,22 @@ struct l3d_plan_shapes {
 /* The v chunks of pipeline rank r (out[k] is chunk k, virtual stage k pp + r): their shards,
  * sizes and micro-batches kept (slots: the trainer's schedule's, [r v + k], when fp32; else by
  * the schedule kind). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
-void l3d_plan_rank_chunks(const struct l3d_plan_model *m, const struct l3d_plan_layout *lay,
+void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layout *lay,
                           const int *layers, const int64_t *start, int r, const int *slots,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out);
 /* The bytes of pipeline rank r, whose chunks are ch. */
-void l3d_plan_rank_memory(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
-                          const struct l3d_plan_layout *lay, const struct l3d_plan_chunk *ch,
+void l3d_plan_rank_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                          const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                           int r, int64_t mm, struct l3d_plan_mem *mem);
 
 /* ---- time (time.c, step.c) ---------------------------------------------------------------- */
 
 /* What the times of one layout are computed with: its rates and links. */
 struct l3d_plan_tctx {
-    const struct l3d_plan_model *m;
+    const struct l3d_model_spec *m;
     const struct l3d_profile *prof;
-    const struct l3d_plan_layout *lay;
+    const struct l3d_layout *lay;
     double rate;    /* peak FLOP/s of one rank (its threads, shared when oversubscribed) */
     double threads; /* devices per rank for the GEMM efficiency */
     double bw;      /* element-wise bytes/s of one rank (the median kernel: products' operands,
@@ -133,9 +133,9 @@ struct l3d_plan_tctx {
     bool flash;     /* fused attention */
     bool dropout;   /* attention dropout (Megatron-LM's core attention; not llm3d's trainer) */
 };
-void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_plan_model *m,
+void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
                         const struct l3d_profile *prof, const struct l3d_plan_run *run,
-                        const struct l3d_plan_layout *lay);
+                        const struct l3d_layout *lay);
 
 /* Ring all-reduce of n bytes over g ranks, and the link between ranks lo and hi (time.c). */
 double l3d_plan_all_reduce(double n, int g, double bw, double lat);
@@ -212,7 +212,7 @@ struct l3d_plan_cache {
 void l3d_plan_cache_free(struct l3d_plan_cache *cc);
 /* The layers of each of S stages: from the cache, else computed (and kept there when cc; else in
  * *owned, for the caller to free). */
-l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_plan_model *m,
+l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_model_spec *m,
                                  const struct l3d_plan_run *run, int S, int **owned,
                                  const int **layers);
 /* The trainer's schedule of (kind, p, v, mm) in *sched: the cache's, else built (into the cache
@@ -223,8 +223,8 @@ l3d_status l3d_plan_cache_schedule(struct l3d_plan_cache *cc, enum l3d_pp_kind k
 
 /* l3d_plan_evaluate with a search's cache (NULL: none); prof already the run's
  * (l3d_plan_run_profile) */
-l3d_status l3d_plan_evaluate_in(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                                const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+l3d_status l3d_plan_evaluate_in(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                                const struct l3d_plan_run *run, const struct l3d_layout *lay,
                                 struct l3d_plan_result *r, struct l3d_plan_cache *cc);
 
 #endif

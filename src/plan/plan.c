@@ -25,7 +25,7 @@ const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
 /* A layout under evaluation: its stages and the buffers it owns (eval_end frees them). */
 struct eval {
     struct l3d_plan_run run;      /* with the profile's word on llm3d's 16-bit products */
-    struct l3d_plan_layout lay;   /* threads resolved */
+    struct l3d_layout lay;   /* threads resolved */
     int64_t mm;                   /* micro-batches a step */
     int S;                        /* virtual stages, pp v */
     enum l3d_pp_kind kind;        /* the schedule (1F1B without a pipeline) */
@@ -45,9 +45,9 @@ static void eval_end(struct eval *ev) {
 }
 
 /* Checks the layout and sets up its stages; r->layout and r->m once it is valid. */
-static l3d_status eval_begin(struct eval *ev, const struct l3d_plan_model *m,
+static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
                              const struct l3d_profile *prof, const struct l3d_plan_run *run,
-                             const struct l3d_plan_layout *lay_in, struct l3d_plan_cache *cc,
+                             const struct l3d_layout *lay_in, struct l3d_plan_cache *cc,
                              struct l3d_plan_result *r) {
     memset(ev, 0, sizeof *ev);
     ev->run = *run; /* the profile's word on llm3d's 16-bit products */
@@ -60,7 +60,7 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_plan_model *m,
     if (st != L3D_OK) return st;
     r->layout = ev->lay;
     int p = ev->lay.pp, v = ev->lay.v;
-    ev->mm = run->global_batch / ((int64_t)ev->lay.mb * ev->lay.dp);
+    ev->mm = run->global_batch / ((int64_t)ev->lay.micro_batch * ev->lay.dp);
     r->m = (int)ev->mm;
     ev->S = p * v;
     ev->kind = p > 1 ? ev->lay.schedule : L3D_PP_1F1B;
@@ -81,7 +81,7 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_plan_model *m,
 /* Each pipeline rank's chunks: the fullest rank's memory, the slowest rank's time of a
  * micro-batch and every rank's summed, and, when vt, each virtual stage's times for the
  * timeline. */
-static void eval_ranks(const struct eval *ev, const struct l3d_plan_model *m,
+static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
                        const struct l3d_plan_tctx *x, double *vt, struct l3d_plan_ranks *o) {
     memset(o, 0, sizeof *o);
     struct l3d_plan_shapes memo = {0};
@@ -107,11 +107,11 @@ static void eval_ranks(const struct eval *ev, const struct l3d_plan_model *m,
 }
 
 /* The step's FLOPs, throughput and utilisation, from r->time.step. */
-static void eval_flops(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                       const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+static void eval_flops(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                       const struct l3d_plan_run *run, const struct l3d_layout *lay,
                        struct l3d_plan_result *r) {
     const struct l3d_plan_time *T = &r->time;
-    double G = (double)run->global_batch, s = m->s, h = m->h, L = m->L;
+    double G = (double)run->global_batch, s = m->maxT, h = m->C, L = m->L;
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
      * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
@@ -131,8 +131,8 @@ static void eval_flops(const struct l3d_plan_model *m, const struct l3d_profile 
     r->hfu = r->hw_flops / T->step / peak_all;
 }
 
-l3d_status l3d_plan_evaluate_in(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                                const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+l3d_status l3d_plan_evaluate_in(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                                const struct l3d_plan_run *run, const struct l3d_layout *lay,
                                 struct l3d_plan_result *r, struct l3d_plan_cache *cc) {
     memset(r, 0, sizeof *r);
     struct eval ev;
@@ -169,8 +169,8 @@ l3d_status l3d_plan_evaluate_in(const struct l3d_plan_model *m, const struct l3d
     return L3D_OK;
 }
 
-l3d_status l3d_plan_evaluate(const struct l3d_plan_model *m, const struct l3d_profile *prof,
-                             const struct l3d_plan_run *run, const struct l3d_plan_layout *lay,
+l3d_status l3d_plan_evaluate(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                             const struct l3d_plan_run *run, const struct l3d_layout *lay,
                              struct l3d_plan_result *r) {
     struct l3d_profile tmp;
     prof = l3d_plan_run_profile(prof, run, &tmp);

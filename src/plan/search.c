@@ -28,7 +28,7 @@ static void keep(struct l3d_plan_result *out, int top, int *n, const struct l3d_
 }
 
 /* The fixed parts against the ranks (devices / th) and the model's heads. */
-static l3d_status check_fixed(const struct l3d_plan_model *m, const struct l3d_plan_run *run,
+static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                               const struct l3d_plan_fixed *fx, int th, int64_t ranks) {
     const char *part[] = {"--tp", "--pp", "--dp"};
     const int val[] = {fx->tp, fx->pp, fx->dp};
@@ -38,9 +38,9 @@ static l3d_status check_fixed(const struct l3d_plan_model *m, const struct l3d_p
                              "%s %d does not divide the %lld ranks (%lld devices%s)", part[i],
                              val[i], (long long)ranks, (long long)run->devices,
                              th > 1 ? " / threads" : "");
-    if (fx->tp && m->heads % fx->tp != 0)
+    if (fx->tp && m->NH % fx->tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d heads", fx->tp,
-                         m->heads);
+                         m->NH);
     if ((int64_t)(fx->tp ? fx->tp : 1) * (fx->pp ? fx->pp : 1) * (fx->dp ? fx->dp : 1) > ranks ||
         (fx->tp && fx->pp && fx->dp && (int64_t)fx->tp * fx->pp * fx->dp != ranks))
         return l3d_error(L3D_ERR_LAYOUT, "--tp x --pp x --dp must equal the %lld ranks",
@@ -50,7 +50,7 @@ static l3d_status check_fixed(const struct l3d_plan_model *m, const struct l3d_p
 
 /* A search in progress: what it is run on, the best layouts so far and the first error. */
 struct walk {
-    const struct l3d_plan_model *m;
+    const struct l3d_model_spec *m;
     const struct l3d_profile *prof;     /* the run's (l3d_plan_run_profile) */
     const struct l3d_plan_run *run;
     const struct l3d_plan_fixed *fx;
@@ -64,7 +64,7 @@ struct walk {
 
 /* The ZeRO stages, recomputations and SP choices of one (tp, pp, dp, micro-batch, v), each
  * evaluated, kept when it fits and is among the fastest. */
-static void walk_variants(struct walk *w, const struct l3d_plan_layout *base) {
+static void walk_variants(struct walk *w, const struct l3d_layout *base) {
     const struct l3d_plan_fixed *fx = w->fx;
     for (int z = 0; z <= 2; z++) {
         if (fx->zero >= 0 ? z != fx->zero : (z > 0 && base->dp == 1)) continue;
@@ -72,7 +72,7 @@ static void walk_variants(struct walk *w, const struct l3d_plan_layout *base) {
             if (fx->recompute >= 0 && rc != fx->recompute) continue;
             for (int sp = 0; sp <= 1; sp++) {
                 if (fx->sp >= 0 ? sp != fx->sp : (sp && base->tp == 1)) continue;
-                struct l3d_plan_layout lay = *base;
+                struct l3d_layout lay = *base;
                 lay.zero = z;
                 lay.recompute = (enum l3d_recompute)rc;
                 lay.sp = sp;
@@ -110,15 +110,15 @@ static void walk_shape(struct walk *w, int64_t tp, int64_t pp, int64_t dp, int t
         for (int v = 1; v <= per_rank; v++) {
             if (per_rank % v || (fx->v && v != fx->v)) continue;
             if (v > 1 && pp < 2) continue;
-            struct l3d_plan_layout base = {
-                .tp = (int)tp, .pp = (int)pp, .dp = (int)dp, .mb = mb, .v = v,
+            struct l3d_layout base = {
+                .tp = (int)tp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb, .v = v,
                 .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B, .threads = th};
             walk_variants(w, &base);
         }
     }
 }
 
-l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_profile *prof,
+l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                            const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
                            struct l3d_plan_result *out, int top, int *n_out,
                            struct l3d_plan_search_stats *stats) {
@@ -141,7 +141,7 @@ l3d_status l3d_plan_search(const struct l3d_plan_model *m, const struct l3d_prof
     int dpn = prof->devices_per_node;
     for (int64_t tp = 1; tp <= ranks; tp++) {
         if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
-        if (!fx->tp && (tp > m->heads || (tp > dpn && dpn > 1))) continue;
+        if (!fx->tp && (tp > m->NH || (tp > dpn && dpn > 1))) continue;
         for (int64_t pp = 1; pp <= ranks / tp; pp++) {
             if ((ranks / tp) % pp || (fx->pp && pp != fx->pp) || pp > m->L) continue;
             int64_t dp = ranks / tp / pp;
@@ -188,6 +188,6 @@ void l3d_plan_explain(const struct l3d_plan_result *a, const struct l3d_plan_res
     snprintf(buf, len, "%.1f%% faster than the best layout of another shape (tp %d pp %d dp %d "
              "micro-batch %d v %d, ZeRO-%d, %s%s): %s %.3g s instead of %.3g s a step",
              100.0 * (b->time.step / a->time.step - 1), b->layout.tp, b->layout.pp, b->layout.dp,
-             b->layout.mb, b->layout.v, b->layout.zero, rc_words(b->layout.recompute),
+             b->layout.micro_batch, b->layout.v, b->layout.zero, rc_words(b->layout.recompute),
              b->layout.sp ? ", SP" : "", names[best], va[best], vb[best]);
 }

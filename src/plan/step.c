@@ -10,7 +10,7 @@
  * left out. */
 static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, double bwd_of_max,
                       int64_t mm) {
-    const struct l3d_plan_layout *lay = x->lay;
+    const struct l3d_layout *lay = x->lay;
     const struct l3d_profile *prof = x->prof;
     int t = lay->tp, p = lay->pp;
     double pb = lay->zero >= 1 ? x->e : gb;
@@ -46,12 +46,12 @@ static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, do
 /* The tied embedding's gradient (eb bytes an element) summed between the first and the last
  * stage. */
 static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
-    const struct l3d_plan_model *m = x->m;
+    const struct l3d_model_spec *m = x->m;
     int t = x->lay->tp, p = x->lay->pp;
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double bw, lat;
     l3d_plan_link(x->prof, 0, (int64_t)(p - 1) * t + t - 1, t, &bw, &lat);
-    return l3d_plan_all_reduce((double)c.Vp / t * m->h * eb, 2, bw, lat);
+    return l3d_plan_all_reduce((double)c.Vp / t * m->C * eb, 2, bw, lat);
 }
 
 /* AdamW over the rank's optimizer shard: fp32 reads parameter, gradient, m, v and writes
@@ -62,7 +62,7 @@ static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
  * next step (the whole buffer; ZeRO-2's shard: l3d_dp_step, Megatron-LM's zero_grad_buffer) */
 static double optimizer_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run *run,
                              double eb, double n_max) {
-    const struct l3d_plan_layout *lay = x->lay;
+    const struct l3d_layout *lay = x->lay;
     double n_opt = lay->zero >= 1 ? n_max / lay->dp : n_max;
     double n_zero = lay->zero == 2 ? n_opt : n_max;
     double opt_bytes = !x->fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x->e : 28.0;

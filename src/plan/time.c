@@ -5,9 +5,9 @@
 
 #include "plan-impl.h"
 
-void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_plan_model *m,
+void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
                         const struct l3d_profile *prof, const struct l3d_plan_run *run,
-                        const struct l3d_plan_layout *lay) {
+                        const struct l3d_layout *lay) {
     bool fp32 = l3d_plan_trainer(run);
     /* rates: a rank is `threads` devices; ranks x threads beyond a node's devices share them */
     *x = (struct l3d_plan_tctx){.m = m, .prof = prof, .lay = lay, .fp32 = fp32, .cal = 1.0,
@@ -24,7 +24,7 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_plan_model *m,
         x->bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay->threads *
                      share;
     x->e = l3d_plan_bytes(l3d_plan_dtype(run->precision));
-    x->ntok = (double)lay->mb * m->s;
+    x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
 }
 
@@ -79,14 +79,14 @@ static void linear(const struct l3d_plan_tctx *x, double M, double N, double K, 
  * the scores' size s^2 rivals the layer's h^2, at small h, these passes, not the FLOPs, set the
  * attention's time. */
 static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
-    const struct l3d_plan_model *m = x->m;
-    double b = x->lay->mb, s = m->s, h = m->h, t = x->lay->tp;
+    const struct l3d_model_spec *m = x->m;
+    double b = x->lay->micro_batch, s = m->maxT, h = m->C, t = x->lay->tp;
     if (x->flash) {
         *f = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->heads / t, d = h / m->heads, sc = heads * s * s;
+    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * s;
     double qk = gemm_batched(x, heads, s, s, d), pv = gemm_batched(x, heads, s, d, s), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
@@ -132,9 +132,9 @@ static double tp_all_reduce(const struct l3d_plan_tctx *x, double n) {
 
 /* What the last chunk adds to o. */
 static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
-    const struct l3d_plan_model *m = x->m;
-    const struct l3d_plan_layout *lay = x->lay;
-    double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
+    const struct l3d_model_spec *m = x->m;
+    const struct l3d_layout *lay = x->lay;
+    double t = lay->tp, h = m->C, N = x->ntok, e = x->e;
     /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double Vl = (double)c.Vp / t;
@@ -156,9 +156,9 @@ static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
  * (struct l3d_plan_parts), its p2p left out. */
 static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch,
                        struct l3d_plan_parts *o) {
-    const struct l3d_plan_model *m = x->m;
-    const struct l3d_plan_layout *lay = x->lay;
-    double t = lay->tp, h = m->h, N = x->ntok, e = x->e;
+    const struct l3d_model_spec *m = x->m;
+    const struct l3d_layout *lay = x->lay;
+    double t = lay->tp, h = m->C, N = x->ntok, e = x->e;
     double spdiv = lay->sp ? t : 1.0;
     double Ll = ch->sh.layer_count;
     memset(o, 0, sizeof *o);
@@ -220,7 +220,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
 static void chunk_p2p(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
                       double *prev, double *next) {
     int p = x->lay->pp, t = x->lay->tp;
-    double msg = x->ntok * x->m->h * x->e / (x->fp32 ? 1.0 : t);
+    double msg = x->ntok * x->m->C * x->e / (x->fp32 ? 1.0 : t);
     double bw, lat;
     int64_t me = (int64_t)r * t;
     *prev = *next = 0;

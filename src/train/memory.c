@@ -126,8 +126,8 @@ static const char *rc_name(enum l3d_recompute r) {
  * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank
  * model.bin's copy. */
 static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
-    struct l3d_plan_model m = {.L = tc->model.L, .h = tc->model.C, .heads = tc->model.NH,
-                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .s = tc->layout.seq};
+    struct l3d_model_spec m = {.L = tc->model.L, .C = tc->model.C, .NH = tc->model.NH,
+                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .maxT = tc->layout.seq};
     snprintf(m.name, sizeof m.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = (int64_t)c->tp * c->pp * c->dp;
@@ -140,8 +140,8 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
                                                : L3D_PREC_FP32;
     run.llm3d_mixed = true; /* this trainer's allocation plan in every precision */
     run.grad_reduce_16 = tc->precision.reduce != L3D_F32;
-    struct l3d_plan_layout lay = {
-        .tp = c->tp, .pp = c->pp, .dp = c->dp, .mb = c->B, .v = c->v, .zero = c->zero,
+    struct l3d_layout lay = {
+        .tp = c->tp, .pp = c->pp, .dp = c->dp, .micro_batch = c->B, .v = c->v, .zero = c->zero,
         .recompute = c->rc, .sp = tc->layout.sp && c->tp > 1,
         .schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule) : L3D_PP_1F1B,
         .threads = 1};
