@@ -12,9 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+
 #include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "test.h"
+
+/* the run spec's precision of a profile's precision index (the planner's runs in these tests) */
+static struct l3d_precision prec_of(enum l3d_prec p) {
+    struct l3d_run_spec s;
+    l3d_run_spec_defaults(&s);
+    s.precision.param = s.precision.act = p == L3D_PREC_BF16   ? L3D_BF16
+                                          : p == L3D_PREC_FP16 ? L3D_F16
+                                                               : L3D_F32;
+    return s.precision;
+}
 
 static const char *good =
     "# a comment\n"
@@ -131,7 +142,7 @@ static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
     struct l3d_plan_run r = l3d_plan_run_default();
     r.devices = devices;
     r.global_batch = batch;
-    r.precision = L3D_PREC_FP16;
+    r.precision = prec_of(L3D_PREC_FP16);
     r.flash = flash;
     return r;
 }
@@ -172,7 +183,7 @@ static void test_memory_mixed(void) {
     CHECK(rw.time.gemm > r.time.gemm);
     CHECK_NEAR((double)l3d_plan_model_params(&wide) - full, L * 4 * h * (2 * h + 1), 0.5);
     struct l3d_plan_run r32 = run;
-    r32.precision = L3D_PREC_FP32;
+    r32.precision = prec_of(L3D_PREC_FP32);
     CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "4h MLP") != NULL);
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
@@ -1092,8 +1103,8 @@ static void test_mixed_local(void) {
     m.maxT = 128;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.global_batch = 4;
-    run.precision = L3D_PREC_BF16;
-    run.llm3d_mixed = true;
+    run.precision = prec_of(L3D_PREC_BF16);
+    run.llm3d = true;
     struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result a, b, f;
     /* the bf16 figures replace the fp32 ones: each half, each part twice the time; memory the
@@ -1142,8 +1153,8 @@ static void test_mixed_local(void) {
     struct l3d_profile gpuish = base, gpuish16 = p16; /* Megatron-style needs a 16-bit peak */
     gpuish.peak_flops[L3D_PREC_BF16] = gpuish16.peak_flops[L3D_PREC_BF16] = 0.2e12;
     for (int i = 0; i < 3; i++) {
-        run.precision = other[i].prec;
-        run.llm3d_mixed = other[i].llm3d;
+        run.precision = prec_of(other[i].prec);
+        run.llm3d = other[i].llm3d;
         const struct l3d_profile *p0 = other[i].llm3d ? &base : &gpuish;
         const struct l3d_profile *p1 = other[i].llm3d ? &p16 : &gpuish16;
         CHECK(l3d_plan_evaluate(&m, p0, &run, &lay, &a) == L3D_OK);
@@ -1157,13 +1168,13 @@ static void test_mixed_local(void) {
     run.global_batch = 8;
     for (int zero = 0; zero <= 1; zero++) {
         lay = layout(1, 1, 2, 4, 1, zero, L3D_RECOMPUTE_NONE, false);
-        run.precision = L3D_PREC_FP32;
-        run.llm3d_mixed = false;
+        run.precision = prec_of(L3D_PREC_FP32);
+        run.llm3d = false;
         CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &f) == L3D_OK);
-        run.precision = L3D_PREC_BF16;
-        run.llm3d_mixed = true;
+        run.precision = prec_of(L3D_PREC_BF16);
+        run.llm3d = true;
         CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
-        run.llm3d_mixed = false;
+        run.llm3d = false;
         CHECK(l3d_plan_evaluate(&m, &gpuish, &run, &lay, &b) == L3D_OK);
         CHECK(f.time.dp_comm > 0);
         CHECK_NEAR(a.time.dp_comm, (zero ? 0.75 : 1.0) * f.time.dp_comm, f.time.dp_comm * 1e-12);
@@ -1178,8 +1189,8 @@ static void test_mixed_local(void) {
     }
     /* ZeRO-2 zeroes its gradient shard only, ZeRO-1 the whole buffer: fp32 28 / 2 + 4 / 2 + 4
      * bytes a parameter against 28 / 2 + 4 / 2 + 4 / 2 */
-    run.precision = L3D_PREC_FP32;
-    run.llm3d_mixed = false;
+    run.precision = prec_of(L3D_PREC_FP32);
+    run.llm3d = false;
     lay = layout(1, 1, 2, 4, 1, 1, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
     lay = layout(1, 1, 2, 4, 1, 2, L3D_RECOMPUTE_NONE, false);
@@ -1261,8 +1272,8 @@ static void test_kernels_one_by_one(void) {
     struct l3d_plan_run run;
     struct l3d_layout lay;
     d12_local(&m, &run, &lay);
-    run.precision = L3D_PREC_BF16;
-    run.llm3d_mixed = true;
+    run.precision = prec_of(L3D_PREC_BF16);
+    run.llm3d = true;
     CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m, &p16slow, &run, &lay, &b) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m, &p16own, &run, &lay, &c) == L3D_OK);
@@ -1334,7 +1345,7 @@ static void test_attention_unfused(void) {
     for (int k = 0; k < 3; k++) {
         /* 0: fp16, Megatron-LM (dropout); 1: fp32, llm3d's trainer (none); 2: fused */
         struct l3d_plan_run run = run16(2, 2, k == 2);
-        if (k == 1) run.precision = L3D_PREC_FP32;
+        if (k == 1) run.precision = prec_of(L3D_PREC_FP32);
         double e = k == 1 ? 4 : 2;
         struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r;

@@ -170,18 +170,18 @@ bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l
 struct l3d_plan_run {
     int64_t devices;       /* ranks x threads_per_rank on a CPU; GPUs otherwise */
     int64_t global_batch;  /* sequences per step */
-    enum l3d_prec precision;
+    /* the run spec's precision: param (fp32, bf16, fp16), grad (fp32: llm3d's main_grad; the
+     * parameters' type: Megatron-LM's 2-byte gradients), reduce (the DP sums' type: 2 bytes an
+     * element from fp32 main_grad through 16-bit staging with --grad-reduce-dtype bf16|fp16) */
+    struct l3d_precision precision;
     bool flash;            /* fused attention: no s^2 scores kept or moved through memory */
     int threads;           /* CPU devices (cores) per rank; 1 on GPUs */
     size_t bucket_bytes;   /* DP bucket (fp32 trainer: no extra buffer; mixed: one in flight) */
     bool calibrated;       /* apply the profile's gemm_calibration (a fit, docs/frontier.md) */
-    /* bf16/fp16 as llm3d's trainer runs them (--precision bf16: 16-bit parameters and
-     * activations, fp32 gradients, AdamW moments and master weights; its allocation plan, as for
-     * fp32) instead of Megatron-LM's (2-byte gradients, the ZeRO paper's K = 12) */
-    bool llm3d_mixed;
-    /* llm3d's trainer with --grad-reduce-dtype bf16|fp16: its DP gradient sums move 2 bytes an
-     * element (from fp32 main_grad, through 16-bit staging: l3d_dp_reduce_in) */
-    bool grad_reduce_16;
+    /* whose trainer runs it: llm3d's (its allocation plan and optimizer traffic; with 16-bit
+     * parameters fp32 gradients, AdamW moments and master weights) or Megatron-LM's (2-byte
+     * gradients, the ZeRO paper's K = 12). fp32 is llm3d's plan either way */
+    bool llm3d;
     /* llm3d's 16-bit products run in 16-bit kernels, with no fp32 copies of their operands
      * (l3d_be_matmul_native); l3d_plan_evaluate and the search also take it from the profile
      * (gemm_native_bf16 / _fp16 = yes). false: those copies are counted, once */

@@ -67,7 +67,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
            "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f}\n",
            (long long)run->devices, (long long)run->global_batch,
-           l3d_prec_name(run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
+           l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
            l->threads, r->m, mm->params, mm->grads, mm->optimizer, mm->activations, mm->other,
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
@@ -111,7 +111,7 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
 static const struct published {
     const char *what, *model, *profile;
     int64_t devices, batch;
-    enum l3d_prec prec;
+    enum l3d_dtype prec;
     bool flash;
     int tp, pp, dp, mb, v, zero;
     enum l3d_recompute rc;
@@ -121,29 +121,29 @@ static const struct published {
     bool sp;         /* sequence parallelism */
     bool mfu;        /* the published figure counts model FLOPs only (no recomputation) */
 } published[] = {
-    {"Frontier 22B", "frontier-22b", "frontier", 16, 640, L3D_PREC_FP16, true, 1, 8, 2, 1, 1, 0,
+    {"Frontier 22B", "frontier-22b", "frontier", 16, 640, L3D_F16, true, 1, 8, 2, 1, 1, 0,
      L3D_RECOMPUTE_FULL, 38.38, "Dash et al. 2023, abstract", true, false, false},
-    {"Frontier 175B", "frontier-175b", "frontier", 128, 640, L3D_PREC_FP16, true, 4, 16, 2, 1, 1, 1,
+    {"Frontier 175B", "frontier-175b", "frontier", 128, 640, L3D_F16, true, 4, 16, 2, 1, 1, 1,
      L3D_RECOMPUTE_FULL, 36.14, "Dash et al. 2023, abstract", false, false, false},
-    {"Frontier 1T", "frontier-1t", "frontier", 1024, 1024, L3D_PREC_FP16, true, 4, 128, 2, 1, 1,
+    {"Frontier 1T", "frontier-1t", "frontier", 1024, 1024, L3D_F16, true, 4, 128, 2, 1, 1,
      1, L3D_RECOMPUTE_FULL, 31.96, "Dash et al. 2023, abstract", false, false, false},
-    {"Megatron 1.7B", "megatron-1.7b", "dgx-a100", 32, 512, L3D_PREC_FP16, false, 1, 1, 32, 16,
+    {"Megatron 1.7B", "megatron-1.7b", "dgx-a100", 32, 512, L3D_F16, false, 1, 1, 32, 16,
      1, 0, L3D_RECOMPUTE_FULL, 44, "Narayanan et al. 2021, Table 1", false, false, false},
-    {"Megatron 145.6B", "megatron-145b", "dgx-a100", 1536, 2304, L3D_PREC_FP16, false, 8, 8, 24,
+    {"Megatron 145.6B", "megatron-145b", "dgx-a100", 1536, 2304, L3D_F16, false, 8, 8, 24,
      1, 1, 0, L3D_RECOMPUTE_FULL, 47, "Narayanan et al. 2021, Table 1", false, false, false},
-    {"Megatron 529.6B", "megatron-530b", "dgx-a100", 2520, 2520, L3D_PREC_FP16, false, 8, 35, 9,
+    {"Megatron 529.6B", "megatron-530b", "dgx-a100", 2520, 2520, L3D_F16, false, 8, 35, 9,
      1, 1, 0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1", false, false, false},
-    {"Megatron 1T", "megatron-1t", "dgx-a100", 3072, 3072, L3D_PREC_FP16, false, 8, 64, 6, 1, 1,
+    {"Megatron 1T", "megatron-1t", "dgx-a100", 3072, 3072, L3D_F16, false, 8, 64, 6, 1, 1,
      0, L3D_RECOMPUTE_FULL, 52, "Narayanan et al. 2021, Table 1", true, false, false},
     /* Korthikanti et al. 2022, abstract: the 530B model on 2240 A100s, model FLOPs utilisation
      * with full recomputation and with selective recomputation and sequence parallelism. Not in
      * the abstract, assumed: tp 8 x pp 35 (Narayanan et al.'s 530B layout) x dp 8, micro-batch
      * 1, global batch 2240 */
-    {"Megatron 2022 530B, full", "megatron-530b", "dgx-a100", 2240, 2240, L3D_PREC_FP16, false,
+    {"Megatron 2022 530B, full", "megatron-530b", "dgx-a100", 2240, 2240, L3D_F16, false,
      8, 35, 8, 1, 1, 0, L3D_RECOMPUTE_FULL, 42.1, "Korthikanti et al. 2022, abstract (MFU)",
      false, false, true},
     {"Megatron 2022 530B, selective + SP", "megatron-530b", "dgx-a100", 2240, 2240,
-     L3D_PREC_FP16, false, 8, 35, 8, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, 54.2,
+     L3D_F16, false, 8, 35, 8, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, 54.2,
      "Korthikanti et al. 2022, abstract (MFU)", false, true, true},
 };
 
@@ -154,7 +154,8 @@ static l3d_status eval_published(const struct published *p, int64_t devices, int
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = devices;
     run.global_batch = batch;
-    run.precision = p->prec;
+    l3d_precision_parse(l3d_dtype_name(p->prec), &run.precision);
+    run.precision.grad = p->prec; /* Megatron-LM's 2-byte gradients */
     run.flash = p->flash;
     run.calibrated = calibrated;
     struct l3d_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .micro_batch = p->mb, .v = p->v,
@@ -399,22 +400,20 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     if (l3d_cli_spec_given(cs, "bucket-mb")) run->bucket_bytes = l->bucket_bytes;
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
      * Megatron-LM's (the GPU clusters' published runs) */
-    run->llm3d_mixed = o->trainer ? strcmp(o->trainer, "llm3d") == 0 : prof->compute_units == 0;
+    run->llm3d = o->trainer ? strcmp(o->trainer, "llm3d") == 0 : prof->compute_units == 0;
     /* without --precision: llm3d's trainer's own default (fp32), else the profile's 16-bit peak
      * (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
     enum l3d_dtype t = l3d_cli_spec_given(cs, "precision") ? p->param
-                       : run->llm3d_mixed                         ? L3D_F32
+                       : run->llm3d                               ? L3D_F32
                        : prof->peak_flops[L3D_PREC_BF16] > 0      ? L3D_BF16
                        : prof->peak_flops[L3D_PREC_FP16] > 0      ? L3D_F16
                                                                   : L3D_F32;
-    run->precision = t == L3D_BF16 ? L3D_PREC_BF16 : t == L3D_F16 ? L3D_PREC_FP16 : L3D_PREC_FP32;
+    run->precision = *p;
+    run->precision.param = run->precision.act = t;
+    run->precision.grad = run->llm3d ? L3D_F32 : t; /* Megatron-LM's gradients in its type */
     run->flash = o->flash >= 0 ? o->flash : true; /* the trainer's kernel, every 16-bit one's */
-    run->grad_reduce_16 = p->reduce != L3D_F32;
-    /* the rules of the precision as this run has it (Megatron-LM's gradients in its type) */
-    struct l3d_run_spec s = *cs->spec;
-    s.precision.param = s.precision.act = t;
-    s.precision.grad = run->llm3d_mixed || t == L3D_F32 ? L3D_F32 : t;
-    l3d_status st = l3d_spec_check_parts(&s, &(struct l3d_spec_ctx){.world_unknown = true},
+    l3d_status st = l3d_spec_check_parts(&(struct l3d_run_spec){.precision = run->precision},
+                                         &(struct l3d_spec_ctx){.world_unknown = true},
                                          L3D_SPEC_PRECISION, NULL);
     if (st != L3D_OK) return st;
     *fx = l3d_plan_fixed_none();
@@ -480,14 +479,15 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
            "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->C, m->NH,
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)run->global_batch,
-           l3d_prec_name(run->precision), run->flash ? ", fused attention" : "");
-    if (run->grad_reduce_16)
+           l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");
+    if (run->precision.reduce != L3D_F32)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
                l3d_dtype_name(reduce));
-    if (run->llm3d_mixed && run->precision != L3D_PREC_FP32) {
+    if (run->llm3d && run->precision.param != L3D_F32) {
         struct l3d_profile p16;
-        const char *t = l3d_prec_name(run->precision);
-        if (l3d_profile_mixed(prof, run->precision, &p16))
+        const char *t = l3d_precision_name(&run->precision);
+        enum l3d_prec k = run->precision.param == L3D_BF16 ? L3D_PREC_BF16 : L3D_PREC_FP16;
+        if (l3d_profile_mixed(prof, k, &p16))
             printf("llm3d's %s kernels timed at the profile's %s figures (gemm_eff_%s: %d "
                    "points, gemm_eff_wgrad_%s: %d, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t,
                    t, t, p16.n_eff, t, p16.wgrad.n, t, p16.attn_eff, t, p16.kernel_bw_eff);

@@ -149,10 +149,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                              const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                              int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
-    double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
+    double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(l3d_plan_prec(run)));
     double scratch16 = 0, staging = 0;
-    const enum l3d_dtype dt = l3d_plan_dtype(run->precision);
-    const double k_opt = run->precision == L3D_PREC_FP32 ? 2 : 3;
+    const enum l3d_dtype dt = l3d_plan_dtype(l3d_plan_prec(run));
+    const double k_opt = l3d_plan_prec(run) == L3D_PREC_FP32 ? 2 : 3;
     for (int k = 0; k < lay->v; k++) {
         int64_t n = ch[k].n_gpt;
         int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
@@ -184,7 +184,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     }
     /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
      * non-layer tensors', in 2 bytes, per chunk; none in a group of one */
-    if (run->grad_reduce_16 && lay->dp > 1)
+    if ((run->precision.reduce != L3D_F32) && lay->dp > 1)
         for (int k = 0; k < lay->v; k++)
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
@@ -205,7 +205,7 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double d = lay->dp, f32 = l3d_plan_bytes(L3D_F32);
-    double w = l3d_plan_bytes(l3d_plan_dtype(run->precision));
+    double w = l3d_plan_bytes(l3d_plan_dtype(l3d_plan_prec(run)));
     double n = 0, acts = 0;
     int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
     double per_chunk_layers = 0;

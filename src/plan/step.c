@@ -65,7 +65,7 @@ static double optimizer_time(const struct l3d_plan_tctx *x, const struct l3d_pla
     const struct l3d_layout *lay = x->lay;
     double n_opt = lay->zero >= 1 ? n_max / lay->dp : n_max;
     double n_zero = lay->zero == 2 ? n_opt : n_max;
-    double opt_bytes = !x->fp32 ? 32.0 : run->llm3d_mixed ? 28.0 + x->e : 28.0;
+    double opt_bytes = !x->fp32 ? 32.0 : run->llm3d ? 28.0 + x->e : 28.0;
     return n_opt * opt_bytes / x->bw_k[L3D_KERN_ADAMW] +
            (n_opt + n_zero) * eb / x->bw_k[L3D_KERN_RESIDUAL];
 }
@@ -102,8 +102,8 @@ void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run
      * parameters under ZeRO (src/parallel/dp.c); with --grad-reduce-dtype bf16|fp16, 2 bytes an
      * element (l3d_dp_reduce_in). The fp32 main_grad is what the tied embedding's sum and the
      * optimizer read. */
-    double eb = run->llm3d_mixed ? l3d_plan_bytes(L3D_F32) : x->e;
-    double gb = run->grad_reduce_16 ? l3d_plan_bytes(L3D_BF16) : eb;
+    double eb = run->llm3d ? l3d_plan_bytes(L3D_F32) : x->e;
+    double gb = (run->precision.reduce != L3D_F32) ? l3d_plan_bytes(L3D_BF16) : eb;
     T->dp_comm = x->lay->dp > 1 ? dp_time(x, gb, rk->n_max, rk->bwd_of_max, mm) : 0.0;
     T->embed_sync = p > 1 ? embed_sync_time(x, eb) : 0.0;
     T->optimizer = optimizer_time(x, run, eb, rk->n_max);

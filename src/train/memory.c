@@ -126,8 +126,9 @@ static const char *rc_name(enum l3d_recompute r) {
  * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank
  * model.bin's copy. */
 static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
-    struct l3d_model_spec m = {.L = tc->model.L, .C = tc->model.C, .NH = tc->model.NH,
-                               .ffn = 4LL * tc->model.C, .V = tc->model.V, .maxT = tc->layout.seq};
+    /* the run's spec with the candidate's layout; the planner plans sequences of maxT tokens */
+    struct l3d_model_spec m = tc->model;
+    m.maxT = tc->layout.seq;
     snprintf(m.name, sizeof m.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = (int64_t)c->tp * c->pp * c->dp;
@@ -135,23 +136,31 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
     run.bucket_bytes = tc->layout.bucket_bytes;
-    run.precision = tc->precision.param == L3D_BF16  ? L3D_PREC_BF16
-                    : tc->precision.param == L3D_F16 ? L3D_PREC_FP16
-                                               : L3D_PREC_FP32;
-    run.llm3d_mixed = true; /* this trainer's allocation plan in every precision */
-    run.grad_reduce_16 = tc->precision.reduce != L3D_F32;
-    struct l3d_layout lay = {
-        .tp = c->tp, .pp = c->pp, .dp = c->dp, .micro_batch = c->B, .v = c->v, .zero = c->zero,
-        .recompute = c->rc, .sp = tc->layout.sp && c->tp > 1,
-        .schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule) : L3D_PP_1F1B,
-        .threads = 1};
+    run.precision = tc->precision;
+    run.llm3d = true; /* this trainer's allocation plan in every precision */
+    struct l3d_layout lay = tc->layout;
+    lay.tp = c->tp;
+    lay.pp = c->pp;
+    lay.dp = c->dp;
+    lay.micro_batch = c->B;
+    lay.accum = c->accum;
+    lay.global_batch = 0;
+    lay.v = c->v;
+    lay.zero = c->zero;
+    lay.recompute = c->rc;
+    lay.sp = tc->layout.sp && c->tp > 1;
+    lay.schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule) : L3D_PP_1F1B;
+    lay.threads = 1;
     if (lay.schedule == L3D_PP_INTERLEAVED && c->v < 2) lay.schedule = L3D_PP_1F1B;
     c->bytes = -1;
     if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
-    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) * tc->model.C;
-    /* params, grads, m, v (and the fp32 master weights in mixed precision) */
-    double pb = (double)l3d_dtype_size(tc->precision.param), kopt = tc->precision.param == L3D_F32 ? 8 : 12;
-    double per = pb + 4.0 + (c->zero >= 1 ? kopt / c->dp : kopt);
+    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) *
+                  tc->model.C;
+    /* params, grads, m, v (and the fp32 master weights in mixed precision): wpe is not in the
+     * gradient slots, so its gradient is whole under ZeRO-2 too */
+    struct l3d_param_bytes pb;
+    l3d_param_bytes(&tc->precision, c->zero >= 1 ? 1 : 0, c->dp, &pb);
+    double per = pb.total;
     /* model.bin: gathered whole on rank 0 from a replica of several ranks or chunks; one rank's
      * whole model streams from the device through 64 MiB of staging (src/train/train.c) */
     c->gather = 0.0;
