@@ -204,8 +204,7 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
                             const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
-    double d = lay->dp, f32 = l3d_plan_bytes(L3D_F32);
-    double w = l3d_plan_bytes(l3d_plan_dtype(l3d_plan_prec(run)));
+    double f32 = l3d_plan_bytes(L3D_F32);
     double n = 0, acts = 0;
     int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
     double per_chunk_layers = 0;
@@ -214,9 +213,15 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
         per_chunk_layers += ch[k].sh.layer_count;
     }
     per_chunk_layers /= lay->v;
-    mem->params = w * n;
-    mem->grads = lay->zero >= 2 ? w * n / d : w * n;
-    mem->optimizer = lay->zero >= 1 ? 3 * f32 * n / d : 3 * f32 * n;
+    /* the ZeRO paper's 2 + 2 + 12, sharded by the stage: Megatron-LM's gradients are of the
+     * parameters' type */
+    struct l3d_precision mp = run->precision;
+    mp.grad = mp.param;
+    struct l3d_param_bytes pb;
+    l3d_param_bytes(&mp, lay->zero, lay->dp, &pb);
+    mem->params = pb.params * n;
+    mem->grads = pb.grads * n;
+    mem->optimizer = pb.optimizer * n;
     acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
     /* the layer being recomputed in backward holds its full set once */
     if (lay->recompute != L3D_RECOMPUTE_NONE)

@@ -50,15 +50,15 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            l3d_data_num_files(t->train), t->val ? ", validation on" : "");
     /* mixed precision: 16-bit parameters, fp32 gradients (main_grad), and AdamW's m and v with
      * the fp32 master weights: 2 + 4 + 12 bytes a parameter without ZeRO (the ZeRO paper's
-     * K = 12 optimizer bytes, with fp32 gradients instead of its 2-byte ones) */
+     * K = 12 optimizer bytes, with fp32 gradients instead of its 2-byte ones): l3d_param_bytes */
     const bool mixed = tc->precision.param != L3D_F32;
-    const double pb = (double)l3d_dtype_size(tc->precision.param), ob = mixed ? 12 : 8;
-    char fpar[8], fopt[16];
-    snprintf(fpar, sizeof fpar, "%.0fN", pb);
-    snprintf(fopt, sizeof fopt, "%.0fN%s", ob, tc->layout.zero >= 1 ? "/dp" : "");
-    const char *fgrad = tc->layout.zero == 2 ? "4N/dp" : "4N";
-    double want = pb * Nl + (tc->layout.zero == 2 ? 4 * Nl / d : 4 * Nl) +
-                  (tc->layout.zero >= 1 ? ob * Nl / d : ob * Nl);
+    struct l3d_param_bytes pb;
+    l3d_param_bytes(&tc->precision, tc->layout.zero, (int)d, &pb);
+    char fpar[8], fgrad[16], fopt[16];
+    snprintf(fpar, sizeof fpar, "%.0fN", pb.params_full);
+    snprintf(fgrad, sizeof fgrad, "%.0fN%s", pb.grads_full, tc->layout.zero >= 2 ? "/dp" : "");
+    snprintf(fopt, sizeof fopt, "%.0fN%s", pb.optimizer_full, tc->layout.zero >= 1 ? "/dp" : "");
+    double want = pb.total * Nl;
     printf("memory on rank 0 (N = its %.2fM parameters, %s): parameters %.1f MiB (%s), gradients "
            "%.1f MiB (%s), AdamW %.1f MiB (%s%s); total %.1f MiB, formula %.1f MiB; gradient "
            "slots %.1f MiB", Nl / 1e6, mixed ? (tc->precision.param == L3D_BF16 ? "bf16 mixed "
