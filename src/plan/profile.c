@@ -164,6 +164,136 @@ static l3d_status parse_eff(int *n, double *fl, double *ef, const char *key, cha
     return L3D_OK;
 }
 
+/* One key's value into p (the value's text is modified) */
+static l3d_status read_value(struct l3d_profile *p, const struct key *kk, const char *key,
+                             char *val, const char *what, int line) {
+    l3d_status st = L3D_OK;
+    char *base = (char *)p + kk->off, *end;
+    errno = 0;
+    switch (kk->kind) {
+    case K_TEXT:
+        snprintf(base, kk->off == offsetof(struct l3d_profile, name) ? sizeof p->name
+                                                                      : sizeof p->device,
+                 "%s", val);
+        break;
+    case K_EFF:
+        if (kk->off == 0) {
+            st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line, "flops");
+        } else {
+            struct l3d_profile_16 *m16 = (struct l3d_profile_16 *)base;
+            st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line,
+                           "flops");
+        }
+        break;
+    case K_WGRAD: {
+        struct l3d_profile_wgrad *w = (struct l3d_profile_wgrad *)base;
+        st = parse_eff(&w->n, w->tokens, w->eff, key, val, what, line, "tokens");
+        break;
+    }
+    case K_TILE: {
+        long tm = 0, tn = 0;
+        char *x = NULL;
+        tm = strtol(val, &x, 10);
+        if (x != val && (*x == 'x' || *x == 'X')) tn = strtol(x + 1, &end, 10);
+        else end = x;
+        if (errno || x == val || *end || tm < 1 || tn < 1 || tm > 65536 || tn > 65536)
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_tile = '%s': give the output "
+                           "tile as MxN, each from 1 to 65536 (such as 256x128)", what, line,
+                           val);
+        else {
+            p->tile_m = (int)tm;
+            p->tile_n = (int)tn;
+        }
+        break;
+    }
+    case K_KERN:
+        st = parse_kern((double *)base, key, val, kk->hi, what, line);
+        break;
+    case K_BOOL:
+        if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
+        else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
+        else st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes or no", what, line,
+                            key, val);
+        break;
+    case K_FRAC: { /* yes (1), no (0) or a fraction from 0 to 1 */
+        bool word = strcmp(val, "yes") == 0 || strcmp(val, "no") == 0;
+        double v = word ? (val[0] == 'y') : strtod(val, &end);
+        if (!word && (errno || end == val || *end || !(v >= 0.0 && v <= 1.0)))
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes, no or a fraction "
+                           "from 0 to 1", what, line, key, val);
+        else
+            *(double *)base = v;
+        break;
+    }
+    case K_INT: {
+        long v = strtol(val, &end, 10);
+        if (errno || *end || v < 1 || v > 1000000)
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a positive integer",
+                           what, line, key, val);
+        else
+            *(int *)base = (int)v;
+        break;
+    }
+    case K_NUM: {
+        double v = strtod(val, &end);
+        if (errno || *end || !isfinite(v) || v < 0 || (kk->positive && v == 0))
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a %s number", what,
+                           line, key, val, kk->positive ? "positive" : "non-negative");
+        else if (v > kk->hi)
+            st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = %s is out of range: allowed %s0 "
+                           "to %g (profiles/README.md gives the unit)", what, line, key, val,
+                           kk->positive ? "above " : "", kk->hi);
+        else
+            *(double *)base = v * kk->scale;
+        break;
+    }
+    }
+    return st;
+}
+
+/* What no single line can say: keys missing, and keys that go together */
+static l3d_status check_whole(const struct l3d_profile *p, const bool *seen, const char *what) {
+    for (size_t k = 0; k < NKEYS; k++)
+        if (!seen[k] && !keys[k].optional)
+            return l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md "
+                             "lists the keys)", what, keys[k].name);
+    if (p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
+    if (p->reserve_bytes >= p->mem_bytes)
+        return l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
+                         "runtime's reserve must be less than the device's memory", what,
+                         p->reserve_bytes / 1e9, p->mem_bytes / 1e9);
+    if ((p->compute_units > 0) != (p->tile_m > 0))
+        return l3d_error(L3D_ERR_FORMAT, "%s: compute_units and gemm_tile go together (wave "
+                         "quantization needs both): give both or neither", what);
+    for (int i = 0; i < 2; i++) {
+        const struct l3d_profile_16 *m16 = &p->mixed[i];
+        int given = (m16->n_eff > 0) + (m16->attn_eff > 0) + (m16->gemm_thread_eff > 0) +
+                    (m16->kernel_bw_eff > 0);
+        const char *t = i == 0 ? "bf16" : "fp16";
+        if (given != 0 && given != 4)
+            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
+                             "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
+                             "four): give all or none", what, t, t, t, t);
+        if (given == 0 && m16->kern_eff[0] > 0)
+            return l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, "
+                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
+        if (given == 0 && m16->wgrad.n > 0)
+            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, "
+                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
+    }
+    if (p->pair_size > p->devices_per_node)
+        return l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
+                         p->pair_size, p->devices_per_node);
+    if (p->devices_per_node > 1 && p->intra_bw <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: intra_bw_gbs must be positive with %d devices a node",
+                         what, p->devices_per_node);
+    if (p->pair_size > 1 && p->pair_bw <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: pair_bw_gbs must be positive with pair_size %d", what,
+                         p->pair_size);
+    return L3D_OK;
+}
+
 l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char *what) {
     memset(p, 0, sizeof *p);
     bool seen[NKEYS] = {false};
@@ -198,128 +328,10 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
             break;
         }
         seen[k] = true;
-        const struct key *kk = &keys[k];
-        char *base = (char *)p + kk->off, *end;
-        errno = 0;
-        switch (kk->kind) {
-        case K_TEXT:
-            snprintf(base, kk->off == offsetof(struct l3d_profile, name) ? sizeof p->name
-                                                                          : sizeof p->device,
-                     "%s", val);
-            break;
-        case K_EFF:
-            if (kk->off == 0) {
-                st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line, "flops");
-            } else {
-                struct l3d_profile_16 *m16 = (struct l3d_profile_16 *)base;
-                st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line,
-                               "flops");
-            }
-            break;
-        case K_WGRAD: {
-            struct l3d_profile_wgrad *w = (struct l3d_profile_wgrad *)base;
-            st = parse_eff(&w->n, w->tokens, w->eff, key, val, what, line, "tokens");
-            break;
-        }
-        case K_TILE: {
-            long tm = 0, tn = 0;
-            char *x = NULL;
-            tm = strtol(val, &x, 10);
-            if (x != val && (*x == 'x' || *x == 'X')) tn = strtol(x + 1, &end, 10);
-            else end = x;
-            if (errno || x == val || *end || tm < 1 || tn < 1 || tm > 65536 || tn > 65536)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_tile = '%s': give the output "
-                               "tile as MxN, each from 1 to 65536 (such as 256x128)", what, line,
-                               val);
-            else {
-                p->tile_m = (int)tm;
-                p->tile_n = (int)tn;
-            }
-            break;
-        }
-        case K_KERN:
-            st = parse_kern((double *)base, key, val, kk->hi, what, line);
-            break;
-        case K_BOOL:
-            if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
-            else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
-            else st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes or no", what, line,
-                                key, val);
-            break;
-        case K_FRAC: { /* yes (1), no (0) or a fraction from 0 to 1 */
-            bool word = strcmp(val, "yes") == 0 || strcmp(val, "no") == 0;
-            double v = word ? (val[0] == 'y') : strtod(val, &end);
-            if (!word && (errno || end == val || *end || !(v >= 0.0 && v <= 1.0)))
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes, no or a fraction "
-                               "from 0 to 1", what, line, key, val);
-            else
-                *(double *)base = v;
-            break;
-        }
-        case K_INT: {
-            long v = strtol(val, &end, 10);
-            if (errno || *end || v < 1 || v > 1000000)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a positive integer",
-                               what, line, key, val);
-            else
-                *(int *)base = (int)v;
-            break;
-        }
-        case K_NUM: {
-            double v = strtod(val, &end);
-            if (errno || *end || !isfinite(v) || v < 0 || (kk->positive && v == 0))
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a %s number", what,
-                               line, key, val, kk->positive ? "positive" : "non-negative");
-            else if (v > kk->hi)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = %s is out of range: allowed %s0 "
-                               "to %g (profiles/README.md gives the unit)", what, line, key, val,
-                               kk->positive ? "above " : "", kk->hi);
-            else
-                *(double *)base = v * kk->scale;
-            break;
-        }
-        }
+        st = read_value(p, &keys[k], key, val, what, line);
     }
     free(copy);
-    for (size_t k = 0; k < NKEYS && st == L3D_OK; k++)
-        if (!seen[k] && !keys[k].optional)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md lists the "
-                           "keys)", what, keys[k].name);
-    if (st == L3D_OK && p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
-    if (st == L3D_OK && p->reserve_bytes >= p->mem_bytes)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
-                       "runtime's reserve must be less than the device's memory", what,
-                       p->reserve_bytes / 1e9, p->mem_bytes / 1e9);
-    if (st == L3D_OK && (p->compute_units > 0) != (p->tile_m > 0))
-        st = l3d_error(L3D_ERR_FORMAT, "%s: compute_units and gemm_tile go together (wave "
-                       "quantization needs both): give both or neither", what);
-    for (int i = 0; i < 2 && st == L3D_OK; i++) {
-        const struct l3d_profile_16 *m16 = &p->mixed[i];
-        int given = (m16->n_eff > 0) + (m16->attn_eff > 0) + (m16->gemm_thread_eff > 0) +
-                    (m16->kernel_bw_eff > 0);
-        const char *t = i == 0 ? "bf16" : "fp16";
-        if (given != 0 && given != 4)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
-                           "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
-                           "four): give all or none", what, t, t, t, t);
-        if (st == L3D_OK && given == 0 && m16->kern_eff[0] > 0)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, attn_eff_%s, "
-                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
-        if (st == L3D_OK && given == 0 && m16->wgrad.n > 0)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, attn_eff_%s, "
-                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
-    }
-    if (st == L3D_OK && p->pair_size > p->devices_per_node)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
-                       p->pair_size, p->devices_per_node);
-    if (st == L3D_OK && p->devices_per_node > 1 && p->intra_bw <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: intra_bw_gbs must be positive with %d devices a node",
-                       what, p->devices_per_node);
-    if (st == L3D_OK && p->pair_size > 1 && p->pair_bw <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_bw_gbs must be positive with pair_size %d", what,
-                       p->pair_size);
-    return st;
+    return st == L3D_OK ? check_whole(p, seen, what) : st;
 }
 
 l3d_status l3d_profile_load(struct l3d_profile *p, const char *path) {
