@@ -114,9 +114,18 @@ bool l3d_calib_busy(const struct l3d_calib *c);
 /* "other processes took X% on all cores, ..." (no newline) */
 void l3d_calib_print_others(FILE *f, const struct l3d_calib *c);
 
-/* Writes the profile of measurements c, with a comment on how each figure was measured. */
-void l3d_calib_write(FILE *f, const struct l3d_calib *c);
-/* l3d_calib_write to path.tmp, fsync, rename to path. */
+/* The profile the measurements give (SI units, as l3d_profile_parse fills it), each figure as
+ * measured (l3d_calib_write brings those outside the planner's range into it). */
+void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p);
+/* Writes profile p (from l3d_calib_profile) with the comments of measurements c, every key
+ * through the profile's key table (src/plan/profile_keys.c), in the form the parser reads it. A
+ * figure the parser would refuse (NaN, negative, 0 where the key must be positive or a rate or
+ * time was measured, above its bound) is written as the nearest value it accepts (the bound;
+ * 0.001 for a positive figure at or below 0), with a line "# not as measured: KEY: measured V
+ * (why), written as W ..." above its comment. */
+void l3d_calib_write(FILE *f, const struct l3d_calib *c, const struct l3d_profile *p);
+/* l3d_calib_profile and l3d_calib_write to path.tmp, fsync, rename to path; the text is parsed
+ * back first and not written if it would not parse (L3D_ERR_INTERNAL, naming the key). */
 l3d_status l3d_calib_save(const char *path, const struct l3d_calib *c);
 
 #endif

@@ -176,35 +176,3 @@ void l3d_calib_print_others(FILE *f, const struct l3d_calib *c) {
     }
     fprintf(f, " (of the %d cores' time)", CPU_COUNT(&c->cpus));
 }
-
-l3d_status l3d_calib_check_out(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return l3d_error(L3D_ERR_ARG, "--out %s is a directory; give a file name", path);
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return l3d_error(L3D_ERR_ARG, "--out path is too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0)
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s (give a writable --out FILE)", tmp,
-                         strerror(errno));
-    close(fd);
-    unlink(tmp);
-    return L3D_OK;
-}
-
-l3d_status l3d_calib_save(const char *path, const struct l3d_calib *c) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    l3d_calib_write(f, c);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(e));
-    }
-    return L3D_OK;
-}
