@@ -8,6 +8,12 @@
  *   l3d_calib_measure(world, &c, report, NULL);            // every rank (collective), 2+ ranks
  *   if (world->rank == 0) l3d_calib_save("local.prof", &c); // FILE.tmp, fsync, rename
  *
+ * Every file it writes parses. A busy machine slows one side of a ratio: a figure outside the
+ * range it can have is measured again (gemm_thread_eff: the one-core rates, up to 5 rounds, the
+ * median of each; the element-wise kernels and the triad, up to 3 rounds, the best pass of each),
+ * and one still outside what the planner accepts is written as the bound with a comment saying
+ * what was measured (l3d_calib_write).
+ *
  * The order of l3d_calib_measure (src/plan/calibrate.c says why):
  *   1. rank 0 on all cores, the others asleep: STREAM triad, the backend's element-wise kernels,
  *      one product on all cores (for gemm_thread_eff);
@@ -28,6 +34,7 @@
 #include "llm3d/plan.h"
 
 #define L3D_CALIB_MAX_POINTS 16
+#define L3D_CALIB_MAX_ROUNDS 5 /* of the one-core rates, while gemm_thread_eff is out of range */
 /* GPT-2 124M's products at 512 and 2048 rows, M x N x K: one product on every thread of a rank
  * against the same on one core (gemm_thread_eff) */
 #define L3D_CALIB_THREAD_SHAPES 4
@@ -48,6 +55,8 @@ struct l3d_calib {
     double fma_loop;                 /* the FMA loop's own rate when a product beat it, else 0 */
     double thr_all[4], thr_one[4];   /* linear-layer FLOP/s of the thread shapes: all cores, one */
     double thread_eff;               /* all cores' rate / (cores x one core's), median */
+    int thread_rounds;               /* rounds of the one-core rates (thr_one: their medians) */
+    double thr_one_r[L3D_CALIB_MAX_ROUNDS][4], thr_one16_r[2][L3D_CALIB_MAX_ROUNDS][4];
     double bw_one, bw_all;           /* triad, bytes/s: one thread; all cores together */
     size_t triad_bytes;
     int n_eff;                       /* gemm ladder: flops, fraction of fma, shapes per point */
@@ -57,6 +66,7 @@ struct l3d_calib {
     double wg_tok[L3D_CALIB_MAX_POINTS], wg_eff[L3D_CALIB_MAX_POINTS];
     double k_bw[L3D_KERN_N];         /* element-wise kernels, bytes/s on all cores */
     int64_t k_n;                     /* elements per kernel array */
+    int memory_rounds;               /* rounds of the triad and kernels (each figure: the best) */
     double kernel_bw_eff;
     double attn_fwd_s, attn_bwd_s, attn_eff;
     double mem_bytes;

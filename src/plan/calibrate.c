@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "plan/calibrate-impl.h"
+#include "plan/profile-impl.h"
 
 /* Busy time of the CPUs in `set`, summed, in seconds: the user, nice, system, irq, softirq and
  * steal ticks of their cpuN lines in /proc/stat (steal: the hypervisor gave the core to another
@@ -95,6 +96,12 @@ static double phase_end(struct l3d_comm *w, const struct l3d_calib *c,
 }
 
 
+double l3d_calib_kernel_eff_max(void) {
+    const struct l3d_profile_key *k = l3d_profile_key_find("kernel_bw_eff");
+    L3D_ASSERT(k != NULL);
+    return k->hi;
+}
+
 /* The launch's nodes (l3d_comm_nodes): one, or several with as many ranks each (a two-level
  * profile); the same on every rank */
 static l3d_status launch_nodes(struct l3d_comm *world, struct l3d_calib *c, int *node_of) {
@@ -144,6 +151,14 @@ l3d_status l3d_calib_measure(struct l3d_comm *world, struct l3d_calib *c,
     l3d_comm_barrier(world);
     struct l3d_calib_phase_mark ph = l3d_calib_phase_start(c);
     l3d_calib_one_core(c);
+    for (;;) { /* collective: every rank measures again, or none */
+        int32_t again = lead && !l3d_calib_thread_in_range(c) &&
+                        c->thread_rounds < L3D_CALIB_MAX_ROUNDS;
+        l3d_comm_all_reduce(world, &again, 1, L3D_I32, L3D_MAX, NULL);
+        if (!again) break;
+        l3d_calib_thread_again(c);
+    }
+    l3d_calib_fractions(c);
     l3d_comm_barrier(world);
     c->others[1] = phase_end(world, c, &ph);
     c->secs[0] = l3d_time_s() - t0;

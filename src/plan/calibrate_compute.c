@@ -99,7 +99,8 @@ static void *filled_dt(enum l3d_dtype dt, int64_t n, float lo, float hi, uint64_
  * to the next: interleaved, the triad and the kernels see the same spells), the best pass of each.
  * A kernel's bytes are its arrays read and written once (layernorm's rows stay in cache between
  * its passes), counted as the triad is counted, without write-allocate traffic: adamw, which
- * updates in place, can pass the triad. Then the triad on one thread (printed only). */
+ * updates in place, can pass the triad. Then the triad on one thread (printed only). Called again,
+ * each figure is the best of all its passes (memory_fractions turns them into fractions). */
 static void measure_memory(struct l3d_backend *be, struct l3d_calib *c) {
     const int64_t n = c->k_n, C = 768, N = n / C;
     const double secs = c->quick ? 0.5 : 3.0;
@@ -141,34 +142,49 @@ static void measure_memory(struct l3d_backend *be, struct l3d_calib *c) {
     }
     c->share[0] = (l3d_calib_cpu_s() - cpu0) / ((l3d_time_s() - start) * omp_get_max_threads());
     c->triad_bytes = 12 * (size_t)n;
-    c->bw_all = 12.0 * (double)n / t[4];
+    c->bw_all = fmax(c->bw_all, 12.0 * (double)n / t[4]);
     const double bytes[4] = {(2.0 * N * C + 2.0 * N) * 4, 8.0 * n, 12.0 * n, 28.0 * n};
-    double frac[4];
-    for (int i = 0; i < 4; i++) {
-        c->k_bw[i] = bytes[i] / t[i];
-        frac[i] = c->k_bw[i] / c->bw_all;
-    }
-    c->kernel_bw_eff = l3d_calib_median(frac, 4);
+    for (int i = 0; i < 4; i++) c->k_bw[i] = fmax(c->k_bw[i], bytes[i] / t[i]);
     /* 16-bit: the 2-byte arrays, fp32 statistics; adamw_mixed reads and writes the fp32 master
      * and moments, reads the fp32 gradient and writes the 16-bit copy (4 x 7 + 2 bytes) */
     const double bytes16[4] = {(2.0 * N * C) * 2 + 2.0 * N * 4, 4.0 * n, 6.0 * n, 30.0 * n};
-    for (int i = 0; i < 2; i++) {
-        for (int k = 0; k < 4; k++) {
-            c->k_bw16[i][k] = bytes16[k] / t16[i][k];
-            frac[k] = c->k_bw16[i][k] / c->bw_all;
-        }
-        c->kernel_bw_eff16[i] = l3d_calib_median(frac, 4);
-    }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) c->k_bw16[i][k] = fmax(c->k_bw16[i][k], bytes16[k] / t16[i][k]);
+    c->memory_rounds++;
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     double t1 = INFINITY;
     start = l3d_time_s();
     for (int r = 0; r < 3 || l3d_time_s() - start < secs / 4; r++)
         t1 = fmin(t1, l3d_cpu_triad_pass(m, a, b, n));
-    c->bw_one = 12.0 * (double)n / t1;
+    c->bw_one = fmax(c->bw_one, 12.0 * (double)n / t1);
     omp_set_num_threads(threads);
     void *bufs[] = {a, b, m, v, w, bias, mean, rstd, a16, b16, p16, w16, bias16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
+}
+
+/* The element-wise kernels' bandwidths as fractions of the triad's, and their medians */
+static void memory_fractions(struct l3d_calib *c) {
+    double frac[4];
+    for (int i = 0; i < 4; i++) frac[i] = c->k_bw[i] / c->bw_all;
+    c->kernel_bw_eff = l3d_calib_median(frac, 4);
+    for (int t = 0; t < 2; t++) {
+        for (int k = 0; k < 4; k++) frac[k] = c->k_bw16[t][k] / c->bw_all;
+        c->kernel_bw_eff16[t] = l3d_calib_median(frac, 4);
+    }
+}
+
+/* Are the kernels' fractions of the triad within what the planner accepts (kernel_bw_eff's
+ * range)? A fraction above it is a triad slowed by other processes, not the kernels' speed. */
+static bool memory_in_range(const struct l3d_calib *c) {
+    const double hi = l3d_calib_kernel_eff_max();
+    bool ok = true;
+    for (int i = 0; i < 4; i++) {
+        double f = c->k_bw[i] / c->bw_all, f16[2] = {c->k_bw16[0][i] / c->bw_all,
+                                                     c->k_bw16[1][i] / c->bw_all};
+        ok = ok && f > 0 && f <= hi && f16[0] > 0 && f16[0] <= hi && f16[1] > 0 && f16[1] <= hi;
+    }
+    return ok;
 }
 
 /* The fewest timed passes of a product: 5 (a median of at least 5), 2 under --quick, whose
@@ -343,7 +359,11 @@ void l3d_calib_all_cores(struct l3d_calib *c, l3d_calib_report_fn report, void *
     c->k_n = (int64_t)(c->quick ? 16 : 32) << 20;
     if (report) report(L3D_CALIB_START, c, arg);
     omp_set_num_threads(c->cores);
+    /* measured again while a kernel's fraction of the triad is out of range: each figure the
+     * best pass of all rounds, three at most */
     measure_memory(be, c);
+    while (!memory_in_range(c) && c->memory_rounds < 3) measure_memory(be, c);
+    memory_fractions(c);
     if (report) report(L3D_CALIB_MEMORY, c, arg);
     thread_rates(be, c, L3D_F32, c->thr_all);
     for (int t = 0; t < 2; t++) thread_rates(be, c, l3d_calib_types16[t], c->thr_all16[t]);
@@ -358,7 +378,7 @@ void l3d_calib_all_cores(struct l3d_calib *c, l3d_calib_report_fn report, void *
  * taken away during its rounds) must not give fractions above 1, which plan rejects. A type whose
  * products run natively has a peak of its own, raised the same way. Then every rate of the
  * ladder, the weight gradient and attention becomes a fraction of its peak. */
-static void peak_fractions(struct l3d_calib *c) {
+void l3d_calib_fractions(struct l3d_calib *c) {
     const double attn_flops = 12.0 * 4 * 256 * 256 * 768;
     const double attn_rate = attn_flops / (c->attn_fwd_s + c->attn_bwd_s);
     double top = attn_rate, top16[2] = {0, 0};
@@ -384,6 +404,49 @@ static void peak_fractions(struct l3d_calib *c) {
         for (int i = 0; i < c->n_wg16[t]; i++) c->wg16_eff[t][i] /= peak;
         c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / peak;
     }
+}
+
+/* Keeps this round's one-core rates (thr_one, thr_one16) as round c->thread_rounds; each
+ * one-core rate becomes the median of its rounds, gemm_thread_eff[_T] the median over the shapes
+ * of all cores' rate / (cores x one core's) */
+static void thread_round(struct l3d_calib *c) {
+    const int r = c->thread_rounds++;
+    double v[L3D_CALIB_MAX_ROUNDS], ratio[L3D_CALIB_THREAD_SHAPES];
+    for (int i = 0; i < L3D_CALIB_THREAD_SHAPES; i++) {
+        c->thr_one_r[r][i] = c->thr_one[i];
+        for (int t = 0; t < 2; t++) c->thr_one16_r[t][r][i] = c->thr_one16[t][i];
+    }
+    for (int i = 0; i < L3D_CALIB_THREAD_SHAPES; i++) {
+        for (int k = 0; k <= r; k++) v[k] = c->thr_one_r[k][i];
+        c->thr_one[i] = l3d_calib_median(v, r + 1);
+        for (int t = 0; t < 2; t++) {
+            for (int k = 0; k <= r; k++) v[k] = c->thr_one16_r[t][k][i];
+            c->thr_one16[t][i] = l3d_calib_median(v, r + 1);
+        }
+    }
+    for (int i = 0; i < 4; i++) ratio[i] = c->thr_all[i] / (c->cores * c->thr_one[i]);
+    c->thread_eff = l3d_calib_median(ratio, 4);
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < 4; i++) ratio[i] = c->thr_all16[t][i] / (c->cores * c->thr_one16[t][i]);
+        c->thread_eff16[t] = l3d_calib_median(ratio, 4);
+    }
+}
+
+bool l3d_calib_thread_in_range(const struct l3d_calib *c) {
+    const double x[3] = {c->thread_eff, c->thread_eff16[0], c->thread_eff16[1]};
+    for (int i = 0; i < 3; i++)
+        if (!(x[i] > 0 && x[i] <= L3D_CALIB_THREAD_EFF_MAX)) return false;
+    return true;
+}
+
+void l3d_calib_thread_again(struct l3d_calib *c) {
+    if (c->thread_rounds >= L3D_CALIB_MAX_ROUNDS) return;
+    struct l3d_backend *be = l3d_backend_cpu_init();
+    omp_set_num_threads(1);
+    thread_rates(be, c, L3D_F32, c->thr_one);
+    for (int t = 0; t < 2; t++) thread_rates(be, c, l3d_calib_types16[t], c->thr_one16[t]);
+    l3d_backend_free(be);
+    thread_round(c);
 }
 
 /* Every rank at once, one thread each on its own core, so that each core is measured with its
@@ -414,13 +477,7 @@ void l3d_calib_one_core(struct l3d_calib *c) {
     }
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     c->share[1] = (l3d_calib_cpu_s() - cpu0) / (l3d_time_s() - wall0);
-    double ratio[4];
-    for (int i = 0; i < 4; i++) ratio[i] = c->thr_all[i] / (c->cores * c->thr_one[i]);
-    c->thread_eff = l3d_calib_median(ratio, 4);
-    for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < 4; i++) ratio[i] = c->thr_all16[t][i] / (c->cores * c->thr_one16[t][i]);
-        c->thread_eff16[t] = l3d_calib_median(ratio, 4);
-    }
-    peak_fractions(c);
+    c->thread_rounds = 0;
+    thread_round(c);
     l3d_backend_free(be);
 }

@@ -229,14 +229,21 @@ static void write_compute(FILE *f, const struct l3d_calib *c, const struct l3d_p
         cat(&t, " %lldx%lldx%lld %.2f%s", (long long)l3d_calib_thread_shapes[i][0],
             (long long)l3d_calib_thread_shapes[i][1], (long long)l3d_calib_thread_shapes[i][2],
             c->thr_all[i] / (c->cores * c->thr_one[i]), i < 3 ? "," : "");
+    char again[160] = "";
+    if (c->thread_rounds > 1)
+        snprintf(again, sizeof again, " (the one-core rates the median of %d rounds: measured "
+                 "again while a median was above %g)", c->thread_rounds, L3D_CALIB_THREAD_EFF_MAX);
     put(f, p, "gemm_thread_eff", false, "%s: the linear layer on all %d cores of one process "
-        "against %d single cores (every core busy), GPT-2 124M's shapes:%s; the median", by,
-        c->cores, c->cores, t.s);
+        "against %d single cores (every core busy), GPT-2 124M's shapes:%s; the median%s", by,
+        c->cores, c->cores, t.s, again);
     t.len = 0;
     kern_figures(&t, l3d_calib_kern_names, c->k_bw, c->bw_all);
+    snprintf(again, sizeof again, c->memory_rounds > 1 ? " (the best passes of %d rounds: "
+             "measured again while a kernel was above %g of the triad)" : "", c->memory_rounds,
+             l3d_calib_kernel_eff_max());
     put(f, p, "kernel_bw_eff", false, "%s: the backend's element-wise kernels on all %d cores over "
         "%lld-element arrays, bytes read + written once / best time / triad bandwidth of all "
-        "cores, interleaved:%s; the median", by, c->cores, (long long)c->k_n, t.s);
+        "cores, interleaved:%s; the median%s", by, c->cores, (long long)c->k_n, t.s, again);
     /* the four one by one (in enum l3d_kern's order), for the planner, which times each
      * element-wise pass at its own kernel's figure: LayerNorm and GELU are bound by their
      * arithmetic, a residual add and AdamW by memory, so the median fits none of them */
@@ -268,7 +275,8 @@ static void write_16(FILE *f, const struct l3d_calib *c, const struct l3d_profil
     struct text r = {.len = 0};
     for (int i = 0; i < L3D_CALIB_THREAD_SHAPES; i++)
         cat(&r, " %.2f", c->thr_all16[t][i] / (c->cores * c->thr_one16[t][i]));
-    put(f, p, key[4], false, "%s: as gemm_thread_eff, in %s:%s; the median", by, n, r.s);
+    put(f, p, key[4], false, "%s: as gemm_thread_eff, in %s:%s; the median%s", by, n, r.s,
+        c->thread_rounds > 1 ? " (the one-core rates as gemm_thread_eff's)" : "");
     r.len = 0;
     kern_figures(&r, l3d_calib_kern_names16, c->k_bw16[t], c->bw_all);
     put(f, p, key[5], false, "%s: as kernel_bw_eff, in %s, bytes at 2 an element (fp32 "

@@ -242,7 +242,7 @@ static void add(struct line *t, const char *fmt, ...) {
 
 /* Why the reader refuses v (file units) with range (0 or above 0, hi]; NULL when it does not */
 static const char *refused(double v, bool positive, double hi) {
-    if (isnan(v)) return "no figure (NaN)";
+    if (isnan(v)) return "not a number";
     if (v < 0) return "below 0";
     if (positive && v == 0) return "not above 0";
     if (v > hi) return "above the largest the planner accepts";
