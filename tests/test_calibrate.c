@@ -4,8 +4,9 @@
  * planner's parser to the same figures; every key of the shipped profiles is written by the key
  * table and read back to the same value (to the written digits). Measurements the planner would
  * refuse (NaN, negative, above the bound, for every bounded key the file holds; a busy machine's
- * gemm_thread_eff of 1.822) are written as the nearest value it accepts, with a comment saying
- * what was measured, and the file parses; the parser still refuses such a value written by hand.
+ * gemm_thread_eff of 1.822, written as calibrate's tighter bound 1.25) are written as the nearest
+ * value it accepts, with a comment saying what was measured, and the file parses; the parser
+ * still refuses such a value written by hand.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "llm3d/calibrate.h"
+#include "plan/calibrate-impl.h"
 #include "plan/profile-impl.h"
 #include "test.h"
 
@@ -103,9 +105,9 @@ static void test_shipped_keys(void) {
         for (size_t k = 0; k < l3d_profile_n_keys; k++) {
             const struct l3d_profile_key *key = &l3d_profile_keys[k];
             char val[1024], note[1024], absent[1024], unused[1024];
-            bool noted = l3d_profile_key_format(&p, key, false, val, sizeof val, note,
+            bool noted = l3d_profile_key_format(&p, key, NULL, val, sizeof val, note,
                                                 sizeof note);
-            l3d_profile_key_format(&none, key, false, absent, sizeof absent, unused,
+            l3d_profile_key_format(&none, key, NULL, absent, sizeof absent, unused,
                                    sizeof unused);
             /* an optional key the profile leaves out (or gives as 0) is left out */
             if (key->optional && strcmp(val, absent) == 0) continue;
@@ -206,10 +208,13 @@ static int spoil(struct l3d_profile *p, const char *text, enum spoil how) {
 }
 
 /* v (SI units of key k) as written, in the file's units, is what a spoiled figure becomes: the
- * bound above it; 0.001 below or NaN where the key must be positive (also 0 where it need not) */
+ * bound above it (gemm_thread_eff[_T]: L3D_CALIB_THREAD_EFF_MAX); 0.001 below or NaN where the
+ * key must be positive (also 0 where it need not) */
 static bool as_clamped(double v, const struct l3d_profile_key *k, enum spoil how) {
     double f = k->kind == L3D_PK_NUM || k->kind == L3D_PK_FRAC ? v / k->scale : v;
-    if (how == SPOIL_ABOVE) return fabs(f - k->hi) <= 1e-12 * k->hi;
+    /* gemm_thread_eff[_T]: calibrate's own bound, below the planner's */
+    double hi = strncmp(k->name, "gemm_thread_eff", 15) == 0 ? L3D_CALIB_THREAD_EFF_MAX : k->hi;
+    if (how == SPOIL_ABOVE) return fabs(f - hi) <= 1e-12 * hi;
     double floor = k->kind == L3D_PK_INT ? 1.0 : L3D_PROFILE_FLOOR;
     return fabs(f - floor) <= 1e-12 || (!k->positive && f == 0.0);
 }
@@ -273,7 +278,7 @@ static void test_out_of_range(void) {
 }
 
 /* The busy machine's figure (cli_cluster failed on it): gemm_thread_eff 1.822 from the
- * measurements is written as 1.5, saying so; by hand, 1.822 is still refused */
+ * measurements is written as calibrate's bound 1.25, saying so; by hand, 1.822 is still refused */
 static void test_busy_thread_eff(void) {
     struct l3d_calib c;
     plausible(&c);
@@ -282,17 +287,17 @@ static void test_busy_thread_eff(void) {
     l3d_calib_profile(&c, &p);
     char *text = written(&c, &p);
     CHECK(l3d_profile_parse(&back, text, "busy") == L3D_OK);
-    CHECK_NEAR(back.gemm_thread_eff, 1.5, 0);
-    CHECK(strstr(text, "# not as measured: gemm_thread_eff: measured 1.822 (above the largest the "
-                       "planner accepts), written as 1.500") != NULL);
-    CHECK(strstr(text, "\ngemm_thread_eff = 1.500\n") != NULL);
+    CHECK_NEAR(back.gemm_thread_eff, 1.25, 0);
+    CHECK(strstr(text, "# not as measured: gemm_thread_eff: measured 1.822 (above 1.25), written "
+                       "as 1.250") != NULL);
+    CHECK(strstr(text, "\ngemm_thread_eff = 1.250\n") != NULL);
     /* the negative case: written by hand, out of range is an error naming key, value and range */
     struct { const char *from, *to, *want; } hand[] = {
-        {"\ngemm_thread_eff = 1.500\n", "\ngemm_thread_eff = 1.822\n",
+        {"\ngemm_thread_eff = 1.250\n", "\ngemm_thread_eff = 1.822\n",
          "gemm_thread_eff = 1.822 is out of range: allowed above 0 to 1.5"},
-        {"\ngemm_thread_eff = 1.500\n", "\ngemm_thread_eff = nan\n",
+        {"\ngemm_thread_eff = 1.250\n", "\ngemm_thread_eff = nan\n",
          "gemm_thread_eff = 'nan' is not a positive number"},
-        {"\ngemm_thread_eff = 1.500\n", "\ngemm_thread_eff = -1\n",
+        {"\ngemm_thread_eff = 1.250\n", "\ngemm_thread_eff = -1\n",
          "gemm_thread_eff = '-1' is not a positive number"},
         {"\ndp_overlap = ", "\ndp_overlap = 1.5 # ", "dp_overlap = '1.5': give yes, no or a"},
         {" adamw:2.000\n", " adamw:3\n",
@@ -318,7 +323,7 @@ static void test_busy_thread_eff(void) {
     snprintf(path, sizeof path, "%s/local.prof", dir);
     CHECK(l3d_calib_save(path, &c) == L3D_OK);
     CHECK(l3d_profile_load(&back, path) == L3D_OK);
-    CHECK_NEAR(back.gemm_thread_eff, 1.5, 0);
+    CHECK_NEAR(back.gemm_thread_eff, 1.25, 0);
     unlink(path);
     rmdir(dir);
 }

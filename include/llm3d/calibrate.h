@@ -11,8 +11,8 @@
  * Every file it writes parses. A busy machine slows one side of a ratio: a figure outside the
  * range it can have is measured again (gemm_thread_eff: the one-core rates, up to 5 rounds, the
  * median of each; the element-wise kernels and the triad, up to 3 rounds, the best pass of each),
- * and one still outside what the planner accepts is written as the bound with a comment saying
- * what was measured (l3d_calib_write).
+ * and one still outside is written as the bound (the planner's, or calibrate's own where tighter:
+ * gemm_thread_eff 1.25) with a comment saying what was measured (l3d_calib_write).
  *
  * The order of l3d_calib_measure (src/plan/calibrate.c says why):
  *   1. rank 0 on all cores, the others asleep: STREAM triad, the backend's element-wise kernels,
@@ -130,9 +130,10 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p);
 /* Writes profile p (from l3d_calib_profile) with the comments of measurements c, every key
  * through the profile's key table (src/plan/profile_keys.c), in the form the parser reads it. A
  * figure the parser would refuse (NaN, negative, 0 where the key must be positive or a rate or
- * time was measured, above its bound) is written as the nearest value it accepts (the bound;
- * 0.001 for a positive figure at or below 0), with a line "# not as measured: KEY: measured V
- * (why), written as W ..." above its comment. */
+ * time was measured, above its bound; gemm_thread_eff[_T] above L3D_CALIB_THREAD_EFF_MAX, 1.25)
+ * is written as the nearest value in range (the bound; 0.001 for a positive figure at or below
+ * 0), with a line "# not as measured: KEY: measured V (why), written as W ..." above its
+ * comment. */
 void l3d_calib_write(FILE *f, const struct l3d_calib *c, const struct l3d_profile *p);
 /* l3d_calib_profile and l3d_calib_write to path.tmp, fsync, rename to path; the text is parsed
  * back first and not written if it would not parse (L3D_ERR_INTERNAL, naming the key). */

@@ -36,10 +36,11 @@ bool l3d_calib_thread_in_range(const struct l3d_calib *c);
 void l3d_calib_thread_again(struct l3d_calib *c);
 void l3d_calib_fractions(struct l3d_calib *c);
 
-/* gemm_thread_eff above this is measured again: one product on k threads beats k single cores
- * only by what k cores' caches hold together; the 4 shapes' 2-thread ratios spread 0.76-1.28 on
- * the idle 2-core machine (docs/BENCHMARKS.md), their median lower. 1.82 was measured on that
- * machine while other processes took most of the cores (the one-core rates halved). */
+/* gemm_thread_eff above this is measured again, and written as this if still above (the file
+ * says what was measured): one product on k threads beats k single cores only by what k cores'
+ * caches hold together; the 4 shapes' 2-thread ratios spread 0.76-1.28 on the idle 2-core
+ * machine (docs/BENCHMARKS.md), their median lower. 1.82 was measured on that machine while other
+ * processes took most of the cores (the one-core rates halved). */
 #define L3D_CALIB_THREAD_EFF_MAX 1.25
 /* kernel_bw_eff's largest (the profile's key table): a kernel's fraction of the triad above it
  * is measured again */

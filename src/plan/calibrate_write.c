@@ -84,12 +84,17 @@ static void put(FILE *f, const struct l3d_profile *p, const char *key, bool meas
                 const char *comment, ...) {
     const struct l3d_profile_key *k = l3d_profile_key_find(key);
     L3D_ASSERT(k != NULL);
+    /* gemm_thread_eff[_T] above L3D_CALIB_THREAD_EFF_MAX after its rounds is the load, not the
+     * machine: written as that bound */
+    struct l3d_profile_measured m = {
+        .positive = measured,
+        .hi = strncmp(key, "gemm_thread_eff", 15) == 0 ? L3D_CALIB_THREAD_EFF_MAX : 0.0};
     char val[1024], note[2048];
     if (comment && comment[0] == '\n') { /* a blank line opens a section: above the note */
         fputc('\n', f);
         comment++;
     }
-    if (l3d_profile_key_format(p, k, measured, val, sizeof val, note, sizeof note))
+    if (l3d_profile_key_format(p, k, &m, val, sizeof val, note, sizeof note))
         fprintf(f, "# not as measured: %s (outside what the planner accepts: calibrate again on an "
                    "idle machine)\n", note);
     if (comment) {

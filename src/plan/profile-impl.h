@@ -5,8 +5,9 @@
  *
  *   const struct l3d_profile_key *k = l3d_profile_key_find("gemm_thread_eff");
  *   char val[64], note[256];
- *   l3d_profile_key_format(&prof, k, false, val, sizeof val, note, sizeof note);
- *   // val "1.5", note "gemm_thread_eff: measured 1.822, above ..." when prof held 1.822
+ *   l3d_profile_key_format(&prof, k, NULL, val, sizeof val, note, sizeof note);
+ *   // val "1.500", note "gemm_thread_eff: measured 1.822 (above 1.5), written as 1.500" when
+ *   // prof held 1.822
  */
 #ifndef LLM3D_PROFILE_IMPL_H
 #define LLM3D_PROFILE_IMPL_H
@@ -59,14 +60,22 @@ l3d_status l3d_profile_key_read(struct l3d_profile *p, const struct l3d_profile_
  * writer's three decimals keep */
 #define L3D_PROFILE_FLOOR 0.001
 
+/* What a writer of measured figures knows beyond a key's range */
+struct l3d_profile_measured {
+    bool positive; /* a rate or a time: 0 or below is a failed measurement, not the "none" a 0
+                    * means in a profile */
+    double hi;     /* a physical bound below the key's (a number's), 0: none */
+};
+
 /* Writes k's value from p into val (n bytes) as l3d_profile_key_read reads it. A figure that
- * read would refuse is written as the nearest value it accepts: NaN, or at or below 0 where the
- * key must be positive (also where `positive` asks it: a measured rate or time), as
- * L3D_PROFILE_FLOOR, or 0 where 0 is allowed; above the bound as the bound; a curve's point whose
- * flops or tokens are not above the last written point's is left out; '#' and line breaks in text
- * become spaces. Then note (nn bytes) says, on one line without '#', what p held and what was
- * written instead, and true is returned; else note is "" and false. */
+ * read would refuse, or outside m's range (m NULL: the key's alone), is written as the nearest
+ * value in range: NaN, or at or below 0 where the figure must be positive, as L3D_PROFILE_FLOOR
+ * (0 where 0 is allowed); above the bound as the bound; a curve's point whose flops or tokens are
+ * not above the last written point's is left out; '#' and line breaks in text become spaces.
+ * Then note (nn bytes) says, on one line without '#', "KEY: measured V (why), written as W" for
+ * each such figure, and true is returned; else note is "" and false. */
 bool l3d_profile_key_format(const struct l3d_profile *p, const struct l3d_profile_key *k,
-                            bool positive, char *val, size_t n, char *note, size_t nn);
+                            const struct l3d_profile_measured *m, char *val, size_t n, char *note,
+                            size_t nn);
 
 #endif

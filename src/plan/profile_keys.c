@@ -240,13 +240,14 @@ static void add(struct line *t, const char *fmt, ...) {
     if (w > 0) t->len = t->len + (size_t)w < t->n ? t->len + (size_t)w : t->n - 1;
 }
 
-/* Why the reader refuses v (file units) with range (0 or above 0, hi]; NULL when it does not */
-static const char *refused(double v, bool positive, double hi) {
-    if (isnan(v)) return "not a number";
-    if (v < 0) return "below 0";
-    if (positive && v == 0) return "not above 0";
-    if (v > hi) return "above the largest the planner accepts";
-    return NULL;
+/* Whether the reader refuses v (file units) with range (0 or above 0, hi], and why into why */
+static bool refused(double v, bool positive, double hi, char *why, size_t n) {
+    if (isnan(v)) snprintf(why, n, "not a number");
+    else if (v < 0) snprintf(why, n, "below 0");
+    else if (positive && v == 0) snprintf(why, n, "not above 0");
+    else if (v > hi) snprintf(why, n, "above %g", hi);
+    else return false;
+    return true;
 }
 
 /* v (file units) written with fmt as the reader accepts it: NaN or at or below the lower end
@@ -255,17 +256,19 @@ static const char *refused(double v, bool positive, double hi) {
  * not v, "measured V (why), written as W" into note (after `what`). */
 static void put_num(struct line *val, struct line *note, const char *what, const char *fmt,
                     double v, bool positive, double hi) {
-    const char *why = refused(v, positive, hi);
-    double w = !why ? v : v > hi ? hi : positive ? L3D_PROFILE_FLOOR : 0.0;
+    char why[64];
+    bool out = refused(v, positive, hi, why, sizeof why);
+    double w = !out ? v : v > hi ? hi : positive ? L3D_PROFILE_FLOOR : 0.0;
     char buf[64];
     snprintf(buf, sizeof buf, fmt, w);
     if (positive && !(strtod(buf, NULL) > 0)) {
-        why = "0 at the file's precision";
+        out = true;
+        snprintf(why, sizeof why, "0 at the file's precision");
         w = L3D_PROFILE_FLOOR;
         snprintf(buf, sizeof buf, fmt, w);
     }
     add(val, "%s", buf);
-    if (why)
+    if (out)
         add(note, "%s%s%smeasured %g (%s), written as %s", note->len > note->base ? "; " : "",
             what, *what ? " " : "", v, why, buf);
 }
@@ -318,18 +321,20 @@ static void put_int(struct line *val, struct line *note, const char *what, int v
 }
 
 bool l3d_profile_key_format(const struct l3d_profile *p, const struct l3d_profile_key *k,
-                            bool positive, char *val, size_t n, char *note, size_t nn) {
+                            const struct l3d_profile_measured *m, char *val, size_t n, char *note,
+                            size_t nn) {
     struct line v = {val, n, 0, 0}, t = {note, nn, 0, 0};
     val[0] = '\0';
     add(&t, "%s: ", k->name);
     t.base = t.len;
     const char *base = (const char *)p + k->off;
-    positive = positive || k->positive;
+    const bool positive = k->positive || (m && m->positive);
+    const double hi = m && m->hi > 0 && m->hi < k->hi ? m->hi : k->hi;
     switch (k->kind) {
     case L3D_PK_TEXT: put_text(&v, &t, base); break;
     case L3D_PK_NUM:
     case L3D_PK_FRAC:
-        put_num(&v, &t, "", k->fmt, *(const double *)base / k->scale, positive, k->hi);
+        put_num(&v, &t, "", k->fmt, *(const double *)base / k->scale, positive, hi);
         break;
     case L3D_PK_INT: put_int(&v, &t, "", *(const int *)base, k->hi); break;
     case L3D_PK_BOOL: add(&v, "%s", *(const bool *)base ? "yes" : "no"); break;
