@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "llm3d/plan.h"
+#include "plan/profile-impl.h"
 
 #ifndef L3D_SOURCE_DIR
 #define L3D_SOURCE_DIR "."
@@ -28,104 +29,6 @@ l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
     return L3D_OK;
 }
 
-/* Keys: where the value goes, its scale to SI units, whether it must be present, and the range
- * of a number in the file's units: above lo (at lo too when !positive), at most hi. The ranges
- * are generous bounds on any device of the next decade (a 1e308 peak, memory or latency is a
- * typo, and would overflow the planner's arithmetic), not a judgement of the figures. */
-enum kind { K_TEXT, K_NUM, K_INT, K_BOOL, K_FRAC, K_EFF, K_WGRAD, K_TILE, K_KERN };
-static const struct key {
-    const char *name;
-    enum kind kind;
-    size_t off;
-    double scale;
-    bool positive; /* must be > 0 (else >= 0) */
-    double hi;     /* largest value, in the file's unit */
-    bool optional; /* 0 when absent */
-} keys[] = {
-#define OFF(f) offsetof(struct l3d_profile, f)
-    {"name", K_TEXT, OFF(name), 0, false, 0, false},
-    {"device", K_TEXT, OFF(device), 0, false, 0, false},
-    {"peak_tflops_fp32", K_NUM, OFF(peak_flops[L3D_PREC_FP32]), 1e12, false, 1e5, false},
-    {"peak_tflops_bf16", K_NUM, OFF(peak_flops[L3D_PREC_BF16]), 1e12, false, 1e5, false},
-    {"peak_tflops_fp16", K_NUM, OFF(peak_flops[L3D_PREC_FP16]), 1e12, false, 1e5, false},
-    {"mem_gb", K_NUM, OFF(mem_bytes), 1e9, true, 1e5, false},
-    {"mem_bw_gbs", K_NUM, OFF(mem_bw), 1e9, true, 1e6, false},
-    {"devices_per_node", K_INT, OFF(devices_per_node), 0, true, 1e6, false},
-    {"pair_size", K_INT, OFF(pair_size), 0, true, 1e6, false},
-    {"pair_bw_gbs", K_NUM, OFF(pair_bw), 1e9, false, 1e6, false},
-    {"intra_bw_gbs", K_NUM, OFF(intra_bw), 1e9, false, 1e6, false},
-    {"intra_lat_us", K_NUM, OFF(intra_lat), 1e-6, false, 1e6, false},
-    {"inter_bw_gbs", K_NUM, OFF(inter_bw), 1e9, false, 1e6, false},
-    {"inter_lat_us", K_NUM, OFF(inter_lat), 1e-6, false, 1e6, false},
-    {"gemm_eff", K_EFF, 0, 0, true, 0, false},
-    {"gemm_eff_wgrad", K_WGRAD, OFF(wgrad), 0, true, 0, true},
-    {"attn_eff", K_NUM, OFF(attn_eff), 1, true, 1.5, false},
-    {"gemm_thread_eff", K_NUM, OFF(gemm_thread_eff), 1, true, 1.5, false},
-    {"kernel_bw_eff", K_NUM, OFF(kernel_bw_eff), 1, true, 2.5, false},
-    {"kernel_bw_effs", K_KERN, OFF(kern_eff), 1, true, 2.5, true},
-    {"dp_overlap", K_FRAC, OFF(dp_overlap), 1, false, 1, false},
-    {"reserve_gb", K_NUM, OFF(reserve_bytes), 1e9, false, 1e5, true},
-    {"gemm_calibration", K_NUM, OFF(gemm_calibration), 1, true, 2, true},
-    {"compute_units", K_INT, OFF(compute_units), 0, true, 1e6, true},
-    {"gemm_tile", K_TILE, 0, 0, true, 0, true},
-    {"tp_overlap", K_NUM, OFF(tp_overlap), 1, false, 1, true},
-    /* llm3d's 16-bit kernels (struct l3d_profile_16): all four of a type or none */
-#define MIXED(T, i)                                                                                \
-    {"gemm_eff_" T, K_EFF, OFF(mixed[i]), 0, true, 0, true},                                      \
-    {"gemm_eff_wgrad_" T, K_WGRAD, OFF(mixed[i].wgrad), 0, true, 0, true},                        \
-    {"attn_eff_" T, K_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true},                           \
-    {"gemm_thread_eff_" T, K_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true},             \
-    {"kernel_bw_eff_" T, K_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true},                \
-    {"kernel_bw_effs_" T, K_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true},                \
-    {"gemm_native_" T, K_BOOL, OFF(mixed[i].native), 0, false, 0, true}
-    MIXED("bf16", 0), MIXED("fp16", 1),
-#undef MIXED
-#undef OFF
-};
-#define NKEYS (sizeof keys / sizeof keys[0])
-
-const char *l3d_kern_name(enum l3d_kern k) {
-    static const char *names[L3D_KERN_N] = {"layernorm", "gelu", "residual", "adamw"};
-    return (unsigned)k < L3D_KERN_N ? names[k] : "?";
-}
-
-/* kernel_bw_effs: name:fraction for each of the L3D_KERN_N kernels, each once, in any order */
-static l3d_status parse_kern(double *out, const char *key, char *val, double hi, const char *what,
-                             int line) {
-    bool got[L3D_KERN_N] = {false};
-    char *save = NULL;
-    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-        char *colon = strchr(tok, ':'), *end = NULL;
-        int k = 0;
-        if (colon) {
-            size_t len = (size_t)(colon - tok);
-            while (k < L3D_KERN_N && (strlen(l3d_kern_name((enum l3d_kern)k)) != len ||
-                                      strncmp(tok, l3d_kern_name((enum l3d_kern)k), len) != 0))
-                k++;
-        }
-        if (!colon || k == L3D_KERN_N)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s entry '%s' is not kernel:fraction "
-                             "with kernel layernorm, gelu, residual or adamw", what, line, key,
-                             tok);
-        errno = 0;
-        double f = strtod(colon + 1, &end);
-        if (errno || end == colon + 1 || *end || !isfinite(f) || !(f > 0) || f > hi)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s %s needs a fraction above 0 and "
-                             "at most %g", what, line, key, tok, hi);
-        if (got[k])
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s gives %s twice", what, line, key,
-                             l3d_kern_name((enum l3d_kern)k));
-        got[k] = true;
-        out[k] = f;
-    }
-    for (int k = 0; k < L3D_KERN_N; k++)
-        if (!got[k])
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s lacks %s (give layernorm, gelu, "
-                             "residual and adamw)", what, line, key,
-                             l3d_kern_name((enum l3d_kern)k));
-    return L3D_OK;
-}
-
 static char *trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
     char *e = s + strlen(s);
@@ -133,42 +36,60 @@ static char *trim(char *s) {
     return s;
 }
 
-/* A curve of unit:fraction points into n, fl, ef (gemm_eff or a 16-bit type's gemm_eff_T in
- * flops; gemm_eff_wgrad[_T] in tokens) */
-static l3d_status parse_eff(int *n, double *fl, double *ef, const char *key, char *val,
-                            const char *what, int line, const char *unit) {
-    *n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
-        char *colon = strchr(tok, ':'), *end1, *end2;
-        if (!colon)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s' is not %s:fraction",
-                             what, line, key, tok, unit);
-        *colon = '\0';
-        errno = 0;
-        double f = strtod(tok, &end1), e = strtod(colon + 1, &end2);
-        if (errno || *end1 || *end2 || !(f > 0) || !(e > 0) || e > 1.5)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s point '%s:%s' needs %s > 0 and a "
-                             "fraction in (0, 1.5]", what, line, key, tok, colon + 1, unit);
-        if (*n == L3D_PROFILE_MAX_EFF)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d %s points", what, line,
-                             L3D_PROFILE_MAX_EFF, key);
-        if (*n > 0 && f <= fl[*n - 1])
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s points must have increasing %s "
-                             "(%g after %g)", what, line, key, unit, f, fl[*n - 1]);
-        fl[*n] = f;
-        ef[(*n)++] = e;
+/* What no single line can say: keys missing, and keys that go together */
+static l3d_status check_whole(const struct l3d_profile *p, const bool *seen, const char *what) {
+    for (size_t k = 0; k < l3d_profile_n_keys; k++)
+        if (!seen[k] && !l3d_profile_keys[k].optional)
+            return l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md "
+                             "lists the keys)", what, l3d_profile_keys[k].name);
+    if (p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
+    if (p->reserve_bytes >= p->mem_bytes)
+        return l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
+                         "runtime's reserve must be less than the device's memory", what,
+                         p->reserve_bytes / 1e9, p->mem_bytes / 1e9);
+    if ((p->compute_units > 0) != (p->tile_m > 0))
+        return l3d_error(L3D_ERR_FORMAT, "%s: compute_units and gemm_tile go together (wave "
+                         "quantization needs both): give both or neither", what);
+    for (int i = 0; i < 2; i++) {
+        const struct l3d_profile_16 *m16 = &p->mixed[i];
+        int given = (m16->n_eff > 0) + (m16->attn_eff > 0) + (m16->gemm_thread_eff > 0) +
+                    (m16->kernel_bw_eff > 0);
+        const char *t = i == 0 ? "bf16" : "fp16";
+        if (given != 0 && given != 4)
+            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
+                             "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
+                             "four): give all or none", what, t, t, t, t);
+        if (given == 0 && m16->kern_eff[0] > 0)
+            return l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, "
+                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
+                             t, t, t);
+        if (given == 0 && m16->wgrad.n > 0)
+            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, "
+                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
+                             t, t, t);
     }
-    if (*n == 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s has no points", what, line, key);
+    if (p->pair_size > p->devices_per_node)
+        return l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
+                         p->pair_size, p->devices_per_node);
+    if (p->devices_per_node > 1 && p->intra_bw <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: intra_bw_gbs must be positive with %d devices a node",
+                         what, p->devices_per_node);
+    if (p->pair_size > 1 && p->pair_bw <= 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: pair_bw_gbs must be positive with pair_size %d", what,
+                         p->pair_size);
     return L3D_OK;
 }
 
 l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char *what) {
     memset(p, 0, sizeof *p);
-    bool seen[NKEYS] = {false};
+    bool *seen = calloc(l3d_profile_n_keys, sizeof(bool));
     char *copy = strdup(text);
-    if (!copy) return l3d_error(L3D_ERR_OOM, "out of memory reading %s", what);
+    if (!copy || !seen) {
+        free(copy);
+        free(seen);
+        return l3d_error(L3D_ERR_OOM, "out of memory reading %s", what);
+    }
     l3d_status st = L3D_OK;
     int line = 0;
     for (char *s = copy, *next; s && st == L3D_OK; s = next) {
@@ -186,139 +107,23 @@ l3d_status l3d_profile_parse(struct l3d_profile *p, const char *text, const char
         }
         *eq = '\0';
         char *key = trim(s), *val = trim(eq + 1);
-        size_t k = 0;
-        while (k < NKEYS && strcmp(keys[k].name, key) != 0) k++;
-        if (k == NKEYS) {
+        const struct l3d_profile_key *kk = l3d_profile_key_find(key);
+        if (!kk) {
             st = l3d_error(L3D_ERR_FORMAT, "%s line %d: unknown key '%s' (profiles/README.md lists "
                            "the keys)", what, line, key);
             break;
         }
+        size_t k = (size_t)(kk - l3d_profile_keys);
         if (seen[k]) {
             st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' given twice", what, line, key);
             break;
         }
         seen[k] = true;
-        const struct key *kk = &keys[k];
-        char *base = (char *)p + kk->off, *end;
-        errno = 0;
-        switch (kk->kind) {
-        case K_TEXT:
-            snprintf(base, kk->off == offsetof(struct l3d_profile, name) ? sizeof p->name
-                                                                          : sizeof p->device,
-                     "%s", val);
-            break;
-        case K_EFF:
-            if (kk->off == 0) {
-                st = parse_eff(&p->n_eff, p->eff_flops, p->eff, key, val, what, line, "flops");
-            } else {
-                struct l3d_profile_16 *m16 = (struct l3d_profile_16 *)base;
-                st = parse_eff(&m16->n_eff, m16->eff_flops, m16->eff, key, val, what, line,
-                               "flops");
-            }
-            break;
-        case K_WGRAD: {
-            struct l3d_profile_wgrad *w = (struct l3d_profile_wgrad *)base;
-            st = parse_eff(&w->n, w->tokens, w->eff, key, val, what, line, "tokens");
-            break;
-        }
-        case K_TILE: {
-            long tm = 0, tn = 0;
-            char *x = NULL;
-            tm = strtol(val, &x, 10);
-            if (x != val && (*x == 'x' || *x == 'X')) tn = strtol(x + 1, &end, 10);
-            else end = x;
-            if (errno || x == val || *end || tm < 1 || tn < 1 || tm > 65536 || tn > 65536)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: gemm_tile = '%s': give the output "
-                               "tile as MxN, each from 1 to 65536 (such as 256x128)", what, line,
-                               val);
-            else {
-                p->tile_m = (int)tm;
-                p->tile_n = (int)tn;
-            }
-            break;
-        }
-        case K_KERN:
-            st = parse_kern((double *)base, key, val, kk->hi, what, line);
-            break;
-        case K_BOOL:
-            if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
-            else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
-            else st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes or no", what, line,
-                                key, val);
-            break;
-        case K_FRAC: { /* yes (1), no (0) or a fraction from 0 to 1 */
-            bool word = strcmp(val, "yes") == 0 || strcmp(val, "no") == 0;
-            double v = word ? (val[0] == 'y') : strtod(val, &end);
-            if (!word && (errno || end == val || *end || !(v >= 0.0 && v <= 1.0)))
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s': give yes, no or a fraction "
-                               "from 0 to 1", what, line, key, val);
-            else
-                *(double *)base = v;
-            break;
-        }
-        case K_INT: {
-            long v = strtol(val, &end, 10);
-            if (errno || *end || v < 1 || v > 1000000)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a positive integer",
-                               what, line, key, val);
-            else
-                *(int *)base = (int)v;
-            break;
-        }
-        case K_NUM: {
-            double v = strtod(val, &end);
-            if (errno || *end || !isfinite(v) || v < 0 || (kk->positive && v == 0))
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = '%s' is not a %s number", what,
-                               line, key, val, kk->positive ? "positive" : "non-negative");
-            else if (v > kk->hi)
-                st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s = %s is out of range: allowed %s0 "
-                               "to %g (profiles/README.md gives the unit)", what, line, key, val,
-                               kk->positive ? "above " : "", kk->hi);
-            else
-                *(double *)base = v * kk->scale;
-            break;
-        }
-        }
+        st = l3d_profile_key_read(p, kk, val, what, line);
     }
     free(copy);
-    for (size_t k = 0; k < NKEYS && st == L3D_OK; k++)
-        if (!seen[k] && !keys[k].optional)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md lists the "
-                           "keys)", what, keys[k].name);
-    if (st == L3D_OK && p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
-    if (st == L3D_OK && p->reserve_bytes >= p->mem_bytes)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
-                       "runtime's reserve must be less than the device's memory", what,
-                       p->reserve_bytes / 1e9, p->mem_bytes / 1e9);
-    if (st == L3D_OK && (p->compute_units > 0) != (p->tile_m > 0))
-        st = l3d_error(L3D_ERR_FORMAT, "%s: compute_units and gemm_tile go together (wave "
-                       "quantization needs both): give both or neither", what);
-    for (int i = 0; i < 2 && st == L3D_OK; i++) {
-        const struct l3d_profile_16 *m16 = &p->mixed[i];
-        int given = (m16->n_eff > 0) + (m16->attn_eff > 0) + (m16->gemm_thread_eff > 0) +
-                    (m16->kernel_bw_eff > 0);
-        const char *t = i == 0 ? "bf16" : "fp16";
-        if (given != 0 && given != 4)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_%s, attn_eff_%s, gemm_thread_eff_%s and "
-                           "kernel_bw_eff_%s go together (llm3d bench --calibrate writes all "
-                           "four): give all or none", what, t, t, t, t);
-        if (st == L3D_OK && given == 0 && m16->kern_eff[0] > 0)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, attn_eff_%s, "
-                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
-        if (st == L3D_OK && given == 0 && m16->wgrad.n > 0)
-            st = l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, attn_eff_%s, "
-                           "gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t, t, t, t);
-    }
-    if (st == L3D_OK && p->pair_size > p->devices_per_node)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
-                       p->pair_size, p->devices_per_node);
-    if (st == L3D_OK && p->devices_per_node > 1 && p->intra_bw <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: intra_bw_gbs must be positive with %d devices a node",
-                       what, p->devices_per_node);
-    if (st == L3D_OK && p->pair_size > 1 && p->pair_bw <= 0)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: pair_bw_gbs must be positive with pair_size %d", what,
-                       p->pair_size);
+    if (st == L3D_OK) st = check_whole(p, seen, what);
+    free(seen);
     return st;
 }
 

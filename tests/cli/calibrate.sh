@@ -64,7 +64,19 @@ max=1.2
 sanitized && max=1e9
 check "attn_eff = $(val attn_eff) in (0, 1]" between attn_eff 0 1
 check "kernel_bw_eff = $(val kernel_bw_eff) in (0, $max x 2]" between kernel_bw_eff 0 "$(awk -v m=$max 'BEGIN { print 2 * m }')"
-check "gemm_thread_eff = $(val gemm_thread_eff) in (0, $max]" between gemm_thread_eff 0 $max
+# gemm_thread_eff: its one-core rates are measured again while it is above 1.25 (a busy machine
+# halves them: 1.822 was written once, which plan refused), and a figure still above 1.25 after
+# that is written as 1.25 under a comment that says what was measured
+tmax=1.25
+sanitized && tmax=1e9
+check "gemm_thread_eff = $(val gemm_thread_eff) in (0, $tmax]" between gemm_thread_eff 0 $tmax
+for t in "" _bf16 _fp16; do
+    note="^# not as measured: gemm_thread_eff$t: measured [0-9.]* (above 1.25), written as 1.250"
+    if grep -q "$note" "$prof"; then
+        check "  ... gemm_thread_eff$t measured above 1.25: written as 1.250" \
+            test "$(val gemm_thread_eff$t)" = 1.250
+    fi
+done
 # dp_overlap: a fraction in [0, 1], the clamped (products + reduction - both) / reduction of the
 # times its comment gives (to their 0.1 ms), polled on one node
 ov_ok() { # FILE: its dp_overlap agrees with its comment's times
