@@ -17,13 +17,11 @@
 #include "llm3d/plan.h"
 #include "test.h"
 
-/* the run spec's precision of a profile's precision index (the planner's runs in these tests) */
-static struct l3d_precision prec_of(enum l3d_prec p) {
+/* the run spec's precision of parameters of type t (the planner's runs in these tests) */
+static struct l3d_precision prec_of(enum l3d_dtype t) {
     struct l3d_run_spec s;
     l3d_run_spec_defaults(&s);
-    s.precision.param = s.precision.act = p == L3D_PREC_BF16   ? L3D_BF16
-                                          : p == L3D_PREC_FP16 ? L3D_F16
-                                                               : L3D_F32;
+    s.precision.param = s.precision.act = t;
     return s.precision;
 }
 
@@ -62,7 +60,7 @@ static void test_profiles(void) {
     struct l3d_profile p;
     CHECK(l3d_profile_parse(&p, good, "good") == L3D_OK);
     CHECK(strcmp(p.name, "t") == 0 && strcmp(p.device, "test device") == 0);
-    CHECK_NEAR(p.peak_flops[L3D_PREC_BF16], 100e12, 1);
+    CHECK_NEAR(p.peak_bf16, 100e12, 1);
     CHECK_NEAR(p.mem_bytes, 80e9, 1);
     CHECK_NEAR(p.intra_lat, 5e-6, 1e-12);
     CHECK(p.devices_per_node == 8 && p.pair_size == 2 && !p.dp_overlap && p.n_eff == 3);
@@ -123,7 +121,7 @@ static void test_profiles(void) {
     CHECK(l3d_profile_load(&p, "/") == L3D_ERR_IO);
     CHECK(strstr(l3d_error_message(), "is a directory") != NULL);
     CHECK(l3d_profile_find(&p, "frontier") == L3D_OK);
-    CHECK_NEAR(p.peak_flops[L3D_PREC_FP16], 191.5e12, 1);
+    CHECK_NEAR(p.peak_fp16, 191.5e12, 1);
     CHECK_NEAR(p.mem_bytes, 64e9, 1);
     CHECK(p.devices_per_node == 8 && p.pair_size == 2);
     CHECK(l3d_profile_find(&p, "no-such-profile") == L3D_ERR_IO);
@@ -142,7 +140,7 @@ static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
     struct l3d_plan_run r = l3d_plan_run_default();
     r.devices = devices;
     r.global_batch = batch;
-    r.precision = prec_of(L3D_PREC_FP16);
+    r.precision = prec_of(L3D_F16);
     r.flash = flash;
     return r;
 }
@@ -183,7 +181,7 @@ static void test_memory_mixed(void) {
     CHECK(rw.time.gemm > r.time.gemm);
     CHECK_NEAR((double)l3d_plan_model_params(&wide) - full, L * 4 * h * (2 * h + 1), 0.5);
     struct l3d_plan_run r32 = run;
-    r32.precision = prec_of(L3D_PREC_FP32);
+    r32.precision = prec_of(L3D_F32);
     CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "4h MLP") != NULL);
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
@@ -744,13 +742,13 @@ static void test_gemm_shape(void) {
         double N = nk[i][0], K = nk[i][1];
         /* forward M x N x K, backward M x K x N and K x N x M */
         io += e * 3 * (M * K + K * N + M * N) / bw;
-        fl += 3 * 2 * M * N * K / (q.peak_flops[L3D_PREC_FP16] *
+        fl += 3 * 2 * M * N * K / (q.peak_fp16 *
                                    l3d_profile_gemm_eff(&q, 2 * M * N * K));
     }
     CHECK(io > fl); /* the case is memory-bound */
     CHECK(a.time.gemm >= io * (1 - 1e-12));
     /* and not slower than both bounds added */
-    CHECK(a.time.gemm < io + fl + 3 * 2 * M * 128 * h / (q.peak_flops[L3D_PREC_FP16] * 0.2) +
+    CHECK(a.time.gemm < io + fl + 3 * 2 * M * 128 * h / (q.peak_fp16 * 0.2) +
                             e * 3 * (M * h + h * 128 + M * 128) / bw);
 }
 
@@ -1048,11 +1046,11 @@ static void test_wgrad_curve(void) {
     snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.25 4096:0.5\n%sgemm_eff_wgrad_bf16 = "
              "128:0.2\n", cpu_flat, bf16_keys);
     CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK);
-    CHECK(l3d_profile_mixed(&w, L3D_PREC_BF16, &tmp) && tmp.wgrad.n == 1 && tmp.wgrad.eff[0] == 0.2);
-    CHECK(!l3d_profile_mixed(&w, L3D_PREC_FP32, &tmp) && tmp.wgrad.n == 2);
+    CHECK(l3d_profile_mixed(&w, L3D_BF16, &tmp) && tmp.wgrad.n == 1 && tmp.wgrad.eff[0] == 0.2);
+    CHECK(!l3d_profile_mixed(&w, L3D_F32, &tmp) && tmp.wgrad.n == 2);
     snprintf(text, sizeof text, "%sgemm_eff_wgrad = 64:0.5\n%s", cpu_flat, bf16_keys);
     CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK);
-    CHECK(l3d_profile_mixed(&w, L3D_PREC_BF16, &tmp) && tmp.wgrad.n == 0);
+    CHECK(l3d_profile_mixed(&w, L3D_BF16, &tmp) && tmp.wgrad.n == 0);
     /* bad curves name their key: decreasing tokens, a fraction out of range, not tokens:fraction,
      * a type's curve without its four keys */
     const char *bad[][2] = {
@@ -1079,10 +1077,10 @@ static void test_mixed_local(void) {
     CHECK(p16.mixed[0].n_eff == 3 && p16.mixed[1].n_eff == 0);
     CHECK_NEAR(p16.mixed[0].eff[1], 0.4, 0);
     CHECK_NEAR(p16.mixed[0].attn_eff, 0.3, 0);
-    CHECK(!l3d_profile_mixed(&base, L3D_PREC_BF16, &tmp) && tmp.n_eff == 3);
-    CHECK(!l3d_profile_mixed(&p16, L3D_PREC_FP32, &tmp) && tmp.eff[0] == 0.5);
-    CHECK(!l3d_profile_mixed(&p16, L3D_PREC_FP16, &tmp) && tmp.attn_eff == 0.6);
-    CHECK(l3d_profile_mixed(&p16, L3D_PREC_BF16, &tmp));
+    CHECK(!l3d_profile_mixed(&base, L3D_BF16, &tmp) && tmp.n_eff == 3);
+    CHECK(!l3d_profile_mixed(&p16, L3D_F32, &tmp) && tmp.eff[0] == 0.5);
+    CHECK(!l3d_profile_mixed(&p16, L3D_F16, &tmp) && tmp.attn_eff == 0.6);
+    CHECK(l3d_profile_mixed(&p16, L3D_BF16, &tmp));
     CHECK(tmp.n_eff == 3 && tmp.eff[2] == 0.425 && tmp.attn_eff == 0.3);
     CHECK(tmp.gemm_thread_eff == 0.45 && tmp.kernel_bw_eff == 0.45 && tmp.mem_bw == base.mem_bw);
     CHECK_NEAR(l3d_profile_gemm_eff(&tmp, 1e8), 0.4, 1e-12);
@@ -1103,7 +1101,7 @@ static void test_mixed_local(void) {
     m.maxT = 128;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.global_batch = 4;
-    run.precision = prec_of(L3D_PREC_BF16);
+    run.precision = prec_of(L3D_BF16);
     run.llm3d = true;
     struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result a, b, f;
@@ -1148,10 +1146,10 @@ static void test_mixed_local(void) {
     run.devices = 1;
     run.threads = 1;
     lay.threads = 1;
-    struct { enum l3d_prec prec; bool llm3d; } other[] = {
-        {L3D_PREC_FP32, false}, {L3D_PREC_FP16, true}, {L3D_PREC_BF16, false}};
+    struct { enum l3d_dtype prec; bool llm3d; } other[] = {
+        {L3D_F32, false}, {L3D_F16, true}, {L3D_BF16, false}};
     struct l3d_profile gpuish = base, gpuish16 = p16; /* Megatron-style needs a 16-bit peak */
-    gpuish.peak_flops[L3D_PREC_BF16] = gpuish16.peak_flops[L3D_PREC_BF16] = 0.2e12;
+    gpuish.peak_bf16 = gpuish16.peak_bf16 = 0.2e12;
     for (int i = 0; i < 3; i++) {
         run.precision = prec_of(other[i].prec);
         run.llm3d = other[i].llm3d;
@@ -1168,10 +1166,10 @@ static void test_mixed_local(void) {
     run.global_batch = 8;
     for (int zero = 0; zero <= 1; zero++) {
         lay = layout(1, 1, 2, 4, 1, zero, L3D_RECOMPUTE_NONE, false);
-        run.precision = prec_of(L3D_PREC_FP32);
+        run.precision = prec_of(L3D_F32);
         run.llm3d = false;
         CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &f) == L3D_OK);
-        run.precision = prec_of(L3D_PREC_BF16);
+        run.precision = prec_of(L3D_BF16);
         run.llm3d = true;
         CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
         run.llm3d = false;
@@ -1189,7 +1187,7 @@ static void test_mixed_local(void) {
     }
     /* ZeRO-2 zeroes its gradient shard only, ZeRO-1 the whole buffer: fp32 28 / 2 + 4 / 2 + 4
      * bytes a parameter against 28 / 2 + 4 / 2 + 4 / 2 */
-    run.precision = prec_of(L3D_PREC_FP32);
+    run.precision = prec_of(L3D_F32);
     run.llm3d = false;
     lay = layout(1, 1, 2, 4, 1, 1, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
@@ -1272,7 +1270,7 @@ static void test_kernels_one_by_one(void) {
     struct l3d_plan_run run;
     struct l3d_layout lay;
     d12_local(&m, &run, &lay);
-    run.precision = prec_of(L3D_PREC_BF16);
+    run.precision = prec_of(L3D_BF16);
     run.llm3d = true;
     CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
     CHECK(l3d_plan_evaluate(&m, &p16slow, &run, &lay, &b) == L3D_OK);
@@ -1345,7 +1343,7 @@ static void test_attention_unfused(void) {
     for (int k = 0; k < 3; k++) {
         /* 0: fp16, Megatron-LM (dropout); 1: fp32, llm3d's trainer (none); 2: fused */
         struct l3d_plan_run run = run16(2, 2, k == 2);
-        if (k == 1) run.precision = prec_of(L3D_PREC_FP32);
+        if (k == 1) run.precision = prec_of(L3D_F32);
         double e = k == 1 ? 4 : 2;
         struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r;

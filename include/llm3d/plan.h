@@ -7,7 +7,7 @@
  *   struct l3d_profile prof;
  *   l3d_profile_load(&prof, "profiles/frontier.prof");       // a readable text file
  *   struct l3d_plan_run run = l3d_plan_run_default();
- *   run.devices = 128; run.global_batch = 640; run.precision = L3D_PREC_FP16; run.flash = true;
+ *   run.devices = 128; run.global_batch = 640; run.precision = L3D_F16; run.flash = true;
  *   struct l3d_layout lay = {.tp = 4, .pp = 16, .dp = 2, .mb = 1, .v = 1, .zero = 1,
  *                                 .recompute = L3D_RECOMPUTE_FULL};
  *   struct l3d_plan_result r;
@@ -99,7 +99,7 @@ struct l3d_profile_16 {
 struct l3d_profile {
     char name[48];
     char device[128];
-    double peak_flops[3];      /* per device, by enum l3d_prec; 0 = not supported */
+    double peak_fp32, peak_bf16, peak_fp16; /* FLOP/s per device; 0 = not supported */
     double mem_bytes;          /* per device */
     double mem_bw;             /* bytes/s per device */
     int devices_per_node;
@@ -127,9 +127,8 @@ struct l3d_profile {
     struct l3d_profile_16 mixed[2]; /* optional: llm3d's bf16 [0] and fp16 [1] kernels */
 };
 
-enum l3d_prec { L3D_PREC_FP32, L3D_PREC_BF16, L3D_PREC_FP16 };
-const char *l3d_prec_name(enum l3d_prec p);
-l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p);
+/* The peak of products of type t (fp32, bf16, fp16) per device; 0 = not supported. */
+double l3d_profile_peak(const struct l3d_profile *p, enum l3d_dtype t);
 
 /* Reads a profile (format: profiles/README.md). Unknown keys, missing keys, values out of range
  * and unsorted efficiency points are errors naming the file, the line and the key. */
@@ -163,7 +162,7 @@ double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k);
 /* The profile as llm3d's trainer runs precision `prec` on it: for bf16 / fp16 with that type's
  * 16-bit keys in the profile, *out is p with gemm_eff, gemm_eff_wgrad (none when the type has
  * none), attn_eff, gemm_thread_eff and kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */
-bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out);
+bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_dtype prec, struct l3d_profile *out);
 
 /* ---- one layout ----------------------------------------------------------------------- */
 

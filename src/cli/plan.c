@@ -405,8 +405,8 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
      * (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
     enum l3d_dtype t = l3d_cli_spec_given(cs, "precision") ? p->param
                        : run->llm3d                               ? L3D_F32
-                       : prof->peak_flops[L3D_PREC_BF16] > 0      ? L3D_BF16
-                       : prof->peak_flops[L3D_PREC_FP16] > 0      ? L3D_F16
+                       : prof->peak_bf16 > 0      ? L3D_BF16
+                       : prof->peak_fp16 > 0      ? L3D_F16
                                                                   : L3D_F32;
     run->precision = *p;
     run->precision.param = run->precision.act = t;
@@ -486,7 +486,7 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
     if (run->llm3d && run->precision.param != L3D_F32) {
         struct l3d_profile p16;
         const char *t = l3d_precision_name(&run->precision);
-        enum l3d_prec k = run->precision.param == L3D_BF16 ? L3D_PREC_BF16 : L3D_PREC_FP16;
+        enum l3d_dtype k = run->precision.param == L3D_BF16 ? L3D_BF16 : L3D_F16;
         if (l3d_profile_mixed(prof, k, &p16))
             printf("llm3d's %s kernels timed at the profile's %s figures (gemm_eff_%s: %d "
                    "points, gemm_eff_wgrad_%s: %d, attn_eff_%s %.3g, kernel_bw_eff_%s %.3g)\n", t,

@@ -38,9 +38,9 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
     snprintf(p->name, sizeof p->name, "local");
     snprintf(p->device, sizeof p->device, "one core of %.96s (%d cores%s)", model, c->cores,
              __builtin_cpu_supports("avx512f") ? ", AVX-512" : ", AVX2");
-    p->peak_flops[L3D_PREC_FP32] = c->fma;
-    p->peak_flops[L3D_PREC_BF16] = c->native16[0] ? c->peak16[0] : 0.0;
-    p->peak_flops[L3D_PREC_FP16] = c->native16[1] ? c->peak16[1] : 0.0;
+    p->peak_fp32 = c->fma;
+    p->peak_bf16 = c->native16[0] ? c->peak16[0] : 0.0;
+    p->peak_fp16 = c->native16[1] ? c->peak16[1] : 0.0;
     p->mem_bytes = c->mem_bytes / c->cores;
     p->mem_bw = c->bw_all / c->cores;
     p->devices_per_node = c->nodes == 1 ? c->cores : c->per_node;

@@ -20,7 +20,7 @@ l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profi
                          prof->devices_per_node);
     if (prof && l3d_plan_peak(prof, run) <= 0)
         return l3d_error(L3D_ERR_ARG, "profile %s has no %s peak (peak_tflops_%s = 0)", prof->name,
-                         l3d_prec_name(l3d_plan_prec(run)), l3d_prec_name(l3d_plan_prec(run)));
+                         l3d_dtype_name(run->precision.param), l3d_dtype_name(run->precision.param));
     if (m->NH % lay->tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "tp %d does not divide the %d attention heads", lay->tp,
                          m->NH);

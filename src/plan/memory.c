@@ -149,10 +149,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                              const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                              int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
-    double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(l3d_plan_dtype(l3d_plan_prec(run)));
+    double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(run->precision.param);
     double scratch16 = 0, staging = 0;
-    const enum l3d_dtype dt = l3d_plan_dtype(l3d_plan_prec(run));
-    const double k_opt = l3d_plan_prec(run) == L3D_PREC_FP32 ? 2 : 3;
+    const enum l3d_dtype dt = run->precision.param;
+    const double k_opt = run->precision.param == L3D_F32 ? 2 : 3;
     for (int k = 0; k < lay->v; k++) {
         int64_t n = ch[k].n_gpt;
         int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;

@@ -28,31 +28,24 @@
 /* ---- the run ---------------------------------------------------------------------------- */
 
 /* llm3d's own trainer (its allocation plan) rather than Megatron-LM's mixed precision */
-/* The profile's index of the run's parameter type (its peak_tflops_T and _T keys). */
-static inline enum l3d_prec l3d_plan_prec(const struct l3d_plan_run *run) {
-    return run->precision.param == L3D_BF16  ? L3D_PREC_BF16
-           : run->precision.param == L3D_F16 ? L3D_PREC_FP16
-                                             : L3D_PREC_FP32;
-}
-
 static inline bool l3d_plan_trainer(const struct l3d_plan_run *run) {
-    return l3d_plan_prec(run) == L3D_PREC_FP32 || run->llm3d;
+    return run->precision.param == L3D_F32 || run->llm3d;
 }
 
 /* The peak of the run's products: llm3d's mixed precision on a CPU without 16-bit products runs
  * them as fp32 products of widened operands (docs/DESIGN.md), at the fp32 peak. */
 static inline double l3d_plan_peak(const struct l3d_profile *prof,
                                    const struct l3d_plan_run *run) {
-    double p = prof->peak_flops[l3d_plan_prec(run)];
-    return p <= 0 && run->llm3d ? prof->peak_flops[L3D_PREC_FP32] : p;
+    double p = l3d_profile_peak(prof, run->precision.param);
+    return p <= 0 && run->llm3d ? prof->peak_fp32 : p;
 }
 
 /* Bytes per element come from l3d_dtype_size, the function the trainer sizes its buffers with. */
 static inline double l3d_plan_bytes(enum l3d_dtype t) { return (double)l3d_dtype_size(t); }
 
 /* the element type of the run's weights, gradients and activations */
-static inline enum l3d_dtype l3d_plan_dtype(enum l3d_prec p) {
-    return p == L3D_PREC_FP32 ? L3D_F32 : p == L3D_PREC_BF16 ? L3D_BF16 : L3D_F16;
+static inline enum l3d_dtype l3d_plan_dtype(enum l3d_dtype p) {
+    return p == L3D_F32 ? L3D_F32 : p == L3D_BF16 ? L3D_BF16 : L3D_F16;
 }
 
 /* The profile whose figures the run's kernels reach (plan.c). */

@@ -21,7 +21,7 @@ struct l3d_plan_run l3d_plan_run_default(void) {
 const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
                                                const struct l3d_plan_run *run,
                                                struct l3d_profile *tmp) {
-    return run->llm3d && l3d_profile_mixed(prof, l3d_plan_prec(run), tmp) ? tmp : prof;
+    return run->llm3d && l3d_profile_mixed(prof, run->precision.param, tmp) ? tmp : prof;
 }
 
 /* A layout under evaluation: its stages and the buffers it owns (eval_end frees them). */
@@ -53,8 +53,8 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
                              struct l3d_plan_result *r) {
     memset(ev, 0, sizeof *ev);
     ev->run = *run; /* the profile's word on llm3d's 16-bit products */
-    if (run->llm3d && l3d_plan_prec(run) != L3D_PREC_FP32 &&
-        prof->mixed[l3d_plan_prec(run) == L3D_PREC_BF16 ? 0 : 1].native)
+    if (run->llm3d && run->precision.param != L3D_F32 &&
+        prof->mixed[run->precision.param == L3D_BF16 ? 0 : 1].native)
         ev->run.native16 = true;
     ev->lay = *lay_in;
     if (ev->lay.threads <= 0) ev->lay.threads = run->threads > 0 ? run->threads : 1;

@@ -15,18 +15,9 @@
 #define L3D_SOURCE_DIR "."
 #endif
 
-const char *l3d_prec_name(enum l3d_prec p) {
-    return p == L3D_PREC_FP32 ? "fp32" : p == L3D_PREC_BF16 ? "bf16" : "fp16";
-}
-
-l3d_status l3d_prec_parse(const char *name, enum l3d_prec *p) {
-    if (strcmp(name, "fp32") == 0) *p = L3D_PREC_FP32;
-    else if (strcmp(name, "bf16") == 0) *p = L3D_PREC_BF16;
-    else if (strcmp(name, "fp16") == 0) *p = L3D_PREC_FP16;
-    else
-        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32 (llm3d's trainer), bf16 or "
-                         "fp16 (mixed precision)", name);
-    return L3D_OK;
+double l3d_profile_peak(const struct l3d_profile *p, enum l3d_dtype t) {
+    return t == L3D_F32 ? p->peak_fp32 : t == L3D_BF16 ? p->peak_bf16 : t == L3D_F16 ? p->peak_fp16
+                                                                                   : 0.0;
 }
 
 static char *trim(char *s) {
@@ -42,7 +33,7 @@ static l3d_status check_whole(const struct l3d_profile *p, const bool *seen, con
         if (!seen[k] && !l3d_profile_keys[k].optional)
             return l3d_error(L3D_ERR_FORMAT, "%s: key '%s' is missing (profiles/README.md "
                              "lists the keys)", what, l3d_profile_keys[k].name);
-    if (p->peak_flops[0] + p->peak_flops[1] + p->peak_flops[2] <= 0)
+    if (p->peak_fp32 + p->peak_bf16 + p->peak_fp16 <= 0)
         return l3d_error(L3D_ERR_FORMAT, "%s: every peak_tflops_* is 0", what);
     if (p->reserve_bytes >= p->mem_bytes)
         return l3d_error(L3D_ERR_FORMAT, "%s: reserve_gb %g leaves nothing of mem_gb %g: the "
@@ -258,10 +249,10 @@ double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k) {
     return p->kern_eff[k] > 0 ? p->kern_eff[k] : p->kernel_bw_eff;
 }
 
-bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_prec prec, struct l3d_profile *out) {
+bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_dtype prec, struct l3d_profile *out) {
     *out = *p;
-    if (prec == L3D_PREC_FP32) return false;
-    const struct l3d_profile_16 *m16 = &p->mixed[prec == L3D_PREC_BF16 ? 0 : 1];
+    if (prec == L3D_F32) return false;
+    const struct l3d_profile_16 *m16 = &p->mixed[prec == L3D_BF16 ? 0 : 1];
     if (m16->n_eff <= 0) return false;
     out->n_eff = m16->n_eff;
     memcpy(out->eff_flops, m16->eff_flops, sizeof out->eff_flops);

@@ -15,9 +15,9 @@ const struct l3d_profile_key l3d_profile_keys[] = {
     /* name, kind, where, scale (to SI), positive, hi, optional, format */
     {"name", TEXT(name), false, NULL},
     {"device", TEXT(device), false, NULL},
-    {"peak_tflops_fp32", L3D_PK_NUM, OFF(peak_flops[L3D_PREC_FP32]), 1e12, false, 1e5, false, "%.4g"},
-    {"peak_tflops_bf16", L3D_PK_NUM, OFF(peak_flops[L3D_PREC_BF16]), 1e12, false, 1e5, false, "%.4g"},
-    {"peak_tflops_fp16", L3D_PK_NUM, OFF(peak_flops[L3D_PREC_FP16]), 1e12, false, 1e5, false, "%.4g"},
+    {"peak_tflops_fp32", L3D_PK_NUM, OFF(peak_fp32), 1e12, false, 1e5, false, "%.4g"},
+    {"peak_tflops_bf16", L3D_PK_NUM, OFF(peak_bf16), 1e12, false, 1e5, false, "%.4g"},
+    {"peak_tflops_fp16", L3D_PK_NUM, OFF(peak_fp16), 1e12, false, 1e5, false, "%.4g"},
     {"mem_gb", L3D_PK_NUM, OFF(mem_bytes), 1e9, true, 1e5, false, "%.4g"},
     {"mem_bw_gbs", L3D_PK_NUM, OFF(mem_bw), 1e9, true, 1e6, false, "%.4g"},
     {"devices_per_node", L3D_PK_INT, OFF(devices_per_node), 0, true, 1e6, false, NULL},

@@ -23,7 +23,7 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
     for (int k = 0; k < L3D_KERN_N; k++)
         x->bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay->threads *
                      share;
-    x->e = l3d_plan_bytes(l3d_plan_dtype(l3d_plan_prec(run)));
+    x->e = l3d_plan_bytes(run->precision.param);
     x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
 }
