@@ -265,7 +265,9 @@ void l3d_mpi_watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char
             continue;
         }
         double s = waited / 8;
-        l3d_mpi_nap(s < WATCH_NAP_MIN_S ? WATCH_NAP_MIN_S : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S : s);
+        l3d_mpi_nap(s < WATCH_NAP_MIN_S   ? WATCH_NAP_MIN_S
+                    : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S
+                                          : s);
     }
     t = l3d_mpi_now_s();
     double waited = t - t0 - away - (t - prev > WATCH_AWAY_S ? t - prev : 0.0);
