@@ -134,10 +134,5 @@ void l3d_train_layout_free(struct l3d_train_layout *lay);
  * report_error marks the one rank that should print the message, so it appears once. */
 l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_runtime *rt,
                          struct l3d_train_result *res);
-/* Keeps SIGTERM and SIGUSR1 (the preemption signals l3d_train_run takes on a thread of its own)
- * off the calling thread and every thread started after: call it before MPI and OpenMP start
- * theirs (l3d_runtime_init does, with stop_signals). It starts that thread: until the training
- * loop takes the signals over, one ends the process (status 128 + signal), as by default. */
-void l3d_train_signals_block(void);
 
 #endif
