@@ -1,5 +1,7 @@
-/* The training layout: flags and world size -> grid, micro-batches, stages, schedules
- * (include/llm3d/train.h). Shared with the planner through include/llm3d/layout.h. */
+/* The training layout: flags and world size -> grid, micro-batches, stages, then (after the
+ * memory check has counted their bytes) the schedules (include/llm3d/train.h). Shared with the
+ * planner through include/llm3d/layout.h. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +44,11 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
         st = l3d_error(L3D_ERR_ARG, "--global-batch %lld does not split into micro-batches: it must "
                        "be a multiple of --batch %d x %d data-parallel replicas = %lld sequences",
                        (long long)tc->global_batch, tc->B, dp, (long long)tc->B * dp);
+    else if (tc->global_batch > 0 && tc->global_batch / ((int64_t)tc->B * dp) > INT_MAX)
+        st = l3d_error(L3D_ERR_ARG, "--global-batch %lld is %lld micro-batches of --batch %d x %d "
+                       "data-parallel replicas a step: at most %d; give a smaller --global-batch",
+                       (long long)tc->global_batch,
+                       (long long)(tc->global_batch / ((int64_t)tc->B * dp)), tc->B, dp, INT_MAX);
     else if (tc->global_batch > 0 &&
              (accum = (int)(tc->global_batch / ((int64_t)tc->B * dp))) < 1)
         ;
@@ -50,8 +57,8 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
                        "model chunks per pipeline rank");
     else if ((st = partition(lay, tc, pp, v)) != L3D_OK)
         ;
-    else if ((st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->pp_schedule : L3D_PP_1F1B, pp,
-                                         v, accum)) != L3D_OK)
+    else if ((st = l3d_pp_schedule_check(pp > 1 ? tc->pp_schedule : L3D_PP_1F1B, pp, v,
+                                         accum)) != L3D_OK)
         ;
     else if (tp > 1 && (st = l3d_tp_shard(&tc->model, tp, 0, tc->sequence_parallel,
                                             &(struct l3d_shard){0})) != L3D_OK)
@@ -69,16 +76,30 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
         st = l3d_error(L3D_ERR_LAYOUT, "--zero %d over %d data-parallel replicas: ZeRO shards over "
                        "at most %d; give --zero 0, or fewer replicas (a larger --tp or --pp)",
                        tc->zero, dp, ZERO_MAX_DP);
-    if (st == L3D_OK && tc->val_pattern)
-        st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
+    if (st == L3D_OK && tc->val_pattern && tc->val_batches < 1)
+        st = l3d_error(L3D_ERR_ARG, "--val-batches %d: give 1 or more", tc->val_batches);
     if (st != L3D_OK) {
         l3d_train_layout_free(lay);
         return st;
     }
     *lay = (struct l3d_train_layout){.tp = tp, .pp = pp, .dp = dp, .v = v, .stages = pp * v,
-                                     .accum = accum, .layers = lay->layers, .sched = lay->sched,
-                                     .vsched = lay->vsched};
+                                     .accum = accum, .layers = lay->layers};
     return L3D_OK;
+}
+
+l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
+                                  const struct l3d_train_config *tc) {
+    L3D_ASSERT(lay->layers && !lay->sched.n); /* after l3d_train_layout_init, once */
+    int pp = lay->pp, v = lay->v;
+    l3d_status st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->pp_schedule : L3D_PP_1F1B, pp,
+                                          v, lay->accum);
+    if (st == L3D_OK && tc->val_pattern)
+        st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
+    if (st != L3D_OK) {
+        l3d_pp_schedule_free(&lay->sched);
+        l3d_pp_schedule_free(&lay->vsched);
+    }
+    return st;
 }
 
 struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,
