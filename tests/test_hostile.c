@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "llm3d/core.h"
+#include "llm3d/runtime.h"
 #include "test.h"
 #include "train/signals.h"
 
@@ -36,7 +37,7 @@ static int in_child(void (*fn)(void)) {
 
 /* start-up: signals blocked (l3d_runtime_init), the training loop not yet started */
 static void term_at_startup(void) {
-    l3d_train_signals_block();
+    l3d_runtime_signals_block();
     kill(getpid(), SIGTERM);
     sleep_ms(3000); /* a start-up blocked in a read: the signal must end it */
     _exit(0);
@@ -44,7 +45,7 @@ static void term_at_startup(void) {
 
 /* in the loop: the first signal is a request (the process goes on to save), the second ends it */
 static void term_in_loop_once(void) {
-    l3d_train_signals_block();
+    l3d_runtime_signals_block();
     l3d_train_signals_install();
     kill(getpid(), SIGTERM);
     sleep_ms(300);
@@ -52,7 +53,7 @@ static void term_in_loop_once(void) {
 }
 
 static void term_in_loop_twice(void) {
-    l3d_train_signals_block();
+    l3d_runtime_signals_block();
     l3d_train_signals_install();
     kill(getpid(), SIGTERM);
     sleep_ms(300);
@@ -63,7 +64,7 @@ static void term_in_loop_twice(void) {
 
 /* after the loop: the default action again */
 static void term_after_loop(void) {
-    l3d_train_signals_block();
+    l3d_runtime_signals_block();
     l3d_train_signals_install();
     l3d_train_signals_restore();
     kill(getpid(), SIGTERM);

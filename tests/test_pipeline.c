@@ -4,7 +4,9 @@
  * chunk before its backward, keeps micro-batches first-in first-out per chunk, bounds the
  * micro-batches in flight (pp - stage for 1F1B, m for GPipe), and idles exactly the textbook
  * bubble (pp - 1) / (v m + pp - 1). A broken schedule is caught. The balanced partition is the
- * best contiguous split (checked against brute force) and errors name the flags.
+ * best contiguous split (checked against brute force) and errors name the flags. The bytes and
+ * action counts of a schedule in closed form (for the memory check, before it is built) are the
+ * built schedule's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +15,23 @@
 #include "llm3d/spec.h"
 #include "test.h"
 
+/* The closed forms the memory check uses before building (l3d_pp_schedule_bytes, _actions) are
+ * what a build allocates (the accounting allocator's count) and lists. */
+static void check_closed_form(const struct l3d_pp_schedule *s, size_t allocated, bool fwd_only) {
+    size_t want = l3d_pp_schedule_bytes(s->pp, s->v, s->m, fwd_only);
+    if (allocated != want)
+        fprintf(stderr, "  pp %d v %d m %d: allocated %zu bytes, closed form %zu\n", s->pp, s->v,
+                s->m, allocated, want);
+    CHECK(allocated == want);
+    for (int r = 0; r < s->pp; r++)
+        CHECK(l3d_pp_schedule_actions(s->pp, s->v, s->m, r, fwd_only) == s->n[r]);
+}
+
 static void check_schedule(enum l3d_pp_kind kind, int pp, int v, int m, double tf, double tb) {
     struct l3d_pp_schedule s;
+    size_t before = l3d_mem_used();
     CHECK(l3d_pp_schedule_build(&s, kind, pp, v, m) == L3D_OK);
+    check_closed_form(&s, l3d_mem_used() - before, false);
     struct l3d_pp_sim sim;
     l3d_pp_simulate(&s, tf, tb, &sim);
     bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
@@ -53,7 +69,9 @@ static void test_schedules(void) {
         for (int v = 1; v <= 3; v++) {
             struct l3d_pp_schedule s;
             struct l3d_pp_sim sim;
+            size_t before = l3d_mem_used();
             CHECK(l3d_pp_schedule_build_forward(&s, pp, v, 5) == L3D_OK);
+            check_closed_form(&s, l3d_mem_used() - before, true);
             l3d_pp_simulate(&s, 1.0, 2.0, &sim);
             CHECK(!sim.deadlock && sim.matched && sim.fifo_ok);
             l3d_pp_schedule_free(&s);
@@ -174,6 +192,15 @@ static void test_partition(void) {
     CHECK(l3d_pp_schedule_build(&s, L3D_PP_INTERLEAVED, 4, 2, 6) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "multiple of --pp 4") != NULL);
     CHECK(l3d_pp_schedule_build(&s, L3D_PP_1F1B, 4, 2, 8) == L3D_ERR_ARG);
+    CHECK(l3d_pp_schedule_check(L3D_PP_INTERLEAVED, 4, 2, 6) == L3D_ERR_ARG);
+    CHECK(l3d_pp_schedule_check(L3D_PP_INTERLEAVED, 4, 2, 8) == L3D_OK);
+    /* more (micro, chunk) pairs than a stage's int count of actions holds: an error naming
+     * --grad-accum, before any allocation (the bytes would be 25 GiB a stage) */
+    size_t before = l3d_mem_used();
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_1F1B, 1, 1, 1 << 30) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--grad-accum") != NULL && l3d_mem_used() == before);
+    CHECK(s.n == NULL && s.acts == NULL);
+    CHECK(l3d_pp_schedule_bytes(2, 1, 1 << 30, false) > ((size_t)144 << 30));
     enum l3d_pp_kind k;
     CHECK(l3d_pp_kind_parse("1f1b", &k) == L3D_OK && k == L3D_PP_1F1B);
     CHECK(l3d_pp_kind_parse("zigzag", &k) == L3D_ERR_ARG);

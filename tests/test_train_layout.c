@@ -41,7 +41,9 @@ int main(void) {
     CHECK(lay.tp == 1 && lay.pp == 2 && lay.dp == 2 && lay.v == 1 && lay.stages == 2);
     CHECK(lay.accum == 2);
     CHECK(lay.layers[0] + lay.layers[1] == tc.model.L);
-    CHECK(lay.sched.pp == 2 && lay.sched.m == 2);
+    CHECK(lay.sched.n == NULL); /* built after the memory check */
+    CHECK(l3d_train_layout_build(&lay, &tc) == L3D_OK);
+    CHECK(lay.sched.pp == 2 && lay.sched.m == 2 && lay.sched.n[1] > 0);
     struct l3d_shard s0 = l3d_train_layout_shard(&lay, &tc, 0, 0);
     struct l3d_shard s1 = l3d_train_layout_shard(&lay, &tc, 1, 0);
     CHECK(s0.layer_start == 0 && s0.layer_count == lay.layers[0] && s0.has_embedding);
@@ -84,6 +86,26 @@ int main(void) {
     CHECK(l3d_train_layout_init(&lay, &tc, 4097) == L3D_OK);
     CHECK(lay.stages == 4097 && lay.layers[4096] == 1);
     l3d_train_layout_free(&lay);
+
+    /* 2^30 micro-batches (the largest --grad-accum): the checks allocate nothing that grows with
+     * them (the schedule alone would be 72 GiB a stage: this aborted, out of memory, before the
+     * memory check could refuse it), and the build refuses them with --grad-accum named */
+    tc = config();
+    tc.layout.pp = 2;
+    tc.layout.accum = 1 << 30;
+    size_t before = l3d_mem_used();
+    CHECK(l3d_train_layout_init(&lay, &tc, 2) == L3D_OK);
+    CHECK(lay.accum == 1 << 30 && l3d_mem_used() - before < 4096);
+    CHECK(l3d_train_layout_build(&lay, &tc) != L3D_OK && lay.sched.n == NULL);
+    CHECK(strstr(l3d_error_message(), "--grad-accum") != NULL);
+    l3d_train_layout_free(&lay);
+    CHECK(l3d_mem_used() == before);
+    tc.layout.accum = 1;
+    tc.layout.global_batch = (int64_t)4 << 30; /* 2^30 micro-batches of --batch 4 */
+    CHECK(l3d_train_layout_init(&lay, &tc, 2) == L3D_OK && lay.accum == 1 << 30);
+    l3d_train_layout_free(&lay);
+    tc.layout.global_batch = (int64_t)4 << 32; /* 2^32 micro-batches: more than an int counts */
+    check_error(&tc, 2, "--global-batch 17179869184", "at most 2147483647");
 
     /* the others keep their messages */
     tc = config();

@@ -73,9 +73,17 @@ l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);
  * pp) with messages naming the flags, then builds. */
 l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
                                  int m);
+/* The checks of l3d_pp_schedule_build alone, so a caller gives its verdict before it builds. */
+l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m);
 /* Forward only (validation): each stage forwards micro-batches in order, chunk by chunk. */
 l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m);
 void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
+/* The host bytes a schedule of every stage takes (what the builds allocate: room for 6 actions a
+ * (micro, chunk) pair, 3 forward only, on each of the pp stages), before building it: the memory
+ * check counts them. The builds return L3D_ERR_OOM when they cannot have them. */
+size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only);
+/* The actions of stage r in a built schedule (n[r]), in closed form. */
+int64_t l3d_pp_schedule_actions(int pp, int v, int64_t m, int r, bool fwd_only);
 /* Idle fraction of an ideal timeline (equal stages, free communication): (pp-1) / (v m + pp-1). */
 double l3d_pp_bubble(int pp, int v, int m);
 

@@ -51,4 +51,17 @@ l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp);
 /* Frees the communicators, the backend and the world (MPI finalised); NULL is a no-op. */
 void l3d_runtime_free(struct l3d_runtime *rt);
 
+/* The preemption signals SIGTERM and SIGUSR1 (src/runtime/signals.c), process-wide.
+ * l3d_runtime_signals_block keeps them off the calling thread and every thread started after:
+ * call it before MPI and OpenMP start theirs (l3d_runtime_init does, with stop_signals). It starts
+ * a thread that takes them: until a loop takes them over, one ends the process (status
+ * 128 + signal), as by default. After l3d_runtime_signals_take (which blocks them first if that
+ * was not done) the first signal is a request that l3d_runtime_signal_pending returns (0: none)
+ * and a second ends the process. l3d_runtime_signals_release ends the thread and gives them back
+ * their default action on the calling thread. */
+void l3d_runtime_signals_block(void);
+void l3d_runtime_signals_take(void);
+void l3d_runtime_signals_release(void);
+int l3d_runtime_signal_pending(void);
+
 #endif

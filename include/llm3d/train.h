@@ -102,11 +102,17 @@ struct l3d_train_layout {
 
 struct l3d_runtime;
 void l3d_train_config_defaults(struct l3d_train_config *tc);
-/* Checks tc's flags and layout for world_size ranks and fills lay: the grid, the micro-batches,
- * the stage partition and the schedules. Collective-free; an error names the flag, its value and
- * what to do (l3d_error_message), and leaves nothing to free. */
+/* Checks tc's flags and layout for world_size ranks (the schedules' rules included) and fills
+ * lay: the grid, the micro-batches and the stage partition. Collective-free; an error names the
+ * flag, its value and what to do (l3d_error_message), and leaves nothing to free. */
 l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_train_config *tc,
                                  int world_size);
+/* Builds lay's schedules: the training step's and, with --val, validation's forwards. Their bytes
+ * grow with the micro-batches, so the memory check counts them first (l3d_pp_schedule_bytes) and
+ * this runs after it. Collective-free; L3D_ERR_OOM naming --grad-accum when the host has no room,
+ * with nothing more to free than before. */
+l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
+                                  const struct l3d_train_config *tc);
 /* The model shard of virtual stage vs on TP rank tp_rank (l3d_layout_stage_shard). */
 struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,
                                         const struct l3d_train_config *tc, int vs, int tp_rank);
@@ -116,10 +122,5 @@ void l3d_train_layout_free(struct l3d_train_layout *lay);
  * report_error marks the one rank that should print the message, so it appears once. */
 l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_runtime *rt,
                          struct l3d_train_result *res);
-/* Keeps SIGTERM and SIGUSR1 (the preemption signals l3d_train_run takes on a thread of its own)
- * off the calling thread and every thread started after: call it before MPI and OpenMP start
- * theirs (l3d_runtime_init does, with stop_signals). It starts that thread: until the training
- * loop takes the signals over, one ends the process (status 128 + signal), as by default. */
-void l3d_train_signals_block(void);
 
 #endif

@@ -148,7 +148,5 @@ struct l3d_backend {
 struct l3d_backend *l3d_backend_make(const struct l3d_backend_i *i, void *ctx);
 /* Aborts: `kernel` of backend `be_name` has no variant for dtype dt. */
 _Noreturn void l3d_backend_no_variant(const char *be_name, const char *kernel, enum l3d_dtype dt);
-/* The checking backend over an inner backend it owns (check.c). */
-struct l3d_backend *l3d_backend_check_init(struct l3d_backend *inner);
 
 #endif

@@ -1,7 +1,6 @@
 /* The device interface (include/llm3d/backend.h): one dispatch through the backend's table
- * (src/backend/backend-impl.h) per call. */
-#include <stdlib.h>
-#include <string.h>
+ * (src/backend/backend-impl.h) per call. The backends (cpu.c, check.c) build on this file; which
+ * backend a name selects is registry.c's, so this file knows none of them. */
 
 #include "backend/backend-impl.h"
 
@@ -21,25 +20,6 @@ void l3d_backend_free(struct l3d_backend *be) {
 _Noreturn void l3d_backend_no_variant(const char *be_name, const char *kernel, enum l3d_dtype dt) {
     l3d_fatal(__FILE__, __LINE__, "backend %s: kernel %s has no %s variant", be_name, kernel,
               l3d_dtype_name(dt));
-}
-
-l3d_status l3d_backend_init(const char *name, struct l3d_backend **out) {
-    *out = NULL;
-    const char *src = "--backend";
-    if (!name || !*name) {
-        name = getenv("L3D_BACKEND");
-        src = "L3D_BACKEND";
-    }
-    if (!name || !*name) name = "cpu";
-    if (strcmp(name, "cpu") == 0) {
-        *out = l3d_backend_cpu_init();
-    } else if (strcmp(name, "check") == 0) {
-        *out = l3d_backend_check_init(l3d_backend_cpu_init());
-    } else {
-        return l3d_error(L3D_ERR_ARG, "unknown backend '%s' (%s): use cpu, or check (the CPU "
-                         "kernels behind a checked device arena, for tests)", name, src);
-    }
-    return L3D_OK;
 }
 
 const char *l3d_backend_name(const struct l3d_backend *be) { return be->i->name; }

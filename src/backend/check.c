@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "backend/backend-impl.h"
+#include "backend/check.h"
 
 struct region {
     char *dev, *host; /* device view (PROT_NONE) and host view of the same pages */

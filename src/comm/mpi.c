@@ -8,9 +8,10 @@
  * (signal, exit) is handled by the launcher: Open MPI's mpirun and MPICH's Hydra both kill the
  * other ranks within a second and return a non-zero status; the exit guard below covers the one
  * case Hydra would report as success (a rank calling exit(0) before finalize). A rank that stops
- * or hangs is the watchdog's: every blocking operation is its non-blocking form and a watch_wait,
- * which polls with growing sleeps and, after the world's watch timeout, finds the rank that does
- * not respond, names it and aborts (struct l3d_watch, comm.h; docs/DESIGN.md).
+ * or hangs is the watchdog's (src/comm/watchdog.c): every blocking operation is its non-blocking
+ * form and a watch_wait, which polls with growing sleeps and, after the world's watch timeout,
+ * finds the rank that does not respond, names it and aborts (struct l3d_watch, comm.h;
+ * docs/DESIGN.md).
  *
  * Counts: MPI counts are int. Blocking operations take any int64_t count and loop over chunks
  * of at most max_count elements (INT_MAX / 2 unless a test lowers it); non-blocking collectives
@@ -32,14 +33,13 @@
 #include <mpi.h>
 
 #include "comm/mpi-impl.h"
+#include "comm/watchdog.h"
 #include "llm3d/backend.h"
 #include "llm3d/comm.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-/* Prints "llm3d: rank R: MPI_Xxx failed: <message>" and aborts every rank. `call` is the text of
- * the call; only its name (up to the parenthesis) is printed. */
-static _Noreturn void mpi_fail(const char *call, int rc, const char *file, int line) {
+_Noreturn void l3d_mpi_fail(const char *call, int rc, const char *file, int line) {
     char msg[MPI_MAX_ERROR_STRING] = "unknown error";
     int len = 0, rank = -1;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
@@ -52,13 +52,6 @@ static _Noreturn void mpi_fail(const char *call, int rc, const char *file, int l
     exit(1); /* MPI_Abort does not return; this keeps _Noreturn honest if it did */
 }
 
-#define L3D_MPI_CHECK(call)                                                \
-    do {                                                                   \
-        int l3d_mpi_rc_ = (call);                                          \
-        if (l3d_mpi_rc_ != MPI_SUCCESS)                                    \
-            mpi_fail(#call, l3d_mpi_rc_, __FILE__, __LINE__);              \
-    } while (0)
-
 /* The core abort hook: L3D_ASSERT / l3d_fatal on any rank take the whole job down (134 is the
  * status a single process gets from the default hook). */
 static void mpi_abort_hook(void *ctx) {
@@ -67,19 +60,6 @@ static void mpi_abort_hook(void *ctx) {
 }
 
 /* ---- communicator state ---------------------------------------------------------------------- */
-
-struct mpi_watch;
-struct mpi_progress;
-
-struct mpi_comm {
-    struct l3d_comm base;
-    struct mpi_watch *watch;     /* the world's, shared by splits */
-    struct mpi_progress *prog;   /* the world's progress thread, shared by splits; NULL: none */
-    MPI_Comm comm;
-    int64_t max_count;       /* largest count of one blocking MPI call (see mpi-impl.h) */
-    struct mpi_types *types; /* bf16/fp16 datatype and reductions: the world's, shared by splits */
-    bool is_world;           /* MPI_COMM_WORLD: released by l3d_comm_mpi_finalize only */
-};
 
 /* What a l3d_req holds: the MPI request and memory to release when it completes (the int
  * counts/displacements of an all_gatherv, which MPI reads until completion). */
@@ -241,8 +221,6 @@ struct mpi_progress {
     double nap_s;
 };
 
-static void nap(double s);
-
 static void *progress_main(void *arg) {
     struct mpi_progress *p = arg;
     double nap_s = p->nap_s;
@@ -259,7 +237,7 @@ static void *progress_main(void *arg) {
          * level already (it counts until the main thread tests it): the naps double up to
          * PROGRESS_NAP_MAX_S, so the thread wakes less and leaves the core to the compute */
         nap_s = atomic_exchange(&p->fresh, false) ? p->nap_s : fmin(2 * nap_s, PROGRESS_NAP_MAX_S);
-        nap(nap_s);
+        l3d_mpi_nap(nap_s);
         pthread_mutex_lock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
@@ -370,261 +348,18 @@ static void *hv(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t
     return h;
 }
 
-/* ---- the watchdog (struct l3d_watch, comm.h) ------------------------------------------------- */
+/* ---- waits ----------------------------------------------------------------------------------- */
 
-/* Every wait is a loop of MPI_Test: spinning for the first WATCH_SPIN_S (a wait of up to a
- * second, the common case, keeps its latency; Open MPI's shared-memory transport moves a large
- * message only inside MPI calls, and napping from 200 us on made d6's DP communication 11x
- * slower: docs/DESIGN.md), then sleeping an eighth of the time waited so far, between
- * WATCH_NAP_MIN_S and WATCH_NAP_MAX_S: a wait is lengthened by at most 1/8 (and 5 ms), and a rank
- * that waits long calls MPI 200 times a second instead of burning a core. Liveness questions go
- * over a duplicate of the world (wd), so they never match the program's own messages: a ping has
- * an even tag 2k, its answer the tag 2k + 1; ranks answer from the sleeping part of every wait. */
-#define WATCH_SPIN_S 1.0
-#define WATCH_NAP_MIN_S 10e-6
-#define WATCH_NAP_MAX_S 5e-3
-#define WATCH_EXIT 75 /* EX_TEMPFAIL: try again (--resume auto) */
-/* The tag of the notice a rank sends every other rank before it aborts the job: the others then
- * end quietly instead of blaming it (a rank inside MPI_Abort answers no question). Questions use
- * the even tags 2 to 32000, answers the odd ones after them. */
-#define WATCH_TAG_NOTICE 32700
-/* A gap between two polls longer than this: the rank itself was stopped (SIGSTOP, a debugger,
- * the machine suspended), which is no wait on the others and no stall of theirs. */
-#define WATCH_AWAY_S 0.5
-
-struct mpi_watch {
-    struct l3d_watch pub;
-    MPI_Comm wd;           /* a duplicate of the world for the liveness questions */
-    MPI_Group world_group; /* to name a communicator's members by their world ranks */
-    int seq;               /* the next question's number */
-    int world_size;
-    bool aborting;         /* another rank's notice came: the job is being aborted */
-};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void nap(double s) {
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
-/* Answers the liveness questions that have arrived; drops answers that came too late. */
-static void watch_answer(struct mpi_watch *w) {
-    static const int alive = 1;
-    for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        L3D_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, w->wd, &flag, &st));
-        if (!flag) return;
-        int v;
-        L3D_MPI_CHECK(MPI_Recv(&v, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG, w->wd,
-                               MPI_STATUS_IGNORE));
-        if (st.MPI_TAG == WATCH_TAG_NOTICE) {
-            w->aborting = true;
-            continue;
-        }
-        if (st.MPI_TAG % 2 != 0) continue; /* an answer to a question given up on */
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Isend(&alive, 1, MPI_INT, st.MPI_SOURCE, st.MPI_TAG + 1, w->wd, &q));
-        L3D_MPI_CHECK(MPI_Request_free(&q));
-    }
-}
-
-static void rank_name(const struct mpi_watch *w, int world_rank, char *buf, size_t n) {
-    if (w->pub.name)
-        w->pub.name(w->pub.name_ctx, world_rank, buf, n);
-    else
-        snprintf(buf, n, "rank %d", world_rank);
-}
-
-/* "step 7, DP gradient bucket 2 (all-reduce with ranks 1, 3)" into buf. */
-static void watch_describe(const struct mpi_comm *m, int peer, const char *op, char *buf,
-                           size_t n) {
-    const struct l3d_watch *p = &m->watch->pub;
-    size_t k = 0;
-#define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
-    if (p->step > 0) PUT("step %d, ", p->step);
-    PUT("%s", p->doing.what ? p->doing.what : "communication");
-    if (p->doing.index >= 0) PUT(" %d", p->doing.index);
-    if (p->doing.chunk >= 0) PUT(" chunk %d", p->doing.chunk);
-    const char *role = m->base.role ? m->base.role : "";
-    int size = m->base.size;
-    if (peer >= 0) {
-        int wr = peer;
-        MPI_Group g;
-        L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
-        L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &peer, m->watch->world_group, &wr));
-        L3D_MPI_CHECK(MPI_Group_free(&g));
-        char name[96];
-        rank_name(m->watch, wr, name, sizeof name);
-        PUT(" (%s%s%s %s)", role, *role ? " " : "", op, name);
-    } else {
-        PUT(" (%s%s%s with ranks", role, *role ? " " : "", op);
-        MPI_Group g;
-        L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
-        for (int r = 0; r < size && r < 16; r++) {
-            int wr;
-            L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &r, m->watch->world_group, &wr));
-            PUT("%s %d", r ? "," : "", wr);
-        }
-        L3D_MPI_CHECK(MPI_Group_free(&g));
-        PUT("%s)", size > 16 ? ", ..." : "");
-    }
-#undef PUT
-    if (k >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-}
-
-/* Another rank has reported and aborts the job: this one ends too, without a message. */
-static _Noreturn void watch_quiet_abort(struct mpi_watch *w) {
-    (void)w;
-    fflush(stdout);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, WATCH_EXIT);
-    exit(WATCH_EXIT);
-}
-
-/* The wait on r has lasted timeout_s. Asks every rank it waits on (the peer, or the other members
- * of the communicator) whether it is alive, for a grace of a quarter of the timeout (1 to 30 s),
- * answering the others' questions meanwhile. Returns true when r completed in the meantime; false
- * when every rank answered (the caller waits on); reports and aborts when one does not. */
-static bool watch_expired(struct mpi_comm *m, MPI_Request *r, int peer, const char *op,
-                          double waited, bool final) {
-    struct mpi_watch *w = m->watch;
-    static const int question = 0;
-    int size = m->base.size, n = 0;
-    int *who = l3d_alloc(3 * (size_t)size * sizeof *who, "watchdog");
-    int *ans = who + size, *state = ans + size; /* state: 0 asked, 1 answered */
-    MPI_Request *rq = l3d_alloc((size_t)size * sizeof *rq, "watchdog");
-    MPI_Group g;
-    L3D_MPI_CHECK(MPI_Comm_group(m->comm, &g));
-    for (int k = 0; k < size; k++) {
-        if (peer >= 0 ? k != peer : k == m->base.rank) continue;
-        L3D_MPI_CHECK(MPI_Group_translate_ranks(g, 1, &k, w->world_group, &who[n]));
-        n++;
-    }
-    L3D_MPI_CHECK(MPI_Group_free(&g));
-    int tag = 2 * (1 + w->seq++ % 16000); /* even tags up to 32000: MPI guarantees 32767 */
-    for (int k = 0; k < n; k++) {
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Isend(&question, 1, MPI_INT, who[k], tag, w->wd, &q));
-        L3D_MPI_CHECK(MPI_Request_free(&q));
-        L3D_MPI_CHECK(MPI_Irecv(&ans[k], 1, MPI_INT, who[k], tag + 1, w->wd, &rq[k]));
-        state[k] = 0;
-    }
-    double grace = w->pub.timeout_s / 4;
-    grace = grace < 1 ? 1 : grace > 30 ? 30 : grace;
-    double t0 = now_s();
-    int flag = 0, answered = 0;
-    while (answered < n && now_s() - t0 < grace) {
-        L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
-        if (flag) break;
-        for (int k = 0; k < n; k++) {
-            if (state[k]) continue;
-            int f = 0;
-            L3D_MPI_CHECK(MPI_Test(&rq[k], &f, MPI_STATUS_IGNORE));
-            if (f) state[k] = 1, answered++;
-        }
-        watch_answer(w);
-        if (w->aborting) watch_quiet_abort(w);
-        nap(1e-3);
-    }
-    if (flag || (answered == n && !final)) { /* done, or everyone alive: wait on */
-        for (int k = 0; k < n; k++)
-            if (!state[k]) { /* a late answer is dropped by watch_answer */
-                L3D_MPI_CHECK(MPI_Cancel(&rq[k]));
-                L3D_MPI_CHECK(MPI_Wait(&rq[k], MPI_STATUS_IGNORE));
-            }
-        l3d_free(rq);
-        l3d_free(who);
-        return flag != 0;
-    }
-    /* Ranks that waited in the same operation reach this point together: the lower world rank
-     * reports first (20 ms apart, up to 1 s), and its notice ends the others quietly. */
-    double turn = now_s() + 0.02 * (m->base.world_rank % 50);
-    do {
-        watch_answer(w);
-        if (w->aborting) watch_quiet_abort(w);
-        nap(1e-3);
-    } while (now_s() < turn);
-    static const int notice = 0;
-    for (int dst = 0; dst < w->world_size; dst++) {
-        if (dst == m->base.world_rank) continue;
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Isend(&notice, 1, MPI_INT, dst, WATCH_TAG_NOTICE, w->wd, &q));
-        L3D_MPI_CHECK(MPI_Request_free(&q));
-    }
-    char self[96], what[512], silent[384];
-    rank_name(w, m->base.world_rank, self, sizeof self);
-    watch_describe(m, peer, op, what, sizeof what);
-    size_t k = 0;
-    for (int i = 0; i < n && k < sizeof silent; i++)
-        if (!state[i]) {
-            char name[96];
-            rank_name(w, who[i], name, sizeof name);
-            k += (size_t)snprintf(silent + k, sizeof silent - k, "%s%s", k ? ", " : "", name);
-        }
-    if (answered < n)
-        fprintf(stderr, "llm3d: %s: no progress for %.1f s (--timeout %g) at %s; %s did not "
-                "respond within %.0f s (stopped, hung or dead): aborting the job, the last "
-                "checkpoint is kept (--resume auto continues)\n", self, waited,
-                w->pub.timeout_s, what, silent, grace);
-    else
-        fprintf(stderr, "llm3d: %s: no progress for %.1f s (--timeout %g) at %s, although the "
-                "ranks it waits on respond (a deadlock, or a wait longer than --timeout): "
-                "aborting the job, the last checkpoint is kept\n", self, waited, w->pub.timeout_s,
-                what);
-    fflush(stdout);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, WATCH_EXIT);
-    exit(WATCH_EXIT);
-}
-
-/* Completes r (a request of communicator m: peer >= 0 for a send or receive, -1 for a
- * collective) under the watchdog, and records the longest wait. */
+/* Completes r (a request of communicator m: peer >= 0 for a send or receive, -1 for a collective)
+ * under the watchdog (watchdog.c). While this thread waits it drives MPI itself, so the progress
+ * thread rests until the wait is over. */
 static void watch_wait(struct mpi_comm *m, MPI_Request *r, int peer, const char *op) {
     int flag = 0;
     L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
     if (flag) return;
     if (m->prog) atomic_store(&m->prog->waiting, 1); /* this thread drives MPI now */
-    struct mpi_watch *w = m->watch;
-    double t0 = now_s(), t = t0, prev = t0, timeout = w->pub.timeout_s;
-    double deadline = timeout > 0 ? t0 + timeout : INFINITY;
-    double away = 0.0; /* time this rank did not run (itself stopped): not a wait on others */
-    int expiries = 0;
-    for (;;) {
-        L3D_MPI_CHECK(MPI_Test(r, &flag, MPI_STATUS_IGNORE));
-        if (flag) break;
-        t = now_s();
-        if (t - prev > WATCH_AWAY_S) { /* polls are at most 5 ms apart when the rank runs */
-            away += t - prev;
-            deadline += t - prev;
-        }
-        prev = t;
-        double waited = t - t0 - away;
-        if (waited < WATCH_SPIN_S) continue;
-        watch_answer(w);
-        if (w->aborting) watch_quiet_abort(w);
-        if (t >= deadline) {
-            if (watch_expired(m, r, peer, op, waited, expiries++ > 0)) break;
-            deadline = now_s() + timeout;
-            prev = now_s();
-            continue;
-        }
-        double s = waited / 8;
-        nap(s < WATCH_NAP_MIN_S ? WATCH_NAP_MIN_S : s > WATCH_NAP_MAX_S ? WATCH_NAP_MAX_S : s);
-    }
+    l3d_mpi_watch_wait(m, r, peer, op);
     progress_resume(m);
-    t = now_s();
-    double waited = t - t0 - away - (t - prev > WATCH_AWAY_S ? t - prev : 0.0);
-    if (waited > w->pub.longest_s) {
-        w->pub.longest_s = waited;
-        if (waited >= 0.5)
-            watch_describe(m, peer, op, w->pub.longest_what, sizeof w->pub.longest_what);
-    }
 }
 
 /* ---- split / free ---------------------------------------------------------------------------- */
@@ -1114,14 +849,9 @@ l3d_status l3d_comm_mpi_init_progress(int *argc, char ***argv, bool thread,
         return st;
     }
     struct mpi_comm *w = comm_new(MPI_COMM_WORLD, rank, INT_MAX / 2, types_init(), true);
-    w->watch = l3d_calloc(sizeof *w->watch, "watchdog");
-    w->watch->pub.doing = (struct l3d_doing){NULL, -1, -1};
+    w->watch = l3d_mpi_watch_init(size);
     w->base.role = "world";
-    L3D_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &w->watch->wd));
-    L3D_MPI_CHECK(MPI_Comm_set_errhandler(w->watch->wd, MPI_ERRORS_RETURN));
-    L3D_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &w->watch->world_group));
-    w->watch->world_size = size;
-    w->base.watch = &w->watch->pub;
+    w->base.watch = l3d_mpi_watch_pub(w->watch);
     if (thread) w->prog = progress_init();
     *world = &w->base;
     return L3D_OK;
@@ -1133,9 +863,7 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world) {
     L3D_ASSERT(m->is_world);
     progress_free(m->prog);
     types_free(m->types);
-    L3D_MPI_CHECK(MPI_Group_free(&m->watch->world_group));
-    L3D_MPI_CHECK(MPI_Comm_free(&m->watch->wd));
-    l3d_free(m->watch);
+    l3d_mpi_watch_free(m->watch);
     l3d_free(m);
     /* After MPI_Finalize no MPI call (MPI_Abort included) is allowed: back to the default hook,
      * and MPI_Finalize's own status is not checked (there is nothing left to abort). */

@@ -1,4 +1,6 @@
 /* Pipeline schedules, their simulation, and the stage partition (include/llm3d/pipeline.h). */
+#include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,9 +104,14 @@ static void build_stage(struct l3d_pp_schedule *s, int r) {
     }
 }
 
-/* Room for per_cell actions per (micro, chunk) on every stage. */
-static void alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v, int m,
-                           int per_cell) {
+/* Actions a (micro, chunk) cell gives a stage at most: forward and backward, each with a receive
+ * and a send (3 forward only); alloc_schedule's room and l3d_pp_schedule_bytes' closed form. */
+#define CELL_ACTIONS(fwd_only) ((fwd_only) ? 3 : 6)
+
+/* Room for CELL_ACTIONS actions per (micro, chunk) on every stage (the bytes of
+ * l3d_pp_schedule_bytes); L3D_ERR_OOM, with s freed, when the host has no room. */
+static l3d_status alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
+                                 int m, bool fwd_only) {
     s->kind = kind;
     s->pp = pp;
     s->v = v;
@@ -112,13 +119,36 @@ static void alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int
     s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
     s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
     s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    size_t each = (size_t)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
     for (int r = 0; r < pp; r++)
-        s->acts[r] = l3d_alloc((size_t)m * v * per_cell * sizeof(struct l3d_pp_action), "schedule");
+        if (!(s->acts[r] = l3d_try_alloc(each, "schedule"))) {
+            double need = (double)l3d_pp_schedule_bytes(pp, v, m, fwd_only);
+            l3d_pp_schedule_free(s);
+            return l3d_error(L3D_ERR_OOM, "out of memory for the pipeline schedule: %.2f GiB for "
+                             "%d micro-batches x %d model chunks on %d pipeline stages: lower "
+                             "--grad-accum (or --global-batch)%s", need / (1 << 30), m, v, pp,
+                             fwd_only ? " or --val-batches" : "");
+        }
+    return L3D_OK;
 }
 
-l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
-                                 int m) {
-    memset(s, 0, sizeof *s);
+size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only) {
+    double acts = (double)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
+    double b = (double)pp * (sizeof(int) + sizeof(struct l3d_pp_action *) + acts) +
+               (double)pp * v * sizeof(int);
+    return b < (double)SIZE_MAX ? (size_t)b : SIZE_MAX;
+}
+
+int64_t l3d_pp_schedule_actions(int pp, int v, int64_t m, int r, bool fwd_only) {
+    int64_t per_micro = 0; /* a pass: the computation, a receive unless first, a send unless last */
+    for (int c = 0; c < v; c++) {
+        int vs = c * pp + r;
+        per_micro += 1 + (vs > 0) + (vs < pp * v - 1);
+    }
+    return (fwd_only ? 1 : 2) * m * per_micro;
+}
+
+l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m) {
     if (pp < 1 || m < 1 || v < 1)
         return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
                          "each must be at least 1", pp, m, v);
@@ -132,7 +162,27 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     if (kind == L3D_PP_INTERLEAVED && m % pp != 0)
         return l3d_error(L3D_ERR_ARG, "the interleaved schedule needs the micro-batches "
                          "(--grad-accum %d) to be a multiple of --pp %d", m, pp);
-    alloc_schedule(s, kind, pp, v, m, 6); /* each (micro, chunk): F and B, a send and a receive each */
+    return L3D_OK;
+}
+
+/* A stage's action count is an int: at most INT_MAX / 6 (micro, chunk) cells, 358 million, whose
+ * schedule would take 25 GiB a stage (the memory check refuses far fewer first). */
+static l3d_status check_cells(int v, int m, bool fwd_only) {
+    int64_t most = INT_MAX / CELL_ACTIONS(fwd_only);
+    if ((int64_t)m * v <= most) return L3D_OK;
+    return l3d_error(L3D_ERR_ARG, "%d micro-batches x %d model chunks: a pipeline schedule "
+                     "holds at most %lld (micro-batch, chunk) pairs: lower --grad-accum (or "
+                     "--global-batch)%s", m, v, (long long)most,
+                     fwd_only ? " or --val-batches" : "");
+}
+
+l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp, int v,
+                                 int m) {
+    memset(s, 0, sizeof *s);
+    l3d_status st = l3d_pp_schedule_check(kind, pp, v, m);
+    if (st == L3D_OK) st = check_cells(v, m, false);
+    if (st == L3D_OK) st = alloc_schedule(s, kind, pp, v, m, false);
+    if (st != L3D_OK) return st;
     for (int r = 0; r < pp; r++) build_stage(s, r);
     return L3D_OK;
 }
@@ -142,7 +192,10 @@ l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int 
     if (pp < 1 || m < 1 || v < 1)
         return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
                          "each must be at least 1", pp, m, v);
-    alloc_schedule(s, v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE, pp, v, m, 3);
+    l3d_status st = check_cells(v, m, true);
+    if (st == L3D_OK)
+        st = alloc_schedule(s, v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE, pp, v, m, true);
+    if (st != L3D_OK) return st;
     for (int r = 0; r < pp; r++) {
         struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
         for (int i = 0; i < m; i++) /* (micro, virtual stage) order: dependencies come first */

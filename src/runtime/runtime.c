@@ -3,13 +3,12 @@
 #include <stdlib.h>
 
 #include "llm3d/runtime.h"
-#include "llm3d/train.h"
 
 l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_opts *o,
                             struct l3d_runtime **out) {
     *out = NULL;
     const char *cmd = o->cmd ? o->cmd : "llm3d";
-    if (o->stop_signals) l3d_train_signals_block(); /* before MPI and OpenMP start threads */
+    if (o->stop_signals) l3d_runtime_signals_block(); /* before MPI and OpenMP start threads */
     struct l3d_runtime *rt = calloc(1, sizeof *rt); /* not accounted: l3d_mem_peak is the model's */
     if (!rt) {
         fprintf(stderr, "llm3d %s: out of memory\n", cmd);

@@ -1,5 +1,6 @@
 /* The run spec: defaults, the precision's names and bytes, and the one validator of model,
  * layout and precision (include/llm3d/spec.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -195,7 +196,10 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
 
 /* micro-batch, sequence and micro-batches a step; returns the micro-batches (0: unknown) */
 static int64_t check_batch(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
-                           struct l3d_spec_errors *e) {
+                           const struct l3d_spec_ctx *ctx, struct l3d_spec_errors *e) {
+    /* the trainer's memory check sizes what grows with the micro-batches and says how many fit
+     * (src/train/memory.c); a step's count is an int */
+    const int64_t most = ctx->train ? INT_MAX : MAX_MICRO;
     if (l->micro_batch < 1 || l->seq < 1) {
         add(e, L3D_ERR_ARG, "--batch %d and --seq-len %d must be at least 1", l->micro_batch,
             l->seq);
@@ -207,9 +211,9 @@ static int64_t check_batch(const struct l3d_model_spec *m, const struct l3d_layo
     if (l->global_batch <= 0) {
         if (l->accum < 1)
             add(e, L3D_ERR_ARG, "--grad-accum %d must be at least 1", l->accum);
-        else if (l->accum > MAX_MICRO)
+        else if (l->accum > most)
             add(e, L3D_ERR_ARG, "--grad-accum %d: at most %lld micro-batches a step; give a "
-                "larger --batch", l->accum, MAX_MICRO);
+                "larger --batch", l->accum, (long long)most);
         return l->accum > 0 ? l->accum : 0;
     }
     if (dp < 1) return 0;
@@ -221,10 +225,10 @@ static int64_t check_batch(const struct l3d_model_spec *m, const struct l3d_layo
         return 0;
     }
     int64_t micro = l->global_batch / per;
-    if (micro > MAX_MICRO)
-        add(e, L3D_ERR_ARG, "--global-batch %lld is %lld micro-batches a step of --batch %d x %d "
-            "replicas: at most %lld; give a larger --batch", (long long)l->global_batch,
-            (long long)micro, l->micro_batch, dp, MAX_MICRO);
+    if (micro > most)
+        add(e, L3D_ERR_ARG, "--global-batch %lld is %lld micro-batches of --batch %d x %d "
+            "data-parallel replicas a step: at most %lld; give a smaller --global-batch",
+            (long long)l->global_batch, (long long)micro, l->micro_batch, dp, (long long)most);
     return micro;
 }
 
@@ -308,7 +312,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
         int dp = 0;
         check_grid(l, ctx, &dp, e);
         check_tp(&s->model, l, ctx, e);
-        int64_t micro = check_batch(&s->model, l, dp, e);
+        int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);
     }

@@ -1,5 +1,7 @@
-/* The training layout: flags and world size -> grid, micro-batches, stages, schedules
- * (include/llm3d/train.h). Shared with the planner through include/llm3d/layout.h. */
+/* The training layout: flags and world size -> grid, micro-batches, stages, then (after the
+ * memory check has counted their bytes) the schedules (include/llm3d/train.h). Shared with the
+ * planner through include/llm3d/layout.h. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,18 +49,31 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
     else if ((st = partition(lay, tc, pp, v)) != L3D_OK)
         ;
     else
-        st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp, v,
-                                   accum);
-    if (st == L3D_OK && tc->val_pattern)
-        st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
+        st = l3d_pp_schedule_check(pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp, v, accum);
+    if (st == L3D_OK && tc->val_pattern && tc->val_batches < 1)
+        st = l3d_error(L3D_ERR_ARG, "--val-batches %d: give 1 or more", tc->val_batches);
     if (st != L3D_OK) {
         l3d_train_layout_free(lay);
         return st;
     }
     *lay = (struct l3d_train_layout){.tp = tp, .pp = pp, .dp = dp, .v = v, .stages = pp * v,
-                                     .accum = accum, .layers = lay->layers, .sched = lay->sched,
-                                     .vsched = lay->vsched};
+                                     .accum = accum, .layers = lay->layers};
     return L3D_OK;
+}
+
+l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
+                                  const struct l3d_train_config *tc) {
+    L3D_ASSERT(lay->layers && !lay->sched.n); /* after l3d_train_layout_init, once */
+    int pp = lay->pp, v = lay->v;
+    l3d_status st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp,
+                                          v, lay->accum);
+    if (st == L3D_OK && tc->val_pattern)
+        st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
+    if (st != L3D_OK) {
+        l3d_pp_schedule_free(&lay->sched);
+        l3d_pp_schedule_free(&lay->vsched);
+    }
+    return st;
 }
 
 struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,

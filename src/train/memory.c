@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "train/train-impl.h"
 
@@ -113,6 +114,7 @@ struct cand {
     enum l3d_recompute rc;
     double bytes; /* the fullest rank's, extras included; < 0: not a valid layout */
     double gather; /* of which model.bin's gathered copy (rank 0) */
+    double sched; /* of which the pipeline schedules (training and validation) */
     struct l3d_plan_mem mem;
     int cost;     /* how far from the flags given: fewer and cheaper changes first */
 };
@@ -121,18 +123,22 @@ static const char *rc_name(enum l3d_recompute r) {
     return r == L3D_RECOMPUTE_NONE ? "none" : r == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full";
 }
 
-/* The fullest rank's bytes for layout c: the planner's total, plus what the planner leaves out
- * and the trainer holds: the position table's rows beyond the sequence length (the plan sizes
- * wpe by T, the trainer by --context) with their gradients and moments, and on the lead rank
- * model.bin's copy. */
-static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
+static enum l3d_pp_kind cand_schedule(const struct l3d_train_config *tc, const struct cand *c) {
+    if (c->pp == 1) return L3D_PP_1F1B;
+    return c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule;
+}
+
+/* The planner's bytes of layout c with m micro-batches a step (l3d_plan_memory) into *mem;
+ * false when it refuses the layout. */
+static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int64_t m,
+                    struct l3d_plan_mem *mem) {
     /* the run's spec with the candidate's layout; the planner plans sequences of maxT tokens */
-    struct l3d_model_spec m = tc->model;
-    m.maxT = tc->layout.seq;
-    snprintf(m.name, sizeof m.name, "train");
+    struct l3d_model_spec pm = tc->model;
+    pm.maxT = tc->layout.seq;
+    snprintf(pm.name, sizeof pm.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = (int64_t)c->tp * c->pp * c->dp;
-    run.global_batch = (int64_t)c->B * c->accum * c->dp;
+    run.global_batch = (int64_t)c->B * m * c->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
     run.bucket_bytes = tc->layout.bucket_bytes;
@@ -143,19 +149,81 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     lay.pp = c->pp;
     lay.dp = c->dp;
     lay.micro_batch = c->B;
-    lay.accum = c->accum;
+    lay.accum = (int)m;
     lay.global_batch = 0;
     lay.v = c->v;
     lay.zero = c->zero;
     lay.recompute = c->rc;
     lay.sp = tc->layout.sp && c->tp > 1;
-    lay.schedule = c->pp > 1 ? (c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule) : L3D_PP_1F1B;
+    lay.schedule = cand_schedule(tc, c);
     lay.threads = 1;
     if (lay.schedule == L3D_PP_INTERLEAVED && c->v < 2) lay.schedule = L3D_PP_1F1B;
+    return l3d_plan_memory(&pm, &run, &lay, mem) == L3D_OK;
+}
+
+/* The planner's bytes for c's micro-batches. It plans at most PLAN_MAX_MICRO of them
+ * (l3d_plan_check); beyond, each term that grows with them grows linearly (the token ids, and
+ * GPipe's activations; the other schedules keep at most the pipeline's depth in flight), so the
+ * line through two plans below the bound gives the figures. */
+#define PLAN_MAX_MICRO (1 << 24)
+static bool plan_memory(const struct l3d_train_config *tc, const struct cand *c,
+                        struct l3d_plan_mem *mem) {
+    if (c->accum <= PLAN_MAX_MICRO) return plan_at(tc, c, c->accum, mem);
+    int64_t step = c->v > 1 ? c->pp : 1; /* interleaving: a multiple of --pp */
+    int64_t m1 = PLAN_MAX_MICRO / step * step, m0 = m1 / 2 / step * step;
+    struct l3d_plan_mem a, b;
+    if (m0 < 1 || !plan_at(tc, c, m0, &a) || !plan_at(tc, c, m1, &b)) return false;
+    double k = (double)(c->accum - m1) / (double)(m1 - m0);
+    *mem = b;
+    mem->params += k * (b.params - a.params);
+    mem->grads += k * (b.grads - a.grads);
+    mem->optimizer += k * (b.optimizer - a.optimizer);
+    mem->activations += k * (b.activations - a.activations);
+    mem->other += k * (b.other - a.other);
+    mem->total += k * (b.total - a.total);
+    return true;
+}
+
+/* What grows with the micro-batches (and validation's batches), the trainer holds and the
+ * planner leaves out: the pipeline schedules of every stage, which the trainer builds after this
+ * check (l3d_train_layout_build; l3d_pp_schedule_bytes) into *sched; the pipeline executor's
+ * requests, two for each activation slot of a chunk (src/parallel/pipe_exec.c: GPipe keeps every
+ * micro-batch in flight, 1F1B at most pp, interleaving at most its warm-up); the token ids of
+ * --val-batches beyond the planner's 8; the --trace buffer (src/train/train.c). */
+static double micro_extras(const struct l3d_train_config *tc, const struct cand *c,
+                           double *sched) {
+    int pp = c->pp, v = c->v;
+    int64_t m = c->accum, vb = tc->val_pattern ? tc->val_batches : 0;
+    *sched = (double)l3d_pp_schedule_bytes(pp, v, m, false);
+    if (vb > 0) *sched += (double)l3d_pp_schedule_bytes(pp, v, vb, true);
+    enum l3d_pp_kind kind = cand_schedule(tc, c);
+    int64_t slots = pp == 1 ? 1 : kind == L3D_PP_GPIPE ? m : kind == L3D_PP_1F1B ? pp
+                  : 2LL * (pp - 1) + (int64_t)(v - 1) * pp + 1;
+    if (slots > m) slots = m;
+    double b = *sched + 2.0 * v * (double)slots * sizeof(l3d_req);
+    int64_t planned = m > 8 ? m : 8, held = m > tc->val_batches ? m : tc->val_batches;
+    if (held > planned) b += 2.0 * sizeof(int32_t) * c->B * tc->layout.seq * (double)(held - planned);
+    if (tc->trace_path) { /* the events of the busiest stage's steps, at most 1 << 22 */
+        double most = 0;
+        for (int r = 0; r < pp; r++) {
+            double n = (double)l3d_pp_schedule_actions(pp, v, m, r, false) + 4;
+            if (vb > 0) n += (double)l3d_pp_schedule_actions(pp, v, vb, r, true);
+            most = n > most ? n : most;
+        }
+        double ev = most * tc->steps + 64;
+        b += (ev < (1 << 22) ? ev : (1 << 22)) * sizeof(struct l3d_pp_event);
+    }
+    return b;
+}
+
+/* The fullest rank's bytes for layout c: the planner's total, plus what the planner leaves out
+ * and the trainer holds: the position table's rows beyond the sequence length (the plan sizes
+ * wpe by T, the trainer by --context) with their gradients and moments, on the lead rank
+ * model.bin's copy, and what grows with the micro-batches (micro_extras). */
+static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
     c->bytes = -1;
-    if (l3d_plan_memory(&m, &run, &lay, &c->mem) != L3D_OK) return;
-    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) *
-                  tc->model.C;
+    if (!plan_memory(tc, c, &c->mem)) return;
+    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) * tc->model.C;
     /* params, grads, m, v (and the fp32 master weights in mixed precision): wpe is not in the
      * gradient slots, so its gradient is whole under ZeRO-2 too */
     struct l3d_param_bytes pb;
@@ -168,7 +236,7 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
         double full = 4.0 * (double)l3d_gpt_param_count(&tc->model);
         c->gather = c->tp * c->pp * c->v > 1 ? full : full < 67108864.0 ? full : 67108864.0;
     }
-    c->bytes = c->mem.total + rows * per + c->gather;
+    c->bytes = c->mem.total + rows * per + c->gather + micro_extras(tc, c, &c->sched);
 }
 
 static int cmp_cand(const void *a, const void *b) {
@@ -247,6 +315,72 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
     }
 }
 
+/* The most micro-batches a step (a multiple of --pp under interleaving, at most c's) with which
+ * layout c fits in room; 0 when not even the fewest do. Bytes grow with them: a bisection. */
+static int64_t most_micro(const struct l3d_train_config *tc, const struct cand *c, double room,
+                          bool lead) {
+    int64_t step = c->v > 1 ? c->pp : 1, lo = 0, hi = c->accum / step;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        struct cand t = *c;
+        t.accum = (int)(mid * step);
+        evaluate(tc, &t, lead);
+        if (t.bytes >= 0 && t.bytes <= room)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo * step;
+}
+
+static double token_bytes(const struct l3d_train_config *tc, const struct cand *c) {
+    return 2.0 * sizeof(int32_t) * c->B * tc->layout.seq *
+           (double)(c->accum > tc->val_batches ? c->accum : tc->val_batches);
+}
+
+/* The refusal when the layout fits with the fewest micro-batches (one) but not with its own
+ * (now): it names the flag that set their number, its value, the bytes that grow with them and
+ * the most that fit (k >= 1). */
+static l3d_status too_many_micro(const struct l3d_train_config *tc, const struct cand *now,
+                                 const struct cand *one, int64_t k, int rank, double room,
+                                 const char *where) {
+    double grow = now->bytes - one->bytes, tokens = token_bytes(tc, now) - token_bytes(tc, one);
+    double sched = now->sched - one->sched, rest = grow - tokens - sched;
+    char fix[160];
+    if (tc->layout.global_batch > 0)
+        snprintf(fix, sizeof fix, "--global-batch %lld (%lld micro-batches of --batch %d x %d "
+                 "data-parallel replicas)", (long long)(k * now->B * now->dp), (long long)k,
+                 now->B, now->dp);
+    else
+        snprintf(fix, sizeof fix, "--grad-accum %lld", (long long)k);
+    return l3d_error(L3D_ERR_OOM, "not enough memory for %s %lld: %d micro-batches a step need %s "
+                     "on rank %d, of which %s grow with their number (token ids %s, pipeline "
+                     "schedules %s, activations in flight and other %s), but it has %s (%s); "
+                     "give at most %s, or --ignore-memory-check to try anyway",
+                     tc->layout.global_batch > 0 ? "--global-batch" : "--grad-accum",
+                     tc->layout.global_batch > 0 ? (long long)tc->layout.global_batch : (long long)tc->layout.accum,
+                     now->accum, human(now->bytes).s, rank, human(grow).s, human(tokens).s,
+                     human(sched).s, human(rest > 0 ? rest : 0).s, human(room).s, where, fix);
+}
+
+/* The refusal when the layout does not fit at all: the figures and the layouts that do. */
+static l3d_status too_big(const struct l3d_train_config *tc, const struct cand *now, int rank,
+                          double room, const char *where, bool lead) {
+    char alt[1024];
+    alternatives(tc, now, room, lead, alt, sizeof alt);
+    const struct l3d_plan_mem *m = &now->mem;
+    char extra[64] = "";
+    if (now->gather > 0) snprintf(extra, sizeof extra, ", model.bin %s", human(now->gather).s);
+    return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
+                     "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
+                     "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s); %s; or "
+                     "--ignore-memory-check to try anyway", now->tp, now->pp, now->dp, now->zero,
+                     rc_name(now->rc), now->B, human(now->bytes).s, rank, human(m->params).s,
+                     human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
+                     human(m->other + now->bytes - m->total - now->gather).s, extra,
+                     human(room).s, where, alt);
+}
+
 l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                                   const struct l3d_train_layout *lay, struct l3d_comm *world,
                                   bool *report) {
@@ -269,23 +403,19 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                            .zero = tc->layout.zero, .B = tc->layout.micro_batch, .accum = lay->accum,
                            .rc = tc->layout.recompute};
         evaluate(tc, &now, lead);
-        double gather = now.gather;
         if (now.bytes > room) {
-            char alt[1024];
-            alternatives(tc, &now, room, lead, alt, sizeof alt);
-            const struct l3d_plan_mem *m = &now.mem;
-            char extra[64] = "";
-            if (gather > 0)
-                snprintf(extra, sizeof extra, ", model.bin %s", human(gather).s);
-            st = l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
-                           "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
-                           "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s "
-                           "%s shared by %d rank(s) of this node); %s; or --ignore-memory-check "
-                           "to try anyway", now.tp, now.pp, now.dp, now.zero, rc_name(now.rc),
-                           now.B, human(now.bytes).s, world->rank, human(m->params).s,
-                           human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
-                           human(m->other + now.bytes - m->total - gather).s, extra,
-                           human(room).s, src, human(node).s, local, alt);
+            char where[192];
+            snprintf(where, sizeof where, "%s %s shared by %d rank(s) of this node", src,
+                     human(node).s, local);
+            /* the fewest micro-batches fit: their number is what to change */
+            struct cand one = now;
+            one.accum = now.v > 1 ? now.pp : 1;
+            evaluate(tc, &one, lead);
+            int64_t k = one.bytes >= 0 && one.bytes <= room ? most_micro(tc, &now, room, lead) : 0;
+            if (k > 0)
+                st = too_many_micro(tc, &now, &one, k, world->rank, room, where);
+            else
+                st = too_big(tc, &now, world->rank, room, where, lead);
         }
     }
     return l3d_comm_agree(world, st, report);

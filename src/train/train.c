@@ -271,6 +271,8 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     tcv.layout.accum = t->lay.accum;
     if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
+    st = l3d_train_layout_build(&t->lay, tc); /* the schedules, whose bytes the check counted */
+    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
     if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
         res->report_error = t->lead;
         goto fail;

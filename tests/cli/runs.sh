@@ -5,7 +5,8 @@
 # another model, pruning only this run's exact step directories, --init-from never overwritten;
 # every write checked (a file-size limit: one error naming the file and errno, no partial or
 # temporary file left, `latest` kept, the run resumable); the memory check before allocation
-# (refused with figures and layouts that fit; a suggested layout really runs in that memory).
+# (refused with figures and layouts that fit; a suggested layout really runs in that memory;
+# more micro-batches than fit refused by it, naming the flag, before the schedule is built).
 # Usage: runs.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -135,6 +136,27 @@ check "... the suggested layout runs within 3 MB (measured peak ${peak:-none} by
 check "--ignore-memory-check runs it anyway" \
     env L3D_TEST_MEM_AVAILABLE=3000000 OMP_NUM_THREADS=1 "$bin" train "${flags[@]}" --steps 1 \
     --ignore-memory-check > /dev/null
+# micro-batches a step beyond the memory: the buffers that grow with them (token ids, the pipeline
+# schedules of l3d_train_layout_build) are counted by the check, before anything is allocated.
+# --grad-accum 1073741824 aborted (exit 134, "out of memory allocating 77309411328 bytes for
+# schedule") before the check ran; under --pp 2 on every rank, with an MPI unpack error after.
+big=1073741824
+mem24=(env L3D_TEST_MEM_AVAILABLE=25769803776 OMP_NUM_THREADS=1) # a 24 GiB machine
+expect_error "--grad-accum $big: refused by the memory check with the flag, the bytes, the fix" \
+    "^llm3d train: not enough memory for --grad-accum $big: $big micro-batches a step need [0-9.]* GiB on rank 0.*pipeline schedules 72.00 GiB.*has 24.00 GiB.*give at most --grad-accum [1-9][0-9]*, or --ignore-memory-check" \
+    bounded "${mem24[@]}" "$bin" train "${flags[@]}" --steps 1 --grad-accum $big
+expect_error "--global-batch $big: the same, naming --global-batch" \
+    "^llm3d train: not enough memory for --global-batch $big: 268435456 micro-batches.*give at most --global-batch [1-9][0-9]* (" \
+    bounded "${mem24[@]}" "$bin" train "${flags[@]}" --steps 1 --global-batch $big
+if full; then # the message once, the same status on both ranks (the launcher's is theirs)
+    bounded "${mem24[@]}" "$mpiexec" -n 2 "$bin" train "${flags[@]}" --steps 1 --pp 2 \
+        --grad-accum $big > /dev/null 2> "$dir/out7"
+    rc=$?
+    check "--pp 2: --grad-accum $big refused with status 1 (got $rc)" test $rc -eq 1
+    check "... said once" test "$(grep -c "not enough memory for --grad-accum $big" "$dir/out7")" -eq 1
+    check "... with no fatal line, abort or MPI error" \
+        sh -c "! grep -E 'fatal|MPI_ABORT|unpack|out of memory allocating' '$dir/out7'"
+fi
 if full; then
     L3D_TEST_MEM_AVAILABLE=7000000 OMP_NUM_THREADS=1 bounded "$mpiexec" -n 2 "$bin" train \
         "${flags[@]}" --steps 1 --out "$dir/mpi" > "$dir/out6" 2>&1
