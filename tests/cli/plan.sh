@@ -68,6 +68,38 @@ mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none 
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
 full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
 
+# One set of flags, three commands (the run spec's flag table, src/cli/flags.c): a 3-D layout
+# (tp 2 x pp 2 x dp 2) with sequence parallelism, the interleaved schedule and ZeRO-2. train runs
+# it and says its layout at start-up; plan, given the very same flags, evaluates that one layout
+# and predicts the trainer's accounted peak within 1%; bench parses them alike and refuses the 8
+# ranks it does not have (it runs as one process).
+same=("${model[@]}" --channels 128 --context 64 --seq-len 64 --batch 2 --grad-accum 2 --tp 2 --pp 2
+      --dp 2 --pp-virtual 2 --zero 2 --sequence-parallel --recompute selective)
+if full; then
+    if bounded env OMP_NUM_THREADS=1 "$mpiexec" -n 8 "$bin" train "${same[@]}" --steps 2 \
+        --val-every 0 --train "$dir/data/train_*.bin" > "$dir/same.log" 2>&1; then
+        check "same flags: train's start-up line says tp 2 x pp 2 x dp 2, ZeRO-2" \
+            grep -q "^layout: 8 rank(s) = tp 2 x pp 2 x dp 2, ZeRO-2" "$dir/same.log"
+        check "  ... and the interleaved schedule of 2 chunks, 2 micro-batches" \
+            grep -q "^pipeline: interleaved schedule (chosen for --pp-virtual > 1.*2 micro-batches, 2 stage(s) x 2 chunk(s)" "$dir/same.log"
+        measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/same.log")
+        json=$("$bin" plan "${same[@]}" --profile "$prof" --json 2>&1 | head -1)
+        get() { echo "$json" | sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"]*\)\"\{0,1\},.*/\1/p"; }
+        check "same flags: plan evaluates tp 2, pp 2, dp 2, batch 2, v 2, ZeRO-2, SP, selective" \
+            test "$(get tp) $(get pp) $(get dp) $(get mb) $(get v) $(get zero) $(get sp) $(get recompute) $(get schedule) $(get m)" = \
+                 "2 2 2 2 2 2 true selective interleaved 2"
+        predicted=$(get mem_total)
+        rel=$(awk -v a="$predicted" -v b="$measured" 'BEGIN { if (b > 0 && a > 0) printf "%.4f", (a - b) / b; else print "nan" }')
+        check "same flags: plan's memory $predicted bytes, the trainer's peak $measured ($rel)" \
+            awk -v r="$rel" 'BEGIN { exit !(r + 0 == r && r < 0.01 && r > -0.01) }'
+    else
+        bad "same flags: the trainer failed: $(tail -3 "$dir/same.log")"
+    fi
+    expect_error "same flags: bench reads the same layout (8 ranks) and has one" \
+        "--tp 2 x --pp 2 x --dp 2 = 8 ranks, but the world size is 1" \
+        "$bin" bench "${same[@]}" --steps 1
+fi
+
 # ---- the planner's own checks --------------------------------------------------------------
 # bad profiles: one line naming the file, line and key
 sed 's/^attn_eff/attn_efff/' "$prof" > "$dir/typo.prof"
