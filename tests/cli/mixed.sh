@@ -219,6 +219,11 @@ expect_error "a truncated version 5 file is refused" "needs .*truncated or damag
 # ---- bad flags: one line each, also from two ranks ----------------------------------------------
 expect_error "--precision int8" "--precision 'int8': choose fp32 (the default), bf16 or fp16" \
     "$bin" train --model tiny --precision int8 --train "$dir/data/train_*.bin"
+# a probe trained with scale 0 and zero gradients, silently: the dynamic scale starts at or
+# above its floor (the run spec's validator, src/spec/spec.c)
+expect_error "initial loss scale below the floor" \
+    "--initial-loss-scale 1e-30 is below --min-loss-scale 1" \
+    "$bin" train --model tiny --precision fp16 --initial-loss-scale 1e-30 --train "$dir/data/train_*.bin"
 expect_error "loss scaling without fp16" "--hysteresis: loss scaling is for --precision fp16" \
     "$bin" train --model tiny --precision bf16 --hysteresis 3 --train "$dir/data/train_*.bin"
 err=$("$mpiexec" -n 2 "$bin" train --model tiny --precision bf16 --hysteresis 3 \

@@ -1,0 +1,232 @@
+/*
+ * The run spec (include/llm3d/spec.h): the validator names every violated rule once, in one
+ * message each, and passes a spec that breaks none; each rule has a spec that breaks it alone (its
+ * negative case) and a neighbour that passes; the bytes per parameter are the closed forms they
+ * cite (ZeRO paper's 2 + 2 + 12, llm3d's 2 + 4 + 12 and 4 + 4 + 8) per ZeRO stage; the presets
+ * come from one table.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "llm3d/spec.h"
+#include "test.h"
+
+static struct l3d_run_spec base(void) {
+    struct l3d_run_spec s;
+    l3d_run_spec_defaults(&s);
+    CHECK(l3d_model_preset(&s.model, "tiny") == L3D_OK);
+    s.layout.seq = 64;
+    return s;
+}
+
+static const struct l3d_spec_ctx train8 = {.world = 8, .train = true};
+
+/* the spec breaks exactly one rule, whose message holds `what` */
+static void one(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx, const char *what) {
+    struct l3d_spec_errors e;
+    l3d_status st = l3d_spec_check(s, ctx, &e);
+    bool ok = st != L3D_OK && e.n == 1 && strstr(e.msg[0], what) &&
+              strstr(l3d_error_message(), what);
+    if (!ok) {
+        fprintf(stderr, "expected one error with '%s', got %d:\n", what, e.n);
+        for (int i = 0; i < e.n; i++) fprintf(stderr, "  %s\n", e.msg[i]);
+    }
+    CHECK(ok);
+}
+
+static void passes(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx) {
+    struct l3d_spec_errors e;
+    l3d_status st = l3d_spec_check(s, ctx, &e);
+    if (st != L3D_OK)
+        for (int i = 0; i < e.n; i++) fprintf(stderr, "unexpected: %s\n", e.msg[i]);
+    CHECK(st == L3D_OK && e.n == 0);
+}
+
+static void test_layout_rules(void) {
+    struct l3d_run_spec s = base();
+    s.layout.tp = 2;
+    s.layout.pp = 2;
+    passes(&s, &train8); /* dp 0: 8 / 4 = 2 */
+    s.layout.dp = 2;
+    passes(&s, &train8);
+    s.layout.dp = 3;
+    one(&s, &train8, "--dp 3");
+    s = base();
+    s.model.C = 96; /* MLP 384 and padded vocabulary 384 split by 3, the 4 heads do not */
+    s.model.ffn = 0;
+    s.model.V = 300;
+    s.layout.tp = 3;
+    s.layout.dp = 1;
+    one(&s, &(struct l3d_spec_ctx){.world = 3, .train = true}, "--tp 3 does not divide the model's 4");
+    s.model.NH = 3;
+    passes(&s, &(struct l3d_spec_ctx){.world = 3, .train = true});
+    s = base();
+    s.layout.cp = 2;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "context parallelism");
+    s = base();
+    s.layout.tp = 2;
+    s.layout.sp = true;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.layout.tp = 1;
+    one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "needs --tp 2");
+    s = base();
+    s.model.L = 4;
+    s.layout.pp = 2;
+    s.layout.v = 2;
+    s.layout.schedule = L3D_PP_INTERLEAVED;
+    s.layout.accum = 4;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.model.L = 3; /* 4 stages for 3 layers */
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "pipeline stages but the model has 3");
+    s.model.L = 4;
+    s.layout.accum = 3; /* not a multiple of pp */
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "multiple of --pp 2");
+    s.layout.accum = 4;
+    s.layout.schedule = L3D_PP_1F1B;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "needs --pp-schedule interleaved");
+    /* Megatron-LM's even split is the planner's rule, not the trainer's */
+    s = base();
+    s.model.L = 3;
+    s.layout.pp = 2;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    one(&s, &(struct l3d_spec_ctx){.world = 2}, "split evenly");
+}
+
+static void test_batch_rules(void) {
+    struct l3d_run_spec s = base();
+    s.layout.global_batch = 16;
+    s.layout.micro_batch = 4;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}); /* 16 / (4 x 2) = 2 */
+    CHECK(l3d_layout_accum(&(struct l3d_layout){.global_batch = 16, .micro_batch = 4, .dp = 2}) ==
+          2);
+    s.layout.global_batch = 12;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "--global-batch 12");
+    /* before the ranks are known, the rules that need them wait */
+    passes(&s, &(struct l3d_spec_ctx){.world_unknown = true, .train = true});
+    s = base();
+    s.layout.seq = 65;
+    one(&s, &train8, "--seq-len 65 exceeds the model's context 64");
+    s = base();
+    s.layout.accum = 0;
+    one(&s, &train8, "--grad-accum 0");
+    /* the planner's bound on micro-batches; the trainer's memory check sizes them instead */
+    s = base();
+    s.layout.accum = (1 << 24) + 1;
+    one(&s, &(struct l3d_spec_ctx){.world = 8}, "at most 16777216 micro-batches");
+    passes(&s, &train8);
+    s = base();
+    s.layout.zero = 3;
+    one(&s, &train8, "--zero 3");
+    s = base();
+    s.layout.zero = 1;
+    s.layout.dp = 512;
+    one(&s, &(struct l3d_spec_ctx){.world = 512, .train = true}, "at most 256");
+    passes(&s, &(struct l3d_spec_ctx){.world = 512});
+}
+
+static void test_precision_rules(void) {
+    struct l3d_run_spec s = base();
+    CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK);
+    CHECK(s.precision.param == L3D_BF16 && s.precision.act == L3D_BF16 &&
+          s.precision.grad == L3D_F32);
+    CHECK(strcmp(l3d_precision_name(&s.precision), "bf16") == 0);
+    CHECK(l3d_precision_parse("int8", &s.precision) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--precision 'int8'"));
+    passes(&s, &train8);
+    s.precision.reduce = L3D_F16;
+    one(&s, &train8, "--grad-reduce-dtype fp16");
+    s.precision.reduce = L3D_F32;
+    s.precision.ls.given = "hysteresis";
+    one(&s, &train8, "--hysteresis: loss scaling is for --precision fp16");
+    CHECK(l3d_precision_parse("fp16", &s.precision) == L3D_OK);
+    passes(&s, &train8);
+    /* the dynamic scale starts at or above its floor (a probe trained with scale 0 silently) */
+    s.precision.ls.init = 1e-30;
+    one(&s, &train8, "--initial-loss-scale 1e-30 is below --min-loss-scale 1");
+    s.precision.ls.fixed = 8; /* a static scale: the floor does not apply */
+    passes(&s, &train8);
+    s.precision.ls.fixed = NAN;
+    one(&s, &train8, "--loss-scale nan");
+    s = base();
+    s.precision.ls.backoff = 1.0;
+    one(&s, &train8, "--loss-scale-backoff 1");
+    s.precision.ls.backoff = 0.5;
+    /* Megatron-LM's 16-bit gradients: the planner's, never the trainer's */
+    CHECK(l3d_precision_parse("fp16", &s.precision) == L3D_OK);
+    s.precision.grad = L3D_F16;
+    passes(&s, &(struct l3d_spec_ctx){.world = 8});
+    one(&s, &train8, "accumulates them in fp32");
+    CHECK(!l3d_precision_llm3d(&s.precision));
+}
+
+/* several rules broken at once: each said, in one message each */
+static void test_every_rule_said(void) {
+    struct l3d_run_spec s = base();
+    s.model.NH = 2; /* 2 heads, tp 4: the heads' rule alone of the tensor-parallel ones */
+    s.layout.tp = 4;
+    s.layout.zero = 7;
+    s.layout.seq = 1000;
+    s.precision.reduce = L3D_F16;
+    struct l3d_spec_errors e;
+    CHECK(l3d_spec_check(&s, &(struct l3d_spec_ctx){.world = 4, .train = true}, &e) != L3D_OK);
+    CHECK(e.n == 4);
+    const char *want[4] = {"--tp 4", "--seq-len 1000", "--zero 7", "--grad-reduce-dtype fp16"};
+    for (int i = 0; i < 4; i++) {
+        bool found = false;
+        for (int j = 0; j < e.n; j++) found = found || strstr(e.msg[j], want[i]);
+        CHECK(found);
+        CHECK(strstr(l3d_error_message(), want[i]));
+    }
+    /* the model's own rules */
+    s = base();
+    s.model.C = 65;
+    s.model.ffn = 0;
+    one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--channels 65");
+    s = base();
+    s.model.ffn = 100;
+    one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--ffn 100");
+}
+
+static void test_param_bytes(void) {
+    struct l3d_run_spec s = base();
+    struct l3d_param_bytes b;
+    l3d_param_bytes(&s.precision, 0, 4, &b); /* fp32: 4 + 4 + 8 */
+    CHECK(b.params == 4 && b.grads == 4 && b.optimizer == 8 && b.total == 16);
+    l3d_param_bytes(&s.precision, 1, 4, &b);
+    CHECK(b.grads == 4 && b.optimizer == 2 && b.total == 10);
+    l3d_param_bytes(&s.precision, 2, 4, &b);
+    CHECK(b.grads == 1 && b.optimizer == 2 && b.total == 7 && b.grads_full == 4);
+    CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK); /* llm3d: 2 + 4 + 12 */
+    l3d_param_bytes(&s.precision, 0, 2, &b);
+    CHECK(b.params == 2 && b.grads == 4 && b.optimizer == 12 && b.total == 18);
+    s.precision.grad = L3D_BF16; /* Megatron-LM: the ZeRO paper's 2 + 2 + 12 = 16 */
+    l3d_param_bytes(&s.precision, 0, 8, &b);
+    CHECK(b.total == 16);
+    l3d_param_bytes(&s.precision, 2, 8, &b); /* ZeRO-2: 2 + (2 + 12) / 8 */
+    CHECK_NEAR(b.total, 2 + 14.0 / 8, 1e-12);
+    /* negative case: a stage beyond the ones sharded is not sharded further here */
+    l3d_param_bytes(&s.precision, 0, 8, &b);
+    CHECK(!(b.total == 2 + 14.0 / 8));
+}
+
+static void test_presets(void) {
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "gpt2") == L3D_OK && m.L == 12 && m.C == 768 && m.NH == 12 &&
+          m.V == 50257 && m.Vp == 50304 && m.maxT == 1024 && m.ffn == 3072 &&
+          strcmp(m.name, "d12") == 0);
+    CHECK(l3d_model_preset(&m, "megatron-530b") == L3D_OK && m.L == 105 && m.C == 20480 &&
+          m.NH == 128 && m.V == 51200 && m.maxT == 2048);
+    CHECK(l3d_model_preset(&m, "d13") == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "frontier-175b"));
+    CHECK(strstr(l3d_model_preset_names(), "d12 (gpt2, 124M)"));
+}
+
+int main(void) {
+    test_layout_rules();
+    test_batch_rules();
+    test_precision_rules();
+    test_every_rule_said();
+    test_param_bytes();
+    test_presets();
+    return TEST_REPORT();
+}
