@@ -183,7 +183,7 @@ static void test_memory_mixed(void) {
     struct l3d_plan_run r32 = run;
     r32.precision = prec_of(L3D_F32);
     CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_ERR_ARG);
-    CHECK(strstr(l3d_error_message(), "4h MLP") != NULL);
+    CHECK(strstr(l3d_error_message(), "GPT-2's MLP of 4 x --channels") != NULL);
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
     lay.sp = true;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
@@ -379,7 +379,7 @@ static void test_memory_trainer(void) {
     run.global_batch = 512;
     lay = layout(1, 1, 512, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_ERR_LAYOUT);
-    CHECK(strstr(l3d_error_message(), "at most 256 replicas") != NULL);
+    CHECK(strstr(l3d_error_message(), "ZeRO shards over at most 256") != NULL);
     lay.zero = 0;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     run.devices = 1;
@@ -562,10 +562,10 @@ static void test_checks_and_search(void) {
     struct l3d_plan_run run = run16(128, 640, true);
     struct l3d_plan_result r;
     struct { struct l3d_layout lay; const char *want; } bad[] = {
-        {layout(4, 16, 1, 1, 1, 0, 0, false), "not the 128 devices"},
+        {layout(4, 16, 1, 1, 1, 0, 0, false), "but there are 128 devices"},
         {layout(128, 1, 1, 1, 1, 0, 0, false), "heads"},
-        {layout(4, 32, 1, 3, 1, 0, 0, false), "not a multiple of micro-batch 3"},
-        {layout(4, 1, 32, 1, 2, 0, 0, false), "pp >= 2"},
+        {layout(4, 32, 1, 3, 1, 0, 0, false), "multiple of --batch 3"},
+        {layout(4, 1, 32, 1, 2, 0, 0, false), "--pp 2 or more"},
         {layout(4, 32, 1, 1, 1, 0, 0, true), "sequence parallelism"}, /* fine: tp 4 | 2048 */
         {layout(2, 64, 1, 1, 1, 0, 0, false), "do not split evenly"},
     };

@@ -120,7 +120,7 @@ expect_error "tp that does not divide the ranks" "--tp 3 does not divide the 4 r
     "$bin" plan --model d12 --profile frontier --devices 4 --tp 3
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
-expect_error "interleaving needs m divisible by pp" "divisible by pp" \
+expect_error "interleaving needs m divisible by pp" "multiple of --pp 4" \
     "$bin" plan --model d12 --profile frontier --devices 4 --global-batch 6 --tp 1 --pp 4 \
     --batch 1 --zero 0 --recompute none --pp-virtual 3 --pp-schedule interleaved
 
