@@ -50,8 +50,6 @@ struct l3d_layout {
 /* The micro-batches per step: accum, or global_batch / (micro_batch dp) when that is given (0
  * when it does not divide: l3d_spec_check says so). dp must be resolved. */
 int64_t l3d_layout_accum(const struct l3d_layout *l);
-/* Sequences per step: micro_batch x micro-batches x dp. */
-int64_t l3d_layout_global_batch(const struct l3d_layout *l);
 
 /* ---- precision ------------------------------------------------------------------------------ */
 
@@ -139,7 +137,7 @@ struct l3d_spec_errors {
 
 /* Checks every rule of the spec for ctx and returns the first violation's status (its message
  * also set as l3d_error's, all of them joined by "; "), L3D_OK when none; e (may be NULL) gets
- * every violated rule. Resolves nothing: dp 0 is inferred from ctx->world for the checks only. */
+ * every violated rule. dp 0 is inferred from ctx->world for the checks only. */
 l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
                           struct l3d_spec_errors *e);
 /* The same for some of the parts: the planner checks the model and precision once and each
@@ -147,8 +145,5 @@ l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ct
 enum { L3D_SPEC_MODEL = 1, L3D_SPEC_LAYOUT = 2, L3D_SPEC_PRECISION = 4, L3D_SPEC_ALL = 7 };
 l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
                                 unsigned parts, struct l3d_spec_errors *e);
-/* s->layout.dp resolved from the world (dp 0: world / (tp cp pp [threads])); l3d_spec_check
- * first. */
-void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx);
 
 #endif

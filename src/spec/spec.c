@@ -35,10 +35,6 @@ int64_t l3d_layout_accum(const struct l3d_layout *l) {
     return per > 0 && l->global_batch % per == 0 ? l->global_batch / per : 0;
 }
 
-int64_t l3d_layout_global_batch(const struct l3d_layout *l) {
-    return (int64_t)l->micro_batch * l3d_layout_accum(l) * (l->dp > 0 ? l->dp : 1);
-}
-
 /* ---- precision ------------------------------------------------------------------------------ */
 
 static bool float_type(enum l3d_dtype t) {
@@ -333,13 +329,4 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
 l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
                           struct l3d_spec_errors *e) {
     return l3d_spec_check_parts(s, ctx, L3D_SPEC_ALL, e);
-}
-
-void l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx) {
-    struct l3d_layout *l = &s->layout;
-    int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
-    int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
-    if (l->dp == 0 && ctx->world > 0 && per > 0 && ctx->world % per == 0)
-        l->dp = (int)(ctx->world / per);
-    if (l->global_batch > 0) l->accum = (int)l3d_layout_accum(l);
 }
