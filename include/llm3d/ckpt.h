@@ -190,9 +190,11 @@ l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info);
  * run appends after them); a last line without its newline (a write cut short) goes; atomic like
  * every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);
-/* The run id of a step directory's manifest (its `run` record): 0 when it has none or cannot be
- * read. Reads only that record (pruning and --overwrite decide by it). */
-uint64_t l3d_ckpt_run_id(const char *dir);
+/* The run id of a step directory's manifest (its `run` record) in *id: 0 when the directory has
+ * no manifest or the manifest no such record. Reads only the records before the file lines, at
+ * most 8 KiB (pruning and --resume decide by it); a manifest that is not a regular file (a FIFO,
+ * a link to a device) is refused unread, naming it. */
+l3d_status l3d_ckpt_run_id(const char *dir, uint64_t *id);
 /* Whether name is a step directory's name exactly as written: step_ and eight or more digits,
  * nothing else (a user's step_00000003.bak is not one). */
 bool l3d_ckpt_is_step_name(const char *name);

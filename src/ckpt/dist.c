@@ -407,23 +407,40 @@ bool l3d_ckpt_is_step_name(const char *name) {
     return true;
 }
 
-uint64_t l3d_ckpt_run_id(const char *dir) {
-    char path[PATH_CAP], line[256];
-    if (long_path(dir) != L3D_OK) return 0;
+/* The records before the file lines (the run id among them) fit in this many bytes of any
+ * manifest this llm3d writes; a run id read stops there (a device or a huge file is not read
+ * on). */
+#define MANIFEST_HEAD_BYTES 8192
+
+l3d_status l3d_ckpt_run_id(const char *dir, uint64_t *id) {
+    char path[PATH_CAP], head[MANIFEST_HEAD_BYTES + 1];
+    struct stat sb;
+    *id = 0;
+    if (long_path(dir) != L3D_OK) return L3D_ERR_ARG;
     join(path, sizeof path, dir, "/", "manifest");
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    uint64_t id = 0;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) return L3D_OK; /* none: no id */
+    /* a FIFO or a device (a symbolic link to /dev/zero) is refused, never read */
+    int fd;
+    l3d_status st = l3d_open_regular(path, "checkpoint manifest", &fd, NULL);
+    if (st != L3D_OK) return st;
+    ssize_t n;
+    do n = read(fd, head, MANIFEST_HEAD_BYTES);
+    while (n < 0 && errno == EINTR);
+    int e = errno;
+    close(fd);
+    if (n < 0) return l3d_error(L3D_ERR_IO, "cannot read %s: %s", path, strerror(e));
+    head[n] = '\0';
     unsigned long long x;
-    while (fgets(line, sizeof line, f))
+    for (char *line = head, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (strncmp(line, "file ", 5) == 0) break; /* the records before the file lines hold it */
         if (sscanf(line, "run %llx", &x) == 1) {
-            id = x;
+            *id = x;
             break;
-        } else if (strncmp(line, "file ", 5) == 0) {
-            break; /* the records before the file lines hold it */
         }
-    fclose(f);
-    return id;
+    }
+    return L3D_OK;
 }
 
 /* Removes step directories below `step` beyond the newest `keep` of this run's (newer ones are
@@ -443,7 +460,9 @@ static void prune(const char *root, int64_t step, int keep, uint64_t run_id) {
         join(p, sizeof p, root, "/", e->d_name);
         join(m, sizeof m, p, "/", "manifest");
         /* a checkpoint (it has a manifest) of this run (0: of callers that set no id) */
-        if (stat(m, &sb) == 0 && l3d_ckpt_run_id(p) == run_id) names[n++] = strdup(e->d_name);
+        uint64_t id;
+        if (stat(m, &sb) == 0 && l3d_ckpt_run_id(p, &id) == L3D_OK && id == run_id)
+            names[n++] = strdup(e->d_name);
     }
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], cmp_str);
@@ -1436,13 +1455,15 @@ l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_
         return L3D_OK;
     }
     join(path, sizeof path, base, "/", "latest");
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    if (stat(path, &sb) != 0) {
         if (autom && errno == ENOENT) return L3D_OK; /* nothing saved yet: a fresh start */
         return l3d_error(L3D_ERR_IO, "%s: no checkpoint there (%s: %s); give a step "
                          "directory (holding a manifest) or a checkpoint directory (holding "
                          "`latest`)", spec, path, strerror(errno));
     }
+    FILE *f; /* a FIFO would block the open, a device never end a line: refused unread */
+    l3d_status st = l3d_fopen_regular(path, "checkpoint pointer", &f, NULL);
+    if (st != L3D_OK) return st;
     char name[256] = "";
     bool ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
@@ -1515,11 +1536,11 @@ l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info) {
 
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
     if (long_path(path) != L3D_OK) return L3D_ERR_ARG;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (errno == ENOENT) return L3D_OK;
-        return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    }
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return L3D_OK;
+    FILE *f; /* a FIFO would block the open: refused unread */
+    l3d_status ost = l3d_fopen_regular(path, "metrics file", &f, NULL);
+    if (ost != L3D_OK) return ost;
     size_t cap = 1 << 16, n = 0;
     char *text = malloc(cap), line[8192];
     text[0] = '\0';
