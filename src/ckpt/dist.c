@@ -2,7 +2,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -644,63 +646,232 @@ static int tokenize(char *line, char **tok) {
     return n;
 }
 
-/* The value after key in "word key value key value ..." (tok[0] is the word), or NULL. */
-static const char *kv(char **tok, int n, const char *key) {
-    for (int i = 1; i + 1 < n; i += 2)
-        if (strcmp(tok[i], key) == 0) return tok[i + 1];
+/* The state of a parse: the text, the current line's tokens (tok[0] the record's word), the
+ * first error (every getter does nothing once there is one). */
+struct parser {
+    struct manifest *mf;
+    const char *text;
+    size_t len, at;   /* the text's length; where the current line begins (the checksum's end) */
+    char **tok;
+    int n, line;
+    l3d_status st;
+    unsigned seen;    /* one bit per entry of records[] */
+    int nfile;        /* file records read */
+    bool sum, end;    /* the `checksum` line matched; the `end` line was read */
+};
+
+/* Refuses the current record's value v of field key (NULL: the record's one value): "FILE line
+ * N: RECORD KEY 'V' WHY: the manifest is damaged". */
+static void bad_value(struct parser *p, const char *key, const char *v, const char *why) {
+    if (p->st != L3D_OK) return;
+    p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s%s%s '%s' %s: the manifest is damaged",
+                      p->mf->path, p->line, p->tok[0], key ? " " : "", key ? key : "", v, why);
+}
+
+/* The value after key in "word key value key value ...", or NULL after an error naming it. */
+static const char *field(struct parser *p, const char *key) {
+    if (p->st != L3D_OK) return NULL;
+    for (int i = 1; i + 1 < p->n; i += 2)
+        if (strcmp(p->tok[i], key) == 0) return p->tok[i + 1];
+    p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' record has no %s: the manifest is "
+                      "damaged", p->mf->path, p->line, p->tok[0], key);
     return NULL;
 }
 
-struct parser {
-    const struct manifest *mf;
-    int line;
-    l3d_status st;
-};
-
-static bool want(struct parser *p, char **tok, int n, const char *key, const char **v) {
-    if (p->st != L3D_OK) return false;
-    *v = kv(tok, n, key);
-    if (!*v)
-        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' record has no %s: the manifest is "
-                          "damaged", p->mf->path, p->line, tok[0], key);
-    return *v != NULL;
-}
-
-static int64_t get_i64(struct parser *p, char **tok, int n, const char *key) {
-    const char *v;
-    if (!want(p, tok, n, key, &v)) return 0;
-    char *end;
+/* v as a whole number in [lo, hi]: an optional '-' and decimal digits, nothing else (strtoll
+ * alone takes "+5", " 5" and stops at "5x"). */
+static int64_t whole(struct parser *p, const char *key, const char *v, int64_t lo, int64_t hi) {
+    if (!v || p->st != L3D_OK) return 0;
+    char *end, why[96];
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (*end || end == v || errno)
-        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a whole number%s",
-                          p->mf->path, p->line, key, v, errno ? " in range" : "");
-    return x;
+    bool digits = (v[0] == '-' ? v[1] : v[0]) >= '0' && (v[0] == '-' ? v[1] : v[0]) <= '9';
+    if (digits && !*end && !errno && x >= lo && x <= hi) return x;
+    snprintf(why, sizeof why, "is not a whole number in [%lld, %lld]", (long long)lo,
+             (long long)hi);
+    bad_value(p, key, v, why);
+    return 0;
 }
 
-/* A whole number for an int field, in a range where sums of two cannot overflow. */
+static int64_t get_i64(struct parser *p, const char *key, int64_t lo, int64_t hi) {
+    return whole(p, key, field(p, key), lo, hi);
+}
+
+/* Bounds of int fields: sums of two cannot overflow. Of counts of bytes and elements: 2^62. */
 #define FIELD_MAX ((1 << 30) + (1 << 20))
-static int get_int(struct parser *p, char **tok, int n, const char *key) {
-    int64_t x = get_i64(p, tok, n, key);
-    if (p->st == L3D_OK && (x < -FIELD_MAX || x > FIELD_MAX))
-        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s %lld is out of range: the manifest is "
-                          "damaged", p->mf->path, p->line, key, (long long)x);
-    return p->st == L3D_OK ? (int)x : 0;
+#define COUNT_MAX ((int64_t)1 << 62)
+
+static int get_int(struct parser *p, const char *key, int lo, int hi) {
+    return (int)get_i64(p, key, lo, hi);
 }
 
-static double get_f(struct parser *p, char **tok, int n, const char *key) {
-    const char *v;
-    if (!want(p, tok, n, key, &v)) return 0;
+static bool get_flag(struct parser *p, const char *key) { return get_i64(p, key, 0, 1) != 0; }
+
+/* Decimal digits only, the whole of uint64_t (strtoull alone takes "-1" as 2^64 - 1). */
+static uint64_t get_u64(struct parser *p, const char *key) {
+    const char *v = field(p, key);
+    if (!v) return 0;
     char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (v[0] >= '0' && v[0] <= '9' && !*end && !errno) return x;
+    bad_value(p, key, v, "is not a whole number in [0, 2^64)");
+    return 0;
+}
+
+/* v as exactly 16 hexadecimal digits (run ids, file checksums) */
+static uint64_t hex64(struct parser *p, const char *key, const char *v) {
+    if (!v || p->st != L3D_OK) return 0;
+    if (strlen(v) == 16 && strspn(v, "0123456789abcdefABCDEF") == 16)
+        return strtoull(v, NULL, 16);
+    bad_value(p, key, v, "is not a 16-digit hex number");
+    return 0;
+}
+
+/* A finite number in [lo, hi], as the type it is kept in (f32: a float, where 1e39 is an
+ * infinity and 1e-50 a zero). */
+static double get_real(struct parser *p, const char *key, double lo, double hi, bool f32) {
+    const char *v = field(p, key);
+    if (!v) return 0;
+    char *end, why[96];
     double x = strtod(v, &end);
-    if (*end) p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not a number",
-                                p->mf->path, p->line, key, v);
-    return x;
+    if (f32) x = (float)x;
+    if (end != v && !*end && isfinite(x) && x >= lo && x <= hi) return x;
+    snprintf(why, sizeof why, "is not a finite number in [%g, %g]", lo, hi);
+    bad_value(p, key, v, why);
+    return 0;
+}
+
+static float get_f32(struct parser *p, const char *key, double lo, double hi) {
+    return (float)get_real(p, key, lo, hi, true);
 }
 
 static void manifest_free(struct manifest *mf) {
     free(mf->files);
     mf->files = NULL;
+}
+
+/* ---- the records, one handler each, in the order they are written ---- */
+
+/* "llm3d-checkpoint format N": the first line */
+static void rec_format(struct parser *p) {
+    struct manifest *mf = p->mf;
+    if (strcmp(p->tok[0], "llm3d-checkpoint") != 0) {
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: not an llm3d checkpoint manifest", mf->path);
+        return;
+    }
+    int64_t fmt = get_i64(p, "format", 0, INT32_MAX);
+    if (p->st == L3D_OK && (fmt < L3D_CKPT_FORMAT_ONE || fmt > L3D_CKPT_FORMAT))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
+                          "versions %d to %d (a newer llm3d wrote it?)", mf->path,
+                          (long long)fmt, L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
+    mf->format = p->st == L3D_OK ? (int)fmt : 0;
+    /* formats 1 and 2 hold fp32 tensors behind a 64-byte header */
+    mf->header = fmt >= L3D_CKPT_FORMAT_DTYPES ? HEADER_BYTES : HEADER_BYTES_OLD;
+    mf->pdt = mf->mdt = L3D_F32;
+}
+
+/* "step N": optimizer steps completed (the trainer counts them in an int) */
+static void rec_step(struct parser *p) { p->mf->st.step = whole(p, NULL, p->tok[1], 0, INT32_MAX); }
+
+/* "run ID": the run that wrote it */
+static void rec_run(struct parser *p) { p->mf->st.run_id = hex64(p, NULL, p->tok[1]); }
+
+static void rec_model(struct parser *p) {
+    struct manifest *mf = p->mf;
+    mf->cfg = (struct l3d_gpt_config){
+        .L = get_int(p, "L", 1, FIELD_MAX), .C = get_int(p, "C", 1, FIELD_MAX),
+        .NH = get_int(p, "NH", 1, FIELD_MAX), .V = get_int(p, "V", 2, FIELD_MAX),
+        .Vp = get_int(p, "Vp", 2, FIELD_MAX), .maxT = get_int(p, "maxT", 1, FIELD_MAX)};
+    struct l3d_gpt_config c = mf->cfg;
+    if (p->st == L3D_OK && (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != mf->cfg.Vp))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: model L=%d C=%d NH=%d V=%d Vp=%d "
+                          "maxT=%d is not a valid GPT-2 model (%s): the manifest is "
+                          "damaged", mf->path, p->line, mf->cfg.L, mf->cfg.C, mf->cfg.NH,
+                          mf->cfg.V, mf->cfg.Vp, mf->cfg.maxT,
+                          c.Vp != mf->cfg.Vp ? "Vp is not V padded" : l3d_error_message());
+}
+
+/* "dtype params T moments T" (format 3 on) */
+static void rec_dtype(struct parser *p) {
+    const char *keys[2] = {"params", "moments"}, *v;
+    enum l3d_dtype *dst[2] = {&p->mf->pdt, &p->mf->mdt};
+    for (int i = 0; i < 2 && (v = field(p, keys[i])); i++)
+        if (!dtype_parse(v, dst[i]))
+            p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s dtype '%s' is not one of "
+                              "fp32, bf16, fp16, fp64: the manifest is damaged or from a "
+                              "newer llm3d", p->mf->path, p->line, keys[i], v);
+}
+
+/* The layout, and the table of its world x chunks rank files (allocated once the text is known
+ * to be long enough to list them). */
+static void rec_layout(struct parser *p) {
+    struct manifest *mf = p->mf;
+    struct l3d_ckpt_layout *l = &mf->lay;
+    l->world = get_int(p, "world", 1, 1 << 20);
+    l->tp = get_int(p, "tp", 1, 1 << 20);
+    l->pp = get_int(p, "pp", 1, 1 << 20);
+    l->dp = get_int(p, "dp", 1, 1 << 20);
+    l->zero = get_int(p, "zero", 0, 2);
+    l->sequence_parallel = get_flag(p, "sp");
+    l->pp_virtual = mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(p, "virtual", 1, 256);
+    if (p->st == L3D_OK && (int64_t)l->world * l->pp_virtual > (1 << 20))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
+                          l->pp_virtual);
+    /* a file record takes more than 64 bytes: a world the text cannot list is refused before
+     * its table is allocated */
+    if (p->st == L3D_OK && (int64_t)l->world * l->pp_virtual > (int64_t)(p->len / 64))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: a world of %d ranks with %d chunk(s) each, more "
+                          "rank files than its %zu bytes can list: the manifest is truncated or "
+                          "damaged", mf->path, l->world, l->pp_virtual, p->len);
+    if (p->st != L3D_OK) return;
+    mf->nc = l->pp_virtual;
+    mf->nfiles = l->world * mf->nc;
+    mf->files = calloc((size_t)mf->nfiles, sizeof *mf->files);
+    if (!mf->files) {
+        p->st = l3d_error(L3D_ERR_OOM, "%s: no memory for its table of %d rank files", mf->path,
+                          mf->nfiles);
+        return;
+    }
+    for (int r = 0; r < mf->nfiles; r++) mf->files[r].rank = -1;
+}
+
+static void rec_data(struct parser *p) {
+    struct l3d_ckpt_state *s = &p->mf->st;
+    s->loader.epoch = get_i64(p, "epoch", 0, COUNT_MAX);
+    s->loader.index = get_i64(p, "index", 0, COUNT_MAX);
+    s->B = get_int(p, "B", 1, FIELD_MAX);
+    s->T = get_int(p, "T", 1, FIELD_MAX);
+    s->accum = get_int(p, "accum", 1, FIELD_MAX);
+    s->seed = get_u64(p, "seed");
+}
+
+static void rec_schedule(struct parser *p) {
+    struct l3d_lr_schedule *s = &p->mf->st.sched;
+    s->max_lr = get_f32(p, "max_lr", 0, FLT_MAX);
+    s->min_lr = get_f32(p, "min_lr", 0, FLT_MAX);
+    s->warmup_steps = get_int(p, "warmup", 0, FIELD_MAX);
+    s->total_steps = get_int(p, "total", 1, FIELD_MAX);
+}
+
+/* AdamW's hyper-parameters: betas in [0, 1), eps > 0 (the smallest positive float), the rest
+ * at least 0; its step count */
+static void rec_adamw(struct parser *p) {
+    struct l3d_adamw_hparams *h = &p->mf->st.adamw;
+    h->beta1 = get_f32(p, "beta1", 0, 0x1.fffffep-1);
+    h->beta2 = get_f32(p, "beta2", 0, 0x1.fffffep-1);
+    h->eps = get_f32(p, "eps", FLT_TRUE_MIN, FLT_MAX);
+    h->weight_decay = get_f32(p, "weight_decay", 0, FLT_MAX);
+    h->grad_clip = get_f32(p, "grad_clip", 0, FLT_MAX);
+    p->mf->st.adamw_t = get_i64(p, "t", 0, COUNT_MAX);
+}
+
+/* fp16 dynamic loss scaling (optional) */
+static void rec_lossscale(struct parser *p) {
+    struct l3d_ckpt_state *s = &p->mf->st;
+    s->loss_scale = get_real(p, "scale", DBL_TRUE_MIN, DBL_MAX, false);
+    s->ls_good = get_i64(p, "good", 0, COUNT_MAX);
+    s->ls_hyst = get_i64(p, "hysteresis", 0, COUNT_MAX);
 }
 
 /* "START+COUNT", each a whole number in [0, 2^30) */
@@ -714,58 +885,171 @@ static bool parse_range(const char *v, long long *a, long long *b) {
     return end != c && !*end && !errno && *b >= 0 && *b < (1 << 30);
 }
 
-static l3d_status parse_file_line(struct parser *p, char **tok, int n, struct manifest *mf) {
-    int r = get_int(p, tok, n, "rank");
-    int c = mf->format == L3D_CKPT_FORMAT_ONE ? 0 : get_int(p, tok, n, "chunk");
-    if (p->st != L3D_OK) return p->st;
-    if (r < 0 || r >= mf->lay.world)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d outside the world of %d", mf->path,
-                         p->line, r, mf->lay.world);
-    if (c < 0 || c >= mf->nc)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: chunk %d outside the %d chunks per rank",
-                         mf->path, p->line, c, mf->nc);
-    struct mf_file *f = &mf->files[r * mf->nc + c];
-    if (f->rank >= 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d chunk %d listed twice", mf->path,
-                         p->line, r, c);
-    f->rank = r;
-    f->chunk = c;
-    f->tp_rank = get_int(p, tok, n, "tp");
-    f->pp_rank = get_int(p, tok, n, "pp");
-    f->dp_rank = get_int(p, tok, n, "dp");
-    const char *v;
-    if (want(p, tok, n, "name", &v)) {
-        if (strlen(v) >= sizeof f->name || strchr(v, '/'))
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: bad file name '%s'", mf->path, p->line, v);
-        strcpy(f->name, v);
-    }
-    f->bytes = get_i64(p, tok, n, "bytes");
-    if (want(p, tok, n, "hash", &v)) f->hash = strtoull(v, NULL, 16);
-    f->params = get_i64(p, tok, n, "params");
-    f->opt_start = get_i64(p, tok, n, "opt_start");
-    f->opt_count = get_i64(p, tok, n, "opt_count");
-    struct l3d_shard s = l3d_shard_full(&mf->cfg);
-    /* ranges as start+count */
-    const char *keys[4] = {"layers", "heads", "ffn", "vocab"};
+/* The shard of a file record: its ranges and whether it holds the embedding and the head. */
+static struct l3d_shard file_shard(struct parser *p) {
+    struct l3d_shard s = l3d_shard_full(&p->mf->cfg);
+    const char *keys[4] = {"layers", "heads", "ffn", "vocab"}, *v;
     long long a[4] = {0}, b[4] = {0};
     for (int i = 0; i < 4; i++)
-        if (want(p, tok, n, keys[i], &v) && !parse_range(v, &a[i], &b[i]))
-            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s '%s' is not START+COUNT (each "
-                             "below 2^30)", mf->path, p->line, keys[i], v);
+        if ((v = field(p, keys[i])) && !parse_range(v, &a[i], &b[i]))
+            bad_value(p, keys[i], v, "is not START+COUNT (each below 2^30)");
     s.layer_start = (int)a[0], s.layer_count = (int)b[0];
     s.head_start = (int)a[1], s.head_count = (int)b[1];
     s.ffn_start = a[2], s.ffn_count = b[2];
     s.vocab_start = a[3], s.vocab_count = b[3];
-    s.has_embedding = get_i64(p, tok, n, "embedding") != 0;
-    s.has_head = get_i64(p, tok, n, "head") != 0;
-    f->shard = s;
+    s.has_embedding = get_flag(p, "embedding");
+    s.has_head = get_flag(p, "head");
+    return s;
+}
+
+/* One piece: its coordinates inside the layout, file, size, checksum, ranges. */
+static void rec_file(struct parser *p) {
+    struct manifest *mf = p->mf;
+    if (!mf->files || !mf->cfg.L) {
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: file record before the model and layout "
+                          "records", mf->path, p->line);
+        return;
+    }
+    int r = get_int(p, "rank", 0, mf->lay.world - 1);
+    int c = mf->format == L3D_CKPT_FORMAT_ONE ? 0 : get_int(p, "chunk", 0, mf->nc - 1);
+    if (p->st != L3D_OK) return;
+    struct mf_file *f = &mf->files[r * mf->nc + c];
+    if (f->rank >= 0) {
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: rank %d chunk %d listed twice", mf->path,
+                          p->line, r, c);
+        return;
+    }
+    f->rank = r;
+    f->chunk = c;
+    /* recorded for readers; a load goes by the shards, which the layout check judges */
+    f->tp_rank = get_int(p, "tp", 0, (1 << 20) - 1);
+    f->pp_rank = get_int(p, "pp", 0, (1 << 20) - 1);
+    f->dp_rank = get_int(p, "dp", 0, (1 << 20) - 1);
+    const char *v = field(p, "name");
+    if (v && (strlen(v) >= sizeof f->name || strchr(v, '/')))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: bad file name '%s'", mf->path, p->line, v);
+    else if (v)
+        strcpy(f->name, v);
+    f->bytes = get_i64(p, "bytes", 0, COUNT_MAX);
+    f->hash = hex64(p, "hash", field(p, "hash"));
+    f->params = get_i64(p, "params", 0, COUNT_MAX);
+    f->opt_start = get_i64(p, "opt_start", 0, COUNT_MAX);
+    f->opt_count = get_i64(p, "opt_count", 0, COUNT_MAX);
+    f->shard = file_shard(p);
+    p->nfile++;
+}
+
+/* "checksum H" (format 4 on): of every byte above it */
+static void rec_checksum(struct parser *p) {
+    struct hasher h;
+    hash_init(&h);
+    hash_update(&h, p->text, p->at);
+    uint64_t sum = hash_final(&h);
+    const char *v = p->tok[1];
+    p->sum = strlen(v) == 16 && strspn(v, "0123456789abcdefABCDEF") == 16 &&
+             strtoull(v, NULL, 16) == sum;
+    if (!p->sum)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: its checksum is %016" PRIx64 " but line %d says %s: "
+                      "the manifest was edited or damaged; use another checkpoint step",
+                      p->mf->path, sum, p->line, p->tok[1]);
+}
+
+static void rec_end(struct parser *p) { p->end = true; }
+
+/* The records after the first line. Each appears once, except file lines; `need`: it must be
+ * there from that format on (0: optional); `arity`: the line's token count (0: key-value
+ * pairs, checked by the handler). */
+static const struct record {
+    const char *word;
+    int since, need, arity;
+    bool repeats;
+    void (*parse)(struct parser *p);
+} records[] = {
+    {"step", 1, 1, 2, false, rec_step},
+    {"run", 1, 0, 2, false, rec_run},
+    {"model", 1, 1, 0, false, rec_model},
+    {"dtype", L3D_CKPT_FORMAT_DTYPES, L3D_CKPT_FORMAT_DTYPES, 0, false, rec_dtype},
+    {"layout", 1, 1, 0, false, rec_layout},
+    {"data", 1, 1, 0, false, rec_data},
+    {"schedule", 1, 1, 0, false, rec_schedule},
+    {"adamw", 1, 1, 0, false, rec_adamw},
+    {"lossscale", 1, 0, 0, false, rec_lossscale},
+    {"file", 1, 0, 0, true, rec_file},
+    {"checksum", 1, 0, 2, false, rec_checksum},
+    {"end", 1, 0, 0, false, rec_end},
+};
+#define NRECORDS ((int)(sizeof records / sizeof records[0]))
+
+/* One line's tokens: the first line, else the handler of its record. */
+static void parse_line(struct parser *p) {
+    struct manifest *mf = p->mf;
+    if (mf->format == 0) {
+        rec_format(p);
+        return;
+    }
+    int k = 0;
+    while (k < NRECORDS && strcmp(p->tok[0], records[k].word) != 0) k++;
+    const struct record *r = &records[k < NRECORDS ? k : 0];
+    if (k == NRECORDS || mf->format < r->since)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: unknown record '%s'", mf->path, p->line,
+                          p->tok[0]);
+    else if (!r->repeats && (p->seen >> k & 1))
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: a second '%s' record: the manifest is "
+                          "damaged", mf->path, p->line, r->word);
+    else if (r->arity && p->n != r->arity)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' record of %d fields, not %d: the "
+                          "manifest is damaged", mf->path, p->line, r->word, p->n, r->arity);
+    else
+        r->parse(p);
+    p->seen |= 1u << k;
+}
+
+/* After the last line: every record the format needs, the checksum, `end`, every rank file. */
+static l3d_status parse_done(struct parser *p) {
+    const struct manifest *mf = p->mf;
+    for (int k = 0; p->st == L3D_OK && k < NRECORDS; k++)
+        if (records[k].need && mf->format >= records[k].need && !(p->seen >> k & 1))
+            p->st = l3d_error(L3D_ERR_FORMAT, "%s: no '%s' record: the manifest is damaged",
+                              mf->path, records[k].word);
+    if (p->st == L3D_OK && !p->sum && mf->format >= L3D_CKPT_FORMAT)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: no 'checksum' line (format %d carries one): the "
+                          "manifest is damaged or truncated", mf->path, mf->format);
+    if (p->st == L3D_OK && !p->end)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s: no 'end' line: the manifest is truncated", mf->path);
+    if (p->st == L3D_OK && p->nfile != mf->nfiles)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s lists %d rank files for a world of %d with %d "
+                          "chunk(s) each", mf->path, p->nfile, mf->lay.world, mf->nc);
     return p->st;
 }
 
 #define MANIFEST_MAX_BYTES ((int64_t)1 << 30)
 #define MANIFEST_LINE 2048
 
-static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len);
+/* The manifest's text (len bytes; mf->path and mf->dir set) into mf, checked record by record:
+ * every value parsed in full and in its range, the model against l3d_gpt_config_finish's
+ * limits, the table of rank files against the text's size before it is allocated; from format
+ * 4 on the `checksum` line covers every byte above it. The checksum guards against damage, the
+ * ranges against values no run writes (an edit with the checksum recomputed). */
+static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len) {
+    char line[MANIFEST_LINE], *tok[MAXTOK];
+    struct parser p = {.mf = mf, .text = text, .len = len, .tok = tok, .st = L3D_OK};
+    for (size_t next; p.st == L3D_OK && !p.end && p.at < len; p.at = next) {
+        const char *nl = memchr(text + p.at, '\n', len - p.at);
+        next = nl ? (size_t)(nl - text) + 1 : len;
+        p.line++;
+        if (next - p.at >= sizeof line || memchr(text + p.at, '\0', next - p.at)) {
+            p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s: the manifest is damaged", mf->path,
+                             p.line, next - p.at >= sizeof line ? "too long" : "a NUL byte");
+            break;
+        }
+        memcpy(line, text + p.at, next - p.at);
+        line[next - p.at] = '\0';
+        if ((p.n = tokenize(line, tok)) > 0) parse_line(&p);
+    }
+    if (p.st == L3D_OK) parse_done(&p);
+    if (p.st != L3D_OK) manifest_free(mf);
+    return p.st;
+}
 
 /* Reads and checks dir/manifest: every record present, the layout possible for the model. */
 static l3d_status manifest_read(const char *dir, struct manifest *mf) {
@@ -805,194 +1089,6 @@ static l3d_status manifest_read(const char *dir, struct manifest *mf) {
     st = manifest_parse(mf, text, (size_t)size);
     l3d_free(text);
     return st;
-}
-
-/* The manifest's text (len bytes; mf->path and mf->dir set) into mf, checked record by record:
- * the model against l3d_gpt_config_finish's limits and the table of rank files against the
- * text's size before it is allocated; from format 4 on the `checksum` line covers every byte
- * above it. */
-static l3d_status manifest_parse(struct manifest *mf, const char *text, size_t len) {
-    struct parser p = {.mf = mf, .st = L3D_OK};
-    char line[MANIFEST_LINE], *tok[MAXTOK];
-    bool seen_end = false, seen_sum = false, seen[9] = {false};
-    int nfile = 0;
-    for (size_t at = 0, next; p.st == L3D_OK && at < len; at = next) {
-        const char *nl = memchr(text + at, '\n', len - at);
-        next = nl ? (size_t)(nl - text) + 1 : len;
-        p.line++;
-        if (next - at >= sizeof line || memchr(text + at, '\0', next - at)) {
-            p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s: the manifest is damaged", mf->path,
-                             p.line, next - at >= sizeof line ? "too long" : "a NUL byte");
-            break;
-        }
-        memcpy(line, text + at, next - at);
-        line[next - at] = '\0';
-        int n = tokenize(line, tok);
-        if (n == 0) continue;
-        const char *names[9] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype",
-                                "run", "lossscale"};
-        for (int k = 0; k < 9; k++)
-            if (seen[k] && strcmp(tok[0], names[k]) == 0)
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: a second '%s' record: the manifest "
-                                 "is damaged", mf->path, p.line, names[k]);
-        if (p.st != L3D_OK) break;
-        if (mf->format == 0) { /* the first record */
-            if (strcmp(tok[0], "llm3d-checkpoint") != 0) {
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: not an llm3d checkpoint manifest", mf->path);
-                break;
-            }
-            int64_t fmt = get_i64(&p, tok, n, "format");
-            if (p.st == L3D_OK && (fmt < L3D_CKPT_FORMAT_ONE || fmt > L3D_CKPT_FORMAT))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: format version %lld; this llm3d reads "
-                                 "versions %d to %d (a newer llm3d wrote it?)", mf->path,
-                                 (long long)fmt, L3D_CKPT_FORMAT_ONE, L3D_CKPT_FORMAT);
-            mf->format = p.st == L3D_OK ? (int)fmt : 0;
-            /* formats 1 and 2 hold fp32 tensors behind a 64-byte header */
-            mf->header = fmt >= L3D_CKPT_FORMAT_DTYPES ? HEADER_BYTES : HEADER_BYTES_OLD;
-            mf->pdt = mf->mdt = L3D_F32;
-        } else if (strcmp(tok[0], "run") == 0 && n == 2) { /* the run that wrote it */
-            char *end;
-            errno = 0;
-            mf->st.run_id = strtoull(tok[1], &end, 16);
-            if (errno || *end || strlen(tok[1]) != 16)
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: run '%s' is not a 16-digit hex "
-                                 "run id: the manifest is damaged", mf->path, p.line, tok[1]);
-            seen[7] = true;
-        } else if (strcmp(tok[0], "step") == 0 && n == 2) {
-            mf->st.step = strtoll(tok[1], NULL, 10);
-            seen[0] = true;
-        } else if (strcmp(tok[0], "model") == 0) {
-            mf->cfg = (struct l3d_gpt_config){
-                .L = get_int(&p, tok, n, "L"), .C = get_int(&p, tok, n, "C"),
-                .NH = get_int(&p, tok, n, "NH"), .V = get_int(&p, tok, n, "V"),
-                .Vp = get_int(&p, tok, n, "Vp"), .maxT = get_int(&p, tok, n, "maxT")};
-            struct l3d_gpt_config c = mf->cfg;
-            if (p.st == L3D_OK && (l3d_gpt_config_finish(&c) != L3D_OK || c.Vp != mf->cfg.Vp))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: model L=%d C=%d NH=%d V=%d Vp=%d "
-                                 "maxT=%d is not a valid GPT-2 model (%s): the manifest is "
-                                 "damaged", mf->path, p.line, mf->cfg.L, mf->cfg.C, mf->cfg.NH,
-                                 mf->cfg.V, mf->cfg.Vp, mf->cfg.maxT,
-                                 c.Vp != mf->cfg.Vp ? "Vp is not V padded" : l3d_error_message());
-            seen[1] = true;
-        } else if (strcmp(tok[0], "dtype") == 0 && mf->format >= L3D_CKPT_FORMAT_DTYPES) {
-            const char *keys[2] = {"params", "moments"}, *v;
-            enum l3d_dtype *dst[2] = {&mf->pdt, &mf->mdt};
-            for (int i = 0; i < 2 && want(&p, tok, n, keys[i], &v); i++)
-                if (!dtype_parse(v, dst[i]))
-                    p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: %s dtype '%s' is not one of "
-                                     "fp32, bf16, fp16, fp64: the manifest is damaged or from a "
-                                     "newer llm3d", mf->path, p.line, keys[i], v);
-            seen[6] = true;
-        } else if (strcmp(tok[0], "layout") == 0) {
-            struct l3d_ckpt_layout *l = &mf->lay;
-            l->world = get_int(&p, tok, n, "world");
-            l->tp = get_int(&p, tok, n, "tp");
-            l->pp = get_int(&p, tok, n, "pp");
-            l->dp = get_int(&p, tok, n, "dp");
-            l->zero = get_int(&p, tok, n, "zero");
-            l->sequence_parallel = get_i64(&p, tok, n, "sp") != 0;
-            l->pp_virtual =
-                mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(&p, tok, n, "virtual");
-            if (p.st == L3D_OK && (l->world < 1 || l->world > (1 << 20)))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: world size %d", mf->path, l->world);
-            if (p.st == L3D_OK && (l->pp_virtual < 1 || l->pp_virtual > 256 ||
-                                   (int64_t)l->world * l->pp_virtual > (1 << 20)))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
-                                 l->pp_virtual);
-            /* a file record takes more than 64 bytes: a world the text cannot list is refused
-             * before its table is allocated */
-            if (p.st == L3D_OK && (int64_t)l->world * l->pp_virtual > (int64_t)(len / 64))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: a world of %d ranks with %d chunk(s) each, "
-                                 "more rank files than its %zu bytes can list: the manifest is "
-                                 "truncated or damaged", mf->path, l->world, l->pp_virtual, len);
-            if (p.st == L3D_OK && !mf->files) {
-                mf->nc = l->pp_virtual;
-                mf->nfiles = l->world * mf->nc;
-                mf->files = calloc((size_t)mf->nfiles, sizeof *mf->files);
-                if (!mf->files) {
-                    p.st = l3d_error(L3D_ERR_OOM, "%s: no memory for its table of %d rank files",
-                                     mf->path, mf->nfiles);
-                    break;
-                }
-                for (int r = 0; r < mf->nfiles; r++) mf->files[r].rank = -1;
-            }
-            seen[2] = true;
-        } else if (strcmp(tok[0], "data") == 0) {
-            mf->st.loader.epoch = get_i64(&p, tok, n, "epoch");
-            mf->st.loader.index = get_i64(&p, tok, n, "index");
-            mf->st.B = get_int(&p, tok, n, "B");
-            mf->st.T = get_int(&p, tok, n, "T");
-            mf->st.accum = get_int(&p, tok, n, "accum");
-            const char *v;
-            if (want(&p, tok, n, "seed", &v)) mf->st.seed = strtoull(v, NULL, 10);
-            seen[3] = true;
-        } else if (strcmp(tok[0], "schedule") == 0) {
-            struct l3d_lr_schedule *s = &mf->st.sched;
-            s->max_lr = (float)get_f(&p, tok, n, "max_lr");
-            s->min_lr = (float)get_f(&p, tok, n, "min_lr");
-            s->warmup_steps = get_int(&p, tok, n, "warmup");
-            s->total_steps = get_int(&p, tok, n, "total");
-            seen[4] = true;
-        } else if (strcmp(tok[0], "adamw") == 0) {
-            struct l3d_adamw_hparams *h = &mf->st.adamw;
-            h->beta1 = (float)get_f(&p, tok, n, "beta1");
-            h->beta2 = (float)get_f(&p, tok, n, "beta2");
-            h->eps = (float)get_f(&p, tok, n, "eps");
-            h->weight_decay = (float)get_f(&p, tok, n, "weight_decay");
-            h->grad_clip = (float)get_f(&p, tok, n, "grad_clip");
-            mf->st.adamw_t = get_i64(&p, tok, n, "t");
-            seen[5] = true;
-        } else if (strcmp(tok[0], "lossscale") == 0) { /* optional: fp16 runs */
-            mf->st.loss_scale = get_f(&p, tok, n, "scale");
-            mf->st.ls_good = get_i64(&p, tok, n, "good");
-            mf->st.ls_hyst = get_i64(&p, tok, n, "hysteresis");
-            if (p.st == L3D_OK && !(mf->st.loss_scale > 0 && mf->st.loss_scale < 1e300 &&
-                                    mf->st.ls_good >= 0 && mf->st.ls_hyst >= 0))
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: loss scale %g, %lld, %lld out of "
-                                 "range: the manifest is damaged", mf->path, p.line,
-                                 mf->st.loss_scale, (long long)mf->st.ls_good,
-                                 (long long)mf->st.ls_hyst);
-            seen[8] = true;
-        } else if (strcmp(tok[0], "file") == 0) {
-            if (!mf->files || !seen[1])
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: file record before the model and "
-                                 "layout records", mf->path, p.line);
-            else
-                p.st = parse_file_line(&p, tok, n, mf), nfile++;
-        } else if (strcmp(tok[0], "checksum") == 0 && n == 2) {
-            struct hasher h;
-            hash_init(&h);
-            hash_update(&h, text, at);
-            char *end;
-            uint64_t want_sum = strtoull(tok[1], &end, 16), sum = hash_final(&h);
-            if (*end || sum != want_sum)
-                p.st = l3d_error(L3D_ERR_FORMAT, "%s: its checksum is %016" PRIx64 " but line %d "
-                                 "says %s: the manifest was edited or damaged; use another "
-                                 "checkpoint step", mf->path, sum, p.line, tok[1]);
-            seen_sum = true;
-        } else if (strcmp(tok[0], "end") == 0) {
-            seen_end = true;
-            break;
-        } else {
-            p.st = l3d_error(L3D_ERR_FORMAT, "%s line %d: unknown record '%s'", mf->path, p.line,
-                             tok[0]);
-        }
-    }
-    const char *names[7] = {"step", "model", "layout", "data", "schedule", "adamw", "dtype"};
-    for (int i = 0; p.st == L3D_OK && i < 7; i++)
-        if (!seen[i] && (i < 6 || mf->format >= L3D_CKPT_FORMAT_DTYPES))
-            p.st = l3d_error(L3D_ERR_FORMAT, "%s: no '%s' record: the manifest is damaged",
-                             mf->path, names[i]);
-    if (p.st == L3D_OK && !seen_sum && mf->format >= L3D_CKPT_FORMAT)
-        p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'checksum' line (format %d carries one): the "
-                         "manifest is damaged or truncated", mf->path, mf->format);
-    if (p.st == L3D_OK && !seen_end)
-        p.st = l3d_error(L3D_ERR_FORMAT, "%s: no 'end' line: the manifest is truncated", mf->path);
-    if (p.st == L3D_OK && nfile != mf->nfiles)
-        p.st = l3d_error(L3D_ERR_FORMAT, "%s lists %d rank files for a world of %d with %d "
-                         "chunk(s) each", mf->path, nfile, mf->lay.world, mf->nc);
-    if (p.st != L3D_OK) manifest_free(mf);
-    return p.st;
 }
 
 /* Bytes per stored parameter and moment element. */
