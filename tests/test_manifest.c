@@ -113,7 +113,8 @@ int main(void) {
         bool named = st == L3D_ERR_FORMAT && strstr(msg, "(text)/manifest line ") == msg &&
                      strstr(msg, want) != NULL;
         CHECK(named);
-        if (!named) fprintf(stderr, "  %s %s %s: %s\n", c->record, c->key ? c->key : "", c->value, msg);
+        if (!named)
+            fprintf(stderr, "  %s %s %s: %s\n", c->record, c->key ? c->key : "", c->value, msg);
         free(text);
     }
     printf("%d manifest edits checked\n", (int)(sizeof cases / sizeof cases[0]));

@@ -48,7 +48,7 @@ l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_gpt_c
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_gpt_config *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 
-/* ---- sharded checkpoints (src/ckpt/dist.c) ------------------------------------------------------
+/* ---- sharded checkpoints (src/ckpt: save.c, load.c, manifest.c, fileio.c) --------------------
  *
  *   struct l3d_ckpt_layout lay = {.world = 4, .tp = 2, .pp = 1, .dp = 2, .zero = 1,
  *                                 .pp_virtual = 1, .tp_rank = topo.tp_rank,
@@ -79,7 +79,7 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  *                  that buffer (ZeRO >= 1: every rank its range; ZeRO-0: data-parallel rank 0).
  *                  Header: bytes 0..7 "L3DSHRD1", then int64 format, rank, step, params,
  *                  opt_count, opt_start, chunk (8..63), the parameters' and the moments' dtype
- *                  names NUL-padded (64..71, 72..79: "fp32"), zeros (80..127).
+ *                  names NUL-padded (64..71, 72..79, e.g. "fp32"), zeros (80..127).
  * ROOT/latest names the newest complete step directory.
  *
  * Formats (the manifest's first line): 3, written since the dtypes were recorded, holds V =
@@ -178,7 +178,9 @@ struct l3d_ckpt_info {
     struct l3d_gpt_config cfg;
     struct l3d_ckpt_layout layout;   /* saved under (world, tp, pp, dp, zero, pp_virtual, sp) */
     struct l3d_ckpt_state state;     /* step, loader position, seed, B, T, accum, ... */
-    const char *params_dtype, *moments_dtype; /* "fp32", "bf16", ...; static strings */
+    /* the stored element types as the manifest records them (`dtype`, format 3 on; fp32 before):
+     * "fp32", "bf16", ...; static strings */
+    const char *params_dtype, *moments_dtype;
     int nfiles;                      /* rank files (world x chunks per rank) */
     int64_t bytes;                   /* of all rank files */
 };
