@@ -48,7 +48,7 @@ l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 
-/* ---- sharded checkpoints (src/ckpt/dist.c) ------------------------------------------------------
+/* ---- sharded checkpoints (src/ckpt: save.c, load.c, manifest.c, fileio.c) --------------------
  *
  *   struct l3d_ckpt_layout lay = {.world = 4, .tp = 2, .pp = 1, .dp = 2, .zero = 1,
  *                                 .pp_virtual = 1, .tp_rank = topo.tp_rank,
@@ -79,7 +79,7 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  *                  that buffer (ZeRO >= 1: every rank its range; ZeRO-0: data-parallel rank 0).
  *                  Header: bytes 0..7 "L3DSHRD1", then int64 format, rank, step, params,
  *                  opt_count, opt_start, chunk (8..63), the parameters' and the moments' dtype
- *                  names NUL-padded (64..71, 72..79: "fp32"), zeros (80..127).
+ *                  names NUL-padded (64..71, 72..79, e.g. "fp32"), zeros (80..127).
  * ROOT/latest names the newest complete step directory.
  *
  * Formats (the manifest's first line): 3, written since the dtypes were recorded, holds V =
@@ -178,7 +178,9 @@ struct l3d_ckpt_info {
     struct l3d_model_spec cfg;
     struct l3d_ckpt_layout layout;   /* saved under (world, tp, pp, dp, zero, pp_virtual, sp) */
     struct l3d_ckpt_state state;     /* step, loader position, seed, B, T, accum, ... */
-    const char *params_dtype, *moments_dtype; /* "fp32", "bf16", ...; static strings */
+    /* the stored element types as the manifest records them (`dtype`, format 3 on; fp32 before):
+     * "fp32", "bf16", ...; static strings */
+    const char *params_dtype, *moments_dtype;
     int nfiles;                      /* rank files (world x chunks per rank) */
     int64_t bytes;                   /* of all rank files */
 };
@@ -190,9 +192,11 @@ l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info);
  * run appends after them); a last line without its newline (a write cut short) goes; atomic like
  * every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);
-/* The run id of a step directory's manifest (its `run` record): 0 when it has none or cannot be
- * read. Reads only that record (pruning and --overwrite decide by it). */
-uint64_t l3d_ckpt_run_id(const char *dir);
+/* The run id of a step directory's manifest (its `run` record) in *id: 0 when the directory has
+ * no manifest or the manifest no such record. Reads only the records before the file lines, at
+ * most 8 KiB (pruning and --resume decide by it); a manifest that is not a regular file (a FIFO,
+ * a link to a device) is refused unread, naming it. */
+l3d_status l3d_ckpt_run_id(const char *dir, uint64_t *id);
 /* Whether name is a step directory's name exactly as written: step_ and eight or more digits,
  * nothing else (a user's step_00000003.bak is not one). */
 bool l3d_ckpt_is_step_name(const char *name);

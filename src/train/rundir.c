@@ -182,7 +182,12 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
                     return l3d_error(L3D_ERR_ARG, "--resume: %s holds a checkpoint of another "
                                      "model: %s; give its sizes", dir, diff);
             } /* an unreadable one: the load says why */
-            if (!*id) *id = l3d_ckpt_run_id(dir);
+            l3d_status st = *id ? L3D_OK : l3d_ckpt_run_id(dir, id);
+            if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
+                char why[1024];
+                snprintf(why, sizeof why, "%s", l3d_error_message());
+                return l3d_error(st, "--resume: %s", why);
+            }
         }
     }
     if (!*id) *id = new_id();

@@ -139,6 +139,25 @@ static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, in
     return st;
 }
 
+/* The error of --max-skipped-steps, reached at step (0-based) after n non-finite steps in a row.
+ * It names the checkpoint a resume takes: skipped steps are saved like any other (same weights,
+ * the data position moved on), so that is not the last good step's. */
+static l3d_status diverged(const struct l3d_train_config *tc, const struct l3d_train_ckpt *ck,
+                           int step, int n) {
+    char saved[128];
+    if (!ck->root[0])
+        snprintf(saved, sizeof saved, "nothing was saved (no --out or --ckpt-dir)");
+    else if (ck->last_saved < 0)
+        snprintf(saved, sizeof saved, "this run saved no checkpoint");
+    else
+        snprintf(saved, sizeof saved, "the last checkpoint saved is step %lld (skipped steps "
+                 "leave the weights as they were)", (long long)ck->last_saved);
+    return l3d_error(L3D_ERR_INTERNAL, "steps %d to %d: the loss or gradient norm was not finite "
+                     "%d times in a row (--max-skipped-steps %d): training diverged; %s: lower "
+                     "--lr or raise --warmup, and resume", step + 2 - n, step + 1, n,
+                     tc->max_skipped, saved);
+}
+
 /* Data and output: files may differ between nodes, so the caller agrees after. */
 static l3d_status open_data(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
@@ -375,12 +394,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
                        "on every rank (%d in a row, %d in all; --max-skipped-steps %d)\n",
                        step + 1, s.skip_rank, skipped_run, res->skipped, tc->max_skipped);
             if (skipped_run >= tc->max_skipped) {
-                st = l3d_error(L3D_ERR_INTERNAL, "steps %d to %d: the loss or gradient norm was "
-                               "not finite %d times in a row (--max-skipped-steps %d): training "
-                               "diverged; nothing was saved after step %d (the last checkpoint "
-                               "is kept): lower --lr or raise --warmup, and resume",
-                               step + 2 - skipped_run, step + 1, skipped_run, tc->max_skipped,
-                               step + 1 - skipped_run);
+                st = diverged(tc, &ck, step, skipped_run);
                 res->report_error = t->lead;
                 goto fail;
             }

@@ -251,6 +251,57 @@ copy nodtype && sed -i '/^dtype /d' "$dir/nodtype/manifest" && unseal "$dir/nodt
 resume_refused "format 3 without its dtype record" "no 'dtype' record" "$dir/nodtype" 0 4
 copy fmt5 && sed -i '1s/format 4/format 5/' "$dir/fmt5/manifest"
 resume_refused "a newer format" "format version 5; this llm3d reads versions 1 to 4" "$dir/fmt5" 0 4
+# the checksum guards against damage, not against an edit that recomputes it: the values meet
+# their ranges too (every field: tests/test_manifest.c). reseal DIR: DIR's manifest with the
+# checksum of its text recomputed by the documented hash (src/ckpt: four lanes of xxHash64's
+# round over 32-byte little-endian blocks, the tail zero-padded to one more block, the length and
+# the lanes folded by SplitMix64's finaliser), written here again so that the test does not take
+# llm3d's word for it
+reseal() {
+    python3 - "$1/manifest" <<'PY'
+import struct, sys
+M = (1 << 64) - 1
+P1, P2 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F
+def mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    return z ^ (z >> 31)
+def block(lanes, b):
+    for i, w in enumerate(struct.unpack("<4Q", b)):
+        x = (lanes[i] + w * P2) & M
+        lanes[i] = ((((x << 31) | (x >> 33)) & M) * P1) & M
+def digest(data):
+    lanes = [(P1 * (i + 1)) & M for i in range(4)]
+    full = len(data) // 32 * 32
+    for k in range(0, full, 32):
+        block(lanes, data[k:k + 32])
+    block(lanes, data[full:].ljust(32, b"\0"))
+    r = mix(len(data))
+    for x in lanes:
+        r = mix(r ^ x)
+    return r
+text = open(sys.argv[1], "rb").read()
+at = text.index(b"\nchecksum ") + 1
+rest = text[text.index(b"\n", at):]
+open(sys.argv[1], "wb").write(text[:at] + b"checksum %016x" % digest(text[:at]) + rest)
+PY
+}
+resealed() { # resealed NAME SED: a copy of A's step 5, edited by SED, its checksum recomputed
+    copy "$1" && sed -i "$2" "$dir/$1/manifest" && ! cmp -s "$dir/$1/manifest" "$(step_dir A 5)/manifest" &&
+        reseal "$dir/$1"
+}
+check "  ... the test's checksum of an unedited manifest is llm3d's" \
+    eval "copy reseal_same && reseal '$dir/reseal_same' && cmp -s '$dir/reseal_same/manifest' '$(step_dir A 5)/manifest'"
+check "  ... a resealed manifest passes its checksum (t 6)" \
+    eval "resealed reseal_ok 's/ t 5\$/ t 6/' && '$bin' inspect '$dir/reseal_ok' > /dev/null"
+resealed neg_t 's/ t 5$/ t -4/'
+resume_refused "resealed manifest: AdamW t -4" "neg_t/manifest line [0-9]*: adamw t '-4' is not a whole number in \[0, " "$dir/neg_t" 0 4
+resealed seed 's/ seed [0-9]*$/ seed abc/'
+resume_refused "resealed manifest: seed abc" "seed/manifest line [0-9]*: data seed 'abc' is not a whole number" "$dir/seed" 0 4
+resealed b0 's/ B [0-9]* / B 0 /'
+resume_refused "resealed manifest: B 0" "b0/manifest line [0-9]*: data B '0' is not a whole number in \[1, " "$dir/b0" 0 4
+resealed lrnan 's/ max_lr [^ ]* / max_lr nan /'
+resume_refused "resealed manifest: max_lr nan" "lrnan/manifest line [0-9]*: schedule max_lr 'nan' is not a finite number" "$dir/lrnan" 0 4
 err=$("$bin" convert "$dir/bf16" "$dir/bf16.bin" 2>&1 >/dev/null)
 check "convert refuses bf16 parameters: $err" test -n "$(echo "$err" | grep "stores the parameters as bf16")" -a ! -e "$dir/bf16.bin"
 

@@ -209,9 +209,9 @@ skip_pp() {
 }
 check "NaN gradient on the last stage of pp2 at step 3: skipped on both stages" skip_pp
 
-# NaN in every step from 3 on, --max-skipped-steps 3: the run stops at step 5 with one message;
-# the checkpoints hold the weights of step 2 (step 4's is a skipped step: the same weights), no
-# model.bin
+# NaN in every step from 3 on, --max-skipped-steps 3: the run stops at step 5 with one message,
+# which names the last checkpoint (step 4, not the last good step 2); the checkpoints hold the
+# weights of step 2 (step 4's is a skipped step: the same weights), no model.bin
 skip_many() {
     local out=$dir/nan3 err rc
     rm -rf "$out"
@@ -222,6 +222,7 @@ skip_many() {
     # mpiexec adds its own lines about the exit status: llm3d's are counted
     [ $rc -ne 0 ] && [ "$(grep -c "llm3d" "$out.err")" -eq 1 ] &&
         grep -q "steps 3 to 5: the loss or gradient norm was not finite 3 times in a row (--max-skipped-steps 3)" "$out.err" &&
+        grep -q "training diverged; the last checkpoint saved is step 4 " "$out.err" &&
         [ "$(cat "$out/checkpoints/latest")" = step_00000004 ] &&
         cmp -s "$dir/nan3.w2.bin" "$dir/nan3.w4.bin" && "$bin" inspect "$dir/nan3.w4.bin" > /dev/null &&
         [ ! -e "$out/model.bin" ] || { echo "exit $rc"; cat "$out.log" "$out.err"; return 1; }

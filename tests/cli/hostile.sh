@@ -121,6 +121,24 @@ rm -rf "$dir/mfifo" && cp -r "$step" "$dir/mfifo" && rm "$dir/mfifo/manifest" &&
 refused "convert: a FIFO manifest" "manifest .*is not a regular file (a FIFO)" \
     "$bin" convert "$dir/mfifo" "$dir/out.bin"
 check "  ... nothing written" test ! -e "$dir/out.bin"
+# --resume DIR reads the run id of DIR's manifest before anything else (out/run): a manifest
+# that is a link to /dev/zero (endless, no newline) or a FIFO (no writer) is refused unread, and
+# so are a checkpoint directory's `latest` and a run's metrics.jsonl that a resume would read
+rm -rf "$dir/mzero" && cp -r "$step" "$dir/mzero" && rm "$dir/mzero/manifest" && ln -s /dev/zero "$dir/mzero/manifest"
+refused "train --resume: a manifest linked to /dev/zero" \
+    "^llm3d train: --resume: checkpoint manifest .*mzero/manifest is not a regular file (a device)" \
+    "$bin" train "${tiny[@]}" --steps 4 --train "$dir/data/train_*.bin" --out "$dir/rz" --resume "$dir/mzero"
+refused "train --resume: a FIFO manifest" \
+    "^llm3d train: --resume: checkpoint manifest .*mfifo/manifest is not a regular file (a FIFO)" \
+    "$bin" train "${tiny[@]}" --steps 4 --train "$dir/data/train_*.bin" --out "$dir/rf" --resume "$dir/mfifo"
+rm -rf "$dir/lfifo" && cp -r "$dir/run" "$dir/lfifo" && rm "$dir/lfifo/checkpoints/latest" && mkfifo "$dir/lfifo/checkpoints/latest"
+refused "train --resume auto: a FIFO latest" "^llm3d train: --resume: .*latest is not a regular file (a FIFO)" \
+    "$bin" train "${tiny[@]}" --steps 4 --train "$dir/data/train_*.bin" --out "$dir/lfifo" --resume auto
+refused "inspect: a FIFO latest" "^llm3d inspect: .*latest is not a regular file (a FIFO)" \
+    "$bin" inspect "$dir/lfifo/checkpoints"
+rm -rf "$dir/metfifo" && cp -r "$dir/run" "$dir/metfifo" && rm "$dir/metfifo/metrics.jsonl" && mkfifo "$dir/metfifo/metrics.jsonl"
+refused "train --resume auto: a FIFO metrics.jsonl" "^llm3d train: .*metrics.jsonl is not a regular file (a FIFO)" \
+    "$bin" train "${tiny[@]}" --steps 4 --train "$dir/data/train_*.bin" --out "$dir/metfifo" --resume auto
 
 # a flag error under mpiexec: said once, by rank 0
 err=$(lim "$mpiexec" -n 2 "$bin" train --batch 0 --train "$dir/data/train_*.bin" 2>&1 >/dev/null)

@@ -1,6 +1,6 @@
-/* Training-checkpoint manifest (src/ckpt/dist.c): the input's text parsed as dir/manifest is and
- * its layout checked against its model, as a load does before reading any rank file. Formats 1-3
- * carry no checksum line, so mutations of those seeds reach every record's parser. */
+/* Training-checkpoint manifest (src/ckpt/manifest.c): the input's text parsed as dir/manifest is
+ * and its layout checked against its model, as a load does before reading any rank file. Formats
+ * 1-3 carry no checksum line, so mutations of those seeds reach every record's parser. */
 #include "ckpt/ckpt-impl.h"
 #include "fuzz.h"
 

@@ -1,4 +1,4 @@
-/* A rank file of a training checkpoint (header, size, checksum; src/ckpt/dist.c): the input's
+/* A rank file of a training checkpoint (header, size, checksum; src/ckpt/load.c): the input's
  * bytes as rank_00000.bin beside a fixed manifest (tests/fuzz/data/rank/manifest, format 4, one
  * rank of a 1-layer model), converted to an llm.c file as `llm3d convert` does. */
 #include "fuzz.h"

@@ -1,0 +1,235 @@
+/* Checkpoint files (src/ckpt/ckpt-impl.h): the checksum, whole reads and writes, host staging of
+ * device memory, atomic text files (a temporary file, fsync, rename), and the trimming of a
+ * resumed run's metrics. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt-impl.h"
+#include "llm3d/ckpt.h"
+
+/* ---- checksum -----------------------------------------------------------------------------------
+ * 64-bit, four independent lanes over 8-byte little-endian words, so it runs at memory speed: the
+ * round of xxHash64 (Y. Collet, xxhash.com spec: acc = rotl(acc + w * P2, 31) * P1, with its
+ * primes), the lanes and the length folded by the SplitMix64 finaliser (Steele et al. 2014). An
+ * integrity check against truncation and bit flips, not a cryptographic hash. */
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+
+static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+void l3d_ckpt_hash_init(struct l3d_ckpt_hasher *h) {
+    memset(h, 0, sizeof *h);
+    for (int i = 0; i < 4; i++) h->lane[i] = P1 * (uint64_t)(i + 1);
+}
+
+static void hash_block(struct l3d_ckpt_hasher *h, const uint8_t *p) {
+    for (int i = 0; i < 4; i++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        h->lane[i] = rotl(h->lane[i] + w * P2, 31) * P1;
+    }
+}
+
+void l3d_ckpt_hash_update(struct l3d_ckpt_hasher *h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    h->len += n;
+    if (h->npend) {
+        size_t k = 32 - (size_t)h->npend < n ? 32 - (size_t)h->npend : n;
+        memcpy(h->pend + h->npend, p, k);
+        h->npend += (int)k;
+        p += k;
+        n -= k;
+        if (h->npend < 32) return;
+        hash_block(h, h->pend);
+        h->npend = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) hash_block(h, p);
+    memcpy(h->pend, p, n);
+    h->npend = (int)n;
+}
+
+uint64_t l3d_ckpt_hash_final(const struct l3d_ckpt_hasher *h) {
+    uint8_t tail[32] = {0};
+    memcpy(tail, h->pend, (size_t)h->npend);
+    struct l3d_ckpt_hasher c = *h;
+    hash_block(&c, tail);
+    uint64_t r = mix(c.len);
+    for (int i = 0; i < 4; i++) r = mix(r ^ c.lane[i]);
+    return r;
+}
+
+/* ---- files ----------------------------------------------------------------------------------- */
+
+l3d_status l3d_ckpt_stage_init(struct l3d_ckpt_stage *sg, size_t want, const char *path) {
+    sg->cap = l3d_ckpt_stage_cap(want);
+    sg->p = l3d_try_alloc(sg->cap, "checkpoint staging");
+    if (!sg->p)
+        return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer of the "
+                         "checkpoint", path, sg->cap);
+    return L3D_OK;
+}
+
+/* every entry point checks its paths against L3D_CKPT_PATH_CAP first (l3d_ckpt_long_path) */
+void l3d_ckpt_join(char *buf, size_t cap, const char *a, const char *sep, const char *b) {
+    int n = snprintf(buf, cap, "%s%s%s", a, sep, b);
+    L3D_ASSERT(n >= 0 && (size_t)n < cap);
+}
+
+l3d_status l3d_ckpt_long_path(const char *p) {
+    if (strlen(p) < L3D_CKPT_PATH_CAP - 128) return L3D_OK;
+    return l3d_error(L3D_ERR_ARG, "checkpoint path too long (%zu characters, at most %d): %.80s...",
+                     strlen(p), L3D_CKPT_PATH_CAP - 129, p);
+}
+
+l3d_status l3d_ckpt_write_all(int fd, const char *path, const void *buf, size_t n,
+                              struct l3d_ckpt_hasher *h) {
+    if (h) l3d_ckpt_hash_update(h, buf, n);
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        p += k;
+        n -= (size_t)k;
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_read_at(const char *path, int64_t off, void *buf, size_t n) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = errno;
+            close(fd);
+            return l3d_error(L3D_ERR_FORMAT, "%s: cannot read %zu bytes at offset %lld: %s", path,
+                             n, (long long)off, k == 0 ? "file too short" : strerror(e));
+        }
+        p += k;
+        n -= (size_t)k;
+        off += k;
+    }
+    close(fd);
+    return L3D_OK;
+}
+
+/* n bytes of device memory at src, copied to the host a staging buffer at a time, written. */
+l3d_status l3d_ckpt_write_device(int fd, const char *path, struct l3d_backend *be, const void *src,
+                                 size_t n, const struct l3d_ckpt_stage *sg,
+                                 struct l3d_ckpt_hasher *h) {
+    l3d_status st = L3D_OK;
+    for (size_t done = 0, k; st == L3D_OK && done < n; done += k) {
+        k = n - done < sg->cap ? n - done : sg->cap;
+        l3d_be_copy_d2h(be, sg->p, (const char *)src + done, k);
+        st = l3d_ckpt_write_all(fd, path, sg->p, k, h);
+    }
+    return st;
+}
+
+/* n bytes at off of path into device memory at dst, a staging buffer at a time. A copy to the
+ * device may read its host buffer until the backend is synchronised: every h2d here is followed
+ * by l3d_be_sync before that buffer is refilled or freed. */
+l3d_status l3d_ckpt_read_device(const char *path, int64_t off, struct l3d_backend *be, void *dst,
+                                size_t n) {
+    struct l3d_ckpt_stage sg;
+    l3d_status st = l3d_ckpt_stage_init(&sg, n, path);
+    for (size_t done = 0, k; st == L3D_OK && done < n; done += k) {
+        k = n - done < sg.cap ? n - done : sg.cap;
+        st = l3d_ckpt_read_at(path, off + (int64_t)done, sg.p, k);
+        if (st == L3D_OK) l3d_be_copy_h2d(be, (char *)dst + done, sg.p, k);
+        l3d_be_sync(be);
+    }
+    l3d_free(sg.p);
+    return st;
+}
+
+l3d_status l3d_ckpt_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return l3d_error(L3D_ERR_IO, "cannot open %s to sync it: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0) return l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(e));
+    return L3D_OK;
+}
+
+/* Writes text to path atomically: path.tmp, fsync, rename, fsync of the directory dir. */
+l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *dir, const char *text) {
+    char tmp[L3D_CKPT_PATH_CAP];
+    l3d_ckpt_join(tmp, sizeof tmp, path, "", ".tmp");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    l3d_status st = l3d_ckpt_write_all(fd, tmp, text, strlen(text), NULL);
+    if (st == L3D_OK && fsync(fd) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", tmp, strerror(errno));
+    close(fd);
+    if (st == L3D_OK && rename(tmp, path) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (st != L3D_OK) unlink(tmp);
+    return st == L3D_OK ? l3d_ckpt_fsync_path(dir) : st;
+}
+
+/* Removes a directory of plain files (a step or temporary directory; nothing nested). */
+void l3d_ckpt_remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char p[L3D_CKPT_PATH_CAP];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        l3d_ckpt_join(p, sizeof p, path, "/", e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+/* ---- metrics --------------------------------------------------------------------------------- */
+
+l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
+    if (l3d_ckpt_long_path(path) != L3D_OK) return L3D_ERR_ARG;
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return L3D_OK;
+    FILE *f; /* a FIFO would block the open: refused unread */
+    l3d_status ost = l3d_fopen_regular(path, "metrics file", &f, NULL);
+    if (ost != L3D_OK) return ost;
+    size_t cap = 1 << 16, n = 0;
+    char *text = malloc(cap), line[8192];
+    text[0] = '\0';
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"step\":");
+        size_t len = strlen(line);
+        if (len == 0 || line[len - 1] != '\n') continue; /* cut short (or too long to be ours) */
+        if (p ? strtoll(p + 7, NULL, 10) > step : strncmp(line, "{\"run\":", 7) != 0) continue;
+        size_t k = strlen(line);
+        if (n + k + 1 > cap) text = realloc(text, cap = 2 * (n + k + 1));
+        memcpy(text + n, line, k + 1);
+        n += k;
+    }
+    fclose(f);
+    char dir[L3D_CKPT_PATH_CAP];
+    l3d_ckpt_join(dir, sizeof dir, path, "", "");
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
+    l3d_status st = l3d_ckpt_write_text_atomic(path, dir, text);
+    free(text);
+    return st;
+}
