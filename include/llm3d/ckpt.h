@@ -26,6 +26,7 @@
 
 #include "llm3d/comm.h"
 #include "llm3d/core.h"
+#include "llm3d/spec.h"
 #include "llm3d/data.h"
 #include "llm3d/model.h"
 #include "llm3d/optim.h"
@@ -50,8 +51,8 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 
 /* ---- sharded checkpoints (src/ckpt: save.c, load.c, manifest.c, fileio.c) --------------------
  *
- *   struct l3d_ckpt_layout lay = {.world = 4, .tp = 2, .pp = 1, .dp = 2, .zero = 1,
- *                                 .pp_virtual = 1, .tp_rank = topo.tp_rank,
+ *   struct l3d_ckpt_layout lay = {.layout = {.tp = 2, .pp = 1, .dp = 2, .v = 1, .zero = 1},
+ *                                 .world = 4, .tp_rank = topo.tp_rank,
  *                                 .pp_rank = topo.pp_rank, .dp_rank = topo.dp_rank};
  *   struct l3d_ckpt_state s = {.step = 50, .loader = l3d_loader_get_pos(ld), ...};
  *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, chunks, opts, &io, &report); // collective
@@ -59,7 +60,7 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  *   l3d_ckpt_resolve("auto", "out/checkpoints", dir, sizeof dir);  // "" when there is none
  *   l3d_ckpt_load(dir, world, &lay, chunks, opts, &s, &io, &report); // any layout
  *
- * chunks and opts hold the rank's lay.pp_virtual model chunks and their optimizers (one for a
+ * chunks and opts hold the rank's lay.layout.v model chunks and their optimizers (one for a
  * rank without an interleaved schedule; chunk c of pipeline rank r is virtual stage c pp + r,
  * include/llm3d/pipeline.h). Each (rank, chunk) is one piece of the checkpoint, with its own file.
  *
@@ -83,7 +84,7 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
  * ROOT/latest names the newest complete step directory.
  *
  * Formats (the manifest's first line): 3, written since the dtypes were recorded, holds V =
- * lay.pp_virtual >= 1 chunks per rank: the record `dtype params fp32 moments fp32` follows the
+ * lay.layout.v >= 1 chunks per rank: the record `dtype params fp32 moments fp32` follows the
  * model record (element types by name: fp32, bf16, fp16, fp64; sizes from l3d_dtype_size), the
  * layout record ends with `virtual V`, each file line has `chunk C`, and the file of chunk C of
  * rank R is rank_RRRRR.bin when V = 1, else rank_RRRRR_cC.bin, V lines per rank. Older formats
@@ -115,9 +116,9 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
 #define L3D_CKPT_FORMAT_ONE 1 /* the oldest read: fp32, one chunk per rank */
 
 struct l3d_ckpt_layout {
-    int world, tp, pp, dp, zero;
-    int pp_virtual;                /* model chunks per rank, V >= 1 (0 reads as 1) */
-    bool sequence_parallel;
+    struct l3d_layout layout;      /* the run spec's: tp, pp, dp, v (chunks per rank, 0 reads as
+                                    * 1), zero and sp; the batch's fields are the state's */
+    int world;
     int tp_rank, pp_rank, dp_rank; /* this rank's coordinates */
 };
 

@@ -40,7 +40,7 @@ static inline enum l3d_dtype l3d_ckpt_params_dtype(const struct l3d_gpt *m) { re
 
 /* The number of model chunks per rank of a layout (pp_virtual, 0 read as 1). */
 static inline int l3d_ckpt_chunks_of(const struct l3d_ckpt_layout *lay) {
-    return lay->pp_virtual > 1 ? lay->pp_virtual : 1;
+    return lay->layout.v > 1 ? lay->layout.v : 1;
 }
 
 /* ---- fileio.c -------------------------------------------------------------------------------- */
@@ -113,7 +113,7 @@ struct l3d_ckpt_manifest {
     struct l3d_model_spec cfg;
     struct l3d_ckpt_layout lay;
     struct l3d_ckpt_state st;
-    int format, nc;          /* format version; chunks per rank (lay.pp_virtual, 1 in format 1) */
+    int format, nc;          /* format version; chunks per rank (lay.layout.v, 1 in format 1) */
     enum l3d_dtype pdt, mdt; /* element types of the parameters and moments (fp32 before 3) */
     int64_t header;          /* bytes of a rank file's header */
     int nfiles;              /* lay.world x nc */

@@ -35,8 +35,8 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
     if (s->run_id) OUT("run %016" PRIx64 "\n", s->run_id);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
     OUT("dtype params %s moments %s\n", l3d_dtype_name(pdt), l3d_dtype_name(mdt));
-    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->tp,
-        lay->pp, lay->dp, lay->zero, lay->sequence_parallel ? 1 : 0, nc);
+    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->layout.tp,
+        lay->layout.pp, lay->layout.dp, lay->layout.zero, lay->layout.sp ? 1 : 0, nc);
     OUT("data epoch %lld index %lld B %d T %d accum %d seed %" PRIu64 "\n",
         (long long)s->loader.epoch, (long long)s->loader.index, s->B, s->T, s->accum, s->seed);
     OUT("schedule max_lr %a min_lr %a warmup %d total %d\n", (double)s->sched.max_lr,
@@ -255,23 +255,23 @@ static void rec_layout(struct parser *p) {
     struct l3d_ckpt_manifest *mf = p->mf;
     struct l3d_ckpt_layout *l = &mf->lay;
     l->world = get_int(p, "world", 1, 1 << 20);
-    l->tp = get_int(p, "tp", 1, 1 << 20);
-    l->pp = get_int(p, "pp", 1, 1 << 20);
-    l->dp = get_int(p, "dp", 1, 1 << 20);
-    l->zero = get_int(p, "zero", 0, 2);
-    l->sequence_parallel = get_flag(p, "sp");
-    l->pp_virtual = mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(p, "virtual", 1, 256);
-    if (p->st == L3D_OK && (int64_t)l->world * l->pp_virtual > (1 << 20))
+    l->layout.tp = get_int(p, "tp", 1, 1 << 20);
+    l->layout.pp = get_int(p, "pp", 1, 1 << 20);
+    l->layout.dp = get_int(p, "dp", 1, 1 << 20);
+    l->layout.zero = get_int(p, "zero", 0, 2);
+    l->layout.sp = get_flag(p, "sp");
+    l->layout.v = mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(p, "virtual", 1, 256);
+    if (p->st == L3D_OK && (int64_t)l->world * l->layout.v > (1 << 20))
         p->st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
-                          l->pp_virtual);
+                          l->layout.v);
     /* a file record takes more than 64 bytes: a world the text cannot list is refused before
      * its table is allocated */
-    if (p->st == L3D_OK && (int64_t)l->world * l->pp_virtual > (int64_t)(p->len / 64))
+    if (p->st == L3D_OK && (int64_t)l->world * l->layout.v > (int64_t)(p->len / 64))
         p->st = l3d_error(L3D_ERR_FORMAT, "%s: a world of %d ranks with %d chunk(s) each, more "
                           "rank files than its %zu bytes can list: the manifest is truncated or "
-                          "damaged", mf->path, l->world, l->pp_virtual, p->len);
+                          "damaged", mf->path, l->world, l->layout.v, p->len);
     if (p->st != L3D_OK) return;
-    mf->nc = l->pp_virtual;
+    mf->nc = l->layout.v;
     mf->nfiles = l->world * mf->nc;
     mf->files = calloc((size_t)mf->nfiles, sizeof *mf->files);
     if (!mf->files) {
@@ -547,16 +547,16 @@ l3d_status l3d_ckpt_manifest_read(const char *dir, struct l3d_ckpt_manifest *mf)
 l3d_status l3d_ckpt_manifest_check_layout(const struct l3d_ckpt_manifest *mf) {
     const struct l3d_ckpt_layout *l = &mf->lay;
     const struct l3d_model_spec *c = &mf->cfg;
-    if (l->tp < 1 || l->pp < 1 || l->dp < 1 || (int64_t)l->tp * l->pp * l->dp != l->world ||
-        l->zero < 0 || l->zero > 2)
+    if (l->layout.tp < 1 || l->layout.pp < 1 || l->layout.dp < 1 || (int64_t)l->layout.tp * l->layout.pp * l->layout.dp != l->world ||
+        l->layout.zero < 0 || l->layout.zero > 2)
         return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
-                         "make its world of %d ranks", mf->path, l->tp, l->pp, l->dp, l->zero,
+                         "make its world of %d ranks", mf->path, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
                          l->world);
-    if (c->NH % l->tp != 0 || (4 * (int64_t)c->C) % l->tp != 0 || c->Vp % l->tp != 0 ||
-        (int64_t)l->pp * mf->nc > c->L)
+    if (c->NH % l->layout.tp != 0 || (4 * (int64_t)c->C) % l->layout.tp != 0 || c->Vp % l->layout.tp != 0 ||
+        (int64_t)l->layout.pp * mf->nc > c->L)
         return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d is impossible for the model "
                          "with %d chunk(s) per rank (NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d "
-                         "layers): the checkpoint is damaged", mf->path, l->tp, l->pp, mf->nc,
+                         "layers): the checkpoint is damaged", mf->path, l->layout.tp, l->layout.pp, mf->nc,
                          c->NH, 4 * c->C, c->Vp, c->L);
     /* every (layer, head) slice must be held by some piece's parameters */
     bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);

@@ -236,7 +236,7 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
 
     /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0;
      * each chunk its own file */
-    bool wparams = lay->dp_rank == 0, wmoments = lay->zero > 0 || lay->dp_rank == 0;
+    bool wparams = lay->dp_rank == 0, wmoments = lay->layout.zero > 0 || lay->dp_rank == 0;
     const int nc = l3d_ckpt_chunks_of(lay);
     const enum l3d_dtype pdt = l3d_ckpt_params_dtype(m[0]), mdt = L3D_CKPT_MOMENTS_DTYPE;
     struct l3d_ckpt_rank_rec *recs =

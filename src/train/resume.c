@@ -9,11 +9,14 @@
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world) {
     memset(c, 0, sizeof *c);
-    c->lay = (struct l3d_ckpt_layout){
-        .world = world->size, .tp = topo->tp, .pp = topo->pp, .dp = topo->dp, .zero = tc->layout.zero,
-        .pp_virtual = tc->layout.v > 1 ? tc->layout.v : 1,
-        .sequence_parallel = tc->layout.sp, .tp_rank = topo->tp_rank,
-        .pp_rank = topo->pp_rank, .dp_rank = topo->dp_rank};
+    /* the run spec's layout with the grid resolved (dp inferred from the world) */
+    c->lay = (struct l3d_ckpt_layout){.layout = tc->layout, .world = world->size,
+                                      .tp_rank = topo->tp_rank, .pp_rank = topo->pp_rank,
+                                      .dp_rank = topo->dp_rank};
+    c->lay.layout.tp = topo->tp;
+    c->lay.layout.pp = topo->pp;
+    c->lay.layout.dp = topo->dp;
+    c->lay.layout.v = tc->layout.v > 1 ? tc->layout.v : 1;
     if (tc->ckpt_dir)
         snprintf(c->root, sizeof c->root, "%s", tc->ckpt_dir);
     else if (tc->out_dir && snprintf(c->root, sizeof c->root, "%s/checkpoints", tc->out_dir) >=
@@ -38,9 +41,9 @@ static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state
     if (s->seed != tc->seed)
         printf("note: --seed %llu, the checkpoint's run used %llu (another batch order)\n",
                (unsigned long long)tc->seed, (unsigned long long)s->seed);
-    if ((int64_t)s->B * s->accum * s->layout.dp != (int64_t)tc->layout.micro_batch * tc->layout.accum * dp)
+    if ((int64_t)s->B * s->accum * s->layout.layout.dp != (int64_t)tc->layout.micro_batch * tc->layout.accum * dp)
         printf("note: global batch %lld sequences, the checkpoint's run used %lld\n",
-               (long long)tc->layout.micro_batch * tc->layout.accum * dp, (long long)s->B * s->accum * s->layout.dp);
+               (long long)tc->layout.micro_batch * tc->layout.accum * dp, (long long)s->B * s->accum * s->layout.layout.dp);
     if (q->max_lr != tc->lr || q->min_lr != tc->min_lr || q->warmup_steps != tc->warmup_steps ||
         q->total_steps != tc->steps)
         printf("note: learning-rate schedule (--lr %g --min-lr %g --warmup %d --steps %d) differs "
@@ -55,7 +58,7 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
                                  struct l3d_comm *world, struct l3d_gpt *const *m,
                                  struct l3d_adamw *opt, int n, struct l3d_loader *ld,
                                  int *start_step, bool *report) {
-    L3D_ASSERT(n == c->lay.pp_virtual);
+    L3D_ASSERT(n == c->lay.layout.v);
     *start_step = 0;
     if (!tc->resume) return L3D_OK;
     char dir[4096];
@@ -92,16 +95,16 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     c->ls_hyst = s.ls_hyst;
     if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
-        bool same = l->tp == c->lay.tp && l->pp == c->lay.pp && l->dp == c->lay.dp &&
-                    l->zero == c->lay.zero && l->pp_virtual == c->lay.pp_virtual;
+        bool same = l->layout.tp == c->lay.layout.tp && l->layout.pp == c->lay.layout.pp && l->layout.dp == c->lay.layout.dp &&
+                    l->layout.zero == c->lay.layout.zero && l->layout.v == c->lay.layout.v;
         char chunks[48] = "";
-        if (l->pp_virtual > 1)
-            snprintf(chunks, sizeof chunks, " (%d chunks per rank)", l->pp_virtual);
+        if (l->layout.v > 1)
+            snprintf(chunks, sizeof chunks, " (%d chunks per rank)", l->layout.v);
         printf("resumed %s: step %lld, saved as tp %d x pp %d%s x dp %d ZeRO-%d%s; %.1f MB loaded "
-               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->tp,
-               l->pp, chunks, l->dp, l->zero, same ? "" : ", re-sliced", io.bytes_total / 1e6,
+               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->layout.tp,
+               l->layout.pp, chunks, l->layout.dp, l->layout.zero, same ? "" : ", re-sliced", io.bytes_total / 1e6,
                io.seconds, io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
-        notes(tc, &s, c->lay.dp);
+        notes(tc, &s, c->lay.layout.dp);
         fflush(stdout);
     }
     return L3D_OK;
@@ -140,7 +143,7 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
                                struct l3d_comm *world, struct l3d_gpt *const *m,
                                const struct l3d_adamw *opt, int n, const struct l3d_loader *ld,
                                int step, bool *report) {
-    L3D_ASSERT(n == c->lay.pp_virtual);
+    L3D_ASSERT(n == c->lay.layout.v);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
     struct l3d_ckpt_state s = {
         .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->layout.micro_batch, .T = tc->layout.seq,
