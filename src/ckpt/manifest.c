@@ -547,17 +547,22 @@ l3d_status l3d_ckpt_manifest_read(const char *dir, struct l3d_ckpt_manifest *mf)
 l3d_status l3d_ckpt_manifest_check_layout(const struct l3d_ckpt_manifest *mf) {
     const struct l3d_ckpt_layout *l = &mf->lay;
     const struct l3d_model_spec *c = &mf->cfg;
-    if (l->layout.tp < 1 || l->layout.pp < 1 || l->layout.dp < 1 || (int64_t)l->layout.tp * l->layout.pp * l->layout.dp != l->world ||
-        l->layout.zero < 0 || l->layout.zero > 2)
-        return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
-                         "make its world of %d ranks", mf->path, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
+    if (l->layout.tp < 1 || l->layout.pp < 1 || l->layout.dp < 1 ||
+        (int64_t)l->layout.tp * l->layout.pp * l->layout.dp != l->world || l->layout.zero < 0 ||
+        l->layout.zero > 2)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
+                         "make its world of %d ranks",
+                         mf->path, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
                          l->world);
-    if (c->NH % l->layout.tp != 0 || (4 * (int64_t)c->C) % l->layout.tp != 0 || c->Vp % l->layout.tp != 0 ||
-        (int64_t)l->layout.pp * mf->nc > c->L)
-        return l3d_error(L3D_ERR_LAYOUT, "%s: layout tp %d x pp %d is impossible for the model "
+    if (c->NH % l->layout.tp != 0 || (4 * (int64_t)c->C) % l->layout.tp != 0 ||
+        c->Vp % l->layout.tp != 0 || (int64_t)l->layout.pp * mf->nc > c->L)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "%s: layout tp %d x pp %d is impossible for the model "
                          "with %d chunk(s) per rank (NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d "
-                         "layers): the checkpoint is damaged", mf->path, l->layout.tp, l->layout.pp, mf->nc,
-                         c->NH, 4 * c->C, c->Vp, c->L);
+                         "layers): the checkpoint is damaged",
+                         mf->path, l->layout.tp, l->layout.pp, mf->nc, c->NH, 4 * c->C, c->Vp,
+                         c->L);
     /* every (layer, head) slice must be held by some piece's parameters */
     bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);
     if (!held)

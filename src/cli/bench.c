@@ -83,7 +83,8 @@ int l3d_cli_bench(int argc, char **argv) {
         }
         struct l3d_train_result res;
         printf("\ntraining step, model L=%d C=%d NH=%d V=%d, B=%d T=%d x %d micro-batches:\n",
-               tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.layout.micro_batch, tc.layout.seq, tc.layout.accum);
+               tc.model.L, tc.model.C, tc.model.NH, tc.model.V, tc.layout.micro_batch,
+               tc.layout.seq, tc.layout.accum);
         st = l3d_train_run(&tc, rt, &res);
         if (st == L3D_OK)
             printf("\nresult: %.1f ms/step (median of %d), %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s"

@@ -250,18 +250,19 @@ static void print_ckpt(const char *dir, const struct l3d_ckpt_info *c, bool json
                "\"sequence_parallel\":%s,\"params_dtype\":\"%s\",\"moments_dtype\":\"%s\","
                "\"batch\":%d,\"seq_len\":%d,\"grad_accum\":%d,\"seed\":%llu,\"loader_epoch\":%lld,"
                "\"loader_index\":%lld,\"files\":%d,\"bytes\":%lld,\"checksums_verified\":true}",
-               l->world, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero, l->layout.v > 1 ? l->layout.v : 1,
-               l->layout.sp ? "true" : "false", c->params_dtype, c->moments_dtype, s->B,
-               s->T, s->accum, (unsigned long long)s->seed, (long long)s->loader.epoch,
-               (long long)s->loader.index, c->nfiles, (long long)c->bytes);
+               l->world, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
+               l->layout.v > 1 ? l->layout.v : 1, l->layout.sp ? "true" : "false", c->params_dtype,
+               c->moments_dtype, s->B, s->T, s->accum, (unsigned long long)s->seed,
+               (long long)s->loader.epoch, (long long)s->loader.index, c->nfiles,
+               (long long)c->bytes);
         return;
     }
     printf("%s: llm3d training checkpoint, format %d, step %lld\n", dir, c->format,
            (long long)s->step);
     text_model(&c->cfg);
     printf("  layout:     %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %d chunk(s) per rank%s\n",
-           l->world, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero, l->layout.v > 1 ? l->layout.v : 1,
-           l->layout.sp ? ", sequence parallel" : "");
+           l->world, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
+           l->layout.v > 1 ? l->layout.v : 1, l->layout.sp ? ", sequence parallel" : "");
     printf("  precision:  parameters %s, AdamW moments %s\n", c->params_dtype, c->moments_dtype);
     printf("  training:   batch %d x %d tokens x %d micro-batches per rank, seed %llu, data at "
            "epoch %lld window %lld\n", s->B, s->T, s->accum, (unsigned long long)s->seed,
@@ -367,7 +368,8 @@ static int inspect_run(const char *path, bool json) {
         printf("  model.bin:  none (the run has not finished, or had no --out)\n");
     if (has_ckpt)
         printf("  checkpoint: %s, step %lld, tp %d x pp %d x dp %d, %.1f MB, checksums verified\n",
-               dir, (long long)c.state.step, c.layout.layout.tp, c.layout.layout.pp, c.layout.layout.dp, c.bytes / 1e6);
+               dir, (long long)c.state.step, c.layout.layout.tp, c.layout.layout.pp,
+               c.layout.layout.dp, c.bytes / 1e6);
     else
         printf("  checkpoint: none\n");
     return 0;

@@ -524,7 +524,8 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     const struct l3d_plan_result *other = NULL;
     for (int i = 1; i < n && !other; i++) {
         const struct l3d_layout *x = &res[i].layout, *y = &b->layout;
-        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp || x->micro_batch != y->micro_batch || x->v != y->v)
+        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp ||
+            x->micro_batch != y->micro_batch || x->v != y->v)
             other = &res[i];
     }
     if (!other && n > 1) other = &res[1];

@@ -125,8 +125,8 @@ static void measure_memory(struct l3d_backend *be, struct l3d_calib *c) {
         TIME_ONE(t[1], l3d_be_gelu_forward(be, L3D_F32, b, a, n));
         TIME_ONE(t[2], l3d_be_residual_forward(be, L3D_F32, m, a, b, n));
         /* a tiny learning rate: the parameters stay put however often it runs */
-        TIME_ONE(t[3], l3d_be_adamw(be, L3D_F32, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                                 0.1f, 0.05f));
+        TIME_ONE(t[3], l3d_be_adamw(be, L3D_F32, a, m, v, b, 1.0f, n, 1e-12f, 0.9f, 0.95f, 1e-8f,
+                                    0.0f, 0.1f, 0.05f));
         /* the same kernels in 16 bits, as the trainer's --precision bf16|fp16 calls them:
          * 16-bit activations and weights, fp32 statistics; AdamW on fp32 master weights (a),
          * moments and main_grad (b), writing the 16-bit copy */

@@ -132,8 +132,9 @@ static void write_head(FILE *f, const struct l3d_calib *c, const struct l3d_prof
     if (l3d_calib_busy(c)) {
         fprintf(f, "# WARNING: ");
         l3d_calib_print_others(f, c);
-        fprintf(f, "; the measurements got %.0f%% of the %d cores, %.0f%% of one, %.0f%% during the "
-                   "all-reduces: these figures are low\n",
+        fprintf(f,
+                "; the measurements got %.0f%% of the %d cores, %.0f%% of one, %.0f%% during the "
+                "all-reduces: these figures are low\n",
                 100.0 * c->share[0], c->cores, 100.0 * c->share[1], 100.0 * c->share[2]);
     }
     put(f, p, "name", false, NULL);

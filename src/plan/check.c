@@ -29,7 +29,8 @@ l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profi
                          prof->devices_per_node);
     if (prof && l3d_plan_peak(prof, run) <= 0)
         return l3d_error(L3D_ERR_ARG, "profile %s has no %s peak (peak_tflops_%s = 0)", prof->name,
-                         l3d_dtype_name(run->precision.param), l3d_dtype_name(run->precision.param));
+                         l3d_dtype_name(run->precision.param),
+                         l3d_dtype_name(run->precision.param));
     /* the planner times every micro-batch on a timeline: at most 2^24 of them, also for llm3d's
      * trainer (whose memory check extends the plan beyond, src/train/memory.c) */
     int64_t mm = run->global_batch / ((int64_t)lay->micro_batch * lay->dp);

@@ -189,7 +189,8 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
      * batches (--val-batches, 8 by default) when more */
-    mem->other += 2.0 * l3d_plan_bytes(L3D_I32) * lay->micro_batch * m->maxT * (double)(mm > 8 ? mm : 8);
+    mem->other +=
+        2.0 * l3d_plan_bytes(L3D_I32) * lay->micro_batch * m->maxT * (double)(mm > 8 ? mm : 8);
     /* the pipeline executor's received stage-output gradient (src/parallel/pipe_exec.c), the
      * rows of this rank under sequence parallelism; once small beside the s^2 attention
      * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */

@@ -48,9 +48,11 @@ const char *l3d_precision_name(const struct l3d_precision *p) {
 l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p) {
     enum l3d_dtype t;
     if (l3d_dtype_parse(name, &t) != L3D_OK || !float_type(t))
-        return l3d_error(L3D_ERR_ARG, "--precision '%s': choose fp32 (the default), bf16 or fp16 (mixed "
+        return l3d_error(L3D_ERR_ARG,
+                         "--precision '%s': choose fp32 (the default), bf16 or fp16 (mixed "
                          "precision: 16-bit weights and activations, fp32 gradients, master "
-                         "weights and optimizer)", name);
+                         "weights and optimizer)",
+                         name);
     p->param = p->act = t;
     p->grad = L3D_F32;
     return L3D_OK;

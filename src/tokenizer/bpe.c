@@ -309,13 +309,16 @@ static l3d_status json_token_string(struct json_in *in, unsigned char *blob, siz
         } else {
             int len = get_utf8(in->s + in->i, in->n - in->i, &cp);
             if (!len)
-                return l3d_error(L3D_ERR_FORMAT, "%s: byte %zu is not valid UTF-8", in->path, in->i);
+                return l3d_error(L3D_ERR_FORMAT, "%s: byte %zu is not valid UTF-8", in->path,
+                                 in->i);
             in->i += (size_t)len;
         }
         if (cp >= 512 || in->cp_byte[cp] < 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s: the token string ending at byte %zu holds U+%04X, "
+            return l3d_error(L3D_ERR_FORMAT,
+                             "%s: the token string ending at byte %zu holds U+%04X, "
                              "which is not one of GPT-2's byte-to-unicode characters: not a "
-                             "byte-level BPE vocabulary", in->path, in->i, cp);
+                             "byte-level BPE vocabulary",
+                             in->path, in->i, cp);
         blob[(*nb)++] = (unsigned char)in->cp_byte[cp];
     }
 }

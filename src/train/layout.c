@@ -18,13 +18,15 @@ static l3d_status partition(struct l3d_train_layout *lay, const struct l3d_train
         lay->layers = calloc((size_t)pp * v, sizeof(int)); /* not accounted, like the stack */
     if ((int64_t)pp * v <= tc->model.L && !lay->layers)
         return l3d_error(L3D_ERR_OOM, "out of memory for %d x %d stages", pp, v);
-    return l3d_layout_stage_layers(&tc->model, tc->layout.seq, pp, v, tc->layout.pp_layers, lay->layers);
+    return l3d_layout_stage_layers(&tc->model, tc->layout.seq, pp, v, tc->layout.pp_layers,
+                                   lay->layers);
 }
 
 l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_train_config *tc,
                                  int world_size) {
     memset(lay, 0, sizeof *lay);
-    int tp = tc->layout.tp, pp = tc->layout.pp, dp = tc->layout.dp, v = tc->layout.v > 1 ? tc->layout.v : 1;
+    int tp = tc->layout.tp, pp = tc->layout.pp, dp = tc->layout.dp,
+        v = tc->layout.v > 1 ? tc->layout.v : 1;
     int accum = tc->layout.accum;
     l3d_status st = L3D_OK;
     if (tc->steps < 1 || tc->layout.accum < 1)
@@ -65,8 +67,8 @@ l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
                                   const struct l3d_train_config *tc) {
     L3D_ASSERT(lay->layers && !lay->sched.n); /* after l3d_train_layout_init, once */
     int pp = lay->pp, v = lay->v;
-    l3d_status st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp,
-                                          v, lay->accum);
+    l3d_status st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B,
+                                          pp, v, lay->accum);
     if (st == L3D_OK && tc->val_pattern)
         st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
     if (st != L3D_OK) {

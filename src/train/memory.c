@@ -202,7 +202,8 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
     if (slots > m) slots = m;
     double b = *sched + 2.0 * v * (double)slots * sizeof(l3d_req);
     int64_t planned = m > 8 ? m : 8, held = m > tc->val_batches ? m : tc->val_batches;
-    if (held > planned) b += 2.0 * sizeof(int32_t) * c->B * tc->layout.seq * (double)(held - planned);
+    if (held > planned)
+        b += 2.0 * sizeof(int32_t) * c->B * tc->layout.seq * (double)(held - planned);
     if (tc->trace_path) { /* the events of the busiest stage's steps, at most 1 << 22 */
         double most = 0;
         for (int r = 0; r < pp; r++) {
@@ -223,7 +224,8 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
 static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
     c->bytes = -1;
     if (!plan_memory(tc, c, &c->mem)) return;
-    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) * tc->model.C;
+    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) *
+                  tc->model.C;
     /* params, grads, m, v (and the fp32 master weights in mixed precision): wpe is not in the
      * gradient slots, so its gradient is whole under ZeRO-2 too */
     struct l3d_param_bytes pb;
@@ -353,12 +355,14 @@ static l3d_status too_many_micro(const struct l3d_train_config *tc, const struct
                  now->B, now->dp);
     else
         snprintf(fix, sizeof fix, "--grad-accum %lld", (long long)k);
-    return l3d_error(L3D_ERR_OOM, "not enough memory for %s %lld: %d micro-batches a step need %s "
+    return l3d_error(L3D_ERR_OOM,
+                     "not enough memory for %s %lld: %d micro-batches a step need %s "
                      "on rank %d, of which %s grow with their number (token ids %s, pipeline "
                      "schedules %s, activations in flight and other %s), but it has %s (%s); "
                      "give at most %s, or --ignore-memory-check to try anyway",
                      tc->layout.global_batch > 0 ? "--global-batch" : "--grad-accum",
-                     tc->layout.global_batch > 0 ? (long long)tc->layout.global_batch : (long long)tc->layout.accum,
+                     tc->layout.global_batch > 0 ? (long long)tc->layout.global_batch
+                                                 : (long long)tc->layout.accum,
                      now->accum, human(now->bytes).s, rank, human(grow).s, human(tokens).s,
                      human(sched).s, human(rest > 0 ? rest : 0).s, human(room).s, where, fix);
 }
@@ -399,8 +403,13 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
     if (node >= 0 && !tc->ignore_memory_check) {
         double room = node / local;
         bool lead = world->rank == 0;
-        struct cand now = {.tp = lay->tp, .pp = lay->pp, .dp = lay->dp, .v = lay->v,
-                           .zero = tc->layout.zero, .B = tc->layout.micro_batch, .accum = lay->accum,
+        struct cand now = {.tp = lay->tp,
+                           .pp = lay->pp,
+                           .dp = lay->dp,
+                           .v = lay->v,
+                           .zero = tc->layout.zero,
+                           .B = tc->layout.micro_batch,
+                           .accum = lay->accum,
                            .rc = tc->layout.recompute};
         evaluate(tc, &now, lead);
         if (now.bytes > room) {

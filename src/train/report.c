@@ -38,14 +38,17 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     if (pp > 1) {
         printf("pipeline: %s schedule%s, %d micro-batches, %d stage(s) x %d chunk(s), layers",
                l3d_pp_kind_name(lay->sched.kind),
-               tc->layout.schedule_implied ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
-                                       : "", tc->layout.accum, pp, v);
+               tc->layout.schedule_implied
+                   ? " (chosen for --pp-virtual > 1; --pp-schedule to choose)"
+                   : "",
+               tc->layout.accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
                tc->layout.pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
-           tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->dp, (long long)t->tokens_step);
+           tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->dp,
+           (long long)t->tokens_step);
     printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(t->train),
            l3d_data_num_files(t->train), t->val ? ", validation on" : "");
     /* mixed precision: 16-bit parameters, fp32 gradients (main_grad), and AdamW's m and v with
@@ -85,7 +88,8 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     printf(")\n");
     if (tp > 1)
         printf("tensor parallelism: %.2f MB all-reduced per micro-batch per rank (4 (4L + 2) B T C "
-               "+ 12 B T bytes)\n", l3d_tp_bytes_per_micro(&tc->model, tc->layout.micro_batch, tc->layout.seq) / 1e6);
+               "+ 12 B T bytes)\n",
+               l3d_tp_bytes_per_micro(&tc->model, tc->layout.micro_batch, tc->layout.seq) / 1e6);
     printf("model FLOPs/token %.3g, peak %.1f GFLOP/s (%s)\n", t->flops_tok, t->peak / 1e9,
            tc->peak_flops > 0   ? "given, times ranks"
            : tc->precision.param == L3D_F32 ? "measured fp32 FMA peak, times ranks"

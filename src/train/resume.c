@@ -41,9 +41,11 @@ static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state
     if (s->seed != tc->seed)
         printf("note: --seed %llu, the checkpoint's run used %llu (another batch order)\n",
                (unsigned long long)tc->seed, (unsigned long long)s->seed);
-    if ((int64_t)s->B * s->accum * s->layout.layout.dp != (int64_t)tc->layout.micro_batch * tc->layout.accum * dp)
+    if ((int64_t)s->B * s->accum * s->layout.layout.dp !=
+        (int64_t)tc->layout.micro_batch * tc->layout.accum * dp)
         printf("note: global batch %lld sequences, the checkpoint's run used %lld\n",
-               (long long)tc->layout.micro_batch * tc->layout.accum * dp, (long long)s->B * s->accum * s->layout.layout.dp);
+               (long long)tc->layout.micro_batch * tc->layout.accum * dp,
+               (long long)s->B * s->accum * s->layout.layout.dp);
     if (q->max_lr != tc->lr || q->min_lr != tc->min_lr || q->warmup_steps != tc->warmup_steps ||
         q->total_steps != tc->steps)
         printf("note: learning-rate schedule (--lr %g --min-lr %g --warmup %d --steps %d) differs "
@@ -77,9 +79,10 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     struct l3d_ckpt_io io;
     if ((st = l3d_ckpt_load(dir, world, &c->lay, m, opt, &s, &io, report)) != L3D_OK) return st;
     if (s.T != tc->layout.seq)
-        st = l3d_error(L3D_ERR_ARG, "--seq-len %d, but %s was trained with %d: its data position "
-                       "counts windows of %d tokens; resume with --seq-len %d", tc->layout.seq, dir, s.T,
-                       s.T + 1, s.T);
+        st = l3d_error(L3D_ERR_ARG,
+                       "--seq-len %d, but %s was trained with %d: its data position "
+                       "counts windows of %d tokens; resume with --seq-len %d",
+                       tc->layout.seq, dir, s.T, s.T + 1, s.T);
     else if (s.step > tc->steps)
         st = l3d_error(L3D_ERR_ARG, "--steps %d, but %s is at step %lld already: give more steps",
                        tc->steps, dir, (long long)s.step);
@@ -95,15 +98,17 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     c->ls_hyst = s.ls_hyst;
     if (c->lead) { /* also with --quiet: a resume is worth a line */
         const struct l3d_ckpt_layout *l = &s.layout;
-        bool same = l->layout.tp == c->lay.layout.tp && l->layout.pp == c->lay.layout.pp && l->layout.dp == c->lay.layout.dp &&
-                    l->layout.zero == c->lay.layout.zero && l->layout.v == c->lay.layout.v;
+        bool same = l->layout.tp == c->lay.layout.tp && l->layout.pp == c->lay.layout.pp &&
+                    l->layout.dp == c->lay.layout.dp && l->layout.zero == c->lay.layout.zero &&
+                    l->layout.v == c->lay.layout.v;
         char chunks[48] = "";
         if (l->layout.v > 1)
             snprintf(chunks, sizeof chunks, " (%d chunks per rank)", l->layout.v);
         printf("resumed %s: step %lld, saved as tp %d x pp %d%s x dp %d ZeRO-%d%s; %.1f MB loaded "
-               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n", dir, (long long)s.step, l->layout.tp,
-               l->layout.pp, chunks, l->layout.dp, l->layout.zero, same ? "" : ", re-sliced", io.bytes_total / 1e6,
-               io.seconds, io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
+               "in %.2f s (%.0f MB/s; rank 0 read %.1f MB)\n",
+               dir, (long long)s.step, l->layout.tp, l->layout.pp, chunks, l->layout.dp,
+               l->layout.zero, same ? "" : ", re-sliced", io.bytes_total / 1e6, io.seconds,
+               io.bytes_total / 1e6 / io.seconds, io.bytes_rank / 1e6);
         notes(tc, &s, c->lay.layout.dp);
         fflush(stdout);
     }
@@ -145,12 +150,22 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
                                int step, bool *report) {
     L3D_ASSERT(n == c->lay.layout.v);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
-    struct l3d_ckpt_state s = {
-        .step = step, .loader = l3d_loader_get_pos(ld), .seed = tc->seed, .B = tc->layout.micro_batch, .T = tc->layout.seq,
-        .accum = tc->layout.accum, .adamw = opt->hp, .adamw_t = opt->t,
-        .sched = {.max_lr = tc->lr, .min_lr = tc->min_lr, .warmup_steps = tc->warmup_steps,
-                  .total_steps = tc->steps}, .run_id = c->run_id, .loss_scale = c->ls_scale,
-        .ls_good = c->ls_good, .ls_hyst = c->ls_hyst};
+    struct l3d_ckpt_state s = {.step = step,
+                               .loader = l3d_loader_get_pos(ld),
+                               .seed = tc->seed,
+                               .B = tc->layout.micro_batch,
+                               .T = tc->layout.seq,
+                               .accum = tc->layout.accum,
+                               .adamw = opt->hp,
+                               .adamw_t = opt->t,
+                               .sched = {.max_lr = tc->lr,
+                                         .min_lr = tc->min_lr,
+                                         .warmup_steps = tc->warmup_steps,
+                                         .total_steps = tc->steps},
+                               .run_id = c->run_id,
+                               .loss_scale = c->ls_scale,
+                               .ls_good = c->ls_good,
+                               .ls_hyst = c->ls_hyst};
     struct l3d_ckpt_io io;
     l3d_status st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, &io, report);
     if (st != L3D_OK) return st;

@@ -82,8 +82,9 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     /* fp16: the loss scaled before backward, so that small gradients stay above fp16's
      * subnormals; the gradients are divided by it again in the optimizer */
     const double scale = t->ls.on ? t->ls.scale : 1.0;
-    double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->layout.accum, t->inp, t->tgt,
-                                  tc->layout.micro_batch, tc->layout.seq, (float)(t->dloss * scale));
+    double loss =
+        l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->layout.accum, t->inp, t->tgt,
+                        tc->layout.micro_batch, tc->layout.seq, (float)(t->dloss * scale));
     double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
     l3d_pp_exec_finish_grads(&t->px);
     double t1 = l3d_time_s();

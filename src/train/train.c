@@ -162,8 +162,11 @@ static l3d_status diverged(const struct l3d_train_config *tc, const struct l3d_t
 static l3d_status open_data(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     l3d_status st = l3d_data_open(&t->train, tc->train_pattern, tc->model.V);
-    struct l3d_loader_config lc = {.B = tc->layout.micro_batch, .T = tc->layout.seq, .random = tc->random_batches,
-                                   .seed = tc->seed, .dp_rank = t->topo->dp_rank,
+    struct l3d_loader_config lc = {.B = tc->layout.micro_batch,
+                                   .T = tc->layout.seq,
+                                   .random = tc->random_batches,
+                                   .seed = tc->seed,
+                                   .dp_rank = t->topo->dp_rank,
                                    .dp_size = t->topo->dp};
     if (st == L3D_OK) st = l3d_loader_init(&t->ld, t->train, &lc);
     if (st == L3D_OK && tc->val_pattern) {
@@ -200,14 +203,15 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
-        st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, tc->layout.seq,
-                             tc->layout.zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT, slots, tc->layout.recompute,
-                             tc->precision.param);
+        st =
+            l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch,
+                            tc->layout.seq, tc->layout.zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT,
+                            slots, tc->layout.recompute, tc->precision.param);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
-        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch, tc->layout.seq, slots,
-                                               tc->layout.recompute, !t->chunks[c]->attn_naive,
-                                               tc->precision.param);
+        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch,
+                                               tc->layout.seq, slots, tc->layout.recompute,
+                                               !t->chunks[c]->attn_naive, tc->precision.param);
         t->n_local += t->chunks[c]->num_params;
         /* fp32: the weights now, into the parameters, while the host staging of the initial
          * values is the largest thing allocated (before the optimizer state, as the memory plan
@@ -215,8 +219,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         if (tc->precision.param == L3D_F32) st = init_one(t, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->layout.zero, tc->layout.bucket_bytes,
-                         !tc->dp_blocking);
+        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->layout.zero,
+                         tc->layout.bucket_bytes, !tc->dp_blocking);
         if (st != L3D_OK) break;
         t->ndp++;
         st = l3d_dp_reduce_in(&t->dps[c], tc->precision.reduce);
