@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end through the command line with a trained BPE vocabulary: tokenizer train -> prepare ->
-# train -> generate (KV cache and recomputation give the same greedy text); one clear error for
+# train -> generate (KV cache and --no-kv-cache give the same greedy text); one clear error for
 # each bad tokenizer or corpus. Usage: tokenizer.sh LLM3D SCRATCH_DIR
 # check, expect_error, fail
 source "$(dirname "$0")/lib/checks.sh"
@@ -40,9 +40,13 @@ check "train on BPE shards" test -s "$dir/run/model.bin"
 gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" \
     --prompt "fortune" --max-tokens 25 --temperature 0 "$@" 2>/dev/null; }
 check "generate with the KV cache" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen > '$dir/kv.txt'"
-check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --recompute > '$dir/re.txt'"
+check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --no-kv-cache > '$dir/re.txt'"
 check "  ... the same greedy text" cmp -s "$dir/kv.txt" "$dir/re.txt"
 check "  ... continues the prompt" grep -q '^fortune' "$dir/kv.txt"
+# train's and plan's --recompute MODE is activation recomputation: generate's old switch of that
+# name is refused, naming the new one
+expect_error "generate --recompute: renamed" "^llm3d generate: --recompute is now --no-kv-cache.*give --no-kv-cache$" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" --recompute
 check "sampling with top-k, top-p and a seed is reproducible" sh -c "$(declare -f gen); bin='$bin' dir='$dir'; \
     a=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); b=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); \
     test \"\$a\" = \"\$b\""
