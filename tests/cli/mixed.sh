@@ -187,6 +187,13 @@ check "convert --precision bf16 writes llm.c version 5" sh -c "'$bin' convert '$
     '$dir/v5.bin' --precision bf16 > /dev/null"
 check "convert writes llm.c version 3 by default" sh -c "'$bin' convert '$ckp' '$dir/v3.bin' \
     > /dev/null"
+expect_error "convert --precision fp16: llm.c has no fp16 file" \
+    "^llm3d convert: --precision fp16: .*give --precision fp32 or bf16$" \
+    "$bin" convert "$ckp" "$dir/v16.bin" --precision fp16
+check "  ... nothing written" test ! -e "$dir/v16.bin"
+expect_error "convert --precision fp8: train's message" \
+    "^llm3d convert: --precision 'fp8': choose fp32 (the default), bf16 or fp16" \
+    "$bin" convert "$ckp" "$dir/v8.bin" --precision fp8
 [ "$(od -A n -t d4 -j 4 -N 4 "$dir/v5.bin" | tr -d ' ')" = 5 ] &&
     [ "$(od -A n -t d4 -j 4 -N 4 "$dir/v3.bin" | tr -d ' ')" = 3 ] &&
     [ $(($(stat -c %s "$dir/v3.bin") - 1024)) = $((2 * ($(stat -c %s "$dir/v5.bin") - 1024))) ] &&
