@@ -82,6 +82,21 @@ check "  ... llm.c's file decodes the shard alike" \
     cmp -s "$dir/corpus.txt" <("$bin" tokenizer decode --tokenizer "$dir/bytes.bin" "$dir/bytes/train_000000.bin")
 expect_error "tokenizer decode --tokenizer bytes: a BPE shard's ids beyond 255" "train_000000.bin.*256" \
     "$bin" tokenizer decode --tokenizer bytes "$dir/data/train_000000.bin"
+# flags: from one table each (src/cli/flags.c's parser, train's names), --help generated from it
+check "--help of tokenizer, prepare and generate lists their flags" sh -c "
+    '$bin' tokenizer --help | grep -q '^  --vocab-size N' &&
+    '$bin' tokenizer encode --help | grep -q '^  --text TEXT' &&
+    '$bin' prepare --help | grep -q '^  --shard-tokens N' &&
+    '$bin' generate --help | grep -q '^  --no-kv-cache ' &&
+    ! '$bin' generate --help | grep -q -- '--recompute'"
+expect_error "prepare --val-fraction 1" "^llm3d prepare: --val-fraction 1 is not a number in \[0, 1)$" \
+    "$bin" prepare --tokenizer bytes --val-fraction 1 --out "$dir/x" "$dir/corpus.txt"
+expect_error "prepare --out without its value" "^llm3d prepare: .*flag without its value: '--out'" \
+    "$bin" prepare --tokenizer bytes "$dir/corpus.txt" --out
+expect_error "generate --threads 0: train's range" "^llm3d generate: --threads 0 is out of range: give a value from 1 to 4096$" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --threads 0
+expect_error "tokenizer encode --text without its value" "^llm3d tokenizer: .*flag without its value: '--text'" \
+    "$bin" tokenizer encode --tokenizer bytes --text
 expect_error "tokenizer train --tokenizer: refused" "tokenizer train learns a vocabulary.*--tokenizer" \
     "$bin" tokenizer train --tokenizer bytes --vocab-size 300 --out "$dir/x" "$dir/corpus.txt"
 check "  ... nothing written" test ! -e "$dir/x"
