@@ -4,7 +4,6 @@
  * Every comparison is written so that a NaN fails it: a value that is not finite on either side
  * is a difference of its own, reported by name, and tolerances are tested as !(r <= rtol). (fmax
  * drops a NaN and `r > rtol` is false for one, so the obvious forms pass a NaN model as equal.) */
-#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -237,11 +236,14 @@ static int compare_weights(const char *a, const char *b, double rtol, bool verbo
 /* The defaults and the measurement behind them: docs/DESIGN.md, Equivalence. */
 #define LOSS_RTOL 1e-5
 #define WEIGHTS_RTOL 1e-3
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
-static void usage(void) {
-    printf(
+static void usage(FILE *f) {
+    fprintf(f,
         "usage: llm3d compare RUN_DIR REFERENCE_DIR [--rtol R] [--loss-rtol R]\n"
         "                     [--weights-rtol R] [--verbose]\n"
+        "\n"
         "Did two runs train the same model? Each directory is the --out of llm3d train\n"
         "(metrics.jsonl, model.bin). SAME when\n"
         "  - both runs end at the same step, and every step they share has a loss with\n"
@@ -250,10 +252,6 @@ static void usage(void) {
         "    original; runs that share no step are an error;\n"
         "  - every weight tensor of model.bin has max|a - b| <= R max|b|;\n"
         "  - every loss and weight is finite in both runs (a NaN or Inf is a difference).\n"
-        "  --rtol R           both tolerances below\n"
-        "  --loss-rtol R      per-step losses (default %g)\n"
-        "  --weights-rtol R   final weight tensors (default %g)\n"
-        "  --verbose          every tensor's max|a - b| and max|b|\n"
         "Exit status: 0 SAME, 1 DIFFERENT, 2 nothing compared (usage, a missing or unreadable\n"
         "file, no step in common).\n"
         "\n"
@@ -271,47 +269,53 @@ static void usage(void) {
         "           tensor 0.74-1.1.\n"
         "So the defaults pass equivalent runs trained with either eps, the weights with a margin\n"
         "of 3x (a tensor off by 1e-2 is a wrong layout). Runs trained with eps 1e-6 can be held\n"
-        "to --rtol 1e-5 (3e-5 for some tp layouts), as tests/cli/equiv.sh does.\n",
-        LOSS_RTOL, WEIGHTS_RTOL);
+        "to --rtol 1e-5 (3e-5 for some tp layouts), as tests/cli/equiv.sh does.\n"
+        "\n");
+}
+
+enum { P_RTOL, P_LOSS, P_WEIGHTS, P_VERBOSE };
+
+static const struct l3d_flag compare_flags[] = {
+    {"rtol", "R", P_RTOL, "both of --loss-rtol and --weights-rtol"},
+    {"loss-rtol", "R", P_LOSS, "per-step losses (default " STR(LOSS_RTOL) ")"},
+    {"weights-rtol", "R", P_WEIGHTS, "final weight tensors (default " STR(WEIGHTS_RTOL) ")"},
+    {"verbose", NULL, P_VERBOSE, "every tensor's max|a - b| and max|b|"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct compare_opts {
+    float both, loss, weights; /* -1: not given */
+    bool verbose;
+};
+
+static int set_compare(void *ctx, const char *cmd, int id, const char *v) {
+    struct compare_opts *o = ctx;
+    switch (id) {
+    case P_RTOL: return l3d_arg_float(cmd, "rtol", v, 0, 1, &o->both);
+    case P_LOSS: return l3d_arg_float(cmd, "loss-rtol", v, 0, 1, &o->loss);
+    case P_WEIGHTS: return l3d_arg_float(cmd, "weights-rtol", v, 0, 1, &o->weights);
+    case P_VERBOSE: o->verbose = true; return 1;
+    }
+    return 0;
 }
 
 int l3d_cli_compare(int argc, char **argv) {
-    enum { O_LOSS = 256, O_WEIGHTS };
-    static const struct option opts[] = {{"rtol", required_argument, NULL, 'r'},
-                                         {"loss-rtol", required_argument, NULL, O_LOSS},
-                                         {"weights-rtol", required_argument, NULL, O_WEIGHTS},
-                                         {"verbose", no_argument, NULL, 'v'},
-                                         {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    float both = -1.0f, loss_rtol = -1.0f, weights_rtol = -1.0f; /* -1: not given */
-    bool verbose = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "hv", opts, NULL)) != -1) {
-        if (c == 'r' && l3d_arg_float("compare", "rtol", optarg, 0, 1, &both)) continue;
-        if (c == O_LOSS && l3d_arg_float("compare", "loss-rtol", optarg, 0, 1, &loss_rtol))
-            continue;
-        if (c == O_WEIGHTS &&
-            l3d_arg_float("compare", "weights-rtol", optarg, 0, 1, &weights_rtol))
-            continue;
-        if (c == 'v') {
-            verbose = true;
-            continue;
-        }
-        if (c == 'h') {
-            usage();
-            return SAME;
-        }
-        return CANNOT;
-    }
-    if (argc - optind != 2) {
+    struct compare_opts o = {.both = -1.0f, .loss = -1.0f, .weights = -1.0f};
+    const struct l3d_flag_group g = {NULL, compare_flags, set_compare, &o};
+    int first = 0;
+    int rc = l3d_flags_parse("compare", argc, argv, &g, 1, usage, &first);
+    if (rc >= 0) return rc; /* 0 after --help is SAME's status, 2 CANNOT's */
+    if (argc - first != 2) {
         fprintf(stderr, "llm3d compare: give two run directories (see --help)\n");
         return CANNOT;
     }
+    float both = o.both, loss_rtol = o.loss, weights_rtol = o.weights;
+    bool verbose = o.verbose;
     double lt = loss_rtol >= 0 ? loss_rtol : both >= 0 ? both : LOSS_RTOL;
     double wt = weights_rtol >= 0 ? weights_rtol : both >= 0 ? both : WEIGHTS_RTOL;
-    const char *a = argv[optind], *b = argv[optind + 1];
+    const char *a = argv[first], *b = argv[first + 1];
     struct losses la = {0}, lb = {0};
-    int rc = read_losses(a, &la);
+    rc = read_losses(a, &la);
     if (rc == SAME) rc = read_losses(b, &lb);
     if (rc == SAME) rc = compare_losses(a, &la, b, &lb, lt);
     if (rc != CANNOT) {

@@ -3,7 +3,7 @@
  * The prompt is encoded with the tokenizer (bytes for a 256-token vocabulary, else a BPE
  * tokenizer, gpt2 by default for GPT-2's 50257) after an end-of-text token, as every document
  * starts in prepared data. Each new token costs one position through the KV cache
- * (include/llm3d/infer.h); --recompute re-runs the full forward over the sequence instead (the
+ * (include/llm3d/infer.h); --no-kv-cache re-runs the full forward over the sequence instead (the
  * reference the cache is measured against). Past the context, both read the same window of the
  * sequence (window_start): when it would exceed the context it slides to the last half of the
  * context, which is run again from position 0 (the KV path re-fills its cache once), and grows by
@@ -15,7 +15,6 @@
  * the top-k most likely, then the smallest set of those whose probability reaches top-p (Holtzman
  * et al. 2020, nucleus sampling), renormalised; temperature 0 is greedy. Generation stops after
  * --max-tokens or at an end-of-text token. */
-#include <getopt.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -27,6 +26,7 @@
 #include "llm3d/infer.h"
 #include "llm3d/model.h"
 #include "llm3d/runtime.h"
+#include "llm3d/spec.h"
 #include "llm3d/tokenizer.h"
 
 struct cand {
@@ -85,31 +85,6 @@ static int sample(struct sampler *s, const float *logits, int V) {
     return s->cand[n - 1].id;
 }
 
-static void usage(FILE *fp) {
-    fprintf(fp,
-            "usage: llm3d generate --checkpoint FILE [flags]\n"
-            "  --checkpoint FILE   an llm.c GPT-2 checkpoint (llm3d train --out writes model.bin)\n"
-            "  --tokenizer SPEC    bytes, gpt2, a directory with encoder.json + vocab.bpe (llm3d\n"
-            "                      tokenizer train), or llm.c's gpt2_tokenizer.bin (decoding\n"
-            "                      only: no --prompt). Default: bytes for a 256-token vocabulary,\n"
-            "                      gpt2 for 50257\n"
-            "  --prompt TEXT       text to continue (default: none, a new document)\n"
-            "  --max-tokens N      tokens to generate (200)\n"
-            "  --temperature T     0 = greedy (0.8)\n"
-            "  --top-k K           sample among the K most likely, 0 = all (40)\n"
-            "  --top-p P           then among the fewest whose probability reaches P, 1 = all (1)\n"
-            "  --seed S            sampling seed (42)\n"
-            "  --recompute         no KV cache: re-run the window (the same tokens the cache\n"
-            "                      holds) for each token\n"
-            "  --threads N         OpenMP threads (1: a step is one row per matrix, where more\n"
-            "                      threads mostly wait on each other and on memory)\n"
-            "  --backend NAME      the device: cpu, or check (the CPU kernels on a checked device\n"
-            "                      arena, for tests; slower) (default: $L3D_BACKEND, else cpu)\n"
-            "  --precision P       fp32 (default), bf16 or fp16: the weights rounded to 16 bits\n"
-            "                      and 16-bit activations and KV cache, fp32 arithmetic (half the\n"
-            "                      cache's memory)\n");
-}
-
 /* The model of an llm.c file in precision dt: loaded into an fp32 view (a staging buffer of the
  * device for a 16-bit model), then rounded to dt. */
 static l3d_status load_model(const char *ckpt, struct l3d_gpt *m) {
@@ -157,171 +132,280 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, st
     return 0;
 }
 
-int l3d_cli_generate(int argc, char **argv) {
-    enum { O_TOPP = 256, O_TOK, O_RECOMPUTE, O_THREADS, O_BACKEND, O_PRECISION };
-    static const struct option opts[] = {
-        {"checkpoint", required_argument, NULL, 'c'}, {"prompt", required_argument, NULL, 'p'},
-        {"max-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
-        {"top-k", required_argument, NULL, 'k'}, {"top-p", required_argument, NULL, O_TOPP},
-        {"seed", required_argument, NULL, 's'}, {"tokenizer", required_argument, NULL, O_TOK},
-        {"recompute", no_argument, NULL, O_RECOMPUTE}, {"threads", required_argument, NULL, O_THREADS},
-        {"backend", required_argument, NULL, O_BACKEND}, {"help", no_argument, NULL, 'h'},
-        {"precision", required_argument, NULL, O_PRECISION},
-        {NULL, 0, NULL, 0},
-    };
-    const char *ckpt = NULL, *prompt = "", *tokspec = NULL;
-    int max_tokens = 200, threads = 1, ok = 1, c;
-    bool recompute = false;
-    enum l3d_dtype dt = L3D_F32;
-    uint64_t seed = 42;
-    struct sampler smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40};
-    struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true};
-    optind = 1;
-    while (ok && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'c': ckpt = optarg; break;
-        case 'p': prompt = optarg; break;
-        case O_TOK: tokspec = optarg; break;
-        case O_RECOMPUTE: recompute = true; break;
-        case 'n': ok = l3d_arg_int("generate", "max-tokens", optarg, 1, 1 << 20, &max_tokens); break;
-        case 't': ok = l3d_arg_float("generate", "temperature", optarg, 0, 100, &smp.temperature); break;
-        case 'k': ok = l3d_arg_int("generate", "top-k", optarg, 0, 1 << 30, &smp.top_k); break;
-        case O_TOPP: ok = l3d_arg_float("generate", "top-p", optarg, 1e-6, 1, &smp.top_p); break;
-        case 's': ok = l3d_arg_u64("generate", "seed", optarg, &seed); break;
-        case O_THREADS: ok = l3d_arg_int("generate", "threads", optarg, 1, 1024, &threads); break;
-        case O_BACKEND: ro.backend = optarg; break;
-        case O_PRECISION:
-            if (strcmp(optarg, "fp32") == 0 || strcmp(optarg, "bf16") == 0 ||
-                strcmp(optarg, "fp16") == 0) {
-                dt = optarg[0] == 'b' ? L3D_BF16 : optarg[2] == '1' ? L3D_F16 : L3D_F32;
-            } else {
-                fprintf(stderr, "llm3d generate: --precision '%s': choose fp32, bf16 or fp16\n",
-                        optarg);
-                ok = 0;
-            }
-            break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
+/* ---- the flags ------------------------------------------------------------------------------ */
+
+struct gen_opts {
+    const char *ckpt, *prompt, *tokspec, *backend;
+    int max_tokens, threads;
+    bool no_cache;      /* --no-kv-cache: the full forward over the window for every token */
+    enum l3d_dtype dt;  /* --precision's parameters and activations */
+    uint64_t seed;
+    struct sampler smp; /* temperature, top-k, top-p; its candidates are the loop's */
+};
+
+enum {
+    G_CKPT, G_TOK, G_PROMPT, G_MAX, G_TEMP, G_TOPK, G_TOPP, G_SEED, G_NO_CACHE, G_OLD_RECOMPUTE,
+    G_THREADS, G_BACKEND, G_PREC,
+};
+
+static const struct l3d_flag model_flags[] = {
+    {"checkpoint", "FILE", G_CKPT, "an llm.c GPT-2 checkpoint, fp32 or bf16 (llm3d train --out "
+                                   "writes model.bin; llm3d convert writes one from a training "
+                                   "checkpoint)"},
+    {"tokenizer", "SPEC", G_TOK, "bytes, gpt2, a directory with encoder.json + vocab.bpe (llm3d "
+                                 "tokenizer train), or llm.c's gpt2_tokenizer.bin (decoding only: "
+                                 "no --prompt). Default: bytes for a 256-token vocabulary, gpt2 "
+                                 "for 50257"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag sample_flags[] = {
+    {"prompt", "TEXT", G_PROMPT, "text to continue (default: none, a new document)"},
+    {"max-tokens", "N", G_MAX, "tokens to generate (200)"},
+    {"temperature", "T", G_TEMP, "0 = greedy (0.8)"},
+    {"top-k", "K", G_TOPK, "sample among the K most likely, 0 = all (40)"},
+    {"top-p", "P", G_TOPP, "then among the fewest whose probability reaches P, 1 = all (1)"},
+    {"seed", "S", G_SEED, "sampling seed (42)"},
+    {NULL, NULL, 0, NULL},
+};
+static const struct l3d_flag run_flags[] = {
+    {"no-kv-cache", NULL, G_NO_CACHE, "re-run the window (the same tokens the cache holds) for "
+                                      "each token instead of the KV cache: the reference the "
+                                      "cache is checked against"},
+    {"recompute", NULL, G_OLD_RECOMPUTE, NULL},
+    {"threads", "N", G_THREADS, "OpenMP threads (1: a step is one row per matrix, where more "
+                                "threads mostly wait on each other and on memory)"},
+    {"backend", "NAME", G_BACKEND, "the device: cpu, or check (the CPU kernels on a checked "
+                                   "device arena, for tests; slower) (default: $L3D_BACKEND, "
+                                   "else cpu)"},
+    {"precision", "P", G_PREC, "fp32 (default), bf16 or fp16: the weights rounded to 16 bits and "
+                               "16-bit activations and KV cache, fp32 arithmetic (half the "
+                               "cache's memory)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: llm3d generate --checkpoint FILE [flags]\n"
+        "\n"
+        "Prints the prompt, then each token as it is sampled, until --max-tokens or an\n"
+        "end-of-text token; one line on stderr says how many tokens and how fast.\n"
+        "\n");
+}
+
+static int set_gen(void *ctx, const char *cmd, int id, const char *v) {
+    struct gen_opts *o = ctx;
+    struct sampler *s = &o->smp;
+    switch (id) {
+    case G_CKPT: o->ckpt = v; return 1;
+    case G_TOK: o->tokspec = v; return 1;
+    case G_PROMPT: o->prompt = v; return 1;
+    case G_MAX: return l3d_arg_int(cmd, "max-tokens", v, 1, 1 << 20, &o->max_tokens);
+    case G_TEMP: return l3d_arg_float(cmd, "temperature", v, 0, 100, &s->temperature);
+    case G_TOPK: return l3d_arg_int(cmd, "top-k", v, 0, 1 << 30, &s->top_k);
+    case G_TOPP: return l3d_arg_float(cmd, "top-p", v, 1e-6, 1, &s->top_p);
+    case G_SEED: return l3d_arg_u64(cmd, "seed", v, &o->seed);
+    case G_NO_CACHE: o->no_cache = true; return 1;
+    case G_OLD_RECOMPUTE:
+        /* train's and plan's --recompute MODE is activation recomputation: one name, one meaning */
+        fprintf(stderr, "llm3d %s: --recompute is now --no-kv-cache (--recompute MODE is train's "
+                "activation recomputation): give --no-kv-cache\n", cmd);
+        return 0;
+    case G_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
+    case G_BACKEND: o->backend = v; return 1;
+    case G_PREC: {
+        struct l3d_precision p = {0};
+        if (l3d_precision_parse(v, &p) != L3D_OK) {
+            fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+            return 0;
         }
+        o->dt = p.param;
+        return 1;
     }
-    if (!ok) return 2;
-    omp_set_num_threads(threads);
-    if (!ckpt) {
+    }
+    return 0;
+}
+
+/* Fills o from the flags: -1 to go on, else the exit status (0 after --help). */
+static int gen_flags(int argc, char **argv, struct gen_opts *o) {
+    *o = (struct gen_opts){.prompt = "", .max_tokens = 200, .threads = 1, .dt = L3D_F32,
+                           .seed = 42,
+                           .smp = {.temperature = 0.8f, .top_p = 1.0f, .top_k = 40}};
+    const struct l3d_flag_group g[] = {
+        {NULL, model_flags, set_gen, o},
+        {"sampling", sample_flags, set_gen, o},
+        {"run", run_flags, set_gen, o},
+    };
+    int rc = l3d_flags_parse("generate", argc, argv, g, 3, usage, NULL);
+    if (rc >= 0) return rc;
+    if (!o->ckpt) {
         fprintf(stderr, "llm3d generate: give --checkpoint FILE (an llm.c GPT-2 checkpoint, e.g. "
                 "the model.bin that llm3d train --out writes)\n");
         return 2;
     }
+    omp_set_num_threads(o->threads);
+    return -1;
+}
+
+/* ---- the model and the tokenizer ------------------------------------------------------------ */
+
+/* What a generation holds; everything NULL (or empty) until made. */
+struct gen {
     struct l3d_model_spec cfg;
-    if (l3d_ckpt_read_llmc_config(ckpt, &cfg) != L3D_OK) {
+    struct l3d_tokenizer *tok; /* NULL: bytes */
+    struct l3d_runtime *rt;
+    struct l3d_gpt *m;
+    struct l3d_infer *inf;     /* NULL with --no-kv-cache */
+    struct l3d_ids seq;        /* the prompt's tokens, then the generated ones */
+};
+
+/* The tokenizer of --tokenizer, or the default for the checkpoint's vocabulary, which it must
+ * match: 0, or the exit status after one line. */
+static int gen_tokenizer(const struct gen_opts *o, struct gen *g) {
+    const char *spec = o->tokspec;
+    int V = g->cfg.V;
+    if (!spec) {
+        if (V != 256 && V != 50257) {
+            fprintf(stderr, "llm3d generate: %s has a vocabulary of %d tokens: give --tokenizer, "
+                    "the directory of the tokenizer its data was prepared with\n", o->ckpt, V);
+            return 2;
+        }
+        spec = V == 256 ? "bytes" : "gpt2";
+    }
+    if (strcmp(spec, "bytes") == 0) {
+        if (V == 256) return 0;
+        fprintf(stderr, "llm3d generate: --tokenizer bytes needs a 256-token vocabulary; %s has "
+                "%d\n", o->ckpt, V);
+        return 2;
+    }
+    if (l3d_tokenizer_open(&g->tok, spec) != L3D_OK) {
         fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
         return 1;
     }
-    if (!tokspec) {
-        if (cfg.V != 256 && cfg.V != 50257) {
-            fprintf(stderr, "llm3d generate: %s has a vocabulary of %d tokens: give --tokenizer, "
-                    "the directory of the tokenizer its data was prepared with\n", ckpt, cfg.V);
-            return 2;
-        }
-        tokspec = cfg.V == 256 ? "bytes" : "gpt2";
+    if (l3d_tokenizer_vocab_size(g->tok) != V) {
+        fprintf(stderr, "llm3d generate: tokenizer %s has %d tokens but %s was trained on %d: give "
+                "the tokenizer its data was prepared with\n", spec,
+                l3d_tokenizer_vocab_size(g->tok), o->ckpt, V);
+        return 2;
     }
-    struct l3d_tokenizer *tok = NULL;
-    if (strcmp(tokspec, "bytes") == 0) {
-        if (cfg.V != 256) {
-            fprintf(stderr, "llm3d generate: --tokenizer bytes needs a 256-token vocabulary; %s "
-                    "has %d\n", ckpt, cfg.V);
-            return 2;
-        }
-    } else {
-        if (l3d_tokenizer_open(&tok, tokspec) != L3D_OK) {
-            fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
-            return 1;
-        }
-        if (l3d_tokenizer_vocab_size(tok) != cfg.V) {
-            fprintf(stderr, "llm3d generate: tokenizer %s has %d tokens but %s was trained on %d: "
-                    "give the tokenizer its data was prepared with\n", tokspec,
-                    l3d_tokenizer_vocab_size(tok), ckpt, cfg.V);
-            l3d_tokenizer_free(tok);
-            return 2;
-        }
+    return 0;
+}
+
+/* The checkpoint's model on the backend, in --precision, with a KV cache unless --no-kv-cache;
+ * the tokenizer and the prompt's tokens before it. 0, or the exit status after one line. */
+static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***argv) {
+    if (l3d_ckpt_read_llmc_config(o->ckpt, &g->cfg) != L3D_OK) {
+        fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
+        return 1;
     }
-    struct l3d_ids seq = {0};
-    int rc = encode_prompt(tok, prompt, &seq);
-    struct l3d_runtime *rt = NULL;
-    struct l3d_gpt *m = NULL;
-    struct l3d_infer *inf = NULL;
-    if (rc == 0 && l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) rc = 1; /* said there */
-    if (rc == 0) {
-        struct l3d_shard sh = l3d_shard_full(&cfg);
-        if (l3d_gpt_init_dt(&m, &cfg, &sh, rt->be, 1, recompute ? cfg.maxT : 1, L3D_GRADS_NONE,
-                            1, L3D_RECOMPUTE_NONE, dt) != L3D_OK ||
-            load_model(ckpt, m) != L3D_OK || (!recompute && l3d_infer_init(&inf, m) != L3D_OK)) {
-            fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
-            rc = 1;
+    int rc = gen_tokenizer(o, g);
+    if (rc == 0) rc = encode_prompt(g->tok, o->prompt, &g->seq);
+    if (rc != 0) return rc;
+    struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true, .backend = o->backend};
+    if (l3d_runtime_init(argc, argv, &ro, &g->rt) != L3D_OK) return 1; /* said there */
+    struct l3d_shard sh = l3d_shard_full(&g->cfg);
+    if (l3d_gpt_init_dt(&g->m, &g->cfg, &sh, g->rt->be, 1, o->no_cache ? g->cfg.maxT : 1,
+                        L3D_GRADS_NONE, 1, L3D_RECOMPUTE_NONE, o->dt) != L3D_OK ||
+        load_model(o->ckpt, g->m) != L3D_OK ||
+        (!o->no_cache && l3d_infer_init(&g->inf, g->m) != L3D_OK)) {
+        fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
+        return 1;
+    }
+    return 0;
+}
+
+static void gen_close(struct gen *g) {
+    l3d_ids_free(&g->seq);
+    l3d_infer_free(g->inf);
+    l3d_gpt_free(g->m);
+    l3d_runtime_free(g->rt);
+    l3d_tokenizer_free(g->tok);
+}
+
+/* ---- the generation loop -------------------------------------------------------------------- */
+
+/* Where the loop stands in the sequence, and its buffers. */
+struct gen_step {
+    int64_t w, fed; /* the window's first token; the tokens of the sequence in the KV cache */
+    float *host;    /* Vp floats: the recomputed last logits row on the host */
+    void *row32;    /* a 16-bit model's last logits row widened on the device (recompute) */
+};
+
+/* The logits of the token after the sequence, through the KV cache or (--no-kv-cache) a forward
+ * over the window; both read the same window. */
+static const float *next_logits(const struct gen_opts *o, struct gen *g, struct gen_step *s) {
+    const struct l3d_model_spec *cfg = &g->cfg;
+    int64_t w_next = window_start(s->w, g->seq.n, cfg->maxT);
+    if (!o->no_cache) {
+        if (w_next != s->w) { /* the window slid: its tokens again from position 0 */
+            l3d_infer_reset(g->inf);
+            s->w = s->fed = w_next;
         }
+        const float *logits = l3d_infer_step(g->inf, g->seq.v + s->fed, (int)(g->seq.n - s->fed));
+        s->fed = g->seq.n;
+        return logits;
     }
-    if (rc != 0) {
-        l3d_ids_free(&seq);
-        l3d_gpt_free(m);
-        l3d_runtime_free(rt);
-        l3d_tokenizer_free(tok);
-        return rc;
+    s->w = w_next;
+    int64_t len = g->seq.n - s->w;
+    l3d_gpt_forward(g->m, g->seq.v + s->w, NULL, 1, (int)len);
+    const void *row = (const char *)g->m->logits + (len - 1) * (int64_t)cfg->Vp * g->m->es;
+    if (s->row32) {
+        l3d_be_convert(g->rt->be, L3D_F32, s->row32, o->dt, row, cfg->Vp);
+        row = s->row32;
     }
-    fputs(prompt, stdout);
+    l3d_be_copy_d2h(g->rt->be, s->host, row, (size_t)cfg->Vp * sizeof(float));
+    return s->host;
+}
+
+/* Token t's text on stdout, at once. */
+static void print_token(const struct gen *g, int t) {
+    size_t len = 1;
+    unsigned char b = (unsigned char)t;
+    const unsigned char *bytes = g->tok ? l3d_tokenizer_token(g->tok, t, &len) : &b;
+    fwrite(bytes, 1, len, stdout);
     fflush(stdout);
-    smp.cand = malloc((size_t)cfg.V * sizeof *smp.cand);
-    float *last_logits = malloc((size_t)cfg.Vp * sizeof *last_logits); /* host copy */
-    /* a 16-bit model's last logits row, widened on the device (recompute) */
-    float *row32 = recompute && dt != L3D_F32
-                       ? l3d_be_alloc(rt->be, (size_t)cfg.Vp * sizeof(float), "logits row")
-                       : NULL;
-    l3d_rng_seed(&smp.rng, seed);
-    int eot = tok ? l3d_tokenizer_eot(tok) : -1;
-    int64_t fed = 0, w = 0; /* tokens of seq in the KV cache; the window's first token */
-    double t0 = l3d_time_s();
-    int generated = 0;
-    for (; generated < max_tokens; generated++) {
-        const float *logits;
-        int64_t w_next = window_start(w, seq.n, cfg.maxT);
-        if (recompute) {
-            w = w_next;
-            int64_t len = seq.n - w;
-            l3d_gpt_forward(m, seq.v + w, NULL, 1, (int)len);
-            const void *row = (const char *)m->logits + (len - 1) * (int64_t)cfg.Vp * m->es;
-            if (row32) {
-                l3d_be_convert(rt->be, L3D_F32, row32, dt, row, cfg.Vp);
-                row = row32;
-            }
-            l3d_be_copy_d2h(rt->be, last_logits, row, (size_t)cfg.Vp * sizeof(float));
-            logits = last_logits;
-        } else {
-            if (w_next != w) { /* the window slid: its tokens again from position 0 */
-                l3d_infer_reset(inf);
-                w = fed = w_next;
-            }
-            logits = l3d_infer_step(inf, seq.v + fed, (int)(seq.n - fed));
-            fed = seq.n;
-        }
-        int t = sample(&smp, logits, cfg.V);
-        if (t == eot) break;
-        l3d_ids_push(&seq, t);
-        size_t len = 1;
-        unsigned char b = (unsigned char)t;
-        const unsigned char *bytes = tok ? l3d_tokenizer_token(tok, t, &len) : &b;
-        fwrite(bytes, 1, len, stdout);
-        fflush(stdout);
-    }
-    double secs = l3d_time_s() - t0;
+}
+
+static void print_summary(const struct gen_opts *o, int generated, double secs) {
     putchar('\n');
     fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s, %s)\n", generated,
-            secs, secs > 0 ? generated / secs : 0.0, recompute ? "recomputed" : "KV cache",
-            l3d_dtype_name(dt));
+            secs, secs > 0 ? generated / secs : 0.0, o->no_cache ? "recomputed" : "KV cache",
+            l3d_dtype_name(o->dt));
+}
+
+/* Samples up to --max-tokens tokens after the prompt, printing each; stops at end-of-text. */
+static void gen_loop(const struct gen_opts *o, struct gen *g) {
+    struct sampler smp = o->smp;
+    smp.cand = malloc((size_t)g->cfg.V * sizeof *smp.cand);
+    l3d_rng_seed(&smp.rng, o->seed);
+    struct gen_step s = {.host = malloc((size_t)g->cfg.Vp * sizeof(float))};
+    if (o->no_cache && o->dt != L3D_F32)
+        s.row32 = l3d_be_alloc(g->rt->be, (size_t)g->cfg.Vp * sizeof(float), "logits row");
+    int eot = g->tok ? l3d_tokenizer_eot(g->tok) : -1;
+    fputs(o->prompt, stdout);
+    fflush(stdout);
+    double t0 = l3d_time_s();
+    int generated = 0;
+    for (; generated < o->max_tokens; generated++) {
+        int t = sample(&smp, next_logits(o, g, &s), g->cfg.V);
+        if (t == eot) break;
+        l3d_ids_push(&g->seq, t);
+        print_token(g, t);
+    }
+    print_summary(o, generated, l3d_time_s() - t0);
     free(smp.cand);
-    free(last_logits);
-    if (row32) l3d_be_free(rt->be, row32);
-    l3d_ids_free(&seq);
-    l3d_infer_free(inf);
-    l3d_gpt_free(m);
-    l3d_runtime_free(rt);
-    l3d_tokenizer_free(tok);
-    return 0;
+    free(s.host);
+    if (s.row32) l3d_be_free(g->rt->be, s.row32);
+}
+
+/* ---- the command ---------------------------------------------------------------------------- */
+
+int l3d_cli_generate(int argc, char **argv) {
+    struct gen_opts o;
+    int rc = gen_flags(argc, argv, &o);
+    if (rc >= 0) return rc;
+    struct gen g = {0};
+    rc = gen_open(&o, &g, &argc, &argv);
+    if (rc == 0) gen_loop(&o, &g);
+    gen_close(&g);
+    return rc;
 }

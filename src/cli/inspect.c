@@ -3,7 +3,6 @@
  * whose `latest` names one) or a run directory (train --out). Everything it prints it has checked:
  * sizes against headers, every rank file's checksum against its manifest, weights finite. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: llm3d inspect PATH [--tokenizer SPEC] [--json]\n"
+        "\n"
         "Says what PATH is and what it holds, after checking it:\n"
         "  token shard        (llm.c format, magic 20240520): tokens, their range, the first\n"
         "                     tokens (decoded with --tokenizer SPEC: bytes, gpt2 or a directory)\n"
@@ -30,9 +30,34 @@ static void usage(FILE *f) {
         "                     file's size and checksum verified\n"
         "  run directory      (llm3d train --out): steps and losses of metrics.jsonl, model.bin,\n"
         "                     the latest checkpoint\n"
-        "  --json             one JSON object instead\n"
         "Exit status: 0 when PATH is one of these and intact, 1 when it is damaged or unknown\n"
-        "(one line on stderr says why), 2 on a usage error.\n");
+        "(one line on stderr says why), 2 on a usage error.\n"
+        "\n");
+}
+
+enum { I_TOK, I_JSON };
+
+static const struct l3d_flag inspect_flags[] = {
+    {"tokenizer", "SPEC", I_TOK, "decode a token shard's first tokens: bytes, gpt2, a directory "
+                                 "with encoder.json + vocab.bpe (llm3d tokenizer train), or llm.c's "
+                                 "gpt2_tokenizer.bin"},
+    {"json", NULL, I_JSON, "one JSON object instead"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct inspect_opts {
+    const char *tokspec;
+    bool json;
+};
+
+static int set_inspect(void *ctx, const char *cmd, int id, const char *v) {
+    struct inspect_opts *o = ctx;
+    (void)cmd;
+    switch (id) {
+    case I_TOK: o->tokspec = v; return 1;
+    case I_JSON: o->json = true; return 1;
+    }
+    return 0;
 }
 
 /* ---- output helpers ---------------------------------------------------------------------------- */
@@ -385,28 +410,18 @@ static bool exists(const char *dir, const char *name) {
 }
 
 int l3d_cli_inspect(int argc, char **argv) {
-    enum { O_TOK = 256, O_JSON };
-    static const struct option opts[] = {
-        {"tokenizer", required_argument, NULL, O_TOK}, {"json", no_argument, NULL, O_JSON},
-        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
-    };
-    const char *tokspec = NULL;
-    bool json = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_TOK: tokspec = optarg; break;
-        case O_JSON: json = true; break;
-        case 'h': usage(stdout); return 0;
-        default: fprintf(stderr, "llm3d inspect: see llm3d inspect --help\n"); return 2;
-        }
-    }
-    if (argc - optind != 1) {
+    struct inspect_opts o = {0};
+    const struct l3d_flag_group g = {NULL, inspect_flags, set_inspect, &o};
+    int first = 0;
+    int rc = l3d_flags_parse("inspect", argc, argv, &g, 1, usage, &first);
+    if (rc >= 0) return rc;
+    if (argc - first != 1) {
         fprintf(stderr, "llm3d inspect: give one PATH (see --help)\n");
         return 2;
     }
-    const char *path = argv[optind];
+    const char *tokspec = o.tokspec;
+    bool json = o.json;
+    const char *path = argv[first];
     struct stat sb;
     if (stat(path, &sb) != 0) {
         fprintf(stderr, "llm3d inspect: %s: %s\n", path, strerror(errno));

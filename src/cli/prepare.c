@@ -1,6 +1,5 @@
 /* llm3d prepare: text files -> llm.c token shards. */
 #include <errno.h>
-#include <getopt.h>
 #include <omp.h>
 #include <math.h>
 #include <stdarg.h>
@@ -15,29 +14,14 @@
 
 static void usage(FILE *fp) {
     fprintf(fp,
-            "usage: llm3d prepare --tokenizer SPEC --out DIR [options] FILE...\n"
+            "usage: llm3d prepare --tokenizer SPEC --out DIR [flags] FILE...\n"
             "\n"
             "Tokenizes text files into llm.c token shards: DIR/train_000000.bin, ... and\n"
             "DIR/val_000000.bin, ... (created when missing).\n"
-            "\n"
-            "  --tokenizer SPEC      bytes: one token per byte, vocabulary 256; the files are\n"
-            "                        concatenated and the last --val-fraction of the bytes go to\n"
-            "                        validation.\n"
-            "                        gpt2 (fetched by scripts/setup.sh --gpt2) or a directory with\n"
-            "                        encoder.json and vocab.bpe (llm3d tokenizer train): byte-level\n"
-            "                        BPE; each document starts with <|endoftext|> and goes whole\n"
-            "                        to training or validation (every 1/F-th document)\n"
-            "  --doc-separator LINE  BPE: lines equal to LINE separate documents (\"%%\" for fortune\n"
-            "                        files); default: each file is one document\n"
-            "  --out DIR             output directory\n"
-            "  --val-fraction F      fraction for validation, 0 <= F < 1 (0.05)\n"
-            "  --shard-tokens N      at most N tokens per shard, 4 <= N <= %d (100000000)\n"
-            "  --threads N           encoding threads (default: OMP_NUM_THREADS or all cores); the\n"
-            "                        shards are the same for any N\n"
-            "  -h, --help            this message\n",
-            L3D_SHARD_MAX_TOKENS);
+            "\n");
 }
 
+/* A rule between the flags or the operands: one line, exit status 2. */
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -47,6 +31,34 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     va_end(ap);
     return 2;
 }
+
+enum { P_TOK, P_OUT, P_VAL, P_SHARD, P_SEP, P_THREADS };
+
+static const struct l3d_flag prepare_flags[] = {
+    {"tokenizer", "SPEC", P_TOK, "bytes: one token per byte, vocabulary 256; the files are "
+                                 "concatenated and the last --val-fraction of the bytes go to "
+                                 "validation.\n"
+                                 "gpt2 (fetched by scripts/setup.sh --gpt2) or a directory with "
+                                 "encoder.json and vocab.bpe (llm3d tokenizer train): byte-level "
+                                 "BPE; each document starts with <|endoftext|> and goes whole to "
+                                 "training or validation (every 1/F-th document)"},
+    {"doc-separator", "LINE", P_SEP, "BPE: lines equal to LINE separate documents (\"%\" for "
+                                     "fortune files); default: each file is one document"},
+    {"out", "DIR", P_OUT, "output directory"},
+    {"val-fraction", "F", P_VAL, "fraction for validation, 0 <= F < 1 (0.05)"},
+    {"shard-tokens", "N", P_SHARD, "at most N tokens per shard, 4 <= N <= 2147483647 "
+                                   "(100000000)"},
+    {"threads", "N", P_THREADS, "encoding threads (default: OMP_NUM_THREADS or all cores); the "
+                                "shards are the same for any N"},
+    {NULL, NULL, 0, NULL},
+};
+
+struct prepare_opts {
+    const char *tokenizer, *out, *doc_sep;
+    double val_fraction;
+    int64_t shard_tokens;
+    int threads; /* 0: OpenMP's default */
+};
 
 /* A whole number, also written as 1e8. */
 static int parse_count(const char *s, int64_t *out) {
@@ -58,61 +70,48 @@ static int parse_count(const char *s, int64_t *out) {
     return 1;
 }
 
-int l3d_cli_prepare(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"tokenizer", required_argument, NULL, 't'},
-        {"out", required_argument, NULL, 'o'},
-        {"val-fraction", required_argument, NULL, 'v'},
-        {"shard-tokens", required_argument, NULL, 's'},
-        {"doc-separator", required_argument, NULL, 'd'},
-        {"threads", required_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *tokenizer = NULL, *out = NULL, *doc_sep = NULL;
-    double val_fraction = 0.05;
-    int64_t shard_tokens = 100000000;
-
-    optind = 0; /* glibc: full reset, main() or an earlier command may have run getopt */
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 't': tokenizer = optarg; break;
-        case 'o': out = optarg; break;
-        case 'd': doc_sep = optarg; break;
-        case 'v': {
-            char *end;
-            errno = 0;
-            val_fraction = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || errno || !(val_fraction >= 0 && val_fraction < 1))
-                return usage_error("--val-fraction %s is not a number in [0, 1)", optarg);
-            break;
-        }
-        case 's':
-            if (!parse_count(optarg, &shard_tokens) || shard_tokens < 4 ||
-                shard_tokens > L3D_SHARD_MAX_TOKENS)
-                return usage_error("--shard-tokens %s is not a whole number in [4, 2147483647]",
-                                   optarg);
-            break;
-        case 'j': {
-            int threads;
-            if (!l3d_arg_int("prepare", "threads", optarg, 1, 1024, &threads)) return 2;
-            omp_set_num_threads(threads);
-            break;
-        }
-        case 'h': usage(stdout); return 0;
-        case ':': return usage_error("option %s needs a value", argv[optind - 1]);
-        default:
-            if (optopt) return usage_error("unknown option -%c", optopt);
-            return usage_error("unknown option %s", argv[optind - 1]);
-        }
+static int set_prepare(void *ctx, const char *cmd, int id, const char *v) {
+    struct prepare_opts *o = ctx;
+    switch (id) {
+    case P_TOK: o->tokenizer = v; return 1;
+    case P_OUT: o->out = v; return 1;
+    case P_SEP: o->doc_sep = v; return 1;
+    case P_VAL: {
+        char *end;
+        errno = 0;
+        o->val_fraction = strtod(v, &end);
+        if (end != v && *end == '\0' && !errno && o->val_fraction >= 0 && o->val_fraction < 1)
+            return 1;
+        fprintf(stderr, "llm3d %s: --val-fraction %s is not a number in [0, 1)\n", cmd, v);
+        return 0;
     }
+    case P_SHARD:
+        if (parse_count(v, &o->shard_tokens) && o->shard_tokens >= 4 &&
+            o->shard_tokens <= L3D_SHARD_MAX_TOKENS)
+            return 1;
+        fprintf(stderr, "llm3d %s: --shard-tokens %s is not a whole number in [4, 2147483647]\n",
+                cmd, v);
+        return 0;
+    case P_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
+    }
+    return 0;
+}
+
+int l3d_cli_prepare(int argc, char **argv) {
+    struct prepare_opts o = {.val_fraction = 0.05, .shard_tokens = 100000000};
+    const struct l3d_flag_group g = {NULL, prepare_flags, set_prepare, &o};
+    int first = 0;
+    int rc = l3d_flags_parse("prepare", argc, argv, &g, 1, usage, &first);
+    if (rc >= 0) return rc;
+    if (o.threads) omp_set_num_threads(o.threads);
+    const char *tokenizer = o.tokenizer, *out = o.out, *doc_sep = o.doc_sep;
+    double val_fraction = o.val_fraction;
+    int64_t shard_tokens = o.shard_tokens;
     if (!tokenizer)
         return usage_error("missing --tokenizer: bytes, gpt2, or a directory with encoder.json "
                            "and vocab.bpe");
     if (!out) return usage_error("missing --out DIR, the directory for the shards");
-    if (optind >= argc) return usage_error("no input FILE given");
+    if (first >= argc) return usage_error("no input FILE given");
 
     bool bytes = strcmp(tokenizer, "bytes") == 0;
     if (bytes && doc_sep)
@@ -124,9 +123,9 @@ int l3d_cli_prepare(int argc, char **argv) {
     }
     struct l3d_prepare_stats stats;
     double t0 = l3d_time_s();
-    l3d_status st = bytes ? l3d_prepare_bytes(out, argv + optind, argc - optind, val_fraction,
+    l3d_status st = bytes ? l3d_prepare_bytes(out, argv + first, argc - first, val_fraction,
                                               shard_tokens, &stats)
-                          : l3d_prepare_bpe(out, argv + optind, argc - optind, val_fraction,
+                          : l3d_prepare_bpe(out, argv + first, argc - first, val_fraction,
                                             shard_tokens, tok, doc_sep, isatty(2), &stats);
     int V = bytes ? L3D_BYTES_VOCAB : l3d_tokenizer_vocab_size(tok);
     l3d_tokenizer_free(tok);

@@ -1,5 +1,4 @@
 /* llm3d tokenizer: train a byte-level BPE vocabulary; encode text, decode token shards. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +22,8 @@ static void usage(FILE *fp) {
             "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
             "SPEC: bytes (the 256 byte values, as prepare --tokenizer bytes writes them), gpt2,\n"
             "a directory with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin (decode\n"
-            "only)\n");
+            "only)\n"
+            "\n");
 }
 
 static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
@@ -47,30 +47,38 @@ struct tok_args {
     int nfiles;
 };
 
-/* Reads the flags after the subcommand; returns -1 to go on, else the exit status (--help: 0, a bad
- * flag: 2). */
-static int parse_args(int argc, char **argv, struct tok_args *a) {
-    static const struct option opts[] = {
-        {"vocab-size", required_argument, NULL, 'v'}, {"out", required_argument, NULL, 'o'},
-        {"tokenizer", required_argument, NULL, 't'}, {"text", required_argument, NULL, 'x'},
-        {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0},
-    };
-    int c;
-    optind = 0;
-    while ((c = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'v':
-            if (!l3d_arg_int("tokenizer", "vocab-size", optarg, 258, 65536, &a->vocab)) return 2;
-            break;
-        case 'o': a->out = optarg; break;
-        case 't': a->spec = optarg; break;
-        case 'x': a->text = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
+enum { K_VOCAB, K_OUT, K_TOK, K_TEXT };
+
+static const struct l3d_flag tok_flags[] = {
+    {"vocab-size", "N", K_VOCAB, "train: the vocabulary's size, 258..65536 (the end-of-text token "
+                                 "included)"},
+    {"out", "PATH", K_OUT, "train: the directory for encoder.json and vocab.bpe; export: the "
+                           "file"},
+    {"tokenizer", "SPEC", K_TOK, "encode, decode, export: the tokenizer (SPEC above)"},
+    {"text", "TEXT", K_TEXT, "encode: the text (else one FILE, - for standard input)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int set_tok(void *ctx, const char *cmd, int id, const char *v) {
+    struct tok_args *a = ctx;
+    switch (id) {
+    case K_VOCAB: return l3d_arg_int(cmd, "vocab-size", v, 258, 65536, &a->vocab);
+    case K_OUT: a->out = v; return 1;
+    case K_TOK: a->spec = v; return 1;
+    case K_TEXT: a->text = v; return 1;
     }
-    a->files = argv + 1 + optind;
-    a->nfiles = argc - 1 - optind;
+    return 0;
+}
+
+/* Reads the flags after the subcommand (argv[1]); returns -1 to go on, else the exit status
+ * (--help: 0, a bad flag: 2). */
+static int parse_args(int argc, char **argv, struct tok_args *a) {
+    const struct l3d_flag_group g = {NULL, tok_flags, set_tok, a};
+    int first = 0;
+    int rc = l3d_flags_parse("tokenizer", argc - 1, argv + 1, &g, 1, usage, &first);
+    if (rc >= 0) return rc;
+    a->files = argv + 1 + first;
+    a->nfiles = argc - 1 - first;
     return -1;
 }
 
@@ -191,9 +199,14 @@ static int cmd_decode(const struct tok_args *a, const struct l3d_tokenizer *tok)
 }
 
 int l3d_cli_tokenizer(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        l3d_flags_help(stdout, &(struct l3d_flag_group){NULL, tok_flags, set_tok, NULL}, 1);
+        return 0;
     }
     struct tok_args a = {.sub = argv[1]};
     if (strcmp(a.sub, "train") && strcmp(a.sub, "encode") && strcmp(a.sub, "decode") &&

@@ -9,6 +9,13 @@
 source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, train, fail
 start_test "$@"
 check "compare --help says what tolerance equivalent runs need and why" sh -c "'$bin' compare --help | grep -q '^Tolerances. Equivalent layouts (tp, pp, dp, ZeRO) add in other orders'"
+check "  ... and lists its flags, with the defaults" sh -c "'$bin' compare --help | grep -q '^  --loss-rtol R .*(default 1e-5)' && \
+    '$bin' compare --help | grep -q '^  --verbose '"
+# usage errors: exit 2 (nothing compared), one line naming the flag and the value
+expect_error "--rtol abc" "^llm3d compare: --rtol 'abc' is not a number$" "$bin" compare --rtol abc "$dir/a" "$dir/b"
+expect_error "one directory" "^llm3d compare: give two run directories" "$bin" compare "$dir/a"
+"$bin" compare --weights-rtol 2 "$dir/a" "$dir/b" 2> /dev/null
+[ $? = 2 ] && ok "  ... exit 2" || bad "  ... exit 2"
 
 byte_corpus comparison 300
 

@@ -71,4 +71,9 @@ check "a GPT-2 shard" "$bin" prepare --tokenizer "$gpt2" --out "$dir/gpt2" --val
 check "  ... decoded with --tokenizer DIR" sh -c "'$bin' inspect '$dir/gpt2/train_000000.bin' --tokenizer '$gpt2' | grep -q 'decoded:    \"<|endoftext|>line 1: the quick brown fox'"
 expect_error "  ... a shard beyond the tokenizer's vocabulary" "holds token 50256, beyond the 256" "$bin" inspect \
     "$dir/gpt2/train_000000.bin" --tokenizer bytes
+# flags: from the one table (src/cli/flags.c's parser), one line each
+check "--help lists the flags" sh -c "'$bin' inspect --help | grep -q '^  --tokenizer SPEC' && \
+    '$bin' inspect --help | grep -q '^  --json '"
+expect_error "no PATH" "^llm3d inspect: give one PATH" "$bin" inspect --json
+expect_error "an unknown flag" "^llm3d inspect: unknown flag.*'--jsn'" "$bin" inspect "$shard" --jsn
 exit $fail

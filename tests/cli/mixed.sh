@@ -187,6 +187,13 @@ check "convert --precision bf16 writes llm.c version 5" sh -c "'$bin' convert '$
     '$dir/v5.bin' --precision bf16 > /dev/null"
 check "convert writes llm.c version 3 by default" sh -c "'$bin' convert '$ckp' '$dir/v3.bin' \
     > /dev/null"
+expect_error "convert --precision fp16: llm.c has no fp16 file" \
+    "^llm3d convert: --precision fp16: .*give --precision fp32 or bf16$" \
+    "$bin" convert "$ckp" "$dir/v16.bin" --precision fp16
+check "  ... nothing written" test ! -e "$dir/v16.bin"
+expect_error "convert --precision fp8: train's message" \
+    "^llm3d convert: --precision 'fp8': choose fp32 (the default), bf16 or fp16" \
+    "$bin" convert "$ckp" "$dir/v8.bin" --precision fp8
 [ "$(od -A n -t d4 -j 4 -N 4 "$dir/v5.bin" | tr -d ' ')" = 5 ] &&
     [ "$(od -A n -t d4 -j 4 -N 4 "$dir/v3.bin" | tr -d ' ')" = 3 ] &&
     [ $(($(stat -c %s "$dir/v3.bin") - 1024)) = $((2 * ($(stat -c %s "$dir/v5.bin") - 1024))) ] &&
@@ -238,7 +245,7 @@ expect_error "fp16 gradient sums without fp16" "--grad-reduce-dtype fp16: fp16 s
     "$bin" train --model tiny --precision bf16 --grad-reduce-dtype fp16 --train "$dir/data/train_*.bin"
 expect_error "plan: 16-bit sums are llm3d's option" "--grad-reduce-dtype bf16: for llm3d's trainer" \
     "$bin" plan --profile dgx-a100 --trainer megatron --precision bf16 --grad-reduce-dtype bf16
-expect_error "generate --precision fp8" "--precision 'fp8': choose fp32, bf16 or fp16" \
+expect_error "generate --precision fp8" "--precision 'fp8': choose fp32 (the default), bf16 or fp16" \
     "$bin" generate --checkpoint "$dir/v5.bin" --tokenizer bytes --precision fp8
 
 # ---- memory: llm3d plan --precision bf16 (this trainer's plan) against the accounted peak -------

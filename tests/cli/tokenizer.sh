@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end through the command line with a trained BPE vocabulary: tokenizer train -> prepare ->
-# train -> generate (KV cache and recomputation give the same greedy text); one clear error for
+# train -> generate (KV cache and --no-kv-cache give the same greedy text); one clear error for
 # each bad tokenizer or corpus. Usage: tokenizer.sh LLM3D SCRATCH_DIR
 # check, expect_error, fail
 source "$(dirname "$0")/lib/checks.sh"
@@ -40,9 +40,13 @@ check "train on BPE shards" test -s "$dir/run/model.bin"
 gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" \
     --prompt "fortune" --max-tokens 25 --temperature 0 "$@" 2>/dev/null; }
 check "generate with the KV cache" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen > '$dir/kv.txt'"
-check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --recompute > '$dir/re.txt'"
+check "generate by recomputation" sh -c "$(declare -f gen); bin='$bin' dir='$dir' gen --no-kv-cache > '$dir/re.txt'"
 check "  ... the same greedy text" cmp -s "$dir/kv.txt" "$dir/re.txt"
 check "  ... continues the prompt" grep -q '^fortune' "$dir/kv.txt"
+# train's and plan's --recompute MODE is activation recomputation: generate's old switch of that
+# name is refused, naming the new one
+expect_error "generate --recompute: renamed" "^llm3d generate: --recompute is now --no-kv-cache.*give --no-kv-cache$" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" --recompute
 check "sampling with top-k, top-p and a seed is reproducible" sh -c "$(declare -f gen); bin='$bin' dir='$dir'; \
     a=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); b=\$(gen --temperature 1 --top-k 20 --top-p 0.9 --seed 3); \
     test \"\$a\" = \"\$b\""
@@ -78,6 +82,21 @@ check "  ... llm.c's file decodes the shard alike" \
     cmp -s "$dir/corpus.txt" <("$bin" tokenizer decode --tokenizer "$dir/bytes.bin" "$dir/bytes/train_000000.bin")
 expect_error "tokenizer decode --tokenizer bytes: a BPE shard's ids beyond 255" "train_000000.bin.*256" \
     "$bin" tokenizer decode --tokenizer bytes "$dir/data/train_000000.bin"
+# flags: from one table each (src/cli/flags.c's parser, train's names), --help generated from it
+check "--help of tokenizer, prepare and generate lists their flags" sh -c "
+    '$bin' tokenizer --help | grep -q '^  --vocab-size N' &&
+    '$bin' tokenizer encode --help | grep -q '^  --text TEXT' &&
+    '$bin' prepare --help | grep -q '^  --shard-tokens N' &&
+    '$bin' generate --help | grep -q '^  --no-kv-cache ' &&
+    ! '$bin' generate --help | grep -q -- '--recompute'"
+expect_error "prepare --val-fraction 1" "^llm3d prepare: --val-fraction 1 is not a number in \[0, 1)$" \
+    "$bin" prepare --tokenizer bytes --val-fraction 1 --out "$dir/x" "$dir/corpus.txt"
+expect_error "prepare --out without its value" "^llm3d prepare: .*flag without its value: '--out'" \
+    "$bin" prepare --tokenizer bytes "$dir/corpus.txt" --out
+expect_error "generate --threads 0: train's range" "^llm3d generate: --threads 0 is out of range: give a value from 1 to 4096$" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --threads 0
+expect_error "tokenizer encode --text without its value" "^llm3d tokenizer: .*flag without its value: '--text'" \
+    "$bin" tokenizer encode --tokenizer bytes --text
 expect_error "tokenizer train --tokenizer: refused" "tokenizer train learns a vocabulary.*--tokenizer" \
     "$bin" tokenizer train --tokenizer bytes --vocab-size 300 --out "$dir/x" "$dir/corpus.txt"
 check "  ... nothing written" test ! -e "$dir/x"

@@ -35,7 +35,7 @@ check "  ... in its losses" test "$(losses "$dir/run1")" != "$(losses "$dir/run3
 check "generate" sh -c "OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$dir/run1/model.bin' --prompt 'the ' --max-tokens 20 > '$dir/gen.txt'"
 check "  ... prints prompt and 20 bytes" test "$(head -c 24 "$dir/gen.txt" | wc -c)" -eq 24
 
-# past the context: greedy tokens through the KV cache equal --recompute's (both slide the same
+# past the context: greedy tokens through the KV cache equal --no-kv-cache's (both slide the same
 # window), for 3 prompts (one longer than the 64-token context) and 300 tokens each
 check "train a 64-token context" train ctx64 0 4 --context 64 --seq-len 64 --steps 4 --val-every 0
 long=$(printf 'line %d: the quick brown fox ' 1 2 3)
@@ -45,8 +45,8 @@ for p in "the " "line 12: the quick" "$long"; do
     gen() { OMP_NUM_THREADS=2 "$bin" generate --checkpoint "$dir/ctx64/model.bin" --prompt "$p" \
         --temperature 0 --max-tokens 300 "$@"; }
     gen > "$dir/kv$n.txt" 2> /dev/null
-    gen --recompute > "$dir/re$n.txt" 2> /dev/null
-    check "generate past the context, prompt $n: KV cache = --recompute" cmp -s "$dir/kv$n.txt" "$dir/re$n.txt"
+    gen --no-kv-cache > "$dir/re$n.txt" 2> /dev/null
+    check "generate past the context, prompt $n: KV cache = --no-kv-cache" cmp -s "$dir/kv$n.txt" "$dir/re$n.txt"
     check "  ... 300 bytes after the prompt" test "$(wc -c < "$dir/kv$n.txt")" -eq $((${#p} + 301))
 done
 # the comparison's negative case: a different text (sampled at temperature 1) is told apart
