@@ -1,7 +1,8 @@
 /*
  * llm3d command-line tool: one entry point per command, `int l3d_cli_<command>(argc, argv)`.
  * main() dispatches on the first argument and passes the rest with argv[0] = the command's name;
- * each command parses its own flags (getopt_long), prints errors as "llm3d <command>: <message>"
+ * each command lists its flags in tables read by the one parser (l3d_flags_parse, below; the run
+ * spec's flags are shared: l3d_cli_spec_groups), prints errors as "llm3d <command>: <message>"
  * on stderr and returns the process exit status: 0 on success, 1 on failure, 2 on a usage error.
  */
 #ifndef LLM3D_CLI_H
@@ -35,7 +36,7 @@ int l3d_cli_calibrate(int argc, char **argv);
 /* llm3d compare RUN REFERENCE [--rtol R] [--loss-rtol R] [--weights-rtol R] [--verbose]
  * (src/cli/compare.c): exit status 0 SAME, 1 DIFFERENT, 2 nothing compared */
 int l3d_cli_compare(int argc, char **argv);
-/* llm3d convert CHECKPOINT OUT.bin (src/cli/convert.c) */
+/* llm3d convert CHECKPOINT OUT.bin [--precision fp32|bf16] (src/cli/convert.c) */
 int l3d_cli_convert(int argc, char **argv);
 /* llm3d inspect PATH [--tokenizer SPEC] [--json] (src/cli/inspect.c) */
 int l3d_cli_inspect(int argc, char **argv);
