@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -108,4 +109,15 @@ void l3d_cli_mute_end(struct l3d_cli_mute *m) {
     if (m->out >= 0) dup2(m->out, STDOUT_FILENO), close(m->out);
     if (m->err >= 0) dup2(m->err, STDERR_FILENO), close(m->err);
     m->out = m->err = -1;
+}
+
+int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const char *const *names,
+                   int n, int *out, const char *choices) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(val, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, val, choices);
+    return 0;
 }

@@ -51,6 +51,10 @@ int l3d_arg_float(const char *cmd, const char *flag, const char *val, double lo,
 int l3d_arg_double(const char *cmd, const char *flag, const char *val, double lo, double hi,
                    double *out);
 int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *out);
+/* One of n names: its index into *out, or 0 after "llm3d <cmd>: --<flag> '<val>': choose
+ * <choices>". */
+int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const char *const *names,
+                   int n, int *out, const char *choices);
 
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:

@@ -172,17 +172,6 @@ static const struct l3d_flag precision_flags[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int choose(const char *cmd, const char *flag, const char *val, const char *const *names,
-                  int n, int *out, const char *choices) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(val, names[i]) == 0) {
-            *out = i;
-            return 1;
-        }
-    fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, val, choices);
-    return 0;
-}
-
 static int renamed(const char *cmd, const char *old, const char *now) {
     fprintf(stderr, "llm3d %s: --%s is now --%s (one spelling in every command): give --%s\n",
             cmd, old, now, now);
@@ -241,7 +230,8 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
     case F_RECOMPUTE: {
         static const char *const modes[] = {"none", "selective", "full"};
         int m = 0;
-        if (!choose(cmd, "recompute", v, modes, 3, &m, "none, selective or full")) return 0;
+        if (!l3d_arg_choice(cmd, "recompute", v, modes, 3, &m, "none, selective or full"))
+            return 0;
         l->recompute = (enum l3d_recompute)m;
         return 1;
     }
@@ -272,15 +262,15 @@ static int set_precision(void *ctx, const char *cmd, int id, const char *v) {
         if (l3d_precision_parse(v, p) == L3D_OK) return 1;
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 0;
-    case F_REDUCE: {
-        static const char *const types[] = {"fp32", "bf16", "fp16"};
-        static const enum l3d_dtype dt[] = {L3D_F32, L3D_BF16, L3D_F16};
-        int k = 0;
-        if (!choose(cmd, "grad-reduce-dtype", v, types, 3, &k,
-                    "fp32 (the default), bf16, or fp16 (with --precision fp16)"))
-            return 0;
-        p->reduce = dt[k];
-        return 1;
+    case F_REDUCE: { /* the element types' one parser, then the floating ones */
+        enum l3d_dtype t;
+        if (l3d_dtype_parse(v, &t) == L3D_OK && (t == L3D_F32 || t == L3D_BF16 || t == L3D_F16)) {
+            p->reduce = t;
+            return 1;
+        }
+        fprintf(stderr, "llm3d %s: --grad-reduce-dtype '%s': choose fp32 (the default), bf16, or "
+                "fp16 (with --precision fp16)\n", cmd, v);
+        return 0;
     }
     case F_LS: return l3d_arg_double(cmd, "loss-scale", v, 0, 1e30, &ls->fixed);
     case F_LS_INIT: return l3d_arg_double(cmd, "initial-loss-scale", v, 1e-30, 1e30, &ls->init);

@@ -158,18 +158,6 @@ struct train_ctx {
     float peak;
 };
 
-static int set_mode(const char *cmd, const char *flag, const char *v, const char *const *names,
-                    int n, int *out) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) {
-            *out = i;
-            return 1;
-        }
-    fprintf(stderr, "llm3d %s: --%s '%s': choose %s, %s%s%s\n", cmd, flag, v, names[0], names[1],
-            n > 2 ? " or " : "", n > 2 ? names[2] : "");
-    return 0;
-}
-
 static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     struct train_ctx *x = ctx;
     struct l3d_train_config *tc = x->tc;
@@ -201,14 +189,14 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     case T_COMM: {
         static const char *const modes[] = {"overlap", "blocking"};
         int m = 0;
-        if (!set_mode(cmd, "comm", v, modes, 2, &m)) return 0;
+        if (!l3d_arg_choice(cmd, "comm", v, modes, 2, &m, "overlap or blocking")) return 0;
         tc->dp_blocking = m == 1;
         return 1;
     }
     case T_PROGRESS: {
         static const char *const modes[] = {"none", "poll", "thread"};
         int m = 0;
-        if (!set_mode(cmd, "progress", v, modes, 3, &m)) return 0;
+        if (!l3d_arg_choice(cmd, "progress", v, modes, 3, &m, "none, poll or thread")) return 0;
         tc->progress = (enum l3d_progress)m;
         return 1;
     }
