@@ -117,7 +117,8 @@ int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
  * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
 int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);
-/* l3d_spec_check: -1 when the spec holds, else 2 after one line a violated rule. */
+/* l3d_spec_check: -1 when the spec holds, else 2 after one line holding every violated rule
+ * ("; " between them). */
 int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,
                         const struct l3d_spec_ctx *ctx);
 

@@ -347,8 +347,8 @@ int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs) {
 
 int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,
                         const struct l3d_spec_ctx *ctx) {
-    struct l3d_spec_errors e;
-    if (l3d_spec_check(s, ctx, &e) == L3D_OK) return -1;
-    for (int i = 0; i < e.n; i++) fprintf(stderr, "llm3d %s: %s\n", cmd, e.msg[i]);
+    /* every violated rule, in one line: an error is said once (and once per job under mpiexec) */
+    if (l3d_spec_check(s, ctx, NULL) == L3D_OK) return -1;
+    fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
     return 2;
 }

@@ -88,6 +88,26 @@ static bool same_file(const char *a, const char *b) {
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+/* The files a run writes in --out. */
+static const char *const outs[3] = {"model.bin", "metrics.jsonl", "run"};
+
+/* Outputs never replace an input: the model to start from (same device and inode). */
+static l3d_status no_output_over_input(const struct l3d_train_config *tc) {
+    char p[4200];
+    for (int i = 0; tc->out_dir && tc->init_from && i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", tc->out_dir, outs[i]);
+        if (same_file(tc->init_from, p))
+            return l3d_error(L3D_ERR_ARG, "--init-from %s is the %s that --out %s writes: the run "
+                             "would overwrite the model it starts from; give another --out (or "
+                             "copy the model elsewhere first)", tc->init_from, outs[i],
+                             tc->out_dir);
+    }
+    if (tc->trace_path && tc->init_from && same_file(tc->trace_path, tc->init_from))
+        return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
+                         tc->trace_path);
+    return L3D_OK;
+}
+
 /* Rank 0's part. */
 static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     const char *out = tc->out_dir;
@@ -101,18 +121,8 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         return l3d_error(L3D_ERR_ARG, "--resume continues the run in %s and --overwrite starts it "
                          "over: give one of them", out ? out : ckroot);
 
-    /* outputs never replace an input: the model to start from (same device and inode) */
-    const char *outs[3] = {"model.bin", "metrics.jsonl", "run"};
-    for (int i = 0; out && tc->init_from && i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", out, outs[i]);
-        if (same_file(tc->init_from, p))
-            return l3d_error(L3D_ERR_ARG, "--init-from %s is the %s that --out %s writes: the run "
-                             "would overwrite the model it starts from; give another --out (or "
-                             "copy the model elsewhere first)", tc->init_from, outs[i], out);
-    }
-    if (tc->trace_path && tc->init_from && same_file(tc->trace_path, tc->init_from))
-        return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
-                         tc->trace_path);
+    l3d_status st = no_output_over_input(tc);
+    if (st != L3D_OK) return st;
 
     /* what an earlier run left (names: the message lists them); `run` alone (a run that
      * stopped before its first step: bad data, a layout error) holds nothing to lose */
@@ -145,7 +155,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
                                  strerror(errno));
         }
         int n = 0;
-        l3d_status st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
+        st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
         if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
             char why[1024];
             snprintf(why, sizeof why, "%s", l3d_error_message());
@@ -182,7 +192,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
                     return l3d_error(L3D_ERR_ARG, "--resume: %s holds a checkpoint of another "
                                      "model: %s; give its sizes", dir, diff);
             } /* an unreadable one: the load says why */
-            l3d_status st = *id ? L3D_OK : l3d_ckpt_run_id(dir, id);
+            st = *id ? L3D_OK : l3d_ckpt_run_id(dir, id);
             if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
                 char why[1024];
                 snprintf(why, sizeof why, "%s", l3d_error_message());
@@ -192,7 +202,7 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     }
     if (!*id) *id = new_id();
     if (!out) return L3D_OK;
-    l3d_status st = l3d_mkdir_p(out);
+    st = l3d_mkdir_p(out);
     if (st == L3D_OK) st = write_run(run_path, *id, &tc->model);
     return st;
 }

@@ -273,77 +273,92 @@ static void trainer_free(struct l3d_trainer *t) {
     l3d_data_free(t->train);
 }
 
-l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtime *rt,
-                         struct l3d_train_result *res) {
-    memset(res, 0, sizeof *res);
-    /* a file-size limit (ulimit -f) makes write fail with EFBIG, reported like any write error,
-     * instead of killing the process (SIGXFSZ's default) */
-    signal(SIGXFSZ, SIG_IGN);
-    struct l3d_train_config tcv = *tc_in; /* accum follows from --global-batch once dp is known */
-    const struct l3d_train_config *tc = &tcv;
-    struct l3d_comm *world = rt->world;
-    struct l3d_trainer tr = {.tc = tc, .world = world, .be = rt->be, .comm_name = rt->comm_name,
-                             .lead = world->rank == 0};
-    struct l3d_trainer *t = &tr;
-    struct l3d_train_ckpt ck;
-    bool ck_up = false;
-
+/* The layout (checked, its memory counted, its schedules built), where the ranks lie, the run
+ * directory, the runtime's communicators and the data. tcv is t->tc, writable: its accum follows
+ * from --global-batch once dp is known. Collective; every failure is agreed (or reported by the
+ * lead, placement), so every rank returns the same status. */
+static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *tcv,
+                                struct l3d_runtime *rt, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = tcv;
+    struct l3d_comm *world = t->world;
     if (world->watch) world->watch->timeout_s = tc->timeout_s; /* every wait bounded from here */
     /* Checks that need no communication: every rank reaches the same verdict. */
     l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    tcv.layout.accum = t->lay.accum;
-    if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) goto fail;
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
+    tcv->layout.accum = t->lay.accum;
+    if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) return st;
     st = l3d_train_layout_build(&t->lay, tc); /* the schedules, whose bytes the check counted */
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
         res->report_error = t->lead;
-        goto fail;
+        return st;
     }
-    if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) goto fail;
-    int v = t->lay.v, pp = t->lay.pp;
-    if ((st = l3d_runtime_layout(rt, t->lay.tp, pp, t->lay.dp)) != L3D_OK) goto fail;
+    if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) return st;
+    if ((st = l3d_runtime_layout(rt, t->lay.tp, t->lay.pp, t->lay.dp)) != L3D_OK) return st;
     t->topo = &rt->topo;
-    const struct l3d_topo *topo = t->topo;
     st = open_data(t);
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    st = build_chunks(t);
+    return agree(world, st, res);
+}
+
+/* The model chunks, the gradient norm's buffer and the initial weights, left in the fp32 views
+ * (views_begin) for the resume; the loss scaler's start. Collective, agreed. */
+static l3d_status trainer_build(struct l3d_trainer *t, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    l3d_status st = build_chunks(t);
     if (st == L3D_OK) st = l3d_sumsq_init(&t->gsq, t->be, 2);
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
-    if ((st = init_weights(t, res)) != L3D_OK) goto fail;
+    if ((st = agree(t->world, st, res)) != L3D_OK) return st;
+    if ((st = init_weights(t, res)) != L3D_OK) return st;
     t->ls = (struct l3d_loss_scaler){
         .on = tc->precision.param == L3D_F16, .dynamic = tc->precision.ls.fixed <= 0,
         .scale = tc->precision.ls.fixed > 0 ? tc->precision.ls.fixed : tc->precision.ls.init,
         .hyst_left = tc->precision.ls.hysteresis};
-    /* checkpoints: resume (any layout), then the metrics file (a resumed run keeps its lines) */
-    l3d_train_ckpt_init(&ck, tc, topo, world);
-    ck.run_id = t->run_id;
-    ck_up = true;
-    int start_step = 0;
-    st = l3d_train_ckpt_resume(&ck, tc, world, t->vptr, t->opts, v, t->ld, &start_step,
-                               &res->report_error);
-    if (st != L3D_OK) goto fail;
+    return L3D_OK;
+}
+
+/* Checkpoints: ck set up (*ck_up: the caller frees it, also on failure), resume (any layout) into
+ * the fp32 views, which end here, the resumed loss scale, then the metrics file (a resumed run
+ * keeps its lines). *start_step: the steps already done. Collective, agreed. */
+static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *ck, bool *ck_up,
+                                 int *start_step, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    struct l3d_comm *world = t->world;
+    l3d_train_ckpt_init(ck, tc, t->topo, world);
+    ck->run_id = t->run_id;
+    *ck_up = true;
+    *start_step = 0;
+    l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->lay.v, t->ld,
+                                          start_step, &res->report_error);
+    if (st != L3D_OK) return st;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
-    if (t->ls.on && t->ls.dynamic && ck.ls_scale > 0) { /* the resumed run's loss scale */
-        t->ls.scale = ck.ls_scale;
-        t->ls.good_steps = ck.ls_good;
-        t->ls.hyst_left = ck.ls_hyst;
+    if (t->ls.on && t->ls.dynamic && ck->ls_scale > 0) { /* the resumed run's loss scale */
+        t->ls.scale = ck->ls_scale;
+        t->ls.good_steps = ck->ls_good;
+        t->ls.hyst_left = ck->ls_hyst;
     }
-    res->start_step = start_step;
+    res->start_step = *start_step;
     if (t->lead)
-        st = l3d_train_ckpt_open_metrics(tc, start_step, t->run_id, &t->metrics, t->metrics_path,
-                                         sizeof t->metrics_path);
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+        st = l3d_train_ckpt_open_metrics(tc, *start_step, t->run_id, &t->metrics,
+                                         t->metrics_path, sizeof t->metrics_path);
+    return agree(world, st, res);
+}
+
+/* The pipeline executor (with room for the trace), the step's buffers, the peak FLOP/s, the
+ * schedule and the run's description (report_start). Collective, agreed. */
+static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_topo *topo = t->topo;
+    struct l3d_comm *world = t->world;
+    int v = t->lay.v, pp = t->lay.pp;
     int64_t trace_cap = 0;
     if (tc->trace_path) {
         trace_cap = ((int64_t)t->lay.sched.n[topo->pp_rank] + 4) * tc->steps + 64;
         if (t->lay.vsched.n) trace_cap += (int64_t)t->lay.vsched.n[topo->pp_rank] * tc->steps;
         if (trace_cap > (1 << 22)) trace_cap = 1 << 22; /* 128 MiB of events at most */
     }
-    st = l3d_pp_exec_init(&t->px, t->chunks, v, t->dps, topo->pp_comm, topo->embed_comm,
-                          trace_cap);
+    l3d_status st = l3d_pp_exec_init(&t->px, t->chunks, v, t->dps, topo->pp_comm,
+                                     topo->embed_comm, trace_cap);
     t->px_up = true;
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     t->BT = (int64_t)tc->layout.micro_batch * tc->layout.seq;
     int nbatch = tc->layout.accum > tc->val_batches ? tc->layout.accum : tc->val_batches;
     t->inp = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
@@ -372,58 +387,91 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     res->act_bytes = (size_t)act_max[0];
     res->act_bytes_formula = (size_t)act_max[1];
     l3d_train_report_start(t, res);
+    return L3D_OK;
+}
 
-    for (int c = 0; c < v; c++) l3d_gpt_zero_grad(t->chunks[c]);
+/* One step's outcome into res: an fp16 overflow (the scale backs off), a skipped update (counted
+ * in *skipped_run; --max-skipped-steps in a row is a divergence, reported by the lead, the same
+ * verdict on every rank since the skip was agreed), or the loss. */
+static l3d_status count_step(struct l3d_trainer *t, const struct l3d_train_ckpt *ck, int step,
+                             int start_step, const struct l3d_step_stats *s, int *skipped_run,
+                             struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    if (s->overflow && s->loss_scale > tc->precision.ls.min && t->ls.dynamic) {
+        /* fp16: the scale was too large; it backs off (not a divergence) */
+        res->skipped++;
+        res->overflows++;
+        if (t->lead)
+            printf("step %d: gradient overflow at loss scale %.0f (rank %d): update skipped "
+                   "on every rank; loss scale now %.0f\n", step + 1, s->loss_scale,
+                   s->skip_rank, t->ls.scale);
+    } else if (s->skipped) { /* agreed by every rank: no update was made */
+        res->skipped++;
+        (*skipped_run)++;
+        if (t->lead)
+            printf("step %d: rank %d's loss or gradient norm is not finite: update skipped "
+                   "on every rank (%d in a row, %d in all; --max-skipped-steps %d)\n",
+                   step + 1, s->skip_rank, *skipped_run, res->skipped, tc->max_skipped);
+        if (*skipped_run >= tc->max_skipped) {
+            res->report_error = t->lead;
+            return diverged(tc, ck, step, *skipped_run);
+        }
+    } else {
+        *skipped_run = 0;
+        if (step == start_step || !isfinite(res->first_loss)) res->first_loss = (float)s->loss;
+        res->last_loss = (float)s->loss;
+    }
+    return L3D_OK;
+}
+
+/* The steps from start_step: each one trained, validated when due, reported, checkpointed when
+ * due; a preemption signal on any rank saves and stops (exit status 0). *end_step: the step
+ * after the last one done. Collective; a failure is agreed. */
+static l3d_status train_steps(struct l3d_trainer *t, struct l3d_train_ckpt *ck, int start_step,
+                              int *end_step, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    struct l3d_comm *world = t->world;
+    for (int c = 0; c < t->lay.v; c++) l3d_gpt_zero_grad(t->chunks[c]);
     if (world->size > 1) l3d_comm_barrier(world);
     t->px.origin = l3d_time_s(); /* the trace's zero, right after a barrier on every rank */
     t->agreed_at = t->px.origin;
-    int end_step = tc->steps, skipped_run = 0;
+    *end_step = tc->steps;
+    int skipped_run = 0;
+    l3d_status st;
     for (int step = start_step; step < tc->steps; step++) {
         struct l3d_step_stats s;
         if (world->watch) world->watch->step = step + 1;
         l3d_trainer_step(t, step, &s);
-        if (s.overflow && s.loss_scale > tc->precision.ls.min && t->ls.dynamic) {
-            /* fp16: the scale was too large; it backs off (not a divergence) */
-            res->skipped++;
-            res->overflows++;
-            if (t->lead)
-                printf("step %d: gradient overflow at loss scale %.0f (rank %d): update skipped "
-                       "on every rank; loss scale now %.0f\n", step + 1, s.loss_scale,
-                       s.skip_rank, t->ls.scale);
-        } else if (s.skipped) { /* agreed by every rank: no update was made */
-            res->skipped++;
-            skipped_run++;
-            if (t->lead)
-                printf("step %d: rank %d's loss or gradient norm is not finite: update skipped "
-                       "on every rank (%d in a row, %d in all; --max-skipped-steps %d)\n",
-                       step + 1, s.skip_rank, skipped_run, res->skipped, tc->max_skipped);
-            if (skipped_run >= tc->max_skipped) {
-                st = diverged(tc, &ck, step, skipped_run);
-                res->report_error = t->lead;
-                goto fail;
-            }
-        } else {
-            skipped_run = 0;
-            if (step == start_step || !isfinite(res->first_loss)) res->first_loss = (float)s.loss;
-            res->last_loss = (float)s.loss;
-        }
+        if ((st = count_step(t, ck, step, start_step, &s, &skipped_run, res)) != L3D_OK)
+            return st;
         l3d_trainer_validate(t, step, &s);
         if (!isnan(s.val_loss)) res->last_val_loss = s.val_loss;
         st = l3d_train_report_step(t, step, &s);
-        if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+        if ((st = agree(world, st, res)) != L3D_OK) return st;
         /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
         l3d_comm_doing(world, "end-of-step signal check and checkpoint", -1, -1);
         res->stopped_by = l3d_train_stop_requested(world);
-        if (res->stopped_by || l3d_train_ckpt_due(&ck, tc, step + 1))
-            if ((st = save_ckpt(t, &ck, step + 1, res)) != L3D_OK) goto fail;
+        if (res->stopped_by || l3d_train_ckpt_due(ck, tc, step + 1))
+            if ((st = save_ckpt(t, ck, step + 1, res)) != L3D_OK) return st;
         if (res->stopped_by) {
-            end_step = step + 1;
+            *end_step = step + 1;
             if (t->lead)
-                printf("signal %d: stopped after step %d%s\n", res->stopped_by, end_step,
-                       ck.root[0] ? "; continue with --resume auto" : " (no --out: nothing saved)");
+                printf("signal %d: stopped after step %d%s\n", res->stopped_by, *end_step,
+                       ck->root[0] ? "; continue with --resume auto"
+                                   : " (no --out: nothing saved)");
             break;
         }
     }
+    return L3D_OK;
+}
+
+/* After the steps: the memory peak, the last checkpoint, the medians, the trace, model.bin (not
+ * after a signal) and the summary. Collective, agreed. */
+static l3d_status train_finish(struct l3d_trainer *t, struct l3d_train_ckpt *ck, int start_step,
+                               int end_step, struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_topo *topo = t->topo;
+    struct l3d_comm *world = t->world;
     /* the fullest rank's accounted peak while training (before model.bin's gather; what llm3d
      * plan predicts) */
     if (world->watch) world->watch->step = 0;
@@ -432,8 +480,9 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     if (world->size > 1) l3d_comm_all_reduce(world, &mem_peak, 1, L3D_F64, L3D_MAX, NULL);
     res->mem_peak = (size_t)mem_peak;
     /* the last step's checkpoint (also when a resumed run had no step left: a re-sliced copy) */
-    if (!res->stopped_by && tc->save_every > 0 && (st = save_ckpt(t, &ck, end_step, res)) != L3D_OK)
-        goto fail;
+    l3d_status st;
+    if (!res->stopped_by && tc->save_every > 0 && (st = save_ckpt(t, ck, end_step, res)) != L3D_OK)
+        return st;
     res->steps = end_step;
     l3d_train_report_result(t, start_step, end_step, res);
     st = L3D_OK;
@@ -442,16 +491,38 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
                                    topo->dp_rank);
         if (st == L3D_OK && t->lead && !tc->quiet) printf("trace: %s\n", tc->trace_path);
     }
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     if (tc->out_dir && !res->stopped_by) {
-        if ((st = views_begin(t, true, res)) != L3D_OK) goto fail;
+        if ((st = views_begin(t, true, res)) != L3D_OK) return st;
         st = save_model(t);
         views_end(t, false);
     }
-    if ((st = agree(world, st, res)) != L3D_OK) goto fail;
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     l3d_train_report_end(t, res);
-fail:
+    return L3D_OK;
+}
+
+/* Each part returns the same status on every rank (agreed), so all ranks leave at the same
+ * point, and whatever was built is freed in one place: the checkpoint state, then the trainer. */
+l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtime *rt,
+                         struct l3d_train_result *res) {
+    memset(res, 0, sizeof *res);
+    /* a file-size limit (ulimit -f) makes write fail with EFBIG, reported like any write error,
+     * instead of killing the process (SIGXFSZ's default) */
+    signal(SIGXFSZ, SIG_IGN);
+    struct l3d_train_config tcv = *tc_in; /* accum follows from --global-batch once dp is known */
+    struct l3d_trainer tr = {.tc = &tcv, .world = rt->world, .be = rt->be,
+                             .comm_name = rt->comm_name, .lead = rt->world->rank == 0};
+    struct l3d_train_ckpt ck;
+    bool ck_up = false;
+    int start_step = 0, end_step = 0;
+    l3d_status st = trainer_setup(&tr, &tcv, rt, res);
+    if (st == L3D_OK) st = trainer_build(&tr, res);
+    if (st == L3D_OK) st = trainer_resume(&tr, &ck, &ck_up, &start_step, res);
+    if (st == L3D_OK) st = trainer_prepare(&tr, res);
+    if (st == L3D_OK) st = train_steps(&tr, &ck, start_step, &end_step, res);
+    if (st == L3D_OK) st = train_finish(&tr, &ck, start_step, end_step, res);
     if (ck_up) l3d_train_ckpt_free(&ck);
-    trainer_free(t);
+    trainer_free(&tr);
     return st;
 }
