@@ -575,48 +575,45 @@ static int p2p_nb_count(const struct mpi_comm *m, int64_t n) {
     return (int)n;
 }
 
-static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
-                     int tag, l3d_req *req) {
+/* A send (send true) or a receive of n elements: non-blocking into *req, or blocking in pieces of
+ * at most max_count elements, each wait bounded by the watchdog. MPI_Isend reads its buffer only;
+ * it is the caller's const one. */
+static void mpi_p2p(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer, int tag,
+                    l3d_req *req, bool send) {
     struct mpi_comm *m = mc(c);
     L3D_ASSERT(peer >= 0 && peer < c->size);
     buf = hv(c, buf, n, t);
+    const char *what = send ? "send to" : "receive from";
+    MPI_Datatype type = mpi_type(m, t);
     if (req) {
         MPI_Request r;
-        L3D_MPI_CHECK(MPI_Isend(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(m, req, r, NULL, peer, "send to");
+        int k = p2p_nb_count(m, n);
+        L3D_MPI_CHECK(send ? MPI_Isend(buf, k, type, peer, tag, m->comm, &r)
+                           : MPI_Irecv(buf, k, type, peer, tag, m->comm, &r));
+        req_store(m, req, r, NULL, peer, what);
         return;
     }
     size_t es = l3d_dtype_size(t);
     int64_t o = 0;
-    do { /* one message even when n is 0, to match the receiver's */
+    do { /* one message even when n is 0, to match the other side's */
         int k = (int)(n - o < m->max_count ? n - o : m->max_count);
         MPI_Request q;
-        L3D_MPI_CHECK(MPI_Isend(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm, &q));
-        watch_wait(m, &q, peer, "send to");
+        void *p = at(buf, o, es);
+        L3D_MPI_CHECK(send ? MPI_Isend(p, k, type, peer, tag, m->comm, &q)
+                           : MPI_Irecv(p, k, type, peer, tag, m->comm, &q));
+        watch_wait(m, &q, peer, what);
         o += k;
     } while (o < n);
 }
 
+static void mpi_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
+                     int tag, l3d_req *req) {
+    mpi_p2p(c, (void *)buf, n, t, peer, tag, req, true);
+}
+
 static void mpi_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer,
                      int tag, l3d_req *req) {
-    struct mpi_comm *m = mc(c);
-    L3D_ASSERT(peer >= 0 && peer < c->size);
-    buf = hv(c, buf, n, t);
-    if (req) {
-        MPI_Request r;
-        L3D_MPI_CHECK(MPI_Irecv(buf, p2p_nb_count(m, n), mpi_type(m, t), peer, tag, m->comm, &r));
-        req_store(m, req, r, NULL, peer, "receive from");
-        return;
-    }
-    size_t es = l3d_dtype_size(t);
-    int64_t o = 0;
-    do {
-        int k = (int)(n - o < m->max_count ? n - o : m->max_count);
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Irecv(at(buf, o, es), k, mpi_type(m, t), peer, tag, m->comm, &q));
-        watch_wait(m, &q, peer, "receive from");
-        o += k;
-    } while (o < n);
+    mpi_p2p(c, buf, n, t, peer, tag, req, false);
 }
 
 /* ---- completion ------------------------------------------------------------------------------ */
