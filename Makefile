@@ -19,7 +19,7 @@ DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
 .PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
-	plan-local clean
+	plan-local mutants clean
 
 all: build
 
@@ -131,5 +131,12 @@ calibrate: build
 plan-local: build
 	bash bench/plan_local.sh $(BUILD) profiles/local.prof
 
+# The mutation run (tests/mutants/README.md): each mutant of tests/mutants/list built into a copy of
+# the tree in $(MUTANTS_DIR) and its tests run; a table and the kill rate. Not part of `make test`
+# (about 20-30 minutes on 2 cores). MUTANTS=id,id runs a subset.
+MUTANTS_DIR ?= build-mutants
+mutants:
+	MUTANTS_DIR=$(MUTANTS_DIR) JOBS=$(JOBS) TEST_JOBS=$(TEST_JOBS) bash tests/mutants/run.sh
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD) $(MUTANTS_DIR)
