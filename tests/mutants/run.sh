@@ -217,7 +217,7 @@ for id in "${run_ids[@]}"; do
     cp "$saved_file" "$saved" || die "cannot save $file"
     apply "$saved_file" "$line" "$with" || die "cannot apply mutant $id to $file"
     [ "$(count_line "$saved_file" "$with")" -ge 1 ] || die "mutant $id did not apply to $file"
-    printf 'mutants: %-24s %s ... ' "$id" "$file"
+    printf 'mutants: %-34s %s ... ' "$id" "$file"
     read -r -a tg <<< "${targets[$id]}"
     if ! cmake --build "$bld" -j"$jobs" --target "${tg[@]}" > "$logs/$id.build.log" 2>&1; then
         result[$id]=build-failed
@@ -244,12 +244,12 @@ done
 
 # ---- the report --------------------------------------------------------------------------------
 echo
-printf '%-26s %-28s %-12s %5s  %s\n' mutant file result secs "killed by / note"
+printf '%-34s %-28s %-12s %5s  %s\n' mutant file result secs "killed by / note"
 killed=0 survived=0 equivalent=0 badbuild=0 nstale=0
 for id in "${run_ids[@]}"; do
     for r in "${records[@]}"; do [[ $r == "$id$US"* ]] && break; done
     IFS=$US read -r _ file _ <<< "$r"
-    printf '%-26s %-28s %-12s %5s  %s\n' "$id" "$file" "${result[$id]}" "${secs[$id]:--}" "${detail[$id]}"
+    printf '%-34s %-28s %-12s %5s  %s\n' "$id" "$file" "${result[$id]}" "${secs[$id]:--}" "${detail[$id]}"
     case ${result[$id]} in
     killed) killed=$((killed + 1)) ;;
     survived) survived=$((survived + 1)) ;;
