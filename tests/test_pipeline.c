@@ -2,7 +2,8 @@
  * Pipeline schedules as data, without MPI: every schedule of every size runs to the end in a
  * dataflow simulation (no deadlock, each send received once), forwards each micro-batch of each
  * chunk before its backward, keeps micro-batches first-in first-out per chunk, bounds the
- * micro-batches in flight (pp - stage for 1F1B, m for GPipe), and idles exactly the textbook
+ * micro-batches in flight (pp - stage for 1F1B, m for GPipe, Megatron-LM's warm-up count
+ * 2 (pp - stage - 1) + (v - 1) pp plus one for interleaved), and idles exactly the textbook
  * bubble (pp - 1) / (v m + pp - 1). A broken schedule is caught. The balanced partition is the
  * best contiguous split (checked against brute force) and errors name the flags. The bytes and
  * action counts of a schedule in closed form (for the memory check, before it is built) are the
@@ -46,6 +47,17 @@ static void check_schedule(enum l3d_pp_kind kind, int pp, int v, int m, double t
         }
     if (kind == L3D_PP_GPIPE)
         for (int r = 0; r < pp && r < 64; r++) CHECK(s.slots[r] == m && sim.max_in_flight[r] == m);
+    if (kind == L3D_PP_INTERLEAVED) /* Megatron-LM's warm-up forwards, then one more in 1F1B */
+        for (int r = 0; r < pp && r < 64; r++) {
+            int warm = 2 * (pp - r - 1) + (v - 1) * pp, bound = warm + 1 < v * m ? warm + 1 : v * m;
+            if (sim.max_in_flight[r] != bound)
+                fprintf(stderr, "  interleaved pp %d v %d m %d stage %d: %d in flight, want %d\n",
+                        pp, v, m, r, sim.max_in_flight[r], bound);
+            CHECK(sim.max_in_flight[r] == bound);
+            int slots = 0; /* every micro-batch in flight has a slot of its chunk */
+            for (int c = 0; c < v; c++) slots += s.slots[r * v + c];
+            CHECK(slots >= bound && slots <= v * m);
+        }
     if (!ok || fabs(sim.idle_fraction - want) > 1e-12)
         fprintf(stderr, "  %s pp %d v %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
                 "want %.6f\n", l3d_pp_kind_name(kind), pp, v, m, sim.deadlock, sim.order_ok,

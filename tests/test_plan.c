@@ -1407,6 +1407,47 @@ static void test_dp_nics(void) {
     }
 }
 
+/* The pipeline phase where no timeline runs: p 16, v 4, m 48 is 3072 chunk-micro-batches, over
+ * the 2^11 a timeline runs whole, and m = 3p leaves no longer timeline to extend (timeline.c), so
+ * the planner takes the closed form (m - 1/v) t_max + sum_r t_r / v (plan.c): for equal stages
+ * (m + (p - 1)/v) t, Narayanan et al. 2021, sec. 2.2. A vocabulary of 128 makes the stages equal
+ * but for the first stage's embedding and the pipeline's p2p (the busy time's t within 1e-4 of
+ * every rank's). The timelines of m 32 (whole) and 64 (extended) give the same bubble: the
+ * closed form must agree with them to 1e-3. (A wrong v in it, (m - 1) t_max + ..., moves the
+ * bubble by (1 - 1/v) t, 20%.) */
+static void test_pipe_closed_form(void) {
+    enum { P = 16, V = 4 };
+    struct l3d_profile prof;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "frontier-1t") == L3D_OK); /* 128 layers: 2 a virtual stage */
+    m.V = 128;
+    const int ms[3] = {48, 32, 64};
+    double bubble[3], t[3];
+    for (int k = 0; k < 3; k++) {
+        struct l3d_plan_run run = l3d_plan_run_default();
+        run.devices = P;
+        run.global_batch = ms[k];
+        struct l3d_layout lay = layout(1, P, 1, 1, V, 0, L3D_RECOMPUTE_NONE, false);
+        struct l3d_plan_result r;
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+        CHECK(r.m == ms[k]);
+        const struct l3d_plan_time *T = &r.time;
+        double busy = T->gemm + T->attention + T->elementwise + T->tp_comm + T->pp_p2p;
+        t[k] = busy / ms[k]; /* the busiest rank's time a micro-batch */
+        bubble[k] = T->bubble;
+        if (k == 0) {
+            double want = (ms[k] + (P - 1.0) / V) * t[k];
+            CHECK(t[k] > 0);
+            CHECK_NEAR(busy + T->bubble, want, want * 1e-5);
+            CHECK_NEAR(T->bubble, (P - 1.0) / V * t[k], t[k] * 1e-3);
+        }
+    }
+    CHECK_NEAR(t[1], t[0], t[0] * 1e-12); /* the same stages, other m */
+    CHECK_NEAR(bubble[0], bubble[1], bubble[1] * 1e-3);
+    CHECK_NEAR(bubble[0], bubble[2], bubble[2] * 1e-3);
+}
+
 int main(void) {
     test_profiles();
     test_memory_mixed();
@@ -1419,6 +1460,7 @@ int main(void) {
     test_gemm_shape();
     test_recompute_and_overlap();
     test_pipe_time();
+    test_pipe_closed_form();
     test_mixed_local();
     test_wgrad_curve();
     test_kernels_one_by_one();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The oracle can fail (llm3d compare, the check behind tests/cli/equiv.sh and tests/cli/ckpt.sh):
 # an identical run and an equivalent layout are SAME (exit 0) with the default tolerances; a
-# perturbed weight, a NaN or Inf weight, a perturbed or NaN loss, a data-parallel run whose
-# gradient reduction is skipped, and runs that end at other steps are DIFFERENT (exit 1); a run
+# perturbed weight, a NaN or Inf weight, a perturbed or NaN loss, a perturbed, doubled or null
+# gradient norm, a data-parallel run whose gradient reduction is skipped, and runs that end at
+# other steps are DIFFERENT (exit 1); a step skipped in both runs (norm null) agrees; a run
 # resumed from a checkpoint into a new --out matches the original on the steps they share; runs
 # that share no step cannot be compared (exit 2). Usage: compare.sh LLM3D SCRATCH_DIR; ctest sets
 # L3D_MPIEXEC to the launcher of the MPI the binary was built with.
@@ -10,6 +11,7 @@ source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, full, train, fail
 start_test "$@"
 check "compare --help says what tolerance equivalent runs need and why" sh -c "'$bin' compare --help | grep -q '^Tolerances. Equivalent layouts (tp, pp, dp, ZeRO) add in other orders'"
 check "  ... and lists its flags, with the defaults" sh -c "'$bin' compare --help | grep -q '^  --loss-rtol R .*(default 1e-5)' && \
+    '$bin' compare --help | grep -q '^  --norm-rtol R .*(default 1e-5)' && \
     '$bin' compare --help | grep -q '^  --verbose '"
 # usage errors: exit 2 (nothing compared), one line naming the flag and the value
 expect_error "--rtol abc" "^llm3d compare: --rtol 'abc' is not a number$" "$bin" compare --rtol abc "$dir/a" "$dir/b"
@@ -55,6 +57,13 @@ set_loss() {
         bad "set_loss $1 $2 $3: no such line"
 }
 loss_of() { sed -n "s/^{\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$dir/$1/metrics.jsonl"; }
+# set_norm NAME STEP VALUE: the gradient norm of STEP becomes VALUE (a number, null); norm_of
+set_norm() {
+    sed -i "s/^\({\"step\":$2,.*\"grad_norm\":\)[^,]*,/\1$3,/" "$dir/$1/metrics.jsonl"
+    grep -q "^{\"step\":$2,.*\"grad_norm\":$3," "$dir/$1/metrics.jsonl" ||
+        bad "set_norm $1 $2 $3: no such line"
+}
+norm_of() { sed -n "s/^{\"step\":$2,.*\"grad_norm\":\([^,]*\),.*/\1/p" "$dir/$1/metrics.jsonl"; }
 
 train ref 0 4 --save-every 4
 train again 0 4
@@ -92,6 +101,29 @@ copy l_nan ref
 set_loss l_nan 3 nan
 expect "a NaN loss: DIFFERENT, by step" 1 "step 3: loss not finite: nan in" l_nan ref
 expect "  ... also under the loosest tolerance" 1 "^DIFFERENT" l_nan ref --rtol 1
+# gradient norms: step 5's 1e-4 relative off; every step's doubled (a loss gradient not divided
+# by the data-parallel replicas: with clipping off or always on, AdamW's scale invariance keeps
+# losses and weights); null (a skipped step) in one run, in both; metrics without norms
+copy n_far ref
+set_norm n_far 5 "$(awk -v l="$(norm_of ref 5)" 'BEGIN { printf "%.9g", l * (1 + 1e-4) }')"
+expect "a perturbed gradient norm: DIFFERENT" 1 "gradient norms: 8 steps .* at step 5" n_far ref
+copy n_double ref
+for s in 1 2 3 4 5 6 7 8; do
+    set_norm n_double $s "$(awk -v l="$(norm_of ref $s)" 'BEGIN { printf "%.9g", 2 * l }')"
+done
+expect "every gradient norm doubled: DIFFERENT, by its norms alone" 1 \
+    "gradient norms: .*worst relative difference 1 " n_double ref --loss-rtol 1 --weights-rtol 1
+copy n_null ref
+set_norm n_null 3 null
+expect "a null gradient norm in one run: DIFFERENT" 1 "step 3: gradient norm not finite: nan in" \
+    n_null ref
+copy n_null2 n_null
+expect "  ... in both (the same step skipped): SAME" 0 "1 steps skipped in both runs" n_null2 n_null
+copy n_none ref
+sed -i 's/"grad_norm":[^,]*,//' "$dir/n_none/metrics.jsonl"
+expect "metrics without gradient norms: the losses and weights compared" 0 \
+    "gradient norms: not compared \(8 lines of .*n_none" n_none ref
+
 copy l_short ref
 sed -i '$d' "$dir/l_short/metrics.jsonl"
 expect "a run that ends a step earlier: DIFFERENT" 1 "ends at step 7, .* at step 8" l_short ref

@@ -63,9 +63,27 @@ names_rank() {
     [ "$n" -ge 1 ] && [ "$n" -eq "$good" ]
 }
 
+# reported_wait LOG: the log has at least one watchdog line, and each says it fired on time: "no
+# progress for X s (--timeout T)" with T <= X <= T + grace + 0.5 s, the grace being the watchdog's
+# T/4 within [1, 30] s (src/comm/watchdog.c: X is the wait when it asked the ranks it waits on
+# whether they are alive, and the job ends after the grace). The end of the job alone is allowed
+# T + 10 s: a watchdog firing at 2 T would pass that at --timeout 3.
+reported_wait() {
+    local n
+    n=$(grep -c "^llm3d: .*no progress for" "$1")
+    [ "$n" -ge 1 ] || return 1
+    grep "^llm3d: .*no progress for" "$1" |
+        sed -n 's/.* no progress for \([0-9.]*\) s (--timeout \([0-9.e+-]*\)).*/\1 \2/p' |
+        awk -v n="$n" '{ g = $2 / 4; g = g < 1 ? 1 : g > 30 ? 30 : g
+                         if (!($1 >= $2 && $1 <= $2 + g + 0.5)) {
+                             print "  fired after " $1 " s at --timeout " $2 " (grace " g " s)"; bad = 1 }
+                         k++ }
+                       END { exit bad || k != n }'
+}
+
 # stop_rank NAME NP RANK EXPECTED_NAME TIMEOUT [flags]: trains until the first checkpoint, stops
 # world rank RANK with SIGSTOP; the job must end by itself within TIMEOUT + 10 s, non-zero, the
-# rank named, the checkpoint untouched and still loadable.
+# rank named, the watchdog on time (reported_wait), the checkpoint untouched and still loadable.
 stop_rank() {
     local name=$1 np=$2 rank=$3 who=$4 to=$5
     shift 5
@@ -106,7 +124,8 @@ stop_rank() {
     # rank file's size, header and checksum) and not older.
     local now
     now=$(cat "$out/checkpoints/latest")
-    [ "$rc" -ne 0 ] && names_rank "$out.log" "$who" && [[ ! "$now" < "$latest" ]] &&
+    [ "$rc" -ne 0 ] && names_rank "$out.log" "$who" && reported_wait "$out.log" &&
+        [[ ! "$now" < "$latest" ]] &&
         "$bin" inspect "$out/checkpoints/$now" > "$out.inspect" 2>&1 || {
         echo "exit $rc, latest $(cat "$out/checkpoints/latest") (was $latest)"
         cat "$out.log" "$out.inspect" 2>/dev/null
@@ -116,11 +135,17 @@ stop_rank() {
 # The watchdog's checks (the SIGSTOPs, the stall) and the MFU check at the end are host code on
 # host figures: not again on the checking backend (cpu_backend), whose NaN runs below take the
 # device paths of this script (the gradient norm read back, an update skipped)
-cpu_backend && check "SIGSTOP rank 1 of dp2: the job ends within --timeout + 10 s, rank 1 \
-named, checkpoint kept" stop_rank dp2 2 1 "rank 1 (tp 0, pp 0, dp 1)" 3 --dp 2
+cpu_backend && check "SIGSTOP rank 1 of dp2: the job ends within --timeout + 10 s, the watchdog \
+fired at --timeout, rank 1 named, checkpoint kept" stop_rank dp2 2 1 "rank 1 (tp 0, pp 0, dp 1)" 3 --dp 2
 # the oracle's negative case: the same log does not name another rank
 cpu_backend && check "  ... the check tells another rank apart" \
     eval "! names_rank '$dir/dp2.log' 'rank 0 (tp 0, pp 0, dp 0)'"
+# the oracle's negative cases: the same line with the wait at twice the timeout, or below it
+cpu_backend && check "  ... and a watchdog firing at 2 x --timeout, or before it" eval "
+    sed 's/no progress for [0-9.]* s/no progress for 6.0 s/' '$dir/dp2.log' > '$dir/dp2_late.log' &&
+    sed 's/no progress for [0-9.]* s/no progress for 2.9 s/' '$dir/dp2.log' > '$dir/dp2_early.log' &&
+    reported_wait '$dir/dp2.log' && ! reported_wait '$dir/dp2_late.log' > /dev/null &&
+    ! reported_wait '$dir/dp2_early.log' > /dev/null"
 if [ "${L3D_MPI:-openmpi}" != mpich ] && cpu_backend; then # the MPICH suite runs 2 ranks
     check "SIGSTOP rank 0 of tp2 x dp2: rank 0 named, checkpoint kept" \
         stop_rank tp2dp2 4 0 "rank 0 (tp 0, pp 0, dp 0)" 3 --tp 2 --dp 2

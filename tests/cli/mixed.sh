@@ -31,14 +31,16 @@ byte_corpus mixed-precision
 TRAIN_FLAGS=("${TINY[@]}" --warmup 3 --lr 1e-3)
 TRAIN_LOG=check
 
-# same NAME RUN REF LOSS_RTOL WEIGHTS_RTOL: llm3d compare says SAME
+# same NAME RUN REF LOSS_RTOL WEIGHTS_RTOL [NORM_RTOL]: llm3d compare says SAME; the gradient
+# norms held to NORM_RTOL, by default the losses' bound (16-bit against fp32: norms within
+# 2.9e-3 at most, under 4u = 7.8e-3)
 same() {
-    if "$bin" compare --loss-rtol "$4" --weights-rtol "$5" "$dir/$2" "$dir/$3" > "$dir/$1.cmp" 2>&1
+    if "$bin" compare --loss-rtol "$4" --norm-rtol "${6:-$4}" --weights-rtol "$5" "$dir/$2" "$dir/$3" > "$dir/$1.cmp" 2>&1
     then echo "ok: $1 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
     else echo "FAIL: $1"; cat "$dir/$1.cmp"; fail=1; fi
 }
 differ() { # differ NAME RUN REF LOSS_RTOL WEIGHTS_RTOL: llm3d compare says DIFFERENT
-    "$bin" compare --loss-rtol "$4" --weights-rtol "$5" "$dir/$2" "$dir/$3" > "$dir/$1.cmp" 2>&1
+    "$bin" compare --loss-rtol "$4" --norm-rtol "$4" --weights-rtol "$5" "$dir/$2" "$dir/$3" > "$dir/$1.cmp" 2>&1
     if [ $? -eq 1 ]; then ok "$1 (rejected: $(tail -1 "$dir/$1.cmp"))"
     else echo "FAIL: $1 was not rejected"; cat "$dir/$1.cmp"; fail=1; fi
 }
@@ -69,7 +71,9 @@ grep -q loss_scale "$dir/p_bf16/metrics.jsonl" && bad "bf16 has no loss scale" |
 # ---- layouts in 16 bits against one 16-bit process ------------------------------------------
 # equiv NAME NP B PRECISION [flags]: against one process with B*DP sequences (L3D_DP replicas;
 # L3D_MODEL: model flags for both runs)
-lt=4.9e-4 wt=0.031
+# Gradient norms: nt. 16-bit sums and products move the norm more than the loss (measured up
+# to 4.2e-4 where the losses agree to 1e-6: fp32_dp2_r16's bf16 gradient sums, bf16_tp2 3e-4)
+lt=4.9e-4 wt=0.031 nt=2e-3
 equiv() {
     local name=$1 np=$2 b=$3 prec=$4
     shift 4
@@ -78,7 +82,7 @@ equiv() {
     [ -f "$dir/$ref/model.bin" ] || train "$ref" 0 $((b * ${L3D_DP:-1})) --steps 10 --eps 1e-4 \
         --precision "$prec" "${model[@]}" ${L3D_REF_FLAGS:-} || return
     train "$name" "$np" "$b" --steps 10 --eps 1e-4 --precision "$prec" "${model[@]}" "$@" &&
-        same "$name" "$name" "$ref" "$lt" "$wt"
+        same "$name" "$name" "$ref" "$lt" "$wt" "$nt"
 }
 ls16=(--initial-loss-scale 1024)
 equiv bf16_tp2 2 4 bf16 --tp 2
@@ -179,7 +183,7 @@ full && train ck_fp32 0 4 "${ck[@]}" --precision fp32 &&
 # ZeRO-2 stages its fp32 master weights for the save; resharded onto one process
 train ck_z2 2 2 "${ck[@]}" --precision bf16 --zero 2 &&
     train ck_z2_on1 0 4 "${ck[@]}" --precision bf16 --resume "$dir/ck_z2/checkpoints/step_00000005" &&
-    same "bf16 ZeRO-2 dp2 checkpoint resumed on one process" ck_z2_on1 ck_z2 "$lt" "$wt"
+    same "bf16 ZeRO-2 dp2 checkpoint resumed on one process" ck_z2_on1 ck_z2 "$lt" "$wt" "$nt"
 
 # ---- llm.c's bf16 file (version 5): written by convert, read by --init-from and generate --------
 ckp="$dir/ck_bf16/checkpoints/step_00000005"
