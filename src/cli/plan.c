@@ -318,7 +318,8 @@ static const struct l3d_flag output_flags[] = {
 };
 
 struct plan_opts {
-    const char *profile, *trainer;
+    const char *profile;
+    int trainer; /* -1: the profile's (llm3d on a CPU), 0: llm3d, 1: megatron */
     int devices, top, flash;
     bool json, published, calibrated;
 };
@@ -328,15 +329,12 @@ static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
     switch (id) {
     case P_PROFILE: o->profile = v; return 1;
     case P_DEVICES: return l3d_arg_int(cmd, "devices", v, 1, 1 << 24, &o->devices);
-    case P_TRAINER:
-        if (strcmp(v, "llm3d") == 0 || strcmp(v, "megatron") == 0) {
-            o->trainer = v;
-            return 1;
-        }
-        fprintf(stderr, "llm3d plan: --trainer '%s': choose llm3d (this project's trainer: fp32 "
-                "gradients and master weights in mixed precision) or megatron (Megatron-LM: "
-                "2-byte gradients)\n", v);
-        return 0;
+    case P_TRAINER: {
+        static const char *const names[] = {"llm3d", "megatron"};
+        return l3d_arg_choice(cmd, "trainer", v, names, 2, &o->trainer,
+                              "llm3d (this project's trainer: fp32 gradients and master weights "
+                              "in mixed precision) or megatron (Megatron-LM: 2-byte gradients)");
+    }
     case P_FLASH: o->flash = 1; return 1;
     case P_NOFLASH: o->flash = 0; return 1;
     case P_CALIBRATED: o->calibrated = true; return 1;
@@ -400,7 +398,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     if (l3d_cli_spec_given(cs, "bucket-mb")) run->bucket_bytes = l->bucket_bytes;
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
      * Megatron-LM's (the GPU clusters' published runs) */
-    run->llm3d = o->trainer ? strcmp(o->trainer, "llm3d") == 0 : prof->compute_units == 0;
+    run->llm3d = o->trainer >= 0 ? o->trainer == 0 : prof->compute_units == 0;
     /* without --precision: llm3d's trainer's own default (fp32), else the profile's 16-bit peak
      * (a CPU profile may have one: oneDNN's bf16 products, gemm_native_bf16) */
     enum l3d_dtype t = l3d_cli_spec_given(cs, "precision") ? p->param
@@ -582,7 +580,7 @@ int l3d_cli_plan(int argc, char **argv) {
     l3d_run_spec_defaults(&spec);
     struct l3d_cli_spec cs;
     l3d_cli_spec_init(&cs, &spec);
-    struct plan_opts o = {.profile = "local", .top = 10, .flash = -1};
+    struct plan_opts o = {.profile = "local", .top = 10, .flash = -1, .trainer = -1};
     int rc = plan_flags(argc, argv, &cs, &o);
     if (rc >= 0) return rc;
     if (o.published) return run_published();

@@ -214,6 +214,8 @@ check "--calibrated is named in the table" bash -c "'$bin' plan --model d12 --pr
     --devices 8 --calibrated | grep -q '^calibrated: the GEMM curve times 0.825'"
 
 # one spelling in every command: the planner's old ones name the new (src/cli/flags.c)
+expect_error "plan --trainer: its two choices" "--trainer 'x': choose llm3d .* or megatron" \
+    "$bin" plan --trainer x --profile "$prof"
 expect_error "plan --hidden names --channels" "--hidden is now --channels" \
     "$bin" plan --hidden 128 --profile "$prof"
 expect_error "plan --micro-batch names --batch" "--micro-batch is now --batch" \
