@@ -323,7 +323,9 @@ int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     if (cs->NH) m->NH = cs->NH;
     if (cs->V) m->V = cs->V;
     if (cs->maxT) m->maxT = cs->maxT;
-    m->ffn = cs->ffn; /* 0: 4C of the sizes now (l3d_gpt_config_finish) */
+    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
+     * SwiGLU preset keeps its own unless --ffn is given */
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
     if (l3d_gpt_config_finish(m) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 2;

@@ -32,7 +32,11 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
     double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
     if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
-    double split = 8 * sbh + 4 * s * b * f + att;
+    /* their 8 s b h of attention is Q, K, V and the projection's input, 2 s b h each: with
+     * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
+     * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
+    double kv = (double)l3d_model_kv_heads(m) / m->NH;
+    double split = (4 + 4 * kv) * sbh + (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f + att;
     return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
@@ -64,6 +68,13 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
     ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->C) / lay->tp) *
                             (2LL * m->C + 1);
+    if (!l3d_plan_gpt2_blocks(m)) { /* other blocks: Megatron-LM's split of them */
+        struct l3d_plan_counts pc;
+        l3d_plan_param_counts(m, lay->tp, &pc);
+        ch->slot = (int64_t)pc.layer;
+        ch->nonlayer = (int64_t)((sh.has_embedding ? pc.embed : 0) + (sh.has_head ? pc.head : 0));
+        ch->n = ch->n_gpt = (int64_t)(sh.layer_count * pc.layer) + ch->nonlayer;
+    }
 }
 
 /* ch's sizes from the memo's entry of its shape (layers, first, last), if there is one */

@@ -156,6 +156,11 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
     if (ffn % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", l->tp,
             (long long)ffn);
+    int kv = l3d_model_kv_heads(m);
+    if (m->NH % l->tp == 0 && kv % l->tp != 0 && l->tp % kv != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d and the model's %d key/value heads: the heads must divide "
+            "by it, or it by them (each KV head then replicated on tp / kv-heads ranks, as "
+            "Megatron-LM does); choose a divisor or a multiple of %d", l->tp, kv, kv);
     int Vp = (m->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
     if (ctx->train && Vp % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the padded vocabulary %d (the vocabulary "
