@@ -59,6 +59,7 @@
 #include "llm3d/optim.h"
 
 struct l3d_dp_piece; /* a pending reduction: private */
+struct l3d_dp_zero3; /* ZeRO-3's gather buffers: private (src/parallel/zero3.c) */
 
 struct l3d_dp {
     struct l3d_gpt *m;
@@ -83,16 +84,25 @@ struct l3d_dp {
     enum l3d_dtype reduce_dtype;
     void *stage[3];
     int64_t stage_fill[3], stage_cap[3];
+    /* ZeRO-3: this rank's parameters (own_count of param_dtype, device memory) and the gathers */
+    void *param_shard;
+    struct l3d_dp_zero3 *z3;
+    double gather_wait_s;  /* time waiting for parameter all-gathers (exposed), reset by caller */
+    double gather_posts_s; /* time posting them (copies and the calls that start them) */
 };
 
 struct l3d_dp_memory {
     size_t params, grads, optimizer, grad_scratch; /* bytes per rank */
     size_t reduce_staging; /* the 16-bit reduction's staging buffers (l3d_dp_reduce_in) */
+    size_t gather;         /* ZeRO-3's gather buffers: prefetch + 1 layers and the non-layer
+                            * tensors, of param_dtype (params counts the shard only) */
 };
 
-/* Sets the model's gradient hooks (and, for ZeRO-2, its gradient slots) and allocates the shard
- * state (ZeRO-2's gradient shard on the model's backend, zeroed; L3D_ERR_OOM when it has no
- * room). zero in {0, 1, 2}; bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
+/* Sets the model's gradient hooks (and, for ZeRO-2 and 3, its gradient slots) and allocates the
+ * shard state (ZeRO-2's gradient shard on the model's backend, zeroed; ZeRO-3's parameter shard
+ * and gather buffers, prefetch 1, and the model's params hooks; L3D_ERR_OOM when it has no room).
+ * zero in {0, 1, 2, 3}; ZeRO-3 needs a model built with L3D_GRADS_SHARDED, ZeRO-2 one with
+ * L3D_GRADS_SLOTS. bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
@@ -111,6 +121,12 @@ void l3d_dp_poll_kernels(struct l3d_dp *dp);
  * tensors' (l3d_dp_memory's reduce_staging). A group of one sends nothing and stages nothing.
  * L3D_ERR_OOM when the staging does not fit. */
 l3d_status l3d_dp_reduce_in(struct l3d_dp *dp, enum l3d_dtype t);
+/* ZeRO-3: the gathers posted ahead of the layer in use, in each pass's direction (0: each layer's
+ * gather waited for where it is needed); prefetch + 1 layer buffers (reallocated; between steps).
+ * L3D_ERR_OOM when they do not fit. */
+l3d_status l3d_dp_zero3_prefetch(struct l3d_dp *dp, int prefetch);
+/* ZeRO-3's gather buffers' bytes (0 for other stages). */
+size_t l3d_dp_zero3_gather_bytes(const struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */

@@ -75,7 +75,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     const struct l3d_pp_schedule *sched = &t->lay.sched;
     int v = t->lay.v, pp = t->lay.pp, r = topo->pp_rank;
     double t0 = l3d_time_s();
-    for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = 0.0;
+    for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
