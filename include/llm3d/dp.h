@@ -1,6 +1,6 @@
 /*
  * llm3d data parallelism: gradient averaging in buckets overlapped with the backward pass, and
- * ZeRO stages 1 and 2 (Rajbhandari et al. 2020) over the data-parallel group.
+ * ZeRO stages 1, 2 and 3 (Rajbhandari et al. 2020) over the data-parallel group.
  *
  *   struct l3d_dp dp;
  *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
@@ -28,8 +28,20 @@
  *   zero 0:  4N params + 4N grads + 8N moments          = 16N   (paper: 16N)
  *   zero 1:  4N params + 4N grads + 8N/dp moments       = 8N + 8N/dp   (paper: 4N + 12N/dp)
  *   zero 2:  4N params + 4N/dp grads + 8N/dp moments    = 4N + 12N/dp  (paper: 2N + 14N/dp)
- * ZeRO-2 also holds two layers' worth of gradient slots and the non-layer tensors' gradients
+ *   zero 3:  4N/dp params + 4N/dp grads + 8N/dp moments  = 16N/dp (paper: 16N/dp)
+ * ZeRO-2 and 3 also hold two layers' worth of gradient slots and the non-layer tensors' gradients
  * (embeddings, final LayerNorm) while the backward pass runs; l3d_dp_memory() reports them apart.
+ *
+ * ZeRO-3 (src/parallel/zero3.c): the model holds no parameters (L3D_GRADS_SHARDED); this rank's
+ * range of them is param_shard (the model's type; AdamW updates it in place, nothing is gathered
+ * after the step). The model's params_get hook gathers a layer's 12 tensor slices (one in-place
+ * all-gatherv each) into a buffer laid out as the gradient slot, just before the layer, in forward
+ * and again in backward (a full recomputation reuses backward's), and posts the next
+ * l3d_dp_zero3_prefetch layers' gathers (1 by default) before waiting, so they overlap the layer's
+ * compute; params_done frees the buffer. The non-layer tensors are gathered once a pass. Every
+ * micro-batch gathers again (nothing is kept across micro-batches or pipeline passes). Gradients
+ * take ZeRO-2's path. Memory adds the gather buffers: (prefetch + 1) layers and the non-layer
+ * tensors (l3d_dp_memory's gather).
  * The gradients, the shard and the parameters are device memory (include/llm3d/backend.h): the
  * communicators are given them as they are, and only backend kernels touch them.
  *
