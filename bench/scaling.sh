@@ -105,6 +105,6 @@ if [ "${SCALING_ZERO3:-1}" = 1 ]; then
         printf "ZeRO-3 (2 ranks, B=4): ZeRO-1 %.1f ms/step, ZeRO-3 %.1f ms/step (%.3fx ZeRO-1), " \
             "without prefetch %.1f ms (%.3fx); all-gather wait %.1f ms/step with prefetch 1, " \
             "%.1f ms without: %.0f%% of it hidden\n", a, b, b / a, c, c / a, w1, w0,
-            w0 > 0 ? 100 * (1 - w1 / w0) : 0 }'
+            (w0 > 0 ? 100 * (1 - w1 / w0) : 0) }'  # parenthesised: a bare > redirects
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
