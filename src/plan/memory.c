@@ -168,8 +168,14 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         int64_t n = ch[k].n_gpt;
         int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
         int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
-        mem->params += w * n;
-        if (lay->zero == 2) {
+        if (lay->zero == 3) { /* the shard, the non-layer and prefetch + 1 layer gather buffers */
+            double bufs = lay->zero3_prefetch > 0 ? lay->zero3_prefetch + 1 : 1;
+            mem->params += w * (own + 1) + (w * (double)ch[k].nonlayer + 64) +
+                           bufs * (w * (double)ch[k].slot + 64);
+        } else {
+            mem->params += w * n;
+        }
+        if (lay->zero >= 2) {
             double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
             mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
         } else {
@@ -179,9 +185,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation
-         * and for each save (l3d_dp_fp32_params): allocated then freed, at the peak */
-        if (lay->zero == 2 && dt != L3D_F32) staging += f32 * n;
+        /* ZeRO-2 in mixed precision and ZeRO-3 in every precision stage the chunk's fp32
+         * parameters at initialisation and for each save (l3d_dp_fp32_params): allocated then
+         * freed, at the peak */
+        if ((lay->zero == 2 && dt != L3D_F32) || lay->zero == 3) staging += f32 * n;
     }
     /* the fp32 operands of the largest 16-bit product, once (freed after each product),
      * unless the profile says the products run in 16-bit kernels (gemm_native_T) */
