@@ -524,16 +524,11 @@ static void cuda_unscale(void *ctx, enum l3d_dtype dt, float *found_inf, void *x
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
+static void close_device(struct cuda_ctx *cx);
 static void cuda_free(void *ctx) {
     struct cuda_ctx *cx = ctx;
-    cudaStreamSynchronize(cx->stream);
+    close_device(cx);
     for (int i = 0; i < cx->n_events; i++) cudaEventDestroy(cx->events[i]);
-    cudaFree(cx->att_D);
-    cudaFree(cx->enc);
-    cudaFree(cx->partials);
-    cudaFree(cx->workspace);
-    cublasLtDestroy(cx->lt);
-    cudaStreamDestroy(cx->stream);
     l3d_cuda_allocs_free(&cx->allocs);
     l3d_free(cx);
 }
@@ -591,6 +586,41 @@ static void read_device(struct cuda_ctx *cx) {
                                     prop.multiProcessorCount, clock_khz};
 }
 
+/* the stream, cuBLASLt and the fixed scratch on cx->device */
+static void open_device(struct cuda_ctx *cx) {
+    CUDA_CHECK(cudaSetDevice(cx->device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
+    LT_CHECK(cublasLtCreate(&cx->lt));
+    CUDA_CHECK(cudaMalloc(&cx->workspace, L3D_LT_WORKSPACE));
+    CUDA_CHECK(cudaMalloc((void **)&cx->partials, L3D_CUK_PARTIALS * sizeof(double)));
+    read_device(cx);
+}
+static void close_device(struct cuda_ctx *cx) {
+    cudaStreamSynchronize(cx->stream);
+    cudaFree(cx->att_D);
+    cudaFree(cx->enc);
+    cudaFree(cx->partials);
+    cudaFree(cx->workspace);
+    cublasLtDestroy(cx->lt);
+    cudaStreamDestroy(cx->stream);
+    cx->att_D = NULL;
+    cx->enc = NULL;
+    cx->att_D_n = cx->enc_n = 0;
+}
+
+void l3d_backend_cuda_rebind(struct l3d_backend *be, int local_rank) {
+    L3D_ASSERT(l3d_backend_is_cuda(be));
+    struct cuda_ctx *cx = be->ctx;
+    int ndev = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    int d = l3d_cuda_pick_device(local_rank, ndev);
+    if (d == cx->device) return;
+    L3D_ASSERT(cx->allocs.count == 0 && cx->n_events == 0);
+    close_device(cx);
+    cx->device = d;
+    open_device(cx);
+}
+
 struct l3d_backend *l3d_backend_cuda_init(void) {
     int local = l3d_cuda_env_local_rank(), ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
@@ -602,12 +632,7 @@ struct l3d_backend *l3d_backend_cuda_init(void) {
         fprintf(stderr, "llm3d: the CUDA backend has not yet run on a GPU (experimental)\n");
     struct cuda_ctx *cx = l3d_calloc(sizeof *cx, "cuda backend");
     cx->device = l3d_cuda_pick_device(local, ndev);
-    CUDA_CHECK(cudaSetDevice(cx->device));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking));
-    LT_CHECK(cublasLtCreate(&cx->lt));
-    CUDA_CHECK(cudaMalloc(&cx->workspace, L3D_LT_WORKSPACE));
-    CUDA_CHECK(cudaMalloc((void **)&cx->partials, L3D_CUK_PARTIALS * sizeof(double)));
-    read_device(cx);
+    open_device(cx);
     return l3d_backend_make(&cuda_backend_i, cx);
 }
 

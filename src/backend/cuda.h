@@ -19,6 +19,9 @@ bool l3d_backend_is_cuda(const struct l3d_backend *be);
 /* the backend's stream (a cudaStream_t), on which every kernel and copy runs in issue order */
 void *l3d_backend_cuda_stream(struct l3d_backend *be);
 int l3d_backend_cuda_device(struct l3d_backend *be);
+/* Moves the backend to device local_rank modulo the visible devices, before anything is allocated
+ * (the device world does it when the launcher announced no local rank). */
+void l3d_backend_cuda_rebind(struct l3d_backend *be, int local_rank);
 /* whether p is device memory (cudaPointerGetAttributes): host buffers pass to MPI as they are */
 bool l3d_cuda_is_device_ptr(const void *p);
 
