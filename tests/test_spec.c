@@ -221,6 +221,37 @@ static void test_presets(void) {
     CHECK(strstr(l3d_model_preset_names(), "d12 (gpt2, 124M)"));
 }
 
+/* The architecture's rules and its parameter count (Llama 2 7B: 6.74B, Touvron et al. 2023). */
+static void test_architecture(void) {
+    struct l3d_model_spec m = {.L = 32, .C = 4096, .NH = 32, .V = 32000, .maxT = 4096,
+                               .ffn = 11008, .arch = L3D_ARCH_LLAMA, .norm = L3D_NORM_RMSNORM,
+                               .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true,
+                               .untied = true};
+    CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+    CHECK_NEAR(l3d_model_param_count(&m), 6738415616.0, 0.5);
+    CHECK(m.rope.theta == 10000.0 && m.norm_eps == 1e-5f && l3d_model_kv_heads(&m) == 32);
+    /* GPT-2 124M: 124,475,904 parameters with the padded vocabulary (llm.c's count) */
+    struct l3d_model_spec g;
+    CHECK(l3d_model_preset(&g, "gpt2") == L3D_OK);
+    CHECK_NEAR(l3d_model_param_count(&g), 124475904.0, 0.5);
+    struct l3d_model_spec bad = m;
+    bad.NKV = 5;
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "key/value heads (5) must divide the 32") != NULL);
+    bad = m;
+    bad.ffn = 0;
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "SwiGLU"));
+    bad = m;
+    bad.C = 4064; /* 127 per head */
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "even head"));
+    bad = m;
+    bad.rope.factor = 8.0; /* Llama 3.1's scaling without its other keys */
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "scaling"));
+    bad.rope = (struct l3d_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1,
+                                 .high_freq_factor = 4, .original_context = 8192};
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_OK);
+}
+
 int main(void) {
     test_layout_rules();
     test_batch_rules();
@@ -228,5 +259,6 @@ int main(void) {
     test_every_rule_said();
     test_param_bytes();
     test_presets();
+    test_architecture();
     return TEST_REPORT();
 }

@@ -15,6 +15,53 @@
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
+int l3d_model_kv_heads(const struct l3d_model_spec *m) {
+    return m->NKV > 0 ? m->NKV : m->NH;
+}
+
+/* Parameters of the whole model (doubles: the checks run before the sizes are known to fit). */
+double l3d_model_param_count(const struct l3d_model_spec *m) {
+    double C = m->C, hd = (double)m->C / m->NH, kv = l3d_model_kv_heads(m) * hd;
+    double F = m->ffn > 0 ? (double)m->ffn : 4.0 * C, bias = m->no_bias ? 0.0 : 1.0;
+    double norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C; /* LayerNorm: weight and bias */
+    double attn = C * C + 2 * C * kv + C * C + bias * (C + 2 * kv + C);
+    double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
+    double Vp = m->Vp > 0 ? m->Vp : m->V;
+    return m->L * (2 * norm + attn + mlp) + Vp * C * (m->untied ? 2 : 1) +
+           (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0) + norm;
+}
+
+/* The architecture's own rules (sizes are checked by the caller first). */
+static l3d_status arch_check(struct l3d_model_spec *cfg) {
+    if (cfg->NKV < 0 || (cfg->NKV > 0 && cfg->NH % cfg->NKV != 0))
+        return l3d_error(L3D_ERR_ARG, "key/value heads (%d) must divide the %d query heads "
+                         "(grouped-query attention): give a divisor of %d", cfg->NKV, cfg->NH,
+                         cfg->NH);
+    if (cfg->norm_eps == 0.0f) cfg->norm_eps = 1e-5f;
+    if (!(cfg->norm_eps > 0.0f && cfg->norm_eps < 1.0f))
+        return l3d_error(L3D_ERR_ARG, "norm epsilon %g: give a value in (0, 1), e.g. 1e-5",
+                         (double)cfg->norm_eps);
+    if (cfg->mlp == L3D_MLP_SWIGLU && cfg->ffn <= 0)
+        return l3d_error(L3D_ERR_ARG, "a SwiGLU MLP needs its hidden size (ffn, "
+                         "intermediate_size): give it");
+    if (cfg->pos == L3D_POS_ROPE) {
+        if ((cfg->C / cfg->NH) % 2 != 0)
+            return l3d_error(L3D_ERR_ARG, "rotary positions need an even head size, not %d "
+                             "(channels %d / heads %d)", cfg->C / cfg->NH, cfg->C, cfg->NH);
+        struct l3d_rope *r = &cfg->rope;
+        if (r->theta == 0.0) r->theta = 10000.0;
+        if (!(r->theta > 1.0) || !(r->factor >= 0.0))
+            return l3d_error(L3D_ERR_ARG, "rope theta %g, scaling factor %g: give theta > 1 and "
+                             "a factor >= 0 (0: no scaling)", r->theta, r->factor);
+        if (r->factor > 0.0 && !(r->original_context > 0 && r->low_freq_factor > 0.0 &&
+                                 r->high_freq_factor > r->low_freq_factor))
+            return l3d_error(L3D_ERR_ARG, "rope scaling (factor %g) needs original context > 0 "
+                             "(%d) and high_freq_factor (%g) > low_freq_factor (%g) > 0", r->factor,
+                             r->original_context, r->high_freq_factor, r->low_freq_factor);
+    }
+    return L3D_OK;
+}
+
 l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
@@ -25,14 +72,17 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->V > (1 << 30))
         return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
     /* sane limits (far above any GPT): every count and byte size below then fits an int64_t */
-    if (cfg->L > L3D_MAX_LAYERS || cfg->C > L3D_MAX_CHANNELS || cfg->maxT > L3D_MAX_CONTEXT)
+    if (cfg->L > L3D_MAX_LAYERS || cfg->C > L3D_MAX_CHANNELS || cfg->maxT > L3D_MAX_CONTEXT ||
+        cfg->ffn > 16LL * L3D_MAX_CHANNELS)
         return l3d_error(L3D_ERR_ARG, "model too large: layers %d (at most %d), channels %d (at "
-                         "most %d), context %d (at most %d)", cfg->L, L3D_MAX_LAYERS, cfg->C,
-                         L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT);
+                         "most %d), context %d (at most %d), MLP width %lld (at most %d)", cfg->L,
+                         L3D_MAX_LAYERS, cfg->C, L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT,
+                         (long long)cfg->ffn, 16 * L3D_MAX_CHANNELS);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    l3d_status st = arch_check(cfg);
+    if (st != L3D_OK) return st;
     if (cfg->ffn <= 0) cfg->ffn = 4LL * cfg->C; /* GPT-2's MLP */
-    double C = cfg->C, params = (double)cfg->L * (12 * C * C + 13 * C) +
-                                ((double)cfg->Vp + cfg->maxT) * C + 2 * C;
+    double params = l3d_model_param_count(cfg);
     if (params > L3D_MAX_PARAMS)
         return l3d_error(L3D_ERR_ARG, "model too large: %.3g parameters (layers %d, channels %d, "
                          "vocabulary %d, context %d; at most 2^56)", params, cfg->L, cfg->C,
@@ -341,6 +391,12 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
+    if (cfg->arch != L3D_ARCH_GPT2 || l3d_model_kv_heads(cfg) != cfg->NH || cfg->norm != L3D_NORM_LAYERNORM ||
+        cfg->mlp != L3D_MLP_GELU || cfg->pos != L3D_POS_LEARNED || cfg->no_bias || cfg->untied ||
+        cfg->ffn != 4LL * cfg->C || cfg->norm_eps != 1e-5f)
+        return l3d_error(L3D_ERR_ARG, "model '%s': the trainer builds GPT-2's blocks only (LayerNorm, "
+                         "learned positions, GELU MLP of 4C, biases, tied head); Llama-family "
+                         "blocks are not implemented yet", cfg->name[0] ? cfg->name : "custom");
     if (B < 1 || T < 1)
         return l3d_error(L3D_ERR_ARG, "batch size (%d) and sequence length (%d) must be positive",
                          B, T);
