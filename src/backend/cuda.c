@@ -623,13 +623,13 @@ void l3d_backend_cuda_rebind(struct l3d_backend *be, int local_rank) {
 
 struct l3d_backend *l3d_backend_cuda_init(void) {
     int local = l3d_cuda_env_local_rank(), ndev = 0;
+    if (local <= 0)
+        fprintf(stderr, "llm3d: the CUDA backend has not yet run on a GPU (experimental)\n");
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0)
         l3d_fatal(__FILE__, __LINE__, "backend cuda: no CUDA device (%s): run on a machine with "
                   "a GPU, or use --backend cpu", e != cudaSuccess ? cudaGetErrorString(e) :
                   "cudaGetDeviceCount found none");
-    if (local <= 0)
-        fprintf(stderr, "llm3d: the CUDA backend has not yet run on a GPU (experimental)\n");
     struct cuda_ctx *cx = l3d_calloc(sizeof *cx, "cuda backend");
     cx->device = l3d_cuda_pick_device(local, ndev);
     open_device(cx);
