@@ -4,6 +4,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 MPICH_BUILD ?= build-mpich
 FUZZ_BUILD ?= build-fuzz
+CUDA_BUILD ?= build-cuda
+NVCC ?= /usr/local/cuda/bin/nvcc
 # seconds each libFuzzer target runs: in `make test` (test-fuzz) and in `make fuzz`
 FUZZ_TEST_SECONDS ?= 4
 FUZZ_SECONDS ?= 600
@@ -18,7 +20,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
+.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-text scaling pipeline calibrate \
 	plan-local mutants clean
 
 all: build
@@ -36,6 +38,7 @@ test: build
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-mpich
 	$(MAKE) --no-print-directory test-fuzz
+	$(MAKE) --no-print-directory test-cuda
 
 # libFuzzer targets for every parser (tests/fuzz/README.md), FUZZ_TEST_SECONDS each, in a build of
 # their own with clang (instrumented library, ASan + UBSan); skipped, said in one line, without
@@ -58,6 +61,20 @@ test-fuzz:
 fuzz:
 	@$(MAKE) --no-print-directory fuzz-build FUZZ_SECONDS_NOW=$(FUZZ_SECONDS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -V -L fuzz | grep -E 'executions in|crash|FAIL|ERROR'
+
+# The CUDA backend and NCCL communicator (experimental: not yet run on a GPU), built with -Werror
+# whenever nvcc is there (CI machines have the toolkit in /usr/local/cuda), and its tests that need
+# no GPU run (ctest -L nogpu: device choice, communicator choice, launch shapes, memory accounting,
+# the peak table); the kernel test (label gpu) is scripts/gpu-check.sh's. Without nvcc: one line.
+test-cuda: setup
+	@if [ -x $(NVCC) ]; then \
+	    mkdir -p $(CUDA_BUILD) && \
+	    { cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_CUDA=ON -DL3D_WERROR=ON \
+	        -DCMAKE_CUDA_COMPILER=$(NVCC) > $(CUDA_BUILD)/configure.log || \
+	      { cat $(CUDA_BUILD)/configure.log; exit 1; }; } && \
+	    cmake --build $(CUDA_BUILD) -j$(JOBS) --target llm3d test_cuda_host test_cuda_kernels && \
+	    cd $(CUDA_BUILD) && ctest --output-on-failure -L nogpu; \
+	else echo "cuda: skipped: no $(NVCC) (the CUDA toolkit; the CUDA backend is not built)"; fi
 
 # The same code built against MPICH: the MPI and equivalence tests on 2 ranks (MPICH busy-waits
 # when ranks outnumber the cores, 40-60x slower, so no 4-rank runs here).
@@ -139,4 +156,4 @@ mutants:
 	MUTANTS_DIR=$(MUTANTS_DIR) JOBS=$(JOBS) TEST_JOBS=$(TEST_JOBS) bash tests/mutants/run.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD) $(MUTANTS_DIR)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD) $(CUDA_BUILD) $(MUTANTS_DIR)
