@@ -40,6 +40,10 @@ int l3d_cli_compare(int argc, char **argv);
 int l3d_cli_convert(int argc, char **argv);
 /* llm3d inspect PATH [--tokenizer SPEC] [--json] (src/cli/inspect.c) */
 int l3d_cli_inspect(int argc, char **argv);
+/* llm3d plot RUN... | --trace FILE | --xy FILE, --out FILE.svg (src/cli/plot.c); --xy's
+ * reader (src/cli/plot_xy.c) */
+int l3d_cli_plot(int argc, char **argv);
+int l3d_cli_plot_xy(const char *path, const char *out);
 /* llm3d generate --checkpoint FILE [flags] (src/cli/generate.c) */
 int l3d_cli_generate(int argc, char **argv);
 
