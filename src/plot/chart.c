@@ -282,10 +282,9 @@ static void draw_refs(struct l3d_svg *g, const struct l3d_plot_chart *c, const s
         l3d_svg_printf(g, "<g class=\"ref\"><line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" "
                        "stroke=\"#555555\" stroke-width=\"1.2\" stroke-dasharray=\"3 3\"/>", x1,
                        x2, y1, y2);
-        if (r->label)
-            l3d_svg_text(g, r->kind == L3D_REF_VLINE ? x2 + 4 : x2 - 4,
-                         r->kind == L3D_REF_VLINE ? fmin(y1, y2) + 12 : y2 - 5, 11,
-                         r->kind == L3D_REF_VLINE ? "start" : "end", NULL, r->label);
+        if (r->label) /* inside the plot, left of a vertical line, under the others' end */
+            l3d_svg_text(g, x2 - 4, r->kind == L3D_REF_HLINE ? y2 - 5 : fmin(y1, y2) + 14, 11,
+                         "end", NULL, r->label);
         l3d_svg_printf(g, "</g>\n");
     }
 }

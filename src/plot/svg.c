@@ -122,7 +122,8 @@ static int log_ticks(double *lo, double *hi, int target, double *t, int max) {
         for (double e = a - 1; e <= b && n < max; e++)
             for (int i = 0; i < 3 && n < max; i++) {
                 double v = m[i] * pow(10, e);
-                if (v * 1.0001 < l && (i == 2 || m[i + 1] * pow(10, e) * 1.0001 <= l)) continue;
+                double next = i == 2 ? pow(10, e + 1) : m[i + 1] * pow(10, e);
+                if (v * 1.0001 < l && next * 1.0001 <= l) continue; /* the last tick below l */
                 if (v > h * 1.0001 && (n == 0 || t[n - 1] * 1.0001 >= h)) continue;
                 t[n++] = v;
                 *lo = v < *lo ? v : *lo;
