@@ -258,7 +258,8 @@ static void draw_rows(struct l3d_svg *s, struct trace *t, const struct geom *g, 
             const struct ev *e = &t->ev[i];
             if (!in_window(e, g->w0, g->w1)) continue;
             double a = gx(g, e->t0), b = gx(g, e->t1);
-            if (e->kind == kind && a - x1 < 1.0) { /* within a pixel: one box */
+            /* boxes too narrow to read that follow within a pixel: one box */
+            if (e->kind == kind && a - x1 < 1.0 && (x1 - x0 < 2.0 || b - a < 2.0)) {
                 x1 = fmax(x1, b);
                 label = -1;
                 continue;
