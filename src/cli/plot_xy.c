@@ -48,6 +48,10 @@ static l3d_status header(struct xy *d, char *line, const char *path, int lineno)
     while (*v == ' ') v++;
     struct panel *pn = &d->p[d->np ? d->np - 1 : 0];
     if (strcmp(p, "panel") == 0) {
+        if (d->np == 1 && d->p[0].ns == 0 && !d->p[0].title[0]) { /* the keys before it: its */
+            snprintf(d->p[0].title, sizeof d->p[0].title, "%s", v);
+            return L3D_OK;
+        }
         if (d->np == MAX_PANELS)
             return l3d_error(L3D_ERR_FORMAT, "%s: line %d: more than %d panels", path, lineno,
                              MAX_PANELS);
