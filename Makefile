@@ -85,8 +85,9 @@ test-asan: setup
 
 # A byte-level BPE vocabulary of 4096 tokens learnt from the fortunes packages' text files (one
 # fortune a document, "%" lines between them), a GPT (4 layers, 256 channels, 4 heads, context 128)
-# trained on it, its loss curves drawn ($(DEMO_OUT)/loss.svg), then a sample through the KV cache. About 3-4 minutes on 2 cores. Each run starts
-# the demo's run directory over (--overwrite: llm3d refuses to start a new run into a used one).
+# trained on it, its loss curves drawn ($(DEMO_OUT)/loss.svg), then a sample through the KV cache.
+# About 3-4 minutes on 2 cores. Each run starts the demo's run directory over (--overwrite: llm3d
+# refuses to start a new run into a used one).
 DEMO_TOK ?= data/fortunes-bpe
 DEMO_VOCAB ?= 4096
 demo: build
