@@ -102,8 +102,9 @@ test-asan: setup
 
 # A byte-level BPE vocabulary of 4096 tokens learnt from the fortunes packages' text files (one
 # fortune a document, "%" lines between them), a GPT (4 layers, 256 channels, 4 heads, context 128)
-# trained on it, then a sample through the KV cache. About 3-4 minutes on 2 cores. Each run starts
-# the demo's run directory over (--overwrite: llm3d refuses to start a new run into a used one).
+# trained on it, its loss curves drawn ($(DEMO_OUT)/loss.svg), then a sample through the KV cache.
+# About 3-4 minutes on 2 cores. Each run starts the demo's run directory over (--overwrite: llm3d
+# refuses to start a new run into a used one).
 DEMO_TOK ?= data/fortunes-bpe
 DEMO_VOCAB ?= 4096
 demo: build
@@ -113,6 +114,7 @@ demo: build
 	    --seq-len 128 --batch 16 --steps $(DEMO_STEPS) --lr 2e-3 --min-lr 2e-4 --warmup 30 \
 	    --val-every 250 --overwrite \
 	    --train '$(DEMO_DATA)/train_*.bin' --val '$(DEMO_DATA)/val_*.bin' --out $(DEMO_OUT)
+	$(BUILD)/llm3d plot $(DEMO_OUT) --out $(DEMO_OUT)/loss.svg
 	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --tokenizer $(DEMO_TOK) \
 	    --prompt "The meaning of life is" --max-tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95
 

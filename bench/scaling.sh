@@ -13,6 +13,8 @@
 # blocking, or --comm overlap with --progress none|poll|thread (a bare "overlap" passes no
 # --progress: the binary's default, for builds before the flag). SCALING_ZERO: stages (0 1 2).
 # SCALING_ROUNDS (default 1): rounds of every configuration, interleaved; medians over rounds.
+# SCALING_SVG (default BUILD_DIR/scaling.svg): the efficiencies drawn by `llm3d plot --xy`, weak and
+# strong, one line per ZeRO stage and mode, with the ideal (100%).
 # ZeRO-3 (SCALING_ZERO3=0 skips it): 2 ranks at B=4 in the trainer's default progress, ZeRO-1,
 # ZeRO-3 and ZeRO-3 without prefetch in each round: ZeRO-3's step time against ZeRO-1's, and the
 # fraction of the parameter all-gathers' time hidden, 1 - wait(prefetch 1) / wait(prefetch 0)
@@ -86,6 +88,8 @@ for ((r = 0; r < rounds; r++)); do
     fi
 done
 t1=$(mid t1) t1s=$(mid t1s) ctl=$(mid ctl)
+xy="$dir/scaling.tsv"
+printf '# title: Data parallelism, 1 -> 2 ranks (%s, %s steps, %s round(s))\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n' "$model" "$steps" "$rounds" > "$xy"
 awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
 for zero in $stages; do
     for mode in $modes; do
@@ -99,6 +103,17 @@ for zero in $stages; do
                 z, m, 8*a, t1s, t2, 100*t1s/(2*t2), 100*(t1s/(2*t2))/(t1/ctl), all }'
     done
 done
+for kind in weak strong; do
+    echo "# panel: $kind scaling" >> "$xy"
+    for zero in $stages; do
+        for mode in $modes; do
+            awk -v k=$kind -v z=$zero -v m=$mode -v t1=$t1 -v t1s=$t1s -v t2="$(mid "t2_${zero}_$mode")" 'BEGIN {
+                printf "ZeRO-%d %s\t1\t100\nZeRO-%d %s\t2\t%.2f\n", z, m, z, m,
+                    k == "weak" ? 100*t1/t2 : 100*t1s/(2*t2) }' >> "$xy"
+        done
+    done
+done
+"$bin" plot --xy "$xy" --out "${SCALING_SVG:-$build/scaling.svg}"
 if [ "${SCALING_ZERO3:-1}" = 1 ]; then
     awk -v a="$(mid z3_t1)" -v b="$(mid z3_t3)" -v c="$(mid z3_t0)" -v w1="$(mid z3_w1)" \
         -v w0="$(mid z3_w0)" 'BEGIN {
