@@ -39,9 +39,9 @@ static bool same_ids(const struct l3d_ids *a, const struct l3d_ids *b) {
 /* Every vector of file: the same ids; decoding gives the text back (valid UTF-8 or not); and the
  * first vector with ids, one id perturbed, no longer compares equal. Returns the case count. */
 static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
-    char path[8192];
+    char path[8400];
     snprintf(path, sizeof path, "%s/%s", data_dir, file);
-    FILE *fp = fopen(path, "r");
+    FILE *fp = fopen(file[0] == '/' ? file : path, "r"); /* a name under tests/data, or a path */
     CHECK(fp != NULL);
     if (!fp) return 0;
     struct l3d_encoder *e = l3d_encoder_init(t);
@@ -130,6 +130,118 @@ static void test_errors(void) {
     expect_error("norank.tiktoken", "IQ==\n", "line 1 is not");
 }
 
+static char *slurp(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    L3D_ASSERT(fp != NULL);
+    fseek(fp, 0, SEEK_END);
+    *n = (size_t)ftell(fp);
+    rewind(fp);
+    char *b = malloc(*n + 1);
+    L3D_ASSERT(fread(b, 1, *n, fp) == *n);
+    b[*n] = '\0';
+    fclose(fp);
+    return b;
+}
+
+/* Writes tmp_dir/NAME/tokenizer.json: GPT-2's vocabulary and merges (tests/data/gpt2) as the
+ * `tokenizers` library serialises them, with the given normalizer, pre_tokenizer and model type. */
+static void write_hf(const char *name, const char *normalizer, const char *pre, const char *model) {
+    char path[8400];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/gpt2/encoder.json", data_dir);
+    size_t nv, nm;
+    char *vocab = slurp(path, &nv);
+    snprintf(path, sizeof path, "%s/gpt2/vocab.bpe", data_dir);
+    char *merges = slurp(path, &nm);
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", tmp_dir, name);
+    FILE *fp = fopen(path, "w");
+    L3D_ASSERT(fp != NULL);
+    fprintf(fp, "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 50256, \"content\": "
+            "\"<|endoftext|>\", \"special\": true}], \"normalizer\": %s, \"pre_tokenizer\": %s, "
+            "\"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": "
+            "{\"type\": \"%s\", \"ignore_merges\": false, \"vocab\": %s, \"merges\": [",
+            normalizer, pre, model, vocab);
+    char *line = strchr(merges, '\n') + 1; /* past "#version" */
+    for (bool first = true; *line; first = false) {
+        char *end = strchr(line, '\n');
+        if (!end || end == line) break;
+        fputs(first ? "\"" : ", \"", fp);
+        for (char *c = line; c < end; c++) {
+            if (*c == '"' || *c == '\\') fputc('\\', fp);
+            fputc(*c, fp);
+        }
+        fputc('"', fp);
+        line = end + 1;
+    }
+    fputs("]}}\n", fp);
+    fclose(fp);
+    free(vocab);
+    free(merges);
+}
+
+/* tokenizer.json: GPT-2's written as a ByteLevel BPE, and as a Split + ByteLevel(use_regex false)
+ * with GPT-2's pattern, encode every GPT-2 reference vector (tests/data/gpt2_vectors.tsv, of
+ * gpt-3-encoder) exactly; a special token allowed is its id; refused features are named. */
+static void test_hf(void) {
+    static const char *pre[] = {
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}",
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+        "{\"Regex\": \"'s|'t|'re|'ve|'m|'ll|'d| ?\\\\p{L}+| ?\\\\p{N}+| ?[^\\\\s\\\\p{L}\\\\p{N}]+|"
+        "\\\\s+(?!\\\\S)|\\\\s+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": "
+        "\"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}",
+    };
+    for (int k = 0; k < 2; k++) {
+        char dir[8400];
+        write_hf(k ? "hf_split" : "hf_bytelevel", "null", pre[k], "BPE");
+        snprintf(dir, sizeof dir, "%s/%s", tmp_dir, k ? "hf_split" : "hf_bytelevel");
+        struct l3d_tokenizer *t;
+        l3d_status st = l3d_tokenizer_open(&t, dir);
+        if (st != L3D_OK) fprintf(stderr, "%s\n", l3d_error_message());
+        CHECK(st == L3D_OK);
+        if (st != L3D_OK) continue;
+        CHECK(l3d_tokenizer_vocab_size(t) == 50257 && l3d_tokenizer_eot(t) == 50256);
+        char path[8400];
+        snprintf(path, sizeof path, "%s/gpt2_vectors.tsv", data_dir);
+        FILE *in = fopen(path, "r"), *out;
+        static char line[1 << 17];
+        char tsv[8400];
+        snprintf(tsv, sizeof tsv, "%s/hf.tsv", tmp_dir);
+        out = fopen(tsv, "w");
+        L3D_ASSERT(in && out);
+        while (fgets(line, sizeof line, in)) fprintf(out, "o\t%s", line); /* as ordinary cases */
+        fclose(in);
+        fclose(out);
+        CHECK(test_vectors(t, tsv) >= 400);
+        struct l3d_encoder *e = l3d_encoder_init(t);
+        struct l3d_ids ids = {0};
+        l3d_encoder_encode_special(e, "a<|endoftext|>b", 15, &ids);
+        CHECK(ids.n == 3 && ids.v[1] == 50256);
+        l3d_ids_free(&ids);
+        l3d_encoder_free(e);
+        l3d_tokenizer_free(t);
+    }
+    static const struct {
+        const char *norm, *pre, *model, *want;
+    } bad[] = {
+        {"{\"type\": \"NFC\"}", NULL, "BPE", "the normalizer NFC is not supported"},
+        {"null", NULL, "WordPiece", "the model WordPiece is not supported"},
+        {"null", NULL, "Unigram", "the model Unigram is not supported"},
+        {"null", "{\"type\": \"Whitespace\"}", "BPE", "the pre_tokenizer Whitespace is not supported"},
+        {"null", "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", "BPE", "add_prefix_space"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[8400];
+        write_hf("hf_bad", bad[i].norm, bad[i].pre ? bad[i].pre : pre[0], bad[i].model);
+        snprintf(dir, sizeof dir, "%s/hf_bad", tmp_dir);
+        struct l3d_tokenizer *t = NULL;
+        CHECK(l3d_tokenizer_open(&t, dir) != L3D_OK && t == NULL);
+        bool named = strstr(l3d_error_message(), bad[i].want) != NULL;
+        if (!named) fprintf(stderr, "got \"%s\", want \"%s\"\n", l3d_error_message(), bad[i].want);
+        CHECK(named);
+    }
+}
+
 int main(void) {
     char file[] = __FILE__;
     snprintf(data_dir, sizeof data_dir, "%s/data", dirname(file));
@@ -158,6 +270,7 @@ int main(void) {
         l3d_tokenizer_free(t);
     }
     test_errors();
+    test_hf();
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
     CHECK(system(cmd) == 0);
