@@ -361,7 +361,7 @@ static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spe
         return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
                          "--seq-len", l->seq, cs->maxT);
     if (seq) m->maxT = l->seq;
-    m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
     if (cs->L || cs->C || cs->NH || cs->V || seq || cs->maxT || cs->ffn) {
         /* explicit sizes without --model: say what the rest came from */
         char kept[160] = "";
@@ -473,8 +473,11 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), "
-           "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->C, m->NH,
+    char kv[32] = "";
+    if (l3d_model_kv_heads(m) != m->NH) snprintf(kv, sizeof kv, " kv-heads=%d", m->NKV);
+    printf("model %s: %s, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; profile %s "
+           "(%s), %lld devices, global batch %lld, %s%s\n", m->name,
+           m->arch == L3D_ARCH_LLAMA ? "Llama blocks" : "GPT-2 blocks", m->L, m->C, m->NH, kv,
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)run->global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");

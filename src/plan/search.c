@@ -66,8 +66,9 @@ struct walk {
  * evaluated, kept when it fits and is among the fastest. */
 static void walk_variants(struct walk *w, const struct l3d_layout *base) {
     const struct l3d_plan_fixed *fx = w->fx;
-    for (int z = 0; z <= 2; z++) {
+    for (int z = 0; z <= 3; z++) {
         if (fx->zero >= 0 ? z != fx->zero : (z > 0 && base->dp == 1)) continue;
+        if (z == 3 && !l3d_plan_trainer(w->run)) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
         for (int rc = 0; rc <= 2; rc++) {
             if (fx->recompute >= 0 && rc != fx->recompute) continue;
             for (int sp = 0; sp <= 1; sp++) {
