@@ -644,6 +644,27 @@ static void test_checks_and_search(void) {
     fx.v = 5;
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n > 0 && best[0].layout.v == 5 && best[0].layout.pp == 2);
+    /* ZeRO-3 is searched with the trainer's prefetch (1: two layer buffers) or the one given;
+     * each layer more ahead holds one more layer's parameters (the search used to plan prefetch
+     * 0 whatever the trainer would run: a layer's buffer short) */
+    fx = l3d_plan_fixed_none();
+    fx.zero = 3;
+    fx.dp = 2;
+    run.llm3d = true; /* ZeRO-3 is llm3d's trainer's */
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
+    for (int i = 0; i < n; i++) CHECK(best[i].layout.zero == 3 && best[i].layout.zero3_prefetch == 1);
+    struct l3d_layout z3 = best[0].layout;
+    struct l3d_plan_result pf[3];
+    for (int p = 0; p < 3; p++) {
+        z3.zero3_prefetch = p;
+        CHECK(l3d_plan_evaluate(&m, &prof, &run, &z3, &pf[p]) == L3D_OK);
+    }
+    CHECK(pf[1].mem.params > pf[0].mem.params);
+    CHECK_NEAR(pf[2].mem.params - pf[1].mem.params, pf[1].mem.params - pf[0].mem.params, 1e-6);
+    CHECK(best[0].mem.params == pf[1].mem.params);
+    fx.zero3_prefetch = 2;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
+    CHECK(best[0].layout.zero3_prefetch == 2);
     /* absurd sizes: one error, before any search */
     m.L = 65536;
     m.C = 1 << 20;

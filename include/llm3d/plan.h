@@ -257,6 +257,7 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
 /* Fixed parts of the layout: 0 (or -1 for zero, recompute, sp, v) leaves it free. */
 struct l3d_plan_fixed {
     int tp, pp, dp, mb, v, zero, recompute, sp;
+    int zero3_prefetch; /* ZeRO-3's layers gathered ahead, in every layout (the trainer's 1) */
 };
 struct l3d_plan_fixed l3d_plan_fixed_none(void);
 

@@ -440,6 +440,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     if (l3d_cli_spec_given(cs, "batch")) fx->mb = l->micro_batch;
     if (l3d_cli_spec_given(cs, "pp-virtual")) fx->v = l->v;
     if (l3d_cli_spec_given(cs, "zero")) fx->zero = l->zero;
+    fx->zero3_prefetch = l->zero3_prefetch; /* the trainer's default (1) when not given */
     if (l3d_cli_spec_given(cs, "recompute")) fx->recompute = l->recompute;
     if (l3d_cli_spec_given(cs, "sequence-parallel")) fx->sp = 1;
     if (l3d_cli_spec_given(cs, "no-sequence-parallel")) fx->sp = 0;
@@ -482,7 +483,7 @@ static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_model
         .tp = fx->tp, .pp = fx->pp,
         .dp = fx->dp ? fx->dp : (int)(run->devices / run->threads / fx->tp / fx->pp),
         .micro_batch = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
-        .recompute = (enum l3d_recompute)fx->recompute, .sp = fx->sp > 0, .schedule = l->schedule,
+        .zero3_prefetch = fx->zero3_prefetch, .recompute = (enum l3d_recompute)fx->recompute, .sp = fx->sp > 0, .schedule = l->schedule,
         .threads = run->threads};
     return l3d_plan_evaluate(m, prof, run, &lay, r);
 }

@@ -6,7 +6,8 @@
 #include "plan-impl.h"
 
 struct l3d_plan_fixed l3d_plan_fixed_none(void) {
-    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0};
+    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0,
+                                   .zero3_prefetch = 1};
 }
 
 static bool better(const struct l3d_plan_result *a, const struct l3d_plan_result *b) {
@@ -77,6 +78,7 @@ static void walk_variants(struct walk *w, const struct l3d_layout *base) {
                 if (fx->sp >= 0 ? sp != fx->sp : (sp && base->tp == 1)) continue;
                 struct l3d_layout lay = *base;
                 lay.zero = z;
+                lay.zero3_prefetch = fx->zero3_prefetch;
                 lay.recompute = (enum l3d_recompute)rc;
                 lay.sp = sp;
                 struct l3d_plan_result res;

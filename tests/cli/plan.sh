@@ -55,11 +55,14 @@ mem() {
 # each runs there in tests/cli/equiv.sh (dp2_zero1, tp2, pp2_1f1b; pp2_gpipe's selective
 # recomputation in pp2_tp2_dp2_zero1_recompute, its schedule's order is data) and the planner's
 # in test_plan (GPipe's and ZeRO-1's memory) and the searches below; the layouts kept measure
-# ZeRO-2, TP with SP, each recomputation and an interleaved pipeline.
+# ZeRO-2, ZeRO-3 (its default prefetch: two layer buffers), TP with SP, each recomputation and an
+# interleaved pipeline.
 mem one        1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none -- 
 mem accum_full 1 2 4  --global-batch 8  --tp 1 --pp 1 --zero 0 --recompute full -- --recompute full
 full && mem dp2_zero1  2 2 1  --global-batch 4  --tp 1 --pp 1 --zero 1 --recompute none -- --zero 1
 mem dp2_zero2  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 2 --recompute none -- --zero 2
+mem dp2_zero3  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 3 --recompute none -- --zero 3
+full && mem tp2_dp2_zero3_p2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 3 --zero3-prefetch 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 3 --zero3-prefetch 2 --recompute full
 full && mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --no-sequence-parallel -- --tp 2
 mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel -- --tp 2 --sequence-parallel --recompute selective
 full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
