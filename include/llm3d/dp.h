@@ -137,6 +137,10 @@ l3d_status l3d_dp_reduce_in(struct l3d_dp *dp, enum l3d_dtype t);
  * gather waited for where it is needed); prefetch + 1 layer buffers (reallocated; between steps).
  * L3D_ERR_OOM when they do not fit. */
 l3d_status l3d_dp_zero3_prefetch(struct l3d_dp *dp, int prefetch);
+/* ZeRO-3: this rank's range of the seed's initial weights (l3d_gpt_init_weights_range) straight
+ * into its shard (fp32) or into opt's master weights and, rounded, the shard (mixed precision):
+ * no whole fp32 copy of the parameters anywhere. */
+void l3d_dp_zero3_init_weights(struct l3d_dp *dp, const struct l3d_adamw *opt, uint64_t seed);
 /* ZeRO-3's gather buffers' bytes (0 for other stages). */
 size_t l3d_dp_zero3_gather_bytes(const struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
@@ -176,8 +180,13 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
  * (free between steps) or, under ZeRO-2, one allocated for the call (NULL when the device has no
  * room). Between steps only (the gradients are zero). No communication. */
 float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt);
+/* Whether a save (checkpoint, model.bin: whole parameters on DP rank 0 only) needs that buffer on
+ * this rank: not on ZeRO-3's DP ranks past the first, which hold no whole copy at any time. */
+bool l3d_dp_fp32_save_here(const struct l3d_dp *dp);
 /* Fills such a buffer with the master weights of every rank's range (a collective over the DP
- * group: after the ranks agreed that each has its buffer); nothing when it is whole already. */
+ * group: after the ranks agreed that each has its buffer); nothing when it is whole already.
+ * ZeRO-3 (saves only): DP rank 0's buffer receives every rank's range, the others (buf NULL
+ * where l3d_dp_fp32_save_here says so) send theirs. */
 void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf);
 /* Ends the use of a buffer from l3d_dp_fp32_params; loaded: it was filled with new parameters,
  * which become the master weights of this rank's range and, rounded, the model's 16-bit ones. */

@@ -275,6 +275,11 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on
  * (seed, tensor, its index in the full tensor), so every layout initialises the same model. */
 void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed);
+/* Elements [lo, lo + n) of the flat fp32 parameters l3d_gpt_init_weights gives m's shard, into
+ * dst (n floats of m's backend; every element depends on the seed and its index only): ZeRO-3
+ * initialises its range this way, with no whole copy (m needs no parameter buffer). */
+void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
+                                float *dst);
 
 /* Forward of a micro-batch. inputs (B,T) token ids (read when has_embedding; otherwise input_act
  * holds the stage input), targets (B,T) or NULL. Returns the mean loss over the B*T tokens when

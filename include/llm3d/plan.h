@@ -185,6 +185,11 @@ struct l3d_plan_run {
      * (l3d_be_matmul_native); l3d_plan_evaluate and the search also take it from the profile
      * (gemm_native_bf16 / _fp16 = yes). false: those copies are counted, once */
     bool native16;
+    /* llm3d's ZeRO-3 stages a whole fp32 copy of the parameters during the run: resumed or
+     * --init-from (every rank), checkpoints saved (DP rank 0). false: from the seed with no
+     * saves, each rank initialising its own range (what `llm3d plan` assumes; the trainer's
+     * memory check says which) */
+    bool zero3_staging;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

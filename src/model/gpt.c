@@ -564,8 +564,16 @@ void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_sh
     shard_copy(cfg, sh, dst, (float *)full, false); /* full is only read */
 }
 
-void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
-    L3D_ASSERT(m->dt == L3D_F32); /* 16-bit models are initialised through an fp32 view */
+/* The elements of tensor t that fall in [lo, lo + n) of the flat space: [*e0, *e1) of its own
+ * elements (empty when *e0 >= *e1). */
+static void init_span(const struct l3d_tensor_info *ti, int64_t lo, int64_t n, int64_t *e0,
+                      int64_t *e1) {
+    *e0 = lo > ti->offset ? lo - ti->offset : 0;
+    *e1 = lo + n - ti->offset < ti->count ? lo + n - ti->offset : ti->count;
+}
+
+void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
+                                float *dst) {
     const struct l3d_model_spec *cfg = &m->cfg;
     int64_t C = cfg->C;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally */
@@ -582,13 +590,14 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
      * peak) and copied to the device */
     enum { INIT_BLOCK = 16384 };
     float *host = l3d_alloc(INIT_BLOCK * sizeof(float), "initial weights");
-    l3d_be_memset(m->be, m->params, 0, (size_t)m->num_params * sizeof(float));
+    l3d_be_memset(m->be, dst, 0, (size_t)n * sizeof(float));
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];
         const int64_t per_layer = ti->rows * ti->cols;
-        float *dst0 = l3d_gpt_param_ptr(m, mats[i].t, 0);
-        for (int64_t b0 = 0; b0 < ti->count; b0 += INIT_BLOCK) {
-            int64_t nb = ti->count - b0 < INIT_BLOCK ? ti->count - b0 : INIT_BLOCK;
+        int64_t e0, e1;
+        init_span(ti, lo, n, &e0, &e1);
+        for (int64_t b0 = e0; b0 < e1; b0 += INIT_BLOCK) {
+            int64_t nb = e1 - b0 < INIT_BLOCK ? e1 - b0 : INIT_BLOCK;
 #pragma omp parallel for schedule(static)
             for (int64_t k = 0; k < nb; k++) {
                 int64_t e = b0 + k, l = e / per_layer, r = e % per_layer / ti->cols;
@@ -602,21 +611,26 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
                 uint64_t idx = (uint64_t)((gl * mats[i].rows + gr) * mats[i].cols + gc);
                 host[k] = mats[i].std * l3d_rng_normal(seed, (uint64_t)mats[i].t, idx);
             }
-            l3d_be_copy_h2d(m->be, dst0 + b0, host, (size_t)nb * sizeof(float));
+            l3d_be_copy_h2d(m->be, dst + (ti->offset + b0 - lo), host, (size_t)nb * sizeof(float));
         }
     }
     for (int64_t k = 0; k < INIT_BLOCK; k++) host[k] = 1.0f;
     const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
-        float *dst0 = l3d_gpt_param_ptr(m, ones[i], 0);
-        for (int64_t b0 = 0; b0 < ti->count; b0 += INIT_BLOCK)
-            l3d_be_copy_h2d(m->be, dst0 + b0, host,
-                            (size_t)(ti->count - b0 < INIT_BLOCK ? ti->count - b0 : INIT_BLOCK) *
-                                sizeof(float));
+        int64_t e0, e1;
+        init_span(ti, lo, n, &e0, &e1);
+        for (int64_t b0 = e0; b0 < e1; b0 += INIT_BLOCK)
+            l3d_be_copy_h2d(m->be, dst + (ti->offset + b0 - lo), host,
+                            (size_t)(e1 - b0 < INIT_BLOCK ? e1 - b0 : INIT_BLOCK) * sizeof(float));
     }
     l3d_be_sync(m->be); /* before the staging buffer is refilled or freed */
     l3d_free(host);
+}
+
+void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed) {
+    L3D_ASSERT(m->dt == L3D_F32); /* 16-bit models are initialised through an fp32 view */
+    l3d_gpt_init_weights_range(m, seed, 0, m->num_params, m->params);
 }
 
 void l3d_gpt_zero_grad(struct l3d_gpt *m) {

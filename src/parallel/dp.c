@@ -417,11 +417,35 @@ float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt) {
     return m->grads ? m->grads : l3d_be_alloc(m->be, bytes, "fp32 parameter staging");
 }
 
+bool l3d_dp_fp32_save_here(const struct l3d_dp *dp) {
+    return dp->zero != 3 || dp->comm->rank == 0;
+}
+
+/* ZeRO-3's ranges to DP rank 0's buffer (the only whole copy), each from the master weights or
+ * the fp32 shard. */
+static void gather_to_first(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
+    const float *src = opt->master ? opt->master : dp->param_shard;
+    struct l3d_comm *c = dp->comm;
+    if (c->rank != 0) {
+        if (dp->own_count > 0)
+            l3d_comm_send(c, src, dp->own_count, L3D_F32, 0, L3D_TAG_ZERO3_GATHER, NULL);
+        return;
+    }
+    l3d_be_copy_d2d(dp->m->be, buf + dp->own_start, src, (size_t)dp->own_count * sizeof(float));
+    double t0 = l3d_time_s();
+    struct l3d_doing was = l3d_comm_doing(c, "fp32 parameter gather to DP rank 0", -1, -1);
+    for (int r = 1; r < c->size; r++) {
+        int64_t start = (int64_t)r * dp->shard_size, n = dp->m->num_params - start;
+        if (n > dp->shard_size) n = dp->shard_size;
+        if (n > 0) l3d_comm_recv(c, buf + start, n, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
+    }
+    l3d_comm_done(c, was);
+    dp->comm_wait_s += l3d_time_s() - t0;
+}
+
 void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
-    if (dp->zero == 3) { /* this rank's range from the master weights or the fp32 shard */
-        const void *src = opt->master ? (const void *)opt->master : dp->param_shard;
-        l3d_be_copy_d2d(dp->m->be, buf + dp->own_start, src, (size_t)dp->own_count * sizeof(float));
-        if (dp->comm->size > 1) gather_ranges(dp, buf, L3D_F32, "fp32 parameter all-gather");
+    if (dp->zero == 3) {
+        gather_to_first(dp, opt, buf);
         return;
     }
     if (!opt->master || buf == opt->master) return; /* whole already */

@@ -215,6 +215,20 @@ void l3d_dp_zero3_free(struct l3d_dp *dp) {
     dp->m->hooks.params_ctx = NULL;
 }
 
+void l3d_dp_zero3_init_weights(struct l3d_dp *dp, const struct l3d_adamw *opt, uint64_t seed) {
+    struct l3d_gpt *m = dp->m;
+    L3D_ASSERT(dp->zero == 3);
+    if (dp->own_count == 0) return;
+    if (!opt->master) { /* fp32: the shard is the parameters AdamW updates */
+        l3d_gpt_init_weights_range(m, seed, dp->own_start, dp->own_count, dp->param_shard);
+        return;
+    }
+    float *f = opt->master; /* mixed precision: the master range, rounded into the shard */
+    L3D_ASSERT(f && opt->start == dp->own_start && opt->n == dp->own_count);
+    l3d_gpt_init_weights_range(m, seed, dp->own_start, dp->own_count, f);
+    l3d_be_convert(m->be, m->dt, dp->param_shard, L3D_F32, f, dp->own_count);
+}
+
 size_t l3d_dp_zero3_gather_bytes(const struct l3d_dp *dp) {
     if (!dp->z3) return 0;
     size_t es = l3d_dtype_size(dp->param_dtype);

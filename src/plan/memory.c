@@ -185,10 +185,11 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        /* ZeRO-2 in mixed precision and ZeRO-3 in every precision stage the chunk's fp32
-         * parameters at initialisation and for each save (l3d_dp_fp32_params): allocated then
-         * freed, at the peak */
-        if ((lay->zero == 2 && dt != L3D_F32) || lay->zero == 3) staging += f32 * n;
+        /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation and
+         * for each save (l3d_dp_fp32_params): allocated then freed, at the peak; ZeRO-3 when it
+         * resumes or saves (run->zero3_staging; from the seed each rank fills its own range) */
+        if ((lay->zero == 2 && dt != L3D_F32) || (lay->zero == 3 && run->zero3_staging))
+            staging += f32 * n;
     }
     /* the fp32 operands of the largest 16-bit product, once (freed after each product),
      * unless the profile says the products run in 16-bit kernels (gemm_native_T) */

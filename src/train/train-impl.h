@@ -97,6 +97,12 @@ int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s);
 /* The validation loss after `step` (0-based) when it is due, else NaN (collective). */
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s);
 
+/* ZeRO-3 from the seed (no --resume, no --init-from): each rank initialises its own range
+ * (l3d_dp_zero3_init_weights), so no rank stages a whole fp32 copy at the start. */
+static inline bool l3d_train_zero3_from_seed(const struct l3d_train_config *tc) {
+    return tc->layout.zero == 3 && !tc->resume && !tc->init_from;
+}
+
 /* Before any large allocation (collective): the layout's planned bytes on each rank
  * (l3d_plan_memory) against the memory available to it (MemAvailable or the cgroup's room, shared
  * by the node's ranks; L3D_TEST_MEM_AVAILABLE overrides the node's bytes in tests); an

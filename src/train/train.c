@@ -100,16 +100,18 @@ static void views_end(struct l3d_trainer *t, bool loaded) {
 
 /* fp32 views of every chunk's parameters in t->vptr (collective: the ranks agree that each has
  * its buffer); gather: filled with the master weights of every DP rank's range, for saving. In
- * fp32 the views are the chunks' own parameters. */
+ * fp32 the views are the chunks' own parameters. ZeRO-3 saves whole parameters from DP rank 0
+ * only: the other ranks' views have no parameters (l3d_dp_fp32_save_here). */
 static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_train_result *res) {
     int v = t->lay.v;
     l3d_status st = L3D_OK;
     for (int c = 0; c < v; c++) {
+        if (gather && !l3d_dp_fp32_save_here(&t->dps[c])) continue; /* ZeRO-3: rank 0's only */
         t->p32[c] = l3d_dp_fp32_params(&t->dps[c], &t->opts[c]);
         if (!t->p32[c] && st == L3D_OK)
             st = l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB to stage the fp32 parameters "
-                           "of ZeRO-2 in mixed precision (initialisation, checkpoint, model.bin): "
-                           "use more ranks (--tp, --pp) or a smaller model",
+                           "of ZeRO-2 in mixed precision or ZeRO-3 (initialisation, resume, "
+                           "checkpoint, model.bin): use more ranks (--tp, --pp) or a smaller model",
                            (double)t->chunks[c]->num_params * 4 / 1048576.0);
     }
     if ((st = agree(t->world, st, res)) != L3D_OK) {
@@ -251,6 +253,11 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
 /* The fp32 views (views_begin) the caller resumes into, then ends (views_end with loaded); in
  * mixed precision, with the initial weights in them. */
 static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
+    if (l3d_train_zero3_from_seed(t->tc)) { /* each rank its range: no views, nothing to resume */
+        for (int c = 0; c < t->lay.v; c++)
+            l3d_dp_zero3_init_weights(&t->dps[c], &t->opts[c], t->tc->seed);
+        return L3D_OK;
+    }
     l3d_status st = views_begin(t, false, res);
     for (int c = 0; c < t->lay.v && st == L3D_OK && through_views(t->tc); c++)
         st = init_one(t, t->vptr[c]);
