@@ -15,10 +15,11 @@
 # SCALING_ROUNDS (default 1): rounds of every configuration, interleaved; medians over rounds.
 # SCALING_SVG (default BUILD_DIR/scaling.svg): the efficiencies drawn by `llm3d plot --xy`, weak and
 # strong, one line per ZeRO stage and mode, with the ideal (100%).
-# ZeRO-3 (SCALING_ZERO3=0 skips it): 2 ranks at B=4 in the trainer's default progress, ZeRO-1,
-# ZeRO-3 and ZeRO-3 without prefetch in each round: ZeRO-3's step time against ZeRO-1's, and the
-# fraction of the parameter all-gathers' time hidden, 1 - wait(prefetch 1) / wait(prefetch 0)
-# (without prefetch each layer's gather is posted and waited for where the layer needs it).
+# ZeRO-3 (SCALING_ZERO3=0 skips it; SCALING_ZERO3=only runs nothing else): 2 ranks at B=4 in the
+# trainer's default progress, ZeRO-1, ZeRO-3 and ZeRO-3 without prefetch in each round: ZeRO-3's
+# step time against ZeRO-1's, and the fraction of the parameter all-gathers' time hidden,
+# 1 - wait(prefetch 1) / wait(prefetch 0) (without prefetch each layer's gather is posted and
+# waited for where the layer needs it).
 set -eu
 build=${1:-build}
 model=${2:-d6}
@@ -59,7 +60,10 @@ echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A val
 add() { val[$1]+="$2 "; }
 mid() { tr ' ' '\n' <<< "${val[$1]}" | grep . | median; }
+z3=${SCALING_ZERO3:-1}
+[[ $z3 =~ ^(0|1|only)$ ]] || { echo "SCALING_ZERO3=$z3: expected 0, 1 or only" >&2; exit 2; }
 for ((r = 0; r < rounds; r++)); do
+    if [ "$z3" != only ]; then
     # Control: two independent one-rank runs at once show what sharing the machine costs (memory
     # bandwidth, clock) with no communication at all.
     "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 --batch 4 --steps "$steps" \
@@ -79,7 +83,8 @@ for ((r = 0; r < rounds; r++)); do
             add "t2_${zero}_$mode" "$t"; add "c2_${zero}_$mode" "$c"; add "o2_${zero}_$mode" "$o"
         done
     done
-    if [ "${SCALING_ZERO3:-1}" = 1 ]; then
+    fi
+    if [ "$z3" != 0 ]; then
         read -r t c o <<< "$(run 2 4 1 overlap)"; add z3_t1 "$t"
         read -r t c o <<< "$(run 2 4 3 overlap)"; add z3_t3 "$t"
         add z3_w1 "$(med zero3_gather_wait_ms "$dir/run_2_4_3_overlap/metrics.jsonl")"
@@ -87,6 +92,7 @@ for ((r = 0; r < rounds; r++)); do
         add z3_w0 "$(med zero3_gather_wait_ms "$dir/run_2_4_3_overlap/metrics.jsonl")"
     fi
 done
+if [ "$z3" != only ]; then
 t1=$(mid t1) t1s=$(mid t1s) ctl=$(mid ctl)
 xy="$dir/scaling.tsv"
 printf '# title: Data parallelism, 1 -> 2 ranks (%s, %s steps, %s round(s))\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n' "$model" "$steps" "$rounds" > "$xy"
@@ -114,12 +120,14 @@ for kind in weak strong; do
     done
 done
 "$bin" plot --xy "$xy" --out "${SCALING_SVG:-$build/scaling.svg}"
-if [ "${SCALING_ZERO3:-1}" = 1 ]; then
+fi
+if [ "$z3" != 0 ]; then
     awk -v a="$(mid z3_t1)" -v b="$(mid z3_t3)" -v c="$(mid z3_t0)" -v w1="$(mid z3_w1)" \
         -v w0="$(mid z3_w0)" 'BEGIN {
         printf "ZeRO-3 (2 ranks, B=4): ZeRO-1 %.1f ms/step, ZeRO-3 %.1f ms/step (%.3fx ZeRO-1), " \
             "without prefetch %.1f ms (%.3fx); all-gather wait %.1f ms/step with prefetch 1, " \
             "%.1f ms without: %.0f%% of it hidden\n", a, b, b / a, c, c / a, w1, w0,
             (w0 > 0 ? 100 * (1 - w1 / w0) : 0) }'  # parenthesised: a bare > redirects
+    echo "ZeRO-3 rounds (ms/step): ZeRO-1 ${val[z3_t1]% }; ZeRO-3 ${val[z3_t3]% }; without prefetch ${val[z3_t0]% }"
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

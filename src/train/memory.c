@@ -144,7 +144,8 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     run.bucket_bytes = tc->layout.bucket_bytes;
     run.precision = tc->precision;
     run.llm3d = true; /* this trainer's allocation plan in every precision */
-    run.zero3_staging = !l3d_train_zero3_from_seed(tc) || tc->save_every > 0;
+    /* whatever tc's own stage: a ZeRO-3 candidate stages when the run reads or saves files */
+    run.zero3_staging = tc->resume || tc->init_from || tc->save_every > 0;
     struct l3d_layout lay = tc->layout;
     lay.tp = c->tp;
     lay.pp = c->pp;
