@@ -34,6 +34,11 @@
 #define L3D_LLMC_MAGIC 20240326
 #define L3D_LLMC_VERSION_FP32 3
 #define L3D_LLMC_VERSION_BF16 5 /* llm.c's bf16 file: the same layout, 2-byte parameters */
+/* llm3d's files of other architectures (Llama): the same layout with the architecture in header
+ * words 8-25 (l3d_gpt_plan_tensors' tensors in its order), versions that llm.c refuses rather
+ * than misreads. */
+#define L3D_LLMC_VERSION_ARCH_FP32 1003
+#define L3D_LLMC_VERSION_ARCH_BF16 1005
 
 /* Written atomically: a temporary file, fsync, then rename over path. Version 3 (fp32). Reading
  * takes version 3 and version 5 (bf16, widened to fp32 exactly). */

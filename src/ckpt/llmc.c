@@ -23,6 +23,58 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
+/* Header words 8-25 of an architecture file: the fields of the model spec beyond GPT-2's sizes;
+ * reals as their bits (floats one word, doubles two). */
+enum { ARCH_WORD = 8, ARCH_WORDS = 18 };
+
+static void put_double(int32_t *w, double x) { memcpy(w, &x, sizeof x); }
+static double get_double(const int32_t *w) {
+    double x;
+    memcpy(&x, w, sizeof x);
+    return x;
+}
+
+static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
+    w[0] = (int32_t)c->arch;
+    w[1] = l3d_model_kv_heads(c);
+    w[2] = (int32_t)c->norm;
+    w[3] = (int32_t)c->mlp;
+    w[4] = (int32_t)c->pos;
+    w[5] = c->no_bias;
+    w[6] = c->untied;
+    w[7] = (int32_t)c->ffn;
+    memcpy(&w[8], &c->norm_eps, sizeof(float));
+    put_double(&w[9], c->rope.theta);
+    put_double(&w[11], c->rope.factor);
+    put_double(&w[13], c->rope.low_freq_factor);
+    put_double(&w[15], c->rope.high_freq_factor);
+    w[17] = c->rope.original_context;
+}
+
+/* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
+static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3d_model_spec *c) {
+    for (int i = 0; i < 7; i++)
+        if (w[i] < 0 || w[i] > 1 + (i == 1 ? 1 << 20 : 0))
+            return l3d_error(L3D_ERR_FORMAT, "%s: architecture word %d holds %d, not a value "
+                             "llm3d writes: the file is damaged or from a newer llm3d", path,
+                             ARCH_WORD + i, w[i]);
+    c->arch = w[0] ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2;
+    c->NKV = w[1];
+    c->norm = w[2] ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
+    c->mlp = w[3] ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
+    c->pos = w[4] ? L3D_POS_ROPE : L3D_POS_LEARNED;
+    c->no_bias = w[5];
+    c->untied = w[6];
+    c->ffn = w[7];
+    memcpy(&c->norm_eps, &w[8], sizeof(float));
+    c->rope.theta = get_double(&w[9]);
+    c->rope.factor = get_double(&w[11]);
+    c->rope.low_freq_factor = get_double(&w[13]);
+    c->rope.high_freq_factor = get_double(&w[15]);
+    c->rope.original_context = w[17];
+    return L3D_OK;
+}
+
 /* Writes the file from fp32 params: device memory of be, or host memory when be is NULL; as
  * version 5 (bf16) when dt is L3D_BF16. */
 static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
@@ -51,7 +103,10 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
     }
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
-    hdr[1] = bf16 ? L3D_LLMC_VERSION_BF16 : L3D_LLMC_VERSION_FP32;
+    const bool arch = !l3d_model_is_gpt2(cfg);
+    hdr[1] = bf16 ? (arch ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_BF16)
+                  : (arch ? L3D_LLMC_VERSION_ARCH_FP32 : L3D_LLMC_VERSION_FP32);
+    if (arch) arch_to_header(cfg, &hdr[ARCH_WORD]);
     hdr[2] = cfg->maxT;
     hdr[3] = cfg->V;
     hdr[4] = cfg->L;
@@ -115,9 +170,10 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     if (hdr[0] != L3D_LLMC_MAGIC)
         return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
                          path, hdr[0], L3D_LLMC_MAGIC);
-    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16)
+    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16 &&
+        hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 && hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
         return l3d_error(L3D_ERR_FORMAT, "%s: version %d; llm3d reads version 3 (fp32) and 5 "
-                         "(bf16)", path, hdr[1]);
+                         "(bf16), and its own 1003 and 1005 (other architectures)", path, hdr[1]);
     return L3D_OK;
 }
 
@@ -128,9 +184,14 @@ static l3d_status read_config(FILE *f, const char *path, int64_t size,
     int32_t hdr[256];
     l3d_status st = read_header(f, path, hdr);
     if (st != L3D_OK) return st;
-    *es = hdr[1] == L3D_LLMC_VERSION_BF16 ? 2 : 4; /* bytes a parameter in the file */
+    bool bf16 = hdr[1] == L3D_LLMC_VERSION_BF16 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16;
+    *es = bf16 ? 2 : 4; /* bytes a parameter in the file */
     *cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                    .C = hdr[6]};
+    if (hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16) {
+        st = arch_from_header(&hdr[ARCH_WORD], path, cfg);
+        if (st != L3D_OK) return st;
+    }
     st = l3d_gpt_config_finish(cfg);
     if (st != L3D_OK) return l3d_error(L3D_ERR_FORMAT, "%s: %s", path, l3d_error_message());
     if (cfg->Vp != hdr[7])
@@ -172,6 +233,12 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
         return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
                          "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
                          cfg.maxT, m->cfg.L, m->cfg.C, m->cfg.NH, m->cfg.V, m->cfg.maxT);
+    if (!l3d_model_same(&cfg, &m->cfg))
+        return l3d_error(L3D_ERR_FORMAT, "%s holds a %s model (%d key/value heads, MLP width "
+                         "%lld) of these sizes, not the configured %s (%d, %lld): give the "
+                         "architecture flags it was trained with", path, l3d_arch_name(cfg.arch),
+                         l3d_model_kv_heads(&cfg), (long long)cfg.ffn, l3d_arch_name(m->cfg.arch),
+                         l3d_model_kv_heads(&m->cfg), (long long)m->cfg.ffn);
     FILE *f;
     int64_t size;
     st = l3d_fopen_regular(path, "checkpoint", &f, &size);

@@ -104,6 +104,9 @@ struct l3d_cli_spec {
     struct l3d_run_spec *spec; /* where the values go; holds the command's defaults */
     const char *preset;        /* --model */
     int L, C, NH, V, maxT, ffn; /* explicit sizes; 0: not given */
+    int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
+    double rope_theta;         /* 0: not given */
+    float norm_eps;            /* 0: not given */
     unsigned long long given;  /* a bit for each flag given */
 };
 void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec);

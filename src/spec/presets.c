@@ -36,6 +36,16 @@ static const struct preset {
     {"megatron-1t", NULL, NULL, 128, 25600, 160, 51200, 2048},
 };
 
+/* Llama-family blocks (l3d_model_set_arch) at llm3d's test and demo sizes: NKV key/value heads,
+ * a SwiGLU of ffn (8C/3 as Touvron et al. 2023 choose it, rounded), RoPE theta 10000. */
+static const struct llama_preset {
+    const char *name;
+    int L, C, NH, NKV, V, maxT, ffn;
+} llama_presets[] = {
+    {"llama-tiny", 2, 64, 4, 2, 256, 64, 192},
+    {"llama-d6", 6, 384, 6, 2, 50257, 1024, 1024},
+};
+
 const char *l3d_model_preset_names(void) {
     static char names[1024];
     if (names[0]) return names;
@@ -46,6 +56,8 @@ const char *l3d_model_preset_names(void) {
         if (p->alias && k < sizeof names)
             k += (size_t)snprintf(names + k, sizeof names - k, " (%s, %s)", p->alias, p->note);
     }
+    for (size_t i = 0; i < sizeof llama_presets / sizeof llama_presets[0] && k < sizeof names; i++)
+        k += (size_t)snprintf(names + k, sizeof names - k, ", %s", llama_presets[i].name);
     return names;
 }
 
@@ -60,6 +72,15 @@ l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
         m->NH = p->NH;
         m->V = p->V;
         m->maxT = p->maxT;
+        return l3d_gpt_config_finish(m);
+    }
+    for (size_t i = 0; i < sizeof llama_presets / sizeof llama_presets[0]; i++) {
+        const struct llama_preset *p = &llama_presets[i];
+        if (strcmp(name, p->name) != 0) continue;
+        *m = (struct l3d_model_spec){.L = p->L, .C = p->C, .NH = p->NH, .NKV = p->NKV, .V = p->V,
+                                     .maxT = p->maxT, .ffn = p->ffn};
+        snprintf(m->name, sizeof m->name, "%s", p->name);
+        l3d_model_set_arch(m, L3D_ARCH_LLAMA);
         return l3d_gpt_config_finish(m);
     }
     return l3d_error(L3D_ERR_ARG, "--model '%s' is not a preset: choose one of %s, or give "
