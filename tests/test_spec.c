@@ -183,8 +183,15 @@ static void test_every_rule_said(void) {
     s.model.ffn = 0;
     one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--channels 65");
     s = base();
-    s.model.ffn = 100;
-    one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--ffn 100");
+    s.model.ffn = 100; /* any MLP width trains (GELU or SwiGLU) */
+    passes(&s, &(struct l3d_spec_ctx){.world = 1, .train = true});
+    /* 4 heads over 2 key/value heads: tp 2 splits them, tp 4 would need them replicated */
+    s = base();
+    s.model.NKV = 2;
+    s.layout.tp = 2;
+    passes(&s, &train8);
+    s.layout.tp = 4;
+    one(&s, &train8, "--tp 4 does not divide the model's 2 key/value heads");
 }
 
 static void test_param_bytes(void) {

@@ -91,8 +91,9 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
     e->n++;
 }
 
-static void check_model(const struct l3d_model_spec *m, const struct l3d_spec_ctx *ctx,
-                        struct l3d_spec_errors *e) {
+/* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
+ * width, GELU or SwiGLU). */
+static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
         add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
             "--context %d: each must be at least 1 (the vocabulary at least 2)", m->L, m->C,
@@ -102,10 +103,6 @@ static void check_model(const struct l3d_model_spec *m, const struct l3d_spec_ct
     if (m->C % m->NH != 0)
         add(e, L3D_ERR_ARG, "--channels %d does not divide into --heads %d: choose heads that "
             "divide the channels", m->C, m->NH);
-    int64_t ffn = m->ffn > 0 ? m->ffn : 4LL * m->C;
-    if (ctx->train && ffn != 4LL * m->C)
-        add(e, L3D_ERR_ARG, "--ffn %lld: llm3d's trainer has GPT-2's MLP of 4 x --channels = "
-            "%lld; drop --ffn", (long long)ffn, 4LL * m->C);
 }
 
 /* tp x cp x pp x dp (x threads) against the world; dp resolved into *dp (0 when it cannot be). */
@@ -153,6 +150,11 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
     if (m->NH % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d attention heads: choose a "
             "divisor of %d", l->tp, m->NH, m->NH);
+    int kv = l3d_model_kv_heads(m); /* each rank holds whole key/value heads (l3d_tp_shard) */
+    if (m->NH % l->tp == 0 && kv % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d key/value heads "
+            "(grouped-query attention; %d query heads): choose a divisor of %d (key/value heads "
+            "are not replicated across ranks)", l->tp, kv, m->NH, kv);
     if (ffn % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", l->tp,
             (long long)ffn);
@@ -305,7 +307,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
     struct l3d_spec_errors local, *e = out ? out : &local;
     e->n = 0;
     const struct l3d_layout *l = &s->layout;
-    if (parts & L3D_SPEC_MODEL) check_model(&s->model, ctx, e);
+    if (parts & L3D_SPEC_MODEL) check_model(&s->model, e);
     if (parts & L3D_SPEC_LAYOUT) {
         int dp = 0;
         check_grid(l, ctx, &dp, e);
