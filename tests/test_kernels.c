@@ -262,7 +262,7 @@ static void k_attention_forward(struct l3d_backend *be, float *out, float *lse, 
                                 int64_t B, int64_t T, int64_t NH, int64_t HS) {
     struct stage s = {.be = be};
     l3d_be_attention_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS), out_f(&s, lse, B * NH * T),
-                             in_f(&s, qkv, B * T * 3 * NH * HS), B, T, NH, HS);
+                             in_f(&s, qkv, B * T * 3 * NH * HS), B, T, NH, NH, HS);
     stage_done(&s);
 }
 static void k_attention_backward(struct l3d_backend *be, float *dqkv, const float *dout,
@@ -271,7 +271,7 @@ static void k_attention_backward(struct l3d_backend *be, float *dqkv, const floa
     struct stage s = {.be = be};
     l3d_be_attention_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
                               in_f(&s, dout, B * T * NH * HS), in_f(&s, qkv, B * T * 3 * NH * HS),
-                              in_f(&s, out, B * T * NH * HS), in_f(&s, lse, B * NH * T), B, T, NH,
+                              in_f(&s, out, B * T * NH * HS), in_f(&s, lse, B * NH * T), B, T, NH, NH,
                               HS);
     stage_done(&s);
 }
@@ -282,7 +282,7 @@ static void k_attention_cached(struct l3d_backend *be, float *out, const float *
     int64_t C = NH * HS;
     l3d_be_attention_cached(be, L3D_F32, out_f(&s, out, n * C), in_f(&s, q, (n - 1) * qs + C),
                             in_f(&s, k, (pos + n - 1) * ks + C), in_f(&s, v, (pos + n - 1) * ks + C),
-                            pos, n, NH, HS, qs, ks);
+                            pos, n, NH, NH, HS, qs, ks);
     stage_done(&s);
 }
 static void k_attention_naive_forward(struct l3d_backend *be, float *out, float *att,
@@ -291,7 +291,7 @@ static void k_attention_naive_forward(struct l3d_backend *be, float *out, float 
     struct stage s = {.be = be};
     l3d_be_attention_naive_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS),
                              out_f(&s, att, B * NH * T * T), in_f(&s, qkv, B * T * 3 * NH * HS),
-                             B, T, NH, HS);
+                             B, T, NH, NH, HS);
     stage_done(&s);
 }
 static void k_attention_naive_backward(struct l3d_backend *be, float *dqkv, float *datt,
@@ -301,7 +301,7 @@ static void k_attention_naive_backward(struct l3d_backend *be, float *dqkv, floa
     l3d_be_attention_naive_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
                               out_f(&s, datt, B * NH * T * T), in_f(&s, dout, B * T * NH * HS),
                               in_f(&s, qkv, B * T * 3 * NH * HS), in_f(&s, att, B * NH * T * T),
-                              B, T, NH, HS);
+                              B, T, NH, NH, HS);
     stage_done(&s);
 }
 static void k_gelu_forward(struct l3d_backend *be, float *out, const float *inp, int64_t N) {
@@ -1422,11 +1422,11 @@ static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float 
     const void *dq = ms(&st, a, qkv, nqkv, 0);
     if (out)
         l3d_be_attention_forward(be, a, ms(&st, a, out, nout, 1), ms(&st, L3D_F32, lse, nlse, 1),
-                                 dq, B, T, NH, HS);
+                                 dq, B, T, NH, NH, HS);
     else
         l3d_be_attention_backward(be, a, ms(&st, a, dqkv, nqkv, 1), ms(&st, a, dout, nout, 0), dq,
                                   ms(&st, a, out_in, nout, 0), ms(&st, L3D_F32, lse_in, nlse, 0),
-                                  B, T, NH, HS);
+                                  B, T, NH, NH, HS);
     ms_done(&st);
 }
 
@@ -1484,7 +1484,7 @@ static void mp_attention_cached(struct l3d_backend *be, enum l3d_dtype t, int64_
         out[k] = fnan(n * C);
         struct mstage st = {.be = be};
         l3d_be_attention_cached(be, a, ms(&st, a, out[k], n * C, 1), ms(&st, a, q, n * qs, 0),
-                                ms(&st, a, kc, T * ks, 0), ms(&st, a, vc, T * ks, 0), pos, n, NH,
+                                ms(&st, a, kc, T * ks, 0), ms(&st, a, vc, T * ks, 0), pos, n, NH, NH,
                                 HS, qs, ks);
         ms_done(&st);
     }

@@ -267,54 +267,57 @@ static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
                                     D(rstd, N * 4, k), N, C);
 }
 static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_forward";
     l3d_be_attention_forward(IN(c), dt, D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k),
-                             D(qkv, B * T * 3 * NH * HS * e, k), B, T, NH, HS);
+                             D(qkv, B * T * (NH + 2 * NKV) * HS * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
-                                   int64_t T, int64_t NH, int64_t HS) {
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_backward";
-    l3d_be_attention_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
-                              D(dout, B * T * NH * HS * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
-                              D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k), B, T, NH,
-                              HS);
+    int64_t nqkv = B * T * (NH + 2 * NKV) * HS * (int64_t)e;
+    l3d_be_attention_backward(IN(c), dt, D(dqkv, nqkv, k), D(dout, B * T * NH * HS * e, k),
+                              D(qkv, nqkv, k), D(out, B * T * NH * HS * e, k),
+                              D(lse, B * NH * T * 4, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
                                         const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                        int64_t HS) {
+                                        int64_t NKV, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_naive_forward";
     l3d_be_attention_naive_forward(IN(c), dt, D(out, B * T * NH * HS * e, k),
-                             D(att, B * NH * T * T * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
-                             B, T, NH, HS);
+                                   D(att, B * NH * T * T * e, k),
+                                   D(qkv, B * T * (NH + 2 * NKV) * HS * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
                                          const void *dout, const void *qkv, const void *att,
-                                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                         int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                         int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_naive_backward";
-    l3d_be_attention_naive_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
-                              D(datt, B * NH * T * T * e, k), D(dout, B * T * NH * HS * e, k),
-                              D(qkv, B * T * 3 * NH * HS * e, k), D(att, B * NH * T * T * e, k),
-                              B, T, NH, HS);
+    int64_t nqkv = B * T * (NH + 2 * NKV) * HS * (int64_t)e;
+    l3d_be_attention_naive_backward(IN(c), dt, D(dqkv, nqkv, k), D(datt, B * NH * T * T * e, k),
+                                    D(dout, B * T * NH * HS * e, k), D(qkv, nqkv, k),
+                                    D(att, B * NH * T * T * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *kc, const void *vc, int64_t pos, int64_t n,
-                                 int64_t NH, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                 int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                 int64_t kv_stride) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_cached";
-    int64_t C = NH * HS, kv = ((pos + n - 1) * kv_stride + C) * (int64_t)e;
+    int64_t C = NH * HS, kv = ((pos + n - 1) * kv_stride + NKV * HS) * (int64_t)e;
     l3d_be_attention_cached(IN(c), dt, D(out, n * C * e, k), D(q, ((n - 1) * q_stride + C) * e, k),
-                            D(kc, kv, k), D(vc, kv, k), pos, n, NH, HS, q_stride, kv_stride);
+                            D(kc, kv, k), D(vc, kv, k), pos, n, NH, NKV, HS, q_stride, kv_stride);
 }
 static void chk_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                              int64_t N) {
