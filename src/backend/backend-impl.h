@@ -95,6 +95,27 @@ struct l3d_backend_i {
     void (*attention_cached)(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                              int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+    /* RMSNorm (Zhang & Sennrich 2019): out (N,C) = inp * rstd * weight, rstd (N) fp32
+     * = 1/sqrt(mean(inp^2) + eps), saved for backward. */
+    void (*rmsnorm_forward)(void *ctx, enum l3d_dtype dt, void *out, float *rstd, const void *inp,
+                            const void *weight, int64_t N, int64_t C, float eps);
+    /* dinp (N,C) +=, dweight (C, type gdt) += */
+    void (*rmsnorm_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                             void *dweight, const void *dout, const void *inp,
+                             const void *weight, const float *rstd, int64_t N, int64_t C);
+    /* see l3d_be_rope_forward / l3d_be_rope_backward: in place on qkv (B,T,NH+2*NKV,HS) */
+    void (*rope_forward)(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                         const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t HS);
+    void (*rope_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                          const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                          int64_t HS);
+    /* SwiGLU (Shazeer 2020): inp (N,2H) rows [gate | up], out (N,H) = silu(gate) * up;
+     * backward dinp (N,2H) += */
+    void (*swiglu_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp, int64_t N,
+                           int64_t H);
+    void (*swiglu_backward)(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                            const void *inp, int64_t N, int64_t H);
     /* GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. after 2). */
     void (*gelu_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp, int64_t N);
     void (*gelu_backward)(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,

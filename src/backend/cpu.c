@@ -697,6 +697,56 @@ static inline void ln_forward_row(float *o, float *mean, float *rstd, const floa
     *rstd = r;
 }
 
+/* RMSNorm (Zhang & Sennrich 2019, eq. 4): one row o (C) = x * rstd * weight with
+ * rstd = 1 / sqrt(mean(x^2) + eps); o may be x. */
+static inline void rms_forward_row(float *o, float *rstd, const float *x, const float *weight,
+                                   int64_t C, float eps) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; c++) s += x[c] * x[c];
+    float r = 1.0f / sqrtf(s / (float)C + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+    *rstd = r;
+}
+
+/* One row of dinp (C) += rstd * (g - xhat * mean(g * xhat)), g = dout * weight, xhat = x rstd:
+ * d/dx of x r w with dr/dx = -r^3 x / C. */
+static inline void rms_backward_row(float *di, const float *x, const float *d,
+                                    const float *weight, float r, int64_t C) {
+    float sgx = 0.0f;
+#pragma omp simd reduction(+ : sgx)
+    for (int64_t c = 0; c < C; c++) sgx += d[c] * weight[c] * x[c] * r;
+    sgx /= (float)C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) di[c] += r * (d[c] * weight[c] - x[c] * r * sgx);
+}
+
+/* The rows of a normalisation over threads: LayerNorm (mean not NULL; bias bf) or RMSNorm (mean
+ * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
+ * and rounded back once. */
+static void norm_forward_rows(enum l3d_dtype dt, void *out, float *mean, float *rstd,
+                              const void *inp, const float *wf, const float *bf, int64_t N,
+                              int64_t C, float eps) {
+    float *scr = is16(dt) ? thread_scratch(C, "normalisation scratch") : NULL;
+#pragma omp parallel
+    {
+        float *x = off(scr, omp_get_thread_num() * C); /* 16-bit: the row, in place */
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            void *op = at(dt, out, n * C);
+            float *o = row_out(dt, x, op);
+            const float *xi = row_in(dt, x, at(dt, inp, n * C), C);
+            if (mean)
+                ln_forward_row(o, mean + n, rstd + n, xi, wf, bf, C);
+            else
+                rms_forward_row(o, rstd + n, xi, wf, C, eps);
+            row_done(dt, op, o, C);
+        }
+    }
+    l3d_free(scr);
+}
+
 // out (N,C), mean (N), rstd (N) fp32, inp (N,C), weight (C), bias (C)
 static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                   float *rstd, const void *inp, const void *weight,
@@ -705,19 +755,7 @@ static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float
     F32_OR_16("layernorm_forward");
     float *wc, *bc;
     const float *wf = param_f32(dt, weight, C, &wc), *bf = param_f32(dt, bias, C, &bc);
-    float *scr = is16(dt) ? thread_scratch(C, "layernorm scratch") : NULL;
-#pragma omp parallel
-    {
-        float *x = off(scr, omp_get_thread_num() * C); /* 16-bit: the row, in place */
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            void *op = at(dt, out, n * C);
-            float *o = row_out(dt, x, op);
-            ln_forward_row(o, mean + n, rstd + n, row_in(dt, x, at(dt, inp, n * C), C), wf, bf, C);
-            row_done(dt, op, o, C);
-        }
-    }
-    l3d_free(scr);
+    norm_forward_rows(dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS);
     l3d_free(bc);
     l3d_free(wc);
 }
@@ -741,6 +779,30 @@ static inline void ln_backward_row(float *di, const float *x, const float *d,
     }
 }
 
+/* dinp (N,C) += the input gradient of a normalisation, row by row over threads: LayerNorm (mean
+ * not NULL) or RMSNorm (mean NULL). 16-bit: rows widened into the thread's scratch scr + tid per
+ * (3C floats used), dinp rounded back once. */
+static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, const void *inp,
+                           const float *wf, const float *mean, const float *rstd, int64_t N,
+                           int64_t C, float *scr, int64_t per) {
+#pragma omp parallel
+    {
+        float *xb = off(scr, omp_get_thread_num() * per), *db = off(xb, C), *ib = off(db, C);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            void *dp = at(dt, dinp, n * C);
+            float *di = row_io(dt, ib, dp, C);
+            const float *x = row_in(dt, xb, at(dt, inp, n * C), C);
+            const float *d = row_in(dt, db, at(dt, dout, n * C), C);
+            if (mean)
+                ln_backward_row(di, x, d, wf, mean[n], rstd[n], C);
+            else
+                rms_backward_row(di, x, d, wf, rstd[n], C);
+            row_done(dt, dp, di, C);
+        }
+    }
+}
+
 /* dweight, dbias (type gdt) += column sums over the rows (acc_begin: fp32 row by row into the
  * gradient, 16-bit in fp32 and added once), each thread a block of columns. */
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
@@ -754,20 +816,7 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
     float *wc;
     const float *wf = param_f32(dt, weight, C, &wc);
     float *scr = is16(dt) ? thread_scratch(4 * C, "layernorm scratch") : NULL;
-    if (dinp) {
-#pragma omp parallel
-        {
-            float *xb = off(scr, omp_get_thread_num() * 4 * C), *db = off(xb, C), *ib = off(db, C);
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++) {
-                void *dp = at(dt, dinp, n * C);
-                float *di = row_io(dt, ib, dp, C);
-                ln_backward_row(di, row_in(dt, xb, at(dt, inp, n * C), C),
-                                row_in(dt, db, at(dt, dout, n * C), C), wf, mean[n], rstd[n], C);
-                row_done(dt, dp, di, C);
-            }
-        }
-    }
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, 4 * C);
     if (dweight || dbias) {
 #pragma omp parallel
         {
@@ -1243,6 +1292,190 @@ static void cpu_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bi
     }
 }
 
+/* ---- RMSNorm, rotary positions, SwiGLU (the Llama blocks) ------------------------------ */
+
+// out (N,C), rstd (N) fp32, inp (N,C), weight (C)
+static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *rstd,
+                                const void *inp, const void *weight, int64_t N, int64_t C,
+                                float eps) {
+    (void)ctx;
+    F32_OR_16("rmsnorm_forward");
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    norm_forward_rows(dt, out, NULL, rstd, inp, wf, NULL, N, C, eps);
+    l3d_free(wc);
+}
+
+/* dweight (type gdt) += column sums of dout * xhat over the rows, each thread a block of
+ * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once). */
+static void rms_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight,
+                            const void *dout, const void *inp, const float *rstd, int64_t N,
+                            int64_t C, float *scr) {
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int64_t w = hi - lo;
+        float *aw = off(scr, omp_get_thread_num() * 3 * C), *xb = off(aw, C), *db = off(xb, C);
+        if (w > 0) {
+            void *gw = at(gdt, dweight, lo);
+            float *sw = acc_begin(dt, aw, gw, w);
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
+                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
+                float r = rstd[n];
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
+            }
+            acc_done(dt, gdt, gw, sw, xb, w);
+        }
+    }
+}
+
+// dinp (N,C), dweight (C), dout (N,C), inp (N,C), weight (C), rstd (N)
+static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                 void *dweight, const void *dout, const void *inp,
+                                 const void *weight, const float *rstd, int64_t N, int64_t C) {
+    (void)ctx;
+    F32_OR_16("rmsnorm_backward");
+    GRAD_TYPE("rmsnorm_backward");
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    float *scr = is16(dt) ? thread_scratch(3 * C, "rmsnorm scratch") : NULL;
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, NULL, rstd, N, C, scr, 3 * C);
+    if (dweight) rms_weight_grad(dt, gdt, dweight, dout, inp, rstd, N, C, scr);
+    l3d_free(scr);
+    l3d_free(wc);
+}
+
+/* Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34) in Hugging Face's rotate-half
+ * form: in each query and key head, dimension i pairs with i + HS/2 and the pair turns by the
+ * angle pos[t] inv_freq[i]. Backward turns the gradient back (the transpose of a rotation is its
+ * inverse): sign -1. The angles are formed and their cosines and sines taken in double, then
+ * rounded once, a table of T x HS/2 pairs shared by every sequence and head (Hugging Face forms
+ * the angle in fp32, which at position 10^5 is off by ~4e-3 rad; the table is the exact angle's
+ * rounding). The rows are then rotated in place, each thread its rows (no reduction: the same
+ * bits for any thread count); the value heads are not touched. */
+static void rope_apply(enum l3d_dtype dt, void *qkv, const float *inv_freq, const int32_t *pos,
+                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, float sign,
+                       const char *kernel) {
+    F32_OR_16(kernel);
+    gqa_check(kernel, NH, NKV);
+    if (HS % 2 != 0)
+        l3d_fatal(__FILE__, __LINE__, "backend cpu: %s: head size %lld is odd (rotary pairs "
+                  "need an even one)", kernel, (long long)HS);
+    const int64_t H2 = HS / 2, CQ = (NH + 2 * NKV) * HS, CR = (NH + NKV) * HS;
+    float *tab = l3d_alloc((size_t)(2 * T * H2) * sizeof(float), "rope cos/sin table");
+    float *scr = is16(dt) ? thread_scratch(CR, "rope scratch") : NULL;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < H2; i++) {
+                double a = (double)pos[t] * (double)inv_freq[i];
+                tab[(2 * t) * H2 + i] = (float)cos(a);
+                tab[(2 * t + 1) * H2 + i] = sign * (float)sin(a);
+            }
+        float *buf = off(scr, omp_get_thread_num() * CR);
+#pragma omp for schedule(static)
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            const float *cs = tab + 2 * (bt % T) * H2, *sn = cs + H2;
+            void *rp = at(dt, qkv, bt * CQ);
+            float *x = row_io(dt, buf, rp, CR);
+            for (int64_t h = 0; h < NH + NKV; h++) {
+                float *lo = x + h * HS, *hi = lo + H2;
+#pragma omp simd
+                for (int64_t i = 0; i < H2; i++) {
+                    float a = lo[i], b = hi[i];
+                    lo[i] = a * cs[i] - b * sn[i];
+                    hi[i] = b * cs[i] + a * sn[i];
+                }
+            }
+            row_done(dt, rp, x, CR);
+        }
+    }
+    l3d_free(scr);
+    l3d_free(tab);
+}
+
+// qkv (B,T,NH+2*NKV,HS) in place, inv_freq (HS/2), pos (T)
+static void cpu_rope_forward(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                             const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t HS) {
+    (void)ctx;
+    rope_apply(dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 1.0f, "rope_forward");
+}
+// dqkv (B,T,NH+2*NKV,HS) in place
+static void cpu_rope_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                              const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS) {
+    (void)ctx;
+    rope_apply(dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, -1.0f, "rope_backward");
+}
+
+/* SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer", eq. 5 with Swish_1 = SiLU):
+ * out = silu(g) u, silu(g) = g sigmoid(g); d/dg = u sigmoid(g) (1 + g (1 - sigmoid(g))),
+ * d/du = silu(g). sigmoid through the branch-free exp (its clamp keeps 1 + e^-g finite). */
+static inline float sigmoid_f(float g) { return 1.0f / (1.0f + fast_expf(-g)); }
+
+/* Columns [c0, c0+n) of one row: the gate g and up u halves, out o =, or dg, du += from d. */
+static inline void swiglu_cols(float *o, float *dg, float *du, const float *d, const float *g,
+                               const float *u, int64_t n) {
+    if (o) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) o[i] = g[i] * sigmoid_f(g[i]) * u[i];
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float s = sigmoid_f(g[i]);
+        dg[i] += d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] += d[i] * g[i] * s;
+    }
+}
+
+/* Tasks (row, column block) over threads: fp32 whole rows in place, 16-bit blocks of L3D_BLK
+ * widened on the stack, each output rounded once. Forward when out is not NULL, else backward
+ * into dinp (N,2H) from dout (N,H). */
+static void swiglu_rows(enum l3d_dtype dt, void *out, void *dinp, const void *dout,
+                        const void *inp, int64_t N, int64_t H) {
+    const int64_t bl = span_blk(dt, H), nb = (H + bl - 1) / bl;
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < N * nb; task++) {
+        int64_t r = task / nb, c0 = task % nb * bl, n = H - c0 < bl ? H - c0 : bl;
+        float gb[L3D_BLK], ub[L3D_BLK], ob[L3D_BLK], db[L3D_BLK], eb[L3D_BLK];
+        const float *g = row_in(dt, gb, at(dt, inp, r * 2 * H + c0), n);
+        const float *u = row_in(dt, ub, at(dt, inp, r * 2 * H + H + c0), n);
+        if (out) {
+            void *op = at(dt, out, r * H + c0);
+            float *o = row_out(dt, ob, op);
+            swiglu_cols(o, NULL, NULL, NULL, g, u, n);
+            row_done(dt, op, o, n);
+            continue;
+        }
+        void *gp = at(dt, dinp, r * 2 * H + c0), *up = at(dt, dinp, r * 2 * H + H + c0);
+        float *dg = row_io(dt, ob, gp, n), *du = row_io(dt, eb, up, n);
+        swiglu_cols(NULL, dg, du, row_in(dt, db, at(dt, dout, r * H + c0), n), g, u, n);
+        row_done(dt, gp, dg, n);
+        row_done(dt, up, du, n);
+    }
+}
+
+// out (N,H), inp (N,2H) = [gate | up] per row
+static void cpu_swiglu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                               int64_t N, int64_t H) {
+    (void)ctx;
+    F32_OR_16("swiglu_forward");
+    swiglu_rows(dt, out, NULL, NULL, inp, N, H);
+}
+// dinp (N,2H) +=, dout (N,H), inp (N,2H)
+static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                                const void *inp, int64_t N, int64_t H) {
+    (void)ctx;
+    F32_OR_16("swiglu_backward");
+    swiglu_rows(dt, NULL, dinp, dout, inp, N, H);
+}
+
 /* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
 
 /* The three passes over the logits (N,Vl) of type dt, Vvalid valid columns, a row at a time:
@@ -1619,6 +1852,12 @@ static const struct l3d_backend_i cpu_backend_i = {
     .attention_naive_forward = cpu_attention_naive_forward,
     .attention_naive_backward = cpu_attention_naive_backward,
     .attention_cached = cpu_attention_cached,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
