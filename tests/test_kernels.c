@@ -258,50 +258,54 @@ static void k_layernorm_backward(struct l3d_backend *be, float *dinp, float *dw,
                               in_f(&s, w, C), in_f(&s, mean, N), in_f(&s, rstd, N), N, C);
     stage_done(&s);
 }
+/* qkv rows of (NH + 2 NKV) heads: grouped-query attention, NKV == NH multi-head */
+static int64_t n_qkv(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    return B * T * (NH + 2 * NKV) * HS;
+}
 static void k_attention_forward(struct l3d_backend *be, float *out, float *lse, const float *qkv,
-                                int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct stage s = {.be = be};
     l3d_be_attention_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS), out_f(&s, lse, B * NH * T),
-                             in_f(&s, qkv, B * T * 3 * NH * HS), B, T, NH, HS);
+                             in_f(&s, qkv, n_qkv(B, T, NH, NKV, HS)), B, T, NH, NKV, HS);
     stage_done(&s);
 }
 static void k_attention_backward(struct l3d_backend *be, float *dqkv, const float *dout,
                                  const float *qkv, const float *out, const float *lse, int64_t B,
-                                 int64_t T, int64_t NH, int64_t HS) {
+                                 int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct stage s = {.be = be};
-    l3d_be_attention_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
-                              in_f(&s, dout, B * T * NH * HS), in_f(&s, qkv, B * T * 3 * NH * HS),
-                              in_f(&s, out, B * T * NH * HS), in_f(&s, lse, B * NH * T), B, T, NH,
-                              HS);
+    const int64_t nq = n_qkv(B, T, NH, NKV, HS);
+    l3d_be_attention_backward(be, L3D_F32, out_f(&s, dqkv, nq), in_f(&s, dout, B * T * NH * HS),
+                              in_f(&s, qkv, nq), in_f(&s, out, B * T * NH * HS),
+                              in_f(&s, lse, B * NH * T), B, T, NH, NKV, HS);
     stage_done(&s);
 }
 static void k_attention_cached(struct l3d_backend *be, float *out, const float *q, const float *k,
-                               const float *v, int64_t pos, int64_t n, int64_t NH, int64_t HS,
-                               int64_t qs, int64_t ks) {
+                               const float *v, int64_t pos, int64_t n, int64_t NH, int64_t NKV,
+                               int64_t HS, int64_t qs, int64_t ks) {
     struct stage s = {.be = be};
-    int64_t C = NH * HS;
+    int64_t C = NH * HS, nkv = (pos + n - 1) * ks + NKV * HS;
     l3d_be_attention_cached(be, L3D_F32, out_f(&s, out, n * C), in_f(&s, q, (n - 1) * qs + C),
-                            in_f(&s, k, (pos + n - 1) * ks + C), in_f(&s, v, (pos + n - 1) * ks + C),
-                            pos, n, NH, HS, qs, ks);
+                            in_f(&s, k, nkv), in_f(&s, v, nkv), pos, n, NH, NKV, HS, qs, ks);
     stage_done(&s);
 }
 static void k_attention_naive_forward(struct l3d_backend *be, float *out, float *att,
                                       const float *qkv, int64_t B, int64_t T, int64_t NH,
-                                      int64_t HS) {
+                                      int64_t NKV, int64_t HS) {
     struct stage s = {.be = be};
     l3d_be_attention_naive_forward(be, L3D_F32, out_f(&s, out, B * T * NH * HS),
-                             out_f(&s, att, B * NH * T * T), in_f(&s, qkv, B * T * 3 * NH * HS),
-                             B, T, NH, HS);
+                                   out_f(&s, att, B * NH * T * T),
+                                   in_f(&s, qkv, n_qkv(B, T, NH, NKV, HS)), B, T, NH, NKV, HS);
     stage_done(&s);
 }
 static void k_attention_naive_backward(struct l3d_backend *be, float *dqkv, float *datt,
                                        const float *dout, const float *qkv, const float *att,
-                                       int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct stage s = {.be = be};
-    l3d_be_attention_naive_backward(be, L3D_F32, out_f(&s, dqkv, B * T * 3 * NH * HS),
-                              out_f(&s, datt, B * NH * T * T), in_f(&s, dout, B * T * NH * HS),
-                              in_f(&s, qkv, B * T * 3 * NH * HS), in_f(&s, att, B * NH * T * T),
-                              B, T, NH, HS);
+    const int64_t nq = n_qkv(B, T, NH, NKV, HS);
+    l3d_be_attention_naive_backward(be, L3D_F32, out_f(&s, dqkv, nq),
+                                    out_f(&s, datt, B * NH * T * T),
+                                    in_f(&s, dout, B * T * NH * HS), in_f(&s, qkv, nq),
+                                    in_f(&s, att, B * NH * T * T), B, T, NH, NKV, HS);
     stage_done(&s);
 }
 static void k_gelu_forward(struct l3d_backend *be, float *out, const float *inp, int64_t N) {
@@ -655,14 +659,17 @@ static void test_layernorm(struct l3d_backend *be, int64_t N, int64_t C, float m
  * attention
  * ------------------------------------------------------------------------------------------- */
 
+/* qkv (B,T,NH+2*NKV,HS): the objective repeats the KV heads into full (B,T,3,NH,HS) (the
+ * multi-head reference's layout; a copy when NKV == NH), then runs the reference. */
 struct att_ctx {
-    int64_t B, T, NH, HS;
-    double *qkv, *out, *att, *dout;
+    int64_t B, T, NH, NKV, HS;
+    double *qkv, *out, *att, *dout, *full;
 };
 
 static double att_objective(void *p) {
     struct att_ctx *c = p;
-    ref_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->HS);
+    ref_gqa_expand(c->full, c->qkv, c->B, c->T, c->NH, c->NKV, c->HS);
+    ref_attention_forward(c->out, c->att, c->full, c->B, c->T, c->NH, c->HS);
     return ref_dot(c->dout, c->out, c->B * c->T * c->NH * c->HS);
 }
 
@@ -676,46 +683,62 @@ static int fwd_rejects(const float *got, const double *want, int64_t n) {
 }
 
 /* The tiled kernel (FlashAttention) against the double reference: out and the per-row
- * log-sum-exp forward, dqkv by finite differences of the reference forward. */
-static void test_attention(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
+ * log-sum-exp forward, dqkv by finite differences of the reference forward. NKV < NH: grouped-
+ * query attention against the reference on explicitly repeated KV heads. */
+static void test_attention(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                            int64_t HS, float sigma, uint64_t s) {
-    char tag[128];
-    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld HS=%lld qkv~N(0,%g)", (ll)B, (ll)T,
-             (ll)NH, (ll)HS, sigma);
-    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    char tag[160];
+    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld NKV=%lld HS=%lld qkv~N(0,%g)",
+             (ll)B, (ll)T, (ll)NH, (ll)NKV, (ll)HS, sigma);
+    const int64_t nqkv = n_qkv(B, T, NH, NKV, HS), nout = B * T * NH * HS, nlse = B * NH * T;
     float *qkv = frand(nqkv, 0, sigma, s + 1), *dout = frand(nout, 0, 1, s + 2);
     float *out = fnan(nout), *lse = fnan(nlse);
-    struct att_ctx c = {B, T, NH, HS, dcopy(qkv, nqkv), dalloc(nout), NULL, dcopy(dout, nout)};
+    struct att_ctx c = {B, T, NH, NKV, HS, dcopy(qkv, nqkv), dalloc(nout), NULL,
+                        dcopy(dout, nout), dalloc(B * T * 3 * NH * HS)};
     double *lse_ref = dalloc(nlse);
 
-    k_attention_forward(be, out, lse, qkv, B, T, NH, HS);
+    k_attention_forward(be, out, lse, qkv, B, T, NH, NKV, HS);
     att_objective(&c);
-    ref_attention_lse(lse_ref, c.qkv, B, T, NH, HS);
+    ref_attention_lse(lse_ref, c.full, B, T, NH, HS);
     check_fwd(K_ATTENTION, tag, "out", out, c.out, nout);
     check_fwd(K_ATTENTION, tag, "lse", lse, lse_ref, nlse);
+    if (NKV > 1 && NKV < NH) { /* negative: key heads 0 and 1 swapped (a wrong group mapping) */
+        double *sw = dcopy(qkv, nqkv), *want = dalloc(nout);
+        for (int64_t bt = 0; bt < B * T; bt++)
+            for (int64_t i = 0; i < HS; i++) {
+                double *k0 = sw + bt * (NH + 2 * NKV) * HS + NH * HS + i, t0 = k0[0];
+                k0[0] = k0[HS], k0[HS] = t0;
+            }
+        struct att_ctx w = c;
+        w.qkv = sw, w.out = want;
+        att_objective(&w);
+        CHECK(fwd_rejects(out, want, nout));
+        free(sw), free(want);
+    }
 
     struct grad gq = grad_numeric("dqkv", c.qkv, nqkv, att_objective, &c, s + 11);
     grad_prefill(&gq);
-    k_attention_backward(be, gq.g, dout, qkv, out, lse, B, T, NH, HS);
+    k_attention_backward(be, gq.g, dout, qkv, out, lse, B, T, NH, NKV, HS);
     grad_check(K_ATTENTION, tag, &gq);
 
     grad_free(&gq);
-    free(c.qkv), free(c.out), free(c.dout), free(lse_ref);
+    free(c.qkv), free(c.out), free(c.dout), free(c.full), free(lse_ref);
     free(qkv), free(dout), free(out), free(lse);
 }
 
 /* The materialising pair (the benchmark's L3D_ATTENTION=naive), as before the tiled kernel. */
 static void test_attention_naive(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
-                                 int64_t HS, float sigma, uint64_t s) {
+                                 int64_t NKV, int64_t HS, float sigma, uint64_t s) {
     char tag[128];
-    snprintf(tag, sizeof tag, "attention_naive B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T,
-             (ll)NH, (ll)HS);
-    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, natt = B * NH * T * T;
+    snprintf(tag, sizeof tag, "attention_naive B=%lld T=%lld NH=%lld NKV=%lld HS=%lld", (ll)B,
+             (ll)T, (ll)NH, (ll)NKV, (ll)HS);
+    const int64_t nqkv = n_qkv(B, T, NH, NKV, HS), nout = B * T * NH * HS, natt = B * NH * T * T;
     float *qkv = frand(nqkv, 0, sigma, s + 1), *dout = frand(nout, 0, 1, s + 2);
     float *out = fnan(nout), *att = fnan(natt);
-    struct att_ctx c = {B, T, NH, HS, dcopy(qkv, nqkv), dalloc(nout), dalloc(natt), dcopy(dout, nout)};
+    struct att_ctx c = {B, T, NH, NKV, HS, dcopy(qkv, nqkv), dalloc(nout), dalloc(natt),
+                        dcopy(dout, nout), dalloc(B * T * 3 * NH * HS)};
 
-    k_attention_naive_forward(be, out, att, qkv, B, T, NH, HS);
+    k_attention_naive_forward(be, out, att, qkv, B, T, NH, NKV, HS);
     att_objective(&c);
     check_fwd(K_ATTENTION, tag, "out", out, c.out, nout);
     check_fwd(K_ATTENTION, tag, "att", att, c.att, natt);
@@ -729,11 +752,11 @@ static void test_attention_naive(struct l3d_backend *be, int64_t B, int64_t T, i
     struct grad gq = grad_numeric("dqkv", c.qkv, nqkv, att_objective, &c, s + 11);
     grad_prefill(&gq);
     float *datt = fnan(natt); /* scratch: overwritten, never read before written */
-    k_attention_naive_backward(be, gq.g, datt, dout, qkv, att, B, T, NH, HS);
+    k_attention_naive_backward(be, gq.g, datt, dout, qkv, att, B, T, NH, NKV, HS);
     grad_check(K_ATTENTION, tag, &gq);
 
     grad_free(&gq);
-    free(c.qkv), free(c.out), free(c.att), free(c.dout);
+    free(c.qkv), free(c.out), free(c.att), free(c.dout), free(c.full);
     free(qkv), free(dout), free(out), free(att), free(datt);
 }
 
@@ -741,19 +764,19 @@ static void test_attention_naive(struct l3d_backend *be, int64_t B, int64_t T, i
  * work, each run start to end by one thread); and the negative cases of the oracle: a perturbed
  * query, or keys seen from the future, must be rejected. */
 static void test_attention_threads(struct l3d_backend *be, int64_t B, int64_t T, int64_t NH,
-                                   int64_t HS, uint64_t s) {
+                                   int64_t NKV, int64_t HS, uint64_t s) {
     char tag[128];
-    snprintf(tag, sizeof tag, "attention threads B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T,
-             (ll)NH, (ll)HS);
-    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    snprintf(tag, sizeof tag, "attention threads B=%lld T=%lld NH=%lld NKV=%lld HS=%lld", (ll)B,
+             (ll)T, (ll)NH, (ll)NKV, (ll)HS);
+    const int64_t nqkv = n_qkv(B, T, NH, NKV, HS), nout = B * T * NH * HS, nlse = B * NH * T;
     float *qkv = frand(nqkv, 0, 1, s + 1), *dout = frand(nout, 0, 1, s + 2);
     float *out[3], *lse[3], *dqkv[3];
     int saved = omp_get_max_threads();
     for (int k = 0; k < 3; k++) {
         omp_set_num_threads(k + 1);
         out[k] = fnan(nout), lse[k] = fnan(nlse), dqkv[k] = xcalloc((size_t)nqkv, sizeof(float));
-        k_attention_forward(be, out[k], lse[k], qkv, B, T, NH, HS);
-        k_attention_backward(be, dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, HS);
+        k_attention_forward(be, out[k], lse[k], qkv, B, T, NH, NKV, HS);
+        k_attention_backward(be, dqkv[k], dout, qkv, out[k], lse[k], B, T, NH, NKV, HS);
     }
     omp_set_num_threads(saved);
     for (int k = 1; k < 3; k++) {
@@ -761,7 +784,13 @@ static void test_attention_threads(struct l3d_backend *be, int64_t B, int64_t T,
         check_all_equal(tag, "lse vs 1 thread", lse[k], lse[0], nlse);
         check_all_equal(tag, "dqkv vs 1 thread", dqkv[k], dqkv[0], nqkv);
     }
-    /* negative cases: the reference on a query perturbed by 1e-3, and without the causal mask */
+    /* negative cases (multi-head layout): the reference on a query perturbed by 1e-3, and
+     * without the causal mask */
+    for (int k = 0; NKV != NH && k < 3; k++) free(out[k]), free(lse[k]), free(dqkv[k]);
+    if (NKV != NH) {
+        free(qkv), free(dout);
+        return;
+    }
     double *dq = dcopy(qkv, nqkv), *want = dalloc(nout);
     dq[(T / 2) * 3 * NH * HS] += 1e-3;
     ref_attention_forward(want, NULL, dq, B, T, NH, HS);
@@ -781,21 +810,24 @@ static void test_attention_threads(struct l3d_backend *be, int64_t B, int64_t T,
 /* attention_cached (generation) against the reference rows: n new rows at position pos over a
  * key/value cache with its own strides, the same kernel as training with a query block of n. */
 static void test_attention_cached(struct l3d_backend *be, int64_t pos, int64_t n, int64_t NH,
-                                  int64_t HS, uint64_t s) {
+                                  int64_t NKV, int64_t HS, uint64_t s) {
     char tag[128];
-    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld HS=%lld", (ll)pos, (ll)n,
-             (ll)NH, (ll)HS);
-    const int64_t T = pos + n, C = NH * HS, nqkv = T * 3 * C;
+    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld NKV=%lld HS=%lld", (ll)pos,
+             (ll)n, (ll)NH, (ll)NKV, (ll)HS);
+    const int64_t T = pos + n, C = NH * HS, CKV = NKV * HS, CQ = C + 2 * CKV;
+    const int64_t nqkv = n_qkv(1, T, NH, NKV, HS);
     float *qkv = frand(nqkv, 0, 1, s + 1);
-    /* cache rows of 2C (keys | values), queries rows of 3C, as infer.c lays them out */
-    float *kv = falloc(T * 2 * C), *out = fnan(n * C);
-    for (int64_t t = 0; t < T; t++) memcpy(kv + t * 2 * C, qkv + t * 3 * C + C, (size_t)(2 * C) * sizeof(float));
-    double *d = dcopy(qkv, nqkv), *want = dalloc(T * C);
-    ref_attention_forward(want, NULL, d, 1, T, NH, HS);
-    k_attention_cached(be, out, qkv + pos * 3 * C, kv, kv + C, pos, n, NH, HS, 3 * C, 2 * C);
+    /* cache rows of 2 CKV (keys | values), queries rows of CQ, as infer.c lays them out */
+    float *kv = falloc(T * 2 * CKV), *out = fnan(n * C);
+    for (int64_t t = 0; t < T; t++)
+        memcpy(kv + t * 2 * CKV, qkv + t * CQ + C, (size_t)(2 * CKV) * sizeof(float));
+    double *d = dcopy(qkv, nqkv), *full = dalloc(T * 3 * C), *want = dalloc(T * C);
+    ref_gqa_expand(full, d, 1, T, NH, NKV, HS);
+    ref_attention_forward(want, NULL, full, 1, T, NH, HS);
+    k_attention_cached(be, out, qkv + pos * CQ, kv, kv + CKV, pos, n, NH, NKV, HS, CQ, 2 * CKV);
     check_fwd(K_ATTENTION, tag, "out", out, want + pos * C, n * C);
     if (pos > 0) CHECK(fwd_rejects(out, want + (pos - 1) * C, n * C)); /* a row off: rejected */
-    free(qkv), free(kv), free(out), free(d), free(want);
+    free(qkv), free(kv), free(out), free(d), free(full), free(want);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1416,17 +1448,17 @@ static void mp_layernorm(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtyp
 /* forward when out is not NULL (out, lse =), else backward (dqkv +=) from the given out, lse */
 static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float *lse, float *dqkv,
                     const float *out_in, const float *lse_in, const float *qkv, const float *dout,
-                    int64_t B, int64_t T, int64_t NH, int64_t HS) {
-    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t nqkv = n_qkv(B, T, NH, NKV, HS), nout = B * T * NH * HS, nlse = B * NH * T;
     struct mstage st = {.be = be};
     const void *dq = ms(&st, a, qkv, nqkv, 0);
     if (out)
         l3d_be_attention_forward(be, a, ms(&st, a, out, nout, 1), ms(&st, L3D_F32, lse, nlse, 1),
-                                 dq, B, T, NH, HS);
+                                 dq, B, T, NH, NKV, HS);
     else
         l3d_be_attention_backward(be, a, ms(&st, a, dqkv, nqkv, 1), ms(&st, a, dout, nout, 0), dq,
                                   ms(&st, a, out_in, nout, 0), ms(&st, L3D_F32, lse_in, nlse, 0),
-                                  B, T, NH, HS);
+                                  B, T, NH, NKV, HS);
     ms_done(&st);
 }
 
@@ -1435,20 +1467,20 @@ static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float 
  * rounding of out moves D = rowsum(dO * O), and through it every dS of the row, by far more than
  * u relative where dP - D cancels: inherent to 16-bit activations, not the kernel's error). */
 static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, int64_t T,
-                         int64_t NH, int64_t HS, int threads, uint64_t s) {
+                         int64_t NH, int64_t NKV, int64_t HS, int threads, uint64_t s) {
     char tag[160];
-    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld HS=%lld", (ll)B, (ll)T, (ll)NH,
-             (ll)HS);
-    const int64_t nqkv = B * T * 3 * NH * HS, nout = B * T * NH * HS, nlse = B * NH * T;
+    snprintf(tag, sizeof tag, "attention B=%lld T=%lld NH=%lld NKV=%lld HS=%lld", (ll)B, (ll)T,
+             (ll)NH, (ll)NKV, (ll)HS);
+    const int64_t nqkv = n_qkv(B, T, NH, NKV, HS), nout = B * T * NH * HS, nlse = B * NH * T;
     float *qkv = qrand(t, nqkv, 0, 1, s + 1), *dout = qrand(t, nout, 0, 1, s + 2);
     float *d0 = qrand(t, nqkv, 0, 1, s + 3);
     float *out[2], *lse[2], *dqkv[2];
     for (int k = 0; k < 2; k++) {
         out[k] = fnan(nout), lse[k] = fnan(nlse), dqkv[k] = fdup(d0, nqkv);
-        att_run(be, k ? t : L3D_F32, out[k], lse[k], NULL, NULL, NULL, qkv, NULL, B, T, NH, HS);
+        att_run(be, k ? t : L3D_F32, out[k], lse[k], NULL, NULL, NULL, qkv, NULL, B, T, NH, NKV, HS);
     }
     for (int k = 0; k < 2; k++)
-        att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, HS);
+        att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, NKV, HS);
     mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], nout, 1, T);
     mp_check(K_ATTENTION, t, tag, "lse", lse[1], lse[0], nlse, 0, T);
     mp_check(K_ATTENTION, t, tag, "dqkv", dqkv[1], dqkv[0], nqkv, 1, T);
@@ -1457,8 +1489,8 @@ static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, in
         for (int nth = 2; nth <= 3; nth++) {
             omp_set_num_threads(nth);
             float *o = fnan(nout), *l = fnan(nlse), *d = fdup(d0, nqkv);
-            att_run(be, t, o, l, NULL, NULL, NULL, qkv, NULL, B, T, NH, HS);
-            att_run(be, t, NULL, NULL, d, o, l, qkv, dout, B, T, NH, HS);
+            att_run(be, t, o, l, NULL, NULL, NULL, qkv, NULL, B, T, NH, NKV, HS);
+            att_run(be, t, NULL, NULL, d, o, l, qkv, dout, B, T, NH, NKV, HS);
             check_all_equal(tag, "16-bit out, 2-3 threads vs 1", o, out[1], nout);
             check_all_equal(tag, "16-bit lse, 2-3 threads vs 1", l, lse[1], nlse);
             check_all_equal(tag, "16-bit dqkv, 2-3 threads vs 1", d, dqkv[1], nqkv);
@@ -1471,11 +1503,11 @@ static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, in
 }
 
 static void mp_attention_cached(struct l3d_backend *be, enum l3d_dtype t, int64_t pos, int64_t n,
-                                int64_t NH, int64_t HS, uint64_t s) {
+                                int64_t NH, int64_t NKV, int64_t HS, uint64_t s) {
     char tag[160];
-    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld HS=%lld", (ll)pos, (ll)n,
-             (ll)NH, (ll)HS);
-    const int64_t C = NH * HS, qs = 3 * C + 5, ks = C + 3, T = pos + n;
+    snprintf(tag, sizeof tag, "attention_cached pos=%lld n=%lld NH=%lld NKV=%lld HS=%lld", (ll)pos,
+             (ll)n, (ll)NH, (ll)NKV, (ll)HS);
+    const int64_t C = NH * HS, qs = 3 * C + 5, ks = NKV * HS + 3, T = pos + n;
     float *q = qrand(t, n * qs, 0, 1, s + 1), *kc = qrand(t, T * ks, 0, 1, s + 2);
     float *vc = qrand(t, T * ks, 0, 1, s + 3);
     float *out[2];
@@ -1484,7 +1516,7 @@ static void mp_attention_cached(struct l3d_backend *be, enum l3d_dtype t, int64_
         out[k] = fnan(n * C);
         struct mstage st = {.be = be};
         l3d_be_attention_cached(be, a, ms(&st, a, out[k], n * C, 1), ms(&st, a, q, n * qs, 0),
-                                ms(&st, a, kc, T * ks, 0), ms(&st, a, vc, T * ks, 0), pos, n, NH,
+                                ms(&st, a, kc, T * ks, 0), ms(&st, a, vc, T * ks, 0), pos, n, NH, NKV,
                                 HS, qs, ks);
         ms_done(&st);
     }
@@ -1633,12 +1665,15 @@ static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
         mp_layernorm(be, t, t, 4, 7, 0.3f, 2, s += 100);
         mp_layernorm(be, t, L3D_F32, 13, 65, 0.5f, 1, s += 100);
         mp_layernorm(be, t, t, 3, 768, 0.1f, 3, s += 100);
-        mp_attention(be, t, 1, 1, 1, 1, 0, s += 100);
-        mp_attention(be, t, 2, 9, 1, 16, 0, s += 100);
-        mp_attention(be, t, 1, 65, 1, 80, 0, s += 100);
-        mp_attention(be, t, 2, 257, 3, 24, 1, s += 100);
-        mp_attention_cached(be, t, 0, 1, 2, 8, s += 100);
-        mp_attention_cached(be, t, 37, 90, 3, 16, s += 100);
+        mp_attention(be, t, 1, 1, 1, 1, 1, 0, s += 100);
+        mp_attention(be, t, 2, 9, 1, 1, 16, 0, s += 100);
+        mp_attention(be, t, 1, 65, 1, 1, 80, 0, s += 100);
+        mp_attention(be, t, 2, 257, 3, 3, 24, 1, s += 100);
+        mp_attention(be, t, 2, 70, 4, 1, 16, 0, s += 100);
+        mp_attention(be, t, 1, 130, 6, 2, 24, 1, s += 100);
+        mp_attention_cached(be, t, 0, 1, 2, 2, 8, s += 100);
+        mp_attention_cached(be, t, 37, 90, 3, 3, 16, s += 100);
+        mp_attention_cached(be, t, 37, 90, 4, 2, 16, s += 100);
         mp_elementwise(be, t, 1, 1, s += 100);
         mp_elementwise(be, t, 7, 300, s += 100);
         mp_elementwise(be, t, 9, 1029, s += 100);
@@ -1687,30 +1722,43 @@ int main(void) {
     test_layernorm(be, 3, 200, 0.1f, 3, s += 100);
 
     /* B, T, NH, HS: T=1, T<HS, T>HS, HS not a multiple of 8, peaky softmax. */
-    test_attention(be, 1, 1, 1, 1, 1, s += 100);
-    test_attention(be, 1, 1, 2, 4, 1, s += 100);
-    test_attention(be, 2, 5, 3, 4, 1, s += 100);
-    test_attention(be, 1, 13, 2, 8, 1, s += 100);
-    test_attention(be, 2, 9, 1, 16, 1, s += 100);
-    test_attention(be, 1, 33, 2, 5, 1, s += 100);
-    test_attention(be, 2, 20, 4, 8, 2.5f, s += 100);
-    test_attention(be, 1, 64, 1, 4, 1, s += 100);
+    test_attention(be, 1, 1, 1, 1, 1, 1, s += 100);
+    test_attention(be, 1, 1, 2, 2, 4, 1, s += 100);
+    test_attention(be, 2, 5, 3, 3, 4, 1, s += 100);
+    test_attention(be, 1, 13, 2, 2, 8, 1, s += 100);
+    test_attention(be, 2, 9, 1, 1, 16, 1, s += 100);
+    test_attention(be, 1, 33, 2, 2, 5, 1, s += 100);
+    test_attention(be, 2, 20, 4, 4, 8, 2.5f, s += 100);
+    test_attention(be, 1, 64, 1, 1, 4, 1, s += 100);
     /* the tiled kernel's blocks are 64: T across one, several and a partial last block, head
      * sizes 64 (GPT-2), 24 and 80 (not multiples of the block), T = 1024 with one small head */
-    test_attention(be, 1, 7, 2, 64, 1, s += 100);
-    test_attention(be, 1, 64, 2, 24, 1, s += 100);
-    test_attention(be, 1, 65, 1, 80, 1.5f, s += 100);
-    test_attention(be, 1, 257, 2, 12, 1, s += 100);
-    test_attention(be, 1, 1024, 1, 4, 1, s += 100);
-    test_attention_naive(be, 1, 1, 1, 1, 1, s += 100);
-    test_attention_naive(be, 2, 5, 3, 4, 1, s += 100);
-    test_attention_naive(be, 2, 20, 4, 8, 2.5f, s += 100);
-    test_attention_threads(be, 2, 257, 3, 24, s += 100);
-    test_attention_threads(be, 1, 1024, 2, 16, s += 100);
-    test_attention_cached(be, 0, 1, 2, 8, s += 100);
-    test_attention_cached(be, 100, 1, 2, 8, s += 100);
-    test_attention_cached(be, 37, 90, 3, 16, s += 100);
-    test_attention_cached(be, 64, 64, 1, 64, s += 100);
+    test_attention(be, 1, 7, 2, 2, 64, 1, s += 100);
+    test_attention(be, 1, 64, 2, 2, 24, 1, s += 100);
+    test_attention(be, 1, 65, 1, 1, 80, 1.5f, s += 100);
+    test_attention(be, 1, 257, 2, 2, 12, 1, s += 100);
+    test_attention(be, 1, 1024, 1, 1, 4, 1, s += 100);
+    test_attention_naive(be, 1, 1, 1, 1, 1, 1, s += 100);
+    test_attention_naive(be, 2, 5, 3, 3, 4, 1, s += 100);
+    test_attention_naive(be, 2, 20, 4, 4, 8, 2.5f, s += 100);
+    test_attention_threads(be, 2, 257, 3, 3, 24, s += 100);
+    test_attention_threads(be, 1, 1024, 2, 2, 16, s += 100);
+    test_attention_cached(be, 0, 1, 2, 2, 8, s += 100);
+    test_attention_cached(be, 100, 1, 2, 2, 8, s += 100);
+    test_attention_cached(be, 37, 90, 3, 3, 16, s += 100);
+    test_attention_cached(be, 64, 64, 1, 1, 64, s += 100);
+    /* grouped-query attention: NKV = 1 (multi-query), 2 and NH, T across blocks */
+    test_attention(be, 2, 9, 4, 1, 8, 1, s += 100);
+    test_attention(be, 1, 13, 4, 2, 8, 1, s += 100);
+    test_attention(be, 2, 70, 6, 2, 16, 1.5f, s += 100);
+    test_attention(be, 1, 20, 6, 3, 4, 2, s += 100);
+    test_attention(be, 1, 65, 8, 2, 24, 1, s += 100);
+    test_attention_naive(be, 2, 9, 4, 1, 8, 1, s += 100);
+    test_attention_naive(be, 1, 13, 6, 2, 4, 1, s += 100);
+    test_attention_threads(be, 2, 130, 4, 2, 16, s += 100);
+    test_attention_threads(be, 1, 257, 3, 1, 24, s += 100);
+    test_attention_cached(be, 0, 1, 4, 1, 8, s += 100);
+    test_attention_cached(be, 37, 90, 6, 2, 16, s += 100);
+    test_attention_cached(be, 100, 1, 4, 4, 8, s += 100);
 
     test_gelu(be, 1, 1, s += 100);
     test_gelu(be, 37, 1, s += 100);

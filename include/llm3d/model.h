@@ -116,6 +116,10 @@ bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec 
 /* Whether a finished spec is plain GPT-2 (every architecture field at its GPT-2 value), which
  * llm.c's files and the manifests of earlier versions describe without an architecture record. */
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m);
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
+ * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
+ * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
+void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);
 
 struct l3d_shard {
     int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */
