@@ -207,6 +207,9 @@ static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model
     ref_fill_tokens(inp, B * T, 0, cfg.V, 3, 1);
     ref_fill_tokens(tgt, B * T, 0, cfg.V, 3, 2);
     CHECK(m->num_params == l3d_gpt_param_count(&cfg));
+    /* the activations' closed form (of every architecture) against the plan, up to alignment */
+    size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 1, L3D_RECOMPUTE_NONE, true);
+    CHECK(m->act_bytes >= want && m->act_bytes <= want + 64 * (size_t)(cfg.L * 13 + 40));
 
     l3d_gpt_zero_grad(m);
     float loss = l3d_gpt_forward(m, inp, tgt, B, T);

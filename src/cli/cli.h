@@ -120,6 +120,7 @@ void l3d_flags_unexpected(const char *cmd, const char *arg);
 /* The run spec's flags (model, layout and batch, precision): the same names, values and checks
  * in train, bench and plan. */
 struct l3d_run_spec;
+struct l3d_model_spec;
 struct l3d_spec_ctx;
 struct l3d_cli_spec {
     struct l3d_run_spec *spec; /* where the values go; holds the command's defaults */
@@ -138,6 +139,9 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
 /* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
  * status after one line. */
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
+/* The architecture flags given (--arch, --kv-heads, --ffn, --rope-theta, --norm-eps) applied to m
+ * (unfinished: l3d_gpt_config_finish follows). */
+void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
  * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
 int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);

@@ -333,6 +333,16 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
     return false;
 }
 
+void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
+    if (cs->arch >= 0) l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
+    if (cs->NKV) m->NKV = cs->NKV;
+    if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
+    if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
+    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
+     * SwiGLU preset keeps its own unless --ffn is given */
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+}
+
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     struct l3d_model_spec *m = &cs->spec->model;
     if (cs->preset && l3d_model_preset(m, cs->preset) != L3D_OK) {
@@ -344,13 +354,7 @@ int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     if (cs->NH) m->NH = cs->NH;
     if (cs->V) m->V = cs->V;
     if (cs->maxT) m->maxT = cs->maxT;
-    if (cs->arch >= 0) l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
-    if (cs->NKV) m->NKV = cs->NKV;
-    if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
-    if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
-    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
-     * SwiGLU preset keeps its own unless --ffn is given */
-    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+    l3d_cli_spec_arch(cs, m);
     if (l3d_gpt_config_finish(m) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 2;

@@ -225,14 +225,19 @@ static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_
             fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
             return 2;
         }
-        if (cs->ffn) {
-            fprintf(stderr, "llm3d %s: --ffn with --init-from: the file's model has GPT-2's 4C "
-                    "MLP; drop --ffn\n", cmd);
-            return 2;
-        }
         int rc = init_from_sizes(cmd, tc, cs->preset,
                                  (const int[]){cs->L, cs->C, cs->NH, cs->V, cs->maxT});
         if (rc >= 0) return rc;
+        struct l3d_model_spec want = tc->model; /* the architecture flags must agree too */
+        l3d_cli_spec_arch(cs, &want);
+        if (l3d_gpt_config_finish(&want) != L3D_OK || !l3d_model_same(&want, &tc->model)) {
+            fprintf(stderr, "llm3d %s: the architecture flags disagree with --init-from %s, whose "
+                    "model is %s with %d key/value heads and an MLP of %lld: drop them (the "
+                    "file's architecture is used)\n", cmd, tc->init_from,
+                    l3d_arch_name(tc->model.arch), l3d_model_kv_heads(&tc->model),
+                    (long long)tc->model.ffn);
+            return 2;
+        }
     } else {
         int rc = l3d_cli_spec_model(cmd, cs);
         if (rc >= 0) return rc;

@@ -1236,7 +1236,15 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
      * scratch of that size (both fp32) */
     double Ca = h / t, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
-    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p);
+    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 h/t and
+     * 4 h/t + 4 h/t (GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
+     * and RMSNorm's missing mean (of both norms) */
+    int64_t ca = (int64_t)sh->head_count * (cfg->C / cfg->NH);
+    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * (cfg->C / cfg->NH);
+    int64_t f = sh->ffn_count, fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * f : f;
+    double dw = (double)((qkv - 3 * ca) + (fm + f - 8 * ca));
+    double dstat = cfg->norm == L3D_NORM_RMSNORM ? -4 * (2 * sb / p) : 0.0;
+    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p) + E * sb * dw + dstat;
     double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
@@ -1249,7 +1257,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
     double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sbh / t + sbh) +
-                    (flash ? 0 : att);
+                    (flash ? 0 : att) + E * sb * dw;
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
