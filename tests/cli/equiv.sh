@@ -137,12 +137,13 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 
 
 # Llama-family blocks (RMSNorm, RoPE, 4 query heads over 2 key/value heads, SwiGLU of 192,
 # untied vocabulary-parallel head): TP splitting the q and the key/value heads and gate|up, with
-# SP; each pipeline schedule, with recomputation; DP with ZeRO-1/2 and accumulation
+# SP; each pipeline schedule, with recomputation; DP with ZeRO-1/2/3 and accumulation
 LLAMA="--arch llama --kv-heads 2 --ffn 192"
 L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2" 2 4 1 --tp 2
 L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_sp_accum" 2 2 2 --tp 2 --sequence-parallel
 L3D_MODEL="$LLAMA" equiv "llama_dp2_zero1" 2 2 1 --zero 1
 L3D_MODEL="$LLAMA" equiv "llama_dp2_zero2_accum" 2 1 3 --zero 2
+L3D_MODEL="$LLAMA" equiv "llama_dp2_zero3" 2 2 1 --zero 3
 L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
 L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_1f1b_recompute_full" 2 2 4 --pp 2 --pp-schedule 1f1b --recompute full
 L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_interleaved_v2_recompute_selective" 2 2 4 --pp 2 --pp-virtual 2 --recompute selective
