@@ -65,8 +65,9 @@ int l3d_cli_convert(int argc, char **argv) {
         fprintf(stderr, "llm3d convert: %s\n", l3d_error_message());
         return 1;
     }
-    printf("%s: step %lld, L=%d C=%d NH=%d V=%d context=%d -> %s (llm.c %s)\n", dir,
+    printf("%s: step %lld, L=%d C=%d NH=%d V=%d context=%d -> %s (llm.c %s %d)\n", dir,
            (long long)step, cfg.L, cfg.C, cfg.NH, cfg.V, cfg.maxT, dst,
-           dt == L3D_BF16 ? "bf16, version 5" : "fp32, version 3");
+           dt == L3D_BF16 ? "bf16, version" : "fp32, version",
+           l3d_model_is_gpt2(&cfg) ? (dt == L3D_BF16 ? 5 : 3) : (dt == L3D_BF16 ? 1005 : 1003));
     return 0;
 }

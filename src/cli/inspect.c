@@ -107,6 +107,11 @@ static void json_model(const struct l3d_model_spec *c) {
 static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
+    if (!l3d_model_is_gpt2(c))
+        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s\n", l3d_arch_name(c->arch),
+               l3d_model_kv_heads(c), (long long)c->ffn,
+               c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
+               c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions");
 }
 
 /* ---- token shards -------------------------------------------------------------------------------- */
@@ -209,12 +214,18 @@ static l3d_status read_llmc(const char *path, struct llmc_info *info) {
     int32_t hdr[256];
     l3d_status st = L3D_OK;
     size_t es = 4;
+    bool arch = false; /* llm3d's versions for other architectures (the header says which) */
     if (fread(hdr, sizeof hdr, 1, f) != 1)
         st = l3d_error(L3D_ERR_FORMAT, "%s: shorter than the 1024-byte llm.c header", path);
+    else if ((arch = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16))
+        st = l3d_ckpt_read_llmc_config(path, &info->cfg);
     else if (hdr[1] != 3 && hdr[1] != 5)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: llm.c checkpoint version %d; known: 3 (fp32), 5 (bf16)",
-                       path, hdr[1]);
-    if (st == L3D_OK) {
+        st = l3d_error(L3D_ERR_FORMAT, "%s: llm.c checkpoint version %d; known: 3 (fp32), 5 (bf16), "
+                       "llm3d's 1003 and 1005 (other architectures)", path, hdr[1]);
+    if (st == L3D_OK && arch) {
+        info->dtype = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 ? "fp32" : "bf16";
+        es = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 ? 4 : 2;
+    } else if (st == L3D_OK) {
         info->dtype = hdr[1] == 3 ? "fp32" : "bf16";
         es = hdr[1] == 3 ? 4 : 2;
         info->cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
@@ -262,7 +273,10 @@ static void print_llmc(const char *path, const struct llmc_info *m, bool json) {
                (long long)m->nonfinite);
         return;
     }
-    printf("%s: llm.c GPT-2 checkpoint (magic 20240326, %s)\n", path, m->dtype);
+    printf("%s: %s (magic 20240326, %s)\n", path,
+           l3d_model_is_gpt2(&m->cfg) ? "llm.c GPT-2 checkpoint"
+                                      : "llm3d checkpoint in llm.c's layout, its blocks in the header",
+           m->dtype);
     text_model(&m->cfg);
     printf("  size:       %lld bytes, as the header says\n", (long long)m->bytes);
     printf("  weights:    %s\n", m->nonfinite ? "NOT all finite" : "all finite");
