@@ -1751,10 +1751,12 @@ static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, in
     float *out[2], *lse[2], *dqkv[2];
     for (int k = 0; k < 2; k++) {
         out[k] = fnan(nout), lse[k] = fnan(nlse), dqkv[k] = fdup(d0, nqkv);
-        att_run(be, k ? t : L3D_F32, out[k], lse[k], NULL, NULL, NULL, qkv, NULL, B, T, NH, NKV, HS);
+        att_run(be, k ? t : L3D_F32, out[k], lse[k], NULL, NULL, NULL, qkv, NULL, B, T, NH, NKV,
+                HS);
     }
     for (int k = 0; k < 2; k++)
-        att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, NKV, HS);
+        att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, NKV,
+                HS);
     mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], nout, 1, T);
     mp_check(K_ATTENTION, t, tag, "lse", lse[1], lse[0], nlse, 0, T);
     mp_check(K_ATTENTION, t, tag, "dqkv", dqkv[1], dqkv[0], nqkv, 1, T);
