@@ -27,7 +27,8 @@ void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out) {
             if (w > L / r->low_freq_factor) {
                 f /= r->factor;
             } else if (!(w < L / r->high_freq_factor)) {
-                double s = (L / w - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                double lo = r->low_freq_factor, hi = r->high_freq_factor;
+                double s = (L / w - lo) / (hi - lo);
                 f = (1.0 - s) * f / r->factor + s * f;
             }
         }
