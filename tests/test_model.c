@@ -27,7 +27,7 @@ struct ref_gpt {
     const int32_t *inp, *tgt;
     int B, T;
     double *params;
-    int mutant; /* the Llama reference, wrong on purpose: 1 KV heads interleaved, 2 no RoPE */
+    int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE */
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
@@ -70,61 +70,9 @@ static double ref_gpt_loss(void *ctx) {
 
 /* ---- the double-precision reference Llama ----------------------------------------------------
  * Touvron et al. 2023: x = wte[tok]; per layer x += Wo attn(rope(RMSNorm(x) Wqkv)),
- * x += Wd (silu(h Wg) * h Wu) with h = RMSNorm(x); logits = RMSNorm(x) lmhead^T. Written here
- * from the formulas (RMSNorm: Zhang & Sennrich 2019; RoPE in Hugging Face's rotate-half form: Su
- * et al. 2021; grouped-query attention: Ainslie et al. 2023; SwiGLU: Shazeer 2020). */
-
-static void llama_rmsnorm(double *out, const double *x, const double *w, int64_t N, int64_t C,
-                          double eps) {
-    for (int64_t n = 0; n < N; n++) {
-        double ss = 0.0;
-        for (int64_t c = 0; c < C; c++) ss += x[n * C + c] * x[n * C + c];
-        double r = 1.0 / sqrt(ss / (double)C + eps);
-        for (int64_t c = 0; c < C; c++) out[n * C + c] = x[n * C + c] * r * w[c];
-    }
-}
-
-/* q and k heads of each (B,T) row of qkv (NH + 2 NKV heads of HS) rotated by position t. */
-static void llama_rope(double *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
-                       double theta) {
-    for (int64_t bt = 0; bt < B * T; bt++)
-        for (int64_t h = 0; h < NH + NKV; h++)
-            for (int64_t i = 0; i < HS / 2; i++) {
-                double *x = qkv + (bt * (NH + 2 * NKV) + h) * HS;
-                double a = (double)(bt % T) * pow(theta, -2.0 * (double)i / (double)HS);
-                double x0 = x[i], x1 = x[i + HS / 2];
-                x[i] = x0 * cos(a) - x1 * sin(a);
-                x[i + HS / 2] = x1 * cos(a) + x0 * sin(a);
-            }
-}
-
-/* Causal attention, query head h over key/value head h / (NH / NKV) (the mutant: h % NKV). */
-static void llama_attention(double *out, const double *qkv, int64_t B, int64_t T, int64_t NH,
-                            int64_t NKV, int64_t HS, bool interleaved) {
-    int64_t W = (NH + 2 * NKV) * HS;
-    double *p = dalloc(T);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++)
-            for (int64_t t = 0; t < T; t++) {
-                int64_t g = interleaved ? h % NKV : h / (NH / NKV);
-                const double *q = qkv + (b * T + t) * W + h * HS;
-                double mx = -INFINITY, sum = 0.0;
-                for (int64_t u = 0; u <= t; u++) {
-                    const double *k = qkv + (b * T + u) * W + (NH + g) * HS;
-                    p[u] = ref_dot(q, k, HS) / sqrt((double)HS);
-                    mx = fmax(mx, p[u]);
-                }
-                for (int64_t u = 0; u <= t; u++) sum += (p[u] = exp(p[u] - mx));
-                double *o = out + (b * T + t) * NH * HS + h * HS;
-                for (int64_t d = 0; d < HS; d++) {
-                    double acc = 0.0;
-                    for (int64_t u = 0; u <= t; u++)
-                        acc += p[u] * qkv[(b * T + u) * W + (NH + NKV + g) * HS + d];
-                    o[d] = acc / sum;
-                }
-            }
-    free(p);
-}
+ * x += Wd (silu(h Wg) * h Wu) with h = RMSNorm(x); logits = RMSNorm(x) lmhead^T; composed from
+ * the reference kernels (tests/support/ref.c), grouped-query attention as multi-head attention on
+ * explicitly repeated key/value heads. */
 
 static double ref_llama_loss(void *ctx) {
     struct ref_gpt *r = ctx;
@@ -134,35 +82,46 @@ static double ref_llama_loss(void *ctx) {
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
 #define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
-    double *x = dalloc(N * C), *ln = dalloc(N * C), *qkv = dalloc(N * QKV), *atty = dalloc(N * C);
-    double *tmp = dalloc(N * C), *gu = dalloc(N * 2 * F), *h = dalloc(N * F);
-    double *logits = dalloc(N * Vp), *loss = dalloc(N);
+    double *x = dalloc(N * C), *ln = dalloc(N * C), *qkv = dalloc(N * QKV), *rot = dalloc(N * QKV);
+    double *full = dalloc(N * 3 * C), *atty = dalloc(N * C), *tmp = dalloc(N * C);
+    double *gu = dalloc(N * 2 * F), *h = dalloc(N * F), *logits = dalloc(N * Vp), *loss = dalloc(N);
+    double inv[64];
+    int32_t pos[64];
+    L3D_ASSERT(HS / 2 <= 64 && T <= 64);
+    for (int64_t i = 0; i < HS / 2; i++) inv[i] = pow(c->rope.theta, -2.0 * (double)i / (double)HS);
+    for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
     ref_encoder_forward(x, r->inp, P(L3D_T_WTE, 0), NULL, 0, Vp, B, T, C);
     for (int l = 0; l < c->L; l++) {
-        llama_rmsnorm(ln, x, P(L3D_T_LN1W, l), N, C, c->norm_eps);
+        ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN1W, l), N, C, c->norm_eps);
         ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), NULL, N, C, QKV);
-        if (r->mutant != 2) llama_rope(qkv, B, T, NH, NKV, HS, c->rope.theta);
-        llama_attention(atty, qkv, B, T, NH, NKV, HS, r->mutant == 1);
+        if (r->mutant == 2)
+            memcpy(rot, qkv, (size_t)(N * QKV) * sizeof(double));
+        else
+            ref_rope_forward(rot, qkv, inv, pos, B, T, NH, NKV, HS);
+        for (int64_t n = 0; r->mutant == 1 && n < N; n++) /* key heads 0 and 1 swapped */
+            for (int64_t d = 0; d < HS; d++) {
+                double *k = rot + n * QKV + NH * HS + d, k0 = k[0];
+                k[0] = k[HS];
+                k[HS] = k0;
+            }
+        ref_gqa_expand(full, rot, B, T, NH, NKV, HS);
+        ref_attention_forward(atty, NULL, full, B, T, NH, HS);
         ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, C, C);
         ref_residual_forward(x, x, tmp, N * C);
-        llama_rmsnorm(ln, x, P(L3D_T_LN2W, l), N, C, c->norm_eps);
+        ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN2W, l), N, C, c->norm_eps);
         ref_matmul_forward(gu, ln, P(L3D_T_FCW, l), NULL, N, C, 2 * F);
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t j = 0; j < F; j++) {
-                double g = gu[n * 2 * F + j];
-                h[n * F + j] = g / (1.0 + exp(-g)) * gu[n * 2 * F + F + j];
-            }
+        ref_swiglu_forward(h, gu, N, F);
         ref_matmul_forward(tmp, h, P(L3D_T_FCPROJW, l), NULL, N, F, C);
         ref_residual_forward(x, x, tmp, N * C);
     }
-    llama_rmsnorm(ln, x, P(L3D_T_LNFW, 0), N, C, c->norm_eps);
+    ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LNFW, 0), N, C, c->norm_eps);
     ref_matmul_forward(logits, ln, P(c->untied ? L3D_T_LMHEAD : L3D_T_WTE, 0), NULL, N, C, Vp);
     ref_xent_loss(loss, logits, r->tgt, 0, N, Vp, c->V);
 #undef P
     double s = 0.0;
     for (int64_t i = 0; i < N; i++) s += loss[i];
-    free(x); free(ln); free(qkv); free(atty); free(tmp); free(gu); free(h); free(logits);
-    free(loss);
+    free(x); free(ln); free(qkv); free(rot); free(full); free(atty); free(tmp); free(gu); free(h);
+    free(logits); free(loss);
     return s / (double)N;
 }
 
