@@ -125,8 +125,9 @@ static const struct l3d_flag model_flags[] = {
     {"vocab", "V", F_VOCAB, "vocabulary size (overrides the preset)"},
     {"context", "T", F_CONTEXT, "context length: rows of the position table (overrides the "
                                 "preset)"},
-    {"ffn", "F", F_FFN, "MLP width (4 x channels; the planner's Megatron-LM runs may differ; "
-                        "SwiGLU's hidden size, which a llama model needs)"},
+    {"ffn", "F", F_FFN, "MLP width: GELU's (4 x channels; the planner's Megatron-LM runs may "
+                        "differ), or SwiGLU's hidden size, which --arch llama needs (a llama "
+                        "preset has its own)"},
     {"arch", "NAME", F_ARCH, "blocks: gpt2 (LayerNorm, learned positions, GELU, biases, tied "
                              "head) or llama (RMSNorm, RoPE, SwiGLU, no biases, untied head)"},
     {"kv-heads", "N", F_KV, "key/value heads, dividing the heads (grouped-query attention; "
