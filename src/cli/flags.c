@@ -335,7 +335,11 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
 }
 
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
-    if (cs->arch >= 0) l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
+    if (cs->arch >= 0) {
+        enum l3d_mlp was = m->mlp;
+        l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
+        if (m->mlp != was) m->ffn = 0; /* a GPT-2 preset's 4C is no SwiGLU width: --ffn says it */
+    }
     if (cs->NKV) m->NKV = cs->NKV;
     if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
     if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
