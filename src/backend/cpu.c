@@ -824,13 +824,14 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
 #define L3D_FA_BQ 64
 #define L3D_FA_BK 64
 
-/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i.
+/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
+ * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
  * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
  * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
  * always unmasked for every row, so the running max is finite from the start. */
-static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
-                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
-                             int64_t HS, float *S) {
+static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                               const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                               int64_t nkv, int64_t HS, float *S) {
     const float scale = 1.0f / sqrtf((float)HS);
     float m[L3D_FA_BQ], l[L3D_FA_BQ];
     for (int64_t i = 0; i < nq; i++) {
@@ -838,7 +839,7 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         l[i] = 0.0f;
         memset(out + i * os, 0, (size_t)HS * sizeof(float));
     }
-    const int64_t nkeys = p0 + nq;
+    const int64_t nkeys = p0 + nq < nkv ? p0 + nq : nkv;
     for (int64_t j0 = 0; j0 < nkeys; j0 += L3D_FA_BK) {
         int64_t nk = nkeys - j0 < L3D_FA_BK ? nkeys - j0 : L3D_FA_BK;
         sgemm('N', 'T', nq, nk, HS, scale, q, qs, k + j0 * ks, ks, 0.0f, S, L3D_FA_BK);
@@ -873,6 +874,12 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         for (int64_t d = 0; d < HS; d++) o[d] *= inv;
         if (lse) lse[i] = m[i] + logf(l[i]);
     }
+}
+/* The same over keys 0..p0 + i of a sequence: its first p0 + nq keys */
+static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                             int64_t HS, float *S) {
+    fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S);
 }
 
 
@@ -927,24 +934,26 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
     l3d_free(scr);
 }
 
-/* One (batch, head) of the backward pass: dq, dk, dv (T rows, stride gs) +=, from q, k, v (T rows,
- * stride qs), dO, O (T rows, stride os) and L (T); P, dS (L3D_FA_BQ x L3D_FA_BK) and D (L3D_FA_BQ)
- * scratch. Per pair (query block i, key block j <= i):
- *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
- *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
-static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const float *q,
-                             const float *k, const float *v, int64_t qs, const float *dO,
-                             const float *O, int64_t os, const float *L, int64_t T, int64_t HS,
-                             float *P, float *dS, float *D) {
-    const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+/* fa_backward_head between a query chunk and a key chunk (context parallelism): nq query rows
+ * (q, dq), nkv key rows (k, v, dk, dv), query i seeing keys j <= p0 + i (p0 >= 0; all of them
+ * when p0 >= nkv). Strides: dq gqs, q qs, dk and dv gks, k and v ks, dO and O os. Query blocks
+ * whose rows see none of a key block are skipped; the order of the sums is fa_backward_head's. */
+static void fa_backward_chunk(float *dq, int64_t gqs, float *dk, float *dv, int64_t gks,
+                              const float *q, int64_t qs, const float *k, const float *v,
+                              int64_t ks, const float *dO, const float *O, int64_t os,
+                              const float *L, int64_t p0, int64_t nqr, int64_t nkv, int64_t HS,
+                              float *P, float *dS, float *D) {
+    const int64_t nqb = (nqr + L3D_FA_BQ - 1) / L3D_FA_BQ, nkb = (nkv + L3D_FA_BK - 1) / L3D_FA_BK;
     const float scale = 1.0f / sqrtf((float)HS);
-    for (int64_t kb = 0; kb < nb; kb++) {
-        int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
-        for (int64_t qb = kb; qb < nb; qb++) {
-            int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
-            sgemm('N', 'T', nq, nk, HS, scale, q + i0 * qs, qs, k + j0 * qs, qs, 0.0f, P,
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t j0 = kb * L3D_FA_BK, nk = nkv - j0 < L3D_FA_BK ? nkv - j0 : L3D_FA_BK;
+        /* the first query block with a row at or after key j0 - p0 */
+        int64_t qb0 = j0 > p0 ? (j0 - p0) / L3D_FA_BQ : 0;
+        for (int64_t qb = qb0; qb < nqb; qb++) {
+            int64_t i0 = qb * L3D_FA_BQ, nq = nqr - i0 < L3D_FA_BQ ? nqr - i0 : L3D_FA_BQ;
+            sgemm('N', 'T', nq, nk, HS, scale, q + i0 * qs, qs, k + j0 * ks, ks, 0.0f, P,
                   L3D_FA_BK);
-            sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * os, os, v + j0 * qs, qs, 0.0f, dS,
+            sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * os, os, v + j0 * ks, ks, 0.0f, dS,
                   L3D_FA_BK);
             for (int64_t i = 0; i < nq; i++) {
                 const float *o = O + (i0 + i) * os, *g = dO + (i0 + i) * os;
@@ -956,7 +965,7 @@ static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const 
             for (int64_t i = 0; i < nq; i++) {
                 float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
                 float Li = L[i0 + i], Di = D[i];
-                int64_t valid = i0 + i - j0 + 1;
+                int64_t valid = p0 + i0 + i - j0 + 1;
                 valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
 #pragma omp simd
                 for (int64_t j = 0; j < valid; j++) {
@@ -965,14 +974,26 @@ static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const 
                 }
                 for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
             }
-            sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * os, os, 1.0f, dv + j0 * gs,
-                  gs);
-            sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * qs, qs, 1.0f, dq + i0 * gs,
-                  gs);
-            sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * qs, qs, 1.0f, dk + j0 * gs,
-                  gs);
+            sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * os, os, 1.0f, dv + j0 * gks,
+                  gks);
+            sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * ks, ks, 1.0f, dq + i0 * gqs,
+                  gqs);
+            sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * qs, qs, 1.0f, dk + j0 * gks,
+                  gks);
         }
     }
+}
+
+/* One (batch, head) of the backward pass: dq, dk, dv (T rows, stride gs) +=, from q, k, v (T rows,
+ * stride qs), dO, O (T rows, stride os) and L (T); P, dS (L3D_FA_BQ x L3D_FA_BK) and D (L3D_FA_BQ)
+ * scratch. Per pair (query block i, key block j <= i):
+ *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
+ *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
+static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const float *q,
+                             const float *k, const float *v, int64_t qs, const float *dO,
+                             const float *O, int64_t os, const float *L, int64_t T, int64_t HS,
+                             float *P, float *dS, float *D) {
+    fa_backward_chunk(dq, gs, dk, dv, gs, q, qs, k, v, qs, dO, O, os, L, 0, T, T, HS, P, dS, D);
 }
 
 // dqkv (B,T,3,NH,HS) +=, dout (B,T,NH,HS), qkv (B,T,3,NH,HS), out (B,T,NH,HS), lse (B,NH,T)
@@ -1015,6 +1036,151 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
                              f + 6 * TH, f + 7 * TH, HS, lse + bh * T, T, HS, P, dS, D);
             for (int j = 0; j < 3; j++)
                 rows_from_f32(dt, at(dt, dq, j * C), C3, f + (3 + j) * TH, HS, T, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* ---- block attention (context parallelism) ----------------------------------------------
+ *
+ * The ring's kernels (include/llm3d/backend.h, l3d_attn_block): the flash kernel's forward block
+ * and backward body on one (query chunk, key chunk) pair at absolute positions, p0 = q_pos - k_pos
+ * the offset of the first query row into the key chunk (0: the diagonal chunk, causal; >= nk: a
+ * chunk entirely before, unmasked). Grouped-query heads: query head h reads key/value head
+ * h / (NH / NKV). 16-bit tensors are widened into per-thread fp32 scratch and rounded back once,
+ * as in cpu_attention_forward / backward. */
+
+struct fa_tile {
+    _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
+    _Alignas(64) float dS[L3D_FA_BQ * L3D_FA_BK];
+    float D[L3D_FA_BQ];
+};
+
+/* tasks (b, h, query block), the longest rows first, as cpu_attention_forward */
+static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                        const void *q, const void *k, const void *v,
+                                        const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_forward");
+    const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
+    const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
+    const int64_t per = fa_scratch(dt, g->nk, HS);
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* the score block in w.P */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < BH * nb; task++) {
+            int64_t bh = task % BH, i0 = (nb - 1 - task / BH) * L3D_FA_BQ;
+            int64_t b = bh / g->NH, h = bh % g->NH, kvh = h / grp;
+            int64_t nq = g->nq - i0 < L3D_FA_BQ ? g->nq - i0 : L3D_FA_BQ;
+            int64_t nkeys = p0 + i0 + nq < g->nk ? p0 + i0 + nq : g->nk;
+            const void *qp = at(dt, q, b * g->q_bs + i0 * g->q_rs + h * HS);
+            const void *kp = at(dt, k, b * g->kv_bs + kvh * HS);
+            const void *vp = at(dt, v, b * g->kv_bs + kvh * HS);
+            void *op = at(dt, out, b * g->o_bs + i0 * g->o_rs + h * HS);
+            float *lp = lse + b * g->lse_bs + h * g->lse_hs + i0;
+            if (dt == L3D_F32) {
+                fa_forward_block_n(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
+                                   nkeys, HS, w.P);
+                continue;
+            }
+            float *qf = f, *of = qf + L3D_FA_BQ * HS, *kf = of + L3D_FA_BQ * HS;
+            float *vf = kf + nkeys * HS;
+            rows_to_f32(dt, qf, HS, qp, g->q_rs, nq, HS);
+            rows_to_f32(dt, kf, HS, kp, g->kv_rs, nkeys, HS);
+            rows_to_f32(dt, vf, HS, vp, g->kv_rs, nkeys, HS);
+            fa_forward_block_n(of, HS, lp, qf, HS, kf, vf, HS, p0 + i0, nq, nkeys, HS, w.P);
+            rows_from_f32(dt, op, g->o_rs, of, HS, nq, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* row by row: the two log-sum-exps combined in fp32 (expf / logf, not the fast exponential: the
+ * merge is not a hot loop), the outputs reweighted */
+static void cpu_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                const void *out2, const float *lse2,
+                                const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_merge");
+    const int64_t HS = g->HS, rows = g->B * g->NH * g->nq;
+#pragma omp parallel
+    {
+        float a[L3D_BLK], c[L3D_BLK];
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t b = r / (g->NH * g->nq), h = r / g->nq % g->NH, i = r % g->nq;
+            float *L = lse + b * g->lse_bs + h * g->lse_hs + i;
+            float L2 = lse2[b * g->lse_bs + h * g->lse_hs + i], L1 = *L;
+            if (L2 == -INFINITY) continue;
+            float mx = L1 > L2 ? L1 : L2, w1 = expf(L1 - mx), w2 = expf(L2 - mx), sum = w1 + w2;
+            *L = mx + logf(sum);
+            w1 /= sum;
+            w2 /= sum;
+            int64_t o = b * g->o_bs + i * g->o_rs + h * HS;
+            for (int64_t d0 = 0; d0 < HS; d0 += L3D_BLK) {
+                int64_t n = HS - d0 < L3D_BLK ? HS - d0 : L3D_BLK;
+                float *x = row_io(dt, a, at(dt, out, o + d0), n);
+                const float *y = row_in(dt, c, at(dt, out2, o + d0), n);
+#pragma omp simd
+                for (int64_t d = 0; d < n; d++) x[d] = w1 * x[d] + w2 * y[d];
+                row_done(dt, at(dt, out, o + d0), x, n);
+            }
+        }
+    }
+}
+
+/* One task per (batch, key/value head) owns its dk and dv and the dq of the query heads it
+ * serves (race-free, deterministic, as cpu_attention_backward). 16-bit: the key/value head and
+ * its gradients widened once, each query head's q, dq, dout, out in turn. */
+static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dk,
+                                         void *dv, const void *dout, const void *q,
+                                         const void *k, const void *v, const void *out,
+                                         const float *lse, const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_backward");
+    const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
+    const int64_t KH = g->nk * HS, QH = g->nq * HS, per = is16(dt) ? 4 * KH + 4 * QH : 0;
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* this thread's score block, its gradient, the rows' D */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t bg = 0; bg < g->B * g->NKV; bg++) {
+            int64_t b = bg / g->NKV, kvh = bg % g->NKV, kvo = b * g->kv_bs + kvh * HS;
+            float *kf = f, *vf = off(f, KH), *dkf = off(f, 2 * KH), *dvf = off(f, 3 * KH);
+            if (is16(dt)) {
+                rows_to_f32(dt, kf, HS, at(dt, k, kvo), g->kv_rs, g->nk, HS);
+                rows_to_f32(dt, vf, HS, at(dt, v, kvo), g->kv_rs, g->nk, HS);
+                rows_to_f32(dt, dkf, HS, at(dt, dk, kvo), g->kv_rs, g->nk, HS);
+                rows_to_f32(dt, dvf, HS, at(dt, dv, kvo), g->kv_rs, g->nk, HS);
+            }
+            for (int64_t h = kvh * grp; h < (kvh + 1) * grp; h++) {
+                int64_t qo = b * g->q_bs + h * HS, oo = b * g->o_bs + h * HS;
+                const float *L = lse + b * g->lse_bs + h * g->lse_hs;
+                if (dt == L3D_F32) {
+                    fa_backward_chunk(at(dt, dq, qo), g->q_rs, at(dt, dk, kvo), at(dt, dv, kvo),
+                                      g->kv_rs, at(dt, q, qo), g->q_rs, at(dt, k, kvo),
+                                      at(dt, v, kvo), g->kv_rs, at(dt, dout, oo), at(dt, out, oo),
+                                      g->o_rs, L, p0, g->nq, g->nk, HS, w.P, w.dS, w.D);
+                    continue;
+                }
+                float *qf = f + 4 * KH, *dqf = qf + QH, *gf = dqf + QH, *Of = gf + QH;
+                rows_to_f32(dt, qf, HS, at(dt, q, qo), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, dqf, HS, at(dt, dq, qo), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, gf, HS, at(dt, dout, oo), g->o_rs, g->nq, HS);
+                rows_to_f32(dt, Of, HS, at(dt, out, oo), g->o_rs, g->nq, HS);
+                fa_backward_chunk(dqf, HS, dkf, dvf, HS, qf, HS, kf, vf, HS, gf, Of, HS, L, p0,
+                                  g->nq, g->nk, HS, w.P, w.dS, w.D);
+                rows_from_f32(dt, at(dt, dq, qo), g->q_rs, dqf, HS, g->nq, HS);
+            }
+            if (is16(dt)) {
+                rows_from_f32(dt, at(dt, dk, kvo), g->kv_rs, dkf, HS, g->nk, HS);
+                rows_from_f32(dt, at(dt, dv, kvo), g->kv_rs, dvf, HS, g->nk, HS);
+            }
         }
     }
     l3d_free(scr);
@@ -1565,6 +1731,9 @@ static const struct l3d_backend_i cpu_backend_i = {
     .attention_naive_forward = cpu_attention_naive_forward,
     .attention_naive_backward = cpu_attention_naive_backward,
     .attention_cached = cpu_attention_cached,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_merge = cpu_attention_merge,
+    .attention_block_backward = cpu_attention_block_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
