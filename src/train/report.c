@@ -30,8 +30,12 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
-    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->layout.zero,
+    char cp[64] = "";
+    if (t->topo->cp > 1)
+        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->cp,
+                 2 * t->topo->cp);
+    printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
+           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",
            tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
