@@ -1,4 +1,5 @@
 /* Context parallelism: ring attention over the CP group (include/llm3d/cp.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "llm3d/cp.h"
@@ -29,6 +30,28 @@ static void pack(struct l3d_cp *cp, void *kv, const void *qkv, int64_t rows, int
         l3d_be_copy_d2d(cp->be, off(cp, kv, i * KW), off(cp, qkv, i * W + NH * HS), bytes);
 }
 
+/* L3D_CP_SERIAL=1 (benchmarks): every transfer waited for as soon as it is posted, before the
+ * block computes, so comm_s is the whole transfer time (bench/cp.sh: the fraction hidden) */
+static bool serial(void) {
+    static int on = -1;
+    if (on < 0) on = getenv("L3D_CP_SERIAL") && strcmp(getenv("L3D_CP_SERIAL"), "1") == 0;
+    return on;
+}
+
+static void wait2(struct l3d_cp *cp, l3d_req rq[2]) {
+    double t0 = l3d_time_s();
+    l3d_comm_wait(cp->comm, &rq[0]);
+    l3d_comm_wait(cp->comm, &rq[1]);
+    cp->comm_s += l3d_time_s() - t0;
+}
+
+/* Lets the transfers in flight progress between two block kernels: MPI moves a large message
+ * (a rendezvous) only inside its calls, so without these tests it would move at the wait, after
+ * the computation it was meant to hide behind (docs/DESIGN.md, "Progress"). */
+static void poll(struct l3d_cp *cp, l3d_req *rq, int n) {
+    for (int i = 0; i < n; i++) l3d_comm_test(cp->comm, &rq[i]);
+}
+
 /* the next block's K|V (or dK|dV sum) on its way: sent to ring rank + 1, received from - 1 */
 static void pass(struct l3d_cp *cp, const void *send, void *recv, int64_t n, int tag,
                  l3d_req rq[2]) {
@@ -37,13 +60,7 @@ static void pass(struct l3d_cp *cp, const void *send, void *recv, int64_t n, int
     l3d_comm_send(cp->comm, send, n, cp->dt, (r + 1) % size, tag, &rq[0]);
     l3d_comm_recv(cp->comm, recv, n, cp->dt, (r + size - 1) % size, tag, &rq[1]);
     cp->bytes += n * (int64_t)l3d_dtype_size(cp->dt);
-}
-
-static void wait2(struct l3d_cp *cp, l3d_req rq[2]) {
-    double t0 = l3d_time_s();
-    l3d_comm_wait(cp->comm, &rq[0]);
-    l3d_comm_wait(cp->comm, &rq[1]);
-    cp->comm_s += l3d_time_s() - t0;
+    if (serial()) wait2(cp, rq);
 }
 
 static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, const void *qkv,
@@ -70,6 +87,7 @@ static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, co
                     l3d_be_attention_block_forward(cp->be, dt, o, lse + qc * c, q, k,
                                                    off(cp, k, NKV * HS), &g);
                     have[qc] = true;
+                    poll(cp, rq, 2);
                     continue;
                 }
                 void *po = off(cp, cp->part, qc * c * C);
@@ -77,6 +95,7 @@ static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, co
                                                off(cp, k, NKV * HS), &g);
                 l3d_be_attention_merge(cp->be, dt, o, lse + qc * c, po, cp->part_lse + qc * c,
                                        &g);
+                poll(cp, rq, 2);
             }
         if (s < n - 1) wait2(cp, rq);
     }
@@ -85,7 +104,8 @@ static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, co
 /* One step of backward: the gradients of block src (keys in kv) into dq (dqkv's) and dkv. */
 static void backward_block(struct l3d_cp *cp, void *dqkv, void *dkv, const void *dout,
                            const void *qkv, const void *kv, const void *out, const float *lse,
-                           int src, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+                           int src, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           l3d_req *rq) {
     int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, C = NH * HS, c = T / 2;
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
@@ -97,6 +117,7 @@ static void backward_block(struct l3d_cp *cp, void *dqkv, void *dkv, const void 
                 cp->be, cp->dt, off(cp, dqkv, qc * c * W), dk, off(cp, dk, NKV * HS),
                 off(cp, dout, qc * c * C), off(cp, qkv, qc * c * W), k, off(cp, k, NKV * HS),
                 off(cp, out, qc * c * C), lse + qc * c, &g);
+            poll(cp, rq, 4);
         }
 }
 
@@ -114,9 +135,8 @@ static void ring_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *
     int part = 0, acc = -1, in = -1;
     for (int s = 0; s < n; s++) {
         void *cur = cp->kv[s % 2];
-        l3d_req rq[2], rd[2];
+        l3d_req rq[4], *rd = rq + 2; /* K|V, then the dK|dV sum */
         memset(rq, 0, sizeof rq);
-        memset(rd, 0, sizeof rd);
         if (s < n - 1) pass(cp, cur, cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
         if (s > 0) {
             in = 3 - part - acc; /* the buffer neither computed into nor in flight */
@@ -124,7 +144,7 @@ static void ring_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *
         }
         l3d_be_memset(cp->be, cp->dkv[part], 0, bytes);
         backward_block(cp, dqkv, cp->dkv[part], dout, qkv, cur, out, lse, (r - s + n) % n, B, T,
-                       NH, NKV, HS);
+                       NH, NKV, HS, rq);
         if (s < n - 1) wait2(cp, rq);
         if (s == 0) {
             acc = part;

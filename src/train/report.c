@@ -142,6 +142,13 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                      t->world->size, l3d_mem_peak(), s->bubble);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (t->topo->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
+        double w = 0;
+        int64_t b = 0;
+        for (int c = 0; c < t->lay.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
+                      w * 1e3, (long long)b);
+    }
     if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);

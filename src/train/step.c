@@ -104,6 +104,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
+    for (int c = 0; c < v && topo->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
     const int32_t *inp, *tgt;
     int T;
