@@ -45,6 +45,26 @@ L3D_RTOL=3e-5 same cp2_dp2_zero1 4 4 2 1 --cp 2 --zero 1
 L3D_RTOL=3e-5 same cp2_dp2_zero2_accum 4 4 2 2 --cp 2 --zero 2
 L3D_RTOL=3e-5 same cp2_pp2 2 4 2 2 --cp 2 --pp 2
 full && L3D_RTOL=3e-5 same cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpipe
+full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
+    same cp2_pp2_interleaved 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2
+# checkpoints ignore cp (the ring's ranks are data-parallel ranks of dp x cp to them): one saved
+# under cp 2 with ZeRO-1 resumes on one process, and one process's resumes under cp 2, each
+# continuing as the uninterrupted reference
+step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
+resumed() { # resumed NAME FROM NP B [flags]
+    local name=$1 from=$2
+    shift 2
+    train "$name" "$@" --resume "$from" > "$dir/$name.log" 2>&1 &&
+        "$bin" compare --rtol 3e-5 "$dir/$name" "$dir/ref_b2_a1" > "$dir/$name.cmp" 2>&1 &&
+        ok "$name ($(tail -1 "$dir/$name.cmp"))" || { bad "$name"; cat "$dir/$name.log" "$dir/$name.cmp"; }
+}
+if train ck_cp2 2 2 --cp 2 --zero 1 --save-every 3 > "$dir/ck_cp2.log" 2>&1 &&
+   train ck_one 0 2 --save-every 3 > "$dir/ck_one.log" 2>&1; then
+    resumed resume_cp2_on_one "$(step_dir ck_cp2 3)" 0 2
+    resumed resume_one_on_cp2 "$(step_dir ck_one 3)" 2 2 --cp 2 --zero 1
+else
+    bad "checkpointed runs"; cat "$dir/ck_cp2.log" "$dir/ck_one.log"
+fi
 # bf16: the reference in bf16 too; the layout moves where the 16-bit roundings fall, so losses
 # and norms within mixed.sh's 4u = 7.8e-3 (measured 3e-5 and 4e-4), the weights not compared
 # (rtol 1: AdamW turns the different roundings of near-zero gradients into steps of size lr)
