@@ -132,8 +132,19 @@ static void test_batch_rules(void) {
     one(&s, &(struct l3d_spec_ctx){.world = 8}, "at most 16777216 micro-batches");
     passes(&s, &train8);
     s = base();
+    s.layout.zero = 3; /* ZeRO-3 passes; 4 is no stage; prefetch asked without ZeRO-3 or deeper
+                        * than the bound is refused */
+    passes(&s, &train8);
+    s.layout.zero = 4;
+    one(&s, &train8, "--zero 4");
+    s = base();
+    s.layout.zero = 2;
+    s.layout.zero3_prefetch_set = true;
+    one(&s, &train8, "--zero3-prefetch 1: prefetching gathers parameters ahead under --zero 3");
     s.layout.zero = 3;
-    one(&s, &train8, "--zero 3");
+    passes(&s, &train8);
+    s.layout.zero3_prefetch = 65;
+    one(&s, &train8, "at most 64 layers ahead");
     s = base();
     s.layout.zero = 1;
     s.layout.dp = 512;
@@ -213,6 +224,8 @@ static void test_param_bytes(void) {
     CHECK(b.grads == 4 && b.optimizer == 2 && b.total == 10);
     l3d_param_bytes(&s.precision, 2, 4, &b);
     CHECK(b.grads == 1 && b.optimizer == 2 && b.total == 7 && b.grads_full == 4);
+    l3d_param_bytes(&s.precision, 3, 4, &b); /* ZeRO-3: 16N/dp */
+    CHECK(b.params == 1 && b.grads == 1 && b.optimizer == 2 && b.total == 4 && b.params_full == 4);
     CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK); /* llm3d: 2 + 4 + 12 */
     l3d_param_bytes(&s.precision, 0, 2, &b);
     CHECK(b.params == 2 && b.grads == 4 && b.optimizer == 12 && b.total == 18);
@@ -221,6 +234,8 @@ static void test_param_bytes(void) {
     CHECK(b.total == 16);
     l3d_param_bytes(&s.precision, 2, 8, &b); /* ZeRO-2: 2 + (2 + 12) / 8 */
     CHECK_NEAR(b.total, 2 + 14.0 / 8, 1e-12);
+    l3d_param_bytes(&s.precision, 3, 8, &b); /* ZeRO-3: the paper's 16N / 8 */
+    CHECK_NEAR(b.total, 16.0 / 8, 1e-12);
     /* negative case: a stage beyond the ones sharded is not sharded further here */
     l3d_param_bytes(&s.precision, 0, 8, &b);
     CHECK(!(b.total == 2 + 14.0 / 8));
@@ -238,6 +253,37 @@ static void test_presets(void) {
     CHECK(strstr(l3d_model_preset_names(), "d12 (gpt2, 124M)"));
 }
 
+/* The architecture's rules and its parameter count (Llama 2 7B: 6.74B, Touvron et al. 2023). */
+static void test_architecture(void) {
+    struct l3d_model_spec m = {.L = 32, .C = 4096, .NH = 32, .V = 32000, .maxT = 4096,
+                               .ffn = 11008, .arch = L3D_ARCH_LLAMA, .norm = L3D_NORM_RMSNORM,
+                               .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true,
+                               .untied = true};
+    CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+    CHECK_NEAR(l3d_model_param_count(&m), 6738415616.0, 0.5);
+    CHECK(m.rope.theta == 10000.0 && m.norm_eps == 1e-5f && l3d_model_kv_heads(&m) == 32);
+    /* GPT-2 124M: 124,475,904 parameters with the padded vocabulary (llm.c's count) */
+    struct l3d_model_spec g;
+    CHECK(l3d_model_preset(&g, "gpt2") == L3D_OK);
+    CHECK_NEAR(l3d_model_param_count(&g), 124475904.0, 0.5);
+    struct l3d_model_spec bad = m;
+    bad.NKV = 5;
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "key/value heads (5) must divide the 32") != NULL);
+    bad = m;
+    bad.ffn = 0;
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "SwiGLU"));
+    bad = m;
+    bad.C = 4064; /* 127 per head */
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "even head"));
+    bad = m;
+    bad.rope.factor = 8.0; /* Llama 3.1's scaling without its other keys */
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && strstr(l3d_error_message(), "scaling"));
+    bad.rope = (struct l3d_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1,
+                                 .high_freq_factor = 4, .original_context = 8192};
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_OK);
+}
+
 int main(void) {
     test_layout_rules();
     test_batch_rules();
@@ -245,5 +291,6 @@ int main(void) {
     test_every_rule_said();
     test_param_bytes();
     test_presets();
+    test_architecture();
     return TEST_REPORT();
 }

@@ -47,21 +47,60 @@
 #define L3D_MAX_PARAMS ((double)(1LL << 56))
 #define L3D_NUM_TENSORS 16
 
-/* The model of a run spec (include/llm3d/spec.h): GPT-2's sizes (the architecture fields come
- * with the Llama family). */
+/* The architecture of a model, as data (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023,
+ * Dubey et al. 2024). Each enum's zero is GPT-2's choice, so a zeroed spec with sizes is GPT-2. */
+enum l3d_arch { L3D_ARCH_GPT2, L3D_ARCH_LLAMA }; /* the family: tensor names in files */
+enum l3d_norm { L3D_NORM_LAYERNORM, L3D_NORM_RMSNORM };
+enum l3d_mlp { L3D_MLP_GELU, L3D_MLP_SWIGLU }; /* GELU(x W1) W2, or (SiLU(x Wg) * x Wu) Wd */
+enum l3d_pos { L3D_POS_LEARNED, L3D_POS_ROPE }; /* wpe rows added, or q and k rotated */
+
+/* Rotary position embedding (Su et al. 2021) in Hugging Face's rotate-half form: dimension i of a
+ * head pairs with i + hd/2, at frequency theta^(-2i/hd). Llama 3.1's frequency scaling
+ * (rope_scaling {"rope_type": "llama3"} in config.json) when factor > 0: wavelengths longer than
+ * original_context / low_freq_factor are divided by factor, those shorter than
+ * original_context / high_freq_factor kept, and those between interpolated. */
+struct l3d_rope {
+    double theta;            /* 0: 10000 (Llama 2); Llama 3: 500000 */
+    double factor;           /* 0: no scaling; Llama 3.1: 8 */
+    double low_freq_factor;  /* Llama 3.1: 1 */
+    double high_freq_factor; /* Llama 3.1: 4 */
+    int original_context;    /* Llama 3.1: 8192 */
+};
+
+/* The model of a run spec (include/llm3d/spec.h): sizes and architecture. */
 struct l3d_model_spec {
     char name[48]; /* the preset it came from, "custom", or "" */
     int L;    /* layers */
     int C;    /* channels */
-    int NH;   /* attention heads */
+    int NH;   /* attention (query) heads */
     int V;    /* vocabulary size */
     int Vp;   /* V padded to a multiple of L3D_VOCAB_ALIGN */
-    int maxT; /* context length (rows of wpe) */
-    int64_t ffn; /* MLP width; 0: GPT-2's 4C (llm3d's trainer has no other) */
+    int maxT; /* context length (rows of wpe with learned positions) */
+    int64_t ffn; /* MLP width (hidden size); 0: GPT-2's 4C (GELU only; SwiGLU needs it given) */
+    enum l3d_arch arch;
+    int NKV;  /* key/value heads (grouped-query attention, Ainslie et al. 2023); 0: NH (MHA) */
+    enum l3d_norm norm;
+    float norm_eps;  /* 0: 1e-5 (GPT-2's LayerNorm; Llama 2's RMSNorm) */
+    enum l3d_mlp mlp;
+    enum l3d_pos pos;
+    struct l3d_rope rope; /* with pos L3D_POS_ROPE */
+    bool no_bias;    /* no biases in the linear layers and norms (Llama); GPT-2 has them */
+    bool untied;     /* a separate output head (lm_head) instead of the token embedding (Llama) */
 };
 
-/* Checks sizes (C divisible by NH, positive values) and sets Vp. */
+/* Checks sizes (C divisible by NH, positive values) and the architecture's rules (NH divisible
+ * by NKV, an even head size for RoPE, ...), sets Vp and fills the defaults (ffn 4C for GELU,
+ * norm_eps 1e-5, rope theta 10000). NKV stays 0 for "as many as NH" (so a --heads given after a
+ * preset still means multi-head attention): read it through l3d_model_kv_heads. */
 l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
+/* Key/value heads: NKV, or NH when NKV is 0. */
+int l3d_model_kv_heads(const struct l3d_model_spec *m);
+/* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
+double l3d_model_param_count(const struct l3d_model_spec *m);
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
+ * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
+ * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
+void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);
 
 struct l3d_shard {
     int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */
@@ -136,6 +175,14 @@ struct l3d_gpt_hooks {
     void (*cp_attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                   const void *qkv, const void *out, const float *lse, int64_t B,
                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+    /* ZeRO-3 (include/llm3d/dp.h; a model built with L3D_GRADS_SHARDED holds no parameters):
+     * before forward or backward (backward true) uses the parameters of local layer `layer` (-1:
+     * the non-layer tensors, for the whole pass) it asks params_get where they lie: a buffer laid
+     * out as the gradient slots (slot_off; nonlayer_off for -1), valid until params_done(layer).
+     * A recomputed forward inside backward reuses backward's buffer. */
+    void *params_ctx;
+    const void *(*params_get)(void *ctx, int layer, bool backward);
+    void (*params_done)(void *ctx, int layer, bool backward);
 };
 /* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
  * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk
@@ -171,7 +218,11 @@ struct l3d_gpt {
     size_t es;            /* l3d_dtype_size(dt) */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     /* Device memory of `be` (include/llm3d/backend.h): host code reaches it only by copies. */
-    void *params;         /* flat, num_params of type dt */
+    void *params;         /* flat, num_params of type dt; NULL with L3D_GRADS_SHARDED */
+    /* L3D_GRADS_SHARDED: the buffers params_get gave for layer `gathered_id` and the non-layer
+     * tensors, where l3d_gpt_param_ptr points while a pass runs */
+    const void *gathered_layer, *gathered_nonlayer;
+    int gathered_id;
     float *grads;         /* flat, num_params, same offsets (L3D_GRADS_FLAT only) */
     /* Gradient-slot mode (ZeRO-2): the non-layer tensors' gradients in one buffer, each layer's in
      * one of two slots (layer % 2) holding its one-layer slices of the 12 layer tensors. */
@@ -193,8 +244,9 @@ struct l3d_gpt {
 };
 
 /* Where gradients live: one flat buffer (the default), two layer slots plus the non-layer
- * tensors (ZeRO-2, see l3d_gpt_grad_ptr), or nowhere (inference). */
-enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE };
+ * tensors (ZeRO-2, see l3d_gpt_grad_ptr), or nowhere (inference). L3D_GRADS_SHARDED (ZeRO-3):
+ * slots as ZeRO-2, and no parameter buffer: the passes take them from hooks.params_get. */
+enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE, L3D_GRADS_SHARDED };
 
 /* Allocates parameters, gradients and activations for micro-batches up to (B, T), once. */
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
@@ -216,7 +268,8 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
  * device memory), for code that reads or writes fp32 parameters (initialisation, checkpoints,
  * llm.c files) whatever m's precision; it shares m's activations and must not run or be freed. */
 void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view);
-/* Where tensor t's parameters of local layer `layer` lie in m->params (type m->dt). */
+/* Where tensor t's parameters of local layer `layer` lie in m->params (type m->dt); without
+ * m->params (L3D_GRADS_SHARDED), in the buffer params_get gave for the pass. */
 void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer);
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot);
 void l3d_gpt_free(struct l3d_gpt *m);

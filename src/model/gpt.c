@@ -15,6 +15,53 @@
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
+int l3d_model_kv_heads(const struct l3d_model_spec *m) {
+    return m->NKV > 0 ? m->NKV : m->NH;
+}
+
+/* Parameters of the whole model (doubles: the checks run before the sizes are known to fit). */
+double l3d_model_param_count(const struct l3d_model_spec *m) {
+    double C = m->C, hd = (double)m->C / m->NH, kv = l3d_model_kv_heads(m) * hd;
+    double F = m->ffn > 0 ? (double)m->ffn : 4.0 * C, bias = m->no_bias ? 0.0 : 1.0;
+    double norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C; /* LayerNorm: weight and bias */
+    double attn = C * C + 2 * C * kv + C * C + bias * (C + 2 * kv + C);
+    double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
+    double Vp = m->Vp > 0 ? m->Vp : m->V;
+    return m->L * (2 * norm + attn + mlp) + Vp * C * (m->untied ? 2 : 1) +
+           (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0) + norm;
+}
+
+/* The architecture's own rules (sizes are checked by the caller first). */
+static l3d_status arch_check(struct l3d_model_spec *cfg) {
+    if (cfg->NKV < 0 || (cfg->NKV > 0 && cfg->NH % cfg->NKV != 0))
+        return l3d_error(L3D_ERR_ARG, "key/value heads (%d) must divide the %d query heads "
+                         "(grouped-query attention): give a divisor of %d", cfg->NKV, cfg->NH,
+                         cfg->NH);
+    if (cfg->norm_eps == 0.0f) cfg->norm_eps = 1e-5f;
+    if (!(cfg->norm_eps > 0.0f && cfg->norm_eps < 1.0f))
+        return l3d_error(L3D_ERR_ARG, "norm epsilon %g: give a value in (0, 1), e.g. 1e-5",
+                         (double)cfg->norm_eps);
+    if (cfg->mlp == L3D_MLP_SWIGLU && cfg->ffn <= 0)
+        return l3d_error(L3D_ERR_ARG, "a SwiGLU MLP needs its hidden size (ffn, "
+                         "intermediate_size): give it");
+    if (cfg->pos == L3D_POS_ROPE) {
+        if ((cfg->C / cfg->NH) % 2 != 0)
+            return l3d_error(L3D_ERR_ARG, "rotary positions need an even head size, not %d "
+                             "(channels %d / heads %d)", cfg->C / cfg->NH, cfg->C, cfg->NH);
+        struct l3d_rope *r = &cfg->rope;
+        if (r->theta == 0.0) r->theta = 10000.0;
+        if (!(r->theta > 1.0) || !(r->factor >= 0.0))
+            return l3d_error(L3D_ERR_ARG, "rope theta %g, scaling factor %g: give theta > 1 and "
+                             "a factor >= 0 (0: no scaling)", r->theta, r->factor);
+        if (r->factor > 0.0 && !(r->original_context > 0 && r->low_freq_factor > 0.0 &&
+                                 r->high_freq_factor > r->low_freq_factor))
+            return l3d_error(L3D_ERR_ARG, "rope scaling (factor %g) needs original context > 0 "
+                             "(%d) and high_freq_factor (%g) > low_freq_factor (%g) > 0", r->factor,
+                             r->original_context, r->high_freq_factor, r->low_freq_factor);
+    }
+    return L3D_OK;
+}
+
 l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
@@ -25,14 +72,17 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->V > (1 << 30))
         return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
     /* sane limits (far above any GPT): every count and byte size below then fits an int64_t */
-    if (cfg->L > L3D_MAX_LAYERS || cfg->C > L3D_MAX_CHANNELS || cfg->maxT > L3D_MAX_CONTEXT)
+    if (cfg->L > L3D_MAX_LAYERS || cfg->C > L3D_MAX_CHANNELS || cfg->maxT > L3D_MAX_CONTEXT ||
+        cfg->ffn > 16LL * L3D_MAX_CHANNELS)
         return l3d_error(L3D_ERR_ARG, "model too large: layers %d (at most %d), channels %d (at "
-                         "most %d), context %d (at most %d)", cfg->L, L3D_MAX_LAYERS, cfg->C,
-                         L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT);
+                         "most %d), context %d (at most %d), MLP width %lld (at most %d)", cfg->L,
+                         L3D_MAX_LAYERS, cfg->C, L3D_MAX_CHANNELS, cfg->maxT, L3D_MAX_CONTEXT,
+                         (long long)cfg->ffn, 16 * L3D_MAX_CHANNELS);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
+    l3d_status st = arch_check(cfg);
+    if (st != L3D_OK) return st;
     if (cfg->ffn <= 0) cfg->ffn = 4LL * cfg->C; /* GPT-2's MLP */
-    double C = cfg->C, params = (double)cfg->L * (12 * C * C + 13 * C) +
-                                ((double)cfg->Vp + cfg->maxT) * C + 2 * C;
+    double params = l3d_model_param_count(cfg);
     if (params > L3D_MAX_PARAMS)
         return l3d_error(L3D_ERR_ARG, "model too large: %.3g parameters (layers %d, channels %d, "
                          "vocabulary %d, context %d; at most 2^56)", params, cfg->L, cfg->C,
@@ -134,6 +184,12 @@ static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p +
 
 void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer) {
     const struct l3d_tensor_info *ti = &m->tensors[t];
+    if (!m->params) { /* ZeRO-3: the gathered copy (gathered_params) */
+        bool lt = l3d_gpt_is_layer_tensor(t);
+        L3D_ASSERT(lt ? m->gathered_layer && m->gathered_id == layer : m->gathered_nonlayer != NULL);
+        return el(lt ? m->gathered_layer : m->gathered_nonlayer,
+                  lt ? m->slot_off[t] : m->nonlayer_off[t], m->es);
+    }
     return el(m->params, ti->offset + (int64_t)layer * ti->rows * ti->cols, m->es);
 }
 
@@ -341,6 +397,12 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
+    if (cfg->arch != L3D_ARCH_GPT2 || l3d_model_kv_heads(cfg) != cfg->NH || cfg->norm != L3D_NORM_LAYERNORM ||
+        cfg->mlp != L3D_MLP_GELU || cfg->pos != L3D_POS_LEARNED || cfg->no_bias || cfg->untied ||
+        cfg->ffn != 4LL * cfg->C || cfg->norm_eps != 1e-5f)
+        return l3d_error(L3D_ERR_ARG, "model '%s': the trainer builds GPT-2's blocks only (LayerNorm, "
+                         "learned positions, GELU MLP of 4C, biases, tied head); Llama-family "
+                         "blocks are not implemented yet", cfg->name[0] ? cfg->name : "custom");
     if (B < 1 || T < 1)
         return l3d_error(L3D_ERR_ARG, "batch size (%d) and sequence length (%d) must be positive",
                          B, T);
@@ -385,14 +447,14 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     const size_t gs = sizeof(float); /* gradients: fp32 */
     size_t pbytes = (size_t)m->num_params * m->es, gflat = (size_t)m->num_params * gs;
     size_t nlbytes = (size_t)m->nonlayer_size * gs, slbytes = (size_t)m->slot_size * gs;
-    size_t gbytes = grads == L3D_GRADS_FLAT    ? gflat
-                    : grads == L3D_GRADS_SLOTS ? nlbytes + 2 * slbytes
-                                               : 0;
-    m->params = l3d_be_alloc(be, pbytes, "parameters");
+    bool slots = grads == L3D_GRADS_SLOTS || grads == L3D_GRADS_SHARDED;
+    size_t gbytes = grads == L3D_GRADS_FLAT ? gflat : slots ? nlbytes + 2 * slbytes : 0;
+    if (grads == L3D_GRADS_SHARDED) pbytes = 0; /* the data-parallel state holds this rank's part */
+    m->params = pbytes ? l3d_be_alloc(be, pbytes, "parameters") : NULL;
     bool grads_ok = true;
     if (grads == L3D_GRADS_FLAT) {
         grads_ok = (m->grads = l3d_be_alloc(be, gflat, "gradients")) != NULL;
-    } else if (grads == L3D_GRADS_SLOTS) {
+    } else if (slots) {
         m->grads_nonlayer = l3d_be_alloc(be, nlbytes + 64, "gradients");
         for (int i = 0; i < 2; i++)
             m->grad_slot[i] = l3d_be_alloc(be, slbytes + 64, "gradient slots");
@@ -400,9 +462,10 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     }
     m->acts->base = l3d_be_alloc(be, m->act_bytes, "activations");
     m->loss_sum = l3d_be_alloc(be, sizeof(double), "loss");
-    if (!m->params || !grads_ok || !m->acts->base || !m->loss_sum) {
+    bool params_ok = m->params || !pbytes;
+    if (!params_ok || !grads_ok || !m->acts->base || !m->loss_sum) {
         size_t need = pbytes + gbytes + m->act_bytes;
-        bool weights = !m->params || !grads_ok; /* the model itself does not fit, whatever B, T */
+        bool weights = !params_ok || !grads_ok; /* the model itself does not fit, whatever B, T */
         int64_t n = m->num_params;
         l3d_gpt_free(m);
         if (weights)
@@ -415,7 +478,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
                          B, T);
     }
     /* first touch now, not inside the step loop */
-    l3d_be_memset(be, m->params, 0, pbytes);
+    if (m->params) l3d_be_memset(be, m->params, 0, pbytes);
     if (m->grads) l3d_be_memset(be, m->grads, 0, gflat);
     if (m->grads_nonlayer) {
         l3d_be_memset(be, m->grads_nonlayer, 0, nlbytes);
@@ -708,9 +771,10 @@ static void attention_forward(struct l3d_gpt *m, struct layer_acts *la, int B, i
         m->hooks.cp_attention_forward(m->hooks.cp_ctx, m->dt, la->atty, la->att, la->qkv, B, T,
                                       Hl, Hl, HS);
     else if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_naive_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, Hl,
+                                       HS);
     else
-        l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
 }
 
 /* The embedding lookup (encoder_forward's arguments) with the positions of this rank's rows:
@@ -785,8 +849,30 @@ void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
     m->slot = slot;
 }
 
-float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
-                      int T) {
+/* ZeRO-3 (L3D_GRADS_SHARDED): the parameters of local layer l (-1: the non-layer tensors) for a
+ * pass, from the data-parallel state's hooks; nothing when the model holds its parameters. */
+static void params_begin(struct l3d_gpt *m, int l, bool backward) {
+    if (m->params) return;
+    const void *p = m->hooks.params_get(m->hooks.params_ctx, l, backward);
+    if (l < 0) {
+        m->gathered_nonlayer = p;
+    } else {
+        m->gathered_layer = p;
+        m->gathered_id = l;
+    }
+}
+
+static void params_end(struct l3d_gpt *m, int l, bool backward) {
+    if (m->params) return;
+    m->hooks.params_done(m->hooks.params_ctx, l, backward);
+    if (l < 0)
+        m->gathered_nonlayer = NULL;
+    else
+        m->gathered_layer = NULL;
+}
+
+static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                          int T) {
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
@@ -821,7 +907,9 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     }
     const void *x = m->input_act;
     for (int l = 0; l < s->layer_count; l++) {
+        params_begin(m, l, false);
         forward_layer(m, l, &a->layer[l], x, B, T);
+        params_end(m, l, false);
         x = a->layer[l].res3;
     }
     if (!s->has_head) return 0.0f;
@@ -852,13 +940,22 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     return (float)(total / (double)N);
 }
 
+float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                      int T) {
+    bool nonlayer = m->shard.has_embedding || m->shard.has_head;
+    if (nonlayer) params_begin(m, -1, false);
+    float loss = forward_pass(m, inputs, targets, B, T);
+    if (nonlayer) params_end(m, -1, false);
+    return loss;
+}
+
 const void *l3d_gpt_output_act(const struct l3d_gpt *m) {
     return m->shard.layer_count > 0 ? m->acts->layer[m->shard.layer_count - 1].res3 : m->input_act;
 }
 
 /* ---- backward --------------------------------------------------------------------------- */
 
-void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
@@ -906,6 +1003,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
     }
 
     for (int l = s->layer_count - 1; l >= 0; l--) {
+        params_begin(m, l, true); /* a full recomputation below reuses it */
         struct layer_acts *la = &a->layer[l];
         struct layer_params p = layer_params(m, l);
         if (m->grads_nonlayer)
@@ -918,7 +1016,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
             /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
             l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
-                                           HS);
+                                           Hl, HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
@@ -951,10 +1049,10 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
                                            la->atty, la->att, B, T, Hl, Hl, HS);
         else if (m->attn_naive)
             l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, HS);
+                                            la->att, B, T, Hl, Hl, HS);
         else
             l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, HS);
+                                      B, T, Hl, Hl, HS);
         progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
@@ -968,6 +1066,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
             l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
         }
         /* dres now holds d(x), the layer's input */
+        params_end(m, l, true);
         if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
     }
     l3d_be_copy_d2d(m->be, m->dinput_act, a->dres, bytes_l);
@@ -978,6 +1077,13 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
         encode_backward(m, dwte, dwpe, a->dres_full, B, T);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
+}
+
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+    /* the non-layer tensors' parameters: only the head's backward reads them (wte, lnfw) */
+    if (m->shard.has_head) params_begin(m, -1, true);
+    backward_pass(m, dloss, dout_act);
+    if (m->shard.has_head) params_end(m, -1, true);
 }
 
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
