@@ -2,7 +2,8 @@
 # Context parallelism (--cp N, include/llm3d/cp.h): a layout that splits each sequence over a ring
 # must train the same model as one process on the same global batch (equiv.sh's harness: per-step
 # losses, gradient norms and final weights within 1e-5, llm3d compare), alone and composed with
-# TP + SP, DP + ZeRO, PP, accumulation, recomputation and mixed precision. The negative case: the
+# TP + SP, DP + ZeRO-1/2/3, PP (1F1B, GPipe, interleaved), accumulation, recomputation, mixed
+# precision and checkpoints resharded across cp. The negative case: the
 # ring's two chunks given each other's positions (L3D_TEST_CP_SWAP_CHUNKS) must be told apart.
 # Then the inputs it refuses. Usage: cp.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
@@ -43,6 +44,7 @@ same cp2_tp2_sp 2 4 2 1 --cp 2 --tp 2 --sequence-parallel
 # measured 1.2e-5 of its size with 5 steps, losses and norms 5e-8 (equiv.sh's TP cases: 3e-5)
 L3D_RTOL=3e-5 same cp2_dp2_zero1 4 4 2 1 --cp 2 --zero 1
 L3D_RTOL=3e-5 same cp2_dp2_zero2_accum 4 4 2 2 --cp 2 --zero 2
+L3D_RTOL=3e-5 same cp2_zero3 2 2 2 1 --cp 2 --zero 3
 L3D_RTOL=3e-5 same cp2_pp2 2 4 2 2 --cp 2 --pp 2
 full && L3D_RTOL=3e-5 same cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpipe
 full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
