@@ -777,6 +777,21 @@ static void attention_forward(struct l3d_gpt *m, struct layer_acts *la, int B, i
         l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
 }
 
+/* attention_forward's backward: dqkv += from datty (acts). */
+static void attention_backward(struct l3d_gpt *m, struct layer_acts *la, int B, int T, int64_t Hl,
+                               int64_t HS) {
+    struct l3d_gpt_acts *a = m->acts;
+    if (m->hooks.cp_attention_backward)
+        m->hooks.cp_attention_backward(m->hooks.cp_ctx, m->dt, a->dqkv, a->datty, la->qkv,
+                                       la->atty, la->att, B, T, Hl, Hl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_backward(m->be, m->dt, a->dqkv, a->datt, a->datty, la->qkv,
+                                        la->att, B, T, Hl, Hl, HS);
+    else
+        l3d_be_attention_backward(m->be, m->dt, a->dqkv, a->datty, la->qkv, la->atty, la->att, B,
+                                  T, Hl, Hl, HS);
+}
+
 /* The embedding lookup (encoder_forward's arguments) with the positions of this rank's rows:
  * 0..T-1, or under context parallelism those of its two chunks, each (sequence, chunk) a call. */
 static void encode(struct l3d_gpt *m, void *out, const void *wte, const void *wpe, int64_t v0,
@@ -1044,15 +1059,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
                         N, Ca, C);
         l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * E);
-        if (m->hooks.cp_attention_backward)
-            m->hooks.cp_attention_backward(m->hooks.cp_ctx, dt, a->dqkv, a->datty, la->qkv,
-                                           la->atty, la->att, B, T, Hl, Hl, HS);
-        else if (m->attn_naive)
-            l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, Hl, HS);
-        else
-            l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, Hl, HS);
+        attention_backward(m, la, B, T, Hl, HS);
         progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
