@@ -426,8 +426,12 @@ __global__ void xent_k(int pass, T *logits, float *out, float *tlogit, const flo
     }
     float k = dloss / sumexp[n];
     for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float g = j < Vvalid ? expf(ld(row + j) - mx) * k : 0.0f;
-        if (j == t) g -= dloss;
+        /* padding columns (Vvalid..Vl) are 0 even when a target id points into them */
+        float g = 0.0f;
+        if (j < Vvalid) {
+            g = expf(ld(row + j) - mx) * k;
+            if (j == t) g -= dloss;
+        }
         st(row + j, g);
     }
 }
