@@ -41,7 +41,6 @@
     } while (0)
 
 #define L3D_LT_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's scratch: 32 MiB, Hopper's advice */
-#define L3D_CUDA_MAX_EVENTS 64
 
 struct cuda_ctx {
     int device;
@@ -57,8 +56,7 @@ struct cuda_ctx {
     size_t att_D_n;
     int32_t *enc;
     size_t enc_n;
-    cudaEvent_t events[L3D_CUDA_MAX_EVENTS]; /* made by event_record, destroyed at free */
-    int n_events;
+    int n_events; /* live CUDA events: made by event_record, destroyed by event_destroy */
 };
 
 static const struct l3d_backend_i cuda_backend_i;
@@ -135,17 +133,24 @@ static void cuda_sync(void *ctx) {
 static void cuda_event_record(void *ctx, struct l3d_event *ev) {
     struct cuda_ctx *cx = ctx;
     if (!ev->impl) {
-        if (cx->n_events == L3D_CUDA_MAX_EVENTS)
-            l3d_fatal(__FILE__, __LINE__, "backend cuda: more than %d events",
-                      L3D_CUDA_MAX_EVENTS);
-        CUDA_CHECK(cudaEventCreateWithFlags(&cx->events[cx->n_events], cudaEventDisableTiming));
-        ev->impl = cx->events[cx->n_events++];
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ev->impl = e;
+        cx->n_events++;
     }
     CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev->impl, cx->stream));
 }
 static void cuda_event_wait(void *ctx, struct l3d_event *ev) {
     (void)ctx;
     CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev->impl));
+}
+/* l3d_be_event_free: each event's CUDA event goes with it (a step may make and free events
+ * without bound) */
+static void cuda_event_destroy(void *ctx, struct l3d_event *ev) {
+    struct cuda_ctx *cx = ctx;
+    CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev->impl));
+    ev->impl = NULL;
+    cx->n_events--;
 }
 
 bool l3d_cuda_is_device_ptr(const void *p) {
@@ -528,7 +533,6 @@ static void close_device(struct cuda_ctx *cx);
 static void cuda_free(void *ctx) {
     struct cuda_ctx *cx = ctx;
     close_device(cx);
-    for (int i = 0; i < cx->n_events; i++) cudaEventDestroy(cx->events[i]);
     l3d_cuda_allocs_free(&cx->allocs);
     l3d_free(cx);
 }
@@ -545,6 +549,7 @@ static const struct l3d_backend_i cuda_backend_i = {
     .sync = cuda_sync,
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
+    .event_destroy = cuda_event_destroy,
     .peak_flops = cuda_peak_flops,
     .matmul_native = cuda_matmul_native,
     .host_view = cuda_host_view,
