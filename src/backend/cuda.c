@@ -60,10 +60,10 @@ struct cuda_ctx {
     double *partials; /* L3D_CUK_PARTIALS doubles: sumsq's per-block sums */
     struct l3d_cuda_plan_table plans; /* cuBLASLt plans by shape, plan[] slot for slot */
     struct lt_plan plan[L3D_CUDA_PLANS];
-    /* scratch grown on demand: attention's D (floats), the encoder's token groups (int32) */
+    /* scratch grown on demand: attention's D (floats), the encoder's grouping (bytes) */
     float *att_D;
     size_t att_D_n;
-    int32_t *enc;
+    void *enc;
     size_t enc_n;
     int n_events; /* live CUDA events: made by event_record, destroyed by event_destroy */
 };
@@ -97,9 +97,11 @@ static void cuda_dfree(void *ctx, void *p) {
 }
 
 /* scratch of n elements of size es in *buf (capacity *cap elements), grown, not accounted as
- * the model's memory is (it is the kernels' working space, a few MB) */
-static void *scratch(void **buf, size_t *cap, size_t n, size_t es) {
+ * the model's memory is (it is the kernels' working space, a few MB). The old buffer may still
+ * be read by kernels in flight: the stream drains before it is freed (growth is rare). */
+static void *scratch(struct cuda_ctx *cx, void **buf, size_t *cap, size_t n, size_t es) {
     if (n <= *cap) return *buf;
+    CUDA_CHECK(cudaStreamSynchronize(cx->stream));
     if (*buf) CUDA_CHECK(cudaFree(*buf));
     CUDA_CHECK(cudaMalloc(buf, n * es));
     *cap = n;
@@ -372,56 +374,22 @@ static void cuda_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const 
     launched("encoder_forward");
 }
 
-/* The rows of each token in range, in position order, as three int32 arrays uploaded at once:
- * uniq (nu tokens, rows of dwte), off (nu + 1), order (the rows of dout): a counting sort on the
- * host of the B*T tokens (copied down: one synchronisation a backward pass, for a sum per token
- * in a fixed order that is added to the gradient once, as the CPU backend does). Returns nu. */
-static int64_t token_groups(struct cuda_ctx *cx, const int32_t *tokens, int64_t vocab_start,
-                            int64_t vocab_count, int64_t BT, int32_t **dev) {
-    int32_t *tok = l3d_alloc((size_t)BT * sizeof *tok, "encoder gradient tokens");
-    cuda_copy_d2h(cx, tok, tokens, (size_t)BT * sizeof *tok);
-    int32_t *cnt = l3d_calloc(((size_t)vocab_count + 1) * sizeof *cnt, "encoder gradient counts");
-    for (int64_t i = 0; i < BT; i++) {
-        int64_t v = (int64_t)tok[i] - vocab_start;
-        if (v >= 0 && v < vocab_count) cnt[v + 1]++;
-    }
-    int64_t nu = 0, nin = 0;
-    for (int64_t v = 0; v < vocab_count; v++) nu += cnt[v + 1] > 0, nin += cnt[v + 1];
-    int32_t *h = l3d_alloc((size_t)(2 * nu + 1 + nin) * sizeof *h, "encoder gradient groups");
-    int32_t *uniq = h, *off = h + nu, *order = off + nu + 1;
-    int64_t u = 0;
-    off[0] = 0;
-    for (int64_t v = 0; v < vocab_count; v++) {
-        if (cnt[v + 1] == 0) continue;
-        uniq[u] = (int32_t)v;
-        off[u + 1] = off[u] + cnt[v + 1];
-        cnt[v + 1] = off[u]; /* from here: the next free slot of token v */
-        u++;
-    }
-    for (int64_t i = 0; i < BT; i++) { /* positions ascending within each token */
-        int64_t v = (int64_t)tok[i] - vocab_start;
-        if (v >= 0 && v < vocab_count) order[cnt[v + 1]++] = (int32_t)i;
-    }
-    size_t n = (size_t)(2 * nu + 1 + nin);
-    *dev = scratch((void **)&cx->enc, &cx->enc_n, n, sizeof(int32_t));
-    cuda_copy_h2d(cx, *dev, h, n * sizeof *h);
-    l3d_free(h);
-    l3d_free(cnt);
-    l3d_free(tok);
-    return nu;
-}
-
 static void cuda_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
                                   void *dwpe, const void *dout, const int32_t *tokens,
                                   int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
                                   int64_t C) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "encoder_backward"), g = gkt(dt, gdt, "encoder_backward");
-    if (dwte) {
-        int32_t *d;
-        int64_t nu = token_groups(cx, tokens, vocab_start, vocab_count, B * T, &d);
-        l3d_cuk_encoder_backward_wte(k, g, dwte, dout, d, d + nu, d + 2 * nu + 1, nu, C,
-                                     cx->stream);
+    if (dwte && B * T > 0) {
+        /* each token's rows summed in position order and added once, as on the CPU; the
+         * grouping runs on the device (a sort), so the pass never waits for the host */
+        L3D_ASSERT(B * T <= INT32_MAX && vocab_count < INT32_MAX);
+        size_t bytes = l3d_cuk_encoder_backward_wte_bytes(B * T, vocab_count);
+        void *w = scratch(cx, &cx->enc, &cx->enc_n, bytes, 1);
+        const char *e = l3d_cuk_encoder_backward_wte(k, g, dwte, dout, tokens, vocab_start,
+                                                     vocab_count, B * T, C, w, bytes, cx->stream);
+        if (e) l3d_fatal(__FILE__, __LINE__, "backend cuda: encoder_backward: %s failed: %s", e,
+                         cudaGetErrorString(cudaGetLastError()));
         launched("encoder_backward");
     }
     if (dwpe) {
@@ -472,7 +440,7 @@ static void cuda_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, co
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_backward");
     head_size(HS, "attention_backward");
-    float *D = scratch((void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T), sizeof(float));
+    float *D = scratch(cx, (void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T), sizeof(float));
     l3d_cuk_attention_backward(k, dqkv, dout, qkv, out, lse, D, B, T, NH, HS, cx->stream);
     launched("attention_backward");
 }
