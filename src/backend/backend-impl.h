@@ -34,6 +34,8 @@ struct l3d_backend_i {
     /* optional (NULL: the backend is synchronous, so a recorded event is always complete) */
     void (*event_record)(void *ctx, struct l3d_event *ev);
     void (*event_wait)(void *ctx, struct l3d_event *ev);
+    /* optional: releases ev->impl (l3d_be_event_free), NULL when events have none */
+    void (*event_destroy)(void *ctx, struct l3d_event *ev);
     double (*peak_flops)(void *ctx, enum l3d_dtype t);
     /* whether products in t run in t itself (no fp32 copies of their operands) */
     bool (*matmul_native)(void *ctx, enum l3d_dtype t);

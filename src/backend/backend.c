@@ -64,6 +64,7 @@ void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev) {
 void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev) {
     if (!ev) return;
     L3D_ASSERT(ev->be == be);
+    if (ev->impl && be->i->event_destroy) be->i->event_destroy(be->ctx, ev);
     l3d_free(ev);
 }
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t) {
