@@ -932,6 +932,97 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
 }
 
+int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
+    /* test hook: the two chunks' positions swapped (tests/cli/cp.sh: the result must change) */
+    static int swap = -1;
+    if (swap < 0) swap = getenv("L3D_TEST_CP_SWAP_CHUNKS") != NULL;
+    if (swap) k = 1 - k;
+    return (k == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * (T / 2);
+}
+
+/* RoPE's positions of this rank's T rows under context parallelism: its two chunks' (as encode
+ * gives learned positions); without it they stay 0..Tmax-1 (rope_init). */
+static void rope_cp_positions(struct l3d_gpt *m, int T) {
+    int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "rope positions");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < T / 2; i++)
+            p[k * (T / 2) + i] =
+                (int32_t)(l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T) + i);
+    l3d_be_copy_h2d(m->be, m->rope_pos, p, (size_t)T * sizeof(int32_t));
+    l3d_be_sync(m->be); /* before the host copy goes */
+    l3d_free(p);
+}
+
+/* Attention of one layer: the backend's kernel, or the ring's (context parallelism). */
+static void attention_forward(struct l3d_gpt *m, struct layer_acts *la, int B, int T,
+                              const struct widths *w) {
+    int64_t Hl = w->Hl, KVl = w->KVl, HS = w->HS;
+    if (m->hooks.cp_attention_forward)
+        m->hooks.cp_attention_forward(m->hooks.cp_ctx, m->dt, la->atty, la->att, la->qkv, B, T,
+                                      Hl, KVl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, KVl,
+                                       HS);
+    else
+        l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, KVl, HS);
+}
+
+/* attention_forward's backward: dqkv += from datty (acts). */
+static void attention_backward(struct l3d_gpt *m, struct layer_acts *la, int B, int T,
+                               const struct widths *w) {
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t Hl = w->Hl, KVl = w->KVl, HS = w->HS;
+    if (m->hooks.cp_attention_backward)
+        m->hooks.cp_attention_backward(m->hooks.cp_ctx, m->dt, a->dqkv, a->datty, la->qkv,
+                                       la->atty, la->att, B, T, Hl, KVl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_backward(m->be, m->dt, a->dqkv, a->datt, a->datty, la->qkv,
+                                        la->att, B, T, Hl, KVl, HS);
+    else
+        l3d_be_attention_backward(m->be, m->dt, a->dqkv, a->datty, la->qkv, la->atty, la->att, B,
+                                  T, Hl, KVl, HS);
+}
+
+/* The embedding lookup (encoder_forward's arguments) with the positions of this rank's rows:
+ * 0..T-1, or under context parallelism those of its two chunks, each (sequence, chunk) a call. */
+static void encode(struct l3d_gpt *m, void *out, const void *wte, const void *wpe, int64_t v0,
+                   int64_t vn, int B, int T) {
+    int64_t C = m->cfg.C;
+    if (m->hooks.cp_size <= 1 || !wpe) {
+        l3d_be_encoder_forward(m->be, m->dt, out, m->inputs, wte, wpe, v0, vn, B, T, C);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_forward(m->be, m->dt, el(out, r0 * C, m->es), m->inputs + r0, wte,
+                                   el(wpe, pos * C, m->es), v0, vn, 1, T / 2, C);
+        }
+}
+
+/* encode's backward: dwte and dwpe (fp32) +=. */
+static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const void *dout, int B,
+                            int T) {
+    const struct l3d_shard *s = &m->shard;
+    int64_t C = m->cfg.C, v0 = s->vocab_start, vn = s->vocab_count;
+    if (m->hooks.cp_size <= 1) {
+        l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, dwpe, dout, m->inputs, v0, vn,
+                                      B, T, C);
+        return;
+    }
+    l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, NULL, dout, m->inputs, v0, vn, B,
+                                  T, C);
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2 && dwpe; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, NULL, dwpe + pos * C,
+                                          el(dout, r0 * C, m->es), m->inputs + r0, v0, 0, 1,
+                                          T / 2, C);
+        }
+}
+
 /* One transformer layer's forward from its input x into la (res3 is its output). */
 static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
                           int T) {
@@ -948,11 +1039,7 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     if (m->cfg.pos == L3D_POS_ROPE) /* q and k rotated in place: what attention and backward see */
         l3d_be_rope_forward(m->be, dt, la->qkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl, w.KVl,
                             w.HS);
-    if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, w.Hl, w.KVl,
-                                       w.HS);
-    else
-        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, w.Hl, w.KVl, w.HS);
+    attention_forward(m, la, B, T, &w);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
     norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
@@ -1009,6 +1096,7 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
 
     int64_t sp = s->sp_size, Nl = N / sp, r0 = s->sp_rank * Nl;
     L3D_ASSERT(N % sp == 0);
+    if (m->cfg.pos == L3D_POS_ROPE && m->hooks.cp_size > 1) rope_cp_positions(m, T);
     if (s->has_embedding) {
         const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
         const void *wpe = param_or_null(m, L3D_T_WPE, 0); /* NULL with RoPE */
@@ -1016,8 +1104,8 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
         if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
             l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, NULL, v0, vn, B, T, C);
             m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C, dt);
-            if (wpe) {
-                l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+            if (wpe) { /* learned positions (RoPE adds none) */
+                encode(m, a->scratch, wte, wpe, 0, 0, B, T);
                 l3d_be_add_inplace(m->be, dt, m->input_act, el(a->scratch, r0 * C, m->es),
                                    Nl * C);
             }
@@ -1026,11 +1114,11 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
                                    C);
             tp_all_reduce(m, m->input_act, N * C, dt);
             if (wpe) {
-                l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+                encode(m, a->scratch, wte, wpe, 0, 0, B, T);
                 l3d_be_add_inplace(m->be, dt, m->input_act, a->scratch, N * C);
             }
         } else {
-            l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, wpe, v0, vn, B, T, C);
+            encode(m, m->input_act, wte, wpe, v0, vn, B, T);
         }
     }
     const void *x = m->input_act;
@@ -1176,12 +1264,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
                         N, Ca, C);
         l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * w.QKV) * E);
-        if (m->attn_naive)
-            l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, w.KVl, HS);
-        else
-            l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, w.KVl, HS);
+        attention_backward(m, la, B, T, &w);
         if (m->cfg.pos == L3D_POS_ROPE) /* to the gradient of q and k before their rotation */
             l3d_be_rope_backward(m->be, dt, a->dqkv, m->rope_inv_freq, m->rope_pos, B, T, Hl,
                                  w.KVl, HS);
@@ -1206,8 +1289,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = grad_or_null(m, L3D_T_WPE, 0);
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        l3d_be_encoder_backward_mixed(m->be, dt, L3D_F32, dwte, dwpe, a->dres_full, m->inputs,
-                                      s->vocab_start, s->vocab_count, B, T, C);
+        encode_backward(m, dwte, dwpe, a->dres_full, B, T);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
