@@ -783,6 +783,7 @@ struct l3d_encoder {
     uint32_t nslots_used;
     int32_t *word, *rank; /* BPE scratch of wcap entries */
     size_t wcap;
+    struct l3d_nfc nfc; /* the normalized text, for a tokenizer with t->nfc */
 };
 
 struct l3d_encoder *l3d_encoder_init(const struct l3d_tokenizer *t) {
@@ -806,6 +807,7 @@ void l3d_encoder_free(struct l3d_encoder *e) {
     l3d_free(e->arena);
     l3d_free(e->word);
     l3d_free(e->rank);
+    l3d_nfc_free(&e->nfc);
     l3d_free(e);
 }
 
@@ -967,6 +969,7 @@ static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
 void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
                              void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
     size_t pos = 0;
+    if (e->t->nfc) text = l3d_tok_nfc(&e->nfc, text, n, &n);
     while (pos < n) {
         int rc = pcre2_match(e->t->re, (PCRE2_SPTR)text, n, pos, 0, e->md, NULL);
         size_t ms = n, me = n;

@@ -42,6 +42,7 @@ struct l3d_tokenizer {
     /* tiktoken (and tokenizer.json's ignore_merges): a pre-token that is a token is that token,
      * before any merge; ix finds it */
     bool whole_first;
+    bool nfc; /* tokenizer.json's NFC normalizer: text is composed before pre-tokenisation */
     struct bytes_index ix;
     struct tok_special special;
 };
@@ -73,6 +74,18 @@ l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const c
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" \
     "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* Scratch of l3d_tok_nfc: code points and the UTF-8 written. */
+struct l3d_nfc {
+    int32_t *cp; /* a code point, or -(byte + 1) for a byte of invalid UTF-8 */
+    size_t ncp, cpcap;
+    char *out;
+    size_t cap;
+};
+/* Unicode NFC of text[0..n) (src/tokenizer/normalize.c): text itself when it is NFC by a quick
+ * check, else s->out (NUL-terminated); *out_n its length. */
+const char *l3d_tok_nfc(struct l3d_nfc *s, const char *text, size_t n, size_t *out_n);
+void l3d_nfc_free(struct l3d_nfc *s);
 
 /* Base64 (RFC 4648, with padding) of s[0..n) into out (at least 3n/4 bytes); -1 when malformed. */
 long l3d_tok_base64(const char *s, size_t n, unsigned char *out);
