@@ -149,6 +149,7 @@ void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) 
     for (int id = 0; id < t->V; id++) {
         const unsigned char *s = t->blob + t->off[id];
         size_t n = (size_t)(t->off[id + 1] - t->off[id]);
+        if (n == 0) continue; /* an id no token has: all would probe one chain (quadratic) */
         uint64_t i = hash_bytes(s, n) & ix->mask;
         while (ix->slot[i]) i = (i + 1) & ix->mask;
         ix->slot[i] = id + 1;
