@@ -102,9 +102,9 @@ l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, s
 }
 
 static uint64_t hash_bytes(const unsigned char *s, size_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a, 64-bit */
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
-    return h ^ (h >> 29);
+    uint64_t h = L3D_TOK_HASH_START;
+    for (size_t i = 0; i < n; i++) h = l3d_tok_hash_step(h, s[i]);
+    return l3d_tok_hash_end(h);
 }
 
 static uint64_t hash_u64(uint64_t x) { /* SplitMix64 finaliser */
@@ -150,16 +150,22 @@ void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) 
         const unsigned char *s = t->blob + t->off[id];
         size_t n = (size_t)(t->off[id + 1] - t->off[id]);
         if (n == 0) continue; /* an id no token has: all would probe one chain (quadratic) */
-        uint64_t i = hash_bytes(s, n) & ix->mask;
+        uint64_t h = hash_bytes(s, n), i = h & ix->mask;
         while (ix->slot[i]) i = (i + 1) & ix->mask;
-        ix->slot[i] = id + 1;
+        ix->slot[i] = (h >> 32) << 32 | (uint32_t)(id + 1);
     }
 }
 
 int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
                        const unsigned char *s, size_t n) {
-    for (uint64_t i = hash_bytes(s, n) & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
-        int id = ix->slot[i] - 1;
+    return l3d_tok_index_find_hashed(ix, t, s, n, hash_bytes(s, n));
+}
+
+int l3d_tok_index_find_hashed(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                              const unsigned char *s, size_t n, uint64_t h) {
+    for (uint64_t i = h & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
+        if (ix->slot[i] >> 32 != h >> 32) continue; /* another hash: no need to read the token */
+        int id = (int)(uint32_t)ix->slot[i] - 1;
         if ((size_t)(t->off[id + 1] - t->off[id]) == n && memcmp(t->blob + t->off[id], s, n) == 0)
             return id;
     }

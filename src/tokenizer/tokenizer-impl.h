@@ -19,7 +19,7 @@ struct merge_slot {
 
 /* A table from token bytes to id: for reading merges, and for tiktoken's whole pre-token look-up. */
 struct bytes_index {
-    int32_t *slot; /* id + 1; 0 = empty */
+    uint64_t *slot; /* the token's hash's high 32 bits << 32 | id + 1; 0 = empty */
     uint64_t mask;
 };
 
@@ -50,6 +50,16 @@ struct l3d_tokenizer {
 void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t);
 int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
                        const unsigned char *s, size_t n);
+/* The index's hash of bytes, FNV-1a (64-bit) and a final mix, a byte at a time: so that the
+ * hashes of every prefix of a token cost one step each (tiktoken.c's splits). */
+#define L3D_TOK_HASH_START 1469598103934665603ULL
+static inline uint64_t l3d_tok_hash_step(uint64_t h, unsigned char c) {
+    return (h ^ c) * 1099511628211ULL;
+}
+static inline uint64_t l3d_tok_hash_end(uint64_t h) { return h ^ (h >> 29); }
+/* l3d_tok_index_find with h, the hash of s[0..n) */
+int l3d_tok_index_find_hashed(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                              const unsigned char *s, size_t n, uint64_t h);
 /* Inserts the merge (a, b) -> result at rank; false when the pair is there already (it keeps its
  * first rank). The table must have a free slot. */
 bool l3d_tok_merge_insert(struct l3d_tokenizer *t, int32_t a, int32_t b, int32_t rank,
