@@ -928,23 +928,37 @@ static size_t bpe_word(struct l3d_encoder *e, const unsigned char *s, size_t n) 
     return n;
 }
 
+/* Appends the m ids v to ids and, when c is a free cache slot (of hash h), remembers them for the
+ * n bytes s there (the cache starts over when full). */
+static void emit(struct l3d_encoder *e, struct cache_slot *c, uint64_t h, const unsigned char *s,
+                 size_t n, const int32_t *v, size_t m, struct l3d_ids *ids) {
+    for (size_t k = 0; k < m; k++) l3d_ids_push(ids, v[k]);
+    if (!c) return;
+    size_t need = ((n + 3) & ~(size_t)3) + m * sizeof(int32_t);
+    if (e->nslots_used >= CACHE_SLOTS / 2 || e->arena_used + need > CACHE_BYTES) {
+        memset(e->slot, 0, CACHE_SLOTS * sizeof *e->slot); /* full: start over */
+        e->nslots_used = 0;
+        e->arena_used = 0;
+        c = &e->slot[(uint32_t)h & (CACHE_SLOTS - 1)];
+    }
+    *c = (struct cache_slot){h, (uint32_t)e->arena_used, (uint32_t)n, (uint32_t)m, 1};
+    memcpy(e->arena + e->arena_used, s, n);
+    memcpy(e->arena + e->arena_used + ((n + 3) & ~(size_t)3), v, m * sizeof(int32_t));
+    e->arena_used += need;
+    e->nslots_used++;
+}
+
+/* One pre-token: the cache of pre-tokens seen first (most words repeat), then tiktoken's whole
+ * pre-token look-up, then the merges; one hash serves the cache and the token index. */
 static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
                         struct l3d_ids *ids) {
     if (n == 1) {
         l3d_ids_push(ids, e->t->byte_id[s[0]]);
         return;
     }
-    if (e->t->whole_first) { /* tiktoken: a pre-token that is a token needs no merges */
-        int id = l3d_tok_index_find(&e->t->ix, e->t, s, n);
-        if (id >= 0) {
-            l3d_ids_push(ids, id);
-            return;
-        }
-    }
     struct cache_slot *c = NULL;
-    uint64_t h = 0;
+    uint64_t h = hash_bytes(s, n);
     if (n <= CACHE_MAX_WORD) {
-        h = hash_bytes(s, n);
         for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
             c = &e->slot[i];
             if (!c->used) break;
@@ -955,22 +969,15 @@ static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
             }
         }
     }
-    size_t m = bpe_word(e, s, n);
-    for (size_t k = 0; k < m; k++) l3d_ids_push(ids, e->word[k]);
-    if (!c) return;
-    size_t need = ((n + 3) & ~(size_t)3) + m * sizeof(int32_t);
-    if (e->nslots_used >= CACHE_SLOTS / 2 || e->arena_used + need > CACHE_BYTES) {
-        memset(e->slot, 0, CACHE_SLOTS * sizeof *e->slot); /* full: start over */
-        e->nslots_used = 0;
-        e->arena_used = 0;
-        uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);
-        c = &e->slot[i];
+    if (e->t->whole_first) { /* tiktoken: a pre-token that is a token needs no merges */
+        int32_t id = l3d_tok_index_find_hashed(&e->t->ix, e->t, s, n, h);
+        if (id >= 0) {
+            emit(e, c, h, s, n, &id, 1, ids);
+            return;
+        }
     }
-    *c = (struct cache_slot){h, (uint32_t)e->arena_used, (uint32_t)n, (uint32_t)m, 1};
-    memcpy(e->arena + e->arena_used, s, n);
-    memcpy(e->arena + e->arena_used + ((n + 3) & ~(size_t)3), e->word, m * sizeof(int32_t));
-    e->arena_used += need;
-    e->nslots_used++;
+    size_t m = bpe_word(e, s, n);
+    emit(e, c, h, s, n, e->word, m, ids);
 }
 
 void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
