@@ -2,6 +2,8 @@
 // the pure JavaScript @huggingface/tokenizers (Apache-2.0; tokenizers.js, the tokenizer of
 // transformers.js), from local files only:
 //   node scripts/hf_vectors.js TOKENIZERS_PKG GPT2_DIR HF_DIR OUT_DIR
+// e.g. after `npm pack @huggingface/tokenizers@0.2.0 && tar xzf huggingface-tokenizers-0.2.0.tgz`:
+//   node scripts/hf_vectors.js package tests/data/gpt2 ~/.cache/llm3d/hf tests/data
 // TOKENIZERS_PKG: the unpacked npm package; GPT2_DIR: tests/data/gpt2 (encoder.json, vocab.bpe),
 // written here as the tokenizer.json the `tokenizers` library makes of GPT-2 (ByteLevel BPE,
 // <|endoftext|> added), as the C test writes it too; HF_DIR: the tokenizer.json files
