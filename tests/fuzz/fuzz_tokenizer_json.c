@@ -1,5 +1,5 @@
 /* A Hugging Face tokenizer.json (src/tokenizer/hf.c, through the JSON reader): parsed from the
- * input's bytes; an accepted tokenizer decodes each of its tokens, and encodes the input's first
+ * input's bytes, which also go through NFC twice; an accepted tokenizer decodes each of its tokens, and encodes the input's first
  * bytes (with its special tokens allowed, and without) to ids that decode to those bytes, NFC
  * composed where its normalizer asks for it. */
 #include "fuzz.h"
@@ -23,8 +23,20 @@ static void round_trip(struct l3d_encoder *e, const struct l3d_tokenizer *t, con
     l3d_ids_free(&ids);
 }
 
+/* NFC of any bytes (normalize.c, which an accepted Qwen2-style file runs): composing again
+ * changes nothing (NFC is idempotent, invalid bytes stay). */
+static void nfc_twice(const char *s, size_t n) {
+    struct l3d_nfc a = {0}, b = {0};
+    size_t m1, m2;
+    const char *once = l3d_tok_nfc(&a, s, n, &m1), *twice = l3d_tok_nfc(&b, once, m1, &m2);
+    if (m1 != m2 || (m1 && memcmp(once, twice, m1))) abort();
+    l3d_nfc_free(&a);
+    l3d_nfc_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *js = fuzz_text(data, size);
+    nfc_twice(js, size);
     struct l3d_tokenizer *t = l3d_tok_new();
     if (l3d_tok_parse_hf(t, "tokenizer.json", js, size) == L3D_OK) {
         int V = l3d_tokenizer_vocab_size(t);
