@@ -230,6 +230,8 @@ static void test_hf(void) {
         const char *norm, *pre, *model, *want;
     } bad[] = {
         {"{\"type\": \"NFKC\"}", NULL, "BPE", "the normalizer NFKC is not supported"},
+        {"{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}", NULL, "BPE",
+         "the normalizer Sequence is not supported"},
         {"null", NULL, "WordPiece", "the model WordPiece is not supported"},
         {"null", NULL, "Unigram", "the model Unigram is not supported"},
         {"null", "{\"type\": \"Whitespace\"}", "BPE", "the pre_tokenizer Whitespace is not supported"},
