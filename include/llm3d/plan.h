@@ -55,7 +55,7 @@
 /* Checks the sizes for the planner (the run spec's model rules, and a model of at most 10^15
  * parameters); messages name the flags. */
 l3d_status l3d_plan_model_check(const struct l3d_model_spec *m);
-/* The trainer's model of the same sizes (Vp set, ffn 4C). */
+/* The trainer's model of the same spec (finished: Vp and the defaults set). */
 struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_model_spec *m);
 /* Parameters of the full model (tied embedding counted once, position embedding included). */
 int64_t l3d_plan_model_params(const struct l3d_model_spec *m);

@@ -383,7 +383,8 @@ static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spe
         return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
                          "--seq-len", l->seq, cs->maxT);
     if (seq) m->maxT = l->seq;
-    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
+    l3d_cli_spec_arch(cs, m); /* --arch, --kv-heads, --ffn, ... as train reads them */
+    if (m->ffn == 0 && m->mlp == L3D_MLP_GELU) m->ffn = 4LL * m->C;
     if (cs->L || cs->C || cs->NH || cs->V || seq || cs->maxT || cs->ffn) {
         /* explicit sizes without --model: say what the rest came from */
         char kept[160] = "";

@@ -52,7 +52,7 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
      * which over every chunk of a layout is O(stages^2)) */
     if (l3d_layout_stage_shard(c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
         sh.head_count = m->NH / lay->tp;
-        sh.ffn_count = 4LL * m->C / lay->tp;
+        sh.ffn_count = c->ffn / lay->tp;
         sh.vocab_count = ((int64_t)c->Vp + lay->tp - 1) / lay->tp;
     }
     sh.layer_start = (int)start[vs];
@@ -66,15 +66,14 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     for (int t = 0; t < L3D_NUM_TENSORS; t++)
         if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
         else ch->nonlayer += ti[t].count;
-    /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
-    ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->C) / lay->tp) *
-                            (2LL * m->C + 1);
-    if (!l3d_plan_gpt2_blocks(m)) { /* other blocks: Megatron-LM's split of them */
+    ch->n = ch->n_gpt;
+    /* other blocks in Megatron-LM: its split of them, which replicates a KV head on the ranks of
+     * its query heads where tp exceeds the KV heads (llm3d's trainer refuses that layout) */
+    if (!l3d_plan_gpt2_blocks(m)) {
         struct l3d_plan_counts pc;
         l3d_plan_param_counts(m, lay->tp, &pc);
-        ch->slot = (int64_t)pc.layer;
-        ch->nonlayer = (int64_t)((sh.has_embedding ? pc.embed : 0) + (sh.has_head ? pc.head : 0));
-        ch->n = ch->n_gpt = (int64_t)(sh.layer_count * pc.layer) + ch->nonlayer;
+        ch->n = (int64_t)(sh.layer_count * pc.layer + (sh.has_embedding ? pc.embed : 0) +
+                          (sh.has_head ? pc.head : 0));
     }
 }
 

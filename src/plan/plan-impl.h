@@ -69,7 +69,7 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_pla
 struct l3d_plan_chunk {
     struct l3d_shard sh;
     int64_t n;        /* parameters */
-    int64_t n_gpt;    /* of them the trainer's tensors (l3d_gpt_plan_tensors, a 4h MLP) */
+    int64_t n_gpt;    /* in the trainer's tensor table (l3d_gpt_plan_tensors) */
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     bool first, last; /* first / last virtual stage */

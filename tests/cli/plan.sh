@@ -67,6 +67,10 @@ full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompu
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
 full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
+# Llama blocks (RMSNorm, RoPE, grouped-query attention with 2 KV heads, SwiGLU, untied head)
+llama=(--arch llama --kv-heads 2 --ffn 320)
+mem llama_one  1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${llama[@]}" -- "${llama[@]}"
+mem llama_tp2_sp_pp2 4 1 2 --global-batch 2 --tp 2 --pp 2 --zero 0 --recompute selective --sequence-parallel --pp-virtual 1 "${llama[@]}" -- --tp 2 --pp 2 --sequence-parallel --recompute selective "${llama[@]}"
 
 # One set of flags, three commands (the run spec's flag table, src/cli/flags.c): a 3-D layout
 # (tp 2 x pp 2 x dp 2) with sequence parallelism, the interleaved schedule and ZeRO-2. train runs
