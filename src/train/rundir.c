@@ -102,6 +102,10 @@ static l3d_status no_output_over_input(const struct l3d_train_config *tc) {
                              "copy the model elsewhere first)", tc->init_from, outs[i],
                              tc->out_dir);
     }
+    if (tc->out_dir && tc->init_from && same_file(tc->init_from, tc->out_dir))
+        return l3d_error(L3D_ERR_ARG, "--init-from %s is the folder --out writes config.json and "
+                         "model.safetensors into: the run would overwrite the model it starts "
+                         "from; give another --out", tc->init_from);
     if (tc->trace_path && tc->init_from && same_file(tc->trace_path, tc->init_from))
         return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
                          tc->trace_path);
