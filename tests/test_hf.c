@@ -42,6 +42,14 @@ static void write_st(const char *path, const char *hdr, int64_t len_delta, const
     free(b);
 }
 
+/* The first 64 floats at byte off of path: 0 when read. */
+static int read64(const char *path, int64_t off, float *out) {
+    FILE *f = fopen(path, "rb");
+    int rc = f && fseek(f, (long)off, SEEK_SET) == 0 && fread(out, 4, 64, f) == 64 ? 0 : 1;
+    if (f) fclose(f);
+    return rc;
+}
+
 static bool refused(l3d_status st, const char *what) {
     bool ok = st != L3D_OK && strstr(l3d_error_message(), what) != NULL;
     if (!ok) fprintf(stderr, "expected an error with '%s', got %s: %s\n", what,
@@ -287,6 +295,51 @@ static void test_folder(void) {
     free(b);
 }
 
+/* A Llama folder round trip over the model's tensor table, once the table holds Llama's tensors
+ * (issue 34's model part); until then the map is refused, saying so. The q, k, v and gate, up
+ * sections must land on their rows of qkvw and fcw. */
+static void test_llama_folder(void) {
+    struct l3d_model_spec l;
+    struct l3d_hf_tensor *t;
+    int n;
+    CHECK(parse_cfg(llama_cfg, &l) == L3D_OK);
+    l3d_status st = l3d_hf_tensors(&l, &t, &n);
+    if (st != L3D_OK) {
+        CHECK(refused(st, "not implemented yet"));
+        printf("Llama folder round trip: skipped, the tensor table has no Llama tensors yet\n");
+        return;
+    }
+    int64_t count = l3d_gpt_param_count(&l);
+    float *a = calloc((size_t)count, 4), *b = calloc((size_t)count, 4);
+    struct l3d_shard fs = l3d_shard_full(&l);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(&l, &fs, ti);
+    for (int i = 0; i < n; i++) { /* each HF tensor's rows: a value saying which tensor, row */
+        const struct l3d_tensor_info *x = &ti[t[i].tensor];
+        for (int64_t r = 0; r < t[i].rows; r++)
+            for (int64_t c = 0; c < t[i].cols; c++)
+                a[x->offset + (t[i].layer * x->rows + t[i].row0 + r) * x->cols + c] =
+                    (float)(i * 4096 + r) + (float)c / 1024.0f;
+    }
+    CHECK(l3d_hf_save(path_of("llama"), &l, a, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_load(path_of("llama"), &l, b) == L3D_OK && memcmp(a, b, (size_t)count * 4) == 0);
+    struct l3d_st sf;
+    CHECK(l3d_st_open_dir(&sf, path_of("llama")) == L3D_OK);
+    const struct l3d_st_tensor *k = l3d_st_find(&sf, "model.layers.1.self_attn.k_proj.weight");
+    float row[64];
+    int ki = 0;
+    while (ki < n && strcmp(t[ki].e.name, "model.layers.1.self_attn.k_proj.weight") != 0) ki++;
+    CHECK(k && k->count == 32 * 64 && ki < n);
+    if (k && k->count == 32 * 64) { /* its first row: the file's first 64 values */
+        CHECK(read64(sf.files[k->file], k->offset, row) == 0);
+        CHECK(row[0] == (float)(ki * 4096) && row[63] == (float)(ki * 4096) + 63.0f / 1024.0f);
+    }
+    l3d_st_close(&sf);
+    l3d_free(t);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -296,6 +349,7 @@ int main(void) {
     test_config();
     test_map();
     test_folder();
+    test_llama_folder();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);
