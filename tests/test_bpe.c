@@ -275,7 +275,7 @@ static void test_prepare(void) {
     char *files[] = {tpath("a.txt"), tpath("b.txt")};
     const char *docs[] = {"doc one\n", "doc two\n\n", "doc three \xc3\xa9\n", "whole file doc\n"};
     struct l3d_prepare_stats stats;
-    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 1000, t, "%", false, &stats) == L3D_OK);
+    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 1000, t, "%", -1, false, &stats) == L3D_OK);
     CHECK(stats.docs == 4 && stats.train_shards == 1 && stats.val_shards == 1);
     /* expected: documents 0, 1, 3 in training, 2 in validation (every 1/0.34-th), each after
      * end-of-text */
@@ -298,12 +298,12 @@ static void test_prepare(void) {
     }
     CHECK(stats.train_tokens + stats.val_tokens == stats.tokens);
     /* several shards: at most 5 tokens each; a rerun with fewer shards deletes the extra ones */
-    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 5, t, "%", false, &stats) == L3D_OK);
+    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 5, t, "%", -1, false, &stats) == L3D_OK);
     CHECK(stats.train_shards == (int)((stats.train_tokens + 4) / 5));
-    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 1000, t, "%", false, &stats) == L3D_OK);
+    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.34, 1000, t, "%", -1, false, &stats) == L3D_OK);
     CHECK(stats.stale_removed > 0);
     /* without a separator each file is one document */
-    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.5, 1000, t, NULL, false, &stats) == L3D_OK);
+    CHECK(l3d_prepare_bpe(tpath("data"), files, 2, 0.5, 1000, t, NULL, -1, false, &stats) == L3D_OK);
     CHECK(stats.docs == 2);
 
     /* errors, one clear message each */
@@ -311,26 +311,27 @@ static void test_prepare(void) {
     write_text(tpath("nul.txt"), "ab\0", 3);
     write_text(tpath("seps.txt"), "%\n%\n", 4);
     char *empty[] = {tpath("empty.txt")}, *nul[] = {tpath("nul.txt")}, *seps[] = {tpath("seps.txt")};
-    CHECK(l3d_prepare_bpe(tpath("e"), empty, 1, 0.1, 1000, t, NULL, false, NULL) == L3D_ERR_FORMAT);
+    CHECK(l3d_prepare_bpe(tpath("e"), empty, 1, 0.1, 1000, t, NULL, -1, false, NULL) == L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "no text") != NULL);
-    CHECK(l3d_prepare_bpe(tpath("e"), nul, 1, 0.1, 1000, t, NULL, false, NULL) == L3D_ERR_FORMAT);
+    CHECK(l3d_prepare_bpe(tpath("e"), nul, 1, 0.1, 1000, t, NULL, -1, false, NULL) == L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "nul.txt holds a NUL byte") != NULL);
-    CHECK(l3d_prepare_bpe(tpath("e"), seps, 1, 0.1, 1000, t, "%", false, NULL) == L3D_ERR_FORMAT);
+    CHECK(l3d_prepare_bpe(tpath("e"), seps, 1, 0.1, 1000, t, "%", -1, false, NULL) == L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "no document") != NULL);
-    CHECK(l3d_prepare_bpe(tpath("e"), files + 1, 1, 0.1, 1000, t, NULL, false, NULL) == L3D_ERR_FORMAT);
+    CHECK(l3d_prepare_bpe(tpath("e"), files + 1, 1, 0.1, 1000, t, NULL, -1, false, NULL) == L3D_ERR_FORMAT);
     CHECK(strstr(l3d_error_message(), "--val-fraction 0") != NULL);
-    CHECK(l3d_prepare_bpe(tpath("e"), files + 1, 1, 0.0, 1000, t, NULL, false, NULL) == L3D_OK);
+    CHECK(l3d_prepare_bpe(tpath("e"), files + 1, 1, 0.0, 1000, t, NULL, -1, false, NULL) == L3D_OK);
     struct stat sb;
     CHECK(stat(tpath("e/val_000000.bin"), &sb) != 0); /* no validation shard */
     /* decoding-only tokenizer (llm.c's file) */
     CHECK(l3d_tokenizer_save_llmc(t, tpath("tok.bin")) == L3D_OK);
     struct l3d_tokenizer *u;
     CHECK(l3d_tokenizer_load_llmc(&u, tpath("tok.bin")) == L3D_OK);
-    CHECK(l3d_prepare_bpe(tpath("e"), files, 2, 0.1, 1000, u, NULL, false, NULL) == L3D_ERR_ARG);
+    CHECK(l3d_prepare_bpe(tpath("e"), files, 2, 0.1, 1000, u, NULL, -1, false, NULL) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "decodes only") != NULL);
     l3d_tokenizer_free(u);
     l3d_tokenizer_free(t);
-    /* a vocabulary too large for uint16 shards: 256 bytes + 65281 two-byte tokens */
+    /* a vocabulary too large for uint16 shards: 256 bytes + 65281 two-byte tokens; documents start
+     * with token 65536 (no end-of-text: the doc_token given), written to uint32 shards */
     mkdir(tpath("huge"), 0755);
     FILE *fp = fopen(tpath("huge/encoder.json"), "wb");
     int byte_cp[256], id = 0;
@@ -352,8 +353,23 @@ static void test_prepare(void) {
     fclose(fp);
     write_text(tpath("huge/vocab.bpe"), "#version: 0.2\n", 14);
     CHECK(l3d_tokenizer_load(&t, tpath("huge")) == L3D_OK);
-    CHECK(l3d_prepare_bpe(tpath("e"), files, 2, 0.1, 1000, t, NULL, false, NULL) == L3D_ERR_ARG);
-    CHECK(strstr(l3d_error_message(), "65537 tokens, too many for llm.c's uint16") != NULL);
+    CHECK(l3d_prepare_bpe(tpath("e"), files, 2, 0.1, 1000, t, NULL, -1, false, NULL) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "no \"<|endoftext|>\" token") != NULL);
+    CHECK(l3d_prepare_bpe(tpath("w"), files, 2, 0.0, 1000, t, NULL, 65536, false, NULL) == L3D_OK);
+    int32_t hdr[3] = {0}, first[2] = {0};
+    FILE *sh = fopen(tpath("w/train_000000.bin"), "rb");
+    CHECK(sh && fread(hdr, 4, 3, sh) == 3);
+    if (sh) fclose(sh);
+    CHECK(hdr[0] == 20240801 && hdr[1] == 7); /* llm.c's Llama 3 shard header */
+    struct l3d_data *d = NULL;
+    CHECK(l3d_data_open(&d, tpath("w/train_000000.bin"), 65537) == L3D_OK);
+    if (d) {
+        CHECK(l3d_data_file_wide(d, 0) && l3d_data_file_ntok(d, 0) == hdr[2]);
+        l3d_data_file_read(d, 0, 0, 2, first);
+        CHECK(first[0] == 65536 && first[1] < 65536);
+        l3d_data_free(d);
+    }
+    CHECK(l3d_data_open(&d, tpath("w/train_000000.bin"), 65536) == L3D_ERR_FORMAT); /* 65536 >= V */
     l3d_tokenizer_free(t);
 }
 

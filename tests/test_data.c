@@ -461,12 +461,42 @@ static void test_prepare(void) {
     CHECK(l3d_mem_used() == base);
 }
 
+/* llm.c's Llama 3 shards: uint32 tokens under magic 20240801 version 7, read as they were written
+ * (ids above 65535 too); the wrong version for the magic, or a file of 2-byte tokens under it, is
+ * refused. */
+static void test_wide(void) {
+    uint32_t tok[300];
+    for (int i = 0; i < 300; i++) tok[i] = (uint32_t)(i * 431 + 60000) % 128256;
+    CHECK(l3d_shard_write32(tpath("w.bin"), tok, 300) == L3D_OK);
+    struct l3d_data *d = NULL;
+    CHECK(l3d_data_open(&d, tpath("w.bin"), 128256) == L3D_OK);
+    if (d) {
+        int32_t got[300];
+        CHECK(l3d_data_file_wide(d, 0) && l3d_data_file_ntok(d, 0) == 300);
+        l3d_data_file_read(d, 0, 0, 300, got);
+        int diff = 0;
+        for (int i = 0; i < 300; i++) diff += (uint32_t)got[i] != tok[i];
+        CHECK(diff == 0);
+        l3d_data_free(d);
+    }
+    struct stat sb;
+    CHECK(stat(tpath("w.bin"), &sb) == 0 && sb.st_size == 1024 + 4 * 300);
+    CHECK(l3d_data_open(&d, tpath("w.bin"), 60000) == L3D_ERR_FORMAT); /* a token >= V */
+    write_shard_raw(tpath("w1.bin"), 20240801, 1, 10, 20, 1, -1, 0);
+    CHECK(l3d_data_open(&d, tpath("w1.bin"), 256) == L3D_ERR_FORMAT);
+    CHECK(msg_has(tpath("w1.bin"), "version 1", "version 7"));
+    write_shard_raw(tpath("w2.bin"), 20240801, 7, 10, 10, 1, -1, 0); /* 10 uint16 = 5 uint32 */
+    CHECK(l3d_data_open(&d, tpath("w2.bin"), 256) == L3D_ERR_FORMAT);
+    CHECK(msg_has(tpath("w2.bin"), "truncated", "10 tokens"));
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
     }
     test_round_trip();
+    test_wide();
     test_glob();
     test_errors();
     struct l3d_data *d = loader_data();

@@ -63,7 +63,7 @@ static const struct bad cases[] = {
     {"step", NULL, "-1"}, {"step", NULL, "1x"}, {"step", NULL, "4294967296"},
     {"model", "L", "0"}, {"model", "C", "-8"}, {"model", "NH", "one"},
     {"layout", "world", "0"}, {"layout", "tp", "0"}, {"layout", "pp", "-1"},
-    {"layout", "dp", "0"}, {"layout", "zero", "3"}, {"layout", "zero", "-1"},
+    {"layout", "dp", "0"}, {"layout", "zero", "4"}, {"layout", "zero", "-1"},
     {"layout", "sp", "2"}, {"layout", "virtual", "0"},
     {"data", "epoch", "-1"}, {"data", "index", "-1"}, {"data", "B", "0"}, {"data", "T", "0"},
     {"data", "accum", "0"}, {"data", "seed", "abc"}, {"data", "seed", "-1"},

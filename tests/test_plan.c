@@ -1448,8 +1448,61 @@ static void test_pipe_closed_form(void) {
     CHECK_NEAR(bubble[0], bubble[2], bubble[2] * 1e-3);
 }
 
+/* Llama blocks (Megatron-LM's mixed precision): parameters, memory and FLOPs of llama3-70b derived
+ * here from the architecture, independently of the planner's code paths. */
+static void test_llama(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "llama3-70b") == L3D_OK);
+    double s = m.maxT, h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
+    /* 70.55B (Dubey et al. 2024 call it 70B): 80 layers of q, o (h^2), k, v (h kv), three h x f
+     * matrices and two norms, embedding and head (V h each), the final norm */
+    double N = L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 2 * V * h + h;
+    CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
+    CHECK_NEAR(N, 70553706496.0, 0.5);
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(8, 8, true);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    /* tp 8 = KV heads: every matrix split 8 ways, the norms whole */
+    double n = L * ((2 * h * h + 2 * h * kv + 3 * h * f) / 8 + 2 * h) + 2 * V * h / 8 + h;
+    CHECK_NEAR(r.mem.params / 2, n, 0.5);
+    /* forward FLOPs a token: 2 per multiply-add of every matrix but the embedding, and the
+     * attention's 4 s h; three passes */
+    double per_token = 2 * (L * (2 * h * h + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * h;
+    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
+    /* activations (Korthikanti et al. Table 2 with TP, no scores with fused attention): 10 s b h
+     * whole, and split by 8: q and the projection's input 4 s b h, k and v 4 s b kv, SwiGLU's
+     * gate, up and product 6 s b f */
+    double per = s * (10 * h + (4 * h + 4 * kv + 6 * f) / 8);
+    double ends = s * h + 4 * s * h + 4 * s * V / 8;
+    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+    /* tp 16 > 8 KV heads: each KV head on two ranks (k, v rows of one head each) */
+    struct l3d_layout lay16 = layout(16, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    run = run16(16, 16, true);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay16, &r) == L3D_OK);
+    n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
+    CHECK_NEAR(r.mem.params / 2, n, 0.5);
+    /* tp 32 over 16 KV heads (a multiple): accepted; 48 query heads and 16 KV heads over tp 24,
+     * which divides the query heads but neither divides nor is a multiple of the KV heads:
+     * refused naming them */
+    struct l3d_layout lay32 = layout(32, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    struct l3d_model_spec odd = m;
+    odd.NKV = 16;
+    run = run16(32, 32, true);
+    CHECK(l3d_plan_evaluate(&odd, &prof, &run, &lay32, &r) == L3D_OK);
+    odd.NH = 48;
+    odd.C = 48 * 128;
+    struct l3d_layout lay24 = layout(24, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    run = run16(24, 24, true);
+    CHECK(l3d_plan_evaluate(&odd, &prof, &run, &lay24, &r) != L3D_OK &&
+          strstr(l3d_error_message(), "16 key/value heads") != NULL);
+}
+
 int main(void) {
     test_profiles();
+    test_llama();
     test_memory_mixed();
     test_korthikanti();
     test_memory_trainer();

@@ -115,8 +115,19 @@ static void test_batch_rules(void) {
     one(&s, &(struct l3d_spec_ctx){.world = 8}, "at most 16777216 micro-batches");
     passes(&s, &train8);
     s = base();
+    s.layout.zero = 3; /* ZeRO-3 passes; 4 is no stage; prefetch asked without ZeRO-3 or deeper
+                        * than the bound is refused */
+    passes(&s, &train8);
+    s.layout.zero = 4;
+    one(&s, &train8, "--zero 4");
+    s = base();
+    s.layout.zero = 2;
+    s.layout.zero3_prefetch_set = true;
+    one(&s, &train8, "--zero3-prefetch 1: prefetching gathers parameters ahead under --zero 3");
     s.layout.zero = 3;
-    one(&s, &train8, "--zero 3");
+    passes(&s, &train8);
+    s.layout.zero3_prefetch = 65;
+    one(&s, &train8, "at most 64 layers ahead");
     s = base();
     s.layout.zero = 1;
     s.layout.dp = 512;
@@ -196,6 +207,8 @@ static void test_param_bytes(void) {
     CHECK(b.grads == 4 && b.optimizer == 2 && b.total == 10);
     l3d_param_bytes(&s.precision, 2, 4, &b);
     CHECK(b.grads == 1 && b.optimizer == 2 && b.total == 7 && b.grads_full == 4);
+    l3d_param_bytes(&s.precision, 3, 4, &b); /* ZeRO-3: 16N/dp */
+    CHECK(b.params == 1 && b.grads == 1 && b.optimizer == 2 && b.total == 4 && b.params_full == 4);
     CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK); /* llm3d: 2 + 4 + 12 */
     l3d_param_bytes(&s.precision, 0, 2, &b);
     CHECK(b.params == 2 && b.grads == 4 && b.optimizer == 12 && b.total == 18);
@@ -204,6 +217,8 @@ static void test_param_bytes(void) {
     CHECK(b.total == 16);
     l3d_param_bytes(&s.precision, 2, 8, &b); /* ZeRO-2: 2 + (2 + 12) / 8 */
     CHECK_NEAR(b.total, 2 + 14.0 / 8, 1e-12);
+    l3d_param_bytes(&s.precision, 3, 8, &b); /* ZeRO-3: the paper's 16N / 8 */
+    CHECK_NEAR(b.total, 16.0 / 8, 1e-12);
     /* negative case: a stage beyond the ones sharded is not sharded further here */
     l3d_param_bytes(&s.precision, 0, 8, &b);
     CHECK(!(b.total == 2 + 14.0 / 8));

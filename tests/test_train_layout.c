@@ -115,8 +115,8 @@ int main(void) {
     tc.layout.sp = true;
     check_error(&tc, 1, "--sequence-parallel", NULL);
     tc = config();
-    tc.layout.zero = 3;
-    check_error(&tc, 1, "--zero 3", NULL);
+    tc.layout.zero = 4;
+    check_error(&tc, 1, "--zero 4", NULL);
 
     /* the planner's stage layers are the trainer's */
     tc = config();

@@ -15,9 +15,11 @@
  *   l3d_loader_free(ld);
  *   l3d_data_free(train);
  *
- * Shard format (llm.c, dev/data/data_common.py, GPT-2 flavour): a header of 256 int32 little-endian,
- * [0] = magic 20240520, [1] = version 1, [2] = number of tokens N, the rest zero; then N uint16
- * little-endian tokens. The file is exactly 1024 + 2N bytes.
+ * Shard format (llm.c, dev/data/data_common.py): a header of 256 int32 little-endian, [0] = magic,
+ * [1] = version, [2] = number of tokens N, the rest zero; then N little-endian tokens. GPT-2
+ * flavour: magic 20240520, version 1, uint16 tokens (1024 + 2N bytes); Llama 3 flavour (any
+ * vocabulary above 65,536): magic 20240801, version 7, uint32 tokens (1024 + 4N bytes). Both are
+ * read; prepare writes the second when the vocabulary needs it.
  *
  * Windows and batches. A window is T+1 consecutive tokens of one file starting at a multiple of T
  * (llm.c's stride): inputs are its first T tokens, targets its last T. A file of n tokens holds
@@ -52,6 +54,8 @@
 
 #define L3D_SHARD_MAGIC 20240520
 #define L3D_SHARD_VERSION 1
+#define L3D_SHARD32_MAGIC 20240801
+#define L3D_SHARD32_VERSION 7
 #define L3D_SHARD_HEADER_INTS 256
 #define L3D_SHARD_HEADER_BYTES (L3D_SHARD_HEADER_INTS * 4)
 #define L3D_SHARD_MAX_TOKENS INT32_MAX /* the header stores the count as int32 */
@@ -69,13 +73,22 @@ void l3d_data_free(struct l3d_data *data);
 
 int l3d_data_num_files(const struct l3d_data *data);
 int64_t l3d_data_num_tokens(const struct l3d_data *data); /* over all files */
-/* The tokens of file i (0 <= i < num_files); *n receives their count. Valid until l3d_data_free. */
+/* The tokens of file i (0 <= i < num_files), a uint16 shard; *n receives their count. Valid until
+ * l3d_data_free. */
 const uint16_t *l3d_data_file_tokens(const struct l3d_data *data, int i, int64_t *n);
+/* Any shard: its token count, whether its tokens are uint32, and tokens [start, start+count) of
+ * it copied to out. */
+int64_t l3d_data_file_ntok(const struct l3d_data *data, int i);
+bool l3d_data_file_wide(const struct l3d_data *data, int i);
+void l3d_data_file_read(const struct l3d_data *data, int i, int64_t start, int64_t count,
+                        int32_t *out);
 const char *l3d_data_file_path(const struct l3d_data *data, int i);
 
 /* Writes n tokens as one shard, atomically: to "<path>.tmp", flushed and fsync'ed, then renamed
  * over path. 0 <= n <= L3D_SHARD_MAX_TOKENS. */
 l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n);
+/* The same with uint32 tokens (llm.c's Llama 3 format). */
+l3d_status l3d_shard_write32(const char *path, const uint32_t *tokens, int64_t n);
 
 /* ---- loader ---------------------------------------------------------------------------------- */
 
@@ -135,20 +148,21 @@ struct l3d_prepare_stats {
 l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
                              int64_t shard_tokens, struct l3d_prepare_stats *stats);
 
-/* BPE preparation with a tokenizer that encodes (include/llm3d/tokenizer.h), vocabulary at most
- * 65536 (uint16 shards) with an end-of-text token. Each file is a document, or, with
- * doc_separator, each run of lines between lines equal to it (e.g. "%" for fortune files; the
- * separator lines are dropped, empty documents skipped). Every document is written as end-of-text
- * then its tokens (llm.c's convention), whole: document i goes to validation when
+/* BPE preparation with a tokenizer that encodes (include/llm3d/tokenizer.h): uint16 shards for a
+ * vocabulary of at most 65536, else uint32 shards (llm.c's Llama 3 format). Each file is a
+ * document, or, with doc_separator, each run of lines between lines equal to it (e.g. "%" for
+ * fortune files; the separator lines are dropped, empty documents skipped). Every document is
+ * written as doc_token (-1: the tokenizer's end-of-text, llm.c's GPT-2 convention; Llama 3's
+ * begin-of-text is llm.c's Llama 3 one) then its tokens, whole: document i goes to validation when
  * floor((i+1) f) > floor(i f) for f = val_fraction (every 1/f-th document), the others to
  * training; each split cut into shards as l3d_prepare_bytes does. The files are checked first
  * (readable, no NUL byte) as there; then encoded by all OpenMP threads, documents and pieces of
- * long ones in parallel; progress prints a bar on stderr. The tokens are held in memory (2 bytes
+ * long ones in parallel; progress prints a bar on stderr. The tokens are held in memory (4 bytes
  * each) until the shards are written. */
 struct l3d_tokenizer;
 l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
                            int64_t shard_tokens, const struct l3d_tokenizer *tok,
-                           const char *doc_separator, bool progress,
+                           const char *doc_separator, int doc_token, bool progress,
                            struct l3d_prepare_stats *stats);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * llm3d data parallelism: gradient averaging in buckets overlapped with the backward pass, and
- * ZeRO stages 1 and 2 (Rajbhandari et al. 2020) over the data-parallel group.
+ * ZeRO stages 1, 2 and 3 (Rajbhandari et al. 2020) over the data-parallel group.
  *
  *   struct l3d_dp dp;
  *   l3d_dp_init(&dp, model, topo.dp_comm, zero, bucket_bytes, true); // installs model hooks
@@ -28,8 +28,20 @@
  *   zero 0:  4N params + 4N grads + 8N moments          = 16N   (paper: 16N)
  *   zero 1:  4N params + 4N grads + 8N/dp moments       = 8N + 8N/dp   (paper: 4N + 12N/dp)
  *   zero 2:  4N params + 4N/dp grads + 8N/dp moments    = 4N + 12N/dp  (paper: 2N + 14N/dp)
- * ZeRO-2 also holds two layers' worth of gradient slots and the non-layer tensors' gradients
+ *   zero 3:  4N/dp params + 4N/dp grads + 8N/dp moments  = 16N/dp (paper: 16N/dp)
+ * ZeRO-2 and 3 also hold two layers' worth of gradient slots and the non-layer tensors' gradients
  * (embeddings, final LayerNorm) while the backward pass runs; l3d_dp_memory() reports them apart.
+ *
+ * ZeRO-3 (src/parallel/zero3.c): the model holds no parameters (L3D_GRADS_SHARDED); this rank's
+ * range of them is param_shard (the model's type; AdamW updates it in place, nothing is gathered
+ * after the step). The model's params_get hook gathers a layer's 12 tensor slices (one in-place
+ * all-gatherv each) into a buffer laid out as the gradient slot, just before the layer, in forward
+ * and again in backward (a full recomputation reuses backward's), and posts the next
+ * l3d_dp_zero3_prefetch layers' gathers (1 by default) before waiting, so they overlap the layer's
+ * compute; params_done frees the buffer. The non-layer tensors are gathered once a pass. Every
+ * micro-batch gathers again (nothing is kept across micro-batches or pipeline passes). Gradients
+ * take ZeRO-2's path. Memory adds the gather buffers: (prefetch + 1) layers and the non-layer
+ * tensors (l3d_dp_memory's gather).
  * The gradients, the shard and the parameters are device memory (include/llm3d/backend.h): the
  * communicators are given them as they are, and only backend kernels touch them.
  *
@@ -59,6 +71,7 @@
 #include "llm3d/optim.h"
 
 struct l3d_dp_piece; /* a pending reduction: private */
+struct l3d_dp_zero3; /* ZeRO-3's gather buffers: private (src/parallel/zero3.c) */
 
 struct l3d_dp {
     struct l3d_gpt *m;
@@ -83,16 +96,25 @@ struct l3d_dp {
     enum l3d_dtype reduce_dtype;
     void *stage[3];
     int64_t stage_fill[3], stage_cap[3];
+    /* ZeRO-3: this rank's parameters (own_count of param_dtype, device memory) and the gathers */
+    void *param_shard;
+    struct l3d_dp_zero3 *z3;
+    double gather_wait_s;  /* time waiting for parameter all-gathers (exposed), reset by caller */
+    double gather_posts_s; /* time posting them (copies and the calls that start them) */
 };
 
 struct l3d_dp_memory {
     size_t params, grads, optimizer, grad_scratch; /* bytes per rank */
     size_t reduce_staging; /* the 16-bit reduction's staging buffers (l3d_dp_reduce_in) */
+    size_t gather;         /* ZeRO-3's gather buffers: prefetch + 1 layers and the non-layer
+                            * tensors, of param_dtype (params counts the shard only) */
 };
 
-/* Sets the model's gradient hooks (and, for ZeRO-2, its gradient slots) and allocates the shard
- * state (ZeRO-2's gradient shard on the model's backend, zeroed; L3D_ERR_OOM when it has no
- * room). zero in {0, 1, 2}; bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
+/* Sets the model's gradient hooks (and, for ZeRO-2 and 3, its gradient slots) and allocates the
+ * shard state (ZeRO-2's gradient shard on the model's backend, zeroed; ZeRO-3's parameter shard
+ * and gather buffers, prefetch 1, and the model's params hooks; L3D_ERR_OOM when it has no room).
+ * zero in {0, 1, 2, 3}; ZeRO-3 needs a model built with L3D_GRADS_SHARDED, ZeRO-2 one with
+ * L3D_GRADS_SLOTS. bucket_bytes > 0. comm may have size 1 (then nothing is sent). */
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap);
 void l3d_dp_free(struct l3d_dp *dp);
@@ -111,6 +133,12 @@ void l3d_dp_poll_kernels(struct l3d_dp *dp);
  * tensors' (l3d_dp_memory's reduce_staging). A group of one sends nothing and stages nothing.
  * L3D_ERR_OOM when the staging does not fit. */
 l3d_status l3d_dp_reduce_in(struct l3d_dp *dp, enum l3d_dtype t);
+/* ZeRO-3: the gathers posted ahead of the layer in use, in each pass's direction (0: each layer's
+ * gather waited for where it is needed); prefetch + 1 layer buffers (reallocated; between steps).
+ * L3D_ERR_OOM when they do not fit. */
+l3d_status l3d_dp_zero3_prefetch(struct l3d_dp *dp, int prefetch);
+/* ZeRO-3's gather buffers' bytes (0 for other stages). */
+size_t l3d_dp_zero3_gather_bytes(const struct l3d_dp *dp);
 /* Number of elements of the optimizer state this rank holds, and where they start. */
 void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count);
 /* Before a micro-batch's backward: whether it is the last of the step. */

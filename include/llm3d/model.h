@@ -158,6 +158,14 @@ struct l3d_gpt_hooks {
     /* Called by backward between kernels (with grads_ctx): lets the communication started by
      * grads_ready progress while the next kernels compute (see l3d_dp_poll_kernels). */
     void (*progress)(void *ctx);
+    /* ZeRO-3 (include/llm3d/dp.h; a model built with L3D_GRADS_SHARDED holds no parameters):
+     * before forward or backward (backward true) uses the parameters of local layer `layer` (-1:
+     * the non-layer tensors, for the whole pass) it asks params_get where they lie: a buffer laid
+     * out as the gradient slots (slot_off; nonlayer_off for -1), valid until params_done(layer).
+     * A recomputed forward inside backward reuses backward's buffer. */
+    void *params_ctx;
+    const void *(*params_get)(void *ctx, int layer, bool backward);
+    void (*params_done)(void *ctx, int layer, bool backward);
 };
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
@@ -189,7 +197,11 @@ struct l3d_gpt {
     size_t es;            /* l3d_dtype_size(dt) */
     struct l3d_tensor_info tensors[L3D_NUM_TENSORS];
     /* Device memory of `be` (include/llm3d/backend.h): host code reaches it only by copies. */
-    void *params;         /* flat, num_params of type dt */
+    void *params;         /* flat, num_params of type dt; NULL with L3D_GRADS_SHARDED */
+    /* L3D_GRADS_SHARDED: the buffers params_get gave for layer `gathered_id` and the non-layer
+     * tensors, where l3d_gpt_param_ptr points while a pass runs */
+    const void *gathered_layer, *gathered_nonlayer;
+    int gathered_id;
     float *grads;         /* flat, num_params, same offsets (L3D_GRADS_FLAT only) */
     /* Gradient-slot mode (ZeRO-2): the non-layer tensors' gradients in one buffer, each layer's in
      * one of two slots (layer % 2) holding its one-layer slices of the 12 layer tensors. */
@@ -211,8 +223,9 @@ struct l3d_gpt {
 };
 
 /* Where gradients live: one flat buffer (the default), two layer slots plus the non-layer
- * tensors (ZeRO-2, see l3d_gpt_grad_ptr), or nowhere (inference). */
-enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE };
+ * tensors (ZeRO-2, see l3d_gpt_grad_ptr), or nowhere (inference). L3D_GRADS_SHARDED (ZeRO-3):
+ * slots as ZeRO-2, and no parameter buffer: the passes take them from hooks.params_get. */
+enum l3d_grad_mode { L3D_GRADS_FLAT, L3D_GRADS_SLOTS, L3D_GRADS_NONE, L3D_GRADS_SHARDED };
 
 /* Allocates parameters, gradients and activations for micro-batches up to (B, T), once. */
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
@@ -234,7 +247,8 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
  * device memory), for code that reads or writes fp32 parameters (initialisation, checkpoints,
  * llm.c files) whatever m's precision; it shares m's activations and must not run or be freed. */
 void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view);
-/* Where tensor t's parameters of local layer `layer` lie in m->params (type m->dt). */
+/* Where tensor t's parameters of local layer `layer` lie in m->params (type m->dt); without
+ * m->params (L3D_GRADS_SHARDED), in the buffer params_get gave for the pass. */
 void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer);
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot);
 void l3d_gpt_free(struct l3d_gpt *m);

@@ -63,6 +63,10 @@ void l3d_adamw_free(struct l3d_adamw *opt);
 void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
                     const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
                     int ntensors, float lr);
+/* The same on a range's parameters only: shard[i] is parameter start + i (ZeRO-3). */
+void l3d_adamw_step_shard(struct l3d_adamw *opt, struct l3d_backend *be, void *shard,
+                          const float *grads, float grad_scale,
+                          const struct l3d_tensor_info *tensors, int ntensors, float lr);
 
 struct l3d_lr_schedule {
     float max_lr;

@@ -270,6 +270,14 @@ l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_prof
                            const struct l3d_plan_run *run, const struct l3d_plan_fixed *fixed,
                            struct l3d_plan_result *out, int top, int *n_out,
                            struct l3d_plan_search_stats *stats);
+/* The same, calling each(each_ctx, r) with every valid layout evaluated, fitting or not (the
+ * pictures of llm3d plan --svg). */
+l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                                const struct l3d_plan_run *run, const struct l3d_plan_fixed *fixed,
+                                struct l3d_plan_result *out, int top, int *n_out,
+                                struct l3d_plan_search_stats *stats,
+                                void (*each)(void *, const struct l3d_plan_result *),
+                                void *each_ctx);
 /* One line on why the first result beats the second (its largest time advantage). */
 void l3d_plan_explain(const struct l3d_plan_result *best, const struct l3d_plan_result *next,
                       char *buf, size_t len);

@@ -40,7 +40,9 @@ struct l3d_layout {
     int accum;                /* micro-batches per step (--grad-accum); see global_batch */
     int64_t global_batch;     /* > 0: sequences per step, accum = global_batch / (B dp) */
     int zero;                 /* ZeRO stage over the DP group: 0, 1 (optimizer state), 2 (and
-                               * gradients) */
+                               * gradients), 3 (and parameters, gathered layer by layer) */
+    int zero3_prefetch;       /* ZeRO-3: layers whose all-gather is posted ahead (1) */
+    bool zero3_prefetch_set;  /* --zero3-prefetch given (refused without --zero 3) */
     bool sp;                  /* sequence parallelism over the TP group (Korthikanti et al. 2022) */
     enum l3d_recompute recompute;
     int threads;              /* OpenMP threads per rank (CPU); 0: the default */

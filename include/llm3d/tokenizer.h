@@ -59,17 +59,29 @@ void l3d_ids_free(struct l3d_ids *ids);
 l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir);
 /* llm.c's gpt2_tokenizer.bin (decoding only). */
 l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path);
+/* A tiktoken rank file (src/tokenizer/tiktoken.c): cl100k_base, o200k_base or Llama 3's, known by
+ * its rank count, which gives the pattern and special tokens. */
+l3d_status l3d_tokenizer_load_tiktoken(struct l3d_tokenizer **out, const char *path);
+/* A Hugging Face tokenizer.json (src/tokenizer/hf.c): a BPE model, ByteLevel and Split
+ * pre-tokenizers, ByteLevel decoder, added tokens. Other models (WordPiece, Unigram), normalizers
+ * and pre-tokenizers are refused, named. */
+l3d_status l3d_tokenizer_load_hf(struct l3d_tokenizer **out, const char *path);
 /* A --tokenizer argument: "bytes" (the 256 byte values as tokens, no merges and no end-of-text:
- * what `prepare --tokenizer bytes` writes), "gpt2" (the files scripts/setup.sh --gpt2 fetches into
- * l3d_tokenizer_gpt2_dir()), a directory with the two files, or an llm.c .bin file. */
+ * what `prepare --tokenizer bytes` writes); a name, "gpt2", "cl100k_base", "o200k_base" or
+ * "llama3", whose files `scripts/setup.sh --tokenizers` installs under l3d_tokenizer_cache_dir()
+ * (gpt2/encoder.json + vocab.bpe, tiktoken/NAME.tiktoken); a directory with tokenizer.json, or
+ * with encoder.json and vocab.bpe; a file: llm.c's .bin (by its magic), a tokenizer.json (by the
+ * name's .json), else a tiktoken rank file. */
 l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec);
-/* Where "gpt2" lives: $L3D_CACHE_DIR/gpt2, else $XDG_CACHE_HOME/llm3d/gpt2, else
- * $HOME/.cache/llm3d/gpt2. Written into buf (cap bytes). */
+/* Where the named tokenizers live: $L3D_CACHE_DIR, else $XDG_CACHE_HOME/llm3d, else
+ * $HOME/.cache/llm3d; "gpt2" in its gpt2/ folder (l3d_tokenizer_gpt2_dir). Into buf (cap bytes). */
+void l3d_tokenizer_cache_dir(char *buf, size_t cap);
 void l3d_tokenizer_gpt2_dir(char *buf, size_t cap);
 void l3d_tokenizer_free(struct l3d_tokenizer *t);
 
 int l3d_tokenizer_vocab_size(const struct l3d_tokenizer *t);
 int l3d_tokenizer_eot(const struct l3d_tokenizer *t); /* -1 when there is none */
+int l3d_tokenizer_bot(const struct l3d_tokenizer *t); /* begin-of-text (Llama 3's); -1: none */
 bool l3d_tokenizer_can_encode(const struct l3d_tokenizer *t); /* false for llm.c files */
 /* The bytes of token id (0 <= id < V), *len of them; NULL for an id out of range. */
 const unsigned char *l3d_tokenizer_token(const struct l3d_tokenizer *t, int id, size_t *len);
@@ -81,8 +93,13 @@ size_t l3d_tokenizer_decode(const struct l3d_tokenizer *t, const int32_t *ids, i
 /* Per-thread encoding state: the compiled pattern's match data and a cache of pre-tokens. */
 struct l3d_encoder;
 struct l3d_encoder *l3d_encoder_init(const struct l3d_tokenizer *t); /* t can encode */
-/* Appends the token ids of text[0..n) to ids. */
+/* Appends the token ids of text[0..n) to ids. Special tokens spelled in the text ("<|endoftext|>")
+ * are encoded as text, as tiktoken's encode_ordinary does. */
 void l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n, struct l3d_ids *ids);
+/* The same, but the special tokens spelled in the text are those tokens (tiktoken's encode with
+ * allowed_special="all"). */
+void l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
+                                struct l3d_ids *ids);
 void l3d_encoder_free(struct l3d_encoder *e);
 
 /* Pre-tokenization alone: calls fn(ctx, start, len) for each pre-token of text[0..n), in order

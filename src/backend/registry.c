@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "backend/check.h"
+#ifdef L3D_CUDA
+#include "backend/cuda.h"
+#endif
 #include "llm3d/backend.h"
 
 static struct l3d_backend *check_over_cpu(void) {
@@ -21,6 +24,9 @@ static const struct {
 } backends[] = {
     {"cpu", l3d_backend_cpu_init, NULL},
     {"check", check_over_cpu, "the CPU kernels behind a checked device arena, for tests"},
+#ifdef L3D_CUDA /* -DL3D_CUDA=ON */
+    {"cuda", l3d_backend_cuda_init, "experimental: it has not yet run on a GPU"},
+#endif
 };
 #define N_BACKENDS (sizeof backends / sizeof backends[0])
 

@@ -258,7 +258,7 @@ static void rec_layout(struct parser *p) {
     l->layout.tp = get_int(p, "tp", 1, 1 << 20);
     l->layout.pp = get_int(p, "pp", 1, 1 << 20);
     l->layout.dp = get_int(p, "dp", 1, 1 << 20);
-    l->layout.zero = get_int(p, "zero", 0, 2);
+    l->layout.zero = get_int(p, "zero", 0, 3);
     l->layout.sp = get_flag(p, "sp");
     l->layout.v = mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(p, "virtual", 1, 256);
     if (p->st == L3D_OK && (int64_t)l->world * l->layout.v > (1 << 20))
@@ -549,7 +549,7 @@ l3d_status l3d_ckpt_manifest_check_layout(const struct l3d_ckpt_manifest *mf) {
     const struct l3d_model_spec *c = &mf->cfg;
     if (l->layout.tp < 1 || l->layout.pp < 1 || l->layout.dp < 1 ||
         (int64_t)l->layout.tp * l->layout.pp * l->layout.dp != l->world || l->layout.zero < 0 ||
-        l->layout.zero > 2)
+        l->layout.zero > 3)
         return l3d_error(L3D_ERR_LAYOUT,
                          "%s: layout tp %d x pp %d x dp %d (ZeRO-%d) does not "
                          "make its world of %d ranks",

@@ -35,6 +35,23 @@ int l3d_cli_plan(int argc, char **argv);
 /* llm3d bench --calibrate [--out FILE] [--quick]: this machine's system profile, under mpiexec
  * (src/cli/calibrate.c); l3d_cli_bench passes every argument when one is --calibrate */
 int l3d_cli_calibrate(int argc, char **argv);
+/* llm3d plan --svg (src/cli/plan_svg.c): the layouts the search evaluated (l3d_plan_svg_keep, the
+ * search's callback), drawn as step time against memory per device, coloured by one of
+ * l3d_plan_svg_dims; --published: predicted against published % of peak. 0, or 1 after one line. */
+struct l3d_plan_result;
+struct l3d_profile;
+#define L3D_PLAN_SVG_NDIMS 5
+extern const char *const l3d_plan_svg_dims[L3D_PLAN_SVG_NDIMS]; /* tp pp dp zero recompute */
+struct l3d_plan_svg {
+    struct l3d_plan_result *r;
+    int64_t n, cap;
+};
+void l3d_plan_svg_keep(void *ctx, const struct l3d_plan_result *r);
+int l3d_plan_svg_write(const char *path, const struct l3d_plan_svg *all,
+                       const struct l3d_plan_result *best, const struct l3d_profile *prof,
+                       int dim, const char *title);
+int l3d_plan_svg_published(const char *path, int n, const char *const *names,
+                           const double *published, const double *pred, const double *pred_cal);
 /* llm3d compare RUN REFERENCE [--rtol R] [--loss-rtol R] [--weights-rtol R] [--verbose]
  * (src/cli/compare.c): exit status 0 SAME, 1 DIFFERENT, 2 nothing compared */
 int l3d_cli_compare(int argc, char **argv);
@@ -42,6 +59,10 @@ int l3d_cli_compare(int argc, char **argv);
 int l3d_cli_convert(int argc, char **argv);
 /* llm3d inspect PATH [--tokenizer SPEC] [--json] (src/cli/inspect.c) */
 int l3d_cli_inspect(int argc, char **argv);
+/* llm3d plot RUN... | --trace FILE | --xy FILE, --out FILE.svg (src/cli/plot.c); --xy's
+ * reader (src/cli/plot_xy.c) */
+int l3d_cli_plot(int argc, char **argv);
+int l3d_cli_plot_xy(const char *path, const char *out);
 /* llm3d generate --checkpoint FILE [flags] (src/cli/generate.c) */
 int l3d_cli_generate(int argc, char **argv);
 

@@ -111,7 +111,7 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN,
     F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
-    F_ZERO, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
+    F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
 };
@@ -143,7 +143,9 @@ static const struct l3d_flag layout_flags[] = {
     {"grad-accum", "N", F_ACCUM, "micro-batches per step (1)"},
     {"global-batch", "G", F_GLOBAL, "sequences per step instead: G / (batch x dp) micro-batches"},
     {"zero", "S", F_ZERO, "0: replicated optimizer; 1: AdamW state sharded over dp; "
-                          "2: gradients sharded too (0)"},
+                          "2: gradients sharded too; 3: parameters too (0)"},
+    {"zero3-prefetch", "N", F_ZERO3_PREFETCH, "ZeRO-3: layers whose parameter all-gather is "
+                                              "posted ahead of use (1)"},
     {"sequence-parallel", NULL, F_SP, "LayerNorm and residual regions split by rows over the TP "
                                       "group (needs --tp 2 or more)"},
     {"no-sequence-parallel", NULL, F_NO_SP, "no sequence parallelism (the default)"},
@@ -224,7 +226,10 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
         l->global_batch = (int64_t)g;
         return 1;
     }
-    case F_ZERO: return l3d_arg_int(cmd, "zero", v, 0, 2, &l->zero);
+    case F_ZERO: return l3d_arg_int(cmd, "zero", v, 0, 3, &l->zero);
+    case F_ZERO3_PREFETCH:
+        l->zero3_prefetch_set = true;
+        return l3d_arg_int(cmd, "zero3-prefetch", v, 0, 1 << 20, &l->zero3_prefetch);
     case F_SP: l->sp = true; return 1;
     case F_NO_SP: l->sp = false; return 1;
     case F_RECOMPUTE: {
@@ -323,7 +328,9 @@ int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     if (cs->NH) m->NH = cs->NH;
     if (cs->V) m->V = cs->V;
     if (cs->maxT) m->maxT = cs->maxT;
-    m->ffn = cs->ffn; /* 0: 4C of the sizes now (l3d_gpt_config_finish) */
+    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
+     * SwiGLU preset keeps its own unless --ffn is given */
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
     if (l3d_gpt_config_finish(m) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 2;

@@ -177,9 +177,10 @@ static const struct l3d_flag run_flags[] = {
     {"recompute", NULL, G_OLD_RECOMPUTE, NULL},
     {"threads", "N", G_THREADS, "OpenMP threads (1: a step is one row per matrix, where more "
                                 "threads mostly wait on each other and on memory)"},
-    {"backend", "NAME", G_BACKEND, "the device: cpu, or check (the CPU kernels on a checked "
-                                   "device arena, for tests; slower) (default: $L3D_BACKEND, "
-                                   "else cpu)"},
+    {"backend", "NAME", G_BACKEND, "the device: cpu, check (the CPU kernels on a checked "
+                                   "device arena, for tests; slower), or cuda in a build with "
+                                   "-DL3D_CUDA=ON (experimental: it has not yet run on a GPU) "
+                                   "(default: $L3D_BACKEND, else cpu)"},
     {"precision", "P", G_PREC, "fp32 (default), bf16 or fp16: the weights rounded to 16 bits and "
                                "16-bit activations and KV cache, fp32 arithmetic (half the "
                                "cache's memory)"},

@@ -117,20 +117,26 @@ static void text_model(const struct l3d_model_spec *c) {
 
 static int inspect_shard(const char *path, const char *tokspec, bool json) {
     struct l3d_data *d;
-    if (l3d_data_open(&d, path, 65536) != L3D_OK) {
+    if (l3d_data_open(&d, path, 0) != L3D_OK) {
         fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
         return 1;
     }
-    int64_t n;
-    const uint16_t *tok = l3d_data_file_tokens(d, 0, &n);
-    int lo = n ? 65535 : 0, hi = 0;
-    for (int64_t i = 0; i < n; i++) {
-        lo = tok[i] < lo ? tok[i] : lo;
-        hi = tok[i] > hi ? tok[i] : hi;
+    int64_t n = l3d_data_file_ntok(d, 0);
+    bool wide = l3d_data_file_wide(d, 0);
+    int64_t lo = n ? INT64_MAX : 0, hi = 0;
+    int32_t buf[4096];
+    for (int64_t i = 0; i < n; i += 4096) {
+        int64_t m = n - i < 4096 ? n - i : 4096;
+        l3d_data_file_read(d, 0, i, m, buf);
+        for (int64_t j = 0; j < m; j++) {
+            int64_t v = (uint32_t)buf[j];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
     }
     int64_t k = n < FIRST_TOKENS ? n : FIRST_TOKENS;
     int32_t ids[FIRST_TOKENS];
-    for (int64_t i = 0; i < k; i++) ids[i] = tok[i];
+    l3d_data_file_read(d, 0, 0, k, ids);
     char *text = NULL;
     size_t cap = 0, len = 0;
     int rc = 0;
@@ -138,8 +144,9 @@ static int inspect_shard(const char *path, const char *tokspec, bool json) {
         struct l3d_tokenizer *t = NULL;
         if (strcmp(tokspec, "bytes") == 0) {
             if (hi > 255) {
-                fprintf(stderr, "llm3d inspect: %s holds token %d, beyond the 256 of --tokenizer "
-                        "bytes: give the tokenizer it was prepared with\n", path, hi);
+                fprintf(stderr, "llm3d inspect: %s holds token %lld, beyond the 256 of "
+                        "--tokenizer bytes: give the tokenizer it was prepared with\n", path,
+                        (long long)hi);
                 rc = 2;
             }
             text = malloc((size_t)k + 1);
@@ -149,9 +156,9 @@ static int inspect_shard(const char *path, const char *tokspec, bool json) {
             fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
             rc = 1;
         } else if (hi >= l3d_tokenizer_vocab_size(t)) {
-            fprintf(stderr, "llm3d inspect: %s holds token %d, beyond the %d of tokenizer %s: give "
-                    "the tokenizer it was prepared with\n", path, hi, l3d_tokenizer_vocab_size(t),
-                    tokspec);
+            fprintf(stderr, "llm3d inspect: %s holds token %lld, beyond the %d of tokenizer %s: "
+                    "give the tokenizer it was prepared with\n", path, (long long)hi,
+                    l3d_tokenizer_vocab_size(t), tokspec);
             rc = 2;
         } else {
             len = l3d_tokenizer_decode(t, ids, k, &text, &cap);
@@ -161,8 +168,8 @@ static int inspect_shard(const char *path, const char *tokspec, bool json) {
     if (rc == 0 && json) {
         printf("{\"kind\":\"token_shard\",\"path\":");
         json_str(path, strlen(path));
-        printf(",\"tokens\":%lld,\"min_token\":%d,\"max_token\":%d,\"first_tokens\":[", (long long)n,
-               lo, hi);
+        printf(",\"tokens\":%lld,\"token_bits\":%d,\"min_token\":%lld,\"max_token\":%lld,"
+               "\"first_tokens\":[", (long long)n, wide ? 32 : 16, (long long)lo, (long long)hi);
         for (int64_t i = 0; i < k; i++) printf("%s%d", i ? "," : "", ids[i]);
         printf("]");
         if (text) {
@@ -171,9 +178,9 @@ static int inspect_shard(const char *path, const char *tokspec, bool json) {
         }
         printf("}\n");
     } else if (rc == 0) {
-        printf("%s: token shard (llm.c format, uint16 tokens)\n", path);
-        printf("  tokens:     %lld, ids %d..%d (a vocabulary of at least %d)\n", (long long)n, lo,
-               hi, hi + 1);
+        printf("%s: token shard (llm.c format, %s tokens)\n", path, wide ? "uint32" : "uint16");
+        printf("  tokens:     %lld, ids %lld..%lld (a vocabulary of at least %lld)\n",
+               (long long)n, (long long)lo, (long long)hi, (long long)hi + 1);
         printf("  first ids:  ");
         for (int64_t i = 0; i < k; i++) printf("%s%d", i ? " " : "", ids[i]);
         printf("\n");
@@ -521,7 +528,8 @@ int l3d_cli_inspect(int argc, char **argv) {
     int32_t magic = 0;
     bool got = fread(&magic, sizeof magic, 1, f) == 1;
     fclose(f);
-    if (got && magic == L3D_SHARD_MAGIC) return inspect_shard(path, tokspec, json);
+    if (got && (magic == L3D_SHARD_MAGIC || magic == L3D_SHARD32_MAGIC))
+        return inspect_shard(path, tokspec, json);
     if (got && magic == L3D_LLMC_MAGIC) {
         struct llmc_info m = {0};
         if (read_llmc(path, &m) != L3D_OK) {

@@ -17,6 +17,7 @@ static const struct {
     {"compare", l3d_cli_compare, "check that two runs trained the same model (losses, weights)"},
     {"plan", l3d_cli_plan, "predict memory and step time of layouts on a system; the best first"},
     {"convert", l3d_cli_convert, "write a training checkpoint's weights as an llm.c checkpoint"},
+    {"plot", l3d_cli_plot, "draw loss curves, a pipeline timeline or benchmark data as SVG"},
     {"inspect", l3d_cli_inspect, "say what a shard, checkpoint or run directory holds, checked"},
 };
 

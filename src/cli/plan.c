@@ -187,7 +187,11 @@ static const struct scaling {
     {2, true, 1024, 3072, 3072, 3072, 87.05, "batch of the 3072-GCD weak-scaling run", true},
 };
 
-static int run_published(void) {
+#define N_PUBLISHED (sizeof published / sizeof published[0])
+
+static int run_published(const char *svg) {
+    const char *names[N_PUBLISHED];
+    double pub[N_PUBLISHED], pred_nofit[N_PUBLISHED], pred_cal[N_PUBLISHED];
     printf("Predictions without any fit (the profiles' measured and assumed figures only):\n\n"
            "| run | devices | layout (tp x pp x dp, micro-batch, global batch) | published %% of "
            "peak | predicted %% of peak | difference (points) | relative error | predicted "
@@ -199,6 +203,7 @@ static int run_published(void) {
     for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
+        names[i] = p->what, pub[i] = p->pct, pred_nofit[i] = pred_cal[i] = NAN;
         if (eval_published(p, p->devices, p->dp, p->batch, false, &r) != L3D_OK) {
             fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
             rc = 1;
@@ -207,6 +212,7 @@ static int run_published(void) {
         /* the published counters count the recomputed forward (Narayanan et al. 2021, eq. 3),
          * but for the model FLOPs utilisation of Korthikanti et al. 2022 */
         double pred = 100 * (p->mfu ? r.mfu : r.hfu);
+        pred_nofit[i] = pred;
         /* no constant of a shipped profile comes from a published run but gemm_calibration,
          * which this table leaves out */
         printf("| %s | %lld | %d x %d x %d, %d, %lld | %.2f | %.2f | %+.2f | %+.1f%% | %.1f GB%s | "
@@ -236,6 +242,7 @@ static int run_published(void) {
             continue;
         }
         double pred = 100 * (p->mfu ? r.mfu : r.hfu);
+        pred_cal[i] = pred;
         printf("| %s | %.3f | %.2f | %+.2f | %+.1f%% | %s |\n", p->what, prof.gemm_calibration,
                pred, pred - p->pct, 100 * (pred - p->pct) / p->pct,
                p->fit ? "set the calibration" : "never used to set a constant");
@@ -286,12 +293,15 @@ static int run_published(void) {
                sc->chosen ? "set the batch (chosen after the fact, this figure in view)"
                           : "never used to set a constant");
     }
+    if (svg && l3d_plan_svg_published(svg, (int)N_PUBLISHED, names, pub, pred_nofit, pred_cal))
+        rc = 1;
     return rc;
 }
 
 /* ---- flags ------------------------------------------------------------------------------ */
 
-enum { P_PROFILE, P_DEVICES, P_TRAINER, P_FLASH, P_NOFLASH, P_CALIBRATED, P_TOP, P_JSON, P_PUB };
+enum { P_PROFILE, P_DEVICES, P_TRAINER, P_FLASH, P_NOFLASH, P_CALIBRATED, P_TOP, P_JSON, P_PUB,
+       P_SVG, P_SVG_COLOR };
 
 static const struct l3d_flag system_flags[] = {
     {"profile", "P", P_PROFILE, "a shipped profile (frontier, dgx-a100, dgx-h100, h200), local "
@@ -314,6 +324,9 @@ static const struct l3d_flag output_flags[] = {
     {"json", NULL, P_JSON, "one JSON object per layout instead of the table"},
     {"published", NULL, P_PUB, "the published runs (Frontier, Megatron-LM on A100) beside the "
                                "prediction, as markdown (docs/frontier.md)"},
+    {"svg", "FILE", P_SVG, "also draw every layout evaluated (step time against memory per "
+                           "device) or, with --published, predicted against published"},
+    {"svg-color", "D", P_SVG_COLOR, "--svg's colours by tp (default), pp, dp, zero or recompute"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -322,6 +335,8 @@ struct plan_opts {
     int trainer; /* -1: the profile's (llm3d on a CPU), 0: llm3d, 1: megatron */
     int devices, top, flash;
     bool json, published, calibrated;
+    const char *svg;
+    int svg_color; /* index into l3d_plan_svg_dims */
 };
 
 static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
@@ -341,6 +356,10 @@ static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
     case P_TOP: return l3d_arg_int(cmd, "top", v, 1, 1000, &o->top);
     case P_JSON: o->json = true; return 1;
     case P_PUB: o->published = true; return 1;
+    case P_SVG: o->svg = v; return 1;
+    case P_SVG_COLOR:
+        return l3d_arg_choice(cmd, "svg-color", v, l3d_plan_svg_dims, L3D_PLAN_SVG_NDIMS,
+                              &o->svg_color, "tp, pp, dp, zero or recompute");
     }
     return 0;
 }
@@ -361,7 +380,7 @@ static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spe
         return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
                          "--seq-len", l->seq, cs->maxT);
     if (seq) m->maxT = l->seq;
-    m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
     if (cs->L || cs->C || cs->NH || cs->V || seq || cs->maxT || cs->ffn) {
         /* explicit sizes without --model: say what the rest came from */
         char kept[160] = "";
@@ -473,8 +492,11 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    printf("model %s: L=%d h=%d heads=%d ffn=%lld V=%d s=%d, %.3g parameters; profile %s (%s), "
-           "%lld devices, global batch %lld, %s%s\n", m->name, m->L, m->C, m->NH,
+    char kv[32] = "";
+    if (l3d_model_kv_heads(m) != m->NH) snprintf(kv, sizeof kv, " kv-heads=%d", m->NKV);
+    printf("model %s: %s, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; profile %s "
+           "(%s), %lld devices, global batch %lld, %s%s\n", m->name,
+           m->arch == L3D_ARCH_LLAMA ? "Llama blocks" : "GPT-2 blocks", m->L, m->C, m->NH, kv,
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)run->global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");
@@ -583,7 +605,7 @@ int l3d_cli_plan(int argc, char **argv) {
     struct plan_opts o = {.profile = "local", .top = 10, .flash = -1, .trainer = -1};
     int rc = plan_flags(argc, argv, &cs, &o);
     if (rc >= 0) return rc;
-    if (o.published) return run_published();
+    if (o.published) return run_published(o.svg);
     struct l3d_model_spec m;
     struct l3d_profile prof;
     struct l3d_plan_run run;
@@ -595,6 +617,7 @@ int l3d_cli_plan(int argc, char **argv) {
     int n = 0;
     struct l3d_plan_result *res = calloc((size_t)o.top, sizeof *res);
     struct l3d_plan_search_stats stats = {0};
+    struct l3d_plan_svg all = {0};
     bool one = l3d_cli_spec_given(&cs, "pp-schedule");
     if (one) {
         st = plan_one(&cs, &m, &prof, &run, &fx, &res[0]);
@@ -602,11 +625,22 @@ int l3d_cli_plan(int argc, char **argv) {
         stats.evaluated = stats.valid = 1;
         stats.fit = n && res[0].fits;
     } else {
-        st = l3d_plan_search(&m, &prof, &run, &fx, res, o.top, &n, &stats);
+        st = l3d_plan_search_each(&m, &prof, &run, &fx, res, o.top, &n, &stats,
+                                  o.svg ? l3d_plan_svg_keep : NULL, &all);
     }
     rc = st != L3D_OK ? plan_fail(st, l3d_error_message(), o.json)
                       : plan_print(&m, &prof, &run, res, n, one, o.json, spec.precision.reduce,
                                    &stats);
+    if (o.svg && st == L3D_OK) {
+        char title[200];
+        snprintf(title, sizeof title, "%s on %lld devices (%s): %lld layouts", m.name,
+                 (long long)run.devices, prof.name, (long long)all.n);
+        if (one) l3d_plan_svg_keep(&all, &res[0]);
+        int r2 = l3d_plan_svg_write(o.svg, &all, n > 0 && res[0].fits ? &res[0] : NULL, &prof,
+                                    o.svg_color, title);
+        rc = rc ? rc : r2;
+    }
+    free(all.r);
     free(res);
     return rc;
 }

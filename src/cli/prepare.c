@@ -32,16 +32,23 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
-enum { P_TOK, P_OUT, P_VAL, P_SHARD, P_SEP, P_THREADS };
+enum { P_TOK, P_OUT, P_VAL, P_SHARD, P_SEP, P_THREADS, P_DOCTOK };
 
 static const struct l3d_flag prepare_flags[] = {
     {"tokenizer", "SPEC", P_TOK, "bytes: one token per byte, vocabulary 256; the files are "
                                  "concatenated and the last --val-fraction of the bytes go to "
                                  "validation.\n"
-                                 "gpt2 (fetched by scripts/setup.sh --gpt2) or a directory with "
-                                 "encoder.json and vocab.bpe (llm3d tokenizer train): byte-level "
-                                 "BPE; each document starts with <|endoftext|> and goes whole to "
-                                 "training or validation (every 1/F-th document)"},
+                                 "gpt2, cl100k_base, o200k_base, llama3 (installed by "
+                                 "scripts/setup.sh --tokenizers), a directory with tokenizer.json "
+                                 "or with encoder.json and vocab.bpe (llm3d tokenizer train), or a "
+                                 "tiktoken rank file: byte-level BPE; each document starts with "
+                                 "the --doc-token and goes whole to training or validation (every "
+                                 "1/F-th document). Vocabularies above 65,536 tokens get uint32 "
+                                 "shards (llm.c's Llama 3 format)"},
+    {"doc-token", "eot|bot", P_DOCTOK, "BPE: the token each document starts with: the "
+                                       "tokenizer's end-of-text (eot, llm.c's GPT-2 data; the "
+                                       "default) or begin-of-text (bot, Llama 3's "
+                                       "<|begin_of_text|>, llm.c's Llama 3 data)"},
     {"doc-separator", "LINE", P_SEP, "BPE: lines equal to LINE separate documents (\"%\" for "
                                      "fortune files); default: each file is one document"},
     {"out", "DIR", P_OUT, "output directory"},
@@ -55,6 +62,7 @@ static const struct l3d_flag prepare_flags[] = {
 
 struct prepare_opts {
     const char *tokenizer, *out, *doc_sep;
+    bool bot; /* --doc-token bot */
     double val_fraction;
     int64_t shard_tokens;
     int threads; /* 0: OpenMP's default */
@@ -93,6 +101,13 @@ static int set_prepare(void *ctx, const char *cmd, int id, const char *v) {
                 cmd, v);
         return 0;
     case P_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
+    case P_DOCTOK:
+        if (strcmp(v, "eot") == 0 || strcmp(v, "bot") == 0) {
+            o->bot = v[0] == 'b';
+            return 1;
+        }
+        fprintf(stderr, "llm3d %s: --doc-token %s is not eot or bot\n", cmd, v);
+        return 0;
     }
     return 0;
 }
@@ -108,25 +123,32 @@ int l3d_cli_prepare(int argc, char **argv) {
     double val_fraction = o.val_fraction;
     int64_t shard_tokens = o.shard_tokens;
     if (!tokenizer)
-        return usage_error("missing --tokenizer: bytes, gpt2, or a directory with encoder.json "
-                           "and vocab.bpe");
+        return usage_error("missing --tokenizer: bytes, gpt2, cl100k_base, o200k_base, llama3, "
+                           "a directory with tokenizer.json or encoder.json and vocab.bpe, or a "
+                           "rank file");
     if (!out) return usage_error("missing --out DIR, the directory for the shards");
     if (first >= argc) return usage_error("no input FILE given");
 
     bool bytes = strcmp(tokenizer, "bytes") == 0;
-    if (bytes && doc_sep)
-        return usage_error("--doc-separator applies to BPE tokenizers, not bytes");
+    if (bytes && (doc_sep || o.bot))
+        return usage_error("--doc-separator and --doc-token apply to BPE tokenizers, not bytes");
     struct l3d_tokenizer *tok = NULL;
     if (!bytes && l3d_tokenizer_open(&tok, tokenizer) != L3D_OK) {
         fprintf(stderr, "llm3d prepare: %s\n", l3d_error_message());
         return 1;
+    }
+    int doc_token = -1;
+    if (tok && o.bot && (doc_token = l3d_tokenizer_bot(tok)) < 0) {
+        l3d_tokenizer_free(tok);
+        return usage_error("--doc-token bot: tokenizer %s has no begin-of-text token "
+                           "(<|begin_of_text|>): give --doc-token eot", tokenizer);
     }
     struct l3d_prepare_stats stats;
     double t0 = l3d_time_s();
     l3d_status st = bytes ? l3d_prepare_bytes(out, argv + first, argc - first, val_fraction,
                                               shard_tokens, &stats)
                           : l3d_prepare_bpe(out, argv + first, argc - first, val_fraction,
-                                            shard_tokens, tok, doc_sep, isatty(2), &stats);
+                                            shard_tokens, tok, doc_sep, doc_token, isatty(2), &stats);
     int V = bytes ? L3D_BYTES_VOCAB : l3d_tokenizer_vocab_size(tok);
     l3d_tokenizer_free(tok);
     if (st != L3D_OK) {

@@ -186,11 +186,12 @@ static int cmd_decode(const struct tok_args *a, const struct l3d_tokenizer *tok)
         return 1;
     }
     for (int f = 0; f < l3d_data_num_files(d); f++) {
-        int64_t n;
-        const uint16_t *t = l3d_data_file_tokens(d, f, &n);
+        int64_t n = l3d_data_file_ntok(d, f);
         for (int64_t i = 0; i < n; i++) {
+            int32_t id;
             size_t len;
-            const unsigned char *b = l3d_tokenizer_token(tok, t[i], &len);
+            l3d_data_file_read(d, f, i, 1, &id);
+            const unsigned char *b = l3d_tokenizer_token(tok, id, &len);
             fwrite(b, 1, len, stdout);
         }
     }

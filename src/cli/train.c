@@ -112,9 +112,10 @@ static const struct l3d_flag run_flags[] = {
                                       "fp16 (rounded to nearest even)"},
     {"save-shard-mb", "M", T_SAVE_SHARD, "weights above M MiB go to several safetensors files "
                                          "and an index (4096)"},
-    {"backend", "NAME", T_BACKEND, "the device: cpu, or check (the CPU kernels on a checked "
-                                   "device arena, for tests; slower) (default: $L3D_BACKEND, "
-                                   "else cpu)"},
+    {"backend", "NAME", T_BACKEND, "the device: cpu, check (the CPU kernels on a checked "
+                                   "device arena, for tests; slower), or cuda in a build with "
+                                   "-DL3D_CUDA=ON (experimental: it has not yet run on a GPU) "
+                                   "(default: $L3D_BACKEND, else cpu)"},
     {"comm", "MODE", T_COMM, "overlap: data-parallel gradient pieces and tensor-parallel "
                              "input-gradient sums non-blocking, behind compute (default); "
                              "blocking: the same calls blocking (faster over shared memory on "

@@ -42,7 +42,7 @@ l3d_status l3d_loader_init(struct l3d_loader **out, const struct l3d_data *data,
     int64_t T = cfg->T, nwin = 0;
     for (int f = 0; f < nfiles; f++) {
         int64_t n;
-        (void)l3d_data_file_tokens(data, f, &n);
+        n = l3d_data_file_ntok(data, f);
         nwin += (n - 1) / T;
     }
     int64_t G = cfg->B * (int64_t)cfg->dp_size;
@@ -72,7 +72,7 @@ l3d_status l3d_loader_init(struct l3d_loader **out, const struct l3d_data *data,
     ld->cum[0] = 0;
     for (int f = 0; f < nfiles; f++) {
         int64_t n;
-        (void)l3d_data_file_tokens(data, f, &n);
+        n = l3d_data_file_ntok(data, f);
         ld->cum[f + 1] = ld->cum[f] + (n - 1) / T;
     }
     if (cfg->random) shuffle(ld);
@@ -88,12 +88,9 @@ static void copy_window(const struct l3d_loader *ld, int64_t w, int32_t *inp, in
         if (ld->cum[mid] <= w) lo = mid;
         else hi = mid - 1;
     }
-    int64_t n, T = ld->cfg.T;
-    const uint16_t *tok = l3d_data_file_tokens(ld->data, lo, &n) + (w - ld->cum[lo]) * T;
-    for (int64_t t = 0; t < T; t++) {
-        inp[t] = tok[t];
-        tgt[t] = tok[t + 1];
-    }
+    int64_t T = ld->cfg.T;
+    l3d_data_file_read(ld->data, lo, (w - ld->cum[lo]) * T, T, inp);
+    l3d_data_file_read(ld->data, lo, (w - ld->cum[lo]) * T + 1, T, tgt);
 }
 
 void l3d_loader_next(struct l3d_loader *ld, int32_t *inputs, int32_t *targets) {

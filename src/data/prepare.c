@@ -27,8 +27,9 @@ static const char *split_name[2] = {"train", "val"};
 struct sink {
     const char *dir;
     char *path; /* room for dir + "/train_000000.bin" */
-    uint16_t *buf;
+    uint32_t *buf;
     int64_t fill;
+    bool wide; /* uint32 shards (a vocabulary above 65,536); else the buffer's uint16 in place */
     int split, shard; /* the shard being filled, of `want` tokens; split 2 once all are written */
     int64_t want;
     int64_t n[2];   /* tokens per split */
@@ -54,14 +55,21 @@ static void shard_path(char *path, size_t cap, const char *dir, int split, int s
 
 static size_t path_cap(const char *dir) { return strlen(dir) + 32; }
 
-static l3d_status sink_put(struct sink *s, uint16_t tok) {
+static l3d_status sink_put(struct sink *s, uint32_t tok) {
     if (s->split >= 2)
         return l3d_error(L3D_ERR_IO, "the input files grew while they were being prepared: "
                          "run llm3d prepare again on files that do not change");
     s->buf[s->fill++] = tok;
     if (s->fill == s->want) {
         shard_path(s->path, path_cap(s->dir), s->dir, s->split, s->shard);
-        l3d_status st = l3d_shard_write(s->path, s->buf, s->fill);
+        l3d_status st;
+        if (s->wide) {
+            st = l3d_shard_write32(s->path, s->buf, s->fill);
+        } else { /* narrowed in place: each uint16 lands at or before the uint32 it comes from */
+            uint16_t *h = (uint16_t *)s->buf;
+            for (int64_t k = 0; k < s->fill; k++) h[k] = (uint16_t)s->buf[k];
+            st = l3d_shard_write(s->path, h, s->fill);
+        }
         if (st != L3D_OK) return st;
         s->shard++;
         next_shard(s);
@@ -308,9 +316,9 @@ static void progress_bar(double done, double total, double t0) {
             done / 1e6, total / 1e6, dt > 0 ? done / 1e6 / dt : 0.0);
 }
 
-/* Growable uint16 token store with document boundaries. */
+/* Growable token store with document boundaries. */
 struct corpus {
-    uint16_t *tok;
+    uint32_t *tok;
     int64_t n, cap;
     int64_t *doc; /* start of each document in tok; ndocs + 1 entries once finished */
     int64_t ndocs, dcap;
@@ -319,11 +327,11 @@ struct corpus {
 static void corpus_put(struct corpus *c, int32_t t) {
     if (c->n == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 1 << 20;
-        uint16_t *t2 = realloc(c->tok, (size_t)c->cap * sizeof *t2);
+        uint32_t *t2 = realloc(c->tok, (size_t)c->cap * sizeof *t2);
         L3D_ASSERT(t2 != NULL);
         c->tok = t2;
     }
-    c->tok[c->n++] = (uint16_t)t;
+    c->tok[c->n++] = (uint32_t)t;
 }
 
 static void corpus_doc(struct corpus *c) {
@@ -343,21 +351,18 @@ static bool is_val(int64_t i, double f) {
 
 l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
                            int64_t shard_tokens, const struct l3d_tokenizer *tok,
-                           const char *doc_separator, bool progress,
+                           const char *doc_separator, int doc_token, bool progress,
                            struct l3d_prepare_stats *stats) {
     if (stats) memset(stats, 0, sizeof *stats);
     l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
     if (st != L3D_OK) return st;
-    int V = l3d_tokenizer_vocab_size(tok), eot = l3d_tokenizer_eot(tok);
-    if (V > 65536)
-        return l3d_error(L3D_ERR_ARG, "the tokenizer has %d tokens, too many for llm.c's uint16 "
-                         "shards (at most 65536): train a smaller vocabulary", V);
+    int V = l3d_tokenizer_vocab_size(tok), eot = doc_token >= 0 ? doc_token : l3d_tokenizer_eot(tok);
     if (!l3d_tokenizer_can_encode(tok))
         return l3d_error(L3D_ERR_ARG, "llm.c's tokenizer file decodes only: give the tokenizer "
                          "as gpt2 or a directory with encoder.json and vocab.bpe");
-    if (eot < 0)
-        return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with",
-                         L3D_EOT_STRING);
+    if (eot < 0 || eot >= V)
+        return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with "
+                         "(--doc-token gives another)", L3D_EOT_STRING);
     /* every file checked (readable, text) before any work */
     unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
     int64_t total = 0;
@@ -430,6 +435,7 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
     struct sink s = {0};
     if (st == L3D_OK) st = l3d_mkdir_p(out_dir);
     if (st == L3D_OK) st = sink_open(&s, out_dir, c.n - nval, nval, shard_tokens);
+    s.wide = V > 65536;
     for (int split = 0; split < 2 && st == L3D_OK; split++)
         for (int64_t d = 0; d < c.ndocs && st == L3D_OK; d++)
             if (is_val(d, val_fraction) == (split == 1))

@@ -24,8 +24,9 @@ struct l3d_data_file {
     char *path;
     void *map; /* the whole file, or NULL */
     size_t map_bytes;
-    const uint16_t *tokens; /* map + header */
+    const void *tokens; /* map + header: uint16 or uint32 (wide) */
     int64_t ntok;
+    bool wide;
 };
 
 struct l3d_data {
@@ -45,14 +46,17 @@ static bool has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
 /* Index of the first token >= vocab, or -1. The max pass vectorises; the search runs only when a
  * bad token exists. */
-static int64_t first_bad_token(const uint16_t *tok, int64_t n, int64_t vocab) {
-    uint16_t mx = 0;
-    for (int64_t i = 0; i < n; i++) mx = tok[i] > mx ? tok[i] : mx;
-    if ((int64_t)mx < vocab) return -1;
-    for (int64_t i = 0; i < n; i++)
-        if ((int64_t)tok[i] >= vocab) return i;
-    return -1;
-}
+#define FIRST_BAD(T)                                                                              \
+    static int64_t first_bad_##T(const T *tok, int64_t n, int64_t vocab) {                        \
+        T mx = 0;                                                                                 \
+        for (int64_t i = 0; i < n; i++) mx = tok[i] > mx ? tok[i] : mx;                           \
+        if ((int64_t)mx < vocab) return -1;                                                       \
+        for (int64_t i = 0; i < n; i++)                                                           \
+            if ((int64_t)tok[i] >= vocab) return i;                                               \
+        return -1;                                                                                \
+    }
+FIRST_BAD(uint16_t)
+FIRST_BAD(uint32_t)
 
 /* Opens, checks and maps one shard into f (whose path is set). On error f->map stays NULL. */
 static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
@@ -75,25 +79,24 @@ static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
         close(fd);
         return l3d_error(L3D_ERR_IO, "cannot read the header of %s: %s", path, strerror(e));
     }
-    if (header[0] != L3D_SHARD_MAGIC) {
+    bool wide = header[0] == L3D_SHARD32_MAGIC;
+    if (header[0] != L3D_SHARD_MAGIC && !wide) {
         close(fd);
         return l3d_error(L3D_ERR_FORMAT,
-                         "%s has magic number %d where %d was expected: it is not an llm.c token "
-                         "shard%s",
-                         path, (int)header[0], L3D_SHARD_MAGIC,
-                         header[0] == 20240801 ? " of GPT-2 tokens (20240801 marks llm.c's Llama 3 "
-                                                 "shards of uint32 tokens, not supported)"
-                                               : "");
+                         "%s has magic number %d where %d (uint16 tokens) or %d (uint32 tokens) "
+                         "was expected: it is not an llm.c token shard",
+                         path, (int)header[0], L3D_SHARD_MAGIC, L3D_SHARD32_MAGIC);
     }
-    if (header[1] != L3D_SHARD_VERSION) {
+    int version = wide ? L3D_SHARD32_VERSION : L3D_SHARD_VERSION;
+    if (header[1] != version) {
         close(fd);
         return l3d_error(L3D_ERR_FORMAT,
-                         "%s has shard version %d, but only version %d (uint16 GPT-2 tokens) is "
-                         "supported",
-                         path, (int)header[1], L3D_SHARD_VERSION);
+                         "%s has shard version %d, but its magic %d goes with version %d", path,
+                         (int)header[1], (int)header[0], version);
     }
+    int width = wide ? 4 : 2;
     long long ntok = header[2];
-    long long expect = L3D_SHARD_HEADER_BYTES + 2 * ntok;
+    long long expect = L3D_SHARD_HEADER_BYTES + width * ntok;
     if (ntok < 0) {
         close(fd);
         return l3d_error(L3D_ERR_FORMAT, "%s has a negative token count (%lld) in its header", path,
@@ -124,16 +127,18 @@ static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
     close(fd);
     if (map == MAP_FAILED)
         return l3d_error(L3D_ERR_IO, "cannot map token shard %s into memory: %s", path, strerror(e));
-    const uint16_t *tok = (const uint16_t *)((const char *)map + L3D_SHARD_HEADER_BYTES);
-    int64_t bad = vocab_size > 0 ? first_bad_token(tok, ntok, vocab_size) : -1;
+    const void *tok = (const char *)map + L3D_SHARD_HEADER_BYTES;
+    int64_t bad = vocab_size <= 0 ? -1
+                  : wide          ? first_bad_uint32_t(tok, ntok, vocab_size)
+                                  : first_bad_uint16_t(tok, ntok, vocab_size);
     if (bad >= 0) {
         l3d_status st_err = l3d_error(
             L3D_ERR_FORMAT,
             "%s holds token %u at byte offset %lld, outside the vocabulary of %lld tokens: the data "
             "was prepared with another tokenizer than the model's (check --vocab and the model's "
             "vocabulary size)",
-            path, (unsigned)tok[bad], (long long)(L3D_SHARD_HEADER_BYTES + 2 * bad),
-            (long long)vocab_size);
+            path, wide ? ((const uint32_t *)tok)[bad] : ((const uint16_t *)tok)[bad],
+            (long long)(L3D_SHARD_HEADER_BYTES + width * bad), (long long)vocab_size);
         munmap(map, (size_t)size);
         return st_err;
     }
@@ -141,6 +146,7 @@ static l3d_status open_file(struct l3d_data_file *f, int64_t vocab_size) {
     f->map_bytes = (size_t)size;
     f->tokens = tok;
     f->ntok = ntok;
+    f->wide = wide;
     return L3D_OK;
 }
 
@@ -203,9 +209,33 @@ int l3d_data_num_files(const struct l3d_data *data) { return data->nfiles; }
 int64_t l3d_data_num_tokens(const struct l3d_data *data) { return data->ntok; }
 
 const uint16_t *l3d_data_file_tokens(const struct l3d_data *data, int i, int64_t *n) {
-    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    L3D_ASSERT(i >= 0 && i < data->nfiles && !data->files[i].wide);
     *n = data->files[i].ntok;
     return data->files[i].tokens;
+}
+
+int64_t l3d_data_file_ntok(const struct l3d_data *data, int i) {
+    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    return data->files[i].ntok;
+}
+
+bool l3d_data_file_wide(const struct l3d_data *data, int i) {
+    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    return data->files[i].wide;
+}
+
+void l3d_data_file_read(const struct l3d_data *data, int i, int64_t start, int64_t count,
+                        int32_t *out) {
+    L3D_ASSERT(i >= 0 && i < data->nfiles);
+    const struct l3d_data_file *f = &data->files[i];
+    L3D_ASSERT(start >= 0 && count >= 0 && start + count <= f->ntok);
+    if (f->wide) {
+        const uint32_t *t = (const uint32_t *)f->tokens + start;
+        for (int64_t k = 0; k < count; k++) out[k] = (int32_t)t[k];
+    } else {
+        const uint16_t *t = (const uint16_t *)f->tokens + start;
+        for (int64_t k = 0; k < count; k++) out[k] = t[k];
+    }
 }
 
 const char *l3d_data_file_path(const struct l3d_data *data, int i) {
@@ -234,7 +264,8 @@ static void sync_parent_dir(const char *path) {
     l3d_free(dir);
 }
 
-l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) {
+/* Writes n tokens of `width` bytes (2: uint16, magic 20240520; 4: uint32, magic 20240801). */
+static l3d_status shard_write(const char *path, const void *tokens, int64_t n, int width) {
     if (n < 0 || n > L3D_SHARD_MAX_TOKENS)
         return l3d_error(L3D_ERR_ARG,
                          "cannot write %lld tokens to shard %s: a shard holds 0 to %d tokens",
@@ -245,8 +276,8 @@ l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) 
     memcpy(tmp + plen, ".tmp", 5);
 
     int32_t header[L3D_SHARD_HEADER_INTS] = {0};
-    header[0] = L3D_SHARD_MAGIC;
-    header[1] = L3D_SHARD_VERSION;
+    header[0] = width == 4 ? L3D_SHARD32_MAGIC : L3D_SHARD_MAGIC;
+    header[1] = width == 4 ? L3D_SHARD32_VERSION : L3D_SHARD_VERSION;
     header[2] = (int32_t)n;
 
     l3d_status st = L3D_OK;
@@ -258,7 +289,7 @@ l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) 
     }
     errno = 0;
     bool ok = fwrite(header, sizeof header, 1, fp) == 1;
-    if (ok && n > 0) ok = fwrite(tokens, sizeof *tokens, (size_t)n, fp) == (size_t)n;
+    if (ok && n > 0) ok = fwrite(tokens, (size_t)width, (size_t)n, fp) == (size_t)n;
     if (ok) ok = fflush(fp) == 0;
     if (ok) ok = fsync(fileno(fp)) == 0;
     int e = errno ? errno : EIO;
@@ -281,4 +312,12 @@ l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) 
     l3d_free(tmp);
     sync_parent_dir(path);
     return L3D_OK;
+}
+
+l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) {
+    return shard_write(path, tokens, n, 2);
+}
+
+l3d_status l3d_shard_write32(const char *path, const uint32_t *tokens, int64_t n) {
+    return shard_write(path, tokens, n, 4);
 }

@@ -184,6 +184,12 @@ static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p +
 
 void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer) {
     const struct l3d_tensor_info *ti = &m->tensors[t];
+    if (!m->params) { /* ZeRO-3: the gathered copy (gathered_params) */
+        bool lt = l3d_gpt_is_layer_tensor(t);
+        L3D_ASSERT(lt ? m->gathered_layer && m->gathered_id == layer : m->gathered_nonlayer != NULL);
+        return el(lt ? m->gathered_layer : m->gathered_nonlayer,
+                  lt ? m->slot_off[t] : m->nonlayer_off[t], m->es);
+    }
     return el(m->params, ti->offset + (int64_t)layer * ti->rows * ti->cols, m->es);
 }
 
@@ -441,14 +447,14 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     const size_t gs = sizeof(float); /* gradients: fp32 */
     size_t pbytes = (size_t)m->num_params * m->es, gflat = (size_t)m->num_params * gs;
     size_t nlbytes = (size_t)m->nonlayer_size * gs, slbytes = (size_t)m->slot_size * gs;
-    size_t gbytes = grads == L3D_GRADS_FLAT    ? gflat
-                    : grads == L3D_GRADS_SLOTS ? nlbytes + 2 * slbytes
-                                               : 0;
-    m->params = l3d_be_alloc(be, pbytes, "parameters");
+    bool slots = grads == L3D_GRADS_SLOTS || grads == L3D_GRADS_SHARDED;
+    size_t gbytes = grads == L3D_GRADS_FLAT ? gflat : slots ? nlbytes + 2 * slbytes : 0;
+    if (grads == L3D_GRADS_SHARDED) pbytes = 0; /* the data-parallel state holds this rank's part */
+    m->params = pbytes ? l3d_be_alloc(be, pbytes, "parameters") : NULL;
     bool grads_ok = true;
     if (grads == L3D_GRADS_FLAT) {
         grads_ok = (m->grads = l3d_be_alloc(be, gflat, "gradients")) != NULL;
-    } else if (grads == L3D_GRADS_SLOTS) {
+    } else if (slots) {
         m->grads_nonlayer = l3d_be_alloc(be, nlbytes + 64, "gradients");
         for (int i = 0; i < 2; i++)
             m->grad_slot[i] = l3d_be_alloc(be, slbytes + 64, "gradient slots");
@@ -456,9 +462,10 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     }
     m->acts->base = l3d_be_alloc(be, m->act_bytes, "activations");
     m->loss_sum = l3d_be_alloc(be, sizeof(double), "loss");
-    if (!m->params || !grads_ok || !m->acts->base || !m->loss_sum) {
+    bool params_ok = m->params || !pbytes;
+    if (!params_ok || !grads_ok || !m->acts->base || !m->loss_sum) {
         size_t need = pbytes + gbytes + m->act_bytes;
-        bool weights = !m->params || !grads_ok; /* the model itself does not fit, whatever B, T */
+        bool weights = !params_ok || !grads_ok; /* the model itself does not fit, whatever B, T */
         int64_t n = m->num_params;
         l3d_gpt_free(m);
         if (weights)
@@ -471,7 +478,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
                          B, T);
     }
     /* first touch now, not inside the step loop */
-    l3d_be_memset(be, m->params, 0, pbytes);
+    if (m->params) l3d_be_memset(be, m->params, 0, pbytes);
     if (m->grads) l3d_be_memset(be, m->grads, 0, gflat);
     if (m->grads_nonlayer) {
         l3d_be_memset(be, m->grads_nonlayer, 0, nlbytes);
@@ -784,8 +791,30 @@ void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
     m->slot = slot;
 }
 
-float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
-                      int T) {
+/* ZeRO-3 (L3D_GRADS_SHARDED): the parameters of local layer l (-1: the non-layer tensors) for a
+ * pass, from the data-parallel state's hooks; nothing when the model holds its parameters. */
+static void params_begin(struct l3d_gpt *m, int l, bool backward) {
+    if (m->params) return;
+    const void *p = m->hooks.params_get(m->hooks.params_ctx, l, backward);
+    if (l < 0) {
+        m->gathered_nonlayer = p;
+    } else {
+        m->gathered_layer = p;
+        m->gathered_id = l;
+    }
+}
+
+static void params_end(struct l3d_gpt *m, int l, bool backward) {
+    if (m->params) return;
+    m->hooks.params_done(m->hooks.params_ctx, l, backward);
+    if (l < 0)
+        m->gathered_nonlayer = NULL;
+    else
+        m->gathered_layer = NULL;
+}
+
+static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                          int T) {
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
@@ -820,7 +849,9 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     }
     const void *x = m->input_act;
     for (int l = 0; l < s->layer_count; l++) {
+        params_begin(m, l, false);
         forward_layer(m, l, &a->layer[l], x, B, T);
+        params_end(m, l, false);
         x = a->layer[l].res3;
     }
     if (!s->has_head) return 0.0f;
@@ -851,13 +882,22 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
     return (float)(total / (double)N);
 }
 
+float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
+                      int T) {
+    bool nonlayer = m->shard.has_embedding || m->shard.has_head;
+    if (nonlayer) params_begin(m, -1, false);
+    float loss = forward_pass(m, inputs, targets, B, T);
+    if (nonlayer) params_end(m, -1, false);
+    return loss;
+}
+
 const void *l3d_gpt_output_act(const struct l3d_gpt *m) {
     return m->shard.layer_count > 0 ? m->acts->layer[m->shard.layer_count - 1].res3 : m->input_act;
 }
 
 /* ---- backward --------------------------------------------------------------------------- */
 
-void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
@@ -905,6 +945,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
     }
 
     for (int l = s->layer_count - 1; l >= 0; l--) {
+        params_begin(m, l, true); /* a full recomputation below reuses it */
         struct layer_acts *la = &a->layer[l];
         struct layer_params p = layer_params(m, l);
         if (m->grads_nonlayer)
@@ -964,6 +1005,7 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
             l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
         }
         /* dres now holds d(x), the layer's input */
+        params_end(m, l, true);
         if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
     }
     l3d_be_copy_d2d(m->be, m->dinput_act, a->dres, bytes_l);
@@ -975,6 +1017,13 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
                                       s->vocab_start, s->vocab_count, B, T, C);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
+}
+
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+    /* the non-layer tensors' parameters: only the head's backward reads them (wte, lnfw) */
+    if (m->shard.has_head) params_begin(m, -1, true);
+    backward_pass(m, dloss, dout_act);
+    if (m->shard.has_head) params_end(m, -1, true);
 }
 
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,

@@ -44,9 +44,11 @@ void l3d_adamw_free(struct l3d_adamw *opt) {
     opt->m = opt->v = opt->master = NULL;
 }
 
-void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
-                    const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
-                    int ntensors, float lr) {
+/* The step with params holding parameter p0 at its start (0: the whole flat buffer; start: the
+ * range only, ZeRO-3's shard). */
+static void adamw_step_at(struct l3d_adamw *opt, struct l3d_backend *be, void *params, int64_t p0,
+                          const float *grads, float grad_scale,
+                          const struct l3d_tensor_info *tensors, int ntensors, float lr) {
     const struct l3d_adamw_hparams *hp = &opt->hp;
     opt->t++;
     float bc1 = 1.0f - powf(hp->beta1, (float)opt->t);
@@ -60,15 +62,27 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
         float wd = t->decay ? hp->weight_decay : 0.0f;
         if (opt->master) /* the fp32 master weights, then the model's 16-bit copy */
             l3d_be_adamw_mixed(be, opt->pdt, L3D_F32,
-                               (char *)params + lo * (int64_t)l3d_dtype_size(opt->pdt),
+                               (char *)params + (lo - p0) * (int64_t)l3d_dtype_size(opt->pdt),
                                opt->master + (lo - s0), opt->m + (lo - s0), opt->v + (lo - s0),
                                grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2,
                                hp->eps, wd, bc1, bc2);
         else
-            l3d_be_adamw(be, L3D_F32, (float *)params + lo, opt->m + (lo - s0),
+            l3d_be_adamw(be, L3D_F32, (float *)params + (lo - p0), opt->m + (lo - s0),
                          opt->v + (lo - s0), grads + (lo - s0), grad_scale, hi - lo, lr,
                          hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
     }
+}
+
+void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
+                    const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
+                    int ntensors, float lr) {
+    adamw_step_at(opt, be, params, 0, grads, grad_scale, tensors, ntensors, lr);
+}
+
+void l3d_adamw_step_shard(struct l3d_adamw *opt, struct l3d_backend *be, void *shard,
+                          const float *grads, float grad_scale,
+                          const struct l3d_tensor_info *tensors, int ntensors, float lr) {
+    adamw_step_at(opt, be, shard, opt->start, grads, grad_scale, tensors, ntensors, lr);
 }
 
 float l3d_lr_at(const struct l3d_lr_schedule *s, int step) {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llm3d/dp.h"
+#include "parallel/dp-impl.h"
 #include "llm3d/tp.h"
 
 /* One reduction in flight: elements [off, off + n) of the flat parameter space, read from src. */
@@ -74,7 +74,7 @@ static void drain(struct l3d_dp *dp, int slot) {
         l3d_comm_done(dp->comm, was);
         if (p->stage && (p->root < 0 || p->root == dp->comm->rank)) /* the sum, widened back */
             l3d_be_convert(dp->m->be, dp->grad_dtype, p->src, dp->reduce_dtype, p->stage, p->n);
-        if (dp->zero == 2 && p->root == dp->comm->rank)
+        if (dp->zero >= 2 && p->root == dp->comm->rank)
             l3d_be_add_inplace(dp->m->be, dp->grad_dtype, dp->grad_shard + (p->off - dp->own_start),
                                p->src, p->n);
     }
@@ -96,6 +96,7 @@ static void progress_hook(void *ctx) {
     struct l3d_dp *dp = ctx;
     for (int s = 0; s < DP_SLOTS; s++)
         if (dp->npend[s] > 0) poll(dp, s);
+    l3d_dp_zero3_poll(dp);
 }
 
 static void reduce_nonlayer(struct l3d_dp *dp) {
@@ -140,20 +141,21 @@ static void grads_ready(void *ctx, int layer) {
                      slice);
     }
     poll(dp, 1);
-    if (dp->zero == 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */
+    if (dp->zero >= 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */
 }
 
 l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *comm, int zero,
                        size_t bucket_bytes, bool overlap) {
     memset(dp, 0, sizeof *dp);
-    if (zero < 0 || zero > 2)
+    if (zero < 0 || zero > 3)
         return l3d_error(L3D_ERR_ARG, "--zero %d: choose 0 (replicated optimizer), 1 (sharded "
-                         "optimizer state) or 2 (also sharded gradients)", zero);
+                         "optimizer state), 2 (also sharded gradients) or 3 (also sharded "
+                         "parameters)", zero);
     if (bucket_bytes < 4096)
         return l3d_error(L3D_ERR_ARG, "gradient bucket of %zu bytes is too small (at least 4 KiB)",
                          bucket_bytes);
-    if (zero == 2 && m->grads)
-        return l3d_error(L3D_ERR_ARG, "ZeRO-2 needs a model built with gradient slots");
+    if (zero >= 2 && m->grads)
+        return l3d_error(L3D_ERR_ARG, "ZeRO-%d needs a model built with gradient slots", zero);
     dp->m = m;
     dp->comm = comm;
     dp->param_dtype = m->dt;
@@ -169,7 +171,7 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     dp->own_count = zero > 0 ? N - dp->own_start : N;
     if (dp->own_count > dp->shard_size && zero > 0) dp->own_count = dp->shard_size;
     if (dp->own_count < 0) dp->own_count = 0;
-    if (zero == 2) {
+    if (zero >= 2) {
         size_t bytes = (size_t)(dp->own_count + 1) * gsize;
         dp->grad_shard = l3d_be_alloc(m->be, bytes, "gradient shard");
         if (!dp->grad_shard) {
@@ -181,6 +183,15 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
             return st;
         }
         l3d_be_memset(m->be, dp->grad_shard, 0, bytes); /* first touch now, not in the step */
+    }
+    if (zero == 3) {
+        l3d_status st = l3d_dp_zero3_init(dp);
+        if (st != L3D_OK) {
+            l3d_dp_zero3_free(dp);
+            l3d_be_free(m->be, dp->grad_shard);
+            memset(dp, 0, sizeof *dp);
+            return st;
+        }
     }
     /* the pending lists at their largest, allocated now rather than in the first step: a slice of
      * n elements goes out in at most n / bucket + 1 pieces, plus one per owner boundary crossed */
@@ -251,6 +262,7 @@ void l3d_dp_free(struct l3d_dp *dp) {
     for (int s = 0; s < DP_SLOTS; s++) l3d_free(dp->pend[s]);
     if (dp->m) stage_free(dp);
     if (dp->grad_shard) l3d_be_free(dp->m->be, dp->grad_shard);
+    if (dp->m) l3d_dp_zero3_free(dp);
     if (dp->m) {
         dp->m->hooks.grads_ready = NULL;
         dp->m->hooks.progress = NULL;
@@ -265,9 +277,9 @@ void l3d_dp_opt_range(const struct l3d_dp *dp, int64_t *start, int64_t *count) {
 }
 
 void l3d_dp_begin_micro(struct l3d_dp *dp, bool last) {
-    dp->sync = last || dp->zero == 2;
+    dp->sync = last || dp->zero >= 2;
     dp->piece_seq = 0;
-    if (dp->zero == 2) {
+    if (dp->zero >= 2) {
         /* the previous micro-batch's pieces were read from the slots and the non-layer buffer
          * that this backward overwrites; its non-layer gradients are in the shard now (when
          * deferred, they stay and accumulate in the non-layer buffer instead) */
@@ -290,7 +302,7 @@ void l3d_dp_finish(struct l3d_dp *dp) {
 
 /* Gradients of this rank's range as (pointer to global offset own_start). */
 static const float *own_grads(const struct l3d_dp *dp) {
-    return dp->zero == 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
+    return dp->zero >= 2 ? dp->grad_shard : dp->m->grads + dp->own_start;
 }
 
 void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool skip_wte) {
@@ -339,19 +351,24 @@ static void gather_ranges(struct l3d_dp *dp, void *buf, enum l3d_dtype dt, const
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale) {
     struct l3d_gpt *m = dp->m;
-    l3d_adamw_step(opt, be, m->params, own_grads(dp), grad_scale, m->tensors, L3D_NUM_TENSORS, lr);
+    if (dp->zero == 3) /* the shard is the parameters: nothing to gather until the next pass */
+        l3d_adamw_step_shard(opt, be, dp->param_shard, own_grads(dp), grad_scale, m->tensors,
+                             L3D_NUM_TENSORS, lr);
+    else
+        l3d_adamw_step(opt, be, m->params, own_grads(dp), grad_scale, m->tensors,
+                       L3D_NUM_TENSORS, lr);
     /* the updated ranges, in the model's type (16-bit in mixed precision, as Megatron-LM's
      * distributed optimizer gathers them) */
-    if (dp->zero > 0 && dp->comm->size > 1)
+    if ((dp->zero == 1 || dp->zero == 2) && dp->comm->size > 1)
         gather_ranges(dp, m->params, dp->param_dtype, "ZeRO parameter all-gather");
-    if (dp->zero == 2)
+    if (dp->zero >= 2)
         l3d_be_memset(m->be, dp->grad_shard, 0,
                       (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
     l3d_gpt_zero_grad(m);
 }
 
 void l3d_dp_skip_step(struct l3d_dp *dp) {
-    if (dp->zero == 2)
+    if (dp->zero >= 2)
         l3d_be_memset(dp->m->be, dp->grad_shard, 0,
                       (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
     l3d_gpt_zero_grad(dp->m);
@@ -373,7 +390,8 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
     const struct l3d_gpt *m = dp->m;
     struct l3d_dp_memory r = {0};
     size_t psize = l3d_dtype_size(dp->param_dtype), gsize = l3d_dtype_size(dp->grad_dtype);
-    r.params = (size_t)m->num_params * psize;
+    r.params = (size_t)(dp->zero == 3 ? dp->own_count : m->num_params) * psize;
+    r.gather = l3d_dp_zero3_gather_bytes(dp);
     /* AdamW's m and v, fp32, and the fp32 master weights in mixed precision */
     r.optimizer = (size_t)opt->n * (opt->master ? 3 : 2) * sizeof(float);
     if (m->grads) {
@@ -390,6 +408,8 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
 
 float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt) {
     struct l3d_gpt *m = dp->m;
+    if (dp->zero == 3) /* no whole copy anywhere: one for the call */
+        return l3d_be_alloc(m->be, (size_t)m->num_params * sizeof(float), "fp32 parameter staging");
     if (!opt->master) return m->params; /* fp32: the parameters themselves */
     if (opt->start == 0 && opt->n == m->num_params) return opt->master; /* the whole range */
     size_t bytes = (size_t)m->num_params * sizeof(float);
@@ -398,6 +418,12 @@ float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt) {
 }
 
 void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
+    if (dp->zero == 3) { /* this rank's range from the master weights or the fp32 shard */
+        const void *src = opt->master ? (const void *)opt->master : dp->param_shard;
+        l3d_be_copy_d2d(dp->m->be, buf + dp->own_start, src, (size_t)dp->own_count * sizeof(float));
+        if (dp->comm->size > 1) gather_ranges(dp, buf, L3D_F32, "fp32 parameter all-gather");
+        return;
+    }
     if (!opt->master || buf == opt->master) return; /* whole already */
     l3d_be_copy_d2d(dp->m->be, buf + opt->start, opt->master, (size_t)opt->n * sizeof(float));
     if (dp->comm->size > 1) gather_ranges(dp, buf, L3D_F32, "fp32 master-weight all-gather");
@@ -405,6 +431,17 @@ void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *b
 
 void l3d_dp_fp32_params_done(struct l3d_dp *dp, struct l3d_adamw *opt, float *buf, bool loaded) {
     struct l3d_gpt *m = dp->m;
+    if (dp->zero == 3 && buf) { /* this rank's range into its shard (and master weights) */
+        if (loaded) {
+            l3d_be_convert(m->be, m->dt, dp->param_shard, L3D_F32, buf + dp->own_start,
+                           dp->own_count);
+            if (opt->master)
+                l3d_be_copy_d2d(m->be, opt->master, buf + dp->own_start,
+                                (size_t)opt->n * sizeof(float));
+        }
+        l3d_be_free(m->be, buf);
+        return;
+    }
     if (!opt->master || !buf) return;
     if (loaded) { /* the model's 16-bit copy, and this rank's master range */
         l3d_be_convert(m->be, m->dt, m->params, L3D_F32, buf, m->num_params);

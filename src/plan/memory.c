@@ -32,7 +32,11 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
     double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
     if (rc == L3D_RECOMPUTE_SELECTIVE) att = 0.0;
-    double split = 8 * sbh + 4 * s * b * f + att;
+    /* their 8 s b h of attention is Q, K, V and the projection's input, 2 s b h each: with
+     * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
+     * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
+    double kv = (double)l3d_model_kv_heads(m) / m->NH;
+    double split = (4 + 4 * kv) * sbh + (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f + att;
     return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
@@ -64,6 +68,13 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
     ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->C) / lay->tp) *
                             (2LL * m->C + 1);
+    if (!l3d_plan_gpt2_blocks(m)) { /* other blocks: Megatron-LM's split of them */
+        struct l3d_plan_counts pc;
+        l3d_plan_param_counts(m, lay->tp, &pc);
+        ch->slot = (int64_t)pc.layer;
+        ch->nonlayer = (int64_t)((sh.has_embedding ? pc.embed : 0) + (sh.has_head ? pc.head : 0));
+        ch->n = ch->n_gpt = (int64_t)(sh.layer_count * pc.layer) + ch->nonlayer;
+    }
 }
 
 /* ch's sizes from the memo's entry of its shape (layers, first, last), if there is one */
@@ -157,8 +168,14 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         int64_t n = ch[k].n_gpt;
         int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
         int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
-        mem->params += w * n;
-        if (lay->zero == 2) {
+        if (lay->zero == 3) { /* the shard, the non-layer and prefetch + 1 layer gather buffers */
+            double bufs = lay->zero3_prefetch > 0 ? lay->zero3_prefetch + 1 : 1;
+            mem->params += w * (own + 1) + (w * (double)ch[k].nonlayer + 64) +
+                           bufs * (w * (double)ch[k].slot + 64);
+        } else {
+            mem->params += w * n;
+        }
+        if (lay->zero >= 2) {
             double slot = (double)ch[k].slot, nonlayer = (double)ch[k].nonlayer;
             mem->grads += (f32 * nonlayer + 64) + 2 * (f32 * slot + 64) + f32 * (own + 1);
         } else {
@@ -168,9 +185,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation
-         * and for each save (l3d_dp_fp32_params): allocated then freed, at the peak */
-        if (lay->zero == 2 && dt != L3D_F32) staging += f32 * n;
+        /* ZeRO-2 in mixed precision and ZeRO-3 in every precision stage the chunk's fp32
+         * parameters at initialisation and for each save (l3d_dp_fp32_params): allocated then
+         * freed, at the peak */
+        if ((lay->zero == 2 && dt != L3D_F32) || lay->zero == 3) staging += f32 * n;
     }
     /* the fp32 operands of the largest 16-bit product, once (freed after each product),
      * unless the profile says the products run in 16-bit kernels (gemm_native_T) */

@@ -5,6 +5,7 @@
 
 #include "llm3d/plan.h"
 #include "llm3d/spec.h"
+#include "plan-impl.h"
 
 l3d_status l3d_plan_model_check(const struct l3d_model_spec *m) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 1 || m->maxT < 1)
@@ -21,8 +22,9 @@ l3d_status l3d_plan_model_check(const struct l3d_model_spec *m) {
     /* weights and a layer's products alone, in double: a model beyond 10^15 parameters (500x
      * the largest trained) would overflow the planner's 64-bit element counts long before
      * anything could hold it */
-    double h = m->C;
-    double params = (double)m->L * (4 * h * h + 2 * h * (double)m->ffn) + (double)m->V * h;
+    if (m->NKV < 0 || (m->NKV > 0 && m->NH % m->NKV != 0))
+        return l3d_error(L3D_ERR_ARG, "--kv-heads %d must divide --heads %d", m->NKV, m->NH);
+    double params = l3d_model_param_count(m);
     if (params > 1e15)
         return l3d_error(L3D_ERR_ARG, "a model of %.3g parameters (--layers %d, --channels %d, "
                          "--ffn %lld, --vocab %d): the planner sizes models up to 10^15 "
@@ -38,7 +40,30 @@ struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_model_spec *m) {
 }
 
 int64_t l3d_plan_model_params(const struct l3d_model_spec *m) {
-    struct l3d_model_spec c = l3d_plan_model_gpt(m);
-    /* fcw, fcb and fcprojw of an MLP of width ffn instead of 4h */
-    return l3d_gpt_param_count(&c) + (int64_t)m->L * (m->ffn - 4LL * m->C) * (2LL * m->C + 1);
+    struct l3d_model_spec c = *m;
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
+    return (int64_t)l3d_model_param_count(&c);
+}
+
+bool l3d_plan_gpt2_blocks(const struct l3d_model_spec *m) {
+    return m->arch == L3D_ARCH_GPT2 && l3d_model_kv_heads(m) == m->NH &&
+           m->norm == L3D_NORM_LAYERNORM && m->mlp == L3D_MLP_GELU && m->pos == L3D_POS_LEARNED &&
+           !m->no_bias && !m->untied;
+}
+
+/* Megatron-LM's split of a layer over t ranks: column-parallel QKV (each rank its query heads and
+ * KV heads, a KV head replicated on the ranks of its query heads when t exceeds the KV heads, as
+ * Megatron-LM does) and MLP input(s), row-parallel projections; norms and row-parallel biases
+ * whole on every rank. */
+void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_plan_counts *o) {
+    double C = m->C, hd = (double)m->C / m->NH, F = (double)m->ffn, Vp = m->Vp > 0 ? m->Vp : m->V;
+    int kv = l3d_model_kv_heads(m);
+    double kv_local = kv >= t ? (double)kv / t : 1.0, q_local = (double)m->NH / t;
+    double bias = m->no_bias ? 0.0 : 1.0, norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C;
+    double qkv_rows = (q_local + 2 * kv_local) * hd;
+    double up = m->mlp == L3D_MLP_SWIGLU ? 2 * F / t : F / t;
+    o->layer = 2 * norm + qkv_rows * (C + bias) + q_local * hd * C + bias * C +
+               up * (C + bias) + F / t * C + bias * C;
+    o->embed = Vp / t * C + (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0);
+    o->head = norm + (m->untied ? Vp / t * C : 0.0);
 }

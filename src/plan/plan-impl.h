@@ -55,6 +55,15 @@ const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
 
 /* ---- chunks and their shapes (memory.c) --------------------------------------------------- */
 
+/* The model has GPT-2's blocks (the trainer's tensor table counts its chunks exactly). */
+bool l3d_plan_gpt2_blocks(const struct l3d_model_spec *m);
+/* Parameters a TP rank of t holds: one layer's, the first stage's embeddings, the last stage's
+ * final norm and untied head (model.c). */
+struct l3d_plan_counts {
+    double layer, embed, head;
+};
+void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_plan_counts *o);
+
 /* One chunk of a pipeline rank: its shard (TP rank 0, the one adding row biases) and how many
  * micro-batches' activations it keeps. */
 struct l3d_plan_chunk {

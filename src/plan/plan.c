@@ -118,8 +118,11 @@ static void eval_flops(const struct l3d_model_spec *m, const struct l3d_profile 
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
      * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
      * forward per token: 24 h^2 = 2 (3h^2 + h^2 + 2 h f) with f = 4h, plus attention's 4 s h */
-    double f = (double)m->ffn;
-    double layer_f = 8 * h * h + 4 * h * f + 4 * s * h, head = 6 * h * c.Vp;
+    double f = (double)m->ffn, kv = l3d_model_kv_heads(m) * (h / m->NH);
+    /* grouped-query attention's K and V products are kv/h of Q's; SwiGLU has three f x h
+     * matrices where GELU has two (so Llama's 8h^2 + 6hf + 4sh with kv = h) */
+    double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * h * f;
+    double layer_f = 2 * (2 * h * h + 2 * h * kv) + mlp + 4 * s * h, head = 6 * h * c.Vp;
     r->model_flops = G * s * (3 * L * layer_f + head);
     /* the recomputed forward (chunk_time, time.c): full, a layer's; selective, the attention
      * core's 4 s h a token, none with a fused attention */

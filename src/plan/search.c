@@ -58,6 +58,8 @@ struct walk {
     int top, *n_out;
     struct l3d_plan_search_stats *stats;
     struct l3d_plan_cache cache;
+    void (*each)(void *, const struct l3d_plan_result *); /* every valid layout, or NULL */
+    void *each_ctx;
     l3d_status first_err;               /* of the first layout that was not valid */
     char first_msg[512];
 };
@@ -66,8 +68,9 @@ struct walk {
  * evaluated, kept when it fits and is among the fastest. */
 static void walk_variants(struct walk *w, const struct l3d_layout *base) {
     const struct l3d_plan_fixed *fx = w->fx;
-    for (int z = 0; z <= 2; z++) {
+    for (int z = 0; z <= 3; z++) {
         if (fx->zero >= 0 ? z != fx->zero : (z > 0 && base->dp == 1)) continue;
+        if (z == 3 && !l3d_plan_trainer(w->run)) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
         for (int rc = 0; rc <= 2; rc++) {
             if (fx->recompute >= 0 && rc != fx->recompute) continue;
             for (int sp = 0; sp <= 1; sp++) {
@@ -87,6 +90,7 @@ static void walk_variants(struct walk *w, const struct l3d_layout *base) {
                     continue;
                 }
                 w->stats->valid++;
+                if (w->each) w->each(w->each_ctx, &res);
                 if (!res.fits) continue;
                 w->stats->fit++;
                 keep(w->out, w->top, w->n_out, &res);
@@ -122,6 +126,15 @@ l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_prof
                            const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
                            struct l3d_plan_result *out, int top, int *n_out,
                            struct l3d_plan_search_stats *stats) {
+    return l3d_plan_search_each(m, prof, run, fx, out, top, n_out, stats, NULL, NULL);
+}
+
+l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                                const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
+                                struct l3d_plan_result *out, int top, int *n_out,
+                                struct l3d_plan_search_stats *stats,
+                                void (*each)(void *, const struct l3d_plan_result *),
+                                void *each_ctx) {
     double t0 = l3d_time_s();
     struct l3d_profile tmp;
     prof = l3d_plan_run_profile(prof, run, &tmp);
@@ -137,7 +150,8 @@ l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_prof
     int64_t ranks = run->devices / th;
     if ((st = check_fixed(m, run, fx, th, ranks)) != L3D_OK) return st;
     struct walk w = {.m = m, .prof = prof, .run = run, .fx = fx, .out = out, .top = top,
-                     .n_out = n_out, .stats = stats, .first_err = L3D_OK};
+                     .n_out = n_out, .stats = stats, .each = each, .each_ctx = each_ctx,
+                     .first_err = L3D_OK};
     int dpn = prof->devices_per_node;
     for (int64_t tp = 1; tp <= ranks; tp++) {
         if (ranks % tp || (fx->tp && tp != fx->tp)) continue;

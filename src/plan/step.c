@@ -5,7 +5,8 @@
 #include "plan-impl.h"
 
 /* DP: gradients reduced over d replicas (all-reduce; ZeRO-1 reduce-scatter + all-gather of the
- * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch) of the largest rank's
+ * parameters, the same bus volume; ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 also
+ * all-gathers the parameters twice a micro-batch, 1.5x ZeRO-2's volume) of the largest rank's
  * n_max parameters, gb bytes a gradient, what the backward (bwd_of_max a micro-batch) hides of it
  * left out. */
 static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, double bwd_of_max,
@@ -32,13 +33,23 @@ static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, do
     double d = lay->dp;
     double rs = (d - 1) / d * n_max * gb / bw + (d - 1) * lat;
     double ag = (d - 1) / d * n_max * pb / bw + (d - 1) * lat;
-    double comm = lay->zero == 2 ? mm * rs + ag : rs + ag;
+    double comm = lay->zero == 3   ? mm * (rs + 2 * ag)
+                  : lay->zero == 2 ? mm * rs + ag
+                                   : rs + ag;
     /* What runs during backward can hide behind it: ZeRO-0's whole all-reduce, ZeRO-1's
      * reduction (its parameter all-gather follows the optimizer step), ZeRO-2's reduction of
      * every micro-batch; of that, the profile's dp_overlap fraction while there is backward
-     * left to hide behind, never the last bucket (at least a tenth stays exposed). */
-    double during = lay->zero == 0 ? comm : lay->zero == 2 ? mm * rs : rs;
-    double window = lay->zero == 2 ? mm * bwd_of_max : bwd_of_max;
+     * left to hide behind, never the last bucket (at least a tenth stays exposed). ZeRO-3
+     * gathers every layer's parameters in each micro-batch's forward and again in its backward,
+     * behind both when prefetching (the forward taken as half the backward: 2 of the 6 N
+     * FLOPs a token), else only its reductions hide. */
+    double during = lay->zero == 0   ? comm
+                    : lay->zero == 3 ? (lay->zero3_prefetch > 0 ? comm : mm * rs)
+                    : lay->zero == 2 ? mm * rs
+                                     : rs;
+    double window = lay->zero == 3   ? mm * 1.5 * bwd_of_max
+                    : lay->zero == 2 ? mm * bwd_of_max
+                                     : bwd_of_max;
     double hide = fmin(window, 0.9 * during);
     return comm - prof->dp_overlap * hide;
 }
@@ -64,7 +75,7 @@ static double optimizer_time(const struct l3d_plan_tctx *x, const struct l3d_pla
                              double eb, double n_max) {
     const struct l3d_layout *lay = x->lay;
     double n_opt = lay->zero >= 1 ? n_max / lay->dp : n_max;
-    double n_zero = lay->zero == 2 ? n_opt : n_max;
+    double n_zero = lay->zero >= 2 ? n_opt : n_max;
     double opt_bytes = !x->fp32 ? 32.0 : run->llm3d ? 28.0 + x->e : 28.0;
     return n_opt * opt_bytes / x->bw_k[L3D_KERN_ADAMW] +
            (n_opt + n_zero) * eb / x->bw_k[L3D_KERN_RESIDUAL];

@@ -165,10 +165,11 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     /* per layer: QKV, attention projection, MLP up and down (column / row parallel), each on the
      * micro-batch's b s tokens (all of them under SP too: the all-gather comes first), forward
      * and its two backward products */
-    double f = (double)m->ffn, g = 0, gb = 0;
-    linear(x, N, 3 * h / t, h, &g, &gb);
+    double f = (double)m->ffn, g = 0, gb = 0, kv = l3d_model_kv_heads(m) * (h / m->NH);
+    bool swiglu = m->mlp == L3D_MLP_SWIGLU;
+    linear(x, N, (h + 2 * kv) / t, h, &g, &gb); /* q, k, v: kv = h without grouped queries */
     linear(x, N, h, h / t, &g, &gb);
-    linear(x, N, f / t, h, &g, &gb);
+    linear(x, N, (swiglu ? 2 : 1) * f / t, h, &g, &gb); /* SwiGLU's gate and up, fused */
     linear(x, N, h, f / t, &g, &gb);
     /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
     double at, atb;
@@ -178,7 +179,10 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
      * traffic of the same kernels */
     double el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
                          6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL] +
-                         2 * f / t / x->bw_k[L3D_KERN_GELU]);
+                         (swiglu ? 3 : 2) * f / t / x->bw_k[L3D_KERN_GELU]);
+    /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add; SwiGLU
+     * reads two f-wide inputs where GELU reads one (above) */
+    if (m->pos == L3D_POS_ROPE) el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
     /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
      * volume), two backward; the profile's tp_overlap of it hidden behind compute */
     double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e) : 0.0;

@@ -3,6 +3,9 @@
 #include <stdlib.h>
 
 #include "llm3d/runtime.h"
+#ifdef L3D_CUDA
+#include "comm/nccl.h"
+#endif
 
 l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_opts *o,
                             struct l3d_runtime **out) {
@@ -38,6 +41,9 @@ l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_op
     }
     /* every communicator split from the world (the topology's) takes the backend's buffers */
     if (rt->world) l3d_comm_use_backend(rt->world, rt->be);
+#ifdef L3D_CUDA /* a CUDA backend's world: NCCL, or MPI through host copies (src/comm/nccl.h) */
+    if (rt->world) l3d_comm_device_world(rt->world, rt->be, &rt->world);
+#endif
     *out = rt;
     return L3D_OK;
 }
@@ -56,6 +62,9 @@ void l3d_runtime_free(struct l3d_runtime *rt) {
     if (rt->has_topo) l3d_topo_free(&rt->topo);
     if (rt->world) l3d_comm_use_backend(rt->world, NULL);
     if (rt->be) l3d_backend_free(rt->be);
+#ifdef L3D_CUDA
+    rt->world = l3d_comm_device_release(rt->world);
+#endif
     if (rt->mpi) l3d_comm_mpi_finalize(rt->world);
     free(rt);
 }

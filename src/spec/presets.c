@@ -5,39 +5,73 @@
 
 #include "llm3d/spec.h"
 
+/* Llama blocks (RMSNorm, SwiGLU, RoPE, no biases, untied head) with these KV heads, MLP width and
+ * RoPE theta; a GPT-2 preset leaves them zero. */
+struct llama {
+    int NKV;
+    int64_t ffn;
+    double theta;
+    struct l3d_rope scaling; /* Llama 3.1's frequency scaling, where its release has it */
+};
+
+#define LLAMA(kv_heads, mlp_width, rope_theta) \
+    {.NKV = kv_heads, .ffn = mlp_width, .theta = rope_theta}
+
 static const struct preset {
     const char *name, *alias, *note;
     int L, C, NH, V, maxT;
+    struct llama llama;
 } presets[] = {
     /* GPT-2 (Radford et al. 2019) and llm3d's test size */
-    {"tiny", NULL, NULL, 2, 64, 4, 256, 64},
-    {"d6", NULL, NULL, 6, 384, 6, 50257, 1024},
-    {"d12", "gpt2", "124M", 12, 768, 12, 50257, 1024},
-    {"d24", "gpt2-medium", "350M", 24, 1024, 16, 50257, 1024},
-    {"d36", "gpt2-large", "774M", 36, 1280, 20, 50257, 1024},
-    {"d48", "gpt2-xl", "1.5B", 48, 1600, 25, 50257, 1024},
+    {"tiny", NULL, NULL, 2, 64, 4, 256, 64, {0}},
+    {"d6", NULL, NULL, 6, 384, 6, 50257, 1024, {0}},
+    {"d12", "gpt2", "124M", 12, 768, 12, 50257, 1024, {0}},
+    {"d24", "gpt2-medium", "350M", 24, 1024, 16, 50257, 1024, {0}},
+    {"d36", "gpt2-large", "774M", 36, 1280, 20, 50257, 1024, {0}},
+    {"d48", "gpt2-xl", "1.5B", 48, 1600, 25, 50257, 1024, {0}},
     /* Dash et al. 2023, "Optimizing Distributed Training on Frontier for Large Language Models"
      * (arXiv 2312.12705): the configurations of the authors' scripts */
-    {"frontier-22b", NULL, NULL, 48, 6144, 48, 50257, 2048},
-    {"frontier-175b", NULL, NULL, 96, 12288, 96, 50257, 2048},
-    {"frontier-1t", NULL, NULL, 128, 25600, 128, 50257, 2048},
+    {"frontier-22b", NULL, NULL, 48, 6144, 48, 50257, 2048, {0}},
+    {"frontier-175b", NULL, NULL, 96, 12288, 96, 50257, 2048, {0}},
+    {"frontier-1t", NULL, NULL, 128, 25600, 128, 50257, 2048, {0}},
     /* Brown et al. 2020, Table 2.1 */
-    {"gpt3-175b", NULL, NULL, 96, 12288, 96, 50257, 2048},
+    {"gpt3-175b", NULL, NULL, 96, 12288, 96, 50257, 2048, {0}},
     /* Narayanan et al. 2021 (Megatron-LM on A100), Table 1: V = 51200, s = 2048 */
-    {"megatron-1.7b", NULL, NULL, 24, 2304, 24, 51200, 2048},
-    {"megatron-3.6b", NULL, NULL, 30, 3072, 32, 51200, 2048},
-    {"megatron-7.5b", NULL, NULL, 36, 4096, 32, 51200, 2048},
-    {"megatron-18b", NULL, NULL, 40, 6144, 48, 51200, 2048},
-    {"megatron-39b", NULL, NULL, 48, 8192, 64, 51200, 2048},
-    {"megatron-76b", NULL, NULL, 60, 10240, 80, 51200, 2048},
-    {"megatron-145b", NULL, NULL, 80, 12288, 96, 51200, 2048},
-    {"megatron-310b", NULL, NULL, 96, 16384, 128, 51200, 2048},
-    {"megatron-530b", NULL, NULL, 105, 20480, 128, 51200, 2048},
-    {"megatron-1t", NULL, NULL, 128, 25600, 160, 51200, 2048},
+    {"megatron-1.7b", NULL, NULL, 24, 2304, 24, 51200, 2048, {0}},
+    {"megatron-3.6b", NULL, NULL, 30, 3072, 32, 51200, 2048, {0}},
+    {"megatron-7.5b", NULL, NULL, 36, 4096, 32, 51200, 2048, {0}},
+    {"megatron-18b", NULL, NULL, 40, 6144, 48, 51200, 2048, {0}},
+    {"megatron-39b", NULL, NULL, 48, 8192, 64, 51200, 2048, {0}},
+    {"megatron-76b", NULL, NULL, 60, 10240, 80, 51200, 2048, {0}},
+    {"megatron-145b", NULL, NULL, 80, 12288, 96, 51200, 2048, {0}},
+    {"megatron-310b", NULL, NULL, 96, 16384, 128, 51200, 2048, {0}},
+    {"megatron-530b", NULL, NULL, 105, 20480, 128, 51200, 2048, {0}},
+    {"megatron-1t", NULL, NULL, 128, 25600, 160, 51200, 2048, {0}},
+    /* llm3d's small Llama models, for tests and examples: GPT-2's d6 and tiny with Llama's
+     * blocks, grouped-query attention (2 and 3 query heads a KV head) and a SwiGLU width of
+     * about 8C/3 rounded up to a multiple of 64, as Llama sizes its MLPs */
+    {"llama-tiny", NULL, NULL, 2, 64, 4, 256, 64, LLAMA(2, 192, 10000.0)},
+    {"llama-d6", NULL, NULL, 6, 384, 6, 50257, 1024, LLAMA(2, 1024, 10000.0)},
+    /* Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models", Table 1 and
+     * sec. 2.2 (context 4096, GQA with 8 KV heads for 70B) and the released models' config.json
+     * (MLP widths, vocabulary 32000, RoPE theta 10000) */
+    {"llama2-7b", NULL, NULL, 32, 4096, 32, 32000, 4096, LLAMA(32, 11008, 10000.0)},
+    {"llama2-13b", NULL, NULL, 40, 5120, 40, 32000, 4096, LLAMA(40, 13824, 10000.0)},
+    {"llama2-70b", NULL, NULL, 80, 8192, 64, 32000, 4096, LLAMA(8, 28672, 10000.0)},
+    /* Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 (layers, model and FFN dimensions,
+     * heads, 8 KV heads, vocabulary 128K = 128,256 in the released tokenizer, RoPE theta 500,000)
+     * at the 8,192-token sequence of their initial pre-training (sec. 3.4.1); 405B as released
+     * (Llama 3.1), with the frequency scaling of its config.json for the 128K context */
+    {"llama3-8b", NULL, NULL, 32, 4096, 32, 128256, 8192, LLAMA(8, 14336, 500000.0)},
+    {"llama3-70b", NULL, NULL, 80, 8192, 64, 128256, 8192, LLAMA(8, 28672, 500000.0)},
+    {"llama3-405b", NULL, NULL, 126, 16384, 128, 128256, 8192,
+     {.NKV = 8, .ffn = 53248, .theta = 500000.0,
+      .scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                  .original_context = 8192}}},
 };
 
 const char *l3d_model_preset_names(void) {
-    static char names[1024];
+    static char names[2048];
     if (names[0]) return names;
     size_t k = 0;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && k < sizeof names; i++) {
@@ -60,6 +94,17 @@ l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
         m->NH = p->NH;
         m->V = p->V;
         m->maxT = p->maxT;
+        if (p->llama.NKV) {
+            m->arch = L3D_ARCH_LLAMA;
+            m->norm = L3D_NORM_RMSNORM;
+            m->mlp = L3D_MLP_SWIGLU;
+            m->pos = L3D_POS_ROPE;
+            m->no_bias = m->untied = true;
+            m->NKV = p->llama.NKV;
+            m->ffn = p->llama.ffn;
+            m->rope = p->llama.scaling;
+            m->rope.theta = p->llama.theta;
+        }
         return l3d_gpt_config_finish(m);
     }
     return l3d_error(L3D_ERR_ARG, "--model '%s' is not a preset: choose one of %s, or give "

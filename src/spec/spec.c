@@ -11,6 +11,7 @@
 /* The most data-parallel ranks ZeRO shards over in llm3d's trainer: l3d_dp_step all-gathers
  * from a table of that many ranks (src/parallel/dp.c). */
 #define ZERO_MAX_DP 256
+#define ZERO3_MAX_PREFETCH 64
 /* Micro-batches a step at most: the schedule holds a few actions for each (src/parallel/pipeline.c)
  * and the planner times each on a timeline; 2^24 is a global batch no run has used. */
 #define MAX_MICRO (1LL << 24)
@@ -19,8 +20,8 @@ void l3d_run_spec_defaults(struct l3d_run_spec *s) {
     memset(s, 0, sizeof *s);
     s->layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .dp = 0, .v = 1,
                                     .schedule = L3D_PP_1F1B, .micro_batch = 4, .seq = 64,
-                                    .accum = 1, .zero = 0, .recompute = L3D_RECOMPUTE_NONE,
-                                    .bucket_bytes = 4u << 20};
+                                    .accum = 1, .zero = 0, .zero3_prefetch = 1,
+                                    .recompute = L3D_RECOMPUTE_NONE, .bucket_bytes = 4u << 20};
     /* Megatron-LM's: --initial-loss-scale 2^32, --min-loss-scale 1, --loss-scale-window 1000,
      * --hysteresis 2, and DynamicGradScaler's growth 2 and back-off 0.5 */
     s->precision = (struct l3d_precision){
@@ -70,7 +71,7 @@ void l3d_param_bytes(const struct l3d_precision *p, int zero, int dp, struct l3d
     b->params_full = w;
     b->grads_full = g;
     b->optimizer_full = opt;
-    b->params = w;
+    b->params = zero >= 3 ? w / d : w;
     b->grads = zero >= 2 ? g / d : g;
     b->optimizer = zero >= 1 ? opt / d : opt;
     b->total = b->params + b->grads + b->optimizer;
@@ -156,6 +157,11 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
     if (ffn % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", l->tp,
             (long long)ffn);
+    int kv = l3d_model_kv_heads(m);
+    if (m->NH % l->tp == 0 && kv % l->tp != 0 && l->tp % kv != 0)
+        add(e, L3D_ERR_LAYOUT, "--tp %d and the model's %d key/value heads: the heads must divide "
+            "by it, or it by them (each KV head then replicated on tp / kv-heads ranks, as "
+            "Megatron-LM does); choose a divisor or a multiple of %d", l->tp, kv, kv);
     int Vp = (m->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
     if (ctx->train && Vp % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the padded vocabulary %d (the vocabulary "
@@ -232,13 +238,20 @@ static int64_t check_batch(const struct l3d_model_spec *m, const struct l3d_layo
 
 static void check_zero(const struct l3d_layout *l, const struct l3d_spec_ctx *ctx, int dp,
                        struct l3d_spec_errors *e) {
-    if (l->zero < 0 || l->zero > 2)
-        add(e, L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state) or 2 (also "
-            "sharded gradients)", l->zero);
+    if (l->zero < 0 || l->zero > 3)
+        add(e, L3D_ERR_ARG, "--zero %d: choose 0, 1 (sharded optimizer state), 2 (also sharded "
+            "gradients) or 3 (also sharded parameters)", l->zero);
     else if (ctx->train && l->zero > 0 && dp > ZERO_MAX_DP)
         add(e, L3D_ERR_LAYOUT, "--zero %d over %d data-parallel replicas: ZeRO shards over at "
             "most %d; give --zero 0, or fewer replicas (a larger --tp or --pp)", l->zero, dp,
             ZERO_MAX_DP);
+    if (l->zero3_prefetch_set && l->zero != 3)
+        add(e, L3D_ERR_ARG, "--zero3-prefetch %d: prefetching gathers parameters ahead under "
+            "--zero 3 only (here --zero %d): drop it or give --zero 3", l->zero3_prefetch,
+            l->zero);
+    else if (l->zero3_prefetch < 0 || l->zero3_prefetch > ZERO3_MAX_PREFETCH)
+        add(e, L3D_ERR_ARG, "--zero3-prefetch %d: at most %d layers ahead (each holds one more "
+            "layer's parameters)", l->zero3_prefetch, ZERO3_MAX_PREFETCH);
     if (l->recompute < L3D_RECOMPUTE_NONE || l->recompute > L3D_RECOMPUTE_FULL)
         add(e, L3D_ERR_ARG, "--recompute: mode %d is not none, selective or full",
             (int)l->recompute);

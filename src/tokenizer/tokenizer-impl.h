@@ -7,7 +7,75 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "llm3d/core.h"
+
+struct merge_slot {
+    uint64_t key; /* (left << 32 | right) + 1; 0 = empty */
+    int32_t rank, result;
+};
+
+/* A table from token bytes to id: for reading merges, and for tiktoken's whole pre-token look-up. */
+struct bytes_index {
+    int32_t *slot; /* id + 1; 0 = empty */
+    uint64_t mask;
+};
+
+/* The special tokens of a vocabulary (tiktoken's special_tokens, tokenizer.json's special added
+ * tokens): spelled in user text they are encoded as text unless the caller allows them. */
+struct tok_special {
+    int32_t *id;
+    int n;
+};
+
+struct l3d_tokenizer {
+    int V, eot, bot;       /* bot: begin-of-text, -1 when there is none */
+    unsigned char *blob;   /* the bytes of every token, one after the other */
+    int64_t *off;          /* (V+1) offsets into blob; a rank file's unused ids are empty */
+    int32_t byte_id[256];  /* the token of each single byte (-1 when decoding only) */
+    int nmerges;
+    struct merge_slot *merges; /* open addressing, mmask+1 slots */
+    uint64_t mmask;
+    pcre2_code *re;        /* NULL when decoding only */
+    /* tiktoken (and tokenizer.json's ignore_merges): a pre-token that is a token is that token,
+     * before any merge; ix finds it */
+    bool whole_first;
+    struct bytes_index ix;
+    struct tok_special special;
+};
+
+void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t);
+int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                       const unsigned char *s, size_t n);
+/* Inserts the merge (a, b) -> result at rank; false when the pair is there already (it keeps its
+ * first rank). The table must have a free slot. */
+bool l3d_tok_merge_insert(struct l3d_tokenizer *t, int32_t a, int32_t b, int32_t rank,
+                          int32_t result);
+/* t->merges sized for n merges (load factor <= 1/2), empty. */
+void l3d_tok_merges_alloc(struct l3d_tokenizer *t, uint64_t n);
+
+/* Compiles a pre-tokenisation pattern written in the syntax of tiktoken's and tokenizer.json's
+ * patterns (Rust/Python regex: \p{L}, \p{N}, \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo}, \p{M},
+ * \s, \S, (?i:...), (?!...)) into t->re, with the Unicode classes spelled out from
+ * unicode_classes.h and \s as the White_Space property (src/tokenizer/pattern.c). `what` names
+ * the pattern's origin in errors. */
+l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const char *what);
+#define L3D_GPT2_PATTERN \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* cl100k_base's and Llama 3's pattern (the same), and o200k_base's, as tiktoken writes them */
+#define L3D_CL100K_PATTERN \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define L3D_O200K_PATTERN \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* Base64 (RFC 4648, with padding) of s[0..n) into out (at least 3n/4 bytes); -1 when malformed. */
+long l3d_tok_base64(const char *s, size_t n, unsigned char *out);
 
 /* GPT-2's bytes_to_unicode (encoder.py): byte b is spelled as code point l3d_byte_cp[b]; the
  * printable bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF as themselves, the others as 256, 257, ... in
@@ -24,7 +92,6 @@ l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, s
 
 /* A tokenizer of the 256 single bytes only (no merges), with GPT-2's pattern: for pre-tokenizing,
  * and --tokenizer bytes (l3d_tokenizer_open). */
-struct l3d_tokenizer;
 l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out);
 
 /* Where to end a piece of text[a..b) of about `target` bytes so that pieces encode apart exactly as
@@ -42,5 +109,11 @@ l3d_status l3d_tok_parse_encoder_json(struct l3d_tokenizer *t, const char *path,
 l3d_status l3d_tok_parse_merges(struct l3d_tokenizer *t, const char *path, char *txt, size_t n);
 l3d_status l3d_tok_parse_llmc(struct l3d_tokenizer **out, const char *path, const char *buf,
                               size_t n);
+/* A tiktoken rank file (lines "base64 rank") into an empty t: tokens, rank merges, pattern and
+ * special tokens of the encoding its rank count names (src/tokenizer/tiktoken.c). */
+l3d_status l3d_tok_parse_tiktoken(struct l3d_tokenizer *t, const char *path, const char *txt,
+                                  size_t n);
+/* A Hugging Face tokenizer.json (text js of n bytes) into an empty t (src/tokenizer/hf.c). */
+l3d_status l3d_tok_parse_hf(struct l3d_tokenizer *t, const char *path, const char *js, size_t n);
 
 #endif

@@ -261,7 +261,7 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
         for (int pp = 1; pp <= world / tp; pp++) {
             if ((world / tp) % pp) continue;
             int dp = world / tp / pp;
-            for (int z = 0; z <= 2; z++) {
+            for (int z = 0; z <= 3; z++) {
                 if (z > 0 && dp == 1) continue;
                 for (int r = 0; r <= 2; r++) {
                     for (int half = 0; half <= 3; half++) { /* --batch B / 2^half */

@@ -23,6 +23,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         mem.optimizer += mc.optimizer;
         mem.grad_scratch += mc.grad_scratch;
         mem.reduce_staging += mc.reduce_staging;
+        mem.gather += mc.gather;
     }
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
     double d = t->topo->dp, MiB = 1048576.0;
@@ -57,8 +58,8 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     const bool mixed = tc->precision.param != L3D_F32;
     struct l3d_param_bytes pb;
     l3d_param_bytes(&tc->precision, tc->layout.zero, (int)d, &pb);
-    char fpar[8], fgrad[16], fopt[16];
-    snprintf(fpar, sizeof fpar, "%.0fN", pb.params_full);
+    char fpar[16], fgrad[16], fopt[16];
+    snprintf(fpar, sizeof fpar, "%.0fN%s", pb.params_full, tc->layout.zero >= 3 ? "/dp" : "");
     snprintf(fgrad, sizeof fgrad, "%.0fN%s", pb.grads_full, tc->layout.zero >= 2 ? "/dp" : "");
     snprintf(fopt, sizeof fopt, "%.0fN%s", pb.optimizer_full, tc->layout.zero >= 1 ? "/dp" : "");
     double want = pb.total * Nl;
@@ -72,6 +73,10 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     if (mem.reduce_staging > 0)
         printf(", %s reduction staging %.1f MiB", l3d_dtype_name(tc->precision.reduce),
                mem.reduce_staging / MiB);
+    if (tc->layout.zero == 3) /* ZeRO-3: what the gathers hold beside the shard */
+        printf(", ZeRO-3 gather buffers %.1f MiB (%d layers in flight: 1 + --zero3-prefetch %d, "
+               "and the non-layer tensors)", mem.gather / MiB, tc->layout.zero3_prefetch + 1,
+               tc->layout.zero3_prefetch);
     printf("\n");
     if (mixed)
         printf("products: %s\n",
@@ -136,6 +141,9 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                      t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
+    if (t->tc->layout.zero == 3 && n > 0 && n < (int)sizeof line)
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"zero3_gather_wait_ms\":%.3f",
+                      s->gather_wait_s * 1e3);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
     if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)

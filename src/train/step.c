@@ -75,7 +75,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     const struct l3d_pp_schedule *sched = &t->lay.sched;
     int v = t->lay.v, pp = t->lay.pp, r = topo->pp_rank;
     double t0 = l3d_time_s();
-    for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = 0.0;
+    for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
@@ -127,10 +127,13 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     double b[2] = {idle, pipe_s};
     l3d_comm_doing(t->world, "pipeline bubble sum", -1, -1);
     if (pp > 1) sum_f64(t->world, b, 2);
-    double cw = 0.0;
-    for (int c = 0; c < v; c++) cw += t->dps[c].comm_wait_s;
+    double cw = 0.0, gw = 0.0;
+    for (int c = 0; c < v; c++) {
+        cw += t->dps[c].comm_wait_s;
+        gw += t->dps[c].gather_wait_s;
+    }
     *s = (struct l3d_step_stats){.loss = loss, .norm = norm, .seconds = dt, .optimizer_s = dt_opt,
-                                 .comm_wait_s = cw, .lr = lr, .val_loss = NAN,
+                                 .comm_wait_s = cw, .gather_wait_s = gw, .lr = lr, .val_loss = NAN,
                                  .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0,
                                  .skipped = skip, .skip_rank = bad_rank, .stall_s = stall_s,
                                  .overflow = overflow, .loss_scale = t->ls.on ? scale : 0.0};

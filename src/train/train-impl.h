@@ -74,6 +74,7 @@ struct l3d_trainer {
 /* What one step measured. */
 struct l3d_step_stats {
     double loss, norm, seconds, optimizer_s, comm_wait_s, bubble, tokens_per_s, mfu;
+    double gather_wait_s; /* ZeRO-3: of comm_wait_s, the parameter all-gathers' waits */
     float lr, val_loss; /* val_loss NaN when validation was not due */
     bool skipped;       /* no update: a rank saw a non-finite loss or gradient norm ... */
     bool overflow;      /* ... an fp16 overflow: finite loss, Inf/NaN gradients (scaled) */

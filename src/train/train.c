@@ -203,6 +203,17 @@ static l3d_status init_one(struct l3d_trainer *t, struct l3d_gpt *m) {
     return L3D_OK;
 }
 
+/* Where the chunks' gradients live: ZeRO-2's slots, ZeRO-3's slots without resident parameters. */
+static enum l3d_grad_mode grad_mode(int zero) {
+    return zero == 3 ? L3D_GRADS_SHARDED : zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT;
+}
+
+/* Whether the initial weights go through the fp32 views (init_weights) rather than straight into
+ * the chunks: mixed precision (master weights) and ZeRO-3 (no whole parameter buffer). */
+static bool through_views(const struct l3d_train_config *tc) {
+    return tc->precision.param != L3D_F32 || tc->layout.zero == 3;
+}
+
 /* This rank's model chunks (chunk c is virtual stage c pp + pp_rank), their weights, TP hooks and
  * data-parallel states; the caller agrees after. */
 static l3d_status build_chunks(struct l3d_trainer *t) {
@@ -222,8 +233,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
         st =
             l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch,
-                            tc->layout.seq, tc->layout.zero == 2 ? L3D_GRADS_SLOTS : L3D_GRADS_FLAT,
-                            slots, tc->layout.recompute, tc->precision.param);
+                            tc->layout.seq, grad_mode(tc->layout.zero), slots,
+                            tc->layout.recompute, tc->precision.param);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
         t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch,
@@ -233,7 +244,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         /* fp32: the weights now, into the parameters, while the host staging of the initial
          * values is the largest thing allocated (before the optimizer state, as the memory plan
          * has it); mixed precision: through the fp32 views once the master weights exist */
-        if (tc->precision.param == L3D_F32) st = init_one(t, t->chunks[c]);
+        if (!through_views(tc)) st = init_one(t, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->layout.zero,
@@ -241,6 +252,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         if (st != L3D_OK) break;
         t->ndp++;
         st = l3d_dp_reduce_in(&t->dps[c], tc->precision.reduce);
+        if (st == L3D_OK && tc->layout.zero == 3)
+            st = l3d_dp_zero3_prefetch(&t->dps[c], tc->layout.zero3_prefetch);
         if (st != L3D_OK) break;
         if (!tc->dp_blocking && tc->progress == L3D_PROGRESS_POLL)
             l3d_dp_poll_kernels(&t->dps[c]);
@@ -256,7 +269,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
  * mixed precision, with the initial weights in them. */
 static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
     l3d_status st = views_begin(t, false, res);
-    for (int c = 0; c < t->lay.v && st == L3D_OK && t->tc->precision.param != L3D_F32; c++)
+    for (int c = 0; c < t->lay.v && st == L3D_OK && through_views(t->tc); c++)
         st = init_one(t, t->vptr[c]);
     return agree(t->world, st, res);
 }

@@ -100,4 +100,22 @@ expect_error "tokenizer encode --text without its value" "^llm3d tokenizer: .*fl
 expect_error "tokenizer train --tokenizer: refused" "tokenizer train learns a vocabulary.*--tokenizer" \
     "$bin" tokenizer train --tokenizer bytes --vocab-size 300 --out "$dir/x" "$dir/corpus.txt"
 check "  ... nothing written" test ! -e "$dir/x"
+
+# llama3 (installed by scripts/setup.sh --tokenizers, as make test does): documents start with
+# <|begin_of_text|>, 32-bit shards (llm.c's Llama 3 format) that inspect, decode and train read
+check "prepare --tokenizer llama3 --doc-token bot" "$bin" prepare --tokenizer llama3 --doc-token bot \
+    --doc-separator % --val-fraction 0.1 --out "$dir/l3" "$dir/corpus.txt"
+check "  ... llm.c's Llama 3 header (20240801, version 7)" test "$(od -A n -t d4 -N 8 "$dir/l3/train_000000.bin" | tr -s ' ')" = " 20240801 7"
+check "  ... inspect says uint32 and decodes" sh -c "'$bin' inspect --tokenizer llama3 '$dir/l3/train_000000.bin' | \
+    grep -q 'uint32 tokens' && '$bin' inspect --tokenizer llama3 '$dir/l3/train_000000.bin' | grep -q '<|begin_of_text|>fortune'"
+check "  ... every document starts with begin-of-text" test "$("$bin" tokenizer decode --tokenizer llama3 \
+    "$dir/l3/train_000000.bin" | grep -c '^<|begin_of_text|>fortune')" -eq 360
+check "  ... train reads them (a tiny model of 128,256 tokens)" "$bin" train --train "$dir/l3/train_*.bin" \
+    --layers 1 --channels 16 --heads 2 --vocab 128256 --steps 1 --batch 1 --seq-len 16
+expect_error "  ... a model of 50,257 tokens refuses them" "holds token 128000.*outside the vocabulary" \
+    "$bin" train --train "$dir/l3/train_*.bin" --layers 1 --channels 16 --heads 2 --vocab 50257 --steps 1 --batch 1 --seq-len 16
+expect_error "prepare --doc-token bot without a begin-of-text token" "no begin-of-text token" \
+    "$bin" prepare --tokenizer "$dir/tok" --doc-token bot --out "$dir/x" "$dir/corpus.txt"
+check "tokenizer decode --tokenizer bytes" sh -c "'$bin' prepare --tokenizer bytes --out '$dir/by' '$dir/corpus.txt' >/dev/null && \
+    '$bin' tokenizer decode --tokenizer bytes '$dir/by/train_000000.bin' | head -1 | grep -qx 'fortune 1: the quick brown fox jumps over the lazy dog 7 times.'"
 exit $fail

@@ -1,0 +1,75 @@
+/*
+ * The CUDA backend's host arithmetic (src/backend/cuda_host.c): device selection, the choice of
+ * communicator, launch shapes, the allocation table behind memory accounting and the peak FLOP/s
+ * table. Pure host functions with no CUDA header, so that tests/cuda/test_cuda_host.c checks them
+ * on a machine without a GPU (ctest -L nogpu, in `make test` when nvcc exists). Only the CUDA
+ * backend (cuda.c), the NCCL communicator (src/comm/nccl.c) and that test include this file.
+ */
+#ifndef LLM3D_BACKEND_CUDA_HOST_H
+#define LLM3D_BACKEND_CUDA_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cuda_kernels.h"
+#include "llm3d/core.h"
+
+/* ---- device selection ----------------------------------------------------------------------- */
+
+/* This process's rank among the ranks of its node as the launcher announces it: the first of
+ * OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), MPI_LOCALRANKID (MPICH's Hydra), SLURM_LOCALID that is
+ * set and is a non-negative decimal integer; -1 when none is (then the caller counts the ranks of
+ * its MPI_COMM_TYPE_SHARED node itself: l3d_cuda_local_rank_of). */
+int l3d_cuda_env_local_rank(void);
+/* The rank's index among the ranks of its node: node_of (n entries, l3d_comm_nodes's numbering)
+ * counted below rank. */
+int l3d_cuda_local_rank_of(const int *node_of, int n, int rank);
+/* The device of a rank: local_rank modulo the ndev visible devices (a negative local rank: 0);
+ * -1 when there is no device. */
+int l3d_cuda_pick_device(int local_rank, int ndev);
+
+/* ---- communicator choice -------------------------------------------------------------------- */
+
+enum l3d_cuda_comm_kind {
+    L3D_CUDA_COMM_NCCL,   /* every rank its own device: NCCL on device buffers */
+    L3D_CUDA_COMM_STAGED, /* two ranks share a device (NCCL refuses that): MPI through host copies */
+};
+/* NCCL when no two of the n ranks have the same (node, device); otherwise STAGED, with *a < *b
+ * the first two ranks that share one (both -1 for NCCL). Every rank computes it from the same
+ * gathered arrays, so every rank takes the same communicator. */
+enum l3d_cuda_comm_kind l3d_cuda_comm_choice(const int *node_of, const int *device_of, int n,
+                                             int *a, int *b);
+
+/* ---- launch shapes: cuda_kernels.h (read by nvcc as well) ----------------------------------- */
+
+/* ---- allocation table: the accounting of device memory -------------------------------------- */
+
+/* cudaFree does not say how large a buffer was: the backend keeps each live allocation's size to
+ * take it back out of l3d_mem_used (the same accounting as the CPU backend's). An open-addressing
+ * hash table keyed by address (linear probing, backward-shift deletion), grown at 1/2 load. */
+struct l3d_cuda_allocs {
+    uintptr_t *key; /* 0: empty slot */
+    size_t *bytes;
+    size_t cap, count, total;
+};
+void l3d_cuda_allocs_add(struct l3d_cuda_allocs *t, const void *p, size_t bytes);
+/* The size of live allocation p, removed from the table; false when p is not one (a foreign or
+ * freed pointer). */
+bool l3d_cuda_allocs_remove(struct l3d_cuda_allocs *t, const void *p, size_t *bytes);
+void l3d_cuda_allocs_free(struct l3d_cuda_allocs *t);
+
+/* ---- peak FLOP/s ---------------------------------------------------------------------------- */
+
+/* What the backend reads of cudaDeviceProp / cudaDeviceGetAttribute. */
+struct l3d_cuda_dev {
+    const char *name; /* "NVIDIA H100 80GB HBM3" */
+    int major, minor, sms, clock_khz;
+};
+/* Dense peak of the products the backend runs in t: bf16 and fp16 on tensor cores, fp32 as
+ * CUBLAS_COMPUTE_32F (fp32 cores, no TF32); 0 for other types. From the data-sheet table when the
+ * name matches a row (*source names the sheet), else SMs x clock x the architecture's dense
+ * FLOP/clock/SM (*source says so); 0 for an unknown architecture. */
+double l3d_cuda_peak(const struct l3d_cuda_dev *d, enum l3d_dtype t, const char **source);
+
+#endif

@@ -1,0 +1,679 @@
+/*
+ * The CUDA backend's kernels (launchers declared in src/backend/cuda_kernels.h). EXPERIMENTAL:
+ * compiled and warning-free in every CI run, never yet run on a GPU; tests/cuda/test_cuda_kernels.c
+ * (scripts/gpu-check.sh) compares each with the CPU backend the first time a GPU is at hand.
+ *
+ * Numerics follow the CPU backend (src/backend/cpu.c): 16-bit storage, fp32 arithmetic, each 16-bit
+ * output rounded once to nearest even; gradient outputs accumulate (+=); the same formulas (GELU's
+ * tanh form, LayerNorm eps 1e-5, AdamW as written in backend-impl.h). Every reduction has a fixed
+ * order for a given shape (no atomics), so a run repeats bit for bit on one GPU; it differs from the
+ * CPU's order, hence the tolerances of the kernel test. expf here, the CPU's polynomial there.
+ *
+ * Attention is FlashAttention's recurrence (Dao et al. 2022, Algorithm 1; Dao 2023 for the single
+ * rescale per step) in its simplest GPU form: one warp a query row, the row's q and running output
+ * in registers (ceil(HS / 32) elements a lane), keys visited one by one with an online softmax,
+ * the log-sum-exp kept per row as the CPU kernel does. The backward pass recomputes the
+ * probabilities from lse: one warp per query row for dQ, one per key row for dK and dV (no
+ * atomics). No T x T tensor. It uses no tensor cores: the tiled tensor-core version is the next
+ * step once a GPU can measure it.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda_kernels.h"
+
+/* ---- storage types ---------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void st(float *p, float x) { *p = x; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void st(__half *p, float x) { *p = __float2half_rn(x); }
+
+/* A launcher body for each storage type: the body (the variadic arguments) expands the launch with T the element type. */
+#define DISPATCH(dt, ...)                                  \
+    do {                                                 \
+        switch (dt) {                                    \
+        case L3D_CUK_F32: { typedef float T; __VA_ARGS__; } break; \
+        case L3D_CUK_BF16: {                             \
+            typedef __nv_bfloat16 T;                     \
+            __VA_ARGS__;                                           \
+        } break;                                         \
+        default: {                                       \
+            typedef __half T;                            \
+            __VA_ARGS__;                                           \
+        } break;                                         \
+        }                                                \
+    } while (0)
+/* parameter gradients: the activations' type T, or fp32 (G) */
+#define DISPATCH_G(dt, gdt, ...)                                       \
+    do {                                                             \
+        if ((gdt) == L3D_CUK_F32) {                                  \
+            typedef float G;                                         \
+            DISPATCH(dt, __VA_ARGS__);                                         \
+        } else if ((dt) == L3D_CUK_BF16) {                           \
+            typedef __nv_bfloat16 G;                                 \
+            typedef __nv_bfloat16 T;                                 \
+            __VA_ARGS__;                                                       \
+        } else {                                                     \
+            typedef __half G;                                        \
+            typedef __half T;                                        \
+            __VA_ARGS__;                                                       \
+        }                                                            \
+    } while (0)
+
+#define ST(s) ((cudaStream_t)(s))
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (int64_t)gridDim.x * blockDim.x)
+static const uint32_t kMaxBlocks = 65535u * 8u;
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+/* block of 256 threads: the sum (or max) of every thread's x, returned to all; fixed order */
+__device__ float block_reduce(float x, bool is_max) {
+    __shared__ float w[8];
+    __shared__ float r;
+    x = is_max ? warp_max(x) : warp_sum(x);
+    if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = w[0];
+        for (int k = 1; k < (int)(blockDim.x >> 5); k++) a = is_max ? fmaxf(a, w[k]) : a + w[k];
+        r = a;
+    }
+    __syncthreads();
+    float out = r;
+    __syncthreads();
+    return out;
+}
+
+/* ---- embedding -------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void encoder_forward_k(T *out, const int32_t *tokens, const T *wte, const T *wpe,
+                                  int64_t vstart, int64_t vcount, int64_t T_, int64_t C,
+                                  int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t bt = i / C, c = i % C, v = (int64_t)tokens[bt] - vstart;
+        float x = v >= 0 && v < vcount ? ld(wte + v * C + c) : 0.0f;
+        if (wpe) x += ld(wpe + (bt % T_) * C + c);
+        st(out + i, x);
+    }
+}
+
+/* one block a distinct token (y: blocks of channels): its rows summed in position order in fp32,
+ * added to the gradient once */
+template <typename T, typename G>
+__global__ void encoder_backward_wte_k(G *dwte, const T *dout, const int32_t *uniq,
+                                       const int32_t *off, const int32_t *order, int64_t C) {
+    int64_t u = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int32_t k = off[u]; k < off[u + 1]; k++) s += ld(dout + (int64_t)order[k] * C + c);
+    G *g = dwte + (int64_t)uniq[u] * C + c;
+    st(g, ld(g) + s);
+}
+
+template <typename T, typename G>
+__global__ void encoder_backward_wpe_k(G *dwpe, const T *dout, int64_t B, int64_t T_, int64_t C) {
+    GRID_STRIDE(i, T_ * C) {
+        float s = 0.0f;
+        for (int64_t b = 0; b < B; b++) s += ld(dout + b * T_ * C + i);
+        st(dwpe + i, ld(dwpe + i) + s);
+    }
+}
+
+/* ---- LayerNorm: one warp a row ---------------------------------------------------------------- */
+
+#define LN_EPS 1e-5f
+
+template <typename T>
+__global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *inp, const T *w,
+                                    const T *b, int64_t N, int64_t C) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const T *x = inp + row * C;
+    float s = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) s += ld(x + c);
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+        float d = ld(x + c) - m;
+        v += d * d;
+    }
+    float r = 1.0f / sqrtf(warp_sum(v) / (float)C + LN_EPS);
+    for (int64_t c = lane; c < C; c += 32)
+        st(out + row * C + c, (ld(x + c) - m) * r * ld(w + c) + ld(b + c));
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+template <typename T>
+__global__ void layernorm_dinp_k(T *dinp, const T *dout, const T *inp, const T *w,
+                                 const float *mean, const float *rstd, int64_t N, int64_t C) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const T *x = inp + row * C, *d = dout + row * C;
+    float m = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+        float g = ld(d + c) * ld(w + c);
+        sg += g;
+        sgx += g * (ld(x + c) - m) * r;
+    }
+    sg = warp_sum(sg) / (float)C;
+    sgx = warp_sum(sgx) / (float)C;
+    for (int64_t c = lane; c < C; c += 32) {
+        float xhat = (ld(x + c) - m) * r;
+        T *o = dinp + row * C + c;
+        st(o, ld(o) + r * (ld(d + c) * ld(w + c) - sg - xhat * sgx));
+    }
+}
+
+/* Column sums over N rows, 32 columns a block (x) by 8 row lanes (y), each lane a fixed stride of
+ * rows, the 8 partial sums added in lane order: g += sum_n f(n, c), with f = x (mode 0) or
+ * dout * xhat (mode 1, LayerNorm's dweight; x is dout, inp/mean/rstd given). */
+template <typename T, typename G>
+__global__ void colsum_k(G *g, const T *x, const T *inp, const float *mean, const float *rstd,
+                         int mode, int64_t N, int64_t C) {
+    __shared__ float part[8][33];
+    int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C)
+        for (int64_t n = threadIdx.y; n < N; n += 8) {
+            float d = ld(x + n * C + c);
+            s += mode == 0 ? d : d * (ld(inp + n * C + c) - mean[n]) * rstd[n];
+        }
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float a = part[0][threadIdx.x];
+        for (int k = 1; k < 8; k++) a += part[k][threadIdx.x];
+        st(g + c, ld(g + c) + a);
+    }
+}
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+/* A row of HS elements over a warp: lane l holds elements l, l + 32, ... (P of them). */
+template <int P, typename T>
+__device__ __forceinline__ void row_load(float (&r)[P], const T *p, int64_t HS, int lane) {
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t d = lane + 32 * k;
+        r[k] = d < HS ? ld(p + d) : 0.0f;
+    }
+}
+template <int P, typename T>
+__device__ __forceinline__ float row_dot(const float (&r)[P], const T *p, int64_t HS, int lane) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t d = lane + 32 * k;
+        if (d < HS) s += r[k] * ld(p + d);
+    }
+    return warp_sum(s);
+}
+
+/* Query rows at positions p0 + i (i < n) of (batch b, head h) attend over keys 0..p0 + i.
+ * Pointers at the head; strides: rows qs, ks, os; batches qb, kb, ob; lse (b*NH + h)*n + i. */
+template <int P, typename T>
+__global__ void attn_forward_k(T *out, float *lse, const T *q, const T *k, const T *v, int64_t qs,
+                               int64_t ks, int64_t os, int64_t qb, int64_t kb, int64_t ob,
+                               int64_t p0, int64_t n, int64_t NH, int64_t HS, int64_t rows) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int64_t i = row % n, h = (row / n) % NH, b = row / (n * NH);
+    const T *qr = q + b * qb + h * HS + i * qs;
+    const T *kh = k + b * kb + h * HS, *vh = v + b * kb + h * HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float qv[P], o[P];
+    row_load<P>(qv, qr, HS, lane);
+#pragma unroll
+    for (int e = 0; e < P; e++) o[e] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = 0; j <= p0 + i; j++) {
+        float s = row_dot<P>(qv, kh + j * ks, HS, lane) * scale;
+        float mx = fmaxf(m, s), corr = expf(m - mx), p = expf(s - mx);
+        l = l * corr + p;
+        m = mx;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+            int64_t d = lane + 32 * e;
+            o[e] = o[e] * corr + (d < HS ? p * ld(vh + j * ks + d) : 0.0f);
+        }
+    }
+    T *orow = out + b * ob + h * HS + i * os;
+#pragma unroll
+    for (int e = 0; e < P; e++) {
+        int64_t d = lane + 32 * e;
+        if (d < HS) st(orow + d, o[e] / l);
+    }
+    if (lse && lane == 0) lse[(b * NH + h) * n + i] = m + logf(l);
+}
+
+/* D (B,NH,T) = rowsum(dO * O) of each query row (FlashAttention-2 eq. 4) */
+template <int P, typename T>
+__global__ void attn_D_k(float *D, const T *dout, const T *out, int64_t T_, int64_t NH,
+                         int64_t HS, int64_t rows) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS;
+    float g[P];
+    row_load<P>(g, dout + (b * T_ + i) * C + h * HS, HS, lane);
+    float d = row_dot<P>(g, out + (b * T_ + i) * C + h * HS, HS, lane);
+    if (lane == 0) D[(b * NH + h) * T_ + i] = d;
+}
+
+/* dQ of query row i (+=): sum over keys j <= i of dS_ij k_j, dS = P (dP - D) / sqrt(HS) */
+template <int P, typename T>
+__global__ void attn_dq_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
+                          int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
+    const T *base = qkv + b * T_ * C3 + h * HS;
+    const float scale = 1.0f / sqrtf((float)HS), L = lse[row], Di = D[row];
+    float qv[P], g[P], dq[P];
+    row_load<P>(qv, base + i * C3, HS, lane);
+    row_load<P>(g, dout + (b * T_ + i) * C + h * HS, HS, lane);
+#pragma unroll
+    for (int e = 0; e < P; e++) dq[e] = 0.0f;
+    for (int64_t j = 0; j <= i; j++) {
+        const T *kj = base + j * C3 + C, *vj = base + j * C3 + 2 * C;
+        float p = expf(row_dot<P>(qv, kj, HS, lane) * scale - L);
+        float ds = p * (row_dot<P>(g, vj, HS, lane) - Di) * scale;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+            int64_t d = lane + 32 * e;
+            if (d < HS) dq[e] += ds * ld(kj + d);
+        }
+    }
+    T *o = dqkv + b * T_ * C3 + h * HS + i * C3;
+#pragma unroll
+    for (int e = 0; e < P; e++) {
+        int64_t d = lane + 32 * e;
+        if (d < HS) st(o + d, ld(o + d) + dq[e]);
+    }
+}
+
+/* dK, dV of key row j (+=): sums over queries i >= j of dS_ij q_i and P_ij dO_i */
+template <int P, typename T>
+__global__ void attn_dkv_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
+                           int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int64_t j = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
+    const T *base = qkv + b * T_ * C3 + h * HS;
+    const float *Lh = lse + (b * NH + h) * T_, *Dh = D + (b * NH + h) * T_;
+    const float scale = 1.0f / sqrtf((float)HS);
+    float kv[P], vv[P], dk[P], dv[P];
+    row_load<P>(kv, base + j * C3 + C, HS, lane);
+    row_load<P>(vv, base + j * C3 + 2 * C, HS, lane);
+#pragma unroll
+    for (int e = 0; e < P; e++) dk[e] = dv[e] = 0.0f;
+    for (int64_t i = j; i < T_; i++) {
+        const T *qi = base + i * C3, *gi = dout + (b * T_ + i) * C + h * HS;
+        float p = expf(row_dot<P>(kv, qi, HS, lane) * scale - Lh[i]);
+        float ds = p * (row_dot<P>(vv, gi, HS, lane) - Dh[i]) * scale;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+            int64_t d = lane + 32 * e;
+            if (d < HS) {
+                dv[e] += p * ld(gi + d);
+                dk[e] += ds * ld(qi + d);
+            }
+        }
+    }
+    T *o = dqkv + b * T_ * C3 + h * HS + j * C3;
+#pragma unroll
+    for (int e = 0; e < P; e++) {
+        int64_t d = lane + 32 * e;
+        if (d < HS) {
+            st(o + C + d, ld(o + C + d) + dk[e]);
+            st(o + 2 * C + d, ld(o + 2 * C + d) + dv[e]);
+        }
+    }
+}
+
+/* P = ceil(HS / 32) as a template argument: 1..8 (HS <= 256, L3D_CUDA_MAX_HS) */
+#define PER_LANE(HS, ...)                                \
+    do {                                               \
+        switch (l3d_cuda_attn_per_lane(HS)) {          \
+        case 1: { const int P = 1; __VA_ARGS__; } break;         \
+        case 2: { const int P = 2; __VA_ARGS__; } break;         \
+        case 3: { const int P = 3; __VA_ARGS__; } break;         \
+        case 4: { const int P = 4; __VA_ARGS__; } break;         \
+        case 5: { const int P = 5; __VA_ARGS__; } break;         \
+        case 6: { const int P = 6; __VA_ARGS__; } break;         \
+        case 7: { const int P = 7; __VA_ARGS__; } break;         \
+        default: { const int P = 8; __VA_ARGS__; } break;        \
+        }                                              \
+    } while (0)
+
+static const uint32_t kRowWarps = 4; /* warps a block in the row kernels */
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+template <typename T>
+__global__ void elementwise_k(int op, T *out, const T *a, const T *b, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float x = ld(a + i);
+        if (op == 0) {
+            st(out + i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
+        } else if (op == 1) {
+            float th = tanhf(GELU_K * (x + 0.044715f * x * x * x)), sech2 = 1.0f - th * th;
+            float df = 0.5f * (1.0f + th) +
+                       0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+            st(out + i, ld(out + i) + df * ld(b + i));
+        } else {
+            st(out + i, x + ld(b + i));
+        }
+    }
+}
+
+template <typename T>
+__global__ void add_bias_k(T *out, const T *bias, int64_t C, int64_t n) {
+    GRID_STRIDE(i, n) st(out + i, ld(out + i) + ld(bias + i % C));
+}
+
+/* ---- cross-entropy: one block (256 threads) a row --------------------------------------------- */
+
+template <typename T>
+__global__ void xent_k(int pass, T *logits, float *out, float *tlogit, const float *maxv,
+                       const float *sumexp, const int32_t *targets, float dloss, int64_t vstart,
+                       int64_t Vl, int64_t Vvalid) {
+    int64_t n = blockIdx.x;
+    T *row = logits + n * Vl;
+    if (pass == 0) {
+        float mx = -INFINITY;
+        for (int64_t j = threadIdx.x; j < Vvalid; j += blockDim.x) mx = fmaxf(mx, ld(row + j));
+        mx = block_reduce(mx, true);
+        if (threadIdx.x == 0) out[n] = mx;
+        return;
+    }
+    int64_t t = (int64_t)targets[n] - vstart;
+    float mx = maxv[n];
+    if (pass == 1) {
+        float s = 0.0f;
+        for (int64_t j = threadIdx.x; j < Vvalid; j += blockDim.x) s += expf(ld(row + j) - mx);
+        s = block_reduce(s, false);
+        if (threadIdx.x == 0) {
+            out[n] = s;
+            tlogit[n] = t >= 0 && t < Vvalid ? ld(row + t) : 0.0f;
+        }
+        return;
+    }
+    float k = dloss / sumexp[n];
+    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = j < Vvalid ? expf(ld(row + j) - mx) * k : 0.0f;
+        if (j == t) g -= dloss;
+        st(row + j, g);
+    }
+}
+
+__global__ void xent_losses_k(float *losses, const float *maxv, const float *sumexp,
+                              const float *tlogit, int64_t n) {
+    GRID_STRIDE(i, n) losses[i] = logf(sumexp[i]) + maxv[i] - tlogit[i];
+}
+/* *loss_sum += the losses in token order, one thread: bit-identical whatever the grid */
+__global__ void xent_sum_k(double *loss_sum, const float *losses, int64_t n) {
+    double s = *loss_sum;
+    for (int64_t i = 0; i < n; i++) s += losses[i];
+    *loss_sum = s;
+}
+
+/* ---- optimizer, norms, conversions ------------------------------------------------------------ */
+
+template <typename T, typename G>
+__global__ void adamw_k(T *param, float *master, float *m, float *v, const G *grad, float gs,
+                        int64_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
+                        float bc2) {
+    GRID_STRIDE(i, n) {
+        float g = ld(grad + i) * gs;
+        float mi = b1 * m[i] + (1.0f - b1) * g, vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float p = master[i];
+        p -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p);
+        master[i] = p;
+        if (param) st(param + i, p);
+    }
+}
+
+template <typename T>
+__global__ void sumsq_part_k(double *part, const T *x, int64_t n) {
+    __shared__ double w[256];
+    double s = 0.0;
+    GRID_STRIDE(i, n) {
+        double a = ld(x + i);
+        s += a * a;
+    }
+    w[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) w[threadIdx.x] += w[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = w[0];
+}
+__global__ void sumsq_final_k(double *acc, const double *part, uint32_t np) {
+    double s = 0.0;
+    for (uint32_t k = 0; k < np; k++) s += part[k];
+    *acc += s;
+}
+
+template <typename D, typename S>
+__global__ void convert_k(D *dst, const S *src, int64_t n) {
+    GRID_STRIDE(i, n) st(dst + i, ld(src + i));
+}
+
+template <typename T>
+__global__ void unscale_k(float *found_inf, T *x, float inv, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float a = ld(x + i);
+        if (!(fabsf(a) <= 3.40282347e38f)) *found_inf = 1.0f; /* Inf, NaN: every writer the same */
+        if (inv != 1.0f) st(x + i, a * inv);
+    }
+}
+
+/* ---- launchers -------------------------------------------------------------------------------- */
+
+#define LAUNCH_1D(n, threads) \
+    struct l3d_cuda_launch L = l3d_cuda_launch_1d((n), (threads), kMaxBlocks); \
+    if (L.blocks == 0) return
+
+extern "C" {
+
+const char *l3d_cuk_last_error(void) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+void l3d_cuk_encoder_forward(int dt, void *out, const int32_t *tokens, const void *wte,
+                             const void *wpe, int64_t vocab_start, int64_t vocab_count, int64_t B,
+                             int64_t T_, int64_t C, void *stream) {
+    LAUNCH_1D(B * T_ * C, 256);
+    DISPATCH(dt, (encoder_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)out, tokens, (const T *)wte, (const T *)wpe, vocab_start, vocab_count,
+                     T_, C, B * T_ * C)));
+}
+
+void l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
+                                  const int32_t *uniq, const int32_t *off, const int32_t *order,
+                                  int64_t nu, int64_t C, void *stream) {
+    if (nu == 0 || C == 0) return;
+    dim3 grid((unsigned)nu, (unsigned)((C + 127) / 128));
+    DISPATCH_G(dt, gdt, (encoder_backward_wte_k<T, G><<<grid, 128, 0, ST(stream)>>>(
+                            (G *)dwte, (const T *)dout, uniq, off, order, C)));
+}
+
+void l3d_cuk_encoder_backward_wpe(int dt, int gdt, void *dwpe, const void *dout, int64_t B,
+                                  int64_t T_, int64_t C, void *stream) {
+    LAUNCH_1D(T_ * C, 256);
+    DISPATCH_G(dt, gdt, (encoder_backward_wpe_k<T, G><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                            (G *)dwpe, (const T *)dout, B, T_, C)));
+}
+
+void l3d_cuk_layernorm_forward(int dt, void *out, float *mean, float *rstd, const void *inp,
+                               const void *weight, const void *bias, int64_t N, int64_t C,
+                               void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, (layernorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N,
+                     C)));
+}
+
+static void colsum(int mode, int dt, int gdt, void *g, const void *x, const void *inp,
+                   const float *mean, const float *rstd, int64_t N, int64_t C,
+                   cudaStream_t s) {
+    if (C == 0) return;
+    dim3 grid((unsigned)((C + 31) / 32)), block(32, 8);
+    DISPATCH_G(dt, gdt, (colsum_k<T, G><<<grid, block, 0, s>>>(
+                            (G *)g, (const T *)x, (const T *)inp, mean, rstd, mode, N, C)));
+}
+
+void l3d_cuk_layernorm_backward(int dt, int gdt, void *dinp, void *dweight, void *dbias,
+                                const void *dout, const void *inp, const void *weight,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
+    if (L.blocks == 0) return;
+    if (dinp)
+        DISPATCH(dt, (layernorm_dinp_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                         (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean,
+                         rstd, N, C)));
+    if (dweight) colsum(1, dt, gdt, dweight, dout, inp, mean, rstd, N, C, ST(stream));
+    if (dbias) colsum(0, dt, gdt, dbias, dout, NULL, NULL, NULL, N, C, ST(stream));
+}
+
+void l3d_cuk_colsum_add(int dt, int gdt, void *g, const void *x, int64_t N, int64_t C,
+                        void *stream) {
+    colsum(0, dt, gdt, g, x, NULL, NULL, NULL, N, C, ST(stream));
+}
+
+void l3d_cuk_attention_forward(int dt, void *out, float *lse, const void *qkv, int64_t B,
+                               int64_t T_, int64_t NH, int64_t HS, void *stream) {
+    int64_t C = NH * HS, C3 = 3 * C, rows = B * NH * T_;
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, PER_LANE(HS, (attn_forward_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                                  (T *)out, lse, (const T *)qkv, (const T *)qkv + C,
+                                  (const T *)qkv + 2 * C, C3, C3, C, T_ * C3, T_ * C3, T_ * C, 0,
+                                  T_, NH, HS, rows))));
+}
+
+void l3d_cuk_attention_cached(int dt, void *out, const void *q, const void *k, const void *v,
+                              int64_t pos, int64_t n, int64_t NH, int64_t HS, int64_t q_stride,
+                              int64_t kv_stride, void *stream) {
+    int64_t rows = NH * n;
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, PER_LANE(HS, (attn_forward_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                                  (T *)out, NULL, (const T *)q, (const T *)k, (const T *)v,
+                                  q_stride, kv_stride, NH * HS, 0, 0, 0, pos, n, NH, HS,
+                                  rows))));
+}
+
+void l3d_cuk_attention_backward(int dt, void *dqkv, const void *dout, const void *qkv,
+                                const void *out, const float *lse, float *D, int64_t B,
+                                int64_t T_, int64_t NH, int64_t HS, void *stream) {
+    int64_t rows = B * NH * T_;
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, PER_LANE(HS, {
+        attn_D_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(D, (const T *)dout,
+                                                               (const T *)out, T_, NH, HS, rows);
+        attn_dq_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+            (T *)dqkv, (const T *)dout, (const T *)qkv, lse, D, T_, NH, HS, rows);
+        attn_dkv_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+            (T *)dqkv, (const T *)dout, (const T *)qkv, lse, D, T_, NH, HS, rows);
+    }));
+}
+
+void l3d_cuk_elementwise(int op, int dt, void *out, const void *a, const void *b, int64_t N,
+                         void *stream) {
+    LAUNCH_1D(N, 256);
+    DISPATCH(dt, (elementwise_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     op, (T *)out, (const T *)a, (const T *)b, N)));
+}
+
+void l3d_cuk_add_bias(int dt, void *out, const void *bias, int64_t N, int64_t C, void *stream) {
+    LAUNCH_1D(N * C, 256);
+    DISPATCH(dt, (add_bias_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>((T *)out,
+                                                                       (const T *)bias, C,
+                                                                       N * C)));
+}
+
+void l3d_cuk_xent(int pass, int dt, void *logits, float *out, float *tlogit, const float *maxv,
+                  const float *sumexp, const int32_t *targets, float dloss, int64_t vocab_start,
+                  int64_t N, int64_t Vl, int64_t Vvalid, void *stream) {
+    if (N == 0) return;
+    DISPATCH(dt, (xent_k<T><<<(unsigned)N, 256, 0, ST(stream)>>>(
+                     pass, (T *)logits, out, tlogit, maxv, sumexp, targets, dloss, vocab_start,
+                     Vl, Vvalid)));
+}
+
+void l3d_cuk_xent_loss(float *losses, double *loss_sum, const float *maxv, const float *sumexp,
+                       const float *tlogit, int64_t N, void *stream) {
+    LAUNCH_1D(N, 256);
+    xent_losses_k<<<L.blocks, L.threads, 0, ST(stream)>>>(losses, maxv, sumexp, tlogit, N);
+    xent_sum_k<<<1, 1, 0, ST(stream)>>>(loss_sum, losses, N);
+}
+
+void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v,
+                   const void *grad, float grad_scale, int64_t n, float lr, float beta1,
+                   float beta2, float eps, float wd, float bc1, float bc2, void *stream) {
+    LAUNCH_1D(n, 256);
+    DISPATCH_G(dt, gdt, (adamw_k<T, G><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                            (T *)param, master, m, v, (const G *)grad, grad_scale, n, lr, beta1,
+                            beta2, eps, wd, bc1, bc2)));
+}
+
+void l3d_cuk_sumsq(int dt, double *acc, const void *x, int64_t n, double *partials,
+                   void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_1d(n, 256, L3D_CUK_PARTIALS);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, (sumsq_part_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(partials,
+                                                                         (const T *)x, n)));
+    sumsq_final_k<<<1, 1, 0, ST(stream)>>>(acc, partials, L.blocks);
+}
+
+void l3d_cuk_convert(int dst_t, void *dst, int src_t, const void *src, int64_t n, void *stream) {
+    LAUNCH_1D(n, 256);
+    DISPATCH(dst_t, {
+        typedef T D;
+        DISPATCH(src_t, (convert_k<D, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                            (D *)dst, (const T *)src, n)));
+    });
+}
+
+void l3d_cuk_unscale(int dt, float *found_inf, void *x, float inv_scale, int64_t n,
+                     void *stream) {
+    LAUNCH_1D(n, 256);
+    DISPATCH(dt, (unscale_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(found_inf, (T *)x,
+                                                                      inv_scale, n)));
+}
+
+} /* extern "C" */

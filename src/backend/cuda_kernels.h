@@ -1,0 +1,94 @@
+/*
+ * The CUDA kernels' launchers (src/backend/cuda_kernels.cu), called by the CUDA backend's table
+ * (src/backend/cuda.c). Plain C types only, so that both the C side and nvcc's C++ read it: the
+ * element type is an enum of its own, pointers are device memory, `stream` a cudaStream_t. Every
+ * launcher enqueues on the stream and returns; semantics are those of the table entry of the same
+ * name (src/backend/backend-impl.h), outputs of type gdt where the entry has one.
+ */
+#ifndef LLM3D_BACKEND_CUDA_KERNELS_H
+#define LLM3D_BACKEND_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- launch shapes (src/backend/cuda_host.c: host arithmetic, tested without a GPU) --------- */
+
+struct l3d_cuda_launch {
+    uint32_t blocks, threads; /* blocks 0: nothing to launch (n == 0) */
+};
+/* Elementwise kernels over n items, grid-stride: `threads` a block (a multiple of 32, <= 1024),
+ * ceil(n / threads) blocks capped at max_blocks (the loop covers the rest). */
+struct l3d_cuda_launch l3d_cuda_launch_1d(int64_t n, uint32_t threads, uint32_t max_blocks);
+/* Kernels of one warp a row: `warps` warps a block, ceil(rows / warps) blocks (rows < 2^31 * warps,
+ * asserted: CUDA's grid limit in x). */
+struct l3d_cuda_launch l3d_cuda_launch_rows(int64_t rows, uint32_t warps);
+/* Attention keeps a row of HS elements in a warp, ceil(HS / 32) in each lane's registers:
+ * that count, or 0 when HS is not in 1..L3D_CUDA_MAX_HS (the kernel refuses the shape). */
+#define L3D_CUDA_MAX_HS 256
+int l3d_cuda_attn_per_lane(int64_t HS);
+
+enum l3d_cuk_type { L3D_CUK_F32, L3D_CUK_BF16, L3D_CUK_F16 };
+
+/* fixed grid of the two-pass reductions (sumsq): partials of one block each, then summed in
+ * order by one block; `partials` holds L3D_CUK_PARTIALS doubles */
+#define L3D_CUK_PARTIALS 1024
+
+void l3d_cuk_encoder_forward(int dt, void *out, const int32_t *tokens, const void *wte,
+                             const void *wpe, int64_t vocab_start, int64_t vocab_count, int64_t B,
+                             int64_t T, int64_t C, void *stream);
+/* dwte rows of the tokens in range: uniq (nu) the distinct in-range token rows, order (rows of
+ * dout, grouped by token, positions ascending) from off[u] to off[u + 1]: host-built (cuda.c) */
+void l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
+                                  const int32_t *uniq, const int32_t *off, const int32_t *order,
+                                  int64_t nu, int64_t C, void *stream);
+void l3d_cuk_encoder_backward_wpe(int dt, int gdt, void *dwpe, const void *dout, int64_t B,
+                                  int64_t T, int64_t C, void *stream);
+void l3d_cuk_layernorm_forward(int dt, void *out, float *mean, float *rstd, const void *inp,
+                               const void *weight, const void *bias, int64_t N, int64_t C,
+                               void *stream);
+void l3d_cuk_layernorm_backward(int dt, int gdt, void *dinp, void *dweight, void *dbias,
+                                const void *dout, const void *inp, const void *weight,
+                                const float *mean, const float *rstd, int64_t N, int64_t C,
+                                void *stream);
+/* g (C, type gdt) += column sums of x (N,C) (a product's bias gradient) */
+void l3d_cuk_colsum_add(int dt, int gdt, void *g, const void *x, int64_t N, int64_t C,
+                        void *stream);
+/* D (B*NH*T fp32) scratch of the backward pass */
+void l3d_cuk_attention_forward(int dt, void *out, float *lse, const void *qkv, int64_t B,
+                               int64_t T, int64_t NH, int64_t HS, void *stream);
+void l3d_cuk_attention_backward(int dt, void *dqkv, const void *dout, const void *qkv,
+                                const void *out, const float *lse, float *D, int64_t B, int64_t T,
+                                int64_t NH, int64_t HS, void *stream);
+void l3d_cuk_attention_cached(int dt, void *out, const void *q, const void *k, const void *v,
+                              int64_t pos, int64_t n, int64_t NH, int64_t HS, int64_t q_stride,
+                              int64_t kv_stride, void *stream);
+/* op 0: out = gelu(a); 1: out += gelu'(a) * b; 2: out = a + b (out may be a) */
+void l3d_cuk_elementwise(int op, int dt, void *out, const void *a, const void *b, int64_t N,
+                         void *stream);
+void l3d_cuk_add_bias(int dt, void *out, const void *bias, int64_t N, int64_t C, void *stream);
+/* pass 0: max, 1: sumexp and tlogit, 2: backward in place */
+void l3d_cuk_xent(int pass, int dt, void *logits, float *out, float *tlogit, const float *maxv,
+                  const float *sumexp, const int32_t *targets, float dloss, int64_t vocab_start,
+                  int64_t N, int64_t Vl, int64_t Vvalid, void *stream);
+void l3d_cuk_xent_loss(float *losses, double *loss_sum, const float *maxv, const float *sumexp,
+                       const float *tlogit, int64_t N, void *stream);
+/* param (type dt, or NULL) = master after the update; grad of type gdt */
+void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v,
+                   const void *grad, float grad_scale, int64_t n, float lr, float beta1,
+                   float beta2, float eps, float wd, float bc1, float bc2, void *stream);
+void l3d_cuk_sumsq(int dt, double *acc, const void *x, int64_t n, double *partials,
+                   void *stream);
+void l3d_cuk_convert(int dst_t, void *dst, int src_t, const void *src, int64_t n, void *stream);
+void l3d_cuk_unscale(int dt, float *found_inf, void *x, float inv_scale, int64_t n, void *stream);
+
+/* the last launch error as text, NULL when none (checked after each launch by cuda.c) */
+const char *l3d_cuk_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

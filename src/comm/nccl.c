@@ -1,0 +1,487 @@
+/*
+ * The device communicator (src/comm/nccl.h): NCCL, or MPI through host copies, over the MPI world.
+ * EXPERIMENTAL: compiled with -Werror in every CI run; its choice of transport is tested without a
+ * GPU (tests/cuda/test_cuda_host.c); the collectives themselves first run in scripts/gpu-check.sh.
+ *
+ * Ordering. A device buffer is produced by kernels on the backend's stream: an operation records
+ * an event there and makes the communicator's own stream wait on it, then enqueues the NCCL call
+ * on its stream and records `done`. A blocking operation waits for `done` (host); l3d_comm_wait
+ * does the same for a non-blocking one, so kernels issued after it read the result, and kernels
+ * issued between the start and the wait run beside the transfer (the overlap of DP pieces with
+ * the backward pass). Tags: NCCL matches a peer's sends and receives in issue order, which is what
+ * the project's exchanges rely on (each tag is one stream of messages between two ranks).
+ *
+ * The watchdog bounds each wait for `done` as watchdog.c bounds MPI's: polls with growing sleeps,
+ * and after the world's timeout_s names this rank, the step, what it was doing and the operation,
+ * aborts NCCL and ends the job with status 75. (The liveness questions of MPI's watchdog, which
+ * name the silent peer, are not asked over NCCL.)
+ */
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda.h"
+#include "backend/cuda_host.h"
+#include "comm/nccl.h"
+
+#define CUDA_OK(call)                                                                         \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess)                                                                \
+            l3d_fatal(__FILE__, __LINE__, "%s failed: %s", #call, cudaGetErrorString(e_));    \
+    } while (0)
+#define NCCL_OK(call)                                                                         \
+    do {                                                                                      \
+        ncclResult_t r_ = (call);                                                             \
+        if (r_ != ncclSuccess)                                                                \
+            l3d_fatal(__FILE__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_));    \
+    } while (0)
+
+struct dev_comm {
+    struct l3d_comm base;
+    struct l3d_comm *mpi; /* the same ranks over MPI: host buffers, staging, bootstrap */
+    ncclComm_t nccl;      /* NULL: staged */
+    cudaStream_t stream;  /* NCCL's */
+    cudaEvent_t ready;    /* recorded on the backend's stream before each operation */
+};
+
+/* A pending operation (l3d_req.opaque[0]): an MPI request of the inner communicator, with the
+ * host copies to write back (staged), or an NCCL operation's completion event. */
+#define MAX_STAGE 2
+struct staged {
+    void *dev, *host;
+    size_t bytes;
+    bool back; /* copied back to the device when complete */
+};
+struct pending {
+    l3d_req inner;
+    cudaEvent_t done; /* NCCL; NULL otherwise */
+    const char *op;
+    int n_stage;
+    struct staged st[MAX_STAGE];
+};
+
+static const struct l3d_comm_i dev_comm_i;
+
+static struct dev_comm *dc(struct l3d_comm *c) {
+    L3D_ASSERT(c && c->i == &dev_comm_i);
+    return c->ctx;
+}
+
+static ncclDataType_t nccl_type(enum l3d_dtype t) {
+    switch (t) {
+    case L3D_F32: return ncclFloat32;
+    case L3D_F64: return ncclFloat64;
+    case L3D_I32: return ncclInt32;
+    case L3D_U8: return ncclUint8;
+    case L3D_BF16: return ncclBfloat16;
+    case L3D_F16: return ncclFloat16;
+    case L3D_I64: return ncclInt64;
+    }
+    l3d_fatal(__FILE__, __LINE__, "unknown dtype %d", (int)t);
+}
+static ncclRedOp_t nccl_op(enum l3d_redop op) { return op == L3D_SUM ? ncclSum : ncclMax; }
+
+static size_t nbytes(int64_t n, enum l3d_dtype t) { return (size_t)n * l3d_dtype_size(t); }
+
+/* ---- waits under the watchdog ----------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void wait_done(struct dev_comm *d, cudaEvent_t done, const char *op) {
+    struct l3d_watch *w = d->base.watch;
+    double t0 = now_s(), nap = 20e-6;
+    for (;;) {
+        cudaError_t e = cudaEventQuery(done);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) CUDA_OK(e);
+        ncclResult_t async = ncclSuccess;
+        NCCL_OK(ncclCommGetAsyncError(d->nccl, &async));
+        if (async != ncclSuccess && async != ncclInProgress)
+            l3d_fatal(__FILE__, __LINE__, "rank %d: NCCL %s failed: %s", d->base.world_rank, op,
+                      ncclGetErrorString(async));
+        double waited = now_s() - t0;
+        if (w && w->timeout_s > 0 && waited > w->timeout_s) {
+            fprintf(stderr, "llm3d: rank %d: %s%s%s on the GPU not complete after %.0f s (step %d"
+                    "%s%s): NCCL aborted, ending the job\n", d->base.world_rank,
+                    d->base.role ? d->base.role : "", d->base.role ? " " : "", op, waited,
+                    w->step, w->doing.what ? ", " : "", w->doing.what ? w->doing.what : "");
+            fflush(stderr);
+            ncclCommAbort(d->nccl);
+            l3d_comm_abort(d->mpi, 75);
+        }
+        struct timespec ts = {0, (long)(nap * 1e9)};
+        nanosleep(&ts, NULL);
+        nap = nap < 5e-3 ? 2 * nap : nap;
+    }
+    double waited = now_s() - t0;
+    if (w && waited > w->longest_s) {
+        w->longest_s = waited;
+        if (waited >= 0.5)
+            snprintf(w->longest_what, sizeof w->longest_what, "NCCL %s (%s)", op,
+                     w->doing.what ? w->doing.what : "-");
+    }
+}
+
+/* ---- the three paths -------------------------------------------------------------------------- */
+
+/* Device buffers take NCCL (or staging) when any of them is device memory; host buffers MPI. */
+static bool on_device(const void *p) { return p && l3d_cuda_is_device_ptr(p); }
+
+/* NCCL: the stream waits for the backend's work, the call is enqueued by `enqueue` */
+static struct pending *nccl_begin(struct dev_comm *d, const char *op) {
+    CUDA_OK(cudaEventRecord(d->ready, (cudaStream_t)l3d_backend_cuda_stream(d->base.be)));
+    CUDA_OK(cudaStreamWaitEvent(d->stream, d->ready, 0));
+    struct pending *p = l3d_calloc(sizeof *p, "NCCL operation");
+    p->op = op;
+    return p;
+}
+/* after the enqueue: completion event; blocking (req NULL) waits here */
+static void nccl_end(struct dev_comm *d, struct pending *p, l3d_req *req) {
+    CUDA_OK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(p->done, d->stream));
+    if (req) {
+        req->opaque[0] = (uint64_t)(uintptr_t)p;
+        req->active = true;
+        return;
+    }
+    wait_done(d, p->done, p->op);
+    cudaEventDestroy(p->done);
+    l3d_free(p);
+}
+
+/* Staging: host copies of device buffers (the backend synchronised first) */
+static void *stage(struct dev_comm *d, struct pending *p, void *dev, size_t bytes, bool in,
+                   bool back) {
+    L3D_ASSERT(p->n_stage < MAX_STAGE);
+    void *h = l3d_alloc(bytes ? bytes : 1, "staged communication");
+    if (in) l3d_be_copy_d2h(d->base.be, h, dev, bytes);
+    p->st[p->n_stage++] = (struct staged){dev, h, bytes, back};
+    return h;
+}
+static void stage_finish(struct dev_comm *d, struct pending *p) {
+    for (int k = 0; k < p->n_stage; k++) {
+        if (p->st[k].back) l3d_be_copy_h2d(d->base.be, p->st[k].dev, p->st[k].host,
+                                           p->st[k].bytes);
+        l3d_free(p->st[k].host);
+    }
+    l3d_free(p);
+}
+/* after the inner MPI call: blocking finishes here, non-blocking at the wait */
+static void stage_end(struct dev_comm *d, struct pending *p, l3d_req *req) {
+    if (req) {
+        req->opaque[0] = (uint64_t)(uintptr_t)p;
+        req->active = true;
+        return;
+    }
+    stage_finish(d, p);
+}
+/* the inner request of a non-blocking staged call, NULL for a blocking one */
+static l3d_req *inner(struct pending *p, const l3d_req *req) { return req ? &p->inner : NULL; }
+
+/* The MPI path (host buffers; device buffers of a staged communicator): a record for the wait */
+static struct pending *mpi_begin(const char *op) {
+    struct pending *p = l3d_calloc(sizeof *p, "communication");
+    p->op = op;
+    return p;
+}
+/* buf as MPI takes it: itself, or a host copy (read in: in; written back: back) */
+static void *mpi_buf(struct dev_comm *d, struct pending *p, void *buf, size_t bytes, bool in,
+                     bool back) {
+    return on_device(buf) ? stage(d, p, buf, bytes, in, back) : buf;
+}
+_Static_assert(sizeof(int) == 4, "ranks' devices are gathered as int32");
+#define USE_NCCL(d, buf) ((d)->nccl && on_device(buf))
+
+/* ---- collectives and point-to-point ----------------------------------------------------------- */
+
+static void dev_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                           enum l3d_redop op, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, buf)) {
+        struct pending *p = nccl_begin(d, "all-reduce");
+        NCCL_OK(ncclAllReduce(buf, buf, (size_t)n, nccl_type(t), nccl_op(op), d->nccl,
+                              d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("all-reduce");
+    void *h = mpi_buf(d, p, buf, nbytes(n, t), true, true);
+    l3d_comm_all_reduce(d->mpi, h, n, t, op, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
+                       enum l3d_redop op, int root, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, buf)) {
+        struct pending *p = nccl_begin(d, "reduce");
+        NCCL_OK(ncclReduce(buf, buf, (size_t)n, nccl_type(t), nccl_op(op), root, d->nccl,
+                           d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("reduce");
+    void *h = mpi_buf(d, p, buf, nbytes(n, t), true, c->rank == root);
+    l3d_comm_reduce(d->mpi, h, n, t, op, root, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_reduce_scatter(struct l3d_comm *c, const void *send, void *recv, int64_t n,
+                               enum l3d_dtype t, enum l3d_redop op, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, recv)) {
+        struct pending *p = nccl_begin(d, "reduce-scatter");
+        NCCL_OK(ncclReduceScatter(send, recv, (size_t)n, nccl_type(t), nccl_op(op), d->nccl,
+                                  d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("reduce-scatter");
+    void *hs = mpi_buf(d, p, (void *)send, nbytes(n * c->size, t), true, false);
+    void *hr = mpi_buf(d, p, recv, nbytes(n, t), false, true);
+    l3d_comm_reduce_scatter(d->mpi, hs, hr, n, t, op, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_dtype t,
+                           l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, recv)) {
+        struct pending *p = nccl_begin(d, "all-gather");
+        const char *mine = (const char *)recv + nbytes(n * c->rank, t);
+        NCCL_OK(ncclAllGather(mine, recv, (size_t)n, nccl_type(t), d->nccl, d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("all-gather");
+    void *h = mpi_buf(d, p, recv, nbytes(n * c->size, t), true, true);
+    l3d_comm_all_gather(d->mpi, h, n, t, inner(p, req));
+    stage_end(d, p, req);
+}
+
+/* NCCL has no all-gatherv: one broadcast per rank's block, grouped into one launch */
+static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
+                            const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, recv)) {
+        struct pending *p = nccl_begin(d, "all-gatherv");
+        NCCL_OK(ncclGroupStart());
+        for (int r = 0; r < c->size; r++) {
+            char *blk = (char *)recv + nbytes(displs[r], t);
+            NCCL_OK(ncclBroadcast(blk, blk, (size_t)counts[r], nccl_type(t), r, d->nccl,
+                                  d->stream));
+        }
+        NCCL_OK(ncclGroupEnd());
+        nccl_end(d, p, req);
+        return;
+    }
+    int64_t span = 0;
+    for (int r = 0; r < c->size; r++)
+        span = displs[r] + counts[r] > span ? displs[r] + counts[r] : span;
+    struct pending *p = mpi_begin("all-gatherv");
+    void *h = mpi_buf(d, p, recv, nbytes(span, t), true, true);
+    l3d_comm_all_gatherv(d->mpi, h, counts, displs, t, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
+                          l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, buf)) {
+        struct pending *p = nccl_begin(d, "broadcast");
+        NCCL_OK(ncclBroadcast(buf, buf, (size_t)n, nccl_type(t), root, d->nccl, d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("broadcast");
+    void *h = mpi_buf(d, p, buf, nbytes(n, t), c->rank == root, c->rank != root);
+    l3d_comm_broadcast(d->mpi, h, n, t, root, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
+                     int tag, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, buf)) {
+        struct pending *p = nccl_begin(d, "send to");
+        NCCL_OK(ncclSend(buf, (size_t)n, nccl_type(t), peer, d->nccl, d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("send to");
+    void *h = mpi_buf(d, p, (void *)buf, nbytes(n, t), true, false);
+    l3d_comm_send(d->mpi, h, n, t, peer, tag, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static void dev_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer,
+                     int tag, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, buf)) {
+        struct pending *p = nccl_begin(d, "receive from");
+        NCCL_OK(ncclRecv(buf, (size_t)n, nccl_type(t), peer, d->nccl, d->stream));
+        nccl_end(d, p, req);
+        return;
+    }
+    struct pending *p = mpi_begin("receive from");
+    void *h = mpi_buf(d, p, buf, nbytes(n, t), false, true);
+    l3d_comm_recv(d->mpi, h, n, t, peer, tag, inner(p, req));
+    stage_end(d, p, req);
+}
+
+static struct pending *pending_of(l3d_req *req) {
+    return (struct pending *)(uintptr_t)req->opaque[0];
+}
+static void req_clear(l3d_req *req) {
+    memset(req->opaque, 0, sizeof req->opaque);
+    req->active = false;
+}
+
+static void dev_wait(struct l3d_comm *c, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (!req->active) return;
+    struct pending *p = pending_of(req);
+    if (p->done) {
+        wait_done(d, p->done, p->op);
+        cudaEventDestroy(p->done);
+        l3d_free(p);
+    } else {
+        l3d_comm_wait(d->mpi, &p->inner);
+        stage_finish(d, p);
+    }
+    req_clear(req);
+}
+
+static bool dev_test(struct l3d_comm *c, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (!req->active) return true;
+    struct pending *p = pending_of(req);
+    if (p->done) {
+        cudaError_t e = cudaEventQuery(p->done);
+        if (e == cudaErrorNotReady) return false;
+        CUDA_OK(e);
+        cudaEventDestroy(p->done);
+        l3d_free(p);
+    } else {
+        if (!l3d_comm_test(d->mpi, &p->inner)) return false;
+        stage_finish(d, p);
+    }
+    req_clear(req);
+    return true;
+}
+
+static void dev_barrier(struct l3d_comm *c) { l3d_comm_barrier(dc(c)->mpi); }
+static void dev_abort(struct l3d_comm *c, int code) {
+    struct dev_comm *d = dc(c);
+    if (d->nccl) ncclCommAbort(d->nccl);
+    l3d_comm_abort(d->mpi, code);
+}
+static int dev_node(struct l3d_comm *c) {
+    struct dev_comm *d = dc(c);
+    return d->mpi->i->node ? d->mpi->i->node(d->mpi) : d->mpi->rank;
+}
+
+/* ---- making and freeing ----------------------------------------------------------------------- */
+
+/* the device communicator over MPI communicator m; NCCL bootstrapped over m (rank 0's unique id
+ * broadcast) unless staged. m then sees host buffers only. Collective over m. */
+static struct dev_comm *wrap(struct l3d_comm *m, struct l3d_backend *be, bool use_nccl) {
+    struct dev_comm *d = l3d_calloc(sizeof *d, "device communicator");
+    d->mpi = m;
+    d->base = (struct l3d_comm){.i = &dev_comm_i, .ctx = d, .rank = m->rank, .size = m->size,
+                                .world_rank = m->world_rank, .be = be, .watch = m->watch,
+                                .role = m->role};
+    m->be = NULL;
+    CUDA_OK(cudaSetDevice(l3d_backend_cuda_device(be)));
+    CUDA_OK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&d->ready, cudaEventDisableTiming));
+    if (use_nccl) {
+        ncclUniqueId id;
+        memset(&id, 0, sizeof id);
+        if (m->rank == 0) NCCL_OK(ncclGetUniqueId(&id));
+        l3d_comm_broadcast(m, &id, (int64_t)sizeof id, L3D_U8, 0, NULL);
+        NCCL_OK(ncclCommInitRank(&d->nccl, m->size, id, m->rank));
+    }
+    return d;
+}
+
+static l3d_status dev_split(struct l3d_comm *c, int color, int key, struct l3d_comm **out) {
+    struct dev_comm *d = dc(c);
+    struct l3d_comm *m;
+    l3d_status st = l3d_comm_split(d->mpi, color, key, &m);
+    if (st != L3D_OK || !m) {
+        *out = NULL;
+        return st;
+    }
+    *out = &wrap(m, c->be, d->nccl != NULL)->base;
+    return L3D_OK;
+}
+
+static void dev_free(struct l3d_comm *c) {
+    struct dev_comm *d = dc(c);
+    if (d->nccl) ncclCommDestroy(d->nccl);
+    cudaEventDestroy(d->ready);
+    cudaStreamDestroy(d->stream);
+    l3d_comm_free(d->mpi); /* a no-op on the MPI world */
+    l3d_free(d);
+}
+
+static const struct l3d_comm_i dev_comm_i = {
+    .name = "nccl",
+    .split = dev_split,
+    .free = dev_free,
+    .all_reduce = dev_all_reduce,
+    .reduce = dev_reduce,
+    .reduce_scatter = dev_reduce_scatter,
+    .all_gather = dev_all_gather,
+    .all_gatherv = dev_all_gatherv,
+    .broadcast = dev_broadcast,
+    .send = dev_send,
+    .recv = dev_recv,
+    .wait = dev_wait,
+    .test = dev_test,
+    .barrier = dev_barrier,
+    .abort = dev_abort,
+    .node = dev_node,
+};
+
+/* Each rank's node and device gathered, the transport chosen the same way everywhere; a rank
+ * whose launcher did not announce its local rank takes its device from the MPI_COMM_TYPE_SHARED
+ * count now (before any allocation). */
+l3d_status l3d_comm_device_world(struct l3d_comm *world, struct l3d_backend *be,
+                                 struct l3d_comm **out) {
+    *out = world;
+    if (!l3d_backend_is_cuda(be)) return L3D_OK;
+    int n = world->size;
+    int *node_of = l3d_alloc((size_t)n * sizeof *node_of, "rank nodes");
+    int *dev = l3d_alloc((size_t)n * sizeof *dev, "rank devices"); /* gathered as int32 */
+    l3d_comm_nodes(world, node_of);
+    if (l3d_cuda_env_local_rank() < 0)
+        l3d_backend_cuda_rebind(be, l3d_cuda_local_rank_of(node_of, n, world->rank));
+    dev[world->rank] = l3d_backend_cuda_device(be);
+    if (n > 1) l3d_comm_all_gather(world, dev, 1, L3D_I32, NULL);
+    int a, b;
+    enum l3d_cuda_comm_kind kind = l3d_cuda_comm_choice(node_of, dev, n, &a, &b);
+    if (kind == L3D_CUDA_COMM_STAGED && world->rank == 0)
+        fprintf(stderr, "llm3d: ranks %d and %d share GPU %d of their node, where NCCL cannot "
+                "run: device buffers go through MPI with host copies (slower)\n", a, b, dev[a]);
+    l3d_free(dev);
+    l3d_free(node_of);
+    *out = &wrap(world, be, kind == L3D_CUDA_COMM_NCCL)->base;
+    return L3D_OK;
+}
+
+struct l3d_comm *l3d_comm_device_release(struct l3d_comm *world) {
+    if (!world || world->i != &dev_comm_i) return world;
+    struct l3d_comm *m = dc(world)->mpi;
+    dev_free(world);
+    return m;
+}

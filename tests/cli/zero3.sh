@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# ZeRO-3 (parameters sharded over the data-parallel ranks, gathered layer by layer): the same
+# model as one process on the same global batch and seed, as equiv.sh holds every layout to
+# (losses, gradient norms and final weights within 1e-5; its AdamW eps of 1e-6 for the reason it
+# gives), over dp 2 and 4, with TP and PP, gradient accumulation, recomputation, prefetch depths
+# and blocking gathers; a checkpoint that moves ZeRO-3 dp4 -> ZeRO-1 dp2 -> one process; a
+# perturbed gather (L3D_TEST_ZERO3_PERTURB) that the comparison must reject; bad flags refused.
+# Usage: zero3.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC.
+source "$(dirname "$0")/lib/checks.sh" # fail, full, train, expect_error
+start_test "$@"
+
+byte_corpus zero3
+fail=0
+steps=6
+TRAIN_FLAGS=("${TINY[@]}" --steps $steps --warmup 2 --lr 1e-3 --eps 1e-6)
+
+# same NAME REF [rtol]: the run NAME trained the model of REF (llm3d compare)
+same() {
+    if "$bin" compare --rtol "${3:-1e-5}" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+        ok "$1 = $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
+    else
+        bad "$1 differs from $2:"; cat "$dir/$1.cmp"
+    fi
+}
+# run NAME NP B ACCUM [flags]: a run that must train (its log in $dir/NAME.log)
+run() {
+    local name=$1 np=$2 b=$3 accum=$4
+    shift 4
+    TRAIN_LOG=check train "$name" "$np" "$b" --grad-accum "$accum" "$@"
+}
+
+# one-process references: 4 sequences a step, in one micro-batch or in 2 (accumulation), 2 and 4
+# layers (the pipeline's)
+run ref 0 4 1 --layers 2
+run ref_a2 0 2 2 --layers 2
+run ref_l4_a4 0 2 4 --layers 4
+run dp2 2 2 1 --layers 2 --zero 3 && same dp2 ref
+run dp2_accum 2 1 2 --layers 2 --zero 3 && same dp2_accum ref_a2
+run dp2_recompute_full 2 2 1 --layers 2 --zero 3 --recompute full && same dp2_recompute_full ref
+run dp2_prefetch0_blocking 2 2 1 --layers 2 --zero 3 --zero3-prefetch 0 --comm blocking &&
+    same dp2_prefetch0_blocking ref
+run dp2_prefetch3_poll 2 2 1 --layers 2 --zero 3 --zero3-prefetch 3 --progress poll &&
+    same dp2_prefetch3_poll ref
+run dp4 4 1 1 --layers 2 --zero 3 && same dp4 ref
+run ref_b4_a2 0 4 2 --layers 2
+run dp4_accum_recompute 4 1 2 --layers 2 --zero 3 --recompute full &&
+    same dp4_accum_recompute ref_b4_a2
+# TP: each TP rank's slice sharded over its DP group; 3e-5 for TP's other product shapes
+# (equiv.sh, pp2_tp2)
+run tp2_dp2 4 2 1 --layers 2 --zero 3 --tp 2 && same tp2_dp2 ref 3e-5
+run tp2_sp_dp2_accum 4 1 2 --layers 2 --zero 3 --tp 2 --sequence-parallel &&
+    same tp2_sp_dp2_accum ref_a2 3e-5
+# PP: every stage's forward and backward of every micro-batch gathers its layers
+run pp2_dp2 4 1 4 --layers 4 --zero 3 --pp 2 && same pp2_dp2 ref_l4_a4
+run pp2_dp2_recompute_v2 4 1 4 --layers 4 --zero 3 --pp 2 --pp-virtual 2 --recompute full &&
+    same pp2_dp2_recompute_v2 ref_l4_a4
+# mixed precision: the gathers move bf16; the one-process bf16 run trains the same model up to
+# the order of the gradient sums (2e-3, mixed.sh's bound for 16-bit layouts)
+run ref_bf16 0 4 1 --layers 2 --precision bf16
+run dp2_bf16 2 2 1 --layers 2 --zero 3 --precision bf16 && same dp2_bf16 ref_bf16 2e-3
+
+# the negative case: one element of one gathered buffer changed on one rank must show
+if L3D_TEST_ZERO3_PERTURB=1 train dp2_perturbed 2 2 --layers 2 --zero 3 > "$dir/dp2_perturbed.log" 2>&1; then
+    if "$bin" compare --rtol 1e-5 "$dir/dp2_perturbed" "$dir/ref" > "$dir/dp2_perturbed.cmp" 2>&1; then
+        bad "a perturbed gather trained the reference's model:"; cat "$dir/dp2_perturbed.cmp"
+    else
+        ok "a perturbed gather differs ($(grep -m1 -i differ "$dir/dp2_perturbed.cmp"))"
+    fi
+else
+    bad "the perturbed run did not train:"; cat "$dir/dp2_perturbed.log"
+fi
+
+# checkpoints: ZeRO-3 dp4 saves at step 3; ZeRO-1 dp2 resumes it and saves at step 5; one
+# process resumes that and finishes: the same model as the reference's 6 steps (re-sliced
+# weights and AdamW moments, within 1e-5 as ckpt.sh's other layouts)
+step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
+# resumed NAME FROM NP B STEP [flags]: run FROM's checkpoint of STEP continued in NAME's own
+# directory, which holds FROM's metrics (trimmed to the checkpoint's step by the resume)
+resumed() {
+    local name=$1 from=$2 np=$3 b=$4 step=$5
+    shift 5
+    rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
+    cp "$dir/$from/metrics.jsonl" "$dir/$name/"
+    TRAIN_LOG=check train "$name" "$np" "$b" --resume "$(step_dir "$from" "$step")" "$@"
+}
+# (every run takes all the steps, as the learning-rate schedule depends on them: the saver's
+# later steps are not compared)
+run ck_z3 4 1 1 --layers 2 --zero 3 --save-every 3 &&
+    resumed ck_z1 ck_z3 2 2 3 --layers 2 --zero 1 --save-every 5 &&
+    resumed ck_one ck_z1 0 4 5 --layers 2 && same ck_one ref
+# and into ZeRO-3: a one-process checkpoint resumed as dp2 ZeRO-3
+run ck1 0 4 1 --layers 2 --save-every 4 &&
+    resumed ck1_z3 ck1 2 2 4 --layers 2 --zero 3 && same ck1_z3 ref
+# ZeRO-3 to ZeRO-3 on the same layout resumes bit for bit
+run ck3 2 2 1 --layers 2 --zero 3 --save-every 3 &&
+    resumed ck3_resumed ck3 2 2 3 --layers 2 --zero 3 && same ck3_resumed dp2 0
+
+# bad input: one message each
+expect_error --once "prefetch without ZeRO-3" "\-\-zero3-prefetch 2" train bad 2 2 --zero 1 --zero3-prefetch 2
+expect_error --once "prefetch too deep" "\-\-zero3-prefetch 100" train bad 2 2 --zero 3 --zero3-prefetch 100
+expect_error --once "zero 4" "\-\-zero" train bad 2 2 --zero 4
+exit $fail

@@ -1,0 +1,371 @@
+/*
+ * Every CUDA kernel against the CPU backend, in fp32, bf16 and fp16 (ctest label gpu; run by
+ * scripts/gpu-check.sh). NOT YET RUN: no GPU has been available to this project; it compiles in
+ * every CI run (`make test`, build-cuda) and is ready for the first machine with one.
+ *
+ * Each case fills its inputs on the host (random normals rounded to the type, so both backends
+ * read the same bits), runs the kernel on "cpu" and on "cuda", and compares every output
+ * (accumulating outputs start from the same non-zero values, so += is checked as well). The
+ * tolerance comes from the format: the relative error of max |gpu - cpu| / max |cpu| is allowed
+ * 4 units of the output's rounding (2^-8 bf16, 2^-11 fp16, 2^-24 fp32) plus 16 fp32 units times
+ * sqrt(K), K the longest reduction (the two backends sum in different orders). Negative case: the
+ * GPU's output with one element moved by 10 tolerances must be rejected, for every comparison.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/backend.h"
+#include "llm3d/core.h"
+#include "test.h"
+
+enum kind { ACT, GRAD, F32, I32, F64 };        /* a buffer's type: dt, gdt, or fixed */
+enum init { NORMAL, ZERO, POSITIVE, TOKENS };  /* TOKENS: ints in [0, hi) */
+
+#define MAXB 10
+struct buf {
+    const char *name;
+    enum kind kind;
+    int64_t n;
+    enum init init;
+    int64_t hi;  /* TOKENS: the range */
+    bool out;    /* compared after the kernel */
+};
+
+struct shape {
+    int64_t B, T, C, NH, HS, OC, V, Vl, Vvalid, vstart;
+};
+
+struct kcase {
+    const char *name;
+    struct buf b[MAXB];
+    int64_t K; /* longest reduction */
+    bool f32_only, mixed; /* mixed: gradients (GRAD) fp32 under a 16-bit dt */
+    void (*run)(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt, void **p,
+                const struct shape *s);
+};
+
+static size_t kind_size(enum kind k, enum l3d_dtype dt, enum l3d_dtype gdt) {
+    switch (k) {
+    case ACT: return l3d_dtype_size(dt);
+    case GRAD: return l3d_dtype_size(gdt);
+    case F32: case I32: return 4;
+    default: return 8;
+    }
+}
+static enum l3d_dtype kind_type(enum kind k, enum l3d_dtype dt, enum l3d_dtype gdt) {
+    return k == ACT ? dt : k == GRAD ? gdt : k == F32 ? L3D_F32 : k == I32 ? L3D_I32 : L3D_F64;
+}
+
+/* element i of a host buffer of type t as a double */
+static double get(enum l3d_dtype t, const void *p, int64_t i) {
+    switch (t) {
+    case L3D_BF16: return l3d_bf16_to_f32(((const uint16_t *)p)[i]);
+    case L3D_F16: return l3d_f16_to_f32(((const uint16_t *)p)[i]);
+    case L3D_F32: return ((const float *)p)[i];
+    case L3D_F64: return ((const double *)p)[i];
+    default: return ((const int32_t *)p)[i];
+    }
+}
+static void set(enum l3d_dtype t, void *p, int64_t i, double x) {
+    switch (t) {
+    case L3D_BF16: ((uint16_t *)p)[i] = l3d_f32_to_bf16((float)x); break;
+    case L3D_F16: ((uint16_t *)p)[i] = l3d_f32_to_f16((float)x); break;
+    case L3D_F32: ((float *)p)[i] = (float)x; break;
+    case L3D_F64: ((double *)p)[i] = x; break;
+    default: ((int32_t *)p)[i] = (int32_t)x; break;
+    }
+}
+
+static double unit(enum l3d_dtype t) {
+    return t == L3D_BF16 ? 0x1p-8 : t == L3D_F16 ? 0x1p-11 : t == L3D_F64 ? 0x1p-53 : 0x1p-24;
+}
+static double tolerance(enum l3d_dtype t, int64_t K) {
+    return 4.0 * unit(t) + 16.0 * 0x1p-24 * sqrt((double)(K > 1 ? K : 1));
+}
+
+/* max |a - b| / max |b|, infinite on a NaN or Inf on either side (NaN-aware) */
+static double rel_diff(enum l3d_dtype t, const void *a, const void *b, int64_t n) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = get(t, a, i), y = get(t, b, i);
+        if (!isfinite(x) || !isfinite(y)) return INFINITY;
+        d = fabs(x - y) > d ? fabs(x - y) : d;
+        m = fabs(y) > m ? fabs(y) : m;
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* ---- the kernels, each with its buffers in the order of its run function's p[] ---------------- */
+
+#define S const struct shape *s
+#define BTC (s->B * s->T * s->C)
+static void r_matmul_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_matmul_forward(be, dt, p[0], p[1], p[2], p[3], s->B * s->T, s->C, s->OC);
+}
+static void r_matmul_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    l3d_be_matmul_backward_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C,
+                                 s->OC);
+}
+static void r_enc_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_encoder_forward(be, dt, p[0], p[1], p[2], p[3], s->vstart, s->Vvalid, s->B, s->T,
+                           s->C);
+}
+static void r_enc_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    l3d_be_encoder_backward_mixed(be, dt, g, p[0], p[1], p[2], p[3], s->vstart, s->Vvalid, s->B,
+                                  s->T, s->C);
+}
+static void r_ln_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_layernorm_forward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C);
+}
+/* the statistics from the forward pass on the same backend, then the backward pass */
+static void r_ln_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    l3d_be_layernorm_forward(be, dt, p[8], p[6], p[7], p[4], p[5], p[9], s->B * s->T, s->C);
+    l3d_be_layernorm_backward_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
+                                    s->B * s->T, s->C);
+}
+static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->HS);
+}
+static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->HS);
+    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->HS);
+}
+/* T new rows at position 5 over a cache of 5 + T rows (the q rows: the last T of qkv) */
+static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    int64_t C = s->NH * s->HS, es = (int64_t)l3d_dtype_size(dt), pos = 5;
+    char *qkv = p[1];
+    l3d_be_attention_cached(be, dt, p[0], qkv + pos * 3 * C * es, qkv + C * es, qkv + 2 * C * es,
+                            pos, s->T, s->NH, s->HS, 3 * C, 3 * C);
+}
+static void r_gelu_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_gelu_forward(be, dt, p[0], p[1], BTC);
+}
+static void r_gelu_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_gelu_backward(be, dt, p[0], p[1], p[2], BTC);
+}
+static void r_resid(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_residual_forward(be, dt, p[0], p[1], p[2], BTC);
+}
+static void r_addin(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_add_inplace(be, dt, p[0], p[1], BTC);
+}
+static void r_bias(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_add_bias(be, dt, p[0], p[1], s->B * s->T, s->C);
+}
+/* the three passes and the loss on one backend, every intermediate compared */
+static void r_xent(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    int64_t N = s->B * s->T;
+    l3d_be_xent_max(be, dt, p[1], p[0], N, s->Vl, s->Vvalid);
+    l3d_be_xent_sumexp(be, dt, p[2], p[3], p[0], p[1], p[4], s->vstart, N, s->Vl, s->Vvalid);
+    l3d_be_xent_loss(be, p[5], p[6], p[1], p[2], p[3], N);
+    l3d_be_xent_backward(be, dt, p[0], p[1], p[2], p[4], 1.0f / (float)N, s->vstart, N, s->Vl,
+                         s->Vvalid);
+}
+static void r_adamw(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_adamw(be, dt, p[0], p[1], p[2], p[3], 0.5f, BTC, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                 0.1f, 0.05f);
+}
+static void r_adamw_m(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    l3d_be_adamw_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], 0.5f, BTC, 1e-2f, 0.9f, 0.95f,
+                       1e-8f, 0.1f, 0.1f, 0.05f);
+}
+static void r_sumsq(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_sumsq(be, dt, p[0], p[1], BTC);
+}
+static void r_conv(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_convert(be, dt, p[0], L3D_F32, p[2], BTC); /* fp32 -> dt */
+    l3d_be_convert(be, L3D_F32, p[1], dt, p[0], BTC); /* and back */
+}
+static void r_unscale(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                      S) {
+    (void)g;
+    l3d_be_unscale(be, dt, p[1], p[0], 0.25f, BTC);
+}
+#undef S
+
+#define NBT (s.B * s.T)
+#define NBTC (s.B * s.T * s.C)
+#define C3 (3 * s.C)
+static struct kcase *cases(struct shape s, int *n) {
+    static struct kcase k[32];
+    int i = 0;
+    k[i++] = (struct kcase){"matmul_forward", {{"out", ACT, NBT * s.OC, ZERO, 0, true},
+        {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.OC * s.C, NORMAL, 0, false},
+        {"bias", ACT, s.OC, NORMAL, 0, false}}, s.C, false, false, r_matmul_f};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "matmul_backward (fp32 grads)" : "matmul_backward",
+            {{"dinp", ACT, NBTC, NORMAL, 0, true}, {"dweight", GRAD, s.OC * s.C, NORMAL, 0, true},
+             {"dbias", GRAD, s.OC, NORMAL, 0, true}, {"dout", ACT, NBT * s.OC, NORMAL, 0, false},
+             {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.OC * s.C, NORMAL, 0, false}},
+            NBT, false, mixed, r_matmul_b};
+    k[i++] = (struct kcase){"encoder_forward", {{"out", ACT, NBTC, ZERO, 0, true},
+        {"tokens", I32, NBT, TOKENS, s.V, false}, {"wte", ACT, s.Vvalid * s.C, NORMAL, 0, false},
+        {"wpe", ACT, s.T * s.C, NORMAL, 0, false}}, 1, false, false, r_enc_f};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "encoder_backward (fp32 grads)" : "encoder_backward",
+            {{"dwte", GRAD, s.Vvalid * s.C, NORMAL, 0, true},
+             {"dwpe", GRAD, s.T * s.C, NORMAL, 0, true}, {"dout", ACT, NBTC, NORMAL, 0, false},
+             {"tokens", I32, NBT, TOKENS, s.V, false}}, NBT, false, mixed, r_enc_b};
+    k[i++] = (struct kcase){"layernorm_forward", {{"out", ACT, NBTC, ZERO, 0, true},
+        {"mean", F32, NBT, ZERO, 0, true}, {"rstd", F32, NBT, ZERO, 0, true},
+        {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.C, NORMAL, 0, false},
+        {"bias", ACT, s.C, NORMAL, 0, false}}, s.C, false, false, r_ln_f};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "layernorm_backward (fp32 grads)" : "layernorm_backward",
+            {{"dinp", ACT, NBTC, NORMAL, 0, true}, {"dweight", GRAD, s.C, NORMAL, 0, true},
+             {"dbias", GRAD, s.C, NORMAL, 0, true}, {"dout", ACT, NBTC, NORMAL, 0, false},
+             {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.C, NORMAL, 0, false},
+             {"mean", F32, NBT, ZERO, 0, false}, {"rstd", F32, NBT, ZERO, 0, false},
+             {"ln_out", ACT, NBTC, ZERO, 0, false}, {"ln_bias", ACT, s.C, NORMAL, 0, false}},
+            NBT, false, mixed, r_ln_b};
+    k[i++] = (struct kcase){"attention_forward", {{"out", ACT, NBTC, ZERO, 0, true},
+        {"lse", F32, s.B * s.NH * s.T, ZERO, 0, true}, {"qkv", ACT, NBT * C3, NORMAL, 0, false}},
+        s.T * s.HS, false, false, r_att_f};
+    k[i++] = (struct kcase){"attention_backward", {{"dqkv", ACT, NBT * C3, NORMAL, 0, true},
+        {"dout", ACT, NBTC, NORMAL, 0, false}, {"qkv", ACT, NBT * C3, NORMAL, 0, false},
+        {"out", ACT, NBTC, ZERO, 0, false}, {"lse", F32, s.B * s.NH * s.T, ZERO, 0, false}},
+        s.T * s.HS, false, false, r_att_b};
+    k[i++] = (struct kcase){"attention_cached", {{"out", ACT, s.T * s.C, ZERO, 0, true},
+        {"qkv", ACT, (s.T + 5) * C3, NORMAL, 0, false}}, (s.T + 5) * s.HS, false, false,
+        r_att_c};
+    k[i++] = (struct kcase){"gelu_forward", {{"out", ACT, NBTC, ZERO, 0, true},
+        {"inp", ACT, NBTC, NORMAL, 0, false}}, 1, false, false, r_gelu_f};
+    k[i++] = (struct kcase){"gelu_backward", {{"dinp", ACT, NBTC, NORMAL, 0, true},
+        {"dout", ACT, NBTC, NORMAL, 0, false}, {"inp", ACT, NBTC, NORMAL, 0, false}}, 1, false,
+        false, r_gelu_b};
+    k[i++] = (struct kcase){"residual_forward", {{"out", ACT, NBTC, ZERO, 0, true},
+        {"a", ACT, NBTC, NORMAL, 0, false}, {"b", ACT, NBTC, NORMAL, 0, false}}, 1, false, false,
+        r_resid};
+    k[i++] = (struct kcase){"add_inplace", {{"dst", ACT, NBTC, NORMAL, 0, true},
+        {"src", ACT, NBTC, NORMAL, 0, false}}, 1, false, false, r_addin};
+    k[i++] = (struct kcase){"add_bias", {{"out", ACT, NBTC, NORMAL, 0, true},
+        {"bias", ACT, s.C, NORMAL, 0, false}}, 1, false, false, r_bias};
+    k[i++] = (struct kcase){"xent (max, sumexp, loss, backward)",
+        {{"logits", ACT, NBT * s.Vl, NORMAL, 0, true}, {"maxv", F32, NBT, ZERO, 0, true},
+         {"sumexp", F32, NBT, ZERO, 0, true}, {"tlogit", F32, NBT, ZERO, 0, true},
+         {"targets", I32, NBT, TOKENS, s.vstart + s.Vvalid + 7, false},
+         {"losses", F32, NBT, ZERO, 0, true}, {"loss_sum", F64, 1, POSITIVE, 0, true}},
+        s.Vl + NBT, false, false, r_xent};
+    k[i++] = (struct kcase){"adamw", {{"param", ACT, NBTC, NORMAL, 0, true},
+        {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
+        {"grad", ACT, NBTC, NORMAL, 0, false}}, 1, true, false, r_adamw};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "adamw_mixed (fp32 grads)" : "adamw_mixed",
+            {{"param", ACT, NBTC, ZERO, 0, true}, {"master", F32, NBTC, NORMAL, 0, true},
+             {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
+             {"grad", GRAD, NBTC, NORMAL, 0, false}}, 1, false, mixed, r_adamw_m};
+    k[i++] = (struct kcase){"sumsq", {{"acc", F64, 1, POSITIVE, 0, true},
+        {"x", ACT, NBTC, NORMAL, 0, false}}, NBTC, false, false, r_sumsq};
+    k[i++] = (struct kcase){"convert", {{"half", ACT, NBTC, ZERO, 0, true},
+        {"back", F32, NBTC, ZERO, 0, true}, {"src", F32, NBTC, NORMAL, 0, false}}, 1, false,
+        false, r_conv};
+    k[i++] = (struct kcase){"unscale", {{"x", ACT, NBTC, NORMAL, 0, true},
+        {"found_inf", F32, 1, ZERO, 0, true}}, 1, false, false, r_unscale};
+    *n = i;
+    return k;
+}
+
+/* ---- the runner ------------------------------------------------------------------------------- */
+
+static void fill(const struct buf *b, enum l3d_dtype t, void *h, uint64_t seed) {
+    for (int64_t i = 0; i < b->n; i++) {
+        double x = 0;
+        if (b->init == NORMAL) x = l3d_rng_normal(seed, 0, (uint64_t)i);
+        if (b->init == POSITIVE) x = 0.1 + fabs(l3d_rng_normal(seed, 0, (uint64_t)i));
+        if (b->init == TOKENS) x = (double)(l3d_rng_u64(seed, 0, (uint64_t)i) % (uint64_t)b->hi);
+        set(t, h, i, x);
+    }
+}
+
+/* The case on one backend: host inputs in, outputs back into res[j] */
+static void run_on(struct l3d_backend *be, const struct kcase *k, enum l3d_dtype dt,
+                   enum l3d_dtype gdt, const struct shape *s, void *const *host, void **res) {
+    void *dev[MAXB] = {0};
+    for (int j = 0; j < MAXB && k->b[j].name; j++) {
+        size_t bytes = (size_t)k->b[j].n * kind_size(k->b[j].kind, dt, gdt);
+        dev[j] = l3d_be_alloc(be, bytes, k->b[j].name);
+        L3D_ASSERT(dev[j]);
+        l3d_be_copy_h2d(be, dev[j], host[j], bytes);
+    }
+    k->run(be, dt, gdt, dev, s);
+    for (int j = 0; j < MAXB && k->b[j].name; j++) {
+        size_t bytes = (size_t)k->b[j].n * kind_size(k->b[j].kind, dt, gdt);
+        if (k->b[j].out) l3d_be_copy_d2h(be, res[j], dev[j], bytes);
+        l3d_be_free(be, dev[j]);
+    }
+}
+
+/* one case in one type: every output within tolerance, and the perturbed one rejected */
+static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const struct kcase *k,
+                       enum l3d_dtype dt, const struct shape *s, uint64_t seed) {
+    enum l3d_dtype gdt = k->mixed ? L3D_F32 : dt;
+    void *host[MAXB] = {0}, *rc[MAXB] = {0}, *rg[MAXB] = {0};
+    for (int j = 0; j < MAXB && k->b[j].name; j++) {
+        size_t bytes = (size_t)k->b[j].n * kind_size(k->b[j].kind, dt, gdt);
+        host[j] = malloc(bytes);
+        rc[j] = malloc(bytes);
+        rg[j] = malloc(bytes);
+        L3D_ASSERT(host[j] && rc[j] && rg[j]);
+        fill(&k->b[j], kind_type(k->b[j].kind, dt, gdt), host[j], seed + (uint64_t)j);
+    }
+    run_on(cpu, k, dt, gdt, s, host, rc);
+    run_on(gpu, k, dt, gdt, s, host, rg);
+    for (int j = 0; j < MAXB && k->b[j].name; j++) {
+        if (!k->b[j].out) continue;
+        enum l3d_dtype t = kind_type(k->b[j].kind, dt, gdt);
+        /* an fp32 output of 16-bit inputs carries their rounding: the tolerance of dt */
+        double tol = tolerance(unit(t) > unit(dt) ? t : dt, k->K);
+        double d = rel_diff(t, rg[j], rc[j], k->b[j].n);
+        printf("%-36s %-5s %-10s rel diff %.3g (tol %.3g)%s\n", k->name, l3d_dtype_name(dt),
+               k->b[j].name, d, tol, d <= tol ? "" : "  FAIL");
+        CHECK(d <= tol);
+        /* negative: one element 10 tolerances (relative to the largest) away must fail */
+        double mx = 0;
+        for (int64_t i = 0; i < k->b[j].n; i++) mx = fmax(mx, fabs(get(t, rc[j], i)));
+        int64_t at = k->b[j].n / 2;
+        set(t, rg[j], at, get(t, rc[j], at) + 10.0 * tol * (mx > 0 ? mx : 1.0) + 4 * unit(t));
+        CHECK(!(rel_diff(t, rg[j], rc[j], k->b[j].n) <= tol));
+    }
+    for (int j = 0; j < MAXB; j++) free(host[j]), free(rc[j]), free(rg[j]);
+}
+
+int main(void) {
+    struct l3d_backend *cpu, *gpu;
+    if (l3d_backend_init("cpu", &cpu) != L3D_OK || l3d_backend_init("cuda", &gpu) != L3D_OK) {
+        fprintf(stderr, "%s\n", l3d_error_message());
+        return 1;
+    }
+    /* HS 24 (lanes partly empty), a vocabulary slice from 0; HS 64 (GPT-2's), a slice from 50 */
+    const struct shape shapes[2] = {{2, 37, 48, 2, 24, 80, 101, 104, 101, 0},
+                                    {2, 70, 128, 2, 64, 96, 51, 56, 51, 50}};
+    const enum l3d_dtype types[3] = {L3D_F32, L3D_BF16, L3D_F16};
+    for (int si = 0; si < 2; si++) {
+        int n;
+        struct kcase *k = cases(shapes[si], &n);
+        for (int ti = 0; ti < 3; ti++)
+            for (int c = 0; c < n; c++) {
+                if ((k[c].f32_only && types[ti] != L3D_F32) || (k[c].mixed && types[ti] == L3D_F32))
+                    continue;
+                check_case(cpu, gpu, &k[c], types[ti], &shapes[si], 1000u * (uint64_t)si + 7);
+            }
+    }
+    l3d_backend_free(gpu);
+    l3d_backend_free(cpu);
+    return TEST_REPORT();
+}

@@ -1,0 +1,278 @@
+/* tiktoken rank files and tokenizer.json: the reference encoder's ids for cl100k_base, o200k_base
+ * and Llama 3 (tests/data/tiktoken_NAME.tsv, written by scripts/tiktoken_vectors.js with the npm
+ * package tiktoken, special tokens as text and allowed), a perturbed id caught, round trips,
+ * decoding of tokens that end inside a character, and errors of malformed rank files. The rank
+ * files are those `bash scripts/setup.sh --tokenizers` installs (make test runs it). */
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm3d/tokenizer.h"
+#include "test.h"
+
+static char data_dir[4096], tmp_dir[4096];
+
+static int hexval(int c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
+
+/* One line "mode \t hex \t ids" into text (*n bytes) and want; false at a malformed line. */
+static bool parse_line(char *line, unsigned char *text, size_t *n, char *mode, struct l3d_ids *want) {
+    char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+    if (!t1 || !t2 || t1 != line + 1) return false;
+    *mode = line[0];
+    *n = (size_t)(t2 - t1 - 1) / 2;
+    for (size_t i = 0; i < *n; i++)
+        text[i] = (unsigned char)(hexval(t1[1 + 2 * i]) * 16 + hexval(t1[2 + 2 * i]));
+    for (char *p = t2 + 1, *end; *p && *p != '\n'; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        l3d_ids_push(want, (int32_t)v);
+    }
+    return true;
+}
+
+static bool same_ids(const struct l3d_ids *a, const struct l3d_ids *b) {
+    return a->n == b->n && (a->n == 0 || memcmp(a->v, b->v, (size_t)a->n * sizeof *a->v) == 0);
+}
+
+/* Every vector of file: the same ids; decoding gives the text back (valid UTF-8 or not); and the
+ * first vector with ids, one id perturbed, no longer compares equal. Returns the case count. */
+static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
+    char path[8400];
+    snprintf(path, sizeof path, "%s/%s", data_dir, file);
+    FILE *fp = fopen(file[0] == '/' ? file : path, "r"); /* a name under tests/data, or a path */
+    CHECK(fp != NULL);
+    if (!fp) return 0;
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    static char line[1 << 17];
+    static unsigned char text[1 << 16];
+    int cases = 0, bad = 0, perturbed = 0;
+    char *dec = NULL, mode;
+    size_t cap = 0, n;
+    while (fgets(line, sizeof line, fp)) {
+        struct l3d_ids want = {0}, got = {0};
+        bool ok = parse_line(line, text, &n, &mode, &want);
+        CHECK(ok && (mode == 'o' || mode == 's'));
+        if (!ok) break;
+        if (mode == 's') l3d_encoder_encode_special(e, (const char *)text, n, &got);
+        else l3d_encoder_encode(e, (const char *)text, n, &got);
+        bool same = same_ids(&got, &want);
+        if (!same && bad++ < 5) {
+            fprintf(stderr, "%s: mismatch (%c) on \"%.*s\": got", file, mode, (int)n, text);
+            for (int64_t i = 0; i < got.n; i++) fprintf(stderr, " %d", got.v[i]);
+            fprintf(stderr, ", want");
+            for (int64_t i = 0; i < want.n; i++) fprintf(stderr, " %d", want.v[i]);
+            fprintf(stderr, "\n");
+        }
+        CHECK(same);
+        if (same && !perturbed && want.n > 0) { /* the negative case: the comparison can fail */
+            want.v[want.n / 2] ^= 1;
+            CHECK(!same_ids(&got, &want));
+            perturbed = 1;
+        }
+        size_t m = l3d_tokenizer_decode(t, got.v, got.n, &dec, &cap);
+        CHECK(m == n && (n == 0 || memcmp(dec, text, n) == 0));
+        l3d_ids_free(&want);
+        l3d_ids_free(&got);
+        cases++;
+    }
+    fclose(fp);
+    free(dec);
+    l3d_encoder_free(e);
+    fprintf(stderr, "%s: %d reference vectors, %d mismatches\n", file, cases, bad);
+    CHECK(perturbed == 1);
+    return cases;
+}
+
+/* Decoding token by token, each token's bytes alone, gives back text whose characters cross token
+ * boundaries (bytes, not characters, are what tokens hold). */
+static void test_split_characters(const struct l3d_tokenizer *t) {
+    const char *s = "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa9 \xe3\x81\x82\xe6\xbc\xa2\xe5\xad\x97";
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct l3d_ids ids = {0};
+    l3d_encoder_encode(e, s, strlen(s), &ids);
+    char out[256];
+    size_t o = 0, partial = 0;
+    for (int64_t i = 0; i < ids.n; i++) {
+        size_t len;
+        const unsigned char *b = l3d_tokenizer_token(t, ids.v[i], &len);
+        partial += o + len < strlen(s) && (s[o + len] & 0xC0) == 0x80; /* next byte continues */
+        memcpy(out + o, b, len);
+        o += len;
+    }
+    CHECK(o == strlen(s) && memcmp(out, s, o) == 0);
+    CHECK(partial > 0); /* some token ends inside a character: the case this covers */
+    l3d_ids_free(&ids);
+    l3d_encoder_free(e);
+}
+
+static void expect_error(const char *name, const char *body, const char *want) {
+    char path[8300];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *fp = fopen(path, "w");
+    L3D_ASSERT(fp != NULL);
+    fputs(body, fp);
+    fclose(fp);
+    struct l3d_tokenizer *t = NULL;
+    l3d_status st = l3d_tokenizer_open(&t, path);
+    CHECK(st != L3D_OK && t == NULL);
+    bool named = st != L3D_OK && strstr(l3d_error_message(), want) != NULL;
+    if (!named) fprintf(stderr, "%s: got \"%s\", want \"%s\"\n", name, l3d_error_message(), want);
+    CHECK(named);
+}
+
+static void test_errors(void) {
+    expect_error("bad_base64.tiktoken", "IQ== 0\nI@== 1\n", "line 2 is not \"base64-token rank\"");
+    expect_error("twice.tiktoken", "IQ== 0\nIQ== 0\n", "rank 0 is given twice");
+    expect_error("gap.tiktoken", "IQ== 0\nIg== 3\nIw== 2\n\n", "rank 1 is missing");
+    expect_error("few.tiktoken", "IQ== 0\nIg== 1\n", "holds 2 ranks");
+    expect_error("norank.tiktoken", "IQ==\n", "line 1 is not");
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    L3D_ASSERT(fp != NULL);
+    fseek(fp, 0, SEEK_END);
+    *n = (size_t)ftell(fp);
+    rewind(fp);
+    char *b = malloc(*n + 1);
+    L3D_ASSERT(fread(b, 1, *n, fp) == *n);
+    b[*n] = '\0';
+    fclose(fp);
+    return b;
+}
+
+/* Writes tmp_dir/NAME/tokenizer.json: GPT-2's vocabulary and merges (tests/data/gpt2) as the
+ * `tokenizers` library serialises them, with the given normalizer, pre_tokenizer and model type. */
+static void write_hf(const char *name, const char *normalizer, const char *pre, const char *model) {
+    char path[8400];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/gpt2/encoder.json", data_dir);
+    size_t nv, nm;
+    char *vocab = slurp(path, &nv);
+    snprintf(path, sizeof path, "%s/gpt2/vocab.bpe", data_dir);
+    char *merges = slurp(path, &nm);
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", tmp_dir, name);
+    FILE *fp = fopen(path, "w");
+    L3D_ASSERT(fp != NULL);
+    fprintf(fp, "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 50256, \"content\": "
+            "\"<|endoftext|>\", \"special\": true}], \"normalizer\": %s, \"pre_tokenizer\": %s, "
+            "\"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": "
+            "{\"type\": \"%s\", \"ignore_merges\": false, \"vocab\": %s, \"merges\": [",
+            normalizer, pre, model, vocab);
+    char *line = strchr(merges, '\n') + 1; /* past "#version" */
+    for (bool first = true; *line; first = false) {
+        char *end = strchr(line, '\n');
+        if (!end || end == line) break;
+        fputs(first ? "\"" : ", \"", fp);
+        for (char *c = line; c < end; c++) {
+            if (*c == '"' || *c == '\\') fputc('\\', fp);
+            fputc(*c, fp);
+        }
+        fputc('"', fp);
+        line = end + 1;
+    }
+    fputs("]}}\n", fp);
+    fclose(fp);
+    free(vocab);
+    free(merges);
+}
+
+/* tokenizer.json: GPT-2's written as a ByteLevel BPE, and as a Split + ByteLevel(use_regex false)
+ * with GPT-2's pattern, encode every GPT-2 reference vector (tests/data/gpt2_vectors.tsv, of
+ * gpt-3-encoder) exactly; a special token allowed is its id; refused features are named. */
+static void test_hf(void) {
+    static const char *pre[] = {
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}",
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+        "{\"Regex\": \"'s|'t|'re|'ve|'m|'ll|'d| ?\\\\p{L}+| ?\\\\p{N}+| ?[^\\\\s\\\\p{L}\\\\p{N}]+|"
+        "\\\\s+(?!\\\\S)|\\\\s+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": "
+        "\"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}",
+    };
+    for (int k = 0; k < 2; k++) {
+        char dir[8400];
+        write_hf(k ? "hf_split" : "hf_bytelevel", "null", pre[k], "BPE");
+        snprintf(dir, sizeof dir, "%s/%s", tmp_dir, k ? "hf_split" : "hf_bytelevel");
+        struct l3d_tokenizer *t;
+        l3d_status st = l3d_tokenizer_open(&t, dir);
+        if (st != L3D_OK) fprintf(stderr, "%s\n", l3d_error_message());
+        CHECK(st == L3D_OK);
+        if (st != L3D_OK) continue;
+        CHECK(l3d_tokenizer_vocab_size(t) == 50257 && l3d_tokenizer_eot(t) == 50256);
+        char path[8400];
+        snprintf(path, sizeof path, "%s/gpt2_vectors.tsv", data_dir);
+        FILE *in = fopen(path, "r"), *out;
+        static char line[1 << 17];
+        char tsv[8400];
+        snprintf(tsv, sizeof tsv, "%s/hf.tsv", tmp_dir);
+        out = fopen(tsv, "w");
+        L3D_ASSERT(in && out);
+        while (fgets(line, sizeof line, in)) fprintf(out, "o\t%s", line); /* as ordinary cases */
+        fclose(in);
+        fclose(out);
+        CHECK(test_vectors(t, tsv) >= 400);
+        struct l3d_encoder *e = l3d_encoder_init(t);
+        struct l3d_ids ids = {0};
+        l3d_encoder_encode_special(e, "a<|endoftext|>b", 15, &ids);
+        CHECK(ids.n == 3 && ids.v[1] == 50256);
+        l3d_ids_free(&ids);
+        l3d_encoder_free(e);
+        l3d_tokenizer_free(t);
+    }
+    static const struct {
+        const char *norm, *pre, *model, *want;
+    } bad[] = {
+        {"{\"type\": \"NFC\"}", NULL, "BPE", "the normalizer NFC is not supported"},
+        {"null", NULL, "WordPiece", "the model WordPiece is not supported"},
+        {"null", NULL, "Unigram", "the model Unigram is not supported"},
+        {"null", "{\"type\": \"Whitespace\"}", "BPE", "the pre_tokenizer Whitespace is not supported"},
+        {"null", "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", "BPE", "add_prefix_space"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[8400];
+        write_hf("hf_bad", bad[i].norm, bad[i].pre ? bad[i].pre : pre[0], bad[i].model);
+        snprintf(dir, sizeof dir, "%s/hf_bad", tmp_dir);
+        struct l3d_tokenizer *t = NULL;
+        CHECK(l3d_tokenizer_open(&t, dir) != L3D_OK && t == NULL);
+        bool named = strstr(l3d_error_message(), bad[i].want) != NULL;
+        if (!named) fprintf(stderr, "got \"%s\", want \"%s\"\n", l3d_error_message(), bad[i].want);
+        CHECK(named);
+    }
+}
+
+int main(void) {
+    char file[] = __FILE__;
+    snprintf(data_dir, sizeof data_dir, "%s/data", dirname(file));
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/l3d_test_tiktoken_%d", (int)getpid());
+    mkdir(tmp_dir, 0755);
+    static const struct {
+        const char *name;
+        int V, eot, bot;
+    } enc[] = {
+        {"cl100k_base", 100277, 100257, -1},
+        {"o200k_base", 200019, 199999, -1},
+        {"llama3", 128256, 128001, 128000},
+    };
+    for (size_t i = 0; i < sizeof enc / sizeof *enc; i++) {
+        struct l3d_tokenizer *t;
+        l3d_status st = l3d_tokenizer_open(&t, enc[i].name);
+        if (st != L3D_OK) fprintf(stderr, "%s\n", l3d_error_message());
+        CHECK(st == L3D_OK);
+        if (st != L3D_OK) continue;
+        CHECK(l3d_tokenizer_vocab_size(t) == enc[i].V);
+        CHECK(l3d_tokenizer_eot(t) == enc[i].eot && l3d_tokenizer_bot(t) == enc[i].bot);
+        char tsv[256];
+        snprintf(tsv, sizeof tsv, "tiktoken_%s.tsv", enc[i].name);
+        CHECK(test_vectors(t, tsv) >= 2000);
+        test_split_characters(t);
+        l3d_tokenizer_free(t);
+    }
+    test_errors();
+    test_hf();
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    CHECK(system(cmd) == 0);
+    return TEST_REPORT();
+}
