@@ -113,9 +113,6 @@ int l3d_cli_convert(int argc, char **argv) {
     float *full = NULL;
     char dir[4096];
     l3d_status st = read_source(src, &cfg, &full, &what, dir, sizeof dir);
-    if (st == L3D_OK && llmc && cfg.arch != L3D_ARCH_GPT2)
-        st = l3d_error(L3D_ERR_ARG, "%s is a Llama model: llm.c files hold GPT-2 only; give a "
-                       "folder (not *.bin) as the destination", src);
     if (st == L3D_OK && llmc)
         st = l3d_ckpt_save_llmc_params_dt(dst, &cfg, full, l3d_gpt_param_count(&cfg), o.dt);
     else if (st == L3D_OK)

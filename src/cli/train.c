@@ -105,9 +105,8 @@ static const struct l3d_flag run_flags[] = {
     {"val-every", "N", T_VALEVERY, "validation every N steps and at the end (50)"},
     {"val-batches", "N", T_VALBATCHES, "micro-batches a validation (8)"},
     {"seed", "S", T_SEED, "initial weights and batch order (1337)"},
-    {"out", "DIR", T_OUT, "metrics.jsonl, checkpoints, and at the end the model: config.json "
-                          "+ model.safetensors (Hugging Face) and, for GPT-2, model.bin (llm.c) "
-                          "(none)"},
+    {"out", "DIR", T_OUT, "metrics.jsonl, checkpoints, and at the end the model: model.bin "
+                          "(llm.c) and config.json + model.safetensors (Hugging Face) (none)"},
     {"save-dtype", "T", T_SAVE_DTYPE, "the safetensors weights' type: fp32 (default), bf16 or "
                                       "fp16 (rounded to nearest even)"},
     {"save-shard-mb", "M", T_SAVE_SHARD, "weights above M MiB go to several safetensors files "

@@ -76,8 +76,8 @@ static float *gather_model(const struct l3d_trainer *t) {
     return full;
 }
 
-/* --out: the first replica's weights as a Hugging Face folder (config.json, model.safetensors)
- * and, for GPT-2, llm.c's model.bin, written by rank 0. */
+/* --out: the first replica's weights as llm.c's model.bin and a Hugging Face folder
+ * (config.json, model.safetensors), written by rank 0. */
 static l3d_status save_model(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     if (t->topo->dp_rank != 0) return L3D_OK;
@@ -85,11 +85,9 @@ static l3d_status save_model(const struct l3d_trainer *t) {
     if (!full) return L3D_OK;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-    l3d_status st = L3D_OK;
-    if (tc->model.arch == L3D_ARCH_GPT2) {
-        st = l3d_ckpt_save_llmc_params(path, &tc->model, full, l3d_gpt_param_count(&tc->model));
-        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
-    }
+    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full,
+                                              l3d_gpt_param_count(&tc->model));
+    if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
     if (st == L3D_OK)
         st = l3d_hf_save(tc->out_dir, &tc->model, full, tc->save_dtype,
                          tc->save_shard_bytes > 0 ? tc->save_shard_bytes : L3D_HF_SHARD_BYTES);
