@@ -392,9 +392,11 @@ static int64_t entry_count(const struct l3d_st_entry *e) {
     return n;
 }
 
-/* Entries [a, b) into path (a temporary name), fsynced. */
+/* Entries [a, b) into path (a temporary name), fsynced; buf stages a tensor's fp32 values, half
+ * (16-bit dt only) their narrowed copy. */
 static l3d_status write_shard(const char *path, const struct l3d_st_entry *e, int a, int b,
-                              l3d_st_fill fill, void *ctx, enum l3d_dtype dt, float *buf) {
+                              l3d_st_fill fill, void *ctx, enum l3d_dtype dt, float *buf,
+                              uint16_t *half) {
     size_t es = l3d_dtype_size(dt), hlen;
     char *hdr = header_text(e, a, b, dt, &hlen);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -410,14 +412,10 @@ static l3d_status write_shard(const char *path, const struct l3d_st_entry *e, in
     for (int i = a; rc == L3D_OK && i < b; i++) {
         int64_t n = entry_count(&e[i]);
         fill(ctx, i, buf);
-        if (dt != L3D_F32) { /* narrowed in place: element j's 2 bytes below element j's 4 */
-            uint16_t *h = (uint16_t *)(void *)buf;
-            for (int64_t j = 0; j < n; j++) {
-                float x = buf[j];
-                h[j] = dt == L3D_BF16 ? l3d_f32_to_bf16(x) : l3d_f32_to_f16(x);
-            }
-        }
-        rc = l3d_ckpt_write_all(fd, path, buf, (size_t)n * es, NULL);
+        for (int64_t j = 0; dt != L3D_F32 && j < n; j++)
+            half[j] = dt == L3D_BF16 ? l3d_f32_to_bf16(buf[j]) : l3d_f32_to_f16(buf[j]);
+        rc = l3d_ckpt_write_all(fd, path, dt == L3D_F32 ? (const void *)buf : (const void *)half,
+                                (size_t)n * es, NULL);
     }
     if (rc == L3D_OK && fsync(fd) != 0)
         rc = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(errno));
@@ -480,8 +478,10 @@ l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3
         most = entry_count(&e[i]) > most ? entry_count(&e[i]) : most;
     }
     float *buf = l3d_try_alloc((size_t)most * sizeof(float), "tensor staging");
-    if (!buf) rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a %lld-element tensor", dir,
-                             (long long)most);
+    uint16_t *half = dt == L3D_F32 ? NULL : l3d_try_alloc((size_t)most * 2, "tensor staging");
+    if (!buf || (dt != L3D_F32 && !half))
+        rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a %lld-element tensor", dir,
+                       (long long)most);
     char tmp[L3D_CKPT_PATH_CAP], path[L3D_CKPT_PATH_CAP], name[64];
     for (int s = 0, a = 0; rc == L3D_OK && s < nshards; s++) {
         int b = a;
@@ -489,7 +489,7 @@ l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3
         if (nshards == 1) snprintf(name, sizeof name, SINGLE_NAME);
         else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
         l3d_ckpt_join(tmp, sizeof tmp, dir, "/.", name);
-        rc = write_shard(tmp, e, a, b, fill, ctx, dt, buf);
+        rc = write_shard(tmp, e, a, b, fill, ctx, dt, buf, half);
         a = b;
     }
     for (int s = 0; s < nshards; s++) { /* every shard written: renamed into place, or removed */
@@ -505,6 +505,7 @@ l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3
     if (rc == L3D_OK) remove_stale(dir, nshards);
     if (rc == L3D_OK) rc = l3d_ckpt_fsync_path(dir);
     l3d_free(buf);
+    l3d_free(half);
     l3d_free(shard_of);
     return rc;
 }

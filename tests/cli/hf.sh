@@ -48,6 +48,8 @@ check "  ... on tp 2 (each rank its slice), from the sharded folder" cmp "$dir/i
 check "  ... and its folder (gathered) = its model.bin" oracle check "$dir/inittp" "$dir/inittp/model.bin"
 train savebf 0 2 --init-from "$model" --steps 2 --save-dtype bf16
 check "--save-dtype bf16: the run's weights rounded" oracle check "$dir/savebf" "$dir/savebf/model.bin" --dtype BF16
+expect_error "--init-from the folder --out writes into" "--init-from .*/inithf is the folder --out writes" \
+    "$bin" train "${TINY[@]}" --steps 1 --batch 2 --init-from "$dir/inithf" --out "$dir/inithf" --overwrite
 check "generate from the folder = from model.bin" sh -c "OMP_NUM_THREADS=2 '$bin' generate --init-from '$dir/run' --prompt 'row ' --max-tokens 16 --temperature 0 > '$dir/g1.txt' 2>/dev/null && OMP_NUM_THREADS=2 '$bin' generate --checkpoint '$model' --prompt 'row ' --max-tokens 16 --temperature 0 > '$dir/g2.txt' 2>/dev/null && cmp '$dir/g1.txt' '$dir/g2.txt'"
 
 # inspect
