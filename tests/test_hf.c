@@ -95,6 +95,13 @@ static void test_st_roundtrip(void) {
     CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, L3D_F32, 1 << 20) == L3D_OK);
     CHECK(access(path_of("model.safetensors.index.json"), F_OK) != 0);
     CHECK(access(path_of("model-00001-of-00003.safetensors"), F_OK) != 0);
+    /* --overwrite's removal: every file the writer wrote, sharded or not; then nothing to do */
+    CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, L3D_F32, 30) == L3D_OK);
+    write_text(path_of("notes.safetensors"), "the user's");
+    CHECK(l3d_st_remove(scratch) && !l3d_st_remove(scratch));
+    CHECK(access(path_of("model-00002-of-00003.safetensors"), F_OK) != 0 &&
+          access(path_of("model.safetensors.index.json"), F_OK) != 0 &&
+          access(path_of("notes.safetensors"), F_OK) == 0);
 }
 
 static l3d_status open_one(const char *hdr, int64_t delta, const void *data, size_t n) {

@@ -90,6 +90,9 @@ typedef void (*l3d_st_fill)(void *ctx, int i, float *out);
  * removed. __metadata__ {"format": "pt"} as Hugging Face's writers. */
 l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3d_st_fill fill,
                         void *ctx, enum l3d_dtype dt, int64_t shard_bytes);
+/* Removes what l3d_st_write writes in dir (the single file, the index, shard files); whether
+ * there was a single file or an index. */
+bool l3d_st_remove(const char *dir);
 
 /* ---- Hugging Face folders (src/ckpt/hf.c) ---------------------------------------------------- */
 

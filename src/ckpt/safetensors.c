@@ -424,11 +424,15 @@ static l3d_status write_shard(const char *path, const struct l3d_st_entry *e, in
 }
 
 /* Removes dir's files of a layout other than the one just written: the single file or index,
- * and shard files model-K-of-N.safetensors of another N. */
+ * and shard files model-K-of-N.safetensors of another N; with nshards 0, all of them. */
 static void remove_stale(const char *dir, int nshards) {
     char p[L3D_CKPT_PATH_CAP];
     l3d_ckpt_join(p, sizeof p, dir, "/", nshards > 1 ? SINGLE_NAME : INDEX_NAME);
     unlink(p);
+    if (nshards == 0) {
+        l3d_ckpt_join(p, sizeof p, dir, "/", SINGLE_NAME);
+        unlink(p);
+    }
     DIR *d = opendir(dir);
     struct dirent *de;
     while (d && (de = readdir(d))) {
@@ -508,4 +512,15 @@ l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3
     l3d_free(half);
     l3d_free(shard_of);
     return rc;
+}
+
+bool l3d_st_remove(const char *dir) {
+    char a[L3D_CKPT_PATH_CAP], b[L3D_CKPT_PATH_CAP];
+    struct stat sb;
+    if (l3d_ckpt_long_path(dir) != L3D_OK) return false;
+    l3d_ckpt_join(a, sizeof a, dir, "/", SINGLE_NAME);
+    l3d_ckpt_join(b, sizeof b, dir, "/", INDEX_NAME);
+    if (stat(a, &sb) != 0 && stat(b, &sb) != 0) return false;
+    remove_stale(dir, 0);
+    return true;
 }
