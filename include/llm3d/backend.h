@@ -116,30 +116,67 @@ void l3d_be_layernorm_backward(struct l3d_backend *be, enum l3d_dtype dt, void *
                                void *dweight, void *dbias, const void *dout, const void *inp,
                                const void *weight, const float *mean, const float *rstd,
                                int64_t N, int64_t C);
-/* Causal self-attention, tiled (FlashAttention): out (B,T,NH,HS) from qkv (B,T,3,NH,HS); lse
+/* Causal self-attention, tiled (FlashAttention): out (B,T,NH,HS) from qkv (B,T,NH+2*NKV,HS); lse
  * (B,NH,T) fp32, the log-sum-exp of each query row's scaled scores, saved for backward, which
- * recomputes the scores from qkv, out and lse. No (B,NH,T,T) tensor. */
+ * recomputes the scores from qkv, out and lse. No (B,NH,T,T) tensor. Grouped-query attention
+ * (Ainslie et al. 2023): NKV key/value heads, NH a multiple of NKV; a qkv row holds the NH query
+ * heads, then the NKV key heads, then the NKV value heads, and query head h attends with KV head
+ * h / (NH / NKV) (no repeated copy). NKV == NH is multi-head attention, (B,T,3,NH,HS). */
 void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
-                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS);
+/* dqkv (B,T,NH+2*NKV,HS) += */
 void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                const void *dout, const void *qkv, const void *out,
-                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t HS);
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t HS);
 /* The materialising kernel pair, att (B,NH,T,T) the probabilities, datt (B,NH,T,T) scratch: the
  * oracle the tiled kernel is benchmarked against (L3D_ATTENTION=naive); NULL in a backend
  * without it (the call aborts). */
 void l3d_be_attention_naive_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
                                     void *att, const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                    int64_t HS);
+                                    int64_t NKV, int64_t HS);
 void l3d_be_attention_naive_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                      void *datt, const void *dout, const void *qkv,
                                      const void *att, int64_t B, int64_t T, int64_t NH,
-                                     int64_t HS);
+                                     int64_t NKV, int64_t HS);
 /* Attention of n new rows at positions pos..pos+n-1 over a key/value cache (generation):
  * out (n, NH*HS) = softmax(q k^T / sqrt(HS)) v over cached positions 0..pos+i for row i; q (n)
- * rows of q_stride elements (heads at h*HS); k, v (pos+n) rows of kv_stride elements. */
+ * rows of q_stride elements (query heads at h*HS); k, v (pos+n) rows of kv_stride elements (the
+ * NKV key/value heads at g*HS; query head h reads head h / (NH / NKV)). */
 void l3d_be_attention_cached(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
-                             int64_t HS, int64_t q_stride, int64_t kv_stride);
+                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+/* RMSNorm (Zhang & Sennrich 2019, eq. 4): out (N,C) = inp * rstd * weight, with rstd (N) fp32
+ * = 1 / sqrt(mean over C of inp^2 + eps), saved for backward (no mean, no bias). */
+void l3d_be_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *rstd,
+                            const void *inp, const void *weight, int64_t N, int64_t C, float eps);
+/* dinp (N,C) += and dweight (C, type gdt: dt or L3D_F32 main_grad) +=, from dout, inp, weight and
+ * the saved rstd; either may be NULL. */
+void l3d_be_rmsnorm_backward(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                             void *dinp, void *dweight, const void *dout, const void *inp,
+                             const void *weight, const float *rstd, int64_t N, int64_t C);
+/* Rotary position embedding (Su et al. 2021) in Hugging Face's rotate-half form, in place on the
+ * NH query heads and NKV key heads of each row of qkv (B,T,NH+2*NKV,HS) (the values are not
+ * touched): in each head, pair (i, i + HS/2) for i < HS/2 turns by the angle
+ * a = pos[t] * inv_freq[i]: (x_i, x_j) -> (x_i cos a - x_j sin a, x_j cos a + x_i sin a).
+ * inv_freq (HS/2 fp32, device memory: l3d_rope_inv_freq's values), pos (T int32 positions,
+ * device memory, any values: the same for every sequence of the batch). HS even.
+ * rope_backward, in place on dqkv: the inverse rotation (the transpose) of its query and key
+ * gradients, which turns d(rotated) into d(qkv before rope). */
+void l3d_be_rope_forward(struct l3d_backend *be, enum l3d_dtype dt, void *qkv,
+                         const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                         int64_t NH, int64_t NKV, int64_t HS);
+void l3d_be_rope_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
+                          const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                          int64_t NH, int64_t NKV, int64_t HS);
+/* SwiGLU (Shazeer 2020): inp (N,2H) holds [gate | up] in each row (the fused product of the
+ * gate and up rows); out (N,H) = silu(gate) * up, silu(g) = g / (1 + e^-g). Backward: dinp
+ * (N,2H) += the gradients of both halves. */
+void l3d_be_swiglu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
+                           int64_t N, int64_t H);
+void l3d_be_swiglu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp,
+                            const void *dout, const void *inp, int64_t N, int64_t H);
 void l3d_be_gelu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
                          int64_t N);
 void l3d_be_gelu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp, const void *dout,

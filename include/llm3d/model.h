@@ -97,6 +97,10 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 int l3d_model_kv_heads(const struct l3d_model_spec *m);
 /* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
 double l3d_model_param_count(const struct l3d_model_spec *m);
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
+ * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
+ * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
+void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);
 
 struct l3d_shard {
     int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */

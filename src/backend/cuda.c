@@ -389,31 +389,42 @@ static void head_size(int64_t HS, const char *kernel) {
         l3d_fatal(__FILE__, __LINE__, "backend cuda: %s takes head sizes 1 to %d, not %lld",
                   kernel, L3D_CUDA_MAX_HS, (long long)HS);
 }
+/* grouped-query attention (NKV < NH) is not in these kernels yet */
+static void mha_only(int64_t NH, int64_t NKV, const char *kernel) {
+    if (NKV != NH)
+        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s has no grouped-query variant yet (%lld "
+                  "query heads, %lld key/value heads): use the cpu backend", kernel,
+                  (long long)NH, (long long)NKV);
+}
 static void cuda_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                    const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                   int64_t HS) {
+                                   int64_t NKV, int64_t HS) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_forward");
     head_size(HS, "attention_forward");
+    mha_only(NH, NKV, "attention_forward");
     l3d_cuk_attention_forward(k, out, lse, qkv, B, T, NH, HS, cx->stream);
     launched("attention_forward");
 }
 static void cuda_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                     const void *qkv, const void *out, const float *lse,
-                                    int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_backward");
     head_size(HS, "attention_backward");
+    mha_only(NH, NKV, "attention_backward");
     float *D = scratch((void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T), sizeof(float));
     l3d_cuk_attention_backward(k, dqkv, dout, qkv, out, lse, D, B, T, NH, HS, cx->stream);
     launched("attention_backward");
 }
 static void cuda_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                   const void *k, const void *v, int64_t pos, int64_t n,
-                                  int64_t NH, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                  int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                  int64_t kv_stride) {
     struct cuda_ctx *cx = ctx;
     int t = kt(dt, "attention_cached");
     head_size(HS, "attention_cached");
+    mha_only(NH, NKV, "attention_cached");
     l3d_cuk_attention_cached(t, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride, cx->stream);
     launched("attention_cached");
 }

@@ -771,9 +771,9 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
     if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
     else
-        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
+        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
     l3d_be_layernorm_forward(m->be, dt, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w,
@@ -958,7 +958,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
             /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
             l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
-                                           HS);
+                                           Hl, HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
@@ -988,10 +988,10 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * E);
         if (m->attn_naive)
             l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, HS);
+                                            la->att, B, T, Hl, Hl, HS);
         else
             l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, HS);
+                                      B, T, Hl, Hl, HS);
         progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);

@@ -121,7 +121,7 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
             l3d_be_copy_d2d(be, el(kv, (pos + i) * 2 * C, es), el(inf->qkv, i * 3 * C + C, es),
                             (size_t)(2 * C) * es);
         l3d_be_attention_cached(be, dt, inf->atty, inf->qkv, kv, el(kv, C, es), pos, N, NH,
-                                C / NH, 3 * C, 2 * C);
+                                NH, C / NH, 3 * C, 2 * C);
         l3d_be_matmul_forward(be, dt, inf->proj, inf->atty, LP(L3D_T_ATTPROJW),
                               LP(L3D_T_ATTPROJB), N, C, C);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);

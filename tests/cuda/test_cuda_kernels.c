@@ -129,12 +129,13 @@ static void r_ln_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, 
 }
 static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
-    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->HS);
+    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NH, s->HS);
 }
 static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
-    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->HS);
-    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->HS);
+    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NH, s->HS);
+    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NH,
+                              s->HS);
 }
 /* T new rows at position 5 over a cache of 5 + T rows (the q rows: the last T of qkv) */
 static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
@@ -142,7 +143,7 @@ static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
     int64_t C = s->NH * s->HS, es = (int64_t)l3d_dtype_size(dt), pos = 5;
     char *qkv = p[1];
     l3d_be_attention_cached(be, dt, p[0], qkv + pos * 3 * C * es, qkv + C * es, qkv + 2 * C * es,
-                            pos, s->T, s->NH, s->HS, 3 * C, 3 * C);
+                            pos, s->T, s->NH, s->NH, s->HS, 3 * C, 3 * C);
 }
 static void r_gelu_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
