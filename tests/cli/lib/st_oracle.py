@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""An oracle for Hugging Face GPT-2 folders that shares no code with llm3d: Python's standard
-library only (struct, json, array), from the safetensors format's description (an 8-byte
-little-endian header length, a JSON header of {name: {dtype, shape, data_offsets}}, the data) and
-transformers' GPT2LMHeadModel names (Conv1D weights stored (in, out); an unpadded vocabulary).
+"""An oracle for Hugging Face folders that shares no code with llm3d: Python's standard library
+only (struct, json, array), from the safetensors format's description (an 8-byte little-endian
+header length, a JSON header of {name: {dtype, shape, data_offsets}}, the data) and transformers'
+names: GPT2LMHeadModel's (Conv1D weights stored (in, out); an unpadded vocabulary) and
+LlamaForCausalLM's (q_proj, k_proj, v_proj and gate_proj, up_proj: the row blocks of llm3d's fused
+qkvw and fcw). MODEL.bin: llm.c's GPT-2 file (version 3), or llm3d's file of another architecture
+(version 1003: header words 8.. hold architecture, key/value heads, norm, MLP, positions, biases,
+untied head, MLP width; no wpe, no biases, RMSNorm weights only, lmhead last when untied).
 
   st_oracle.py write MODEL.bin DIR [--dtype F32|BF16|F16] [--shards N]
       the llm.c file's GPT-2 as a folder (config.json, model.safetensors or N shards + index)
@@ -24,33 +28,71 @@ SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8}
 
 
 def read_llmc(path):
-    """(header dict, flat list of floats) of an llm.c version-3 file."""
+    """(header dict, flat list of floats) of an llm.c version-3 or llm3d version-1003 file."""
     with open(path, "rb") as f:
         hdr = struct.unpack("<256i", f.read(1024))
         data = array.array("f")
         data.frombytes(f.read())
-    if hdr[0] != 20240326 or hdr[1] != 3:
-        sys.exit(f"{path}: not an llm.c fp32 file")
+    if hdr[0] != 20240326 or hdr[1] not in (3, 1003):
+        sys.exit(f"{path}: not an fp32 llm.c (3) or llm3d (1003) file")
     maxT, V, L, NH, C, Vp = hdr[2:8]
-    return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp), data
+    h = dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp, llama=False)
+    if hdr[1] == 1003:
+        if hdr[8] != 1:
+            sys.exit(f"{path}: architecture word {hdr[8]}, not Llama's 1")
+        h.update(llama=True, NKV=hdr[9], untied=bool(hdr[14]), ffn=hdr[15])
+    return h, data
 
 
 def llmc_tensors(h, data):
-    """llm.c's 16 tensors as (name, [layers], rows, cols) slices of data, in its order."""
+    """The file's tensors as (name, [layers], rows, cols) slices of data, in its order."""
     L, C, Vp, T = h["L"], h["C"], h["Vp"], h["maxT"]
-    shapes = [("wte", 1, Vp, C), ("wpe", 1, T, C), ("ln1w", L, 1, C), ("ln1b", L, 1, C),
-              ("qkvw", L, 3 * C, C), ("qkvb", L, 1, 3 * C), ("attprojw", L, C, C),
-              ("attprojb", L, 1, C), ("ln2w", L, 1, C), ("ln2b", L, 1, C), ("fcw", L, 4 * C, C),
-              ("fcb", L, 1, 4 * C), ("fcprojw", L, C, 4 * C), ("fcprojb", L, 1, C),
-              ("lnfw", 1, 1, C), ("lnfb", 1, 1, C)]
+    if h["llama"]:
+        hs, F = C // h["NH"], h["ffn"]
+        qkv = (h["NH"] + 2 * h["NKV"]) * hs
+        shapes = [("wte", 1, Vp, C), ("ln1w", L, 1, C), ("qkvw", L, qkv, C),
+                  ("attprojw", L, C, C), ("ln2w", L, 1, C), ("fcw", L, 2 * F, C),
+                  ("fcprojw", L, C, F), ("lnfw", 1, 1, C)]
+        if h["untied"]:
+            shapes.append(("lmhead", 1, Vp, C))
+    else:
+        shapes = [("wte", 1, Vp, C), ("wpe", 1, T, C), ("ln1w", L, 1, C), ("ln1b", L, 1, C),
+                  ("qkvw", L, 3 * C, C), ("qkvb", L, 1, 3 * C), ("attprojw", L, C, C),
+                  ("attprojb", L, 1, C), ("ln2w", L, 1, C), ("ln2b", L, 1, C),
+                  ("fcw", L, 4 * C, C), ("fcb", L, 1, 4 * C), ("fcprojw", L, C, 4 * C),
+                  ("fcprojb", L, 1, C), ("lnfw", 1, 1, C), ("lnfb", 1, 1, C)]
     out, off = {}, 0
     for name, layers, rows, cols in shapes:
         n = rows * cols
         out[name] = [(data[off + l * n: off + (l + 1) * n], rows, cols) for l in range(layers)]
         off += layers * n
     if off != len(data):
-        sys.exit(f"llm.c file holds {len(data)} floats, its header {off}")
+        sys.exit(f"the file holds {len(data)} floats, its header {off}")
     return out
+
+
+def llama_tensors(h, t):
+    """LlamaForCausalLM's names, shapes and values."""
+    C, V, F = h["C"], h["V"], h["ffn"]
+    q, kv = C, h["NKV"] * (C // h["NH"])
+    res = [("model.embed_tokens.weight", [V, C], list(t["wte"][0][0][:V * C]))]
+    for l in range(h["L"]):
+        p = f"model.layers.{l}."
+        w = t["qkvw"][l][0]
+        fc = t["fcw"][l][0]
+        res += [(p + "input_layernorm.weight", [C], list(t["ln1w"][l][0])),
+                (p + "self_attn.q_proj.weight", [q, C], list(w[:q * C])),
+                (p + "self_attn.k_proj.weight", [kv, C], list(w[q * C:(q + kv) * C])),
+                (p + "self_attn.v_proj.weight", [kv, C], list(w[(q + kv) * C:])),
+                (p + "self_attn.o_proj.weight", [C, C], list(t["attprojw"][l][0])),
+                (p + "post_attention_layernorm.weight", [C], list(t["ln2w"][l][0])),
+                (p + "mlp.gate_proj.weight", [F, C], list(fc[:F * C])),
+                (p + "mlp.up_proj.weight", [F, C], list(fc[F * C:])),
+                (p + "mlp.down_proj.weight", [C, F], list(t["fcprojw"][l][0]))]
+    res.append(("model.norm.weight", [C], list(t["lnfw"][0][0])))
+    if h["untied"]:
+        res.append(("lm_head.weight", [V, C], list(t["lmhead"][0][0][:V * C])))
+    return res
 
 
 def transpose(x, rows, cols):
@@ -59,8 +101,10 @@ def transpose(x, rows, cols):
 
 
 def hf_tensors(h, data):
-    """GPT2LMHeadModel's names, shapes and values (lists of floats) of the llm.c model."""
+    """The folder's names, shapes and values (lists of floats) of the file's model."""
     t = llmc_tensors(h, data)
+    if h["llama"]:
+        return llama_tensors(h, t)
     C, V = h["C"], h["V"]
     res = [("transformer.wte.weight", [V, C], list(t["wte"][0][0][:V * C])),
            ("transformer.wpe.weight", [h["maxT"], C], list(t["wpe"][0][0]))]
@@ -115,6 +159,14 @@ def cmd_write(llmc, out, dtype="F32", shards=1):
               "n_embd": h["C"], "n_head": h["NH"], "vocab_size": h["V"],
               "n_positions": h["maxT"], "n_inner": None, "layer_norm_epsilon": 1e-5,
               "activation_function": "gelu_new", "tie_word_embeddings": True}
+    if h["llama"]:  # transformers' LlamaConfig defaults for what the file does not say
+        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                  "num_hidden_layers": h["L"], "hidden_size": h["C"],
+                  "num_attention_heads": h["NH"], "num_key_value_heads": h["NKV"],
+                  "intermediate_size": h["ffn"], "vocab_size": h["V"],
+                  "max_position_embeddings": h["maxT"], "rms_norm_eps": 1e-5,
+                  "rope_theta": 10000.0, "hidden_act": "silu",
+                  "tie_word_embeddings": not h["untied"]}
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f)
     if shards == 1:
@@ -181,6 +233,12 @@ def cmd_check(d, llmc, dtype="F32"):
         cfg = json.load(f)
     want = {"model_type": "gpt2", "n_layer": h["L"], "n_embd": h["C"], "n_head": h["NH"],
             "vocab_size": h["V"], "n_positions": h["maxT"]}
+    if h["llama"]:
+        want = {"model_type": "llama", "num_hidden_layers": h["L"], "hidden_size": h["C"],
+                "num_attention_heads": h["NH"], "num_key_value_heads": h["NKV"],
+                "intermediate_size": h["ffn"], "vocab_size": h["V"],
+                "max_position_embeddings": h["maxT"], "tie_word_embeddings": not h["untied"],
+                "hidden_act": "silu"}
     for k, v in want.items():
         if cfg.get(k) != v:
             print(f"{d}/config.json: {k} is {cfg.get(k)!r}, the llm.c file's {v!r}")
@@ -203,7 +261,7 @@ def cmd_check(d, llmc, dtype="F32"):
 
 
 HOSTILE = ["header_past_end", "overlap", "out_of_range", "shape", "dtype", "missing_shard",
-           "nan"]
+           "nan", "swap_kv"]
 
 
 def rewrite_header(path, edit):
@@ -242,6 +300,10 @@ def cmd_hostile(src, kind, out):
         b = h[ln]["data_offsets"][0]
         data[b + 12:b + 16] = struct.pack("<f", float("nan"))
 
+    def swap_kv(h, data):  # layer 0's k_proj and v_proj exchanged: a well-formed wrong folder
+        k, v = (f"model.layers.0.self_attn.{x}_proj.weight" for x in "kv")
+        h[k]["data_offsets"], h[v]["data_offsets"] = h[v]["data_offsets"], h[k]["data_offsets"]
+
     if kind == "header_past_end":
         with open(single, "r+b") as f:
             f.write(struct.pack("<Q", os.path.getsize(single)))
@@ -250,7 +312,8 @@ def cmd_hostile(src, kind, out):
             os.remove(os.path.join(out, sorted(set(json.load(f)["weight_map"].values()))[1]))
     else:
         rewrite_header(single, {"overlap": overlap, "out_of_range": out_of_range,
-                                "shape": shape, "dtype": dtype, "nan": nan}[kind])
+                                "shape": shape, "dtype": dtype, "nan": nan,
+                                "swap_kv": swap_kv}[kind])
     return 0
 
 
