@@ -61,8 +61,25 @@ static void test_layout_rules(void) {
     s.model.NH = 3;
     passes(&s, &(struct l3d_spec_ctx){.world = 3, .train = true});
     s = base();
-    s.layout.cp = 2;
-    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "context parallelism");
+    s.layout.cp = 2; /* T 64 in 4 chunks of 16 */
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.layout.seq = 60; /* 60 = 4 x 15 */
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.layout.seq = 62;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true},
+        "--seq-len 62 is not a multiple of 4");
+    s.layout.seq = 64;
+    s.layout.cp = 3;
+    one(&s, &(struct l3d_spec_ctx){.world = 3, .train = true}, "not a multiple of 6");
+    s = base();
+    s.layout.cp = 2; /* SP over the ring rank's T / cp rows: 1 x 12 / 2 = 6 rows over tp 4 */
+    s.layout.tp = 4;
+    s.layout.sp = true;
+    s.layout.micro_batch = 1;
+    s.layout.seq = 12;
+    one(&s, &(struct l3d_spec_ctx){.world = 8, .train = true}, "--seq-len / --cp (1 x 6)");
+    s.layout.micro_batch = 2;
+    passes(&s, &(struct l3d_spec_ctx){.world = 8, .train = true});
     s = base();
     s.layout.tp = 2;
     s.layout.sp = true;

@@ -147,6 +147,42 @@ void l3d_be_attention_naive_backward(struct l3d_backend *be, enum l3d_dtype dt, 
 void l3d_be_attention_cached(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                              int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+/* Block attention for context parallelism (ring attention, docs/DESIGN.md "Context
+ * parallelism"): the queries of one chunk of each sequence against the keys and values of another
+ * chunk, both at absolute positions, with grouped-query heads (query head h reads key/value head
+ * h / (NH / NKV); GPT-2: NKV = NH). Key j is visible to query i when k_pos + j <= q_pos + i:
+ * causal when the chunks overlap, full when the key chunk lies entirely before. The key chunk
+ * must not start after the query chunk (k_pos <= q_pos: every query row then sees a key; a chunk
+ * entirely after is the caller's to skip). Strides are in elements (lse: floats); q and dq share
+ * q_rs / q_bs, k, v, dk, dv share kv_*, out, dout and merge's out2 share o_*, lse and lse2
+ * lse_hs / lse_bs; heads at h HS within a row (k, v: g HS). Every kernel takes fp32, bf16, fp16
+ * (arithmetic fp32, lse fp32). */
+struct l3d_attn_block {
+    int64_t B, NH, NKV, HS;   /* sequences, query heads, key/value heads (NKV divides NH) */
+    int64_t nq, nk;           /* query rows, key rows of each sequence */
+    int64_t q_pos, k_pos;     /* absolute position of the first query row, first key row */
+    int64_t q_rs, q_bs;       /* q, dq: row and sequence strides */
+    int64_t kv_rs, kv_bs;     /* k, v, dk, dv */
+    int64_t o_rs, o_bs;       /* out, dout, out2 */
+    int64_t lse_hs, lse_bs;   /* lse (and lse2): head and sequence strides; row i at + i */
+};
+/* out (B,nq,NH,HS) = softmax over the visible keys of q k^T / sqrt(HS), times v; lse (B,NH,nq)
+ * the log-sum-exp of each row's visible scaled scores (FlashAttention's forward on one block). */
+void l3d_be_attention_block_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
+                                    float *lse, const void *q, const void *k, const void *v,
+                                    const struct l3d_attn_block *g);
+/* Two partial results over disjoint key sets merged into (out, lse): with L = log(e^lse +
+ * e^lse2), out = out e^(lse - L) + out2 e^(lse2 - L), lse = L (the online softmax's rescaling;
+ * an -inf lse contributes nothing). Only B, NH, HS, nq and the out / lse strides are read. */
+void l3d_be_attention_merge(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
+                            const void *out2, const float *lse2, const struct l3d_attn_block *g);
+/* The block's share of the gradients (FlashAttention-2's backward with the FINAL out and lse of
+ * each query row, over all its key chunks): dq, dk, dv +=. P = exp(s - lse) is then the block of
+ * the full softmax, and D = rowsum(dout * out) the full row's. */
+void l3d_be_attention_block_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dq,
+                                     void *dk, void *dv, const void *dout, const void *q,
+                                     const void *k, const void *v, const void *out,
+                                     const float *lse, const struct l3d_attn_block *g);
 /* RMSNorm (Zhang & Sennrich 2019, eq. 4): out (N,C) = inp * rstd * weight, with rstd (N) fp32
  * = 1 / sqrt(mean over C of inp^2 + eps), saved for backward (no mean, no bias). */
 void l3d_be_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *rstd,

@@ -162,6 +162,19 @@ struct l3d_gpt_hooks {
     /* Called by backward between kernels (with grads_ctx): lets the communication started by
      * grads_ready progress while the next kernels compute (see l3d_dp_poll_kernels). */
     void (*progress)(void *ctx);
+    /* Context parallelism (src/parallel/cp.c, docs/DESIGN.md "Context parallelism"): cp_size > 1
+     * ranks share each sequence; this rank's T rows are chunks cp_rank and 2 cp_size - 1 - cp_rank
+     * of its 2 cp_size chunks of T / 2 rows (l3d_cp_chunk_start), whose positions the embedding
+     * takes, and attention runs round the ring through these two hooks (with cp_ctx) in place of
+     * the backend's kernels: qkv rows [NH q | NKV k | NKV v] heads of HS. */
+    int cp_size, cp_rank;
+    void *cp_ctx;
+    void (*cp_attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                 const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t HS);
+    void (*cp_attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                                  const void *qkv, const void *out, const float *lse, int64_t B,
+                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     /* ZeRO-3 (include/llm3d/dp.h; a model built with L3D_GRADS_SHARDED holds no parameters):
      * before forward or backward (backward true) uses the parameters of local layer `layer` (-1:
      * the non-layer tensors, for the whole pass) it asks params_get where they lie: a buffer laid
@@ -171,6 +184,10 @@ struct l3d_gpt_hooks {
     const void *(*params_get)(void *ctx, int layer, bool backward);
     void (*params_done)(void *ctx, int layer, bool backward);
 };
+/* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
+ * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk
+ * 2 cp - 1 - cp_rank of T / 2 rows each (every rank then has the same attention work). */
+int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T);
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
 

@@ -202,6 +202,7 @@ struct l3d_plan_time {     /* seconds per training step */
     double gemm, attention, elementwise; /* compute of the slowest pipeline rank, whole step */
     double recompute;      /* part of the above spent re-running forwards */
     double tp_comm, pp_p2p, bubble, dp_comm, embed_sync, optimizer;
+    double cp_comm;        /* the context-parallel ring's exposed transfers (in the pipeline) */
     double step;
 };
 
@@ -257,6 +258,7 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
 /* Fixed parts of the layout: 0 (or -1 for zero, recompute, sp, v) leaves it free. */
 struct l3d_plan_fixed {
     int tp, pp, dp, mb, v, zero, recompute, sp;
+    int cp;               /* 0: searched (the divisors that split the sequence into 2 cp) */
 };
 struct l3d_plan_fixed l3d_plan_fixed_none(void);
 

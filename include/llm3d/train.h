@@ -97,6 +97,7 @@ struct l3d_train_result {
  * every rank reaches the same verdict on its own. */
 struct l3d_train_layout {
     int tp, pp, dp, v;             /* v: model chunks per pipeline rank */
+    int cp;                        /* ranks sharing each sequence (context parallelism) */
     int stages;                    /* pp v virtual stages */
     int accum;                     /* micro-batches per step (from --global-batch when given) */
     int *layers;                   /* layers of each virtual stage */

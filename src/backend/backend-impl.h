@@ -34,6 +34,8 @@ struct l3d_backend_i {
     /* optional (NULL: the backend is synchronous, so a recorded event is always complete) */
     void (*event_record)(void *ctx, struct l3d_event *ev);
     void (*event_wait)(void *ctx, struct l3d_event *ev);
+    /* optional: releases ev->impl (l3d_be_event_free), NULL when events have none */
+    void (*event_destroy)(void *ctx, struct l3d_event *ev);
     double (*peak_flops)(void *ctx, enum l3d_dtype t);
     /* whether products in t run in t itself (no fp32 copies of their operands) */
     bool (*matmul_native)(void *ctx, enum l3d_dtype t);
@@ -95,6 +97,17 @@ struct l3d_backend_i {
     void (*attention_cached)(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                              int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+    /* see l3d_be_attention_block_forward, _merge, _block_backward (context parallelism); the
+     * geometry is checked by the dispatcher */
+    void (*attention_block_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                    const void *q, const void *k, const void *v,
+                                    const struct l3d_attn_block *g);
+    void (*attention_merge)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                            const void *out2, const float *lse2, const struct l3d_attn_block *g);
+    void (*attention_block_backward)(void *ctx, enum l3d_dtype dt, void *dq, void *dk, void *dv,
+                                     const void *dout, const void *q, const void *k,
+                                     const void *v, const void *out, const float *lse,
+                                     const struct l3d_attn_block *g);
     /* RMSNorm (Zhang & Sennrich 2019): out (N,C) = inp * rstd * weight, rstd (N) fp32
      * = 1/sqrt(mean(inp^2) + eps), saved for backward. */
     void (*rmsnorm_forward)(void *ctx, enum l3d_dtype dt, void *out, float *rstd, const void *inp,

@@ -377,6 +377,49 @@ static void chk_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const 
     l3d_be_swiglu_backward(IN(c), dt, D(dinp, N * 2 * H * e, k), D(dout, N * H * e, k),
                            D(inp, N * 2 * H * e, k), N, H);
 }
+/* bytes a strided block tensor spans: B sequences of n rows of w elements */
+static int64_t span(int64_t B, int64_t bs, int64_t n, int64_t rs, int64_t w, size_t e) {
+    return ((B - 1) * bs + (n - 1) * rs + w) * (int64_t)e;
+}
+static void chk_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                        const void *q, const void *kc, const void *vc,
+                                        const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_block_forward";
+    int64_t C = g->NH * g->HS, Ckv = g->NKV * g->HS, kv = span(g->B, g->kv_bs, g->nk, g->kv_rs,
+                                                               Ckv, e);
+    l3d_be_attention_block_forward(IN(c), dt, D(out, span(g->B, g->o_bs, g->nq, g->o_rs, C, e), k),
+                                   D(lse, span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4), k),
+                                   D(q, span(g->B, g->q_bs, g->nq, g->q_rs, C, e), k), D(kc, kv, k),
+                                   D(vc, kv, k), g);
+}
+static void chk_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                const void *out2, const float *lse2,
+                                const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_merge";
+    int64_t o = span(g->B, g->o_bs, g->nq, g->o_rs, g->NH * g->HS, e);
+    int64_t l = span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4);
+    l3d_be_attention_merge(IN(c), dt, D(out, o, k), D(lse, l, k), D(out2, o, k), D(lse2, l, k), g);
+}
+static void chk_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dkc,
+                                         void *dvc, const void *dout, const void *q,
+                                         const void *kc, const void *vc, const void *out,
+                                         const float *lse, const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_block_backward";
+    int64_t C = g->NH * g->HS, kv = span(g->B, g->kv_bs, g->nk, g->kv_rs, g->NKV * g->HS, e);
+    int64_t qn = span(g->B, g->q_bs, g->nq, g->q_rs, C, e);
+    int64_t o = span(g->B, g->o_bs, g->nq, g->o_rs, C, e);
+    l3d_be_attention_block_backward(IN(c), dt, D(dq, qn, k), D(dkc, kv, k), D(dvc, kv, k),
+                                    D(dout, o, k), D(q, qn, k), D(kc, kv, k), D(vc, kv, k),
+                                    D(out, o, k),
+                                    D(lse, span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4), k),
+                                    g);
+}
 static void chk_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                              int64_t N) {
     struct chk *c = ctx;
@@ -508,6 +551,9 @@ static const struct l3d_backend_i check_backend_i = {
     .attention_naive_forward = chk_attention_naive_forward,
     .attention_naive_backward = chk_attention_naive_backward,
     .attention_cached = chk_attention_cached,
+    .attention_block_forward = chk_attention_block_forward,
+    .attention_merge = chk_attention_merge,
+    .attention_block_backward = chk_attention_block_backward,
     .rmsnorm_forward = chk_rmsnorm_forward,
     .rmsnorm_backward = chk_rmsnorm_backward,
     .rope_forward = chk_rope_forward,

@@ -873,13 +873,14 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
 #define L3D_FA_BQ 64
 #define L3D_FA_BK 64
 
-/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i.
+/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
+ * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
  * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
  * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
  * always unmasked for every row, so the running max is finite from the start. */
-static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
-                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
-                             int64_t HS, float *S) {
+static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                               const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                               int64_t nkv, int64_t HS, float *S) {
     const float scale = 1.0f / sqrtf((float)HS);
     float m[L3D_FA_BQ], l[L3D_FA_BQ];
     for (int64_t i = 0; i < nq; i++) {
@@ -887,7 +888,7 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         l[i] = 0.0f;
         memset(out + i * os, 0, (size_t)HS * sizeof(float));
     }
-    const int64_t nkeys = p0 + nq;
+    const int64_t nkeys = p0 + nq < nkv ? p0 + nq : nkv;
     for (int64_t j0 = 0; j0 < nkeys; j0 += L3D_FA_BK) {
         int64_t nk = nkeys - j0 < L3D_FA_BK ? nkeys - j0 : L3D_FA_BK;
         sgemm('N', 'T', nq, nk, HS, scale, q, qs, k + j0 * ks, ks, 0.0f, S, L3D_FA_BK);
@@ -922,6 +923,12 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         for (int64_t d = 0; d < HS; d++) o[d] *= inv;
         if (lse) lse[i] = m[i] + logf(l[i]);
     }
+}
+/* The same over keys 0..p0 + i of a sequence: its first p0 + nq keys */
+static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                             int64_t HS, float *S) {
+    fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S);
 }
 
 
@@ -990,32 +997,41 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
     l3d_free(scr);
 }
 
-/* One (batch, KV head) of the backward pass: the rep query heads of the group (query head r at
- * q + r hq, dq + r hq, dO + r ho, O + r ho, L + r T) and their shared key and value head. dq, dk,
- * dv (T rows, stride gs) +=, from q, k, v (T rows, stride qs), dO, O (T rows, stride os) and L;
- * P, dS (L3D_FA_BQ x L3D_FA_BK) and D (L3D_FA_BQ) scratch. Per pair (query block i, key block
- * j <= i) of each query head:
+/* The operands of fa_backward_span: one key/value head and the rep query heads it serves (query
+ * head r at q + r hq, dq + r hq, dO + r ho, O + r ho, L + r hl), with their row strides. Query
+ * row i sees keys j <= p0 + i of the nk (p0 = 0, nq = nk: one causal sequence; p0 >= nk: a key
+ * chunk entirely before the queries, context parallelism). */
+struct fa_span {
+    float *dq, *dk, *dv;
+    const float *q, *k, *v, *dO, *O, *L;
+    int64_t gqs, gks, qs, ks, os; /* rows: dq; dk and dv; q; k and v; dO and O */
+    int64_t hq, ho, hl;
+    int64_t rep, p0, nq, nk, HS;
+};
+
+/* dq, dk, dv += the span's gradients from q, k, v, dO, O and L; P, dS (L3D_FA_BQ x L3D_FA_BK) and
+ * D (L3D_FA_BQ) scratch. Per pair (query block i, key block j) with a visible key, each query head:
  *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
  *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4).
  * Key blocks outer, then the query heads in order, then their query blocks: dK_j and dV_j sum the
  * group's heads and blocks in one fixed order (with rep = 1, multi-head attention's order). */
-static void fa_backward_group(float *dq, float *dk, float *dv, int64_t gs, const float *q,
-                              const float *k, const float *v, int64_t qs, int64_t hq,
-                              const float *dO, const float *O, int64_t os, int64_t ho,
-                              const float *L, int64_t rep, int64_t T, int64_t HS, float *P,
-                              float *dS, float *D) {
-    const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+static void fa_backward_span(const struct fa_span *a, float *P, float *dS, float *D) {
+    const int64_t HS = a->HS, nqb = (a->nq + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const int64_t nkb = (a->nk + L3D_FA_BK - 1) / L3D_FA_BK, qs = a->qs, ks = a->ks, os = a->os;
     const float scale = 1.0f / sqrtf((float)HS);
-    for (int64_t kb = 0; kb < nb; kb++) {
-        int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
-        for (int64_t r = 0; r < rep; r++) {
-            const float *qh = q + r * hq, *dOh = dO + r * ho, *Oh = O + r * ho, *Lh = L + r * T;
-            float *dqh = dq + r * hq;
-            for (int64_t qb = kb; qb < nb; qb++) {
-                int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
-                sgemm('N', 'T', nq, nk, HS, scale, qh + i0 * qs, qs, k + j0 * qs, qs, 0.0f, P,
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t j0 = kb * L3D_FA_BK, nk = a->nk - j0 < L3D_FA_BK ? a->nk - j0 : L3D_FA_BK;
+        /* the first query block with a row that sees key j0 */
+        int64_t qb0 = j0 > a->p0 ? (j0 - a->p0) / L3D_FA_BQ : 0;
+        for (int64_t r = 0; r < a->rep; r++) {
+            const float *qh = a->q + r * a->hq, *dOh = a->dO + r * a->ho, *Oh = a->O + r * a->ho;
+            const float *Lh = a->L + r * a->hl;
+            float *dqh = a->dq + r * a->hq;
+            for (int64_t qb = qb0; qb < nqb; qb++) {
+                int64_t i0 = qb * L3D_FA_BQ, nq = a->nq - i0 < L3D_FA_BQ ? a->nq - i0 : L3D_FA_BQ;
+                sgemm('N', 'T', nq, nk, HS, scale, qh + i0 * qs, qs, a->k + j0 * ks, ks, 0.0f, P,
                       L3D_FA_BK);
-                sgemm('N', 'T', nq, nk, HS, 1.0f, dOh + i0 * os, os, v + j0 * qs, qs, 0.0f, dS,
+                sgemm('N', 'T', nq, nk, HS, 1.0f, dOh + i0 * os, os, a->v + j0 * ks, ks, 0.0f, dS,
                       L3D_FA_BK);
                 for (int64_t i = 0; i < nq; i++) {
                     const float *o = Oh + (i0 + i) * os, *g = dOh + (i0 + i) * os;
@@ -1027,7 +1043,7 @@ static void fa_backward_group(float *dq, float *dk, float *dv, int64_t gs, const
                 for (int64_t i = 0; i < nq; i++) {
                     float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
                     float Li = Lh[i0 + i], Di = D[i];
-                    int64_t valid = i0 + i - j0 + 1;
+                    int64_t valid = a->p0 + i0 + i - j0 + 1;
                     valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
 #pragma omp simd
                     for (int64_t j = 0; j < valid; j++) {
@@ -1037,14 +1053,29 @@ static void fa_backward_group(float *dq, float *dk, float *dv, int64_t gs, const
                     for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
                 }
                 sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dOh + i0 * os, os, 1.0f,
-                      dv + j0 * gs, gs);
-                sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * qs, qs, 1.0f,
-                      dqh + i0 * gs, gs);
+                      a->dv + j0 * a->gks, a->gks);
+                sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, a->k + j0 * ks, ks, 1.0f,
+                      dqh + i0 * a->gqs, a->gqs);
                 sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, qh + i0 * qs, qs, 1.0f,
-                      dk + j0 * gs, gs);
+                      a->dk + j0 * a->gks, a->gks);
             }
         }
     }
+}
+
+/* One (batch, KV head) of the backward pass over one causal sequence of T rows: dq, dk, dv (stride
+ * gs) +=, from q, k, v (stride qs), dO, O (stride os) and L, the rep query heads at q + r hq,
+ * dO + r ho, L + r T (fa_backward_span with p0 = 0). */
+static void fa_backward_group(float *dq, float *dk, float *dv, int64_t gs, const float *q,
+                              const float *k, const float *v, int64_t qs, int64_t hq,
+                              const float *dO, const float *O, int64_t os, int64_t ho,
+                              const float *L, int64_t rep, int64_t T, int64_t HS, float *P,
+                              float *dS, float *D) {
+    const struct fa_span a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dO = dO,
+                              .O = O, .L = L, .gqs = gs, .gks = gs, .qs = qs, .ks = qs, .os = os,
+                              .hq = hq, .ho = ho, .hl = T, .rep = rep, .p0 = 0, .nq = T, .nk = T,
+                              .HS = HS};
+    fa_backward_span(&a, P, dS, D);
 }
 
 /* 16-bit: one group widened into the thread's fp32 scratch f ((4 rep + 4) T HS floats): its
@@ -1109,6 +1140,156 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
             fa_backward_group(at(dt, drow, oq), at(dt, drow, ok), at(dt, drow, ov), CQ,
                               at(dt, row, oq), at(dt, row, ok), at(dt, row, ov), CQ, HS,
                               at(dt, dO, oq), at(dt, O, oq), C, HS, L, rep, T, HS, P, dS, D);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* ---- block attention (context parallelism) ----------------------------------------------
+ *
+ * The ring's kernels (include/llm3d/backend.h, l3d_attn_block): the flash kernel's forward block
+ * and backward body on one (query chunk, key chunk) pair at absolute positions, p0 = q_pos - k_pos
+ * the offset of the first query row into the key chunk (0: the diagonal chunk, causal; >= nk: a
+ * chunk entirely before, unmasked). Grouped-query heads: query head h reads key/value head
+ * h / (NH / NKV). 16-bit tensors are widened into per-thread fp32 scratch and rounded back once,
+ * as in cpu_attention_forward / backward. */
+
+struct fa_tile {
+    _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
+    _Alignas(64) float dS[L3D_FA_BQ * L3D_FA_BK];
+    float D[L3D_FA_BQ];
+};
+
+/* tasks (b, h, query block), the longest rows first, as cpu_attention_forward */
+static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                        const void *q, const void *k, const void *v,
+                                        const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_forward");
+    const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
+    const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
+    const int64_t per = fa_scratch(dt, g->nk, HS);
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* the score block in w.P */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < BH * nb; task++) {
+            int64_t bh = task % BH, i0 = (nb - 1 - task / BH) * L3D_FA_BQ;
+            int64_t b = bh / g->NH, h = bh % g->NH, kvh = h / grp;
+            int64_t nq = g->nq - i0 < L3D_FA_BQ ? g->nq - i0 : L3D_FA_BQ;
+            int64_t nkeys = p0 + i0 + nq < g->nk ? p0 + i0 + nq : g->nk;
+            const void *qp = at(dt, q, b * g->q_bs + i0 * g->q_rs + h * HS);
+            const void *kp = at(dt, k, b * g->kv_bs + kvh * HS);
+            const void *vp = at(dt, v, b * g->kv_bs + kvh * HS);
+            void *op = at(dt, out, b * g->o_bs + i0 * g->o_rs + h * HS);
+            float *lp = lse + b * g->lse_bs + h * g->lse_hs + i0;
+            if (dt == L3D_F32) {
+                fa_forward_block_n(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
+                                   nkeys, HS, w.P);
+                continue;
+            }
+            float *qf = f, *of = qf + L3D_FA_BQ * HS, *kf = of + L3D_FA_BQ * HS;
+            float *vf = kf + nkeys * HS;
+            rows_to_f32(dt, qf, HS, qp, g->q_rs, nq, HS);
+            rows_to_f32(dt, kf, HS, kp, g->kv_rs, nkeys, HS);
+            rows_to_f32(dt, vf, HS, vp, g->kv_rs, nkeys, HS);
+            fa_forward_block_n(of, HS, lp, qf, HS, kf, vf, HS, p0 + i0, nq, nkeys, HS, w.P);
+            rows_from_f32(dt, op, g->o_rs, of, HS, nq, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* row by row: the two log-sum-exps combined in fp32 (expf / logf, not the fast exponential: the
+ * merge is not a hot loop), the outputs reweighted */
+static void cpu_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                const void *out2, const float *lse2,
+                                const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_merge");
+    const int64_t HS = g->HS, rows = g->B * g->NH * g->nq;
+#pragma omp parallel
+    {
+        float a[L3D_BLK], c[L3D_BLK];
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t b = r / (g->NH * g->nq), h = r / g->nq % g->NH, i = r % g->nq;
+            float *L = lse + b * g->lse_bs + h * g->lse_hs + i;
+            float L2 = lse2[b * g->lse_bs + h * g->lse_hs + i], L1 = *L;
+            if (L2 == -INFINITY) continue;
+            float mx = L1 > L2 ? L1 : L2, w1 = expf(L1 - mx), w2 = expf(L2 - mx), sum = w1 + w2;
+            *L = mx + logf(sum);
+            w1 /= sum;
+            w2 /= sum;
+            int64_t o = b * g->o_bs + i * g->o_rs + h * HS;
+            for (int64_t d0 = 0; d0 < HS; d0 += L3D_BLK) {
+                int64_t n = HS - d0 < L3D_BLK ? HS - d0 : L3D_BLK;
+                float *x = row_io(dt, a, at(dt, out, o + d0), n);
+                const float *y = row_in(dt, c, at(dt, out2, o + d0), n);
+#pragma omp simd
+                for (int64_t d = 0; d < n; d++) x[d] = w1 * x[d] + w2 * y[d];
+                row_done(dt, at(dt, out, o + d0), x, n);
+            }
+        }
+    }
+}
+
+/* One task per (batch, key/value head) owns its dk and dv and the dq of the query heads it
+ * serves (race-free, deterministic, as cpu_attention_backward), one fa_backward_span. 16-bit: the
+ * key/value head, its query heads and their gradients widened into the thread's scratch, rounded
+ * back once. */
+static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dk,
+                                         void *dv, const void *dout, const void *q,
+                                         const void *k, const void *v, const void *out,
+                                         const float *lse, const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_backward");
+    const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
+    const int64_t per = is16(dt) ? 4 * KH + 4 * rep * QH : 0;
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* this thread's score block, its gradient, the rows' D */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t bg = 0; bg < g->B * g->NKV; bg++) {
+            int64_t b = bg / g->NKV, kvh = bg % g->NKV, kvo = b * g->kv_bs + kvh * HS;
+            int64_t qo = b * g->q_bs + kvh * rep * HS, oo = b * g->o_bs + kvh * rep * HS;
+            const float *L = lse + b * g->lse_bs + kvh * rep * g->lse_hs;
+            struct fa_span a = {.L = L, .hl = g->lse_hs, .rep = rep, .p0 = g->q_pos - g->k_pos,
+                                .nq = g->nq, .nk = g->nk, .HS = HS};
+            if (dt == L3D_F32) {
+                a.dq = at(dt, dq, qo), a.dk = at(dt, dk, kvo), a.dv = at(dt, dv, kvo);
+                a.q = at(dt, q, qo), a.k = at(dt, k, kvo), a.v = at(dt, v, kvo);
+                a.dO = at(dt, dout, oo), a.O = at(dt, out, oo);
+                a.gqs = a.qs = g->q_rs, a.gks = a.ks = g->kv_rs, a.os = g->o_rs;
+                a.hq = a.ho = HS;
+                fa_backward_span(&a, w.P, w.dS, w.D);
+                continue;
+            }
+            /* 16-bit: k v dk dv (nk rows each), then q dq dO O (rep heads of nq rows each) */
+            float *kf = f, *vf = kf + KH, *dkf = vf + KH, *dvf = dkf + KH, *qf = dvf + KH;
+            float *dqf = qf + rep * QH, *gf = dqf + rep * QH, *Of = gf + rep * QH;
+            rows_to_f32(dt, kf, HS, at(dt, k, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, vf, HS, at(dt, v, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, dkf, HS, at(dt, dk, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, dvf, HS, at(dt, dv, kvo), g->kv_rs, g->nk, HS);
+            for (int64_t r = 0; r < rep; r++) {
+                rows_to_f32(dt, qf + r * QH, HS, at(dt, q, qo + r * HS), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, dqf + r * QH, HS, at(dt, dq, qo + r * HS), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, gf + r * QH, HS, at(dt, dout, oo + r * HS), g->o_rs, g->nq, HS);
+                rows_to_f32(dt, Of + r * QH, HS, at(dt, out, oo + r * HS), g->o_rs, g->nq, HS);
+            }
+            a.dq = dqf, a.dk = dkf, a.dv = dvf, a.q = qf, a.k = kf, a.v = vf, a.dO = gf, a.O = Of;
+            a.gqs = a.qs = a.gks = a.ks = a.os = HS;
+            a.hq = a.ho = QH;
+            fa_backward_span(&a, w.P, w.dS, w.D);
+            for (int64_t r = 0; r < rep; r++)
+                rows_from_f32(dt, at(dt, dq, qo + r * HS), g->q_rs, dqf + r * QH, HS, g->nq, HS);
+            rows_from_f32(dt, at(dt, dk, kvo), g->kv_rs, dkf, HS, g->nk, HS);
+            rows_from_f32(dt, at(dt, dv, kvo), g->kv_rs, dvf, HS, g->nk, HS);
         }
     }
     l3d_free(scr);
@@ -1852,6 +2033,9 @@ static const struct l3d_backend_i cpu_backend_i = {
     .attention_naive_forward = cpu_attention_naive_forward,
     .attention_naive_backward = cpu_attention_naive_backward,
     .attention_cached = cpu_attention_cached,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_merge = cpu_attention_merge,
+    .attention_block_backward = cpu_attention_block_backward,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope_forward = cpu_rope_forward,

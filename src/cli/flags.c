@@ -131,7 +131,7 @@ static const struct l3d_flag model_flags[] = {
 
 static const struct l3d_flag layout_flags[] = {
     {"tp", "N", F_TP, "tensor-parallel size: heads, MLP and vocabulary split (1)"},
-    {"cp", "N", F_CP, "context-parallel size (1; not implemented yet)"},
+    {"cp", "N", F_CP, "context-parallel size: each sequence split over N ranks (1)"},
     {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
     {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
     {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, or interleaved (with --pp-virtual)"},

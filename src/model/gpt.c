@@ -756,6 +756,82 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
 }
 
+int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
+    /* test hook: the two chunks' positions swapped (tests/cli/cp.sh: the result must change) */
+    static int swap = -1;
+    if (swap < 0) swap = getenv("L3D_TEST_CP_SWAP_CHUNKS") != NULL;
+    if (swap) k = 1 - k;
+    return (k == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * (T / 2);
+}
+
+/* Attention of one layer: the backend's kernel, or the ring's (context parallelism). */
+static void attention_forward(struct l3d_gpt *m, struct layer_acts *la, int B, int T, int64_t Hl,
+                              int64_t HS) {
+    if (m->hooks.cp_attention_forward)
+        m->hooks.cp_attention_forward(m->hooks.cp_ctx, m->dt, la->atty, la->att, la->qkv, B, T,
+                                      Hl, Hl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, Hl,
+                                       HS);
+    else
+        l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
+}
+
+/* attention_forward's backward: dqkv += from datty (acts). */
+static void attention_backward(struct l3d_gpt *m, struct layer_acts *la, int B, int T, int64_t Hl,
+                               int64_t HS) {
+    struct l3d_gpt_acts *a = m->acts;
+    if (m->hooks.cp_attention_backward)
+        m->hooks.cp_attention_backward(m->hooks.cp_ctx, m->dt, a->dqkv, a->datty, la->qkv,
+                                       la->atty, la->att, B, T, Hl, Hl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_backward(m->be, m->dt, a->dqkv, a->datt, a->datty, la->qkv,
+                                        la->att, B, T, Hl, Hl, HS);
+    else
+        l3d_be_attention_backward(m->be, m->dt, a->dqkv, a->datty, la->qkv, la->atty, la->att, B,
+                                  T, Hl, Hl, HS);
+}
+
+/* The embedding lookup (encoder_forward's arguments) with the positions of this rank's rows:
+ * 0..T-1, or under context parallelism those of its two chunks, each (sequence, chunk) a call. */
+static void encode(struct l3d_gpt *m, void *out, const void *wte, const void *wpe, int64_t v0,
+                   int64_t vn, int B, int T) {
+    int64_t C = m->cfg.C;
+    if (m->hooks.cp_size <= 1 || !wpe) {
+        l3d_be_encoder_forward(m->be, m->dt, out, m->inputs, wte, wpe, v0, vn, B, T, C);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_forward(m->be, m->dt, el(out, r0 * C, m->es), m->inputs + r0, wte,
+                                   el(wpe, pos * C, m->es), v0, vn, 1, T / 2, C);
+        }
+}
+
+/* encode's backward: dwte and dwpe (fp32) +=. */
+static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const void *dout, int B,
+                            int T) {
+    const struct l3d_shard *s = &m->shard;
+    int64_t C = m->cfg.C, v0 = s->vocab_start, vn = s->vocab_count;
+    if (m->hooks.cp_size <= 1) {
+        l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, dwpe, dout, m->inputs, v0, vn,
+                                      B, T, C);
+        return;
+    }
+    l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, NULL, dout, m->inputs, v0, vn, B,
+                                  T, C);
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2 && dwpe; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, NULL, dwpe + pos * C,
+                                          el(dout, r0 * C, m->es), m->inputs + r0, v0, 0, 1,
+                                          T / 2, C);
+        }
+}
+
 /* One transformer layer's forward from its input x into la (res3 is its output). */
 static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
                           int T) {
@@ -770,10 +846,7 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
                              C);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
-    if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
-    else
-        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, Hl, HS);
+    attention_forward(m, la, B, T, Hl, HS);
     row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
     l3d_be_layernorm_forward(m->be, dt, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w,
@@ -835,16 +908,16 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
         if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
             l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, NULL, v0, vn, B, T, C);
             m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C, dt);
-            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+            encode(m, a->scratch, wte, wpe, 0, 0, B, T);
             l3d_be_add_inplace(m->be, dt, m->input_act, el(a->scratch, r0 * C, m->es), Nl * C);
         } else if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
             l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, NULL, v0, vn, B, T,
                                    C);
             tp_all_reduce(m, m->input_act, N * C, dt);
-            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
+            encode(m, a->scratch, wte, wpe, 0, 0, B, T);
             l3d_be_add_inplace(m->be, dt, m->input_act, a->scratch, N * C);
         } else {
-            l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, wpe, v0, vn, B, T, C);
+            encode(m, m->input_act, wte, wpe, v0, vn, B, T);
         }
     }
     const void *x = m->input_act;
@@ -986,12 +1059,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
                         N, Ca, C);
         l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * E);
-        if (m->attn_naive)
-            l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, Hl, HS);
-        else
-            l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, Hl, HS);
+        attention_backward(m, la, B, T, Hl, HS);
         progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
                                  3 * Ca);
@@ -1013,8 +1081,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        l3d_be_encoder_backward_mixed(m->be, dt, L3D_F32, dwte, dwpe, a->dres_full, m->inputs,
-                                      s->vocab_start, s->vocab_count, B, T, C);
+        encode_backward(m, dwte, dwpe, a->dres_full, B, T);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }

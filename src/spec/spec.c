@@ -119,9 +119,6 @@ static void check_grid(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
         *dp = 0;
         return;
     }
-    if (l->cp != 1)
-        add(e, L3D_ERR_LAYOUT, "--cp %d: context parallelism is not implemented yet; give --cp 1",
-            l->cp);
     int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
     int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
     if (ctx->world <= 0) {
@@ -169,9 +166,27 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
     if (l->sp && l->tp < 2)
         add(e, L3D_ERR_LAYOUT, "--sequence-parallel splits the tensor-parallel group's sequence; "
             "it needs --tp 2 or more");
-    else if (l->sp && ((int64_t)l->micro_batch * l->seq) % l->tp != 0)
+    else if (l->sp && l->cp <= 1 && ((int64_t)l->micro_batch * l->seq) % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len (%d x "
             "%d) to divide by %d", l->tp, l->micro_batch, l->seq, l->tp);
+    else if (l->sp && l->cp > 1 && l->seq % l->cp == 0 &&
+             ((int64_t)l->micro_batch * (l->seq / l->cp)) % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d and --cp %d needs --batch x "
+            "--seq-len / --cp (%d x %d) to divide by %d", l->tp, l->cp, l->micro_batch,
+            l->seq / l->cp, l->tp);
+}
+
+/* Context parallelism: each sequence cut into 2 cp chunks of whole tokens (Megatron-LM's
+ * load-balanced causal split), and what the ring does not run. */
+static void check_cp(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                     struct l3d_spec_errors *e) {
+    (void)m;
+    if (l->cp <= 1 || l->seq < 1) return;
+    if (l->seq % (2 * l->cp) != 0)
+        add(e, L3D_ERR_LAYOUT, "--cp %d cuts each sequence into 2 x %d = %d chunks, but --seq-len "
+            "%d is not a multiple of %d: choose a sequence length divisible by %d (e.g. %d) or "
+            "another --cp", l->cp, l->cp, 2 * l->cp, l->seq, 2 * l->cp, 2 * l->cp,
+            (l->seq / (2 * l->cp) + 1) * 2 * l->cp);
 }
 
 static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
@@ -323,6 +338,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
         int dp = 0;
         check_grid(l, ctx, &dp, e);
         check_tp(&s->model, l, ctx, e);
+        check_cp(&s->model, l, e);
         int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);

@@ -137,7 +137,7 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     pm.maxT = tc->layout.seq;
     snprintf(pm.name, sizeof pm.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
-    run.devices = (int64_t)c->tp * c->pp * c->dp;
+    run.devices = (int64_t)c->tp * c->pp * c->dp * (tc->layout.cp > 1 ? tc->layout.cp : 1);
     run.global_batch = (int64_t)c->B * m * c->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);

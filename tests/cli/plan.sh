@@ -132,14 +132,15 @@ n=$(echo "$json" | grep -c '"fits":true')
 check "3072-GCD search lists 20 fitting layouts ($n)" test "$n" -eq 20
 sorted=$(echo "$json" | sed -n 's/.*"step_s":\([0-9.e+-]*\).*/\1/p' | sort -g -c && echo yes)
 check "search results sorted by step time" test "$sorted" = yes
-prod=$(echo "$json" | sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\),.*/\1 \2 \3/p' |
-    awk '$1 * $2 * $3 != 3072 { bad = 1 } END { print bad ? "no" : "yes" }')
-check "tp x pp x dp = 3072 for every layout" test "$prod" = yes
+prod=$(echo "$json" |
+    sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\),.*"cp":\([0-9]*\),.*/\1 \2 \3 \4/p' |
+    awk '$1 * $2 * $3 * $4 != 3072 { bad = 1 } END { print bad || NR != 20 ? "no" : "yes" }')
+check "tp x cp x pp x dp = 3072 for every layout" test "$prod" = yes
 first=$(echo "$json" | head -1)
 get() { echo "$first" | sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"]*\)\"\{0,1\},.*/\1/p"; }
 sp=$(get sp); [ "$sp" = true ] && sp=--sequence-parallel || sp=--no-sequence-parallel
 again=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --global-batch 1536 \
-    --tp "$(get tp)" --pp "$(get pp)" --batch "$(get mb)" --pp-virtual "$(get v)" \
+    --tp "$(get tp)" --cp "$(get cp)" --pp "$(get pp)" --batch "$(get mb)" --pp-virtual "$(get v)" \
     --zero "$(get zero)" --recompute "$(get recompute)" "$sp" --json)
 check "the best layout evaluated alone: same step time" \
     test "$(echo "$again" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')" = "$(get step_s)"
