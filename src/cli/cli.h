@@ -14,6 +14,16 @@
 
 #include "llm3d/core.h"
 
+/* Every form --tokenizer SPEC takes (l3d_tokenizer_open), for the --help of prepare, tokenizer,
+ * generate and inspect (l3d_flags_help wraps it). */
+#define L3D_TOKENIZER_SPEC_HELP                                                                    \
+    "bytes: one token per byte value (vocabulary 256). gpt2, cl100k_base, o200k_base, llama3: "   \
+    "the named vocabularies `bash scripts/setup.sh --tokenizers` installs. A directory holding "  \
+    "tokenizer.json (Hugging Face's byte-level BPE, as GPT-2, Llama 3 and Qwen2 write it) or "    \
+    "encoder.json + vocab.bpe (GPT-2's files, as llm3d tokenizer train writes them). A .json "    \
+    "file: a tokenizer.json. A tiktoken rank file (cl100k_base, o200k_base or Llama 3's "          \
+    "tokenizer.model). llm.c's tokenizer file (gpt2_tokenizer.bin: decoding only)"
+
 /* llm3d prepare --tokenizer SPEC --out DIR [--val-fraction F] [--shard-tokens N]
  * [--doc-separator LINE] FILE... (src/cli/prepare.c) */
 int l3d_cli_prepare(int argc, char **argv);

@@ -155,10 +155,8 @@ static const struct l3d_flag model_flags[] = {
                                    "checkpoint), or a Hugging Face folder (config.json + "
                                    "model.safetensors: train --out writes one too)"},
     {"init-from", "PATH", G_CKPT, "the same (train's and bench's spelling)"},
-    {"tokenizer", "SPEC", G_TOK, "bytes, gpt2, a directory with encoder.json + vocab.bpe (llm3d "
-                                 "tokenizer train), or llm.c's gpt2_tokenizer.bin (decoding only: "
-                                 "no --prompt). Default: bytes for a 256-token vocabulary, gpt2 "
-                                 "for 50257"},
+    {"tokenizer", "SPEC", G_TOK, L3D_TOKENIZER_SPEC_HELP " (no --prompt then). Default: bytes "
+                                 "for a 256-token vocabulary, gpt2 for 50257"},
     {NULL, NULL, 0, NULL},
 };
 static const struct l3d_flag sample_flags[] = {

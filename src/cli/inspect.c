@@ -23,7 +23,7 @@ static void usage(FILE *f) {
         "\n"
         "Says what PATH is and what it holds, after checking it:\n"
         "  token shard        (llm.c format, magic 20240520): tokens, their range, the first\n"
-        "                     tokens (decoded with --tokenizer SPEC: bytes, gpt2 or a directory)\n"
+        "                     tokens (decoded with --tokenizer SPEC, the forms below)\n"
         "  llm.c checkpoint   (magic 20240326): model shape, dtype, parameters; size and\n"
         "                     finiteness of the weights checked\n"
         "  training checkpoint a step directory (holding `manifest`) or a checkpoint directory\n"
@@ -42,9 +42,8 @@ static void usage(FILE *f) {
 enum { I_TOK, I_JSON };
 
 static const struct l3d_flag inspect_flags[] = {
-    {"tokenizer", "SPEC", I_TOK, "decode a token shard's first tokens: bytes, gpt2, a directory "
-                                 "with encoder.json + vocab.bpe (llm3d tokenizer train), or llm.c's "
-                                 "gpt2_tokenizer.bin"},
+    {"tokenizer", "SPEC", I_TOK, "decode a token shard's first tokens with it. "
+                                 L3D_TOKENIZER_SPEC_HELP},
     {"json", NULL, I_JSON, "one JSON object instead"},
     {NULL, NULL, 0, NULL},
 };
