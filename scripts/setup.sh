@@ -10,6 +10,7 @@
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
+#   oracle:   python3 (standard library only) reads and writes safetensors in tests/cli/hf.sh
 #   pictures: the test of llm3d plot (tests/cli/plot.sh): xmllint (libxml2-utils) parses each SVG,
 #             python3 checks their axes and decodes PNGs, a headless chromium renders them (with
 #             the DejaVu fonts the pictures name)

@@ -445,25 +445,35 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     return l3d_ckpt_export_llmc_dt(dir, path, L3D_F32);
 }
 
-l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
-    struct l3d_model_spec cfg;
+l3d_status l3d_ckpt_read_full(const char *dir, struct l3d_model_spec *cfg, float **out) {
     int64_t step;
-    l3d_status st = l3d_ckpt_read_config(dir, &cfg, &step);
+    *out = NULL;
+    l3d_status st = l3d_ckpt_read_config(dir, cfg, &step);
     if (st != L3D_OK) return st;
     struct l3d_ckpt_manifest mf;
     if ((st = l3d_ckpt_manifest_read(dir, &mf)) != L3D_OK) return st;
-    st = check_dtypes(&mf, L3D_F32, mf.mdt, "an llm.c file holds",
+    st = check_dtypes(&mf, L3D_F32, mf.mdt, "a model file holds",
                       "llm3d convert reads checkpoints with fp32 parameters only");
     if (st == L3D_OK) st = l3d_ckpt_manifest_check_layout(&mf);
-    int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
+    int64_t N = l3d_gpt_param_count(cfg), bytes = 0;
     if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
     float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;
     if (st == L3D_OK && !full) st = no_memory(&mf, N, "convert on a machine with more memory");
     if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);
     if (st == L3D_OK) st = check_no_nan(&mf, full, N, "parameter");
-    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params_dt(path, &cfg, full, N, dt);
-    l3d_free(full);
     l3d_ckpt_manifest_free(&mf);
+    if (st == L3D_OK) *out = full;
+    else l3d_free(full);
+    return st;
+}
+
+l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
+    struct l3d_model_spec cfg;
+    float *full;
+    l3d_status st = l3d_ckpt_read_full(dir, &cfg, &full);
+    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params_dt(path, &cfg, full,
+                                                        l3d_gpt_param_count(&cfg), dt);
+    l3d_free(full);
     return st;
 }
 

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "llm3d/core.h"
+
 /* Every form --tokenizer SPEC takes (l3d_tokenizer_open), for the --help of prepare, tokenizer,
  * generate and inspect (l3d_flags_help wraps it). */
 #define L3D_TOKENIZER_SPEC_HELP                                                                    \
@@ -86,6 +88,8 @@ int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *ou
  * <choices>". */
 int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const char *const *names,
                    int n, int *out, const char *choices);
+/* --save-dtype: fp32, bf16 or fp16, the types a Hugging Face folder is written in. */
+int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out);
 
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:

@@ -7,6 +7,7 @@
 
 #include "llm3d/ckpt.h"
 #include "llm3d/cp.h"
+#include "llm3d/hf.h"
 #include "train/resume.h"
 #include "train/signals.h"
 #include "train/trace.h"
@@ -32,33 +33,28 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->max_skipped = 10;
 }
 
-/* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
- * on rank 0: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0 places
- * them by their shard. */
-static l3d_status save_model(const struct l3d_trainer *t) {
+/* The first replica's weights, gathered from every (tp, pp) rank and chunk into the full model
+ * on rank 0's host: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0
+ * places them by their shard. Returns the buffer on rank 0 (NULL elsewhere). */
+static float *gather_model(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
     struct l3d_gpt **chunks = t->vptr;
     int v = t->lay.v;
-    if (topo->dp_rank != 0 || topo->cp_rank != 0) return L3D_OK; /* replicated over both */
-    const bool lead = world->rank == 0;
     int group = topo->tp * topo->pp; /* replica 0, ring rank 0: (tp, pp) coordinates */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-    if (group == 1 && v == 1) { /* the whole model on this rank: streamed from the device */
-        l3d_status st = l3d_ckpt_save_llmc(path, chunks[0]);
-        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
-        return st;
-    }
-    if (!lead) {
+    if (world->rank != 0) {
         for (int c = 0; c < v; c++)
             l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0,
                           L3D_TAG_MODEL_GATHER + c, NULL);
-        return L3D_OK;
+        return NULL;
     }
     int64_t n_full = l3d_gpt_param_count(&tc->model);
     float *full = l3d_alloc((size_t)n_full * sizeof(float), "gathered model");
+    if (group == 1 && v == 1) { /* the whole model on this rank */
+        l3d_be_copy_d2h(t->be, full, chunks[0]->params, (size_t)n_full * sizeof(float));
+        return full;
+    }
     float *tmp = NULL;
     for (int i = 0; i < group; i++) {
         int tp_rank = i % topo->tp, pp_rank = i / topo->tp;
@@ -78,8 +74,27 @@ static l3d_status save_model(const struct l3d_trainer *t) {
         }
     }
     l3d_free(tmp);
-    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full, n_full);
+    return full;
+}
+
+/* --out: the first replica's weights as llm.c's model.bin and a Hugging Face folder
+ * (config.json, model.safetensors), written by rank 0. */
+static l3d_status save_model(const struct l3d_trainer *t) {
+    const struct l3d_train_config *tc = t->tc;
+    if (t->topo->dp_rank != 0 || t->topo->cp_rank != 0) return L3D_OK; /* replicated over both */
+    float *full = gather_model(t);
+    if (!full) return L3D_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
+    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full,
+                                              l3d_gpt_param_count(&tc->model));
     if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
+    if (st == L3D_OK)
+        st = l3d_hf_save(tc->out_dir, &tc->model, full, tc->save_dtype,
+                         tc->save_shard_bytes > 0 ? tc->save_shard_bytes : L3D_HF_SHARD_BYTES);
+    if (st == L3D_OK && !tc->quiet)
+        printf("saved %s/config.json and model.safetensors (%s)\n", tc->out_dir,
+               l3d_dtype_name(tc->save_dtype));
     l3d_free(full);
     return st;
 }
@@ -182,7 +197,7 @@ static l3d_status open_data(struct l3d_trainer *t) {
 
 /* The initial weights of an fp32 model or view: --init-from, else the seed's. */
 static l3d_status init_one(struct l3d_trainer *t, struct l3d_gpt *m) {
-    if (t->tc->init_from) return l3d_ckpt_load_llmc(t->tc->init_from, m);
+    if (t->tc->init_from) return l3d_model_file_load(t->tc->init_from, m);
     l3d_gpt_init_weights(m, t->tc->seed);
     return L3D_OK;
 }
