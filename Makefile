@@ -129,14 +129,17 @@ bench: build
 
 # Tokenizer throughput per core (GPT-2's vocabulary from tests/data, a 4096-token one learnt from
 # the fortunes) and generation speed with the KV cache against recomputation at 256 tokens.
-# cl100k_base and llama3 on 2 threads, beside the npm reference encoders on the same text: tiktoken
-# (WASM) and js-tiktoken, installed into $(BUILD)/npm
+# cl100k_base and llama3 on 1 and 2 threads (wall and CPU time, load average), beside the npm
+# reference encoders on the same text: tiktoken (WASM) and js-tiktoken, installed into
+# $(BUILD)/npm; Qwen3's tokenizer.json (NFC) on 2 threads
 bench-text: build tokenizers
 	$(BUILD)/llm3d tokenizer train --vocab-size 4096 --out $(BUILD)/bench-tok $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer tests/data/gpt2 $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer $(BUILD)/bench-tok $(CORPUS)
 	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer cl100k_base $(CORPUS)
 	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer llama3 $(CORPUS)
+	OMP_NUM_THREADS=2 $(BUILD)/l3d_bench_tokenizer \
+	    $${L3D_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llm3d}/hf/qwen3 $(CORPUS)
 	@[ -d $(BUILD)/npm/node_modules/js-tiktoken ] || npm install --silent --no-audit --no-fund \
 	    --prefix $(BUILD)/npm tiktoken@1.0.22 js-tiktoken@1.0.21
 	node bench/tokenizer_npm.js $(BUILD)/npm/node_modules \

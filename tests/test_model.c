@@ -27,6 +27,7 @@ struct ref_gpt {
     const int32_t *inp, *tgt;
     int B, T;
     double *params;
+    int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE */
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
@@ -67,6 +68,63 @@ static double ref_gpt_loss(void *ctx) {
     return s / (double)N;
 }
 
+/* ---- the double-precision reference Llama ----------------------------------------------------
+ * Touvron et al. 2023: x = wte[tok]; per layer x += Wo attn(rope(RMSNorm(x) Wqkv)),
+ * x += Wd (silu(h Wg) * h Wu) with h = RMSNorm(x); logits = RMSNorm(x) lmhead^T; composed from
+ * the reference kernels (tests/support/ref.c), grouped-query attention as multi-head attention on
+ * explicitly repeated key/value heads. */
+
+static double ref_llama_loss(void *ctx) {
+    struct ref_gpt *r = ctx;
+    const struct l3d_model_spec *c = &r->cfg;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
+    int64_t NKV = l3d_model_kv_heads(c), QKV = (NH + 2 * NKV) * HS, F = c->ffn;
+    const double *p = r->params;
+    const struct l3d_tensor_info *t = r->t;
+#define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
+    double *x = dalloc(N * C), *ln = dalloc(N * C), *qkv = dalloc(N * QKV), *rot = dalloc(N * QKV);
+    double *full = dalloc(N * 3 * C), *atty = dalloc(N * C), *tmp = dalloc(N * C);
+    double *gu = dalloc(N * 2 * F), *h = dalloc(N * F), *logits = dalloc(N * Vp), *loss = dalloc(N);
+    double inv[64];
+    int32_t pos[64];
+    L3D_ASSERT(HS / 2 <= 64 && T <= 64);
+    for (int64_t i = 0; i < HS / 2; i++) inv[i] = pow(c->rope.theta, -2.0 * (double)i / (double)HS);
+    for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
+    ref_encoder_forward(x, r->inp, P(L3D_T_WTE, 0), NULL, 0, Vp, B, T, C);
+    for (int l = 0; l < c->L; l++) {
+        ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN1W, l), N, C, c->norm_eps);
+        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), NULL, N, C, QKV);
+        if (r->mutant == 2)
+            memcpy(rot, qkv, (size_t)(N * QKV) * sizeof(double));
+        else
+            ref_rope_forward(rot, qkv, inv, pos, B, T, NH, NKV, HS);
+        for (int64_t n = 0; r->mutant == 1 && n < N; n++) /* key heads 0 and 1 swapped */
+            for (int64_t d = 0; d < HS; d++) {
+                double *k = rot + n * QKV + NH * HS + d, k0 = k[0];
+                k[0] = k[HS];
+                k[HS] = k0;
+            }
+        ref_gqa_expand(full, rot, B, T, NH, NKV, HS);
+        ref_attention_forward(atty, NULL, full, B, T, NH, HS);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, C, C);
+        ref_residual_forward(x, x, tmp, N * C);
+        ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN2W, l), N, C, c->norm_eps);
+        ref_matmul_forward(gu, ln, P(L3D_T_FCW, l), NULL, N, C, 2 * F);
+        ref_swiglu_forward(h, gu, N, F);
+        ref_matmul_forward(tmp, h, P(L3D_T_FCPROJW, l), NULL, N, F, C);
+        ref_residual_forward(x, x, tmp, N * C);
+    }
+    ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LNFW, 0), N, C, c->norm_eps);
+    ref_matmul_forward(logits, ln, P(c->untied ? L3D_T_LMHEAD : L3D_T_WTE, 0), NULL, N, C, Vp);
+    ref_xent_loss(loss, logits, r->tgt, 0, N, Vp, c->V);
+#undef P
+    double s = 0.0;
+    for (int64_t i = 0; i < N; i++) s += loss[i];
+    free(x); free(ln); free(qkv); free(rot); free(full); free(atty); free(tmp); free(gu); free(h);
+    free(logits); free(loss);
+    return s / (double)N;
+}
+
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static struct l3d_model_spec tiny_config(int L, int C, int NH, int V, int maxT) {
@@ -79,9 +137,11 @@ static struct l3d_model_spec tiny_config(int L, int C, int NH, int V, int maxT) 
 static void randomize(struct l3d_gpt *m, uint64_t seed) {
     float *p = malloc((size_t)m->num_params * sizeof(float));
     ref_fill_normal(p, m->num_params, 0.0f, 0.3f, seed, 1);
-    const struct l3d_tensor_info *w = &m->tensors[L3D_T_WTE];
-    for (int64_t r = m->cfg.V; r < w->rows; r++) memset(p + w->offset + r * w->cols, 0,
-                                                        (size_t)w->cols * sizeof(float));
+    for (int k = 0; k < 2; k++) { /* the padding rows of the embedding and of an untied head */
+        const struct l3d_tensor_info *w = &m->tensors[k ? L3D_T_LMHEAD : L3D_T_WTE];
+        for (int64_t r = m->cfg.V; r < w->rows; r++)
+            memset(p + w->offset + r * w->cols, 0, (size_t)w->cols * sizeof(float));
+    }
     const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (int i = 0; i < 3; i++) {
         const struct l3d_tensor_info *t = &m->tensors[lnw[i]];
@@ -93,8 +153,10 @@ static void randomize(struct l3d_gpt *m, uint64_t seed) {
 
 /* ---- tests -------------------------------------------------------------------------------- */
 
-static void test_forward_and_gradients(struct l3d_backend *be) {
-    struct l3d_model_spec cfg = tiny_config(2, 16, 2, 50, 8); /* Vp = 128: 78 padding rows */
+/* The model's loss and every tensor's gradient against the double reference `loss` (GPT-2's or
+ * Llama's) and its central finite differences. */
+static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model_spec cfg,
+                                        double (*ref_loss)(void *ctx)) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5;
     struct l3d_gpt *m;
@@ -104,6 +166,9 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     ref_fill_tokens(inp, B * T, 0, cfg.V, 3, 1);
     ref_fill_tokens(tgt, B * T, 0, cfg.V, 3, 2);
     CHECK(m->num_params == l3d_gpt_param_count(&cfg));
+    /* the activations' closed form (of every architecture) against the plan, up to alignment */
+    size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 1, L3D_RECOMPUTE_NONE, true);
+    CHECK(m->act_bytes >= want && m->act_bytes <= want + 64 * (size_t)(cfg.L * 13 + 40));
 
     l3d_gpt_zero_grad(m);
     float loss = l3d_gpt_forward(m, inp, tgt, B, T);
@@ -114,8 +179,14 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     float *params = test_to_host(be, m->params, m->num_params);
     float *grads = test_to_host(be, m->grads, m->num_params);
     ref_to_double(r.params, params, m->num_params);
-    double rloss = ref_gpt_loss(&r);
+    double rloss = ref_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
+    if (ref_loss == ref_llama_loss) /* the oracle sees a wrong KV grouping and missing RoPE */
+        for (r.mutant = 1; r.mutant <= 2; r.mutant++) {
+            double bad = ref_loss(&r);
+            CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
+        }
+    r.mutant = 0;
 
     /* every parameter of every tensor: |analytic - numeric| small against the tensor's scale */
     for (int ti = 0; ti < L3D_NUM_TENSORS; ti++) {
@@ -127,7 +198,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
         int64_t stride = t->count > 97 ? t->count / 97 : 1;
         double *num = dalloc(t->count);
         for (int64_t i = 0; i < t->count; i += stride) {
-            num[i] = ref_fd_partial(ref_gpt_loss, &r, r.params + t->offset, i, 1e-5);
+            num[i] = ref_fd_partial(ref_loss, &r, r.params + t->offset, i, 1e-5);
             scale = fmax(scale, fabs(num[i]));
         }
         for (int64_t i = 0; i < t->count; i += stride) {
@@ -141,7 +212,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
             fprintf(stderr, "tensor %s: worst element %lld analytic %.8g numeric %.8g\n", t->name,
                     (long long)worst_i, grads[t->offset + worst_i], num[worst_i]);
         CHECK(worst <= 2e-4 * scale);
-        if (ti == L3D_T_WTE) /* padding rows: exactly zero gradient */
+        if (ti == L3D_T_WTE || ti == L3D_T_LMHEAD) /* padding rows: exactly zero gradient */
             for (int64_t i = (int64_t)cfg.V * cfg.C; i < t->count; i++)
                 CHECK(grads[t->offset + i] == 0.0f);
         free(num);
@@ -150,6 +221,25 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     free(params);
     free(grads);
     l3d_gpt_free(m);
+}
+
+static void test_forward_and_gradients(struct l3d_backend *be) {
+    check_forward_and_gradients(be, tiny_config(2, 16, 2, 50, 8), ref_gpt_loss); /* Vp 128 */
+    /* Llama: 4 query heads over 2 key/value heads of 4 channels, SwiGLU of 24, untied head */
+    struct l3d_model_spec c = {.L = 2, .C = 16, .NH = 4, .NKV = 2, .V = 50, .maxT = 8, .ffn = 24,
+                               .norm_eps = 1e-6f};
+    l3d_model_set_arch(&c, L3D_ARCH_LLAMA);
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
+    check_forward_and_gradients(be, c, ref_llama_loss);
+    /* the tensor table: Llama's 9 tensors, none of GPT-2's biases or wpe */
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    struct l3d_shard full = l3d_shard_full(&c);
+    int used = 0;
+    l3d_gpt_plan_tensors(&c, &full, ti);
+    for (int i = 0; i < L3D_NUM_TENSORS; i++) used += ti[i].count > 0;
+    CHECK(used == 9 && ti[L3D_T_QKVW].rows == 32 && ti[L3D_T_FCW].rows == 48 &&
+          ti[L3D_T_WPE].count == 0 && ti[L3D_T_QKVB].count == 0 && ti[L3D_T_LMHEAD].rows == 128);
+    CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
 }
 
 static void test_initial_loss(struct l3d_backend *be) {

@@ -14,6 +14,7 @@
 
 
 #include "llm3d/pipeline.h"
+#include "llm3d/cp.h"
 #include "llm3d/plan.h"
 #include "test.h"
 
@@ -182,8 +183,7 @@ static void test_memory_mixed(void) {
     CHECK_NEAR((double)l3d_plan_model_params(&wide) - full, L * 4 * h * (2 * h + 1), 0.5);
     struct l3d_plan_run r32 = run;
     r32.precision = prec_of(L3D_F32);
-    CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_ERR_ARG);
-    CHECK(strstr(l3d_error_message(), "GPT-2's MLP of 4 x --channels") != NULL);
+    CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_OK); /* the trainer's too */
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
     lay.sp = true;
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
@@ -592,7 +592,7 @@ static void test_checks_and_search(void) {
     for (int i = 0; i < n; i++) {
         const struct l3d_layout *l = &best[i].layout;
         CHECK(best[i].fits && best[i].mem.total <= prof.mem_bytes);
-        CHECK((int64_t)l->tp * l->pp * l->dp == 3072);
+        CHECK((int64_t)l->tp * (l->cp > 1 ? l->cp : 1) * l->pp * l->dp == 3072);
         CHECK(m.NH % l->tp == 0 && m.L % (l->pp * l->v) == 0);
         if (i) CHECK(best[i - 1].time.step <= best[i].time.step);
     }
@@ -1428,6 +1428,70 @@ static void test_dp_nics(void) {
     }
 }
 
+/* Context parallelism: a ring rank is planned as holding T / cp of each sequence. Memory: the
+ * activations of cp 2 at T are those of cp 1 at T / 2 (the same model and layout with dp x 2 for
+ * ZeRO), plus the ring's buffers (l3d_cp_bytes); the trainer's check (l3d_plan_memory) says the
+ * same as the evaluation. Time: the attention of cp 2 is half that of cp 1 at T (the causal work
+ * split evenly) and the step's ring time is what its transfers exceed the blocks by: none on a
+ * fast link, positive when the link is slowed 1e4 times. The search tries cp 2 where the chunks
+ * are long enough, and --cp fixes it; a sequence that does not split into 2 cp chunks is refused. */
+static void test_context_parallel(void) {
+    struct l3d_profile prof, slow;
+    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
+    slow = prof;
+    slow.intra_bw /= 1e4;
+    slow.inter_bw /= 1e4;
+    slow.pair_bw /= 1e4;
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    m.maxT = 4096;
+    struct l3d_plan_run run = run16(2, 1, true);
+    struct l3d_layout one = layout(1, 1, 2, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    struct l3d_layout cp2 = layout(1, 1, 1, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    cp2.cp = 2;
+    run.global_batch = 2;
+    struct l3d_plan_result a, b, c;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &a) == L3D_OK); /* dp 2, T 4096 */
+    run.global_batch = 1;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &cp2, &b) == L3D_OK); /* cp 2, T 4096 */
+    struct l3d_model_spec half = m;
+    half.maxT = 2048;
+    struct l3d_plan_run r1 = run16(2, 2, true);
+    CHECK(l3d_plan_evaluate(&half, &prof, &r1, &one, &c) == L3D_OK); /* dp 2, T 2048 */
+    CHECK_NEAR(b.mem.activations, c.mem.activations, 0);
+    CHECK_NEAR(b.mem.optimizer, c.mem.optimizer, 0);
+    double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16);
+    CHECK_NEAR(b.mem.other - c.mem.other, ring, 1);
+    CHECK(b.mem.activations < 0.55 * a.mem.activations);
+    struct l3d_plan_mem mem;
+    CHECK(l3d_plan_memory(&m, &run, &cp2, &mem) == L3D_OK);
+    CHECK_NEAR(mem.total, b.mem.total, 0);
+    CHECK_NEAR(b.time.attention, a.time.attention / 2, a.time.attention * 1e-9);
+    /* fast link: only the last dK|dV hop of each layer is exposed (a pair link, 200 GB/s, 5 us) */
+    double hop = 2048.0 * 2 * m.C * 2 / 200e9 + 5e-6;
+    CHECK(a.time.cp_comm == 0);
+    CHECK_NEAR(b.time.cp_comm, m.L * hop, m.L * hop * 1e-9);
+    struct l3d_plan_result d;
+    CHECK(l3d_plan_evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
+    CHECK(d.time.cp_comm > 0 && d.time.step > b.time.step + 0.5 * d.time.cp_comm);
+    /* the search: cp 2 among the layouts of 2 devices and one sequence a step; --cp 1 not */
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    struct l3d_plan_result best[64];
+    struct l3d_plan_search_stats st;
+    int n = 0;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
+    bool has_cp2 = false;
+    for (int i = 0; i < n; i++) has_cp2 = has_cp2 || best[i].layout.cp == 2;
+    CHECK(n >= 1 && has_cp2);
+    fx.cp = 1;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
+    for (int i = 0; i < n; i++) CHECK(best[i].layout.cp <= 1);
+    /* negative: T 4094 is not 4 chunks */
+    m.maxT = 4094;
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &cp2, &d) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "not a multiple of 4") != NULL);
+}
+
 /* The pipeline phase where no timeline runs: p 16, v 4, m 48 is 3072 chunk-micro-batches, over
  * the 2^11 a timeline runs whole, and m = 3p leaves no longer timeline to extend (timeline.c), so
  * the planner takes the closed form (m - 1/v) t_max + sum_r t_r / v (plan.c): for equal stages
@@ -1541,5 +1605,6 @@ int main(void) {
     test_cpu_ranks();
     test_attention_unfused();
     test_dp_nics();
+    test_context_parallel();
     return TEST_REPORT();
 }

@@ -61,8 +61,25 @@ static void test_layout_rules(void) {
     s.model.NH = 3;
     passes(&s, &(struct l3d_spec_ctx){.world = 3, .train = true});
     s = base();
-    s.layout.cp = 2;
-    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "context parallelism");
+    s.layout.cp = 2; /* T 64 in 4 chunks of 16 */
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.layout.seq = 60; /* 60 = 4 x 15 */
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    s.layout.seq = 62;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true},
+        "--seq-len 62 is not a multiple of 4");
+    s.layout.seq = 64;
+    s.layout.cp = 3;
+    one(&s, &(struct l3d_spec_ctx){.world = 3, .train = true}, "not a multiple of 6");
+    s = base();
+    s.layout.cp = 2; /* SP over the ring rank's T / cp rows: 1 x 12 / 2 = 6 rows over tp 4 */
+    s.layout.tp = 4;
+    s.layout.sp = true;
+    s.layout.micro_batch = 1;
+    s.layout.seq = 12;
+    one(&s, &(struct l3d_spec_ctx){.world = 8, .train = true}, "--seq-len / --cp (1 x 6)");
+    s.layout.micro_batch = 2;
+    passes(&s, &(struct l3d_spec_ctx){.world = 8, .train = true});
     s = base();
     s.layout.tp = 2;
     s.layout.sp = true;
@@ -194,8 +211,15 @@ static void test_every_rule_said(void) {
     s.model.ffn = 0;
     one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--channels 65");
     s = base();
-    s.model.ffn = 100;
-    one(&s, &(struct l3d_spec_ctx){.world = 1, .train = true}, "--ffn 100");
+    s.model.ffn = 100; /* any MLP width trains (GELU or SwiGLU) */
+    passes(&s, &(struct l3d_spec_ctx){.world = 1, .train = true});
+    /* 4 heads over 2 key/value heads: tp 2 splits them, tp 4 would need them replicated */
+    s = base();
+    s.model.NKV = 2;
+    s.layout.tp = 2;
+    passes(&s, &train8);
+    s.layout.tp = 4;
+    one(&s, &train8, "--tp 4 does not divide the model's 2 key/value heads");
 }
 
 static void test_param_bytes(void) {

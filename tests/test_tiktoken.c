@@ -11,6 +11,7 @@
 
 #include "llm3d/tokenizer.h"
 #include "test.h"
+#include "tokenizer/tokenizer-impl.h"
 
 static char data_dir[4096], tmp_dir[4096];
 
@@ -36,8 +37,9 @@ static bool same_ids(const struct l3d_ids *a, const struct l3d_ids *b) {
     return a->n == b->n && (a->n == 0 || memcmp(a->v, b->v, (size_t)a->n * sizeof *a->v) == 0);
 }
 
-/* Every vector of file: the same ids; decoding gives the text back (valid UTF-8 or not); and the
- * first vector with ids, one id perturbed, no longer compares equal. Returns the case count. */
+/* Every vector of file: the same ids; decoding gives the text back (valid UTF-8 or not; its NFC
+ * for a tokenizer that normalizes); and the first vector with ids, one id perturbed, no longer
+ * compares equal. Returns the case count. */
 static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
     char path[8400];
     snprintf(path, sizeof path, "%s/%s", data_dir, file);
@@ -45,6 +47,7 @@ static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
     CHECK(fp != NULL);
     if (!fp) return 0;
     struct l3d_encoder *e = l3d_encoder_init(t);
+    struct l3d_nfc nfc = {0};
     static char line[1 << 17];
     static unsigned char text[1 << 16];
     int cases = 0, bad = 0, perturbed = 0;
@@ -71,14 +74,16 @@ static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
             CHECK(!same_ids(&got, &want));
             perturbed = 1;
         }
-        size_t m = l3d_tokenizer_decode(t, got.v, got.n, &dec, &cap);
-        CHECK(m == n && (n == 0 || memcmp(dec, text, n) == 0));
+        size_t m = l3d_tokenizer_decode(t, got.v, got.n, &dec, &cap), nn = n;
+        const char *back = t->nfc ? l3d_tok_nfc(&nfc, (const char *)text, n, &nn) : (char *)text;
+        CHECK(m == nn && (nn == 0 || memcmp(dec, back, nn) == 0));
         l3d_ids_free(&want);
         l3d_ids_free(&got);
         cases++;
     }
     fclose(fp);
     free(dec);
+    l3d_nfc_free(&nfc);
     l3d_encoder_free(e);
     fprintf(stderr, "%s: %d reference vectors, %d mismatches\n", file, cases, bad);
     CHECK(perturbed == 1);
@@ -224,7 +229,9 @@ static void test_hf(void) {
     static const struct {
         const char *norm, *pre, *model, *want;
     } bad[] = {
-        {"{\"type\": \"NFC\"}", NULL, "BPE", "the normalizer NFC is not supported"},
+        {"{\"type\": \"NFKC\"}", NULL, "BPE", "the normalizer NFKC is not supported"},
+        {"{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}", NULL, "BPE",
+         "the normalizer Sequence is not supported"},
         {"null", NULL, "WordPiece", "the model WordPiece is not supported"},
         {"null", NULL, "Unigram", "the model Unigram is not supported"},
         {"null", "{\"type\": \"Whitespace\"}", "BPE", "the pre_tokenizer Whitespace is not supported"},
@@ -239,6 +246,85 @@ static void test_hf(void) {
         bool named = strstr(l3d_error_message(), bad[i].want) != NULL;
         if (!named) fprintf(stderr, "got \"%s\", want \"%s\"\n", l3d_error_message(), bad[i].want);
         CHECK(named);
+    }
+}
+
+static size_t unhex(const char *h, size_t len, char *out) {
+    for (size_t i = 0; i + 1 < len; i += 2) out[i / 2] = (char)(hexval(h[i]) * 16 + hexval(h[i + 1]));
+    return len / 2;
+}
+
+/* NFC (src/tokenizer/normalize.c) against node's String.prototype.normalize on every code point
+ * with a decomposition or a combining class and random strings of marks (tests/data/
+ * nfc_vectors.tsv, scripts/hf_vectors.js); an output perturbed no longer compares equal; invalid
+ * UTF-8 composes with nothing and stays. */
+static void test_nfc(void) {
+    char path[8400], line[1024], in[512], want[512];
+    snprintf(path, sizeof path, "%s/nfc_vectors.tsv", data_dir);
+    FILE *fp = fopen(path, "r");
+    CHECK(fp != NULL);
+    struct l3d_nfc s = {0};
+    int cases = 0, bad = 0;
+    while (fp && fgets(line, sizeof line, fp)) {
+        char *tab = strchr(line, '\t'), *end = line + strcspn(line, "\n");
+        CHECK(tab != NULL);
+        if (!tab) break;
+        size_t n = unhex(line, (size_t)(tab - line), in), nw = unhex(tab + 1, (size_t)(end - tab - 1), want), m;
+        const char *got = l3d_tok_nfc(&s, in, n, &m);
+        bool same = m == nw && memcmp(got, want, m) == 0;
+        if (!same && bad++ < 5) fprintf(stderr, "nfc mismatch on %.*s\n", (int)(tab - line), line);
+        CHECK(same);
+        if (cases++ == 0 && nw > 0) {
+            want[nw - 1] ^= 1;
+            CHECK(!(m == nw && memcmp(got, want, m) == 0));
+        }
+    }
+    if (fp) fclose(fp);
+    fprintf(stderr, "nfc_vectors.tsv: %d cases, %d mismatches\n", cases, bad);
+    CHECK(cases > 10000);
+    static const struct {
+        const char *in, *want;
+    } inv[] = {
+        {"e\xff\xcc\x81", "e\xff\xcc\x81"}, /* an invalid byte blocks: the mark stays alone */
+        {"e\xcc\x81\xff", "\xc3\xa9\xff"},
+        {"\xcc\x81\xed\xa0\x80" "e\xcc\x81", "\xcc\x81\xed\xa0\x80\xc3\xa9"}, /* a surrogate */
+    };
+    for (size_t i = 0; i < sizeof inv / sizeof *inv; i++) {
+        size_t m;
+        const char *got = l3d_tok_nfc(&s, inv[i].in, strlen(inv[i].in), &m);
+        CHECK(m == strlen(inv[i].want) && memcmp(got, inv[i].want, m) == 0);
+    }
+    l3d_nfc_free(&s);
+}
+
+/* tokenizer.json against @huggingface/tokenizers (tests/data/hf_NAME.tsv, scripts/hf_vectors.js):
+ * GPT-2's as written by write_hf, Meta's Llama 3 and Qwen3's (Qwen2's vocabulary, pattern and NFC)
+ * as `bash scripts/setup.sh --tokenizers` installs them. */
+static void test_hf_oracle(void) {
+    static const struct {
+        const char *name;
+        int V, eot;
+    } hf[] = {{"gpt2", 50257, 50256}, {"llama3", 128256, 128001}, {"qwen3", 151669, 151643}};
+    for (size_t i = 0; i < sizeof hf / sizeof *hf; i++) {
+        char dir[8400], base[4000], tsv[64];
+        l3d_tokenizer_cache_dir(base, sizeof base);
+        if (i == 0) {
+            write_hf("hf_gpt2", "null", "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                     "\"use_regex\": true}", "BPE");
+            snprintf(dir, sizeof dir, "%s/hf_gpt2", tmp_dir);
+        } else {
+            snprintf(dir, sizeof dir, "%s/hf/%s", base, hf[i].name);
+        }
+        struct l3d_tokenizer *t;
+        l3d_status st = l3d_tokenizer_open(&t, dir);
+        if (st != L3D_OK) fprintf(stderr, "%s\n", l3d_error_message());
+        CHECK(st == L3D_OK);
+        if (st != L3D_OK) continue;
+        CHECK(l3d_tokenizer_vocab_size(t) == hf[i].V && l3d_tokenizer_eot(t) == hf[i].eot);
+        CHECK(t->nfc == (i == 2));
+        snprintf(tsv, sizeof tsv, "hf_%s.tsv", hf[i].name);
+        CHECK(test_vectors(t, tsv) >= 2000);
+        l3d_tokenizer_free(t);
     }
 }
 
@@ -271,6 +357,8 @@ int main(void) {
     }
     test_errors();
     test_hf();
+    test_nfc();
+    test_hf_oracle();
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
     CHECK(system(cmd) == 0);

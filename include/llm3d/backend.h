@@ -116,30 +116,103 @@ void l3d_be_layernorm_backward(struct l3d_backend *be, enum l3d_dtype dt, void *
                                void *dweight, void *dbias, const void *dout, const void *inp,
                                const void *weight, const float *mean, const float *rstd,
                                int64_t N, int64_t C);
-/* Causal self-attention, tiled (FlashAttention): out (B,T,NH,HS) from qkv (B,T,3,NH,HS); lse
+/* Causal self-attention, tiled (FlashAttention): out (B,T,NH,HS) from qkv (B,T,NH+2*NKV,HS); lse
  * (B,NH,T) fp32, the log-sum-exp of each query row's scaled scores, saved for backward, which
- * recomputes the scores from qkv, out and lse. No (B,NH,T,T) tensor. */
+ * recomputes the scores from qkv, out and lse. No (B,NH,T,T) tensor. Grouped-query attention
+ * (Ainslie et al. 2023): NKV key/value heads, NH a multiple of NKV; a qkv row holds the NH query
+ * heads, then the NKV key heads, then the NKV value heads, and query head h attends with KV head
+ * h / (NH / NKV) (no repeated copy). NKV == NH is multi-head attention, (B,T,3,NH,HS). */
 void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
-                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS);
+/* dqkv (B,T,NH+2*NKV,HS) += */
 void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                const void *dout, const void *qkv, const void *out,
-                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t HS);
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t HS);
 /* The materialising kernel pair, att (B,NH,T,T) the probabilities, datt (B,NH,T,T) scratch: the
  * oracle the tiled kernel is benchmarked against (L3D_ATTENTION=naive); NULL in a backend
  * without it (the call aborts). */
 void l3d_be_attention_naive_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
                                     void *att, const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                    int64_t HS);
+                                    int64_t NKV, int64_t HS);
 void l3d_be_attention_naive_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                      void *datt, const void *dout, const void *qkv,
                                      const void *att, int64_t B, int64_t T, int64_t NH,
-                                     int64_t HS);
+                                     int64_t NKV, int64_t HS);
 /* Attention of n new rows at positions pos..pos+n-1 over a key/value cache (generation):
  * out (n, NH*HS) = softmax(q k^T / sqrt(HS)) v over cached positions 0..pos+i for row i; q (n)
- * rows of q_stride elements (heads at h*HS); k, v (pos+n) rows of kv_stride elements. */
+ * rows of q_stride elements (query heads at h*HS); k, v (pos+n) rows of kv_stride elements (the
+ * NKV key/value heads at g*HS; query head h reads head h / (NH / NKV)). */
 void l3d_be_attention_cached(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
-                             int64_t HS, int64_t q_stride, int64_t kv_stride);
+                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+/* Block attention for context parallelism (ring attention, docs/DESIGN.md "Context
+ * parallelism"): the queries of one chunk of each sequence against the keys and values of another
+ * chunk, both at absolute positions, with grouped-query heads (query head h reads key/value head
+ * h / (NH / NKV); GPT-2: NKV = NH). Key j is visible to query i when k_pos + j <= q_pos + i:
+ * causal when the chunks overlap, full when the key chunk lies entirely before. The key chunk
+ * must not start after the query chunk (k_pos <= q_pos: every query row then sees a key; a chunk
+ * entirely after is the caller's to skip). Strides are in elements (lse: floats); q and dq share
+ * q_rs / q_bs, k, v, dk, dv share kv_*, out, dout and merge's out2 share o_*, lse and lse2
+ * lse_hs / lse_bs; heads at h HS within a row (k, v: g HS). Every kernel takes fp32, bf16, fp16
+ * (arithmetic fp32, lse fp32). */
+struct l3d_attn_block {
+    int64_t B, NH, NKV, HS;   /* sequences, query heads, key/value heads (NKV divides NH) */
+    int64_t nq, nk;           /* query rows, key rows of each sequence */
+    int64_t q_pos, k_pos;     /* absolute position of the first query row, first key row */
+    int64_t q_rs, q_bs;       /* q, dq: row and sequence strides */
+    int64_t kv_rs, kv_bs;     /* k, v, dk, dv */
+    int64_t o_rs, o_bs;       /* out, dout, out2 */
+    int64_t lse_hs, lse_bs;   /* lse (and lse2): head and sequence strides; row i at + i */
+};
+/* out (B,nq,NH,HS) = softmax over the visible keys of q k^T / sqrt(HS), times v; lse (B,NH,nq)
+ * the log-sum-exp of each row's visible scaled scores (FlashAttention's forward on one block). */
+void l3d_be_attention_block_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
+                                    float *lse, const void *q, const void *k, const void *v,
+                                    const struct l3d_attn_block *g);
+/* Two partial results over disjoint key sets merged into (out, lse): with L = log(e^lse +
+ * e^lse2), out = out e^(lse - L) + out2 e^(lse2 - L), lse = L (the online softmax's rescaling;
+ * an -inf lse contributes nothing). Only B, NH, HS, nq and the out / lse strides are read. */
+void l3d_be_attention_merge(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
+                            const void *out2, const float *lse2, const struct l3d_attn_block *g);
+/* The block's share of the gradients (FlashAttention-2's backward with the FINAL out and lse of
+ * each query row, over all its key chunks): dq, dk, dv +=. P = exp(s - lse) is then the block of
+ * the full softmax, and D = rowsum(dout * out) the full row's. */
+void l3d_be_attention_block_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dq,
+                                     void *dk, void *dv, const void *dout, const void *q,
+                                     const void *k, const void *v, const void *out,
+                                     const float *lse, const struct l3d_attn_block *g);
+/* RMSNorm (Zhang & Sennrich 2019, eq. 4): out (N,C) = inp * rstd * weight, with rstd (N) fp32
+ * = 1 / sqrt(mean over C of inp^2 + eps), saved for backward (no mean, no bias). */
+void l3d_be_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *rstd,
+                            const void *inp, const void *weight, int64_t N, int64_t C, float eps);
+/* dinp (N,C) += and dweight (C, type gdt: dt or L3D_F32 main_grad) +=, from dout, inp, weight and
+ * the saved rstd; either may be NULL. */
+void l3d_be_rmsnorm_backward(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                             void *dinp, void *dweight, const void *dout, const void *inp,
+                             const void *weight, const float *rstd, int64_t N, int64_t C);
+/* Rotary position embedding (Su et al. 2021) in Hugging Face's rotate-half form, in place on the
+ * NH query heads and NKV key heads of each row of qkv (B,T,NH+2*NKV,HS) (the values are not
+ * touched): in each head, pair (i, i + HS/2) for i < HS/2 turns by the angle
+ * a = pos[t] * inv_freq[i]: (x_i, x_j) -> (x_i cos a - x_j sin a, x_j cos a + x_i sin a).
+ * inv_freq (HS/2 fp32, device memory: l3d_rope_inv_freq's values), pos (T int32 positions,
+ * device memory, any values: the same for every sequence of the batch). HS even.
+ * rope_backward, in place on dqkv: the inverse rotation (the transpose) of its query and key
+ * gradients, which turns d(rotated) into d(qkv before rope). */
+void l3d_be_rope_forward(struct l3d_backend *be, enum l3d_dtype dt, void *qkv,
+                         const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                         int64_t NH, int64_t NKV, int64_t HS);
+void l3d_be_rope_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
+                          const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                          int64_t NH, int64_t NKV, int64_t HS);
+/* SwiGLU (Shazeer 2020): inp (N,2H) holds [gate | up] in each row (the fused product of the
+ * gate and up rows); out (N,H) = silu(gate) * up, silu(g) = g / (1 + e^-g). Backward: dinp
+ * (N,2H) += the gradients of both halves. */
+void l3d_be_swiglu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
+                           int64_t N, int64_t H);
+void l3d_be_swiglu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp,
+                            const void *dout, const void *inp, int64_t N, int64_t H);
 void l3d_be_gelu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
                          int64_t N);
 void l3d_be_gelu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp, const void *dout,

@@ -34,6 +34,11 @@
 #define L3D_LLMC_MAGIC 20240326
 #define L3D_LLMC_VERSION_FP32 3
 #define L3D_LLMC_VERSION_BF16 5 /* llm.c's bf16 file: the same layout, 2-byte parameters */
+/* llm3d's files of other architectures (Llama): the same layout with the architecture in header
+ * words 8-25 (l3d_gpt_plan_tensors' tensors in its order), versions that llm.c refuses rather
+ * than misreads. */
+#define L3D_LLMC_VERSION_ARCH_FP32 1003
+#define L3D_LLMC_VERSION_ARCH_BF16 1005
 
 /* Written atomically: a temporary file, fsync, then rename over path. Version 3 (fp32). Reading
  * takes version 3 and version 5 (bf16, widened to fp32 exactly). */
@@ -48,6 +53,10 @@ l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model
                                         enum l3d_dtype dt);
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
+/* The file's parameters as the full model's flat fp32 buffer (host memory, l3d_gpt_param_count
+ * of cfg, whose model the file must hold), checked finite. */
+l3d_status l3d_ckpt_read_llmc_full(const char *path, const struct l3d_model_spec *cfg,
+                                   float *full);
 
 /* ---- sharded checkpoints (src/ckpt: save.c, load.c, manifest.c, fileio.c) --------------------
  *
@@ -172,6 +181,9 @@ l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_model_spec *cfg, int
  * or with _dt and L3D_BF16 version 5 (the fp32 weights rounded to bf16). */
 l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path);
 l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt);
+/* The weights of step directory dir as the full model's flat fp32 parameters (*full, l3d_free
+ * it; checked finite) and its config. */
+l3d_status l3d_ckpt_read_full(const char *dir, struct l3d_model_spec *cfg, float **full);
 
 /* What a step directory holds, for llm3d inspect. */
 struct l3d_ckpt_info {

@@ -68,7 +68,9 @@ enum l3d_tag {
     L3D_TAG_TP_GATHER = 1,     /* tensor-parallel ranks' parameters to TP rank 0 (l3d_tp_gather) */
     L3D_TAG_TRACE = 2,         /* a rank's trace events to world rank 0 (--trace) */
     L3D_TAG_CALIBRATE_GO = 3,  /* bench --calibrate: rank 0 tells the others to go on */
-    L3D_TAG_ZERO3_GATHER = 4,  /* a ZeRO-3 rank's fp32 range to DP rank 0 for a save */
+    L3D_TAG_CP_KV = 4,         /* context parallelism: keys and values to the next ring rank */
+    L3D_TAG_CP_DKV = 5,        /* ... and their gradients' running sums */
+    L3D_TAG_ZERO3_GATHER = 6,  /* a ZeRO-3 rank's fp32 range to DP rank 0 for a save */
     L3D_TAG_MODEL_GATHER = 16, /* + chunk (< 256): a (tp, pp) rank's parameters to rank 0 for
                                 * model.bin */
     L3D_TAG_PIPE = 1024,       /* + 2b: the activation from virtual stage b to b + 1; + 2b + 1:

@@ -21,11 +21,17 @@
  * Every buffer of the model (parameters, gradients, activations, tokens) is device memory of the
  * backend it was built with; l3d_gpt_shard_to_full / full_to_shard work on host copies.
  *
- * Parameters are the 16 tensors of llm.c's GPT-2 checkpoint, in its order, matrices (out, in):
+ * Parameters of GPT-2 are the 16 tensors of llm.c's GPT-2 checkpoint, in its order, matrices
+ * (out, in):
  *   wte (Vp,C) wpe (maxT,C) ln1w ln1b (L,C) qkvw (L,3C,C) qkvb (L,3C) attprojw (L,C,C)
  *   attprojb (L,C) ln2w ln2b (L,C) fcw (L,4C,C) fcb (L,4C) fcprojw (L,C,4C) fcprojb (L,C)
  *   lnfw lnfb (C)
  * restricted to the shard's slice (qkvw keeps its q|k|v blocks, each with the local heads).
+ * Llama's (Touvron et al. 2023) take the same names, no biases, no wpe (RoPE), hd = C / NH:
+ *   wte (Vp,C) ln1w (L,C) qkvw (L,(NH+2 NKV) hd,C) attprojw (L,C,C) ln2w (L,C)
+ *   fcw (L,2 ffn,C) fcprojw (L,C,ffn) lnfw (C) lmhead (Vp,C) (untied only)
+ * qkvw's rows are the q heads, then the k heads, then the v heads (each block restricted to the
+ * shard's heads), fcw's the gate rows then the up rows (each restricted to the shard's columns).
  */
 #ifndef LLM3D_MODEL_H
 #define LLM3D_MODEL_H
@@ -45,7 +51,9 @@
 #define L3D_MAX_CHANNELS (1 << 20)
 #define L3D_MAX_CONTEXT (1 << 24)
 #define L3D_MAX_PARAMS ((double)(1LL << 56))
-#define L3D_NUM_TENSORS 16
+/* Slots of the tensor table: GPT-2's 16 tensors in llm.c's order, then Llama's untied head. An
+ * architecture leaves the slots it has no tensor for empty (l3d_gpt_tensor_used). */
+#define L3D_NUM_TENSORS 17
 
 /* The architecture of a model, as data (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023,
  * Dubey et al. 2024). Each enum's zero is GPT-2's choice, so a zeroed spec with sizes is GPT-2. */
@@ -97,11 +105,27 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 int l3d_model_kv_heads(const struct l3d_model_spec *m);
 /* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
 double l3d_model_param_count(const struct l3d_model_spec *m);
+/* The family's blocks on a spec (its sizes kept): GPT-2's (every architecture field zero), or
+ * Llama's (RMSNorm, SwiGLU, RoPE, no biases, untied head; NKV, ffn, eps and theta as they are). */
+void l3d_model_set_arch(struct l3d_model_spec *m, enum l3d_arch arch);
+/* "gpt2" / "llama", and back (false for another name). */
+const char *l3d_arch_name(enum l3d_arch arch);
+bool l3d_arch_parse(const char *name, enum l3d_arch *out);
+/* Whether two finished specs have the same sizes and architecture (every field but the name). */
+bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b);
+/* Whether a finished spec is plain GPT-2 (every architecture field at its GPT-2 value), which
+ * llm.c's files and the manifests of earlier versions describe without an architecture record. */
+bool l3d_model_is_gpt2(const struct l3d_model_spec *m);
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
+ * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
+ * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
+void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);
 
 struct l3d_shard {
     int layer_start, layer_count; /* layers [layer_start, layer_start + layer_count) */
     int head_start, head_count;   /* attention heads */
-    int64_t ffn_start, ffn_count; /* columns of the 4C MLP */
+    int64_t ffn_start, ffn_count; /* columns of the MLP's hidden layer (of ffn; SwiGLU: of its
+                                   * gate and, the same columns, of its up projection) */
     int64_t vocab_start, vocab_count; /* rows of the padded vocabulary */
     bool has_embedding;  /* token + position embedding (first pipeline stage) */
     bool has_head;       /* final LayerNorm, tied LM head and loss (last pipeline stage) */
@@ -118,8 +142,16 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
 enum l3d_tensor_id {
     L3D_T_WTE, L3D_T_WPE, L3D_T_LN1W, L3D_T_LN1B, L3D_T_QKVW, L3D_T_QKVB, L3D_T_ATTPROJW,
     L3D_T_ATTPROJB, L3D_T_LN2W, L3D_T_LN2B, L3D_T_FCW, L3D_T_FCB, L3D_T_FCPROJW, L3D_T_FCPROJB,
-    L3D_T_LNFW, L3D_T_LNFB,
+    L3D_T_LNFW, L3D_T_LNFB, L3D_T_LMHEAD,
 };
+
+/* Whether the architecture has tensor t (GPT-2: the 16 of llm.c; Llama: wte, ln1w, qkvw,
+ * attprojw, ln2w, fcw, fcprojw, lnfw, and lmhead when untied). A tensor it lacks has no elements
+ * in any shard; the table keeps its slot so that ids stay fixed. */
+bool l3d_gpt_tensor_used(const struct l3d_model_spec *cfg, int t);
+/* A shard's key/value heads: its query heads' groups (tp divides NKV, l3d_tp_shard). */
+int l3d_shard_kv_start(const struct l3d_model_spec *cfg, const struct l3d_shard *sh);
+int l3d_shard_kv_count(const struct l3d_model_spec *cfg, const struct l3d_shard *sh);
 
 struct l3d_tensor_info {
     const char *name;   /* llm.c's name */
@@ -158,6 +190,19 @@ struct l3d_gpt_hooks {
     /* Called by backward between kernels (with grads_ctx): lets the communication started by
      * grads_ready progress while the next kernels compute (see l3d_dp_poll_kernels). */
     void (*progress)(void *ctx);
+    /* Context parallelism (src/parallel/cp.c, docs/DESIGN.md "Context parallelism"): cp_size > 1
+     * ranks share each sequence; this rank's T rows are chunks cp_rank and 2 cp_size - 1 - cp_rank
+     * of its 2 cp_size chunks of T / 2 rows (l3d_cp_chunk_start), whose positions the embedding
+     * takes, and attention runs round the ring through these two hooks (with cp_ctx) in place of
+     * the backend's kernels: qkv rows [NH q | NKV k | NKV v] heads of HS. */
+    int cp_size, cp_rank;
+    void *cp_ctx;
+    void (*cp_attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                 const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                 int64_t HS);
+    void (*cp_attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                                  const void *qkv, const void *out, const float *lse, int64_t B,
+                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     /* ZeRO-3 (include/llm3d/dp.h; a model built with L3D_GRADS_SHARDED holds no parameters):
      * before forward or backward (backward true) uses the parameters of local layer `layer` (-1:
      * the non-layer tensors, for the whole pass) it asks params_get where they lie: a buffer laid
@@ -167,6 +212,10 @@ struct l3d_gpt_hooks {
     const void *(*params_get)(void *ctx, int layer, bool backward);
     void (*params_done)(void *ctx, int layer, bool backward);
 };
+/* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
+ * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk
+ * 2 cp - 1 - cp_rank of T / 2 rows each (every rank then has the same attention work). */
+int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T);
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
 
@@ -218,6 +267,11 @@ struct l3d_gpt {
     int32_t *inputs;      /* (B,T) copy of the last forward's tokens, for backward */
     int32_t *targets;     /* (B,T) copy of its targets */
     double *loss_sum;     /* one double: the summed loss of the last forward */
+    /* Rotary positions (pos L3D_POS_ROPE): inv_freq (hd/2 fp32, l3d_rope_inv_freq) and the
+     * position of each of the Tmax rows of a sequence (int32, 0..Tmax-1 unless a caller such as
+     * context parallelism writes others), device memory; NULL without RoPE. */
+    float *rope_inv_freq;
+    int32_t *rope_pos;
     bool has_targets;
     int B, T;             /* sizes of the last forward */
 };

@@ -55,7 +55,7 @@
 /* Checks the sizes for the planner (the run spec's model rules, and a model of at most 10^15
  * parameters); messages name the flags. */
 l3d_status l3d_plan_model_check(const struct l3d_model_spec *m);
-/* The trainer's model of the same sizes (Vp set, ffn 4C). */
+/* The trainer's model of the same spec (finished: Vp and the defaults set). */
 struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_model_spec *m);
 /* Parameters of the full model (tied embedding counted once, position embedding included). */
 int64_t l3d_plan_model_params(const struct l3d_model_spec *m);
@@ -207,6 +207,7 @@ struct l3d_plan_time {     /* seconds per training step */
     double gemm, attention, elementwise; /* compute of the slowest pipeline rank, whole step */
     double recompute;      /* part of the above spent re-running forwards */
     double tp_comm, pp_p2p, bubble, dp_comm, embed_sync, optimizer;
+    double cp_comm;        /* the context-parallel ring's exposed transfers (in the pipeline) */
     double step;
 };
 
@@ -262,7 +263,8 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
 /* Fixed parts of the layout: 0 (or -1 for zero, recompute, sp, v) leaves it free. */
 struct l3d_plan_fixed {
     int tp, pp, dp, mb, v, zero, recompute, sp;
-    int zero3_prefetch; /* ZeRO-3's layers gathered ahead, in every layout (the trainer's 1) */
+    int cp;               /* 0: searched (the divisors that split the sequence into 2 cp) */
+    int zero3_prefetch;   /* ZeRO-3's layers gathered ahead, in every layout (the trainer's 1) */
 };
 struct l3d_plan_fixed l3d_plan_fixed_none(void);
 

@@ -48,6 +48,8 @@ l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_op
 /* Builds the rank grid tp x pp x dp (resolved: l3d_topo_resolve) and its communicators, replacing
  * an earlier one. Collective over the world. */
 l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp);
+/* The same with a context-parallel ring of cp ranks (l3d_topo_init_cp). */
+l3d_status l3d_runtime_layout_cp(struct l3d_runtime *rt, int tp, int cp, int pp, int dp);
 /* Frees the communicators, the backend and the world (MPI finalised); NULL is a no-op. */
 void l3d_runtime_free(struct l3d_runtime *rt);
 

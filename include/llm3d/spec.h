@@ -30,7 +30,8 @@
 /* How a run is laid out on its ranks and how a step is cut into micro-batches. */
 struct l3d_layout {
     int tp, cp, pp, dp;       /* tensor, context, pipeline, data parallel sizes; dp 0: world /
-                               * (tp cp pp). cp is 1: context parallelism is not implemented */
+                               * (tp cp pp). cp > 1: each sequence split over cp ranks (ring
+                               * attention, include/llm3d/cp.h) */
     int v;                    /* model chunks per pipeline rank (interleaved schedule when > 1) */
     enum l3d_pp_kind schedule;
     bool schedule_implied;    /* interleaved because v > 1, not asked for (said at start-up) */

@@ -103,7 +103,8 @@ void l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t 
 void l3d_encoder_free(struct l3d_encoder *e);
 
 /* Pre-tokenization alone: calls fn(ctx, start, len) for each pre-token of text[0..n), in order
- * (they tile the text). Used by BPE training. */
+ * (they tile the text; for a tokenizer with an NFC normalizer, the normalized text, held by e).
+ * Used by BPE training. */
 void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
                              void (*fn)(void *ctx, const char *s, size_t len), void *ctx);
 

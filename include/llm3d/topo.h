@@ -38,10 +38,16 @@ struct l3d_topo {
     int tp, pp, dp;
     int rank, world_size;
     int tp_rank, pp_rank, dp_rank;
+    int cp, cp_rank;           /* context parallelism (l3d_topo_init_cp); 1 and 0 otherwise */
     struct l3d_comm *world;    /* not owned */
     struct l3d_comm *tp_comm;  /* ranks that differ only in tp_rank */
     struct l3d_comm *pp_comm;  /* ranks that differ only in pp_rank (a pipeline) */
     struct l3d_comm *dp_comm;  /* ranks that differ only in dp_rank (replicas) */
+    struct l3d_comm *cp_comm;  /* ranks that differ only in cp_rank (a ring holding the chunks
+                                * of the same sequences) */
+    struct l3d_comm *dpcp_comm;/* ranks that differ in dp_rank or cp_rank, ordered dp_rank cp +
+                                * cp_rank: the gradient reduction's and ZeRO's group (the weights
+                                * are replicated over both); dp_comm itself when cp = 1 */
     struct l3d_comm *embed_comm; /* first and last stage of this pipeline; NULL on middle stages */
 };
 
@@ -57,6 +63,21 @@ void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *
  * own coordinate, so tp_comm->rank == tp_rank and so on). The layout must be resolved.
  * l3d_topo_free releases them (not the world). */
 l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp);
+/* The grid with context parallelism: tp fastest, then cp, then pp, then dp,
+ *
+ *     rank = ((dp_rank pp + pp_rank) cp + cp_rank) tp + tp_rank
+ *
+ * (cp = 1: the grid above). CP next to TP because its ring moves K and V at every layer of every
+ * micro-batch, the most traffic after TP's, so a ring stays on a node's fast links when tp x cp
+ * fits a node; PP sends one activation per micro-batch and stage, DP reduces once a step. Two
+ * more splits: cp_comm and dpcp_comm (after the four above). tp / pp / dp_rank of rank_of_cp and
+ * coords_cp as above. */
+l3d_status l3d_topo_init_cp(struct l3d_topo *t, struct l3d_comm *world, int tp, int cp, int pp,
+                            int dp);
+int l3d_topo_rank_of_cp(int tp, int cp, int pp, int tp_rank, int cp_rank, int pp_rank,
+                        int dp_rank);
+void l3d_topo_coords_cp(int tp, int cp, int pp, int rank, int *tp_rank, int *cp_rank,
+                        int *pp_rank, int *dp_rank);
 void l3d_topo_free(struct l3d_topo *t);
 
 #endif

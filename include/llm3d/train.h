@@ -38,7 +38,11 @@ struct l3d_train_config {
     const char *train_pattern; /* token shards: a file or a glob */
     const char *val_pattern;   /* NULL: no validation */
     const char *out_dir;       /* NULL: write nothing */
-    const char *init_from;     /* llm.c checkpoint to start from, or NULL */
+    const char *init_from;     /* llm.c checkpoint or Hugging Face folder to start from, or NULL */
+    /* the Hugging Face folder --out gets at the end: its dtype (L3D_F32 or L3D_BF16, L3D_F16) and
+     * the size above which its weights are sharded (0: L3D_HF_SHARD_BYTES) */
+    enum l3d_dtype save_dtype;
+    int64_t save_shard_bytes;
     int steps;
     struct l3d_adamw_hparams adamw;
     float lr, min_lr;
@@ -93,6 +97,7 @@ struct l3d_train_result {
  * every rank reaches the same verdict on its own. */
 struct l3d_train_layout {
     int tp, pp, dp, v;             /* v: model chunks per pipeline rank */
+    int cp;                        /* ranks sharing each sequence (context parallelism) */
     int stages;                    /* pp v virtual stages */
     int accum;                     /* micro-batches per step (from --global-batch when given) */
     int *layers;                   /* layers of each virtual stage */

@@ -34,6 +34,8 @@ struct l3d_backend_i {
     /* optional (NULL: the backend is synchronous, so a recorded event is always complete) */
     void (*event_record)(void *ctx, struct l3d_event *ev);
     void (*event_wait)(void *ctx, struct l3d_event *ev);
+    /* optional: releases ev->impl (l3d_be_event_free), NULL when events have none */
+    void (*event_destroy)(void *ctx, struct l3d_event *ev);
     double (*peak_flops)(void *ctx, enum l3d_dtype t);
     /* whether products in t run in t itself (no fp32 copies of their operands) */
     bool (*matmul_native)(void *ctx, enum l3d_dtype t);
@@ -70,26 +72,63 @@ struct l3d_backend_i {
                                void *dweight, void *dbias, const void *dout, const void *inp,
                                const void *weight, const float *mean, const float *rstd,
                                int64_t N, int64_t C);
-    /* Causal self-attention over NH heads of size HS (the heads of this shard), tiled
-     * (FlashAttention). qkv (B,T,3,NH,HS): queries, keys, values; out (B,T,NH,HS); lse (B,NH,T)
-     * fp32: log sum_j exp(s_ij) of each row's scores s = q k^T / sqrt(HS), saved for backward. */
+    /* Causal self-attention over NH query heads of size HS (the heads of this shard), tiled
+     * (FlashAttention), with NKV key/value heads (grouped-query attention; NH a multiple of NKV,
+     * query head h reads KV head h / (NH / NKV); NKV == NH: multi-head). qkv (B,T,NH+2*NKV,HS):
+     * the queries, then the keys, then the values of a row (for NKV == NH: (B,T,3,NH,HS)); out
+     * (B,T,NH,HS); lse (B,NH,T) fp32: log sum_j exp(s_ij) of each row's scores
+     * s = q k^T / sqrt(HS), saved for backward. */
     void (*attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
-    /* dqkv (B,T,3,NH,HS) += ..., the scores recomputed block by block from qkv, out and lse. */
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS);
+    /* dqkv (B,T,NH+2*NKV,HS) += ..., the scores recomputed block by block from qkv, out, lse. */
     void (*attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                const void *qkv, const void *out, const float *lse, int64_t B,
-                               int64_t T, int64_t NH, int64_t HS);
+                               int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     /* optional: the materialising pair, the benchmark's and tests' oracle. att (B,NH,T,T) the
      * softmax probabilities (zero above the diagonal); datt (B,NH,T,T) scratch, overwritten. */
     void (*attention_naive_forward)(void *ctx, enum l3d_dtype dt, void *out, void *att,
-                                    const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS);
+                                    const void *qkv, int64_t B, int64_t T, int64_t NH,
+                                    int64_t NKV, int64_t HS);
     void (*attention_naive_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
                                      const void *dout, const void *qkv, const void *att,
-                                     int64_t B, int64_t T, int64_t NH, int64_t HS);
+                                     int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
     /* see l3d_be_attention_cached */
     void (*attention_cached)(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
-                             int64_t HS, int64_t q_stride, int64_t kv_stride);
+                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride);
+    /* see l3d_be_attention_block_forward, _merge, _block_backward (context parallelism); the
+     * geometry is checked by the dispatcher */
+    void (*attention_block_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                    const void *q, const void *k, const void *v,
+                                    const struct l3d_attn_block *g);
+    void (*attention_merge)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                            const void *out2, const float *lse2, const struct l3d_attn_block *g);
+    void (*attention_block_backward)(void *ctx, enum l3d_dtype dt, void *dq, void *dk, void *dv,
+                                     const void *dout, const void *q, const void *k,
+                                     const void *v, const void *out, const float *lse,
+                                     const struct l3d_attn_block *g);
+    /* RMSNorm (Zhang & Sennrich 2019): out (N,C) = inp * rstd * weight, rstd (N) fp32
+     * = 1/sqrt(mean(inp^2) + eps), saved for backward. */
+    void (*rmsnorm_forward)(void *ctx, enum l3d_dtype dt, void *out, float *rstd, const void *inp,
+                            const void *weight, int64_t N, int64_t C, float eps);
+    /* dinp (N,C) +=, dweight (C, type gdt) += */
+    void (*rmsnorm_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                             void *dweight, const void *dout, const void *inp,
+                             const void *weight, const float *rstd, int64_t N, int64_t C);
+    /* see l3d_be_rope_forward / l3d_be_rope_backward: in place on qkv (B,T,NH+2*NKV,HS) */
+    void (*rope_forward)(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                         const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t HS);
+    void (*rope_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                          const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                          int64_t HS);
+    /* SwiGLU (Shazeer 2020): inp (N,2H) rows [gate | up], out (N,H) = silu(gate) * up;
+     * backward dinp (N,2H) += */
+    void (*swiglu_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp, int64_t N,
+                           int64_t H);
+    void (*swiglu_backward)(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                            const void *inp, int64_t N, int64_t H);
     /* GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. after 2). */
     void (*gelu_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *inp, int64_t N);
     void (*gelu_backward)(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,

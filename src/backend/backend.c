@@ -64,6 +64,7 @@ void l3d_be_event_wait(struct l3d_backend *be, struct l3d_event *ev) {
 void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev) {
     if (!ev) return;
     L3D_ASSERT(ev->be == be);
+    if (ev->impl && be->i->event_destroy) be->i->event_destroy(be->ctx, ev);
     l3d_free(ev);
 }
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t) {
@@ -141,39 +142,128 @@ void l3d_be_layernorm_backward_mixed(struct l3d_backend *be, enum l3d_dtype dt,
 }
 
 void l3d_be_attention_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
-                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
-    be->i->attention_forward(be->ctx, dt, out, lse, qkv, B, T, NH, HS);
+                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS) {
+    be->i->attention_forward(be->ctx, dt, out, lse, qkv, B, T, NH, NKV, HS);
 }
 
 void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                const void *dout, const void *qkv, const void *out,
-                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t HS) {
-    be->i->attention_backward(be->ctx, dt, dqkv, dout, qkv, out, lse, B, T, NH, HS);
+                               const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t HS) {
+    be->i->attention_backward(be->ctx, dt, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
 }
 
 void l3d_be_attention_naive_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
                                     void *att, const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                    int64_t HS) {
+                                    int64_t NKV, int64_t HS) {
     if (!be->i->attention_naive_forward)
         l3d_fatal(__FILE__, __LINE__, "backend %s has no materialising attention (unset "
                   "L3D_ATTENTION)", be->i->name);
-    be->i->attention_naive_forward(be->ctx, dt, out, att, qkv, B, T, NH, HS);
+    be->i->attention_naive_forward(be->ctx, dt, out, att, qkv, B, T, NH, NKV, HS);
 }
 
 void l3d_be_attention_naive_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
                                      void *datt, const void *dout, const void *qkv,
                                      const void *att, int64_t B, int64_t T, int64_t NH,
-                                     int64_t HS) {
+                                     int64_t NKV, int64_t HS) {
     if (!be->i->attention_naive_backward)
         l3d_fatal(__FILE__, __LINE__, "backend %s has no materialising attention (unset "
                   "L3D_ATTENTION)", be->i->name);
-    be->i->attention_naive_backward(be->ctx, dt, dqkv, datt, dout, qkv, att, B, T, NH, HS);
+    be->i->attention_naive_backward(be->ctx, dt, dqkv, datt, dout, qkv, att, B, T, NH, NKV, HS);
+}
+
+/* The Llama and context-parallel kernels are optional until every backend has them: a call into
+ * one without aborts naming the kernel. */
+static void need(const struct l3d_backend *be, const void *entry, const char *kernel) {
+    if (!entry)
+        l3d_fatal(__FILE__, __LINE__, "backend %s has no %s kernel yet (the cpu backend has)",
+                  be->i->name, kernel);
+}
+
+/* The block geometry's rules (include/llm3d/backend.h), checked once for every backend. */
+static void attn_block_check(const struct l3d_attn_block *g, const char *kernel) {
+    if (g->B < 1 || g->NH < 1 || g->NKV < 1 || g->HS < 1 || g->nq < 1 || g->nk < 1 ||
+        g->NH % g->NKV != 0 || g->q_pos < 0 || g->k_pos < 0)
+        l3d_fatal(__FILE__, __LINE__, "%s: B %lld, heads %lld over %lld key/value heads, HS "
+                  "%lld, %lld query and %lld key rows at positions %lld, %lld: sizes must be "
+                  "positive, positions non-negative, the key/value heads must divide the heads",
+                  kernel, (long long)g->B, (long long)g->NH, (long long)g->NKV, (long long)g->HS,
+                  (long long)g->nq, (long long)g->nk, (long long)g->q_pos, (long long)g->k_pos);
+    if (g->k_pos > g->q_pos)
+        l3d_fatal(__FILE__, __LINE__, "%s: the key chunk at position %lld starts after the query "
+                  "chunk at %lld: its first query rows see no key; skip the block (entirely "
+                  "after) or split it", kernel, (long long)g->k_pos, (long long)g->q_pos);
+}
+
+void l3d_be_attention_block_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out,
+                                    float *lse, const void *q, const void *k, const void *v,
+                                    const struct l3d_attn_block *g) {
+    attn_block_check(g, "attention_block_forward");
+    need(be, (const void *)be->i->attention_block_forward, "attention_block_forward");
+    be->i->attention_block_forward(be->ctx, dt, out, lse, q, k, v, g);
+}
+
+void l3d_be_attention_merge(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *lse,
+                            const void *out2, const float *lse2, const struct l3d_attn_block *g) {
+    need(be, (const void *)be->i->attention_merge, "attention_merge");
+    be->i->attention_merge(be->ctx, dt, out, lse, out2, lse2, g);
+}
+
+void l3d_be_attention_block_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dq,
+                                     void *dk, void *dv, const void *dout, const void *q,
+                                     const void *k, const void *v, const void *out,
+                                     const float *lse, const struct l3d_attn_block *g) {
+    attn_block_check(g, "attention_block_backward");
+    need(be, (const void *)be->i->attention_block_backward, "attention_block_backward");
+    be->i->attention_block_backward(be->ctx, dt, dq, dk, dv, dout, q, k, v, out, lse, g);
 }
 
 void l3d_be_attention_cached(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *q,
                              const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
-                             int64_t HS, int64_t q_stride, int64_t kv_stride) {
-    be->i->attention_cached(be->ctx, dt, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride);
+                             int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+    be->i->attention_cached(be->ctx, dt, out, q, k, v, pos, n, NH, NKV, HS, q_stride, kv_stride);
+}
+
+
+void l3d_be_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, float *rstd,
+                            const void *inp, const void *weight, int64_t N, int64_t C,
+                            float eps) {
+    need(be, (const void *)be->i->rmsnorm_forward, "rmsnorm_forward");
+    be->i->rmsnorm_forward(be->ctx, dt, out, rstd, inp, weight, N, C, eps);
+}
+
+void l3d_be_rmsnorm_backward(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                             void *dinp, void *dweight, const void *dout, const void *inp,
+                             const void *weight, const float *rstd, int64_t N, int64_t C) {
+    need(be, (const void *)be->i->rmsnorm_backward, "rmsnorm_backward");
+    be->i->rmsnorm_backward(be->ctx, dt, gdt, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+void l3d_be_rope_forward(struct l3d_backend *be, enum l3d_dtype dt, void *qkv,
+                         const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                         int64_t NH, int64_t NKV, int64_t HS) {
+    need(be, (const void *)be->i->rope_forward, "rope_forward");
+    be->i->rope_forward(be->ctx, dt, qkv, inv_freq, pos, B, T, NH, NKV, HS);
+}
+
+void l3d_be_rope_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dqkv,
+                          const float *inv_freq, const int32_t *pos, int64_t B, int64_t T,
+                          int64_t NH, int64_t NKV, int64_t HS) {
+    need(be, (const void *)be->i->rope_backward, "rope_backward");
+    be->i->rope_backward(be->ctx, dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS);
+}
+
+void l3d_be_swiglu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,
+                           int64_t N, int64_t H) {
+    need(be, (const void *)be->i->swiglu_forward, "swiglu_forward");
+    be->i->swiglu_forward(be->ctx, dt, out, inp, N, H);
+}
+
+void l3d_be_swiglu_backward(struct l3d_backend *be, enum l3d_dtype dt, void *dinp,
+                            const void *dout, const void *inp, int64_t N, int64_t H) {
+    need(be, (const void *)be->i->swiglu_backward, "swiglu_backward");
+    be->i->swiglu_backward(be->ctx, dt, dinp, dout, inp, N, H);
 }
 
 void l3d_be_gelu_forward(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *inp,

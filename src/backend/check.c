@@ -267,54 +267,158 @@ static void chk_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
                                     D(rstd, N * 4, k), N, C);
 }
 static void chk_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_forward";
     l3d_be_attention_forward(IN(c), dt, D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k),
-                             D(qkv, B * T * 3 * NH * HS * e, k), B, T, NH, HS);
+                             D(qkv, B * T * (NH + 2 * NKV) * HS * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
-                                   int64_t T, int64_t NH, int64_t HS) {
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_backward";
-    l3d_be_attention_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
-                              D(dout, B * T * NH * HS * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
-                              D(out, B * T * NH * HS * e, k), D(lse, B * NH * T * 4, k), B, T, NH,
-                              HS);
+    int64_t nqkv = B * T * (NH + 2 * NKV) * HS * (int64_t)e;
+    l3d_be_attention_backward(IN(c), dt, D(dqkv, nqkv, k), D(dout, B * T * NH * HS * e, k),
+                              D(qkv, nqkv, k), D(out, B * T * NH * HS * e, k),
+                              D(lse, B * NH * T * 4, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
                                         const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                        int64_t HS) {
+                                        int64_t NKV, int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_naive_forward";
     l3d_be_attention_naive_forward(IN(c), dt, D(out, B * T * NH * HS * e, k),
-                             D(att, B * NH * T * T * e, k), D(qkv, B * T * 3 * NH * HS * e, k),
-                             B, T, NH, HS);
+                                   D(att, B * NH * T * T * e, k),
+                                   D(qkv, B * T * (NH + 2 * NKV) * HS * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
                                          const void *dout, const void *qkv, const void *att,
-                                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                         int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                         int64_t HS) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_naive_backward";
-    l3d_be_attention_naive_backward(IN(c), dt, D(dqkv, B * T * 3 * NH * HS * e, k),
-                              D(datt, B * NH * T * T * e, k), D(dout, B * T * NH * HS * e, k),
-                              D(qkv, B * T * 3 * NH * HS * e, k), D(att, B * NH * T * T * e, k),
-                              B, T, NH, HS);
+    int64_t nqkv = B * T * (NH + 2 * NKV) * HS * (int64_t)e;
+    l3d_be_attention_naive_backward(IN(c), dt, D(dqkv, nqkv, k), D(datt, B * NH * T * T * e, k),
+                                    D(dout, B * T * NH * HS * e, k), D(qkv, nqkv, k),
+                                    D(att, B * NH * T * T * e, k), B, T, NH, NKV, HS);
 }
 static void chk_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *kc, const void *vc, int64_t pos, int64_t n,
-                                 int64_t NH, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                 int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                 int64_t kv_stride) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "attention_cached";
-    int64_t C = NH * HS, kv = ((pos + n - 1) * kv_stride + C) * (int64_t)e;
+    int64_t C = NH * HS, kv = ((pos + n - 1) * kv_stride + NKV * HS) * (int64_t)e;
     l3d_be_attention_cached(IN(c), dt, D(out, n * C * e, k), D(q, ((n - 1) * q_stride + C) * e, k),
-                            D(kc, kv, k), D(vc, kv, k), pos, n, NH, HS, q_stride, kv_stride);
+                            D(kc, kv, k), D(vc, kv, k), pos, n, NH, NKV, HS, q_stride, kv_stride);
+}
+static void chk_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *rstd,
+                                const void *inp, const void *weight, int64_t N, int64_t C,
+                                float eps) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "rmsnorm_forward";
+    l3d_be_rmsnorm_forward(IN(c), dt, D(out, N * C * e, k), D(rstd, N * 4, k),
+                           D(inp, N * C * e, k), D(weight, C * e, k), N, C, eps);
+}
+static void chk_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                 void *dweight, const void *dout, const void *inp,
+                                 const void *weight, const float *rstd, int64_t N, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt), ge = l3d_dtype_size(gdt);
+    const char *k = "rmsnorm_backward";
+    l3d_be_rmsnorm_backward(IN(c), dt, gdt, D(dinp, N * C * e, k), D(dweight, C * ge, k),
+                            D(dout, N * C * e, k), D(inp, N * C * e, k), D(weight, C * e, k),
+                            D(rstd, N * 4, k), N, C);
+}
+/* both directions: the same extents */
+static void chk_rope(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                     const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                     int64_t HS, int backward) {
+    struct chk *c = ctx;
+    const char *k = backward ? "rope_backward" : "rope_forward";
+    void *x = D(qkv, B * T * (NH + 2 * NKV) * HS * l3d_dtype_size(dt), k);
+    const float *f = D(inv_freq, HS / 2 * 4, k);
+    const int32_t *p = D(pos, T * 4, k);
+    if (backward)
+        l3d_be_rope_backward(IN(c), dt, x, f, p, B, T, NH, NKV, HS);
+    else
+        l3d_be_rope_forward(IN(c), dt, x, f, p, B, T, NH, NKV, HS);
+}
+static void chk_rope_forward(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                             const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t HS) {
+    chk_rope(ctx, dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 0);
+}
+static void chk_rope_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                              const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS) {
+    chk_rope(ctx, dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, 1);
+}
+static void chk_swiglu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                               int64_t N, int64_t H) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "swiglu_forward";
+    l3d_be_swiglu_forward(IN(c), dt, D(out, N * H * e, k), D(inp, N * 2 * H * e, k), N, H);
+}
+static void chk_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                                const void *inp, int64_t N, int64_t H) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "swiglu_backward";
+    l3d_be_swiglu_backward(IN(c), dt, D(dinp, N * 2 * H * e, k), D(dout, N * H * e, k),
+                           D(inp, N * 2 * H * e, k), N, H);
+}
+/* bytes a strided block tensor spans: B sequences of n rows of w elements */
+static int64_t span(int64_t B, int64_t bs, int64_t n, int64_t rs, int64_t w, size_t e) {
+    return ((B - 1) * bs + (n - 1) * rs + w) * (int64_t)e;
+}
+static void chk_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                        const void *q, const void *kc, const void *vc,
+                                        const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_block_forward";
+    int64_t C = g->NH * g->HS, Ckv = g->NKV * g->HS, kv = span(g->B, g->kv_bs, g->nk, g->kv_rs,
+                                                               Ckv, e);
+    l3d_be_attention_block_forward(IN(c), dt, D(out, span(g->B, g->o_bs, g->nq, g->o_rs, C, e), k),
+                                   D(lse, span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4), k),
+                                   D(q, span(g->B, g->q_bs, g->nq, g->q_rs, C, e), k), D(kc, kv, k),
+                                   D(vc, kv, k), g);
+}
+static void chk_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                const void *out2, const float *lse2,
+                                const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_merge";
+    int64_t o = span(g->B, g->o_bs, g->nq, g->o_rs, g->NH * g->HS, e);
+    int64_t l = span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4);
+    l3d_be_attention_merge(IN(c), dt, D(out, o, k), D(lse, l, k), D(out2, o, k), D(lse2, l, k), g);
+}
+static void chk_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dkc,
+                                         void *dvc, const void *dout, const void *q,
+                                         const void *kc, const void *vc, const void *out,
+                                         const float *lse, const struct l3d_attn_block *g) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "attention_block_backward";
+    int64_t C = g->NH * g->HS, kv = span(g->B, g->kv_bs, g->nk, g->kv_rs, g->NKV * g->HS, e);
+    int64_t qn = span(g->B, g->q_bs, g->nq, g->q_rs, C, e);
+    int64_t o = span(g->B, g->o_bs, g->nq, g->o_rs, C, e);
+    l3d_be_attention_block_backward(IN(c), dt, D(dq, qn, k), D(dkc, kv, k), D(dvc, kv, k),
+                                    D(dout, o, k), D(q, qn, k), D(kc, kv, k), D(vc, kv, k),
+                                    D(out, o, k),
+                                    D(lse, span(g->B, g->lse_bs, g->NH, g->lse_hs, g->nq, 4), k),
+                                    g);
 }
 static void chk_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                              int64_t N) {
@@ -447,6 +551,15 @@ static const struct l3d_backend_i check_backend_i = {
     .attention_naive_forward = chk_attention_naive_forward,
     .attention_naive_backward = chk_attention_naive_backward,
     .attention_cached = chk_attention_cached,
+    .attention_block_forward = chk_attention_block_forward,
+    .attention_merge = chk_attention_merge,
+    .attention_block_backward = chk_attention_block_backward,
+    .rmsnorm_forward = chk_rmsnorm_forward,
+    .rmsnorm_backward = chk_rmsnorm_backward,
+    .rope_forward = chk_rope_forward,
+    .rope_backward = chk_rope_backward,
+    .swiglu_forward = chk_swiglu_forward,
+    .swiglu_backward = chk_swiglu_backward,
     .gelu_forward = chk_gelu_forward,
     .gelu_backward = chk_gelu_backward,
     .residual_forward = chk_residual_forward,

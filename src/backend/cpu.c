@@ -697,6 +697,56 @@ static inline void ln_forward_row(float *o, float *mean, float *rstd, const floa
     *rstd = r;
 }
 
+/* RMSNorm (Zhang & Sennrich 2019, eq. 4): one row o (C) = x * rstd * weight with
+ * rstd = 1 / sqrt(mean(x^2) + eps); o may be x. */
+static inline void rms_forward_row(float *o, float *rstd, const float *x, const float *weight,
+                                   int64_t C, float eps) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; c++) s += x[c] * x[c];
+    float r = 1.0f / sqrtf(s / (float)C + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+    *rstd = r;
+}
+
+/* One row of dinp (C) += rstd * (g - xhat * mean(g * xhat)), g = dout * weight, xhat = x rstd:
+ * d/dx of x r w with dr/dx = -r^3 x / C. */
+static inline void rms_backward_row(float *di, const float *x, const float *d,
+                                    const float *weight, float r, int64_t C) {
+    float sgx = 0.0f;
+#pragma omp simd reduction(+ : sgx)
+    for (int64_t c = 0; c < C; c++) sgx += d[c] * weight[c] * x[c] * r;
+    sgx /= (float)C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) di[c] += r * (d[c] * weight[c] - x[c] * r * sgx);
+}
+
+/* The rows of a normalisation over threads: LayerNorm (mean not NULL; bias bf) or RMSNorm (mean
+ * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
+ * and rounded back once. */
+static void norm_forward_rows(enum l3d_dtype dt, void *out, float *mean, float *rstd,
+                              const void *inp, const float *wf, const float *bf, int64_t N,
+                              int64_t C, float eps) {
+    float *scr = is16(dt) ? thread_scratch(C, "normalisation scratch") : NULL;
+#pragma omp parallel
+    {
+        float *x = off(scr, omp_get_thread_num() * C); /* 16-bit: the row, in place */
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            void *op = at(dt, out, n * C);
+            float *o = row_out(dt, x, op);
+            const float *xi = row_in(dt, x, at(dt, inp, n * C), C);
+            if (mean)
+                ln_forward_row(o, mean + n, rstd + n, xi, wf, bf, C);
+            else
+                rms_forward_row(o, rstd + n, xi, wf, C, eps);
+            row_done(dt, op, o, C);
+        }
+    }
+    l3d_free(scr);
+}
+
 // out (N,C), mean (N), rstd (N) fp32, inp (N,C), weight (C), bias (C)
 static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                   float *rstd, const void *inp, const void *weight,
@@ -705,19 +755,7 @@ static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float
     F32_OR_16("layernorm_forward");
     float *wc, *bc;
     const float *wf = param_f32(dt, weight, C, &wc), *bf = param_f32(dt, bias, C, &bc);
-    float *scr = is16(dt) ? thread_scratch(C, "layernorm scratch") : NULL;
-#pragma omp parallel
-    {
-        float *x = off(scr, omp_get_thread_num() * C); /* 16-bit: the row, in place */
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            void *op = at(dt, out, n * C);
-            float *o = row_out(dt, x, op);
-            ln_forward_row(o, mean + n, rstd + n, row_in(dt, x, at(dt, inp, n * C), C), wf, bf, C);
-            row_done(dt, op, o, C);
-        }
-    }
-    l3d_free(scr);
+    norm_forward_rows(dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS);
     l3d_free(bc);
     l3d_free(wc);
 }
@@ -741,6 +779,30 @@ static inline void ln_backward_row(float *di, const float *x, const float *d,
     }
 }
 
+/* dinp (N,C) += the input gradient of a normalisation, row by row over threads: LayerNorm (mean
+ * not NULL) or RMSNorm (mean NULL). 16-bit: rows widened into the thread's scratch scr + tid per
+ * (3C floats used), dinp rounded back once. */
+static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, const void *inp,
+                           const float *wf, const float *mean, const float *rstd, int64_t N,
+                           int64_t C, float *scr, int64_t per) {
+#pragma omp parallel
+    {
+        float *xb = off(scr, omp_get_thread_num() * per), *db = off(xb, C), *ib = off(db, C);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            void *dp = at(dt, dinp, n * C);
+            float *di = row_io(dt, ib, dp, C);
+            const float *x = row_in(dt, xb, at(dt, inp, n * C), C);
+            const float *d = row_in(dt, db, at(dt, dout, n * C), C);
+            if (mean)
+                ln_backward_row(di, x, d, wf, mean[n], rstd[n], C);
+            else
+                rms_backward_row(di, x, d, wf, rstd[n], C);
+            row_done(dt, dp, di, C);
+        }
+    }
+}
+
 /* dweight, dbias (type gdt) += column sums over the rows (acc_begin: fp32 row by row into the
  * gradient, 16-bit in fp32 and added once), each thread a block of columns. */
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
@@ -754,20 +816,7 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
     float *wc;
     const float *wf = param_f32(dt, weight, C, &wc);
     float *scr = is16(dt) ? thread_scratch(4 * C, "layernorm scratch") : NULL;
-    if (dinp) {
-#pragma omp parallel
-        {
-            float *xb = off(scr, omp_get_thread_num() * 4 * C), *db = off(xb, C), *ib = off(db, C);
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++) {
-                void *dp = at(dt, dinp, n * C);
-                float *di = row_io(dt, ib, dp, C);
-                ln_backward_row(di, row_in(dt, xb, at(dt, inp, n * C), C),
-                                row_in(dt, db, at(dt, dout, n * C), C), wf, mean[n], rstd[n], C);
-                row_done(dt, dp, di, C);
-            }
-        }
-    }
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, 4 * C);
     if (dweight || dbias) {
 #pragma omp parallel
         {
@@ -824,13 +873,14 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
 #define L3D_FA_BQ 64
 #define L3D_FA_BK 64
 
-/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i.
+/* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
+ * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
  * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
  * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
  * always unmasked for every row, so the running max is finite from the start. */
-static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
-                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
-                             int64_t HS, float *S) {
+static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                               const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                               int64_t nkv, int64_t HS, float *S) {
     const float scale = 1.0f / sqrtf((float)HS);
     float m[L3D_FA_BQ], l[L3D_FA_BQ];
     for (int64_t i = 0; i < nq; i++) {
@@ -838,7 +888,7 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         l[i] = 0.0f;
         memset(out + i * os, 0, (size_t)HS * sizeof(float));
     }
-    const int64_t nkeys = p0 + nq;
+    const int64_t nkeys = p0 + nq < nkv ? p0 + nq : nkv;
     for (int64_t j0 = 0; j0 < nkeys; j0 += L3D_FA_BK) {
         int64_t nk = nkeys - j0 < L3D_FA_BK ? nkeys - j0 : L3D_FA_BK;
         sgemm('N', 'T', nq, nk, HS, scale, q, qs, k + j0 * ks, ks, 0.0f, S, L3D_FA_BK);
@@ -874,6 +924,12 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
         if (lse) lse[i] = m[i] + logf(l[i]);
     }
 }
+/* The same over keys 0..p0 + i of a sequence: its first p0 + nq keys */
+static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
+                             const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
+                             int64_t HS, float *S) {
+    fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S);
+}
 
 
 /* fa_forward_block on tensors of type dt. fp32: on the tensors. 16-bit: the query block and its
@@ -899,12 +955,26 @@ static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS) {
     return is16(dt) ? (2 * L3D_FA_BQ + 2 * nkeys) * HS : 0;
 }
 
-// out (B,T,NH,HS), lse (B,NH,T), qkv (B,T,3,NH,HS)
+/* Grouped-query attention (Ainslie et al. 2023, "GQA"): NKV key/value heads, each serving the
+ * NH / NKV consecutive query heads of its group; NKV == NH is multi-head attention, 1 multi-query.
+ * A qkv row (NH + 2 NKV) HS: the NH query heads, the NKV key heads, the NKV value heads (for
+ * NKV == NH exactly (3, NH, HS)). Query head h reads KV head h / (NH / NKV) where it lies: no
+ * repeated copy of the keys and values exists. */
+static void gqa_check(const char *kernel, int64_t NH, int64_t NKV) {
+    if (NKV <= 0 || NH <= 0 || NH % NKV != 0)
+        l3d_fatal(__FILE__, __LINE__, "backend cpu: %s: %lld query heads are not a multiple of "
+                  "%lld key/value heads", kernel, (long long)NH, (long long)NKV);
+}
+
+// out (B,T,NH,HS), lse (B,NH,T), qkv (B,T,NH+2*NKV,HS)
 static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                  const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t HS) {
     (void)ctx;
     F32_OR_16("attention_forward");
-    const int64_t C = NH * HS, C3 = 3 * C, nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    gqa_check("attention_forward", NH, NKV);
+    const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
+    const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
     const int64_t per = fa_scratch(dt, T, HS);
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
     /* tasks (b, h, query block), the longest rows (last blocks) first so the static partition
@@ -916,76 +986,139 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < B * NH * nb; task++) {
             int64_t bh = task % (B * NH), qb = nb - 1 - task / (B * NH);
-            int64_t b = bh / NH, h = bh % NH, i0 = qb * L3D_FA_BQ;
+            int64_t b = bh / NH, h = bh % NH, g = h / rep, i0 = qb * L3D_FA_BQ;
             int64_t nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
-            const void *q = at(dt, qkv, b * T * C3 + h * HS);
+            const void *row = at(dt, qkv, b * T * CQ);
             fa_forward_rows(dt, f, at(dt, out, (b * T + i0) * C + h * HS), C, lse + bh * T + i0,
-                            at(dt, q, i0 * C3), C3, at(dt, q, C), at(dt, q, 2 * C), C3, i0, nq,
-                            HS, S);
+                            at(dt, row, i0 * CQ + h * HS), CQ, at(dt, row, (NH + g) * HS),
+                            at(dt, row, (NH + NKV + g) * HS), CQ, i0, nq, HS, S);
         }
     }
     l3d_free(scr);
 }
 
-/* One (batch, head) of the backward pass: dq, dk, dv (T rows, stride gs) +=, from q, k, v (T rows,
- * stride qs), dO, O (T rows, stride os) and L (T); P, dS (L3D_FA_BQ x L3D_FA_BK) and D (L3D_FA_BQ)
- * scratch. Per pair (query block i, key block j <= i):
+/* The operands of fa_backward_span: one key/value head and the rep query heads it serves (query
+ * head r at q + r hq, dq + r hq, dO + r ho, O + r ho, L + r hl), with their row strides. Query
+ * row i sees keys j <= p0 + i of the nk (p0 = 0, nq = nk: one causal sequence; p0 >= nk: a key
+ * chunk entirely before the queries, context parallelism). */
+struct fa_span {
+    float *dq, *dk, *dv;
+    const float *q, *k, *v, *dO, *O, *L;
+    int64_t gqs, gks, qs, ks, os; /* rows: dq; dk and dv; q; k and v; dO and O */
+    int64_t hq, ho, hl;
+    int64_t rep, p0, nq, nk, HS;
+};
+
+/* dq, dk, dv += the span's gradients from q, k, v, dO, O and L; P, dS (L3D_FA_BQ x L3D_FA_BK) and
+ * D (L3D_FA_BQ) scratch. Per pair (query block i, key block j) with a visible key, each query head:
  *   P = exp(S - L), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D) / sqrt(HS),
- *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4). */
-static void fa_backward_head(float *dq, float *dk, float *dv, int64_t gs, const float *q,
-                             const float *k, const float *v, int64_t qs, const float *dO,
-                             const float *O, int64_t os, const float *L, int64_t T, int64_t HS,
-                             float *P, float *dS, float *D) {
-    const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
+ *   dQ_i += dS K_j, dK_j += dS^T Q_i,   with D = rowsum(dO * O) (FlashAttention-2 eq. 4).
+ * Key blocks outer, then the query heads in order, then their query blocks: dK_j and dV_j sum the
+ * group's heads and blocks in one fixed order (with rep = 1, multi-head attention's order). */
+static void fa_backward_span(const struct fa_span *a, float *P, float *dS, float *D) {
+    const int64_t HS = a->HS, nqb = (a->nq + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    const int64_t nkb = (a->nk + L3D_FA_BK - 1) / L3D_FA_BK, qs = a->qs, ks = a->ks, os = a->os;
     const float scale = 1.0f / sqrtf((float)HS);
-    for (int64_t kb = 0; kb < nb; kb++) {
-        int64_t j0 = kb * L3D_FA_BK, nk = T - j0 < L3D_FA_BK ? T - j0 : L3D_FA_BK;
-        for (int64_t qb = kb; qb < nb; qb++) {
-            int64_t i0 = qb * L3D_FA_BQ, nq = T - i0 < L3D_FA_BQ ? T - i0 : L3D_FA_BQ;
-            sgemm('N', 'T', nq, nk, HS, scale, q + i0 * qs, qs, k + j0 * qs, qs, 0.0f, P,
-                  L3D_FA_BK);
-            sgemm('N', 'T', nq, nk, HS, 1.0f, dO + i0 * os, os, v + j0 * qs, qs, 0.0f, dS,
-                  L3D_FA_BK);
-            for (int64_t i = 0; i < nq; i++) {
-                const float *o = O + (i0 + i) * os, *g = dO + (i0 + i) * os;
-                float d = 0.0f;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        int64_t j0 = kb * L3D_FA_BK, nk = a->nk - j0 < L3D_FA_BK ? a->nk - j0 : L3D_FA_BK;
+        /* the first query block with a row that sees key j0 */
+        int64_t qb0 = j0 > a->p0 ? (j0 - a->p0) / L3D_FA_BQ : 0;
+        for (int64_t r = 0; r < a->rep; r++) {
+            const float *qh = a->q + r * a->hq, *dOh = a->dO + r * a->ho, *Oh = a->O + r * a->ho;
+            const float *Lh = a->L + r * a->hl;
+            float *dqh = a->dq + r * a->hq;
+            for (int64_t qb = qb0; qb < nqb; qb++) {
+                int64_t i0 = qb * L3D_FA_BQ, nq = a->nq - i0 < L3D_FA_BQ ? a->nq - i0 : L3D_FA_BQ;
+                sgemm('N', 'T', nq, nk, HS, scale, qh + i0 * qs, qs, a->k + j0 * ks, ks, 0.0f, P,
+                      L3D_FA_BK);
+                sgemm('N', 'T', nq, nk, HS, 1.0f, dOh + i0 * os, os, a->v + j0 * ks, ks, 0.0f, dS,
+                      L3D_FA_BK);
+                for (int64_t i = 0; i < nq; i++) {
+                    const float *o = Oh + (i0 + i) * os, *g = dOh + (i0 + i) * os;
+                    float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-                for (int64_t c = 0; c < HS; c++) d += o[c] * g[c];
-                D[i] = d;
-            }
-            for (int64_t i = 0; i < nq; i++) {
-                float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
-                float Li = L[i0 + i], Di = D[i];
-                int64_t valid = i0 + i - j0 + 1;
-                valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
-#pragma omp simd
-                for (int64_t j = 0; j < valid; j++) {
-                    p[j] = fast_expf(p[j] - Li);
-                    ds[j] = p[j] * (ds[j] - Di) * scale;
+                    for (int64_t c = 0; c < HS; c++) d += o[c] * g[c];
+                    D[i] = d;
                 }
-                for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
+                for (int64_t i = 0; i < nq; i++) {
+                    float *p = P + i * L3D_FA_BK, *ds = dS + i * L3D_FA_BK;
+                    float Li = Lh[i0 + i], Di = D[i];
+                    int64_t valid = a->p0 + i0 + i - j0 + 1;
+                    valid = valid > nk ? nk : (valid < 0 ? 0 : valid);
+#pragma omp simd
+                    for (int64_t j = 0; j < valid; j++) {
+                        p[j] = fast_expf(p[j] - Li);
+                        ds[j] = p[j] * (ds[j] - Di) * scale;
+                    }
+                    for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
+                }
+                sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dOh + i0 * os, os, 1.0f,
+                      a->dv + j0 * a->gks, a->gks);
+                sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, a->k + j0 * ks, ks, 1.0f,
+                      dqh + i0 * a->gqs, a->gqs);
+                sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, qh + i0 * qs, qs, 1.0f,
+                      a->dk + j0 * a->gks, a->gks);
             }
-            sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dO + i0 * os, os, 1.0f, dv + j0 * gs,
-                  gs);
-            sgemm('N', 'N', nq, HS, nk, 1.0f, dS, L3D_FA_BK, k + j0 * qs, qs, 1.0f, dq + i0 * gs,
-                  gs);
-            sgemm('T', 'N', nk, HS, nq, 1.0f, dS, L3D_FA_BK, q + i0 * qs, qs, 1.0f, dk + j0 * gs,
-                  gs);
         }
     }
 }
 
-// dqkv (B,T,3,NH,HS) +=, dout (B,T,NH,HS), qkv (B,T,3,NH,HS), out (B,T,NH,HS), lse (B,NH,T)
+/* One (batch, KV head) of the backward pass over one causal sequence of T rows: dq, dk, dv (stride
+ * gs) +=, from q, k, v (stride qs), dO, O (stride os) and L, the rep query heads at q + r hq,
+ * dO + r ho, L + r T (fa_backward_span with p0 = 0). */
+static void fa_backward_group(float *dq, float *dk, float *dv, int64_t gs, const float *q,
+                              const float *k, const float *v, int64_t qs, int64_t hq,
+                              const float *dO, const float *O, int64_t os, int64_t ho,
+                              const float *L, int64_t rep, int64_t T, int64_t HS, float *P,
+                              float *dS, float *D) {
+    const struct fa_span a = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dO = dO,
+                              .O = O, .L = L, .gqs = gs, .gks = gs, .qs = qs, .ks = qs, .os = os,
+                              .hq = hq, .ho = ho, .hl = T, .rep = rep, .p0 = 0, .nq = T, .nk = T,
+                              .HS = HS};
+    fa_backward_span(&a, P, dS, D);
+}
+
+/* 16-bit: one group widened into the thread's fp32 scratch f ((4 rep + 4) T HS floats): its
+ * query heads, key, value, their gradients, dO and O; the gradients rounded back once. */
+static void fa_backward_group_16(enum l3d_dtype dt, float *f, void *dqkv, const void *qkv,
+                                 const void *dO, const void *O, const float *L, int64_t NH,
+                                 int64_t NKV, int64_t g, int64_t T, int64_t HS, float *P,
+                                 float *dS, float *D) {
+    const int64_t rep = NH / NKV, TH = T * HS, CQ = (NH + 2 * NKV) * HS, C = NH * HS;
+    float *q = f, *k = q + rep * TH, *v = k + TH, *dq = v + TH, *dk = dq + rep * TH;
+    float *dv = dk + TH, *fo = dv + TH, *fO = fo + rep * TH;
+    /* element offsets in a qkv row of the group's query heads, key head and value head */
+    const int64_t oq = g * rep * HS, ok = (NH + g) * HS, ov = (NH + NKV + g) * HS;
+    for (int64_t r = 0; r < rep; r++) {
+        rows_to_f32(dt, q + r * TH, HS, at(dt, qkv, oq + r * HS), CQ, T, HS);
+        rows_to_f32(dt, dq + r * TH, HS, at(dt, dqkv, oq + r * HS), CQ, T, HS);
+        rows_to_f32(dt, fo + r * TH, HS, at(dt, dO, oq + r * HS), C, T, HS);
+        rows_to_f32(dt, fO + r * TH, HS, at(dt, O, oq + r * HS), C, T, HS);
+    }
+    rows_to_f32(dt, k, HS, at(dt, qkv, ok), CQ, T, HS);
+    rows_to_f32(dt, v, HS, at(dt, qkv, ov), CQ, T, HS);
+    rows_to_f32(dt, dk, HS, at(dt, dqkv, ok), CQ, T, HS);
+    rows_to_f32(dt, dv, HS, at(dt, dqkv, ov), CQ, T, HS);
+    fa_backward_group(dq, dk, dv, HS, q, k, v, HS, TH, fo, fO, HS, TH, L, rep, T, HS, P, dS, D);
+    for (int64_t r = 0; r < rep; r++)
+        rows_from_f32(dt, at(dt, dqkv, oq + r * HS), CQ, dq + r * TH, HS, T, HS);
+    rows_from_f32(dt, at(dt, dqkv, ok), CQ, dk, HS, T, HS);
+    rows_from_f32(dt, at(dt, dqkv, ov), CQ, dv, HS, T, HS);
+}
+
+// dqkv (B,T,NH+2*NKV,HS) +=, dout (B,T,NH,HS), qkv, out (B,T,NH,HS), lse (B,NH,T)
 static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
-                                   int64_t T, int64_t NH, int64_t HS) {
+                                   int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     (void)ctx;
     F32_OR_16("attention_backward");
-    const int64_t C = NH * HS, C3 = 3 * C, TH = T * HS, per = is16(dt) ? 8 * TH : 0;
+    gqa_check("attention_backward", NH, NKV);
+    const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
+    const int64_t per = is16(dt) ? (4 * rep + 4) * T * HS : 0;
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
-    /* One task per (batch, head) owns its dQ, dK and dV: race-free without atomics or partial
-     * sums (FlashAttention-2 parallelises dK/dV over key blocks and adds dQ atomically, which is
-     * not deterministic). */
+    /* One task per (batch, KV head) owns the dQ of its query heads and its dK and dV: race-free
+     * without atomics or partial sums (FlashAttention-2 parallelises dK/dV over key blocks and
+     * adds dQ atomically, which is not deterministic). */
 #pragma omp parallel
     {
         _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
@@ -993,28 +1126,170 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
         float D[L3D_FA_BQ];
         float *f = off(scr, omp_get_thread_num() * per);
 #pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < B * NH; bh++) {
-            int64_t b = bh / NH, h = bh % NH;
-            const void *q = at(dt, qkv, b * T * C3 + h * HS);
-            void *dq = at(dt, dqkv, b * T * C3 + h * HS);
-            const void *dO = at(dt, dout, b * T * C + h * HS), *O = at(dt, out, b * T * C + h * HS);
-            if (dt == L3D_F32) {
-                fa_backward_head(dq, at(dt, dq, C), at(dt, dq, 2 * C), C3, q, at(dt, q, C),
-                                 at(dt, q, 2 * C), C3, dO, O, C, lse + bh * T, T, HS, P, dS, D);
+        for (int64_t bg = 0; bg < B * NKV; bg++) {
+            int64_t b = bg / NKV, g = bg % NKV;
+            const void *row = at(dt, qkv, b * T * CQ), *dO = at(dt, dout, b * T * C);
+            const void *O = at(dt, out, b * T * C);
+            void *drow = at(dt, dqkv, b * T * CQ);
+            const float *L = lse + (b * NH + g * rep) * T;
+            if (is16(dt)) {
+                fa_backward_group_16(dt, f, drow, row, dO, O, L, NH, NKV, g, T, HS, P, dS, D);
                 continue;
             }
-            /* 16-bit: the head widened into f: q k v (stride HS each, TH apart), dq dk dv, dO,
-             * O; dq dk dv rounded back once */
-            for (int j = 0; j < 3; j++) {
-                rows_to_f32(dt, f + j * TH, HS, at(dt, q, j * C), C3, T, HS);
-                rows_to_f32(dt, f + (3 + j) * TH, HS, at(dt, dq, j * C), C3, T, HS);
+            const int64_t oq = g * rep * HS, ok = (NH + g) * HS, ov = (NH + NKV + g) * HS;
+            fa_backward_group(at(dt, drow, oq), at(dt, drow, ok), at(dt, drow, ov), CQ,
+                              at(dt, row, oq), at(dt, row, ok), at(dt, row, ov), CQ, HS,
+                              at(dt, dO, oq), at(dt, O, oq), C, HS, L, rep, T, HS, P, dS, D);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* ---- block attention (context parallelism) ----------------------------------------------
+ *
+ * The ring's kernels (include/llm3d/backend.h, l3d_attn_block): the flash kernel's forward block
+ * and backward body on one (query chunk, key chunk) pair at absolute positions, p0 = q_pos - k_pos
+ * the offset of the first query row into the key chunk (0: the diagonal chunk, causal; >= nk: a
+ * chunk entirely before, unmasked). Grouped-query heads: query head h reads key/value head
+ * h / (NH / NKV). 16-bit tensors are widened into per-thread fp32 scratch and rounded back once,
+ * as in cpu_attention_forward / backward. */
+
+struct fa_tile {
+    _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
+    _Alignas(64) float dS[L3D_FA_BQ * L3D_FA_BK];
+    float D[L3D_FA_BQ];
+};
+
+/* tasks (b, h, query block), the longest rows first, as cpu_attention_forward */
+static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                        const void *q, const void *k, const void *v,
+                                        const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_forward");
+    const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
+    const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
+    const int64_t per = fa_scratch(dt, g->nk, HS);
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* the score block in w.P */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < BH * nb; task++) {
+            int64_t bh = task % BH, i0 = (nb - 1 - task / BH) * L3D_FA_BQ;
+            int64_t b = bh / g->NH, h = bh % g->NH, kvh = h / grp;
+            int64_t nq = g->nq - i0 < L3D_FA_BQ ? g->nq - i0 : L3D_FA_BQ;
+            int64_t nkeys = p0 + i0 + nq < g->nk ? p0 + i0 + nq : g->nk;
+            const void *qp = at(dt, q, b * g->q_bs + i0 * g->q_rs + h * HS);
+            const void *kp = at(dt, k, b * g->kv_bs + kvh * HS);
+            const void *vp = at(dt, v, b * g->kv_bs + kvh * HS);
+            void *op = at(dt, out, b * g->o_bs + i0 * g->o_rs + h * HS);
+            float *lp = lse + b * g->lse_bs + h * g->lse_hs + i0;
+            if (dt == L3D_F32) {
+                fa_forward_block_n(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
+                                   nkeys, HS, w.P);
+                continue;
             }
-            rows_to_f32(dt, f + 6 * TH, HS, dO, C, T, HS);
-            rows_to_f32(dt, f + 7 * TH, HS, O, C, T, HS);
-            fa_backward_head(f + 3 * TH, f + 4 * TH, f + 5 * TH, HS, f, f + TH, f + 2 * TH, HS,
-                             f + 6 * TH, f + 7 * TH, HS, lse + bh * T, T, HS, P, dS, D);
-            for (int j = 0; j < 3; j++)
-                rows_from_f32(dt, at(dt, dq, j * C), C3, f + (3 + j) * TH, HS, T, HS);
+            float *qf = f, *of = qf + L3D_FA_BQ * HS, *kf = of + L3D_FA_BQ * HS;
+            float *vf = kf + nkeys * HS;
+            rows_to_f32(dt, qf, HS, qp, g->q_rs, nq, HS);
+            rows_to_f32(dt, kf, HS, kp, g->kv_rs, nkeys, HS);
+            rows_to_f32(dt, vf, HS, vp, g->kv_rs, nkeys, HS);
+            fa_forward_block_n(of, HS, lp, qf, HS, kf, vf, HS, p0 + i0, nq, nkeys, HS, w.P);
+            rows_from_f32(dt, op, g->o_rs, of, HS, nq, HS);
+        }
+    }
+    l3d_free(scr);
+}
+
+/* row by row: the two log-sum-exps combined in fp32 (expf / logf, not the fast exponential: the
+ * merge is not a hot loop), the outputs reweighted */
+static void cpu_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                const void *out2, const float *lse2,
+                                const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_merge");
+    const int64_t HS = g->HS, rows = g->B * g->NH * g->nq;
+#pragma omp parallel
+    {
+        float a[L3D_BLK], c[L3D_BLK];
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t b = r / (g->NH * g->nq), h = r / g->nq % g->NH, i = r % g->nq;
+            float *L = lse + b * g->lse_bs + h * g->lse_hs + i;
+            float L2 = lse2[b * g->lse_bs + h * g->lse_hs + i], L1 = *L;
+            if (L2 == -INFINITY) continue;
+            float mx = L1 > L2 ? L1 : L2, w1 = expf(L1 - mx), w2 = expf(L2 - mx), sum = w1 + w2;
+            *L = mx + logf(sum);
+            w1 /= sum;
+            w2 /= sum;
+            int64_t o = b * g->o_bs + i * g->o_rs + h * HS;
+            for (int64_t d0 = 0; d0 < HS; d0 += L3D_BLK) {
+                int64_t n = HS - d0 < L3D_BLK ? HS - d0 : L3D_BLK;
+                float *x = row_io(dt, a, at(dt, out, o + d0), n);
+                const float *y = row_in(dt, c, at(dt, out2, o + d0), n);
+#pragma omp simd
+                for (int64_t d = 0; d < n; d++) x[d] = w1 * x[d] + w2 * y[d];
+                row_done(dt, at(dt, out, o + d0), x, n);
+            }
+        }
+    }
+}
+
+/* One task per (batch, key/value head) owns its dk and dv and the dq of the query heads it
+ * serves (race-free, deterministic, as cpu_attention_backward), one fa_backward_span. 16-bit: the
+ * key/value head, its query heads and their gradients widened into the thread's scratch, rounded
+ * back once. */
+static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dk,
+                                         void *dv, const void *dout, const void *q,
+                                         const void *k, const void *v, const void *out,
+                                         const float *lse, const struct l3d_attn_block *g) {
+    (void)ctx;
+    F32_OR_16("attention_block_backward");
+    const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
+    const int64_t per = is16(dt) ? 4 * KH + 4 * rep * QH : 0;
+    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+#pragma omp parallel
+    {
+        struct fa_tile w; /* this thread's score block, its gradient, the rows' D */
+        float *f = off(scr, omp_get_thread_num() * per);
+#pragma omp for schedule(static)
+        for (int64_t bg = 0; bg < g->B * g->NKV; bg++) {
+            int64_t b = bg / g->NKV, kvh = bg % g->NKV, kvo = b * g->kv_bs + kvh * HS;
+            int64_t qo = b * g->q_bs + kvh * rep * HS, oo = b * g->o_bs + kvh * rep * HS;
+            const float *L = lse + b * g->lse_bs + kvh * rep * g->lse_hs;
+            struct fa_span a = {.L = L, .hl = g->lse_hs, .rep = rep, .p0 = g->q_pos - g->k_pos,
+                                .nq = g->nq, .nk = g->nk, .HS = HS};
+            if (dt == L3D_F32) {
+                a.dq = at(dt, dq, qo), a.dk = at(dt, dk, kvo), a.dv = at(dt, dv, kvo);
+                a.q = at(dt, q, qo), a.k = at(dt, k, kvo), a.v = at(dt, v, kvo);
+                a.dO = at(dt, dout, oo), a.O = at(dt, out, oo);
+                a.gqs = a.qs = g->q_rs, a.gks = a.ks = g->kv_rs, a.os = g->o_rs;
+                a.hq = a.ho = HS;
+                fa_backward_span(&a, w.P, w.dS, w.D);
+                continue;
+            }
+            /* 16-bit: k v dk dv (nk rows each), then q dq dO O (rep heads of nq rows each) */
+            float *kf = f, *vf = kf + KH, *dkf = vf + KH, *dvf = dkf + KH, *qf = dvf + KH;
+            float *dqf = qf + rep * QH, *gf = dqf + rep * QH, *Of = gf + rep * QH;
+            rows_to_f32(dt, kf, HS, at(dt, k, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, vf, HS, at(dt, v, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, dkf, HS, at(dt, dk, kvo), g->kv_rs, g->nk, HS);
+            rows_to_f32(dt, dvf, HS, at(dt, dv, kvo), g->kv_rs, g->nk, HS);
+            for (int64_t r = 0; r < rep; r++) {
+                rows_to_f32(dt, qf + r * QH, HS, at(dt, q, qo + r * HS), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, dqf + r * QH, HS, at(dt, dq, qo + r * HS), g->q_rs, g->nq, HS);
+                rows_to_f32(dt, gf + r * QH, HS, at(dt, dout, oo + r * HS), g->o_rs, g->nq, HS);
+                rows_to_f32(dt, Of + r * QH, HS, at(dt, out, oo + r * HS), g->o_rs, g->nq, HS);
+            }
+            a.dq = dqf, a.dk = dkf, a.dv = dvf, a.q = qf, a.k = kf, a.v = vf, a.dO = gf, a.O = Of;
+            a.gqs = a.qs = a.gks = a.ks = a.os = HS;
+            a.hq = a.ho = QH;
+            fa_backward_span(&a, w.P, w.dS, w.D);
+            for (int64_t r = 0; r < rep; r++)
+                rows_from_f32(dt, at(dt, dq, qo + r * HS), g->q_rs, dqf + r * QH, HS, g->nq, HS);
+            rows_from_f32(dt, at(dt, dk, kvo), g->kv_rs, dkf, HS, g->nk, HS);
+            rows_from_f32(dt, at(dt, dv, kvo), g->kv_rs, dvf, HS, g->nk, HS);
         }
     }
     l3d_free(scr);
@@ -1027,69 +1302,74 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
  * row, out = P V by sgemm. The (b, h) pairs are spread over threads; oneDNN runs single-threaded
  * inside the region. The whole T x T product is computed and the upper triangle zeroed: O(T^2)
  * memory. */
-// out (B,T,NH,HS), att (B,NH,T,T), qkv (B,T,3,NH,HS)
+// out (B,T,NH,HS), att (B,NH,T,T), qkv (B,T,NH+2*NKV,HS)
 static void attention_naive_forward_f32(void *ctx, float *out, float *att, const float *qkv,
-                                        int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                        int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                        int64_t HS) {
     (void)ctx;
-    const int64_t C = NH * HS, C3 = 3 * C;
+    const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        int64_t b = bh / NH, h = bh % NH;
-        const float *q = qkv + b * T * C3 + h * HS;
-        const float *k = q + C;
-        const float *v = q + 2 * C;
+        int64_t b = bh / NH, h = bh % NH, g = h / rep;
+        const float *row = qkv + b * T * CQ;
+        const float *q = row + h * HS, *k = row + (NH + g) * HS, *v = row + (NH + NKV + g) * HS;
         float *a = att + bh * T * T;
-        sgemm('N', 'T', T, T, HS, scale, q, C3, k, C3, 0.0f, a, T);
+        sgemm('N', 'T', T, T, HS, scale, q, CQ, k, CQ, 0.0f, a, T);
         for (int64_t t = 0; t < T; t++) {
-            float *row = a + t * T;
+            float *r = a + t * T;
             float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+            for (int64_t j = 0; j <= t; j++) mx = r[j] > mx ? r[j] : mx;
             float s = 0.0f;
 #pragma omp simd reduction(+ : s)
             for (int64_t j = 0; j <= t; j++) {
-                row[j] = fast_expf(row[j] - mx);
-                s += row[j];
+                r[j] = fast_expf(r[j] - mx);
+                s += r[j];
             }
             float inv = 1.0f / s;
 #pragma omp simd
-            for (int64_t j = 0; j <= t; j++) row[j] *= inv;
-            for (int64_t j = t + 1; j < T; j++) row[j] = 0.0f;
+            for (int64_t j = 0; j <= t; j++) r[j] *= inv;
+            for (int64_t j = t + 1; j < T; j++) r[j] = 0.0f;
         }
-        sgemm('N', 'N', T, HS, T, 1.0f, a, T, v, C3, 0.0f, out + b * T * C + h * HS, C);
+        sgemm('N', 'N', T, HS, T, 1.0f, a, T, v, CQ, 0.0f, out + b * T * C + h * HS, C);
     }
 }
 
-// dqkv (B,T,3,NH,HS), datt (B,NH,T,T) scratch, dout (B,T,NH,HS), qkv, att (B,NH,T,T)
+/* Tasks (batch, KV head): the group's query heads in order add into the shared dK and dV. */
+// dqkv (B,T,NH+2*NKV,HS), datt (B,NH,T,T) scratch, dout (B,T,NH,HS), qkv, att (B,NH,T,T)
 static void attention_naive_backward_f32(void *ctx, float *dqkv, float *datt, const float *dout,
                                          const float *qkv, const float *att, int64_t B, int64_t T,
-                                         int64_t NH, int64_t HS) {
+                                         int64_t NH, int64_t NKV, int64_t HS) {
     (void)ctx;
-    const int64_t C = NH * HS, C3 = 3 * C;
+    const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
-    for (int64_t bh = 0; bh < B * NH; bh++) {
-        int64_t b = bh / NH, h = bh % NH;
-        const float *q = qkv + b * T * C3 + h * HS, *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + b * T * C3 + h * HS, *dk = dq + C, *dv = dq + 2 * C;
-        const float *a = att + bh * T * T;
-        const float *dO = dout + b * T * C + h * HS;
-        float *da = datt + bh * T * T;
-        sgemm('N', 'T', T, T, HS, 1.0f, dO, C, v, C3, 0.0f, da, T); /* dP = dO V^T */
-        sgemm('T', 'N', T, HS, T, 1.0f, a, T, dO, C, 1.0f, dv, C3); /* dV += P^T dO */
-        for (int64_t t = 0; t < T; t++) {                           /* dS = P (dP - rowsum(P dP)) */
-            const float *p = a + t * T;
-            float *d = da + t * T;
-            float s = 0.0f;
+    for (int64_t bg = 0; bg < B * NKV; bg++) {
+        int64_t b = bg / NKV, g = bg % NKV;
+        const float *row = qkv + b * T * CQ;
+        const float *k = row + (NH + g) * HS, *v = row + (NH + NKV + g) * HS;
+        float *drow = dqkv + b * T * CQ;
+        float *dk = drow + (NH + g) * HS, *dv = drow + (NH + NKV + g) * HS;
+        for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+            const float *q = row + h * HS, *a = att + (b * NH + h) * T * T;
+            const float *dO = dout + b * T * C + h * HS;
+            float *dq = drow + h * HS, *da = datt + (b * NH + h) * T * T;
+            sgemm('N', 'T', T, T, HS, 1.0f, dO, C, v, CQ, 0.0f, da, T); /* dP = dO V^T */
+            sgemm('T', 'N', T, HS, T, 1.0f, a, T, dO, C, 1.0f, dv, CQ); /* dV += P^T dO */
+            for (int64_t t = 0; t < T; t++) { /* dS = P (dP - rowsum(P dP)) */
+                const float *p = a + t * T;
+                float *d = da + t * T;
+                float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j <= t; j++) s += p[j] * d[j];
+                for (int64_t j = 0; j <= t; j++) s += p[j] * d[j];
 #pragma omp simd
-            for (int64_t j = 0; j <= t; j++) d[j] = p[j] * (d[j] - s) * scale;
-            for (int64_t j = t + 1; j < T; j++) d[j] = 0.0f;
+                for (int64_t j = 0; j <= t; j++) d[j] = p[j] * (d[j] - s) * scale;
+                for (int64_t j = t + 1; j < T; j++) d[j] = 0.0f;
+            }
+            sgemm('N', 'N', T, HS, T, 1.0f, da, T, k, CQ, 1.0f, dq, CQ); /* dQ += dS K */
+            sgemm('T', 'N', T, HS, T, 1.0f, da, T, q, CQ, 1.0f, dk, CQ); /* dK += dS^T Q */
         }
-        sgemm('N', 'N', T, HS, T, 1.0f, da, T, k, C3, 1.0f, dq, C3); /* dQ += dS K */
-        sgemm('T', 'N', T, HS, T, 1.0f, da, T, q, C3, 1.0f, dk, C3); /* dK += dS^T Q */
     }
 }
 
@@ -1191,6 +1471,190 @@ static void cpu_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bi
             row_done(dt, op, o, n);
         }
     }
+}
+
+/* ---- RMSNorm, rotary positions, SwiGLU (the Llama blocks) ------------------------------ */
+
+// out (N,C), rstd (N) fp32, inp (N,C), weight (C)
+static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *rstd,
+                                const void *inp, const void *weight, int64_t N, int64_t C,
+                                float eps) {
+    (void)ctx;
+    F32_OR_16("rmsnorm_forward");
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    norm_forward_rows(dt, out, NULL, rstd, inp, wf, NULL, N, C, eps);
+    l3d_free(wc);
+}
+
+/* dweight (type gdt) += column sums of dout * xhat over the rows, each thread a block of
+ * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once). */
+static void rms_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight,
+                            const void *dout, const void *inp, const float *rstd, int64_t N,
+                            int64_t C, float *scr) {
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int64_t w = hi - lo;
+        float *aw = off(scr, omp_get_thread_num() * 3 * C), *xb = off(aw, C), *db = off(xb, C);
+        if (w > 0) {
+            void *gw = at(gdt, dweight, lo);
+            float *sw = acc_begin(dt, aw, gw, w);
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
+                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
+                float r = rstd[n];
+#pragma omp simd
+                for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
+            }
+            acc_done(dt, gdt, gw, sw, xb, w);
+        }
+    }
+}
+
+// dinp (N,C), dweight (C), dout (N,C), inp (N,C), weight (C), rstd (N)
+static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                 void *dweight, const void *dout, const void *inp,
+                                 const void *weight, const float *rstd, int64_t N, int64_t C) {
+    (void)ctx;
+    F32_OR_16("rmsnorm_backward");
+    GRAD_TYPE("rmsnorm_backward");
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    float *scr = is16(dt) ? thread_scratch(3 * C, "rmsnorm scratch") : NULL;
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, NULL, rstd, N, C, scr, 3 * C);
+    if (dweight) rms_weight_grad(dt, gdt, dweight, dout, inp, rstd, N, C, scr);
+    l3d_free(scr);
+    l3d_free(wc);
+}
+
+/* Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34) in Hugging Face's rotate-half
+ * form: in each query and key head, dimension i pairs with i + HS/2 and the pair turns by the
+ * angle pos[t] inv_freq[i]. Backward turns the gradient back (the transpose of a rotation is its
+ * inverse): sign -1. The angles are formed and their cosines and sines taken in double, then
+ * rounded once, a table of T x HS/2 pairs shared by every sequence and head (Hugging Face forms
+ * the angle in fp32, which at position 10^5 is off by ~4e-3 rad; the table is the exact angle's
+ * rounding). The rows are then rotated in place, each thread its rows (no reduction: the same
+ * bits for any thread count); the value heads are not touched. */
+static void rope_apply(enum l3d_dtype dt, void *qkv, const float *inv_freq, const int32_t *pos,
+                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, float sign,
+                       const char *kernel) {
+    F32_OR_16(kernel);
+    gqa_check(kernel, NH, NKV);
+    if (HS % 2 != 0)
+        l3d_fatal(__FILE__, __LINE__, "backend cpu: %s: head size %lld is odd (rotary pairs "
+                  "need an even one)", kernel, (long long)HS);
+    const int64_t H2 = HS / 2, CQ = (NH + 2 * NKV) * HS, CR = (NH + NKV) * HS;
+    float *tab = l3d_alloc((size_t)(2 * T * H2) * sizeof(float), "rope cos/sin table");
+    float *scr = is16(dt) ? thread_scratch(CR, "rope scratch") : NULL;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < H2; i++) {
+                double a = (double)pos[t] * (double)inv_freq[i];
+                tab[(2 * t) * H2 + i] = (float)cos(a);
+                tab[(2 * t + 1) * H2 + i] = sign * (float)sin(a);
+            }
+        float *buf = off(scr, omp_get_thread_num() * CR);
+#pragma omp for schedule(static)
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            const float *cs = tab + 2 * (bt % T) * H2, *sn = cs + H2;
+            void *rp = at(dt, qkv, bt * CQ);
+            float *x = row_io(dt, buf, rp, CR);
+            for (int64_t h = 0; h < NH + NKV; h++) {
+                float *lo = x + h * HS, *hi = lo + H2;
+#pragma omp simd
+                for (int64_t i = 0; i < H2; i++) {
+                    float a = lo[i], b = hi[i];
+                    lo[i] = a * cs[i] - b * sn[i];
+                    hi[i] = b * cs[i] + a * sn[i];
+                }
+            }
+            row_done(dt, rp, x, CR);
+        }
+    }
+    l3d_free(scr);
+    l3d_free(tab);
+}
+
+// qkv (B,T,NH+2*NKV,HS) in place, inv_freq (HS/2), pos (T)
+static void cpu_rope_forward(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                             const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t HS) {
+    (void)ctx;
+    rope_apply(dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 1.0f, "rope_forward");
+}
+// dqkv (B,T,NH+2*NKV,HS) in place
+static void cpu_rope_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                              const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS) {
+    (void)ctx;
+    rope_apply(dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, -1.0f, "rope_backward");
+}
+
+/* SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer", eq. 5 with Swish_1 = SiLU):
+ * out = silu(g) u, silu(g) = g sigmoid(g); d/dg = u sigmoid(g) (1 + g (1 - sigmoid(g))),
+ * d/du = silu(g). sigmoid through the branch-free exp (its clamp keeps 1 + e^-g finite). */
+static inline float sigmoid_f(float g) { return 1.0f / (1.0f + fast_expf(-g)); }
+
+/* Columns [c0, c0+n) of one row: the gate g and up u halves, out o =, or dg, du += from d. */
+static inline void swiglu_cols(float *o, float *dg, float *du, const float *d, const float *g,
+                               const float *u, int64_t n) {
+    if (o) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) o[i] = g[i] * sigmoid_f(g[i]) * u[i];
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float s = sigmoid_f(g[i]);
+        dg[i] += d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] += d[i] * g[i] * s;
+    }
+}
+
+/* Tasks (row, column block) over threads: fp32 whole rows in place, 16-bit blocks of L3D_BLK
+ * widened on the stack, each output rounded once. Forward when out is not NULL, else backward
+ * into dinp (N,2H) from dout (N,H). */
+static void swiglu_rows(enum l3d_dtype dt, void *out, void *dinp, const void *dout,
+                        const void *inp, int64_t N, int64_t H) {
+    const int64_t bl = span_blk(dt, H), nb = (H + bl - 1) / bl;
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < N * nb; task++) {
+        int64_t r = task / nb, c0 = task % nb * bl, n = H - c0 < bl ? H - c0 : bl;
+        float gb[L3D_BLK], ub[L3D_BLK], ob[L3D_BLK], db[L3D_BLK], eb[L3D_BLK];
+        const float *g = row_in(dt, gb, at(dt, inp, r * 2 * H + c0), n);
+        const float *u = row_in(dt, ub, at(dt, inp, r * 2 * H + H + c0), n);
+        if (out) {
+            void *op = at(dt, out, r * H + c0);
+            float *o = row_out(dt, ob, op);
+            swiglu_cols(o, NULL, NULL, NULL, g, u, n);
+            row_done(dt, op, o, n);
+            continue;
+        }
+        void *gp = at(dt, dinp, r * 2 * H + c0), *up = at(dt, dinp, r * 2 * H + H + c0);
+        float *dg = row_io(dt, ob, gp, n), *du = row_io(dt, eb, up, n);
+        swiglu_cols(NULL, dg, du, row_in(dt, db, at(dt, dout, r * H + c0), n), g, u, n);
+        row_done(dt, gp, dg, n);
+        row_done(dt, up, du, n);
+    }
+}
+
+// out (N,H), inp (N,2H) = [gate | up] per row
+static void cpu_swiglu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                               int64_t N, int64_t H) {
+    (void)ctx;
+    F32_OR_16("swiglu_forward");
+    swiglu_rows(dt, out, NULL, NULL, inp, N, H);
+}
+// dinp (N,2H) +=, dout (N,H), inp (N,2H)
+static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                                const void *inp, int64_t N, int64_t H) {
+    (void)ctx;
+    F32_OR_16("swiglu_backward");
+    swiglu_rows(dt, NULL, dinp, dout, inp, N, H);
 }
 
 /* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
@@ -1417,10 +1881,11 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
  * round a one-row product differently from a 64-row one. */
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
-                                 int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                 int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
     (void)ctx;
     F32_OR_16("attention_cached");
-    const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ;
+    gqa_check("attention_cached", NH, NKV);
+    const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ, rep = NH / NKV;
     const int64_t per = fa_scratch(dt, pos + n, HS);
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
@@ -1432,8 +1897,8 @@ static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const 
             int64_t h = task % NH, i0 = (task / NH) * L3D_FA_BQ;
             int64_t nq = n - i0 < L3D_FA_BQ ? n - i0 : L3D_FA_BQ;
             fa_forward_rows(dt, f, at(dt, out, i0 * C + h * HS), C, NULL,
-                            at(dt, q, i0 * q_stride + h * HS), q_stride, at(dt, k, h * HS),
-                            at(dt, v, h * HS), kv_stride, pos + i0, nq, HS, S);
+                            at(dt, q, i0 * q_stride + h * HS), q_stride, at(dt, k, h / rep * HS),
+                            at(dt, v, h / rep * HS), kv_stride, pos + i0, nq, HS, S);
         }
     }
     l3d_free(scr);
@@ -1462,15 +1927,18 @@ static void cpu_matmul_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt
 }
 static void cpu_attention_naive_forward(void *ctx, enum l3d_dtype dt, void *out, void *att,
                                         const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                        int64_t HS) {
+                                        int64_t NKV, int64_t HS) {
     F32_ONLY("attention_naive_forward");
-    attention_naive_forward_f32(ctx, out, att, qkv, B, T, NH, HS);
+    gqa_check("attention_naive_forward", NH, NKV);
+    attention_naive_forward_f32(ctx, out, att, qkv, B, T, NH, NKV, HS);
 }
 static void cpu_attention_naive_backward(void *ctx, enum l3d_dtype dt, void *dqkv, void *datt,
                                          const void *dout, const void *qkv, const void *att,
-                                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                         int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                         int64_t HS) {
     F32_ONLY("attention_naive_backward");
-    attention_naive_backward_f32(ctx, dqkv, datt, dout, qkv, att, B, T, NH, HS);
+    gqa_check("attention_naive_backward", NH, NKV);
+    attention_naive_backward_f32(ctx, dqkv, datt, dout, qkv, att, B, T, NH, NKV, HS);
 }
 static void cpu_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, float *v,
                       const void *grad, float grad_scale, int64_t n, float lr, float beta1,
@@ -1565,6 +2033,15 @@ static const struct l3d_backend_i cpu_backend_i = {
     .attention_naive_forward = cpu_attention_naive_forward,
     .attention_naive_backward = cpu_attention_naive_backward,
     .attention_cached = cpu_attention_cached,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_merge = cpu_attention_merge,
+    .attention_block_backward = cpu_attention_block_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,

@@ -41,7 +41,13 @@
     } while (0)
 
 #define L3D_LT_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's scratch: 32 MiB, Hopper's advice */
-#define L3D_CUDA_MAX_EVENTS 64
+
+/* the descriptors and the algorithm of one product shape (struct l3d_cuda_mm_key): plan_make */
+struct lt_plan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
 
 struct cuda_ctx {
     int device;
@@ -52,13 +58,14 @@ struct cuda_ctx {
     struct l3d_cuda_dev dev;
     char dev_name[256];
     double *partials; /* L3D_CUK_PARTIALS doubles: sumsq's per-block sums */
-    /* scratch grown on demand: attention's D (floats), the encoder's token groups (int32) */
+    struct l3d_cuda_plan_table plans; /* cuBLASLt plans by shape, plan[] slot for slot */
+    struct lt_plan plan[L3D_CUDA_PLANS];
+    /* scratch grown on demand: attention's D (floats), the encoder's grouping (bytes) */
     float *att_D;
     size_t att_D_n;
-    int32_t *enc;
+    void *enc;
     size_t enc_n;
-    cudaEvent_t events[L3D_CUDA_MAX_EVENTS]; /* made by event_record, destroyed at free */
-    int n_events;
+    int n_events; /* live CUDA events: made by event_record, destroyed by event_destroy */
 };
 
 static const struct l3d_backend_i cuda_backend_i;
@@ -90,9 +97,11 @@ static void cuda_dfree(void *ctx, void *p) {
 }
 
 /* scratch of n elements of size es in *buf (capacity *cap elements), grown, not accounted as
- * the model's memory is (it is the kernels' working space, a few MB) */
-static void *scratch(void **buf, size_t *cap, size_t n, size_t es) {
+ * the model's memory is (it is the kernels' working space, a few MB). The old buffer may still
+ * be read by kernels in flight: the stream drains before it is freed (growth is rare). */
+static void *scratch(struct cuda_ctx *cx, void **buf, size_t *cap, size_t n, size_t es) {
     if (n <= *cap) return *buf;
+    CUDA_CHECK(cudaStreamSynchronize(cx->stream));
     if (*buf) CUDA_CHECK(cudaFree(*buf));
     CUDA_CHECK(cudaMalloc(buf, n * es));
     *cap = n;
@@ -135,17 +144,24 @@ static void cuda_sync(void *ctx) {
 static void cuda_event_record(void *ctx, struct l3d_event *ev) {
     struct cuda_ctx *cx = ctx;
     if (!ev->impl) {
-        if (cx->n_events == L3D_CUDA_MAX_EVENTS)
-            l3d_fatal(__FILE__, __LINE__, "backend cuda: more than %d events",
-                      L3D_CUDA_MAX_EVENTS);
-        CUDA_CHECK(cudaEventCreateWithFlags(&cx->events[cx->n_events], cudaEventDisableTiming));
-        ev->impl = cx->events[cx->n_events++];
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ev->impl = e;
+        cx->n_events++;
     }
     CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev->impl, cx->stream));
 }
 static void cuda_event_wait(void *ctx, struct l3d_event *ev) {
     (void)ctx;
     CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev->impl));
+}
+/* l3d_be_event_free: each event's CUDA event goes with it (a step may make and free events
+ * without bound) */
+static void cuda_event_destroy(void *ctx, struct l3d_event *ev) {
+    struct cuda_ctx *cx = ctx;
+    CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev->impl));
+    ev->impl = NULL;
+    cx->n_events--;
 }
 
 bool l3d_cuda_is_device_ptr(const void *p) {
@@ -212,60 +228,114 @@ struct lt_mm {
     float beta;
 };
 
-static void lt_matmul(struct cuda_ctx *cx, const struct lt_mm *p) {
-    cublasLtMatmulDesc_t op;
-    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &p->ta, sizeof p->ta));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &p->tb, sizeof p->tb));
-    if (p->bias) {
+static void plan_destroy(struct lt_plan *pl) {
+    LT_CHECK(cublasLtMatrixLayoutDestroy(pl->ld));
+    LT_CHECK(cublasLtMatrixLayoutDestroy(pl->lb));
+    LT_CHECK(cublasLtMatrixLayoutDestroy(pl->la));
+    LT_CHECK(cublasLtMatmulDescDestroy(pl->op));
+}
+
+/* min alignment preferences: cuBLASLt assumes 256 bytes unless told, and an algorithm that needs
+ * more than a sub-buffer has is refused at launch */
+static void plan_prefs(cublasLtMatmulPreference_t pref, const struct l3d_cuda_mm_key *k) {
+    size_t ws = L3D_LT_WORKSPACE;
+    uint32_t aa = (uint32_t)k->align_a, ab = (uint32_t)k->align_b, ad = (uint32_t)k->align_d;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad));
+}
+
+static void plan_make(struct cuda_ctx *cx, const struct lt_mm *p, const struct l3d_cuda_mm_key *k,
+                      struct lt_plan *pl) {
+    LT_CHECK(cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &p->ta,
+                                            sizeof p->ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &p->tb,
+                                            sizeof p->tb));
+    if (k->bias) { /* the pointer itself is set at each call */
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = cuda_type(p->d);
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+        LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                 sizeof epi));
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p->bias,
-                                                sizeof p->bias));
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+        LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                                 sizeof bt));
     }
     bool an = p->ta == CUBLAS_OP_N, bn = p->tb == CUBLAS_OP_N;
-    cublasLtMatrixLayout_t la, lb, ld;
-    LT_CHECK(cublasLtMatrixLayoutCreate(&la, cuda_type(p->ab), (uint64_t)(an ? p->m : p->k),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->la, cuda_type(p->ab), (uint64_t)(an ? p->m : p->k),
                                         (uint64_t)(an ? p->k : p->m), p->lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, cuda_type(p->ab), (uint64_t)(bn ? p->k : p->n),
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->lb, cuda_type(p->ab), (uint64_t)(bn ? p->k : p->n),
                                         (uint64_t)(bn ? p->n : p->k), p->ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&ld, cuda_type(p->d), (uint64_t)p->m, (uint64_t)p->n,
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->ld, cuda_type(p->d), (uint64_t)p->m, (uint64_t)p->n,
                                         p->ldd));
     cublasLtMatmulPreference_t pref;
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = L3D_LT_WORKSPACE;
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws, sizeof ws));
+    plan_prefs(pref, k);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(cx->lt, op, la, lb, ld, ld, pref, 1, &h, &found));
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(cx->lt, pl->op, pl->la, pl->lb, pl->ld, pl->ld, pref, 1,
+                                            &h, &found));
+    LT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0)
         l3d_fatal(__FILE__, __LINE__, "backend cuda: cuBLASLt has no algorithm for a %lld x %lld "
-                  "x %lld product of %s into %s", (long long)p->m, (long long)p->n,
-                  (long long)p->k, l3d_dtype_name(p->ab), l3d_dtype_name(p->d));
+                  "x %lld product of %s into %s (alignments %lld, %lld, %lld bytes)",
+                  (long long)p->m, (long long)p->n, (long long)p->k, l3d_dtype_name(p->ab),
+                  l3d_dtype_name(p->d), (long long)k->align_a, (long long)k->align_b,
+                  (long long)k->align_d);
+    pl->algo = h.algo;
+}
+
+/* The product through the plan of its key, made on first use (heuristics and descriptors cost
+ * tens of microseconds, more than a small product) */
+static void lt_matmul(struct cuda_ctx *cx, const struct lt_mm *p) {
+    struct l3d_cuda_mm_key k = {p->ta, p->tb, p->m, p->n, p->k, p->ab, p->d, p->lda, p->ldb,
+                                p->ldd, p->bias != NULL, l3d_cuda_align(p->A),
+                                l3d_cuda_align(p->B), l3d_cuda_align(p->D)};
+    bool hit, evict;
+    int slot = l3d_cuda_plan_slot(&cx->plans, &k, &hit, &evict);
+    struct lt_plan *pl = &cx->plan[slot];
+    if (!hit) {
+        if (evict) plan_destroy(pl);
+        plan_make(cx, p, &k, pl);
+    }
+    if (p->bias)
+        LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &p->bias, sizeof p->bias));
     const float alpha = 1.0f;
-    LT_CHECK(cublasLtMatmul(cx->lt, op, &alpha, p->A, la, p->B, lb, &p->beta, p->D, ld, p->D, ld,
-                            &h.algo, cx->workspace, ws, cx->stream));
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatmulDescDestroy(op);
+    LT_CHECK(cublasLtMatmul(cx->lt, pl->op, &alpha, p->A, pl->la, p->B, pl->lb, &p->beta, p->D,
+                            pl->ld, p->D, pl->ld, &pl->algo, cx->workspace, L3D_LT_WORKSPACE,
+                            cx->stream));
 }
 
 /* out (N,OC) = inp (N,C) W^T + bias: column-major out^T (OC,N) = W (C,OC)^T inp^T (C,N) */
 static void cuda_matmul_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
                                 const void *weight, const void *bias, int64_t N, int64_t C,
                                 int64_t OC) {
-    kt(dt, "matmul_forward");
+    struct cuda_ctx *cx = ctx;
+    int k = kt(dt, "matmul_forward");
     if (N == 0 || OC == 0) return;
-    struct lt_mm p = {CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, dt, dt, weight, inp, bias,
+    if (C == 0) { /* an empty sum: out = bias, or 0 (cuBLASLt refuses k = 0) */
+        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)(N * OC) * l3d_dtype_size(dt), cx->stream));
+        if (bias) l3d_cuk_add_bias(k, out, bias, N, OC, cx->stream);
+        launched("matmul_forward (bias)");
+        return;
+    }
+    /* the bias epilogue reads the bias in vectors: fused when it is 16-byte aligned, else added
+     * by our kernel after the product */
+    bool fuse = bias && l3d_cuda_align(bias) >= 16;
+    struct lt_mm p = {CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, dt, dt, weight, inp, fuse ? bias : NULL,
                       C, C, OC, out, 0.0f};
-    lt_matmul(ctx, &p);
+    lt_matmul(cx, &p);
+    if (bias && !fuse) {
+        l3d_cuk_add_bias(k, out, bias, N, OC, cx->stream);
+        launched("matmul_forward (bias)");
+    }
 }
 
 /* dinp (N,C) += dout W: column-major dinp^T (C,N) += W^T... = W_cm (C,OC) dout^T (OC,N);
@@ -276,13 +346,13 @@ static void cuda_matmul_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
                                  const void *weight, int64_t N, int64_t C, int64_t OC) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "matmul_backward"), g = gkt(dt, gdt, "matmul_backward");
-    if (N == 0) return;
-    if (dinp) {
+    if (N == 0 || OC == 0) return; /* nothing to add: every sum is over N or OC */
+    if (dinp && C > 0) {
         struct lt_mm p = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, dt, dt, weight, dout, NULL,
                           C, OC, C, dinp, 1.0f};
         lt_matmul(cx, &p);
     }
-    if (dweight) {
+    if (dweight && C > 0) {
         struct lt_mm p = {CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, dt, gdt, inp, dout, NULL,
                           C, OC, C, dweight, 1.0f};
         lt_matmul(cx, &p);
@@ -304,56 +374,22 @@ static void cuda_encoder_forward(void *ctx, enum l3d_dtype dt, void *out, const 
     launched("encoder_forward");
 }
 
-/* The rows of each token in range, in position order, as three int32 arrays uploaded at once:
- * uniq (nu tokens, rows of dwte), off (nu + 1), order (the rows of dout): a counting sort on the
- * host of the B*T tokens (copied down: one synchronisation a backward pass, for a sum per token
- * in a fixed order that is added to the gradient once, as the CPU backend does). Returns nu. */
-static int64_t token_groups(struct cuda_ctx *cx, const int32_t *tokens, int64_t vocab_start,
-                            int64_t vocab_count, int64_t BT, int32_t **dev) {
-    int32_t *tok = l3d_alloc((size_t)BT * sizeof *tok, "encoder gradient tokens");
-    cuda_copy_d2h(cx, tok, tokens, (size_t)BT * sizeof *tok);
-    int32_t *cnt = l3d_calloc(((size_t)vocab_count + 1) * sizeof *cnt, "encoder gradient counts");
-    for (int64_t i = 0; i < BT; i++) {
-        int64_t v = (int64_t)tok[i] - vocab_start;
-        if (v >= 0 && v < vocab_count) cnt[v + 1]++;
-    }
-    int64_t nu = 0, nin = 0;
-    for (int64_t v = 0; v < vocab_count; v++) nu += cnt[v + 1] > 0, nin += cnt[v + 1];
-    int32_t *h = l3d_alloc((size_t)(2 * nu + 1 + nin) * sizeof *h, "encoder gradient groups");
-    int32_t *uniq = h, *off = h + nu, *order = off + nu + 1;
-    int64_t u = 0;
-    off[0] = 0;
-    for (int64_t v = 0; v < vocab_count; v++) {
-        if (cnt[v + 1] == 0) continue;
-        uniq[u] = (int32_t)v;
-        off[u + 1] = off[u] + cnt[v + 1];
-        cnt[v + 1] = off[u]; /* from here: the next free slot of token v */
-        u++;
-    }
-    for (int64_t i = 0; i < BT; i++) { /* positions ascending within each token */
-        int64_t v = (int64_t)tok[i] - vocab_start;
-        if (v >= 0 && v < vocab_count) order[cnt[v + 1]++] = (int32_t)i;
-    }
-    size_t n = (size_t)(2 * nu + 1 + nin);
-    *dev = scratch((void **)&cx->enc, &cx->enc_n, n, sizeof(int32_t));
-    cuda_copy_h2d(cx, *dev, h, n * sizeof *h);
-    l3d_free(h);
-    l3d_free(cnt);
-    l3d_free(tok);
-    return nu;
-}
-
 static void cuda_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dwte,
                                   void *dwpe, const void *dout, const int32_t *tokens,
                                   int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
                                   int64_t C) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "encoder_backward"), g = gkt(dt, gdt, "encoder_backward");
-    if (dwte) {
-        int32_t *d;
-        int64_t nu = token_groups(cx, tokens, vocab_start, vocab_count, B * T, &d);
-        l3d_cuk_encoder_backward_wte(k, g, dwte, dout, d, d + nu, d + 2 * nu + 1, nu, C,
-                                     cx->stream);
+    if (dwte && B * T > 0) {
+        /* each token's rows summed in position order and added once, as on the CPU; the
+         * grouping runs on the device (a sort), so the pass never waits for the host */
+        L3D_ASSERT(B * T <= INT32_MAX && vocab_count < INT32_MAX);
+        size_t bytes = l3d_cuk_encoder_backward_wte_bytes(B * T, vocab_count);
+        void *w = scratch(cx, &cx->enc, &cx->enc_n, bytes, 1);
+        const char *e = l3d_cuk_encoder_backward_wte(k, g, dwte, dout, tokens, vocab_start,
+                                                     vocab_count, B * T, C, w, bytes, cx->stream);
+        if (e) l3d_fatal(__FILE__, __LINE__, "backend cuda: encoder_backward: %s failed: %s", e,
+                         cudaGetErrorString(cudaGetLastError()));
         launched("encoder_backward");
     }
     if (dwpe) {
@@ -389,31 +425,43 @@ static void head_size(int64_t HS, const char *kernel) {
         l3d_fatal(__FILE__, __LINE__, "backend cuda: %s takes head sizes 1 to %d, not %lld",
                   kernel, L3D_CUDA_MAX_HS, (long long)HS);
 }
+/* grouped-query attention (NKV < NH) is not in these kernels yet */
+static void mha_only(int64_t NH, int64_t NKV, const char *kernel) {
+    if (NKV != NH)
+        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s has no grouped-query variant yet (%lld "
+                  "query heads, %lld key/value heads): use the cpu backend", kernel,
+                  (long long)NH, (long long)NKV);
+}
 static void cuda_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                    const void *qkv, int64_t B, int64_t T, int64_t NH,
-                                   int64_t HS) {
+                                   int64_t NKV, int64_t HS) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_forward");
     head_size(HS, "attention_forward");
+    mha_only(NH, NKV, "attention_forward");
     l3d_cuk_attention_forward(k, out, lse, qkv, B, T, NH, HS, cx->stream);
     launched("attention_forward");
 }
 static void cuda_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                     const void *qkv, const void *out, const float *lse,
-                                    int64_t B, int64_t T, int64_t NH, int64_t HS) {
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_backward");
     head_size(HS, "attention_backward");
-    float *D = scratch((void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T), sizeof(float));
+    mha_only(NH, NKV, "attention_backward");
+    float *D = scratch(cx, (void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T),
+                       sizeof(float));
     l3d_cuk_attention_backward(k, dqkv, dout, qkv, out, lse, D, B, T, NH, HS, cx->stream);
     launched("attention_backward");
 }
 static void cuda_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                   const void *k, const void *v, int64_t pos, int64_t n,
-                                  int64_t NH, int64_t HS, int64_t q_stride, int64_t kv_stride) {
+                                  int64_t NH, int64_t NKV, int64_t HS, int64_t q_stride,
+                                  int64_t kv_stride) {
     struct cuda_ctx *cx = ctx;
     int t = kt(dt, "attention_cached");
     head_size(HS, "attention_cached");
+    mha_only(NH, NKV, "attention_cached");
     l3d_cuk_attention_cached(t, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride, cx->stream);
     launched("attention_cached");
 }
@@ -528,7 +576,6 @@ static void close_device(struct cuda_ctx *cx);
 static void cuda_free(void *ctx) {
     struct cuda_ctx *cx = ctx;
     close_device(cx);
-    for (int i = 0; i < cx->n_events; i++) cudaEventDestroy(cx->events[i]);
     l3d_cuda_allocs_free(&cx->allocs);
     l3d_free(cx);
 }
@@ -545,6 +592,7 @@ static const struct l3d_backend_i cuda_backend_i = {
     .sync = cuda_sync,
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
+    .event_destroy = cuda_event_destroy,
     .peak_flops = cuda_peak_flops,
     .matmul_native = cuda_matmul_native,
     .host_view = cuda_host_view,
@@ -601,6 +649,8 @@ static void close_device(struct cuda_ctx *cx) {
     cudaFree(cx->enc);
     cudaFree(cx->partials);
     cudaFree(cx->workspace);
+    for (int i = 0; i < cx->plans.used; i++) plan_destroy(&cx->plan[i]);
+    cx->plans = (struct l3d_cuda_plan_table){0};
     cublasLtDestroy(cx->lt);
     cudaStreamDestroy(cx->stream);
     cx->att_D = NULL;

@@ -139,6 +139,38 @@ void l3d_cuda_allocs_free(struct l3d_cuda_allocs *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* ---- cuBLASLt plans ------------------------------------------------------------------------ */
+
+int l3d_cuda_plan_slot(struct l3d_cuda_plan_table *t, const struct l3d_cuda_mm_key *k, bool *hit,
+                       bool *evict) {
+    /* a linear scan: at most L3D_CUDA_PLANS keys of 112 bytes, beside a product's launch */
+    for (int i = 0; i < t->used; i++)
+        if (memcmp(&t->key[i], k, sizeof *k) == 0) {
+            *hit = true;
+            *evict = false;
+            return i;
+        }
+    *hit = false;
+    int slot;
+    if (t->used < L3D_CUDA_PLANS) {
+        slot = t->used++;
+        *evict = false;
+    } else {
+        slot = t->next;
+        t->next = (t->next + 1) % L3D_CUDA_PLANS;
+        *evict = true;
+    }
+    t->key[slot] = *k;
+    return slot;
+}
+
+int64_t l3d_cuda_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int64_t al = 256;
+    while (al > 1 && a % (uintptr_t)al != 0) al /= 2;
+    return al;
+}
+
 /* ---- peak FLOP/s ---------------------------------------------------------------------------- */
 
 /* Dense (not 2:4 sparse) figures of NVIDIA's data sheets, FLOP/s. fp32 is the fp32-core rate

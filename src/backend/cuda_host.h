@@ -59,6 +59,32 @@ void l3d_cuda_allocs_add(struct l3d_cuda_allocs *t, const void *p, size_t bytes)
 bool l3d_cuda_allocs_remove(struct l3d_cuda_allocs *t, const void *p, size_t *bytes);
 void l3d_cuda_allocs_free(struct l3d_cuda_allocs *t);
 
+/* ---- cuBLASLt plans: a product's descriptors and algorithm, made once per shape ------------- */
+
+/* What decides a product's descriptors and algorithm: operations, sizes, element types (codes of
+ * the caller), leading dimensions, whether the bias epilogue is on, and the alignment in bytes
+ * cuBLASLt may assume of A, B and C/D (l3d_cuda_align). All int64 (no padding): keys compare as
+ * bytes. */
+struct l3d_cuda_mm_key {
+    int64_t ta, tb, m, n, k, ab, d, lda, ldb, ldd, bias, align_a, align_b, align_d;
+};
+#define L3D_CUDA_PLANS 64
+/* The keys of the cached plans; the plans themselves (CUDA handles) are the caller's, slot for
+ * slot. A model has a few dozen shapes; generation adds one per prompt length, so a full table
+ * replaces its entries in turn (round robin). */
+struct l3d_cuda_plan_table {
+    struct l3d_cuda_mm_key key[L3D_CUDA_PLANS];
+    int used, next; /* slots filled; the slot replaced next once all are */
+};
+/* The slot of key k: *hit when it is cached there; otherwise the slot now assigned to k (its key
+ * recorded), *evict when that slot held another plan, which the caller destroys before making
+ * k's. */
+int l3d_cuda_plan_slot(struct l3d_cuda_plan_table *t, const struct l3d_cuda_mm_key *k, bool *hit,
+                       bool *evict);
+/* The alignment of address p that cuBLASLt may assume: its largest power-of-two divisor, at most
+ * 256 (cuBLASLt's default assumption, which sub-buffers of a flat buffer need not meet). */
+int64_t l3d_cuda_align(const void *p);
+
 /* ---- peak FLOP/s ---------------------------------------------------------------------------- */
 
 /* What the backend reads of cudaDeviceProp / cudaDeviceGetAttribute. */

@@ -17,6 +17,7 @@
  * atomics). No T x T tensor. It uses no tensor cores: the tiled tensor-core version is the next
  * step once a GPU can measure it.
  */
+#include <cub/cub.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -112,15 +113,30 @@ __global__ void encoder_forward_k(T *out, const int32_t *tokens, const T *wte, c
     }
 }
 
-/* one block a distinct token (y: blocks of channels): its rows summed in position order in fp32,
- * added to the gradient once */
+/* The rows of each token, grouped on the device: keys (the token's row of the slice, vcount for a
+ * token outside it) sorted with their positions by CUB's stable radix sort (so a token's positions
+ * stay ascending), then run-length encoded (uniq, cnt, *nruns) and the counts scanned (off). */
+__global__ void encoder_keys_k(int32_t *keys, int32_t *pos, const int32_t *tokens, int64_t vstart,
+                               int64_t vcount, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t v = (int64_t)tokens[i] - vstart;
+        keys[i] = (int32_t)(v >= 0 && v < vcount ? v : vcount);
+        pos[i] = (int32_t)i;
+    }
+}
+
+/* one block a run (a distinct token; y: blocks of channels): its rows summed in position order in
+ * fp32, added to the gradient once. Blocks past the runs, and the run of tokens outside the
+ * slice, do nothing (the grid is sized for the most runs: no copy to the host). */
 template <typename T, typename G>
 __global__ void encoder_backward_wte_k(G *dwte, const T *dout, const int32_t *uniq,
-                                       const int32_t *off, const int32_t *order, int64_t C) {
+                                       const int32_t *cnt, const int32_t *off,
+                                       const int32_t *order, const int32_t *nruns, int64_t vcount,
+                                       int64_t C) {
     int64_t u = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    if (u >= *nruns || uniq[u] >= vcount || c >= C) return;
     float s = 0.0f;
-    for (int32_t k = off[u]; k < off[u + 1]; k++) s += ld(dout + (int64_t)order[k] * C + c);
+    for (int32_t k = off[u]; k < off[u] + cnt[u]; k++) s += ld(dout + (int64_t)order[k] * C + c);
     G *g = dwte + (int64_t)uniq[u] * C + c;
     st(g, ld(g) + s);
 }
@@ -426,8 +442,12 @@ __global__ void xent_k(int pass, T *logits, float *out, float *tlogit, const flo
     }
     float k = dloss / sumexp[n];
     for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float g = j < Vvalid ? expf(ld(row + j) - mx) * k : 0.0f;
-        if (j == t) g -= dloss;
+        /* padding columns (Vvalid..Vl) are 0 even when a target id points into them */
+        float g = 0.0f;
+        if (j < Vvalid) {
+            g = expf(ld(row + j) - mx) * k;
+            if (j == t) g -= dloss;
+        }
         st(row + j, g);
     }
 }
@@ -519,13 +539,55 @@ void l3d_cuk_encoder_forward(int dt, void *out, const int32_t *tokens, const voi
                      T_, C, B * T_ * C)));
 }
 
-void l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
-                                  const int32_t *uniq, const int32_t *off, const int32_t *order,
-                                  int64_t nu, int64_t C, void *stream) {
-    if (nu == 0 || C == 0) return;
-    dim3 grid((unsigned)nu, (unsigned)((C + 127) / 128));
-    DISPATCH_G(dt, gdt, (encoder_backward_wte_k<T, G><<<grid, 128, 0, ST(stream)>>>(
-                            (G *)dwte, (const T *)dout, uniq, off, order, C)));
+/* the work area of the grouping: 7 int32 arrays of n (keys and positions in and out, uniq, cnt,
+ * off), the run count, then CUB's scratch */
+static size_t enc_arrays(int64_t n) { return ((size_t)(7 * n + 1) * sizeof(int32_t) + 255) & ~(size_t)255; }
+static int enc_bits(int64_t vcount) { /* the key bits to sort: keys are 0..vcount */
+    int b = 1;
+    while (b < 31 && ((int64_t)1 << b) <= vcount) b++;
+    return b;
+}
+size_t l3d_cuk_encoder_backward_wte_bytes(int64_t BT, int64_t vocab_count) {
+    size_t a = 0, b = 0, c = 0;
+    int n = (int)BT;
+    int32_t *z = NULL;
+    cub::DeviceRadixSort::SortPairs(NULL, a, z, z, z, z, n, 0, enc_bits(vocab_count));
+    cub::DeviceRunLengthEncode::Encode(NULL, b, z, z, z, z, n);
+    cub::DeviceScan::ExclusiveSum(NULL, c, z, z, n);
+    size_t m = a > b ? a : b;
+    return enc_arrays(BT) + (m > c ? m : c);
+}
+
+#define CUB_OK(call)                    \
+    do {                                \
+        if ((call) != cudaSuccess) return #call; \
+    } while (0)
+
+const char *l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
+                                         const int32_t *tokens, int64_t vocab_start,
+                                         int64_t vocab_count, int64_t BT, int64_t C, void *work,
+                                         size_t work_bytes, void *stream) {
+    if (BT == 0 || C == 0) return NULL;
+    int32_t *keys = (int32_t *)work, *pos = keys + BT, *skeys = pos + BT, *order = skeys + BT;
+    int32_t *uniq = order + BT, *cnt = uniq + BT, *off = cnt + BT, *nruns = off + BT;
+    void *tmp = (char *)work + enc_arrays(BT);
+    size_t tb = work_bytes - enc_arrays(BT);
+    cudaStream_t s = ST(stream);
+    int n = (int)BT;
+    struct l3d_cuda_launch L = l3d_cuda_launch_1d(BT, 256, kMaxBlocks);
+    encoder_keys_k<<<L.blocks, L.threads, 0, s>>>(keys, pos, tokens, vocab_start, vocab_count, BT);
+    CUB_OK(cudaGetLastError());
+    CUB_OK(cub::DeviceRadixSort::SortPairs(tmp, tb, keys, skeys, pos, order, n, 0,
+                                           enc_bits(vocab_count), s));
+    /* counts past the runs stay 0, so the scan over all n never sums garbage */
+    CUB_OK(cudaMemsetAsync(cnt, 0, (size_t)BT * sizeof *cnt, s));
+    CUB_OK(cub::DeviceRunLengthEncode::Encode(tmp, tb, skeys, uniq, cnt, nruns, n, s));
+    CUB_OK(cub::DeviceScan::ExclusiveSum(tmp, tb, cnt, off, n, s));
+    dim3 grid((unsigned)BT, (unsigned)((C + 127) / 128));
+    DISPATCH_G(dt, gdt, (encoder_backward_wte_k<T, G><<<grid, 128, 0, s>>>(
+                            (G *)dwte, (const T *)dout, uniq, cnt, off, order, nruns,
+                            vocab_count, C)));
+    return NULL;
 }
 
 void l3d_cuk_encoder_backward_wpe(int dt, int gdt, void *dwpe, const void *dout, int64_t B,

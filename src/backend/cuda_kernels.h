@@ -39,11 +39,14 @@ enum l3d_cuk_type { L3D_CUK_F32, L3D_CUK_BF16, L3D_CUK_F16 };
 void l3d_cuk_encoder_forward(int dt, void *out, const int32_t *tokens, const void *wte,
                              const void *wpe, int64_t vocab_start, int64_t vocab_count, int64_t B,
                              int64_t T, int64_t C, void *stream);
-/* dwte rows of the tokens in range: uniq (nu) the distinct in-range token rows, order (rows of
- * dout, grouped by token, positions ascending) from off[u] to off[u + 1]: host-built (cuda.c) */
-void l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
-                                  const int32_t *uniq, const int32_t *off, const int32_t *order,
-                                  int64_t nu, int64_t C, void *stream);
+/* dwte rows of the tokens in range, grouped on the device (no copy to the host): work is
+ * l3d_cuk_encoder_backward_wte_bytes(BT, vocab_count) bytes of device scratch, 256-byte aligned.
+ * Returns NULL, or the CUDA call that failed. BT < 2^31 (CUB's counts are int). */
+size_t l3d_cuk_encoder_backward_wte_bytes(int64_t BT, int64_t vocab_count);
+const char *l3d_cuk_encoder_backward_wte(int dt, int gdt, void *dwte, const void *dout,
+                                         const int32_t *tokens, int64_t vocab_start,
+                                         int64_t vocab_count, int64_t BT, int64_t C, void *work,
+                                         size_t work_bytes, void *stream);
 void l3d_cuk_encoder_backward_wpe(int dt, int gdt, void *dwpe, const void *dout, int64_t B,
                                   int64_t T, int64_t C, void *stream);
 void l3d_cuk_layernorm_forward(int dt, void *out, float *mean, float *rstd, const void *inp,

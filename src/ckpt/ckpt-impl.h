@@ -82,6 +82,9 @@ l3d_status l3d_ckpt_read_device(const char *path, int64_t off, struct l3d_backen
 l3d_status l3d_ckpt_fsync_path(const char *path);
 /* text to path atomically: path.tmp, fsync, rename, fsync of the directory dir. */
 l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *dir, const char *text);
+/* A whole text file (at most 64 MiB; what names it in errors), NUL-terminated, into *text
+ * (l3d_free it) and its length. */
+l3d_status l3d_ckpt_read_text(const char *path, const char *what, char **text, size_t *len);
 /* Removes a directory of plain files (a step or temporary directory; nothing nested). */
 void l3d_ckpt_remove_dir(const char *path);
 

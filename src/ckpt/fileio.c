@@ -233,3 +233,25 @@ l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
     free(text);
     return st;
 }
+
+/* ---- text files ------------------------------------------------------------------------------ */
+
+l3d_status l3d_ckpt_read_text(const char *path, const char *what, char **text, size_t *len) {
+    FILE *f;
+    int64_t size;
+    l3d_status st = l3d_fopen_regular(path, what, &f, &size);
+    if (st != L3D_OK) return st;
+    if (size > ((int64_t)64 << 20)) {
+        fclose(f);
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, more than a %s holds (64 MiB at most)",
+                         path, (long long)size, what);
+    }
+    *text = l3d_alloc((size_t)size + 1, what);
+    *len = fread(*text, 1, (size_t)size, f);
+    fclose(f);
+    (*text)[*len] = '\0';
+    if (*len == (size_t)size) return L3D_OK;
+    l3d_free(*text);
+    *text = NULL;
+    return l3d_error(L3D_ERR_IO, "%s: cannot read its %lld bytes", path, (long long)size);
+}

@@ -23,6 +23,58 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
+/* Header words 8-25 of an architecture file: the fields of the model spec beyond GPT-2's sizes;
+ * reals as their bits (floats one word, doubles two). */
+enum { ARCH_WORD = 8, ARCH_WORDS = 18 };
+
+static void put_double(int32_t *w, double x) { memcpy(w, &x, sizeof x); }
+static double get_double(const int32_t *w) {
+    double x;
+    memcpy(&x, w, sizeof x);
+    return x;
+}
+
+static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
+    w[0] = (int32_t)c->arch;
+    w[1] = l3d_model_kv_heads(c);
+    w[2] = (int32_t)c->norm;
+    w[3] = (int32_t)c->mlp;
+    w[4] = (int32_t)c->pos;
+    w[5] = c->no_bias;
+    w[6] = c->untied;
+    w[7] = (int32_t)c->ffn;
+    memcpy(&w[8], &c->norm_eps, sizeof(float));
+    put_double(&w[9], c->rope.theta);
+    put_double(&w[11], c->rope.factor);
+    put_double(&w[13], c->rope.low_freq_factor);
+    put_double(&w[15], c->rope.high_freq_factor);
+    w[17] = c->rope.original_context;
+}
+
+/* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
+static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3d_model_spec *c) {
+    for (int i = 0; i < 7; i++)
+        if (w[i] < 0 || w[i] > 1 + (i == 1 ? 1 << 20 : 0))
+            return l3d_error(L3D_ERR_FORMAT, "%s: architecture word %d holds %d, not a value "
+                             "llm3d writes: the file is damaged or from a newer llm3d", path,
+                             ARCH_WORD + i, w[i]);
+    c->arch = w[0] ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2;
+    c->NKV = w[1];
+    c->norm = w[2] ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
+    c->mlp = w[3] ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
+    c->pos = w[4] ? L3D_POS_ROPE : L3D_POS_LEARNED;
+    c->no_bias = w[5];
+    c->untied = w[6];
+    c->ffn = w[7];
+    memcpy(&c->norm_eps, &w[8], sizeof(float));
+    c->rope.theta = get_double(&w[9]);
+    c->rope.factor = get_double(&w[11]);
+    c->rope.low_freq_factor = get_double(&w[13]);
+    c->rope.high_freq_factor = get_double(&w[15]);
+    c->rope.original_context = w[17];
+    return L3D_OK;
+}
+
 /* Writes the file from fp32 params: device memory of be, or host memory when be is NULL; as
  * version 5 (bf16) when dt is L3D_BF16. */
 static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
@@ -51,7 +103,10 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
     }
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
-    hdr[1] = bf16 ? L3D_LLMC_VERSION_BF16 : L3D_LLMC_VERSION_FP32;
+    const bool arch = !l3d_model_is_gpt2(cfg);
+    hdr[1] = bf16 ? (arch ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_BF16)
+                  : (arch ? L3D_LLMC_VERSION_ARCH_FP32 : L3D_LLMC_VERSION_FP32);
+    if (arch) arch_to_header(cfg, &hdr[ARCH_WORD]);
     hdr[2] = cfg->maxT;
     hdr[3] = cfg->V;
     hdr[4] = cfg->L;
@@ -115,9 +170,10 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     if (hdr[0] != L3D_LLMC_MAGIC)
         return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
                          path, hdr[0], L3D_LLMC_MAGIC);
-    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16)
+    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16 &&
+        hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 && hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
         return l3d_error(L3D_ERR_FORMAT, "%s: version %d; llm3d reads version 3 (fp32) and 5 "
-                         "(bf16)", path, hdr[1]);
+                         "(bf16), and its own 1003 and 1005 (other architectures)", path, hdr[1]);
     return L3D_OK;
 }
 
@@ -128,9 +184,14 @@ static l3d_status read_config(FILE *f, const char *path, int64_t size,
     int32_t hdr[256];
     l3d_status st = read_header(f, path, hdr);
     if (st != L3D_OK) return st;
-    *es = hdr[1] == L3D_LLMC_VERSION_BF16 ? 2 : 4; /* bytes a parameter in the file */
+    bool bf16 = hdr[1] == L3D_LLMC_VERSION_BF16 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16;
+    *es = bf16 ? 2 : 4; /* bytes a parameter in the file */
     *cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
                                    .C = hdr[6]};
+    if (hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16) {
+        st = arch_from_header(&hdr[ARCH_WORD], path, cfg);
+        if (st != L3D_OK) return st;
+    }
     st = l3d_gpt_config_finish(cfg);
     if (st != L3D_OK) return l3d_error(L3D_ERR_FORMAT, "%s: %s", path, l3d_error_message());
     if (cfg->Vp != hdr[7])
@@ -161,29 +222,97 @@ l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cf
     return read_llmc_config(path, cfg, &es);
 }
 
-l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
-    L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
+/* The file's parameters after its header: n_full of them, read cap bytes at a time into buf and
+ * copied to the device at dev (of be), or, with be NULL, into buf whole (cap: all of them). Every
+ * parameter is checked finite. */
+static l3d_status read_body(const char *path, FILE *f, size_t fes, int64_t n_full, void *buf,
+                            size_t cap, struct l3d_backend *be, void *dev) {
+    const size_t es = sizeof(float), nb = (size_t)n_full * es;
+    fseek(f, HEADER_BYTES, SEEK_SET);
+    size_t got = 0;
+    int64_t bad = 0, first_bad = -1; /* parameters that are NaN or infinite */
+    for (size_t k; got < nb; got += k) {
+        k = nb - got < cap ? nb - got : cap;
+        char *at = be ? buf : (char *)buf + got;
+        if (fes == 2) { /* bf16: the chunk's halves read into a staging buffer, widened */
+            uint16_t *h = l3d_try_alloc(k / 2 + 2, "bf16 staging");
+            size_t ok = h ? fread(h, 2, k / 4, f) : 0;
+            float *x = (float *)(void *)at;
+            for (size_t i = 0; i < ok; i++) x[i] = l3d_bf16_to_f32(h[i]);
+            l3d_free(h);
+            if (ok != k / 4) break;
+        } else if (fread(at, 1, k, f) != k) {
+            break;
+        }
+        for (size_t i = 0; i < k / es; i++)
+            if (!isfinite(((const float *)(void *)at)[i]) && bad++ == 0)
+                first_bad = (int64_t)(got / es + i);
+        if (be) {
+            l3d_be_copy_h2d(be, (char *)dev + got, buf, k);
+            l3d_be_sync(be); /* the copy may read buf until then */
+        }
+    }
+    if (got != nb)
+        return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got / es,
+                         (long long)n_full);
+    if (bad)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld of its %lld parameters are not finite (NaN or "
+                         "infinite; the first is parameter %lld): the file is damaged or its run "
+                         "diverged; use another checkpoint", path, (long long)bad,
+                         (long long)n_full, (long long)first_bad);
+    return L3D_OK;
+}
+
+/* Opens path for its parameters: its header must describe the model `want` and its
+ * size what the header says. */
+static l3d_status open_body(const char *path, const struct l3d_model_spec *want, FILE **f,
+                            size_t *fes) {
     struct l3d_model_spec cfg;
-    size_t fes; /* the file's bytes a parameter: 4, or 2 (bf16) */
-    l3d_status st = read_llmc_config(path, &cfg, &fes);
+    l3d_status st = read_llmc_config(path, &cfg, fes);
     if (st != L3D_OK) return st;
-    if (cfg.L != m->cfg.L || cfg.C != m->cfg.C || cfg.NH != m->cfg.NH || cfg.V != m->cfg.V ||
-        cfg.maxT != m->cfg.maxT)
+    if (cfg.L != want->L || cfg.C != want->C || cfg.NH != want->NH || cfg.V != want->V ||
+        cfg.maxT != want->maxT)
         return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
                          "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
-                         cfg.maxT, m->cfg.L, m->cfg.C, m->cfg.NH, m->cfg.V, m->cfg.maxT);
-    FILE *f;
+                         cfg.maxT, want->L, want->C, want->NH, want->V, want->maxT);
+    if (!l3d_model_same(&cfg, want))
+        return l3d_error(L3D_ERR_FORMAT, "%s holds a %s model (%d key/value heads, MLP width "
+                         "%lld) of these sizes, not the configured %s (%d, %lld): give the "
+                         "architecture flags it was trained with", path, l3d_arch_name(cfg.arch),
+                         l3d_model_kv_heads(&cfg), (long long)cfg.ffn, l3d_arch_name(want->arch),
+                         l3d_model_kv_heads(want), (long long)want->ffn);
     int64_t size;
-    st = l3d_fopen_regular(path, "checkpoint", &f, &size);
+    st = l3d_fopen_regular(path, "checkpoint", f, &size);
+    if (st != L3D_OK) return st;
+    int64_t want_bytes = HEADER_BYTES + l3d_gpt_param_count(want) * (int64_t)*fes;
+    if (size != want_bytes) { /* the file changed since its header was read */
+        fclose(*f);
+        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
+                         "or damaged", path, (long long)size, (long long)want_bytes);
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_read_llmc_full(const char *path, const struct l3d_model_spec *cfg,
+                                   float *full) {
+    FILE *f;
+    size_t fes;
+    l3d_status st = open_body(path, cfg, &f, &fes);
+    if (st != L3D_OK) return st;
+    int64_t n = l3d_gpt_param_count(cfg);
+    st = read_body(path, f, fes, n, full, (size_t)n * sizeof(float), NULL, NULL);
+    fclose(f);
+    return st;
+}
+
+l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
+    L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
+    FILE *f;
+    size_t fes; /* the file's bytes a parameter: 4, or 2 (bf16) */
+    l3d_status st = open_body(path, &m->cfg, &f, &fes);
     if (st != L3D_OK) return st;
     int64_t n_full = l3d_gpt_param_count(&m->cfg);
-    const size_t es = l3d_dtype_size(L3D_F32), nb = (size_t)n_full * es;
-    int64_t want = HEADER_BYTES + n_full * (int64_t)fes;
-    if (size != want) { /* the file changed since its header was read */
-        fclose(f);
-        return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes, expected %lld for this model: truncated "
-                         "or damaged", path, (long long)size, (long long)want);
-    }
+    const size_t es = sizeof(float), nb = (size_t)n_full * es;
     /* the full shard streams through the staging buffer; a shard (tensor- or pipeline-parallel
      * rank) reads the whole file on the host, keeps its slice and copies that */
     bool full = is_full_shard(m);
@@ -197,40 +326,14 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
         return l3d_error(L3D_ERR_OOM, "%s: no memory to read the %lld parameters", path,
                          (long long)n_full);
     }
-    fseek(f, HEADER_BYTES, SEEK_SET);
-    size_t got = 0;
-    int64_t bad = 0, first_bad = -1; /* parameters that are NaN or infinite */
-    for (size_t k; got < nb; got += k) {
-        k = nb - got < cap ? nb - got : cap;
-        if (fes == 2) { /* bf16: the chunk's halves read into the upper half of buf, widened */
-            uint16_t *h = (uint16_t *)((char *)buf + k / 2);
-            if (fread(h, 2, k / 4, f) != k / 4) break;
-            float *x = buf;
-            for (size_t i = 0; i < k / 4; i++) x[i] = l3d_bf16_to_f32(h[i]);
-        } else if (fread(buf, 1, k, f) != k) {
-            break;
-        }
-        for (size_t i = 0; i < k / es; i++)
-            if (!isfinite(((const float *)buf)[i]) && bad++ == 0)
-                first_bad = (int64_t)(got / es + i);
-        if (full) l3d_be_copy_h2d(m->be, (char *)m->params + got, buf, k);
-        l3d_be_sync(m->be); /* the copy may read buf until then */
-    }
+    st = read_body(path, f, fes, n_full, buf, cap, full ? m->be : NULL, m->params);
     fclose(f);
-    if (got == nb && !full) {
+    if (st == L3D_OK && !full) {
         l3d_gpt_full_to_shard(&m->cfg, &m->shard, buf, mine);
         l3d_be_copy_h2d(m->be, m->params, mine, (size_t)m->num_params * es);
         l3d_be_sync(m->be);
     }
     l3d_free(mine);
     l3d_free(buf);
-    if (got != nb)
-        return l3d_error(L3D_ERR_IO, "%s: read %zu of %lld parameters", path, got / es,
-                         (long long)n_full);
-    if (bad)
-        return l3d_error(L3D_ERR_FORMAT, "%s: %lld of its %lld parameters are not finite (NaN or "
-                         "infinite; the first is parameter %lld): the file is damaged or its run "
-                         "diverged; use another checkpoint", path, (long long)bad,
-                         (long long)n_full, (long long)first_bad);
-    return L3D_OK;
+    return st;
 }

@@ -12,8 +12,7 @@
 #include "llm3d/ckpt.h"
 
 static bool same_config(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
-    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
-           a->maxT == b->maxT;
+    return l3d_model_same(a, b); /* sizes and architecture */
 }
 
 static bool same_shard(const struct l3d_shard *a, const struct l3d_shard *b) {
@@ -332,10 +331,12 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
     bool parsed = st == L3D_OK;
     const struct l3d_model_spec *a = &mf.cfg, *b = &m[0]->cfg;
     if (st == L3D_OK && !same_config(a, b))
-        st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d, not the "
-                       "configured L=%d C=%d NH=%d V=%d context=%d: give the model flags it was "
-                       "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT, b->L, b->C,
-                       b->NH, b->V, b->maxT);
+        st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d (%s, "
+                       "%d key/value heads, MLP %lld), not the configured L=%d C=%d NH=%d V=%d "
+                       "context=%d (%s, %d, %lld): give the model flags it was trained with",
+                       mf.path, a->L, a->C, a->NH, a->V, a->maxT, l3d_arch_name(a->arch),
+                       l3d_model_kv_heads(a), (long long)a->ffn, b->L, b->C, b->NH, b->V,
+                       b->maxT, l3d_arch_name(b->arch), l3d_model_kv_heads(b), (long long)b->ffn);
     if (st == L3D_OK)
         st = check_dtypes(&mf, l3d_ckpt_params_dtype(m[0]), L3D_CKPT_MOMENTS_DTYPE,
                           "this run keeps",
@@ -444,25 +445,35 @@ l3d_status l3d_ckpt_export_llmc(const char *dir, const char *path) {
     return l3d_ckpt_export_llmc_dt(dir, path, L3D_F32);
 }
 
-l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
-    struct l3d_model_spec cfg;
+l3d_status l3d_ckpt_read_full(const char *dir, struct l3d_model_spec *cfg, float **out) {
     int64_t step;
-    l3d_status st = l3d_ckpt_read_config(dir, &cfg, &step);
+    *out = NULL;
+    l3d_status st = l3d_ckpt_read_config(dir, cfg, &step);
     if (st != L3D_OK) return st;
     struct l3d_ckpt_manifest mf;
     if ((st = l3d_ckpt_manifest_read(dir, &mf)) != L3D_OK) return st;
-    st = check_dtypes(&mf, L3D_F32, mf.mdt, "an llm.c file holds",
+    st = check_dtypes(&mf, L3D_F32, mf.mdt, "a model file holds",
                       "llm3d convert reads checkpoints with fp32 parameters only");
     if (st == L3D_OK) st = l3d_ckpt_manifest_check_layout(&mf);
-    int64_t N = l3d_gpt_param_count(&cfg), bytes = 0;
+    int64_t N = l3d_gpt_param_count(cfg), bytes = 0;
     if (st == L3D_OK) st = check_files(&mf, 0, 1, NULL, 0, &bytes);
     float *full = st == L3D_OK ? alloc_nan(N, "full model") : NULL;
     if (st == L3D_OK && !full) st = no_memory(&mf, N, "convert on a machine with more memory");
     if (st == L3D_OK) st = assemble_full(&mf, 0, full, &bytes);
     if (st == L3D_OK) st = check_no_nan(&mf, full, N, "parameter");
-    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params_dt(path, &cfg, full, N, dt);
-    l3d_free(full);
     l3d_ckpt_manifest_free(&mf);
+    if (st == L3D_OK) *out = full;
+    else l3d_free(full);
+    return st;
+}
+
+l3d_status l3d_ckpt_export_llmc_dt(const char *dir, const char *path, enum l3d_dtype dt) {
+    struct l3d_model_spec cfg;
+    float *full;
+    l3d_status st = l3d_ckpt_read_full(dir, &cfg, &full);
+    if (st == L3D_OK) st = l3d_ckpt_save_llmc_params_dt(path, &cfg, full,
+                                                        l3d_gpt_param_count(&cfg), dt);
+    l3d_free(full);
     return st;
 }
 

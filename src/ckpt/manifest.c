@@ -34,6 +34,13 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
     OUT("step %lld\n", (long long)s->step);
     if (s->run_id) OUT("run %016" PRIx64 "\n", s->run_id);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
+    if (!l3d_model_is_gpt2(c)) /* GPT-2's manifests stay as they were */
+        OUT("arch family %s kv_heads %d rmsnorm %d eps %a swiglu %d ffn %lld rope %d theta %a "
+            "factor %a low %a high %a original %d no_bias %d untied %d\n", l3d_arch_name(c->arch),
+            l3d_model_kv_heads(c), c->norm == L3D_NORM_RMSNORM, (double)c->norm_eps,
+            c->mlp == L3D_MLP_SWIGLU, (long long)c->ffn, c->pos == L3D_POS_ROPE, c->rope.theta,
+            c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
+            c->rope.original_context, c->no_bias, c->untied);
     OUT("dtype params %s moments %s\n", l3d_dtype_name(pdt), l3d_dtype_name(mdt));
     OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->layout.tp,
         lay->layout.pp, lay->layout.dp, lay->layout.zero, lay->layout.sp ? 1 : 0, nc);
@@ -236,6 +243,37 @@ static void rec_model(struct parser *p) {
                           "damaged", mf->path, p->line, mf->cfg.L, mf->cfg.C, mf->cfg.NH,
                           mf->cfg.V, mf->cfg.Vp, mf->cfg.maxT,
                           c.Vp != mf->cfg.Vp ? "Vp is not V padded" : l3d_error_message());
+    if (p->st == L3D_OK) mf->cfg = c;
+}
+
+/* "arch family F kv_heads ... untied U": a model other than GPT-2 (after its `model` record) */
+static void rec_arch(struct parser *p) {
+    struct l3d_ckpt_manifest *mf = p->mf;
+    struct l3d_model_spec *c = &mf->cfg;
+    const char *fam = field(p, "family");
+    if (p->st != L3D_OK) return;
+    if (!mf->cfg.L) {
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: 'arch' before 'model': the manifest is "
+                          "damaged", mf->path, p->line);
+        return;
+    }
+    if (!l3d_arch_parse(fam, &c->arch)) bad_value(p, "family", fam, "is not gpt2 or llama");
+    c->NKV = get_int(p, "kv_heads", 1, FIELD_MAX);
+    c->norm = get_flag(p, "rmsnorm") ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
+    c->norm_eps = get_f32(p, "eps", 1e-30, 1.0);
+    c->mlp = get_flag(p, "swiglu") ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
+    c->ffn = get_i64(p, "ffn", 1, FIELD_MAX);
+    c->pos = get_flag(p, "rope") ? L3D_POS_ROPE : L3D_POS_LEARNED;
+    c->rope.theta = get_real(p, "theta", 0.0, 1e300, false);
+    c->rope.factor = get_real(p, "factor", 0.0, 1e300, false);
+    c->rope.low_freq_factor = get_real(p, "low", 0.0, 1e300, false);
+    c->rope.high_freq_factor = get_real(p, "high", 0.0, 1e300, false);
+    c->rope.original_context = get_int(p, "original", 0, FIELD_MAX);
+    c->no_bias = get_flag(p, "no_bias");
+    c->untied = get_flag(p, "untied");
+    if (p->st == L3D_OK && l3d_gpt_config_finish(c) != L3D_OK)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: the architecture is not a valid model "
+                          "(%s): the manifest is damaged", mf->path, p->line, l3d_error_message());
 }
 
 /* "dtype params T moments T" (format 3 on) */
@@ -414,6 +452,7 @@ static const struct record {
     {"step", 1, 1, 2, false, rec_step},
     {"run", 1, 0, 2, false, rec_run},
     {"model", 1, 1, 0, false, rec_model},
+    {"arch", L3D_CKPT_FORMAT, 0, 0, false, rec_arch},
     {"dtype", L3D_CKPT_FORMAT_DTYPES, L3D_CKPT_FORMAT_DTYPES, 0, false, rec_dtype},
     {"layout", 1, 1, 0, false, rec_layout},
     {"data", 1, 1, 0, false, rec_data},
@@ -555,14 +594,15 @@ l3d_status l3d_ckpt_manifest_check_layout(const struct l3d_ckpt_manifest *mf) {
                          "make its world of %d ranks",
                          mf->path, l->layout.tp, l->layout.pp, l->layout.dp, l->layout.zero,
                          l->world);
-    if (c->NH % l->layout.tp != 0 || (4 * (int64_t)c->C) % l->layout.tp != 0 ||
+    if (c->NH % l->layout.tp != 0 || c->ffn % l->layout.tp != 0 ||
+        l3d_model_kv_heads(c) % l->layout.tp != 0 ||
         c->Vp % l->layout.tp != 0 || (int64_t)l->layout.pp * mf->nc > c->L)
         return l3d_error(L3D_ERR_LAYOUT,
                          "%s: layout tp %d x pp %d is impossible for the model "
-                         "with %d chunk(s) per rank (NH=%d heads, 4C=%d FFN columns, Vp=%d, L=%d "
-                         "layers): the checkpoint is damaged",
-                         mf->path, l->layout.tp, l->layout.pp, mf->nc, c->NH, 4 * c->C, c->Vp,
-                         c->L);
+                         "with %d chunk(s) per rank (NH=%d heads, %d key/value heads, %lld FFN "
+                         "columns, Vp=%d, L=%d layers): the checkpoint is damaged",
+                         mf->path, l->layout.tp, l->layout.pp, mf->nc, c->NH,
+                         l3d_model_kv_heads(c), (long long)c->ffn, c->Vp, c->L);
     /* every (layer, head) slice must be held by some piece's parameters */
     bool *held = calloc((size_t)c->L * (size_t)c->NH, 1);
     if (!held)

@@ -121,3 +121,12 @@ int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const cha
     fprintf(stderr, "llm3d %s: --%s '%s': choose %s\n", cmd, flag, val, choices);
     return 0;
 }
+
+int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out) {
+    static const char *const names[] = {"fp32", "bf16", "fp16"};
+    static const enum l3d_dtype types[] = {L3D_F32, L3D_BF16, L3D_F16};
+    int k = 0;
+    if (!l3d_arg_choice(cmd, "save-dtype", val, names, 3, &k, "fp32, bf16 or fp16")) return 0;
+    *out = types[k];
+    return 1;
+}

@@ -12,6 +12,18 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "llm3d/core.h"
+
+/* Every form --tokenizer SPEC takes (l3d_tokenizer_open), for the --help of prepare, tokenizer,
+ * generate and inspect (l3d_flags_help wraps it). */
+#define L3D_TOKENIZER_SPEC_HELP                                                                    \
+    "bytes: one token per byte value (vocabulary 256). gpt2, cl100k_base, o200k_base, llama3: "   \
+    "the named vocabularies `bash scripts/setup.sh --tokenizers` installs. A directory holding "  \
+    "tokenizer.json (Hugging Face's byte-level BPE, as GPT-2, Llama 3 and Qwen2 write it) or "    \
+    "encoder.json + vocab.bpe (GPT-2's files, as llm3d tokenizer train writes them). A .json "    \
+    "file: a tokenizer.json. A tiktoken rank file (cl100k_base, o200k_base or Llama 3's "          \
+    "tokenizer.model). llm.c's tokenizer file (gpt2_tokenizer.bin: decoding only)"
+
 /* llm3d prepare --tokenizer SPEC --out DIR [--val-fraction F] [--shard-tokens N]
  * [--doc-separator LINE] FILE... (src/cli/prepare.c) */
 int l3d_cli_prepare(int argc, char **argv);
@@ -76,6 +88,8 @@ int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *ou
  * <choices>". */
 int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const char *const *names,
                    int n, int *out, const char *choices);
+/* --save-dtype: fp32, bf16 or fp16, the types a Hugging Face folder is written in. */
+int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out);
 
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:
@@ -120,11 +134,15 @@ void l3d_flags_unexpected(const char *cmd, const char *arg);
 /* The run spec's flags (model, layout and batch, precision): the same names, values and checks
  * in train, bench and plan. */
 struct l3d_run_spec;
+struct l3d_model_spec;
 struct l3d_spec_ctx;
 struct l3d_cli_spec {
     struct l3d_run_spec *spec; /* where the values go; holds the command's defaults */
     const char *preset;        /* --model */
     int L, C, NH, V, maxT, ffn; /* explicit sizes; 0: not given */
+    int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
+    double rope_theta;         /* 0: not given */
+    float norm_eps;            /* 0: not given */
     unsigned long long given;  /* a bit for each flag given */
 };
 void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec);
@@ -135,6 +153,9 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
 /* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
  * status after one line. */
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
+/* The architecture flags given (--arch, --kv-heads, --ffn, --rope-theta, --norm-eps) applied to m
+ * (unfinished: l3d_gpt_config_finish follows). */
+void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
  * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
 int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);

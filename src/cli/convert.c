@@ -1,72 +1,134 @@
-/* llm3d convert: a training checkpoint's weights as one llm.c GPT-2 file (include/llm3d/ckpt.h). */
+/* llm3d convert: a model between its files: a training checkpoint, an llm.c GPT-2 file and a
+ * Hugging Face folder in; an llm.c file or a Hugging Face folder out (include/llm3d/ckpt.h,
+ * include/llm3d/hf.h). */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/hf.h"
 #include "llm3d/spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: llm3d convert CHECKPOINT OUT.bin [--precision fp32|bf16]\n"
+        "usage: llm3d convert SOURCE DEST [--precision fp32|bf16|fp16] [--save-shard-mb M]\n"
         "\n"
-        "Writes the weights of CHECKPOINT (a step directory of llm3d train --save-every, or a\n"
-        "checkpoint directory, whose `latest` is used), saved under any layout and precision, as\n"
-        "one llm.c GPT-2 checkpoint (magic 20240326). llm.c's train_gpt2 and llm3d generate read\n"
-        "it. The other way, an llm.c checkpoint (either version) starts an llm3d run with train\n"
-        "--init-from FILE.\n"
+        "Writes the weights of SOURCE as DEST. SOURCE: a training checkpoint (a step directory\n"
+        "of llm3d train --save-every, or a checkpoint directory, whose `latest` is used) saved\n"
+        "under any layout and precision; an llm.c GPT-2 file (either version); or a Hugging Face\n"
+        "folder (config.json + model.safetensors or its index; gpt2 or llama). DEST: a path\n"
+        "ending in .bin is one llm.c GPT-2 checkpoint (magic 20240326), which llm.c's\n"
+        "train_gpt2 and llm3d generate read; any other path is a Hugging Face folder\n"
+        "(config.json + model.safetensors, sharded with an index above --save-shard-mb), which\n"
+        "transformers' from_pretrained and llm3d --init-from read.\n"
         "\n");
 }
 
-enum { C_PREC };
+enum { C_PREC, C_SHARD };
+
+struct convert_opts {
+    enum l3d_dtype dt;
+    int64_t shard_bytes;
+};
 
 static const struct l3d_flag convert_flags[] = {
-    {"precision", "P", C_PREC, "fp32 (default): llm.c version 3; bf16: version 5, llm.c's bf16 "
-                               "file (the fp32 master weights rounded to nearest even). llm.c "
-                               "has no fp16 file"},
+    {"precision", "P", C_PREC, "fp32 (default); bf16 (llm.c: version 5, its bf16 file; "
+                               "safetensors BF16), the fp32 weights rounded to nearest even; "
+                               "fp16 (safetensors F16 only: llm.c has no fp16 file)"},
+    {"save-shard-mb", "M", C_SHARD, "a Hugging Face folder's weights above M MiB go to several "
+                                    "files and an index (4096)"},
     {NULL, NULL, 0, NULL},
 };
 
 static int set_convert(void *ctx, const char *cmd, int id, const char *v) {
-    enum l3d_dtype *dt = ctx;
+    struct convert_opts *o = ctx;
+    if (id == C_SHARD) {
+        double mb = 0;
+        if (!l3d_arg_double(cmd, "save-shard-mb", v, 1e-6, 1 << 30, &mb)) return 0;
+        o->shard_bytes = (int64_t)(mb * 1048576.0);
+        return 1;
+    }
     struct l3d_precision p = {0};
-    if (id != C_PREC) return 0;
     if (l3d_precision_parse(v, &p) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 0;
     }
-    if (p.param == L3D_F16) {
-        fprintf(stderr, "llm3d %s: --precision fp16: llm.c's checkpoint files hold fp32 (version "
-                "3) or bf16 (version 5), not fp16: give --precision fp32 or bf16\n", cmd);
-        return 0;
-    }
-    *dt = p.param;
+    o->dt = p.param;
     return 1;
 }
 
+/* SOURCE's config and full fp32 weights (l3d_free them); *what says which kind it was. */
+static l3d_status read_source(const char *src, struct l3d_model_spec *cfg, float **full,
+                              const char **what, char *dir, size_t cap) {
+    struct stat sb;
+    l3d_status st;
+    *full = NULL;
+    snprintf(dir, cap, "%s", src);
+    if (l3d_hf_is_folder(src)) {
+        *what = "Hugging Face folder";
+        st = l3d_hf_config_read(src, cfg);
+        if (st != L3D_OK) return st;
+        *full = l3d_try_alloc((size_t)l3d_gpt_param_count(cfg) * sizeof(float), "model");
+        if (!*full) return l3d_error(L3D_ERR_OOM, "%s: no memory for its weights", src);
+        return l3d_hf_load(src, cfg, *full);
+    }
+    if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        *what = "llm.c file";
+        st = l3d_ckpt_read_llmc_config(src, cfg);
+        if (st != L3D_OK) return st;
+        *full = l3d_try_alloc((size_t)l3d_gpt_param_count(cfg) * sizeof(float), "model");
+        if (!*full) return l3d_error(L3D_ERR_OOM, "%s: no memory for its weights", src);
+        return l3d_ckpt_read_llmc_full(src, cfg, *full);
+    }
+    *what = "training checkpoint";
+    st = l3d_ckpt_resolve(src, NULL, dir, cap);
+    return st == L3D_OK ? l3d_ckpt_read_full(dir, cfg, full) : st;
+}
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
 int l3d_cli_convert(int argc, char **argv) {
-    enum l3d_dtype dt = L3D_F32;
-    const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &dt};
+    struct convert_opts o = {L3D_F32, 0};
+    const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &o};
     int first = 0;
     int rc = l3d_flags_parse("convert", argc, argv, &g, 1, usage, &first);
     if (rc >= 0) return rc;
     if (argc - first != 2) {
-        fprintf(stderr, "llm3d convert: give a checkpoint and an output file (see --help)\n");
+        fprintf(stderr, "llm3d convert: give a source and a destination (see --help)\n");
         return 2;
     }
-    const char *src = argv[first], *dst = argv[first + 1];
-    char dir[4096];
-    l3d_status st = l3d_ckpt_resolve(src, NULL, dir, sizeof dir);
+    const char *src = argv[first], *dst = argv[first + 1], *what = "";
+    const bool llmc = ends_with(dst, ".bin");
+    if (llmc && o.dt == L3D_F16) {
+        fprintf(stderr, "llm3d convert: --precision fp16: llm.c's checkpoint files hold fp32 "
+                "(version 3) or bf16 (version 5), not fp16: give --precision fp32 or bf16, or a "
+                "folder (not *.bin) for safetensors F16\n");
+        return 2;
+    }
     struct l3d_model_spec cfg;
-    int64_t step = 0;
-    if (st == L3D_OK) st = l3d_ckpt_read_config(dir, &cfg, &step);
-    if (st == L3D_OK) st = l3d_ckpt_export_llmc_dt(dir, dst, dt);
+    float *full = NULL;
+    char dir[4096];
+    l3d_status st = read_source(src, &cfg, &full, &what, dir, sizeof dir);
+    if (st == L3D_OK && llmc)
+        st = l3d_ckpt_save_llmc_params_dt(dst, &cfg, full, l3d_gpt_param_count(&cfg), o.dt);
+    else if (st == L3D_OK)
+        st = l3d_hf_save(dst, &cfg, full, o.dt, o.shard_bytes > 0 ? o.shard_bytes
+                                                                 : L3D_HF_SHARD_BYTES);
+    l3d_free(full);
     if (st != L3D_OK) {
         fprintf(stderr, "llm3d convert: %s\n", l3d_error_message());
         return 1;
     }
-    printf("%s: step %lld, L=%d C=%d NH=%d V=%d context=%d -> %s (llm.c %s)\n", dir,
-           (long long)step, cfg.L, cfg.C, cfg.NH, cfg.V, cfg.maxT, dst,
-           dt == L3D_BF16 ? "bf16, version 5" : "fp32, version 3");
+    char ver[40];
+    snprintf(ver, sizeof ver, "%s, version %d", o.dt == L3D_BF16 ? "bf16" : "fp32",
+             l3d_model_is_gpt2(&cfg) ? (o.dt == L3D_BF16 ? 5 : 3)
+                                     : (o.dt == L3D_BF16 ? 1005 : 1003));
+    printf("%s (%s): L=%d C=%d NH=%d V=%d context=%d -> %s (%s %s)\n", dir, what, cfg.L, cfg.C,
+           cfg.NH, cfg.V, cfg.maxT, dst, llmc ? "llm.c" : "Hugging Face folder",
+           llmc ? ver : l3d_dtype_name(o.dt));
     return 0;
 }

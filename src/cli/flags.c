@@ -109,7 +109,8 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 /* ---- the run spec's flags ---------------------------------------------------------------- */
 
 enum {
-    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN,
+    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
+    F_EPS,
     F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
@@ -124,14 +125,22 @@ static const struct l3d_flag model_flags[] = {
     {"vocab", "V", F_VOCAB, "vocabulary size (overrides the preset)"},
     {"context", "T", F_CONTEXT, "context length: rows of the position table (overrides the "
                                 "preset)"},
-    {"ffn", "F", F_FFN, "MLP width (4 x channels; the planner's Megatron-LM runs may differ)"},
+    {"ffn", "F", F_FFN, "MLP width: GELU's (4 x channels; the planner's Megatron-LM runs may "
+                        "differ), or SwiGLU's hidden size, which --arch llama needs (a llama "
+                        "preset has its own)"},
+    {"arch", "NAME", F_ARCH, "blocks: gpt2 (LayerNorm, learned positions, GELU, biases, tied "
+                             "head) or llama (RMSNorm, RoPE, SwiGLU, no biases, untied head)"},
+    {"kv-heads", "N", F_KV, "key/value heads, dividing the heads (grouped-query attention; "
+                            "default: as many as heads)"},
+    {"rope-theta", "X", F_THETA, "RoPE base frequency (llama; 10000, Llama 3: 500000)"},
+    {"norm-eps", "X", F_EPS, "normalisation epsilon (1e-5; RMSNorm takes any)"},
     {"hidden", "H", F_OLD_HIDDEN, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static const struct l3d_flag layout_flags[] = {
     {"tp", "N", F_TP, "tensor-parallel size: heads, MLP and vocabulary split (1)"},
-    {"cp", "N", F_CP, "context-parallel size (1; not implemented yet)"},
+    {"cp", "N", F_CP, "context-parallel size: each sequence split over N ranks (1)"},
     {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
     {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
     {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, or interleaved (with --pp-virtual)"},
@@ -191,6 +200,13 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_VOCAB: return l3d_arg_int(cmd, "vocab", v, 2, 1 << 30, &cs->V);
     case F_CONTEXT: return l3d_arg_int(cmd, "context", v, 1, L3D_MAX_CONTEXT, &cs->maxT);
     case F_FFN: return l3d_arg_int(cmd, "ffn", v, 1, 1 << 26, &cs->ffn);
+    case F_ARCH: {
+        static const char *const names[] = {"gpt2", "llama"};
+        return l3d_arg_choice(cmd, "arch", v, names, 2, &cs->arch, "gpt2 or llama");
+    }
+    case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
+    case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
+    case F_EPS: return l3d_arg_float(cmd, "norm-eps", v, 1e-12, 0.5, &cs->norm_eps);
     case F_OLD_HIDDEN: return renamed(cmd, "hidden", "channels");
     }
     return 0;
@@ -291,11 +307,12 @@ static int set_precision(void *ctx, const char *cmd, int id, const char *v) {
 void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec) {
     memset(cs, 0, sizeof *cs);
     cs->spec = spec;
+    cs->arch = -1;
 }
 
 int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     /* the preset names belong in --model's help line, written once */
-    static char model_help[320];
+    static char model_help[640];
     static struct l3d_flag model_table[sizeof model_flags / sizeof model_flags[0]];
     memcpy(model_table, model_flags, sizeof model_flags);
     snprintf(model_help, sizeof model_help, "a preset: %s", l3d_model_preset_names());
@@ -317,6 +334,20 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
     return false;
 }
 
+void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
+    if (cs->arch >= 0) {
+        enum l3d_mlp was = m->mlp;
+        l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
+        if (m->mlp != was) m->ffn = 0; /* a GPT-2 preset's 4C is no SwiGLU width: --ffn says it */
+    }
+    if (cs->NKV) m->NKV = cs->NKV;
+    if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
+    if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
+    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
+     * SwiGLU preset keeps its own unless --ffn is given */
+    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+}
+
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     struct l3d_model_spec *m = &cs->spec->model;
     if (cs->preset && l3d_model_preset(m, cs->preset) != L3D_OK) {
@@ -328,9 +359,7 @@ int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {
     if (cs->NH) m->NH = cs->NH;
     if (cs->V) m->V = cs->V;
     if (cs->maxT) m->maxT = cs->maxT;
-    /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
-     * SwiGLU preset keeps its own unless --ffn is given */
-    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+    l3d_cli_spec_arch(cs, m);
     if (l3d_gpt_config_finish(m) != L3D_OK) {
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
         return 2;

@@ -23,6 +23,7 @@
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/hf.h"
 #include "llm3d/infer.h"
 #include "llm3d/model.h"
 #include "llm3d/runtime.h"
@@ -85,10 +86,10 @@ static int sample(struct sampler *s, const float *logits, int V) {
     return s->cand[n - 1].id;
 }
 
-/* The model of an llm.c file in precision dt: loaded into an fp32 view (a staging buffer of the
+/* The model of an llm.c file or a Hugging Face folder in precision dt: loaded into an fp32 view (a staging buffer of the
  * device for a 16-bit model), then rounded to dt. */
 static l3d_status load_model(const char *ckpt, struct l3d_gpt *m) {
-    if (m->dt == L3D_F32) return l3d_ckpt_load_llmc(ckpt, m);
+    if (m->dt == L3D_F32) return l3d_model_file_load(ckpt, m);
     size_t bytes = (size_t)m->num_params * sizeof(float);
     float *p32 = l3d_be_alloc(m->be, bytes, "fp32 weights staging");
     if (!p32)
@@ -96,7 +97,7 @@ static l3d_status load_model(const char *ckpt, struct l3d_gpt *m) {
                          bytes / 1073741824.0, ckpt);
     struct l3d_gpt view;
     l3d_gpt_fp32_view(m, p32, &view);
-    l3d_status st = l3d_ckpt_load_llmc(ckpt, &view);
+    l3d_status st = l3d_model_file_load(ckpt, &view);
     if (st == L3D_OK) l3d_be_convert(m->be, m->dt, m->params, L3D_F32, p32, m->num_params);
     l3d_be_sync(m->be);
     l3d_be_free(m->be, p32);
@@ -149,13 +150,13 @@ enum {
 };
 
 static const struct l3d_flag model_flags[] = {
-    {"checkpoint", "FILE", G_CKPT, "an llm.c GPT-2 checkpoint, fp32 or bf16 (llm3d train --out "
+    {"checkpoint", "PATH", G_CKPT, "an llm.c GPT-2 checkpoint, fp32 or bf16 (llm3d train --out "
                                    "writes model.bin; llm3d convert writes one from a training "
-                                   "checkpoint)"},
-    {"tokenizer", "SPEC", G_TOK, "bytes, gpt2, a directory with encoder.json + vocab.bpe (llm3d "
-                                 "tokenizer train), or llm.c's gpt2_tokenizer.bin (decoding only: "
-                                 "no --prompt). Default: bytes for a 256-token vocabulary, gpt2 "
-                                 "for 50257"},
+                                   "checkpoint), or a Hugging Face folder (config.json + "
+                                   "model.safetensors: train --out writes one too)"},
+    {"init-from", "PATH", G_CKPT, "the same (train's and bench's spelling)"},
+    {"tokenizer", "SPEC", G_TOK, L3D_TOKENIZER_SPEC_HELP " (no --prompt then). Default: bytes "
+                                 "for a 256-token vocabulary, gpt2 for 50257"},
     {NULL, NULL, 0, NULL},
 };
 static const struct l3d_flag sample_flags[] = {
@@ -294,7 +295,7 @@ static int gen_tokenizer(const struct gen_opts *o, struct gen *g) {
 /* The checkpoint's model on the backend, in --precision, with a KV cache unless --no-kv-cache;
  * the tokenizer and the prompt's tokens before it. 0, or the exit status after one line. */
 static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***argv) {
-    if (l3d_ckpt_read_llmc_config(o->ckpt, &g->cfg) != L3D_OK) {
+    if (l3d_model_file_config(o->ckpt, &g->cfg) != L3D_OK) {
         fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
         return 1;
     }

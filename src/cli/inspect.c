@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/data.h"
+#include "llm3d/hf.h"
 #include "llm3d/tokenizer.h"
 
 #define FIRST_TOKENS 24
@@ -22,7 +23,7 @@ static void usage(FILE *f) {
         "\n"
         "Says what PATH is and what it holds, after checking it:\n"
         "  token shard        (llm.c format, magic 20240520): tokens, their range, the first\n"
-        "                     tokens (decoded with --tokenizer SPEC: bytes, gpt2 or a directory)\n"
+        "                     tokens (decoded with --tokenizer SPEC, the forms below)\n"
         "  llm.c checkpoint   (magic 20240326): model shape, dtype, parameters; size and\n"
         "                     finiteness of the weights checked\n"
         "  training checkpoint a step directory (holding `manifest`) or a checkpoint directory\n"
@@ -30,6 +31,9 @@ static void usage(FILE *f) {
         "                     file's size and checksum verified\n"
         "  run directory      (llm3d train --out): steps and losses of metrics.jsonl, model.bin,\n"
         "                     the latest checkpoint\n"
+        "  Hugging Face folder config.json + model.safetensors (or its index): the model and\n"
+        "                     every tensor's dtype and shape; shapes checked against the config,\n"
+        "                     weights finite\n"
         "Exit status: 0 when PATH is one of these and intact, 1 when it is damaged or unknown\n"
         "(one line on stderr says why), 2 on a usage error.\n"
         "\n");
@@ -38,9 +42,8 @@ static void usage(FILE *f) {
 enum { I_TOK, I_JSON };
 
 static const struct l3d_flag inspect_flags[] = {
-    {"tokenizer", "SPEC", I_TOK, "decode a token shard's first tokens: bytes, gpt2, a directory "
-                                 "with encoder.json + vocab.bpe (llm3d tokenizer train), or llm.c's "
-                                 "gpt2_tokenizer.bin"},
+    {"tokenizer", "SPEC", I_TOK, "decode a token shard's first tokens with it. "
+                                 L3D_TOKENIZER_SPEC_HELP},
     {"json", NULL, I_JSON, "one JSON object instead"},
     {NULL, NULL, 0, NULL},
 };
@@ -107,6 +110,11 @@ static void json_model(const struct l3d_model_spec *c) {
 static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
+    if (!l3d_model_is_gpt2(c))
+        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s\n", l3d_arch_name(c->arch),
+               l3d_model_kv_heads(c), (long long)c->ffn,
+               c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
+               c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions");
 }
 
 /* ---- token shards -------------------------------------------------------------------------------- */
@@ -209,12 +217,18 @@ static l3d_status read_llmc(const char *path, struct llmc_info *info) {
     int32_t hdr[256];
     l3d_status st = L3D_OK;
     size_t es = 4;
+    bool arch = false; /* llm3d's versions for other architectures (the header says which) */
     if (fread(hdr, sizeof hdr, 1, f) != 1)
         st = l3d_error(L3D_ERR_FORMAT, "%s: shorter than the 1024-byte llm.c header", path);
+    else if ((arch = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16))
+        st = l3d_ckpt_read_llmc_config(path, &info->cfg);
     else if (hdr[1] != 3 && hdr[1] != 5)
-        st = l3d_error(L3D_ERR_FORMAT, "%s: llm.c checkpoint version %d; known: 3 (fp32), 5 (bf16)",
-                       path, hdr[1]);
-    if (st == L3D_OK) {
+        st = l3d_error(L3D_ERR_FORMAT, "%s: llm.c checkpoint version %d; known: 3 (fp32), 5 (bf16), "
+                       "llm3d's 1003 and 1005 (other architectures)", path, hdr[1]);
+    if (st == L3D_OK && arch) {
+        info->dtype = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 ? "fp32" : "bf16";
+        es = hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 ? 4 : 2;
+    } else if (st == L3D_OK) {
         info->dtype = hdr[1] == 3 ? "fp32" : "bf16";
         es = hdr[1] == 3 ? 4 : 2;
         info->cfg = (struct l3d_model_spec){.maxT = hdr[2], .V = hdr[3], .L = hdr[4], .NH = hdr[5],
@@ -262,7 +276,10 @@ static void print_llmc(const char *path, const struct llmc_info *m, bool json) {
                (long long)m->nonfinite);
         return;
     }
-    printf("%s: llm.c GPT-2 checkpoint (magic 20240326, %s)\n", path, m->dtype);
+    printf("%s: %s (magic 20240326, %s)\n", path,
+           l3d_model_is_gpt2(&m->cfg) ? "llm.c GPT-2 checkpoint"
+                                      : "llm3d checkpoint in llm.c's layout, its blocks in the header",
+           m->dtype);
     text_model(&m->cfg);
     printf("  size:       %lld bytes, as the header says\n", (long long)m->bytes);
     printf("  weights:    %s\n", m->nonfinite ? "NOT all finite" : "all finite");
@@ -407,6 +424,67 @@ static int inspect_run(const char *path, bool json) {
     return 0;
 }
 
+/* ---- Hugging Face folders ---------------------------------------------------------------- */
+
+/* The folder's config and tensors, after loading it whole (shapes against config.json, every
+ * weight finite). */
+static int inspect_hf(const char *path, bool json) {
+    struct l3d_model_spec c;
+    struct l3d_st st = {0};
+    float *full = NULL;
+    l3d_status rc = l3d_hf_config_read(path, &c);
+    if (rc == L3D_OK) {
+        full = l3d_try_alloc((size_t)l3d_gpt_param_count(&c) * sizeof(float), "model");
+        rc = full ? l3d_hf_load(path, &c, full)
+                  : l3d_error(L3D_ERR_OOM, "%s: no memory for its weights", path);
+    }
+    if (rc == L3D_OK) rc = l3d_st_open_dir(&st, path);
+    l3d_free(full);
+    if (rc != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        return 1;
+    }
+    const char *type = c.arch == L3D_ARCH_LLAMA ? "llama" : "gpt2";
+    int64_t bytes = 0;
+    for (int i = 0; i < st.n; i++) bytes += st.t[i].bytes;
+    if (json) {
+        printf("{\"kind\":\"hf_folder\",\"path\":");
+        json_str(path, strlen(path));
+        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"V\":%d,"
+               "\"context\":%d,\"ffn\":%lld,\"tied\":%s,\"norm_eps\":%.9g,\"rope_theta\":%.17g,"
+               "\"parameters\":%lld,\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
+               c.NH, l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
+               c.untied ? "false" : "true", (double)c.norm_eps,
+               c.arch == L3D_ARCH_LLAMA ? c.rope.theta : 0.0,
+               (long long)l3d_gpt_param_count(&c), st.nfiles, (long long)bytes);
+        for (int i = 0; i < st.n; i++) {
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(st.t[i].name, strlen(st.t[i].name));
+            printf(",\"dtype\":\"%s\",\"shape\":[", st.t[i].dtype_name);
+            for (int d = 0; d < st.t[i].ndim; d++)
+                printf("%s%lld", d ? "," : "", (long long)st.t[i].shape[d]);
+            printf("]}");
+        }
+        printf("]}\n");
+    } else {
+        printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
+               st.nfiles, bytes / 1e6);
+        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head, "
+               "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
+               l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
+               c.untied ? "untied" : "tied", l3d_gpt_param_count(&c) / 1e6, c.Vp);
+        printf("  tensors: %d; shapes checked against config.json, weights all finite\n", st.n);
+        for (int i = 0; i < st.n; i++) {
+            printf("    %-48s %-4s [", st.t[i].name, st.t[i].dtype_name);
+            for (int d = 0; d < st.t[i].ndim; d++)
+                printf("%s%lld", d ? ", " : "", (long long)st.t[i].shape[d]);
+            printf("]\n");
+        }
+    }
+    l3d_st_close(&st);
+    return 0;
+}
+
 /* ---- the command --------------------------------------------------------------------------------- */
 
 static bool exists(const char *dir, const char *name) {
@@ -449,9 +527,10 @@ int l3d_cli_inspect(int argc, char **argv) {
         if (exists(path, "metrics.jsonl") || exists(path, "model.bin") ||
             exists(path, "checkpoints/latest"))
             return inspect_run(path, json);
+        if (exists(path, "config.json")) return inspect_hf(path, json);
         fprintf(stderr, "llm3d inspect: %s: a directory that is neither a training checkpoint (no "
-                "manifest or latest) nor a run directory (no metrics.jsonl, model.bin or "
-                "checkpoints)\n", path);
+                "manifest or latest), a run directory (no metrics.jsonl, model.bin or "
+                "checkpoints) nor a Hugging Face folder (no config.json)\n", path);
         return 1;
     }
     FILE *f;

@@ -65,7 +65,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"fits\":%s,\"t_gemm\":%.6g,\"t_attention\":%.6g,\"t_elementwise\":%.6g,"
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
-           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f}\n",
+           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g}\n",
            (long long)run->devices, (long long)run->global_batch,
            l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
@@ -73,7 +73,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
            t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
-           prof->reserve_bytes);
+           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -96,13 +96,16 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
         const struct l3d_plan_time *t = &r[i].time;
         const struct l3d_plan_mem *m = &r[i].mem;
         double compute = t->gemm + t->attention + t->elementwise;
+        /* p2p: the pipeline's and the context-parallel ring's; a ring named after the row */
+        char cp[48] = "";
+        if (l->cp > 1) snprintf(cp, sizeof cp, " (cp %d: ring %.3g s in p2p)", l->cp, t->cp_comm);
         printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f %6.2f "
-               "| %15.4g %6.3g %6.3g %6.3g %6.3g %6.3g %6.3g %6.4g | %5.3g %4.1f%% %4.1f%%\n",
+               "| %15.4g %6.3g %6.3g %6.3g %6.3g %6.3g %6.3g %6.4g | %5.3g %4.1f%% %4.1f%%%s\n",
                i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero, rc_name(l->recompute),
                l->sp ? "y" : "n", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
                m->activations / sc, m->other / sc, m->total / sc, compute, t->recompute,
-               t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm + t->embed_sync, t->optimizer,
-               t->step, r[i].tokens_per_s, 100 * r[i].mfu, 100 * r[i].hfu);
+               t->tp_comm, t->pp_p2p + t->cp_comm, t->bubble, t->dp_comm + t->embed_sync,
+               t->optimizer, t->step, r[i].tokens_per_s, 100 * r[i].mfu, 100 * r[i].hfu, cp);
     }
 }
 
@@ -380,7 +383,8 @@ static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spe
         return l3d_error(L3D_ERR_ARG, "--seq-len %d exceeds --context %d: raise --context or lower "
                          "--seq-len", l->seq, cs->maxT);
     if (seq) m->maxT = l->seq;
-    if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn ? cs->ffn : 4LL * m->C;
+    l3d_cli_spec_arch(cs, m); /* --arch, --kv-heads, --ffn, ... as train reads them */
+    if (m->ffn == 0 && m->mlp == L3D_MLP_GELU) m->ffn = 4LL * m->C;
     if (cs->L || cs->C || cs->NH || cs->V || seq || cs->maxT || cs->ffn) {
         /* explicit sizes without --model: say what the rest came from */
         char kept[160] = "";
@@ -412,7 +416,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     *run = l3d_plan_run_default();
     run->threads = l->threads > 0 ? l->threads : 1;
     run->devices = o->devices ? o->devices
-                   : all ? (int64_t)l->tp * l->pp * l->dp * run->threads : 1;
+                   : all ? (int64_t)l->tp * l->cp * l->pp * l->dp * run->threads : 1;
     run->calibrated = o->calibrated;
     if (l3d_cli_spec_given(cs, "bucket-mb")) run->bucket_bytes = l->bucket_bytes;
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
@@ -437,6 +441,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     if (l3d_cli_spec_given(cs, "tp")) fx->tp = l->tp;
     if (l3d_cli_spec_given(cs, "pp")) fx->pp = l->pp;
     if (l3d_cli_spec_given(cs, "dp")) fx->dp = l->dp;
+    if (l3d_cli_spec_given(cs, "cp")) fx->cp = l->cp;
     if (l3d_cli_spec_given(cs, "batch")) fx->mb = l->micro_batch;
     if (l3d_cli_spec_given(cs, "pp-virtual")) fx->v = l->v;
     if (l3d_cli_spec_given(cs, "zero")) fx->zero = l->zero;
@@ -455,9 +460,6 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     if (l->pp_layers)
         return l3d_error(L3D_ERR_ARG, "--pp-layers: the planner balances the stages itself; drop "
                          "it");
-    if (l->cp != 1)
-        return l3d_error(L3D_ERR_ARG, "--cp %d: context parallelism is not implemented yet; give "
-                         "--cp 1", l->cp);
     return L3D_OK;
 }
 
@@ -480,10 +482,12 @@ static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_model
         return l3d_error(L3D_ERR_ARG, "--pp-schedule evaluates one layout: also give --tp, --pp, "
                          "--batch, --zero and --recompute");
     struct l3d_layout lay = {
-        .tp = fx->tp, .pp = fx->pp,
-        .dp = fx->dp ? fx->dp : (int)(run->devices / run->threads / fx->tp / fx->pp),
+        .tp = fx->tp, .pp = fx->pp, .cp = fx->cp ? fx->cp : 1,
+        .dp = fx->dp ? fx->dp
+                     : (int)(run->devices / run->threads / fx->tp / fx->pp / (fx->cp ? fx->cp : 1)),
         .micro_batch = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
-        .zero3_prefetch = fx->zero3_prefetch, .recompute = (enum l3d_recompute)fx->recompute, .sp = fx->sp > 0, .schedule = l->schedule,
+        .zero3_prefetch = fx->zero3_prefetch, .recompute = (enum l3d_recompute)fx->recompute,
+        .sp = fx->sp > 0, .schedule = l->schedule,
         .threads = run->threads};
     return l3d_plan_evaluate(m, prof, run, &lay, r);
 }
@@ -531,13 +535,14 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     const char *u = mem_unit(prof, &sc);
     print_table(prof, res, n);
     const struct l3d_plan_result *b = &res[0];
-    printf("\nbest: tp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, %s%s"
-           "%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
+    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, "
+           "%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
-           b->layout.tp, b->layout.pp, b->layout.dp, b->layout.micro_batch, b->m, b->layout.v,
-           b->layout.zero,
+           b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp,
+           b->layout.micro_batch, b->m, b->layout.v, b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
+           b->layout.cp > 1 ? ", context parallel (each sequence over the --cp ring)" : "",
            b->time.step, b->tokens_per_s, 100 * b->mfu, 100 * b->hfu, b->mem.total / sc, u,
            b->mem.stage);
     /* why: against the best layout of another shape (tp, pp, dp, micro-batch, v), so that the

@@ -35,13 +35,10 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
 enum { P_TOK, P_OUT, P_VAL, P_SHARD, P_SEP, P_THREADS, P_DOCTOK };
 
 static const struct l3d_flag prepare_flags[] = {
-    {"tokenizer", "SPEC", P_TOK, "bytes: one token per byte, vocabulary 256; the files are "
-                                 "concatenated and the last --val-fraction of the bytes go to "
-                                 "validation.\n"
-                                 "gpt2, cl100k_base, o200k_base, llama3 (installed by "
-                                 "scripts/setup.sh --tokenizers), a directory with tokenizer.json "
-                                 "or with encoder.json and vocab.bpe (llm3d tokenizer train), or a "
-                                 "tiktoken rank file: byte-level BPE; each document starts with "
+    {"tokenizer", "SPEC", P_TOK, L3D_TOKENIZER_SPEC_HELP ".\n"
+                                 "With bytes the files are concatenated and the last "
+                                 "--val-fraction of the bytes go to validation. With a BPE "
+                                 "vocabulary (the others but llm.c's file) each document starts with "
                                  "the --doc-token and goes whole to training or validation (every "
                                  "1/F-th document). Vocabularies above 65,536 tokens get uint32 "
                                  "shards (llm.c's Llama 3 format)"},
@@ -124,8 +121,8 @@ int l3d_cli_prepare(int argc, char **argv) {
     int64_t shard_tokens = o.shard_tokens;
     if (!tokenizer)
         return usage_error("missing --tokenizer: bytes, gpt2, cl100k_base, o200k_base, llama3, "
-                           "a directory with tokenizer.json or encoder.json and vocab.bpe, or a "
-                           "rank file");
+                           "a directory with tokenizer.json or encoder.json and vocab.bpe, a "
+                           ".json file or a rank file");
     if (!out) return usage_error("missing --out DIR, the directory for the shards");
     if (first >= argc) return usage_error("no input FILE given");
 

@@ -20,16 +20,15 @@ static void usage(FILE *fp) {
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
             "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
-            "SPEC: bytes (the 256 byte values, as prepare --tokenizer bytes writes them), gpt2,\n"
-            "a directory with encoder.json and vocab.bpe, or llm.c's gpt2_tokenizer.bin (decode\n"
-            "only)\n"
+            "SPEC: one of the forms under --tokenizer below\n"
             "\n");
 }
 
 static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
     if (!spec) {
-        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (bytes, gpt2, or a directory "
-                "with encoder.json and vocab.bpe)\n");
+        fprintf(stderr, "llm3d tokenizer: give --tokenizer SPEC (bytes, gpt2, cl100k_base, "
+                "o200k_base, llama3, a directory, a tokenizer.json or a rank file: see llm3d "
+                "tokenizer --help)\n");
         return 2;
     }
     if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
@@ -54,7 +53,7 @@ static const struct l3d_flag tok_flags[] = {
                                  "included)"},
     {"out", "PATH", K_OUT, "train: the directory for encoder.json and vocab.bpe; export: the "
                            "file"},
-    {"tokenizer", "SPEC", K_TOK, "encode, decode, export: the tokenizer (SPEC above)"},
+    {"tokenizer", "SPEC", K_TOK, "encode, decode, export: the tokenizer. " L3D_TOKENIZER_SPEC_HELP},
     {"text", "TEXT", K_TEXT, "encode: the text (else one FILE, - for standard input)"},
     {NULL, NULL, 0, NULL},
 };

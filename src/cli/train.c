@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/hf.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
@@ -35,13 +36,14 @@ static void usage_bench(FILE *f) {
         "\n");
 }
 
-/* --init-from FILE: the model's sizes from the llm.c header into tc->model. given: the values of
+/* --init-from PATH: the model's sizes from the llm.c header or the folder's config.json into
+ * tc->model. given: the values of
  * --layers --channels --heads --vocab --context (0: not given); each given one, and a --model
  * preset's, must equal the file's. Returns -1 when they agree, else the exit status. */
 static int init_from_sizes(const char *cmd, struct l3d_train_config *tc, const char *preset,
                            const int given[5]) {
     struct l3d_model_spec f;
-    if (l3d_ckpt_read_llmc_config(tc->init_from, &f) != L3D_OK) {
+    if (l3d_model_file_config(tc->init_from, &f) != L3D_OK) {
         fprintf(stderr, "llm3d %s: --init-from: %s\n", cmd, l3d_error_message());
         return 1;
     }
@@ -71,13 +73,14 @@ enum {
     T_INIT, T_TRAIN, T_VAL, T_SEQUENTIAL, T_STEPS, T_LR, T_MINLR, T_WARMUP, T_WD, T_BETA1,
     T_BETA2, T_EPS, T_CLIP, T_VALEVERY, T_VALBATCHES, T_SEED, T_OUT, T_PEAK, T_QUIET, T_BACKEND,
     T_IGNORE_MEM, T_CROSS_TP, T_TRACE, T_COMM, T_PROGRESS, T_SAVE_EVERY, T_CKPT_DIR, T_KEEP,
-    T_RESUME, T_OVERWRITE, T_TIMEOUT, T_MAX_SKIPPED,
+    T_RESUME, T_OVERWRITE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
 };
 
 static const struct l3d_flag init_flags[] = {
-    {"init-from", "FILE", T_INIT, "start from an llm.c GPT-2 checkpoint instead of random "
-                                  "weights; the model's sizes come from its header (flags given "
-                                  "must agree)"},
+    {"init-from", "PATH", T_INIT, "start from an llm.c GPT-2 checkpoint or a Hugging Face "
+                                  "folder (config.json + model.safetensors or its index; gpt2 or "
+                                  "llama) instead of random weights; the model comes from its "
+                                  "header or config.json (flags given must agree)"},
     {NULL, NULL, 0, NULL},
 };
 static const struct l3d_flag data_flags[] = {
@@ -102,7 +105,12 @@ static const struct l3d_flag run_flags[] = {
     {"val-every", "N", T_VALEVERY, "validation every N steps and at the end (50)"},
     {"val-batches", "N", T_VALBATCHES, "micro-batches a validation (8)"},
     {"seed", "S", T_SEED, "initial weights and batch order (1337)"},
-    {"out", "DIR", T_OUT, "metrics.jsonl, model.bin and checkpoints (none)"},
+    {"out", "DIR", T_OUT, "metrics.jsonl, checkpoints, and at the end the model: model.bin "
+                          "(llm.c) and config.json + model.safetensors (Hugging Face) (none)"},
+    {"save-dtype", "T", T_SAVE_DTYPE, "the safetensors weights' type: fp32 (default), bf16 or "
+                                      "fp16 (rounded to nearest even)"},
+    {"save-shard-mb", "M", T_SAVE_SHARD, "weights above M MiB go to several safetensors files "
+                                         "and an index (4096)"},
     {"backend", "NAME", T_BACKEND, "the device: cpu, check (the CPU kernels on a checked "
                                    "device arena, for tests; slower), or cuda in a build with "
                                    "-DL3D_CUDA=ON (experimental: it has not yet run on a GPU) "
@@ -214,6 +222,13 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     }
     case T_MAX_SKIPPED:
         return l3d_arg_int(cmd, "max-skipped-steps", v, 1, 1 << 20, &tc->max_skipped);
+    case T_SAVE_DTYPE: return l3d_arg_save_dtype(cmd, v, &tc->save_dtype);
+    case T_SAVE_SHARD: {
+        double mb = 0;
+        if (!l3d_arg_double(cmd, "save-shard-mb", v, 1e-6, 1 << 30, &mb)) return 0;
+        tc->save_shard_bytes = (int64_t)(mb * 1048576.0);
+        return 1;
+    }
     }
     return 0;
 }
@@ -225,14 +240,19 @@ static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_
             fprintf(stderr, "llm3d %s: --model: %s\n", cmd, l3d_error_message());
             return 2;
         }
-        if (cs->ffn) {
-            fprintf(stderr, "llm3d %s: --ffn with --init-from: the file's model has GPT-2's 4C "
-                    "MLP; drop --ffn\n", cmd);
-            return 2;
-        }
         int rc = init_from_sizes(cmd, tc, cs->preset,
                                  (const int[]){cs->L, cs->C, cs->NH, cs->V, cs->maxT});
         if (rc >= 0) return rc;
+        struct l3d_model_spec want = tc->model; /* the architecture flags must agree too */
+        l3d_cli_spec_arch(cs, &want);
+        if (l3d_gpt_config_finish(&want) != L3D_OK || !l3d_model_same(&want, &tc->model)) {
+            fprintf(stderr, "llm3d %s: the architecture flags disagree with --init-from %s, whose "
+                    "model is %s with %d key/value heads and an MLP of %lld: drop them (the "
+                    "file's architecture is used)\n", cmd, tc->init_from,
+                    l3d_arch_name(tc->model.arch), l3d_model_kv_heads(&tc->model),
+                    (long long)tc->model.ffn);
+            return 2;
+        }
     } else {
         int rc = l3d_cli_spec_model(cmd, cs);
         if (rc >= 0) return rc;

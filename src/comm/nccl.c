@@ -40,12 +40,25 @@
             l3d_fatal(__FILE__, __LINE__, "%s failed: %s", #call, ncclGetErrorString(r_));    \
     } while (0)
 
+struct pending;
+/* a send or receive not yet given to NCCL (see flush_p2p) */
+struct p2p {
+    bool send;
+    void *dev;
+    int64_t n;
+    enum l3d_dtype t;
+    int peer;
+    struct pending *p;
+};
+
 struct dev_comm {
     struct l3d_comm base;
     struct l3d_comm *mpi; /* the same ranks over MPI: host buffers, staging, bootstrap */
     ncclComm_t nccl;      /* NULL: staged */
     cudaStream_t stream;  /* NCCL's */
     cudaEvent_t ready;    /* recorded on the backend's stream before each operation */
+    struct p2p *queue;    /* sends and receives waiting for flush_p2p */
+    int nq, capq;
 };
 
 /* A pending operation (l3d_req.opaque[0]): an MPI request of the inner communicator, with the
@@ -62,6 +75,10 @@ struct pending {
     const char *op;
     int n_stage;
     struct staged st[MAX_STAGE];
+    bool queued;      /* a send or receive still in the queue (NCCL) */
+    void *tmp;        /* NCCL send or receive of a host buffer: its device copy ... */
+    void *host_out;   /* ... copied back into this host buffer when a receive completes */
+    size_t tmp_bytes;
 };
 
 static const struct l3d_comm_i dev_comm_i;
@@ -97,7 +114,7 @@ static double now_s(void) {
 
 static void wait_done(struct dev_comm *d, cudaEvent_t done, const char *op) {
     struct l3d_watch *w = d->base.watch;
-    double t0 = now_s(), nap = 20e-6;
+    double t0 = now_s(), nap = 10e-6;
     for (;;) {
         cudaError_t e = cudaEventQuery(done);
         if (e == cudaSuccess) break;
@@ -117,9 +134,13 @@ static void wait_done(struct dev_comm *d, cudaEvent_t done, const char *op) {
             ncclCommAbort(d->nccl);
             l3d_comm_abort(d->mpi, 75);
         }
-        struct timespec ts = {0, (long)(nap * 1e9)};
-        nanosleep(&ts, NULL);
-        nap = nap < 5e-3 ? 2 * nap : nap;
+        /* the first millisecond polls without sleeping (a TP all-reduce takes tens of
+         * microseconds: a sleep would be most of it), then sleeps growing to 1 ms */
+        if (waited > 1e-3) {
+            struct timespec ts = {0, (long)(nap * 1e9)};
+            nanosleep(&ts, NULL);
+            nap = nap < 0.5e-3 ? 2 * nap : nap;
+        }
     }
     double waited = now_s() - t0;
     if (w && waited > w->longest_s) {
@@ -135,13 +156,54 @@ static void wait_done(struct dev_comm *d, cudaEvent_t done, const char *op) {
 /* Device buffers take NCCL (or staging) when any of them is device memory; host buffers MPI. */
 static bool on_device(const void *p) { return p && l3d_cuda_is_device_ptr(p); }
 
-/* NCCL: the stream waits for the backend's work, the call is enqueued by `enqueue` */
-static struct pending *nccl_begin(struct dev_comm *d, const char *op) {
+/* the NCCL stream waits for the work issued so far on the backend's stream */
+static void after_backend(struct dev_comm *d) {
     CUDA_OK(cudaEventRecord(d->ready, (cudaStream_t)l3d_backend_cuda_stream(d->base.be)));
     CUDA_OK(cudaStreamWaitEvent(d->stream, d->ready, 0));
+}
+
+/* Sends and receives are queued, and given to NCCL together in one group here: before any other
+ * operation of the communicator starts, and when one of them is waited on or tested. NCCL runs
+ * a communicator's operations one after the other on its stream, and a send completes only when
+ * the peer's receive runs: issued one by one, the pipeline's "send the next activation, receive
+ * this gradient" on one stage against "send this gradient, receive the next activation" on the
+ * next would each wait for the other's first operation forever (MPI's buffered sends hide this).
+ * In one group NCCL progresses them together, as MPI's non-blocking pair would. */
+static void flush_p2p(struct dev_comm *d) {
+    if (d->nq == 0) return;
+    after_backend(d);
+    NCCL_OK(ncclGroupStart());
+    for (int i = 0; i < d->nq; i++) {
+        struct p2p *q = &d->queue[i];
+        if (q->send)
+            NCCL_OK(ncclSend(q->dev, (size_t)q->n, nccl_type(q->t), q->peer, d->nccl, d->stream));
+        else
+            NCCL_OK(ncclRecv(q->dev, (size_t)q->n, nccl_type(q->t), q->peer, d->nccl, d->stream));
+    }
+    NCCL_OK(ncclGroupEnd());
+    for (int i = 0; i < d->nq; i++) {
+        struct pending *p = d->queue[i].p;
+        CUDA_OK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+        CUDA_OK(cudaEventRecord(p->done, d->stream));
+        p->queued = false;
+    }
+    d->nq = 0;
+}
+
+/* NCCL: the stream waits for the backend's work, the call is enqueued by `enqueue` */
+static struct pending *nccl_begin(struct dev_comm *d, const char *op) {
+    flush_p2p(d); /* NCCL operations in the order they were started */
+    after_backend(d);
     struct pending *p = l3d_calloc(sizeof *p, "NCCL operation");
     p->op = op;
     return p;
+}
+/* a completed NCCL operation: a host buffer's receive copied back, its device copy freed */
+static void nccl_finish(struct pending *p) {
+    CUDA_OK(cudaEventDestroy(p->done));
+    if (p->host_out) CUDA_OK(cudaMemcpy(p->host_out, p->tmp, p->tmp_bytes, cudaMemcpyDeviceToHost));
+    if (p->tmp) CUDA_OK(cudaFree(p->tmp));
+    l3d_free(p);
 }
 /* after the enqueue: completion event; blocking (req NULL) waits here */
 static void nccl_end(struct dev_comm *d, struct pending *p, l3d_req *req) {
@@ -153,8 +215,7 @@ static void nccl_end(struct dev_comm *d, struct pending *p, l3d_req *req) {
         return;
     }
     wait_done(d, p->done, p->op);
-    cudaEventDestroy(p->done);
-    l3d_free(p);
+    nccl_finish(p);
 }
 
 /* Staging: host copies of device buffers (the backend synchronised first) */
@@ -186,8 +247,10 @@ static void stage_end(struct dev_comm *d, struct pending *p, l3d_req *req) {
 /* the inner request of a non-blocking staged call, NULL for a blocking one */
 static l3d_req *inner(struct pending *p, const l3d_req *req) { return req ? &p->inner : NULL; }
 
-/* The MPI path (host buffers; device buffers of a staged communicator): a record for the wait */
-static struct pending *mpi_begin(const char *op) {
+/* The MPI path (host buffers; device buffers of a staged communicator): a record for the wait.
+ * Queued sends and receives go to NCCL first: a peer may wait for them before it joins this. */
+static struct pending *mpi_begin(struct dev_comm *d, const char *op) {
+    if (d->nccl) flush_p2p(d);
     struct pending *p = l3d_calloc(sizeof *p, "communication");
     p->op = op;
     return p;
@@ -212,7 +275,7 @@ static void dev_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
         nccl_end(d, p, req);
         return;
     }
-    struct pending *p = mpi_begin("all-reduce");
+    struct pending *p = mpi_begin(d, "all-reduce");
     void *h = mpi_buf(d, p, buf, nbytes(n, t), true, true);
     l3d_comm_all_reduce(d->mpi, h, n, t, op, inner(p, req));
     stage_end(d, p, req);
@@ -228,7 +291,7 @@ static void dev_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
         nccl_end(d, p, req);
         return;
     }
-    struct pending *p = mpi_begin("reduce");
+    struct pending *p = mpi_begin(d, "reduce");
     void *h = mpi_buf(d, p, buf, nbytes(n, t), true, c->rank == root);
     l3d_comm_reduce(d->mpi, h, n, t, op, root, inner(p, req));
     stage_end(d, p, req);
@@ -244,7 +307,7 @@ static void dev_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
         nccl_end(d, p, req);
         return;
     }
-    struct pending *p = mpi_begin("reduce-scatter");
+    struct pending *p = mpi_begin(d, "reduce-scatter");
     void *hs = mpi_buf(d, p, (void *)send, nbytes(n * c->size, t), true, false);
     void *hr = mpi_buf(d, p, recv, nbytes(n, t), false, true);
     l3d_comm_reduce_scatter(d->mpi, hs, hr, n, t, op, inner(p, req));
@@ -261,7 +324,7 @@ static void dev_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
         nccl_end(d, p, req);
         return;
     }
-    struct pending *p = mpi_begin("all-gather");
+    struct pending *p = mpi_begin(d, "all-gather");
     void *h = mpi_buf(d, p, recv, nbytes(n * c->size, t), true, true);
     l3d_comm_all_gather(d->mpi, h, n, t, inner(p, req));
     stage_end(d, p, req);
@@ -286,7 +349,7 @@ static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
     int64_t span = 0;
     for (int r = 0; r < c->size; r++)
         span = displs[r] + counts[r] > span ? displs[r] + counts[r] : span;
-    struct pending *p = mpi_begin("all-gatherv");
+    struct pending *p = mpi_begin(d, "all-gatherv");
     void *h = mpi_buf(d, p, recv, nbytes(span, t), true, true);
     l3d_comm_all_gatherv(d->mpi, h, counts, displs, t, inner(p, req));
     stage_end(d, p, req);
@@ -301,22 +364,56 @@ static void dev_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
         nccl_end(d, p, req);
         return;
     }
-    struct pending *p = mpi_begin("broadcast");
+    struct pending *p = mpi_begin(d, "broadcast");
     void *h = mpi_buf(d, p, buf, nbytes(n, t), c->rank == root, c->rank != root);
     l3d_comm_broadcast(d->mpi, h, n, t, root, inner(p, req));
     stage_end(d, p, req);
 }
 
+/* A send or receive on a communicator with NCCL always takes NCCL, whatever the buffer: the two
+ * sides of a transfer must use the same transport, and one side's buffer may be on the device
+ * while the other's is on the host (the checkpoint gather sends device parameters to a host
+ * buffer of rank 0). A host buffer goes through a device copy. Queued (flush_p2p); a blocking one
+ * is flushed and waited for at once. */
+static void nccl_p2p(struct dev_comm *d, bool send, void *buf, int64_t n, enum l3d_dtype t,
+                     int peer, l3d_req *req) {
+    struct pending *p = l3d_calloc(sizeof *p, "NCCL operation");
+    p->op = send ? "send to" : "receive from";
+    void *dev = buf;
+    if (!on_device(buf)) {
+        p->tmp_bytes = nbytes(n, t);
+        CUDA_OK(cudaMalloc(&p->tmp, p->tmp_bytes ? p->tmp_bytes : 1));
+        if (send) CUDA_OK(cudaMemcpy(p->tmp, buf, p->tmp_bytes, cudaMemcpyHostToDevice));
+        else p->host_out = buf;
+        dev = p->tmp;
+    }
+    if (d->nq == d->capq) {
+        d->capq = d->capq ? 2 * d->capq : 8;
+        struct p2p *q = l3d_alloc((size_t)d->capq * sizeof *q, "NCCL send/receive queue");
+        if (d->nq) memcpy(q, d->queue, (size_t)d->nq * sizeof *q);
+        l3d_free(d->queue);
+        d->queue = q;
+    }
+    d->queue[d->nq++] = (struct p2p){send, dev, n, t, peer, p};
+    p->queued = true;
+    if (req) {
+        req->opaque[0] = (uint64_t)(uintptr_t)p;
+        req->active = true;
+        return;
+    }
+    flush_p2p(d);
+    wait_done(d, p->done, p->op);
+    nccl_finish(p);
+}
+
 static void dev_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
                      int tag, l3d_req *req) {
     struct dev_comm *d = dc(c);
-    if (USE_NCCL(d, buf)) {
-        struct pending *p = nccl_begin(d, "send to");
-        NCCL_OK(ncclSend(buf, (size_t)n, nccl_type(t), peer, d->nccl, d->stream));
-        nccl_end(d, p, req);
+    if (d->nccl) {
+        nccl_p2p(d, true, (void *)buf, n, t, peer, req);
         return;
     }
-    struct pending *p = mpi_begin("send to");
+    struct pending *p = mpi_begin(d, "send to");
     void *h = mpi_buf(d, p, (void *)buf, nbytes(n, t), true, false);
     l3d_comm_send(d->mpi, h, n, t, peer, tag, inner(p, req));
     stage_end(d, p, req);
@@ -325,13 +422,11 @@ static void dev_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dt
 static void dev_recv(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer,
                      int tag, l3d_req *req) {
     struct dev_comm *d = dc(c);
-    if (USE_NCCL(d, buf)) {
-        struct pending *p = nccl_begin(d, "receive from");
-        NCCL_OK(ncclRecv(buf, (size_t)n, nccl_type(t), peer, d->nccl, d->stream));
-        nccl_end(d, p, req);
+    if (d->nccl) {
+        nccl_p2p(d, false, buf, n, t, peer, req);
         return;
     }
-    struct pending *p = mpi_begin("receive from");
+    struct pending *p = mpi_begin(d, "receive from");
     void *h = mpi_buf(d, p, buf, nbytes(n, t), false, true);
     l3d_comm_recv(d->mpi, h, n, t, peer, tag, inner(p, req));
     stage_end(d, p, req);
@@ -349,10 +444,10 @@ static void dev_wait(struct l3d_comm *c, l3d_req *req) {
     struct dev_comm *d = dc(c);
     if (!req->active) return;
     struct pending *p = pending_of(req);
+    if (p->queued) flush_p2p(d);
     if (p->done) {
         wait_done(d, p->done, p->op);
-        cudaEventDestroy(p->done);
-        l3d_free(p);
+        nccl_finish(p);
     } else {
         l3d_comm_wait(d->mpi, &p->inner);
         stage_finish(d, p);
@@ -364,12 +459,12 @@ static bool dev_test(struct l3d_comm *c, l3d_req *req) {
     struct dev_comm *d = dc(c);
     if (!req->active) return true;
     struct pending *p = pending_of(req);
+    if (p->queued) flush_p2p(d);
     if (p->done) {
         cudaError_t e = cudaEventQuery(p->done);
         if (e == cudaErrorNotReady) return false;
         CUDA_OK(e);
-        cudaEventDestroy(p->done);
-        l3d_free(p);
+        nccl_finish(p);
     } else {
         if (!l3d_comm_test(d->mpi, &p->inner)) return false;
         stage_finish(d, p);
@@ -378,7 +473,11 @@ static bool dev_test(struct l3d_comm *c, l3d_req *req) {
     return true;
 }
 
-static void dev_barrier(struct l3d_comm *c) { l3d_comm_barrier(dc(c)->mpi); }
+static void dev_barrier(struct l3d_comm *c) {
+    struct dev_comm *d = dc(c);
+    if (d->nccl) flush_p2p(d); /* a peer may wait for them before it joins the barrier */
+    l3d_comm_barrier(d->mpi);
+}
 static void dev_abort(struct l3d_comm *c, int code) {
     struct dev_comm *d = dc(c);
     if (d->nccl) ncclCommAbort(d->nccl);
@@ -427,7 +526,9 @@ static l3d_status dev_split(struct l3d_comm *c, int color, int key, struct l3d_c
 
 static void dev_free(struct l3d_comm *c) {
     struct dev_comm *d = dc(c);
-    if (d->nccl) ncclCommDestroy(d->nccl);
+    L3D_ASSERT(d->nq == 0); /* every send and receive was waited on */
+    l3d_free(d->queue);
+    if (d->nccl) NCCL_OK(ncclCommDestroy(d->nccl));
     cudaEventDestroy(d->ready);
     cudaStreamDestroy(d->stream);
     l3d_comm_free(d->mpi); /* a no-op on the MPI world */

@@ -90,11 +90,74 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     return L3D_OK;
 }
 
+/* The MLP's hidden width: ffn, or GPT-2's 4C in a spec not yet finished. */
+static int64_t model_ffn(const struct l3d_model_spec *cfg) {
+    return cfg->ffn > 0 ? cfg->ffn : 4 * (int64_t)cfg->C;
+}
+
+/* Query heads per key/value head. */
+static int kv_group(const struct l3d_model_spec *cfg) {
+    return cfg->NH / l3d_model_kv_heads(cfg);
+}
+
+int l3d_shard_kv_start(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    return sh->head_start / kv_group(cfg);
+}
+
+int l3d_shard_kv_count(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    return sh->head_count / kv_group(cfg);
+}
+
+void l3d_model_set_arch(struct l3d_model_spec *m, enum l3d_arch arch) {
+    bool llama = arch == L3D_ARCH_LLAMA;
+    m->arch = arch;
+    m->norm = llama ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
+    m->mlp = llama ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
+    m->pos = llama ? L3D_POS_ROPE : L3D_POS_LEARNED;
+    m->no_bias = m->untied = llama;
+}
+
+static const char *const arch_names[] = {"gpt2", "llama"};
+
+const char *l3d_arch_name(enum l3d_arch arch) {
+    return arch == L3D_ARCH_LLAMA ? arch_names[1] : arch_names[0];
+}
+
+bool l3d_arch_parse(const char *name, enum l3d_arch *out) {
+    for (int i = 0; i < 2; i++)
+        if (strcmp(name, arch_names[i]) == 0) {
+            *out = i == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2;
+            return true;
+        }
+    return false;
+}
+
+bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
+    const struct l3d_rope *p = &a->rope, *q = &b->rope;
+    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
+           a->maxT == b->maxT && model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
+           l3d_model_kv_heads(a) == l3d_model_kv_heads(b) && a->norm == b->norm &&
+           a->norm_eps == b->norm_eps && a->mlp == b->mlp && a->pos == b->pos &&
+           a->no_bias == b->no_bias && a->untied == b->untied &&
+           (a->pos != L3D_POS_ROPE ||
+            (p->theta == q->theta && p->factor == q->factor &&
+             p->low_freq_factor == q->low_freq_factor &&
+             p->high_freq_factor == q->high_freq_factor &&
+             p->original_context == q->original_context));
+}
+
+bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
+    return m->arch == L3D_ARCH_GPT2 && l3d_model_kv_heads(m) == m->NH &&
+           m->norm == L3D_NORM_LAYERNORM && (m->norm_eps == 0.0f || m->norm_eps == 1e-5f) &&
+           m->mlp == L3D_MLP_GELU && model_ffn(m) == 4LL * m->C && m->pos == L3D_POS_LEARNED &&
+           !m->no_bias && !m->untied;
+}
+
 struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg) {
     return (struct l3d_shard){
         .layer_start = 0, .layer_count = cfg->L,
         .head_start = 0, .head_count = cfg->NH,
-        .ffn_start = 0, .ffn_count = 4 * (int64_t)cfg->C,
+        .ffn_start = 0, .ffn_count = model_ffn(cfg),
         .vocab_start = 0, .vocab_count = cfg->Vp,
         .has_embedding = true, .has_head = true, .adds_row_bias = true,
         .sp_size = 1, .sp_rank = 0,
@@ -108,10 +171,16 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
     if (sh->head_start < 0 || sh->head_count < 1 || sh->head_start + sh->head_count > cfg->NH)
         return l3d_error(L3D_ERR_LAYOUT, "shard heads [%d, %d) outside the model's %d heads",
                          sh->head_start, sh->head_start + sh->head_count, cfg->NH);
-    if (sh->ffn_start < 0 || sh->ffn_count < 1 || sh->ffn_start + sh->ffn_count > 4 * (int64_t)cfg->C)
+    int g = kv_group(cfg);
+    if (sh->head_start % g != 0 || sh->head_count % g != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "shard heads [%d, %d) split a group of %d query heads "
+                         "that share a key/value head (%d heads, %d key/value heads)",
+                         sh->head_start, sh->head_start + sh->head_count, g, cfg->NH,
+                         l3d_model_kv_heads(cfg));
+    if (sh->ffn_start < 0 || sh->ffn_count < 1 || sh->ffn_start + sh->ffn_count > model_ffn(cfg))
         return l3d_error(L3D_ERR_LAYOUT, "shard FFN columns [%lld, %lld) outside the model's %lld",
                          (long long)sh->ffn_start, (long long)(sh->ffn_start + sh->ffn_count),
-                         4 * (long long)cfg->C);
+                         (long long)model_ffn(cfg));
     if (sh->vocab_start < 0 || sh->vocab_count < 1 || sh->vocab_start + sh->vocab_count > cfg->Vp)
         return l3d_error(L3D_ERR_LAYOUT, "shard vocabulary rows [%lld, %lld) outside the padded "
                          "vocabulary of %d", (long long)sh->vocab_start,
@@ -128,36 +197,50 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
 
 static const char *const tensor_names[L3D_NUM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead",
 };
+
+bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
+    switch (t) {
+    case L3D_T_WPE: return c->pos == L3D_POS_LEARNED;
+    case L3D_T_LN1B: case L3D_T_LN2B: case L3D_T_LNFB: return c->norm == L3D_NORM_LAYERNORM;
+    case L3D_T_QKVB: case L3D_T_ATTPROJB: case L3D_T_FCB: case L3D_T_FCPROJB: return !c->no_bias;
+    case L3D_T_LMHEAD: return c->untied;
+    default: return t >= 0 && t < L3D_NUM_TENSORS;
+    }
+}
 
 int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_shard *s,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]) {
-    int64_t C = c->C, Ll = s->layer_count;
-    int64_t Ca = (int64_t)s->head_count * (C / c->NH); /* local attention channels */
-    int64_t F = s->ffn_count;
-    int64_t Vl = (s->has_embedding || s->has_head) ? s->vocab_count : 0;
+    int64_t C = c->C, Ll = s->layer_count, HS = C / c->NH;
+    int64_t Ca = (int64_t)s->head_count * HS; /* local attention channels */
+    int64_t QKV = Ca + 2 * (int64_t)l3d_shard_kv_count(c, s) * HS; /* local q|k|v rows */
+    int64_t F = s->ffn_count, Fm = c->mlp == L3D_MLP_SWIGLU ? 2 * F : F; /* fcw rows */
+    /* the token embedding on the first stage, and on the last as the tied head */
+    int64_t Vl = (s->has_embedding || (s->has_head && !c->untied)) ? s->vocab_count : 0;
+    int64_t Vh = s->has_head ? s->vocab_count : 0;
     int64_t Tw = s->has_embedding ? c->maxT : 0;
     int64_t Cf = s->has_head ? C : 0;
     /* (layers, rows, cols) of each tensor, in llm.c's order */
     const int64_t shape[L3D_NUM_TENSORS][3] = {
-        {1, Vl, C},     {1, Tw, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, 3 * Ca, C}, {Ll, 1, 3 * Ca},
-        {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, F, C},      {Ll, 1, F},
-        {Ll, C, F},     {Ll, 1, C},     {1, 1, Cf},  {1, 1, Cf},
+        {1, Vl, C},     {1, Tw, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, QKV, C},    {Ll, 1, QKV},
+        {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, Fm, C},     {Ll, 1, Fm},
+        {Ll, C, F},     {Ll, 1, C},     {1, 1, Cf},  {1, 1, Cf},  {1, Vh, C},
     };
     int64_t off = 0;
     for (int i = 0; i < L3D_NUM_TENSORS; i++) {
         struct l3d_tensor_info *t = &tensors[i];
+        bool used = l3d_gpt_tensor_used(c, i);
         t->name = tensor_names[i];
         t->layers = shape[i][0];
-        t->rows = shape[i][1];
+        t->rows = used ? shape[i][1] : 0;
         t->cols = shape[i][2];
         t->count = t->layers * t->rows * t->cols;
         t->offset = off;
         t->dtype = L3D_F32; /* l3d_gpt_init_dt sets the model's type */
         t->bytes = (size_t)t->count * l3d_dtype_size(t->dtype);
         t->decay = (i == L3D_T_WTE || i == L3D_T_WPE || i == L3D_T_QKVW || i == L3D_T_ATTPROJW ||
-                    i == L3D_T_FCW || i == L3D_T_FCPROJW);
+                    i == L3D_T_FCW || i == L3D_T_FCPROJW || i == L3D_T_LMHEAD);
         off += t->count;
     }
     return off;
@@ -216,14 +299,15 @@ float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer) {
 
 /* One layer's saved activations; pointers into the flat activation buffer. */
 struct layer_acts { /* of the model's type dt, but the statistics (fp32: mean, rstd, att) */
-    void *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B,T), (B,T) */
-    void *qkv;                        /* (B,T,3Ca) */
+    void *ln1, *ln1_mean, *ln1_rstd;  /* (B,T,C), (B,T) (LayerNorm only), (B,T) */
+    void *qkv;                        /* (B,T,QKV): q|k|v of the local heads (after RoPE) */
     void *atty;                       /* (B,T,Ca) */
     void *att;                        /* (B,Hl,T) log-sum-exp of the tiled kernel's rows, or
                                        * (B,Hl,T,T) probabilities with L3D_ATTENTION=naive */
     void *res2;                       /* (B,T,C) residual after attention */
     void *ln2, *ln2_mean, *ln2_rstd;
-    void *fch, *fch_gelu;             /* (B,T,F) */
+    void *fch, *fch_gelu;             /* (B,T,Fm) the MLP's first product ([gate | up] with
+                                       * SwiGLU), (B,T,F) its activation */
     void *res3;                       /* (B,T,C) residual after the MLP: the layer's output */
 };
 
@@ -251,20 +335,37 @@ struct l3d_gpt_acts { /* of the model's type dt, but the fp32 statistics and dln
     /* backward scratch, one layer's worth */
     void *dres;               /* (B,T,C) gradient of the residual stream */
     void *dln;                /* (B,T,C) */
-    void *dqkv;               /* (B,T,3Ca) */
+    void *dqkv;               /* (B,T,QKV) */
     void *datty;              /* (B,T,Ca) */
     float *datt;              /* (B,Hl,T,T), L3D_ATTENTION=naive only (fp32) */
-    void *dfch, *dfch_gelu;   /* (B,T,F) */
+    void *dfch, *dfch_gelu;   /* (B,T,Fm), (B,T,F) */
 };
+
+/* A layer's local widths: attention channels (query heads), q|k|v rows, MLP columns and the
+ * rows of its first product (SwiGLU: gate and up). */
+struct widths {
+    int64_t HS, Hl, KVl, Ca, QKV, F, Fm;
+};
+
+static struct widths widths(const struct l3d_gpt *m) {
+    const struct l3d_shard *s = &m->shard;
+    struct widths w = {.HS = m->cfg.C / m->cfg.NH, .Hl = s->head_count,
+                       .KVl = l3d_shard_kv_count(&m->cfg, s), .F = s->ffn_count};
+    w.Ca = w.Hl * w.HS;
+    w.QKV = w.Ca + 2 * w.KVl * w.HS;
+    w.Fm = m->cfg.mlp == L3D_MLP_SWIGLU ? 2 * w.F : w.F;
+    return w;
+}
 
 /* The sizes (floats) of one layer's activations, in the order they are taken. */
 static void layer_act_sizes(const struct l3d_gpt *m, int64_t sz[13]) {
     const struct l3d_shard *s = &m->shard;
     int64_t BT = (int64_t)m->Bmax * m->Tmax, T = m->Tmax, C = m->cfg.C, BTl = BT / s->sp_size;
-    int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
-    int64_t att = (int64_t)m->Bmax * Hl * T * (m->attn_naive ? T : 1);
-    const int64_t v[13] = {BT * C, BTl, BTl, BT * 3 * Ca, BT * Ca, att,
-                           BTl * C, BT * C, BTl, BTl, BT * F, BT * F, BTl * C};
+    struct widths w = widths(m);
+    int64_t att = (int64_t)m->Bmax * w.Hl * T * (m->attn_naive ? T : 1);
+    int64_t mean = m->cfg.norm == L3D_NORM_LAYERNORM ? BTl : 0; /* RMSNorm keeps rstd only */
+    const int64_t v[13] = {BT * C, mean, BTl, BT * w.QKV, BT * w.Ca, att,
+                           BTl * C, BT * C, mean, BTl, BT * w.Fm, BT * w.F, BTl * C};
     memcpy(sz, v, sizeof v);
 }
 
@@ -291,7 +392,8 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     int64_t BT = (int64_t)m->Bmax * m->Tmax, C = m->cfg.C;
     int64_t sp = s->sp_size, BTl = BT / sp; /* rows of the LayerNorm and residual regions */
     int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
-    int64_t Hl = s->head_count, Ca = Hl * (C / m->cfg.NH), F = s->ffn_count;
+    struct widths w = widths(m);
+    int64_t Ca = w.Ca, F = w.F;
     int64_t Vl = s->vocab_count;
     int64_t off = 0, sz[13];
     const int64_t E = (int64_t)m->es, F4 = 4; /* bytes: the model's type; fp32 and int32 */
@@ -347,10 +449,10 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     TAKE(a->dln, BT * C, E);
     TAKE(a->dln_local, BTls * C, E);
     TAKE(a->dlnw, sp > 1 ? 4 * C : 0, F4);
-    TAKE(a->dqkv, BT * 3 * Ca, E);
+    TAKE(a->dqkv, BT * w.QKV, E);
     TAKE(a->datty, BT * Ca, E);
     TAKE(a->datt, m->attn_naive ? sz[5] : 0, F4);
-    TAKE(a->dfch, BT * F, E);
+    TAKE(a->dfch, BT * w.Fm, E);
     TAKE(a->dfch_gelu, BT * F, E);
 #undef TAKE
     if (base) {
@@ -376,6 +478,27 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     return total + off; /* bytes */
 }
 
+/* RoPE's frequencies (l3d_rope_inv_freq, Llama 3.1 scaling included) and the positions 0..Tmax-1
+ * of a sequence's rows, on the device; false when out of memory. */
+static bool rope_init(struct l3d_gpt *m) {
+    int64_t half = m->cfg.C / m->cfg.NH / 2, T = m->Tmax;
+    m->rope_inv_freq = l3d_be_alloc(m->be, (size_t)half * sizeof(float), "rope frequencies");
+    m->rope_pos = l3d_be_alloc(m->be, (size_t)T * sizeof(int32_t), "rope positions");
+    float *f = l3d_alloc((size_t)half * sizeof(float), "rope frequencies");
+    int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "rope positions");
+    l3d_rope_inv_freq(&m->cfg, f);
+    for (int64_t t = 0; t < T; t++) p[t] = (int32_t)t;
+    bool ok = m->rope_inv_freq && m->rope_pos;
+    if (ok) {
+        l3d_be_copy_h2d(m->be, m->rope_inv_freq, f, (size_t)half * sizeof(float));
+        l3d_be_copy_h2d(m->be, m->rope_pos, p, (size_t)T * sizeof(int32_t));
+        l3d_be_sync(m->be); /* before the host copies go */
+    }
+    l3d_free(f);
+    l3d_free(p);
+    return ok;
+}
+
 l3d_status l3d_gpt_init(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                         const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                         enum l3d_grad_mode grads) {
@@ -397,12 +520,10 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
-    if (cfg->arch != L3D_ARCH_GPT2 || l3d_model_kv_heads(cfg) != cfg->NH || cfg->norm != L3D_NORM_LAYERNORM ||
-        cfg->mlp != L3D_MLP_GELU || cfg->pos != L3D_POS_LEARNED || cfg->no_bias || cfg->untied ||
-        cfg->ffn != 4LL * cfg->C || cfg->norm_eps != 1e-5f)
-        return l3d_error(L3D_ERR_ARG, "model '%s': the trainer builds GPT-2's blocks only (LayerNorm, "
-                         "learned positions, GELU MLP of 4C, biases, tied head); Llama-family "
-                         "blocks are not implemented yet", cfg->name[0] ? cfg->name : "custom");
+    if (cfg->norm == L3D_NORM_LAYERNORM && cfg->norm_eps != 1e-5f)
+        return l3d_error(L3D_ERR_ARG, "model '%s': LayerNorm with epsilon %g: the LayerNorm "
+                         "kernels use GPT-2's 1e-5 (RMSNorm takes any); give --norm-eps 1e-5",
+                         cfg->name[0] ? cfg->name : "custom", (double)cfg->norm_eps);
     if (B < 1 || T < 1)
         return l3d_error(L3D_ERR_ARG, "batch size (%d) and sequence length (%d) must be positive",
                          B, T);
@@ -463,7 +584,8 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     m->acts->base = l3d_be_alloc(be, m->act_bytes, "activations");
     m->loss_sum = l3d_be_alloc(be, sizeof(double), "loss");
     bool params_ok = m->params || !pbytes;
-    if (!params_ok || !grads_ok || !m->acts->base || !m->loss_sum) {
+    bool rope_ok = cfg->pos != L3D_POS_ROPE || rope_init(m);
+    if (!params_ok || !grads_ok || !m->acts->base || !m->loss_sum || !rope_ok) {
         size_t need = pbytes + gbytes + m->act_bytes;
         bool weights = !params_ok || !grads_ok; /* the model itself does not fit, whatever B, T */
         int64_t n = m->num_params;
@@ -505,25 +627,44 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     l3d_be_free(be, m->grad_slot[0]);
     l3d_be_free(be, m->grad_slot[1]);
     l3d_be_free(be, m->loss_sum);
+    l3d_be_free(be, m->rope_inv_freq);
+    l3d_be_free(be, m->rope_pos);
     l3d_free(m);
 }
 
 /* ---- initialisation --------------------------------------------------------------------- */
 
+/* Full q|k|v row of local row r of a shard's qkvw: the q block, then the local heads; the k
+ * block, then the local key/value heads; the v block likewise. */
+static int64_t qkv_row(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int64_t r) {
+    int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
+    int64_t KV = (int64_t)l3d_model_kv_heads(cfg) * HS, Ka = l3d_shard_kv_count(cfg, s) * HS;
+    int64_t k0 = l3d_shard_kv_start(cfg, s) * HS;
+    if (r < Ca) return (int64_t)s->head_start * HS + r;
+    if (r < Ca + Ka) return C + k0 + (r - Ca);
+    return C + KV + k0 + (r - Ca - Ka);
+}
+
+/* Full MLP row of local row r of a shard's fcw: its columns of the gate block, then (SwiGLU) the
+ * same columns of the up block. */
+static int64_t ffn_row(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int64_t r) {
+    if (r < s->ffn_count) return s->ffn_start + r;
+    return cfg->ffn + s->ffn_start + (r - s->ffn_count);
+}
+
 /* Global (row, col) in the full llm.c tensor of a local (row, col) of a shard's tensor t. */
 static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t, int64_t r,
                       int64_t c, int64_t *gr, int64_t *gc) {
-    int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
-    int64_t h0 = (int64_t)s->head_start * HS;
+    int64_t HS = cfg->C / cfg->NH, h0 = (int64_t)s->head_start * HS;
     *gr = r;
     *gc = c;
     switch (t) {
-    case L3D_T_WTE: *gr = s->vocab_start + r; break;
-    case L3D_T_QKVW: *gr = (r / Ca) * C + h0 + r % Ca; break; /* q|k|v block, then local heads */
-    case L3D_T_QKVB: *gc = (c / Ca) * C + h0 + c % Ca; break;
+    case L3D_T_WTE: case L3D_T_LMHEAD: *gr = s->vocab_start + r; break;
+    case L3D_T_QKVW: *gr = qkv_row(cfg, s, r); break;
+    case L3D_T_QKVB: *gc = qkv_row(cfg, s, c); break;
     case L3D_T_ATTPROJW: *gc = h0 + c; break;
-    case L3D_T_FCW: *gr = s->ffn_start + r; break;
-    case L3D_T_FCB: *gc = s->ffn_start + c; break;
+    case L3D_T_FCW: *gr = ffn_row(cfg, s, r); break;
+    case L3D_T_FCB: *gc = ffn_row(cfg, s, c); break;
     case L3D_T_FCPROJW: *gc = s->ffn_start + c; break;
     default: break;
     }
@@ -575,15 +716,19 @@ static void init_span(const struct l3d_tensor_info *ti, int64_t lo, int64_t n, i
 void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
                                 float *dst) {
     const struct l3d_model_spec *cfg = &m->cfg;
-    int64_t C = cfg->C;
-    /* full (rows, cols) of each normal-initialised matrix, to index its elements globally */
+    int64_t C = cfg->C, HS = C / cfg->NH, F = cfg->ffn;
+    int64_t QKV = C + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
+    int64_t Fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * F : F;
+    /* full (rows, cols) of each normal-initialised matrix, to index its elements globally (a
+     * tensor the architecture lacks has no elements: nothing to draw) */
     struct { int t; int64_t rows, cols; float std; } mats[] = {
         {L3D_T_WTE, cfg->Vp, C, 0.02f},
         {L3D_T_WPE, cfg->maxT, C, 0.02f},
-        {L3D_T_QKVW, 3 * C, C, 0.02f},
+        {L3D_T_QKVW, QKV, C, 0.02f},
         {L3D_T_ATTPROJW, C, C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
-        {L3D_T_FCW, 4 * C, C, 0.02f},
-        {L3D_T_FCPROJW, C, 4 * C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_FCW, Fm, C, 0.02f},
+        {L3D_T_FCPROJW, C, F, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_LMHEAD, cfg->Vp, C, 0.02f},
     };
     /* computed on the host in blocks of at most INIT_BLOCK elements (a small staging buffer:
      * a mixed-precision run initialises after its optimizer state is allocated, at its memory
@@ -601,10 +746,11 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
 #pragma omp parallel for schedule(static)
             for (int64_t k = 0; k < nb; k++) {
                 int64_t e = b0 + k, l = e / per_layer, r = e % per_layer / ti->cols;
-                int64_t c = e % ti->cols, gl = mats[i].t >= L3D_T_LN1W ? m->shard.layer_start + l : 0;
+                int64_t c = e % ti->cols;
+                int64_t gl = l3d_gpt_is_layer_tensor(mats[i].t) ? m->shard.layer_start + l : 0;
                 int64_t gr, gc;
                 global_rc(&m->cfg, &m->shard, mats[i].t, r, c, &gr, &gc);
-                if (mats[i].t == L3D_T_WTE && gr >= cfg->V) {
+                if ((mats[i].t == L3D_T_WTE || mats[i].t == L3D_T_LMHEAD) && gr >= cfg->V) {
                     host[k] = 0.0f; /* padding rows */
                     continue;
                 }
@@ -654,8 +800,23 @@ struct layer_params {
         *fcprojb;
 };
 
+/* A tensor the architecture lacks (a bias, GPT-2's wpe under RoPE): NULL, which the kernels read
+ * as "none". */
+static float *grad_or_null(const struct l3d_gpt *m, int t, int layer) {
+    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_grad_ptr(m, t, layer) : NULL;
+}
+
+static void *param_or_null(const struct l3d_gpt *m, int t, int layer) {
+    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_param_ptr(m, t, layer) : NULL;
+}
+
+/* The output head: the tied token embedding, or Llama's lm_head. */
+static int head_tensor(const struct l3d_gpt *m) {
+    return m->cfg.untied ? L3D_T_LMHEAD : L3D_T_WTE;
+}
+
 static struct layer_grads layer_grads(const struct l3d_gpt *m, int l) {
-#define LG(id) l3d_gpt_grad_ptr(m, id, l)
+#define LG(id) grad_or_null(m, id, l)
     return (struct layer_grads){
         .ln1w = LG(L3D_T_LN1W), .ln1b = LG(L3D_T_LN1B), .qkvw = LG(L3D_T_QKVW),
         .qkvb = LG(L3D_T_QKVB), .attprojw = LG(L3D_T_ATTPROJW), .attprojb = LG(L3D_T_ATTPROJB),
@@ -666,7 +827,7 @@ static struct layer_grads layer_grads(const struct l3d_gpt *m, int l) {
 }
 
 static struct layer_params layer_params(const struct l3d_gpt *m, int l) {
-#define LP(id) l3d_gpt_param_ptr(m, id, l)
+#define LP(id) param_or_null(m, id, l)
     return (struct layer_params){
         .ln1w = LP(L3D_T_LN1W), .ln1b = LP(L3D_T_LN1B), .qkvw = LP(L3D_T_QKVW),
         .qkvb = LP(L3D_T_QKVB), .attprojw = LP(L3D_T_ATTPROJW), .attprojb = LP(L3D_T_ATTPROJB),
@@ -705,11 +866,26 @@ static void matmul_backward(struct l3d_gpt *m, void *dinp, float *dweight, float
     progress(m);
 }
 
+/* The model's normalisation: LayerNorm (weight, bias; mean and rstd saved) or RMSNorm (weight;
+ * rstd saved). */
+static void norm_forward(struct l3d_gpt *m, void *out, float *mean, float *rstd, const void *inp,
+                         const void *weight, const void *bias, int64_t N) {
+    if (m->cfg.norm == L3D_NORM_RMSNORM)
+        l3d_be_rmsnorm_forward(m->be, m->dt, out, rstd, inp, weight, N, m->cfg.C,
+                               m->cfg.norm_eps);
+    else
+        l3d_be_layernorm_forward(m->be, m->dt, out, mean, rstd, inp, weight, bias, N, m->cfg.C);
+}
+
 static void layernorm_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int64_t N, int64_t C) {
-    l3d_be_layernorm_backward_mixed(m->be, m->dt, L3D_F32, dinp, dweight, dbias, dout, inp,
-                                    weight, mean, rstd, N, C);
+    if (m->cfg.norm == L3D_NORM_RMSNORM)
+        l3d_be_rmsnorm_backward(m->be, m->dt, L3D_F32, dinp, dweight, dout, inp, weight, rstd, N,
+                                C);
+    else
+        l3d_be_layernorm_backward_mixed(m->be, m->dt, L3D_F32, dinp, dweight, dbias, dout, inp,
+                                        weight, mean, rstd, N, C);
 }
 
 /* Backward of a column-parallel product (Megatron's conjugate of the identity): the input gradient
@@ -755,7 +931,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
         int64_t Nl = N / sp, r0 = m->shard.sp_rank * Nl;
         l3d_be_matmul_forward(m->be, dt, out, inp, w, NULL, N, Cin, C);
         /* the bias once: on the rows this rank keeps */
-        l3d_be_add_bias(m->be, dt, el(out, r0 * C, m->es), b, Nl, C);
+        if (b) l3d_be_add_bias(m->be, dt, el(out, r0 * C, m->es), b, Nl, C);
         m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C, dt);
         l3d_be_residual_forward(m->be, dt, res_out, res_in, m->acts->scratch_local, Nl * C);
         return;
@@ -770,6 +946,97 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
 }
 
+int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
+    /* test hook: the two chunks' positions swapped (tests/cli/cp.sh: the result must change) */
+    static int swap = -1;
+    if (swap < 0) swap = getenv("L3D_TEST_CP_SWAP_CHUNKS") != NULL;
+    if (swap) k = 1 - k;
+    return (k == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * (T / 2);
+}
+
+/* RoPE's positions of this rank's T rows under context parallelism: its two chunks' (as encode
+ * gives learned positions); without it they stay 0..Tmax-1 (rope_init). */
+static void rope_cp_positions(struct l3d_gpt *m, int T) {
+    int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "rope positions");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < T / 2; i++)
+            p[k * (T / 2) + i] =
+                (int32_t)(l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T) + i);
+    l3d_be_copy_h2d(m->be, m->rope_pos, p, (size_t)T * sizeof(int32_t));
+    l3d_be_sync(m->be); /* before the host copy goes */
+    l3d_free(p);
+}
+
+/* Attention of one layer: the backend's kernel, or the ring's (context parallelism). */
+static void attention_forward(struct l3d_gpt *m, struct layer_acts *la, int B, int T,
+                              const struct widths *w) {
+    int64_t Hl = w->Hl, KVl = w->KVl, HS = w->HS;
+    if (m->hooks.cp_attention_forward)
+        m->hooks.cp_attention_forward(m->hooks.cp_ctx, m->dt, la->atty, la->att, la->qkv, B, T,
+                                      Hl, KVl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, KVl,
+                                       HS);
+    else
+        l3d_be_attention_forward(m->be, m->dt, la->atty, la->att, la->qkv, B, T, Hl, KVl, HS);
+}
+
+/* attention_forward's backward: dqkv += from datty (acts). */
+static void attention_backward(struct l3d_gpt *m, struct layer_acts *la, int B, int T,
+                               const struct widths *w) {
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t Hl = w->Hl, KVl = w->KVl, HS = w->HS;
+    if (m->hooks.cp_attention_backward)
+        m->hooks.cp_attention_backward(m->hooks.cp_ctx, m->dt, a->dqkv, a->datty, la->qkv,
+                                       la->atty, la->att, B, T, Hl, KVl, HS);
+    else if (m->attn_naive)
+        l3d_be_attention_naive_backward(m->be, m->dt, a->dqkv, a->datt, a->datty, la->qkv,
+                                        la->att, B, T, Hl, KVl, HS);
+    else
+        l3d_be_attention_backward(m->be, m->dt, a->dqkv, a->datty, la->qkv, la->atty, la->att, B,
+                                  T, Hl, KVl, HS);
+}
+
+/* The embedding lookup (encoder_forward's arguments) with the positions of this rank's rows:
+ * 0..T-1, or under context parallelism those of its two chunks, each (sequence, chunk) a call. */
+static void encode(struct l3d_gpt *m, void *out, const void *wte, const void *wpe, int64_t v0,
+                   int64_t vn, int B, int T) {
+    int64_t C = m->cfg.C;
+    if (m->hooks.cp_size <= 1 || !wpe) {
+        l3d_be_encoder_forward(m->be, m->dt, out, m->inputs, wte, wpe, v0, vn, B, T, C);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_forward(m->be, m->dt, el(out, r0 * C, m->es), m->inputs + r0, wte,
+                                   el(wpe, pos * C, m->es), v0, vn, 1, T / 2, C);
+        }
+}
+
+/* encode's backward: dwte and dwpe (fp32) +=. */
+static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const void *dout, int B,
+                            int T) {
+    const struct l3d_shard *s = &m->shard;
+    int64_t C = m->cfg.C, v0 = s->vocab_start, vn = s->vocab_count;
+    if (m->hooks.cp_size <= 1) {
+        l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, dwpe, dout, m->inputs, v0, vn,
+                                      B, T, C);
+        return;
+    }
+    l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, dwte, NULL, dout, m->inputs, v0, vn, B,
+                                  T, C);
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2 && dwpe; k++) {
+            int64_t r0 = b * T + k * (T / 2);
+            int64_t pos = l3d_cp_chunk_start(m->hooks.cp_size, m->hooks.cp_rank, k, T);
+            l3d_be_encoder_backward_mixed(m->be, m->dt, L3D_F32, NULL, dwpe + pos * C,
+                                          el(dout, r0 * C, m->es), m->inputs + r0, v0, 0, 1,
+                                          T / 2, C);
+        }
+}
+
 /* One transformer layer's forward from its input x into la (res3 is its output). */
 static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
                           int T) {
@@ -777,25 +1044,26 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     const struct l3d_shard *s = &m->shard;
     const enum l3d_dtype dt = m->dt;
     int64_t N = (int64_t)B * T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
-    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
+    struct widths w = widths(m);
     struct layer_params p = layer_params(m, l);
     void *lnout = sp > 1 ? a->ln_local : la->ln1;
-    l3d_be_layernorm_forward(m->be, dt, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl,
-                             C);
+    norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
-    l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, 3 * Ca);
-    if (m->attn_naive)
-        l3d_be_attention_naive_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
-    else
-        l3d_be_attention_forward(m->be, dt, la->atty, la->att, la->qkv, B, T, Hl, HS);
-    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, Ca);
+    l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, w.QKV);
+    if (m->cfg.pos == L3D_POS_ROPE) /* q and k rotated in place: what attention and backward see */
+        l3d_be_rope_forward(m->be, dt, la->qkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl, w.KVl,
+                            w.HS);
+    attention_forward(m, la, B, T, &w);
+    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca);
     lnout = sp > 1 ? a->ln_local : la->ln2;
-    l3d_be_layernorm_forward(m->be, dt, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w,
-                             p.ln2b, Nl, C);
+    norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
-    l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, F);
-    l3d_be_gelu_forward(m->be, dt, la->fch_gelu, la->fch, N * F);
-    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, F);
+    l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
+    if (m->cfg.mlp == L3D_MLP_SWIGLU)
+        l3d_be_swiglu_forward(m->be, dt, la->fch_gelu, la->fch, N, w.F);
+    else
+        l3d_be_gelu_forward(m->be, dt, la->fch_gelu, la->fch, N * w.F);
+    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, w.F);
 }
 
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
@@ -842,23 +1110,29 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
 
     int64_t sp = s->sp_size, Nl = N / sp, r0 = s->sp_rank * Nl;
     L3D_ASSERT(N % sp == 0);
+    if (m->cfg.pos == L3D_POS_ROPE && m->hooks.cp_size > 1) rope_cp_positions(m, T);
     if (s->has_embedding) {
         const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
-        const void *wpe = l3d_gpt_param_ptr(m, L3D_T_WPE, 0);
+        const void *wpe = param_or_null(m, L3D_T_WPE, 0); /* NULL with RoPE */
         int64_t v0 = s->vocab_start, vn = s->vocab_count;
         if (sp > 1) { /* vocabulary-parallel lookup, summed and scattered by rows; + positions */
             l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, NULL, v0, vn, B, T, C);
             m->hooks.tp_reduce_scatter(m->hooks.ctx, a->scratch, m->input_act, Nl * C, dt);
-            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
-            l3d_be_add_inplace(m->be, dt, m->input_act, el(a->scratch, r0 * C, m->es), Nl * C);
+            if (wpe) { /* learned positions (RoPE adds none) */
+                encode(m, a->scratch, wte, wpe, 0, 0, B, T);
+                l3d_be_add_inplace(m->be, dt, m->input_act, el(a->scratch, r0 * C, m->es),
+                                   Nl * C);
+            }
         } else if (m->hooks.tp_all_reduce) { /* vocabulary-parallel lookup: partial rows, summed */
             l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, NULL, v0, vn, B, T,
                                    C);
             tp_all_reduce(m, m->input_act, N * C, dt);
-            l3d_be_encoder_forward(m->be, dt, a->scratch, m->inputs, wte, wpe, 0, 0, B, T, C);
-            l3d_be_add_inplace(m->be, dt, m->input_act, a->scratch, N * C);
+            if (wpe) {
+                encode(m, a->scratch, wte, wpe, 0, 0, B, T);
+                l3d_be_add_inplace(m->be, dt, m->input_act, a->scratch, N * C);
+            }
         } else {
-            l3d_be_encoder_forward(m->be, dt, m->input_act, m->inputs, wte, wpe, v0, vn, B, T, C);
+            encode(m, m->input_act, wte, wpe, v0, vn, B, T);
         }
     }
     const void *x = m->input_act;
@@ -870,11 +1144,11 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
     }
     if (!s->has_head) return 0.0f;
 
-    const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
+    const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
     const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
-    const void *lnfb = l3d_gpt_param_ptr(m, L3D_T_LNFB, 0);
+    const void *lnfb = param_or_null(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    l3d_be_layernorm_forward(m->be, dt, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl, C);
+    norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
@@ -919,7 +1193,8 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
     const size_t E = m->es;
     int B = m->B, T = m->T;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
-    int64_t Hl = s->head_count, HS = C / m->cfg.NH, Ca = Hl * HS, F = s->ffn_count;
+    struct widths w = widths(m);
+    int64_t Hl = w.Hl, HS = w.HS, Ca = w.Ca, F = w.F;
     /* sequence parallel: the LayerNorm and residual regions hold Nl of the N rows; their
      * gradients are gathered before each row-parallel product (the conjugate of its
      * reduce-scatter), and the LayerNorm weights' gradients, partial sums over this rank's rows,
@@ -929,11 +1204,11 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
     const void *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
-        float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
-        const void *wte = l3d_gpt_param_ptr(m, L3D_T_WTE, 0);
+        float *dwte = l3d_gpt_grad_ptr(m, head_tensor(m), 0);
+        const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
         const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
         float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
-        float *dlnfb = l3d_gpt_grad_ptr(m, L3D_T_LNFB, 0);
+        float *dlnfb = grad_or_null(m, L3D_T_LNFB, 0);
         int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
         /* logits become dlogits in place */
         L3D_ASSERT(m->has_targets);
@@ -944,11 +1219,11 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         l3d_be_memset(m->be, a->dres, 0, bytes_l);
         if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
             l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
-            layernorm_backward(m, a->dres, a->dlnw, a->dlnw + C, a->dln_local, x_last, lnfw,
-                               a->lnf_mean, a->lnf_rstd, Nl, C);
+            layernorm_backward(m, a->dres, a->dlnw, dlnfb ? a->dlnw + C : NULL, a->dln_local,
+                               x_last, lnfw, a->lnf_mean, a->lnf_rstd, Nl, C);
             tp_all_reduce(m, a->dlnw, 2 * C, L3D_F32);
             l3d_be_add_inplace(m->be, L3D_F32, dlnfw, a->dlnw, C);
-            l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
+            if (dlnfb) l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
         } else {
             layernorm_backward(m, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
                                a->lnf_rstd, N, C);
@@ -972,25 +1247,28 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
             /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
             l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
-                                           HS);
+                                           w.KVl, HS);
         }
         /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
          * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
         float *g_ln2w = g.ln2w, *g_ln2b = g.ln2b, *g_ln1w = g.ln1w, *g_ln1b = g.ln1b;
         if (sp > 1) {
             l3d_be_memset(m->be, a->dlnw, 0, 4 * (size_t)C * sizeof(float));
-            g_ln2w = a->dlnw, g_ln2b = a->dlnw + C;
-            g_ln1w = a->dlnw + 2 * C, g_ln1b = a->dlnw + 3 * C;
+            g_ln2w = a->dlnw, g_ln2b = g.ln2b ? a->dlnw + C : NULL;
+            g_ln1w = a->dlnw + 2 * C, g_ln1b = g.ln1b ? a->dlnw + 3 * C : NULL;
         }
         /* MLP: dres holds d(res3) */
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
         l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * E);
         matmul_backward(m, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
                         p.fcprojw, N, F, C);
-        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * F) * E);
-        l3d_be_gelu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N * F);
+        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * w.Fm) * E);
+        if (m->cfg.mlp == L3D_MLP_SWIGLU)
+            l3d_be_swiglu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N, F);
+        else
+            l3d_be_gelu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N * F);
         progress(m);
-        column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, F);
+        column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, w.Fm);
         layernorm_backward(m, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
                            la->ln2_mean, la->ln2_rstd, Nl, C);
         progress(m);
@@ -999,24 +1277,22 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * E);
         matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
                         N, Ca, C);
-        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * 3 * Ca) * E);
-        if (m->attn_naive)
-            l3d_be_attention_naive_backward(m->be, dt, a->dqkv, a->datt, a->datty, la->qkv,
-                                            la->att, B, T, Hl, HS);
-        else
-            l3d_be_attention_backward(m->be, dt, a->dqkv, a->datty, la->qkv, la->atty, la->att,
-                                      B, T, Hl, HS);
+        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * w.QKV) * E);
+        attention_backward(m, la, B, T, &w);
+        if (m->cfg.pos == L3D_POS_ROPE) /* to the gradient of q and k before their rotation */
+            l3d_be_rope_backward(m->be, dt, a->dqkv, m->rope_inv_freq, m->rope_pos, B, T, Hl,
+                                 w.KVl, HS);
         progress(m);
         column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
-                                 3 * Ca);
+                                 w.QKV);
         layernorm_backward(m, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
                            la->ln1_rstd, Nl, C);
         if (sp > 1) {
             tp_all_reduce(m, a->dlnw, 4 * C, L3D_F32);
             l3d_be_add_inplace(m->be, L3D_F32, g.ln2w, g_ln2w, C);
-            l3d_be_add_inplace(m->be, L3D_F32, g.ln2b, g_ln2b, C);
+            if (g.ln2b) l3d_be_add_inplace(m->be, L3D_F32, g.ln2b, g_ln2b, C);
             l3d_be_add_inplace(m->be, L3D_F32, g.ln1w, g_ln1w, C);
-            l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
+            if (g.ln1b) l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
         }
         /* dres now holds d(x), the layer's input */
         params_end(m, l, true);
@@ -1025,10 +1301,9 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
     l3d_be_copy_d2d(m->be, m->dinput_act, a->dres, bytes_l);
     if (s->has_embedding) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
-        float *dwpe = l3d_gpt_grad_ptr(m, L3D_T_WPE, 0);
+        float *dwpe = grad_or_null(m, L3D_T_WPE, 0);
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        l3d_be_encoder_backward_mixed(m->be, dt, L3D_F32, dwte, dwpe, a->dres_full, m->inputs,
-                                      s->vocab_start, s->vocab_count, B, T, C);
+        encode_backward(m, dwte, dwpe, a->dres_full, B, T);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
@@ -1057,7 +1332,15 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
      * scratch of that size (both fp32) */
     double Ca = h / t, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
-    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p);
+    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 h/t and
+     * 4 h/t + 4 h/t (GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
+     * and RMSNorm's missing mean (of both norms) */
+    int64_t ca = (int64_t)sh->head_count * (cfg->C / cfg->NH);
+    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * (cfg->C / cfg->NH);
+    int64_t f = sh->ffn_count, fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * f : f;
+    double dw = (double)((qkv - 3 * ca) + (fm + f - 8 * ca));
+    double dstat = cfg->norm == L3D_NORM_RMSNORM ? -4 * (2 * sb / p) : 0.0;
+    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p) + E * sb * dw + dstat;
     double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
@@ -1070,7 +1353,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
     double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sbh / t + sbh) +
-                    (flash ? 0 : att);
+                    (flash ? 0 : att) + E * sb * dw;
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
@@ -1081,13 +1364,15 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
 /* ---- counts ----------------------------------------------------------------------------- */
 
 int64_t l3d_gpt_param_count(const struct l3d_model_spec *cfg) {
-    int64_t C = cfg->C, L = cfg->L;
-    return (int64_t)cfg->Vp * C + (int64_t)cfg->maxT * C +
-           L * (2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C) +
-           2 * C;
+    struct l3d_tensor_info t[L3D_NUM_TENSORS];
+    struct l3d_shard full = l3d_shard_full(cfg);
+    return l3d_gpt_plan_tensors(cfg, &full, t);
 }
 
 double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T) {
-    double n = (double)l3d_gpt_param_count(cfg) - (double)cfg->maxT * cfg->C;
+    double wpe = cfg->pos == L3D_POS_LEARNED ? (double)cfg->maxT * cfg->C : 0.0;
+    /* an untied model's embedding is a lookup: only its head takes part in a product */
+    double wte = cfg->untied ? (double)cfg->Vp * cfg->C : 0.0;
+    double n = (double)l3d_gpt_param_count(cfg) - wpe - wte;
     return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
 }

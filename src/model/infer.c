@@ -5,6 +5,8 @@
  *   x = wte[tok] + wpe[pos..]; for each layer: qkv = LN1(x) Wqkv + b, keys and values appended to
  *   the cache, attention of each new query over cached positions 0..its own, x += proj(att);
  *   x += fcproj(gelu(fc(LN2(x)))); logits = LNf(x_last) wte^T.
+ * Llama: x = wte[tok]; RMSNorm for LN; q and k rotated at their positions (RoPE) before the keys
+ * are cached; the cache holds the NKV key/value heads; SwiGLU for the MLP; the head is lmhead.
  * Attention over the cache is the backend's l3d_be_attention_cached (Vaswani et al. 2017, eq. 1).
  * Every buffer is device memory of the model's backend; the logits come back by one copy.
  */
@@ -16,11 +18,13 @@ struct l3d_infer {
     const struct l3d_gpt *m;
     struct l3d_backend *be;
     int pos;
-    int64_t maxT, C, F, Vp;
+    int64_t maxT, C, F, Fm, Vp;
+    int64_t KV, QKV;           /* key (and value) channels NKV hd; q|k|v row width C + 2 KV */
     enum l3d_dtype dt;         /* the model's: activations and the cache (mean, rstd fp32) */
     size_t es;
     /* device memory of the model's backend */
-    void *kv;                  /* (L, maxT, 2C): keys | values of each cached position */
+    void *kv;                  /* (L, maxT, 2KV): keys | values of each cached position */
+    int32_t *positions;        /* (maxT) 0..maxT-1: RoPE's positions from pos on */
     void *x, *ln, *qkv, *atty, *proj, *fch, *fchg; /* rows of n <= maxT */
     float *mean, *rstd;
     void *logits;              /* (Vp) */
@@ -36,7 +40,7 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     const struct l3d_shard *s = &m->shard;
     const struct l3d_model_spec *c = &m->cfg;
     if (s->layer_start != 0 || s->layer_count != c->L || s->head_count != c->NH ||
-        s->ffn_count != 4 * (int64_t)c->C || s->vocab_count != c->Vp || !s->has_embedding ||
+        s->ffn_count != c->ffn || s->vocab_count != c->Vp || !s->has_embedding ||
         !s->has_head || s->sp_size != 1)
         return l3d_error(L3D_ERR_LAYOUT, "generation runs on the whole model in one process: "
                          "load the checkpoint without tensor or pipeline parallelism");
@@ -45,22 +49,26 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     inf->be = m->be;
     inf->maxT = c->maxT;
     inf->C = c->C;
-    inf->F = 4 * (int64_t)c->C;
+    inf->F = c->ffn;
+    inf->Fm = c->mlp == L3D_MLP_SWIGLU ? 2 * c->ffn : c->ffn;
+    inf->KV = (int64_t)l3d_model_kv_heads(c) * (c->C / c->NH);
+    inf->QKV = c->C + 2 * inf->KV;
     inf->Vp = c->Vp;
     inf->dt = m->dt;
     inf->es = m->es;
     int64_t T = inf->maxT, C = inf->C;
     const size_t es = m->es, f4 = sizeof(float);
     struct { void **p; size_t bytes; const char *what; } bufs[] = {
-        {&inf->kv, (size_t)(c->L * T * 2 * C) * es, "KV cache"},
+        {&inf->kv, (size_t)(c->L * T * 2 * inf->KV) * es, "KV cache"},
+        {(void **)&inf->positions, (size_t)T * sizeof(int32_t), "inference positions"},
         {&inf->x, (size_t)(T * C) * es, "inference activations"},
         {&inf->ln, (size_t)(T * C) * es, "inference activations"},
         {(void **)&inf->mean, (size_t)T * f4, "inference activations"},
         {(void **)&inf->rstd, (size_t)T * f4, "inference activations"},
-        {&inf->qkv, (size_t)(T * 3 * C) * es, "inference activations"},
+        {&inf->qkv, (size_t)(T * inf->QKV) * es, "inference activations"},
         {&inf->atty, (size_t)(T * C) * es, "inference activations"},
         {&inf->proj, (size_t)(T * C) * es, "inference activations"},
-        {&inf->fch, (size_t)(T * inf->F) * es, "inference activations"},
+        {&inf->fch, (size_t)(T * inf->Fm) * es, "inference activations"},
         {&inf->fchg, (size_t)(T * inf->F) * es, "inference activations"},
         {&inf->logits, (size_t)inf->Vp * es, "logits"},
         {(void **)&inf->logits32, (size_t)inf->Vp * f4, "logits"},
@@ -81,13 +89,18 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
                          "buffers (context %lld): use a model with a shorter context",
                          need / 1073741824.0, (long long)T);
     }
+    int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "inference positions");
+    for (int64_t t = 0; t < T; t++) p[t] = (int32_t)t;
+    l3d_be_copy_h2d(inf->be, inf->positions, p, (size_t)T * sizeof(int32_t));
+    l3d_be_sync(inf->be); /* before the host copy goes */
+    l3d_free(p);
     *out = inf;
     return L3D_OK;
 }
 
 void l3d_infer_free(struct l3d_infer *inf) {
     if (!inf) return;
-    void *bufs[] = {inf->kv, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty,
+    void *bufs[] = {inf->kv, inf->positions, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty,
                     inf->proj, inf->fch, inf->fchg, inf->logits, inf->logits32, inf->tokens};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) l3d_be_free(inf->be, bufs[i]);
     l3d_free(inf->logits_host);
@@ -97,49 +110,67 @@ void l3d_infer_free(struct l3d_infer *inf) {
 int l3d_infer_pos(const struct l3d_infer *inf) { return inf->pos; }
 void l3d_infer_reset(struct l3d_infer *inf) { inf->pos = 0; }
 
+/* Tensor t's parameters of layer l, or NULL for a tensor the architecture lacks (a bias). */
+static const void *param(const struct l3d_gpt *m, int t, int l) {
+    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_param_ptr(m, t, l) : NULL;
+}
+#define P(t, l) param(m, t, l)
+
+/* inf->ln (n, C) = the model's normalisation of x (n, C). */
+static void norm(struct l3d_infer *inf, const void *x, const void *w, const void *b, int64_t n) {
+    const struct l3d_model_spec *c = &inf->m->cfg;
+    if (c->norm == L3D_NORM_RMSNORM)
+        l3d_be_rmsnorm_forward(inf->be, inf->dt, inf->ln, inf->rstd, x, w, n, c->C, c->norm_eps);
+    else
+        l3d_be_layernorm_forward(inf->be, inf->dt, inf->ln, inf->mean, inf->rstd, x, w, b, n,
+                                 c->C);
+}
+
 const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n) {
     const struct l3d_gpt *m = inf->m;
     L3D_ASSERT(n >= 1 && inf->pos + n <= inf->maxT);
     for (int i = 0; i < n; i++) L3D_ASSERT(tokens[i] >= 0 && tokens[i] < m->cfg.V);
     struct l3d_backend *be = inf->be;
-    const int64_t C = inf->C, F = inf->F, T = inf->maxT, N = n, NH = m->cfg.NH;
+    const struct l3d_model_spec *c = &m->cfg;
+    const int64_t C = inf->C, F = inf->F, T = inf->maxT, N = n, NH = c->NH, HS = C / NH;
+    const int64_t KV = inf->KV, QKV = inf->QKV, NKV = l3d_model_kv_heads(c);
     const int pos = inf->pos;
     const enum l3d_dtype dt = inf->dt;
     const size_t es = inf->es;
+    const void *wpe = P(L3D_T_WPE, 0);
     l3d_be_copy_h2d(be, inf->tokens, tokens, (size_t)n * sizeof(int32_t));
     l3d_be_encoder_forward(be, dt, inf->x, inf->tokens, l3d_gpt_param_ptr(m, L3D_T_WTE, 0),
-                           el(l3d_gpt_param_ptr(m, L3D_T_WPE, 0), (int64_t)pos * C, es), 0,
-                           inf->Vp, 1, N, C);
-    for (int l = 0; l < m->cfg.L; l++) {
-#define LP(id) l3d_gpt_param_ptr(m, id, l)
-        void *kv = el(inf->kv, (int64_t)l * T * 2 * C, es);
-        l3d_be_layernorm_forward(be, dt, inf->ln, inf->mean, inf->rstd, inf->x, LP(L3D_T_LN1W),
-                                 LP(L3D_T_LN1B), N, C);
-        l3d_be_matmul_forward(be, dt, inf->qkv, inf->ln, LP(L3D_T_QKVW), LP(L3D_T_QKVB), N, C,
-                              3 * C);
+                           wpe ? el(wpe, (int64_t)pos * C, es) : NULL, 0, inf->Vp, 1, N, C);
+    for (int l = 0; l < c->L; l++) {
+        void *kv = el(inf->kv, (int64_t)l * T * 2 * KV, es);
+        norm(inf, inf->x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N);
+        l3d_be_matmul_forward(be, dt, inf->qkv, inf->ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C,
+                              QKV);
+        if (c->pos == L3D_POS_ROPE) /* rows at positions pos.. : their keys cached rotated */
+            l3d_be_rope_forward(be, dt, inf->qkv, m->rope_inv_freq, inf->positions + pos, 1, N,
+                                NH, NKV, HS);
         for (int64_t i = 0; i < N; i++) /* keys and values of the new positions */
-            l3d_be_copy_d2d(be, el(kv, (pos + i) * 2 * C, es), el(inf->qkv, i * 3 * C + C, es),
-                            (size_t)(2 * C) * es);
-        l3d_be_attention_cached(be, dt, inf->atty, inf->qkv, kv, el(kv, C, es), pos, N, NH,
-                                C / NH, 3 * C, 2 * C);
-        l3d_be_matmul_forward(be, dt, inf->proj, inf->atty, LP(L3D_T_ATTPROJW),
-                              LP(L3D_T_ATTPROJB), N, C, C);
+            l3d_be_copy_d2d(be, el(kv, (pos + i) * 2 * KV, es), el(inf->qkv, i * QKV + C, es),
+                            (size_t)(2 * KV) * es);
+        l3d_be_attention_cached(be, dt, inf->atty, inf->qkv, kv, el(kv, KV, es), pos, N, NH, NKV,
+                                HS, QKV, 2 * KV);
+        l3d_be_matmul_forward(be, dt, inf->proj, inf->atty, P(L3D_T_ATTPROJW, l),
+                              P(L3D_T_ATTPROJB, l), N, C, C);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
-        l3d_be_layernorm_forward(be, dt, inf->ln, inf->mean, inf->rstd, inf->x, LP(L3D_T_LN2W),
-                                 LP(L3D_T_LN2B), N, C);
-        l3d_be_matmul_forward(be, dt, inf->fch, inf->ln, LP(L3D_T_FCW), LP(L3D_T_FCB), N, C, F);
-        l3d_be_gelu_forward(be, dt, inf->fchg, inf->fch, N * F);
-        l3d_be_matmul_forward(be, dt, inf->proj, inf->fchg, LP(L3D_T_FCPROJW),
-                              LP(L3D_T_FCPROJB), N, F, C);
+        norm(inf, inf->x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N);
+        l3d_be_matmul_forward(be, dt, inf->fch, inf->ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), N, C,
+                              inf->Fm);
+        if (c->mlp == L3D_MLP_SWIGLU)
+            l3d_be_swiglu_forward(be, dt, inf->fchg, inf->fch, N, F);
+        else
+            l3d_be_gelu_forward(be, dt, inf->fchg, inf->fch, N * F);
+        l3d_be_matmul_forward(be, dt, inf->proj, inf->fchg, P(L3D_T_FCPROJW, l),
+                              P(L3D_T_FCPROJB, l), N, F, C);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
-#undef LP
     }
-    const void *last = el(inf->x, (N - 1) * C, es);
-    l3d_be_layernorm_forward(be, dt, inf->ln, inf->mean, inf->rstd, last,
-                             l3d_gpt_param_ptr(m, L3D_T_LNFW, 0),
-                             l3d_gpt_param_ptr(m, L3D_T_LNFB, 0), 1, C);
-    l3d_be_matmul_forward(be, dt, inf->logits, inf->ln, l3d_gpt_param_ptr(m, L3D_T_WTE, 0), NULL,
-                          1, C, inf->Vp);
+    norm(inf, el(inf->x, (N - 1) * C, es), P(L3D_T_LNFW, 0), P(L3D_T_LNFB, 0), 1);
+    l3d_be_matmul_forward(be, dt, inf->logits, inf->ln,
+                          P(c->untied ? L3D_T_LMHEAD : L3D_T_WTE, 0), NULL, 1, C, inf->Vp);
     const float *lg = inf->logits;
     if (dt != L3D_F32) { /* widened on the device (exact), then the one copy back */
         l3d_be_convert(be, L3D_F32, inf->logits32, dt, inf->logits, inf->Vp);

@@ -151,7 +151,9 @@ void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
         for (int c = 0; c < x->v; c++) {
             struct l3d_gpt *g = x->chunks[c];
             const struct l3d_tensor_info *t = &g->tensors[L3D_T_WTE];
-            if (t->count > 0) /* the first stage's embedding, the last stage's head: one sum */
+            /* the first stage's embedding, the last stage's head: one sum (an untied head is
+             * a tensor of its own: nothing shared) */
+            if (t->count > 0 && !g->cfg.untied)
                 l3d_comm_all_reduce(x->embed_comm, l3d_gpt_grad_ptr(g, L3D_T_WTE, 0), t->count,
                                     x->grad_dtype, L3D_SUM, NULL);
         }

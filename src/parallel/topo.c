@@ -79,32 +79,83 @@ void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *
     *dp_rank = rank / (tp * pp);
 }
 
-/* "rank 5 (tp 1, pp 0, dp 1)": a world rank named by its coordinates (the watchdog's names). */
+int l3d_topo_rank_of_cp(int tp, int cp, int pp, int tp_rank, int cp_rank, int pp_rank,
+                        int dp_rank) {
+    L3D_ASSERT(cp >= 1 && cp_rank >= 0 && cp_rank < cp);
+    return l3d_topo_rank_of(tp * cp, pp, cp_rank * tp + tp_rank, pp_rank, dp_rank);
+}
+
+void l3d_topo_coords_cp(int tp, int cp, int pp, int rank, int *tp_rank, int *cp_rank,
+                        int *pp_rank, int *dp_rank) {
+    int tc;
+    l3d_topo_coords(tp * cp, pp, rank, &tc, pp_rank, dp_rank);
+    *tp_rank = tc % tp;
+    *cp_rank = tc / tp;
+}
+
+/* "rank 5 (tp 1, pp 0, dp 1)": a world rank named by its coordinates (the watchdog's names); cp
+ * named when there is a ring. */
 static void topo_rank_name(void *ctx, int world_rank, char *buf, size_t n) {
     const struct l3d_topo *t = ctx;
-    int tp_rank, pp_rank, dp_rank;
-    l3d_topo_coords(t->tp, t->pp, world_rank, &tp_rank, &pp_rank, &dp_rank);
-    snprintf(buf, n, "rank %d (tp %d, pp %d, dp %d)", world_rank, tp_rank, pp_rank, dp_rank);
+    int tp_rank, cp_rank, pp_rank, dp_rank;
+    l3d_topo_coords_cp(t->tp, t->cp, t->pp, world_rank, &tp_rank, &cp_rank, &pp_rank, &dp_rank);
+    if (t->cp > 1)
+        snprintf(buf, n, "rank %d (tp %d, cp %d, pp %d, dp %d)", world_rank, tp_rank, cp_rank,
+                 pp_rank, dp_rank);
+    else
+        snprintf(buf, n, "rank %d (tp %d, pp %d, dp %d)", world_rank, tp_rank, pp_rank, dp_rank);
 }
 
 l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp) {
-    L3D_ASSERT(tp >= 1 && pp >= 1 && dp >= 1 && (int64_t)tp * pp * dp == world->size);
-    *t = (struct l3d_topo){.tp = tp, .pp = pp, .dp = dp, .world = world};
+    return l3d_topo_init_cp(t, world, tp, 1, pp, dp);
+}
+
+/* The ring and the widened data-parallel group (splits 5 and 6; none when cp = 1). tc: the rank's
+ * index in the tp x cp block. */
+static l3d_status split_cp(struct l3d_topo *t, struct l3d_comm *world) {
+    if (t->cp == 1) {
+        t->dpcp_comm = t->dp_comm;
+        return L3D_OK;
+    }
+    int ring = (t->dp_rank * t->pp + t->pp_rank) * t->tp + t->tp_rank;
+    l3d_status st = l3d_comm_split(world, ring, t->cp_rank, &t->cp_comm);
+    if (st == L3D_OK)
+        st = l3d_comm_split(world, t->pp_rank * t->tp + t->tp_rank,
+                            t->dp_rank * t->cp + t->cp_rank, &t->dpcp_comm);
+    if (st != L3D_OK) return st;
+    L3D_ASSERT(t->cp_comm->size == t->cp && t->cp_comm->rank == t->cp_rank);
+    t->cp_comm->role = "CP";
+    t->dpcp_comm->role = "DP x CP";
+    return L3D_OK;
+}
+
+l3d_status l3d_topo_init_cp(struct l3d_topo *t, struct l3d_comm *world, int tp, int cp, int pp,
+                            int dp) {
+    L3D_ASSERT(tp >= 1 && cp >= 1 && pp >= 1 && dp >= 1 &&
+               (int64_t)tp * cp * pp * dp == world->size);
+    *t = (struct l3d_topo){.tp = tp, .cp = cp, .pp = pp, .dp = dp, .world = world};
     t->rank = world->rank;
     t->world_size = world->size;
-    l3d_topo_coords(tp, pp, t->rank, &t->tp_rank, &t->pp_rank, &t->dp_rank);
+    l3d_topo_coords_cp(tp, cp, pp, t->rank, &t->tp_rank, &t->cp_rank, &t->pp_rank, &t->dp_rank);
 
-    /* Every split is collective over the world: each rank takes part in all four, in this order. */
+    /* Every split is collective over the world: each rank takes part in all, in this order. The
+     * colors below name the ranks' other coordinates (with cp = 1, the grid of the header). */
     l3d_status st;
-    int pipeline = t->dp_rank * tp + t->tp_rank; /* which pipeline this rank belongs to */
-    if ((st = l3d_comm_split(world, t->dp_rank * pp + t->pp_rank, t->tp_rank, &t->tp_comm)) ||
+    int pipeline = (t->dp_rank * cp + t->cp_rank) * tp + t->tp_rank; /* this rank's pipeline */
+    int tpgroup = (t->dp_rank * pp + t->pp_rank) * cp + t->cp_rank;
+    int dpgroup = (t->pp_rank * cp + t->cp_rank) * tp + t->tp_rank;
+    if ((st = l3d_comm_split(world, tpgroup, t->tp_rank, &t->tp_comm)) ||
         (st = l3d_comm_split(world, pipeline, t->pp_rank, &t->pp_comm)) ||
-        (st = l3d_comm_split(world, t->pp_rank * tp + t->tp_rank, t->dp_rank, &t->dp_comm))) {
+        (st = l3d_comm_split(world, dpgroup, t->dp_rank, &t->dp_comm))) {
         l3d_topo_free(t);
         return st;
     }
     bool ends = t->pp_rank == 0 || t->pp_rank == pp - 1;
     if ((st = l3d_comm_split(world, ends ? pipeline : -1, t->pp_rank, &t->embed_comm))) {
+        l3d_topo_free(t);
+        return st;
+    }
+    if ((st = split_cp(t, world))) {
         l3d_topo_free(t);
         return st;
     }
@@ -128,6 +179,9 @@ void l3d_topo_free(struct l3d_topo *t) {
         t->tp_comm->watch->name = NULL;
         t->tp_comm->watch->name_ctx = NULL;
     }
+    if (t->dpcp_comm != t->dp_comm) l3d_comm_free(t->dpcp_comm);
+    l3d_comm_free(t->cp_comm);
+    t->dpcp_comm = t->cp_comm = NULL;
     l3d_comm_free(t->embed_comm);
     l3d_comm_free(t->dp_comm);
     l3d_comm_free(t->pp_comm);

@@ -6,16 +6,24 @@
 
 l3d_status l3d_tp_shard(const struct l3d_model_spec *cfg, int tp, int tp_rank,
                         bool sequence_parallel, struct l3d_shard *out) {
-    int64_t F = 4 * (int64_t)cfg->C;
+    int64_t F = cfg->ffn > 0 ? cfg->ffn : 4 * (int64_t)cfg->C;
+    int kv = l3d_model_kv_heads(cfg);
     if (tp > cfg->NH)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d is larger than the model's %d attention heads: "
                          "choose a tensor-parallel size that divides the heads", tp, cfg->NH);
     if (cfg->NH % tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d attention heads: "
                          "choose a divisor of %d", tp, cfg->NH, cfg->NH);
+    /* each rank holds whole key/value heads with the query heads they serve; more ranks than
+     * key/value heads would need each replicated over tp / NKV ranks (Megatron-LM does so),
+     * which llm3d does not do */
+    if (kv % tp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d key/value heads "
+                         "(grouped-query attention; %d query heads): choose a divisor of %d (key/"
+                         "value heads are not replicated across ranks)", tp, kv, cfg->NH, kv);
     if (F % tp != 0)
-        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld (4 x %d "
-                         "channels)", tp, (long long)F, cfg->C);
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", tp,
+                         (long long)F);
     if (cfg->Vp % tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the padded vocabulary %d (the "
                          "vocabulary %d rounded up to a multiple of %d)", tp, cfg->Vp, cfg->V,
@@ -105,7 +113,7 @@ void l3d_tp_attach(struct l3d_tp *tp, struct l3d_gpt *m, struct l3d_comm *tp_com
 
 bool l3d_tp_tensor_split(int t) {
     return t == L3D_T_WTE || t == L3D_T_QKVW || t == L3D_T_QKVB || t == L3D_T_ATTPROJW ||
-           t == L3D_T_FCW || t == L3D_T_FCB || t == L3D_T_FCPROJW;
+           t == L3D_T_FCW || t == L3D_T_FCB || t == L3D_T_FCPROJW || t == L3D_T_LMHEAD;
 }
 
 /* Rank 0 receives each rank's shard into device memory, stages it to the host and places it. */

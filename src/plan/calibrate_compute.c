@@ -328,9 +328,9 @@ static void measure_attention(struct l3d_backend *be, const struct l3d_calib *c,
     void *dqkv = filled_dt(dt, B * T * 3 * C, 0.0f, 0.0f, 14);
     float *lse = l3d_calib_filled(B * NH * T, 0.0f, 0.0f, 15);
     const double secs = c->quick ? 0.1 : 1.0;
-    TIME_BEST(*fwd_s, secs, l3d_be_attention_forward(be, dt, out, lse, qkv, B, T, NH, HS));
+    TIME_BEST(*fwd_s, secs, l3d_be_attention_forward(be, dt, out, lse, qkv, B, T, NH, NH, HS));
     TIME_BEST(*bwd_s, secs, l3d_be_attention_backward(be, dt, dqkv, dout, qkv, out, lse, B, T, NH,
-                                                      HS));
+                                                      NH, HS));
     void *bufs[] = {qkv, dout, out, dqkv, lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_free(bufs[i]);
 }

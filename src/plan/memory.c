@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/cp.h"
 #include "llm3d/layout.h"
 #include "plan-impl.h"
 
@@ -51,7 +52,7 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
      * which over every chunk of a layout is O(stages^2)) */
     if (l3d_layout_stage_shard(c, layers, S, 0, lay->tp, 0, lay->sp, &sh) != L3D_OK) {
         sh.head_count = m->NH / lay->tp;
-        sh.ffn_count = 4LL * m->C / lay->tp;
+        sh.ffn_count = c->ffn / lay->tp;
         sh.vocab_count = ((int64_t)c->Vp + lay->tp - 1) / lay->tp;
     }
     sh.layer_start = (int)start[vs];
@@ -65,15 +66,14 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     for (int t = 0; t < L3D_NUM_TENSORS; t++)
         if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
         else ch->nonlayer += ti[t].count;
-    /* an MLP of width f instead of 4h: fcw, fcb and fcprojw change by (f - 4h)/t (2h + 1) */
-    ch->n = ch->n_gpt + (int64_t)sh.layer_count * ((m->ffn - 4LL * m->C) / lay->tp) *
-                            (2LL * m->C + 1);
-    if (!l3d_plan_gpt2_blocks(m)) { /* other blocks: Megatron-LM's split of them */
+    ch->n = ch->n_gpt;
+    /* other blocks in Megatron-LM: its split of them, which replicates a KV head on the ranks of
+     * its query heads where tp exceeds the KV heads (llm3d's trainer refuses that layout) */
+    if (!l3d_plan_gpt2_blocks(m)) {
         struct l3d_plan_counts pc;
         l3d_plan_param_counts(m, lay->tp, &pc);
-        ch->slot = (int64_t)pc.layer;
-        ch->nonlayer = (int64_t)((sh.has_embedding ? pc.embed : 0) + (sh.has_head ? pc.head : 0));
-        ch->n = ch->n_gpt = (int64_t)(sh.layer_count * pc.layer) + ch->nonlayer;
+        ch->n = (int64_t)(sh.layer_count * pc.layer + (sh.has_embedding ? pc.embed : 0) +
+                          (sh.has_head ? pc.head : 0));
     }
 }
 
@@ -278,6 +278,18 @@ void l3d_plan_rank_memory(const struct l3d_model_spec *m, const struct l3d_plan_
     mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
 }
 
+void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_plan_run *run,
+                             const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
+                             int cp, struct l3d_plan_mem *mem) {
+    for (int k = 0; k < lay->v && cp > 1; k++) { /* each chunk's ring (l3d_cp_attach) */
+        int64_t heads = ch[k].sh.head_count, HS = mc->C / mc->NH;
+        double ring = (double)l3d_cp_bytes(lay->micro_batch, mc->maxT, heads, heads, HS,
+                                           run->precision.param);
+        mem->other += ring;
+        mem->total += ring;
+    }
+}
+
 l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                            const struct l3d_layout *lay_in, struct l3d_plan_mem *worst) {
     memset(worst, 0, sizeof *worst);
@@ -287,6 +299,12 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
     if (st != L3D_OK) return st;
     int p = lay.pp, v = lay.v, S = p * v;
     int64_t mm = run->global_batch / ((int64_t)lay.micro_batch * lay.dp);
+    /* context parallelism: a rank holds T / cp rows of each sequence (activations and tokens
+     * divided by cp), the weights replicated over the ring, ZeRO sharded over dp x cp (the
+     * trainer's DP group); the ring's buffers below. The stages are balanced at the full T. */
+    struct l3d_model_spec mc;
+    struct l3d_layout checked = lay;
+    int cp = l3d_plan_cp_local(m, &checked, &mc, &lay);
     int *layers = malloc(sizeof(int) * (size_t)S);
     int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
@@ -306,9 +324,10 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
     }
     for (int r = 0; st == L3D_OK && r < p; r++) {
         struct l3d_plan_mem mem;
-        l3d_plan_rank_chunks(m, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm, fp32,
-                             &memo, ch);
-        l3d_plan_rank_memory(m, run, &lay, ch, r, mm, &mem);
+        l3d_plan_rank_chunks(&mc, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm,
+                             fp32, &memo, ch);
+        l3d_plan_rank_memory(&mc, run, &lay, ch, r, mm, &mem);
+        l3d_plan_cp_ring_memory(&mc, run, &lay, ch, cp, &mem);
         if (mem.total > worst->total) *worst = mem;
     }
     if (have_sched) l3d_pp_schedule_free(&sched);

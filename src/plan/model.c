@@ -34,7 +34,7 @@ l3d_status l3d_plan_model_check(const struct l3d_model_spec *m) {
 }
 
 struct l3d_model_spec l3d_plan_model_gpt(const struct l3d_model_spec *m) {
-    struct l3d_model_spec c = {.L = m->L, .C = m->C, .NH = m->NH, .V = m->V, .maxT = m->maxT};
+    struct l3d_model_spec c = *m;
     L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
     return c;
 }

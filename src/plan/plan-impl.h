@@ -69,7 +69,7 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_pla
 struct l3d_plan_chunk {
     struct l3d_shard sh;
     int64_t n;        /* parameters */
-    int64_t n_gpt;    /* of them the trainer's tensors (l3d_gpt_plan_tensors, a 4h MLP) */
+    int64_t n_gpt;    /* in the trainer's tensor table (l3d_gpt_plan_tensors) */
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     bool first, last; /* first / last virtual stage */
@@ -79,6 +79,7 @@ struct l3d_plan_chunk {
 /* Seconds of one micro-batch through a chunk or a rank, by part. */
 struct l3d_plan_parts {
     double gemm, attn, elem, tp, p2p, rec, total;
+    double cp;  /* the context-parallel ring's transfers not hidden behind attention */
     double bwd; /* backward part (what DP communication can hide behind) */
 };
 /* to += w from, every part */
@@ -89,6 +90,7 @@ static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
     to->elem += w * from->elem;
     to->tp += w * from->tp;
     to->p2p += w * from->p2p;
+    to->cp += w * from->cp;
     to->rec += w * from->rec;
     to->total += w * from->total;
     to->bwd += w * from->bwd;
@@ -138,6 +140,8 @@ struct l3d_plan_tctx {
     double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     double share;   /* of a device a rank's thread has: < 1 on an oversubscribed node */
     double tp_bw, tp_lat; /* the link of a TP group */
+    int cp;         /* context parallelism: m's maxT is a rank's T / cp rows (l3d_plan_cp_local) */
+    double cp_bw, cp_lat; /* the link between ring neighbours (tp ranks apart) */
     bool fp32;      /* llm3d's trainer (l3d_plan_trainer) */
     bool flash;     /* fused attention */
     bool dropout;   /* attention dropout (Megatron-LM's core attention; not llm3d's trainer) */
@@ -145,6 +149,20 @@ struct l3d_plan_tctx {
 void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
                         const struct l3d_profile *prof, const struct l3d_plan_run *run,
                         const struct l3d_layout *lay);
+
+/* Context parallelism: the model and layout a ring rank is planned with: *mc with maxT / cp (its
+ * rows of each sequence), *lo with dp x cp and cp 1 (the gradient reduction's and ZeRO's group);
+ * the micro-batches a step stay the caller's (from the layout's own dp). Returns cp (>= 1); with
+ * cp 1 copies of m and lay. */
+int l3d_plan_cp_local(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                      struct l3d_model_spec *mc, struct l3d_layout *lo);
+/* The ring's buffers of each of the rank's chunks (l3d_cp_bytes) added to mem (other, total);
+ * mc and lay the local ones. Nothing when cp is 1. */
+void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_plan_run *run,
+                             const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
+                             int cp, struct l3d_plan_mem *mem);
+/* Sets x's ring (after l3d_plan_tctx_init on the local layout): cp ranks, tp apart. */
+void l3d_plan_tctx_cp(struct l3d_plan_tctx *x, int cp, int tp);
 
 /* Ring all-reduce of n bytes over g ranks, and the link between ranks lo and hi (time.c). */
 double l3d_plan_all_reduce(double n, int g, double bw, double lat);

@@ -37,6 +37,8 @@ struct eval {
     struct l3d_plan_chunk *ch;    /* one pipeline rank's v chunks */
     const struct l3d_pp_schedule *sched; /* the trainer's schedule (slots), NULL if none */
     struct l3d_pp_schedule own_sched;    /* sched, when no cache keeps it */
+    struct l3d_model_spec mc;     /* a ring rank's model (l3d_plan_cp_local; m when cp 1) */
+    int cp;
 };
 
 static void eval_end(struct eval *ev) {
@@ -64,6 +66,8 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
     int p = ev->lay.pp, v = ev->lay.v;
     ev->mm = run->global_batch / ((int64_t)ev->lay.micro_batch * ev->lay.dp);
     r->m = (int)ev->mm;
+    struct l3d_layout checked = ev->lay;
+    ev->cp = l3d_plan_cp_local(m, &checked, &ev->mc, &ev->lay);
     ev->S = p * v;
     ev->kind = p > 1 ? ev->lay.schedule : L3D_PP_1F1B;
     st = l3d_plan_cache_layers(cc, m, &ev->run, ev->S, &ev->owned, &ev->layers);
@@ -92,6 +96,7 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
                              ev->sched ? ev->sched->slots : NULL, ev->mm, x->fp32, &memo, ev->ch);
         struct l3d_plan_mem mem;
         l3d_plan_rank_memory(m, &ev->run, &ev->lay, ev->ch, rr, ev->mm, &mem);
+        l3d_plan_cp_ring_memory(m, &ev->run, &ev->lay, ev->ch, ev->cp, &mem);
         if (mem.total > o->mem.total) o->mem = mem;
         struct l3d_plan_parts sum;
         l3d_plan_rank_time(x, ev->ch, rr, &memo, vt, &sum);
@@ -148,12 +153,13 @@ l3d_status l3d_plan_evaluate_in(const struct l3d_model_spec *m, const struct l3d
     }
     int p = ev.lay.pp, v = ev.lay.v;
     struct l3d_plan_tctx x;
-    l3d_plan_tctx_init(&x, m, prof, &ev.run, &ev.lay);
+    l3d_plan_tctx_init(&x, &ev.mc, prof, &ev.run, &ev.lay);
+    l3d_plan_tctx_cp(&x, ev.cp, ev.lay.tp);
     /* per virtual stage, for the schedule's timeline: forward, backward (+ recomputation), and the
      * receives of its input and of its output's gradient */
     double *vt = p > 1 ? malloc(sizeof(double) * 4 * (size_t)ev.S) : NULL;
     struct l3d_plan_ranks rk;
-    eval_ranks(&ev, m, &x, vt, &rk);
+    eval_ranks(&ev, &ev.mc, &x, vt, &rk);
     /* the pipeline: the schedule run with each stage's own times (l3d_plan_timeline); beyond 2^20
      * chunk-micro-batches, or out of memory, the closed form (m - 1/v) t_max + sum_r t_r / v,
      * which for equal stages is (m + (p - 1)/v) t, the bubble (p - 1)/(v m) of Narayanan et al.

@@ -6,7 +6,7 @@
 #include "plan-impl.h"
 
 struct l3d_plan_fixed l3d_plan_fixed_none(void) {
-    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0,
+    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0, .cp = 0,
                                    .zero3_prefetch = 1};
 }
 
@@ -31,9 +31,9 @@ static void keep(struct l3d_plan_result *out, int top, int *n, const struct l3d_
 /* The fixed parts against the ranks (devices / th) and the model's heads. */
 static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                               const struct l3d_plan_fixed *fx, int th, int64_t ranks) {
-    const char *part[] = {"--tp", "--pp", "--dp"};
-    const int val[] = {fx->tp, fx->pp, fx->dp};
-    for (int i = 0; i < 3; i++)
+    const char *part[] = {"--tp", "--pp", "--dp", "--cp"};
+    const int val[] = {fx->tp, fx->pp, fx->dp, fx->cp};
+    for (int i = 0; i < 4; i++)
         if (val[i] && ranks % val[i] != 0)
             return l3d_error(L3D_ERR_LAYOUT,
                              "%s %d does not divide the %lld ranks (%lld devices%s)", part[i],
@@ -42,11 +42,23 @@ static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_p
     if (fx->tp && m->NH % fx->tp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d heads", fx->tp,
                          m->NH);
-    if ((int64_t)(fx->tp ? fx->tp : 1) * (fx->pp ? fx->pp : 1) * (fx->dp ? fx->dp : 1) > ranks ||
-        (fx->tp && fx->pp && fx->dp && (int64_t)fx->tp * fx->pp * fx->dp != ranks))
-        return l3d_error(L3D_ERR_LAYOUT, "--tp x --pp x --dp must equal the %lld ranks",
+    int64_t cp = fx->cp ? fx->cp : 1;
+    if ((int64_t)(fx->tp ? fx->tp : 1) * (fx->pp ? fx->pp : 1) * (fx->dp ? fx->dp : 1) * cp >
+            ranks ||
+        (fx->tp && fx->pp && fx->dp && (int64_t)fx->tp * fx->pp * fx->dp * cp != ranks))
+        return l3d_error(L3D_ERR_LAYOUT, "--tp x --cp x --pp x --dp must equal the %lld ranks",
                          (long long)ranks);
     return L3D_OK;
+}
+
+/* The ring sizes the search tries: --cp; else 1 and the powers of two that cut the sequence into
+ * 2 cp chunks of at least CP_MIN_CHUNK tokens (a shorter block hides little of its transfer, and
+ * every size tried multiplies the search: give --cp to plan another). */
+#define CP_MIN_CHUNK 1024
+static bool cp_tried(const struct l3d_plan_fixed *fx, const struct l3d_model_spec *m, int64_t cp) {
+    if (fx->cp) return cp == fx->cp;
+    if (cp == 1) return true;
+    return (cp & (cp - 1)) == 0 && m->maxT % (2 * cp) == 0 && m->maxT / (2 * cp) >= CP_MIN_CHUNK;
 }
 
 /* A search in progress: what it is run on, the best layouts so far and the first error. */
@@ -101,8 +113,8 @@ static void walk_variants(struct walk *w, const struct l3d_layout *base) {
     }
 }
 
-/* Every micro-batch and v of tp x pp x dp ranks of th threads. */
-static void walk_shape(struct walk *w, int64_t tp, int64_t pp, int64_t dp, int th) {
+/* Every micro-batch and v of tp x cp x pp x dp ranks of th threads. */
+static void walk_shape(struct walk *w, int64_t tp, int64_t cp, int64_t pp, int64_t dp, int th) {
     static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
     const struct l3d_plan_fixed *fx = w->fx;
     size_t n_mb = fx->mb ? 1 : sizeof mbs / sizeof mbs[0];
@@ -117,7 +129,8 @@ static void walk_shape(struct walk *w, int64_t tp, int64_t pp, int64_t dp, int t
             if (per_rank % v || (fx->v && v != fx->v)) continue;
             if (v > 1 && pp < 2) continue;
             struct l3d_layout base = {
-                .tp = (int)tp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb, .v = v,
+                .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
+                .v = v,
                 .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B, .threads = th};
             walk_variants(w, &base);
         }
@@ -158,11 +171,15 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
     for (int64_t tp = 1; tp <= ranks; tp++) {
         if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
         if (!fx->tp && (tp > m->NH || (tp > dpn && dpn > 1))) continue;
-        for (int64_t pp = 1; pp <= ranks / tp; pp++) {
-            if ((ranks / tp) % pp || (fx->pp && pp != fx->pp) || pp > m->L) continue;
-            int64_t dp = ranks / tp / pp;
-            if (fx->dp && dp != fx->dp) continue;
-            walk_shape(&w, tp, pp, dp, th);
+        for (int64_t cp = 1; cp <= ranks / tp; cp++) {
+            if ((ranks / tp) % cp || !cp_tried(fx, m, cp)) continue;
+            int64_t rest = ranks / tp / cp;
+            for (int64_t pp = 1; pp <= rest; pp++) {
+                if (rest % pp || (fx->pp && pp != fx->pp) || pp > m->L) continue;
+                int64_t dp = rest / pp;
+                if (fx->dp && dp != fx->dp) continue;
+                walk_shape(&w, tp, cp, pp, dp, th);
+            }
         }
     }
     l3d_plan_cache_free(&w.cache);
@@ -190,20 +207,24 @@ void l3d_plan_explain(const struct l3d_plan_result *a, const struct l3d_plan_res
     }
     const char *names[] = {"matrix products", "attention", "element-wise kernels", "recomputation",
                            "TP communication", "pipeline p2p", "pipeline bubble",
-                           "DP communication", "embedding sync", "optimizer"};
+                           "DP communication", "embedding sync", "optimizer",
+                           "context-parallel ring"};
     const struct l3d_plan_time *x = &a->time, *y = &b->time;
     const double va[] = {x->gemm - x->recompute, x->attention, x->elementwise, x->recompute,
                          x->tp_comm, x->pp_p2p, x->bubble, x->dp_comm, x->embed_sync,
-                         x->optimizer};
+                         x->optimizer, x->cp_comm};
     const double vb[] = {y->gemm - y->recompute, y->attention, y->elementwise, y->recompute,
                          y->tp_comm, y->pp_p2p, y->bubble, y->dp_comm, y->embed_sync,
-                         y->optimizer};
+                         y->optimizer, y->cp_comm};
     int best = 0;
-    for (int i = 1; i < 10; i++)
+    for (int i = 1; i < 11; i++)
         if (vb[i] - va[i] > vb[best] - va[best]) best = i;
-    snprintf(buf, len, "%.1f%% faster than the best layout of another shape (tp %d pp %d dp %d "
+    char cp[16] = "";
+    if (b->layout.cp > 1) snprintf(cp, sizeof cp, " cp %d", b->layout.cp);
+    snprintf(buf, len, "%.1f%% faster than the best layout of another shape (tp %d%s pp %d dp %d "
              "micro-batch %d v %d, ZeRO-%d, %s%s): %s %.3g s instead of %.3g s a step",
-             100.0 * (b->time.step / a->time.step - 1), b->layout.tp, b->layout.pp, b->layout.dp,
+             100.0 * (b->time.step / a->time.step - 1), b->layout.tp, cp, b->layout.pp,
+             b->layout.dp,
              b->layout.micro_batch, b->layout.v, b->layout.zero, rc_words(b->layout.recompute),
              b->layout.sp ? ", SP" : "", names[best], va[best], vb[best]);
 }

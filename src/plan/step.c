@@ -106,6 +106,7 @@ void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run
     T->elementwise = mm * worst.elem;
     T->recompute = mm * worst.rec;
     T->tp_comm = mm * worst.tp;
+    T->cp_comm = mm * worst.cp;
     T->pp_p2p = mm * worst.p2p;
     T->bubble = pipe - mm * t_max;
     /* gradients and parameters: the run's element type; llm3d's mixed precision reduces its fp32

@@ -26,6 +26,23 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
     x->e = l3d_plan_bytes(run->precision.param);
     x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
+    x->cp = 1;
+}
+
+int l3d_plan_cp_local(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                      struct l3d_model_spec *mc, struct l3d_layout *lo) {
+    int cp = lay->cp > 1 ? lay->cp : 1;
+    *mc = *m;
+    *lo = *lay;
+    mc->maxT = m->maxT / cp;
+    lo->dp = lay->dp * cp;
+    lo->cp = 1;
+    return cp;
+}
+
+void l3d_plan_tctx_cp(struct l3d_plan_tctx *x, int cp, int tp) {
+    x->cp = cp;
+    if (cp > 1) l3d_plan_link(x->prof, 0, (int64_t)tp * cp - 1, tp, &x->cp_bw, &x->cp_lat);
 }
 
 /* One M x N x K product of a rank (M x K times K x N) at compute efficiency e: gemm() gives it
@@ -80,14 +97,16 @@ static void linear(const struct l3d_plan_tctx *x, double M, double N, double K, 
  * attention's time. */
 static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
     const struct l3d_model_spec *m = x->m;
-    double b = x->lay->micro_batch, s = m->maxT, h = m->C, t = x->lay->tp;
+    /* s: the rank's query rows; sk: the keys they see (context parallelism: the whole
+     * sequence's, the ring's blocks each rank's 1/cp of the causal work) */
+    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, h = m->C, t = x->lay->tp;
     if (x->flash) {
-        *f = 4 * b * s * s * h / t / (x->rate * x->prof->attn_eff);
+        *f = 4 * b * s * sk * h / t / (x->rate * x->prof->attn_eff);
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * s;
-    double qk = gemm_batched(x, heads, s, s, d), pv = gemm_batched(x, heads, s, d, s), e = x->e;
+    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * sk;
+    double qk = gemm_batched(x, heads, s, sk, d), pv = gemm_batched(x, heads, s, d, sk), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
         pf += sc * (2 * e + 1);
@@ -95,6 +114,20 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
     }
     *f = qk + pv + pf / x->bw;
     *bw = qk + 3 * pv + pb / x->bw;
+}
+
+/* The ring's transfers of one layer not hidden behind its attention (context parallelism,
+ * src/parallel/cp.c): forward, cp - 1 steps each passing the rank's K|V (b s 2h/t elements) while
+ * a block computes (at / cp of the attention); backward, cp - 1 steps passing K|V and a dK|dV sum
+ * at once (two messages on the link) behind atb / cp, then the last dK|dV hop, not hidden. The
+ * part of a step's transfer longer than its block is exposed. *fwd, *bwd: seconds. */
+static void ring(const struct l3d_plan_tctx *x, double at, double atb, double *fwd, double *bwd) {
+    *fwd = *bwd = 0;
+    if (x->cp <= 1) return;
+    double msg = x->ntok * 2 * x->m->C / x->lay->tp * x->e / x->cp_bw + x->cp_lat;
+    double f = msg - at / x->cp, b = 2 * msg - atb / x->cp;
+    *fwd = (x->cp - 1) * (f > 0 ? f : 0);
+    *bwd = (x->cp - 1) * (b > 0 ? b : 0) + msg;
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:
@@ -172,8 +205,9 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     linear(x, N, (swiglu ? 2 : 1) * f / t, h, &g, &gb); /* SwiGLU's gate and up, fused */
     linear(x, N, h, f / t, &g, &gb);
     /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
-    double at, atb;
+    double at, atb, rf, rb;
     attention(x, &at, &atb);
+    ring(x, at, atb, &rf, &rb);
     /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
      * the f/t hidden (2 f/t), each at its own kernel's bandwidth; backward about twice the
      * traffic of the same kernels */
@@ -190,7 +224,8 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     o->attn = Ll * (at + atb);
     o->elem = Ll * 3 * el;
     o->tp = Ll * 4 * ar;
-    o->bwd = Ll * (gb + atb + 2 * el + 2 * ar);
+    o->cp = Ll * (rf + rb);
+    o->bwd = Ll * (gb + atb + 2 * el + 2 * ar + rb);
     /* what is recomputed before each layer's backward: full, the whole forward from the layer's
      * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
      * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
@@ -199,11 +234,12 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
      * backward already recomputes them (counted in attn_eff): Megatron-LM checkpoints the core
      * attention only without flash attention */
     if (lay->recompute == L3D_RECOMPUTE_FULL) {
-        o->rec = Ll * (g + at + el + 2 * ar);
+        o->rec = Ll * (g + at + el + 2 * ar + rf);
         o->gemm += Ll * g;
         o->attn += Ll * at;
         o->elem += Ll * el;
         o->tp += Ll * 2 * ar;
+        o->cp += Ll * rf;
     } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE && !x->flash) {
         o->rec = Ll * at;
         o->attn += Ll * at;
@@ -215,7 +251,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
         if (lay->tp > 1)
             o->tp += (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e);
     }
-    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p;
+    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p + o->cp;
 }
 
 /* The receives of chunk ch of pipeline rank r, a micro-batch: *prev its input activation from the

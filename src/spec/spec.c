@@ -92,8 +92,9 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
     e->n++;
 }
 
-static void check_model(const struct l3d_model_spec *m, const struct l3d_spec_ctx *ctx,
-                        struct l3d_spec_errors *e) {
+/* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
+ * width, GELU or SwiGLU). */
+static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
         add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
             "--context %d: each must be at least 1 (the vocabulary at least 2)", m->L, m->C,
@@ -103,10 +104,6 @@ static void check_model(const struct l3d_model_spec *m, const struct l3d_spec_ct
     if (m->C % m->NH != 0)
         add(e, L3D_ERR_ARG, "--channels %d does not divide into --heads %d: choose heads that "
             "divide the channels", m->C, m->NH);
-    int64_t ffn = m->ffn > 0 ? m->ffn : 4LL * m->C;
-    if (ctx->train && ffn != 4LL * m->C)
-        add(e, L3D_ERR_ARG, "--ffn %lld: llm3d's trainer has GPT-2's MLP of 4 x --channels = "
-            "%lld; drop --ffn", (long long)ffn, 4LL * m->C);
 }
 
 /* tp x cp x pp x dp (x threads) against the world; dp resolved into *dp (0 when it cannot be). */
@@ -119,9 +116,6 @@ static void check_grid(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
         *dp = 0;
         return;
     }
-    if (l->cp != 1)
-        add(e, L3D_ERR_LAYOUT, "--cp %d: context parallelism is not implemented yet; give --cp 1",
-            l->cp);
     int64_t th = ctx->threads_in_world && l->threads > 0 ? l->threads : 1;
     int64_t per = (int64_t)l->tp * l->cp * l->pp * th;
     if (ctx->world <= 0) {
@@ -158,7 +152,11 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
         add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the MLP width %lld", l->tp,
             (long long)ffn);
     int kv = l3d_model_kv_heads(m);
-    if (m->NH % l->tp == 0 && kv % l->tp != 0 && l->tp % kv != 0)
+    if (ctx->train && m->NH % l->tp == 0 && kv % l->tp != 0) /* whole KV heads a rank */
+        add(e, L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d key/value heads "
+            "(grouped-query attention; %d query heads): choose a divisor of %d (the trainer "
+            "does not replicate key/value heads across ranks)", l->tp, kv, m->NH, kv);
+    else if (m->NH % l->tp == 0 && kv % l->tp != 0 && l->tp % kv != 0)
         add(e, L3D_ERR_LAYOUT, "--tp %d and the model's %d key/value heads: the heads must divide "
             "by it, or it by them (each KV head then replicated on tp / kv-heads ranks, as "
             "Megatron-LM does); choose a divisor or a multiple of %d", l->tp, kv, kv);
@@ -169,9 +167,27 @@ static void check_tp(const struct l3d_model_spec *m, const struct l3d_layout *l,
     if (l->sp && l->tp < 2)
         add(e, L3D_ERR_LAYOUT, "--sequence-parallel splits the tensor-parallel group's sequence; "
             "it needs --tp 2 or more");
-    else if (l->sp && ((int64_t)l->micro_batch * l->seq) % l->tp != 0)
+    else if (l->sp && l->cp <= 1 && ((int64_t)l->micro_batch * l->seq) % l->tp != 0)
         add(e, L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d needs --batch x --seq-len (%d x "
             "%d) to divide by %d", l->tp, l->micro_batch, l->seq, l->tp);
+    else if (l->sp && l->cp > 1 && l->seq % l->cp == 0 &&
+             ((int64_t)l->micro_batch * (l->seq / l->cp)) % l->tp != 0)
+        add(e, L3D_ERR_LAYOUT, "--sequence-parallel with --tp %d and --cp %d needs --batch x "
+            "--seq-len / --cp (%d x %d) to divide by %d", l->tp, l->cp, l->micro_batch,
+            l->seq / l->cp, l->tp);
+}
+
+/* Context parallelism: each sequence cut into 2 cp chunks of whole tokens (Megatron-LM's
+ * load-balanced causal split), and what the ring does not run. */
+static void check_cp(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                     struct l3d_spec_errors *e) {
+    (void)m;
+    if (l->cp <= 1 || l->seq < 1) return;
+    if (l->seq % (2 * l->cp) != 0)
+        add(e, L3D_ERR_LAYOUT, "--cp %d cuts each sequence into 2 x %d = %d chunks, but --seq-len "
+            "%d is not a multiple of %d: choose a sequence length divisible by %d (e.g. %d) or "
+            "another --cp", l->cp, l->cp, 2 * l->cp, l->seq, 2 * l->cp, 2 * l->cp,
+            (l->seq / (2 * l->cp) + 1) * 2 * l->cp);
 }
 
 static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
@@ -318,11 +334,12 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
     struct l3d_spec_errors local, *e = out ? out : &local;
     e->n = 0;
     const struct l3d_layout *l = &s->layout;
-    if (parts & L3D_SPEC_MODEL) check_model(&s->model, ctx, e);
+    if (parts & L3D_SPEC_MODEL) check_model(&s->model, e);
     if (parts & L3D_SPEC_LAYOUT) {
         int dp = 0;
         check_grid(l, ctx, &dp, e);
         check_tp(&s->model, l, ctx, e);
+        check_cp(&s->model, l, e);
         int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);

@@ -102,9 +102,9 @@ l3d_status l3d_read_whole_file(const char *path, const char *what, char **buf, s
 }
 
 static uint64_t hash_bytes(const unsigned char *s, size_t n) {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a, 64-bit */
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
-    return h ^ (h >> 29);
+    uint64_t h = L3D_TOK_HASH_START;
+    for (size_t i = 0; i < n; i++) h = l3d_tok_hash_step(h, s[i]);
+    return l3d_tok_hash_end(h);
 }
 
 static uint64_t hash_u64(uint64_t x) { /* SplitMix64 finaliser */
@@ -149,16 +149,23 @@ void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t) 
     for (int id = 0; id < t->V; id++) {
         const unsigned char *s = t->blob + t->off[id];
         size_t n = (size_t)(t->off[id + 1] - t->off[id]);
-        uint64_t i = hash_bytes(s, n) & ix->mask;
+        if (n == 0) continue; /* an id no token has: all would probe one chain (quadratic) */
+        uint64_t h = hash_bytes(s, n), i = h & ix->mask;
         while (ix->slot[i]) i = (i + 1) & ix->mask;
-        ix->slot[i] = id + 1;
+        ix->slot[i] = (h >> 32) << 32 | (uint32_t)(id + 1);
     }
 }
 
 int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
                        const unsigned char *s, size_t n) {
-    for (uint64_t i = hash_bytes(s, n) & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
-        int id = ix->slot[i] - 1;
+    return l3d_tok_index_find_hashed(ix, t, s, n, hash_bytes(s, n));
+}
+
+int l3d_tok_index_find_hashed(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                              const unsigned char *s, size_t n, uint64_t h) {
+    for (uint64_t i = h & ix->mask; ix->slot[i]; i = (i + 1) & ix->mask) {
+        if (ix->slot[i] >> 32 != h >> 32) continue; /* another hash: no need to read the token */
+        int id = (int)(uint32_t)ix->slot[i] - 1;
         if ((size_t)(t->off[id + 1] - t->off[id]) == n && memcmp(t->blob + t->off[id], s, n) == 0)
             return id;
     }
@@ -783,6 +790,7 @@ struct l3d_encoder {
     uint32_t nslots_used;
     int32_t *word, *rank; /* BPE scratch of wcap entries */
     size_t wcap;
+    struct l3d_nfc nfc; /* the normalized text, for a tokenizer with t->nfc */
 };
 
 struct l3d_encoder *l3d_encoder_init(const struct l3d_tokenizer *t) {
@@ -806,6 +814,7 @@ void l3d_encoder_free(struct l3d_encoder *e) {
     l3d_free(e->arena);
     l3d_free(e->word);
     l3d_free(e->rank);
+    l3d_nfc_free(&e->nfc);
     l3d_free(e);
 }
 
@@ -919,23 +928,37 @@ static size_t bpe_word(struct l3d_encoder *e, const unsigned char *s, size_t n) 
     return n;
 }
 
+/* Appends the m ids v to ids and, when c is a free cache slot (of hash h), remembers them for the
+ * n bytes s there (the cache starts over when full). */
+static void emit(struct l3d_encoder *e, struct cache_slot *c, uint64_t h, const unsigned char *s,
+                 size_t n, const int32_t *v, size_t m, struct l3d_ids *ids) {
+    for (size_t k = 0; k < m; k++) l3d_ids_push(ids, v[k]);
+    if (!c) return;
+    size_t need = ((n + 3) & ~(size_t)3) + m * sizeof(int32_t);
+    if (e->nslots_used >= CACHE_SLOTS / 2 || e->arena_used + need > CACHE_BYTES) {
+        memset(e->slot, 0, CACHE_SLOTS * sizeof *e->slot); /* full: start over */
+        e->nslots_used = 0;
+        e->arena_used = 0;
+        c = &e->slot[(uint32_t)h & (CACHE_SLOTS - 1)];
+    }
+    *c = (struct cache_slot){h, (uint32_t)e->arena_used, (uint32_t)n, (uint32_t)m, 1};
+    memcpy(e->arena + e->arena_used, s, n);
+    memcpy(e->arena + e->arena_used + ((n + 3) & ~(size_t)3), v, m * sizeof(int32_t));
+    e->arena_used += need;
+    e->nslots_used++;
+}
+
+/* One pre-token: the cache of pre-tokens seen first (most words repeat), then tiktoken's whole
+ * pre-token look-up, then the merges; one hash serves the cache and the token index. */
 static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
                         struct l3d_ids *ids) {
     if (n == 1) {
         l3d_ids_push(ids, e->t->byte_id[s[0]]);
         return;
     }
-    if (e->t->whole_first) { /* tiktoken: a pre-token that is a token needs no merges */
-        int id = l3d_tok_index_find(&e->t->ix, e->t, s, n);
-        if (id >= 0) {
-            l3d_ids_push(ids, id);
-            return;
-        }
-    }
     struct cache_slot *c = NULL;
-    uint64_t h = 0;
+    uint64_t h = hash_bytes(s, n);
     if (n <= CACHE_MAX_WORD) {
-        h = hash_bytes(s, n);
         for (uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
             c = &e->slot[i];
             if (!c->used) break;
@@ -946,27 +969,21 @@ static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
             }
         }
     }
-    size_t m = bpe_word(e, s, n);
-    for (size_t k = 0; k < m; k++) l3d_ids_push(ids, e->word[k]);
-    if (!c) return;
-    size_t need = ((n + 3) & ~(size_t)3) + m * sizeof(int32_t);
-    if (e->nslots_used >= CACHE_SLOTS / 2 || e->arena_used + need > CACHE_BYTES) {
-        memset(e->slot, 0, CACHE_SLOTS * sizeof *e->slot); /* full: start over */
-        e->nslots_used = 0;
-        e->arena_used = 0;
-        uint32_t i = (uint32_t)h & (CACHE_SLOTS - 1);
-        c = &e->slot[i];
+    if (e->t->whole_first) { /* tiktoken: a pre-token that is a token needs no merges */
+        int32_t id = l3d_tok_index_find_hashed(&e->t->ix, e->t, s, n, h);
+        if (id >= 0) {
+            emit(e, c, h, s, n, &id, 1, ids);
+            return;
+        }
     }
-    *c = (struct cache_slot){h, (uint32_t)e->arena_used, (uint32_t)n, (uint32_t)m, 1};
-    memcpy(e->arena + e->arena_used, s, n);
-    memcpy(e->arena + e->arena_used + ((n + 3) & ~(size_t)3), e->word, m * sizeof(int32_t));
-    e->arena_used += need;
-    e->nslots_used++;
+    size_t m = bpe_word(e, s, n);
+    emit(e, c, h, s, n, e->word, m, ids);
 }
 
 void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
                              void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
     size_t pos = 0;
+    if (e->t->nfc) text = l3d_tok_nfc(&e->nfc, text, n, &n);
     while (pos < n) {
         int rc = pcre2_match(e->t->re, (PCRE2_SPTR)text, n, pos, 0, e->md, NULL);
         size_t ms = n, me = n;

@@ -9,8 +9,10 @@
  *   decoder: "ByteLevel" or none; added_tokens: [{"id", "content"}] (content as written, not
  *          spelled); their text in user text is the token only where the caller allows it
  *          (l3d_encoder_encode_special: the library's own encode always does).
+ *   normalizer: none, or {"type": "NFC"} (Qwen2's: Unicode canonical composition of the text
+ *          between special tokens before pre-tokenisation, src/tokenizer/normalize.c)
  *   post_processor: ignored (llm3d adds begin-of-text itself where a command asks for it).
- * Anything else (WordPiece, Unigram or WordLevel models, a normalizer, add_prefix_space, other
+ * Anything else (WordPiece, Unigram or WordLevel models, other normalizers, add_prefix_space, other
  * pre-tokenizers or decoders, byte_fallback, subword prefixes) is refused, named.
  */
 #include <stdio.h>
@@ -92,13 +94,15 @@ static l3d_status pre_tokenizer(const struct l3d_json *doc, const char *path, co
     return st;
 }
 
-/* The parts llm3d refuses: a normalizer, a model other than plain BPE, another decoder. */
-static l3d_status check_features(const struct l3d_json *doc, const char *path) {
+/* The parts llm3d refuses: a normalizer other than NFC, a model other than plain BPE, another
+ * decoder. *nfc receives whether the text is normalized to NFC. */
+static l3d_status check_features(const struct l3d_json *doc, const char *path, bool *nfc) {
     const struct l3d_json *norm = l3d_json_get(doc, "normalizer"), *model = l3d_json_get(doc, "model");
     const struct l3d_json *dec = l3d_json_get(doc, "decoder");
-    if (norm && norm->type != L3D_JSON_NULL)
+    *nfc = norm && norm->type != L3D_JSON_NULL && strcmp(type_of(norm), "NFC") == 0;
+    if (norm && norm->type != L3D_JSON_NULL && !*nfc)
         return l3d_error(L3D_ERR_FORMAT, "%s: the normalizer %s is not supported (llm3d reads "
-                         "tokenizers without a normalizer)", path, type_of(norm));
+                         "tokenizers without a normalizer or with NFC)", path, type_of(norm));
     if (!model || strcmp(type_of(model), "BPE") != 0)
         return l3d_error(L3D_ERR_FORMAT, "%s: the model %s is not supported: llm3d reads BPE "
                          "models only (not WordPiece, Unigram or WordLevel)", path,
@@ -236,7 +240,7 @@ l3d_status l3d_tok_parse_hf(struct l3d_tokenizer *t, const char *path, const cha
     const char *pat = NULL;
     const struct l3d_json *model = l3d_json_get(&doc, "model");
     const struct l3d_json *vocab = l3d_json_get(model, "vocab");
-    if (st == L3D_OK) st = check_features(&doc, path);
+    if (st == L3D_OK) st = check_features(&doc, path, &t->nfc);
     if (st == L3D_OK) st = pre_tokenizer(&doc, path, &pat);
     if (st == L3D_OK && (!vocab || vocab->type != L3D_JSON_OBJECT || vocab->count == 0))
         st = l3d_error(L3D_ERR_FORMAT, "%s: the BPE model has no vocab object", path);

@@ -165,22 +165,34 @@ static void set_tokens(struct l3d_tokenizer *t, const struct tiktoken_kind *k,
     t->off[V] = o;
 }
 
-/* The merges of every token of ranks 0..R-1: each split into two tokens (see the top). */
+/* The merges of every token of ranks 0..R-1: each split into two tokens (see the top). The splits
+ * whose halves are both tokens (cl100k_base: 233,378 of 543,574; o200k_base: 446,189 of
+ * 1,197,672) are collected first, so the table is sized for them: sized for every split it was
+ * 4 times larger, and zeroing it was half of the load time. */
 static void rank_merges(struct l3d_tokenizer *t, int R) {
-    uint64_t splits = 0;
+    uint64_t splits = 0, n = 0;
     for (int id = 0; id < R; id++) {
         int64_t len = t->off[id + 1] - t->off[id];
         splits += len > 1 ? (uint64_t)(len - 1) : 0;
     }
-    l3d_tok_merges_alloc(t, splits + 1);
+    int32_t(*m)[3] = l3d_alloc((splits + 1) * sizeof *m, "rank merges");
     for (int id = 0; id < R; id++) {
         const unsigned char *s = t->blob + t->off[id];
         size_t len = (size_t)(t->off[id + 1] - t->off[id]);
+        uint64_t h = L3D_TOK_HASH_START; /* of the prefix s[0..k) */
         for (size_t k = 1; k < len; k++) {
-            int a = l3d_tok_index_find(&t->ix, t, s, k), b = l3d_tok_index_find(&t->ix, t, s + k, len - k);
-            if (a >= 0 && b >= 0 && a < R && b < R) l3d_tok_merge_insert(t, a, b, id, id);
+            h = l3d_tok_hash_step(h, s[k - 1]);
+            int a = l3d_tok_index_find_hashed(&t->ix, t, s, k, l3d_tok_hash_end(h));
+            int b = a >= 0 && a < R ? l3d_tok_index_find(&t->ix, t, s + k, len - k) : -1;
+            if (b >= 0 && b < R) {
+                m[n][0] = a, m[n][1] = b, m[n][2] = id;
+                n++;
+            }
         }
     }
+    l3d_tok_merges_alloc(t, n + 1);
+    for (uint64_t i = 0; i < n; i++) l3d_tok_merge_insert(t, m[i][0], m[i][1], m[i][2], m[i][2]);
+    l3d_free(m);
 }
 
 l3d_status l3d_tok_parse_tiktoken(struct l3d_tokenizer *t, const char *path, const char *txt,

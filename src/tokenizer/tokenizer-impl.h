@@ -19,7 +19,7 @@ struct merge_slot {
 
 /* A table from token bytes to id: for reading merges, and for tiktoken's whole pre-token look-up. */
 struct bytes_index {
-    int32_t *slot; /* id + 1; 0 = empty */
+    uint64_t *slot; /* the token's hash's high 32 bits << 32 | id + 1; 0 = empty */
     uint64_t mask;
 };
 
@@ -42,6 +42,7 @@ struct l3d_tokenizer {
     /* tiktoken (and tokenizer.json's ignore_merges): a pre-token that is a token is that token,
      * before any merge; ix finds it */
     bool whole_first;
+    bool nfc; /* tokenizer.json's NFC normalizer: text is composed before pre-tokenisation */
     struct bytes_index ix;
     struct tok_special special;
 };
@@ -49,6 +50,16 @@ struct l3d_tokenizer {
 void l3d_tok_index_build(struct bytes_index *ix, const struct l3d_tokenizer *t);
 int l3d_tok_index_find(const struct bytes_index *ix, const struct l3d_tokenizer *t,
                        const unsigned char *s, size_t n);
+/* The index's hash of bytes, FNV-1a (64-bit) and a final mix, a byte at a time: so that the
+ * hashes of every prefix of a token cost one step each (tiktoken.c's splits). */
+#define L3D_TOK_HASH_START 1469598103934665603ULL
+static inline uint64_t l3d_tok_hash_step(uint64_t h, unsigned char c) {
+    return (h ^ c) * 1099511628211ULL;
+}
+static inline uint64_t l3d_tok_hash_end(uint64_t h) { return h ^ (h >> 29); }
+/* l3d_tok_index_find with h, the hash of s[0..n) */
+int l3d_tok_index_find_hashed(const struct bytes_index *ix, const struct l3d_tokenizer *t,
+                              const unsigned char *s, size_t n, uint64_t h);
 /* Inserts the merge (a, b) -> result at rank; false when the pair is there already (it keeps its
  * first rank). The table must have a free slot. */
 bool l3d_tok_merge_insert(struct l3d_tokenizer *t, int32_t a, int32_t b, int32_t rank,
@@ -73,6 +84,18 @@ l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const c
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" \
     "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* Scratch of l3d_tok_nfc: code points and the UTF-8 written. */
+struct l3d_nfc {
+    int32_t *cp; /* a code point, or -(byte + 1) for a byte of invalid UTF-8 */
+    size_t ncp, cpcap;
+    char *out;
+    size_t cap;
+};
+/* Unicode NFC of text[0..n) (src/tokenizer/normalize.c): text itself when it is NFC by a quick
+ * check, else s->out (NUL-terminated); *out_n its length. */
+const char *l3d_tok_nfc(struct l3d_nfc *s, const char *text, size_t n, size_t *out_n);
+void l3d_nfc_free(struct l3d_nfc *s);
 
 /* Base64 (RFC 4648, with padding) of s[0..n) into out (at least 3n/4 bytes); -1 when malformed. */
 long l3d_tok_base64(const char *s, size_t n, unsigned char *out);

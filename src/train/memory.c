@@ -137,7 +137,7 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     pm.maxT = tc->layout.seq;
     snprintf(pm.name, sizeof pm.name, "train");
     struct l3d_plan_run run = l3d_plan_run_default();
-    run.devices = (int64_t)c->tp * c->pp * c->dp;
+    run.devices = (int64_t)c->tp * c->pp * c->dp * (tc->layout.cp > 1 ? tc->layout.cp : 1);
     run.global_batch = (int64_t)c->B * m * c->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
@@ -233,12 +233,13 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     struct l3d_param_bytes pb;
     l3d_param_bytes(&tc->precision, c->zero >= 1 ? 1 : 0, c->dp, &pb);
     double per = pb.total;
-    /* model.bin: gathered whole on rank 0 from a replica of several ranks or chunks; one rank's
-     * whole model streams from the device through 64 MiB of staging (src/train/train.c) */
+    /* --out's model.bin and Hugging Face folder: the model gathered whole on rank 0's host, plus
+     * the folder writer's staging of its largest tensor (the embedding or an MLP matrix) */
     c->gather = 0.0;
     if (lead && tc->out_dir) {
-        double full = 4.0 * (double)l3d_gpt_param_count(&tc->model);
-        c->gather = c->tp * c->pp * c->v > 1 ? full : full < 67108864.0 ? full : 67108864.0;
+        const struct l3d_model_spec *m = &tc->model;
+        double big = (double)m->C * (double)(m->Vp > m->ffn ? m->Vp : m->ffn);
+        c->gather = 4.0 * ((double)l3d_gpt_param_count(m) + big);
     }
     c->bytes = c->mem.total + rows * per + c->gather + micro_extras(tc, c, &c->sched);
 }

@@ -27,31 +27,35 @@ static void describe_group(char *out, size_t cap, const int *ranks, int n, const
 #undef ADD
 }
 
-/* kind 0: TP groups (tp_rank varies), 1: PP groups (pp_rank), 2: DP groups (dp_rank). The ranks of
- * group g of that kind into ranks[], returning their number. */
-static int group(int kind, int g, int tp, int pp, int dp, int *ranks) {
-    int n = kind == 0 ? tp : kind == 1 ? pp : dp;
-    for (int i = 0; i < n; i++) {
-        int t, p, d;
-        if (kind == 0) t = i, p = g % pp, d = g / pp;
-        else if (kind == 1) t = g % tp, p = i, d = g / tp;
-        else t = g % tp, p = g / tp, d = i;
-        ranks[i] = l3d_topo_rank_of(tp, pp, t, p, d);
+/* kind 0: TP groups (tp_rank varies), 1: PP groups (pp_rank), 2: DP groups (dp_rank), 3: CP rings
+ * (cp_rank); size: tp, pp, dp, cp. The ranks of group g of that kind into ranks[], returning their
+ * number: g numbers the other coordinates, tp fastest, then pp, dp, cp. */
+static int group(int kind, int g, const int size[4], int *ranks) {
+    for (int i = 0; i < size[kind]; i++) {
+        int c[4], rest = g;
+        for (int k = 0; k < 4; k++) {
+            if (k == kind) continue;
+            c[k] = rest % size[k];
+            rest /= size[k];
+        }
+        c[kind] = i;
+        ranks[i] = l3d_topo_rank_of_cp(size[0], size[3], size[1], c[0], c[3], c[1], c[2]);
     }
-    return n;
+    return size[kind];
 }
 
 l3d_status l3d_train_placement(const struct l3d_train_config *tc,
                                const struct l3d_train_layout *lay, struct l3d_comm *world,
                                bool lead) {
-    int W = world->size, tp = lay->tp, pp = lay->pp, dp = lay->dp;
+    int W = world->size, tp = lay->tp;
+    const int size[4] = {tp, lay->pp, lay->dp, lay->cp > 1 ? lay->cp : 1};
     int *node_of = l3d_alloc((size_t)W * sizeof *node_of, "node of each rank");
     int *ranks = l3d_alloc((size_t)W * sizeof *ranks, "ranks of a group");
     int nodes = l3d_comm_nodes(world, node_of);
     l3d_status st = L3D_OK;
     /* the first TP group that spans nodes (every rank reaches the same verdict) */
     for (int g = 0; g < W / tp && st == L3D_OK; g++) {
-        int n = group(0, g, tp, pp, dp, ranks);
+        int n = group(0, g, size, ranks);
         bool split = false;
         for (int i = 1; i < n; i++) split = split || node_of[ranks[i]] != node_of[ranks[0]];
         if (!split) continue;
@@ -79,14 +83,13 @@ l3d_status l3d_train_placement(const struct l3d_train_config *tc,
             k += snprintf(line + k, sizeof line - (size_t)k, " %d:%d", r, node_of[r]);
         if (k >= (int)sizeof line - 32) snprintf(line + k, sizeof line - (size_t)k, " ...");
         printf("%s\n", line);
-        static const char *const kind_name[3] = {"TP", "PP", "DP"};
-        int size[3] = {tp, pp, dp};
-        for (int kind = 0; kind < 3; kind++) {
+        static const char *const kind_name[4] = {"TP", "PP", "DP", "CP"};
+        for (int kind = 0; kind < 4; kind++) {
             if (size[kind] == 1) continue;
             int count = W / size[kind], across = 0;
             line[0] = '\0';
             for (int g = 0; g < count; g++) {
-                int n = group(kind, g, tp, pp, dp, ranks);
+                int n = group(kind, g, size, ranks);
                 bool split = false;
                 for (int i = 1; i < n; i++) split = split || node_of[ranks[i]] != node_of[ranks[0]];
                 across += split;

@@ -31,8 +31,12 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
-    printf("layout: %d rank(s) = tp %d x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, pp, t->topo->dp, tc->layout.zero,
+    char cp[64] = "";
+    if (t->topo->cp > 1)
+        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->cp,
+                 2 * t->topo->cp);
+    printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
+           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",
            tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
@@ -146,6 +150,13 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                       s->gather_wait_s * 1e3);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (t->topo->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
+        double w = 0;
+        int64_t b = 0;
+        for (int c = 0; c < t->lay.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
+                      w * 1e3, (long long)b);
+    }
     if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);

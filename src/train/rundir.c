@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "llm3d/ckpt.h"
+#include "llm3d/hf.h"
 #include "train/train-impl.h"
 
 #define RUN_MAGIC "llm3d-run 1"
@@ -102,6 +103,10 @@ static l3d_status no_output_over_input(const struct l3d_train_config *tc) {
                              "copy the model elsewhere first)", tc->init_from, outs[i],
                              tc->out_dir);
     }
+    if (tc->out_dir && tc->init_from && same_file(tc->init_from, tc->out_dir))
+        return l3d_error(L3D_ERR_ARG, "--init-from %s is the folder --out writes config.json and "
+                         "model.safetensors into: the run would overwrite the model it starts "
+                         "from; give another --out", tc->init_from);
     if (tc->trace_path && tc->init_from && same_file(tc->trace_path, tc->init_from))
         return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
                          tc->trace_path);
@@ -144,7 +149,8 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     if (found[0] && !tc->resume && !tc->overwrite)
         return l3d_error(L3D_ERR_ARG, "%s holds an earlier run (%s): continue it with --resume "
                          "auto, or start a new run there with --overwrite (it removes the run, "
-                         "metrics.jsonl and model.bin files and the checkpoints' latest and "
+                         "metrics.jsonl and model.bin files, the Hugging Face folder's "
+                         "config.json and safetensors, and the checkpoints' latest and "
                          "step_NNNNNNNN directories, nothing else), or give another --out",
                          out ? out : ckroot, found);
     if (tc->overwrite && found[0]) {
@@ -153,6 +159,10 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
             if (unlink(p) != 0 && errno != ENOENT)
                 return l3d_error(L3D_ERR_IO, "--overwrite: cannot remove %s: %s", p,
                                  strerror(errno));
+        }
+        if (out && l3d_st_remove(out)) { /* the folder the earlier run wrote: its config too */
+            snprintf(p, sizeof p, "%s/config.json", out);
+            unlink(p);
         }
         int n = 0;
         st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;

@@ -2,11 +2,37 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train/train-impl.h"
 
 static void load_batches(struct l3d_loader *ld, int n, int64_t BT, int32_t *inp, int32_t *tgt) {
     for (int i = 0; i < n; i++) l3d_loader_next(ld, inp + i * BT, tgt + i * BT);
+}
+
+/* Context parallelism: every rank of a ring loads the same sequences (the loader's place is the
+ * data-parallel rank's) and keeps its two chunks of each (l3d_cp_chunk_start), in order, into
+ * the (n B, T / cp) arrays the model runs on; the inputs and targets as they are with cp 1. */
+static void take_chunks(const struct l3d_trainer *t, int n, const int32_t **inp,
+                        const int32_t **tgt, int *T) {
+    const struct l3d_topo *topo = t->topo;
+    int64_t seq = t->tc->layout.seq, Tl = seq / topo->cp, half = Tl / 2;
+    int64_t rows = (int64_t)n * t->tc->layout.micro_batch;
+    *T = (int)Tl;
+    *inp = t->inp;
+    *tgt = t->tgt;
+    if (topo->cp <= 1) return;
+    for (int64_t b = 0; b < rows; b++)
+        for (int k = 0; k < 2; k++) {
+            /* l3d_cp_chunk_start's split, without its test hook (which moves the model's
+             * positions, not the data) */
+            int64_t from = b * seq + (k == 0 ? topo->cp_rank : 2 * topo->cp - 1 - topo->cp_rank) *
+                                         half;
+            memcpy(t->cinp + b * Tl + k * half, t->inp + from, (size_t)half * sizeof(int32_t));
+            memcpy(t->ctgt + b * Tl + k * half, t->tgt + from, (size_t)half * sizeof(int32_t));
+        }
+    *inp = t->cinp;
+    *tgt = t->ctgt;
 }
 
 /* Sum over a communicator of size > 1 (else nothing). */
@@ -78,27 +104,30 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
+    for (int c = 0; c < v && topo->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
+    const int32_t *inp, *tgt;
+    int T;
+    take_chunks(t, tc->layout.accum, &inp, &tgt, &T);
     /* fp16: the loss scaled before backward, so that small gradients stay above fp16's
      * subnormals; the gradients are divided by it again in the optimizer */
     const double scale = t->ls.on ? t->ls.scale : 1.0;
-    double loss =
-        l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->layout.accum, t->inp, t->tgt,
-                        tc->layout.micro_batch, tc->layout.seq, (float)(t->dloss * scale));
+    double loss = l3d_pp_exec_run(&t->px, sched->acts[r], sched->n[r], tc->layout.accum, inp, tgt,
+                                  tc->layout.micro_batch, T, (float)(t->dloss * scale));
     double pipe_s = t->px.span_s, idle = t->px.span_s - t->px.busy_s;
     l3d_pp_exec_finish_grads(&t->px);
     double t1 = l3d_time_s();
     if (test_nan_due(step, t->world->rank)) l3d_dp_test_poison(&t->dps[0]);
     l3d_comm_doing(t->world, "loss and gradient-norm sums", -1, -1);
     sum_f64(topo->pp_comm, &loss, 1); /* only the last stage has it */
-    sum_f64(topo->dp_comm, &loss, 1);
-    loss /= (double)tc->layout.accum * topo->dp;
+    sum_f64(topo->dpcp_comm, &loss, 1); /* each ring rank's mean over its equal share */
+    loss /= (double)tc->layout.accum * topo->dp * topo->cp;
     /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
     double sq[2];
     for (int c = 0; c < v; c++)
         l3d_dp_grad_sumsq_add(&t->dps[c], &t->gsq, pp > 1 && !t->chunks[c]->shard.has_embedding);
     l3d_sumsq_take(&t->gsq, sq); /* the one copy of the sums to the host */
-    if (tc->layout.zero > 0) sum_f64(topo->dp_comm, sq, 2);
+    if (tc->layout.zero > 0) sum_f64(topo->dpcp_comm, sq, 2);
     sum_f64(topo->tp_comm, sq, 1);
     sum_f64(topo->pp_comm, sq, 2);
     double norm = sqrt(sq[0] + sq[1]) / scale;
@@ -155,9 +184,12 @@ void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats
     l3d_comm_doing(t->world, "validation", -1, -1);
     l3d_loader_set_pos(t->vld, (struct l3d_loader_pos){0, 0});
     load_batches(t->vld, tc->val_batches, t->BT, t->inp, t->tgt);
-    double sum = l3d_pp_exec_run(&t->px, vs->acts[r], vs->n[r], tc->val_batches, t->inp, t->tgt,
-                                 tc->layout.micro_batch, tc->layout.seq, 0.0f);
+    const int32_t *inp, *tgt;
+    int T;
+    take_chunks(t, tc->val_batches, &inp, &tgt, &T);
+    double sum = l3d_pp_exec_run(&t->px, vs->acts[r], vs->n[r], tc->val_batches, inp, tgt,
+                                 tc->layout.micro_batch, T, 0.0f);
     sum_f64(t->topo->pp_comm, &sum, 1);
-    sum_f64(t->topo->dp_comm, &sum, 1);
-    s->val_loss = (float)(sum / tc->val_batches / t->topo->dp);
+    sum_f64(t->topo->dpcp_comm, &sum, 1);
+    s->val_loss = (float)(sum / tc->val_batches / t->topo->dp / t->topo->cp);
 }

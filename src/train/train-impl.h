@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "llm3d/data.h"
+#include "llm3d/cp.h"
 #include "llm3d/dp.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
@@ -61,6 +62,8 @@ struct l3d_trainer {
     char metrics_path[4200];
     uint64_t run_id;                   /* this run's (rundir.c) */
     int32_t *inp, *tgt;                /* token ids of a step's micro-batches */
+    int32_t *cinp, *ctgt;              /* cp > 1: this ring rank's chunks of them */
+    struct l3d_cp *cps;                /* each chunk's ring (cp > 1) */
     int64_t BT, tokens_step, n_local;
     size_t act_bytes, act_formula;     /* this rank's activations: allocated, closed form */
     float dloss;                       /* each token's weight in the global mean loss */

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "llm3d/ckpt.h"
+#include "llm3d/cp.h"
+#include "llm3d/hf.h"
 #include "train/resume.h"
 #include "train/signals.h"
 #include "train/trace.h"
@@ -31,37 +33,32 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->max_skipped = 10;
 }
 
-/* The first replica's weights, gathered from every (tp, pp) rank and chunk into one llm.c model
- * on rank 0: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0 places
- * them by their shard. */
-static l3d_status save_model(const struct l3d_trainer *t) {
+/* The first replica's weights, gathered from every (tp, pp) rank and chunk into the full model
+ * on rank 0's host: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0
+ * places them by their shard. Returns the buffer on rank 0 (NULL elsewhere). */
+static float *gather_model(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
     struct l3d_gpt **chunks = t->vptr;
     int v = t->lay.v;
-    if (topo->dp_rank != 0) return L3D_OK;
-    const bool lead = world->rank == 0;
-    int group = topo->tp * topo->pp; /* replica 0: world ranks [0, group) */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-    if (group == 1 && v == 1) { /* the whole model on this rank: streamed from the device */
-        l3d_status st = l3d_ckpt_save_llmc(path, chunks[0]);
-        if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
-        return st;
-    }
-    if (!lead) {
+    int group = topo->tp * topo->pp; /* replica 0, ring rank 0: (tp, pp) coordinates */
+    if (world->rank != 0) {
         for (int c = 0; c < v; c++)
             l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0,
                           L3D_TAG_MODEL_GATHER + c, NULL);
-        return L3D_OK;
+        return NULL;
     }
     int64_t n_full = l3d_gpt_param_count(&tc->model);
     float *full = l3d_alloc((size_t)n_full * sizeof(float), "gathered model");
+    if (group == 1 && v == 1) { /* the whole model on this rank */
+        l3d_be_copy_d2h(t->be, full, chunks[0]->params, (size_t)n_full * sizeof(float));
+        return full;
+    }
     float *tmp = NULL;
-    for (int r = 0; r < group; r++) {
-        int tp_rank, pp_rank, dp_rank;
-        l3d_topo_coords(topo->tp, topo->pp, r, &tp_rank, &pp_rank, &dp_rank);
+    for (int i = 0; i < group; i++) {
+        int tp_rank = i % topo->tp, pp_rank = i / topo->tp;
+        int r = l3d_topo_rank_of_cp(topo->tp, topo->cp, topo->pp, tp_rank, 0, pp_rank, 0);
         for (int c = 0; c < v; c++) {
             struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * topo->pp + pp_rank,
                                                          tp_rank);
@@ -77,8 +74,27 @@ static l3d_status save_model(const struct l3d_trainer *t) {
         }
     }
     l3d_free(tmp);
-    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full, n_full);
+    return full;
+}
+
+/* --out: the first replica's weights as llm.c's model.bin and a Hugging Face folder
+ * (config.json, model.safetensors), written by rank 0. */
+static l3d_status save_model(const struct l3d_trainer *t) {
+    const struct l3d_train_config *tc = t->tc;
+    if (t->topo->dp_rank != 0 || t->topo->cp_rank != 0) return L3D_OK; /* replicated over both */
+    float *full = gather_model(t);
+    if (!full) return L3D_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
+    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full,
+                                              l3d_gpt_param_count(&tc->model));
     if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
+    if (st == L3D_OK)
+        st = l3d_hf_save(tc->out_dir, &tc->model, full, tc->save_dtype,
+                         tc->save_shard_bytes > 0 ? tc->save_shard_bytes : L3D_HF_SHARD_BYTES);
+    if (st == L3D_OK && !tc->quiet)
+        printf("saved %s/config.json and model.safetensors (%s)\n", tc->out_dir,
+               l3d_dtype_name(tc->save_dtype));
     l3d_free(full);
     return st;
 }
@@ -183,7 +199,7 @@ static l3d_status open_data(struct l3d_trainer *t) {
 
 /* The initial weights of an fp32 model or view: --init-from, else the seed's. */
 static l3d_status init_one(struct l3d_trainer *t, struct l3d_gpt *m) {
-    if (t->tc->init_from) return l3d_ckpt_load_llmc(t->tc->init_from, m);
+    if (t->tc->init_from) return l3d_model_file_load(t->tc->init_from, m);
     l3d_gpt_init_weights(m, t->tc->seed);
     return L3D_OK;
 }
@@ -212,19 +228,20 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     t->views = l3d_calloc((size_t)v * sizeof *t->views, "model chunks");
     t->vptr = l3d_calloc((size_t)v * sizeof *t->vptr, "model chunks");
     t->p32 = l3d_calloc((size_t)v * sizeof *t->p32, "model chunks");
+    t->cps = l3d_calloc((size_t)v * sizeof *t->cps, "model chunks");
     for (int c = 0; c < v && st == L3D_OK; c++) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
-        st =
-            l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch,
-                            tc->layout.seq, grad_mode(tc->layout.zero), slots,
-                            tc->layout.recompute, tc->precision.param);
+        int T = tc->layout.seq / t->lay.cp; /* this rank's rows of each sequence */
+        st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
+                             grad_mode(tc->layout.zero), slots, tc->layout.recompute,
+                             tc->precision.param);
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
-        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch,
-                                               tc->layout.seq, slots, tc->layout.recompute,
-                                               !t->chunks[c]->attn_naive, tc->precision.param);
+        t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch, T, slots,
+                                               tc->layout.recompute, !t->chunks[c]->attn_naive,
+                                               tc->precision.param);
         t->n_local += t->chunks[c]->num_params;
         /* fp32: the weights now, into the parameters, while the host staging of the initial
          * values is the largest thing allocated (before the optimizer state, as the memory plan
@@ -232,7 +249,11 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         if (!through_views(tc)) st = init_one(t, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dp_comm, tc->layout.zero,
+        if (topo->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
+            break;
+        /* the gradients are summed over the replicas and the ring (the weights are the same on
+         * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp */
+        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dpcp_comm, tc->layout.zero,
                          tc->layout.bucket_bytes, !tc->dp_blocking);
         if (st != L3D_OK) break;
         t->ndp++;
@@ -270,6 +291,8 @@ static void trainer_free(struct l3d_trainer *t) {
     if (t->metrics) fclose(t->metrics);
     l3d_free(t->inp);
     l3d_free(t->tgt);
+    l3d_free(t->cinp);
+    l3d_free(t->ctgt);
     l3d_free(t->step_s);
     l3d_free(t->opt_s);
     l3d_free(t->comm_s);
@@ -279,6 +302,8 @@ static void trainer_free(struct l3d_trainer *t) {
         if (t->opts[c].m) l3d_adamw_free(&t->opts[c]);
     l3d_sumsq_free(&t->gsq);
     for (int c = 0; c < t->ndp; c++) l3d_dp_free(&t->dps[c]);
+    for (int c = 0; c < v && t->cps; c++) l3d_cp_detach(&t->cps[c]);
+    l3d_free(t->cps);
     for (int c = 0; c < v && t->chunks; c++) l3d_gpt_free(t->chunks[c]);
     l3d_free(t->chunks);
     l3d_free(t->dps);
@@ -314,7 +339,8 @@ static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *
         return st;
     }
     if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) return st;
-    if ((st = l3d_runtime_layout(rt, t->lay.tp, t->lay.pp, t->lay.dp)) != L3D_OK) return st;
+    st = l3d_runtime_layout_cp(rt, t->lay.tp, t->lay.cp, t->lay.pp, t->lay.dp);
+    if (st != L3D_OK) return st;
     t->topo = &rt->topo;
     st = open_data(t);
     return agree(world, st, res);
@@ -383,6 +409,10 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     int nbatch = tc->layout.accum > tc->val_batches ? tc->layout.accum : tc->val_batches;
     t->inp = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
     t->tgt = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
+    if (topo->cp > 1) { /* this ring rank's two chunks of every sequence */
+        t->cinp = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
+        t->ctgt = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
+    }
     t->step_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
     t->opt_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
     t->comm_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
@@ -396,7 +426,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     }
     t->peak = peak * world->size;
     t->flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->layout.seq);
-    t->tokens_step = t->BT * tc->layout.accum * topo->dp;
+    t->tokens_step = t->BT * tc->layout.accum * topo->dp; /* BT: whole sequences, over the ring */
     t->dloss = 1.0f / (float)t->tokens_step;
     t->lrs = (struct l3d_lr_schedule){.max_lr = tc->lr, .min_lr = tc->min_lr,
                                       .warmup_steps = tc->warmup_steps, .total_steps = tc->steps};

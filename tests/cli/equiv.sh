@@ -135,6 +135,23 @@ equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
 equiv "dp2_zero2_small_buckets" 2 2 2 --zero 2 --bucket-mb 0.01
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 --zero 1 --bucket-mb 0.01 ;; esac
 
+# Llama-family blocks (RMSNorm, RoPE, 4 query heads over 2 key/value heads, SwiGLU of 192,
+# untied vocabulary-parallel head): TP splitting the q and the key/value heads and gate|up, with
+# SP; each pipeline schedule, with recomputation; DP with ZeRO-1/2/3 and accumulation
+LLAMA="--arch llama --kv-heads 2 --ffn 192"
+L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2" 2 4 1 --tp 2
+L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_sp_accum" 2 2 2 --tp 2 --sequence-parallel
+L3D_MODEL="$LLAMA" equiv "llama_dp2_zero1" 2 2 1 --zero 1
+L3D_MODEL="$LLAMA" equiv "llama_dp2_zero2_accum" 2 1 3 --zero 2
+L3D_MODEL="$LLAMA" equiv "llama_dp2_zero3" 2 2 1 --zero 3
+L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
+L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_1f1b_recompute_full" 2 2 4 --pp 2 --pp-schedule 1f1b --recompute full
+L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_interleaved_v2_recompute_selective" 2 2 4 --pp 2 --pp-virtual 2 --recompute selective
+case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
+    L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
+    L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
+esac
+
 # layout errors: one message, from one rank, non-zero exit (the launcher may add its own lines,
 # so the message is counted rather than the lines). Found before any allocation: not again on the
 # checking backend (cpu_backend), but under the sanitizers.
@@ -145,6 +162,8 @@ expect_error --once "interleaved needs m divisible by pp" "multiple of \-\-pp 2"
 expect_error --once "global batch does not split into micro-batches" "\-\-global-batch 6" train bad 4 2 --pp 2 --layers 4 --global-batch 6
 expect_error --once "pp-layers do not sum to the layers" "\-\-pp-layers" train bad 2 1 --grad-accum 2 --pp 2 --pp-layers 1,2
 expect_error --once "tp does not divide the heads" "\-\-tp 3" train bad 0 1 --grad-accum 1 --tp 3 --dp 1
+# more ranks than key/value heads: refused (not replicated), naming both numbers
+expect_error --once "tp exceeds the key/value heads" "\-\-tp 4 does not divide the model's 2 key/value heads" train bad 0 1 --grad-accum 1 --tp 4 --dp 1 $LLAMA
 expect_error --once "sequence parallel without tp" "sequence-parallel" train bad 2 1 --grad-accum 1 --sequence-parallel
 expect_error --once "data error reported once" "corpus.txt" train bad 2 1 --grad-accum 1 --train "$dir/corpus.txt"
 expect_error --once "unknown backend reported once" "backend 'nope'" train bad 2 1 --grad-accum 1 --backend nope

@@ -70,6 +70,10 @@ full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompu
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
 full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
+# Llama blocks (RMSNorm, RoPE, grouped-query attention with 2 KV heads, SwiGLU, untied head)
+llama=(--arch llama --kv-heads 2 --ffn 320)
+mem llama_one  1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${llama[@]}" -- "${llama[@]}"
+mem llama_tp2_sp_pp2 4 1 2 --global-batch 2 --tp 2 --pp 2 --zero 0 --recompute selective --sequence-parallel --pp-virtual 1 "${llama[@]}" -- --tp 2 --pp 2 --sequence-parallel --recompute selective "${llama[@]}"
 
 # One set of flags, three commands (the run spec's flag table, src/cli/flags.c): a 3-D layout
 # (tp 2 x pp 2 x dp 2) with sequence parallelism, the interleaved schedule and ZeRO-2. train runs
@@ -135,14 +139,15 @@ n=$(echo "$json" | grep -c '"fits":true')
 check "3072-GCD search lists 20 fitting layouts ($n)" test "$n" -eq 20
 sorted=$(echo "$json" | sed -n 's/.*"step_s":\([0-9.e+-]*\).*/\1/p' | sort -g -c && echo yes)
 check "search results sorted by step time" test "$sorted" = yes
-prod=$(echo "$json" | sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\),.*/\1 \2 \3/p' |
-    awk '$1 * $2 * $3 != 3072 { bad = 1 } END { print bad ? "no" : "yes" }')
-check "tp x pp x dp = 3072 for every layout" test "$prod" = yes
+prod=$(echo "$json" |
+    sed -n 's/.*"tp":\([0-9]*\),"pp":\([0-9]*\),"dp":\([0-9]*\),.*"cp":\([0-9]*\),.*/\1 \2 \3 \4/p' |
+    awk '$1 * $2 * $3 * $4 != 3072 { bad = 1 } END { print bad || NR != 20 ? "no" : "yes" }')
+check "tp x cp x pp x dp = 3072 for every layout" test "$prod" = yes
 first=$(echo "$json" | head -1)
 get() { echo "$first" | sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"]*\)\"\{0,1\},.*/\1/p"; }
 sp=$(get sp); [ "$sp" = true ] && sp=--sequence-parallel || sp=--no-sequence-parallel
 again=$("$bin" plan --model frontier-175b --profile frontier --devices 3072 --global-batch 1536 \
-    --tp "$(get tp)" --pp "$(get pp)" --batch "$(get mb)" --pp-virtual "$(get v)" \
+    --tp "$(get tp)" --cp "$(get cp)" --pp "$(get pp)" --batch "$(get mb)" --pp-virtual "$(get v)" \
     --zero "$(get zero)" --recompute "$(get recompute)" "$sp" --json)
 check "the best layout evaluated alone: same step time" \
     test "$(echo "$again" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')" = "$(get step_s)"

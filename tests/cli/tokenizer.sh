@@ -118,4 +118,17 @@ expect_error "prepare --doc-token bot without a begin-of-text token" "no begin-o
     "$bin" prepare --tokenizer "$dir/tok" --doc-token bot --out "$dir/x" "$dir/corpus.txt"
 check "tokenizer decode --tokenizer bytes" sh -c "'$bin' prepare --tokenizer bytes --out '$dir/by' '$dir/corpus.txt' >/dev/null && \
     '$bin' tokenizer decode --tokenizer bytes '$dir/by/train_000000.bin' | head -1 | grep -qx 'fortune 1: the quick brown fox jumps over the lazy dog 7 times.'"
+
+# every command that takes --tokenizer lists every form of SPEC in its --help
+for cmd in tokenizer prepare generate inspect; do
+    check "$cmd --help lists every tokenizer form" sh -c "'$bin' $cmd --help | tr -s ' \n' ' ' > '$dir/help.txt' && \
+        for w in bytes gpt2 cl100k_base o200k_base llama3 tokenizer.json encoder.json vocab.bpe '.json file' \
+            'tiktoken rank file' gpt2_tokenizer.bin; do grep -qF \"\$w\" '$dir/help.txt' || exit 1; done"
+done
+# Qwen3's tokenizer.json (Qwen2's NFC normalizer; installed by setup.sh --tokenizers), as a
+# directory and as a .json file: a decomposed e + U+0301 encodes as the composed é
+hf="${L3D_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/llm3d}/hf/qwen3"
+check "tokenizer.json with NFC: decomposed and composed text, the same ids" test \
+    "$("$bin" tokenizer encode --tokenizer "$hf" --text $'caf\x65\xcc\x81 cr\xc3\xa8me')" = \
+    "$("$bin" tokenizer encode --tokenizer "$hf/tokenizer.json" --text $'caf\xc3\xa9 cr\x65\xcc\x80me')"
 exit $fail

@@ -97,21 +97,22 @@ run ck1 0 4 1 --layers 2 --save-every 4 &&
 run ck3 2 2 1 --layers 2 --zero 3 --save-every 3 &&
     resumed ck3_resumed ck3 2 2 3 --layers 2 --zero 3 && same ck3_resumed dp2 0
 
-# the memory check: 8 layers on 2 ranks need 8.4 MiB a rank under ZeRO-2 and 8.1 MiB under ZeRO-3
+# the memory check: 8 layers on 2 ranks need 8.4-8.5 MiB a rank under ZeRO-2, 8.1 under ZeRO-3
 # (16N/dp with two gather buffers; both with model.bin's gather on rank 0). A node of 16.5 MiB
 # refuses ZeRO-2 and names --zero 3, which trains there; ZeRO-3 saving checkpoints stages a whole
 # fp32 copy on DP rank 0 (1.6 MiB) and is refused (the plan used to count that copy always,
 # and so never offered ZeRO-3 in place of ZeRO-2)
 node=17301504
 L3D_TEST_MEM_AVAILABLE=$node expect_error --once "a node of 16.5 MiB: ZeRO-2 refused, ZeRO-3 named" \
-    "needs 8.4 MiB on rank 0 .*that fit: --zero 3 (8.1 MiB)" train mem_z2 2 2 --layers 8 --zero 2
+    "ZeRO-2, .* needs 8\.[4-9] MiB on rank 0 .*that fit: --zero 3 (8\.[0-2] MiB)" \
+    train mem_z2 2 2 --layers 8 --zero 2
 if L3D_TEST_MEM_AVAILABLE=$node train mem_z3 2 2 --layers 8 --zero 3 > "$dir/mem_z3.log" 2>&1; then
     ok "... and ZeRO-3 trains on it"
 else
     bad "... ZeRO-3 did not train on it:"; cat "$dir/mem_z3.log"
 fi
 L3D_TEST_MEM_AVAILABLE=$node expect_error --once "... but not with checkpoints (a whole copy)" \
-    "needs 9.7 MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
+    "ZeRO-3, .* needs 9\.[0-9] MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
 
 # bad input: one message each
 expect_error --once "prefetch without ZeRO-3" "\-\-zero3-prefetch 2" train bad 2 2 --zero 1 --zero3-prefetch 2

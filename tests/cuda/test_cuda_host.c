@@ -130,6 +130,39 @@ static void test_allocs(void) {
     CHECK(t.count == 0 && t.total == 0);
 }
 
+/* the plan cache: hits, the filling order, then round-robin replacement once full */
+static void test_plans(void) {
+    struct l3d_cuda_plan_table t = {0};
+    bool hit, evict;
+    struct l3d_cuda_mm_key k = {1, 0, 768, 4096, 2304, 2, 2, 768, 768, 2304, 1, 256, 256, 256};
+    CHECK(l3d_cuda_plan_slot(&t, &k, &hit, &evict) == 0 && !hit && !evict);
+    CHECK(l3d_cuda_plan_slot(&t, &k, &hit, &evict) == 0 && hit && !evict);
+    /* negative: a key that differs in one field (here only the alignment of A) is another plan */
+    struct l3d_cuda_mm_key k2 = k;
+    k2.align_a = 2;
+    CHECK(l3d_cuda_plan_slot(&t, &k2, &hit, &evict) == 1 && !hit);
+    k2 = k;
+    k2.bias = 0;
+    CHECK(l3d_cuda_plan_slot(&t, &k2, &hit, &evict) == 2 && !hit);
+    for (int i = 3; i < L3D_CUDA_PLANS; i++) { /* fill the table: n = 1.. */
+        struct l3d_cuda_mm_key ki = k;
+        ki.n = i;
+        CHECK(l3d_cuda_plan_slot(&t, &ki, &hit, &evict) == i && !hit && !evict);
+    }
+    CHECK(t.used == L3D_CUDA_PLANS);
+    struct l3d_cuda_mm_key kn = k;
+    kn.n = 100000; /* full: slot 0 is replaced, then 1 */
+    CHECK(l3d_cuda_plan_slot(&t, &kn, &hit, &evict) == 0 && !hit && evict);
+    CHECK(l3d_cuda_plan_slot(&t, &kn, &hit, &evict) == 0 && hit);
+    CHECK(l3d_cuda_plan_slot(&t, &k, &hit, &evict) == 1 && !hit && evict); /* k was evicted */
+    CHECK(t.used == L3D_CUDA_PLANS && t.next == 2);
+
+    CHECK(l3d_cuda_align((void *)(uintptr_t)0x7f0000001000u) == 256);
+    CHECK(l3d_cuda_align((void *)(uintptr_t)0x7f0000001080u) == 128);
+    CHECK(l3d_cuda_align((void *)(uintptr_t)0x7f0000001006u) == 2);
+    CHECK(l3d_cuda_align((void *)(uintptr_t)0x7f0000001001u) == 1);
+}
+
 static void test_peak(void) {
     const char *src;
     struct l3d_cuda_dev sxm = {"NVIDIA H100 80GB HBM3", 9, 0, 132, 1980000};
@@ -155,6 +188,7 @@ int main(void) {
     test_comm_choice();
     test_launch();
     test_allocs();
+    test_plans();
     test_peak();
     return TEST_REPORT();
 }

@@ -129,12 +129,13 @@ static void r_ln_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, 
 }
 static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
-    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->HS);
+    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NH, s->HS);
 }
 static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
-    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->HS);
-    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->HS);
+    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NH, s->HS);
+    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NH,
+                              s->HS);
 }
 /* T new rows at position 5 over a cache of 5 + T rows (the q rows: the last T of qkv) */
 static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
@@ -142,7 +143,7 @@ static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
     int64_t C = s->NH * s->HS, es = (int64_t)l3d_dtype_size(dt), pos = 5;
     char *qkv = p[1];
     l3d_be_attention_cached(be, dt, p[0], qkv + pos * 3 * C * es, qkv + C * es, qkv + 2 * C * es,
-                            pos, s->T, s->NH, s->HS, 3 * C, 3 * C);
+                            pos, s->T, s->NH, s->NH, s->HS, 3 * C, 3 * C);
 }
 static void r_gelu_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
@@ -215,13 +216,15 @@ static struct kcase *cases(struct shape s, int *n) {
              {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.OC * s.C, NORMAL, 0, false}},
             NBT, false, mixed, r_matmul_b};
     k[i++] = (struct kcase){"encoder_forward", {{"out", ACT, NBTC, ZERO, 0, true},
-        {"tokens", I32, NBT, TOKENS, s.V, false}, {"wte", ACT, s.Vvalid * s.C, NORMAL, 0, false},
+        {"tokens", I32, NBT, TOKENS, s.vstart + s.Vvalid + 7, false},
+        {"wte", ACT, s.Vvalid * s.C, NORMAL, 0, false},
         {"wpe", ACT, s.T * s.C, NORMAL, 0, false}}, 1, false, false, r_enc_f};
     for (int mixed = 0; mixed < 2; mixed++)
         k[i++] = (struct kcase){mixed ? "encoder_backward (fp32 grads)" : "encoder_backward",
             {{"dwte", GRAD, s.Vvalid * s.C, NORMAL, 0, true},
              {"dwpe", GRAD, s.T * s.C, NORMAL, 0, true}, {"dout", ACT, NBTC, NORMAL, 0, false},
-             {"tokens", I32, NBT, TOKENS, s.V, false}}, NBT, false, mixed, r_enc_b};
+             {"tokens", I32, NBT, TOKENS, s.vstart + s.Vvalid + 7, false}}, NBT, false, mixed,
+            r_enc_b};
     k[i++] = (struct kcase){"layernorm_forward", {{"out", ACT, NBTC, ZERO, 0, true},
         {"mean", F32, NBT, ZERO, 0, true}, {"rstd", F32, NBT, ZERO, 0, true},
         {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.C, NORMAL, 0, false},
@@ -345,9 +348,71 @@ static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const s
     for (int j = 0; j < MAXB; j++) free(host[j]), free(rc[j]), free(rg[j]);
 }
 
+/* ---- special values, bit for bit against the CPU ----------------------------------------------- */
+
+/* n floats through convert to dt and back (and unscale's flag) on one backend */
+static void special_on(struct l3d_backend *be, enum l3d_dtype dt, const float *x, int64_t n,
+                       uint16_t *half, float *back, float *flag) {
+    float *dx = l3d_be_alloc(be, (size_t)n * 4, "x"), *db = l3d_be_alloc(be, (size_t)n * 4, "b");
+    void *dh = l3d_be_alloc(be, (size_t)n * 2, "h");
+    float *df = l3d_be_alloc(be, 4, "flag"), zero = 0.0f;
+    L3D_ASSERT(dx && db && dh && df);
+    l3d_be_copy_h2d(be, dx, x, (size_t)n * 4);
+    l3d_be_copy_h2d(be, df, &zero, 4);
+    l3d_be_convert(be, dt, dh, L3D_F32, dx, n);
+    l3d_be_convert(be, L3D_F32, db, dt, dh, n);
+    l3d_be_unscale(be, L3D_F32, df, dx, 1.0f, n);
+    l3d_be_copy_d2h(be, half, dh, (size_t)n * 2);
+    l3d_be_copy_d2h(be, back, db, (size_t)n * 4);
+    l3d_be_copy_d2h(be, flag, df, 4);
+    l3d_be_free(be, dx), l3d_be_free(be, db), l3d_be_free(be, dh), l3d_be_free(be, df);
+}
+
+/* convert: NaN stays a quiet NaN (payloads may differ), Inf and signed zeros kept, ties to even,
+ * fp16 overflow from 65520, subnormals; unscale: found_inf set by an Inf or NaN, left 0 without */
+static void check_special(struct l3d_backend *cpu, struct l3d_backend *gpu) {
+    const float x[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f + 0x1p-8f,
+                       1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f,
+                       65519.0f, 65520.0f, 3e-7f, 6e-8f, 2e-8f, 3.4e38f, -3.4e38f, 1e-40f, 0.1f};
+    enum { N = sizeof x / sizeof x[0] };
+    const enum l3d_dtype types[2] = {L3D_BF16, L3D_F16};
+    for (int ti = 0; ti < 2; ti++) {
+        uint16_t hc[N], hg[N];
+        float bc[N], bg[N], fc, fg;
+        special_on(cpu, types[ti], x, N, hc, bc, &fc);
+        special_on(gpu, types[ti], x, N, hg, bg, &fg);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            bool nan_c = isnan(bc[i]), nan_g = isnan(bg[i]);
+            /* a quiet NaN: the top fraction bit (bf16 0x0040, fp16 0x0200) */
+            uint16_t quiet = types[ti] == L3D_BF16 ? 0x0040 : 0x0200;
+            bool same = nan_c || nan_g ? nan_c && nan_g && (hg[i] & quiet)
+                                       : hc[i] == hg[i] && memcmp(&bc[i], &bg[i], 4) == 0;
+            if (!same)
+                printf("convert %-5s special value %d (%g): cpu 0x%04x, gpu 0x%04x  FAIL\n",
+                       l3d_dtype_name(types[ti]), i, (double)x[i], hc[i], hg[i]);
+            bad += !same;
+        }
+        printf("convert %-5s %d special values, %d differ\n", l3d_dtype_name(types[ti]), N, bad);
+        CHECK(bad == 0);
+        CHECK(fc == 1.0f && fg == 1.0f); /* the NaNs and Infs of x */
+    }
+    /* negative: finite values only leave the flag as it was (0) on both */
+    uint16_t h[4];
+    float b[4], fc, fg;
+    special_on(cpu, L3D_BF16, x + 4, 4, h, b, &fc);
+    special_on(gpu, L3D_BF16, x + 4, 4, h, b, &fg);
+    CHECK(fc == 0.0f && fg == 0.0f);
+}
+
 int main(void) {
+    /* L3D_KERNEL_TEST_BACKEND=check runs the whole comparison on a machine without a GPU (the
+     * CPU kernels behind the checking backend): the test's own shapes, buffers and negative
+     * cases are proven before the first GPU run */
+    const char *other = getenv("L3D_KERNEL_TEST_BACKEND");
     struct l3d_backend *cpu, *gpu;
-    if (l3d_backend_init("cpu", &cpu) != L3D_OK || l3d_backend_init("cuda", &gpu) != L3D_OK) {
+    if (l3d_backend_init("cpu", &cpu) != L3D_OK ||
+        l3d_backend_init(other && *other ? other : "cuda", &gpu) != L3D_OK) {
         fprintf(stderr, "%s\n", l3d_error_message());
         return 1;
     }
@@ -365,6 +430,7 @@ int main(void) {
                 check_case(cpu, gpu, &k[c], types[ti], &shapes[si], 1000u * (uint64_t)si + 7);
             }
     }
+    check_special(cpu, gpu);
     l3d_backend_free(gpu);
     l3d_backend_free(cpu);
     return TEST_REPORT();

@@ -543,6 +543,44 @@ static void test_topo_layouts(struct l3d_comm *w) {
         }
 }
 
+/* The grid with a ring (l3d_topo_init_cp): every (tp, cp, pp) of the world, coordinates round
+ * trip, each rank's ring holds the ranks that differ only in cp_rank, tp ranks apart, and the
+ * widened DP group those that differ in dp_rank or cp_rank, ordered dp_rank cp + cp_rank; a sum
+ * over it counts every replica of every ring. */
+static void test_topo_cp(struct l3d_comm *w) {
+    int p = w->size;
+    for (int tp = 1; tp <= p; tp++)
+        for (int cp = 2; cp <= p / tp; cp++)
+            for (int pp = 1; pp <= p / (tp * cp); pp++) {
+                if (p % (tp * cp * pp)) continue;
+                int d = p / (tp * cp * pp);
+                for (int r = 0; r < p; r++) {
+                    int a, c, b, e;
+                    l3d_topo_coords_cp(tp, cp, pp, r, &a, &c, &b, &e);
+                    RCHECK(a < tp && c < cp && b < pp && e < d);
+                    RCHECK(l3d_topo_rank_of_cp(tp, cp, pp, a, c, b, e) == r);
+                }
+                struct l3d_topo topo;
+                RCHECK(l3d_topo_init_cp(&topo, w, tp, cp, pp, d) == L3D_OK);
+                int a = topo.tp_rank, c = topo.cp_rank, b = topo.pp_rank, e = topo.dp_rank;
+                RCHECK(l3d_topo_rank_of_cp(tp, cp, pp, a, c, b, e) == w->rank);
+                int32_t want[64];
+                for (int i = 0; i < cp; i++) want[i] = l3d_topo_rank_of_cp(tp, cp, pp, a, i, b, e);
+                check_group(topo.cp_comm, cp, want, "CP", tp, pp);
+                RCHECK(want[1] - want[0] == tp); /* ring neighbours tp ranks apart */
+                for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of_cp(tp, cp, pp, i, c, b, e);
+                check_group(topo.tp_comm, tp, want, "TP", tp, pp);
+                for (int i = 0; i < d * cp; i++)
+                    want[i] = l3d_topo_rank_of_cp(tp, cp, pp, a, i % cp, b, i / cp);
+                check_group(topo.dpcp_comm, d * cp, want, "DP x CP", tp, pp);
+                int32_t s = 1;
+                l3d_comm_all_reduce(topo.dpcp_comm, &s, 1, L3D_I32, L3D_SUM, NULL);
+                RCHECK(s == d * cp);
+                l3d_topo_free(&topo);
+                RCHECK(topo.cp_comm == NULL && topo.dpcp_comm == NULL);
+            }
+}
+
 /* The worked example of topo.h, 8 ranks as tp = pp = dp = 2, without MPI. */
 static void test_topo_table(void) {
     static const int table[8][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0},
@@ -651,6 +689,7 @@ int main(int argc, char **argv) {
     test_topo_layouts(w);
     test_topo_table();
     test_topo_resolve_errors();
+    test_topo_cp(w);
     test_launcher_check(w->size);
 
     int failed = test_failures;

@@ -190,3 +190,52 @@ void ref_fd_grad(double (*f)(void *ctx), void *ctx, double *x, int64_t n, double
                  double *grad) {
     for (int64_t i = 0; i < n; i++) grad[i] = ref_fd_partial(f, ctx, x, i, eps);
 }
+
+void ref_gqa_expand(double *full, const double *qkv, int64_t B, int64_t T, int64_t NH,
+                    int64_t NKV, int64_t HS) {
+    const int64_t rep = NH / NKV, CQ = (NH + 2 * NKV) * HS, C = NH * HS;
+    for (int64_t bt = 0; bt < B * T; bt++)
+        for (int64_t h = 0; h < NH; h++)
+            for (int64_t i = 0; i < HS; i++) {
+                const double *r = qkv + bt * CQ;
+                double *f = full + bt * 3 * C;
+                f[h * HS + i] = r[h * HS + i];
+                f[C + h * HS + i] = r[(NH + h / rep) * HS + i];
+                f[2 * C + h * HS + i] = r[(NH + NKV + h / rep) * HS + i];
+            }
+}
+
+void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *weight,
+                         int64_t N, int64_t C, double eps) {
+    for (int64_t n = 0; n < N; n++) {
+        const double *x = inp + n * C;
+        double ms = 0.0;
+        for (int64_t c = 0; c < C; c++) ms += x[c] * x[c];
+        double r = 1.0 / sqrt(ms / (double)C + eps);
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = x[c] * r * weight[c];
+        if (rstd) rstd[n] = r;
+    }
+}
+
+void ref_rope_forward(double *out, const double *qkv, const double *inv_freq, const int32_t *pos,
+                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t CQ = (NH + 2 * NKV) * HS, H2 = HS / 2;
+    for (int64_t i = 0; i < B * T * CQ; i++) out[i] = qkv[i];
+    for (int64_t bt = 0; bt < B * T; bt++)
+        for (int64_t h = 0; h < NH + NKV; h++)
+            for (int64_t i = 0; i < H2; i++) {
+                double a = (double)pos[bt % T] * inv_freq[i];
+                const double *x = qkv + bt * CQ + h * HS;
+                double *o = out + bt * CQ + h * HS;
+                o[i] = x[i] * cos(a) - x[i + H2] * sin(a);
+                o[i + H2] = x[i + H2] * cos(a) + x[i] * sin(a);
+            }
+}
+
+void ref_swiglu_forward(double *out, const double *inp, int64_t N, int64_t H) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < H; c++) {
+            double g = inp[n * 2 * H + c], u = inp[n * 2 * H + H + c];
+            out[n * H + c] = g / (1.0 + exp(-g)) * u;
+        }
+}

@@ -46,6 +46,26 @@ void ref_attention_forward(double *out, double *att, const double *qkv, int64_t 
 void ref_attention_lse(double *lse, const double *qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t HS);
 
+/* Grouped-query attention's qkv (B,T,NH+2*NKV,HS) (query heads, then key heads, then value heads)
+ * as the multi-head full (B,T,3,NH,HS) of ref_attention_forward: the key and value head
+ * h / (NH / NKV) written out again for each query head h (the repeat the kernels never make). */
+void ref_gqa_expand(double *full, const double *qkv, int64_t B, int64_t T, int64_t NH,
+                    int64_t NKV, int64_t HS);
+
+/* RMSNorm (Zhang & Sennrich 2019): out (N,C) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N)
+ * = 1 / sqrt(mean(inp^2) + eps) written when not NULL. */
+void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *weight,
+                         int64_t N, int64_t C, double eps);
+
+/* Rotary embedding, rotate-half form: out = qkv (B,T,NH+2*NKV,HS) with, in each of the first
+ * NH+NKV heads of a row at t, x_i and x_{i+HS/2} turned by the angle pos[t] * inv_freq[i]
+ * (x_i cos - x_j sin, x_j cos + x_i sin), i < HS/2; the value heads copied. */
+void ref_rope_forward(double *out, const double *qkv, const double *inv_freq, const int32_t *pos,
+                      int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+
+/* SwiGLU (Shazeer 2020): inp (N,2H) rows [g | u], out (N,H) = g / (1 + exp(-g)) * u. */
+void ref_swiglu_forward(double *out, const double *inp, int64_t N, int64_t H);
+
 /* out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the tanh approximation
  * (Hendrycks & Gimpel 2016, eq. after 2). */
 void ref_gelu_forward(double *out, const double *inp, int64_t N);

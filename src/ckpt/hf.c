@@ -1,0 +1,576 @@
+/* Hugging Face model folders (include/llm3d/hf.h): config.json to and from the model spec, the
+ * names and layouts of GPT2LMHeadModel's and LlamaForCausalLM's tensors over the llm3d tensor
+ * table, and the folder read into (written from) the full model's flat fp32 parameters. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/ckpt-impl.h"
+#include "llm3d/backend.h"
+#include "llm3d/ckpt.h"
+#include "llm3d/hf.h"
+#include "llm3d/json.h"
+
+/* ---- config.json -------------------------------------------------------------------------- */
+
+struct cfg_reader {
+    const struct l3d_json *doc;
+    const char *what;
+    l3d_status st; /* the first error */
+};
+
+/* An integer key (required unless dflt >= 0, then its value when absent or null). */
+static int get_int(struct cfg_reader *r, const char *key, int64_t dflt, int64_t most) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    int64_t x = dflt;
+    if (r->st != L3D_OK) return 0;
+    if ((!v || v->type == L3D_JSON_NULL) && dflt >= 0) return (int)dflt;
+    if (!v || !l3d_json_int(v, &x) || x < 1 || x > most)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" %s: give an integer in [1, %lld]", r->what,
+                          key, v ? "is not one" : "is missing", (long long)most);
+    return (int)x;
+}
+
+static double get_num(struct cfg_reader *r, const char *key, double dflt) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    double x = dflt;
+    if (r->st != L3D_OK || !v) return dflt;
+    if (!l3d_json_num(v, &x) || !(x > 0))
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not a positive number", r->what, key);
+    return x;
+}
+
+/* A boolean key; absent: dflt. */
+static bool get_bool(struct cfg_reader *r, const char *key, bool dflt) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL) return dflt;
+    if (v->type != L3D_JSON_BOOL)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not true or false", r->what, key);
+    return v->boolean;
+}
+
+/* A string key that must be one of `ok` (NULL-terminated) when present; absent: accepted. */
+static void want_str(struct cfg_reader *r, const char *key, const char *const *ok,
+                     const char *why) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    if (r->st != L3D_OK || !v) return;
+    const char *s = l3d_json_str(v);
+    for (int i = 0; s && ok[i]; i++)
+        if (strcmp(s, ok[i]) == 0) return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %.40s%s%s: llm3d cannot honour it (%s)",
+                      r->what, key, s ? "\"" : "not a string", s ? s : "", s ? "\"" : "", why);
+}
+
+/* A boolean key the code supports only with the value `need`. */
+static void want_bool(struct cfg_reader *r, const char *key, bool need, const char *why) {
+    if (r->st == L3D_OK && get_bool(r, key, need) != need && r->st == L3D_OK)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s)",
+                          r->what, key, need ? "false" : "true", why);
+}
+
+static void read_gpt2(struct cfg_reader *r, struct l3d_model_spec *m) {
+    static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
+    m->arch = L3D_ARCH_GPT2;
+    m->L = get_int(r, "n_layer", -1, L3D_MAX_LAYERS);
+    m->C = get_int(r, "n_embd", -1, L3D_MAX_CHANNELS);
+    m->NH = get_int(r, "n_head", -1, 1 << 16);
+    m->V = get_int(r, "vocab_size", -1, 1 << 30);
+    m->maxT = get_int(r, "n_positions", -1, L3D_MAX_CONTEXT);
+    m->ffn = get_int(r, "n_inner", 0, 16LL * L3D_MAX_CHANNELS);
+    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5);
+    m->untied = !get_bool(r, "tie_word_embeddings", true);
+    want_str(r, "activation_function", acts, "GPT-2's GELU is the tanh approximation, gelu_new");
+    want_bool(r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)");
+    want_bool(r, "scale_attn_by_inverse_layer_idx", false, "no per-layer score scaling");
+    want_bool(r, "add_cross_attention", false, "a decoder without cross-attention");
+}
+
+/* rope_scaling: null, or Llama 3.1's {"rope_type": "llama3", ...}. */
+static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
+    const struct l3d_json *s = l3d_json_get(r->doc, "rope_scaling");
+    if (r->st != L3D_OK || !s || s->type == L3D_JSON_NULL) return;
+    struct cfg_reader sub = {.doc = s, .what = r->what, .st = L3D_OK};
+    const char *type = l3d_json_str(l3d_json_get(s, "rope_type"));
+    if (!type) type = l3d_json_str(l3d_json_get(s, "type")); /* the older spelling */
+    if (s->type != L3D_JSON_OBJECT || !type || strcmp(type, "llama3") != 0) {
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"rope_scaling\" of type %.40s: llm3d implements "
+                          "Llama 3.1's (\"rope_type\": \"llama3\") only", r->what,
+                          type ? type : "(none)");
+        return;
+    }
+    m->rope.factor = get_num(&sub, "factor", -1);
+    m->rope.low_freq_factor = get_num(&sub, "low_freq_factor", -1);
+    m->rope.high_freq_factor = get_num(&sub, "high_freq_factor", -1);
+    m->rope.original_context = get_int(&sub, "original_max_position_embeddings", -1,
+                                       L3D_MAX_CONTEXT);
+    if (sub.st == L3D_OK && (m->rope.factor < 0 || m->rope.low_freq_factor < 0 ||
+                             m->rope.high_freq_factor < 0))
+        sub.st = l3d_error(L3D_ERR_FORMAT, "%s: \"rope_scaling\" needs factor, low_freq_factor and "
+                           "high_freq_factor", r->what);
+    r->st = sub.st;
+}
+
+static void read_llama(struct cfg_reader *r, struct l3d_model_spec *m) {
+    static const char *const acts[] = {"silu", NULL};
+    m->arch = L3D_ARCH_LLAMA;
+    m->norm = L3D_NORM_RMSNORM;
+    m->mlp = L3D_MLP_SWIGLU;
+    m->pos = L3D_POS_ROPE;
+    m->no_bias = true;
+    m->L = get_int(r, "num_hidden_layers", -1, L3D_MAX_LAYERS);
+    m->C = get_int(r, "hidden_size", -1, L3D_MAX_CHANNELS);
+    m->NH = get_int(r, "num_attention_heads", -1, 1 << 16);
+    m->NKV = get_int(r, "num_key_value_heads", m->NH, 1 << 16);
+    m->ffn = get_int(r, "intermediate_size", -1, 16LL * L3D_MAX_CHANNELS);
+    m->V = get_int(r, "vocab_size", -1, 1 << 30);
+    m->maxT = get_int(r, "max_position_embeddings", -1, L3D_MAX_CONTEXT);
+    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6);
+    m->rope.theta = get_num(r, "rope_theta", 10000.0);
+    m->untied = !get_bool(r, "tie_word_embeddings", false);
+    want_str(r, "hidden_act", acts, "Llama's MLP is SwiGLU: silu");
+    want_bool(r, "attention_bias", false, "the model has no biases");
+    want_bool(r, "mlp_bias", false, "the model has no biases");
+    if (r->st == L3D_OK && m->NH > 0 && get_int(r, "head_dim", m->C / m->NH, 1 << 20) !=
+                                            m->C / m->NH && r->st == L3D_OK)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is not hidden_size / "
+                          "num_attention_heads (%d): llm3d cannot honour it", r->what,
+                          m->C / m->NH);
+    read_rope_scaling(r, m);
+}
+
+l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
+                               struct l3d_model_spec *cfg) {
+    struct l3d_json doc;
+    memset(cfg, 0, sizeof *cfg);
+    l3d_status st = l3d_json_parse(&doc, text, len, what);
+    if (st == L3D_OK && doc.type != L3D_JSON_OBJECT)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: %s, not an object", what,
+                       l3d_json_type_name(doc.type));
+    struct cfg_reader r = {.doc = &doc, .what = what, .st = st};
+    const char *type = st == L3D_OK ? l3d_json_str(l3d_json_get(&doc, "model_type")) : NULL;
+    if (st != L3D_OK) {
+    } else if (type && strcmp(type, "gpt2") == 0) {
+        read_gpt2(&r, cfg);
+    } else if (type && strcmp(type, "llama") == 0) {
+        read_llama(&r, cfg);
+    } else {
+        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" %s%.40s%s: llm3d reads gpt2 and llama",
+                         what, type ? "\"" : "", type ? type : "missing", type ? "\"" : "");
+    }
+    l3d_json_free(&doc);
+    if (r.st != L3D_OK) return r.st;
+    if (l3d_gpt_config_finish(cfg) != L3D_OK)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %s", what, l3d_error_message());
+    return L3D_OK;
+}
+
+l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
+    char path[L3D_CKPT_PATH_CAP], *text = NULL;
+    size_t len = 0;
+    l3d_status st = l3d_ckpt_long_path(dir);
+    if (st != L3D_OK) return st;
+    l3d_ckpt_join(path, sizeof path, dir, "/", "config.json");
+    st = l3d_ckpt_read_text(path, "config.json", &text, &len);
+    if (st == L3D_OK) st = l3d_hf_config_parse(text, len, path, cfg);
+    l3d_free(text);
+    return st;
+}
+
+/* The shortest decimal that reads back as x (float: strtof; double: strtod). */
+static void shortest(char *buf, size_t cap, double x, bool single) {
+    for (int p = single ? 6 : 15; p <= 17; p++) {
+        snprintf(buf, cap, "%.*g", p, x);
+        if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) return;
+    }
+}
+
+char *l3d_hf_config_text(const struct l3d_model_spec *m, enum l3d_dtype dt) {
+    char *text = NULL, eps[32], theta[32];
+    size_t len;
+    FILE *f = open_memstream(&text, &len);
+    shortest(eps, sizeof eps, m->norm_eps, true);
+    const char *torch = dt == L3D_BF16 ? "bfloat16" : dt == L3D_F16 ? "float16" : "float32";
+    if (m->arch == L3D_ARCH_GPT2) {
+        fprintf(f, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+                "  \"n_layer\": %d,\n  \"n_embd\": %d,\n  \"n_head\": %d,\n  \"vocab_size\": %d,\n"
+                "  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", m->L, m->C, m->NH, m->V, m->maxT,
+                m->maxT);
+        if (m->ffn == 4LL * m->C) fprintf(f, "  \"n_inner\": null,\n");
+        else fprintf(f, "  \"n_inner\": %lld,\n", (long long)m->ffn);
+        fprintf(f, "  \"layer_norm_epsilon\": %s,\n  \"activation_function\": \"gelu_new\",\n", eps);
+    } else {
+        shortest(theta, sizeof theta, m->rope.theta, false);
+        fprintf(f, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                "  \"num_hidden_layers\": %d,\n  \"hidden_size\": %d,\n"
+                "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n"
+                "  \"head_dim\": %d,\n  \"intermediate_size\": %lld,\n  \"vocab_size\": %d,\n"
+                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n"
+                "  \"rope_theta\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
+                "  \"mlp_bias\": false,\n", m->L, m->C, m->NH, l3d_model_kv_heads(m), m->C / m->NH,
+                (long long)m->ffn, m->V, m->maxT, eps, theta);
+        if (m->rope.factor > 0) {
+            char v[3][32];
+            shortest(v[0], sizeof v[0], m->rope.factor, false);
+            shortest(v[1], sizeof v[1], m->rope.low_freq_factor, false);
+            shortest(v[2], sizeof v[2], m->rope.high_freq_factor, false);
+            fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %s, "
+                    "\"low_freq_factor\": %s, \"high_freq_factor\": %s, "
+                    "\"original_max_position_embeddings\": %d},\n", v[0], v[1], v[2],
+                    m->rope.original_context);
+        } else {
+            fprintf(f, "  \"rope_scaling\": null,\n");
+        }
+    }
+    fprintf(f, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
+            m->untied ? "false" : "true", torch);
+    fclose(f);
+    char *out = l3d_alloc(len + 1, "config.json");
+    memcpy(out, text, len + 1);
+    free(text); /* open_memstream's */
+    return out;
+}
+
+/* ---- the tensor map ------------------------------------------------------------------------ */
+
+struct map_builder {
+    const struct l3d_model_spec *cfg;
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    struct l3d_hf_tensor *t;
+    int n, cap;
+    l3d_status st;
+};
+
+static int table_index(const struct map_builder *b, const char *name) {
+    for (int i = 0; i < L3D_NUM_TENSORS; i++)
+        if (b->ti[i].name && strcmp(b->ti[i].name, name) == 0 && b->ti[i].count > 0) return i;
+    return -1;
+}
+
+/* HF tensor `hf` (a printf pattern of the layer) = rows [row0, row0 + rows) of table tensor
+ * `name` (which must have (need_rows, cols) per layer), 1-D or a matrix, transposed or not. */
+static void add(struct map_builder *b, const char *hf, int layer, const char *name, int64_t row0,
+                int64_t rows, int64_t need_rows, int64_t cols, int ndim, bool transposed) {
+    if (b->n == b->cap) {
+        struct l3d_hf_tensor *t = l3d_alloc((size_t)(2 * b->cap + 16) * sizeof *t, "tensor map");
+        if (b->n) memcpy(t, b->t, (size_t)b->n * sizeof *t);
+        l3d_free(b->t);
+        b->t = t;
+        b->cap = 2 * b->cap + 16;
+    }
+    struct l3d_hf_tensor *t = &b->t[b->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->e.name, sizeof t->e.name, hf, layer);
+    t->table = name;
+    t->tensor = -1;
+    t->layer = layer;
+    t->row0 = row0;
+    t->rows = rows;
+    t->table_rows = need_rows;
+    t->cols = cols;
+    t->transposed = transposed;
+    t->e.ndim = ndim;
+    if (ndim == 1) t->e.shape[0] = rows * cols;
+    else if (transposed) t->e.shape[0] = cols, t->e.shape[1] = rows;
+    else t->e.shape[0] = rows, t->e.shape[1] = cols;
+}
+
+/* Each entry's table tensor found, of the shape the architecture needs. */
+static l3d_status bind(struct map_builder *b) {
+    for (int i = 0; i < b->n; i++) {
+        struct l3d_hf_tensor *t = &b->t[i];
+        int k = table_index(b, t->table);
+        if (k < 0 || b->ti[k].rows != t->table_rows || b->ti[k].cols != t->cols)
+            return l3d_error(L3D_ERR_ARG, "a %s model (this config) needs tensor %s of (%lld, "
+                             "%lld) a layer for %s; the model's tensor table has %s: not "
+                             "implemented yet", b->cfg->arch == L3D_ARCH_LLAMA ? "Llama" : "GPT-2",
+                             t->table, (long long)t->table_rows, (long long)t->cols, t->e.name,
+                             k < 0 ? "none" : "another shape");
+        t->tensor = k;
+    }
+    return L3D_OK;
+}
+
+static void map_gpt2(struct map_builder *b) {
+    const struct l3d_model_spec *m = b->cfg;
+    int64_t C = m->C, F = m->ffn;
+    add(b, "transformer.wte.weight", 0, "wte", 0, m->V, m->Vp, C, 2, false);
+    add(b, "transformer.wpe.weight", 0, "wpe", 0, m->maxT, m->maxT, C, 2, false);
+    static const struct { const char *hf, *name; int kind; } per[] = {
+        /* kind 0: C vector; 1: 3C vector; 2: F vector; 3: Conv1D weight */
+        {"ln_1.weight", "ln1w", 0},        {"ln_1.bias", "ln1b", 0},
+        {"attn.c_attn.weight", "qkvw", 3}, {"attn.c_attn.bias", "qkvb", 1},
+        {"attn.c_proj.weight", "attprojw", 3}, {"attn.c_proj.bias", "attprojb", 0},
+        {"ln_2.weight", "ln2w", 0},        {"ln_2.bias", "ln2b", 0},
+        {"mlp.c_fc.weight", "fcw", 3},     {"mlp.c_fc.bias", "fcb", 2},
+        {"mlp.c_proj.weight", "fcprojw", 3}, {"mlp.c_proj.bias", "fcprojb", 0},
+    };
+    /* the Conv1D weights' (out, in) in llm3d's table: qkvw (3C, C), attprojw (C, C), fcw (F, C),
+     * fcprojw (C, F) */
+    const int64_t w[4][2] = {{3 * C, C}, {C, C}, {F, C}, {C, F}};
+    for (int l = 0; l < m->L; l++)
+        for (int i = 0, wi = 0; i < 12; i++) {
+            char hf[112];
+            snprintf(hf, sizeof hf, "transformer.h.%%d.%s", per[i].hf);
+            int64_t cols = per[i].kind == 0 ? C : per[i].kind == 1 ? 3 * C : F;
+            if (per[i].kind == 3) {
+                add(b, hf, l, per[i].name, 0, w[wi][0], w[wi][0], w[wi][1], 2, true);
+                wi++;
+            } else {
+                add(b, hf, l, per[i].name, 0, 1, 1, cols, 1, false);
+            }
+        }
+    add(b, "transformer.ln_f.weight", 0, "lnfw", 0, 1, 1, C, 1, false);
+    add(b, "transformer.ln_f.bias", 0, "lnfb", 0, 1, 1, C, 1, false);
+    if (m->untied) add(b, "lm_head.weight", 0, "lmhead", 0, m->V, m->Vp, C, 2, false);
+}
+
+static void map_llama(struct map_builder *b) {
+    const struct l3d_model_spec *m = b->cfg;
+    int64_t C = m->C, F = m->ffn, hs = C / m->NH, q = m->NH * hs, kv = l3d_model_kv_heads(m) * hs;
+    add(b, "model.embed_tokens.weight", 0, "wte", 0, m->V, m->Vp, C, 2, false);
+    for (int l = 0; l < m->L; l++) {
+        add(b, "model.layers.%d.input_layernorm.weight", l, "ln1w", 0, 1, 1, C, 1, false);
+        add(b, "model.layers.%d.self_attn.q_proj.weight", l, "qkvw", 0, q, q + 2 * kv, C, 2, false);
+        add(b, "model.layers.%d.self_attn.k_proj.weight", l, "qkvw", q, kv, q + 2 * kv, C, 2, false);
+        add(b, "model.layers.%d.self_attn.v_proj.weight", l, "qkvw", q + kv, kv, q + 2 * kv, C, 2,
+            false);
+        add(b, "model.layers.%d.self_attn.o_proj.weight", l, "attprojw", 0, C, C, C, 2, false);
+        add(b, "model.layers.%d.post_attention_layernorm.weight", l, "ln2w", 0, 1, 1, C, 1, false);
+        add(b, "model.layers.%d.mlp.gate_proj.weight", l, "fcw", 0, F, 2 * F, C, 2, false);
+        add(b, "model.layers.%d.mlp.up_proj.weight", l, "fcw", F, F, 2 * F, C, 2, false);
+        add(b, "model.layers.%d.mlp.down_proj.weight", l, "fcprojw", 0, C, C, F, 2, false);
+    }
+    add(b, "model.norm.weight", 0, "lnfw", 0, 1, 1, C, 1, false);
+    if (m->untied) add(b, "lm_head.weight", 0, "lmhead", 0, m->V, m->Vp, C, 2, false);
+}
+
+l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
+                             struct l3d_hf_tensor **out, int *n) {
+    struct map_builder b = {.cfg = cfg, .st = L3D_OK};
+    struct l3d_shard full = l3d_shard_full(cfg);
+    l3d_gpt_plan_tensors(cfg, &full, b.ti);
+    if (cfg->arch == L3D_ARCH_LLAMA) map_llama(&b);
+    else map_gpt2(&b);
+    if (bound) b.st = bind(&b);
+    if (b.st != L3D_OK) {
+        l3d_free(b.t);
+        return b.st;
+    }
+    *out = b.t;
+    *n = b.n;
+    return L3D_OK;
+}
+
+l3d_status l3d_hf_tensors(const struct l3d_model_spec *cfg, struct l3d_hf_tensor **out, int *n) {
+    return l3d_hf_tensors_ex(cfg, true, out, n);
+}
+
+/* Element (r, c) of HF tensor t's (rows, cols) block lies at this index of the full buffer. */
+static int64_t full_index(const struct l3d_tensor_info *ti, const struct l3d_hf_tensor *t) {
+    return ti->offset + (t->layer * ti->rows + t->row0) * ti->cols;
+}
+
+/* ---- folders ---------------------------------------------------------------------------- */
+
+bool l3d_hf_is_folder(const char *path) {
+    char p[L3D_CKPT_PATH_CAP];
+    struct stat sb;
+    if (strlen(path) >= L3D_CKPT_PATH_CAP - 16 || stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return false;
+    l3d_ckpt_join(p, sizeof p, path, "/", "config.json");
+    return stat(p, &sb) == 0;
+}
+
+/* Tensors of a file that map to nothing but are known not to be weights: GPT-2's attention mask
+ * buffers, older Llama's rotary frequencies, a tied head written anyway. */
+static bool ignorable(const char *name, bool tied) {
+    size_t n = strlen(name);
+    static const char *const tails[] = {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"};
+    for (int i = 0; i < 3; i++) {
+        size_t k = strlen(tails[i]);
+        if (n >= k && strcmp(name + n - k, tails[i]) == 0) return true;
+    }
+    return tied && strcmp(name, "lm_head.weight") == 0;
+}
+
+/* The file's tensor of HF name `name`: GPT-2 folders written from GPT2Model lack the
+ * "transformer." prefix. */
+static const struct l3d_st_tensor *find_hf(const struct l3d_st *st, const char *name) {
+    const struct l3d_st_tensor *t = l3d_st_find(st, name);
+    if (!t && strncmp(name, "transformer.", 12) == 0) t = l3d_st_find(st, name + 12);
+    return t;
+}
+
+static bool same_model(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
+    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->maxT == b->maxT &&
+           a->ffn == b->ffn && a->arch == b->arch && l3d_model_kv_heads(a) == l3d_model_kv_heads(b)
+           && a->norm == b->norm && a->mlp == b->mlp && a->pos == b->pos &&
+           a->no_bias == b->no_bias && a->untied == b->untied;
+}
+
+/* "[a, b, ...]" */
+static void shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && k + 24 < cap; d++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    snprintf(buf + k, cap - k, "]");
+}
+
+/* One tensor's shape checked against the config, read and placed into full. */
+static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
+                           const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
+                           float *full) {
+    const struct l3d_st_tensor *t = find_hf(st, h->e.name);
+    if (!t)
+        return l3d_error(L3D_ERR_FORMAT, "%s: no tensor %s, which the model of %s needs",
+                         st->files[0], h->e.name, cfgpath);
+    if (!t->handled) /* said before its shape: an I64 tensor's shape is not the weight's */
+        return l3d_st_read_f32(st, t, tmp);
+    bool same = t->ndim == h->e.ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == h->e.shape[d];
+    if (!same) {
+        char got[192], want[64];
+        shape_str(got, sizeof got, t->shape, t->ndim);
+        shape_str(want, sizeof want, h->e.shape, h->e.ndim);
+        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has shape %s, but %s needs %s",
+                         st->files[t->file], t->name, got, cfgpath, want);
+    }
+    l3d_status rc = l3d_st_read_f32(st, t, tmp);
+    if (rc != L3D_OK) return rc;
+    float *dst = full + full_index(ti, h);
+    if (!h->transposed) {
+        memcpy(dst, tmp, (size_t)(h->rows * h->cols) * sizeof(float));
+    } else { /* HF (cols, rows): element (i, j) is llm3d's (j, i) */
+        for (int64_t i = 0; i < h->cols; i++)
+            for (int64_t j = 0; j < h->rows; j++) dst[j * h->cols + i] = tmp[i * h->rows + j];
+    }
+    return L3D_OK;
+}
+
+/* Every tensor of the files is one the map reads, or ignorable. */
+static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tensor *map, int n,
+                              const struct l3d_model_spec *cfg, const char *cfgpath) {
+    for (int i = 0; i < st->n; i++) {
+        const char *name = st->t[i].name;
+        bool known = ignorable(name, !cfg->untied);
+        for (int k = 0; !known && k < n; k++)
+            known = strcmp(map[k].e.name, name) == 0 ||
+                    (strncmp(map[k].e.name, "transformer.", 12) == 0 &&
+                     strcmp(map[k].e.name + 12, name) == 0);
+        if (!known)
+            return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has no place in the model %s describes "
+                             "(%s): a config that does not match the weights", st->files[st->t[i].file],
+                             name, cfgpath, cfg->arch == L3D_ARCH_LLAMA ? "llama" : "gpt2");
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full) {
+    struct l3d_model_spec fc;
+    char cfgpath[L3D_CKPT_PATH_CAP];
+    l3d_status rc = l3d_hf_config_read(dir, &fc);
+    if (rc != L3D_OK) return rc;
+    l3d_ckpt_join(cfgpath, sizeof cfgpath, dir, "/", "config.json");
+    if (!same_model(&fc, cfg))
+        return l3d_error(L3D_ERR_FORMAT, "%s describes L=%d C=%d NH=%d V=%d T=%d, not the model "
+                         "being loaded (L=%d C=%d NH=%d V=%d T=%d)", cfgpath, fc.L, fc.C, fc.NH,
+                         fc.V, fc.maxT, cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);
+    struct l3d_hf_tensor *map;
+    int n;
+    if ((rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
+    struct l3d_st st;
+    rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
+    int64_t most = 1;
+    for (int i = 0; i < n; i++)
+        most = map[i].rows * map[i].cols > most ? map[i].rows * map[i].cols : most;
+    float *tmp = rc == L3D_OK ? l3d_try_alloc((size_t)most * sizeof(float), "tensor") : NULL;
+    if (rc == L3D_OK && !tmp)
+        rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a %lld-element tensor", dir,
+                       (long long)most);
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    int64_t total = l3d_gpt_plan_tensors(cfg, &fs, ti);
+    memset(full, 0, (size_t)total * sizeof(float)); /* the vocabulary's padding rows */
+    for (int i = 0; rc == L3D_OK && i < n; i++)
+        rc = load_one(&st, &map[i], &ti[map[i].tensor], cfgpath, tmp, full);
+    l3d_free(tmp);
+    if (st.nfiles) l3d_st_close(&st);
+    l3d_free(map);
+    return rc;
+}
+
+struct save_ctx {
+    const struct l3d_hf_tensor *map;
+    const struct l3d_tensor_info *ti;
+    const float *full;
+};
+
+static void fill(void *ctx, int i, float *out) {
+    const struct save_ctx *s = ctx;
+    const struct l3d_hf_tensor *h = &s->map[i];
+    const float *src = s->full + full_index(&s->ti[h->tensor], h);
+    if (!h->transposed) {
+        memcpy(out, src, (size_t)(h->rows * h->cols) * sizeof(float));
+        return;
+    }
+    for (int64_t a = 0; a < h->cols; a++)
+        for (int64_t j = 0; j < h->rows; j++) out[a * h->rows + j] = src[j * h->cols + a];
+}
+
+l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
+                       enum l3d_dtype dt, int64_t shard_bytes) {
+    struct l3d_hf_tensor *map;
+    int n;
+    l3d_status rc = l3d_ckpt_long_path(dir);
+    if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
+    if (rc != L3D_OK || (rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(cfg, &fs, ti);
+    struct l3d_st_entry *e = l3d_alloc((size_t)n * sizeof *e, "tensor map");
+    for (int i = 0; i < n; i++) e[i] = map[i].e;
+    struct save_ctx sc = {map, ti, full};
+    rc = l3d_st_write(dir, e, n, fill, &sc, dt, shard_bytes);
+    l3d_free(e);
+    l3d_free(map);
+    if (rc != L3D_OK) return rc;
+    /* config.json last: a folder with a config is one whose weights are complete */
+    char path[L3D_CKPT_PATH_CAP], *text = l3d_hf_config_text(cfg, dt);
+    l3d_ckpt_join(path, sizeof path, dir, "/", "config.json");
+    rc = l3d_ckpt_write_text_atomic(path, dir, text);
+    l3d_free(text);
+    return rc;
+}
+
+/* ---- model files ------------------------------------------------------------------------ */
+
+l3d_status l3d_model_file_config(const char *path, struct l3d_model_spec *cfg) {
+    if (l3d_hf_is_folder(path)) return l3d_hf_config_read(path, cfg);
+    return l3d_ckpt_read_llmc_config(path, cfg);
+}
+
+l3d_status l3d_model_file_load(const char *path, struct l3d_gpt *m) {
+    if (!l3d_hf_is_folder(path)) return l3d_ckpt_load_llmc(path, m);
+    L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
+    int64_t n_full = l3d_gpt_param_count(&m->cfg);
+    bool whole = m->num_params == n_full; /* every tensor whole: the full shard */
+    float *full = l3d_try_alloc((size_t)n_full * sizeof(float), "model");
+    float *mine = whole || !full ? NULL
+                                 : l3d_try_alloc((size_t)m->num_params * sizeof(float), "shard");
+    l3d_status rc = L3D_OK;
+    if (!full || (!whole && !mine))
+        rc = l3d_error(L3D_ERR_OOM, "%s: no host memory to read the %lld parameters", path,
+                       (long long)n_full);
+    if (rc == L3D_OK) rc = l3d_hf_load(path, &m->cfg, full);
+    if (rc == L3D_OK && !whole) l3d_gpt_full_to_shard(&m->cfg, &m->shard, full, mine);
+    if (rc == L3D_OK) {
+        l3d_be_copy_h2d(m->be, m->params, whole ? full : mine, (size_t)m->num_params * 4);
+        l3d_be_sync(m->be);
+    }
+    l3d_free(mine);
+    l3d_free(full);
+    return rc;
+}

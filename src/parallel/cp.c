@@ -1,0 +1,213 @@
+/* Context parallelism: ring attention over the CP group (include/llm3d/cp.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/cp.h"
+
+/* The geometry of this rank's query chunk qc against key chunk kc of ring rank src, the keys in a
+ * packed K|V buffer (B, T, 2 NKV HS); k_pos > q_pos: a chunk entirely after, skipped. */
+static struct l3d_attn_block pair(const struct l3d_cp *cp, int64_t B, int64_t T, int64_t NH,
+                                  int64_t NKV, int64_t HS, int qc, int src, int kc) {
+    int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, C = NH * HS;
+    int n = cp->comm->size;
+    return (struct l3d_attn_block){
+        .B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = T / 2, .nk = T / 2,
+        .q_pos = l3d_cp_chunk_start(n, cp->comm->rank, qc, T),
+        .k_pos = l3d_cp_chunk_start(n, src, kc, T), .q_rs = W, .q_bs = T * W, .kv_rs = KW,
+        .kv_bs = T * KW, .o_rs = C, .o_bs = T * C, .lse_hs = T, .lse_bs = NH * T};
+}
+
+static void *off(const struct l3d_cp *cp, const void *p, int64_t i) {
+    return (char *)p + i * (int64_t)l3d_dtype_size(cp->dt);
+}
+
+/* this rank's K|V rows, packed: the block that starts round the ring */
+static void pack(struct l3d_cp *cp, void *kv, const void *qkv, int64_t rows, int64_t NH,
+                 int64_t NKV, int64_t HS) {
+    int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS;
+    size_t bytes = (size_t)KW * l3d_dtype_size(cp->dt);
+    for (int64_t i = 0; i < rows; i++)
+        l3d_be_copy_d2d(cp->be, off(cp, kv, i * KW), off(cp, qkv, i * W + NH * HS), bytes);
+}
+
+/* L3D_CP_SERIAL=1 (benchmarks): every transfer waited for as soon as it is posted, before the
+ * block computes, so comm_s is the whole transfer time (bench/cp.sh: the fraction hidden) */
+static bool serial(void) {
+    static int on = -1;
+    if (on < 0) on = getenv("L3D_CP_SERIAL") && strcmp(getenv("L3D_CP_SERIAL"), "1") == 0;
+    return on;
+}
+
+static void wait2(struct l3d_cp *cp, l3d_req rq[2]) {
+    double t0 = l3d_time_s();
+    l3d_comm_wait(cp->comm, &rq[0]);
+    l3d_comm_wait(cp->comm, &rq[1]);
+    cp->comm_s += l3d_time_s() - t0;
+}
+
+/* Lets the transfers in flight progress between two block kernels: MPI moves a large message
+ * (a rendezvous) only inside its calls, so without these tests it would move at the wait, after
+ * the computation it was meant to hide behind (docs/DESIGN.md, "Progress"). */
+static void poll(struct l3d_cp *cp, l3d_req *rq, int n) {
+    for (int i = 0; i < n; i++) l3d_comm_test(cp->comm, &rq[i]);
+}
+
+/* the next block's K|V (or dK|dV sum) on its way: sent to ring rank + 1, received from - 1 */
+static void pass(struct l3d_cp *cp, const void *send, void *recv, int64_t n, int tag,
+                 l3d_req rq[2]) {
+    int size = cp->comm->size, r = cp->comm->rank;
+    l3d_be_sync(cp->be); /* the sent buffer is complete before MPI reads it */
+    l3d_comm_send(cp->comm, send, n, cp->dt, (r + 1) % size, tag, &rq[0]);
+    l3d_comm_recv(cp->comm, recv, n, cp->dt, (r + size - 1) % size, tag, &rq[1]);
+    cp->bytes += n * (int64_t)l3d_dtype_size(cp->dt);
+    if (serial()) wait2(cp, rq);
+}
+
+static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, const void *qkv,
+                         int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    struct l3d_cp *cp = ctx;
+    int n = cp->comm->size, r = cp->comm->rank;
+    int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, C = NH * HS, c = T / 2, cnt = B * T * KW;
+    L3D_ASSERT(dt == cp->dt && T % 2 == 0 && cnt <= cp->cap);
+    pack(cp, cp->kv[0], qkv, B * T, NH, NKV, HS);
+    bool have[2] = {false, false}; /* a query chunk's first block writes out and lse */
+    for (int s = 0; s < n; s++) {
+        int src = (r - s + n) % n;
+        void *cur = cp->kv[s % 2];
+        l3d_req rq[2];
+        memset(rq, 0, sizeof rq);
+        if (s < n - 1) pass(cp, cur, cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                struct l3d_attn_block g = pair(cp, B, T, NH, NKV, HS, qc, src, kc);
+                if (g.k_pos > g.q_pos) continue;
+                const void *k = off(cp, cur, kc * c * KW), *q = off(cp, qkv, qc * c * W);
+                void *o = off(cp, out, qc * c * C);
+                if (!have[qc]) {
+                    l3d_be_attention_block_forward(cp->be, dt, o, lse + qc * c, q, k,
+                                                   off(cp, k, NKV * HS), &g);
+                    have[qc] = true;
+                    poll(cp, rq, 2);
+                    continue;
+                }
+                void *po = off(cp, cp->part, qc * c * C);
+                l3d_be_attention_block_forward(cp->be, dt, po, cp->part_lse + qc * c, q, k,
+                                               off(cp, k, NKV * HS), &g);
+                l3d_be_attention_merge(cp->be, dt, o, lse + qc * c, po, cp->part_lse + qc * c,
+                                       &g);
+                poll(cp, rq, 2);
+            }
+        if (s < n - 1) wait2(cp, rq);
+    }
+}
+
+/* One step of backward: the gradients of block src (keys in kv) into dq (dqkv's) and dkv. */
+static void backward_block(struct l3d_cp *cp, void *dqkv, void *dkv, const void *dout,
+                           const void *qkv, const void *kv, const void *out, const float *lse,
+                           int src, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                           l3d_req *rq) {
+    int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, C = NH * HS, c = T / 2;
+    for (int qc = 0; qc < 2; qc++)
+        for (int kc = 0; kc < 2; kc++) {
+            struct l3d_attn_block g = pair(cp, B, T, NH, NKV, HS, qc, src, kc);
+            if (g.k_pos > g.q_pos) continue;
+            void *dk = off(cp, dkv, kc * c * KW);
+            const void *k = off(cp, kv, kc * c * KW);
+            l3d_be_attention_block_backward(
+                cp->be, cp->dt, off(cp, dqkv, qc * c * W), dk, off(cp, dk, NKV * HS),
+                off(cp, dout, qc * c * C), off(cp, qkv, qc * c * W), k, off(cp, k, NKV * HS),
+                off(cp, out, qc * c * C), lse + qc * c, &g);
+            poll(cp, rq, 4);
+        }
+}
+
+/* dkv[part] holds this step's block gradients; the running sum of the block arrives in dkv[in]
+ * while they compute, then takes them and travels on (cp.h). */
+static void ring_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                          const void *qkv, const void *out, const float *lse, int64_t B,
+                          int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    struct l3d_cp *cp = ctx;
+    int n = cp->comm->size, r = cp->comm->rank;
+    int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, cnt = B * T * KW;
+    size_t bytes = (size_t)cnt * l3d_dtype_size(dt);
+    L3D_ASSERT(dt == cp->dt && T % 2 == 0 && cnt <= cp->cap);
+    pack(cp, cp->kv[0], qkv, B * T, NH, NKV, HS);
+    int part = 0, acc = -1, in = -1;
+    for (int s = 0; s < n; s++) {
+        void *cur = cp->kv[s % 2];
+        l3d_req rq[4], *rd = rq + 2; /* K|V, then the dK|dV sum */
+        memset(rq, 0, sizeof rq);
+        if (s < n - 1) pass(cp, cur, cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
+        if (s > 0) {
+            in = 3 - part - acc; /* the buffer neither computed into nor in flight */
+            pass(cp, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
+        }
+        l3d_be_memset(cp->be, cp->dkv[part], 0, bytes);
+        backward_block(cp, dqkv, cp->dkv[part], dout, qkv, cur, out, lse, (r - s + n) % n, B, T,
+                       NH, NKV, HS, rq);
+        if (s < n - 1) wait2(cp, rq);
+        if (s == 0) {
+            acc = part;
+            part = 1;
+            continue;
+        }
+        wait2(cp, rd);
+        l3d_be_add_inplace(cp->be, dt, cp->dkv[in], cp->dkv[part], cnt);
+        acc = in;
+    }
+    /* the last hop: each block's sum home to its owner, added into dqkv's K|V rows */
+    in = 3 - part - acc;
+    l3d_req rd[2];
+    memset(rd, 0, sizeof rd);
+    pass(cp, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
+    wait2(cp, rd);
+    for (int64_t i = 0; i < B * T; i++)
+        l3d_be_add_inplace(cp->be, dt, off(cp, dqkv, i * W + NH * HS), off(cp, cp->dkv[in], i * KW),
+                           KW);
+}
+
+size_t l3d_cp_bytes(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, enum l3d_dtype dt) {
+    size_t e = l3d_dtype_size(dt);
+    return (size_t)(5 * B * T * 2 * NKV * HS + B * T * NH * HS) * e + (size_t)(B * NH * T) * 4;
+}
+
+l3d_status l3d_cp_attach(struct l3d_cp *cp, struct l3d_gpt *m, struct l3d_comm *cp_comm) {
+    memset(cp, 0, sizeof *cp);
+    cp->comm = cp_comm;
+    cp->be = m->be;
+    cp->dt = m->dt;
+    if (cp_comm->size == 1) return L3D_OK;
+    if (m->attn_naive)
+        return l3d_error(L3D_ERR_ARG, "L3D_ATTENTION=naive with --cp %d: the ring runs the tiled "
+                         "kernel's blocks; unset L3D_ATTENTION", cp_comm->size);
+    int64_t B = m->Bmax, T = m->Tmax, NH = m->shard.head_count, HS = m->cfg.C / m->cfg.NH;
+    int64_t NKV = NH; /* GPT-2: a key/value head per head */
+    cp->cap = B * T * 2 * NKV * HS;
+    size_t e = l3d_dtype_size(m->dt), kvb = (size_t)cp->cap * e;
+    bool ok = true;
+    for (int i = 0; i < 2; i++) ok = ok && (cp->kv[i] = l3d_be_alloc(m->be, kvb, "CP ring K|V"));
+    for (int i = 0; i < 3; i++) ok = ok && (cp->dkv[i] = l3d_be_alloc(m->be, kvb, "CP ring dK|dV"));
+    ok = ok && (cp->part = l3d_be_alloc(m->be, (size_t)(B * T * NH * HS) * e, "CP partial out"));
+    ok = ok && (cp->part_lse = l3d_be_alloc(m->be, (size_t)(B * NH * T) * 4, "CP partial lse"));
+    if (!ok) {
+        l3d_cp_detach(cp);
+        return l3d_error(L3D_ERR_OOM, "cannot allocate the context-parallel ring's buffers "
+                         "(%.1f MiB): lower --batch or --seq-len, or raise --cp",
+                         (double)l3d_cp_bytes(B, T, NH, NKV, HS, m->dt) / 1048576.0);
+    }
+    m->hooks.cp_size = cp_comm->size;
+    m->hooks.cp_rank = cp_comm->rank;
+    m->hooks.cp_ctx = cp;
+    m->hooks.cp_attention_forward = ring_forward;
+    m->hooks.cp_attention_backward = ring_backward;
+    return L3D_OK;
+}
+
+void l3d_cp_detach(struct l3d_cp *cp) {
+    if (!cp->be) return;
+    for (int i = 0; i < 2; i++) l3d_be_free(cp->be, cp->kv[i]);
+    for (int i = 0; i < 3; i++) l3d_be_free(cp->be, cp->dkv[i]);
+    l3d_be_free(cp->be, cp->part);
+    l3d_be_free(cp->be, cp->part_lse);
+    memset(cp, 0, sizeof *cp);
+}

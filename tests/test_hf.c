@@ -1,0 +1,364 @@
+/* Hugging Face folders (src/ckpt/safetensors.c, src/ckpt/hf.c): safetensors written and read back
+ * in each dtype, sharded and not; hostile files, each refused naming the file, tensor and value;
+ * config.json to spec and back for GPT-2 and Llama, and the configs the code cannot honour; the
+ * tensor map (names, shapes, transposes) and a folder round trip of a GPT-2 model, bit-identical. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm3d/hf.h"
+#include "test.h"
+
+static char scratch[256];
+
+static const char *path_of(const char *name) {
+    static char p[4][512];
+    static int k;
+    char *s = p[k++ & 3];
+    snprintf(s, 512, "%s/%s", scratch, name);
+    return s;
+}
+
+static void write_bytes(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    L3D_ASSERT(f && fwrite(b, 1, n, f) == n);
+    fclose(f);
+}
+
+static void write_text(const char *path, const char *s) { write_bytes(path, s, strlen(s)); }
+
+/* A safetensors file of header text `hdr` (length field = its length + len_delta) and `data`. */
+static void write_st(const char *path, const char *hdr, int64_t len_delta, const void *data,
+                     size_t n) {
+    size_t h = strlen(hdr);
+    uint8_t *b = calloc(8 + h + n, 1);
+    uint64_t len = (uint64_t)((int64_t)h + len_delta);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(len >> (8 * i));
+    memcpy(b + 8, hdr, h);
+    if (n) memcpy(b + 8 + h, data, n);
+    write_bytes(path, b, 8 + h + n);
+    free(b);
+}
+
+/* The first 64 floats at byte off of path: 0 when read. */
+static int read64(const char *path, int64_t off, float *out) {
+    FILE *f = fopen(path, "rb");
+    int rc = f && fseek(f, (long)off, SEEK_SET) == 0 && fread(out, 4, 64, f) == 64 ? 0 : 1;
+    if (f) fclose(f);
+    return rc;
+}
+
+static bool refused(l3d_status st, const char *what) {
+    bool ok = st != L3D_OK && strstr(l3d_error_message(), what) != NULL;
+    if (!ok) fprintf(stderr, "expected an error with '%s', got %s: %s\n", what,
+                     st == L3D_OK ? "success" : "error", st == L3D_OK ? "" : l3d_error_message());
+    return ok;
+}
+
+/* ---- safetensors ---------------------------------------------------------------------------- */
+
+static const float vals[6] = {1.0f, -2.5f, 0.375f, 0.0078125f, 1024.0f, -0.0f}; /* exact in 16 bits */
+
+static void fill6(void *ctx, int i, float *out) {
+    (void)ctx;
+    for (int j = 0; j < 6; j++) out[j] = vals[j] * (float)(i + 1);
+}
+
+static void test_st_roundtrip(void) {
+    struct l3d_st_entry e[3] = {{"a.weight", 2, {2, 3}}, {"b", 1, {6, 0}}, {"c\"q", 2, {3, 2}}};
+    const enum l3d_dtype dts[3] = {L3D_F32, L3D_BF16, L3D_F16};
+    for (int k = 0; k < 3; k++)
+        for (int sharded = 0; sharded < 2; sharded++) {
+            CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, dts[k], sharded ? 10 : 1 << 20) == 0);
+            struct stat sb;
+            CHECK((stat(path_of("model.safetensors.index.json"), &sb) == 0) == sharded);
+            CHECK((stat(path_of("model.safetensors"), &sb) == 0) == !sharded);
+            CHECK(!sharded || stat(path_of("model-00003-of-00003.safetensors"), &sb) == 0);
+            struct l3d_st st;
+            CHECK(l3d_st_open_dir(&st, scratch) == L3D_OK);
+            CHECK(st.n == 3 && st.nfiles == (sharded ? 3 : 1));
+            CHECK(st.nmeta == 1 && strcmp(st.meta[0], "format") == 0);
+            for (int i = 0; i < 3 && st.n == 3; i++) {
+                const struct l3d_st_tensor *t = l3d_st_find(&st, e[i].name);
+                CHECK(t && t->dtype == dts[k] && t->ndim == e[i].ndim && t->count == 6);
+                float got[6], want[6];
+                fill6(NULL, i, want);
+                CHECK(t && l3d_st_read_f32(&st, t, got) == L3D_OK &&
+                      memcmp(got, want, sizeof got) == 0);
+            }
+            l3d_st_close(&st);
+        }
+    /* fp32 written again unsharded: the stale index and shards go */
+    CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, L3D_F32, 30) == L3D_OK);
+    CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, L3D_F32, 1 << 20) == L3D_OK);
+    CHECK(access(path_of("model.safetensors.index.json"), F_OK) != 0);
+    CHECK(access(path_of("model-00001-of-00003.safetensors"), F_OK) != 0);
+    /* --overwrite's removal: every file the writer wrote, sharded or not; then nothing to do */
+    CHECK(l3d_st_write(scratch, e, 3, fill6, NULL, L3D_F32, 30) == L3D_OK);
+    write_text(path_of("notes.safetensors"), "the user's");
+    CHECK(l3d_st_remove(scratch) && !l3d_st_remove(scratch));
+    CHECK(access(path_of("model-00002-of-00003.safetensors"), F_OK) != 0 &&
+          access(path_of("model.safetensors.index.json"), F_OK) != 0 &&
+          access(path_of("notes.safetensors"), F_OK) == 0);
+}
+
+static l3d_status open_one(const char *hdr, int64_t delta, const void *data, size_t n) {
+    struct l3d_st st = {0};
+    const char *p = path_of("h.safetensors");
+    write_st(p, hdr, delta, data, n);
+    l3d_status rc = l3d_st_open_file(&st, p);
+    l3d_st_close(&st);
+    return rc;
+}
+
+static void test_st_hostile(void) {
+    float d[4] = {1, 2, 3, 4};
+    const char *ok = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    CHECK(open_one(ok, 0, d, 16) == L3D_OK); /* the good file, then each damage */
+    CHECK(refused(open_one(ok, 1000, d, 16), "header length 1057 past the file's end"));
+    CHECK(refused(open_one(ok, 0, d, 12), "tensor x: data_offsets [0, 16] out of range: the data "
+                                          "holds 12 bytes"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}",
+                           0, d, 16), "tensor x: data_offsets [0, 12] hold 12 bytes"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                           "\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                           0, d, 16), "tensors x and y overlap"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                           0, d, 16), "tensor x: dtype \"Q4\" is not a safetensors dtype"));
+    CHECK(refused(open_one("[1]", 0, d, 16), "the header is an array"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,8]}}",
+                           0, d, 16), "tensor x: \"shape\""));
+    /* an unhandled dtype and a NaN: refused when the tensor is read */
+    struct l3d_st st = {0};
+    float bad[2] = {1.0f, NAN};
+    write_st(path_of("h.safetensors"), "{\"i\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":"
+             "[0,8]},\"n\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 0,
+             (const float[]){0, 0, 1.0f, NAN}, 16);
+    CHECK(l3d_st_open_file(&st, path_of("h.safetensors")) == L3D_OK);
+    CHECK(st.n == 2 && refused(l3d_st_read_f32(&st, &st.t[0], bad),
+                               "tensor i has dtype I64; llm3d reads F32, BF16 and F16"));
+    CHECK(st.n == 2 && refused(l3d_st_read_f32(&st, &st.t[1], bad), "tensor n: element 1 of 2 is "
+                                                                   "NaN"));
+    l3d_st_close(&st);
+    /* an index naming a missing shard, and a tensor in another shard than its entry says */
+    mkdir(path_of("idx"), 0755);
+    write_text(path_of("idx/model.safetensors.index.json"),
+               "{\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"gone.safetensors\"}}");
+    write_st(path_of("idx/a.safetensors"), ok, 0, d, 16);
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "names shard gone.safetensors (for "
+                                                        "tensor y), which is missing"));
+    write_text(path_of("idx/model.safetensors.index.json"),
+               "{\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"a.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "tensor y is not in a.safetensors"));
+    write_text(path_of("idx/model.safetensors.index.json"),
+               "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "not a file name in the folder"));
+}
+
+/* ---- config.json ------------------------------------------------------------------------- */
+
+static const char *gpt2_cfg =
+    "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, \"vocab_size\": "
+    "250, \"n_positions\": 32, \"layer_norm_epsilon\": 1e-05, \"activation_function\": "
+    "\"gelu_new\", \"n_inner\": null}";
+static const char *llama_cfg =
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 96, "
+    "\"vocab_size\": 300, \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-06, "
+    "\"rope_theta\": 500000.0, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "
+    "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+    "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}}";
+
+static l3d_status parse_cfg(const char *text, struct l3d_model_spec *m) {
+    return l3d_hf_config_parse(text, strlen(text), "config.json", m);
+}
+
+/* text with `from` replaced by `to` (once) */
+static char *edit(const char *text, const char *from, const char *to) {
+    static char buf[2048];
+    const char *p = strstr(text, from);
+    L3D_ASSERT(p);
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+    return buf;
+}
+
+static void test_config(void) {
+    struct l3d_model_spec g, l, back;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    CHECK(g.arch == L3D_ARCH_GPT2 && g.L == 2 && g.C == 64 && g.NH == 4 && g.V == 250 &&
+          g.Vp == 256 && g.maxT == 32 && g.ffn == 256 && g.norm_eps == 1e-5f && !g.untied);
+    CHECK(parse_cfg(llama_cfg, &l) == L3D_OK);
+    CHECK(l.arch == L3D_ARCH_LLAMA && l.norm == L3D_NORM_RMSNORM && l.mlp == L3D_MLP_SWIGLU &&
+          l.pos == L3D_POS_ROPE && l.no_bias && l.untied && l.NKV == 2 && l.ffn == 96 &&
+          l.norm_eps == 1e-6f && l.rope.theta == 500000.0 && l.rope.factor == 8.0 &&
+          l.rope.low_freq_factor == 1.0 && l.rope.high_freq_factor == 4.0 &&
+          l.rope.original_context == 16);
+    const struct l3d_model_spec *both[2] = {&g, &l};
+    for (int i = 0; i < 2; i++) { /* spec -> config.json -> spec: the same spec */
+        char *text = l3d_hf_config_text(both[i], L3D_BF16);
+        CHECK(parse_cfg(text, &back) == L3D_OK && memcmp(&back, both[i], sizeof back) == 0);
+        CHECK(strstr(text, "\"torch_dtype\": \"bfloat16\"") != NULL);
+        l3d_free(text);
+    }
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gpt2", "bert"), &back), "\"model_type\" \"bert\""));
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gelu_new", "relu"), &back),
+                  "\"activation_function\" is \"relu\""));
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_head\": 4", "\"n_head\": 4.5"), &back),
+                  "\"n_head\" is not one"));
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_layer\": 2,", ""), &back),
+                  "\"n_layer\" is missing"));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"llama3\"", "\"linear\""), &back),
+                  "\"rope_scaling\" of type linear"));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"silu\"", "\"gelu\""), &back),
+                  "\"hidden_act\" is \"gelu\""));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"attention_bias\": true, "
+                                 "\"hidden_act\""), &back), "\"attention_bias\" is true"));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"mlp_bias\": true, "
+                                 "\"hidden_act\""), &back), "\"mlp_bias\" is true"));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"head_dim\": 32, "
+                                 "\"hidden_act\""), &back), "\"head_dim\""));
+    CHECK(refused(parse_cfg(edit(llama_cfg, "\"num_key_value_heads\": 2",
+                                 "\"num_key_value_heads\": 3"), &back), "key/value heads (3)"));
+}
+
+/* ---- the tensor map and folders ---------------------------------------------------------- */
+
+static const struct l3d_hf_tensor *map_find(const struct l3d_hf_tensor *t, int n, const char *s) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(t[i].e.name, s) == 0) return &t[i];
+    return NULL;
+}
+
+static bool shape_is(const struct l3d_hf_tensor *t, int64_t a, int64_t b) {
+    return t && (b ? t->e.ndim == 2 && t->e.shape[1] == b : t->e.ndim == 1) && t->e.shape[0] == a;
+}
+
+static void test_map(void) {
+    struct l3d_model_spec g, l;
+    struct l3d_hf_tensor *t;
+    int n;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK && parse_cfg(llama_cfg, &l) == L3D_OK);
+    CHECK(l3d_hf_tensors(&g, &t, &n) == L3D_OK && n == 2 + 12 * 2 + 2);
+    CHECK(shape_is(map_find(t, n, "transformer.wte.weight"), 250, 64)); /* unpadded */
+    const struct l3d_hf_tensor *c = map_find(t, n, "transformer.h.1.attn.c_attn.weight");
+    CHECK(shape_is(c, 64, 192) && c->transposed && c->layer == 1); /* Conv1D: (in, out) */
+    CHECK(shape_is(map_find(t, n, "transformer.h.0.mlp.c_proj.weight"), 256, 64));
+    CHECK(shape_is(map_find(t, n, "transformer.h.0.attn.c_attn.bias"), 192, 0));
+    CHECK(map_find(t, n, "lm_head.weight") == NULL); /* tied */
+    l3d_free(t);
+    /* Llama's names and shapes from the spec (row sections of the fused tensors) */
+    CHECK(l3d_hf_tensors_ex(&l, false, &t, &n) == L3D_OK && n == 1 + 9 * 2 + 1 + 1);
+    const struct l3d_hf_tensor *k = map_find(t, n, "model.layers.1.self_attn.k_proj.weight");
+    CHECK(shape_is(k, 32, 64) && k->row0 == 64 && k->table_rows == 128 &&
+          strcmp(k->table, "qkvw") == 0);
+    const struct l3d_hf_tensor *v = map_find(t, n, "model.layers.1.self_attn.v_proj.weight");
+    CHECK(shape_is(v, 32, 64) && v->row0 == 96);
+    const struct l3d_hf_tensor *u = map_find(t, n, "model.layers.0.mlp.up_proj.weight");
+    CHECK(shape_is(u, 96, 64) && u->row0 == 96 && u->table_rows == 192 && !u->transposed);
+    CHECK(shape_is(map_find(t, n, "model.layers.0.mlp.down_proj.weight"), 64, 96));
+    CHECK(shape_is(map_find(t, n, "model.layers.0.self_attn.q_proj.weight"), 64, 64));
+    CHECK(shape_is(map_find(t, n, "lm_head.weight"), 300, 64));
+    CHECK(shape_is(map_find(t, n, "model.norm.weight"), 64, 0));
+    l3d_free(t);
+    l.untied = false;
+    CHECK(l3d_hf_tensors_ex(&l, false, &t, &n) == L3D_OK && !map_find(t, n, "lm_head.weight"));
+    l3d_free(t);
+}
+
+/* A GPT-2 model of random weights (padding rows zero) through a folder and back: bit-identical
+ * in fp32; in bf16 each weight rounded. Each damage of the folder refused. */
+static void test_folder(void) {
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    int64_t n = l3d_gpt_param_count(&g);
+    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    for (int64_t i = 0; i < n; i++) a[i] = l3d_rng_normal(7, 0, (uint64_t)i);
+    for (int64_t r = g.V; r < g.Vp; r++) memset(a + r * g.C, 0, (size_t)g.C * 4); /* wte pad */
+    const char *dir = path_of("gpt2");
+    CHECK(l3d_hf_save(dir, &g, a, L3D_F32, 20000) == L3D_OK); /* sharded */
+    CHECK(access(path_of("gpt2/model.safetensors.index.json"), F_OK) == 0);
+    CHECK(l3d_hf_is_folder(dir) && l3d_hf_load(dir, &g, b) == L3D_OK);
+    CHECK(memcmp(a, b, (size_t)n * 4) == 0);
+    CHECK(l3d_hf_save(dir, &g, a, L3D_BF16, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_load(dir, &g, b) == L3D_OK);
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; i++) off += b[i] != l3d_bf16_to_f32(l3d_f32_to_bf16(a[i]));
+    CHECK(off == 0);
+    /* a model of another shape, and a config whose shapes disagree with the weights */
+    struct l3d_model_spec other = g;
+    other.L = 3;
+    CHECK(refused(l3d_hf_load(dir, &other, b), "describes L=2 C=64 NH=4 V=250 T=32, not"));
+    struct l3d_model_spec wide = g;
+    wide.V = 251;
+    char *text = l3d_hf_config_text(&wide, L3D_F32);
+    write_text(path_of("gpt2/config.json"), text);
+    l3d_free(text);
+    CHECK(l3d_gpt_config_finish(&wide) == L3D_OK);
+    CHECK(refused(l3d_hf_load(dir, &wide, b), "tensor transformer.wte.weight has shape [250, 64], "
+                                              "but"));
+    free(a);
+    free(b);
+}
+
+/* A Llama folder round trip over the model's tensor table, once the table holds Llama's tensors
+ * (issue 34's model part); until then the map is refused, saying so. The q, k, v and gate, up
+ * sections must land on their rows of qkvw and fcw. */
+static void test_llama_folder(void) {
+    struct l3d_model_spec l;
+    struct l3d_hf_tensor *t;
+    int n;
+    CHECK(parse_cfg(llama_cfg, &l) == L3D_OK);
+    l3d_status st = l3d_hf_tensors(&l, &t, &n);
+    if (st != L3D_OK) {
+        CHECK(refused(st, "not implemented yet"));
+        printf("Llama folder round trip: skipped, the tensor table has no Llama tensors yet\n");
+        return;
+    }
+    int64_t count = l3d_gpt_param_count(&l);
+    float *a = calloc((size_t)count, 4), *b = calloc((size_t)count, 4);
+    struct l3d_shard fs = l3d_shard_full(&l);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(&l, &fs, ti);
+    for (int i = 0; i < n; i++) { /* each HF tensor's rows: a value saying which tensor, row */
+        const struct l3d_tensor_info *x = &ti[t[i].tensor];
+        for (int64_t r = 0; r < t[i].rows; r++)
+            for (int64_t c = 0; c < t[i].cols; c++)
+                a[x->offset + (t[i].layer * x->rows + t[i].row0 + r) * x->cols + c] =
+                    (float)(i * 4096 + r) + (float)c / 1024.0f;
+    }
+    CHECK(l3d_hf_save(path_of("llama"), &l, a, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_load(path_of("llama"), &l, b) == L3D_OK && memcmp(a, b, (size_t)count * 4) == 0);
+    struct l3d_st sf;
+    CHECK(l3d_st_open_dir(&sf, path_of("llama")) == L3D_OK);
+    const struct l3d_st_tensor *k = l3d_st_find(&sf, "model.layers.1.self_attn.k_proj.weight");
+    float row[64];
+    int ki = 0;
+    while (ki < n && strcmp(t[ki].e.name, "model.layers.1.self_attn.k_proj.weight") != 0) ki++;
+    CHECK(k && k->count == 32 * 64 && ki < n);
+    if (k && k->count == 32 * 64) { /* its first row: the file's first 64 values */
+        CHECK(read64(sf.files[k->file], k->offset, row) == 0);
+        CHECK(row[0] == (float)(ki * 4096) && row[63] == (float)(ki * 4096) + 63.0f / 1024.0f);
+    }
+    l3d_st_close(&sf);
+    l3d_free(t);
+    free(a);
+    free(b);
+}
+
+int main(void) {
+    snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
+                                                                               : "/tmp");
+    L3D_ASSERT(mkdtemp(scratch));
+    test_st_roundtrip();
+    test_st_hostile();
+    test_config();
+    test_map();
+    test_folder();
+    test_llama_folder();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);
+    return TEST_REPORT();
+}
