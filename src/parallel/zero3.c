@@ -17,8 +17,8 @@ struct gbuf {
     void *p;
     int layer; /* the layer it holds (-1: the non-layer tensors), FREE_BUF */
     bool busy; /* handed to the model: params_get .. params_done */
-    int nreq;
-    l3d_req req[L3D_NUM_TENSORS];
+    int nrecv, nsend;  /* pending: the other ranks' parts coming, this rank's part going out */
+    l3d_req *recv, *send; /* L3D_NUM_TENSORS x (dp - 1) each */
 };
 
 struct l3d_dp_zero3 {
@@ -28,8 +28,21 @@ struct l3d_dp_zero3 {
     struct gbuf nl;   /* the non-layer tensors */
 };
 
+static void wait_reqs(struct l3d_dp *dp, l3d_req *r, int *n, const char *what, int layer) {
+    struct l3d_doing was = l3d_comm_doing(dp->comm, what, layer, -1);
+    for (int i = 0; i < *n; i++) l3d_comm_wait(dp->comm, &r[i]);
+    l3d_comm_done(dp->comm, was);
+    *n = 0;
+}
+
 /* Posts the gather of layer `layer` (-1: the non-layer tensors) into b: this rank's part copied
- * from its shard, then one all-gatherv per tensor slice (blocking without overlap). */
+ * from its shard, then, per tensor slice, a receive of each other rank's part and a send of this
+ * rank's to each (waited for at once without overlap). Point to point rather than one
+ * all-gatherv a slice: a collective completes only when every rank has also taken this rank's
+ * part, which on a shared-memory transport needs the other rank inside MPI after it posted (in
+ * the forward pass, at its next layer): a rendezvous a layer whatever the prefetch. Here the
+ * layer waits for its receives only; the sends complete in the background and are waited for
+ * before the buffer is filled again. */
 static void post(struct l3d_dp *dp, struct gbuf *b, int layer) {
     struct l3d_gpt *m = dp->m;
     const enum l3d_dtype dt = dp->param_dtype;
@@ -37,10 +50,10 @@ static void post(struct l3d_dp *dp, struct gbuf *b, int layer) {
     const int d = dp->comm->size, me = dp->comm->rank;
     const int64_t S = dp->shard_size, N = m->num_params;
     int64_t counts[256], displs[256];
-    L3D_ASSERT(d <= 256 && !b->busy);
-    b->layer = layer;
-    b->nreq = 0;
+    L3D_ASSERT(d <= 256 && !b->busy && b->nrecv == 0);
     double t0 = l3d_time_s();
+    wait_reqs(dp, b->send, &b->nsend, "ZeRO-3 parameter send", b->layer); /* before overwriting */
+    b->layer = layer;
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &m->tensors[t];
         if (l3d_gpt_is_layer_tensor(t) != (layer >= 0)) continue;
@@ -60,19 +73,26 @@ static void post(struct l3d_dp *dp, struct gbuf *b, int layer) {
                             (char *)dp->param_shard +
                                 (size_t)(off + displs[me] - base - dp->own_start) * es,
                             (size_t)counts[me] * es);
-        if (d > 1)
-            l3d_comm_all_gatherv(dp->comm, b->p, counts, displs, dt,
-                                 dp->overlap ? &b->req[b->nreq++] : NULL);
+        for (int r = 0; r < d; r++) {
+            if (r == me) continue;
+            if (counts[r] > 0)
+                l3d_comm_recv(dp->comm, (char *)b->p + (size_t)displs[r] * es, counts[r], dt, r,
+                              L3D_TAG_ZERO3_LAYER, &b->recv[b->nrecv++]);
+            if (counts[me] > 0)
+                l3d_comm_send(dp->comm, (char *)b->p + (size_t)displs[me] * es, counts[me], dt, r,
+                              L3D_TAG_ZERO3_LAYER, &b->send[b->nsend++]);
+        }
+    }
+    if (!dp->overlap) { /* blocking: all of it now */
+        wait_reqs(dp, b->recv, &b->nrecv, "ZeRO-3 parameter receive", layer);
+        wait_reqs(dp, b->send, &b->nsend, "ZeRO-3 parameter send", layer);
     }
     dp->gather_posts_s += l3d_time_s() - t0;
 }
 
 static void wait_buf(struct l3d_dp *dp, struct gbuf *b) {
     double t0 = l3d_time_s();
-    struct l3d_doing was = l3d_comm_doing(dp->comm, "ZeRO-3 parameter all-gather", b->layer, -1);
-    for (int i = 0; i < b->nreq; i++) l3d_comm_wait(dp->comm, &b->req[i]);
-    l3d_comm_done(dp->comm, was);
-    b->nreq = 0;
+    wait_reqs(dp, b->recv, &b->nrecv, "ZeRO-3 parameter receive", b->layer);
     double w = l3d_time_s() - t0;
     dp->gather_wait_s += w;
     dp->comm_wait_s += w;
@@ -94,6 +114,8 @@ static void perturb(struct l3d_dp *dp, struct gbuf *b) {
     int t = 0;
     while (!l3d_gpt_is_layer_tensor(t)) t++;
     const size_t es = l3d_dtype_size(dp->param_dtype);
+    /* this rank's part may still be going out: the others must get the true values */
+    wait_reqs(dp, b->send, &b->nsend, "ZeRO-3 parameter send", b->layer);
     l3d_be_memset(m->be, (char *)b->p + (size_t)m->slot_off[t] * es, 0,
                   (size_t)(m->tensors[t].rows * m->tensors[t].cols) * es);
 }
@@ -138,14 +160,33 @@ void l3d_dp_zero3_poll(struct l3d_dp *dp) {
     if (!z) return;
     for (int i = 0; i <= z->nbuf; i++) {
         struct gbuf *b = i < z->nbuf ? &z->buf[i] : &z->nl;
-        for (int k = 0; k < b->nreq; k++)
-            if (b->req[k].active) l3d_comm_test(dp->comm, &b->req[k]);
+        for (int k = 0; k < b->nrecv; k++)
+            if (b->recv[k].active) l3d_comm_test(dp->comm, &b->recv[k]);
+        for (int k = 0; k < b->nsend; k++)
+            if (b->send[k].active) l3d_comm_test(dp->comm, &b->send[k]);
     }
+}
+
+/* A buffer's request lists; the sends still pending are waited for first (the other ranks took
+ * them already: only this rank's progress is missing). */
+static void gbuf_reqs(struct l3d_dp *dp, struct gbuf *b) {
+    size_t n = (size_t)L3D_NUM_TENSORS * (size_t)(dp->comm->size > 1 ? dp->comm->size - 1 : 1);
+    b->recv = l3d_calloc(n * sizeof *b->recv, "ZeRO-3 gather requests");
+    b->send = l3d_calloc(n * sizeof *b->send, "ZeRO-3 gather requests");
+}
+
+static void gbuf_release(struct l3d_dp *dp, struct gbuf *b) {
+    if (b->send) wait_reqs(dp, b->send, &b->nsend, "ZeRO-3 parameter send", b->layer);
+    l3d_free(b->recv);
+    l3d_free(b->send);
+    b->recv = b->send = NULL;
+    l3d_be_free(dp->m->be, b->p);
+    b->p = NULL;
 }
 
 static void free_bufs(struct l3d_dp *dp) {
     struct l3d_dp_zero3 *z = dp->z3;
-    for (int i = 0; i < z->nbuf; i++) l3d_be_free(dp->m->be, z->buf[i].p);
+    for (int i = 0; i < z->nbuf; i++) gbuf_release(dp, &z->buf[i]);
     l3d_free(z->buf);
     z->buf = NULL;
     z->nbuf = 0;
@@ -162,6 +203,7 @@ l3d_status l3d_dp_zero3_prefetch(struct l3d_dp *dp, int prefetch) {
     size_t bytes = (size_t)m->slot_size * l3d_dtype_size(dp->param_dtype) + 64;
     for (int i = 0; i < z->nbuf; i++) {
         z->buf[i].layer = FREE_BUF;
+        gbuf_reqs(dp, &z->buf[i]);
         z->buf[i].p = l3d_be_alloc(m->be, bytes, "ZeRO-3 layer gather buffer");
         if (!z->buf[i].p) {
             free_bufs(dp);
@@ -183,6 +225,7 @@ l3d_status l3d_dp_zero3_init(struct l3d_dp *dp) {
     size_t shard = (size_t)(dp->own_count + 1) * es, nl = (size_t)m->nonlayer_size * es + 64;
     dp->z3 = l3d_calloc(sizeof *dp->z3, "ZeRO-3 state");
     dp->z3->nl.layer = FREE_BUF;
+    gbuf_reqs(dp, &dp->z3->nl);
     /* Test hook: a gather that delivers wrong values (layer 0's first LayerNorm weights zeroed
      * on DP rank 0 in every forward: perturb) must fail tests/cli/zero3.sh's comparison. Read
      * once, here. */
@@ -205,7 +248,7 @@ l3d_status l3d_dp_zero3_init(struct l3d_dp *dp) {
 void l3d_dp_zero3_free(struct l3d_dp *dp) {
     if (!dp->z3) return;
     free_bufs(dp);
-    l3d_be_free(dp->m->be, dp->z3->nl.p);
+    gbuf_release(dp, &dp->z3->nl);
     l3d_be_free(dp->m->be, dp->param_shard);
     l3d_free(dp->z3);
     dp->z3 = NULL;
