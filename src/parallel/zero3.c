@@ -1,9 +1,9 @@
 /* ZeRO-3: this rank's parameters and their layer-by-layer all-gather (include/llm3d/dp.h).
  *
  * A layer's parameters are 12 slices of the flat space (one per layer tensor, llm.c's tensor-major
- * order), each cut by the same shard boundaries as the optimizer state; every slice is one
- * in-place all-gatherv into the layer's buffer, laid out as the model's gradient slots
- * (slot_off), where each rank contributes its part of the slice. The non-layer tensors (wte, wpe,
+ * order), each cut by the same shard boundaries as the optimizer state; every slice is gathered
+ * in place into the layer's buffer, laid out as the model's gradient slots (slot_off), each rank
+ * sending its part of the slice to the others (post: point to point, not an all-gatherv). The non-layer tensors (wte, wpe,
  * final LayerNorm) likewise into one buffer (nonlayer_off). Buffers: prefetch + 1 layers (the one
  * in use and those posted ahead) and the non-layer one. */
 #include <stdlib.h>
