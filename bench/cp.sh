@@ -48,7 +48,9 @@ awk -v t1="$t1" -v ctl="$ctl" -v tc="$tc" -v wc="$wc" -v ts="$ts" -v ws="$ws" -v
         t1, cp, ctl, 100 * t1 / ctl;
     printf "cp %d: %.0f ms/step: strong-scaling efficiency %.1f%% (%.1f%% of the control)\n",
         cp, tc, 100 * t1 / (cp * tc), 100 * ctl / (cp * tc);
+    hidden = 0
+    if (ws > 0) hidden = 100 * (1 - wc / ws)  # a statement: in the printf list ">" would redirect
     printf "ring: %.1f MiB sent a step by rank 0; exposed wait %.1f ms a step, serial transfers " \
         "%.1f ms a step (that run %.0f ms/step): %.1f%% of the transfer time hidden\n",
-        mb / 1048576, wc, ws, ts, (ws > 0 ? 100 * (1 - wc / ws) : 0) }'
+        mb / 1048576, wc, ws, ts, hidden }'
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -192,7 +192,7 @@ check "convert --precision bf16 writes llm.c version 5" sh -c "'$bin' convert '$
 check "convert writes llm.c version 3 by default" sh -c "'$bin' convert '$ckp' '$dir/v3.bin' \
     > /dev/null"
 expect_error "convert --precision fp16: llm.c has no fp16 file" \
-    "^llm3d convert: --precision fp16: .*give --precision fp32 or bf16$" \
+    "^llm3d convert: --precision fp16: .*give --precision fp32 or bf16, or a folder .* for safetensors F16$" \
     "$bin" convert "$ckp" "$dir/v16.bin" --precision fp16
 check "  ... nothing written" test ! -e "$dir/v16.bin"
 expect_error "convert --precision fp8: train's message" \
