@@ -122,8 +122,7 @@ demo: build
 	$(BUILD)/llm3d generate --checkpoint $(DEMO_OUT)/model.bin --tokenizer $(DEMO_TOK) \
 	    --prompt "The meaning of life is" --max-tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95
 
-# GPT-2 124M throughput at the issue's two shapes (2 threads).
-# GPT-2 124M, then a Llama of its size (12 layers, 768 channels, 12 heads, 4 KV heads, SwiGLU 2048),
+# GPT-2 124M at two shapes (2 threads), then a Llama of its size (12 layers, 768 channels, 12 heads, 4 KV heads, SwiGLU 2048),
 # in fp32 and bf16 (model FLOPs: 6N + 12 L C T a token, N without an untied embedding's lookup)
 bench: build
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 4 --seq-len 64 --steps 10
