@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Context parallelism (--cp N, include/llm3d/cp.h): a layout that splits each sequence over a ring
 # must train the same model as one process on the same global batch (equiv.sh's harness: per-step
-# losses, gradient norms and final weights within 1e-5, llm3d compare), alone and composed with
+# losses and gradient norms within 1e-5, final weights 3e-5, llm3d compare), alone and composed with
 # TP + SP, DP + ZeRO-1/2/3, PP (1F1B, GPipe, interleaved), accumulation, recomputation, mixed
 # precision and checkpoints resharded across cp. The negative case: the
 # ring's two chunks given each other's positions (L3D_TEST_CP_SWAP_CHUNKS) must be told apart.
@@ -29,7 +29,10 @@ same() {
     fi
     train "$name" "$np" "$b" --grad-accum "$accum" "${both[@]}" "$@" > "$dir/$name.log" 2>&1 ||
         { bad "$name did not run:"; cat "$dir/$name.log"; return; }
-    local tol=(${L3D_COMPARE:---rtol ${L3D_RTOL:-1e-5}})
+    # losses and norms 1e-5; the final weights 3e-5 unless L3D_RTOL says otherwise: the sanitized
+    # build (other vectorisation) measured bias tensors at 1.06-1.17e-5 of their size for cp2 with
+    # accumulation, cp4 and cp2 x tp2 SP (losses and norms 1e-8 there), as equiv.sh's TP cases
+    local tol=(${L3D_COMPARE:---loss-rtol ${L3D_RTOL:-1e-5} --norm-rtol ${L3D_RTOL:-1e-5} --weights-rtol ${L3D_RTOL:-3e-5}})
     if "$bin" compare "${tol[@]}" "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1
     then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
     else bad "$name"; cat "$dir/$name.cmp"
