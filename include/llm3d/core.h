@@ -99,6 +99,9 @@ l3d_status l3d_dtype_parse(const char *s, enum l3d_dtype *t);
  * To fp32: exact. */
 uint16_t l3d_f32_to_bf16(float f);
 float l3d_bf16_to_f32(uint16_t h);
+
+/* UTF-8 bytes of code point cp (0 <= cp <= 0x10FFFF) into o (room for 4): their count. */
+size_t l3d_utf8_put(char *o, uint32_t cp);
 uint16_t l3d_f32_to_f16(float f);
 float l3d_f16_to_f32(uint16_t h);
 /* bf16 both ways inline, bit for bit the two above, for loops the compiler vectorizes (the

@@ -70,29 +70,6 @@ static int hex4(const char *s) {
     return v;
 }
 
-static size_t put_utf8(char *o, uint32_t cp) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* \uXXXX at p->i (after the backslash and 'u'), with its low surrogate when it is a high one. */
 static bool unicode_escape(struct parser *p, uint32_t *cp) {
     if (p->n - p->i < 4 || hex4(p->s + p->i) < 0) return fail(p, "4 hex digits after \\u");
@@ -145,7 +122,7 @@ static bool parse_string(struct parser *p, struct l3d_json *v) {
         } else if (e == 'u') {
             uint32_t cp;
             if (!unicode_escape(p, &cp)) return false;
-            k += put_utf8(o + k, cp);
+            k += l3d_utf8_put(o + k, cp);
         } else {
             p->i--;
             return fail(p, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");

@@ -59,21 +59,12 @@ void l3d_bytes_to_unicode(int byte_cp[256], int byte_order[256]) {
     }
 }
 
-static int put_utf8(char *o, int cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
-    o[0] = (char)(0xE0 | cp >> 12);
-    o[1] = (char)(0x80 | ((cp >> 6) & 63));
-    o[2] = (char)(0x80 | (cp & 63));
-    return 3;
-}
-
 void l3d_tok_write_spelled(FILE *fp, const unsigned char *s, size_t n, const int byte_cp[256],
                            bool json) {
     for (size_t i = 0; i < n; i++) {
         char u[4];
         if (json && (s[i] == '"' || s[i] == '\\')) fputc('\\', fp);
-        fwrite(u, 1, (size_t)put_utf8(u, byte_cp[s[i]]), fp);
+        fwrite(u, 1, l3d_utf8_put(u, (uint32_t)byte_cp[s[i]]), fp);
     }
 }
 

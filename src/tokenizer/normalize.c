@@ -140,19 +140,7 @@ static size_t compose_all(int32_t *v, size_t n) {
 
 static size_t put_utf8(char *o, int32_t c) {
     if (c < 0) { o[0] = (char)(unsigned char)(-c - 1); return 1; } /* an invalid byte */
-    if (c < 0x80) { o[0] = (char)c; return 1; }
-    if (c < 0x800) { o[0] = (char)(0xC0 | c >> 6); o[1] = (char)(0x80 | (c & 63)); return 2; }
-    if (c < 0x10000) {
-        o[0] = (char)(0xE0 | c >> 12);
-        o[1] = (char)(0x80 | ((c >> 6) & 63));
-        o[2] = (char)(0x80 | (c & 63));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | c >> 18);
-    o[1] = (char)(0x80 | ((c >> 12) & 63));
-    o[2] = (char)(0x80 | ((c >> 6) & 63));
-    o[3] = (char)(0x80 | (c & 63));
-    return 4;
+    return l3d_utf8_put(o, (uint32_t)c);
 }
 
 const char *l3d_tok_nfc(struct l3d_nfc *s, const char *text, size_t n, size_t *out_n) {
