@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "llm3d/tokenizer.h"
 
 int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, long hi, int *out) {
     char *end;
@@ -129,4 +130,23 @@ int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out) {
     if (!l3d_arg_choice(cmd, "save-dtype", val, names, 3, &k, "fp32, bf16 or fp16")) return 0;
     *out = types[k];
     return 1;
+}
+
+int l3d_arg_doc_token(const char *cmd, const char *val, enum l3d_doc_token *out) {
+    static const char *const names[] = {"auto", "eot", "bot"};
+    int i;
+    if (!l3d_arg_choice(cmd, "doc-token", val, names, 3, &i, "auto, eot or bot")) return 0;
+    *out = (enum l3d_doc_token)i;
+    return 1;
+}
+
+int l3d_doc_token_id(const char *cmd, const struct l3d_tokenizer *tok, const char *spec,
+                     enum l3d_doc_token mode) {
+    int bot = l3d_tokenizer_bot(tok);
+    if (mode == L3D_DOC_BOT && bot < 0) {
+        fprintf(stderr, "llm3d %s: --doc-token bot: tokenizer %s has no begin-of-text token "
+                "(<|begin_of_text|>): give --doc-token eot\n", cmd, spec);
+        return -2;
+    }
+    return mode != L3D_DOC_EOT && bot >= 0 ? bot : l3d_tokenizer_eot(tok);
 }

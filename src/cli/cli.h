@@ -91,6 +91,18 @@ int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const cha
 /* --save-dtype: fp32, bf16 or fp16, the types a Hugging Face folder is written in. */
 int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out);
 
+/* --doc-token (prepare, generate): the token every document starts with. AUTO, the default: the
+ * tokenizer's begin-of-text where it has one (Llama 3's <|begin_of_text|>, which Hugging Face's
+ * Llama 3 and llm.c's Llama 3 data put first), else its end-of-text (GPT-2's <|endoftext|>, llm.c's
+ * GPT-2 data). */
+enum l3d_doc_token { L3D_DOC_AUTO, L3D_DOC_EOT, L3D_DOC_BOT };
+int l3d_arg_doc_token(const char *cmd, const char *val, enum l3d_doc_token *out);
+struct l3d_tokenizer;
+/* The token id of mode for tok (named spec in messages); -1 when the tokenizer has none (eot or
+ * auto), or -2 after one line when bot was asked of a tokenizer without one. */
+int l3d_doc_token_id(const char *cmd, const struct l3d_tokenizer *tok, const char *spec,
+                     enum l3d_doc_token mode);
+
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:
  * between l3d_cli_mute_begin and _end the ranks but 0 print nothing (stdout and stderr go to

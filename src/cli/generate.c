@@ -110,14 +110,22 @@ static int64_t window_start(int64_t w, int64_t n, int64_t maxT) {
     return n - w > maxT ? n - maxT / 2 : w;
 }
 
-/* Encodes the prompt after an end-of-text token (when the vocabulary has one). */
-static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, struct l3d_ids *ids) {
+/* Encodes the prompt after the token documents start with (--doc-token; none when the vocabulary
+ * has neither). */
+static int encode_prompt(const struct l3d_tokenizer *tok, const char *spec, const char *prompt,
+                         enum l3d_doc_token mode, struct l3d_ids *ids) {
     if (!tok) { /* bytes */
+        if (mode != L3D_DOC_AUTO) {
+            fprintf(stderr, "llm3d generate: --doc-token applies to BPE tokenizers, not bytes\n");
+            return 2;
+        }
         if (!*prompt) l3d_ids_push(ids, '\n');
         for (const char *p = prompt; *p; p++) l3d_ids_push(ids, (unsigned char)*p);
         return 0;
     }
-    if (l3d_tokenizer_eot(tok) >= 0) l3d_ids_push(ids, l3d_tokenizer_eot(tok));
+    int start = l3d_doc_token_id("generate", tok, spec, mode);
+    if (start == -2) return 2;
+    if (start >= 0) l3d_ids_push(ids, start);
     if (*prompt) {
         if (!l3d_tokenizer_can_encode(tok)) {
             fprintf(stderr, "llm3d generate: llm.c's tokenizer file decodes only: give --tokenizer "
@@ -138,6 +146,7 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *prompt, st
 struct gen_opts {
     const char *ckpt, *prompt, *tokspec, *backend;
     int max_tokens, threads;
+    enum l3d_doc_token doc_token;
     bool no_cache;      /* --no-kv-cache: the full forward over the window for every token */
     enum l3d_dtype dt;  /* --precision's parameters and activations */
     uint64_t seed;
@@ -146,7 +155,7 @@ struct gen_opts {
 
 enum {
     G_CKPT, G_TOK, G_PROMPT, G_MAX, G_TEMP, G_TOPK, G_TOPP, G_SEED, G_NO_CACHE, G_OLD_RECOMPUTE,
-    G_THREADS, G_BACKEND, G_PREC,
+    G_THREADS, G_BACKEND, G_PREC, G_DOCTOK,
 };
 
 static const struct l3d_flag model_flags[] = {
@@ -161,6 +170,11 @@ static const struct l3d_flag model_flags[] = {
 };
 static const struct l3d_flag sample_flags[] = {
     {"prompt", "TEXT", G_PROMPT, "text to continue (default: none, a new document)"},
+    {"doc-token", "auto|eot|bot", G_DOCTOK, "the token the prompt starts with, as prepare "
+                                            "--doc-token started the training documents: "
+                                            "end-of-text (eot) or begin-of-text (bot); auto (the "
+                                            "default): bot where the tokenizer has one (Llama 3), "
+                                            "else eot"},
     {"max-tokens", "N", G_MAX, "tokens to generate (200)"},
     {"temperature", "T", G_TEMP, "0 = greedy (0.8)"},
     {"top-k", "K", G_TOPK, "sample among the K most likely, 0 = all (40)"},
@@ -201,6 +215,7 @@ static int set_gen(void *ctx, const char *cmd, int id, const char *v) {
     case G_CKPT: o->ckpt = v; return 1;
     case G_TOK: o->tokspec = v; return 1;
     case G_PROMPT: o->prompt = v; return 1;
+    case G_DOCTOK: return l3d_arg_doc_token(cmd, v, &o->doc_token);
     case G_MAX: return l3d_arg_int(cmd, "max-tokens", v, 1, 1 << 20, &o->max_tokens);
     case G_TEMP: return l3d_arg_float(cmd, "temperature", v, 0, 100, &s->temperature);
     case G_TOPK: return l3d_arg_int(cmd, "top-k", v, 0, 1 << 30, &s->top_k);
@@ -300,7 +315,8 @@ static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***
         return 1;
     }
     int rc = gen_tokenizer(o, g);
-    if (rc == 0) rc = encode_prompt(g->tok, o->prompt, &g->seq);
+    if (rc == 0) rc = encode_prompt(g->tok, o->tokspec ? o->tokspec : "gpt2", o->prompt, o->doc_token,
+                                      &g->seq);
     if (rc != 0) return rc;
     struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true, .backend = o->backend};
     if (l3d_runtime_init(argc, argv, &ro, &g->rt) != L3D_OK) return 1; /* said there */
@@ -367,11 +383,19 @@ static void print_token(const struct gen *g, int t) {
     fflush(stdout);
 }
 
-static void print_summary(const struct gen_opts *o, int generated, double secs) {
+/* The speed, and the prompt's length and first token (the --doc-token a BPE prompt starts with). */
+static void print_summary(const struct gen_opts *o, const struct gen *g, int64_t prompt,
+                          int generated, double secs) {
     putchar('\n');
-    fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s, %s)\n", generated,
-            secs, secs > 0 ? generated / secs : 0.0, o->no_cache ? "recomputed" : "KV cache",
-            l3d_dtype_name(o->dt));
+    fprintf(stderr, "llm3d generate: %d tokens in %.2f s (%.1f tokens/s, %s, %s) after a prompt of "
+            "%lld tokens", generated, secs, secs > 0 ? generated / secs : 0.0,
+            o->no_cache ? "recomputed" : "KV cache", l3d_dtype_name(o->dt), (long long)prompt);
+    if (g->tok && prompt > 0) {
+        size_t len;
+        const unsigned char *b = l3d_tokenizer_token(g->tok, g->seq.v[0], &len);
+        fprintf(stderr, " starting with %.*s", (int)len, (const char *)b);
+    }
+    fputc('\n', stderr);
 }
 
 /* Samples up to --max-tokens tokens after the prompt, printing each; stops at end-of-text. */
@@ -386,6 +410,7 @@ static void gen_loop(const struct gen_opts *o, struct gen *g) {
     fputs(o->prompt, stdout);
     fflush(stdout);
     double t0 = l3d_time_s();
+    int64_t prompt = g->seq.n;
     int generated = 0;
     for (; generated < o->max_tokens; generated++) {
         int t = sample(&smp, next_logits(o, g, &s), g->cfg.V);
@@ -393,7 +418,7 @@ static void gen_loop(const struct gen_opts *o, struct gen *g) {
         l3d_ids_push(&g->seq, t);
         print_token(g, t);
     }
-    print_summary(o, generated, l3d_time_s() - t0);
+    print_summary(o, g, prompt, generated, l3d_time_s() - t0);
     free(smp.cand);
     free(s.host);
     if (s.row32) l3d_be_free(g->rt->be, s.row32);

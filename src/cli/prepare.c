@@ -42,10 +42,11 @@ static const struct l3d_flag prepare_flags[] = {
                                  "the --doc-token and goes whole to training or validation (every "
                                  "1/F-th document). Vocabularies above 65,536 tokens get uint32 "
                                  "shards (llm.c's Llama 3 format)"},
-    {"doc-token", "eot|bot", P_DOCTOK, "BPE: the token each document starts with: the "
-                                       "tokenizer's end-of-text (eot, llm.c's GPT-2 data; the "
-                                       "default) or begin-of-text (bot, Llama 3's "
-                                       "<|begin_of_text|>, llm.c's Llama 3 data)"},
+    {"doc-token", "auto|eot|bot", P_DOCTOK, "BPE: the token each document starts with: the "
+                                            "tokenizer's end-of-text (eot, llm.c's GPT-2 data) or "
+                                            "begin-of-text (bot, Llama 3's <|begin_of_text|>, "
+                                            "llm.c's Llama 3 data). auto (the default): bot where "
+                                            "the tokenizer has one, else eot"},
     {"doc-separator", "LINE", P_SEP, "BPE: lines equal to LINE separate documents (\"%\" for "
                                      "fortune files); default: each file is one document"},
     {"out", "DIR", P_OUT, "output directory"},
@@ -59,7 +60,7 @@ static const struct l3d_flag prepare_flags[] = {
 
 struct prepare_opts {
     const char *tokenizer, *out, *doc_sep;
-    bool bot; /* --doc-token bot */
+    enum l3d_doc_token doc_token; /* --doc-token */
     double val_fraction;
     int64_t shard_tokens;
     int threads; /* 0: OpenMP's default */
@@ -98,13 +99,7 @@ static int set_prepare(void *ctx, const char *cmd, int id, const char *v) {
                 cmd, v);
         return 0;
     case P_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
-    case P_DOCTOK:
-        if (strcmp(v, "eot") == 0 || strcmp(v, "bot") == 0) {
-            o->bot = v[0] == 'b';
-            return 1;
-        }
-        fprintf(stderr, "llm3d %s: --doc-token %s is not eot or bot\n", cmd, v);
-        return 0;
+    case P_DOCTOK: return l3d_arg_doc_token(cmd, v, &o->doc_token);
     }
     return 0;
 }
@@ -127,18 +122,17 @@ int l3d_cli_prepare(int argc, char **argv) {
     if (first >= argc) return usage_error("no input FILE given");
 
     bool bytes = strcmp(tokenizer, "bytes") == 0;
-    if (bytes && (doc_sep || o.bot))
+    if (bytes && (doc_sep || o.doc_token != L3D_DOC_AUTO))
         return usage_error("--doc-separator and --doc-token apply to BPE tokenizers, not bytes");
     struct l3d_tokenizer *tok = NULL;
     if (!bytes && l3d_tokenizer_open(&tok, tokenizer) != L3D_OK) {
         fprintf(stderr, "llm3d prepare: %s\n", l3d_error_message());
         return 1;
     }
-    int doc_token = -1;
-    if (tok && o.bot && (doc_token = l3d_tokenizer_bot(tok)) < 0) {
+    int doc_token = tok ? l3d_doc_token_id("prepare", tok, tokenizer, o.doc_token) : -1;
+    if (doc_token == -2) {
         l3d_tokenizer_free(tok);
-        return usage_error("--doc-token bot: tokenizer %s has no begin-of-text token "
-                           "(<|begin_of_text|>): give --doc-token eot", tokenizer);
+        return 2;
     }
     struct l3d_prepare_stats stats;
     double t0 = l3d_time_s();

@@ -111,13 +111,38 @@ check "  ... inspect says uint32 and decodes" sh -c "'$bin' inspect --tokenizer 
 check "  ... every document starts with begin-of-text" test "$("$bin" tokenizer decode --tokenizer llama3 \
     "$dir/l3/train_000000.bin" | grep -c '^<|begin_of_text|>fortune')" -eq 360
 check "  ... train reads them (a tiny model of 128,256 tokens)" "$bin" train --train "$dir/l3/train_*.bin" \
-    --layers 1 --channels 16 --heads 2 --vocab 128256 --steps 1 --batch 1 --seq-len 16
+    --layers 1 --channels 16 --heads 2 --vocab 128256 --steps 1 --batch 1 --seq-len 16 --quiet \
+    --out "$dir/l3run"
+check "prepare --tokenizer llama3: begin-of-text by default (--doc-token auto)" sh -c "'$bin' prepare \
+    --tokenizer llama3 --doc-separator % --val-fraction 0.1 --out '$dir/l3auto' '$dir/corpus.txt' > /dev/null && \
+    cmp -s '$dir/l3/train_000000.bin' '$dir/l3auto/train_000000.bin'"
+check "  ... --doc-token eot: end-of-text instead" test "$("$bin" prepare --tokenizer llama3 --doc-token eot \
+    --doc-separator % --val-fraction 0.1 --out "$dir/l3eot" "$dir/corpus.txt" > /dev/null && "$bin" tokenizer \
+    decode --tokenizer llama3 "$dir/l3eot/train_000000.bin" | grep -c '^<|end_of_text|>fortune')" -eq 360
+# generate starts the prompt with the token prepare started the documents with (its summary says which)
+l3gen() { OMP_NUM_THREADS=1 "$bin" generate --checkpoint "$dir/l3run/model.bin" --tokenizer llama3 \
+    --prompt fortune --max-tokens 2 --temperature 0 "$@" 2>&1 > /dev/null; }
+check "generate --tokenizer llama3: the prompt starts with begin-of-text" sh -c "$(declare -f l3gen); \
+    bin='$bin' dir='$dir' l3gen | grep -q 'after a prompt of 2 tokens starting with <|begin_of_text|>$'"
+check "  ... --doc-token eot: with end-of-text" sh -c "$(declare -f l3gen); bin='$bin' dir='$dir' \
+    l3gen --doc-token eot | grep -q 'after a prompt of 2 tokens starting with <|end_of_text|>$'"
 expect_error "  ... a model of 50,257 tokens refuses them" "holds token 128000.*outside the vocabulary" \
     "$bin" train --train "$dir/l3/train_*.bin" --layers 1 --channels 16 --heads 2 --vocab 50257 --steps 1 --batch 1 --seq-len 16
 expect_error "prepare --doc-token bot without a begin-of-text token" "no begin-of-text token" \
     "$bin" prepare --tokenizer "$dir/tok" --doc-token bot --out "$dir/x" "$dir/corpus.txt"
+check "generate with GPT-2-style vocabulary: the prompt starts with end-of-text" sh -c "OMP_NUM_THREADS=1 \
+    '$bin' generate --checkpoint '$dir/run/model.bin' --tokenizer '$dir/tok' --prompt fortune --max-tokens 2 \
+    2>&1 > /dev/null | grep -q 'starting with <|endoftext|>$'"
+expect_error "generate --doc-token bot without a begin-of-text token" "^llm3d generate: --doc-token bot: tokenizer .* has no begin-of-text token" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --tokenizer "$dir/tok" --doc-token bot
+expect_error "generate --doc-token other" "^llm3d generate: --doc-token 'bos': choose auto, eot or bot$" \
+    "$bin" generate --checkpoint "$dir/run/model.bin" --doc-token bos
 check "tokenizer decode --tokenizer bytes" sh -c "'$bin' prepare --tokenizer bytes --out '$dir/by' '$dir/corpus.txt' >/dev/null && \
     '$bin' tokenizer decode --tokenizer bytes '$dir/by/train_000000.bin' | head -1 | grep -qx 'fortune 1: the quick brown fox jumps over the lazy dog 7 times.'"
+"$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 --batch 1 --steps 1 --quiet \
+    --train "$dir/by/train_*.bin" --out "$dir/byrun" > /dev/null 2>&1
+expect_error "generate --doc-token with bytes" "^llm3d generate: --doc-token applies to BPE tokenizers, not bytes$" \
+    "$bin" generate --checkpoint "$dir/byrun/model.bin" --doc-token eot
 
 # every command that takes --tokenizer lists every form of SPEC in its --help
 for cmd in tokenizer prepare generate inspect; do
