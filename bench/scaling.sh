@@ -14,7 +14,8 @@
 # --progress: the binary's default, for builds before the flag). SCALING_ZERO: stages (0 1 2).
 # SCALING_ROUNDS (default 1): rounds of every configuration, interleaved; medians over rounds.
 # SCALING_SVG (default BUILD_DIR/scaling.svg): the efficiencies drawn by `llm3d plot --xy`, weak and
-# strong, one line per ZeRO stage and mode, with the ideal (100%).
+# strong, one line per ZeRO stage and mode (a colour per mode, a dash pattern per stage), with the
+# ideal (100%).
 # ZeRO-3 (SCALING_ZERO3=0 skips it; SCALING_ZERO3=only runs nothing else): 2 ranks at B=4 in the
 # trainer's default progress, ZeRO-1, ZeRO-3 and ZeRO-3 without prefetch in each round: ZeRO-3's
 # step time against ZeRO-1's, and the fraction of the parameter all-gathers' time hidden,
@@ -95,7 +96,8 @@ done
 if [ "$z3" != only ]; then
 t1=$(mid t1) t1s=$(mid t1s) ctl=$(mid ctl)
 xy="$dir/scaling.tsv"
-printf '# title: Data parallelism, 1 -> 2 ranks (%s, %s steps, %s round(s))\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n' "$model" "$steps" "$rounds" > "$xy"
+# a colour per mode, a dash pattern per ZeRO stage
+printf '# title: Data parallelism, 1 -> 2 ranks (%s, %s steps, %s round(s))\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n# groups: %d\n' "$model" "$steps" "$rounds" "$(wc -w <<< "$modes")" > "$xy"
 awk -v t1="$t1" -v c="$ctl" 'BEGIN { printf "control: 1 rank alone %.1f ms/step, two independent 1-rank runs at once %.1f ms/step (%.1f%%)\n", t1, c, 100 * t1 / c }'
 for zero in $stages; do
     for mode in $modes; do

@@ -66,6 +66,9 @@ enum l3d_plot_color {
 };
 const char *l3d_plot_rgb(int color);  /* "#0072B2"; any int, taken modulo the palette */
 const char *l3d_plot_color_name(int color); /* "blue", "vermillion", ... */
+/* A line's dash pattern as an attribute (" stroke-dasharray=\"6 4\"", "" for solid): dash 0-3,
+ * taken modulo 4, so that series beyond the palette's colours stay apart. */
+const char *l3d_plot_dasharray(int dash);
 
 /* ---- charts --------------------------------------------------------------------------------- */
 
@@ -86,7 +89,7 @@ struct l3d_plot_series {
     int color;              /* enum l3d_plot_color */
     int marker;             /* enum l3d_plot_marker: POINTS, RUG_* */
     enum l3d_plot_style style;
-    bool dashed;
+    int dash;               /* 0 solid, 1 dashed, 2 dotted, 3 dash-dot (modulo 4) */
     const char *const *labels; /* POINTS: a text beside each point, or NULL */
 };
 

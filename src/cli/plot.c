@@ -19,8 +19,9 @@ static void usage(FILE *f) {
         "(x, below) and loss-scale changes (triangles, above) marked, a skipped step's loss a gap.\n"
         "--trace: one step of a train --trace file, one row a rank, micro-batches numbered, the\n"
         "bubble fraction printed. --xy: lines of NAME<tab>X<tab>Y[<tab>LABEL], headed by '# key:\n"
-        "value' lines (title, x, y, log-x, log-y, ideal: V|diagonal, style: lines|points, panel:\n"
-        "TITLE to start another chart) -- what bench/*.sh write.\n"
+        "value' lines (title, x, y, log-x, log-y, ideal: V|diagonal, style: lines|points, groups:\n"
+        "N to colour series k by k mod N and dash (or mark) them by k / N, panel: TITLE to start\n"
+        "another chart) -- what bench/*.sh write.\n"
         "\n");
 }
 
@@ -93,7 +94,7 @@ static void add_run(struct l3d_plot_chart *c, const struct run *r, int color, co
     if (vx && r->nv > 0) {
         l3d_plot_add(c, (struct l3d_plot_series){.name = r->val_name, .kind = "validation",
                                                   .x = vx, .y = r->vy, .n = r->nv,
-                                                  .color = color, .dashed = true});
+                                                  .color = color, .dash = 1});
         l3d_plot_add(c, (struct l3d_plot_series){.kind = "validation-points", .x = vx,
                                                   .y = r->vy, .n = r->nv, .color = color,
                                                   .style = L3D_PLOT_POINTS});

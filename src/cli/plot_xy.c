@@ -2,6 +2,8 @@
  * picture of the project comes from one SVG writer (src/plot). The format (llm3d plot --help):
  *   # title: Data-parallel scaling          '# key: value' lines set the current chart
  *   # panel: weak scaling                   starts another chart (up to 4, two a row)
+ *   # groups: 4                             series k: colour k mod 4, dash pattern (lines) or
+ *                                           marker (points) k / 4 (default: the palette's 8)
  *   ZeRO-0 blocking<TAB>1<TAB>100           NAME, X, Y and an optional LABEL, tab-separated */
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@ struct xy_series {
 struct panel {
     char title[160], xlabel[96], ylabel[96], ideal[32];
     bool logx, logy, points;
+    int groups; /* colours before the dash pattern or marker changes */
     struct xy_series s[L3D_PLOT_MAX_SERIES];
     int ns;
 };
@@ -61,7 +64,7 @@ static l3d_status header(struct xy *d, char *line, const char *path, int lineno)
             memcpy(pn->xlabel, d->p[d->np - 2].xlabel, sizeof pn->xlabel),
                 memcpy(pn->ylabel, d->p[d->np - 2].ylabel, sizeof pn->ylabel),
                 memcpy(pn->ideal, d->p[d->np - 2].ideal, sizeof pn->ideal),
-                pn->points = d->p[d->np - 2].points;
+                pn->points = d->p[d->np - 2].points, pn->groups = d->p[d->np - 2].groups;
         return L3D_OK;
     }
     if (d->np == 0) d->np = 1;
@@ -71,6 +74,14 @@ static l3d_status header(struct xy *d, char *line, const char *path, int lineno)
     else if (strcmp(p, "log-x") == 0) pn->logx = true;
     else if (strcmp(p, "log-y") == 0) pn->logy = true;
     else if (strcmp(p, "ideal") == 0) snprintf(pn->ideal, sizeof pn->ideal, "%s", v);
+    else if (strcmp(p, "groups") == 0) {
+        char *end;
+        long g = strtol(v, &end, 10);
+        if (end == v || *end || g < 1 || g > L3D_PLOT_NCOLORS)
+            return l3d_error(L3D_ERR_FORMAT, "%s: line %d: groups '%s': give a whole number from "
+                             "1 to %d (the palette's colours)", path, lineno, v, L3D_PLOT_NCOLORS);
+        pn->groups = (int)g;
+    }
     else if (strcmp(p, "style") == 0) {
         if (strcmp(v, "points") != 0 && strcmp(v, "lines") != 0)
             return l3d_error(L3D_ERR_FORMAT, "%s: line %d: style '%s': choose lines or points",
@@ -140,11 +151,12 @@ static l3d_status draw(const struct xy *d, const char *out) {
                                                       pn->xlabel, pn->ylabel);
         c.x.log = pn->logx;
         c.y.log = pn->logy;
+        int groups = pn->groups ? pn->groups : L3D_PLOT_NCOLORS;
         for (int k = 0; k < pn->ns; k++)
             l3d_plot_add(&c, (struct l3d_plot_series){
                 .name = pn->s[k].name, .x = pn->s[k].x, .y = pn->s[k].y, .n = pn->s[k].n,
-                .color = k, .marker = k / L3D_PLOT_NCOLORS, .labels =
-                (const char *const *)pn->s[k].labels,
+                .color = k % groups, .marker = k / groups, .dash = pn->points ? 0 : k / groups,
+                .labels = (const char *const *)pn->s[k].labels,
                 .style = pn->points ? L3D_PLOT_POINTS : L3D_PLOT_LINE});
         if (strcmp(pn->ideal, "diagonal") == 0) l3d_plot_add_ref(&c, L3D_REF_DIAGONAL, 0, "ideal");
         else if (pn->ideal[0]) l3d_plot_add_ref(&c, L3D_REF_HLINE, atof(pn->ideal), "ideal");

@@ -153,15 +153,14 @@ static void run_flush_col(struct run *r) {
 }
 
 /* the run as one polyline (a dot when it is one point), then empty */
-static void run_end(struct l3d_svg *g, struct run *r, const char *rgb, bool dashed) {
+static void run_end(struct l3d_svg *g, struct run *r, const char *rgb, int dash) {
     run_flush_col(r);
     if (r->n == 1)
         l3d_svg_printf(g, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2\" fill=\"%s\"/>\n", r->p[0],
                        r->p[1], rgb);
     if (r->n > 1) {
         l3d_svg_printf(g, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\" "
-                       "stroke-linejoin=\"round\"%s points=\"", rgb,
-                       dashed ? " stroke-dasharray=\"6 4\"" : "");
+                       "stroke-linejoin=\"round\"%s points=\"", rgb, l3d_plot_dasharray(dash));
         for (int64_t i = 0; i < r->n; i++)
             l3d_svg_printf(g, "%s%.1f,%.1f", i ? " " : "", r->p[2 * i], r->p[2 * i + 1]);
         l3d_svg_printf(g, "\"/>\n");
@@ -175,7 +174,7 @@ static void draw_line(struct l3d_svg *g, const struct l3d_plot_series *s, const 
     const char *rgb = l3d_plot_rgb(s->color);
     for (int64_t i = 0; i < s->n; i++) {
         if (!usable(x, s->x[i]) || !usable(y, s->y[i])) { /* a gap */
-            run_end(g, &r, rgb, s->dashed);
+            run_end(g, &r, rgb, s->dash);
             continue;
         }
         double q[2] = {px(x, s->x[i]), px(y, s->y[i])};
@@ -193,7 +192,7 @@ static void draw_line(struct l3d_svg *g, const struct l3d_plot_series *s, const 
         if (q[1] < r.hi[1]) memcpy(r.hi, q, sizeof q), r.i_hi = i;
         memcpy(r.last, q, sizeof q);
     }
-    run_end(g, &r, rgb, s->dashed);
+    run_end(g, &r, rgb, s->dash);
     free(r.p);
 }
 
@@ -299,7 +298,7 @@ static void draw_legend(struct l3d_svg *g, const struct l3d_plot_chart *c, doubl
         if (s->style == L3D_PLOT_LINE)
             l3d_svg_printf(g, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                            "stroke-width=\"2.5\"%s/>", x0, x0 + 22, y, y, rgb,
-                           s->dashed ? " stroke-dasharray=\"6 4\"" : "");
+                           l3d_plot_dasharray(s->dash));
         else
             marker(g, s->marker, x0 + 11, y, 4, rgb);
         char name[40]; /* the legend's width: longer names cut with an ellipsis */

@@ -19,6 +19,12 @@ static int wrap(int c) {
 }
 const char *l3d_plot_rgb(int color) { return rgb[wrap(color)]; }
 const char *l3d_plot_color_name(int color) { return names[wrap(color)]; }
+const char *l3d_plot_dasharray(int dash) {
+    static const char *const pattern[4] = {"", " stroke-dasharray=\"6 4\"",
+                                           " stroke-dasharray=\"1.5 3\"",
+                                           " stroke-dasharray=\"8 3 1.5 3\""};
+    return pattern[((dash % 4) + 4) % 4];
+}
 
 l3d_status l3d_svg_begin(struct l3d_svg *s, const char *path, double w, double h,
                          const char *title) {

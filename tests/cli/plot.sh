@@ -130,6 +130,20 @@ printf '# title: scaling\n# x: ranks\n# y: efficiency (%%)\n# ideal: 100\n# pane
 check "xy" "$bin" plot --xy "$dir/xy.tsv" --out "$dir/xy.svg"
 check "xy: XML" xml "$dir/xy.svg"
 check "xy: the weak panel's y 93.5..100" $chk axis "$dir/xy.svg" weak y 93.5 100
+# groups: series k takes colour k mod N and dash pattern k / N (a colour per mode, a dash per ZeRO
+# stage in bench/scaling.sh): the third of "# groups: 2" is blue again, dashed; the fifth dotted
+{ printf '# groups: 2\n'; for n in a b c d e; do printf '%s\t1\t1\n%s\t2\t2\n' $n $n; done; } > "$dir/groups.tsv"
+check "xy, groups" "$bin" plot --xy "$dir/groups.tsv" --out "$dir/groups.svg"
+series_line() { grep -A1 "data-name=\"$1\"" "$dir/groups.svg" | tail -1; }
+check "  ... series c: blue, dashed" sh -c "$(declare -f series_line); dir='$dir' series_line c | \
+    grep -q 'stroke=\"#0072B2\".*stroke-dasharray=\"6 4\"'"
+check "  ... series b: vermillion, solid" sh -c "$(declare -f series_line); dir='$dir' series_line b | \
+    grep 'stroke=\"#D55E00\"' | grep -vq dasharray"
+check "  ... series e: blue, dotted" sh -c "$(declare -f series_line); dir='$dir' series_line e | \
+    grep -q 'stroke=\"#0072B2\".*stroke-dasharray=\"1.5 3\"'"
+printf '# groups: 9\na\t1\t1\n' > "$dir/groups9.tsv"
+err=$("$bin" plot --xy "$dir/groups9.tsv" --out "$dir/b.svg" 2>&1)
+check "xy, groups 9 refused: $err" grep -q "groups9.tsv: line 1: groups '9': give a whole number from 1 to 8" <<< "$err"
 printf 'ZeRO-0\t1\tfast\n' > "$dir/bad.tsv"
 err=$("$bin" plot --xy "$dir/bad.tsv" --out "$dir/b.svg" 2>&1)
 check "xy, a word for a number: $err" grep -q "bad.tsv: line 1: expected NAME<tab>X<tab>Y" <<< "$err"
