@@ -28,6 +28,10 @@ for zero in 0 1 2; do
     check "ZeRO-$zero, --comm blocking: the same model as one process" \
         "$bin" compare --rtol 1e-5 "$dir/z${zero}_blocking" "$dir/ref"
     for mode in none poll thread default; do
+        # under the sanitizers and on the checking backend: every mode with ZeRO-1, the thread
+        # (the mechanism that differs most) with ZeRO-0 and 2; the modes' code is the same for
+        # every stage, whose pieces the blocking runs take
+        [ "$zero" -eq 1 ] || [ "$mode" = thread ] || full || continue
         name="z${zero}_$mode"
         flags=(--progress "$mode")
         [ "$mode" = default ] && flags=()

@@ -27,7 +27,9 @@ check() { # check DESCRIPTION COMMAND...: the command must succeed
 # comment at each says which). The runs marked `cpu_backend &&` are left out on the checking
 # backend only: nothing in them reaches device memory on a path that the kept runs do not take
 # (errors found before any allocation, the watchdog's clock), while the sanitizers still look at
-# them (error paths are where leaks hide).
+# them (error paths are where leaks hide): `make test` runs the sanitized build on the checking
+# backend, so those scripts run such checks when sanitized too (`cpu_backend || sanitized`), or
+# run again there on the CPU backend (cli_faults; the Makefile's test-asan).
 full() { [ -z "${L3D_SANITIZED:-}" ] && cpu_backend; }
 cpu_backend() { [ "${L3D_BACKEND:-cpu}" != check ]; }
 sanitized() { [ -n "${L3D_SANITIZED:-}" ]; }
