@@ -315,8 +315,9 @@ static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***
         return 1;
     }
     int rc = gen_tokenizer(o, g);
-    if (rc == 0) rc = encode_prompt(g->tok, o->tokspec ? o->tokspec : "gpt2", o->prompt, o->doc_token,
-                                      &g->seq);
+    if (rc == 0)
+        rc = encode_prompt(g->tok, o->tokspec ? o->tokspec : "gpt2", o->prompt, o->doc_token,
+                           &g->seq);
     if (rc != 0) return rc;
     struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true, .backend = o->backend};
     if (l3d_runtime_init(argc, argv, &ro, &g->rt) != L3D_OK) return 1; /* said there */

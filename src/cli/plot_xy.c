@@ -81,8 +81,7 @@ static l3d_status header(struct xy *d, char *line, const char *path, int lineno)
             return l3d_error(L3D_ERR_FORMAT, "%s: line %d: groups '%s': give a whole number from "
                              "1 to %d (the palette's colours)", path, lineno, v, L3D_PLOT_NCOLORS);
         pn->groups = (int)g;
-    }
-    else if (strcmp(p, "style") == 0) {
+    } else if (strcmp(p, "style") == 0) {
         if (strcmp(v, "points") != 0 && strcmp(v, "lines") != 0)
             return l3d_error(L3D_ERR_FORMAT, "%s: line %d: style '%s': choose lines or points",
                              path, lineno, v);
