@@ -1185,6 +1185,39 @@ const void *l3d_gpt_output_act(const struct l3d_gpt *m) {
 
 /* ---- backward --------------------------------------------------------------------------- */
 
+/* The LM head's and final LayerNorm's backward (the last stage): dlogits from the loss, the head's
+ * gradients, and d(x_last) into a->dres. */
+static void head_backward(struct l3d_gpt *m, float dloss, const void *x_last) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
+    size_t bytes_l = (size_t)(Nl * C) * m->es;
+    float *dwte = l3d_gpt_grad_ptr(m, head_tensor(m), 0);
+    const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
+    const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
+    float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
+    float *dlnfb = grad_or_null(m, L3D_T_LNFB, 0);
+    int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
+    /* logits become dlogits in place */
+    L3D_ASSERT(m->has_targets);
+    l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
+                         s->vocab_start, N, Vl, Vvalid);
+    /* the head is column-parallel over the vocabulary */
+    column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
+    l3d_be_memset(m->be, a->dres, 0, bytes_l);
+    if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
+        l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
+        layernorm_backward(m, a->dres, a->dlnw, dlnfb ? a->dlnw + C : NULL, a->dln_local,
+                           x_last, lnfw, a->lnf_mean, a->lnf_rstd, Nl, C);
+        tp_all_reduce(m, a->dlnw, 2 * C, L3D_F32);
+        l3d_be_add_inplace(m->be, L3D_F32, dlnfw, a->dlnw, C);
+        if (dlnfb) l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
+    } else {
+        layernorm_backward(m, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
+                           a->lnf_rstd, N, C);
+    }
+}
+
 static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_shard *s = &m->shard;
@@ -1204,30 +1237,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
     const void *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
-        float *dwte = l3d_gpt_grad_ptr(m, head_tensor(m), 0);
-        const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
-        const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
-        float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
-        float *dlnfb = grad_or_null(m, L3D_T_LNFB, 0);
-        int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-        /* logits become dlogits in place */
-        L3D_ASSERT(m->has_targets);
-        l3d_be_xent_backward(m->be, dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
-                             s->vocab_start, N, Vl, Vvalid);
-        /* the head is column-parallel over the vocabulary */
-        column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
-        l3d_be_memset(m->be, a->dres, 0, bytes_l);
-        if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
-            l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
-            layernorm_backward(m, a->dres, a->dlnw, dlnfb ? a->dlnw + C : NULL, a->dln_local,
-                               x_last, lnfw, a->lnf_mean, a->lnf_rstd, Nl, C);
-            tp_all_reduce(m, a->dlnw, 2 * C, L3D_F32);
-            l3d_be_add_inplace(m->be, L3D_F32, dlnfw, a->dlnw, C);
-            if (dlnfb) l3d_be_add_inplace(m->be, L3D_F32, dlnfb, a->dlnw + C, C);
-        } else {
-            layernorm_backward(m, a->dres, dlnfw, dlnfb, a->dln, x_last, lnfw, a->lnf_mean,
-                               a->lnf_rstd, N, C);
-        }
+        head_backward(m, dloss, x_last);
     } else {
         L3D_ASSERT(dout_act != NULL);
         l3d_be_copy_d2d(m->be, a->dres, dout_act, bytes_l);
