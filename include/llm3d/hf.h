@@ -85,11 +85,14 @@ struct l3d_st_entry {
 };
 typedef void (*l3d_st_fill)(void *ctx, int i, float *out);
 /* Writes dir/model.safetensors, or, when the tensors pass shard_bytes, dir/model-0000K-of-0000N
- * .safetensors and the index; dt L3D_F32, L3D_BF16 (nearest even) or L3D_F16. Each file goes to
- * a temporary name, is fsynced and renamed; a stale single file or index of the other kind is
- * removed. __metadata__ {"format": "pt"} as Hugging Face's writers. */
+ * .safetensors and the index; dt L3D_F32, L3D_BF16 (nearest even) or L3D_F16. dir is a new
+ * folder (l3d_hf_save's temporary one, swapped into place whole); each file goes through
+ * include/llm3d/file.h's writer. __metadata__ {"format": "pt"} as Hugging Face's writers. */
 l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3d_st_fill fill,
                         void *ctx, enum l3d_dtype dt, int64_t shard_bytes);
+/* The names of a model folder that a new model replaces: config.json, model.safetensors, the
+ * index and model-K-of-N.safetensors; everything else in the folder is carried over. */
+bool l3d_st_owned(const char *name);
 /* Removes what l3d_st_write writes in dir (the single file, the index, shard files); whether
  * there was a single file or an index. */
 bool l3d_st_remove(const char *dir);

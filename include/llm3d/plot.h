@@ -10,7 +10,7 @@
  *   l3d_plot_add(&c, (struct l3d_plot_series){.name = "run a", .x = step, .y = loss, .n = n});
  *   if (l3d_svg_begin(&svg, "loss.svg", 900, 500, "loss") != L3D_OK) return error;
  *   l3d_plot_chart_draw(&svg, &c, 0, 0, 900, 500);
- *   st = l3d_svg_end(&svg);  // written to loss.svg.tmp, renamed when complete
+ *   st = l3d_svg_end(&svg);  // written to a temporary, renamed when complete
  *
  * Large series are thinned, never cut: a line keeps, for every pixel column, the first, the
  * lowest, the highest and the last point (in their order), so a spike of one step in 10^6 stays
@@ -30,21 +30,23 @@
 #include <stdio.h>
 
 #include "llm3d/core.h"
+#include "llm3d/file.h"
 
 /* ---- the writer ---------------------------------------------------------------------------- */
 
 struct l3d_svg {
-    FILE *f;
-    char path[4096], tmp[4200];
+    FILE *f;          /* out's stream */
+    struct l3d_out out; /* include/llm3d/file.h's writer */
     double w, h;
     int clips; /* clip paths so far (ids) */
 };
 
-/* Creates path.tmp and writes the document's head (a white background, the title as <title>). */
+/* Opens path through the file writer (a temporary beside it; a FIFO, a device or a link refused)
+ * and writes the document's head (a white background, the title as <title>). */
 l3d_status l3d_svg_begin(struct l3d_svg *s, const char *path, double w, double h,
                          const char *title);
-/* Closes the document and renames it over path; L3D_ERR_IO naming the file when a write failed
- * (nothing left behind). */
+/* Closes the document and puts it in place of path; L3D_ERR_IO naming the file when a write
+ * failed (nothing left behind). */
 l3d_status l3d_svg_end(struct l3d_svg *s);
 /* Raw markup (the caller escapes what it interpolates). */
 void l3d_svg_printf(struct l3d_svg *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "llm3d/ckpt.h"
+#include "llm3d/file.h"
 #include "llm3d/core.h"
 
 #define L3D_CKPT_STAGE_BYTES ((size_t)64 << 20)
@@ -80,13 +81,11 @@ l3d_status l3d_ckpt_read_device(const char *path, int64_t off, struct l3d_backen
                                 size_t n);
 
 l3d_status l3d_ckpt_fsync_path(const char *path);
-/* text to path atomically: path.tmp, fsync, rename, fsync of the directory dir. */
-l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *dir, const char *text);
+/* text to path atomically (include/llm3d/file.h: a temporary beside it, fsync, rename). */
+l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *text);
 /* A whole text file (at most 64 MiB; what names it in errors), NUL-terminated, into *text
  * (l3d_free it) and its length. */
 l3d_status l3d_ckpt_read_text(const char *path, const char *what, char **text, size_t *len);
-/* Removes a directory of plain files (a step or temporary directory; nothing nested). */
-void l3d_ckpt_remove_dir(const char *path);
 
 /* ---- manifest.c ------------------------------------------------------------------------------ */
 

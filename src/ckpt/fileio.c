@@ -11,6 +11,7 @@
 
 #include "ckpt/ckpt-impl.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/file.h"
 
 /* ---- checksum -----------------------------------------------------------------------------------
  * 64-bit, four independent lanes over 8-byte little-endian words, so it runs at memory speed: the
@@ -168,35 +169,9 @@ l3d_status l3d_ckpt_fsync_path(const char *path) {
     return L3D_OK;
 }
 
-/* Writes text to path atomically: path.tmp, fsync, rename, fsync of the directory dir. */
-l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *dir, const char *text) {
-    char tmp[L3D_CKPT_PATH_CAP];
-    l3d_ckpt_join(tmp, sizeof tmp, path, "", ".tmp");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-    l3d_status st = l3d_ckpt_write_all(fd, tmp, text, strlen(text), NULL);
-    if (st == L3D_OK && fsync(fd) != 0)
-        st = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", tmp, strerror(errno));
-    close(fd);
-    if (st == L3D_OK && rename(tmp, path) != 0)
-        st = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st != L3D_OK) unlink(tmp);
-    return st == L3D_OK ? l3d_ckpt_fsync_path(dir) : st;
-}
-
-/* Removes a directory of plain files (a step or temporary directory; nothing nested). */
-void l3d_ckpt_remove_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return;
-    struct dirent *e;
-    char p[L3D_CKPT_PATH_CAP];
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        l3d_ckpt_join(p, sizeof p, path, "/", e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(path);
+/* Writes text to path atomically (include/llm3d/file.h's writer). */
+l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *text) {
+    return l3d_write_file(path, "file", text, strlen(text));
 }
 
 /* ---- metrics --------------------------------------------------------------------------------- */
@@ -222,14 +197,7 @@ l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
         n += k;
     }
     fclose(f);
-    char dir[L3D_CKPT_PATH_CAP];
-    l3d_ckpt_join(dir, sizeof dir, path, "", "");
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        strcpy(dir, ".");
-    l3d_status st = l3d_ckpt_write_text_atomic(path, dir, text);
+    l3d_status st = l3d_ckpt_write_text_atomic(path, text);
     free(text);
     return st;
 }

@@ -525,24 +525,33 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
     struct l3d_hf_tensor *map;
     int n;
     l3d_status rc = l3d_ckpt_long_path(dir);
-    if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
     if (rc != L3D_OK || (rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
+    /* written whole beside dir, then put in its place (include/llm3d/file.h) */
+    struct l3d_dir_out out;
+    if ((rc = l3d_dir_out_begin(&out, dir, "Hugging Face folder", l3d_st_owned)) != L3D_OK) {
+        l3d_free(map);
+        return rc;
+    }
     struct l3d_shard fs = l3d_shard_full(cfg);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, &fs, ti);
     struct l3d_st_entry *e = l3d_alloc((size_t)n * sizeof *e, "tensor map");
     for (int i = 0; i < n; i++) e[i] = map[i].e;
     struct save_ctx sc = {map, ti, full};
-    rc = l3d_st_write(dir, e, n, fill, &sc, dt, shard_bytes);
+    rc = l3d_st_write(out.tmp, e, n, fill, &sc, dt, shard_bytes);
     l3d_free(e);
     l3d_free(map);
-    if (rc != L3D_OK) return rc;
-    /* config.json last: a folder with a config is one whose weights are complete */
-    char path[L3D_CKPT_PATH_CAP], *text = l3d_hf_config_text(cfg, dt);
-    l3d_ckpt_join(path, sizeof path, dir, "/", "config.json");
-    rc = l3d_ckpt_write_text_atomic(path, dir, text);
-    l3d_free(text);
-    return rc;
+    if (rc == L3D_OK) {
+        char path[L3D_CKPT_PATH_CAP], *text = l3d_hf_config_text(cfg, dt);
+        l3d_ckpt_join(path, sizeof path, out.tmp, "/", "config.json");
+        rc = l3d_ckpt_write_text_atomic(path, text);
+        l3d_free(text);
+    }
+    if (rc != L3D_OK) {
+        l3d_dir_out_abort(&out);
+        return rc;
+    }
+    return l3d_dir_out_commit(&out);
 }
 
 /* ---- model files ------------------------------------------------------------------------ */

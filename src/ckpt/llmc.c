@@ -80,9 +80,6 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
 static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
                        struct l3d_backend *be, const float *params, int64_t num_params,
                        enum l3d_dtype dt) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return l3d_error(L3D_ERR_ARG, "checkpoint path too long: %s", path);
     L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16);
     const bool bf16 = dt == L3D_BF16;
     const size_t nb = (size_t)num_params * l3d_dtype_size(L3D_F32);
@@ -95,11 +92,11 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
         return l3d_error(L3D_ERR_OOM, "%s: no host memory for a %zu-byte staging buffer", path,
                          cap);
     }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
+    struct l3d_out o; /* include/llm3d/file.h: a temporary, fsync, rename */
+    if (l3d_out_open(&o, path, "llm.c checkpoint") != L3D_OK) {
         l3d_free(stage);
         l3d_free(half);
-        return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        return o.st;
     }
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
@@ -113,8 +110,8 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
     hdr[5] = cfg->NH;
     hdr[6] = cfg->C;
     hdr[7] = cfg->Vp;
-    bool ok = fwrite(hdr, sizeof hdr, 1, f) == 1;
-    for (size_t done = 0, k; ok && done < nb; done += k) {
+    l3d_out_write(&o, hdr, sizeof hdr);
+    for (size_t done = 0, k; o.st == L3D_OK && done < nb; done += k) {
         k = !be && !bf16 ? nb : nb - done < cap ? nb - done : cap;
         const void *src = (const char *)params + done;
         if (be) l3d_be_copy_d2h(be, stage, src, k);
@@ -122,27 +119,14 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
         if (bf16) {
             const float *x = stage;
             for (size_t i = 0; i < k / 4; i++) half[i] = l3d_f32_to_bf16(x[i]);
-            ok = fwrite(half, 2, k / 4, f) == k / 4;
+            l3d_out_write(&o, half, k / 2);
         } else {
-            ok = fwrite(be ? stage : src, 1, k, f) == k;
+            l3d_out_write(&o, be ? stage : src, k);
         }
     }
     l3d_free(stage);
     l3d_free(half);
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok) {
-        int e = errno;
-        unlink(tmp);
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
-    }
-    return L3D_OK;
+    return l3d_out_commit(&o);
 }
 
 l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {

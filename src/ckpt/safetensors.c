@@ -392,35 +392,29 @@ static int64_t entry_count(const struct l3d_st_entry *e) {
     return n;
 }
 
-/* Entries [a, b) into path (a temporary name), fsynced; buf stages a tensor's fp32 values, half
- * (16-bit dt only) their narrowed copy. */
+/* Entries [a, b) into path, through the one file writer (a temporary, fsync, rename); buf
+ * stages a tensor's fp32 values, half (16-bit dt only) their narrowed copy. */
 static l3d_status write_shard(const char *path, const struct l3d_st_entry *e, int a, int b,
                               l3d_st_fill fill, void *ctx, enum l3d_dtype dt, float *buf,
                               uint16_t *half) {
     size_t es = l3d_dtype_size(dt), hlen;
+    struct l3d_out o;
+    if (l3d_out_open(&o, path, "safetensors file") != L3D_OK) return o.st;
     char *hdr = header_text(e, a, b, dt, &hlen);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        l3d_free(hdr);
-        return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
-    }
     uint8_t len[8];
     put_le64(len, hlen);
-    l3d_status rc = l3d_ckpt_write_all(fd, path, len, 8, NULL);
-    if (rc == L3D_OK) rc = l3d_ckpt_write_all(fd, path, hdr, hlen, NULL);
+    l3d_out_write(&o, len, 8);
+    l3d_out_write(&o, hdr, hlen);
     free(hdr); /* open_memstream's */
-    for (int i = a; rc == L3D_OK && i < b; i++) {
+    for (int i = a; o.st == L3D_OK && i < b; i++) {
         int64_t n = entry_count(&e[i]);
         fill(ctx, i, buf);
         for (int64_t j = 0; dt != L3D_F32 && j < n; j++)
             half[j] = dt == L3D_BF16 ? l3d_f32_to_bf16(buf[j]) : l3d_f32_to_f16(buf[j]);
-        rc = l3d_ckpt_write_all(fd, path, dt == L3D_F32 ? (const void *)buf : (const void *)half,
-                                (size_t)n * es, NULL);
+        l3d_out_write(&o, dt == L3D_F32 ? (const void *)buf : (const void *)half,
+                      (size_t)n * es);
     }
-    if (rc == L3D_OK && fsync(fd) != 0)
-        rc = l3d_error(L3D_ERR_IO, "cannot sync %s: %s", path, strerror(errno));
-    close(fd);
-    return rc;
+    return l3d_out_commit(&o);
 }
 
 /* Removes dir's files of a layout other than the one just written: the single file or index,
@@ -446,6 +440,14 @@ static void remove_stale(const char *dir, int nshards) {
     if (d) closedir(d);
 }
 
+bool l3d_st_owned(const char *name) {
+    int k, n, used = 0;
+    return strcmp(name, SINGLE_NAME) == 0 || strcmp(name, INDEX_NAME) == 0 ||
+           strcmp(name, "config.json") == 0 ||
+           (sscanf(name, "model-%5d-of-%5d.safetensors%n", &k, &n, &used) == 2 &&
+            name[used] == '\0');
+}
+
 static l3d_status write_index(const char *dir, const struct l3d_st_entry *e, int n,
                               const int *shard_of, int nshards, int64_t total) {
     char *text = NULL, path[L3D_CKPT_PATH_CAP];
@@ -461,7 +463,7 @@ static l3d_status write_index(const char *dir, const struct l3d_st_entry *e, int
     fprintf(f, "\n  }\n}\n");
     fclose(f);
     l3d_ckpt_join(path, sizeof path, dir, "/", INDEX_NAME);
-    l3d_status rc = l3d_ckpt_write_text_atomic(path, dir, text);
+    l3d_status rc = l3d_ckpt_write_text_atomic(path, text);
     free(text);
     return rc;
 }
@@ -486,28 +488,17 @@ l3d_status l3d_st_write(const char *dir, const struct l3d_st_entry *e, int n, l3
     if (!buf || (dt != L3D_F32 && !half))
         rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a %lld-element tensor", dir,
                        (long long)most);
-    char tmp[L3D_CKPT_PATH_CAP], path[L3D_CKPT_PATH_CAP], name[64];
+    char path[L3D_CKPT_PATH_CAP], name[64];
     for (int s = 0, a = 0; rc == L3D_OK && s < nshards; s++) {
         int b = a;
         while (b < n && shard_of[b] == s) b++;
         if (nshards == 1) snprintf(name, sizeof name, SINGLE_NAME);
         else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
-        l3d_ckpt_join(tmp, sizeof tmp, dir, "/.", name);
-        rc = write_shard(tmp, e, a, b, fill, ctx, dt, buf, half);
+        l3d_ckpt_join(path, sizeof path, dir, "/", name);
+        rc = write_shard(path, e, a, b, fill, ctx, dt, buf, half);
         a = b;
     }
-    for (int s = 0; s < nshards; s++) { /* every shard written: renamed into place, or removed */
-        if (nshards == 1) snprintf(name, sizeof name, SINGLE_NAME);
-        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
-        l3d_ckpt_join(tmp, sizeof tmp, dir, "/.", name);
-        l3d_ckpt_join(path, sizeof path, dir, "/", name);
-        if (rc == L3D_OK && rename(tmp, path) != 0)
-            rc = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        if (rc != L3D_OK) unlink(tmp);
-    }
     if (rc == L3D_OK && nshards > 1) rc = write_index(dir, e, n, shard_of, nshards, total);
-    if (rc == L3D_OK) remove_stale(dir, nshards);
-    if (rc == L3D_OK) rc = l3d_ckpt_fsync_path(dir);
     l3d_free(buf);
     l3d_free(half);
     l3d_free(shard_of);

@@ -50,7 +50,8 @@ static l3d_status write_rank_file(const char *path, const struct piece *pc,
     struct l3d_ckpt_stage sg;
     l3d_status st = l3d_ckpt_stage_init(&sg, pbytes > mbytes ? pbytes : mbytes, path);
     if (st != L3D_OK) return st;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    /* a new name in the save's own new directory: anything there already is refused */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) {
         l3d_free(sg.p);
         return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
@@ -136,7 +137,7 @@ static void prune(const char *root, int64_t step, int keep, uint64_t run_id) {
     for (int i = 0; i < n; i++) {
         if (i < n - keep) {
             l3d_ckpt_join(p, sizeof p, root, "/", names[i]);
-            l3d_ckpt_remove_dir(p);
+            l3d_remove_tree(p);
         }
         free(names[i]);
     }
@@ -161,7 +162,7 @@ l3d_status l3d_ckpt_clear(const char *root, int *removed) {
         } else if (l3d_ckpt_is_step_name(e->d_name) || strncmp(e->d_name, ".tmp_step_", 10) == 0) {
             l3d_ckpt_join(m, sizeof m, p, "/", "manifest");
             if (e->d_name[0] == 's' && stat(m, &sb) != 0) continue; /* not a checkpoint */
-            l3d_ckpt_remove_dir(p);
+            l3d_remove_tree(p);
             if (stat(p, &sb) == 0 && st == L3D_OK)
                 st = l3d_error(L3D_ERR_IO, "cannot remove %s (files of another program in it?)",
                                p);
@@ -183,7 +184,7 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
     l3d_ckpt_manifest_print(text, cap, cfg, pdt, mdt, lay, s, recs);
     char path[L3D_CKPT_PATH_CAP], dst[L3D_CKPT_PATH_CAP], name[64];
     l3d_ckpt_join(path, sizeof path, tmp, "/", "manifest");
-    l3d_status st = l3d_ckpt_write_text_atomic(path, tmp, text);
+    l3d_status st = l3d_ckpt_write_text_atomic(path, text);
     l3d_free(text);
     if (st != L3D_OK) return st;
     test_kill(s->step, "rename", 0);
@@ -191,7 +192,7 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
     l3d_ckpt_join(dst, sizeof dst, root, "/", name);
     /* a directory of the same step (a run resumed from an earlier step) is swapped atomically */
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) {
-        l3d_ckpt_remove_dir(tmp);
+        l3d_remove_tree(tmp);
     } else if (errno == ENOENT) {
         if (rename(tmp, dst) != 0)
             return l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, dst, strerror(errno));
@@ -203,7 +204,7 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
     char line[80];
     snprintf(line, sizeof line, "%s\n", name);
     l3d_ckpt_join(path, sizeof path, root, "/", "latest");
-    if ((st = l3d_ckpt_write_text_atomic(path, root, line)) != L3D_OK) return st;
+    if ((st = l3d_ckpt_write_text_atomic(path, line)) != L3D_OK) return st;
     prune(root, s->step, keep, s->run_id);
     return L3D_OK;
 }
@@ -226,7 +227,7 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
         while (d && (e = readdir(d))) /* left by a save that crashed */
             if (strncmp(e->d_name, ".tmp_", 5) == 0) {
                 l3d_ckpt_join(p, sizeof p, root, "/", e->d_name);
-                l3d_ckpt_remove_dir(p);
+                l3d_remove_tree(p);
             }
         if (d) closedir(d);
         if (st == L3D_OK && mkdir(tmp, 0755) != 0)
@@ -272,7 +273,7 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
         st = l3d_comm_agree(world, st, report);
     }
     /* a failed save leaves no temporary directory behind (once every rank is done writing) */
-    if (st != L3D_OK && world->rank == 0 && tmp[0]) l3d_ckpt_remove_dir(tmp);
+    if (st != L3D_OK && world->rank == 0 && tmp[0]) l3d_remove_tree(tmp);
     for (int i = 0; i < world->size * nc; i++) io->bytes_total += recs[i].bytes;
     l3d_free(recs);
     io->seconds = l3d_time_s() - t0;

@@ -5,6 +5,7 @@
  * in the page cache instead of each holding its own. Tokens are used in place: the host must be
  * little-endian, like the format. */
 #include "llm3d/data.h"
+#include "llm3d/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -243,75 +244,21 @@ const char *l3d_data_file_path(const struct l3d_data *data, int i) {
     return data->files[i].path;
 }
 
-/* fsync the directory holding path, so that the rename itself survives a crash. Best effort: some
- * file systems refuse fsync on a directory. */
-static void sync_parent_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) {
-        dir = dup_string(".", "directory name");
-    } else {
-        size_t n = slash == path ? 1 : (size_t)(slash - path);
-        dir = l3d_alloc(n + 1, "directory name");
-        memcpy(dir, path, n);
-        dir[n] = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    l3d_free(dir);
-}
-
 /* Writes n tokens of `width` bytes (2: uint16, magic 20240520; 4: uint32, magic 20240801). */
 static l3d_status shard_write(const char *path, const void *tokens, int64_t n, int width) {
     if (n < 0 || n > L3D_SHARD_MAX_TOKENS)
         return l3d_error(L3D_ERR_ARG,
                          "cannot write %lld tokens to shard %s: a shard holds 0 to %d tokens",
                          (long long)n, path, L3D_SHARD_MAX_TOKENS);
-    size_t plen = strlen(path);
-    char *tmp = l3d_alloc(plen + 5, "shard temporary name");
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
     int32_t header[L3D_SHARD_HEADER_INTS] = {0};
     header[0] = width == 4 ? L3D_SHARD32_MAGIC : L3D_SHARD_MAGIC;
     header[1] = width == 4 ? L3D_SHARD32_VERSION : L3D_SHARD_VERSION;
     header[2] = (int32_t)n;
-
-    l3d_status st = L3D_OK;
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        st = l3d_error(L3D_ERR_IO, "cannot create token shard %s: %s", tmp, strerror(errno));
-        l3d_free(tmp);
-        return st;
-    }
-    errno = 0;
-    bool ok = fwrite(header, sizeof header, 1, fp) == 1;
-    if (ok && n > 0) ok = fwrite(tokens, (size_t)width, (size_t)n, fp) == (size_t)n;
-    if (ok) ok = fflush(fp) == 0;
-    if (ok) ok = fsync(fileno(fp)) == 0;
-    int e = errno ? errno : EIO;
-    if (fclose(fp) != 0 && ok) {
-        ok = false;
-        e = errno ? errno : EIO;
-    }
-    if (!ok) {
-        st = l3d_error(L3D_ERR_IO, "cannot write token shard %s: %s", tmp, strerror(e));
-        unlink(tmp);
-        l3d_free(tmp);
-        return st;
-    }
-    if (rename(tmp, path) != 0) {
-        st = l3d_error(L3D_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-        l3d_free(tmp);
-        return st;
-    }
-    l3d_free(tmp);
-    sync_parent_dir(path);
-    return L3D_OK;
+    struct l3d_out o; /* include/llm3d/file.h: a temporary, fsync, rename */
+    if (l3d_out_open(&o, path, "token shard") != L3D_OK) return o.st;
+    l3d_out_write(&o, header, sizeof header);
+    if (n > 0) l3d_out_write(&o, tokens, (size_t)width * (size_t)n);
+    return l3d_out_commit(&o);
 }
 
 l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n) {

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm3d/file.h"
 #include "plan/calibrate-impl.h"
 #include "plan/profile-impl.h"
 
@@ -335,40 +336,17 @@ static l3d_status calib_text(const struct l3d_calib *c, const char *path, char *
 }
 
 l3d_status l3d_calib_check_out(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return l3d_error(L3D_ERR_ARG, "--out %s is a directory; give a file name", path);
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return l3d_error(L3D_ERR_ARG, "--out path is too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0)
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s (give a writable --out FILE)", tmp,
-                         strerror(errno));
-    close(fd);
-    unlink(tmp);
+    struct l3d_out o; /* a temporary made and removed: the folder is writable, path replaceable */
+    if (l3d_out_open(&o, path, "--out profile") != L3D_OK) return o.st;
+    l3d_out_abort(&o);
     return L3D_OK;
 }
 
 l3d_status l3d_calib_save(const char *path, const struct l3d_calib *c) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     char *text = NULL;
     l3d_status st = calib_text(c, path, &text);
     if (st != L3D_OK) return st;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        free(text);
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    }
-    bool ok = fputs(text, f) >= 0;
+    st = l3d_write_file(path, "profile", text, strlen(text));
     free(text);
-    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(e));
-    }
-    return L3D_OK;
+    return st;
 }

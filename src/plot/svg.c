@@ -29,12 +29,8 @@ const char *l3d_plot_dasharray(int dash) {
 l3d_status l3d_svg_begin(struct l3d_svg *s, const char *path, double w, double h,
                          const char *title) {
     memset(s, 0, sizeof *s);
-    if (snprintf(s->path, sizeof s->path, "%s", path) >= (int)sizeof s->path ||
-        snprintf(s->tmp, sizeof s->tmp, "%s.tmp", path) >= (int)sizeof s->tmp)
-        return l3d_error(L3D_ERR_ARG, "--out %s: path too long", path);
-    if (!(s->f = fopen(s->tmp, "w")))
-        return l3d_error(L3D_ERR_IO, "cannot create %s: %s (does its folder exist?)", s->tmp,
-                         strerror(errno));
+    if (l3d_out_open(&s->out, path, "picture") != L3D_OK) return s->out.st;
+    s->f = l3d_out_stream(&s->out);
     s->w = w;
     s->h = h;
     fprintf(s->f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -48,15 +44,8 @@ l3d_status l3d_svg_begin(struct l3d_svg *s, const char *path, double w, double h
 
 l3d_status l3d_svg_end(struct l3d_svg *s) {
     fprintf(s->f, "</svg>\n");
-    errno = 0;
-    bool ok = fflush(s->f) == 0 && !ferror(s->f);
-    int e = errno ? errno : EIO;
-    if (fclose(s->f) != 0 && ok) ok = false, e = errno;
     s->f = NULL;
-    if (ok && rename(s->tmp, s->path) != 0) ok = false, e = errno;
-    if (ok) return L3D_OK;
-    unlink(s->tmp);
-    return l3d_error(L3D_ERR_IO, "cannot write %s: %s", s->path, strerror(e));
+    return l3d_out_commit(&s->out);
 }
 
 void l3d_svg_printf(struct l3d_svg *s, const char *fmt, ...) {

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "llm3d/file.h"
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
 
@@ -737,18 +738,18 @@ l3d_status l3d_tokenizer_save_llmc(const struct l3d_tokenizer *t, const char *pa
             return l3d_error(L3D_ERR_ARG, "token %d is %lld bytes long: llm.c's tokenizer file "
                              "holds tokens of 1 to 255 bytes", id, (long long)m);
     }
-    FILE *fp = fopen(path, "wb");
-    if (!fp) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+    struct l3d_out o; /* include/llm3d/file.h: a temporary, fsync, rename */
+    if (l3d_out_open(&o, path, "tokenizer file") != L3D_OK) return o.st;
     uint32_t hdr[256] = {L3D_LLMC_TOKENIZER_MAGIC, 2, (uint32_t)t->V,
                          (uint32_t)(t->eot >= 0 ? t->eot : t->V)};
+    FILE *fp = l3d_out_stream(&o);
     fwrite(hdr, sizeof hdr, 1, fp);
     for (int id = 0; id < t->V; id++) {
         unsigned char m = (unsigned char)(t->off[id + 1] - t->off[id]);
         fputc(m, fp);
         fwrite(t->blob + t->off[id], 1, m, fp);
     }
-    if (fclose(fp) != 0) return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    return L3D_OK;
+    return l3d_out_commit(&o);
 }
 
 static bool is_graph(char c) { return c > ' ' && c < 127; }

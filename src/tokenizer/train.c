@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/file.h"
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
 
@@ -266,17 +267,24 @@ static int32_t vocab_id(struct vocab *v, const unsigned char *s, size_t n, bool 
 
 /* ---- training ------------------------------------------------------------------------------- */
 
+/* The files a tokenizer folder's new vocabulary replaces (the rest is carried over). */
+static bool tokenizer_owned(const char *name) {
+    return strcmp(name, "encoder.json") == 0 || strcmp(name, "vocab.bpe") == 0;
+}
+
 static l3d_status write_files(const char *out_dir, const struct vocab *v, const int32_t *merges,
                               int nmerges) {
     int byte_cp[256];
     l3d_bytes_to_unicode(byte_cp, NULL);
-    l3d_status st = l3d_mkdir_p(out_dir);
+    /* both files into a new folder beside out_dir, put in its place whole (llm3d/file.h) */
+    struct l3d_dir_out dir;
+    l3d_status st = l3d_dir_out_begin(&dir, out_dir, "tokenizer folder", tokenizer_owned);
     if (st != L3D_OK) return st;
-    size_t cap = strlen(out_dir) + 32;
-    char *path = l3d_alloc(cap, "tokenizer path");
-    snprintf(path, cap, "%s/encoder.json", out_dir);
-    FILE *fp = fopen(path, "wb");
-    if (fp) {
+    char path[L3D_FILE_PATH_CAP + 16];
+    struct l3d_out o;
+    snprintf(path, sizeof path, "%s/encoder.json", dir.tmp);
+    if ((st = l3d_out_open(&o, path, "tokenizer file")) == L3D_OK) {
+        FILE *fp = l3d_out_stream(&o);
         fputc('{', fp);
         for (int32_t id = 0; id < v->n; id++) {
             size_t n;
@@ -286,14 +294,11 @@ static l3d_status write_files(const char *out_dir, const struct vocab *v, const 
             fprintf(fp, "\": %d", id);
         }
         fprintf(fp, ", \"%s\": %d}", L3D_EOT_STRING, v->n);
-        if (fclose(fp) == 0) {
-            snprintf(path, cap, "%s/vocab.bpe", out_dir);
-            fp = fopen(path, "wb");
-        } else {
-            fp = NULL;
-        }
+        st = l3d_out_commit(&o);
     }
-    if (fp) {
+    snprintf(path, sizeof path, "%s/vocab.bpe", dir.tmp);
+    if (st == L3D_OK && (st = l3d_out_open(&o, path, "tokenizer file")) == L3D_OK) {
+        FILE *fp = l3d_out_stream(&o);
         fputs("#version: 0.2\n", fp);
         for (int k = 0; k < nmerges; k++) {
             size_t n;
@@ -304,11 +309,13 @@ static l3d_status write_files(const char *out_dir, const struct vocab *v, const 
             l3d_tok_write_spelled(fp, s, n, byte_cp, false);
             fputc('\n', fp);
         }
-        if (fclose(fp) != 0) fp = NULL;
+        st = l3d_out_commit(&o);
     }
-    if (!fp) st = l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-    l3d_free(path);
-    return st;
+    if (st != L3D_OK) {
+        l3d_dir_out_abort(&dir);
+        return st;
+    }
+    return l3d_dir_out_commit(&dir);
 }
 
 #define TRAIN_PIECE ((size_t)1 << 16)

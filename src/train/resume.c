@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "llm3d/file.h"
 #include "train/resume.h"
 #include "train/signals.h"
 #include "train/train-impl.h"
@@ -129,8 +130,7 @@ l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int st
      * file is the run's own log (out/run guards it from other runs); a resumed run first keeps
      * its lines up to the checkpoint (rewritten atomically) */
     l3d_status st = start_step > 0 ? l3d_ckpt_trim_metrics(path, start_step) : L3D_OK;
-    if (st == L3D_OK && !(*out = fopen(path, start_step > 0 ? "a" : "w")))
-        st = l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    if (st == L3D_OK) st = l3d_open_log(path, "metrics file", start_step > 0, out);
     if (st == L3D_OK && start_step == 0) { /* the first record: the run */
         const struct l3d_model_spec *c = &tc->model;
         char line[256];

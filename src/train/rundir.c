@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "llm3d/ckpt.h"
+#include "llm3d/file.h"
 #include "llm3d/hf.h"
 #include "train/train-impl.h"
 
@@ -50,25 +51,13 @@ static bool read_run(const char *path, uint64_t *id, struct l3d_model_spec *cfg)
     return magic && have_id && have_model;
 }
 
-/* Written whole to path.tmp, flushed, synced, renamed over path. */
+/* Written whole through the file writer (include/llm3d/file.h). */
 static l3d_status write_run(const char *path, uint64_t id, const struct l3d_model_spec *c) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return l3d_error(L3D_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
-    bool ok = fprintf(f, "%s\nid %016" PRIx64 "\nmodel L %d C %d NH %d V %d maxT %d\n", RUN_MAGIC,
-                      id, c->L, c->C, c->NH, c->V, c->maxT) > 0;
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    int e = errno;
-    ok = fclose(f) == 0 && ok;
-    if (ok && rename(tmp, path) != 0) ok = false;
-    if (!ok) {
-        e = errno ? errno : e;
-        unlink(tmp);
-        return l3d_error(L3D_ERR_IO, "cannot write %s: %s", path, strerror(e));
-    }
-    return L3D_OK;
+    char text[256];
+    int n = snprintf(text, sizeof text, "%s\nid %016" PRIx64 "\nmodel L %d C %d NH %d V %d maxT %d\n",
+                     RUN_MAGIC, id, c->L, c->C, c->NH, c->V, c->maxT);
+    L3D_ASSERT(n > 0 && (size_t)n < sizeof text);
+    return l3d_write_file(path, "run file", text, (size_t)n);
 }
 
 /* "L 2 (flags: 4), C ..." for the sizes in which a differs from b; "" when none. */

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm3d/file.h"
 #include "train/trace.h"
 
 static const char *const ev_names[] = {"forward", "backward", "recv activation", "recv gradient",
@@ -32,14 +33,11 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
         l3d_free(all);
         return st;
     }
-    /* written to path.tmp and renamed over path when complete: a failed write (its path and errno
+    /* through the file writer (include/llm3d/file.h): a failed write (its path and errno
      * reported) leaves no partial trace and whatever path held before */
-    char tmp[4200];
+    struct l3d_out out;
     FILE *f = NULL;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        st = l3d_error(L3D_ERR_ARG, "--trace %s: path too long", path);
-    else if (!(f = fopen(tmp, "w")))
-        st = l3d_error(L3D_ERR_IO, "--trace %s: cannot create %s: %s", path, tmp, strerror(errno));
+    if ((st = l3d_out_open(&out, path, "--trace file")) == L3D_OK) f = l3d_out_stream(&out);
     if (f) fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     bool first = true;
     for (int rk = 0; rk < W; rk++) {
@@ -74,15 +72,7 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
     }
     if (f) {
         fprintf(f, "\n]}\n");
-        errno = 0;
-        bool ok = fflush(f) == 0 && !ferror(f);
-        int e = errno ? errno : EIO;
-        if (fclose(f) != 0 && ok) ok = false, e = errno;
-        if (ok && rename(tmp, path) != 0) ok = false, e = errno;
-        if (!ok) {
-            unlink(tmp);
-            st = l3d_error(L3D_ERR_IO, "--trace: cannot write %s: %s", tmp, strerror(e));
-        }
+        st = l3d_out_commit(&out);
     }
     l3d_free(all);
     return st;
