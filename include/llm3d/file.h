@@ -78,7 +78,8 @@ void l3d_dir_out_abort(struct l3d_dir_out *o);
 bool l3d_remove_tree(const char *path);
 
 /* Test hook: L3D_FILE_TEST_KILL=N makes the process SIGKILL itself at the N-th step of these
- * writers (a write, a sync, a rename, a link: tests/cli/atomic.sh stops writers at every one). */
+ * writers (a write, a sync, a rename, a link: tests/cli/atomic.sh stops writers at each one);
+ * L3D_FILE_TEST_KILL=count prints "file points: N" to stderr at exit. */
 void l3d_file_test_point(void);
 
 #endif

@@ -128,6 +128,9 @@ l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
 
 /* Whether path is a directory holding config.json. */
 bool l3d_hf_is_folder(const char *path);
+/* Whether the folder at path holds any file of a model (l3d_st_owned's names): what writing a
+ * model there would replace, which needs --overwrite. */
+bool l3d_hf_has_model(const char *path);
 /* The full model's fp32 parameters (l3d_gpt_param_count of them, llm3d's layout; padding rows
  * zero) from the folder, whose config.json must describe cfg. */
 l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full);

@@ -1,6 +1,7 @@
 /* Hugging Face model folders (include/llm3d/hf.h): config.json to and from the model spec, the
  * names and layouts of GPT2LMHeadModel's and LlamaForCausalLM's tensors over the llm3d tensor
  * table, and the folder read into (written from) the full model's flat fp32 parameters. */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -381,6 +382,15 @@ bool l3d_hf_is_folder(const char *path) {
         return false;
     l3d_ckpt_join(p, sizeof p, path, "/", "config.json");
     return stat(p, &sb) == 0;
+}
+
+bool l3d_hf_has_model(const char *path) {
+    DIR *d = opendir(path);
+    struct dirent *e;
+    bool found = false;
+    while (d && !found && (e = readdir(d))) found = l3d_st_owned(e->d_name);
+    if (d) closedir(d);
+    return found;
 }
 
 /* Tensors of a file that map to nothing but are known not to be weights: GPT-2's attention mask

@@ -13,6 +13,7 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: llm3d convert SOURCE DEST [--precision fp32|bf16|fp16] [--save-shard-mb M]\n"
+        "                     [--overwrite]\n"
         "\n"
         "Writes the weights of SOURCE as DEST. SOURCE: a training checkpoint (a step directory\n"
         "of llm3d train --save-every, or a checkpoint directory, whose `latest` is used) saved\n"
@@ -21,15 +22,19 @@ static void usage(FILE *f) {
         "ending in .bin is one llm.c GPT-2 checkpoint (magic 20240326), which llm.c's\n"
         "train_gpt2 and llm3d generate read; any other path is a Hugging Face folder\n"
         "(config.json + model.safetensors, sharded with an index above --save-shard-mb), which\n"
-        "transformers' from_pretrained and llm3d --init-from read.\n"
+        "transformers' from_pretrained and llm3d --init-from read. A model already at DEST is\n"
+        "replaced only with --overwrite, whole: the new one is written beside it and put in its\n"
+        "place in one step (the folder's other files kept), so DEST holds the old model or the\n"
+        "new one, never a mix.\n"
         "\n");
 }
 
-enum { C_PREC, C_SHARD };
+enum { C_PREC, C_SHARD, C_OVERWRITE };
 
 struct convert_opts {
     enum l3d_dtype dt;
     int64_t shard_bytes;
+    bool overwrite;
 };
 
 static const struct l3d_flag convert_flags[] = {
@@ -38,11 +43,17 @@ static const struct l3d_flag convert_flags[] = {
                                "fp16 (safetensors F16 only: llm.c has no fp16 file)"},
     {"save-shard-mb", "M", C_SHARD, "a Hugging Face folder's weights above M MiB go to several "
                                     "files and an index (4096)"},
+    {"overwrite", NULL, C_OVERWRITE, "replace a model already at DEST (an llm.c file, or a "
+                                     "folder's config.json and safetensors files)"},
     {NULL, NULL, 0, NULL},
 };
 
 static int set_convert(void *ctx, const char *cmd, int id, const char *v) {
     struct convert_opts *o = ctx;
+    if (id == C_OVERWRITE) {
+        o->overwrite = true;
+        return 1;
+    }
     if (id == C_SHARD) {
         double mb = 0;
         if (!l3d_arg_double(cmd, "save-shard-mb", v, 1e-6, 1 << 30, &mb)) return 0;
@@ -92,7 +103,7 @@ static bool ends_with(const char *s, const char *tail) {
 }
 
 int l3d_cli_convert(int argc, char **argv) {
-    struct convert_opts o = {L3D_F32, 0};
+    struct convert_opts o = {L3D_F32, 0, false};
     const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &o};
     int first = 0;
     int rc = l3d_flags_parse("convert", argc, argv, &g, 1, usage, &first);
@@ -107,6 +118,13 @@ int l3d_cli_convert(int argc, char **argv) {
         fprintf(stderr, "llm3d convert: --precision fp16: llm.c's checkpoint files hold fp32 "
                 "(version 3) or bf16 (version 5), not fp16: give --precision fp32 or bf16, or a "
                 "folder (not *.bin) for safetensors F16\n");
+        return 2;
+    }
+    struct stat sb;
+    if (!o.overwrite && (llmc ? stat(dst, &sb) == 0 : l3d_hf_has_model(dst))) {
+        fprintf(stderr, "llm3d convert: %s already holds a model: give --overwrite to replace it "
+                "(%s), or another DEST\n", dst, llmc ? "the file" : "its config.json and "
+                "safetensors files; the folder's other files are kept");
         return 2;
     }
     struct l3d_model_spec cfg;

@@ -19,13 +19,18 @@
 
 #define TMP_TAG ".l3d-tmp."
 
+static long points; /* passed so far */
+
+static void say_points(void) { fprintf(stderr, "file points: %ld\n", points); }
+
 void l3d_file_test_point(void) {
-    static long left = -1;
-    if (left < 0) {
+    static long at = -1;
+    if (at < 0) {
         const char *v = getenv("L3D_FILE_TEST_KILL");
-        left = v && atol(v) > 0 ? atol(v) : 0;
+        at = v && atol(v) > 0 ? atol(v) : 0;
+        if (v && strcmp(v, "count") == 0) atexit(say_points);
     }
-    if (left > 0 && --left == 0) raise(SIGKILL);
+    if (++points == at) raise(SIGKILL);
 }
 
 /* dir and base name of path (trailing slashes dropped); false when they do not fit. */
@@ -352,7 +357,7 @@ l3d_status l3d_dir_out_commit(struct l3d_dir_out *o) {
     if (e != EEXIST && e != ENOTEMPTY && e != EINVAL)
         st = l3d_error(L3D_ERR_IO, "cannot put the %s in place (rename %s to %s): %s", o->what,
                        o->tmp, o->path, strerror(e));
-    if (st == L3D_OK) st = carry(o->path, o->tmp, o->owned, 0);
+    if (st == L3D_OK && o->owned) st = carry(o->path, o->tmp, o->owned, 0);
     if (st == L3D_OK) st = sync_dir(o->tmp);
     if (st == L3D_OK) {
         l3d_file_test_point();

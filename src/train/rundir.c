@@ -99,6 +99,9 @@ static l3d_status no_output_over_input(const struct l3d_train_config *tc) {
     if (tc->trace_path && tc->init_from && same_file(tc->trace_path, tc->init_from))
         return l3d_error(L3D_ERR_ARG, "--trace %s is the --init-from model: give another path",
                          tc->trace_path);
+    /* written at the end: what cannot be replaced is said before training */
+    if (tc->trace_path && l3d_out_check(tc->trace_path, "--trace file") != L3D_OK)
+        return L3D_ERR_ARG;
     return L3D_OK;
 }
 
@@ -125,6 +128,9 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
         snprintf(p, sizeof p, "%s/%s", out, outs[i]);
         if (exists(p)) strcat(strcat(found, found[0] ? ", " : ""), outs[i]);
     }
+    /* a Hugging Face model (an earlier run's, or one put there): --out writes its own there */
+    const bool hf = out && l3d_hf_has_model(out);
+    if (hf) strcat(strcat(found, found[0] ? ", " : ""), "a Hugging Face model's files");
     if (ckroot[0]) {
         snprintf(p, sizeof p, "%s/latest", ckroot);
         if (exists(p))
@@ -134,6 +140,10 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     uint64_t old_id = 0;
     struct l3d_model_spec old = {0};
     bool have_run = found[0] && out && read_run(run_path, &old_id, &old);
+    if (hf && tc->resume && !have_run)
+        return l3d_error(L3D_ERR_ARG, "--resume: %s holds a Hugging Face model but no run of "
+                         "llm3d (no readable %s/run): the run would replace that model at its "
+                         "end; give another --out (or --overwrite to replace it)", out, out);
 
     if (found[0] && !tc->resume && !tc->overwrite)
         return l3d_error(L3D_ERR_ARG, "%s holds an earlier run (%s): continue it with --resume "
