@@ -6,7 +6,9 @@
  * unicode_classes.h (the Unicode version of the node that wrote the test vectors) and the
  * White_Space property. The ranges of one bracketed class are merged into one sorted list, which
  * keeps the compiled pattern small; a pattern PCRE2 still finds too large is compiled with its own
- * property tables instead (said in docs/DESIGN.md).
+ * property tables instead (said in docs/DESIGN.md). A negated class, \P{X} or \S, is the
+ * complement of its ranges: [^...] alone, the complement's ranges inside brackets, so that
+ * [^\P{N}] is \p{N}.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +70,26 @@ static int cmp_range(const void *a, const void *b) {
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
+/* Adds the code points that are in none of the ranges r[0..n) (sorted or not), surrogates left out
+ * (they are no characters: UTF-8 text holds none, and PCRE2 refuses them in a UTF pattern). */
+static void add_complement(struct pat_out *o, const uint32_t (*r)[2], size_t n) {
+    uint32_t(*s)[2] = malloc((n + 1) * sizeof *s);
+    L3D_ASSERT(s != NULL);
+    memcpy(s, r, n * sizeof *r);
+    qsort(s, n, sizeof *s, cmp_range);
+    uint32_t next = 0; /* the first code point not yet covered */
+    for (size_t i = 0; i <= n; i++) {
+        uint32_t a = i < n ? s[i][0] : 0x110000;
+        for (uint32_t lo = next; lo < a;) { /* [lo, a) without 0xD800..0xDFFF */
+            uint32_t hi = lo < 0xD800 && a > 0xD800 ? 0xD7FF : a - 1;
+            if (lo < 0xD800 || lo > 0xDFFF) add_ranges(o, &(const uint32_t[2]){lo, hi}, 1);
+            lo = lo >= 0xD800 && lo <= 0xDFFF ? 0xE000 : hi + 1;
+        }
+        if (i < n && s[i][1] + 1 > next) next = s[i][1] + 1;
+    }
+    free(s);
+}
+
 /* Writes the pending ranges, sorted and merged, as \x{A}-\x{B} items; empties the list. */
 static void flush_ranges(struct pat_out *o) {
     qsort(o->r, o->nr, sizeof *o->r, cmp_range);
@@ -83,15 +105,18 @@ static void flush_ranges(struct pat_out *o) {
     o->nr = 0;
 }
 
-/* The escape \p{X}, \s or \S at p (its backslash) in pattern pat: its ranges added to o (native:
- * \p{X} copied for PCRE2's own tables); *len receives its length, *neg whether it is \S. Returns
- * false (with the error set) for a class llm3d does not know. */
+/* The escape \p{X}, \P{X}, \s or \S at p (its backslash) in pattern pat (in_class: inside
+ * brackets), added to o: outside brackets its ranges, *neg telling whether the class is their
+ * complement (\P{X}, \S); inside, the ranges of what it matches (the complement's for \P{X} and
+ * \S). native: \p{X} and \P{X} are copied for PCRE2's own tables. *len receives the escape's
+ * length. Returns false (with the error set) for a class llm3d does not know. */
 static bool expand_escape(struct pat_out *o, const char *pat, const char *p, bool native,
-                          size_t *len, bool *neg, const char *what) {
-    *neg = false;
+                          bool in_class, size_t *len, bool *neg, const char *what) {
+    bool complement = p[1] == 'S' || p[1] == 'P';
+    *neg = complement && !in_class;
     if (p[1] == 's' || p[1] == 'S') {
-        add_ranges(o, white_space, NR(white_space));
-        *neg = p[1] == 'S';
+        if (complement && in_class) add_complement(o, white_space, NR(white_space));
+        else add_ranges(o, white_space, NR(white_space));
         *len = 2;
         return true;
     }
@@ -99,14 +124,20 @@ static bool expand_escape(struct pat_out *o, const char *pat, const char *p, boo
     size_t nl = end ? (size_t)(end - p - 3) : 0;
     for (size_t i = 0; end && p[2] == '{' && i < NR(uclass); i++) {
         if (strlen(uclass[i].name) != nl || memcmp(p + 3, uclass[i].name, nl) != 0) continue;
-        if (native) put(o, p, nl + 4);
-        else add_ranges(o, uclass[i].r, uclass[i].n);
         *len = nl + 4;
+        if (native) { /* PCRE2 reads \P{X} itself: a positive item, never a [^...] */
+            put(o, p, nl + 4);
+            *neg = false;
+        } else if (complement && in_class) {
+            add_complement(o, uclass[i].r, uclass[i].n);
+        } else {
+            add_ranges(o, uclass[i].r, uclass[i].n);
+        }
         return true;
     }
     l3d_error(L3D_ERR_FORMAT, "%s: the pattern's class %.*s at offset %zu is not one llm3d "
-              "supports (\\p{L}, \\p{N}, \\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo}, \\p{M}, \\s, "
-              "\\S)", what, end ? (int)(end - p + 1) : 3, p, (size_t)(p - pat));
+              "supports (\\p{X} or \\P{X} of L, N, Lu, Ll, Lt, Lm, Lo, M; \\s, \\S): rewrite the "
+              "pattern with these", what, end ? (int)(end - p + 1) : 3, p, (size_t)(p - pat));
     return false;
 }
 
@@ -121,14 +152,7 @@ static char *expand(const char *pat, bool native, const char *what) {
             size_t len;
             bool neg;
             size_t before = o.n;
-            if (!expand_escape(&o, pat, p, native, &len, &neg, what)) {
-                free(o.s);
-                free(o.r);
-                return NULL;
-            }
-            if (in_class && neg) {
-                l3d_error(L3D_ERR_FORMAT, "%s: \\S inside a bracketed class (offset %zu) is not "
-                          "supported", what, (size_t)(p - pat));
+            if (!expand_escape(&o, pat, p, native, in_class, &len, &neg, what)) {
                 free(o.s);
                 free(o.r);
                 return NULL;

@@ -1,0 +1,150 @@
+/* tokenizer.json in small documents written here (src/tokenizer/hf.c, pattern.c): the 256 byte
+ * tokens, the merge "a a" and the members a case changes. The pre-tokenisation patterns' classes
+ * (\P{X} and \S, alone and in brackets) split as the regex crate would; every option llm3d reads
+ * has its default when absent and is refused, named, where its value is one llm3d cannot honour;
+ * patterns that can match the empty string are refused when read, and an empty match or a PCRE2
+ * error while encoding is an error naming the pattern and the position, not an abort. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/tokenizer.h"
+#include "test.h"
+#include "tokenizer/tokenizer-impl.h"
+
+/* The members of a document: NULL is the default below, "-" leaves the member out. */
+struct doc {
+    const char *added, *normalizer, *pre, *decoder, *type, *model, *merges, *top;
+};
+
+#define SPLIT(re) \
+    "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": " \
+    "\"" re "\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "    \
+    "\"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": false}]}"
+
+static void member(FILE *fp, const char *key, const char *v, const char *def) {
+    if (v && strcmp(v, "-") == 0) return;
+    fprintf(fp, "\"%s\": %s, ", key, v ? v : def);
+}
+
+/* The document d as text (free it). The vocabulary: the 256 bytes spelled by bytes_to_unicode in
+ * GPT-2's order (id of 'a' is 64), "aa" 256, "<|endoftext|>" 257 as an added token. */
+static char *write_doc(const struct doc *d, size_t *n) {
+    char *s = NULL;
+    FILE *fp = open_memstream(&s, n);
+    int byte_cp[256], order[256];
+    l3d_bytes_to_unicode(byte_cp, order);
+    fputs("{", fp);
+    if (d->top) fprintf(fp, "%s, ", d->top);
+    member(fp, "added_tokens", d->added, "[{\"id\": 257, \"content\": \"<|endoftext|>\", "
+           "\"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+           "\"special\": true}]");
+    member(fp, "normalizer", d->normalizer, "null");
+    member(fp, "pre_tokenizer", d->pre, "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+           "\"trim_offsets\": true, \"use_regex\": true}");
+    member(fp, "decoder", d->decoder, "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+           "\"trim_offsets\": true, \"use_regex\": true}");
+    fputs("\"model\": {", fp);
+    member(fp, "type", d->type, "\"BPE\"");
+    if (d->model) fprintf(fp, "%s, ", d->model);
+    fputs("\"vocab\": {", fp);
+    for (int i = 0; i < 256; i++) {
+        unsigned char b = (unsigned char)order[i];
+        fputs(i ? ", \"" : "\"", fp);
+        l3d_tok_write_spelled(fp, &b, 1, byte_cp, true);
+        fprintf(fp, "\": %d", i);
+    }
+    fputs(", \"aa\": 256}", fp);
+    if (!d->merges || strcmp(d->merges, "-") != 0)
+        fprintf(fp, ", \"merges\": %s", d->merges ? d->merges : "[\"a a\"]");
+    fputs("}}", fp);
+    fclose(fp);
+    return s;
+}
+
+/* Reads d: the status, the tokenizer in *out when OK (else freed). */
+static l3d_status read_doc(const struct doc *d, struct l3d_tokenizer **out) {
+    size_t n;
+    char *js = write_doc(d, &n);
+    struct l3d_tokenizer *t = l3d_tok_new();
+    l3d_status st = l3d_tok_parse_hf(t, "tok.json", js, n);
+    free(js);
+    if (st != L3D_OK || !out) l3d_tokenizer_free(t);
+    else *out = t;
+    return st;
+}
+
+/* d is refused with a message holding `want` (and naming the file). */
+static void refused(const char *line_name, const struct doc *d, const char *want) {
+    l3d_status st = read_doc(d, NULL);
+    const char *msg = l3d_error_message();
+    bool ok = st == L3D_ERR_FORMAT && strstr(msg, want) != NULL && strstr(msg, "tok.json") != NULL;
+    if (!ok) fprintf(stderr, "%s: status %d, got \"%s\", want \"%s\"\n", line_name, (int)st,
+                     st != L3D_OK ? msg : "", want);
+    CHECK(ok);
+}
+#define REFUSED(want, ...) refused(#__VA_ARGS__, &(struct doc){__VA_ARGS__}, want)
+
+/* d is read. */
+static struct l3d_tokenizer *accepted(const char *line_name, const struct doc *d) {
+    struct l3d_tokenizer *t = NULL;
+    l3d_status st = read_doc(d, &t);
+    if (st != L3D_OK) fprintf(stderr, "%s: refused: %s\n", line_name, l3d_error_message());
+    CHECK(st == L3D_OK);
+    return t;
+}
+#define ACCEPTED(...) accepted(#__VA_ARGS__, &(struct doc){__VA_ARGS__})
+
+/* The pre-tokens of text, joined by '|'. */
+struct joined {
+    char s[512];
+    size_t n;
+};
+
+static void join(void *ctx, const char *s, size_t len) {
+    struct joined *j = ctx;
+    if (j->n && j->n < sizeof j->s - 1) j->s[j->n++] = '|';
+    for (size_t i = 0; i < len && j->n < sizeof j->s - 1; i++) j->s[j->n++] = s[i];
+    j->s[j->n] = '\0';
+}
+
+/* The Split pattern re cuts text into the pre-tokens want ("a|b|c"). */
+static void splits_as(const char *re_json, const char *text, const char *want) {
+    char pre[1024];
+    snprintf(pre, sizeof pre, SPLIT("%s"), re_json);
+    struct l3d_tokenizer *t = accepted(re_json, &(struct doc){.pre = pre});
+    if (!t) return;
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct joined j = {0};
+    l3d_encoder_pretokenize(e, text, strlen(text), join, &j);
+    bool same = strcmp(j.s, want) == 0;
+    if (!same) fprintf(stderr, "pattern %s on \"%s\": got \"%s\", want \"%s\"\n", re_json, text,
+                       j.s, want);
+    CHECK(same);
+    l3d_encoder_free(e);
+    l3d_tokenizer_free(t);
+}
+
+/* \P{X} is the complement of \p{X} (alone, and as an item in brackets, where [^\P{N}] is \p{N});
+ * \S in brackets too. Unmatched text is a pre-token of its own, so each pattern is written where
+ * reading \P as \p (the defect) splits otherwise. */
+static void test_negated_classes(void) {
+    splits_as("\\\\P{L}\\\\p{L}+", "ab cd1ef", "ab| cd|1ef");
+    splits_as("\\\\P{N}\\\\p{N}+", "12a34 5", "12|a34| 5");
+    splits_as("x\\\\P{Lu}+", "xABxcdE", "xAB|xcd|E");
+    splits_as("[\\\\P{L}x]+", "ab, cxd!x", "ab|, |c|x|d|!x");
+    splits_as("a[^\\\\P{N}]+", "a12ab3a4", "a12|ab3|a4");
+    splits_as("[\\\\p{N}\\\\P{L}]+", "ab1 !c", "ab|1 !|c");
+    splits_as("[\\\\P{L}\\\\p{L}]+", "a1 \xc3\xa9!", "a1 \xc3\xa9!"); /* every character */
+    splits_as("[^\\\\P{L}\\\\p{N}]+", "ab1c!", "ab|1|c|!");        /* letters only */
+    splits_as("[^\\\\S\\\\n]+", "a \t\nb", "a| \t|\nb");
+    splits_as("[\\\\S]+", "ab  c", "ab|  |c");
+    splits_as("\\\\P{M}\\\\p{M}*", "e\xcc\x81" "a", "e\xcc\x81|a");
+    /* a letter outside ASCII and one of Unicode 17 (U+11F04 KAWI LETTER A) */
+    splits_as("\\\\P{L}+", "\xc3\xa9" "1\xf0\x91\xbc\x84-", "\xc3\xa9|1|\xf0\x91\xbc\x84|-");
+    REFUSED("the pattern's class \\P{Greek} at offset 0", .pre = SPLIT("\\\\P{Greek}"));
+}
+
+int main(void) {
+    test_negated_classes();
+    return TEST_REPORT();
+}
