@@ -6,7 +6,10 @@
  * error while encoding is an error naming the pattern and the position, not an abort. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "llm3d/data.h"
 #include "llm3d/tokenizer.h"
 #include "test.h"
 #include "tokenizer/tokenizer-impl.h"
@@ -144,7 +147,98 @@ static void test_negated_classes(void) {
     REFUSED("the pattern's class \\P{Greek} at offset 0", .pre = SPLIT("\\\\P{Greek}"));
 }
 
+/* Patterns that can match the empty string are refused when read: PCRE2's minimum length of the
+ * pattern without its lookarounds ((?=a) alone has 1, counting the character it looks at). */
+static void test_empty_match_refused(void) {
+    static const char *const empty[] = {
+        "a*", "x?", "", "(?=a)", "(?!a)", "(?<=a)", "a|", "|a", "\\\\s*", "a|(?=b)",
+        "(?:\\\\s+(?!\\\\S))?", "\\\\b", "[a-z]{0,3}",
+    };
+    for (size_t i = 0; i < sizeof empty / sizeof *empty; i++) {
+        char pre[512];
+        snprintf(pre, sizeof pre, SPLIT("%s"), empty[i]);
+        refused(empty[i], &(struct doc){.pre = pre}, "can match the empty string");
+    }
+    REFUSED("the pre-tokenisation pattern \"a*\" can match the empty string",
+            .pre = SPLIT("a*"));
+    /* a lookaround beside characters consumed is fine */
+    splits_as("(?=ab)a", "aab", "a|a|b");
+    splits_as("(?<=a)b|a", "abb", "a|b|b");
+    splits_as("\\\\s+(?!\\\\S)|\\\\s+", "a   b", "a|  | |b");
+    splits_as("[(?=]+", "a(?=b", "a|(?=|b"); /* no lookaround inside brackets */
+}
+
+/* An empty match while encoding (through \K, which PCRE2's minimum length does not see) and a
+ * PCRE2 error (its match limit) are errors naming the file, the pattern and the byte; encode,
+ * encode_special (positions in the whole text) and pretokenize alike. */
+static void test_match_errors(void) {
+    struct l3d_tokenizer *t = ACCEPTED(.pre = SPLIT("a\\\\K"));
+    if (t) {
+        struct l3d_encoder *e = l3d_encoder_init(t);
+        struct l3d_ids ids = {0};
+        CHECK(l3d_encoder_encode(e, "baab", 4, &ids) == L3D_ERR_FORMAT);
+        const char *msg = l3d_error_message();
+        CHECK(strstr(msg, "tok.json: the pre-tokenisation pattern \"a\\K\" matched the empty "
+                     "string at byte 2 of the text") != NULL);
+        CHECK(l3d_encoder_encode(e, "bbb", 3, &ids) == L3D_OK); /* no match: fine */
+        ids.n = 0;
+        CHECK(l3d_encoder_encode_special(e, "b<|endoftext|>ba", 16, &ids) == L3D_ERR_FORMAT);
+        CHECK(strstr(l3d_error_message(), "at byte 16 of the text") != NULL);
+        CHECK(ids.n == 2 && ids.v[1] == 257); /* the ids before it */
+        struct joined j = {0};
+        CHECK(l3d_encoder_pretokenize(e, "xa", 2, join, &j) == L3D_ERR_FORMAT);
+        l3d_ids_free(&ids);
+        l3d_encoder_free(e);
+        l3d_tokenizer_free(t);
+    }
+    t = ACCEPTED(.pre = SPLIT("(a+)+$"));
+    if (t) {
+        struct l3d_encoder *e = l3d_encoder_init(t);
+        struct l3d_ids ids = {0};
+        char text[64];
+        memset(text, 'a', 40);
+        memcpy(text + 40, "b", 2);
+        CHECK(l3d_encoder_encode(e, "aab aa", 6, &ids) == L3D_OK);
+        CHECK(l3d_encoder_encode(e, text, 41, &ids) == L3D_ERR_FORMAT);
+        CHECK(strstr(l3d_error_message(), "tok.json: matching the pre-tokenisation pattern "
+                     "\"(a+)+$\" from byte 0 of the text failed: match limit exceeded") != NULL);
+        l3d_ids_free(&ids);
+        l3d_encoder_free(e);
+        l3d_tokenizer_free(t);
+    }
+}
+
+/* prepare says the same, naming the input and the piece, rather than aborting. */
+static void test_prepare_match_error(void) {
+    char dir[64], in[96], out[96];
+    snprintf(dir, sizeof dir, "/tmp/l3d_test_tokenizer_json_%d", (int)getpid());
+    snprintf(in, sizeof in, "%s/in.txt", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    CHECK(mkdir(dir, 0755) == 0);
+    FILE *fp = fopen(in, "w");
+    L3D_ASSERT(fp != NULL);
+    fputs("bbb\n%\nxa\n", fp);
+    fclose(fp);
+    struct l3d_tokenizer *t = ACCEPTED(.pre = SPLIT("a\\\\K"));
+    char *files[] = {in};
+    if (t) {
+        CHECK(l3d_prepare_bpe(out, files, 1, 0, 1000, t, "%", -1, false, NULL) == L3D_ERR_FORMAT);
+        const char *msg = l3d_error_message();
+        bool named = strstr(msg, "in.txt, the piece of text from byte 6: tok.json: the pre-"
+                            "tokenisation pattern \"a\\K\" matched the empty string at byte 2");
+        if (!named) fprintf(stderr, "prepare: %s\n", msg);
+        CHECK(named);
+        l3d_tokenizer_free(t);
+    }
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void) {
     test_negated_classes();
+    test_empty_match_refused();
+    test_match_errors();
+    test_prepare_match_error();
     return TEST_REPORT();
 }

@@ -193,6 +193,81 @@ static char *expand(const char *pat, bool native, const char *what) {
     return o.s;
 }
 
+/* The length of the item at p: an escape (2), else one byte; *in_class follows the brackets. */
+static size_t item_len(const char *p, bool *in_class) {
+    if (p[0] == '\\' && p[1]) return 2;
+    if (!*in_class && p[0] == '[') *in_class = true;
+    else if (*in_class && p[0] == ']') *in_class = false;
+    return 1;
+}
+
+/* pat with each lookaround, (?=..), (?!..), (?<=..) or (?<!..), replaced by the empty group (?:),
+ * what a match consumes left; NULL when the pattern's parentheses do not balance. */
+static char *strip_lookarounds(const char *pat) {
+    struct pat_out o = {0};
+    bool in_class = false;
+    put(&o, "", 0);
+    for (const char *p = pat; *p;) {
+        bool look = !in_class && p[0] == '(' && p[1] == '?' &&
+                    (p[2] == '=' || p[2] == '!' || (p[2] == '<' && (p[3] == '=' || p[3] == '!')));
+        if (!look) {
+            size_t k = item_len(p, &in_class);
+            put(&o, p, k);
+            p += k;
+            continue;
+        }
+        int depth = 0;
+        do {
+            if (!*p) {
+                free(o.s);
+                return NULL;
+            }
+            if (!in_class) depth += (p[0] == '(') - (p[0] == ')');
+            p += item_len(p, &in_class);
+        } while (depth > 0);
+        put(&o, "(?:)", 4);
+    }
+    return o.s;
+}
+
+/* Whether PCRE2 bounds the characters a match of pattern (compiled as re) consumes above 0. Its
+ * minimum length (PCRE2_INFO_MINLENGTH) is a lower bound on the subject a match needs, the
+ * characters a lookahead reads included ((?=a) has 1), so it is read from the pattern without its
+ * lookarounds (compiled with PCRE2's own tables: the length does not depend on their version);
+ * from re where that does not compile (a reference to a group inside a lookaround). 0 also where
+ * PCRE2 cannot tell ((*ACCEPT), recursion). \K, which drops what it consumed before it, is not
+ * counted: an empty match through it is an error while encoding (bpe.c). */
+static bool consumes(const pcre2_code *re, const char *pattern, const char *what) {
+    char *bare = strip_lookarounds(pattern), *pat = bare ? expand(bare, true, what) : NULL;
+    pcre2_code *b = NULL;
+    if (pat) {
+        int err;
+        PCRE2_SIZE erroff;
+        b = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                          &err, &erroff, NULL);
+    }
+    uint32_t min = 0;
+    pcre2_pattern_info(b ? b : re, PCRE2_INFO_MINLENGTH, &min);
+    pcre2_code_free(b);
+    free(pat);
+    free(bare);
+    return min > 0;
+}
+
+static l3d_status compiled(struct l3d_tokenizer *t, const char *pattern, const char *what) {
+    if (!consumes(t->re, pattern, what))
+        return l3d_error(L3D_ERR_FORMAT, "%s: the pre-tokenisation pattern \"%s\" can match the "
+                         "empty string (PCRE2 bounds what a match consumes by 0 characters): "
+                         "llm3d needs every match to hold a character; rewrite the pattern so "
+                         "that each alternative consumes one (+ rather than *, no alternative "
+                         "that is optional or only a lookaround)", what, pattern);
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* without JIT, pcre2_match interprets */
+    t->pattern = strdup(pattern);
+    t->what = strdup(what);
+    L3D_ASSERT(t->pattern && t->what);
+    return L3D_OK;
+}
+
 l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const char *what) {
     for (int native = 0; native < 2; native++) {
         char *pat = expand(pattern, native, what);
@@ -202,10 +277,7 @@ l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const c
         t->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &erroff, NULL);
         free(pat);
-        if (t->re) {
-            pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* without JIT, pcre2_match interprets */
-            return L3D_OK;
-        }
+        if (t->re) return compiled(t, pattern, what);
         if (err == PCRE2_ERROR_PATTERN_TOO_LARGE && !native) continue;
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
