@@ -235,10 +235,52 @@ static void test_prepare_match_error(void) {
     CHECK(system(cmd) == 0);
 }
 
+/* The ids of text (its first 16) under t, as "id id ..." */
+static bool encodes_as(const struct l3d_tokenizer *t, const char *text, const char *want) {
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct l3d_ids ids = {0};
+    char got[256] = "";
+    size_t n = 0;
+    CHECK(l3d_encoder_encode(e, text, strlen(text), &ids) == L3D_OK);
+    for (int64_t i = 0; i < ids.n && i < 16; i++)
+        n += (size_t)snprintf(got + n, sizeof got - n, i ? " %d" : "%d", ids.v[i]);
+    bool same = strcmp(got, want) == 0;
+    if (!same) fprintf(stderr, "\"%s\" encodes as \"%s\", want \"%s\"\n", text, got, want);
+    l3d_ids_free(&ids);
+    l3d_encoder_free(e);
+    return same;
+}
+
+/* merges: a list of "a b" strings or of ["a", "b"] pairs (both forms of the `tokenizers`
+ * library, merging "aa" to 256); any other value, or none, is refused. */
+static void test_merges(void) {
+    static const char *const forms[] = {"[\"a a\"]", "[[\"a\", \"a\"]]"};
+    for (int k = 0; k < 2; k++) {
+        struct l3d_tokenizer *t = accepted(forms[k], &(struct doc){.merges = forms[k]});
+        if (t) CHECK(encodes_as(t, "aab", "256 65"));
+        l3d_tokenizer_free(t);
+    }
+    struct l3d_tokenizer *t = ACCEPTED(.merges = "[]");
+    if (t) CHECK(encodes_as(t, "aab", "64 64 65"));
+    l3d_tokenizer_free(t);
+    REFUSED("tok.json: the BPE model's merges is an object, not a list", .merges = "{\"a a\": 0}");
+    REFUSED("the BPE model's merges is a string, not a list", .merges = "\"a a\"");
+    REFUSED("the BPE model's merges is a number, not a list", .merges = "1");
+    REFUSED("the BPE model's merges is null, not a list", .merges = "null");
+    REFUSED("the BPE model's merges is missing, not a list", .merges = "-");
+    REFUSED("merge 0 is not a pair", .merges = "[[\"a\", 5]]");
+    REFUSED("merge 0 is not a pair", .merges = "[[1, 1]]");
+    REFUSED("merge 1 is not a pair", .merges = "[\"a a\", \"a a a\"]");
+    REFUSED("merge 0 is not a pair", .merges = "[[\"a\", \"a\", \"a\"]]");
+    REFUSED("merge 0 is not a pair", .merges = "[\"aa\"]");
+    REFUSED("merge 0 is not a pair", .merges = "[\"a b\"]"); /* "ab" is no token */
+}
+
 int main(void) {
     test_negated_classes();
     test_empty_match_refused();
     test_match_errors();
     test_prepare_match_error();
+    test_merges();
     return TEST_REPORT();
 }

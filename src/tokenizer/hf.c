@@ -2,7 +2,8 @@
  * Hugging Face tokenizer.json (the `tokenizers` library's serialisation): the byte-level BPE
  * tokenizers of GPT-2, Llama 3 and Qwen2 style. What is read:
  *   model: {"type": "BPE", "vocab": {spelled token: id}, "merges": ["a b", ...] or [["a", "b"],
- *          ...], "ignore_merges": bool}; tokens spelled through GPT-2's bytes_to_unicode
+ *          ...] (required, a list), "ignore_merges": bool}; tokens spelled through GPT-2's
+ *          bytes_to_unicode
  *   pre_tokenizer: {"type": "ByteLevel", "use_regex": true} (GPT-2's pattern), or a "Sequence" of
  *          {"type": "Split", "pattern": {"Regex": R}, "behavior": "Isolated"} and
  *          {"type": "ByteLevel", "use_regex": false}
@@ -198,14 +199,19 @@ static l3d_status set_tokens(struct l3d_tokenizer *t, const struct l3d_json *voc
     return st;
 }
 
-/* The merges, rank = position: "a b" strings or ["a", "b"] pairs, of spelled tokens. */
+/* The merges, rank = position: a list of "a b" strings or of ["a", "b"] pairs (the two forms of
+ * the `tokenizers` library), of spelled tokens; a model without the list is refused, as there. */
 static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *merges,
                              const char *path) {
     int cp_byte[512], byte_cp[256];
     l3d_bytes_to_unicode(byte_cp, NULL);
     for (int i = 0; i < 512; i++) cp_byte[i] = -1;
     for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
-    size_t nm = merges && merges->type == L3D_JSON_ARRAY ? merges->count : 0;
+    if (!merges || merges->type != L3D_JSON_ARRAY)
+        return l3d_error(L3D_ERR_FORMAT, "%s: the BPE model's merges is %s, not a list: write "
+                         "\"merges\": [\"a b\", ...] or [[\"a\", \"b\"], ...] (empty for none)",
+                         path, merges ? l3d_json_type_name(merges->type) : "missing");
+    size_t nm = merges->count;
     l3d_tok_merges_alloc(t, nm + 1);
     unsigned char buf[2048];
     for (size_t r = 0; r < nm; r++) {
@@ -217,7 +223,8 @@ static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *mer
             la = (size_t)(b - a);
             b++;
             lb = m->len - la - 1;
-        } else if (m->type == L3D_JSON_ARRAY && m->count == 2 && m->items[0].str && m->items[1].str) {
+        } else if (m->type == L3D_JSON_ARRAY && m->count == 2 &&
+                   m->items[0].type == L3D_JSON_STRING && m->items[1].type == L3D_JSON_STRING) {
             a = m->items[0].str, la = m->items[0].len;
             b = m->items[1].str, lb = m->items[1].len;
         }
@@ -227,8 +234,9 @@ static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *mer
         int ib = ok ? l3d_tok_index_find(&t->ix, t, buf + na, nb) : -1;
         int ir = ok ? l3d_tok_index_find(&t->ix, t, buf, na + nb) : -1;
         if (ia < 0 || ib < 0 || ir < 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s: merge %zu is not a pair of the vocabulary's "
-                             "tokens whose concatenation is a token", path, r);
+            return l3d_error(L3D_ERR_FORMAT, "%s: merge %zu is not a pair (\"a b\" or [\"a\", "
+                             "\"b\"]) of the vocabulary's tokens whose concatenation is a token",
+                             path, r);
         l3d_tok_merge_insert(t, ia, ib, (int32_t)r, ir); /* a repeat keeps its first rank */
     }
     return L3D_OK;
