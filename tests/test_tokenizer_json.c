@@ -30,7 +30,8 @@ static void member(FILE *fp, const char *key, const char *v, const char *def) {
 }
 
 /* The document d as text (free it). The vocabulary: the 256 bytes spelled by bytes_to_unicode in
- * GPT-2's order (id of 'a' is 64), "aa" 256, "<|endoftext|>" 257 as an added token. */
+ * GPT-2's order (id of 'a' is 64), "aa" 256, "<|endoftext|>" 257 as an added token, "aaa" 258
+ * (no merge makes it: a pre-token "aaa" is 258 only with ignore_merges). */
 static char *write_doc(const struct doc *d, size_t *n) {
     char *s = NULL;
     FILE *fp = open_memstream(&s, n);
@@ -56,7 +57,7 @@ static char *write_doc(const struct doc *d, size_t *n) {
         l3d_tok_write_spelled(fp, &b, 1, byte_cp, true);
         fprintf(fp, "\": %d", i);
     }
-    fputs(", \"aa\": 256}", fp);
+    fputs(", \"aa\": 256, \"aaa\": 258}", fp);
     if (!d->merges || strcmp(d->merges, "-") != 0)
         fprintf(fp, ", \"merges\": %s", d->merges ? d->merges : "[\"a a\"]");
     fputs("}}", fp);
@@ -276,11 +277,173 @@ static void test_merges(void) {
     REFUSED("merge 0 is not a pair", .merges = "[\"a b\"]"); /* "ab" is no token */
 }
 
+/* The pre-tokens of text under d are want. */
+static void doc_splits(const char *line_name, const struct doc *d, const char *text,
+                       const char *want) {
+    struct l3d_tokenizer *t = accepted(line_name, d);
+    if (!t) return;
+    struct l3d_encoder *e = l3d_encoder_init(t);
+    struct joined j = {0};
+    CHECK(l3d_encoder_pretokenize(e, text, strlen(text), join, &j) == L3D_OK);
+    bool same = strcmp(j.s, want) == 0;
+    if (!same) fprintf(stderr, "%s: \"%s\" splits as \"%s\", want \"%s\"\n", line_name, text,
+                       j.s, want);
+    CHECK(same);
+    l3d_encoder_free(e);
+    l3d_tokenizer_free(t);
+}
+#define SPLITS(text, want, ...) doc_splits(#__VA_ARGS__, &(struct doc){__VA_ARGS__}, text, want)
+
+/* The ids of text under d are want. */
+static void doc_encodes(const char *line_name, const struct doc *d, const char *text,
+                        const char *want) {
+    struct l3d_tokenizer *t = accepted(line_name, d);
+    if (t) CHECK(encodes_as(t, text, want));
+    l3d_tokenizer_free(t);
+}
+#define ENCODES(text, want, ...) doc_encodes(#__VA_ARGS__, &(struct doc){__VA_ARGS__}, text, want)
+
+/* The model's keys: type, ignore_merges, byte_fallback, dropout, continuing_subword_prefix,
+ * end_of_word_suffix; each one's default when absent (or null) and its refusal. */
+static void test_model_options(void) {
+    ENCODES("aaa", "256 64");                            /* every default */
+    ENCODES("aaa", "256 64", .type = "-");               /* no type: BPE, as the library reads it */
+    REFUSED("tok.json: the model (no type) is not supported", .type = "-", .merges = "-");
+    REFUSED("the model WordPiece is not supported", .type = "\"WordPiece\"");
+    REFUSED("the model Unigram is not supported", .type = "\"Unigram\"");
+    REFUSED("the model (none) is not supported", .top = "\"model\": null", .type = "-");
+    ENCODES("aaa", "258", .model = "\"ignore_merges\": true");
+    ENCODES("aaa", "256 64", .model = "\"ignore_merges\": false");
+    ENCODES("aaa", "256 64", .model = "\"ignore_merges\": null");
+    REFUSED("the BPE model's ignore_merges is a string, not true or false",
+            .model = "\"ignore_merges\": \"true\"");
+    ACCEPTED(.model = "\"byte_fallback\": false");
+    REFUSED("the BPE model's byte_fallback is true, which llm3d does not support: it reads "
+            "byte_fallback false only", .model = "\"byte_fallback\": true");
+    REFUSED("the BPE model's byte_fallback is a number, not true or false",
+            .model = "\"byte_fallback\": 1");
+    ENCODES("aaa", "256 64", .model = "\"dropout\": null");
+    ENCODES("aaa", "256 64", .model = "\"dropout\": 0");
+    REFUSED("the BPE model's dropout is 0.1: llm3d merges without dropout",
+            .model = "\"dropout\": 0.1");
+    REFUSED("the BPE model's dropout is a string", .model = "\"dropout\": \"0\"");
+    ACCEPTED(.model = "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null");
+    ACCEPTED(.model = "\"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\"");
+    REFUSED("the BPE model's continuing_subword_prefix is \"##\"",
+            .model = "\"continuing_subword_prefix\": \"##\"");
+    REFUSED("the BPE model's end_of_word_suffix is \"</w>\"",
+            .model = "\"end_of_word_suffix\": \"</w>\"");
+    REFUSED("the BPE model's end_of_word_suffix is a boolean",
+            .model = "\"end_of_word_suffix\": false");
+    ACCEPTED(.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": true"); /* never used */
+    REFUSED("the BPE model has no vocab object", .top = "\"model\": {\"type\": \"BPE\", "
+            "\"merges\": []}", .type = "-");
+}
+
+/* The pre-tokenizer's keys: ByteLevel's use_regex (true), add_prefix_space (false),
+ * trim_offsets; Split's pattern, behavior, invert (false); and the shapes llm3d reads. */
+static void test_pre_tokenizer_options(void) {
+    static const char *const bl = "{\"type\": \"ByteLevel\"}";
+    SPLITS("ab cd1", "ab| cd|1", .pre = bl); /* use_regex absent: GPT-2's pattern */
+    SPLITS("ab cd1", "ab| cd|1", .pre = "{\"type\": \"ByteLevel\", \"use_regex\": true}");
+    SPLITS("ab", "ab", .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}");
+    REFUSED("a ByteLevel pre-tokenizer alone with use_regex false (the whole text one pre-token) "
+            "is not supported", .pre = "{\"type\": \"ByteLevel\", \"use_regex\": false}");
+    REFUSED("the ByteLevel pre-tokenizer's use_regex is a string, not true or false",
+            .pre = "{\"type\": \"ByteLevel\", \"use_regex\": \"no\"}");
+    REFUSED("the ByteLevel pre-tokenizer's add_prefix_space is true, which llm3d does not support",
+            .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}");
+    REFUSED("the ByteLevel pre-tokenizer's add_prefix_space is a number",
+            .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": 0}");
+    REFUSED("the ByteLevel pre-tokenizer's trim_offsets is a string",
+            .pre = "{\"type\": \"ByteLevel\", \"trim_offsets\": \"yes\"}");
+    REFUSED("tok.json: no pre_tokenizer", .pre = "-");
+    REFUSED("tok.json: no pre_tokenizer", .pre = "null");
+    REFUSED("the pre_tokenizer Whitespace is not supported", .pre = "{\"type\": \"Whitespace\"}");
+    REFUSED("the pre_tokenizer Sequence is not supported", .pre = "{\"type\": \"Sequence\", "
+            "\"pretokenizers\": [{\"type\": \"ByteLevel\"}]}");
+    /* Split + ByteLevel */
+#define SEQ(split, bytelevel)                                                              \
+    "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", " split "}, "        \
+    "{\"type\": \"ByteLevel\"" bytelevel "}]}"
+#define RE "\"pattern\": {\"Regex\": \"\\\\p{L}+\"}, "
+#define ISO "\"behavior\": \"Isolated\""
+#define NO_RE ", \"use_regex\": false"
+    SPLITS("ab cd", "ab| |cd", .pre = SEQ(RE ISO, NO_RE));
+    REFUSED("the Split pre-tokenizer's invert is true, which llm3d does not support",
+            .pre = SEQ(RE ISO ", \"invert\": true", NO_RE));
+    REFUSED("the Split pre-tokenizer's invert is a string",
+            .pre = SEQ(RE ISO ", \"invert\": \"no\"", NO_RE));
+    REFUSED("the Split pre-tokenizer is supported with a {\"Regex\": ...} pattern",
+            .pre = SEQ(RE "\"behavior\": \"Removed\"", NO_RE));
+    REFUSED("the Split pre-tokenizer is supported with a {\"Regex\": ...} pattern",
+            .pre = SEQ(RE "\"invert\": false", NO_RE)); /* no behavior */
+    REFUSED("the Split pre-tokenizer is supported with a {\"Regex\": ...} pattern",
+            .pre = SEQ("\"pattern\": {\"String\": \" \"}, " ISO, NO_RE));
+    REFUSED("a ByteLevel pre-tokenizer with use_regex after a Split is not supported",
+            .pre = SEQ(RE ISO, "")); /* use_regex absent: true */
+    REFUSED("the ByteLevel pre-tokenizer's add_prefix_space is true",
+            .pre = SEQ(RE ISO, NO_RE ", \"add_prefix_space\": true"));
+#undef NO_RE
+#undef ISO
+#undef RE
+#undef SEQ
+}
+
+/* The document's other keys: normalizer (none), decoder (ByteLevel), added_tokens (none) and their
+ * options, truncation and padding (none), post_processor (ignored). */
+static void test_document_options(void) {
+    SPLITS("e\xcc\x81", "e|\xcc\x81", .normalizer = "-");        /* none: not composed */
+    SPLITS("e\xcc\x81", "e|\xcc\x81", .normalizer = "null");
+    SPLITS("e\xcc\x81", "\xc3\xa9", .normalizer = "{\"type\": \"NFC\"}");
+    REFUSED("the normalizer NFKC is not supported", .normalizer = "{\"type\": \"NFKC\"}");
+    REFUSED("the normalizer Sequence is not supported",
+            .normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}");
+    REFUSED("the normalizer (no type) is not supported", .normalizer = "\"NFC\"");
+    ACCEPTED(.decoder = "-");
+    ACCEPTED(.decoder = "null");
+    ACCEPTED(.decoder = "{\"type\": \"ByteLevel\"}");
+    REFUSED("the decoder WordPiece is not supported", .decoder = "{\"type\": \"WordPiece\"}");
+    struct l3d_tokenizer *t = ACCEPTED(.added = "-");
+    if (t) CHECK(l3d_tokenizer_eot(t) == -1 && t->special.n == 0);
+    l3d_tokenizer_free(t);
+    t = ACCEPTED(.added = "null");
+    if (t) CHECK(l3d_tokenizer_eot(t) == -1 && t->special.n == 0);
+    l3d_tokenizer_free(t);
+    t = ACCEPTED(.added = "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": false}]");
+    if (t) CHECK(l3d_tokenizer_eot(t) == 257 && t->special.n == 1);
+    l3d_tokenizer_free(t);
+    REFUSED("added_tokens is an object, not a list", .added = "{\"<|endoftext|>\": 257}");
+    REFUSED("added token 0 has no id", .added = "[{\"content\": \"<|endoftext|>\"}]");
+    static const char *const exact[] = {"lstrip", "rstrip", "single_word"};
+    for (int k = 0; k < 3; k++) {
+        char added[160], want[160];
+        snprintf(added, sizeof added, "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"%s\": "
+                 "true}]", exact[k]);
+        snprintf(want, sizeof want, "added token 0's %s is true, which llm3d does not support",
+                 exact[k]);
+        refused(exact[k], &(struct doc){.added = added}, want);
+    }
+    REFUSED("added token 0's special is a string, not true or false",
+            .added = "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": \"yes\"}]");
+    REFUSED("added token 0's normalized is a number, not true or false",
+            .added = "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"normalized\": 1}]");
+    ACCEPTED(.top = "\"truncation\": null, \"padding\": null, \"post_processor\": {\"type\": "
+             "\"TemplateProcessing\"}");
+    REFUSED("tok.json: truncation is set (an object): llm3d encodes whole texts",
+            .top = "\"truncation\": {\"max_length\": 8}");
+    REFUSED("tok.json: padding is set (an object)",
+            .top = "\"padding\": {\"strategy\": \"BatchLongest\"}");
+}
+
 int main(void) {
     test_negated_classes();
     test_empty_match_refused();
     test_match_errors();
     test_prepare_match_error();
     test_merges();
+    test_model_options();
+    test_pre_tokenizer_options();
+    test_document_options();
     return TEST_REPORT();
 }
