@@ -129,10 +129,50 @@ static void expect_error(const char *name, const char *body, const char *want) {
 
 static void test_errors(void) {
     expect_error("bad_base64.tiktoken", "IQ== 0\nI@== 1\n", "line 2 is not \"base64-token rank\"");
-    expect_error("twice.tiktoken", "IQ== 0\nIQ== 0\n", "rank 0 is given twice");
+    expect_error("twice.tiktoken", "IQ== 0\nIQ== 0\n", "lines 1 and 2: rank 0 is given twice");
+    expect_error("twice2.tiktoken", "IQ== 1\nIg== 0\n\nIw== 1\n",
+                 "lines 1 and 4: rank 1 is given twice");
+    /* the same token bytes with two ranks (tiktoken refuses them), whichever line comes first */
+    expect_error("same.tiktoken", "IQ== 0\nIg== 1\nIQ== 2\n",
+                 "same.tiktoken lines 1 (rank 0) and 3 (rank 2) hold the same token (1 bytes)");
+    expect_error("same2.tiktoken", "IQ== 2\nIg== 1\n\r\nIQ== 0\n",
+                 "same2.tiktoken lines 1 (rank 2) and 4 (rank 0) hold the same token (1 bytes)");
+    expect_error("same3.tiktoken", "YWJj 0\nYQ== 1\nYWJj 2\n", "(rank 0) and 3 (rank 2) hold the "
+                 "same token (3 bytes)");
     expect_error("gap.tiktoken", "IQ== 0\nIg== 3\nIw== 2\n\n", "rank 1 is missing");
     expect_error("few.tiktoken", "IQ== 0\nIg== 1\n", "holds 2 ranks");
     expect_error("norank.tiktoken", "IQ==\n", "line 1 is not");
+}
+
+static char *slurp(const char *path, size_t *n);
+
+/* cl100k_base's rank file with its last line's token replaced by its first's: the rank count
+ * of a known encoding, every rank once, one token twice (it was read as a vocabulary). */
+static void test_duplicate_token(void) {
+    char base[4000], path[4200];
+    size_t n;
+    l3d_tokenizer_cache_dir(base, sizeof base);
+    snprintf(path, sizeof path, "%s/tiktoken/cl100k_base.tiktoken", base);
+    char *txt = slurp(path, &n);
+    char *last = txt + n - 1;
+    while (last > txt && last[-1] != '\n') last--; /* txt ends in "\n" */
+    size_t first_len = strcspn(txt, " "), last_len = strcspn(last, " ");
+    CHECK(strncmp(last + last_len, " 100255\n", 8) == 0);
+    FILE *fp;
+    snprintf(path, sizeof path, "%s/dup.tiktoken", tmp_dir);
+    L3D_ASSERT((fp = fopen(path, "w")) != NULL);
+    fwrite(txt, 1, (size_t)(last - txt), fp);
+    fwrite(txt, 1, first_len, fp);
+    fputs(" 100255\n", fp);
+    fclose(fp);
+    free(txt);
+    struct l3d_tokenizer *t = NULL;
+    CHECK(l3d_tokenizer_open(&t, path) != L3D_OK && t == NULL);
+    bool named = strstr(l3d_error_message(), "dup.tiktoken lines 1 (rank 0) and 100256 (rank "
+                        "100255) hold the same token (1 bytes)") != NULL;
+    if (!named) fprintf(stderr, "dup.tiktoken: got \"%s\"\n", l3d_error_message());
+    CHECK(named);
+    l3d_tokenizer_free(t);
 }
 
 static char *slurp(const char *path, size_t *n) {
@@ -356,6 +396,7 @@ int main(void) {
         l3d_tokenizer_free(t);
     }
     test_errors();
+    test_duplicate_token();
     test_hf();
     test_nfc();
     test_hf_oracle();

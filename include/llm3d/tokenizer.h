@@ -94,19 +94,23 @@ size_t l3d_tokenizer_decode(const struct l3d_tokenizer *t, const int32_t *ids, i
 struct l3d_encoder;
 struct l3d_encoder *l3d_encoder_init(const struct l3d_tokenizer *t); /* t can encode */
 /* Appends the token ids of text[0..n) to ids. Special tokens spelled in the text ("<|endoftext|>")
- * are encoded as text, as tiktoken's encode_ordinary does. */
-void l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n, struct l3d_ids *ids);
+ * are encoded as text, as tiktoken's encode_ordinary does. An error (L3D_ERR_FORMAT) only where
+ * the tokenizer file's own pattern fails on the text: it matches the empty string there (through a
+ * lookahead or \K: other such patterns are refused when read) or PCRE2 gives up (its match
+ * limit); the message names the file, the pattern and the byte; ids then hold the ids before it. */
+l3d_status l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n,
+                              struct l3d_ids *ids);
 /* The same, but the special tokens spelled in the text are those tokens (tiktoken's encode with
  * allowed_special="all"). */
-void l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
-                                struct l3d_ids *ids);
+l3d_status l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
+                                      struct l3d_ids *ids);
 void l3d_encoder_free(struct l3d_encoder *e);
 
 /* Pre-tokenization alone: calls fn(ctx, start, len) for each pre-token of text[0..n), in order
  * (they tile the text; for a tokenizer with an NFC normalizer, the normalized text, held by e).
- * Used by BPE training. */
-void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
-                             void (*fn)(void *ctx, const char *s, size_t len), void *ctx);
+ * Used by BPE training. Errors as l3d_encoder_encode's. */
+l3d_status l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
+                                   void (*fn)(void *ctx, const char *s, size_t len), void *ctx);
 
 /* Writes llm.c's tokenizer file (version 2) for t; every token must be 1..255 bytes long. */
 l3d_status l3d_tokenizer_save_llmc(const struct l3d_tokenizer *t, const char *path);

@@ -133,8 +133,12 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *spec, cons
             return 2;
         }
         struct l3d_encoder *e = l3d_encoder_init(tok);
-        l3d_encoder_encode(e, prompt, strlen(prompt), ids);
+        l3d_status st = l3d_encoder_encode(e, prompt, strlen(prompt), ids);
         l3d_encoder_free(e);
+        if (st != L3D_OK) {
+            fprintf(stderr, "llm3d generate: the prompt: %s\n", l3d_error_message());
+            return 1;
+        }
     } else if (ids->n == 0) {
         l3d_ids_push(ids, 0);
     }

@@ -165,13 +165,14 @@ static int cmd_encode(const struct tok_args *a, const struct l3d_tokenizer *tok)
     }
     struct l3d_encoder *e = l3d_encoder_init(tok);
     struct l3d_ids ids = {0};
-    l3d_encoder_encode(e, text, n, &ids);
-    for (int64_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.v[i]);
-    printf("\n");
+    l3d_status st = l3d_encoder_encode(e, text, n, &ids);
+    if (st != L3D_OK) fprintf(stderr, "llm3d tokenizer encode: %s\n", l3d_error_message());
+    for (int64_t i = 0; i < ids.n && st == L3D_OK; i++) printf(i ? " %d" : "%d", ids.v[i]);
+    if (st == L3D_OK) printf("\n");
     l3d_ids_free(&ids);
     l3d_encoder_free(e);
     free(buf);
-    return 0;
+    return st == L3D_OK ? 0 : 1;
 }
 
 static int cmd_decode(const struct tok_args *a, const struct l3d_tokenizer *tok) {

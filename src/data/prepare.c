@@ -390,12 +390,28 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
         st = l3d_read_whole_file(files[f], "input", &text, &n);
         if (st != L3D_OK) break;
         split_docs(text, n, doc_separator, &pv, &np, &cap);
+        size_t bad = np; /* the first piece the tokenizer's pattern failed on, its message in msg */
+        char msg[1024];
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t i = 0; i < np; i++) {
             pv[i].ids.n = 0;
-            l3d_encoder_encode(enc[omp_get_thread_num()], text + pv[i].start, pv[i].len, &pv[i].ids);
+            if (l3d_encoder_encode(enc[omp_get_thread_num()], text + pv[i].start, pv[i].len,
+                                   &pv[i].ids) != L3D_OK) {
+#pragma omp critical(prepare_encode_error)
+                if (i < bad) {
+                    bad = i;
+                    snprintf(msg, sizeof msg, "%s", l3d_error_message()); /* per thread */
+                }
+            }
         }
+        if (bad < np)
+            st = l3d_error(L3D_ERR_FORMAT, "input %s, the piece of text from byte %zu: %s", files[f],
+                           pv[bad].start, msg);
         for (size_t i = 0; i < np; i++) {
+            if (st != L3D_OK) {
+                l3d_ids_free(&pv[i].ids);
+                continue;
+            }
             if (pv[i].doc_start) {
                 corpus_doc(&c);
                 corpus_put(&c, eot);

@@ -486,6 +486,8 @@ void l3d_tokenizer_free(struct l3d_tokenizer *t) {
     l3d_free(t->merges);
     l3d_free(t->ix.slot);
     l3d_free(t->special.id);
+    free(t->pattern);
+    free(t->what);
     l3d_free(t);
 }
 
@@ -972,8 +974,30 @@ static void encode_word(struct l3d_encoder *e, const unsigned char *s, size_t n,
     emit(e, c, h, s, n, e->word, m, ids);
 }
 
-void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
-                             void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
+/* The error of a match of t's pattern that gives no pre-token: rc, PCRE2's error (the match
+ * limit, ...), from pos; or rc > 0, an empty match at ms. A pattern that can match the empty
+ * string is refused when read (pattern.c), as far as PCRE2 can tell: one that matches empty only
+ * through a lookahead or \K is caught here. Hugging Face's tokenizers drops empty matches and
+ * keeps the text between the others; llm3d refuses them rather than guess where the regex engine
+ * resumes after one. */
+static l3d_status match_error(const struct l3d_tokenizer *t, int rc, size_t pos, size_t ms) {
+    const char *of = t->nfc ? " (after NFC)" : "";
+    if (rc > 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s: the pre-tokenisation pattern \"%s\" matched the "
+                         "empty string at byte %zu of the text%s: llm3d needs every match to hold "
+                         "a character; rewrite the pattern so that each alternative consumes one",
+                         t->what, t->pattern, ms, of);
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    return l3d_error(L3D_ERR_FORMAT, "%s: matching the pre-tokenisation pattern \"%s\" from "
+                     "byte %zu of the text%s failed: %s (PCRE2 error %d); simplify the pattern (a "
+                     "nested repetition such as (a+)+ backtracks exponentially)", t->what,
+                     t->pattern, pos, of, (char *)msg, rc);
+}
+
+/* l3d_encoder_pretokenize of text, which is at byte base of the caller's text (for errors) */
+static l3d_status pretokenize(struct l3d_encoder *e, const char *text, size_t n, size_t base,
+                              void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
     size_t pos = 0;
     if (e->t->nfc) text = l3d_tok_nfc(&e->nfc, text, n, &n);
     while (pos < n) {
@@ -983,14 +1007,19 @@ void l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
             ms = ov[0];
             me = ov[1];
-        } else {
-            L3D_ASSERT(rc == PCRE2_ERROR_NOMATCH);
         }
+        if ((rc < 0 && rc != PCRE2_ERROR_NOMATCH) || (rc > 0 && me <= ms))
+            return match_error(e->t, rc, base + pos, base + ms);
         if (ms > pos) fn(ctx, text + pos, ms - pos); /* bytes that are not valid UTF-8 */
-        if (me > ms) fn(ctx, text + ms, me - ms);
-        L3D_ASSERT(me > pos || rc <= 0);
+        if (me > ms) fn(ctx, text + ms, me - ms); /* none after the last match */
         pos = me;
     }
+    return L3D_OK;
+}
+
+l3d_status l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size_t n,
+                                   void (*fn)(void *ctx, const char *s, size_t len), void *ctx) {
+    return pretokenize(e, text, n, 0, fn, ctx);
 }
 
 struct encode_ctx {
@@ -1003,9 +1032,10 @@ static void encode_cb(void *ctx, const char *s, size_t len) {
     encode_word(c->e, (const unsigned char *)s, len, c->ids);
 }
 
-void l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n, struct l3d_ids *ids) {
+l3d_status l3d_encoder_encode(struct l3d_encoder *e, const char *text, size_t n,
+                              struct l3d_ids *ids) {
     struct encode_ctx c = {e, ids};
-    l3d_encoder_pretokenize(e, text, n, encode_cb, &c);
+    return pretokenize(e, text, n, 0, encode_cb, &c);
 }
 
 /* The first special token spelled in text[0..n): its id, *at its offset; -1 when none. The longest
@@ -1031,16 +1061,19 @@ static int find_special(const struct l3d_tokenizer *t, const char *text, size_t 
     return best;
 }
 
-void l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
-                                struct l3d_ids *ids) {
+l3d_status l3d_encoder_encode_special(struct l3d_encoder *e, const char *text, size_t n,
+                                      struct l3d_ids *ids) {
+    const char *start = text;
     while (n > 0) {
         size_t at = n, len = 0;
         int id = find_special(e->t, text, n, &at);
-        l3d_encoder_encode(e, text, at, ids);
-        if (id < 0) return;
+        struct encode_ctx c = {e, ids};
+        l3d_status st = pretokenize(e, text, at, (size_t)(text - start), encode_cb, &c);
+        if (st != L3D_OK || id < 0) return st;
         l3d_tokenizer_token(e->t, id, &len);
         l3d_ids_push(ids, id);
         text += at + len;
         n -= at + len;
     }
+    return L3D_OK;
 }

@@ -1,19 +1,28 @@
 /*
  * Hugging Face tokenizer.json (the `tokenizers` library's serialisation): the byte-level BPE
- * tokenizers of GPT-2, Llama 3 and Qwen2 style. What is read:
- *   model: {"type": "BPE", "vocab": {spelled token: id}, "merges": ["a b", ...] or [["a", "b"],
- *          ...], "ignore_merges": bool}; tokens spelled through GPT-2's bytes_to_unicode
- *   pre_tokenizer: {"type": "ByteLevel", "use_regex": true} (GPT-2's pattern), or a "Sequence" of
- *          {"type": "Split", "pattern": {"Regex": R}, "behavior": "Isolated"} and
- *          {"type": "ByteLevel", "use_regex": false}
- *   decoder: "ByteLevel" or none; added_tokens: [{"id", "content"}] (content as written, not
- *          spelled); their text in user text is the token only where the caller allows it
- *          (l3d_encoder_encode_special: the library's own encode always does).
+ * tokenizers of GPT-2, Llama 3 and Qwen2 style. What is read (a default where a key is absent or
+ * null; a boolean that is neither true nor false is refused, as the library refuses it):
+ *   model: {"type": "BPE" (absent: BPE, as the library reads a model with merges), "vocab":
+ *          {spelled token: id}, "merges": ["a b", ...] or [["a", "b"], ...] (required, a list),
+ *          "ignore_merges": bool (false), "byte_fallback": false, "dropout": null or 0,
+ *          "continuing_subword_prefix" and "end_of_word_suffix": null or ""}; tokens spelled
+ *          through GPT-2's bytes_to_unicode; unk_token and fuse_unk unused (all bytes are tokens)
+ *   pre_tokenizer (required): {"type": "ByteLevel", "use_regex": true (true),
+ *          "add_prefix_space": false (false)} (GPT-2's pattern), or a "Sequence" of
+ *          {"type": "Split", "pattern": {"Regex": R}, "behavior": "Isolated", "invert": false
+ *          (false)} and {"type": "ByteLevel", "use_regex": false, "add_prefix_space": false};
+ *          trim_offsets moves offsets only
+ *   decoder: {"type": "ByteLevel"} or none; added_tokens: none or [{"id", "content"}] (content as
+ *          written, not spelled; lstrip, rstrip, single_word false); their text in user text is
+ *          the token only where the caller allows it (l3d_encoder_encode_special: the library's
+ *          own encode always does), "special" or not
  *   normalizer: none, or {"type": "NFC"} (Qwen2's: Unicode canonical composition of the text
  *          between special tokens before pre-tokenisation, src/tokenizer/normalize.c)
+ *   truncation, padding: none (llm3d encodes whole texts)
  *   post_processor: ignored (llm3d adds begin-of-text itself where a command asks for it).
- * Anything else (WordPiece, Unigram or WordLevel models, other normalizers, add_prefix_space, other
- * pre-tokenizers or decoders, byte_fallback, subword prefixes) is refused, named.
+ * Anything else (WordPiece, Unigram or WordLevel models, other normalizers, other pre-tokenizers
+ * or decoders, any other value of the options above) is refused, naming the key and the value.
+ * tests/test_tokenizer_json.c has each key's default and refusal.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,19 +54,39 @@ static const char *type_of(const struct l3d_json *v) {
     return s ? s : "(no type)";
 }
 
-static bool flag_of(const struct l3d_json *v, const char *key) {
+/* The boolean member key of v (`what` names v in errors) into *out: def when absent or null. */
+static l3d_status bool_of(const struct l3d_json *v, const char *key, bool def, const char *path,
+                          const char *what, bool *out) {
     const struct l3d_json *f = l3d_json_get(v, key);
-    return f && f->type == L3D_JSON_BOOL && f->boolean;
+    *out = f && f->type == L3D_JSON_BOOL ? f->boolean : def;
+    if (f && f->type != L3D_JSON_BOOL && f->type != L3D_JSON_NULL)
+        return l3d_error(L3D_ERR_FORMAT, "%s: %s's %s is %s, not true or false", path, what, key,
+                         l3d_json_type_name(f->type));
+    return L3D_OK;
 }
 
-/* One ByteLevel pre-tokenizer: *regex receives whether it applies GPT-2's pattern. */
+/* The boolean member key of v is `want` (or absent, or null): the only setting llm3d has. */
+static l3d_status bool_is(const struct l3d_json *v, const char *key, bool want, const char *path,
+                          const char *what) {
+    bool b;
+    l3d_status st = bool_of(v, key, want, path, what, &b);
+    if (st == L3D_OK && b != want)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: %s's %s is %s, which llm3d does not support: it reads "
+                       "%s %s only", path, what, key, b ? "true" : "false", key,
+                       want ? "true" : "false");
+    return st;
+}
+
+/* One ByteLevel pre-tokenizer: *regex receives whether it applies GPT-2's pattern (use_regex,
+ * true when absent); add_prefix_space must be false (absent: false); trim_offsets moves offsets
+ * only, which llm3d does not give. */
 static l3d_status byte_level(const struct l3d_json *p, const char *path, bool *regex) {
-    if (flag_of(p, "add_prefix_space"))
-        return l3d_error(L3D_ERR_FORMAT, "%s: the ByteLevel pre-tokenizer's add_prefix_space is "
-                         "not supported", path);
-    const struct l3d_json *u = l3d_json_get(p, "use_regex");
-    *regex = !u || (u->type == L3D_JSON_BOOL && u->boolean);
-    return L3D_OK;
+    const char *what = "the ByteLevel pre-tokenizer";
+    bool trim;
+    l3d_status st = bool_is(p, "add_prefix_space", false, path, what);
+    if (st == L3D_OK) st = bool_of(p, "trim_offsets", true, path, what, &trim);
+    if (st == L3D_OK) st = bool_of(p, "use_regex", true, path, what, regex);
+    return st;
 }
 
 /* The pre-tokenizer: the pattern to compile into *pat (a pointer into the document or GPT-2's). */
@@ -70,6 +99,10 @@ static l3d_status pre_tokenizer(const struct l3d_json *doc, const char *path, co
                          "tokenizers (a ByteLevel pre-tokenizer)", path);
     if (strcmp(type_of(p), "ByteLevel") == 0) {
         l3d_status st = byte_level(p, path, &regex);
+        if (st == L3D_OK && !regex)
+            return l3d_error(L3D_ERR_FORMAT, "%s: a ByteLevel pre-tokenizer alone with use_regex "
+                             "false (the whole text one pre-token) is not supported: set it true "
+                             "for GPT-2's pattern, or put a Split before it", path);
         *pat = L3D_GPT2_PATTERN;
         return st;
     }
@@ -83,10 +116,11 @@ static l3d_status pre_tokenizer(const struct l3d_json *doc, const char *path, co
     const struct l3d_json *split = &seq->items[0];
     const char *re = l3d_json_str(l3d_json_get(l3d_json_get(split, "pattern"), "Regex"));
     const char *beh = l3d_json_str(l3d_json_get(split, "behavior"));
-    if (!re || !beh || strcmp(beh, "Isolated") != 0 || flag_of(split, "invert"))
+    if (!re || !beh || strcmp(beh, "Isolated") != 0)
         return l3d_error(L3D_ERR_FORMAT, "%s: the Split pre-tokenizer is supported with a "
                          "{\"Regex\": ...} pattern, behavior Isolated and invert false only", path);
-    l3d_status st = byte_level(&seq->items[1], path, &regex);
+    l3d_status st = bool_is(split, "invert", false, path, "the Split pre-tokenizer");
+    if (st == L3D_OK) st = byte_level(&seq->items[1], path, &regex);
     if (st == L3D_OK && regex)
         return l3d_error(L3D_ERR_FORMAT, "%s: a ByteLevel pre-tokenizer with use_regex after a "
                          "Split is not supported", path);
@@ -94,28 +128,83 @@ static l3d_status pre_tokenizer(const struct l3d_json *doc, const char *path, co
     return st;
 }
 
-/* The parts llm3d refuses: a normalizer other than NFC, a model other than plain BPE, another
- * decoder. *nfc receives whether the text is normalized to NFC. */
-static l3d_status check_features(const struct l3d_json *doc, const char *path, bool *nfc) {
+/* The BPE model's options: type "BPE" (absent: BPE where there are merges, as the `tokenizers`
+ * library reads a model without one); byte_fallback false, no dropout, no subword prefix or word
+ * suffix; *whole receives ignore_merges (false when absent). unk_token and fuse_unk matter only
+ * for a text with a byte no token has, which a byte-level vocabulary cannot meet. */
+static l3d_status check_model(const struct l3d_json *model, const char *path, bool *whole) {
+    const char *what = "the BPE model";
+    bool bpe = model && (l3d_json_get(model, "type") ? strcmp(type_of(model), "BPE") == 0
+                                                     : l3d_json_get(model, "merges") != NULL);
+    if (!bpe)
+        return l3d_error(L3D_ERR_FORMAT, "%s: the model %s is not supported: llm3d reads BPE "
+                         "models only (not WordPiece, Unigram or WordLevel)", path,
+                         model && model->type != L3D_JSON_NULL ? type_of(model) : "(none)");
+    l3d_status st = bool_is(model, "byte_fallback", false, path, what);
+    if (st == L3D_OK) st = bool_of(model, "ignore_merges", false, path, what, whole);
+    const struct l3d_json *drop = l3d_json_get(model, "dropout");
+    double p = 0;
+    if (st == L3D_OK && drop && drop->type != L3D_JSON_NULL && (!l3d_json_num(drop, &p) || p != 0))
+        st = l3d_error(L3D_ERR_FORMAT, "%s: the BPE model's dropout is %s: llm3d merges without "
+                       "dropout (it makes encoding random); set it to null", path,
+                       drop->type == L3D_JSON_NUMBER ? drop->str : l3d_json_type_name(drop->type));
+    static const char *const affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2 && st == L3D_OK; i++) {
+        const struct l3d_json *a = l3d_json_get(model, affix[i]);
+        if (a && a->type != L3D_JSON_NULL && (a->type != L3D_JSON_STRING || a->len > 0))
+            st = l3d_error(L3D_ERR_FORMAT, "%s: the BPE model's %s is %s%s%s: llm3d reads "
+                           "byte-level BPE without one; set it to null", path, affix[i],
+                           a->type == L3D_JSON_STRING ? "\"" : "",
+                           a->type == L3D_JSON_STRING ? a->str : l3d_json_type_name(a->type),
+                           a->type == L3D_JSON_STRING ? "\"" : "");
+    }
+    return st;
+}
+
+/* The parts llm3d refuses: a normalizer other than NFC, another decoder than ByteLevel, a
+ * truncation or padding (encoding gives whole texts), then the model's (check_model). *nfc
+ * receives whether the text is normalized to NFC, *whole the model's ignore_merges. */
+static l3d_status check_features(const struct l3d_json *doc, const char *path, bool *nfc,
+                                 bool *whole) {
     const struct l3d_json *norm = l3d_json_get(doc, "normalizer"), *model = l3d_json_get(doc, "model");
     const struct l3d_json *dec = l3d_json_get(doc, "decoder");
     *nfc = norm && norm->type != L3D_JSON_NULL && strcmp(type_of(norm), "NFC") == 0;
     if (norm && norm->type != L3D_JSON_NULL && !*nfc)
         return l3d_error(L3D_ERR_FORMAT, "%s: the normalizer %s is not supported (llm3d reads "
                          "tokenizers without a normalizer or with NFC)", path, type_of(norm));
-    if (!model || strcmp(type_of(model), "BPE") != 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s: the model %s is not supported: llm3d reads BPE "
-                         "models only (not WordPiece, Unigram or WordLevel)", path,
-                         model ? type_of(model) : "(none)");
-    const char *pre = l3d_json_str(l3d_json_get(model, "continuing_subword_prefix"));
-    const char *suf = l3d_json_str(l3d_json_get(model, "end_of_word_suffix"));
-    if (flag_of(model, "byte_fallback") || (pre && *pre) || (suf && *suf))
-        return l3d_error(L3D_ERR_FORMAT, "%s: the BPE model's byte_fallback, "
-                         "continuing_subword_prefix and end_of_word_suffix are not supported", path);
     if (dec && dec->type != L3D_JSON_NULL && strcmp(type_of(dec), "ByteLevel") != 0)
         return l3d_error(L3D_ERR_FORMAT, "%s: the decoder %s is not supported (ByteLevel only)",
                          path, type_of(dec));
-    return L3D_OK;
+    static const char *const whole_text[] = {"truncation", "padding"};
+    for (int i = 0; i < 2; i++) {
+        const struct l3d_json *v = l3d_json_get(doc, whole_text[i]);
+        if (v && v->type != L3D_JSON_NULL)
+            return l3d_error(L3D_ERR_FORMAT, "%s: %s is set (%s): llm3d encodes whole texts, "
+                             "neither truncated nor padded; set it to null", path, whole_text[i],
+                             l3d_json_type_name(v->type));
+    }
+    return check_model(model, path, whole);
+}
+
+/* The added tokens: absent, null or a list of {"id", "content"} matched as written (lstrip,
+ * rstrip and single_word false; special and normalized true or false, both read as special). */
+static l3d_status check_added(const struct l3d_json *added, const char *path) {
+    if (added && added->type != L3D_JSON_NULL && added->type != L3D_JSON_ARRAY)
+        return l3d_error(L3D_ERR_FORMAT, "%s: added_tokens is %s, not a list of {\"id\", "
+                         "\"content\"} objects", path, l3d_json_type_name(added->type));
+    static const char *const exact[] = {"lstrip", "rstrip", "single_word"};
+    static const char *const any[] = {"special", "normalized"};
+    char what[64];
+    l3d_status st = L3D_OK;
+    for (size_t i = 0; added && i < added->count && st == L3D_OK; i++) {
+        snprintf(what, sizeof what, "added token %zu", i);
+        bool b;
+        for (int k = 0; k < 3 && st == L3D_OK; k++)
+            st = bool_is(&added->items[i], exact[k], false, path, what);
+        for (int k = 0; k < 2 && st == L3D_OK; k++)
+            st = bool_of(&added->items[i], any[k], true, path, what, &b);
+    }
+    return st;
 }
 
 /* The vocabulary and the added tokens into t's token table: id -> bytes (ids no token has are
@@ -198,14 +287,19 @@ static l3d_status set_tokens(struct l3d_tokenizer *t, const struct l3d_json *voc
     return st;
 }
 
-/* The merges, rank = position: "a b" strings or ["a", "b"] pairs, of spelled tokens. */
+/* The merges, rank = position: a list of "a b" strings or of ["a", "b"] pairs (the two forms of
+ * the `tokenizers` library), of spelled tokens; a model without the list is refused, as there. */
 static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *merges,
                              const char *path) {
     int cp_byte[512], byte_cp[256];
     l3d_bytes_to_unicode(byte_cp, NULL);
     for (int i = 0; i < 512; i++) cp_byte[i] = -1;
     for (int b = 0; b < 256; b++) cp_byte[byte_cp[b]] = b;
-    size_t nm = merges && merges->type == L3D_JSON_ARRAY ? merges->count : 0;
+    if (!merges || merges->type != L3D_JSON_ARRAY)
+        return l3d_error(L3D_ERR_FORMAT, "%s: the BPE model's merges is %s, not a list: write "
+                         "\"merges\": [\"a b\", ...] or [[\"a\", \"b\"], ...] (empty for none)",
+                         path, merges ? l3d_json_type_name(merges->type) : "missing");
+    size_t nm = merges->count;
     l3d_tok_merges_alloc(t, nm + 1);
     unsigned char buf[2048];
     for (size_t r = 0; r < nm; r++) {
@@ -217,7 +311,8 @@ static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *mer
             la = (size_t)(b - a);
             b++;
             lb = m->len - la - 1;
-        } else if (m->type == L3D_JSON_ARRAY && m->count == 2 && m->items[0].str && m->items[1].str) {
+        } else if (m->type == L3D_JSON_ARRAY && m->count == 2 &&
+                   m->items[0].type == L3D_JSON_STRING && m->items[1].type == L3D_JSON_STRING) {
             a = m->items[0].str, la = m->items[0].len;
             b = m->items[1].str, lb = m->items[1].len;
         }
@@ -227,8 +322,9 @@ static l3d_status set_merges(struct l3d_tokenizer *t, const struct l3d_json *mer
         int ib = ok ? l3d_tok_index_find(&t->ix, t, buf + na, nb) : -1;
         int ir = ok ? l3d_tok_index_find(&t->ix, t, buf, na + nb) : -1;
         if (ia < 0 || ib < 0 || ir < 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s: merge %zu is not a pair of the vocabulary's "
-                             "tokens whose concatenation is a token", path, r);
+            return l3d_error(L3D_ERR_FORMAT, "%s: merge %zu is not a pair (\"a b\" or [\"a\", "
+                             "\"b\"]) of the vocabulary's tokens whose concatenation is a token",
+                             path, r);
         l3d_tok_merge_insert(t, ia, ib, (int32_t)r, ir); /* a repeat keeps its first rank */
     }
     return L3D_OK;
@@ -240,14 +336,14 @@ l3d_status l3d_tok_parse_hf(struct l3d_tokenizer *t, const char *path, const cha
     const char *pat = NULL;
     const struct l3d_json *model = l3d_json_get(&doc, "model");
     const struct l3d_json *vocab = l3d_json_get(model, "vocab");
-    if (st == L3D_OK) st = check_features(&doc, path, &t->nfc);
+    if (st == L3D_OK) st = check_features(&doc, path, &t->nfc, &t->whole_first);
+    if (st == L3D_OK) st = check_added(l3d_json_get(&doc, "added_tokens"), path);
     if (st == L3D_OK) st = pre_tokenizer(&doc, path, &pat);
     if (st == L3D_OK && (!vocab || vocab->type != L3D_JSON_OBJECT || vocab->count == 0))
         st = l3d_error(L3D_ERR_FORMAT, "%s: the BPE model has no vocab object", path);
     if (st == L3D_OK) st = set_tokens(t, vocab, l3d_json_get(&doc, "added_tokens"), path);
     if (st == L3D_OK) {
         l3d_tok_index_build(&t->ix, t);
-        t->whole_first = flag_of(model, "ignore_merges");
         st = set_merges(t, l3d_json_get(model, "merges"), path);
     }
     for (int b = 0; b < 256 && st == L3D_OK; b++) {

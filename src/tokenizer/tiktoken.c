@@ -74,9 +74,10 @@ long l3d_tok_base64(const char *s, size_t n, unsigned char *out) {
     return m;
 }
 
-/* One rank line's token: its bytes at blob + off. */
+/* One rank line's token: its bytes at blob + off, and the line. */
 struct rank_entry {
     int64_t off, len;
+    size_t line;
 };
 
 /* Reads the lines "base64 rank" into ent[rank] (bytes in blob), ranks 0..R-1 each once; *R
@@ -108,9 +109,9 @@ static l3d_status read_ranks(const char *path, const char *txt, size_t n, struct
                              "below the file's %zu lines: not a tiktoken rank file", path, line,
                              nlines);
         if (ent[rank].len >= 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s line %zu: rank %ld is given twice", path, line,
-                             rank);
-        ent[rank] = (struct rank_entry){(int64_t)nb, m};
+            return l3d_error(L3D_ERR_FORMAT, "%s lines %zu and %zu: rank %ld is given twice: each "
+                             "rank is one token", path, ent[rank].line, line, rank);
+        ent[rank] = (struct rank_entry){(int64_t)nb, m, line};
         nb += (size_t)m;
         count++;
     }
@@ -120,6 +121,38 @@ static l3d_status read_ranks(const char *path, const char *txt, size_t n, struct
                              path, r, count, count - 1);
     *R = count;
     return L3D_OK;
+}
+
+/* The tokens of ranks 0..R-1 are distinct byte strings, as tiktoken requires (its
+ * load_tiktoken_bpe keeps one rank per byte string and Encoding checks the count): two lines with
+ * the same token are refused, named. */
+static l3d_status check_distinct(const char *path, const struct rank_entry *ent,
+                                 const unsigned char *blob, int R) {
+    uint64_t cap = 1;
+    while (cap < 2 * (uint64_t)R) cap <<= 1;
+    int32_t *slot = l3d_calloc(cap * sizeof *slot, "rank file check"); /* rank + 1; 0: empty */
+    l3d_status st = L3D_OK;
+    for (int r = 0; r < R && st == L3D_OK; r++) {
+        const unsigned char *s = blob + ent[r].off;
+        uint64_t h = L3D_TOK_HASH_START;
+        for (int64_t k = 0; k < ent[r].len; k++) h = l3d_tok_hash_step(h, s[k]);
+        uint64_t i = l3d_tok_hash_end(h) & (cap - 1);
+        for (; slot[i]; i = (i + 1) & (cap - 1)) {
+            const struct rank_entry *o = &ent[slot[i] - 1];
+            if (o->len != ent[r].len || memcmp(blob + o->off, s, (size_t)o->len) != 0) continue;
+            bool first = o->line < ent[r].line;
+            st = l3d_error(L3D_ERR_FORMAT, "%s lines %zu (rank %d) and %zu (rank %d) hold the "
+                           "same token (%lld bytes): each token has one rank, as tiktoken "
+                           "requires; remove one of the lines", path,
+                           first ? o->line : ent[r].line, first ? slot[i] - 1 : r,
+                           first ? ent[r].line : o->line, first ? r : slot[i] - 1,
+                           (long long)ent[r].len);
+            break;
+        }
+        slot[i] = r + 1;
+    }
+    l3d_free(slot);
+    return st;
 }
 
 /* t's tokens: ranks 0..R-1 from ent/blob, then the special tokens of kind k (ids above R). */
@@ -203,6 +236,7 @@ l3d_status l3d_tok_parse_tiktoken(struct l3d_tokenizer *t, const char *path, con
     unsigned char *blob = l3d_alloc(n + 1, "rank file tokens");
     int R = 0;
     l3d_status st = read_ranks(path, txt, n, ent, blob, &R);
+    if (st == L3D_OK) st = check_distinct(path, ent, blob, R);
     const struct tiktoken_kind *k = NULL;
     for (size_t i = 0; st == L3D_OK && i < sizeof kinds / sizeof *kinds; i++)
         if (kinds[i].ranks == R) k = &kinds[i];

@@ -39,6 +39,7 @@ struct l3d_tokenizer {
     struct merge_slot *merges; /* open addressing, mmask+1 slots */
     uint64_t mmask;
     pcre2_code *re;        /* NULL when decoding only */
+    char *pattern, *what;  /* re as written, and where it comes from: for errors while encoding */
     /* tiktoken (and tokenizer.json's ignore_merges): a pre-token that is a token is that token,
      * before any merge; ix finds it */
     bool whole_first;
@@ -69,9 +70,10 @@ void l3d_tok_merges_alloc(struct l3d_tokenizer *t, uint64_t n);
 
 /* Compiles a pre-tokenisation pattern written in the syntax of tiktoken's and tokenizer.json's
  * patterns (Rust/Python regex: \p{L}, \p{N}, \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo}, \p{M},
- * \s, \S, (?i:...), (?!...)) into t->re, with the Unicode classes spelled out from
+ * their \P{..}, \s, \S, (?i:...), (?!...)) into t->re, with the Unicode classes spelled out from
  * unicode_classes.h and \s as the White_Space property (src/tokenizer/pattern.c). `what` names
- * the pattern's origin in errors. */
+ * the pattern's origin in errors (kept in t->what, the pattern in t->pattern). A pattern that can
+ * match the empty string is refused, as far as PCRE2 can tell (see pattern.c). */
 l3d_status l3d_tok_compile(struct l3d_tokenizer *t, const char *pattern, const char *what);
 #define L3D_GPT2_PATTERN \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"

@@ -338,18 +338,30 @@ static l3d_status count_file(const char *path, const struct l3d_tokenizer *shape
     size_t npieces = 0, *cut = malloc((*n / TRAIN_PIECE + 2) * sizeof *cut);
     cut[0] = 0;
     for (size_t a = 0; a < *n;) a = cut[++npieces] = l3d_tok_cut(text, a, *n, TRAIN_PIECE);
+    size_t bad = npieces; /* GPT-2's pattern fails on no text; were it to, the first piece's error */
+    char msg[1024];
 #pragma omp parallel
     {
         struct l3d_encoder *e = l3d_encoder_init(shape);
         struct wmap *m = &maps[omp_get_thread_num()];
 #pragma omp for schedule(dynamic, 1)
         for (size_t i = 0; i < npieces; i++)
-            l3d_encoder_pretokenize(e, text + cut[i], cut[i + 1] - cut[i], count_word, m);
+            if (l3d_encoder_pretokenize(e, text + cut[i], cut[i + 1] - cut[i], count_word, m) !=
+                L3D_OK) {
+#pragma omp critical(train_pretokenize_error)
+                if (i < bad) {
+                    bad = i;
+                    snprintf(msg, sizeof msg, "%s", l3d_error_message()); /* per thread */
+                }
+            }
         l3d_encoder_free(e);
     }
+    if (bad < npieces)
+        st = l3d_error(L3D_ERR_FORMAT, "%s, the piece of text from byte %zu: %s", path, cut[bad],
+                       msg);
     free(cut);
     l3d_free(text);
-    return L3D_OK;
+    return st;
 }
 
 /* Step 1: the distinct pre-tokens of all files and their counts, in one map (l3d_free it after
