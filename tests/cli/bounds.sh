@@ -12,7 +12,7 @@ start_test "$@"
 
 # COMMANDS FLAG LO HI BELOW ABOVE [HELP]: the commands (comma-separated; tokenizer:train is
 # `tokenizer train`) whose --FLAG takes LO..HI, a value BELOW LO and one ABOVE HI, and the words
-# --help states the range in (LO and HI in them replaced by the bounds), if it does
+# the flag's --help entry states the range in (LO and HI replaced by the bounds, _ by a space)
 spec=train,bench,plan
 table="
 $spec layers 1 65536 0 65537
@@ -95,6 +95,15 @@ refuses() {
     return 1
 }
 
+# flag_help CMD FLAG: the flag's entry in --help (its line and the continuation lines indented
+# 22 columns below it) as one line
+flag_help() {
+    "$bin" ${1//:/ } --help | awk -v f="  --$2" '
+        index($0, f " ") == 1 || $0 == f { on = 1; print; next }
+        on && substr($0, 1, 22) == sprintf("%22s", "") { print; next }
+        { on = 0 }' | tr -s ' \n' ' '
+}
+
 declare -A listed
 n=0
 while read -r cmds flag lo hi below above doc; do
@@ -106,17 +115,18 @@ while read -r cmds flag lo hi below above doc; do
             bad "$what: a bound refused"; continue; }
         refuses "$cmd" "$flag" "$below" && refuses "$cmd" "$flag" "$above" || {
             bad "$what: $below or $above accepted (or refused without naming them)"; continue; }
+        refuses "$cmd" "$flag" nan || { bad "$what: nan accepted"; continue; }
         if [ -n "$doc" ]; then
             doc=${doc//_/ }
             doc=${doc//LO/$lo}
             doc=${doc//HI/$hi}
-            "$bin" ${cmd//:/ } --help | tr -s ' \n' ' ' | grep -qF -- "$doc" || {
-                bad "$what: --help does not state '$doc'"; continue; }
+            flag_help "$cmd" "$flag" | grep -qF -- "$doc" || {
+                bad "$what: --help does not state '$doc' for it"; continue; }
         fi
         n=$((n + 1))
     done
 done <<< "$table"
-check "$n flag bounds: both accepted, one past each refused naming flag and value" test $fail -eq 0
+check "$n flag bounds: both accepted, one past each (and nan) refused naming flag and value" test $fail -eq 0
 
 # every flag that wants a number is in the table
 missing=""
