@@ -88,7 +88,100 @@ static const struct bad cases[] = {
     {"file", "head", "-1"},
 };
 
+/* Each bounded field's range (src/ckpt/manifest.c): LO and HI as written, and a value just below
+ * and one just above. The field's own bound must take LO and HI (the manifest may still be refused
+ * by a later rule, e.g. a model too large for l3d_gpt_config_finish, but never for that field's
+ * value) and refuse the two others, naming them. Written out, so that a bound changed in the
+ * parser fails here. */
+struct range {
+    const char *record, *key, *lo, *hi, *below, *above;
+};
+#define FMAX "1074790400" /* FIELD_MAX: 2^30 + 2^20 */
+#define CMAX "4611686018427387904" /* COUNT_MAX: 2^62 */
+static const struct range ranges[] = {
+    {"step", NULL, "0", "2147483647", "-1", "2147483648"},
+    {"model", "L", "1", FMAX, "0", "1074790401"},
+    {"model", "C", "1", FMAX, "0", "1074790401"},
+    {"model", "NH", "1", FMAX, "0", "1074790401"},
+    {"model", "V", "2", FMAX, "1", "1074790401"},
+    {"model", "Vp", "2", FMAX, "1", "1074790401"},
+    {"model", "maxT", "1", FMAX, "0", "1074790401"},
+    {"layout", "world", "1", "1048576", "0", "1048577"},
+    {"layout", "tp", "1", "1048576", "0", "1048577"},
+    {"layout", "pp", "1", "1048576", "0", "1048577"},
+    {"layout", "dp", "1", "1048576", "0", "1048577"},
+    {"layout", "zero", "0", "3", "-1", "4"},
+    {"layout", "sp", "0", "1", "-1", "2"},
+    {"layout", "virtual", "1", "256", "0", "257"},
+    {"data", "epoch", "0", CMAX, "-1", "4611686018427387905"},
+    {"data", "index", "0", CMAX, "-1", "4611686018427387905"},
+    {"data", "B", "1", FMAX, "0", "1074790401"},
+    {"data", "T", "1", FMAX, "0", "1074790401"},
+    {"data", "accum", "1", FMAX, "0", "1074790401"},
+    {"data", "seed", "0", "18446744073709551615", "-1", "18446744073709551616"},
+    {"schedule", "max_lr", "0", "0x1.fffffep+127", "-0x1p-149", "0x1p+128"},
+    {"schedule", "min_lr", "0", "0x1.fffffep+127", "-0x1p-149", "0x1p+128"},
+    {"schedule", "warmup", "0", FMAX, "-1", "1074790401"},
+    {"schedule", "total", "1", FMAX, "0", "1074790401"},
+    {"adamw", "beta1", "0", "0x1.fffffep-1", "-0x1p-149", "0x1p+0"},
+    {"adamw", "beta2", "0", "0x1.fffffep-1", "-0x1p-149", "0x1p+0"},
+    {"adamw", "eps", "0x1p-149", "0x1.fffffep+127", "0x1p-151", "0x1p+128"},
+    {"adamw", "weight_decay", "0", "0x1.fffffep+127", "-0x1p-149", "0x1p+128"},
+    {"adamw", "grad_clip", "0", "0x1.fffffep+127", "-0x1p-149", "0x1p+128"},
+    {"adamw", "t", "0", CMAX, "-1", "4611686018427387905"},
+    {"lossscale", "scale", "0x1p-1074", "0x1.fffffffffffffp+1023", "0x1p-1076", "0x1p+1024"},
+    {"lossscale", "good", "0", CMAX, "-1", "4611686018427387905"},
+    {"lossscale", "hysteresis", "0", CMAX, "-1", "4611686018427387905"},
+    {"file", "rank", "0", "0", "-1", "1"}, /* 0 to world - 1 */
+    {"file", "chunk", "0", "0", "-1", "1"}, /* 0 to virtual - 1 */
+    {"file", "tp", "0", "1048575", "-1", "1048576"},
+    {"file", "pp", "0", "1048575", "-1", "1048576"},
+    {"file", "dp", "0", "1048575", "-1", "1048576"},
+    {"file", "bytes", "0", CMAX, "-1", "4611686018427387905"},
+    {"file", "params", "0", CMAX, "-1", "4611686018427387905"},
+    {"file", "opt_start", "0", CMAX, "-1", "4611686018427387905"},
+    {"file", "opt_count", "0", CMAX, "-1", "4611686018427387905"},
+    {"file", "layers", "0+0", "1073741823+1073741823", "-1+0", "1073741824+0"},
+    {"file", "heads", "0+0", "0+1073741823", "0+-1", "0+1073741824"},
+    {"file", "embedding", "0", "1", "-1", "2"},
+    {"file", "head", "0", "1", "-1", "2"},
+};
+
+/* Whether the manifest with the field set to value is refused for that value (the message names
+ * record, field and value as the bad one). */
+static bool field_refused(const struct range *r, const char *value) {
+    char *text = edit(r->record, r->key, value);
+    CHECK(text != NULL);
+    if (!text) return false;
+    char want[160];
+    if (r->key) snprintf(want, sizeof want, ": %s %s '%s' ", r->record, r->key, value);
+    else snprintf(want, sizeof want, ": %s '%s' ", r->record, value);
+    bool bad = l3d_ckpt_manifest_check(text, strlen(text)) == L3D_ERR_FORMAT &&
+               strstr(l3d_error_message(), want) != NULL;
+    free(text);
+    return bad;
+}
+
+static void test_ranges(void) {
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        const struct range *r = &ranges[i];
+        bool lo = !field_refused(r, r->lo), hi = !field_refused(r, r->hi);
+        bool below = field_refused(r, r->below), above = field_refused(r, r->above);
+        CHECK(lo && hi && below && above);
+        if (!(lo && hi && below && above))
+            fprintf(stderr, "  %s %s: %s %s, %s %s, %s %s, %s %s\n", r->record, r->key ? r->key : "",
+                    r->lo, lo ? "taken" : "REFUSED", r->hi, hi ? "taken" : "REFUSED", r->below,
+                    below ? "refused" : "TAKEN", r->above, above ? "refused" : "TAKEN");
+    }
+    /* the bounds of the whole: a manifest with both ends of a field that only it limits loads */
+    char *text = edit("layout", "virtual", "1");
+    CHECK(text && l3d_ckpt_manifest_check(text, strlen(text)) == L3D_OK);
+    free(text);
+    printf("%d manifest ranges checked\n", (int)(sizeof ranges / sizeof ranges[0]));
+}
+
 int main(void) {
+    test_ranges();
     CHECK(l3d_ckpt_manifest_check(base, strlen(base)) == L3D_OK); /* the cases can fail */
     if (l3d_ckpt_manifest_check(base, strlen(base)) != L3D_OK)
         fprintf(stderr, "base: %s\n", l3d_error_message());

@@ -665,6 +665,16 @@ static void test_checks_and_search(void) {
     fx.zero3_prefetch = 2;
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
     CHECK(best[0].layout.zero3_prefetch == 2);
+    /* under Megatron-LM's mixed precision (a GPU profile's default trainer) ZeRO-3 is refused by
+     * its rule, named, before the search and in one layout (it said "no layout ... suits") */
+    run.llm3d = false;
+    fx.zero3_prefetch = 1;
+    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--zero 3: the plan follows Megatron-LM's fp16") &&
+          strstr(l3d_error_message(), "give --trainer llm3d") && stats.evaluated == 0);
+    CHECK(l3d_plan_evaluate(&m, &prof, &run, &z3, &pf[0]) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--zero 3") != NULL);
+    run.llm3d = true;
     /* absurd sizes: one error, before any search */
     m.L = 65536;
     m.C = 1 << 20;

@@ -107,6 +107,21 @@ int main(void) {
     tc.layout.global_batch = (int64_t)4 << 32; /* 2^32 micro-batches: more than an int counts */
     check_error(&tc, 2, "--global-batch 17179869184", "at most 2147483647");
 
+    /* context parallelism: the message names the whole product and the real world size (it
+     * said "world size is 1": the world divided by --cp, with --cp left out) */
+    tc = config();
+    tc.layout.cp = 2;
+    tc.layout.dp = 2;
+    check_error(&tc, 2, "--tp 1 x --cp 2 x --pp 1 x --dp 2 = 4 ranks", "world size is 2");
+    tc.layout.dp = 0;
+    tc.layout.tp = 2;
+    check_error(&tc, 2, "--tp 2 x --cp 2 x --pp 1 = 4 does not divide the world size 2",
+                "launch a multiple of 4 ranks");
+    tc.layout.tp = 1;
+    check_error(&tc, 3, "--cp 2 does not divide the 3 ranks", NULL);
+    CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK && lay.cp == 2 && lay.dp == 2);
+    l3d_train_layout_free(&lay);
+
     /* the others keep their messages */
     tc = config();
     tc.layout.dp = 3;

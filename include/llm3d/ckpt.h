@@ -202,8 +202,9 @@ struct l3d_ckpt_info {
 l3d_status l3d_ckpt_inspect(const char *dir, struct l3d_ckpt_info *info);
 
 /* Keeps the lines of a metrics.jsonl whose "step" is at most step, and its run record (a resumed
- * run appends after them); a last line without its newline (a write cut short) goes; atomic like
- * every write here. A missing file is not an error. */
+ * run appends after them): each line parsed as JSON, so that a line without its newline (a write
+ * cut short) or one that is not a JSON object (two half-written lines run together) goes; atomic
+ * like every write here. A missing file is not an error. */
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step);
 /* The run id of a step directory's manifest (its `run` record) in *id: 0 when the directory has
  * no manifest or the manifest no such record. Reads only the records before the file lines, at

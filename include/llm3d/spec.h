@@ -27,6 +27,10 @@
 
 /* ---- layout --------------------------------------------------------------------------------- */
 
+/* The most layers --zero3-prefetch posts ahead: each holds one more layer's parameters (the flag's
+ * bound in --help and its parser, and l3d_spec_check's) */
+#define L3D_ZERO3_MAX_PREFETCH 64
+
 /* How a run is laid out on its ranks and how a step is cut into micro-batches. */
 struct l3d_layout {
     int tp, cp, pp, dp;       /* tensor, context, pipeline, data parallel sizes; dp 0: world /
@@ -42,7 +46,8 @@ struct l3d_layout {
     int64_t global_batch;     /* > 0: sequences per step, accum = global_batch / (B dp) */
     int zero;                 /* ZeRO stage over the DP group: 0, 1 (optimizer state), 2 (and
                                * gradients), 3 (and parameters, gathered layer by layer) */
-    int zero3_prefetch;       /* ZeRO-3: layers whose all-gather is posted ahead (1) */
+    int zero3_prefetch;       /* ZeRO-3: layers whose all-gather is posted ahead (1; 0 to
+                               * L3D_ZERO3_MAX_PREFETCH) */
     bool zero3_prefetch_set;  /* --zero3-prefetch given (refused without --zero 3) */
     bool sp;                  /* sequence parallelism over the TP group (Korthikanti et al. 2022) */
     enum l3d_recompute recompute;

@@ -56,6 +56,10 @@ struct l3d_topo {
  * do, when one is out of range, tp * pp does not divide the world, or tp * pp * dp != world_size.
  * Collective-free: every rank reaches the same verdict on its own. */
 l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp);
+/* The same with a context-parallel ring of cp ranks (world = tp x cp x pp x dp): cp must divide
+ * the world, dp 0 is world / (tp x cp x pp), and the messages name --cp and the whole product
+ * ("--tp 1 x --cp 2 x --pp 1 x --dp 2 = 4 ranks, but the world size is 2"). cp 1: as above. */
+l3d_status l3d_topo_resolve_cp(int world_size, int *tp, int cp, int *pp, int *dp);
 /* Rank of (tp_rank, pp_rank, dp_rank), and back. */
 int l3d_topo_rank_of(int tp, int pp, int tp_rank, int pp_rank, int dp_rank);
 void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *dp_rank);

@@ -80,7 +80,7 @@ struct l3d_train_config {
 struct l3d_train_result {
     int steps;
     float first_loss, last_loss, last_val_loss;
-    double median_step_s, tokens_per_s, mfu;
+    double median_step_s, tokens_per_s, mfu; /* medians: of the last 4096 steps at most */
     double median_optimizer_s; /* gradient norm, clipping, AdamW and the ZeRO all-gather */
     double median_comm_s;      /* exposed data-parallel communication: time blocked waiting */
     double bubble, bubble_theory; /* pipeline idle fraction, measured (median step) and ideal */

@@ -12,6 +12,7 @@
 #include "ckpt/ckpt-impl.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/file.h"
+#include "llm3d/json.h"
 
 /* ---- checksum -----------------------------------------------------------------------------------
  * 64-bit, four independent lanes over 8-byte little-endian words, so it runs at memory speed: the
@@ -176,6 +177,21 @@ l3d_status l3d_ckpt_write_text_atomic(const char *path, const char *text) {
 
 /* ---- metrics --------------------------------------------------------------------------------- */
 
+/* Whether a line of metrics.jsonl stays: one JSON object, a step line of at most step, or the
+ * run record (no "step"). A line cut short, or bytes of two half-written lines, is dropped. */
+static bool metrics_line_kept(const char *line, size_t len, int64_t step) {
+    struct l3d_json doc;
+    int64_t s = 0;
+    bool keep = false;
+    if (l3d_json_parse(&doc, line, len, "metrics line") == L3D_OK &&
+        doc.type == L3D_JSON_OBJECT) {
+        const struct l3d_json *sv = l3d_json_get(&doc, "step");
+        keep = sv ? l3d_json_int(sv, &s) && s <= step : l3d_json_get(&doc, "run") != NULL;
+    }
+    l3d_json_free(&doc);
+    return keep;
+}
+
 l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
     if (l3d_ckpt_long_path(path) != L3D_OK) return L3D_ERR_ARG;
     struct stat sb;
@@ -187,10 +203,9 @@ l3d_status l3d_ckpt_trim_metrics(const char *path, int64_t step) {
     char *text = malloc(cap), line[8192];
     text[0] = '\0';
     while (fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "\"step\":");
         size_t len = strlen(line);
         if (len == 0 || line[len - 1] != '\n') continue; /* cut short (or too long to be ours) */
-        if (p ? strtoll(p + 7, NULL, 10) > step : strncmp(line, "{\"run\":", 7) != 0) continue;
+        if (!metrics_line_kept(line, len, step)) continue; /* the rest of one: no JSON either */
         size_t k = strlen(line);
         if (n + k + 1 > cap) text = realloc(text, cap = 2 * (n + k + 1));
         memcpy(text + n, line, k + 1);

@@ -44,9 +44,9 @@ int l3d_arg_double(const char *cmd, const char *flag, const char *val, double lo
         fprintf(stderr, "llm3d %s: --%s '%s' is not a number\n", cmd, flag, val);
         return 0;
     }
-    if (!(v >= lo && v <= hi)) {
-        fprintf(stderr, "llm3d %s: --%s %g is out of range: give a value from %g to %g\n", cmd, flag,
-                v, lo, hi);
+    if (!(v >= lo && v <= hi)) { /* the value as given: %g made 2^40 + 1 of 2^40 */
+        fprintf(stderr, "llm3d %s: --%s %s is out of range: give a value from %.15g to %.15g\n",
+                cmd, flag, val, lo, hi);
         return 0;
     }
     *out = v;

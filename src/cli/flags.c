@@ -117,6 +117,10 @@ enum {
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
 };
 
+/* a bound's value in a help text: the parser's constant, not a copy of it */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 static const struct l3d_flag model_flags[] = {
     {"model", "NAME", F_MODEL, NULL}, /* help written with the preset names: model_help() */
     {"layers", "L", F_LAYERS, "transformer layers (overrides the preset)"},
@@ -154,7 +158,8 @@ static const struct l3d_flag layout_flags[] = {
     {"zero", "S", F_ZERO, "0: replicated optimizer; 1: AdamW state sharded over dp; "
                           "2: gradients sharded too; 3: parameters too (0)"},
     {"zero3-prefetch", "N", F_ZERO3_PREFETCH, "ZeRO-3: layers whose parameter all-gather is "
-                                              "posted ahead of use (1)"},
+                                              "posted ahead of use (1; 0 to "
+                                              STR(L3D_ZERO3_MAX_PREFETCH) ")"},
     {"sequence-parallel", NULL, F_SP, "LayerNorm and residual regions split by rows over the TP "
                                       "group (needs --tp 2 or more)"},
     {"no-sequence-parallel", NULL, F_NO_SP, "no sequence parallelism (the default)"},
@@ -245,7 +250,8 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
     case F_ZERO: return l3d_arg_int(cmd, "zero", v, 0, 3, &l->zero);
     case F_ZERO3_PREFETCH:
         l->zero3_prefetch_set = true;
-        return l3d_arg_int(cmd, "zero3-prefetch", v, 0, 1 << 20, &l->zero3_prefetch);
+        return l3d_arg_int(cmd, "zero3-prefetch", v, 0, L3D_ZERO3_MAX_PREFETCH,
+                           &l->zero3_prefetch);
     case F_SP: l->sp = true; return 1;
     case F_NO_SP: l->sp = false; return 1;
     case F_RECOMPUTE: {

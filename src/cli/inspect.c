@@ -334,9 +334,16 @@ struct metrics {
     double first_loss, last_loss, val_loss;
 };
 
-static bool read_metrics(const char *path, struct metrics *m) {
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
+/* *has: whether the run has metrics (none: no such file). A FIFO or another special file in its
+ * place is refused, not opened (that blocked): L3D_ERR_IO with the message. */
+static l3d_status read_metrics(const char *path, struct metrics *m, bool *has) {
+    struct stat sb;
+    *has = false;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) return L3D_OK;
+    FILE *f;
+    l3d_status st = l3d_fopen_regular(path, "metrics file", &f, NULL);
+    if (st != L3D_OK) return st;
+    *has = true;
     char line[8192];
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"step\":"), *l = strstr(line, "\"loss\":");
@@ -356,14 +363,18 @@ static bool read_metrics(const char *path, struct metrics *m) {
         }
     }
     fclose(f);
-    return true;
+    return L3D_OK;
 }
 
 static int inspect_run(const char *path, bool json) {
     char p[4096], dir[4096];
     struct metrics mt = {0};
     snprintf(p, sizeof p, "%s/metrics.jsonl", path);
-    bool has_metrics = read_metrics(p, &mt);
+    bool has_metrics;
+    if (read_metrics(p, &mt, &has_metrics) != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        return 1;
+    }
     struct llmc_info m = {0};
     struct stat sb;
     snprintf(p, sizeof p, "%s/model.bin", path);

@@ -25,32 +25,44 @@ static void divisors(int n, char *out, size_t cap) {
 }
 
 l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp) {
-    L3D_ASSERT(world_size >= 1);
-    char divs[256];
+    return l3d_topo_resolve_cp(world_size, tp, 1, pp, dp);
+}
+
+l3d_status l3d_topo_resolve_cp(int world_size, int *tp, int cp, int *pp, int *dp) {
+    L3D_ASSERT(world_size >= 1 && cp >= 1);
+    if (world_size % cp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--cp %d does not divide the %d ranks: launch a multiple "
+                         "of %d ranks", cp, world_size, cp);
+    char divs[256], grid[96]; /* grid: "--tp 2 x --cp 2 x --pp 1", --cp only with a ring */
     divisors(world_size, divs, sizeof divs);
+    if (cp > 1) snprintf(grid, sizeof grid, "--tp %d x --cp %d x --pp %d", *tp, cp, *pp);
+    else snprintf(grid, sizeof grid, "--tp %d x --pp %d", *tp, *pp);
+    const char *them = cp > 1 ? "--tp, --cp and --pp" : "--tp and --pp";
     if (*tp < 1)
         return l3d_error(L3D_ERR_LAYOUT,
                          "--tp %d is invalid: the tensor-parallel degree must be at least 1; with "
-                         "%d ranks, --tp x --pp must divide %d (divisors: %s)",
-                         *tp, world_size, world_size, divs);
+                         "%d ranks, %s must divide %d (divisors: %s)",
+                         *tp, world_size, cp > 1 ? "--tp x --cp x --pp" : "--tp x --pp",
+                         world_size, divs);
     if (*pp < 1)
         return l3d_error(L3D_ERR_LAYOUT,
                          "--pp %d is invalid: the pipeline-parallel degree must be at least 1; "
-                         "with %d ranks, --tp x --pp must divide %d (divisors: %s)",
-                         *pp, world_size, world_size, divs);
+                         "with %d ranks, %s must divide %d (divisors: %s)",
+                         *pp, world_size, cp > 1 ? "--tp x --cp x --pp" : "--tp x --pp",
+                         world_size, divs);
     if (*dp < 0)
         return l3d_error(L3D_ERR_LAYOUT,
                          "--dp %d is invalid: give the data-parallel degree (at least 1), or 0 to "
-                         "infer it as world size / (tp x pp)",
-                         *dp);
-    int64_t tpp = (int64_t)*tp * *pp;
+                         "infer it as world size / (%s)",
+                         *dp, cp > 1 ? "tp x cp x pp" : "tp x pp");
+    int64_t tpp = (int64_t)*tp * cp * *pp;
     if (*dp == 0) {
         if (world_size % tpp != 0)
             return l3d_error(L3D_ERR_LAYOUT,
-                             "--tp %d x --pp %d = %lld does not divide the world size %d: choose "
-                             "--tp and --pp whose product divides %d (divisors: %s), or launch a "
-                             "multiple of %lld ranks",
-                             *tp, *pp, (long long)tpp, world_size, world_size, divs,
+                             "%s = %lld does not divide the world size %d: choose %s whose "
+                             "product divides %d (divisors: %s), or launch a multiple of %lld "
+                             "ranks",
+                             grid, (long long)tpp, world_size, them, world_size, divs,
                              (long long)tpp);
         *dp = (int)(world_size / tpp);
         return L3D_OK;
@@ -58,10 +70,10 @@ l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp) {
     int64_t total = tpp * *dp;
     if (total != world_size)
         return l3d_error(L3D_ERR_LAYOUT,
-                         "--tp %d x --pp %d x --dp %d = %lld ranks, but the world size is %d: "
-                         "launch %lld ranks (mpiexec -n %lld), or change the flags so that their "
-                         "product is %d (leave out --dp to infer the data-parallel degree)",
-                         *tp, *pp, *dp, (long long)total, world_size, (long long)total,
+                         "%s x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks "
+                         "(mpiexec -n %lld), or change the flags so that their product is %d "
+                         "(leave out --dp to infer the data-parallel degree)",
+                         grid, *dp, (long long)total, world_size, (long long)total,
                          (long long)total, world_size);
     return L3D_OK;
 }

@@ -3,10 +3,22 @@
 #include "llm3d/spec.h"
 #include "plan-impl.h"
 
+l3d_status l3d_plan_zero_check(const struct l3d_profile *prof, const struct l3d_plan_run *run,
+                               int zero) {
+    if (zero != 3 || l3d_plan_trainer(run)) return L3D_OK;
+    return l3d_error(L3D_ERR_LAYOUT, "--zero 3: the plan follows Megatron-LM's %s mixed precision "
+                     "here (--trainer megatron%s), whose distributed optimizer shards the "
+                     "optimizer state and gradients (ZeRO-1/2), never the parameters: give "
+                     "--trainer llm3d to plan this project's ZeRO-3, or --zero 1 or 2",
+                     l3d_dtype_name(run->precision.param),
+                     prof && prof->compute_units > 0 ? ", the default on a GPU profile" : "");
+}
+
 l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                           const struct l3d_plan_run *run, const struct l3d_layout *lay) {
     l3d_status st = l3d_plan_model_check(m);
     if (st != L3D_OK) return st;
+    if ((st = l3d_plan_zero_check(prof, run, lay->zero)) != L3D_OK) return st;
     int th = lay->threads > 0 ? lay->threads : run->threads;
     if (th < 1)
         return l3d_error(L3D_ERR_LAYOUT, "--threads %d must be at least 1", th);

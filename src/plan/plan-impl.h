@@ -32,6 +32,12 @@ static inline bool l3d_plan_trainer(const struct l3d_plan_run *run) {
     return run->precision.param == L3D_F32 || run->llm3d;
 }
 
+/* ZeRO-3 against the run's trainer (src/plan/check.c): llm3d's shards the parameters too;
+ * Megatron-LM's distributed optimizer (16-bit runs under --trainer megatron, a GPU profile's
+ * default) does not. L3D_ERR_LAYOUT with the sentence naming --zero 3, the rule and what to give. */
+l3d_status l3d_plan_zero_check(const struct l3d_profile *prof, const struct l3d_plan_run *run,
+                               int zero);
+
 /* The peak of the run's products: llm3d's mixed precision on a CPU without 16-bit products runs
  * them as fp32 products of widened operands (docs/DESIGN.md), at the fp32 peak. */
 static inline double l3d_plan_peak(const struct l3d_profile *prof,

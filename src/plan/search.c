@@ -29,8 +29,12 @@ static void keep(struct l3d_plan_result *out, int top, int *n, const struct l3d_
 }
 
 /* The fixed parts against the ranks (devices / th) and the model's heads. */
-static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
-                              const struct l3d_plan_fixed *fx, int th, int64_t ranks) {
+static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                              const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
+                              int th, int64_t ranks) {
+    /* a stage the trainer has not: one sentence, not "no layout suits" after the search */
+    l3d_status st = l3d_plan_zero_check(prof, run, fx->zero);
+    if (st != L3D_OK) return st;
     const char *part[] = {"--tp", "--pp", "--dp", "--cp"};
     const int val[] = {fx->tp, fx->pp, fx->dp, fx->cp};
     for (int i = 0; i < 4; i++)
@@ -163,7 +167,7 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
         return l3d_error(L3D_ERR_ARG, "%lld devices do not split into ranks of %d threads",
                          (long long)run->devices, th);
     int64_t ranks = run->devices / th;
-    if ((st = check_fixed(m, run, fx, th, ranks)) != L3D_OK) return st;
+    if ((st = check_fixed(m, prof, run, fx, th, ranks)) != L3D_OK) return st;
     struct walk w = {.m = m, .prof = prof, .run = run, .fx = fx, .out = out, .top = top,
                      .n_out = n_out, .stats = stats, .each = each, .each_ctx = each_ctx,
                      .first_err = L3D_OK};

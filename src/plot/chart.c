@@ -45,8 +45,9 @@ static bool usable(const struct scale *s, double v) {
 }
 
 static double px(const struct scale *s, double v) {
+    /* halves: the same quotient, without the overflow of a span past 1.7e308 (-1e308 to 1e308) */
     double f = s->log ? (log10(v) - log10(s->lo)) / (log10(s->hi) - log10(s->lo))
-                      : (v - s->lo) / (s->hi - s->lo);
+                      : (v / 2 - s->lo / 2) / (s->hi / 2 - s->lo / 2);
     return s->a + f * (s->b - s->a);
 }
 

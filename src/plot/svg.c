@@ -1,5 +1,6 @@
 /* The SVG writer, the palette and the ticks (include/llm3d/plot.h). */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,8 +108,12 @@ static int linear_ticks(double *lo, double *hi, int target, double *t, int max) 
 }
 
 static int log_ticks(double *lo, double *hi, int target, double *t, int max) {
-    if (!(*hi > *lo)) *lo /= 2, *hi *= 2;
-    double a = floor(log10(*lo) + 1e-9), b = ceil(log10(*hi) - 1e-9);
+    if (!(*hi > *lo)) {
+        *lo = *lo / 2 > 0 ? *lo / 2 : *lo;
+        *hi = *hi <= DBL_MAX / 2 ? *hi * 2 : DBL_MAX;
+    }
+    /* the powers of ten a double holds: 1e-323 (subnormal) to 1e308 */
+    double a = fmax(floor(log10(*lo) + 1e-9), -323), b = fmin(ceil(log10(*hi) - 1e-9), 308);
     int n = 0;
     if (b - a <= 2) { /* a decade or two: 1, 2, 5 of each, within the data's range widened */
         static const double m[] = {1, 2, 5};
@@ -118,6 +123,7 @@ static int log_ticks(double *lo, double *hi, int target, double *t, int max) {
             for (int i = 0; i < 3 && n < max; i++) {
                 double v = m[i] * pow(10, e);
                 double next = i == 2 ? pow(10, e + 1) : m[i + 1] * pow(10, e);
+                if (!isfinite(v)) break; /* 2e308 */
                 if (v * 1.0001 < l && next * 1.0001 <= l) continue; /* the last tick below l */
                 if (v > h * 1.0001 && (n == 0 || t[n - 1] * 1.0001 >= h)) continue;
                 t[n++] = v;
@@ -136,8 +142,21 @@ static int log_ticks(double *lo, double *hi, int target, double *t, int max) {
 }
 
 int l3d_plot_ticks(double *lo, double *hi, bool log, int target, double *ticks, int max) {
-    return log && *lo > 0 ? log_ticks(lo, hi, target, ticks, max)
-                          : linear_ticks(lo, hi, target, ticks, max);
+    double l = *lo, h = *hi;
+    bool logs = log && *lo > 0;
+    int n = logs ? log_ticks(lo, hi, target, ticks, max) : linear_ticks(lo, hi, target, ticks, max);
+    /* Data near the largest double (or the smallest, on a log scale) widened to whole ticks would
+     * end past what a double holds (1.7e308 to 1e309, or a span of 3.4e308): there the range ends
+     * at the data, and the ticks beyond it are left out. */
+    if (!isfinite(*lo) || (logs && (!(*lo > 0) || l < 1e-323))) *lo = l;
+    if (!isfinite(*hi) || (logs && h > 1e308)) *hi = h;
+    if (!(*hi > *lo) && *lo > 0) *lo *= 0.9; /* one such value: the range beside it, towards 0 */
+    else if (!(*hi > *lo)) *hi *= 0.9;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(ticks[i]) && (!logs || ticks[i] > 0)) ticks[k++] = ticks[i];
+    if (k == 0 && max >= 2 && *hi > *lo) ticks[k++] = *lo, ticks[k++] = *hi;
+    return k;
 }
 
 void l3d_plot_tick_label(double v, double step, char *buf, size_t n) {

@@ -11,7 +11,6 @@
 /* The most data-parallel ranks ZeRO shards over in llm3d's trainer: l3d_dp_step all-gathers
  * from a table of that many ranks (src/parallel/dp.c). */
 #define ZERO_MAX_DP 256
-#define ZERO3_MAX_PREFETCH 64
 /* Micro-batches a step at most: the schedule holds a few actions for each (src/parallel/pipeline.c)
  * and the planner times each on a timeline; 2^24 is a global batch no run has used. */
 #define MAX_MICRO (1LL << 24)
@@ -265,9 +264,9 @@ static void check_zero(const struct l3d_layout *l, const struct l3d_spec_ctx *ct
         add(e, L3D_ERR_ARG, "--zero3-prefetch %d: prefetching gathers parameters ahead under "
             "--zero 3 only (here --zero %d): drop it or give --zero 3", l->zero3_prefetch,
             l->zero);
-    else if (l->zero3_prefetch < 0 || l->zero3_prefetch > ZERO3_MAX_PREFETCH)
+    else if (l->zero3_prefetch < 0 || l->zero3_prefetch > L3D_ZERO3_MAX_PREFETCH)
         add(e, L3D_ERR_ARG, "--zero3-prefetch %d: at most %d layers ahead (each holds one more "
-            "layer's parameters)", l->zero3_prefetch, ZERO3_MAX_PREFETCH);
+            "layer's parameters)", l->zero3_prefetch, L3D_ZERO3_MAX_PREFETCH);
     if (l->recompute < L3D_RECOMPUTE_NONE || l->recompute > L3D_RECOMPUTE_FULL)
         add(e, L3D_ERR_ARG, "--recompute: mode %d is not none, selective or full",
             (int)l->recompute);

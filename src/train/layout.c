@@ -37,11 +37,8 @@ l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_
     else if (tc->lr <= 0.0f || tc->min_lr < 0.0f || tc->min_lr > tc->lr)
         st = l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g), "
                        "--lr > 0", tc->min_lr, tc->lr);
-    else if (cp > 1 && world_size % cp != 0)
-        st = l3d_error(L3D_ERR_LAYOUT, "--cp %d does not divide the %d ranks: launch a multiple of "
-                       "%d ranks", cp, world_size, cp);
-    else if ((st = l3d_topo_resolve(world_size / cp, &tp, &pp, &dp)) != L3D_OK)
-        ; /* the grid without the ring: every ring rank holds the same (tp, pp, dp) place */
+    else if ((st = l3d_topo_resolve_cp(world_size, &tp, cp, &pp, &dp)) != L3D_OK)
+        ; /* the grid with the ring: every ring rank holds the same (tp, pp, dp) place */
     /* the run spec's every rule (include/llm3d/spec.h), then what building the layout finds */
     else if ((st = l3d_spec_check(&tc->spec, &(struct l3d_spec_ctx){.world = world_size,
                                                                     .train = true},

@@ -189,7 +189,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n) {
+/* The median of steps start..end-1 of a ring of the last t->n_times steps (the last n_times of
+ * them when there are more), sorted in a copy: the ring keeps its order. */
+static double median(const struct l3d_trainer *t, const double *ring, int start, int end) {
+    int n = end - start < t->n_times ? end - start : t->n_times;
+    double v[L3D_TRAIN_TIMES_KEPT];
+    for (int i = 0; i < n; i++) v[i] = ring[(end - n + i) % t->n_times];
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return v[n / 2];
 }
@@ -199,10 +204,10 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
     const struct l3d_train_config *tc = t->tc;
     int ran = end - start;
     if (ran <= 0) return;
-    res->median_step_s = median(t->step_s + start, ran);
-    res->median_optimizer_s = median(t->opt_s + start, ran);
-    res->median_comm_s = median(t->comm_s + start, ran);
-    res->bubble = median(t->bub + start, ran);
+    res->median_step_s = median(t, t->step_s, start, end);
+    res->median_optimizer_s = median(t, t->opt_s, start, end);
+    res->median_comm_s = median(t, t->comm_s, start, end);
+    res->bubble = median(t, t->bub, start, end);
     res->tokens_per_s = (double)t->tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * t->flops_tok / t->peak;
     /* The model ran faster than the measured peak: other work held the cores while it was

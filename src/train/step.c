@@ -168,10 +168,11 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
                                  .overflow = overflow, .loss_scale = t->ls.on ? scale : 0.0};
     s->tokens_per_s = (double)t->tokens_step / dt;
     s->mfu = s->tokens_per_s * t->flops_tok / t->peak;
-    t->bub[step] = s->bubble;
-    t->step_s[step] = dt;
-    t->opt_s[step] = dt_opt;
-    t->comm_s[step] = cw;
+    int k = step % t->n_times; /* the rings of the last steps (train-impl.h) */
+    t->bub[k] = s->bubble;
+    t->step_s[k] = dt;
+    t->opt_s[k] = dt_opt;
+    t->comm_s[k] = cw;
 }
 
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {

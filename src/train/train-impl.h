@@ -69,10 +69,16 @@ struct l3d_trainer {
     float dloss;                       /* each token's weight in the global mean loss */
     struct l3d_lr_schedule lrs;
     double peak, flops_tok;            /* FLOP/s of all ranks, model FLOPs per token */
-    double *step_s, *opt_s, *comm_s, *bub; /* per step, for the medians */
+    /* the medians' samples: rings of the last n_times steps (step % n_times), at most
+     * L3D_TRAIN_TIMES_KEPT, so that --steps 2^30 allocates 4 x 32 KiB, not 4 x 8 GiB */
+    double *step_s, *opt_s, *comm_s, *bub;
+    int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
     struct l3d_loss_scaler ls;         /* fp16 only */
 };
+
+/* The step times the medians of the run's summary are taken over: the last 4096 steps */
+#define L3D_TRAIN_TIMES_KEPT 4096
 
 /* What one step measured. */
 struct l3d_step_stats {

@@ -413,10 +413,11 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
         t->cinp = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
         t->ctgt = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
     }
-    t->step_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
-    t->opt_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
-    t->comm_s = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
-    t->bub = l3d_calloc((size_t)tc->steps * sizeof(double), "step times");
+    t->n_times = tc->steps < L3D_TRAIN_TIMES_KEPT ? tc->steps : L3D_TRAIN_TIMES_KEPT;
+    t->step_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
+    t->opt_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
+    t->comm_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
+    t->bub = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
 
     /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */
     double peak = tc->peak_flops;

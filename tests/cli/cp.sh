@@ -93,4 +93,7 @@ expect_error --once "seq-len not a multiple of 2 cp" "--seq-len 30 is not a mult
     "${CMD[@]}"
 train_cmd bad 4 2 --cp 3 --seq-len 24
 expect_error --once "cp not dividing the ranks" "--cp 3 does not divide the 4 ranks" "${CMD[@]}"
+train_cmd bad 2 2 --cp 2 --dp 2
+expect_error --once "cp x dp more than the ranks: the world size launched" \
+    "--tp 1 x --cp 2 x --pp 1 x --dp 2 = 4 ranks, but the world size is 2" "${CMD[@]}"
 exit $fail

@@ -71,6 +71,12 @@ check "a GPT-2 shard" "$bin" prepare --tokenizer "$gpt2" --out "$dir/gpt2" --val
 check "  ... decoded with --tokenizer DIR" sh -c "'$bin' inspect '$dir/gpt2/train_000000.bin' --tokenizer '$gpt2' | grep -q 'decoded:    \"<|endoftext|>line 1: the quick brown fox'"
 expect_error "  ... a shard beyond the tokenizer's vocabulary" "holds token 50256, beyond the 256" "$bin" inspect \
     "$dir/gpt2/train_000000.bin" --tokenizer bytes
+# a FIFO in place of a run's metrics.jsonl: refused at once (a plain fopen waited for a writer
+# for ever; the time limit makes that a failure, not a hang)
+mkdir -p "$dir/fiforun" && mkfifo "$dir/fiforun/metrics.jsonl"
+expect_error "a FIFO as a run's metrics.jsonl: refused, not waited on" \
+    "metrics file .*fiforun/metrics.jsonl is not a regular file (a FIFO)" \
+    timeout -s KILL 10 "$bin" inspect "$dir/fiforun"
 # flags: from the one table (src/cli/flags.c's parser), one line each
 check "--help lists the flags" sh -c "'$bin' inspect --help | grep -q '^  --tokenizer SPEC' && \
     '$bin' inspect --help | grep -q '^  --json '"

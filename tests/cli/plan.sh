@@ -125,6 +125,10 @@ expect_error "precision without a peak" "no bf16 peak" \
     "$bin" plan --profile "$prof" --precision bf16 --trainer megatron
 expect_error "tp that does not divide the ranks" "--tp 3 does not divide the 4 ranks" \
     "$bin" plan --model d12 --profile frontier --devices 4 --tp 3
+expect_error "ZeRO-3 on a GPU profile: the trainer's rule named" \
+    "--zero 3: the plan follows Megatron-LM's bf16 mixed precision .*give --trainer llm3d" \
+    "$bin" plan --zero 3 --profile dgx-h100
+check "  ... --trainer llm3d plans it there" "$bin" plan --zero 3 --profile dgx-h100 --trainer llm3d
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
 expect_error "interleaving needs m divisible by pp" "multiple of --pp 4" \

@@ -53,6 +53,24 @@ check "two runs, log axes" "$bin" plot "$m" "$dir/known2" --log-x --log-y --out 
 check "two runs: XML" xml "$dir/two.svg"
 check "two runs: two legend entries" test "$(grep -c 'data-kind="train"' "$dir/two.svg")" -eq 8
 
+# ---- values at the ends of a double: widened to whole ticks the axis would end at 1e309 (inf),
+# or span 3.6e308, or reach 1e-324 (0) on a log scale; every coordinate must stay finite
+big="$dir/big"
+mkdir -p "$big"
+{
+    head -1 "$m/metrics.jsonl"
+    echo '{"step":1,"loss":1e308,"lr":1e-4,"grad_norm":1.5e308,"tokens":256}'
+    echo '{"step":2,"loss":1.7e308,"lr":1e-4,"grad_norm":1.0,"tokens":512}'
+} > "$big/metrics.jsonl"
+finite_svg() { ! grep -qiE 'nan|inf' "$1" && $chk inside "$1"; }
+check "losses near 1e308, --log-y: finite coordinates" \
+    "$bin" plot "$big" --log-y --out "$dir/big.svg"
+check "  ... no nan or inf in the SVG, nothing outside its frame" finite_svg "$dir/big.svg"
+printf '# title: ends\n# log-y\na\t1\t4.9e-324\na\t2\t1.7e308\n# panel: span\nb\t-1.79e308\t-1.79e308\nb\t1.79e308\t1.79e308\n# panel: one value\nc\t1\t1.79e308\nc\t2\t1.79e308\n# panel: one subnormal\n# log-y\nd\t1\t4.9e-324\nd\t2\t4.9e-324\n' \
+    > "$dir/ends.tsv"
+check "--xy at the ends of a double" "$bin" plot --xy "$dir/ends.tsv" --out "$dir/ends.svg"
+check "  ... no nan or inf in the SVG, nothing outside its frame" finite_svg "$dir/ends.svg"
+
 # ---- hostile metrics: one error naming file, line and key
 h="$dir/hostile"
 mkdir -p "$h"

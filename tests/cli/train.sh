@@ -125,6 +125,31 @@ else
     echo "note: the two out-of-memory cases need ulimit -v, which a sanitized binary cannot run under"
 fi
 
+# --steps 1073741824 (its largest): the medians' step times are rings of the last 4096 steps, not
+# four arrays of 8 GiB allocated and zeroed at start-up (under 3 GB of address space that aborted,
+# out of memory, and anywhere it took 32 GiB); SIGTERM after 3 steps ends the run (exit 0)
+huge_steps() {
+    rm -rf "$dir/huge"
+    ( sanitized || ulimit -v 3000000
+      OMP_NUM_THREADS=1 exec "$bin" train --model tiny --vocab 256 --context 32 --seq-len 32 \
+          --batch 2 --val-every 0 --quiet --peak-gflops 100 --train "$dir/data/train_*.bin" \
+          --steps 1073741824 --out "$dir/huge" ) > "$dir/huge.log" 2>&1 &
+    local pid=$! i
+    for i in $(seq 1 600); do
+        [ "$(cat "$dir/huge/metrics.jsonl" 2>/dev/null | wc -l)" -ge 4 ] && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -TERM $pid 2>/dev/null
+    wait $pid || { cat "$dir/huge.log"; return 1; }
+    local peak
+    peak=$(sed -n 's/.*peak host memory .*(\([0-9]*\) bytes.*/\1/p' "$dir/huge.log")
+    grep -q "^signal 15: stopped after step" "$dir/huge.log" && is_number "$peak" &&
+        [ "$peak" -lt 67108864 ] || { cat "$dir/huge.log"; return 1; }
+}
+check "--steps 1073741824: step times in fixed rings (host memory under 64 MiB), stopped by SIGTERM" \
+    huge_steps
+
 head -c 2000 /dev/urandom > "$dir/garbage.bin"
 expect_error "wrong magic" "garbage.bin.*magic" train bad 0 4 --train "$dir/garbage.bin"
 head -c 1500 "$dir/data/train_000000.bin" > "$dir/trunc.bin"
