@@ -347,6 +347,39 @@ static void test_llama_folder(void) {
     free(b);
 }
 
+/* Defects of a hostile-input probe, each a crash or an abort before its fix: an index of no
+ * tensor (the "no tensor" message read the first of no files), and a temporary name taken by a
+ * directory (the header of open_memstream given to l3d_free). */
+static void test_empty_index(void) {
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    mkdir(path_of("empty"), 0755);
+    write_text(path_of("empty/config.json"), gpt2_cfg);
+    write_text(path_of("empty/model.safetensors.index.json"), "{\"weight_map\": {}}");
+    struct l3d_st st;
+    CHECK(refused(l3d_st_open_dir(&st, path_of("empty")), "\"weight_map\" is empty"));
+    float *b = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    CHECK(refused(l3d_hf_load(path_of("empty"), &g, b), "empty/model.safetensors.index.json: "
+                                                       "\"weight_map\" is empty"));
+    free(b);
+}
+
+static void test_temp_taken(void) {
+    struct l3d_st_entry e[1] = {{"a", 1, {6, 0}}};
+    mkdir(path_of("taken"), 0755);
+    mkdir(path_of("taken/.model.safetensors"), 0755); /* the temporary's name */
+    CHECK(refused(l3d_st_write(path_of("taken"), e, 1, fill6, NULL, L3D_F32, 1 << 20),
+                  "taken/.model.safetensors"));
+    CHECK(access(path_of("taken/model.safetensors"), F_OK) != 0);
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    CHECK(refused(l3d_hf_save(path_of("taken"), &g, a, L3D_BF16, L3D_HF_SHARD_BYTES),
+                  "taken/.model.safetensors"));
+    CHECK(access(path_of("taken/config.json"), F_OK) != 0);
+    free(a);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -357,6 +390,8 @@ int main(void) {
     test_map();
     test_folder();
     test_llama_folder();
+    test_empty_index();
+    test_temp_taken();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

@@ -190,6 +190,7 @@ char *l3d_hf_config_text(const struct l3d_model_spec *m, enum l3d_dtype dt) {
     char *text = NULL, eps[32], theta[32];
     size_t len;
     FILE *f = open_memstream(&text, &len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for config.json");
     shortest(eps, sizeof eps, m->norm_eps, true);
     const char *torch = dt == L3D_BF16 ? "bfloat16" : dt == L3D_F16 ? "float16" : "float32";
     if (m->arch == L3D_ARCH_GPT2) {
@@ -423,9 +424,9 @@ static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *
                            const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
                            float *full) {
     const struct l3d_st_tensor *t = find_hf(st, h->e.name);
-    if (!t)
+    if (!t) /* st has a file: an index names at least one */
         return l3d_error(L3D_ERR_FORMAT, "%s: no tensor %s, which the model of %s needs",
-                         st->files[0], h->e.name, cfgpath);
+                         st->nfiles ? st->files[0] : cfgpath, h->e.name, cfgpath);
     if (!t->handled) /* said before its shape: an I64 tensor's shape is not the weight's */
         return l3d_st_read_f32(st, t, tmp);
     bool same = t->ndim == h->e.ndim;

@@ -266,6 +266,9 @@ static l3d_status open_index(struct l3d_st *st, const char *dir, const char *ind
     const struct l3d_json *map = rc == L3D_OK ? l3d_json_get(&doc, "weight_map") : NULL;
     if (rc == L3D_OK && (!map || map->type != L3D_JSON_OBJECT))
         rc = l3d_error(L3D_ERR_FORMAT, "%s: no \"weight_map\" object", index);
+    else if (rc == L3D_OK && map->count == 0)
+        rc = l3d_error(L3D_ERR_FORMAT, "%s: \"weight_map\" is empty: the index names no tensor "
+                       "and no shard; write it again (every tensor: its shard's file name)", index);
     for (size_t i = 0; rc == L3D_OK && i < map->count; i++) {
         const char *file = l3d_json_str(&map->items[i]), *name = map->keys[i].str;
         if (!file || !plain_name(file)) {
@@ -364,6 +367,7 @@ static char *header_text(const struct l3d_st_entry *e, int a, int b, enum l3d_dt
     const int64_t es = (int64_t)l3d_dtype_size(dt);
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for a safetensors header");
     fprintf(f, "{\"__metadata__\":{\"format\":\"pt\"}");
     int64_t off = 0;
     for (int i = a; i < b; i++) {
@@ -401,7 +405,7 @@ static l3d_status write_shard(const char *path, const struct l3d_st_entry *e, in
     char *hdr = header_text(e, a, b, dt, &hlen);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        l3d_free(hdr);
+        free(hdr); /* open_memstream's */
         return l3d_error(L3D_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     }
     uint8_t len[8];
@@ -451,6 +455,7 @@ static l3d_status write_index(const char *dir, const struct l3d_st_entry *e, int
     char *text = NULL, path[L3D_CKPT_PATH_CAP];
     size_t len;
     FILE *f = open_memstream(&text, &len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for a safetensors index");
     fprintf(f, "{\n  \"metadata\": {\"total_size\": %lld},\n  \"weight_map\": {",
             (long long)total);
     for (int i = 0; i < n; i++) {
