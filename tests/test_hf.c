@@ -2,6 +2,7 @@
  * in each dtype, sharded and not; hostile files, each refused naming the file, tensor and value;
  * config.json to spec and back for GPT-2 and Llama, and the configs the code cannot honour; the
  * tensor map (names, shapes, transposes) and a folder round trip of a GPT-2 model, bit-identical. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,6 +381,64 @@ static void test_temp_taken(void) {
     free(a);
 }
 
+/* Weights a 16-bit file cannot hold (they would be written as infinity, which llm3d then refuses
+ * to read), and NaN or infinite ones in any dtype: refused before anything is written, naming the
+ * tensor, the value and the dtype. The largest values that round to a finite one still save. */
+static void test_save_range(void) {
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    int64_t n = l3d_gpt_param_count(&g);
+    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path_of("range"));
+    const int64_t at = 5 * g.C + 7; /* wte, row 5: written */
+    struct { float x; enum l3d_dtype dt; const char *err; } c[] = {
+        {65504.0f, L3D_F16, NULL},          /* F16's largest */
+        {65519.0f, L3D_F16, NULL},          /* rounds down to it */
+        {-65520.0f, L3D_F16, "is -65520, beyond F16's range"},
+        {7e4f, L3D_F16, "is 70000, beyond F16's range"},
+        {7e4f, L3D_BF16, NULL},
+        {3.3895e38f, L3D_BF16, NULL},       /* BF16's largest, about */
+        {3.4e38f, L3D_BF16, "is 3.4e+38, beyond BF16's range"},
+        {3.4e38f, L3D_F32, NULL},
+        {NAN, L3D_F32, "is NaN"},
+        {-INFINITY, L3D_BF16, "is -inf"},
+    };
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        a[at] = c[k].x;
+        l3d_status st = l3d_hf_save(dir, &g, a, c[k].dt, L3D_HF_SHARD_BYTES);
+        if (!c[k].err) { /* saved, and read back to the value 16 bits hold */
+            CHECK(st == L3D_OK && l3d_hf_load(dir, &g, b) == L3D_OK);
+            float want = c[k].dt == L3D_F16 ? l3d_f16_to_f32(l3d_f32_to_f16(c[k].x))
+                         : c[k].dt == L3D_BF16 ? l3d_bf16_to_f32(l3d_f32_to_bf16(c[k].x)) : c[k].x;
+            CHECK(isfinite(b[at]) && b[at] == want);
+            CHECK(l3d_st_remove(dir) && unlink(path_of("range/config.json")) == 0);
+            CHECK(rmdir(dir) == 0);
+            continue;
+        }
+        CHECK(refused(st, "tensor transformer.wte.weight element 327 ") && refused(st, c[k].err));
+        CHECK(refused(st, isfinite(c[k].x) ? "--save-dtype" : "the run diverged"));
+        CHECK(access(dir, F_OK) != 0); /* nothing written, not even the folder */
+    }
+    /* a Conv1D weight, (in, out) in the file: llm3d's row 1, column 2 is the file's element
+     * 2 * 3C + 1 */
+    a[at] = 1.0f;
+    struct l3d_hf_tensor *t;
+    int nt;
+    struct l3d_shard fs = l3d_shard_full(&g);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(&g, &fs, ti);
+    CHECK(l3d_hf_tensors(&g, &t, &nt) == L3D_OK);
+    const struct l3d_hf_tensor *q = map_find(t, nt, "transformer.h.0.attn.c_attn.weight");
+    CHECK(q && q->transposed && q->cols == 64);
+    if (q) a[ti[q->tensor].offset + 1 * 64 + 2] = -1e5f;
+    CHECK(refused(l3d_hf_save(dir, &g, a, L3D_F16, L3D_HF_SHARD_BYTES),
+                  "tensor transformer.h.0.attn.c_attn.weight element 385 is -100000"));
+    l3d_free(t);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -392,6 +451,7 @@ int main(void) {
     test_llama_folder();
     test_empty_index();
     test_temp_taken();
+    test_save_range();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

@@ -128,7 +128,10 @@ bool l3d_hf_is_folder(const char *path);
 /* The full model's fp32 parameters (l3d_gpt_param_count of them, llm3d's layout; padding rows
  * zero) from the folder, whose config.json must describe cfg. */
 l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full);
-/* Writes config.json and the weights from the full model's fp32 parameters (host memory). */
+/* Writes config.json and the weights from the full model's fp32 parameters (host memory).
+ * Refused before anything is written (the folder not even created) when a weight is NaN or
+ * infinite (in any dt: the reader refuses them), or beyond dt's range (F16 from 65520, BF16 from
+ * about 3.396e38: it would be written as infinity); the error names the tensor, element, value. */
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes);
 

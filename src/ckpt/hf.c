@@ -521,16 +521,57 @@ static void fill(void *ctx, int i, float *out) {
         for (int64_t j = 0; j < h->rows; j++) out[a * h->rows + j] = src[j * h->cols + a];
 }
 
+/* Every weight the folder will hold is finite and, for a 16-bit dt, one that rounds to a finite
+ * value: else it would be written as infinity (or NaN), which the reader refuses. Values from
+ * l3d_f32_to_f16 / l3d_f32_to_bf16 (nearest even): F16's largest is 65504, and from 65520 (65504
+ * + half its ulp) up it rounds to Inf; BF16's largest is 0x7f7f0000 (about 3.3895e38), and from
+ * 0x7f7f8000 (its half ulp above, the tie rounding to the even Inf) up. */
+static l3d_status check_saveable(const char *dir, const struct l3d_hf_tensor *map, int n,
+                                 const struct l3d_tensor_info *ti, const float *full,
+                                 enum l3d_dtype dt) {
+    const uint32_t bf16_inf_from = 0x7f7f8000u;
+    float limit;
+    memcpy(&limit, &bf16_inf_from, sizeof limit);
+    if (dt == L3D_F16) limit = 65520.0f;
+    for (int i = 0; i < n; i++) {
+        const struct l3d_hf_tensor *h = &map[i];
+        const float *x = full + full_index(&ti[h->tensor], h);
+        int64_t k = 0, count = h->rows * h->cols;
+        while (k < count && isfinite(x[k]) && (dt == L3D_F32 || fabsf(x[k]) < limit)) k++;
+        if (k == count) continue;
+        /* its index in the file's layout: (cols, rows) when transposed */
+        int64_t at = h->transposed ? (k % h->cols) * h->rows + k / h->cols : k;
+        char val[32];
+        shortest(val, sizeof val, x[k], true);
+        if (!isfinite(x[k]))
+            return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s: a model with NaN or "
+                             "infinite weights is not saved (llm3d would refuse to read it back); "
+                             "the run diverged: resume from an earlier checkpoint", dir,
+                             h->e.name, (long long)at, isnan(x[k]) ? "NaN" : val);
+        return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s, beyond %s's range "
+                         "(largest %s): it would be written as infinity; save in %s (train "
+                         "--save-dtype, convert --precision)", dir, h->e.name, (long long)at,
+                         val, dt == L3D_F16 ? "F16" : "BF16", dt == L3D_F16 ? "65504" : "3.39e38",
+                         dt == L3D_F16 ? "fp32 or bf16" : "fp32");
+    }
+    return L3D_OK;
+}
+
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes) {
     struct l3d_hf_tensor *map;
     int n;
     l3d_status rc = l3d_ckpt_long_path(dir);
-    if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
     if (rc != L3D_OK || (rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
     struct l3d_shard fs = l3d_shard_full(cfg);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, &fs, ti);
+    rc = check_saveable(dir, map, n, ti, full, dt); /* before anything is written */
+    if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
+    if (rc != L3D_OK) {
+        l3d_free(map);
+        return rc;
+    }
     struct l3d_st_entry *e = l3d_alloc((size_t)n * sizeof *e, "tensor map");
     for (int i = 0; i < n; i++) e[i] = map[i].e;
     struct save_ctx sc = {map, ti, full};
