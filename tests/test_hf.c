@@ -156,6 +156,52 @@ static void test_st_hostile(void) {
     write_text(path_of("idx/model.safetensors.index.json"),
                "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
     CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "not a file name in the folder"));
+    /* y listed under a, but in b (opened already, for w); the index listing all: read */
+    write_st(path_of("idx/b.safetensors"), "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\""
+             "data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":"
+             "[8,16]}}", 0, d, 16);
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\",\"y\":\"a.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "idx/model.safetensors.index.json: "
+                                                       "tensor y is not in a.safetensors"));
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\",\"y\":\"b.safetensors\"}}");
+    CHECK(l3d_st_open_dir(&st, path_of("idx")) == L3D_OK && st.n == 3 && st.nfiles == 2);
+    const struct l3d_st_tensor *y = l3d_st_find(&st, "y");
+    CHECK(y && y->file == 1 && strstr(st.files[y->file], "idx/b.safetensors") != NULL);
+    l3d_st_close(&st);
+    /* a tensor of a shard that the index does not list (a reader by the index would miss it) */
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "tensor y of b.safetensors is not in "
+                                                       "its weight_map"));
+}
+
+/* Headers Python's safetensors refuses, or reads otherwise than llm3d did: each refused. */
+static void test_st_strict(void) {
+    float d[5] = {1, 2, 3, 4, 5};
+    const char *ok = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    CHECK(open_one(ok, 0, d, 16) == L3D_OK);
+    CHECK(refused(open_one(ok, 0, d, 20), "h.safetensors: 4 bytes after the last tensor's data"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2.0,2],\"data_offsets\":"
+                           "[0,16]}}", 0, d, 16), "tensor x: \"shape\" element 2.0 is not"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":"
+                           "[0,1.6e1]}}", 0, d, 16), "tensor x: \"data_offsets\" element 1.6e1 "
+                                                   "is not"));
+    CHECK(refused(open_one("{\"x\\u0000y\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_"
+                           "offsets\":[0,16]}}", 0, d, 16), "tensor x\\u0000y: a NUL byte"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"dtype\":\"F16\","
+                           "\"data_offsets\":[0,16]}}", 0, d, 16), "key \"dtype\" repeats"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                           "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}",
+                           0, d, 20), "key \"x\" repeats"));
+    /* an empty tensor at the end and gaps are not trailing data; none at all with no data */
+    CHECK(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                   "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[16,16]}}", 0, d,
+                   16) == L3D_OK);
+    CHECK(open_one("{\"__metadata__\":{\"format\":\"pt\"}}", 0, d, 0) == L3D_OK);
+    CHECK(refused(open_one("{\"__metadata__\":{\"format\":\"pt\"}}", 0, d, 1),
+                  "1 bytes after the last tensor's data"));
 }
 
 /* ---- config.json ------------------------------------------------------------------------- */
@@ -445,6 +491,7 @@ int main(void) {
     L3D_ASSERT(mkdtemp(scratch));
     test_st_roundtrip();
     test_st_hostile();
+    test_st_strict();
     test_config();
     test_map();
     test_folder();

@@ -17,7 +17,9 @@
  * start, tensors row-major little-endian. Read: F32, BF16, F16 (widened to fp32 exactly); any
  * other dtype of the format is refused when the tensor is needed. Checked before any tensor is
  * used: the header within the file (at most 100 MB, as the reference reader), each tensor's
- * offsets inside the data, its byte count equal to its shape's, no two tensors overlapping.
+ * offsets inside the data, its byte count equal to its shape's, no two tensors overlapping, no
+ * byte after the last tensor's data, shapes and offsets integers written as such ("2.0" refused),
+ * no NUL in a name, no key twice (the JSON reader).
  * Loading checks every shape against config.json and every weight for NaN and infinity; each
  * error names the file, the tensor and the value.
  *
@@ -68,8 +70,9 @@ struct l3d_st {
 
 /* One file's header, checked against the file (its size). Appends to st (zeroed first). */
 l3d_status l3d_st_open_file(struct l3d_st *st, const char *path);
-/* A folder: model.safetensors, else the files of model.safetensors.index.json (each weight_map
- * entry must be in the file it names; a missing shard is an error naming it). */
+/* A folder: model.safetensors, else the files of model.safetensors.index.json (a weight_map of at
+ * least one entry, each in the file it names, every tensor of those files listed; a missing
+ * shard is an error naming it). */
 l3d_status l3d_st_open_dir(struct l3d_st *st, const char *dir);
 void l3d_st_close(struct l3d_st *st);
 const struct l3d_st_tensor *l3d_st_find(const struct l3d_st *st, const char *name);
