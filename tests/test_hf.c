@@ -485,6 +485,32 @@ static void test_save_range(void) {
     free(b);
 }
 
+/* A small folder whose config.json claims a huge vocabulary (or more layers than it holds): its
+ * config is refused from the safetensors headers, before any caller allocates the model (4M
+ * tokens x 64 channels: 1 GiB of fp32 weights) and without reading a weight. */
+static void test_config_vs_headers(void) {
+    struct l3d_model_spec g, got;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path_of("claims"));
+    CHECK(l3d_hf_save(dir, &g, a, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_config_read(dir, &got) == L3D_OK && got.V == 250);
+    size_t peak = l3d_mem_peak();
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"vocab_size\": 250",
+                                                  "\"vocab_size\": 4194304"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "claims/model.safetensors: tensor transformer."
+                  "wte.weight has shape [250, 64], but "));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "claims/config.json needs [4194304, 64]"));
+    CHECK(l3d_mem_peak() - peak < ((size_t)16 << 20));
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"n_layer\": 2", "\"n_layer\": 3"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "no tensor transformer.h.2.ln_1.weight, which "
+                                                 "the model of"));
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"n_layer\": 2", "\"n_layer\": 1"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "tensor transformer.h.1.ln_1.weight has no place"));
+    free(a);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -499,6 +525,7 @@ int main(void) {
     test_empty_index();
     test_temp_taken();
     test_save_range();
+    test_config_vs_headers();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

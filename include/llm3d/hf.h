@@ -103,6 +103,10 @@ bool l3d_st_remove(const char *dir);
  * config the code cannot honour is refused naming the key. */
 l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
                                struct l3d_model_spec *cfg);
+/* dir/config.json parsed, then checked against the safetensors headers before any caller
+ * allocates the model it describes (a 0.5 MB folder may claim a 4M-token vocabulary): each tensor
+ * the model needs present with its shape and a dtype llm3d reads, every tensor of the files
+ * placed; no weight is read. */
 l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg);
 /* The spec as config.json (l3d_free it); torch_dtype from dt. */
 char *l3d_hf_config_text(const struct l3d_model_spec *cfg, enum l3d_dtype dt);

@@ -166,16 +166,26 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
     return L3D_OK;
 }
 
-l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
-    char path[L3D_CKPT_PATH_CAP], *text = NULL;
+/* dir/config.json into cfg, its path into path (L3D_CKPT_PATH_CAP bytes). */
+static l3d_status read_config(const char *dir, struct l3d_model_spec *cfg, char *path) {
+    char *text = NULL;
     size_t len = 0;
     l3d_status st = l3d_ckpt_long_path(dir);
     if (st != L3D_OK) return st;
-    l3d_ckpt_join(path, sizeof path, dir, "/", "config.json");
+    l3d_ckpt_join(path, L3D_CKPT_PATH_CAP, dir, "/", "config.json");
     st = l3d_ckpt_read_text(path, "config.json", &text, &len);
     if (st == L3D_OK) st = l3d_hf_config_parse(text, len, path, cfg);
     l3d_free(text);
     return st;
+}
+
+static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cfg,
+                                const char *cfgpath);
+
+l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
+    char path[L3D_CKPT_PATH_CAP];
+    l3d_status st = read_config(dir, cfg, path);
+    return st == L3D_OK ? check_headers(dir, cfg, path) : st;
 }
 
 /* The shortest decimal that reads back as x (float: strtof; double: strtod). */
@@ -419,26 +429,32 @@ static void shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
     snprintf(buf + k, cap - k, "]");
 }
 
-/* One tensor's shape checked against the config, read and placed into full. */
-static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
-                           const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
-                           float *full) {
-    const struct l3d_st_tensor *t = find_hf(st, h->e.name);
+/* The file's tensor for h (*out), of a dtype llm3d reads and the shape the config needs. */
+static l3d_status check_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
+                            const char *cfgpath, const struct l3d_st_tensor **out) {
+    const struct l3d_st_tensor *t = *out = find_hf(st, h->e.name);
     if (!t) /* st has a file: an index names at least one */
         return l3d_error(L3D_ERR_FORMAT, "%s: no tensor %s, which the model of %s needs",
                          st->nfiles ? st->files[0] : cfgpath, h->e.name, cfgpath);
     if (!t->handled) /* said before its shape: an I64 tensor's shape is not the weight's */
-        return l3d_st_read_f32(st, t, tmp);
+        return l3d_st_read_f32(st, t, NULL); /* the dtype's refusal, nothing read */
     bool same = t->ndim == h->e.ndim;
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == h->e.shape[d];
-    if (!same) {
-        char got[192], want[64];
-        shape_str(got, sizeof got, t->shape, t->ndim);
-        shape_str(want, sizeof want, h->e.shape, h->e.ndim);
-        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has shape %s, but %s needs %s",
-                         st->files[t->file], t->name, got, cfgpath, want);
-    }
-    l3d_status rc = l3d_st_read_f32(st, t, tmp);
+    if (same) return L3D_OK;
+    char got[192], want[64];
+    shape_str(got, sizeof got, t->shape, t->ndim);
+    shape_str(want, sizeof want, h->e.shape, h->e.ndim);
+    return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has shape %s, but %s needs %s",
+                     st->files[t->file], t->name, got, cfgpath, want);
+}
+
+/* One tensor checked (check_one), read and placed into full. */
+static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
+                           const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
+                           float *full) {
+    const struct l3d_st_tensor *t;
+    l3d_status rc = check_one(st, h, cfgpath, &t);
+    if (rc == L3D_OK) rc = l3d_st_read_f32(st, t, tmp);
     if (rc != L3D_OK) return rc;
     float *dst = full + full_index(ti, h);
     if (!h->transposed) {
@@ -468,12 +484,31 @@ static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tenso
     return L3D_OK;
 }
 
+/* config.json's model against the safetensors headers alone, before a caller allocates the model
+ * config.json describes (a small folder may claim any vocabulary): every tensor it needs present
+ * with its shape and a dtype llm3d reads, every tensor of the files placed. Nothing of the
+ * model's size is allocated, no weight read. */
+static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cfg,
+                                const char *cfgpath) {
+    struct l3d_hf_tensor *map;
+    int n;
+    l3d_status rc = l3d_hf_tensors_ex(cfg, false, &map, &n); /* names and shapes: never refused */
+    if (rc != L3D_OK) return rc;
+    struct l3d_st st;
+    rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
+    const struct l3d_st_tensor *t;
+    for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);
+    if (st.nfiles) l3d_st_close(&st);
+    l3d_free(map);
+    return rc;
+}
+
 l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full) {
     struct l3d_model_spec fc;
     char cfgpath[L3D_CKPT_PATH_CAP];
-    l3d_status rc = l3d_hf_config_read(dir, &fc);
+    l3d_status rc = read_config(dir, &fc, cfgpath); /* its shapes: checked tensor by tensor */
     if (rc != L3D_OK) return rc;
-    l3d_ckpt_join(cfgpath, sizeof cfgpath, dir, "/", "config.json");
     if (!same_model(&fc, cfg))
         return l3d_error(L3D_ERR_FORMAT, "%s describes L=%d C=%d NH=%d V=%d T=%d, not the model "
                          "being loaded (L=%d C=%d NH=%d V=%d T=%d)", cfgpath, fc.L, fc.C, fc.NH,
