@@ -249,11 +249,11 @@ static void test_config(void) {
         CHECK(strstr(text, "\"torch_dtype\": \"bfloat16\"") != NULL);
         l3d_free(text);
     }
-    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gpt2", "bert"), &back), "\"model_type\" \"bert\""));
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gpt2", "bert"), &back), "\"model_type\" is \"bert\""));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "gelu_new", "relu"), &back),
                   "\"activation_function\" is \"relu\""));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_head\": 4", "\"n_head\": 4.5"), &back),
-                  "\"n_head\" is not one"));
+                  "\"n_head\" is 4.5: give an integer"));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_layer\": 2,", ""), &back),
                   "\"n_layer\" is missing"));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"llama3\"", "\"linear\""), &back),
@@ -268,6 +268,173 @@ static void test_config(void) {
                                  "\"hidden_act\""), &back), "\"head_dim\""));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"num_key_value_heads\": 2",
                                  "\"num_key_value_heads\": 3"), &back), "key/value heads (3)"));
+}
+
+/* Every key of config.json that llm3d reads, per architecture: its default when absent (or its
+ * refusal when it is required), a value that is read (not the default: the key is not ignored),
+ * and values refused, each in one message naming the key and the value. A base config holds only
+ * the required keys; the key under test is replaced, removed or appended. */
+struct cfg_key {
+    bool llama;
+    const char *key;
+    double dflt;       /* the field when absent; NAN: required, refused when absent */
+    const char *good;  /* read as good_is (NULL: none) */
+    double good_is;
+    const char *bad;   /* refused (NULL: none), with err in the message */
+    const char *err;
+};
+
+static const char *const gpt2_base[][2] = {
+    {"model_type", "\"gpt2\""}, {"n_layer", "2"}, {"n_embd", "64"}, {"n_head", "4"},
+    {"vocab_size", "250"}, {"n_positions", "32"}};
+static const char *const llama_base[][2] = {
+    {"model_type", "\"llama\""}, {"num_hidden_layers", "2"}, {"hidden_size", "64"},
+    {"num_attention_heads", "4"}, {"intermediate_size", "96"}, {"vocab_size", "300"},
+    {"max_position_embeddings", "64"}};
+#define LLAMA3 "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, " \
+               "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16"
+
+/* The spec's field that `key` sets (1/0 for a boolean, 0 for a key only checked). */
+static double field(const struct l3d_model_spec *m, const char *key) {
+    static const char *const names[][3] = {
+        {"n_layer", "num_hidden_layers", "L"}, {"n_embd", "hidden_size", "C"},
+        {"n_head", "num_attention_heads", "NH"}, {"vocab_size", "", "V"},
+        {"n_positions", "max_position_embeddings", "T"}, {"n_inner", "intermediate_size", "F"},
+        {"layer_norm_epsilon", "rms_norm_eps", "eps"}, {"tie_word_embeddings", "", "tied"},
+        {"num_key_value_heads", "", "KV"}, {"rope_theta", "", "theta"},
+        {"head_dim", "", "hs"}, {"rope_scaling", "", "factor"}};
+    const char *f = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(key, names[i][0]) == 0 || strcmp(key, names[i][1]) == 0) f = names[i][2];
+    return !strcmp(f, "L") ? m->L : !strcmp(f, "C") ? m->C : !strcmp(f, "NH") ? m->NH
+         : !strcmp(f, "V") ? m->V : !strcmp(f, "T") ? m->maxT : !strcmp(f, "F") ? (double)m->ffn
+         : !strcmp(f, "eps") ? m->norm_eps : !strcmp(f, "tied") ? !m->untied
+         : !strcmp(f, "KV") ? l3d_model_kv_heads(m) : !strcmp(f, "theta") ? m->rope.theta
+         : !strcmp(f, "hs") ? m->C / m->NH : !strcmp(f, "factor") ? m->rope.factor : 0.0;
+}
+
+/* The base config of the architecture with `key` set to `value` (NULL: removed). */
+static const char *cfg_with(bool llama, const char *key, const char *value) {
+    static char buf[1024];
+    const char *const(*b)[2] = llama ? llama_base : gpt2_base;
+    int n = llama ? 7 : 6;
+    bool set = false;
+    size_t k = (size_t)snprintf(buf, sizeof buf, "{");
+    for (int i = 0; i < n; i++) {
+        bool it = strcmp(b[i][0], key) == 0;
+        set |= it;
+        if (it && !value) continue;
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s\"%s\": %s", k > 1 ? ", " : "", b[i][0],
+                              it ? value : b[i][1]);
+    }
+    if (!set && value)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, ", \"%s\": %s", key, value);
+    snprintf(buf + k, sizeof buf - k, "}");
+    return buf;
+}
+
+static void test_config_keys(void) {
+    const struct cfg_key keys[] = {
+        {0, "model_type", NAN, "\"gpt2\"", 0, "\"bert\"", "\"model_type\" is \"bert\": llm3d reads "
+                                                          "gpt2 and llama"},
+        {0, "model_type", NAN, NULL, 0, "2", "\"model_type\" is 2"},
+        {0, "n_layer", NAN, "3", 3, "0", "\"n_layer\" is 0: give an integer in [1, 65536]"},
+        {0, "n_layer", NAN, NULL, 0, "65537", "\"n_layer\" is 65537: give"},
+        {0, "n_layer", NAN, NULL, 0, "2.5", "\"n_layer\" is 2.5: give"},
+        {0, "n_layer", NAN, NULL, 0, "\"2\"", "\"n_layer\" is the string \"2\": give"},
+        {0, "n_embd", NAN, "128", 128, "-64", "\"n_embd\" is -64: give"},
+        {0, "n_embd", NAN, NULL, 0, "66", "channels (66) must be divisible by heads (4)"},
+        {0, "n_head", NAN, "8", 8, "0", "\"n_head\" is 0: give"},
+        {0, "n_head", NAN, NULL, 0, "3", "channels (64) must be divisible by heads (3)"},
+        {0, "vocab_size", NAN, "50257", 50257, "1073741825", "\"vocab_size\" is 1073741825"},
+        {0, "vocab_size", NAN, NULL, 0, "null", "\"vocab_size\" is null: give"},
+        {0, "n_positions", NAN, "1024", 1024, "16777217", "\"n_positions\" is 16777217"},
+        {0, "n_inner", 256, "100", 100, "0", "\"n_inner\" is 0: give"},
+        {0, "n_inner", 256, "null", 256, "true", "\"n_inner\" is true: give"},
+        {0, "layer_norm_epsilon", 1e-5f, "1e-3", 1e-3f, "0", "\"layer_norm_epsilon\" is 0: give"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1e999", "\"layer_norm_epsilon\" is 1e999"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1e-50", "\"layer_norm_epsilon\" is 1e-50"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1", "\"layer_norm_epsilon\" is 1: give"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "null", "\"layer_norm_epsilon\" is null"},
+        {0, "tie_word_embeddings", 1, "false", 0, "1", "\"tie_word_embeddings\" is 1: give true"},
+        {0, "tie_word_embeddings", 1, NULL, 0, "null", "\"tie_word_embeddings\" is null"},
+        {0, "activation_function", 0, "\"gelu_pytorch_tanh\"", 0, "\"gelu\"",
+         "\"activation_function\" is \"gelu\": llm3d cannot honour it"},
+        {0, "scale_attn_weights", 0, "true", 0, "false", "\"scale_attn_weights\" is false"},
+        {0, "scale_attn_weights", 0, NULL, 0, "null", "\"scale_attn_weights\" is null"},
+        {0, "scale_attn_by_inverse_layer_idx", 0, "false", 0, "true",
+         "\"scale_attn_by_inverse_layer_idx\" is true"},
+        {0, "add_cross_attention", 0, "false", 0, "true", "\"add_cross_attention\" is true"},
+        {1, "model_type", NAN, "\"llama\"", 0, "\"mistral\"", "\"model_type\" is \"mistral\""},
+        {1, "num_hidden_layers", NAN, "4", 4, "0", "\"num_hidden_layers\" is 0: give"},
+        {1, "hidden_size", NAN, "128", 128, "1048577", "\"hidden_size\" is 1048577: give"},
+        {1, "num_attention_heads", NAN, "8", 8, "65537", "\"num_attention_heads\" is 65537"},
+        {1, "intermediate_size", NAN, "128", 128, "0", "\"intermediate_size\" is 0: give"},
+        {1, "vocab_size", NAN, "32000", 32000, "-1", "\"vocab_size\" is -1: give"},
+        {1, "max_position_embeddings", NAN, "8192", 8192, "0",
+         "\"max_position_embeddings\" is 0: give"},
+        {1, "num_key_value_heads", 4, "2", 2, "3", "key/value heads (3) must divide"},
+        {1, "num_key_value_heads", 4, "null", 4, "0", "\"num_key_value_heads\" is 0: give"},
+        {1, "rms_norm_eps", 1e-6f, "1e-5", 1e-5f, "-1e-6", "\"rms_norm_eps\" is -1e-6: give"},
+        {1, "rms_norm_eps", 1e-6f, NULL, 0, "1e999", "\"rms_norm_eps\" is 1e999: give"},
+        {1, "rope_theta", 10000, "500000.0", 500000, "1", "\"rope_theta\" is 1: give"},
+        {1, "rope_theta", 10000, NULL, 0, "1e999", "\"rope_theta\" is 1e999: give"},
+        {1, "rope_theta", 10000, NULL, 0, "\"1e4\"", "\"rope_theta\" is the string \"1e4\": give"},
+        {1, "tie_word_embeddings", 0, "true", 1, "\"no\"", "\"tie_word_embeddings\" is the string \"no\""},
+        {1, "hidden_act", 0, "\"silu\"", 0, "\"gelu\"", "\"hidden_act\" is \"gelu\""},
+        {1, "attention_bias", 0, "false", 0, "true", "\"attention_bias\" is true"},
+        {1, "mlp_bias", 0, "false", 0, "true", "\"mlp_bias\" is true"},
+        {1, "head_dim", 16, "16", 16, "32", "\"head_dim\" is 32, not hidden_size / "
+                                           "num_attention_heads (16)"},
+        {1, "head_dim", 16, "null", 16, "0", "\"head_dim\" is 0: give"},
+        {1, "rope_scaling", 0, LLAMA3 "}", 8, "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         "\"rope_scaling\" of type yarn: llm3d implements Llama 3.1's"},
+        {1, "rope_scaling", 0, "null", 0, "\"llama3\"", "\"rope_scaling\" of type (none)"},
+        {1, "rope_scaling", 0, "{\"type\": \"llama3\", \"factor\": 2.0, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 16}", 2,
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "\"low_freq_factor\" is missing: "
+                                                       "give a finite number above 0"},
+        {1, "rope_scaling", 0, NULL, 0, LLAMA3 ", \"factor\": 0}", "key \"factor\" repeats"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 1e999, "
+         "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_"
+         "embeddings\": 16}", "\"factor\" is 1e999: give"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 4.0, \"high_freq_factor\": 4.0, \"original_max_position_"
+         "embeddings\": 16}", "high_freq_factor (4) > low_freq_factor (4)"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0}",
+         "\"original_max_position_embeddings\" is missing"},
+    };
+    struct l3d_model_spec m;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const struct cfg_key *k = &keys[i];
+        const char *absent = cfg_with(k->llama, k->key, NULL);
+        l3d_status st = parse_cfg(absent, &m);
+        if (isnan(k->dflt)) {
+            bool ok = refused(st, "is missing");
+            if (!ok) fprintf(stderr, "  (%s absent)\n", k->key);
+            CHECK(ok);
+        } else {
+            CHECK(st == L3D_OK && field(&m, k->key) == k->dflt);
+            if (!(st == L3D_OK && field(&m, k->key) == k->dflt))
+                fprintf(stderr, "  %s absent: %s, field %g, default %g\n", k->key,
+                        st == L3D_OK ? "read" : l3d_error_message(), field(&m, k->key), k->dflt);
+        }
+        if (k->good) {
+            st = parse_cfg(cfg_with(k->llama, k->key, k->good), &m);
+            CHECK(st == L3D_OK && field(&m, k->key) == k->good_is);
+            if (!(st == L3D_OK && field(&m, k->key) == k->good_is))
+                fprintf(stderr, "  %s: %s: %s, field %g, want %g\n", k->key, k->good,
+                        st == L3D_OK ? "read" : l3d_error_message(), field(&m, k->key),
+                        k->good_is);
+        }
+        if (k->bad) {
+            st = parse_cfg(cfg_with(k->llama, k->key, k->bad), &m);
+            bool ok = refused(st, k->err) && refused(st, "config.json: ");
+            if (!ok) fprintf(stderr, "  (%s: %s)\n", k->key, k->bad);
+            CHECK(ok);
+        }
+    }
 }
 
 /* ---- the tensor map and folders ---------------------------------------------------------- */
@@ -450,25 +617,35 @@ static void test_save_range(void) {
         {NAN, L3D_F32, "is NaN"},
         {-INFINITY, L3D_BF16, "is -inf"},
     };
-    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+    const size_t nc = sizeof c / sizeof c[0];
+    for (size_t k = 0; k < nc; k++) { /* the refused: alone at `at` */
+        if (!c[k].err) continue;
         a[at] = c[k].x;
         l3d_status st = l3d_hf_save(dir, &g, a, c[k].dt, L3D_HF_SHARD_BYTES);
-        if (!c[k].err) { /* saved, and read back to the value 16 bits hold */
-            CHECK(st == L3D_OK && l3d_hf_load(dir, &g, b) == L3D_OK);
-            float want = c[k].dt == L3D_F16 ? l3d_f16_to_f32(l3d_f32_to_f16(c[k].x))
-                         : c[k].dt == L3D_BF16 ? l3d_bf16_to_f32(l3d_f32_to_bf16(c[k].x)) : c[k].x;
-            CHECK(isfinite(b[at]) && b[at] == want);
-            CHECK(l3d_st_remove(dir) && unlink(path_of("range/config.json")) == 0);
-            CHECK(rmdir(dir) == 0);
-            continue;
-        }
         CHECK(refused(st, "tensor transformer.wte.weight element 327 ") && refused(st, c[k].err));
         CHECK(refused(st, isfinite(c[k].x) ? "--save-dtype" : "the run diverged"));
         CHECK(access(dir, F_OK) != 0); /* nothing written, not even the folder */
     }
+    const enum l3d_dtype dts[3] = {L3D_F16, L3D_BF16, L3D_F32};
+    for (int d = 0; d < 3; d++) { /* the saved: one folder a dtype, each value at at + k */
+        int saved = 0;
+        for (size_t k = 0; k < nc; k++) a[at + (int64_t)k] = 1.0f;
+        for (size_t k = 0; k < nc; k++)
+            if (!c[k].err && c[k].dt == dts[d]) a[at + (int64_t)k] = c[k].x, saved++;
+        CHECK(saved > 0 && l3d_hf_save(dir, &g, a, dts[d], L3D_HF_SHARD_BYTES) == L3D_OK);
+        CHECK(l3d_hf_load(dir, &g, b) == L3D_OK);
+        for (size_t k = 0; k < nc; k++) { /* read back as the value 16 bits hold */
+            if (c[k].err || c[k].dt != dts[d]) continue;
+            float x = c[k].x, got = b[at + (int64_t)k];
+            float want = dts[d] == L3D_F16 ? l3d_f16_to_f32(l3d_f32_to_f16(x))
+                         : dts[d] == L3D_BF16 ? l3d_bf16_to_f32(l3d_f32_to_bf16(x)) : x;
+            CHECK(isfinite(got) && got == want && fabsf(got - x) <= 1e-2f * fabsf(x));
+        }
+        CHECK(l3d_st_remove(dir) && unlink(path_of("range/config.json")) == 0 && rmdir(dir) == 0);
+    }
+    for (size_t k = 0; k < nc; k++) a[at + (int64_t)k] = 1.0f;
     /* a Conv1D weight, (in, out) in the file: llm3d's row 1, column 2 is the file's element
      * 2 * 3C + 1 */
-    a[at] = 1.0f;
     struct l3d_hf_tensor *t;
     int nt;
     struct l3d_shard fs = l3d_shard_full(&g);
@@ -519,6 +696,7 @@ int main(void) {
     test_st_hostile();
     test_st_strict();
     test_config();
+    test_config_keys();
     test_map();
     test_folder();
     test_llama_folder();

@@ -15,39 +15,62 @@
 
 /* ---- config.json -------------------------------------------------------------------------- */
 
+/* The least norm epsilon read: smaller ones are 0 (or subnormal) as the fp32 the model keeps. */
+#define EPS_LO 1e-38
+
 struct cfg_reader {
     const struct l3d_json *doc;
     const char *what;
     l3d_status st; /* the first error */
 };
 
-/* An integer key (required unless dflt >= 0, then its value when absent or null). */
+/* A value for a message: a number as written, a string quoted, else its kind ("null", "true"). */
+static const char *value_text(const struct l3d_json *v, char *buf, size_t cap) {
+    if (v->type == L3D_JSON_NUMBER) snprintf(buf, cap, "%.40s", v->str);
+    else if (v->type == L3D_JSON_STRING) snprintf(buf, cap, "the string \"%.40s\"", v->str);
+    else if (v->type == L3D_JSON_BOOL) snprintf(buf, cap, "%s", v->boolean ? "true" : "false");
+    else snprintf(buf, cap, "%s", v->type == L3D_JSON_NULL ? "null" : l3d_json_type_name(v->type));
+    return buf;
+}
+
+/* An integer key (required unless dflt >= 0, then its value when absent or null, as Hugging
+ * Face reads n_inner, num_key_value_heads and head_dim). */
 static int get_int(struct cfg_reader *r, const char *key, int64_t dflt, int64_t most) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     int64_t x = dflt;
+    char b[64];
     if (r->st != L3D_OK) return 0;
     if ((!v || v->type == L3D_JSON_NULL) && dflt >= 0) return (int)dflt;
     if (!v || !l3d_json_int(v, &x) || x < 1 || x > most)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" %s: give an integer in [1, %lld]", r->what,
-                          key, v ? "is not one" : "is missing", (long long)most);
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give an integer in [1, %lld]", r->what,
+                          key, v ? value_text(v, b, sizeof b) : "missing", (long long)most);
     return (int)x;
 }
 
-static double get_num(struct cfg_reader *r, const char *key, double dflt) {
+/* A number key in (lo, hi), hi INFINITY for any finite one (1e999 reads as infinity); absent:
+ * dflt, or refused when dflt is NaN. null is refused: Python passes None on, no default. */
+static double get_num(struct cfg_reader *r, const char *key, double dflt, double lo, double hi) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     double x = dflt;
-    if (r->st != L3D_OK || !v) return dflt;
-    if (!l3d_json_num(v, &x) || !(x > 0))
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not a positive number", r->what, key);
-    return x;
+    char b[64], range[64];
+    if (r->st != L3D_OK || (!v && !isnan(dflt))) return dflt;
+    if (v && l3d_json_num(v, &x) && isfinite(x) && x > lo && x < hi) return x;
+    if (isinf(hi)) snprintf(range, sizeof range, "a finite number above %g", lo);
+    else snprintf(range, sizeof range, "a number in (%g, %g)", lo, hi);
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give %s", r->what, key,
+                      v ? value_text(v, b, sizeof b) : "missing", range);
+    return dflt;
 }
 
-/* A boolean key; absent: dflt. */
+/* A boolean key; absent: dflt. null is refused: Python reads it as false, not as the default. */
 static bool get_bool(struct cfg_reader *r, const char *key, bool dflt) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
-    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL) return dflt;
+    char b[64];
+    if (r->st != L3D_OK || !v) return dflt;
     if (v->type != L3D_JSON_BOOL)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not true or false", r->what, key);
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give true or false%s", r->what, key,
+                          value_text(v, b, sizeof b), v->type == L3D_JSON_NULL ? " (Python reads "
+                          "null as false; llm3d does not guess)" : "");
     return v->boolean;
 }
 
@@ -57,10 +80,12 @@ static void want_str(struct cfg_reader *r, const char *key, const char *const *o
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     if (r->st != L3D_OK || !v) return;
     const char *s = l3d_json_str(v);
+    char b[64];
     for (int i = 0; s && ok[i]; i++)
         if (strcmp(s, ok[i]) == 0) return;
-    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %.40s%s%s: llm3d cannot honour it (%s)",
-                      r->what, key, s ? "\"" : "not a string", s ? s : "", s ? "\"" : "", why);
+    if (s) snprintf(b, sizeof b, "\"%.40s\"", s);
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s)", r->what,
+                      key, s ? b : value_text(v, b, sizeof b), why);
 }
 
 /* A boolean key the code supports only with the value `need`. */
@@ -79,7 +104,7 @@ static void read_gpt2(struct cfg_reader *r, struct l3d_model_spec *m) {
     m->V = get_int(r, "vocab_size", -1, 1 << 30);
     m->maxT = get_int(r, "n_positions", -1, L3D_MAX_CONTEXT);
     m->ffn = get_int(r, "n_inner", 0, 16LL * L3D_MAX_CHANNELS);
-    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5);
+    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5, EPS_LO, 1.0);
     m->untied = !get_bool(r, "tie_word_embeddings", true);
     want_str(r, "activation_function", acts, "GPT-2's GELU is the tanh approximation, gelu_new");
     want_bool(r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)");
@@ -100,15 +125,11 @@ static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
                           type ? type : "(none)");
         return;
     }
-    m->rope.factor = get_num(&sub, "factor", -1);
-    m->rope.low_freq_factor = get_num(&sub, "low_freq_factor", -1);
-    m->rope.high_freq_factor = get_num(&sub, "high_freq_factor", -1);
+    m->rope.factor = get_num(&sub, "factor", NAN, 0.0, INFINITY); /* NaN: required */
+    m->rope.low_freq_factor = get_num(&sub, "low_freq_factor", NAN, 0.0, INFINITY);
+    m->rope.high_freq_factor = get_num(&sub, "high_freq_factor", NAN, 0.0, INFINITY);
     m->rope.original_context = get_int(&sub, "original_max_position_embeddings", -1,
                                        L3D_MAX_CONTEXT);
-    if (sub.st == L3D_OK && (m->rope.factor < 0 || m->rope.low_freq_factor < 0 ||
-                             m->rope.high_freq_factor < 0))
-        sub.st = l3d_error(L3D_ERR_FORMAT, "%s: \"rope_scaling\" needs factor, low_freq_factor and "
-                           "high_freq_factor", r->what);
     r->st = sub.st;
 }
 
@@ -126,17 +147,17 @@ static void read_llama(struct cfg_reader *r, struct l3d_model_spec *m) {
     m->ffn = get_int(r, "intermediate_size", -1, 16LL * L3D_MAX_CHANNELS);
     m->V = get_int(r, "vocab_size", -1, 1 << 30);
     m->maxT = get_int(r, "max_position_embeddings", -1, L3D_MAX_CONTEXT);
-    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6);
-    m->rope.theta = get_num(r, "rope_theta", 10000.0);
+    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6, EPS_LO, 1.0);
+    m->rope.theta = get_num(r, "rope_theta", 10000.0, 1.0, INFINITY);
     m->untied = !get_bool(r, "tie_word_embeddings", false);
     want_str(r, "hidden_act", acts, "Llama's MLP is SwiGLU: silu");
     want_bool(r, "attention_bias", false, "the model has no biases");
     want_bool(r, "mlp_bias", false, "the model has no biases");
     if (r->st == L3D_OK && m->NH > 0 && get_int(r, "head_dim", m->C / m->NH, 1 << 20) !=
                                             m->C / m->NH && r->st == L3D_OK)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is not hidden_size / "
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is %d, not hidden_size / "
                           "num_attention_heads (%d): llm3d cannot honour it", r->what,
-                          m->C / m->NH);
+                          get_int(r, "head_dim", 1, 1 << 20), m->C / m->NH);
     read_rope_scaling(r, m);
 }
 
@@ -149,15 +170,18 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
         st = l3d_error(L3D_ERR_FORMAT, "%s: %s, not an object", what,
                        l3d_json_type_name(doc.type));
     struct cfg_reader r = {.doc = &doc, .what = what, .st = st};
-    const char *type = st == L3D_OK ? l3d_json_str(l3d_json_get(&doc, "model_type")) : NULL;
+    const struct l3d_json *mt = st == L3D_OK ? l3d_json_get(&doc, "model_type") : NULL;
+    const char *type = l3d_json_str(mt);
+    char b[64];
     if (st != L3D_OK) {
     } else if (type && strcmp(type, "gpt2") == 0) {
         read_gpt2(&r, cfg);
     } else if (type && strcmp(type, "llama") == 0) {
         read_llama(&r, cfg);
     } else {
-        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" %s%.40s%s: llm3d reads gpt2 and llama",
-                         what, type ? "\"" : "", type ? type : "missing", type ? "\"" : "");
+        if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
+        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads gpt2 and llama",
+                         what, type ? b : mt ? value_text(mt, b, sizeof b) : "missing");
     }
     l3d_json_free(&doc);
     if (r.st != L3D_OK) return r.st;
