@@ -108,6 +108,7 @@ static void test_repeated_keys(void) {
            "line 1, column 2");
     refuse("{\"x\": {\"dtype\": \"F32\",\n \"dtype\": \"F16\"}}", "line 2, column 2: key \"dtype\"");
     refuse("[{\"k\": 1}, {\"k\": 2, \"\\u006b\": 3}]", "key \"k\" repeats"); /* escaped: the same */
+    refuse("{\"a\\nb\\u0000\": 1, \"a\\nb\\u0000\": 2}", "key \"a\\u000ab\\u0000\" repeats"); /* one line */
     struct l3d_json v;
     CHECK(parse(&v, "{\"a\": 1, \"a\\u0000b\": 2, \"b\": {\"a\": 3}, \"c\": [{\"a\": 4}]}") ==
           L3D_OK && v.count == 4);

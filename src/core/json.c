@@ -239,11 +239,19 @@ static bool unique_keys(struct parser *p, const struct l3d_json *keys, size_t n)
     if (i == n) return true;
     if (i > n) return oom(p);
     int line, col, line0, col0;
+    char name[80]; /* the key's first bytes, control characters escaped: one line */
+    size_t k = 0;
+    for (size_t j = 0; j < keys[i].len && k + 7 < sizeof name; j++) {
+        unsigned char c = (unsigned char)keys[i].str[j];
+        if (c < 0x20) k += (size_t)snprintf(name + k, sizeof name - k, "\\u%04x", c);
+        else name[k++] = (char)c;
+    }
+    name[k] = '\0';
     l3d_json_where(p->s, p->n, keys[i].offset, &line, &col);
     l3d_json_where(p->s, p->n, keys[first].offset, &line0, &col0);
-    p->st = l3d_error(L3D_ERR_FORMAT, "%s: line %d, column %d: key \"%.60s\" repeats the one at "
+    p->st = l3d_error(L3D_ERR_FORMAT, "%s: line %d, column %d: key \"%s\" repeats the one at "
                       "line %d, column %d: readers disagree on which counts (Python's json takes "
-                      "the last); remove one", p->what, line, col, keys[i].str, line0, col0);
+                      "the last); remove one", p->what, line, col, name, line0, col0);
     return false;
 }
 
