@@ -2,6 +2,7 @@
  * in each dtype, sharded and not; hostile files, each refused naming the file, tensor and value;
  * config.json to spec and back for GPT-2 and Llama, and the configs the code cannot honour; the
  * tensor map (names, shapes, transposes) and a folder round trip of a GPT-2 model, bit-identical. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,52 @@ static void test_st_hostile(void) {
     write_text(path_of("idx/model.safetensors.index.json"),
                "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
     CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "not a file name in the folder"));
+    /* y listed under a, but in b (opened already, for w); the index listing all: read */
+    write_st(path_of("idx/b.safetensors"), "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\""
+             "data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":"
+             "[8,16]}}", 0, d, 16);
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\",\"y\":\"a.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "idx/model.safetensors.index.json: "
+                                                       "tensor y is not in a.safetensors"));
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\",\"y\":\"b.safetensors\"}}");
+    CHECK(l3d_st_open_dir(&st, path_of("idx")) == L3D_OK && st.n == 3 && st.nfiles == 2);
+    const struct l3d_st_tensor *y = l3d_st_find(&st, "y");
+    CHECK(y && y->file == 1 && strstr(st.files[y->file], "idx/b.safetensors") != NULL);
+    l3d_st_close(&st);
+    /* a tensor of a shard that the index does not list (a reader by the index would miss it) */
+    write_text(path_of("idx/model.safetensors.index.json"), "{\"weight_map\":{\"x\":\"a."
+               "safetensors\",\"w\":\"b.safetensors\"}}");
+    CHECK(refused(l3d_st_open_dir(&st, path_of("idx")), "tensor y of b.safetensors is not in "
+                                                       "its weight_map"));
+}
+
+/* Headers Python's safetensors refuses, or reads otherwise than llm3d did: each refused. */
+static void test_st_strict(void) {
+    float d[5] = {1, 2, 3, 4, 5};
+    const char *ok = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    CHECK(open_one(ok, 0, d, 16) == L3D_OK);
+    CHECK(refused(open_one(ok, 0, d, 20), "h.safetensors: 4 bytes after the last tensor's data"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2.0,2],\"data_offsets\":"
+                           "[0,16]}}", 0, d, 16), "tensor x: \"shape\" element 2.0 is not"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":"
+                           "[0,1.6e1]}}", 0, d, 16), "tensor x: \"data_offsets\" element 1.6e1 "
+                                                   "is not"));
+    CHECK(refused(open_one("{\"x\\u0000y\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_"
+                           "offsets\":[0,16]}}", 0, d, 16), "tensor x\\u0000y: a NUL byte"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"dtype\":\"F16\","
+                           "\"data_offsets\":[0,16]}}", 0, d, 16), "key \"dtype\" repeats"));
+    CHECK(refused(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                           "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}",
+                           0, d, 20), "key \"x\" repeats"));
+    /* an empty tensor at the end and gaps are not trailing data; none at all with no data */
+    CHECK(open_one("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                   "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[16,16]}}", 0, d,
+                   16) == L3D_OK);
+    CHECK(open_one("{\"__metadata__\":{\"format\":\"pt\"}}", 0, d, 0) == L3D_OK);
+    CHECK(refused(open_one("{\"__metadata__\":{\"format\":\"pt\"}}", 0, d, 1),
+                  "1 bytes after the last tensor's data"));
 }
 
 /* ---- config.json ------------------------------------------------------------------------- */
@@ -203,11 +250,11 @@ static void test_config(void) {
         CHECK(strstr(text, "\"torch_dtype\": \"bfloat16\"") != NULL);
         l3d_free(text);
     }
-    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gpt2", "bert"), &back), "\"model_type\" \"bert\""));
+    CHECK(refused(parse_cfg(edit(gpt2_cfg, "gpt2", "bert"), &back), "\"model_type\" is \"bert\""));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "gelu_new", "relu"), &back),
                   "\"activation_function\" is \"relu\""));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_head\": 4", "\"n_head\": 4.5"), &back),
-                  "\"n_head\" is not one"));
+                  "\"n_head\" is 4.5: give an integer"));
     CHECK(refused(parse_cfg(edit(gpt2_cfg, "\"n_layer\": 2,", ""), &back),
                   "\"n_layer\" is missing"));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"llama3\"", "\"linear\""), &back),
@@ -222,6 +269,173 @@ static void test_config(void) {
                                  "\"hidden_act\""), &back), "\"head_dim\""));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"num_key_value_heads\": 2",
                                  "\"num_key_value_heads\": 3"), &back), "key/value heads (3)"));
+}
+
+/* Every key of config.json that llm3d reads, per architecture: its default when absent (or its
+ * refusal when it is required), a value that is read (not the default: the key is not ignored),
+ * and values refused, each in one message naming the key and the value. A base config holds only
+ * the required keys; the key under test is replaced, removed or appended. */
+struct cfg_key {
+    bool llama;
+    const char *key;
+    double dflt;       /* the field when absent; NAN: required, refused when absent */
+    const char *good;  /* read as good_is (NULL: none) */
+    double good_is;
+    const char *bad;   /* refused (NULL: none), with err in the message */
+    const char *err;
+};
+
+static const char *const gpt2_base[][2] = {
+    {"model_type", "\"gpt2\""}, {"n_layer", "2"}, {"n_embd", "64"}, {"n_head", "4"},
+    {"vocab_size", "250"}, {"n_positions", "32"}};
+static const char *const llama_base[][2] = {
+    {"model_type", "\"llama\""}, {"num_hidden_layers", "2"}, {"hidden_size", "64"},
+    {"num_attention_heads", "4"}, {"intermediate_size", "96"}, {"vocab_size", "300"},
+    {"max_position_embeddings", "64"}};
+#define LLAMA3 "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, " \
+               "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16"
+
+/* The spec's field that `key` sets (1/0 for a boolean, 0 for a key only checked). */
+static double field(const struct l3d_model_spec *m, const char *key) {
+    static const char *const names[][3] = {
+        {"n_layer", "num_hidden_layers", "L"}, {"n_embd", "hidden_size", "C"},
+        {"n_head", "num_attention_heads", "NH"}, {"vocab_size", "", "V"},
+        {"n_positions", "max_position_embeddings", "T"}, {"n_inner", "intermediate_size", "F"},
+        {"layer_norm_epsilon", "rms_norm_eps", "eps"}, {"tie_word_embeddings", "", "tied"},
+        {"num_key_value_heads", "", "KV"}, {"rope_theta", "", "theta"},
+        {"head_dim", "", "hs"}, {"rope_scaling", "", "factor"}};
+    const char *f = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(key, names[i][0]) == 0 || strcmp(key, names[i][1]) == 0) f = names[i][2];
+    return !strcmp(f, "L") ? m->L : !strcmp(f, "C") ? m->C : !strcmp(f, "NH") ? m->NH
+         : !strcmp(f, "V") ? m->V : !strcmp(f, "T") ? m->maxT : !strcmp(f, "F") ? (double)m->ffn
+         : !strcmp(f, "eps") ? m->norm_eps : !strcmp(f, "tied") ? !m->untied
+         : !strcmp(f, "KV") ? l3d_model_kv_heads(m) : !strcmp(f, "theta") ? m->rope.theta
+         : !strcmp(f, "hs") ? m->C / m->NH : !strcmp(f, "factor") ? m->rope.factor : 0.0;
+}
+
+/* The base config of the architecture with `key` set to `value` (NULL: removed). */
+static const char *cfg_with(bool llama, const char *key, const char *value) {
+    static char buf[1024];
+    const char *const(*b)[2] = llama ? llama_base : gpt2_base;
+    int n = llama ? 7 : 6;
+    bool set = false;
+    size_t k = (size_t)snprintf(buf, sizeof buf, "{");
+    for (int i = 0; i < n; i++) {
+        bool it = strcmp(b[i][0], key) == 0;
+        set |= it;
+        if (it && !value) continue;
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s\"%s\": %s", k > 1 ? ", " : "", b[i][0],
+                              it ? value : b[i][1]);
+    }
+    if (!set && value)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, ", \"%s\": %s", key, value);
+    snprintf(buf + k, sizeof buf - k, "}");
+    return buf;
+}
+
+static void test_config_keys(void) {
+    const struct cfg_key keys[] = {
+        {0, "model_type", NAN, "\"gpt2\"", 0, "\"bert\"", "\"model_type\" is \"bert\": llm3d reads "
+                                                          "gpt2 and llama"},
+        {0, "model_type", NAN, NULL, 0, "2", "\"model_type\" is 2"},
+        {0, "n_layer", NAN, "3", 3, "0", "\"n_layer\" is 0: give an integer in [1, 65536]"},
+        {0, "n_layer", NAN, NULL, 0, "65537", "\"n_layer\" is 65537: give"},
+        {0, "n_layer", NAN, NULL, 0, "2.5", "\"n_layer\" is 2.5: give"},
+        {0, "n_layer", NAN, NULL, 0, "\"2\"", "\"n_layer\" is the string \"2\": give"},
+        {0, "n_embd", NAN, "128", 128, "-64", "\"n_embd\" is -64: give"},
+        {0, "n_embd", NAN, NULL, 0, "66", "channels (66) must be divisible by heads (4)"},
+        {0, "n_head", NAN, "8", 8, "0", "\"n_head\" is 0: give"},
+        {0, "n_head", NAN, NULL, 0, "3", "channels (64) must be divisible by heads (3)"},
+        {0, "vocab_size", NAN, "50257", 50257, "1073741825", "\"vocab_size\" is 1073741825"},
+        {0, "vocab_size", NAN, NULL, 0, "null", "\"vocab_size\" is null: give"},
+        {0, "n_positions", NAN, "1024", 1024, "16777217", "\"n_positions\" is 16777217"},
+        {0, "n_inner", 256, "100", 100, "0", "\"n_inner\" is 0: give"},
+        {0, "n_inner", 256, "null", 256, "true", "\"n_inner\" is true: give"},
+        {0, "layer_norm_epsilon", 1e-5f, "1e-3", 1e-3f, "0", "\"layer_norm_epsilon\" is 0: give"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1e999", "\"layer_norm_epsilon\" is 1e999"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1e-50", "\"layer_norm_epsilon\" is 1e-50"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "1", "\"layer_norm_epsilon\" is 1: give"},
+        {0, "layer_norm_epsilon", 1e-5f, NULL, 0, "null", "\"layer_norm_epsilon\" is null"},
+        {0, "tie_word_embeddings", 1, "false", 0, "1", "\"tie_word_embeddings\" is 1: give true"},
+        {0, "tie_word_embeddings", 1, NULL, 0, "null", "\"tie_word_embeddings\" is null"},
+        {0, "activation_function", 0, "\"gelu_pytorch_tanh\"", 0, "\"gelu\"",
+         "\"activation_function\" is \"gelu\": llm3d cannot honour it"},
+        {0, "scale_attn_weights", 0, "true", 0, "false", "\"scale_attn_weights\" is false"},
+        {0, "scale_attn_weights", 0, NULL, 0, "null", "\"scale_attn_weights\" is null"},
+        {0, "scale_attn_by_inverse_layer_idx", 0, "false", 0, "true",
+         "\"scale_attn_by_inverse_layer_idx\" is true"},
+        {0, "add_cross_attention", 0, "false", 0, "true", "\"add_cross_attention\" is true"},
+        {1, "model_type", NAN, "\"llama\"", 0, "\"mistral\"", "\"model_type\" is \"mistral\""},
+        {1, "num_hidden_layers", NAN, "4", 4, "0", "\"num_hidden_layers\" is 0: give"},
+        {1, "hidden_size", NAN, "128", 128, "1048577", "\"hidden_size\" is 1048577: give"},
+        {1, "num_attention_heads", NAN, "8", 8, "65537", "\"num_attention_heads\" is 65537"},
+        {1, "intermediate_size", NAN, "128", 128, "0", "\"intermediate_size\" is 0: give"},
+        {1, "vocab_size", NAN, "32000", 32000, "-1", "\"vocab_size\" is -1: give"},
+        {1, "max_position_embeddings", NAN, "8192", 8192, "0",
+         "\"max_position_embeddings\" is 0: give"},
+        {1, "num_key_value_heads", 4, "2", 2, "3", "key/value heads (3) must divide"},
+        {1, "num_key_value_heads", 4, "null", 4, "0", "\"num_key_value_heads\" is 0: give"},
+        {1, "rms_norm_eps", 1e-6f, "1e-5", 1e-5f, "-1e-6", "\"rms_norm_eps\" is -1e-6: give"},
+        {1, "rms_norm_eps", 1e-6f, NULL, 0, "1e999", "\"rms_norm_eps\" is 1e999: give"},
+        {1, "rope_theta", 10000, "500000.0", 500000, "1", "\"rope_theta\" is 1: give"},
+        {1, "rope_theta", 10000, NULL, 0, "1e999", "\"rope_theta\" is 1e999: give"},
+        {1, "rope_theta", 10000, NULL, 0, "\"1e4\"", "\"rope_theta\" is the string \"1e4\": give"},
+        {1, "tie_word_embeddings", 0, "true", 1, "\"no\"", "\"tie_word_embeddings\" is the string \"no\""},
+        {1, "hidden_act", 0, "\"silu\"", 0, "\"gelu\"", "\"hidden_act\" is \"gelu\""},
+        {1, "attention_bias", 0, "false", 0, "true", "\"attention_bias\" is true"},
+        {1, "mlp_bias", 0, "false", 0, "true", "\"mlp_bias\" is true"},
+        {1, "head_dim", 16, "16", 16, "32", "\"head_dim\" is 32, not hidden_size / "
+                                           "num_attention_heads (16)"},
+        {1, "head_dim", 16, "null", 16, "0", "\"head_dim\" is 0: give"},
+        {1, "rope_scaling", 0, LLAMA3 "}", 8, "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         "\"rope_scaling\" of type yarn: llm3d implements Llama 3.1's"},
+        {1, "rope_scaling", 0, "null", 0, "\"llama3\"", "\"rope_scaling\" of type (none)"},
+        {1, "rope_scaling", 0, "{\"type\": \"llama3\", \"factor\": 2.0, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 16}", 2,
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "\"low_freq_factor\" is missing: "
+                                                       "give a finite number above 0"},
+        {1, "rope_scaling", 0, NULL, 0, LLAMA3 ", \"factor\": 0}", "key \"factor\" repeats"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 1e999, "
+         "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_"
+         "embeddings\": 16}", "\"factor\" is 1e999: give"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 4.0, \"high_freq_factor\": 4.0, \"original_max_position_"
+         "embeddings\": 16}", "high_freq_factor (4) > low_freq_factor (4)"},
+        {1, "rope_scaling", 0, NULL, 0, "{\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0}",
+         "\"original_max_position_embeddings\" is missing"},
+    };
+    struct l3d_model_spec m;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const struct cfg_key *k = &keys[i];
+        const char *absent = cfg_with(k->llama, k->key, NULL);
+        l3d_status st = parse_cfg(absent, &m);
+        if (isnan(k->dflt)) {
+            bool ok = refused(st, "is missing");
+            if (!ok) fprintf(stderr, "  (%s absent)\n", k->key);
+            CHECK(ok);
+        } else {
+            CHECK(st == L3D_OK && field(&m, k->key) == k->dflt);
+            if (!(st == L3D_OK && field(&m, k->key) == k->dflt))
+                fprintf(stderr, "  %s absent: %s, field %g, default %g\n", k->key,
+                        st == L3D_OK ? "read" : l3d_error_message(), field(&m, k->key), k->dflt);
+        }
+        if (k->good) {
+            st = parse_cfg(cfg_with(k->llama, k->key, k->good), &m);
+            CHECK(st == L3D_OK && field(&m, k->key) == k->good_is);
+            if (!(st == L3D_OK && field(&m, k->key) == k->good_is))
+                fprintf(stderr, "  %s: %s: %s, field %g, want %g\n", k->key, k->good,
+                        st == L3D_OK ? "read" : l3d_error_message(), field(&m, k->key),
+                        k->good_is);
+        }
+        if (k->bad) {
+            st = parse_cfg(cfg_with(k->llama, k->key, k->bad), &m);
+            bool ok = refused(st, k->err) && refused(st, "config.json: ");
+            if (!ok) fprintf(stderr, "  (%s: %s)\n", k->key, k->bad);
+            CHECK(ok);
+        }
+    }
 }
 
 /* ---- the tensor map and folders ---------------------------------------------------------- */
@@ -348,16 +562,158 @@ static void test_llama_folder(void) {
     free(b);
 }
 
+/* Defects of a hostile-input probe, each a crash or an abort before its fix: an index of no
+ * tensor (the "no tensor" message read the first of no files), and a temporary name taken by a
+ * directory (the header of open_memstream given to l3d_free). */
+static void test_empty_index(void) {
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    mkdir(path_of("empty"), 0755);
+    write_text(path_of("empty/config.json"), gpt2_cfg);
+    write_text(path_of("empty/model.safetensors.index.json"), "{\"weight_map\": {}}");
+    struct l3d_st st;
+    CHECK(refused(l3d_st_open_dir(&st, path_of("empty")), "\"weight_map\" is empty"));
+    float *b = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    CHECK(refused(l3d_hf_load(path_of("empty"), &g, b), "empty/model.safetensors.index.json: "
+                                                       "\"weight_map\" is empty"));
+    free(b);
+}
+
+/* A directory planted at the writer's old fixed temporary name (.model.safetensors) made the save
+ * free its header twice; temporaries have new names now, so the save goes on and leaves it.
+ * Saves whose temporary cannot be made are refused in one line (the sanitized build runs these
+ * error paths). */
+static void test_temp_taken(void) {
+    struct l3d_st_entry e[1] = {{"a", 1, {6, 0}}};
+    mkdir(path_of("taken"), 0755);
+    mkdir(path_of("taken/.model.safetensors"), 0755);
+    CHECK(l3d_st_write(path_of("taken"), e, 1, fill6, NULL, L3D_F32, 1 << 20) == L3D_OK);
+    struct stat sb;
+    CHECK(access(path_of("taken/model.safetensors"), F_OK) == 0 &&
+          stat(path_of("taken/.model.safetensors"), &sb) == 0 && S_ISDIR(sb.st_mode));
+    CHECK(refused(l3d_st_write(path_of("none"), e, 1, fill6, NULL, L3D_F32, 1 << 20),
+                  "cannot create the safetensors file"));
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    write_text(path_of("file"), "x");
+    CHECK(refused(l3d_hf_save(path_of("file/sub"), &g, a, L3D_BF16, L3D_HF_SHARD_BYTES),
+                  "as the output directory: it exists and is not a directory"));
+    CHECK(refused(l3d_hf_save(path_of("file"), &g, a, L3D_BF16, L3D_HF_SHARD_BYTES),
+                  "it is a regular file, not a folder"));
+    free(a);
+}
+
+/* Weights a 16-bit file cannot hold (they would be written as infinity, which llm3d then refuses
+ * to read), and NaN or infinite ones in any dtype: refused before anything is written, naming the
+ * tensor, the value and the dtype. The largest values that round to a finite one still save. */
+static void test_save_range(void) {
+    struct l3d_model_spec g;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    int64_t n = l3d_gpt_param_count(&g);
+    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path_of("range"));
+    const int64_t at = 5 * g.C + 7; /* wte, row 5: written */
+    struct { float x; enum l3d_dtype dt; const char *err; } c[] = {
+        {65504.0f, L3D_F16, NULL},          /* F16's largest */
+        {65519.0f, L3D_F16, NULL},          /* rounds down to it */
+        {-65520.0f, L3D_F16, "is -65520, beyond F16's range"},
+        {7e4f, L3D_F16, "is 70000, beyond F16's range"},
+        {7e4f, L3D_BF16, NULL},
+        {3.3895e38f, L3D_BF16, NULL},       /* BF16's largest, about */
+        {3.4e38f, L3D_BF16, "is 3.4e+38, beyond BF16's range"},
+        {3.4e38f, L3D_F32, NULL},
+        {NAN, L3D_F32, "is NaN"},
+        {-INFINITY, L3D_BF16, "is -inf"},
+    };
+    const size_t nc = sizeof c / sizeof c[0];
+    for (size_t k = 0; k < nc; k++) { /* the refused: alone at `at` */
+        if (!c[k].err) continue;
+        a[at] = c[k].x;
+        l3d_status st = l3d_hf_save(dir, &g, a, c[k].dt, L3D_HF_SHARD_BYTES);
+        CHECK(refused(st, "tensor transformer.wte.weight element 327 ") && refused(st, c[k].err));
+        CHECK(refused(st, isfinite(c[k].x) ? "--save-dtype" : "the run diverged"));
+        CHECK(access(dir, F_OK) != 0); /* nothing written, not even the folder */
+    }
+    const enum l3d_dtype dts[3] = {L3D_F16, L3D_BF16, L3D_F32};
+    for (int d = 0; d < 3; d++) { /* the saved: one folder a dtype, each value at at + k */
+        int saved = 0;
+        for (size_t k = 0; k < nc; k++) a[at + (int64_t)k] = 1.0f;
+        for (size_t k = 0; k < nc; k++)
+            if (!c[k].err && c[k].dt == dts[d]) a[at + (int64_t)k] = c[k].x, saved++;
+        CHECK(saved > 0 && l3d_hf_save(dir, &g, a, dts[d], L3D_HF_SHARD_BYTES) == L3D_OK);
+        CHECK(l3d_hf_load(dir, &g, b) == L3D_OK);
+        for (size_t k = 0; k < nc; k++) { /* read back as the value 16 bits hold */
+            if (c[k].err || c[k].dt != dts[d]) continue;
+            float x = c[k].x, got = b[at + (int64_t)k];
+            float want = dts[d] == L3D_F16 ? l3d_f16_to_f32(l3d_f32_to_f16(x))
+                         : dts[d] == L3D_BF16 ? l3d_bf16_to_f32(l3d_f32_to_bf16(x)) : x;
+            CHECK(isfinite(got) && got == want && fabsf(got - x) <= 1e-2f * fabsf(x));
+        }
+        CHECK(l3d_st_remove(dir) && unlink(path_of("range/config.json")) == 0 && rmdir(dir) == 0);
+    }
+    for (size_t k = 0; k < nc; k++) a[at + (int64_t)k] = 1.0f;
+    /* a Conv1D weight, (in, out) in the file: llm3d's row 1, column 2 is the file's element
+     * 2 * 3C + 1 */
+    struct l3d_hf_tensor *t;
+    int nt;
+    struct l3d_shard fs = l3d_shard_full(&g);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(&g, &fs, ti);
+    CHECK(l3d_hf_tensors(&g, &t, &nt) == L3D_OK);
+    const struct l3d_hf_tensor *q = map_find(t, nt, "transformer.h.0.attn.c_attn.weight");
+    CHECK(q && q->transposed && q->cols == 64);
+    if (q) a[ti[q->tensor].offset + 1 * 64 + 2] = -1e5f;
+    CHECK(refused(l3d_hf_save(dir, &g, a, L3D_F16, L3D_HF_SHARD_BYTES),
+                  "tensor transformer.h.0.attn.c_attn.weight element 385 is -100000"));
+    l3d_free(t);
+    free(a);
+    free(b);
+}
+
+/* A small folder whose config.json claims a huge vocabulary (or more layers than it holds): its
+ * config is refused from the safetensors headers, before any caller allocates the model (4M
+ * tokens x 64 channels: 1 GiB of fp32 weights) and without reading a weight. */
+static void test_config_vs_headers(void) {
+    struct l3d_model_spec g, got;
+    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
+    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path_of("claims"));
+    CHECK(l3d_hf_save(dir, &g, a, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_config_read(dir, &got) == L3D_OK && got.V == 250);
+    size_t peak = l3d_mem_peak();
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"vocab_size\": 250",
+                                                  "\"vocab_size\": 4194304"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "claims/model.safetensors: tensor transformer."
+                  "wte.weight has shape [250, 64], but "));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "claims/config.json needs [4194304, 64]"));
+    CHECK(l3d_mem_peak() - peak < ((size_t)16 << 20));
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"n_layer\": 2", "\"n_layer\": 3"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "no tensor transformer.h.2.ln_1.weight, which "
+                                                 "the model of"));
+    write_text(path_of("claims/config.json"), edit(gpt2_cfg, "\"n_layer\": 2", "\"n_layer\": 1"));
+    CHECK(refused(l3d_hf_config_read(dir, &got), "tensor transformer.h.1.ln_1.weight has no place"));
+    free(a);
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
     L3D_ASSERT(mkdtemp(scratch));
     test_st_roundtrip();
     test_st_hostile();
+    test_st_strict();
     test_config();
+    test_config_keys();
     test_map();
     test_folder();
     test_llama_folder();
+    test_empty_index();
+    test_temp_taken();
+    test_save_range();
+    test_config_vs_headers();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

@@ -17,7 +17,9 @@
  * start, tensors row-major little-endian. Read: F32, BF16, F16 (widened to fp32 exactly); any
  * other dtype of the format is refused when the tensor is needed. Checked before any tensor is
  * used: the header within the file (at most 100 MB, as the reference reader), each tensor's
- * offsets inside the data, its byte count equal to its shape's, no two tensors overlapping.
+ * offsets inside the data, its byte count equal to its shape's, no two tensors overlapping, no
+ * byte after the last tensor's data, shapes and offsets integers written as such ("2.0" refused),
+ * no NUL in a name, no key twice (the JSON reader).
  * Loading checks every shape against config.json and every weight for NaN and infinity; each
  * error names the file, the tensor and the value.
  *
@@ -68,8 +70,9 @@ struct l3d_st {
 
 /* One file's header, checked against the file (its size). Appends to st (zeroed first). */
 l3d_status l3d_st_open_file(struct l3d_st *st, const char *path);
-/* A folder: model.safetensors, else the files of model.safetensors.index.json (each weight_map
- * entry must be in the file it names; a missing shard is an error naming it). */
+/* A folder: model.safetensors, else the files of model.safetensors.index.json (a weight_map of at
+ * least one entry, each in the file it names, every tensor of those files listed; a missing
+ * shard is an error naming it). */
 l3d_status l3d_st_open_dir(struct l3d_st *st, const char *dir);
 void l3d_st_close(struct l3d_st *st);
 const struct l3d_st_tensor *l3d_st_find(const struct l3d_st *st, const char *name);
@@ -103,6 +106,10 @@ bool l3d_st_remove(const char *dir);
  * config the code cannot honour is refused naming the key. */
 l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
                                struct l3d_model_spec *cfg);
+/* dir/config.json parsed, then checked against the safetensors headers before any caller
+ * allocates the model it describes (a 0.5 MB folder may claim a 4M-token vocabulary): each tensor
+ * the model needs present with its shape and a dtype llm3d reads, every tensor of the files
+ * placed; no weight is read. */
 l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg);
 /* The spec as config.json (l3d_free it); torch_dtype from dt. */
 char *l3d_hf_config_text(const struct l3d_model_spec *cfg, enum l3d_dtype dt);
@@ -134,7 +141,10 @@ bool l3d_hf_has_model(const char *path);
 /* The full model's fp32 parameters (l3d_gpt_param_count of them, llm3d's layout; padding rows
  * zero) from the folder, whose config.json must describe cfg. */
 l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full);
-/* Writes config.json and the weights from the full model's fp32 parameters (host memory). */
+/* Writes config.json and the weights from the full model's fp32 parameters (host memory).
+ * Refused before anything is written (the folder not even created) when a weight is NaN or
+ * infinite (in any dt: the reader refuses them), or beyond dt's range (F16 from 65520, BF16 from
+ * about 3.396e38: it would be written as infinity); the error names the tensor, element, value. */
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes);
 

@@ -14,8 +14,9 @@
  *
  * Errors name the file (`what`), the line and column and what was expected. Strict: no comments,
  * no trailing commas, no NaN/Infinity literals, no bytes after the document; objects nest at
- * most L3D_JSON_MAX_DEPTH deep (a hostile file cannot exhaust the stack). A repeated key is
- * kept as written (l3d_json_get returns the first), as most readers do.
+ * most L3D_JSON_MAX_DEPTH deep (a hostile file cannot exhaust the stack); a key repeated in one
+ * object is refused, naming both places (readers disagree on which counts: Python's json takes
+ * the last), checked in linear time (a hash table past 16 keys).
  */
 #ifndef LLM3D_JSON_H
 #define LLM3D_JSON_H
@@ -54,7 +55,7 @@ struct l3d_json {
 l3d_status l3d_json_parse(struct l3d_json *out, const char *text, size_t len, const char *what);
 void l3d_json_free(struct l3d_json *v);
 
-/* Member `key` of an object (the first if repeated); NULL when v is not an object or has none. */
+/* Member `key` of an object; NULL when v is not an object or has none. */
 const struct l3d_json *l3d_json_get(const struct l3d_json *v, const char *key);
 /* The value as an integer: true when it is a number with no fraction in [INT64_MIN, INT64_MAX]
  * written without a fraction or exponent that leaves one ("4096", "4.096e3" yes; "1.5" no). */

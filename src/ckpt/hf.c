@@ -16,39 +16,62 @@
 
 /* ---- config.json -------------------------------------------------------------------------- */
 
+/* The least norm epsilon read: smaller ones are 0 (or subnormal) as the fp32 the model keeps. */
+#define EPS_LO 1e-38
+
 struct cfg_reader {
     const struct l3d_json *doc;
     const char *what;
     l3d_status st; /* the first error */
 };
 
-/* An integer key (required unless dflt >= 0, then its value when absent or null). */
+/* A value for a message: a number as written, a string quoted, else its kind ("null", "true"). */
+static const char *value_text(const struct l3d_json *v, char *buf, size_t cap) {
+    if (v->type == L3D_JSON_NUMBER) snprintf(buf, cap, "%.40s", v->str);
+    else if (v->type == L3D_JSON_STRING) snprintf(buf, cap, "the string \"%.40s\"", v->str);
+    else if (v->type == L3D_JSON_BOOL) snprintf(buf, cap, "%s", v->boolean ? "true" : "false");
+    else snprintf(buf, cap, "%s", v->type == L3D_JSON_NULL ? "null" : l3d_json_type_name(v->type));
+    return buf;
+}
+
+/* An integer key (required unless dflt >= 0, then its value when absent or null, as Hugging
+ * Face reads n_inner, num_key_value_heads and head_dim). */
 static int get_int(struct cfg_reader *r, const char *key, int64_t dflt, int64_t most) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     int64_t x = dflt;
+    char b[64];
     if (r->st != L3D_OK) return 0;
     if ((!v || v->type == L3D_JSON_NULL) && dflt >= 0) return (int)dflt;
     if (!v || !l3d_json_int(v, &x) || x < 1 || x > most)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" %s: give an integer in [1, %lld]", r->what,
-                          key, v ? "is not one" : "is missing", (long long)most);
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give an integer in [1, %lld]", r->what,
+                          key, v ? value_text(v, b, sizeof b) : "missing", (long long)most);
     return (int)x;
 }
 
-static double get_num(struct cfg_reader *r, const char *key, double dflt) {
+/* A number key in (lo, hi), hi INFINITY for any finite one (1e999 reads as infinity); absent:
+ * dflt, or refused when dflt is NaN. null is refused: Python passes None on, no default. */
+static double get_num(struct cfg_reader *r, const char *key, double dflt, double lo, double hi) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     double x = dflt;
-    if (r->st != L3D_OK || !v) return dflt;
-    if (!l3d_json_num(v, &x) || !(x > 0))
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not a positive number", r->what, key);
-    return x;
+    char b[64], range[64];
+    if (r->st != L3D_OK || (!v && !isnan(dflt))) return dflt;
+    if (v && l3d_json_num(v, &x) && isfinite(x) && x > lo && x < hi) return x;
+    if (isinf(hi)) snprintf(range, sizeof range, "a finite number above %g", lo);
+    else snprintf(range, sizeof range, "a number in (%g, %g)", lo, hi);
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give %s", r->what, key,
+                      v ? value_text(v, b, sizeof b) : "missing", range);
+    return dflt;
 }
 
-/* A boolean key; absent: dflt. */
+/* A boolean key; absent: dflt. null is refused: Python reads it as false, not as the default. */
 static bool get_bool(struct cfg_reader *r, const char *key, bool dflt) {
     const struct l3d_json *v = l3d_json_get(r->doc, key);
-    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL) return dflt;
+    char b[64];
+    if (r->st != L3D_OK || !v) return dflt;
     if (v->type != L3D_JSON_BOOL)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is not true or false", r->what, key);
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: give true or false%s", r->what, key,
+                          value_text(v, b, sizeof b), v->type == L3D_JSON_NULL ? " (Python reads "
+                          "null as false; llm3d does not guess)" : "");
     return v->boolean;
 }
 
@@ -58,10 +81,12 @@ static void want_str(struct cfg_reader *r, const char *key, const char *const *o
     const struct l3d_json *v = l3d_json_get(r->doc, key);
     if (r->st != L3D_OK || !v) return;
     const char *s = l3d_json_str(v);
+    char b[64];
     for (int i = 0; s && ok[i]; i++)
         if (strcmp(s, ok[i]) == 0) return;
-    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %.40s%s%s: llm3d cannot honour it (%s)",
-                      r->what, key, s ? "\"" : "not a string", s ? s : "", s ? "\"" : "", why);
+    if (s) snprintf(b, sizeof b, "\"%.40s\"", s);
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s)", r->what,
+                      key, s ? b : value_text(v, b, sizeof b), why);
 }
 
 /* A boolean key the code supports only with the value `need`. */
@@ -80,7 +105,7 @@ static void read_gpt2(struct cfg_reader *r, struct l3d_model_spec *m) {
     m->V = get_int(r, "vocab_size", -1, 1 << 30);
     m->maxT = get_int(r, "n_positions", -1, L3D_MAX_CONTEXT);
     m->ffn = get_int(r, "n_inner", 0, 16LL * L3D_MAX_CHANNELS);
-    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5);
+    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5, EPS_LO, 1.0);
     m->untied = !get_bool(r, "tie_word_embeddings", true);
     want_str(r, "activation_function", acts, "GPT-2's GELU is the tanh approximation, gelu_new");
     want_bool(r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)");
@@ -101,15 +126,11 @@ static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
                           type ? type : "(none)");
         return;
     }
-    m->rope.factor = get_num(&sub, "factor", -1);
-    m->rope.low_freq_factor = get_num(&sub, "low_freq_factor", -1);
-    m->rope.high_freq_factor = get_num(&sub, "high_freq_factor", -1);
+    m->rope.factor = get_num(&sub, "factor", NAN, 0.0, INFINITY); /* NaN: required */
+    m->rope.low_freq_factor = get_num(&sub, "low_freq_factor", NAN, 0.0, INFINITY);
+    m->rope.high_freq_factor = get_num(&sub, "high_freq_factor", NAN, 0.0, INFINITY);
     m->rope.original_context = get_int(&sub, "original_max_position_embeddings", -1,
                                        L3D_MAX_CONTEXT);
-    if (sub.st == L3D_OK && (m->rope.factor < 0 || m->rope.low_freq_factor < 0 ||
-                             m->rope.high_freq_factor < 0))
-        sub.st = l3d_error(L3D_ERR_FORMAT, "%s: \"rope_scaling\" needs factor, low_freq_factor and "
-                           "high_freq_factor", r->what);
     r->st = sub.st;
 }
 
@@ -127,17 +148,17 @@ static void read_llama(struct cfg_reader *r, struct l3d_model_spec *m) {
     m->ffn = get_int(r, "intermediate_size", -1, 16LL * L3D_MAX_CHANNELS);
     m->V = get_int(r, "vocab_size", -1, 1 << 30);
     m->maxT = get_int(r, "max_position_embeddings", -1, L3D_MAX_CONTEXT);
-    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6);
-    m->rope.theta = get_num(r, "rope_theta", 10000.0);
+    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6, EPS_LO, 1.0);
+    m->rope.theta = get_num(r, "rope_theta", 10000.0, 1.0, INFINITY);
     m->untied = !get_bool(r, "tie_word_embeddings", false);
     want_str(r, "hidden_act", acts, "Llama's MLP is SwiGLU: silu");
     want_bool(r, "attention_bias", false, "the model has no biases");
     want_bool(r, "mlp_bias", false, "the model has no biases");
     if (r->st == L3D_OK && m->NH > 0 && get_int(r, "head_dim", m->C / m->NH, 1 << 20) !=
                                             m->C / m->NH && r->st == L3D_OK)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is not hidden_size / "
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is %d, not hidden_size / "
                           "num_attention_heads (%d): llm3d cannot honour it", r->what,
-                          m->C / m->NH);
+                          get_int(r, "head_dim", 1, 1 << 20), m->C / m->NH);
     read_rope_scaling(r, m);
 }
 
@@ -150,15 +171,18 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
         st = l3d_error(L3D_ERR_FORMAT, "%s: %s, not an object", what,
                        l3d_json_type_name(doc.type));
     struct cfg_reader r = {.doc = &doc, .what = what, .st = st};
-    const char *type = st == L3D_OK ? l3d_json_str(l3d_json_get(&doc, "model_type")) : NULL;
+    const struct l3d_json *mt = st == L3D_OK ? l3d_json_get(&doc, "model_type") : NULL;
+    const char *type = l3d_json_str(mt);
+    char b[64];
     if (st != L3D_OK) {
     } else if (type && strcmp(type, "gpt2") == 0) {
         read_gpt2(&r, cfg);
     } else if (type && strcmp(type, "llama") == 0) {
         read_llama(&r, cfg);
     } else {
-        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" %s%.40s%s: llm3d reads gpt2 and llama",
-                         what, type ? "\"" : "", type ? type : "missing", type ? "\"" : "");
+        if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
+        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads gpt2 and llama",
+                         what, type ? b : mt ? value_text(mt, b, sizeof b) : "missing");
     }
     l3d_json_free(&doc);
     if (r.st != L3D_OK) return r.st;
@@ -167,16 +191,26 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
     return L3D_OK;
 }
 
-l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
-    char path[L3D_CKPT_PATH_CAP], *text = NULL;
+/* dir/config.json into cfg, its path into path (L3D_CKPT_PATH_CAP bytes). */
+static l3d_status read_config(const char *dir, struct l3d_model_spec *cfg, char *path) {
+    char *text = NULL;
     size_t len = 0;
     l3d_status st = l3d_ckpt_long_path(dir);
     if (st != L3D_OK) return st;
-    l3d_ckpt_join(path, sizeof path, dir, "/", "config.json");
+    l3d_ckpt_join(path, L3D_CKPT_PATH_CAP, dir, "/", "config.json");
     st = l3d_ckpt_read_text(path, "config.json", &text, &len);
     if (st == L3D_OK) st = l3d_hf_config_parse(text, len, path, cfg);
     l3d_free(text);
     return st;
+}
+
+static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cfg,
+                                const char *cfgpath);
+
+l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
+    char path[L3D_CKPT_PATH_CAP];
+    l3d_status st = read_config(dir, cfg, path);
+    return st == L3D_OK ? check_headers(dir, cfg, path) : st;
 }
 
 /* The shortest decimal that reads back as x (float: strtof; double: strtod). */
@@ -191,6 +225,7 @@ char *l3d_hf_config_text(const struct l3d_model_spec *m, enum l3d_dtype dt) {
     char *text = NULL, eps[32], theta[32];
     size_t len;
     FILE *f = open_memstream(&text, &len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for config.json");
     shortest(eps, sizeof eps, m->norm_eps, true);
     const char *torch = dt == L3D_BF16 ? "bfloat16" : dt == L3D_F16 ? "float16" : "float32";
     if (m->arch == L3D_ARCH_GPT2) {
@@ -428,26 +463,32 @@ static void shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
     snprintf(buf + k, cap - k, "]");
 }
 
-/* One tensor's shape checked against the config, read and placed into full. */
+/* The file's tensor for h (*out), of a dtype llm3d reads and the shape the config needs. */
+static l3d_status check_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
+                            const char *cfgpath, const struct l3d_st_tensor **out) {
+    const struct l3d_st_tensor *t = *out = find_hf(st, h->e.name);
+    if (!t) /* st has a file: an index names at least one */
+        return l3d_error(L3D_ERR_FORMAT, "%s: no tensor %s, which the model of %s needs",
+                         st->nfiles ? st->files[0] : cfgpath, h->e.name, cfgpath);
+    if (!t->handled) /* said before its shape: an I64 tensor's shape is not the weight's */
+        return l3d_st_read_f32(st, t, NULL); /* the dtype's refusal, nothing read */
+    bool same = t->ndim == h->e.ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == h->e.shape[d];
+    if (same) return L3D_OK;
+    char got[192], want[64];
+    shape_str(got, sizeof got, t->shape, t->ndim);
+    shape_str(want, sizeof want, h->e.shape, h->e.ndim);
+    return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has shape %s, but %s needs %s",
+                     st->files[t->file], t->name, got, cfgpath, want);
+}
+
+/* One tensor checked (check_one), read and placed into full. */
 static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
                            const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
                            float *full) {
-    const struct l3d_st_tensor *t = find_hf(st, h->e.name);
-    if (!t)
-        return l3d_error(L3D_ERR_FORMAT, "%s: no tensor %s, which the model of %s needs",
-                         st->files[0], h->e.name, cfgpath);
-    if (!t->handled) /* said before its shape: an I64 tensor's shape is not the weight's */
-        return l3d_st_read_f32(st, t, tmp);
-    bool same = t->ndim == h->e.ndim;
-    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == h->e.shape[d];
-    if (!same) {
-        char got[192], want[64];
-        shape_str(got, sizeof got, t->shape, t->ndim);
-        shape_str(want, sizeof want, h->e.shape, h->e.ndim);
-        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has shape %s, but %s needs %s",
-                         st->files[t->file], t->name, got, cfgpath, want);
-    }
-    l3d_status rc = l3d_st_read_f32(st, t, tmp);
+    const struct l3d_st_tensor *t;
+    l3d_status rc = check_one(st, h, cfgpath, &t);
+    if (rc == L3D_OK) rc = l3d_st_read_f32(st, t, tmp);
     if (rc != L3D_OK) return rc;
     float *dst = full + full_index(ti, h);
     if (!h->transposed) {
@@ -477,12 +518,31 @@ static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tenso
     return L3D_OK;
 }
 
+/* config.json's model against the safetensors headers alone, before a caller allocates the model
+ * config.json describes (a small folder may claim any vocabulary): every tensor it needs present
+ * with its shape and a dtype llm3d reads, every tensor of the files placed. Nothing of the
+ * model's size is allocated, no weight read. */
+static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cfg,
+                                const char *cfgpath) {
+    struct l3d_hf_tensor *map;
+    int n;
+    l3d_status rc = l3d_hf_tensors_ex(cfg, false, &map, &n); /* names and shapes: never refused */
+    if (rc != L3D_OK) return rc;
+    struct l3d_st st;
+    rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
+    const struct l3d_st_tensor *t;
+    for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);
+    if (st.nfiles) l3d_st_close(&st);
+    l3d_free(map);
+    return rc;
+}
+
 l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full) {
     struct l3d_model_spec fc;
     char cfgpath[L3D_CKPT_PATH_CAP];
-    l3d_status rc = l3d_hf_config_read(dir, &fc);
+    l3d_status rc = read_config(dir, &fc, cfgpath); /* its shapes: checked tensor by tensor */
     if (rc != L3D_OK) return rc;
-    l3d_ckpt_join(cfgpath, sizeof cfgpath, dir, "/", "config.json");
     if (!same_model(&fc, cfg))
         return l3d_error(L3D_ERR_FORMAT, "%s describes L=%d C=%d NH=%d V=%d T=%d, not the model "
                          "being loaded (L=%d C=%d NH=%d V=%d T=%d)", cfgpath, fc.L, fc.C, fc.NH,
@@ -530,6 +590,42 @@ static void fill(void *ctx, int i, float *out) {
         for (int64_t j = 0; j < h->rows; j++) out[a * h->rows + j] = src[j * h->cols + a];
 }
 
+/* Every weight the folder will hold is finite and, for a 16-bit dt, one that rounds to a finite
+ * value: else it would be written as infinity (or NaN), which the reader refuses. Values from
+ * l3d_f32_to_f16 / l3d_f32_to_bf16 (nearest even): F16's largest is 65504, and from 65520 (65504
+ * + half its ulp) up it rounds to Inf; BF16's largest is 0x7f7f0000 (about 3.3895e38), and from
+ * 0x7f7f8000 (its half ulp above, the tie rounding to the even Inf) up. */
+static l3d_status check_saveable(const char *dir, const struct l3d_hf_tensor *map, int n,
+                                 const struct l3d_tensor_info *ti, const float *full,
+                                 enum l3d_dtype dt) {
+    const uint32_t bf16_inf_from = 0x7f7f8000u;
+    float limit;
+    memcpy(&limit, &bf16_inf_from, sizeof limit);
+    if (dt == L3D_F16) limit = 65520.0f;
+    for (int i = 0; i < n; i++) {
+        const struct l3d_hf_tensor *h = &map[i];
+        const float *x = full + full_index(&ti[h->tensor], h);
+        int64_t k = 0, count = h->rows * h->cols;
+        while (k < count && isfinite(x[k]) && (dt == L3D_F32 || fabsf(x[k]) < limit)) k++;
+        if (k == count) continue;
+        /* its index in the file's layout: (cols, rows) when transposed */
+        int64_t at = h->transposed ? (k % h->cols) * h->rows + k / h->cols : k;
+        char val[32];
+        shortest(val, sizeof val, x[k], true);
+        if (!isfinite(x[k]))
+            return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s: a model with NaN or "
+                             "infinite weights is not saved (llm3d would refuse to read it back); "
+                             "the run diverged: resume from an earlier checkpoint", dir,
+                             h->e.name, (long long)at, isnan(x[k]) ? "NaN" : val);
+        return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s, beyond %s's range "
+                         "(largest %s): it would be written as infinity; save in %s (train "
+                         "--save-dtype, convert --precision)", dir, h->e.name, (long long)at,
+                         val, dt == L3D_F16 ? "F16" : "BF16", dt == L3D_F16 ? "65504" : "3.39e38",
+                         dt == L3D_F16 ? "fp32 or bf16" : "fp32");
+    }
+    return L3D_OK;
+}
+
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes) {
     struct l3d_hf_tensor *map;
@@ -545,6 +641,12 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
     struct l3d_shard fs = l3d_shard_full(cfg);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, &fs, ti);
+    rc = check_saveable(dir, map, n, ti, full, dt); /* before anything is written */
+    if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
+    if (rc != L3D_OK) {
+        l3d_free(map);
+        return rc;
+    }
     struct l3d_st_entry *e = l3d_alloc((size_t)n * sizeof *e, "tensor map");
     for (int i = 0; i < n; i++) e[i] = map[i].e;
     struct save_ctx sc = {map, ti, full};

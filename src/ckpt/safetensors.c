@@ -61,12 +61,31 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-/* An array of ints of at most `most` elements into out; its length, or -1. */
-static int int_array(const struct l3d_json *v, int64_t *out, int most) {
+/* An array of at most `most` integers >= 0 into out, each written as one (digits only: "2.0" and
+ * "2e0" are refused, as Python's safetensors refuses them); its length, or -1 with *bad the
+ * element that is not one (NULL: no array, or a longer one). */
+static int int_array(const struct l3d_json *v, int64_t *out, int most,
+                     const struct l3d_json **bad) {
+    *bad = NULL;
     if (!v || v->type != L3D_JSON_ARRAY || (int)v->count > most) return -1;
-    for (size_t i = 0; i < v->count; i++)
-        if (!l3d_json_int(&v->items[i], &out[i]) || out[i] < 0) return -1;
+    for (size_t i = 0; i < v->count; i++) {
+        const struct l3d_json *x = &v->items[i];
+        if (!l3d_json_int(x, &out[i]) || out[i] < 0 || strpbrk(x->str, ".eE-")) {
+            *bad = x;
+            return -1;
+        }
+    }
     return (int)v->count;
+}
+
+/* The refusal of a "shape" or "data_offsets" that int_array did not take. */
+static l3d_status bad_ints(const char *path, const char *name, const char *key,
+                           const struct l3d_json *bad, const char *want) {
+    if (bad && bad->type == L3D_JSON_NUMBER)
+        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: \"%s\" element %.40s is not an integer "
+                         ">= 0 written as one (digits only): give %s", path, name, key, bad->str,
+                         want);
+    return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: \"%s\" is not %s", path, name, key, want);
 }
 
 /* One header entry into t, checked against the data's size (bytes after the header). */
@@ -83,10 +102,10 @@ static l3d_status parse_entry(const char *path, const char *name, const struct l
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", dt);
     t->dtype = dtypes[k].dt;
     t->handled = k < NHANDLED;
-    t->ndim = int_array(l3d_json_get(v, "shape"), t->shape, L3D_ST_MAX_DIMS);
+    const struct l3d_json *bad;
+    t->ndim = int_array(l3d_json_get(v, "shape"), t->shape, L3D_ST_MAX_DIMS, &bad);
     if (t->ndim < 0)
-        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: \"shape\" is not a list of at most %d "
-                         "sizes >= 0", path, name, L3D_ST_MAX_DIMS);
+        return bad_ints(path, name, "shape", bad, "a list of at most 8 sizes >= 0");
     t->count = 1;
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] > ((int64_t)1 << 40) || (t->shape[i] && t->count > ((int64_t)1 << 56) /
@@ -96,9 +115,8 @@ static l3d_status parse_entry(const char *path, const char *name, const struct l
         t->count *= t->shape[i];
     }
     int64_t off[2];
-    if (int_array(l3d_json_get(v, "data_offsets"), off, 2) != 2)
-        return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: \"data_offsets\" is not [BEGIN, END]",
-                         path, name);
+    if (int_array(l3d_json_get(v, "data_offsets"), off, 2, &bad) != 2)
+        return bad_ints(path, name, "data_offsets", bad, "[BEGIN, END]");
     if (off[0] > off[1] || off[1] > data_size)
         return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: data_offsets [%lld, %lld] out of range: "
                          "the data holds %lld bytes", path, name, (long long)off[0],
@@ -151,6 +169,20 @@ static l3d_status check_overlaps(const struct l3d_st *st, int first) {
                            st->files[p[i]->file], p[i]->name, st->files[p[i - 1]->file]);
     l3d_free(p);
     return rc;
+}
+
+/* The data of tensors [first, st->n) ends at the file's end, as Python's safetensors requires: bytes
+ * after it are appended, or the tail of a tensor the header lost. */
+static l3d_status check_trailing(const struct l3d_st *st, int first, const char *path,
+                                 int64_t data_start, int64_t size) {
+    int64_t end = data_start;
+    for (int i = first; i < st->n; i++)
+        if (st->t[i].offset + st->t[i].bytes > end) end = st->t[i].offset + st->t[i].bytes;
+    if (end == size) return L3D_OK;
+    return l3d_error(L3D_ERR_FORMAT, "%s: %lld bytes after the last tensor's data (it ends at byte "
+                     "%lld of the file's %lld): appended data, or a tensor the header lost; write "
+                     "the file again", path, (long long)(size - end), (long long)end,
+                     (long long)size);
 }
 
 /* The header's text, checked against the file's size. */
@@ -231,7 +263,11 @@ l3d_status l3d_st_open_file(struct l3d_st *st, const char *path) {
         struct l3d_st_tensor *t = &st->t[st->n];
         memset(t, 0, sizeof *t);
         t->file = file;
-        if (doc.items[i].type != L3D_JSON_OBJECT)
+        if (strlen(name) != doc.keys[i].len) /* "\u0000" in the JSON */
+            rc = l3d_error(L3D_ERR_FORMAT, "%s: tensor %s\\u0000%s: a NUL byte in its name, which "
+                           "no reader can look up: rename the tensor", path, name,
+                           name + strlen(name) + 1);
+        else if (doc.items[i].type != L3D_JSON_OBJECT)
             rc = l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: %s, not an object", path, name,
                            l3d_json_type_name(doc.items[i].type));
         else
@@ -239,6 +275,7 @@ l3d_status l3d_st_open_file(struct l3d_st *st, const char *path) {
         if (rc == L3D_OK) st->n++;
     }
     if (rc == L3D_OK) rc = check_overlaps(st, first);
+    if (rc == L3D_OK) rc = check_trailing(st, first, path, 8 + hlen, size);
     l3d_json_free(&doc);
     l3d_free(text);
     return rc;
@@ -266,6 +303,9 @@ static l3d_status open_index(struct l3d_st *st, const char *dir, const char *ind
     const struct l3d_json *map = rc == L3D_OK ? l3d_json_get(&doc, "weight_map") : NULL;
     if (rc == L3D_OK && (!map || map->type != L3D_JSON_OBJECT))
         rc = l3d_error(L3D_ERR_FORMAT, "%s: no \"weight_map\" object", index);
+    else if (rc == L3D_OK && map->count == 0)
+        rc = l3d_error(L3D_ERR_FORMAT, "%s: \"weight_map\" is empty: the index names no tensor "
+                       "and no shard; write it again (every tensor: its shard's file name)", index);
     for (size_t i = 0; rc == L3D_OK && i < map->count; i++) {
         const char *file = l3d_json_str(&map->items[i]), *name = map->keys[i].str;
         if (!file || !plain_name(file)) {
@@ -291,6 +331,14 @@ static l3d_status open_index(struct l3d_st *st, const char *dir, const char *ind
             rc = l3d_error(L3D_ERR_FORMAT, "%s: tensor %s is not in %s, the shard its weight_map "
                            "names", index, name, file);
     }
+    /* each entry is a tensor of its shard, no name twice: equal counts, every tensor listed */
+    for (int i = 0; rc == L3D_OK && st->n != (int)map->count && i < st->n; i++)
+        if (!l3d_json_get(map, st->t[i].name)) {
+            const char *shard = strrchr(st->files[st->t[i].file], '/');
+            rc = l3d_error(L3D_ERR_FORMAT, "%s: tensor %s of %s is not in its weight_map: a reader "
+                           "of the index would miss it; list it, or remove it from the shard",
+                           index, st->t[i].name, shard ? shard + 1 : st->files[st->t[i].file]);
+        }
     l3d_json_free(&doc);
     l3d_free(text);
     return rc;
@@ -364,6 +412,7 @@ static char *header_text(const struct l3d_st_entry *e, int a, int b, enum l3d_dt
     const int64_t es = (int64_t)l3d_dtype_size(dt);
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for a safetensors header");
     fprintf(f, "{\"__metadata__\":{\"format\":\"pt\"}");
     int64_t off = 0;
     for (int i = a; i < b; i++) {
@@ -453,6 +502,7 @@ static l3d_status write_index(const char *dir, const struct l3d_st_entry *e, int
     char *text = NULL, path[L3D_CKPT_PATH_CAP];
     size_t len;
     FILE *f = open_memstream(&text, &len);
+    if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for a safetensors index");
     fprintf(f, "{\n  \"metadata\": {\"total_size\": %lld},\n  \"weight_map\": {",
             (long long)total);
     for (int i = 0; i < n; i++) {

@@ -53,7 +53,7 @@ static bool split(const char *path, char *dir, char *base) {
 }
 
 static const char *kind_of(mode_t m) {
-    return S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a FIFO"
+    return S_ISREG(m) ? "a regular file" : S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a FIFO"
            : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
            : S_ISSOCK(m) ? "a socket" : "a special file";
 }

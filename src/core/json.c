@@ -197,6 +197,64 @@ static struct l3d_json *vec_push(struct vec *x) {
     return e;
 }
 
+static bool same_key(const struct l3d_json *a, const struct l3d_json *b) {
+    return a->len == b->len && memcmp(a->str, b->str, a->len) == 0;
+}
+
+/* FNV-1a over a key's bytes. */
+static uint64_t key_hash(const struct l3d_json *k) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < k->len; i++) h = (h ^ (unsigned char)k->str[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The index of the first of keys[0, n) that repeats an earlier one (*first: the earlier), n when
+ * none, n + 1 when out of memory. Up to 16 keys pairwise; more through an open-addressing table
+ * of 2^k >= 2n slots, so that a tokenizer.json vocabulary of 150k keys stays linear. */
+static size_t repeated_key(const struct l3d_json *keys, size_t n, size_t *first) {
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++)
+            for (size_t j = 0; j < i; j++)
+                if (same_key(&keys[i], &keys[j])) return *first = j, i;
+        return n;
+    }
+    size_t cap = 64;
+    while (cap < 2 * n) cap *= 2;
+    size_t *slot = calloc(cap, sizeof *slot); /* index + 1; 0: empty */
+    if (!slot) return n + 1;
+    size_t found = n;
+    for (size_t i = 0; i < n && found == n; i++) {
+        size_t s = (size_t)key_hash(&keys[i]) & (cap - 1);
+        while (slot[s] && !same_key(&keys[slot[s] - 1], &keys[i])) s = (s + 1) & (cap - 1);
+        if (slot[s]) *first = slot[s] - 1, found = i;
+        else slot[s] = i + 1;
+    }
+    free(slot);
+    return found;
+}
+
+/* Refuses an object whose key repeats: readers disagree on which one counts. */
+static bool unique_keys(struct parser *p, const struct l3d_json *keys, size_t n) {
+    size_t first = 0, i = repeated_key(keys, n, &first);
+    if (i == n) return true;
+    if (i > n) return oom(p);
+    int line, col, line0, col0;
+    char name[80]; /* the key's first bytes, control characters escaped: one line */
+    size_t k = 0;
+    for (size_t j = 0; j < keys[i].len && k + 7 < sizeof name; j++) {
+        unsigned char c = (unsigned char)keys[i].str[j];
+        if (c < 0x20) k += (size_t)snprintf(name + k, sizeof name - k, "\\u%04x", c);
+        else name[k++] = (char)c;
+    }
+    name[k] = '\0';
+    l3d_json_where(p->s, p->n, keys[i].offset, &line, &col);
+    l3d_json_where(p->s, p->n, keys[first].offset, &line0, &col0);
+    p->st = l3d_error(L3D_ERR_FORMAT, "%s: line %d, column %d: key \"%s\" repeats the one at "
+                      "line %d, column %d: readers disagree on which counts (Python's json takes "
+                      "the last); remove one", p->what, line, col, name, line0, col0);
+    return false;
+}
+
 /* Members of an object (keys != NULL) or elements of an array, after the opening bracket. */
 static bool parse_container(struct parser *p, struct l3d_json *v, int depth) {
     bool object = v->type == L3D_JSON_OBJECT;
@@ -247,6 +305,7 @@ static bool parse_container(struct parser *p, struct l3d_json *v, int depth) {
             break;
         }
     }
+    if (ok && object) ok = unique_keys(p, keys.a, keys.n);
     /* after an error a key may lack its value: drop it, so keys[i] names items[i] for every i */
     while (keys.n > items.n) free(keys.a[--keys.n].str);
     v->items = items.a;

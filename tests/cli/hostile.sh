@@ -140,6 +140,39 @@ rm -rf "$dir/metfifo" && cp -r "$dir/run" "$dir/metfifo" && rm "$dir/metfifo/met
 refused "train --resume auto: a FIFO metrics.jsonl" "^llm3d train: .*metrics.jsonl is not a regular file (a FIFO)" \
     "$bin" train "${tiny[@]}" --steps 4 --train "$dir/data/train_*.bin" --out "$dir/metfifo" --resume auto
 
+# Hugging Face folders (a hostile-input probe): an index of no tensor crashed all four readers
+# (segfault); a 0.5 MB folder whose config.json claims a 4M-token vocabulary allocated 1 GiB
+# before its shape error (under this limit: "no memory for its weights"); a temporary name taken
+# by a directory aborted convert and train --out ("free(): invalid pointer")
+mkdir -p "$dir/hfempty" && cp "$dir/run/config.json" "$dir/hfempty/" &&
+    echo '{"weight_map": {}}' > "$dir/hfempty/model.safetensors.index.json"
+empty='hfempty/model.safetensors.index.json: "weight_map" is empty'
+refused "inspect: an empty weight_map" "^llm3d inspect: .*$empty" "$bin" inspect "$dir/hfempty"
+refused "convert: an empty weight_map" "^llm3d convert: .*$empty" \
+    "$bin" convert "$dir/hfempty" "$dir/hfempty.bin"
+refused "generate: an empty weight_map" "^llm3d generate: .*$empty" \
+    "$bin" generate --init-from "$dir/hfempty" --tokenizer bytes --prompt hi
+refused "train --init-from: an empty weight_map" "^llm3d train: --init-from: .*$empty" \
+    "$bin" train --steps 1 --train "$dir/data/train_*.bin" --init-from "$dir/hfempty"
+mkdir -p "$dir/hfbig" && cp "$dir/run/config.json" "$dir/run/model.safetensors" "$dir/hfbig/" &&
+    sed -i 's/"vocab_size": 256,/"vocab_size": 4194304,/' "$dir/hfbig/config.json"
+big='hfbig/model.safetensors: tensor transformer.wte.weight has shape \[256, 64\], but .*hfbig/config.json needs \[4194304, 64\]'
+refused "inspect: config.json claims 4M tokens (under 1 GB of address space)" "^llm3d inspect: .*$big" \
+    sh -c "ulimit -v 1000000 && exec '$bin' inspect '$dir/hfbig'"
+refused "train --init-from: config.json claims 4M tokens" "^llm3d train: --init-from: .*$big" \
+    sh -c "ulimit -v 1000000 && exec '$bin' train --steps 1 --train '$dir/data/train_*.bin' --init-from '$dir/hfbig'"
+# a directory at the writer's old fixed temporary name aborted the save (a double free): names
+# are new each time now, so the save goes on and leaves the directory; a folder that cannot be
+# made is one line
+mkdir -p "$dir/taken/.model.safetensors"
+check "convert: a directory at the old temporary's name: saved, the directory kept" \
+    sh -c "'$bin' convert '$dir/run/model.bin' '$dir/taken' > /dev/null && [ -s '$dir/taken/model.safetensors' ] && [ -d '$dir/taken/.model.safetensors' ]"
+check "train --out: the same" \
+    sh -c "'$bin' train ${tiny[*]} --steps 1 --train '$dir/data/train_*.bin' --out '$dir/taken' --overwrite > /dev/null && [ -d '$dir/taken/.model.safetensors' ]"
+echo x > "$dir/afile"
+refused "convert into a folder under a file" "^llm3d convert: cannot use .*/afile as the output directory: it exists and is not a directory" \
+    "$bin" convert "$dir/run/model.bin" "$dir/afile/sub"
+
 # a flag error under mpiexec: said once, by rank 0
 err=$(lim "$mpiexec" -n 2 "$bin" train --batch 0 --train "$dir/data/train_*.bin" 2>&1 >/dev/null)
 check "a flag error under mpiexec -n 2 is printed once: $(echo "$err" | grep '^llm3d' | head -1)" \
