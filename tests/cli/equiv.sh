@@ -62,8 +62,11 @@ done
 # L3D_MODEL passes the flag to the reference too; 3e-5 with TP as for pp2_tp2 below (measured:
 # qkvb 1.25e-5, losses and norms 5e-8).
 L3D_MODEL="--grad-clip 2.5" equiv "dp2_clip" 2 2 1
+# dp4 at one sequence a replica: 2e-5 (measured on an AVX-512 machine, 2026-12-06, with the code
+# before and after issue 51's changes alike: qkvb 1.31e-5, the key bias, whose gradient is
+# round-off (the softmax is invariant to it); losses and norms 5e-8)
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
-    L3D_MODEL="--grad-clip 2.5" equiv "dp4_zero1_clip" 4 1 1 --zero 1
+    L3D_RTOL=2e-5 L3D_MODEL="--grad-clip 2.5" equiv "dp4_zero1_clip" 4 1 1 --zero 1
     L3D_RTOL=3e-5 L3D_TP=2 L3D_MODEL="--grad-clip 2.5" equiv "tp2_dp2_zero1_clip" 4 2 1 --tp 2 --zero 1 ;;
 esac
 # tensor parallelism (Megatron-style, vocabulary-parallel embedding and cross-entropy), alone and
