@@ -103,6 +103,8 @@ static struct l3d_tokenizer *accepted(const char *line_name, const struct doc *d
     return t;
 }
 #define ACCEPTED(...) accepted(#__VA_ARGS__, &(struct doc){__VA_ARGS__})
+/* d is read, and the tokenizer dropped */
+#define READS(...) l3d_tokenizer_free(accepted(#__VA_ARGS__, &(struct doc){__VA_ARGS__}))
 
 /* The pre-tokens of text, joined by '|'. */
 struct joined {
@@ -323,7 +325,7 @@ static void test_model_options(void) {
     ENCODES("aaa", "256 64", .model = "\"ignore_merges\": null");
     REFUSED("the BPE model's ignore_merges is a string, not true or false",
             .model = "\"ignore_merges\": \"true\"");
-    ACCEPTED(.model = "\"byte_fallback\": false");
+    READS(.model = "\"byte_fallback\": false");
     REFUSED("the BPE model's byte_fallback is true, which llm3d does not support: it reads "
             "byte_fallback false only", .model = "\"byte_fallback\": true");
     REFUSED("the BPE model's byte_fallback is a number, not true or false",
@@ -333,15 +335,15 @@ static void test_model_options(void) {
     REFUSED("the BPE model's dropout is 0.1: llm3d merges without dropout",
             .model = "\"dropout\": 0.1");
     REFUSED("the BPE model's dropout is a string", .model = "\"dropout\": \"0\"");
-    ACCEPTED(.model = "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null");
-    ACCEPTED(.model = "\"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\"");
+    READS(.model = "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null");
+    READS(.model = "\"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\"");
     REFUSED("the BPE model's continuing_subword_prefix is \"##\"",
             .model = "\"continuing_subword_prefix\": \"##\"");
     REFUSED("the BPE model's end_of_word_suffix is \"</w>\"",
             .model = "\"end_of_word_suffix\": \"</w>\"");
     REFUSED("the BPE model's end_of_word_suffix is a boolean",
             .model = "\"end_of_word_suffix\": false");
-    ACCEPTED(.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": true"); /* never used */
+    READS(.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": true"); /* never used */
     REFUSED("the BPE model has no vocab object",
             .whole_model = "{\"type\": \"BPE\", \"merges\": []}");
 }
@@ -406,9 +408,9 @@ static void test_document_options(void) {
     REFUSED("the normalizer Sequence is not supported",
             .normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}");
     REFUSED("the normalizer (no type) is not supported", .normalizer = "\"NFC\"");
-    ACCEPTED(.decoder = "-");
-    ACCEPTED(.decoder = "null");
-    ACCEPTED(.decoder = "{\"type\": \"ByteLevel\"}");
+    READS(.decoder = "-");
+    READS(.decoder = "null");
+    READS(.decoder = "{\"type\": \"ByteLevel\"}");
     REFUSED("the decoder WordPiece is not supported", .decoder = "{\"type\": \"WordPiece\"}");
     struct l3d_tokenizer *t = ACCEPTED(.added = "-");
     if (t) CHECK(l3d_tokenizer_eot(t) == -1 && t->special.n == 0);
@@ -434,7 +436,7 @@ static void test_document_options(void) {
             .added = "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": \"yes\"}]");
     REFUSED("added token 0's normalized is a number, not true or false",
             .added = "[{\"id\": 257, \"content\": \"<|endoftext|>\", \"normalized\": 1}]");
-    ACCEPTED(.top = "\"truncation\": null, \"padding\": null, \"post_processor\": {\"type\": "
+    READS(.top = "\"truncation\": null, \"padding\": null, \"post_processor\": {\"type\": "
              "\"TemplateProcessing\"}");
     REFUSED("tok.json: truncation is set (an object): llm3d encodes whole texts",
             .top = "\"truncation\": {\"max_length\": 8}");

@@ -92,7 +92,7 @@ static void add_complement(struct pat_out *o, const uint32_t (*r)[2], size_t n) 
 
 /* Writes the pending ranges, sorted and merged, as \x{A}-\x{B} items; empties the list. */
 static void flush_ranges(struct pat_out *o) {
-    qsort(o->r, o->nr, sizeof *o->r, cmp_range);
+    if (o->nr > 0) qsort(o->r, o->nr, sizeof *o->r, cmp_range); /* none yet: r may be NULL */
     for (size_t i = 0; i < o->nr;) {
         uint32_t a = o->r[i][0], b = o->r[i][1];
         for (i++; i < o->nr && o->r[i][0] <= b + 1; i++)
