@@ -91,9 +91,13 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                "and one piece on the host at most\n",
                tc->layout.zero == 2 ? " and the initialisation" : "", piece / MiB, most / MiB);
     }
-    if (t->mem_figure >= 0)
-        printf("memory check: %.1f MiB planned on rank 0 (saves' and loads' pieces%s included)\n",
-               t->mem_figure / MiB, tc->out_dir ? " and --out's gathered model" : "");
+    if (t->mem_figure >= 0) { /* what the check counted beside training (train/memory.c) */
+        bool files = tc->resume || tc->init_from || tc->save_every > 0;
+        printf("memory check: %.1f MiB planned on rank 0%s%s%s\n", t->mem_figure / MiB,
+               files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
+               tc->out_dir ? (files ? " and --out's gathered model)" : "--out's gathered model)")
+                           : files ? ")" : "");
+    }
     if (mixed)
         printf("products: %s\n",
                l3d_be_matmul_native(t->be, tc->precision.param)
