@@ -53,6 +53,15 @@ l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model
                                         enum l3d_dtype dt);
 l3d_status l3d_ckpt_read_llmc_config(const char *path, struct l3d_model_spec *cfg);
 l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m);
+struct l3d_ckpt_pieces;
+/* Into a view without parameters (m->params NULL) whose parameters go a piece at a time: the
+ * elements [q->lo, q->hi) of its flat buffer, handed to q->put (include/llm3d/ckpt.h's struct
+ * l3d_ckpt_pieces). The full shard reads only those, a piece at a time; another shard reads the
+ * whole file on the host and cuts its slice. Checked finite (the pieces read: a range's
+ * non-finite parameters are counted and the first named before anything is handed over after
+ * it). */
+l3d_status l3d_ckpt_load_llmc_pieces(const char *path, const struct l3d_gpt *m,
+                                     const struct l3d_ckpt_pieces *q);
 /* The file's parameters as the full model's flat fp32 buffer (host memory, l3d_gpt_param_count
  * of cfg, whose model the file must hold), checked finite. */
 l3d_status l3d_ckpt_read_llmc_full(const char *path, const struct l3d_model_spec *cfg,
@@ -64,10 +73,10 @@ l3d_status l3d_ckpt_read_llmc_full(const char *path, const struct l3d_model_spec
  *                                 .world = 4, .tp_rank = topo.tp_rank,
  *                                 .pp_rank = topo.pp_rank, .dp_rank = topo.dp_rank};
  *   struct l3d_ckpt_state s = {.step = 50, .loader = l3d_loader_get_pos(ld), ...};
- *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, chunks, opts, &io, &report); // collective
+ *   l3d_ckpt_save("out/checkpoints", 3, world, &lay, &s, chunks, opts, NULL, &io, &report);
  *   char dir[4096];
  *   l3d_ckpt_resolve("auto", "out/checkpoints", dir, sizeof dir);  // "" when there is none
- *   l3d_ckpt_load(dir, world, &lay, chunks, opts, &s, &io, &report); // any layout
+ *   l3d_ckpt_load(dir, world, &lay, chunks, opts, NULL, &s, &io, &report); // any layout
  *
  * chunks and opts hold the rank's lay.layout.v model chunks and their optimizers (one for a
  * rank without an interleaved schedule; chunk c of pipeline rank r is virtual stage c pp + r,
@@ -155,26 +164,50 @@ struct l3d_ckpt_io {
     int64_t bytes_rank;            /* written, or read (checksum passes included), by this rank */
 };
 
-/* Saves step s->step under root, the lay->pp_virtual chunks m[c] with their optimizers opt[c];
- * collective over world. keep >= 1. Every rank returns the same status; *report is true on the
- * one rank that should print the message. */
+/* The bytes a checkpoint moves between a file and memory at once: 64 MiB, or $L3D_CKPT_TEST_STAGE
+ * when set (tests: tiny models take many transfers per tensor too). */
+#define L3D_CKPT_STAGE_BYTES ((size_t)64 << 20)
+size_t l3d_ckpt_stage_bytes(void);
+
+/* A chunk whose fp32 parameters no rank holds whole (ZeRO-3, ZeRO-2 in mixed precision;
+ * src/parallel/pieces.c): its view has no parameters (m->params NULL), and a save or a load moves
+ * them through these calls, a piece of at most `piece` elements at a time, in order of offset.
+ * piece 0: the chunk's parameters are m->params. */
+struct l3d_ckpt_pieces {
+    int64_t piece;
+    int64_t lo, hi; /* load: the elements [lo, hi) of the chunk's flat parameters this rank takes */
+    /* save, on the rank that writes the parameters: [off, off + n) in device memory, valid until
+     * the next call; off = 0, piece, 2 piece, ...; n = piece but for the last */
+    const float *(*get)(void *ctx, int64_t off, int64_t n);
+    /* load: [off, off + n) (n <= piece, within [lo, hi)) in host memory, taken before it returns */
+    void (*put)(void *ctx, int64_t off, int64_t n, const float *host);
+    void *ctx;
+};
+
+/* Saves step s->step under root, the lay->pp_virtual chunks m[c] with their optimizers opt[c]
+ * (pieces: NULL, or one per chunk); collective over world. keep >= 1. Every rank returns the
+ * same status; *report is true on the one rank that should print the message. The parameters of
+ * a chunk with pieces go to its file a piece at a time (the host staging: one piece). */
 l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
                          struct l3d_gpt *const *m, const struct l3d_adamw *opt,
-                         struct l3d_ckpt_io *io, bool *report);
+                         const struct l3d_ckpt_pieces *pieces, struct l3d_ckpt_io *io,
+                         bool *report);
 /* The step directory that spec names: "auto" -> the one root/latest names, or "" when root has no
  * latest (a fresh start); a step directory (holding a manifest); or a root holding `latest`. */
 l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap);
-/* Loads dir into this rank's lay->pp_virtual model chunks and optimizers (m[c]->params,
- * opt[c].m, .v, .t), whatever the layout (chunks per rank included) it was saved under, and
+/* Loads dir into this rank's lay->pp_virtual model chunks and optimizers (m[c]->params, or
+ * pieces[c]'s [lo, hi) a piece at a time: from a file of the chunk's shard a piece is all the
+ * host holds, from others the full model is assembled on the host as below; opt[c].m, .v, .t),
+ * whatever the layout (chunks per rank included) it was saved under, and
  * returns the saved state in s. Each chunk loads like a rank of its own. Collective over world;
  * reads only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching
  * file or dtype, L3D_ERR_IO for a missing one, L3D_ERR_LAYOUT for a manifest whose layout
  * cannot hold the model. */
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
-                         struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
-                         bool *report);
+                         struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                         struct l3d_ckpt_state *s, struct l3d_ckpt_io *io, bool *report);
 /* Reads a step directory's model config (to size a model before loading). */
 l3d_status l3d_ckpt_read_config(const char *dir, struct l3d_model_spec *cfg, int64_t *step);
 /* Writes the weights of step directory dir as one llm.c checkpoint (one process): version 3 (fp32),

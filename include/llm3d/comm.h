@@ -70,7 +70,7 @@ enum l3d_tag {
     L3D_TAG_CALIBRATE_GO = 3,  /* bench --calibrate: rank 0 tells the others to go on */
     L3D_TAG_CP_KV = 4,         /* context parallelism: keys and values to the next ring rank */
     L3D_TAG_CP_DKV = 5,        /* ... and their gradients' running sums */
-    L3D_TAG_ZERO3_GATHER = 6,  /* a ZeRO-3 rank's fp32 range to DP rank 0 for a save */
+    L3D_TAG_ZERO3_GATHER = 6,  /* a piece of a rank's fp32 range to DP rank 0 for a save */
     L3D_TAG_ZERO3_LAYER = 7,   /* a ZeRO-3 rank's part of a layer's parameters to the others */
     L3D_TAG_MODEL_GATHER = 16, /* + chunk (< 256): a (tp, pp) rank's parameters to rank 0 for
                                 * model.bin */

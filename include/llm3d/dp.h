@@ -72,6 +72,7 @@
 
 struct l3d_dp_piece; /* a pending reduction: private */
 struct l3d_dp_zero3; /* ZeRO-3's gather buffers: private (src/parallel/zero3.c) */
+struct l3d_dp_stream; /* the fp32 parameters a piece at a time: private (src/parallel/pieces.c) */
 
 struct l3d_dp {
     struct l3d_gpt *m;
@@ -99,6 +100,7 @@ struct l3d_dp {
     /* ZeRO-3: this rank's parameters (own_count of param_dtype, device memory) and the gathers */
     void *param_shard;
     struct l3d_dp_zero3 *z3;
+    struct l3d_dp_stream *stream; /* a save or load a piece at a time (l3d_dp_fp32_stream_begin) */
     double gather_wait_s;  /* time waiting for parameter all-gathers (exposed), reset by caller */
     double gather_posts_s; /* time posting them (copies and the calls that start them) */
 };
@@ -175,21 +177,54 @@ void l3d_dp_skip_step(struct l3d_dp *dp);
 void l3d_dp_test_poison(struct l3d_dp *dp);
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt);
 /* The chunk's parameters in fp32 (num_params, device memory), for initialisation, checkpoints and
- * llm.c files in every precision: the parameters themselves in fp32; in mixed precision the fp32
- * master weights, which are whole without ZeRO, else a buffer to fill, the fp32 gradient buffer
- * (free between steps) or, under ZeRO-2, one allocated for the call (NULL when the device has no
- * room). Between steps only (the gradients are zero). No communication. */
+ * llm.c files in every precision where a rank holds them whole (l3d_dp_fp32_streamed false): the
+ * parameters themselves in fp32; in mixed precision the fp32 master weights when whole (no ZeRO),
+ * else the fp32 gradient buffer (ZeRO-1: free between steps). Between steps only (the gradients
+ * are zero). No communication. */
 float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt);
-/* Whether a save (checkpoint, model.bin: whole parameters on DP rank 0 only) needs that buffer on
- * this rank: not on ZeRO-3's DP ranks past the first, which hold no whole copy at any time. */
-bool l3d_dp_fp32_save_here(const struct l3d_dp *dp);
 /* Fills such a buffer with the master weights of every rank's range (a collective over the DP
- * group: after the ranks agreed that each has its buffer); nothing when it is whole already.
- * ZeRO-3 (saves only): DP rank 0's buffer receives every rank's range, the others (buf NULL
- * where l3d_dp_fp32_save_here says so) send theirs. */
+ * group); nothing when it is whole already. */
 void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf);
 /* Ends the use of a buffer from l3d_dp_fp32_params; loaded: it was filled with new parameters,
  * which become the master weights of this rank's range and, rounded, the model's 16-bit ones. */
 void l3d_dp_fp32_params_done(struct l3d_dp *dp, struct l3d_adamw *opt, float *buf, bool loaded);
+
+/* ---- the fp32 parameters a piece at a time (src/parallel/pieces.c) ------------------------------
+ * ZeRO-3, and ZeRO-2 in mixed precision, keep no whole fp32 copy of the parameters on any rank:
+ * each rank's range lives in its master weights (mixed precision) or its fp32 shard (ZeRO-3 in
+ * fp32). Saves, resumes, --init-from and ZeRO-2's initialisation from the seed move them in pieces
+ * of P = l3d_dp_fp32_piece(N, bytes) elements, [0, P), [P, 2P), ..., through one device buffer of
+ * P fp32 per chunk (bytes: the checkpoint's staging size, 64 MiB):
+ *
+ *   l3d_dp_fp32_stream_begin(&dp, &opt, bytes, save);  // the buffer (L3D_ERR_OOM: agree, end)
+ *   l3d_dp_fp32_stream_send(&dp);                      // after the agreement, on every rank
+ *   save, DP rank 0:  p = l3d_dp_fp32_stream_get(&dp, off, n);  // each piece in order
+ *   load, every rank: l3d_dp_fp32_stream_want(&dp, &lo, &hi);   // the pieces it needs
+ *                     l3d_dp_fp32_stream_put(&dp, off, n, host);  // or _seed for all of them
+ *   l3d_dp_fp32_stream_end(&dp);                       // on every rank
+ *
+ * Save: every rank but DP rank 0 posts a non-blocking send of each piece's part of its range
+ * (_send: from the range itself, nothing staged) and waits for them in _end; DP rank 0 receives
+ * each piece's parts from their owners into its buffer when the writer asks for it (_get), and
+ * in _end receives whatever the writer did not ask for (a failed write), so no send is left
+ * waiting. E.g. N = 100, dp = 4 (ranges of 32), P = 40: piece [40, 80) is rank 1's [40, 64) and
+ * rank 2's [64, 80); rank 1 sends [32, 40) and [40, 64), rank 2 [64, 80) and [80, 96).
+ * Load: each rank takes [lo, hi) (ZeRO-3: its range; ZeRO-2: everything, its 16-bit parameters
+ * being whole): a piece is rounded into the 16-bit parameters (ZeRO-2) or the shard (ZeRO-3)
+ * and copied into the master range where it meets it. No communication.
+ * Memory: P fp32 on the device per chunk while a stream is open, on DP rank 0 only for a save;
+ * the writer's and the reader's host buffer (the checkpoint's staging, at most as large) beside
+ * it; no whole copy. */
+bool l3d_dp_fp32_streamed(const struct l3d_dp *dp, const struct l3d_adamw *opt);
+/* Elements a piece of n fp32 parameters at most `bytes` takes: in [1, n]. */
+int64_t l3d_dp_fp32_piece(int64_t n, size_t bytes);
+l3d_status l3d_dp_fp32_stream_begin(struct l3d_dp *dp, struct l3d_adamw *opt, size_t bytes,
+                                    bool save);
+void l3d_dp_fp32_stream_send(struct l3d_dp *dp);
+const float *l3d_dp_fp32_stream_get(struct l3d_dp *dp, int64_t off, int64_t n);
+void l3d_dp_fp32_stream_want(const struct l3d_dp *dp, int64_t *lo, int64_t *hi);
+void l3d_dp_fp32_stream_put(struct l3d_dp *dp, int64_t off, int64_t n, const float *host);
+void l3d_dp_fp32_stream_seed(struct l3d_dp *dp, uint64_t seed);
+void l3d_dp_fp32_stream_end(struct l3d_dp *dp);
 
 #endif

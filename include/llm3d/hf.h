@@ -40,6 +40,8 @@
 #include "llm3d/core.h"
 #include "llm3d/model.h"
 
+struct l3d_ckpt_pieces; /* include/llm3d/ckpt.h */
+
 #define L3D_HF_SHARD_BYTES ((int64_t)4 << 30) /* default shard size of a written folder */
 #define L3D_ST_MAX_HEADER ((int64_t)100 << 20) /* the reference reader's limit */
 #define L3D_ST_MAX_DIMS 8
@@ -153,5 +155,11 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
 l3d_status l3d_model_file_config(const char *path, struct l3d_model_spec *cfg);
 /* Into an fp32 model or view of the file's config, any shard (like l3d_ckpt_load_llmc). */
 l3d_status l3d_model_file_load(const char *path, struct l3d_gpt *m);
+/* Into a view without parameters whose parameters go a piece at a time (struct l3d_ckpt_pieces,
+ * include/llm3d/ckpt.h): [q->lo, q->hi) handed to q->put. An llm.c file of the full shard is read
+ * a piece at a time (l3d_ckpt_load_llmc_pieces); a folder, or a shard, costs the full model on
+ * the host as l3d_model_file_load does. */
+l3d_status l3d_model_file_load_pieces(const char *path, const struct l3d_gpt *m,
+                                      const struct l3d_ckpt_pieces *q);
 
 #endif

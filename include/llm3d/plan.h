@@ -185,11 +185,15 @@ struct l3d_plan_run {
      * (l3d_be_matmul_native); l3d_plan_evaluate and the search also take it from the profile
      * (gemm_native_bf16 / _fp16 = yes). false: those copies are counted, once */
     bool native16;
-    /* llm3d's ZeRO-3 stages a whole fp32 copy of the parameters during the run: resumed or
-     * --init-from (every rank), checkpoints saved (DP rank 0). false: from the seed with no
-     * saves, each rank initialising its own range (what `llm3d plan` assumes; the trainer's
-     * memory check says which) */
-    bool zero3_staging;
+    /* llm3d's ZeRO-3, and ZeRO-2 in mixed precision, hold no whole fp32 copy of the parameters:
+     * they move a piece of at most piece_bytes at a time (include/llm3d/dp.h; 64 MiB, the
+     * checkpoint's staging, l3d_ckpt_stage_bytes): one device piece per chunk when the run reads
+     * or writes files (files: resumed, --init-from, checkpoints saved; ZeRO-2 also for its
+     * initialisation from the seed), and beside it, with files, a host buffer of one piece (the
+     * writer's staging, the reader's buffer). files false: from the seed with no saves (what
+     * `llm3d plan` assumes; the trainer's memory check says which) */
+    bool files;
+    size_t piece_bytes;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

@@ -13,14 +13,10 @@
 #include "llm3d/file.h"
 #include "llm3d/core.h"
 
-#define L3D_CKPT_STAGE_BYTES ((size_t)64 << 20)
-
 /* Bytes of the host buffer that stages a transfer of `want` bytes between a file and device
- * memory: want, at most 64 MiB, at least 1. Test hook: $L3D_CKPT_TEST_STAGE bytes at most
- * instead, so that tiny models take many transfers per tensor too. */
+ * memory: want, at most l3d_ckpt_stage_bytes() (64 MiB), at least 1. */
 static inline size_t l3d_ckpt_stage_cap(size_t want) {
-    const char *v = getenv("L3D_CKPT_TEST_STAGE");
-    size_t most = v && atoll(v) > 0 ? (size_t)atoll(v) : L3D_CKPT_STAGE_BYTES;
+    size_t most = l3d_ckpt_stage_bytes();
     return want < most ? (want > 0 ? want : 1) : most;
 }
 

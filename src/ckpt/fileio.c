@@ -73,6 +73,11 @@ uint64_t l3d_ckpt_hash_final(const struct l3d_ckpt_hasher *h) {
 
 /* ---- files ----------------------------------------------------------------------------------- */
 
+size_t l3d_ckpt_stage_bytes(void) {
+    const char *v = getenv("L3D_CKPT_TEST_STAGE"); /* tests: many transfers on tiny models */
+    return v && atoll(v) > 0 ? (size_t)atoll(v) : L3D_CKPT_STAGE_BYTES;
+}
+
 l3d_status l3d_ckpt_stage_init(struct l3d_ckpt_stage *sg, size_t want, const char *path) {
     sg->cap = l3d_ckpt_stage_cap(want);
     sg->p = l3d_try_alloc(sg->cap, "checkpoint staging");

@@ -695,3 +695,27 @@ l3d_status l3d_model_file_load(const char *path, struct l3d_gpt *m) {
     l3d_free(full);
     return rc;
 }
+
+l3d_status l3d_model_file_load_pieces(const char *path, const struct l3d_gpt *m,
+                                      const struct l3d_ckpt_pieces *q) {
+    if (!l3d_hf_is_folder(path)) return l3d_ckpt_load_llmc_pieces(path, m, q);
+    /* a folder converts whole (l3d_hf_load): the full model on the host, then the slice */
+    int64_t n_full = l3d_gpt_param_count(&m->cfg);
+    bool whole = m->num_params == n_full;
+    float *full = l3d_try_alloc((size_t)n_full * sizeof(float), "model");
+    float *mine = whole || !full ? full
+                                 : l3d_try_alloc((size_t)m->num_params * sizeof(float), "shard");
+    l3d_status rc = L3D_OK;
+    if (!full || !mine)
+        rc = l3d_error(L3D_ERR_OOM, "%s: no host memory to read the %lld parameters", path,
+                       (long long)n_full);
+    if (rc == L3D_OK) rc = l3d_hf_load(path, &m->cfg, full);
+    if (rc == L3D_OK && !whole) l3d_gpt_full_to_shard(&m->cfg, &m->shard, full, mine);
+    for (int64_t off = q->lo, n; rc == L3D_OK && off < q->hi; off += n) {
+        n = q->hi - off < q->piece ? q->hi - off : q->piece;
+        q->put(q->ctx, off, n, mine + off);
+    }
+    if (mine != full) l3d_free(mine);
+    l3d_free(full);
+    return rc;
+}

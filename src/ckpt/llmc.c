@@ -321,3 +321,69 @@ l3d_status l3d_ckpt_load_llmc(const char *path, struct l3d_gpt *m) {
     l3d_free(buf);
     return st;
 }
+
+/* [off, off + n) of the file's parameters into buf (fp32), widened from bf16 (fes 2) through
+ * half (n of them); *bad counts the ones that are not finite, *first_bad the first's index. */
+static l3d_status read_range(const char *path, FILE *f, size_t fes, int64_t off, int64_t n,
+                             float *buf, uint16_t *half, int64_t *bad, int64_t *first_bad) {
+    size_t got = 0;
+    if (fseeko(f, (off_t)(HEADER_BYTES + off * (int64_t)fes), SEEK_SET) == 0) {
+        if (fes == 2) {
+            got = fread(half, 2, (size_t)n, f);
+            for (size_t i = 0; i < got; i++) buf[i] = l3d_bf16_to_f32(half[i]);
+        } else {
+            got = fread(buf, sizeof(float), (size_t)n, f);
+        }
+    }
+    if (got != (size_t)n)
+        return l3d_error(L3D_ERR_IO, "%s: cannot read parameters %lld to %lld", path,
+                         (long long)off, (long long)(off + n - 1));
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(buf[i]) && (*bad)++ == 0) *first_bad = off + i;
+    return L3D_OK;
+}
+
+l3d_status l3d_ckpt_load_llmc_pieces(const char *path, const struct l3d_gpt *m,
+                                     const struct l3d_ckpt_pieces *q) {
+    FILE *f;
+    size_t fes;
+    l3d_status st = open_body(path, &m->cfg, &f, &fes);
+    if (st != L3D_OK) return st;
+    int64_t n_full = l3d_gpt_param_count(&m->cfg), most = q->hi - q->lo;
+    if (!is_full_shard(m)) most = n_full; /* a shard: the whole file on the host, then cut */
+    else if (most > q->piece) most = q->piece;
+    float *buf = l3d_try_alloc((size_t)most * sizeof(float) + 1, "checkpoint piece");
+    uint16_t *half = fes == 2 ? l3d_try_alloc((size_t)most * 2 + 1, "bf16 staging") : NULL;
+    float *mine = is_full_shard(m) || !buf ? NULL
+                  : l3d_try_alloc((size_t)m->num_params * sizeof(float) + 1, "checkpoint shard");
+    int64_t bad = 0, first_bad = -1;
+    if (!buf || (fes == 2 && !half) || (!is_full_shard(m) && !mine))
+        st = l3d_error(L3D_ERR_OOM, "%s: no memory to read the %lld parameters", path,
+                       (long long)n_full);
+    if (st == L3D_OK && is_full_shard(m)) {
+        for (int64_t off = q->lo, n; st == L3D_OK && off < q->hi; off += n) {
+            n = q->hi - off < q->piece ? q->hi - off : q->piece;
+            st = read_range(path, f, fes, off, n, buf, half, &bad, &first_bad);
+            if (st == L3D_OK && bad == 0) q->put(q->ctx, off, n, buf);
+        }
+    } else if (st == L3D_OK) {
+        st = read_range(path, f, fes, 0, n_full, buf, half, &bad, &first_bad);
+        if (st == L3D_OK && bad == 0) {
+            l3d_gpt_full_to_shard(&m->cfg, &m->shard, buf, mine);
+            for (int64_t off = q->lo, n; off < q->hi; off += n) {
+                n = q->hi - off < q->piece ? q->hi - off : q->piece;
+                q->put(q->ctx, off, n, mine + off);
+            }
+        }
+    }
+    fclose(f);
+    l3d_free(mine);
+    l3d_free(half);
+    l3d_free(buf);
+    if (st == L3D_OK && bad)
+        st = l3d_error(L3D_ERR_FORMAT, "%s: %lld of its %lld parameters are not finite (NaN or "
+                       "infinite; the first is parameter %lld): the file is damaged or its run "
+                       "diverged; use another checkpoint", path, (long long)bad,
+                       (long long)n_full, (long long)first_bad);
+    return st;
+}

@@ -259,6 +259,53 @@ static l3d_status load_params(const struct l3d_ckpt_manifest *mf, struct l3d_gpt
     return st;
 }
 
+/* A chunk's parameters [lo, hi) handed over a piece at a time (pieces): read from a file of the
+ * same shard through one host buffer of a piece, else cut from the full model assembled on the
+ * host (as load_params) and handed over from there. */
+static l3d_status load_pieces(const struct l3d_ckpt_manifest *mf, const struct l3d_gpt *m,
+                              const struct l3d_ckpt_pieces *q, int64_t *bytes) {
+    L3D_ASSERT(l3d_ckpt_psize(mf) == sizeof(float)); /* a view's type (checked) */
+    char path[L3D_CKPT_PATH_CAP];
+    l3d_status st = L3D_OK;
+    for (int r = 0; r < mf->nfiles; r++) {
+        const struct l3d_ckpt_mf_file *f = &mf->files[r];
+        if (!f->params || !same_shard(&f->shard, &m->shard)) continue;
+        file_path(mf, r, path, sizeof path);
+        float *buf = l3d_try_alloc((size_t)(q->hi - q->lo < q->piece ? q->hi - q->lo : q->piece) *
+                                   sizeof(float) + 1, "checkpoint piece");
+        if (!buf) return no_memory(mf, q->piece, "free host memory");
+        for (int64_t off = q->lo, n; st == L3D_OK && off < q->hi; off += n) {
+            n = q->hi - off < q->piece ? q->hi - off : q->piece;
+            st = l3d_ckpt_read_at(path, mf->header + off * (int64_t)sizeof(float), buf,
+                                  (size_t)n * sizeof(float));
+            if (st == L3D_OK) q->put(q->ctx, off, n, buf);
+            *bytes += n * (int64_t)sizeof(float);
+        }
+        l3d_free(buf);
+        return st;
+    }
+    int64_t N = l3d_gpt_param_count(&mf->cfg);
+    bool whole = is_full(&mf->cfg, &m->shard);
+    float *full = alloc_nan(N, "checkpoint full model");
+    float *mine = whole ? full
+                : full  ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
+                        : NULL;
+    if (!mine) {
+        l3d_free(full);
+        return no_memory(mf, N, NO_MEMORY_RESUME);
+    }
+    st = assemble_full(mf, 0, full, bytes);
+    if (st == L3D_OK && !whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
+    if (st == L3D_OK) st = check_no_nan(mf, mine + q->lo, q->hi - q->lo, "parameter");
+    for (int64_t off = q->lo, n; st == L3D_OK && off < q->hi; off += n) {
+        n = q->hi - off < q->piece ? q->hi - off : q->piece;
+        q->put(q->ctx, off, n, mine + off);
+    }
+    if (!whole) l3d_free(mine);
+    l3d_free(full);
+    return st;
+}
+
 /* A chunk's optimizer range: from the files of the same shard (their ranges intersected with
  * ours, staged to the device), else cut from the full model's moments on the host. The moments
  * live on the chunk's device (m->be). */
@@ -321,8 +368,8 @@ static l3d_status load_moments(const struct l3d_ckpt_manifest *mf, const struct 
 
 l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
-                         struct l3d_adamw *opt, struct l3d_ckpt_state *s, struct l3d_ckpt_io *io,
-                         bool *report) {
+                         struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                         struct l3d_ckpt_state *s, struct l3d_ckpt_io *io, bool *report) {
     double t0 = l3d_time_s();
     memset(io, 0, sizeof *io);
     const int nc = l3d_ckpt_chunks_of(lay);
@@ -353,7 +400,7 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
             int i = world->rank * mf.nc + k;
             const struct l3d_ckpt_mf_file *f = &mf.files[i];
             if (!same_shard(&f->shard, &m[c]->shard)) continue;
-            if (f->params) {
+            if (f->params && m[c]->params) { /* else a piece at a time (load_pieces) */
                 segs[nseg++] = (struct seg){i, mf.header, l3d_ckpt_psize(&mf) * f->params, m[c]->be,
                                             m[c]->params};
                 own[2 * c] = true;
@@ -371,7 +418,10 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
     if (st == L3D_OK) st = check_files(&mf, world->rank, world->size, segs, nseg, &bytes);
     if ((st = l3d_comm_agree(world, st, report)) == L3D_OK) {
         for (int c = 0; st == L3D_OK && c < nc; c++) {
-            if (!own[2 * c]) st = load_params(&mf, m[c], &bytes);
+            bool q = pieces && pieces[c].piece > 0;
+            L3D_ASSERT(q || m[c]->params);
+            if (q) st = load_pieces(&mf, m[c], &pieces[c], &bytes);
+            else if (!own[2 * c]) st = load_params(&mf, m[c], &bytes);
             if (st == L3D_OK && !own[2 * c + 1]) st = load_moments(&mf, m[c], &opt[c], &bytes);
         }
         io->bytes_rank = bytes;

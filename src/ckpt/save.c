@@ -40,7 +40,22 @@ struct piece {
     const void *params, *m, *v;
     int64_t np, ostart, ocount;
     enum l3d_dtype pdt, mdt;
+    const struct l3d_ckpt_pieces *pieces; /* the parameters' source when params is NULL */
 };
+
+/* The parameters pulled a piece at a time (fp32: the types of a view) and written. */
+static l3d_status write_pieces(int fd, const char *path, const struct piece *pc,
+                               const struct l3d_ckpt_stage *sg, struct l3d_ckpt_hasher *h) {
+    const struct l3d_ckpt_pieces *q = pc->pieces;
+    L3D_ASSERT(q && q->piece > 0 && q->get && pc->pdt == L3D_F32);
+    l3d_status st = L3D_OK;
+    for (int64_t off = 0, n; st == L3D_OK && off < pc->np; off += n) {
+        n = pc->np - off < q->piece ? pc->np - off : q->piece;
+        const float *p = q->get(q->ctx, off, n);
+        st = l3d_ckpt_write_device(fd, path, pc->be, p, (size_t)n * sizeof(float), sg, h);
+    }
+    return st;
+}
 
 static l3d_status write_rank_file(const char *path, const struct piece *pc,
                                   struct l3d_ckpt_rank_rec *rec) {
@@ -68,7 +83,10 @@ static l3d_status write_rank_file(const char *path, const struct piece *pc,
     memcpy(hdr + 64, pname, strlen(pname)); /* NUL-padded to 8 */
     memcpy(hdr + 72, mname, strlen(mname));
     st = l3d_ckpt_write_all(fd, path, hdr, sizeof hdr, &h);
-    if (st == L3D_OK) st = l3d_ckpt_write_device(fd, path, pc->be, pc->params, pbytes, &sg, &h);
+    if (st == L3D_OK && pc->params)
+        st = l3d_ckpt_write_device(fd, path, pc->be, pc->params, pbytes, &sg, &h);
+    else if (st == L3D_OK && pc->np > 0)
+        st = write_pieces(fd, path, pc, &sg, &h);
     if (st == L3D_OK && pc->ocount > 0) {
         /* the crash point: half-way through the moments */
         st = l3d_ckpt_write_device(fd, path, pc->be, pc->m, mbytes / 2, &sg, &h);
@@ -212,7 +230,8 @@ static l3d_status publish(const char *root, const char *tmp, int keep,
 l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
                          const struct l3d_ckpt_layout *lay, const struct l3d_ckpt_state *s,
                          struct l3d_gpt *const *m, const struct l3d_adamw *opt,
-                         struct l3d_ckpt_io *io, bool *report) {
+                         const struct l3d_ckpt_pieces *pieces, struct l3d_ckpt_io *io,
+                         bool *report) {
     double t0 = l3d_time_s();
     memset(io, 0, sizeof *io);
     char tmp[L3D_CKPT_PATH_CAP] = "", name[64];
@@ -261,7 +280,8 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
             .rank = world->rank, .chunk = c, .step = s->step, .be = m[c]->be,
             .params = m[c]->params, .np = me->params, .pdt = pdt,
             .m = opt[c].m, .v = opt[c].v, .ostart = me->opt_start, .ocount = me->opt_count,
-            .mdt = mdt};
+            .mdt = mdt, .pieces = pieces && pieces[c].piece > 0 ? &pieces[c] : NULL};
+        L3D_ASSERT(pc.params || pc.pieces || pc.np == 0);
         st = write_rank_file(path, &pc, me);
         me->status = st;
         io->bytes_rank += me->bytes;

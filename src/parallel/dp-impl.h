@@ -11,5 +11,7 @@ l3d_status l3d_dp_zero3_init(struct l3d_dp *dp);
 void l3d_dp_zero3_free(struct l3d_dp *dp);
 /* Tests every pending parameter gather (the progress hook). */
 void l3d_dp_zero3_poll(struct l3d_dp *dp);
+/* Frees a stream left open (l3d_dp_fp32_stream_begin), without communication. */
+void l3d_dp_stream_free(struct l3d_dp *dp);
 
 #endif

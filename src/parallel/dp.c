@@ -263,6 +263,7 @@ void l3d_dp_free(struct l3d_dp *dp) {
     if (dp->m) stage_free(dp);
     if (dp->grad_shard) l3d_be_free(dp->m->be, dp->grad_shard);
     if (dp->m) l3d_dp_zero3_free(dp);
+    l3d_dp_stream_free(dp);
     if (dp->m) {
         dp->m->hooks.grads_ready = NULL;
         dp->m->hooks.progress = NULL;
@@ -408,46 +409,13 @@ struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_ada
 
 float *l3d_dp_fp32_params(struct l3d_dp *dp, const struct l3d_adamw *opt) {
     struct l3d_gpt *m = dp->m;
-    if (dp->zero == 3) /* no whole copy anywhere: one for the call */
-        return l3d_be_alloc(m->be, (size_t)m->num_params * sizeof(float), "fp32 parameter staging");
+    L3D_ASSERT(!l3d_dp_fp32_streamed(dp, opt)); /* those go a piece at a time (pieces.c) */
     if (!opt->master) return m->params; /* fp32: the parameters themselves */
     if (opt->start == 0 && opt->n == m->num_params) return opt->master; /* the whole range */
-    size_t bytes = (size_t)m->num_params * sizeof(float);
-    /* the fp32 gradient buffer is free between steps; ZeRO-2 has none, so a staging buffer */
-    return m->grads ? m->grads : l3d_be_alloc(m->be, bytes, "fp32 parameter staging");
-}
-
-bool l3d_dp_fp32_save_here(const struct l3d_dp *dp) {
-    return dp->zero != 3 || dp->comm->rank == 0;
-}
-
-/* ZeRO-3's ranges to DP rank 0's buffer (the only whole copy), each from the master weights or
- * the fp32 shard. */
-static void gather_to_first(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
-    const float *src = opt->master ? opt->master : dp->param_shard;
-    struct l3d_comm *c = dp->comm;
-    if (c->rank != 0) {
-        if (dp->own_count > 0)
-            l3d_comm_send(c, src, dp->own_count, L3D_F32, 0, L3D_TAG_ZERO3_GATHER, NULL);
-        return;
-    }
-    l3d_be_copy_d2d(dp->m->be, buf + dp->own_start, src, (size_t)dp->own_count * sizeof(float));
-    double t0 = l3d_time_s();
-    struct l3d_doing was = l3d_comm_doing(c, "fp32 parameter gather to DP rank 0", -1, -1);
-    for (int r = 1; r < c->size; r++) {
-        int64_t start = (int64_t)r * dp->shard_size, n = dp->m->num_params - start;
-        if (n > dp->shard_size) n = dp->shard_size;
-        if (n > 0) l3d_comm_recv(c, buf + start, n, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
-    }
-    l3d_comm_done(c, was);
-    dp->comm_wait_s += l3d_time_s() - t0;
+    return m->grads; /* ZeRO-1: the fp32 gradient buffer is free between steps */
 }
 
 void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *buf) {
-    if (dp->zero == 3) {
-        gather_to_first(dp, opt, buf);
-        return;
-    }
     if (!opt->master || buf == opt->master) return; /* whole already */
     l3d_be_copy_d2d(dp->m->be, buf + opt->start, opt->master, (size_t)opt->n * sizeof(float));
     if (dp->comm->size > 1) gather_ranges(dp, buf, L3D_F32, "fp32 master-weight all-gather");
@@ -455,26 +423,11 @@ void l3d_dp_fp32_gather(struct l3d_dp *dp, const struct l3d_adamw *opt, float *b
 
 void l3d_dp_fp32_params_done(struct l3d_dp *dp, struct l3d_adamw *opt, float *buf, bool loaded) {
     struct l3d_gpt *m = dp->m;
-    if (dp->zero == 3 && buf) { /* this rank's range into its shard (and master weights) */
-        if (loaded) {
-            l3d_be_convert(m->be, m->dt, dp->param_shard, L3D_F32, buf + dp->own_start,
-                           dp->own_count);
-            if (opt->master)
-                l3d_be_copy_d2d(m->be, opt->master, buf + dp->own_start,
-                                (size_t)opt->n * sizeof(float));
-        }
-        l3d_be_free(m->be, buf);
-        return;
-    }
     if (!opt->master || !buf) return;
     if (loaded) { /* the model's 16-bit copy, and this rank's master range */
         l3d_be_convert(m->be, m->dt, m->params, L3D_F32, buf, m->num_params);
         if (buf != opt->master)
             l3d_be_copy_d2d(m->be, opt->master, buf + opt->start, (size_t)opt->n * sizeof(float));
     }
-    if (buf == opt->master) return;
-    if (buf == m->grads)
-        l3d_be_memset(m->be, buf, 0, (size_t)m->num_params * sizeof(float));
-    else
-        l3d_be_free(m->be, buf);
+    if (buf == m->grads) l3d_be_memset(m->be, buf, 0, (size_t)m->num_params * sizeof(float));
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "llm3d/cp.h"
+#include "llm3d/dp.h"
 #include "llm3d/layout.h"
 #include "plan-impl.h"
 
@@ -161,7 +162,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                              int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(run->precision.param);
-    double scratch16 = 0, staging = 0;
+    double scratch16 = 0, staging = 0, piece_host = 0;
     const enum l3d_dtype dt = run->precision.param;
     const double k_opt = run->precision.param == L3D_F32 ? 2 : 3;
     for (int k = 0; k < lay->v; k++) {
@@ -185,11 +186,16 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        /* ZeRO-2 in mixed precision stages the chunk's fp32 parameters at initialisation and
-         * for each save (l3d_dp_fp32_params): allocated then freed, at the peak; ZeRO-3 when it
-         * resumes or saves (run->zero3_staging; from the seed each rank fills its own range) */
-        if ((lay->zero == 2 && dt != L3D_F32) || (lay->zero == 3 && run->zero3_staging))
-            staging += f32 * n;
+        /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
+         * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
+         * from the seed each rank fills its own range): a device piece per chunk and, with files,
+         * a host one (l3d_dp_fp32_stream_begin; the checkpoint's staging); allocated then freed,
+         * at the peak (they replace a whole fp32 copy: f32 * n) */
+        if ((lay->zero == 2 && dt != L3D_F32) || (lay->zero == 3 && run->files)) {
+            double piece = f32 * (double)l3d_dp_fp32_piece(n, run->piece_bytes);
+            staging += piece;
+            if (run->files && piece > piece_host) piece_host = piece;
+        }
     }
     /* the fp32 operands of the largest 16-bit product, once (freed after each product),
      * unless the profile says the products run in 16-bit kernels (gemm_native_T) */
@@ -214,6 +220,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
      * rows of this rank under sequence parallelism; once small beside the s^2 attention
      * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
     mem->other += w * lay->micro_batch * m->maxT * m->C / (lay->sp ? lay->tp : 1);
+    staging += piece_host;
     return staging > scratch16 ? staging : scratch16;
 }
 

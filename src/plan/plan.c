@@ -4,13 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/ckpt.h"
 #include "plan-impl.h"
 
 struct l3d_plan_run l3d_plan_run_default(void) {
     struct l3d_run_spec s;
     l3d_run_spec_defaults(&s); /* fp32 */
     return (struct l3d_plan_run){.devices = 1, .global_batch = 1, .precision = s.precision,
-                                 .flash = true, .threads = 1, .bucket_bytes = 25000000};
+                                 .flash = true, .threads = 1, .bucket_bytes = 25000000,
+                                 .piece_bytes = L3D_CKPT_STAGE_BYTES};
 }
 
 /* The figures a run's kernels reach: llm3d's bf16 / fp16 on a profile with that type's 16-bit

@@ -144,8 +144,10 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     run.bucket_bytes = tc->layout.bucket_bytes;
     run.precision = tc->precision;
     run.llm3d = true; /* this trainer's allocation plan in every precision */
-    /* whatever tc's own stage: a ZeRO-3 candidate stages when the run reads or saves files */
-    run.zero3_staging = tc->resume || tc->init_from || tc->save_every > 0;
+    /* whatever tc's own stage: a ZeRO-3 candidate moves pieces when the run reads or saves
+     * files, through the checkpoint's staging size */
+    run.files = tc->resume || tc->init_from || tc->save_every > 0;
+    run.piece_bytes = l3d_ckpt_stage_bytes();
     struct l3d_layout lay = tc->layout;
     lay.tp = c->tp;
     lay.pp = c->pp;
@@ -390,7 +392,7 @@ static l3d_status too_big(const struct l3d_train_config *tc, const struct cand *
 
 l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                                   const struct l3d_train_layout *lay, struct l3d_comm *world,
-                                  bool *report) {
+                                  double *figure, bool *report) {
     /* the ranks of this node: those the communicator puts on this one's (l3d_comm_nodes, the same
      * count as the placement of TP groups) */
     int W = world->size;
@@ -403,18 +405,22 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
     char src[96];
     double node = node_available(src, sizeof src);
     l3d_status st = L3D_OK;
+    bool lead = world->rank == 0;
+    struct cand now = {.tp = lay->tp,
+                       .pp = lay->pp,
+                       .dp = lay->dp,
+                       .v = lay->v,
+                       .zero = tc->layout.zero,
+                       .B = tc->layout.micro_batch,
+                       .accum = lay->accum,
+                       .rc = tc->layout.recompute};
+    *figure = -1;
+    if (!tc->ignore_memory_check) {
+        evaluate(tc, &now, lead);
+        *figure = now.bytes;
+    }
     if (node >= 0 && !tc->ignore_memory_check) {
         double room = node / local;
-        bool lead = world->rank == 0;
-        struct cand now = {.tp = lay->tp,
-                           .pp = lay->pp,
-                           .dp = lay->dp,
-                           .v = lay->v,
-                           .zero = tc->layout.zero,
-                           .B = tc->layout.micro_batch,
-                           .accum = lay->accum,
-                           .rc = tc->layout.recompute};
-        evaluate(tc, &now, lead);
         if (now.bytes > room) {
             char where[192];
             snprintf(where, sizeof where, "%s %s shared by %d rank(s) of this node", src,

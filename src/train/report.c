@@ -82,6 +82,22 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                "and the non-layer tensors)", mem.gather / MiB, tc->layout.zero3_prefetch + 1,
                tc->layout.zero3_prefetch);
     printf("\n");
+    if (l3d_dp_fp32_streamed(&t->dps[0], &t->opts[0])) { /* ZeRO-3, ZeRO-2 in mixed precision */
+        size_t piece = l3d_ckpt_stage_bytes(), most = 0;
+        for (int c = 0; c < v; c++)
+            most += (size_t)l3d_dp_fp32_piece(t->chunks[c]->num_params, piece) * sizeof(float);
+        printf("fp32 parameters: no whole copy on any rank; saves, resumes, --init-from%s move "
+               "them in pieces of at most %.1f MiB: %.1f MiB on the device (a piece per chunk) "
+               "and one piece on the host at most\n",
+               tc->layout.zero == 2 ? " and the initialisation" : "", piece / MiB, most / MiB);
+    }
+    if (t->mem_figure >= 0) { /* what the check counted beside training (train/memory.c) */
+        bool files = tc->resume || tc->init_from || tc->save_every > 0;
+        printf("memory check: %.1f MiB planned on rank 0%s%s%s\n", t->mem_figure / MiB,
+               files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
+               tc->out_dir ? (files ? " and --out's gathered model)" : "--out's gathered model)")
+                           : files ? ")" : "");
+    }
     if (mixed)
         printf("products: %s\n",
                l3d_be_matmul_native(t->be, tc->precision.param)

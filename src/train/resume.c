@@ -62,8 +62,8 @@ static void notes(const struct l3d_train_config *tc, const struct l3d_ckpt_state
 
 l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                                  struct l3d_comm *world, struct l3d_gpt *const *m,
-                                 struct l3d_adamw *opt, int n, struct l3d_loader *ld,
-                                 int *start_step, bool *report) {
+                                 struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                                 int n, struct l3d_loader *ld, int *start_step, bool *report) {
     L3D_ASSERT(n == c->lay.layout.v);
     *start_step = 0;
     if (!tc->resume) return L3D_OK;
@@ -81,7 +81,8 @@ l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_trai
     }
     struct l3d_ckpt_state s;
     struct l3d_ckpt_io io;
-    if ((st = l3d_ckpt_load(dir, world, &c->lay, m, opt, &s, &io, report)) != L3D_OK) return st;
+    st = l3d_ckpt_load(dir, world, &c->lay, m, opt, pieces, &s, &io, report);
+    if (st != L3D_OK) return st;
     if (s.T != tc->layout.seq)
         st = l3d_error(L3D_ERR_ARG,
                        "--seq-len %d, but %s was trained with %d: its data position "
@@ -149,8 +150,8 @@ bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_c
 
 l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                                struct l3d_comm *world, struct l3d_gpt *const *m,
-                               const struct l3d_adamw *opt, int n, const struct l3d_loader *ld,
-                               int step, bool *report) {
+                               const struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                               int n, const struct l3d_loader *ld, int step, bool *report) {
     L3D_ASSERT(n == c->lay.layout.v);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
     struct l3d_ckpt_state s = {.step = step,
@@ -170,7 +171,8 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
                                .ls_good = c->ls_good,
                                .ls_hyst = c->ls_hyst};
     struct l3d_ckpt_io io;
-    l3d_status st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, &io, report);
+    l3d_status st =
+        l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, pieces, &io, report);
     if (st != L3D_OK) return st;
     c->last_saved = step;
     if (c->lead && !c->quiet) {

@@ -40,13 +40,14 @@ void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config
                          const struct l3d_topo *topo, struct l3d_comm *world);
 void l3d_train_ckpt_free(struct l3d_train_ckpt *c);
 /* tc->resume: loads the checkpoint into the rank's n model chunks m[i] and their optimizers
- * opt[i] (any layout; n = the layout's chunks per rank, --pp-virtual), moves the loader to its
+ * opt[i] (pieces: NULL, or the n chunks' l3d_ckpt_pieces, include/llm3d/ckpt.h; any layout;
+ * n = the layout's chunks per rank, --pp-virtual), moves the loader to its
  * position and sets *start_step (0 for a fresh start). Collective; prints what it did on the lead
  * rank. */
 l3d_status l3d_train_ckpt_resume(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                                  struct l3d_comm *world, struct l3d_gpt *const *m,
-                                 struct l3d_adamw *opt, int n, struct l3d_loader *ld,
-                                 int *start_step, bool *report);
+                                 struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                                 int n, struct l3d_loader *ld, int *start_step, bool *report);
 /* Lead rank: out_dir/metrics.jsonl (its path into path), new with the run's record first, or
  * for a resumed run its lines up to start_step kept. */
 l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int start_step,
@@ -54,11 +55,11 @@ l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int st
 /* Whether the periodic schedule saves after `step` steps. */
 bool l3d_train_ckpt_due(const struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                         int step);
-/* Saves the state after `step` steps, the n chunks m[i] with their optimizers opt[i]
- * (collective); a no-op without a checkpoint directory. */
+/* Saves the state after `step` steps, the n chunks m[i] with their optimizers opt[i] (and
+ * pieces, as for the resume; collective); a no-op without a checkpoint directory. */
 l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                                struct l3d_comm *world, struct l3d_gpt *const *m,
-                               const struct l3d_adamw *opt, int n, const struct l3d_loader *ld,
-                               int step, bool *report);
+                               const struct l3d_adamw *opt, const struct l3d_ckpt_pieces *pieces,
+                               int n, const struct l3d_loader *ld, int step, bool *report);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 
+#include "llm3d/ckpt.h"
 #include "llm3d/data.h"
 #include "llm3d/cp.h"
 #include "llm3d/dp.h"
@@ -54,6 +55,7 @@ struct l3d_trainer {
      * fp32, their master weights in mixed precision) for initialisation and checkpoints */
     struct l3d_gpt *views, **vptr;
     float **p32;
+    struct l3d_ckpt_pieces *pieces; /* a view without parameters: them a piece at a time */
     int ndp;
     struct l3d_tp tpc;
     struct l3d_pp_exec px;
@@ -75,6 +77,7 @@ struct l3d_trainer {
     int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
     struct l3d_loss_scaler ls;         /* fp16 only */
+    double mem_figure;                 /* the memory check's bytes for this rank (< 0: skipped) */
 };
 
 /* The step times the medians of the run's summary are taken over: the last 4096 steps */
@@ -119,7 +122,7 @@ static inline bool l3d_train_zero3_from_seed(const struct l3d_train_config *tc) 
  * tc->ignore_memory_check (src/train/memory.c). */
 l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                                   const struct l3d_train_layout *lay, struct l3d_comm *world,
-                                  bool *report);
+                                  double *figure, bool *report);
 
 /* The node of every rank (l3d_comm_nodes); L3D_ERR_LAYOUT on every rank when a TP group spans
  * nodes, unless tc->allow_cross_node_tp (then a warning from the lead). With more than one node

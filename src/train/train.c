@@ -33,28 +33,38 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->max_skipped = 10;
 }
 
+/* Chunk c's fp32 parameters [off, off + n): its view's, or pulled from the DP ranks' ranges
+ * (l3d_dp_fp32_stream_get: ZeRO-3, ZeRO-2 in mixed precision; device memory). */
+static const float *chunk_piece(struct l3d_trainer *t, int c, int64_t off, int64_t n) {
+    if (t->vptr[c]->params) return (const float *)t->vptr[c]->params + off;
+    return l3d_dp_fp32_stream_get(&t->dps[c], off, n);
+}
+
 /* The first replica's weights, gathered from every (tp, pp) rank and chunk into the full model
- * on rank 0's host: each rank sends its chunks' fp32 parameters (t->vptr, views_begin), rank 0
- * places them by their shard. Returns the buffer on rank 0 (NULL elsewhere). */
-static float *gather_model(const struct l3d_trainer *t) {
+ * on rank 0's host: each rank sends its chunks' fp32 parameters (t->vptr, views_begin) a piece
+ * of l3d_dp_fp32_piece elements at a time, rank 0 places them by their shard. Returns the
+ * buffer on rank 0 (NULL elsewhere). No rank holds more than a piece of a chunk on the device
+ * for it; rank 0 holds the full model and a chunk's slice on the host. */
+static float *gather_model(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
-    struct l3d_gpt **chunks = t->vptr;
     int v = t->lay.v;
     int group = topo->tp * topo->pp; /* replica 0, ring rank 0: (tp, pp) coordinates */
+    size_t bytes = l3d_ckpt_stage_bytes();
     if (world->rank != 0) {
-        for (int c = 0; c < v; c++)
-            l3d_comm_send(world, chunks[c]->params, chunks[c]->num_params, L3D_F32, 0,
-                          L3D_TAG_MODEL_GATHER + c, NULL);
+        for (int c = 0; c < v; c++) {
+            int64_t N = t->vptr[c]->num_params, P = l3d_dp_fp32_piece(N, bytes);
+            for (int64_t off = 0, n; off < N; off += n) {
+                n = N - off < P ? N - off : P;
+                l3d_comm_send(world, chunk_piece(t, c, off, n), n, L3D_F32, 0,
+                              L3D_TAG_MODEL_GATHER + c, NULL);
+            }
+        }
         return NULL;
     }
     int64_t n_full = l3d_gpt_param_count(&tc->model);
     float *full = l3d_alloc((size_t)n_full * sizeof(float), "gathered model");
-    if (group == 1 && v == 1) { /* the whole model on this rank */
-        l3d_be_copy_d2h(t->be, full, chunks[0]->params, (size_t)n_full * sizeof(float));
-        return full;
-    }
     float *tmp = NULL;
     for (int i = 0; i < group; i++) {
         int tp_rank = i % topo->tp, pp_rank = i / topo->tp;
@@ -63,14 +73,20 @@ static float *gather_model(const struct l3d_trainer *t) {
             struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * topo->pp + pp_rank,
                                                          tp_rank);
             struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-            int64_t n = l3d_gpt_plan_tensors(&tc->model, &sh, ti);
+            int64_t N = l3d_gpt_plan_tensors(&tc->model, &sh, ti), P = l3d_dp_fp32_piece(N, bytes);
+            bool whole = group == 1 && v == 1; /* the whole model on this rank */
             l3d_free(tmp);
-            tmp = l3d_alloc((size_t)n * sizeof(float), "gathered model"); /* host staging */
-            if (r != 0)
-                l3d_comm_recv(world, tmp, n, L3D_F32, r, L3D_TAG_MODEL_GATHER + c, NULL);
-            else
-                l3d_be_copy_d2h(t->be, tmp, chunks[c]->params, (size_t)n * sizeof(float));
-            l3d_gpt_shard_to_full(&tc->model, &sh, tmp, full);
+            tmp = whole ? NULL : l3d_alloc((size_t)N * sizeof(float), "gathered model");
+            float *dst = whole ? full : tmp; /* host staging */
+            for (int64_t off = 0, n; off < N; off += n) {
+                n = N - off < P ? N - off : P;
+                if (r != 0)
+                    l3d_comm_recv(world, dst + off, n, L3D_F32, r, L3D_TAG_MODEL_GATHER + c, NULL);
+                else
+                    l3d_be_copy_d2h(t->be, dst + off, chunk_piece(t, c, off, n),
+                                    (size_t)n * sizeof(float));
+            }
+            if (!whole) l3d_gpt_shard_to_full(&tc->model, &sh, tmp, full);
         }
     }
     l3d_free(tmp);
@@ -79,7 +95,7 @@ static float *gather_model(const struct l3d_trainer *t) {
 
 /* --out: the first replica's weights as llm.c's model.bin and a Hugging Face folder
  * (config.json, model.safetensors), written by rank 0. */
-static l3d_status save_model(const struct l3d_trainer *t) {
+static l3d_status save_model(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     if (t->topo->dp_rank != 0 || t->topo->cp_rank != 0) return L3D_OK; /* replicated over both */
     float *full = gather_model(t);
@@ -106,36 +122,56 @@ static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_
 }
 
 /* Ends the fp32 views; loaded: they were filled with new parameters, which become the master
- * weights and the model's 16-bit ones (l3d_dp_fp32_params_done). */
+ * weights and the model's 16-bit ones (l3d_dp_fp32_params_done; a chunk streamed a piece at a
+ * time took each piece as it came). */
 static void views_end(struct l3d_trainer *t, bool loaded) {
     for (int c = 0; c < t->lay.v && t->p32; c++) {
+        if (t->dps[c].stream) l3d_dp_fp32_stream_end(&t->dps[c]);
         if (t->p32[c]) l3d_dp_fp32_params_done(&t->dps[c], &t->opts[c], t->p32[c], loaded);
         t->p32[c] = NULL;
+        t->pieces[c] = (struct l3d_ckpt_pieces){0};
     }
 }
 
+static const float *piece_get(void *ctx, int64_t off, int64_t n) {
+    return l3d_dp_fp32_stream_get(ctx, off, n);
+}
+static void piece_put(void *ctx, int64_t off, int64_t n, const float *host) {
+    l3d_dp_fp32_stream_put(ctx, off, n, host);
+}
+
 /* fp32 views of every chunk's parameters in t->vptr (collective: the ranks agree that each has
- * its buffer); gather: filled with the master weights of every DP rank's range, for saving. In
- * fp32 the views are the chunks' own parameters. ZeRO-3 saves whole parameters from DP rank 0
- * only: the other ranks' views have no parameters (l3d_dp_fp32_save_here). */
+ * its buffer); gather: for saving, filled with the master weights of every DP rank's range. In
+ * fp32 the views are the chunks' own parameters. Where no rank holds them whole (ZeRO-3, ZeRO-2
+ * in mixed precision: l3d_dp_fp32_streamed) a view has none: its parameters go a piece at a time
+ * (t->pieces[c]; saving: DP rank 0 pulls them, the other ranks' sends posted here). */
 static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_train_result *res) {
     int v = t->lay.v;
     l3d_status st = L3D_OK;
+    size_t bytes = l3d_ckpt_stage_bytes(); /* a piece: the checkpoint's staging */
     for (int c = 0; c < v; c++) {
-        if (gather && !l3d_dp_fp32_save_here(&t->dps[c])) continue; /* ZeRO-3: rank 0's only */
-        t->p32[c] = l3d_dp_fp32_params(&t->dps[c], &t->opts[c]);
-        if (!t->p32[c] && st == L3D_OK)
-            st = l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB to stage the fp32 parameters "
-                           "of ZeRO-2 in mixed precision or ZeRO-3 (initialisation, resume, "
-                           "checkpoint, model.bin): use more ranks (--tp, --pp) or a smaller model",
-                           (double)t->chunks[c]->num_params * 4 / 1048576.0);
+        if (!l3d_dp_fp32_streamed(&t->dps[c], &t->opts[c])) {
+            t->p32[c] = l3d_dp_fp32_params(&t->dps[c], &t->opts[c]);
+            continue;
+        }
+        l3d_status sc = l3d_dp_fp32_stream_begin(&t->dps[c], &t->opts[c], bytes, gather);
+        if (st == L3D_OK) st = sc;
     }
     if ((st = agree(t->world, st, res)) != L3D_OK) {
         views_end(t, false);
         return st;
     }
     for (int c = 0; c < v; c++) {
-        if (gather) l3d_dp_fp32_gather(&t->dps[c], &t->opts[c], t->p32[c]);
+        struct l3d_dp *dp = &t->dps[c];
+        if (dp->stream) {
+            l3d_dp_fp32_stream_send(dp);
+            struct l3d_ckpt_pieces *q = &t->pieces[c];
+            *q = (struct l3d_ckpt_pieces){.piece = l3d_dp_fp32_piece(dp->m->num_params, bytes),
+                                          .get = piece_get, .put = piece_put, .ctx = dp};
+            l3d_dp_fp32_stream_want(dp, &q->lo, &q->hi);
+        } else if (gather) {
+            l3d_dp_fp32_gather(dp, &t->opts[c], t->p32[c]);
+        }
         l3d_gpt_fp32_view(t->chunks[c], t->p32[c], &t->views[c]);
         t->vptr[c] = &t->views[c];
     }
@@ -151,8 +187,8 @@ static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, in
     ck->ls_hyst = t->ls.hyst_left;
     l3d_status st = views_begin(t, true, res);
     if (st != L3D_OK) return st;
-    st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->lay.v, t->ld, step,
-                             &res->report_error);
+    st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->pieces, t->lay.v, t->ld,
+                             step, &res->report_error);
     views_end(t, false);
     return st;
 }
@@ -197,8 +233,15 @@ static l3d_status open_data(struct l3d_trainer *t) {
     return st;
 }
 
-/* The initial weights of an fp32 model or view: --init-from, else the seed's. */
-static l3d_status init_one(struct l3d_trainer *t, struct l3d_gpt *m) {
+/* The initial weights of an fp32 model or view: --init-from, else the seed's; a view without
+ * parameters (views_begin) takes them a piece at a time through chunk c's stream. */
+static l3d_status init_one(struct l3d_trainer *t, int c, struct l3d_gpt *m) {
+    if (!m->params && t->tc->init_from)
+        return l3d_model_file_load_pieces(t->tc->init_from, m, &t->pieces[c]);
+    if (!m->params) {
+        l3d_dp_fp32_stream_seed(&t->dps[c], t->tc->seed);
+        return L3D_OK;
+    }
     if (t->tc->init_from) return l3d_model_file_load(t->tc->init_from, m);
     l3d_gpt_init_weights(m, t->tc->seed);
     return L3D_OK;
@@ -228,6 +271,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     t->views = l3d_calloc((size_t)v * sizeof *t->views, "model chunks");
     t->vptr = l3d_calloc((size_t)v * sizeof *t->vptr, "model chunks");
     t->p32 = l3d_calloc((size_t)v * sizeof *t->p32, "model chunks");
+    t->pieces = l3d_calloc((size_t)v * sizeof *t->pieces, "model chunks");
     t->cps = l3d_calloc((size_t)v * sizeof *t->cps, "model chunks");
     for (int c = 0; c < v && st == L3D_OK; c++) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
@@ -246,7 +290,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         /* fp32: the weights now, into the parameters, while the host staging of the initial
          * values is the largest thing allocated (before the optimizer state, as the memory plan
          * has it); mixed precision: through the fp32 views once the master weights exist */
-        if (!through_views(tc)) st = init_one(t, t->chunks[c]);
+        if (!through_views(tc)) st = init_one(t, c, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         if (topo->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
@@ -281,7 +325,7 @@ static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *r
     }
     l3d_status st = views_begin(t, false, res);
     for (int c = 0; c < t->lay.v && st == L3D_OK && through_views(t->tc); c++)
-        st = init_one(t, t->vptr[c]);
+        st = init_one(t, c, t->vptr[c]);
     return agree(t->world, st, res);
 }
 
@@ -311,6 +355,7 @@ static void trainer_free(struct l3d_trainer *t) {
     l3d_free(t->views);
     l3d_free(t->vptr);
     l3d_free(t->p32);
+    l3d_free(t->pieces);
     l3d_train_layout_free(&t->lay);
     l3d_loader_free(t->vld);
     l3d_loader_free(t->ld);
@@ -331,7 +376,8 @@ static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *
     l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
     if ((st = agree(world, st, res)) != L3D_OK) return st;
     tcv->layout.accum = t->lay.accum;
-    if ((st = l3d_train_memory_check(tc, &t->lay, world, &res->report_error)) != L3D_OK) return st;
+    if ((st = l3d_train_memory_check(tc, &t->lay, world, &t->mem_figure,
+                                     &res->report_error)) != L3D_OK) return st;
     st = l3d_train_layout_build(&t->lay, tc); /* the schedules, whose bytes the check counted */
     if ((st = agree(world, st, res)) != L3D_OK) return st;
     if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
@@ -372,8 +418,8 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     ck->run_id = t->run_id;
     *ck_up = true;
     *start_step = 0;
-    l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->lay.v, t->ld,
-                                          start_step, &res->report_error);
+    l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->pieces, t->lay.v,
+                                          t->ld, start_step, &res->report_error);
     if (st != L3D_OK) return st;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
     if (t->ls.on && t->ls.dynamic && ck->ls_scale > 0) { /* the resumed run's loss scale */

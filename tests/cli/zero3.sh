@@ -99,9 +99,8 @@ run ck3 2 2 1 --layers 2 --zero 3 --save-every 3 &&
 
 # the memory check: 8 layers on 2 ranks need 8.4-8.5 MiB a rank under ZeRO-2, 8.1 under ZeRO-3
 # (16N/dp with two gather buffers; both with model.bin's gather on rank 0). A node of 16.5 MiB
-# refuses ZeRO-2 and names --zero 3, which trains there; ZeRO-3 saving checkpoints stages a whole
-# fp32 copy on DP rank 0 (1.6 MiB) and is refused (the plan used to count that copy always,
-# and so never offered ZeRO-3 in place of ZeRO-2)
+# refuses ZeRO-2 and names --zero 3, which trains there (the plan used to count a whole fp32
+# copy always, and so never offered ZeRO-3 in place of ZeRO-2)
 node=17301504
 L3D_TEST_MEM_AVAILABLE=$node expect_error --once "a node of 16.5 MiB: ZeRO-2 refused, ZeRO-3 named" \
     "ZeRO-2, .* needs 8\.[4-9] MiB on rank 0 .*that fit: --zero 3 (8\.[0-2] MiB)" \
@@ -111,8 +110,57 @@ if L3D_TEST_MEM_AVAILABLE=$node train mem_z3 2 2 --layers 8 --zero 3 > "$dir/mem
 else
     bad "... ZeRO-3 did not train on it:"; cat "$dir/mem_z3.log"
 fi
-L3D_TEST_MEM_AVAILABLE=$node expect_error --once "... but not with checkpoints (a whole copy)" \
-    "ZeRO-3, .* needs 9\.[0-9] MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
+# saving, ZeRO-3 moves the fp32 parameters a piece at a time (at most the checkpoint's staging,
+# 64 MiB): a device piece on DP rank 0 and the writer's host piece, both the whole model here
+# (1.6 MiB each: refused), or 16 KiB each with 16 KiB pieces: it trains on that node (a whole
+# fp32 copy on DP rank 0, the previous save, needed 9.7 MiB there)
+L3D_TEST_MEM_AVAILABLE=$node expect_error --once "... saving with pieces of the whole model: refused" \
+    "ZeRO-3, .* needs 11\.[0-9] MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
+if L3D_CKPT_TEST_STAGE=16384 L3D_TEST_MEM_AVAILABLE=$node train mem_z3_save16k 2 2 --layers 8 \
+    --zero 3 --save-every 1 > "$dir/mem_z3_save16k.log" 2>&1; then
+    ok "... with 16 KiB pieces it saves on that node: $(grep '^memory check' "$dir/mem_z3_save16k.log")"
+else
+    bad "... with 16 KiB pieces it did not train there:"; cat "$dir/mem_z3_save16k.log"
+fi
+# ... and what it allocates: a ZeRO-3 dp4 run saving every step (4 KiB pieces) peaks where the
+# same run without saves does (within 64 KiB; a whole fp32 copy on DP rank 0 and the writer's
+# staging, the previous save, added 3.3 MiB here), and its checkpoint holds the bytes of the
+# same state saved by one process (whole parameters, no pieces): the parameters of rank 0's file
+# and each rank's AdamW range
+peak() { sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$1.log"; }
+run pk_nosave 4 1 1 --layers 8 --zero 3 &&
+    L3D_CKPT_TEST_STAGE=4096 run pk_save 4 1 1 --layers 8 --zero 3 --save-every 1 &&
+    if less_than "$(peak pk_save)" "$(($(peak pk_nosave) + 65536))"; then
+        ok "ZeRO-3 dp4 saving in 4 KiB pieces peaks at $(peak pk_save) bytes, without saves $(peak pk_nosave)"
+    else
+        bad "ZeRO-3 dp4 saving peaks at $(peak pk_save) bytes, without saves $(peak pk_nosave)"
+    fi
+# fields FILE_LINE_FIELD...: from a manifest's `file` lines, rank, params, opt_start, opt_count
+fields() {
+    awk '$1 == "file" { for (i = 2; i < NF; i++) v[$i] = $(i + 1);
+                        print v["rank"], v["params"], v["opt_start"], v["opt_count"] }' "$1/manifest"
+}
+# (the last step's: the one process resumes with no step left and saves it again)
+z3ck=$(step_dir pk_save $steps)
+if [ -d "$z3ck" ] && resumed pk_one pk_save 0 4 $steps --layers 8 --save-every 1; then
+    one=$(step_dir pk_one $steps) same_bytes=1
+    read -r _ n _ _ < <(fields "$one")
+    cmp -s -i 128:128 -n $((4 * n)) "$z3ck/rank_00000.bin" "$one/rank_00000.bin" || same_bytes=0
+    while read -r r p s c; do
+        [ "$c" -gt 0 ] || continue
+        for k in 0 1; do # m, then v
+            cmp -s -i $((128 + 4 * p + 4 * c * k)):$((128 + 4 * n + 4 * n * k + 4 * s)) -n $((4 * c)) \
+                "$z3ck/rank_0000$r.bin" "$one/rank_00000.bin" || same_bytes=0
+        done
+    done < <(fields "$z3ck")
+    if [ $same_bytes = 1 ] && [ "$n" -gt 0 ]; then
+        ok "the dp4 pieces' checkpoint holds the one-process save's bytes ($n parameters)"
+    else
+        bad "the dp4 pieces' checkpoint differs from the one-process save of its state"
+    fi
+else
+    bad "no ZeRO-3 checkpoint to compare, or it did not resume on one process"
+fi
 
 # bad input: one message each
 expect_error --once "prefetch without ZeRO-3" "\-\-zero3-prefetch 2" train bad 2 2 --zero 1 --zero3-prefetch 2
