@@ -2,7 +2,7 @@
 # Files never half-written, never the wrong file (issue 51; docs/DESIGN.md "Writing files"):
 # a sharded Hugging Face folder overwritten by `convert` and by `train --resume auto --out`,
 # the writer SIGKILLed at steps of the overwrite (L3D_FILE_TEST_KILL=N: every step of convert's,
-# a spread of train's): the folder loads as the old model or the new one every time, the user's
+# 41 of train's last 80): the folder loads as the old model or the new one every time, the user's
 # files in it kept, and no temporary is left after the next write; a model already there needs
 # --overwrite; output paths that are not regular files (a FIFO, a link, a device) are refused
 # by name and left as they were. Usage: atomic.sh LLM3D SCRATCH_DIR
@@ -87,11 +87,12 @@ check "a resumed run's folder = the uninterrupted one's (the reference)" \
 train_cmd r 0 2 --steps 4 --resume auto
 m=$(L3D_FILE_TEST_KILL=count "${CMD[@]}" 2>&1 > /dev/null | sed -n 's/^file points: //p')
 rm -rf "$dir/r" && cp -a "$dir/r0" "$dir/r"
-check "train's steps counted ($m)" test "${m:-0}" -gt 20
+check "train's steps counted ($m)" test "${m:-0}" -gt 80
 bad_runs="" seen=" "
 step=2
-full || step=6
-for k in $(seq $((m - 24)) "$step" "$m"); do # the last 24 steps: model.bin, then the folder
+full || step=8
+# the last 80 steps (41 of them; 11 where runs cost 5x): the last checkpoint, model.bin, the folder
+for k in $(seq $((m - 80)) "$step" "$m"); do
     rm -rf "$dir/r" && cp -a "$dir/r0" "$dir/r"
     L3D_FILE_TEST_KILL=$k quiet "${CMD[@]}"
     rc=$?
@@ -102,7 +103,7 @@ for k in $(seq $((m - 24)) "$step" "$m"); do # the last 24 steps: model.bin, the
     [ $rc -eq 137 ] || bad_runs+=" $k:exit-$rc"
     [ -s "$dir/r/metrics.jsonl" ] && [ -s "$dir/r/checkpoints/latest" ] || bad_runs+=" $k:lost-files"
 done
-check "train killed at its last steps (1 in $step of 24): its folder the old model or the new, its run's files kept${bad_runs}" \
+check "train killed at its last steps (1 in $step of 80): its folder the old model or the new, its run's files kept${bad_runs}" \
     test -z "$bad_runs"
 check "  ... both seen:$seen" sh -c "echo '$seen' | grep -q ' old ' && echo '$seen' | grep -q ' new '"
 train r 0 2 --steps 4 --resume auto
