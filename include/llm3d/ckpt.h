@@ -48,6 +48,13 @@ l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_model_sp
                                      const float *params, int64_t num_params);
 /* The same as llm.c version 3 (dt L3D_F32) or version 5 (L3D_BF16: each parameter rounded to
  * nearest even). */
+/* The next piece of the full model's flat fp32 parameters (host memory, valid until the next
+ * call) and its element count *n > 0. */
+typedef const float *(*l3d_ckpt_next)(void *ctx, int64_t *n);
+/* model.bin (fp32) from the full model's parameters taken in order a piece at a time from next,
+ * which is called until they are all taken (also when writing failed). */
+l3d_status l3d_ckpt_save_llmc_pieces(const char *path, const struct l3d_model_spec *cfg,
+                                     l3d_ckpt_next next, void *ctx);
 l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model_spec *cfg,
                                         const float *params, int64_t num_params,
                                         enum l3d_dtype dt);

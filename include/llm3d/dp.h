@@ -226,5 +226,10 @@ void l3d_dp_fp32_stream_want(const struct l3d_dp *dp, int64_t *lo, int64_t *hi);
 void l3d_dp_fp32_stream_put(struct l3d_dp *dp, int64_t off, int64_t n, const float *host);
 void l3d_dp_fp32_stream_seed(struct l3d_dp *dp, uint64_t seed);
 void l3d_dp_fp32_stream_end(struct l3d_dp *dp);
+/* Rows of the fp32 parameters in any order, without a stream (--out: train.c): [off, off + n)
+ * into dst (device memory of n elements) on DP rank 0, from its owners; collective over the DP
+ * group, every rank calling it with the same ranges in the same order. Nothing held beside dst. */
+void l3d_dp_fp32_pull(struct l3d_dp *dp, const struct l3d_adamw *opt, int64_t off, int64_t n,
+                      float *dst);
 
 #endif

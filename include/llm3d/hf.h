@@ -149,6 +149,12 @@ l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float 
  * about 3.396e38: it would be written as infinity); the error names the tensor, element, value. */
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes);
+/* The same folder from the full model's HF tensors taken one at a time: fill(ctx, i, out) puts
+ * tensor i of l3d_hf_tensors' order into out as the file holds it (transposed where the entry
+ * is); called twice for each tensor in that order (a check of every value, then the writing)
+ * unless the folder cannot be begun. */
+l3d_status l3d_hf_save_fill(const char *dir, const struct l3d_model_spec *cfg, l3d_st_fill fill,
+                            void *ctx, enum l3d_dtype dt, int64_t shard_bytes);
 
 /* ---- model files: an llm.c file or a Hugging Face folder ------------------------------------- */
 

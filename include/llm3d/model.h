@@ -358,6 +358,16 @@ void l3d_gpt_shard_to_full(const struct l3d_model_spec *cfg, const struct l3d_sh
 /* The reverse: a shard's parameters (dst) cut from the full model's flat buffer. */
 void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *full, float *dst);
+/* Where shard sh holds full rows [R0, R1) of tensor t's layer `layer` (0 for a non-layer
+ * tensor): its local rows [*r0, *r1) (every local column), from flat offset *off of its
+ * parameters. false when it holds none of them. */
+bool l3d_gpt_shard_rows(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                        int64_t layer, int64_t R0, int64_t R1, int64_t *off, int64_t *r0,
+                        int64_t *r1);
+/* Places local rows [r0, r1) of sh's tensor t (src, (r1 - r0, local cols)) into dst, full rows
+ * from R0 on of one layer of the full tensor ((rows, full cols)). */
+void l3d_gpt_shard_place(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                         int64_t r0, int64_t r1, const float *src, int64_t R0, float *dst);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */

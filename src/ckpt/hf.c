@@ -578,7 +578,7 @@ struct save_ctx {
     const float *full;
 };
 
-static void fill(void *ctx, int i, float *out) {
+static void fill_full(void *ctx, int i, float *out) {
     const struct save_ctx *s = ctx;
     const struct l3d_hf_tensor *h = &s->map[i];
     const float *src = s->full + full_index(&s->ti[h->tensor], h);
@@ -596,38 +596,62 @@ static void fill(void *ctx, int i, float *out) {
  * + half its ulp) up it rounds to Inf; BF16's largest is 0x7f7f0000 (about 3.3895e38), and from
  * 0x7f7f8000 (its half ulp above, the tie rounding to the even Inf) up. */
 static l3d_status check_saveable(const char *dir, const struct l3d_hf_tensor *map, int n,
-                                 const struct l3d_tensor_info *ti, const float *full,
-                                 enum l3d_dtype dt) {
+                                 l3d_st_fill fill, void *ctx, enum l3d_dtype dt) {
     const uint32_t bf16_inf_from = 0x7f7f8000u;
     float limit;
     memcpy(&limit, &bf16_inf_from, sizeof limit);
     if (dt == L3D_F16) limit = 65520.0f;
+    int64_t most = 1;
+    for (int i = 0; i < n; i++)
+        if (map[i].rows * map[i].cols > most) most = map[i].rows * map[i].cols;
+    float *x = l3d_try_alloc((size_t)most * sizeof(float), "tensor check");
+    if (!x)
+        return l3d_error(L3D_ERR_OOM, "%s: no host memory to check a tensor of %lld elements",
+                         dir, (long long)most);
+    l3d_status rc = L3D_OK;
     for (int i = 0; i < n; i++) {
         const struct l3d_hf_tensor *h = &map[i];
-        const float *x = full + full_index(&ti[h->tensor], h);
+        fill(ctx, i, x); /* as the file holds it: (cols, rows) when transposed */
         int64_t k = 0, count = h->rows * h->cols;
+        if (rc != L3D_OK) continue; /* every tensor taken (the model's rows go a piece at a time) */
         while (k < count && isfinite(x[k]) && (dt == L3D_F32 || fabsf(x[k]) < limit)) k++;
         if (k == count) continue;
-        /* its index in the file's layout: (cols, rows) when transposed */
-        int64_t at = h->transposed ? (k % h->cols) * h->rows + k / h->cols : k;
+        int64_t at = k;
         char val[32];
         shortest(val, sizeof val, x[k], true);
         if (!isfinite(x[k]))
-            return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s: a model with NaN or "
+            rc = l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s: a model with NaN or "
                              "infinite weights is not saved (llm3d would refuse to read it back); "
                              "the run diverged: resume from an earlier checkpoint", dir,
                              h->e.name, (long long)at, isnan(x[k]) ? "NaN" : val);
-        return l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s, beyond %s's range "
+        else
+            rc = l3d_error(L3D_ERR_ARG, "%s: tensor %s element %lld is %s, beyond %s's range "
                          "(largest %s): it would be written as infinity; save in %s (train "
                          "--save-dtype, convert --precision)", dir, h->e.name, (long long)at,
                          val, dt == L3D_F16 ? "F16" : "BF16", dt == L3D_F16 ? "65504" : "3.39e38",
                          dt == L3D_F16 ? "fp32 or bf16" : "fp32");
     }
-    return L3D_OK;
+    l3d_free(x);
+    return rc;
 }
 
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes) {
+    struct l3d_hf_tensor *map;
+    int n;
+    l3d_status rc = l3d_hf_tensors(cfg, &map, &n);
+    if (rc != L3D_OK) return rc;
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(cfg, &fs, ti);
+    struct save_ctx sc = {map, ti, full};
+    rc = l3d_hf_save_fill(dir, cfg, fill_full, &sc, dt, shard_bytes);
+    l3d_free(map);
+    return rc;
+}
+
+l3d_status l3d_hf_save_fill(const char *dir, const struct l3d_model_spec *cfg, l3d_st_fill fill,
+                            void *ctx, enum l3d_dtype dt, int64_t shard_bytes) {
     struct l3d_hf_tensor *map;
     int n;
     l3d_status rc = l3d_ckpt_long_path(dir);
@@ -638,10 +662,7 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
         l3d_free(map);
         return rc;
     }
-    struct l3d_shard fs = l3d_shard_full(cfg);
-    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-    l3d_gpt_plan_tensors(cfg, &fs, ti);
-    rc = check_saveable(dir, map, n, ti, full, dt); /* before anything is written */
+    rc = check_saveable(dir, map, n, fill, ctx, dt); /* before anything is written */
     if (rc == L3D_OK) rc = l3d_mkdir_p(dir);
     if (rc != L3D_OK) {
         l3d_free(map);
@@ -649,8 +670,7 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
     }
     struct l3d_st_entry *e = l3d_alloc((size_t)n * sizeof *e, "tensor map");
     for (int i = 0; i < n; i++) e[i] = map[i].e;
-    struct save_ctx sc = {map, ti, full};
-    rc = l3d_st_write(out.tmp, e, n, fill, &sc, dt, shard_bytes);
+    rc = l3d_st_write(out.tmp, e, n, fill, ctx, dt, shard_bytes);
     l3d_free(e);
     l3d_free(map);
     if (rc == L3D_OK) {

@@ -75,6 +75,23 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
     return L3D_OK;
 }
 
+/* The 1024-byte header of cfg's file, fp32 or bf16. */
+static void write_header(struct l3d_out *o, const struct l3d_model_spec *cfg, bool bf16) {
+    int32_t hdr[256] = {0};
+    hdr[0] = L3D_LLMC_MAGIC;
+    const bool arch = !l3d_model_is_gpt2(cfg);
+    hdr[1] = bf16 ? (arch ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_BF16)
+                  : (arch ? L3D_LLMC_VERSION_ARCH_FP32 : L3D_LLMC_VERSION_FP32);
+    if (arch) arch_to_header(cfg, &hdr[ARCH_WORD]);
+    hdr[2] = cfg->maxT;
+    hdr[3] = cfg->V;
+    hdr[4] = cfg->L;
+    hdr[5] = cfg->NH;
+    hdr[6] = cfg->C;
+    hdr[7] = cfg->Vp;
+    l3d_out_write(o, hdr, sizeof hdr);
+}
+
 /* Writes the file from fp32 params: device memory of be, or host memory when be is NULL; as
  * version 5 (bf16) when dt is L3D_BF16. */
 static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
@@ -98,19 +115,7 @@ static l3d_status save(const char *path, const struct l3d_model_spec *cfg,
         l3d_free(half);
         return o.st;
     }
-    int32_t hdr[256] = {0};
-    hdr[0] = L3D_LLMC_MAGIC;
-    const bool arch = !l3d_model_is_gpt2(cfg);
-    hdr[1] = bf16 ? (arch ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_BF16)
-                  : (arch ? L3D_LLMC_VERSION_ARCH_FP32 : L3D_LLMC_VERSION_FP32);
-    if (arch) arch_to_header(cfg, &hdr[ARCH_WORD]);
-    hdr[2] = cfg->maxT;
-    hdr[3] = cfg->V;
-    hdr[4] = cfg->L;
-    hdr[5] = cfg->NH;
-    hdr[6] = cfg->C;
-    hdr[7] = cfg->Vp;
-    l3d_out_write(&o, hdr, sizeof hdr);
+    write_header(&o, cfg, bf16);
     for (size_t done = 0, k; o.st == L3D_OK && done < nb; done += k) {
         k = !be && !bf16 ? nb : nb - done < cap ? nb - done : cap;
         const void *src = (const char *)params + done;
@@ -140,6 +145,19 @@ l3d_status l3d_ckpt_save_llmc(const char *path, const struct l3d_gpt *m) {
 l3d_status l3d_ckpt_save_llmc_params(const char *path, const struct l3d_model_spec *cfg,
                                      const float *params, int64_t num_params) {
     return save(path, cfg, NULL, params, num_params, L3D_F32);
+}
+
+l3d_status l3d_ckpt_save_llmc_pieces(const char *path, const struct l3d_model_spec *cfg,
+                                     l3d_ckpt_next next, void *ctx) {
+    struct l3d_out o; /* include/llm3d/file.h: a temporary, fsync, rename */
+    if (l3d_out_open(&o, path, "llm.c checkpoint") != L3D_OK) return o.st;
+    write_header(&o, cfg, false);
+    for (int64_t done = 0, N = l3d_gpt_param_count(cfg), n; done < N; done += n) {
+        const float *p = next(ctx, &n);
+        L3D_ASSERT(n > 0 && done + n <= N);
+        if (o.st == L3D_OK) l3d_out_write(&o, p, (size_t)n * sizeof(float));
+    }
+    return l3d_out_commit(&o);
 }
 
 l3d_status l3d_ckpt_save_llmc_params_dt(const char *path, const struct l3d_model_spec *cfg,

@@ -705,6 +705,44 @@ void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_sh
     shard_copy(cfg, sh, dst, (float *)full, false); /* full is only read */
 }
 
+bool l3d_gpt_shard_rows(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                        int64_t layer, int64_t R0, int64_t R1, int64_t *off, int64_t *r0,
+                        int64_t *r1) {
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    l3d_gpt_plan_tensors(cfg, sh, ti);
+    const struct l3d_tensor_info *a = &ti[t];
+    int64_t l = l3d_gpt_is_layer_tensor(t) ? layer - sh->layer_start : 0;
+    if (a->count == 0 || l < 0 || l >= a->layers) return false;
+    /* the local rows whose full rows lie in [R0, R1): an interval, as global_rc's row map is
+     * increasing (heads, KV heads, MLP columns and vocabulary rows keep their order) */
+    *r0 = a->rows;
+    *r1 = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        int64_t gr, gc;
+        global_rc(cfg, sh, t, r, 0, &gr, &gc);
+        if (gr < R0 || gr >= R1) continue;
+        if (r < *r0) *r0 = r;
+        *r1 = r + 1;
+    }
+    *off = a->offset + (l * a->rows + *r0) * a->cols;
+    return *r0 < *r1;
+}
+
+void l3d_gpt_shard_place(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                         int64_t r0, int64_t r1, const float *src, int64_t R0, float *dst) {
+    struct l3d_tensor_info ts[L3D_NUM_TENSORS], tf[L3D_NUM_TENSORS];
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    l3d_gpt_plan_tensors(cfg, sh, ts);
+    l3d_gpt_plan_tensors(cfg, &fs, tf);
+    int64_t cols = ts[t].cols, fcols = tf[t].cols;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t gr, gc;
+            global_rc(cfg, sh, t, r, c, &gr, &gc);
+            dst[(gr - R0) * fcols + gc] = src[(r - r0) * cols + c];
+        }
+}
+
 /* The elements of tensor t that fall in [lo, lo + n) of the flat space: [*e0, *e1) of its own
  * elements (empty when *e0 >= *e1). */
 static void init_span(const struct l3d_tensor_info *ti, int64_t lo, int64_t n, int64_t *e0,

@@ -174,3 +174,26 @@ void l3d_dp_fp32_stream_end(struct l3d_dp *dp) {
     }
     l3d_dp_stream_free(dp);
 }
+
+void l3d_dp_fp32_pull(struct l3d_dp *dp, const struct l3d_adamw *opt, int64_t off, int64_t n,
+                      float *dst) {
+    struct l3d_comm *c = dp->comm;
+    const float *src = own_fp32(dp, opt);
+    double t0 = l3d_time_s();
+    struct l3d_doing was = l3d_comm_doing(c, "fp32 parameter rows to DP rank 0 (--out)", -1, -1);
+    for (int r = 0; r < c->size; r++) { /* the owners of the range's parts, in order */
+        int64_t lo, hi;
+        range_of(dp, r, &lo, &hi);
+        int64_t a = off > lo ? off : lo, b = off + n < hi ? off + n : hi;
+        if (a >= b || (c->rank != 0 && r != c->rank)) continue;
+        if (r == c->rank && c->rank == 0)
+            l3d_be_copy_d2d(dp->m->be, dst + (a - off), src + (a - lo),
+                            (size_t)(b - a) * sizeof(float));
+        else if (c->rank == 0)
+            l3d_comm_recv(c, dst + (a - off), b - a, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
+        else
+            l3d_comm_send(c, src + (a - lo), b - a, L3D_F32, 0, L3D_TAG_ZERO3_GATHER, NULL);
+    }
+    l3d_comm_done(c, was);
+    dp->comm_wait_s += l3d_time_s() - t0;
+}

@@ -150,6 +150,10 @@ l3d_status l3d_train_run_claim(const struct l3d_train_config *tc, struct l3d_com
  * (collective). */
 void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
                              struct l3d_train_result *res);
+/* --out's model.bin and Hugging Face folder, written by rank 0 a bounded unit of rows at a time
+ * from the fp32 views (views_begin with rows: a streamed chunk's view has no parameters, its
+ * rows are pulled from the DP owners); collective over every rank (src/train/out.c). */
+l3d_status l3d_train_save_out(struct l3d_trainer *t);
 /* The lead rank's final summary. */
 void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_result *res);
 

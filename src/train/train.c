@@ -33,88 +33,6 @@ void l3d_train_config_defaults(struct l3d_train_config *tc) {
     tc->max_skipped = 10;
 }
 
-/* Chunk c's fp32 parameters [off, off + n): its view's, or pulled from the DP ranks' ranges
- * (l3d_dp_fp32_stream_get: ZeRO-3, ZeRO-2 in mixed precision; device memory). */
-static const float *chunk_piece(struct l3d_trainer *t, int c, int64_t off, int64_t n) {
-    if (t->vptr[c]->params) return (const float *)t->vptr[c]->params + off;
-    return l3d_dp_fp32_stream_get(&t->dps[c], off, n);
-}
-
-/* The first replica's weights, gathered from every (tp, pp) rank and chunk into the full model
- * on rank 0's host: each rank sends its chunks' fp32 parameters (t->vptr, views_begin) a piece
- * of l3d_dp_fp32_piece elements at a time, rank 0 places them by their shard. Returns the
- * buffer on rank 0 (NULL elsewhere). No rank holds more than a piece of a chunk on the device
- * for it; rank 0 holds the full model and a chunk's slice on the host. */
-static float *gather_model(struct l3d_trainer *t) {
-    const struct l3d_train_config *tc = t->tc;
-    const struct l3d_topo *topo = t->topo;
-    struct l3d_comm *world = t->world;
-    int v = t->lay.v;
-    int group = topo->tp * topo->pp; /* replica 0, ring rank 0: (tp, pp) coordinates */
-    size_t bytes = l3d_ckpt_stage_bytes();
-    if (world->rank != 0) {
-        for (int c = 0; c < v; c++) {
-            int64_t N = t->vptr[c]->num_params, P = l3d_dp_fp32_piece(N, bytes);
-            for (int64_t off = 0, n; off < N; off += n) {
-                n = N - off < P ? N - off : P;
-                l3d_comm_send(world, chunk_piece(t, c, off, n), n, L3D_F32, 0,
-                              L3D_TAG_MODEL_GATHER + c, NULL);
-            }
-        }
-        return NULL;
-    }
-    int64_t n_full = l3d_gpt_param_count(&tc->model);
-    float *full = l3d_alloc((size_t)n_full * sizeof(float), "gathered model");
-    float *tmp = NULL;
-    for (int i = 0; i < group; i++) {
-        int tp_rank = i % topo->tp, pp_rank = i / topo->tp;
-        int r = l3d_topo_rank_of_cp(topo->tp, topo->cp, topo->pp, tp_rank, 0, pp_rank, 0);
-        for (int c = 0; c < v; c++) {
-            struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * topo->pp + pp_rank,
-                                                         tp_rank);
-            struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-            int64_t N = l3d_gpt_plan_tensors(&tc->model, &sh, ti), P = l3d_dp_fp32_piece(N, bytes);
-            bool whole = group == 1 && v == 1; /* the whole model on this rank */
-            l3d_free(tmp);
-            tmp = whole ? NULL : l3d_alloc((size_t)N * sizeof(float), "gathered model");
-            float *dst = whole ? full : tmp; /* host staging */
-            for (int64_t off = 0, n; off < N; off += n) {
-                n = N - off < P ? N - off : P;
-                if (r != 0)
-                    l3d_comm_recv(world, dst + off, n, L3D_F32, r, L3D_TAG_MODEL_GATHER + c, NULL);
-                else
-                    l3d_be_copy_d2h(t->be, dst + off, chunk_piece(t, c, off, n),
-                                    (size_t)n * sizeof(float));
-            }
-            if (!whole) l3d_gpt_shard_to_full(&tc->model, &sh, tmp, full);
-        }
-    }
-    l3d_free(tmp);
-    return full;
-}
-
-/* --out: the first replica's weights as llm.c's model.bin and a Hugging Face folder
- * (config.json, model.safetensors), written by rank 0. */
-static l3d_status save_model(struct l3d_trainer *t) {
-    const struct l3d_train_config *tc = t->tc;
-    if (t->topo->dp_rank != 0 || t->topo->cp_rank != 0) return L3D_OK; /* replicated over both */
-    float *full = gather_model(t);
-    if (!full) return L3D_OK;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.bin", tc->out_dir);
-    l3d_status st = l3d_ckpt_save_llmc_params(path, &tc->model, full,
-                                              l3d_gpt_param_count(&tc->model));
-    if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
-    if (st == L3D_OK)
-        st = l3d_hf_save(tc->out_dir, &tc->model, full, tc->save_dtype,
-                         tc->save_shard_bytes > 0 ? tc->save_shard_bytes : L3D_HF_SHARD_BYTES);
-    if (st == L3D_OK && !tc->quiet)
-        printf("saved %s/config.json and model.safetensors (%s)\n", tc->out_dir,
-               l3d_dtype_name(tc->save_dtype));
-    l3d_free(full);
-    return st;
-}
-
 /* Every rank learns whether any rank failed, before the next collective or large allocation, so a
  * rank never waits in a collective for one that gave up. The lowest failing rank reports. */
 static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_result *res) {
@@ -145,7 +63,8 @@ static void piece_put(void *ctx, int64_t off, int64_t n, const float *host) {
  * fp32 the views are the chunks' own parameters. Where no rank holds them whole (ZeRO-3, ZeRO-2
  * in mixed precision: l3d_dp_fp32_streamed) a view has none: its parameters go a piece at a time
  * (t->pieces[c]; saving: DP rank 0 pulls them, the other ranks' sends posted here). */
-static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_train_result *res) {
+static l3d_status views_begin(struct l3d_trainer *t, bool gather, bool rows,
+                              struct l3d_train_result *res) {
     int v = t->lay.v;
     l3d_status st = L3D_OK;
     size_t bytes = l3d_ckpt_stage_bytes(); /* a piece: the checkpoint's staging */
@@ -154,6 +73,7 @@ static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_tra
             t->p32[c] = l3d_dp_fp32_params(&t->dps[c], &t->opts[c]);
             continue;
         }
+        if (rows) continue; /* --out pulls rows itself (out.c) */
         l3d_status sc = l3d_dp_fp32_stream_begin(&t->dps[c], &t->opts[c], bytes, gather);
         if (st == L3D_OK) st = sc;
     }
@@ -169,7 +89,7 @@ static l3d_status views_begin(struct l3d_trainer *t, bool gather, struct l3d_tra
             *q = (struct l3d_ckpt_pieces){.piece = l3d_dp_fp32_piece(dp->m->num_params, bytes),
                                           .get = piece_get, .put = piece_put, .ctx = dp};
             l3d_dp_fp32_stream_want(dp, &q->lo, &q->hi);
-        } else if (gather) {
+        } else if (gather && t->p32[c]) { /* not a chunk whose rows --out pulls */
             l3d_dp_fp32_gather(dp, &t->opts[c], t->p32[c]);
         }
         l3d_gpt_fp32_view(t->chunks[c], t->p32[c], &t->views[c]);
@@ -185,7 +105,7 @@ static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, in
     ck->ls_scale = t->ls.on && t->ls.dynamic ? t->ls.scale : 0.0;
     ck->ls_good = t->ls.good_steps;
     ck->ls_hyst = t->ls.hyst_left;
-    l3d_status st = views_begin(t, true, res);
+    l3d_status st = views_begin(t, true, false, res);
     if (st != L3D_OK) return st;
     st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->pieces, t->lay.v, t->ld,
                              step, &res->report_error);
@@ -323,7 +243,7 @@ static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *r
             l3d_dp_zero3_init_weights(&t->dps[c], &t->opts[c], t->tc->seed);
         return L3D_OK;
     }
-    l3d_status st = views_begin(t, false, res);
+    l3d_status st = views_begin(t, false, false, res);
     for (int c = 0; c < t->lay.v && st == L3D_OK && through_views(t->tc); c++)
         st = init_one(t, c, t->vptr[c]);
     return agree(t->world, st, res);
@@ -590,8 +510,8 @@ static l3d_status train_finish(struct l3d_trainer *t, struct l3d_train_ckpt *ck,
     }
     if ((st = agree(world, st, res)) != L3D_OK) return st;
     if (tc->out_dir && !res->stopped_by) {
-        if ((st = views_begin(t, true, res)) != L3D_OK) return st;
-        st = save_model(t);
+        if ((st = views_begin(t, true, true, res)) != L3D_OK) return st;
+        st = l3d_train_save_out(t);
         views_end(t, false);
     }
     if ((st = agree(world, st, res)) != L3D_OK) return st;
