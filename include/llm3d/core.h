@@ -66,6 +66,10 @@ size_t l3d_mem_used(void);
 /* Counts memory not from l3d_alloc (a backend's device arena) in l3d_mem_used / l3d_mem_peak. */
 void l3d_mem_count(size_t bytes, bool add);
 size_t l3d_mem_peak(void);
+/* A window on the peak: begin makes the peak the memory in use now and returns the peak before;
+ * l3d_mem_peak() then says the most in use since; end puts back the larger of the two. */
+size_t l3d_mem_window_begin(void);
+void l3d_mem_window_end(size_t before);
 
 /* Counter-based RNG: every value is a pure function of (seed, stream, index), so a tensor element
  * gets the same initial value whatever rank or shard initialises it. SplitMix64 finaliser

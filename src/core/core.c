@@ -123,6 +123,14 @@ void l3d_free(void *p) {
 size_t l3d_mem_used(void) { return atomic_load(&mem_used); }
 size_t l3d_mem_peak(void) { return atomic_load(&mem_peak); }
 
+size_t l3d_mem_window_begin(void) { return atomic_exchange(&mem_peak, atomic_load(&mem_used)); }
+
+void l3d_mem_window_end(size_t before) {
+    size_t peak = atomic_load(&mem_peak);
+    while (before > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, before)) {
+    }
+}
+
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -235,13 +235,18 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
     struct l3d_param_bytes pb;
     l3d_param_bytes(&tc->precision, c->zero >= 1 ? 1 : 0, c->dp, &pb);
     double per = pb.total;
-    /* --out's model.bin and Hugging Face folder: the model gathered whole on rank 0's host, plus
-     * the folder writer's staging of its largest tensor (the embedding or an MLP matrix) */
+    /* --out's model.bin and Hugging Face folder (src/train/out.c): rank 0 takes the model a unit
+     * of rows at a time (at most a checkpoint staging piece, 64 MiB: the unit and the range it
+     * receives), and the folder writer stages its largest tensor (the embedding or an MLP
+     * matrix) in fp32 (the value check's copy of it is freed before) and, in 16 bits, its
+     * narrowed copy */
     c->gather = 0.0;
     if (lead && tc->out_dir) {
         const struct l3d_model_spec *m = &tc->model;
         double big = (double)m->C * (double)(m->Vp > m->ffn ? m->Vp : m->ffn);
-        c->gather = 4.0 * ((double)l3d_gpt_param_count(m) + big);
+        double piece = (double)l3d_ckpt_stage_bytes();
+        if (piece > 4.0 * big) piece = 4.0 * big;
+        c->gather = 4.0 * big + (tc->save_dtype == L3D_F32 ? 0.0 : 2.0 * big) + 2.0 * piece;
     }
     c->bytes = c->mem.total + rows * per + c->gather + micro_extras(tc, c, &c->sched);
 }

@@ -150,6 +150,7 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
         if (e > o.cap) o.cap = e;
     }
     bool lead = t->world->rank == 0, streamed = false;
+    size_t before = l3d_mem_window_begin(), used = l3d_mem_used(); /* what --out adds */
     for (int c = 0; c < t->lay.v; c++) streamed |= !t->vptr[c]->params;
     if (streamed) o.dev = l3d_be_alloc(t->be, (size_t)o.cap * sizeof(float), "--out rows");
     if (lead) {
@@ -164,8 +165,9 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
                                   tc->save_shard_bytes > 0 ? tc->save_shard_bytes
                                                            : L3D_HF_SHARD_BYTES);
         if (st == L3D_OK && !tc->quiet)
-            printf("saved %s/config.json and model.safetensors (%s)\n", tc->out_dir,
-                   l3d_dtype_name(tc->save_dtype));
+            printf("saved %s/config.json and model.safetensors (%s; the writers took %.3f MiB of "
+                   "host memory at most)\n", tc->out_dir, l3d_dtype_name(tc->save_dtype),
+                   (double)(l3d_mem_peak() - used) / 1048576.0);
     }
     while (o.next < o.n) pull(&o, &o.u[o.next++]); /* the others; what a failed writer left */
     if (o.dev) l3d_be_free(t->be, o.dev);
@@ -173,5 +175,6 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     l3d_free(o.range);
     l3d_free(o.u);
     l3d_free(map);
+    l3d_mem_window_end(before);
     return st;
 }

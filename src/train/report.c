@@ -95,7 +95,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         bool files = tc->resume || tc->init_from || tc->save_every > 0;
         printf("memory check: %.1f MiB planned on rank 0%s%s%s\n", t->mem_figure / MiB,
                files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
-               tc->out_dir ? (files ? " and --out's gathered model)" : "--out's gathered model)")
+               tc->out_dir ? (files ? " and --out's writers)" : "--out's writers)")
                            : files ? ")" : "");
     }
     if (mixed)
