@@ -332,6 +332,9 @@ void l3d_gpt_init_weights(struct l3d_gpt *m, uint64_t seed);
 /* Elements [lo, lo + n) of the flat fp32 parameters l3d_gpt_init_weights gives m's shard, into
  * dst (n floats of m's backend; every element depends on the seed and its index only): ZeRO-3
  * initialises its range this way, with no whole copy (m needs no parameter buffer). */
+/* The host staging the initialisation computes its values in, a block at a time (allocated
+ * for the call, after the optimizer state: at the memory peak; the plan's transients). */
+#define L3D_GPT_INIT_BLOCK_BYTES ((size_t)16384 * sizeof(float))
 void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
                                 float *dst);
 

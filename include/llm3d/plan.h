@@ -194,6 +194,10 @@ struct l3d_plan_run {
      * `llm3d plan` assumes; the trainer's memory check says which) */
     bool files;
     size_t piece_bytes;
+    /* the learned position table's rows when it has more than the sequence (the trainer's
+     * --context; 0: the sequence, m's maxT): l3d_plan_memory sizes the chunks' non-layer
+     * tensors by it, so each ZeRO stage holds the extra rows as it holds the rest of wpe */
+    int64_t context;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 

@@ -771,8 +771,8 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
     /* computed on the host in blocks of at most INIT_BLOCK elements (a small staging buffer:
      * a mixed-precision run initialises after its optimizer state is allocated, at its memory
      * peak) and copied to the device */
-    enum { INIT_BLOCK = 16384 };
-    float *host = l3d_alloc(INIT_BLOCK * sizeof(float), "initial weights");
+    enum { INIT_BLOCK = L3D_GPT_INIT_BLOCK_BYTES / sizeof(float) };
+    float *host = l3d_alloc(L3D_GPT_INIT_BLOCK_BYTES, "initial weights");
     l3d_be_memset(m->be, dst, 0, (size_t)n * sizeof(float));
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];

@@ -162,7 +162,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                              int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32), w = l3d_plan_bytes(run->precision.param);
-    double scratch16 = 0, staging = 0, piece_host = 0;
+    double scratch16 = 0, staging = 0, piece_host = 0, reqs = 0;
     const enum l3d_dtype dt = run->precision.param;
     const double k_opt = run->precision.param == L3D_F32 ? 2 : 3;
     for (int k = 0; k < lay->v; k++) {
@@ -173,6 +173,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
             double bufs = lay->zero3_prefetch > 0 ? lay->zero3_prefetch + 1 : 1;
             mem->params += w * (own + 1) + (w * (double)ch[k].nonlayer + 64) +
                            bufs * (w * (double)ch[k].slot + 64);
+            /* each buffer's receive and send requests, a tensor from each other rank
+             * (src/parallel/zero3.c, gbuf_reqs) */
+            reqs += (bufs + 1) * 2.0 * L3D_NUM_TENSORS * (lay->dp > 1 ? lay->dp - 1 : 1) *
+                    (double)sizeof(l3d_req);
         } else {
             mem->params += w * n;
         }
@@ -220,8 +224,14 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
      * rows of this rank under sequence parallelism; once small beside the s^2 attention
      * probabilities, now 1% of the small layouts tests/cli/plan.sh runs */
     mem->other += w * lay->micro_batch * m->maxT * m->C / (lay->sp ? lay->tp : 1);
+    mem->other += reqs;
     staging += piece_host;
-    return staging > scratch16 ? staging : scratch16;
+    /* the initialisation's host block (l3d_gpt_init_weights_range), at the peak where the
+     * weights are drawn after everything else is allocated: ZeRO-3's range, and the fp32 view of
+     * mixed precision (fp32 ZeRO-0 to 2 draw theirs before the activations) */
+    double init = lay->zero == 3 || dt != L3D_F32 ? (double)L3D_GPT_INIT_BLOCK_BYTES : 0;
+    double most = staging > scratch16 ? staging : scratch16;
+    return most > init ? most : init;
 }
 
 /* Megatron-LM's mixed precision, ZeRO paper sec. 3.1 (K = 12): 2-byte weights and gradients, fp32
@@ -329,9 +339,13 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
         st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
         have_sched = st == L3D_OK;
     }
+    /* the tensors of the run's model: wpe has run->context rows when more than the sequence
+     * (the trainer's --context; the activations stay at mc's maxT) */
+    struct l3d_model_spec mt = mc;
+    if (run->context > mt.maxT) mt.maxT = (int)run->context;
     for (int r = 0; st == L3D_OK && r < p; r++) {
         struct l3d_plan_mem mem;
-        l3d_plan_rank_chunks(&mc, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm,
+        l3d_plan_rank_chunks(&mt, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm,
                              fp32, &memo, ch);
         l3d_plan_rank_memory(&mc, run, &lay, ch, r, mm, &mem);
         l3d_plan_cp_ring_memory(&mc, run, &lay, ch, cp, &mem);

@@ -148,6 +148,7 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
      * files, through the checkpoint's staging size */
     run.files = tc->resume || tc->init_from || tc->save_every > 0;
     run.piece_bytes = l3d_ckpt_stage_bytes();
+    run.context = tc->model.maxT; /* wpe's rows: the trainer sizes it by --context */
     struct l3d_layout lay = tc->layout;
     lay.tp = c->tp;
     lay.pp = c->pp;
@@ -221,20 +222,12 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
     return b;
 }
 
-/* The fullest rank's bytes for layout c: the planner's total, plus what the planner leaves out
- * and the trainer holds: the position table's rows beyond the sequence length (the plan sizes
- * wpe by T, the trainer by --context) with their gradients and moments, on the lead rank
- * model.bin's copy, and what grows with the micro-batches (micro_extras). */
+/* The fullest rank's bytes for layout c: the planner's total (wpe's rows beyond the sequence
+ * included: run.context), plus what the planner leaves out and the trainer holds: on the lead
+ * rank model.bin's copy, and what grows with the micro-batches (micro_extras). */
 static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lead) {
     c->bytes = -1;
     if (!plan_memory(tc, c, &c->mem)) return;
-    double rows = (double)(tc->model.maxT > tc->layout.seq ? tc->model.maxT - tc->layout.seq : 0) *
-                  tc->model.C;
-    /* params, grads, m, v (and the fp32 master weights in mixed precision): wpe is not in the
-     * gradient slots, so its gradient is whole under ZeRO-2 too */
-    struct l3d_param_bytes pb;
-    l3d_param_bytes(&tc->precision, c->zero >= 1 ? 1 : 0, c->dp, &pb);
-    double per = pb.total;
     /* --out's model.bin and Hugging Face folder (src/train/out.c): rank 0 takes the model a unit
      * of rows at a time (at most a checkpoint staging piece, 64 MiB: the unit and the range it
      * receives), and the folder writer stages its largest tensor (the embedding or an MLP
@@ -248,7 +241,7 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
         if (piece > 4.0 * big) piece = 4.0 * big;
         c->gather = 4.0 * big + (tc->save_dtype == L3D_F32 ? 0.0 : 2.0 * big) + 2.0 * piece;
     }
-    c->bytes = c->mem.total + rows * per + c->gather + micro_extras(tc, c, &c->sched);
+    c->bytes = c->mem.total + c->gather + micro_extras(tc, c, &c->sched);
 }
 
 static int cmp_cand(const void *a, const void *b) {

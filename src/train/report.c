@@ -93,7 +93,8 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     }
     if (t->mem_figure >= 0) { /* what the check counted beside training (train/memory.c) */
         bool files = tc->resume || tc->init_from || tc->save_every > 0;
-        printf("memory check: %.1f MiB planned on rank 0%s%s%s\n", t->mem_figure / MiB,
+        printf("memory check: %.1f MiB (%.0f bytes) planned on rank 0%s%s%s\n",
+               t->mem_figure / MiB, t->mem_figure,
                files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
                tc->out_dir ? (files ? " and --out's writers)" : "--out's writers)")
                            : files ? ")" : "");

@@ -135,6 +135,33 @@ run pk_nosave 4 1 1 --layers 8 --zero 3 &&
     else
         bad "ZeRO-3 dp4 saving peaks at $(peak pk_save) bytes, without saves $(peak pk_nosave)"
     fi
+# the memory check bounds the accounted peak (issue 51), fp32 and bf16, dp 2 and 4, with wpe
+# longer than the sequence (--context 256 at --seq-len 64): the plan used to count its extra
+# rows as under ZeRO-1 (no parameter or gradient shard: 8/dp bytes a row element short in fp32),
+# and to leave out the initialisation's 64 KiB host block and the gathers' request lists, 58 KiB
+# under the peak at dp4 here (no --out: model.bin's copy would hide it). Still left out: ~30 KiB
+# of bookkeeping (DP's pending lists, the backend's and the model's structs), above the check on
+# --model tiny; here the plan's other slack covers it
+bound() {
+    local name=$1 np=$2
+    shift 2
+    if ! bounded env OMP_NUM_THREADS=1 "$mpiexec" -n "$np" "$bin" train --layers 4 --heads 4 --channels 128 \
+        --vocab 256 --context 256 --seq-len 64 --val-every 0 --peak-gflops 100 --train "$dir/data/train_*.bin" \
+        --batch 1 --steps 2 --zero 3 "$@" > "$dir/$name.log" 2>&1; then
+        bad "$name did not train:"; cat "$dir/$name.log"; return
+    fi
+    local plan
+    plan=$(sed -n 's/^memory check: .* MiB (\([0-9]*\) bytes) planned.*/\1/p' "$dir/$name.log")
+    if [ -n "$plan" ] && ! less_than "$plan" "$(peak "$name")"; then
+        ok "$name: peak $(peak "$name") bytes, the memory check's $plan"
+    else
+        bad "$name: peak $(peak "$name") bytes above the memory check's '$plan'"
+    fi
+}
+bound bound_dp4 4
+bound bound_dp2 2
+bound bound_dp4_bf16 4 --precision bf16
+bound bound_dp2_p2 2 --zero3-prefetch 2
 # fields FILE_LINE_FIELD...: from a manifest's `file` lines, rank, params, opt_start, opt_count
 fields() {
     awk '$1 == "file" { for (i = 2; i < NF; i++) v[$i] = $(i + 1);
