@@ -358,6 +358,10 @@ void l3d_gpt_shard_to_full(const struct l3d_model_spec *cfg, const struct l3d_sh
 /* The reverse: a shard's parameters (dst) cut from the full model's flat buffer. */
 void l3d_gpt_full_to_shard(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
                            const float *full, float *dst);
+/* Where element (r, c) of a layer of shard sh's tensor t lies in that layer of the full model's
+ * tensor: row *gr, column *gc (the mapping of the two above). Along r, *gr only grows. */
+void l3d_gpt_global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                       int64_t r, int64_t c, int64_t *gr, int64_t *gc);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */
