@@ -205,7 +205,7 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
 l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap);
 /* Loads dir into this rank's lay->pp_virtual model chunks and optimizers (m[c]->params, or
  * pieces[c]'s [lo, hi) a piece at a time: from a file of the chunk's shard a piece is all the
- * host holds, from others the full model is assembled on the host as below; opt[c].m, .v, .t),
+ * host holds, from others a strip of full rows at a time, never the full model; opt[c].m, .v, .t),
  * whatever the layout (chunks per rank included) it was saved under, and
  * returns the saved state in s. Each chunk loads like a rank of its own. Collective over world;
  * reads only, so a failure leaves every file as it was. L3D_ERR_FORMAT for a bad or mismatching

@@ -80,6 +80,9 @@ void l3d_st_close(struct l3d_st *st);
 const struct l3d_st_tensor *l3d_st_find(const struct l3d_st *st, const char *name);
 /* The tensor's elements as fp32 (count of them), checked finite. */
 l3d_status l3d_st_read_f32(const struct l3d_st *st, const struct l3d_st_tensor *t, float *out);
+/* Its elements [first, first + count) (row-major), likewise. */
+l3d_status l3d_st_read_f32_range(const struct l3d_st *st, const struct l3d_st_tensor *t,
+                                 int64_t first, int64_t count, float *out);
 
 /* What the writer writes: name, shape (1 or 2 dims); fill puts tensor i's elements (fp32,
  * row-major in the file's layout) into out. */
@@ -163,8 +166,8 @@ l3d_status l3d_model_file_config(const char *path, struct l3d_model_spec *cfg);
 l3d_status l3d_model_file_load(const char *path, struct l3d_gpt *m);
 /* Into a view without parameters whose parameters go a piece at a time (struct l3d_ckpt_pieces,
  * include/llm3d/ckpt.h): [q->lo, q->hi) handed to q->put. An llm.c file of the full shard is read
- * a piece at a time (l3d_ckpt_load_llmc_pieces); a folder, or a shard, costs the full model on
- * the host as l3d_model_file_load does. */
+ * a piece at a time (l3d_ckpt_load_llmc_pieces); a folder (any shard) a strip of each tensor's
+ * rows at a time, only those of the shard's slice (docs/DESIGN.md, "Hugging Face folders"). */
 l3d_status l3d_model_file_load_pieces(const char *path, const struct l3d_gpt *m,
                                       const struct l3d_ckpt_pieces *q);
 

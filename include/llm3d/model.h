@@ -371,6 +371,10 @@ bool l3d_gpt_shard_rows(const struct l3d_model_spec *cfg, const struct l3d_shard
  * from R0 on of one layer of the full tensor ((rows, full cols)). */
 void l3d_gpt_shard_place(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
                          int64_t r0, int64_t r1, const float *src, int64_t R0, float *dst);
+/* Where element (r, c) of a layer of shard sh's tensor t lies in that layer of the full model's
+ * tensor: row *gr, column *gc (the mapping of the two above). Along r, *gr only grows. */
+void l3d_gpt_global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                       int64_t r, int64_t c, int64_t *gr, int64_t *gc);
 /* Whether tensor t is one of the 12 per-layer tensors. */
 bool l3d_gpt_is_layer_tensor(int t);
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */

@@ -146,4 +146,27 @@ l3d_status l3d_ckpt_manifest_check_layout(const struct l3d_ckpt_manifest *mf);
  * tests/test_manifest.c. */
 l3d_status l3d_ckpt_manifest_check(const char *text, size_t len);
 
+/* ---- a shard from the full model a strip of rows at a time (src/ckpt/reshard.c) -------------
+ *
+ * A load onto another layout than the source's (a checkpoint of another tp / pp, a Hugging Face
+ * folder) never builds the full model: for each tensor and layer the shard holds, the rows of
+ * the full tensor its rows come from are asked of the source a strip at a time (at most
+ * l3d_ckpt_stage_bytes(), 64 MiB, of them, or one row), cut to the shard's elements and handed to
+ * q->put in pieces of at most q->piece. The host holds three strips at most: the full rows, the
+ * shard's cut of them, and the source's read buffer (struct l3d_ckpt_rows). */
+struct l3d_ckpt_rows {
+    /* rows [r0, r0 + n) of layer `layer` of the full model's tensor t (row-major, the full
+     * tensor's columns) into out; NaN (checkpoints) or 0 (folders) where the source holds none */
+    l3d_status (*read)(void *ctx, int t, int64_t layer, int64_t r0, int64_t n, float *out);
+    void *ctx;
+};
+/* The elements of a strip: l3d_ckpt_stage_bytes() (64 MiB) of them, or a layer of the largest
+ * tensor when less, but at least the widest row. */
+int64_t l3d_ckpt_strip(const struct l3d_model_spec *cfg);
+/* Shard sh's elements [q->lo, q->hi) from src, into q->put. what (non-NULL) names the source
+ * for an element that is NaN: "no rank file holds" it, an error; NULL: not checked. */
+l3d_status l3d_ckpt_reshard(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                            const struct l3d_ckpt_rows *src, const struct l3d_ckpt_pieces *q,
+                            const char *what, const char *name);
+
 #endif

@@ -482,24 +482,6 @@ static l3d_status check_one(const struct l3d_st *st, const struct l3d_hf_tensor 
                      st->files[t->file], t->name, got, cfgpath, want);
 }
 
-/* One tensor checked (check_one), read and placed into full. */
-static l3d_status load_one(const struct l3d_st *st, const struct l3d_hf_tensor *h,
-                           const struct l3d_tensor_info *ti, const char *cfgpath, float *tmp,
-                           float *full) {
-    const struct l3d_st_tensor *t;
-    l3d_status rc = check_one(st, h, cfgpath, &t);
-    if (rc == L3D_OK) rc = l3d_st_read_f32(st, t, tmp);
-    if (rc != L3D_OK) return rc;
-    float *dst = full + full_index(ti, h);
-    if (!h->transposed) {
-        memcpy(dst, tmp, (size_t)(h->rows * h->cols) * sizeof(float));
-    } else { /* HF (cols, rows): element (i, j) is llm3d's (j, i) */
-        for (int64_t i = 0; i < h->cols; i++)
-            for (int64_t j = 0; j < h->rows; j++) dst[j * h->cols + i] = tmp[i * h->rows + j];
-    }
-    return L3D_OK;
-}
-
 /* Every tensor of the files is one the map reads, or ignorable. */
 static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tensor *map, int n,
                               const struct l3d_model_spec *cfg, const char *cfgpath) {
@@ -538,7 +520,60 @@ static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cf
     return rc;
 }
 
-l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full) {
+/* The folder as a source of the full model's rows (struct l3d_ckpt_rows): each HF tensor's rows
+ * of the strip, a Conv1D weight's (stored transposed: llm3d's rows are its columns) read in
+ * strips of its rows' pieces through tmp. */
+struct hf_rows {
+    const struct l3d_st *st;
+    const struct l3d_hf_tensor *map;
+    int n;
+    float *tmp; /* a strip */
+    int64_t strip;
+};
+
+/* Rows [lo, hi) of HF tensor h (in llm3d's layout) into dst (full columns fc). */
+static l3d_status hf_part(const struct hf_rows *s, const struct l3d_hf_tensor *h, int64_t lo,
+                          int64_t hi, int64_t fc, float *dst) {
+    const struct l3d_st_tensor *t = find_hf(s->st, h->e.name); /* checked (check_one) */
+    int64_t a = lo - h->row0, hn = hi - lo;
+    if (!h->transposed) return l3d_st_read_f32_range(s->st, t, a * h->cols, hn * h->cols, dst);
+    int64_t kb = s->strip / hn > 0 ? s->strip / hn : 1; /* the file's (cols, rows) rows a strip */
+    l3d_status rc = L3D_OK;
+    for (int64_t i0 = 0; rc == L3D_OK && i0 < h->cols; i0 += kb) {
+        int64_t i1 = i0 + kb < h->cols ? i0 + kb : h->cols;
+        if (hn == h->rows)
+            rc = l3d_st_read_f32_range(s->st, t, i0 * h->rows, (i1 - i0) * h->rows, s->tmp);
+        for (int64_t i = i0; rc == L3D_OK && hn != h->rows && i < i1; i++)
+            rc = l3d_st_read_f32_range(s->st, t, i * h->rows + a, hn, s->tmp + (i - i0) * hn);
+        for (int64_t i = i0; rc == L3D_OK && i < i1; i++) /* file (i, a + j): llm3d's (j, i) */
+            for (int64_t j = 0; j < hn; j++) dst[j * fc + i] = s->tmp[(i - i0) * hn + j];
+    }
+    return rc;
+}
+
+static l3d_status hf_rows(void *ctx, int t, int64_t layer, int64_t r0, int64_t n, float *out) {
+    const struct hf_rows *s = ctx;
+    l3d_status rc = L3D_OK;
+    int64_t fc = -1;
+    for (int i = 0; i < s->n && fc < 0; i++)
+        if (s->map[i].tensor == t) fc = s->map[i].cols;
+    L3D_ASSERT(fc > 0);
+    memset(out, 0, (size_t)(n * fc) * sizeof(float)); /* the vocabulary's padding rows */
+    for (int i = 0; rc == L3D_OK && i < s->n; i++) {
+        const struct l3d_hf_tensor *h = &s->map[i];
+        int64_t lo = r0 > h->row0 ? r0 : h->row0;
+        int64_t hi = r0 + n < h->row0 + h->rows ? r0 + n : h->row0 + h->rows;
+        if (h->tensor == t && h->layer == layer && lo < hi)
+            rc = hf_part(s, h, lo, hi, fc, out + (lo - r0) * fc);
+    }
+    return rc;
+}
+
+/* The folder's parameters for shard sh of cfg, [q->lo, q->hi) of its flat space into q->put, a
+ * strip of rows at a time (l3d_ckpt_reshard): config.json and every tensor's header checked
+ * first, then only the shard's rows read. */
+static l3d_status hf_load_shard(const char *dir, const struct l3d_model_spec *cfg,
+                                const struct l3d_shard *sh, const struct l3d_ckpt_pieces *q) {
     struct l3d_model_spec fc;
     char cfgpath[L3D_CKPT_PATH_CAP];
     l3d_status rc = read_config(dir, &fc, cfgpath); /* its shapes: checked tensor by tensor */
@@ -553,23 +588,36 @@ l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float 
     struct l3d_st st;
     rc = l3d_st_open_dir(&st, dir);
     if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
-    int64_t most = 1;
-    for (int i = 0; i < n; i++)
-        most = map[i].rows * map[i].cols > most ? map[i].rows * map[i].cols : most;
-    float *tmp = rc == L3D_OK ? l3d_try_alloc((size_t)most * sizeof(float), "tensor") : NULL;
-    if (rc == L3D_OK && !tmp)
-        rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a %lld-element tensor", dir,
-                       (long long)most);
-    struct l3d_shard fs = l3d_shard_full(cfg);
-    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
-    int64_t total = l3d_gpt_plan_tensors(cfg, &fs, ti);
-    memset(full, 0, (size_t)total * sizeof(float)); /* the vocabulary's padding rows */
-    for (int i = 0; rc == L3D_OK && i < n; i++)
-        rc = load_one(&st, &map[i], &ti[map[i].tensor], cfgpath, tmp, full);
-    l3d_free(tmp);
+    const struct l3d_st_tensor *t;
+    for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);
+    struct hf_rows s = {&st, map, n, NULL, l3d_ckpt_strip(cfg)};
+    s.tmp = rc == L3D_OK ? l3d_try_alloc((size_t)s.strip * sizeof(float), "tensor rows") : NULL;
+    if (rc == L3D_OK && !s.tmp)
+        rc = l3d_error(L3D_ERR_OOM, "%s: no memory for a strip of %lld elements", dir,
+                       (long long)s.strip);
+    struct l3d_ckpt_rows src = {hf_rows, &s};
+    if (rc == L3D_OK) rc = l3d_ckpt_reshard(cfg, sh, &src, q, NULL, dir);
+    l3d_free(s.tmp);
     if (st.nfiles) l3d_st_close(&st);
     l3d_free(map);
     return rc;
+}
+
+struct to_host {
+    float *dst;
+};
+
+static void put_host(void *ctx, int64_t off, int64_t n, const float *host) {
+    memcpy(((struct to_host *)ctx)->dst + off, host, (size_t)n * sizeof(float));
+}
+
+l3d_status l3d_hf_load(const char *dir, const struct l3d_model_spec *cfg, float *full) {
+    struct l3d_shard fs = l3d_shard_full(cfg);
+    struct to_host h = {full};
+    int64_t N = l3d_gpt_param_count(cfg);
+    struct l3d_ckpt_pieces q = {.piece = N > 0 ? N : 1, .lo = 0, .hi = N, .put = put_host,
+                                .ctx = &h};
+    return hf_load_shard(dir, cfg, &fs, &q);
 }
 
 struct save_ctx {
@@ -693,49 +741,28 @@ l3d_status l3d_model_file_config(const char *path, struct l3d_model_spec *cfg) {
     return l3d_ckpt_read_llmc_config(path, cfg);
 }
 
+struct to_device {
+    struct l3d_backend *be;
+    float *dst;
+};
+
+static void put_device(void *ctx, int64_t off, int64_t n, const float *host) {
+    const struct to_device *d = ctx;
+    l3d_be_copy_h2d(d->be, d->dst + off, host, (size_t)n * sizeof(float));
+    l3d_be_sync(d->be); /* before host is refilled */
+}
+
 l3d_status l3d_model_file_load(const char *path, struct l3d_gpt *m) {
     if (!l3d_hf_is_folder(path)) return l3d_ckpt_load_llmc(path, m);
     L3D_ASSERT(m->dt == L3D_F32); /* an fp32 model or view */
-    int64_t n_full = l3d_gpt_param_count(&m->cfg);
-    bool whole = m->num_params == n_full; /* every tensor whole: the full shard */
-    float *full = l3d_try_alloc((size_t)n_full * sizeof(float), "model");
-    float *mine = whole || !full ? NULL
-                                 : l3d_try_alloc((size_t)m->num_params * sizeof(float), "shard");
-    l3d_status rc = L3D_OK;
-    if (!full || (!whole && !mine))
-        rc = l3d_error(L3D_ERR_OOM, "%s: no host memory to read the %lld parameters", path,
-                       (long long)n_full);
-    if (rc == L3D_OK) rc = l3d_hf_load(path, &m->cfg, full);
-    if (rc == L3D_OK && !whole) l3d_gpt_full_to_shard(&m->cfg, &m->shard, full, mine);
-    if (rc == L3D_OK) {
-        l3d_be_copy_h2d(m->be, m->params, whole ? full : mine, (size_t)m->num_params * 4);
-        l3d_be_sync(m->be);
-    }
-    l3d_free(mine);
-    l3d_free(full);
-    return rc;
+    struct to_device d = {m->be, m->params};
+    struct l3d_ckpt_pieces q = {.piece = l3d_ckpt_strip(&m->cfg), .lo = 0, .hi = m->num_params,
+                                .put = put_device, .ctx = &d};
+    return hf_load_shard(path, &m->cfg, &m->shard, &q);
 }
 
 l3d_status l3d_model_file_load_pieces(const char *path, const struct l3d_gpt *m,
                                       const struct l3d_ckpt_pieces *q) {
     if (!l3d_hf_is_folder(path)) return l3d_ckpt_load_llmc_pieces(path, m, q);
-    /* a folder converts whole (l3d_hf_load): the full model on the host, then the slice */
-    int64_t n_full = l3d_gpt_param_count(&m->cfg);
-    bool whole = m->num_params == n_full;
-    float *full = l3d_try_alloc((size_t)n_full * sizeof(float), "model");
-    float *mine = whole || !full ? full
-                                 : l3d_try_alloc((size_t)m->num_params * sizeof(float), "shard");
-    l3d_status rc = L3D_OK;
-    if (!full || !mine)
-        rc = l3d_error(L3D_ERR_OOM, "%s: no host memory to read the %lld parameters", path,
-                       (long long)n_full);
-    if (rc == L3D_OK) rc = l3d_hf_load(path, &m->cfg, full);
-    if (rc == L3D_OK && !whole) l3d_gpt_full_to_shard(&m->cfg, &m->shard, full, mine);
-    for (int64_t off = q->lo, n; rc == L3D_OK && off < q->hi; off += n) {
-        n = q->hi - off < q->piece ? q->hi - off : q->piece;
-        q->put(q->ctx, off, n, mine + off);
-    }
-    if (mine != full) l3d_free(mine);
-    l3d_free(full);
-    return rc;
+    return hf_load_shard(path, &m->cfg, &m->shard, q);
 }

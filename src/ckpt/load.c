@@ -158,7 +158,6 @@ static l3d_status no_memory(const struct l3d_ckpt_manifest *mf, int64_t n, const
     return l3d_error(L3D_ERR_OOM, "%s: no memory to assemble the checkpoint's full model (%lld "
                      "parameters): %s", mf->path, (long long)n, hint);
 }
-#define NO_MEMORY_RESUME "resume on the layout it was saved under"
 
 static bool is_full(const struct l3d_model_spec *c, const struct l3d_shard *s) {
     struct l3d_shard f = l3d_shard_full(c);
@@ -220,8 +219,131 @@ static l3d_status check_no_nan(const struct l3d_ckpt_manifest *mf, const float *
     return L3D_OK;
 }
 
-/* A chunk's parameters: straight from a file of the same shard (staged to the device), else cut
- * from the full model assembled on the host, checked there, then copied to the device. */
+/* The checkpoint as a source of the full model's rows (struct l3d_ckpt_rows): each distinct
+ * shard of its files in turn (a later one over an earlier, as l3d_gpt_shard_to_full places
+ * them) gives the rows of the strip it holds, read through one buffer of a strip. */
+struct rows_src {
+    const struct l3d_ckpt_manifest *mf;
+    int sel;          /* 0 parameters, 1 AdamW m, 2 v (fp32: the types were checked) */
+    float *tmp;       /* a strip */
+    int64_t *bytes;
+};
+
+/* Elements [y0, y1) of shard file f's flat space (sel's) into dst: from the last file of its
+ * shard holding parameters (sel 0), or each file's moment range met (sel > 0). */
+static l3d_status read_flat(const struct rows_src *s, int f, int64_t y0, int64_t y1,
+                            float *dst) {
+    const struct l3d_ckpt_manifest *mf = s->mf;
+    char path[L3D_CKPT_PATH_CAP];
+    l3d_status st = L3D_OK;
+    int last = -1;
+    for (int g = f; s->sel == 0 && g < mf->nfiles; g++)
+        if (mf->files[g].params && same_shard(&mf->files[g].shard, &mf->files[f].shard)) last = g;
+    for (int g = f; st == L3D_OK && g < mf->nfiles; g++) {
+        const struct l3d_ckpt_mf_file *q = &mf->files[g];
+        if (!same_shard(&q->shard, &mf->files[f].shard) || (s->sel == 0 && g != last)) continue;
+        int64_t lo = s->sel == 0 ? 0 : q->opt_start;
+        int64_t hi = s->sel == 0 ? INT64_MAX : q->opt_start + q->opt_count;
+        int64_t a = y0 > lo ? y0 : lo, b = y1 < hi ? y1 : hi;
+        if (a >= b) continue;
+        int64_t base = s->sel == 0 ? mf->header : s->sel == 1 ? off_m(mf, q) : off_v(mf, q);
+        file_path(mf, g, path, sizeof path);
+        st = l3d_ckpt_read_at(path, base + (a - lo) * (int64_t)sizeof(float), dst + (a - y0),
+                              (size_t)(b - a) * sizeof(float));
+        *s->bytes += (b - a) * (int64_t)sizeof(float);
+    }
+    return st;
+}
+
+static l3d_status ckpt_rows(void *ctx, int t, int64_t layer, int64_t r0, int64_t n, float *out) {
+    const struct rows_src *s = ctx;
+    const struct l3d_ckpt_manifest *mf = s->mf;
+    const struct l3d_model_spec *c = &mf->cfg;
+    struct l3d_tensor_info ts[L3D_NUM_TENSORS], tf[L3D_NUM_TENSORS];
+    struct l3d_shard fs = l3d_shard_full(c);
+    l3d_gpt_plan_tensors(c, &fs, tf);
+    const int64_t fc = tf[t].cols;
+    memset(out, 0xff, (size_t)(n * fc) * sizeof(float)); /* NaN where no file holds it */
+    l3d_status st = L3D_OK;
+    for (int f = 0; st == L3D_OK && f < mf->nfiles; f++) {
+        const struct l3d_shard *sh = &mf->files[f].shard;
+        bool first = true; /* the first file of this shard does the whole shard */
+        for (int q = 0; q < f; q++) first &= !same_shard(&mf->files[q].shard, sh);
+        l3d_gpt_plan_tensors(c, sh, ts);
+        const struct l3d_tensor_info *a = &ts[t];
+        int64_t l = layer - (l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0);
+        if (!first || a->count == 0 || l < 0 || l >= a->layers) continue;
+        int64_t ra = 0, rb, gr, gc;
+        for (;; ra++) { /* the shard's rows in [r0, r0 + n): a run (rows only grow) */
+            if (ra == a->rows) break;
+            l3d_gpt_global_rc(c, sh, t, ra, 0, &gr, &gc);
+            if (gr >= r0) break;
+        }
+        for (rb = ra; rb < a->rows; rb++) {
+            l3d_gpt_global_rc(c, sh, t, rb, 0, &gr, &gc);
+            if (gr >= r0 + n) break;
+        }
+        if (ra == rb) continue;
+        int64_t y0 = a->offset + (l * a->rows + ra) * a->cols, y1 = y0 + (rb - ra) * a->cols;
+        if (is_full(c, sh)) { /* its rows are the full rows: read in place */
+            l3d_gpt_global_rc(c, sh, t, ra, 0, &gr, &gc);
+            st = read_flat(s, f, y0, y1, out + (gr - r0) * fc);
+            continue;
+        }
+        memset(s->tmp, 0xff, (size_t)(y1 - y0) * sizeof(float));
+        st = read_flat(s, f, y0, y1, s->tmp);
+        for (int64_t i = ra; st == L3D_OK && i < rb; i++)
+            for (int64_t k = 0; k < a->cols; k++) {
+                l3d_gpt_global_rc(c, sh, t, i, k, &gr, &gc);
+                out[(gr - r0) * fc + gc] = s->tmp[(i - ra) * a->cols + k];
+            }
+    }
+    return st;
+}
+
+/* Elements [q->lo, q->hi) of a chunk's parameters (sel 0) or moments (1, 2) from a checkpoint of
+ * other shards, a strip at a time (l3d_ckpt_reshard). */
+static l3d_status reshard(const struct l3d_ckpt_manifest *mf, const struct l3d_gpt *m, int sel,
+                          const struct l3d_ckpt_pieces *q, int64_t *bytes) {
+    if ((sel == 0 ? mf->pdt : mf->mdt) != L3D_F32) /* re-slicing works on fp32 host copies */
+        return l3d_error(L3D_ERR_FORMAT, "%s stores the parameters as %s: only fp32 checkpoints "
+                         "load on another layout than their own; resume on the layout it was "
+                         "saved under", mf->path, l3d_dtype_name(mf->pdt));
+    struct rows_src s = {mf, sel, l3d_try_alloc((size_t)l3d_ckpt_strip(&mf->cfg) *
+                                                sizeof(float), "checkpoint rows"), bytes};
+    if (!s.tmp) return no_memory(mf, l3d_ckpt_strip(&mf->cfg), "free host memory");
+    struct l3d_ckpt_rows src = {ckpt_rows, &s};
+    l3d_status st = l3d_ckpt_reshard(&mf->cfg, &m->shard, &src, q,
+                                     sel == 0 ? "parameter" : sel == 1 ? "AdamW m" : "AdamW v",
+                                     mf->path);
+    l3d_free(s.tmp);
+    return st;
+}
+
+struct to_device {
+    struct l3d_backend *be;
+    char *dst;        /* element lo of the range */
+    int64_t lo;
+};
+
+static void put_device(void *ctx, int64_t off, int64_t n, const float *host) {
+    const struct to_device *d = ctx;
+    l3d_be_copy_h2d(d->be, d->dst + (off - d->lo) * (int64_t)sizeof(float), host,
+                    (size_t)n * sizeof(float));
+    l3d_be_sync(d->be); /* before host is refilled */
+}
+
+/* The elements [lo, hi) of a chunk's flat space into dst (device, fp32) a strip at a time. */
+static l3d_status reshard_device(const struct l3d_ckpt_manifest *mf, const struct l3d_gpt *m,
+                                 int sel, void *dst, int64_t lo, int64_t hi, int64_t *bytes) {
+    struct to_device d = {m->be, dst, lo};
+    struct l3d_ckpt_pieces q = {.piece = l3d_ckpt_strip(&mf->cfg), .lo = lo, .hi = hi,
+                                .put = put_device, .ctx = &d};
+    return reshard(mf, m, sel, &q, bytes);
+}
+
+/* A chunk's parameters: straight from a file of the same shard (staged to the device), else
+ * resharded a strip at a time. */
 static l3d_status load_params(const struct l3d_ckpt_manifest *mf, struct l3d_gpt *m,
                               int64_t *bytes) {
     char path[L3D_CKPT_PATH_CAP];
@@ -234,34 +356,11 @@ static l3d_status load_params(const struct l3d_ckpt_manifest *mf, struct l3d_gpt
                                         (size_t)(m->num_params * l3d_ckpt_psize(mf)));
         }
     }
-    if (mf->pdt != L3D_F32) /* re-slicing works on fp32 host copies */
-        return l3d_error(L3D_ERR_FORMAT, "%s stores the parameters as %s: only fp32 checkpoints "
-                         "load on another layout than their own; resume on the layout it was "
-                         "saved under", mf->path, l3d_dtype_name(mf->pdt));
-    const size_t nb = (size_t)m->num_params * sizeof(float);
-    int64_t N = l3d_gpt_param_count(&mf->cfg);
-    bool whole = is_full(&mf->cfg, &m->shard); /* then full is the chunk's buffer already */
-    float *full = alloc_nan(N, "checkpoint full model");
-    float *mine = whole ? full : full ? l3d_try_alloc(nb, "checkpoint shard") : NULL;
-    if (!mine) {
-        l3d_free(full);
-        return no_memory(mf, N, NO_MEMORY_RESUME);
-    }
-    l3d_status st = assemble_full(mf, 0, full, bytes);
-    if (st == L3D_OK) {
-        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
-        st = check_no_nan(mf, mine, m->num_params, "parameter");
-    }
-    if (st == L3D_OK) l3d_be_copy_h2d(m->be, m->params, mine, nb);
-    l3d_be_sync(m->be);
-    if (!whole) l3d_free(mine);
-    l3d_free(full);
-    return st;
+    return reshard_device(mf, m, 0, m->params, 0, m->num_params, bytes);
 }
 
 /* A chunk's parameters [lo, hi) handed over a piece at a time (pieces): read from a file of the
- * same shard through one host buffer of a piece, else cut from the full model assembled on the
- * host (as load_params) and handed over from there. */
+ * same shard through one host buffer of a piece, else resharded a strip at a time. */
 static l3d_status load_pieces(const struct l3d_ckpt_manifest *mf, const struct l3d_gpt *m,
                               const struct l3d_ckpt_pieces *q, int64_t *bytes) {
     L3D_ASSERT(l3d_ckpt_psize(mf) == sizeof(float)); /* a view's type (checked) */
@@ -284,31 +383,12 @@ static l3d_status load_pieces(const struct l3d_ckpt_manifest *mf, const struct l
         l3d_free(buf);
         return st;
     }
-    int64_t N = l3d_gpt_param_count(&mf->cfg);
-    bool whole = is_full(&mf->cfg, &m->shard);
-    float *full = alloc_nan(N, "checkpoint full model");
-    float *mine = whole ? full
-                : full  ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
-                        : NULL;
-    if (!mine) {
-        l3d_free(full);
-        return no_memory(mf, N, NO_MEMORY_RESUME);
-    }
-    st = assemble_full(mf, 0, full, bytes);
-    if (st == L3D_OK && !whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
-    if (st == L3D_OK) st = check_no_nan(mf, mine + q->lo, q->hi - q->lo, "parameter");
-    for (int64_t off = q->lo, n; st == L3D_OK && off < q->hi; off += n) {
-        n = q->hi - off < q->piece ? q->hi - off : q->piece;
-        q->put(q->ctx, off, n, mine + off);
-    }
-    if (!whole) l3d_free(mine);
-    l3d_free(full);
-    return st;
+    return reshard(mf, m, 0, q, bytes);
 }
 
 /* A chunk's optimizer range: from the files of the same shard (their ranges intersected with
- * ours, staged to the device), else cut from the full model's moments on the host. The moments
- * live on the chunk's device (m->be). */
+ * ours, staged to the device), else resharded a strip at a time. The moments live on the
+ * chunk's device (m->be). */
 static l3d_status load_moments(const struct l3d_ckpt_manifest *mf, const struct l3d_gpt *m,
                                struct l3d_adamw *opt, int64_t *bytes) {
     int64_t s0 = opt->start, s1 = opt->start + opt->n, covered = 0;
@@ -340,29 +420,8 @@ static l3d_status load_moments(const struct l3d_ckpt_manifest *mf, const struct 
                            mf->path, (long long)covered, (long long)opt->n);
         return st;
     }
-    int64_t N = l3d_gpt_param_count(&mf->cfg);
-    bool whole = is_full(&mf->cfg, &m->shard); /* then full is this rank's layout already */
-    float *full = alloc_nan(N, "checkpoint full model");
-    float *mine = whole ? full
-                : full  ? l3d_try_alloc((size_t)m->num_params * sizeof(float), "checkpoint shard")
-                        : NULL;
-    if (!mine) {
-        l3d_free(full);
-        return no_memory(mf, N, NO_MEMORY_RESUME);
-    }
-    for (int sel = 1; st == L3D_OK && sel <= 2; sel++) {
-        if (sel == 2) memset(full, 0xff, (size_t)N * sizeof(float));
-        st = assemble_full(mf, sel, full, bytes);
-        if (st != L3D_OK) break;
-        if (!whole) l3d_gpt_full_to_shard(&mf->cfg, &m->shard, full, mine);
-        st = check_no_nan(mf, mine + s0, opt->n, sel == 1 ? "AdamW m" : "AdamW v");
-        if (st == L3D_OK)
-            l3d_be_copy_h2d(m->be, sel == 1 ? opt->m : opt->v, mine + s0,
-                            (size_t)opt->n * sizeof(float));
-        l3d_be_sync(m->be); /* before full and mine are refilled or freed */
-    }
-    if (!whole) l3d_free(mine);
-    l3d_free(full);
+    for (int sel = 1; st == L3D_OK && sel <= 2; sel++)
+        st = reshard_device(mf, m, sel, sel == 1 ? opt->m : opt->v, s0, s1, bytes);
     return st;
 }
 

@@ -362,31 +362,37 @@ l3d_status l3d_st_open_dir(struct l3d_st *st, const char *dir) {
     return rc;
 }
 
-l3d_status l3d_st_read_f32(const struct l3d_st *st, const struct l3d_st_tensor *t, float *out) {
+l3d_status l3d_st_read_f32_range(const struct l3d_st *st, const struct l3d_st_tensor *t,
+                                 int64_t first, int64_t count, float *out) {
     const char *path = st->files[t->file];
     if (!t->handled)
         return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has dtype %s; llm3d reads F32, BF16 and "
                          "F16 weights", path, t->name, t->dtype_name);
+    L3D_ASSERT(first >= 0 && count >= 0 && first + count <= t->count);
     l3d_status rc = L3D_OK;
     if (t->dtype == L3D_F32) {
-        rc = l3d_ckpt_read_at(path, t->offset, out, (size_t)t->bytes);
+        rc = l3d_ckpt_read_at(path, t->offset + 4 * first, out, (size_t)count * 4);
     } else { /* 16-bit: a staging buffer at a time, widened */
         const int64_t chunk = 1 << 22;
-        uint16_t *h = l3d_alloc((size_t)(t->count < chunk ? t->count : chunk) * 2 + 2, "stage");
-        for (int64_t i = 0, k; rc == L3D_OK && i < t->count; i += k) {
-            k = t->count - i < chunk ? t->count - i : chunk;
-            rc = l3d_ckpt_read_at(path, t->offset + 2 * i, h, (size_t)k * 2);
+        uint16_t *h = l3d_alloc((size_t)(count < chunk ? count : chunk) * 2 + 2, "stage");
+        for (int64_t i = 0, k; rc == L3D_OK && i < count; i += k) {
+            k = count - i < chunk ? count - i : chunk;
+            rc = l3d_ckpt_read_at(path, t->offset + 2 * (first + i), h, (size_t)k * 2);
             for (int64_t j = 0; rc == L3D_OK && j < k; j++)
                 out[i + j] = t->dtype == L3D_BF16 ? l3d_bf16_to_f32(h[j]) : l3d_f16_to_f32(h[j]);
         }
         l3d_free(h);
     }
-    for (int64_t i = 0; rc == L3D_OK && i < t->count; i++)
+    for (int64_t i = 0; rc == L3D_OK && i < count; i++)
         if (!isfinite(out[i]))
             rc = l3d_error(L3D_ERR_FORMAT, "%s: tensor %s: element %lld of %lld is %s: the file is "
-                           "damaged or its run diverged", path, t->name, (long long)i,
+                           "damaged or its run diverged", path, t->name, (long long)(first + i),
                            (long long)t->count, isnan(out[i]) ? "NaN" : "infinite");
     return rc;
+}
+
+l3d_status l3d_st_read_f32(const struct l3d_st *st, const struct l3d_st_tensor *t, float *out) {
+    return l3d_st_read_f32_range(st, t, 0, t->count, out);
 }
 
 /* ---- the writer --------------------------------------------------------------------------- */

@@ -670,6 +670,11 @@ static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *
     }
 }
 
+void l3d_gpt_global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t,
+                       int64_t r, int64_t c, int64_t *gr, int64_t *gc) {
+    global_rc(cfg, s, t, r, c, gr, gc);
+}
+
 /* Copies between a shard's flat layout and the full model's: to_full, or back. */
 static void shard_copy(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, float *shard,
                        float *full, bool to_full) {

@@ -46,6 +46,21 @@ check "--init-from FOLDER = --init-from model.bin (2 steps on)" cmp "$dir/initbi
 train inittpbin 2 2 --init-from "$model" --steps 2 --tp 2 && train inittp 2 2 --init-from "$dir/hfs" --steps 2 --tp 2
 check "  ... on tp 2 (each rank its slice), from the sharded folder" cmp "$dir/inittpbin/model.bin" "$dir/inittp/model.bin"
 check "  ... and its folder (gathered) = its model.bin" oracle check "$dir/inittp" "$dir/inittp/model.bin"
+# ... and no rank holds the whole model on the host: a tp 2 run from a folder (256 channels, 4
+# layers: 12.9 MB of fp32) peaks where the same run from the seed does (it read the folder whole
+# on every rank and cut its slice: 7.5 MB more); its weights those of the llm.c file's
+peak() { sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$1.log"; }
+BIG=(--channels 256 --layers 4 --steps 1)
+if train bigsrc 0 1 "${BIG[@]}" > "$dir/bigsrc.log" 2>&1 &&
+    train bigseed 2 1 "${BIG[@]}" --tp 2 > "$dir/bigseed.log" 2>&1 &&
+    train bigfold 2 1 "${BIG[@]}" --tp 2 --init-from "$dir/bigsrc" > "$dir/bigfold.log" 2>&1 &&
+    train bigbin 2 1 "${BIG[@]}" --tp 2 --init-from "$dir/bigsrc/model.bin" > "$dir/bigbin.log" 2>&1 &&
+    cmp "$dir/bigfold/model.bin" "$dir/bigbin/model.bin" &&
+    [ "$(peak bigfold)" -le "$(($(peak bigseed) + 65536))" ]; then
+    ok "tp 2 --init-from a folder peaks at $(peak bigfold) bytes, from the seed $(peak bigseed)"
+else
+    bad "tp 2 --init-from a folder peaks at $(peak bigfold) bytes, from the seed $(peak bigseed)"
+fi
 train savebf 0 2 --init-from "$model" --steps 2 --save-dtype bf16
 check "--save-dtype bf16: the run's weights rounded" oracle check "$dir/savebf" "$dir/savebf/model.bin" --dtype BF16
 expect_error "--init-from the folder --out writes into" "--init-from .*/inithf is the folder --out writes" \
