@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm3d/hf.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/plan.h"
 #include "train/train-impl.h"
@@ -241,7 +242,19 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
         if (piece > 4.0 * big) piece = 4.0 * big;
         c->gather = 4.0 * big + (tc->save_dtype == L3D_F32 ? 0.0 : 2.0 * big) + 2.0 * piece;
     }
-    c->bytes = c->mem.total + c->gather + micro_extras(tc, c, &c->sched);
+    /* a resume re-sliced from another layout, or --init-from a Hugging Face folder
+     * (src/ckpt/reshard.c): three host strips of rows (the full rows, this rank's cut, the read
+     * buffer), each at most a staging piece and at most one layer of the largest tensor; counted
+     * for every resume (the layout of the checkpoint is read later) */
+    double strips = 0.0;
+    if (tc->resume || (tc->init_from && l3d_hf_is_folder(tc->init_from))) {
+        const struct l3d_model_spec *m = &tc->model;
+        double rows = m->Vp > 2.0 * m->ffn ? m->Vp : 2.0 * m->ffn;
+        if (3.0 * m->C > rows) rows = 3.0 * m->C;
+        double layer = 4.0 * m->C * rows, piece = (double)l3d_ckpt_stage_bytes();
+        strips = 3.0 * (layer < piece ? layer : piece);
+    }
+    c->bytes = c->mem.total + c->gather + strips + micro_extras(tc, c, &c->sched);
 }
 
 static int cmp_cand(const void *a, const void *b) {

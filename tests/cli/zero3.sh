@@ -97,13 +97,14 @@ run ck1 0 4 1 --layers 2 --save-every 4 &&
 run ck3 2 2 1 --layers 2 --zero 3 --save-every 3 &&
     resumed ck3_resumed ck3 2 2 3 --layers 2 --zero 3 && same ck3_resumed dp2 0
 
-# the memory check: 8 layers on 2 ranks need 8.4-8.5 MiB a rank under ZeRO-2, 8.1 under ZeRO-3
-# (16N/dp with two gather buffers; both with model.bin's gather on rank 0). A node of 16.5 MiB
-# refuses ZeRO-2 and names --zero 3, which trains there (the plan used to count a whole fp32
-# copy always, and so never offered ZeRO-3 in place of ZeRO-2)
-node=17301504
+# the memory check: 8 layers on 2 ranks need 7.0 MiB a rank under ZeRO-2, 6.7 under ZeRO-3
+# (16N/dp with two gather buffers; both with --out's writers on rank 0: 0.2 MiB since they take
+# the model a unit of rows at a time, 1.6 MiB more when they gathered it whole). A node of
+# 13.7 MiB refuses ZeRO-2 and names --zero 3, which trains there (the plan used to count a whole
+# fp32 copy always, and so never offered ZeRO-3 in place of ZeRO-2)
+node=14365491
 L3D_TEST_MEM_AVAILABLE=$node expect_error --once "a node of 16.5 MiB: ZeRO-2 refused, ZeRO-3 named" \
-    "ZeRO-2, .* needs 8\.[4-9] MiB on rank 0 .*that fit: --zero 3 (8\.[0-2] MiB)" \
+    "ZeRO-2, .* needs 7\.[0-1] MiB on rank 0 .*that fit: --zero 3 (6\.[6-8] MiB)" \
     train mem_z2 2 2 --layers 8 --zero 2
 if L3D_TEST_MEM_AVAILABLE=$node train mem_z3 2 2 --layers 8 --zero 3 > "$dir/mem_z3.log" 2>&1; then
     ok "... and ZeRO-3 trains on it"
@@ -112,10 +113,9 @@ else
 fi
 # saving, ZeRO-3 moves the fp32 parameters a piece at a time (at most the checkpoint's staging,
 # 64 MiB): a device piece on DP rank 0 and the writer's host piece, both the whole model here
-# (1.6 MiB each: refused), or 16 KiB each with 16 KiB pieces: it trains on that node (a whole
-# fp32 copy on DP rank 0, the previous save, needed 9.7 MiB there)
+# (1.6 MiB each: 9.9 MiB, refused), or 16 KiB each with 16 KiB pieces: it trains on that node
 L3D_TEST_MEM_AVAILABLE=$node expect_error --once "... saving with pieces of the whole model: refused" \
-    "ZeRO-3, .* needs 11\.[0-9] MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
+    "ZeRO-3, .* needs 9\.[0-9] MiB on rank 0" train mem_z3_save 2 2 --layers 8 --zero 3 --save-every 1
 if L3D_CKPT_TEST_STAGE=16384 L3D_TEST_MEM_AVAILABLE=$node train mem_z3_save16k 2 2 --layers 8 \
     --zero 3 --save-every 1 > "$dir/mem_z3_save16k.log" 2>&1; then
     ok "... with 16 KiB pieces it saves on that node: $(grep '^memory check' "$dir/mem_z3_save16k.log")"
@@ -188,6 +188,19 @@ if [ -d "$z3ck" ] && resumed pk_one pk_save 0 4 $steps --layers 8 --save-every 1
 else
     bad "no ZeRO-3 checkpoint to compare, or it did not resume on one process"
 fi
+
+# --out under ZeRO-3: rank 0 writes model.bin and the folder a unit of rows at a time, never the
+# whole model (it gathered the model whole: 0.83M parameters, 3.2 MiB, and the largest tensor);
+# what it writes is the model its checkpoint holds (another path: the checkpoint's pieces)
+loud=()
+for f in "${TRAIN_FLAGS[@]}"; do [ "$f" = --quiet ] || loud+=("$f"); done
+OMP_NUM_THREADS=1 bounded "$mpiexec" -n 2 "$bin" train "${loud[@]}" --batch 2 --zero 3 --layers 4 \
+    --channels 128 --steps 1 --save-every 1 --out "$dir/outw" > "$dir/outw.log" 2>&1
+took=$(sed -n 's/.*the writers took \([0-9.]*\) MiB.*/\1/p' "$dir/outw.log")
+check "--out under ZeRO-3: the writers took ${took:-?} MiB, under half the model's 3.2 MiB" \
+    less_than "${took:-x}" 1.6
+check "  ... its model.bin is its checkpoint's model" \
+    sh -c "'$bin' convert '$dir/outw/checkpoints' '$dir/outw-ck.bin' > /dev/null && cmp '$dir/outw/model.bin' '$dir/outw-ck.bin'"
 
 # bad input: one message each
 expect_error --once "prefetch without ZeRO-3" "\-\-zero3-prefetch 2" train bad 2 2 --zero 1 --zero3-prefetch 2
