@@ -93,6 +93,56 @@ static void test_schedules(void) {
     CHECK_NEAR(l3d_pp_bubble(4, 2, 8), 3.0 / 19.0, 1e-15);
 }
 
+/* The forwards each stage of a built schedule runs before its first backward: the warm-up
+ * (l3d_pp_warmup) and one more when any is left, which is l3d_pp_in_flight with a pipeline; the
+ * simulation's most in flight agrees. */
+static void check_warmup(enum l3d_pp_kind kind, int pp, int v, int m) {
+    struct l3d_pp_schedule s;
+    struct l3d_pp_sim sim;
+    CHECK(l3d_pp_schedule_build(&s, kind, pp, v, m) == L3D_OK);
+    CHECK(l3d_pp_simulate(&s, 1.0, 2.0, &sim) == L3D_OK);
+    for (int r = 0; r < pp; r++) {
+        int64_t fwd = 0, total = (int64_t)m * v, warm = l3d_pp_warmup(kind, pp, r, v, m);
+        for (int i = 0; i < s.n[r] && s.acts[r][i].op != L3D_PP_BWD; i++)
+            fwd += s.acts[r][i].op == L3D_PP_FWD;
+        bool ok = fwd == (warm < total ? warm + 1 : total);
+        if (pp > 1) ok = ok && fwd == l3d_pp_in_flight(kind, pp, r, v, m) &&
+                         sim.max_in_flight[r] == fwd;
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "  %s pp %d v %d m %d stage %d: %lld forwards before the first "
+                    "backward, warm-up %lld, in flight %lld, simulated %d\n",
+                    l3d_pp_kind_name(kind), pp, v, m, r, (long long)fwd, (long long)warm,
+                    (long long)l3d_pp_in_flight(kind, pp, r, v, m), sim.max_in_flight[r]);
+    }
+    l3d_pp_schedule_free(&s);
+}
+
+static void test_warmup(void) {
+    for (int pp = 1; pp <= 8; pp++)
+        for (int m = 1; m <= 24; m++) { /* m < pp among them */
+            check_warmup(L3D_PP_GPIPE, pp, 1, m);
+            check_warmup(L3D_PP_1F1B, pp, 1, m);
+            for (int v = 2; v <= 4; v++)
+                if (pp >= 2 && m % pp == 0) check_warmup(L3D_PP_INTERLEAVED, pp, v, m);
+        }
+    /* the values: GPipe all m v; 1F1B pp - r - 1, at most m; interleaved 2 (pp - r - 1) +
+     * (v - 1) pp, at most m v; no pipeline: one micro-batch in flight */
+    CHECK(l3d_pp_warmup(L3D_PP_GPIPE, 4, 0, 1, 8) == 8);
+    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 0, 1, 6) == 3);
+    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 3, 1, 6) == 0);
+    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 0, 1, 2) == 2);
+    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 4, 0, 1, 2) == 2);
+    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 4, 1, 1, 6) == 3);
+    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 0, 2, 8) == 10);
+    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 3, 2, 8) == 4);
+    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 0, 3, 4) == 12);
+    CHECK(l3d_pp_in_flight(L3D_PP_INTERLEAVED, 4, 0, 2, 8) == 11);
+    CHECK(l3d_pp_in_flight(L3D_PP_INTERLEAVED, 4, 0, 3, 4) == 12);
+    CHECK(l3d_pp_in_flight(L3D_PP_GPIPE, 1, 0, 1, 8) == 1);
+    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 1, 0, 1, 8) == 1);
+}
+
 /* 1F1B's shape on stage 0 of 4 with 6 micro-batches: 3 warm-up forwards, then F3 B0 F4 B1 F5 B2,
  * then B3 B4 B5; interleaving lowers stage 0's idle time below 1F1B's. */
 static void test_shapes(void) {
@@ -220,6 +270,7 @@ static void test_partition(void) {
 
 int main(void) {
     test_schedules();
+    test_warmup();
     test_shapes();
     test_broken();
     test_partition();

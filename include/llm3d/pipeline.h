@@ -84,6 +84,16 @@ void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
 size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only);
 /* The actions of stage r in a built schedule (n[r]), in closed form. */
 int64_t l3d_pp_schedule_actions(int pp, int v, int64_t m, int r, bool fwd_only);
+/* Warm-up forwards of stage r (forwards of chunks before its steady state; GPipe: all of them):
+ * GPipe m v, 1F1B pp - r - 1, interleaved 2 (pp - r - 1) + (v - 1) pp (Megatron-LM), at most the
+ * m v forwards of the step. The stage's first backward follows one more forward when any is
+ * left: min(warm-up + 1, m v) forwards before it. */
+int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m);
+/* Micro-batches of chunks in flight on stage r at most (all its chunks together): the forwards
+ * before its first backward, min(l3d_pp_warmup + 1, m v): GPipe m, 1F1B min(pp - r, m)
+ * (Narayanan et al. 2021, sec. 2.2.1); 1 with pp = 1 (no pipeline: each micro-batch's backward
+ * follows its forward). */
+int64_t l3d_pp_in_flight(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m);
 /* Idle fraction of an ideal timeline (equal stages, free communication): (pp-1) / (v m + pp-1). */
 double l3d_pp_bubble(int pp, int v, int m);
 

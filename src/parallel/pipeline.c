@@ -24,6 +24,23 @@ l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind) {
     return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b or interleaved", name);
 }
 
+int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
+    int64_t total = m * v, warm;
+    if (kind == L3D_PP_GPIPE)
+        warm = total;
+    else if (kind == L3D_PP_1F1B)
+        warm = pp - r - 1;
+    else
+        warm = 2LL * (pp - r - 1) + (int64_t)(v - 1) * pp;
+    return warm < total ? warm : total;
+}
+
+int64_t l3d_pp_in_flight(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
+    if (pp == 1) return 1;
+    int64_t f = l3d_pp_warmup(kind, pp, r, v, m) + 1;
+    return f < m * v ? f : m * v;
+}
+
 double l3d_pp_bubble(int pp, int v, int m) {
     return (double)(pp - 1) / ((double)v * m + pp - 1);
 }
@@ -69,14 +86,7 @@ static void nth(const struct l3d_pp_schedule *s, bool fwd, int k, int *micro, in
 }
 
 static void build_stage(struct l3d_pp_schedule *s, int r) {
-    int total = s->m * s->v, warm;
-    if (s->kind == L3D_PP_GPIPE)
-        warm = total;
-    else if (s->kind == L3D_PP_1F1B)
-        warm = s->pp - r - 1;
-    else
-        warm = 2 * (s->pp - r - 1) + (s->v - 1) * s->pp;
-    if (warm > total) warm = total;
+    int total = s->m * s->v, warm = (int)l3d_pp_warmup(s->kind, s->pp, r, s->v, s->m);
     struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
     int mi, ch;
     for (int k = 0; k < warm; k++) {

@@ -10,18 +10,6 @@
 #include "llm3d/layout.h"
 #include "plan-impl.h"
 
-/* Micro-batches in flight on rank r (all its chunks together), Megatron-LM's schedules:
- * GPipe keeps all m; 1F1B min(p - r, m) (Narayanan et al. 2021, sec. 2.2.1); interleaved
- * 1F1B runs 2 (p - r - 1) + (v - 1) p warm-up forwards of chunks, then one more before its first
- * backward. */
-static int in_flight(enum l3d_pp_kind k, int p, int v, int64_t m, int r) {
-    if (p == 1) return 1;
-    if (k == L3D_PP_GPIPE) return (int)m;
-    if (k == L3D_PP_1F1B) return (int)(m < p - r ? m : p - r);
-    int64_t w = 2LL * (p - r - 1) + (int64_t)(v - 1) * p + 1;
-    return (int)(w < m * v ? w : m * v);
-}
-
 /* Activation bytes a layer keeps per micro-batch in 16-bit training, Korthikanti et al. 2022,
  * Table 2 (dropout included; 34 s b h and 5 a s^2 b per layer without parallelism). Their 34 is
  * 10 s b h not split by TP (LayerNorm inputs, the attention and MLP inputs' halves kept by both,
@@ -124,7 +112,7 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
         if (fp32 && slots)
             out[k].slots = slots[r * lay->v + k];
         else {
-            int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+            int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
             out[k].slots = (f + lay->v - 1) / lay->v;
         }
         shape_find(memo, layers[vs], start[vs], &out[k]);
@@ -243,7 +231,7 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32);
     double n = 0, acts = 0;
-    int f = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+    int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
     double per_chunk_layers = 0;
     for (int k = 0; k < lay->v; k++) {
         n += (double)ch[k].n;
@@ -292,7 +280,7 @@ void l3d_plan_rank_memory(const struct l3d_model_spec *m, const struct l3d_plan_
     mem->other += transient;
     mem->total = mem->params + mem->grads + mem->optimizer + mem->activations + mem->other;
     mem->stage = r;
-    mem->in_flight = in_flight(lay->schedule, lay->pp, lay->v, mm, r);
+    mem->in_flight = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
 }
 
 void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_plan_run *run,

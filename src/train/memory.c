@@ -203,8 +203,7 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
     *sched = (double)l3d_pp_schedule_bytes(pp, v, m, false);
     if (vb > 0) *sched += (double)l3d_pp_schedule_bytes(pp, v, vb, true);
     enum l3d_pp_kind kind = cand_schedule(tc, c);
-    int64_t slots = pp == 1 ? 1 : kind == L3D_PP_GPIPE ? m : kind == L3D_PP_1F1B ? pp
-                  : 2LL * (pp - 1) + (int64_t)(v - 1) * pp + 1;
+    int64_t slots = l3d_pp_in_flight(kind, pp, 0, v, m); /* stage 0 holds the most */
     if (slots > m) slots = m;
     double b = *sched + 2.0 * v * (double)slots * sizeof(l3d_req);
     int64_t planned = m > 8 ? m : 8, held = m > tc->val_batches ? m : tc->val_batches;
