@@ -128,19 +128,21 @@ static void test_warmup(void) {
         }
     /* the values: GPipe all m v; 1F1B pp - r - 1, at most m; interleaved 2 (pp - r - 1) +
      * (v - 1) pp, at most m v; no pipeline: one micro-batch in flight */
-    CHECK(l3d_pp_warmup(L3D_PP_GPIPE, 4, 0, 1, 8) == 8);
-    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 0, 1, 6) == 3);
-    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 3, 1, 6) == 0);
-    CHECK(l3d_pp_warmup(L3D_PP_1F1B, 4, 0, 1, 2) == 2);
-    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 4, 0, 1, 2) == 2);
-    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 4, 1, 1, 6) == 3);
-    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 0, 2, 8) == 10);
-    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 3, 2, 8) == 4);
-    CHECK(l3d_pp_warmup(L3D_PP_INTERLEAVED, 4, 0, 3, 4) == 12);
-    CHECK(l3d_pp_in_flight(L3D_PP_INTERLEAVED, 4, 0, 2, 8) == 11);
-    CHECK(l3d_pp_in_flight(L3D_PP_INTERLEAVED, 4, 0, 3, 4) == 12);
-    CHECK(l3d_pp_in_flight(L3D_PP_GPIPE, 1, 0, 1, 8) == 1);
-    CHECK(l3d_pp_in_flight(L3D_PP_1F1B, 1, 0, 1, 8) == 1);
+    static const struct {
+        enum l3d_pp_kind kind;
+        int pp, r, v, m, warm, in_flight;
+    } want[] = {
+        {L3D_PP_GPIPE, 4, 0, 1, 8, 8, 8},        {L3D_PP_1F1B, 4, 0, 1, 6, 3, 4},
+        {L3D_PP_1F1B, 4, 1, 1, 6, 2, 3},         {L3D_PP_1F1B, 4, 3, 1, 6, 0, 1},
+        {L3D_PP_1F1B, 4, 0, 1, 2, 2, 2},         {L3D_PP_INTERLEAVED, 4, 0, 2, 8, 10, 11},
+        {L3D_PP_INTERLEAVED, 4, 3, 2, 8, 4, 5},  {L3D_PP_INTERLEAVED, 4, 0, 3, 4, 12, 12},
+        {L3D_PP_GPIPE, 1, 0, 1, 8, 8, 1},        {L3D_PP_1F1B, 1, 0, 1, 8, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        int64_t w = l3d_pp_warmup(want[i].kind, want[i].pp, want[i].r, want[i].v, want[i].m);
+        int64_t f = l3d_pp_in_flight(want[i].kind, want[i].pp, want[i].r, want[i].v, want[i].m);
+        CHECK(w == want[i].warm && f == want[i].in_flight);
+    }
 }
 
 /* 1F1B's shape on stage 0 of 4 with 6 micro-batches: 3 warm-up forwards, then F3 B0 F4 B1 F5 B2,
