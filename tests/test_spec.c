@@ -291,6 +291,92 @@ static void test_architecture(void) {
     CHECK(l3d_gpt_config_finish(&bad) == L3D_OK);
 }
 
+/* Each field l3d_model_same compares makes two specs differ, alone; l3d_model_same_shapes
+ * leaves out the padded vocabulary, the epsilon and RoPE's scaling. */
+static void test_model_same(void) {
+    struct l3d_model_spec a = {.L = 2, .C = 64, .NH = 4, .V = 250, .Vp = 256, .maxT = 32,
+                               .ffn = 128, .arch = L3D_ARCH_LLAMA, .NKV = 2,
+                               .norm = L3D_NORM_RMSNORM, .norm_eps = 1e-5f,
+                               .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true,
+                               .untied = true};
+    a.rope = (struct l3d_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1,
+                               .high_freq_factor = 4, .original_context = 8192};
+    struct l3d_model_spec b = a;
+    strcpy(b.name, "other"); /* the name is no part of the model */
+    CHECK(l3d_model_same(&a, &b) && l3d_model_same_shapes(&a, &b));
+#define DIFFERS(field, value, shapes)                                                           \
+    do {                                                                                        \
+        struct l3d_model_spec c = a;                                                            \
+        c.field = value;                                                                        \
+        CHECK(!l3d_model_same(&a, &c) && !l3d_model_same(&c, &a));                              \
+        CHECK(l3d_model_same_shapes(&a, &c) == !(shapes));                                      \
+    } while (0)
+    DIFFERS(L, 3, true);
+    DIFFERS(C, 128, true);
+    DIFFERS(NH, 8, true);
+    DIFFERS(V, 251, true);
+    DIFFERS(maxT, 64, true);
+    DIFFERS(ffn, 192, true);
+    DIFFERS(arch, L3D_ARCH_GPT2, true);
+    DIFFERS(NKV, 4, true);
+    DIFFERS(norm, L3D_NORM_LAYERNORM, true);
+    DIFFERS(mlp, L3D_MLP_GELU, true);
+    DIFFERS(pos, L3D_POS_LEARNED, true);
+    DIFFERS(no_bias, false, true);
+    DIFFERS(untied, false, true);
+    DIFFERS(Vp, 320, false);
+    DIFFERS(norm_eps, 1e-6f, false);
+    DIFFERS(rope.theta, 10000, false);
+    DIFFERS(rope.factor, 4, false);
+    DIFFERS(rope.low_freq_factor, 2, false);
+    DIFFERS(rope.high_freq_factor, 8, false);
+    DIFFERS(rope.original_context, 4096, false);
+#undef DIFFERS
+    /* RoPE's fields count only with RoPE; ffn 0 is 4 C; NKV 0 is NH */
+    struct l3d_model_spec c = a, d;
+    c.pos = L3D_POS_LEARNED;
+    d = c;
+    d.rope.theta = 10000;
+    CHECK(l3d_model_same(&c, &d));
+    c = a, c.mlp = L3D_MLP_GELU, c.ffn = 256, d = c, d.ffn = 0;
+    CHECK(l3d_model_same(&c, &d));
+    c = a, c.NKV = 4, d = c, d.NKV = 0;
+    CHECK(l3d_model_same(&c, &d));
+}
+
+/* GPT-2's blocks whatever the MLP's width and epsilon; plain GPT-2 only with 4 C and 1e-5 (or 0,
+ * unfinished); each architecture field away from GPT-2's breaks both. */
+static void test_is_gpt2(void) {
+    struct l3d_model_spec g;
+    CHECK(l3d_model_preset(&g, "gpt2") == L3D_OK);
+    CHECK(l3d_model_gpt2_blocks(&g) && l3d_model_is_gpt2(&g));
+    struct l3d_model_spec c = g;
+    c.ffn = 2LL * g.C;
+    CHECK(l3d_model_gpt2_blocks(&c) && !l3d_model_is_gpt2(&c));
+    c = g, c.ffn = 0;
+    CHECK(l3d_model_is_gpt2(&c));
+    c = g, c.norm_eps = 1e-6f;
+    CHECK(l3d_model_gpt2_blocks(&c) && !l3d_model_is_gpt2(&c));
+    c = g, c.norm_eps = 0.0f;
+    CHECK(l3d_model_is_gpt2(&c));
+#define BREAKS(field, value)                                                                    \
+    do {                                                                                        \
+        c = g;                                                                                  \
+        c.field = value;                                                                        \
+        CHECK(!l3d_model_gpt2_blocks(&c) && !l3d_model_is_gpt2(&c));                            \
+    } while (0)
+    BREAKS(arch, L3D_ARCH_LLAMA);
+    BREAKS(NKV, g.NH / 2);
+    BREAKS(norm, L3D_NORM_RMSNORM);
+    BREAKS(mlp, L3D_MLP_SWIGLU);
+    BREAKS(pos, L3D_POS_ROPE);
+    BREAKS(no_bias, true);
+    BREAKS(untied, true);
+#undef BREAKS
+    c = g, c.NKV = g.NH; /* as many KV heads as heads: multi-head attention still */
+    CHECK(l3d_model_is_gpt2(&c));
+}
+
 int main(void) {
     test_layout_rules();
     test_batch_rules();
@@ -299,5 +385,7 @@ int main(void) {
     test_param_bytes();
     test_presets();
     test_architecture();
+    test_model_same();
+    test_is_gpt2();
     return TEST_REPORT();
 }

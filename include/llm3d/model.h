@@ -113,8 +113,16 @@ const char *l3d_arch_name(enum l3d_arch arch);
 bool l3d_arch_parse(const char *name, enum l3d_arch *out);
 /* Whether two finished specs have the same sizes and architecture (every field but the name). */
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b);
-/* Whether a finished spec is plain GPT-2 (every architecture field at its GPT-2 value), which
- * llm.c's files and the manifests of earlier versions describe without an architecture record. */
+/* The part of l3d_model_same that decides each tensor's name and shape in a file, the padded
+ * vocabulary aside (a file holds V rows; Vp is the trainer's): sizes, family, KV heads, norm,
+ * MLP, positions, biases and tying; not Vp, the norm's epsilon or RoPE's scaling. */
+bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_model_spec *b);
+/* Whether a spec has GPT-2's blocks (family, LayerNorm, GELU, learned positions, biases, tied head,
+ * a KV head per head), whatever its MLP width and epsilon. */
+bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m);
+/* Whether a finished spec is plain GPT-2 (every architecture field at its GPT-2 value: its blocks,
+ * an MLP of 4 C and epsilon 1e-5), which llm.c's files and the manifests of earlier versions
+ * describe without an architecture record. */
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m);
 /* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
  * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives

@@ -448,13 +448,6 @@ static const struct l3d_st_tensor *find_hf(const struct l3d_st *st, const char *
     return t;
 }
 
-static bool same_model(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
-    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->maxT == b->maxT &&
-           a->ffn == b->ffn && a->arch == b->arch && l3d_model_kv_heads(a) == l3d_model_kv_heads(b)
-           && a->norm == b->norm && a->mlp == b->mlp && a->pos == b->pos &&
-           a->no_bias == b->no_bias && a->untied == b->untied;
-}
-
 /* "[a, b, ...]" */
 static void shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
     size_t k = (size_t)snprintf(buf, cap, "[");
@@ -578,7 +571,9 @@ static l3d_status hf_load_shard(const char *dir, const struct l3d_model_spec *cf
     char cfgpath[L3D_CKPT_PATH_CAP];
     l3d_status rc = read_config(dir, &fc, cfgpath); /* its shapes: checked tensor by tensor */
     if (rc != L3D_OK) return rc;
-    if (!same_model(&fc, cfg))
+    /* the shapes only: config.json holds no padded vocabulary, and the epsilon and RoPE's
+     * scaling shape no tensor (the model being loaded keeps its own) */
+    if (!l3d_model_same_shapes(&fc, cfg))
         return l3d_error(L3D_ERR_FORMAT, "%s describes L=%d C=%d NH=%d V=%d T=%d, not the model "
                          "being loaded (L=%d C=%d NH=%d V=%d T=%d)", cfgpath, fc.L, fc.C, fc.NH,
                          fc.V, fc.maxT, cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);

@@ -132,13 +132,17 @@ bool l3d_arch_parse(const char *name, enum l3d_arch *out) {
     return false;
 }
 
+bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
+    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->maxT == b->maxT &&
+           model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
+           l3d_model_kv_heads(a) == l3d_model_kv_heads(b) && a->norm == b->norm &&
+           a->mlp == b->mlp && a->pos == b->pos && a->no_bias == b->no_bias &&
+           a->untied == b->untied;
+}
+
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
     const struct l3d_rope *p = &a->rope, *q = &b->rope;
-    return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->Vp == b->Vp &&
-           a->maxT == b->maxT && model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
-           l3d_model_kv_heads(a) == l3d_model_kv_heads(b) && a->norm == b->norm &&
-           a->norm_eps == b->norm_eps && a->mlp == b->mlp && a->pos == b->pos &&
-           a->no_bias == b->no_bias && a->untied == b->untied &&
+    return l3d_model_same_shapes(a, b) && a->Vp == b->Vp && a->norm_eps == b->norm_eps &&
            (a->pos != L3D_POS_ROPE ||
             (p->theta == q->theta && p->factor == q->factor &&
              p->low_freq_factor == q->low_freq_factor &&
@@ -146,11 +150,15 @@ bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec 
              p->original_context == q->original_context));
 }
 
-bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
+bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     return m->arch == L3D_ARCH_GPT2 && l3d_model_kv_heads(m) == m->NH &&
-           m->norm == L3D_NORM_LAYERNORM && (m->norm_eps == 0.0f || m->norm_eps == 1e-5f) &&
-           m->mlp == L3D_MLP_GELU && model_ffn(m) == 4LL * m->C && m->pos == L3D_POS_LEARNED &&
+           m->norm == L3D_NORM_LAYERNORM && m->mlp == L3D_MLP_GELU && m->pos == L3D_POS_LEARNED &&
            !m->no_bias && !m->untied;
+}
+
+bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
+    return l3d_model_gpt2_blocks(m) && (m->norm_eps == 0.0f || m->norm_eps == 1e-5f) &&
+           model_ffn(m) == 4LL * m->C;
 }
 
 struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg) {

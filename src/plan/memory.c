@@ -58,7 +58,7 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     ch->n = ch->n_gpt;
     /* other blocks in Megatron-LM: its split of them, which replicates a KV head on the ranks of
      * its query heads where tp exceeds the KV heads (llm3d's trainer refuses that layout) */
-    if (!l3d_plan_gpt2_blocks(m)) {
+    if (!l3d_model_gpt2_blocks(m)) {
         struct l3d_plan_counts pc;
         l3d_plan_param_counts(m, lay->tp, &pc);
         ch->n = (int64_t)(sh.layer_count * pc.layer + (sh.has_embedding ? pc.embed : 0) +

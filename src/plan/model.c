@@ -45,12 +45,6 @@ int64_t l3d_plan_model_params(const struct l3d_model_spec *m) {
     return (int64_t)l3d_model_param_count(&c);
 }
 
-bool l3d_plan_gpt2_blocks(const struct l3d_model_spec *m) {
-    return m->arch == L3D_ARCH_GPT2 && l3d_model_kv_heads(m) == m->NH &&
-           m->norm == L3D_NORM_LAYERNORM && m->mlp == L3D_MLP_GELU && m->pos == L3D_POS_LEARNED &&
-           !m->no_bias && !m->untied;
-}
-
 /* Megatron-LM's split of a layer over t ranks: column-parallel QKV (each rank its query heads and
  * KV heads, a KV head replicated on the ranks of its query heads when t exceeds the KV heads, as
  * Megatron-LM does) and MLP input(s), row-parallel projections; norms and row-parallel biases

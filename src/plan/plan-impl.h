@@ -61,8 +61,6 @@ const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
 
 /* ---- chunks and their shapes (memory.c) --------------------------------------------------- */
 
-/* The model has GPT-2's blocks (the trainer's tensor table counts its chunks exactly). */
-bool l3d_plan_gpt2_blocks(const struct l3d_model_spec *m);
 /* Parameters a TP rank of t holds: one layer's, the first stage's embeddings, the last stage's
  * final norm and untied head (model.c). */
 struct l3d_plan_counts {
