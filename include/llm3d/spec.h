@@ -23,13 +23,15 @@
 
 #include "llm3d/core.h"
 #include "llm3d/model.h"
-#include "llm3d/pipeline.h"
 
 /* ---- layout --------------------------------------------------------------------------------- */
 
 /* The most layers --zero3-prefetch posts ahead: each holds one more layer's parameters (the flag's
  * bound in --help and its parser, and l3d_spec_check's) */
 #define L3D_ZERO3_MAX_PREFETCH 64
+
+/* The pipeline schedule (include/llm3d/pipeline.h builds it; --pp-schedule names it) */
+enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED };
 
 /* How a run is laid out on its ranks and how a step is cut into micro-batches. */
 struct l3d_layout {
