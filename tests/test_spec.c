@@ -152,6 +152,21 @@ static void test_batch_rules(void) {
     passes(&s, &(struct l3d_spec_ctx){.world = 512});
 }
 
+/* --precision of generate and convert: the parameter type of what l3d_precision_parse accepts */
+static void test_precision_param(void) {
+    static const char *const names[] = {"fp32", "bf16", "fp16"};
+    static const enum l3d_dtype types[] = {L3D_F32, L3D_BF16, L3D_F16};
+    for (int i = 0; i < 3; i++) {
+        enum l3d_dtype dt = L3D_I32;
+        CHECK(l3d_precision_param_parse(names[i], &dt) == L3D_OK);
+        CHECK(dt == types[i]);
+    }
+    enum l3d_dtype dt = L3D_BF16;
+    CHECK(l3d_precision_param_parse("int8", &dt) == L3D_ERR_ARG);
+    CHECK(dt == L3D_BF16); /* left as it was */
+    CHECK(strstr(l3d_error_message(), "--precision 'int8': choose fp32 (the default), bf16 or fp16"));
+}
+
 static void test_precision_rules(void) {
     struct l3d_run_spec s = base();
     CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK);
@@ -381,6 +396,7 @@ int main(void) {
     test_layout_rules();
     test_batch_rules();
     test_precision_rules();
+    test_precision_param();
     test_every_rule_said();
     test_param_bytes();
     test_presets();

@@ -38,8 +38,7 @@
 #include "llm3d/comm.h"
 #include "llm3d/core.h"
 #include "llm3d/model.h"
-
-enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED };
+#include "llm3d/spec.h" /* enum l3d_pp_kind */
 
 enum l3d_pp_op {
     L3D_PP_FWD,       /* forward of (micro, chunk) */

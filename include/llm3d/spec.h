@@ -23,13 +23,15 @@
 
 #include "llm3d/core.h"
 #include "llm3d/model.h"
-#include "llm3d/pipeline.h"
 
 /* ---- layout --------------------------------------------------------------------------------- */
 
 /* The most layers --zero3-prefetch posts ahead: each holds one more layer's parameters (the flag's
  * bound in --help and its parser, and l3d_spec_check's) */
 #define L3D_ZERO3_MAX_PREFETCH 64
+
+/* The pipeline schedule (include/llm3d/pipeline.h builds it; --pp-schedule names it) */
+enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED };
 
 /* How a run is laid out on its ranks and how a step is cut into micro-batches. */
 struct l3d_layout {
@@ -86,6 +88,9 @@ const char *l3d_precision_name(const struct l3d_precision *p);
 /* --precision NAME: fp32, bf16 or fp16 into p (param and act; grad fp32, reduce unchanged).
  * L3D_ERR_ARG naming the choices otherwise. */
 l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p);
+/* --precision NAME of a command that keeps only the parameter type (generate, convert): what
+ * l3d_precision_parse accepts, its param into *param; its L3D_ERR_ARG otherwise. */
+l3d_status l3d_precision_param_parse(const char *name, enum l3d_dtype *param);
 /* Whether p is llm3d's trainer's allocation plan (fp32 gradients and, in mixed precision, fp32
  * master weights) rather than Megatron-LM's (16-bit gradients). */
 bool l3d_precision_llm3d(const struct l3d_precision *p);

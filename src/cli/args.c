@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "llm3d/spec.h"
 #include "llm3d/tokenizer.h"
 
 int l3d_arg_int(const char *cmd, const char *flag, const char *val, long lo, long hi, int *out) {
@@ -130,6 +131,12 @@ int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out) {
     if (!l3d_arg_choice(cmd, "save-dtype", val, names, 3, &k, "fp32, bf16 or fp16")) return 0;
     *out = types[k];
     return 1;
+}
+
+int l3d_arg_precision(const char *cmd, const char *val, enum l3d_dtype *out) {
+    if (l3d_precision_param_parse(val, out) == L3D_OK) return 1;
+    fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
+    return 0;
 }
 
 int l3d_arg_doc_token(const char *cmd, const char *val, enum l3d_doc_token *out) {

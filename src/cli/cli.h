@@ -90,6 +90,9 @@ int l3d_arg_choice(const char *cmd, const char *flag, const char *val, const cha
                    int n, int *out, const char *choices);
 /* --save-dtype: fp32, bf16 or fp16, the types a Hugging Face folder is written in. */
 int l3d_arg_save_dtype(const char *cmd, const char *val, enum l3d_dtype *out);
+/* --precision of a command that keeps only the parameter type (generate, convert): fp32, bf16 or
+ * fp16 (l3d_precision_param_parse), or 0 after "llm3d <cmd>: <its message>". */
+int l3d_arg_precision(const char *cmd, const char *val, enum l3d_dtype *out);
 
 /* --doc-token (prepare, generate): the token every document starts with. AUTO, the default: the
  * tokenizer's begin-of-text where it has one (Llama 3's <|begin_of_text|>, which Hugging Face's

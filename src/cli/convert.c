@@ -60,13 +60,7 @@ static int set_convert(void *ctx, const char *cmd, int id, const char *v) {
         o->shard_bytes = (int64_t)(mb * 1048576.0);
         return 1;
     }
-    struct l3d_precision p = {0};
-    if (l3d_precision_parse(v, &p) != L3D_OK) {
-        fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
-        return 0;
-    }
-    o->dt = p.param;
-    return 1;
+    return l3d_arg_precision(cmd, v, &o->dt);
 }
 
 /* SOURCE's config and full fp32 weights (l3d_free them); *what says which kind it was. */

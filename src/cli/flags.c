@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/pipeline.h"
 #include "llm3d/spec.h"
 
 /* ---- the generic parser ----------------------------------------------------------------- */

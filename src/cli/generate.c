@@ -233,15 +233,7 @@ static int set_gen(void *ctx, const char *cmd, int id, const char *v) {
         return 0;
     case G_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
     case G_BACKEND: o->backend = v; return 1;
-    case G_PREC: {
-        struct l3d_precision p = {0};
-        if (l3d_precision_parse(v, &p) != L3D_OK) {
-            fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());
-            return 0;
-        }
-        o->dt = p.param;
-        return 1;
-    }
+    case G_PREC: return l3d_arg_precision(cmd, v, &o->dt);
     }
     return 0;
 }

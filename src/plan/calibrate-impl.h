@@ -9,6 +9,7 @@
 extern const enum l3d_dtype l3d_calib_types16[2]; /* bf16, fp16 */
 extern const char *const l3d_calib_names16[2];    /* "bf16", "fp16" */
 
+/* What every part uses (src/plan/calibrate_base.c, which calls no other part) */
 /* The median of v[0..n) (sorts v) */
 double l3d_calib_median(double *v, int n);
 /* CPU time of this process, all its threads, in seconds */

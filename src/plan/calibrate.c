@@ -2,7 +2,8 @@
  * Calibration (include/llm3d/calibrate.h; the command: llm3d bench --calibrate,
  * src/cli/calibrate.c): measures this machine and writes its system profile (format:
  * profiles/README.md) with `name = local`, where a device is one CPU core. The compute figures
- * are in calibrate_compute.c, the links in calibrate_comm.c, the file in calibrate_write.c.
+ * are in calibrate_compute.c, the links in calibrate_comm.c, the file in calibrate_write.c, what
+ * they all use in calibrate_base.c.
  *
  * It needs two or more ranks on this machine: the MPI figures (intra_bw_gbs, intra_lat_us) are an
  * all-reduce between them. Launched on several nodes with as many ranks each (one thread a rank),
@@ -28,7 +29,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,54 +37,6 @@
 #include <unistd.h>
 
 #include "plan/calibrate-impl.h"
-#include "plan/profile-impl.h"
-
-/* Busy time of the CPUs in `set`, summed, in seconds: the user, nice, system, irq, softirq and
- * steal ticks of their cpuN lines in /proc/stat (steal: the hypervisor gave the core to another
- * machine); -1 when unreadable. */
-static double cpus_busy_s(const cpu_set_t *set) {
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return -1.0;
-    char line[512];
-    double ticks = 0.0;
-    int found = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long u, n, sy, idle, io, irq, sirq, steal;
-        int cpu;
-        if (strncmp(line, "cpu", 3) != 0 || line[3] < '0' || line[3] > '9') continue;
-        if (sscanf(line + 3, "%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &u, &n, &sy, &idle,
-                   &io, &irq, &sirq, &steal) == 9 &&
-            cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, set)) {
-            ticks += (double)(u + n + sy + irq + sirq + steal);
-            found++;
-        }
-    }
-    fclose(f);
-    long hz = sysconf(_SC_CLK_TCK);
-    return found > 0 && hz > 0 ? ticks / (double)hz : -1.0;
-}
-
-/* CPU time of this process, all its threads, in seconds */
-double l3d_calib_cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-struct l3d_calib_phase_mark l3d_calib_phase_start(const struct l3d_calib *c) {
-    struct l3d_calib_phase_mark p = {l3d_time_s(), cpus_busy_s(&c->cpus), l3d_calib_cpu_s()};
-    return p;
-}
-
-double l3d_calib_phase_others(const struct l3d_calib *c, const struct l3d_calib_phase_mark *p,
-                              double own) {
-    double busy = cpus_busy_s(&c->cpus), wall = l3d_time_s() - p->wall;
-    int n = CPU_COUNT(&c->cpus);
-    if (busy < 0.0 || p->busy < 0.0 || n < 1 || wall <= 0.0) return -1.0;
-    /* the tick counters are read to a tick (1/CLK_TCK s) at each end: two ticks a CPU may be
-     * nobody's (a 30 ms phase on 2 cores read 18% without this) */
-    return fmax(0.0, busy - p->busy - own - 2.0 * n / (double)sysconf(_SC_CLK_TCK)) / (wall * n);
-}
 
 /* Ends a phase that every rank ran (collective): the ranks' CPU time summed, rank 0's estimate of
  * the other processes' share, -1 elsewhere */
@@ -95,12 +47,6 @@ static double phase_end(struct l3d_comm *w, const struct l3d_calib *c,
     return w->rank == 0 ? l3d_calib_phase_others(c, p, own) : -1.0;
 }
 
-
-double l3d_calib_kernel_eff_max(void) {
-    const struct l3d_profile_key *k = l3d_profile_key_find("kernel_bw_eff");
-    L3D_ASSERT(k != NULL);
-    return k->hi;
-}
 
 /* The launch's nodes (l3d_comm_nodes): one, or several with as many ranks each (a two-level
  * profile); the same on every rank */

@@ -3,7 +3,6 @@
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,16 +14,6 @@ const char *const l3d_calib_kern_names[L3D_KERN_N] = {"layernorm_forward", "gelu
                                                       "residual_forward", "adamw"};
 const char *const l3d_calib_kern_names16[L3D_KERN_N] = {"layernorm_forward", "gelu_forward",
                                                         "residual_forward", "adamw_mixed"};
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-double l3d_calib_median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Under mpiexec each rank is bound to one core (Open MPI binds to cores for 2 ranks), so its
  * OpenMP threads would share that core. Asks for every CPU (the kernel keeps those the cpuset
@@ -52,13 +41,6 @@ static int widen_affinity(cpu_set_t *was, cpu_set_t *cpus) {
         sched_setaffinity(0, sizeof one, &one);
     }
     return n;
-}
-
-float *l3d_calib_filled(int64_t n, float lo, float hi, uint64_t stream) {
-    float *p = l3d_alloc((size_t)n * sizeof(float), "calibrate");
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * l3d_rng_uniform(1, stream, (uint64_t)i);
-    return p;
 }
 
 /* n elements of type dt (fp32, bf16, fp16) uniform in [lo, hi), rounded to dt */

@@ -58,6 +58,13 @@ l3d_status l3d_precision_parse(const char *name, struct l3d_precision *p) {
     return L3D_OK;
 }
 
+l3d_status l3d_precision_param_parse(const char *name, enum l3d_dtype *param) {
+    struct l3d_precision p = {0};
+    l3d_status st = l3d_precision_parse(name, &p);
+    if (st == L3D_OK) *param = p.param;
+    return st;
+}
+
 bool l3d_precision_llm3d(const struct l3d_precision *p) {
     return p->grad == L3D_F32;
 }
