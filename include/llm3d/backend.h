@@ -1,7 +1,10 @@
 /*
  * llm3d backend: the numeric kernels the model calls, behind one table of function pointers.
  * The CPU backend (src/backend/cpu.c) uses oneDNN for matrix products and OpenMP loops for the
- * rest; a CUDA backend will fill the same table.
+ * rest; the CUDA backend (src/backend/cuda.c, built with -DL3D_CUDA=ON) fills the same table with
+ * cuBLASLt products and kernels of its own. It is experimental: compiled and its host arithmetic
+ * tested, never yet run on a GPU, and without the Llama and context-parallel kernels (a call into
+ * a kernel a backend lacks aborts naming it; src/backend/backend.c).
  *
  *   struct l3d_backend *be = l3d_backend_cpu_init();
  *   l3d_be_matmul_forward(be, L3D_F32, out, inp, w, b, N, C, OC); // out (N,OC) = inp w^T + b
@@ -17,7 +20,7 @@
  *   - a NULL gradient output is skipped (e.g. no dinp for the first layer's input).
  *
  * The handle is opaque: the table of function pointers behind it is in src/backend/backend-impl.h,
- * filled by each backend (cpu.c, check.c); callers use the l3d_be_* functions below.
+ * filled by each backend (cpu.c, check.c, cuda.c); callers use the l3d_be_* functions below.
  */
 #ifndef LLM3D_BACKEND_H
 #define LLM3D_BACKEND_H

@@ -1,7 +1,9 @@
 /*
  * llm3d communicators: the collectives and point-to-point operations every parallel layer uses,
- * behind one table of function pointers. The MPI implementation (src/comm/mpi.c) is the only file
- * that includes mpi.h; an NCCL one will fill the same table.
+ * behind one table of function pointers. The MPI implementation (src/comm/mpi.c, with its
+ * mpi-impl.h and watchdog.c) is the only code that includes mpi.h; the NCCL one (src/comm/nccl.c,
+ * built with the CUDA backend; experimental, never yet run on a GPU) fills the same table over the
+ * MPI world, which carries its host buffers and its start-up.
  *
  *   struct l3d_comm *world;
  *   if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) ...;   // also installs the abort hook

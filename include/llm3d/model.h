@@ -1,5 +1,7 @@
 /*
- * llm3d model: GPT-2 (Radford et al. 2019) forward and backward, written against a shard.
+ * llm3d model: forward and backward of GPT-2 (Radford et al. 2019) and of the Llama family
+ * (Touvron et al. 2023; RMSNorm, SwiGLU, RoPE, grouped key/value heads, an untied head), one code
+ * path set by the architecture fields of struct l3d_model_spec, written against a shard.
  *
  *   struct l3d_model_spec cfg;
  *   l3d_model_preset(&cfg, "d12");             // GPT-2 124M
@@ -15,7 +17,7 @@
  * A shard is what one rank holds: a contiguous range of layers (its pipeline stage), a range of
  * attention heads and of FFN columns (its tensor-parallel slice), a range of rows of the padded
  * vocabulary (vocabulary-parallel embedding and LM head), and whether it holds the embedding
- * (first stage) and the final LayerNorm + head + loss (last stage). The model sizes every buffer
+ * (first stage) and the final norm + head + loss (last stage). The model sizes every buffer
  * from the shard and never assumes the full model.
  *
  * Every buffer of the model (parameters, gradients, activations, tokens) is device memory of the

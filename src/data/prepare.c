@@ -1,8 +1,9 @@
-/* Byte-level preparation: text files -> llm.c token shards with token = byte value (vocabulary
- * 256), the stand-in tokenizer until BPE exists. Two passes over the inputs: the first checks every
- * file (readable, text) and counts its bytes, so that nothing is written for a bad input and the
- * train/val split and the shard sizes are known; the second streams the bytes into shards, holding
- * one shard in memory at a time. */
+/* Preparation: text files -> llm.c token shards, through a tokenizer (l3d_prepare_bpe, below) or
+ * byte by byte (l3d_prepare_bytes: token = byte value, vocabulary 256, no tokenizer files needed).
+ * The bytes take two passes over the inputs: the first checks every file (readable, text) and
+ * counts its bytes, so that nothing is written for a bad input and the train/val split and the
+ * shard sizes are known; the second streams the bytes into shards, holding one shard in memory at
+ * a time. */
 #include "llm3d/data.h"
 
 #include <omp.h>

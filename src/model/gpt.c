@@ -1,5 +1,5 @@
 /*
- * GPT-2 forward and backward over one shard (include/llm3d/model.h).
+ * GPT-2 and Llama-family forward and backward over one shard (include/llm3d/model.h).
  *
  * Activations are planned once from (B, T) and the shard and live in one flat buffer; backward
  * uses one layer's worth of gradient scratch, reused from the last layer to the first, plus the
