@@ -1,6 +1,7 @@
 /*
- * llm3d checkpoints: llm.c's single-file GPT-2 weights, and sharded training checkpoints that
- * resume exactly on the same layout and by re-slicing on any other.
+ * llm3d checkpoints: llm.c's single-file weights (GPT-2 in llm.c's versions, Llama-family models in
+ * llm3d's 1003/1005), and sharded training checkpoints that resume exactly on the same layout and
+ * by re-slicing on any other.
  *
  * llm.c weights:
  *
