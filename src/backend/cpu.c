@@ -265,6 +265,22 @@ static inline int64_t span_blk(enum l3d_dtype t, int64_t n) {
     return t == L3D_F32 && n > 0 ? n : L3D_BLK;
 }
 
+/* This thread's static chunk [lo, hi) of a flat span of n elements of type t (chunk), walked in
+ * blocks of bl (span_blk); call inside a parallel region. */
+struct span {
+    int64_t lo, hi, bl;
+};
+static inline struct span thread_span(enum l3d_dtype t, int64_t n) {
+    struct span s;
+    chunk(n, omp_get_thread_num(), omp_get_num_threads(), &s.lo, &s.hi);
+    s.bl = span_blk(t, s.hi - s.lo);
+    return s;
+}
+/* The length of the block of s starting at i0: bl, or what is left of the chunk. */
+static inline int64_t span_len(struct span s, int64_t i0) {
+    return s.hi - i0 < s.bl ? s.hi - i0 : s.bl;
+}
+
 /* p + i, or NULL for no buffer (fp32 kernels have no scratch) */
 static inline float *off(float *p, int64_t i) { return p ? p + i : NULL; }
 
@@ -1415,11 +1431,9 @@ static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const v
                int64_t N) {
 #pragma omp parallel
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(dt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float yb[L3D_BLK], ab[L3D_BLK], bb[L3D_BLK];
             void *yp = at(dt, y, i0);
             float *yf = op == EW_GELU_BACKWARD ? row_io(dt, yb, yp, n) : row_out(dt, yb, yp);
@@ -1754,11 +1768,9 @@ static void adamw_any(enum l3d_dtype dt, enum l3d_dtype gdt, void *param, float 
                       float bc2) {
 #pragma omp parallel
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(gdt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(gdt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float gb[L3D_BLK];
             const float *g = row_in(gdt, gb, at(gdt, grad, i0), n);
             float *p = master + i0, *mm = m + i0, *vv = v + i0;
@@ -1808,13 +1820,11 @@ static void cpu_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, 
     {
         int nth = omp_get_num_threads(), tid = omp_get_thread_num();
         L3D_ASSERT(nth <= L3D_MAX_THREADS);
-        int64_t lo, hi;
-        chunk(n, tid, nth, &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
+        const struct span sp = thread_span(dt, n);
         double s = 0.0;
         float b[L3D_BLK];
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t m = hi - i0 < bl ? hi - i0 : bl;
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t m = span_len(sp, i0);
             s = sumsq_acc(s, row_in(dt, b, at(dt, x, i0), m), m);
         }
         part[tid] = s;
@@ -1851,11 +1861,9 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
     int bad = 0;
 #pragma omp parallel reduction(| : bad)
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(dt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float buf[L3D_BLK];
             void *p = at(dt, x, i0);
             float *b = row_io(dt, buf, p, n);
