@@ -819,8 +819,45 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
     }
 }
 
-/* dweight, dbias (type gdt) += column sums over the rows (acc_begin: fp32 row by row into the
- * gradient, 16-bit in fp32 and added once), each thread a block of columns. */
+/* dweight, dbias (type gdt; either NULL) += column sums over the rows of dout xhat and of dout,
+ * xhat = (x - mean) rstd (LayerNorm) or x rstd (RMSNorm: mean NULL), each thread a block of
+ * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once).
+ * 16-bit: the thread's scratch scr + tid per (3C floats used, 4C with dbias). */
+static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight, void *dbias,
+                             const void *dout, const void *inp, const float *mean,
+                             const float *rstd, int64_t N, int64_t C, float *scr, int64_t per) {
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int64_t w = hi - lo;
+        float *aw = off(scr, omp_get_thread_num() * per), *xb = off(aw, C), *db = off(xb, C);
+        float *ab = dbias ? off(db, C) : NULL;
+        if (w > 0) {
+            void *gw = dweight ? at(gdt, dweight, lo) : NULL;
+            void *gb = dbias ? at(gdt, dbias, lo) : NULL;
+            float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
+            float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
+                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
+                float r = rstd[n];
+                if (sw && mean) {
+                    float m = mean[n];
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) sw[c] += d[c] * (x[c] - m) * r;
+                } else if (sw) {
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
+                }
+                if (sb) vadd(sb, d, w);
+            }
+            if (gw) acc_done(dt, gdt, gw, sw, xb, w);
+            if (gb) acc_done(dt, gdt, gb, sb, xb, w);
+        }
+    }
+}
+
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
 static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                    void *dweight, void *dbias, const void *dout, const void *inp,
@@ -833,34 +870,8 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
     const float *wf = param_f32(dt, weight, C, &wc);
     float *scr = is16(dt) ? thread_scratch(4 * C, "layernorm scratch") : NULL;
     if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, 4 * C);
-    if (dweight || dbias) {
-#pragma omp parallel
-        {
-            int64_t lo, hi;
-            chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-            int64_t w = hi - lo;
-            float *aw = off(scr, omp_get_thread_num() * 4 * C), *ab = off(aw, C);
-            float *xb = off(ab, C), *db = off(xb, C);
-            if (w > 0) {
-                void *gw = dweight ? at(gdt, dweight, lo) : NULL;
-                void *gb = dbias ? at(gdt, dbias, lo) : NULL;
-                float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
-                float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
-                for (int64_t n = 0; n < N; n++) {
-                    const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
-                    const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
-                    float m = mean[n], r = rstd[n];
-                    if (sw) {
-#pragma omp simd
-                        for (int64_t c = 0; c < w; c++) sw[c] += d[c] * (x[c] - m) * r;
-                    }
-                    if (sb) vadd(sb, d, w);
-                }
-                if (gw) acc_done(dt, gdt, gw, sw, xb, w);
-                if (gb) acc_done(dt, gdt, gb, sb, xb, w);
-            }
-        }
-    }
+    if (dweight || dbias)
+        norm_weight_grad(dt, gdt, dweight, dbias, dout, inp, mean, rstd, N, C, scr, 4 * C);
     l3d_free(scr);
     l3d_free(wc);
 }
@@ -1501,32 +1512,6 @@ static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *
     l3d_free(wc);
 }
 
-/* dweight (type gdt) += column sums of dout * xhat over the rows, each thread a block of
- * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once). */
-static void rms_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight,
-                            const void *dout, const void *inp, const float *rstd, int64_t N,
-                            int64_t C, float *scr) {
-#pragma omp parallel
-    {
-        int64_t lo, hi;
-        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        int64_t w = hi - lo;
-        float *aw = off(scr, omp_get_thread_num() * 3 * C), *xb = off(aw, C), *db = off(xb, C);
-        if (w > 0) {
-            void *gw = at(gdt, dweight, lo);
-            float *sw = acc_begin(dt, aw, gw, w);
-            for (int64_t n = 0; n < N; n++) {
-                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
-                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
-                float r = rstd[n];
-#pragma omp simd
-                for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
-            }
-            acc_done(dt, gdt, gw, sw, xb, w);
-        }
-    }
-}
-
 // dinp (N,C), dweight (C), dout (N,C), inp (N,C), weight (C), rstd (N)
 static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                  void *dweight, const void *dout, const void *inp,
@@ -1538,7 +1523,7 @@ static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
     const float *wf = param_f32(dt, weight, C, &wc);
     float *scr = is16(dt) ? thread_scratch(3 * C, "rmsnorm scratch") : NULL;
     if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, NULL, rstd, N, C, scr, 3 * C);
-    if (dweight) rms_weight_grad(dt, gdt, dweight, dout, inp, rstd, N, C, scr);
+    if (dweight) norm_weight_grad(dt, gdt, dweight, NULL, dout, inp, NULL, rstd, N, C, scr, 3 * C);
     l3d_free(scr);
     l3d_free(wc);
 }
