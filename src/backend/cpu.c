@@ -858,22 +858,34 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
     }
 }
 
+/* LayerNorm's backward, or RMSNorm's (mean and dbias NULL); 16-bit: per-thread scratch of 4C
+ * floats (3C for RMSNorm). */
+static void norm_backward(enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp, void *dweight,
+                         void *dbias, const void *dout, const void *inp, const void *weight,
+                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                         const char *kernel) {
+    F32_OR_16(kernel);
+    GRAD_TYPE(kernel);
+    const int64_t per = (mean ? 4 : 3) * C;
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    float *scr = is16(dt) ? thread_scratch(per, mean ? "layernorm scratch" : "rmsnorm scratch")
+                          : NULL;
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, per);
+    if (dweight || dbias)
+        norm_weight_grad(dt, gdt, dweight, dbias, dout, inp, mean, rstd, N, C, scr, per);
+    l3d_free(scr);
+    l3d_free(wc);
+}
+
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
 static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                    void *dweight, void *dbias, const void *dout, const void *inp,
                                    const void *weight, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
     (void)ctx;
-    F32_OR_16("layernorm_backward");
-    GRAD_TYPE("layernorm_backward");
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    float *scr = is16(dt) ? thread_scratch(4 * C, "layernorm scratch") : NULL;
-    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, 4 * C);
-    if (dweight || dbias)
-        norm_weight_grad(dt, gdt, dweight, dbias, dout, inp, mean, rstd, N, C, scr, 4 * C);
-    l3d_free(scr);
-    l3d_free(wc);
+    norm_backward(dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                  "layernorm_backward");
 }
 
 /* ---- attention: tiled, online softmax (FlashAttention) ----------------------------------
@@ -1517,15 +1529,8 @@ static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
                                  void *dweight, const void *dout, const void *inp,
                                  const void *weight, const float *rstd, int64_t N, int64_t C) {
     (void)ctx;
-    F32_OR_16("rmsnorm_backward");
-    GRAD_TYPE("rmsnorm_backward");
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    float *scr = is16(dt) ? thread_scratch(3 * C, "rmsnorm scratch") : NULL;
-    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, NULL, rstd, N, C, scr, 3 * C);
-    if (dweight) norm_weight_grad(dt, gdt, dweight, NULL, dout, inp, NULL, rstd, N, C, scr, 3 * C);
-    l3d_free(scr);
-    l3d_free(wc);
+    norm_backward(dt, gdt, dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C,
+                  "rmsnorm_backward");
 }
 
 /* Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34) in Hugging Face's rotate-half
