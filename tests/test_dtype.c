@@ -9,18 +9,6 @@
 #include "llm3d/core.h"
 #include "test.h"
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 static int f16_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 
@@ -58,7 +46,7 @@ static void test_round_trip(void) {
             bad_bf += !(b != b) || !bf16_is_nan(back) || (back & 0x8000) != (h & 0x8000) ||
                       !(back & 0x40);
         } else {
-            bad_bf += l3d_f32_to_bf16(b) != h || bits(b) != (uint32_t)h << 16;
+            bad_bf += l3d_f32_to_bf16(b) != h || l3d_f32_bits(b) != (uint32_t)h << 16;
         }
         if (f16_is_nan(h)) {
             uint16_t back = l3d_f32_to_f16(f);
@@ -82,7 +70,7 @@ static void test_round_trip(void) {
         bad_val += (double)l3d_f16_to_f32((uint16_t)(k | 0x8000)) != -v;
     }
     CHECK(bad_val == 0);
-    CHECK(bits(l3d_f16_to_f32(0x8000)) == 0x80000000u); /* -0 */
+    CHECK(l3d_f32_bits(l3d_f16_to_f32(0x8000)) == 0x80000000u); /* -0 */
 }
 
 /* Between every two neighbouring finite values of the same sign: the midpoint (exact in fp32)
@@ -95,9 +83,9 @@ static void test_midpoints(void) {
             uint16_t lo = (uint16_t)(sgn | k), hi = (uint16_t)(sgn | (k + 1));
             uint32_t mid = ((uint32_t)lo << 16) | 0x8000u;
             uint16_t even = (lo & 1) ? hi : lo;
-            bad_bf += l3d_f32_to_bf16(from_bits(mid)) != even;
-            bad_bf += l3d_f32_to_bf16(from_bits(mid - 1)) != lo;
-            bad_bf += l3d_f32_to_bf16(from_bits(mid + 1)) != hi;
+            bad_bf += l3d_f32_to_bf16(l3d_f32_from_bits(mid)) != even;
+            bad_bf += l3d_f32_to_bf16(l3d_f32_from_bits(mid - 1)) != lo;
+            bad_bf += l3d_f32_to_bf16(l3d_f32_from_bits(mid + 1)) != hi;
         }
         for (uint32_t k = 0; k < 0x7c00; k++) {
             uint16_t lo = (uint16_t)(sgn | k), hi = (uint16_t)(sgn | (k + 1));
@@ -107,8 +95,8 @@ static void test_midpoints(void) {
             float mid = (a + b) * 0.5f; /* exact: fp16 has 11 bits, fp32 24 */
             uint16_t even = (lo & 1) ? hi : lo;
             bad_f16 += l3d_f32_to_f16(mid) != even;
-            bad_f16 += l3d_f32_to_f16(from_bits(bits(mid) - 1)) != lo;
-            bad_f16 += l3d_f32_to_f16(from_bits(bits(mid) + 1)) != hi;
+            bad_f16 += l3d_f32_to_f16(l3d_f32_from_bits(l3d_f32_bits(mid) - 1)) != lo;
+            bad_f16 += l3d_f32_to_f16(l3d_f32_from_bits(l3d_f32_bits(mid) + 1)) != hi;
         }
     }
     CHECK(bad_bf == 0);
@@ -133,10 +121,10 @@ static void test_named(void) {
     CHECK(l3d_f32_to_f16(65519.996f) == 0x7bff);
     CHECK(l3d_f32_to_f16(65520.0f) == 0x7c00);
     CHECK(l3d_f32_to_f16(-1e6f) == 0xfc00);
-    CHECK(l3d_f32_to_f16(from_bits(0x7f800000u)) == 0x7c00);
-    CHECK(l3d_f32_to_bf16(from_bits(0x7f7fffffu)) == 0x7f80); /* FLT_MAX -> Inf */
-    CHECK(l3d_f32_to_bf16(from_bits(0x7f7f7fffu)) == 0x7f7f); /* just below the midpoint */
-    CHECK(l3d_f32_to_bf16(from_bits(0xff800000u)) == 0xff80);
+    CHECK(l3d_f32_to_f16(l3d_f32_from_bits(0x7f800000u)) == 0x7c00);
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x7f7fffffu)) == 0x7f80); /* FLT_MAX -> Inf */
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x7f7f7fffu)) == 0x7f7f); /* just below the midpoint */
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0xff800000u)) == 0xff80);
     /* subnormals: 2^-24 is the smallest fp16, 2^-25 (a tie) goes to 0, just above it to 2^-24 */
     CHECK(l3d_f32_to_f16(0x1p-24f) == 0x0001);
     CHECK(l3d_f32_to_f16(0x1p-25f) == 0x0000);
@@ -148,21 +136,22 @@ static void test_named(void) {
     CHECK(l3d_f32_to_f16(0x1p-14f) == 0x0400);         /* smallest normal */
     CHECK(l3d_f32_to_f16(-0x1p-24f) == 0x8001);
     CHECK(l3d_f32_to_f16(-1e-30f) == 0x8000);          /* underflow keeps the sign */
-    CHECK(l3d_f32_to_bf16(from_bits(0x00000001u)) == 0x0000); /* fp32 subnormals: bf16 has them */
-    CHECK(l3d_f32_to_bf16(from_bits(0x00018000u)) == 0x0002);
+    /* fp32 subnormals: bf16 has them */
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x00000001u)) == 0x0000);
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x00018000u)) == 0x0002);
     CHECK(l3d_f16_to_f32(0x0001) == 0x1p-24f);
     CHECK(l3d_f16_to_f32(0x03ff) == 0x1.ff8p-15f);
     /* NaN: quiet, sign kept; a signalling NaN whose payload is all in the low bits stays NaN */
-    CHECK(l3d_f32_to_bf16(from_bits(0x7f800001u)) == 0x7fc0);
-    CHECK(l3d_f32_to_bf16(from_bits(0xffc00000u)) == 0xffc0);
-    CHECK(l3d_f32_to_bf16(from_bits(0x7fffffffu)) == 0x7fff); /* no carry into the sign */
-    CHECK(l3d_f32_to_f16(from_bits(0x7f800001u)) == 0x7e00);
-    CHECK(l3d_f32_to_f16(from_bits(0xffc00000u)) == 0xfe00);
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x7f800001u)) == 0x7fc0);
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0xffc00000u)) == 0xffc0);
+    CHECK(l3d_f32_to_bf16(l3d_f32_from_bits(0x7fffffffu)) == 0x7fff); /* no carry into the sign */
+    CHECK(l3d_f32_to_f16(l3d_f32_from_bits(0x7f800001u)) == 0x7e00);
+    CHECK(l3d_f32_to_f16(l3d_f32_from_bits(0xffc00000u)) == 0xfe00);
 }
 
 /* The negative check: a truncating conversion fails the first named case above, so that case
  * does tell rounding from truncation. */
-static uint16_t bf16_truncate(float f) { return (uint16_t)(bits(f) >> 16); }
+static uint16_t bf16_truncate(float f) { return (uint16_t)(l3d_f32_bits(f) >> 16); }
 
 static void test_truncation_is_caught(void) {
     CHECK(bf16_truncate(1.0f + 0x1.8p-8f) != 0x3f81);
@@ -175,7 +164,7 @@ static void test_truncation_is_caught(void) {
 static void test_against_float16(void) {
     int bad = 0;
     for (uint64_t u = 0; u < (1ull << 32); u += 2039) {
-        float f = from_bits((uint32_t)u);
+        float f = l3d_f32_from_bits((uint32_t)u);
         if (f != f) continue;
         _Float16 x = (_Float16)f;
         uint16_t want;

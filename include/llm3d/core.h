@@ -108,17 +108,22 @@ float l3d_bf16_to_f32(uint16_t h);
 size_t l3d_utf8_put(char *o, uint32_t cp);
 uint16_t l3d_f32_to_f16(float f);
 float l3d_f16_to_f32(uint16_t h);
-/* bf16 both ways inline, bit for bit the two above, for loops the compiler vectorizes (the
- * backend's kernels, MPI's bf16 SUM): widening is a shift, narrowing adds the rounding bias. */
-static inline float l3d_bf16_widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
+/* The IEEE binary32 bit pattern of f, and the float of pattern u (no conversion). */
+static inline uint32_t l3d_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float l3d_f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
+/* bf16 both ways inline, bit for bit the two above, for loops the compiler vectorizes (the
+ * backend's kernels, MPI's bf16 SUM): widening is a shift, narrowing adds the rounding bias. */
+static inline float l3d_bf16_widen(uint16_t h) { return l3d_f32_from_bits((uint32_t)h << 16); }
 static inline uint16_t l3d_bf16_narrow(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
+    uint32_t u = l3d_f32_bits(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }

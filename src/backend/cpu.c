@@ -265,6 +265,22 @@ static inline int64_t span_blk(enum l3d_dtype t, int64_t n) {
     return t == L3D_F32 && n > 0 ? n : L3D_BLK;
 }
 
+/* This thread's static chunk [lo, hi) of a flat span of n elements of type t (chunk), walked in
+ * blocks of bl (span_blk); call inside a parallel region. */
+struct span {
+    int64_t lo, hi, bl;
+};
+static inline struct span thread_span(enum l3d_dtype t, int64_t n) {
+    struct span s;
+    chunk(n, omp_get_thread_num(), omp_get_num_threads(), &s.lo, &s.hi);
+    s.bl = span_blk(t, s.hi - s.lo);
+    return s;
+}
+/* The length of the block of s starting at i0: bl, or what is left of the chunk. */
+static inline int64_t span_len(struct span s, int64_t i0) {
+    return s.hi - i0 < s.bl ? s.hi - i0 : s.bl;
+}
+
 /* p + i, or NULL for no buffer (fp32 kernels have no scratch) */
 static inline float *off(float *p, int64_t i) { return p ? p + i : NULL; }
 
@@ -803,50 +819,73 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
     }
 }
 
-/* dweight, dbias (type gdt) += column sums over the rows (acc_begin: fp32 row by row into the
- * gradient, 16-bit in fp32 and added once), each thread a block of columns. */
+/* dweight, dbias (type gdt; either NULL) += column sums over the rows of dout xhat and of dout,
+ * xhat = (x - mean) rstd (LayerNorm) or x rstd (RMSNorm: mean NULL), each thread a block of
+ * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once).
+ * 16-bit: the thread's scratch scr + tid per (3C floats used, 4C with dbias). */
+static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight, void *dbias,
+                             const void *dout, const void *inp, const float *mean,
+                             const float *rstd, int64_t N, int64_t C, float *scr, int64_t per) {
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        int64_t w = hi - lo;
+        float *aw = off(scr, omp_get_thread_num() * per), *xb = off(aw, C), *db = off(xb, C);
+        float *ab = dbias ? off(db, C) : NULL;
+        if (w > 0) {
+            void *gw = dweight ? at(gdt, dweight, lo) : NULL;
+            void *gb = dbias ? at(gdt, dbias, lo) : NULL;
+            float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
+            float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
+            for (int64_t n = 0; n < N; n++) {
+                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
+                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
+                float r = rstd[n];
+                if (sw && mean) {
+                    float m = mean[n];
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) sw[c] += d[c] * (x[c] - m) * r;
+                } else if (sw) {
+#pragma omp simd
+                    for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
+                }
+                if (sb) vadd(sb, d, w);
+            }
+            if (gw) acc_done(dt, gdt, gw, sw, xb, w);
+            if (gb) acc_done(dt, gdt, gb, sb, xb, w);
+        }
+    }
+}
+
+/* LayerNorm's backward, or RMSNorm's (mean and dbias NULL); 16-bit: per-thread scratch of 4C
+ * floats (3C for RMSNorm). */
+static void norm_backward(enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp, void *dweight,
+                         void *dbias, const void *dout, const void *inp, const void *weight,
+                         const float *mean, const float *rstd, int64_t N, int64_t C,
+                         const char *kernel) {
+    F32_OR_16(kernel);
+    GRAD_TYPE(kernel);
+    const int64_t per = (mean ? 4 : 3) * C;
+    float *wc;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    float *scr = is16(dt) ? thread_scratch(per, mean ? "layernorm scratch" : "rmsnorm scratch")
+                          : NULL;
+    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, per);
+    if (dweight || dbias)
+        norm_weight_grad(dt, gdt, dweight, dbias, dout, inp, mean, rstd, N, C, scr, per);
+    l3d_free(scr);
+    l3d_free(wc);
+}
+
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
 static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                    void *dweight, void *dbias, const void *dout, const void *inp,
                                    const void *weight, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
     (void)ctx;
-    F32_OR_16("layernorm_backward");
-    GRAD_TYPE("layernorm_backward");
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    float *scr = is16(dt) ? thread_scratch(4 * C, "layernorm scratch") : NULL;
-    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, 4 * C);
-    if (dweight || dbias) {
-#pragma omp parallel
-        {
-            int64_t lo, hi;
-            chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-            int64_t w = hi - lo;
-            float *aw = off(scr, omp_get_thread_num() * 4 * C), *ab = off(aw, C);
-            float *xb = off(ab, C), *db = off(xb, C);
-            if (w > 0) {
-                void *gw = dweight ? at(gdt, dweight, lo) : NULL;
-                void *gb = dbias ? at(gdt, dbias, lo) : NULL;
-                float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
-                float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
-                for (int64_t n = 0; n < N; n++) {
-                    const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
-                    const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
-                    float m = mean[n], r = rstd[n];
-                    if (sw) {
-#pragma omp simd
-                        for (int64_t c = 0; c < w; c++) sw[c] += d[c] * (x[c] - m) * r;
-                    }
-                    if (sb) vadd(sb, d, w);
-                }
-                if (gw) acc_done(dt, gdt, gw, sw, xb, w);
-                if (gb) acc_done(dt, gdt, gb, sb, xb, w);
-            }
-        }
-    }
-    l3d_free(scr);
-    l3d_free(wc);
+    norm_backward(dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                  "layernorm_backward");
 }
 
 /* ---- attention: tiled, online softmax (FlashAttention) ----------------------------------
@@ -1415,11 +1454,9 @@ static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const v
                int64_t N) {
 #pragma omp parallel
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(dt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float yb[L3D_BLK], ab[L3D_BLK], bb[L3D_BLK];
             void *yp = at(dt, y, i0);
             float *yf = op == EW_GELU_BACKWARD ? row_io(dt, yb, yp, n) : row_out(dt, yb, yp);
@@ -1487,46 +1524,13 @@ static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *
     l3d_free(wc);
 }
 
-/* dweight (type gdt) += column sums of dout * xhat over the rows, each thread a block of
- * columns (acc_begin: fp32 row by row into the gradient, 16-bit summed in fp32, added once). */
-static void rms_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight,
-                            const void *dout, const void *inp, const float *rstd, int64_t N,
-                            int64_t C, float *scr) {
-#pragma omp parallel
-    {
-        int64_t lo, hi;
-        chunk(C, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        int64_t w = hi - lo;
-        float *aw = off(scr, omp_get_thread_num() * 3 * C), *xb = off(aw, C), *db = off(xb, C);
-        if (w > 0) {
-            void *gw = at(gdt, dweight, lo);
-            float *sw = acc_begin(dt, aw, gw, w);
-            for (int64_t n = 0; n < N; n++) {
-                const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
-                const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
-                float r = rstd[n];
-#pragma omp simd
-                for (int64_t c = 0; c < w; c++) sw[c] += d[c] * x[c] * r;
-            }
-            acc_done(dt, gdt, gw, sw, xb, w);
-        }
-    }
-}
-
 // dinp (N,C), dweight (C), dout (N,C), inp (N,C), weight (C), rstd (N)
 static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                  void *dweight, const void *dout, const void *inp,
                                  const void *weight, const float *rstd, int64_t N, int64_t C) {
     (void)ctx;
-    F32_OR_16("rmsnorm_backward");
-    GRAD_TYPE("rmsnorm_backward");
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    float *scr = is16(dt) ? thread_scratch(3 * C, "rmsnorm scratch") : NULL;
-    if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, NULL, rstd, N, C, scr, 3 * C);
-    if (dweight) rms_weight_grad(dt, gdt, dweight, dout, inp, rstd, N, C, scr);
-    l3d_free(scr);
-    l3d_free(wc);
+    norm_backward(dt, gdt, dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C,
+                  "rmsnorm_backward");
 }
 
 /* Rotary position embedding (Su et al. 2021, "RoFormer", eq. 34) in Hugging Face's rotate-half
@@ -1754,11 +1758,9 @@ static void adamw_any(enum l3d_dtype dt, enum l3d_dtype gdt, void *param, float 
                       float bc2) {
 #pragma omp parallel
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(gdt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(gdt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float gb[L3D_BLK];
             const float *g = row_in(gdt, gb, at(gdt, grad, i0), n);
             float *p = master + i0, *mm = m + i0, *vv = v + i0;
@@ -1808,13 +1810,11 @@ static void cpu_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, 
     {
         int nth = omp_get_num_threads(), tid = omp_get_thread_num();
         L3D_ASSERT(nth <= L3D_MAX_THREADS);
-        int64_t lo, hi;
-        chunk(n, tid, nth, &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
+        const struct span sp = thread_span(dt, n);
         double s = 0.0;
         float b[L3D_BLK];
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t m = hi - i0 < bl ? hi - i0 : bl;
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t m = span_len(sp, i0);
             s = sumsq_acc(s, row_in(dt, b, at(dt, x, i0), m), m);
         }
         part[tid] = s;
@@ -1851,11 +1851,9 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
     int bad = 0;
 #pragma omp parallel reduction(| : bad)
     {
-        int64_t lo, hi;
-        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        const int64_t bl = span_blk(dt, hi - lo);
-        for (int64_t i0 = lo; i0 < hi; i0 += bl) {
-            int64_t n = hi - i0 < bl ? hi - i0 : bl;
+        const struct span sp = thread_span(dt, N);
+        for (int64_t i0 = sp.lo; i0 < sp.hi; i0 += sp.bl) {
+            int64_t n = span_len(sp, i0);
             float buf[L3D_BLK];
             void *p = at(dt, x, i0);
             float *b = row_io(dt, buf, p, n);

@@ -390,6 +390,18 @@ static void mpi_free(struct l3d_comm *c) {
 
 /* ---- collectives ----------------------------------------------------------------------------- */
 
+/* A collective just started as r: non-blocking (req), handed to the caller with scratch, freed at
+ * completion; blocking, waited for here under the watchdog and scratch freed. */
+static void coll_finish(struct mpi_comm *m, l3d_req *req, MPI_Request r, void *scratch,
+                        const char *what) {
+    if (req) {
+        req_store(m, req, r, scratch, -1, what);
+        return;
+    }
+    watch_wait(m, &r, -1, what);
+    l3d_free(scratch);
+}
+
 static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                            enum l3d_redop op, l3d_req *req) {
     struct mpi_comm *m = mc(c);
@@ -399,7 +411,7 @@ static void mpi_all_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dt
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, nb_count(n), dt, mo, m->comm, &r));
-        req_store(m, req, r, NULL, -1, "all-reduce");
+        coll_finish(m, req, r, NULL, "all-reduce");
         return;
     }
     size_t es = l3d_dtype_size(t);
@@ -444,7 +456,7 @@ static void mpi_reduce(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype 
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf, at_root ? buf : NULL, nb_count(n),
                                   mpi_type(m, t), mpi_op(m, t, op), root, m->comm, &r));
-        req_store(m, req, r, NULL, -1, "reduce");
+        coll_finish(m, req, r, NULL, "reduce");
         return;
     }
     reduce_chunked(m, buf, buf, n, t, op, root, true);
@@ -468,16 +480,10 @@ static void mpi_reduce_scatter(struct l3d_comm *c, const void *send, void *recv,
     recv = hv(c, recv, n, t);
     MPI_Datatype dt = mpi_type(m, t);
     MPI_Op mo = mpi_op(m, t, op);
-    if (req) {
+    if (req || n * c->size <= m->max_count) { /* non-blocking, or small: one operation */
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, nb_count(n), dt, mo, m->comm, &r));
-        req_store(m, req, r, NULL, -1, "reduce-scatter");
-        return;
-    }
-    if (n * c->size <= m->max_count) {
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, (int)n, dt, mo, m->comm, &q));
-        watch_wait(m, &q, -1, "reduce-scatter");
+        coll_finish(m, req, r, NULL, "reduce-scatter");
         return;
     }
     /* Large: rank r's block is reduced to r, one chunked reduce per rank (no staging copy). */
@@ -490,18 +496,11 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
                            l3d_req *req) {
     struct mpi_comm *m = mc(c);
     recv = hv(c, recv, n * c->size, t);
-    if (req) {
+    if (req || n * c->size <= m->max_count) { /* non-blocking, or small: one operation */
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, nb_count(n),
                                      mpi_type(m, t), m->comm, &r));
-        req_store(m, req, r, NULL, -1, "all-gather");
-        return;
-    }
-    if (n * c->size <= m->max_count) {
-        MPI_Request q;
-        L3D_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n,
-                                     mpi_type(m, t), m->comm, &q));
-        watch_wait(m, &q, -1, "all-gather");
+        coll_finish(m, req, r, NULL, "all-gather");
         return;
     }
     /* Large: every rank broadcasts its block, in chunks. */
@@ -535,19 +534,10 @@ static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         ic[r] = (int)counts[r];
         id[r] = (int)displs[r];
     }
-    if (req) {
-        MPI_Request r;
-        L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
-                                      mpi_type(m, t), m->comm, &r));
-        /* MPI reads ic and id until completion, when they are freed */
-        req_store(m, req, r, ic, -1, "all-gather");
-        return;
-    }
-    MPI_Request q;
+    MPI_Request r;
     L3D_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, ic, id,
-                                  mpi_type(m, t), m->comm, &q));
-    watch_wait(m, &q, -1, "all-gather");
-    l3d_free(ic);
+                                  mpi_type(m, t), m->comm, &r));
+    coll_finish(m, req, r, ic, "all-gather"); /* MPI reads ic and id until completion */
 }
 
 static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
@@ -558,7 +548,7 @@ static void mpi_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dty
     if (req) {
         MPI_Request r;
         L3D_MPI_CHECK(MPI_Ibcast(buf, nb_count(n), mpi_type(m, t), root, m->comm, &r));
-        req_store(m, req, r, NULL, -1, "broadcast");
+        coll_finish(m, req, r, NULL, "broadcast");
         return;
     }
     bcast_chunked(m, buf, n, t, root);

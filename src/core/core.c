@@ -238,32 +238,20 @@ l3d_status l3d_dtype_parse(const char *s, enum l3d_dtype *t) {
                      "int32, int64 or uint8", s);
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* Adding 0x7fff plus the lowest kept bit carries into the kept half exactly when the dropped half
  * is above one half, or is one half and the kept value is odd: nearest, ties to even. The largest
  * finite values carry into the exponent and become Inf, as they should. */
 uint16_t l3d_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = l3d_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
 
-float l3d_bf16_to_f32(uint16_t h) { return f32_of((uint32_t)h << 16); }
+float l3d_bf16_to_f32(uint16_t h) { return l3d_f32_from_bits((uint32_t)h << 16); }
 
 uint16_t l3d_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
+    uint32_t u = l3d_f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* quiet NaN */
@@ -285,8 +273,9 @@ uint16_t l3d_f32_to_f16(float f) {
 
 float l3d_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) return f32_of(sign | 0x7f800000u | (m << 13)); /* Inf, NaN (payload kept) */
-    if (e) return f32_of(sign | ((e + 112) << 23) | (m << 13));
+    if (e == 0x1f) /* Inf, NaN (payload kept) */
+        return l3d_f32_from_bits(sign | 0x7f800000u | (m << 13));
+    if (e) return l3d_f32_from_bits(sign | ((e + 112) << 23) | (m << 13));
     float v = (float)m * 0x1p-24f; /* zero or subnormal: exact */
     return sign ? -v : v;
 }
