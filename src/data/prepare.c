@@ -350,6 +350,29 @@ static bool is_val(int64_t i, double f) {
     return f > 0 && (int64_t)floor((double)(i + 1) * f) > (int64_t)floor((double)i * f);
 }
 
+/* Encodes the pieces pv[0, np) of text (file's), the threads over them; the first piece the
+ * tokenizer's pattern fails on is the error (its message taken from that thread). */
+static l3d_status encode_pieces(struct l3d_encoder **enc, const char *file, const char *text,
+                                struct piece *pv, size_t np) {
+    size_t bad = np;
+    char msg[1024];
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < np; i++) {
+        pv[i].ids.n = 0;
+        if (l3d_encoder_encode(enc[omp_get_thread_num()], text + pv[i].start, pv[i].len,
+                               &pv[i].ids) != L3D_OK) {
+#pragma omp critical(prepare_encode_error)
+            if (i < bad) {
+                bad = i;
+                snprintf(msg, sizeof msg, "%s", l3d_error_message()); /* per thread */
+            }
+        }
+    }
+    if (bad == np) return L3D_OK;
+    return l3d_error(L3D_ERR_FORMAT, "input %s, the piece of text from byte %zu: %s", file,
+                     pv[bad].start, msg);
+}
+
 l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
                            int64_t shard_tokens, const struct l3d_tokenizer *tok,
                            const char *doc_separator, int doc_token, bool progress,
@@ -391,23 +414,7 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
         st = l3d_read_whole_file(files[f], "input", &text, &n);
         if (st != L3D_OK) break;
         split_docs(text, n, doc_separator, &pv, &np, &cap);
-        size_t bad = np; /* the first piece the tokenizer's pattern failed on, its message in msg */
-        char msg[1024];
-#pragma omp parallel for schedule(dynamic, 1)
-        for (size_t i = 0; i < np; i++) {
-            pv[i].ids.n = 0;
-            if (l3d_encoder_encode(enc[omp_get_thread_num()], text + pv[i].start, pv[i].len,
-                                   &pv[i].ids) != L3D_OK) {
-#pragma omp critical(prepare_encode_error)
-                if (i < bad) {
-                    bad = i;
-                    snprintf(msg, sizeof msg, "%s", l3d_error_message()); /* per thread */
-                }
-            }
-        }
-        if (bad < np)
-            st = l3d_error(L3D_ERR_FORMAT, "input %s, the piece of text from byte %zu: %s", files[f],
-                           pv[bad].start, msg);
+        st = encode_pieces(enc, files[f], text, pv, np);
         for (size_t i = 0; i < np; i++) {
             if (st != L3D_OK) {
                 l3d_ids_free(&pv[i].ids);

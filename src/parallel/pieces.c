@@ -87,28 +87,38 @@ void l3d_dp_fp32_stream_send(struct l3d_dp *dp) {
     }
 }
 
-const float *l3d_dp_fp32_stream_get(struct l3d_dp *dp, int64_t off, int64_t n) {
-    struct l3d_dp_stream *s = dp->stream;
+/* Range [off, off + n) of the flat space to DP rank 0's dst (device memory), from its owners in
+ * rank order; every other rank sends its part (what: the watchdog's words for the wait). */
+static void pull_range(struct l3d_dp *dp, const struct l3d_adamw *opt, int64_t off, int64_t n,
+                       float *dst, const char *what) {
     struct l3d_comm *c = dp->comm;
-    int64_t N = dp->m->num_params;
-    L3D_ASSERT(s && s->live && s->buf && off == s->next &&
-               n == (N - off < s->piece ? N - off : s->piece));
-    const float *src = own_fp32(dp, s->opt);
+    const float *src = own_fp32(dp, opt);
     double t0 = l3d_time_s();
-    struct l3d_doing was = l3d_comm_doing(c, "fp32 parameter piece to DP rank 0 (save)", -1, -1);
-    for (int r = 0; r < c->size; r++) { /* the owners of the piece's parts, in order */
+    struct l3d_doing was = l3d_comm_doing(c, what, -1, -1);
+    for (int r = 0; r < c->size; r++) { /* the owners of the range's parts, in order */
         int64_t lo, hi;
         range_of(dp, r, &lo, &hi);
         int64_t a = off > lo ? off : lo, b = off + n < hi ? off + n : hi;
-        if (a >= b) continue;
-        if (r == c->rank)
-            l3d_be_copy_d2d(dp->m->be, s->buf + (a - off), src + (a - lo),
+        if (a >= b || (c->rank != 0 && r != c->rank)) continue;
+        if (r == c->rank && c->rank == 0)
+            l3d_be_copy_d2d(dp->m->be, dst + (a - off), src + (a - lo),
                             (size_t)(b - a) * sizeof(float));
+        else if (c->rank == 0)
+            l3d_comm_recv(c, dst + (a - off), b - a, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
         else
-            l3d_comm_recv(c, s->buf + (a - off), b - a, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
+            l3d_comm_send(c, src + (a - lo), b - a, L3D_F32, 0, L3D_TAG_ZERO3_GATHER, NULL);
     }
     l3d_comm_done(c, was);
     dp->comm_wait_s += l3d_time_s() - t0;
+}
+
+const float *l3d_dp_fp32_stream_get(struct l3d_dp *dp, int64_t off, int64_t n) {
+    struct l3d_dp_stream *s = dp->stream;
+    int64_t N = dp->m->num_params;
+    L3D_ASSERT(s && s->live && s->buf && off == s->next && dp->comm->rank == 0 &&
+               n == (N - off < s->piece ? N - off : s->piece));
+    /* the other ranks' parts: the sends l3d_dp_fp32_stream_send posted */
+    pull_range(dp, s->opt, off, n, s->buf, "fp32 parameter piece to DP rank 0 (save)");
     s->next = off + n;
     return s->buf;
 }
@@ -177,23 +187,5 @@ void l3d_dp_fp32_stream_end(struct l3d_dp *dp) {
 
 void l3d_dp_fp32_pull(struct l3d_dp *dp, const struct l3d_adamw *opt, int64_t off, int64_t n,
                       float *dst) {
-    struct l3d_comm *c = dp->comm;
-    const float *src = own_fp32(dp, opt);
-    double t0 = l3d_time_s();
-    struct l3d_doing was = l3d_comm_doing(c, "fp32 parameter rows to DP rank 0 (--out)", -1, -1);
-    for (int r = 0; r < c->size; r++) { /* the owners of the range's parts, in order */
-        int64_t lo, hi;
-        range_of(dp, r, &lo, &hi);
-        int64_t a = off > lo ? off : lo, b = off + n < hi ? off + n : hi;
-        if (a >= b || (c->rank != 0 && r != c->rank)) continue;
-        if (r == c->rank && c->rank == 0)
-            l3d_be_copy_d2d(dp->m->be, dst + (a - off), src + (a - lo),
-                            (size_t)(b - a) * sizeof(float));
-        else if (c->rank == 0)
-            l3d_comm_recv(c, dst + (a - off), b - a, L3D_F32, r, L3D_TAG_ZERO3_GATHER, NULL);
-        else
-            l3d_comm_send(c, src + (a - lo), b - a, L3D_F32, 0, L3D_TAG_ZERO3_GATHER, NULL);
-    }
-    l3d_comm_done(c, was);
-    dp->comm_wait_s += l3d_time_s() - t0;
+    pull_range(dp, opt, off, n, dst, "fp32 parameter rows to DP rank 0 (--out)");
 }

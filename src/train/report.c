@@ -10,6 +10,31 @@
 
 #include "train/train-impl.h"
 
+/* The start-up lines of the fp32 parameters' pieces and of what the memory check counted beside
+ * training. */
+static void report_transfers(const struct l3d_trainer *t, int v) {
+    const struct l3d_train_config *tc = t->tc;
+    const double MiB = 1048576.0;
+    if (l3d_dp_fp32_streamed(&t->dps[0], &t->opts[0])) { /* ZeRO-3, ZeRO-2 in mixed precision */
+        size_t piece = l3d_ckpt_stage_bytes(), most = 0;
+        for (int c = 0; c < v; c++)
+            most += (size_t)l3d_dp_fp32_piece(t->chunks[c]->num_params, piece) * sizeof(float);
+        printf("fp32 parameters: no whole copy on any rank; saves, resumes, --init-from%s move "
+               "them in pieces of at most %.1f MiB: %.1f MiB on the device (a piece per chunk) "
+               "and on the host one piece (three strips of rows for a re-sliced resume or a "
+               "Hugging Face folder)\n",
+               tc->layout.zero == 2 ? " and the initialisation" : "", piece / MiB, most / MiB);
+    }
+    if (t->mem_figure >= 0) { /* what the check counted beside training (train/memory.c) */
+        bool files = tc->resume || tc->init_from || tc->save_every > 0;
+        printf("memory check: %.1f MiB (%.0f bytes) planned on rank 0%s%s%s\n",
+               t->mem_figure / MiB, t->mem_figure,
+               files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
+               tc->out_dir ? (files ? " and --out's writers)" : "--out's writers)")
+                           : files ? ")" : "");
+    }
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -82,23 +107,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                "and the non-layer tensors)", mem.gather / MiB, tc->layout.zero3_prefetch + 1,
                tc->layout.zero3_prefetch);
     printf("\n");
-    if (l3d_dp_fp32_streamed(&t->dps[0], &t->opts[0])) { /* ZeRO-3, ZeRO-2 in mixed precision */
-        size_t piece = l3d_ckpt_stage_bytes(), most = 0;
-        for (int c = 0; c < v; c++)
-            most += (size_t)l3d_dp_fp32_piece(t->chunks[c]->num_params, piece) * sizeof(float);
-        printf("fp32 parameters: no whole copy on any rank; saves, resumes, --init-from%s move "
-               "them in pieces of at most %.1f MiB: %.1f MiB on the device (a piece per chunk) "
-               "and one piece on the host at most\n",
-               tc->layout.zero == 2 ? " and the initialisation" : "", piece / MiB, most / MiB);
-    }
-    if (t->mem_figure >= 0) { /* what the check counted beside training (train/memory.c) */
-        bool files = tc->resume || tc->init_from || tc->save_every > 0;
-        printf("memory check: %.1f MiB (%.0f bytes) planned on rank 0%s%s%s\n",
-               t->mem_figure / MiB, t->mem_figure,
-               files || tc->out_dir ? " (" : "", files ? "the files' transfers" : "",
-               tc->out_dir ? (files ? " and --out's writers)" : "--out's writers)")
-                           : files ? ")" : "");
-    }
+    report_transfers(t, v);
     if (mixed)
         printf("products: %s\n",
                l3d_be_matmul_native(t->be, tc->precision.param)

@@ -105,6 +105,33 @@ static l3d_status no_output_over_input(const struct l3d_train_config *tc) {
     return L3D_OK;
 }
 
+/* --overwrite's removal of what an earlier run left (found names it): outs, the Hugging Face
+ * model's files (hf), the checkpoints' latest and step directories. */
+static l3d_status remove_earlier(const struct l3d_train_config *tc, const char *out,
+                                 const char *ckroot, const char *found, bool hf) {
+    char p[4200];
+    for (int i = 0; out && i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, outs[i]);
+        if (unlink(p) != 0 && errno != ENOENT)
+            return l3d_error(L3D_ERR_IO, "--overwrite: cannot remove %s: %s", p, strerror(errno));
+    }
+    if (hf) { /* the folder's model: its safetensors files, index and config */
+        l3d_st_remove(out);
+        snprintf(p, sizeof p, "%s/config.json", out);
+        unlink(p);
+    }
+    int n = 0;
+    l3d_status st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
+    if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", l3d_error_message());
+        return l3d_error(st, "--overwrite: %s", why);
+    }
+    if (!tc->quiet)
+        printf("overwrite: removed the earlier run's files (%s; %d checkpoint(s))\n", found, n);
+    return L3D_OK;
+}
+
 /* Rank 0's part. */
 static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     const char *out = tc->out_dir;
@@ -152,28 +179,8 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
                          "config.json and safetensors, and the checkpoints' latest and "
                          "step_NNNNNNNN directories, nothing else), or give another --out",
                          out ? out : ckroot, found);
-    if (tc->overwrite && found[0]) {
-        for (int i = 0; out && i < 3; i++) {
-            snprintf(p, sizeof p, "%s/%s", out, outs[i]);
-            if (unlink(p) != 0 && errno != ENOENT)
-                return l3d_error(L3D_ERR_IO, "--overwrite: cannot remove %s: %s", p,
-                                 strerror(errno));
-        }
-        if (out && l3d_st_remove(out)) { /* the folder the earlier run wrote: its config too */
-            snprintf(p, sizeof p, "%s/config.json", out);
-            unlink(p);
-        }
-        int n = 0;
-        st = ckroot[0] ? l3d_ckpt_clear(ckroot, &n) : L3D_OK;
-        if (st != L3D_OK) { /* copied first: l3d_error writes the buffer the message is in */
-            char why[1024];
-            snprintf(why, sizeof why, "%s", l3d_error_message());
-            return l3d_error(st, "--overwrite: %s", why);
-        }
-        if (!tc->quiet)
-            printf("overwrite: removed the earlier run's files (%s; %d checkpoint(s))\n", found,
-                   n);
-    }
+    if (tc->overwrite && found[0] && (st = remove_earlier(tc, out, ckroot, found, hf)) != L3D_OK)
+        return st;
 
     *id = 0;
     if (tc->resume) {
