@@ -601,9 +601,9 @@ static void test_checks_and_search(void) {
     CHECK(l3d_plan_evaluate(&m, &prof, &run, &hand, &r) == L3D_OK);
     CHECK(best[0].time.step <= r.time.step);
     /* fixed parts are kept */
-    fx.tp = 4;
-    fx.pp = 16;
-    fx.recompute = L3D_RECOMPUTE_FULL;
+    l3d_plan_fix(&fx, L3D_FIX_TP, 4);
+    l3d_plan_fix(&fx, L3D_FIX_PP, 16);
+    l3d_plan_fix(&fx, L3D_FIX_RECOMPUTE, L3D_RECOMPUTE_FULL);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     for (int i = 0; i < n; i++)
         CHECK(best[i].layout.tp == 4 && best[i].layout.pp == 16 &&
@@ -614,7 +614,7 @@ static void test_checks_and_search(void) {
     run = run16(8, 8, true);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n == 0 && stats.valid > 0 && stats.fit == 0);
-    fx.tp = 3;
+    l3d_plan_fix(&fx, L3D_FIX_TP, 3);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--tp 3") != NULL);
     /* the runtime's reserve counts against "fits", not in the predicted bytes */
@@ -636,20 +636,20 @@ static void test_checks_and_search(void) {
     m.L = 10;
     run = run16(2, 4, true);
     fx = l3d_plan_fixed_none();
-    fx.pp = 2;
+    l3d_plan_fix(&fx, L3D_FIX_PP, 2);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     bool v5 = false;
     for (int i = 0; i < n; i++) v5 = v5 || best[i].layout.v == 5;
     CHECK(n > 0 && v5);
-    fx.v = 5;
+    l3d_plan_fix(&fx, L3D_FIX_V, 5);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n > 0 && best[0].layout.v == 5 && best[0].layout.pp == 2);
     /* ZeRO-3 is searched with the trainer's prefetch (1: two layer buffers) or the one given;
      * each layer more ahead holds one more layer's parameters (the search used to plan prefetch
      * 0 whatever the trainer would run: a layer's buffer short) */
     fx = l3d_plan_fixed_none();
-    fx.zero = 3;
-    fx.dp = 2;
+    l3d_plan_fix(&fx, L3D_FIX_ZERO, 3);
+    l3d_plan_fix(&fx, L3D_FIX_DP, 2);
     run.llm3d = true; /* ZeRO-3 is llm3d's trainer's */
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
     for (int i = 0; i < n; i++) CHECK(best[i].layout.zero == 3 && best[i].layout.zero3_prefetch == 1);
@@ -662,13 +662,13 @@ static void test_checks_and_search(void) {
     CHECK(pf[1].mem.params > pf[0].mem.params);
     CHECK_NEAR(pf[2].mem.params - pf[1].mem.params, pf[1].mem.params - pf[0].mem.params, 1e-6);
     CHECK(best[0].mem.params == pf[1].mem.params);
-    fx.zero3_prefetch = 2;
+    fx.layout.zero3_prefetch = 2;
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
     CHECK(best[0].layout.zero3_prefetch == 2);
     /* under Megatron-LM's mixed precision (a GPU profile's default trainer) ZeRO-3 is refused by
      * its rule, named, before the search and in one layout (it said "no layout ... suits") */
     run.llm3d = false;
-    fx.zero3_prefetch = 1;
+    fx.layout.zero3_prefetch = 1;
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--zero 3: the plan follows Megatron-LM's fp16") &&
           strstr(l3d_error_message(), "give --trainer llm3d") && stats.evaluated == 0);
@@ -1169,7 +1169,11 @@ static void test_mixed_local(void) {
     CHECK_NEAR(b.time.attention, 2 * a.time.attention, a.time.attention * 1e-9);
     /* the search uses them too */
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
-    fx.tp = 1, fx.pp = 1, fx.mb = 4, fx.zero = 0, fx.recompute = L3D_RECOMPUTE_NONE;
+    l3d_plan_fix(&fx, L3D_FIX_TP, 1);
+    l3d_plan_fix(&fx, L3D_FIX_PP, 1);
+    l3d_plan_fix(&fx, L3D_FIX_MB, 4);
+    l3d_plan_fix(&fx, L3D_FIX_ZERO, 0);
+    l3d_plan_fix(&fx, L3D_FIX_RECOMPUTE, L3D_RECOMPUTE_NONE);
     struct l3d_plan_result best;
     int n = 0;
     struct l3d_plan_search_stats stats;
@@ -1495,7 +1499,7 @@ static void test_context_parallel(void) {
     bool has_cp2 = false;
     for (int i = 0; i < n; i++) has_cp2 = has_cp2 || best[i].layout.cp == 2;
     CHECK(n >= 1 && has_cp2);
-    fx.cp = 1;
+    l3d_plan_fix(&fx, L3D_FIX_CP, 1);
     CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
     for (int i = 0; i < n; i++) CHECK(best[i].layout.cp <= 1);
     /* negative: T 4094 is not 4 chunks */

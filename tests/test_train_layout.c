@@ -18,11 +18,13 @@ static struct l3d_train_config config(void) {
 }
 
 /* the layout fails with a message containing each of the words */
-static void check_error(const struct l3d_train_config *tc, int world, const char *a,
+static void check_error(struct l3d_train_config *tc, int world, const char *a,
                         const char *b) {
     struct l3d_train_layout lay;
+    const struct l3d_layout given = tc->layout;
     l3d_status st = l3d_train_layout_init(&lay, tc, world);
     CHECK(st != L3D_OK);
+    CHECK(memcmp(&given, &tc->layout, sizeof given) == 0); /* left as it was */
     const char *msg = l3d_error_message();
     bool found = strstr(msg, a) && (!b || strstr(msg, b));
     if (!found) fprintf(stderr, "message: %s\n", msg);
@@ -38,8 +40,10 @@ int main(void) {
     tc.layout.pp = 2;
     tc.layout.global_batch = 16; /* B 4 x dp 2 x 2 micro-batches */
     CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK);
-    CHECK(lay.tp == 1 && lay.pp == 2 && lay.dp == 2 && lay.v == 1 && lay.stages == 2);
-    CHECK(lay.accum == 2);
+    /* resolved in the spec itself: dp from the world, accum from the global batch */
+    CHECK(tc.layout.tp == 1 && tc.layout.pp == 2 && tc.layout.dp == 2 && tc.layout.v == 1 &&
+          tc.layout.cp == 1 && lay.stages == 2);
+    CHECK(tc.layout.accum == 2);
     CHECK(lay.layers[0] + lay.layers[1] == tc.model.L);
     CHECK(lay.sched.n == NULL); /* built after the memory check */
     CHECK(l3d_train_layout_build(&lay, &tc) == L3D_OK);
@@ -56,12 +60,13 @@ int main(void) {
     tc.layout.zero = 1;
     check_error(&tc, 512, "--zero 1", "512 data-parallel");
     tc.layout.zero = 0; /* replicated optimizer: no limit */
-    CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
+    CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK && tc.layout.dp == 512);
     l3d_train_layout_free(&lay);
+    tc.layout.dp = 0;
     tc.layout.zero = 2;
     tc.layout.tp = 2; /* 512 ranks as tp 2 x dp 256: allowed */
     CHECK(l3d_train_layout_init(&lay, &tc, 512) == L3D_OK);
-    CHECK(lay.dp == 256);
+    CHECK(tc.layout.dp == 256);
     l3d_train_layout_free(&lay);
 
     /* more stages than layers, at any size (no fixed-size table) */
@@ -95,14 +100,14 @@ int main(void) {
     tc.layout.accum = 1 << 30;
     size_t before = l3d_mem_used();
     CHECK(l3d_train_layout_init(&lay, &tc, 2) == L3D_OK);
-    CHECK(lay.accum == 1 << 30 && l3d_mem_used() - before < 4096);
+    CHECK(tc.layout.accum == 1 << 30 && l3d_mem_used() - before < 4096);
     CHECK(l3d_train_layout_build(&lay, &tc) != L3D_OK && lay.sched.n == NULL);
     CHECK(strstr(l3d_error_message(), "--grad-accum") != NULL);
     l3d_train_layout_free(&lay);
     CHECK(l3d_mem_used() == before);
     tc.layout.accum = 1;
     tc.layout.global_batch = (int64_t)4 << 30; /* 2^30 micro-batches of --batch 4 */
-    CHECK(l3d_train_layout_init(&lay, &tc, 2) == L3D_OK && lay.accum == 1 << 30);
+    CHECK(l3d_train_layout_init(&lay, &tc, 2) == L3D_OK && tc.layout.accum == 1 << 30);
     l3d_train_layout_free(&lay);
     tc.layout.global_batch = (int64_t)4 << 32; /* 2^32 micro-batches: more than an int counts */
     check_error(&tc, 2, "--global-batch 17179869184", "at most 2147483647");
@@ -119,7 +124,8 @@ int main(void) {
                 "launch a multiple of 4 ranks");
     tc.layout.tp = 1;
     check_error(&tc, 3, "--cp 2 does not divide the 3 ranks", NULL);
-    CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK && lay.cp == 2 && lay.dp == 2);
+    CHECK(l3d_train_layout_init(&lay, &tc, 4) == L3D_OK && tc.layout.cp == 2 &&
+          tc.layout.dp == 2);
     l3d_train_layout_free(&lay);
 
     /* the others keep their messages */

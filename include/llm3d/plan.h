@@ -268,13 +268,42 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
 
 /* ---- search --------------------------------------------------------------------------- */
 
-/* Fixed parts of the layout: 0 (or -1 for zero, recompute, sp, v) leaves it free. */
-struct l3d_plan_fixed {
-    int tp, pp, dp, mb, v, zero, recompute, sp;
-    int cp;               /* 0: searched (the divisors that split the sequence into 2 cp) */
-    int zero3_prefetch;   /* ZeRO-3's layers gathered ahead, in every layout (the trainer's 1) */
+/* The parts of a layout the flags fixed: a mask of them beside a layout holding their values. */
+enum {
+    L3D_FIX_TP = 1 << 0, L3D_FIX_CP = 1 << 1, L3D_FIX_PP = 1 << 2, L3D_FIX_DP = 1 << 3,
+    L3D_FIX_MB = 1 << 4, L3D_FIX_V = 1 << 5, L3D_FIX_ZERO = 1 << 6, L3D_FIX_RECOMPUTE = 1 << 7,
+    L3D_FIX_SP = 1 << 8,
 };
+struct l3d_plan_fixed {
+    unsigned mask;             /* L3D_FIX_* */
+    /* the fixed parts' values; zero3_prefetch (the trainer's 1) and the pipeline schedule with
+     * one model chunk a rank (1F1B, or GPipe) hold in every layout */
+    struct l3d_layout layout;
+    /* the micro-batches tried when not fixed: 1, 2, 4, ..., 64 (false), or layout.micro_batch
+     * and its halvings while they divide it (the trainer's memory check: the same sequences a
+     * step in smaller pieces) */
+    bool mb_halvings;
+};
+/* Nothing fixed: every layout the search tries. */
 struct l3d_plan_fixed l3d_plan_fixed_none(void);
+/* fx with part `bit` fixed to `value` (the layout field of that part). */
+void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value);
+
+/* Every layout of `ranks` ranks of th threads that the fixed parts allow, in the search's order
+ * (tp, cp, pp, dp, micro-batch, v, ZeRO, recomputation, SP), each(ctx, layout) for each, before
+ * any evaluation: the one enumeration behind l3d_plan_search and the trainer's memory check's
+ * suggestions. Global batch: micro-batches that do not split it are not tried. dpn: devices per
+ * node (tp beyond it, or beyond the heads, not tried unless fixed; 0 or 1: no node limit); zero3:
+ * whether ZeRO-3 is tried (llm3d's trainer has it; Megatron-LM's optimizer not). */
+struct l3d_plan_space {
+    const struct l3d_model_spec *m;
+    int64_t ranks, global_batch;
+    int threads, dpn;
+    bool zero3;
+    const struct l3d_plan_fixed *fx;
+};
+void l3d_plan_layouts(const struct l3d_plan_space *sp,
+                      void (*each)(void *, const struct l3d_layout *), void *ctx);
 
 struct l3d_plan_search_stats {
     int64_t evaluated, valid, fit;

@@ -6,8 +6,8 @@
  *   struct l3d_runtime_opts o = {.cmd = "train", .backend = NULL};  // NULL: $L3D_BACKEND, cpu
  *   struct l3d_runtime *rt;
  *   if (l3d_runtime_init(&argc, &argv, &o, &rt) != L3D_OK) ...;      // message printed once
- *   ... resolve the layout (collective-free: every rank the same verdict) ...
- *   if (l3d_runtime_layout(rt, tp, pp, dp) != L3D_OK) ...;           // collective over the world
+ *   ... resolve the layout (l3d_spec_resolve: every rank the same verdict) ...
+ *   if (l3d_runtime_layout(rt, &spec.layout) != L3D_OK) ...;         // collective over the world
  *   l3d_comm_all_reduce(rt->topo.dp_comm, ...);
  *   l3d_runtime_free(rt);                                             // communicators, backend, MPI
  */
@@ -45,11 +45,10 @@ struct l3d_runtime {
  * the message is printed once, prefixed "llm3d <cmd>: "; *out is NULL and nothing is left. */
 l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_opts *o,
                             struct l3d_runtime **out);
-/* Builds the rank grid tp x pp x dp (resolved: l3d_topo_resolve) and its communicators, replacing
- * an earlier one. Collective over the world. */
-l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp);
-/* The same with a context-parallel ring of cp ranks (l3d_topo_init_cp). */
-l3d_status l3d_runtime_layout_cp(struct l3d_runtime *rt, int tp, int cp, int pp, int dp);
+/* Builds the rank grid of layout l (resolved: l3d_layout_resolve; it must outlive the runtime's
+ * topology) and its communicators (l3d_topo_init), replacing an earlier one. Collective over the
+ * world. */
+l3d_status l3d_runtime_layout(struct l3d_runtime *rt, const struct l3d_layout *l);
 /* Frees the communicators, the backend and the world (MPI finalised); NULL is a no-op. */
 void l3d_runtime_free(struct l3d_runtime *rt);
 

@@ -61,6 +61,14 @@ struct l3d_layout {
  * when it does not divide: l3d_spec_check says so). dp must be resolved. */
 int64_t l3d_layout_accum(const struct l3d_layout *l);
 
+/* Fills what the flags left open, once, for `world` ranks: dp 0 becomes world / (tp cp pp), cp and
+ * v below 1 become 1, accum follows from global_batch, and one stage runs 1F1B. Every consumer then
+ * reads the layout as it is (the trainer, its memory check, checkpoints, the runtime's grid).
+ * L3D_ERR_LAYOUT naming the flags, their values, the world size, its divisors and what to do when
+ * the grid does not fit the world; L3D_ERR_ARG when the global batch does not split. The model's
+ * and the batch's other rules are l3d_spec_check's: l3d_spec_resolve runs both. */
+l3d_status l3d_layout_resolve(struct l3d_layout *l, int64_t world);
+
 /* ---- precision ------------------------------------------------------------------------------ */
 
 /* fp16 loss scaling (Micikevicius et al. 2018; Megatron-LM's DynamicGradScaler and defaults). */
@@ -158,5 +166,9 @@ l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ct
 enum { L3D_SPEC_MODEL = 1, L3D_SPEC_LAYOUT = 2, L3D_SPEC_PRECISION = 4, L3D_SPEC_ALL = 7 };
 l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
                                 unsigned parts, struct l3d_spec_errors *e);
+/* The validator, then l3d_layout_resolve of s->layout for ctx->world ranks (the grid first, so a
+ * grid that does not fit the world is the one message); s is changed only when both pass. */
+l3d_status l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                            struct l3d_spec_errors *e);
 
 #endif

@@ -22,9 +22,10 @@
  * between them. With pp = 1 the only stage is first and last, and the group has one rank.
  *
  *   struct l3d_topo topo;
- *   int tp = 2, pp = 2, dp = 0;                            // dp 0: inferred
- *   if (l3d_topo_resolve(world->size, &tp, &pp, &dp) != L3D_OK) ... // before any allocation
- *   l3d_topo_init(&topo, world, tp, pp, dp);
+ *   struct l3d_run_spec s;  ...                            // the flags' layout
+ *   if (l3d_spec_resolve(&s, &(struct l3d_spec_ctx){.world = world->size, .train = true},
+ *                        NULL) != L3D_OK) ...             // before any allocation
+ *   l3d_topo_init(&topo, world, &s.layout);
  *   l3d_comm_all_reduce(topo.dp_comm, ...);
  *   l3d_topo_free(&topo);
  */
@@ -33,55 +34,43 @@
 
 #include "llm3d/comm.h"
 #include "llm3d/core.h"
+#include "llm3d/spec.h"
 
+/* This rank's place in the grid and its groups. The sizes are the layout's (tp, cp, pp, dp), which
+ * the topology reads and does not copy. */
 struct l3d_topo {
-    int tp, pp, dp;
+    const struct l3d_layout *layout; /* the resolved layout it was built for (not owned) */
     int rank, world_size;
-    int tp_rank, pp_rank, dp_rank;
-    int cp, cp_rank;           /* context parallelism (l3d_topo_init_cp); 1 and 0 otherwise */
+    int tp_rank, cp_rank, pp_rank, dp_rank;
     struct l3d_comm *world;    /* not owned */
     struct l3d_comm *tp_comm;  /* ranks that differ only in tp_rank */
     struct l3d_comm *pp_comm;  /* ranks that differ only in pp_rank (a pipeline) */
     struct l3d_comm *dp_comm;  /* ranks that differ only in dp_rank (replicas) */
     struct l3d_comm *cp_comm;  /* ranks that differ only in cp_rank (a ring holding the chunks
-                                * of the same sequences) */
+                                * of the same sequences); NULL when cp = 1 */
     struct l3d_comm *dpcp_comm;/* ranks that differ in dp_rank or cp_rank, ordered dp_rank cp +
                                 * cp_rank: the gradient reduction's and ZeRO's group (the weights
                                 * are replicated over both); dp_comm itself when cp = 1 */
     struct l3d_comm *embed_comm; /* first and last stage of this pipeline; NULL on middle stages */
 };
 
-/* Checks tp, pp >= 1 and dp >= 0 and fills dp when it is 0 (world / (tp * pp)); L3D_ERR_LAYOUT,
- * with a message naming the flags (--tp, --pp, --dp), their values, the world size and what to
- * do, when one is out of range, tp * pp does not divide the world, or tp * pp * dp != world_size.
- * Collective-free: every rank reaches the same verdict on its own. */
-l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp);
-/* The same with a context-parallel ring of cp ranks (world = tp x cp x pp x dp): cp must divide
- * the world, dp 0 is world / (tp x cp x pp), and the messages name --cp and the whole product
- * ("--tp 1 x --cp 2 x --pp 1 x --dp 2 = 4 ranks, but the world size is 2"). cp 1: as above. */
-l3d_status l3d_topo_resolve_cp(int world_size, int *tp, int cp, int *pp, int *dp);
-/* Rank of (tp_rank, pp_rank, dp_rank), and back. */
-int l3d_topo_rank_of(int tp, int pp, int tp_rank, int pp_rank, int dp_rank);
-void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *dp_rank);
-/* Builds the sub-communicators (collective over the world: four splits, each group ordered by its
- * own coordinate, so tp_comm->rank == tp_rank and so on). The layout must be resolved.
- * l3d_topo_free releases them (not the world). */
-l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp);
 /* The grid with context parallelism: tp fastest, then cp, then pp, then dp,
  *
  *     rank = ((dp_rank pp + pp_rank) cp + cp_rank) tp + tp_rank
  *
  * (cp = 1: the grid above). CP next to TP because its ring moves K and V at every layer of every
  * micro-batch, the most traffic after TP's, so a ring stays on a node's fast links when tp x cp
- * fits a node; PP sends one activation per micro-batch and stage, DP reduces once a step. Two
- * more splits: cp_comm and dpcp_comm (after the four above). tp / pp / dp_rank of rank_of_cp and
- * coords_cp as above. */
-l3d_status l3d_topo_init_cp(struct l3d_topo *t, struct l3d_comm *world, int tp, int cp, int pp,
-                            int dp);
-int l3d_topo_rank_of_cp(int tp, int cp, int pp, int tp_rank, int cp_rank, int pp_rank,
-                        int dp_rank);
-void l3d_topo_coords_cp(int tp, int cp, int pp, int rank, int *tp_rank, int *cp_rank,
-                        int *pp_rank, int *dp_rank);
+ * fits a node; PP sends one activation per micro-batch and stage, DP reduces once a step.
+ * Rank of (tp_rank, cp_rank, pp_rank, dp_rank) in layout l (resolved), and back. */
+int l3d_topo_rank_of(const struct l3d_layout *l, int tp_rank, int cp_rank, int pp_rank,
+                     int dp_rank);
+void l3d_topo_coords(const struct l3d_layout *l, int rank, int *tp_rank, int *cp_rank,
+                     int *pp_rank, int *dp_rank);
+/* Builds the sub-communicators of layout l (resolved, l3d_layout_resolve; it must outlive t):
+ * collective over the world, four splits (TP, PP, DP, embedding), each group ordered by its own
+ * coordinate, so tp_comm->rank == tp_rank and so on, and with a ring two more (cp_comm and
+ * dpcp_comm). l3d_topo_free releases them (not the world). */
+l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, const struct l3d_layout *l);
 void l3d_topo_free(struct l3d_topo *t);
 
 #endif

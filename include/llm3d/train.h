@@ -93,13 +93,12 @@ struct l3d_train_result {
     int overflows;             /* of them, fp16 overflows that backed the loss scale off */
 };
 
-/* A layout checked against the flags and the world, before any communication or allocation:
- * every rank reaches the same verdict on its own. */
+/* What the trainer derives from the run spec's resolved layout (tc->layout: tp, cp, pp, dp, v,
+ * accum, the schedule), checked against the flags and the world before any communication or
+ * allocation (every rank reaches the same verdict on its own): the stage partition and the
+ * schedules. */
 struct l3d_train_layout {
-    int tp, pp, dp, v;             /* v: model chunks per pipeline rank */
-    int cp;                        /* ranks sharing each sequence (context parallelism) */
     int stages;                    /* pp v virtual stages */
-    int accum;                     /* micro-batches per step (from --global-batch when given) */
     int *layers;                   /* layers of each virtual stage */
     struct l3d_pp_schedule sched;  /* the training step's actions, per pipeline rank */
     struct l3d_pp_schedule vsched; /* validation's forwards (empty without --val) */
@@ -107,10 +106,11 @@ struct l3d_train_layout {
 
 struct l3d_runtime;
 void l3d_train_config_defaults(struct l3d_train_config *tc);
-/* Checks tc's flags and layout for world_size ranks (the schedules' rules included) and fills
- * lay: the grid, the micro-batches and the stage partition. Collective-free; an error names the
- * flag, its value and what to do (l3d_error_message), and leaves nothing to free. */
-l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_train_config *tc,
+/* Checks tc's flags and layout for world_size ranks (the schedules' rules included), resolves
+ * tc->layout in place (l3d_spec_resolve: dp, cp, v, accum, the schedule) and fills lay with the
+ * stage partition. Collective-free; an error names the flag, its value and what to do
+ * (l3d_error_message), and leaves tc as it was and nothing to free. */
+l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, struct l3d_train_config *tc,
                                  int world_size);
 /* Builds lay's schedules: the training step's and, with --val, validation's forwards. Their bytes
  * grow with the micro-batches, so the memory check counts them first (l3d_pp_schedule_bytes) and

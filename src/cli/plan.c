@@ -437,21 +437,19 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
                                          &(struct l3d_spec_ctx){.world_unknown = true},
                                          L3D_SPEC_PRECISION, NULL);
     if (st != L3D_OK) return st;
+    /* what the flags fixed: a mask beside the spec's layout, which holds their values */
+    static const struct { const char *flag; unsigned bit; } fixes[] = {
+        {"tp", L3D_FIX_TP}, {"pp", L3D_FIX_PP}, {"dp", L3D_FIX_DP}, {"cp", L3D_FIX_CP},
+        {"batch", L3D_FIX_MB}, {"pp-virtual", L3D_FIX_V}, {"zero", L3D_FIX_ZERO},
+        {"recompute", L3D_FIX_RECOMPUTE}, {"sequence-parallel", L3D_FIX_SP},
+        {"no-sequence-parallel", L3D_FIX_SP}};
     *fx = l3d_plan_fixed_none();
-    if (l3d_cli_spec_given(cs, "tp")) fx->tp = l->tp;
-    if (l3d_cli_spec_given(cs, "pp")) fx->pp = l->pp;
-    if (l3d_cli_spec_given(cs, "dp")) fx->dp = l->dp;
-    if (l3d_cli_spec_given(cs, "cp")) fx->cp = l->cp;
-    if (l3d_cli_spec_given(cs, "batch")) fx->mb = l->micro_batch;
-    if (l3d_cli_spec_given(cs, "pp-virtual")) fx->v = l->v;
-    if (l3d_cli_spec_given(cs, "zero")) fx->zero = l->zero;
-    fx->zero3_prefetch = l->zero3_prefetch; /* the trainer's default (1) when not given */
-    if (l3d_cli_spec_given(cs, "recompute")) fx->recompute = l->recompute;
-    if (l3d_cli_spec_given(cs, "sequence-parallel")) fx->sp = 1;
-    if (l3d_cli_spec_given(cs, "no-sequence-parallel")) fx->sp = 0;
+    fx->layout = *l; /* zero3_prefetch: the trainer's default (1) when not given */
+    for (size_t i = 0; i < sizeof fixes / sizeof fixes[0]; i++)
+        if (l3d_cli_spec_given(cs, fixes[i].flag)) fx->mask |= fixes[i].bit;
     run->global_batch = l->global_batch > 0 ? l->global_batch : 8;
     if (l3d_cli_spec_given(cs, "grad-accum")) {
-        if (!fx->mb || !fx->dp)
+        if (!(fx->mask & L3D_FIX_MB) || !(fx->mask & L3D_FIX_DP))
             return l3d_error(L3D_ERR_ARG, "--grad-accum %d: the planner takes the micro-batches "
                              "as --global-batch / (--batch x --dp); give --batch and --dp with it, "
                              "or --global-batch instead", l->accum);
@@ -474,20 +472,21 @@ static int plan_flags(int argc, char **argv, struct l3d_cli_spec *cs, struct pla
 }
 
 /* One layout, given whole with --pp-schedule: evaluated, not searched. */
-static l3d_status plan_one(const struct l3d_cli_spec *cs, const struct l3d_model_spec *m,
+static l3d_status plan_one(const struct l3d_model_spec *m,
                            const struct l3d_profile *prof, const struct l3d_plan_run *run,
                            const struct l3d_plan_fixed *fx, struct l3d_plan_result *r) {
-    const struct l3d_layout *l = &cs->spec->layout;
-    if (!fx->tp || !fx->pp || !fx->mb || fx->zero < 0 || fx->recompute < 0)
+    const unsigned need = L3D_FIX_TP | L3D_FIX_PP | L3D_FIX_MB | L3D_FIX_ZERO | L3D_FIX_RECOMPUTE;
+    if ((fx->mask & need) != need)
         return l3d_error(L3D_ERR_ARG, "--pp-schedule evaluates one layout: also give --tp, --pp, "
                          "--batch, --zero and --recompute");
+    const struct l3d_layout *f = &fx->layout;
+    int cp = fx->mask & L3D_FIX_CP ? f->cp : 1;
     struct l3d_layout lay = {
-        .tp = fx->tp, .pp = fx->pp, .cp = fx->cp ? fx->cp : 1,
-        .dp = fx->dp ? fx->dp
-                     : (int)(run->devices / run->threads / fx->tp / fx->pp / (fx->cp ? fx->cp : 1)),
-        .micro_batch = fx->mb, .v = fx->v ? fx->v : 1, .zero = fx->zero,
-        .zero3_prefetch = fx->zero3_prefetch, .recompute = (enum l3d_recompute)fx->recompute,
-        .sp = fx->sp > 0, .schedule = l->schedule,
+        .tp = f->tp, .pp = f->pp, .cp = cp,
+        .dp = fx->mask & L3D_FIX_DP ? f->dp : (int)(run->devices / run->threads / f->tp / f->pp / cp),
+        .micro_batch = f->micro_batch, .v = fx->mask & L3D_FIX_V ? f->v : 1, .zero = f->zero,
+        .zero3_prefetch = f->zero3_prefetch, .recompute = f->recompute,
+        .sp = fx->mask & L3D_FIX_SP ? f->sp : false, .schedule = f->schedule,
         .threads = run->threads};
     return l3d_plan_evaluate(m, prof, run, &lay, r);
 }
@@ -626,7 +625,7 @@ int l3d_cli_plan(int argc, char **argv) {
     struct l3d_plan_svg all = {0};
     bool one = l3d_cli_spec_given(&cs, "pp-schedule");
     if (one) {
-        st = plan_one(&cs, &m, &prof, &run, &fx, &res[0]);
+        st = plan_one(&m, &prof, &run, &fx, &res[0]);
         n = st == L3D_OK ? 1 : 0;
         stats.evaluated = stats.valid = 1;
         stats.fit = n && res[0].fits;

@@ -16,93 +16,21 @@
 
 #include "llm3d/topo.h"
 
-/* "1, 2, 4" : the divisors of n, for messages (a few; n is a world size). */
-static void divisors(int n, char *out, size_t cap) {
-    size_t w = 0;
-    out[0] = '\0';
-    for (int d = 1; d <= n && w + 16 < cap; d++)
-        if (n % d == 0) w += (size_t)snprintf(out + w, cap - w, "%s%d", w ? ", " : "", d);
+int l3d_topo_rank_of(const struct l3d_layout *l, int tp_rank, int cp_rank, int pp_rank,
+                     int dp_rank) {
+    L3D_ASSERT(l->tp >= 1 && l->cp >= 1 && l->pp >= 1);
+    L3D_ASSERT(tp_rank >= 0 && tp_rank < l->tp && cp_rank >= 0 && cp_rank < l->cp &&
+               pp_rank >= 0 && pp_rank < l->pp && dp_rank >= 0);
+    return ((dp_rank * l->pp + pp_rank) * l->cp + cp_rank) * l->tp + tp_rank;
 }
 
-l3d_status l3d_topo_resolve(int world_size, int *tp, int *pp, int *dp) {
-    return l3d_topo_resolve_cp(world_size, tp, 1, pp, dp);
-}
-
-l3d_status l3d_topo_resolve_cp(int world_size, int *tp, int cp, int *pp, int *dp) {
-    L3D_ASSERT(world_size >= 1 && cp >= 1);
-    if (world_size % cp != 0)
-        return l3d_error(L3D_ERR_LAYOUT, "--cp %d does not divide the %d ranks: launch a multiple "
-                         "of %d ranks", cp, world_size, cp);
-    char divs[256], grid[96]; /* grid: "--tp 2 x --cp 2 x --pp 1", --cp only with a ring */
-    divisors(world_size, divs, sizeof divs);
-    if (cp > 1) snprintf(grid, sizeof grid, "--tp %d x --cp %d x --pp %d", *tp, cp, *pp);
-    else snprintf(grid, sizeof grid, "--tp %d x --pp %d", *tp, *pp);
-    const char *them = cp > 1 ? "--tp, --cp and --pp" : "--tp and --pp";
-    if (*tp < 1)
-        return l3d_error(L3D_ERR_LAYOUT,
-                         "--tp %d is invalid: the tensor-parallel degree must be at least 1; with "
-                         "%d ranks, %s must divide %d (divisors: %s)",
-                         *tp, world_size, cp > 1 ? "--tp x --cp x --pp" : "--tp x --pp",
-                         world_size, divs);
-    if (*pp < 1)
-        return l3d_error(L3D_ERR_LAYOUT,
-                         "--pp %d is invalid: the pipeline-parallel degree must be at least 1; "
-                         "with %d ranks, %s must divide %d (divisors: %s)",
-                         *pp, world_size, cp > 1 ? "--tp x --cp x --pp" : "--tp x --pp",
-                         world_size, divs);
-    if (*dp < 0)
-        return l3d_error(L3D_ERR_LAYOUT,
-                         "--dp %d is invalid: give the data-parallel degree (at least 1), or 0 to "
-                         "infer it as world size / (%s)",
-                         *dp, cp > 1 ? "tp x cp x pp" : "tp x pp");
-    int64_t tpp = (int64_t)*tp * cp * *pp;
-    if (*dp == 0) {
-        if (world_size % tpp != 0)
-            return l3d_error(L3D_ERR_LAYOUT,
-                             "%s = %lld does not divide the world size %d: choose %s whose "
-                             "product divides %d (divisors: %s), or launch a multiple of %lld "
-                             "ranks",
-                             grid, (long long)tpp, world_size, them, world_size, divs,
-                             (long long)tpp);
-        *dp = (int)(world_size / tpp);
-        return L3D_OK;
-    }
-    int64_t total = tpp * *dp;
-    if (total != world_size)
-        return l3d_error(L3D_ERR_LAYOUT,
-                         "%s x --dp %d = %lld ranks, but the world size is %d: launch %lld ranks "
-                         "(mpiexec -n %lld), or change the flags so that their product is %d "
-                         "(leave out --dp to infer the data-parallel degree)",
-                         grid, *dp, (long long)total, world_size, (long long)total,
-                         (long long)total, world_size);
-    return L3D_OK;
-}
-
-int l3d_topo_rank_of(int tp, int pp, int tp_rank, int pp_rank, int dp_rank) {
-    L3D_ASSERT(tp >= 1 && pp >= 1);
-    L3D_ASSERT(tp_rank >= 0 && tp_rank < tp && pp_rank >= 0 && pp_rank < pp && dp_rank >= 0);
-    return dp_rank * (pp * tp) + pp_rank * tp + tp_rank;
-}
-
-void l3d_topo_coords(int tp, int pp, int rank, int *tp_rank, int *pp_rank, int *dp_rank) {
-    L3D_ASSERT(tp >= 1 && pp >= 1 && rank >= 0);
-    *tp_rank = rank % tp;
-    *pp_rank = rank / tp % pp;
-    *dp_rank = rank / (tp * pp);
-}
-
-int l3d_topo_rank_of_cp(int tp, int cp, int pp, int tp_rank, int cp_rank, int pp_rank,
-                        int dp_rank) {
-    L3D_ASSERT(cp >= 1 && cp_rank >= 0 && cp_rank < cp);
-    return l3d_topo_rank_of(tp * cp, pp, cp_rank * tp + tp_rank, pp_rank, dp_rank);
-}
-
-void l3d_topo_coords_cp(int tp, int cp, int pp, int rank, int *tp_rank, int *cp_rank,
-                        int *pp_rank, int *dp_rank) {
-    int tc;
-    l3d_topo_coords(tp * cp, pp, rank, &tc, pp_rank, dp_rank);
-    *tp_rank = tc % tp;
-    *cp_rank = tc / tp;
+void l3d_topo_coords(const struct l3d_layout *l, int rank, int *tp_rank, int *cp_rank,
+                     int *pp_rank, int *dp_rank) {
+    L3D_ASSERT(l->tp >= 1 && l->cp >= 1 && l->pp >= 1 && rank >= 0);
+    *tp_rank = rank % l->tp;
+    *cp_rank = rank / l->tp % l->cp;
+    *pp_rank = rank / (l->tp * l->cp) % l->pp;
+    *dp_rank = rank / (l->tp * l->cp * l->pp);
 }
 
 /* "rank 5 (tp 1, pp 0, dp 1)": a world rank named by its coordinates (the watchdog's names); cp
@@ -110,45 +38,42 @@ void l3d_topo_coords_cp(int tp, int cp, int pp, int rank, int *tp_rank, int *cp_
 static void topo_rank_name(void *ctx, int world_rank, char *buf, size_t n) {
     const struct l3d_topo *t = ctx;
     int tp_rank, cp_rank, pp_rank, dp_rank;
-    l3d_topo_coords_cp(t->tp, t->cp, t->pp, world_rank, &tp_rank, &cp_rank, &pp_rank, &dp_rank);
-    if (t->cp > 1)
+    l3d_topo_coords(t->layout, world_rank, &tp_rank, &cp_rank, &pp_rank, &dp_rank);
+    if (t->layout->cp > 1)
         snprintf(buf, n, "rank %d (tp %d, cp %d, pp %d, dp %d)", world_rank, tp_rank, cp_rank,
                  pp_rank, dp_rank);
     else
         snprintf(buf, n, "rank %d (tp %d, pp %d, dp %d)", world_rank, tp_rank, pp_rank, dp_rank);
 }
 
-l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, int tp, int pp, int dp) {
-    return l3d_topo_init_cp(t, world, tp, 1, pp, dp);
-}
-
 /* The ring and the widened data-parallel group (splits 5 and 6; none when cp = 1). tc: the rank's
  * index in the tp x cp block. */
 static l3d_status split_cp(struct l3d_topo *t, struct l3d_comm *world) {
-    if (t->cp == 1) {
+    const struct l3d_layout *l = t->layout;
+    if (l->cp == 1) {
         t->dpcp_comm = t->dp_comm;
         return L3D_OK;
     }
-    int ring = (t->dp_rank * t->pp + t->pp_rank) * t->tp + t->tp_rank;
+    int ring = (t->dp_rank * l->pp + t->pp_rank) * l->tp + t->tp_rank;
     l3d_status st = l3d_comm_split(world, ring, t->cp_rank, &t->cp_comm);
     if (st == L3D_OK)
-        st = l3d_comm_split(world, t->pp_rank * t->tp + t->tp_rank,
-                            t->dp_rank * t->cp + t->cp_rank, &t->dpcp_comm);
+        st = l3d_comm_split(world, t->pp_rank * l->tp + t->tp_rank,
+                            t->dp_rank * l->cp + t->cp_rank, &t->dpcp_comm);
     if (st != L3D_OK) return st;
-    L3D_ASSERT(t->cp_comm->size == t->cp && t->cp_comm->rank == t->cp_rank);
+    L3D_ASSERT(t->cp_comm->size == l->cp && t->cp_comm->rank == t->cp_rank);
     t->cp_comm->role = "CP";
     t->dpcp_comm->role = "DP x CP";
     return L3D_OK;
 }
 
-l3d_status l3d_topo_init_cp(struct l3d_topo *t, struct l3d_comm *world, int tp, int cp, int pp,
-                            int dp) {
+l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, const struct l3d_layout *l) {
+    int tp = l->tp, cp = l->cp, pp = l->pp, dp = l->dp;
     L3D_ASSERT(tp >= 1 && cp >= 1 && pp >= 1 && dp >= 1 &&
                (int64_t)tp * cp * pp * dp == world->size);
-    *t = (struct l3d_topo){.tp = tp, .cp = cp, .pp = pp, .dp = dp, .world = world};
+    *t = (struct l3d_topo){.layout = l, .world = world};
     t->rank = world->rank;
     t->world_size = world->size;
-    l3d_topo_coords_cp(tp, cp, pp, t->rank, &t->tp_rank, &t->cp_rank, &t->pp_rank, &t->dp_rank);
+    l3d_topo_coords(l, t->rank, &t->tp_rank, &t->cp_rank, &t->pp_rank, &t->dp_rank);
 
     /* Every split is collective over the world: each rank takes part in all, in this order. The
      * colors below name the ranks' other coordinates (with cp = 1, the grid of the header). */

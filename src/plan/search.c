@@ -6,9 +6,31 @@
 #include "plan-impl.h"
 
 struct l3d_plan_fixed l3d_plan_fixed_none(void) {
-    return (struct l3d_plan_fixed){.zero = -1, .recompute = -1, .sp = -1, .v = 0, .cp = 0,
-                                   .zero3_prefetch = 1};
+    struct l3d_plan_fixed fx = {.mask = 0};
+    fx.layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .v = 1, .micro_batch = 1,
+                                    .schedule = L3D_PP_1F1B, .zero3_prefetch = 1};
+    return fx;
 }
+
+void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value) {
+    struct l3d_layout *l = &fx->layout;
+    fx->mask |= bit;
+    switch (bit) {
+    case L3D_FIX_TP: l->tp = value; break;
+    case L3D_FIX_CP: l->cp = value; break;
+    case L3D_FIX_PP: l->pp = value; break;
+    case L3D_FIX_DP: l->dp = value; break;
+    case L3D_FIX_MB: l->micro_batch = value; break;
+    case L3D_FIX_V: l->v = value; break;
+    case L3D_FIX_ZERO: l->zero = value; break;
+    case L3D_FIX_RECOMPUTE: l->recompute = (enum l3d_recompute)value; break;
+    case L3D_FIX_SP: l->sp = value != 0; break;
+    default: L3D_ASSERT(!"one L3D_FIX_ part");
+    }
+}
+
+/* Whether part `bit` is fixed (its value: fx->layout's field). */
+static bool fixed(const struct l3d_plan_fixed *fx, unsigned bit) { return fx->mask & bit; }
 
 static bool better(const struct l3d_plan_result *a, const struct l3d_plan_result *b) {
     if (a->time.step != b->time.step) return a->time.step < b->time.step;
@@ -33,23 +55,26 @@ static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_p
                               const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
                               int th, int64_t ranks) {
     /* a stage the trainer has not: one sentence, not "no layout suits" after the search */
-    l3d_status st = l3d_plan_zero_check(prof, run, fx->zero);
+    const struct l3d_layout *l = &fx->layout;
+    l3d_status st = l3d_plan_zero_check(prof, run, fixed(fx, L3D_FIX_ZERO) ? l->zero : -1);
     if (st != L3D_OK) return st;
     const char *part[] = {"--tp", "--pp", "--dp", "--cp"};
-    const int val[] = {fx->tp, fx->pp, fx->dp, fx->cp};
+    const unsigned bit[] = {L3D_FIX_TP, L3D_FIX_PP, L3D_FIX_DP, L3D_FIX_CP};
+    const int val[] = {l->tp, l->pp, l->dp, l->cp};
+    int64_t size[4];
+    for (int i = 0; i < 4; i++) size[i] = fixed(fx, bit[i]) ? val[i] : 0;
     for (int i = 0; i < 4; i++)
-        if (val[i] && ranks % val[i] != 0)
+        if (size[i] && ranks % size[i] != 0)
             return l3d_error(L3D_ERR_LAYOUT,
                              "%s %d does not divide the %lld ranks (%lld devices%s)", part[i],
                              val[i], (long long)ranks, (long long)run->devices,
                              th > 1 ? " / threads" : "");
-    if (fx->tp && m->NH % fx->tp != 0)
-        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d heads", fx->tp,
+    if (size[0] && m->NH % size[0] != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--tp %d does not divide the model's %d heads", l->tp,
                          m->NH);
-    int64_t cp = fx->cp ? fx->cp : 1;
-    if ((int64_t)(fx->tp ? fx->tp : 1) * (fx->pp ? fx->pp : 1) * (fx->dp ? fx->dp : 1) * cp >
-            ranks ||
-        (fx->tp && fx->pp && fx->dp && (int64_t)fx->tp * fx->pp * fx->dp * cp != ranks))
+    int64_t cp = size[3] ? size[3] : 1;
+    if ((size[0] ? size[0] : 1) * (size[1] ? size[1] : 1) * (size[2] ? size[2] : 1) * cp > ranks ||
+        (size[0] && size[1] && size[2] && size[0] * size[1] * size[2] * cp != ranks))
         return l3d_error(L3D_ERR_LAYOUT, "--tp x --cp x --pp x --dp must equal the %lld ranks",
                          (long long)ranks);
     return L3D_OK;
@@ -60,9 +85,102 @@ static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_p
  * every size tried multiplies the search: give --cp to plan another). */
 #define CP_MIN_CHUNK 1024
 static bool cp_tried(const struct l3d_plan_fixed *fx, const struct l3d_model_spec *m, int64_t cp) {
-    if (fx->cp) return cp == fx->cp;
+    if (fixed(fx, L3D_FIX_CP)) return cp == fx->layout.cp;
     if (cp == 1) return true;
     return (cp & (cp - 1)) == 0 && m->maxT % (2 * cp) == 0 && m->maxT / (2 * cp) >= CP_MIN_CHUNK;
+}
+
+/* An enumeration in progress (l3d_plan_layouts). */
+struct space_walk {
+    const struct l3d_plan_space *sp;
+    void (*each)(void *, const struct l3d_layout *);
+    void *ctx;
+};
+
+/* The ZeRO stages, recomputations and SP choices of one (tp, cp, pp, dp, micro-batch, v). */
+static void walk_variants(const struct space_walk *w, const struct l3d_layout *base) {
+    const struct l3d_plan_fixed *fx = w->sp->fx;
+    const struct l3d_layout *f = &fx->layout;
+    for (int z = 0; z <= 3; z++) {
+        if (fixed(fx, L3D_FIX_ZERO) ? z != f->zero : (z > 0 && base->dp == 1)) continue;
+        if (z == 3 && !w->sp->zero3) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
+        for (int rc = 0; rc <= 2; rc++) {
+            if (fixed(fx, L3D_FIX_RECOMPUTE) && rc != (int)f->recompute) continue;
+            for (int sp = 0; sp <= 1; sp++) {
+                if (fixed(fx, L3D_FIX_SP) ? sp != f->sp : (sp && base->tp == 1)) continue;
+                struct l3d_layout lay = *base;
+                lay.zero = z;
+                lay.zero3_prefetch = f->zero3_prefetch;
+                lay.recompute = (enum l3d_recompute)rc;
+                lay.sp = sp;
+                w->each(w->ctx, &lay);
+            }
+        }
+    }
+}
+
+/* The micro-batches tried (l3d_plan_fixed's rule: at most 7) into mbs; their number. */
+static int micro_batches(const struct l3d_plan_fixed *fx, int mbs[8]) {
+    int n = 0;
+    if (fixed(fx, L3D_FIX_MB)) {
+        mbs[n++] = fx->layout.micro_batch;
+    } else if (fx->mb_halvings) {
+        for (int b = fx->layout.micro_batch; b >= 1 && n < 4; b /= 2) {
+            mbs[n++] = b;
+            if (b % 2) break;
+        }
+    } else {
+        for (int b = 1; b <= 64; b *= 2) mbs[n++] = b;
+    }
+    return n;
+}
+
+/* Every micro-batch and v of tp x cp x pp x dp ranks. */
+static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64_t pp,
+                       int64_t dp) {
+    const struct l3d_plan_fixed *fx = w->sp->fx;
+    int mbs[8], n_mb = micro_batches(fx, mbs);
+    for (int bi = 0; bi < n_mb; bi++) {
+        int mb = mbs[bi];
+        if (w->sp->global_batch % ((int64_t)mb * dp)) continue;
+        /* every v that divides the layers a pipeline rank holds (Megatron-LM needs it; the
+         * trainer splits unevenly, so there the rank's whole layers, L / pp rounded down, which
+         * keeps the choice to the divisors) */
+        int per_rank = (int)(w->sp->m->L / pp);
+        for (int v = 1; v <= per_rank; v++) {
+            if (per_rank % v || (fixed(fx, L3D_FIX_V) && v != fx->layout.v)) continue;
+            if (v > 1 && pp < 2) continue;
+            enum l3d_pp_kind one = fx->layout.schedule == L3D_PP_GPIPE && pp > 1 ? L3D_PP_GPIPE
+                                                                                 : L3D_PP_1F1B;
+            struct l3d_layout base = {
+                .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
+                .v = v, .schedule = v > 1 ? L3D_PP_INTERLEAVED : one, .threads = w->sp->threads};
+            walk_variants(w, &base);
+        }
+    }
+}
+
+void l3d_plan_layouts(const struct l3d_plan_space *sp,
+                      void (*each)(void *, const struct l3d_layout *), void *ctx) {
+    const struct l3d_plan_fixed *fx = sp->fx;
+    const struct l3d_layout *f = &fx->layout;
+    const struct l3d_model_spec *m = sp->m;
+    struct space_walk w = {.sp = sp, .each = each, .ctx = ctx};
+    int64_t ranks = sp->ranks;
+    for (int64_t tp = 1; tp <= ranks; tp++) {
+        if (ranks % tp || (fixed(fx, L3D_FIX_TP) && tp != f->tp)) continue;
+        if (!fixed(fx, L3D_FIX_TP) && (tp > m->NH || (tp > sp->dpn && sp->dpn > 1))) continue;
+        for (int64_t cp = 1; cp <= ranks / tp; cp++) {
+            if ((ranks / tp) % cp || !cp_tried(fx, m, cp)) continue;
+            int64_t rest = ranks / tp / cp;
+            for (int64_t pp = 1; pp <= rest; pp++) {
+                if (rest % pp || (fixed(fx, L3D_FIX_PP) && pp != f->pp) || pp > m->L) continue;
+                int64_t dp = rest / pp;
+                if (fixed(fx, L3D_FIX_DP) && dp != f->dp) continue;
+                walk_shape(&w, tp, cp, pp, dp);
+            }
+        }
+    }
 }
 
 /* A search in progress: what it is run on, the best layouts so far and the first error. */
@@ -70,7 +188,6 @@ struct walk {
     const struct l3d_model_spec *m;
     const struct l3d_profile *prof;     /* the run's (l3d_plan_run_profile) */
     const struct l3d_plan_run *run;
-    const struct l3d_plan_fixed *fx;
     struct l3d_plan_result *out;        /* the `top` fastest that fit, sorted; *n_out of them */
     int top, *n_out;
     struct l3d_plan_search_stats *stats;
@@ -81,64 +198,24 @@ struct walk {
     char first_msg[512];
 };
 
-/* The ZeRO stages, recomputations and SP choices of one (tp, pp, dp, micro-batch, v), each
- * evaluated, kept when it fits and is among the fastest. */
-static void walk_variants(struct walk *w, const struct l3d_layout *base) {
-    const struct l3d_plan_fixed *fx = w->fx;
-    for (int z = 0; z <= 3; z++) {
-        if (fx->zero >= 0 ? z != fx->zero : (z > 0 && base->dp == 1)) continue;
-        if (z == 3 && !l3d_plan_trainer(w->run)) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
-        for (int rc = 0; rc <= 2; rc++) {
-            if (fx->recompute >= 0 && rc != fx->recompute) continue;
-            for (int sp = 0; sp <= 1; sp++) {
-                if (fx->sp >= 0 ? sp != fx->sp : (sp && base->tp == 1)) continue;
-                struct l3d_layout lay = *base;
-                lay.zero = z;
-                lay.zero3_prefetch = fx->zero3_prefetch;
-                lay.recompute = (enum l3d_recompute)rc;
-                lay.sp = sp;
-                struct l3d_plan_result res;
-                w->stats->evaluated++;
-                l3d_status e = l3d_plan_evaluate_in(w->m, w->prof, w->run, &lay, &res, &w->cache);
-                if (e != L3D_OK) {
-                    if (w->first_err == L3D_OK) {
-                        w->first_err = e;
-                        snprintf(w->first_msg, sizeof w->first_msg, "%s", l3d_error_message());
-                    }
-                    continue;
-                }
-                w->stats->valid++;
-                if (w->each) w->each(w->each_ctx, &res);
-                if (!res.fits) continue;
-                w->stats->fit++;
-                keep(w->out, w->top, w->n_out, &res);
-            }
+/* One layout of the search: evaluated, kept when it fits and is among the fastest. */
+static void walk_one(void *ctx, const struct l3d_layout *lay) {
+    struct walk *w = ctx;
+    struct l3d_plan_result res;
+    w->stats->evaluated++;
+    l3d_status e = l3d_plan_evaluate_in(w->m, w->prof, w->run, lay, &res, &w->cache);
+    if (e != L3D_OK) {
+        if (w->first_err == L3D_OK) {
+            w->first_err = e;
+            snprintf(w->first_msg, sizeof w->first_msg, "%s", l3d_error_message());
         }
+        return;
     }
-}
-
-/* Every micro-batch and v of tp x cp x pp x dp ranks of th threads. */
-static void walk_shape(struct walk *w, int64_t tp, int64_t cp, int64_t pp, int64_t dp, int th) {
-    static const int mbs[] = {1, 2, 4, 8, 16, 32, 64};
-    const struct l3d_plan_fixed *fx = w->fx;
-    size_t n_mb = fx->mb ? 1 : sizeof mbs / sizeof mbs[0];
-    for (size_t bi = 0; bi < n_mb; bi++) {
-        int mb = fx->mb ? fx->mb : mbs[bi];
-        if (w->run->global_batch % ((int64_t)mb * dp)) continue;
-        /* every v that divides the layers a pipeline rank holds (Megatron-LM needs it; the
-         * trainer splits unevenly, so there the rank's whole layers, L / pp rounded down, which
-         * keeps the choice to the divisors) */
-        int per_rank = (int)(w->m->L / pp);
-        for (int v = 1; v <= per_rank; v++) {
-            if (per_rank % v || (fx->v && v != fx->v)) continue;
-            if (v > 1 && pp < 2) continue;
-            struct l3d_layout base = {
-                .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
-                .v = v,
-                .schedule = v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B, .threads = th};
-            walk_variants(w, &base);
-        }
-    }
+    w->stats->valid++;
+    if (w->each) w->each(w->each_ctx, &res);
+    if (!res.fits) return;
+    w->stats->fit++;
+    keep(w->out, w->top, w->n_out, &res);
 }
 
 l3d_status l3d_plan_search(const struct l3d_model_spec *m, const struct l3d_profile *prof,
@@ -168,24 +245,14 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
                          (long long)run->devices, th);
     int64_t ranks = run->devices / th;
     if ((st = check_fixed(m, prof, run, fx, th, ranks)) != L3D_OK) return st;
-    struct walk w = {.m = m, .prof = prof, .run = run, .fx = fx, .out = out, .top = top,
+    struct walk w = {.m = m, .prof = prof, .run = run, .out = out, .top = top,
                      .n_out = n_out, .stats = stats, .each = each, .each_ctx = each_ctx,
                      .first_err = L3D_OK};
-    int dpn = prof->devices_per_node;
-    for (int64_t tp = 1; tp <= ranks; tp++) {
-        if (ranks % tp || (fx->tp && tp != fx->tp)) continue;
-        if (!fx->tp && (tp > m->NH || (tp > dpn && dpn > 1))) continue;
-        for (int64_t cp = 1; cp <= ranks / tp; cp++) {
-            if ((ranks / tp) % cp || !cp_tried(fx, m, cp)) continue;
-            int64_t rest = ranks / tp / cp;
-            for (int64_t pp = 1; pp <= rest; pp++) {
-                if (rest % pp || (fx->pp && pp != fx->pp) || pp > m->L) continue;
-                int64_t dp = rest / pp;
-                if (fx->dp && dp != fx->dp) continue;
-                walk_shape(&w, tp, cp, pp, dp, th);
-            }
-        }
-    }
+    l3d_plan_layouts(&(struct l3d_plan_space){.m = m, .ranks = ranks,
+                                              .global_batch = run->global_batch, .threads = th,
+                                              .dpn = prof->devices_per_node,
+                                              .zero3 = l3d_plan_trainer(run), .fx = fx},
+                     walk_one, &w);
     l3d_plan_cache_free(&w.cache);
     stats->seconds = l3d_time_s() - t0;
     if (stats->valid == 0 && w.first_err != L3D_OK)

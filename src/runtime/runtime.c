@@ -48,15 +48,11 @@ l3d_status l3d_runtime_init(int *argc, char ***argv, const struct l3d_runtime_op
     return L3D_OK;
 }
 
-l3d_status l3d_runtime_layout(struct l3d_runtime *rt, int tp, int pp, int dp) {
-    return l3d_runtime_layout_cp(rt, tp, 1, pp, dp);
-}
-
-l3d_status l3d_runtime_layout_cp(struct l3d_runtime *rt, int tp, int cp, int pp, int dp) {
+l3d_status l3d_runtime_layout(struct l3d_runtime *rt, const struct l3d_layout *l) {
     L3D_ASSERT(rt->world); /* a runtime without a world runs no layout */
     if (rt->has_topo) l3d_topo_free(&rt->topo);
     rt->has_topo = false;
-    l3d_status st = l3d_topo_init_cp(&rt->topo, rt->world, tp, cp, pp, dp);
+    l3d_status st = l3d_topo_init(&rt->topo, rt->world, l);
     rt->has_topo = st == L3D_OK;
     return st;
 }

@@ -368,3 +368,91 @@ l3d_status l3d_spec_check(const struct l3d_run_spec *s, const struct l3d_spec_ct
                           struct l3d_spec_errors *e) {
     return l3d_spec_check_parts(s, ctx, L3D_SPEC_ALL, e);
 }
+
+/* ---- resolving ------------------------------------------------------------------------------ */
+
+/* "1, 2, 4" : the divisors of n, for messages (a few; n is a world size). */
+static void divisors(int64_t n, char *out, size_t cap) {
+    size_t w = 0;
+    out[0] = '\0';
+    for (int64_t d = 1; d <= n && w + 24 < cap; d++)
+        if (n % d == 0) w += (size_t)snprintf(out + w, cap - w, "%s%lld", w ? ", " : "", (long long)d);
+}
+
+/* tp x cp x pp x dp against the world, dp 0 filled; the messages say which flags to change. */
+static l3d_status resolve_grid(struct l3d_layout *l, int64_t world) {
+    L3D_ASSERT(world >= 1);
+    if (l->cp < 1) l->cp = 1;
+    int cp = l->cp;
+    if (world % cp != 0)
+        return l3d_error(L3D_ERR_LAYOUT, "--cp %d does not divide the %lld ranks: launch a "
+                         "multiple of %d ranks", cp, (long long)world, cp);
+    char divs[256], grid[96]; /* grid: "--tp 2 x --cp 2 x --pp 1", --cp only with a ring */
+    divisors(world, divs, sizeof divs);
+    if (cp > 1) snprintf(grid, sizeof grid, "--tp %d x --cp %d x --pp %d", l->tp, cp, l->pp);
+    else snprintf(grid, sizeof grid, "--tp %d x --pp %d", l->tp, l->pp);
+    const char *them = cp > 1 ? "--tp, --cp and --pp" : "--tp and --pp";
+    const char *prod = cp > 1 ? "--tp x --cp x --pp" : "--tp x --pp";
+    if (l->tp < 1 || l->pp < 1)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "%s %d is invalid: the %s degree must be at least 1; with %lld ranks, "
+                         "%s must divide %lld (divisors: %s)", l->tp < 1 ? "--tp" : "--pp",
+                         l->tp < 1 ? l->tp : l->pp,
+                         l->tp < 1 ? "tensor-parallel" : "pipeline-parallel", (long long)world,
+                         prod, (long long)world, divs);
+    if (l->dp < 0)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "--dp %d is invalid: give the data-parallel degree (at least 1), or 0 to "
+                         "infer it as world size / (%s)", l->dp, cp > 1 ? "tp x cp x pp" : "tp x pp");
+    int64_t tpp = (int64_t)l->tp * cp * l->pp;
+    if (l->dp == 0) {
+        if (world % tpp != 0)
+            return l3d_error(L3D_ERR_LAYOUT,
+                             "%s = %lld does not divide the world size %lld: choose %s whose "
+                             "product divides %lld (divisors: %s), or launch a multiple of %lld "
+                             "ranks", grid, (long long)tpp, (long long)world, them,
+                             (long long)world, divs, (long long)tpp);
+        l->dp = (int)(world / tpp);
+        return L3D_OK;
+    }
+    int64_t total = tpp * l->dp;
+    if (total != world)
+        return l3d_error(L3D_ERR_LAYOUT,
+                         "%s x --dp %d = %lld ranks, but the world size is %lld: launch %lld ranks "
+                         "(mpiexec -n %lld), or change the flags so that their product is %lld "
+                         "(leave out --dp to infer the data-parallel degree)",
+                         grid, l->dp, (long long)total, (long long)world, (long long)total,
+                         (long long)total, (long long)world);
+    return L3D_OK;
+}
+
+l3d_status l3d_layout_resolve(struct l3d_layout *l, int64_t world) {
+    l3d_status st = resolve_grid(l, world);
+    if (st != L3D_OK) return st;
+    if (l->v < 1) l->v = 1;
+    int64_t accum = l3d_layout_accum(l);
+    if (accum < 1 || accum > INT_MAX)
+        return l3d_error(L3D_ERR_ARG, "--global-batch %lld does not split into 1 to %d "
+                         "micro-batches of --batch %d x %d data-parallel replicas",
+                         (long long)l->global_batch, INT_MAX, l->micro_batch, l->dp);
+    l->accum = (int)accum;
+    if (l->pp == 1) l->schedule = L3D_PP_1F1B;
+    return L3D_OK;
+}
+
+l3d_status l3d_spec_resolve(struct l3d_run_spec *s, const struct l3d_spec_ctx *ctx,
+                            struct l3d_spec_errors *e) {
+    struct l3d_layout r = s->layout;
+    l3d_status st = resolve_grid(&r, ctx->world);
+    if (st != L3D_OK) {
+        if (e) {
+            e->n = 1;
+            e->status[0] = st;
+            snprintf(e->msg[0], sizeof e->msg[0], "%s", l3d_error_message());
+        }
+        return st;
+    }
+    if ((st = l3d_spec_check(s, ctx, e)) != L3D_OK) return st;
+    if ((st = l3d_layout_resolve(&r, ctx->world)) == L3D_OK) s->layout = r;
+    return st;
+}

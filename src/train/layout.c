@@ -1,4 +1,4 @@
-/* The training layout: flags and world size -> grid, micro-batches, stages, then (after the
+/* The training layout: flags and world size -> the spec's layout resolved, stages, then (after the
  * memory check has counted their bytes) the schedules (include/llm3d/train.h). Shared with the
  * planner through include/llm3d/layout.h. */
 #include <limits.h>
@@ -7,69 +7,63 @@
 
 #include "llm3d/layout.h"
 #include "llm3d/spec.h"
-#include "llm3d/topo.h"
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
 
 /* The layers of each virtual stage, allocated once the stages are known to fit the layers. */
-static l3d_status partition(struct l3d_train_layout *lay, const struct l3d_train_config *tc, int pp,
-                            int v) {
+static l3d_status partition(struct l3d_train_layout *lay, const struct l3d_train_config *tc) {
+    int pp = tc->layout.pp, v = tc->layout.v;
     if ((int64_t)pp * v <= tc->model.L)
         lay->layers = calloc((size_t)pp * v, sizeof(int)); /* not accounted, like the stack */
     if ((int64_t)pp * v <= tc->model.L && !lay->layers)
         return l3d_error(L3D_ERR_OOM, "out of memory for %d x %d stages", pp, v);
+    lay->stages = pp * v;
     return l3d_layout_stage_layers(&tc->model, tc->layout.seq, pp, v, tc->layout.pp_layers,
                                    lay->layers);
 }
 
-l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, const struct l3d_train_config *tc,
+/* The trainer's flags outside the run spec. */
+static l3d_status check_flags(const struct l3d_train_config *tc) {
+    if (tc->steps < 1 || tc->layout.accum < 1)
+        return l3d_error(L3D_ERR_ARG, "--steps (%d) and --grad-accum (%d) must be at least 1",
+                         tc->steps, tc->layout.accum);
+    if (!tc->train_pattern)
+        return l3d_error(L3D_ERR_ARG, "no training data: give --train with a token shard or glob");
+    if (tc->lr <= 0.0f || tc->min_lr < 0.0f || tc->min_lr > tc->lr)
+        return l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr "
+                         "(%g), --lr > 0", tc->min_lr, tc->lr);
+    return L3D_OK;
+}
+
+l3d_status l3d_train_layout_init(struct l3d_train_layout *lay, struct l3d_train_config *tc,
                                  int world_size) {
     memset(lay, 0, sizeof *lay);
-    int tp = tc->layout.tp, pp = tc->layout.pp, dp = tc->layout.dp,
-        v = tc->layout.v > 1 ? tc->layout.v : 1, cp = tc->layout.cp > 1 ? tc->layout.cp : 1;
-    int accum = tc->layout.accum;
-    l3d_status st = L3D_OK;
-    if (tc->steps < 1 || tc->layout.accum < 1)
-        st = l3d_error(L3D_ERR_ARG, "--steps (%d) and --grad-accum (%d) must be at least 1",
-                       tc->steps, tc->layout.accum);
-    else if (!tc->train_pattern)
-        st = l3d_error(L3D_ERR_ARG, "no training data: give --train with a token shard or glob");
-    else if (tc->lr <= 0.0f || tc->min_lr < 0.0f || tc->min_lr > tc->lr)
-        st = l3d_error(L3D_ERR_ARG, "learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g), "
-                       "--lr > 0", tc->min_lr, tc->lr);
-    else if ((st = l3d_topo_resolve_cp(world_size, &tp, cp, &pp, &dp)) != L3D_OK)
-        ; /* the grid with the ring: every ring rank holds the same (tp, pp, dp) place */
-    /* the run spec's every rule (include/llm3d/spec.h), then what building the layout finds */
-    else if ((st = l3d_spec_check(&tc->spec, &(struct l3d_spec_ctx){.world = world_size,
-                                                                    .train = true},
-                                  NULL)) != L3D_OK)
-        ;
-    else if ((accum = (int)l3d_layout_accum(&(struct l3d_layout){
-                  .micro_batch = tc->layout.micro_batch, .dp = dp, .accum = tc->layout.accum,
-                  .global_batch = tc->layout.global_batch})) < 1)
-        st = l3d_error(L3D_ERR_INTERNAL, "micro-batches a step: %d", accum);
-    else if ((st = partition(lay, tc, pp, v)) != L3D_OK)
-        ;
-    else
-        st = l3d_pp_schedule_check(pp > 1 ? tc->layout.schedule : L3D_PP_1F1B, pp, v, accum);
+    const struct l3d_layout given = tc->layout;
+    l3d_status st = check_flags(tc);
+    /* the run spec's every rule (include/llm3d/spec.h), the layout resolved in place, then what
+     * building the stages and the schedule finds */
+    if (st == L3D_OK)
+        st = l3d_spec_resolve(&tc->spec, &(struct l3d_spec_ctx){.world = world_size, .train = true},
+                              NULL);
+    if (st == L3D_OK) st = partition(lay, tc);
+    if (st == L3D_OK)
+        st = l3d_pp_schedule_check(tc->layout.schedule, tc->layout.pp, tc->layout.v,
+                                   tc->layout.accum);
     if (st == L3D_OK && tc->val_pattern && tc->val_batches < 1)
         st = l3d_error(L3D_ERR_ARG, "--val-batches %d: give 1 or more", tc->val_batches);
     if (st != L3D_OK) {
         l3d_train_layout_free(lay);
-        return st;
+        tc->layout = given;
     }
-    *lay = (struct l3d_train_layout){.tp = tp, .pp = pp, .dp = dp, .cp = cp, .v = v,
-                                     .stages = pp * v,
-                                     .accum = accum, .layers = lay->layers};
-    return L3D_OK;
+    return st;
 }
 
 l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
                                   const struct l3d_train_config *tc) {
     L3D_ASSERT(lay->layers && !lay->sched.n); /* after l3d_train_layout_init, once */
-    int pp = lay->pp, v = lay->v;
-    l3d_status st = l3d_pp_schedule_build(&lay->sched, pp > 1 ? tc->layout.schedule : L3D_PP_1F1B,
-                                          pp, v, lay->accum);
+    int pp = tc->layout.pp, v = tc->layout.v;
+    l3d_status st = l3d_pp_schedule_build(&lay->sched, tc->layout.schedule, pp, v,
+                                          tc->layout.accum);
     if (st == L3D_OK && tc->val_pattern)
         st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
     if (st != L3D_OK) {
@@ -83,8 +77,8 @@ struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,
                                         const struct l3d_train_config *tc, int vs, int tp_rank) {
     struct l3d_shard sh;
     /* the layout's TP split was checked by l3d_train_layout_init */
-    L3D_ASSERT(l3d_layout_stage_shard(&tc->model, lay->layers, lay->stages, vs, lay->tp, tp_rank,
-                                      tc->layout.sp, &sh) == L3D_OK);
+    L3D_ASSERT(l3d_layout_stage_shard(&tc->model, lay->layers, lay->stages, vs, tc->layout.tp,
+                                      tp_rank, tc->layout.sp, &sh) == L3D_OK);
     return sh;
 }
 

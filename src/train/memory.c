@@ -109,10 +109,10 @@ static double node_available(char *src, size_t cap) {
     return avail;
 }
 
-/* One layout of the trainer as the planner sees it. */
+/* One layout of the trainer (the run spec's layout with its own parts changed; accum its
+ * micro-batches a step) and what the planner and the trainer count for it. */
 struct cand {
-    int tp, pp, dp, v, zero, B, accum;
-    enum l3d_recompute rc;
+    struct l3d_layout lay;
     double bytes; /* the fullest rank's, extras included; < 0: not a valid layout */
     double gather; /* of which model.bin's gathered copy (rank 0) */
     double sched; /* of which the pipeline schedules (training and validation) */
@@ -124,11 +124,6 @@ static const char *rc_name(enum l3d_recompute r) {
     return r == L3D_RECOMPUTE_NONE ? "none" : r == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full";
 }
 
-static enum l3d_pp_kind cand_schedule(const struct l3d_train_config *tc, const struct cand *c) {
-    if (c->pp == 1) return L3D_PP_1F1B;
-    return c->v > 1 ? L3D_PP_INTERLEAVED : tc->layout.schedule;
-}
-
 /* The planner's bytes of layout c with m micro-batches a step (l3d_plan_memory) into *mem;
  * false when it refuses the layout. */
 static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int64_t m,
@@ -137,9 +132,10 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     struct l3d_model_spec pm = tc->model;
     pm.maxT = tc->layout.seq;
     snprintf(pm.name, sizeof pm.name, "train");
+    const struct l3d_layout *l = &c->lay;
     struct l3d_plan_run run = l3d_plan_run_default();
-    run.devices = (int64_t)c->tp * c->pp * c->dp * (tc->layout.cp > 1 ? tc->layout.cp : 1);
-    run.global_batch = (int64_t)c->B * m * c->dp;
+    run.devices = (int64_t)l->tp * l->pp * l->dp * l->cp;
+    run.global_batch = (int64_t)l->micro_batch * m * l->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
     run.bucket_bytes = tc->layout.bucket_bytes;
@@ -150,20 +146,10 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
     run.files = tc->resume || tc->init_from || tc->save_every > 0;
     run.piece_bytes = l3d_ckpt_stage_bytes();
     run.context = tc->model.maxT; /* wpe's rows: the trainer sizes it by --context */
-    struct l3d_layout lay = tc->layout;
-    lay.tp = c->tp;
-    lay.pp = c->pp;
-    lay.dp = c->dp;
-    lay.micro_batch = c->B;
+    struct l3d_layout lay = *l;
     lay.accum = (int)m;
     lay.global_batch = 0;
-    lay.v = c->v;
-    lay.zero = c->zero;
-    lay.recompute = c->rc;
-    lay.sp = tc->layout.sp && c->tp > 1;
-    lay.schedule = cand_schedule(tc, c);
     lay.threads = 1;
-    if (lay.schedule == L3D_PP_INTERLEAVED && c->v < 2) lay.schedule = L3D_PP_1F1B;
     return l3d_plan_memory(&pm, &run, &lay, mem) == L3D_OK;
 }
 
@@ -174,12 +160,13 @@ static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int
 #define PLAN_MAX_MICRO (1 << 24)
 static bool plan_memory(const struct l3d_train_config *tc, const struct cand *c,
                         struct l3d_plan_mem *mem) {
-    if (c->accum <= PLAN_MAX_MICRO) return plan_at(tc, c, c->accum, mem);
-    int64_t step = c->v > 1 ? c->pp : 1; /* interleaving: a multiple of --pp */
+    const struct l3d_layout *l = &c->lay;
+    if (l->accum <= PLAN_MAX_MICRO) return plan_at(tc, c, l->accum, mem);
+    int64_t step = l->v > 1 ? l->pp : 1; /* interleaving: a multiple of --pp */
     int64_t m1 = PLAN_MAX_MICRO / step * step, m0 = m1 / 2 / step * step;
     struct l3d_plan_mem a, b;
     if (m0 < 1 || !plan_at(tc, c, m0, &a) || !plan_at(tc, c, m1, &b)) return false;
-    double k = (double)(c->accum - m1) / (double)(m1 - m0);
+    double k = (double)(l->accum - m1) / (double)(m1 - m0);
     *mem = b;
     mem->params += k * (b.params - a.params);
     mem->grads += k * (b.grads - a.grads);
@@ -198,17 +185,17 @@ static bool plan_memory(const struct l3d_train_config *tc, const struct cand *c,
  * --val-batches beyond the planner's 8; the --trace buffer (src/train/train.c). */
 static double micro_extras(const struct l3d_train_config *tc, const struct cand *c,
                            double *sched) {
-    int pp = c->pp, v = c->v;
-    int64_t m = c->accum, vb = tc->val_pattern ? tc->val_batches : 0;
+    const struct l3d_layout *l = &c->lay;
+    int pp = l->pp, v = l->v;
+    int64_t m = l->accum, vb = tc->val_pattern ? tc->val_batches : 0;
     *sched = (double)l3d_pp_schedule_bytes(pp, v, m, false);
     if (vb > 0) *sched += (double)l3d_pp_schedule_bytes(pp, v, vb, true);
-    enum l3d_pp_kind kind = cand_schedule(tc, c);
-    int64_t slots = l3d_pp_in_flight(kind, pp, 0, v, m); /* stage 0 holds the most */
+    int64_t slots = l3d_pp_in_flight(l->schedule, pp, 0, v, m); /* stage 0 holds the most */
     if (slots > m) slots = m;
     double b = *sched + 2.0 * v * (double)slots * sizeof(l3d_req);
     int64_t planned = m > 8 ? m : 8, held = m > tc->val_batches ? m : tc->val_batches;
     if (held > planned)
-        b += 2.0 * sizeof(int32_t) * c->B * tc->layout.seq * (double)(held - planned);
+        b += 2.0 * sizeof(int32_t) * l->micro_batch * tc->layout.seq * (double)(held - planned);
     if (tc->trace_path) { /* the events of the busiest stage's steps, at most 1 << 22 */
         double most = 0;
         for (int r = 0; r < pp; r++) {
@@ -262,85 +249,109 @@ static int cmp_cand(const void *a, const void *b) {
     return (x->bytes > y->bytes) - (x->bytes < y->bytes);
 }
 
+/* The layouts the memory check suggests, collected from the planner's enumeration
+ * (l3d_plan_layouts): those of the same ranks and global batch that change only tp, pp, ZeRO,
+ * recomputation and the micro-batch (halved), keeping v when pp stays, cp, SP where tp allows it
+ * and the schedule; the least of them all and those that fit in room. */
+struct suggest {
+    const struct l3d_train_config *tc;
+    const struct cand *now;
+    double room;
+    bool lead;
+    struct cand list[512];
+    int n;
+    struct cand least;     /* bytes < 0: none valid */
+};
+
+static void suggest_one(void *ctx, const struct l3d_layout *lay) {
+    struct suggest *s = ctx;
+    const struct l3d_layout *now = &s->now->lay;
+    if (lay->v != (lay->pp == now->pp ? now->v : 1)) return;
+    if (lay->sp != (now->sp && lay->tp > 1)) return;
+    if (s->n == (int)(sizeof s->list / sizeof s->list[0])) return;
+    struct cand c = {.lay = *now};
+    struct l3d_layout *l = &c.lay;
+    l->tp = lay->tp, l->pp = lay->pp, l->dp = lay->dp, l->v = lay->v, l->zero = lay->zero;
+    l->recompute = lay->recompute, l->sp = lay->sp, l->micro_batch = lay->micro_batch;
+    /* the same global batch: B accum dp sequences a step */
+    l->accum = (int)((int64_t)now->micro_batch * now->accum * now->dp /
+                     ((int64_t)l->micro_batch * l->dp));
+    if (l->pp == 1) l->schedule = L3D_PP_1F1B;
+    else if (l->v > 1) l->schedule = L3D_PP_INTERLEAVED;
+    else if (now->schedule == L3D_PP_INTERLEAVED) l->schedule = L3D_PP_1F1B;
+    evaluate(s->tc, &c, s->lead);
+    if (c.bytes < 0) return;
+    int half = 0;
+    while (now->micro_batch >> half > l->micro_batch) half++;
+    c.cost = (l->zero != now->zero) +
+             (l->recompute == L3D_RECOMPUTE_SELECTIVE ? 1 : l->recompute == L3D_RECOMPUTE_FULL ? 3 : 0) +
+             2 * (l->tp != now->tp) + 2 * (l->pp != now->pp) + 2 * half;
+    if (c.cost == 0) return;
+    if (s->least.bytes < 0 || c.bytes < s->least.bytes) s->least = c;
+    if (c.bytes <= s->room) s->list[s->n++] = c;
+}
+
 /* Up to three layouts of the same ranks (and global batch) that fit in `room`, as flags, into
- * out; "" when none does. */
+ * out; "no layout ... fits" with the least when none does. */
 static void alternatives(const struct l3d_train_config *tc, const struct cand *now, double room,
                          bool lead, char *out, size_t cap) {
-    struct cand list[512];
-    int n = 0, world = now->tp * now->pp * now->dp;
-    double least = -1;
-    char least_flags[160] = "";
-    for (int tp = 1; tp <= world; tp++) {
-        if (world % tp) continue;
-        for (int pp = 1; pp <= world / tp; pp++) {
-            if ((world / tp) % pp) continue;
-            int dp = world / tp / pp;
-            for (int z = 0; z <= 3; z++) {
-                if (z > 0 && dp == 1) continue;
-                for (int r = 0; r <= 2; r++) {
-                    for (int half = 0; half <= 3; half++) { /* --batch B / 2^half */
-                        if (n == (int)(sizeof list / sizeof list[0])) break;
-                        int B = now->B >> half;
-                        if (B < 1 || (half && B << half != now->B)) continue;
-                        /* the same global batch: B accum dp sequences a step */
-                        int64_t g = (int64_t)now->B * now->accum * now->dp;
-                        if (g % ((int64_t)B * dp)) continue;
-                        struct cand c = {.tp = tp, .pp = pp, .dp = dp,
-                                         .v = pp == now->pp ? now->v : 1, .zero = z,
-                                         .B = B, .accum = (int)(g / ((int64_t)B * dp)),
-                                         .rc = (enum l3d_recompute)r};
-                        evaluate(tc, &c, lead);
-                        if (c.bytes < 0) continue;
-                        c.cost = (z != now->zero) + (r == L3D_RECOMPUTE_SELECTIVE ? 1
-                                                     : r == L3D_RECOMPUTE_FULL ? 3 : 0) +
-                                 2 * (tp != now->tp) + 2 * (pp != now->pp) + 2 * half;
-                        if (c.cost == 0) continue;
-                        if (least < 0 || c.bytes < least) {
-                            least = c.bytes;
-                            snprintf(least_flags, sizeof least_flags,
-                                     "--tp %d --pp %d --zero %d --recompute %s --batch %d", tp, pp,
-                                     z, rc_name(c.rc), B);
-                        }
-                        if (c.bytes <= room) list[n++] = c;
-                    }
-                }
-            }
-        }
-    }
-    qsort(list, (size_t)n, sizeof list[0], cmp_cand);
+    const struct l3d_layout *nl = &now->lay;
+    struct suggest *s = l3d_alloc(sizeof *s, "memory check's suggestions");
+    *s = (struct suggest){.tc = tc, .now = now, .room = room, .lead = lead,
+                          .least = {.bytes = -1}};
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    fx.layout = *nl;
+    fx.mask = L3D_FIX_CP;
+    fx.mb_halvings = true;
+    int world = nl->tp * nl->pp * nl->dp; /* over the ring: each ring rank the same place */
+    l3d_plan_layouts(&(struct l3d_plan_space){.m = &tc->model, .ranks = (int64_t)world * nl->cp,
+                                              .global_batch = (int64_t)nl->micro_batch *
+                                                              nl->accum * nl->dp,
+                                              .threads = 1, .zero3 = true, .fx = &fx},
+                     suggest_one, s);
+    qsort(s->list, (size_t)s->n, sizeof s->list[0], cmp_cand);
     size_t k = 0;
     out[0] = '\0';
-    if (n == 0) {
+    if (s->n == 0) {
+        const struct l3d_layout *l = &s->least.lay;
+        char least_flags[160] = "";
+        if (s->least.bytes >= 0)
+            snprintf(least_flags, sizeof least_flags,
+                     "--tp %d --pp %d --zero %d --recompute %s --batch %d", l->tp, l->pp, l->zero,
+                     rc_name(l->recompute), l->micro_batch);
         snprintf(out, cap, "no layout of %d rank(s) fits (the least, %s, with %s): use more nodes "
-                 "or a smaller model", world, human(least).s, least_flags);
+                 "or a smaller model", world, human(s->least.bytes).s, least_flags);
+        l3d_free(s);
         return;
     }
     k += (size_t)snprintf(out + k, cap - k, "layouts of %d rank(s) that fit:", world);
-    for (int i = 0; i < n && i < 3 && k < cap; i++) {
-        const struct cand *c = &list[i];
+    for (int i = 0; i < s->n && i < 3 && k < cap; i++) {
+        const struct l3d_layout *c = &s->list[i].lay;
         char flags[160] = "";
         size_t f = 0;
 #define ADD(...) f += (size_t)snprintf(flags + f, sizeof flags - f, __VA_ARGS__)
-        if (c->tp != now->tp) ADD(" --tp %d", c->tp);
-        if (c->pp != now->pp) ADD(" --pp %d", c->pp);
-        if (c->zero != now->zero) ADD(" --zero %d", c->zero);
-        if (c->rc != now->rc) ADD(" --recompute %s", rc_name(c->rc));
-        if (c->B != now->B) ADD(" --batch %d --grad-accum %d", c->B, c->accum);
+        if (c->tp != nl->tp) ADD(" --tp %d", c->tp);
+        if (c->pp != nl->pp) ADD(" --pp %d", c->pp);
+        if (c->zero != nl->zero) ADD(" --zero %d", c->zero);
+        if (c->recompute != nl->recompute) ADD(" --recompute %s", rc_name(c->recompute));
+        if (c->micro_batch != nl->micro_batch)
+            ADD(" --batch %d --grad-accum %d", c->micro_batch, c->accum);
 #undef ADD
         k += (size_t)snprintf(out + k, cap - k, "%s%s (%s)", i ? ";" : "", flags,
-                              human(c->bytes).s);
+                              human(s->list[i].bytes).s);
     }
+    l3d_free(s);
 }
 
 /* The most micro-batches a step (a multiple of --pp under interleaving, at most c's) with which
  * layout c fits in room; 0 when not even the fewest do. Bytes grow with them: a bisection. */
 static int64_t most_micro(const struct l3d_train_config *tc, const struct cand *c, double room,
                           bool lead) {
-    int64_t step = c->v > 1 ? c->pp : 1, lo = 0, hi = c->accum / step;
+    int64_t step = c->lay.v > 1 ? c->lay.pp : 1, lo = 0, hi = c->lay.accum / step;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
         struct cand t = *c;
-        t.accum = (int)(mid * step);
+        t.lay.accum = (int)(mid * step);
         evaluate(tc, &t, lead);
         if (t.bytes >= 0 && t.bytes <= room)
             lo = mid;
@@ -351,8 +362,8 @@ static int64_t most_micro(const struct l3d_train_config *tc, const struct cand *
 }
 
 static double token_bytes(const struct l3d_train_config *tc, const struct cand *c) {
-    return 2.0 * sizeof(int32_t) * c->B * tc->layout.seq *
-           (double)(c->accum > tc->val_batches ? c->accum : tc->val_batches);
+    return 2.0 * sizeof(int32_t) * c->lay.micro_batch * tc->layout.seq *
+           (double)(c->lay.accum > tc->val_batches ? c->lay.accum : tc->val_batches);
 }
 
 /* The refusal when the layout fits with the fewest micro-batches (one) but not with its own
@@ -366,8 +377,8 @@ static l3d_status too_many_micro(const struct l3d_train_config *tc, const struct
     char fix[160];
     if (tc->layout.global_batch > 0)
         snprintf(fix, sizeof fix, "--global-batch %lld (%lld micro-batches of --batch %d x %d "
-                 "data-parallel replicas)", (long long)(k * now->B * now->dp), (long long)k,
-                 now->B, now->dp);
+                 "data-parallel replicas)", (long long)(k * now->lay.micro_batch * now->lay.dp),
+                 (long long)k, now->lay.micro_batch, now->lay.dp);
     else
         snprintf(fix, sizeof fix, "--grad-accum %lld", (long long)k);
     return l3d_error(L3D_ERR_OOM,
@@ -378,7 +389,7 @@ static l3d_status too_many_micro(const struct l3d_train_config *tc, const struct
                      tc->layout.global_batch > 0 ? "--global-batch" : "--grad-accum",
                      tc->layout.global_batch > 0 ? (long long)tc->layout.global_batch
                                                  : (long long)tc->layout.accum,
-                     now->accum, human(now->bytes).s, rank, human(grow).s, human(tokens).s,
+                     now->lay.accum, human(now->bytes).s, rank, human(grow).s, human(tokens).s,
                      human(sched).s, human(rest > 0 ? rest : 0).s, human(room).s, where, fix);
 }
 
@@ -393,15 +404,15 @@ static l3d_status too_big(const struct l3d_train_config *tc, const struct cand *
     return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
                      "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
                      "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s); %s; or "
-                     "--ignore-memory-check to try anyway", now->tp, now->pp, now->dp, now->zero,
-                     rc_name(now->rc), now->B, human(now->bytes).s, rank, human(m->params).s,
+                     "--ignore-memory-check to try anyway", now->lay.tp, now->lay.pp, now->lay.dp,
+                     now->lay.zero, rc_name(now->lay.recompute), now->lay.micro_batch,
+                     human(now->bytes).s, rank, human(m->params).s,
                      human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
                      human(m->other + now->bytes - m->total - now->gather).s, extra,
                      human(room).s, where, alt);
 }
 
-l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
-                                  const struct l3d_train_layout *lay, struct l3d_comm *world,
+l3d_status l3d_train_memory_check(const struct l3d_train_config *tc, struct l3d_comm *world,
                                   double *figure, bool *report) {
     /* the ranks of this node: those the communicator puts on this one's (l3d_comm_nodes, the same
      * count as the placement of TP groups) */
@@ -416,14 +427,7 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
     double node = node_available(src, sizeof src);
     l3d_status st = L3D_OK;
     bool lead = world->rank == 0;
-    struct cand now = {.tp = lay->tp,
-                       .pp = lay->pp,
-                       .dp = lay->dp,
-                       .v = lay->v,
-                       .zero = tc->layout.zero,
-                       .B = tc->layout.micro_batch,
-                       .accum = lay->accum,
-                       .rc = tc->layout.recompute};
+    struct cand now = {.lay = tc->layout}; /* resolved: l3d_train_layout_init */
     *figure = -1;
     if (!tc->ignore_memory_check) {
         evaluate(tc, &now, lead);
@@ -437,7 +441,7 @@ l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
                      human(node).s, local);
             /* the fewest micro-batches fit: their number is what to change */
             struct cand one = now;
-            one.accum = now.v > 1 ? now.pp : 1;
+            one.lay.accum = now.lay.v > 1 ? now.lay.pp : 1;
             evaluate(tc, &one, lead);
             int64_t k = one.bytes >= 0 && one.bytes <= room ? most_micro(tc, &now, room, lead) : 0;
             if (k > 0)

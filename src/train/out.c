@@ -64,15 +64,16 @@ static void pull(struct out_ctx *o, const struct unit *u) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
-    int v = t->lay.v;
+    const struct l3d_layout *l = &tc->layout;
+    int v = l->v;
     bool lead = world->rank == 0, first = topo->dp_rank == 0 && topo->cp_rank == 0;
-    for (int i = 0; i < topo->tp * topo->pp; i++) {
-        int tp_rank = i % topo->tp, pp_rank = i / topo->tp;
-        int r = l3d_topo_rank_of_cp(topo->tp, topo->cp, topo->pp, tp_rank, 0, pp_rank, 0);
+    for (int i = 0; i < l->tp * l->pp; i++) {
+        int tp_rank = i % l->tp, pp_rank = i / l->tp;
+        int r = l3d_topo_rank_of(l, tp_rank, 0, pp_rank, 0);
         bool mine = tp_rank == topo->tp_rank && pp_rank == topo->pp_rank;
         if (!lead && !mine) continue;
         for (int c = 0; c < v; c++) {
-            struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * topo->pp + pp_rank,
+            struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * l->pp + pp_rank,
                                                          tp_rank);
             int64_t off, r0, r1;
             if (!l3d_gpt_shard_rows(&tc->model, &sh, u->t, u->layer, u->R0, u->R1, &off, &r0,
@@ -151,7 +152,7 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     }
     bool lead = t->world->rank == 0, streamed = false;
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used(); /* what --out adds */
-    for (int c = 0; c < t->lay.v; c++) streamed |= !t->vptr[c]->params;
+    for (int c = 0; c < t->tc->layout.v; c++) streamed |= !t->vptr[c]->params;
     if (streamed) o.dev = l3d_be_alloc(t->be, (size_t)o.cap * sizeof(float), "--out rows");
     if (lead) {
         o.unit = l3d_alloc((size_t)o.cap * sizeof(float), "--out rows");

@@ -28,9 +28,9 @@ static void describe_group(char *out, size_t cap, const int *ranks, int n, const
 }
 
 /* kind 0: TP groups (tp_rank varies), 1: PP groups (pp_rank), 2: DP groups (dp_rank), 3: CP rings
- * (cp_rank); size: tp, pp, dp, cp. The ranks of group g of that kind into ranks[], returning their
- * number: g numbers the other coordinates, tp fastest, then pp, dp, cp. */
-static int group(int kind, int g, const int size[4], int *ranks) {
+ * (cp_rank); size: tp, pp, dp, cp of layout l. The ranks of group g of that kind into ranks[],
+ * returning their number: g numbers the other coordinates, tp fastest, then pp, dp, cp. */
+static int group(const struct l3d_layout *l, int kind, int g, const int size[4], int *ranks) {
     for (int i = 0; i < size[kind]; i++) {
         int c[4], rest = g;
         for (int k = 0; k < 4; k++) {
@@ -39,23 +39,22 @@ static int group(int kind, int g, const int size[4], int *ranks) {
             rest /= size[k];
         }
         c[kind] = i;
-        ranks[i] = l3d_topo_rank_of_cp(size[0], size[3], size[1], c[0], c[3], c[1], c[2]);
+        ranks[i] = l3d_topo_rank_of(l, c[0], c[3], c[1], c[2]);
     }
     return size[kind];
 }
 
-l3d_status l3d_train_placement(const struct l3d_train_config *tc,
-                               const struct l3d_train_layout *lay, struct l3d_comm *world,
+l3d_status l3d_train_placement(const struct l3d_train_config *tc, struct l3d_comm *world,
                                bool lead) {
-    int W = world->size, tp = lay->tp;
-    const int size[4] = {tp, lay->pp, lay->dp, lay->cp > 1 ? lay->cp : 1};
+    int W = world->size, tp = tc->layout.tp;
+    const int size[4] = {tp, tc->layout.pp, tc->layout.dp, tc->layout.cp};
     int *node_of = l3d_alloc((size_t)W * sizeof *node_of, "node of each rank");
     int *ranks = l3d_alloc((size_t)W * sizeof *ranks, "ranks of a group");
     int nodes = l3d_comm_nodes(world, node_of);
     l3d_status st = L3D_OK;
     /* the first TP group that spans nodes (every rank reaches the same verdict) */
     for (int g = 0; g < W / tp && st == L3D_OK; g++) {
-        int n = group(0, g, size, ranks);
+        int n = group(&tc->layout, 0, g, size, ranks);
         bool split = false;
         for (int i = 1; i < n; i++) split = split || node_of[ranks[i]] != node_of[ranks[0]];
         if (!split) continue;
@@ -89,7 +88,7 @@ l3d_status l3d_train_placement(const struct l3d_train_config *tc,
             int count = W / size[kind], across = 0;
             line[0] = '\0';
             for (int g = 0; g < count; g++) {
-                int n = group(kind, g, size, ranks);
+                int n = group(&tc->layout, kind, g, size, ranks);
                 bool split = false;
                 for (int i = 1; i < n; i++) split = split || node_of[ranks[i]] != node_of[ranks[0]];
                 across += split;

@@ -38,7 +38,7 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
-    int v = lay->v, tp = lay->tp, pp = lay->pp;
+    int v = tc->layout.v, tp = tc->layout.tp, pp = tc->layout.pp;
     if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
     struct l3d_dp_memory mem = {0};
     for (int c = 0; c < v; c++) {
@@ -51,17 +51,17 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         mem.gather += mc.gather;
     }
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
-    double d = t->topo->dp, MiB = 1048576.0;
+    double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";
-    if (t->topo->cp > 1)
-        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->cp,
-                 2 * t->topo->cp);
+    if (t->topo->layout->cp > 1)
+        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->layout->cp,
+                 2 * t->topo->layout->cp);
     printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->dp, tc->layout.zero,
+           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->layout->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",
            tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
@@ -77,7 +77,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                tc->layout.pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
-           tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->dp,
+           tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->layout->dp,
            (long long)t->tokens_step);
     printf("data: %lld training tokens in %d file(s)%s\n", (long long)l3d_data_num_tokens(t->train),
            l3d_data_num_files(t->train), t->val ? ", validation on" : "");
@@ -142,7 +142,7 @@ static void json_number(char *buf, size_t n, double v) {
 l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                                   const struct l3d_step_stats *s) {
     const struct l3d_train_config *tc = t->tc;
-    int pp = t->lay.pp;
+    int pp = t->tc->layout.pp;
     if (t->lead && !tc->quiet) {
         printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s | MFU "
                "%5.1f%%", step + 1, tc->steps, s->loss, s->lr, s->norm, s->seconds * 1e3,
@@ -176,10 +176,10 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                       s->gather_wait_s * 1e3);
     if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
-    if (t->topo->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
+    if (t->topo->layout->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
         double w = 0;
         int64_t b = 0;
-        for (int c = 0; c < t->lay.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
+        for (int c = 0; c < t->tc->layout.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
                       w * 1e3, (long long)b);
     }
@@ -267,7 +267,7 @@ void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_re
            (res->median_step_s - res->median_optimizer_s) * 1e3, res->median_optimizer_s * 1e3,
            res->median_comm_s * 1e3, res->tokens_per_s, 100.0 * res->mfu,
            res->mem_peak / 1048576.0, res->mem_peak);
-    if (t->lay.pp > 1)
+    if (t->tc->layout.pp > 1)
         printf("pipeline bubble: measured %.1f%% of the pipeline's time (median step), ideal "
                "(p-1)/(v m+p-1) = %.1f%%\n", 100.0 * res->bubble, 100.0 * res->bubble_theory);
 }

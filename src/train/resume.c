@@ -10,17 +10,14 @@
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world) {
     memset(c, 0, sizeof *c);
-    /* the run spec's layout with the grid resolved (dp inferred from the world) */
+    /* the run spec's layout (resolved: l3d_spec_resolve) */
     c->lay = (struct l3d_ckpt_layout){.layout = tc->layout, .world = world->size,
                                       .tp_rank = topo->tp_rank, .pp_rank = topo->pp_rank,
-                                      .dp_rank = topo->dp_rank * topo->cp + topo->cp_rank};
-    c->lay.layout.tp = topo->tp;
-    c->lay.layout.pp = topo->pp;
+                                      .dp_rank = topo->dp_rank * tc->layout.cp + topo->cp_rank};
     /* checkpoints ignore cp: the weights are replicated over the ring as over the replicas and
      * ZeRO shards over both, so a ring rank is a data-parallel rank of dp x cp (dpcp_comm's) */
-    c->lay.layout.dp = topo->dp * topo->cp;
+    c->lay.layout.dp = tc->layout.dp * tc->layout.cp;
     c->lay.layout.cp = 1;
-    c->lay.layout.v = tc->layout.v > 1 ? tc->layout.v : 1;
     if (tc->ckpt_dir)
         snprintf(c->root, sizeof c->root, "%s", tc->ckpt_dir);
     else if (tc->out_dir && snprintf(c->root, sizeof c->root, "%s/checkpoints", tc->out_dir) >=

@@ -16,17 +16,17 @@ static void load_batches(struct l3d_loader *ld, int n, int64_t BT, int32_t *inp,
 static void take_chunks(const struct l3d_trainer *t, int n, const int32_t **inp,
                         const int32_t **tgt, int *T) {
     const struct l3d_topo *topo = t->topo;
-    int64_t seq = t->tc->layout.seq, Tl = seq / topo->cp, half = Tl / 2;
+    int64_t seq = t->tc->layout.seq, Tl = seq / topo->layout->cp, half = Tl / 2;
     int64_t rows = (int64_t)n * t->tc->layout.micro_batch;
     *T = (int)Tl;
     *inp = t->inp;
     *tgt = t->tgt;
-    if (topo->cp <= 1) return;
+    if (topo->layout->cp <= 1) return;
     for (int64_t b = 0; b < rows; b++)
         for (int k = 0; k < 2; k++) {
             /* l3d_cp_chunk_start's split, without its test hook (which moves the model's
              * positions, not the data) */
-            int64_t from = b * seq + (k == 0 ? topo->cp_rank : 2 * topo->cp - 1 - topo->cp_rank) *
+            int64_t from = b * seq + (k == 0 ? topo->cp_rank : 2 * topo->layout->cp - 1 - topo->cp_rank) *
                                          half;
             memcpy(t->cinp + b * Tl + k * half, t->inp + from, (size_t)half * sizeof(int32_t));
             memcpy(t->ctgt + b * Tl + k * half, t->tgt + from, (size_t)half * sizeof(int32_t));
@@ -99,12 +99,12 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     const struct l3d_pp_schedule *sched = &t->lay.sched;
-    int v = t->lay.v, pp = t->lay.pp, r = topo->pp_rank;
+    int v = t->tc->layout.v, pp = t->tc->layout.pp, r = topo->pp_rank;
     double t0 = l3d_time_s();
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
-    for (int c = 0; c < v && topo->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
+    for (int c = 0; c < v && topo->layout->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
     const int32_t *inp, *tgt;
     int T;
@@ -121,7 +121,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     l3d_comm_doing(t->world, "loss and gradient-norm sums", -1, -1);
     sum_f64(topo->pp_comm, &loss, 1); /* only the last stage has it */
     sum_f64(topo->dpcp_comm, &loss, 1); /* each ring rank's mean over its equal share */
-    loss /= (double)tc->layout.accum * topo->dp * topo->cp;
+    loss /= (double)tc->layout.accum * topo->layout->dp * topo->layout->cp;
     /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
     double sq[2];
     for (int c = 0; c < v; c++)
@@ -192,5 +192,5 @@ void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats
                                  tc->layout.micro_batch, T, 0.0f);
     sum_f64(t->topo->pp_comm, &sum, 1);
     sum_f64(t->topo->dpcp_comm, &sum, 1);
-    s->val_loss = (float)(sum / tc->val_batches / t->topo->dp / t->topo->cp);
+    s->val_loss = (float)(sum / tc->val_batches / t->topo->layout->dp / t->topo->layout->cp);
 }

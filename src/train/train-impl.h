@@ -36,7 +36,7 @@ bool l3d_loss_scaler_update(struct l3d_loss_scaler *ls, const struct l3d_train_c
                             bool overflow);
 
 struct l3d_trainer {
-    const struct l3d_train_config *tc; /* accum resolved (lay.accum) */
+    const struct l3d_train_config *tc; /* its layout resolved (l3d_train_layout_init) */
     struct l3d_train_layout lay;
     struct l3d_comm *world;
     const struct l3d_topo *topo;       /* the runtime's */
@@ -120,15 +120,13 @@ static inline bool l3d_train_zero3_from_seed(const struct l3d_train_config *tc) 
  * by the node's ranks; L3D_TEST_MEM_AVAILABLE overrides the node's bytes in tests); an
  * L3D_ERR_OOM with the figures and the layouts of the same ranks that fit, unless
  * tc->ignore_memory_check (src/train/memory.c). */
-l3d_status l3d_train_memory_check(const struct l3d_train_config *tc,
-                                  const struct l3d_train_layout *lay, struct l3d_comm *world,
+l3d_status l3d_train_memory_check(const struct l3d_train_config *tc, struct l3d_comm *world,
                                   double *figure, bool *report);
 
 /* The node of every rank (l3d_comm_nodes); L3D_ERR_LAYOUT on every rank when a TP group spans
  * nodes, unless tc->allow_cross_node_tp (then a warning from the lead). With more than one node
  * the lead prints where the TP, PP and DP groups lie (src/train/placement.c). Collective. */
-l3d_status l3d_train_placement(const struct l3d_train_config *tc,
-                               const struct l3d_train_layout *lay, struct l3d_comm *world,
+l3d_status l3d_train_placement(const struct l3d_train_config *tc, struct l3d_comm *world,
                                bool lead);
 
 /* The lead rank's description of the run (model, layout, pipeline, batch, memory). */

@@ -43,7 +43,7 @@ static l3d_status agree(struct l3d_comm *world, l3d_status st, struct l3d_train_
  * weights and the model's 16-bit ones (l3d_dp_fp32_params_done; a chunk streamed a piece at a
  * time took each piece as it came). */
 static void views_end(struct l3d_trainer *t, bool loaded) {
-    for (int c = 0; c < t->lay.v && t->p32; c++) {
+    for (int c = 0; c < t->tc->layout.v && t->p32; c++) {
         if (t->dps[c].stream) l3d_dp_fp32_stream_end(&t->dps[c]);
         if (t->p32[c]) l3d_dp_fp32_params_done(&t->dps[c], &t->opts[c], t->p32[c], loaded);
         t->p32[c] = NULL;
@@ -65,7 +65,7 @@ static void piece_put(void *ctx, int64_t off, int64_t n, const float *host) {
  * (t->pieces[c]; saving: DP rank 0 pulls them, the other ranks' sends posted here). */
 static l3d_status views_begin(struct l3d_trainer *t, bool gather, bool rows,
                               struct l3d_train_result *res) {
-    int v = t->lay.v;
+    int v = t->tc->layout.v;
     l3d_status st = L3D_OK;
     size_t bytes = l3d_ckpt_stage_bytes(); /* a piece: the checkpoint's staging */
     for (int c = 0; c < v; c++) {
@@ -107,7 +107,7 @@ static l3d_status save_ckpt(struct l3d_trainer *t, struct l3d_train_ckpt *ck, in
     ck->ls_hyst = t->ls.hyst_left;
     l3d_status st = views_begin(t, true, false, res);
     if (st != L3D_OK) return st;
-    st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->pieces, t->lay.v, t->ld,
+    st = l3d_train_ckpt_save(ck, t->tc, t->world, t->vptr, t->opts, t->pieces, t->tc->layout.v, t->ld,
                              step, &res->report_error);
     views_end(t, false);
     return st;
@@ -141,7 +141,7 @@ static l3d_status open_data(struct l3d_trainer *t) {
                                    .random = tc->random_batches,
                                    .seed = tc->seed,
                                    .dp_rank = t->topo->dp_rank,
-                                   .dp_size = t->topo->dp};
+                                   .dp_size = t->topo->layout->dp};
     if (st == L3D_OK) st = l3d_loader_init(&t->ld, t->train, &lc);
     if (st == L3D_OK && tc->val_pattern) {
         st = l3d_data_open(&t->val, tc->val_pattern, tc->model.V);
@@ -183,7 +183,7 @@ static bool through_views(const struct l3d_train_config *tc) {
 static l3d_status build_chunks(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
-    int v = t->lay.v, pp = t->lay.pp;
+    int v = t->tc->layout.v, pp = t->tc->layout.pp;
     l3d_status st = L3D_OK;
     t->chunks = l3d_calloc((size_t)v * sizeof *t->chunks, "model chunks");
     t->dps = l3d_calloc((size_t)v * sizeof *t->dps, "model chunks");
@@ -197,7 +197,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
-        int T = tc->layout.seq / t->lay.cp; /* this rank's rows of each sequence */
+        int T = tc->layout.seq / t->tc->layout.cp; /* this rank's rows of each sequence */
         st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
                              grad_mode(tc->layout.zero), slots, tc->layout.recompute,
                              tc->precision.param);
@@ -213,7 +213,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         if (!through_views(tc)) st = init_one(t, c, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        if (topo->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
+        if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
             break;
         /* the gradients are summed over the replicas and the ring (the weights are the same on
          * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp */
@@ -239,18 +239,18 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
  * mixed precision, with the initial weights in them. */
 static l3d_status init_weights(struct l3d_trainer *t, struct l3d_train_result *res) {
     if (l3d_train_zero3_from_seed(t->tc)) { /* each rank its range: no views, nothing to resume */
-        for (int c = 0; c < t->lay.v; c++)
+        for (int c = 0; c < t->tc->layout.v; c++)
             l3d_dp_zero3_init_weights(&t->dps[c], &t->opts[c], t->tc->seed);
         return L3D_OK;
     }
     l3d_status st = views_begin(t, false, false, res);
-    for (int c = 0; c < t->lay.v && st == L3D_OK && through_views(t->tc); c++)
+    for (int c = 0; c < t->tc->layout.v && st == L3D_OK && through_views(t->tc); c++)
         st = init_one(t, c, t->vptr[c]);
     return agree(t->world, st, res);
 }
 
 static void trainer_free(struct l3d_trainer *t) {
-    int v = t->lay.v;
+    int v = t->tc->layout.v;
     views_end(t, false);
     if (t->metrics) fclose(t->metrics);
     l3d_free(t->inp);
@@ -284,8 +284,8 @@ static void trainer_free(struct l3d_trainer *t) {
 }
 
 /* The layout (checked, its memory counted, its schedules built), where the ranks lie, the run
- * directory, the runtime's communicators and the data. tcv is t->tc, writable: its accum follows
- * from --global-batch once dp is known. Collective; every failure is agreed (or reported by the
+ * directory, the runtime's communicators and the data. tcv is t->tc, writable: its layout is
+ * resolved here (l3d_train_layout_init), once, and read as it is from then on. Collective; every failure is agreed (or reported by the
  * lead, placement), so every rank returns the same status. */
 static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *tcv,
                                 struct l3d_runtime *rt, struct l3d_train_result *res) {
@@ -293,19 +293,18 @@ static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *
     struct l3d_comm *world = t->world;
     if (world->watch) world->watch->timeout_s = tc->timeout_s; /* every wait bounded from here */
     /* Checks that need no communication: every rank reaches the same verdict. */
-    l3d_status st = l3d_train_layout_init(&t->lay, tc, world->size);
+    l3d_status st = l3d_train_layout_init(&t->lay, tcv, world->size); /* tcv's layout resolved */
     if ((st = agree(world, st, res)) != L3D_OK) return st;
-    tcv->layout.accum = t->lay.accum;
-    if ((st = l3d_train_memory_check(tc, &t->lay, world, &t->mem_figure,
+    if ((st = l3d_train_memory_check(tc, world, &t->mem_figure,
                                      &res->report_error)) != L3D_OK) return st;
     st = l3d_train_layout_build(&t->lay, tc); /* the schedules, whose bytes the check counted */
     if ((st = agree(world, st, res)) != L3D_OK) return st;
-    if ((st = l3d_train_placement(tc, &t->lay, world, t->lead)) != L3D_OK) {
+    if ((st = l3d_train_placement(tc, world, t->lead)) != L3D_OK) {
         res->report_error = t->lead;
         return st;
     }
     if ((st = l3d_train_run_claim(tc, world, &t->run_id, &res->report_error)) != L3D_OK) return st;
-    st = l3d_runtime_layout_cp(rt, t->lay.tp, t->lay.cp, t->lay.pp, t->lay.dp);
+    st = l3d_runtime_layout(rt, &tc->layout);
     if (st != L3D_OK) return st;
     t->topo = &rt->topo;
     st = open_data(t);
@@ -338,7 +337,7 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     ck->run_id = t->run_id;
     *ck_up = true;
     *start_step = 0;
-    l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->pieces, t->lay.v,
+    l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->pieces, t->tc->layout.v,
                                           t->ld, start_step, &res->report_error);
     if (st != L3D_OK) return st;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
@@ -360,7 +359,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     struct l3d_comm *world = t->world;
-    int v = t->lay.v, pp = t->lay.pp;
+    int v = t->tc->layout.v, pp = t->tc->layout.pp;
     int64_t trace_cap = 0;
     if (tc->trace_path) {
         trace_cap = ((int64_t)t->lay.sched.n[topo->pp_rank] + 4) * tc->steps + 64;
@@ -375,9 +374,9 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     int nbatch = tc->layout.accum > tc->val_batches ? tc->layout.accum : tc->val_batches;
     t->inp = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
     t->tgt = l3d_alloc((size_t)(t->BT * nbatch) * sizeof(int32_t), "batch");
-    if (topo->cp > 1) { /* this ring rank's two chunks of every sequence */
-        t->cinp = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
-        t->ctgt = l3d_alloc((size_t)(t->BT / topo->cp * nbatch) * sizeof(int32_t), "batch");
+    if (topo->layout->cp > 1) { /* this ring rank's two chunks of every sequence */
+        t->cinp = l3d_alloc((size_t)(t->BT / topo->layout->cp * nbatch) * sizeof(int32_t), "batch");
+        t->ctgt = l3d_alloc((size_t)(t->BT / topo->layout->cp * nbatch) * sizeof(int32_t), "batch");
     }
     t->n_times = tc->steps < L3D_TRAIN_TIMES_KEPT ? tc->steps : L3D_TRAIN_TIMES_KEPT;
     t->step_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
@@ -393,7 +392,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     }
     t->peak = peak * world->size;
     t->flops_tok = l3d_gpt_flops_per_token(&tc->model, tc->layout.seq);
-    t->tokens_step = t->BT * tc->layout.accum * topo->dp; /* BT: whole sequences, over the ring */
+    t->tokens_step = t->BT * tc->layout.accum * topo->layout->dp; /* BT: whole sequences, over the ring */
     t->dloss = 1.0f / (float)t->tokens_step;
     t->lrs = (struct l3d_lr_schedule){.max_lr = tc->lr, .min_lr = tc->min_lr,
                                       .warmup_steps = tc->warmup_steps, .total_steps = tc->steps};
@@ -448,7 +447,7 @@ static l3d_status train_steps(struct l3d_trainer *t, struct l3d_train_ckpt *ck, 
                               int *end_step, struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     struct l3d_comm *world = t->world;
-    for (int c = 0; c < t->lay.v; c++) l3d_gpt_zero_grad(t->chunks[c]);
+    for (int c = 0; c < t->tc->layout.v; c++) l3d_gpt_zero_grad(t->chunks[c]);
     if (world->size > 1) l3d_comm_barrier(world);
     t->px.origin = l3d_time_s(); /* the trace's zero, right after a barrier on every rank */
     t->agreed_at = t->px.origin;
@@ -527,7 +526,7 @@ l3d_status l3d_train_run(const struct l3d_train_config *tc_in, struct l3d_runtim
     /* a file-size limit (ulimit -f) makes write fail with EFBIG, reported like any write error,
      * instead of killing the process (SIGXFSZ's default) */
     signal(SIGXFSZ, SIG_IGN);
-    struct l3d_train_config tcv = *tc_in; /* accum follows from --global-batch once dp is known */
+    struct l3d_train_config tcv = *tc_in; /* its layout resolved by trainer_setup */
     struct l3d_trainer tr = {.tc = &tcv, .world = rt->world, .be = rt->be,
                              .comm_name = rt->comm_name, .lead = rt->world->rank == 0};
     struct l3d_train_ckpt ck;

@@ -499,37 +499,47 @@ static void check_group(struct l3d_comm *g, int want_size, const int32_t *want, 
     RCHECK(bad == 0);
 }
 
+/* A layout of the grid's sizes (dp 0: inferred by l3d_layout_resolve). */
+static struct l3d_layout grid(int tp, int cp, int pp, int dp) {
+    struct l3d_run_spec s;
+    l3d_run_spec_defaults(&s);
+    s.layout.tp = tp, s.layout.cp = cp, s.layout.pp = pp, s.layout.dp = dp;
+    return s.layout;
+}
+
 static void test_topo_layouts(struct l3d_comm *w) {
     int p = w->size;
     for (int tp = 1; tp <= p; tp++)
         for (int pp = 1; pp <= p; pp++) {
             if (p % (tp * pp)) continue;
-            int t = tp, q = pp, d = 0;
-            RCHECK(l3d_topo_resolve(p, &t, &q, &d) == L3D_OK);
-            RCHECK(t == tp && q == pp && d == p / (tp * pp));
+            struct l3d_layout l = grid(tp, 1, pp, 0);
+            RCHECK(l3d_layout_resolve(&l, p) == L3D_OK);
+            int d = l.dp;
+            RCHECK(l.tp == tp && l.pp == pp && l.cp == 1 && d == p / (tp * pp));
             for (int r = 0; r < p; r++) { /* coordinates round-trip */
-                int a, b, e;
-                l3d_topo_coords(tp, pp, r, &a, &b, &e);
-                RCHECK(a < tp && b < pp && e < d);
-                RCHECK(l3d_topo_rank_of(tp, pp, a, b, e) == r);
+                int a, c, b, e;
+                l3d_topo_coords(&l, r, &a, &c, &b, &e);
+                RCHECK(a < tp && c == 0 && b < pp && e < d);
+                RCHECK(l3d_topo_rank_of(&l, a, 0, b, e) == r);
             }
             struct l3d_topo topo;
-            RCHECK(l3d_topo_init(&topo, w, tp, pp, d) == L3D_OK);
-            RCHECK(topo.tp == tp && topo.pp == pp && topo.dp == d && topo.world == w);
+            RCHECK(l3d_topo_init(&topo, w, &l) == L3D_OK);
+            RCHECK(topo.layout == &l && topo.world == w);
             RCHECK(topo.rank == w->rank && topo.world_size == p);
-            int a, b, e;
-            l3d_topo_coords(tp, pp, w->rank, &a, &b, &e);
+            int a, c, b, e;
+            l3d_topo_coords(&l, w->rank, &a, &c, &b, &e);
             RCHECK(topo.tp_rank == a && topo.pp_rank == b && topo.dp_rank == e);
+            RCHECK(topo.cp_rank == 0 && topo.cp_comm == NULL && topo.dpcp_comm == topo.dp_comm);
             int32_t want[64];
-            for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of(tp, pp, i, b, e);
+            for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of(&l, i, 0, b, e);
             check_group(topo.tp_comm, tp, want, "TP", tp, pp);
-            for (int i = 0; i < pp; i++) want[i] = l3d_topo_rank_of(tp, pp, a, i, e);
+            for (int i = 0; i < pp; i++) want[i] = l3d_topo_rank_of(&l, a, 0, i, e);
             check_group(topo.pp_comm, pp, want, "PP", tp, pp);
-            for (int i = 0; i < d; i++) want[i] = l3d_topo_rank_of(tp, pp, a, b, i);
+            for (int i = 0; i < d; i++) want[i] = l3d_topo_rank_of(&l, a, 0, b, i);
             check_group(topo.dp_comm, d, want, "DP", tp, pp);
             if (b == 0 || b == pp - 1) {
-                want[0] = l3d_topo_rank_of(tp, pp, a, 0, e);
-                want[1] = l3d_topo_rank_of(tp, pp, a, pp - 1, e);
+                want[0] = l3d_topo_rank_of(&l, a, 0, 0, e);
+                want[1] = l3d_topo_rank_of(&l, a, 0, pp - 1, e);
                 check_group(topo.embed_comm, pp == 1 ? 1 : 2, want, "embed", tp, pp);
             } else {
                 RCHECK(topo.embed_comm == NULL);
@@ -543,10 +553,10 @@ static void test_topo_layouts(struct l3d_comm *w) {
         }
 }
 
-/* The grid with a ring (l3d_topo_init_cp): every (tp, cp, pp) of the world, coordinates round
- * trip, each rank's ring holds the ranks that differ only in cp_rank, tp ranks apart, and the
- * widened DP group those that differ in dp_rank or cp_rank, ordered dp_rank cp + cp_rank; a sum
- * over it counts every replica of every ring. */
+/* The grid with a ring: every (tp, cp, pp) of the world, coordinates round trip, each rank's ring
+ * holds the ranks that differ only in cp_rank, tp ranks apart, and the widened DP group those that
+ * differ in dp_rank or cp_rank, ordered dp_rank cp + cp_rank; a sum over it counts every replica
+ * of every ring. */
 static void test_topo_cp(struct l3d_comm *w) {
     int p = w->size;
     for (int tp = 1; tp <= p; tp++)
@@ -554,24 +564,26 @@ static void test_topo_cp(struct l3d_comm *w) {
             for (int pp = 1; pp <= p / (tp * cp); pp++) {
                 if (p % (tp * cp * pp)) continue;
                 int d = p / (tp * cp * pp);
+                struct l3d_layout l = grid(tp, cp, pp, 0);
+                RCHECK(l3d_layout_resolve(&l, p) == L3D_OK && l.dp == d);
                 for (int r = 0; r < p; r++) {
                     int a, c, b, e;
-                    l3d_topo_coords_cp(tp, cp, pp, r, &a, &c, &b, &e);
+                    l3d_topo_coords(&l, r, &a, &c, &b, &e);
                     RCHECK(a < tp && c < cp && b < pp && e < d);
-                    RCHECK(l3d_topo_rank_of_cp(tp, cp, pp, a, c, b, e) == r);
+                    RCHECK(l3d_topo_rank_of(&l, a, c, b, e) == r);
                 }
                 struct l3d_topo topo;
-                RCHECK(l3d_topo_init_cp(&topo, w, tp, cp, pp, d) == L3D_OK);
+                RCHECK(l3d_topo_init(&topo, w, &l) == L3D_OK);
                 int a = topo.tp_rank, c = topo.cp_rank, b = topo.pp_rank, e = topo.dp_rank;
-                RCHECK(l3d_topo_rank_of_cp(tp, cp, pp, a, c, b, e) == w->rank);
+                RCHECK(l3d_topo_rank_of(&l, a, c, b, e) == w->rank);
                 int32_t want[64];
-                for (int i = 0; i < cp; i++) want[i] = l3d_topo_rank_of_cp(tp, cp, pp, a, i, b, e);
+                for (int i = 0; i < cp; i++) want[i] = l3d_topo_rank_of(&l, a, i, b, e);
                 check_group(topo.cp_comm, cp, want, "CP", tp, pp);
                 RCHECK(want[1] - want[0] == tp); /* ring neighbours tp ranks apart */
-                for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of_cp(tp, cp, pp, i, c, b, e);
+                for (int i = 0; i < tp; i++) want[i] = l3d_topo_rank_of(&l, i, c, b, e);
                 check_group(topo.tp_comm, tp, want, "TP", tp, pp);
                 for (int i = 0; i < d * cp; i++)
-                    want[i] = l3d_topo_rank_of_cp(tp, cp, pp, a, i % cp, b, i / cp);
+                    want[i] = l3d_topo_rank_of(&l, a, i % cp, b, i / cp);
                 check_group(topo.dpcp_comm, d * cp, want, "DP x CP", tp, pp);
                 int32_t s = 1;
                 l3d_comm_all_reduce(topo.dpcp_comm, &s, 1, L3D_I32, L3D_SUM, NULL);
@@ -585,11 +597,12 @@ static void test_topo_cp(struct l3d_comm *w) {
 static void test_topo_table(void) {
     static const int table[8][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0},
                                     {0, 0, 1}, {1, 0, 1}, {0, 1, 1}, {1, 1, 1}};
+    struct l3d_layout l = grid(2, 1, 2, 2);
     for (int r = 0; r < 8; r++) {
-        int a, b, e;
-        l3d_topo_coords(2, 2, r, &a, &b, &e);
-        CHECK(a == table[r][0] && b == table[r][1] && e == table[r][2]);
-        CHECK(l3d_topo_rank_of(2, 2, a, b, e) == r);
+        int a, c, b, e;
+        l3d_topo_coords(&l, r, &a, &c, &b, &e);
+        CHECK(a == table[r][0] && c == 0 && b == table[r][1] && e == table[r][2]);
+        CHECK(l3d_topo_rank_of(&l, a, 0, b, e) == r);
     }
 }
 
@@ -601,32 +614,46 @@ static int has(const char *s, const char *sub) {
     return 1;
 }
 
+/* l3d_layout_resolve's grid: each refusal names the flags, the values and what to do. */
 static void test_topo_resolve_errors(void) {
-    int tp, pp, dp;
-    tp = 2, pp = 2, dp = 2; /* 8 != 4 */
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    struct l3d_layout l = grid(2, 1, 2, 2); /* 8 != 4 */
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
     CHECK(has(l3d_error_message(), "--tp 2") && has(l3d_error_message(), "--dp 2") &&
           has(l3d_error_message(), "= 8 ranks") && has(l3d_error_message(), "world size is 4") &&
           has(l3d_error_message(), "mpiexec -n 8"));
-    tp = 0, pp = 1, dp = 0;
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    l = grid(0, 1, 1, 0);
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
     CHECK(has(l3d_error_message(), "--tp 0 is invalid") && has(l3d_error_message(), "1, 2, 4"));
-    tp = 1, pp = 0, dp = 0;
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    l = grid(1, 1, 0, 0);
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
     CHECK(has(l3d_error_message(), "--pp 0 is invalid"));
-    tp = 1, pp = 1, dp = -1;
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    l = grid(1, 1, 1, -1);
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
     CHECK(has(l3d_error_message(), "--dp -1 is invalid"));
-    tp = 3, pp = 1, dp = 0; /* does not divide */
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
+    l = grid(3, 1, 1, 0); /* does not divide */
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
     CHECK(has(l3d_error_message(), "--tp 3 x --pp 1 = 3 does not divide the world size 4") &&
           has(l3d_error_message(), "multiple of 3"));
-    tp = 2, pp = 3, dp = 0;
-    CHECK(l3d_topo_resolve(12, &tp, &pp, &dp) == L3D_OK && dp == 2);
-    tp = 65536, pp = 65536, dp = 0; /* product beyond int */
-    CHECK(l3d_topo_resolve(4, &tp, &pp, &dp) == L3D_ERR_LAYOUT);
-    tp = 1, pp = 1, dp = 1;
-    CHECK(l3d_topo_resolve(1, &tp, &pp, &dp) == L3D_OK);
+    l = grid(1, 3, 1, 0); /* a ring that does not divide */
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
+    CHECK(has(l3d_error_message(), "--cp 3 does not divide the 4 ranks"));
+    l = grid(2, 1, 3, 0);
+    CHECK(l3d_layout_resolve(&l, 12) == L3D_OK && l.dp == 2);
+    l = grid(65536, 1, 65536, 0); /* product beyond int */
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_LAYOUT);
+    l = grid(1, 1, 1, 1);
+    CHECK(l3d_layout_resolve(&l, 1) == L3D_OK);
+    /* what the flags left open: v and cp 0 read as 1, accum from the global batch, 1F1B alone */
+    l = grid(1, 0, 1, 0);
+    l.v = 0, l.micro_batch = 2, l.global_batch = 16, l.schedule = L3D_PP_GPIPE;
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_OK && l.cp == 1 && l.v == 1 && l.dp == 4 &&
+          l.accum == 2 && l.schedule == L3D_PP_1F1B);
+    l = grid(1, 1, 2, 0);
+    l.schedule = L3D_PP_GPIPE, l.global_batch = 10, l.micro_batch = 4; /* 10 / (4 x 2) */
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_ERR_ARG);
+    CHECK(has(l3d_error_message(), "--global-batch 10"));
+    l.global_batch = 16;
+    CHECK(l3d_layout_resolve(&l, 4) == L3D_OK && l.accum == 2 && l.schedule == L3D_PP_GPIPE);
 }
 
 /* The launcher check of l3d_comm_mpi_init with a made-up environment. */
