@@ -18,6 +18,41 @@
 #include "llm3d/plan.h"
 #include "test.h"
 
+/* The global batch and the threads a rank (CPU) of the layouts the tests plan: each test sets them
+ * with its run, as a command's flags set them in the layout; the helpers below give them to every
+ * layout (and search) that leaves them at 0. */
+static int64_t G = 1;
+static int TH = 1;
+
+static struct l3d_layout with_g(const struct l3d_layout *lay) {
+    struct l3d_layout l = *lay;
+    if (l.global_batch == 0) l.global_batch = G;
+    return l;
+}
+
+static l3d_status evaluate(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                           const struct l3d_plan_run *run, const struct l3d_layout *lay,
+                           struct l3d_plan_result *r) {
+    struct l3d_layout l = with_g(lay);
+    return l3d_plan_evaluate(m, prof, run, &l, r);
+}
+
+static l3d_status memory_at(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                            const struct l3d_layout *lay, struct l3d_plan_mem *mem) {
+    struct l3d_layout l = with_g(lay);
+    return l3d_plan_memory(m, run, &l, mem);
+}
+
+static l3d_status search(const struct l3d_model_spec *m, const struct l3d_profile *prof,
+                         const struct l3d_plan_run *run, const struct l3d_plan_fixed *fx,
+                         struct l3d_plan_result *out, int top, int *n,
+                         struct l3d_plan_search_stats *stats) {
+    struct l3d_plan_fixed f = *fx;
+    f.layout.global_batch = G;
+    f.layout.threads = TH;
+    return l3d_plan_search(m, prof, run, &f, out, top, n, stats);
+}
+
 /* the run spec's precision of parameters of type t (the planner's runs in these tests) */
 static struct l3d_precision prec_of(enum l3d_dtype t) {
     struct l3d_run_spec s;
@@ -137,10 +172,11 @@ static struct l3d_layout layout(int tp, int pp, int dp, int mb, int v, int zero,
                                     .threads = 1};
 }
 
+/* A run of fp16 devices whose layouts plan `batch` sequences a step (G). */
 static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
     struct l3d_plan_run r = l3d_plan_run_default();
     r.devices = devices;
-    r.global_batch = batch;
+    G = batch;
     r.precision = prec_of(L3D_F16);
     r.flash = flash;
     return r;
@@ -157,7 +193,7 @@ static void test_memory_mixed(void) {
     /* tp 8, no pipeline: parameters 2 + 2 + 12 bytes (ZeRO paper, K = 12) of the rank's share */
     struct l3d_plan_run run = run16(8, 8, false);
     struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double n = r.mem.params / 2;
     /* the rank holds 1/8 of everything but LayerNorms, biases of row-parallel layers and wpe */
     double full = (double)l3d_plan_model_params(&m);
@@ -175,7 +211,7 @@ static void test_memory_mixed(void) {
     struct l3d_model_spec wide = m;
     wide.ffn = 8LL * m.C;
     struct l3d_plan_result rw;
-    CHECK(l3d_plan_evaluate(&wide, &prof, &run, &lay, &rw) == L3D_OK);
+    CHECK(evaluate(&wide, &prof, &run, &lay, &rw) == L3D_OK);
     CHECK_NEAR(rw.mem.params / 2 - n, L * (4 * h / 8) * (2 * h + 1), 0.5);
     CHECK_NEAR(rw.mem.activations - r.mem.activations, L * 4 * s * 4 * h / 8, 1);
     CHECK_NEAR(rw.model_flops - r.model_flops, 3.0 * 8 * s * L * 4 * h * 4 * h, rw.model_flops * 1e-12);
@@ -183,30 +219,30 @@ static void test_memory_mixed(void) {
     CHECK_NEAR((double)l3d_plan_model_params(&wide) - full, L * 4 * h * (2 * h + 1), 0.5);
     struct l3d_plan_run r32 = run;
     r32.precision = prec_of(L3D_F32);
-    CHECK(l3d_plan_evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_OK); /* the trainer's too */
+    CHECK(evaluate(&wide, &prof, &r32, &lay, &rw) == L3D_OK); /* the trainer's too */
     /* with sequence parallelism: s b h / t (34 + 5 a s / h) */
     lay.sp = true;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.activations, L * sbh / 8 * (34 + 5 * a * s / h) + ends_sp, 1);
     /* selective: 34 s b h / t; fused attention the same without recomputing */
     lay.recompute = L3D_RECOMPUTE_SELECTIVE;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double sel = r.mem.activations;
     double one_layer = sbh / 8 * (34 + 5 * a * s / h); /* the layer recomputed in backward */
     CHECK_NEAR(sel, L * 34 * sbh / 8 + one_layer + ends_sp, 1);
     /* full: the layer input 2 s b h / t */
     lay.recompute = L3D_RECOMPUTE_FULL;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + ends_sp, 1);
     /* ZeRO over dp 4: optimizer / 4, then gradients / 4 */
     run = run16(32, 32, true);
     lay = layout(8, 1, 4, 1, 1, 1, L3D_RECOMPUTE_FULL, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     n = r.mem.params / 2;
     CHECK_NEAR(r.mem.optimizer, 12 * n / 4, 1);
     CHECK_NEAR(r.mem.grads, 2 * n, 1);
     lay.zero = 2;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.grads, 2 * n / 4, 1);
     /* 1F1B with pp 4 and m 8: stage 0 keeps 4 micro-batches of L/4 layers = L layers' worth
      * (Korthikanti et al. sec. 4.2.3), and 4 embedding dropout masks, split by SP; GPipe keeps
@@ -214,11 +250,11 @@ static void test_memory_mixed(void) {
     run = run16(32, 8, true);
     one_layer = 34 * sbh / 8; /* fused attention: no scores */
     lay = layout(8, 4, 1, 1, 1, 0, L3D_RECOMPUTE_FULL, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.stage == 0 && r.mem.in_flight == 4);
     CHECK_NEAR(r.mem.activations, L * 2 * sbh / 8 + one_layer + 4 * sbh / 8, 1);
     lay.schedule = L3D_PP_GPIPE;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.in_flight == 8 && r.mem.stage == 3);
     CHECK_NEAR(r.mem.activations, 2 * L * 2 * sbh / 8 + one_layer + 8 * (ends_sp - sbh / 8), 1);
     /* interleaved, v 2: stage 0 runs 2 (p - 1) + (v - 1) p + 1 = 11 chunk-forwards before its
@@ -226,7 +262,7 @@ static void test_memory_mixed(void) {
      * embedding's dropout masks only of the first chunk's ceil(11 / 2) = 6 micro-batches, split
      * by SP (the defect: all 11 chunk-forwards' masks, unsplit: 11 s b h instead of 6 s b h / 8) */
     lay = layout(8, 4, 1, 1, 2, 0, L3D_RECOMPUTE_FULL, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.in_flight == 11);
     CHECK_NEAR(r.mem.activations, 11 * (L / 8) * 2 * sbh / 8 + one_layer + 6 * sbh / 8, 1);
 }
@@ -260,8 +296,8 @@ static double per_layer(int i, int t, bool sp, enum l3d_recompute rc) {
     struct l3d_layout lay = layout(t, 1, 1, kmodels[i].b, 1, 0, rc, sp);
     struct l3d_plan_result r1, r2;
     struct l3d_model_spec m1 = kmodel(i, 1), m2 = kmodel(i, 2);
-    CHECK(l3d_plan_evaluate(&m1, &prof, &run, &lay, &r1) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m2, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(evaluate(&m1, &prof, &run, &lay, &r1) == L3D_OK);
+    CHECK(evaluate(&m2, &prof, &run, &lay, &r2) == L3D_OK);
     return r2.mem.activations - r1.mem.activations;
 }
 
@@ -304,12 +340,12 @@ static void test_korthikanti(void) {
     struct l3d_plan_run run = run16(280, 280, false);
     struct l3d_layout lay = layout(8, 35, 1, 1, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
     struct l3d_plan_result r;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double recomputed = sbh / t * (34 + 5 * 128 * s / h); /* the layer recomputed in backward */
     CHECK(r.mem.stage == 0 && r.mem.in_flight == 35);
     CHECK_NEAR(r.mem.activations, 105 * sp_layer + recomputed + sbh * p / t, 1);
     lay = layout(8, 35, 1, 1, 3, 0, L3D_RECOMPUTE_SELECTIVE, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK(r.mem.stage == 0 && r.mem.in_flight == 139);
     CHECK_NEAR(105 * (1 + (p - 1) / (p * 3)), 139, 1e-9);
     CHECK_NEAR(r.mem.activations, 139 * sp_layer + recomputed + 47 * sbh / t, 1);
@@ -319,7 +355,7 @@ static void test_korthikanti(void) {
     m = kmodel(0, 48);
     run = run16(8, 4, false);
     lay = layout(8, 1, 1, 4, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double sbh4 = s * 4 * 6144;
     CHECK_NEAR(r.mem.activations, 48 * 34 * sbh4 / t + sbh4 / t * (34 + 5 * 64 * s / 6144) +
                                       4 * sbh4 / t * (1 + 51200.0 / 6144) + sbh4 / t, 1);
@@ -333,11 +369,11 @@ static void test_korthikanti(void) {
         run = run16(8 * pp, kmodels[i].batch, false);
         struct l3d_plan_result base, present, full;
         lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_NONE, false);
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &base) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &base) == L3D_OK);
         lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_SELECTIVE, true);
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &present) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &present) == L3D_OK);
         lay = layout(8, pp, 1, mb, 1, 0, L3D_RECOMPUTE_FULL, false);
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &full) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &full) == L3D_OK);
         printf("Korthikanti %s: %.1f GB (TP), %.1f GB (TP + SP + selective), %.1f GB (full)\n",
                kmodels[i].name, base.mem.total / 1e9, present.mem.total / 1e9,
                full.mem.total / 1e9);
@@ -354,10 +390,10 @@ static void test_memory_trainer(void) {
     CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
     m.maxT = 256;
     struct l3d_plan_run run = l3d_plan_run_default();
-    run.global_batch = 4;
+    G = 4;
     struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     struct l3d_shard sh = l3d_shard_full(&c);
     double n = (double)l3d_gpt_param_count(&c);
@@ -371,19 +407,19 @@ static void test_memory_trainer(void) {
     CHECK_NEAR(r.mem.other, 2.0 * 4 * 4 * 256 * 8 + 4.0 * 4 * 256 * 768, 0);
     /* the activations of the full recomputation: the model's closed form again */
     lay.recompute = L3D_RECOMPUTE_FULL;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     CHECK_NEAR(r.mem.activations,
                (double)l3d_gpt_act_bytes(&c, &sh, 4, 256, 1, L3D_RECOMPUTE_FULL, true), 0);
     /* the trainer shards ZeRO over at most 256 replicas: 512 is not proposed */
     run.devices = 512;
-    run.global_batch = 512;
+    G = 512;
     lay = layout(1, 1, 512, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_ERR_LAYOUT);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "ZeRO shards over at most 256") != NULL);
     lay.zero = 0;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     run.devices = 1;
-    run.global_batch = 4;
+    G = 4;
     /* the trainer's partition for pp 2 (9 + 3 layers for GPT-2 124M) */
     int layers[2];
     CHECK(l3d_plan_stage_layers(&m, &run, 2, layers) == L3D_OK);
@@ -408,11 +444,11 @@ static void test_memory_alone(void) {
     for (size_t i = 0; i < sizeof lays / sizeof lays[0]; i++) {
         struct l3d_plan_run run = l3d_plan_run_default();
         run.devices = (int64_t)lays[i].tp * lays[i].pp * lays[i].dp;
-        run.global_batch = (int64_t)lays[i].micro_batch * lays[i].dp * 4;
+        G = (int64_t)lays[i].micro_batch * lays[i].dp * 4;
         struct l3d_plan_result r;
         struct l3d_plan_mem mem;
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lays[i], &r) == L3D_OK);
-        CHECK(l3d_plan_memory(&m, &run, &lays[i], &mem) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lays[i], &r) == L3D_OK);
+        CHECK(memory_at(&m, &run, &lays[i], &mem) == L3D_OK);
         CHECK_NEAR(mem.total, r.mem.total, 0);
         CHECK_NEAR(mem.activations, r.mem.activations, 0);
         CHECK_NEAR(mem.optimizer, r.mem.optimizer, 0);
@@ -421,16 +457,16 @@ static void test_memory_alone(void) {
     /* negative: a layout the planner refuses is refused here too, and ZeRO changes the figure */
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = 5;
-    run.global_batch = 20;
+    G = 20;
     struct l3d_plan_mem a, b;
     struct l3d_layout bad = layout(5, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_memory(&m, &run, &bad, &a) == L3D_ERR_LAYOUT); /* tp 5 of 12 heads */
+    CHECK(memory_at(&m, &run, &bad, &a) == L3D_ERR_LAYOUT); /* tp 5 of 12 heads */
     run.devices = 2;
-    run.global_batch = 8;
+    G = 8;
     struct l3d_layout z0 = layout(1, 1, 2, 4, 1, 0, L3D_RECOMPUTE_NONE, false), z1 = z0;
     z1.zero = 1;
-    CHECK(l3d_plan_memory(&m, &run, &z0, &a) == L3D_OK);
-    CHECK(l3d_plan_memory(&m, &run, &z1, &b) == L3D_OK);
+    CHECK(memory_at(&m, &run, &z0, &a) == L3D_OK);
+    CHECK(memory_at(&m, &run, &z1, &b) == L3D_OK);
     CHECK(b.optimizer * 2 <= a.optimizer + 64 && b.total < a.total);
 }
 
@@ -484,7 +520,7 @@ static void test_flops_and_time(void) {
     struct l3d_plan_run run = run16(128, 640, true);
     struct l3d_layout lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result r;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     /* Narayanan et al. 2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) with the recomputation, 72
      * (and the same head term) without */
     double B = 640, s = 2048, l = 96, h = 12288, V = c.Vp;
@@ -504,19 +540,19 @@ static void test_flops_and_time(void) {
     /* interleaving v 2 halves it; twice the micro-batches halve its share */
     lay = layout(4, 16, 2, 1, 2, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result r2;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
     CHECK_NEAR(r2.time.bubble / r.time.bubble, 0.5, 0.03);
     CHECK(r2.time.pp_p2p > r.time.pp_p2p);
     /* no TP: no TP communication; no recomputation: less time, same model FLOPs */
     lay = layout(1, 16, 8, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
     CHECK(r2.time.tp_comm == 0 && r2.time.recompute == 0);
     CHECK_NEAR(r2.model_flops, r.model_flops, 1);
     CHECK_NEAR(r2.hw_flops, r2.model_flops, 1);
     /* dp 2 -> 4 halves the micro-batches per pipeline: less time a step */
     run = run16(256, 640, true);
     lay = layout(4, 16, 4, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r2) == L3D_OK);
     CHECK(r2.m == 160 && r2.time.step < r.time.step && r2.time.step > r.time.step / 2);
     /* the calibration is a named, optional factor: off by default, and when asked for it scales
      * the matrix products' efficiency and nothing else */
@@ -525,16 +561,16 @@ static void test_flops_and_time(void) {
     run = run16(128, 640, true);
     lay = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     struct l3d_plan_result plain, cal;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &plain) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &plain) == L3D_OK);
     run.calibrated = true;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &cal) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &cal) == L3D_OK);
     CHECK_NEAR(cal.time.gemm * prof.gemm_calibration, plain.time.gemm, plain.time.gemm * 1e-12);
     CHECK_NEAR(cal.time.attention, plain.time.attention, 0);
     CHECK_NEAR(cal.time.elementwise, plain.time.elementwise, 0);
     CHECK(cal.time.step > plain.time.step && cal.mem.total == plain.mem.total);
     struct l3d_profile nocal = prof;
     nocal.gemm_calibration = 0; /* none: --calibrated changes nothing */
-    CHECK(l3d_plan_evaluate(&m, &nocal, &run, &lay, &cal) == L3D_OK);
+    CHECK(evaluate(&m, &nocal, &run, &lay, &cal) == L3D_OK);
     CHECK_NEAR(cal.time.step, plain.time.step, 0);
     /* the Frontier runs within the issue's 2 points with the calibration fitted on the 22B run
      * (docs/frontier.md): HFU, as their counter */
@@ -548,7 +584,7 @@ static void test_flops_and_time(void) {
         run = run16(fr[i].dev, fr[i].batch, true);
         run.calibrated = true;
         lay = layout(fr[i].tp, fr[i].pp, fr[i].dp, 1, 1, fr[i].zero, L3D_RECOMPUTE_FULL, false);
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
         CHECK_NEAR(100 * r.hfu, fr[i].pct, 2.0);
         CHECK(r.fits);
     }
@@ -570,7 +606,7 @@ static void test_checks_and_search(void) {
         {layout(2, 64, 1, 1, 1, 0, 0, false), "do not split evenly"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        l3d_status st = l3d_plan_evaluate(&m, &prof, &run, &bad[i].lay, &r);
+        l3d_status st = evaluate(&m, &prof, &run, &bad[i].lay, &r);
         if (i == 4) {
             CHECK(st == L3D_OK);
             continue;
@@ -587,7 +623,7 @@ static void test_checks_and_search(void) {
     struct l3d_plan_search_stats stats;
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     run = run16(3072, 1536, true);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n == 16 && stats.valid > 1000 && stats.fit >= 16 && stats.seconds < 5);
     for (int i = 0; i < n; i++) {
         const struct l3d_layout *l = &best[i].layout;
@@ -598,13 +634,13 @@ static void test_checks_and_search(void) {
     }
     /* the best beats a hand-picked layout too */
     struct l3d_layout hand = layout(8, 16, 24, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &hand, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &hand, &r) == L3D_OK);
     CHECK(best[0].time.step <= r.time.step);
     /* fixed parts are kept */
     l3d_plan_fix(&fx, L3D_FIX_TP, 4);
     l3d_plan_fix(&fx, L3D_FIX_PP, 16);
     l3d_plan_fix(&fx, L3D_FIX_RECOMPUTE, L3D_RECOMPUTE_FULL);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     for (int i = 0; i < n; i++)
         CHECK(best[i].layout.tp == 4 && best[i].layout.pp == 16 &&
               best[i].layout.recompute == L3D_RECOMPUTE_FULL);
@@ -612,23 +648,23 @@ static void test_checks_and_search(void) {
     fx = l3d_plan_fixed_none();
     CHECK(l3d_model_preset(&m, "frontier-1t") == L3D_OK);
     run = run16(8, 8, true);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n == 0 && stats.valid > 0 && stats.fit == 0);
     l3d_plan_fix(&fx, L3D_FIX_TP, 3);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--tp 3") != NULL);
     /* the runtime's reserve counts against "fits", not in the predicted bytes */
     CHECK(l3d_model_preset(&m, "frontier-175b") == L3D_OK);
     run = run16(128, 640, true);
     struct l3d_layout one = layout(4, 16, 2, 1, 1, 1, L3D_RECOMPUTE_FULL, false);
     prof.reserve_bytes = 0;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
+    CHECK(evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
     double total = r.mem.total;
     prof.reserve_bytes = prof.mem_bytes - total + 1;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && !r.fits);
+    CHECK(evaluate(&m, &prof, &run, &one, &r) == L3D_OK && !r.fits);
     CHECK(r.mem.total == total);
     prof.reserve_bytes = prof.mem_bytes - total - 1;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
+    CHECK(evaluate(&m, &prof, &run, &one, &r) == L3D_OK && r.fits);
     CHECK(l3d_profile_find(&prof, "frontier") == L3D_OK);
     /* every v dividing the layers a rank holds: 10 layers on pp 2 (5 a rank) try v 5, which the
      * old list {1, 2, 3, 4, 6, 8} never did */
@@ -637,12 +673,12 @@ static void test_checks_and_search(void) {
     run = run16(2, 4, true);
     fx = l3d_plan_fixed_none();
     l3d_plan_fix(&fx, L3D_FIX_PP, 2);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     bool v5 = false;
     for (int i = 0; i < n; i++) v5 = v5 || best[i].layout.v == 5;
     CHECK(n > 0 && v5);
     l3d_plan_fix(&fx, L3D_FIX_V, 5);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK);
     CHECK(n > 0 && best[0].layout.v == 5 && best[0].layout.pp == 2);
     /* ZeRO-3 is searched with the trainer's prefetch (1: two layer buffers) or the one given;
      * each layer more ahead holds one more layer's parameters (the search used to plan prefetch
@@ -651,28 +687,28 @@ static void test_checks_and_search(void) {
     l3d_plan_fix(&fx, L3D_FIX_ZERO, 3);
     l3d_plan_fix(&fx, L3D_FIX_DP, 2);
     run.llm3d = true; /* ZeRO-3 is llm3d's trainer's */
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
     for (int i = 0; i < n; i++) CHECK(best[i].layout.zero == 3 && best[i].layout.zero3_prefetch == 1);
     struct l3d_layout z3 = best[0].layout;
     struct l3d_plan_result pf[3];
     for (int p = 0; p < 3; p++) {
         z3.zero3_prefetch = p;
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &z3, &pf[p]) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &z3, &pf[p]) == L3D_OK);
     }
     CHECK(pf[1].mem.params > pf[0].mem.params);
     CHECK_NEAR(pf[2].mem.params - pf[1].mem.params, pf[1].mem.params - pf[0].mem.params, 1e-6);
     CHECK(best[0].mem.params == pf[1].mem.params);
     fx.layout.zero3_prefetch = 2;
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_OK && n > 0);
     CHECK(best[0].layout.zero3_prefetch == 2);
     /* under Megatron-LM's mixed precision (a GPU profile's default trainer) ZeRO-3 is refused by
      * its rule, named, before the search and in one layout (it said "no layout ... suits") */
     run.llm3d = false;
     fx.layout.zero3_prefetch = 1;
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
+    CHECK(search(&m, &prof, &run, &fx, best, 16, &n, &stats) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--zero 3: the plan follows Megatron-LM's fp16") &&
           strstr(l3d_error_message(), "give --trainer llm3d") && stats.evaluated == 0);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &z3, &pf[0]) == L3D_ERR_LAYOUT);
+    CHECK(evaluate(&m, &prof, &run, &z3, &pf[0]) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "--zero 3") != NULL);
     run.llm3d = true;
     /* absurd sizes: one error, before any search */
@@ -746,8 +782,8 @@ static void test_gemm_shape(void) {
     CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\ncompute_units = 1\n"
                      "gemm_tile = 1x1\n", &u) == L3D_OK);
     struct l3d_plan_result a, b, c;
-    CHECK(l3d_plan_evaluate(&m, &q, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &u, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &q, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &u, &run, &lay, &b) == L3D_OK);
     CHECK_NEAR(b.time.gemm, a.time.gemm, a.time.gemm * 1e-12); /* 1 x 1 tiles on 1 unit: q = 1 */
     /* a flat curve, so that only the shapes differ: tp 8's shards of h 4096 on 100 units (the
      * 2048 x 512 products' 128 tiles fill 2 waves to 0.64) are slower */
@@ -755,8 +791,8 @@ static void test_gemm_shape(void) {
                      &flat) == L3D_OK);
     CHECK(parse_with("gemm_eff = 1e9:0.2 1e11:0.6 1e13:0.8\n", "gemm_eff = 1e9:0.5 1e14:0.5\n"
                      "compute_units = 100\ngemm_tile = 256x128\n", &flat_q) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &flat, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &flat_q, &run, &lay, &c) == L3D_OK);
+    CHECK(evaluate(&m, &flat, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &flat_q, &run, &lay, &c) == L3D_OK);
     CHECK(c.time.gemm > 1.1 * a.time.gemm);
     /* a memory-bound product: h 64, one head, 2^17 tokens a micro-batch: the products move more
      * bytes than their FLOPs take at the curve's rate; the step's products are never faster than
@@ -765,7 +801,7 @@ static void test_gemm_shape(void) {
                                     .V = 128, .maxT = 4096};
     run = run16(1, 32, true);
     lay = layout(1, 1, 1, 32, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&thin_m, &q, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&thin_m, &q, &run, &lay, &a) == L3D_OK);
     double M = 32.0 * 4096, h = 8, f = 32, e = 2, bw = q.mem_bw * q.kernel_bw_eff;
     double io = 0, fl = 0;
     const double nk[4][2] = {{3 * h, h}, {h, h}, {f, h}, {h, f}};
@@ -792,11 +828,11 @@ static void test_recompute_and_overlap(void) {
     struct l3d_plan_run run = run16(8, 16, false);
     struct l3d_plan_result none, sel, full;
     struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &none) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &none) == L3D_OK);
     lay.recompute = L3D_RECOMPUTE_SELECTIVE;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &sel) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &sel) == L3D_OK);
     lay.recompute = L3D_RECOMPUTE_FULL;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &full) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &full) == L3D_OK);
     /* selective without a fused attention: the attention core's forward again (QK^T, softmax,
      * dropout, times V: Korthikanti et al. 2022, sec. 5), between a quarter and half of its
      * forward and backward (test_attention_unfused checks the parts) */
@@ -806,8 +842,8 @@ static void test_recompute_and_overlap(void) {
                none.time.attention * 1e-12);
     CHECK_NEAR(sel.time.step - none.time.step, sel.time.recompute, sel.time.step * 1e-12);
     /* its FLOPs: 4 s h a token and layer (the 4 b s^2 h / b s of the core's forward) */
-    double G = 16, s = m.maxT, h = m.C, L = m.L;
-    CHECK_NEAR(sel.hw_flops - sel.model_flops, G * s * L * 4 * s * h, sel.model_flops * 1e-12);
+    double gb = 16, s = m.maxT, h = m.C, L = m.L;
+    CHECK_NEAR(sel.hw_flops - sel.model_flops, gb * s * L * 4 * s * h, sel.model_flops * 1e-12);
     /* full: the layer's whole forward, its products and its two TP all-reduces among them */
     CHECK(full.time.recompute > 0.3 * (full.time.gemm - full.time.recompute));
     CHECK_NEAR(full.time.tp_comm, none.time.tp_comm * 1.5,
@@ -817,9 +853,9 @@ static void test_recompute_and_overlap(void) {
      * scores itself, within attn_eff): the same step and FLOPs as none */
     run.flash = true;
     lay.recompute = L3D_RECOMPUTE_NONE;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &none) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &none) == L3D_OK);
     lay.recompute = L3D_RECOMPUTE_SELECTIVE;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &sel) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &sel) == L3D_OK);
     CHECK(sel.time.recompute == 0);
     CHECK_NEAR(sel.time.step, none.time.step, 0);
     CHECK_NEAR(sel.hw_flops, sel.model_flops, 0);
@@ -829,7 +865,7 @@ static void test_recompute_and_overlap(void) {
     CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\ntp_overlap = 0.75\n", &ov) == L3D_OK);
     CHECK_NEAR(ov.tp_overlap, 0.75, 0);
     struct l3d_plan_result hid;
-    CHECK(l3d_plan_evaluate(&m, &ov, &run, &lay, &hid) == L3D_OK);
+    CHECK(evaluate(&m, &ov, &run, &lay, &hid) == L3D_OK);
     CHECK(none.time.tp_comm > 0);
     CHECK_NEAR(hid.time.tp_comm, 0.25 * sel.time.tp_comm, sel.time.tp_comm * 1e-12);
     CHECK(parse_with("dp_overlap = no\n", "dp_overlap = no\ntp_overlap = 1.5\n", &ov) ==
@@ -849,9 +885,9 @@ static void test_recompute_and_overlap(void) {
     for (int zero = 0; zero <= 2; zero++) {
         struct l3d_layout dl = layout(4, 1, 2, 1, 1, zero, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r0, r5, r1;
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &dl, &r0) == L3D_OK);
-        CHECK(l3d_plan_evaluate(&m, &half, &run, &dl, &r5) == L3D_OK);
-        CHECK(l3d_plan_evaluate(&m, &all, &run, &dl, &r1) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &dl, &r0) == L3D_OK);
+        CHECK(evaluate(&m, &half, &run, &dl, &r5) == L3D_OK);
+        CHECK(evaluate(&m, &all, &run, &dl, &r1) == L3D_OK);
         double d0 = r0.time.dp_comm, mm = 8;
         CHECK(d0 > 0 && d0 < 0.1 * r0.time.gemm);
         /* fp16 gradients and parameters: the reduction and the all-gather move the same bytes,
@@ -956,10 +992,10 @@ static void test_pipe_time(void) {
     CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = 4;
-    run.global_batch = 16;
+    G = 16;
     struct l3d_layout lay = layout(1, 4, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     const struct l3d_plan_time *t = &r.time;
     CHECK(t->bubble > 0 && t->pp_p2p > 0);
     CHECK_NEAR(t->gemm + t->attention + t->elementwise + t->tp_comm + t->pp_p2p + t->bubble +
@@ -1003,7 +1039,7 @@ static void d12_local(struct l3d_model_spec *m, struct l3d_plan_run *run,
     m->V = 256;
     m->maxT = 128;
     *run = l3d_plan_run_default();
-    run->global_batch = 4;
+    G = 4;
     *lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
 }
 
@@ -1015,9 +1051,9 @@ static void d12_local_three(const struct l3d_profile *pa, const struct l3d_profi
     struct l3d_plan_run run;
     struct l3d_layout lay;
     d12_local(&m, &run, &lay);
-    CHECK(l3d_plan_evaluate(&m, pa, &run, &lay, a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, pb, &run, &lay, b) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, pc, &run, &lay, c) == L3D_OK);
+    CHECK(evaluate(&m, pa, &run, &lay, a) == L3D_OK);
+    CHECK(evaluate(&m, pb, &run, &lay, b) == L3D_OK);
+    CHECK(evaluate(&m, pc, &run, &lay, c) == L3D_OK);
 }
 
 /* gemm_eff_wgrad: the weight-gradient product's efficiency by the tokens it reduces over, in
@@ -1066,10 +1102,10 @@ static void test_wgrad_curve(void) {
     struct l3d_plan_run run;
     struct l3d_layout lay;
     d12_local(&m, &run, &lay);
-    run.global_batch = 8;
+    G = 8;
     lay.micro_batch = 8;
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &w, &run, &lay, &c) == L3D_OK);
+    CHECK(evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &w, &run, &lay, &c) == L3D_OK);
     CHECK_NEAR(c.time.gemm, a.time.gemm, a.time.gemm * 1e-12);
     CHECK(!(fabs(c.time.gemm - 4.0 / 3.0 * a.time.gemm) <= a.time.gemm * 1e-3));
     /* the 16-bit types: their own curve, none when the type has none (its gemm_eff_T is then of
@@ -1131,15 +1167,15 @@ static void test_mixed_local(void) {
     m.V = 256;
     m.maxT = 128;
     struct l3d_plan_run run = l3d_plan_run_default();
-    run.global_batch = 4;
+    G = 4;
     run.precision = prec_of(L3D_BF16);
     run.llm3d = true;
     struct l3d_layout lay = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result a, b, f;
     /* the bf16 figures replace the fp32 ones: each half, each part twice the time; memory the
      * same */
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
     CHECK_NEAR(b.time.gemm, 2 * a.time.gemm, a.time.gemm * 1e-9);
     CHECK_NEAR(b.time.attention, 2 * a.time.attention, a.time.attention * 1e-9);
     CHECK_NEAR(b.time.elementwise, 2 * a.time.elementwise, a.time.elementwise * 1e-9);
@@ -1153,7 +1189,7 @@ static void test_mixed_local(void) {
     struct l3d_profile nat;
     snprintf(text, sizeof text, "%sgemm_native_bf16 = yes\n", cpu_prof);
     CHECK(l3d_profile_parse(&nat, text, "cpu") == L3D_OK && nat.mixed[0].native);
-    CHECK(l3d_plan_evaluate(&m, &nat, &run, &lay, &f) == L3D_OK);
+    CHECK(evaluate(&m, &nat, &run, &lay, &f) == L3D_OK);
     CHECK_NEAR(a.mem.total - f.mem.total,
                4.0 * (512 * 768 + 768 * 3072 + 2 * 512 * 3072) - L3D_GPT_INIT_BLOCK_BYTES, 0);
     CHECK(f.time.step == a.time.step);
@@ -1161,10 +1197,10 @@ static void test_mixed_local(void) {
     CHECK(l3d_profile_parse(&nat, text, "x.prof") == L3D_ERR_FORMAT);
     /* two threads a rank: the bf16 curve and the bf16 thread efficiency, each half: 4x */
     run.devices = 2;
-    run.threads = 2;
+    TH = 2;
     lay.threads = 2;
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &p16, &run, &lay, &b) == L3D_OK);
     CHECK_NEAR(b.time.gemm, 4 * a.time.gemm, a.time.gemm * 1e-9);
     CHECK_NEAR(b.time.attention, 2 * a.time.attention, a.time.attention * 1e-9);
     /* the search uses them too */
@@ -1177,11 +1213,11 @@ static void test_mixed_local(void) {
     struct l3d_plan_result best;
     int n = 0;
     struct l3d_plan_search_stats stats;
-    CHECK(l3d_plan_search(&m, &p16, &run, &fx, &best, 1, &n, &stats) == L3D_OK && n == 1);
+    CHECK(search(&m, &p16, &run, &fx, &best, 1, &n, &stats) == L3D_OK && n == 1);
     CHECK_NEAR(best.time.step, b.time.step, b.time.step * 1e-12);
     /* they touch nothing else: fp32, fp16 (no fp16 keys here), Megatron-style bf16 */
     run.devices = 1;
-    run.threads = 1;
+    TH = 1;
     lay.threads = 1;
     struct { enum l3d_dtype prec; bool llm3d; } other[] = {
         {L3D_F32, false}, {L3D_F16, true}, {L3D_BF16, false}};
@@ -1192,25 +1228,25 @@ static void test_mixed_local(void) {
         run.llm3d = other[i].llm3d;
         const struct l3d_profile *p0 = other[i].llm3d ? &base : &gpuish;
         const struct l3d_profile *p1 = other[i].llm3d ? &p16 : &gpuish16;
-        CHECK(l3d_plan_evaluate(&m, p0, &run, &lay, &a) == L3D_OK);
-        CHECK(l3d_plan_evaluate(&m, p1, &run, &lay, &b) == L3D_OK);
+        CHECK(evaluate(&m, p0, &run, &lay, &a) == L3D_OK);
+        CHECK(evaluate(&m, p1, &run, &lay, &b) == L3D_OK);
         CHECK(a.time.step == b.time.step && a.time.step > 0);
     }
     /* llm3d's mixed precision moves its fp32 main_grad and 16-bit parameters (src/parallel/dp.c):
      * dp 2, ZeRO-0, all-reduces 4-byte gradients as fp32 does; ZeRO-1 reduces 4 bytes and
      * all-gathers 2 (3/4 of fp32's); Megatron-style bf16 moves 2 and 2 (half) */
     run.devices = 2;
-    run.global_batch = 8;
+    G = 8;
     for (int zero = 0; zero <= 1; zero++) {
         lay = layout(1, 1, 2, 4, 1, zero, L3D_RECOMPUTE_NONE, false);
         run.precision = prec_of(L3D_F32);
         run.llm3d = false;
-        CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &f) == L3D_OK);
+        CHECK(evaluate(&m, &base, &run, &lay, &f) == L3D_OK);
         run.precision = prec_of(L3D_BF16);
         run.llm3d = true;
-        CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+        CHECK(evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
         run.llm3d = false;
-        CHECK(l3d_plan_evaluate(&m, &gpuish, &run, &lay, &b) == L3D_OK);
+        CHECK(evaluate(&m, &gpuish, &run, &lay, &b) == L3D_OK);
         CHECK(f.time.dp_comm > 0);
         CHECK_NEAR(a.time.dp_comm, (zero ? 0.75 : 1.0) * f.time.dp_comm, f.time.dp_comm * 1e-12);
         CHECK_NEAR(b.time.dp_comm, 0.5 * f.time.dp_comm, f.time.dp_comm * 1e-12);
@@ -1227,9 +1263,9 @@ static void test_mixed_local(void) {
     run.precision = prec_of(L3D_F32);
     run.llm3d = false;
     lay = layout(1, 1, 2, 4, 1, 1, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &base, &run, &lay, &a) == L3D_OK);
     lay = layout(1, 1, 2, 4, 1, 2, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &base, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &base, &run, &lay, &b) == L3D_OK);
     CHECK_NEAR(b.time.optimizer / a.time.optimizer, 18.0 / 20.0, 1e-12);
 }
 
@@ -1309,9 +1345,9 @@ static void test_kernels_one_by_one(void) {
     d12_local(&m, &run, &lay);
     run.precision = prec_of(L3D_BF16);
     run.llm3d = true;
-    CHECK(l3d_plan_evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &p16slow, &run, &lay, &b) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &p16own, &run, &lay, &c) == L3D_OK);
+    CHECK(evaluate(&m, &p16, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &p16slow, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &p16own, &run, &lay, &c) == L3D_OK);
     CHECK(b.time.step == a.time.step);
     /* ... and its own when given: GELU at a tenth of the bf16 median, 2-byte elements */
     CHECK_NEAR(c.time.elementwise - a.time.elementwise, gelu / 2 * (1 / 0.045 - 1 / 0.45),
@@ -1331,11 +1367,11 @@ static void test_cpu_ranks(void) {
     struct l3d_layout lay;
     d12_local(&m, &run, &lay);
     struct l3d_plan_result a, b;
-    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &p1, &run, &lay, &a) == L3D_OK);
     run.devices = 2;
-    run.threads = 2;
+    TH = 2;
     lay.threads = 2;
-    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
     CHECK(a.time.gemm > 0);
     CHECK_NEAR(b.time.gemm, a.time.gemm / (2 * 0.9), a.time.gemm * 1e-9);
 
@@ -1344,11 +1380,11 @@ static void test_cpu_ranks(void) {
     p8 = p1;
     p8.devices_per_node = 8;
     run.devices = 8;
-    run.threads = 1;
-    run.global_batch = 16;
+    TH = 1;
+    G = 16;
     lay = layout(2, 2, 2, 2, 1, 1, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &p8, &run, &lay, &a) == L3D_OK);
-    CHECK(l3d_plan_evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
+    CHECK(evaluate(&m, &p8, &run, &lay, &a) == L3D_OK);
+    CHECK(evaluate(&m, &p1, &run, &lay, &b) == L3D_OK);
     const struct l3d_plan_time *ta = &a.time, *tb = &b.time;
     CHECK(ta->bubble > 0.1 * ta->gemm);
     CHECK(fabs(tb->bubble) <= 1e-12 * tb->step);
@@ -1384,7 +1420,7 @@ static void test_attention_unfused(void) {
         double e = k == 1 ? 4 : 2;
         struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r;
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
         CHECK(r.m == 1);
         double want;
         if (k == 2) {
@@ -1402,7 +1438,7 @@ static void test_attention_unfused(void) {
     struct l3d_plan_run run = run16(2, 2, false);
     struct l3d_layout lay = layout(2, 1, 1, 2, 1, 0, L3D_RECOMPUTE_NONE, false);
     struct l3d_plan_result r;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     double e = 2, qk = e * H * (s * d + d * s + s * s), pv = e * H * (s * s + s * d + s * d);
     double nodrop = L * (qk + pv + sc * 2 * e + qk + 3 * pv + sc * 3 * e) / bw;
     CHECK(fabs(r.time.attention - nodrop) > 0.1 * nodrop);
@@ -1431,9 +1467,9 @@ static void test_dp_nics(void) {
         struct l3d_plan_run run = run16(16, dp * 2, false);
         struct l3d_layout lay = layout(tp, pp, dp, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result a, b, c;
-        CHECK(l3d_plan_evaluate(&m, &two, &run, &lay, &a) == L3D_OK);
-        CHECK(l3d_plan_evaluate(&m, &one, &run, &lay, &b) == L3D_OK);
-        CHECK(l3d_plan_evaluate(&m, &fat, &run, &lay, &c) == L3D_OK);
+        CHECK(evaluate(&m, &two, &run, &lay, &a) == L3D_OK);
+        CHECK(evaluate(&m, &one, &run, &lay, &b) == L3D_OK);
+        CHECK(evaluate(&m, &fat, &run, &lay, &c) == L3D_OK);
         double lat = 2.0 * (dp - 1) * 5e-6; /* the ring's latency term, the same in both */
         CHECK(b.time.dp_comm > 10 * lat);
         CHECK_NEAR(a.time.dp_comm - lat, share[i] * (b.time.dp_comm - lat),
@@ -1465,22 +1501,34 @@ static void test_context_parallel(void) {
     struct l3d_layout one = layout(1, 1, 2, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
     struct l3d_layout cp2 = layout(1, 1, 1, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
     cp2.cp = 2;
-    run.global_batch = 2;
+    G = 2;
     struct l3d_plan_result a, b, c;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &one, &a) == L3D_OK); /* dp 2, T 4096 */
-    run.global_batch = 1;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &cp2, &b) == L3D_OK); /* cp 2, T 4096 */
-    struct l3d_model_spec half = m;
-    half.maxT = 2048;
+    CHECK(evaluate(&m, &prof, &run, &one, &a) == L3D_OK); /* dp 2, T 4096 */
+    G = 1;
+    CHECK(evaluate(&m, &prof, &run, &cp2, &b) == L3D_OK); /* cp 2, T 4096 */
+    /* dp 2 planning sequences of 2048 tokens (the layout's seq) of the same model, whose
+     * position table keeps its 4096 rows, as a ring rank's does */
     struct l3d_plan_run r1 = run16(2, 2, true);
-    CHECK(l3d_plan_evaluate(&half, &prof, &r1, &one, &c) == L3D_OK); /* dp 2, T 2048 */
+    struct l3d_layout half = one;
+    half.seq = 2048;
+    CHECK(evaluate(&m, &prof, &r1, &half, &c) == L3D_OK); /* dp 2, T 2048 */
+    CHECK(c.layout.seq == 2048 && b.layout.seq == 4096 && a.layout.seq == 4096);
     CHECK_NEAR(b.mem.activations, c.mem.activations, 0);
     CHECK_NEAR(b.mem.optimizer, c.mem.optimizer, 0);
+    CHECK_NEAR(b.mem.params, c.mem.params, 0);
+    /* negative: the model planned at its context of 2048 holds 2048 rows of wpe fewer (every
+     * layout planned with cp counted T / cp rows of it, as if a ring rank held a slice) */
+    struct l3d_model_spec m2048 = m;
+    m2048.maxT = 2048;
+    struct l3d_plan_result d2;
+    CHECK(evaluate(&m2048, &prof, &r1, &one, &d2) == L3D_OK);
+    CHECK_NEAR(c.mem.params - d2.mem.params, 2048.0 * m.C * 2, 0); /* fp16, no ZeRO-3 */
+    CHECK_NEAR(c.mem.activations, d2.mem.activations, 0);
     double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16);
     CHECK_NEAR(b.mem.other - c.mem.other, ring, 1);
     CHECK(b.mem.activations < 0.55 * a.mem.activations);
     struct l3d_plan_mem mem;
-    CHECK(l3d_plan_memory(&m, &run, &cp2, &mem) == L3D_OK);
+    CHECK(memory_at(&m, &run, &cp2, &mem) == L3D_OK);
     CHECK_NEAR(mem.total, b.mem.total, 0);
     CHECK_NEAR(b.time.attention, a.time.attention / 2, a.time.attention * 1e-9);
     /* fast link: only the last dK|dV hop of each layer is exposed (a pair link, 200 GB/s, 5 us) */
@@ -1488,23 +1536,23 @@ static void test_context_parallel(void) {
     CHECK(a.time.cp_comm == 0);
     CHECK_NEAR(b.time.cp_comm, m.L * hop, m.L * hop * 1e-9);
     struct l3d_plan_result d;
-    CHECK(l3d_plan_evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
+    CHECK(evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
     CHECK(d.time.cp_comm > 0 && d.time.step > b.time.step + 0.5 * d.time.cp_comm);
     /* the search: cp 2 among the layouts of 2 devices and one sequence a step; --cp 1 not */
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     struct l3d_plan_result best[64];
     struct l3d_plan_search_stats st;
     int n = 0;
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
     bool has_cp2 = false;
     for (int i = 0; i < n; i++) has_cp2 = has_cp2 || best[i].layout.cp == 2;
     CHECK(n >= 1 && has_cp2);
     l3d_plan_fix(&fx, L3D_FIX_CP, 1);
-    CHECK(l3d_plan_search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
+    CHECK(search(&m, &prof, &run, &fx, best, 64, &n, &st) == L3D_OK);
     for (int i = 0; i < n; i++) CHECK(best[i].layout.cp <= 1);
     /* negative: T 4094 is not 4 chunks */
     m.maxT = 4094;
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &cp2, &d) == L3D_ERR_LAYOUT);
+    CHECK(evaluate(&m, &prof, &run, &cp2, &d) == L3D_ERR_LAYOUT);
     CHECK(strstr(l3d_error_message(), "not a multiple of 4") != NULL);
 }
 
@@ -1528,10 +1576,10 @@ static void test_pipe_closed_form(void) {
     for (int k = 0; k < 3; k++) {
         struct l3d_plan_run run = l3d_plan_run_default();
         run.devices = P;
-        run.global_batch = ms[k];
+        G = ms[k];
         struct l3d_layout lay = layout(1, P, 1, 1, V, 0, L3D_RECOMPUTE_NONE, false);
         struct l3d_plan_result r;
-        CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+        CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
         CHECK(r.m == ms[k]);
         const struct l3d_plan_time *T = &r.time;
         double busy = T->gemm + T->attention + T->elementwise + T->tp_comm + T->pp_p2p;
@@ -1565,7 +1613,7 @@ static void test_llama(void) {
     struct l3d_plan_result r;
     struct l3d_plan_run run = run16(8, 8, true);
     struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
     /* tp 8 = KV heads: every matrix split 8 ways, the norms whole */
     double n = L * ((2 * h * h + 2 * h * kv + 3 * h * f) / 8 + 2 * h) + 2 * V * h / 8 + h;
     CHECK_NEAR(r.mem.params / 2, n, 0.5);
@@ -1582,7 +1630,7 @@ static void test_llama(void) {
     /* tp 16 > 8 KV heads: each KV head on two ranks (k, v rows of one head each) */
     struct l3d_layout lay16 = layout(16, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     run = run16(16, 16, true);
-    CHECK(l3d_plan_evaluate(&m, &prof, &run, &lay16, &r) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &run, &lay16, &r) == L3D_OK);
     n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
     CHECK_NEAR(r.mem.params / 2, n, 0.5);
     /* tp 32 over 16 KV heads (a multiple): accepted; 48 query heads and 16 KV heads over tp 24,
@@ -1592,12 +1640,12 @@ static void test_llama(void) {
     struct l3d_model_spec odd = m;
     odd.NKV = 16;
     run = run16(32, 32, true);
-    CHECK(l3d_plan_evaluate(&odd, &prof, &run, &lay32, &r) == L3D_OK);
+    CHECK(evaluate(&odd, &prof, &run, &lay32, &r) == L3D_OK);
     odd.NH = 48;
     odd.C = 48 * 128;
     struct l3d_layout lay24 = layout(24, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
     run = run16(24, 24, true);
-    CHECK(l3d_plan_evaluate(&odd, &prof, &run, &lay24, &r) != L3D_OK &&
+    CHECK(evaluate(&odd, &prof, &run, &lay24, &r) != L3D_OK &&
           strstr(l3d_error_message(), "16 key/value heads") != NULL);
 }
 

@@ -7,11 +7,13 @@
  *   struct l3d_profile prof;
  *   l3d_profile_load(&prof, "profiles/frontier.prof");       // a readable text file
  *   struct l3d_plan_run run = l3d_plan_run_default();
- *   run.devices = 128; run.global_batch = 640; run.precision = L3D_F16; run.flash = true;
- *   struct l3d_layout lay = {.tp = 4, .pp = 16, .dp = 2, .mb = 1, .v = 1, .zero = 1,
- *                                 .recompute = L3D_RECOMPUTE_FULL};
+ *   run.devices = 128; run.precision.param = run.precision.act = L3D_F16;
+ *   struct l3d_layout lay = {.tp = 4, .pp = 16, .dp = 2, .micro_batch = 1, .v = 1, .zero = 1,
+ *                            .recompute = L3D_RECOMPUTE_FULL, .global_batch = 640};
  *   struct l3d_plan_result r;
  *   l3d_plan_evaluate(&model, &prof, &run, &lay, &r);        // r.mem.total, r.time.step, r.hfu
+ *   struct l3d_plan_fixed fixed = l3d_plan_fixed_none();
+ *   fixed.layout.global_batch = 640;                          // the run's, in every layout
  *   l3d_plan_search(&model, &prof, &run, &fixed, best, 10, &n_best, &stats);
  *
  * Two regimes share the time model and differ in what memory holds:
@@ -168,14 +170,11 @@ bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_dtype prec, struct 
 
 struct l3d_plan_run {
     int64_t devices;       /* ranks x threads_per_rank on a CPU; GPUs otherwise */
-    int64_t global_batch;  /* sequences per step */
     /* the run spec's precision: param (fp32, bf16, fp16), grad (fp32: llm3d's main_grad; the
      * parameters' type: Megatron-LM's 2-byte gradients), reduce (the DP sums' type: 2 bytes an
      * element from fp32 main_grad through 16-bit staging with --grad-reduce-dtype bf16|fp16) */
     struct l3d_precision precision;
     bool flash;            /* fused attention: no s^2 scores kept or moved through memory */
-    int threads;           /* CPU devices (cores) per rank; 1 on GPUs */
-    size_t bucket_bytes;   /* DP bucket (fp32 trainer: no extra buffer; mixed: one in flight) */
     bool calibrated;       /* apply the profile's gemm_calibration (a fit, docs/frontier.md) */
     /* whose trainer runs it: llm3d's (its allocation plan and optimizer traffic; with 16-bit
      * parameters fp32 gradients, AdamW moments and master weights) or Megatron-LM's (2-byte
@@ -194,16 +193,15 @@ struct l3d_plan_run {
      * `llm3d plan` assumes; the trainer's memory check says which) */
     bool files;
     size_t piece_bytes;
-    /* the learned position table's rows when it has more than the sequence (the trainer's
-     * --context; 0: the sequence, m's maxT): l3d_plan_memory sizes the chunks' non-layer
-     * tensors by it, so each ZeRO stage holds the extra rows as it holds the rest of wpe */
-    int64_t context;
 };
 struct l3d_plan_run l3d_plan_run_default(void);
 
-/* A layout is the run spec's struct l3d_layout: tp, pp, dp, micro_batch, v, zero, recompute, sp,
- * schedule and threads (CPU: threads per rank; from run.threads when 0); cp 0 reads as 1. The
- * global batch and the sequence are the run's (run.global_batch, the model's maxT). */
+/* A layout is the run spec's struct l3d_layout: tp, cp, pp, dp, micro_batch, v, zero, recompute,
+ * sp, schedule, threads (CPU: cores a rank), the sequence it plans (seq), the global batch
+ * (global_batch, sequences a step) and the DP bucket (bucket_bytes); what it leaves at 0 reads as
+ * cp 1, threads 1, seq the model's context (maxT), global batch micro_batch x dp x accum and
+ * bucket 25 MB (PyTorch DDP's default). The model's maxT is its context, the learned position
+ * table's rows. */
 
 struct l3d_plan_mem {      /* bytes on the fullest rank */
     double params, grads, optimizer, activations, other, total;
@@ -276,8 +274,9 @@ enum {
 };
 struct l3d_plan_fixed {
     unsigned mask;             /* L3D_FIX_* */
-    /* the fixed parts' values; zero3_prefetch (the trainer's 1) and the pipeline schedule with
-     * one model chunk a rank (1F1B, or GPipe) hold in every layout */
+    /* the fixed parts' values; zero3_prefetch (the trainer's 1), threads, seq, global_batch,
+     * bucket_bytes and the pipeline schedule with one model chunk a rank (1F1B, or GPipe) hold in
+     * every layout */
     struct l3d_layout layout;
     /* the micro-batches tried when not fixed: 1, 2, 4, ..., 64 (false), or layout.micro_batch
      * and its halvings while they divide it (the trainer's memory check: the same sequences a
@@ -289,16 +288,17 @@ struct l3d_plan_fixed l3d_plan_fixed_none(void);
 /* fx with part `bit` fixed to `value` (the layout field of that part). */
 void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value);
 
-/* Every layout of `ranks` ranks of th threads that the fixed parts allow, in the search's order
- * (tp, cp, pp, dp, micro-batch, v, ZeRO, recomputation, SP), each(ctx, layout) for each, before
- * any evaluation: the one enumeration behind l3d_plan_search and the trainer's memory check's
- * suggestions. Global batch: micro-batches that do not split it are not tried. dpn: devices per
- * node (tp beyond it, or beyond the heads, not tried unless fixed; 0 or 1: no node limit); zero3:
- * whether ZeRO-3 is tried (llm3d's trainer has it; Megatron-LM's optimizer not). */
+/* Every layout of `ranks` ranks that the fixed parts allow, in the search's order (tp, cp, pp,
+ * dp, micro-batch, v, ZeRO, recomputation, SP), each(ctx, layout) for each, before any
+ * evaluation: the one enumeration behind l3d_plan_search and the trainer's memory check's
+ * suggestions. Every layout has fx->layout's threads, seq, global batch (micro-batches that do not
+ * split it are not tried), bucket and ZeRO-3 prefetch. dpn: devices per node (tp beyond it, or
+ * beyond the heads, not tried unless fixed; 0 or 1: no node limit); zero3: whether ZeRO-3 is
+ * tried (llm3d's trainer has it; Megatron-LM's optimizer not). */
 struct l3d_plan_space {
     const struct l3d_model_spec *m;
-    int64_t ranks, global_batch;
-    int threads, dpn;
+    int64_t ranks;
+    int dpn;
     bool zero3;
     const struct l3d_plan_fixed *fx;
 };

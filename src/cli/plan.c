@@ -66,7 +66,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
            "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g}\n",
-           (long long)run->devices, (long long)run->global_batch,
+           (long long)run->devices, (long long)l->global_batch,
            l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
            l->threads, r->m, mm->params, mm->grads, mm->optimizer, mm->activations, mm->other,
@@ -156,7 +156,6 @@ static l3d_status eval_published(const struct published *p, int64_t devices, int
     struct l3d_profile prof;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = devices;
-    run.global_batch = batch;
     l3d_precision_parse(l3d_dtype_name(p->prec), &run.precision);
     run.precision.grad = p->prec; /* Megatron-LM's 2-byte gradients */
     run.flash = p->flash;
@@ -164,7 +163,7 @@ static l3d_status eval_published(const struct published *p, int64_t devices, int
     struct l3d_layout lay = {.tp = p->tp, .pp = p->pp, .dp = dp, .micro_batch = p->mb, .v = p->v,
                                   .zero = p->zero, .recompute = p->rc, .sp = p->sp,
                                   .schedule = p->v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_1F1B,
-                                  .threads = 1};
+                                  .threads = 1, .global_batch = batch};
     l3d_status st = l3d_model_preset(&m, p->model);
     if (st == L3D_OK) st = l3d_profile_find(&prof, p->profile);
     if (st == L3D_OK) st = l3d_plan_evaluate(&m, &prof, &run, &lay, r);
@@ -414,11 +413,10 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     bool all = l3d_cli_spec_given(cs, "tp") && l3d_cli_spec_given(cs, "pp") &&
                l3d_cli_spec_given(cs, "dp");
     *run = l3d_plan_run_default();
-    run->threads = l->threads > 0 ? l->threads : 1;
+    int threads = l->threads > 0 ? l->threads : 1;
     run->devices = o->devices ? o->devices
-                   : all ? (int64_t)l->tp * l->cp * l->pp * l->dp * run->threads : 1;
+                   : all ? (int64_t)l->tp * l->cp * l->pp * l->dp * threads : 1;
     run->calibrated = o->calibrated;
-    if (l3d_cli_spec_given(cs, "bucket-mb")) run->bucket_bytes = l->bucket_bytes;
     /* whose mixed precision: llm3d's on a CPU profile (no compute units: where it runs), else
      * Megatron-LM's (the GPU clusters' published runs) */
     run->llm3d = o->trainer >= 0 ? o->trainer == 0 : prof->compute_units == 0;
@@ -447,13 +445,17 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     fx->layout = *l; /* zero3_prefetch: the trainer's default (1) when not given */
     for (size_t i = 0; i < sizeof fixes / sizeof fixes[0]; i++)
         if (l3d_cli_spec_given(cs, fixes[i].flag)) fx->mask |= fixes[i].bit;
-    run->global_batch = l->global_batch > 0 ? l->global_batch : 8;
+    fx->layout.threads = threads;
+    fx->layout.seq = 0; /* the model's maxT, which plan_model made the sequence planned */
+    /* the planner's bucket (PyTorch DDP's 25 MB) unless --bucket-mb gives the trainer's */
+    if (!l3d_cli_spec_given(cs, "bucket-mb")) fx->layout.bucket_bytes = 0;
+    fx->layout.global_batch = l->global_batch > 0 ? l->global_batch : 8;
     if (l3d_cli_spec_given(cs, "grad-accum")) {
         if (!(fx->mask & L3D_FIX_MB) || !(fx->mask & L3D_FIX_DP))
             return l3d_error(L3D_ERR_ARG, "--grad-accum %d: the planner takes the micro-batches "
                              "as --global-batch / (--batch x --dp); give --batch and --dp with it, "
                              "or --global-batch instead", l->accum);
-        run->global_batch = (int64_t)l->micro_batch * l->accum * l->dp;
+        fx->layout.global_batch = (int64_t)l->micro_batch * l->accum * l->dp;
     }
     if (l->pp_layers)
         return l3d_error(L3D_ERR_ARG, "--pp-layers: the planner balances the stages itself; drop "
@@ -483,16 +485,17 @@ static l3d_status plan_one(const struct l3d_model_spec *m,
     int cp = fx->mask & L3D_FIX_CP ? f->cp : 1;
     struct l3d_layout lay = {
         .tp = f->tp, .pp = f->pp, .cp = cp,
-        .dp = fx->mask & L3D_FIX_DP ? f->dp : (int)(run->devices / run->threads / f->tp / f->pp / cp),
+        .dp = fx->mask & L3D_FIX_DP ? f->dp : (int)(run->devices / f->threads / f->tp / f->pp / cp),
         .micro_batch = f->micro_batch, .v = fx->mask & L3D_FIX_V ? f->v : 1, .zero = f->zero,
         .zero3_prefetch = f->zero3_prefetch, .recompute = f->recompute,
         .sp = fx->mask & L3D_FIX_SP ? f->sp : false, .schedule = f->schedule,
-        .threads = run->threads};
+        .threads = f->threads, .seq = f->seq, .global_batch = f->global_batch,
+        .bucket_bytes = f->bucket_bytes};
     return l3d_plan_evaluate(m, prof, run, &lay, r);
 }
 
 static void print_header(const struct l3d_model_spec *m, const struct l3d_profile *prof,
-                         const struct l3d_plan_run *run, enum l3d_dtype reduce,
+                         const struct l3d_plan_run *run, int64_t global_batch, enum l3d_dtype reduce,
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
@@ -502,7 +505,7 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
            "(%s), %lld devices, global batch %lld, %s%s\n", m->name,
            m->arch == L3D_ARCH_LLAMA ? "Llama blocks" : "GPT-2 blocks", m->L, m->C, m->NH, kv,
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
-           prof->device, (long long)run->devices, (long long)run->global_batch,
+           prof->device, (long long)run->devices, (long long)global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");
     if (run->precision.reduce != L3D_F32)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
@@ -570,8 +573,9 @@ static int plan_fail(l3d_status st, const char *why, bool json) {
 
 /* The results: the table and the best, or the JSON objects. 0, or 1 when nothing fits. */
 static int plan_print(const struct l3d_model_spec *m, const struct l3d_profile *prof,
-                      const struct l3d_plan_run *run, const struct l3d_plan_result *res, int n,
-                      bool one, bool json, enum l3d_dtype reduce,
+                      const struct l3d_plan_run *run, int64_t global_batch,
+                      const struct l3d_plan_result *res, int n, bool one, bool json,
+                      enum l3d_dtype reduce,
                       const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
@@ -592,7 +596,7 @@ static int plan_print(const struct l3d_model_spec *m, const struct l3d_profile *
                              "sequence, or recompute activations");
         return n > 0 ? 0 : 1;
     }
-    print_header(m, prof, run, reduce, stats);
+    print_header(m, prof, run, global_batch, reduce, stats);
     if (n == 0) {
         printf("no layout fits in memory: add devices, lower the micro-batch or sequence, or "
                "recompute activations\n");
@@ -634,7 +638,8 @@ int l3d_cli_plan(int argc, char **argv) {
                                   o.svg ? l3d_plan_svg_keep : NULL, &all);
     }
     rc = st != L3D_OK ? plan_fail(st, l3d_error_message(), o.json)
-                      : plan_print(&m, &prof, &run, res, n, one, o.json, spec.precision.reduce,
+                      : plan_print(&m, &prof, &run, fx.layout.global_batch, res, n, one, o.json,
+                                   spec.precision.reduce,
                                    &stats);
     if (o.svg && st == L3D_OK) {
         char title[200];

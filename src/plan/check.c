@@ -15,21 +15,20 @@ l3d_status l3d_plan_zero_check(const struct l3d_profile *prof, const struct l3d_
 }
 
 l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profile *prof,
-                          const struct l3d_plan_run *run, const struct l3d_layout *lay) {
-    l3d_status st = l3d_plan_model_check(m);
+                          const struct l3d_plan_run *run, const struct l3d_layout *lay_in) {
+    struct l3d_model_spec ms;
+    struct l3d_layout viewed, *lay = &viewed;
+    l3d_plan_view(m, lay_in, &ms, &viewed);
+    l3d_status st = l3d_plan_model_check(&ms);
     if (st != L3D_OK) return st;
     if ((st = l3d_plan_zero_check(prof, run, lay->zero)) != L3D_OK) return st;
-    int th = lay->threads > 0 ? lay->threads : run->threads;
+    int th = lay->threads;
     if (th < 1)
         return l3d_error(L3D_ERR_LAYOUT, "--threads %d must be at least 1", th);
-    /* the run spec's rules (src/spec/spec.c) for this layout: its sequence is the model's maxT,
-     * its batch the run's, and llm3d's trainer adds its own limits */
+    /* the run spec's rules (src/spec/spec.c) for this layout, and llm3d's trainer adds its own
+     * limits */
     struct l3d_run_spec s = {.model = *m, .layout = *lay, .precision = run->precision};
     s.layout.cp = lay->cp > 0 ? lay->cp : 1;
-    s.layout.threads = th;
-    s.layout.seq = m->maxT;
-    s.layout.global_batch = run->global_batch;
-    s.layout.bucket_bytes = run->bucket_bytes > 0 ? run->bucket_bytes : 1;
     struct l3d_spec_ctx ctx = {.world = run->devices, .threads_in_world = true,
                                .train = l3d_plan_trainer(run)};
     if ((st = l3d_spec_check_parts(&s, &ctx, L3D_SPEC_MODEL, NULL)) != L3D_OK) return st;
@@ -45,7 +44,7 @@ l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profi
                          l3d_dtype_name(run->precision.param));
     /* the planner times every micro-batch on a timeline: at most 2^24 of them, also for llm3d's
      * trainer (whose memory check extends the plan beyond, src/train/memory.c) */
-    int64_t mm = run->global_batch / ((int64_t)lay->micro_batch * lay->dp);
+    int64_t mm = lay->global_batch / ((int64_t)lay->micro_batch * lay->dp);
     if (mm > 1 << 24)
         return l3d_error(L3D_ERR_LAYOUT, "%lld micro-batches a step is too many", (long long)mm);
     return L3D_OK;

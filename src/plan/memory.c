@@ -266,7 +266,7 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
     if (ch[lay->v - 1].last)
         acts += ch[lay->v - 1].slots * (4 * s * b * h / spd + f32 * s * b * c.Vp / t);
     mem->activations = acts;
-    mem->other = 2.0 * (double)run->bucket_bytes; /* DP buckets: one reducing, one filling */
+    mem->other = 2.0 * (double)lay->bucket_bytes; /* DP buckets: one reducing, one filling */
 }
 
 void l3d_plan_rank_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
@@ -298,24 +298,25 @@ void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_p
 l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                            const struct l3d_layout *lay_in, struct l3d_plan_mem *worst) {
     memset(worst, 0, sizeof *worst);
-    struct l3d_layout lay = *lay_in;
-    if (lay.threads <= 0) lay.threads = run->threads > 0 ? run->threads : 1;
+    struct l3d_layout lay;
+    struct l3d_model_spec ms;
+    l3d_plan_view(m, lay_in, &ms, &lay);
     l3d_status st = l3d_plan_check(m, NULL, run, &lay);
     if (st != L3D_OK) return st;
     int p = lay.pp, v = lay.v, S = p * v;
-    int64_t mm = run->global_batch / ((int64_t)lay.micro_batch * lay.dp);
+    int64_t mm = lay.global_batch / ((int64_t)lay.micro_batch * lay.dp);
     /* context parallelism: a rank holds T / cp rows of each sequence (activations and tokens
      * divided by cp), the weights replicated over the ring, ZeRO sharded over dp x cp (the
      * trainer's DP group); the ring's buffers below. The stages are balanced at the full T. */
     struct l3d_model_spec mc;
     struct l3d_layout checked = lay;
-    int cp = l3d_plan_cp_local(m, &checked, &mc, &lay);
+    int cp = l3d_plan_cp_local(&ms, &checked, &mc, &lay);
     int *layers = malloc(sizeof(int) * (size_t)S);
     int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
     if (!layers || !start || !ch)
         st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
-    if (st == L3D_OK) st = l3d_plan_stage_layers(m, run, S, layers);
+    if (st == L3D_OK) st = l3d_plan_stage_layers(&ms, run, S, layers);
     if (st == L3D_OK) {
         start[0] = 0;
         for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];
@@ -327,10 +328,10 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
         st = l3d_pp_schedule_build(&sched, p > 1 ? lay.schedule : L3D_PP_1F1B, p, v, (int)mm);
         have_sched = st == L3D_OK;
     }
-    /* the tensors of the run's model: wpe has run->context rows when more than the sequence
-     * (the trainer's --context; the activations stay at mc's maxT) */
+    /* the tensors of the run's model: wpe has the model's context rows when more than the
+     * sequence (the trainer's --context; the activations stay at mc's maxT) */
     struct l3d_model_spec mt = mc;
-    if (run->context > mt.maxT) mt.maxT = (int)run->context;
+    if (m->maxT > mt.maxT) mt.maxT = m->maxT;
     for (int r = 0; st == L3D_OK && r < p; r++) {
         struct l3d_plan_mem mem;
         l3d_plan_rank_chunks(&mt, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm,

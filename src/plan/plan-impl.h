@@ -11,6 +11,11 @@
  * l3d_plan_search (search.c) evaluates its layouts with a struct l3d_plan_cache (cache.c), which
  * keeps what they share.
  *
+ * Inside the planner a model's maxT is the planned sequence: the entry points (l3d_plan_evaluate,
+ * l3d_plan_memory, l3d_plan_check) plan the layout's seq with a copy of the model whose maxT is
+ * that sequence (l3d_plan_view), a ring rank's shorter still (l3d_plan_cp_local); the model's own
+ * maxT, its context, sizes the learned position table.
+ *
  * Notation as in Korthikanti et al. 2022 and Narayanan et al. 2021: s sequence length, b
  * micro-batch, h hidden size, a heads, L layers, V vocabulary, t TP size, p PP size, d DP size,
  * v model chunks per pipeline rank, m micro-batches per step, e bytes per activation element.
@@ -26,6 +31,14 @@
 #include "llm3d/plan.h"
 
 /* ---- the run ---------------------------------------------------------------------------- */
+
+/* The DP bucket of a layout that gives none: PyTorch DDP's default bucket_cap_mb of 25. */
+#define L3D_PLAN_BUCKET_BYTES 25000000
+/* What a layout left at 0 filled (include/llm3d/plan.h: seq the model's context, threads 1, the
+ * global batch micro_batch x dp x accum, the bucket L3D_PLAN_BUCKET_BYTES) into *lo, and the model
+ * planned at that sequence (maxT = lo->seq) into *ms. */
+void l3d_plan_view(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                   struct l3d_model_spec *ms, struct l3d_layout *lo);
 
 /* llm3d's own trainer (its allocation plan) rather than Megatron-LM's mixed precision */
 static inline bool l3d_plan_trainer(const struct l3d_plan_run *run) {

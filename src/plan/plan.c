@@ -10,9 +10,20 @@
 struct l3d_plan_run l3d_plan_run_default(void) {
     struct l3d_run_spec s;
     l3d_run_spec_defaults(&s); /* fp32 */
-    return (struct l3d_plan_run){.devices = 1, .global_batch = 1, .precision = s.precision,
-                                 .flash = true, .threads = 1, .bucket_bytes = 25000000,
+    return (struct l3d_plan_run){.devices = 1, .precision = s.precision, .flash = true,
                                  .piece_bytes = L3D_CKPT_STAGE_BYTES};
+}
+
+void l3d_plan_view(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                   struct l3d_model_spec *ms, struct l3d_layout *lo) {
+    *lo = *lay;
+    if (lo->seq == 0) lo->seq = m->maxT;
+    if (lo->threads == 0) lo->threads = 1;
+    if (lo->global_batch == 0)
+        lo->global_batch = (int64_t)lo->micro_batch * lo->dp * (lo->accum > 0 ? lo->accum : 1);
+    if (lo->bucket_bytes == 0) lo->bucket_bytes = L3D_PLAN_BUCKET_BYTES;
+    *ms = *m;
+    ms->maxT = lo->seq;
 }
 
 /* The figures a run's kernels reach: llm3d's bf16 / fp16 on a profile with that type's 16-bit
@@ -39,7 +50,9 @@ struct eval {
     struct l3d_plan_chunk *ch;    /* one pipeline rank's v chunks */
     const struct l3d_pp_schedule *sched; /* the trainer's schedule (slots), NULL if none */
     struct l3d_pp_schedule own_sched;    /* sched, when no cache keeps it */
-    struct l3d_model_spec mc;     /* a ring rank's model (l3d_plan_cp_local; m when cp 1) */
+    struct l3d_model_spec ms;     /* the model planned at the layout's sequence (l3d_plan_view) */
+    struct l3d_model_spec mc;     /* a ring rank's model (l3d_plan_cp_local; ms when cp 1) */
+    struct l3d_model_spec mt;     /* mc with the position table's rows: the model's context */
     int cp;
 };
 
@@ -60,19 +73,22 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
     if (run->llm3d && run->precision.param != L3D_F32 &&
         prof->mixed[run->precision.param == L3D_BF16 ? 0 : 1].native)
         ev->run.native16 = true;
-    ev->lay = *lay_in;
-    if (ev->lay.threads <= 0) ev->lay.threads = run->threads > 0 ? run->threads : 1;
+    l3d_plan_view(m, lay_in, &ev->ms, &ev->lay);
     l3d_status st = l3d_plan_check(m, prof, &ev->run, &ev->lay);
     if (st != L3D_OK) return st;
     r->layout = ev->lay;
     int p = ev->lay.pp, v = ev->lay.v;
-    ev->mm = run->global_batch / ((int64_t)ev->lay.micro_batch * ev->lay.dp);
+    ev->mm = ev->lay.global_batch / ((int64_t)ev->lay.micro_batch * ev->lay.dp);
     r->m = (int)ev->mm;
     struct l3d_layout checked = ev->lay;
-    ev->cp = l3d_plan_cp_local(m, &checked, &ev->mc, &ev->lay);
+    ev->cp = l3d_plan_cp_local(&ev->ms, &checked, &ev->mc, &ev->lay);
+    /* a ring rank holds the whole position table, of the model's context rows (as
+     * l3d_plan_memory counts it; this counted T / cp rows) */
+    ev->mt = ev->mc;
+    if (m->maxT > ev->mt.maxT) ev->mt.maxT = m->maxT;
     ev->S = p * v;
     ev->kind = p > 1 ? ev->lay.schedule : L3D_PP_1F1B;
-    st = l3d_plan_cache_layers(cc, m, &ev->run, ev->S, &ev->owned, &ev->layers);
+    st = l3d_plan_cache_layers(cc, &ev->ms, &ev->run, ev->S, &ev->owned, &ev->layers);
     if (st != L3D_OK) return st;
     ev->start = malloc(sizeof(int64_t) * (size_t)(ev->S + 1));
     ev->ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
@@ -94,7 +110,7 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
     memset(o, 0, sizeof *o);
     struct l3d_plan_shapes memo = {0};
     for (int rr = 0; rr < ev->lay.pp; rr++) {
-        l3d_plan_rank_chunks(m, &ev->lay, ev->layers, ev->start, rr,
+        l3d_plan_rank_chunks(&ev->mt, &ev->lay, ev->layers, ev->start, rr,
                              ev->sched ? ev->sched->slots : NULL, ev->mm, x->fp32, &memo, ev->ch);
         struct l3d_plan_mem mem;
         l3d_plan_rank_memory(m, &ev->run, &ev->lay, ev->ch, rr, ev->mm, &mem);
@@ -120,7 +136,7 @@ static void eval_flops(const struct l3d_model_spec *m, const struct l3d_profile 
                        const struct l3d_plan_run *run, const struct l3d_layout *lay,
                        struct l3d_plan_result *r) {
     const struct l3d_plan_time *T = &r->time;
-    double G = (double)run->global_batch, s = m->maxT, h = m->C, L = m->L;
+    double G = (double)lay->global_batch, s = lay->seq, h = m->C, L = m->L;
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
      * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
@@ -177,7 +193,7 @@ l3d_status l3d_plan_evaluate_in(const struct l3d_model_spec *m, const struct l3d
      * device context, library workspaces, communication buffers, the allocator's fragmentation),
      * which the predicted bytes do not include */
     r->fits = rk.mem.total + prof->reserve_bytes <= prof->mem_bytes * ev.lay.threads;
-    eval_flops(m, prof, &ev.run, &ev.lay, r);
+    eval_flops(&ev.ms, prof, &ev.run, &r->layout, r);
     eval_end(&ev);
     return L3D_OK;
 }

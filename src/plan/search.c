@@ -8,7 +8,8 @@
 struct l3d_plan_fixed l3d_plan_fixed_none(void) {
     struct l3d_plan_fixed fx = {.mask = 0};
     fx.layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .v = 1, .micro_batch = 1,
-                                    .schedule = L3D_PP_1F1B, .zero3_prefetch = 1};
+                                    .schedule = L3D_PP_1F1B, .zero3_prefetch = 1, .threads = 1,
+                                    .global_batch = 1};
     return fx;
 }
 
@@ -87,7 +88,8 @@ static l3d_status check_fixed(const struct l3d_model_spec *m, const struct l3d_p
 static bool cp_tried(const struct l3d_plan_fixed *fx, const struct l3d_model_spec *m, int64_t cp) {
     if (fixed(fx, L3D_FIX_CP)) return cp == fx->layout.cp;
     if (cp == 1) return true;
-    return (cp & (cp - 1)) == 0 && m->maxT % (2 * cp) == 0 && m->maxT / (2 * cp) >= CP_MIN_CHUNK;
+    int64_t T = fx->layout.seq > 0 ? fx->layout.seq : m->maxT;
+    return (cp & (cp - 1)) == 0 && T % (2 * cp) == 0 && T / (2 * cp) >= CP_MIN_CHUNK;
 }
 
 /* An enumeration in progress (l3d_plan_layouts). */
@@ -139,10 +141,11 @@ static int micro_batches(const struct l3d_plan_fixed *fx, int mbs[8]) {
 static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64_t pp,
                        int64_t dp) {
     const struct l3d_plan_fixed *fx = w->sp->fx;
+    const struct l3d_layout *f = &fx->layout;
     int mbs[8], n_mb = micro_batches(fx, mbs);
     for (int bi = 0; bi < n_mb; bi++) {
         int mb = mbs[bi];
-        if (w->sp->global_batch % ((int64_t)mb * dp)) continue;
+        if (f->global_batch % ((int64_t)mb * dp)) continue;
         /* every v that divides the layers a pipeline rank holds (Megatron-LM needs it; the
          * trainer splits unevenly, so there the rank's whole layers, L / pp rounded down, which
          * keeps the choice to the divisors) */
@@ -154,7 +157,9 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
                                                                                  : L3D_PP_1F1B;
             struct l3d_layout base = {
                 .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
-                .v = v, .schedule = v > 1 ? L3D_PP_INTERLEAVED : one, .threads = w->sp->threads};
+                .v = v, .schedule = v > 1 ? L3D_PP_INTERLEAVED : one,
+                .threads = f->threads > 0 ? f->threads : 1, .seq = f->seq,
+                .global_batch = f->global_batch, .bucket_bytes = f->bucket_bytes};
             walk_variants(w, &base);
         }
     }
@@ -239,7 +244,7 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
     l3d_status st = l3d_plan_model_check(m);
     if (st != L3D_OK) return st;
     if (top < 1) return l3d_error(L3D_ERR_ARG, "--top %d must be at least 1", top);
-    int th = run->threads > 0 ? run->threads : 1;
+    int th = fx->layout.threads > 0 ? fx->layout.threads : 1;
     if (run->devices % th != 0)
         return l3d_error(L3D_ERR_ARG, "%lld devices do not split into ranks of %d threads",
                          (long long)run->devices, th);
@@ -249,7 +254,6 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
                      .n_out = n_out, .stats = stats, .each = each, .each_ctx = each_ctx,
                      .first_err = L3D_OK};
     l3d_plan_layouts(&(struct l3d_plan_space){.m = m, .ranks = ranks,
-                                              .global_batch = run->global_batch, .threads = th,
                                               .dpn = prof->devices_per_node,
                                               .zero3 = l3d_plan_trainer(run), .fx = fx},
                      walk_one, &w);

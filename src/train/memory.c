@@ -128,24 +128,21 @@ static const char *rc_name(enum l3d_recompute r) {
  * false when it refuses the layout. */
 static bool plan_at(const struct l3d_train_config *tc, const struct cand *c, int64_t m,
                     struct l3d_plan_mem *mem) {
-    /* the run's spec with the candidate's layout; the planner plans sequences of maxT tokens */
+    /* the run's spec with the candidate's layout, its sequence planned and its context the
+     * position table's rows (the trainer sizes wpe by --context) */
     struct l3d_model_spec pm = tc->model;
-    pm.maxT = tc->layout.seq;
     snprintf(pm.name, sizeof pm.name, "train");
     const struct l3d_layout *l = &c->lay;
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = (int64_t)l->tp * l->pp * l->dp * l->cp;
-    run.global_batch = (int64_t)l->micro_batch * m * l->dp;
     const char *attn = getenv("L3D_ATTENTION");
     run.flash = !(attn && strcmp(attn, "naive") == 0);
-    run.bucket_bytes = tc->layout.bucket_bytes;
     run.precision = tc->precision;
     run.llm3d = true; /* this trainer's allocation plan in every precision */
     /* whatever tc's own stage: a ZeRO-3 candidate moves pieces when the run reads or saves
      * files, through the checkpoint's staging size */
     run.files = tc->resume || tc->init_from || tc->save_every > 0;
     run.piece_bytes = l3d_ckpt_stage_bytes();
-    run.context = tc->model.maxT; /* wpe's rows: the trainer sizes it by --context */
     struct l3d_layout lay = *l;
     lay.accum = (int)m;
     lay.global_batch = 0;
@@ -301,13 +298,13 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
                           .least = {.bytes = -1}};
     struct l3d_plan_fixed fx = l3d_plan_fixed_none();
     fx.layout = *nl;
+    fx.layout.global_batch = (int64_t)nl->micro_batch * nl->accum * nl->dp; /* kept */
+    fx.layout.threads = 1;
     fx.mask = L3D_FIX_CP;
     fx.mb_halvings = true;
     int world = nl->tp * nl->pp * nl->dp; /* over the ring: each ring rank the same place */
     l3d_plan_layouts(&(struct l3d_plan_space){.m = &tc->model, .ranks = (int64_t)world * nl->cp,
-                                              .global_batch = (int64_t)nl->micro_batch *
-                                                              nl->accum * nl->dp,
-                                              .threads = 1, .zero3 = true, .fx = &fx},
+                                              .zero3 = true, .fx = &fx},
                      suggest_one, s);
     qsort(s->list, (size_t)s->n, sizeof s->list[0], cmp_cand);
     size_t k = 0;
