@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "llm3d/arch.h"
+#include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
 #include "test.h"
 
@@ -700,7 +701,7 @@ static void test_config_vs_headers(void) {
     free(a);
 }
 
-/* ---- the families' table ---------------------------------------------------------------------- */
+/* ---- the families' table ------------------------------------------------------------------- */
 
 /* Each row found by its name, model_type, architecture and llm.c versions; its blocks on a spec;
  * its config.json written and read back to the same spec; names of no family refused. */
@@ -722,6 +723,7 @@ static void test_arch_table(void) {
         l3d_model_set_arch(&m, a->arch);
         CHECK(m.arch == a->arch && m.norm == a->norm && m.mlp == a->mlp && m.pos == a->pos &&
               m.no_bias == a->no_bias && m.untied == a->untied);
+        CHECK(l3d_model_gpt2_blocks(&m) == (a->llmc_fp32 != 0)); /* llm.c's family: GPT-2 */
         CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
         struct l3d_model_spec back;
         char *text = l3d_hf_config_text(&m, L3D_F32);
@@ -755,6 +757,41 @@ static void test_arch_table(void) {
                   "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2 and llama"));
 }
 
+/* The llm.c file of each family: GPT-2's llm.c's own versions (3, 5), Llama's llm3d's (1003, the
+ * blocks in the header), read back the same; a family word past the table refused. */
+static void test_arch_llmc(void) {
+    for (int i = 0; i < L3D_ARCH_COUNT; i++) {
+        const struct l3d_arch_info *a = l3d_arch_info((enum l3d_arch)i);
+        struct l3d_model_spec m = {.L = 2, .C = 64, .NH = 4, .V = 300, .maxT = 32}, back;
+        l3d_model_set_arch(&m, a->arch);
+        if (m.mlp == L3D_MLP_SWIGLU) m.ffn = 192;
+        CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+        int64_t n = (int64_t)l3d_gpt_param_count(&m);
+        float *p = calloc((size_t)n, sizeof(float));
+        const char *path = path_of("family.bin");
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int32_t hdr[9];
+            CHECK(l3d_ckpt_save_llmc_params_dt(path, &m, p, n, bf16 ? L3D_BF16 : L3D_F32) ==
+                  L3D_OK);
+            FILE *f = fopen(path, "rb");
+            CHECK(f && fread(hdr, 4, 9, f) == 9);
+            if (f) fclose(f);
+            int own = bf16 ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_ARCH_FP32;
+            int want = a->llmc_fp32 ? (bf16 ? a->llmc_bf16 : a->llmc_fp32) : own;
+            CHECK(hdr[1] == want);
+            CHECK(l3d_ckpt_read_llmc_config(path, &back) == L3D_OK && l3d_model_same(&back, &m));
+        }
+        if (!a->llmc_fp32) { /* word 8: the family's row */
+            int32_t w = L3D_ARCH_COUNT;
+            FILE *f = fopen(path, "r+b");
+            CHECK(f && fseek(f, 32, SEEK_SET) == 0 && fwrite(&w, 4, 1, f) == 1);
+            if (f) fclose(f);
+            CHECK(refused(l3d_ckpt_read_llmc_config(path, &back), "architecture word 8 holds"));
+        }
+        free(p);
+    }
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -772,6 +809,7 @@ int main(void) {
     test_save_range();
     test_config_vs_headers();
     test_arch_table();
+    test_arch_llmc();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

@@ -206,11 +206,12 @@ l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
 }
 
 /* The shortest decimal that reads back as x (float: strtof; double: strtod). */
-static void shortest(char *buf, size_t cap, double x, bool single) {
+static const char *shortest(char *buf, size_t cap, double x, bool single) {
     for (int p = single ? 6 : 15; p <= 17; p++) {
         snprintf(buf, cap, "%.*g", p, x);
-        if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) return;
+        if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) break;
     }
+    return buf;
 }
 
 /* rope_scaling's value: null, or Llama 3.1's scaling. */
@@ -244,8 +245,8 @@ static void write_key(FILE *f, const struct l3d_arch_key *k, const struct l3d_mo
         break;
     case L3D_KEY_VOCAB: fprintf(f, "%d", m->V); break;
     case L3D_KEY_CONTEXT: fprintf(f, "%d", m->maxT); break;
-    case L3D_KEY_EPS: shortest(num, sizeof num, m->norm_eps, true), fprintf(f, "%s", num); break;
-    case L3D_KEY_THETA: shortest(num, sizeof num, m->rope.theta, false), fprintf(f, "%s", num); break;
+    case L3D_KEY_EPS: fprintf(f, "%s", shortest(num, sizeof num, m->norm_eps, true)); break;
+    case L3D_KEY_THETA: fprintf(f, "%s", shortest(num, sizeof num, m->rope.theta, false)); break;
     case L3D_KEY_ROPE_SCALING: write_rope_scaling(f, m); break;
     case L3D_KEY_TIED: fprintf(f, "%s", m->untied ? "false" : "true"); break;
     case L3D_KEY_STRING: fprintf(f, "\"%s\"", k->values[0]); break;

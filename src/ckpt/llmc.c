@@ -174,7 +174,8 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     if (hdr[0] != L3D_LLMC_MAGIC)
         return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
                          path, hdr[0], L3D_LLMC_MAGIC);
-    if (!l3d_arch_by_llmc_version(hdr[1]) && hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 && hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
+    if (!l3d_arch_by_llmc_version(hdr[1]) && hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 &&
+        hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
         return l3d_error(L3D_ERR_FORMAT, "%s: version %d; llm3d reads version 3 (fp32) and 5 "
                          "(bf16), and its own 1003 and 1005 (other architectures)", path, hdr[1]);
     return L3D_OK;
