@@ -1,7 +1,8 @@
 /* Hugging Face folders (src/ckpt/safetensors.c, src/ckpt/hf.c): safetensors written and read back
  * in each dtype, sharded and not; hostile files, each refused naming the file, tensor and value;
  * config.json to spec and back for GPT-2 and Llama, and the configs the code cannot honour; the
- * tensor map (names, shapes, transposes) and a folder round trip of a GPT-2 model, bit-identical. */
+ * tensor map (names, shapes, transposes) and a folder round trip of a GPT-2 model, bit-identical;
+ * the families' table (include/llm3d/arch.h): each row found by each of its names, others not. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "llm3d/arch.h"
+#include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
 #include "test.h"
 
@@ -698,6 +701,97 @@ static void test_config_vs_headers(void) {
     free(a);
 }
 
+/* ---- the families' table ------------------------------------------------------------------- */
+
+/* Each row found by its name, model_type, architecture and llm.c versions; its blocks on a spec;
+ * its config.json written and read back to the same spec; names of no family refused. */
+static void test_arch_table(void) {
+    char list[128];
+    for (int i = 0; i < L3D_ARCH_COUNT; i++) {
+        const struct l3d_arch_info *a = l3d_arch_info((enum l3d_arch)i);
+        enum l3d_arch got = L3D_ARCH_COUNT;
+        CHECK(a && (int)a->arch == i && strcmp(l3d_arch_names()[i], a->name) == 0);
+        CHECK(l3d_arch_by_name(a->name) == a && l3d_arch_by_hf_type(a->hf_model_type) == a &&
+              l3d_arch_by_hf_architecture(a->hf_architecture) == a);
+        CHECK(l3d_arch_parse(a->name, &got) && got == a->arch &&
+              strcmp(l3d_arch_name(a->arch), a->name) == 0);
+        CHECK(a->llmc_fp32 == 0 || (l3d_arch_by_llmc_version(a->llmc_fp32) == a &&
+                                    l3d_arch_by_llmc_version(a->llmc_bf16) == a));
+        CHECK(l3d_arch_key_of(a, L3D_KEY_LAYERS) && l3d_arch_key_of(a, L3D_KEY_CHANNELS) &&
+              l3d_arch_key_of(a, L3D_KEY_HEADS) && l3d_arch_key_of(a, L3D_KEY_VOCAB));
+        struct l3d_model_spec m = {.L = 2, .C = 64, .NH = 4, .V = 300, .maxT = 32, .ffn = 192};
+        l3d_model_set_arch(&m, a->arch);
+        CHECK(m.arch == a->arch && m.norm == a->norm && m.mlp == a->mlp && m.pos == a->pos &&
+              m.no_bias == a->no_bias && m.untied == a->untied);
+        CHECK(l3d_model_gpt2_blocks(&m) == (a->llmc_fp32 != 0)); /* llm.c's family: GPT-2 */
+        CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+        struct l3d_model_spec back;
+        char *text = l3d_hf_config_text(&m, L3D_F32);
+        CHECK(strstr(text, a->hf_architecture) && strstr(text, a->hf_model_type));
+        CHECK(l3d_hf_config_parse(text, strlen(text), "row", &back) == L3D_OK &&
+              l3d_model_same(&back, &m));
+        l3d_free(text);
+        struct l3d_hf_tensor *t;
+        int n;
+        CHECK(l3d_hf_tensors(&m, &t, &n) == L3D_OK && n > 0);
+        l3d_free(t);
+    }
+    CHECK(strcmp(l3d_arch_list(list, sizeof list, "or", false), "gpt2 or llama") == 0);
+    CHECK(strcmp(l3d_arch_list(list, sizeof list, "and", true), "gpt2 and llama") == 0);
+    /* GPT-2's is the family of llm.c's files; Llama has none (llm3d's 1003 / 1005) */
+    CHECK(l3d_arch_by_llmc_version(3) == l3d_arch_info(L3D_ARCH_GPT2) &&
+          l3d_arch_by_llmc_version(5) == l3d_arch_info(L3D_ARCH_GPT2));
+    CHECK(l3d_arch_info(L3D_ARCH_LLAMA)->llmc_fp32 == 0 && !l3d_arch_by_llmc_version(1003) &&
+          !l3d_arch_by_llmc_version(0));
+    /* unknown names: none of the look-ups guesses, nor mixes one kind of name for another */
+    enum l3d_arch out = L3D_ARCH_LLAMA;
+    CHECK(!l3d_arch_parse("GPT2", &out) && out == L3D_ARCH_LLAMA && !l3d_arch_parse("", &out));
+    CHECK(!l3d_arch_by_name("mistral") && !l3d_arch_by_name(NULL) &&
+          !l3d_arch_by_name("GPT2LMHeadModel"));
+    CHECK(!l3d_arch_by_hf_type("mistral") && !l3d_arch_by_hf_type("LlamaForCausalLM"));
+    CHECK(!l3d_arch_by_hf_architecture("llama") && !l3d_arch_by_hf_architecture("GPT2Model"));
+    CHECK(!l3d_arch_info(L3D_ARCH_COUNT) && !l3d_arch_info((enum l3d_arch)-1));
+    struct l3d_model_spec m;
+    const char *cfg = "{\"model_type\": \"LlamaForCausalLM\"}";
+    CHECK(refused(l3d_hf_config_parse(cfg, strlen(cfg), "c", &m),
+                  "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2 and llama"));
+}
+
+/* The llm.c file of each family: GPT-2's llm.c's own versions (3, 5), Llama's llm3d's (1003, the
+ * blocks in the header), read back the same; a family word past the table refused. */
+static void test_arch_llmc(void) {
+    for (int i = 0; i < L3D_ARCH_COUNT; i++) {
+        const struct l3d_arch_info *a = l3d_arch_info((enum l3d_arch)i);
+        struct l3d_model_spec m = {.L = 2, .C = 64, .NH = 4, .V = 300, .maxT = 32}, back;
+        l3d_model_set_arch(&m, a->arch);
+        if (m.mlp == L3D_MLP_SWIGLU) m.ffn = 192;
+        CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+        int64_t n = (int64_t)l3d_gpt_param_count(&m);
+        float *p = calloc((size_t)n, sizeof(float));
+        const char *path = path_of("family.bin");
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            int32_t hdr[9];
+            CHECK(l3d_ckpt_save_llmc_params_dt(path, &m, p, n, bf16 ? L3D_BF16 : L3D_F32) ==
+                  L3D_OK);
+            FILE *f = fopen(path, "rb");
+            CHECK(f && fread(hdr, 4, 9, f) == 9);
+            if (f) fclose(f);
+            int own = bf16 ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_ARCH_FP32;
+            int want = a->llmc_fp32 ? (bf16 ? a->llmc_bf16 : a->llmc_fp32) : own;
+            CHECK(hdr[1] == want);
+            CHECK(l3d_ckpt_read_llmc_config(path, &back) == L3D_OK && l3d_model_same(&back, &m));
+        }
+        if (!a->llmc_fp32) { /* word 8: the family's row */
+            int32_t w = L3D_ARCH_COUNT;
+            FILE *f = fopen(path, "r+b");
+            CHECK(f && fseek(f, 32, SEEK_SET) == 0 && fwrite(&w, 4, 1, f) == 1);
+            if (f) fclose(f);
+            CHECK(refused(l3d_ckpt_read_llmc_config(path, &back), "architecture word 8 holds"));
+        }
+        free(p);
+    }
+}
+
 int main(void) {
     snprintf(scratch, sizeof scratch, "%s/l3d-test-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
                                                                                : "/tmp");
@@ -714,6 +808,8 @@ int main(void) {
     test_temp_taken();
     test_save_range();
     test_config_vs_headers();
+    test_arch_table();
+    test_arch_llmc();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);

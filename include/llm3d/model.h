@@ -59,7 +59,8 @@
 
 /* The architecture of a model, as data (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023,
  * Dubey et al. 2024). Each enum's zero is GPT-2's choice, so a zeroed spec with sizes is GPT-2. */
-enum l3d_arch { L3D_ARCH_GPT2, L3D_ARCH_LLAMA }; /* the family: tensor names in files */
+/* the family: tensor names in files, its row in include/llm3d/arch.h's table */
+enum l3d_arch { L3D_ARCH_GPT2, L3D_ARCH_LLAMA, L3D_ARCH_COUNT };
 enum l3d_norm { L3D_NORM_LAYERNORM, L3D_NORM_RMSNORM };
 enum l3d_mlp { L3D_MLP_GELU, L3D_MLP_SWIGLU }; /* GELU(x W1) W2, or (SiLU(x Wg) * x Wu) Wd */
 enum l3d_pos { L3D_POS_LEARNED, L3D_POS_ROPE }; /* wpe rows added, or q and k rotated */
@@ -107,10 +108,11 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 int l3d_model_kv_heads(const struct l3d_model_spec *m);
 /* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
 double l3d_model_param_count(const struct l3d_model_spec *m);
-/* The family's blocks on a spec (its sizes kept): GPT-2's (every architecture field zero), or
- * Llama's (RMSNorm, SwiGLU, RoPE, no biases, untied head; NKV, ffn, eps and theta as they are). */
+/* The family's blocks on a spec (its sizes kept), as its row (include/llm3d/arch.h) says: GPT-2's
+ * (every architecture field zero), or Llama's (RMSNorm, SwiGLU, RoPE, no biases, untied head;
+ * NKV, ffn, eps and theta as they are). */
 void l3d_model_set_arch(struct l3d_model_spec *m, enum l3d_arch arch);
-/* "gpt2" / "llama", and back (false for another name). */
+/* The family's row's name ("gpt2", "llama"), and back (false for another name). */
 const char *l3d_arch_name(enum l3d_arch arch);
 bool l3d_arch_parse(const char *name, enum l3d_arch *out);
 /* Whether two finished specs have the same sizes and architecture (every field but the name). */
@@ -119,8 +121,9 @@ bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec 
  * vocabulary aside (a file holds V rows; Vp is the trainer's): sizes, family, KV heads, norm,
  * MLP, positions, biases and tying; not Vp, the norm's epsilon or RoPE's scaling. */
 bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_model_spec *b);
-/* Whether a spec has GPT-2's blocks (family, LayerNorm, GELU, learned positions, biases, tied head,
- * a KV head per head), whatever its MLP width and epsilon. */
+/* Whether a spec has GPT-2's blocks: a family llm.c's files hold (GPT-2) with its row's blocks
+ * (LayerNorm, GELU, learned positions, biases, tied head) and a KV head per head, whatever its MLP
+ * width and epsilon. */
 bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m);
 /* Whether a finished spec is plain GPT-2 (every architecture field at its GPT-2 value: its blocks,
  * an MLP of 4 C and epsilon 1e-5), which llm.c's files and the manifests of earlier versions

@@ -1,6 +1,7 @@
 /* Hugging Face model folders (include/llm3d/hf.h): config.json to and from the model spec, the
- * names and layouts of GPT2LMHeadModel's and LlamaForCausalLM's tensors over the llm3d tensor
- * table, and the folder read into (written from) the full model's flat fp32 parameters. */
+ * names and layouts of each family's tensors over the llm3d tensor table (GPT2LMHeadModel's,
+ * LlamaForCausalLM's: the keys and the map are the family's row, include/llm3d/arch.h), and the
+ * folder read into (written from) the full model's flat fp32 parameters. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt-impl.h"
+#include "llm3d/arch.h"
 #include "llm3d/backend.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
@@ -96,23 +98,6 @@ static void want_bool(struct cfg_reader *r, const char *key, bool need, const ch
                           r->what, key, need ? "false" : "true", why);
 }
 
-static void read_gpt2(struct cfg_reader *r, struct l3d_model_spec *m) {
-    static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
-    m->arch = L3D_ARCH_GPT2;
-    m->L = get_int(r, "n_layer", -1, L3D_MAX_LAYERS);
-    m->C = get_int(r, "n_embd", -1, L3D_MAX_CHANNELS);
-    m->NH = get_int(r, "n_head", -1, 1 << 16);
-    m->V = get_int(r, "vocab_size", -1, 1 << 30);
-    m->maxT = get_int(r, "n_positions", -1, L3D_MAX_CONTEXT);
-    m->ffn = get_int(r, "n_inner", 0, 16LL * L3D_MAX_CHANNELS);
-    m->norm_eps = (float)get_num(r, "layer_norm_epsilon", 1e-5, EPS_LO, 1.0);
-    m->untied = !get_bool(r, "tie_word_embeddings", true);
-    want_str(r, "activation_function", acts, "GPT-2's GELU is the tanh approximation, gelu_new");
-    want_bool(r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)");
-    want_bool(r, "scale_attn_by_inverse_layer_idx", false, "no per-layer score scaling");
-    want_bool(r, "add_cross_attention", false, "a decoder without cross-attention");
-}
-
 /* rope_scaling: null, or Llama 3.1's {"rope_type": "llama3", ...}. */
 static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
     const struct l3d_json *s = l3d_json_get(r->doc, "rope_scaling");
@@ -134,32 +119,38 @@ static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
     r->st = sub.st;
 }
 
-static void read_llama(struct cfg_reader *r, struct l3d_model_spec *m) {
-    static const char *const acts[] = {"silu", NULL};
-    m->arch = L3D_ARCH_LLAMA;
-    m->norm = L3D_NORM_RMSNORM;
-    m->mlp = L3D_MLP_SWIGLU;
-    m->pos = L3D_POS_ROPE;
-    m->no_bias = true;
-    m->L = get_int(r, "num_hidden_layers", -1, L3D_MAX_LAYERS);
-    m->C = get_int(r, "hidden_size", -1, L3D_MAX_CHANNELS);
-    m->NH = get_int(r, "num_attention_heads", -1, 1 << 16);
-    m->NKV = get_int(r, "num_key_value_heads", m->NH, 1 << 16);
-    m->ffn = get_int(r, "intermediate_size", -1, 16LL * L3D_MAX_CHANNELS);
-    m->V = get_int(r, "vocab_size", -1, 1 << 30);
-    m->maxT = get_int(r, "max_position_embeddings", -1, L3D_MAX_CONTEXT);
-    m->norm_eps = (float)get_num(r, "rms_norm_eps", 1e-6, EPS_LO, 1.0);
-    m->rope.theta = get_num(r, "rope_theta", 10000.0, 1.0, INFINITY);
-    m->untied = !get_bool(r, "tie_word_embeddings", false);
-    want_str(r, "hidden_act", acts, "Llama's MLP is SwiGLU: silu");
-    want_bool(r, "attention_bias", false, "the model has no biases");
-    want_bool(r, "mlp_bias", false, "the model has no biases");
-    if (r->st == L3D_OK && m->NH > 0 && get_int(r, "head_dim", m->C / m->NH, 1 << 20) !=
-                                            m->C / m->NH && r->st == L3D_OK)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"head_dim\" is %d, not hidden_size / "
-                          "num_attention_heads (%d): llm3d cannot honour it", r->what,
-                          get_int(r, "head_dim", 1, 1 << 20), m->C / m->NH);
-    read_rope_scaling(r, m);
+/* The check of head_dim, which must be channels / heads. */
+static void read_head_dim(struct cfg_reader *r, const struct l3d_arch_info *a, const char *key,
+                          const struct l3d_model_spec *m) {
+    if (r->st == L3D_OK && m->NH > 0 && get_int(r, key, m->C / m->NH, 1 << 20) != m->C / m->NH &&
+        r->st == L3D_OK)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %d, not %s / %s (%d): llm3d cannot "
+                          "honour it", r->what, key, get_int(r, key, 1, 1 << 20),
+                          l3d_arch_key_of(a, L3D_KEY_CHANNELS)->key,
+                          l3d_arch_key_of(a, L3D_KEY_HEADS)->key, m->C / m->NH);
+}
+
+/* Key k of family a's config.json into m. */
+static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
+                     const struct l3d_arch_key *k, struct l3d_model_spec *m) {
+    const char *key = k->key;
+    int64_t dflt = (int64_t)k->dflt;
+    switch (k->kind) {
+    case L3D_KEY_LAYERS: m->L = get_int(r, key, dflt, L3D_MAX_LAYERS); break;
+    case L3D_KEY_CHANNELS: m->C = get_int(r, key, dflt, L3D_MAX_CHANNELS); break;
+    case L3D_KEY_HEADS: m->NH = get_int(r, key, dflt, 1 << 16); break;
+    case L3D_KEY_KV_HEADS: m->NKV = get_int(r, key, m->NH, 1 << 16); break;
+    case L3D_KEY_HEAD_DIM: read_head_dim(r, a, key, m); break;
+    case L3D_KEY_FFN: m->ffn = get_int(r, key, dflt, 16LL * L3D_MAX_CHANNELS); break;
+    case L3D_KEY_VOCAB: m->V = get_int(r, key, dflt, 1 << 30); break;
+    case L3D_KEY_CONTEXT: m->maxT = get_int(r, key, dflt, L3D_MAX_CONTEXT); break;
+    case L3D_KEY_EPS: m->norm_eps = (float)get_num(r, key, k->dflt, EPS_LO, 1.0); break;
+    case L3D_KEY_THETA: m->rope.theta = get_num(r, key, k->dflt, 1.0, INFINITY); break;
+    case L3D_KEY_ROPE_SCALING: read_rope_scaling(r, m); break;
+    case L3D_KEY_TIED: m->untied = !get_bool(r, key, !a->untied); break;
+    case L3D_KEY_STRING: want_str(r, key, k->values, k->why); break;
+    case L3D_KEY_BOOL: want_bool(r, key, k->need, k->why); break;
+    }
 }
 
 l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
@@ -173,16 +164,17 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
     struct cfg_reader r = {.doc = &doc, .what = what, .st = st};
     const struct l3d_json *mt = st == L3D_OK ? l3d_json_get(&doc, "model_type") : NULL;
     const char *type = l3d_json_str(mt);
-    char b[64];
-    if (st != L3D_OK) {
-    } else if (type && strcmp(type, "gpt2") == 0) {
-        read_gpt2(&r, cfg);
-    } else if (type && strcmp(type, "llama") == 0) {
-        read_llama(&r, cfg);
-    } else {
+    const struct l3d_arch_info *a = l3d_arch_by_hf_type(type);
+    char b[64], list[128];
+    if (st == L3D_OK && a) {
+        l3d_model_set_arch(cfg, a->arch);
+        for (int i = 0; i < a->n_hf_keys; i++)
+            if (a->hf_keys[i].io & L3D_KEY_READ) read_key(&r, a, &a->hf_keys[i], cfg);
+    } else if (st == L3D_OK) {
         if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
-        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads gpt2 and llama",
-                         what, type ? b : mt ? value_text(mt, b, sizeof b) : "missing");
+        r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads %s", what,
+                         type ? b : mt ? value_text(mt, b, sizeof b) : "missing",
+                         l3d_arch_list(list, sizeof list, "and", true));
     }
     l3d_json_free(&doc);
     if (r.st != L3D_OK) return r.st;
@@ -214,51 +206,67 @@ l3d_status l3d_hf_config_read(const char *dir, struct l3d_model_spec *cfg) {
 }
 
 /* The shortest decimal that reads back as x (float: strtof; double: strtod). */
-static void shortest(char *buf, size_t cap, double x, bool single) {
+static const char *shortest(char *buf, size_t cap, double x, bool single) {
     for (int p = single ? 6 : 15; p <= 17; p++) {
         snprintf(buf, cap, "%.*g", p, x);
-        if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) return;
+        if (single ? strtof(buf, NULL) == (float)x : strtod(buf, NULL) == x) break;
     }
+    return buf;
+}
+
+/* rope_scaling's value: null, or Llama 3.1's scaling. */
+static void write_rope_scaling(FILE *f, const struct l3d_model_spec *m) {
+    if (m->rope.factor <= 0) {
+        fprintf(f, "null");
+        return;
+    }
+    char v[3][32];
+    shortest(v[0], sizeof v[0], m->rope.factor, false);
+    shortest(v[1], sizeof v[1], m->rope.low_freq_factor, false);
+    shortest(v[2], sizeof v[2], m->rope.high_freq_factor, false);
+    fprintf(f, "{\"rope_type\": \"llama3\", \"factor\": %s, \"low_freq_factor\": %s, "
+            "\"high_freq_factor\": %s, \"original_max_position_embeddings\": %d}", v[0], v[1],
+            v[2], m->rope.original_context);
+}
+
+/* Key k of m's config.json, a line. */
+static void write_key(FILE *f, const struct l3d_arch_key *k, const struct l3d_model_spec *m) {
+    char num[32];
+    fprintf(f, "  \"%s\": ", k->key);
+    switch (k->kind) {
+    case L3D_KEY_LAYERS: fprintf(f, "%d", m->L); break;
+    case L3D_KEY_CHANNELS: fprintf(f, "%d", m->C); break;
+    case L3D_KEY_HEADS: fprintf(f, "%d", m->NH); break;
+    case L3D_KEY_KV_HEADS: fprintf(f, "%d", l3d_model_kv_heads(m)); break;
+    case L3D_KEY_HEAD_DIM: fprintf(f, "%d", m->C / m->NH); break;
+    case L3D_KEY_FFN: /* null: the default width 4C of an optional key */
+        if (k->dflt == 0 && m->ffn == 4LL * m->C) fprintf(f, "null");
+        else fprintf(f, "%lld", (long long)m->ffn);
+        break;
+    case L3D_KEY_VOCAB: fprintf(f, "%d", m->V); break;
+    case L3D_KEY_CONTEXT: fprintf(f, "%d", m->maxT); break;
+    case L3D_KEY_EPS: fprintf(f, "%s", shortest(num, sizeof num, m->norm_eps, true)); break;
+    case L3D_KEY_THETA: fprintf(f, "%s", shortest(num, sizeof num, m->rope.theta, false)); break;
+    case L3D_KEY_ROPE_SCALING: write_rope_scaling(f, m); break;
+    case L3D_KEY_TIED: fprintf(f, "%s", m->untied ? "false" : "true"); break;
+    case L3D_KEY_STRING: fprintf(f, "\"%s\"", k->values[0]); break;
+    case L3D_KEY_BOOL: fprintf(f, "%s", k->need ? "true" : "false"); break;
+    }
+    fprintf(f, ",\n");
 }
 
 char *l3d_hf_config_text(const struct l3d_model_spec *m, enum l3d_dtype dt) {
-    char *text = NULL, eps[32], theta[32];
+    const struct l3d_arch_info *a = l3d_arch_info(m->arch);
+    char *text = NULL;
     size_t len;
+    L3D_ASSERT(a);
     FILE *f = open_memstream(&text, &len);
     if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for config.json");
-    shortest(eps, sizeof eps, m->norm_eps, true);
     const char *torch = dt == L3D_BF16 ? "bfloat16" : dt == L3D_F16 ? "float16" : "float32";
-    if (m->arch == L3D_ARCH_GPT2) {
-        fprintf(f, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
-                "  \"n_layer\": %d,\n  \"n_embd\": %d,\n  \"n_head\": %d,\n  \"vocab_size\": %d,\n"
-                "  \"n_positions\": %d,\n  \"n_ctx\": %d,\n", m->L, m->C, m->NH, m->V, m->maxT,
-                m->maxT);
-        if (m->ffn == 4LL * m->C) fprintf(f, "  \"n_inner\": null,\n");
-        else fprintf(f, "  \"n_inner\": %lld,\n", (long long)m->ffn);
-        fprintf(f, "  \"layer_norm_epsilon\": %s,\n  \"activation_function\": \"gelu_new\",\n", eps);
-    } else {
-        shortest(theta, sizeof theta, m->rope.theta, false);
-        fprintf(f, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-                "  \"num_hidden_layers\": %d,\n  \"hidden_size\": %d,\n"
-                "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n"
-                "  \"head_dim\": %d,\n  \"intermediate_size\": %lld,\n  \"vocab_size\": %d,\n"
-                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n"
-                "  \"rope_theta\": %s,\n  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n"
-                "  \"mlp_bias\": false,\n", m->L, m->C, m->NH, l3d_model_kv_heads(m), m->C / m->NH,
-                (long long)m->ffn, m->V, m->maxT, eps, theta);
-        if (m->rope.factor > 0) {
-            char v[3][32];
-            shortest(v[0], sizeof v[0], m->rope.factor, false);
-            shortest(v[1], sizeof v[1], m->rope.low_freq_factor, false);
-            shortest(v[2], sizeof v[2], m->rope.high_freq_factor, false);
-            fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %s, "
-                    "\"low_freq_factor\": %s, \"high_freq_factor\": %s, "
-                    "\"original_max_position_embeddings\": %d},\n", v[0], v[1], v[2],
-                    m->rope.original_context);
-        } else {
-            fprintf(f, "  \"rope_scaling\": null,\n");
-        }
-    }
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n",
+            a->hf_architecture, a->hf_model_type);
+    for (int i = 0; i < a->n_hf_keys; i++)
+        if (a->hf_keys[i].io & L3D_KEY_WRITE) write_key(f, &a->hf_keys[i], m);
     fprintf(f, "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
             m->untied ? "false" : "true", torch);
     fclose(f);
@@ -320,7 +328,7 @@ static l3d_status bind(struct map_builder *b) {
         if (k < 0 || b->ti[k].rows != t->table_rows || b->ti[k].cols != t->cols)
             return l3d_error(L3D_ERR_ARG, "a %s model (this config) needs tensor %s of (%lld, "
                              "%lld) a layer for %s; the model's tensor table has %s: not "
-                             "implemented yet", b->cfg->arch == L3D_ARCH_LLAMA ? "Llama" : "GPT-2",
+                             "implemented yet", l3d_arch_info(b->cfg->arch)->title,
                              t->table, (long long)t->table_rows, (long long)t->cols, t->e.name,
                              k < 0 ? "none" : "another shape");
         t->tensor = k;
@@ -328,58 +336,23 @@ static l3d_status bind(struct map_builder *b) {
     return L3D_OK;
 }
 
-static void map_gpt2(struct map_builder *b) {
+/* Entry t of the family's map, for layer `layer`. */
+static void add_entry(struct map_builder *b, const struct l3d_arch_tensor *t, int layer) {
     const struct l3d_model_spec *m = b->cfg;
-    int64_t C = m->C, F = m->ffn;
-    add(b, "transformer.wte.weight", 0, "wte", 0, m->V, m->Vp, C, 2, false);
-    add(b, "transformer.wpe.weight", 0, "wpe", 0, m->maxT, m->maxT, C, 2, false);
-    static const struct { const char *hf, *name; int kind; } per[] = {
-        /* kind 0: C vector; 1: 3C vector; 2: F vector; 3: Conv1D weight */
-        {"ln_1.weight", "ln1w", 0},        {"ln_1.bias", "ln1b", 0},
-        {"attn.c_attn.weight", "qkvw", 3}, {"attn.c_attn.bias", "qkvb", 1},
-        {"attn.c_proj.weight", "attprojw", 3}, {"attn.c_proj.bias", "attprojb", 0},
-        {"ln_2.weight", "ln2w", 0},        {"ln_2.bias", "ln2b", 0},
-        {"mlp.c_fc.weight", "fcw", 3},     {"mlp.c_fc.bias", "fcb", 2},
-        {"mlp.c_proj.weight", "fcprojw", 3}, {"mlp.c_proj.bias", "fcprojb", 0},
-    };
-    /* the Conv1D weights' (out, in) in llm3d's table: qkvw (3C, C), attprojw (C, C), fcw (F, C),
-     * fcprojw (C, F) */
-    const int64_t w[4][2] = {{3 * C, C}, {C, C}, {F, C}, {C, F}};
-    for (int l = 0; l < m->L; l++)
-        for (int i = 0, wi = 0; i < 12; i++) {
-            char hf[112];
-            snprintf(hf, sizeof hf, "transformer.h.%%d.%s", per[i].hf);
-            int64_t cols = per[i].kind == 0 ? C : per[i].kind == 1 ? 3 * C : F;
-            if (per[i].kind == 3) {
-                add(b, hf, l, per[i].name, 0, w[wi][0], w[wi][0], w[wi][1], 2, true);
-                wi++;
-            } else {
-                add(b, hf, l, per[i].name, 0, 1, 1, cols, 1, false);
-            }
-        }
-    add(b, "transformer.ln_f.weight", 0, "lnfw", 0, 1, 1, C, 1, false);
-    add(b, "transformer.ln_f.bias", 0, "lnfb", 0, 1, 1, C, 1, false);
-    if (m->untied) add(b, "lm_head.weight", 0, "lmhead", 0, m->V, m->Vp, C, 2, false);
+    if (t->untied_only && !m->untied) return;
+    add(b, t->hf, layer, t->table, l3d_arch_dim(m, t->row0), l3d_arch_dim(m, t->rows),
+        l3d_arch_dim(m, t->table_rows), l3d_arch_dim(m, t->cols), t->ndim, t->transposed);
 }
 
-static void map_llama(struct map_builder *b) {
-    const struct l3d_model_spec *m = b->cfg;
-    int64_t C = m->C, F = m->ffn, hs = C / m->NH, q = m->NH * hs, kv = l3d_model_kv_heads(m) * hs;
-    add(b, "model.embed_tokens.weight", 0, "wte", 0, m->V, m->Vp, C, 2, false);
-    for (int l = 0; l < m->L; l++) {
-        add(b, "model.layers.%d.input_layernorm.weight", l, "ln1w", 0, 1, 1, C, 1, false);
-        add(b, "model.layers.%d.self_attn.q_proj.weight", l, "qkvw", 0, q, q + 2 * kv, C, 2, false);
-        add(b, "model.layers.%d.self_attn.k_proj.weight", l, "qkvw", q, kv, q + 2 * kv, C, 2, false);
-        add(b, "model.layers.%d.self_attn.v_proj.weight", l, "qkvw", q + kv, kv, q + 2 * kv, C, 2,
-            false);
-        add(b, "model.layers.%d.self_attn.o_proj.weight", l, "attprojw", 0, C, C, C, 2, false);
-        add(b, "model.layers.%d.post_attention_layernorm.weight", l, "ln2w", 0, 1, 1, C, 1, false);
-        add(b, "model.layers.%d.mlp.gate_proj.weight", l, "fcw", 0, F, 2 * F, C, 2, false);
-        add(b, "model.layers.%d.mlp.up_proj.weight", l, "fcw", F, F, 2 * F, C, 2, false);
-        add(b, "model.layers.%d.mlp.down_proj.weight", l, "fcprojw", 0, C, C, F, 2, false);
-    }
-    add(b, "model.norm.weight", 0, "lnfw", 0, 1, 1, C, 1, false);
-    if (m->untied) add(b, "lm_head.weight", 0, "lmhead", 0, m->V, m->Vp, C, 2, false);
+/* The family's map: its entries before the layers', each layer's, those after. */
+static void map_family(struct map_builder *b, const struct l3d_arch_info *a) {
+    const struct l3d_arch_tensor *t = a->hf_tensors;
+    int n = a->n_hf_tensors, first = 0, end;
+    while (first < n && !t[first].layer) add_entry(b, &t[first++], 0);
+    for (end = first; end < n && t[end].layer;) end++;
+    for (int l = 0; l < b->cfg->L; l++)
+        for (int i = first; i < end; i++) add_entry(b, &t[i], l);
+    for (int i = end; i < n; i++) add_entry(b, &t[i], 0);
 }
 
 l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
@@ -387,8 +360,9 @@ l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
     struct map_builder b = {.cfg = cfg, .st = L3D_OK};
     struct l3d_shard full = l3d_shard_full(cfg);
     l3d_gpt_plan_tensors(cfg, &full, b.ti);
-    if (cfg->arch == L3D_ARCH_LLAMA) map_llama(&b);
-    else map_gpt2(&b);
+    const struct l3d_arch_info *a = l3d_arch_info(cfg->arch);
+    L3D_ASSERT(a);
+    map_family(&b, a);
     if (bound) b.st = bind(&b);
     if (b.st != L3D_OK) {
         l3d_free(b.t);
@@ -428,24 +402,36 @@ bool l3d_hf_has_model(const char *path) {
     return found;
 }
 
-/* Tensors of a file that map to nothing but are known not to be weights: GPT-2's attention mask
- * buffers, older Llama's rotary frequencies, a tied head written anyway. */
-static bool ignorable(const char *name, bool tied) {
+/* Tensors of a file that map to nothing but are known not to be weights: those of a suffix some
+ * family's row ignores (GPT-2's attention mask buffers, older Llama's rotary frequencies), a tied
+ * head written anyway. */
+static bool ignorable(const struct l3d_arch_info *a, const char *name, bool tied) {
     size_t n = strlen(name);
-    static const char *const tails[] = {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"};
-    for (int i = 0; i < 3; i++) {
-        size_t k = strlen(tails[i]);
-        if (n >= k && strcmp(name + n - k, tails[i]) == 0) return true;
-    }
-    return tied && strcmp(name, "lm_head.weight") == 0;
+    for (int f = 0; f < L3D_ARCH_COUNT; f++)
+        for (const char *const *tail = l3d_arch_info((enum l3d_arch)f)->hf_ignored; *tail; tail++) {
+            size_t k = strlen(*tail);
+            if (n >= k && strcmp(name + n - k, *tail) == 0) return true;
+        }
+    for (int i = 0; tied && i < a->n_hf_tensors; i++)
+        if (a->hf_tensors[i].untied_only && strcmp(name, a->hf_tensors[i].hf) == 0) return true;
+    return false;
 }
 
-/* The file's tensor of HF name `name`: GPT-2 folders written from GPT2Model lack the
- * "transformer." prefix. */
+/* name past a family's optional prefix (GPT-2 folders written from GPT2Model lack
+ * "transformer."), or NULL when it has none. */
+static const char *unprefixed(const char *name) {
+    for (int f = 0; f < L3D_ARCH_COUNT; f++) {
+        const char *p = l3d_arch_info((enum l3d_arch)f)->hf_prefix_optional;
+        if (p && strncmp(name, p, strlen(p)) == 0) return name + strlen(p);
+    }
+    return NULL;
+}
+
+/* The file's tensor of HF name `name`, or of the name past its optional prefix. */
 static const struct l3d_st_tensor *find_hf(const struct l3d_st *st, const char *name) {
     const struct l3d_st_tensor *t = l3d_st_find(st, name);
-    if (!t && strncmp(name, "transformer.", 12) == 0) t = l3d_st_find(st, name + 12);
-    return t;
+    const char *u = t ? NULL : unprefixed(name);
+    return u ? l3d_st_find(st, u) : t;
 }
 
 /* "[a, b, ...]" */
@@ -480,15 +466,15 @@ static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tenso
                               const struct l3d_model_spec *cfg, const char *cfgpath) {
     for (int i = 0; i < st->n; i++) {
         const char *name = st->t[i].name;
-        bool known = ignorable(name, !cfg->untied);
-        for (int k = 0; !known && k < n; k++)
-            known = strcmp(map[k].e.name, name) == 0 ||
-                    (strncmp(map[k].e.name, "transformer.", 12) == 0 &&
-                     strcmp(map[k].e.name + 12, name) == 0);
+        bool known = ignorable(l3d_arch_info(cfg->arch), name, !cfg->untied);
+        for (int k = 0; !known && k < n; k++) {
+            const char *u = unprefixed(map[k].e.name);
+            known = strcmp(map[k].e.name, name) == 0 || (u && strcmp(u, name) == 0);
+        }
         if (!known)
             return l3d_error(L3D_ERR_FORMAT, "%s: tensor %s has no place in the model %s describes "
                              "(%s): a config that does not match the weights", st->files[st->t[i].file],
-                             name, cfgpath, cfg->arch == L3D_ARCH_LLAMA ? "llama" : "gpt2");
+                             name, cfgpath, l3d_arch_name(cfg->arch));
     }
     return L3D_OK;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt-impl.h"
+#include "llm3d/arch.h"
 #include "llm3d/backend.h"
 #include "llm3d/ckpt.h"
 
@@ -53,12 +54,12 @@ static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
 
 /* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
 static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3d_model_spec *c) {
-    for (int i = 0; i < 7; i++)
-        if (w[i] < 0 || w[i] > 1 + (i == 1 ? 1 << 20 : 0))
+    for (int i = 0; i < 7; i++) /* word 0: a family's row; 1: KV heads; the others 0 or 1 */
+        if (w[i] < 0 || w[i] > (i == 0 ? L3D_ARCH_COUNT - 1 : i == 1 ? 1 + (1 << 20) : 1))
             return l3d_error(L3D_ERR_FORMAT, "%s: architecture word %d holds %d, not a value "
                              "llm3d writes: the file is damaged or from a newer llm3d", path,
                              ARCH_WORD + i, w[i]);
-    c->arch = w[0] ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2;
+    c->arch = (enum l3d_arch)w[0];
     c->NKV = w[1];
     c->norm = w[2] ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
     c->mlp = w[3] ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
@@ -79,9 +80,10 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
 static void write_header(struct l3d_out *o, const struct l3d_model_spec *cfg, bool bf16) {
     int32_t hdr[256] = {0};
     hdr[0] = L3D_LLMC_MAGIC;
-    const bool arch = !l3d_model_is_gpt2(cfg);
-    hdr[1] = bf16 ? (arch ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_BF16)
-                  : (arch ? L3D_LLMC_VERSION_ARCH_FP32 : L3D_LLMC_VERSION_FP32);
+    const struct l3d_arch_info *a = l3d_arch_info(cfg->arch);
+    const bool arch = !l3d_model_is_gpt2(cfg); /* else a family of llm.c's (its row's versions) */
+    hdr[1] = arch ? (bf16 ? L3D_LLMC_VERSION_ARCH_BF16 : L3D_LLMC_VERSION_ARCH_FP32)
+                  : (bf16 ? a->llmc_bf16 : a->llmc_fp32);
     if (arch) arch_to_header(cfg, &hdr[ARCH_WORD]);
     hdr[2] = cfg->maxT;
     hdr[3] = cfg->V;
@@ -172,8 +174,8 @@ static l3d_status read_header(FILE *f, const char *path, int32_t hdr[256]) {
     if (hdr[0] != L3D_LLMC_MAGIC)
         return l3d_error(L3D_ERR_FORMAT, "%s: magic %d, expected %d: not an llm.c GPT-2 checkpoint",
                          path, hdr[0], L3D_LLMC_MAGIC);
-    if (hdr[1] != L3D_LLMC_VERSION_FP32 && hdr[1] != L3D_LLMC_VERSION_BF16 &&
-        hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 && hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
+    if (!l3d_arch_by_llmc_version(hdr[1]) && hdr[1] != L3D_LLMC_VERSION_ARCH_FP32 &&
+        hdr[1] != L3D_LLMC_VERSION_ARCH_BF16)
         return l3d_error(L3D_ERR_FORMAT, "%s: version %d; llm3d reads version 3 (fp32) and 5 "
                          "(bf16), and its own 1003 and 1005 (other architectures)", path, hdr[1]);
     return L3D_OK;
@@ -193,6 +195,8 @@ static l3d_status read_config(FILE *f, const char *path, int64_t size,
     if (hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 || hdr[1] == L3D_LLMC_VERSION_ARCH_BF16) {
         st = arch_from_header(&hdr[ARCH_WORD], path, cfg);
         if (st != L3D_OK) return st;
+    } else { /* llm.c's own: the family whose row has this version, with its blocks */
+        l3d_model_set_arch(cfg, l3d_arch_by_llmc_version(hdr[1])->arch);
     }
     st = l3d_gpt_config_finish(cfg);
     if (st != L3D_OK) return l3d_error(L3D_ERR_FORMAT, "%s: %s", path, l3d_error_message());

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt-impl.h"
+#include "llm3d/arch.h"
 #include "llm3d/ckpt.h"
 
 /* ---- print ----------------------------------------------------------------------------------- */
@@ -257,7 +258,9 @@ static void rec_arch(struct parser *p) {
                           "damaged", mf->path, p->line);
         return;
     }
-    if (!l3d_arch_parse(fam, &c->arch)) bad_value(p, "family", fam, "is not gpt2 or llama");
+    char list[128], why[160];
+    snprintf(why, sizeof why, "is not %s", l3d_arch_list(list, sizeof list, "or", false));
+    if (!l3d_arch_parse(fam, &c->arch)) bad_value(p, "family", fam, why);
     c->NKV = get_int(p, "kv_heads", 1, FIELD_MAX);
     c->norm = get_flag(p, "rmsnorm") ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
     c->norm_eps = get_f32(p, "eps", 1e-30, 1.0);

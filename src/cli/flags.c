@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/arch.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/spec.h"
 
@@ -207,8 +208,9 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_CONTEXT: return l3d_arg_int(cmd, "context", v, 1, L3D_MAX_CONTEXT, &cs->maxT);
     case F_FFN: return l3d_arg_int(cmd, "ffn", v, 1, 1 << 26, &cs->ffn);
     case F_ARCH: {
-        static const char *const names[] = {"gpt2", "llama"};
-        return l3d_arg_choice(cmd, "arch", v, names, 2, &cs->arch, "gpt2 or llama");
+        char list[128];
+        return l3d_arg_choice(cmd, "arch", v, l3d_arch_names(), L3D_ARCH_COUNT, &cs->arch,
+                              l3d_arch_list(list, sizeof list, "or", false));
     }
     case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
     case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
@@ -344,7 +346,7 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
     if (cs->arch >= 0) {
         enum l3d_mlp was = m->mlp;
-        l3d_model_set_arch(m, cs->arch == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2);
+        l3d_model_set_arch(m, (enum l3d_arch)cs->arch); /* --arch's choices: the rows' names */
         if (m->mlp != was) m->ffn = 0; /* a GPT-2 preset's 4C is no SwiGLU width: --ffn says it */
     }
     if (cs->NKV) m->NKV = cs->NKV;

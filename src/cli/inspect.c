@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "llm3d/arch.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/data.h"
 #include "llm3d/hf.h"
@@ -455,7 +456,7 @@ static int inspect_hf(const char *path, bool json) {
         fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
         return 1;
     }
-    const char *type = c.arch == L3D_ARCH_LLAMA ? "llama" : "gpt2";
+    const char *type = l3d_arch_info(c.arch)->hf_model_type;
     int64_t bytes = 0;
     for (int i = 0; i < st.n; i++) bytes += st.t[i].bytes;
     if (json) {
@@ -466,7 +467,7 @@ static int inspect_hf(const char *path, bool json) {
                "\"parameters\":%lld,\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
                c.NH, l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "false" : "true", (double)c.norm_eps,
-               c.arch == L3D_ARCH_LLAMA ? c.rope.theta : 0.0,
+               c.pos == L3D_POS_ROPE ? c.rope.theta : 0.0,
                (long long)l3d_gpt_param_count(&c), st.nfiles, (long long)bytes);
         for (int i = 0; i < st.n; i++) {
             printf("%s{\"name\":", i ? "," : "");

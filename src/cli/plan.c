@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "llm3d/arch.h"
 #include "llm3d/plan.h"
 #include "llm3d/spec.h"
 
@@ -501,9 +502,9 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
     const char *u = mem_unit(prof, &sc);
     char kv[32] = "";
     if (l3d_model_kv_heads(m) != m->NH) snprintf(kv, sizeof kv, " kv-heads=%d", m->NKV);
-    printf("model %s: %s, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; profile %s "
-           "(%s), %lld devices, global batch %lld, %s%s\n", m->name,
-           m->arch == L3D_ARCH_LLAMA ? "Llama blocks" : "GPT-2 blocks", m->L, m->C, m->NH, kv,
+    printf("model %s: %s blocks, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; "
+           "profile %s (%s), %lld devices, global batch %lld, %s%s\n", m->name,
+           l3d_arch_info(m->arch)->title, m->L, m->C, m->NH, kv,
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");

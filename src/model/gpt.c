@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm3d/arch.h"
 #include "llm3d/model.h"
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -108,30 +109,6 @@ int l3d_shard_kv_count(const struct l3d_model_spec *cfg, const struct l3d_shard 
     return sh->head_count / kv_group(cfg);
 }
 
-void l3d_model_set_arch(struct l3d_model_spec *m, enum l3d_arch arch) {
-    bool llama = arch == L3D_ARCH_LLAMA;
-    m->arch = arch;
-    m->norm = llama ? L3D_NORM_RMSNORM : L3D_NORM_LAYERNORM;
-    m->mlp = llama ? L3D_MLP_SWIGLU : L3D_MLP_GELU;
-    m->pos = llama ? L3D_POS_ROPE : L3D_POS_LEARNED;
-    m->no_bias = m->untied = llama;
-}
-
-static const char *const arch_names[] = {"gpt2", "llama"};
-
-const char *l3d_arch_name(enum l3d_arch arch) {
-    return arch == L3D_ARCH_LLAMA ? arch_names[1] : arch_names[0];
-}
-
-bool l3d_arch_parse(const char *name, enum l3d_arch *out) {
-    for (int i = 0; i < 2; i++)
-        if (strcmp(name, arch_names[i]) == 0) {
-            *out = i == 1 ? L3D_ARCH_LLAMA : L3D_ARCH_GPT2;
-            return true;
-        }
-    return false;
-}
-
 bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
     return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->maxT == b->maxT &&
            model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
@@ -151,9 +128,10 @@ bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec 
 }
 
 bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
-    return m->arch == L3D_ARCH_GPT2 && l3d_model_kv_heads(m) == m->NH &&
-           m->norm == L3D_NORM_LAYERNORM && m->mlp == L3D_MLP_GELU && m->pos == L3D_POS_LEARNED &&
-           !m->no_bias && !m->untied;
+    const struct l3d_arch_info *a = l3d_arch_info(m->arch);
+    return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
+           m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
+           m->untied == a->untied;
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {

@@ -3,11 +3,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "llm3d/arch.h"
 #include "llm3d/spec.h"
 
-/* Llama blocks (RMSNorm, SwiGLU, RoPE, no biases, untied head) with these KV heads, MLP width and
- * RoPE theta; a GPT-2 preset leaves them zero. */
+/* A family's blocks (Llama's: RMSNorm, SwiGLU, RoPE, no biases, untied head; its row in
+ * include/llm3d/arch.h) with these KV heads, MLP width and RoPE theta; a GPT-2 preset leaves them
+ * zero. */
 struct llama {
+    const char *family; /* the row's name */
     int NKV;
     int64_t ffn;
     double theta;
@@ -15,7 +18,7 @@ struct llama {
 };
 
 #define LLAMA(kv_heads, mlp_width, rope_theta) \
-    {.NKV = kv_heads, .ffn = mlp_width, .theta = rope_theta}
+    {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = rope_theta}
 
 static const struct preset {
     const char *name, *alias, *note;
@@ -65,7 +68,7 @@ static const struct preset {
     {"llama3-8b", NULL, NULL, 32, 4096, 32, 128256, 8192, LLAMA(8, 14336, 500000.0)},
     {"llama3-70b", NULL, NULL, 80, 8192, 64, 128256, 8192, LLAMA(8, 28672, 500000.0)},
     {"llama3-405b", NULL, NULL, 126, 16384, 128, 128256, 8192,
-     {.NKV = 8, .ffn = 53248, .theta = 500000.0,
+     {.family = "llama", .NKV = 8, .ffn = 53248, .theta = 500000.0,
       .scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
                   .original_context = 8192}}},
 };
@@ -94,12 +97,10 @@ l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
         m->NH = p->NH;
         m->V = p->V;
         m->maxT = p->maxT;
-        if (p->llama.NKV) {
-            m->arch = L3D_ARCH_LLAMA;
-            m->norm = L3D_NORM_RMSNORM;
-            m->mlp = L3D_MLP_SWIGLU;
-            m->pos = L3D_POS_ROPE;
-            m->no_bias = m->untied = true;
+        if (p->llama.family) {
+            const struct l3d_arch_info *a = l3d_arch_by_name(p->llama.family);
+            L3D_ASSERT(a);
+            l3d_model_set_arch(m, a->arch);
             m->NKV = p->llama.NKV;
             m->ffn = p->llama.ffn;
             m->rope = p->llama.scaling;
