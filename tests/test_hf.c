@@ -714,8 +714,6 @@ int main(void) {
     test_temp_taken();
     test_save_range();
     test_config_vs_headers();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);
+    if (!test_rm_rf(scratch)) fprintf(stderr, "cannot remove %s\n", scratch);
     return TEST_REPORT();
 }

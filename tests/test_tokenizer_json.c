@@ -245,9 +245,7 @@ static void test_prepare_match_error(void) {
         CHECK(named);
         l3d_tokenizer_free(t);
     }
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rm_rf(dir));
 }
 
 /* The ids of text (its first 16) under t, as "id id ..." */
