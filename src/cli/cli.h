@@ -142,6 +142,11 @@ struct l3d_flag_group {
  * flag was read. first_arg NULL: positional arguments are an error; else *first_arg is the first. */
 int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
                     int ng, void (*usage)(FILE *f), int *first_arg);
+/* l3d_flags_parse of one group for a command that takes exactly nargs positional arguments: -1,
+ * and *first_arg the first of them, when they were given; else 0 after --help, or 2 after one
+ * line (a bad flag, or "llm3d CMD: give WHAT (see --help)" for another count of arguments). */
+int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                      void (*usage)(FILE *f), int nargs, const char *what, int *first_arg);
 void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng);
 /* The error for a positional argument a command does not take (one line on stderr). */
 void l3d_flags_unexpected(const char *cmd, const char *arg);

@@ -100,12 +100,9 @@ int l3d_cli_convert(int argc, char **argv) {
     struct convert_opts o = {L3D_F32, 0, false};
     const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &o};
     int first = 0;
-    int rc = l3d_flags_parse("convert", argc, argv, &g, 1, usage, &first);
+    int rc = l3d_flags_parse_n("convert", argc, argv, &g, usage, 2, "a source and a destination",
+                               &first);
     if (rc >= 0) return rc;
-    if (argc - first != 2) {
-        fprintf(stderr, "llm3d convert: give a source and a destination (see --help)\n");
-        return 2;
-    }
     const char *src = argv[first], *dst = argv[first + 1], *what = "";
     const bool llmc = ends_with(dst, ".bin");
     if (llmc && o.dt == L3D_F16) {
