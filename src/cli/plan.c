@@ -210,6 +210,23 @@ static double rel_err_mean_pct(const struct rel_err *e) {
     return 100 * e->sum / (e->n ? e->n : 1);
 }
 
+/* Published run p evaluated as published (calibrated: with its profile's gemm_calibration, and
+ * the profile in *prof unless NULL): the predicted % of peak in *pred, true; else NAN and false
+ * after one line. */
+static bool predicted(const struct published *p, bool calibrated, struct l3d_plan_result *r,
+                      struct l3d_profile *prof, double *pred) {
+    *pred = NAN;
+    if (eval_published(p, p->devices, p->dp, p->batch, calibrated, r) != L3D_OK ||
+        (prof && l3d_profile_find(prof, p->profile) != L3D_OK)) {
+        fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        return false;
+    }
+    /* the published counters count the recomputed forward (Narayanan et al. 2021, eq. 3),
+     * but for the model FLOPs utilisation of Korthikanti et al. 2022 */
+    *pred = 100 * (p->mfu ? r->mfu : r->hfu);
+    return true;
+}
+
 /* The published runs predicted without any fit: pred[i] of published[i] (NAN where it failed);
  * 0, or 1 after a line for each run that could not be evaluated. */
 static int published_nofit(double *pred_out) {
@@ -223,16 +240,11 @@ static int published_nofit(double *pred_out) {
     for (size_t i = 0; i < N_PUBLISHED; i++) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
-        pred_out[i] = NAN;
-        if (eval_published(p, p->devices, p->dp, p->batch, false, &r) != L3D_OK) {
-            fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        if (!predicted(p, false, &r, NULL, &pred_out[i])) {
             rc = 1;
             continue;
         }
-        /* the published counters count the recomputed forward (Narayanan et al. 2021, eq. 3),
-         * but for the model FLOPs utilisation of Korthikanti et al. 2022 */
-        double pred = 100 * (p->mfu ? r.mfu : r.hfu);
-        pred_out[i] = pred;
+        double pred = pred_out[i];
         /* no constant of a shipped profile comes from a published run but gemm_calibration,
          * which this table leaves out */
         printf("| %s | %lld | %d x %d x %d, %d, %lld | %.2f | %.2f | %+.2f | %+.1f%% | %.1f GB%s | "
@@ -259,15 +271,11 @@ static int published_calibrated(double *pred_out) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
         struct l3d_profile prof;
-        pred_out[i] = NAN;
-        if (eval_published(p, p->devices, p->dp, p->batch, true, &r) != L3D_OK ||
-            l3d_profile_find(&prof, p->profile) != L3D_OK) {
-            fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        if (!predicted(p, true, &r, &prof, &pred_out[i])) {
             rc = 1;
             continue;
         }
-        double pred = 100 * (p->mfu ? r.mfu : r.hfu);
-        pred_out[i] = pred;
+        double pred = pred_out[i];
         printf("| %s | %.3f | %.2f | %+.2f | %+.1f%% | %s |\n", p->what, prof.gemm_calibration,
                pred, pred - p->pct, 100 * (pred - p->pct) / p->pct,
                p->fit ? "set the calibration" : "never used to set a constant");
