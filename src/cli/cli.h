@@ -106,6 +106,10 @@ struct l3d_tokenizer;
 int l3d_doc_token_id(const char *cmd, const struct l3d_tokenizer *tok, const char *spec,
                      enum l3d_doc_token mode);
 
+/* A command's failure: "llm3d WHAT: <the last error's message>" on stderr (what: the command, and
+ * what it was doing if that helps: "generate: the prompt"); 1, the status to return. */
+int l3d_cli_failed(const char *what);
+
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:
  * between l3d_cli_mute_begin and _end the ranks but 0 print nothing (stdout and stderr go to

@@ -128,10 +128,7 @@ int l3d_cli_convert(int argc, char **argv) {
         st = l3d_hf_save(dst, &cfg, full, o.dt, o.shard_bytes > 0 ? o.shard_bytes
                                                                  : L3D_HF_SHARD_BYTES);
     l3d_free(full);
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d convert: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("convert");
     char ver[40];
     snprintf(ver, sizeof ver, "%s, version %d", o.dt == L3D_BF16 ? "bf16" : "fp32",
              l3d_model_is_gpt2(&cfg) ? (o.dt == L3D_BF16 ? 5 : 3)

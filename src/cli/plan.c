@@ -227,7 +227,7 @@ static bool predicted(const struct published *p, bool calibrated, struct l3d_pla
     return true;
 }
 
-/* The published runs predicted without any fit: pred[i] of published[i] (NAN where it failed);
+/* The published runs predicted without any fit: pred_out[i] of published[i] (NAN where it failed);
  * 0, or 1 after a line for each run that could not be evaluated. */
 static int published_nofit(double *pred_out) {
     printf("Predictions without any fit (the profiles' measured and assumed figures only):\n\n"
