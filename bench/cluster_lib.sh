@@ -2,8 +2,10 @@
 # sourced): cluster_start NAME TAG brings up 2 hosts (scripts/cluster.sh) and removes them and
 # $dir on exit, or says in one line why it cannot run here and exits 0; shape SETTING puts one
 # link setting on both hosts' eth0; med FIELD FILE is the median of a metrics field over the
-# steps after the first two. Sets cluster (the script) and netem (yes when tc netem exists).
+# steps after the first two (bench/lib.sh, with fortunes). Sets cluster (the script) and netem
+# (yes when tc netem exists).
 cluster=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../scripts/cluster.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 cluster_start() { # cluster_start NAME TAG
     local why
@@ -48,7 +50,3 @@ shape() {
     done
 }
 
-med() { # FIELD FILE: median of a numeric metrics field over the steps after the first two
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
-}

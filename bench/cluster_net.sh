@@ -23,8 +23,7 @@ layouts=${NET_LAYOUTS:-dp2 tp2dp2}
 dir=$(mktemp -d)
 cluster_start l3dn$$ cluster_net
 export OMP_NUM_THREADS=1
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null || exit 1
+fortunes "$dir/d" || exit 1
 "$cluster" hostfile 2 1 > "$dir/hosts1"
 "$cluster" hostfile 2 2 > "$dir/hosts2"
 

@@ -25,8 +25,7 @@ quick=()
 dir=$(mktemp -d)
 cluster_start l3dp$$ cluster_plan
 export OMP_NUM_THREADS=1
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null || exit 1
+fortunes "$dir/d" || exit 1
 "$cluster" hostfile 2 1 > "$dir/hosts"
 model=(--model d6 --vocab 256 --seq-len 256)
 

@@ -17,16 +17,11 @@ model=${2:-d6}
 T=${3:-4096}
 steps=${4:-5}
 cp=${5:-2}
-bin=$build/llm3d
-mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_mpi
+export OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
-median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
-med() { grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | median; }
+fortunes "$dir/d"
 flags=(train --model "$model" --vocab 256 --context "$T" --seq-len "$T" --batch 1 --steps "$steps"
        --warmup 2 --val-every 0 --quiet --peak-gflops 100 --train "$dir/d/train_*.bin" --overwrite)
 echo "model $model, T=$T, B=1, $steps steps, 1 thread per rank, cp $cp, launcher $mpiexec"

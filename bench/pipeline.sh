@@ -9,18 +9,10 @@ build=${1:-build}
 model=${2:-d12}
 steps=${3:-5}
 sched=${4:-1f1b}
-bin=$build/llm3d
-mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_mpi
+fortunes "$dir/d"
 data="$dir/d/train_*.bin"
-med() { # FIELD FILE: median of a numeric metrics field over the steps after the first
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +2 | cut -d: -f2 | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
-}
 common=(train --model "$model" --batch 2 --seq-len 64 --steps "$steps" --warmup 2 --val-every 0
         --peak-gflops 208 --train "$data")
 echo "model $model, B=2 x T=64 per micro-batch, $steps steps (median after the first), launcher $mpiexec"
@@ -28,9 +20,9 @@ for m in 4 8 16; do
     OMP_NUM_THREADS=2 "$bin" "${common[@]}" --grad-accum "$m" --out "$dir/one_$m" > /dev/null
     OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" "${common[@]}" --grad-accum "$m" --pp 2 \
         --pp-schedule "$sched" --out "$dir/pp_$m" > "$dir/pp_$m.log"
-    t1=$(med ms "$dir/one_$m/metrics.jsonl")
-    t2=$(med ms "$dir/pp_$m/metrics.jsonl")
-    b=$(med bubble "$dir/pp_$m/metrics.jsonl")
+    t1=$(med ms "$dir/one_$m/metrics.jsonl" 1)
+    t2=$(med ms "$dir/pp_$m/metrics.jsonl" 1)
+    b=$(med bubble "$dir/pp_$m/metrics.jsonl" 1)
     layers=$(grep -o 'layers [0-9,]*' "$dir/pp_$m.log" | head -1 | tr -d '\n')
     awk -v m="$m" -v t1="$t1" -v t2="$t2" -v b="$b" -v l="$layers" -v s="$sched" 'BEGIN {
         ideal = 1 / (m + 1);

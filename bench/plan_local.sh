@@ -17,21 +17,14 @@ prof=${2:-profiles/local.prof}
 steps=${3:-6}
 reps=${4:-3}
 precs=${5:-fp32 bf16}
-bin=$build/llm3d
-mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_mpi
+export OMPI_MCA_rmaps_base_oversubscribe=1
 if [ ! -f "$prof" ]; then
     echo "no $prof: measuring this machine first"
     OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --out "$prof"
 fi
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
-med() { # FIELD FILE: median of a numeric metrics field over the steps after the first two
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | sort -g |
-        awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'
-}
+fortunes "$dir/d"
 # GPT-2 124M's layers on byte tokens, sequences of 128
 model=(--model d12 --vocab 256)
 echo "model d12 (V=256, T=128), $steps steps, median after the first two, fastest of $reps runs (slowest in brackets); profile $prof; launcher $mpiexec"

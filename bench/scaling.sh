@@ -25,19 +25,11 @@ set -eu
 build=${1:-build}
 model=${2:-d6}
 steps=${3:-12}
-bin=$build/llm3d
-mpiexec=$(grep -E '^MPIEXEC_EXECUTABLE:' "$build/CMakeCache.txt" | cut -d= -f2)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# data: the fortunes corpus as byte tokens (the step time does not depend on the data)
-"$bin" prepare --tokenizer bytes --out "$dir/d" /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature /usr/share/games/fortunes/science > /dev/null
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_mpi
+export OMP_NUM_THREADS=1
+fortunes "$dir/d"
 data="$dir/d/train_*.bin"
-median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; } # of stdin's numbers
-med() { # FIELD FILE: median of a numeric metrics field over the steps after the first two
-    grep -o "\"$1\":[0-9.e+-]*" "$2" | tail -n +3 | cut -d: -f2 | median
-}
 modes=${SCALING_MODES:-blocking overlap:none overlap:poll overlap:thread}
 stages=${SCALING_ZERO:-0 1 2}
 accum=${SCALING_ACCUM:-1}

@@ -7,6 +7,7 @@
 #define L3D_TEST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -79,6 +80,29 @@ static inline float *test_to_host(struct l3d_backend *be, const float *dev, int6
     return h;
 }
 #endif
+
+/* The folders of a test that reads files: data, `sub` of the folder of the test's source (file:
+ * its __FILE__), and tmp, /tmp/l3d_<name>_<pid>, made (its files are the test's to remove). */
+#include <libgen.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static inline void test_dirs(const char *file, const char *sub, char *data, size_t data_cap,
+                             const char *name, char *tmp, size_t tmp_cap) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s", file);
+    snprintf(data, data_cap, "%s/%s", dirname(src), sub);
+    snprintf(tmp, tmp_cap, "/tmp/l3d_%s_%d", name, (int)getpid());
+    mkdir(tmp, 0755);
+}
+
+/* Removes the folder dir and all it holds: whether that went well. */
+#include <stdlib.h>
+static inline bool test_rm_rf(const char *dir) {
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0;
+}
 
 #define TEST_REPORT()                                                                      \
     (fprintf(stderr, "%s: %d checks, %d failed\n", __FILE__, test_checks, test_failures), \

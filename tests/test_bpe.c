@@ -1,7 +1,6 @@
 /* BPE training against a naive reference (rescan per merge), determinism over thread counts,
  * and BPE preparation: documents whole, end-of-text first, split by document; one clear error
  * per bad input. */
-#include <libgen.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,14 +373,9 @@ static void test_prepare(void) {
 }
 
 int main(void) {
-    char file[] = __FILE__;
-    snprintf(gpt2_dir, sizeof gpt2_dir, "%s/data/gpt2", dirname(file));
-    snprintf(tmp, sizeof tmp, "/tmp/l3d_test_bpe_%d", (int)getpid());
-    mkdir(tmp, 0755);
+    test_dirs(__FILE__, "data/gpt2", gpt2_dir, sizeof gpt2_dir, "test_bpe", tmp, sizeof tmp);
     test_train();
     test_prepare();
-    char cmd[8300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rm_rf(tmp));
     return TEST_REPORT();
 }

@@ -485,13 +485,20 @@ static void test_map(void) {
     l3d_free(t);
 }
 
+/* g read from gpt2_cfg, and its fp32 weights, zero (to free()); *n (unless NULL) their count. */
+static float *gpt2_zeros(struct l3d_model_spec *g, int64_t *n) {
+    CHECK(parse_cfg(gpt2_cfg, g) == L3D_OK);
+    int64_t k = l3d_gpt_param_count(g);
+    if (n) *n = k;
+    return calloc((size_t)k, 4);
+}
+
 /* A GPT-2 model of random weights (padding rows zero) through a folder and back: bit-identical
  * in fp32; in bf16 each weight rounded. Each damage of the folder refused. */
 static void test_folder(void) {
     struct l3d_model_spec g;
-    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
-    int64_t n = l3d_gpt_param_count(&g);
-    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    int64_t n;
+    float *a = gpt2_zeros(&g, &n), *b = calloc((size_t)n, 4);
     for (int64_t i = 0; i < n; i++) a[i] = l3d_rng_normal(7, 0, (uint64_t)i);
     for (int64_t r = g.V; r < g.Vp; r++) memset(a + r * g.C, 0, (size_t)g.C * 4); /* wte pad */
     const char *dir = path_of("gpt2");
@@ -597,8 +604,7 @@ static void test_temp_taken(void) {
     CHECK(refused(l3d_st_write(path_of("none"), e, 1, fill6, NULL, L3D_F32, 1 << 20),
                   "cannot create the safetensors file"));
     struct l3d_model_spec g;
-    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
-    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    float *a = gpt2_zeros(&g, NULL);
     write_text(path_of("file"), "x");
     CHECK(refused(l3d_hf_save(path_of("file/sub"), &g, a, L3D_BF16, L3D_HF_SHARD_BYTES),
                   "as the output directory: it exists and is not a directory"));
@@ -612,9 +618,8 @@ static void test_temp_taken(void) {
  * tensor, the value and the dtype. The largest values that round to a finite one still save. */
 static void test_save_range(void) {
     struct l3d_model_spec g;
-    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
-    int64_t n = l3d_gpt_param_count(&g);
-    float *a = calloc((size_t)n, 4), *b = calloc((size_t)n, 4);
+    int64_t n;
+    float *a = gpt2_zeros(&g, &n), *b = calloc((size_t)n, 4);
     char dir[512];
     snprintf(dir, sizeof dir, "%s", path_of("range"));
     const int64_t at = 5 * g.C + 7; /* wte, row 5: written */
@@ -680,8 +685,7 @@ static void test_save_range(void) {
  * tokens x 64 channels: 1 GiB of fp32 weights) and without reading a weight. */
 static void test_config_vs_headers(void) {
     struct l3d_model_spec g, got;
-    CHECK(parse_cfg(gpt2_cfg, &g) == L3D_OK);
-    float *a = calloc((size_t)l3d_gpt_param_count(&g), 4);
+    float *a = gpt2_zeros(&g, NULL);
     char dir[512];
     snprintf(dir, sizeof dir, "%s", path_of("claims"));
     CHECK(l3d_hf_save(dir, &g, a, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
@@ -810,8 +814,6 @@ int main(void) {
     test_config_vs_headers();
     test_arch_table();
     test_arch_llmc();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", scratch);
+    if (!test_rm_rf(scratch)) fprintf(stderr, "cannot remove %s\n", scratch);
     return TEST_REPORT();
 }

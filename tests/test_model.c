@@ -153,18 +153,31 @@ static void randomize(struct l3d_gpt *m, uint64_t seed) {
 
 /* ---- tests -------------------------------------------------------------------------------- */
 
+/* A model of cfg, unsharded, for batches of B x T with flat gradients (its weights unset). */
+static struct l3d_gpt *full_model(struct l3d_backend *be, const struct l3d_model_spec *cfg, int B,
+                                  int T) {
+    struct l3d_shard sh = l3d_shard_full(cfg);
+    struct l3d_gpt *m;
+    L3D_ASSERT(l3d_gpt_init(&m, cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    return m;
+}
+
+/* n input tokens and n targets below V, from seed (streams 1 and 2). */
+static void fill_batch(int32_t *inp, int32_t *tgt, int64_t n, int32_t V, uint64_t seed) {
+    ref_fill_tokens(inp, n, 0, V, seed, 1);
+    ref_fill_tokens(tgt, n, 0, V, seed, 2);
+}
+
 /* The model's loss and every tensor's gradient against the double reference `loss` (GPT-2's or
  * Llama's) and its central finite differences. */
 static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model_spec cfg,
                                         double (*ref_loss)(void *ctx)) {
-    struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5;
-    struct l3d_gpt *m;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    struct l3d_gpt *m = full_model(be, &cfg, B, T);
+    const struct l3d_shard sh = m->shard;
     randomize(m, 7);
     int32_t inp[10], tgt[10];
-    ref_fill_tokens(inp, B * T, 0, cfg.V, 3, 1);
-    ref_fill_tokens(tgt, B * T, 0, cfg.V, 3, 2);
+    fill_batch(inp, tgt, B * T, cfg.V, 3);
     CHECK(m->num_params == l3d_gpt_param_count(&cfg));
     /* the activations' closed form (of every architecture) against the plan, up to alignment */
     size_t want = l3d_gpt_act_bytes(&cfg, &sh, B, T, 1, L3D_RECOMPUTE_NONE, true);
@@ -245,14 +258,11 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
 static void test_initial_loss(struct l3d_backend *be) {
     struct l3d_model_spec cfg;
     CHECK(l3d_model_preset(&cfg, "tiny") == L3D_OK);
-    struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
-    struct l3d_gpt *m;
-    CHECK(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    struct l3d_gpt *m = full_model(be, &cfg, B, T);
     l3d_gpt_init_weights(m, 1337);
     int32_t inp[128], tgt[128];
-    ref_fill_tokens(inp, B * T, 0, cfg.V, 5, 1);
-    ref_fill_tokens(tgt, B * T, 0, cfg.V, 5, 2);
+    fill_batch(inp, tgt, B * T, cfg.V, 5);
     float loss = l3d_gpt_forward(m, inp, tgt, B, T);
     CHECK_NEAR(loss, logf((float)cfg.V), 0.02 * logf((float)cfg.V));
     l3d_gpt_free(m);
@@ -281,14 +291,11 @@ static void train_fixed(struct l3d_backend *be, int steps, float lr, float *loss
                         int64_t *n) {
     struct l3d_model_spec cfg;
     l3d_model_preset(&cfg, "tiny");
-    struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 4, T = 32;
-    struct l3d_gpt *m;
-    L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    struct l3d_gpt *m = full_model(be, &cfg, B, T);
     l3d_gpt_init_weights(m, 42);
     int32_t inp[128], tgt[128];
-    ref_fill_tokens(inp, B * T, 0, cfg.V, 9, 1);
-    ref_fill_tokens(tgt, B * T, 0, cfg.V, 9, 2);
+    fill_batch(inp, tgt, B * T, cfg.V, 9);
     struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.0f, .grad_clip = 1.0f};
     struct l3d_adamw opt;
@@ -362,8 +369,7 @@ static void test_layer_shards(struct l3d_backend *be) {
     }
     free(pf), free(p0), free(p1);
     int32_t inp[12], tgt[12];
-    ref_fill_tokens(inp, B * T, 0, cfg.V, 4, 1);
-    ref_fill_tokens(tgt, B * T, 0, cfg.V, 4, 2);
+    fill_batch(inp, tgt, B * T, cfg.V, 4);
     l3d_gpt_zero_grad(mf);
     l3d_gpt_zero_grad(m0);
     l3d_gpt_zero_grad(m1);
@@ -542,8 +548,7 @@ static void test_check_identical(void) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     int B = 2, T = 5, N = B * T;
     int32_t inp[10], tgt[10];
-    ref_fill_tokens(inp, N, 0, cfg.V, 6, 1);
-    ref_fill_tokens(tgt, N, 0, cfg.V, 6, 2);
+    fill_batch(inp, tgt, N, cfg.V, 6);
     const char *names[2] = {"cpu", "check"};
     float loss[2], *logits[2], *losses[2], *grads[2], *params[2];
     int64_t np = 0;

@@ -182,11 +182,16 @@ static struct l3d_plan_run run16(int64_t devices, int64_t batch, bool flash) {
     return r;
 }
 
+/* The profile `good` and the model preset `name`. */
+static void good_and_preset(struct l3d_profile *prof, struct l3d_model_spec *m, const char *name) {
+    CHECK(l3d_profile_parse(prof, good, "good") == L3D_OK);
+    CHECK(l3d_model_preset(m, name) == L3D_OK);
+}
+
 static void test_memory_mixed(void) {
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "gpt3-175b") == L3D_OK);
+    good_and_preset(&prof, &m, "gpt3-175b");
     struct l3d_model_spec c = l3d_plan_model_gpt(&m);
     double s = m.maxT, h = m.C, a = m.NH, L = m.L, Vp = c.Vp;
     struct l3d_plan_result r;
@@ -385,9 +390,8 @@ static void test_korthikanti(void) {
 
 static void test_memory_trainer(void) {
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    good_and_preset(&prof, &m, "d12");
     m.maxT = 256;
     struct l3d_plan_run run = l3d_plan_run_default();
     G = 4;
@@ -431,9 +435,8 @@ static void test_memory_trainer(void) {
  * refuses what evaluate refuses. */
 static void test_memory_alone(void) {
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    good_and_preset(&prof, &m, "d12");
     m.maxT = 128;
     const struct l3d_layout lays[] = {
         layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false),
@@ -822,9 +825,8 @@ static void test_gemm_shape(void) {
 /* Recomputation costs what is recomputed, and TP overlap is the profile's. */
 static void test_recompute_and_overlap(void) {
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "megatron-18b") == L3D_OK);
+    good_and_preset(&prof, &m, "megatron-18b");
     struct l3d_plan_run run = run16(8, 16, false);
     struct l3d_plan_result none, sel, full;
     struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
@@ -987,9 +989,8 @@ static void test_pipe_time(void) {
     CHECK(missed >= 1);
     /* in a step: the trainer's schedule on an uneven fp32 partition, p2p included */
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    good_and_preset(&prof, &m, "d12");
     struct l3d_plan_run run = l3d_plan_run_default();
     run.devices = 4;
     G = 16;
@@ -1567,9 +1568,8 @@ static void test_context_parallel(void) {
 static void test_pipe_closed_form(void) {
     enum { P = 16, V = 4 };
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "frontier-1t") == L3D_OK); /* 128 layers: 2 a virtual stage */
+    good_and_preset(&prof, &m, "frontier-1t"); /* 128 layers: 2 a virtual stage */
     m.V = 128;
     const int ms[3] = {48, 32, 64};
     double bubble[3], t[3];
@@ -1601,9 +1601,8 @@ static void test_pipe_closed_form(void) {
  * here from the architecture, independently of the planner's code paths. */
 static void test_llama(void) {
     struct l3d_profile prof;
-    CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
     struct l3d_model_spec m;
-    CHECK(l3d_model_preset(&m, "llama3-70b") == L3D_OK);
+    good_and_preset(&prof, &m, "llama3-70b");
     double s = m.maxT, h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
     /* 70.55B (Dubey et al. 2024 call it 70B): 80 layers of q, o (h^2), k, v (h kv), three h x f
      * matrices and two norms, embedding and head (V h each), the final norm */

@@ -3,7 +3,6 @@
  * package tiktoken, special tokens as text and allowed), a perturbed id caught, round trips,
  * decoding of tokens that end inside a character, and errors of malformed rank files. The rank
  * files are those `bash scripts/setup.sh --tokenizers` installs (make test runs it). */
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -369,10 +368,8 @@ static void test_hf_oracle(void) {
 }
 
 int main(void) {
-    char file[] = __FILE__;
-    snprintf(data_dir, sizeof data_dir, "%s/data", dirname(file));
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/l3d_test_tiktoken_%d", (int)getpid());
-    mkdir(tmp_dir, 0755);
+    test_dirs(__FILE__, "data", data_dir, sizeof data_dir, "test_tiktoken", tmp_dir,
+              sizeof tmp_dir);
     static const struct {
         const char *name;
         int V, eot, bot;
@@ -400,8 +397,6 @@ int main(void) {
     test_hf();
     test_nfc();
     test_hf_oracle();
-    char cmd[8300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rm_rf(tmp_dir));
     return TEST_REPORT();
 }

@@ -2,7 +2,6 @@
  * scripts/gpt2_vectors.js with the npm package gpt-3-encoder; gpt2_vectors_unicode.tsv: letters and
  * digits of Unicode 15 to 17), the \s choice where the references disagree, round trips of arbitrary bytes,
  * llm.c's tokenizer file, and one clear error per malformed file. */
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -313,10 +312,8 @@ static void test_bytes_spec(void) {
 }
 
 int main(void) {
-    char file[] = __FILE__;
-    snprintf(data_dir, sizeof data_dir, "%s/data", dirname(file));
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/l3d_test_tokenizer_%d", (int)getpid());
-    mkdir(tmp_dir, 0755);
+    test_dirs(__FILE__, "data", data_dir, sizeof data_dir, "test_tokenizer", tmp_dir,
+              sizeof tmp_dir);
     char gpt2[8192];
     snprintf(gpt2, sizeof gpt2, "%s/gpt2", data_dir);
     struct l3d_tokenizer *t;
@@ -334,8 +331,6 @@ int main(void) {
     test_errors();
     test_bytes_spec();
     l3d_tokenizer_free(t);
-    char cmd[8300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rm_rf(tmp_dir));
     return TEST_REPORT();
 }

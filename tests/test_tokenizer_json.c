@@ -119,21 +119,27 @@ static void join(void *ctx, const char *s, size_t len) {
     j->s[j->n] = '\0';
 }
 
-/* The Split pattern re cuts text into the pre-tokens want ("a|b|c"). */
-static void splits_as(const char *re_json, const char *text, const char *want) {
-    char pre[1024];
-    snprintf(pre, sizeof pre, SPLIT("%s"), re_json);
-    struct l3d_tokenizer *t = accepted(re_json, &(struct doc){.pre = pre});
+/* t (read from `what`; NULL: refused, already counted) cuts text into the pre-tokens want
+ * ("a|b|c"); t is freed. */
+static void pretokens_are(struct l3d_tokenizer *t, const char *what, const char *text,
+                          const char *want) {
     if (!t) return;
     struct l3d_encoder *e = l3d_encoder_init(t);
     struct joined j = {0};
-    l3d_encoder_pretokenize(e, text, strlen(text), join, &j);
+    CHECK(l3d_encoder_pretokenize(e, text, strlen(text), join, &j) == L3D_OK);
     bool same = strcmp(j.s, want) == 0;
-    if (!same) fprintf(stderr, "pattern %s on \"%s\": got \"%s\", want \"%s\"\n", re_json, text,
-                       j.s, want);
+    if (!same) fprintf(stderr, "%s: \"%s\" splits as \"%s\", want \"%s\"\n", what, text, j.s,
+                       want);
     CHECK(same);
     l3d_encoder_free(e);
     l3d_tokenizer_free(t);
+}
+
+/* The Split pattern re cuts text into the pre-tokens want. */
+static void splits_as(const char *re_json, const char *text, const char *want) {
+    char pre[1024];
+    snprintf(pre, sizeof pre, SPLIT("%s"), re_json);
+    pretokens_are(accepted(re_json, &(struct doc){.pre = pre}), re_json, text, want);
 }
 
 /* \P{X} is the complement of \p{X} (alone, and as an item in brackets, where [^\P{N}] is \p{N});
@@ -239,9 +245,7 @@ static void test_prepare_match_error(void) {
         CHECK(named);
         l3d_tokenizer_free(t);
     }
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rm_rf(dir));
 }
 
 /* The ids of text (its first 16) under t, as "id id ..." */
@@ -288,17 +292,7 @@ static void test_merges(void) {
 /* The pre-tokens of text under d are want. */
 static void doc_splits(const char *line_name, const struct doc *d, const char *text,
                        const char *want) {
-    struct l3d_tokenizer *t = accepted(line_name, d);
-    if (!t) return;
-    struct l3d_encoder *e = l3d_encoder_init(t);
-    struct joined j = {0};
-    CHECK(l3d_encoder_pretokenize(e, text, strlen(text), join, &j) == L3D_OK);
-    bool same = strcmp(j.s, want) == 0;
-    if (!same) fprintf(stderr, "%s: \"%s\" splits as \"%s\", want \"%s\"\n", line_name, text,
-                       j.s, want);
-    CHECK(same);
-    l3d_encoder_free(e);
-    l3d_tokenizer_free(t);
+    pretokens_are(accepted(line_name, d), line_name, text, want);
 }
 #define SPLITS(text, want, ...) doc_splits(#__VA_ARGS__, &(struct doc){__VA_ARGS__}, text, want)
 

@@ -133,6 +133,15 @@ void l3d_be_attention_backward(struct l3d_backend *be, enum l3d_dtype dt, void *
                                const void *dout, const void *qkv, const void *out,
                                const float *lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                int64_t HS);
+/* The pair's types with a context (ctx) in place of the backend: a backend's kernels
+ * (src/backend/backend-impl.h), or what runs in their place (struct l3d_model_hooks' context
+ * parallelism). */
+typedef void l3d_attention_forward_fn(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                      const void *qkv, int64_t B, int64_t T, int64_t NH,
+                                      int64_t NKV, int64_t HS);
+typedef void l3d_attention_backward_fn(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
+                                       const void *qkv, const void *out, const float *lse,
+                                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
 /* The materialising kernel pair, att (B,NH,T,T) the probabilities, datt (B,NH,T,T) scratch: the
  * oracle the tiled kernel is benchmarked against (L3D_ATTENTION=naive); NULL in a backend
  * without it (the call aborts). */

@@ -210,12 +210,8 @@ struct l3d_gpt_hooks {
      * the backend's kernels: qkv rows [NH q | NKV k | NKV v] heads of HS. */
     int cp_size, cp_rank;
     void *cp_ctx;
-    void (*cp_attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                                 const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                 int64_t HS);
-    void (*cp_attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
-                                  const void *qkv, const void *out, const float *lse, int64_t B,
-                                  int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+    l3d_attention_forward_fn *cp_attention_forward;
+    l3d_attention_backward_fn *cp_attention_backward;
     /* ZeRO-3 (include/llm3d/dp.h; a model built with L3D_GRADS_SHARDED holds no parameters):
      * before forward or backward (backward true) uses the parameters of local layer `layer` (-1:
      * the non-layer tensors, for the whole pass) it asks params_get where they lie: a buffer laid

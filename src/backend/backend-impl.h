@@ -78,13 +78,9 @@ struct l3d_backend_i {
      * the queries, then the keys, then the values of a row (for NKV == NH: (B,T,3,NH,HS)); out
      * (B,T,NH,HS); lse (B,NH,T) fp32: log sum_j exp(s_ij) of each row's scores
      * s = q k^T / sqrt(HS), saved for backward. */
-    void (*attention_forward)(void *ctx, enum l3d_dtype dt, void *out, float *lse,
-                              const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                              int64_t HS);
+    l3d_attention_forward_fn *attention_forward;
     /* dqkv (B,T,NH+2*NKV,HS) += ..., the scores recomputed block by block from qkv, out, lse. */
-    void (*attention_backward)(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
-                               const void *qkv, const void *out, const float *lse, int64_t B,
-                               int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+    l3d_attention_backward_fn *attention_backward;
     /* optional: the materialising pair, the benchmark's and tests' oracle. att (B,NH,T,T) the
      * softmax probabilities (zero above the diagonal); datt (B,NH,T,T) scratch, overwritten. */
     void (*attention_naive_forward)(void *ctx, enum l3d_dtype dt, void *out, void *att,

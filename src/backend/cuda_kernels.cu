@@ -81,6 +81,11 @@ __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
     return x;
 }
+/* One warp a row: this warp's row of the grid, and this thread's lane in it. */
+__device__ __forceinline__ int64_t warp_row() {
+    return (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ int warp_lane() { return threadIdx.x & 31; }
 /* block of 256 threads: the sum (or max) of every thread's x, returned to all; fixed order */
 __device__ float block_reduce(float x, bool is_max) {
     __shared__ float w[8];
@@ -157,8 +162,8 @@ __global__ void encoder_backward_wpe_k(G *dwpe, const T *dout, int64_t B, int64_
 template <typename T>
 __global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                     const T *b, int64_t N, int64_t C) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= N) return;
     const T *x = inp + row * C;
     float s = 0.0f;
@@ -181,8 +186,8 @@ __global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *i
 template <typename T>
 __global__ void layernorm_dinp_k(T *dinp, const T *dout, const T *inp, const T *w,
                                  const float *mean, const float *rstd, int64_t N, int64_t C) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= N) return;
     const T *x = inp + row * C, *d = dout + row * C;
     float m = mean[row], r = rstd[row], sg = 0.0f, sgx = 0.0f;
@@ -244,6 +249,15 @@ __device__ __forceinline__ float row_dot(const float (&r)[P], const T *p, int64_
     }
     return warp_sum(s);
 }
+/* p[0, HS) += the row r held as row_load holds it */
+template <int P, typename T>
+__device__ __forceinline__ void row_add(T *p, const float (&r)[P], int64_t HS, int lane) {
+#pragma unroll
+    for (int k = 0; k < P; k++) {
+        int64_t d = lane + 32 * k;
+        if (d < HS) st(p + d, ld(p + d) + r[k]);
+    }
+}
 
 /* Query rows at positions p0 + i (i < n) of (batch b, head h) attend over keys 0..p0 + i.
  * Pointers at the head; strides: rows qs, ks, os; batches qb, kb, ob; lse (b*NH + h)*n + i. */
@@ -251,8 +265,8 @@ template <int P, typename T>
 __global__ void attn_forward_k(T *out, float *lse, const T *q, const T *k, const T *v, int64_t qs,
                                int64_t ks, int64_t os, int64_t qb, int64_t kb, int64_t ob,
                                int64_t p0, int64_t n, int64_t NH, int64_t HS, int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= rows) return;
     int64_t i = row % n, h = (row / n) % NH, b = row / (n * NH);
     const T *qr = q + b * qb + h * HS + i * qs;
@@ -287,8 +301,8 @@ __global__ void attn_forward_k(T *out, float *lse, const T *q, const T *k, const
 template <int P, typename T>
 __global__ void attn_D_k(float *D, const T *dout, const T *out, int64_t T_, int64_t NH,
                          int64_t HS, int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= rows) return;
     int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS;
     float g[P];
@@ -301,8 +315,8 @@ __global__ void attn_D_k(float *D, const T *dout, const T *out, int64_t T_, int6
 template <int P, typename T>
 __global__ void attn_dq_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
                           int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= rows) return;
     int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
     const T *base = qkv + b * T_ * C3 + h * HS;
@@ -322,20 +336,15 @@ __global__ void attn_dq_k(T *dqkv, const T *dout, const T *qkv, const float *lse
             if (d < HS) dq[e] += ds * ld(kj + d);
         }
     }
-    T *o = dqkv + b * T_ * C3 + h * HS + i * C3;
-#pragma unroll
-    for (int e = 0; e < P; e++) {
-        int64_t d = lane + 32 * e;
-        if (d < HS) st(o + d, ld(o + d) + dq[e]);
-    }
+    row_add<P>(dqkv + b * T_ * C3 + h * HS + i * C3, dq, HS, lane);
 }
 
 /* dK, dV of key row j (+=): sums over queries i >= j of dS_ij q_i and P_ij dO_i */
 template <int P, typename T>
 __global__ void attn_dkv_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
                            int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
     if (row >= rows) return;
     int64_t j = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
     const T *base = qkv + b * T_ * C3 + h * HS;
@@ -360,14 +369,8 @@ __global__ void attn_dkv_k(T *dqkv, const T *dout, const T *qkv, const float *ls
         }
     }
     T *o = dqkv + b * T_ * C3 + h * HS + j * C3;
-#pragma unroll
-    for (int e = 0; e < P; e++) {
-        int64_t d = lane + 32 * e;
-        if (d < HS) {
-            st(o + C + d, ld(o + C + d) + dk[e]);
-            st(o + 2 * C + d, ld(o + 2 * C + d) + dv[e]);
-        }
-    }
+    row_add<P>(o + C, dk, HS, lane);
+    row_add<P>(o + 2 * C, dv, HS, lane);
 }
 
 /* P = ceil(HS / 32) as a template argument: 1..8 (HS <= 256, L3D_CUDA_MAX_HS) */

@@ -66,6 +66,11 @@ int l3d_arg_u64(const char *cmd, const char *flag, const char *val, uint64_t *ou
     return 1;
 }
 
+int l3d_cli_failed(const char *what) {
+    fprintf(stderr, "llm3d %s: %s\n", what, l3d_error_message());
+    return 1;
+}
+
 int l3d_cli_launcher_rank(void) {
     /* Open MPI (mpiexec, and under PMIx), MPICH's Hydra, PMIx launchers, Slurm's srun */
     static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",

@@ -96,9 +96,6 @@ int l3d_cli_bench(int argc, char **argv) {
     unlink(path);
     rmdir(dir);
     l3d_runtime_free(rt);
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d bench: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("bench");
     return 0;
 }

@@ -106,6 +106,10 @@ struct l3d_tokenizer;
 int l3d_doc_token_id(const char *cmd, const struct l3d_tokenizer *tok, const char *spec,
                      enum l3d_doc_token mode);
 
+/* A command's failure: "llm3d WHAT: <the last error's message>" on stderr (what: the command, and
+ * what it was doing if that helps: "generate: the prompt"); 1, the status to return. */
+int l3d_cli_failed(const char *what);
+
 /* The rank an MPI launcher gave this process, from its environment (Open MPI, MPICH's Hydra,
  * PMIx, Slurm), 0 when started alone. Flags are parsed before MPI starts, by every rank alike:
  * between l3d_cli_mute_begin and _end the ranks but 0 print nothing (stdout and stderr go to
@@ -142,6 +146,11 @@ struct l3d_flag_group {
  * flag was read. first_arg NULL: positional arguments are an error; else *first_arg is the first. */
 int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
                     int ng, void (*usage)(FILE *f), int *first_arg);
+/* l3d_flags_parse of one group for a command that takes exactly nargs positional arguments: -1,
+ * and *first_arg the first of them, when they were given; else 0 after --help, or 2 after one
+ * line (a bad flag, or "llm3d CMD: give WHAT (see --help)" for another count of arguments). */
+int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                      void (*usage)(FILE *f), int nargs, const char *what, int *first_arg);
 void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng);
 /* The error for a positional argument a command does not take (one line on stderr). */
 void l3d_flags_unexpected(const char *cmd, const char *arg);

@@ -371,12 +371,8 @@ int l3d_cli_compare(int argc, char **argv) {
     struct compare_opts o = {.both = -1.0f, .loss = -1.0f, .norm = -1.0f, .weights = -1.0f};
     const struct l3d_flag_group g = {NULL, compare_flags, set_compare, &o};
     int first = 0;
-    int rc = l3d_flags_parse("compare", argc, argv, &g, 1, usage, &first);
+    int rc = l3d_flags_parse_n("compare", argc, argv, &g, usage, 2, "two run directories", &first);
     if (rc >= 0) return rc; /* 0 after --help is SAME's status, 2 CANNOT's */
-    if (argc - first != 2) {
-        fprintf(stderr, "llm3d compare: give two run directories (see --help)\n");
-        return CANNOT;
-    }
     float both = o.both, loss_rtol = o.loss, weights_rtol = o.weights;
     bool verbose = o.verbose;
     double lt = loss_rtol >= 0 ? loss_rtol : both >= 0 ? both : LOSS_RTOL;

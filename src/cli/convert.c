@@ -100,12 +100,9 @@ int l3d_cli_convert(int argc, char **argv) {
     struct convert_opts o = {L3D_F32, 0, false};
     const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &o};
     int first = 0;
-    int rc = l3d_flags_parse("convert", argc, argv, &g, 1, usage, &first);
+    int rc = l3d_flags_parse_n("convert", argc, argv, &g, usage, 2, "a source and a destination",
+                               &first);
     if (rc >= 0) return rc;
-    if (argc - first != 2) {
-        fprintf(stderr, "llm3d convert: give a source and a destination (see --help)\n");
-        return 2;
-    }
     const char *src = argv[first], *dst = argv[first + 1], *what = "";
     const bool llmc = ends_with(dst, ".bin");
     if (llmc && o.dt == L3D_F16) {
@@ -131,10 +128,7 @@ int l3d_cli_convert(int argc, char **argv) {
         st = l3d_hf_save(dst, &cfg, full, o.dt, o.shard_bytes > 0 ? o.shard_bytes
                                                                  : L3D_HF_SHARD_BYTES);
     l3d_free(full);
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d convert: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("convert");
     char ver[40];
     snprintf(ver, sizeof ver, "%s, version %d", o.dt == L3D_BF16 ? "bf16" : "fp32",
              l3d_model_is_gpt2(&cfg) ? (o.dt == L3D_BF16 ? 5 : 3)

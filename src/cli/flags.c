@@ -98,6 +98,17 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
     return -1;
 }
 
+int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                      void (*usage)(FILE *f), int nargs, const char *what, int *first_arg) {
+    int rc = l3d_flags_parse(cmd, argc, argv, g, 1, usage, first_arg);
+    if (rc >= 0) return rc;
+    if (argc - *first_arg != nargs) {
+        fprintf(stderr, "llm3d %s: give %s (see --help)\n", cmd, what);
+        return 2;
+    }
+    return -1;
+}
+
 void l3d_flags_unexpected(const char *cmd, const char *arg) {
     if (strcmp(arg, "yes") == 0 || strcmp(arg, "no") == 0)
         fprintf(stderr, "llm3d %s: unexpected argument '%s': switches take no value now (one "

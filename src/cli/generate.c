@@ -135,10 +135,7 @@ static int encode_prompt(const struct l3d_tokenizer *tok, const char *spec, cons
         struct l3d_encoder *e = l3d_encoder_init(tok);
         l3d_status st = l3d_encoder_encode(e, prompt, strlen(prompt), ids);
         l3d_encoder_free(e);
-        if (st != L3D_OK) {
-            fprintf(stderr, "llm3d generate: the prompt: %s\n", l3d_error_message());
-            return 1;
-        }
+        if (st != L3D_OK) return l3d_cli_failed("generate: the prompt");
     } else if (ids->n == 0) {
         l3d_ids_push(ids, 0);
     }
@@ -290,10 +287,7 @@ static int gen_tokenizer(const struct gen_opts *o, struct gen *g) {
                 "%d\n", o->ckpt, V);
         return 2;
     }
-    if (l3d_tokenizer_open(&g->tok, spec) != L3D_OK) {
-        fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_tokenizer_open(&g->tok, spec) != L3D_OK) return l3d_cli_failed("generate");
     if (l3d_tokenizer_vocab_size(g->tok) != V) {
         fprintf(stderr, "llm3d generate: tokenizer %s has %d tokens but %s was trained on %d: give "
                 "the tokenizer its data was prepared with\n", spec,
@@ -306,10 +300,7 @@ static int gen_tokenizer(const struct gen_opts *o, struct gen *g) {
 /* The checkpoint's model on the backend, in --precision, with a KV cache unless --no-kv-cache;
  * the tokenizer and the prompt's tokens before it. 0, or the exit status after one line. */
 static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***argv) {
-    if (l3d_model_file_config(o->ckpt, &g->cfg) != L3D_OK) {
-        fprintf(stderr, "llm3d generate: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_model_file_config(o->ckpt, &g->cfg) != L3D_OK) return l3d_cli_failed("generate");
     int rc = gen_tokenizer(o, g);
     if (rc == 0)
         rc = encode_prompt(g->tok, o->tokspec ? o->tokspec : "gpt2", o->prompt, o->doc_token,

@@ -510,12 +510,8 @@ int l3d_cli_inspect(int argc, char **argv) {
     struct inspect_opts o = {0};
     const struct l3d_flag_group g = {NULL, inspect_flags, set_inspect, &o};
     int first = 0;
-    int rc = l3d_flags_parse("inspect", argc, argv, &g, 1, usage, &first);
+    int rc = l3d_flags_parse_n("inspect", argc, argv, &g, usage, 1, "one PATH", &first);
     if (rc >= 0) return rc;
-    if (argc - first != 1) {
-        fprintf(stderr, "llm3d inspect: give one PATH (see --help)\n");
-        return 2;
-    }
     const char *tokspec = o.tokspec;
     bool json = o.json;
     const char *path = argv[first];

@@ -192,30 +192,59 @@ static const struct scaling {
 
 #define N_PUBLISHED (sizeof published / sizeof published[0])
 
-static int run_published(const char *svg) {
-    const char *names[N_PUBLISHED];
-    double pub[N_PUBLISHED], pred_nofit[N_PUBLISHED], pred_cal[N_PUBLISHED];
+/* Relative errors of predictions against published figures: their mean and worst. */
+struct rel_err {
+    double sum, worst;
+    int n;
+};
+
+static void rel_err_add(struct rel_err *e, double pred, double pub) {
+    double x = fabs(pred - pub) / pub;
+    e->sum += x;
+    e->worst = x > e->worst ? x : e->worst;
+    e->n++;
+}
+
+/* the mean in per cent */
+static double rel_err_mean_pct(const struct rel_err *e) {
+    return 100 * e->sum / (e->n ? e->n : 1);
+}
+
+/* Published run p evaluated as published (calibrated: with its profile's gemm_calibration, and
+ * the profile in *prof unless NULL): the predicted % of peak in *pred, true; else NAN and false
+ * after one line. */
+static bool predicted(const struct published *p, bool calibrated, struct l3d_plan_result *r,
+                      struct l3d_profile *prof, double *pred) {
+    *pred = NAN;
+    if (eval_published(p, p->devices, p->dp, p->batch, calibrated, r) != L3D_OK ||
+        (prof && l3d_profile_find(prof, p->profile) != L3D_OK)) {
+        fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        return false;
+    }
+    /* the published counters count the recomputed forward (Narayanan et al. 2021, eq. 3),
+     * but for the model FLOPs utilisation of Korthikanti et al. 2022 */
+    *pred = 100 * (p->mfu ? r->mfu : r->hfu);
+    return true;
+}
+
+/* The published runs predicted without any fit: pred_out[i] of published[i] (NAN where it failed);
+ * 0, or 1 after a line for each run that could not be evaluated. */
+static int published_nofit(double *pred_out) {
     printf("Predictions without any fit (the profiles' measured and assumed figures only):\n\n"
            "| run | devices | layout (tp x pp x dp, micro-batch, global batch) | published %% of "
            "peak | predicted %% of peak | difference (points) | relative error | predicted "
            "memory / device | source | the figure's role |\n"
            "|---|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
-    double sum = 0, worst = 0, sum_c = 0, worst_c = 0, sum_f = 0, worst_f = 0;
-    int n = 0, n_c = 0, n_f = 0;
-    for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+    struct rel_err err = {0};
+    for (size_t i = 0; i < N_PUBLISHED; i++) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
-        names[i] = p->what, pub[i] = p->pct, pred_nofit[i] = pred_cal[i] = NAN;
-        if (eval_published(p, p->devices, p->dp, p->batch, false, &r) != L3D_OK) {
-            fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        if (!predicted(p, false, &r, NULL, &pred_out[i])) {
             rc = 1;
             continue;
         }
-        /* the published counters count the recomputed forward (Narayanan et al. 2021, eq. 3),
-         * but for the model FLOPs utilisation of Korthikanti et al. 2022 */
-        double pred = 100 * (p->mfu ? r.mfu : r.hfu);
-        pred_nofit[i] = pred;
+        double pred = pred_out[i];
         /* no constant of a shipped profile comes from a published run but gemm_calibration,
          * which this table leaves out */
         printf("| %s | %lld | %d x %d x %d, %d, %lld | %.2f | %.2f | %+.2f | %+.1f%% | %.1f GB%s | "
@@ -223,50 +252,48 @@ static int run_published(const char *svg) {
                p->pp, p->dp, p->mb, (long long)p->batch, p->pct, pred, pred - p->pct,
                100 * (pred - p->pct) / p->pct, r.mem.total / 1e9,
                r.fits ? "" : " (does not fit)", p->source);
-        double e = fabs(pred - p->pct) / p->pct;
-        sum += e;
-        worst = e > worst ? e : worst;
-        n++;
+        rel_err_add(&err, pred, p->pct);
     }
     printf("\nRelative error without a fit: %.1f%% mean, %.1f%% worst over the %d runs.\n",
-           100 * sum / (n ? n : 1), 100 * worst, n);
+           rel_err_mean_pct(&err), 100 * err.worst, err.n);
+    return rc;
+}
+
+/* The same with each profile's gemm_calibration (`llm3d plan --calibrated`). */
+static int published_calibrated(double *pred_out) {
     printf("\nWith the optional calibration (`llm3d plan --calibrated`: each profile's "
            "gemm_calibration, one factor on its GEMM curve fitted on one run):\n\n"
            "| run | gemm_calibration | predicted %% of peak | difference (points) | relative error "
            "| the run's role |\n|---|---|---|---|---|---|\n");
-    for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+    int rc = 0;
+    struct rel_err held_out = {0}, fit = {0};
+    for (size_t i = 0; i < N_PUBLISHED; i++) {
         const struct published *p = &published[i];
         struct l3d_plan_result r;
         struct l3d_profile prof;
-        if (eval_published(p, p->devices, p->dp, p->batch, true, &r) != L3D_OK ||
-            l3d_profile_find(&prof, p->profile) != L3D_OK) {
-            fprintf(stderr, "llm3d plan: %s: %s\n", p->what, l3d_error_message());
+        if (!predicted(p, true, &r, &prof, &pred_out[i])) {
             rc = 1;
             continue;
         }
-        double pred = 100 * (p->mfu ? r.mfu : r.hfu);
-        pred_cal[i] = pred;
+        double pred = pred_out[i];
         printf("| %s | %.3f | %.2f | %+.2f | %+.1f%% | %s |\n", p->what, prof.gemm_calibration,
                pred, pred - p->pct, 100 * (pred - p->pct) / p->pct,
                p->fit ? "set the calibration" : "never used to set a constant");
-        double e = fabs(pred - p->pct) / p->pct;
-        if (!p->fit) {
-            sum_c += e;
-            worst_c = e > worst_c ? e : worst_c;
-            n_c++;
-        } else {
-            sum_f += e;
-            worst_f = e > worst_f ? e : worst_f;
-            n_f++;
-        }
+        rel_err_add(p->fit ? &fit : &held_out, pred, p->pct);
     }
     printf("\nRelative error with the calibration, on the %d runs not used to set it: %.1f%% "
-           "mean, %.1f%% worst; on the %d that set it: %.1f%% mean, %.1f%% worst.\n", n_c,
-           100 * sum_c / (n_c ? n_c : 1), 100 * worst_c, n_f, 100 * sum_f / (n_f ? n_f : 1),
-           100 * worst_f);
+           "mean, %.1f%% worst; on the %d that set it: %.1f%% mean, %.1f%% worst.\n", held_out.n,
+           rel_err_mean_pct(&held_out), 100 * held_out.worst, fit.n, rel_err_mean_pct(&fit),
+           100 * fit.worst);
+    return rc;
+}
+
+/* The Frontier runs' scaling efficiencies (scalings[]), without a fit and calibrated. */
+static int published_scaling(void) {
     printf("\n| scaling | GCDs | global batch | published efficiency | predicted efficiency (no "
            "fit) | predicted efficiency (calibrated) | batch chosen | the figure's role |\n"
            "|---|---|---|---|---|---|---|---|\n");
+    int rc = 0;
     for (size_t i = 0; i < sizeof scalings / sizeof scalings[0]; i++) {
         const struct scaling *sc = &scalings[i];
         const struct published *p = &published[sc->run];
@@ -296,6 +323,20 @@ static int run_published(const char *svg) {
                sc->chosen ? "set the batch (chosen after the fact, this figure in view)"
                           : "never used to set a constant");
     }
+    return rc;
+}
+
+/* llm3d plan --published: the three tables, and with --svg the predictions drawn. */
+static int run_published(const char *svg) {
+    const char *names[N_PUBLISHED];
+    double pub[N_PUBLISHED], pred_nofit[N_PUBLISHED], pred_cal[N_PUBLISHED];
+    for (size_t i = 0; i < N_PUBLISHED; i++) {
+        names[i] = published[i].what;
+        pub[i] = published[i].pct;
+    }
+    int rc = published_nofit(pred_nofit);
+    rc |= published_calibrated(pred_cal);
+    rc |= published_scaling();
     if (svg && l3d_plan_svg_published(svg, (int)N_PUBLISHED, names, pub, pred_nofit, pred_cal))
         rc = 1;
     return rc;

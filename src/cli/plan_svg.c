@@ -101,10 +101,7 @@ int l3d_plan_svg_write(const char *path, const struct l3d_plan_svg *all,
     }
     free(xy);
     free(names);
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plan: --svg: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("plan: --svg");
     printf("wrote %s: %lld layouts, coloured by %s\n", path, (long long)all->n,
            l3d_plan_svg_dims[dim]);
     return 0;
@@ -131,10 +128,7 @@ int l3d_plan_svg_published(const char *path, int n, const char *const *names,
         l3d_plot_chart_draw(&s, &c, 0, 0, 1000, 640);
         st = l3d_svg_end(&s);
     }
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plan: --svg: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("plan: --svg");
     printf("wrote %s: %d published runs\n", path, n);
     return 0;
 }

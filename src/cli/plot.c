@@ -183,10 +183,7 @@ static int plot_runs(char **paths, int n, const struct plot_opts *o) {
         free(runs[i].vs);
         l3d_plot_metrics_free(&runs[i].m);
     }
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plot: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("plot");
     printf("wrote %s: %d run%s, %lld steps, %lld validation points, %lld skipped\n", o->out, n,
            n == 1 ? "" : "s", (long long)steps, (long long)val, (long long)skipped);
     return 0;
@@ -215,10 +212,8 @@ int l3d_cli_plot(int argc, char **argv) {
     if (!o.trace) return plot_runs(argv + first, nruns, &o);
     double bubble = 0;
     int step = 0;
-    if (l3d_plot_timeline(o.trace, o.out, o.step, &bubble, &step) != L3D_OK) {
-        fprintf(stderr, "llm3d plot: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_plot_timeline(o.trace, o.out, o.step, &bubble, &step) != L3D_OK)
+        return l3d_cli_failed("plot");
     printf("wrote %s: step %d, pipeline bubble %.1f%% (idle share of each rank's pipeline "
            "phase)\n", o.out, step, 100 * bubble);
     return 0;

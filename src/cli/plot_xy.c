@@ -191,10 +191,7 @@ int l3d_cli_plot_xy(const char *path, const char *out) {
             free(s->name), free(s->x), free(s->y), free(s->labels);
         }
     free(d);
-    if (st != L3D_OK) {
-        fprintf(stderr, "llm3d plot: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (st != L3D_OK) return l3d_cli_failed("plot");
     printf("wrote %s: %d data points\n", out, points);
     return 0;
 }

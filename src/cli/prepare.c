@@ -125,10 +125,7 @@ int l3d_cli_prepare(int argc, char **argv) {
     if (bytes && (doc_sep || o.doc_token != L3D_DOC_AUTO))
         return usage_error("--doc-separator and --doc-token apply to BPE tokenizers, not bytes");
     struct l3d_tokenizer *tok = NULL;
-    if (!bytes && l3d_tokenizer_open(&tok, tokenizer) != L3D_OK) {
-        fprintf(stderr, "llm3d prepare: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (!bytes && l3d_tokenizer_open(&tok, tokenizer) != L3D_OK) return l3d_cli_failed("prepare");
     int doc_token = tok ? l3d_doc_token_id("prepare", tok, tokenizer, o.doc_token) : -1;
     if (doc_token == -2) {
         l3d_tokenizer_free(tok);

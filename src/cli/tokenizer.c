@@ -31,10 +31,7 @@ static int open_tok(const char *spec, struct l3d_tokenizer **tok) {
                 "tokenizer --help)\n");
         return 2;
     }
-    if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
-        fprintf(stderr, "llm3d tokenizer: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_tokenizer_open(tok, spec) != L3D_OK) return l3d_cli_failed("tokenizer");
     return 0;
 }
 
@@ -94,10 +91,8 @@ static int cmd_train(const struct tok_args *a) {
     }
     double t0 = l3d_time_s();
     int merges;
-    if (l3d_bpe_train(a->files, a->nfiles, a->vocab, a->out, &merges, isatty(2)) != L3D_OK) {
-        fprintf(stderr, "llm3d tokenizer train: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_bpe_train(a->files, a->nfiles, a->vocab, a->out, &merges, isatty(2)) != L3D_OK)
+        return l3d_cli_failed("tokenizer train");
     printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe (%.1f s)\n", merges,
            a->out, a->out, l3d_time_s() - t0);
     if (merges < a->vocab - 257)
@@ -111,10 +106,7 @@ static int cmd_export(const struct tok_args *a, const struct l3d_tokenizer *tok)
         fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
         return 2;
     }
-    if (l3d_tokenizer_save_llmc(tok, a->out) != L3D_OK) {
-        fprintf(stderr, "llm3d tokenizer export: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_tokenizer_save_llmc(tok, a->out) != L3D_OK) return l3d_cli_failed("tokenizer export");
     return 0;
 }
 
@@ -134,10 +126,8 @@ static int encode_input(const struct tok_args *a, const char **text, char **buf,
     }
     bool in = strcmp(a->files[0], "-") == 0;
     FILE *fp = stdin;
-    if (!in && l3d_fopen_regular(a->files[0], "input", &fp, NULL) != L3D_OK) {
-        fprintf(stderr, "llm3d tokenizer encode: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (!in && l3d_fopen_regular(a->files[0], "input", &fp, NULL) != L3D_OK)
+        return l3d_cli_failed("tokenizer encode");
     size_t cap = 0;
     for (size_t got = 1; fp && got;) {
         if (*n + 65536 > cap) *buf = realloc(*buf, cap = 2 * cap + 65536);
@@ -153,7 +143,7 @@ static int encode_input(const struct tok_args *a, const char **text, char **buf,
 }
 
 static int cmd_encode(const struct tok_args *a, const struct l3d_tokenizer *tok) {
-    const char *text;
+    const char *text = NULL;
     char *buf;
     size_t n;
     int rc = encode_input(a, &text, &buf, &n);
@@ -181,10 +171,8 @@ static int cmd_decode(const struct tok_args *a, const struct l3d_tokenizer *tok)
         return 2;
     }
     struct l3d_data *d;
-    if (l3d_data_open(&d, a->files[0], l3d_tokenizer_vocab_size(tok)) != L3D_OK) {
-        fprintf(stderr, "llm3d tokenizer decode: %s\n", l3d_error_message());
-        return 1;
-    }
+    if (l3d_data_open(&d, a->files[0], l3d_tokenizer_vocab_size(tok)) != L3D_OK)
+        return l3d_cli_failed("tokenizer decode");
     for (int f = 0; f < l3d_data_num_files(d); f++) {
         int64_t n = l3d_data_file_ntok(d, f);
         for (int64_t i = 0; i < n; i++) {

@@ -189,6 +189,22 @@ static l3d_status check_args(int nfiles, double val_fraction, int64_t shard_toke
     return L3D_OK;
 }
 
+/* Every input file read through (readable, text) before any work, in chunk: their bytes in
+ * *total; the first bad file's error, or one when they hold no text at all. */
+static l3d_status check_inputs(char **files, int nfiles, unsigned char *chunk, int64_t *total) {
+    *total = 0;
+    for (int i = 0; i < nfiles; i++) {
+        int64_t n = 0;
+        l3d_status st = read_input(files[i], chunk, &n, NULL);
+        if (st != L3D_OK) return st;
+        *total += n;
+    }
+    if (*total == 0)
+        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no text (0 bytes): nothing to "
+                         "prepare", nfiles);
+    return L3D_OK;
+}
+
 l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, double val_fraction,
                              int64_t shard_tokens, struct l3d_prepare_stats *stats) {
     if (stats) memset(stats, 0, sizeof *stats);
@@ -196,20 +212,11 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
     if (st != L3D_OK) return st;
 
     unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
-    int64_t total = 0;
-    for (int i = 0; i < nfiles; i++) {
-        int64_t n;
-        st = read_input(files[i], chunk, &n, NULL);
-        if (st != L3D_OK) {
-            l3d_free(chunk);
-            return st;
-        }
-        total += n;
-    }
-    if (total == 0) {
+    int64_t total;
+    st = check_inputs(files, nfiles, chunk, &total);
+    if (st != L3D_OK) {
         l3d_free(chunk);
-        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no text (0 bytes): nothing to "
-                         "prepare", nfiles);
+        return st;
     }
     int64_t nval = (int64_t)llround(val_fraction * (double)total);
     if (val_fraction > 0.0 && nval < 2) nval = 2;
@@ -373,38 +380,15 @@ static l3d_status encode_pieces(struct l3d_encoder **enc, const char *file, cons
                      pv[bad].start, msg);
 }
 
-l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
-                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
-                           const char *doc_separator, int doc_token, bool progress,
-                           struct l3d_prepare_stats *stats) {
-    if (stats) memset(stats, 0, sizeof *stats);
-    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
-    if (st != L3D_OK) return st;
-    int V = l3d_tokenizer_vocab_size(tok), eot = doc_token >= 0 ? doc_token : l3d_tokenizer_eot(tok);
-    if (!l3d_tokenizer_can_encode(tok))
-        return l3d_error(L3D_ERR_ARG, "llm.c's tokenizer file decodes only: give the tokenizer "
-                         "as gpt2 or a directory with encoder.json and vocab.bpe");
-    if (eot < 0 || eot >= V)
-        return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with "
-                         "(--doc-token gives another)", L3D_EOT_STRING);
-    /* every file checked (readable, text) before any work */
-    unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
-    int64_t total = 0;
-    for (int i = 0; i < nfiles && st == L3D_OK; i++) {
-        int64_t n;
-        st = read_input(files[i], chunk, &n, NULL);
-        total += n;
-    }
-    l3d_free(chunk);
-    if (st != L3D_OK) return st;
-    if (total == 0)
-        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no text (0 bytes): nothing to "
-                         "prepare", nfiles);
-
+/* The documents of the input files, tokenized (each one after the token eot) into c, the threads
+ * over each file's pieces; with progress, a bar on stderr of the files' `total` bytes. */
+static l3d_status encode_files(struct corpus *c, char **files, int nfiles,
+                               const struct l3d_tokenizer *tok, const char *doc_separator, int eot,
+                               bool progress, int64_t total) {
+    l3d_status st = L3D_OK;
     int nth = omp_get_max_threads();
     struct l3d_encoder **enc = l3d_alloc((size_t)nth * sizeof *enc, "encoders");
     for (int i = 0; i < nth; i++) enc[i] = l3d_encoder_init(tok);
-    struct corpus c = {0};
     struct piece *pv = NULL;
     size_t cap = 0;
     double t0 = l3d_time_s(), done = 0;
@@ -421,10 +405,10 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
                 continue;
             }
             if (pv[i].doc_start) {
-                corpus_doc(&c);
-                corpus_put(&c, eot);
+                corpus_doc(c);
+                corpus_put(c, eot);
             }
-            for (int64_t k = 0; k < pv[i].ids.n; k++) corpus_put(&c, pv[i].ids.v[k]);
+            for (int64_t k = 0; k < pv[i].ids.n; k++) corpus_put(c, pv[i].ids.v[k]);
             l3d_ids_free(&pv[i].ids);
         }
         l3d_free(text);
@@ -435,6 +419,31 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
     for (int i = 0; i < nth; i++) l3d_encoder_free(enc[i]);
     l3d_free(enc);
     free(pv);
+    return st;
+}
+
+l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
+                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                           const char *doc_separator, int doc_token, bool progress,
+                           struct l3d_prepare_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
+    if (st != L3D_OK) return st;
+    int V = l3d_tokenizer_vocab_size(tok), eot = doc_token >= 0 ? doc_token : l3d_tokenizer_eot(tok);
+    if (!l3d_tokenizer_can_encode(tok))
+        return l3d_error(L3D_ERR_ARG, "llm.c's tokenizer file decodes only: give the tokenizer "
+                         "as gpt2 or a directory with encoder.json and vocab.bpe");
+    if (eot < 0 || eot >= V)
+        return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with "
+                         "(--doc-token gives another)", L3D_EOT_STRING);
+    unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
+    int64_t total;
+    st = check_inputs(files, nfiles, chunk, &total);
+    l3d_free(chunk);
+    if (st != L3D_OK) return st;
+
+    struct corpus c = {0};
+    st = encode_files(&c, files, nfiles, tok, doc_separator, eot, progress, total);
     if (st == L3D_OK && c.ndocs == 0)
         st = l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no document: every line is the "
                        "separator \"%s\"", nfiles, doc_separator ? doc_separator : "");

@@ -497,13 +497,9 @@ l3d_status l3d_gpt_init_ex(struct l3d_gpt **out, const struct l3d_model_spec *cf
     return l3d_gpt_init_dt(out, cfg, sh, be, B, T, grads, act_slots, recompute, L3D_F32);
 }
 
-l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
-                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
-                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
-                           enum l3d_dtype dt) {
-    *out = NULL;
-    L3D_ASSERT(act_slots >= 1);
-    L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
+/* The model, shard and batch shape l3d_gpt_init_dt takes: L3D_OK, or the error. */
+static l3d_status check_init(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                             int T) {
     l3d_status st = l3d_shard_check(cfg, sh);
     if (st != L3D_OK) return st;
     if (cfg->norm == L3D_NORM_LAYERNORM && cfg->norm_eps != 1e-5f)
@@ -520,6 +516,18 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
         return l3d_error(L3D_ERR_LAYOUT, "sequence parallelism over %d ranks needs batch x "
                          "sequence length (%d x %d) to divide by %d", sh->sp_size, B, T,
                          sh->sp_size);
+    return L3D_OK;
+}
+
+l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
+                           const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
+                           enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
+                           enum l3d_dtype dt) {
+    *out = NULL;
+    L3D_ASSERT(act_slots >= 1);
+    L3D_ASSERT(dt == L3D_F32 || dt == L3D_BF16 || dt == L3D_F16);
+    l3d_status st = check_init(cfg, sh, B, T);
+    if (st != L3D_OK) return st;
     struct l3d_gpt *m = l3d_calloc(sizeof *m, "model");
     m->cfg = *cfg;
     m->shard = *sh;

@@ -491,6 +491,16 @@ void l3d_tokenizer_free(struct l3d_tokenizer *t) {
     l3d_free(t);
 }
 
+/* The end of a load: t in *out when st is L3D_OK, else t freed; st. */
+static l3d_status handed_over(struct l3d_tokenizer **out, struct l3d_tokenizer *t, l3d_status st) {
+    if (st != L3D_OK) {
+        l3d_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return L3D_OK;
+}
+
 static l3d_status compile_pattern(struct l3d_tokenizer *t) {
     return l3d_tok_compile(t, L3D_GPT2_PATTERN, "GPT-2's pattern");
 }
@@ -509,12 +519,7 @@ l3d_status l3d_tokenizer_bytes(struct l3d_tokenizer **out) {
     t->merges = l3d_calloc(sizeof *t->merges, "merge table"); /* one empty slot */
     t->mmask = 0;
     l3d_status st = compile_pattern(t);
-    if (st != L3D_OK) {
-        l3d_tokenizer_free(t);
-        return st;
-    }
-    *out = t;
-    return L3D_OK;
+    return handed_over(out, t, st);
 }
 
 l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
@@ -536,12 +541,7 @@ l3d_status l3d_tokenizer_load(struct l3d_tokenizer **out, const char *dir) {
     l3d_free(path);
     l3d_free(js);
     l3d_free(bpe);
-    if (st != L3D_OK) {
-        l3d_tokenizer_free(t);
-        return st;
-    }
-    *out = t;
-    return L3D_OK;
+    return handed_over(out, t, st);
 }
 
 l3d_status l3d_tokenizer_load_llmc(struct l3d_tokenizer **out, const char *path) {
@@ -627,12 +627,7 @@ static l3d_status load_with(struct l3d_tokenizer **out, const char *path, const 
     struct l3d_tokenizer *t = l3d_tok_new();
     if (st == L3D_OK) st = parse(t, path, buf, n);
     l3d_free(buf);
-    if (st != L3D_OK) {
-        l3d_tokenizer_free(t);
-        return st;
-    }
-    *out = t;
-    return L3D_OK;
+    return handed_over(out, t, st);
 }
 
 l3d_status l3d_tokenizer_load_tiktoken(struct l3d_tokenizer **out, const char *path) {

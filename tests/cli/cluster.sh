@@ -69,6 +69,15 @@ same() {
     "$bin" compare --rtol "$3" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1
 }
 has() { grep -q -- "$2" "$dir/$1.log"; } # has RUN PATTERN: the run's output holds the line
+# compared STATUS RUN OK_TEXT BAD_TEXT: after RUN and its comparison (their status, 0 when both
+# went well): ok with the comparison's words, else bad with the run's output and the comparison
+compared() {
+    if [ "$1" -eq 0 ]; then
+        ok "$3 ($(tr '\n' ' ' < "$dir/$2.cmp"))"
+    else
+        bad "$4"; cat "$dir/$2.log" "$dir/$2.cmp" 2>/dev/null
+    fi
+}
 rx_bytes() { ip -n "$name-h1" -s -j link show eth0 | sed 's/.*"rx":{"bytes":\([0-9]*\).*/\1/'; }
 
 # references: one process, the same global batch
@@ -79,16 +88,13 @@ train ref_pp 0 2 --grad-accum 2 --layers 4 || { bad "reference layers 4"; cat "$
 # of each of the 10 steps' 2 x 59264 x 4 gradient bytes reaches host 1: > 2 MB received); across
 # hosts the progress thread is the default (polling on one host: the resumed run below)
 rx0=$(rx_bytes)
-if train tp2_dp2 "launch 4 2" 2 --grad-accum 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
+train tp2_dp2 "launch 4 2" 2 --grad-accum 1 --tp 2 --save-every 5 && same tp2_dp2 ref_b4 1e-5 &&
    has tp2_dp2 "^nodes: 2 .* rank:node 0:0 1:0 2:1 3:1$" &&
    has tp2_dp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
    has tp2_dp2 "^DP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$" &&
    has tp2_dp2 "^layout: .* overlapped gradient pieces (progress thread) in fp32"
-then
-    ok "2 hosts: tp2 inside x dp2 across = one process ($(tr '\n' ' ' < "$dir/tp2_dp2.cmp"))"
-else
-    bad "2 hosts: tp2 inside x dp2 across"; cat "$dir/tp2_dp2.log" "$dir/tp2_dp2.cmp" 2>/dev/null
-fi
+compared $? tp2_dp2 "2 hosts: tp2 inside x dp2 across = one process" \
+    "2 hosts: tp2 inside x dp2 across"
 rx1=$(rx_bytes)
 if is_number "$rx0" && is_number "$rx1" && [ $((rx1 - rx0)) -gt 2000000 ] &&
    [ -z "$(ip -4 addr show | grep '10\.77\.0\.')" ] &&
@@ -103,14 +109,11 @@ fi
 
 # pp2 across the hosts x tp2 inside (stage 0 on host 0, stage 1 on host 1): 3e-5 as equiv.sh's
 # pp2_tp2 (TP's other matrix shapes, lifted by AdamW where gradients are near eps)
-if train pp2_tp2 "launch 4 2" 2 --grad-accum 2 --layers 4 --pp 2 --tp 2 && same pp2_tp2 ref_pp 3e-5 &&
+train pp2_tp2 "launch 4 2" 2 --grad-accum 2 --layers 4 --pp 2 --tp 2 && same pp2_tp2 ref_pp 3e-5 &&
    has pp2_tp2 "^TP groups: 2, 0 of them across nodes: {0,1} on node 0; {2,3} on node 1$" &&
    has pp2_tp2 "^PP groups: 2, 2 of them across nodes: {0,2} on nodes 0,1; {1,3} on nodes 0,1$"
-then
-    ok "2 hosts: pp2 across x tp2 inside = one process ($(tr '\n' ' ' < "$dir/pp2_tp2.cmp"))"
-else
-    bad "2 hosts: pp2 across x tp2 inside"; cat "$dir/pp2_tp2.log" "$dir/pp2_tp2.cmp" 2>/dev/null
-fi
+compared $? pp2_tp2 "2 hosts: pp2 across x tp2 inside = one process" \
+    "2 hosts: pp2 across x tp2 inside"
 
 # a TP group across the hosts (one rank on each): refused with one message, before any step;
 # --allow-cross-node-tp runs it with one warning, and it still trains the same model
@@ -123,26 +126,19 @@ if ! train tp2_across "launch 2 1" 4 --grad-accum 1 --tp 2 &&
 else
     bad "a TP group across hosts is refused"; cat "$dir/tp2_across.log"
 fi
-if train tp2_allowed "launch 2 1" 4 --grad-accum 1 --tp 2 --allow-cross-node-tp && same tp2_allowed ref_b4 1e-5 &&
+train tp2_allowed "launch 2 1" 4 --grad-accum 1 --tp 2 --allow-cross-node-tp && same tp2_allowed ref_b4 1e-5 &&
    [ "$(grep -c "warning: --tp 2: the TP group {0,1} on nodes 0,1 spans nodes" \
-        "$dir/tp2_allowed.log")" -eq 1 ]; then
-    ok "--allow-cross-node-tp: one warning, the same model\
- ($(tr '\n' ' ' < "$dir/tp2_allowed.cmp"))"
-else
-    bad "--allow-cross-node-tp"; cat "$dir/tp2_allowed.log" "$dir/tp2_allowed.cmp" 2>/dev/null
-fi
+        "$dir/tp2_allowed.log")" -eq 1 ]
+compared $? tp2_allowed "--allow-cross-node-tp: one warning, the same model" "--allow-cross-node-tp"
 
 # the 2-host layout's step-5 checkpoint, resumed on one host as dp2 ZeRO-1 (the rank files that
 # each host wrote into the shared directory, re-sliced), ends where one process does
 step5=$dir/tp2_dp2/checkpoints/step_00000005
 if [ -f "$step5/manifest" ] || [ -d "$step5" ]; then
-    if train resumed 2 2 --grad-accum 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5 &&
-       has resumed "^layout: .* overlapped gradient pieces (polled between kernels) in fp32"; then
-        ok "the 2-host checkpoint resumed on one host as dp2 ($(tr '\n' ' ' < "$dir/resumed.cmp"))"
-    else
-        bad "the 2-host checkpoint resumed on one host"
-        cat "$dir/resumed.log" "$dir/resumed.cmp" 2>/dev/null
-    fi
+    train resumed 2 2 --grad-accum 1 --zero 1 --resume "$step5" && same resumed ref_b4 1e-5 &&
+       has resumed "^layout: .* overlapped gradient pieces (polled between kernels) in fp32"
+    compared $? resumed "the 2-host checkpoint resumed on one host as dp2" \
+        "the 2-host checkpoint resumed on one host"
 else
     bad "the 2-host run saved no step-5 checkpoint ($step5)"
 fi

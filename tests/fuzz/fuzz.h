@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "llm3d/core.h"
+#include "llm3d/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -82,6 +83,16 @@ static inline char *fuzz_data_file(const char *name, size_t *len) {
     fclose(f);
     *len = (size_t)n;
     return b;
+}
+
+/* Each of the first `max` token ids of t (all of them for max < 0) gives its bytes (a token of
+ * n > 0 bytes has them): abort() otherwise. */
+static inline void fuzz_tokens(const struct l3d_tokenizer *t, int max) {
+    int V = l3d_tokenizer_vocab_size(t);
+    for (int id = 0; id < V && (max < 0 || id < max); id++) {
+        size_t n = 0;
+        if (!l3d_tokenizer_token(t, id, &n) && n) abort();
+    }
 }
 
 #endif
