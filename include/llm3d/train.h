@@ -65,6 +65,9 @@ struct l3d_train_config {
     const char *ckpt_dir;
     const char *resume;
     int save_every, keep;
+    /* checkpoints written by a thread while training goes on (l3d_ckpt_save_begin): each rank's
+     * state copied into host staging at the step, published once every rank has written */
+    bool async_save;
     /* run directories (DESIGN.md, "Run identity"): overwrite removes llm3d's files of an earlier
      * run in out_dir (and ckpt_dir) instead of refusing to start there */
     bool overwrite;

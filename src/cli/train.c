@@ -73,7 +73,7 @@ enum {
     T_INIT, T_TRAIN, T_VAL, T_SEQUENTIAL, T_STEPS, T_LR, T_MINLR, T_WARMUP, T_WD, T_BETA1,
     T_BETA2, T_EPS, T_CLIP, T_VALEVERY, T_VALBATCHES, T_SEED, T_OUT, T_PEAK, T_QUIET, T_BACKEND,
     T_IGNORE_MEM, T_CROSS_TP, T_TRACE, T_COMM, T_PROGRESS, T_SAVE_EVERY, T_CKPT_DIR, T_KEEP,
-    T_RESUME, T_OVERWRITE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
+    T_RESUME, T_OVERWRITE, T_ASYNC_SAVE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
 };
 
 static const struct l3d_flag init_flags[] = {
@@ -140,6 +140,11 @@ static const struct l3d_flag ckpt_flags[] = {
     {"save-every", "N", T_SAVE_EVERY, "save every N steps and after the last (0: never; 0)"},
     {"ckpt-dir", "DIR", T_CKPT_DIR, "where step directories go (default OUT/checkpoints)"},
     {"keep", "K", T_KEEP, "keep the newest K checkpoints (3)"},
+    {"async-save", NULL, T_ASYNC_SAVE, "write checkpoints in the background: training stands "
+                                       "still only while each rank copies its state to host "
+                                       "memory (held once: parameters and AdamW moments); the "
+                                       "checkpoint is published when every rank has written it. "
+                                       "ZeRO-3 (and mixed-precision ZeRO-2) save synchronously"},
     {"resume", "auto|PATH", T_RESUME, "continue from the latest checkpoint (auto: a fresh start "
                                       "when there is none) or from a step or checkpoint "
                                       "directory"},
@@ -214,6 +219,7 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     case T_KEEP: return l3d_arg_int(cmd, "keep", v, 1, 1 << 20, &tc->keep);
     case T_RESUME: tc->resume = v; return 1;
     case T_OVERWRITE: tc->overwrite = true; return 1;
+    case T_ASYNC_SAVE: tc->async_save = true; return 1;
     case T_TIMEOUT: {
         float sec = 0;
         if (!l3d_arg_float(cmd, "timeout", v, 0, 1e7, &sec)) return 0;

@@ -340,6 +340,10 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->pieces, t->tc->layout.v,
                                           t->ld, start_step, &res->report_error);
     if (st != L3D_OK) return st;
+    /* --async-save's staging, sized by the views (allocated here, once) */
+    st = l3d_train_ckpt_async_init(ck, tc, t->vptr, t->opts,
+                                   l3d_dp_fp32_streamed(&t->dps[0], &t->opts[0]));
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
     if (t->ls.on && t->ls.dynamic && ck->ls_scale > 0) { /* the resumed run's loss scale */
         t->ls.scale = ck->ls_scale;
@@ -464,11 +468,16 @@ static l3d_status train_steps(struct l3d_trainer *t, struct l3d_train_ckpt *ck, 
         if (!isnan(s.val_loss)) res->last_val_loss = s.val_loss;
         st = l3d_train_report_step(t, step, &s);
         if ((st = agree(world, st, res)) != L3D_OK) return st;
-        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
+        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0,
+         * once the checkpoint is written); a background save closed when every rank wrote it */
         l3d_comm_doing(world, "end-of-step signal check and checkpoint", -1, -1);
+        if ((st = l3d_train_ckpt_poll(ck, world, false, &res->report_error)) != L3D_OK) return st;
         res->stopped_by = l3d_train_stop_requested(world);
         if (res->stopped_by || l3d_train_ckpt_due(ck, tc, step + 1))
             if ((st = save_ckpt(t, ck, step + 1, res)) != L3D_OK) return st;
+        if (res->stopped_by &&
+            (st = l3d_train_ckpt_poll(ck, world, true, &res->report_error)) != L3D_OK)
+            return st;
         if (res->stopped_by) {
             *end_step = step + 1;
             if (t->lead)
@@ -499,6 +508,7 @@ static l3d_status train_finish(struct l3d_trainer *t, struct l3d_train_ckpt *ck,
     l3d_status st;
     if (!res->stopped_by && tc->save_every > 0 && (st = save_ckpt(t, ck, end_step, res)) != L3D_OK)
         return st;
+    if ((st = l3d_train_ckpt_poll(ck, world, true, &res->report_error)) != L3D_OK) return st;
     res->steps = end_step;
     l3d_train_report_result(t, start_step, end_step, res);
     st = L3D_OK;
