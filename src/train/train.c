@@ -253,6 +253,7 @@ static void trainer_free(struct l3d_trainer *t) {
     int v = t->tc->layout.v;
     views_end(t, false);
     if (t->metrics) fclose(t->metrics);
+    l3d_tfevents_close(&t->tb);
     l3d_free(t->inp);
     l3d_free(t->tgt);
     l3d_free(t->cinp);
@@ -354,6 +355,8 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     if (t->lead)
         st = l3d_train_ckpt_open_metrics(tc, *start_step, t->run_id, &t->metrics,
                                          t->metrics_path, sizeof t->metrics_path);
+    if (t->lead && tc->tensorboard && st == L3D_OK) /* a resumed run: a new file beside */
+        st = l3d_tfevents_open(&t->tb, tc->tensorboard);
     return agree(world, st, res);
 }
 
