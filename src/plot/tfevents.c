@@ -1,5 +1,6 @@
 /* TensorBoard event files: CRC-32C, a protobuf encoder for the Event fields llm3d writes, the
  * TFRecord framing and the file (include/llm3d/tfevents.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,20 +151,39 @@ static l3d_status write_event(const struct l3d_tfevents *tb, int64_t step,
     return l3d_log_append(tb->f, tb->path, rec, m, "record");
 }
 
+/* The latest <seconds> of the event files in dir (-1: none). */
+static long long latest_seconds(const char *dir) {
+    static const char prefix[] = "events.out.tfevents.";
+    long long latest = -1;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0) continue;
+        long long s = strtoll(e->d_name + sizeof prefix - 1, NULL, 10);
+        if (s > latest) latest = s;
+    }
+    if (d) closedir(d);
+    return latest;
+}
+
 /* DIR/events.out.tfevents.<seconds>.<host>.<pid>.llm3d (TensorBoard reads any name holding
- * "tfevents"); a name already there (the pid of an earlier process, the same second) gets .1,
- * .2, ...: a run never appends to another's file. */
+ * "tfevents", in name order, and a step that goes back discards the later steps it has read: a
+ * resumed run's file must sort after the earlier run's). So a run that starts in the second of
+ * an earlier file (a resume seconds after a stop) waits for the next second; one that finds a
+ * file up to 2 s in the future waits too (a clock set back a little); further, it gives up
+ * waiting. A name still taken (an earlier process of the same pid) gets .1, .2, ... */
 static l3d_status event_path(struct l3d_tfevents *tb, const char *dir) {
     char host[256] = "localhost";
     if (gethostname(host, sizeof host - 1) != 0) strcpy(host, "localhost");
     host[sizeof host - 1] = '\0';
     for (char *c = host; *c; c++)
         if (*c == '/') *c = '_';
-    long long secs = (long long)time(NULL);
+    long long latest = latest_seconds(dir), secs;
+    while ((secs = (long long)time(NULL)) <= latest && latest - secs <= 2)
+        nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
     for (int i = 0; i < 1000; i++) {
         char suffix[16] = "";
         if (i) snprintf(suffix, sizeof suffix, ".%d", i);
-        int w = snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%lld.%s.%d.llm3d%s",
+        int w = snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%010lld.%s.%d.llm3d%s",
                          dir, secs, host, (int)getpid(), suffix);
         if (w < 0 || w >= (int)sizeof tb->path)
             return l3d_error(L3D_ERR_ARG, "--tensorboard path too long: %s", dir);

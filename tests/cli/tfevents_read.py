@@ -4,6 +4,7 @@ tensorboard, no tensorflow, no protobuf package), for tests/cli/tensorboard.sh.
 
   tfevents_read.py dump FILE...          every scalar as "step<TAB>tag<TAB>value", files in order
   tfevents_read.py compare DIR METRICS   DIR's event files against a run's metrics.jsonl
+  tfevents_read.py selftest              CRC-32C against its check value (and a changed input)
 
 The TFRecord framing (TensorFlow's core/lib/io/record_writer.cc): uint64 length (little-endian),
 uint32 masked CRC-32C of those 8 bytes, the data, uint32 masked CRC-32C of the data; masked(c) =
@@ -206,6 +207,9 @@ def main(argv):
                         print("%d\t%s\t%.9g" % (e["step"], tag, v))
         elif len(argv) == 4 and argv[1] == "compare":
             compare(argv[2], argv[3])
+        elif len(argv) == 2 and argv[1] == "selftest":
+            if crc32c(b"123456789") != 0xE3069283 or crc32c(b"123456788") == 0xE3069283:
+                raise Bad("CRC-32C of '123456789' is %#x, not 0xe3069283" % crc32c(b"123456789"))
         else:
             sys.stderr.write(__doc__)
             return 2
