@@ -201,7 +201,12 @@ l3d_status l3d_tfevents_open(struct l3d_tfevents *tb, const char *dir) {
         return l3d_error(L3D_ERR_IO, "--tensorboard %s exists and is not a directory: give a "
                          "directory (it is created when missing)", dir);
     l3d_status st = l3d_mkdir_p(dir);
-    if (st == L3D_OK) st = event_path(tb, dir);
+    if (st != L3D_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", l3d_error_message());
+        return l3d_error(st, "--tensorboard: %s", why);
+    }
+    st = event_path(tb, dir);
     if (st == L3D_OK) st = l3d_open_log(tb->path, "TensorBoard event file", false, &tb->f);
     if (st == L3D_OK) st = write_event(tb, 0, "brain.Event:2", NULL, 0);
     if (st != L3D_OK) l3d_tfevents_close(tb);

@@ -70,6 +70,9 @@ second): $out" test $? -eq 0
 touch "$dir/plain"
 expect_error "--tensorboard over a file" "tensorboard $dir/plain exists and is not a directory" \
     "$bin" train "${TRAIN_FLAGS[@]}" --steps 1 --tensorboard "$dir/plain"
+expect_error "--tensorboard where no directory can be made (under a file)" \
+    "tensorboard: cannot create the output directory $dir/plain/tb" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --steps 1 --tensorboard "$dir/plain/tb"
 # a file-size limit of 1 KiB: the event file (no --out) fills it within a few steps
 # (--backend cpu: the checking backend's device arena is a file, which the limit would stop first)
 (ulimit -f 1; OMP_NUM_THREADS=1 bounded "$bin" train "${TRAIN_FLAGS[@]}" --batch 2 --backend cpu \
