@@ -139,6 +139,17 @@ static void json_number(char *buf, size_t n, double v) {
         snprintf(buf, n, "null");
 }
 
+/* v as a float32 in the fewest digits (6 to 9) that read back as that float: the value the
+ * TensorBoard event file holds, in as short a number as it can be ("6e-05", not
+ * "6.00000021e-05"). */
+static void json_float(char *buf, size_t n, double v) {
+    float f = (float)v;
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, n, "%.*g", digits, (double)f);
+        if (strtof(buf, NULL) == f) return;
+    }
+}
+
 /* The step's line in metrics.jsonl. */
 static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                                const struct l3d_step_stats *s) {
@@ -146,15 +157,19 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
     char line[1024], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char lr[32], tps[32], mfu[32];       /* as float32s: TensorBoard's values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,"
+    json_float(lr, sizeof lr, s->lr);
+    json_float(tps, sizeof tps, s->tokens_per_s);
+    json_float(mfu, sizeof mfu, s->mfu);
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
-                     "\"tp_bytes\":%lld,\"tokens_per_s\":%.9g,"
-                     "\"mfu\":%.9g,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+                     "\"tp_bytes\":%lld,\"tokens_per_s\":%s,"
+                     "\"mfu\":%s,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
                      "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, loss,
-                     s->lr, norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
-                     t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
+                     lr, norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
+                     t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, tps, mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
     if (t->tc->layout.zero == 3 && n > 0 && n < (int)sizeof line)
