@@ -11,7 +11,7 @@
  * The file, DIR/events.out.tfevents.<unix seconds>.<hostname>.<pid>.llm3d, is a sequence of
  * TFRecord records (TensorFlow's core/lib/io/record_writer.cc):
  *
- *   uint64 length (little-endian) | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
+ *   uint64 length (LE) | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
  *
  * masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8, crc32c the Castagnoli CRC (reflected
  * polynomial 0x82F63B78). Each record's data is a serialized tensorflow.Event

@@ -73,7 +73,8 @@ enum { WIRE_VARINT = 0, WIRE_FIXED64 = 1, WIRE_BYTES = 2, WIRE_FIXED32 = 5 };
 
 static void pb_key(struct pb *b, int field, int wire) { pb_varint(b, (uint64_t)field << 3 | wire); }
 
-static void pb_le(struct pb *b, uint64_t v, int bytes) { /* protobuf's fixed fields: little-endian */
+/* protobuf's fixed fields and TFRecord's length and CRCs: little-endian */
+static void pb_le(struct pb *b, uint64_t v, int bytes) {
     uint8_t t[8];
     for (int i = 0; i < bytes; i++) t[i] = (uint8_t)(v >> (8 * i));
     pb_raw(b, t, (size_t)bytes);

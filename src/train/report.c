@@ -157,7 +157,7 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
     char line[1024], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
-    char lr[32], tps[32], mfu[32];       /* as float32s: TensorBoard's values (tensorboard_step) */
+    char lr[32], tps[32], mfu[32]; /* as float32s: the TensorBoard values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
     json_float(lr, sizeof lr, s->lr);
