@@ -537,13 +537,11 @@ static bool take_record(struct encoding *e, const char *where, const char *line,
         if (strncmp(m, where, wl) == 0 && strncmp(m + wl, ": line 1, ", 10) == 0) m += wl + 10;
         snprintf(why, cap, "malformed JSON: %s", m);
     } else if (doc.type != L3D_JSON_OBJECT) {
-        snprintf(why, cap, "a JSON %s, not an object", l3d_json_type_name(doc.type));
+        snprintf(why, cap, "%s, not a JSON object", l3d_json_type_name(doc.type));
     } else if (!(v = l3d_json_get(&doc, key))) {
         snprintf(why, cap, "no \"%s\" member (--jsonl-key names the text's)", key);
     } else if (v->type != L3D_JSON_STRING) {
-        snprintf(why, cap, "\"%s\" is a%s %s, not a string", key,
-                 v->type == L3D_JSON_ARRAY || v->type == L3D_JSON_OBJECT ? "n" : "",
-                 l3d_json_type_name(v->type));
+        snprintf(why, cap, "\"%s\" is %s, not a string", key, l3d_json_type_name(v->type));
     } else if (memchr(v->str, 0, v->len)) {
         snprintf(why, cap, "\"%s\" holds a NUL character (\\u0000): prepare takes text only", key);
     } else if (!utf8_valid((const unsigned char *)v->str, v->len, &bad)) {
