@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -153,6 +154,8 @@ static void print_summary(const struct l3d_prepare_stats *st, bool bytes, const 
     printf(" (%.2f s", dt);
     if (!bytes && dt > 0) printf(", %.1f MB/s", st->bytes / 1e6 / dt);
     if (dt > 0) printf(", %.0f tokens/s", st->tokens / dt);
+    struct rusage ru; /* the peak resident memory, which the streaming bounds (bench/prepare.sh) */
+    if (getrusage(RUSAGE_SELF, &ru) == 0) printf(", peak RSS %.1f MiB", ru.ru_maxrss / 1024.0);
     printf(")\n");
 }
 

@@ -36,7 +36,7 @@ check "  ... several shards per split" test "$(ls "$dir/s_txt" | wc -l)" -ge 3
 out=$("$bin" prepare "${tok[@]}" --out "$dir/s_jsonl" "$dir/docs.jsonl")
 check "prepare docs.jsonl" test -n "$out"
 check "  ... the same shards as the text files" same_shards "$dir/s_txt" "$dir/s_jsonl"
-check "  ... its summary gives MB/s and tokens/s" sh -c "echo '$out' | grep -q 'MB/s, [0-9]* tokens/s)'"
+check "  ... its summary gives MB/s, tokens/s and the peak RSS" sh -c "echo '$out' | grep -q 'MB/s, [0-9]* tokens/s, peak RSS [0-9.]* MiB)'"
 gzip -9 -c "$dir/docs.jsonl" > "$dir/docs.jsonl.gz"
 zstd -q -19 -c "$dir/docs.jsonl" > "$dir/docs.jsonl.zst"
 for ext in gz zst; do
