@@ -224,10 +224,13 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
  * written as doc_token (-1: the tokenizer's end-of-text, llm.c's GPT-2 convention; Llama 3's
  * begin-of-text is llm.c's Llama 3 one) then its tokens, whole: document i goes to validation when
  * floor((i+1) f) > floor(i f) for f = val_fraction (every 1/f-th document), the others to
- * training; each split cut into shards as l3d_prepare_bytes does. The files are checked first
- * (readable, no NUL byte) as there; then encoded by all OpenMP threads, documents and pieces of
- * long ones in parallel; progress prints a bar on stderr. The tokens are held in memory (4 bytes
- * each) until the shards are written. */
+ * training; each split cut into shards as l3d_prepare_bytes does. The files are read in order
+ * (l3d_input: plain, .gz, .zst; a *.jsonl one a record at a time, each record a document as
+ * a text file is one) and encoded by all OpenMP threads, documents and pieces of long ones in
+ * parallel; progress prints a bar on stderr (bytes read from disk). The tokens wait in an unnamed
+ * temporary file in out_dir (4 bytes each) until both splits are counted; no shard is written
+ * before every file has been read (a file with a NUL byte, a truncated stream: nothing written,
+ * the out_dir directories this call made removed again). */
 struct l3d_tokenizer;
 l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
                            int64_t shard_tokens, const struct l3d_tokenizer *tok,

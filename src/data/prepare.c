@@ -2,8 +2,9 @@
  * byte by byte (l3d_prepare_bytes: token = byte value, vocabulary 256, no tokenizer files needed).
  * The bytes take two passes over the inputs: the first checks every file (readable, text) and
  * counts its bytes, so that nothing is written for a bad input and the train/val split and the
- * shard sizes are known; the second streams the bytes into shards, holding one shard in memory at
- * a time. */
+ * shard sizes are known; the second streams the bytes into shards. BPE encodes once, spooling
+ * each split's tokens to an unnamed temporary file, then cuts the spools into shards. Shards are
+ * written a chunk at a time (the sink), so memory never holds a whole one. */
 #include "llm3d/data.h"
 
 #include <omp.h>
