@@ -65,8 +65,8 @@ static const struct l3d_flag prepare_flags[] = {
                                "a string, a NUL or invalid UTF-8 in it) is an error naming its "
                                "file:line; without it such records are skipped, the first 5 "
                                "listed and all counted"},
-    {"max-line", "BYTES", P_MAXLINE, "JSON Lines: a longer line is an error naming its file:line "
-                                     "(67108864, 64 MiB)"},
+    {"max-line", "BYTES", P_MAXLINE, "JSON Lines: a longer line is an error naming its file:line; "
+                                     "1 <= BYTES <= 1099511627776 (67108864, 64 MiB)"},
     {"out", "DIR", P_OUT, "output directory"},
     {"val-fraction", "F", P_VAL, "fraction for validation, 0 <= F < 1 (0.05)"},
     {"shard-tokens", "N", P_SHARD, "at most N tokens per shard, 4 <= N <= 2147483647 "
@@ -111,7 +111,7 @@ static int set_prepare(void *ctx, const char *cmd, int id, const char *v) {
             o->jsonl.max_line = (size_t)n;
             return 1;
         }
-        fprintf(stderr, "llm3d %s: --max-line %s is not a whole number of bytes in [1, 2^40]\n",
+        fprintf(stderr, "llm3d %s: --max-line %s is not a whole number in [1, 1099511627776]\n",
                 cmd, v);
         return 0;
     }

@@ -33,7 +33,8 @@ static const char *comp_name[] = {"plain", "gzip", "zstd"};
 l3d_status l3d_input_open(struct l3d_input *in, const char *path) {
     *in = (struct l3d_input){.path = path};
     l3d_input_type(path, &in->jsonl, &in->comp);
-    l3d_status st = l3d_fopen_regular(path, "input", &in->fp, NULL);
+    l3d_status st = l3d_fopen_regular(path, in->jsonl ? "JSON Lines file" : "text file", &in->fp,
+                                      NULL);
     if (st != L3D_OK) return st;
     if (in->comp == L3D_IN_GZIP) {
         z_stream *z = l3d_alloc(sizeof *z, "gzip stream");
