@@ -189,7 +189,7 @@ l3d_status l3d_input_next_line(struct l3d_input *in, size_t max, const char **li
     }
     size_t scanned = 0;
     for (;;) {
-        char *nl = memchr(in->line + scanned, '\n', in->llen - scanned);
+        char *nl = in->llen > scanned ? memchr(in->line + scanned, '\n', in->llen - scanned) : NULL;
         if (nl || in->eof) {
             size_t end = nl ? (size_t)(nl - in->line) : in->llen;
             if (!nl && end == 0) break;
