@@ -490,6 +490,55 @@ static void test_wide(void) {
     CHECK(msg_has(tpath("w2.bin"), "truncated", "10 tokens"));
 }
 
+/* ---- prepare's line reader (src/data/input.c) ----------------------------------------------- */
+
+/* Lines across the 1 MiB chunks, empty ones, a '\r' kept, a last line without '\n', the end
+ * given again; a line over the bound is the error naming FILE:LINE, one of exactly the bound not. */
+static void test_input_lines(void) {
+    size_t big = (size_t)3 << 20;
+    char *text = malloc(big + 32);
+    CHECK(text != NULL);
+    if (!text) return;
+    memset(text, 'a', big);
+    memcpy(text + big, "\n\nx\r\ntail", 9);
+    write_raw(tpath("lines.txt"), text, big + 9);
+    free(text);
+    struct l3d_input in;
+    CHECK(l3d_input_open(&in, tpath("lines.txt")) == L3D_OK);
+    CHECK(!in.jsonl && in.comp == L3D_IN_PLAIN);
+    size_t want[] = {big, 0, 2, 4}, len;
+    const char *line;
+    bool eof;
+    for (int i = 0; i < 4; i++) {
+        CHECK(l3d_input_next_line(&in, (size_t)4 << 20, &line, &len, &eof) == L3D_OK && !eof);
+        CHECK(len == want[i] && in.lineno == i + 1);
+        if (i == 0) CHECK(line[0] == 'a' && line[big - 1] == 'a');
+        if (i == 2) CHECK(memcmp(line, "x\r", 2) == 0);
+        if (i == 3) CHECK(memcmp(line, "tail", 4) == 0);
+    }
+    CHECK(l3d_input_next_line(&in, (size_t)4 << 20, &line, &len, &eof) == L3D_OK && eof);
+    CHECK(l3d_input_next_line(&in, (size_t)4 << 20, &line, &len, &eof) == L3D_OK && eof);
+    CHECK(in.bytes == (int64_t)big + 9 && in.disk == in.bytes);
+    l3d_input_close(&in);
+    CHECK(l3d_input_open(&in, tpath("lines.txt")) == L3D_OK);
+    CHECK(l3d_input_next_line(&in, (size_t)1 << 20, &line, &len, &eof) == L3D_ERR_FORMAT);
+    CHECK(msg_has("lines.txt:1: a line longer than 1048576 bytes", "--max-line", NULL));
+    l3d_input_close(&in);
+    write_raw(tpath("short.jsonl.zst"), "abc\nde\n", 7);
+    bool jsonl;
+    enum l3d_input_comp comp;
+    l3d_input_type(tpath("short.jsonl.zst"), &jsonl, &comp);
+    CHECK(jsonl && comp == L3D_IN_ZSTD);
+    l3d_input_type("a.jsonl.txt.gz", &jsonl, &comp);
+    CHECK(!jsonl && comp == L3D_IN_GZIP);
+    write_raw(tpath("short.jsonl"), "abc\nde\n", 7);
+    CHECK(l3d_input_open(&in, tpath("short.jsonl")) == L3D_OK && in.jsonl);
+    CHECK(l3d_input_next_line(&in, 3, &line, &len, &eof) == L3D_OK && len == 3); /* at the bound */
+    CHECK(l3d_input_next_line(&in, 1, &line, &len, &eof) == L3D_ERR_FORMAT);
+    CHECK(msg_has("short.jsonl:2: a line longer than 1 bytes", NULL, NULL));
+    l3d_input_close(&in);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
@@ -510,6 +559,7 @@ int main(void) {
         l3d_data_free(d);
     }
     test_prepare();
+    test_input_lines();
     CHECK(l3d_mem_used() == 0);
     nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return TEST_REPORT();

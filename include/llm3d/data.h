@@ -49,6 +49,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "llm3d/core.h"
 
@@ -87,6 +88,9 @@ const char *l3d_data_file_path(const struct l3d_data *data, int i);
 /* Writes n tokens as one shard, atomically: to "<path>.tmp", flushed and fsync'ed, then renamed
  * over path. 0 <= n <= L3D_SHARD_MAX_TOKENS. */
 l3d_status l3d_shard_write(const char *path, const uint16_t *tokens, int64_t n);
+/* The header of a shard of n tokens of `width` bytes (2: uint16, 4: uint32), for a writer that
+ * streams the tokens after it (llm3d prepare). */
+void l3d_shard_header(int32_t header[L3D_SHARD_HEADER_INTS], int64_t n, int width);
 /* The same with uint32 tokens (llm.c's Llama 3 format). */
 l3d_status l3d_shard_write32(const char *path, const uint32_t *tokens, int64_t n);
 
@@ -124,6 +128,58 @@ l3d_status l3d_loader_set_pos(struct l3d_loader *ld, struct l3d_loader_pos pos);
 int64_t l3d_loader_num_windows(const struct l3d_loader *ld); /* W */
 void l3d_loader_free(struct l3d_loader *ld);
 
+/* ---- prepare's inputs (src/data/input.c) ----------------------------------------------------- */
+
+/* An input file, streamed: its type by extension (l3d_input_type): compressed when it ends in .gz
+ * (gzip, through zlib; several members one after another are one stream) or .zst (zstd, through
+ * libzstd; several frames likewise), JSON Lines when the name without that ends in .jsonl, else
+ * text. Memory: one compressed chunk of 1 MiB and the decompressor's state (zlib's 32 KiB window,
+ * zstd's at most 128 MiB, libzstd's default limit, a few MiB for usual levels), plus what the
+ * caller reads the bytes into: the line buffer of l3d_input_next_line (the longest line, at most
+ * `max` + 1 MiB) or the text of l3d_input_all. A stream cut short (a truncated download) or corrupt
+ * is an error naming the file; an empty file is an empty stream. */
+enum l3d_input_comp { L3D_IN_PLAIN, L3D_IN_GZIP, L3D_IN_ZSTD };
+
+struct l3d_input {
+    const char *path;
+    bool jsonl;
+    enum l3d_input_comp comp;
+    FILE *fp;
+    struct z_stream_s *gz;
+    struct ZSTD_DCtx_s *zs;
+    unsigned char *raw; /* compressed bytes raw[rpos, rlen) not yet decompressed */
+    size_t rpos, rlen;
+    bool done;          /* the decompressor ended a member / frame and wants no more bytes */
+    int64_t disk;       /* bytes read from the file (compressed) */
+    int64_t bytes;      /* bytes given out (decompressed) */
+    char *line;         /* l3d_input_next_line's buffer: line[lpos, llen) not yet given out */
+    size_t lpos, llen, lcap;
+    bool eof;
+    int64_t lineno; /* of the line last given out, from 1 */
+};
+
+void l3d_input_type(const char *path, bool *jsonl, enum l3d_input_comp *comp);
+l3d_status l3d_input_open(struct l3d_input *in, const char *path);
+/* Up to cap decompressed bytes into dst: *got, 0 only at the end. */
+l3d_status l3d_input_read(struct l3d_input *in, void *dst, size_t cap, size_t *got);
+/* The whole (rest of the) stream into *text (malloc'd, NUL-terminated; free() it), n bytes. */
+l3d_status l3d_input_all(struct l3d_input *in, char **text, size_t *n);
+/* The next line (without its '\n'), valid until the next call; *eof at the end. A line over max
+ * bytes is an error naming the file and the line. */
+l3d_status l3d_input_next_line(struct l3d_input *in, size_t max, const char **line, size_t *len,
+                               bool *eof);
+void l3d_input_close(struct l3d_input *in);
+
+/* The inputs named on the command line, a directory replaced by its files of the types prepare
+ * takes (*.txt, *.jsonl, each maybe .gz or .zst; not hidden ones, not subdirectories) sorted by
+ * name (strcmp, bytewise); a directory with none is an error. Other operands are kept as they are. */
+struct l3d_input_list {
+    char **paths;
+    int n, cap;
+};
+l3d_status l3d_input_expand(char **args, int n, struct l3d_input_list *out);
+void l3d_input_list_free(struct l3d_input_list *l);
+
 /* ---- preparation ----------------------------------------------------------------------------- */
 
 #define L3D_BYTES_VOCAB 256
@@ -133,7 +189,20 @@ struct l3d_prepare_stats {
     int64_t tokens, train_tokens, val_tokens;
     int train_shards, val_shards;
     int stale_removed; /* shards of an earlier run, beyond the ones written, that were deleted */
-    int64_t docs, bytes; /* BPE preparation: documents, input bytes */
+    int64_t docs, bytes; /* BPE preparation: documents, input bytes (decompressed) */
+    int64_t disk_bytes;  /* BPE preparation: input bytes as stored (compressed) */
+    int64_t bad_records; /* JSON Lines records skipped as malformed */
+};
+
+/* JSON Lines inputs of BPE preparation: each line a JSON object whose member `key` (a string) is
+ * one document. A malformed record (not JSON, not an object, no such member, not a string, a NUL
+ * character or invalid UTF-8 in it) is skipped and counted, or the error with strict; a line over
+ * max_line bytes is always an error. */
+#define L3D_PREPARE_MAX_LINE ((size_t)64 << 20)
+struct l3d_prepare_jsonl {
+    const char *key;
+    bool strict;
+    size_t max_line;
 };
 
 /* Byte-level preparation (--tokenizer bytes): token = byte value, vocabulary 256.
@@ -155,14 +224,23 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
  * written as doc_token (-1: the tokenizer's end-of-text, llm.c's GPT-2 convention; Llama 3's
  * begin-of-text is llm.c's Llama 3 one) then its tokens, whole: document i goes to validation when
  * floor((i+1) f) > floor(i f) for f = val_fraction (every 1/f-th document), the others to
- * training; each split cut into shards as l3d_prepare_bytes does. The files are checked first
- * (readable, no NUL byte) as there; then encoded by all OpenMP threads, documents and pieces of
- * long ones in parallel; progress prints a bar on stderr. The tokens are held in memory (4 bytes
- * each) until the shards are written. */
+ * training; each split cut into shards as l3d_prepare_bytes does. The files are read in order
+ * (l3d_input: plain, .gz, .zst; a *.jsonl one a record at a time, each record a document as
+ * a text file is one) and encoded by all OpenMP threads, documents and pieces of long ones in
+ * parallel; progress prints a bar on stderr (bytes read from disk). The tokens wait in an unnamed
+ * temporary file in out_dir (4 bytes each) until both splits are counted; no shard is written
+ * before every file has been read (a file with a NUL byte, a truncated stream: nothing written,
+ * the out_dir directories this call made removed again). */
 struct l3d_tokenizer;
 l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
                            int64_t shard_tokens, const struct l3d_tokenizer *tok,
                            const char *doc_separator, int doc_token, bool progress,
                            struct l3d_prepare_stats *stats);
+/* The same, with JSON Lines options (NULL: key "text", not strict, L3D_PREPARE_MAX_LINE). */
+l3d_status l3d_prepare_bpe_opts(const char *out_dir, char **files, int nfiles, double val_fraction,
+                                int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                                const char *doc_separator, int doc_token, bool progress,
+                                const struct l3d_prepare_jsonl *jsonl,
+                                struct l3d_prepare_stats *stats);
 
 #endif

@@ -35,6 +35,8 @@ static void usage(FILE *f) {
         "  Hugging Face folder config.json + model.safetensors (or its index): the model and\n"
         "                     every tensor's dtype and shape; shapes checked against the config,\n"
         "                     weights finite\n"
+        "  safetensors file   (*.safetensors): every tensor's dtype and shape; offsets, sizes\n"
+        "                     and dtypes checked against the file, no overlaps, weights finite\n"
         "Exit status: 0 when PATH is one of these and intact, 1 when it is damaged or unknown\n"
         "(one line on stderr says why), 2 on a usage error.\n"
         "\n");
@@ -438,6 +440,75 @@ static int inspect_run(const char *path, bool json) {
 
 /* ---- Hugging Face folders ---------------------------------------------------------------- */
 
+/* The tensor table of safetensors files: each tensor's name, dtype and shape (JSON: the elements
+ * of a "tensors" array). */
+static void print_tensors(const struct l3d_st *st, bool json) {
+    for (int i = 0; i < st->n; i++) {
+        const struct l3d_st_tensor *t = &st->t[i];
+        if (json) {
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(t->name, strlen(t->name));
+            printf(",\"dtype\":\"%s\",\"shape\":[", t->dtype_name);
+        } else {
+            printf("    %-48s %-4s [", t->name, t->dtype_name);
+        }
+        for (int d = 0; d < t->ndim; d++)
+            printf("%s%lld", d ? (json ? "," : ", ") : "", (long long)t->shape[d]);
+        printf(json ? "]}" : "]\n");
+    }
+}
+
+/* One .safetensors file, without a config: its header checked against the file (every tensor's
+ * dtype, shape and byte range inside the file, no two overlapping, no bytes left over:
+ * l3d_st_open_file), then the weights of the float dtypes read and checked finite, a million at
+ * a time. */
+static int inspect_st_file(const char *path, bool json) {
+    struct l3d_st st = {0};
+    l3d_status rc = l3d_st_open_file(&st, path);
+    int64_t bytes = 0, unread = 0, chunk = (int64_t)1 << 20;
+    float *buf = rc == L3D_OK ? l3d_alloc((size_t)chunk * sizeof *buf, "tensor chunk") : NULL;
+    for (int i = 0; i < st.n && rc == L3D_OK; i++) {
+        const struct l3d_st_tensor *t = &st.t[i];
+        bytes += t->bytes;
+        if (!t->handled) {
+            unread++;
+            continue;
+        }
+        for (int64_t k = 0; k < t->count && rc == L3D_OK; k += chunk)
+            rc = l3d_st_read_f32_range(&st, t, k, t->count - k < chunk ? t->count - k : chunk, buf);
+    }
+    l3d_free(buf);
+    if (rc != L3D_OK) {
+        fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
+        l3d_st_close(&st);
+        return 1;
+    }
+    if (json) {
+        printf("{\"kind\":\"safetensors\",\"path\":");
+        json_str(path, strlen(path));
+        printf(",\"bytes\":%lld,\"unread\":%lld,\"tensors\":[", (long long)bytes,
+               (long long)unread);
+        print_tensors(&st, true);
+        printf("]}\n");
+    } else {
+        printf("%s: safetensors file, %d tensor(s), %.2f MB of weights\n", path, st.n, bytes / 1e6);
+        for (int i = 0; i < st.nmeta; i++) { /* the writer's text: control bytes escaped */
+            printf("  metadata: ");
+            text_str(st.meta[2 * i], strlen(st.meta[2 * i]));
+            printf(" = ");
+            text_str(st.meta[2 * i + 1], strlen(st.meta[2 * i + 1]));
+            putchar('\n');
+        }
+        printf("  tensors: %d; offsets, sizes and dtypes checked against the file, none "
+               "overlapping; weights all finite", st.n);
+        if (unread) printf(" (%lld of a dtype llm3d does not read left unchecked)", (long long)unread);
+        printf("\n");
+        print_tensors(&st, false);
+    }
+    l3d_st_close(&st);
+    return 0;
+}
+
 /* The folder's config and tensors, after loading it whole (shapes against config.json, every
  * weight finite). */
 static int inspect_hf(const char *path, bool json) {
@@ -469,14 +540,7 @@ static int inspect_hf(const char *path, bool json) {
                c.untied ? "false" : "true", (double)c.norm_eps,
                c.pos == L3D_POS_ROPE ? c.rope.theta : 0.0,
                (long long)l3d_gpt_param_count(&c), st.nfiles, (long long)bytes);
-        for (int i = 0; i < st.n; i++) {
-            printf("%s{\"name\":", i ? "," : "");
-            json_str(st.t[i].name, strlen(st.t[i].name));
-            printf(",\"dtype\":\"%s\",\"shape\":[", st.t[i].dtype_name);
-            for (int d = 0; d < st.t[i].ndim; d++)
-                printf("%s%lld", d ? "," : "", (long long)st.t[i].shape[d]);
-            printf("]}");
-        }
+        print_tensors(&st, true);
         printf("]}\n");
     } else {
         printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
@@ -486,12 +550,7 @@ static int inspect_hf(const char *path, bool json) {
                l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "untied" : "tied", l3d_gpt_param_count(&c) / 1e6, c.Vp);
         printf("  tensors: %d; shapes checked against config.json, weights all finite\n", st.n);
-        for (int i = 0; i < st.n; i++) {
-            printf("    %-48s %-4s [", st.t[i].name, st.t[i].dtype_name);
-            for (int d = 0; d < st.t[i].ndim; d++)
-                printf("%s%lld", d ? ", " : "", (long long)st.t[i].shape[d]);
-            printf("]\n");
-        }
+        print_tensors(&st, false);
     }
     l3d_st_close(&st);
     return 0;
@@ -541,6 +600,8 @@ int l3d_cli_inspect(int argc, char **argv) {
                 "checkpoints) nor a Hugging Face folder (no config.json)\n", path);
         return 1;
     }
+    size_t len = strlen(path);
+    if (len > 12 && strcmp(path + len - 12, ".safetensors") == 0) return inspect_st_file(path, json);
     FILE *f;
     if (l3d_fopen_regular(path, "file", &f, NULL) != L3D_OK) {
         fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
@@ -565,7 +626,7 @@ int l3d_cli_inspect(int argc, char **argv) {
         return m.nonfinite ? 1 : 0;
     }
     fprintf(stderr, "llm3d inspect: %s: not a token shard (magic %d) or an llm.c checkpoint "
-            "(magic %d): its first 4 bytes read %d\n", path, L3D_SHARD_MAGIC, L3D_LLMC_MAGIC,
-            magic);
+            "(magic %d): its first 4 bytes read %d (a safetensors file is read by its name, "
+            "*.safetensors)\n", path, L3D_SHARD_MAGIC, L3D_LLMC_MAGIC, magic);
     return 1;
 }

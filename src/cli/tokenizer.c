@@ -15,7 +15,8 @@ static void usage(FILE *fp) {
             "         token included) with GPT-2's pre-tokenization; writes DIR/encoder.json and\n"
             "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate)\n"
             "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE | -]\n"
-            "         prints the token ids of TEXT (or of the file; - reads standard input), one line\n"
+            "         prints the token ids of TEXT (or of the file; - or no FILE: standard input),\n"
+            "         one line\n"
             "       llm3d tokenizer decode --tokenizer SPEC SHARD\n"
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
@@ -51,7 +52,7 @@ static const struct l3d_flag tok_flags[] = {
     {"out", "PATH", K_OUT, "train: the directory for encoder.json and vocab.bpe; export: the "
                            "file"},
     {"tokenizer", "SPEC", K_TOK, "encode, decode, export: the tokenizer. " L3D_TOKENIZER_SPEC_HELP},
-    {"text", "TEXT", K_TEXT, "encode: the text (else one FILE, - for standard input)"},
+    {"text", "TEXT", K_TEXT, "encode: the text (else one FILE; - or no FILE: standard input)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -110,8 +111,8 @@ static int cmd_export(const struct tok_args *a, const struct l3d_tokenizer *tok)
     return 0;
 }
 
-/* The text to encode: --text, else the one FILE (- for standard input) read into *buf (free it).
- * Returns 0, or the exit status. */
+/* The text to encode: --text, else the one FILE read into *buf (free it); standard input for - or
+ * no FILE at all, as a Unix filter reads it. Returns 0, or the exit status. */
 static int encode_input(const struct tok_args *a, const char **text, char **buf, size_t *n) {
     *buf = NULL;
     *n = 0;
@@ -120,24 +121,32 @@ static int encode_input(const struct tok_args *a, const char **text, char **buf,
         *n = strlen(a->text);
         return 0;
     }
-    if (a->nfiles != 1) {
-        fprintf(stderr, "llm3d tokenizer encode: give --text TEXT or one FILE\n");
+    if (a->nfiles > 1) {
+        fprintf(stderr, "llm3d tokenizer encode: %d FILEs given: give --text TEXT, one FILE, or "
+                "the text on standard input\n", a->nfiles);
         return 2;
     }
-    bool in = strcmp(a->files[0], "-") == 0;
+    const char *name = a->nfiles ? a->files[0] : "-";
+    bool in = strcmp(name, "-") == 0;
     FILE *fp = stdin;
-    if (!in && l3d_fopen_regular(a->files[0], "input", &fp, NULL) != L3D_OK)
+    if (!in && l3d_fopen_regular(name, "input", &fp, NULL) != L3D_OK)
         return l3d_cli_failed("tokenizer encode");
     size_t cap = 0;
     for (size_t got = 1; fp && got;) {
-        if (*n + 65536 > cap) *buf = realloc(*buf, cap = 2 * cap + 65536);
+        if (*n + 65536 > cap) {
+            char *b2 = realloc(*buf, cap = 2 * cap + 65536);
+            L3D_ASSERT(b2 != NULL);
+            *buf = b2;
+        }
         *n += got = fread(*buf + *n, 1, 65536, fp);
     }
-    if (!fp) {
-        fprintf(stderr, "llm3d tokenizer encode: cannot read %s\n", a->files[0]);
+    bool failed = !fp || ferror(fp);
+    if (fp && !in) fclose(fp);
+    if (failed) {
+        fprintf(stderr, "llm3d tokenizer encode: cannot read %s\n",
+                in ? "standard input" : name);
         return 1;
     }
-    if (!in) fclose(fp);
     *text = *buf;
     return 0;
 }

@@ -2,14 +2,16 @@
  * byte by byte (l3d_prepare_bytes: token = byte value, vocabulary 256, no tokenizer files needed).
  * The bytes take two passes over the inputs: the first checks every file (readable, text) and
  * counts its bytes, so that nothing is written for a bad input and the train/val split and the
- * shard sizes are known; the second streams the bytes into shards, holding one shard in memory at
- * a time. */
+ * shard sizes are known; the second streams the bytes into shards. BPE encodes once, spooling
+ * each split's tokens to an unnamed temporary file, then cuts the spools into shards. Shards are
+ * written a chunk at a time (the sink), so memory never holds a whole one. */
 #include "llm3d/data.h"
 
 #include <omp.h>
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "llm3d/file.h"
+#include "llm3d/json.h"
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
 
@@ -24,17 +28,24 @@
 
 static const char *split_name[2] = {"train", "val"};
 
-/* Streams tokens into the shards of the two splits, train first, in shard sizes fixed up front. */
+/* Streams tokens into the shards of the two splits, train first, in shard sizes fixed up front:
+ * each shard written through the safe writer (include/llm3d/file.h) a chunk at a time, so that
+ * memory holds one chunk, not one shard. */
+#define SINK_CHUNK ((int64_t)1 << 20) /* tokens */
+
 struct sink {
     const char *dir;
     char *path; /* room for dir + "/train_000000.bin" */
     uint32_t *buf;
-    int64_t fill;
+    int64_t cap, fill; /* buf's tokens, and those not yet written */
+    int64_t put;       /* tokens of this shard given so far */
     bool wide; /* uint32 shards (a vocabulary above 65,536); else the buffer's uint16 in place */
     int split, shard; /* the shard being filled, of `want` tokens; split 2 once all are written */
     int64_t want;
     int64_t n[2];   /* tokens per split */
     int nshards[2]; /* shards per split */
+    struct l3d_out out;
+    bool open; /* out is this shard's writer */
 };
 
 /* Shard i of a split of n tokens in k shards: equal sizes, the first n % k one token longer. */
@@ -46,7 +57,7 @@ static void next_shard(struct sink *s) {
         s->split++;
         s->shard = 0;
     }
-    s->fill = 0;
+    s->put = 0;
     s->want = s->split < 2 ? shard_size(s->n[s->split], s->nshards[s->split], s->shard) : 0;
 }
 
@@ -56,25 +67,41 @@ static void shard_path(char *path, size_t cap, const char *dir, int split, int s
 
 static size_t path_cap(const char *dir) { return strlen(dir) + 32; }
 
+/* Writes the buffered tokens to the open shard (narrowed in place to uint16 unless wide: each
+ * uint16 lands at or before the uint32 it comes from). */
+static l3d_status sink_flush(struct sink *s) {
+    size_t width = s->wide ? 4 : 2;
+    if (!s->wide) {
+        uint16_t *h = (uint16_t *)s->buf;
+        for (int64_t k = 0; k < s->fill; k++) h[k] = (uint16_t)s->buf[k];
+    }
+    l3d_status st = s->fill ? l3d_out_write(&s->out, s->buf, width * (size_t)s->fill) : L3D_OK;
+    s->fill = 0;
+    return st;
+}
+
 static l3d_status sink_put(struct sink *s, uint32_t tok) {
     if (s->split >= 2)
         return l3d_error(L3D_ERR_IO, "the input files grew while they were being prepared: "
                          "run llm3d prepare again on files that do not change");
-    s->buf[s->fill++] = tok;
-    if (s->fill == s->want) {
+    if (!s->open) {
         shard_path(s->path, path_cap(s->dir), s->dir, s->split, s->shard);
-        l3d_status st;
-        if (s->wide) {
-            st = l3d_shard_write32(s->path, s->buf, s->fill);
-        } else { /* narrowed in place: each uint16 lands at or before the uint32 it comes from */
-            uint16_t *h = (uint16_t *)s->buf;
-            for (int64_t k = 0; k < s->fill; k++) h[k] = (uint16_t)s->buf[k];
-            st = l3d_shard_write(s->path, h, s->fill);
-        }
-        if (st != L3D_OK) return st;
-        s->shard++;
-        next_shard(s);
+        if (l3d_out_open(&s->out, s->path, "token shard") != L3D_OK) return s->out.st;
+        s->open = true;
+        int32_t header[L3D_SHARD_HEADER_INTS];
+        l3d_shard_header(header, s->want, s->wide ? 4 : 2);
+        l3d_out_write(&s->out, header, sizeof header);
     }
+    s->buf[s->fill++] = tok;
+    s->put++;
+    if (s->fill < s->cap && s->put < s->want) return L3D_OK;
+    l3d_status st = sink_flush(s);
+    if (st != L3D_OK || s->put < s->want) return st;
+    s->open = false;
+    st = l3d_out_commit(&s->out);
+    if (st != L3D_OK) return st;
+    s->shard++;
+    next_shard(s);
     return L3D_OK;
 }
 
@@ -86,58 +113,52 @@ static l3d_status sink_push(struct sink *s, const unsigned char *bytes, size_t n
     return L3D_OK;
 }
 
-/* Sizes the shards of ntrain + nval tokens (at most shard_tokens each) and allocates the buffer of
- * the largest. */
-static l3d_status sink_open(struct sink *s, const char *out_dir, int64_t ntrain, int64_t nval,
-                            int64_t shard_tokens) {
-    *s = (struct sink){.dir = out_dir, .n = {ntrain, nval}};
+/* Sizes the shards of ntrain + nval tokens (at most shard_tokens each) and allocates the chunk. */
+static void sink_open(struct sink *s, const char *out_dir, int64_t ntrain, int64_t nval,
+                      int64_t shard_tokens, bool wide) {
+    *s = (struct sink){.dir = out_dir, .n = {ntrain, nval}, .wide = wide};
     for (int k = 0; k < 2; k++)
         s->nshards[k] = (int)((s->n[k] + shard_tokens - 1) / shard_tokens);
-    int64_t biggest = shard_size(ntrain, s->nshards[0], 0); /* shard 0 is a split's largest */
-    if (nval && shard_size(nval, s->nshards[1], 0) > biggest)
-        biggest = shard_size(nval, s->nshards[1], 0);
-    s->buf = l3d_try_alloc((size_t)biggest * sizeof *s->buf, "shard buffer");
-    if (!s->buf)
-        return l3d_error(L3D_ERR_OOM, "out of memory for a shard of %lld tokens: lower "
-                         "--shard-tokens", (long long)biggest);
+    s->cap = shard_tokens < SINK_CHUNK ? shard_tokens : SINK_CHUNK;
+    s->buf = l3d_alloc((size_t)s->cap * sizeof *s->buf, "shard chunk");
     s->path = l3d_alloc(path_cap(out_dir), "shard path");
     next_shard(s);
-    return L3D_OK;
 }
 
-/* Reads one input file in chunks: checks it is text and counts its bytes (*nbytes), and feeds
- * them to sink when sink is not NULL. */
+/* Drops a shard left half written by an error. */
+static void sink_close(struct sink *s) {
+    if (s->open) l3d_out_abort(&s->out);
+    s->open = false;
+    l3d_free(s->path);
+    l3d_free(s->buf);
+    s->path = NULL;
+    s->buf = NULL;
+}
+
+/* Reads one input file (plain, .gz or .zst text) in chunks: checks it is text and counts its
+ * bytes (*nbytes), and feeds them to sink when sink is not NULL. */
 static l3d_status read_input(const char *path, unsigned char *chunk, int64_t *nbytes,
                              struct sink *sink) {
-    FILE *fp;
-    l3d_status ost = l3d_fopen_regular(path, "text file", &fp, NULL);
-    if (ost != L3D_OK) return ost;
+    struct l3d_input in;
+    l3d_status st = l3d_input_open(&in, path);
+    if (st != L3D_OK) return st;
+    if (in.jsonl)
+        st = l3d_error(L3D_ERR_ARG, "%s is JSON Lines: --tokenizer bytes takes text files only "
+                       "(a BPE tokenizer takes JSON Lines)", path);
     int64_t total = 0;
-    for (;;) {
-        size_t got = fread(chunk, 1, CHUNK_BYTES, fp);
-        const unsigned char *nul = got ? memchr(chunk, 0, got) : NULL;
-        if (nul) {
-            fclose(fp);
-            return l3d_error(L3D_ERR_FORMAT,
-                             "%s holds a NUL byte at offset %lld: it is not a text file (llm3d prepare "
-                             "takes text files only)",
-                             path, (long long)(total + (nul - chunk)));
-        }
-        if (sink && got) {
-            l3d_status s = sink_push(sink, chunk, got);
-            if (s != L3D_OK) {
-                fclose(fp);
-                return s;
-            }
-        }
+    for (size_t got = 1; st == L3D_OK && got;) {
+        st = l3d_input_read(&in, chunk, CHUNK_BYTES, &got);
+        const unsigned char *nul = st == L3D_OK && got ? memchr(chunk, 0, got) : NULL;
+        if (nul)
+            st = l3d_error(L3D_ERR_FORMAT, "%s holds a NUL byte at offset %lld: it is not a text "
+                           "file (llm3d prepare takes text files only)", path,
+                           (long long)(total + (nul - chunk)));
+        if (st == L3D_OK && sink && got) st = sink_push(sink, chunk, got);
         total += (int64_t)got;
-        if (got < CHUNK_BYTES) break;
     }
-    int e = ferror(fp) ? (errno ? errno : EIO) : 0;
-    fclose(fp);
-    if (e) return l3d_error(L3D_ERR_IO, "cannot read %s: %s", path, strerror(e));
+    l3d_input_close(&in);
     *nbytes = total;
-    return L3D_OK;
+    return st;
 }
 
 /* Deletes <split>_NNNNNN.bin with NNNNNN >= the number just written: shards of an earlier run
@@ -234,11 +255,7 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
     }
 
     struct sink s;
-    st = sink_open(&s, out_dir, ntrain, nval, shard_tokens);
-    if (st != L3D_OK) {
-        l3d_free(chunk);
-        return st;
-    }
+    sink_open(&s, out_dir, ntrain, nval, shard_tokens, false);
     for (int i = 0; i < nfiles && st == L3D_OK; i++) {
         int64_t n;
         st = read_input(files[i], chunk, &n, &s);
@@ -248,8 +265,7 @@ l3d_status l3d_prepare_bytes(const char *out_dir, char **files, int nfiles, doub
                        "llm3d prepare again on files that do not change");
     int removed = 0;
     if (st == L3D_OK) st = remove_stale(out_dir, s.nshards, &removed);
-    l3d_free(s.path);
-    l3d_free(s.buf);
+    sink_close(&s);
     l3d_free(chunk);
     if (st != L3D_OK) return st;
     if (stats) {
@@ -324,34 +340,6 @@ static void progress_bar(double done, double total, double t0) {
             done / 1e6, total / 1e6, dt > 0 ? done / 1e6 / dt : 0.0);
 }
 
-/* Growable token store with document boundaries. */
-struct corpus {
-    uint32_t *tok;
-    int64_t n, cap;
-    int64_t *doc; /* start of each document in tok; ndocs + 1 entries once finished */
-    int64_t ndocs, dcap;
-};
-
-static void corpus_put(struct corpus *c, int32_t t) {
-    if (c->n == c->cap) {
-        c->cap = c->cap ? 2 * c->cap : 1 << 20;
-        uint32_t *t2 = realloc(c->tok, (size_t)c->cap * sizeof *t2);
-        L3D_ASSERT(t2 != NULL);
-        c->tok = t2;
-    }
-    c->tok[c->n++] = (uint32_t)t;
-}
-
-static void corpus_doc(struct corpus *c) {
-    if (c->ndocs + 1 >= c->dcap) {
-        c->dcap = c->dcap ? 2 * c->dcap : 1024;
-        int64_t *d2 = realloc(c->doc, (size_t)c->dcap * sizeof *d2);
-        L3D_ASSERT(d2 != NULL);
-        c->doc = d2;
-    }
-    c->doc[c->ndocs++] = c->n;
-}
-
 /* Whether document i goes to validation: every (1/f)-th document, spread over the corpus. */
 static bool is_val(int64_t i, double f) {
     return f > 0 && (int64_t)floor((double)(i + 1) * f) > (int64_t)floor((double)i * f);
@@ -380,52 +368,368 @@ static l3d_status encode_pieces(struct l3d_encoder **enc, const char *file, cons
                      pv[bad].start, msg);
 }
 
-/* The documents of the input files, tokenized (each one after the token eot) into c, the threads
- * over each file's pieces; with progress, a bar on stderr of the files' `total` bytes. */
-static l3d_status encode_files(struct corpus *c, char **files, int nfiles,
-                               const struct l3d_tokenizer *tok, const char *doc_separator, int eot,
-                               bool progress, int64_t total) {
-    l3d_status st = L3D_OK;
-    int nth = omp_get_max_threads();
-    struct l3d_encoder **enc = l3d_alloc((size_t)nth * sizeof *enc, "encoders");
-    for (int i = 0; i < nth; i++) enc[i] = l3d_encoder_init(tok);
-    struct piece *pv = NULL;
-    size_t cap = 0;
-    double t0 = l3d_time_s(), done = 0;
-    for (int f = 0; f < nfiles && st == L3D_OK; f++) {
-        char *text;
-        size_t n, np = 0;
-        st = l3d_read_whole_file(files[f], "input", &text, &n);
-        if (st != L3D_OK) break;
-        split_docs(text, n, doc_separator, &pv, &np, &cap);
-        st = encode_pieces(enc, files[f], text, pv, np);
-        for (size_t i = 0; i < np; i++) {
-            if (st != L3D_OK) {
-                l3d_ids_free(&pv[i].ids);
-                continue;
-            }
-            if (pv[i].doc_start) {
-                corpus_doc(c);
-                corpus_put(c, eot);
-            }
-            for (int64_t k = 0; k < pv[i].ids.n; k++) corpus_put(c, pv[i].ids.v[k]);
-            l3d_ids_free(&pv[i].ids);
-        }
-        l3d_free(text);
-        done += (double)n;
-        if (progress) progress_bar(done, (double)total, t0);
+/* The tokens of each split, in document order, spooled to an unnamed temporary file in the
+ * output directory (4 bytes a token on disk, a 4 MiB buffer in memory) until the counts of both
+ * splits, which fix the shard sizes, are known. */
+#define SPOOL_TOKENS ((size_t)1 << 20)
+
+struct spool {
+    int fd;
+    uint32_t *buf;
+    size_t fill;
+    int64_t n, docs; /* tokens and documents spooled */
+};
+
+static l3d_status spool_open(struct spool *sp, const char *dir) {
+    *sp = (struct spool){.fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)};
+    if (sp->fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+        /* a file system without O_TMPFILE: a named one, unlinked at once */
+        size_t cap = strlen(dir) + 32;
+        char *tmpl = l3d_alloc(cap, "spool path");
+        snprintf(tmpl, cap, "%s/.prepare-tokens.XXXXXX", dir);
+        sp->fd = mkostemp(tmpl, O_CLOEXEC);
+        if (sp->fd >= 0) unlink(tmpl);
+        l3d_free(tmpl);
     }
-    if (progress) fputc('\n', stderr);
-    for (int i = 0; i < nth; i++) l3d_encoder_free(enc[i]);
-    l3d_free(enc);
-    free(pv);
+    if (sp->fd < 0)
+        return l3d_error(L3D_ERR_IO, "cannot make a temporary file in %s for the tokens before "
+                         "they are cut into shards: %s (--out names a writable directory)", dir,
+                         strerror(errno));
+    sp->buf = l3d_alloc(SPOOL_TOKENS * sizeof *sp->buf, "token spool");
+    return L3D_OK;
+}
+
+static l3d_status spool_flush(struct spool *sp) {
+    const char *p = (const char *)sp->buf;
+    size_t left = sp->fill * sizeof *sp->buf;
+    while (left) {
+        ssize_t w = write(sp->fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return l3d_error(L3D_ERR_IO, "cannot write the token spool (a temporary file in "
+                             "--out): %s", w < 0 ? strerror(errno) : "no space");
+        p += w;
+        left -= (size_t)w;
+    }
+    sp->fill = 0;
+    return L3D_OK;
+}
+
+static l3d_status spool_put(struct spool *sp, uint32_t tok) {
+    sp->buf[sp->fill++] = tok;
+    sp->n++;
+    return sp->fill == SPOOL_TOKENS ? spool_flush(sp) : L3D_OK;
+}
+
+/* The spooled tokens, from the start, into the shards. */
+static l3d_status spool_drain(struct spool *sp, struct sink *s) {
+    l3d_status st = spool_flush(sp);
+    if (st == L3D_OK && lseek(sp->fd, 0, SEEK_SET) != 0)
+        st = l3d_error(L3D_ERR_IO, "cannot rewind the token spool: %s", strerror(errno));
+    for (int64_t left = sp->n; st == L3D_OK && left > 0;) {
+        size_t want = (size_t)(left < (int64_t)SPOOL_TOKENS ? left : (int64_t)SPOOL_TOKENS);
+        ssize_t got = read(sp->fd, sp->buf, want * sizeof *sp->buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0 || got % (ssize_t)sizeof *sp->buf)
+            return l3d_error(L3D_ERR_IO, "cannot read the token spool back: %s",
+                             got < 0 ? strerror(errno) : "it is shorter than written");
+        for (ssize_t k = 0; k < got / (ssize_t)sizeof *sp->buf && st == L3D_OK; k++)
+            st = sink_put(s, sp->buf[k]);
+        left -= got / (ssize_t)sizeof *sp->buf;
+    }
     return st;
 }
 
-l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
-                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
-                           const char *doc_separator, int doc_token, bool progress,
-                           struct l3d_prepare_stats *stats) {
+static void spool_close(struct spool *sp) {
+    if (sp->fd >= 0) close(sp->fd);
+    l3d_free(sp->buf);
+    *sp = (struct spool){.fd = -1};
+}
+
+/* The encoding of the documents of all input files, in order: pieces of a batch of text encoded
+ * by the threads, each document's tokens (after the doc token) spooled to its split. */
+#define BATCH_BYTES ((size_t)8 << 20) /* JSON Lines: documents gathered before encoding them */
+#define MAX_LISTED 5                  /* malformed records listed on stderr, then only counted */
+
+struct encoding {
+    struct l3d_encoder **enc;
+    int nth;
+    struct piece *pv;
+    size_t np, cap;
+    char *text; /* a JSON Lines batch: the documents one after another */
+    size_t tn, tcap;
+    struct spool sp[2];
+    int64_t ndocs;
+    int cur; /* the split of the document being spooled */
+    int eot;
+    double val_fraction;
+    const struct l3d_prepare_jsonl *jl;
+    int64_t bad, bytes, disk_done, disk_total;
+    bool progress;
+    double t0;
+};
+
+/* Encodes the pieces of text and spools their tokens; the pieces emptied. */
+static l3d_status emit(struct encoding *e, const char *file, const char *text) {
+    l3d_status st = encode_pieces(e->enc, file, text, e->pv, e->np);
+    for (size_t i = 0; i < e->np; i++) {
+        struct piece *p = &e->pv[i];
+        if (st == L3D_OK && p->doc_start) {
+            e->cur = is_val(e->ndocs++, e->val_fraction) ? 1 : 0;
+            e->sp[e->cur].docs++;
+            st = spool_put(&e->sp[e->cur], (uint32_t)e->eot);
+        }
+        for (int64_t k = 0; k < p->ids.n && st == L3D_OK; k++)
+            st = spool_put(&e->sp[e->cur], (uint32_t)p->ids.v[k]);
+        l3d_ids_free(&p->ids);
+    }
+    e->np = 0;
+    return st;
+}
+
+/* A text file: one document, or those between --doc-separator lines; read whole (decompressed). */
+static l3d_status encode_text(struct encoding *e, struct l3d_input *in, const char *sep) {
+    char *text;
+    size_t n;
+    l3d_status st = l3d_input_all(in, &text, &n);
+    if (st != L3D_OK) return st;
+    const char *nul = memchr(text, 0, n);
+    if (nul)
+        st = l3d_error(L3D_ERR_FORMAT, "%s holds a NUL byte at offset %lld: it is not a text "
+                       "file (llm3d prepare takes text files only)", in->path,
+                       (long long)(nul - text));
+    if (st == L3D_OK) {
+        split_docs(text, n, sep, &e->pv, &e->np, &e->cap);
+        st = emit(e, in->path, text);
+    }
+    free(text);
+    return st;
+}
+
+static bool utf8_valid(const unsigned char *s, size_t n, size_t *bad) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        uint32_t cp = k == 1 ? c : k == 2 ? (c & 0x1f) : k == 3 ? (c & 0x0f) : (c & 0x07);
+        for (size_t j = 1; k && j < k; j++) {
+            if (i + j >= n || (s[i + j] & 0xc0) != 0x80) k = 0;
+            else cp = cp << 6 | (s[i + j] & 0x3f);
+        }
+        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (!k || cp < least[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+            *bad = i;
+            return false;
+        }
+        i += k;
+    }
+    return true;
+}
+
+/* Reads one JSON Lines record: its document (the key's string) appended to the batch; false, with
+ * why, for a malformed one. */
+static bool take_record(struct encoding *e, const char *where, const char *line, size_t len,
+                        char *why, size_t cap) {
+    struct l3d_json doc;
+    const char *key = e->jl->key;
+    const struct l3d_json *v = NULL;
+    size_t bad = 0, wl = strlen(where);
+    if (l3d_json_parse(&doc, line, len, where) != L3D_OK) {
+        const char *m = l3d_error_message(); /* "WHERE: line 1, column C: ..." */
+        if (strncmp(m, where, wl) == 0 && strncmp(m + wl, ": line 1, ", 10) == 0) m += wl + 10;
+        snprintf(why, cap, "malformed JSON: %s", m);
+    } else if (doc.type != L3D_JSON_OBJECT) {
+        snprintf(why, cap, "%s, not a JSON object", l3d_json_type_name(doc.type));
+    } else if (!(v = l3d_json_get(&doc, key))) {
+        snprintf(why, cap, "no \"%s\" member (--jsonl-key names the text's)", key);
+    } else if (v->type != L3D_JSON_STRING) {
+        snprintf(why, cap, "\"%s\" is %s, not a string", key, l3d_json_type_name(v->type));
+    } else if (memchr(v->str, 0, v->len)) {
+        snprintf(why, cap, "\"%s\" holds a NUL character (\\u0000): prepare takes text only", key);
+    } else if (!utf8_valid((const unsigned char *)v->str, v->len, &bad)) {
+        snprintf(why, cap, "\"%s\" is not valid UTF-8 (byte %zu of the value)", key, bad);
+    } else {
+        if (e->tcap < e->tn + v->len + 1) {
+            e->tcap = 2 * (e->tn + v->len + 1);
+            char *t2 = realloc(e->text, e->tcap);
+            L3D_ASSERT(t2 != NULL);
+            e->text = t2;
+        }
+        memcpy(e->text + e->tn, v->str, v->len);
+        add_doc(e->text, e->tn, e->tn + v->len, &e->pv, &e->np, &e->cap); /* empty: skipped */
+        e->tn += v->len;
+        l3d_json_free(&doc);
+        return true;
+    }
+    l3d_json_free(&doc);
+    return false;
+}
+
+static void show_progress(const struct encoding *e, const struct l3d_input *in) {
+    if (e->progress)
+        progress_bar((double)(e->disk_done + in->disk), (double)e->disk_total, e->t0);
+}
+
+static bool blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(" \t\r", s[i])) return false;
+    return true;
+}
+
+/* A JSON Lines file, a record at a time, encoded in batches of about BATCH_BYTES of text. A
+ * malformed record is listed (the first MAX_LISTED) and counted, or the error with --strict;
+ * blank lines are skipped. */
+static l3d_status encode_jsonl(struct encoding *e, struct l3d_input *in) {
+    size_t wcap = strlen(in->path) + 32;
+    char *where = l3d_alloc(wcap, "record name"), why[1024];
+    l3d_status st = L3D_OK;
+    for (;;) {
+        const char *line;
+        size_t len;
+        bool eof;
+        st = l3d_input_next_line(in, e->jl->max_line, &line, &len, &eof);
+        if (st != L3D_OK || eof) break;
+        if (blank(line, len)) continue;
+        snprintf(where, wcap, "%s:%lld", in->path, (long long)in->lineno);
+        if (!take_record(e, where, line, len, why, sizeof why)) {
+            if (e->jl->strict) {
+                st = l3d_error(L3D_ERR_FORMAT, "%s: %s (--strict: every record must be a JSON "
+                               "object with a \"%s\" string)", where, why, e->jl->key);
+                break;
+            }
+            if (++e->bad <= MAX_LISTED)
+                fprintf(stderr, "%sllm3d prepare: warning: %s: %s; record skipped\n",
+                        e->progress ? "\r\033[K" : "", where, why);
+            continue;
+        }
+        if (e->tn >= BATCH_BYTES) {
+            st = emit(e, in->path, e->text);
+            e->tn = 0;
+            show_progress(e, in);
+            if (st != L3D_OK) break;
+        }
+    }
+    if (st == L3D_OK) st = emit(e, in->path, e->text);
+    e->tn = 0;
+    e->np = 0;
+    l3d_free(where);
+    return st;
+}
+
+/* Every input file's documents, in order, into the spools. */
+static l3d_status encode_all(struct encoding *e, char **files, int nfiles, const char *sep) {
+    l3d_status st = L3D_OK;
+    for (int f = 0; f < nfiles && st == L3D_OK; f++) {
+        struct l3d_input in;
+        st = l3d_input_open(&in, files[f]);
+        if (st != L3D_OK) break;
+        st = in.jsonl ? encode_jsonl(e, &in) : encode_text(e, &in, sep);
+        e->bytes += in.bytes;
+        show_progress(e, &in);
+        e->disk_done += in.disk;
+        l3d_input_close(&in);
+    }
+    if (e->progress) fputc('\n', stderr);
+    return st;
+}
+
+/* The counts the shards need, checked: documents in both splits where asked, enough tokens. */
+static l3d_status check_counts(const struct encoding *e, int nfiles, const char *sep) {
+    if (e->bytes == 0)
+        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no text (0 bytes): nothing to "
+                         "prepare", nfiles);
+    if (e->ndocs == 0)
+        return l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no document: every line is "
+                         "the separator \"%s\", or every record is empty or malformed (%lld)",
+                         nfiles, sep ? sep : "", (long long)e->bad);
+    if (e->val_fraction > 0 && (e->sp[1].docs == 0 || e->sp[0].docs == 0))
+        return l3d_error(L3D_ERR_FORMAT, "%lld document(s) cannot be split into training and "
+                         "validation at --val-fraction %g: give more text, documents separated "
+                         "by a line (--doc-separator), or --val-fraction 0", (long long)e->ndocs,
+                         e->val_fraction);
+    if (e->sp[0].n < 2)
+        return l3d_error(L3D_ERR_FORMAT, "the input holds %lld token(s), too few for a training "
+                         "shard of at least 2", (long long)(e->sp[0].n + e->sp[1].n));
+    return L3D_OK;
+}
+
+/* The spooled splits cut into shards; *removed: earlier shards deleted. */
+static l3d_status write_shards(struct encoding *e, const char *out_dir, int64_t shard_tokens,
+                               bool wide, int nshards[2], int *removed) {
+    struct sink s;
+    sink_open(&s, out_dir, e->sp[0].n, e->sp[1].n, shard_tokens, wide);
+    l3d_status st = spool_drain(&e->sp[0], &s);
+    if (st == L3D_OK) st = spool_drain(&e->sp[1], &s);
+    L3D_ASSERT(st != L3D_OK || s.split == 2);
+    nshards[0] = s.nshards[0];
+    nshards[1] = s.nshards[1];
+    if (st == L3D_OK) st = remove_stale(out_dir, s.nshards, removed);
+    sink_close(&s);
+    return st;
+}
+
+/* The shallowest directory of path that does not exist (malloc'd), NULL when path exists: what
+ * l3d_mkdir_p will make, and unmake_dirs removes again when the preparation fails. */
+static char *missing_root(const char *path) {
+    char *p = strdup(path);
+    L3D_ASSERT(p != NULL);
+    struct stat sb;
+    for (size_t i = 1; p[i - 1]; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (stat(p, &sb) != 0) return p;
+        p[i] = c;
+    }
+    free(p);
+    return NULL;
+}
+
+/* Removes dir and its parents up to root, each only when empty (rmdir). */
+static void unmake_dirs(const char *dir, const char *root) {
+    char *p = strdup(dir);
+    L3D_ASSERT(p != NULL);
+    for (;;) {
+        rmdir(p);
+        char *slash = strrchr(p, '/');
+        if (strcmp(p, root) == 0 || !slash || slash == p) break;
+        *slash = 0;
+    }
+    free(p);
+}
+
+static l3d_status encoding_begin(struct encoding *e, const char *out_dir, char **files,
+                                 int nfiles) {
+    e->sp[0].fd = e->sp[1].fd = -1;
+    e->nth = omp_get_max_threads();
+    e->enc = l3d_alloc((size_t)e->nth * sizeof *e->enc, "encoders");
+    for (int i = 0; i < e->nth; i++) e->enc[i] = NULL;
+    for (int f = 0; f < nfiles; f++) {
+        struct stat sb;
+        if (stat(files[f], &sb) == 0) e->disk_total += (int64_t)sb.st_size;
+    }
+    e->t0 = l3d_time_s();
+    l3d_status st = l3d_mkdir_p(out_dir);
+    if (st == L3D_OK) st = spool_open(&e->sp[0], out_dir);
+    if (st == L3D_OK) st = spool_open(&e->sp[1], out_dir);
+    return st;
+}
+
+static void encoding_end(struct encoding *e) {
+    for (int i = 0; i < e->nth; i++)
+        if (e->enc[i]) l3d_encoder_free(e->enc[i]);
+    l3d_free(e->enc);
+    for (size_t i = 0; i < e->np; i++) l3d_ids_free(&e->pv[i].ids);
+    free(e->pv);
+    free(e->text);
+    spool_close(&e->sp[0]);
+    spool_close(&e->sp[1]);
+}
+
+l3d_status l3d_prepare_bpe_opts(const char *out_dir, char **files, int nfiles, double val_fraction,
+                                int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                                const char *doc_separator, int doc_token, bool progress,
+                                const struct l3d_prepare_jsonl *jsonl,
+                                struct l3d_prepare_stats *stats) {
     if (stats) memset(stats, 0, sizeof *stats);
     l3d_status st = check_args(nfiles, val_fraction, shard_tokens);
     if (st != L3D_OK) return st;
@@ -436,60 +740,39 @@ l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double
     if (eot < 0 || eot >= V)
         return l3d_error(L3D_ERR_ARG, "the tokenizer has no \"%s\" token to start documents with "
                          "(--doc-token gives another)", L3D_EOT_STRING);
-    unsigned char *chunk = l3d_alloc(CHUNK_BYTES, "input chunk");
-    int64_t total;
-    st = check_inputs(files, nfiles, chunk, &total);
-    l3d_free(chunk);
-    if (st != L3D_OK) return st;
-
-    struct corpus c = {0};
-    st = encode_files(&c, files, nfiles, tok, doc_separator, eot, progress, total);
-    if (st == L3D_OK && c.ndocs == 0)
-        st = l3d_error(L3D_ERR_FORMAT, "the %d input file(s) hold no document: every line is the "
-                       "separator \"%s\"", nfiles, doc_separator ? doc_separator : "");
-    int64_t nval = 0, nvaldocs = 0;
-    if (st == L3D_OK) {
-        corpus_doc(&c); /* end of the last document */
-        c.ndocs--;
-        for (int64_t d = 0; d < c.ndocs; d++)
-            if (is_val(d, val_fraction)) {
-                nval += c.doc[d + 1] - c.doc[d];
-                nvaldocs++;
-            }
-        if (val_fraction > 0 && (nvaldocs == 0 || nvaldocs == c.ndocs))
-            st = l3d_error(L3D_ERR_FORMAT, "%lld document(s) cannot be split into training and "
-                           "validation at --val-fraction %g: give more text, documents separated "
-                           "by a line (--doc-separator), or --val-fraction 0", (long long)c.ndocs,
-                           val_fraction);
-        else if (c.n - nval < 2)
-            st = l3d_error(L3D_ERR_FORMAT, "the input holds %lld token(s), too few for a training "
-                           "shard of at least 2", (long long)c.n);
-    }
-    struct sink s = {0};
-    if (st == L3D_OK) st = l3d_mkdir_p(out_dir);
-    if (st == L3D_OK) st = sink_open(&s, out_dir, c.n - nval, nval, shard_tokens);
-    s.wide = V > 65536;
-    for (int split = 0; split < 2 && st == L3D_OK; split++)
-        for (int64_t d = 0; d < c.ndocs && st == L3D_OK; d++)
-            if (is_val(d, val_fraction) == (split == 1))
-                for (int64_t k = c.doc[d]; k < c.doc[d + 1] && st == L3D_OK; k++)
-                    st = sink_put(&s, c.tok[k]);
-    int removed = 0;
-    if (st == L3D_OK) st = remove_stale(out_dir, s.nshards, &removed);
-    l3d_free(s.path);
-    l3d_free(s.buf);
+    static const struct l3d_prepare_jsonl defaults = {"text", false, L3D_PREPARE_MAX_LINE};
+    char *made = missing_root(out_dir); /* removed again if this fails */
+    struct encoding e = {.eot = eot, .val_fraction = val_fraction, .progress = progress,
+                         .jl = jsonl ? jsonl : &defaults};
+    st = encoding_begin(&e, out_dir, files, nfiles);
+    for (int i = 0; i < e.nth && st == L3D_OK; i++) e.enc[i] = l3d_encoder_init(tok);
+    if (st == L3D_OK) st = encode_all(&e, files, nfiles, doc_separator);
+    if (st == L3D_OK) st = check_counts(&e, nfiles, doc_separator);
+    int nshards[2] = {0, 0}, removed = 0;
+    if (st == L3D_OK) st = write_shards(&e, out_dir, shard_tokens, V > 65536, nshards, &removed);
     if (st == L3D_OK && stats) {
         stats->files = nfiles;
-        stats->docs = c.ndocs;
-        stats->tokens = c.n;
-        stats->train_tokens = c.n - nval;
-        stats->val_tokens = nval;
-        stats->train_shards = s.nshards[0];
-        stats->val_shards = s.nshards[1];
+        stats->docs = e.ndocs;
+        stats->tokens = e.sp[0].n + e.sp[1].n;
+        stats->train_tokens = e.sp[0].n;
+        stats->val_tokens = e.sp[1].n;
+        stats->train_shards = nshards[0];
+        stats->val_shards = nshards[1];
         stats->stale_removed = removed;
-        stats->bytes = total;
+        stats->bytes = e.bytes;
+        stats->disk_bytes = e.disk_done;
+        stats->bad_records = e.bad;
     }
-    free(c.tok);
-    free(c.doc);
+    encoding_end(&e);
+    if (st != L3D_OK && made) unmake_dirs(out_dir, made);
+    free(made);
     return st;
+}
+
+l3d_status l3d_prepare_bpe(const char *out_dir, char **files, int nfiles, double val_fraction,
+                           int64_t shard_tokens, const struct l3d_tokenizer *tok,
+                           const char *doc_separator, int doc_token, bool progress,
+                           struct l3d_prepare_stats *stats) {
+    return l3d_prepare_bpe_opts(out_dir, files, nfiles, val_fraction, shard_tokens, tok,
+                                doc_separator, doc_token, progress, NULL, stats);
 }

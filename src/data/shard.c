@@ -244,16 +244,21 @@ const char *l3d_data_file_path(const struct l3d_data *data, int i) {
     return data->files[i].path;
 }
 
+void l3d_shard_header(int32_t header[L3D_SHARD_HEADER_INTS], int64_t n, int width) {
+    memset(header, 0, L3D_SHARD_HEADER_BYTES);
+    header[0] = width == 4 ? L3D_SHARD32_MAGIC : L3D_SHARD_MAGIC;
+    header[1] = width == 4 ? L3D_SHARD32_VERSION : L3D_SHARD_VERSION;
+    header[2] = (int32_t)n;
+}
+
 /* Writes n tokens of `width` bytes (2: uint16, magic 20240520; 4: uint32, magic 20240801). */
 static l3d_status shard_write(const char *path, const void *tokens, int64_t n, int width) {
     if (n < 0 || n > L3D_SHARD_MAX_TOKENS)
         return l3d_error(L3D_ERR_ARG,
                          "cannot write %lld tokens to shard %s: a shard holds 0 to %d tokens",
                          (long long)n, path, L3D_SHARD_MAX_TOKENS);
-    int32_t header[L3D_SHARD_HEADER_INTS] = {0};
-    header[0] = width == 4 ? L3D_SHARD32_MAGIC : L3D_SHARD_MAGIC;
-    header[1] = width == 4 ? L3D_SHARD32_VERSION : L3D_SHARD_VERSION;
-    header[2] = (int32_t)n;
+    int32_t header[L3D_SHARD_HEADER_INTS];
+    l3d_shard_header(header, n, width);
     struct l3d_out o; /* include/llm3d/file.h: a temporary, fsync, rename */
     if (l3d_out_open(&o, path, "token shard") != L3D_OK) return o.st;
     l3d_out_write(&o, header, sizeof header);

@@ -66,6 +66,7 @@ plan top 1 1000 0 1001
 prepare threads 1 4096 0 4097
 prepare val-fraction 0 0.999999 -1e-9 1
 prepare shard-tokens 4 2147483647 3 2147483648 LO_<=_N_<=_HI
+prepare max-line 1 1099511627776 0 1099511627777 LO_<=_BYTES_<=_HI
 generate max-tokens 1 1048576 0 1048577
 generate temperature 0 100 -1e-9 100.001
 generate top-k 0 1073741824 -1 1073741825

@@ -102,6 +102,24 @@ hostile shape "tensor transformer.wpe.weight has shape \[64, 32\], but .*bad_sha
 hostile dtype "tensor transformer.ln_f.bias has dtype I64; llm3d reads F32, BF16 and F16"
 hostile nan "tensor transformer.ln_f.bias: element 3 of 64 is NaN"
 hostile missing_shard "names shard model-0000[0-9]-of-0000[0-9].safetensors (for tensor .*), which is missing" hfs
+# one .safetensors file without its folder (issue 48): the folder's tensor table, and the file's
+# own checks (header, byte ranges, overlaps, finite weights) refusing each damaged copy
+check "inspect one .safetensors file" sh -c "'$bin' inspect '$dir/hf1/model.safetensors' > '$dir/insp1.txt'"
+check "  ... the folder's tensor table, line for line" bash -c "diff <(grep '^    ' '$dir/insp1.txt') \
+    <('$bin' inspect '$dir/hf1' | grep '^    ')"
+check "  ... --json: the folder's tensors" bash -c "python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); \
+    b=json.load(open(sys.argv[2])); assert a[\"kind\"]==\"safetensors\" and a[\"tensors\"]==b[\"tensors\"] \
+    and len(a[\"tensors\"])==28, a' <('$bin' inspect '$dir/hf1/model.safetensors' --json) <('$bin' inspect '$dir/hf1' --json)"
+for k in "header_past_end:header length [0-9]* past the file's end" \
+         "overlap:tensors transformer.wte.weight and transformer.wpe.weight overlap" \
+         "out_of_range:tensor transformer.ln_f.bias: data_offsets \[[0-9]*, [0-9]*\] out of range" \
+         "nan:tensor transformer.ln_f.bias: element 3 of 64 is NaN"; do
+    expect_error "inspect one damaged .safetensors file: ${k%%:*}" "bad_${k%%:*}/model.safetensors: .*${k#*:}" \
+        "$bin" inspect "$dir/bad_${k%%:*}/model.safetensors"
+done
+check "  ... an I64 tensor is listed, said unchecked" sh -c "'$bin' inspect '$dir/bad_dtype/model.safetensors' | \
+    grep -q '1 of a dtype llm3d does not read left unchecked' && '$bin' inspect '$dir/bad_dtype/model.safetensors' | \
+    grep -q 'transformer.ln_f.bias *I64  \[32\]'"
 expect_error "hostile: a folder as --init-from, its NaN named" "bad_nan/model.safetensors: tensor transformer.ln_f.bias: element 3" \
     "$bin" train "${TINY[@]}" --steps 1 --batch 2 --init-from "$dir/bad_nan"
 # configs the code cannot honour: refused naming the key

@@ -23,6 +23,11 @@ check "  ... every document starts with end-of-text" test "$("$bin" tokenizer de
 check "encode" test "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox' | wc -w)" -le 6
 check "encode - reads standard input" test "$(printf 'the quick brown fox' | "$bin" tokenizer encode \
     --tokenizer "$dir/tok" -)" = "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox')"
+check "encode with no text and no FILE reads standard input (a pipe)" test "$(printf 'the quick brown fox' | \
+    "$bin" tokenizer encode --tokenizer "$dir/tok")" = "$("$bin" tokenizer encode --tokenizer "$dir/tok" --text 'the quick brown fox')"
+check "  ... an empty pipe gives an empty line" test "$(printf '' | "$bin" tokenizer encode --tokenizer "$dir/tok")" = ""
+expect_error "encode with two FILEs" "2 FILEs given" "$bin" tokenizer encode --tokenizer "$dir/tok" \
+    "$dir/corpus.txt" "$dir/corpus.txt"
 check "prepare --threads 1" "$bin" prepare --tokenizer "$dir/tok" --doc-separator % --val-fraction 0.1 \
     --threads 1 --out "$dir/data1" "$dir/corpus.txt"
 check "  ... the same shards as with 2 threads" sh -c "cmp -s '$dir/data/train_000000.bin' \
