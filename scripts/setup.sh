@@ -8,6 +8,7 @@
 #             mpiexec.<flavour>), so whichever /usr/bin/mpicc points at does not matter.
 #   data:     the fortunes package's text files, the demo's default corpus
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
+#   config:   libyaml (libyaml-dev, found by pkg-config): the commands' --config FILE (YAML)
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
 #   oracle:   python3 (standard library only) reads and writes safetensors in tests/cli/hf.sh
@@ -35,7 +36,7 @@ for arg in "$@"; do
     *) echo "setup: unknown argument $arg (--gpt2 or --tokenizers)" >&2; exit 2 ;;
   esac
 done
-pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev clang libomp-dev iproute2 libxml2-utils python3 chromium fonts-dejavu-core)
+pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev libyaml-dev pkg-config clang libomp-dev iproute2 libxml2-utils python3 chromium fonts-dejavu-core)
 if [ $gpt2 -eq 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 missing=()
 for p in "${pkgs[@]}"; do
