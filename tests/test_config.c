@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
+#include "llm3d/file.h"
 #include "llm3d/train.h"
 #include "test.h"
 
@@ -61,11 +62,7 @@ static char *slurp(const char *path) {
 }
 
 static void put(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) return;
-    fputs(text, f);
-    fclose(f);
+    CHECK(l3d_write_file(path, "test file", text, strlen(text)) == L3D_OK);
 }
 
 struct parsed {
