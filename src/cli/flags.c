@@ -76,8 +76,9 @@ static void opt_table(struct opt_table *t, const struct l3d_flag_group *g, int n
     t->o[n] = (struct option){NULL, 0, NULL, 0};
 }
 
-/* One pass over argv: the first finds --config (*config) and says --help or an unknown flag, the
- * second (apply) sets the flags. -1, 0 after --help, 2 after one line. */
+/* One pass over argv: the first finds --config (*config) and an unknown flag, up to --help; the
+ * second (apply) sets the flags in order, up to --help, which it prints. -1, 0 after --help, 2
+ * after one line. */
 static int scan(const char *cmd, int argc, char **argv, const struct opt_table *t,
                 const struct l3d_flag_group *g, int ng, void (*usage)(FILE *f), bool apply,
                 const char **config, struct l3d_flags_given *given) {
@@ -85,6 +86,7 @@ static int scan(const char *cmd, int argc, char **argv, const struct opt_table *
     opterr = 0;
     int c;
     while ((c = getopt_long(argc, argv, "h", t->o, NULL)) != -1) {
+        if (c == 'h' && !apply) return -1; /* the flags before --help are applied first */
         if (c == 'h') {
             if (usage) usage(stdout);
             l3d_flags_help(stdout, g, ng);
