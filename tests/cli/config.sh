@@ -54,12 +54,20 @@ system:
   devices: 4
 top: 3
 EOF
-if "$bin" plan "${pflags[@]}" > "$dir/plan.flags" 2>&1 &&
-   "$bin" plan --config "$dir/plan.yaml" > "$dir/plan.file" 2>&1 &&
+untimed() { sed -E 's/ in [0-9.]+ s:/ in (time) s:/'; } # the search's own time differs
+if "$bin" plan "${pflags[@]}" 2>&1 | untimed > "$dir/plan.flags" &&
+   "$bin" plan --config "$dir/plan.yaml" 2>&1 | untimed > "$dir/plan.file" &&
    cmp -s "$dir/plan.flags" "$dir/plan.file" && grep -q '^best: ' "$dir/plan.file"; then
     ok "plan --config prints what the same flags print"
 else
     bad "plan --config differs from the flags: $(diff "$dir/plan.flags" "$dir/plan.file" | head -5)"
+fi
+
+"$bin" plan --zero 2 --config "$dir/plan.yaml" 2>&1 | untimed > "$dir/plan.zero2"
+if grep -q '^best: ' "$dir/plan.zero2" && ! cmp -s "$dir/plan.flags" "$dir/plan.zero2"; then
+    ok "plan --zero 2 beside the file overrides its --zero 1: another plan"
+else
+    bad "plan --zero 2 beside the file printed the same plan"
 fi
 
 printf 'optimizer:\n  steps: 2\n  lerning-rate: 1e-3\n' > "$dir/typo.yaml"
