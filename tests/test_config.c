@@ -239,6 +239,9 @@ static void bad_files(void) {
     refuses("quiet: maybe\n", "line 1: --quiet is a switch: give quiet: true or quiet: false");
     refuses("optimizer:\n  lr:\n", "line 2: lr takes one value, not nothing");
     refuses("optimizer:\n  lr: [1]\n", "lr takes one value, not a list");
+    refuses("lr: {x: 1}\n", "line 1: lr takes one value, not a mapping");
+    refuses("optimizer:\n  [lr]: 1\n", "line 2: a key is a list");
+    refuses("? {a: 1}\n: 2\n", "line 1: a key is a mapping");
     refuses("model:\n  hidden: 64\n", "line 2: --hidden is now --channels");
     struct parsed p; /* an empty file, or comments only: no flags */
     char cfg[160];
@@ -252,6 +255,10 @@ static void bad_files(void) {
     parsed_free(&p);
     parse(&p, 2, (const char *[]){"--config", tmp});
     CHECK(p.rc == 2 && strstr(p.err, "cannot read it: a directory"));
+    parsed_free(&p);
+    snprintf(cfg, sizeof cfg, "%s/none.yaml", tmp);
+    parse(&p, 2, (const char *[]){"--config", cfg});
+    CHECK(p.rc == 2 && strstr(p.err, "none.yaml: cannot read it: No such file"));
     parsed_free(&p);
 }
 

@@ -225,18 +225,19 @@ static bool is_section(struct reader *r, const char *name) {
     return false;
 }
 
+static int not_a_name(struct reader *r, const yaml_node_t *k) {
+    fprintf(stderr, "llm3d %s: %s line %d: a key is %s: write `flag: value` lines\n", r->cmd,
+            r->path, line(k), kind(k));
+    return 2;
+}
+
 /* A section's pairs (a null value: an empty section, as run.yaml writes one with every flag
  * commented out). */
 static int apply_section(struct reader *r, const yaml_node_t *k, const yaml_node_t *v) {
     if (is_null(v)) return -1;
     for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
         yaml_node_t *kk = node(r, p->key), *vv = node(r, p->value);
-        if (kk->type != YAML_SCALAR_NODE) {
-            fprintf(stderr, "llm3d %s: %s line %d: a key is %s: write `flag: value` lines\n",
-                    r->cmd, r->path, line(kk), kind(kk));
-            return 2;
-        }
-        int rc = apply_pair(r, text(k), kk, vv);
+        int rc = kk->type != YAML_SCALAR_NODE ? not_a_name(r, kk) : apply_pair(r, text(k), kk, vv);
         if (rc >= 0) return rc;
     }
     return -1;
@@ -249,18 +250,14 @@ static int apply_root(struct reader *r, const yaml_node_t *root) {
                 r->path, line(root), kind(root));
         return 2;
     }
-    int seen[64] = {0}, ns = 0; /* the sections' lines, for a section given twice */
+    int seen[64] = {0}, ns = 0; /* the sections' pairs, for a section given twice */
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = node(r, p->key), *v = node(r, p->value);
-        int rc;
-        if (k->type != YAML_SCALAR_NODE) {
-            fprintf(stderr, "llm3d %s: %s line %d: a key is %s: write `flag: value` lines\n",
-                    r->cmd, r->path, line(k), kind(k));
-            return 2;
-        }
+        int rc, gi, pos;
+        if (k->type != YAML_SCALAR_NODE) return not_a_name(r, k);
         bool section = is_section(r, text(k)) && (v->type == YAML_MAPPING_NODE || is_null(v));
-        if (!section && v->type == YAML_MAPPING_NODE) {
+        if (!section && v->type == YAML_MAPPING_NODE && !find_flag(text(k), r->g, r->ng, &gi, &pos)) {
             rc = unknown_section(r, k);
         } else if (!section) {
             rc = apply_pair(r, NULL, k, v);
@@ -291,10 +288,11 @@ static struct loaded *documents;
 /* The file's one document into *doc (root NULL: an empty file); 2 after one line. */
 static int load(const char *cmd, const char *path, yaml_document_t *doc) {
     struct stat sb;
-    FILE *f = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? NULL : fopen(path, "rb");
+    bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    FILE *f = dir ? NULL : fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "llm3d %s: --config %s: cannot read it: %s\n", cmd, path,
-                S_ISDIR(sb.st_mode) ? "a directory" : strerror(errno));
+                dir ? "a directory" : strerror(errno));
         return 2;
     }
     yaml_parser_t p;
