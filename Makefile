@@ -20,7 +20,7 @@ DEMO_DATA ?= data/fortunes
 DEMO_OUT ?= out/demo
 DEMO_STEPS ?= 800
 
-.PHONY: all setup tokenizers build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-text scaling pipeline calibrate \
+.PHONY: all setup tokenizers build demo test test-check test-asan test-mpich test-fuzz test-cuda fuzz fuzz-build bench bench-ckpt bench-text scaling pipeline calibrate \
 	plan-local mutants clean
 
 all: build
@@ -147,6 +147,10 @@ bench: build
 # cl100k_base and llama3 on 1 and 2 threads (wall and CPU time, load average), beside the npm
 # reference encoders on the same text: tiktoken (WASM) and js-tiktoken, installed into
 # $(BUILD)/npm; Qwen3's tokenizer.json (NFC) on 2 threads
+# A checkpoint's training stall, synchronous against --async-save (d12 and d24, 1 and 4 ranks)
+bench-ckpt: build
+	bash bench/async_save.sh $(BUILD)
+
 bench-text: build tokenizers
 	$(BUILD)/llm3d tokenizer train --vocab-size 4096 --out $(BUILD)/bench-tok $(CORPUS)
 	OMP_NUM_THREADS=1 $(BUILD)/l3d_bench_tokenizer tests/data/gpt2 $(CORPUS)

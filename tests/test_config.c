@@ -18,7 +18,8 @@
 static char tmp[] = "/tmp/l3d-test-config-XXXXXX";
 
 /* A value for every flag of train: the value (NULL: a switch) and the flags it needs beside it
- * (space-separated), chosen so that the flag changes the configuration they give alone. */
+ * (space-separated), chosen so that the flag changes the configuration they give alone. A new
+ * flag needs its row here; one kept as a string (a path) also its field in same(). */
 static const struct { const char *flag, *val, *with; } values[] = {
     {"model", "d12", ""}, {"layers", "3", ""}, {"channels", "192", ""}, {"heads", "2", ""},
     {"vocab", "300", ""}, {"context", "128", ""}, {"ffn", "512", ""},
@@ -44,7 +45,7 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"allow-cross-node-tp", NULL, ""}, {"peak-gflops", "50", ""}, {"quiet", NULL, ""},
     {"save-every", "10", "--out o"}, {"ckpt-dir", "ck", ""}, {"keep", "5", ""},
     {"resume", "auto", "--out o"}, {"overwrite", NULL, ""}, {"timeout", "30", ""},
-    {"max-skipped-steps", "3", ""},
+    {"max-skipped-steps", "3", ""}, {"tensorboard", "tb", ""}, {"async-save", NULL, ""},
 };
 #define NVALUES ((int)(sizeof values / sizeof values[0]))
 
@@ -115,10 +116,10 @@ static bool same(const struct parsed *x, const struct parsed *y) {
     struct l3d_train_config a = x->tc, b = y->tc;
     const char **sa[] = {&a.train_pattern, &a.val_pattern, &a.out_dir, &a.init_from,
                          &a.trace_path, &a.ckpt_dir, &a.resume, &a.layout.pp_layers,
-                         &a.config_yaml};
+                         &a.config_yaml, &a.tensorboard};
     const char **sb[] = {&b.train_pattern, &b.val_pattern, &b.out_dir, &b.init_from,
                          &b.trace_path, &b.ckpt_dir, &b.resume, &b.layout.pp_layers,
-                         &b.config_yaml};
+                         &b.config_yaml, &b.tensorboard};
     bool eq = same_str(x->backend, y->backend);
     for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++) {
         eq = eq && same_str(*sa[i], *sb[i]);

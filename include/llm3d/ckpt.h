@@ -201,6 +201,33 @@ l3d_status l3d_ckpt_save(const char *root, int keep, struct l3d_comm *world,
                          struct l3d_gpt *const *m, const struct l3d_adamw *opt,
                          const struct l3d_ckpt_pieces *pieces, struct l3d_ckpt_io *io,
                          bool *report);
+/* Asynchronous saves (--async-save): l3d_ckpt_save_begin makes the temporary directory and copies
+ * this rank's pieces (parameters and moments) into a host staging buffer, allocated once by
+ * l3d_ckpt_async_init with l3d_ckpt_async_bytes, then a writer thread writes and fsyncs the rank
+ * files while training goes on; l3d_ckpt_save_poll, called by every rank at the same points,
+ * closes the save once every rank's writer is done (wait: now, joining this rank's): the records
+ * gathered and the directory published as l3d_ckpt_save does (manifest, rename, `latest`,
+ * pruning), so a crash before it leaves the last published checkpoint as it was. At most one save
+ * runs: begin asserts none is. Chunks whose parameters move a piece at a time through collectives
+ * (struct l3d_ckpt_pieces) are saved with l3d_ckpt_save instead. */
+struct l3d_ckpt_async;
+size_t l3d_ckpt_async_bytes(const struct l3d_ckpt_layout *lay, struct l3d_gpt *const *m,
+                            const struct l3d_adamw *opt);
+l3d_status l3d_ckpt_async_init(struct l3d_ckpt_async **a, size_t bytes);
+l3d_status l3d_ckpt_save_begin(struct l3d_ckpt_async *a, const char *root, int keep,
+                               struct l3d_comm *world, const struct l3d_ckpt_layout *lay,
+                               const struct l3d_ckpt_state *s, struct l3d_gpt *const *m,
+                               const struct l3d_adamw *opt, bool *report);
+bool l3d_ckpt_save_running(const struct l3d_ckpt_async *a);
+/* Seconds the last begin took (the copies: how long training stood still). */
+double l3d_ckpt_async_stall(const struct l3d_ckpt_async *a);
+/* *closed: the running save was closed now (its step in *step, its figures in *io; the status
+ * agreed). Collective when a save runs. */
+l3d_status l3d_ckpt_save_poll(struct l3d_ckpt_async *a, struct l3d_comm *world, bool wait,
+                              bool *closed, int64_t *step, struct l3d_ckpt_io *io, bool *report);
+/* Joins a writer still running (its directory stays temporary) and frees; NULL is a no-op. */
+void l3d_ckpt_async_free(struct l3d_ckpt_async *a);
+
 /* The step directory that spec names: "auto" -> the one root/latest names, or "" when root has no
  * latest (a fresh start); a step directory (holding a manifest); or a root holding `latest`. */
 l3d_status l3d_ckpt_resolve(const char *spec, const char *root, char *dir, size_t cap);

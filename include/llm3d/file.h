@@ -56,6 +56,11 @@ void l3d_out_abort(struct l3d_out *o);
  * opened for appending (emptied first unless append), without following a link and without
  * blocking, and refused unless it is a regular file or absent. */
 l3d_status l3d_open_log(const char *path, const char *what, bool append, FILE **f);
+/* Appends n bytes to a log opened so (path for messages) with one write, flushed and checked; on
+ * a failure the part written is truncated away, so the log ends with its last complete `unit`
+ * ("line", "record"), and L3D_ERR_IO names the path and errno. */
+l3d_status l3d_log_append(FILE *f, const char *path, const void *data, size_t n,
+                          const char *unit);
 
 /* A whole file in one call. */
 l3d_status l3d_write_file(const char *path, const char *what, const void *data, size_t n);

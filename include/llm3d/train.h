@@ -38,6 +38,7 @@ struct l3d_train_config {
     const char *train_pattern; /* token shards: a file or a glob */
     const char *val_pattern;   /* NULL: no validation */
     const char *out_dir;       /* NULL: write nothing */
+    const char *tensorboard;   /* TensorBoard event files go to this directory (NULL: none) */
     const char *init_from;     /* llm.c checkpoint or Hugging Face folder to start from, or NULL */
     /* the Hugging Face folder --out gets at the end: its dtype (L3D_F32 or L3D_BF16, L3D_F16) and
      * the size above which its weights are sharded (0: L3D_HF_SHARD_BYTES) */
@@ -65,6 +66,9 @@ struct l3d_train_config {
     const char *ckpt_dir;
     const char *resume;
     int save_every, keep;
+    /* checkpoints written by a thread while training goes on (l3d_ckpt_save_begin): each rank's
+     * state copied into host staging at the step, published once every rank has written */
+    bool async_save;
     /* run directories (DESIGN.md, "Run identity"): overwrite removes llm3d's files of an earlier
      * run in out_dir (and ckpt_dir) instead of refusing to start there */
     bool overwrite;

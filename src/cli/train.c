@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
@@ -73,7 +74,8 @@ enum {
     T_INIT, T_TRAIN, T_VAL, T_SEQUENTIAL, T_STEPS, T_LR, T_MINLR, T_WARMUP, T_WD, T_BETA1,
     T_BETA2, T_EPS, T_CLIP, T_VALEVERY, T_VALBATCHES, T_SEED, T_OUT, T_PEAK, T_QUIET, T_BACKEND,
     T_IGNORE_MEM, T_CROSS_TP, T_TRACE, T_COMM, T_PROGRESS, T_SAVE_EVERY, T_CKPT_DIR, T_KEEP,
-    T_RESUME, T_OVERWRITE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
+    T_RESUME, T_OVERWRITE, T_ASYNC_SAVE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
+    T_TENSORBOARD,
 };
 
 static const struct l3d_flag init_flags[] = {
@@ -107,6 +109,10 @@ static const struct l3d_flag run_flags[] = {
     {"seed", "S", T_SEED, "initial weights and batch order (1337)"},
     {"out", "DIR", T_OUT, "metrics.jsonl, checkpoints, and at the end the model: model.bin "
                           "(llm.c) and config.json + model.safetensors (Hugging Face) (none)"},
+    {"tensorboard", "DIR", T_TENSORBOARD, "each step's loss, validation loss, learning rate, "
+                                          "gradient norm, tokens/s, MFU, loss scale and skips "
+                                          "as TensorBoard event files in DIR (created when "
+                                          "missing; rank 0; a resumed run adds a file) (none)"},
     {"save-dtype", "T", T_SAVE_DTYPE, "the safetensors weights' type: fp32 (default), bf16 or "
                                       "fp16 (rounded to nearest even)"},
     {"save-shard-mb", "M", T_SAVE_SHARD, "weights above M MiB go to several safetensors files "
@@ -140,6 +146,11 @@ static const struct l3d_flag ckpt_flags[] = {
     {"save-every", "N", T_SAVE_EVERY, "save every N steps and after the last (0: never; 0)"},
     {"ckpt-dir", "DIR", T_CKPT_DIR, "where step directories go (default OUT/checkpoints)"},
     {"keep", "K", T_KEEP, "keep the newest K checkpoints (3)"},
+    {"async-save", NULL, T_ASYNC_SAVE, "write checkpoints in the background: training stands "
+                                       "still only while each rank copies its state to host "
+                                       "memory (held once: parameters and AdamW moments); the "
+                                       "checkpoint is published when every rank has written it. "
+                                       "ZeRO-3 (and mixed-precision ZeRO-2) save synchronously"},
     {"resume", "auto|PATH", T_RESUME, "continue from the latest checkpoint (auto: a fresh start "
                                       "when there is none) or from a step or checkpoint "
                                       "directory"},
@@ -189,6 +200,16 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     case T_VALBATCHES: return l3d_arg_int(cmd, "val-batches", v, 1, BIG, &tc->val_batches);
     case T_SEED: return l3d_arg_u64(cmd, "seed", v, &tc->seed);
     case T_OUT: tc->out_dir = v; return 1;
+    case T_TENSORBOARD: {
+        struct stat sb;
+        if (stat(v, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "llm3d %s: --tensorboard %s exists and is not a directory: give a "
+                    "directory (it is created when missing)\n", cmd, v);
+            return 0;
+        }
+        tc->tensorboard = v;
+        return 1;
+    }
     case T_PEAK: return l3d_arg_float(cmd, "peak-gflops", v, 1e-3, 1e12, &x->peak);
     case T_QUIET: tc->quiet = true; return 1;
     case T_BACKEND: *x->backend = v; return 1;
@@ -214,6 +235,7 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     case T_KEEP: return l3d_arg_int(cmd, "keep", v, 1, 1 << 20, &tc->keep);
     case T_RESUME: tc->resume = v; return 1;
     case T_OVERWRITE: tc->overwrite = true; return 1;
+    case T_ASYNC_SAVE: tc->async_save = true; return 1;
     case T_TIMEOUT: {
         float sec = 0;
         if (!l3d_arg_float(cmd, "timeout", v, 0, 1e7, &sec)) return 0;

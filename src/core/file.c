@@ -237,6 +237,20 @@ l3d_status l3d_open_log(const char *path, const char *what, bool append, FILE **
     return L3D_OK;
 }
 
+l3d_status l3d_log_append(FILE *f, const char *path, const void *data, size_t n,
+                          const char *unit) {
+    long at = ftell(f);
+    errno = 0;
+    bool ok = fwrite(data, 1, n, f) == n;
+    ok = fflush(f) == 0 && ok;
+    if (ok) return L3D_OK;
+    int e = errno ? errno : EIO;
+    clearerr(f);
+    if (at >= 0 && ftruncate(fileno(f), (off_t)at) == 0) fseek(f, at, SEEK_SET);
+    return l3d_error(L3D_ERR_IO, "cannot write %s: %s (the run stops; it ends with the last "
+                     "complete %s)", path, strerror(e), unit);
+}
+
 /* ---- trees ----------------------------------------------------------------------------------- */
 
 static int remove_one(const char *p, const struct stat *sb, int type, struct FTW *ftw) {

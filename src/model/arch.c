@@ -203,3 +203,8 @@ bool l3d_arch_parse(const char *name, enum l3d_arch *out) {
     if (a) *out = a->arch;
     return a != NULL;
 }
+
+/* The blocks' key/value heads (include/llm3d/model.h): here with the family rows that read it. */
+int l3d_model_kv_heads(const struct l3d_model_spec *m) {
+    return m->NKV > 0 ? m->NKV : m->NH;
+}

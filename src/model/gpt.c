@@ -16,10 +16,6 @@
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
-int l3d_model_kv_heads(const struct l3d_model_spec *m) {
-    return m->NKV > 0 ? m->NKV : m->NH;
-}
-
 /* Parameters of the whole model (doubles: the checks run before the sizes are known to fit). */
 double l3d_model_param_count(const struct l3d_model_spec *m) {
     double C = m->C, hd = (double)m->C / m->NH, kv = l3d_model_kv_heads(m) * hd;

@@ -1,7 +1,20 @@
-/* Whether a layout suits the model, the run and the profile (l3d_plan_check): the run spec's
- * rules (the trainer's or Megatron-LM's) and the profile's, each a sentence naming the value. */
+/* The planner's view of a layout (l3d_plan_view: what it left open filled) and whether it suits
+ * the model, the run and the profile (l3d_plan_check): the run spec's rules (the trainer's or
+ * Megatron-LM's) and the profile's, each a sentence naming the value. */
 #include "llm3d/spec.h"
 #include "plan-impl.h"
+
+void l3d_plan_view(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                   struct l3d_model_spec *ms, struct l3d_layout *lo) {
+    *lo = *lay;
+    if (lo->seq == 0) lo->seq = m->maxT;
+    if (lo->threads == 0) lo->threads = 1;
+    if (lo->global_batch == 0)
+        lo->global_batch = (int64_t)lo->micro_batch * lo->dp * (lo->accum > 0 ? lo->accum : 1);
+    if (lo->bucket_bytes == 0) lo->bucket_bytes = L3D_PLAN_BUCKET_BYTES;
+    *ms = *m;
+    ms->maxT = lo->seq;
+}
 
 l3d_status l3d_plan_zero_check(const struct l3d_profile *prof, const struct l3d_plan_run *run,
                                int zero) {

@@ -14,18 +14,6 @@ struct l3d_plan_run l3d_plan_run_default(void) {
                                  .piece_bytes = L3D_CKPT_STAGE_BYTES};
 }
 
-void l3d_plan_view(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                   struct l3d_model_spec *ms, struct l3d_layout *lo) {
-    *lo = *lay;
-    if (lo->seq == 0) lo->seq = m->maxT;
-    if (lo->threads == 0) lo->threads = 1;
-    if (lo->global_batch == 0)
-        lo->global_batch = (int64_t)lo->micro_batch * lo->dp * (lo->accum > 0 ? lo->accum : 1);
-    if (lo->bucket_bytes == 0) lo->bucket_bytes = L3D_PLAN_BUCKET_BYTES;
-    *ms = *m;
-    ms->maxT = lo->seq;
-}
-
 /* The figures a run's kernels reach: llm3d's bf16 / fp16 on a profile with that type's 16-bit
  * keys (measured by llm3d bench --calibrate through the backend's 16-bit kernels: on a CPU
  * without 16-bit products, widened operands around the fp32 product, conversions included) take

@@ -206,6 +206,19 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
     return b;
 }
 
+/* --async-save's staging (l3d_ckpt_async_bytes, held from start-up): the writing rank's fp32
+ * parameters (the views: 4 bytes each of the planner's w) and its AdamW moments (8 of the
+ * optimizer's 8 or, with master weights, 12 a parameter), 64 bytes of alignment each; none where
+ * the parameters move a piece at a time (ZeRO-3, mixed-precision ZeRO-2: saved synchronously). */
+static double async_staging(const struct l3d_train_config *tc, const struct cand *c) {
+    const struct l3d_layout *l = &c->lay;
+    bool mixed = tc->precision.param != L3D_F32;
+    if (!tc->async_save || !(tc->out_dir || tc->ckpt_dir) || l->zero == 3 || (l->zero == 2 && mixed))
+        return 0.0;
+    double w = (double)l3d_dtype_size(tc->precision.param), k_opt = mixed ? 3.0 : 2.0;
+    return 4.0 * c->mem.params / w + 2.0 * c->mem.optimizer / k_opt + 192.0 * l->v;
+}
+
 /* The fullest rank's bytes for layout c: the planner's total (wpe's rows beyond the sequence
  * included: run.context), plus what the planner leaves out and the trainer holds: on the lead
  * rank model.bin's copy, and what grows with the micro-batches (micro_extras). */
@@ -237,7 +250,8 @@ static void evaluate(const struct l3d_train_config *tc, struct cand *c, bool lea
         double layer = 4.0 * m->C * rows, piece = (double)l3d_ckpt_stage_bytes();
         strips = 3.0 * (layer < piece ? layer : piece);
     }
-    c->bytes = c->mem.total + c->gather + strips + micro_extras(tc, c, &c->sched);
+    c->bytes = c->mem.total + c->gather + strips + async_staging(tc, c) +
+               micro_extras(tc, c, &c->sched);
 }
 
 static int cmp_cand(const void *a, const void *b) {

@@ -139,36 +139,37 @@ static void json_number(char *buf, size_t n, double v) {
         snprintf(buf, n, "null");
 }
 
-l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
-                                  const struct l3d_step_stats *s) {
-    const struct l3d_train_config *tc = t->tc;
-    int pp = t->tc->layout.pp;
-    if (t->lead && !tc->quiet) {
-        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s | MFU "
-               "%5.1f%%", step + 1, tc->steps, s->loss, s->lr, s->norm, s->seconds * 1e3,
-               s->tokens_per_s, 100.0 * s->mfu);
-        if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
-        if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
-        if (s->loss_scale > 0) printf(" | scale %.0f", s->loss_scale);
-        if (s->skipped) printf(" | skipped");
-        if (s->stall_s > 0) printf(" | stalled %.1f s", s->stall_s);
-        printf("\n");
-        fflush(stdout);
+/* v as a float32 in the fewest digits (6 to 9) that read back as that float: the value the
+ * TensorBoard event file holds, in as short a number as it can be ("6e-05", not
+ * "6.00000021e-05"). */
+static void json_float(char *buf, size_t n, double v) {
+    float f = (float)v;
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, n, "%.*g", digits, (double)f);
+        if (strtof(buf, NULL) == f) return;
     }
-    if (!t->metrics) return L3D_OK;
+}
+
+/* The step's line in metrics.jsonl. */
+static l3d_status metrics_line(const struct l3d_trainer *t, int step,
+                               const struct l3d_step_stats *s) {
     /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
     char line[1024], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char lr[32], tps[32], mfu[32]; /* as float32s: the TensorBoard values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
+    json_float(lr, sizeof lr, s->lr);
+    json_float(tps, sizeof tps, s->tokens_per_s);
+    json_float(mfu, sizeof mfu, s->mfu);
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
-                     "\"tp_bytes\":%lld,\"tokens_per_s\":%.1f,"
-                     "\"mfu\":%.5f,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+                     "\"tp_bytes\":%lld,\"tokens_per_s\":%s,"
+                     "\"mfu\":%s,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
                      "\"ranks\":%d,\"mem_peak_bytes\":%zu,\"bubble\":%.5f", step + 1, loss,
-                     s->lr, norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
-                     t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, s->tokens_per_s, s->mfu,
+                     lr, norm, s->seconds * 1e3, s->optimizer_s * 1e3, s->comm_wait_s * 1e3,
+                     t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, tps, mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
     if (t->tc->layout.zero == 3 && n > 0 && n < (int)sizeof line)
@@ -196,18 +197,47 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
 }
 
+/* The step's scalars in the TensorBoard event file: those of metrics.jsonl, as float32. */
+static l3d_status tensorboard_step(const struct l3d_trainer *t, int step,
+                                   const struct l3d_step_stats *s) {
+    struct l3d_tfevents_scalar v[L3D_TFEVENTS_MAX_SCALARS];
+    int n = 0;
+    v[n++] = (struct l3d_tfevents_scalar){"train/loss", (float)s->loss};
+    v[n++] = (struct l3d_tfevents_scalar){"train/lr", s->lr};
+    v[n++] = (struct l3d_tfevents_scalar){"train/grad_norm", (float)s->norm};
+    v[n++] = (struct l3d_tfevents_scalar){"train/skipped", s->skipped ? 1.0f : 0.0f};
+    v[n++] = (struct l3d_tfevents_scalar){"perf/tokens_per_s", (float)s->tokens_per_s};
+    v[n++] = (struct l3d_tfevents_scalar){"perf/mfu", (float)s->mfu};
+    v[n++] = (struct l3d_tfevents_scalar){"perf/step_ms", (float)(s->seconds * 1e3)};
+    if (!isnan(s->val_loss)) v[n++] = (struct l3d_tfevents_scalar){"val/loss", s->val_loss};
+    if (s->loss_scale > 0)
+        v[n++] = (struct l3d_tfevents_scalar){"train/loss_scale", (float)s->loss_scale};
+    return l3d_tfevents_write(&t->tb, step + 1, v, n);
+}
+
+l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
+                                 const struct l3d_step_stats *s) {
+    const struct l3d_train_config *tc = t->tc;
+    int pp = t->tc->layout.pp;
+    if (t->lead && !tc->quiet) {
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %8.1f ms | %9.0f tok/s | MFU "
+               "%5.1f%%", step + 1, tc->steps, s->loss, s->lr, s->norm, s->seconds * 1e3,
+               s->tokens_per_s, 100.0 * s->mfu);
+        if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
+        if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
+        if (s->loss_scale > 0) printf(" | scale %.0f", s->loss_scale);
+        if (s->skipped) printf(" | skipped");
+        if (s->stall_s > 0) printf(" | stalled %.1f s", s->stall_s);
+        printf("\n");
+        fflush(stdout);
+    }
+    l3d_status st = t->metrics ? metrics_line(t, step, s) : L3D_OK;
+    if (st == L3D_OK && t->tb.f) st = tensorboard_step(t, step, s);
+    return st;
+}
+
 l3d_status l3d_train_metrics_write(FILE *f, const char *path, const char *line) {
-    long at = ftell(f);
-    size_t n = strlen(line);
-    errno = 0;
-    bool ok = fwrite(line, 1, n, f) == n;
-    ok = fflush(f) == 0 && ok;
-    if (ok) return L3D_OK;
-    int e = errno ? errno : EIO;
-    clearerr(f);
-    if (at >= 0 && ftruncate(fileno(f), (off_t)at) == 0) fseek(f, at, SEEK_SET);
-    return l3d_error(L3D_ERR_IO, "cannot write %s: %s (the run stops; it ends with the last "
-                     "complete line)", path, strerror(e));
+    return l3d_log_append(f, path, line, strlen(line), "line");
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -30,8 +30,56 @@ void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config
 }
 
 void l3d_train_ckpt_free(struct l3d_train_ckpt *c) {
-    (void)c;
+    l3d_ckpt_async_free(c->async);
+    c->async = NULL;
     l3d_train_signals_restore();
+}
+
+l3d_status l3d_train_ckpt_async_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                                     struct l3d_gpt *const *m, const struct l3d_adamw *opt,
+                                     bool streamed) {
+    if (!tc->async_save || !c->root[0]) return L3D_OK;
+    if (streamed) { /* start-up lines: printed under --quiet too */
+        if (c->lead)
+            printf("checkpoints: synchronous (--async-save does not stage parameters that no "
+                   "rank holds whole: ZeRO-3, or ZeRO-2 in mixed precision)\n");
+        return L3D_OK;
+    }
+    size_t bytes = l3d_ckpt_async_bytes(&c->lay, m, opt);
+    if (c->lead)
+        printf("checkpoints: written in the background (--async-save) from %.1f MiB of host "
+               "staging on rank 0 (its parameters and AdamW moments)\n", bytes / 1048576.0);
+    return l3d_ckpt_async_init(&c->async, bytes);
+}
+
+/* The line of a checkpoint written: its size and time (a background one's written while
+ * training went on, its stall the copies). */
+static void saved_line(const struct l3d_train_ckpt *c, int64_t step, const struct l3d_ckpt_io *io,
+                       double stall) {
+    if (!c->lead || c->quiet) return;
+    if (stall >= 0)
+        printf("checkpoint %s/step_%08lld: %.1f MB written in the background in %.2f s "
+               "(training stood still %.3f s)\n", c->root, (long long)step, io->bytes_total / 1e6,
+               io->seconds, stall);
+    else
+        printf("checkpoint %s/step_%08lld: %.1f MB in %.2f s (%.0f MB/s over all ranks)\n",
+               c->root, (long long)step, io->bytes_total / 1e6, io->seconds,
+               io->bytes_total / 1e6 / io->seconds);
+    fflush(stdout);
+}
+
+l3d_status l3d_train_ckpt_poll(struct l3d_train_ckpt *c, struct l3d_comm *world, bool wait,
+                               bool *report) {
+    if (!l3d_ckpt_save_running(c->async)) return L3D_OK;
+    bool closed;
+    int64_t step;
+    struct l3d_ckpt_io io;
+    l3d_status st = l3d_ckpt_save_poll(c->async, world, wait, &closed, &step, &io, report);
+    if (closed && st == L3D_OK) {
+        c->last_saved = step;
+        saved_line(c, step, &io, l3d_ckpt_async_stall(c->async));
+    }
+    return st;
 }
 
 /* What differs from the checkpoint's run and makes the continuation another trajectory: said
@@ -151,6 +199,7 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
                                int n, const struct l3d_loader *ld, int step, bool *report) {
     L3D_ASSERT(n == c->lay.layout.v);
     if (!c->root[0] || c->last_saved == step) return L3D_OK;
+    if (l3d_ckpt_save_running(c->async) && c->begun == step) return L3D_OK; /* being written */
     struct l3d_ckpt_state s = {.step = step,
                                .loader = l3d_loader_get_pos(ld),
                                .seed = tc->seed,
@@ -168,14 +217,20 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
                                .ls_good = c->ls_good,
                                .ls_hyst = c->ls_hyst};
     struct l3d_ckpt_io io;
-    l3d_status st =
-        l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, pieces, &io, report);
+    l3d_status st;
+    if (c->async) { /* one save at a time: the one in flight first */
+        if (l3d_ckpt_save_running(c->async) && c->lead) { /* said under --quiet too */
+            printf("checkpoint of step %d: waiting for the one still being written\n", step);
+            fflush(stdout);
+        }
+        if ((st = l3d_train_ckpt_poll(c, world, true, report)) != L3D_OK) return st;
+        c->begun = step;
+        return l3d_ckpt_save_begin(c->async, c->root, tc->keep, world, &c->lay, &s, m, opt,
+                                   report);
+    }
+    st = l3d_ckpt_save(c->root, tc->keep, world, &c->lay, &s, m, opt, pieces, &io, report);
     if (st != L3D_OK) return st;
     c->last_saved = step;
-    if (c->lead && !c->quiet) {
-        printf("checkpoint %s/step_%08d: %.1f MB in %.2f s (%.0f MB/s over all ranks)\n", c->root,
-               step, io.bytes_total / 1e6, io.seconds, io.bytes_total / 1e6 / io.seconds);
-        fflush(stdout);
-    }
+    saved_line(c, step, &io, -1);
     return L3D_OK;
 }

@@ -34,11 +34,23 @@ struct l3d_train_ckpt {
      * from one that has it (scale 0: none) */
     double ls_scale;
     int64_t ls_good, ls_hyst;
+    struct l3d_ckpt_async *async; /* --async-save (NULL: every save synchronous) */
+    int64_t begun;                /* the step of the background save running, if one is */
 };
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
                          const struct l3d_topo *topo, struct l3d_comm *world);
 void l3d_train_ckpt_free(struct l3d_train_ckpt *c);
+/* --async-save: the staging of the rank's chunks m[i] (fp32 views) and optimizers opt[i]
+ * (l3d_ckpt_async_bytes), allocated once; none when the chunks move their parameters a piece at a
+ * time (streamed: ZeRO-3, mixed-precision ZeRO-2), whose saves stay synchronous (said once). */
+l3d_status l3d_train_ckpt_async_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,
+                                     struct l3d_gpt *const *m, const struct l3d_adamw *opt,
+                                     bool streamed);
+/* Closes a background save once every rank's writer is done (wait: now), printing its line.
+ * Collective while one runs; every rank the same status. */
+l3d_status l3d_train_ckpt_poll(struct l3d_train_ckpt *c, struct l3d_comm *world, bool wait,
+                               bool *report);
 /* tc->resume: loads the checkpoint into the rank's n model chunks m[i] and their optimizers
  * opt[i] (pieces: NULL, or the n chunks' l3d_ckpt_pieces, include/llm3d/ckpt.h; any layout;
  * n = the layout's chunks per rank, --pp-virtual), moves the loader to its

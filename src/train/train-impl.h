@@ -20,6 +20,7 @@
 #include "llm3d/dp.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
+#include "llm3d/tfevents.h"
 #include "llm3d/tp.h"
 #include "llm3d/train.h"
 
@@ -62,6 +63,7 @@ struct l3d_trainer {
     bool px_up;
     FILE *metrics;                     /* lead rank with --out */
     char metrics_path[4200];
+    struct l3d_tfevents tb;            /* lead rank with --tensorboard (tb.f NULL: none) */
     uint64_t run_id;                   /* this run's (rundir.c) */
     int32_t *inp, *tgt;                /* token ids of a step's micro-batches */
     int32_t *cinp, *ctgt;              /* cp > 1: this ring rank's chunks of them */
@@ -131,8 +133,8 @@ l3d_status l3d_train_placement(const struct l3d_train_config *tc, struct l3d_com
 
 /* The lead rank's description of the run (model, layout, pipeline, batch, memory). */
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res);
-/* The step's log line (lead, unless --quiet) and metrics.jsonl line (lead; L3D_ERR_IO naming
- * the file and errno when it cannot be written: the caller agrees). */
+/* The step's log line (lead, unless --quiet), metrics.jsonl line and TensorBoard event (lead;
+ * L3D_ERR_IO naming the file and errno when one cannot be written: the caller agrees). */
 l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                                  const struct l3d_step_stats *s);
 /* One line to the open metrics file f (path for messages), written and flushed, checked; on a

@@ -253,6 +253,7 @@ static void trainer_free(struct l3d_trainer *t) {
     int v = t->tc->layout.v;
     views_end(t, false);
     if (t->metrics) fclose(t->metrics);
+    l3d_tfevents_close(&t->tb);
     l3d_free(t->inp);
     l3d_free(t->tgt);
     l3d_free(t->cinp);
@@ -340,6 +341,10 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     l3d_status st = l3d_train_ckpt_resume(ck, tc, world, t->vptr, t->opts, t->pieces, t->tc->layout.v,
                                           t->ld, start_step, &res->report_error);
     if (st != L3D_OK) return st;
+    /* --async-save's staging, sized by the views (allocated here, once) */
+    st = l3d_train_ckpt_async_init(ck, tc, t->vptr, t->opts,
+                                   l3d_dp_fp32_streamed(&t->dps[0], &t->opts[0]));
+    if ((st = agree(world, st, res)) != L3D_OK) return st;
     views_end(t, true); /* the weights, loaded or initialised: master and 16-bit copies */
     if (t->ls.on && t->ls.dynamic && ck->ls_scale > 0) { /* the resumed run's loss scale */
         t->ls.scale = ck->ls_scale;
@@ -350,6 +355,8 @@ static l3d_status trainer_resume(struct l3d_trainer *t, struct l3d_train_ckpt *c
     if (t->lead)
         st = l3d_train_ckpt_open_metrics(tc, *start_step, t->run_id, &t->metrics,
                                          t->metrics_path, sizeof t->metrics_path);
+    if (t->lead && tc->tensorboard && st == L3D_OK) /* a resumed run: a new file beside */
+        st = l3d_tfevents_open(&t->tb, tc->tensorboard);
     return agree(world, st, res);
 }
 
@@ -464,11 +471,16 @@ static l3d_status train_steps(struct l3d_trainer *t, struct l3d_train_ckpt *ck, 
         if (!isnan(s.val_loss)) res->last_val_loss = s.val_loss;
         st = l3d_train_report_step(t, step, &s);
         if ((st = agree(world, st, res)) != L3D_OK) return st;
-        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0) */
+        /* checkpoint: periodic, or a preemption signal on any rank (then stop, exit status 0,
+         * once the checkpoint is written); a background save closed when every rank wrote it */
         l3d_comm_doing(world, "end-of-step signal check and checkpoint", -1, -1);
+        if ((st = l3d_train_ckpt_poll(ck, world, false, &res->report_error)) != L3D_OK) return st;
         res->stopped_by = l3d_train_stop_requested(world);
         if (res->stopped_by || l3d_train_ckpt_due(ck, tc, step + 1))
             if ((st = save_ckpt(t, ck, step + 1, res)) != L3D_OK) return st;
+        if (res->stopped_by &&
+            (st = l3d_train_ckpt_poll(ck, world, true, &res->report_error)) != L3D_OK)
+            return st;
         if (res->stopped_by) {
             *end_step = step + 1;
             if (t->lead)
@@ -499,6 +511,7 @@ static l3d_status train_finish(struct l3d_trainer *t, struct l3d_train_ckpt *ck,
     l3d_status st;
     if (!res->stopped_by && tc->save_every > 0 && (st = save_ckpt(t, ck, end_step, res)) != L3D_OK)
         return st;
+    if ((st = l3d_train_ckpt_poll(ck, world, true, &res->report_error)) != L3D_OK) return st;
     res->steps = end_step;
     l3d_train_report_result(t, start_step, end_step, res);
     st = L3D_OK;
