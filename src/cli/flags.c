@@ -13,8 +13,6 @@
 
 /* ---- the generic parser ----------------------------------------------------------------- */
 
-#define MAX_FLAGS 160
-
 static int count(const struct l3d_flag *f) {
     int n = 0;
     while (f[n].name) n++;
@@ -54,30 +52,55 @@ void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng) {
     }
 }
 
-int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
-                    int ng, void (*usage)(FILE *f), int *first_arg) {
-    struct option opts[MAX_FLAGS + 2];
-    int group_of[MAX_FLAGS], index_of[MAX_FLAGS], n = 0;
+/* getopt's table of the groups' flags, then --config and --help; flag k (code 256 + k) is
+ * flags[index[k]] of group[k]. */
+struct opt_table {
+    struct option o[L3D_FLAGS_MAX + 3];
+    int group[L3D_FLAGS_MAX], index[L3D_FLAGS_MAX];
+};
+
+static void opt_table(struct opt_table *t, const struct l3d_flag_group *g, int ng) {
+    int n = 0;
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < count(g[i].flags); j++) {
-            L3D_ASSERT(n < MAX_FLAGS);
+            L3D_ASSERT(n < L3D_FLAGS_MAX);
             const struct l3d_flag *x = &g[i].flags[j];
-            opts[n] = (struct option){x->name, x->arg ? required_argument : no_argument, NULL,
+            t->o[n] = (struct option){x->name, x->arg ? required_argument : no_argument, NULL,
                                       256 + n};
-            group_of[n] = i;
-            index_of[n] = j;
+            t->group[n] = i;
+            t->index[n] = j;
             n++;
         }
-    opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
-    opts[n] = (struct option){NULL, 0, NULL, 0};
-    optind = 1;
+    t->o[n++] = (struct option){"config", required_argument, NULL, 'c'};
+    t->o[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    t->o[n] = (struct option){NULL, 0, NULL, 0};
+}
+
+/* One pass over argv: the first finds --config (*config) and an unknown flag, up to --help; the
+ * second (apply) sets the flags in order, up to --help, which it prints. -1, 0 after --help, 2
+ * after one line. */
+static int scan(const char *cmd, int argc, char **argv, const struct opt_table *t,
+                const struct l3d_flag_group *g, int ng, void (*usage)(FILE *f), bool apply,
+                const char **config, struct l3d_flags_given *given) {
+    optind = 0; /* a fresh scan (glibc): the second pass reads the argv the first permuted */
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", t->o, NULL)) != -1) {
+        if (c == 'h' && !apply) return -1; /* the flags before --help are applied first */
         if (c == 'h') {
             if (usage) usage(stdout);
             l3d_flags_help(stdout, g, ng);
+            l3d_config_help(stdout, g, ng);
             return 0;
+        }
+        if (c == 'c' && !apply && *config) {
+            fprintf(stderr, "llm3d %s: --config is given twice (%s, %s): give one file\n", cmd,
+                    *config, optarg);
+            return 2;
+        }
+        if (c == 'c') {
+            *config = optarg;
+            continue;
         }
         if (c < 256) {
             const char *bad = argv[optind - 1];
@@ -85,10 +108,28 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
                     "%s --help)\n", cmd, bad, cmd);
             return 2;
         }
-        const struct l3d_flag_group *grp = &g[group_of[c - 256]];
-        const struct l3d_flag *x = &grp->flags[index_of[c - 256]];
+        if (!apply) continue;
+        const struct l3d_flag_group *grp = &g[t->group[c - 256]];
+        const struct l3d_flag *x = &grp->flags[t->index[c - 256]];
         if (!grp->set(grp->ctx, cmd, x->id, x->arg ? optarg : NULL)) return 2;
+        given->val[c - 256] = x->arg ? optarg : NULL;
+        given->when[c - 256] = ++given->n;
     }
+    return -1;
+}
+
+int l3d_flags_parse_given(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                          int ng, void (*usage)(FILE *f), int *first_arg,
+                          struct l3d_flags_given *given) {
+    struct opt_table t;
+    opt_table(&t, g, ng);
+    memset(given, 0, sizeof *given);
+    /* the file's flags first, so that the command line's override them whatever their order */
+    const char *config = NULL;
+    int rc = scan(cmd, argc, argv, &t, g, ng, usage, false, &config, given);
+    if (rc < 0 && config) rc = l3d_config_apply(cmd, config, g, ng, given);
+    if (rc < 0) rc = scan(cmd, argc, argv, &t, g, ng, usage, true, &config, given);
+    if (rc >= 0) return rc;
     if (first_arg) {
         *first_arg = optind;
     } else if (optind < argc) {
@@ -96,6 +137,12 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
         return 2;
     }
     return -1;
+}
+
+int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                    int ng, void (*usage)(FILE *f), int *first_arg) {
+    struct l3d_flags_given given;
+    return l3d_flags_parse_given(cmd, argc, argv, g, ng, usage, first_arg, &given);
 }
 
 int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
@@ -339,8 +386,8 @@ int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     model_table[0].help = model_help;
     out[0] = (struct l3d_flag_group){"model (a preset, then explicit sizes override it)",
                                      model_table, set_model, cs};
-    out[1] = (struct l3d_flag_group){"parallel layout and batch (launch with mpiexec -n N; see "
-                                     "README)", layout_flags, set_layout, cs};
+    out[1] = (struct l3d_flag_group){"layout (parallel sizes and batch; launch with mpiexec -n N; "
+                                     "see README)", layout_flags, set_layout, cs};
     out[2] = (struct l3d_flag_group){"precision", precision_flags, set_precision, cs};
     return 3;
 }
