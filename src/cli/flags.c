@@ -171,7 +171,7 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
     F_EPS,
-    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
+    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
@@ -211,6 +211,10 @@ static const struct l3d_flag layout_flags[] = {
     {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved schedule (1)"},
     {"pp-layers", "a,b,..", F_PPLAYERS, "layers of each (virtual) stage (default: balanced by "
                                         "cost)"},
+    {"pp-first-layers", "N", F_PPFIRST, "layers of the first (virtual) stage, the middle ones "
+                                        "split evenly (with or without --pp-last-layers)"},
+    {"pp-last-layers", "N", F_PPLAST, "layers of the last (virtual) stage, the middle ones split "
+                                      "evenly"},
     {"batch", "B", F_BATCH, "sequences per micro-batch on each data-parallel rank"},
     {"seq-len", "T", F_SEQ, "tokens per sequence"},
     {"grad-accum", "N", F_ACCUM, "micro-batches per step (1)"},
@@ -294,6 +298,8 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
         return 0;
     case F_VIRT: return l3d_arg_int(cmd, "pp-virtual", v, 1, 256, &l->v);
     case F_PPLAYERS: l->pp_layers = v; return 1;
+    case F_PPFIRST: return l3d_arg_int(cmd, "pp-first-layers", v, 1, L3D_MAX_LAYERS, &l->pp_first);
+    case F_PPLAST: return l3d_arg_int(cmd, "pp-last-layers", v, 1, L3D_MAX_LAYERS, &l->pp_last);
     case F_BATCH: return l3d_arg_int(cmd, "batch", v, 1, BIG, &l->micro_batch);
     case F_SEQ: return l3d_arg_int(cmd, "seq-len", v, 1, L3D_MAX_CONTEXT, &l->seq);
     case F_ACCUM: return l3d_arg_int(cmd, "grad-accum", v, 1, BIG, &l->accum);

@@ -196,6 +196,34 @@ static void check_cp(const struct l3d_model_spec *m, const struct l3d_layout *l,
             (l->seq / (2 * l->cp) + 1) * 2 * l->cp);
 }
 
+/* --pp-first-layers / --pp-last-layers: the ends given, the stages between split evenly
+ * (l3d_layout_split_ends); Megatron-Core needs that split exact. */
+static void check_ends(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                       const struct l3d_spec_ctx *ctx, int64_t stages,
+                       struct l3d_spec_errors *e) {
+    int64_t first = l->pp_first, last = l->pp_last;
+    int64_t free = stages - (first > 0) - (last > 0), rest = m->L - first - last;
+    if (first < 0 || last < 0)
+        add(e, L3D_ERR_ARG, "--pp-first-layers %lld and --pp-last-layers %lld: give at least 1 "
+            "(or leave one out)", (long long)first, (long long)last);
+    else if (l->pp_layers)
+        add(e, L3D_ERR_ARG, "--pp-layers lists every stage: give it or --pp-first-layers / "
+            "--pp-last-layers, not both");
+    else if (stages < 2)
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers / --pp-last-layers set the end stages of a "
+            "pipeline: give --pp 2 or more");
+    else if (rest < free || (free == 0 && rest != 0))
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers %lld and --pp-last-layers %lld leave %lld of the "
+            "%d layers to the %lld other stage(s) of --pp %d x --pp-virtual %d: each stage needs a "
+            "layer, and with both ends of two stages they must add up to the layers",
+            (long long)first, (long long)last, (long long)rest, m->L, (long long)free, l->pp,
+            l->v);
+    else if (!ctx->train && free > 0 && rest % free != 0)
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers %lld and --pp-last-layers %lld leave %lld layers, "
+            "which do not split evenly into the %lld other stages (Megatron-Core's rule)",
+            (long long)first, (long long)last, (long long)rest, (long long)free);
+}
+
 static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
                            const struct l3d_spec_ctx *ctx, int64_t micro,
                            struct l3d_spec_errors *e) {
@@ -215,9 +243,12 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
         add(e, L3D_ERR_LAYOUT, "--pp %d x --pp-virtual %d = %lld pipeline stages but the model has "
             "%d layers: each stage needs at least one layer; lower --pp or --pp-virtual", l->pp,
             l->v, (long long)stages, m->L);
-    else if (!ctx->train && m->L >= 1 && stages > 0 && m->L % stages != 0)
+    else if (l->pp_first || l->pp_last)
+        check_ends(m, l, ctx, stages, e);
+    else if (!ctx->train && !l->pp_layers && m->L >= 1 && stages > 0 && m->L % stages != 0)
         add(e, L3D_ERR_LAYOUT, "%d layers do not split evenly into --pp %d x --pp-virtual %d "
-            "stages (Megatron-LM's rule)", m->L, l->pp, l->v);
+            "stages (Megatron-LM's rule; Megatron-Core's uneven ends: --pp-first-layers, "
+            "--pp-last-layers)", m->L, l->pp, l->v);
 }
 
 /* micro-batch, sequence and micro-batches a step; returns the micro-batches (0: unknown) */

@@ -74,7 +74,10 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                tc->layout.accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
-               tc->layout.pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
+               tc->layout.pp_layers                              ? "given"
+               : tc->layout.pp_first || tc->layout.pp_last ? "end stages given, the others even"
+                                                           : "balanced",
+               100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
            tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->layout->dp,

@@ -29,6 +29,8 @@ $spec cp 1 1048576 0 1048577
 $spec pp 1 1048576 0 1048577
 $spec dp 1 16777216 0 16777217
 $spec pp-virtual 1 256 0 257
+$spec pp-first-layers 1 65536 0 65537
+$spec pp-last-layers 1 65536 0 65537
 $spec batch 1 1073741824 0 1073741825
 $spec seq-len 1 16777216 0 16777217
 $spec grad-accum 1 1073741824 0 1073741825
