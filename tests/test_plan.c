@@ -1518,6 +1518,16 @@ static void test_uneven_stages(void) {
     l2.pp_layers = "1,3,3,3";
     CHECK(evaluate(&m, &prof, &run, &l2, &light) == L3D_OK);
     CHECK(heavy.mem.stage == 0 && heavy.mem.total > light.mem.total);
+    /* the search's ends: the longest that split the rest evenly (2, 3, 3, 2; 1, 4, 4, 1 would
+     * too, but its middle stages are the slowest) */
+    struct l3d_plan_fixed f4 = l3d_plan_fixed_none();
+    l3d_plan_fix(&f4, L3D_FIX_TP, 1);
+    l3d_plan_fix(&f4, L3D_FIX_PP, 4);
+    struct l3d_plan_result b4[2];
+    int n4 = 0;
+    struct l3d_plan_search_stats s4;
+    CHECK(search(&m, &prof, &run, &f4, b4, 2, &n4, &s4) == L3D_OK && n4 > 0);
+    CHECK(b4[0].layout.pp_first == 2 && b4[0].layout.pp_last == 2);
     /* negative: ends that leave an uneven middle (Megatron-Core's rule) */
     lay.pp_first = 1;
     CHECK(evaluate(&m, &prof, &run, &lay, &even) == L3D_ERR_LAYOUT);
