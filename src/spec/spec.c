@@ -108,6 +108,7 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
         add(e, L3D_ERR_ARG, "%s", l3d_error_message());
         return;
     }
+    if (m->moe.experts == 0) return;
     if (l->tp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
             "parallelism of MoE layers lands with expert parallelism); use --tp 1", l->tp);

@@ -35,6 +35,20 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
+/* A mixture of experts' start-up line: its blocks, total and active parameters. */
+static void report_experts(const struct l3d_model_spec *m, double N) {
+    const struct l3d_moe_spec *moe = &m->moe;
+    if (moe->experts == 0) return;
+    char cap[48] = "dropless";
+    if (moe->capacity_factor > 0)
+        snprintf(cap, sizeof cap, "capacity factor %g", moe->capacity_factor);
+    printf("experts: layers %d-%d of %d experts (width %lld), top-%d%s, %d shared, %s; %.2fM "
+           "parameters, %.2fM active a token (model FLOPs and MFU count the active ones)\n",
+           moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
+           moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
+           l3d_model_active_param_count(m) / 1e6);
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -54,17 +68,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
-    const struct l3d_moe_spec *moe = &tc->model.moe;
-    if (moe->experts > 0) {
-        char cap[48] = "dropless";
-        if (moe->capacity_factor > 0)
-            snprintf(cap, sizeof cap, "capacity factor %g", moe->capacity_factor);
-        printf("experts: layers %d-%d of %d experts (width %lld), top-%d%s, %d shared, %s; "
-               "%.2fM parameters, %.2fM active a token (model FLOPs and MFU count the active "
-               "ones)\n", moe->dense_layers, tc->model.L - 1, moe->experts,
-               (long long)moe->ffn, moe->top_k, moe->norm_topk ? " renormalised" : "",
-               moe->shared, cap, N / 1e6, l3d_model_active_param_count(&tc->model) / 1e6);
-    }
+    report_experts(&tc->model, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";

@@ -72,4 +72,6 @@ train_cmd bad3 2 4 --tp 2
 expect_error --once "--tp 2" "--moe-experts with --tp 2: not yet supported" "${CMD[@]}"
 expect_error "a Hugging Face folder" "Mixtral/Qwen3-MoE folders land with issue 46 item 4" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
+expect_error "the planner" "the planner does not model mixtures of experts yet" \
+    "$bin" plan --model moe-tiny
 exit $fail
