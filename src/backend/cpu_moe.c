@@ -109,12 +109,12 @@ void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *i
                          const int32_t *pos, int64_t N, int64_t K, int64_t C) {
     (void)ctx;
     check_types("moe_permute", dt);
-    size_t es = dt == L3D_F32 ? 4 : 2;
+    size_t row = (size_t)C * (dt == L3D_F32 ? 4 : 2);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N * K; i++)
         if (pos[i] >= 0)
-            memcpy((char *)rows + (size_t)pos[i] * C * es, (const char *)inp + (size_t)(i / K) * C * es,
-                   (size_t)C * es);
+            memcpy((char *)rows + (size_t)pos[i] * row, (const char *)inp + (size_t)(i / K) * row,
+                   row);
 }
 
 void l3d_cpu_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,

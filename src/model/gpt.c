@@ -141,9 +141,9 @@ bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec 
 
 bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     const struct l3d_arch_info *a = l3d_arch_info(m->arch);
-    return a && a->llmc_fp32 && m->moe.experts == 0 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
+    return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
            m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
-           m->untied == a->untied;
+           m->untied == a->untied && m->moe.experts == 0; /* llm.c has no experts */
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
