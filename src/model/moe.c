@@ -91,12 +91,18 @@ double l3d_model_active_param_count(const struct l3d_model_spec *m) {
 
 /* ---- activations ------------------------------------------------------------------------- */
 
+/* A MoE layer's rows of type dt (device memory), or their gradients: x, h, ha, y (NK,C),
+ * (NK,Fm), (NK,F), (NK,C) in expert order (the gathered input, the first product, its activation,
+ * the second product); sh, sha (N,S Fm), (N,S F) the shared MLP's. */
+struct moe_rows {
+    void *x, *h, *ha, *y, *sh, *sha;
+};
+
 /* One MoE layer's saved activations (device memory; fp32 router, int32 routing, rows of dt). */
 struct moe_acts {
     float *probs, *lse, *wts, *stats;  /* (N,E), (N), (N,K), (2E+2): l3d_be_moe_route's */
     int32_t *idx, *pos, *offsets;      /* (N,K), (N,K), (E+1) */
-    void *xs, *h, *ha, *ys;            /* (NK,C), (NK,Fm), (NK,F), (NK,C): rows in expert order */
-    void *sh, *sha;                    /* (N,S Fm), (N,S F): the shared MLP */
+    struct moe_rows r;
     int32_t *hoff;                     /* host copy of offsets */
 };
 
@@ -107,7 +113,7 @@ struct l3d_moe_state {
     void *base;
     size_t bytes;
     /* one layer's backward scratch */
-    void *dys, *dh, *dha, *dxs, *dsh, *dsha;
+    struct moe_rows d;
     float *dwts, *dlogits;
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     float *hstats;          /* host copy of a layer's stats */
@@ -126,6 +132,18 @@ static struct moe_dims moe_dims(const struct l3d_model_spec *cfg) {
     d.SF = cfg->moe.shared * d.F;
     d.SFm = mul * d.SF;
     return d;
+}
+
+/* A set of rows from offset off of base (NULL: only counted); the offset after them. */
+static int64_t point_rows(struct moe_rows *r, const struct moe_dims *d, int64_t C, int64_t N,
+                          int64_t es, char *base, int64_t off) {
+    void **f[6] = {&r->x, &r->h, &r->ha, &r->y, &r->sh, &r->sha};
+    const int64_t R = N * d->K, n[6] = {R * C, R * d->Fm, R * d->F, R * C, N * d->SFm, N * d->SF};
+    for (int i = 0; i < 6; i++) {
+        if (base) *f[i] = base + off;
+        off += (n[i] * es + 63) / 64 * 64;
+    }
+    return off;
 }
 
 /* Walks the buffers (base NULL: only counts), as gpt.c's point_acts does: the sets, then the
@@ -148,20 +166,10 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
         TAKE(a->idx, R, 4);
         TAKE(a->pos, R, 4);
         TAKE(a->offsets, d.E + 1, 4);
-        TAKE(a->xs, R * C, es);
-        TAKE(a->h, R * d.Fm, es);
-        TAKE(a->ha, R * d.F, es);
-        TAKE(a->ys, R * C, es);
-        TAKE(a->sh, N * d.SFm, es);
-        TAKE(a->sha, N * d.SF, es);
+        off = point_rows(&a->r, &d, C, N, es, base, off);
     }
     struct l3d_moe_state tmp, *b = base ? s : &tmp;
-    TAKE(b->dys, R * C, es);
-    TAKE(b->dh, R * d.Fm, es);
-    TAKE(b->dha, R * d.F, es);
-    TAKE(b->dxs, R * C, es);
-    TAKE(b->dsh, N * d.SFm, es);
-    TAKE(b->dsha, N * d.SF, es);
+    off = point_rows(&b->d, &d, C, N, es, base, off);
     TAKE(b->dwts, R, 4);
     TAKE(b->dlogits, N * d.E, 4);
 #undef TAKE
@@ -344,33 +352,33 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
                      capacity(&m->cfg, N));
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
-    l3d_be_moe_permute(m->be, dt, a->xs, ln, a->pos, N, d.K, C);
+    l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
     const void *fcw = param(m, L3D_T_EXPFCW, l), *fcb = param(m, L3D_T_EXPFCB, l);
     const void *pw = param(m, L3D_T_EXPPROJW, l), *pb = param(m, L3D_T_EXPPROJB, l);
     for (int64_t e = 0; e < d.E; e++) {
         int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
         if (n > 0)
-            l3d_be_matmul_forward(m->be, dt, elp(a->h, r0 * d.Fm, es), elp(a->xs, r0 * C, es),
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
                                   elp(fcw, e * d.Fm * C, es), elp(fcb, e * d.Fm, es), n, C, d.Fm);
     }
     int64_t rows = a->hoff[d.E];
-    if (rows > 0) act_forward(m, a->ha, a->h, rows, d.F);
+    if (rows > 0) act_forward(m, a->r.ha, a->r.h, rows, d.F);
     for (int64_t e = 0; e < d.E; e++) {
         int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
         if (n > 0)
-            l3d_be_matmul_forward(m->be, dt, elp(a->ys, r0 * C, es), elp(a->ha, r0 * d.F, es),
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
                                   elp(pw, e * C * d.F, es), elp(pb, e * C, es), n, d.F, C);
     }
     if (d.SF > 0) { /* the shared MLP: every token, weight 1, under the routed sum */
-        l3d_be_matmul_forward(m->be, dt, a->sh, ln, param(m, L3D_T_SHFCW, l),
+        l3d_be_matmul_forward(m->be, dt, a->r.sh, ln, param(m, L3D_T_SHFCW, l),
                               param(m, L3D_T_SHFCB, l), N, C, d.SFm);
-        act_forward(m, a->sha, a->sh, N, d.SF);
-        l3d_be_matmul_forward(m->be, dt, out, a->sha, param(m, L3D_T_SHPROJW, l),
+        act_forward(m, a->r.sha, a->r.sh, N, d.SF);
+        l3d_be_matmul_forward(m->be, dt, out, a->r.sha, param(m, L3D_T_SHPROJW, l),
                               param(m, L3D_T_SHPROJB, l), N, d.SF, C);
     } else {
         l3d_be_memset(m->be, out, 0, (size_t)(N * C) * es);
     }
-    l3d_be_moe_combine(m->be, dt, out, a->ys, a->pos, a->wts, N, d.K, C);
+    l3d_be_moe_combine(m->be, dt, out, a->r.y, a->pos, a->wts, N, d.K, C);
     if (count) count_stats(m, j, a, N);
 }
 
@@ -383,29 +391,29 @@ static void experts_backward(struct l3d_gpt *m, int l, const struct moe_acts *a,
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
     int64_t C = m->cfg.C, rows = a->hoff[d.E];
-    l3d_be_moe_combine_backward(m->be, dt, s->dys, s->dwts, dout, a->ys, a->pos, a->wts, N, d.K,
+    l3d_be_moe_combine_backward(m->be, dt, s->d.y, s->dwts, dout, a->r.y, a->pos, a->wts, N, d.K,
                                 C);
     const void *fcw = param(m, L3D_T_EXPFCW, l), *pw = param(m, L3D_T_EXPPROJW, l);
     float *gfcw = grad(m, L3D_T_EXPFCW, l), *gfcb = grad(m, L3D_T_EXPFCB, l);
     float *gpw = grad(m, L3D_T_EXPPROJW, l), *gpb = grad(m, L3D_T_EXPPROJB, l);
-    l3d_be_memset(m->be, s->dha, 0, (size_t)(rows * d.F) * es);
-    l3d_be_memset(m->be, s->dh, 0, (size_t)(rows * d.Fm) * es);
-    l3d_be_memset(m->be, s->dxs, 0, (size_t)(rows * C) * es);
+    l3d_be_memset(m->be, s->d.ha, 0, (size_t)(rows * d.F) * es);
+    l3d_be_memset(m->be, s->d.h, 0, (size_t)(rows * d.Fm) * es);
+    l3d_be_memset(m->be, s->d.x, 0, (size_t)(rows * C) * es);
     for (int64_t e = 0; e < d.E; e++) {
         int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
         if (n > 0)
-            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->dha, r0 * d.F, es),
+            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.ha, r0 * d.F, es),
                                          gpw + e * C * d.F, gpb ? gpb + e * C : NULL,
-                                         elp(s->dys, r0 * C, es), elp(a->ha, r0 * d.F, es),
+                                         elp(s->d.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
                                          elp(pw, e * C * d.F, es), n, d.F, C);
     }
-    if (rows > 0) act_backward(m, s->dh, s->dha, a->h, rows, d.F);
+    if (rows > 0) act_backward(m, s->d.h, s->d.ha, a->r.h, rows, d.F);
     for (int64_t e = 0; e < d.E; e++) {
         int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
         if (n > 0)
-            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->dxs, r0 * C, es),
+            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.x, r0 * C, es),
                                          gfcw + e * d.Fm * C, gfcb ? gfcb + e * d.Fm : NULL,
-                                         elp(s->dh, r0 * d.Fm, es), elp(a->xs, r0 * C, es),
+                                         elp(s->d.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
                                          elp(fcw, e * d.Fm * C, es), n, C, d.Fm);
     }
 }
@@ -421,17 +429,17 @@ void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, con
     experts_backward(m, l, a, dout, N);
     l3d_be_memset(m->be, dln, 0, (size_t)(N * C) * m->es);
     if (d.SF > 0) {
-        l3d_be_memset(m->be, s->dsha, 0, (size_t)(N * d.SF) * m->es);
-        l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, s->dsha, grad(m, L3D_T_SHPROJW, l),
-                                     grad(m, L3D_T_SHPROJB, l), dout, a->sha,
+        l3d_be_memset(m->be, s->d.sha, 0, (size_t)(N * d.SF) * m->es);
+        l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, s->d.sha, grad(m, L3D_T_SHPROJW, l),
+                                     grad(m, L3D_T_SHPROJB, l), dout, a->r.sha,
                                      param(m, L3D_T_SHPROJW, l), N, d.SF, C);
-        l3d_be_memset(m->be, s->dsh, 0, (size_t)(N * d.SFm) * m->es);
-        act_backward(m, s->dsh, s->dsha, a->sh, N, d.SF);
+        l3d_be_memset(m->be, s->d.sh, 0, (size_t)(N * d.SFm) * m->es);
+        act_backward(m, s->d.sh, s->d.sha, a->r.sh, N, d.SF);
         l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, dln, grad(m, L3D_T_SHFCW, l),
-                                     grad(m, L3D_T_SHFCB, l), s->dsh, ln,
+                                     grad(m, L3D_T_SHFCB, l), s->d.sh, ln,
                                      param(m, L3D_T_SHFCW, l), N, C, d.SFm);
     }
-    l3d_be_moe_combine(m->be, dt, dln, s->dxs, a->pos, NULL, N, d.K, C); /* the gather's backward */
+    l3d_be_moe_combine(m->be, dt, dln, s->d.x, a->pos, NULL, N, d.K, C); /* the gather's backward */
     /* the auxiliary losses weigh as this micro-batch's mean loss does in the objective: dloss N
      * (dloss is one token's weight); Switch's d/dp[n,e] = coef E f_e / N with f_e = count_e /
      * (N K), and the z-loss's d/dlogit[n,e] = coef 2 lse_n p[n,e] / N */
