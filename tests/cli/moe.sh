@@ -74,4 +74,9 @@ expect_error "a Hugging Face folder" "Mixtral/Qwen3-MoE folders land with issue 
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
 expect_error "the planner" "the planner does not model mixtures of experts yet" \
     "$bin" plan --model moe-tiny
+expect_error "generation with the KV cache" "give --no-kv-cache" \
+    "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4
+"$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4 \
+    --no-kv-cache > "$dir/gen.log" 2>&1 && ok "generate --no-kv-cache runs the MoE model" ||
+    { bad "generate --no-kv-cache"; cat "$dir/gen.log"; }
 exit $fail
