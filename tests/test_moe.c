@@ -25,7 +25,7 @@
 
 static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
 
-/* ---- the float64 reference -------------------------------------------------------------------- */
+/* ---- the float64 reference ------------------------------------------------------------------- */
 
 struct ref_model {
     struct l3d_model_spec cfg;
@@ -183,7 +183,7 @@ static double ref_objective(void *ctx) {
     return r->lm + c->moe.aux_coef * r->aux + c->moe.z_coef * r->z;
 }
 
-/* ---- helpers ---------------------------------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* GPT-2's blocks (L layers, C 16, 2 heads, V 50, context 8) with experts. */
 static struct l3d_model_spec moe_config(bool swiglu, struct l3d_moe_spec moe) {
@@ -213,7 +213,8 @@ static void random_weights(const struct l3d_gpt *m, float *p, uint64_t seed) {
         memset(p + w->offset + r * w->cols, 0, (size_t)w->cols * sizeof(float));
     const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
     for (int i = 0; i < 3; i++)
-        for (int64_t k = 0; k < m->tensors[lnw[i]].count; k++) p[m->tensors[lnw[i]].offset + k] += 1;
+        for (int64_t k = 0; k < m->tensors[lnw[i]].count; k++)
+            p[m->tensors[lnw[i]].offset + k] += 1.0f;
 }
 
 /* p (fp32, host) into m's parameters of its type. */
@@ -236,7 +237,7 @@ static float step(struct l3d_gpt *m, const int32_t *inp, const int32_t *tgt, int
     return loss;
 }
 
-/* ---- tests ------------------------------------------------------------------------------------ */
+/* ---- tests ----------------------------------------------------------------------------------- */
 
 /* The reference's value of every parameter's gradient (central differences, up to 61 elements a
  * tensor) against the model's. */
@@ -421,6 +422,115 @@ static void test_backends_and_precisions(struct l3d_backend *cpu) {
     l3d_backend_free(chk);
 }
 
+/* The router kernels alone against float64: l3d_be_moe_route's probabilities, log-sum-exp, top-k
+ * (ties to the lower index: two equal logits made on purpose), weights, the counting sort and
+ * its statistics; l3d_be_moe_router_backward's logit gradient against the softmax Jacobian
+ * written out (with renormalisation, the Switch and z terms), and its input and weight
+ * gradients. The reference without renormalisation must not match the renormalised kernel. */
+static void test_router_kernels(struct l3d_backend *be) {
+    enum { N = 7, C = 5, E = 5, K = 3 };
+    float x[N * C], w[E * C], dw[N * K];
+    ref_fill_normal(x, N * C, 0.0f, 1.0f, 31, 1);
+    ref_fill_normal(w, E * C, 0.0f, 0.5f, 31, 2);
+    ref_fill_normal(dw, N * K, 0.0f, 1.0f, 31, 3);
+    memcpy(w + 3 * C, w + 1 * C, C * sizeof(float)); /* experts 1 and 3 tie for every token */
+    size_t fb = sizeof(float);
+    float *dx = l3d_be_alloc(be, N * C * fb, "x"), *dwt = l3d_be_alloc(be, E * C * fb, "w");
+    float *probs = l3d_be_alloc(be, N * E * fb, "p"), *lse = l3d_be_alloc(be, N * fb, "lse");
+    float *wts = l3d_be_alloc(be, N * K * fb, "wts"), *st = l3d_be_alloc(be, (2 * E + 2) * fb, "s");
+    int32_t *idx = l3d_be_alloc(be, N * K * 4, "idx"), *pos = l3d_be_alloc(be, N * K * 4, "pos");
+    int32_t *off = l3d_be_alloc(be, (E + 1) * 4, "off");
+    float *ddw = l3d_be_alloc(be, N * K * fb, "dw"), *dl = l3d_be_alloc(be, N * E * fb, "dl");
+    float *gin = l3d_be_alloc(be, N * C * fb, "gx"), *gw = l3d_be_alloc(be, E * C * fb, "gw");
+    l3d_be_copy_h2d(be, dx, x, sizeof x);
+    l3d_be_copy_h2d(be, dwt, w, sizeof w);
+    l3d_be_copy_h2d(be, ddw, dw, sizeof dw);
+    l3d_be_memset(be, gin, 0, N * C * fb);
+    l3d_be_memset(be, gw, 0, E * C * fb);
+    l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, dx, dwt, N, C, E, K, 1, 4);
+    const float aux = 0.3f, z = 0.2f;
+    l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
+                               wts, st, N, C, E, K, 1, aux, z);
+    float hp[N * E], hl[N], hw[N * K], hs[2 * E + 2], hdl[N * E], hgx[N * C], hgw[E * C];
+    int32_t hi[N * K], hpos[N * K], hoff[E + 1];
+    l3d_be_copy_d2h(be, hp, probs, sizeof hp);
+    l3d_be_copy_d2h(be, hl, lse, sizeof hl);
+    l3d_be_copy_d2h(be, hw, wts, sizeof hw);
+    l3d_be_copy_d2h(be, hs, st, sizeof hs);
+    l3d_be_copy_d2h(be, hdl, dl, sizeof hdl);
+    l3d_be_copy_d2h(be, hgx, gin, sizeof hgx);
+    l3d_be_copy_d2h(be, hgw, gw, sizeof hgw);
+    l3d_be_copy_d2h(be, hi, idx, sizeof hi);
+    l3d_be_copy_d2h(be, hpos, pos, sizeof hpos);
+    l3d_be_copy_d2h(be, hoff, off, sizeof hoff);
+    struct l3d_model_spec cfg = {.C = C, .moe = {.experts = E, .top_k = K, .norm_topk = true}};
+    struct ref_model r = {.cfg = cfg}, r_plain = r;
+    r_plain.cfg.moe.norm_topk = false;
+    double xd[N * C], wd[E * C], count[E] = {0}, psum[E] = {0}, zsum = 0;
+    ref_to_double(xd, x, N * C);
+    ref_to_double(wd, w, E * C);
+    double worst = 0.0, worst_plain = 0.0, dworst = 0.0, gmax = 0.0;
+    double dlog[N * E];
+    int fill[E] = {0}, dropped = 0, cap = 4;
+    for (int n = 0; n < N; n++) {
+        double p[E], l, wk[K], wp[K];
+        int id[K], idp[K];
+        ref_route(&r, xd + n * C, wd, p, &l, id, wk, K);
+        ref_route(&r_plain, xd + n * C, wd, p, &l, idp, wp, K);
+        zsum += l * l;
+        CHECK_NEAR(hl[n], l, 1e-5 * fabs(l) + 1e-6);
+        for (int e = 0; e < E; e++) {
+            CHECK_NEAR(hp[n * E + e], p[e], 1e-6);
+            psum[e] += p[e];
+        }
+        for (int k = 0; k < K; k++) {
+            CHECK(hi[n * K + k] == id[k]);
+            worst = test_max(worst, fabs(hw[n * K + k] - wk[k]));
+            worst_plain = test_max(worst_plain, fabs(hw[n * K + k] - wp[k]));
+            count[id[k]] += 1;
+            bool keep = fill[id[k]] < cap; /* token order: the first `cap` assignments */
+            dropped += !keep;
+            CHECK(hpos[n * K + k] == (keep ? hoff[id[k]] + fill[id[k]]++ : -1));
+        }
+        int at1 = -1, at3 = -1; /* the tie: expert 1 chosen before expert 3 */
+        for (int k = 0; k < K; k++) {
+            if (hi[n * K + k] == 1) at1 = k;
+            if (hi[n * K + k] == 3) at3 = k;
+        }
+        CHECK(at3 < 0 || (at1 >= 0 && at1 < at3));
+        /* dlogits: renormalisation, softmax Jacobian, Switch (aux x count_e on dP), z (z lse p) */
+        double S = 0, dot = 0, dp[E], pd = 0;
+        for (int k = 0; k < K; k++) S += p[id[k]], dot += dw[n * K + k] * wk[k];
+        for (int e = 0; e < E; e++) dp[e] = aux * (double)hs[e];
+        for (int k = 0; k < K; k++) dp[id[k]] += (dw[n * K + k] - dot) / S;
+        for (int e = 0; e < E; e++) pd += p[e] * dp[e];
+        for (int e = 0; e < E; e++) {
+            dlog[n * E + e] = p[e] * (dp[e] - pd) + z * l * p[e];
+            dworst = test_max(dworst, fabs(hdl[n * E + e] - dlog[n * E + e]));
+            gmax = fmax(gmax, fabs(dlog[n * E + e]));
+        }
+    }
+    CHECK(worst < 1e-6 && !(worst_plain < 1e-3)); /* renormalised, and the plain weights differ */
+    CHECK(dworst < 1e-5 * gmax);
+    for (int e = 0; e < E; e++) CHECK(hs[e] == count[e] && hoff[e + 1] - hoff[e] == fill[e]);
+    for (int e = 0; e < E; e++) CHECK_NEAR(hs[E + e], psum[e], 1e-5);
+    CHECK_NEAR(hs[2 * E], zsum, 1e-4 * zsum);
+    CHECK(hs[2 * E + 1] == dropped && dropped > 0);
+    double gx[N * C], gwr[E * C]; /* dx = dlogits W, dW = dlogits^T x */
+    for (int i = 0; i < N * C; i++) gx[i] = 0;
+    for (int i = 0; i < E * C; i++) gwr[i] = 0;
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++)
+            for (int c = 0; c < C; c++) {
+                gx[n * C + c] += dlog[n * E + e] * wd[e * C + c];
+                gwr[e * C + c] += dlog[n * E + e] * xd[n * C + c];
+            }
+    for (int i = 0; i < N * C; i++) CHECK_NEAR(hgx[i], gx[i], 1e-5 * gmax * 4);
+    for (int i = 0; i < E * C; i++) CHECK_NEAR(hgw[i], gwr[i], 1e-5 * gmax * 8);
+    void *bufs[] = {dx, dwt, probs, lse, wts, st, idx, pos, off, ddw, dl, gin, gw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_be_free(be, bufs[i]);
+}
+
 /* msg holds pat. */
 static bool says(const char *pat) { return strstr(l3d_error_message(), pat) != NULL; }
 
@@ -477,7 +587,8 @@ static void test_counts(void) {
     CHECK(l3d_model_active_param_count(&c) == 124558848.0);
     struct l3d_model_spec d;
     CHECK(l3d_model_preset(&d, "d12") == L3D_OK);
-    CHECK(l3d_gpt_param_count(&d) == 124475904LL && l3d_model_active_param_count(&d) == 124475904.0);
+    CHECK(l3d_gpt_param_count(&d) == 124475904LL);
+    CHECK(l3d_model_active_param_count(&d) == 124475904.0);
     /* the active count's FLOPs: 6 per active parameter as the dense model's (wpe aside) */
     CHECK_NEAR(l3d_gpt_flops_per_token(&c, 1024) - l3d_gpt_flops_per_token(&d, 1024),
                6.0 * 82944, 1e-3);
@@ -502,6 +613,7 @@ int main(void) {
     struct l3d_backend *be = test_backend_init();
     test_spec();
     test_counts();
+    test_router_kernels(be);
     test_reference(be);
     test_all_to_one(be);
     test_backends_and_precisions(be);
