@@ -26,12 +26,16 @@ if train base 0 4 --steps 16; then
 fi
 
 # dp2 against one process on the same micro-batches (--grad-accum 2 of 2 sequences: the router's
-# auxiliary losses and capacity are per micro-batch, as on each rank)
+# auxiliary losses and capacity are per micro-batch, as on each rank); dropless, and with a
+# capacity that drops, a leading dense layer (the layer tensors' own indices then differ from
+# the layers') and a shared expert
 for cf in 0 0.5; do
-    train "ref_cf$cf" 0 2 --grad-accum 2 --moe-capacity-factor "$cf" || continue
+    moe=(--moe-capacity-factor "$cf")
+    [ "$cf" = 0 ] || moe+=(--moe-dense-layers 1 --moe-shared-experts 1)
+    train "ref_cf$cf" 0 2 --grad-accum 2 "${moe[@]}" || continue
     for zero in 0 1 2; do
         name="dp2_zero${zero}_cf$cf"
-        train "$name" 2 2 --zero "$zero" --moe-capacity-factor "$cf" || continue
+        train "$name" 2 2 --zero "$zero" "${moe[@]}" || continue
         if "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/ref_cf$cf" > "$dir/$name.cmp" 2>&1; then
             ok "$name matches one process ($(tr '\n' ' ' < "$dir/$name.cmp"))"
         else
