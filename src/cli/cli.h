@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "llm3d/core.h"
+#include "llm3d/model.h"
 
 /* Every form --tokenizer SPEC takes (l3d_tokenizer_open), for the --help of prepare, tokenizer,
  * generate and inspect (l3d_flags_help wraps it). */
@@ -198,6 +199,7 @@ struct l3d_cli_spec {
     int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
     double rope_theta;         /* 0: not given */
     float norm_eps;            /* 0: not given */
+    struct l3d_moe_spec moe;   /* the --moe-* flags' values (each applied when given) */
     unsigned long long given;  /* a bit for each flag given */
 };
 void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec);

@@ -170,8 +170,10 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
-    F_EPS,
-    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
+    F_EPS, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
+    F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
+    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
+    F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
@@ -198,6 +200,22 @@ static const struct l3d_flag model_flags[] = {
                             "default: as many as heads)"},
     {"rope-theta", "X", F_THETA, "RoPE base frequency (llama; 10000, Llama 3: 500000)"},
     {"norm-eps", "X", F_EPS, "normalisation epsilon (1e-5; RMSNorm takes any)"},
+    {"moe-experts", "E", F_MOE_E, "mixture of experts: E expert MLPs a layer and a router "
+                                  "(0: dense, the default; README \"Mixture of experts\")"},
+    {"moe-top-k", "K", F_MOE_K, "experts each token is routed to (1..E)"},
+    {"moe-ffn", "F", F_MOE_FFN, "expert MLP width (default: the MLP's, --ffn)"},
+    {"moe-shared-experts", "S", F_MOE_SHARED, "always-on experts: one shared MLP of S x the "
+                                              "expert width (0)"},
+    {"moe-dense-layers", "N", F_MOE_DENSE, "leading layers that keep the dense MLP (0)"},
+    {"moe-norm-topk", NULL, F_MOE_NORM, "renormalise the top-k router weights to sum to 1 "
+                                        "(Mixtral)"},
+    {"no-moe-norm-topk", NULL, F_MOE_NO_NORM, "keep the softmax probabilities (Qwen3-MoE's "
+                                              "norm_topk_prob false; the default)"},
+    {"moe-aux-loss-coef", "X", F_MOE_AUX, "load-balancing loss E sum f_i P_i (Switch) "
+                                          "coefficient (0)"},
+    {"moe-z-loss-coef", "X", F_MOE_Z, "router z-loss (ST-MoE) coefficient (0)"},
+    {"moe-capacity-factor", "X", F_MOE_CAP, "0: dropless (default); > 0: an expert keeps "
+                                            "ceil(X N K / E) assignments in token order"},
     {"hidden", "H", F_OLD_HIDDEN, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -277,6 +295,24 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
     case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
     case F_EPS: return l3d_arg_float(cmd, "norm-eps", v, 1e-12, 0.5, &cs->norm_eps);
+    case F_MOE_E: return l3d_arg_int(cmd, "moe-experts", v, 0, 1 << 16, &cs->moe.experts);
+    case F_MOE_K: return l3d_arg_int(cmd, "moe-top-k", v, 0, 1 << 16, &cs->moe.top_k);
+    case F_MOE_FFN: {
+        int f = 0;
+        int r = l3d_arg_int(cmd, "moe-ffn", v, 1, 1 << 26, &f);
+        cs->moe.ffn = f;
+        return r;
+    }
+    case F_MOE_SHARED: return l3d_arg_int(cmd, "moe-shared-experts", v, 0, 1 << 16,
+                                          &cs->moe.shared);
+    case F_MOE_DENSE: return l3d_arg_int(cmd, "moe-dense-layers", v, 0, L3D_MAX_LAYERS,
+                                         &cs->moe.dense_layers);
+    case F_MOE_NORM: case F_MOE_NO_NORM: cs->moe.norm_topk = id == F_MOE_NORM; return 1;
+    case F_MOE_AUX: return l3d_arg_double(cmd, "moe-aux-loss-coef", v, 0.0, 1e6,
+                                          &cs->moe.aux_coef);
+    case F_MOE_Z: return l3d_arg_double(cmd, "moe-z-loss-coef", v, 0.0, 1e6, &cs->moe.z_coef);
+    case F_MOE_CAP: return l3d_arg_double(cmd, "moe-capacity-factor", v, 0.0, 1e6,
+                                          &cs->moe.capacity_factor);
     case F_OLD_HIDDEN: return renamed(cmd, "hidden", "channels");
     }
     return 0;
@@ -407,6 +443,22 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
     return false;
 }
 
+/* The --moe-* flags given, over the preset's values. */
+static void moe_flags(const struct l3d_cli_spec *cs, struct l3d_moe_spec *o) {
+    const struct l3d_moe_spec *f = &cs->moe;
+#define GIVEN(id) ((cs->given >> (id)) & 1)
+    if (GIVEN(F_MOE_E)) o->experts = f->experts;
+    if (GIVEN(F_MOE_K)) o->top_k = f->top_k;
+    if (GIVEN(F_MOE_FFN)) o->ffn = f->ffn;
+    if (GIVEN(F_MOE_SHARED)) o->shared = f->shared;
+    if (GIVEN(F_MOE_DENSE)) o->dense_layers = f->dense_layers;
+    if (GIVEN(F_MOE_NORM) || GIVEN(F_MOE_NO_NORM)) o->norm_topk = f->norm_topk;
+    if (GIVEN(F_MOE_AUX)) o->aux_coef = f->aux_coef;
+    if (GIVEN(F_MOE_Z)) o->z_coef = f->z_coef;
+    if (GIVEN(F_MOE_CAP)) o->capacity_factor = f->capacity_factor;
+#undef GIVEN
+}
+
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
     if (cs->arch >= 0) {
         enum l3d_mlp was = m->mlp;
@@ -419,6 +471,7 @@ void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) 
     /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
      * SwiGLU preset keeps its own unless --ffn is given */
     if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+    moe_flags(cs, &m->moe);
 }
 
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {

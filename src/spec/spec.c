@@ -100,6 +100,29 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
 
 /* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
  * width, GELU or SwiGLU). */
+/* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
+ * run on yet, each by name (issue 46: expert parallelism brings tp, pp, cp and ZeRO-3). */
+static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                      struct l3d_spec_errors *e) {
+    if (l3d_moe_spec_check(m) != L3D_OK) {
+        add(e, L3D_ERR_ARG, "%s", l3d_error_message());
+        return;
+    }
+    if (m->moe.experts == 0) return;
+    if (l->tp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
+            "parallelism of MoE layers lands with expert parallelism); use --tp 1", l->tp);
+    if (l->pp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --pp %d: not yet supported (pipeline "
+            "parallelism of MoE layers lands with expert parallelism); use --pp 1", l->pp);
+    if (l->cp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --cp %d: not yet supported (context "
+            "parallelism of MoE layers lands with expert parallelism); use --cp 1", l->cp);
+    if (l->zero >= 3)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
+            "layers lands with expert parallelism); use --zero 0, 1 or 2");
+}
+
 static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
         add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
@@ -380,6 +403,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
         int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);
+        check_moe(&s->model, l, e);
     }
     if (parts & L3D_SPEC_PRECISION) check_precision(&s->precision, ctx, e);
     if (e->n == 0) return L3D_OK;
