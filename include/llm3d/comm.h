@@ -31,11 +31,11 @@
  * must be inactive: zero-initialised, or waited on / tested complete) the call only starts the
  * operation and marks req active; its buffers must not be touched until l3d_comm_wait returns or
  * l3d_comm_test returns true, which both make req inactive again. Waiting on, or testing, an
- * inactive req does nothing (test returns true). The counts/displs arrays of all_gatherv may be
- * reused as soon as the call returns. Every rank of the communicator must start the same
- * collectives in the same order and in the same form (all blocking or all non-blocking: MPI does
- * not match a blocking collective with a non-blocking one); a blocking send may meet a
- * non-blocking recv and the reverse.
+ * inactive req does nothing (test returns true). The counts/displs arrays of all_gatherv and
+ * all_to_allv may be reused as soon as the call returns. Every rank of the communicator must
+ * start the same collectives in the same order and in the same form (all blocking or all
+ * non-blocking: MPI does not match a blocking collective with a non-blocking one); a blocking
+ * send may meet a non-blocking recv and the reverse.
  *
  * Element types (enum l3d_dtype, core.h): every operation takes every type. fp32, fp64, int32,
  * uint8 and int64 are MPI's own types and reductions. bf16 and fp16 have no portable MPI type:
@@ -49,9 +49,9 @@
  *
  * Counts: blocking operations take any count (the MPI implementation cuts more than INT_MAX / 2
  * elements into several calls). A non-blocking operation is one MPI call: a collective's count
- * (and, for all_gatherv, each count and displacement) must be at most INT_MAX, and a send's or
- * recv's at most INT_MAX / 2, the size of one blocking chunk, so that a transfer is cut the same
- * way on both sides. Bucket larger buffers.
+ * (and, for all_gatherv and all_to_allv, each count and displacement) must be at most INT_MAX,
+ * and a send's or recv's at most INT_MAX / 2, the size of one blocking chunk, so that a transfer
+ * is cut the same way on both sides. Bucket larger buffers.
  */
 #ifndef LLM3D_COMM_H
 #define LLM3D_COMM_H
@@ -74,6 +74,7 @@ enum l3d_tag {
     L3D_TAG_CP_DKV = 5,        /* ... and their gradients' running sums */
     L3D_TAG_ZERO3_GATHER = 6,  /* a piece of a rank's fp32 range to DP rank 0 for a save */
     L3D_TAG_ZERO3_LAYER = 7,   /* a ZeRO-3 rank's part of a layer's parameters to the others */
+    L3D_TAG_ALL_TO_ALL = 8,    /* a blocking all_to_allv's pieces, when one exceeds an MPI call */
     L3D_TAG_MODEL_GATHER = 16, /* + chunk (< 256): a (tp, pp) rank's parameters to rank 0 for
                                 * model.bin */
     L3D_TAG_PIPE = 1024,       /* + 2b: the activation from virtual stage b to b + 1; + 2b + 1:
@@ -107,6 +108,13 @@ struct l3d_comm_i {
                         const int64_t *displs, enum l3d_dtype t, l3d_req *req);
     void (*broadcast)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
                       l3d_req *req);
+    /* Each rank r of c gets scounts[r] elements from send + sdispls[r], and this rank receives
+     * rcounts[r] elements from rank r at recv + rdispls[r] (expert parallelism's dispatch and
+     * combine). scounts[r] here must equal rcounts[this rank] on rank r; zero counts are allowed;
+     * recv must not overlap send. The count arrays may be reused when the call returns. */
+    void (*all_to_allv)(struct l3d_comm *c, const void *send, const int64_t *scounts,
+                        const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                        const int64_t *rdispls, enum l3d_dtype t, l3d_req *req);
     void (*send)(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t, int peer,
                  int tag, l3d_req *req);
     void (*recv)(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int peer, int tag,
@@ -262,6 +270,12 @@ static inline void l3d_comm_all_gatherv(struct l3d_comm *c, void *recv, const in
 static inline void l3d_comm_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t,
                                       int root, l3d_req *req) {
     c->i->broadcast(c, buf, n, t, root, req);
+}
+static inline void l3d_comm_all_to_allv(struct l3d_comm *c, const void *send,
+                                        const int64_t *scounts, const int64_t *sdispls,
+                                        void *recv, const int64_t *rcounts,
+                                        const int64_t *rdispls, enum l3d_dtype t, l3d_req *req) {
+    c->i->all_to_allv(c, send, scounts, sdispls, recv, rcounts, rdispls, t, req);
 }
 static inline void l3d_comm_send(struct l3d_comm *c, const void *buf, int64_t n, enum l3d_dtype t,
                                  int peer, int tag, l3d_req *req) {

@@ -508,20 +508,86 @@ static void mpi_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
     for (int r = 0; r < c->size; r++) bcast_chunked(m, at(recv, (int64_t)r * n, es), n, t, r);
 }
 
+/* The extent of a v-collective's blocks: the end of the farthest non-empty one. */
+static int64_t blocks_extent(int p, const int64_t *counts, const int64_t *displs) {
+    int64_t extent = 0;
+    for (int r = 0; r < p; r++) {
+        L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
+        if (counts[r] > 0 && displs[r] + counts[r] > extent) extent = displs[r] + counts[r];
+    }
+    return extent;
+}
+
+static bool blocks_fit(int p, const int64_t *counts, const int64_t *displs, int64_t limit) {
+    for (int r = 0; r < p; r++)
+        if (counts[r] > limit || displs[r] > limit) return false;
+    return true;
+}
+
+/* A blocking all-to-all: in round k this rank sends to rank + k and receives from rank - k,
+ * chunk by chunk (the pairs' chunks match in order, as mpi_p2p's do), each wait under the
+ * watchdog; its own block is a copy. Every rank takes this path whatever its counts (whether
+ * they fit one MPI call differs between ranks, and a collective must be joined by all). */
+static void alltoall_pairwise(struct mpi_comm *m, const char *send, const int64_t *sc,
+                              const int64_t *sd, char *recv, const int64_t *rc,
+                              const int64_t *rd, enum l3d_dtype t) {
+    int p = m->base.size, me = m->base.rank;
+    size_t es = l3d_dtype_size(t);
+    MPI_Datatype type = mpi_type(m, t);
+    memcpy(at(recv, rd[me], es), at(send, sd[me], es), (size_t)rc[me] * es);
+    for (int k = 1; k < p; k++) {
+        int to = (me + k) % p, from = (me - k + p) % p;
+        int64_t most = sc[to] > rc[from] ? sc[to] : rc[from];
+        for (int64_t o = 0; o < most; o += m->max_count) {
+            MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            int64_t ks = sc[to] - o < m->max_count ? sc[to] - o : m->max_count;
+            int64_t kr = rc[from] - o < m->max_count ? rc[from] - o : m->max_count;
+            if (kr > 0)
+                L3D_MPI_CHECK(MPI_Irecv(at(recv, rd[from] + o, es), (int)kr, type, from,
+                                        L3D_TAG_ALL_TO_ALL, m->comm, &q[0]));
+            if (ks > 0)
+                L3D_MPI_CHECK(MPI_Isend(at(send, sd[to] + o, es), (int)ks, type, to,
+                                        L3D_TAG_ALL_TO_ALL, m->comm, &q[1]));
+            if (kr > 0) watch_wait(m, &q[0], from, "all-to-all receive from");
+            if (ks > 0) watch_wait(m, &q[1], to, "all-to-all send to");
+        }
+    }
+}
+
+static void mpi_all_to_allv(struct l3d_comm *c, const void *send, const int64_t *scounts,
+                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                            const int64_t *rdispls, enum l3d_dtype t, l3d_req *req) {
+    struct mpi_comm *m = mc(c);
+    int p = c->size;
+    send = hv(c, send, blocks_extent(p, scounts, sdispls), t);
+    recv = hv(c, recv, blocks_extent(p, rcounts, rdispls), t);
+    if (!req) { /* one rank's pieces may fit one MPI call while another's do not: by pairs */
+        alltoall_pairwise(m, send, scounts, sdispls, recv, rcounts, rdispls, t);
+        return;
+    }
+    /* non-blocking: one MPI call, its counts and displacements must fit an int */
+    L3D_ASSERT(blocks_fit(p, scounts, sdispls, INT_MAX) &&
+               blocks_fit(p, rcounts, rdispls, INT_MAX));
+    int *ic = l3d_alloc(4 * (size_t)p * sizeof *ic, "all_to_allv counts");
+    for (int r = 0; r < p; r++) {
+        ic[r] = (int)scounts[r];
+        ic[p + r] = (int)sdispls[r];
+        ic[2 * p + r] = (int)rcounts[r];
+        ic[3 * p + r] = (int)rdispls[r];
+    }
+    MPI_Datatype dt = mpi_type(m, t);
+    MPI_Request r;
+    L3D_MPI_CHECK(MPI_Ialltoallv(send, ic, ic + p, dt, recv, ic + 2 * p, ic + 3 * p, dt, m->comm,
+                                 &r));
+    coll_finish(m, req, r, ic, "all-to-all"); /* MPI reads the arrays until completion */
+}
+
 static void mpi_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
                             const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
     struct mpi_comm *m = mc(c);
     int p = c->size;
-    int64_t limit = req ? INT_MAX : m->max_count;
-    bool fits = true;
-    for (int r = 0; r < p; r++) {
-        L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
-        if (counts[r] > limit || displs[r] > limit) fits = false;
-    }
-    int64_t extent = 0;
-    for (int r = 0; r < p; r++)
-        if (counts[r] > 0 && displs[r] + counts[r] > extent) extent = displs[r] + counts[r];
-    recv = hv(c, recv, extent, t);
+    bool fits = blocks_fit(p, counts, displs, req ? INT_MAX : m->max_count);
+    recv = hv(c, recv, blocks_extent(p, counts, displs), t);
     if (!fits) {
         L3D_ASSERT(!req); /* non-blocking: counts and displacements must fit an int */
         size_t es = l3d_dtype_size(t);
@@ -663,6 +729,7 @@ static const struct l3d_comm_i mpi_comm_i = {
     .reduce_scatter = mpi_reduce_scatter,
     .all_gather = mpi_all_gather,
     .all_gatherv = mpi_all_gatherv,
+    .all_to_allv = mpi_all_to_allv,
     .broadcast = mpi_broadcast,
     .send = mpi_send,
     .recv = mpi_recv,

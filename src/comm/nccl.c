@@ -355,6 +355,39 @@ static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
     stage_end(d, p, req);
 }
 
+/* NCCL has no all-to-allv: one send and one receive per peer, grouped into one launch (zero
+ * counts skipped on both sides alike, since a peer's count for this rank is this rank's for it) */
+static void dev_all_to_allv(struct l3d_comm *c, const void *send, const int64_t *scounts,
+                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                            const int64_t *rdispls, enum l3d_dtype t, l3d_req *req) {
+    struct dev_comm *d = dc(c);
+    if (USE_NCCL(d, recv)) {
+        struct pending *p = nccl_begin(d, "all-to-all");
+        NCCL_OK(ncclGroupStart());
+        for (int r = 0; r < c->size; r++) {
+            if (scounts[r] > 0)
+                NCCL_OK(ncclSend((const char *)send + nbytes(sdispls[r], t), (size_t)scounts[r],
+                                 nccl_type(t), r, d->nccl, d->stream));
+            if (rcounts[r] > 0)
+                NCCL_OK(ncclRecv((char *)recv + nbytes(rdispls[r], t), (size_t)rcounts[r],
+                                 nccl_type(t), r, d->nccl, d->stream));
+        }
+        NCCL_OK(ncclGroupEnd());
+        nccl_end(d, p, req);
+        return;
+    }
+    int64_t sspan = 0, rspan = 0;
+    for (int r = 0; r < c->size; r++) {
+        sspan = sdispls[r] + scounts[r] > sspan ? sdispls[r] + scounts[r] : sspan;
+        rspan = rdispls[r] + rcounts[r] > rspan ? rdispls[r] + rcounts[r] : rspan;
+    }
+    struct pending *p = mpi_begin(d, "all-to-all");
+    void *hs = mpi_buf(d, p, (void *)send, nbytes(sspan, t), true, false);
+    void *hr = mpi_buf(d, p, recv, nbytes(rspan, t), true, true); /* gaps kept */
+    l3d_comm_all_to_allv(d->mpi, hs, scounts, sdispls, hr, rcounts, rdispls, t, inner(p, req));
+    stage_end(d, p, req);
+}
+
 static void dev_broadcast(struct l3d_comm *c, void *buf, int64_t n, enum l3d_dtype t, int root,
                           l3d_req *req) {
     struct dev_comm *d = dc(c);
@@ -544,6 +577,7 @@ static const struct l3d_comm_i dev_comm_i = {
     .reduce_scatter = dev_reduce_scatter,
     .all_gather = dev_all_gather,
     .all_gatherv = dev_all_gatherv,
+    .all_to_allv = dev_all_to_allv,
     .broadcast = dev_broadcast,
     .send = dev_send,
     .recv = dev_recv,

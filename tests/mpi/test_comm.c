@@ -3,7 +3,8 @@
  * ranks; 1 when run directly). Every operation blocking and non-blocking, checked exactly
  * (integer-valued floats, so sums are exact in any order); bf16 and fp16 reductions against the
  * host's rounding, with named cases that truncation or rounding half up would fail; the
- * large-count path with a lowered chunk size; every (tp, pp) layout of the world against the formula of topo.h.
+ * large-count path with a lowered chunk size (all_to_allv's pairwise exchange among them); every
+ * (tp, pp) layout of the world against the formula of topo.h.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -175,6 +176,69 @@ static void test_all_gatherv(struct l3d_comm *c, int64_t scale) {
         RCHECK(bad == 0);
     }
     free(buf);
+}
+
+/* all_to_allv's piece from rank s to rank d: sizes varying per pair, empty when (s + d) % 3 == 1
+ * (always some when p > 1, and rank 0's own when p == 1 stays full), and its elements. */
+static int64_t a2a_count(int s, int d, int64_t scale) {
+    return (s + d) % 3 == 1 ? 0 : scale * ((s * 3 + d) % 4 + 1) + s + 2 * d;
+}
+static int32_t a2a_val(int s, int d, int64_t i) {
+    return s * 1000003 + d * 10007 + (int32_t)(i % 9973);
+}
+
+/* Elements of recv (laid out by displs, gaps of -7) that are not what rank `me` should receive. */
+static int64_t a2a_bad(const int32_t *recv, int64_t total, const int64_t *displs, int p, int me,
+                       int64_t scale) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < total; i++) {
+        int32_t want = -7;
+        for (int q = 0; q < p; q++)
+            if (i >= displs[q] && i < displs[q] + a2a_count(q, me, scale))
+                want = a2a_val(q, me, i - displs[q]);
+        bad += recv[i] != want;
+    }
+    return bad;
+}
+
+/* Every rank sends a different amount to each rank, some pieces empty, from a send buffer with
+ * the pieces in reverse rank order and into a receive buffer with gaps that must stay untouched;
+ * the checker then rejects one flipped element. */
+static void test_all_to_allv(struct l3d_comm *c, int64_t scale) {
+    int p = c->size, me = c->rank;
+    int64_t sc[64], sd[64], rc[64], rd[64], stot = 0, rtot = 0;
+    L3D_ASSERT(p <= 64);
+    for (int q = p - 1; q >= 0; q--) {
+        sc[q] = a2a_count(me, q, scale), sd[q] = stot, stot += sc[q];
+        rc[q] = a2a_count(q, me, scale), rd[q] = rtot + 3, rtot = rd[q] + rc[q];
+    }
+    rtot += 2;
+    int32_t *send = malloc((size_t)(stot + 1) * sizeof *send);
+    int32_t *recv = malloc((size_t)(rtot + 1) * sizeof *recv);
+    for (int q = 0; q < p; q++)
+        for (int64_t i = 0; i < sc[q]; i++) send[sd[q] + i] = a2a_val(me, q, i);
+    for (int nb = 0; nb < 2; nb++) {
+        l3d_req r;
+        for (int64_t i = 0; i < rtot; i++) recv[i] = -7;
+        int64_t cc[4][64];
+        memcpy(cc[0], sc, sizeof sc), memcpy(cc[1], sd, sizeof sd);
+        memcpy(cc[2], rc, sizeof rc), memcpy(cc[3], rd, sizeof rd);
+        l3d_comm_all_to_allv(c, send, cc[0], cc[1], recv, cc[2], cc[3], L3D_I32, pick(&r, nb));
+        memset(cc, 0xff, sizeof cc); /* the arrays may be reused once the call returns */
+        if (nb) finish(c, &r, 0);
+        RCHECK(a2a_bad(recv, rtot, rd, p, me, scale) == 0);
+    }
+    /* the checker's negative cases: a gap written, an element of a piece changed */
+    recv[0] = 0;
+    int64_t want = 1;
+    for (int q = 0; q < p; q++)
+        if (rc[q] > 0) {
+            recv[rd[q] + rc[q] - 1] ^= 1;
+            want = 2;
+            break;
+        }
+    RCHECK(a2a_bad(recv, rtot, rd, p, me, scale) == want);
+    free(send), free(recv);
 }
 
 static void test_broadcast(struct l3d_comm *c, int64_t n) {
@@ -446,6 +510,7 @@ static void test_all_ops(struct l3d_comm *c, int64_t n, int64_t max_count) {
     test_reduce_scatter(c, n);
     test_all_gather(c, n);
     test_all_gatherv(c, n);
+    test_all_to_allv(c, n);
     test_broadcast(c, n);
     test_ring(c, n, max_count);
     test_half(c, n, max_count);
