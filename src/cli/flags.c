@@ -172,7 +172,7 @@ enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
     F_EPS, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
     F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
-    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
+    F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
@@ -223,6 +223,8 @@ static const struct l3d_flag model_flags[] = {
 static const struct l3d_flag layout_flags[] = {
     {"tp", "N", F_TP, "tensor-parallel size: heads, MLP and vocabulary split (1)"},
     {"cp", "N", F_CP, "context-parallel size: each sequence split over N ranks (1)"},
+    {"ep", "N", F_EP, "expert-parallel size: the --moe-experts split over N ranks of each "
+                      "data-parallel group, tokens exchanged by all-to-all (1)"},
     {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
     {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
     {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, or interleaved (with --pp-virtual)"},
@@ -328,6 +330,7 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
     case F_CP: return l3d_arg_int(cmd, "cp", v, 1, 1 << 20, &l->cp);
     case F_PP: return l3d_arg_int(cmd, "pp", v, 1, 1 << 20, &l->pp);
     case F_DP: return l3d_arg_int(cmd, "dp", v, 1, 1 << 24, &l->dp);
+    case F_EP: return l3d_arg_int(cmd, "ep", v, 1, 1 << 16, &l->ep);
     case F_SCHED:
         if (l3d_pp_kind_parse(v, &l->schedule) == L3D_OK) return 1;
         fprintf(stderr, "llm3d %s: %s\n", cmd, l3d_error_message());

@@ -66,6 +66,26 @@ static l3d_status split_cp(struct l3d_topo *t, struct l3d_comm *world) {
     return L3D_OK;
 }
 
+/* The expert-parallel groups (ep > 1): splits of the DP group, ep_comm the ep consecutive dp
+ * ranks (ordered by ep_rank), edp_comm those with the same ep_rank (ordered by dp_rank / ep). */
+static l3d_status split_ep(struct l3d_topo *t) {
+    int ep = t->layout->ep > 1 ? t->layout->ep : 1;
+    t->ep_rank = t->dp_rank % ep;
+    if (ep == 1) {
+        t->edp_comm = t->dp_comm;
+        return L3D_OK;
+    }
+    L3D_ASSERT(t->layout->cp == 1 && t->layout->dp % ep == 0);
+    l3d_status st = l3d_comm_split(t->dp_comm, t->dp_rank / ep, t->ep_rank, &t->ep_comm);
+    if (st == L3D_OK)
+        st = l3d_comm_split(t->dp_comm, t->ep_rank, t->dp_rank / ep, &t->edp_comm);
+    if (st != L3D_OK) return st;
+    L3D_ASSERT(t->ep_comm->size == ep && t->ep_comm->rank == t->ep_rank);
+    t->ep_comm->role = "EP";
+    t->edp_comm->role = "expert DP";
+    return L3D_OK;
+}
+
 l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, const struct l3d_layout *l) {
     int tp = l->tp, cp = l->cp, pp = l->pp, dp = l->dp;
     L3D_ASSERT(tp >= 1 && cp >= 1 && pp >= 1 && dp >= 1 &&
@@ -92,7 +112,7 @@ l3d_status l3d_topo_init(struct l3d_topo *t, struct l3d_comm *world, const struc
         l3d_topo_free(t);
         return st;
     }
-    if ((st = split_cp(t, world))) {
+    if ((st = split_cp(t, world)) || (st = split_ep(t))) {
         l3d_topo_free(t);
         return st;
     }
@@ -116,6 +136,9 @@ void l3d_topo_free(struct l3d_topo *t) {
         t->tp_comm->watch->name = NULL;
         t->tp_comm->watch->name_ctx = NULL;
     }
+    if (t->edp_comm != t->dp_comm) l3d_comm_free(t->edp_comm);
+    l3d_comm_free(t->ep_comm);
+    t->edp_comm = t->ep_comm = NULL;
     if (t->dpcp_comm != t->dp_comm) l3d_comm_free(t->dpcp_comm);
     l3d_comm_free(t->cp_comm);
     t->dpcp_comm = t->cp_comm = NULL;

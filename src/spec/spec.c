@@ -17,7 +17,7 @@
 
 void l3d_run_spec_defaults(struct l3d_run_spec *s) {
     memset(s, 0, sizeof *s);
-    s->layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .dp = 0, .v = 1,
+    s->layout = (struct l3d_layout){.tp = 1, .cp = 1, .pp = 1, .dp = 0, .ep = 1, .v = 1,
                                     .schedule = L3D_PP_1F1B, .micro_batch = 4, .seq = 64,
                                     .accum = 1, .zero = 0, .zero3_prefetch = 1,
                                     .recompute = L3D_RECOMPUTE_NONE, .bucket_bytes = 4u << 20};
@@ -100,14 +100,42 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
 
 /* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
  * width, GELU or SwiGLU). */
+/* Expert parallelism: ep ranks of a DP group split the experts (docs/DESIGN.md "Expert
+ * parallelism"); dp 0 when the grid did not resolve. */
+static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
+                     struct l3d_spec_errors *e) {
+    if (l->ep < 1) {
+        add(e, L3D_ERR_ARG, "--ep %d: give 1 (every rank holds all experts) or more", l->ep);
+        return;
+    }
+    if (l->ep == 1) return;
+    if (m->moe.experts == 0) {
+        add(e, L3D_ERR_ARG, "--ep %d without --moe-experts: expert parallelism splits a mixture "
+            "of experts; give --moe-experts E (a multiple of %d) or drop --ep", l->ep, l->ep);
+        return;
+    }
+    if (m->moe.experts % l->ep != 0)
+        add(e, L3D_ERR_ARG, "--ep %d does not divide --moe-experts %d: each expert-parallel rank "
+            "holds E / ep experts; give an ep that divides %d", l->ep, m->moe.experts,
+            m->moe.experts);
+    if (dp > 0 && dp % l->ep != 0)
+        add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d data-parallel replicas: expert "
+            "parallelism splits each DP group; give an ep that divides %d (or more ranks)",
+            l->ep, dp, dp);
+    if (l->zero >= 1 && l->zero <= 2)
+        add(e, L3D_ERR_LAYOUT, "--ep %d with --zero %d: not yet supported (ZeRO's shards would "
+            "have to follow the expert-data-parallel groups); use --zero 0", l->ep, l->zero);
+}
+
 /* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
  * run on yet, each by name (issue 46: expert parallelism brings tp, pp, cp and ZeRO-3). */
-static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l,
+static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                       struct l3d_spec_errors *e) {
     if (l3d_moe_spec_check(m) != L3D_OK) {
         add(e, L3D_ERR_ARG, "%s", l3d_error_message());
         return;
     }
+    check_ep(m, l, dp, e);
     if (m->moe.experts == 0) return;
     if (l->tp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
@@ -403,7 +431,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
         int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);
-        check_moe(&s->model, l, e);
+        check_moe(&s->model, l, dp, e);
     }
     if (parts & L3D_SPEC_PRECISION) check_precision(&s->precision, ctx, e);
     if (e->n == 0) return L3D_OK;
@@ -438,6 +466,7 @@ static void divisors(int64_t n, char *out, size_t cap) {
 static l3d_status resolve_grid(struct l3d_layout *l, int64_t world) {
     L3D_ASSERT(world >= 1);
     if (l->cp < 1) l->cp = 1;
+    if (l->ep < 1) l->ep = 1;
     int cp = l->cp;
     if (world % cp != 0)
         return l3d_error(L3D_ERR_LAYOUT, "--cp %d does not divide the %lld ranks: launch a "
