@@ -184,7 +184,14 @@ struct l3d_shard {
     /* Sequence parallelism (Korthikanti et al. 2022): with sp_size > 1 the LayerNorm and residual
      * regions hold rows [sp_rank N/sp_size, (sp_rank+1) N/sp_size) of the N = B*T rows only. */
     int sp_size, sp_rank;
+    /* Expert parallelism: the MoE experts [expert_start, expert_start + expert_count) this rank
+     * holds (l3d_shard_set_experts; all of them otherwise); the router keeps all E rows. */
+    int expert_start, expert_count;
 };
+
+/* The experts of EP rank ep_rank of ep (ep divides moe.experts; a dense model: unchanged). */
+void l3d_shard_set_experts(const struct l3d_model_spec *cfg, struct l3d_shard *sh, int ep,
+                           int ep_rank);
 
 struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg);
 /* Checks that the shard lies inside the model and is not empty where it must not be. */
@@ -203,6 +210,11 @@ enum l3d_tensor_id {
     L3D_T_ROUTER, L3D_T_EXPFCW, L3D_T_EXPFCB, L3D_T_EXPPROJW, L3D_T_EXPPROJB, L3D_T_SHFCW,
     L3D_T_SHFCB, L3D_T_SHPROJW, L3D_T_SHPROJB,
 };
+
+/* Whether tensor t is one of the routed experts' (expfcw, expfcb, expprojw, expprojb). */
+static inline bool l3d_gpt_expert_tensor(int t) {
+    return t == L3D_T_EXPFCW || t == L3D_T_EXPFCB || t == L3D_T_EXPPROJW || t == L3D_T_EXPPROJB;
+}
 
 /* Whether the architecture has tensor t (GPT-2: the 16 of llm.c; Llama: wte, ln1w, qkvw,
  * attprojw, ln2w, fcw, fcprojw, lnfw, and lmhead when untied). A tensor it lacks has no elements
@@ -266,6 +278,13 @@ struct l3d_gpt_hooks {
     void *params_ctx;
     const void *(*params_get)(void *ctx, int layer, bool backward);
     void (*params_done)(void *ctx, int layer, bool backward);
+    /* Expert parallelism (src/parallel/ep.c; a shard holding some of the experts): the blocking
+     * all-to-all over the EP group that dispatches token rows to their experts' ranks and
+     * combines them back (comm.h's all_to_allv, counts and displacements in elements of dt). */
+    void *ep_ctx;
+    void (*ep_all_to_allv)(void *ctx, const void *send, const int64_t *scounts,
+                           const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                           const int64_t *rdispls, enum l3d_dtype dt);
 };
 /* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
  * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk

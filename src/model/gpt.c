@@ -155,6 +155,7 @@ struct l3d_shard l3d_shard_full(const struct l3d_model_spec *cfg) {
         .vocab_start = 0, .vocab_count = cfg->Vp,
         .has_embedding = true, .has_head = true, .adds_row_bias = true,
         .sp_size = 1, .sp_rank = 0,
+        .expert_start = 0, .expert_count = cfg->moe.experts,
     };
 }
 
@@ -181,6 +182,10 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
                          (long long)(sh->vocab_start + sh->vocab_count), cfg->Vp);
     if (sh->layer_count == 0 && !sh->has_embedding && !sh->has_head)
         return l3d_error(L3D_ERR_LAYOUT, "shard holds no layer, no embedding and no head");
+    if (sh->expert_start < 0 || sh->expert_count < (cfg->moe.experts > 0) ||
+        sh->expert_start + sh->expert_count > cfg->moe.experts)
+        return l3d_error(L3D_ERR_LAYOUT, "shard experts [%d, %d) outside the model's %d",
+                         sh->expert_start, sh->expert_start + sh->expert_count, cfg->moe.experts);
     if (sh->sp_size < 1 || sh->sp_rank < 0 || sh->sp_rank >= sh->sp_size)
         return l3d_error(L3D_ERR_LAYOUT, "sequence-parallel rank %d of %d", sh->sp_rank,
                          sh->sp_size);
@@ -225,12 +230,13 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_sh
     int64_t Lm = l3d_shard_moe_layers(c, s), Ld = Ll - Lm;
     int64_t E = c->moe.experts, Fe = c->moe.ffn, mul = c->mlp == L3D_MLP_SWIGLU ? 2 : 1;
     int64_t Fem = mul * Fe, SF = c->moe.shared * Fe, SFm = mul * SF;
+    int64_t El = s->expert_count; /* the shard's experts (expert parallelism), the router all E */
     /* (layers, rows, cols) of each tensor, in llm.c's order, then the MoE ones */
     const int64_t shape[L3D_NUM_TENSORS][3] = {
         {1, Vl, C},     {1, Tw, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, QKV, C},    {Ll, 1, QKV},
         {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ld, Fm, C},     {Ld, 1, Fm},
         {Ld, C, F},     {Ld, 1, C},     {1, 1, Cf},  {1, 1, Cf},  {1, Vh, C},
-        {Lm, E, C},     {Lm, E * Fem, C}, {Lm, 1, E * Fem}, {Lm, E * C, Fe}, {Lm, 1, E * C},
+        {Lm, E, C},     {Lm, El * Fem, C}, {Lm, 1, El * Fem}, {Lm, El * C, Fe}, {Lm, 1, El * C},
         {Lm, SFm, C},   {Lm, 1, SFm},   {Lm, C, SF}, {Lm, 1, C},
     };
     int64_t off = 0;
@@ -702,6 +708,7 @@ static int64_t ffn_row(const struct l3d_model_spec *cfg, const struct l3d_shard 
 static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t, int64_t r,
                       int64_t c, int64_t *gr, int64_t *gc) {
     int64_t HS = cfg->C / cfg->NH, h0 = (int64_t)s->head_start * HS;
+    int64_t efm = (cfg->mlp == L3D_MLP_SWIGLU ? 2 : 1) * cfg->moe.ffn; /* an expert's fcw rows */
     *gr = r;
     *gc = c;
     switch (t) {
@@ -712,6 +719,10 @@ static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *
     case L3D_T_FCW: *gr = ffn_row(cfg, s, r); break;
     case L3D_T_FCB: *gc = ffn_row(cfg, s, c); break;
     case L3D_T_FCPROJW: *gc = s->ffn_start + c; break;
+    case L3D_T_EXPFCW: *gr = s->expert_start * efm + r; break; /* the shard's experts' rows */
+    case L3D_T_EXPFCB: *gc = s->expert_start * efm + c; break;
+    case L3D_T_EXPPROJW: *gr = (int64_t)s->expert_start * cfg->C + r; break;
+    case L3D_T_EXPPROJB: *gc = (int64_t)s->expert_start * cfg->C + c; break;
     default: break;
     }
 }

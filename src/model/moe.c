@@ -29,6 +29,14 @@ int l3d_shard_moe_layers(const struct l3d_model_spec *cfg, const struct l3d_shar
     return n;
 }
 
+void l3d_shard_set_experts(const struct l3d_model_spec *cfg, struct l3d_shard *sh, int ep,
+                           int ep_rank) {
+    if (cfg->moe.experts == 0) return;
+    L3D_ASSERT(ep >= 1 && cfg->moe.experts % ep == 0 && ep_rank >= 0 && ep_rank < ep);
+    sh->expert_count = cfg->moe.experts / ep;
+    sh->expert_start = ep_rank * sh->expert_count;
+}
+
 static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
 
 l3d_status l3d_moe_spec_check(const struct l3d_model_spec *m) {
@@ -91,11 +99,13 @@ double l3d_model_active_param_count(const struct l3d_model_spec *m) {
 
 /* ---- activations ------------------------------------------------------------------------- */
 
-/* A MoE layer's rows of type dt (device memory), or their gradients: x, h, ha, y (NK,C),
- * (NK,Fm), (NK,F), (NK,C) in expert order (the gathered input, the first product, its activation,
- * the second product); sh, sha (N,S Fm), (N,S F) the shared MLP's. */
+/* A MoE layer's rows of type dt (device memory), or their gradients: x, y (NK,C) this rank's
+ * tokens' rows in expert order (the gathered input, the experts' output); xe, h, ha, ye (Re,C),
+ * (Re,Fm), (Re,F), (Re,C) the rows this rank's experts take (the input, the first product, its
+ * activation, the second product): x and y themselves on one rank (Re = NK), the rows every EP
+ * rank dispatched here otherwise; sh, sha (N,S Fm), (N,S F) the shared MLP's. */
 struct moe_rows {
-    void *x, *h, *ha, *y, *sh, *sha;
+    void *x, *y, *xe, *h, *ha, *ye, *sh, *sha;
 };
 
 /* One MoE layer's saved activations (device memory; fp32 router, int32 routing, rows of dt). */
@@ -104,6 +114,11 @@ struct moe_acts {
     int32_t *idx, *pos, *offsets;      /* (N,K), (N,K), (E+1) */
     struct moe_rows r;
     int32_t *hoff;                     /* host copy of offsets */
+    /* host: the products' row segments of this rank's experts (3 E: first row, rows, local
+     * expert), and with expert parallelism the exchange's rows per EP rank (4 ep: sent, their
+     * offsets, received, their offsets) */
+    int64_t *seg, *a2a;
+    int nseg;
 };
 
 struct l3d_moe_state {
@@ -119,38 +134,50 @@ struct l3d_moe_state {
     float *hstats;          /* host copy of a layer's stats */
 };
 
-/* The sizes of the block: experts, choices, widths (expert, its first product's rows, shared). */
+/* The sizes of the block: experts (all, the shard's, its first), choices, widths (expert, its
+ * first product's rows, shared), EP ranks. */
 struct moe_dims {
-    int64_t E, K, F, Fm, SF, SFm;
+    int64_t E, El, e0, K, F, Fm, SF, SFm, ep;
 };
 
-static struct moe_dims moe_dims(const struct l3d_model_spec *cfg) {
-    struct moe_dims d = {.E = cfg->moe.experts, .K = cfg->moe.top_k,
-                         .F = (int64_t)moe_width(cfg)};
+static struct moe_dims moe_dims(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    struct moe_dims d = {.E = cfg->moe.experts, .El = sh->expert_count, .e0 = sh->expert_start,
+                         .K = cfg->moe.top_k, .F = (int64_t)moe_width(cfg)};
     int64_t mul = cfg->mlp == L3D_MLP_SWIGLU ? 2 : 1;
     d.Fm = mul * d.F;
     d.SF = cfg->moe.shared * d.F;
     d.SFm = mul * d.SF;
+    d.ep = d.El > 0 ? d.E / d.El : 1;
     return d;
 }
 
-/* A set of rows from offset off of base (NULL: only counted); the offset after them. */
+/* The most rows this rank's experts take from a micro-batch of N tokens on each EP rank: N K on
+ * one rank; with expert parallelism each of the ep ranks' tokens sends at most one row to each
+ * of its K experts, so at most min(K, El) here. */
+static int64_t expert_rows(const struct moe_dims *d, int64_t N) {
+    return d->ep == 1 ? N * d->K : d->ep * N * (d->K < d->El ? d->K : d->El);
+}
+
+/* A set of rows from offset off of base (NULL: only counted); the offset after them. On one
+ * rank xe and ye are x and y. */
 static int64_t point_rows(struct moe_rows *r, const struct moe_dims *d, int64_t C, int64_t N,
                           int64_t es, char *base, int64_t off) {
-    void **f[6] = {&r->x, &r->h, &r->ha, &r->y, &r->sh, &r->sha};
-    const int64_t R = N * d->K, n[6] = {R * C, R * d->Fm, R * d->F, R * C, N * d->SFm, N * d->SF};
-    for (int i = 0; i < 6; i++) {
+    void **f[8] = {&r->x, &r->y, &r->xe, &r->h, &r->ha, &r->ye, &r->sh, &r->sha};
+    const int64_t R = N * d->K, Re = expert_rows(d, N), own = d->ep > 1 ? Re * C : 0;
+    const int64_t n[8] = {R * C, R * C, own, Re * d->Fm, Re * d->F, own, N * d->SFm, N * d->SF};
+    for (int i = 0; i < 8; i++) {
         if (base) *f[i] = base + off;
         off += (n[i] * es + 63) / 64 * 64;
     }
+    if (base && d->ep == 1) r->xe = r->x, r->ye = r->y;
     return off;
 }
 
 /* Walks the buffers (base NULL: only counts), as gpt.c's point_acts does: the sets, then the
  * backward scratch. Returns the bytes. */
-static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *cfg, int64_t N,
-                         int nsets, int64_t es, char *base) {
-    struct moe_dims d = moe_dims(cfg);
+static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *cfg,
+                         const struct l3d_shard *sh, int64_t N, int nsets, int64_t es, char *base) {
+    struct moe_dims d = moe_dims(cfg, sh);
     int64_t C = cfg->C, R = N * d.K, off = 0;
 #define TAKE(ptr, n, esz)                                           \
     do {                                                            \
@@ -186,7 +213,8 @@ size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
                          int T, enum l3d_recompute recompute, enum l3d_dtype dt) {
     int n = moe_sets(cfg, sh, recompute);
     if (n == 0) return 0;
-    return (size_t)point_moe(NULL, cfg, (int64_t)B * T, n, (int64_t)l3d_dtype_size(dt), NULL);
+    return (size_t)point_moe(NULL, cfg, sh, (int64_t)B * T, n, (int64_t)l3d_dtype_size(dt),
+                             NULL);
 }
 
 l3d_status l3d_moe_init(struct l3d_gpt *m) {
@@ -219,16 +247,20 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
     s->nsets = moe_sets(&m->cfg, &m->shard, m->recompute);
     s->set = l3d_calloc(sizeof *s->set * (size_t)s->nsets, "MoE activation table");
     int64_t N = (int64_t)m->Bmax * m->Tmax, E = m->cfg.moe.experts;
-    s->bytes = (size_t)point_moe(s, &m->cfg, N, s->nsets, (int64_t)m->es, NULL);
+    s->bytes = (size_t)point_moe(s, &m->cfg, sh, N, s->nsets, (int64_t)m->es, NULL);
     s->base = l3d_be_alloc(m->be, s->bytes, "MoE activations");
     if (!s->base)
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for the MoE layers' activations "
                          "(B x T = %lld tokens, %d layers): lower --batch or --seq-len",
                          (double)s->bytes / 1073741824.0, (long long)N, Lm);
     l3d_be_memset(m->be, s->base, 0, s->bytes);
-    point_moe(s, &m->cfg, N, s->nsets, (int64_t)m->es, s->base);
-    for (int i = 0; i < s->nsets; i++)
+    point_moe(s, &m->cfg, sh, N, s->nsets, (int64_t)m->es, s->base);
+    int64_t ep = moe_dims(&m->cfg, sh).ep;
+    for (int i = 0; i < s->nsets; i++) {
         s->set[i].hoff = l3d_calloc((size_t)(E + 1) * sizeof(int32_t), "MoE offsets");
+        s->set[i].seg = l3d_calloc((size_t)(3 * E) * sizeof(int64_t), "MoE segments");
+        s->set[i].a2a = l3d_calloc((size_t)(4 * ep + 2 * E) * sizeof(int64_t), "MoE exchange");
+    }
     s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
     return L3D_OK;
@@ -238,7 +270,11 @@ void l3d_moe_free(struct l3d_gpt *m) {
     struct l3d_moe_state *s = m->moe;
     if (!s) return;
     l3d_be_free(m->be, s->base);
-    for (int i = 0; s->set && i < s->nsets; i++) l3d_free(s->set[i].hoff);
+    for (int i = 0; s->set && i < s->nsets; i++) {
+        l3d_free(s->set[i].hoff);
+        l3d_free(s->set[i].seg);
+        l3d_free(s->set[i].a2a);
+    }
     l3d_free(s->set);
     l3d_free(s->acc);
     l3d_free(s->hstats);
@@ -340,10 +376,64 @@ static int64_t capacity(const struct l3d_model_spec *cfg, int64_t N) {
     return c < 1.0 ? 1 : (int64_t)c;
 }
 
+/* The row segments this rank's experts multiply (a->seg: first row, rows, local expert), from
+ * the routing's offsets a->hoff. One rank: expert e's rows, in expert order. Expert parallelism:
+ * every EP rank sends this one the counts of its rows for each of this rank's experts (one
+ * all-to-all of E integers); the rows arrive grouped by the rank that sent them, each group in
+ * expert order, so a segment is (sending rank, expert), and a->a2a records the rows sent to and
+ * received from each rank for the dispatch and the combine. */
+static void plan_segments(struct l3d_gpt *m, struct moe_acts *a, const struct moe_dims *d) {
+    a->nseg = 0;
+    if (d->ep == 1) {
+        for (int64_t e = 0; e < d->E; e++) {
+            int64_t *g = a->seg + 3 * a->nseg++;
+            g[0] = a->hoff[e], g[1] = a->hoff[e + 1] - a->hoff[e], g[2] = e;
+        }
+        return;
+    }
+    int64_t ep = d->ep, El = d->El, *sc = a->a2a, *sd = sc + ep, *rc = sd + ep, *rd = rc + ep;
+    int64_t *cs = rd + ep, *cr = cs + d->E, cnt[64], dis[64];
+    L3D_ASSERT(ep <= 64 && m->hooks.ep_all_to_allv);
+    for (int64_t e = 0; e < d->E; e++) cs[e] = a->hoff[e + 1] - a->hoff[e];
+    for (int64_t q = 0; q < ep; q++) cnt[q] = El, dis[q] = q * El;
+    m->hooks.ep_all_to_allv(m->hooks.ep_ctx, cs, cnt, dis, cr, cnt, dis, L3D_I64);
+    int64_t row = 0;
+    for (int64_t q = 0; q < ep; q++) {
+        sd[q] = a->hoff[q * El];
+        sc[q] = a->hoff[(q + 1) * El] - sd[q];
+        rd[q] = row;
+        for (int64_t le = 0; le < El; le++) {
+            int64_t *g = a->seg + 3 * a->nseg++;
+            g[0] = row, g[1] = cr[q * El + le], g[2] = le;
+            row += g[1];
+        }
+        rc[q] = row - rd[q];
+    }
+}
+
+/* The EP all-to-all of rows of C elements: the dispatch (forward true: this rank's rows in expert
+ * order out to their experts' ranks, from x to xe) or the combine (from ye back to y). */
+static void exchange(struct l3d_gpt *m, const struct moe_acts *a, const struct moe_dims *d,
+                     void *to, const void *from, bool dispatch) {
+    int64_t ep = d->ep, C = m->cfg.C, n[4][64];
+    const int64_t *v = a->a2a; /* sc, sd, rc, rd in rows */
+    for (int k = 0; k < 4; k++)
+        for (int64_t q = 0; q < ep; q++) n[k][q] = v[k * ep + q] * C;
+    int s = dispatch ? 0 : 2, r = dispatch ? 2 : 0;
+    m->hooks.ep_all_to_allv(m->hooks.ep_ctx, from, n[s], n[s + 1], to, n[r], n[r + 1], m->dt);
+}
+
+/* The rows this rank's experts take (the segments' total). */
+static int64_t seg_rows(const struct moe_acts *a) {
+    int64_t n = 0;
+    for (int i = 0; i < a->nseg; i++) n += a->seg[3 * i + 1];
+    return n;
+}
+
 void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count) {
     int j;
     struct moe_acts *a = layer_set(m, l, &j);
-    struct moe_dims d = moe_dims(&m->cfg);
+    struct moe_dims d = moe_dims(&m->cfg, &m->shard);
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
     int64_t C = m->cfg.C;
@@ -353,22 +443,25 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
     l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
+    plan_segments(m, a, &d);
+    if (d.ep > 1) exchange(m, a, &d, a->r.xe, a->r.x, true);
     const void *fcw = param(m, L3D_T_EXPFCW, l), *fcb = param(m, L3D_T_EXPFCB, l);
     const void *pw = param(m, L3D_T_EXPPROJW, l), *pb = param(m, L3D_T_EXPPROJB, l);
-    for (int64_t e = 0; e < d.E; e++) {
-        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+    for (int i = 0; i < a->nseg; i++) {
+        int64_t r0 = a->seg[3 * i], n = a->seg[3 * i + 1], e = a->seg[3 * i + 2];
         if (n > 0)
-            l3d_be_matmul_forward(m->be, dt, elp(a->r.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.h, r0 * d.Fm, es), elp(a->r.xe, r0 * C, es),
                                   elp(fcw, e * d.Fm * C, es), elp(fcb, e * d.Fm, es), n, C, d.Fm);
     }
-    int64_t rows = a->hoff[d.E];
+    int64_t rows = seg_rows(a);
     if (rows > 0) act_forward(m, a->r.ha, a->r.h, rows, d.F);
-    for (int64_t e = 0; e < d.E; e++) {
-        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+    for (int i = 0; i < a->nseg; i++) {
+        int64_t r0 = a->seg[3 * i], n = a->seg[3 * i + 1], e = a->seg[3 * i + 2];
         if (n > 0)
-            l3d_be_matmul_forward(m->be, dt, elp(a->r.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.ye, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
                                   elp(pw, e * C * d.F, es), elp(pb, e * C, es), n, d.F, C);
     }
+    if (d.ep > 1) exchange(m, a, &d, a->r.y, a->r.ye, false);
     if (d.SF > 0) { /* the shared MLP: every token, weight 1, under the routed sum */
         l3d_be_matmul_forward(m->be, dt, a->r.sh, ln, param(m, L3D_T_SHFCW, l),
                               param(m, L3D_T_SHFCB, l), N, C, d.SFm);
@@ -382,40 +475,44 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     if (count) count_stats(m, j, a, N);
 }
 
-/* The routed experts' backward: d(rows) from the combine, through each expert's MLP, into dxs
- * (rows in expert order) and the experts' weight gradients; dwts the top-k weights' gradient. */
+/* The routed experts' backward: d(rows) from the combine (in y's order, sent back to the experts'
+ * ranks with expert parallelism), through each expert's MLP, into d.x (rows in expert order,
+ * back from the experts' ranks) and the experts' weight gradients; dwts the top-k weights'
+ * gradient. */
 static void experts_backward(struct l3d_gpt *m, int l, const struct moe_acts *a,
                              const void *dout, int64_t N) {
     struct l3d_moe_state *s = m->moe;
-    struct moe_dims d = moe_dims(&m->cfg);
+    struct moe_dims d = moe_dims(&m->cfg, &m->shard);
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
-    int64_t C = m->cfg.C, rows = a->hoff[d.E];
+    int64_t C = m->cfg.C, rows = seg_rows(a);
     l3d_be_moe_combine_backward(m->be, dt, s->d.y, s->dwts, dout, a->r.y, a->pos, a->wts, N, d.K,
                                 C);
+    if (d.ep > 1) exchange(m, a, &d, s->d.ye, s->d.y, true);
     const void *fcw = param(m, L3D_T_EXPFCW, l), *pw = param(m, L3D_T_EXPPROJW, l);
     float *gfcw = grad(m, L3D_T_EXPFCW, l), *gfcb = grad(m, L3D_T_EXPFCB, l);
     float *gpw = grad(m, L3D_T_EXPPROJW, l), *gpb = grad(m, L3D_T_EXPPROJB, l);
     l3d_be_memset(m->be, s->d.ha, 0, (size_t)(rows * d.F) * es);
     l3d_be_memset(m->be, s->d.h, 0, (size_t)(rows * d.Fm) * es);
-    l3d_be_memset(m->be, s->d.x, 0, (size_t)(rows * C) * es);
-    for (int64_t e = 0; e < d.E; e++) {
-        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+    l3d_be_memset(m->be, s->d.xe, 0, (size_t)(rows * C) * es);
+    for (int i = 0; i < a->nseg; i++) {
+        int64_t r0 = a->seg[3 * i], n = a->seg[3 * i + 1], e = a->seg[3 * i + 2];
         if (n > 0)
             l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.ha, r0 * d.F, es),
                                          gpw + e * C * d.F, gpb ? gpb + e * C : NULL,
-                                         elp(s->d.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
+                                         elp(s->d.ye, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
                                          elp(pw, e * C * d.F, es), n, d.F, C);
     }
     if (rows > 0) act_backward(m, s->d.h, s->d.ha, a->r.h, rows, d.F);
-    for (int64_t e = 0; e < d.E; e++) {
-        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+    for (int i = 0; i < a->nseg; i++) {
+        int64_t r0 = a->seg[3 * i], n = a->seg[3 * i + 1], e = a->seg[3 * i + 2];
         if (n > 0)
-            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.x, r0 * C, es),
+            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.xe, r0 * C, es),
                                          gfcw + e * d.Fm * C, gfcb ? gfcb + e * d.Fm : NULL,
-                                         elp(s->d.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
+                                         elp(s->d.h, r0 * d.Fm, es), elp(a->r.xe, r0 * C, es),
                                          elp(fcw, e * d.Fm * C, es), n, C, d.Fm);
     }
+    if (d.ep > 1) exchange(m, a, &d, s->d.x, s->d.xe, false);
 }
 
 void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, const void *ln,
@@ -423,7 +520,7 @@ void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, con
     int j;
     struct moe_acts *a = layer_set(m, l, &j);
     struct l3d_moe_state *s = m->moe;
-    struct moe_dims d = moe_dims(&m->cfg);
+    struct moe_dims d = moe_dims(&m->cfg, &m->shard);
     const enum l3d_dtype dt = m->dt;
     int64_t C = m->cfg.C;
     experts_backward(m, l, a, dout, N);

@@ -14,6 +14,7 @@ struct l3d_dp_piece {
     void *stage; /* the 16-bit copy reduced instead of src (l3d_dp_reduce_in), else NULL */
     int root; /* owner (ZeRO >= 1), -1 for an all-reduce */
     int seq;  /* its number in the micro-batch's backward (the watchdog's "bucket") */
+    struct l3d_comm *comm; /* the group it is reduced over */
 };
 
 #define DP_SLOTS 3 /* pending lists: layer l, layer l + 1, non-layer tensors */
@@ -25,8 +26,10 @@ static void push(struct l3d_dp *dp, int slot, struct l3d_dp_piece p) {
     dp->pend[slot][dp->npend[slot]++] = p;
 }
 
-/* Sends out the reduction of one tensor slice [off, off + n) whose gradients lie at src. */
-static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, int64_t n) {
+/* Sends out the reduction of one tensor slice [off, off + n) whose gradients lie at src, over
+ * comm (the DP group, or the expert-DP group for an expert tensor). */
+static void reduce_slice(struct l3d_dp *dp, struct l3d_comm *comm, int slot, float *src,
+                         int64_t off, int64_t n) {
     while (n > 0) {
         int64_t len = n < dp->bucket ? n : dp->bucket;
         int root = -1;
@@ -36,11 +39,11 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
             if (off + len > end) len = end - off;
         }
         struct l3d_dp_piece p = {.off = off, .n = len, .src = src, .root = root,
-                                 .seq = dp->piece_seq++};
+                                 .seq = dp->piece_seq++, .comm = comm};
         l3d_req *req = dp->overlap ? &p.req : NULL;
         void *buf = src;
         enum l3d_dtype t = dp->grad_dtype;
-        bool send = dp->comm->size > 1 && !dp->test_skip_reduce; /* else ZeRO-2: drain() adds */
+        bool send = comm->size > 1 && !dp->test_skip_reduce; /* else ZeRO-2: drain() adds */
         if (send && dp->stage[slot]) { /* rounded into this list's staging, reduced there */
             L3D_ASSERT(dp->stage_fill[slot] + len <= dp->stage_cap[slot]);
             t = dp->reduce_dtype;
@@ -53,7 +56,7 @@ static void reduce_slice(struct l3d_dp *dp, int slot, float *src, int64_t off, i
         if (!send)
             ;
         else if (root < 0)
-            l3d_comm_all_reduce(dp->comm, buf, len, t, L3D_SUM, req);
+            l3d_comm_all_reduce(comm, buf, len, t, L3D_SUM, req);
         else
             l3d_comm_reduce(dp->comm, buf, len, t, L3D_SUM, root, req);
         dp->comm_wait_s += l3d_time_s() - t0;
@@ -69,9 +72,9 @@ static void drain(struct l3d_dp *dp, int slot) {
     double t0 = l3d_time_s();
     for (int i = 0; i < dp->npend[slot]; i++) {
         struct l3d_dp_piece *p = &dp->pend[slot][i];
-        struct l3d_doing was = l3d_comm_doing(dp->comm, "DP gradient bucket", p->seq, -1);
-        l3d_comm_wait(dp->comm, &p->req);
-        l3d_comm_done(dp->comm, was);
+        struct l3d_doing was = l3d_comm_doing(p->comm, "DP gradient bucket", p->seq, -1);
+        l3d_comm_wait(p->comm, &p->req);
+        l3d_comm_done(p->comm, was);
         if (p->stage && (p->root < 0 || p->root == dp->comm->rank)) /* the sum, widened back */
             l3d_be_convert(dp->m->be, dp->grad_dtype, p->src, dp->reduce_dtype, p->stage, p->n);
         if (dp->zero >= 2 && p->root == dp->comm->rank)
@@ -87,7 +90,8 @@ static void drain(struct l3d_dp *dp, int slot) {
 static void poll(struct l3d_dp *dp, int slot) {
     double t0 = l3d_time_s(); /* without a progress thread, MPI moves the data inside these calls */
     for (int i = 0; i < dp->npend[slot]; i++)
-        if (dp->pend[slot][i].req.active) l3d_comm_test(dp->comm, &dp->pend[slot][i].req);
+        if (dp->pend[slot][i].req.active)
+            l3d_comm_test(dp->pend[slot][i].comm, &dp->pend[slot][i].req);
     dp->comm_wait_s += l3d_time_s() - t0;
 }
 
@@ -104,7 +108,7 @@ static void reduce_nonlayer(struct l3d_dp *dp) {
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &m->tensors[t];
         if (l3d_gpt_is_layer_tensor(t) || ti->count == 0) continue;
-        reduce_slice(dp, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
+        reduce_slice(dp, dp->comm, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
     }
 }
 
@@ -139,7 +143,8 @@ static void grads_ready(void *ctx, int layer) {
         /* the tensor's own layer (a MoE layer has no dense MLP, a dense one no experts) */
         int64_t tl = l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer);
         if (slice == 0 || tl < 0) continue;
-        reduce_slice(dp, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + tl * slice, slice);
+        struct l3d_comm *c = l3d_gpt_expert_tensor(t) ? dp->ecomm : dp->comm;
+        reduce_slice(dp, c, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + tl * slice, slice);
     }
     poll(dp, 1);
     if (dp->zero >= 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */
@@ -158,7 +163,7 @@ l3d_status l3d_dp_init(struct l3d_dp *dp, struct l3d_gpt *m, struct l3d_comm *co
     if (zero >= 2 && m->grads)
         return l3d_error(L3D_ERR_ARG, "ZeRO-%d needs a model built with gradient slots", zero);
     dp->m = m;
-    dp->comm = comm;
+    dp->comm = dp->ecomm = comm;
     dp->param_dtype = m->dt;
     dp->grad_dtype = L3D_F32; /* fp32 gradients (main_grad) in every precision */
     dp->reduce_dtype = L3D_F32;
@@ -298,6 +303,11 @@ void l3d_dp_reduce_nonlayer(struct l3d_dp *dp) {
     reduce_nonlayer(dp);
 }
 
+void l3d_dp_expert_comm(struct l3d_dp *dp, struct l3d_comm *edp) {
+    L3D_ASSERT(dp->zero == 0 && edp); /* ZeRO's ranges would have to follow the groups */
+    dp->ecomm = edp;
+}
+
 void l3d_dp_finish(struct l3d_dp *dp) {
     for (int s = 0; s < DP_SLOTS; s++) drain(dp, s);
 }
@@ -315,9 +325,12 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
         const struct l3d_tensor_info *ti = &dp->m->tensors[t];
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
         int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
-        if (lo < hi)
-            l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + (l3d_tp_tensor_split(t) ? 0 : 1),
-                         g + (lo - s0), hi - lo);
+        /* expert tensors split over the EP group: acc[2], which the trainer sums over it */
+        int a = l3d_gpt_expert_tensor(t) && dp->ecomm != dp->comm ? 2
+                : l3d_tp_tensor_split(t)                          ? 0
+                                                                  : 1;
+        L3D_ASSERT(a < sq->n);
+        if (lo < hi) l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + a, g + (lo - s0), hi - lo);
     }
 }
 

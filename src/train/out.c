@@ -66,15 +66,21 @@ static void pull(struct out_ctx *o, const struct unit *u) {
     struct l3d_comm *world = t->world;
     const struct l3d_layout *l = &tc->layout;
     int v = l->v;
-    bool lead = world->rank == 0, first = topo->dp_rank == 0 && topo->cp_rank == 0;
-    for (int i = 0; i < l->tp * l->pp; i++) {
-        int tp_rank = i % l->tp, pp_rank = i / l->tp;
-        int r = l3d_topo_rank_of(l, tp_rank, 0, pp_rank, 0);
-        bool mine = tp_rank == topo->tp_rank && pp_rank == topo->pp_rank;
+    /* the first replica's ranks hold the model; with expert parallelism its first ep dp ranks,
+     * each its experts (the rows of the other tensors come from dp rank 0) */
+    int ep = l->ep > 1 ? l->ep : 1;
+    bool lead = world->rank == 0, first = topo->dp_rank < ep && topo->cp_rank == 0;
+    for (int i = 0; i < l->tp * l->pp * ep; i++) {
+        int tp_rank = i % l->tp, pp_rank = i / l->tp % l->pp, ep_rank = i / (l->tp * l->pp);
+        int r = l3d_topo_rank_of(l, tp_rank, 0, pp_rank, ep_rank);
+        bool mine = tp_rank == topo->tp_rank && pp_rank == topo->pp_rank &&
+                    ep_rank == topo->dp_rank % ep;
         if (!lead && !mine) continue;
+        if (ep_rank > 0 && !l3d_gpt_expert_tensor(u->t)) continue;
         for (int c = 0; c < v; c++) {
             struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * l->pp + pp_rank,
                                                          tp_rank);
+            l3d_shard_set_experts(&tc->model, &sh, ep, ep_rank);
             int64_t off, r0, r1;
             if (!l3d_gpt_shard_rows(&tc->model, &sh, u->t, u->layer, u->R0, u->R1, &off, &r0,
                                     &r1))

@@ -148,14 +148,15 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     sum_f64(topo->dpcp_comm, &loss, 1); /* each ring rank's mean over its equal share */
     loss /= (double)tc->layout.accum * topo->layout->dp * topo->layout->cp;
     /* the global gradient norm: split tensors over TP, every stage, the tied wte once */
-    double sq[2];
+    double sq[3];
     for (int c = 0; c < v; c++)
         l3d_dp_grad_sumsq_add(&t->dps[c], &t->gsq, pp > 1 && !t->chunks[c]->shard.has_embedding);
     l3d_sumsq_take(&t->gsq, sq); /* the one copy of the sums to the host */
-    if (tc->layout.zero > 0) sum_f64(topo->dpcp_comm, sq, 2);
+    if (tc->layout.zero > 0) sum_f64(topo->dpcp_comm, sq, 3);
     sum_f64(topo->tp_comm, sq, 1);
-    sum_f64(topo->pp_comm, sq, 2);
-    double norm = sqrt(sq[0] + sq[1]) / scale;
+    sum_f64(topo->ep_comm, sq + 2, 1); /* the experts split over the EP group */
+    sum_f64(topo->pp_comm, sq, 3);
+    double norm = sqrt(sq[0] + sq[1] + sq[2]) / scale;
     float clip = l3d_clip_factor(norm, tc->adamw.grad_clip);
     float lr = l3d_lr_at(&t->lrs, step);
     /* a non-finite loss or norm on any rank: no update anywhere (agreed: the norm's sums do not

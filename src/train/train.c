@@ -7,6 +7,7 @@
 
 #include "llm3d/ckpt.h"
 #include "llm3d/cp.h"
+#include "llm3d/ep.h"
 #include "llm3d/hf.h"
 #include "train/resume.h"
 #include "train/signals.h"
@@ -196,6 +197,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     for (int c = 0; c < v && st == L3D_OK; c++) {
         struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
                                                      topo->tp_rank);
+        l3d_shard_set_experts(&tc->model, &sh, tc->layout.ep, topo->ep_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
         int T = tc->layout.seq / t->tc->layout.cp; /* this rank's rows of each sequence */
         st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
@@ -215,12 +217,14 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
             break;
+        l3d_ep_attach(t->chunks[c], topo->ep_comm);
         /* the gradients are summed over the replicas and the ring (the weights are the same on
          * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp */
         st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dpcp_comm, tc->layout.zero,
                          tc->layout.bucket_bytes, !tc->dp_blocking);
         if (st != L3D_OK) break;
         t->ndp++;
+        if (topo->ep_comm) l3d_dp_expert_comm(&t->dps[c], topo->edp_comm);
         st = l3d_dp_reduce_in(&t->dps[c], tc->precision.reduce);
         if (st == L3D_OK && tc->layout.zero == 3)
             st = l3d_dp_zero3_prefetch(&t->dps[c], tc->layout.zero3_prefetch);
@@ -319,7 +323,7 @@ static l3d_status trainer_setup(struct l3d_trainer *t, struct l3d_train_config *
 static l3d_status trainer_build(struct l3d_trainer *t, struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     l3d_status st = build_chunks(t);
-    if (st == L3D_OK) st = l3d_sumsq_init(&t->gsq, t->be, 2);
+    if (st == L3D_OK) st = l3d_sumsq_init(&t->gsq, t->be, 3); /* split, replicated, experts */
     if ((st = agree(t->world, st, res)) != L3D_OK) return st;
     if ((st = init_weights(t, res)) != L3D_OK) return st;
     t->ls = (struct l3d_loss_scaler){

@@ -1,0 +1,22 @@
+/*
+ * Expert parallelism (docs/DESIGN.md "Expert parallelism"; --ep N): the ep consecutive ranks of a
+ * data-parallel group split a mixture of experts' E experts, E / ep each (l3d_shard_set_experts),
+ * and exchange token rows by all-to-all over topo.ep_comm: each rank routes its own tokens,
+ * dispatches their rows to the ranks holding their experts and takes the outputs back (the
+ * model's ep_all_to_allv hook, src/model/moe.c). The experts' gradients are summed over
+ * topo.edp_comm (l3d_dp_expert_comm), the rest over the DP group as without experts.
+ *
+ *   l3d_shard_set_experts(&cfg, &sh, layout.ep, topo.ep_rank);   // before the model is built
+ *   l3d_ep_attach(m, topo.ep_comm);                              // the hook
+ *   l3d_dp_expert_comm(&dp, topo.edp_comm);
+ */
+#ifndef LLM3D_EP_H
+#define LLM3D_EP_H
+
+#include "llm3d/comm.h"
+#include "llm3d/model.h"
+
+/* Installs the all-to-all hook over ep_comm (NULL: ep = 1, nothing to install). */
+void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm);
+
+#endif

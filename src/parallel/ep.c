@@ -1,0 +1,19 @@
+/* Expert parallelism's exchange (include/llm3d/ep.h): the model's all-to-all hook over the EP
+ * group, blocking (the expert products need the rows; the watchdog bounds the wait). */
+#include "llm3d/ep.h"
+
+static void ep_all_to_allv(void *ctx, const void *send, const int64_t *scounts,
+                           const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                           const int64_t *rdispls, enum l3d_dtype dt) {
+    struct l3d_comm *c = ctx;
+    struct l3d_doing was = l3d_comm_doing(c, "MoE dispatch or combine (all-to-all)", -1, -1);
+    l3d_comm_all_to_allv(c, send, scounts, sdispls, recv, rcounts, rdispls, dt, NULL);
+    l3d_comm_done(c, was);
+}
+
+void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm) {
+    if (!ep_comm) return;
+    L3D_ASSERT((int64_t)m->shard.expert_count * ep_comm->size == m->cfg.moe.experts);
+    m->hooks.ep_ctx = ep_comm;
+    m->hooks.ep_all_to_allv = ep_all_to_allv;
+}
