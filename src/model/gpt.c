@@ -182,8 +182,8 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
                          (long long)(sh->vocab_start + sh->vocab_count), cfg->Vp);
     if (sh->layer_count == 0 && !sh->has_embedding && !sh->has_head)
         return l3d_error(L3D_ERR_LAYOUT, "shard holds no layer, no embedding and no head");
-    if (sh->expert_start < 0 || sh->expert_count < (cfg->moe.experts > 0) ||
-        sh->expert_start + sh->expert_count > cfg->moe.experts)
+    if (cfg->moe.experts > 0 && (sh->expert_start < 0 || sh->expert_count < 1 ||
+                                 sh->expert_start + sh->expert_count > cfg->moe.experts))
         return l3d_error(L3D_ERR_LAYOUT, "shard experts [%d, %d) outside the model's %d",
                          sh->expert_start, sh->expert_start + sh->expert_count, cfg->moe.experts);
     if (sh->sp_size < 1 || sh->sp_rank < 0 || sh->sp_rank >= sh->sp_size)
