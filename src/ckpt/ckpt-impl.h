@@ -93,6 +93,7 @@ struct l3d_ckpt_rank_rec {
     int64_t tp_rank, pp_rank, dp_rank, chunk;
     int64_t layer_start, layer_count, head_start, head_count, ffn_start, ffn_count, vocab_start,
         vocab_count, has_embedding, has_head;
+    int64_t expert_start, expert_count; /* MoE models: the experts the file holds */
 };
 
 /* One `file` record as read. */

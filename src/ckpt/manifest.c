@@ -48,8 +48,10 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
             c->moe.dense_layers, c->moe.norm_topk, c->moe.aux_coef, c->moe.z_coef,
             c->moe.capacity_factor);
     OUT("dtype params %s moments %s\n", l3d_dtype_name(pdt), l3d_dtype_name(mdt));
-    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->layout.tp,
+    OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d", lay->world, lay->layout.tp,
         lay->layout.pp, lay->layout.dp, lay->layout.zero, lay->layout.sp ? 1 : 0, nc);
+    if (lay->layout.ep > 1) OUT(" ep %d", lay->layout.ep); /* expert parallelism; else as before */
+    OUT("\n");
     OUT("data epoch %lld index %lld B %d T %d accum %d seed %" PRIu64 "\n",
         (long long)s->loader.epoch, (long long)s->loader.index, s->B, s->T, s->accum, s->seed);
     OUT("schedule max_lr %a min_lr %a warmup %d total %d\n", (double)s->sched.max_lr,
@@ -66,13 +68,16 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
         l3d_ckpt_piece_name(fname, sizeof fname, nc, i / nc, (int)q->chunk);
         OUT("file rank %d chunk %lld tp %lld pp %lld dp %lld name %s bytes %lld hash %016" PRIx64
             " params %lld opt_start %lld opt_count %lld layers %lld+%lld heads %lld+%lld ffn %lld+"
-            "%lld vocab %lld+%lld embedding %lld head %lld\n",
+            "%lld vocab %lld+%lld embedding %lld head %lld",
             i / nc, (long long)q->chunk, (long long)q->tp_rank, (long long)q->pp_rank,
             (long long)q->dp_rank, fname, (long long)q->bytes, q->hash, (long long)q->params,
             (long long)q->opt_start, (long long)q->opt_count, (long long)q->layer_start,
             (long long)q->layer_count, (long long)q->head_start, (long long)q->head_count,
             (long long)q->ffn_start, (long long)q->ffn_count, (long long)q->vocab_start,
             (long long)q->vocab_count, (long long)q->has_embedding, (long long)q->has_head);
+        if (c->moe.experts > 0) /* the experts the file holds */
+            OUT(" experts %lld+%lld", (long long)q->expert_start, (long long)q->expert_count);
+        OUT("\n");
     }
     /* format 4: the checksum of every byte above it (the manifest's own integrity) */
     L3D_ASSERT(n < cap);
@@ -135,6 +140,13 @@ static const char *field(struct parser *p, const char *key) {
     p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: '%s' record has no %s: the manifest is "
                       "damaged", p->mf->path, p->line, p->tok[0], key);
     return NULL;
+}
+
+/* Whether the record has the optional field key. */
+static bool has_field(const struct parser *p, const char *key) {
+    for (int i = 1; i + 1 < p->n; i += 2)
+        if (strcmp(p->tok[i], key) == 0) return true;
+    return false;
 }
 
 /* v as a whole number in [lo, hi]: an optional '-' and decimal digits, nothing else (strtoll
@@ -331,6 +343,7 @@ static void rec_layout(struct parser *p) {
     l->layout.zero = get_int(p, "zero", 0, 3);
     l->layout.sp = get_flag(p, "sp");
     l->layout.v = mf->format == L3D_CKPT_FORMAT_ONE ? 1 : get_int(p, "virtual", 1, 256);
+    l->layout.ep = has_field(p, "ep") ? get_int(p, "ep", 2, 1 << 16) : 1;
     if (p->st == L3D_OK && (int64_t)l->world * l->layout.v > (1 << 20))
         p->st = l3d_error(L3D_ERR_FORMAT, "%s: %d chunks per rank (virtual)", mf->path,
                           l->layout.v);
@@ -415,6 +428,12 @@ static struct l3d_shard file_shard(struct parser *p) {
     s.vocab_start = a[3], s.vocab_count = b[3];
     s.has_embedding = get_flag(p, "embedding");
     s.has_head = get_flag(p, "head");
+    if (p->mf->cfg.moe.experts > 0 && has_field(p, "experts")) { /* else all of them */
+        v = field(p, "experts");
+        if (!parse_range(v, &a[0], &b[0]))
+            bad_value(p, "experts", v, "is not START+COUNT (each below 2^30)");
+        s.expert_start = (int)a[0], s.expert_count = (int)b[0];
+    }
     return s;
 }
 

@@ -127,6 +127,8 @@ static void shard_to_rec(const struct l3d_shard *s, struct l3d_ckpt_rank_rec *r)
     r->vocab_count = s->vocab_count;
     r->has_embedding = s->has_embedding;
     r->has_head = s->has_head;
+    r->expert_start = s->expert_start;
+    r->expert_count = s->expert_count;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -296,9 +298,10 @@ static l3d_status job_open(struct l3d_ckpt_job *j, const char *root, int keep,
     j->keep = keep, j->lay = *lay, j->s = *s, j->cfg = m[0]->cfg;
     j->rank = world->rank, j->world = world->size, j->nc = l3d_ckpt_chunks_of(lay);
     j->pdt = l3d_ckpt_params_dtype(m[0]), j->mdt = L3D_CKPT_MOMENTS_DTYPE;
-    /* parameters from data-parallel rank 0; moments from every rank with ZeRO, else rank 0;
-     * each chunk its own file */
-    bool wparams = lay->dp_rank == 0, wmoments = lay->layout.zero > 0 || lay->dp_rank == 0;
+    /* parameters from data-parallel rank 0 (expert parallelism: the first ep, each its
+     * experts); moments from every rank with ZeRO, else from those; each chunk its own file */
+    bool wparams = lay->dp_rank < (lay->layout.ep > 1 ? lay->layout.ep : 1);
+    bool wmoments = lay->layout.zero > 0 || wparams;
     j->recs = l3d_calloc((size_t)j->world * (size_t)j->nc * sizeof *j->recs, "checkpoint records");
     j->pcs = l3d_calloc((size_t)j->nc * sizeof *j->pcs, "checkpoint pieces");
     for (int c = 0; c < j->nc; c++) {

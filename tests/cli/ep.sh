@@ -37,4 +37,32 @@ if "$bin" compare --rtol 1e-5 "$dir/ep2_np2_cf0" "$dir/ref4_cf0" > /dev/null 2>&
 else
     ok "compare tells ep2 on 2 ranks from the 4-micro-batch run"
 fi
+
+# checkpoint at step 3 under ep 2, resumed to step 6: bit-identical weights and checkpoint files
+# (each EP rank writes its experts); resuming it under another ep is refused by name
+if train ck 2 2 --ep 2 --save-every 3 && mkdir -p "$dir/ck2" && cp "$dir/ck/metrics.jsonl" "$dir/ck2/" &&
+   train ck2 2 2 --ep 2 --save-every 3 --resume "$dir/ck/checkpoints/step_00000003" &&
+   cmp -s "$dir/ck/model.bin" "$dir/ck2/model.bin" &&
+   cmp -s "$dir/ck/checkpoints/step_00000006/rank_00000.bin" "$dir/ck2/checkpoints/step_00000006/rank_00000.bin" &&
+   cmp -s "$dir/ck/checkpoints/step_00000006/rank_00001.bin" "$dir/ck2/checkpoints/step_00000006/rank_00001.bin"; then
+    ok "--ep 2 checkpoint save and resume: bit-identical model.bin and step-6 rank files"
+else
+    bad "--ep 2 checkpoint resume"; cat "$dir/ck2.log" 2>/dev/null
+fi
+"$bin" compare --rtol 1e-5 "$dir/ck" "$dir/ref2_cf0" > "$dir/ck.cmp" 2>&1 &&
+    ok "the --ep 2 run that saved matches one process" || { bad "ck against one process"; cat "$dir/ck.cmp"; }
+train_cmd ck_ep1 2 2 --resume "$dir/ck/checkpoints/step_00000003"
+expect_error --once "resuming under another ep" "saved under --ep 2, this run has --ep 1: re-slicing" \
+    "${CMD[@]}"
+
+# refusals, one clear line each
+train_cmd bad_e 4 2 --ep 4 --moe-experts 6
+expect_error --once "ep not dividing the experts" "--ep 4 does not divide --moe-experts 6" "${CMD[@]}"
+train_cmd bad_dp 4 2 --ep 3 --moe-experts 6
+expect_error --once "ep not dividing dp" "--ep 3 does not divide the 4 data-parallel replicas" \
+    "${CMD[@]}"
+train_cmd bad_moe 2 2 --ep 2 --model tiny
+expect_error --once "ep without MoE" "--ep 2 without --moe-experts" "${CMD[@]}"
+train_cmd bad_zero 2 2 --ep 2 --zero 1
+expect_error --once "ep with ZeRO" "--ep 2 with --zero 1: not yet supported" "${CMD[@]}"
 exit $fail
