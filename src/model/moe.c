@@ -228,19 +228,19 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
     if (sh->head_count != m->cfg.NH || sh->ffn_count != m->cfg.ffn || sh->sp_size > 1 ||
         sh->vocab_count != m->cfg.Vp)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with --tp %d: not yet supported (tensor "
-                         "parallelism of MoE layers lands with expert parallelism); use --tp 1",
+                         "parallelism of MoE layers is not written yet); use --tp 1",
                          m->cfg.NH / sh->head_count);
     if (sh->layer_count != m->cfg.L)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline stage of %d of the %d "
-                         "layers: not yet supported (pipeline parallelism of MoE layers lands "
-                         "with expert parallelism); use --pp 1", sh->layer_count, m->cfg.L);
+                         "layers: not yet supported (pipeline parallelism of MoE layers is not "
+                         "written yet); use --pp 1", sh->layer_count, m->cfg.L);
     if (!m->params)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
-                         "of MoE layers lands with expert parallelism); use --zero 0, 1 or 2");
+                         "of MoE layers is not written yet); use --zero 0, 1 or 2");
     if (m->act_slots != 1)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline's %d activation slots: not "
-                         "yet supported (pipeline parallelism of MoE layers lands with expert "
-                         "parallelism); use --pp 1", m->act_slots);
+                         "yet supported (pipeline parallelism of MoE layers is not written yet); "
+                         "use --pp 1", m->act_slots);
     struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
     m->moe = s;
     s->Lm = Lm;

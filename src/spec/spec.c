@@ -139,16 +139,16 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
     if (m->moe.experts == 0) return;
     if (l->tp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
-            "parallelism of MoE layers lands with expert parallelism); use --tp 1", l->tp);
+            "parallelism of MoE layers is not written yet); use --tp 1", l->tp);
     if (l->pp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --pp %d: not yet supported (pipeline "
-            "parallelism of MoE layers lands with expert parallelism); use --pp 1", l->pp);
+            "parallelism of MoE layers is not written yet); use --pp 1", l->pp);
     if (l->cp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --cp %d: not yet supported (context "
-            "parallelism of MoE layers lands with expert parallelism); use --cp 1", l->cp);
+            "parallelism of MoE layers is not written yet); use --cp 1", l->cp);
     if (l->zero >= 3)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
-            "layers lands with expert parallelism); use --zero 0, 1 or 2");
+            "layers is not written yet); use --zero 0, 1 or 2");
 }
 
 static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
