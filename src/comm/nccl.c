@@ -330,6 +330,14 @@ static void dev_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
     stage_end(d, p, req);
 }
 
+/* The elements a v-collective's blocks reach: the end of the farthest one. */
+static int64_t span_of(int p, const int64_t *counts, const int64_t *displs) {
+    int64_t span = 0;
+    for (int r = 0; r < p; r++)
+        span = displs[r] + counts[r] > span ? displs[r] + counts[r] : span;
+    return span;
+}
+
 /* NCCL has no all-gatherv: one broadcast per rank's block, grouped into one launch */
 static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
                             const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
@@ -346,11 +354,8 @@ static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         nccl_end(d, p, req);
         return;
     }
-    int64_t span = 0;
-    for (int r = 0; r < c->size; r++)
-        span = displs[r] + counts[r] > span ? displs[r] + counts[r] : span;
     struct pending *p = mpi_begin(d, "all-gatherv");
-    void *h = mpi_buf(d, p, recv, nbytes(span, t), true, true);
+    void *h = mpi_buf(d, p, recv, nbytes(span_of(c->size, counts, displs), t), true, true);
     l3d_comm_all_gatherv(d->mpi, h, counts, displs, t, inner(p, req));
     stage_end(d, p, req);
 }
@@ -376,11 +381,7 @@ static void dev_all_to_allv(struct l3d_comm *c, const void *send, const int64_t 
         nccl_end(d, p, req);
         return;
     }
-    int64_t sspan = 0, rspan = 0;
-    for (int r = 0; r < c->size; r++) {
-        sspan = sdispls[r] + scounts[r] > sspan ? sdispls[r] + scounts[r] : sspan;
-        rspan = rdispls[r] + rcounts[r] > rspan ? rdispls[r] + rcounts[r] : rspan;
-    }
+    int64_t sspan = span_of(c->size, scounts, sdispls), rspan = span_of(c->size, rcounts, rdispls);
     struct pending *p = mpi_begin(d, "all-to-all");
     void *hs = mpi_buf(d, p, (void *)send, nbytes(sspan, t), true, false);
     void *hr = mpi_buf(d, p, recv, nbytes(rspan, t), true, true); /* gaps kept */

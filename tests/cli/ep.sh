@@ -22,11 +22,7 @@ for cf in 0 0.5; do
         train "ref${np}_cf$cf" 0 2 --grad-accum "$np" "${moe[@]}" || continue
         name="ep2_np${np}_cf$cf"
         train "$name" "$np" 2 --ep 2 "${moe[@]}" || continue
-        if "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/ref${np}_cf$cf" > "$dir/$name.cmp" 2>&1; then
-            ok "$name matches one process ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-        else
-            bad "$name"; cat "$dir/$name.cmp"
-        fi
+        same_run "$name" "ref${np}_cf$cf"
     done
 done
 grep -q '"moe_dropped":[1-9]' "$dir/ep2_np2_cf0.5/metrics.jsonl" &&
@@ -49,8 +45,7 @@ if train ck 2 2 --ep 2 --save-every 3 && mkdir -p "$dir/ck2" && cp "$dir/ck/metr
 else
     bad "--ep 2 checkpoint resume"; cat "$dir/ck2.log" 2>/dev/null
 fi
-"$bin" compare --rtol 1e-5 "$dir/ck" "$dir/ref2_cf0" > "$dir/ck.cmp" 2>&1 &&
-    ok "the --ep 2 run that saved matches one process" || { bad "ck against one process"; cat "$dir/ck.cmp"; }
+same_run ck ref2_cf0 # the run that saved, against one process
 train_cmd ck_ep1 2 2 --resume "$dir/ck/checkpoints/step_00000003"
 expect_error --once "resuming under another ep" "saved under --ep 2, this run has --ep 1: re-slicing" \
     "${CMD[@]}"

@@ -36,11 +36,7 @@ for cf in 0 0.5; do
     for zero in 0 1 2; do
         name="dp2_zero${zero}_cf$cf"
         train "$name" 2 2 --zero "$zero" "${moe[@]}" || continue
-        if "$bin" compare --rtol 1e-5 "$dir/$name" "$dir/ref_cf$cf" > "$dir/$name.cmp" 2>&1; then
-            ok "$name matches one process ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-        else
-            bad "$name"; cat "$dir/$name.cmp"
-        fi
+        same_run "$name" "ref_cf$cf"
     done
 done
 # mixed precision: bf16 weights and activations, the router fp32 (measured: weights 4e-8 apart)

@@ -101,6 +101,15 @@ expect_error() {
         return 1
     fi
 }
+# same_run NAME REF: run NAME trains the same model as run REF (llm3d compare --rtol 1e-5:
+# losses, gradient norms and model.bin); the comparison's lines in the ok or bad line.
+same_run() {
+    if "$bin" compare --rtol 1e-5 "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+        ok "$1 matches $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
+    else
+        bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
+    fi
+}
 # is_number X: X is a finite decimal number. less_than A B: A < B, both finite. awk alone passes
 # what is not a number: mawk compares a loss printed as "-nan" with another as strings, and
 # "-nan" < "5.4" holds; "-inf" is less than anything.
