@@ -124,6 +124,8 @@ l3d_status l3d_tokenizer_write_hf(const struct l3d_tokenizer *t, const char *dir
 /* The same files into the folder dir, made when absent, put in place whole (l3d_dir_out: its other
  * files carried over). */
 l3d_status l3d_tokenizer_save_hf(const struct l3d_tokenizer *t, const char *dir);
+/* L3D_OK when t's ids fit a model of V tokens; else L3D_ERR_ARG naming `what` and both sizes. */
+l3d_status l3d_tokenizer_fits(const struct l3d_tokenizer *t, int V, const char *what);
 /* Whether name is one of the files l3d_tokenizer_write_hf writes. */
 bool l3d_tokenizer_hf_owned(const char *name);
 

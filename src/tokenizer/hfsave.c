@@ -258,3 +258,9 @@ l3d_status l3d_tokenizer_save_hf(const struct l3d_tokenizer *t, const char *dir)
     }
     return l3d_dir_out_commit(&out);
 }
+
+l3d_status l3d_tokenizer_fits(const struct l3d_tokenizer *t, int V, const char *what) {
+    if (t->V <= V) return L3D_OK;
+    return l3d_error(L3D_ERR_ARG, "%s: the tokenizer has %d tokens but the model's vocabulary is "
+                     "%d: give the tokenizer the model's data was prepared with", what, t->V, V);
+}
