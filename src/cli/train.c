@@ -276,9 +276,9 @@ static int check_out_tokenizer(const char *cmd, const struct l3d_train_config *t
         st = l3d_error(L3D_ERR_ARG, "%s is llm.c's decode-only file, which holds no merges", spec);
     l3d_tokenizer_free(tok);
     if (st == L3D_OK) return -1;
-    fprintf(stderr, "llm3d %s: --out's tokenizer (%s): %s: give --tokenizer with the tokenizer "
-            "the data was prepared with\n", cmd, tc->tokenizer ? "--tokenizer" : "recorded by "
-            "prepare beside the --train shards", l3d_error_message());
+    fprintf(stderr, "llm3d %s: --out's tokenizer (%s): %s\n", cmd,
+            tc->tokenizer ? "--tokenizer" : "recorded by prepare beside the --train shards",
+            l3d_error_message());
     return 2;
 }
 
