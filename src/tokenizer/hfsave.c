@@ -34,6 +34,8 @@
 #include "llm3d/tokenizer.h"
 #include "tokenizer/tokenizer-impl.h"
 
+#define NFC_JSON "{\"type\": \"NFC\"}"
+
 static const char *const hf_names[] = {"tokenizer.json", "tokenizer_config.json",
                                        "special_tokens_map.json", "generation_config.json"};
 
@@ -174,6 +176,9 @@ static void write_post(FILE *f, const struct l3d_tokenizer *t) {
             "[\"%s\"]}}},\n", bos, bos, bos, bos, bos, t->bot, bos);
 }
 
+/* Qwen2's NFC normalizer, the only one llm3d has */
+static const char *normalizer(const struct l3d_tokenizer *t) { return t->nfc ? NFC_JSON : "null"; }
+
 static char *tokenizer_json(const struct l3d_tokenizer *t) {
     char *text = NULL;
     size_t len = 0;
@@ -181,7 +186,7 @@ static char *tokenizer_json(const struct l3d_tokenizer *t) {
     if (!f) l3d_fatal(__FILE__, __LINE__, "out of memory for tokenizer.json");
     fputs("{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n", f);
     write_added(f, t);
-    fputs(t->nfc ? "  \"normalizer\": {\"type\": \"NFC\"},\n" : "  \"normalizer\": null,\n", f);
+    fprintf(f, "  \"normalizer\": %s,\n", normalizer(t));
     write_pre_tokenizer(f, t);
     write_post(f, t);
     fputs("  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": "
