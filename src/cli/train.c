@@ -263,11 +263,12 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     return 0;
 }
 
-/* --out's tokenizer (l3d_train_out_tokenizer) read at start-up, so that a bad one stops the run
- * before it trains, not at its end; its ids within the model's vocabulary. Returns -1 to go on. */
+/* --out's --tokenizer read at start-up, so that a bad one stops the run before it trains, not at
+ * its end; its ids within the model's vocabulary. (The one prepare recorded is read at the end:
+ * where it cannot serve, the folder gets the model only, said in one line.) Returns -1 to go
+ * on. */
 static int check_out_tokenizer(const char *cmd, const struct l3d_train_config *tc) {
-    char buf[4200];
-    const char *spec = tc->out_dir ? l3d_train_out_tokenizer(tc, buf, sizeof buf) : NULL;
+    const char *spec = tc->out_dir ? tc->tokenizer : NULL;
     struct l3d_tokenizer *tok = NULL;
     if (!spec) return -1;
     l3d_status st = l3d_tokenizer_open(&tok, spec);
@@ -276,9 +277,7 @@ static int check_out_tokenizer(const char *cmd, const struct l3d_train_config *t
         st = l3d_error(L3D_ERR_ARG, "%s is llm.c's decode-only file, which holds no merges", spec);
     l3d_tokenizer_free(tok);
     if (st == L3D_OK) return -1;
-    fprintf(stderr, "llm3d %s: --out's tokenizer (%s): %s\n", cmd,
-            tc->tokenizer ? "--tokenizer" : "recorded by prepare beside the --train shards",
-            l3d_error_message());
+    fprintf(stderr, "llm3d %s: --tokenizer: %s\n", cmd, l3d_error_message());
     return 2;
 }
 

@@ -145,8 +145,8 @@ const char *l3d_train_out_tokenizer(const struct l3d_train_config *tc, char *buf
     return stat(buf, &sb) == 0 && S_ISREG(sb.st_mode) ? buf : NULL;
 }
 
-/* The tokenizer of the folder, on rank 0 (NULL: none known, or it cannot be read: said in one
- * line; the start-up check read it, l3d_cli_train_flags). */
+/* The tokenizer of the folder, on rank 0 (NULL: none known, or one that cannot serve: said in one
+ * line; a --tokenizer was read at start-up, l3d_cli_train_flags). */
 static struct l3d_tokenizer *out_tokenizer(const struct l3d_train_config *tc) {
     char buf[4200];
     const char *spec = l3d_train_out_tokenizer(tc, buf, sizeof buf);
@@ -157,10 +157,13 @@ static struct l3d_tokenizer *out_tokenizer(const struct l3d_train_config *tc) {
                    "prepare, which records theirs): %s gets the model only\n", tc->out_dir);
         return NULL;
     }
-    if (l3d_tokenizer_open(&tok, spec) != L3D_OK)
-        fprintf(stderr, "llm3d train: --out: the tokenizer %s: %s: %s gets the model only\n", spec,
-                l3d_error_message(), tc->out_dir);
-    return tok;
+    l3d_status st = l3d_tokenizer_open(&tok, spec);
+    if (st == L3D_OK) st = l3d_tokenizer_fits(tok, tc->model.V, spec);
+    if (st == L3D_OK) return tok;
+    fprintf(stderr, "llm3d train: --out's tokenizer: %s: %s gets the model only\n",
+            l3d_error_message(), tc->out_dir);
+    l3d_tokenizer_free(tok);
+    return NULL;
 }
 
 /* Rank 0 writes the two files; every other rank walks the list for it. */

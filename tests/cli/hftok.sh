@@ -75,9 +75,16 @@ check "train --tokenizer: that one" sh -c "$(declare -f tiny); bin='$bin'; tiny 
     --tokenizer bytes --out '$dir/run_bytes' > /dev/null && grep -q '\"ignore_merges\": false' '$dir/run_bytes/tokenizer.json' && \
     ! grep -q '\"eos_token\"' '$dir/run_bytes/tokenizer_config.json'"
 expect_error "train --tokenizer llama3 for a model of 400 tokens: refused at start-up" \
-    "^llm3d train: --out's tokenizer (--tokenizer): llama3: the tokenizer has 128256 tokens but the model's vocabulary is 400" \
+    "^llm3d train: --tokenizer: llama3: the tokenizer has 128256 tokens but the model's vocabulary is 400" \
     sh -c "$(declare -f tiny); bin='$bin'; tiny --train '$dir/bare/train_*.bin' --tokenizer llama3 --out '$dir/run_l3'"
 check "  ... nothing trained" test ! -e "$dir/run_l3/model.bin"
+mkdir -p "$dir/bytes_rec" && "$bin" prepare --tokenizer bytes --val-fraction 0 --out "$dir/bytes_rec" "$dir/corpus.txt" > /dev/null &&
+    cp "$dir/tok/tokenizer.json" "$dir/bytes_rec/"
+check "a recorded tokenizer larger than the model: the run goes on, the model only, said in one line" sh -c "
+    OMP_NUM_THREADS=2 '$bin' train --model tiny --vocab 256 --context 32 --seq-len 32 --batch 2 --steps 2 --val-every 0 \
+    --peak-gflops 100 --quiet --train '$dir/bytes_rec/train_*.bin' --out '$dir/run_rec' 2>&1 >/dev/null | \
+    grep -c \"^llm3d train: --out's tokenizer: .*the tokenizer has 400 tokens but the model's vocabulary is 256.*gets the model only\$\" | grep -qx 1 &&
+    test -s '$dir/run_rec/model.safetensors' -a ! -e '$dir/run_rec/tokenizer.json'"
 check "convert a folder: DEST gets SOURCE's tokenizer" sh -c "'$bin' convert '$dir/run' '$dir/conv' > /dev/null && \
     cmp -s '$dir/conv/tokenizer.json' '$dir/tok/tokenizer.json' && cmp -s '$dir/conv/generation_config.json' '$dir/run/generation_config.json'"
 check "convert an llm.c file: no tokenizer known, said in one line" sh -c "'$bin' convert '$dir/run/model.bin' '$dir/conv2' | \
