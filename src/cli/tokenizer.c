@@ -13,8 +13,8 @@ static void usage(FILE *fp) {
             "usage: llm3d tokenizer train --vocab-size N --out DIR FILE...\n"
             "         learns a byte-level BPE vocabulary of N tokens (258..65536, the end-of-text\n"
             "         token included) with GPT-2's pre-tokenization; writes DIR/encoder.json and\n"
-            "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate), and\n"
-            "         the same vocabulary as Hugging Face's files (DIR/tokenizer.json, ...)\n"
+            "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate),\n"
+            "         and the same vocabulary as Hugging Face's files (DIR/tokenizer.json, ...)\n"
             "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE | -]\n"
             "         prints the token ids of TEXT (or of the file; - or no FILE: standard input),\n"
             "         one line\n"
@@ -22,8 +22,8 @@ static void usage(FILE *fp) {
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
             "       llm3d tokenizer export --tokenizer SPEC --out FILE.bin | DIR\n"
             "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2) to a\n"
-            "         path ending in .bin; else Hugging Face's tokenizer files into the folder DIR\n"
-            "         (tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+            "         path ending in .bin; else Hugging Face's tokenizer files into the folder\n"
+            "         DIR (tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
             "         generation_config.json: what transformers' AutoTokenizer reads)\n"
             "SPEC: one of the forms under --tokenizer below\n"
             "\n");
@@ -114,8 +114,8 @@ static int cmd_export(const struct tok_args *a, const struct l3d_tokenizer *tok)
     }
     size_t n = strlen(a->out);
     bool llmc = n >= 4 && strcmp(a->out + n - 4, ".bin") == 0;
-    if ((llmc ? l3d_tokenizer_save_llmc(tok, a->out) : l3d_tokenizer_save_hf(tok, a->out)) != L3D_OK)
-        return l3d_cli_failed("tokenizer export");
+    l3d_status st = llmc ? l3d_tokenizer_save_llmc(tok, a->out) : l3d_tokenizer_save_hf(tok, a->out);
+    if (st != L3D_OK) return l3d_cli_failed("tokenizer export");
     if (!llmc)
         printf("llm3d tokenizer export: %s/tokenizer.json, tokenizer_config.json, "
                "special_tokens_map.json, generation_config.json\n", a->out);

@@ -16,11 +16,10 @@ compare_ids="$(dirname "$bin")/test_hftok" # test_hftok SPEC TSV: SPEC's ids are
 cache=${L3D_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/llm3d}
 pkg="$cache/npm/huggingface-tokenizers-0.2.0/package"
 
-for i in $(seq 1 300); do
-    echo "fortune $i: the quick brown fox jumps over the lazy dog $((i * 7)) times. Ça va, naïve café?"
-    echo "  -- someone's proverb, number $((i % 13))"
-    echo "%"
-done > "$dir/corpus.txt"
+# 300 documents separated by "%" lines, with accents (bytes above 0x7F merged by the BPE)
+doc='fortune %d: the quick brown fox jumps over the lazy dog %d times. \303\207a va, na\303\257ve caf\303\251?'
+awk -v doc="$doc" 'BEGIN { for (i = 1; i <= 300; i++) printf doc "\n  -- someone'"'"'s proverb, number %d\n%%\n", i, i * 7, i % 13 }' \
+    > "$dir/corpus.txt"
 check "tokenizer train" "$bin" tokenizer train --vocab-size 400 --out "$dir/tok" "$dir/corpus.txt"
 check "  ... writes the Hugging Face files beside encoder.json and vocab.bpe" sh -c "cd '$dir/tok' && \
     test -s encoder.json -a -s vocab.bpe -a -s tokenizer.json -a -s tokenizer_config.json -a \
