@@ -118,7 +118,8 @@ static const struct l3d_flag run_flags[] = {
                                        "tokenizer_config.json, special_tokens_map.json, "
                                        "generation_config.json) --out's folder gets, as prepare "
                                        "takes it (default: the one prepare recorded beside the "
-                                       "--train shards, DIR/tokenizer.json; none: the model "
+                                       "--train shards, DIR/tokenizer.json, else the "
+                                       "--init-from folder's tokenizer.json; none: the model "
                                        "only, said in one line)"},
     {"save-dtype", "T", T_SAVE_DTYPE, "the safetensors weights' type: fp32 (default), bf16 or "
                                       "fp16 (rounded to nearest even)"},

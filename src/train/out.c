@@ -135,14 +135,23 @@ static void hf_fill(void *ctx, int i, float *out) {
     }
 }
 
-const char *l3d_train_out_tokenizer(const struct l3d_train_config *tc, char *buf, size_t cap) {
-    if (tc->tokenizer) return tc->tokenizer;
-    if (!tc->train_pattern) return NULL;
+/* buf = DIR/tokenizer.json, where DIR is path itself (folder) or its directory; whether it is a
+ * file. */
+static bool tokenizer_in(const char *path, bool folder, char *buf, size_t cap) {
     char dir[4096];
     struct stat sb;
-    snprintf(dir, sizeof dir, "%s", tc->train_pattern);
-    if ((size_t)snprintf(buf, cap, "%s/tokenizer.json", dirname(dir)) >= cap) return NULL;
-    return stat(buf, &sb) == 0 && S_ISREG(sb.st_mode) ? buf : NULL;
+    snprintf(dir, sizeof dir, "%s", path);
+    if ((size_t)snprintf(buf, cap, "%s/tokenizer.json", folder ? dir : dirname(dir)) >= cap)
+        return false;
+    return stat(buf, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+const char *l3d_train_out_tokenizer(const struct l3d_train_config *tc, char *buf, size_t cap) {
+    if (tc->tokenizer) return tc->tokenizer;
+    if (tc->train_pattern && tokenizer_in(tc->train_pattern, false, buf, cap)) return buf;
+    bool folder = tc->init_from && l3d_hf_is_folder(tc->init_from);
+    if (folder && tokenizer_in(tc->init_from, true, buf, cap)) return buf;
+    return NULL;
 }
 
 /* The tokenizer of the folder, on rank 0 (NULL: none known, or one that cannot serve: said in one

@@ -84,6 +84,9 @@ check "a recorded tokenizer larger than the model: the run goes on, the model on
     --peak-gflops 100 --quiet --train '$dir/bytes_rec/train_*.bin' --out '$dir/run_rec' 2>&1 >/dev/null | \
     grep -c \"^llm3d train: --out's tokenizer: .*the tokenizer has 400 tokens but the model's vocabulary is 256.*gets the model only\$\" | grep -qx 1 &&
     test -s '$dir/run_rec/model.safetensors' -a ! -e '$dir/run_rec/tokenizer.json'"
+check "train --init-from a folder: --out gets its tokenizer where prepare recorded none" sh -c "$(declare -f tiny); \
+    bin='$bin'; tiny --train '$dir/bare/train_*.bin' --init-from '$dir/run' --out '$dir/run_init' > /dev/null && \
+    cmp -s '$dir/run_init/tokenizer.json' '$dir/tok/tokenizer.json'"
 check "convert a folder: DEST gets SOURCE's tokenizer" sh -c "'$bin' convert '$dir/run' '$dir/conv' > /dev/null && \
     cmp -s '$dir/conv/tokenizer.json' '$dir/tok/tokenizer.json' && cmp -s '$dir/conv/generation_config.json' '$dir/run/generation_config.json'"
 check "convert an llm.c file: no tokenizer known, said in one line" sh -c "'$bin' convert '$dir/run/model.bin' '$dir/conv2' | \
