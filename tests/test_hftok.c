@@ -8,8 +8,8 @@
  * --tokenizers` installs (make test runs it), as test_tiktoken reads them.
  *
  * `test_hftok SPEC TSV` compares instead: the tokenizer SPEC's ids for the o cases of TSV (the
- * npm oracle's, tests/cli/hftok.sh; and its s cases where SPEC has special tokens) must be the file's; prints the counts, exit status 1 on any
- * difference or fewer than 100 cases. */
+ * npm oracle's, tests/cli/hftok.sh), and for its s cases where SPEC has special tokens, must be
+ * the file's; prints the counts, exit status 1 on any difference or fewer than 100 cases. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,7 +98,8 @@ static void check_configs(const struct l3d_tokenizer *t, const char *dir, int64_
             const struct l3d_json *v = l3d_json_get(&doc, "model_max_length");
             int64_t m;
             CHECK(max_len ? l3d_json_int(v, &m) && m == max_len : v == NULL);
-            CHECK(l3d_json_get(&doc, "add_bos_token")->boolean == (t->bot >= 0));
+            const struct l3d_json *b = l3d_json_get(&doc, "add_bos_token");
+            CHECK(b && b->type == L3D_JSON_BOOL && b->boolean == (t->bot >= 0));
         }
         l3d_json_free(&doc);
         l3d_free(text);
@@ -112,13 +113,19 @@ static void perturb(const char *text, const char *dir, int which) {
     if (which == 0) {
         char *m = strstr(s, "\"merges\": [\n    \""), *end = m ? strstr(m, "\",\n    \"") : NULL;
         CHECK(m && end);
-        if (!end) return free(s);
+        if (!end) {
+            free(s);
+            return;
+        }
         m += strlen("\"merges\": [\n    ");
         memmove(m, end + strlen("\",\n    "), strlen(end + strlen("\",\n    ")) + 1);
     } else {
         char *c1 = strstr(s, "\n    \"e\": "), *c2 = strstr(s, "\n    \"t\": ");
         CHECK(c1 && c2);
-        if (!c1 || !c2) return free(s);
+        if (!c1 || !c2) {
+            free(s);
+            return;
+        }
         c1 += 7, c2 += 7; /* at "\": " */
         long a = strtol(c1 + 3, NULL, 10), b = strtol(c2 + 3, NULL, 10);
         char na[16], nb[16];
@@ -150,7 +157,8 @@ static void roundtrip(const char *name, const struct l3d_tokenizer *t,
     CHECK(r->whole_first == t->whole_first && strcmp(r->pattern, t->pattern) == 0);
     for (int id = 0; id < t->V; id++) {
         size_t a, b;
-        const unsigned char *x = l3d_tokenizer_token(t, id, &a), *y = l3d_tokenizer_token(r, id, &b);
+        const unsigned char *x = l3d_tokenizer_token(t, id, &a);
+        const unsigned char *y = l3d_tokenizer_token(r, id, &b);
         CHECK(a == b && memcmp(x, y, a) == 0);
     }
     /* the special tokens' text as those tokens: the references' files have such cases; llm3d's
