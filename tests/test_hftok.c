@@ -43,7 +43,10 @@ static int compare(const struct l3d_tokenizer *t, const struct l3d_tokenizer *ex
         size_t n;
         char mode;
         CHECK(tokvec_parse_line(line, text, &n, &mode, &want));
-        if (mode == 's' && !special) continue;
+        if (mode == 's' && !special) {
+            l3d_ids_free(&want);
+            continue;
+        }
         l3d_status (*enc)(struct l3d_encoder *, const char *, size_t, struct l3d_ids *) =
             mode == 's' ? l3d_encoder_encode_special : l3d_encoder_encode;
         CHECK(enc(e, (const char *)text, n, &got) == L3D_OK);
