@@ -10,6 +10,7 @@
 #   text:     PCRE2 (libpcre2-dev): Unicode letter/number classes for GPT-2's pre-tokenization
 #   inputs:   zlib (zlib1g-dev) and zstd (libzstd-dev): llm3d prepare's .gz and .zst files; the zstd
 #             and gzip tools write them in tests/cli/prepare.sh and bench/prepare.sh
+#   config:   libyaml (libyaml-dev, found by pkg-config): the commands' --config FILE (YAML)
 #   fuzzing:  clang and LLVM's OpenMP (libomp-dev): libFuzzer targets of every parser (tests/fuzz)
 #   cluster:  iproute2 (ip, tc): the network-namespace hosts of scripts/cluster.sh and its test
 #   oracle:   python3 (standard library only) reads and writes safetensors in tests/cli/hf.sh
@@ -39,7 +40,7 @@ for arg in "$@"; do
     *) echo "setup: unknown argument $arg (--gpt2 or --tokenizers)" >&2; exit 2 ;;
   esac
 done
-pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev zlib1g-dev libzstd-dev zstd gzip pkg-config clang libomp-dev iproute2 libxml2-utils python3 chromium fonts-dejavu-core)
+pkgs=(gcc make cmake libdnnl-dev libopenmpi-dev openmpi-bin mpich libmpich-dev fortunes fortunes-min libpcre2-dev zlib1g-dev libzstd-dev zstd gzip libyaml-dev pkg-config clang libomp-dev iproute2 libxml2-utils python3 chromium fonts-dejavu-core)
 if [ $gpt2 -eq 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -426,7 +426,7 @@ static void test_memory_trainer(void) {
     G = 4;
     /* the trainer's partition for pp 2 (9 + 3 layers for GPT-2 124M) */
     int layers[2];
-    CHECK(l3d_plan_stage_layers(&m, &run, 2, layers) == L3D_OK);
+    CHECK(l3d_plan_stage_layers(&m, &run, NULL, 2, layers) == L3D_OK);
     CHECK(layers[0] + layers[1] == 12 && layers[0] > layers[1]);
 }
 
@@ -489,7 +489,7 @@ static void test_partition(void) {
                                        .V = cfgs[c].V, .maxT = cfgs[c].s, .ffn = 4LL * cfgs[c].h};
             struct l3d_model_spec g = l3d_plan_model_gpt(&m);
             for (int S = 1; S <= L; S++) {
-                CHECK(l3d_plan_stage_layers(&m, &run, S, fast) == L3D_OK);
+                CHECK(l3d_plan_stage_layers(&m, &run, NULL, S, fast) == L3D_OK);
                 CHECK(l3d_pp_partition(&g, m.maxT, S, slow) == L3D_OK);
                 if (memcmp(fast, slow, sizeof(int) * (size_t)S) != 0 && differ++ < 5)
                     fprintf(stderr, "partition of %d layers (h %d) into %d stages differs\n", L,
@@ -499,7 +499,7 @@ static void test_partition(void) {
     CHECK(differ == 0);
     /* a negative case: the comparison sees a changed split */
     struct l3d_model_spec m = {.L = 12, .C = 768, .NH = 12, .V = 50257, .maxT = 1024, .ffn = 3072};
-    CHECK(l3d_plan_stage_layers(&m, &run, 2, fast) == L3D_OK);
+    CHECK(l3d_plan_stage_layers(&m, &run, NULL, 2, fast) == L3D_OK);
     fast[0]--, fast[1]++;
     struct l3d_model_spec g = l3d_plan_model_gpt(&m);
     CHECK(l3d_pp_partition(&g, m.maxT, 2, slow) == L3D_OK);
@@ -508,7 +508,7 @@ static void test_partition(void) {
      * lighter */
     m.L = 65536;
     int big[64];
-    CHECK(l3d_plan_stage_layers(&m, &run, 64, big) == L3D_OK);
+    CHECK(l3d_plan_stage_layers(&m, &run, NULL, 64, big) == L3D_OK);
     int sum = 0;
     for (int i = 0; i < 64; i++) sum += big[i];
     CHECK(sum == 65536 && big[63] < big[0] && big[0] - big[1] <= 1);
@@ -1488,6 +1488,66 @@ static void test_dp_nics(void) {
  * split evenly) and the step's ring time is what its transfers exceed the blocks by: none on a
  * fast link, positive when the link is slowed 1e4 times. The search tries cp 2 where the chunks
  * are long enough, and --cp fixes it; a sequence that does not split into 2 cp chunks is refused. */
+/* Uneven pipeline stages (issue 47 item 3): --pp-layers and Megatron-Core's shorter end stages
+ * honoured by evaluate and the search, in Megatron-LM's mode too, whose search balances a layer
+ * count the stages do not divide with them (Llama 3 405B: 126 layers on pp 16 as 7 + 14 x 8 + 7);
+ * each stage's memory follows its layers. */
+static void test_uneven_stages(void) {
+    struct l3d_profile prof;
+    CHECK(l3d_profile_find(&prof, "dgx-h100") == L3D_OK);
+    struct l3d_model_spec m;
+    CHECK(l3d_model_preset(&m, "d12") == L3D_OK);
+    m.L = 10;
+    struct l3d_plan_run run = run16(4, 8, true); /* Megatron-LM's mixed precision */
+    struct l3d_layout lay = layout(1, 4, 1, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    struct l3d_plan_result even, ends, listed, heavy;
+    /* 10 layers on 4 stages: Megatron-LM's even rule refuses, its ends (2, 3, 3, 2) do not */
+    CHECK(evaluate(&m, &prof, &run, &lay, &even) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--pp-first-layers") != NULL);
+    lay.pp_first = lay.pp_last = 2;
+    CHECK(evaluate(&m, &prof, &run, &lay, &ends) == L3D_OK);
+    struct l3d_layout l2 = layout(1, 4, 1, 1, 1, 1, L3D_RECOMPUTE_NONE, false);
+    l2.pp_layers = "2,3,3,2";
+    CHECK(evaluate(&m, &prof, &run, &l2, &listed) == L3D_OK);
+    CHECK(listed.mem.total == ends.mem.total && listed.time.step == ends.time.step);
+    /* the memory follows the layers: the first stage (the embedding, and 1F1B's most
+     * micro-batches in flight) holds more with 4 layers than with 1 */
+    struct l3d_plan_result light;
+    l2.pp_layers = "4,2,2,2";
+    CHECK(evaluate(&m, &prof, &run, &l2, &heavy) == L3D_OK);
+    l2.pp_layers = "1,3,3,3";
+    CHECK(evaluate(&m, &prof, &run, &l2, &light) == L3D_OK);
+    CHECK(heavy.mem.stage == 0 && heavy.mem.total > light.mem.total);
+    /* the search's ends: the longest that split the rest evenly (2, 3, 3, 2; 1, 4, 4, 1 would
+     * too, but its middle stages are the slowest) */
+    struct l3d_plan_fixed f4 = l3d_plan_fixed_none();
+    l3d_plan_fix(&f4, L3D_FIX_TP, 1);
+    l3d_plan_fix(&f4, L3D_FIX_PP, 4);
+    struct l3d_plan_result b4[2];
+    int n4 = 0;
+    struct l3d_plan_search_stats s4;
+    CHECK(search(&m, &prof, &run, &f4, b4, 2, &n4, &s4) == L3D_OK && n4 > 0);
+    CHECK(b4[0].layout.pp_first == 2 && b4[0].layout.pp_last == 2);
+    /* negative: ends that leave an uneven middle (Megatron-Core's rule) */
+    lay.pp_first = 1;
+    CHECK(evaluate(&m, &prof, &run, &lay, &even) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "do not split evenly into the 2 other stages") != NULL);
+    /* the search balances 126 layers on pp 16 with 7-layer ends, as Llama 3 405B was trained */
+    CHECK(l3d_model_preset(&m, "llama3-405b") == L3D_OK && m.L == 126);
+    run = run16(16384, 2048, true);
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    l3d_plan_fix(&fx, L3D_FIX_TP, 8);
+    l3d_plan_fix(&fx, L3D_FIX_PP, 16);
+    l3d_plan_fix(&fx, L3D_FIX_CP, 1);
+    struct l3d_plan_result best[4];
+    int n = 0;
+    struct l3d_plan_search_stats stats;
+    CHECK(search(&m, &prof, &run, &fx, best, 4, &n, &stats) == L3D_OK && n > 0);
+    for (int i = 0; i < n; i++)
+        CHECK(best[i].layout.pp == 16 && best[i].layout.v == 1 && best[i].layout.pp_first == 7 &&
+              best[i].layout.pp_last == 7);
+}
+
 static void test_context_parallel(void) {
     struct l3d_profile prof, slow;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
@@ -1669,5 +1729,6 @@ int main(void) {
     test_attention_unfused();
     test_dp_nics();
     test_context_parallel();
+    test_uneven_stages();
     return TEST_REPORT();
 }

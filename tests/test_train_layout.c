@@ -142,8 +142,51 @@ int main(void) {
     /* the planner's stage layers are the trainer's */
     tc = config();
     int a[2], b[2];
-    CHECK(l3d_layout_stage_layers(&tc.model, tc.layout.seq, 2, 1, NULL, a) == L3D_OK);
+    tc.layout.pp = 2;
+    CHECK(l3d_layout_stage_layers(&tc.model, &tc.layout, a) == L3D_OK);
     CHECK(l3d_pp_partition(&tc.model, tc.layout.seq, 2, b) == L3D_OK);
     CHECK(memcmp(a, b, sizeof a) == 0);
+
+    /* uneven ends (Megatron-Core's first / last stage layers): Llama 3 405B's 126 layers on 16
+     * stages as 7 + 14 x 8 + 7, a 6-layer model on 4 as 1, 2, 2, 1, one end given */
+    int s16[16], s4[4], s2[2];
+    CHECK(l3d_layout_split_ends(126, 16, 7, 7, s16) == L3D_OK);
+    CHECK(s16[0] == 7 && s16[15] == 7);
+    for (int i = 1; i < 15; i++) CHECK(s16[i] == 8);
+    CHECK(l3d_layout_split_ends(6, 4, 1, 1, s4) == L3D_OK);
+    CHECK(s4[0] == 1 && s4[1] == 2 && s4[2] == 2 && s4[3] == 1);
+    CHECK(l3d_layout_split_ends(7, 4, 1, 0, s4) == L3D_OK); /* 6 over 3: 2, 2, 2 */
+    CHECK(s4[0] == 1 && s4[1] == 2 && s4[2] == 2 && s4[3] == 2);
+    CHECK(l3d_layout_split_ends(8, 4, 0, 1, s4) == L3D_OK); /* 7 over 3: 3, 2, 2 */
+    CHECK(s4[0] == 3 && s4[1] == 2 && s4[2] == 2 && s4[3] == 1);
+    CHECK(l3d_layout_split_ends(4, 2, 1, 0, s2) == L3D_OK && s2[0] == 1 && s2[1] == 3);
+    /* negative: a middle stage with no layer, ends that do not add up, one stage */
+    CHECK(l3d_layout_split_ends(4, 4, 1, 2, s4) == L3D_ERR_LAYOUT);
+    CHECK(strstr(l3d_error_message(), "--pp-first-layers 1 and --pp-last-layers 2") != NULL);
+    CHECK(l3d_layout_split_ends(4, 2, 1, 2, s2) == L3D_ERR_LAYOUT);
+    CHECK(l3d_layout_split_ends(4, 1, 1, 0, s2) == L3D_ERR_LAYOUT);
+    /* the trainer takes them from the layout, and its validator refuses what does not fit */
+    tc = config();
+    tc.model.L = 4;
+    tc.layout.pp = 2;
+    tc.layout.pp_first = 1;
+    struct l3d_train_layout ul;
+    CHECK(l3d_train_layout_init(&ul, &tc, 2) == L3D_OK && ul.layers[0] == 1 && ul.layers[1] == 3);
+    l3d_train_layout_free(&ul);
+    tc.layout.dp = 0;
+    tc.layout.pp_first = 0;
+    tc.layout.pp_last = 1;
+    CHECK(l3d_train_layout_init(&ul, &tc, 2) == L3D_OK && ul.layers[0] == 3 && ul.layers[1] == 1);
+    l3d_train_layout_free(&ul);
+    tc.layout.dp = 0;
+    tc.layout.pp_first = 2;
+    tc.layout.pp_last = 3;
+    check_error(&tc, 2, "--pp-first-layers 2 and --pp-last-layers 3 leave -1", NULL);
+    tc.layout.pp_last = 0;
+    tc.layout.pp_layers = "1,3";
+    check_error(&tc, 2, "not both", NULL);
+    tc.layout.pp_layers = NULL;
+    tc.layout.pp = 1;
+    check_error(&tc, 1, "give --pp 2 or more", NULL);
     return TEST_REPORT();
 }

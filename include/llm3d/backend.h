@@ -236,6 +236,48 @@ void l3d_be_add_inplace(struct l3d_backend *be, enum l3d_dtype dt, void *dst, co
 /* out (N,C) += bias (C) on every row. */
 void l3d_be_add_bias(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *bias,
                      int64_t N, int64_t C);
+
+/* ---- mixture of experts (include/llm3d/model.h, struct l3d_moe_spec) ----------------------
+ * N tokens, C channels, E experts, K choices a token; R rows in expert order (at most N K).
+ * Whether the backend has these kernels (the model refuses MoE layers on one that has not). */
+bool l3d_be_has_moe(const struct l3d_backend *be);
+/* The router, fp32 whatever dt: logits (N,E) = inp (N,C) weight (E,C)^T summed in fp32;
+ * probs (N,E) their softmax, lse (N) their log-sum-exp; idx (N,K) each token's K most probable
+ * experts, most probable first (ties: the lower expert index first); wts (N,K) their
+ * probabilities, divided by their sum when norm_topk. Then the assignments (n,k) in expert order,
+ * a stable counting sort: offsets (E+1, int32) where each expert's rows start, pos (N,K, int32)
+ * the row of assignment (n,k), token order within an expert, or -1 when dropped: with
+ * capacity > 0 an expert keeps its first `capacity` assignments in token order. stats (2E+2,
+ * fp32) = [assignments each expert was routed before drops (E), its probabilities summed over
+ * the tokens (E), the sum over tokens of lse^2, assignments dropped]. */
+void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
+                      int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
+                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                      int64_t K, int norm_topk, int64_t capacity);
+/* rows (R,C): row pos[n,k] = inp[n] for each kept assignment (the gather into expert order). */
+void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
+                        const int32_t *pos, int64_t N, int64_t K, int64_t C);
+/* out (N,C) += sum over the kept k of wts[n,k] rows[pos[n,k]] (wts NULL: weight 1, which is the
+ * permute's backward), summed in fp32 with out's value and rounded once. */
+void l3d_be_moe_combine(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *rows,
+                        const int32_t *pos, const float *wts, int64_t N, int64_t K, int64_t C);
+/* combine's backward: drows (R,C) row pos[n,k] = wts[n,k] dout[n] (=, every kept row), dwts
+ * (N,K, fp32) = dout[n] . rows[pos[n,k]] (=, 0 for a dropped assignment). */
+void l3d_be_moe_combine_backward(struct l3d_backend *be, enum l3d_dtype dt, void *drows,
+                                 float *dwts, const void *dout, const void *rows,
+                                 const int32_t *pos, const float *wts, int64_t N, int64_t K,
+                                 int64_t C);
+/* The router's backward: dlogits (N,E, fp32, =) from dwts (N,K) through the renormalisation
+ * (norm_topk) and the softmax, with the load-balancing loss's gradient aux_scale x stats[e] added
+ * to each probability's and the z-loss's z_scale x lse[n] x probs[n,e] to each logit's; then
+ * dinp (N,C, dt, NULL: none) += dlogits weight and dweight (E,C, type gdt) += dlogits^T inp. */
+void l3d_be_moe_router_backward(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                void *dinp, void *dweight, float *dlogits, const float *dwts,
+                                const void *inp, const void *weight, const float *probs,
+                                const float *lse, const int32_t *idx, const float *wts,
+                                const float *stats, int64_t N, int64_t C, int64_t E, int64_t K,
+                                int norm_topk, float aux_scale, float z_scale);
+
 void l3d_be_xent_max(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, const void *logits,
                      int64_t N, int64_t Vl, int64_t Vvalid);
 void l3d_be_xent_sumexp(struct l3d_backend *be, enum l3d_dtype dt, float *sumexp, float *tlogit,

@@ -4,7 +4,7 @@
  * planner (src/plan) both call these, so the planner sizes the very shards the trainer allocates.
  *
  *   int layers[8];                                               // pp x v entries
- *   if (l3d_layout_stage_layers(&cfg, T, pp, v, NULL, layers) != L3D_OK) ...;   // balanced
+ *   if (l3d_layout_stage_layers(&cfg, &spec.layout, layers) != L3D_OK) ...;     // balanced
  *   struct l3d_shard sh;                                         // virtual stage c pp + pp_rank
  *   l3d_layout_stage_shard(&cfg, layers, pp * v, c * pp + pp_rank, tp, tp_rank, sp, &sh);
  *
@@ -19,13 +19,21 @@
 
 #include "llm3d/core.h"
 #include "llm3d/model.h"
+#include "llm3d/spec.h"
 
-/* Layers of each of the pp x v virtual stages (layers has pp v entries): the list given as
- * "a,b,..." (--pp-layers), or when given is NULL the partition that balances the stages' cost at
- * sequence length T (l3d_pp_partition). L3D_ERR_LAYOUT naming --pp and --pp-virtual when there are
- * more stages than layers; the parser's error for a bad list. */
-l3d_status l3d_layout_stage_layers(const struct l3d_model_spec *cfg, int T, int pp, int v,
-                                   const char *given, int *layers);
+/* Layers of each of layout l's pp x v virtual stages (layers has pp v entries): the list given
+ * as "a,b,..." (--pp-layers); else with pp_first or pp_last given, those ends and the stages
+ * between split evenly (l3d_layout_split_ends); else the partition that balances the stages'
+ * cost at the layout's sequence (l3d_pp_partition). L3D_ERR_LAYOUT naming --pp and --pp-virtual
+ * when there are more stages than layers; the parser's error for a bad list. */
+l3d_status l3d_layout_stage_layers(const struct l3d_model_spec *cfg, const struct l3d_layout *l,
+                                   int *layers);
+/* L layers on S stages with the first holding `first` and the last `last` (0: not given): the
+ * stages without a given count split the rest evenly, the earlier ones taking one more when it
+ * does not divide (Megatron-Core's uneven first and last pipeline stages; 126 layers on 16 as
+ * 7 + 14 x 8 + 7). L3D_ERR_LAYOUT naming the flags when a stage would get no layer, or S is 1
+ * and the ends disagree with L. */
+l3d_status l3d_layout_split_ends(int L, int S, int first, int last, int *layers);
 /* The shard of virtual stage vs of `stages` on TP rank tp_rank of tp: the layer range from
  * layers, the head / MLP-column / vocabulary slice of l3d_tp_shard (sp: sequence parallel), the
  * embedding on the first stage and the head on the last. Returns l3d_tp_shard's status; the layer

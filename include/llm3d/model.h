@@ -53,9 +53,10 @@
 #define L3D_MAX_CHANNELS (1 << 20)
 #define L3D_MAX_CONTEXT (1 << 24)
 #define L3D_MAX_PARAMS ((double)(1LL << 56))
-/* Slots of the tensor table: GPT-2's 16 tensors in llm.c's order, then Llama's untied head. An
+/* Slots of the tensor table: GPT-2's 16 tensors in llm.c's order, then Llama's untied head, then
+ * the mixture-of-experts layers' router, experts and shared MLP (struct l3d_moe_spec). An
  * architecture leaves the slots it has no tensor for empty (l3d_gpt_tensor_used). */
-#define L3D_NUM_TENSORS 17
+#define L3D_NUM_TENSORS 26
 
 /* The architecture of a model, as data (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023,
  * Dubey et al. 2024). Each enum's zero is GPT-2's choice, so a zeroed spec with sizes is GPT-2. */
@@ -78,6 +79,33 @@ struct l3d_rope {
     int original_context;    /* Llama 3.1: 8192 */
 };
 
+/* Mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et al.
+ * 2021): layers dense_layers..L-1 replace the MLP by `experts` expert MLPs of width ffn (the
+ * model's MLP kind: GELU for GPT-2's blocks, SwiGLU for Llama's; biases as the model) and a
+ * router, a linear layer C -> experts without bias whose softmax, in fp32 whatever the precision,
+ * picks each token's top_k experts (ties: the lower expert index first); their weights are the
+ * probabilities, renormalised to sum to 1 over the k when norm_topk (Mixtral; Qwen3-MoE's
+ * norm_topk_prob). `shared` always-on experts are one shared MLP of width shared x ffn (the sum of
+ * `shared` experts of width ffn, DeepSeek's; Qwen3-MoE has none), added with weight 1.
+ * capacity_factor > 0: expert e keeps at most ceil(capacity_factor x N x top_k / experts) of a
+ * micro-batch's N tokens' assignments, in token order (row order of the micro-batch; a token
+ * picks an expert at most once), the rest dropped (their output is 0, their weight still in the
+ * renormalisation); 0: dropless. The objective adds, for each MoE layer, aux_coef x Switch's
+ * E sum_i f_i P_i (f_i: the fraction of the N x top_k assignments routed to expert i before any
+ * drop, P_i: its mean router probability) and z_coef x ST-MoE's router z-loss (the mean over
+ * tokens of logsumexp(router logits)^2). experts 0: a dense model (every other field 0). */
+struct l3d_moe_spec {
+    int experts;         /* E; 0: dense */
+    int top_k;           /* K, 1..E */
+    int64_t ffn;         /* expert width F; 0: the model's ffn */
+    int shared;          /* always-on experts (one MLP of shared x ffn) */
+    int dense_layers;    /* leading layers that keep the dense MLP */
+    bool norm_topk;      /* renormalise the top-k weights */
+    double aux_coef;     /* load-balancing loss coefficient (0: none) */
+    double z_coef;       /* router z-loss coefficient (0: none) */
+    double capacity_factor; /* 0: dropless */
+};
+
 /* The model of a run spec (include/llm3d/spec.h): sizes and architecture. */
 struct l3d_model_spec {
     char name[48]; /* the preset it came from, "custom", or "" */
@@ -97,6 +125,7 @@ struct l3d_model_spec {
     struct l3d_rope rope; /* with pos L3D_POS_ROPE */
     bool no_bias;    /* no biases in the linear layers and norms (Llama); GPT-2 has them */
     bool untied;     /* a separate output head (lm_head) instead of the token embedding (Llama) */
+    struct l3d_moe_spec moe; /* experts 0: dense */
 };
 
 /* Checks sizes (C divisible by NH, positive values) and the architecture's rules (NH divisible
@@ -108,6 +137,15 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 int l3d_model_kv_heads(const struct l3d_model_spec *m);
 /* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
 double l3d_model_param_count(const struct l3d_model_spec *m);
+/* The parameters one token uses: the whole model's but the (experts - top_k) experts of each MoE
+ * layer it does not reach (the count MFU is quoted on); the whole count for a dense model. */
+double l3d_model_active_param_count(const struct l3d_model_spec *m);
+/* The mixture-of-experts fields' rules (src/model/moe.c): experts >= 0; with experts > 0,
+ * 1 <= top_k <= experts, ffn >= 0, shared >= 0, dense_layers <= L, finite coefficients >= 0 and a
+ * capacity factor >= 0; with experts 0, every other field unset. L3D_ERR_ARG naming the flag. */
+l3d_status l3d_moe_spec_check(const struct l3d_model_spec *m);
+/* Whether global layer l is a mixture-of-experts layer. */
+bool l3d_model_moe_layer(const struct l3d_model_spec *m, int l);
 /* The family's blocks on a spec (its sizes kept), as its row (include/llm3d/arch.h) says: GPT-2's
  * (every architecture field zero), or Llama's (RMSNorm, SwiGLU, RoPE, no biases, untied head;
  * NKV, ffn, eps and theta as they are). */
@@ -156,6 +194,14 @@ enum l3d_tensor_id {
     L3D_T_WTE, L3D_T_WPE, L3D_T_LN1W, L3D_T_LN1B, L3D_T_QKVW, L3D_T_QKVB, L3D_T_ATTPROJW,
     L3D_T_ATTPROJB, L3D_T_LN2W, L3D_T_LN2B, L3D_T_FCW, L3D_T_FCB, L3D_T_FCPROJW, L3D_T_FCPROJB,
     L3D_T_LNFW, L3D_T_LNFB, L3D_T_LMHEAD,
+    /* mixture of experts (layers moe.dense_layers..L-1 of the shard only; E experts, expert
+     * width F, its first product's rows Fm = F or 2F with SwiGLU, shared width S F):
+     * router (Lm,E,C); expfcw (Lm,E Fm,C): expert e's rows e Fm .. (e+1) Fm - 1, laid out as
+     * fcw (SwiGLU: gate rows then up rows); expfcb (Lm,1,E Fm); expprojw (Lm,E C,F): expert e's
+     * rows e C ..; expprojb (Lm,1,E C); the shared MLP shfcw (Lm,S Fm,C) shfcb (Lm,1,S Fm)
+     * shprojw (Lm,C,S F) shprojb (Lm,1,C) */
+    L3D_T_ROUTER, L3D_T_EXPFCW, L3D_T_EXPFCB, L3D_T_EXPPROJW, L3D_T_EXPPROJB, L3D_T_SHFCW,
+    L3D_T_SHFCB, L3D_T_SHPROJW, L3D_T_SHPROJB,
 };
 
 /* Whether the architecture has tensor t (GPT-2: the 16 of llm.c; Llama: wte, ln1w, qkvw,
@@ -227,6 +273,7 @@ struct l3d_gpt_hooks {
 int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T);
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
+struct l3d_moe_state; /* the MoE layers' state, private to the model (src/model/moe.c) */
 
 /* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
  * Transformer Models"): keep every layer's activations (none), all but the attention
@@ -267,6 +314,7 @@ struct l3d_gpt {
     float *grad_slot[2];
     int64_t slot_size, slot_off[L3D_NUM_TENSORS], nonlayer_size, nonlayer_off[L3D_NUM_TENSORS];
     struct l3d_gpt_acts *acts;
+    struct l3d_moe_state *moe; /* the MoE layers' activations and statistics (src/model/moe.c) */
     /* activations of type dt */
     void *input_act;      /* (B,T,C): the stage input when !has_embedding, else the embedding */
     void *dinput_act;     /* (B,T,C): gradient of the stage input after backward */
@@ -384,8 +432,34 @@ void l3d_gpt_shard_place(const struct l3d_model_spec *cfg, const struct l3d_shar
  * tensor: row *gr, column *gc (the mapping of the two above). Along r, *gr only grows. */
 void l3d_gpt_global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
                        int64_t r, int64_t c, int64_t *gr, int64_t *gc);
-/* Whether tensor t is one of the 12 per-layer tensors. */
+/* Whether tensor t is one of the per-layer tensors (the 12 of llm.c, and the MoE ones). */
 bool l3d_gpt_is_layer_tensor(int t);
+/* Which of tensor t's layers holds local layer `layer` of shard sh: layer itself for every tensor
+ * of a dense model; with experts, the dense MLP's tensors (fcw, fcb, fcprojw, fcprojb) hold the
+ * shard's leading dense layers only and the MoE tensors its MoE layers only (the index among
+ * them); -1 when tensor t has no part in that layer. */
+int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                             int layer);
+/* Mixture-of-experts statistics of the forwards since the last take (a full recomputation's
+ * forward inside backward not counted), as l3d_gpt_moe_stats_len doubles a rank can sum with its
+ * data-parallel peers': per MoE layer of the shard and expert, the assignments routed to it
+ * (before any drop; layers x experts), then the sums over forwards and layers of the
+ * load-balancing and z losses (unscaled by their coefficients), the assignments dropped and the
+ * forwards counted. 0 doubles for a dense model. Take copies them into out and resets. */
+int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m);
+void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out);
+/* A stats vector (summed over ranks or not) in words: the mean over layers and forwards of the
+ * two losses, the dropped assignments, and each layer's load (its largest expert's assignments
+ * over the mean per expert; 1: balanced) into load (layers doubles; NULL: not wanted), the
+ * largest in load_max. */
+struct l3d_moe_summary {
+    double aux, z, dropped, load_max;
+};
+void l3d_moe_summarize(const double *stats, int layers, int experts, double *load,
+                       struct l3d_moe_summary *out);
+/* MoE layers of a shard. */
+int l3d_shard_moe_layers(const struct l3d_model_spec *cfg, const struct l3d_shard *sh);
+
 /* Output of the shard's last layer (B,T,C) of the last forward (what a pipeline stage sends). */
 const void *l3d_gpt_output_act(const struct l3d_gpt *m);
 

@@ -244,10 +244,12 @@ l3d_status l3d_plan_evaluate(const struct l3d_model_spec *m, const struct l3d_pr
 l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                            const struct l3d_layout *lay, struct l3d_plan_mem *worst);
 
-/* Layers of each pipeline rank's chunks, as the trainer splits them (l3d_pp_partition) when
- * precision is fp32, evenly otherwise (Megatron-LM needs L divisible by pp v). */
+/* Layers of each pipeline rank's chunks: as layout lay gives them (--pp-layers, or the end
+ * stages' --pp-first-layers / --pp-last-layers: l3d_layout_stage_layers), else as the trainer
+ * splits them (l3d_pp_partition) for llm3d's trainer, evenly for Megatron-LM's (L divisible by
+ * pp v). m: the model planned at the layout's sequence. */
 l3d_status l3d_plan_stage_layers(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
-                                 int stages, int *layers);
+                                 const struct l3d_layout *lay, int stages, int *layers);
 
 /* The pipeline phase of a step: the schedule's actions run on a timeline, each virtual stage vs
  * (chunk c of rank r is c pp + r) with its own forward fwd[vs], backward bwd[vs] (recomputation
@@ -300,6 +302,9 @@ struct l3d_plan_space {
     int64_t ranks;
     int dpn;
     bool zero3;
+    /* Megatron-LM's stages: equal layers, or where the stages do not divide them Megatron-Core's
+     * shorter first and last stages (pp_first, pp_last), unless fx->layout gives a split */
+    bool even_stages;
     const struct l3d_plan_fixed *fx;
 };
 void l3d_plan_layouts(const struct l3d_plan_space *sp,

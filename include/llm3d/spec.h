@@ -42,6 +42,9 @@ struct l3d_layout {
     enum l3d_pp_kind schedule;
     bool schedule_implied;    /* interleaved because v > 1, not asked for (said at start-up) */
     const char *pp_layers;    /* "a,b,..." layers of each virtual stage, or NULL: balanced */
+    int pp_first, pp_last;    /* layers of the first / last virtual stage (0: balanced), the
+                               * others' split evenly (Megatron-Core's --decoder-first- / -last-
+                               * pipeline-num-layers: Llama 3 405B's shorter end stages) */
     int micro_batch;          /* sequences per micro-batch on each DP rank (--batch) */
     int seq;                  /* tokens per sequence (--seq-len) */
     int accum;                /* micro-batches per step (--grad-accum); see global_batch */

@@ -83,6 +83,9 @@ struct l3d_train_config {
      * in a row stop the run with an error (the last checkpoint kept) */
     double timeout_s;
     int max_skipped;
+    /* the flags given, as a config file (llm3d train --config): written to out_dir/run.yaml when
+     * the run claims its directory; NULL: none */
+    const char *config_yaml;
 };
 
 struct l3d_train_result {

@@ -137,6 +137,25 @@ struct l3d_backend_i {
     /* out (N,C) += bias (C) on every row. */
     void (*add_bias)(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
                      int64_t C);
+    /* mixture of experts: see l3d_be_moe_route and the others (include/llm3d/backend.h);
+     * optional (NULL: the backend refuses MoE models) */
+    void (*moe_route)(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
+                      float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
+                      const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
+                      int norm_topk, int64_t capacity);
+    void (*moe_permute)(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
+                        const int32_t *pos, int64_t N, int64_t K, int64_t C);
+    void (*moe_combine)(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
+                        const int32_t *pos, const float *wts, int64_t N, int64_t K, int64_t C);
+    void (*moe_combine_backward)(void *ctx, enum l3d_dtype dt, void *drows, float *dwts,
+                                 const void *dout, const void *rows, const int32_t *pos,
+                                 const float *wts, int64_t N, int64_t K, int64_t C);
+    void (*moe_router_backward)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                void *dweight, float *dlogits, const float *dwts,
+                                const void *inp, const void *weight, const float *probs,
+                                const float *lse, const int32_t *idx, const float *wts,
+                                const float *stats, int64_t N, int64_t C, int64_t E, int64_t K,
+                                int norm_topk, float aux_scale, float z_scale);
     /* Softmax cross-entropy over a slice of the vocabulary, in three passes so that the tensor-
      * parallel model can all-reduce between them (max, then sum of exponentials and target logit).
      * logits (N,Vl): columns [0,Vvalid) are real vocabulary entries vocab_start.., the rest
@@ -178,6 +197,25 @@ struct l3d_backend {
     const struct l3d_backend_i *i;
     void *ctx;
 };
+
+/* The CPU backend's MoE kernels (src/backend/cpu_moe.c), the table entries above. */
+void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
+                       float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
+                       const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
+                       int norm_topk, int64_t capacity);
+void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
+                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
+void l3d_cpu_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
+                         const int32_t *pos, const float *wts, int64_t N, int64_t K, int64_t C);
+void l3d_cpu_moe_combine_backward(void *ctx, enum l3d_dtype dt, void *drows, float *dwts,
+                                  const void *dout, const void *rows, const int32_t *pos,
+                                  const float *wts, int64_t N, int64_t K, int64_t C);
+void l3d_cpu_moe_router_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                 void *dweight, float *dlogits, const float *dwts,
+                                 const void *inp, const void *weight, const float *probs,
+                                 const float *lse, const int32_t *idx, const float *wts,
+                                 const float *stats, int64_t N, int64_t C, int64_t E, int64_t K,
+                                 int norm_topk, float aux_scale, float z_scale);
 
 /* For backends: wraps a filled table and context into a handle (freed by l3d_backend_free). */
 struct l3d_backend *l3d_backend_make(const struct l3d_backend_i *i, void *ctx);

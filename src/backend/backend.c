@@ -291,6 +291,51 @@ void l3d_be_add_bias(struct l3d_backend *be, enum l3d_dtype dt, void *out, const
     be->i->add_bias(be->ctx, dt, out, bias, N, C);
 }
 
+bool l3d_be_has_moe(const struct l3d_backend *be) {
+    return be->i->moe_route && be->i->moe_permute && be->i->moe_combine &&
+           be->i->moe_combine_backward && be->i->moe_router_backward;
+}
+
+void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
+                      int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
+                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                      int64_t K, int norm_topk, int64_t capacity) {
+    need(be, (const void *)be->i->moe_route, "moe_route");
+    be->i->moe_route(be->ctx, dt, probs, lse, idx, wts, pos, offsets, stats, inp, weight, N, C, E,
+                     K, norm_topk, capacity);
+}
+
+void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
+                        const int32_t *pos, int64_t N, int64_t K, int64_t C) {
+    need(be, (const void *)be->i->moe_permute, "moe_permute");
+    be->i->moe_permute(be->ctx, dt, rows, inp, pos, N, K, C);
+}
+
+void l3d_be_moe_combine(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *rows,
+                        const int32_t *pos, const float *wts, int64_t N, int64_t K, int64_t C) {
+    need(be, (const void *)be->i->moe_combine, "moe_combine");
+    be->i->moe_combine(be->ctx, dt, out, rows, pos, wts, N, K, C);
+}
+
+void l3d_be_moe_combine_backward(struct l3d_backend *be, enum l3d_dtype dt, void *drows,
+                                 float *dwts, const void *dout, const void *rows,
+                                 const int32_t *pos, const float *wts, int64_t N, int64_t K,
+                                 int64_t C) {
+    need(be, (const void *)be->i->moe_combine_backward, "moe_combine_backward");
+    be->i->moe_combine_backward(be->ctx, dt, drows, dwts, dout, rows, pos, wts, N, K, C);
+}
+
+void l3d_be_moe_router_backward(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                void *dinp, void *dweight, float *dlogits, const float *dwts,
+                                const void *inp, const void *weight, const float *probs,
+                                const float *lse, const int32_t *idx, const float *wts,
+                                const float *stats, int64_t N, int64_t C, int64_t E, int64_t K,
+                                int norm_topk, float aux_scale, float z_scale) {
+    need(be, (const void *)be->i->moe_router_backward, "moe_router_backward");
+    be->i->moe_router_backward(be->ctx, dt, gdt, dinp, dweight, dlogits, dwts, inp, weight, probs,
+                               lse, idx, wts, stats, N, C, E, K, norm_topk, aux_scale, z_scale);
+}
+
 void l3d_be_xent_max(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, const void *logits,
                      int64_t N, int64_t Vl, int64_t Vvalid) {
     be->i->xent_max(be->ctx, dt, maxv, logits, N, Vl, Vvalid);

@@ -445,6 +445,61 @@ static void chk_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void 
     size_t n = (size_t)N * l3d_dtype_size(dt);
     l3d_be_add_inplace(IN(c), dt, D(dst, n, "add_inplace"), D(src, n, "add_inplace"), N);
 }
+/* mixture of experts: rows in expert order span at most N K rows (the model sizes them so) */
+static void chk_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
+                          float *wts, int32_t *pos, int32_t *offsets, float *stats,
+                          const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                          int64_t K, int norm_topk, int64_t capacity) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "moe_route";
+    l3d_be_moe_route(IN(c), dt, D(probs, N * E * 4, k), D(lse, N * 4, k), D(idx, N * K * 4, k),
+                     D(wts, N * K * 4, k), D(pos, N * K * 4, k), D(offsets, (E + 1) * 4, k),
+                     D(stats, (2 * E + 2) * 4, k), D(inp, N * C * e, k), D(weight, E * C * e, k),
+                     N, C, E, K, norm_topk, capacity);
+}
+static void chk_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
+                            const int32_t *pos, int64_t N, int64_t K, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "moe_permute";
+    l3d_be_moe_permute(IN(c), dt, D(rows, N * K * C * e, k), D(inp, N * C * e, k),
+                       D(pos, N * K * 4, k), N, K, C);
+}
+static void chk_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
+                            const int32_t *pos, const float *wts, int64_t N, int64_t K, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "moe_combine";
+    l3d_be_moe_combine(IN(c), dt, D(out, N * C * e, k), D(rows, N * K * C * e, k),
+                       D(pos, N * K * 4, k), D(wts, N * K * 4, k), N, K, C);
+}
+static void chk_moe_combine_backward(void *ctx, enum l3d_dtype dt, void *drows, float *dwts,
+                                     const void *dout, const void *rows, const int32_t *pos,
+                                     const float *wts, int64_t N, int64_t K, int64_t C) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt);
+    const char *k = "moe_combine_backward";
+    l3d_be_moe_combine_backward(IN(c), dt, D(drows, N * K * C * e, k), D(dwts, N * K * 4, k),
+                                D(dout, N * C * e, k), D(rows, N * K * C * e, k),
+                                D(pos, N * K * 4, k), D(wts, N * K * 4, k), N, K, C);
+}
+static void chk_moe_router_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                    void *dweight, float *dlogits, const float *dwts,
+                                    const void *inp, const void *weight, const float *probs,
+                                    const float *lse, const int32_t *idx, const float *wts,
+                                    const float *stats, int64_t N, int64_t C, int64_t E,
+                                    int64_t K, int norm_topk, float aux_scale, float z_scale) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt), g = l3d_dtype_size(gdt);
+    const char *k = "moe_router_backward";
+    l3d_be_moe_router_backward(IN(c), dt, gdt, D(dinp, N * C * e, k), D(dweight, E * C * g, k),
+                               D(dlogits, N * E * 4, k), D(dwts, N * K * 4, k),
+                               D(inp, N * C * e, k), D(weight, E * C * e, k),
+                               D(probs, N * E * 4, k), D(lse, N * 4, k), D(idx, N * K * 4, k),
+                               D(wts, N * K * 4, k), D(stats, (2 * E + 2) * 4, k), N, C, E, K,
+                               norm_topk, aux_scale, z_scale);
+}
 static void chk_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bias, int64_t N,
                          int64_t C) {
     struct chk *c = ctx;
@@ -565,6 +620,11 @@ static const struct l3d_backend_i check_backend_i = {
     .residual_forward = chk_residual_forward,
     .add_inplace = chk_add_inplace,
     .add_bias = chk_add_bias,
+    .moe_route = chk_moe_route,
+    .moe_permute = chk_moe_permute,
+    .moe_combine = chk_moe_combine,
+    .moe_combine_backward = chk_moe_combine_backward,
+    .moe_router_backward = chk_moe_router_backward,
     .xent_max = chk_xent_max,
     .xent_sumexp = chk_xent_sumexp,
     .xent_backward = chk_xent_backward,

@@ -358,6 +358,13 @@ static void map_family(struct map_builder *b, const struct l3d_arch_info *a) {
 
 l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
                              struct l3d_hf_tensor **out, int *n) {
+    if (cfg->moe.experts > 0) {
+        *out = NULL;
+        *n = 0;
+        return l3d_error(L3D_ERR_ARG, "a mixture-of-experts model (--moe-experts %d) has no "
+                         "Hugging Face folder yet: Mixtral/Qwen3-MoE folders land with issue 46 "
+                         "item 4; keep llm3d's model.bin or checkpoints", cfg->moe.experts);
+    }
     struct map_builder b = {.cfg = cfg, .st = L3D_OK};
     struct l3d_shard full = l3d_shard_full(cfg);
     l3d_gpt_plan_tensors(cfg, &full, b.ti);

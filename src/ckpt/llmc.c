@@ -24,9 +24,11 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
-/* Header words 8-25 of an architecture file: the fields of the model spec beyond GPT-2's sizes;
- * reals as their bits (floats one word, doubles two). */
-enum { ARCH_WORD = 8, ARCH_WORDS = 18 };
+/* Header words 8-37 of an architecture file (llm3d's own versions 1003 / 1005, which llm.c does
+ * not read): the fields of the model spec beyond GPT-2's sizes, the mixture of experts' included
+ * (llm.c's own versions have none: a MoE model is never one of them); reals as their bits
+ * (floats one word, doubles two). */
+enum { ARCH_WORD = 8, ARCH_WORDS = 30 };
 
 static void put_double(int32_t *w, double x) { memcpy(w, &x, sizeof x); }
 static double get_double(const int32_t *w) {
@@ -50,6 +52,17 @@ static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
     put_double(&w[13], c->rope.low_freq_factor);
     put_double(&w[15], c->rope.high_freq_factor);
     w[17] = c->rope.original_context;
+    /* words 26-37: the mixture of experts (0: dense; files before it hold zeros there) */
+    const struct l3d_moe_spec *e = &c->moe;
+    w[18] = e->experts;
+    w[19] = e->top_k;
+    w[20] = (int32_t)e->ffn;
+    w[21] = e->shared;
+    w[22] = e->dense_layers;
+    w[23] = e->norm_topk;
+    put_double(&w[24], e->aux_coef);
+    put_double(&w[26], e->z_coef);
+    put_double(&w[28], e->capacity_factor);
 }
 
 /* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
@@ -73,6 +86,16 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
     c->rope.low_freq_factor = get_double(&w[13]);
     c->rope.high_freq_factor = get_double(&w[15]);
     c->rope.original_context = w[17];
+    struct l3d_moe_spec *e = &c->moe;
+    e->experts = w[18];
+    e->top_k = w[19];
+    e->ffn = w[20];
+    e->shared = w[21];
+    e->dense_layers = w[22];
+    e->norm_topk = w[23] != 0;
+    e->aux_coef = get_double(&w[24]);
+    e->z_coef = get_double(&w[26]);
+    e->capacity_factor = get_double(&w[28]);
     return L3D_OK;
 }
 

@@ -42,6 +42,11 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
             c->mlp == L3D_MLP_SWIGLU, (long long)c->ffn, c->pos == L3D_POS_ROPE, c->rope.theta,
             c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
             c->rope.original_context, c->no_bias, c->untied);
+    if (c->moe.experts > 0)
+        OUT("moe experts %d top_k %d ffn %lld shared %d dense %d norm_topk %d aux %a z %a "
+            "capacity %a\n", c->moe.experts, c->moe.top_k, (long long)c->moe.ffn, c->moe.shared,
+            c->moe.dense_layers, c->moe.norm_topk, c->moe.aux_coef, c->moe.z_coef,
+            c->moe.capacity_factor);
     OUT("dtype params %s moments %s\n", l3d_dtype_name(pdt), l3d_dtype_name(mdt));
     OUT("layout world %d tp %d pp %d dp %d zero %d sp %d virtual %d\n", lay->world, lay->layout.tp,
         lay->layout.pp, lay->layout.dp, lay->layout.zero, lay->layout.sp ? 1 : 0, nc);
@@ -279,6 +284,30 @@ static void rec_arch(struct parser *p) {
                           "(%s): the manifest is damaged", mf->path, p->line, l3d_error_message());
 }
 
+/* "moe experts E top_k K ...": a mixture of experts (after its `arch` record) */
+static void rec_moe(struct parser *p) {
+    struct l3d_ckpt_manifest *mf = p->mf;
+    struct l3d_moe_spec *e = &mf->cfg.moe;
+    if (!mf->cfg.L) {
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: 'moe' before 'model': the manifest is "
+                          "damaged", mf->path, p->line);
+        return;
+    }
+    e->experts = get_int(p, "experts", 1, FIELD_MAX);
+    e->top_k = get_int(p, "top_k", 1, FIELD_MAX);
+    e->ffn = get_i64(p, "ffn", 1, FIELD_MAX);
+    e->shared = get_int(p, "shared", 0, FIELD_MAX);
+    e->dense_layers = get_int(p, "dense", 0, FIELD_MAX);
+    e->norm_topk = get_flag(p, "norm_topk");
+    e->aux_coef = get_real(p, "aux", 0.0, 1e300, false);
+    e->z_coef = get_real(p, "z", 0.0, 1e300, false);
+    e->capacity_factor = get_real(p, "capacity", 0.0, 1e300, false);
+    if (p->st == L3D_OK && l3d_gpt_config_finish(&mf->cfg) != L3D_OK)
+        p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: the mixture of experts is not a valid "
+                          "model (%s): the manifest is damaged", mf->path, p->line,
+                          l3d_error_message());
+}
+
 /* "dtype params T moments T" (format 3 on) */
 static void rec_dtype(struct parser *p) {
     const char *keys[2] = {"params", "moments"}, *v;
@@ -456,6 +485,7 @@ static const struct record {
     {"run", 1, 0, 2, false, rec_run},
     {"model", 1, 1, 0, false, rec_model},
     {"arch", L3D_CKPT_FORMAT, 0, 0, false, rec_arch},
+    {"moe", L3D_CKPT_FORMAT, 0, 0, false, rec_moe},
     {"dtype", L3D_CKPT_FORMAT_DTYPES, L3D_CKPT_FORMAT_DTYPES, 0, false, rec_dtype},
     {"layout", 1, 1, 0, false, rec_layout},
     {"data", 1, 1, 0, false, rec_data},

@@ -23,6 +23,8 @@ int l3d_cli_bench(int argc, char **argv) {
     struct l3d_runtime_opts ro = {.cmd = "bench", .stop_signals = true};
     int rc = l3d_cli_train_flags("bench", argc, argv, &tc, &ro.backend);
     if (rc >= 0) return rc;
+    free((char *)tc.config_yaml); /* bench writes no run directory */
+    tc.config_yaml = NULL;
     ro.progress_thread = !tc.dp_blocking && tc.progress == L3D_PROGRESS_THREAD; /* as train */
     struct l3d_runtime *rt;
     if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;

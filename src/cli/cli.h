@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "llm3d/core.h"
+#include "llm3d/model.h"
 
 /* Every form --tokenizer SPEC takes (l3d_tokenizer_open), for the --help of prepare, tokenizer,
  * generate and inspect (l3d_flags_help wraps it). */
@@ -152,6 +153,37 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
 int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
                       void (*usage)(FILE *f), int nargs, const char *what, int *first_arg);
 void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng);
+/* The flags l3d_flags_parse_given applied, by their position over the groups' tables (group 0's
+ * first, as getopt numbers them): the value (NULL: a switch) and when it was last applied (0: not
+ * given), a --config file's before the command line's. */
+#define L3D_FLAGS_MAX 160
+struct l3d_flags_given {
+    const char *val[L3D_FLAGS_MAX];
+    int when[L3D_FLAGS_MAX];
+    int n; /* applications so far */
+};
+/* l3d_flags_parse, saying which flags were given into *given (zeroed first). */
+int l3d_flags_parse_given(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                          int ng, void (*usage)(FILE *f), int *first_arg,
+                          struct l3d_flags_given *given);
+
+/* --config FILE (src/cli/config.c), which every command's parser takes: a YAML mapping of the
+ * flags (keys: their long names), in sections named by their --help headings or at the top level.
+ * l3d_flags_parse applies it before the command line's flags. -1, or 2 after one line naming the
+ * file and line (an unknown key with the nearest flag, a key in another section, a bad value in
+ * the flag's own words, a key given twice, YAML's syntax errors, a document not a mapping). */
+int l3d_config_apply(const char *cmd, const char *path, const struct l3d_flag_group *g, int ng,
+                     struct l3d_flags_given *given);
+/* The section of group i's flags: the first word of its --help heading ("model", "layout"), or
+ * for an untitled group that of the one before (--help lists its flags under that heading); NULL
+ * (the top level) for an untitled first group. Written into buf. */
+const char *l3d_config_section(const struct l3d_flag_group *g, int i, char *buf, size_t cap);
+/* --config's --help lines, naming the groups' sections. */
+void l3d_config_help(FILE *f, const struct l3d_flag_group *g, int ng);
+/* The flags given as a config file that --config reads back to the same flags: every flag of the
+ * groups in its section, those not given commented out (a malloc'd string: free it). */
+char *l3d_config_yaml(const char *cmd, const struct l3d_flag_group *g, int ng,
+                      const struct l3d_flags_given *given);
 /* The error for a positional argument a command does not take (one line on stderr). */
 void l3d_flags_unexpected(const char *cmd, const char *arg);
 
@@ -167,6 +199,7 @@ struct l3d_cli_spec {
     int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
     double rope_theta;         /* 0: not given */
     float norm_eps;            /* 0: not given */
+    struct l3d_moe_spec moe;   /* the --moe-* flags' values (each applied when given) */
     unsigned long long given;  /* a bit for each flag given */
 };
 void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec);

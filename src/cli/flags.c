@@ -13,8 +13,6 @@
 
 /* ---- the generic parser ----------------------------------------------------------------- */
 
-#define MAX_FLAGS 160
-
 static int count(const struct l3d_flag *f) {
     int n = 0;
     while (f[n].name) n++;
@@ -54,30 +52,55 @@ void l3d_flags_help(FILE *f, const struct l3d_flag_group *g, int ng) {
     }
 }
 
-int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
-                    int ng, void (*usage)(FILE *f), int *first_arg) {
-    struct option opts[MAX_FLAGS + 2];
-    int group_of[MAX_FLAGS], index_of[MAX_FLAGS], n = 0;
+/* getopt's table of the groups' flags, then --config and --help; flag k (code 256 + k) is
+ * flags[index[k]] of group[k]. */
+struct opt_table {
+    struct option o[L3D_FLAGS_MAX + 3];
+    int group[L3D_FLAGS_MAX], index[L3D_FLAGS_MAX];
+};
+
+static void opt_table(struct opt_table *t, const struct l3d_flag_group *g, int ng) {
+    int n = 0;
     for (int i = 0; i < ng; i++)
         for (int j = 0; j < count(g[i].flags); j++) {
-            L3D_ASSERT(n < MAX_FLAGS);
+            L3D_ASSERT(n < L3D_FLAGS_MAX);
             const struct l3d_flag *x = &g[i].flags[j];
-            opts[n] = (struct option){x->name, x->arg ? required_argument : no_argument, NULL,
+            t->o[n] = (struct option){x->name, x->arg ? required_argument : no_argument, NULL,
                                       256 + n};
-            group_of[n] = i;
-            index_of[n] = j;
+            t->group[n] = i;
+            t->index[n] = j;
             n++;
         }
-    opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
-    opts[n] = (struct option){NULL, 0, NULL, 0};
-    optind = 1;
+    t->o[n++] = (struct option){"config", required_argument, NULL, 'c'};
+    t->o[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    t->o[n] = (struct option){NULL, 0, NULL, 0};
+}
+
+/* One pass over argv: the first finds --config (*config) and an unknown flag, up to --help; the
+ * second (apply) sets the flags in order, up to --help, which it prints. -1, 0 after --help, 2
+ * after one line. */
+static int scan(const char *cmd, int argc, char **argv, const struct opt_table *t,
+                const struct l3d_flag_group *g, int ng, void (*usage)(FILE *f), bool apply,
+                const char **config, struct l3d_flags_given *given) {
+    optind = 0; /* a fresh scan (glibc): the second pass reads the argv the first permuted */
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", t->o, NULL)) != -1) {
+        if (c == 'h' && !apply) return -1; /* the flags before --help are applied first */
         if (c == 'h') {
             if (usage) usage(stdout);
             l3d_flags_help(stdout, g, ng);
+            l3d_config_help(stdout, g, ng);
             return 0;
+        }
+        if (c == 'c' && !apply && *config) {
+            fprintf(stderr, "llm3d %s: --config is given twice (%s, %s): give one file\n", cmd,
+                    *config, optarg);
+            return 2;
+        }
+        if (c == 'c') {
+            *config = optarg;
+            continue;
         }
         if (c < 256) {
             const char *bad = argv[optind - 1];
@@ -85,10 +108,28 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
                     "%s --help)\n", cmd, bad, cmd);
             return 2;
         }
-        const struct l3d_flag_group *grp = &g[group_of[c - 256]];
-        const struct l3d_flag *x = &grp->flags[index_of[c - 256]];
+        if (!apply) continue;
+        const struct l3d_flag_group *grp = &g[t->group[c - 256]];
+        const struct l3d_flag *x = &grp->flags[t->index[c - 256]];
         if (!grp->set(grp->ctx, cmd, x->id, x->arg ? optarg : NULL)) return 2;
+        given->val[c - 256] = x->arg ? optarg : NULL;
+        given->when[c - 256] = ++given->n;
     }
+    return -1;
+}
+
+int l3d_flags_parse_given(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                          int ng, void (*usage)(FILE *f), int *first_arg,
+                          struct l3d_flags_given *given) {
+    struct opt_table t;
+    opt_table(&t, g, ng);
+    memset(given, 0, sizeof *given);
+    /* the file's flags first, so that the command line's override them whatever their order */
+    const char *config = NULL;
+    int rc = scan(cmd, argc, argv, &t, g, ng, usage, false, &config, given);
+    if (rc < 0 && config) rc = l3d_config_apply(cmd, config, g, ng, given);
+    if (rc < 0) rc = scan(cmd, argc, argv, &t, g, ng, usage, true, &config, given);
+    if (rc >= 0) return rc;
     if (first_arg) {
         *first_arg = optind;
     } else if (optind < argc) {
@@ -96,6 +137,12 @@ int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_fla
         return 2;
     }
     return -1;
+}
+
+int l3d_flags_parse(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
+                    int ng, void (*usage)(FILE *f), int *first_arg) {
+    struct l3d_flags_given given;
+    return l3d_flags_parse_given(cmd, argc, argv, g, ng, usage, first_arg, &given);
 }
 
 int l3d_flags_parse_n(const char *cmd, int argc, char **argv, const struct l3d_flag_group *g,
@@ -123,8 +170,10 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
-    F_EPS,
-    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_BATCH, F_SEQ, F_ACCUM, F_GLOBAL,
+    F_EPS, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
+    F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
+    F_TP, F_CP, F_PP, F_DP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
+    F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
@@ -151,6 +200,22 @@ static const struct l3d_flag model_flags[] = {
                             "default: as many as heads)"},
     {"rope-theta", "X", F_THETA, "RoPE base frequency (llama; 10000, Llama 3: 500000)"},
     {"norm-eps", "X", F_EPS, "normalisation epsilon (1e-5; RMSNorm takes any)"},
+    {"moe-experts", "E", F_MOE_E, "mixture of experts: E expert MLPs a layer and a router "
+                                  "(0: dense, the default; README \"Mixture of experts\")"},
+    {"moe-top-k", "K", F_MOE_K, "experts each token is routed to (1..E)"},
+    {"moe-ffn", "F", F_MOE_FFN, "expert MLP width (default: the MLP's, --ffn)"},
+    {"moe-shared-experts", "S", F_MOE_SHARED, "always-on experts: one shared MLP of S x the "
+                                              "expert width (0)"},
+    {"moe-dense-layers", "N", F_MOE_DENSE, "leading layers that keep the dense MLP (0)"},
+    {"moe-norm-topk", NULL, F_MOE_NORM, "renormalise the top-k router weights to sum to 1 "
+                                        "(Mixtral)"},
+    {"no-moe-norm-topk", NULL, F_MOE_NO_NORM, "keep the softmax probabilities (Qwen3-MoE's "
+                                              "norm_topk_prob false; the default)"},
+    {"moe-aux-loss-coef", "X", F_MOE_AUX, "load-balancing loss E sum f_i P_i (Switch) "
+                                          "coefficient (0)"},
+    {"moe-z-loss-coef", "X", F_MOE_Z, "router z-loss (ST-MoE) coefficient (0)"},
+    {"moe-capacity-factor", "X", F_MOE_CAP, "0: dropless (default); > 0: an expert keeps "
+                                            "ceil(X N K / E) assignments in token order"},
     {"hidden", "H", F_OLD_HIDDEN, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -164,6 +229,10 @@ static const struct l3d_flag layout_flags[] = {
     {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved schedule (1)"},
     {"pp-layers", "a,b,..", F_PPLAYERS, "layers of each (virtual) stage (default: balanced by "
                                         "cost)"},
+    {"pp-first-layers", "N", F_PPFIRST, "layers of the first (virtual) stage, the middle ones "
+                                        "split evenly (with or without --pp-last-layers)"},
+    {"pp-last-layers", "N", F_PPLAST, "layers of the last (virtual) stage, the middle ones split "
+                                      "evenly"},
     {"batch", "B", F_BATCH, "sequences per micro-batch on each data-parallel rank"},
     {"seq-len", "T", F_SEQ, "tokens per sequence"},
     {"grad-accum", "N", F_ACCUM, "micro-batches per step (1)"},
@@ -226,6 +295,24 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
     case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
     case F_EPS: return l3d_arg_float(cmd, "norm-eps", v, 1e-12, 0.5, &cs->norm_eps);
+    case F_MOE_E: return l3d_arg_int(cmd, "moe-experts", v, 0, 1 << 16, &cs->moe.experts);
+    case F_MOE_K: return l3d_arg_int(cmd, "moe-top-k", v, 0, 1 << 16, &cs->moe.top_k);
+    case F_MOE_FFN: {
+        int f = 0;
+        int r = l3d_arg_int(cmd, "moe-ffn", v, 1, 1 << 26, &f);
+        cs->moe.ffn = f;
+        return r;
+    }
+    case F_MOE_SHARED: return l3d_arg_int(cmd, "moe-shared-experts", v, 0, 1 << 16,
+                                          &cs->moe.shared);
+    case F_MOE_DENSE: return l3d_arg_int(cmd, "moe-dense-layers", v, 0, L3D_MAX_LAYERS,
+                                         &cs->moe.dense_layers);
+    case F_MOE_NORM: case F_MOE_NO_NORM: cs->moe.norm_topk = id == F_MOE_NORM; return 1;
+    case F_MOE_AUX: return l3d_arg_double(cmd, "moe-aux-loss-coef", v, 0.0, 1e6,
+                                          &cs->moe.aux_coef);
+    case F_MOE_Z: return l3d_arg_double(cmd, "moe-z-loss-coef", v, 0.0, 1e6, &cs->moe.z_coef);
+    case F_MOE_CAP: return l3d_arg_double(cmd, "moe-capacity-factor", v, 0.0, 1e6,
+                                          &cs->moe.capacity_factor);
     case F_OLD_HIDDEN: return renamed(cmd, "hidden", "channels");
     }
     return 0;
@@ -247,6 +334,8 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
         return 0;
     case F_VIRT: return l3d_arg_int(cmd, "pp-virtual", v, 1, 256, &l->v);
     case F_PPLAYERS: l->pp_layers = v; return 1;
+    case F_PPFIRST: return l3d_arg_int(cmd, "pp-first-layers", v, 1, L3D_MAX_LAYERS, &l->pp_first);
+    case F_PPLAST: return l3d_arg_int(cmd, "pp-last-layers", v, 1, L3D_MAX_LAYERS, &l->pp_last);
     case F_BATCH: return l3d_arg_int(cmd, "batch", v, 1, BIG, &l->micro_batch);
     case F_SEQ: return l3d_arg_int(cmd, "seq-len", v, 1, L3D_MAX_CONTEXT, &l->seq);
     case F_ACCUM: return l3d_arg_int(cmd, "grad-accum", v, 1, BIG, &l->accum);
@@ -339,8 +428,8 @@ int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     model_table[0].help = model_help;
     out[0] = (struct l3d_flag_group){"model (a preset, then explicit sizes override it)",
                                      model_table, set_model, cs};
-    out[1] = (struct l3d_flag_group){"parallel layout and batch (launch with mpiexec -n N; see "
-                                     "README)", layout_flags, set_layout, cs};
+    out[1] = (struct l3d_flag_group){"layout (parallel sizes and batch; launch with mpiexec -n N; "
+                                     "see README)", layout_flags, set_layout, cs};
     out[2] = (struct l3d_flag_group){"precision", precision_flags, set_precision, cs};
     return 3;
 }
@@ -352,6 +441,22 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag) {
             if (strcmp(x->name, flag) == 0) return (cs->given >> x->id) & 1;
     L3D_ASSERT(!"l3d_cli_spec_given: no such flag");
     return false;
+}
+
+/* The --moe-* flags given, over the preset's values. */
+static void moe_flags(const struct l3d_cli_spec *cs, struct l3d_moe_spec *o) {
+    const struct l3d_moe_spec *f = &cs->moe;
+#define GIVEN(id) ((cs->given >> (id)) & 1)
+    if (GIVEN(F_MOE_E)) o->experts = f->experts;
+    if (GIVEN(F_MOE_K)) o->top_k = f->top_k;
+    if (GIVEN(F_MOE_FFN)) o->ffn = f->ffn;
+    if (GIVEN(F_MOE_SHARED)) o->shared = f->shared;
+    if (GIVEN(F_MOE_DENSE)) o->dense_layers = f->dense_layers;
+    if (GIVEN(F_MOE_NORM) || GIVEN(F_MOE_NO_NORM)) o->norm_topk = f->norm_topk;
+    if (GIVEN(F_MOE_AUX)) o->aux_coef = f->aux_coef;
+    if (GIVEN(F_MOE_Z)) o->z_coef = f->z_coef;
+    if (GIVEN(F_MOE_CAP)) o->capacity_factor = f->capacity_factor;
+#undef GIVEN
 }
 
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
@@ -366,6 +471,7 @@ void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) 
     /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
      * SwiGLU preset keeps its own unless --ffn is given */
     if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;
+    moe_flags(cs, &m->moe);
 }
 
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs) {

@@ -118,6 +118,11 @@ static void text_model(const struct l3d_model_spec *c) {
                l3d_model_kv_heads(c), (long long)c->ffn,
                c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
                c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions");
+    if (c->moe.experts > 0)
+        printf("  experts:    layers %d-%d: %d of width %lld, top-%d%s, %d shared; %.2fM active "
+               "parameters a token\n", c->moe.dense_layers, c->L - 1, c->moe.experts,
+               (long long)c->moe.ffn, c->moe.top_k, c->moe.norm_topk ? " renormalised" : "",
+               c->moe.shared, l3d_model_active_param_count(c) / 1e6);
 }
 
 /* ---- token shards -------------------------------------------------------------------------------- */

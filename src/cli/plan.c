@@ -54,6 +54,9 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
     const struct l3d_layout *l = &r->layout;
     const struct l3d_plan_time *t = &r->time;
     const struct l3d_plan_mem *mm = &r->mem;
+    char ends[64] = ""; /* uneven end stages, when a layout has them */
+    if (l->pp_first || l->pp_last)
+        snprintf(ends, sizeof ends, ",\"pp_first\":%d,\"pp_last\":%d", l->pp_first, l->pp_last);
     printf("{\"model\":");
     json_string(stdout, m->name);
     printf(",\"profile\":");
@@ -66,7 +69,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"fits\":%s,\"t_gemm\":%.6g,\"t_attention\":%.6g,\"t_elementwise\":%.6g,"
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
-           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g}\n",
+           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g%s}\n",
            (long long)run->devices, (long long)l->global_batch,
            l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
@@ -74,7 +77,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
            t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
-           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm);
+           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm, ends);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -499,9 +502,6 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
                              "or --global-batch instead", l->accum);
         fx->layout.global_batch = (int64_t)l->micro_batch * l->accum * l->dp;
     }
-    if (l->pp_layers)
-        return l3d_error(L3D_ERR_ARG, "--pp-layers: the planner balances the stages itself; drop "
-                         "it");
     return L3D_OK;
 }
 
@@ -574,20 +574,30 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
            prof->reserve_bytes / sc, u);
 }
 
+/* ", first stage 7 layers, last stage 7 layers" for uneven end stages, else "" (static). */
+static const char *ends_words(const struct l3d_layout *l) {
+    static char buf[96];
+    buf[0] = '\0';
+    if (l->pp_first || l->pp_last)
+        snprintf(buf, sizeof buf, ", end stages of %d and %d layers (the others even)",
+                 l->pp_first, l->pp_last);
+    return buf;
+}
+
 static void print_best(const struct l3d_profile *prof, const struct l3d_plan_result *res, int n) {
     double sc;
     const char *u = mem_unit(prof, &sc);
     print_table(prof, res, n);
     const struct l3d_plan_result *b = &res[0];
     printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, "
-           "%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
+           "%s%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
            b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp,
            b->layout.micro_batch, b->m, b->layout.v, b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
            b->layout.cp > 1 ? ", context parallel (each sequence over the --cp ring)" : "",
-           b->time.step, b->tokens_per_s, 100 * b->mfu, 100 * b->hfu, b->mem.total / sc, u,
+           ends_words(&b->layout), b->time.step, b->tokens_per_s, 100 * b->mfu, 100 * b->hfu, b->mem.total / sc, u,
            b->mem.stage);
     /* why: against the best layout of another shape (tp, pp, dp, micro-batch, v), so that the
      * answer is not a variant of the same layout */

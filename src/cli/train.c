@@ -333,7 +333,9 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
                                      ckpt_flags, set_train, &x};
     g[n++] = (struct l3d_flag_group){"faults", fault_flags, set_train, &x};
     bool bench = strcmp(cmd, "bench") == 0;
-    int rc = l3d_flags_parse(cmd, argc, argv, g, n, bench ? usage_bench : usage_train, NULL);
+    struct l3d_flags_given given;
+    int rc = l3d_flags_parse_given(cmd, argc, argv, g, n, bench ? usage_bench : usage_train, NULL,
+                                   &given);
     if (rc >= 0) return rc;
     if ((rc = l3d_cli_spec_flags_done(cmd, &cs)) >= 0) return rc;
     if ((rc = train_model(cmd, tc, &cs)) >= 0) return rc;
@@ -351,6 +353,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
         return rc;
     tc->peak_flops = x.peak * 1e9;
     if (tc->layout.threads) omp_set_num_threads(tc->layout.threads);
+    tc->config_yaml = l3d_config_yaml(cmd, g, n, &given); /* OUT/run.yaml */
     return -1;
 }
 
@@ -379,6 +382,7 @@ int l3d_cli_train(int argc, char **argv) {
     int rc = l3d_cli_train_flags("train", argc, argv, &tc, &ro.backend);
     if (rc >= 0) return rc;
     if (!tc.train_pattern) {
+        free((char *)tc.config_yaml);
         if (l3d_cli_launcher_rank() == 0)
             fprintf(stderr, "llm3d train: no training data: give --train with a token shard file "
                     "or a quoted glob (make some with llm3d prepare)\n");
@@ -386,11 +390,15 @@ int l3d_cli_train(int argc, char **argv) {
     }
     struct l3d_runtime *rt;
     ro.progress_thread = !tc.dp_blocking && tc.progress == L3D_PROGRESS_THREAD;
-    if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) return 1;
+    if (l3d_runtime_init(&argc, &argv, &ro, &rt) != L3D_OK) {
+        free((char *)tc.config_yaml);
+        return 1;
+    }
     struct l3d_train_result res;
     l3d_status st = l3d_train_run(&tc, rt, &res);
     if (st != L3D_OK && res.report_error)
         fprintf(stderr, "llm3d train: %s\n", l3d_error_message());
     l3d_runtime_free(rt);
+    free((char *)tc.config_yaml);
     return st == L3D_OK ? 0 : 1;
 }

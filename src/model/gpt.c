@@ -13,6 +13,7 @@
 
 #include "llm3d/arch.h"
 #include "llm3d/model.h"
+#include "moe.h"
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
@@ -25,7 +26,8 @@ double l3d_model_param_count(const struct l3d_model_spec *m) {
     double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
     double Vp = m->Vp > 0 ? m->Vp : m->V;
     return m->L * (2 * norm + attn + mlp) + Vp * C * (m->untied ? 2 : 1) +
-           (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0) + norm;
+           (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0) + norm +
+           l3d_moe_layer_param_delta(m, m->moe.experts);
 }
 
 /* The architecture's own rules (sizes are checked by the caller first). */
@@ -77,8 +79,13 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
                          (long long)cfg->ffn, 16 * L3D_MAX_CHANNELS);
     cfg->Vp = (cfg->V + L3D_VOCAB_ALIGN - 1) / L3D_VOCAB_ALIGN * L3D_VOCAB_ALIGN;
     l3d_status st = arch_check(cfg);
+    if (st == L3D_OK) st = l3d_moe_spec_check(cfg);
     if (st != L3D_OK) return st;
     if (cfg->ffn <= 0) cfg->ffn = 4LL * cfg->C; /* GPT-2's MLP */
+    if (cfg->moe.experts > 0 && cfg->moe.ffn == 0) cfg->moe.ffn = cfg->ffn; /* the MLP's width */
+    if (cfg->moe.ffn > 16LL * L3D_MAX_CHANNELS)
+        return l3d_error(L3D_ERR_ARG, "--moe-ffn %lld: at most %d", (long long)cfg->moe.ffn,
+                         16 * L3D_MAX_CHANNELS);
     double params = l3d_model_param_count(cfg);
     if (params > L3D_MAX_PARAMS)
         return l3d_error(L3D_ERR_ARG, "model too large: %.3g parameters (layers %d, channels %d, "
@@ -110,12 +117,17 @@ bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_mode
            model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
            l3d_model_kv_heads(a) == l3d_model_kv_heads(b) && a->norm == b->norm &&
            a->mlp == b->mlp && a->pos == b->pos && a->no_bias == b->no_bias &&
-           a->untied == b->untied;
+           a->untied == b->untied && a->moe.experts == b->moe.experts &&
+           a->moe.top_k == b->moe.top_k && a->moe.ffn == b->moe.ffn &&
+           a->moe.shared == b->moe.shared && a->moe.dense_layers == b->moe.dense_layers;
 }
 
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
     const struct l3d_rope *p = &a->rope, *q = &b->rope;
-    return l3d_model_same_shapes(a, b) && a->Vp == b->Vp && a->norm_eps == b->norm_eps &&
+    const struct l3d_moe_spec *x = &a->moe, *y = &b->moe;
+    bool moe = x->norm_topk == y->norm_topk && x->aux_coef == y->aux_coef &&
+               x->z_coef == y->z_coef && x->capacity_factor == y->capacity_factor;
+    return l3d_model_same_shapes(a, b) && moe && a->Vp == b->Vp && a->norm_eps == b->norm_eps &&
            (a->pos != L3D_POS_ROPE ||
             (p->theta == q->theta && p->factor == q->factor &&
              p->low_freq_factor == q->low_freq_factor &&
@@ -127,7 +139,7 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     const struct l3d_arch_info *a = l3d_arch_info(m->arch);
     return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
            m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
-           m->untied == a->untied;
+           m->untied == a->untied && m->moe.experts == 0; /* llm.c has no experts */
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
@@ -180,6 +192,7 @@ l3d_status l3d_shard_check(const struct l3d_model_spec *cfg, const struct l3d_sh
 static const char *const tensor_names[L3D_NUM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead",
+    "router", "expfcw", "expfcb", "expprojw", "expprojb", "shfcw", "shfcb", "shprojw", "shprojb",
 };
 
 bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
@@ -188,6 +201,11 @@ bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
     case L3D_T_LN1B: case L3D_T_LN2B: case L3D_T_LNFB: return c->norm == L3D_NORM_LAYERNORM;
     case L3D_T_QKVB: case L3D_T_ATTPROJB: case L3D_T_FCB: case L3D_T_FCPROJB: return !c->no_bias;
     case L3D_T_LMHEAD: return c->untied;
+    case L3D_T_ROUTER: case L3D_T_EXPFCW: case L3D_T_EXPPROJW: return c->moe.experts > 0;
+    case L3D_T_EXPFCB: case L3D_T_EXPPROJB: return c->moe.experts > 0 && !c->no_bias;
+    case L3D_T_SHFCW: case L3D_T_SHPROJW: return c->moe.experts > 0 && c->moe.shared > 0;
+    case L3D_T_SHFCB: case L3D_T_SHPROJB:
+        return c->moe.experts > 0 && c->moe.shared > 0 && !c->no_bias;
     default: return t >= 0 && t < L3D_NUM_TENSORS;
     }
 }
@@ -203,11 +221,17 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_sh
     int64_t Vh = s->has_head ? s->vocab_count : 0;
     int64_t Tw = s->has_embedding ? c->maxT : 0;
     int64_t Cf = s->has_head ? C : 0;
-    /* (layers, rows, cols) of each tensor, in llm.c's order */
+    /* the dense MLP's layers and the MoE layers (the dense ones lead: moe.dense_layers) */
+    int64_t Lm = l3d_shard_moe_layers(c, s), Ld = Ll - Lm;
+    int64_t E = c->moe.experts, Fe = c->moe.ffn, mul = c->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    int64_t Fem = mul * Fe, SF = c->moe.shared * Fe, SFm = mul * SF;
+    /* (layers, rows, cols) of each tensor, in llm.c's order, then the MoE ones */
     const int64_t shape[L3D_NUM_TENSORS][3] = {
         {1, Vl, C},     {1, Tw, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, QKV, C},    {Ll, 1, QKV},
-        {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ll, Fm, C},     {Ll, 1, Fm},
-        {Ll, C, F},     {Ll, 1, C},     {1, 1, Cf},  {1, 1, Cf},  {1, Vh, C},
+        {Ll, C, Ca},    {Ll, 1, C},     {Ll, 1, C},  {Ll, 1, C},  {Ld, Fm, C},     {Ld, 1, Fm},
+        {Ld, C, F},     {Ld, 1, C},     {1, 1, Cf},  {1, 1, Cf},  {1, Vh, C},
+        {Lm, E, C},     {Lm, E * Fem, C}, {Lm, 1, E * Fem}, {Lm, E * C, Fe}, {Lm, 1, E * C},
+        {Lm, SFm, C},   {Lm, 1, SFm},   {Lm, C, SF}, {Lm, 1, C},
     };
     int64_t off = 0;
     for (int i = 0; i < L3D_NUM_TENSORS; i++) {
@@ -222,7 +246,9 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_sh
         t->dtype = L3D_F32; /* l3d_gpt_init_dt sets the model's type */
         t->bytes = (size_t)t->count * l3d_dtype_size(t->dtype);
         t->decay = (i == L3D_T_WTE || i == L3D_T_WPE || i == L3D_T_QKVW || i == L3D_T_ATTPROJW ||
-                    i == L3D_T_FCW || i == L3D_T_FCPROJW || i == L3D_T_LMHEAD);
+                    i == L3D_T_FCW || i == L3D_T_FCPROJW || i == L3D_T_LMHEAD ||
+                    i == L3D_T_ROUTER || i == L3D_T_EXPFCW || i == L3D_T_EXPPROJW ||
+                    i == L3D_T_SHFCW || i == L3D_T_SHPROJW);
         off += t->count;
     }
     return off;
@@ -242,7 +268,19 @@ static void plan_params(struct l3d_gpt *m) {
     }
 }
 
-bool l3d_gpt_is_layer_tensor(int t) { return t >= L3D_T_LN1W && t <= L3D_T_FCPROJB; }
+bool l3d_gpt_is_layer_tensor(int t) {
+    return (t >= L3D_T_LN1W && t <= L3D_T_FCPROJB) || (t >= L3D_T_ROUTER && t < L3D_NUM_TENSORS);
+}
+
+int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
+                             int layer) {
+    if (cfg->moe.experts == 0) return layer;
+    int g = sh->layer_start + layer, N = cfg->moe.dense_layers;
+    bool moe = l3d_model_moe_layer(cfg, g);
+    if (t >= L3D_T_FCW && t <= L3D_T_FCPROJB) return moe ? -1 : layer; /* dense layers lead */
+    if (t >= L3D_T_ROUTER) return moe ? g - (sh->layer_start > N ? sh->layer_start : N) : -1;
+    return layer;
+}
 
 /* Element i of a buffer of type t. */
 static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
@@ -255,7 +293,10 @@ void *l3d_gpt_param_ptr(const struct l3d_gpt *m, int t, int layer) {
         return el(lt ? m->gathered_layer : m->gathered_nonlayer,
                   lt ? m->slot_off[t] : m->nonlayer_off[t], m->es);
     }
-    return el(m->params, ti->offset + (int64_t)layer * ti->rows * ti->cols, m->es);
+    int64_t tl = l3d_gpt_is_layer_tensor(t) ? l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer)
+                                            : layer;
+    L3D_ASSERT(tl >= 0); /* a layer the tensor has no part in (layer_params asks for none) */
+    return el(m->params, ti->offset + tl * ti->rows * ti->cols, m->es);
 }
 
 void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view) {
@@ -271,7 +312,12 @@ void l3d_gpt_fp32_view(const struct l3d_gpt *m, float *p, struct l3d_gpt *view) 
 
 float *l3d_gpt_grad_ptr(const struct l3d_gpt *m, int t, int layer) {
     const struct l3d_tensor_info *ti = &m->tensors[t];
-    if (!m->grads_nonlayer) return m->grads + ti->offset + (int64_t)layer * ti->rows * ti->cols;
+    if (!m->grads_nonlayer) {
+        int64_t tl = l3d_gpt_is_layer_tensor(t) ? l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer)
+                                                : layer;
+        L3D_ASSERT(tl >= 0);
+        return m->grads + ti->offset + tl * ti->rows * ti->cols;
+    }
     if (l3d_gpt_is_layer_tensor(t)) return m->grad_slot[layer % 2] + m->slot_off[t];
     return m->grads_nonlayer + m->nonlayer_off[t];
 }
@@ -395,7 +441,10 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
             bool keep = m->recompute == L3D_RECOMPUTE_NONE ||
                         (m->recompute == L3D_RECOMPUTE_SELECTIVE && (i != 5 || !naive_sel)) ||
                         i == 12;
-            if (keep) TAKE(*layer_act_field(&a->layer[l], i), sz[i], layer_act_f32(i) ? F4 : E);
+            /* a MoE layer has no dense MLP: its rows live in src/model/moe.c's buffers */
+            bool moe = l3d_model_moe_layer(&m->cfg, s->layer_start + l) && (i == 10 || i == 11);
+            if (keep) TAKE(*layer_act_field(&a->layer[l], i), moe ? 0 : sz[i],
+                           layer_act_f32(i) ? F4 : E);
         }
     if (s->has_head) {
         TAKE(a->lnf, BTl * C, E);
@@ -599,6 +648,12 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     l3d_be_memset(be, m->acts->base, 0, m->act_bytes);
     l3d_be_memset(be, m->loss_sum, 0, sizeof(double));
     point_acts(m, m->acts->base, 0);
+    st = l3d_moe_init(m);
+    if (st != L3D_OK) {
+        l3d_gpt_free(m);
+        return st;
+    }
+    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt);
     *out = m;
     return L3D_OK;
 }
@@ -606,6 +661,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
 void l3d_gpt_free(struct l3d_gpt *m) {
     if (!m) return;
     struct l3d_backend *be = m->be;
+    l3d_moe_free(m);
     if (m->acts) {
         l3d_be_free(be, m->acts->base);
         l3d_free(m->acts->layer);
@@ -752,6 +808,7 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
     int64_t C = cfg->C, HS = C / cfg->NH, F = cfg->ffn;
     int64_t QKV = C + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
     int64_t Fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * F : F;
+    int64_t E = cfg->moe.experts, Fe = cfg->moe.ffn, Fem = Fm / F * Fe, S = cfg->moe.shared;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally (a
      * tensor the architecture lacks has no elements: nothing to draw) */
     struct { int t; int64_t rows, cols; float std; } mats[] = {
@@ -762,6 +819,11 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
         {L3D_T_FCW, Fm, C, 0.02f},
         {L3D_T_FCPROJW, C, F, 0.02f / sqrtf(2.0f * (float)cfg->L)},
         {L3D_T_LMHEAD, cfg->Vp, C, 0.02f},
+        {L3D_T_ROUTER, E, C, 0.02f},
+        {L3D_T_EXPFCW, E * Fem, C, 0.02f},
+        {L3D_T_EXPPROJW, E * C, Fe, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_SHFCW, S * Fem, C, 0.02f},
+        {L3D_T_SHPROJW, C, S * Fe, 0.02f / sqrtf(2.0f * (float)cfg->L)},
     };
     /* computed on the host in blocks of at most INIT_BLOCK elements (a small staging buffer:
      * a mixed-precision run initialises after its optimizer state is allocated, at its memory
@@ -772,6 +834,10 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[mats[i].t];
         const int64_t per_layer = ti->rows * ti->cols;
+        /* the full tensor's index of the shard's first layer of it (MoE tensors: among the MoE
+         * layers, which start at moe.dense_layers) */
+        int64_t first = m->shard.layer_start, nd = cfg->moe.dense_layers;
+        if (mats[i].t >= L3D_T_ROUTER) first = (first > nd ? first : nd) - nd;
         int64_t e0, e1;
         init_span(ti, lo, n, &e0, &e1);
         for (int64_t b0 = e0; b0 < e1; b0 += INIT_BLOCK) {
@@ -780,7 +846,7 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
             for (int64_t k = 0; k < nb; k++) {
                 int64_t e = b0 + k, l = e / per_layer, r = e % per_layer / ti->cols;
                 int64_t c = e % ti->cols;
-                int64_t gl = l3d_gpt_is_layer_tensor(mats[i].t) ? m->shard.layer_start + l : 0;
+                int64_t gl = l3d_gpt_is_layer_tensor(mats[i].t) ? first + l : 0;
                 int64_t gr, gc;
                 global_rc(&m->cfg, &m->shard, mats[i].t, r, c, &gr, &gc);
                 if ((mats[i].t == L3D_T_WTE || mats[i].t == L3D_T_LMHEAD) && gr >= cfg->V) {
@@ -835,12 +901,18 @@ struct layer_params {
 
 /* A tensor the architecture lacks (a bias, GPT-2's wpe under RoPE): NULL, which the kernels read
  * as "none". */
+static bool has_part(const struct l3d_gpt *m, int t, int layer) {
+    return l3d_gpt_tensor_used(&m->cfg, t) &&
+           (!l3d_gpt_is_layer_tensor(t) || l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer) >= 0);
+}
+
+/* (a MoE layer has no dense MLP: its fcw ... are NULL too) */
 static float *grad_or_null(const struct l3d_gpt *m, int t, int layer) {
-    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_grad_ptr(m, t, layer) : NULL;
+    return has_part(m, t, layer) ? l3d_gpt_grad_ptr(m, t, layer) : NULL;
 }
 
 static void *param_or_null(const struct l3d_gpt *m, int t, int layer) {
-    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_param_ptr(m, t, layer) : NULL;
+    return has_part(m, t, layer) ? l3d_gpt_param_ptr(m, t, layer) : NULL;
 }
 
 /* The output head: the tied token embedding, or Llama's lm_head. */
@@ -1072,7 +1144,7 @@ static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const v
 
 /* One transformer layer's forward from its input x into la (res3 is its output). */
 static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
-                          int T) {
+                          int T, bool count) {
     struct l3d_gpt_acts *a = m->acts;
     const struct l3d_shard *s = &m->shard;
     const enum l3d_dtype dt = m->dt;
@@ -1091,6 +1163,11 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     lnout = sp > 1 ? a->ln_local : la->ln2;
     norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
+    if (l3d_model_moe_layer(&m->cfg, s->layer_start + l)) { /* the experts instead of the MLP */
+        l3d_moe_forward(m, l, a->scratch, la->ln2, N, count);
+        l3d_be_residual_forward(m->be, dt, la->res3, la->res2, a->scratch, N * C);
+        return;
+    }
     l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
     if (m->cfg.mlp == L3D_MLP_SWIGLU)
         l3d_be_swiglu_forward(m->be, dt, la->fch_gelu, la->fch, N, w.F);
@@ -1171,7 +1248,7 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
     const void *x = m->input_act;
     for (int l = 0; l < s->layer_count; l++) {
         params_begin(m, l, false);
-        forward_layer(m, l, &a->layer[l], x, B, T);
+        forward_layer(m, l, &a->layer[l], x, B, T, true);
         params_end(m, l, false);
         x = a->layer[l].res3;
     }
@@ -1251,6 +1328,25 @@ static void head_backward(struct l3d_gpt *m, float dloss, const void *x_last) {
     }
 }
 
+/* The dense MLP's backward: d(res3) in dres_full to d(ln2) in dln. */
+static void mlp_backward(struct l3d_gpt *m, const struct layer_acts *la,
+                         const struct layer_params *p, const struct layer_grads *g, int64_t N) {
+    struct l3d_gpt_acts *a = m->acts;
+    struct widths w = widths(m);
+    const size_t E = m->es;
+    int64_t C = m->cfg.C, F = w.F;
+    l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * E);
+    matmul_backward(m, a->dfch_gelu, g->fcprojw, g->fcprojb, a->dres_full, la->fch_gelu,
+                    p->fcprojw, N, F, C);
+    l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * w.Fm) * E);
+    if (m->cfg.mlp == L3D_MLP_SWIGLU)
+        l3d_be_swiglu_backward(m->be, m->dt, a->dfch, a->dfch_gelu, la->fch, N, F);
+    else
+        l3d_be_gelu_backward(m->be, m->dt, a->dfch, a->dfch_gelu, la->fch, N * F);
+    progress(m);
+    column_parallel_backward(m, a->dln, g->fcw, g->fcb, a->dfch, la->ln2, p->fcw, N, C, w.Fm);
+}
+
 static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
     const struct l3d_shard *s = &m->shard;
@@ -1260,7 +1356,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
     int B = m->B, T = m->T;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
     struct widths w = widths(m);
-    int64_t Hl = w.Hl, HS = w.HS, Ca = w.Ca, F = w.F;
+    int64_t Hl = w.Hl, HS = w.HS, Ca = w.Ca;
     /* sequence parallel: the LayerNorm and residual regions hold Nl of the N rows; their
      * gradients are gathered before each row-parallel product (the conjugate of its
      * reduce-scatter), and the LayerNorm weights' gradients, partial sums over this rank's rows,
@@ -1286,7 +1382,7 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
             la = &a->rc;
-            forward_layer(m, l, la, x, B, T);
+            forward_layer(m, l, la, x, B, T, false);
         } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
             /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
             l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
@@ -1302,16 +1398,10 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         }
         /* MLP: dres holds d(res3) */
         if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        l3d_be_memset(m->be, a->dfch_gelu, 0, (size_t)(N * F) * E);
-        matmul_backward(m, a->dfch_gelu, g.fcprojw, g.fcprojb, a->dres_full, la->fch_gelu,
-                        p.fcprojw, N, F, C);
-        l3d_be_memset(m->be, a->dfch, 0, (size_t)(N * w.Fm) * E);
-        if (m->cfg.mlp == L3D_MLP_SWIGLU)
-            l3d_be_swiglu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N, F);
+        if (l3d_model_moe_layer(&m->cfg, s->layer_start + l))
+            l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
         else
-            l3d_be_gelu_backward(m->be, dt, a->dfch, a->dfch_gelu, la->fch, N * F);
-        progress(m);
-        column_parallel_backward(m, a->dln, g.fcw, g.fcb, a->dfch, la->ln2, p.fcw, N, C, w.Fm);
+            mlp_backward(m, la, &p, &g, N);
         layernorm_backward(m, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
                            la->ln2_mean, la->ln2_rstd, Nl, C);
         progress(m);
@@ -1401,7 +1491,12 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
-    return (size_t)(act_slots * slot + shared);
+    /* a MoE layer keeps no dense MLP rows (fch, fch_gelu: the fm + f of each token), and the
+     * MoE buffers come on top (src/model/moe.c) */
+    if (recompute != L3D_RECOMPUTE_FULL)
+        slot -= l3d_shard_moe_layers(cfg, sh) * E * sb * (double)(fm + f);
+    return (size_t)(act_slots * slot + shared) +
+           l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */
@@ -1416,6 +1511,9 @@ double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T) {
     double wpe = cfg->pos == L3D_POS_LEARNED ? (double)cfg->maxT * cfg->C : 0.0;
     /* an untied model's embedding is a lookup: only its head takes part in a product */
     double wte = cfg->untied ? (double)cfg->Vp * cfg->C : 0.0;
-    double n = (double)l3d_gpt_param_count(cfg) - wpe - wte;
+    /* the parameters a token uses: a MoE layer's top-k experts, not all of them */
+    double active = (double)l3d_gpt_param_count(cfg) - l3d_model_param_count(cfg) +
+                    l3d_model_active_param_count(cfg);
+    double n = active - wpe - wte;
     return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
 }

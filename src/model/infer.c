@@ -44,6 +44,10 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
         !s->has_head || s->sp_size != 1)
         return l3d_error(L3D_ERR_LAYOUT, "generation runs on the whole model in one process: "
                          "load the checkpoint without tensor or pipeline parallelism");
+    if (c->moe.experts > 0)
+        return l3d_error(L3D_ERR_ARG, "generation with the KV cache has no mixture-of-experts "
+                         "blocks yet (--moe-experts %d): give --no-kv-cache (each token through "
+                         "the whole model's forward)", c->moe.experts);
     struct l3d_infer *inf = l3d_calloc(sizeof *inf, "inference state");
     inf->m = m;
     inf->be = m->be;

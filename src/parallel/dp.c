@@ -136,9 +136,10 @@ static void grads_ready(void *ctx, int layer) {
         if (!l3d_gpt_is_layer_tensor(t)) continue;
         const struct l3d_tensor_info *ti = &m->tensors[t];
         int64_t slice = ti->rows * ti->cols;
-        if (slice == 0) continue;
-        reduce_slice(dp, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + (int64_t)layer * slice,
-                     slice);
+        /* the tensor's own layer (a MoE layer has no dense MLP, a dense one no experts) */
+        int64_t tl = l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer);
+        if (slice == 0 || tl < 0) continue;
+        reduce_slice(dp, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + tl * slice, slice);
     }
     poll(dp, 1);
     if (dp->zero >= 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */

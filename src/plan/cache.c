@@ -14,18 +14,19 @@ void l3d_plan_cache_free(struct l3d_plan_cache *cc) {
 }
 
 l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_model_spec *m,
-                                 const struct l3d_plan_run *run, int S, int **owned,
-                                 const int **layers) {
+                                 const struct l3d_plan_run *run, const struct l3d_layout *lay,
+                                 int S, int **owned, const int **layers) {
     *owned = NULL;
     if (cc)
         for (int i = 0; i < L3D_PLAN_PARTITIONS; i++)
-            if (cc->layers[i] && cc->S[i] == S) {
+            if (cc->layers[i] && cc->S[i] == S && cc->first[i] == lay->pp_first &&
+                cc->last[i] == lay->pp_last && cc->given[i] == lay->pp_layers) {
                 *layers = cc->layers[i];
                 return L3D_OK;
             }
     int *buf = malloc(sizeof(int) * (size_t)S);
     if (!buf) return l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
-    l3d_status st = l3d_plan_stage_layers(m, run, S, buf);
+    l3d_status st = l3d_plan_stage_layers(m, run, lay, S, buf);
     if (st != L3D_OK) {
         free(buf);
         return st;
@@ -34,6 +35,9 @@ l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_mod
         free(cc->layers[cc->next]);
         cc->layers[cc->next] = buf;
         cc->S[cc->next] = S;
+        cc->first[cc->next] = lay->pp_first;
+        cc->last[cc->next] = lay->pp_last;
+        cc->given[cc->next] = lay->pp_layers;
         cc->next = (cc->next + 1) % L3D_PLAN_PARTITIONS;
     } else {
         *owned = buf;

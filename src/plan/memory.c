@@ -316,7 +316,7 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
     struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
     if (!layers || !start || !ch)
         st = l3d_error(L3D_ERR_OOM, "out of memory planning %d stages", S);
-    if (st == L3D_OK) st = l3d_plan_stage_layers(&ms, run, S, layers);
+    if (st == L3D_OK) st = l3d_plan_stage_layers(&ms, run, &lay, S, layers);
     if (st == L3D_OK) {
         start[0] = 0;
         for (int i = 0; i < S; i++) start[i + 1] = start[i] + layers[i];

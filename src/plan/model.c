@@ -8,6 +8,11 @@
 #include "plan-impl.h"
 
 l3d_status l3d_plan_model_check(const struct l3d_model_spec *m) {
+    if (m->moe.experts > 0)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts %d: the planner does not model mixtures of "
+                         "experts yet (active FLOPs, expert memory and all-to-all times land "
+                         "with issue 46 item 6); plan the dense model, or measure with llm3d "
+                         "train", m->moe.experts);
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 1 || m->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (--layers %d, --channels %d, "
                          "--heads %d, --vocab %d, --seq-len %d)", m->L, m->C, m->NH, m->V, m->maxT);

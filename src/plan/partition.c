@@ -2,6 +2,7 @@
  * fast, or Megatron-LM's even one. */
 #include <math.h>
 
+#include "llm3d/layout.h"
 #include "llm3d/pipeline.h"
 #include "plan-impl.h"
 
@@ -81,10 +82,15 @@ static void fast_partition(const struct l3d_model_spec *cfg, int T, int stages, 
 }
 
 l3d_status l3d_plan_stage_layers(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
-                                 int stages, int *layers) {
+                                 const struct l3d_layout *lay, int stages, int *layers) {
     if (stages > m->L)
         return l3d_error(L3D_ERR_LAYOUT, "%d pipeline stages (pp x v) for %d layers: each stage "
                          "needs a layer", stages, m->L);
+    if (lay && (lay->pp_layers || lay->pp_first || lay->pp_last)) {
+        struct l3d_layout l = *lay; /* the stages asked for, whatever pp x v the caller counts */
+        L3D_ASSERT((int64_t)l.pp * (l.v > 0 ? l.v : 1) == stages);
+        return l3d_layout_stage_layers(m, &l, layers);
+    }
     if (l3d_plan_trainer(run)) {
         struct l3d_model_spec c = l3d_plan_model_gpt(m);
         fast_partition(&c, m->maxT, stages, layers);

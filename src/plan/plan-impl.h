@@ -243,7 +243,9 @@ double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, i
 
 #define L3D_PLAN_PARTITIONS 32
 struct l3d_plan_cache {
-    int S[L3D_PLAN_PARTITIONS];      /* stage partitions by stage count */
+    int S[L3D_PLAN_PARTITIONS];      /* stage partitions by stage count and the ends given */
+    int first[L3D_PLAN_PARTITIONS], last[L3D_PLAN_PARTITIONS];
+    const char *given[L3D_PLAN_PARTITIONS];
     int *layers[L3D_PLAN_PARTITIONS];
     int next;
     bool have_sched;                 /* the trainer's schedule of the last layout */
@@ -254,11 +256,11 @@ struct l3d_plan_cache {
     struct l3d_plan_timelines tl;
 };
 void l3d_plan_cache_free(struct l3d_plan_cache *cc);
-/* The layers of each of S stages: from the cache, else computed (and kept there when cc; else in
- * *owned, for the caller to free). */
+/* The layers of each of layout lay's S stages (l3d_plan_stage_layers): from the cache, else
+ * computed (and kept there when cc; else in *owned, for the caller to free). */
 l3d_status l3d_plan_cache_layers(struct l3d_plan_cache *cc, const struct l3d_model_spec *m,
-                                 const struct l3d_plan_run *run, int S, int **owned,
-                                 const int **layers);
+                                 const struct l3d_plan_run *run, const struct l3d_layout *lay,
+                                 int S, int **owned, const int **layers);
 /* The trainer's schedule of (kind, p, v, mm) in *sched: the cache's, else built (into the cache
  * when cc, else into *own, for the caller to free). */
 l3d_status l3d_plan_cache_schedule(struct l3d_plan_cache *cc, enum l3d_pp_kind kind, int p, int v,

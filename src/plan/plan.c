@@ -76,7 +76,7 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
     if (m->maxT > ev->mt.maxT) ev->mt.maxT = m->maxT;
     ev->S = p * v;
     ev->kind = p > 1 ? ev->lay.schedule : L3D_PP_1F1B;
-    st = l3d_plan_cache_layers(cc, &ev->ms, &ev->run, ev->S, &ev->owned, &ev->layers);
+    st = l3d_plan_cache_layers(cc, &ev->ms, &ev->run, &ev->lay, ev->S, &ev->owned, &ev->layers);
     if (st != L3D_OK) return st;
     ev->start = malloc(sizeof(int64_t) * (size_t)(ev->S + 1));
     ev->ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);

@@ -137,6 +137,23 @@ static int micro_batches(const struct l3d_plan_fixed *fx, int mbs[8]) {
     return n;
 }
 
+/* Megatron-LM's stages hold equal layers; when S does not divide L, Megatron-Core's shorter end
+ * stages: first and last k layers each (the largest k below L / S that splits the rest evenly over
+ * the S - 2 others: Llama 3 405B's 126 layers on 16 as 7 + 14 x 8 + 7), or on two stages the
+ * first the shorter half. Left even (and refused by the rules) when no k does. */
+static void balance_ends(int L, int S, struct l3d_layout *l) {
+    if (S < 2 || L % S == 0) return;
+    if (S == 2) {
+        l->pp_first = L / 2;
+        return;
+    }
+    for (int k = L / S; k >= 1; k--)
+        if ((L - 2 * k) % (S - 2) == 0) {
+            l->pp_first = l->pp_last = k;
+            return;
+        }
+}
+
 /* Every micro-batch and v of tp x cp x pp x dp ranks. */
 static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64_t pp,
                        int64_t dp) {
@@ -159,7 +176,10 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
                 .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
                 .v = v, .schedule = v > 1 ? L3D_PP_INTERLEAVED : one,
                 .threads = f->threads > 0 ? f->threads : 1, .seq = f->seq,
-                .global_batch = f->global_batch, .bucket_bytes = f->bucket_bytes};
+                .global_batch = f->global_batch, .bucket_bytes = f->bucket_bytes,
+                .pp_layers = f->pp_layers, .pp_first = f->pp_first, .pp_last = f->pp_last};
+            if (w->sp->even_stages && !f->pp_layers && !f->pp_first && !f->pp_last)
+                balance_ends(w->sp->m->L, (int)pp * v, &base);
             walk_variants(w, &base);
         }
     }
@@ -255,7 +275,8 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
                      .first_err = L3D_OK};
     l3d_plan_layouts(&(struct l3d_plan_space){.m = m, .ranks = ranks,
                                               .dpn = prof->devices_per_node,
-                                              .zero3 = l3d_plan_trainer(run), .fx = fx},
+                                              .zero3 = l3d_plan_trainer(run),
+                                              .even_stages = !l3d_plan_trainer(run), .fx = fx},
                      walk_one, &w);
     l3d_plan_cache_free(&w.cache);
     stats->seconds = l3d_time_s() - t0;

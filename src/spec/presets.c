@@ -73,6 +73,21 @@ static const struct preset {
                   .original_context = 8192}}},
 };
 
+/* llm3d's mixtures of experts (include/llm3d/model.h, struct l3d_moe_spec), each a preset above
+ * with experts: for tests, GPT-2's tiny with 4 experts, top-2, renormalised (Mixtral's router)
+ * and small auxiliary losses; GPT-2 small with 8 experts, top-2, each of half the dense MLP's
+ * width (2C), so that a token's two experts cost what the dense MLP does (the issue's benchmark
+ * model). */
+static const struct moe_preset {
+    const char *name, *base;
+    struct l3d_moe_spec moe;
+} moe_presets[] = {
+    {"moe-tiny", "tiny", {.experts = 4, .top_k = 2, .ffn = 128, .norm_topk = true,
+                          .aux_coef = 0.01, .z_coef = 0.001}},
+    {"gpt2-moe", "d12", {.experts = 8, .top_k = 2, .ffn = 1536, .norm_topk = true,
+                         .aux_coef = 0.01}},
+};
+
 const char *l3d_model_preset_names(void) {
     static char names[2048];
     if (names[0]) return names;
@@ -83,10 +98,21 @@ const char *l3d_model_preset_names(void) {
         if (p->alias && k < sizeof names)
             k += (size_t)snprintf(names + k, sizeof names - k, " (%s, %s)", p->alias, p->note);
     }
+    for (size_t i = 0; i < sizeof moe_presets / sizeof moe_presets[0] && k < sizeof names; i++)
+        k += (size_t)snprintf(names + k, sizeof names - k, ", %s", moe_presets[i].name);
     return names;
 }
 
 l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
+    for (size_t i = 0; i < sizeof moe_presets / sizeof moe_presets[0]; i++) {
+        const struct moe_preset *p = &moe_presets[i];
+        if (strcmp(name, p->name) != 0) continue;
+        l3d_status st = l3d_model_preset(m, p->base);
+        L3D_ASSERT(st == L3D_OK);
+        snprintf(m->name, sizeof m->name, "%s", p->name);
+        m->moe = p->moe;
+        return l3d_gpt_config_finish(m);
+    }
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         const struct preset *p = &presets[i];
         if (strcmp(name, p->name) != 0 && !(p->alias && strcmp(name, p->alias) == 0)) continue;

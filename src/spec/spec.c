@@ -100,6 +100,29 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
 
 /* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
  * width, GELU or SwiGLU). */
+/* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
+ * run on yet, each by name (issue 46: expert parallelism brings tp, pp, cp and ZeRO-3). */
+static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                      struct l3d_spec_errors *e) {
+    if (l3d_moe_spec_check(m) != L3D_OK) {
+        add(e, L3D_ERR_ARG, "%s", l3d_error_message());
+        return;
+    }
+    if (m->moe.experts == 0) return;
+    if (l->tp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
+            "parallelism of MoE layers lands with expert parallelism); use --tp 1", l->tp);
+    if (l->pp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --pp %d: not yet supported (pipeline "
+            "parallelism of MoE layers lands with expert parallelism); use --pp 1", l->pp);
+    if (l->cp > 1)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --cp %d: not yet supported (context "
+            "parallelism of MoE layers lands with expert parallelism); use --cp 1", l->cp);
+    if (l->zero >= 3)
+        add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
+            "layers lands with expert parallelism); use --zero 0, 1 or 2");
+}
+
 static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
     if (m->L < 1 || m->C < 1 || m->NH < 1 || m->V < 2 || m->maxT < 1) {
         add(e, L3D_ERR_ARG, "model sizes --layers %d --channels %d --heads %d --vocab %d "
@@ -196,6 +219,34 @@ static void check_cp(const struct l3d_model_spec *m, const struct l3d_layout *l,
             (l->seq / (2 * l->cp) + 1) * 2 * l->cp);
 }
 
+/* --pp-first-layers / --pp-last-layers: the ends given, the stages between split evenly
+ * (l3d_layout_split_ends); Megatron-Core needs that split exact. */
+static void check_ends(const struct l3d_model_spec *m, const struct l3d_layout *l,
+                       const struct l3d_spec_ctx *ctx, int64_t stages,
+                       struct l3d_spec_errors *e) {
+    int64_t first = l->pp_first, last = l->pp_last;
+    int64_t free = stages - (first > 0) - (last > 0), rest = m->L - first - last;
+    if (first < 0 || last < 0)
+        add(e, L3D_ERR_ARG, "--pp-first-layers %lld and --pp-last-layers %lld: give at least 1 "
+            "(or leave one out)", (long long)first, (long long)last);
+    else if (l->pp_layers)
+        add(e, L3D_ERR_ARG, "--pp-layers lists every stage: give it or --pp-first-layers / "
+            "--pp-last-layers, not both");
+    else if (stages < 2)
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers / --pp-last-layers set the end stages of a "
+            "pipeline: give --pp 2 or more");
+    else if (rest < free || (free == 0 && rest != 0))
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers %lld and --pp-last-layers %lld leave %lld of the "
+            "%d layers to the %lld other stage(s) of --pp %d x --pp-virtual %d: each stage needs a "
+            "layer, and with both ends of two stages they must add up to the layers",
+            (long long)first, (long long)last, (long long)rest, m->L, (long long)free, l->pp,
+            l->v);
+    else if (!ctx->train && free > 0 && rest % free != 0)
+        add(e, L3D_ERR_LAYOUT, "--pp-first-layers %lld and --pp-last-layers %lld leave %lld layers, "
+            "which do not split evenly into the %lld other stages (Megatron-Core's rule)",
+            (long long)first, (long long)last, (long long)rest, (long long)free);
+}
+
 static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
                            const struct l3d_spec_ctx *ctx, int64_t micro,
                            struct l3d_spec_errors *e) {
@@ -215,9 +266,12 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
         add(e, L3D_ERR_LAYOUT, "--pp %d x --pp-virtual %d = %lld pipeline stages but the model has "
             "%d layers: each stage needs at least one layer; lower --pp or --pp-virtual", l->pp,
             l->v, (long long)stages, m->L);
-    else if (!ctx->train && m->L >= 1 && stages > 0 && m->L % stages != 0)
+    else if (l->pp_first || l->pp_last)
+        check_ends(m, l, ctx, stages, e);
+    else if (!ctx->train && !l->pp_layers && m->L >= 1 && stages > 0 && m->L % stages != 0)
         add(e, L3D_ERR_LAYOUT, "%d layers do not split evenly into --pp %d x --pp-virtual %d "
-            "stages (Megatron-LM's rule)", m->L, l->pp, l->v);
+            "stages (Megatron-LM's rule; Megatron-Core's uneven ends: --pp-first-layers, "
+            "--pp-last-layers)", m->L, l->pp, l->v);
 }
 
 /* micro-batch, sequence and micro-batches a step; returns the micro-batches (0: unknown) */
@@ -349,6 +403,7 @@ l3d_status l3d_spec_check_parts(const struct l3d_run_spec *s, const struct l3d_s
         int64_t micro = check_batch(&s->model, l, dp, ctx, e);
         check_pipeline(&s->model, l, ctx, micro, e);
         check_zero(l, ctx, dp, e);
+        check_moe(&s->model, l, e);
     }
     if (parts & L3D_SPEC_PRECISION) check_precision(&s->precision, ctx, e);
     if (e->n == 0) return L3D_OK;

@@ -18,8 +18,7 @@ static l3d_status partition(struct l3d_train_layout *lay, const struct l3d_train
     if ((int64_t)pp * v <= tc->model.L && !lay->layers)
         return l3d_error(L3D_ERR_OOM, "out of memory for %d x %d stages", pp, v);
     lay->stages = pp * v;
-    return l3d_layout_stage_layers(&tc->model, tc->layout.seq, pp, v, tc->layout.pp_layers,
-                                   lay->layers);
+    return l3d_layout_stage_layers(&tc->model, &tc->layout, lay->layers);
 }
 
 /* The trainer's flags outside the run spec. */

@@ -35,6 +35,20 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
+/* A mixture of experts' start-up line: its blocks, total and active parameters. */
+static void report_experts(const struct l3d_model_spec *m, double N) {
+    const struct l3d_moe_spec *moe = &m->moe;
+    if (moe->experts == 0) return;
+    char cap[48] = "dropless";
+    if (moe->capacity_factor > 0)
+        snprintf(cap, sizeof cap, "capacity factor %g", moe->capacity_factor);
+    printf("experts: layers %d-%d of %d experts (width %lld), top-%d%s, %d shared, %s; %.2fM "
+           "parameters, %.2fM active a token (model FLOPs and MFU count the active ones)\n",
+           moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
+           moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
+           l3d_model_active_param_count(m) / 1e6);
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -54,6 +68,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
+    report_experts(&tc->model, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";
@@ -74,7 +89,10 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                tc->layout.accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
         printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
-               tc->layout.pp_layers ? "given" : "balanced", 100.0 * res->bubble_theory);
+               tc->layout.pp_layers                              ? "given"
+               : tc->layout.pp_first || tc->layout.pp_last ? "end stages given, the others even"
+                                                           : "balanced",
+               100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
            tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->layout->dp,
@@ -150,13 +168,26 @@ static void json_float(char *buf, size_t n, double v) {
     }
 }
 
+/* A mixture of experts' part of a metrics.jsonl line, appended at line + n (cap bytes in all):
+ * the auxiliary losses, the drops and every layer's load; the new length. */
+static int moe_metrics(char *line, int n, size_t cap, const struct l3d_step_stats *s) {
+    if (s->moe_layers > 0 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"moe_aux_loss\":%.9g,"
+                      "\"moe_z_loss\":%.9g,\"moe_dropped\":%.0f,\"moe_load_max\":%.6g,"
+                      "\"moe_load\":[", s->moe_aux, s->moe_z, s->moe_dropped, s->moe_load_max);
+    for (int j = 0; j < s->moe_layers && n > 0 && n < (int)cap; j++)
+        n += snprintf(line + n, cap - (size_t)n, "%s%.6g", j ? "," : "", s->moe_load[j]);
+    if (s->moe_layers > 0 && n > 0 && n < (int)cap) n += snprintf(line + n, cap - (size_t)n, "]");
+    return n;
+}
+
 /* The step's line in metrics.jsonl. */
 static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                                const struct l3d_step_stats *s) {
     /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
-    char line[1024], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char line[4096], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
     char lr[32], tps[32], mfu[32]; /* as float32s: the TensorBoard values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
@@ -192,6 +223,7 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                       s->overflow ? ",\"overflow\":true" : "");
     if (s->stall_s > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
+    n = moe_metrics(line, n, sizeof line, s);
     if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
     L3D_ASSERT(n > 0 && n < (int)sizeof line);
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
@@ -224,6 +256,10 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                "%5.1f%%", step + 1, tc->steps, s->loss, s->lr, s->norm, s->seconds * 1e3,
                s->tokens_per_s, 100.0 * s->mfu);
         if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
+        if (s->moe_layers > 0) /* the largest layer's load; per layer in metrics.jsonl */
+            printf(" | aux %.4f | load %.2f", s->moe_aux, s->moe_load_max);
+        if (s->moe_layers > 0 && tc->model.moe.capacity_factor > 0)
+            printf(" | dropped %.0f", s->moe_dropped);
         if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
         if (s->loss_scale > 0) printf(" | scale %.0f", s->loss_scale);
         if (s->skipped) printf(" | skipped");

@@ -220,6 +220,10 @@ static l3d_status claim(const struct l3d_train_config *tc, uint64_t *id) {
     if (!out) return L3D_OK;
     st = l3d_mkdir_p(out);
     if (st == L3D_OK) st = write_run(run_path, *id, &tc->model);
+    if (st == L3D_OK && tc->config_yaml) { /* the flags, which --config reads back */
+        snprintf(p, sizeof p, "%s/run.yaml", out);
+        st = l3d_write_file(p, "run.yaml", tc->config_yaml, strlen(tc->config_yaml));
+    }
     return st;
 }
 

@@ -95,6 +95,24 @@ int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s) {
     return v[0] > 0.0 ? size - (int)v[0] : -1;
 }
 
+/* The MoE layers' statistics of the step, summed over the dp ranks (collective over them; pp and
+ * tp are refused with experts, so the one chunk holds every layer), into s. */
+static void moe_step_stats(struct l3d_trainer *t, struct l3d_step_stats *s) {
+    struct l3d_gpt *m = t->chunks[0];
+    int64_t n = l3d_gpt_moe_stats_len(m);
+    if (n == 0) return;
+    s->moe_layers = l3d_shard_moe_layers(&m->cfg, &m->shard);
+    l3d_gpt_moe_stats_take(m, t->moe_stats);
+    sum_f64(t->topo->dpcp_comm, t->moe_stats, (int)n);
+    struct l3d_moe_summary sum;
+    l3d_moe_summarize(t->moe_stats, s->moe_layers, m->cfg.moe.experts, t->moe_load, &sum);
+    s->moe_aux = sum.aux;
+    s->moe_z = sum.z;
+    s->moe_dropped = sum.dropped;
+    s->moe_load_max = sum.load_max;
+    s->moe_load = t->moe_load;
+}
+
 void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
@@ -105,6 +123,13 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
     for (int c = 0; c < v && topo->layout->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
+    /* the MoE statistics count this step's forwards only (not validation's) */
+    int64_t nmoe = l3d_gpt_moe_stats_len(t->chunks[0]);
+    if (nmoe > 0 && !t->moe_stats) {
+        t->moe_stats = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
+        t->moe_load = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
+    }
+    if (nmoe > 0) l3d_gpt_moe_stats_take(t->chunks[0], t->moe_stats);
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
     const int32_t *inp, *tgt;
     int T;
@@ -166,6 +191,8 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
                                  .bubble = pp > 1 && b[1] > 0 ? b[0] / b[1] : 0.0,
                                  .skipped = skip, .skip_rank = bad_rank, .stall_s = stall_s,
                                  .overflow = overflow, .loss_scale = t->ls.on ? scale : 0.0};
+    l3d_comm_doing(t->world, "MoE statistics sum", -1, -1);
+    moe_step_stats(t, s);
     s->tokens_per_s = (double)t->tokens_step / dt;
     s->mfu = s->tokens_per_s * t->flops_tok / t->peak;
     int k = step % t->n_times; /* the rings of the last steps (train-impl.h) */

@@ -76,6 +76,9 @@ struct l3d_trainer {
     /* the medians' samples: rings of the last n_times steps (step % n_times), at most
      * L3D_TRAIN_TIMES_KEPT, so that --steps 2^30 allocates 4 x 32 KiB, not 4 x 8 GiB */
     double *step_s, *opt_s, *comm_s, *bub;
+    /* mixture of experts: the step's statistics summed over the dp ranks (l3d_gpt_moe_stats_len
+     * doubles) and each MoE layer's load (NULL for a dense model) */
+    double *moe_stats, *moe_load;
     int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
     struct l3d_loss_scaler ls;         /* fp16 only */
@@ -95,6 +98,13 @@ struct l3d_step_stats {
     double loss_scale;  /* the scale this step's backward used (0: no loss scaling) */
     int skip_rank;      /* ... the lowest such world rank (-1: none) */
     double stall_s;     /* the longest stalled wait of any rank (0: none; see agree_skip) */
+    /* mixture of experts (moe_layers 0: a dense model): the step's auxiliary losses (means over
+     * layers and micro-batches), the assignments dropped, and the load (an expert's largest
+     * assignments over the mean, summed over the dp ranks) of each layer (moe_load, the
+     * trainer's) and the largest */
+    int moe_layers;
+    double moe_aux, moe_z, moe_dropped, moe_load_max;
+    const double *moe_load;
 };
 
 /* One optimizer step (collective): the step's micro-batches through the pipeline schedule, the

@@ -29,6 +29,16 @@ $spec cp 1 1048576 0 1048577
 $spec pp 1 1048576 0 1048577
 $spec dp 1 16777216 0 16777217
 $spec pp-virtual 1 256 0 257
+$spec moe-experts 0 65536 -1 65537
+$spec moe-top-k 0 65536 -1 65537
+$spec moe-ffn 1 67108864 0 67108865
+$spec moe-shared-experts 0 65536 -1 65537
+$spec moe-dense-layers 0 65536 -1 65537
+$spec moe-aux-loss-coef 0 1e6 -0.001 1.01e6
+$spec moe-z-loss-coef 0 1e6 -0.001 1.01e6
+$spec moe-capacity-factor 0 1e6 -0.001 1.01e6
+$spec pp-first-layers 1 65536 0 65537
+$spec pp-last-layers 1 65536 0 65537
 $spec batch 1 1073741824 0 1073741825
 $spec seq-len 1 16777216 0 16777217
 $spec grad-accum 1 1073741824 0 1073741825

@@ -103,9 +103,14 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_1f1b_global_batch" 2 2 4 --pp
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_interleaved_v2" 2 2 4 --pp 2 --pp-virtual 2
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_full" 2 2 4 --pp 2 --recompute full
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_selective_layers_3_1" 2 2 4 --pp 2 --recompute selective --pp-layers 3,1
+# uneven end stages (Megatron-Core's --decoder-first / -last-pipeline-num-layers): 1,3 and 3,1
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_first_1" 2 2 4 --pp 2 --pp-first-layers 1
+full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_last_1" 2 2 4 --pp 2 --pp-last-layers 1
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
+    # Llama 3 405B's shape scaled down: 6 layers on pp4 as 1, 2, 2, 1
+    L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1
     full && L3D_PP=4 L3D_MODEL="--layers 8" equiv "pp4_interleaved_v2" 4 2 4 --pp 4 --pp-virtual 2
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1" 4 2 4 --pp 2 --zero 1
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_recompute_full" 4 2 4 --pp 2 --zero 2 --recompute full

@@ -26,6 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = l3d_cli_train_flags("train", argc, argv, &tc, &backend);
     if (rc < 0 && (tc.model.L < 1 || tc.model.C % tc.model.NH != 0 || tc.layout.seq > tc.model.maxT))
         abort(); /* accepted flags give a valid model and sequence length */
+    if (rc < 0) free((char *)tc.config_yaml);
     l3d_free(buf);
     return 0;
 }

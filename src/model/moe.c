@@ -1,0 +1,453 @@
+/*
+ * Mixture-of-experts layers (include/llm3d/model.h, struct l3d_moe_spec): the spec's rules, the
+ * parameter counts, and the block's forward and backward over a shard's MoE layers.
+ *
+ * Data flow of one layer (docs/DESIGN.md "Mixture of experts"): the router (l3d_be_moe_route)
+ * gives each token its K experts and weights and every assignment its row in expert order; the
+ * token rows are gathered in that order (l3d_be_moe_permute), each expert's rows go through its
+ * MLP by the backend's matmul, one product per expert and projection, and the rows come back to
+ * their tokens weighted (l3d_be_moe_combine), onto the shared MLP's output. The buffers in expert
+ * order hold N K rows, the most a micro-batch can route: dropless, any expert may take up to N of
+ * them (all the tokens, each picking an expert once) and together they take N K; a capacity only
+ * lowers the rows used. Sizing each expert's rows for its worst case would take E N rows.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "moe.h"
+
+/* ---- the spec ---------------------------------------------------------------------------- */
+
+bool l3d_model_moe_layer(const struct l3d_model_spec *m, int l) {
+    return m->moe.experts > 0 && l >= m->moe.dense_layers;
+}
+
+int l3d_shard_moe_layers(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    int n = 0;
+    for (int l = sh->layer_start; l < sh->layer_start + sh->layer_count; l++)
+        n += l3d_model_moe_layer(cfg, l);
+    return n;
+}
+
+static bool finite_nonneg(double x) { return isfinite(x) && x >= 0.0; }
+
+l3d_status l3d_moe_spec_check(const struct l3d_model_spec *m) {
+    const struct l3d_moe_spec *e = &m->moe;
+    if (e->experts < 0)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts %d: give 0 (a dense model) or more experts",
+                         e->experts);
+    if (e->experts == 0) {
+        if (e->top_k || e->ffn || e->shared || e->dense_layers || e->aux_coef != 0.0 ||
+            e->z_coef != 0.0 || e->capacity_factor != 0.0)
+            return l3d_error(L3D_ERR_ARG, "--moe-top-k %d (or another --moe-* flag) without "
+                             "--moe-experts: a dense model has no router; give --moe-experts E "
+                             "or drop the --moe-* flags", e->top_k);
+        return L3D_OK;
+    }
+    if (e->top_k < 1 || e->top_k > e->experts)
+        return l3d_error(L3D_ERR_ARG, "--moe-top-k %d with --moe-experts %d: each token picks "
+                         "1 to %d experts; give a top-k in that range", e->top_k, e->experts,
+                         e->experts);
+    if (e->ffn < 0 || e->shared < 0 || e->dense_layers < 0)
+        return l3d_error(L3D_ERR_ARG, "--moe-ffn %lld, --moe-shared-experts %d, "
+                         "--moe-dense-layers %d: none may be negative (--moe-ffn 0: the model's "
+                         "MLP width)", (long long)e->ffn, e->shared, e->dense_layers);
+    if (e->dense_layers > m->L)
+        return l3d_error(L3D_ERR_ARG, "--moe-dense-layers %d exceeds the model's %d layers: give "
+                         "at most %d", e->dense_layers, m->L, m->L);
+    if (!finite_nonneg(e->aux_coef) || !finite_nonneg(e->z_coef))
+        return l3d_error(L3D_ERR_ARG, "--moe-aux-loss-coef %g, --moe-z-loss-coef %g: give "
+                         "finite coefficients >= 0 (0: no such loss)", e->aux_coef, e->z_coef);
+    if (!finite_nonneg(e->capacity_factor) || e->capacity_factor > 1e6)
+        return l3d_error(L3D_ERR_ARG, "--moe-capacity-factor %g: give 0 (dropless) or a finite "
+                         "factor > 0, e.g. 1.25", e->capacity_factor);
+    return L3D_OK;
+}
+
+/* One expert MLP's parameters (width F; SwiGLU: gate, up and down; biases as the model). */
+static double expert_params(const struct l3d_model_spec *m, double F) {
+    double C = m->C, bias = m->no_bias ? 0.0 : 1.0;
+    return m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
+}
+
+/* The expert width: moe.ffn, or the model's MLP width. */
+static double moe_width(const struct l3d_model_spec *m) {
+    return m->moe.ffn > 0 ? (double)m->moe.ffn : m->ffn > 0 ? (double)m->ffn : 4.0 * m->C;
+}
+
+double l3d_moe_layer_param_delta(const struct l3d_model_spec *m, int experts) {
+    const struct l3d_moe_spec *e = &m->moe;
+    if (e->experts == 0) return 0.0;
+    double F = moe_width(m), dense = expert_params(m, m->ffn > 0 ? (double)m->ffn : 4.0 * m->C);
+    double shared = e->shared > 0 ? expert_params(m, e->shared * F) : 0.0;
+    double per = (double)e->experts * m->C + experts * expert_params(m, F) + shared;
+    return (m->L - e->dense_layers) * (per - dense);
+}
+
+double l3d_model_active_param_count(const struct l3d_model_spec *m) {
+    return l3d_model_param_count(m) + l3d_moe_layer_param_delta(m, m->moe.top_k) -
+           l3d_moe_layer_param_delta(m, m->moe.experts);
+}
+
+/* ---- activations ------------------------------------------------------------------------- */
+
+/* A MoE layer's rows of type dt (device memory), or their gradients: x, h, ha, y (NK,C),
+ * (NK,Fm), (NK,F), (NK,C) in expert order (the gathered input, the first product, its activation,
+ * the second product); sh, sha (N,S Fm), (N,S F) the shared MLP's. */
+struct moe_rows {
+    void *x, *h, *ha, *y, *sh, *sha;
+};
+
+/* One MoE layer's saved activations (device memory; fp32 router, int32 routing, rows of dt). */
+struct moe_acts {
+    float *probs, *lse, *wts, *stats;  /* (N,E), (N), (N,K), (2E+2): l3d_be_moe_route's */
+    int32_t *idx, *pos, *offsets;      /* (N,K), (N,K), (E+1) */
+    struct moe_rows r;
+    int32_t *hoff;                     /* host copy of offsets */
+};
+
+struct l3d_moe_state {
+    int Lm;                 /* MoE layers of the shard */
+    struct moe_acts *set;   /* Lm of them, or one (full recomputation) */
+    int nsets;
+    void *base;
+    size_t bytes;
+    /* one layer's backward scratch */
+    struct moe_rows d;
+    float *dwts, *dlogits;
+    double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
+    float *hstats;          /* host copy of a layer's stats */
+};
+
+/* The sizes of the block: experts, choices, widths (expert, its first product's rows, shared). */
+struct moe_dims {
+    int64_t E, K, F, Fm, SF, SFm;
+};
+
+static struct moe_dims moe_dims(const struct l3d_model_spec *cfg) {
+    struct moe_dims d = {.E = cfg->moe.experts, .K = cfg->moe.top_k,
+                         .F = (int64_t)moe_width(cfg)};
+    int64_t mul = cfg->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    d.Fm = mul * d.F;
+    d.SF = cfg->moe.shared * d.F;
+    d.SFm = mul * d.SF;
+    return d;
+}
+
+/* A set of rows from offset off of base (NULL: only counted); the offset after them. */
+static int64_t point_rows(struct moe_rows *r, const struct moe_dims *d, int64_t C, int64_t N,
+                          int64_t es, char *base, int64_t off) {
+    void **f[6] = {&r->x, &r->h, &r->ha, &r->y, &r->sh, &r->sha};
+    const int64_t R = N * d->K, n[6] = {R * C, R * d->Fm, R * d->F, R * C, N * d->SFm, N * d->SF};
+    for (int i = 0; i < 6; i++) {
+        if (base) *f[i] = base + off;
+        off += (n[i] * es + 63) / 64 * 64;
+    }
+    return off;
+}
+
+/* Walks the buffers (base NULL: only counts), as gpt.c's point_acts does: the sets, then the
+ * backward scratch. Returns the bytes. */
+static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *cfg, int64_t N,
+                         int nsets, int64_t es, char *base) {
+    struct moe_dims d = moe_dims(cfg);
+    int64_t C = cfg->C, R = N * d.K, off = 0;
+#define TAKE(ptr, n, esz)                                           \
+    do {                                                            \
+        if (base) (ptr) = (void *)(base + off);                     \
+        off += ((int64_t)(n) * (esz) + 63) / 64 * 64;               \
+    } while (0)
+    for (int i = 0; i < nsets; i++) {
+        struct moe_acts tmp, *a = base ? &s->set[i] : &tmp;
+        TAKE(a->probs, N * d.E, 4);
+        TAKE(a->lse, N, 4);
+        TAKE(a->wts, R, 4);
+        TAKE(a->stats, 2 * d.E + 2, 4);
+        TAKE(a->idx, R, 4);
+        TAKE(a->pos, R, 4);
+        TAKE(a->offsets, d.E + 1, 4);
+        off = point_rows(&a->r, &d, C, N, es, base, off);
+    }
+    struct l3d_moe_state tmp, *b = base ? s : &tmp;
+    off = point_rows(&b->d, &d, C, N, es, base, off);
+    TAKE(b->dwts, R, 4);
+    TAKE(b->dlogits, N * d.E, 4);
+#undef TAKE
+    return off;
+}
+
+static int moe_sets(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                    enum l3d_recompute recompute) {
+    int Lm = l3d_shard_moe_layers(cfg, sh);
+    return Lm == 0 ? 0 : recompute == L3D_RECOMPUTE_FULL ? 1 : Lm;
+}
+
+size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                         int T, enum l3d_recompute recompute, enum l3d_dtype dt) {
+    int n = moe_sets(cfg, sh, recompute);
+    if (n == 0) return 0;
+    return (size_t)point_moe(NULL, cfg, (int64_t)B * T, n, (int64_t)l3d_dtype_size(dt), NULL);
+}
+
+l3d_status l3d_moe_init(struct l3d_gpt *m) {
+    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
+    if (Lm == 0) return L3D_OK;
+    if (!l3d_be_has_moe(m->be))
+        return l3d_error(L3D_ERR_ARG, "backend %s: MoE layers run on the cpu and check backends; "
+                         "the CUDA kernels land with GPU parity (--moe-experts %d): use "
+                         "L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
+    const struct l3d_shard *sh = &m->shard;
+    if (sh->head_count != m->cfg.NH || sh->ffn_count != m->cfg.ffn || sh->sp_size > 1 ||
+        sh->vocab_count != m->cfg.Vp)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts with --tp %d: not yet supported (tensor "
+                         "parallelism of MoE layers lands with expert parallelism); use --tp 1",
+                         m->cfg.NH / sh->head_count);
+    if (sh->layer_count != m->cfg.L)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline stage of %d of the %d "
+                         "layers: not yet supported (pipeline parallelism of MoE layers lands "
+                         "with expert parallelism); use --pp 1", sh->layer_count, m->cfg.L);
+    if (!m->params)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
+                         "of MoE layers lands with expert parallelism); use --zero 0, 1 or 2");
+    if (m->act_slots != 1)
+        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline's %d activation slots: not "
+                         "yet supported (pipeline parallelism of MoE layers lands with expert "
+                         "parallelism); use --pp 1", m->act_slots);
+    struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
+    m->moe = s;
+    s->Lm = Lm;
+    s->nsets = moe_sets(&m->cfg, &m->shard, m->recompute);
+    s->set = l3d_calloc(sizeof *s->set * (size_t)s->nsets, "MoE activation table");
+    int64_t N = (int64_t)m->Bmax * m->Tmax, E = m->cfg.moe.experts;
+    s->bytes = (size_t)point_moe(s, &m->cfg, N, s->nsets, (int64_t)m->es, NULL);
+    s->base = l3d_be_alloc(m->be, s->bytes, "MoE activations");
+    if (!s->base)
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for the MoE layers' activations "
+                         "(B x T = %lld tokens, %d layers): lower --batch or --seq-len",
+                         (double)s->bytes / 1073741824.0, (long long)N, Lm);
+    l3d_be_memset(m->be, s->base, 0, s->bytes);
+    point_moe(s, &m->cfg, N, s->nsets, (int64_t)m->es, s->base);
+    for (int i = 0; i < s->nsets; i++)
+        s->set[i].hoff = l3d_calloc((size_t)(E + 1) * sizeof(int32_t), "MoE offsets");
+    s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
+    s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
+    return L3D_OK;
+}
+
+void l3d_moe_free(struct l3d_gpt *m) {
+    struct l3d_moe_state *s = m->moe;
+    if (!s) return;
+    l3d_be_free(m->be, s->base);
+    for (int i = 0; s->set && i < s->nsets; i++) l3d_free(s->set[i].hoff);
+    l3d_free(s->set);
+    l3d_free(s->acc);
+    l3d_free(s->hstats);
+    l3d_free(s);
+    m->moe = NULL;
+}
+
+/* ---- statistics -------------------------------------------------------------------------- */
+
+int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m) {
+    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
+    return Lm == 0 ? 0 : (int64_t)Lm * m->cfg.moe.experts + 4;
+}
+
+void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out) {
+    int64_t n = l3d_gpt_moe_stats_len(m);
+    if (n == 0) return;
+    memcpy(out, m->moe->acc, (size_t)n * sizeof(double));
+    memset(m->moe->acc, 0, (size_t)n * sizeof(double));
+}
+
+void l3d_moe_summarize(const double *stats, int layers, int experts, double *load,
+                       struct l3d_moe_summary *out) {
+    const double *tail = stats + (int64_t)layers * experts;
+    double f = tail[3] > 0 ? tail[3] * layers : 1.0;
+    *out = (struct l3d_moe_summary){.aux = tail[0] / f, .z = tail[1] / f, .dropped = tail[2]};
+    for (int j = 0; j < layers; j++) {
+        double mx = 0.0, sum = 0.0;
+        for (int e = 0; e < experts; e++) {
+            double c = stats[(int64_t)j * experts + e];
+            sum += c;
+            if (c > mx) mx = c;
+        }
+        double r = sum > 0 ? mx / (sum / experts) : 0.0;
+        if (load) load[j] = r;
+        if (r > out->load_max) out->load_max = r;
+    }
+}
+
+/* A layer's stats (device) into the accumulators: its experts' assignments, its Switch loss
+ * E sum_i f_i P_i, its z-loss and its drops. */
+static void count_stats(struct l3d_gpt *m, int j, const struct moe_acts *a, int64_t N) {
+    struct l3d_moe_state *s = m->moe;
+    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    l3d_be_copy_d2h(m->be, s->hstats, a->stats, (size_t)(2 * E + 2) * sizeof(float));
+    double *tail = s->acc + (int64_t)s->Lm * E, aux = 0.0;
+    for (int64_t e = 0; e < E; e++) {
+        s->acc[j * E + e] += s->hstats[e];
+        aux += (s->hstats[e] / ((double)N * K)) * (s->hstats[E + e] / (double)N);
+    }
+    tail[0] += (double)E * aux;
+    tail[1] += s->hstats[2 * E] / (double)N;
+    tail[2] += s->hstats[2 * E + 1];
+    if (j == 0) tail[3] += 1.0;
+}
+
+/* ---- forward and backward ---------------------------------------------------------------- */
+
+static inline void *elp(const void *p, int64_t i, size_t es) {
+    return p ? (char *)p + i * (int64_t)es : NULL;
+}
+
+/* The saved set of local layer l, and its index among the shard's MoE layers. */
+static struct moe_acts *layer_set(struct l3d_gpt *m, int l, int *j) {
+    *j = (int)l3d_gpt_tensor_layer(&m->cfg, &m->shard, L3D_T_ROUTER, l);
+    L3D_ASSERT(*j >= 0);
+    return &m->moe->set[m->moe->nsets == 1 ? 0 : *j];
+}
+
+static void *param(const struct l3d_gpt *m, int t, int l) {
+    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_param_ptr(m, t, l) : NULL;
+}
+
+static float *grad(const struct l3d_gpt *m, int t, int l) {
+    return l3d_gpt_tensor_used(&m->cfg, t) ? l3d_gpt_grad_ptr(m, t, l) : NULL;
+}
+
+/* The MLP's activation over n rows: SwiGLU from [gate | up] (width 2F), or GELU. */
+static void act_forward(struct l3d_gpt *m, void *out, const void *in, int64_t n, int64_t F) {
+    if (m->cfg.mlp == L3D_MLP_SWIGLU)
+        l3d_be_swiglu_forward(m->be, m->dt, out, in, n, F);
+    else
+        l3d_be_gelu_forward(m->be, m->dt, out, in, n * F);
+}
+
+static void act_backward(struct l3d_gpt *m, void *din, const void *dout, const void *in,
+                         int64_t n, int64_t F) {
+    if (m->cfg.mlp == L3D_MLP_SWIGLU)
+        l3d_be_swiglu_backward(m->be, m->dt, din, dout, in, n, F);
+    else
+        l3d_be_gelu_backward(m->be, m->dt, din, dout, in, n * F);
+}
+
+/* Assignments an expert keeps: ceil(capacity_factor N K / E), or 0 (dropless). */
+static int64_t capacity(const struct l3d_model_spec *cfg, int64_t N) {
+    const struct l3d_moe_spec *e = &cfg->moe;
+    if (e->capacity_factor <= 0.0) return 0;
+    double c = ceil(e->capacity_factor * (double)N * e->top_k / e->experts);
+    return c < 1.0 ? 1 : (int64_t)c;
+}
+
+void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count) {
+    int j;
+    struct moe_acts *a = layer_set(m, l, &j);
+    struct moe_dims d = moe_dims(&m->cfg);
+    const enum l3d_dtype dt = m->dt;
+    const size_t es = m->es;
+    int64_t C = m->cfg.C;
+    l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats, ln,
+                     param(m, L3D_T_ROUTER, l), N, C, d.E, d.K, m->cfg.moe.norm_topk,
+                     capacity(&m->cfg, N));
+    /* each expert's row count decides its product's shape: on the host */
+    l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
+    l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
+    const void *fcw = param(m, L3D_T_EXPFCW, l), *fcb = param(m, L3D_T_EXPFCB, l);
+    const void *pw = param(m, L3D_T_EXPPROJW, l), *pb = param(m, L3D_T_EXPPROJB, l);
+    for (int64_t e = 0; e < d.E; e++) {
+        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+        if (n > 0)
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
+                                  elp(fcw, e * d.Fm * C, es), elp(fcb, e * d.Fm, es), n, C, d.Fm);
+    }
+    int64_t rows = a->hoff[d.E];
+    if (rows > 0) act_forward(m, a->r.ha, a->r.h, rows, d.F);
+    for (int64_t e = 0; e < d.E; e++) {
+        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+        if (n > 0)
+            l3d_be_matmul_forward(m->be, dt, elp(a->r.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
+                                  elp(pw, e * C * d.F, es), elp(pb, e * C, es), n, d.F, C);
+    }
+    if (d.SF > 0) { /* the shared MLP: every token, weight 1, under the routed sum */
+        l3d_be_matmul_forward(m->be, dt, a->r.sh, ln, param(m, L3D_T_SHFCW, l),
+                              param(m, L3D_T_SHFCB, l), N, C, d.SFm);
+        act_forward(m, a->r.sha, a->r.sh, N, d.SF);
+        l3d_be_matmul_forward(m->be, dt, out, a->r.sha, param(m, L3D_T_SHPROJW, l),
+                              param(m, L3D_T_SHPROJB, l), N, d.SF, C);
+    } else {
+        l3d_be_memset(m->be, out, 0, (size_t)(N * C) * es);
+    }
+    l3d_be_moe_combine(m->be, dt, out, a->r.y, a->pos, a->wts, N, d.K, C);
+    if (count) count_stats(m, j, a, N);
+}
+
+/* The routed experts' backward: d(rows) from the combine, through each expert's MLP, into dxs
+ * (rows in expert order) and the experts' weight gradients; dwts the top-k weights' gradient. */
+static void experts_backward(struct l3d_gpt *m, int l, const struct moe_acts *a,
+                             const void *dout, int64_t N) {
+    struct l3d_moe_state *s = m->moe;
+    struct moe_dims d = moe_dims(&m->cfg);
+    const enum l3d_dtype dt = m->dt;
+    const size_t es = m->es;
+    int64_t C = m->cfg.C, rows = a->hoff[d.E];
+    l3d_be_moe_combine_backward(m->be, dt, s->d.y, s->dwts, dout, a->r.y, a->pos, a->wts, N, d.K,
+                                C);
+    const void *fcw = param(m, L3D_T_EXPFCW, l), *pw = param(m, L3D_T_EXPPROJW, l);
+    float *gfcw = grad(m, L3D_T_EXPFCW, l), *gfcb = grad(m, L3D_T_EXPFCB, l);
+    float *gpw = grad(m, L3D_T_EXPPROJW, l), *gpb = grad(m, L3D_T_EXPPROJB, l);
+    l3d_be_memset(m->be, s->d.ha, 0, (size_t)(rows * d.F) * es);
+    l3d_be_memset(m->be, s->d.h, 0, (size_t)(rows * d.Fm) * es);
+    l3d_be_memset(m->be, s->d.x, 0, (size_t)(rows * C) * es);
+    for (int64_t e = 0; e < d.E; e++) {
+        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+        if (n > 0)
+            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.ha, r0 * d.F, es),
+                                         gpw + e * C * d.F, gpb ? gpb + e * C : NULL,
+                                         elp(s->d.y, r0 * C, es), elp(a->r.ha, r0 * d.F, es),
+                                         elp(pw, e * C * d.F, es), n, d.F, C);
+    }
+    if (rows > 0) act_backward(m, s->d.h, s->d.ha, a->r.h, rows, d.F);
+    for (int64_t e = 0; e < d.E; e++) {
+        int64_t r0 = a->hoff[e], n = a->hoff[e + 1] - r0;
+        if (n > 0)
+            l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, elp(s->d.x, r0 * C, es),
+                                         gfcw + e * d.Fm * C, gfcb ? gfcb + e * d.Fm : NULL,
+                                         elp(s->d.h, r0 * d.Fm, es), elp(a->r.x, r0 * C, es),
+                                         elp(fcw, e * d.Fm * C, es), n, C, d.Fm);
+    }
+}
+
+void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, const void *ln,
+                      int64_t N, float dloss) {
+    int j;
+    struct moe_acts *a = layer_set(m, l, &j);
+    struct l3d_moe_state *s = m->moe;
+    struct moe_dims d = moe_dims(&m->cfg);
+    const enum l3d_dtype dt = m->dt;
+    int64_t C = m->cfg.C;
+    experts_backward(m, l, a, dout, N);
+    l3d_be_memset(m->be, dln, 0, (size_t)(N * C) * m->es);
+    if (d.SF > 0) {
+        l3d_be_memset(m->be, s->d.sha, 0, (size_t)(N * d.SF) * m->es);
+        l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, s->d.sha, grad(m, L3D_T_SHPROJW, l),
+                                     grad(m, L3D_T_SHPROJB, l), dout, a->r.sha,
+                                     param(m, L3D_T_SHPROJW, l), N, d.SF, C);
+        l3d_be_memset(m->be, s->d.sh, 0, (size_t)(N * d.SFm) * m->es);
+        act_backward(m, s->d.sh, s->d.sha, a->r.sh, N, d.SF);
+        l3d_be_matmul_backward_mixed(m->be, dt, L3D_F32, dln, grad(m, L3D_T_SHFCW, l),
+                                     grad(m, L3D_T_SHFCB, l), s->d.sh, ln,
+                                     param(m, L3D_T_SHFCW, l), N, C, d.SFm);
+    }
+    l3d_be_moe_combine(m->be, dt, dln, s->d.x, a->pos, NULL, N, d.K, C); /* the gather's backward */
+    /* the auxiliary losses weigh as this micro-batch's mean loss does in the objective: dloss N
+     * (dloss is one token's weight); Switch's d/dp[n,e] = coef E f_e / N with f_e = count_e /
+     * (N K), and the z-loss's d/dlogit[n,e] = coef 2 lse_n p[n,e] / N */
+    const struct l3d_moe_spec *ms = &m->cfg.moe;
+    float aux_scale = (float)((double)dloss * ms->aux_coef * (double)d.E / ((double)N * d.K));
+    float z_scale = (float)(2.0 * dloss * ms->z_coef);
+    l3d_be_moe_router_backward(m->be, dt, L3D_F32, dln, grad(m, L3D_T_ROUTER, l), s->dlogits,
+                               s->dwts, ln, param(m, L3D_T_ROUTER, l), a->probs, a->lse, a->idx,
+                               a->wts, a->stats, N, C, d.E, d.K, ms->norm_topk, aux_scale,
+                               z_scale);
+}

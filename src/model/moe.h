@@ -1,0 +1,32 @@
+/*
+ * The mixture-of-experts block inside the model (src/model/moe.c), private to src/model/: what
+ * gpt.c calls in place of a MoE layer's MLP. include/llm3d/model.h (struct l3d_moe_spec) says
+ * what the block computes; docs/DESIGN.md "Mixture of experts" its data flow.
+ */
+#ifndef LLM3D_MODEL_MOE_H
+#define LLM3D_MODEL_MOE_H
+
+#include "llm3d/model.h"
+
+/* The parameters of the model's MoE layers, with `experts` of each layer's experts counted, less
+ * those of the dense MLPs they replace; 0 for a dense model. */
+double l3d_moe_layer_param_delta(const struct l3d_model_spec *m, int experts);
+/* Allocates m->moe (nothing for a dense model): the MoE layers' saved activations, one set per
+ * MoE layer of the shard (one shared set under full recomputation) and one layer's backward
+ * scratch. L3D_ERR_OOM or L3D_ERR_ARG (a backend without the MoE kernels, or a pipeline's
+ * several activation slots) otherwise. */
+l3d_status l3d_moe_init(struct l3d_gpt *m);
+void l3d_moe_free(struct l3d_gpt *m);
+/* Bytes l3d_moe_init allocates for micro-batches of (B, T) in precision dt. */
+size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                         int T, enum l3d_recompute recompute, enum l3d_dtype dt);
+/* Local layer l's MoE block: out (N,C) = the routed experts' weighted sum plus the shared MLP,
+ * from the layer's normalised input ln (N,C); counts its statistics when `count` (not in a
+ * recomputation). */
+void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count);
+/* Its backward: dln (N,C) = the gradient of ln (=), the parameters' gradients +=, from dout
+ * (N,C), with the auxiliary losses weighted as the micro-batch's mean loss (dloss N). */
+void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, const void *ln,
+                      int64_t N, float dloss);
+
+#endif
