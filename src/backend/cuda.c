@@ -12,7 +12,9 @@
  * device) the communicator stages through host copies (src/comm/nccl.c).
  *
  * Matrix products are cuBLASLt's (fp32 compute; bf16/fp16 operands on tensor cores; the forward
- * bias fused as its epilogue), every other kernel is ours (cuda_kernels.cu).
+ * bias fused as its epilogue), every other kernel is ours (cuda_kernels.cu): GPT-2's and Llama's
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention) and context parallelism's block attention. No
+ * mixture-of-experts kernels yet: their entries are NULL, and a MoE model is refused by name.
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -398,7 +400,7 @@ static void cuda_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype g
     }
 }
 
-/* ---- LayerNorm, attention (grouped-query heads throughout) --------------------------------------------------------------------- */
+/* ---- LayerNorm, attention (grouped-query heads throughout) ------------------------------------ */
 
 static void cuda_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                    float *rstd, const void *inp, const void *weight,

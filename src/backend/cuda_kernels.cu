@@ -15,7 +15,14 @@
  * the log-sum-exp kept per row as the CPU kernel does. The backward pass recomputes the
  * probabilities from lse: one warp per query row for dQ, one per key row for dK and dV (no
  * atomics). No T x T tensor. It uses no tensor cores: the tiled tensor-core version is the next
- * step once a GPU can measure it.
+ * step once a GPU can measure it. One set of kernels serves every attention entry through a
+ * geometry (struct l3d_cuk_attn: strides, the query rows' offset into the keys, grouped-query
+ * heads reading their shared key/value head in place): the fused qkv of training, the KV cache of
+ * generation, the blocks of context parallelism (and their merge).
+ *
+ * The Llama blocks: RMSNorm one warp a row as LayerNorm (its weight gradient LayerNorm's column
+ * sums with xhat = x rstd); RoPE one thread a rotary pair, the angle's cosine and sine in double
+ * as the CPU's table; SwiGLU one thread an output element.
  */
 #include <cub/cub.cuh>
 #include <cuda_bf16.h>

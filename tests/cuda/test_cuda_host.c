@@ -257,8 +257,8 @@ static void emu_backward(const struct emu *e, float *dq, float *dk, float *dv) {
         emu_probs(e, b, h, i, p, NULL);
         for (int64_t j = 0; j <= emu_last(g, i); j++) {
             double ds = emu_ds(e, b, h, i, j, p[j]);
-            for (int64_t d = 0; d < g->HS; d++)
-                dq[b * g->qb + i * g->qs + h * g->HS + d] += (float)(ds * e->k[kvo + j * g->ks + d]);
+            float *dqr = dq + b * g->qb + i * g->qs + h * g->HS;
+            for (int64_t d = 0; d < g->HS; d++) dqr[d] += (float)(ds * e->k[kvo + j * g->ks + d]);
         }
     }
     const int64_t NKV = g->NH / g->grp;
