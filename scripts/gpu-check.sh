@@ -40,7 +40,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 rows=()
 fails=0
 row() { # NAME PASS|FAIL|INFO DETAIL: one line of the table, with the step's seconds
-    rows+=("$(printf '%-46s %-5s %4d s  %s' "$1" "$2" "$((SECONDS - s0))" "$3")")
+    rows+=("$(printf '%-48s %-5s %4d s  %s' "$1" "$2" "$((SECONDS - s0))" "$3")")
     [ "$2" = FAIL ] && fails=$((fails + 1))
     s0=$SECONDS
 }
