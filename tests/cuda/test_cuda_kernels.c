@@ -44,10 +44,13 @@ struct kcase {
     const char *name;
     struct buf b[MAXB];
     int64_t K; /* longest reduction */
-    bool f32_only, mixed; /* mixed: gradients (GRAD) fp32 under a 16-bit dt */
+    bool f32_only;
+    unsigned opt; /* OPT_MIXED: gradients (GRAD) fp32 under a 16-bit dt; OPT_MHA: run on the
+                   * shape with NKV = NH (multi-head attention, GPT-2's) */
     void (*run)(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt, void **p,
                 const struct shape *s);
 };
+enum { OPT_MIXED = 1, OPT_MHA = 2 };
 
 static size_t kind_size(enum kind k, enum l3d_dtype dt, enum l3d_dtype gdt) {
     switch (k) {
@@ -133,24 +136,6 @@ static void r_ln_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, 
     l3d_be_layernorm_backward_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
                                     s->B * s->T, s->C);
 }
-static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NH, s->HS);
-}
-static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NH, s->HS);
-    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NH,
-                              s->HS);
-}
-/* T new rows at position 5 over a cache of 5 + T rows (the q rows: the last T of qkv) */
-static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    int64_t C = s->NH * s->HS, es = (int64_t)l3d_dtype_size(dt), pos = 5;
-    char *qkv = p[1];
-    l3d_be_attention_cached(be, dt, p[0], qkv + pos * 3 * C * es, qkv + C * es, qkv + 2 * C * es,
-                            pos, s->T, s->NH, s->NH, s->HS, 3 * C, 3 * C);
-}
 static void r_gelu_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_gelu_forward(be, dt, p[0], p[1], BTC);
@@ -216,34 +201,31 @@ static void r_rms_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
     l3d_be_rmsnorm_forward(be, dt, p[6], p[5], p[3], p[4], s->B * s->T, s->C, 1e-5f);
     l3d_be_rmsnorm_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C);
 }
-static void r_rope_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+/* rope_forward on qkv, rope_backward on dqkv (each in place) */
+static void r_rope(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_rope_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
+    l3d_be_rope_backward(be, dt, p[3], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
 }
-static void r_rope_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_rope_backward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
-}
-static void r_swi_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+/* swiglu_forward into out, swiglu_backward into dinp, from the same inp */
+static void r_swi(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_swiglu_forward(be, dt, p[0], p[1], s->B * s->T, s->C);
+    l3d_be_swiglu_backward(be, dt, p[2], p[3], p[1], s->B * s->T, s->C);
 }
-static void r_swi_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_swiglu_backward(be, dt, p[0], p[1], p[2], s->B * s->T, s->C);
-}
-static void r_gqa_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
 }
-static void r_gqa_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
     l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NKV,
                               s->HS);
 }
-/* T new rows at position 5 over a cache of 5 + T rows of a (B=1) qkv with NKV key/value heads */
-static void r_gqa_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+/* T new rows at position 5 over a cache of 5 + T rows of a (B=1) qkv with NKV key/value heads
+ * (the q rows: the last T of qkv) */
+static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     int64_t es = (int64_t)l3d_dtype_size(dt), pos = 5, qh = s->NH * s->HS, kh = s->NKV * s->HS;
     char *qkv = p[1];
@@ -299,27 +281,23 @@ static void llama_cases(struct shape s, struct kcase *k, int *n) {
              {"weight", ACT, s.C, NORMAL, 0, false}, {"rstd", F32, NBT_, ZERO, 0, false},
              {"rms_out", ACT, X, ZERO, 0, false}}, NBT_, false, mixed, r_rms_b};
     /* positions up to Llama 3.1's 131072: large angles, every band of the frequency scaling */
-    for (int back = 0; back < 2; back++)
-        k[i++] = (struct kcase){back ? "rope_backward" : "rope_forward",
-            {{back ? "dqkv" : "qkv", ACT, Q, NORMAL, 0, true},
-             {"inv_freq", F32, s.HS / 2, ROPE_FREQ, 0, false},
-             {"pos", I32, s.T, TOKENS, 131072, false}}, 2, false, false,
-            back ? r_rope_b : r_rope_f};
-    k[i++] = (struct kcase){"swiglu_forward", {{"out", ACT, X, ZERO, 0, true},
-        {"inp", ACT, 2 * X, NORMAL, 0, false}}, 1, false, false, r_swi_f};
-    k[i++] = (struct kcase){"swiglu_backward", {{"dinp", ACT, 2 * X, NORMAL, 0, true},
-        {"dout", ACT, X, NORMAL, 0, false}, {"inp", ACT, 2 * X, NORMAL, 0, false}}, 1, false,
-        false, r_swi_b};
+    k[i++] = (struct kcase){"rope_forward, rope_backward", {{"qkv", ACT, Q, NORMAL, 0, true},
+        {"inv_freq", F32, s.HS / 2, ROPE_FREQ, 0, false},
+        {"pos", I32, s.T, TOKENS, 131072, false}, {"dqkv", ACT, Q, NORMAL, 0, true}}, 2, false,
+        false, r_rope};
+    k[i++] = (struct kcase){"swiglu_forward, swiglu_backward", {{"out", ACT, X, ZERO, 0, true},
+        {"inp", ACT, 2 * X, NORMAL, 0, false}, {"dinp", ACT, 2 * X, NORMAL, 0, true},
+        {"dout", ACT, X, NORMAL, 0, false}}, 1, false, false, r_swi};
     k[i++] = (struct kcase){"attention_forward (GQA)", {{"out", ACT, X, ZERO, 0, true},
         {"lse", F32, L, ZERO, 0, true}, {"qkv", ACT, Q, NORMAL, 0, false}}, s.T * s.HS, false,
-        false, r_gqa_f};
+        false, r_att_f};
     k[i++] = (struct kcase){"attention_backward (GQA)", {{"dqkv", ACT, Q, NORMAL, 0, true},
         {"dout", ACT, X, NORMAL, 0, false}, {"qkv", ACT, Q, NORMAL, 0, false},
         {"out", ACT, X, ZERO, 0, false}, {"lse", F32, L, ZERO, 0, false}},
-        s.T * s.HS * (s.NH / s.NKV), false, false, r_gqa_b};
+        s.T * s.HS * (s.NH / s.NKV), false, false, r_att_b};
     k[i++] = (struct kcase){"attention_cached (GQA)", {{"out", ACT, s.T * s.C, ZERO, 0, true},
         {"qkv", ACT, (s.T + 5) * CQ(&s), NORMAL, 0, false}}, (s.T + 5) * s.HS, false, false,
-        r_gqa_c};
+        r_att_c};
     k[i++] = (struct kcase){"attention_block_forward", {{"out", ACT, BQ(&s), ZERO, 0, true},
         {"lse", F32, BL(&s), ZERO, 0, true}, {"q", ACT, BQ(&s), NORMAL, 0, false},
         {"k", ACT, BKV(&s), NORMAL, 0, false}, {"v", ACT, BKV(&s), NORMAL, 0, false}},
@@ -376,13 +354,13 @@ static struct kcase *cases(struct shape s, int *n) {
             NBT, false, mixed, r_ln_b};
     k[i++] = (struct kcase){"attention_forward", {{"out", ACT, NBTC, ZERO, 0, true},
         {"lse", F32, s.B * s.NH * s.T, ZERO, 0, true}, {"qkv", ACT, NBT * C3, NORMAL, 0, false}},
-        s.T * s.HS, false, false, r_att_f};
+        s.T * s.HS, false, OPT_MHA, r_att_f};
     k[i++] = (struct kcase){"attention_backward", {{"dqkv", ACT, NBT * C3, NORMAL, 0, true},
         {"dout", ACT, NBTC, NORMAL, 0, false}, {"qkv", ACT, NBT * C3, NORMAL, 0, false},
         {"out", ACT, NBTC, ZERO, 0, false}, {"lse", F32, s.B * s.NH * s.T, ZERO, 0, false}},
-        s.T * s.HS, false, false, r_att_b};
+        s.T * s.HS, false, OPT_MHA, r_att_b};
     k[i++] = (struct kcase){"attention_cached", {{"out", ACT, s.T * s.C, ZERO, 0, true},
-        {"qkv", ACT, (s.T + 5) * C3, NORMAL, 0, false}}, (s.T + 5) * s.HS, false, false,
+        {"qkv", ACT, (s.T + 5) * C3, NORMAL, 0, false}}, (s.T + 5) * s.HS, false, OPT_MHA,
         r_att_c};
     k[i++] = (struct kcase){"gelu_forward", {{"out", ACT, NBTC, ZERO, 0, true},
         {"inp", ACT, NBTC, NORMAL, 0, false}}, 1, false, false, r_gelu_f};
@@ -461,7 +439,7 @@ static void run_on(struct l3d_backend *be, const struct kcase *k, enum l3d_dtype
 /* one case in one type: every output within tolerance, and the perturbed one rejected */
 static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const struct kcase *k,
                        enum l3d_dtype dt, const struct shape *s, uint64_t seed) {
-    enum l3d_dtype gdt = k->mixed ? L3D_F32 : dt;
+    enum l3d_dtype gdt = k->opt & OPT_MIXED ? L3D_F32 : dt;
     void *host[MAXB] = {0}, *rc[MAXB] = {0}, *rg[MAXB] = {0};
     for (int j = 0; j < MAXB && k->b[j].name; j++) {
         size_t bytes = (size_t)k->b[j].n * kind_size(k->b[j].kind, dt, gdt);
@@ -575,9 +553,11 @@ int main(void) {
         struct kcase *k = cases(shapes[si], &n);
         for (int ti = 0; ti < 3; ti++)
             for (int c = 0; c < n; c++) {
-                if ((k[c].f32_only && types[ti] != L3D_F32) || (k[c].mixed && types[ti] == L3D_F32))
+                if ((k[c].f32_only && types[ti] != L3D_F32) || ((k[c].opt & OPT_MIXED) && types[ti] == L3D_F32))
                     continue;
-                check_case(cpu, gpu, &k[c], types[ti], &shapes[si], 1000u * (uint64_t)si + 7);
+                struct shape sh = shapes[si];
+                if (k[c].opt & OPT_MHA) sh.NKV = sh.NH;
+                check_case(cpu, gpu, &k[c], types[ti], &sh, 1000u * (uint64_t)si + 7);
             }
     }
     check_special(cpu, gpu);
