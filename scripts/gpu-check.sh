@@ -3,10 +3,11 @@
 #   1. every CUDA kernel against the CPU backend, each dtype, tolerance from the format, with a
 #      negative case, and the special values bit for bit (tests/cuda/test_cuda_kernels.c);
 #   2. the whole-model gradient check in fp32 (test_model: finite differences) on the GPU;
-#   3. a GPT-2 training run on the GPU against the same run on the CPU (llm3d compare, the
-#      precision's tolerance), fp32 and bf16;
-#   4. 2 ranks sharing the GPU (tp2, dp2: the communicator stages through host memory) against one
-#      process on the GPU;
+#   3. a GPT-2 and a Llama (RMSNorm, RoPE, SwiGLU, 4 heads over 2 key/value heads) training run on
+#      the GPU against the same run on the CPU (llm3d compare, the precision's tolerance), fp32
+#      and bf16;
+#   4. 2 ranks sharing the GPU (tp2, dp2, and cp2 for GPT-2 and Llama: context parallelism's block
+#      attention; the communicator stages through host memory) against one process on the GPU;
 #   5. the benchmark: GPT-2 124M (d12) and 350M (d24) in bf16, tokens/s and MFU against the card's
 #      dense bf16 peak, beside `llm3d plan`'s prediction on the matching profile (dgx-h100, h200);
 # and prints one summary table. Designed for < 8 minutes on one H100 (16 cores): the build takes
@@ -15,6 +16,9 @@
 # NOT YET RUN ON A GPU: no GPU has been lent to this project so far. Its plumbing (flags, files,
 # table, exit status) is proven without one by the dry run, GPU_CHECK_DRY=1, which puts the
 # checking backend ("check": the CPU kernels) where "cuda" would be and shrinks the benchmark.
+# Measured, two dry runs on a shared 2-core machine with the build reused: 91 and 108 s in all
+# (host arithmetic and kernels 0-1 s, gradient check 4-5 s, GPT-2 training fp32 10-18 s and bf16
+# 6-11 s, Llama 11-13 s and 7 s, tp2 / dp2 / cp2 / cp2 Llama 3-5 s each, each benchmark 16-20 s).
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR] (default build-cuda).
 # Env: JOBS (build jobs, 16), BENCH_STEPS (10), GPU_CHECK_LOGS (a directory that keeps every log:
@@ -39,7 +43,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 rows=()
 fails=0
 row() { # NAME PASS|FAIL|INFO DETAIL: one line of the table, with the step's seconds
-    rows+=("$(printf '%-46s %-5s %4d s  %s' "$1" "$2" "$((SECONDS - s0))" "$3")")
+    rows+=("$(printf '%-48s %-5s %4d s  %s' "$1" "$2" "$((SECONDS - s0))" "$3")")
     [ "$2" = FAIL ] && fails=$((fails + 1))
     s0=$SECONDS
 }
@@ -88,7 +92,7 @@ fi
 # ---- 2. whole-model gradient check, fp32 --------------------------------------------------------
 name="whole-model gradient check (fp32)"
 if L3D_BACKEND=$gpu_be OMP_NUM_THREADS=8 timeout 300 "$build/test_model" > "$work/model.log" 2>&1
-then row "$name" PASS "test_model on $gpu_be"
+then row "$name" PASS "test_model on $gpu_be (GPT-2 and Llama: fp64 references, finite differences)"
 else tail -15 "$work/model.log"; row "$name" FAIL "test_model on $gpu_be"; fi
 
 # ---- 3, 4. training: GPU against CPU, 2 ranks sharing the GPU against one process ---------------
@@ -115,20 +119,31 @@ compare() { # NAME RUN REF RTOL
 }
 # fp32: round-off apart (sums in other orders, expf against a polynomial; AdamW's eps 1e-6 keeps
 # zero-gradient weights from amplifying it: llm3d compare --help); bf16: the format's rounding of
-# every activation, 2^-8, over 20 steps
-for prec in fp32 bf16; do
-    tol=1e-3; [ $prec = bf16 ] && tol=5e-2
-    name="GPT train 20 steps, GPU vs CPU ($prec)"
-    if run cpu_$prec 0 cpu --precision $prec && run gpu_$prec 0 $gpu_be --precision $prec; then
-        compare "$name" gpu_$prec cpu_$prec $tol
-    else row "$name" FAIL "a run failed"; fi
+# every activation, 2^-8, over 20 steps. Llama: the same sizes with 2 key/value heads (grouped-
+# query attention), SwiGLU of 512, RoPE (its runs' names begin llama_).
+llama=(--arch llama --kv-heads 2 --ffn 512)
+for arch in gpt llama; do
+    p=""; flags=()
+    [ $arch = llama ] && p=llama_ && flags=("${llama[@]}")
+    for prec in fp32 bf16; do
+        tol=1e-3; [ $prec = bf16 ] && tol=5e-2
+        name="${arch^^} train 20 steps, GPU vs CPU ($prec)"; name=${name/LLAMA/Llama}
+        if run ${p}cpu_$prec 0 cpu --precision $prec ${flags[@]+"${flags[@]}"} &&
+           run ${p}gpu_$prec 0 $gpu_be --precision $prec ${flags[@]+"${flags[@]}"}; then
+            compare "$name" ${p}gpu_$prec ${p}cpu_$prec $tol
+        else row "$name" FAIL "a run failed"; fi
+    done
 done
-# the same global batch of 8 sequences: tp2 8 a rank, dp2 4 a replica
-for layout in "tp 8" "dp 4"; do
+# the same global batch of 8 sequences: tp2 8 a rank, dp2 4 a replica, cp2 8 (each rank half of
+# every sequence), for Llama too (grouped-query heads in the ring's blocks)
+for layout in "tp 8 gpt" "dp 4 gpt" "cp 8 gpt" "cp 8 llama"; do
     set -- $layout
-    name="2 ranks on one GPU ($1 2) vs one process"
-    if [ ! -d "$work/gpu_fp32" ]; then row "$name" FAIL "no one-process run to compare with"
-    elif run gpu_${1}2 2 $gpu_be --$1 2 --batch "$2"; then compare "$name" gpu_${1}2 gpu_fp32 1e-4
+    p=""; flags=(); what="$1 2"
+    [ "$3" = llama ] && p=llama_ && flags=("${llama[@]}") && what="$1 2, Llama"
+    name="2 ranks on one GPU ($what) vs one process"
+    if [ ! -d "$work/${p}gpu_fp32" ]; then row "$name" FAIL "no one-process run to compare with"
+    elif run ${p}gpu_${1}2 2 $gpu_be --$1 2 --batch "$2" ${flags[@]+"${flags[@]}"}; then
+        compare "$name" ${p}gpu_${1}2 ${p}gpu_fp32 1e-4
     else row "$name" FAIL "the run failed"; fi
 done
 

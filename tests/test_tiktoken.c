@@ -9,32 +9,13 @@
 #include <unistd.h>
 
 #include "llm3d/tokenizer.h"
+#include "support/tokvec.h"
 #include "test.h"
 #include "tokenizer/tokenizer-impl.h"
 
 static char data_dir[4096], tmp_dir[4096];
 
 static int hexval(int c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
-
-/* One line "mode \t hex \t ids" into text (*n bytes) and want; false at a malformed line. */
-static bool parse_line(char *line, unsigned char *text, size_t *n, char *mode, struct l3d_ids *want) {
-    char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
-    if (!t1 || !t2 || t1 != line + 1) return false;
-    *mode = line[0];
-    *n = (size_t)(t2 - t1 - 1) / 2;
-    for (size_t i = 0; i < *n; i++)
-        text[i] = (unsigned char)(hexval(t1[1 + 2 * i]) * 16 + hexval(t1[2 + 2 * i]));
-    for (char *p = t2 + 1, *end; *p && *p != '\n'; p = end) {
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        l3d_ids_push(want, (int32_t)v);
-    }
-    return true;
-}
-
-static bool same_ids(const struct l3d_ids *a, const struct l3d_ids *b) {
-    return a->n == b->n && (a->n == 0 || memcmp(a->v, b->v, (size_t)a->n * sizeof *a->v) == 0);
-}
 
 /* Every vector of file: the same ids; decoding gives the text back (valid UTF-8 or not; its NFC
  * for a tokenizer that normalizes); and the first vector with ids, one id perturbed, no longer
@@ -54,12 +35,12 @@ static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
     size_t cap = 0, n;
     while (fgets(line, sizeof line, fp)) {
         struct l3d_ids want = {0}, got = {0};
-        bool ok = parse_line(line, text, &n, &mode, &want);
+        bool ok = tokvec_parse_line(line, text, &n, &mode, &want);
         CHECK(ok && (mode == 'o' || mode == 's'));
         if (!ok) break;
         if (mode == 's') l3d_encoder_encode_special(e, (const char *)text, n, &got);
         else l3d_encoder_encode(e, (const char *)text, n, &got);
-        bool same = same_ids(&got, &want);
+        bool same = tokvec_same(&got, &want);
         if (!same && bad++ < 5) {
             fprintf(stderr, "%s: mismatch (%c) on \"%.*s\": got", file, mode, (int)n, text);
             for (int64_t i = 0; i < got.n; i++) fprintf(stderr, " %d", got.v[i]);
@@ -70,7 +51,7 @@ static int test_vectors(const struct l3d_tokenizer *t, const char *file) {
         CHECK(same);
         if (same && !perturbed && want.n > 0) { /* the negative case: the comparison can fail */
             want.v[want.n / 2] ^= 1;
-            CHECK(!same_ids(&got, &want));
+            CHECK(!tokvec_same(&got, &want));
             perturbed = 1;
         }
         size_t m = l3d_tokenizer_decode(t, got.v, got.n, &dec, &cap), nn = n;

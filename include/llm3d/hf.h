@@ -41,6 +41,7 @@
 #include "llm3d/model.h"
 
 struct l3d_ckpt_pieces; /* include/llm3d/ckpt.h */
+struct l3d_tokenizer;   /* include/llm3d/tokenizer.h */
 
 #define L3D_HF_SHARD_BYTES ((int64_t)4 << 30) /* default shard size of a written folder */
 #define L3D_ST_MAX_HEADER ((int64_t)100 << 20) /* the reference reader's limit */
@@ -158,6 +159,16 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
  * unless the folder cannot be begun. */
 l3d_status l3d_hf_save_fill(const char *dir, const struct l3d_model_spec *cfg, l3d_st_fill fill,
                             void *ctx, enum l3d_dtype dt, int64_t shard_bytes);
+/* Both, with the tokenizer's Hugging Face files (l3d_tokenizer_write_hf: tokenizer.json,
+ * tokenizer_config.json with model_max_length the model's context, special_tokens_map.json,
+ * generation_config.json) in the same folder, published with the model (tok NULL: none written;
+ * those of a folder already there are kept). */
+l3d_status l3d_hf_save_tok(const char *dir, const struct l3d_model_spec *cfg, const float *full,
+                           enum l3d_dtype dt, int64_t shard_bytes,
+                           const struct l3d_tokenizer *tok);
+l3d_status l3d_hf_save_fill_tok(const char *dir, const struct l3d_model_spec *cfg,
+                                l3d_st_fill fill, void *ctx, enum l3d_dtype dt,
+                                int64_t shard_bytes, const struct l3d_tokenizer *tok);
 
 /* ---- model files: an llm.c file or a Hugging Face folder ------------------------------------- */
 

@@ -115,6 +115,20 @@ l3d_status l3d_encoder_pretokenize(struct l3d_encoder *e, const char *text, size
 /* Writes llm.c's tokenizer file (version 2) for t; every token must be 1..255 bytes long. */
 l3d_status l3d_tokenizer_save_llmc(const struct l3d_tokenizer *t, const char *path);
 
+/* Writes t as Hugging Face's tokenizer files into the existing directory dir (each through
+ * include/llm3d/file.h's writer): tokenizer.json, tokenizer_config.json, special_tokens_map.json
+ * and generation_config.json (src/tokenizer/hfsave.c says what each holds, and how a tiktoken rank
+ * file's merges are recovered). max_len: tokenizer_config.json's model_max_length (0: not written).
+ * Refused for llm.c's decode-only file. */
+l3d_status l3d_tokenizer_write_hf(const struct l3d_tokenizer *t, const char *dir, int64_t max_len);
+/* The same files into the folder dir, made when absent, put in place whole (l3d_dir_out: its other
+ * files carried over). */
+l3d_status l3d_tokenizer_save_hf(const struct l3d_tokenizer *t, const char *dir);
+/* L3D_OK when t's ids fit a model of V tokens; else L3D_ERR_ARG naming `what` and both sizes. */
+l3d_status l3d_tokenizer_fits(const struct l3d_tokenizer *t, int V, const char *what);
+/* Whether name is one of the files l3d_tokenizer_write_hf writes. */
+bool l3d_tokenizer_hf_owned(const char *name);
+
 /* ---- training -------------------------------------------------------------------------------- */
 
 /* Learns a byte-level BPE vocabulary of vocab_size tokens (256 bytes + merges + end-of-text,

@@ -44,6 +44,10 @@ struct l3d_train_config {
      * the size above which its weights are sharded (0: L3D_HF_SHARD_BYTES) */
     enum l3d_dtype save_dtype;
     int64_t save_shard_bytes;
+    /* the tokenizer whose Hugging Face files go into that folder (a --tokenizer SPEC, see
+     * l3d_tokenizer_open); NULL: the one prepare recorded beside the training shards, else the
+     * --init-from folder's (l3d_train_out_tokenizer), else none */
+    const char *tokenizer;
     int steps;
     struct l3d_adamw_hparams adamw;
     float lr, min_lr;
@@ -134,5 +138,9 @@ void l3d_train_layout_free(struct l3d_train_layout *lay);
  * report_error marks the one rank that should print the message, so it appears once. */
 l3d_status l3d_train_run(const struct l3d_train_config *tc, struct l3d_runtime *rt,
                          struct l3d_train_result *res);
+/* The tokenizer --out's folder gets (src/train/out.c): tc->tokenizer, else DIR/tokenizer.json where
+ * DIR is the directory of tc->train_pattern and prepare recorded it there, else the --init-from
+ * folder's tokenizer.json (those two into buf, cap bytes), else NULL (the model only). */
+const char *l3d_train_out_tokenizer(const struct l3d_train_config *tc, char *buf, size_t cap);
 
 #endif

@@ -12,7 +12,9 @@
  * device) the communicator stages through host copies (src/comm/nccl.c).
  *
  * Matrix products are cuBLASLt's (fp32 compute; bf16/fp16 operands on tensor cores; the forward
- * bias fused as its epilogue), every other kernel is ours (cuda_kernels.cu).
+ * bias fused as its epilogue), every other kernel is ours (cuda_kernels.cu): GPT-2's and Llama's
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention) and context parallelism's block attention. No
+ * mixture-of-experts kernels yet: their entries are NULL, and a MoE model is refused by name.
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -398,7 +400,7 @@ static void cuda_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype g
     }
 }
 
-/* ---- LayerNorm, attention --------------------------------------------------------------------- */
+/* ---- LayerNorm, attention (grouped-query heads throughout) ------------------------------------ */
 
 static void cuda_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                    float *rstd, const void *inp, const void *weight,
@@ -425,12 +427,21 @@ static void head_size(int64_t HS, const char *kernel) {
         l3d_fatal(__FILE__, __LINE__, "backend cuda: %s takes head sizes 1 to %d, not %lld",
                   kernel, L3D_CUDA_MAX_HS, (long long)HS);
 }
-/* grouped-query attention (NKV < NH) is not in these kernels yet */
-static void mha_only(int64_t NH, int64_t NKV, const char *kernel) {
-    if (NKV != NH)
-        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s has no grouped-query variant yet (%lld "
-                  "query heads, %lld key/value heads): use the cpu backend", kernel,
+/* grouped-query heads: NKV key/value heads dividing the NH query heads (as the CPU's check) */
+static void gqa(int64_t NH, int64_t NKV, const char *kernel) {
+    if (NKV < 1 || NH % NKV != 0)
+        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s: %lld query heads over %lld key/value "
+                  "heads: the key/value heads must divide the query heads", kernel,
                   (long long)NH, (long long)NKV);
+}
+/* the backward pass's D (B*NH*nq floats) */
+static float *att_D(struct cuda_ctx *cx, const struct l3d_cuk_attn *g) {
+    return scratch(cx, (void **)&cx->att_D, &cx->att_D_n, (size_t)(g->B * g->NH * g->nq),
+                   sizeof(float));
+}
+/* element e of a buffer of dt */
+static const void *el(const void *p, enum l3d_dtype dt, int64_t e) {
+    return (const char *)p + e * (int64_t)l3d_dtype_size(dt);
 }
 static void cuda_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                    const void *qkv, int64_t B, int64_t T, int64_t NH,
@@ -438,8 +449,10 @@ static void cuda_attention_forward(void *ctx, enum l3d_dtype dt, void *out, floa
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_forward");
     head_size(HS, "attention_forward");
-    mha_only(NH, NKV, "attention_forward");
-    l3d_cuk_attention_forward(k, out, lse, qkv, B, T, NH, HS, cx->stream);
+    gqa(NH, NKV, "attention_forward");
+    struct l3d_cuk_attn g = l3d_cuda_attn_full(B, T, NH, NKV, HS);
+    l3d_cuk_attn_forward(k, out, lse, qkv, el(qkv, dt, NH * HS), el(qkv, dt, (NH + NKV) * HS),
+                         &g, cx->stream);
     launched("attention_forward");
 }
 static void cuda_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
@@ -448,10 +461,12 @@ static void cuda_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, co
     struct cuda_ctx *cx = ctx;
     int k = kt(dt, "attention_backward");
     head_size(HS, "attention_backward");
-    mha_only(NH, NKV, "attention_backward");
-    float *D = scratch(cx, (void **)&cx->att_D, &cx->att_D_n, (size_t)(B * NH * T),
-                       sizeof(float));
-    l3d_cuk_attention_backward(k, dqkv, dout, qkv, out, lse, D, B, T, NH, HS, cx->stream);
+    gqa(NH, NKV, "attention_backward");
+    struct l3d_cuk_attn g = l3d_cuda_attn_full(B, T, NH, NKV, HS);
+    int64_t ko = NH * HS, vo = (NH + NKV) * HS;
+    l3d_cuk_attn_backward(k, dqkv, (void *)el(dqkv, dt, ko), (void *)el(dqkv, dt, vo), dout, qkv,
+                          el(qkv, dt, ko), el(qkv, dt, vo), out, lse, att_D(cx, &g), &g,
+                          cx->stream);
     launched("attention_backward");
 }
 static void cuda_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
@@ -461,9 +476,94 @@ static void cuda_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const
     struct cuda_ctx *cx = ctx;
     int t = kt(dt, "attention_cached");
     head_size(HS, "attention_cached");
-    mha_only(NH, NKV, "attention_cached");
-    l3d_cuk_attention_cached(t, out, q, k, v, pos, n, NH, HS, q_stride, kv_stride, cx->stream);
+    gqa(NH, NKV, "attention_cached");
+    struct l3d_cuk_attn g = l3d_cuda_attn_cached(pos, n, NH, NKV, HS, q_stride, kv_stride);
+    l3d_cuk_attn_forward(t, out, NULL, q, k, v, &g, cx->stream);
     launched("attention_cached");
+}
+
+/* ---- block attention (context parallelism): the geometry checked by the dispatcher ------------ */
+
+static void cuda_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                         const void *q, const void *k, const void *v,
+                                         const struct l3d_attn_block *b) {
+    struct cuda_ctx *cx = ctx;
+    int t = kt(dt, "attention_block_forward");
+    head_size(b->HS, "attention_block_forward");
+    struct l3d_cuk_attn g = l3d_cuda_attn_block(b);
+    l3d_cuk_attn_forward(t, out, lse, q, k, v, &g, cx->stream);
+    launched("attention_block_forward");
+}
+static void cuda_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *lse,
+                                 const void *out2, const float *lse2,
+                                 const struct l3d_attn_block *b) {
+    struct cuda_ctx *cx = ctx;
+    struct l3d_cuk_attn g = l3d_cuda_attn_block(b);
+    l3d_cuk_attn_merge(kt(dt, "attention_merge"), out, lse, out2, lse2, &g, cx->stream);
+    launched("attention_merge");
+}
+static void cuda_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq, void *dk,
+                                          void *dv, const void *dout, const void *q,
+                                          const void *k, const void *v, const void *out,
+                                          const float *lse, const struct l3d_attn_block *b) {
+    struct cuda_ctx *cx = ctx;
+    int t = kt(dt, "attention_block_backward");
+    head_size(b->HS, "attention_block_backward");
+    struct l3d_cuk_attn g = l3d_cuda_attn_block(b);
+    l3d_cuk_attn_backward(t, dq, dk, dv, dout, q, k, v, out, lse, att_D(cx, &g), &g, cx->stream);
+    launched("attention_block_backward");
+}
+
+/* ---- the Llama blocks: RMSNorm, rotary positions, SwiGLU -------------------------------------- */
+
+static void cuda_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *rstd,
+                                 const void *inp, const void *weight, int64_t N, int64_t C,
+                                 float eps) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_rmsnorm_forward(kt(dt, "rmsnorm_forward"), out, rstd, inp, weight, N, C, eps,
+                            cx->stream);
+    launched("rmsnorm_forward");
+}
+static void cuda_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                                  void *dweight, const void *dout, const void *inp,
+                                  const void *weight, const float *rstd, int64_t N, int64_t C) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_rmsnorm_backward(kt(dt, "rmsnorm_backward"), gkt(dt, gdt, "rmsnorm_backward"), dinp,
+                             dweight, dout, inp, weight, rstd, N, C, cx->stream);
+    launched("rmsnorm_backward");
+}
+static void rope(struct cuda_ctx *cx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                 const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                 float sign, const char *kernel) {
+    int t = kt(dt, kernel);
+    gqa(NH, NKV, kernel);
+    if (HS % 2 != 0)
+        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s: head size %lld is odd (rotary pairs "
+                  "need an even one)", kernel, (long long)HS);
+    l3d_cuk_rope(t, qkv, inv_freq, pos, B, T, NH, NKV, HS, sign, cx->stream);
+    launched(kernel);
+}
+static void cuda_rope_forward(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                              const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                              int64_t HS) {
+    rope(ctx, dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 1.0f, "rope_forward");
+}
+static void cuda_rope_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
+                               const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                               int64_t HS) {
+    rope(ctx, dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, -1.0f, "rope_backward");
+}
+static void cuda_swiglu_forward(void *ctx, enum l3d_dtype dt, void *out, const void *inp,
+                                int64_t N, int64_t H) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_swiglu(kt(dt, "swiglu_forward"), out, NULL, NULL, inp, N, H, cx->stream);
+    launched("swiglu_forward");
+}
+static void cuda_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
+                                 const void *inp, int64_t N, int64_t H) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_swiglu(kt(dt, "swiglu_backward"), NULL, dinp, dout, inp, N, H, cx->stream);
+    launched("swiglu_backward");
 }
 
 /* ---- elementwise, cross-entropy --------------------------------------------------------------- */
@@ -607,6 +707,15 @@ static const struct l3d_backend_i cuda_backend_i = {
     .attention_naive_forward = NULL, /* the CPU backend's oracle pair: not on the GPU */
     .attention_naive_backward = NULL,
     .attention_cached = cuda_attention_cached,
+    .attention_block_forward = cuda_attention_block_forward,
+    .attention_merge = cuda_attention_merge,
+    .attention_block_backward = cuda_attention_block_backward,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,
     .residual_forward = cuda_residual_forward,

@@ -72,6 +72,29 @@ int l3d_cuda_attn_per_lane(int64_t HS) {
     return (int)((HS + 31) / 32);
 }
 
+/* ---- attention geometry --------------------------------------------------------------------- */
+
+struct l3d_cuk_attn l3d_cuda_attn_full(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t CQ = (NH + 2 * NKV) * HS, C = NH * HS;
+    return (struct l3d_cuk_attn){.B = B, .NH = NH, .grp = NH / NKV, .HS = HS, .nq = T, .nk = T,
+                                 .p0 = 0, .qs = CQ, .qb = T * CQ, .ks = CQ, .kb = T * CQ,
+                                 .os = C, .ob = T * C, .lh = T, .lb = NH * T};
+}
+
+struct l3d_cuk_attn l3d_cuda_attn_cached(int64_t pos, int64_t n, int64_t NH, int64_t NKV,
+                                         int64_t HS, int64_t q_stride, int64_t kv_stride) {
+    return (struct l3d_cuk_attn){.B = 1, .NH = NH, .grp = NH / NKV, .HS = HS, .nq = n,
+                                 .nk = pos + n, .p0 = pos, .qs = q_stride, .ks = kv_stride,
+                                 .os = NH * HS, .lh = n};
+}
+
+struct l3d_cuk_attn l3d_cuda_attn_block(const struct l3d_attn_block *g) {
+    return (struct l3d_cuk_attn){.B = g->B, .NH = g->NH, .grp = g->NH / g->NKV, .HS = g->HS,
+                                 .nq = g->nq, .nk = g->nk, .p0 = g->q_pos - g->k_pos,
+                                 .qs = g->q_rs, .qb = g->q_bs, .ks = g->kv_rs, .kb = g->kv_bs,
+                                 .os = g->o_rs, .ob = g->o_bs, .lh = g->lse_hs, .lb = g->lse_bs};
+}
+
 /* ---- allocation table ----------------------------------------------------------------------- */
 
 /* Fibonacci hashing of the address (allocations are 256-byte aligned: the low bits say nothing) */

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "backend/cuda_kernels.h"
+#include "llm3d/backend.h"
 #include "llm3d/core.h"
 
 /* ---- device selection ----------------------------------------------------------------------- */
@@ -42,6 +43,18 @@ enum l3d_cuda_comm_kind l3d_cuda_comm_choice(const int *node_of, const int *devi
                                              int *a, int *b);
 
 /* ---- launch shapes: cuda_kernels.h (read by nvcc as well) ----------------------------------- */
+
+/* ---- attention geometry: each attention entry's layout as one struct l3d_cuk_attn ------------ */
+
+/* attention_forward / backward on qkv (B,T,NH+2*NKV,HS): the queries at qkv, the keys at
+ * + NH HS, the values at + (NH + NKV) HS (the caller's offsets); out (B,T,NH,HS); lse (B,NH,T). */
+struct l3d_cuk_attn l3d_cuda_attn_full(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS);
+/* attention_cached: n query rows at positions pos.., q_stride apart, over pos + n cached rows
+ * kv_stride apart; out (n, NH HS); no lse. */
+struct l3d_cuk_attn l3d_cuda_attn_cached(int64_t pos, int64_t n, int64_t NH, int64_t NKV,
+                                         int64_t HS, int64_t q_stride, int64_t kv_stride);
+/* the block kernels of context parallelism: l3d_attn_block's fields as they are */
+struct l3d_cuk_attn l3d_cuda_attn_block(const struct l3d_attn_block *g);
 
 /* ---- allocation table: the accounting of device memory -------------------------------------- */
 

@@ -15,7 +15,14 @@
  * the log-sum-exp kept per row as the CPU kernel does. The backward pass recomputes the
  * probabilities from lse: one warp per query row for dQ, one per key row for dK and dV (no
  * atomics). No T x T tensor. It uses no tensor cores: the tiled tensor-core version is the next
- * step once a GPU can measure it.
+ * step once a GPU can measure it. One set of kernels serves every attention entry through a
+ * geometry (struct l3d_cuk_attn: strides, the query rows' offset into the keys, grouped-query
+ * heads reading their shared key/value head in place): the fused qkv of training, the KV cache of
+ * generation, the blocks of context parallelism (and their merge).
+ *
+ * The Llama blocks: RMSNorm one warp a row as LayerNorm (its weight gradient LayerNorm's column
+ * sums with xhat = x rstd); RoPE one thread a rotary pair, the angle's cosine and sine in double
+ * as the CPU's table; SwiGLU one thread an output element.
  */
 #include <cub/cub.cuh>
 #include <cuda_bf16.h>
@@ -207,7 +214,8 @@ __global__ void layernorm_dinp_k(T *dinp, const T *dout, const T *inp, const T *
 
 /* Column sums over N rows, 32 columns a block (x) by 8 row lanes (y), each lane a fixed stride of
  * rows, the 8 partial sums added in lane order: g += sum_n f(n, c), with f = x (mode 0) or
- * dout * xhat (mode 1, LayerNorm's dweight; x is dout, inp/mean/rstd given). */
+ * dout * xhat (mode 1, the norm's dweight; x is dout, inp/rstd given, mean NULL for RMSNorm's
+ * xhat = x rstd). */
 template <typename T, typename G>
 __global__ void colsum_k(G *g, const T *x, const T *inp, const float *mean, const float *rstd,
                          int mode, int64_t N, int64_t C) {
@@ -217,7 +225,7 @@ __global__ void colsum_k(G *g, const T *x, const T *inp, const float *mean, cons
     if (c < C)
         for (int64_t n = threadIdx.y; n < N; n += 8) {
             float d = ld(x + n * C + c);
-            s += mode == 0 ? d : d * (ld(inp + n * C + c) - mean[n]) * rstd[n];
+            s += mode == 0 ? d : d * (ld(inp + n * C + c) - (mean ? mean[n] : 0.0f)) * rstd[n];
         }
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
@@ -225,6 +233,80 @@ __global__ void colsum_k(G *g, const T *x, const T *inp, const float *mean, cons
         float a = part[0][threadIdx.x];
         for (int k = 1; k < 8; k++) a += part[k][threadIdx.x];
         st(g + c, ld(g + c) + a);
+    }
+}
+
+/* ---- RMSNorm: one warp a row, as LayerNorm; rotary positions, SwiGLU: a thread an element ---- */
+
+template <typename T>
+__global__ void rmsnorm_forward_k(T *out, float *rstd, const T *inp, const T *w, int64_t N,
+                                  int64_t C, float eps) {
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
+    if (row >= N) return;
+    const T *x = inp + row * C;
+    float s = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+        float a = ld(x + c);
+        s += a * a;
+    }
+    float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+    for (int64_t c = lane; c < C; c += 32) st(out + row * C + c, ld(x + c) * r * ld(w + c));
+    if (lane == 0) rstd[row] = r;
+}
+
+/* dinp += rstd (g - xhat mean(g xhat)), g = dout w, xhat = x rstd (the CPU's rms_backward_row) */
+template <typename T>
+__global__ void rmsnorm_dinp_k(T *dinp, const T *dout, const T *inp, const T *w,
+                               const float *rstd, int64_t N, int64_t C) {
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
+    if (row >= N) return;
+    const T *x = inp + row * C, *d = dout + row * C;
+    float r = rstd[row], sgx = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) sgx += ld(d + c) * ld(w + c) * ld(x + c) * r;
+    sgx = warp_sum(sgx) / (float)C;
+    for (int64_t c = lane; c < C; c += 32) {
+        T *o = dinp + row * C + c;
+        st(o, ld(o) + r * (ld(d + c) * ld(w + c) - ld(x + c) * r * sgx));
+    }
+}
+
+/* One thread a rotary pair (row bt, head h of the NH + NKV rotated, pair i): the angle
+ * pos[t] inv_freq[i] formed and its cosine and sine taken in double, then rounded once, as the
+ * CPU's table (Hugging Face's fp32 angle is off by ~4e-3 rad at position 10^5); sign -1 turns
+ * back. Llama 3.1's frequency scaling is in inv_freq (l3d_rope_inv_freq). */
+template <typename T>
+__global__ void rope_k(T *qkv, const float *inv_freq, const int32_t *pos, int64_t T_, int64_t NR,
+                       int64_t CQ, int64_t HS, float sign, int64_t n) {
+    const int64_t H2 = HS / 2;
+    GRID_STRIDE(e, n) {
+        int64_t i = e % H2, h = (e / H2) % NR, bt = e / (H2 * NR);
+        double sn, cs;
+        sincos((double)pos[bt % T_] * (double)inv_freq[i], &sn, &cs);
+        float c = (float)cs, s = sign * (float)sn;
+        T *lo = qkv + bt * CQ + h * HS + i, *hi = lo + H2;
+        float a = ld(lo), b = ld(hi);
+        st(lo, a * c - b * s);
+        st(hi, b * c + a * s);
+    }
+}
+
+/* out = silu(g) u; backward dg += d u s (1 + g (1 - s)), du += d g s, s = sigmoid(g) */
+template <typename T>
+__global__ void swiglu_k(T *out, T *dinp, const T *dout, const T *inp, int64_t H, int64_t n) {
+    GRID_STRIDE(e, n) {
+        int64_t r = e / H, c = e % H;
+        const T *gp = inp + r * 2 * H + c;
+        float g = ld(gp), u = ld(gp + H), s = 1.0f / (1.0f + expf(-g));
+        if (out) {
+            st(out + e, g * s * u);
+            continue;
+        }
+        float d = ld(dout + e);
+        T *dg = dinp + r * 2 * H + c, *du = dg + H;
+        st(dg, ld(dg) + d * u * s * (1.0f + g * (1.0f - s)));
+        st(du, ld(du) + d * g * s);
     }
 }
 
@@ -259,118 +341,162 @@ __device__ __forceinline__ void row_add(T *p, const float (&r)[P], int64_t HS, i
     }
 }
 
-/* Query rows at positions p0 + i (i < n) of (batch b, head h) attend over keys 0..p0 + i.
- * Pointers at the head; strides: rows qs, ks, os; batches qb, kb, ob; lse (b*NH + h)*n + i. */
+/* Query row `row` of the grid, (b, h, i) in that order, and the last key it sees */
+struct attn_row {
+    int64_t b, h, i, last;
+};
+__device__ __forceinline__ attn_row attn_row_of(const l3d_cuk_attn &g, int64_t row) {
+    attn_row r;
+    r.i = row % g.nq;
+    r.h = (row / g.nq) % g.NH;
+    r.b = row / (g.nq * g.NH);
+    r.last = g.p0 + r.i < g.nk - 1 ? g.p0 + r.i : g.nk - 1;
+    return r;
+}
+
+/* One warp a query row (b, h, i): the keys 0..last of key/value head h / grp visited one by one
+ * with the online softmax; out =, lse = (when not NULL). Grouped-query heads read their shared
+ * key/value head where it is (no repeated copy). */
 template <int P, typename T>
-__global__ void attn_forward_k(T *out, float *lse, const T *q, const T *k, const T *v, int64_t qs,
-                               int64_t ks, int64_t os, int64_t qb, int64_t kb, int64_t ob,
-                               int64_t p0, int64_t n, int64_t NH, int64_t HS, int64_t rows) {
+__global__ void attn_forward_k(T *out, float *lse, const T *q, const T *k, const T *v,
+                               l3d_cuk_attn g, int64_t rows) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= rows) return;
-    int64_t i = row % n, h = (row / n) % NH, b = row / (n * NH);
-    const T *qr = q + b * qb + h * HS + i * qs;
-    const T *kh = k + b * kb + h * HS, *vh = v + b * kb + h * HS;
+    const attn_row r = attn_row_of(g, row);
+    const int64_t HS = g.HS;
+    const T *qr = q + r.b * g.qb + r.i * g.qs + r.h * HS;
+    const int64_t kvo = r.b * g.kb + (r.h / g.grp) * HS;
+    const T *kh = k + kvo, *vh = v + kvo;
     const float scale = 1.0f / sqrtf((float)HS);
     float qv[P], o[P];
     row_load<P>(qv, qr, HS, lane);
 #pragma unroll
     for (int e = 0; e < P; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = 0; j <= p0 + i; j++) {
-        float s = row_dot<P>(qv, kh + j * ks, HS, lane) * scale;
+    for (int64_t j = 0; j <= r.last; j++) {
+        float s = row_dot<P>(qv, kh + j * g.ks, HS, lane) * scale;
         float mx = fmaxf(m, s), corr = expf(m - mx), p = expf(s - mx);
         l = l * corr + p;
         m = mx;
 #pragma unroll
         for (int e = 0; e < P; e++) {
             int64_t d = lane + 32 * e;
-            o[e] = o[e] * corr + (d < HS ? p * ld(vh + j * ks + d) : 0.0f);
+            o[e] = o[e] * corr + (d < HS ? p * ld(vh + j * g.ks + d) : 0.0f);
         }
     }
-    T *orow = out + b * ob + h * HS + i * os;
+    T *orow = out + r.b * g.ob + r.i * g.os + r.h * HS;
 #pragma unroll
     for (int e = 0; e < P; e++) {
         int64_t d = lane + 32 * e;
         if (d < HS) st(orow + d, o[e] / l);
     }
-    if (lse && lane == 0) lse[(b * NH + h) * n + i] = m + logf(l);
+    if (lse && lane == 0) lse[r.b * g.lb + r.h * g.lh + r.i] = m + logf(l);
 }
 
-/* D (B,NH,T) = rowsum(dO * O) of each query row (FlashAttention-2 eq. 4) */
+/* D (B,NH,nq) = rowsum(dO * O) of each query row (FlashAttention-2 eq. 4) */
 template <int P, typename T>
-__global__ void attn_D_k(float *D, const T *dout, const T *out, int64_t T_, int64_t NH,
-                         int64_t HS, int64_t rows) {
+__global__ void attn_D_k(float *D, const T *dout, const T *out, l3d_cuk_attn g, int64_t rows) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= rows) return;
-    int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS;
-    float g[P];
-    row_load<P>(g, dout + (b * T_ + i) * C + h * HS, HS, lane);
-    float d = row_dot<P>(g, out + (b * T_ + i) * C + h * HS, HS, lane);
-    if (lane == 0) D[(b * NH + h) * T_ + i] = d;
+    const attn_row r = attn_row_of(g, row);
+    const int64_t o = r.b * g.ob + r.i * g.os + r.h * g.HS;
+    float gr[P];
+    row_load<P>(gr, dout + o, g.HS, lane);
+    float d = row_dot<P>(gr, out + o, g.HS, lane);
+    if (lane == 0) D[row] = d;
 }
 
-/* dQ of query row i (+=): sum over keys j <= i of dS_ij k_j, dS = P (dP - D) / sqrt(HS) */
+/* dQ of query row (b, h, i) (+=): sum over its keys j of dS_ij k_j, dS = P (dP - D) / sqrt(HS) */
 template <int P, typename T>
-__global__ void attn_dq_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
-                          int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
+__global__ void attn_dq_k(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                          const float *lse, const float *D, l3d_cuk_attn g, int64_t rows) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= rows) return;
-    int64_t i = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
-    const T *base = qkv + b * T_ * C3 + h * HS;
-    const float scale = 1.0f / sqrtf((float)HS), L = lse[row], Di = D[row];
-    float qv[P], g[P], dq[P];
-    row_load<P>(qv, base + i * C3, HS, lane);
-    row_load<P>(g, dout + (b * T_ + i) * C + h * HS, HS, lane);
+    const attn_row r = attn_row_of(g, row);
+    const int64_t HS = g.HS, qo = r.b * g.qb + r.i * g.qs + r.h * HS;
+    const int64_t kvo = r.b * g.kb + (r.h / g.grp) * HS;
+    const float scale = 1.0f / sqrtf((float)HS), L = lse[r.b * g.lb + r.h * g.lh + r.i];
+    const float Di = D[row];
+    float qv[P], gr[P], dqr[P];
+    row_load<P>(qv, q + qo, HS, lane);
+    row_load<P>(gr, dout + r.b * g.ob + r.i * g.os + r.h * HS, HS, lane);
 #pragma unroll
-    for (int e = 0; e < P; e++) dq[e] = 0.0f;
-    for (int64_t j = 0; j <= i; j++) {
-        const T *kj = base + j * C3 + C, *vj = base + j * C3 + 2 * C;
+    for (int e = 0; e < P; e++) dqr[e] = 0.0f;
+    for (int64_t j = 0; j <= r.last; j++) {
+        const T *kj = k + kvo + j * g.ks, *vj = v + kvo + j * g.ks;
         float p = expf(row_dot<P>(qv, kj, HS, lane) * scale - L);
-        float ds = p * (row_dot<P>(g, vj, HS, lane) - Di) * scale;
+        float ds = p * (row_dot<P>(gr, vj, HS, lane) - Di) * scale;
 #pragma unroll
         for (int e = 0; e < P; e++) {
             int64_t d = lane + 32 * e;
-            if (d < HS) dq[e] += ds * ld(kj + d);
+            if (d < HS) dqr[e] += ds * ld(kj + d);
         }
     }
-    row_add<P>(dqkv + b * T_ * C3 + h * HS + i * C3, dq, HS, lane);
+    row_add<P>(dq + qo, dqr, HS, lane);
 }
 
-/* dK, dV of key row j (+=): sums over queries i >= j of dS_ij q_i and P_ij dO_i */
+/* dK, dV of key row j of key/value head kh (+=): sums over the grp query heads that read it and
+ * their rows i that see it (p0 + i >= j) of dS_ij q_i and P_ij dO_i. One warp owns the row: no
+ * atomics, and the order is fixed. */
 template <int P, typename T>
-__global__ void attn_dkv_k(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *D,
-                           int64_t T_, int64_t NH, int64_t HS, int64_t rows) {
+__global__ void attn_dkv_k(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                           const float *lse, const float *D, l3d_cuk_attn g, int64_t rows) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= rows) return;
-    int64_t j = row % T_, h = (row / T_) % NH, b = row / (T_ * NH), C = NH * HS, C3 = 3 * C;
-    const T *base = qkv + b * T_ * C3 + h * HS;
-    const float *Lh = lse + (b * NH + h) * T_, *Dh = D + (b * NH + h) * T_;
+    const int64_t NKV = g.NH / g.grp, HS = g.HS;
+    const int64_t j = row % g.nk, kh = (row / g.nk) % NKV, b = row / (g.nk * NKV);
+    const int64_t kvo = b * g.kb + j * g.ks + kh * HS, i0 = j > g.p0 ? j - g.p0 : 0;
     const float scale = 1.0f / sqrtf((float)HS);
-    float kv[P], vv[P], dk[P], dv[P];
-    row_load<P>(kv, base + j * C3 + C, HS, lane);
-    row_load<P>(vv, base + j * C3 + 2 * C, HS, lane);
+    float kv[P], vv[P], dkr[P], dvr[P];
+    row_load<P>(kv, k + kvo, HS, lane);
+    row_load<P>(vv, v + kvo, HS, lane);
 #pragma unroll
-    for (int e = 0; e < P; e++) dk[e] = dv[e] = 0.0f;
-    for (int64_t i = j; i < T_; i++) {
-        const T *qi = base + i * C3, *gi = dout + (b * T_ + i) * C + h * HS;
-        float p = expf(row_dot<P>(kv, qi, HS, lane) * scale - Lh[i]);
-        float ds = p * (row_dot<P>(vv, gi, HS, lane) - Dh[i]) * scale;
+    for (int e = 0; e < P; e++) dkr[e] = dvr[e] = 0.0f;
+    for (int64_t h = kh * g.grp; h < (kh + 1) * g.grp; h++) {
+        const float *Lh = lse + b * g.lb + h * g.lh, *Dh = D + (b * g.NH + h) * g.nq;
+        for (int64_t i = i0; i < g.nq; i++) {
+            const T *qi = q + b * g.qb + i * g.qs + h * HS;
+            const T *gi = dout + b * g.ob + i * g.os + h * HS;
+            float p = expf(row_dot<P>(kv, qi, HS, lane) * scale - Lh[i]);
+            float ds = p * (row_dot<P>(vv, gi, HS, lane) - Dh[i]) * scale;
 #pragma unroll
-        for (int e = 0; e < P; e++) {
-            int64_t d = lane + 32 * e;
-            if (d < HS) {
-                dv[e] += p * ld(gi + d);
-                dk[e] += ds * ld(qi + d);
+            for (int e = 0; e < P; e++) {
+                int64_t d = lane + 32 * e;
+                if (d < HS) {
+                    dvr[e] += p * ld(gi + d);
+                    dkr[e] += ds * ld(qi + d);
+                }
             }
         }
     }
-    T *o = dqkv + b * T_ * C3 + h * HS + j * C3;
-    row_add<P>(o + C, dk, HS, lane);
-    row_add<P>(o + 2 * C, dv, HS, lane);
+    row_add<P>(dk + kvo, dkr, HS, lane);
+    row_add<P>(dv + kvo, dvr, HS, lane);
+}
+
+/* One warp a query row: the two log-sum-exps combined (expf / logf, as the CPU), the row
+ * reweighted; a row whose lse2 is -inf is left as it is */
+template <typename T>
+__global__ void attn_merge_k(T *out, float *lse, const T *out2, const float *lse2, l3d_cuk_attn g,
+                             int64_t rows) {
+    const int64_t row = warp_row();
+    const int lane = warp_lane();
+    if (row >= rows) return;
+    const attn_row r = attn_row_of(g, row);
+    const int64_t li = r.b * g.lb + r.h * g.lh + r.i;
+    const float L1 = lse[li], L2 = lse2[li];
+    if (L2 == -INFINITY) return;
+    float mx = fmaxf(L1, L2), w1 = expf(L1 - mx), w2 = expf(L2 - mx), sum = w1 + w2;
+    w1 /= sum;
+    w2 /= sum;
+    const int64_t o = r.b * g.ob + r.i * g.os + r.h * g.HS;
+    for (int64_t d = lane; d < g.HS; d += 32)
+        st(out + o + d, w1 * ld(out + o + d) + w2 * ld(out2 + o + d));
+    __syncwarp();
+    if (lane == 0) lse[li] = mx + logf(sum);
 }
 
 /* P = ceil(HS / 32) as a template argument: 1..8 (HS <= 256, L3D_CUDA_MAX_HS) */
@@ -638,43 +764,79 @@ void l3d_cuk_colsum_add(int dt, int gdt, void *g, const void *x, int64_t N, int6
     colsum(0, dt, gdt, g, x, NULL, NULL, NULL, N, C, ST(stream));
 }
 
-void l3d_cuk_attention_forward(int dt, void *out, float *lse, const void *qkv, int64_t B,
-                               int64_t T_, int64_t NH, int64_t HS, void *stream) {
-    int64_t C = NH * HS, C3 = 3 * C, rows = B * NH * T_;
+void l3d_cuk_attn_forward(int dt, void *out, float *lse, const void *q, const void *k,
+                          const void *v, const struct l3d_cuk_attn *g, void *stream) {
+    int64_t rows = g->B * g->NH * g->nq;
     struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
     if (L.blocks == 0) return;
-    DISPATCH(dt, PER_LANE(HS, (attn_forward_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
-                                  (T *)out, lse, (const T *)qkv, (const T *)qkv + C,
-                                  (const T *)qkv + 2 * C, C3, C3, C, T_ * C3, T_ * C3, T_ * C, 0,
-                                  T_, NH, HS, rows))));
+    DISPATCH(dt, PER_LANE(g->HS, (attn_forward_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                                     (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, *g,
+                                     rows))));
 }
 
-void l3d_cuk_attention_cached(int dt, void *out, const void *q, const void *k, const void *v,
-                              int64_t pos, int64_t n, int64_t NH, int64_t HS, int64_t q_stride,
-                              int64_t kv_stride, void *stream) {
-    int64_t rows = NH * n;
+/* D, then dQ (a warp a query row), then dK and dV (a warp a key row of each key/value head) */
+void l3d_cuk_attn_backward(int dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                           const void *k, const void *v, const void *out, const float *lse,
+                           float *D, const struct l3d_cuk_attn *g, void *stream) {
+    int64_t rows = g->B * g->NH * g->nq, krows = g->B * (g->NH / g->grp) * g->nk;
     struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
-    if (L.blocks == 0) return;
-    DISPATCH(dt, PER_LANE(HS, (attn_forward_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
-                                  (T *)out, NULL, (const T *)q, (const T *)k, (const T *)v,
-                                  q_stride, kv_stride, NH * HS, 0, 0, 0, pos, n, NH, HS,
-                                  rows))));
-}
-
-void l3d_cuk_attention_backward(int dt, void *dqkv, const void *dout, const void *qkv,
-                                const void *out, const float *lse, float *D, int64_t B,
-                                int64_t T_, int64_t NH, int64_t HS, void *stream) {
-    int64_t rows = B * NH * T_;
-    struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
-    if (L.blocks == 0) return;
-    DISPATCH(dt, PER_LANE(HS, {
-        attn_D_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(D, (const T *)dout,
-                                                               (const T *)out, T_, NH, HS, rows);
-        attn_dq_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
-            (T *)dqkv, (const T *)dout, (const T *)qkv, lse, D, T_, NH, HS, rows);
-        attn_dkv_k<P, T><<<L.blocks, L.threads, 0, ST(stream)>>>(
-            (T *)dqkv, (const T *)dout, (const T *)qkv, lse, D, T_, NH, HS, rows);
+    struct l3d_cuda_launch K = l3d_cuda_launch_rows(krows, kRowWarps);
+    if (L.blocks == 0 || K.blocks == 0) return;
+    cudaStream_t s = ST(stream);
+    DISPATCH(dt, PER_LANE(g->HS, {
+        attn_D_k<P, T><<<L.blocks, L.threads, 0, s>>>(D, (const T *)dout, (const T *)out, *g,
+                                                      rows);
+        attn_dq_k<P, T><<<L.blocks, L.threads, 0, s>>>((T *)dq, (const T *)dout, (const T *)q,
+                                                       (const T *)k, (const T *)v, lse, D, *g,
+                                                       rows);
+        attn_dkv_k<P, T><<<K.blocks, K.threads, 0, s>>>((T *)dk, (T *)dv, (const T *)dout,
+                                                        (const T *)q, (const T *)k, (const T *)v,
+                                                        lse, D, *g, krows);
     }));
+}
+
+void l3d_cuk_attn_merge(int dt, void *out, float *lse, const void *out2, const float *lse2,
+                        const struct l3d_cuk_attn *g, void *stream) {
+    int64_t rows = g->B * g->NH * g->nq;
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(rows, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, (attn_merge_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)out, lse, (const T *)out2, lse2, *g, rows)));
+}
+
+void l3d_cuk_rmsnorm_forward(int dt, void *out, float *rstd, const void *inp, const void *weight,
+                             int64_t N, int64_t C, float eps, void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
+    if (L.blocks == 0) return;
+    DISPATCH(dt, (rmsnorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)out, rstd, (const T *)inp, (const T *)weight, N, C, eps)));
+}
+
+void l3d_cuk_rmsnorm_backward(int dt, int gdt, void *dinp, void *dweight, const void *dout,
+                              const void *inp, const void *weight, const float *rstd, int64_t N,
+                              int64_t C, void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
+    if (L.blocks == 0) return;
+    if (dinp)
+        DISPATCH(dt, (rmsnorm_dinp_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                         (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, rstd, N,
+                         C)));
+    if (dweight) colsum(1, dt, gdt, dweight, dout, inp, NULL, rstd, N, C, ST(stream));
+}
+
+void l3d_cuk_rope(int dt, void *qkv, const float *inv_freq, const int32_t *pos, int64_t B,
+                  int64_t T_, int64_t NH, int64_t NKV, int64_t HS, float sign, void *stream) {
+    LAUNCH_1D(B * T_ * (NH + NKV) * (HS / 2), 256);
+    DISPATCH(dt, (rope_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)qkv, inv_freq, pos, T_, NH + NKV, (NH + 2 * NKV) * HS, HS, sign,
+                     B * T_ * (NH + NKV) * (HS / 2))));
+}
+
+void l3d_cuk_swiglu(int dt, void *out, void *dinp, const void *dout, const void *inp, int64_t N,
+                    int64_t H, void *stream) {
+    LAUNCH_1D(N * H, 256);
+    DISPATCH(dt, (swiglu_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                     (T *)out, (T *)dinp, (const T *)dout, (const T *)inp, H, N * H)));
 }
 
 void l3d_cuk_elementwise(int op, int dt, void *out, const void *a, const void *b, int64_t N,

@@ -59,15 +59,40 @@ void l3d_cuk_layernorm_backward(int dt, int gdt, void *dinp, void *dweight, void
 /* g (C, type gdt) += column sums of x (N,C) (a product's bias gradient) */
 void l3d_cuk_colsum_add(int dt, int gdt, void *g, const void *x, int64_t N, int64_t C,
                         void *stream);
-/* D (B*NH*T fp32) scratch of the backward pass */
-void l3d_cuk_attention_forward(int dt, void *out, float *lse, const void *qkv, int64_t B,
-                               int64_t T, int64_t NH, int64_t HS, void *stream);
-void l3d_cuk_attention_backward(int dt, void *dqkv, const void *dout, const void *qkv,
-                                const void *out, const float *lse, float *D, int64_t B, int64_t T,
-                                int64_t NH, int64_t HS, void *stream);
-void l3d_cuk_attention_cached(int dt, void *out, const void *q, const void *k, const void *v,
-                              int64_t pos, int64_t n, int64_t NH, int64_t HS, int64_t q_stride,
-                              int64_t kv_stride, void *stream);
+/* Attention's geometry, in elements (struct l3d_attn_block's, which every attention entry maps
+ * to: l3d_cuda_attn_full / _cached / _block in cuda_host.h). B sequences, NH query heads of HS,
+ * query head h reading key/value head h / grp; nq query rows, nk key rows; query row i sees the
+ * keys 0..min(p0 + i, nk - 1) (p0 = q_pos - k_pos >= 0). Strides: q and dq rows qs apart,
+ * sequences qb; k, v, dk, dv ks, kb; out, dout os, ob; lse head lh, sequence lb (row i at + i);
+ * pointers at head 0 of row 0 of sequence 0. */
+struct l3d_cuk_attn {
+    int64_t B, NH, grp, HS, nq, nk, p0;
+    int64_t qs, qb, ks, kb, os, ob, lh, lb;
+};
+/* out (=) and lse (=, may be NULL: the cached path) of every query row; HS <= L3D_CUDA_MAX_HS */
+void l3d_cuk_attn_forward(int dt, void *out, float *lse, const void *q, const void *k,
+                          const void *v, const struct l3d_cuk_attn *g, void *stream);
+/* dq, dk, dv += from dout and the final out and lse of each row; D (B*NH*nq fp32) scratch */
+void l3d_cuk_attn_backward(int dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                           const void *k, const void *v, const void *out, const float *lse,
+                           float *D, const struct l3d_cuk_attn *g, void *stream);
+/* (out, lse) merged with (out2, lse2), l3d_be_attention_merge's formula (reads B NH HS nq, the
+ * out and lse strides) */
+void l3d_cuk_attn_merge(int dt, void *out, float *lse, const void *out2, const float *lse2,
+                        const struct l3d_cuk_attn *g, void *stream);
+/* RMSNorm: rstd (N fp32) =, out (N,C) =; backward dinp +=, dweight (type gdt) += (either NULL) */
+void l3d_cuk_rmsnorm_forward(int dt, void *out, float *rstd, const void *inp, const void *weight,
+                             int64_t N, int64_t C, float eps, void *stream);
+void l3d_cuk_rmsnorm_backward(int dt, int gdt, void *dinp, void *dweight, const void *dout,
+                              const void *inp, const void *weight, const float *rstd, int64_t N,
+                              int64_t C, void *stream);
+/* RoPE in place on the NH + NKV query and key heads of qkv (B,T,NH+2*NKV,HS); sign 1 forward,
+ * -1 backward (the inverse rotation); HS even */
+void l3d_cuk_rope(int dt, void *qkv, const float *inv_freq, const int32_t *pos, int64_t B,
+                  int64_t T, int64_t NH, int64_t NKV, int64_t HS, float sign, void *stream);
+/* SwiGLU: out (N,H) = silu(gate) up (dinp NULL), or dinp (N,2H) += (out NULL) */
+void l3d_cuk_swiglu(int dt, void *out, void *dinp, const void *dout, const void *inp, int64_t N,
+                    int64_t H, void *stream);
 /* op 0: out = gelu(a); 1: out += gelu'(a) * b; 2: out = a + b (out may be a) */
 void l3d_cuk_elementwise(int op, int dt, void *out, const void *a, const void *b, int64_t N,
                          void *stream);

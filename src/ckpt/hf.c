@@ -14,6 +14,7 @@
 #include "llm3d/backend.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
+#include "llm3d/tokenizer.h"
 #include "llm3d/json.h"
 
 /* ---- config.json -------------------------------------------------------------------------- */
@@ -673,6 +674,12 @@ static l3d_status check_saveable(const char *dir, const struct l3d_hf_tensor *ma
 
 l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const float *full,
                        enum l3d_dtype dt, int64_t shard_bytes) {
+    return l3d_hf_save_tok(dir, cfg, full, dt, shard_bytes, NULL);
+}
+
+l3d_status l3d_hf_save_tok(const char *dir, const struct l3d_model_spec *cfg, const float *full,
+                           enum l3d_dtype dt, int64_t shard_bytes,
+                           const struct l3d_tokenizer *tok) {
     struct l3d_hf_tensor *map;
     int n;
     l3d_status rc = l3d_hf_tensors(cfg, &map, &n);
@@ -681,16 +688,23 @@ l3d_status l3d_hf_save(const char *dir, const struct l3d_model_spec *cfg, const 
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, &fs, ti);
     struct save_ctx sc = {map, ti, full};
-    rc = l3d_hf_save_fill(dir, cfg, fill_full, &sc, dt, shard_bytes);
+    rc = l3d_hf_save_fill_tok(dir, cfg, fill_full, &sc, dt, shard_bytes, tok);
     l3d_free(map);
     return rc;
 }
 
 l3d_status l3d_hf_save_fill(const char *dir, const struct l3d_model_spec *cfg, l3d_st_fill fill,
                             void *ctx, enum l3d_dtype dt, int64_t shard_bytes) {
+    return l3d_hf_save_fill_tok(dir, cfg, fill, ctx, dt, shard_bytes, NULL);
+}
+
+l3d_status l3d_hf_save_fill_tok(const char *dir, const struct l3d_model_spec *cfg,
+                                l3d_st_fill fill, void *ctx, enum l3d_dtype dt,
+                                int64_t shard_bytes, const struct l3d_tokenizer *tok) {
     struct l3d_hf_tensor *map;
     int n;
-    l3d_status rc = l3d_ckpt_long_path(dir);
+    l3d_status rc = tok ? l3d_tokenizer_fits(tok, cfg->V, dir) : L3D_OK;
+    if (rc == L3D_OK) rc = l3d_ckpt_long_path(dir);
     if (rc != L3D_OK || (rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
     /* written whole beside dir, then put in its place (include/llm3d/file.h) */
     struct l3d_dir_out out;
@@ -715,6 +729,8 @@ l3d_status l3d_hf_save_fill(const char *dir, const struct l3d_model_spec *cfg, l
         rc = l3d_ckpt_write_text_atomic(path, text);
         l3d_free(text);
     }
+    /* the tokenizer's files in the same new folder: published with the model, or not at all */
+    if (rc == L3D_OK && tok) rc = l3d_tokenizer_write_hf(tok, out.tmp, cfg->maxT);
     if (rc != L3D_OK) {
         l3d_dir_out_abort(&out);
         return rc;

@@ -9,11 +9,12 @@
 #include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
 #include "llm3d/spec.h"
+#include "llm3d/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,
         "usage: llm3d convert SOURCE DEST [--precision fp32|bf16|fp16] [--save-shard-mb M]\n"
-        "                     [--overwrite]\n"
+        "                     [--tokenizer SPEC] [--overwrite]\n"
         "\n"
         "Writes the weights of SOURCE as DEST. SOURCE: a training checkpoint (a step directory\n"
         "of llm3d train --save-every, or a checkpoint directory, whose `latest` is used) saved\n"
@@ -25,16 +26,20 @@ static void usage(FILE *f) {
         "transformers' from_pretrained and llm3d --init-from read. A model already at DEST is\n"
         "replaced only with --overwrite, whole: the new one is written beside it and put in its\n"
         "place in one step (the folder's other files kept), so DEST holds the old model or the\n"
-        "new one, never a mix.\n"
+        "new one, never a mix. A folder DEST also gets the tokenizer as Hugging Face's files\n"
+        "(tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+        "generation_config.json): --tokenizer's, else SOURCE's tokenizer.json when SOURCE is\n"
+        "a folder holding one; with neither, the model only (said in one line).\n"
         "\n");
 }
 
-enum { C_PREC, C_SHARD, C_OVERWRITE };
+enum { C_PREC, C_SHARD, C_OVERWRITE, C_TOK };
 
 struct convert_opts {
     enum l3d_dtype dt;
     int64_t shard_bytes;
     bool overwrite;
+    const char *tokenizer;
 };
 
 static const struct l3d_flag convert_flags[] = {
@@ -43,6 +48,8 @@ static const struct l3d_flag convert_flags[] = {
                                "fp16 (safetensors F16 only: llm.c has no fp16 file)"},
     {"save-shard-mb", "M", C_SHARD, "a Hugging Face folder's weights above M MiB go to several "
                                     "files and an index (4096)"},
+    {"tokenizer", "SPEC", C_TOK, "the tokenizer a folder DEST gets (see above), as prepare takes "
+                                 "it"},
     {"overwrite", NULL, C_OVERWRITE, "replace a model already at DEST (an llm.c file, or a "
                                      "folder's config.json and safetensors files)"},
     {NULL, NULL, 0, NULL},
@@ -50,6 +57,10 @@ static const struct l3d_flag convert_flags[] = {
 
 static int set_convert(void *ctx, const char *cmd, int id, const char *v) {
     struct convert_opts *o = ctx;
+    if (id == C_TOK) {
+        o->tokenizer = v;
+        return 1;
+    }
     if (id == C_OVERWRITE) {
         o->overwrite = true;
         return 1;
@@ -91,13 +102,41 @@ static l3d_status read_source(const char *src, struct l3d_model_spec *cfg, float
     return st == L3D_OK ? l3d_ckpt_read_full(dir, cfg, full) : st;
 }
 
+/* The tokenizer a folder DEST gets into *tok (NULL: none, said in one line). Returns -1 to go on,
+ * else the exit status. */
+static int dest_tokenizer(const struct convert_opts *o, const char *src, const char *dst,
+                          bool llmc, struct l3d_tokenizer **tok) {
+    char path[4200];
+    struct stat sb;
+    const char *spec = o->tokenizer;
+    *tok = NULL;
+    if (llmc && spec) {
+        fprintf(stderr, "llm3d convert: --tokenizer: an llm.c file DEST (%s) holds no tokenizer: "
+                "give a folder DEST, or leave --tokenizer out\n", dst);
+        return 2;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    if (!spec && !llmc && l3d_hf_is_folder(src) && stat(path, &sb) == 0) spec = path;
+    if (!spec) {
+        if (!llmc)
+            printf("llm3d convert: no tokenizer known (give --tokenizer SPEC): %s gets the model "
+                   "only\n", dst);
+        return -1;
+    }
+    if (l3d_tokenizer_open(tok, spec) != L3D_OK) {
+        fprintf(stderr, "llm3d convert: --tokenizer %s: %s\n", spec, l3d_error_message());
+        return 2;
+    }
+    return -1;
+}
+
 static bool ends_with(const char *s, const char *tail) {
     size_t n = strlen(s), k = strlen(tail);
     return n >= k && strcmp(s + n - k, tail) == 0;
 }
 
 int l3d_cli_convert(int argc, char **argv) {
-    struct convert_opts o = {L3D_F32, 0, false};
+    struct convert_opts o = {L3D_F32, 0, false, NULL};
     const struct l3d_flag_group g = {NULL, convert_flags, set_convert, &o};
     int first = 0;
     int rc = l3d_flags_parse_n("convert", argc, argv, &g, usage, 2, "a source and a destination",
@@ -118,6 +157,8 @@ int l3d_cli_convert(int argc, char **argv) {
                 "safetensors files; the folder's other files are kept");
         return 2;
     }
+    struct l3d_tokenizer *tok;
+    if ((rc = dest_tokenizer(&o, src, dst, llmc, &tok)) >= 0) return rc;
     struct l3d_model_spec cfg;
     float *full = NULL;
     char dir[4096];
@@ -125,9 +166,10 @@ int l3d_cli_convert(int argc, char **argv) {
     if (st == L3D_OK && llmc)
         st = l3d_ckpt_save_llmc_params_dt(dst, &cfg, full, l3d_gpt_param_count(&cfg), o.dt);
     else if (st == L3D_OK)
-        st = l3d_hf_save(dst, &cfg, full, o.dt, o.shard_bytes > 0 ? o.shard_bytes
-                                                                 : L3D_HF_SHARD_BYTES);
+        st = l3d_hf_save_tok(dst, &cfg, full, o.dt, o.shard_bytes > 0 ? o.shard_bytes
+                                                                     : L3D_HF_SHARD_BYTES, tok);
     l3d_free(full);
+    l3d_tokenizer_free(tok);
     if (st != L3D_OK) return l3d_cli_failed("convert");
     char ver[40];
     snprintf(ver, sizeof ver, "%s, version %d", o.dt == L3D_BF16 ? "bf16" : "fp32",

@@ -18,7 +18,9 @@ static void usage(FILE *fp) {
             "usage: llm3d prepare --tokenizer SPEC --out DIR [flags] FILE|DIR...\n"
             "\n"
             "Tokenizes text files into llm.c token shards: DIR/train_000000.bin, ... and\n"
-            "DIR/val_000000.bin, ... (created when missing).\n"
+            "DIR/val_000000.bin, ... (created when missing), and the tokenizer as Hugging\n"
+            "Face's files (DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+            "generation_config.json), which train --out copies into its model folder.\n"
             "\n"
             "Inputs, by extension: FILE.jsonl is JSON Lines, one document per line (the\n"
             "--jsonl-key string of a JSON object; BPE tokenizers only); any other name is text\n"
@@ -201,6 +203,10 @@ int l3d_cli_prepare(int argc, char **argv) {
                                                  o.shard_tokens, tok, o.doc_sep, doc_token,
                                                  isatty(2), &o.jsonl, &stats);
     int V = bytes ? L3D_BYTES_VOCAB : l3d_tokenizer_vocab_size(tok);
+    /* the tokenizer recorded beside the shards, as Hugging Face's files: what train --out puts in
+     * its model folder */
+    if (st == L3D_OK && bytes) st = l3d_tokenizer_open(&tok, "bytes");
+    if (st == L3D_OK) st = l3d_tokenizer_write_hf(tok, out, 0);
     l3d_tokenizer_free(tok);
     l3d_input_list_free(&in);
     if (st != L3D_OK) {

@@ -13,14 +13,18 @@ static void usage(FILE *fp) {
             "usage: llm3d tokenizer train --vocab-size N --out DIR FILE...\n"
             "         learns a byte-level BPE vocabulary of N tokens (258..65536, the end-of-text\n"
             "         token included) with GPT-2's pre-tokenization; writes DIR/encoder.json and\n"
-            "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate)\n"
+            "         DIR/vocab.bpe, GPT-2's format (--tokenizer DIR in prepare and generate),\n"
+            "         and the same vocabulary as Hugging Face's files (DIR/tokenizer.json, ...)\n"
             "       llm3d tokenizer encode --tokenizer SPEC [--text TEXT | FILE | -]\n"
             "         prints the token ids of TEXT (or of the file; - or no FILE: standard input),\n"
             "         one line\n"
             "       llm3d tokenizer decode --tokenizer SPEC SHARD\n"
             "         prints the text of an llm.c token shard (end-of-text as <|endoftext|>)\n"
-            "       llm3d tokenizer export --tokenizer SPEC --out FILE\n"
-            "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2)\n"
+            "       llm3d tokenizer export --tokenizer SPEC --out FILE.bin | DIR\n"
+            "         writes llm.c's tokenizer file (gpt2_tokenizer.bin format, version 2) to a\n"
+            "         path ending in .bin; else Hugging Face's tokenizer files into the folder\n"
+            "         DIR (tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+            "         generation_config.json: what transformers' AutoTokenizer reads)\n"
             "SPEC: one of the forms under --tokenizer below\n"
             "\n");
 }
@@ -49,8 +53,9 @@ enum { K_VOCAB, K_OUT, K_TOK, K_TEXT };
 static const struct l3d_flag tok_flags[] = {
     {"vocab-size", "N", K_VOCAB, "train: the vocabulary's size, 258..65536 (the end-of-text token "
                                  "included)"},
-    {"out", "PATH", K_OUT, "train: the directory for encoder.json and vocab.bpe; export: the "
-                           "file"},
+    {"out", "PATH", K_OUT, "train: the directory for encoder.json, vocab.bpe and the Hugging Face "
+                           "files; export: llm.c's FILE.bin, or a folder for the Hugging Face "
+                           "files"},
     {"tokenizer", "SPEC", K_TOK, "encode, decode, export: the tokenizer. " L3D_TOKENIZER_SPEC_HELP},
     {"text", "TEXT", K_TEXT, "encode: the text (else one FILE; - or no FILE: standard input)"},
     {NULL, NULL, 0, NULL},
@@ -94,8 +99,8 @@ static int cmd_train(const struct tok_args *a) {
     int merges;
     if (l3d_bpe_train(a->files, a->nfiles, a->vocab, a->out, &merges, isatty(2)) != L3D_OK)
         return l3d_cli_failed("tokenizer train");
-    printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe (%.1f s)\n", merges,
-           a->out, a->out, l3d_time_s() - t0);
+    printf("llm3d tokenizer train: %d merges -> %s/encoder.json, %s/vocab.bpe and tokenizer.json "
+           "(%.1f s)\n", merges, a->out, a->out, l3d_time_s() - t0);
     if (merges < a->vocab - 257)
         printf("llm3d tokenizer train: the corpus ran out of pairs occurring twice: %d tokens "
                "instead of %d\n", merges + 257, a->vocab);
@@ -107,7 +112,13 @@ static int cmd_export(const struct tok_args *a, const struct l3d_tokenizer *tok)
         fprintf(stderr, "llm3d tokenizer export: give --out FILE\n");
         return 2;
     }
-    if (l3d_tokenizer_save_llmc(tok, a->out) != L3D_OK) return l3d_cli_failed("tokenizer export");
+    size_t n = strlen(a->out);
+    bool llmc = n >= 4 && strcmp(a->out + n - 4, ".bin") == 0;
+    l3d_status st = llmc ? l3d_tokenizer_save_llmc(tok, a->out) : l3d_tokenizer_save_hf(tok, a->out);
+    if (st != L3D_OK) return l3d_cli_failed("tokenizer export");
+    if (!llmc)
+        printf("llm3d tokenizer export: %s/tokenizer.json, tokenizer_config.json, "
+               "special_tokens_map.json, generation_config.json\n", a->out);
     return 0;
 }
 

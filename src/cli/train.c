@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
+#include "llm3d/tokenizer.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
@@ -75,7 +76,7 @@ enum {
     T_BETA2, T_EPS, T_CLIP, T_VALEVERY, T_VALBATCHES, T_SEED, T_OUT, T_PEAK, T_QUIET, T_BACKEND,
     T_IGNORE_MEM, T_CROSS_TP, T_TRACE, T_COMM, T_PROGRESS, T_SAVE_EVERY, T_CKPT_DIR, T_KEEP,
     T_RESUME, T_OVERWRITE, T_ASYNC_SAVE, T_TIMEOUT, T_MAX_SKIPPED, T_SAVE_DTYPE, T_SAVE_SHARD,
-    T_TENSORBOARD,
+    T_TENSORBOARD, T_TOKENIZER,
 };
 
 static const struct l3d_flag init_flags[] = {
@@ -113,6 +114,13 @@ static const struct l3d_flag run_flags[] = {
                                           "gradient norm, tokens/s, MFU, loss scale and skips "
                                           "as TensorBoard event files in DIR (created when "
                                           "missing; rank 0; a resumed run adds a file) (none)"},
+    {"tokenizer", "SPEC", T_TOKENIZER, "the tokenizer whose Hugging Face files (tokenizer.json, "
+                                       "tokenizer_config.json, special_tokens_map.json, "
+                                       "generation_config.json) --out's folder gets, as prepare "
+                                       "takes it (default: the one prepare recorded beside the "
+                                       "--train shards, DIR/tokenizer.json, else the "
+                                       "--init-from folder's tokenizer.json; none: the model "
+                                       "only, said in one line)"},
     {"save-dtype", "T", T_SAVE_DTYPE, "the safetensors weights' type: fp32 (default), bf16 or "
                                       "fp16 (rounded to nearest even)"},
     {"save-shard-mb", "M", T_SAVE_SHARD, "weights above M MiB go to several safetensors files "
@@ -200,6 +208,7 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     case T_VALBATCHES: return l3d_arg_int(cmd, "val-batches", v, 1, BIG, &tc->val_batches);
     case T_SEED: return l3d_arg_u64(cmd, "seed", v, &tc->seed);
     case T_OUT: tc->out_dir = v; return 1;
+    case T_TOKENIZER: tc->tokenizer = v; return 1;
     case T_TENSORBOARD: {
         struct stat sb;
         if (stat(v, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
@@ -253,6 +262,24 @@ static int set_train(void *ctx, const char *cmd, int id, const char *v) {
     }
     }
     return 0;
+}
+
+/* --out's --tokenizer read at start-up, so that a bad one stops the run before it trains, not at
+ * its end; its ids within the model's vocabulary. (The one prepare recorded is read at the end:
+ * where it cannot serve, the folder gets the model only, said in one line.) Returns -1 to go
+ * on. */
+static int check_out_tokenizer(const char *cmd, const struct l3d_train_config *tc) {
+    const char *spec = tc->out_dir ? tc->tokenizer : NULL;
+    struct l3d_tokenizer *tok = NULL;
+    if (!spec) return -1;
+    l3d_status st = l3d_tokenizer_open(&tok, spec);
+    if (st == L3D_OK) st = l3d_tokenizer_fits(tok, tc->model.V, spec);
+    if (st == L3D_OK && !l3d_tokenizer_can_encode(tok))
+        st = l3d_error(L3D_ERR_ARG, "%s is llm.c's decode-only file, which holds no merges", spec);
+    l3d_tokenizer_free(tok);
+    if (st == L3D_OK) return -1;
+    fprintf(stderr, "llm3d %s: --tokenizer: %s\n", cmd, l3d_error_message());
+    return 2;
 }
 
 /* The model from --init-from, or the preset and sizes; then the default sequence length. */
@@ -312,6 +339,7 @@ static int train_flags(const char *cmd, int argc, char **argv, struct l3d_train_
     if (rc >= 0) return rc;
     if ((rc = l3d_cli_spec_flags_done(cmd, &cs)) >= 0) return rc;
     if ((rc = train_model(cmd, tc, &cs)) >= 0) return rc;
+    if (strcmp(cmd, "bench") != 0 && (rc = check_out_tokenizer(cmd, tc)) >= 0) return rc;
     if ((tc->save_every > 0 || (tc->resume && strcmp(tc->resume, "auto") == 0)) && !tc->out_dir &&
         !tc->ckpt_dir) {
         fprintf(stderr, "llm3d %s: --save-every and --resume auto need a checkpoint directory: give "

@@ -269,7 +269,17 @@ static int32_t vocab_id(struct vocab *v, const unsigned char *s, size_t n, bool 
 
 /* The files a tokenizer folder's new vocabulary replaces (the rest is carried over). */
 static bool tokenizer_owned(const char *name) {
-    return strcmp(name, "encoder.json") == 0 || strcmp(name, "vocab.bpe") == 0;
+    return strcmp(name, "encoder.json") == 0 || strcmp(name, "vocab.bpe") == 0 ||
+           l3d_tokenizer_hf_owned(name);
+}
+
+/* The two files just written in dir, read back, as Hugging Face's files beside them. */
+static l3d_status write_hf_files(const char *dir) {
+    struct l3d_tokenizer *t;
+    l3d_status st = l3d_tokenizer_load(&t, dir);
+    if (st == L3D_OK) st = l3d_tokenizer_write_hf(t, dir, 0);
+    if (st == L3D_OK) l3d_tokenizer_free(t);
+    return st;
 }
 
 static l3d_status write_files(const char *out_dir, const struct vocab *v, const int32_t *merges,
@@ -311,6 +321,7 @@ static l3d_status write_files(const char *out_dir, const struct vocab *v, const 
         }
         st = l3d_out_commit(&o);
     }
+    if (st == L3D_OK) st = write_hf_files(dir.tmp);
     if (st != L3D_OK) {
         l3d_dir_out_abort(&dir);
         return st;

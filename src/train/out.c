@@ -13,10 +13,13 @@
  *
  * Rank 0 holds beside the trainer: a unit and a received range (each at most a piece), and the
  * folder writer's staging of its largest tensor (l3d_st_write, and its check). */
+#include <libgen.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "llm3d/ckpt.h"
 #include "llm3d/hf.h"
+#include "llm3d/tokenizer.h"
 #include "train/train-impl.h"
 
 struct unit {
@@ -138,6 +141,46 @@ static void hf_fill(void *ctx, int i, float *out) {
     }
 }
 
+/* buf = DIR/tokenizer.json, where DIR is path itself (folder) or its directory; whether it is a
+ * file. */
+static bool tokenizer_in(const char *path, bool folder, char *buf, size_t cap) {
+    char dir[4096];
+    struct stat sb;
+    snprintf(dir, sizeof dir, "%s", path);
+    if ((size_t)snprintf(buf, cap, "%s/tokenizer.json", folder ? dir : dirname(dir)) >= cap)
+        return false;
+    return stat(buf, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+const char *l3d_train_out_tokenizer(const struct l3d_train_config *tc, char *buf, size_t cap) {
+    if (tc->tokenizer) return tc->tokenizer;
+    if (tc->train_pattern && tokenizer_in(tc->train_pattern, false, buf, cap)) return buf;
+    bool folder = tc->init_from && l3d_hf_is_folder(tc->init_from);
+    if (folder && tokenizer_in(tc->init_from, true, buf, cap)) return buf;
+    return NULL;
+}
+
+/* The tokenizer of the folder, on rank 0 (NULL: none known, or one that cannot serve: said in one
+ * line; a --tokenizer was read at start-up, l3d_cli_train_flags). */
+static struct l3d_tokenizer *out_tokenizer(const struct l3d_train_config *tc) {
+    char buf[4200];
+    const char *spec = l3d_train_out_tokenizer(tc, buf, sizeof buf);
+    struct l3d_tokenizer *tok = NULL;
+    if (!spec) {
+        if (!tc->quiet)
+            printf("--out: no tokenizer known (give --tokenizer SPEC, or train on shards of llm3d "
+                   "prepare, which records theirs): %s gets the model only\n", tc->out_dir);
+        return NULL;
+    }
+    l3d_status st = l3d_tokenizer_open(&tok, spec);
+    if (st == L3D_OK) st = l3d_tokenizer_fits(tok, tc->model.V, spec);
+    if (st == L3D_OK) return tok;
+    fprintf(stderr, "llm3d train: --out's tokenizer: %s: %s gets the model only\n",
+            l3d_error_message(), tc->out_dir);
+    l3d_tokenizer_free(tok);
+    return NULL;
+}
+
 /* Rank 0 writes the two files; every other rank walks the list for it. */
 l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
@@ -172,14 +215,17 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
         if (st == L3D_OK && !folder && !tc->quiet)
             printf("no Hugging Face folder for a mixture-of-experts model: Mixtral/Qwen3-MoE "
                    "folders land with issue 46 item 4\n");
+        struct l3d_tokenizer *tok = st == L3D_OK && folder ? out_tokenizer(tc) : NULL;
         if (st == L3D_OK && folder)
-            st = l3d_hf_save_fill(tc->out_dir, &tc->model, hf_fill, &o, tc->save_dtype,
-                                  tc->save_shard_bytes > 0 ? tc->save_shard_bytes
-                                                           : L3D_HF_SHARD_BYTES);
+            st = l3d_hf_save_fill_tok(tc->out_dir, &tc->model, hf_fill, &o, tc->save_dtype,
+                                      tc->save_shard_bytes > 0 ? tc->save_shard_bytes
+                                                               : L3D_HF_SHARD_BYTES, tok);
         if (st == L3D_OK && folder && !tc->quiet)
-            printf("saved %s/config.json and model.safetensors (%s; the writers took %.3f MiB of "
-                   "host memory at most)\n", tc->out_dir, l3d_dtype_name(tc->save_dtype),
-                   (double)(l3d_mem_peak() - used) / 1048576.0);
+            printf("saved %s/config.json and model.safetensors%s (%s; the writers took %.3f MiB "
+                   "of host memory at most)\n", tc->out_dir, tok ? ", tokenizer.json, "
+                   "tokenizer_config.json, special_tokens_map.json, generation_config.json" : "",
+                   l3d_dtype_name(tc->save_dtype), (double)(l3d_mem_peak() - used) / 1048576.0);
+        l3d_tokenizer_free(tok);
     }
     while (o.next < o.n) pull(&o, &o.u[o.next++]); /* the others; what a failed writer left */
     if (o.dev) l3d_be_free(t->be, o.dev);

@@ -59,7 +59,7 @@ check "--overwrite starts a new run" run --steps 2 --out "$o" --overwrite > /dev
 check "... with a new id" test "$(sed -n 's/^id //p' "$o/run")" != "$id"
 left=$(cd "$o" && echo * checkpoints/*)
 check "... the user's files kept, the earlier checkpoints gone (left: $left)" \
-    test "$left" = "checkpoints config.json metrics.jsonl model.bin model.safetensors notes.txt run run.yaml checkpoints/step_00000003.bak"
+    test "$left" = "checkpoints config.json generation_config.json metrics.jsonl model.bin model.safetensors notes.txt run run.yaml special_tokens_map.json tokenizer.json tokenizer_config.json checkpoints/step_00000003.bak"
 check "... its metrics start over" test "$(wc -l < "$o/metrics.jsonl")" -eq 3
 
 # ---- every write checked (a file-size limit: EFBIG) ---------------------------------------

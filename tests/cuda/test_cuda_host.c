@@ -3,10 +3,12 @@
  * with -DL3D_CUDA=ON, ctest label nogpu (run by `make test` when nvcc exists). Every check compares
  * with values worked out by hand, and each family has a case that must be rejected.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda_host.h"
+#include "llm3d/backend.h"
 #include "test.h"
 
 static void test_local_rank(void) {
@@ -183,6 +185,207 @@ static void test_peak(void) {
     CHECK(l3d_cuda_peak(&old, L3D_BF16, &src) == 0.0);
 }
 
+/* ---- attention geometry: the kernels' walk on the host ------------------------------------------
+ * The CUDA attention kernels' index arithmetic (cuda_kernels.cu: attn_row_of, attn_forward_k,
+ * attn_D_k, attn_dq_k, attn_dkv_k: which rows, heads, keys and strides each warp reads and
+ * writes) replayed in double on the host over the geometry l3d_cuda_attn_* builds, against the
+ * CPU backend's kernels: each entry's layout is proven without a GPU, grouped-query heads, the
+ * KV cache and the padded blocks of context parallelism included. */
+
+struct emu {
+    const struct l3d_cuk_attn *g;
+    const float *q, *k, *v, *out, *dout, *lse;
+};
+static int64_t emu_last(const struct l3d_cuk_attn *g, int64_t i) {
+    return g->p0 + i < g->nk - 1 ? g->p0 + i : g->nk - 1;
+}
+/* query row (b, h, i): its probabilities over keys 0..last into p (the row's lse from e->lse when
+ * given, else computed and returned through *lse_out) */
+static void emu_probs(const struct emu *e, int64_t b, int64_t h, int64_t i, double *p,
+                      double *lse_out) {
+    const struct l3d_cuk_attn *g = e->g;
+    const float *qr = e->q + b * g->qb + i * g->qs + h * g->HS;
+    const int64_t kvo = b * g->kb + h / g->grp * g->HS;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j <= emu_last(g, i); j++) {
+        double s = 0;
+        for (int64_t d = 0; d < g->HS; d++) s += (double)qr[d] * e->k[kvo + j * g->ks + d];
+        p[j] = s / sqrt((double)g->HS);
+        mx = fmax(mx, p[j]);
+    }
+    for (int64_t j = 0; j <= emu_last(g, i); j++) sum += exp(p[j] - mx);
+    double L = e->lse ? e->lse[b * g->lb + h * g->lh + i] : mx + log(sum);
+    for (int64_t j = 0; j <= emu_last(g, i); j++) p[j] = exp(p[j] - L);
+    if (lse_out) *lse_out = L;
+}
+static void emu_forward(const struct emu *e, float *out, float *lse) {
+    const struct l3d_cuk_attn *g = e->g;
+    double p[64];
+    for (int64_t row = 0; row < g->B * g->NH * g->nq; row++) {
+        int64_t i = row % g->nq, h = row / g->nq % g->NH, b = row / (g->nq * g->NH), L;
+        const int64_t kvo = b * g->kb + h / g->grp * g->HS;
+        double l;
+        emu_probs(e, b, h, i, p, &l);
+        for (int64_t d = 0; d < g->HS; d++) {
+            double o = 0;
+            for (int64_t j = 0; j <= emu_last(g, i); j++) o += p[j] * e->v[kvo + j * g->ks + d];
+            out[b * g->ob + i * g->os + h * g->HS + d] = (float)o;
+        }
+        L = b * g->lb + h * g->lh + i;
+        if (lse) lse[L] = (float)l;
+    }
+}
+/* dS_ij of query row (b, h, i) and key j: P_ij (dO_i . v_j - D_i) / sqrt(HS) */
+static double emu_ds(const struct emu *e, int64_t b, int64_t h, int64_t i, int64_t j, double p) {
+    const struct l3d_cuk_attn *g = e->g;
+    const int64_t o = b * g->ob + i * g->os + h * g->HS, kvo = b * g->kb + h / g->grp * g->HS;
+    double D = 0, dp = 0;
+    for (int64_t d = 0; d < g->HS; d++) {
+        D += (double)e->dout[o + d] * e->out[o + d];
+        dp += (double)e->dout[o + d] * e->v[kvo + j * g->ks + d];
+    }
+    return p * (dp - D) / sqrt((double)g->HS);
+}
+/* dq per query row over its keys; dk, dv per key row (b, kh, j) over the grp heads that read it
+ * and their rows i >= j - p0 (attn_dkv_k's loop bounds) */
+static void emu_backward(const struct emu *e, float *dq, float *dk, float *dv) {
+    const struct l3d_cuk_attn *g = e->g;
+    double p[64];
+    for (int64_t row = 0; row < g->B * g->NH * g->nq; row++) {
+        int64_t i = row % g->nq, h = row / g->nq % g->NH, b = row / (g->nq * g->NH);
+        const int64_t kvo = b * g->kb + h / g->grp * g->HS;
+        emu_probs(e, b, h, i, p, NULL);
+        for (int64_t j = 0; j <= emu_last(g, i); j++) {
+            double ds = emu_ds(e, b, h, i, j, p[j]);
+            float *dqr = dq + b * g->qb + i * g->qs + h * g->HS;
+            for (int64_t d = 0; d < g->HS; d++) dqr[d] += (float)(ds * e->k[kvo + j * g->ks + d]);
+        }
+    }
+    const int64_t NKV = g->NH / g->grp;
+    for (int64_t row = 0; row < g->B * NKV * g->nk; row++) {
+        int64_t j = row % g->nk, kh = row / g->nk % NKV, b = row / (g->nk * NKV);
+        const int64_t kvo = b * g->kb + j * g->ks + kh * g->HS;
+        for (int64_t h = kh * g->grp; h < (kh + 1) * g->grp; h++)
+            for (int64_t i = j > g->p0 ? j - g->p0 : 0; i < g->nq; i++) {
+                emu_probs(e, b, h, i, p, NULL);
+                double ds = emu_ds(e, b, h, i, j, p[j]);
+                for (int64_t d = 0; d < g->HS; d++) {
+                    const int64_t qo = b * g->qb + i * g->qs + h * g->HS + d;
+                    dk[kvo + d] += (float)(ds * e->q[qo]);
+                    dv[kvo + d] += (float)(p[j] * e->dout[b * g->ob + i * g->os + h * g->HS + d]);
+                }
+            }
+    }
+}
+static float *randn(int64_t n, uint64_t seed) {
+    float *x = calloc((size_t)n, sizeof *x);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)l3d_rng_normal(seed, 0, (uint64_t)i);
+    return x;
+}
+/* the CPU backend's buffer of n floats from host x (NULL: zeros), and back */
+static float *dev(struct l3d_backend *be, const float *x, int64_t n) {
+    float *d = l3d_be_alloc(be, (size_t)n * sizeof *d, "emu");
+    L3D_ASSERT(d);
+    l3d_be_memset(be, d, 0, (size_t)n * sizeof *d);
+    if (x) l3d_be_copy_h2d(be, d, x, (size_t)n * sizeof *d);
+    return d;
+}
+static float *host(struct l3d_backend *be, const float *d, int64_t n) {
+    float *x = calloc((size_t)n, sizeof *x);
+    l3d_be_copy_d2h(be, x, d, (size_t)n * sizeof *x);
+    return x;
+}
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = isnan(a[i] - b[i]) ? INFINITY : fmax(m, fabs(a[i] - b[i]));
+    return m;
+}
+
+/* attention_forward / backward on a fused qkv of 6 query heads over 2 key/value heads; negative:
+ * the mask one row off (p0 1) is rejected */
+static void test_attn_full(struct l3d_backend *be) {
+    enum { B = 2, T = 9, NH = 6, NKV = 2, HS = 8, CQ = (NH + 2 * NKV) * HS };
+    const int64_t nx = B * T * CQ, no = B * T * NH * HS, nl = B * NH * T;
+    float *qkv = randn(nx, 11), *dout = randn(no, 12), *dq = calloc(nx, 4), *out = calloc(no, 4);
+    float *lse = calloc(nl, 4), *dqkv_d = dev(be, NULL, nx), *qkv_d = dev(be, qkv, nx);
+    float *out_d = dev(be, NULL, no), *lse_d = dev(be, NULL, nl), *dout_d = dev(be, dout, no);
+    l3d_be_attention_forward(be, L3D_F32, out_d, lse_d, qkv_d, B, T, NH, NKV, HS);
+    l3d_be_attention_backward(be, L3D_F32, dqkv_d, dout_d, qkv_d, out_d, lse_d, B, T, NH, NKV,
+                              HS);
+    float *out_c = host(be, out_d, no), *lse_c = host(be, lse_d, nl), *dq_c = host(be, dqkv_d, nx);
+    struct l3d_cuk_attn g = l3d_cuda_attn_full(B, T, NH, NKV, HS);
+    struct emu e = {&g, qkv, qkv + NH * HS, qkv + (NH + NKV) * HS, out_c, dout, NULL};
+    emu_forward(&e, out, lse);
+    CHECK(max_diff(out, out_c, no) < 1e-5 && max_diff(lse, lse_c, nl) < 1e-5);
+    e.lse = lse_c;
+    emu_backward(&e, dq, dq + NH * HS, dq + (NH + NKV) * HS);
+    CHECK(max_diff(dq, dq_c, nx) < 1e-5);
+    g.p0 = 1;
+    e.lse = NULL;
+    emu_forward(&e, out, lse);
+    CHECK(max_diff(out, out_c, no) > 1e-3);
+    l3d_be_free(be, qkv_d), l3d_be_free(be, dqkv_d), l3d_be_free(be, out_d);
+    l3d_be_free(be, lse_d), l3d_be_free(be, dout_d);
+    free(qkv), free(dout), free(dq), free(out), free(lse), free(out_c), free(lse_c), free(dq_c);
+}
+
+/* attention_cached: 3 new rows at position 4 over 7 cached rows; negative: position 3 */
+static void test_attn_cached(struct l3d_backend *be) {
+    enum { POS = 4, N = 3, NH = 6, NKV = 2, HS = 8, CQ = (NH + 2 * NKV) * HS };
+    const int64_t nx = (POS + N) * CQ, no = N * NH * HS;
+    float *qkv = randn(nx, 21), *out = calloc(no, 4), *qkv_d = dev(be, qkv, nx);
+    float *out_d = dev(be, NULL, no);
+    l3d_be_attention_cached(be, L3D_F32, out_d, qkv_d + POS * CQ, qkv_d + NH * HS,
+                            qkv_d + (NH + NKV) * HS, POS, N, NH, NKV, HS, CQ, CQ);
+    float *out_c = host(be, out_d, no);
+    struct l3d_cuk_attn g = l3d_cuda_attn_cached(POS, N, NH, NKV, HS, CQ, CQ);
+    struct emu e = {&g, qkv + POS * CQ, qkv + NH * HS, qkv + (NH + NKV) * HS, NULL, NULL, NULL};
+    emu_forward(&e, out, NULL);
+    CHECK(max_diff(out, out_c, no) < 1e-5);
+    g.p0 = POS - 1;
+    emu_forward(&e, out, NULL);
+    CHECK(max_diff(out, out_c, no) > 1e-3);
+    l3d_be_free(be, qkv_d), l3d_be_free(be, out_d);
+    free(qkv), free(out), free(out_c);
+}
+/* the block kernels of context parallelism on padded strides: 7 query rows at position 9 over 10
+ * key rows from 3; negative: the last key row dropped (nk 9) */
+static void test_attn_block(struct l3d_backend *be) {
+    enum { B = 2, NH = 6, NKV = 2, HS = 8, NQ = 7, NK = 10, QR = NH * HS + 5, KR = NKV * HS + 3 };
+    const struct l3d_attn_block a = {.B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = NQ, .nk = NK,
+                                     .q_pos = 9, .k_pos = 3, .q_rs = QR, .q_bs = NQ * QR + 2,
+                                     .kv_rs = KR, .kv_bs = NK * KR + 1, .o_rs = QR,
+                                     .o_bs = NQ * QR + 2, .lse_hs = NQ + 2,
+                                     .lse_bs = NH * (NQ + 2) + 1};
+    const int64_t nq = B * a.q_bs, nk = B * a.kv_bs, nl = B * a.lse_bs;
+    float *q = randn(nq, 31), *k = randn(nk, 32), *v = randn(nk, 33), *dout = randn(nq, 34);
+    float *out = calloc(nq, 4), *lse = calloc(nl, 4), *dq = calloc(nq, 4), *dk = calloc(nk, 4);
+    float *dv = calloc(nk, 4), *q_d = dev(be, q, nq), *k_d = dev(be, k, nk), *v_d = dev(be, v, nk);
+    float *out_d = dev(be, NULL, nq), *lse_d = dev(be, NULL, nl), *dout_d = dev(be, dout, nq);
+    float *dq_d = dev(be, NULL, nq), *dk_d = dev(be, NULL, nk), *dv_d = dev(be, NULL, nk);
+    l3d_be_attention_block_forward(be, L3D_F32, out_d, lse_d, q_d, k_d, v_d, &a);
+    l3d_be_attention_block_backward(be, L3D_F32, dq_d, dk_d, dv_d, dout_d, q_d, k_d, v_d, out_d,
+                                    lse_d, &a);
+    float *out_c = host(be, out_d, nq), *lse_c = host(be, lse_d, nl), *dq_c = host(be, dq_d, nq);
+    float *dk_c = host(be, dk_d, nk), *dv_c = host(be, dv_d, nk);
+    struct l3d_cuk_attn g = l3d_cuda_attn_block(&a);
+    struct emu e = {&g, q, k, v, out_c, dout, NULL};
+    emu_forward(&e, out, lse);
+    CHECK(max_diff(out, out_c, nq) < 1e-5 && max_diff(lse, lse_c, nl) < 1e-5);
+    e.lse = lse_c;
+    emu_backward(&e, dq, dk, dv);
+    CHECK(max_diff(dq, dq_c, nq) < 1e-5);
+    CHECK(max_diff(dk, dk_c, nk) < 1e-5 && max_diff(dv, dv_c, nk) < 1e-5);
+    g.nk = NK - 1;
+    e.lse = NULL;
+    emu_forward(&e, out, lse);
+    CHECK(max_diff(out, out_c, nq) > 1e-3);
+    float *bufs[] = {q_d, k_d, v_d, out_d, lse_d, dout_d, dq_d, dk_d, dv_d};
+    for (int i = 0; i < 9; i++) l3d_be_free(be, bufs[i]);
+    float *hb[] = {q, k, v, dout, out, lse, dq, dk, dv, out_c, lse_c, dq_c, dk_c, dv_c};
+    for (int i = 0; i < 14; i++) free(hb[i]);
+}
+
 int main(void) {
     test_local_rank();
     test_comm_choice();
@@ -190,5 +393,10 @@ int main(void) {
     test_allocs();
     test_plans();
     test_peak();
+    struct l3d_backend *cpu = l3d_backend_cpu_init();
+    test_attn_full(cpu);
+    test_attn_cached(cpu);
+    test_attn_block(cpu);
+    l3d_backend_free(cpu);
     return TEST_REPORT();
 }

@@ -17,10 +17,13 @@
 
 #include "llm3d/backend.h"
 #include "llm3d/core.h"
+#include "llm3d/model.h"
 #include "test.h"
 
 enum kind { ACT, GRAD, F32, I32, F64 };        /* a buffer's type: dt, gdt, or fixed */
-enum init { NORMAL, ZERO, POSITIVE, TOKENS };  /* TOKENS: ints in [0, hi) */
+/* TOKENS: ints in [0, hi); ROPE_FREQ: Llama 3.1's scaled rotary frequencies of a head of 2n
+ * (l3d_rope_inv_freq); LSE: normals, -inf at every i with i % 5 == hi (rows no key reached) */
+enum init { NORMAL, ZERO, POSITIVE, TOKENS, ROPE_FREQ, LSE };
 
 #define MAXB 10
 struct buf {
@@ -34,16 +37,20 @@ struct buf {
 
 struct shape {
     int64_t B, T, C, NH, HS, OC, V, Vl, Vvalid, vstart;
+    int64_t NKV; /* key/value heads of the grouped-query cases (dividing NH) */
 };
 
 struct kcase {
     const char *name;
     struct buf b[MAXB];
     int64_t K; /* longest reduction */
-    bool f32_only, mixed; /* mixed: gradients (GRAD) fp32 under a 16-bit dt */
+    bool f32_only;
+    unsigned opt; /* OPT_MIXED: gradients (GRAD) fp32 under a 16-bit dt; OPT_MHA: run on the
+                   * shape with NKV = NH (multi-head attention, GPT-2's) */
     void (*run)(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt, void **p,
                 const struct shape *s);
 };
+enum { OPT_MIXED = 1, OPT_MHA = 2 };
 
 static size_t kind_size(enum kind k, enum l3d_dtype dt, enum l3d_dtype gdt) {
     switch (k) {
@@ -84,11 +91,13 @@ static double tolerance(enum l3d_dtype t, int64_t K) {
     return 4.0 * unit(t) + 16.0 * 0x1p-24 * sqrt((double)(K > 1 ? K : 1));
 }
 
-/* max |a - b| / max |b|, infinite on a NaN or Inf on either side (NaN-aware) */
+/* max |a - b| / max |b| over the finite pairs; infinite on a NaN on either side or an infinity
+ * the other side has not (the same infinity on both: an lse of a row no key reached) */
 static double rel_diff(enum l3d_dtype t, const void *a, const void *b, int64_t n) {
     double d = 0, m = 0;
     for (int64_t i = 0; i < n; i++) {
         double x = get(t, a, i), y = get(t, b, i);
+        if (isinf(x) && x == y) continue;
         if (!isfinite(x) || !isfinite(y)) return INFINITY;
         d = fabs(x - y) > d ? fabs(x - y) : d;
         m = fabs(y) > m ? fabs(y) : m;
@@ -126,24 +135,6 @@ static void r_ln_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, 
     l3d_be_layernorm_forward(be, dt, p[8], p[6], p[7], p[4], p[5], p[9], s->B * s->T, s->C);
     l3d_be_layernorm_backward_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
                                     s->B * s->T, s->C);
-}
-static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NH, s->HS);
-}
-static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NH, s->HS);
-    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NH,
-                              s->HS);
-}
-/* T new rows at position 5 over a cache of 5 + T rows (the q rows: the last T of qkv) */
-static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    (void)g;
-    int64_t C = s->NH * s->HS, es = (int64_t)l3d_dtype_size(dt), pos = 5;
-    char *qkv = p[1];
-    l3d_be_attention_cached(be, dt, p[0], qkv + pos * 3 * C * es, qkv + C * es, qkv + 2 * C * es,
-                            pos, s->T, s->NH, s->NH, s->HS, 3 * C, 3 * C);
 }
 static void r_gelu_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
@@ -198,13 +189,137 @@ static void r_unscale(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype 
     (void)g;
     l3d_be_unscale(be, dt, p[1], p[0], 0.25f, BTC);
 }
+/* ---- the Llama kernels and grouped-query attention (NKV key/value heads) ---------------------- */
+
+#define CQ(s) (((s)->NH + 2 * (s)->NKV) * (s)->HS)
+static void r_rms_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_rmsnorm_forward(be, dt, p[0], p[1], p[2], p[3], s->B * s->T, s->C, 1e-5f);
+}
+/* rstd from the forward pass on the same backend, then the backward pass */
+static void r_rms_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    l3d_be_rmsnorm_forward(be, dt, p[6], p[5], p[3], p[4], s->B * s->T, s->C, 1e-5f);
+    l3d_be_rmsnorm_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C);
+}
+/* rope_forward on qkv, rope_backward on dqkv (each in place) */
+static void r_rope(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_rope_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
+    l3d_be_rope_backward(be, dt, p[3], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
+}
+/* swiglu_forward into out, swiglu_backward into dinp, from the same inp */
+static void r_swi(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_swiglu_forward(be, dt, p[0], p[1], s->B * s->T, s->C);
+    l3d_be_swiglu_backward(be, dt, p[2], p[3], p[1], s->B * s->T, s->C);
+}
+static void r_att_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_attention_forward(be, dt, p[0], p[1], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
+}
+static void r_att_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_attention_forward(be, dt, p[3], p[4], p[2], s->B, s->T, s->NH, s->NKV, s->HS);
+    l3d_be_attention_backward(be, dt, p[0], p[1], p[2], p[3], p[4], s->B, s->T, s->NH, s->NKV,
+                              s->HS);
+}
+/* T new rows at position 5 over a cache of 5 + T rows of a (B=1) qkv with NKV key/value heads
+ * (the q rows: the last T of qkv) */
+static void r_att_c(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    int64_t es = (int64_t)l3d_dtype_size(dt), pos = 5, qh = s->NH * s->HS, kh = s->NKV * s->HS;
+    char *qkv = p[1];
+    l3d_be_attention_cached(be, dt, p[0], qkv + pos * CQ(s) * es, qkv + qh * es,
+                            qkv + (qh + kh) * es, pos, s->T, s->NH, s->NKV, s->HS, CQ(s), CQ(s));
+}
+
+/* A block of context parallelism with padded strides: T query rows at position 10 against T + 3
+ * key rows from position 4 (each row sees keys up to 6 rows past its own index, the last rows
+ * all of them); q, out rows NH HS + 8 apart, k, v rows NKV HS + 4, lse heads T + 1 apart. */
+static struct l3d_attn_block blk(S) {
+    int64_t nq = s->T, nk = s->T + 3, qr = s->NH * s->HS + 8, kr = s->NKV * s->HS + 4;
+    return (struct l3d_attn_block){.B = s->B, .NH = s->NH, .NKV = s->NKV, .HS = s->HS, .nq = nq,
+                                   .nk = nk, .q_pos = 10, .k_pos = 4, .q_rs = qr,
+                                   .q_bs = nq * qr + 3, .kv_rs = kr, .kv_bs = nk * kr,
+                                   .o_rs = qr, .o_bs = nq * qr, .lse_hs = nq + 1,
+                                   .lse_bs = s->NH * (nq + 1) + 2};
+}
+#define BQ(s) ((s)->B * ((s)->T * ((s)->NH * (s)->HS + 8) + 3))
+#define BKV(s) ((s)->B * ((s)->T + 3) * ((s)->NKV * (s)->HS + 4))
+#define BL(s) ((s)->B * ((s)->NH * ((s)->T + 1) + 2))
+static void r_blk_f(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    struct l3d_attn_block b = blk(s);
+    l3d_be_attention_block_forward(be, dt, p[0], p[1], p[2], p[3], p[4], &b);
+}
+static void r_merge(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    struct l3d_attn_block b = blk(s);
+    l3d_be_attention_merge(be, dt, p[0], p[1], p[2], p[3], &b);
+}
+/* out and lse from the block's forward pass on the same backend, then its backward pass */
+static void r_blk_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    struct l3d_attn_block b = blk(s);
+    l3d_be_attention_block_forward(be, dt, p[7], p[8], p[4], p[5], p[6], &b);
+    l3d_be_attention_block_backward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                                    &b);
+}
 #undef S
+
+/* the kernels of the Llama blocks, grouped-query attention and context parallelism */
+static void llama_cases(struct shape s, struct kcase *k, int *n) {
+    int64_t NBT_ = s.B * s.T, X = NBT_ * s.C, Q = NBT_ * CQ(&s), L = s.B * s.NH * s.T;
+    int i = *n;
+    k[i++] = (struct kcase){"rmsnorm_forward", {{"out", ACT, X, ZERO, 0, true},
+        {"rstd", F32, NBT_, ZERO, 0, true}, {"inp", ACT, X, NORMAL, 0, false},
+        {"weight", ACT, s.C, NORMAL, 0, false}}, s.C, false, false, r_rms_f};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "rmsnorm_backward (fp32 grads)" : "rmsnorm_backward",
+            {{"dinp", ACT, X, NORMAL, 0, true}, {"dweight", GRAD, s.C, NORMAL, 0, true},
+             {"dout", ACT, X, NORMAL, 0, false}, {"inp", ACT, X, NORMAL, 0, false},
+             {"weight", ACT, s.C, NORMAL, 0, false}, {"rstd", F32, NBT_, ZERO, 0, false},
+             {"rms_out", ACT, X, ZERO, 0, false}}, NBT_, false, mixed, r_rms_b};
+    /* positions up to Llama 3.1's 131072: large angles, every band of the frequency scaling */
+    k[i++] = (struct kcase){"rope_forward, rope_backward", {{"qkv", ACT, Q, NORMAL, 0, true},
+        {"inv_freq", F32, s.HS / 2, ROPE_FREQ, 0, false},
+        {"pos", I32, s.T, TOKENS, 131072, false}, {"dqkv", ACT, Q, NORMAL, 0, true}}, 2, false,
+        false, r_rope};
+    k[i++] = (struct kcase){"swiglu_forward, swiglu_backward", {{"out", ACT, X, ZERO, 0, true},
+        {"inp", ACT, 2 * X, NORMAL, 0, false}, {"dinp", ACT, 2 * X, NORMAL, 0, true},
+        {"dout", ACT, X, NORMAL, 0, false}}, 1, false, false, r_swi};
+    k[i++] = (struct kcase){"attention_forward (GQA)", {{"out", ACT, X, ZERO, 0, true},
+        {"lse", F32, L, ZERO, 0, true}, {"qkv", ACT, Q, NORMAL, 0, false}}, s.T * s.HS, false,
+        false, r_att_f};
+    k[i++] = (struct kcase){"attention_backward (GQA)", {{"dqkv", ACT, Q, NORMAL, 0, true},
+        {"dout", ACT, X, NORMAL, 0, false}, {"qkv", ACT, Q, NORMAL, 0, false},
+        {"out", ACT, X, ZERO, 0, false}, {"lse", F32, L, ZERO, 0, false}},
+        s.T * s.HS * (s.NH / s.NKV), false, false, r_att_b};
+    k[i++] = (struct kcase){"attention_cached (GQA)", {{"out", ACT, s.T * s.C, ZERO, 0, true},
+        {"qkv", ACT, (s.T + 5) * CQ(&s), NORMAL, 0, false}}, (s.T + 5) * s.HS, false, false,
+        r_att_c};
+    k[i++] = (struct kcase){"attention_block_forward", {{"out", ACT, BQ(&s), ZERO, 0, true},
+        {"lse", F32, BL(&s), ZERO, 0, true}, {"q", ACT, BQ(&s), NORMAL, 0, false},
+        {"k", ACT, BKV(&s), NORMAL, 0, false}, {"v", ACT, BKV(&s), NORMAL, 0, false}},
+        (s.T + 3) * s.HS, false, false, r_blk_f};
+    /* -inf in lse (rows 1, 6, ...) and in lse2 (rows 3, 8, ...): the merge's special rows */
+    k[i++] = (struct kcase){"attention_merge", {{"out", ACT, BQ(&s), NORMAL, 0, true},
+        {"lse", F32, BL(&s), LSE, 1, true}, {"out2", ACT, BQ(&s), NORMAL, 0, false},
+        {"lse2", F32, BL(&s), LSE, 3, false}}, 2, false, false, r_merge};
+    k[i++] = (struct kcase){"attention_block_backward", {{"dq", ACT, BQ(&s), NORMAL, 0, true},
+        {"dk", ACT, BKV(&s), NORMAL, 0, true}, {"dv", ACT, BKV(&s), NORMAL, 0, true},
+        {"dout", ACT, BQ(&s), NORMAL, 0, false}, {"q", ACT, BQ(&s), NORMAL, 0, false},
+        {"k", ACT, BKV(&s), NORMAL, 0, false}, {"v", ACT, BKV(&s), NORMAL, 0, false},
+        {"out", ACT, BQ(&s), ZERO, 0, false}, {"lse", F32, BL(&s), ZERO, 0, false}},
+        (s.T + 3) * s.HS * (s.NH / s.NKV), false, false, r_blk_b};
+    *n = i;
+}
 
 #define NBT (s.B * s.T)
 #define NBTC (s.B * s.T * s.C)
 #define C3 (3 * s.C)
 static struct kcase *cases(struct shape s, int *n) {
-    static struct kcase k[32];
+    static struct kcase k[48];
     int i = 0;
     k[i++] = (struct kcase){"matmul_forward", {{"out", ACT, NBT * s.OC, ZERO, 0, true},
         {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.OC * s.C, NORMAL, 0, false},
@@ -239,13 +354,13 @@ static struct kcase *cases(struct shape s, int *n) {
             NBT, false, mixed, r_ln_b};
     k[i++] = (struct kcase){"attention_forward", {{"out", ACT, NBTC, ZERO, 0, true},
         {"lse", F32, s.B * s.NH * s.T, ZERO, 0, true}, {"qkv", ACT, NBT * C3, NORMAL, 0, false}},
-        s.T * s.HS, false, false, r_att_f};
+        s.T * s.HS, false, OPT_MHA, r_att_f};
     k[i++] = (struct kcase){"attention_backward", {{"dqkv", ACT, NBT * C3, NORMAL, 0, true},
         {"dout", ACT, NBTC, NORMAL, 0, false}, {"qkv", ACT, NBT * C3, NORMAL, 0, false},
         {"out", ACT, NBTC, ZERO, 0, false}, {"lse", F32, s.B * s.NH * s.T, ZERO, 0, false}},
-        s.T * s.HS, false, false, r_att_b};
+        s.T * s.HS, false, OPT_MHA, r_att_b};
     k[i++] = (struct kcase){"attention_cached", {{"out", ACT, s.T * s.C, ZERO, 0, true},
-        {"qkv", ACT, (s.T + 5) * C3, NORMAL, 0, false}}, (s.T + 5) * s.HS, false, false,
+        {"qkv", ACT, (s.T + 5) * C3, NORMAL, 0, false}}, (s.T + 5) * s.HS, false, OPT_MHA,
         r_att_c};
     k[i++] = (struct kcase){"gelu_forward", {{"out", ACT, NBTC, ZERO, 0, true},
         {"inp", ACT, NBTC, NORMAL, 0, false}}, 1, false, false, r_gelu_f};
@@ -280,6 +395,7 @@ static struct kcase *cases(struct shape s, int *n) {
         false, r_conv};
     k[i++] = (struct kcase){"unscale", {{"x", ACT, NBTC, NORMAL, 0, true},
         {"found_inf", F32, 1, ZERO, 0, true}}, 1, false, false, r_unscale};
+    llama_cases(s, k, &i);
     *n = i;
     return k;
 }
@@ -292,7 +408,13 @@ static void fill(const struct buf *b, enum l3d_dtype t, void *h, uint64_t seed) 
         if (b->init == NORMAL) x = l3d_rng_normal(seed, 0, (uint64_t)i);
         if (b->init == POSITIVE) x = 0.1 + fabs(l3d_rng_normal(seed, 0, (uint64_t)i));
         if (b->init == TOKENS) x = (double)(l3d_rng_u64(seed, 0, (uint64_t)i) % (uint64_t)b->hi);
+        if (b->init == LSE) x = i % 5 == b->hi ? -INFINITY : l3d_rng_normal(seed, 0, (uint64_t)i);
         set(t, h, i, x);
+    }
+    if (b->init == ROPE_FREQ) { /* Llama 3.1 8B's rope settings on a head of 2 n */
+        struct l3d_model_spec m = {.C = (int)(2 * b->n), .NH = 1,
+                                   .rope = {500000.0, 8.0, 1.0, 4.0, 8192}};
+        l3d_rope_inv_freq(&m, h);
     }
 }
 
@@ -317,7 +439,7 @@ static void run_on(struct l3d_backend *be, const struct kcase *k, enum l3d_dtype
 /* one case in one type: every output within tolerance, and the perturbed one rejected */
 static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const struct kcase *k,
                        enum l3d_dtype dt, const struct shape *s, uint64_t seed) {
-    enum l3d_dtype gdt = k->mixed ? L3D_F32 : dt;
+    enum l3d_dtype gdt = k->opt & OPT_MIXED ? L3D_F32 : dt;
     void *host[MAXB] = {0}, *rc[MAXB] = {0}, *rg[MAXB] = {0};
     for (int j = 0; j < MAXB && k->b[j].name; j++) {
         size_t bytes = (size_t)k->b[j].n * kind_size(k->b[j].kind, dt, gdt);
@@ -340,8 +462,10 @@ static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const s
         CHECK(d <= tol);
         /* negative: one element 10 tolerances (relative to the largest) away must fail */
         double mx = 0;
-        for (int64_t i = 0; i < k->b[j].n; i++) mx = fmax(mx, fabs(get(t, rc[j], i)));
+        for (int64_t i = 0; i < k->b[j].n; i++)
+            if (isfinite(get(t, rc[j], i))) mx = fmax(mx, fabs(get(t, rc[j], i)));
         int64_t at = k->b[j].n / 2;
+        while (at + 1 < k->b[j].n && !isfinite(get(t, rc[j], at))) at++;
         set(t, rg[j], at, get(t, rc[j], at) + 10.0 * tol * (mx > 0 ? mx : 1.0) + 4 * unit(t));
         CHECK(!(rel_diff(t, rg[j], rc[j], k->b[j].n) <= tol));
     }
@@ -416,21 +540,34 @@ int main(void) {
         fprintf(stderr, "%s\n", l3d_error_message());
         return 1;
     }
-    /* HS 24 (lanes partly empty), a vocabulary slice from 0; HS 64 (GPT-2's), a slice from 50 */
-    const struct shape shapes[2] = {{2, 37, 48, 2, 24, 80, 101, 104, 101, 0},
-                                    {2, 70, 128, 2, 64, 96, 51, 56, 51, 50}};
+    /* HS 24 (lanes partly empty), a vocabulary slice from 0; HS 64 (GPT-2's), a slice from 50;
+     * grouped-query heads 2 to 1 in both, then 6 query heads over 2 key/value heads (3 each:
+     * head h reads h / 3, not h % 2) with HS 16 */
+    enum { NS = 3 };
+    const struct shape shapes[NS] = {{2, 37, 48, 2, 24, 80, 101, 104, 101, 0, 1},
+                                     {2, 70, 128, 2, 64, 96, 51, 56, 51, 50, 1},
+                                     {1, 29, 96, 6, 16, 40, 77, 80, 77, 0, 2}};
     const enum l3d_dtype types[3] = {L3D_F32, L3D_BF16, L3D_F16};
-    for (int si = 0; si < 2; si++) {
+    for (int si = 0; si < NS; si++) {
         int n;
         struct kcase *k = cases(shapes[si], &n);
         for (int ti = 0; ti < 3; ti++)
             for (int c = 0; c < n; c++) {
-                if ((k[c].f32_only && types[ti] != L3D_F32) || (k[c].mixed && types[ti] == L3D_F32))
+                if ((k[c].f32_only && types[ti] != L3D_F32) || ((k[c].opt & OPT_MIXED) && types[ti] == L3D_F32))
                     continue;
-                check_case(cpu, gpu, &k[c], types[ti], &shapes[si], 1000u * (uint64_t)si + 7);
+                struct shape sh = shapes[si];
+                if (k[c].opt & OPT_MHA) sh.NKV = sh.NH;
+                check_case(cpu, gpu, &k[c], types[ti], &sh, 1000u * (uint64_t)si + 7);
             }
     }
     check_special(cpu, gpu);
+    /* the comparison itself: the same infinity matches; NaN, or an infinity against a finite
+     * value or the other infinity, does not */
+    const float ninf[2] = {-INFINITY, 1.0f}, fin[2] = {0.0f, 1.0f}, pinf[2] = {INFINITY, 1.0f};
+    const float nan2[2] = {NAN, 1.0f};
+    CHECK(rel_diff(L3D_F32, ninf, ninf, 2) == 0.0);
+    CHECK(isinf(rel_diff(L3D_F32, ninf, fin, 2)) && isinf(rel_diff(L3D_F32, fin, ninf, 2)));
+    CHECK(isinf(rel_diff(L3D_F32, ninf, pinf, 2)) && isinf(rel_diff(L3D_F32, nan2, nan2, 2)));
     l3d_backend_free(gpu);
     l3d_backend_free(cpu);
     return TEST_REPORT();

@@ -131,6 +131,7 @@ targets_of() {
     local t
     for t in "$@"; do
         case $t in
+        cli_hftok) printf 'llm3d\ntest_hftok\n' ;; # it compares ids with test_hftok SPEC TSV
         cli_*) echo llm3d ;;                 # the scripts drive the command-line tool
         test_kernels_widened) echo test_kernels ;;
         *_np[0-9]*) echo "${t%_np*}" ;;      # tests/mpi: one executable, 2 and 4 ranks
