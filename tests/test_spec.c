@@ -109,6 +109,33 @@ static void test_layout_rules(void) {
     one(&s, &(struct l3d_spec_ctx){.world = 2}, "split evenly");
 }
 
+/* Expert parallelism: ep divides the experts and the DP size, needs experts, and ZeRO-1/2 are
+ * refused with it; each rule alone says its numbers. */
+static void test_ep_rules(void) {
+    struct l3d_run_spec s = base();
+    CHECK(l3d_model_preset(&s.model, "moe-tiny") == L3D_OK); /* 4 experts */
+    s.layout.ep = 2;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+    passes(&s, &(struct l3d_spec_ctx){.world = 4, .train = true}); /* two replicas of each half */
+    s.layout.ep = 4;
+    passes(&s, &(struct l3d_spec_ctx){.world = 4, .train = true});
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true},
+        "--ep 4 does not divide the 2 data-parallel replicas");
+    s.model.moe.experts = 6;
+    s.layout.ep = 4;
+    one(&s, &(struct l3d_spec_ctx){.world = 4, .train = true},
+        "--ep 4 does not divide --moe-experts 6");
+    s.model.moe.experts = 4;
+    s.layout.ep = 2;
+    s.layout.zero = 2;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "--ep 2 with --zero 2");
+    s = base(); /* a dense model */
+    s.layout.ep = 2;
+    one(&s, &(struct l3d_spec_ctx){.world = 2, .train = true}, "--ep 2 without --moe-experts");
+    s.layout.ep = 1;
+    passes(&s, &(struct l3d_spec_ctx){.world = 2, .train = true});
+}
+
 static void test_batch_rules(void) {
     struct l3d_run_spec s = base();
     s.layout.global_batch = 16;
@@ -394,6 +421,7 @@ static void test_is_gpt2(void) {
 
 int main(void) {
     test_layout_rules();
+    test_ep_rules();
     test_batch_rules();
     test_precision_rules();
     test_precision_param();
