@@ -35,8 +35,9 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
-/* A mixture of experts' start-up line: its blocks, total and active parameters. */
-static void report_experts(const struct l3d_model_spec *m, double N) {
+/* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
+ * second one, the split (E / ep experts a rank, dp / ep replicas of each). */
+static void report_experts(const struct l3d_model_spec *m, double N, int ep, int dp) {
     const struct l3d_moe_spec *moe = &m->moe;
     if (moe->experts == 0) return;
     char cap[48] = "dropless";
@@ -47,6 +48,10 @@ static void report_experts(const struct l3d_model_spec *m, double N) {
            moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
            moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
            l3d_model_active_param_count(m) / 1e6);
+    if (ep > 1)
+        printf("expert parallelism: ep %d, %d of the %d experts a rank, %d replica(s) of each; "
+               "token rows exchanged by all-to-all\n", ep, moe->experts / ep, moe->experts,
+               dp / ep);
 }
 
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
@@ -68,7 +73,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
-    report_experts(&tc->model, N);
+    report_experts(&tc->model, N, tc->layout.ep, t->topo->layout->dp);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";

@@ -25,6 +25,8 @@ for cf in 0 0.5; do
         same_run "$name" "ref${np}_cf$cf"
     done
 done
+grep -q "expert parallelism: ep 2, 2 of the 4 experts a rank, 2 replica(s) of each" \
+    "$dir/ep2_np4_cf0.log" && ok "the start-up report says the split" || bad "no expert split reported"
 grep -q '"moe_dropped":[1-9]' "$dir/ep2_np2_cf0.5/metrics.jsonl" &&
     ok "capacity factor 0.5 drops assignments under --ep 2" || bad "capacity factor 0.5 dropped nothing"
 # the negative case of the comparison: ep 2 against the one-process run of other micro-batches
