@@ -2,8 +2,9 @@
 # Expert parallelism end to end (include/llm3d/ep.h; README "Mixture of experts"): --ep 2 on 2
 # ranks (each rank 2 of moe-tiny's 4 experts) and on 4 ranks (dp 4: two expert-data-parallel
 # replicas of each expert half) train the same model as one process on the same micro-batches
-# (llm3d compare --rtol 1e-5, as tests/cli/moe.sh), dropless and with a capacity that drops; a
-# checkpoint saved under ep 2 resumes bit-identically; the refusals give one clear line each.
+# (llm3d compare --rtol 1e-5, as tests/cli/moe.sh), dropless, with a capacity that drops and in
+# bf16; a checkpoint saved under ep 2 resumes bit-identically; the refusals give one clear line
+# each.
 # Usage: ep.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -25,6 +26,9 @@ for cf in 0 0.5; do
         same_run "$name" "ref${np}_cf$cf"
     done
 done
+# mixed precision: the rows travel in bf16 (the router fp32, as in moe.sh)
+train ref2_bf16 0 2 --grad-accum 2 --precision bf16 && train ep2_bf16 2 2 --ep 2 --precision bf16 &&
+    same_run ep2_bf16 ref2_bf16
 grep -q "expert parallelism: ep 2, 2 of the 4 experts a rank, 2 replica(s) of each" \
     "$dir/ep2_np4_cf0.log" && ok "the start-up report says the split" || bad "no expert split reported"
 grep -q '"moe_dropped":[1-9]' "$dir/ep2_np2_cf0.5/metrics.jsonl" &&
