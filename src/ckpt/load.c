@@ -450,12 +450,6 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
                           "resume it with the precision it was saved in (an llm3d build and "
                           "flags that train in those types)");
     if (st == L3D_OK) st = l3d_ckpt_manifest_check_layout(&mf);
-    int ep0 = mf.lay.layout.ep > 1 ? mf.lay.layout.ep : 1;
-    int ep1 = lay->layout.ep > 1 ? lay->layout.ep : 1;
-    if (st == L3D_OK && ep0 != ep1) /* the experts' files hold E / ep0 experts each */
-        st = l3d_error(L3D_ERR_LAYOUT, "%s was saved under --ep %d, this run has --ep %d: "
-                       "re-slicing the experts over another expert-parallel size is not yet "
-                       "supported; resume with --ep %d", mf.path, ep0, ep1, ep0);
     /* the files of this rank's own pieces, when they hold what a chunk needs (the same layout),
      * are loaded by the pass that verifies them */
     struct seg *segs = l3d_calloc((size_t)nc * 3 * sizeof *segs, "checkpoint segments");
