@@ -612,6 +612,43 @@ static void test_counts(void) {
 
 /* A backend without the MoE kernels (the CUDA backend's case): the model refuses at build, by
  * name. The cpu backend's table with the route kernel taken out stands for it. */
+/* Expert parallelism's shards: EP rank r of ep holds experts [r E/ep, (r+1) E/ep); its
+ * initial weights are the full model's cut to those experts (the router and everything else
+ * whole), and the ep shards placed back give the full model. The cut of the neighbouring
+ * experts must differ (the check's negative case). */
+static void test_expert_shards(struct l3d_backend *be) {
+    struct l3d_moe_spec a = {.experts = 4, .top_k = 2, .ffn = 12, .shared = 1, .dense_layers = 1};
+    for (int swiglu = 0; swiglu < 2; swiglu++) {
+        struct l3d_model_spec cfg = moe_config(swiglu, a);
+        struct l3d_gpt *full = model_dt(be, &cfg, 1, 4, L3D_RECOMPUTE_NONE, L3D_F32);
+        l3d_gpt_init_weights(full, 7);
+        int64_t nf = full->num_params;
+        float *back = calloc((size_t)nf, sizeof *back);
+        for (int ep = 2; ep <= 4; ep += 2)
+            for (int r = 0; r < ep; r++) {
+                struct l3d_shard sh = l3d_shard_full(&cfg);
+                l3d_shard_set_experts(&cfg, &sh, ep, r);
+                CHECK(sh.expert_start == r * 4 / ep && sh.expert_count == 4 / ep);
+                struct l3d_gpt *m;
+                CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
+                l3d_gpt_init_weights(m, 7);
+                float *cut = calloc((size_t)m->num_params, sizeof *cut);
+                l3d_gpt_full_to_shard(&cfg, &sh, full->params, cut);
+                CHECK(memcmp(cut, m->params, (size_t)m->num_params * sizeof *cut) == 0);
+                l3d_gpt_shard_to_full(&cfg, &sh, m->params, back);
+                struct l3d_shard next = sh; /* the neighbouring experts' cut differs */
+                next.expert_start = (sh.expert_start + sh.expert_count) % 4;
+                l3d_gpt_full_to_shard(&cfg, &next, full->params, cut);
+                CHECK(memcmp(cut, m->params, (size_t)m->num_params * sizeof *cut) != 0);
+                free(cut);
+                l3d_gpt_free(m);
+            }
+        CHECK(memcmp(back, full->params, (size_t)nf * sizeof *back) == 0);
+        free(back);
+        l3d_gpt_free(full);
+    }
+}
+
 static void test_backend_refused(struct l3d_backend *cpu) {
     struct l3d_backend_i table = *cpu->i;
     table.moe_route = NULL;
@@ -636,6 +673,7 @@ int main(void) {
     test_reference(be);
     test_all_to_one(be);
     test_backends_and_precisions(be);
+    test_expert_shards(be);
     test_backend_refused(be);
     l3d_backend_free(be);
     return TEST_REPORT();
