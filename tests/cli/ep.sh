@@ -26,6 +26,13 @@ for cf in 0 0.5; do
         same_run "$name" "ref${np}_cf$cf"
     done
 done
+# full recomputation re-runs the block's exchange inside backward: bit-identical to none
+if train ep2_rc 2 2 --ep 2 --recompute full &&
+   cmp -s "$dir/ep2_rc/model.bin" "$dir/ep2_np2_cf0/model.bin"; then
+    ok "--ep 2 --recompute full: model.bin identical to no recomputation"
+else
+    bad "--ep 2 --recompute full differs"
+fi
 # mixed precision: the rows travel in bf16 (the router fp32, as in moe.sh)
 train ref2_bf16 0 2 --grad-accum 2 --precision bf16 && train ep2_bf16 2 2 --ep 2 --precision bf16 &&
     same_run ep2_bf16 ref2_bf16
