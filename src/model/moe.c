@@ -131,6 +131,7 @@ struct l3d_moe_state {
     struct moe_rows d;
     float *dwts, *dlogits;
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
+    int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
 };
 
@@ -262,6 +263,7 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
         s->set[i].a2a = l3d_calloc((size_t)(4 * ep + 2 * E) * sizeof(int64_t), "MoE exchange");
     }
     s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
+    s->xcnt = l3d_calloc((size_t)(4 * ep) * sizeof(int64_t), "MoE exchange");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
     return L3D_OK;
 }
@@ -277,6 +279,7 @@ void l3d_moe_free(struct l3d_gpt *m) {
     }
     l3d_free(s->set);
     l3d_free(s->acc);
+    l3d_free(s->xcnt);
     l3d_free(s->hstats);
     l3d_free(s);
     m->moe = NULL;
@@ -392,8 +395,8 @@ static void plan_segments(struct l3d_gpt *m, struct moe_acts *a, const struct mo
         return;
     }
     int64_t ep = d->ep, El = d->El, *sc = a->a2a, *sd = sc + ep, *rc = sd + ep, *rd = rc + ep;
-    int64_t *cs = rd + ep, *cr = cs + d->E, cnt[64], dis[64];
-    L3D_ASSERT(ep <= 64 && m->hooks.ep_all_to_allv);
+    int64_t *cs = rd + ep, *cr = cs + d->E, *cnt = m->moe->xcnt, *dis = cnt + ep;
+    L3D_ASSERT(m->hooks.ep_all_to_allv);
     for (int64_t e = 0; e < d->E; e++) cs[e] = a->hoff[e + 1] - a->hoff[e];
     for (int64_t q = 0; q < ep; q++) cnt[q] = El, dis[q] = q * El;
     m->hooks.ep_all_to_allv(m->hooks.ep_ctx, cs, cnt, dis, cr, cnt, dis, L3D_I64);
@@ -415,12 +418,12 @@ static void plan_segments(struct l3d_gpt *m, struct moe_acts *a, const struct mo
  * order out to their experts' ranks, from x to xe) or the combine (from ye back to y). */
 static void exchange(struct l3d_gpt *m, const struct moe_acts *a, const struct moe_dims *d,
                      void *to, const void *from, bool dispatch) {
-    int64_t ep = d->ep, C = m->cfg.C, n[4][64];
-    const int64_t *v = a->a2a; /* sc, sd, rc, rd in rows */
-    for (int k = 0; k < 4; k++)
-        for (int64_t q = 0; q < ep; q++) n[k][q] = v[k * ep + q] * C;
-    int s = dispatch ? 0 : 2, r = dispatch ? 2 : 0;
-    m->hooks.ep_all_to_allv(m->hooks.ep_ctx, from, n[s], n[s + 1], to, n[r], n[r + 1], m->dt);
+    int64_t ep = d->ep, C = m->cfg.C, *n = m->moe->xcnt;
+    const int64_t *v = a->a2a; /* sc, sd, rc, rd in rows: in elements */
+    for (int64_t k = 0; k < 4 * ep; k++) n[k] = v[k] * C;
+    int64_t s = dispatch ? 0 : 2 * ep, r = dispatch ? 2 * ep : 0;
+    m->hooks.ep_all_to_allv(m->hooks.ep_ctx, from, n + s, n + s + ep, to, n + r, n + r + ep,
+                            m->dt);
 }
 
 /* The rows this rank's experts take (the segments' total). */
