@@ -77,8 +77,11 @@ struct l3d_dp_stream; /* the fp32 parameters a piece at a time: private (src/par
 struct l3d_dp {
     struct l3d_gpt *m;
     struct l3d_comm *comm;
-    struct l3d_comm *ecomm;  /* the experts' gradients' group (expert parallelism: the ranks
-                              * holding the same experts, l3d_dp_expert_comm); else comm */
+    /* Expert parallelism (l3d_dp_expert_groups): ZeRO-0 keeps comm the DP group and sums the
+     * experts' slices over ecomm, the ranks holding the same experts; ZeRO-1/2 shard over comm =
+     * those ranks (their flat buffers are the same) and sum the other slices over xcomm, the EP
+     * group, first. Without experts split: ecomm = comm, xcomm NULL. */
+    struct l3d_comm *ecomm, *xcomm;
     enum l3d_dtype param_dtype, grad_dtype; /* the model's dt; fp32 gradients */
     int zero;
     bool overlap;            /* non-blocking pieces (else blocking ones at the layer boundary) */
@@ -157,11 +160,13 @@ void l3d_dp_begin_micro(struct l3d_dp *dp, bool last);
  * sum) and before l3d_dp_finish. With ZeRO-2 they accumulate over the micro-batches meanwhile. */
 void l3d_dp_defer_nonlayer(struct l3d_dp *dp);
 void l3d_dp_reduce_nonlayer(struct l3d_dp *dp);
-/* Expert parallelism (ZeRO-0 only): the expert tensors' gradients are summed over edp, the ranks
- * holding the same experts (their tokens' rows came from the whole EP group already), the
- * others over the DP group; l3d_dp_grad_sumsq_add then adds the experts' squares to acc[2] (sq
- * of 3 accumulators), which the caller sums over the EP group. */
-void l3d_dp_expert_comm(struct l3d_dp *dp, struct l3d_comm *edp);
+/* Expert parallelism: the expert tensors' gradients are summed over edp, the ranks holding the
+ * same experts (their tokens' rows came from the whole EP group already), the others over the
+ * whole DP group: with ZeRO-0 (dp made over the DP group) as one all-reduce each; with ZeRO-1/2
+ * dp must be made over edp (its ranges then hold the same experts on every rank of it), and the
+ * other slices are summed over ep first. l3d_dp_grad_sumsq_add then adds the experts' squares to
+ * acc[2] (sq of 3 accumulators), which the caller sums over the EP group. */
+void l3d_dp_expert_groups(struct l3d_dp *dp, struct l3d_comm *ep, struct l3d_comm *edp);
 /* After the last backward: waits for every reduction. */
 void l3d_dp_finish(struct l3d_dp *dp);
 /* Sum of squares of the averaged gradients, this rank's part without communication, added on

@@ -27,9 +27,10 @@ static void push(struct l3d_dp *dp, int slot, struct l3d_dp_piece p) {
 }
 
 /* Sends out the reduction of one tensor slice [off, off + n) whose gradients lie at src, over
- * comm (the DP group, or the expert-DP group for an expert tensor). */
-static void reduce_slice(struct l3d_dp *dp, struct l3d_comm *comm, int slot, float *src,
-                         int64_t off, int64_t n) {
+ * comm (the DP group, or the expert-DP group for an expert tensor), summed over pre first when
+ * given (blocking: ZeRO over the expert-DP group, a slice of the other tensors). */
+static void reduce_slice(struct l3d_dp *dp, struct l3d_comm *comm, struct l3d_comm *pre, int slot,
+                         float *src, int64_t off, int64_t n) {
     while (n > 0) {
         int64_t len = n < dp->bucket ? n : dp->bucket;
         int root = -1;
@@ -53,12 +54,14 @@ static void reduce_slice(struct l3d_dp *dp, struct l3d_comm *comm, int slot, flo
             l3d_be_convert(dp->m->be, t, buf, dp->grad_dtype, src, len);
         }
         double t0 = l3d_time_s();
+        if (pre && pre->size > 1 && !dp->test_skip_reduce) /* buf: src, or its staged copy */
+            l3d_comm_all_reduce(pre, buf, len, t, L3D_SUM, NULL);
         if (!send)
             ;
         else if (root < 0)
             l3d_comm_all_reduce(comm, buf, len, t, L3D_SUM, req);
         else
-            l3d_comm_reduce(dp->comm, buf, len, t, L3D_SUM, root, req);
+            l3d_comm_reduce(comm, buf, len, t, L3D_SUM, root, req);
         dp->comm_wait_s += l3d_time_s() - t0;
         push(dp, slot, p);
         src += len;
@@ -108,14 +111,14 @@ static void reduce_nonlayer(struct l3d_dp *dp) {
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &m->tensors[t];
         if (l3d_gpt_is_layer_tensor(t) || ti->count == 0) continue;
-        reduce_slice(dp, dp->comm, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
+        reduce_slice(dp, dp->comm, dp->xcomm, 2, l3d_gpt_grad_ptr(m, t, 0), ti->offset, ti->count);
     }
 }
 
 static void grads_ready(void *ctx, int layer) {
     struct l3d_dp *dp = ctx;
     struct l3d_gpt *m = dp->m;
-    if (!dp->sync || (dp->comm->size == 1 && dp->zero < 2)) return;
+    if (!dp->sync || (dp->comm->size == 1 && dp->zero < 2 && !dp->xcomm)) return;
     if (layer < 0) {
         if (!dp->defer_nonlayer) reduce_nonlayer(dp);
         return;
@@ -143,8 +146,9 @@ static void grads_ready(void *ctx, int layer) {
         /* the tensor's own layer (a MoE layer has no dense MLP, a dense one no experts) */
         int64_t tl = l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer);
         if (slice == 0 || tl < 0) continue;
-        struct l3d_comm *c = l3d_gpt_expert_tensor(t) ? dp->ecomm : dp->comm;
-        reduce_slice(dp, c, 0, l3d_gpt_grad_ptr(m, t, layer), ti->offset + tl * slice, slice);
+        bool ex = l3d_gpt_expert_tensor(t);
+        reduce_slice(dp, ex ? dp->ecomm : dp->comm, ex ? NULL : dp->xcomm, 0,
+                     l3d_gpt_grad_ptr(m, t, layer), ti->offset + tl * slice, slice);
     }
     poll(dp, 1);
     if (dp->zero >= 2) drain(dp, 1); /* the slot of layer + 1 is next to be overwritten */
@@ -299,13 +303,18 @@ void l3d_dp_defer_nonlayer(struct l3d_dp *dp) { dp->defer_nonlayer = true; }
 
 void l3d_dp_reduce_nonlayer(struct l3d_dp *dp) {
     L3D_ASSERT(dp->defer_nonlayer);
-    if (dp->comm->size == 1 && dp->zero < 2) return;
+    if (dp->comm->size == 1 && dp->zero < 2 && !dp->xcomm) return;
     reduce_nonlayer(dp);
 }
 
-void l3d_dp_expert_comm(struct l3d_dp *dp, struct l3d_comm *edp) {
-    L3D_ASSERT(dp->zero == 0 && edp); /* ZeRO's ranges would have to follow the groups */
-    dp->ecomm = edp;
+void l3d_dp_expert_groups(struct l3d_dp *dp, struct l3d_comm *ep, struct l3d_comm *edp) {
+    L3D_ASSERT(ep && edp);
+    if (dp->zero == 0) {
+        dp->ecomm = edp;
+        return;
+    }
+    L3D_ASSERT(dp->comm == edp && dp->zero < 3);
+    dp->xcomm = ep;
 }
 
 void l3d_dp_finish(struct l3d_dp *dp) {
@@ -326,7 +335,7 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
         int64_t hi = ti->offset + ti->count < s1 ? ti->offset + ti->count : s1;
         /* expert tensors split over the EP group: acc[2], which the trainer sums over it */
-        int a = l3d_gpt_expert_tensor(t) && dp->ecomm != dp->comm ? 2
+        int a = l3d_gpt_expert_tensor(t) && (dp->ecomm != dp->comm || dp->xcomm) ? 2
                 : l3d_tp_tensor_split(t)                          ? 0
                                                                   : 1;
         L3D_ASSERT(a < sq->n);

@@ -122,9 +122,6 @@ static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l,
         add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d data-parallel replicas: expert "
             "parallelism splits each DP group; give an ep that divides %d (or more ranks)",
             l->ep, dp, dp);
-    if (l->zero >= 1 && l->zero <= 2)
-        add(e, L3D_ERR_LAYOUT, "--ep %d with --zero %d: not yet supported (ZeRO's shards would "
-            "have to follow the expert-data-parallel groups); use --zero 0", l->ep, l->zero);
 }
 
 /* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not

@@ -152,7 +152,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     for (int c = 0; c < v; c++)
         l3d_dp_grad_sumsq_add(&t->dps[c], &t->gsq, pp > 1 && !t->chunks[c]->shard.has_embedding);
     l3d_sumsq_take(&t->gsq, sq); /* the one copy of the sums to the host */
-    if (tc->layout.zero > 0) sum_f64(topo->dpcp_comm, sq, 3);
+    if (tc->layout.zero > 0) sum_f64(t->dps[0].comm, sq, 3); /* the ranges' group (ZeRO's) */
     sum_f64(topo->tp_comm, sq, 1);
     sum_f64(topo->ep_comm, sq + 2, 1); /* the experts split over the EP group */
     sum_f64(topo->pp_comm, sq, 3);

@@ -219,12 +219,15 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
             break;
         l3d_ep_attach(t->chunks[c], topo->ep_comm);
         /* the gradients are summed over the replicas and the ring (the weights are the same on
-         * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp */
-        st = l3d_dp_init(&t->dps[c], t->chunks[c], topo->dpcp_comm, tc->layout.zero,
-                         tc->layout.bucket_bytes, !tc->dp_blocking);
+         * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp, or
+         * with expert parallelism over the ranks holding the same experts (l3d_dp_expert_groups) */
+        struct l3d_comm *dpc = topo->ep_comm && tc->layout.zero > 0 ? topo->edp_comm
+                                                                    : topo->dpcp_comm;
+        st = l3d_dp_init(&t->dps[c], t->chunks[c], dpc, tc->layout.zero, tc->layout.bucket_bytes,
+                         !tc->dp_blocking);
         if (st != L3D_OK) break;
         t->ndp++;
-        if (topo->ep_comm) l3d_dp_expert_comm(&t->dps[c], topo->edp_comm);
+        if (topo->ep_comm) l3d_dp_expert_groups(&t->dps[c], topo->ep_comm, topo->edp_comm);
         st = l3d_dp_reduce_in(&t->dps[c], tc->precision.reduce);
         if (st == L3D_OK && tc->layout.zero == 3)
             st = l3d_dp_zero3_prefetch(&t->dps[c], tc->layout.zero3_prefetch);
