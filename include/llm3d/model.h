@@ -189,7 +189,8 @@ struct l3d_shard {
     int expert_start, expert_count;
 };
 
-/* The experts of EP rank ep_rank of ep (ep divides moe.experts; a dense model: unchanged). */
+/* The experts of EP rank ep_rank of ep (ep divides moe.experts, 0 reads as 1; a dense model:
+ * unchanged). */
 void l3d_shard_set_experts(const struct l3d_model_spec *cfg, struct l3d_shard *sh, int ep,
                            int ep_rank);
 

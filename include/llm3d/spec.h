@@ -39,7 +39,8 @@ struct l3d_layout {
                                * (tp cp pp). cp > 1: each sequence split over cp ranks (ring
                                * attention, include/llm3d/cp.h) */
     int ep;                   /* expert parallelism: the MoE experts split over ep ranks of each
-                               * DP group (consecutive dp ranks; 1: every rank holds all) */
+                               * DP group (consecutive dp ranks; 1: every rank holds all; 0
+                               * reads as 1, as l3d_layout_resolve makes it) */
     int v;                    /* model chunks per pipeline rank (interleaved schedule when > 1) */
     enum l3d_pp_kind schedule;
     bool schedule_implied;    /* interleaved because v > 1, not asked for (said at start-up) */

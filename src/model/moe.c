@@ -32,7 +32,8 @@ int l3d_shard_moe_layers(const struct l3d_model_spec *cfg, const struct l3d_shar
 void l3d_shard_set_experts(const struct l3d_model_spec *cfg, struct l3d_shard *sh, int ep,
                            int ep_rank) {
     if (cfg->moe.experts == 0) return;
-    L3D_ASSERT(ep >= 1 && cfg->moe.experts % ep == 0 && ep_rank >= 0 && ep_rank < ep);
+    if (ep < 1) ep = 1; /* a layout left unresolved */
+    L3D_ASSERT(cfg->moe.experts % ep == 0 && ep_rank >= 0 && ep_rank < ep);
     sh->expert_count = cfg->moe.experts / ep;
     sh->expert_start = ep_rank * sh->expert_count;
 }

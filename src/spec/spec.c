@@ -104,11 +104,11 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
  * parallelism"); dp 0 when the grid did not resolve. */
 static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                      struct l3d_spec_errors *e) {
-    if (l->ep < 1) {
+    if (l->ep < 0) {
         add(e, L3D_ERR_ARG, "--ep %d: give 1 (every rank holds all experts) or more", l->ep);
         return;
     }
-    if (l->ep == 1) return;
+    if (l->ep <= 1) return; /* 0: a layout built without it (the planner's), read as 1 */
     if (m->moe.experts == 0) {
         add(e, L3D_ERR_ARG, "--ep %d without --moe-experts: expert parallelism splits a mixture "
             "of experts; give --moe-experts E (a multiple of %d) or drop --ep", l->ep, l->ep);
