@@ -28,6 +28,7 @@ $spec tp 1 1048576 0 1048577
 $spec cp 1 1048576 0 1048577
 $spec pp 1 1048576 0 1048577
 $spec dp 1 16777216 0 16777217
+$spec ep 1 65536 0 65537
 $spec pp-virtual 1 256 0 257
 $spec moe-experts 0 65536 -1 65537
 $spec moe-top-k 0 65536 -1 65537
