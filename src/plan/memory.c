@@ -178,6 +178,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
+        if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) /* W's inputs, held to W */
+            mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
+                                                             m->maxT, ch[k].slots, dt);
         /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,
