@@ -106,9 +106,18 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_selective_layers_3_
 # uneven end stages (Megatron-Core's --decoder-first / -last-pipeline-num-layers): 1,3 and 3,1
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_first_1" 2 2 4 --pp 2 --pp-first-layers 1
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_last_1" 2 2 4 --pp 2 --pp-last-layers 1
+# zero-bubble ZB-H1: each backward split into B and W, W deferred (a layer's DP reduction from the
+# last micro-batch's W); full recomputation rebuilds the layer's forward for W too
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1" 2 2 4 --pp 2 --pp-schedule zb-h1
+expect_error "zb-h1 with ZeRO-2" "zb-h1 defers weight gradients, which the gradient slots of --zero 2" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --pp 2 --zero 2 --pp-schedule zb-h1 --out "$dir/zbh1_zero2"
+full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
+    L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_zbh1" 4 2 8 --pp 4 --pp-schedule zb-h1
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1_zbh1" 4 2 4 --pp 2 --zero 1 --pp-schedule zb-h1
+    full && L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1_zbh1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1 --pp-schedule zb-h1
     # Llama 3 405B's shape scaled down: 6 layers on pp4 as 1, 2, 2, 1
     L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1
     full && L3D_PP=4 L3D_MODEL="--layers 8" equiv "pp4_interleaved_v2" 4 2 4 --pp 4 --pp-virtual 2
@@ -121,6 +130,8 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2" 4 2 2 --pp 2 --tp 2
     L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective
+    full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp_zbh1" 4 2 2 --pp 2 --tp 2 --sequence-parallel --pp-schedule zb-h1
+    full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute_zbh1" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective --pp-schedule zb-h1
     full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
 esac
 # the timeline: every rank's forwards, backwards and optimizer steps in one trace-event file
