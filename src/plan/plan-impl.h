@@ -98,6 +98,7 @@ struct l3d_plan_parts {
     double gemm, attn, elem, tp, p2p, rec, total;
     double cp;  /* the context-parallel ring's transfers not hidden behind attention */
     double bwd; /* backward part (what DP communication can hide behind) */
+    double wgt; /* its weight-gradient products (zb-h1's W; part of bwd) */
 };
 /* to += w from, every part */
 static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
@@ -111,6 +112,7 @@ static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
     to->rec += w * from->rec;
     to->total += w * from->total;
     to->bwd += w * from->bwd;
+    to->wgt += w * from->wgt;
 }
 
 /* Chunks of the same shape (layers, first, last) have the same sizes and time: a layout's
@@ -233,7 +235,7 @@ struct l3d_plan_timelines {
 };
 void l3d_plan_timelines_free(struct l3d_plan_timelines *tc);
 /* The pipeline phase of mm micro-batches with the stage times vt (pp v forwards, backwards,
- * receives of the input, receives of the output's gradient): a timeline's result kept in tc, else
+ * receives of the input, receives of the output's gradient, W of a split backward): a timeline's result kept in tc, else
  * the schedule's timeline (l3d_plan_pipe_phase), kept there. Takes vt (kept in tc or freed); tc
  * NULL keeps nothing. -1 when neither is possible. */
 double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, int p, int v,
