@@ -65,7 +65,9 @@ mem dp2_zero3  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 3 --recompute none 
 full && mem tp2_dp2_zero3_p2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 3 --zero3-prefetch 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 3 --zero3-prefetch 2 --recompute full
 full && mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --no-sequence-parallel -- --tp 2
 mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel -- --tp 2 --sequence-parallel --recompute selective
-full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
+full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule 1f1b -- --pp 2
+# zb-h1: 1F1B's slots plus the stash of W's inputs (the search would pick it for the layout above)
+mem pp2_zbh1   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule zb-h1 -- --pp 2 --pp-schedule zb-h1
 full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute selective --pp-schedule gpipe -- --pp 2 --pp-schedule gpipe --recompute selective
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
