@@ -555,7 +555,7 @@ static float *split_run(struct l3d_backend *be, const struct l3d_model_spec *cfg
     sh.layer_count = cfg->L - 1;
     struct l3d_gpt *m;
     CHECK(l3d_gpt_init_ex(&m, cfg, &sh, be, B, T, L3D_GRADS_FLAT, 2, rc) == L3D_OK);
-    if (split) CHECK(l3d_gpt_split_init(m) == L3D_OK);
+    if (split) CHECK(l3d_gpt_split_init(m, 2) == L3D_OK);
     l3d_gpt_init_weights(m, 5);
     l3d_gpt_zero_grad(m);
     float *x = malloc((size_t)nx * sizeof(float));
@@ -569,13 +569,13 @@ static float *split_run(struct l3d_backend *be, const struct l3d_model_spec *cfg
     }
     for (int i = 0; i < 2; i++) {
         l3d_gpt_use_slot(m, i);
-        if (split) l3d_gpt_backward_input(m, 0.01f, NULL);
+        if (split) l3d_gpt_backward_input(m, 0.01f, NULL, i);
         else l3d_gpt_backward(m, 0.01f, NULL);
         l3d_be_copy_d2h(be, dx + i * nx, m->dinput_act, (size_t)nx * sizeof(float));
     }
     for (int i = 0; split && i < 2 - skip_w; i++) {
         l3d_gpt_use_slot(m, i);
-        l3d_gpt_backward_weight(m);
+        l3d_gpt_backward_weight(m, i);
     }
     float *g = test_to_host(be, m->grads, m->num_params);
     l3d_gpt_free(m);

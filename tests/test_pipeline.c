@@ -211,7 +211,8 @@ static void test_broken(void) {
 }
 
 /* ZB-H1: runs through; 1F1B's in-flight bound forward to B; forward to W (the activations kept)
- * within l3d_pp_in_flight's min(pp, m), reached on the first stage: 1F1B's peak; for m >= pp the paper's bubble (pp - 1) (F + B - W) per stage with unit
+ * within l3d_pp_in_flight's min(pp, m), reached on the first stage: 1F1B's peak; W slots the
+ * most B to W; for m >= pp the paper's bubble (pp - 1) (F + B - W) per stage with unit
  * times, (pp - 1) / (3 m + pp - 1) of the timeline, and below 1F1B's always. */
 static void check_zbh1(int pp, int m) {
     struct l3d_pp_schedule s, one;
@@ -226,7 +227,9 @@ static void check_zbh1(int pp, int m) {
     for (int r = 0; r < pp; r++) {
         int bound = pp - r < m ? pp - r : m, held = (int)l3d_pp_in_flight(L3D_PP_ZBH1, pp, r, 1, m);
         ok = ok && sim.max_in_flight[r] == bound && sim.max_held[r] <= held &&
-             s.slots[r] == sim.max_held[r] && ref.max_held[r] == bound;
+             s.slots[r] == sim.max_held[r] && ref.max_held[r] == bound &&
+             s.wslots[r] == sim.max_wait[r] && s.wslots[r] >= 1 && s.wslots[r] <= s.slots[r] &&
+             one.wslots[r] == 0;
     }
     ok = ok && sim.max_held[0] == ref.max_held[0];
     if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
@@ -247,6 +250,12 @@ static void test_zbh1(void) {
     for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
         for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) check_zbh1(pps[i], ms[j]);
     CHECK_NEAR(l3d_pp_schedule_bubble(L3D_PP_ZBH1, 4, 1, 8), 3.0 / 27.0, 1e-12);
+    struct l3d_pp_schedule w8;
+    CHECK(l3d_pp_schedule_build(&w8, L3D_PP_ZBH1, 8, 1, 32) == L3D_OK);
+    /* stage r defers r W past the next B (the later stages wait for W so that the earlier
+     * stages' B comes sooner): W slots 1 .. pp, activation slots pp on every stage */
+    for (int r = 0; r < 8; r++) CHECK(w8.wslots[r] == r + 1 && w8.slots[r] == 8);
+    l3d_pp_schedule_free(&w8);
     CHECK_NEAR(l3d_pp_schedule_bubble(L3D_PP_1F1B, 4, 1, 8), 3.0 / 11.0, 1e-15);
     struct l3d_pp_schedule s;
     struct l3d_pp_sim sim;

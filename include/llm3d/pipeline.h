@@ -74,6 +74,8 @@ struct l3d_pp_schedule {
     struct l3d_pp_action **acts; /* acts[stage][0 .. n[stage]) */
     int *slots;                  /* slots[stage * v + chunk]: most micro-batches of the chunk
                                   * between forward and backward (its W when split) at once */
+    int *wslots;                 /* the same between B and W (zb-h1: the stash of W's inputs;
+                                  * 0 without a split backward) */
 };
 
 const char *l3d_pp_kind_name(enum l3d_pp_kind kind);
@@ -127,6 +129,7 @@ struct l3d_pp_sim {
     double idle_fraction; /* mean over stages of 1 - busy / makespan */
     int max_in_flight[64]; /* per stage (all chunks), first 64 stages: forward to B */
     int max_held[64];      /* the same to W (to the backward unless split): activations kept */
+    int max_wait[64];      /* B to W: the stash of W's inputs */
 };
 l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
                            struct l3d_pp_sim *out);

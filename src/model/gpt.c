@@ -1376,14 +1376,14 @@ static int64_t wstash_layer_bytes(const struct l3d_model_spec *cfg, const struct
 }
 
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int act_slots, enum l3d_dtype dt) {
+                            int T, int wslots, enum l3d_dtype dt) {
     int64_t per = wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt));
-    return (size_t)(per * sh->layer_count * act_slots);
+    return (size_t)(per * sh->layer_count * wslots);
 }
 
-/* Entry i of local layer l's stash in the current slot. */
+/* Entry i of local layer l's stash in the current W slot. */
 static void *wstash(const struct l3d_gpt *m, int l, int i) {
-    int64_t sz[WS_N], off = ((int64_t)m->slot * m->shard.layer_count + l) * m->wstash_layer;
+    int64_t sz[WS_N], off = ((int64_t)m->wslot * m->shard.layer_count + l) * m->wstash_layer;
     wstash_sizes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, sz);
     for (int k = 0; k < i; k++) off += (sz[k] * (int64_t)m->es + 63) / 64 * 64;
     return (char *)m->wstash + off;
@@ -1394,7 +1394,7 @@ static void stash(struct l3d_gpt *m, int l, int i, const void *src, int64_t n) {
     l3d_be_copy_d2d(m->be, wstash(m, l, i), src, (size_t)n * m->es);
 }
 
-l3d_status l3d_gpt_split_init(struct l3d_gpt *m) {
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
     if (m->grads_nonlayer)
         return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
                          "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
@@ -1402,15 +1402,17 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m) {
     if (m->recompute == L3D_RECOMPUTE_FULL && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
         return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
                          "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
-    if (m->wstash) return L3D_OK;
+    L3D_ASSERT(wslots >= 1 && !m->wstash);
+    m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
-    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, m->act_slots, m->dt);
+    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots, m->dt);
     if (bytes == 0) return L3D_OK;
     m->wstash = l3d_be_alloc(m->be, bytes, "weight-gradient stash");
     if (!m->wstash)
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the zero-bubble schedule's "
                          "weight-gradient stash: lower --batch or --seq-len, or use "
                          "--pp-schedule 1f1b", (double)bytes / 1048576.0);
+    m->act_bytes += bytes;
     return L3D_OK;
 }
 
@@ -1582,11 +1584,15 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
     backward_run(m, dloss, dout_act, false);
 }
 
-void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act) {
+void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot) {
+    L3D_ASSERT(wslot >= 0 && wslot < m->wstash_slots);
+    m->wslot = wslot;
     backward_run(m, dloss, dout_act, true);
 }
 
-void l3d_gpt_backward_weight(struct l3d_gpt *m) {
+void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot) {
+    L3D_ASSERT(wslot >= 0 && wslot < m->wstash_slots);
+    m->wslot = wslot;
     for (int l = m->shard.layer_count - 1; l >= 0; l--) weight_layer(m, l);
 }
 

@@ -96,14 +96,16 @@ static void nth(const struct l3d_pp_schedule *s, bool fwd, int k, int *micro, in
 }
 
 /* Activation slots of stage r: the most micro-batches of each chunk between forward and backward
- * (its W when split). */
+ * (its W when split); W slots: between B and W. */
 static void count_slots(struct l3d_pp_schedule *s, int r) {
-    int *live = &s->slots[r * s->v];
-    int cur[256] = {0};
+    int *live = &s->slots[r * s->v], *wait = &s->wslots[r * s->v];
+    int cur[256] = {0}, w[256] = {0};
     for (int i = 0; i < s->n[r]; i++) {
         const struct l3d_pp_action *a = &s->acts[r][i];
         if (a->op == L3D_PP_FWD && ++cur[a->chunk] > live[a->chunk]) live[a->chunk] = cur[a->chunk];
         if (a->op == L3D_PP_BWD || a->op == L3D_PP_BWD_W) cur[a->chunk]--;
+        if (a->op == L3D_PP_BWD_B && ++w[a->chunk] > wait[a->chunk]) wait[a->chunk] = w[a->chunk];
+        if (a->op == L3D_PP_BWD_W) w[a->chunk]--;
     }
 }
 
@@ -192,6 +194,7 @@ static l3d_status alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
     s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
     s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    s->wslots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
     size_t each = (size_t)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
     for (int r = 0; r < pp; r++)
         if (!(s->acts[r] = l3d_try_alloc(each, "schedule"))) {
@@ -208,7 +211,7 @@ static l3d_status alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
 size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only) {
     double acts = (double)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
     double b = (double)pp * (sizeof(int) + sizeof(struct l3d_pp_action *) + acts) +
-               (double)pp * v * sizeof(int);
+               2.0 * pp * v * sizeof(int); /* slots, wslots */
     return b < (double)SIZE_MAX ? (size_t)b : SIZE_MAX;
 }
 
@@ -289,6 +292,7 @@ void l3d_pp_schedule_free(struct l3d_pp_schedule *s) {
     l3d_free(s->acts);
     l3d_free(s->n);
     l3d_free(s->slots);
+    l3d_free(s->wslots);
     memset(s, 0, sizeof *s);
 }
 
@@ -306,7 +310,7 @@ struct sim {
     const struct l3d_pp_schedule *s;
     double t[3]; /* forward, B, W; a fused backward t[1] + t[2] */
     double *clock, *busy;
-    int *live, *held, *next_in, *next_out, *next_w;
+    int *live, *held, *wait, *next_in, *next_out, *next_w;
     uint8_t *state; /* 0, 1 forwarded, 3 B done, 2 done */
     struct l3d_pp_sim *out;
 };
@@ -337,6 +341,8 @@ static void sim_compute(struct sim *z, int r, const struct l3d_pp_action *a) {
         dt = fused ? z->t[1] + z->t[2] : z->t[1];
         z->live[r]--;
         z->held[r] -= fused;
+        z->wait[r] += !fused;
+        if (r < 64 && z->wait[r] > out->max_wait[r]) out->max_wait[r] = z->wait[r];
     } else {
         if (*st != 3) out->order_ok = false; /* a W before its B */
         if (a->micro != z->next_w[cv]) out->fifo_ok = false;
@@ -344,6 +350,7 @@ static void sim_compute(struct sim *z, int r, const struct l3d_pp_action *a) {
         *st = 2;
         dt = z->t[2];
         z->held[r]--;
+        z->wait[r]--;
     }
     z->clock[r] += dt;
     z->busy[r] += dt;
@@ -389,6 +396,7 @@ l3d_status l3d_pp_simulate_bw(const struct l3d_pp_schedule *s, double t_fwd, dou
                     .busy = l3d_calloc((size_t)pp * sizeof(double), "simulation"),
                     .live = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
                     .held = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
+                    .wait = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
                     .next_in = l3d_calloc(pv, "simulation"),
                     .next_out = l3d_calloc(pv, "simulation"),
                     .next_w = l3d_calloc(pv, "simulation"),
@@ -415,7 +423,7 @@ l3d_status l3d_pp_simulate_bw(const struct l3d_pp_schedule *s, double t_fwd, dou
     out->idle_fraction = idle / pp;
     l3d_free(sent);
     l3d_free(pos);
-    l3d_free(z.clock), l3d_free(z.busy), l3d_free(z.live), l3d_free(z.held);
+    l3d_free(z.clock), l3d_free(z.busy), l3d_free(z.live), l3d_free(z.held), l3d_free(z.wait);
     l3d_free(z.next_in), l3d_free(z.next_out), l3d_free(z.next_w), l3d_free(z.state);
     return L3D_OK;
 }

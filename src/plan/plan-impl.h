@@ -89,6 +89,7 @@ struct l3d_plan_chunk {
     int64_t n_gpt;    /* in the trainer's tensor table (l3d_gpt_plan_tensors) */
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
+    int wslots;       /* micro-batches between B and W (zb-h1's stash) */
     bool first, last; /* first / last virtual stage */
     int shape;        /* its entry in the evaluation's shape memo, -1 if none */
 };
@@ -131,10 +132,11 @@ struct l3d_plan_shapes {
 };
 
 /* The v chunks of pipeline rank r (out[k] is chunk k, virtual stage k pp + r): their shards,
- * sizes and micro-batches kept (slots: the trainer's schedule's, [r v + k], when fp32; else by
- * the schedule kind). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
+ * sizes and micro-batches kept (sched: the trainer's schedule, its slots and W slots [r v + k],
+ * when fp32; else by the schedule kind, W slots as many as slots). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
 void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                          const int *layers, const int64_t *start, int r, const int *slots,
+                          const int *layers, const int64_t *start, int r,
+                          const struct l3d_pp_schedule *sched,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out);
 /* The bytes of pipeline rank r, whose chunks are ch. */

@@ -99,7 +99,7 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
     struct l3d_plan_shapes memo = {0};
     for (int rr = 0; rr < ev->lay.pp; rr++) {
         l3d_plan_rank_chunks(&ev->mt, &ev->lay, ev->layers, ev->start, rr,
-                             ev->sched ? ev->sched->slots : NULL, ev->mm, x->fp32, &memo, ev->ch);
+                             ev->sched, ev->mm, x->fp32, &memo, ev->ch);
         struct l3d_plan_mem mem;
         l3d_plan_rank_memory(m, &ev->run, &ev->lay, ev->ch, rr, ev->mm, &mem);
         l3d_plan_cp_ring_memory(m, &ev->run, &ev->lay, ev->ch, ev->cp, &mem);

@@ -201,12 +201,12 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
                              grad_mode(tc->layout.zero), slots, tc->layout.recompute,
                              tc->precision.param);
-        if (st == L3D_OK && t->lay.sched.kind == L3D_PP_ZBH1) { /* W's inputs, held to W */
-            st = l3d_gpt_split_init(t->chunks[c]);
-            t->act_bytes += l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, slots,
-                                                 tc->precision.param);
-            t->act_formula += l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T,
-                                                   slots, tc->precision.param);
+        if (st == L3D_OK && t->lay.sched.kind == L3D_PP_ZBH1) { /* W's inputs, B to W */
+            int ws = t->lay.sched.wslots[topo->pp_rank * v + c];
+            st = l3d_gpt_split_init(t->chunks[c], ws);
+            size_t b = l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, ws,
+                                            tc->precision.param);
+            t->act_formula += b; /* the allocation is in the chunk's act_bytes */
         }
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
