@@ -131,6 +131,14 @@ expect_error "ZeRO-3 on a GPU profile: the trainer's rule named" \
     "--zero 3: the plan follows Megatron-LM's bf16 mixed precision .*give --trainer llm3d" \
     "$bin" plan --zero 3 --profile dgx-h100
 check "  ... --trainer llm3d plans it there" "$bin" plan --zero 3 --profile dgx-h100 --trainer llm3d
+expect_error "zb-h1 in Megatron-LM's mode" "--pp-schedule zb-h1: the plan follows Megatron-LM" \
+    "$bin" plan --model d12 --profile dgx-h100 --devices 8 --global-batch 32 --tp 1 --pp 4 --dp 2 \
+    --batch 1 --zero 1 --recompute none --pp-virtual 1 --pp-schedule zb-h1
+json=$("$bin" plan --model d12 --profile dgx-h100 --trainer llm3d --devices 8 --global-batch 32 \
+    --pp 4 --pp-virtual 1 --top 40 --json)
+zb=$(echo "$json" | grep -c '"schedule":"zb-h1"')
+one=$(echo "$json" | grep -c '"schedule":"1f1b"')
+check "the trainer's search tries zb-h1 beside 1F1B ($zb, $one)" test "$zb" -gt 0 -a "$one" -gt 0
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
 expect_error "interleaving needs m divisible by pp" "multiple of --pp 4" \
