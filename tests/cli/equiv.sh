@@ -147,6 +147,17 @@ if train pp2_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --trace "$dir/
 else
     echo "FAIL: pp2 trace"; cat "$dir/pp2_trace.log"; fail=1
 fi
+# zb-h1's trace: a B ("backward") and a W ("weight gradient") per micro-batch, stage and step,
+# and the start-up line's ideal bubble its timeline's, (p-1)/(3m+p-1) = 1/13
+if train pp2_zbh1_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --pp-schedule zb-h1 \
+       --trace "$dir/zbh1_trace.json" > "$dir/pp2_zbh1_trace.log" 2>&1 &&
+   [ "$(grep -c '"name":"backward m' "$dir/zbh1_trace.json")" -eq 24 ] &&
+   [ "$(grep -c '"name":"weight gradient m' "$dir/zbh1_trace.json")" -eq 24 ] &&
+   grep -q "ideal bubble (timeline with F = B = W) = 7.7%" "$dir/pp2_zbh1_trace.log"; then
+    echo "ok: pp2 zb-h1 trace"
+else
+    echo "FAIL: pp2 zb-h1 trace"; cat "$dir/pp2_zbh1_trace.log"; fail=1
+fi
 # blocking pieces instead of overlapped ones
 equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --comm blocking
 equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
