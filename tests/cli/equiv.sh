@@ -172,6 +172,7 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 
 # (TP without SP: tp2_sp_accum's split; DP's shards: zero3's; the schedules' order: test_pipeline)
 LLAMA="--arch llama --kv-heads 2 --ffn 192"
 full && L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2" 2 4 1 --tp 2
+full && L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_sp_accum" 2 2 2 --tp 2 --sequence-parallel
 full && L3D_MODEL="$LLAMA" equiv "llama_dp2_zero1" 2 2 1 --zero 1
 full && L3D_MODEL="$LLAMA" equiv "llama_dp2_zero2_accum" 2 1 3 --zero 2
