@@ -592,11 +592,15 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     const char *u = mem_unit(prof, &sc);
     print_table(prof, res, n);
     const struct l3d_plan_result *b = &res[0];
-    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, "
+    char sched[64] = ""; /* the schedule when the search chose it (--pp-schedule for train) */
+    if (b->layout.pp > 1)
+        snprintf(sched, sizeof sched, ", --pp-schedule %s (bubble %.1f%% of the pipeline)",
+                 l3d_pp_kind_name(b->layout.schedule), 100 * b->time.bubble_frac);
+    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d%s, ZeRO-%d, "
            "%s%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
            b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp,
-           b->layout.micro_batch, b->m, b->layout.v, b->layout.zero,
+           b->layout.micro_batch, b->m, b->layout.v, sched, b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
            b->layout.cp > 1 ? ", context parallel (each sequence over the --cp ring)" : "",
