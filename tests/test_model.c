@@ -541,6 +541,94 @@ static void test_slots_and_recompute(struct l3d_backend *be) {
     }
 }
 
+/* Two micro-batches through a last-stage shard of cfg (layers 1.., input from input_act; a MoE
+ * model, which no pipeline stage holds yet, whole from tokens and with one activation slot) in
+ * groups of S (the slots): their forwards, then fused backwards or B of each, then W of each (with
+ * S = 2, W deferred past the other micro-batch's B, as zb-h1 does); skip_w leaves W of
+ * micro-batch 1 out. Returns the gradients; dx the input gradients. */
+static struct l3d_shard split_shard(const struct l3d_model_spec *cfg) {
+    struct l3d_shard sh = l3d_shard_full(cfg);
+    if (cfg->moe.experts > 0) return sh;
+    sh.has_embedding = false;
+    sh.layer_start = 1;
+    sh.layer_count = cfg->L - 1;
+    return sh;
+}
+
+static float *split_run(struct l3d_backend *be, const struct l3d_model_spec *cfg, int rc,
+                        bool split, bool skip_w, float *dx) {
+    int B = 2, T = 6, S = cfg->moe.experts > 0 ? 1 : 2; /* MoE: one activation slot so far */
+    int64_t nx = (int64_t)B * T * cfg->C;
+    struct l3d_shard sh = split_shard(cfg);
+    struct l3d_gpt *m;
+    CHECK(l3d_gpt_init_ex(&m, cfg, &sh, be, B, T, L3D_GRADS_FLAT, S, rc) == L3D_OK);
+    if (split) CHECK(l3d_gpt_split_init(m, S) == L3D_OK);
+    l3d_gpt_init_weights(m, 5);
+    l3d_gpt_zero_grad(m);
+    float *x = malloc((size_t)nx * sizeof(float));
+    int32_t tgt[12], tok[12];
+    for (int i0 = 0; i0 < 2; i0 += S) { /* S micro-batches: forwards, B (or fused), then W */
+        for (int i = i0; i < i0 + S; i++) {
+            for (int64_t j = 0; j < nx; j++) x[j] = 0.5f * l3d_rng_normal(41, (uint64_t)i, (uint64_t)j);
+            fill_batch(tok, tgt, B * T, cfg->V, 6 + (uint64_t)i);
+            l3d_gpt_use_slot(m, i % S);
+            if (!sh.has_embedding) l3d_be_copy_h2d(be, m->input_act, x, (size_t)nx * sizeof(float));
+            l3d_gpt_forward(m, sh.has_embedding ? tok : NULL, tgt, B, T);
+        }
+        for (int i = i0; i < i0 + S; i++) {
+            l3d_gpt_use_slot(m, i % S);
+            if (split) l3d_gpt_backward_input(m, 0.01f, NULL, i % S);
+            else l3d_gpt_backward(m, 0.01f, NULL);
+            l3d_be_copy_d2h(be, dx + i * nx, m->dinput_act, (size_t)nx * sizeof(float));
+        }
+        for (int i = i0; split && i < i0 + S && !(skip_w && i == 1); i++) {
+            l3d_gpt_use_slot(m, i % S);
+            l3d_gpt_backward_weight(m, i % S);
+        }
+    }
+    float *g = test_to_host(be, m->grads, m->num_params);
+    l3d_gpt_free(m);
+    free(x);
+    return g;
+}
+
+/* B then W gives the fused backward's gradients and input gradients bit for bit, for GPT-2's and
+ * Llama's blocks, with and without full recomputation, and a MoE model (its experts' and
+ * router's weight gradients come with B; refused under full recomputation); W left out does not. */
+static void test_split_backward(struct l3d_backend *be) {
+    struct l3d_model_spec llama = {.L = 3, .C = 16, .NH = 4, .NKV = 2, .V = 50, .maxT = 8,
+                                   .ffn = 24, .norm_eps = 1e-6f};
+    l3d_model_set_arch(&llama, L3D_ARCH_LLAMA);
+    L3D_ASSERT(l3d_gpt_config_finish(&llama) == L3D_OK);
+    struct l3d_model_spec moe = {.L = 3, .C = 16, .NH = 2, .V = 40, .maxT = 8,
+                                 .moe = {.experts = 4, .top_k = 2, .dense_layers = 1}};
+    L3D_ASSERT(l3d_gpt_config_finish(&moe) == L3D_OK);
+    const struct l3d_model_spec cfgs[3] = {tiny_config(3, 16, 2, 40, 8), llama, moe};
+    for (int k = 0; k < 3; k++)
+        for (int rc = L3D_RECOMPUTE_NONE; rc <= L3D_RECOMPUTE_FULL - (k == 2); rc += 2) {
+            int64_t nx = 2 * 6 * cfgs[k].C;
+            float *dx0 = malloc(2 * (size_t)nx * sizeof(float));
+            float *dx1 = malloc(2 * (size_t)nx * sizeof(float));
+            float *dx2 = malloc(2 * (size_t)nx * sizeof(float));
+            float *g0 = split_run(be, &cfgs[k], rc, false, false, dx0);
+            float *g1 = split_run(be, &cfgs[k], rc, true, false, dx1);
+            float *g2 = split_run(be, &cfgs[k], rc, true, true, dx2);
+            struct l3d_shard sh = split_shard(&cfgs[k]);
+            int64_t n = l3d_gpt_plan_tensors(&cfgs[k], &sh, (struct l3d_tensor_info[L3D_NUM_TENSORS]){0});
+            CHECK(memcmp(g0, g1, (size_t)n * sizeof(float)) == 0);
+            CHECK(memcmp(dx0, dx1, 2 * (size_t)nx * sizeof(float)) == 0);
+            CHECK(memcmp(g0, g2, (size_t)n * sizeof(float)) != 0); /* W missing: caught */
+            free(g0), free(g1), free(g2), free(dx0), free(dx1), free(dx2);
+        }
+    /* MoE under full recomputation: refused, by the flags */
+    struct l3d_shard sh = split_shard(&moe);
+    struct l3d_gpt *m;
+    CHECK(l3d_gpt_init_ex(&m, &moe, &sh, be, 2, 6, L3D_GRADS_FLAT, 1, L3D_RECOMPUTE_FULL) == L3D_OK);
+    CHECK(l3d_gpt_split_init(m, 1) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--recompute full on a MoE model") != NULL);
+    l3d_gpt_free(m);
+}
+
 /* For fp32, the checking backend runs the CPU kernels on the same values: a forward, backward and
  * optimizer step give bit-identical logits, per-token losses, loss, gradients and parameters. */
 static void test_check_identical(void) {
@@ -601,6 +689,7 @@ int main(void) {
     test_layer_shards(be);
     test_slice_init(be);
     test_slots_and_recompute(be);
+    test_split_backward(be);
     test_errors(be);
     test_check_identical();
     l3d_backend_free(be);

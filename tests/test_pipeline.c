@@ -25,7 +25,7 @@ static void check_closed_form(const struct l3d_pp_schedule *s, size_t allocated,
                 s->m, allocated, want);
     CHECK(allocated == want);
     for (int r = 0; r < s->pp; r++)
-        CHECK(l3d_pp_schedule_actions(s->pp, s->v, s->m, r, fwd_only) == s->n[r]);
+        CHECK(l3d_pp_schedule_actions(s->kind, s->pp, s->v, s->m, r, fwd_only) == s->n[r]);
 }
 
 static void check_schedule(enum l3d_pp_kind kind, int pp, int v, int m, double tf, double tb) {
@@ -210,6 +210,79 @@ static void test_broken(void) {
     l3d_pp_schedule_free(&s);
 }
 
+/* ZB-H1: runs through; 1F1B's in-flight bound forward to B; forward to W (the activations kept)
+ * within l3d_pp_in_flight's min(pp, m), reached on the first stage: 1F1B's peak; W slots the
+ * most B to W; for m >= pp the paper's bubble (pp - 1) (F + B - W) per stage with unit
+ * times, (pp - 1) / (3 m + pp - 1) of the timeline, and below 1F1B's always. */
+static void check_zbh1(int pp, int m) {
+    struct l3d_pp_schedule s, one;
+    size_t before = l3d_mem_used();
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBH1, pp, 1, m) == L3D_OK);
+    check_closed_form(&s, l3d_mem_used() - before, false);
+    CHECK(l3d_pp_schedule_build(&one, L3D_PP_1F1B, pp, 1, m) == L3D_OK);
+    struct l3d_pp_sim sim, ref;
+    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
+    l3d_pp_simulate_bw(&one, 1.0, 1.0, 1.0, &ref);
+    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    for (int r = 0; r < pp; r++) {
+        int bound = pp - r < m ? pp - r : m, held = (int)l3d_pp_in_flight(L3D_PP_ZBH1, pp, r, 1, m);
+        ok = ok && sim.max_in_flight[r] == bound && sim.max_held[r] <= held &&
+             s.slots[r] == sim.max_held[r] && ref.max_held[r] == bound &&
+             s.wslots[r] == sim.max_wait[r] && s.wslots[r] >= 1 && s.wslots[r] <= s.slots[r] &&
+             one.wslots[r] == 0;
+    }
+    ok = ok && sim.max_held[0] == ref.max_held[0];
+    if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
+    if (m >= pp) ok = ok && fabs(sim.idle_fraction - (pp - 1.0) / (3.0 * m + pp - 1)) < 1e-12;
+    ok = ok && fabs(l3d_pp_schedule_bubble(L3D_PP_ZBH1, pp, 1, m) - sim.idle_fraction) < 1e-15;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  zb-h1 pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
+                "(1f1b %.6f)\n", pp, m, sim.deadlock, sim.order_ok, sim.fifo_ok, sim.matched,
+                sim.idle_fraction, ref.idle_fraction);
+    l3d_pp_schedule_free(&s);
+    l3d_pp_schedule_free(&one);
+}
+
+/* ZB-H1 at every size; a W moved before its B, or a W dropped, is caught. */
+static void test_zbh1(void) {
+    const int pps[] = {1, 2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
+        for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) check_zbh1(pps[i], ms[j]);
+    CHECK_NEAR(l3d_pp_schedule_bubble(L3D_PP_ZBH1, 4, 1, 8), 3.0 / 27.0, 1e-12);
+    struct l3d_pp_schedule w8;
+    CHECK(l3d_pp_schedule_build(&w8, L3D_PP_ZBH1, 8, 1, 32) == L3D_OK);
+    /* stage r defers r W past the next B (the later stages wait for W so that the earlier
+     * stages' B comes sooner): W slots 1 .. pp, activation slots pp on every stage */
+    for (int r = 0; r < 8; r++) CHECK(w8.wslots[r] == r + 1 && w8.slots[r] == 8);
+    l3d_pp_schedule_free(&w8);
+    CHECK_NEAR(l3d_pp_schedule_bubble(L3D_PP_1F1B, 4, 1, 8), 3.0 / 11.0, 1e-15);
+    struct l3d_pp_schedule s;
+    struct l3d_pp_sim sim;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBH1, 2, 1, 4) == L3D_OK);
+    struct l3d_pp_action *a = s.acts[1];
+    int b = -1, w = -1;
+    for (int i = 0; i < s.n[1]; i++) {
+        if (a[i].op == L3D_PP_BWD_B && a[i].micro == 2) b = i;
+        if (a[i].op == L3D_PP_BWD_W && a[i].micro == 2) w = i;
+    }
+    CHECK(b >= 0 && w > b);
+    struct l3d_pp_action wa = a[w];
+    memmove(&a[b + 1], &a[b], (size_t)(w - b) * sizeof *a); /* W just before its B */
+    a[b] = wa;
+    l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
+    CHECK(!sim.order_ok);
+    memmove(&a[b], &a[b + 1], (size_t)(w - b) * sizeof *a); /* back, then W dropped */
+    a[w] = wa;
+    l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
+    CHECK(sim.order_ok && !sim.deadlock);
+    s.n[1]--;
+    memmove(&a[w], &a[w + 1], (size_t)(s.n[1] - w) * sizeof *a);
+    l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
+    CHECK(!sim.order_ok);
+    l3d_pp_schedule_free(&s);
+}
+
 static double stage_cost(const struct l3d_model_spec *cfg, int T, const int *layers, int k, int n) {
     return layers[k] * l3d_pp_layer_cost(cfg, T) + (k == 0 ? 2.0 * cfg->C : 0.0) +
            (k == n - 1 ? l3d_pp_head_cost(cfg) : 0.0);
@@ -267,6 +340,7 @@ static void test_partition(void) {
     CHECK(l3d_pp_schedule_bytes(2, 1, 1 << 30, false) > ((size_t)144 << 30));
     enum l3d_pp_kind k;
     CHECK(l3d_pp_kind_parse("1f1b", &k) == L3D_OK && k == L3D_PP_1F1B);
+    CHECK(l3d_pp_kind_parse("zb-h1", &k) == L3D_OK && k == L3D_PP_ZBH1);
     CHECK(l3d_pp_kind_parse("zigzag", &k) == L3D_ERR_ARG);
 }
 
@@ -275,6 +349,7 @@ int main(void) {
     test_warmup();
     test_shapes();
     test_broken();
+    test_zbh1();
     test_partition();
     return TEST_REPORT();
 }

@@ -928,6 +928,19 @@ static void test_pipe_time(void) {
      * 0's round trip, 2 + 3 x 1 + 3 x 2 = 11, while its 4 forwards before it end at 8 */
     f[P - 1] = 1, b[P - 1] = 2, f[0] = 2, b[0] = 4;
     CHECK_NEAR(l3d_plan_pipe_time(&sc, f, b, ra, rg), M * 6.0 + 3, 1e-12);
+    /* zb-h1: B and W halves of the backward (wgt NULL), or W given per stage; the pipeline
+     * module's simulation with the same times, and below 1F1B's (M + P - 1) 3 */
+    f[0] = 1, b[0] = 2;
+    struct l3d_pp_schedule zb;
+    CHECK(l3d_pp_schedule_build(&zb, L3D_PP_ZBH1, P, 1, M) == L3D_OK);
+    CHECK(l3d_pp_simulate_bw(&zb, 1.0, 1.0, 1.0, &sim) == L3D_OK);
+    CHECK_NEAR(l3d_plan_pipe_time(&zb, f, b, ra, rg), sim.makespan, 1e-12);
+    CHECK_NEAR(sim.makespan, M * 3.0 + P - 1, 1e-12); /* the bubble (p - 1)(F + B - W) */
+    double w[P] = {0.5, 0.5, 0.5, 0.5};
+    CHECK(l3d_pp_simulate_bw(&zb, 1.0, 1.5, 0.5, &sim) == L3D_OK);
+    CHECK_NEAR(l3d_plan_pipe_time_w(&zb, f, b, w, ra, rg), sim.makespan, 1e-12);
+    CHECK(l3d_plan_pipe_time_w(&zb, f, b, w, ra, rg) < (M + P - 1) * 3.0);
+    l3d_pp_schedule_free(&zb);
     /* p2p: one micro-batch through 4 stages pays 3 activation and 3 gradient hops */
     l3d_pp_schedule_free(&sc);
     CHECK(l3d_pp_schedule_build(&sc, L3D_PP_1F1B, P, 1, 1) == L3D_OK);
@@ -967,8 +980,9 @@ static void test_pipe_time(void) {
             aa[i] = i > 0 ? 0.05 * (1 + i % 2) : 0;
             gg[i] = i < PP * V - 1 ? 0.07 * (1 + i % 3) : 0;
         }
-        const enum l3d_pp_kind kinds[] = {L3D_PP_1F1B, L3D_PP_GPIPE, L3D_PP_INTERLEAVED};
-        for (int k = 0; k < 3; k++)
+        const enum l3d_pp_kind kinds[] = {L3D_PP_1F1B, L3D_PP_GPIPE, L3D_PP_INTERLEAVED,
+                                          L3D_PP_ZBH1};
+        for (int k = 0; k < 4; k++)
             for (int mm = 4 * PP; mm <= 13 * PP; mm += PP) {
                 int vv = kinds[k] == L3D_PP_INTERLEAVED ? V : 1;
                 double whole = l3d_plan_pipe_phase(kinds[k], PP, vv, mm, ff, bb, aa, gg, 1 << 20);
@@ -1001,6 +1015,16 @@ static void test_pipe_time(void) {
     CHECK(t->bubble > 0 && t->pp_p2p > 0);
     CHECK_NEAR(t->gemm + t->attention + t->elementwise + t->tp_comm + t->pp_p2p + t->bubble +
                    t->dp_comm + t->embed_sync + t->optimizer, t->step, t->step * 1e-12);
+    /* the same layout in zb-h1: a smaller bubble, in seconds and as a fraction of the pipeline,
+     * the same compute; the activations more by the stash of W's inputs (held in as many slots
+     * on the fullest stage as 1F1B's) */
+    struct l3d_plan_result z;
+    lay.schedule = L3D_PP_ZBH1;
+    CHECK(evaluate(&m, &prof, &run, &lay, &z) == L3D_OK);
+    CHECK(z.time.bubble < t->bubble && z.time.bubble_frac < t->bubble_frac &&
+          t->bubble_frac > 0 && z.time.bubble_frac > 0);
+    CHECK_NEAR(z.time.gemm, t->gemm, t->gemm * 1e-12);
+    CHECK(z.mem.activations > r.mem.activations && z.mem.in_flight == r.mem.in_flight);
 }
 
 /* Issue 18 item 5: llm3d's bf16 / fp16 on a CPU profile. A local-like profile (no 16-bit peak,

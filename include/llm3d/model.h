@@ -351,6 +351,11 @@ struct l3d_gpt {
     int32_t *rope_pos;
     bool has_targets;
     int B, T;             /* sizes of the last forward */
+    /* Split backward (l3d_gpt_split_init): per W slot, each layer's output gradients of its
+     * products and norms, kept from l3d_gpt_backward_input to l3d_gpt_backward_weight. */
+    void *wstash;
+    int64_t wstash_layer; /* bytes of one layer's stash; a W slot holds layer_count of them */
+    int wstash_slots, wslot; /* W slots (micro-batches between B and W at once); current one */
 };
 
 /* Where gradients live: one flat buffer (the default), two layer slots plus the non-layer
@@ -424,6 +429,24 @@ float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *t
  * m->grads. dloss is the weight of each token's loss in the objective: 1/(B*T*micro-batches).
  * For a shard without the head, dout_act (B,T,C) is the gradient of its output (else NULL). */
 void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
+/* The same backward in two calls (zero-bubble pipelines, Qi et al. 2024): B, the input gradient
+ * (what the previous stage waits for; the head's, the embedding's and a MoE layer's weight
+ * gradients come with it), then, possibly after other micro-batches' passes, W: the transformer
+ * layers' weight gradients (dW = x^T dy of each product, the biases', the norms' weights') from
+ * the slot's saved activations and the output gradients B stashed in the slot. Both act on the
+ * current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves the
+ * gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under full
+ * recomputation W rebuilds the layer's forward again. grads_ready fires per layer from W.
+ * wslot: where B keeps and W reads the stash, 0 .. wslots - 1 (a micro-batch's own until its W:
+ * the schedule's micro % wslots, first in first out).
+ * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes for wslots W slots): L3D_ERR_OOM;
+ * L3D_ERR_ARG for the gradient-slot modes (ZeRO-2/3: a layer's slot is reused two layers on) and
+ * MoE with full recomputation (W's rebuilt forward would rerun the experts). */
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots);
+void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot);
+void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot);
+size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                            int T, int wslots, enum l3d_dtype dt);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */

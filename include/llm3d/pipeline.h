@@ -22,6 +22,15 @@
  *     micro-batches in flight.
  *   Interleaved 1F1B: forwards walk chunks in groups of pp micro-batches; warm-up
  *     2 (pp - r - 1) + (v - 1) pp forwards (as in Megatron-LM); needs m divisible by pp.
+ *   ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3): each backward split
+ *     into B (the input gradient, which the previous stage waits for) and W (the weight
+ *     gradient, which can wait). Stage r keeps 1F1B's order of F and B (its pp - r - 1 warm-up
+ *     forwards); a W runs when the stage would otherwise wait (the next F or B not ready) or when
+ *     the next F would hold more than pp micro-batches between F and W: 1F1B's peak, its first
+ *     stage's, which every stage may now reach (the later stages defer their W, so that the B
+ *     the earlier ones wait for comes sooner). The order is fixed by a timeline with equal F, B
+ *     and W times: the paper's bubble, (pp - 1) (F + B - W) per stage instead of 1F1B's
+ *     (pp - 1) (F + B + W), i.e. (pp - 1) / (3 m + pp - 1) of the timeline for m >= pp.
  *
  * Receives come right before the computation that needs them and sends right after the one that
  * produced them; sends never block (the executor posts them non-blocking), so a schedule runs if
@@ -47,6 +56,8 @@ enum l3d_pp_op {
     L3D_PP_SEND_ACT,  /* its output activation, to the next virtual stage */
     L3D_PP_RECV_GRAD, /* the gradient of its output, from the next virtual stage */
     L3D_PP_SEND_GRAD, /* the gradient of its input, to the previous virtual stage */
+    L3D_PP_BWD_B,     /* the input-gradient half of a backward (zb-h1) */
+    L3D_PP_BWD_W,     /* the weight-gradient half, after its B (zb-h1) */
 };
 
 struct l3d_pp_action {
@@ -62,11 +73,13 @@ struct l3d_pp_schedule {
     int *n;                      /* n[stage]: actions of the stage */
     struct l3d_pp_action **acts; /* acts[stage][0 .. n[stage]) */
     int *slots;                  /* slots[stage * v + chunk]: most micro-batches of the chunk
-                                  * between forward and backward at once */
+                                  * between forward and backward (its W when split) at once */
+    int *wslots;                 /* the same between B and W (zb-h1: the stash of W's inputs;
+                                  * 0 without a split backward) */
 };
 
 const char *l3d_pp_kind_name(enum l3d_pp_kind kind);
-/* "gpipe", "1f1b" or "interleaved"; L3D_ERR_ARG naming --pp-schedule otherwise. */
+/* "gpipe", "1f1b", "interleaved" or "zb-h1"; L3D_ERR_ARG naming --pp-schedule otherwise. */
 l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);
 /* Checks (pp >= 1, m >= 1, v >= 1; v > 1 only interleaved, which needs pp >= 2 and m divisible by
  * pp) with messages naming the flags, then builds. */
@@ -77,40 +90,52 @@ l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m);
 /* Forward only (validation): each stage forwards micro-batches in order, chunk by chunk. */
 l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m);
 void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
-/* The host bytes a schedule of every stage takes (what the builds allocate: room for 6 actions a
+/* The host bytes a schedule of every stage takes (what the builds allocate: room for 7 actions a
  * (micro, chunk) pair, 3 forward only, on each of the pp stages), before building it: the memory
  * check counts them. The builds return L3D_ERR_OOM when they cannot have them. */
 size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only);
-/* The actions of stage r in a built schedule (n[r]), in closed form. */
-int64_t l3d_pp_schedule_actions(int pp, int v, int64_t m, int r, bool fwd_only);
+/* The actions of stage r in a built schedule of `kind` (n[r]), in closed form. */
+int64_t l3d_pp_schedule_actions(enum l3d_pp_kind kind, int pp, int v, int64_t m, int r,
+                                bool fwd_only);
 /* Warm-up forwards of stage r (forwards of chunks before its steady state; GPipe: all of them):
- * GPipe m v, 1F1B pp - r - 1, interleaved 2 (pp - r - 1) + (v - 1) pp (Megatron-LM), at most the
+ * GPipe m v, 1F1B and zb-h1 pp - r - 1, interleaved 2 (pp - r - 1) + (v - 1) pp (Megatron-LM), at most the
  * m v forwards of the step. The stage's first backward follows one more forward when any is
  * left: min(warm-up + 1, m v) forwards before it. */
 int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m);
 /* Micro-batches of chunks in flight on stage r at most (all its chunks together): the forwards
  * before its first backward, min(l3d_pp_warmup + 1, m v): GPipe m, 1F1B min(pp - r, m)
  * (Narayanan et al. 2021, sec. 2.2.1); 1 with pp = 1 (no pipeline: each micro-batch's backward
- * follows its forward). */
+ * follows its forward). zb-h1: those whose activations are held, forward to W, min(pp, m) on
+ * every stage (the bound its build keeps). */
 int64_t l3d_pp_in_flight(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m);
 /* Idle fraction of an ideal timeline (equal stages, free communication): (pp-1) / (v m + pp-1). */
 double l3d_pp_bubble(int pp, int v, int m);
+/* The same for any schedule: the idle fraction of its simulated timeline with a forward f, a
+ * backward 2f, split as B f and W f (the paper's unit model); for 1F1B, GPipe and interleaved
+ * l3d_pp_bubble's value. -1 when it cannot be built (out of memory, bad sizes). */
+double l3d_pp_schedule_bubble(enum l3d_pp_kind kind, int pp, int v, int m);
 
 /* A dataflow simulation of the schedule: each stage runs its list in order; a send takes no time
  * and never blocks; a receive waits for its matching send; forward and backward of a chunk take
  * t_fwd and t_bwd. */
 struct l3d_pp_sim {
     bool deadlock;        /* some stage waits for a message that is never sent */
-    bool order_ok;        /* each (micro, chunk) forwarded once, then backwarded once, per stage */
+    bool order_ok;        /* each (micro, chunk) forwarded once, then backwarded once (or B,
+                           * then W), per stage */
     bool fifo_ok;         /* per chunk, micro-batches leave in the order they entered (so slot =
                            * micro % slots never overwrites one in flight) */
     bool matched;         /* every send received, nothing left over */
     double makespan;      /* time of the last action */
     double idle_fraction; /* mean over stages of 1 - busy / makespan */
-    int max_in_flight[64]; /* per stage (all chunks), first 64 stages */
+    int max_in_flight[64]; /* per stage (all chunks), first 64 stages: forward to B */
+    int max_held[64];      /* the same to W (to the backward unless split): activations kept */
+    int max_wait[64];      /* B to W: the stash of W's inputs */
 };
 l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
                            struct l3d_pp_sim *out);
+/* The same with a split backward's times: B t_b, W t_w, a fused backward t_b + t_w. */
+l3d_status l3d_pp_simulate_bw(const struct l3d_pp_schedule *s, double t_fwd, double t_b,
+                              double t_w, struct l3d_pp_sim *out);
 
 /* Estimated forward cost of one token through a layer, the embedding and the head + loss, in
  * FLOPs (matrix products 2 per multiply-add, attention as in PaLM's 12 L C T over 3 passes). */
@@ -139,7 +164,8 @@ l3d_status l3d_pp_parse_layers(const char *text, const struct l3d_model_spec *cf
 struct l3d_dp;
 
 enum l3d_pp_event_kind { L3D_EV_FWD, L3D_EV_BWD, L3D_EV_RECV_ACT, L3D_EV_RECV_GRAD,
-                         L3D_EV_EMBED_SYNC, L3D_EV_DP_WAIT, L3D_EV_OPTIMIZER, L3D_EV_STEP };
+                         L3D_EV_EMBED_SYNC, L3D_EV_DP_WAIT, L3D_EV_OPTIMIZER, L3D_EV_STEP,
+                         L3D_EV_WGRAD /* W of a split backward (its B is an L3D_EV_BWD) */ };
 
 struct l3d_pp_event {
     double t0, t1;   /* seconds since the trace's origin */

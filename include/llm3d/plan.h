@@ -215,6 +215,7 @@ struct l3d_plan_time {     /* seconds per training step */
     double tp_comm, pp_p2p, bubble, dp_comm, embed_sync, optimizer;
     double cp_comm;        /* the context-parallel ring's exposed transfers (in the pipeline) */
     double step;
+    double bubble_frac;    /* bubble / the pipeline phase: its idle share (0 without a pipeline) */
 };
 
 struct l3d_plan_result {
@@ -259,6 +260,11 @@ l3d_status l3d_plan_stage_layers(const struct l3d_model_spec *m, const struct l3
  * matched or memory runs out. */
 double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
                           const double *rin_act, const double *rin_grad);
+/* The same with W of a split backward (zb-h1) taking wgt[vs] of bwd[vs] (its B the rest); wgt
+ * NULL: half (l3d_plan_pipe_time). */
+double l3d_plan_pipe_time_w(const struct l3d_pp_schedule *sc, const double *fwd,
+                            const double *bwd, const double *wgt, const double *rin_act,
+                            const double *rin_grad);
 /* The same for m micro-batches of a schedule kind: in full when p v m <= full, else the timelines
  * of 4p and 5p micro-batches extended linearly (past the warm-up each p more micro-batches add the
  * same time); l3d_plan_evaluate uses 2^13. -1 when neither applies. */
@@ -305,6 +311,7 @@ struct l3d_plan_space {
     /* Megatron-LM's stages: equal layers, or where the stages do not divide them Megatron-Core's
      * shorter first and last stages (pp_first, pp_last), unless fx->layout gives a split */
     bool even_stages;
+    bool zero_bubble; /* zb-h1 tried beside 1F1B (llm3d's trainer runs it; Megatron-LM not) */
     const struct l3d_plan_fixed *fx;
 };
 void l3d_plan_layouts(const struct l3d_plan_space *sp,

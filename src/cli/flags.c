@@ -227,7 +227,8 @@ static const struct l3d_flag layout_flags[] = {
                       "data-parallel group, tokens exchanged by all-to-all (1)"},
     {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
     {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
-    {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, or interleaved (with --pp-virtual)"},
+    {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, interleaved (with --pp-virtual), or "
+                                  "zb-h1 (zero bubble: backward split into B and W)"},
     {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved schedule (1)"},
     {"pp-layers", "a,b,..", F_PPLAYERS, "layers of each (virtual) stage (default: balanced by "
                                         "cost)"},

@@ -69,7 +69,8 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"fits\":%s,\"t_gemm\":%.6g,\"t_attention\":%.6g,\"t_elementwise\":%.6g,"
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
-           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g%s}\n",
+           "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g,"
+           "\"bubble_fraction\":%.5f%s}\n",
            (long long)run->devices, (long long)l->global_batch,
            l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
@@ -77,7 +78,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
            t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
-           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm, ends);
+           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm, t->bubble_frac, ends);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -92,9 +93,9 @@ static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
 static void print_table(const struct l3d_profile *prof, const struct l3d_plan_result *r, int n) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    printf("  # tp  pp   dp  mb  v Z recompute SP     m | memory %s: params grads optim  acts other "
-           " total | step s: compute recomp     TP    p2p bubble     DP  optim   step | tok/s  MFU  "
-           "HFU\n", u);
+    printf("  # tp  pp   dp  mb  v Z recompute SP sched          m | memory %s: params grads optim  acts "
+           "other  total | step s: compute recomp     TP    p2p bubble (%%)    DP  optim   step | "
+           "tok/s  MFU  HFU\n", u);
     for (int i = 0; i < n; i++) {
         const struct l3d_layout *l = &r[i].layout;
         const struct l3d_plan_time *t = &r[i].time;
@@ -103,12 +104,14 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
         /* p2p: the pipeline's and the context-parallel ring's; a ring named after the row */
         char cp[48] = "";
         if (l->cp > 1) snprintf(cp, sizeof cp, " (cp %d: ring %.3g s in p2p)", l->cp, t->cp_comm);
-        printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f %6.2f "
-               "| %15.4g %6.3g %6.3g %6.3g %6.3g %6.3g %6.3g %6.4g | %5.3g %4.1f%% %4.1f%%%s\n",
+        printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %-11s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f "
+               "%6.2f | %15.4g %6.3g %6.3g %6.3g %6.3g (%4.1f) %6.3g %6.3g %6.4g | %5.3g %4.1f%% "
+               "%4.1f%%%s\n",
                i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero, rc_name(l->recompute),
-               l->sp ? "y" : "n", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
+               l->sp ? "y" : "n", l->pp > 1 ? l3d_pp_kind_name(l->schedule) : "-", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
                m->activations / sc, m->other / sc, m->total / sc, compute, t->recompute,
-               t->tp_comm, t->pp_p2p + t->cp_comm, t->bubble, t->dp_comm + t->embed_sync,
+               t->tp_comm, t->pp_p2p + t->cp_comm, t->bubble, 100 * t->bubble_frac,
+               t->dp_comm + t->embed_sync,
                t->optimizer, t->step, r[i].tokens_per_s, 100 * r[i].mfu, 100 * r[i].hfu, cp);
     }
 }
@@ -589,11 +592,15 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     const char *u = mem_unit(prof, &sc);
     print_table(prof, res, n);
     const struct l3d_plan_result *b = &res[0];
-    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d, ZeRO-%d, "
+    char sched[64] = ""; /* the schedule when the search chose it (--pp-schedule for train) */
+    if (b->layout.pp > 1)
+        snprintf(sched, sizeof sched, ", --pp-schedule %s (bubble %.1f%% of the pipeline)",
+                 l3d_pp_kind_name(b->layout.schedule), 100 * b->time.bubble_frac);
+    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d%s, ZeRO-%d, "
            "%s%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
            b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp,
-           b->layout.micro_batch, b->m, b->layout.v, b->layout.zero,
+           b->layout.micro_batch, b->m, b->layout.v, sched, b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
            b->layout.cp > 1 ? ", context parallel (each sequence over the --cp ring)" : "",

@@ -668,6 +668,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     if (!m) return;
     struct l3d_backend *be = m->be;
     l3d_moe_free(m);
+    l3d_be_free(be, m->wstash);
     if (m->acts) {
         l3d_be_free(be, m->acts->base);
         l3d_free(m->acts->layer);
@@ -971,6 +972,7 @@ static void progress(struct l3d_gpt *m) {
 static void matmul_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                             const void *dout, const void *inp, const void *weight, int64_t N,
                             int64_t C, int64_t OC) {
+    if (!dinp && !dweight && !dbias) return; /* B of a split backward: no weight gradient */
     if (m->hooks.progress && dinp && dweight && m->dt == L3D_F32) {
         l3d_be_matmul_backward_mixed(m->be, m->dt, L3D_F32, dinp, NULL, NULL, dout, inp, weight,
                                      N, C, OC);
@@ -1358,22 +1360,211 @@ static void mlp_backward(struct l3d_gpt *m, const struct layer_acts *la,
     column_parallel_backward(m, a->dln, g->fcw, g->fcb, a->dfch, la->ln2, p->fcw, N, C, w.Fm);
 }
 
-static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) {
-    L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
+/* ---- split backward: the stash of W's inputs ------------------------------------------- */
+
+/* What W needs beyond the saved activations: the gradients of each product's and norm's output,
+ * in the order B produces them (MLP output, fc output, LayerNorm 2 output, attention output,
+ * q|k|v, LayerNorm 1 output). */
+enum { WS_DMLP, WS_DFCH, WS_DLN2, WS_DATT, WS_DQKV, WS_DLN1, WS_N };
+
+/* Elements of each stash entry of one layer for BT rows. */
+static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int64_t BT,
+                         int64_t sz[WS_N]) {
+    int64_t C = cfg->C, HS = C / cfg->NH, BTl = BT / sh->sp_size;
+    int64_t qkv = ((int64_t)sh->head_count + 2 * (int64_t)l3d_shard_kv_count(cfg, sh)) * HS;
+    int64_t fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * (int64_t)sh->ffn_count : sh->ffn_count;
+    const int64_t v[WS_N] = {BT * C, BT * fm, BTl * C, BT * C, BT * qkv, BTl * C};
+    memcpy(sz, v, sizeof v);
+}
+
+/* Bytes of one layer's stash (each entry 64-byte aligned). */
+static int64_t wstash_layer_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                                  int64_t BT, size_t es) {
+    int64_t sz[WS_N], b = 0;
+    wstash_sizes(cfg, sh, BT, sz);
+    for (int i = 0; i < WS_N; i++) b += (sz[i] * (int64_t)es + 63) / 64 * 64;
+    return b;
+}
+
+size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                            int T, int wslots, enum l3d_dtype dt) {
+    int64_t per = wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt));
+    return (size_t)(per * sh->layer_count * wslots);
+}
+
+/* Entry i of local layer l's stash in the current W slot. */
+static void *wstash(const struct l3d_gpt *m, int l, int i) {
+    int64_t sz[WS_N], off = ((int64_t)m->wslot * m->shard.layer_count + l) * m->wstash_layer;
+    wstash_sizes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, sz);
+    for (int k = 0; k < i; k++) off += (sz[k] * (int64_t)m->es + 63) / 64 * 64;
+    return (char *)m->wstash + off;
+}
+
+/* B keeps entry i of layer l: n elements of src. */
+static void stash(struct l3d_gpt *m, int l, int i, const void *src, int64_t n) {
+    l3d_be_copy_d2d(m->be, wstash(m, l, i), src, (size_t)n * m->es);
+}
+
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
+    if (m->grads_nonlayer)
+        return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
+                         "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
+                         "hold: use --zero 0 or 1, or --pp-schedule 1f1b");
+    if (m->recompute == L3D_RECOMPUTE_FULL && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
+        return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
+                         "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
+    L3D_ASSERT(wslots >= 1 && !m->wstash);
+    m->wstash_slots = wslots;
+    m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
+    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots, m->dt);
+    if (bytes == 0) return L3D_OK;
+    m->wstash = l3d_be_alloc(m->be, bytes, "weight-gradient stash");
+    if (!m->wstash)
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the zero-bubble schedule's "
+                         "weight-gradient stash: lower --batch or --seq-len, or use "
+                         "--pp-schedule 1f1b", (double)bytes / 1048576.0);
+    m->act_bytes += bytes;
+    return L3D_OK;
+}
+
+/* The norms' weight gradients of layer l: directly (sp = 1), or this rank's rows' part in dlnw
+ * (4C: ln2w ln2b ln1w ln1b), summed over the group by norm_grads_sum. */
+static void norm_grads(struct l3d_gpt *m, const struct layer_grads *g, float *out[4]) {
+    float *direct[4] = {g->ln2w, g->ln2b, g->ln1w, g->ln1b};
+    float *d = m->acts->dlnw;
+    int64_t C = m->cfg.C;
+    if (m->shard.sp_size == 1) {
+        memcpy(out, direct, sizeof direct);
+        return;
+    }
+    l3d_be_memset(m->be, d, 0, 4 * (size_t)C * sizeof(float));
+    for (int i = 0; i < 4; i++) out[i] = direct[i] ? d + i * C : NULL;
+}
+
+static void norm_grads_sum(struct l3d_gpt *m, const struct layer_grads *g, float *const gl[4]) {
+    if (m->shard.sp_size == 1) return;
+    int64_t C = m->cfg.C;
+    float *direct[4] = {g->ln2w, g->ln2b, g->ln1w, g->ln1b};
+    tp_all_reduce(m, m->acts->dlnw, 4 * C, L3D_F32);
+    for (int i = 0; i < 4; i++)
+        if (direct[i]) l3d_be_add_inplace(m->be, L3D_F32, direct[i], gl[i], C);
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+/* Layer l's backward: a->dres holds d(its output) and then d(its input). defer (B of a split
+ * backward): no weight gradients of the layer's own products and norms (a MoE layer's experts and
+ * router have theirs), their output gradients stashed for W instead. */
+static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     const enum l3d_dtype dt = m->dt;
-    const size_t E = m->es;
+    int B = m->B, T = m->T;
+    int64_t N = (int64_t)B * T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
+    struct widths w = widths(m);
+    bool moe = l3d_model_moe_layer(&m->cfg, s->layer_start + l);
+    params_begin(m, l, true); /* a full recomputation below reuses it */
+    struct layer_acts *la = &a->layer[l];
+    struct layer_params p = layer_params(m, l);
+    if (m->grads_nonlayer)
+        l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
+    struct layer_grads g = defer ? (struct layer_grads){0} : layer_grads(m, l);
+    const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+    if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
+        la = &a->rc;
+        forward_layer(m, l, la, x, B, T, false);
+    } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
+        /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
+        l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, w.Hl,
+                                       w.KVl, w.HS);
+    }
+    float *gl[4]; /* ln2w ln2b ln1w ln1b */
+    norm_grads(m, &g, gl);
+    /* MLP: dres holds d(res3) */
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+    if (defer && !moe) stash(m, l, WS_DMLP, a->dres_full, N * C);
+    if (moe)
+        l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
+    else
+        mlp_backward(m, la, &p, &g, N);
+    if (defer && !moe) stash(m, l, WS_DFCH, a->dfch, N * w.Fm);
+    if (defer) stash(m, l, WS_DLN2, a->dln_local, Nl * C);
+    layernorm_backward(m, a->dres, gl[0], gl[1], a->dln_local, la->res2, p.ln2w, la->ln2_mean,
+                       la->ln2_rstd, Nl, C);
+    progress(m);
+    /* attention: dres now holds d(res2) */
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+    if (defer) stash(m, l, WS_DATT, a->dres_full, N * C);
+    l3d_be_memset(m->be, a->datty, 0, (size_t)(N * w.Ca) * m->es);
+    matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw, N,
+                    w.Ca, C);
+    l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * w.QKV) * m->es);
+    attention_backward(m, la, B, T, &w);
+    if (m->cfg.pos == L3D_POS_ROPE) /* to the gradient of q and k before their rotation */
+        l3d_be_rope_backward(m->be, dt, a->dqkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl,
+                             w.KVl, w.HS);
+    progress(m);
+    if (defer) stash(m, l, WS_DQKV, a->dqkv, N * w.QKV);
+    column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, w.QKV);
+    if (defer) stash(m, l, WS_DLN1, a->dln_local, Nl * C);
+    layernorm_backward(m, a->dres, gl[2], gl[3], a->dln_local, x, p.ln1w, la->ln1_mean,
+                       la->ln1_rstd, Nl, C);
+    if (!defer) norm_grads_sum(m, &g, gl);
+    /* dres now holds d(x), the layer's input */
+    params_end(m, l, true);
+    if (!defer && m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
+}
+
+/* W of layer l: its weight gradients from the stash and the slot's activations, the same
+ * products backward_layer makes (each product's weight gradient independent of its input
+ * gradient: the same bits). */
+static void weight_layer(struct l3d_gpt *m, int l) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, Nl = N / s->sp_size;
+    struct widths w = widths(m);
+    params_begin(m, l, true);
+    struct layer_acts *la = &a->layer[l];
+    struct layer_params p = layer_params(m, l);
+    struct layer_grads g = layer_grads(m, l);
+    const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+    if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
+        la = &a->rc;
+        forward_layer(m, l, la, x, m->B, m->T, false);
+    }
+    float *gl[4];
+    norm_grads(m, &g, gl);
+    if (!l3d_model_moe_layer(&m->cfg, s->layer_start + l)) {
+        matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash(m, l, WS_DMLP), la->fch_gelu,
+                        p.fcprojw, N, w.F, C);
+        matmul_backward(m, NULL, g.fcw, g.fcb, wstash(m, l, WS_DFCH), la->ln2, p.fcw, N, C,
+                        w.Fm);
+    }
+    layernorm_backward(m, NULL, gl[0], gl[1], wstash(m, l, WS_DLN2), la->res2, p.ln2w,
+                       la->ln2_mean, la->ln2_rstd, Nl, C);
+    matmul_backward(m, NULL, g.attprojw, g.attprojb, wstash(m, l, WS_DATT), la->atty, p.attprojw,
+                    N, w.Ca, C);
+    matmul_backward(m, NULL, g.qkvw, g.qkvb, wstash(m, l, WS_DQKV), la->ln1, p.qkvw, N, C, w.QKV);
+    layernorm_backward(m, NULL, gl[2], gl[3], wstash(m, l, WS_DLN1), x, p.ln1w, la->ln1_mean,
+                       la->ln1_rstd, Nl, C);
+    norm_grads_sum(m, &g, gl);
+    params_end(m, l, true);
+    if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
+}
+
+static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act, bool defer) {
+    L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
+    L3D_ASSERT(!defer || m->wstash || m->shard.layer_count == 0);
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
     int B = m->B, T = m->T;
     int64_t N = (int64_t)B * T, C = m->cfg.C;
-    struct widths w = widths(m);
-    int64_t Hl = w.Hl, HS = w.HS, Ca = w.Ca;
     /* sequence parallel: the LayerNorm and residual regions hold Nl of the N rows; their
      * gradients are gathered before each row-parallel product (the conjugate of its
      * reduce-scatter), and the LayerNorm weights' gradients, partial sums over this rank's rows,
      * are summed over the group. With sp = 1 the gathered buffers alias the local ones. */
     int64_t sp = s->sp_size, Nl = N / sp;
-    size_t bytes_l = (size_t)(Nl * C) * E;
+    size_t bytes_l = (size_t)(Nl * C) * m->es;
     const void *x_last = l3d_gpt_output_act(m);
 
     if (s->has_head) {
@@ -1382,81 +1573,38 @@ static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act) 
         L3D_ASSERT(dout_act != NULL);
         l3d_be_copy_d2d(m->be, a->dres, dout_act, bytes_l);
     }
-
-    for (int l = s->layer_count - 1; l >= 0; l--) {
-        params_begin(m, l, true); /* a full recomputation below reuses it */
-        struct layer_acts *la = &a->layer[l];
-        struct layer_params p = layer_params(m, l);
-        if (m->grads_nonlayer)
-            l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
-        struct layer_grads g = layer_grads(m, l);
-        const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
-        if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
-            la = &a->rc;
-            forward_layer(m, l, la, x, B, T, false);
-        } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
-            /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
-            l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, Hl,
-                                           w.KVl, HS);
-        }
-        /* the LayerNorm weight gradients of this layer: directly (sp = 1), or this rank's rows'
-         * part in dlnw (4C: ln2w ln2b ln1w ln1b), summed over the group at the end */
-        float *g_ln2w = g.ln2w, *g_ln2b = g.ln2b, *g_ln1w = g.ln1w, *g_ln1b = g.ln1b;
-        if (sp > 1) {
-            l3d_be_memset(m->be, a->dlnw, 0, 4 * (size_t)C * sizeof(float));
-            g_ln2w = a->dlnw, g_ln2b = g.ln2b ? a->dlnw + C : NULL;
-            g_ln1w = a->dlnw + 2 * C, g_ln1b = g.ln1b ? a->dlnw + 3 * C : NULL;
-        }
-        /* MLP: dres holds d(res3) */
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        if (l3d_model_moe_layer(&m->cfg, s->layer_start + l))
-            l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
-        else
-            mlp_backward(m, la, &p, &g, N);
-        layernorm_backward(m, a->dres, g_ln2w, g_ln2b, a->dln_local, la->res2, p.ln2w,
-                           la->ln2_mean, la->ln2_rstd, Nl, C);
-        progress(m);
-        /* attention: dres now holds d(res2) */
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-        l3d_be_memset(m->be, a->datty, 0, (size_t)(N * Ca) * E);
-        matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw,
-                        N, Ca, C);
-        l3d_be_memset(m->be, a->dqkv, 0, (size_t)(N * w.QKV) * E);
-        attention_backward(m, la, B, T, &w);
-        if (m->cfg.pos == L3D_POS_ROPE) /* to the gradient of q and k before their rotation */
-            l3d_be_rope_backward(m->be, dt, a->dqkv, m->rope_inv_freq, m->rope_pos, B, T, Hl,
-                                 w.KVl, HS);
-        progress(m);
-        column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C,
-                                 w.QKV);
-        layernorm_backward(m, a->dres, g_ln1w, g_ln1b, a->dln_local, x, p.ln1w, la->ln1_mean,
-                           la->ln1_rstd, Nl, C);
-        if (sp > 1) {
-            tp_all_reduce(m, a->dlnw, 4 * C, L3D_F32);
-            l3d_be_add_inplace(m->be, L3D_F32, g.ln2w, g_ln2w, C);
-            if (g.ln2b) l3d_be_add_inplace(m->be, L3D_F32, g.ln2b, g_ln2b, C);
-            l3d_be_add_inplace(m->be, L3D_F32, g.ln1w, g_ln1w, C);
-            if (g.ln1b) l3d_be_add_inplace(m->be, L3D_F32, g.ln1b, g_ln1b, C);
-        }
-        /* dres now holds d(x), the layer's input */
-        params_end(m, l, true);
-        if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
-    }
+    for (int l = s->layer_count - 1; l >= 0; l--) backward_layer(m, l, dloss, defer);
     l3d_be_copy_d2d(m->be, m->dinput_act, a->dres, bytes_l);
     if (s->has_embedding) {
         float *dwte = l3d_gpt_grad_ptr(m, L3D_T_WTE, 0);
         float *dwpe = grad_or_null(m, L3D_T_WPE, 0);
-        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
+        if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, m->dt);
         encode_backward(m, dwte, dwpe, a->dres_full, B, T);
     }
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, -1);
 }
 
-void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+static void backward_run(struct l3d_gpt *m, float dloss, const void *dout_act, bool defer) {
     /* the non-layer tensors' parameters: only the head's backward reads them (wte, lnfw) */
     if (m->shard.has_head) params_begin(m, -1, true);
-    backward_pass(m, dloss, dout_act);
+    backward_pass(m, dloss, dout_act, defer);
     if (m->shard.has_head) params_end(m, -1, true);
+}
+
+void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act) {
+    backward_run(m, dloss, dout_act, false);
+}
+
+void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot) {
+    L3D_ASSERT(wslot >= 0 && wslot < m->wstash_slots);
+    m->wslot = wslot;
+    backward_run(m, dloss, dout_act, true);
+}
+
+void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot) {
+    L3D_ASSERT(wslot >= 0 && wslot < m->wstash_slots);
+    m->wslot = wslot;
+    for (int l = m->shard.layer_count - 1; l >= 0; l--) weight_layer(m, l);
 }
 
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,

@@ -86,8 +86,9 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
         static const char *const doing[] = {
             [L3D_PP_RECV_ACT] = "forward micro-batch", [L3D_PP_FWD] = "forward micro-batch",
             [L3D_PP_SEND_ACT] = "forward micro-batch", [L3D_PP_RECV_GRAD] = "backward micro-batch",
-            [L3D_PP_BWD] = "backward micro-batch", [L3D_PP_SEND_GRAD] = "backward micro-batch"};
-        l3d_comm_doing(x->pp_comm, a->op <= L3D_PP_SEND_GRAD ? doing[a->op] : NULL, a->micro,
+            [L3D_PP_BWD] = "backward micro-batch", [L3D_PP_SEND_GRAD] = "backward micro-batch",
+            [L3D_PP_BWD_B] = "backward micro-batch", [L3D_PP_BWD_W] = "weight gradients of"};
+        l3d_comm_doing(x->pp_comm, a->op <= L3D_PP_BWD_W ? doing[a->op] : NULL, a->micro,
                        a->chunk); /* what the watchdog names */
         switch (a->op) {
         case L3D_PP_RECV_ACT:
@@ -119,13 +120,30 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
             x->recv_s += l3d_time_s() - t0;
             l3d_pp_trace_add(x, L3D_EV_RECV_GRAD, a->chunk, a->micro, t0, l3d_time_s());
             break;
-        case L3D_PP_BWD: {
+        case L3D_PP_BWD:
+        case L3D_PP_BWD_B: {
             l3d_gpt_use_slot(g, slot);
-            if (x->dp) l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
-            l3d_gpt_backward(g, dloss, g->shard.has_head ? NULL : x->grad_buf);
+            /* the data-parallel reduction follows the layers' gradients: W's when split (the
+             * non-layer tensors' wait for l3d_pp_exec_finish_grads in a pipeline) */
+            if (x->dp && a->op == L3D_PP_BWD)
+                l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
+            if (a->op == L3D_PP_BWD)
+                l3d_gpt_backward(g, dloss, g->shard.has_head ? NULL : x->grad_buf);
+            else
+                l3d_gpt_backward_input(g, dloss, g->shard.has_head ? NULL : x->grad_buf,
+                                       a->micro % g->wstash_slots);
             double t1 = l3d_time_s();
             x->busy_s += t1 - t0;
             l3d_pp_trace_add(x, L3D_EV_BWD, a->chunk, a->micro, t0, t1);
+            break;
+        }
+        case L3D_PP_BWD_W: {
+            l3d_gpt_use_slot(g, slot);
+            if (x->dp) l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
+            l3d_gpt_backward_weight(g, a->micro % g->wstash_slots);
+            double t1 = l3d_time_s();
+            x->busy_s += t1 - t0;
+            l3d_pp_trace_add(x, L3D_EV_WGRAD, a->chunk, a->micro, t0, t1);
             break;
         }
         case L3D_PP_SEND_GRAD:

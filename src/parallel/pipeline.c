@@ -11,24 +11,26 @@ const char *l3d_pp_kind_name(enum l3d_pp_kind kind) {
     case L3D_PP_GPIPE: return "gpipe";
     case L3D_PP_1F1B: return "1f1b";
     case L3D_PP_INTERLEAVED: return "interleaved";
+    case L3D_PP_ZBH1: return "zb-h1";
     }
     return "?";
 }
 
 l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind) {
-    for (int k = L3D_PP_GPIPE; k <= L3D_PP_INTERLEAVED; k++)
+    for (int k = L3D_PP_GPIPE; k <= L3D_PP_ZBH1; k++)
         if (strcmp(name, l3d_pp_kind_name((enum l3d_pp_kind)k)) == 0) {
             *kind = (enum l3d_pp_kind)k;
             return L3D_OK;
         }
-    return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b or interleaved", name);
+    return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b, interleaved or zb-h1",
+                     name);
 }
 
 int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
     int64_t total = m * v, warm;
     if (kind == L3D_PP_GPIPE)
         warm = total;
-    else if (kind == L3D_PP_1F1B)
+    else if (kind == L3D_PP_1F1B || kind == L3D_PP_ZBH1)
         warm = pp - r - 1;
     else
         warm = 2LL * (pp - r - 1) + (int64_t)(v - 1) * pp;
@@ -37,6 +39,7 @@ int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
 
 int64_t l3d_pp_in_flight(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
     if (pp == 1) return 1;
+    if (kind == L3D_PP_ZBH1) return pp < m ? pp : m; /* held to W: build_zbh1's cap */
     int64_t f = l3d_pp_warmup(kind, pp, r, v, m) + 1;
     return f < m * v ? f : m * v;
 }
@@ -58,19 +61,26 @@ static void emit(struct builder *b, int op, int micro, int chunk, int peer) {
                                             .micro = micro, .peer = peer};
 }
 
-/* A computation with the receive before it and the send after it. */
-static void compute(struct builder *b, bool fwd, int micro, int chunk) {
+/* A computation (L3D_PP_FWD, _BWD, _BWD_B or _BWD_W) with the receive before it and the send
+ * after it (a W has neither). */
+static void compute_op(struct builder *b, int op, int micro, int chunk) {
     int pp = b->s->pp, r = b->stage, vs = chunk * pp + r, last = pp * b->s->v - 1;
     int prev = (r + pp - 1) % pp, next = (r + 1) % pp;
-    if (fwd) {
+    if (op == L3D_PP_FWD) {
         if (vs > 0) emit(b, L3D_PP_RECV_ACT, micro, chunk, prev);
         emit(b, L3D_PP_FWD, micro, chunk, -1);
         if (vs < last) emit(b, L3D_PP_SEND_ACT, micro, chunk, next);
+    } else if (op == L3D_PP_BWD_W) {
+        emit(b, L3D_PP_BWD_W, micro, chunk, -1);
     } else {
         if (vs < last) emit(b, L3D_PP_RECV_GRAD, micro, chunk, next);
-        emit(b, L3D_PP_BWD, micro, chunk, -1);
+        emit(b, op, micro, chunk, -1);
         if (vs > 0) emit(b, L3D_PP_SEND_GRAD, micro, chunk, prev);
     }
+}
+
+static void compute(struct builder *b, bool fwd, int micro, int chunk) {
+    compute_op(b, fwd ? L3D_PP_FWD : L3D_PP_BWD, micro, chunk);
 }
 
 /* The k-th forward (or backward) of a stage: which micro-batch on which chunk. */
@@ -83,6 +93,67 @@ static void nth(const struct l3d_pp_schedule *s, bool fwd, int k, int *micro, in
     int pp = s->pp, v = s->v, group = k / pp % v;
     *chunk = fwd ? group : v - 1 - group;
     *micro = k / (pp * v) * pp + k % pp;
+}
+
+/* Activation slots of stage r: the most micro-batches of each chunk between forward and backward
+ * (its W when split); W slots: between B and W. */
+static void count_slots(struct l3d_pp_schedule *s, int r) {
+    int *live = &s->slots[r * s->v], *wait = &s->wslots[r * s->v];
+    int cur[256] = {0}, w[256] = {0};
+    for (int i = 0; i < s->n[r]; i++) {
+        const struct l3d_pp_action *a = &s->acts[r][i];
+        if (a->op == L3D_PP_FWD && ++cur[a->chunk] > live[a->chunk]) live[a->chunk] = cur[a->chunk];
+        if (a->op == L3D_PP_BWD || a->op == L3D_PP_BWD_W) cur[a->chunk]--;
+        if (a->op == L3D_PP_BWD_B && ++w[a->chunk] > wait[a->chunk]) wait[a->chunk] = w[a->chunk];
+        if (a->op == L3D_PP_BWD_W) w[a->chunk]--;
+    }
+}
+
+/* ZB-H1's order (pipeline.h), from a timeline with unit F, B and W times run on every stage at
+ * once: at each tick a stage runs its next F or B of 1F1B's order when its input is there (and,
+ * for an F, fewer than min(pp, m) micro-batches wait for their W: 1F1B's peak, its first stage's),
+ * else its oldest pending W, else waits. end[(r * 2 + b) * m + i]: the tick F (b 0) or B (b 1) of micro-batch i ends on stage r. */
+static void build_zbh1(struct l3d_pp_schedule *s) {
+    int pp = s->pp, m = s->m, left = pp;
+    int64_t *end = l3d_alloc((size_t)pp * 2 * m * sizeof(int64_t), "schedule");
+    int *k = l3d_calloc((size_t)pp * 4 * sizeof(int), "schedule"); /* per stage: k, F, B, W */
+    for (int64_t i = 0; i < (int64_t)pp * 2 * m; i++) end[i] = INT64_MAX;
+    struct builder *b = l3d_calloc((size_t)pp * sizeof(*b), "schedule");
+    for (int r = 0; r < pp; r++) b[r] = (struct builder){.s = s, .stage = r, .out = s->acts[r]};
+    for (int64_t t = 0; left > 0; t++) {
+        L3D_ASSERT(t <= 8 * ((int64_t)m + pp)); /* every tick some stage moves */
+        for (int r = 0; r < pp; r++) {
+            int *st = &k[4 * r], warm = (int)l3d_pp_warmup(L3D_PP_ZBH1, pp, r, 1, m);
+            int cap = pp < m ? pp : m; /* 1F1B's peak, stage 0's */
+            if (st[3] == m) continue;
+            /* 1F1B's k-th action: warm-up forwards, then F B pairs, then the backwards */
+            int kk = st[0], fwd = kk < warm || (kk < 2 * m - warm && (kk - warm) % 2 == 0);
+            bool more = kk < 2 * m, ready = false;
+            if (more && fwd) {
+                int i = st[1];
+                ready = (r == 0 || end[((r - 1) * 2) * m + i] <= t) && st[1] - st[3] < cap;
+            } else if (more) {
+                int i = st[2];
+                ready = r == pp - 1 ? end[(r * 2) * m + i] <= t : end[((r + 1) * 2 + 1) * m + i] <= t;
+            }
+            if (ready) {
+                int i = st[fwd ? 1 : 2]++;
+                end[(r * 2 + !fwd) * m + i] = t + 1;
+                compute_op(&b[r], fwd ? L3D_PP_FWD : L3D_PP_BWD_B, i, 0);
+                st[0]++;
+            } else if (st[3] < st[2]) {
+                compute_op(&b[r], L3D_PP_BWD_W, st[3]++, 0);
+                if (st[3] == m) left--;
+            }
+        }
+    }
+    for (int r = 0; r < pp; r++) {
+        s->n[r] = b[r].n;
+        count_slots(s, r);
+    }
+    l3d_free(b);
+    l3d_free(k);
+    l3d_free(end);
 }
 
 static void build_stage(struct l3d_pp_schedule *s, int r) {
@@ -104,19 +175,13 @@ static void build_stage(struct l3d_pp_schedule *s, int r) {
         compute(&b, false, mi, ch);
     }
     s->n[r] = b.n;
-    /* activation slots: the most micro-batches of each chunk between forward and backward */
-    int *live = &s->slots[r * s->v];
-    int cur[256] = {0};
-    for (int i = 0; i < b.n; i++) {
-        const struct l3d_pp_action *a = &b.out[i];
-        if (a->op == L3D_PP_FWD && ++cur[a->chunk] > live[a->chunk]) live[a->chunk] = cur[a->chunk];
-        if (a->op == L3D_PP_BWD) cur[a->chunk]--;
-    }
+    count_slots(s, r);
 }
 
 /* Actions a (micro, chunk) cell gives a stage at most: forward and backward, each with a receive
- * and a send (3 forward only); alloc_schedule's room and l3d_pp_schedule_bytes' closed form. */
-#define CELL_ACTIONS(fwd_only) ((fwd_only) ? 3 : 6)
+ * and a send, and a W when split (3 forward only); alloc_schedule's room and
+ * l3d_pp_schedule_bytes' closed form. */
+#define CELL_ACTIONS(fwd_only) ((fwd_only) ? 3 : 7)
 
 /* Room for CELL_ACTIONS actions per (micro, chunk) on every stage (the bytes of
  * l3d_pp_schedule_bytes); L3D_ERR_OOM, with s freed, when the host has no room. */
@@ -129,6 +194,7 @@ static l3d_status alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     s->n = l3d_calloc((size_t)pp * sizeof(int), "schedule");
     s->acts = l3d_calloc((size_t)pp * sizeof(*s->acts), "schedule");
     s->slots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
+    s->wslots = l3d_calloc((size_t)pp * v * sizeof(int), "schedule");
     size_t each = (size_t)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
     for (int r = 0; r < pp; r++)
         if (!(s->acts[r] = l3d_try_alloc(each, "schedule"))) {
@@ -145,17 +211,18 @@ static l3d_status alloc_schedule(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
 size_t l3d_pp_schedule_bytes(int pp, int v, int64_t m, bool fwd_only) {
     double acts = (double)m * v * CELL_ACTIONS(fwd_only) * sizeof(struct l3d_pp_action);
     double b = (double)pp * (sizeof(int) + sizeof(struct l3d_pp_action *) + acts) +
-               (double)pp * v * sizeof(int);
+               2.0 * pp * v * sizeof(int); /* slots, wslots */
     return b < (double)SIZE_MAX ? (size_t)b : SIZE_MAX;
 }
 
-int64_t l3d_pp_schedule_actions(int pp, int v, int64_t m, int r, bool fwd_only) {
+int64_t l3d_pp_schedule_actions(enum l3d_pp_kind kind, int pp, int v, int64_t m, int r,
+                                bool fwd_only) {
     int64_t per_micro = 0; /* a pass: the computation, a receive unless first, a send unless last */
     for (int c = 0; c < v; c++) {
         int vs = c * pp + r;
         per_micro += 1 + (vs > 0) + (vs < pp * v - 1);
     }
-    return (fwd_only ? 1 : 2) * m * per_micro;
+    return (fwd_only ? 1 : 2) * m * per_micro + (!fwd_only && kind == L3D_PP_ZBH1 ? m * v : 0);
 }
 
 l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m) {
@@ -193,7 +260,10 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     if (st == L3D_OK) st = check_cells(v, m, false);
     if (st == L3D_OK) st = alloc_schedule(s, kind, pp, v, m, false);
     if (st != L3D_OK) return st;
-    for (int r = 0; r < pp; r++) build_stage(s, r);
+    if (kind == L3D_PP_ZBH1)
+        build_zbh1(s);
+    else
+        for (int r = 0; r < pp; r++) build_stage(s, r);
     return L3D_OK;
 }
 
@@ -222,6 +292,7 @@ void l3d_pp_schedule_free(struct l3d_pp_schedule *s) {
     l3d_free(s->acts);
     l3d_free(s->n);
     l3d_free(s->slots);
+    l3d_free(s->wslots);
     memset(s, 0, sizeof *s);
 }
 
@@ -232,83 +303,144 @@ static int64_t msg_key(const struct l3d_pp_schedule *s, bool grad, int micro, in
     return (((int64_t)to * 2 + grad) * s->v + chunk) * s->m + micro;
 }
 
-l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
-                           struct l3d_pp_sim *out) {
+/* The simulation's state: per stage (clock, busy time, live micro-batches forward to B and to
+ * W), per (stage, chunk) the next micro-batch expected to enter (forward), leave (B) and finish
+ * (W: FIFO), per cell its state. */
+struct sim {
+    const struct l3d_pp_schedule *s;
+    double t[3]; /* forward, B, W; a fused backward t[1] + t[2] */
+    double *clock, *busy;
+    int *live, *held, *wait, *next_in, *next_out, *next_w;
+    uint8_t *state; /* 0, 1 forwarded, 3 B done, 2 done */
+    struct l3d_pp_sim *out;
+};
+
+/* A computation of stage r: order and FIFO checks, the clock. */
+static void sim_compute(struct sim *z, int r, const struct l3d_pp_action *a) {
+    const struct l3d_pp_schedule *s = z->s;
+    struct l3d_pp_sim *out = z->out;
+    int cv = r * s->v + a->chunk;
+    uint8_t *st = &z->state[(int64_t)cv * s->m + a->micro];
+    double dt;
+    if (a->op == L3D_PP_FWD) {
+        if (*st != 0) out->order_ok = false;
+        if (a->micro != z->next_in[cv]) out->fifo_ok = false;
+        z->next_in[cv] = a->micro + 1;
+        *st = 1;
+        dt = z->t[0];
+        z->live[r]++;
+        z->held[r]++;
+        if (r < 64 && z->live[r] > out->max_in_flight[r]) out->max_in_flight[r] = z->live[r];
+        if (r < 64 && z->held[r] > out->max_held[r]) out->max_held[r] = z->held[r];
+    } else if (a->op == L3D_PP_BWD || a->op == L3D_PP_BWD_B) {
+        if (*st != 1) out->order_ok = false;
+        if (a->micro != z->next_out[cv]) out->fifo_ok = false;
+        z->next_out[cv] = a->micro + 1;
+        bool fused = a->op == L3D_PP_BWD;
+        *st = fused ? 2 : 3;
+        dt = fused ? z->t[1] + z->t[2] : z->t[1];
+        z->live[r]--;
+        z->held[r] -= fused;
+        z->wait[r] += !fused;
+        if (r < 64 && z->wait[r] > out->max_wait[r]) out->max_wait[r] = z->wait[r];
+    } else {
+        if (*st != 3) out->order_ok = false; /* a W before its B */
+        if (a->micro != z->next_w[cv]) out->fifo_ok = false;
+        z->next_w[cv] = a->micro + 1;
+        *st = 2;
+        dt = z->t[2];
+        z->held[r]--;
+        z->wait[r]--;
+    }
+    z->clock[r] += dt;
+    z->busy[r] += dt;
+}
+
+/* Runs what stage r can; returns whether it moved. sent: message send times (-1 none, -2 taken). */
+static bool sim_stage(struct sim *z, int r, int *pos, double *sent, int64_t *pending) {
+    const struct l3d_pp_schedule *s = z->s;
+    int pp = s->pp;
+    bool moved = false;
+    while (pos[r] < s->n[r]) {
+        const struct l3d_pp_action *a = &s->acts[r][pos[r]];
+        if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_SEND_GRAD) {
+            bool grad = a->op == L3D_PP_SEND_GRAD;
+            int chunk = a->chunk + (grad ? (r == 0 ? -1 : 0) : (r == pp - 1 ? 1 : 0));
+            int64_t key = msg_key(s, grad, a->micro, chunk, a->peer);
+            if (sent[key] >= 0) z->out->matched = false; /* sent twice */
+            sent[key] = z->clock[r];
+            (*pending)++;
+        } else if (a->op == L3D_PP_RECV_ACT || a->op == L3D_PP_RECV_GRAD) {
+            int64_t key = msg_key(s, a->op == L3D_PP_RECV_GRAD, a->micro, a->chunk, r);
+            if (sent[key] < 0) break; /* blocked */
+            if (sent[key] > z->clock[r]) z->clock[r] = sent[key];
+            sent[key] = -2.0; /* consumed */
+            (*pending)--;
+        } else {
+            sim_compute(z, r, a);
+        }
+        pos[r]++;
+        moved = true;
+    }
+    return moved;
+}
+
+l3d_status l3d_pp_simulate_bw(const struct l3d_pp_schedule *s, double t_fwd, double t_b,
+                              double t_w, struct l3d_pp_sim *out) {
     memset(out, 0, sizeof *out);
     int pp = s->pp, v = s->v, m = s->m;
     int64_t nkeys = (int64_t)pp * 2 * v * m, ncell = (int64_t)pp * v * m;
+    size_t pv = (size_t)pp * v * sizeof(int);
+    struct sim z = {.s = s, .t = {t_fwd, t_b, t_w}, .out = out,
+                    .clock = l3d_calloc((size_t)pp * sizeof(double), "simulation"),
+                    .busy = l3d_calloc((size_t)pp * sizeof(double), "simulation"),
+                    .live = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
+                    .held = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
+                    .wait = l3d_calloc((size_t)pp * sizeof(int), "simulation"),
+                    .next_in = l3d_calloc(pv, "simulation"),
+                    .next_out = l3d_calloc(pv, "simulation"),
+                    .next_w = l3d_calloc(pv, "simulation"),
+                    .state = l3d_calloc((size_t)ncell, "simulation")};
     double *sent = l3d_alloc((size_t)nkeys * sizeof(double), "simulation"); /* send time, or -1 */
     int *pos = l3d_calloc((size_t)pp * sizeof(int), "simulation");
-    double *clock = l3d_calloc((size_t)pp * sizeof(double), "simulation");
-    double *busy = l3d_calloc((size_t)pp * sizeof(double), "simulation");
-    uint8_t *state = l3d_calloc((size_t)ncell, "simulation"); /* 0, 1 forwarded, 2 done */
-    int *next_in = l3d_calloc((size_t)pp * v * sizeof(int), "simulation");  /* FIFO check */
-    int *next_out = l3d_calloc((size_t)pp * v * sizeof(int), "simulation");
-    int *live = l3d_calloc((size_t)pp * sizeof(int), "simulation");
     for (int64_t i = 0; i < nkeys; i++) sent[i] = -1.0;
     out->order_ok = out->fifo_ok = out->matched = true;
     int64_t pending = 0; /* sent, not yet received */
     for (bool progress = true; progress;) {
         progress = false;
-        for (int r = 0; r < pp; r++) {
-            while (pos[r] < s->n[r]) {
-                const struct l3d_pp_action *a = &s->acts[r][pos[r]];
-                uint8_t *st = &state[((int64_t)r * v + a->chunk) * m + a->micro];
-                int *in = &next_in[r * v + a->chunk], *outq = &next_out[r * v + a->chunk];
-                if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_SEND_GRAD) {
-                    bool grad = a->op == L3D_PP_SEND_GRAD;
-                    int chunk = a->chunk + (grad ? (r == 0 ? -1 : 0) : (r == pp - 1 ? 1 : 0));
-                    int64_t key = msg_key(s, grad, a->micro, chunk, a->peer);
-                    if (sent[key] >= 0) out->matched = false; /* sent twice */
-                    sent[key] = clock[r];
-                    pending++;
-                } else if (a->op == L3D_PP_RECV_ACT || a->op == L3D_PP_RECV_GRAD) {
-                    int64_t key = msg_key(s, a->op == L3D_PP_RECV_GRAD, a->micro, a->chunk, r);
-                    if (sent[key] < 0) break; /* blocked */
-                    if (sent[key] > clock[r]) clock[r] = sent[key];
-                    sent[key] = -2.0; /* consumed */
-                    pending--;
-                } else if (a->op == L3D_PP_FWD) {
-                    if (*st != 0) out->order_ok = false;
-                    if (a->micro != *in) out->fifo_ok = false;
-                    *in = a->micro + 1;
-                    *st = 1;
-                    clock[r] += t_fwd;
-                    busy[r] += t_fwd;
-                    if (++live[r] > out->max_in_flight[r] && r < 64) out->max_in_flight[r] = live[r];
-                } else {
-                    if (*st != 1) out->order_ok = false;
-                    if (a->micro != *outq) out->fifo_ok = false;
-                    *outq = a->micro + 1;
-                    *st = 2;
-                    clock[r] += t_bwd;
-                    busy[r] += t_bwd;
-                    live[r]--;
-                }
-                pos[r]++;
-                progress = true;
-            }
-        }
+        for (int r = 0; r < pp; r++) progress |= sim_stage(&z, r, pos, sent, &pending);
     }
     for (int r = 0; r < pp; r++) {
         if (pos[r] < s->n[r]) out->deadlock = true;
-        if (clock[r] > out->makespan) out->makespan = clock[r];
+        if (z.clock[r] > out->makespan) out->makespan = z.clock[r];
     }
     for (int64_t i = 0; i < ncell; i++)
-        if (state[i] != 2) out->order_ok = false;
+        if (z.state[i] != 2) out->order_ok = false;
     if (pending != 0) out->matched = false;
     double idle = 0.0;
-    for (int r = 0; r < pp; r++) idle += out->makespan > 0 ? 1.0 - busy[r] / out->makespan : 0.0;
+    for (int r = 0; r < pp; r++)
+        idle += out->makespan > 0 ? 1.0 - z.busy[r] / out->makespan : 0.0;
     out->idle_fraction = idle / pp;
     l3d_free(sent);
     l3d_free(pos);
-    l3d_free(clock);
-    l3d_free(busy);
-    l3d_free(state);
-    l3d_free(next_in);
-    l3d_free(next_out);
-    l3d_free(live);
+    l3d_free(z.clock), l3d_free(z.busy), l3d_free(z.live), l3d_free(z.held), l3d_free(z.wait);
+    l3d_free(z.next_in), l3d_free(z.next_out), l3d_free(z.next_w), l3d_free(z.state);
     return L3D_OK;
+}
+
+l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double t_bwd,
+                           struct l3d_pp_sim *out) {
+    return l3d_pp_simulate_bw(s, t_fwd, t_bwd / 2, t_bwd / 2, out);
+}
+
+double l3d_pp_schedule_bubble(enum l3d_pp_kind kind, int pp, int v, int m) {
+    if (kind != L3D_PP_ZBH1) return l3d_pp_bubble(pp, v, m);
+    struct l3d_pp_schedule s;
+    if (l3d_pp_schedule_build(&s, kind, pp, v, m) != L3D_OK) return -1;
+    struct l3d_pp_sim sim;
+    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
+    l3d_pp_schedule_free(&s);
+    return sim.deadlock ? -1 : sim.idle_fraction;
 }
 
 /* ---- partition --------------------------------------------------------------------------- */

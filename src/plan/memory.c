@@ -100,7 +100,8 @@ static void shape_keep(struct l3d_plan_shapes *memo, int layers, struct l3d_plan
 }
 
 void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                          const int *layers, const int64_t *start, int r, const int *slots,
+                          const int *layers, const int64_t *start, int r,
+                          const struct l3d_pp_schedule *sched,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
@@ -109,11 +110,12 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
         int vs = k * lay->pp + r;
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
-        if (fp32 && slots)
-            out[k].slots = slots[r * lay->v + k];
-        else {
+        if (fp32 && sched) {
+            out[k].slots = sched->slots[r * lay->v + k];
+            out[k].wslots = sched->wslots[r * lay->v + k];
+        } else {
             int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
-            out[k].slots = (f + lay->v - 1) / lay->v;
+            out[k].slots = out[k].wslots = (f + lay->v - 1) / lay->v;
         }
         shape_find(memo, layers[vs], start[vs], &out[k]);
         if (out[k].shape >= 0) continue;
@@ -178,6 +180,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
+        if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) /* W's inputs, B to W */
+            mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
+                                                             m->maxT, ch[k].wslots, dt);
         /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,
@@ -334,7 +339,7 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
     if (m->maxT > mt.maxT) mt.maxT = m->maxT;
     for (int r = 0; st == L3D_OK && r < p; r++) {
         struct l3d_plan_mem mem;
-        l3d_plan_rank_chunks(&mt, &lay, layers, start, r, have_sched ? sched.slots : NULL, mm,
+        l3d_plan_rank_chunks(&mt, &lay, layers, start, r, have_sched ? &sched : NULL, mm,
                              fp32, &memo, ch);
         l3d_plan_rank_memory(&mc, run, &lay, ch, r, mm, &mem);
         l3d_plan_cp_ring_memory(&mc, run, &lay, ch, cp, &mem);

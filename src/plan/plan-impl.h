@@ -89,6 +89,7 @@ struct l3d_plan_chunk {
     int64_t n_gpt;    /* in the trainer's tensor table (l3d_gpt_plan_tensors) */
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
+    int wslots;       /* micro-batches between B and W (zb-h1's stash) */
     bool first, last; /* first / last virtual stage */
     int shape;        /* its entry in the evaluation's shape memo, -1 if none */
 };
@@ -98,6 +99,7 @@ struct l3d_plan_parts {
     double gemm, attn, elem, tp, p2p, rec, total;
     double cp;  /* the context-parallel ring's transfers not hidden behind attention */
     double bwd; /* backward part (what DP communication can hide behind) */
+    double wgt; /* its weight-gradient products (zb-h1's W; part of bwd) */
 };
 /* to += w from, every part */
 static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
@@ -111,6 +113,7 @@ static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
     to->rec += w * from->rec;
     to->total += w * from->total;
     to->bwd += w * from->bwd;
+    to->wgt += w * from->wgt;
 }
 
 /* Chunks of the same shape (layers, first, last) have the same sizes and time: a layout's
@@ -129,10 +132,11 @@ struct l3d_plan_shapes {
 };
 
 /* The v chunks of pipeline rank r (out[k] is chunk k, virtual stage k pp + r): their shards,
- * sizes and micro-batches kept (slots: the trainer's schedule's, [r v + k], when fp32; else by
- * the schedule kind). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
+ * sizes and micro-batches kept (sched: the trainer's schedule, its slots and W slots [r v + k],
+ * when fp32; else by the schedule kind, W slots as many as slots). start[vs]: the first layer of virtual stage vs (prefix sums of layers). */
 void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                          const int *layers, const int64_t *start, int r, const int *slots,
+                          const int *layers, const int64_t *start, int r,
+                          const struct l3d_pp_schedule *sched,
                           int64_t mm, bool fp32, struct l3d_plan_shapes *memo,
                           struct l3d_plan_chunk *out);
 /* The bytes of pipeline rank r, whose chunks are ch. */
@@ -233,7 +237,7 @@ struct l3d_plan_timelines {
 };
 void l3d_plan_timelines_free(struct l3d_plan_timelines *tc);
 /* The pipeline phase of mm micro-batches with the stage times vt (pp v forwards, backwards,
- * receives of the input, receives of the output's gradient): a timeline's result kept in tc, else
+ * receives of the input, receives of the output's gradient, W of a split backward): a timeline's result kept in tc, else
  * the schedule's timeline (l3d_plan_pipe_phase), kept there. Takes vt (kept in tc or freed); tc
  * NULL keeps nothing. -1 when neither is possible. */
 double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, int p, int v,

@@ -99,7 +99,7 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
     struct l3d_plan_shapes memo = {0};
     for (int rr = 0; rr < ev->lay.pp; rr++) {
         l3d_plan_rank_chunks(&ev->mt, &ev->lay, ev->layers, ev->start, rr,
-                             ev->sched ? ev->sched->slots : NULL, ev->mm, x->fp32, &memo, ev->ch);
+                             ev->sched, ev->mm, x->fp32, &memo, ev->ch);
         struct l3d_plan_mem mem;
         l3d_plan_rank_memory(m, &ev->run, &ev->lay, ev->ch, rr, ev->mm, &mem);
         l3d_plan_cp_ring_memory(m, &ev->run, &ev->lay, ev->ch, ev->cp, &mem);
@@ -161,9 +161,9 @@ l3d_status l3d_plan_evaluate_in(const struct l3d_model_spec *m, const struct l3d
     struct l3d_plan_tctx x;
     l3d_plan_tctx_init(&x, &ev.mc, prof, &ev.run, &ev.lay);
     l3d_plan_tctx_cp(&x, ev.cp, ev.lay.tp);
-    /* per virtual stage, for the schedule's timeline: forward, backward (+ recomputation), and the
-     * receives of its input and of its output's gradient */
-    double *vt = p > 1 ? malloc(sizeof(double) * 4 * (size_t)ev.S) : NULL;
+    /* per virtual stage, for the schedule's timeline: forward, backward (+ recomputation), the
+     * receives of its input and of its output's gradient, and W of a split backward */
+    double *vt = p > 1 ? malloc(sizeof(double) * 5 * (size_t)ev.S) : NULL;
     struct l3d_plan_ranks rk;
     eval_ranks(&ev, &ev.mc, &x, vt, &rk);
     /* the pipeline: the schedule run with each stage's own times (l3d_plan_timeline); beyond 2^20

@@ -106,8 +106,11 @@ static void walk_variants(const struct space_walk *w, const struct l3d_layout *b
     for (int z = 0; z <= 3; z++) {
         if (fixed(fx, L3D_FIX_ZERO) ? z != f->zero : (z > 0 && base->dp == 1)) continue;
         if (z == 3 && !w->sp->zero3) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
+        bool zb = base->schedule == L3D_PP_ZBH1; /* l3d_spec_check's refusals */
+        if (zb && z >= 2) continue;
         for (int rc = 0; rc <= 2; rc++) {
             if (fixed(fx, L3D_FIX_RECOMPUTE) && rc != (int)f->recompute) continue;
+            if (zb && rc == L3D_RECOMPUTE_FULL && w->sp->m->moe.experts > 0) continue;
             for (int sp = 0; sp <= 1; sp++) {
                 if (fixed(fx, L3D_FIX_SP) ? sp != f->sp : (sp && base->tp == 1)) continue;
                 struct l3d_layout lay = *base;
@@ -180,7 +183,13 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
                 .pp_layers = f->pp_layers, .pp_first = f->pp_first, .pp_last = f->pp_last};
             if (w->sp->even_stages && !f->pp_layers && !f->pp_first && !f->pp_last)
                 balance_ends(w->sp->m->L, (int)pp * v, &base);
-            walk_variants(w, &base);
+            if (f->schedule != L3D_PP_ZBH1) walk_variants(w, &base);
+            /* zero-bubble ZB-H1 beside 1F1B (one chunk a rank) */
+            bool zb = f->schedule == L3D_PP_ZBH1 || (w->sp->zero_bubble && one == L3D_PP_1F1B);
+            if (zb && v == 1 && pp > 1) {
+                base.schedule = L3D_PP_ZBH1;
+                walk_variants(w, &base);
+            }
         }
     }
 }
@@ -276,7 +285,8 @@ l3d_status l3d_plan_search_each(const struct l3d_model_spec *m, const struct l3d
     l3d_plan_layouts(&(struct l3d_plan_space){.m = m, .ranks = ranks,
                                               .dpn = prof->devices_per_node,
                                               .zero3 = l3d_plan_trainer(run),
-                                              .even_stages = !l3d_plan_trainer(run), .fx = fx},
+                                              .even_stages = !l3d_plan_trainer(run),
+                                              .zero_bubble = l3d_plan_trainer(run), .fx = fx},
                      walk_one, &w);
     l3d_plan_cache_free(&w.cache);
     stats->seconds = l3d_time_s() - t0;

@@ -109,6 +109,7 @@ void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run
     T->cp_comm = mm * worst.cp;
     T->pp_p2p = mm * worst.p2p;
     T->bubble = pipe - mm * t_max;
+    T->bubble_frac = p > 1 && pipe > 0 ? T->bubble / pipe : 0.0;
     /* gradients and parameters: the run's element type; llm3d's mixed precision reduces its fp32
      * main_grad (all-reduce, or ZeRO's reduce to the owner) and all-gathers the 16-bit
      * parameters under ZeRO (src/parallel/dp.c); with --grad-reduce-dtype bf16|fp16, 2 bytes an

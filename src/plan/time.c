@@ -226,6 +226,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     o->tp = Ll * 4 * ar;
     o->cp = Ll * (rf + rb);
     o->bwd = Ll * (gb + atb + 2 * el + 2 * ar + rb);
+    o->wgt = Ll * gb / 2; /* of the two backward products, dW = x^T dy (the head's: with B) */
     /* what is recomputed before each layer's backward: full, the whole forward from the layer's
      * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
      * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
@@ -304,6 +305,13 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
             vt[S + vs] = cp.bwd + cp.rec;
             vt[2 * S + vs] = pp_prev;
             vt[3 * S + vs] = pp_next;
+            /* zb-h1's W: the weight-gradient products, and under full recomputation the
+             * layer's forward again (src/model/gpt.c: B's rebuilt activations are gone), which
+             * the backward (B + W) then has twice */
+            bool again = x->lay->schedule == L3D_PP_ZBH1 &&
+                         x->lay->recompute == L3D_RECOMPUTE_FULL;
+            vt[4 * S + vs] = cp.wgt + (again ? cp.rec : 0.0);
+            vt[S + vs] += again ? cp.rec : 0.0;
         }
         cp.p2p = pp_prev + pp_next;
         cp.total += cp.p2p;

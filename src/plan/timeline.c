@@ -18,6 +18,19 @@
  * waits for a send never made (l3d_pp_simulate checks that never happens). */
 double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, const double *bwd,
                           const double *rin_act, const double *rin_grad) {
+    return l3d_plan_pipe_time_w(sc, fwd, bwd, NULL, rin_act, rin_grad);
+}
+
+/* B of a split backward: the backward less its W; W: wgt[vs], half the backward without wgt (the
+ * unit model, F = B = W for a backward of 2F). */
+static double split_time(int op, const double *bwd, const double *wgt, int vs) {
+    double w = wgt ? wgt[vs] : bwd[vs] / 2;
+    return op == L3D_PP_BWD_W ? w : bwd[vs] - (wgt ? wgt[vs] : w);
+}
+
+double l3d_plan_pipe_time_w(const struct l3d_pp_schedule *sc, const double *fwd,
+                            const double *bwd, const double *wgt, const double *rin_act,
+                            const double *rin_grad) {
     int p = sc->pp, v = sc->v, S = p * v;
     int64_t m = sc->m;
     double *ready = malloc(sizeof(double) * 2 * (size_t)S * (size_t)m);
@@ -41,6 +54,8 @@ double l3d_plan_pipe_time(const struct l3d_pp_schedule *sc, const double *fwd, c
                         break; /* not a schedule this timeline knows: reported as unmatched */
                     if (a->op == L3D_PP_FWD) clock[r] += fwd[vs];
                     else if (a->op == L3D_PP_BWD) clock[r] += bwd[vs];
+                    else if (a->op == L3D_PP_BWD_B || a->op == L3D_PP_BWD_W)
+                        clock[r] += split_time(a->op, bwd, wgt, vs);
                     else if (a->op == L3D_PP_SEND_ACT) act[i + m] = clock[r];      /* to vs + 1 */
                     else if (a->op == L3D_PP_SEND_GRAD) grad[i - m] = clock[r];    /* to vs - 1 */
                     else {
@@ -98,18 +113,18 @@ static const struct l3d_pp_schedule *pipe_schedule(struct l3d_plan_schedules *pc
  * same time (test_pipe_time checks the two agree). -1 when neither is possible (more than 2^20
  * chunk-micro-batches even so, out of memory). */
 static double pipe_phase(struct l3d_plan_schedules *pc, enum l3d_pp_kind kind, int p, int v,
-                         int64_t m, const double *fwd, const double *bwd, const double *rin_act,
-                         const double *rin_grad, int64_t full) {
+                         int64_t m, const double *fwd, const double *bwd, const double *wgt,
+                         const double *rin_act, const double *rin_grad, int64_t full) {
     if ((int64_t)p * v * m <= full && m <= 1 << 24) {
         const struct l3d_pp_schedule *sc = pipe_schedule(pc, kind, p, v, (int)m);
-        return sc ? l3d_plan_pipe_time(sc, fwd, bwd, rin_act, rin_grad) : -1;
+        return sc ? l3d_plan_pipe_time_w(sc, fwd, bwd, wgt, rin_act, rin_grad) : -1;
     }
     int64_t m1 = 2LL * p, m2 = 3LL * p;
     if (m <= m2 || (int64_t)p * v * m2 > 1 << 20) return -1;
     const struct l3d_pp_schedule *s1 = pipe_schedule(pc, kind, p, v, (int)m1);
-    double t1 = s1 ? l3d_plan_pipe_time(s1, fwd, bwd, rin_act, rin_grad) : -1;
+    double t1 = s1 ? l3d_plan_pipe_time_w(s1, fwd, bwd, wgt, rin_act, rin_grad) : -1;
     const struct l3d_pp_schedule *s2 = pipe_schedule(pc, kind, p, v, (int)m2);
-    double t2 = s2 ? l3d_plan_pipe_time(s2, fwd, bwd, rin_act, rin_grad) : -1;
+    double t2 = s2 ? l3d_plan_pipe_time_w(s2, fwd, bwd, wgt, rin_act, rin_grad) : -1;
     if (t1 < 0 || t2 < 0) return -1;
     return t2 + (double)(m - m2) * (t2 - t1) / (double)p;
 }
@@ -118,7 +133,7 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
                            const double *bwd, const double *rin_act, const double *rin_grad,
                            int64_t full) {
     struct l3d_plan_schedules pc = {0};
-    double t = pipe_phase(&pc, kind, p, v, m, fwd, bwd, rin_act, rin_grad, full);
+    double t = pipe_phase(&pc, kind, p, v, m, fwd, bwd, NULL, rin_act, rin_grad, full);
     pipe_cache_free(&pc);
     return t;
 }
@@ -132,7 +147,7 @@ void l3d_plan_timelines_free(struct l3d_plan_timelines *tc) {
 double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, int p, int v,
                          int64_t mm, double *vt) {
     int S = p * v;
-    size_t n = sizeof(double) * 4 * (size_t)S;
+    size_t n = sizeof(double) * 5 * (size_t)S;
     for (int i = 0; tc && i < L3D_PLAN_TIMELINES; i++)
         if (tc->tl[i].vt && tc->tl[i].S == S && tc->tl[i].kind == kind && tc->tl[i].v == v &&
             tc->tl[i].mm == mm && memcmp(tc->tl[i].vt, vt, n) == 0) {
@@ -140,8 +155,8 @@ double l3d_plan_timeline(struct l3d_plan_timelines *tc, enum l3d_pp_kind kind, i
             return tc->tl[i].pipe;
         }
     struct l3d_plan_schedules own = {0};
-    double sim = pipe_phase(tc ? &tc->pc : &own, kind, p, v, mm, vt, vt + S, vt + 2 * S,
-                            vt + 3 * S, PIPE_FULL);
+    double sim = pipe_phase(tc ? &tc->pc : &own, kind, p, v, mm, vt, vt + S, vt + 4 * S,
+                            vt + 2 * S, vt + 3 * S, PIPE_FULL);
     pipe_cache_free(&own);
     if (!tc) {
         free(vt);

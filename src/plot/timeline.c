@@ -10,12 +10,13 @@
 #include "llm3d/plot.h"
 
 /* the trace's categories (src/train/trace.c), in the legend's order */
-enum kind { K_FWD, K_BWD, K_RECV_ACT, K_RECV_GRAD, K_EMBED, K_DP, K_OPT, K_OTHER, K_STEP, NK };
-static const char *const cats[NK] = {"forward", "backward", "recv activation", "recv gradient",
-                                     "tied embedding sum", "data-parallel wait", "optimizer",
-                                     "other", "step"};
-static const char *const fills[NK] = {"#0072B2", "#E69F00", "#CC79A7", "#CC79A7", "#F0E442",
-                                      "#009E73", "#000000", "#56B4E9", "none"};
+enum kind { K_FWD, K_BWD, K_WGT, K_RECV_ACT, K_RECV_GRAD, K_EMBED, K_DP, K_OPT, K_OTHER, K_STEP,
+            NK };
+static const char *const cats[NK] = {"forward", "backward", "weight gradient", "recv activation",
+                                     "recv gradient", "tied embedding sum", "data-parallel wait",
+                                     "optimizer", "other", "step"};
+static const char *const fills[NK] = {"#0072B2", "#E69F00", "#D55E00", "#CC79A7", "#CC79A7",
+                                      "#F0E442", "#009E73", "#000000", "#56B4E9", "none"};
 
 struct ev {
     int pid, kind, micro, chunk;
@@ -186,7 +187,7 @@ static double bubble(const struct trace *t, double w0, double w1, double *ph0, d
         int r = row_of(t, e->pid);
         ph0[r] = fmin(ph0[r], e->t0);
         ph1[r] = fmax(ph1[r], e->t1);
-        if (e->kind <= K_BWD) busy[r] += e->t1 - e->t0;
+        if (e->kind <= K_WGT) busy[r] += e->t1 - e->t0; /* W (zb-h1) is work too */
     }
     double span = 0, idle = 0;
     for (int r = 0; r < t->rows; r++)
@@ -266,7 +267,7 @@ static void draw_rows(struct l3d_svg *s, struct trace *t, const struct geom *g, 
             }
             if (kind >= 0) box(s, g, r, kind, x0, x1, label, light);
             kind = e->kind, x0 = a, x1 = b, light = e->chunk > 0;
-            label = e->kind <= K_BWD && e->micro >= 0 ? e->micro + 1 : -1;
+            label = e->kind <= K_WGT && e->micro >= 0 ? e->micro + 1 : -1;
         }
         if (kind >= 0) box(s, g, r, kind, x0, x1, label, light);
         l3d_svg_printf(s, "</g>\n");
@@ -293,14 +294,15 @@ static void draw_axis(struct l3d_svg *s, const struct geom *g, double bottom) {
                  "time from the step's start (ms)");
     l3d_svg_printf(s, "</g>\n");
     double x = g->left, y = bottom + 58;
-    static const int shown[] = {K_FWD, K_BWD, K_RECV_ACT, K_EMBED, K_DP, K_OPT};
-    static const char *const words[] = {"forward", "backward", "receive (waiting)",
-                                        "tied embedding sum", "data-parallel wait", "optimizer"};
+    static const int shown[] = {K_FWD, K_BWD, K_WGT, K_RECV_ACT, K_EMBED, K_DP, K_OPT};
+    static const char *const words[] = {"forward", "backward (B)", "weight gradient (W)",
+                                        "receive (waiting)", "tied embedding sum",
+                                        "data-parallel wait", "optimizer"};
     l3d_svg_printf(s, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"#e4e4e4\" "
                    "stroke=\"#999999\"/>", x, y - 11);
     l3d_svg_text(s, x + 19, y, 12, "start", NULL, "idle (bubble)");
     x += 120;
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         l3d_svg_printf(s, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>", x,
                        y - 11, fills[shown[k]]);
         l3d_svg_text(s, x + 19, y, 12, "start", NULL, words[k]);

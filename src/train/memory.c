@@ -196,8 +196,8 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
     if (tc->trace_path) { /* the events of the busiest stage's steps, at most 1 << 22 */
         double most = 0;
         for (int r = 0; r < pp; r++) {
-            double n = (double)l3d_pp_schedule_actions(pp, v, m, r, false) + 4;
-            if (vb > 0) n += (double)l3d_pp_schedule_actions(pp, v, vb, r, true);
+            double n = (double)l3d_pp_schedule_actions(l->schedule, pp, v, m, r, false) + 4;
+            if (vb > 0) n += (double)l3d_pp_schedule_actions(l->schedule, pp, v, vb, r, true);
             most = n > most ? n : most;
         }
         double ev = most * tc->steps + 64;

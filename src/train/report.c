@@ -12,6 +12,11 @@
 
 /* The start-up lines of the fp32 parameters' pieces and of what the memory check counted beside
  * training. */
+/* How the ideal bubble was found: the textbook formula, or zb-h1's simulated timeline. */
+static const char *bubble_formula(enum l3d_pp_kind kind) {
+    return kind == L3D_PP_ZBH1 ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
+}
+
 static void report_transfers(const struct l3d_trainer *t, int v) {
     const struct l3d_train_config *tc = t->tc;
     const double MiB = 1048576.0;
@@ -93,11 +98,11 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                    : "",
                tc->layout.accum, pp, v);
         for (int i = 0; i < lay->stages; i++) printf("%s%d", i ? "," : " ", lay->layers[i]);
-        printf(" (%s), ideal bubble (p-1)/(v m+p-1) = %.1f%%\n",
+        printf(" (%s), ideal bubble %s = %.1f%%\n",
                tc->layout.pp_layers                              ? "given"
                : tc->layout.pp_first || tc->layout.pp_last ? "end stages given, the others even"
                                                            : "balanced",
-               100.0 * res->bubble_theory);
+               bubble_formula(lay->sched.kind), 100.0 * res->bubble_theory);
     }
     printf("batch: %d x %d tokens x %d micro-batches x %d replicas = %lld tokens per step\n",
            tc->layout.micro_batch, tc->layout.seq, tc->layout.accum, t->topo->layout->dp,
@@ -340,5 +345,6 @@ void l3d_train_report_end(const struct l3d_trainer *t, const struct l3d_train_re
            res->mem_peak / 1048576.0, res->mem_peak);
     if (t->tc->layout.pp > 1)
         printf("pipeline bubble: measured %.1f%% of the pipeline's time (median step), ideal "
-               "(p-1)/(v m+p-1) = %.1f%%\n", 100.0 * res->bubble, 100.0 * res->bubble_theory);
+               "%s = %.1f%%\n", 100.0 * res->bubble, bubble_formula(t->lay.sched.kind),
+               100.0 * res->bubble_theory);
 }

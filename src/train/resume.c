@@ -53,14 +53,16 @@ l3d_status l3d_train_ckpt_async_init(struct l3d_train_ckpt *c, const struct l3d_
 }
 
 /* The line of a checkpoint written: its size and time (a background one's written while
- * training went on, its stall the copies). */
+ * training went on; training stood still for its copies and for the wait, if any, for the save
+ * before it: c->waited). */
 static void saved_line(const struct l3d_train_ckpt *c, int64_t step, const struct l3d_ckpt_io *io,
                        double stall) {
     if (!c->lead || c->quiet) return;
     if (stall >= 0)
         printf("checkpoint %s/step_%08lld: %.1f MB written in the background in %.2f s "
-               "(training stood still %.3f s)\n", c->root, (long long)step, io->bytes_total / 1e6,
-               io->seconds, stall);
+               "(training stood still %.3f s, of which %.3f s waiting for the save before)\n",
+               c->root, (long long)step, io->bytes_total / 1e6, io->seconds, stall + c->waited,
+               c->waited);
     else
         printf("checkpoint %s/step_%08lld: %.1f MB in %.2f s (%.0f MB/s over all ranks)\n",
                c->root, (long long)step, io->bytes_total / 1e6, io->seconds,
@@ -223,7 +225,9 @@ l3d_status l3d_train_ckpt_save(struct l3d_train_ckpt *c, const struct l3d_train_
             printf("checkpoint of step %d: waiting for the one still being written\n", step);
             fflush(stdout);
         }
+        double t0 = l3d_time_s();
         if ((st = l3d_train_ckpt_poll(c, world, true, report)) != L3D_OK) return st;
+        c->waited = l3d_time_s() - t0;
         c->begun = step;
         return l3d_ckpt_save_begin(c->async, c->root, tc->keep, world, &c->lay, &s, m, opt,
                                    report);

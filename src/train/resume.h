@@ -36,6 +36,7 @@ struct l3d_train_ckpt {
     int64_t ls_good, ls_hyst;
     struct l3d_ckpt_async *async; /* --async-save (NULL: every save synchronous) */
     int64_t begun;                /* the step of the background save running, if one is */
+    double waited;                /* seconds its begin waited for the save before it */
 };
 
 void l3d_train_ckpt_init(struct l3d_train_ckpt *c, const struct l3d_train_config *tc,

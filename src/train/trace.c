@@ -9,7 +9,7 @@
 
 static const char *const ev_names[] = {"forward", "backward", "recv activation", "recv gradient",
                                        "tied embedding sum", "data-parallel wait", "optimizer",
-                                       "step"};
+                                       "step", "weight gradient"};
 
 l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *world,
                                  const char *path, int tp_rank, int pp_rank, int dp_rank) {
@@ -58,10 +58,11 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
             first = false;
             for (int64_t i = 0; i < n; i++) {
                 const struct l3d_pp_event *e = &ev[i];
-                bool mb = e->kind <= L3D_EV_RECV_GRAD;
+                bool mb = e->kind <= L3D_EV_RECV_GRAD || e->kind == L3D_EV_WGRAD;
                 fprintf(f, ",\n{\"name\":\"%s", ev_names[e->kind]);
                 if (mb) fprintf(f, " m%d c%d", e->micro, e->chunk);
-                if (e->kind >= L3D_EV_OPTIMIZER) fprintf(f, " %d", e->micro);
+                if (e->kind == L3D_EV_OPTIMIZER || e->kind == L3D_EV_STEP)
+                    fprintf(f, " %d", e->micro);
                 fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                         "\"dur\":%.3f,\"args\":{\"micro\":%d,\"chunk\":%d}}", ev_names[e->kind],
                         rk, e->kind == L3D_EV_STEP ? 1 : 0, e->t0 * 1e6, (e->t1 - e->t0) * 1e6,

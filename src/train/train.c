@@ -203,6 +203,13 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
                              grad_mode(tc->layout.zero), slots, tc->layout.recompute,
                              tc->precision.param);
+        if (st == L3D_OK && t->lay.sched.kind == L3D_PP_ZBH1) { /* W's inputs, B to W */
+            int ws = t->lay.sched.wslots[topo->pp_rank * v + c];
+            st = l3d_gpt_split_init(t->chunks[c], ws);
+            size_t b = l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, ws,
+                                            tc->precision.param);
+            t->act_formula += b; /* the allocation is in the chunk's act_bytes */
+        }
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
         t->act_formula += l3d_gpt_act_bytes_dt(&tc->model, &sh, tc->layout.micro_batch, T, slots,
@@ -412,7 +419,9 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     t->dloss = 1.0f / (float)t->tokens_step;
     t->lrs = (struct l3d_lr_schedule){.max_lr = tc->lr, .min_lr = tc->min_lr,
                                       .warmup_steps = tc->warmup_steps, .total_steps = tc->steps};
-    res->bubble_theory = pp > 1 ? l3d_pp_bubble(pp, v, tc->layout.accum) : 0.0;
+    /* the schedule's own: zb-h1's from its simulated timeline (unit F, B and W) */
+    res->bubble_theory = pp > 1 ? l3d_pp_schedule_bubble(t->lay.sched.kind, pp, v,
+                                                         tc->layout.accum) : 0.0;
     /* the largest activation memory of any rank, and its closed form */
     double act_max[2] = {(double)t->act_bytes, (double)t->act_formula};
     if (world->size > 1) l3d_comm_all_reduce(world, act_max, 2, L3D_F64, L3D_MAX, NULL);

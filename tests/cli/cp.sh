@@ -52,6 +52,7 @@ L3D_RTOL=3e-5 same cp2_dp2_zero2_accum 4 4 2 2 --cp 2 --zero 2
 L3D_RTOL=3e-5 same cp2_zero3 2 2 2 1 --cp 2 --zero 3
 L3D_RTOL=3e-5 same cp2_pp2 2 4 2 2 --cp 2 --pp 2
 full && L3D_RTOL=3e-5 same cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpipe
+full && L3D_RTOL=3e-5 same cp2_pp2_zbh1 2 4 2 2 --cp 2 --pp 2 --pp-schedule zb-h1
 full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
     same cp2_pp2_interleaved 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2
 # checkpoints ignore cp (the ring's ranks are data-parallel ranks of dp x cp to them): one saved

@@ -106,9 +106,18 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_recompute_selective_layers_3_
 # uneven end stages (Megatron-Core's --decoder-first / -last-pipeline-num-layers): 1,3 and 3,1
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_first_1" 2 2 4 --pp 2 --pp-first-layers 1
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_last_1" 2 2 4 --pp 2 --pp-last-layers 1
+# zero-bubble ZB-H1: each backward split into B and W, W deferred (a layer's DP reduction from the
+# last micro-batch's W); full recomputation rebuilds the layer's forward for W too
+L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1" 2 2 4 --pp 2 --pp-schedule zb-h1
+expect_error "zb-h1 with ZeRO-2" "zb-h1 defers weight gradients, which the gradient slots of --zero 2" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --pp 2 --zero 2 --pp-schedule zb-h1 --out "$dir/zbh1_zero2"
+full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
+    L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_zbh1" 4 2 8 --pp 4 --pp-schedule zb-h1
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1_zbh1" 4 2 4 --pp 2 --zero 1 --pp-schedule zb-h1
+    full && L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1_zbh1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1 --pp-schedule zb-h1
     # Llama 3 405B's shape scaled down: 6 layers on pp4 as 1, 2, 2, 1
     L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1
     full && L3D_PP=4 L3D_MODEL="--layers 8" equiv "pp4_interleaved_v2" 4 2 4 --pp 4 --pp-virtual 2
@@ -121,6 +130,8 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2" 4 2 2 --pp 2 --tp 2
     L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
     L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective
+    full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_sp_zbh1" 4 2 2 --pp 2 --tp 2 --sequence-parallel --pp-schedule zb-h1
+    full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_dp2_zero1_recompute_zbh1" 8 2 4 --pp 2 --tp 2 --zero 1 --recompute selective --pp-schedule zb-h1
     full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_v2_tp2_dp2_zero1_recompute_full" 8 2 4 --pp 2 --pp-virtual 2 --tp 2 --zero 1 --recompute full ;;
 esac
 # the timeline: every rank's forwards, backwards and optimizer steps in one trace-event file
@@ -136,6 +147,17 @@ if train pp2_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --trace "$dir/
 else
     echo "FAIL: pp2 trace"; cat "$dir/pp2_trace.log"; fail=1
 fi
+# zb-h1's trace: a B ("backward") and a W ("weight gradient") per micro-batch, stage and step,
+# and the start-up line's ideal bubble its timeline's, (p-1)/(3m+p-1) = 1/13
+if train pp2_zbh1_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --pp-schedule zb-h1 \
+       --trace "$dir/zbh1_trace.json" > "$dir/pp2_zbh1_trace.log" 2>&1 &&
+   [ "$(grep -c '"name":"backward m' "$dir/zbh1_trace.json")" -eq 24 ] &&
+   [ "$(grep -c '"name":"weight gradient m' "$dir/zbh1_trace.json")" -eq 24 ] &&
+   grep -q "ideal bubble (timeline with F = B = W) = 7.7%" "$dir/pp2_zbh1_trace.log"; then
+    echo "ok: pp2 zb-h1 trace"
+else
+    echo "FAIL: pp2 zb-h1 trace"; cat "$dir/pp2_zbh1_trace.log"; fail=1
+fi
 # blocking pieces instead of overlapped ones
 equiv "dp2_zero1_blocking" 2 2 1 --zero 1 --comm blocking
 equiv "dp2_zero2_accum_blocking" 2 1 3 --zero 2 --comm blocking
@@ -150,6 +172,7 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*) equiv "dp4_zero1_small_buckets" 4 1 1 
 # (TP without SP: tp2_sp_accum's split; DP's shards: zero3's; the schedules' order: test_pipeline)
 LLAMA="--arch llama --kv-heads 2 --ffn 192"
 full && L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2" 2 4 1 --tp 2
+full && L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_sp_accum" 2 2 2 --tp 2 --sequence-parallel
 full && L3D_MODEL="$LLAMA" equiv "llama_dp2_zero1" 2 2 1 --zero 1
 full && L3D_MODEL="$LLAMA" equiv "llama_dp2_zero2_accum" 2 1 3 --zero 2

@@ -65,7 +65,9 @@ mem dp2_zero3  2 1 3  --global-batch 6  --tp 1 --pp 1 --zero 3 --recompute none 
 full && mem tp2_dp2_zero3_p2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 3 --zero3-prefetch 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 3 --zero3-prefetch 2 --recompute full
 full && mem tp2        2 2 1  --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --no-sequence-parallel -- --tp 2
 mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selective --sequence-parallel -- --tp 2 --sequence-parallel --recompute selective
-full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 -- --pp 2
+full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule 1f1b -- --pp 2
+# zb-h1: 1F1B's slots plus the stash of W's inputs (the search would pick it for the layout above)
+mem pp2_zbh1   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule zb-h1 -- --pp 2 --pp-schedule zb-h1
 full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute selective --pp-schedule gpipe -- --pp 2 --pp-schedule gpipe --recompute selective
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
@@ -129,6 +131,14 @@ expect_error "ZeRO-3 on a GPU profile: the trainer's rule named" \
     "--zero 3: the plan follows Megatron-LM's bf16 mixed precision .*give --trainer llm3d" \
     "$bin" plan --zero 3 --profile dgx-h100
 check "  ... --trainer llm3d plans it there" "$bin" plan --zero 3 --profile dgx-h100 --trainer llm3d
+expect_error "zb-h1 in Megatron-LM's mode" "--pp-schedule zb-h1: the plan follows Megatron-LM" \
+    "$bin" plan --model d12 --profile dgx-h100 --devices 8 --global-batch 32 --tp 1 --pp 4 --dp 2 \
+    --batch 1 --zero 1 --recompute none --pp-virtual 1 --pp-schedule zb-h1
+json=$("$bin" plan --model d12 --profile dgx-h100 --trainer llm3d --devices 8 --global-batch 32 \
+    --pp 4 --pp-virtual 1 --top 40 --json)
+zb=$(echo "$json" | grep -c '"schedule":"zb-h1"')
+one=$(echo "$json" | grep -c '"schedule":"1f1b"')
+check "the trainer's search tries zb-h1 beside 1F1B ($zb, $one)" test "$zb" -gt 0 -a "$one" -gt 0
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
 expect_error "interleaving needs m divisible by pp" "multiple of --pp 4" \
