@@ -290,7 +290,9 @@ full && mem mem_bf16_dp2_zero1 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 "${base[@]}" 
 mem mem_bf16_dp2_zero2 2 1 3 2 bf16 --tp 1 --pp 1 --zero 2 "${base[@]}" -- --zero 2
 full && mem mem_bf16_tp2_sp 2 2 1 1 bf16 --tp 2 --pp 1 --zero 0 --sequence-parallel \
     "${base[@]}" -- --tp 2 --sequence-parallel
-full && mem mem_fp16_pp2 2 2 4 1 fp16 --tp 1 --pp 2 --zero 0 --pp-virtual 1 "${base[@]}" -- --pp 2
+# (the trainer's default schedule named: the search would take zb-h1, faster, with more memory)
+full && mem mem_fp16_pp2 2 2 4 1 fp16 --tp 1 --pp 2 --zero 0 --pp-virtual 1 --pp-schedule 1f1b \
+    "${base[@]}" -- --pp 2
 # the 16-bit sums' staging (two layers' and the non-layer gradients in 2 bytes: 5% here)
 mem mem_bf16_dp2_zero1_r16 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 --grad-reduce-dtype bf16 \
     "${base[@]}" -- --zero 1 --grad-reduce-dtype bf16
