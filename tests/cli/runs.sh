@@ -143,7 +143,7 @@ check "--ignore-memory-check runs it anyway" \
 big=1073741824
 mem24=(env L3D_TEST_MEM_AVAILABLE=25769803776 OMP_NUM_THREADS=1) # a 24 GiB machine
 expect_error "--grad-accum $big: refused by the memory check with the flag, the bytes, the fix" \
-    "^llm3d train: not enough memory for --grad-accum $big: $big micro-batches a step need [0-9.]* GiB on rank 0.*pipeline schedules 72.00 GiB.*has 24.00 GiB.*give at most --grad-accum [1-9][0-9]*, or --ignore-memory-check" \
+    "^llm3d train: not enough memory for --grad-accum $big: $big micro-batches a step need [0-9.]* GiB on rank 0.*pipeline schedules 84.00 GiB.*has 24.00 GiB.*give at most --grad-accum [1-9][0-9]*, or --ignore-memory-check" \
     bounded "${mem24[@]}" "$bin" train "${flags[@]}" --steps 1 --grad-accum $big
 expect_error "--global-batch $big: the same, naming --global-batch" \
     "^llm3d train: not enough memory for --global-batch $big: 268435456 micro-batches.*give at most --global-batch [1-9][0-9]* (" \
