@@ -624,6 +624,9 @@ static void test_expert_shards(struct l3d_backend *be) {
         l3d_gpt_init_weights(full, 7);
         int64_t nf = full->num_params;
         float *back = calloc((size_t)nf, sizeof *back);
+        /* the parameters in host memory (the check backend's device memory is not the host's) */
+        float *fullh = malloc((size_t)nf * sizeof *fullh);
+        l3d_be_copy_d2h(be, fullh, full->params, (size_t)nf * sizeof *fullh);
         for (int ep = 2; ep <= 4; ep += 2)
             for (int r = 0; r < ep; r++) {
                 struct l3d_shard sh = l3d_shard_full(&cfg);
@@ -632,19 +635,23 @@ static void test_expert_shards(struct l3d_backend *be) {
                 struct l3d_gpt *m;
                 CHECK(l3d_gpt_init(&m, &cfg, &sh, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
                 l3d_gpt_init_weights(m, 7);
-                float *cut = calloc((size_t)m->num_params, sizeof *cut);
-                l3d_gpt_full_to_shard(&cfg, &sh, full->params, cut);
-                CHECK(memcmp(cut, m->params, (size_t)m->num_params * sizeof *cut) == 0);
-                l3d_gpt_shard_to_full(&cfg, &sh, m->params, back);
+                size_t mb = (size_t)m->num_params * sizeof(float);
+                float *cut = calloc(1, mb), *mh = malloc(mb);
+                l3d_be_copy_d2h(be, mh, m->params, mb);
+                l3d_gpt_full_to_shard(&cfg, &sh, fullh, cut);
+                CHECK(memcmp(cut, mh, mb) == 0);
+                l3d_gpt_shard_to_full(&cfg, &sh, mh, back);
                 struct l3d_shard next = sh; /* the neighbouring experts' cut differs */
                 next.expert_start = (sh.expert_start + sh.expert_count) % 4;
-                l3d_gpt_full_to_shard(&cfg, &next, full->params, cut);
-                CHECK(memcmp(cut, m->params, (size_t)m->num_params * sizeof *cut) != 0);
+                l3d_gpt_full_to_shard(&cfg, &next, fullh, cut);
+                CHECK(memcmp(cut, mh, mb) != 0);
                 free(cut);
+                free(mh);
                 l3d_gpt_free(m);
             }
-        CHECK(memcmp(back, full->params, (size_t)nf * sizeof *back) == 0);
+        CHECK(memcmp(back, fullh, (size_t)nf * sizeof *back) == 0);
         free(back);
+        free(fullh);
         l3d_gpt_free(full);
     }
 }
