@@ -86,6 +86,30 @@ void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
  * has them, else the fp32 peak, as its bf16 products are fp32 products of widened operands; for
  * fp16 the fp32 peak likewise: these CPUs have no fp16 arithmetic). MFU is quoted against it. */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
+/* The kernel families of the step's time split (llm3d bench, --trace): every l3d_be_* kernel
+ * belongs to one; the MoE kernels and whatever runs outside the backend count in none. */
+enum l3d_kfam {
+    L3D_KF_PRODUCTS,    /* matmul forward / backward (dense, compute-bound) */
+    L3D_KF_ATTENTION,   /* flash, naive, cached and block attention, the merge */
+    L3D_KF_ELEMENTWISE, /* GELU, SwiGLU, RoPE, residuals, biases, the embedding lookup */
+    L3D_KF_NORMS,       /* LayerNorm, RMSNorm */
+    L3D_KF_XENT,        /* the cross-entropy passes over the logits */
+    L3D_KF_OPTIMIZER,   /* AdamW, the gradient-norm sums, casts, fp16 unscaling */
+    L3D_KF_COPIES,      /* memset and the copies */
+    L3D_KF_N
+};
+const char *l3d_kfam_name(enum l3d_kfam f);
+/* Seconds, calls and bytes moved (the bytes each kernel must read and write at least, counted
+ * for the memory-bound families; 0 for products and attention) per family, summed since the
+ * struct was zeroed. */
+struct l3d_kprof {
+    double s[L3D_KF_N], bytes[L3D_KF_N];
+    int64_t calls[L3D_KF_N];
+};
+/* From now on every kernel call adds its time to *p (NULL: stop; the default). Each timed call
+ * syncs the device before and after, so asynchronous backends lose their overlap while it is on;
+ * the CPU's kernels are synchronous and pay only two clock reads a call. */
+void l3d_be_profile(struct l3d_backend *be, struct l3d_kprof *p);
 /* Whether the backend's matrix products in dtype t run in t itself, with no fp32 copies of their
  * operands: always for fp32; on the CPU, for bf16 / fp16 where oneDNN's 16-bit matmul runs
  * (AVX512-BF16 / AVX512-FP16 CPUs, unless L3D_DNNL_16BIT=0), else the operands are widened into

@@ -196,6 +196,7 @@ struct l3d_backend_i {
 struct l3d_backend {
     const struct l3d_backend_i *i;
     void *ctx;
+    struct l3d_kprof *prof; /* l3d_be_profile: NULL when off */
 };
 
 /* The CPU backend's MoE kernels (src/backend/cpu_moe.c), the table entries above. */

@@ -1,5 +1,6 @@
 /* llm3d bench: this machine's measured peaks and a model's training throughput; with --calibrate,
  * its system profile (src/cli/calibrate.c). */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,31 @@
 #include "llm3d/data.h"
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
+
+/* Where the median step went, per kernel family (the trainer's kernel split), with the
+ * memory-bound families' bytes per second against the measured triad bandwidth bw. */
+static void print_split(const struct l3d_train_result *res, const char *prec, double bw) {
+    const struct l3d_kprof *k = &res->split;
+    double step = res->split_step_s, kern = 0.0;
+    if (step <= 0) return;
+    printf("\ntime split of the median step (%s, %.1f ms): ms, share, calls; bytes/s of the "
+           "memory-bound families against the triad bandwidth %.1f GB/s\n", prec, step * 1e3,
+           bw / 1e9);
+    for (int f = 0; f < L3D_KF_N; f++) {
+        kern += k->s[f];
+        printf("  %-14s %9.1f ms %5.1f%% %6lld", l3d_kfam_name(f), k->s[f] * 1e3,
+               100.0 * k->s[f] / step, (long long)k->calls[f]);
+        if (k->bytes[f] > 0 && k->s[f] > 0)
+            printf("  %6.1f GB/s (%3.0f%% of triad)", k->bytes[f] / k->s[f] / 1e9,
+                   100.0 * k->bytes[f] / k->s[f] / bw);
+        printf("\n");
+    }
+    double rest = step - kern - res->split_comm_s;
+    printf("  %-14s %9.1f ms %5.1f%%\n", "communication", res->split_comm_s * 1e3,
+           100.0 * res->split_comm_s / step);
+    printf("  %-14s %9.1f ms %5.1f%% (host work between kernels, waits)\n", "idle", rest * 1e3,
+           100.0 * rest / step);
+}
 
 int l3d_cli_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -53,6 +79,11 @@ int l3d_cli_bench(int argc, char **argv) {
         printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
                100.0 * f / fma);
     }
+    double bf16 = l3d_cpu_bf16_peak(1.0), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
+    if (bf16 > 0)
+        printf("bf16 dot-product peak: %7.1f GFLOP/s (%.2fx the FMA peak)\n", bf16 / 1e9,
+               bf16 / fma);
+    printf("triad bandwidth: %7.1f GB/s\n", bw / 1e9);
     fflush(stdout);
 
     /* training throughput on random tokens, through the real training loop */
@@ -73,6 +104,7 @@ int l3d_cli_bench(int argc, char **argv) {
     free(tok);
     if (st == L3D_OK) {
         tc.train_pattern = path;
+        tc.kernel_split = true;
         tc.val_pattern = NULL;
         tc.out_dir = NULL;
         /* MFU against the peak of the precision the products run in (bf16 dot products where the
@@ -94,6 +126,12 @@ int l3d_cli_bench(int argc, char **argv) {
                    res.median_step_s * 1e3, res.steps, res.tokens_per_s, 100.0 * res.mfu,
                    tc.peak_flops / 1e9, 100.0 * res.mfu * tc.peak_flops / best_gemm,
                    best_gemm / 1e9);
+        double achieved = res.mfu * tc.peak_flops; /* model FLOP/s */
+        if (st == L3D_OK)
+            printf("model FLOP/s %.1f G: %.1f%% of the fp32 FMA peak, %.1f%% of the bf16 peak\n",
+                   achieved / 1e9, 100.0 * achieved / fma,
+                   bf16 > 0 ? 100.0 * achieved / bf16 : NAN);
+        if (st == L3D_OK) print_split(&res, l3d_dtype_name(tc.precision.param), bw);
     }
     unlink(path);
     rmdir(dir);

@@ -301,6 +301,23 @@ static double median(const struct l3d_trainer *t, const double *ring, int start,
     return v[n / 2];
 }
 
+/* The kernel split of the median step itself (the step whose time is the median): the
+ * families' own medians would not add up to one step. */
+static void median_split(const struct l3d_trainer *t, int start, int end,
+                         struct l3d_train_result *res) {
+    if (!t->kp) return;
+    int n = end - start < t->n_times ? end - start : t->n_times;
+    double med = median(t, t->step_s, start, end);
+    for (int i = 0; i < n; i++) {
+        int k = (end - n + i) % t->n_times;
+        if (t->step_s[k] != med) continue;
+        res->split = t->kp[k];
+        res->split_comm_s = t->kp_comm_s[k];
+        res->split_step_s = t->step_s[k];
+        return;
+    }
+}
+
 void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
                              struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
@@ -310,6 +327,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
     res->median_optimizer_s = median(t, t->opt_s, start, end);
     res->median_comm_s = median(t, t->comm_s, start, end);
     res->bubble = median(t, t->bub, start, end);
+    median_split(t, start, end, res);
     res->tokens_per_s = (double)t->tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * t->flops_tok / t->peak;
     /* The model ran faster than the measured peak: other work held the cores while it was

@@ -76,6 +76,10 @@ struct l3d_trainer {
     /* the medians' samples: rings of the last n_times steps (step % n_times), at most
      * L3D_TRAIN_TIMES_KEPT, so that --steps 2^30 allocates 4 x 32 KiB, not 4 x 8 GiB */
     double *step_s, *opt_s, *comm_s, *bub;
+    /* with tc->kernel_split: the running totals l3d_be_profile adds to, each step's share of
+     * them (a ring as above) and each step's communication */
+    struct l3d_kprof kp_total, *kp;
+    double *kp_comm_s;
     /* mixture of experts: the step's statistics summed over the dp ranks (l3d_gpt_moe_stats_len
      * doubles) and each MoE layer's load (NULL for a dense model) */
     double *moe_stats, *moe_load;
