@@ -278,6 +278,13 @@ int main(void) {
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (int t = 0; t < 3; t++) run_case(be, types[t], &shapes[i], 0);
     for (int t = 0; t < 3; t++) run_case(be, types[t], &shapes[0], 1);
+    /* bf16 runs its products in bf16 dot products where the CPU has AVX512-BF16 (P and dS
+     * rounded to bf16 before their products: within the same 8 u); the fallback that AVX2
+     * machines run, forced here (L3D_ATTN_DOT=0) */
+    setenv("L3D_ATTN_DOT", "0", 1);
+    for (size_t i = 0; i < 2; i++) run_case(be, L3D_BF16, &shapes[i], 0);
+    run_case(be, L3D_BF16, &shapes[0], 1);
+    unsetenv("L3D_ATTN_DOT");
     refuses_key_chunk_after(be);
     l3d_backend_free(be);
     return TEST_REPORT();
