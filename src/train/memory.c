@@ -200,7 +200,7 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
             if (vb > 0) n += (double)l3d_pp_schedule_actions(l->schedule, pp, v, vb, r, true);
             most = n > most ? n : most;
         }
-        double ev = most * tc->steps + 64;
+        double ev = (most + L3D_KF_N) * tc->steps + 64; /* + the kernel families' rows */
         b += (ev < (1 << 22) ? ev : (1 << 22)) * sizeof(struct l3d_pp_event);
     }
     return b;
