@@ -102,9 +102,23 @@ const char *l3d_kfam_name(enum l3d_kfam f);
 /* Seconds, calls and bytes moved (the bytes each kernel must read and write at least, counted
  * for the memory-bound families; 0 for products and attention) per family, summed since the
  * struct was zeroed. */
-struct l3d_kprof {
+struct l3d_ksplit {
     double s[L3D_KF_N], bytes[L3D_KF_N];
     int64_t calls[L3D_KF_N];
+};
+/* The same per family and per kernel (the backend entry's name, a string literal; in the order
+ * of first call, at most L3D_KPROF_KERNELS: later ones count in their family only). */
+#define L3D_KPROF_KERNELS 48
+struct l3d_kstat {
+    const char *name;
+    enum l3d_kfam fam;
+    double s, bytes;
+    int64_t calls;
+};
+struct l3d_kprof {
+    struct l3d_ksplit fam;
+    struct l3d_kstat k[L3D_KPROF_KERNELS];
+    int nk;
 };
 /* From now on every kernel call adds its time to *p (NULL: stop; the default). Each timed call
  * syncs the device before and after, so asynchronous backends lose their overlap while it is on;

@@ -107,8 +107,11 @@ struct l3d_train_result {
     int overflows;             /* of them, fp16 overflows that backed the loss scale off */
     /* with kernel_split: where the median step (by time) went, per kernel family; its
      * communication (exposed DP waits, TP and CP collectives) and its whole time */
-    struct l3d_kprof split;
+    struct l3d_ksplit split;
     double split_comm_s, split_step_s;
+    /* with kernel_split: every kernel's totals over the steps after the first (kernel_steps) */
+    struct l3d_kprof kernels;
+    int kernel_steps;
 };
 
 /* What the trainer derives from the run spec's resolved layout (tc->layout: tp, cp, pp, dp, v,

@@ -15,7 +15,7 @@
 /* Where the median step went, per kernel family (the trainer's kernel split), with the
  * memory-bound families' bytes per second against the measured triad bandwidth bw. */
 static void print_split(const struct l3d_train_result *res, const char *prec, double bw) {
-    const struct l3d_kprof *k = &res->split;
+    const struct l3d_ksplit *k = &res->split;
     double step = res->split_step_s, kern = 0.0;
     if (step <= 0) return;
     printf("\ntime split of the median step (%s, %.1f ms): ms, share, calls; bytes/s of the "
@@ -35,6 +35,30 @@ static void print_split(const struct l3d_train_result *res, const char *prec, do
            100.0 * res->split_comm_s / step);
     printf("  %-14s %9.1f ms %5.1f%% (host work between kernels, waits)\n", "idle", rest * 1e3,
            100.0 * rest / step);
+}
+
+static int by_time(const void *a, const void *b) {
+    double x = ((const struct l3d_kstat *)a)->s, y = ((const struct l3d_kstat *)b)->s;
+    return (x < y) - (x > y);
+}
+
+/* Every kernel's time a step over the steps after the first, slowest first; the memory-bound
+ * ones' bytes per second against the triad bandwidth bw. */
+static void print_kernels(const struct l3d_train_result *res, double bw) {
+    int n = res->kernels.nk, steps = res->kernel_steps;
+    if (steps <= 0 || n == 0) return;
+    struct l3d_kstat k[L3D_KPROF_KERNELS];
+    memcpy(k, res->kernels.k, (size_t)n * sizeof *k);
+    qsort(k, (size_t)n, sizeof *k, by_time);
+    printf("kernels, a step (mean of the %d steps after the first): ms, calls, family\n", steps);
+    for (int i = 0; i < n; i++) {
+        printf("  %-26s %9.2f ms %6.1f  %-13s", k[i].name, k[i].s * 1e3 / steps,
+               (double)k[i].calls / steps, l3d_kfam_name(k[i].fam));
+        if (k[i].bytes > 0 && k[i].s > 0)
+            printf(" %6.1f GB/s (%3.0f%% of triad)", k[i].bytes / k[i].s / 1e9,
+                   100.0 * k[i].bytes / k[i].s / bw);
+        printf("\n");
+    }
 }
 
 int l3d_cli_bench(int argc, char **argv) {
@@ -132,6 +156,7 @@ int l3d_cli_bench(int argc, char **argv) {
                    achieved / 1e9, 100.0 * achieved / fma,
                    bf16 > 0 ? 100.0 * achieved / bf16 : NAN);
         if (st == L3D_OK) print_split(&res, l3d_dtype_name(tc.precision.param), bw);
+        if (st == L3D_OK) print_kernels(&res, bw);
     }
     unlink(path);
     rmdir(dir);

@@ -314,7 +314,16 @@ static void median_split(const struct l3d_trainer *t, int start, int end,
         res->split = t->kp[k];
         res->split_comm_s = t->kp_comm_s[k];
         res->split_step_s = t->step_s[k];
-        return;
+        break;
+    }
+    /* every kernel over the steps after the first */
+    res->kernels = t->kp_total;
+    res->kernel_steps = end - 1 - t->kp_first_step;
+    const struct l3d_kprof *f0 = &t->kp_first;
+    for (int i = 0; i < f0->nk && res->kernel_steps > 0; i++) {
+        res->kernels.k[i].s -= f0->k[i].s;
+        res->kernels.k[i].bytes -= f0->k[i].bytes;
+        res->kernels.k[i].calls -= f0->k[i].calls;
     }
 }
 

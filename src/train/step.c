@@ -115,14 +115,19 @@ static void moe_step_stats(struct l3d_trainer *t, struct l3d_step_stats *s) {
 
 /* With the kernel split on: this step's share of the running totals into ring slot k, its
  * communication, and one trace row per family (its time, drawn from the step's start). */
-static void kernel_split_take(struct l3d_trainer *t, const struct l3d_kprof *before, int step,
+static void kernel_split_take(struct l3d_trainer *t, const struct l3d_ksplit *before, int step,
                               int k, double t0, double comm_s) {
     if (!t->kp) return;
-    struct l3d_kprof *d = &t->kp[k];
+    struct l3d_ksplit *d = &t->kp[k];
+    const struct l3d_ksplit *now = &t->kp_total.fam;
+    if (t->kp_first_step < 0) { /* the first step (start-up effects) stays out of the totals */
+        t->kp_first = t->kp_total;
+        t->kp_first_step = step;
+    }
     for (int f = 0; f < L3D_KF_N; f++) {
-        d->s[f] = t->kp_total.s[f] - before->s[f];
-        d->bytes[f] = t->kp_total.bytes[f] - before->bytes[f];
-        d->calls[f] = t->kp_total.calls[f] - before->calls[f];
+        d->s[f] = now->s[f] - before->s[f];
+        d->bytes[f] = now->bytes[f] - before->bytes[f];
+        d->calls[f] = now->calls[f] - before->calls[f];
         if (d->calls[f] > 0) l3d_pp_trace_add(&t->px, L3D_EV_KFAM, f, step + 1, t0, t0 + d->s[f]);
     }
     t->kp_comm_s[k] = comm_s;
@@ -134,7 +139,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     const struct l3d_pp_schedule *sched = &t->lay.sched;
     int v = t->tc->layout.v, pp = t->tc->layout.pp, r = topo->pp_rank;
     double t0 = l3d_time_s();
-    const struct l3d_kprof kp_before = t->kp_total;
+    const struct l3d_ksplit kp_before = t->kp_total.fam;
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;

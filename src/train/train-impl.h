@@ -78,7 +78,9 @@ struct l3d_trainer {
     double *step_s, *opt_s, *comm_s, *bub;
     /* with tc->kernel_split: the running totals l3d_be_profile adds to, each step's share of
      * them (a ring as above) and each step's communication */
-    struct l3d_kprof kp_total, *kp;
+    struct l3d_kprof kp_total, kp_first; /* kp_first: the totals after the run's first step */
+    struct l3d_ksplit *kp;
+    int kp_first_step;
     double *kp_comm_s;
     /* mixture of experts: the step's statistics summed over the dp ranks (l3d_gpt_moe_stats_len
      * doubles) and each MoE layer's load (NULL for a dense model) */

@@ -414,6 +414,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
         t->kp = l3d_calloc((size_t)t->n_times * sizeof *t->kp, "step times");
         t->kp_comm_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
         l3d_be_profile(t->be, &t->kp_total);
+        t->kp_first_step = -1;
     }
 
     /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */

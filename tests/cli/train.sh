@@ -109,7 +109,8 @@ split_ok() {
              in_split = 1; next }
          in_split && /^  [a-z-]+ +-?[0-9.]+ ms/ {
              n++; sum += $2; if ($1 != "communication" && $1 != "idle") { kern += $2; if ($2 < 0) bad = 1 }
-             if (($1 == "products" || $1 == "attention") && $5 + 0 < 1) bad = 1 }
+             if (($1 == "products" || $1 == "attention") && $5 + 0 < 1) bad = 1
+             if ($1 == "idle") in_split = 0 }
          END { d = sum - step; if (d < 0) d = -d
                exit !(n == 9 && step > 0 && !bad && kern <= step * 1.001 + 0.1 && d <= 0.5) }' "$1"
 }
