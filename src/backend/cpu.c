@@ -905,20 +905,7 @@ static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *
         for (int64_t i = 0; i < nq; i++) {
             float *s = S + i * L3D_FA_BK;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
-            valid = valid > nk ? nk : valid;
-            float mx = m[i];
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < valid; j++) {
-                s[j] = fast_expf(s[j] - mx);
-                sum += s[j];
-            }
-            for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
-            float corr = fast_expf(m[i] - mx); /* 0 on the first block: m = -inf */
-            l[i] = l[i] * corr + sum;
-            m[i] = mx;
+            float corr = l3d_fa_online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
             if (corr != 1.0f) {
                 float *o = out + i * os;
 #pragma omp simd

@@ -135,26 +135,6 @@ int64_t l3d_fa16_forward_floats(int64_t HS) {
     return L3D_FA_BQ * L3D_FA_BK + L3D_FA_BQ * HS + L3D_FA_BK * HS + L3D_FA_BQ * L3D_FA_BK / 2;
 }
 
-/* One row's online softmax over a block of scores s (valid of nk visible): s becomes the
- * unnormalised probabilities (zero past valid), the running max m and sum l advance; returns the
- * factor the row's output is rescaled by. As cpu.c's fa_forward_block_n. */
-static float online_row(float *s, int64_t valid, int64_t nk, float *m, float *l) {
-    float mx = *m;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < valid; j++) {
-        s[j] = fast_expf(s[j] - mx);
-        sum += s[j];
-    }
-    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
-    float corr = fast_expf(*m - mx); /* 0 on the first block: m = -inf */
-    *l = *l * corr + sum;
-    *m = mx;
-    return corr;
-}
-
 void l3d_fa16_forward_block(bf16 *out, int64_t os, float *lse, const bf16 *q, int64_t qs,
                             const bf16 *k, const bf16 *v, int64_t ks, int64_t p0, int64_t nq,
                             int64_t nkv, int64_t HS, float *w) {
@@ -174,7 +154,7 @@ void l3d_fa16_forward_block(bf16 *out, int64_t os, float *lse, const bf16 *q, in
         for (int64_t i = 0; i < nq; i++) {
             float *s = S + i * L3D_FA_BK, *o = O + i * HS;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
-            float corr = online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
+            float corr = l3d_fa_online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
             if (corr != 1.0f)
                 for (int64_t d = 0; d < HS; d++) o[d] *= corr;
             to_bf16(Pb + i * L3D_FA_BK, s, nk, 2 * nk2);

@@ -42,6 +42,26 @@ static inline float fast_expf(float x) {
     return p * scale;
 }
 
+/* One row's online softmax over a block of scores s (valid of nk visible): s becomes the
+ * unnormalised probabilities (zero past valid), the running max m and sum l advance; returns the
+ * factor the row's output is rescaled by. Both flash forwards' (cpu.c, cpu_attn16.c). */
+static inline float l3d_fa_online_row(float *s, int64_t valid, int64_t nk, float *m, float *l) {
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; j++) {
+        s[j] = fast_expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
+    float corr = fast_expf(*m - mx); /* 0 on the first block: m = -inf */
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
 /* Whether the bf16 attention kernels run their products in bf16 dot products: dt bf16, HS even
  * (the products take element pairs), a CPU with AVX512-BF16 (checked at run time: the fallback is
  * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT not "0" (the tests' switch to

@@ -61,6 +61,39 @@ static void print_kernels(const struct l3d_train_result *res, double bw) {
     }
 }
 
+/* This machine's measured peaks: the fp32 FMA and bf16 dot-product loops, sgemm on the GPT-2
+ * 124M shapes, the triad bandwidth; returns the best sgemm's FLOP/s. */
+static double print_peaks(double *fma_out, double *bf16_out, double *bw_out) {
+    int threads = omp_get_max_threads();
+    printf("threads: %d\n", threads);
+    double fma = l3d_cpu_fma_peak(1.0), best_gemm = 0.0;
+    printf("fp32 FMA peak:  %7.1f GFLOP/s (%.1f per thread)\n", fma / 1e9, fma / 1e9 / threads);
+    /* sgemm on the GPT-2 124M shapes of a (B*T = 2048)-row micro-batch, and a large square */
+    const struct { const char *what; int64_t M, N, K; } shapes[] = {
+        {"qkv    2048x2304x768 ", 2048, 2304, 768},
+        {"fc     2048x3072x768 ", 2048, 3072, 768},
+        {"fcproj 2048x768x3072 ", 2048, 768, 3072},
+        {"head   2048x50304x768", 2048, 50304, 768},
+        {"square 4096x4096x4096", 4096, 4096, 4096},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double f = l3d_cpu_sgemm_flops(shapes[i].M, shapes[i].N, shapes[i].K, 0.5);
+        if (f > best_gemm) best_gemm = f;
+        printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
+               100.0 * f / fma);
+    }
+    double bf16 = l3d_cpu_bf16_peak(1.0), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
+    if (bf16 > 0)
+        printf("bf16 dot-product peak: %7.1f GFLOP/s (%.2fx the FMA peak)\n", bf16 / 1e9,
+               bf16 / fma);
+    printf("triad bandwidth: %7.1f GB/s\n", bw / 1e9);
+    fflush(stdout);
+    *fma_out = fma;
+    *bf16_out = bf16;
+    *bw_out = bw;
+    return best_gemm;
+}
+
 int l3d_cli_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--calibrate") == 0) return l3d_cli_calibrate(argc, argv);
@@ -84,31 +117,7 @@ int l3d_cli_bench(int argc, char **argv) {
         l3d_runtime_free(rt);
         return 2;
     }
-    int threads = omp_get_max_threads();
-    printf("threads: %d\n", threads);
-    double fma = l3d_cpu_fma_peak(1.0);
-    printf("fp32 FMA peak:  %7.1f GFLOP/s (%.1f per thread)\n", fma / 1e9, fma / 1e9 / threads);
-    /* sgemm on the GPT-2 124M shapes of a (B*T = 2048)-row micro-batch, and a large square */
-    const struct { const char *what; int64_t M, N, K; } shapes[] = {
-        {"qkv    2048x2304x768 ", 2048, 2304, 768},
-        {"fc     2048x3072x768 ", 2048, 3072, 768},
-        {"fcproj 2048x768x3072 ", 2048, 768, 3072},
-        {"head   2048x50304x768", 2048, 50304, 768},
-        {"square 4096x4096x4096", 4096, 4096, 4096},
-    };
-    double best_gemm = 0.0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        double f = l3d_cpu_sgemm_flops(shapes[i].M, shapes[i].N, shapes[i].K, 0.5);
-        if (f > best_gemm) best_gemm = f;
-        printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
-               100.0 * f / fma);
-    }
-    double bf16 = l3d_cpu_bf16_peak(1.0), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
-    if (bf16 > 0)
-        printf("bf16 dot-product peak: %7.1f GFLOP/s (%.2fx the FMA peak)\n", bf16 / 1e9,
-               bf16 / fma);
-    printf("triad bandwidth: %7.1f GB/s\n", bw / 1e9);
-    fflush(stdout);
+    double fma, bf16, bw, best_gemm = print_peaks(&fma, &bf16, &bw);
 
     /* training throughput on random tokens, through the real training loop */
     char dir[] = "/tmp/llm3d-bench-XXXXXX";
