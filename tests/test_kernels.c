@@ -1981,6 +1981,48 @@ static void mp_xent(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t
     free(logits), free(tg);
 }
 
+/* The fused statistics (l3d_be_xent_stats: max, sum of exponentials and target logit in one
+ * pass) against the unfused pair on the same logits: the same bits in every type. Negative: the
+ * same comparison must reject the fused results of logits with one entry raised to the row's
+ * maximum + 1 (every statistic of that row moves). */
+static void xent_stats_run(struct l3d_backend *be, enum l3d_dtype t, bool fused, const float *lg,
+                           const int32_t *tg, float *out, int64_t N, int64_t Vl, int64_t Vvalid,
+                           int64_t vocab_start) {
+    struct mstage st = {.be = be};
+    int32_t *dt = l3d_be_alloc(be, (size_t)N * 4, "test targets");
+    l3d_be_copy_h2d(be, dt, tg, (size_t)N * 4);
+    float *dmx = ms(&st, L3D_F32, out, N, 1), *dse = ms(&st, L3D_F32, out + N, N, 1);
+    float *dtl = ms(&st, L3D_F32, out + 2 * N, N, 1);
+    void *dlg = ms(&st, t, lg, N * Vl, 0);
+    if (fused) {
+        l3d_be_xent_stats(be, t, dmx, dse, dtl, dlg, dt, vocab_start, N, Vl, Vvalid);
+    } else {
+        l3d_be_xent_max(be, t, dmx, dlg, N, Vl, Vvalid);
+        l3d_be_xent_sumexp(be, t, dse, dtl, dlg, dmx, dt, vocab_start, N, Vl, Vvalid);
+    }
+    ms_done(&st);
+    l3d_be_free(be, dt);
+}
+
+static void test_xent_stats(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t Vl,
+                            int64_t Vvalid, int64_t vocab_start, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "xent_stats %s N=%lld Vl=%lld Vvalid=%lld start %lld",
+             l3d_dtype_name(t), (ll)N, (ll)Vl, (ll)Vvalid, (ll)vocab_start);
+    float *lg = qrand(t, N * Vl, 0, 3, s + 1), *want = fnan(3 * N), *got = fnan(3 * N);
+    int32_t *tg = ialloc(N);
+    ref_fill_tokens(tg, N, 0, (int32_t)(vocab_start + Vl), SEED, s + 2);
+    xent_stats_run(be, t, false, lg, tg, want, N, Vl, Vvalid, vocab_start);
+    xent_stats_run(be, t, true, lg, tg, got, N, Vl, Vvalid, vocab_start);
+    check_all_equal(tag, "fused = max, then sumexp", got, want, 3 * N);
+    lg[(N - 1) * Vl + Vvalid / 2] = want[N - 1] + 1.0f; /* the last row's new maximum */
+    xent_stats_run(be, t, true, lg, tg, got, N, Vl, Vvalid, vocab_start);
+    bool same = true;
+    for (int64_t i = 0; i < 3 * N; i++) same = same && (got[i] == want[i]);
+    CHECK(!same);
+    free(lg), free(want), free(got), free(tg);
+}
+
 /* -- the optimizer step on fp32 master weights, and sumsq of 16-bit gradients -- */
 
 static void mp_adamw(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t n,
@@ -2088,6 +2130,12 @@ static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
      * then its fallback on such a CPU (L3D_ATTN_DOT=0: fp32 products of widened operands, the
      * AVX2 machines' path) under the strict one-rounding tolerance */
     mp_attention(be, L3D_BF16, 1, 128, 4, 2, 64, 1, s += 100);
+    for (int k = 0; k < 3; k++) {
+        enum l3d_dtype t = k == 0 ? L3D_F32 : mp_types[k - 1];
+        test_xent_stats(be, t, 1, 1, 1, 0, s += 100);
+        test_xent_stats(be, t, 7, 384, 300, 0, s += 100);
+        test_xent_stats(be, t, 5, 1100, 1000, 500, s += 100);
+    }
     setenv("L3D_ATTN_DOT", "0", 1);
     mp_attention(be, L3D_BF16, 2, 70, 4, 1, 16, 0, s += 100);
     mp_attention(be, L3D_BF16, 1, 128, 4, 2, 64, 0, s += 100);

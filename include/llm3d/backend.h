@@ -321,6 +321,12 @@ void l3d_be_xent_max(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, con
 void l3d_be_xent_sumexp(struct l3d_backend *be, enum l3d_dtype dt, float *sumexp, float *tlogit,
                         const void *logits, const float *maxv, const int32_t *targets,
                         int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+/* l3d_be_xent_max and l3d_be_xent_sumexp fused: one read of the logits instead of two where the
+ * backend has the fused kernel (the pair otherwise), the same bits; only for logits that hold
+ * the whole vocabulary (a vocabulary-parallel model all-reduces the max between the two). */
+void l3d_be_xent_stats(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, float *sumexp,
+                       float *tlogit, const void *logits, const int32_t *targets,
+                       int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
 void l3d_be_xent_backward(struct l3d_backend *be, enum l3d_dtype dt, void *logits,
                           const float *maxv, const float *sumexp, const int32_t *targets,
                           float dloss, int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);

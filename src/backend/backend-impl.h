@@ -167,6 +167,12 @@ struct l3d_backend_i {
     void (*xent_sumexp)(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
                         const void *logits, const float *maxv, const int32_t *targets,
                         int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+    /* optional (NULL: xent_max, then xent_sumexp): both over each row while it is in cache, for
+     * logits with the whole vocabulary (no all-reduce of the max between the two); the same bits
+     * as the pair */
+    void (*xent_stats)(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp, float *tlogit,
+                       const void *logits, const int32_t *targets, int64_t vocab_start,
+                       int64_t N, int64_t Vl, int64_t Vvalid);
     /* In place: logits (N,Vl) becomes dlogits = (softmax - onehot(target)) * dloss; padding 0. */
     void (*xent_backward)(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
                           const float *sumexp, const int32_t *targets, float dloss,

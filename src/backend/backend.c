@@ -427,6 +427,20 @@ void l3d_be_xent_sumexp(struct l3d_backend *be, enum l3d_dtype dt, float *sumexp
                              Vl, Vvalid));
 }
 
+void l3d_be_xent_stats(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, float *sumexp,
+                       float *tlogit, const void *logits, const int32_t *targets,
+                       int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    if (!be->i->xent_stats) { /* the unfused pair (the checking backend's oracle) */
+        l3d_be_xent_max(be, dt, maxv, logits, N, Vl, Vvalid);
+        l3d_be_xent_sumexp(be, dt, sumexp, tlogit, logits, maxv, targets, vocab_start, N, Vl,
+                           Vvalid);
+        return;
+    }
+    KCALL(L3D_KF_XENT, "xent_stats", (double)N * Vl * esz(dt),
+          be->i->xent_stats(be->ctx, dt, maxv, sumexp, tlogit, logits, targets, vocab_start, N,
+                            Vl, Vvalid));
+}
+
 void l3d_be_xent_backward(struct l3d_backend *be, enum l3d_dtype dt, void *logits,
                           const float *maxv, const float *sumexp, const int32_t *targets,
                           float dloss, int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {

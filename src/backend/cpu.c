@@ -1681,6 +1681,19 @@ static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const 
  * them), each 16-bit row rounded back once. */
 enum xent_pass { XENT_MAX, XENT_SUMEXP, XENT_BACKWARD };
 
+static inline float row_max(const float *l, int64_t n) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = l[j] > mx ? l[j] : mx;
+    return mx;
+}
+static inline float row_sumexp(const float *l, int64_t n, float mx) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) s += fast_expf(l[j] - mx);
+    return s;
+}
+
 static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, float *out,
                       float *tlogit, const float *maxv, const float *sumexp,
                       const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
@@ -1694,17 +1707,10 @@ static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, floa
             void *row = at(dt, logits, n * Vl);
             int64_t t = pass == XENT_MAX ? -1 : (int64_t)targets[n] - vocab_start;
             if (pass == XENT_MAX) {
-                const float *l = row_in(dt, buf, row, Vvalid);
-                float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-                for (int64_t j = 0; j < Vvalid; j++) mx = l[j] > mx ? l[j] : mx;
-                out[n] = mx;
+                out[n] = row_max(row_in(dt, buf, row, Vvalid), Vvalid);
             } else if (pass == XENT_SUMEXP) {
                 const float *l = row_in(dt, buf, row, Vvalid);
-                float mx = maxv[n], s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t j = 0; j < Vvalid; j++) s += fast_expf(l[j] - mx);
-                out[n] = s;
+                out[n] = row_sumexp(l, Vvalid, maxv[n]);
                 tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
             } else { /* logits in place -> dlogits */
                 float *l = row_io(dt, buf, row, Vvalid);
@@ -1736,6 +1742,27 @@ static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *
     F32_OR_16("xent_sumexp");
     xent_rows(XENT_SUMEXP, dt, (void *)logits, sumexp, tlogit, maxv, NULL, targets, 0.0f,
               vocab_start, N, Vl, Vvalid);
+}
+/* the two passes on each row while it is in cache (16-bit: widened once): the bits of the pair */
+static void cpu_xent_stats(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp,
+                           float *tlogit, const void *logits, const int32_t *targets,
+                           int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    (void)ctx;
+    F32_OR_16("xent_stats");
+    float *scr = is16(dt) ? thread_scratch(Vl, "cross-entropy scratch") : NULL;
+#pragma omp parallel
+    {
+        float *buf = off(scr, omp_get_thread_num() * Vl);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *l = row_in(dt, buf, at(dt, logits, n * Vl), Vvalid);
+            int64_t t = (int64_t)targets[n] - vocab_start;
+            maxv[n] = row_max(l, Vvalid);
+            sumexp[n] = row_sumexp(l, Vvalid, maxv[n]);
+            tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
+        }
+    }
+    l3d_free(scr);
 }
 // logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
 static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
@@ -2064,6 +2091,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .moe_router_backward = l3d_cpu_moe_router_backward,
     .xent_max = cpu_xent_max,
     .xent_sumexp = cpu_xent_sumexp,
+    .xent_stats = cpu_xent_stats,
     .xent_backward = cpu_xent_backward,
     .xent_loss = cpu_xent_loss,
     .adamw = cpu_adamw,

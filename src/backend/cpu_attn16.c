@@ -175,7 +175,8 @@ void l3d_fa16_forward_block(bf16 *out, int64_t os, float *lse, const bf16 *q, in
  *   P^T = exp(S^T - L), dS^T = P^T (dP^T - D) / sqrt(HS), both rounded to bf16 rows
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (B: Q and dO packed once per span, pack_n)
  *   dQ_i^T += K_j^T dS^T                      (A: K_j transposed once per key block)
- * dq accumulates transposed (HS rows of nq) and is transposed back once at the end. */
+ * dQ's new terms accumulate transposed (HS rows of nq) from zero and join its old value once at
+ * the end, in row order. */
 struct bwd_scratch {
     float *D, *dqT, *dk, *dv, *St, *dPt;
     uint32_t *Qt, *dOt, *Qn, *dOn, *dSn;
@@ -271,19 +272,21 @@ static void bwd_pair(const struct l3d_fa16_span *a, struct bwd_scratch *s, int64
              s->dqT + r * a->nq * HS + i0, a->nq);
 }
 
-/* rows x HS bf16 (stride ls) <-> fp32 rows (stride HS), or transposed (HS rows of stride rows) */
-static void widen(float *d, const bf16 *s, int64_t ls, int64_t rows, int64_t HS, bool tr) {
-    if (tr) /* written in order, read across rows */
-        for (int64_t c = 0; c < HS; c++)
-            for (int64_t i = 0; i < rows; i++) d[c * rows + i] = l3d_bf16_widen(s[i * ls + c]);
-    else
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t c = 0; c < HS; c++) d[i * HS + c] = l3d_bf16_widen(s[i * ls + c]);
+/* rows x HS bf16 (stride ls) <-> fp32 rows (stride HS) */
+static void widen(float *d, const bf16 *s, int64_t ls, int64_t rows, int64_t HS) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < HS; c++) d[i * HS + c] = l3d_bf16_widen(s[i * ls + c]);
 }
-static void narrow(bf16 *d, int64_t ld, const float *s, int64_t rows, int64_t HS, bool tr) {
+static void narrow(bf16 *d, int64_t ld, const float *s, int64_t rows, int64_t HS) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < HS; c++) d[i * ld + c] = l3d_bf16_narrow(s[i * HS + c]);
+}
+/* d (rows x HS bf16, stride ld) = d + s^T, s the transposed sums (HS rows of stride rows),
+ * rounded once: dq's old value joins its new terms at the end, read in row order */
+static void narrow_add_t(bf16 *d, int64_t ld, const float *s, int64_t rows, int64_t HS) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t c = 0; c < HS; c++)
-            d[i * ld + c] = l3d_bf16_narrow(s[tr ? c * rows + i : i * HS + c]);
+            d[i * ld + c] = l3d_bf16_narrow(l3d_bf16_widen(d[i * ld + c]) + s[c * rows + i]);
 }
 
 /* K_j^T: HS rows of the block's keys, the pad column (nk odd) zero */
@@ -300,10 +303,9 @@ void l3d_fa16_backward_span(const struct l3d_fa16_span *a, float *w) {
     const int64_t HS = a->HS, nqb = (a->nq + L3D_FA_BQ - 1) / L3D_FA_BQ;
     struct bwd_scratch s = bwd_layout(a, w);
     bwd_prepare(a, &s);
-    for (int64_t r = 0; r < a->rep; r++)
-        widen(s.dqT + r * a->nq * HS, a->dq + r * a->hq, a->gqs, a->nq, HS, true);
-    widen(s.dk, a->dk, a->gks, a->nk, HS, false);
-    widen(s.dv, a->dv, a->gks, a->nk, HS, false);
+    memset(s.dqT, 0, (size_t)(a->rep * a->nq * HS) * sizeof(float));
+    widen(s.dk, a->dk, a->gks, a->nk, HS);
+    widen(s.dv, a->dv, a->gks, a->nk, HS);
     for (int64_t j0 = 0; j0 < a->nk; j0 += L3D_FA_BK) {
         int64_t nk = a->nk - j0 < L3D_FA_BK ? a->nk - j0 : L3D_FA_BK;
         transpose_keys(s.KT, a->k + j0 * a->ks, a->ks, nk, HS);
@@ -316,7 +318,7 @@ void l3d_fa16_backward_span(const struct l3d_fa16_span *a, float *w) {
             }
     }
     for (int64_t r = 0; r < a->rep; r++)
-        narrow(a->dq + r * a->hq, a->gqs, s.dqT + r * a->nq * HS, a->nq, HS, true);
-    narrow(a->dk, a->gks, s.dk, a->nk, HS, false);
-    narrow(a->dv, a->gks, s.dv, a->nk, HS, false);
+        narrow_add_t(a->dq + r * a->hq, a->gqs, s.dqT + r * a->nq * HS, a->nq, HS);
+    narrow(a->dk, a->gks, s.dk, a->nk, HS);
+    narrow(a->dv, a->gks, s.dv, a->nk, HS);
 }
