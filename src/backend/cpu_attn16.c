@@ -23,8 +23,8 @@ typedef uint16_t bf16;
 bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS) {
     if (dt != L3D_BF16 || HS % 2 != 0) return false;
     const char *e = getenv("L3D_ATTN_DOT");
-    if (e && strcmp(e, "0") == 0) return false;
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+    bool want = e && *e ? strcmp(e, "0") != 0 : L3D_ATTN_DOT_DEFAULT;
+    return want && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 }
 
 static inline uint32_t pair_at(const bf16 *p) {

@@ -64,9 +64,14 @@ static inline float l3d_fa_online_row(float *s, int64_t valid, int64_t nk, float
 
 /* Whether the bf16 attention kernels run their products in bf16 dot products: dt bf16, HS even
  * (the products take element pairs), a CPU with AVX512-BF16 (checked at run time: the fallback is
- * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT not "0" (the tests' switch to
- * the fallback on such a CPU). */
+ * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT "1" (or unset, with
+ * L3D_ATTN_DOT_DEFAULT 1); "0" is the tests' switch to the fallback on such a CPU. */
 bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS);
+/* Without L3D_ATTN_DOT: whether the dot products run where the CPU has them. Off: on the
+ * AVX512-BF16 VM this was written on, vdpbf16ps measured half the FMA's FLOP/s (104-108 against
+ * 197-217 GFLOP/s a thread, 2026-12-07) and the widened path was faster; L3D_ATTN_DOT=1 turns the
+ * dot products on where they run at twice the FMA peak (docs/BENCHMARKS.md). */
+#define L3D_ATTN_DOT_DEFAULT 0
 
 /* fp32 scratch floats per thread of l3d_fa16_forward_block (with HS even) */
 int64_t l3d_fa16_forward_floats(int64_t HS);
