@@ -568,9 +568,13 @@ static void test_spec(void) {
           says("--moe-experts with --tp 2: not yet supported"));
     s.layout.tp = 1, s.layout.pp = 2;
     CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --pp 2"));
-    s.layout.pp = 1, s.layout.cp = 2;
-    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --cp 2"));
-    s.layout.cp = 1, s.layout.zero = 3;
+    /* context parallelism: the EP group lies in dp x cp (here the ring itself) */
+    s.layout.pp = 1, s.layout.cp = 2, s.layout.ep = 2;
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
+    s.layout.ep = 4;
+    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK &&
+          says("--ep 4 does not divide the 2 ranks of data x context parallelism (dp 1 x --cp 2)"));
+    s.layout.cp = 1, s.layout.ep = 1, s.layout.zero = 3;
     CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --zero 3"));
     s.layout.zero = 1;
     CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);

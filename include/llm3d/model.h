@@ -286,6 +286,14 @@ struct l3d_gpt_hooks {
     void (*ep_all_to_allv)(void *ctx, const void *send, const int64_t *scounts,
                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
                            const int64_t *rdispls, enum l3d_dtype dt);
+    /* The ranks that split each micro-batch's tokens (the context-parallel ring; tok_split of
+     * them, 1: none): the router's per-expert counts of a MoE layer are summed over them
+     * (tok_sum, in place, with tok_ctx), so that Switch's load-balancing loss and its gradient see
+     * the micro-batch's whole f_i as on one rank (Megatron-Core sums tokens_per_expert over its
+     * tp x cp group the same way). A capacity stays per rank: its tokens, in their order. */
+    int tok_split;
+    void *tok_ctx;
+    void (*tok_sum)(void *ctx, float *buf, int64_t n);
 };
 /* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
  * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk

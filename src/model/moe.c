@@ -134,6 +134,7 @@ struct l3d_moe_state {
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
+    float *lcnt;            /* split tokens (hooks.tok_split > 1): this rank's counts (E, host) */
 };
 
 /* The sizes of the block: experts (all, the shard's, its first), choices, widths (expert, its
@@ -266,6 +267,7 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
     s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
     s->xcnt = l3d_calloc((size_t)(4 * ep) * sizeof(int64_t), "MoE exchange");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
+    s->lcnt = l3d_calloc((size_t)E * sizeof(float), "MoE statistics");
     return L3D_OK;
 }
 
@@ -282,6 +284,7 @@ void l3d_moe_free(struct l3d_gpt *m) {
     l3d_free(s->acc);
     l3d_free(s->xcnt);
     l3d_free(s->hstats);
+    l3d_free(s->lcnt);
     l3d_free(s);
     m->moe = NULL;
 }
@@ -318,21 +321,45 @@ void l3d_moe_summarize(const double *stats, int layers, int experts, double *loa
     }
 }
 
+/* The tokens of the micro-batch the routing's statistics count: N here, times the ranks that
+ * split them (hooks.tok_split: the context-parallel ring). */
+static int64_t split_tokens(const struct l3d_gpt *m, int64_t N) {
+    return m->hooks.tok_split > 1 ? N * m->hooks.tok_split : N;
+}
+
+/* Split tokens: the counts per expert (a->stats' first E, device) summed over the ranks that
+ * split the micro-batch, in place, where the router's backward reads them for Switch's f_i; this
+ * rank's own kept in s->lcnt for the load report. Collective over those ranks, each forward
+ * (a recomputation's too). */
+static void share_counts(struct l3d_gpt *m, struct moe_acts *a) {
+    struct l3d_moe_state *s = m->moe;
+    int64_t E = m->cfg.moe.experts;
+    if (m->hooks.tok_split <= 1) return;
+    l3d_be_copy_d2h(m->be, s->lcnt, a->stats, (size_t)E * sizeof(float));
+    memcpy(s->hstats, s->lcnt, (size_t)E * sizeof(float));
+    m->hooks.tok_sum(m->hooks.tok_ctx, s->hstats, E); /* integers below 2^24: exact in fp32 */
+    l3d_be_copy_h2d(m->be, a->stats, s->hstats, (size_t)E * sizeof(float));
+}
+
 /* A layer's stats (device) into the accumulators: its experts' assignments, its Switch loss
- * E sum_i f_i P_i, its z-loss and its drops. */
+ * E sum_i f_i P_i, its z-loss and its drops. Split tokens: f_i is the micro-batch's (the shared
+ * counts), P_i and the z-loss this rank's sums over the micro-batch's tokens, the assignments its
+ * own, and the micro-batch counted 1 / tok_split here, so that the trainer's sum over the ranks
+ * gives each once. */
 static void count_stats(struct l3d_gpt *m, int j, const struct moe_acts *a, int64_t N) {
     struct l3d_moe_state *s = m->moe;
-    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k, Ng = split_tokens(m, N);
     l3d_be_copy_d2h(m->be, s->hstats, a->stats, (size_t)(2 * E + 2) * sizeof(float));
+    const float *own = m->hooks.tok_split > 1 ? s->lcnt : s->hstats;
     double *tail = s->acc + (int64_t)s->Lm * E, aux = 0.0;
     for (int64_t e = 0; e < E; e++) {
-        s->acc[j * E + e] += s->hstats[e];
-        aux += (s->hstats[e] / ((double)N * K)) * (s->hstats[E + e] / (double)N);
+        s->acc[j * E + e] += own[e];
+        aux += (s->hstats[e] / ((double)Ng * K)) * (s->hstats[E + e] / (double)Ng);
     }
     tail[0] += (double)E * aux;
-    tail[1] += s->hstats[2 * E] / (double)N;
+    tail[1] += s->hstats[2 * E] / (double)Ng;
     tail[2] += s->hstats[2 * E + 1];
-    if (j == 0) tail[3] += 1.0;
+    if (j == 0) tail[3] += 1.0 / (double)(m->hooks.tok_split > 1 ? m->hooks.tok_split : 1);
 }
 
 /* ---- forward and backward ---------------------------------------------------------------- */
@@ -444,6 +471,7 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats, ln,
                      param(m, L3D_T_ROUTER, l), N, C, d.E, d.K, m->cfg.moe.norm_topk,
                      capacity(&m->cfg, N));
+    share_counts(m, a);
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
     l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
@@ -545,7 +573,8 @@ void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, con
      * (dloss is one token's weight); Switch's d/dp[n,e] = coef E f_e / N with f_e = count_e /
      * (N K), and the z-loss's d/dlogit[n,e] = coef 2 lse_n p[n,e] / N */
     const struct l3d_moe_spec *ms = &m->cfg.moe;
-    float aux_scale = (float)((double)dloss * ms->aux_coef * (double)d.E / ((double)N * d.K));
+    float aux_scale = (float)((double)dloss * ms->aux_coef * (double)d.E /
+                              ((double)split_tokens(m, N) * d.K));
     float z_scale = (float)(2.0 * dloss * ms->z_coef);
     l3d_be_moe_router_backward(m->be, dt, L3D_F32, dln, grad(m, L3D_T_ROUTER, l), s->dlogits,
                                s->dwts, ln, param(m, L3D_T_ROUTER, l), a->probs, a->lse, a->idx,

@@ -100,7 +100,7 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
 
 /* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
  * width, GELU or SwiGLU). */
-/* Expert parallelism: ep ranks of a DP group split the experts (docs/DESIGN.md "Expert
+/* Expert parallelism: ep ranks of a DP x CP group split the experts (docs/DESIGN.md "Expert
  * parallelism"); dp 0 when the grid did not resolve. */
 static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                      struct l3d_spec_errors *e) {
@@ -118,10 +118,15 @@ static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l,
         add(e, L3D_ERR_ARG, "--ep %d does not divide --moe-experts %d: each expert-parallel rank "
             "holds E / ep experts; give an ep that divides %d", l->ep, m->moe.experts,
             m->moe.experts);
-    if (dp > 0 && dp % l->ep != 0)
+    int cp = l->cp > 1 ? l->cp : 1;
+    if (dp > 0 && cp == 1 && dp % l->ep != 0)
         add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d data-parallel replicas: expert "
             "parallelism splits each DP group; give an ep that divides %d (or more ranks)",
             l->ep, dp, dp);
+    else if (dp > 0 && (int64_t)dp * cp % l->ep != 0)
+        add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d ranks of data x context "
+            "parallelism (dp %d x --cp %d): expert parallelism splits that group; give an ep "
+            "that divides %lld", l->ep, dp * cp, dp, cp, (long long)dp * cp);
 }
 
 /* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
@@ -140,9 +145,6 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
     if (l->pp > 1)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --pp %d: not yet supported (pipeline "
             "parallelism of MoE layers is not written yet); use --pp 1", l->pp);
-    if (l->cp > 1)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --cp %d: not yet supported (context "
-            "parallelism of MoE layers is not written yet); use --cp 1", l->cp);
     if (l->zero >= 3)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
             "layers is not written yet); use --zero 0, 1 or 2");

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Mixture of experts and expert parallelism on the other layouts (README "Mixture of experts";
+# docs/DESIGN.md "Expert parallelism"), each against one process on the same micro-batches
+# (llm3d compare: losses and gradient norms within 1e-5, the final weights 3e-5 as tests/cli/cp.sh
+# measured for a ring's bias tensors): context parallelism (the EP group inside
+# dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
+# micro-batch's), dropless, with a large load-balancing coefficient (1) so that an f_i of the
+# rank's tokens alone would show.
+# Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
+source "$(dirname "$0")/lib/checks.sh"
+start_test "$@"
+
+byte_corpus epl
+TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-aux-loss-coef 1 --steps 4 --warmup 2 --lr 1e-3 --eps 1e-6)
+TRAIN_LOG=check
+# same NAME REF: losses and norms 1e-5, weights 3e-5 (cp.sh: a ring sums the bias tensors'
+# gradients in another order; measured 1.1-1.3e-5 of ln1b's size here, 8e-6 with one dense ring)
+same() {
+    if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/$1" "$dir/$2" \
+        > "$dir/$1.cmp" 2>&1; then
+        ok "$1 matches $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
+    else
+        bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
+    fi
+}
+
+# references: one process on the micro-batches of 1 and of 2 replicas
+train ref1 0 2 && train ref2 0 2 --grad-accum 2
+# context parallelism alone (dp 1), the EP group inside the ring (ep 2 x cp 2 on 2 ranks), and
+# across replicas and ring (ep 2 x cp 2 on 4 ranks: dp 2; ep 4 x cp 2: the group spans both)
+train cp2 2 2 --cp 2 && same cp2 ref1
+train ep2_cp2_np2 2 2 --cp 2 --ep 2 && same ep2_cp2_np2 ref1
+train ep2_cp2 4 2 --cp 2 --ep 2 && same ep2_cp2 ref2
+train ep4_cp2_zero1 4 2 --cp 2 --ep 4 --zero 1 && same ep4_cp2_zero1 ref2
+# the aux loss is the micro-batch's: the same reported value as one process
+a1=$(grep -o '"moe_aux_loss":[^,]*' "$dir/ref1/metrics.jsonl" | head -1)
+a2=$(grep -o '"moe_aux_loss":[^,]*' "$dir/cp2/metrics.jsonl" | head -1)
+[ -n "$a1" ] && [ "$a1" = "$a2" ] && ok "cp 2 reports one process's load-balancing loss ($a1)" ||
+    bad "cp 2's load-balancing loss $a2, one process's $a1"
+# negative case of the comparison: cp 2 against the run of other micro-batches
+if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/cp2" "$dir/ref2" > /dev/null 2>&1; then
+    bad "compare took cp 2 for the 2-micro-batch run"
+else
+    ok "compare tells cp 2 from the 2-micro-batch run"
+fi
+train_cmd bad_cp 4 2 --cp 2 --ep 3 --moe-experts 6
+expect_error --once "ep not dividing dp x cp" "--ep 3 does not divide the 4 ranks of data x context" \
+    "${CMD[@]}"
+exit $fail
