@@ -288,6 +288,15 @@ int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_
     return layer;
 }
 
+int64_t l3d_gpt_tensor_first(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                             int t) {
+    if (!l3d_gpt_is_layer_tensor(t)) return 0;
+    int N = cfg->moe.dense_layers;
+    if (cfg->moe.experts > 0 && t >= L3D_T_ROUTER) /* the MoE layers' own numbering */
+        return (sh->layer_start > N ? sh->layer_start : N) - N;
+    return sh->layer_start; /* the dense MLP's layers lead, so theirs is the model's */
+}
+
 /* Element i of a buffer of type t. */
 static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
 
@@ -659,7 +668,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
         l3d_gpt_free(m);
         return st;
     }
-    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt);
+    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
     *out = m;
     return L3D_OK;
 }
@@ -742,7 +751,7 @@ static void shard_copy(const struct l3d_model_spec *cfg, const struct l3d_shard 
     l3d_gpt_plan_tensors(cfg, &fs, tf);
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *a = &ts[t], *b = &tf[t];
-        int64_t l0 = l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0;
+        int64_t l0 = l3d_gpt_tensor_first(cfg, sh, t);
         for (int64_t l = 0; l < a->layers; l++)
             for (int64_t r = 0; r < a->rows; r++)
                 for (int64_t c = 0; c < a->cols; c++) {
@@ -774,7 +783,7 @@ bool l3d_gpt_shard_rows(const struct l3d_model_spec *cfg, const struct l3d_shard
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, sh, ti);
     const struct l3d_tensor_info *a = &ti[t];
-    int64_t l = l3d_gpt_is_layer_tensor(t) ? layer - sh->layer_start : 0;
+    int64_t l = l3d_gpt_is_layer_tensor(t) ? layer - l3d_gpt_tensor_first(cfg, sh, t) : 0;
     if (a->count == 0 || l < 0 || l >= a->layers) return false;
     /* the local rows whose full rows lie in [R0, R1): an interval, as global_rc's row map is
      * increasing (heads, KV heads, MLP columns and vocabulary rows keep their order) */
@@ -1655,7 +1664,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (recompute != L3D_RECOMPUTE_FULL)
         slot -= l3d_shard_moe_layers(cfg, sh) * E * sb * (double)(fm + f);
     return (size_t)(act_slots * slot + shared) +
-           l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt);
+           l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */

@@ -206,18 +206,27 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
     return off;
 }
 
-static int moe_sets(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+/* Saved sets: one per MoE layer and activation slot (a pipeline stage keeps act_slots
+ * micro-batches between their forward and backward), or one under full recomputation (backward
+ * re-runs the block, routing included, just before it needs them). */
+static int moe_sets(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int act_slots,
                     enum l3d_recompute recompute) {
     int Lm = l3d_shard_moe_layers(cfg, sh);
-    return Lm == 0 ? 0 : recompute == L3D_RECOMPUTE_FULL ? 1 : Lm;
+    return Lm == 0 ? 0 : recompute == L3D_RECOMPUTE_FULL ? 1 : Lm * act_slots;
 }
 
 size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                         int T, enum l3d_recompute recompute, enum l3d_dtype dt) {
-    int n = moe_sets(cfg, sh, recompute);
+                         int T, int act_slots, enum l3d_recompute recompute, enum l3d_dtype dt) {
+    int n = moe_sets(cfg, sh, act_slots, recompute);
     if (n == 0) return 0;
     return (size_t)point_moe(NULL, cfg, sh, (int64_t)B * T, n, (int64_t)l3d_dtype_size(dt),
                              NULL);
+}
+
+/* The shard's own statistics: its MoE layers' counts, then the tail. */
+static int64_t shard_stats_len(const struct l3d_gpt *m) {
+    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
+    return Lm == 0 ? 0 : (int64_t)Lm * m->cfg.moe.experts + 4;
 }
 
 l3d_status l3d_moe_init(struct l3d_gpt *m) {
@@ -233,21 +242,13 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
         return l3d_error(L3D_ERR_ARG, "--moe-experts with --tp %d: not yet supported (tensor "
                          "parallelism of MoE layers is not written yet); use --tp 1",
                          m->cfg.NH / sh->head_count);
-    if (sh->layer_count != m->cfg.L)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline stage of %d of the %d "
-                         "layers: not yet supported (pipeline parallelism of MoE layers is not "
-                         "written yet); use --pp 1", sh->layer_count, m->cfg.L);
     if (!m->params)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
                          "of MoE layers is not written yet); use --zero 0, 1 or 2");
-    if (m->act_slots != 1)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline's %d activation slots: not "
-                         "yet supported (pipeline parallelism of MoE layers is not written yet); "
-                         "use --pp 1", m->act_slots);
     struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
     m->moe = s;
     s->Lm = Lm;
-    s->nsets = moe_sets(&m->cfg, &m->shard, m->recompute);
+    s->nsets = moe_sets(&m->cfg, &m->shard, m->act_slots, m->recompute);
     s->set = l3d_calloc(sizeof *s->set * (size_t)s->nsets, "MoE activation table");
     int64_t N = (int64_t)m->Bmax * m->Tmax, E = m->cfg.moe.experts;
     s->bytes = (size_t)point_moe(s, &m->cfg, sh, N, s->nsets, (int64_t)m->es, NULL);
@@ -264,7 +265,7 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
         s->set[i].seg = l3d_calloc((size_t)(3 * E) * sizeof(int64_t), "MoE segments");
         s->set[i].a2a = l3d_calloc((size_t)(4 * ep + 2 * E) * sizeof(int64_t), "MoE exchange");
     }
-    s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
+    s->acc = l3d_calloc((size_t)shard_stats_len(m) * sizeof(double), "MoE statistics");
     s->xcnt = l3d_calloc((size_t)(4 * ep) * sizeof(int64_t), "MoE exchange");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
     s->lcnt = l3d_calloc((size_t)E * sizeof(float), "MoE statistics");
@@ -291,15 +292,22 @@ void l3d_moe_free(struct l3d_gpt *m) {
 
 /* ---- statistics -------------------------------------------------------------------------- */
 
-int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m) {
-    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
-    return Lm == 0 ? 0 : (int64_t)Lm * m->cfg.moe.experts + 4;
+int64_t l3d_model_moe_stats_len(const struct l3d_model_spec *cfg) {
+    int Lm = cfg->moe.experts > 0 ? cfg->L - cfg->moe.dense_layers : 0;
+    return Lm == 0 ? 0 : (int64_t)Lm * cfg->moe.experts + 4;
 }
 
 void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out) {
-    int64_t n = l3d_gpt_moe_stats_len(m);
+    int64_t n = shard_stats_len(m), E = m->cfg.moe.experts, Lm = n ? (n - 4) / E : 0;
     if (n == 0) return;
-    memcpy(out, m->moe->acc, (size_t)n * sizeof(double));
+    const double *acc = m->moe->acc, *tail = acc + Lm * E;
+    /* the shard's first MoE layer's index among the model's */
+    int first = m->shard.layer_start - m->cfg.moe.dense_layers;
+    if (first < 0) first = 0;
+    double *all = out + (int64_t)first * E, *otail = out + (l3d_model_moe_stats_len(&m->cfg) - 4);
+    for (int64_t i = 0; i < Lm * E; i++) all[i] += acc[i];
+    for (int k = 0; k < 3; k++) otail[k] += tail[k];
+    if (first == 0) otail[3] += tail[3]; /* the forwards, counted by the model's first MoE layer */
     memset(m->moe->acc, 0, (size_t)n * sizeof(double));
 }
 
@@ -371,8 +379,9 @@ static inline void *elp(const void *p, int64_t i, size_t es) {
 /* The saved set of local layer l, and its index among the shard's MoE layers. */
 static struct moe_acts *layer_set(struct l3d_gpt *m, int l, int *j) {
     *j = (int)l3d_gpt_tensor_layer(&m->cfg, &m->shard, L3D_T_ROUTER, l);
-    L3D_ASSERT(*j >= 0);
-    return &m->moe->set[m->moe->nsets == 1 ? 0 : *j];
+    L3D_ASSERT(*j >= 0 && m->slot >= 0 && m->slot < m->act_slots);
+    const struct l3d_moe_state *s = m->moe;
+    return &s->set[s->nsets == 1 ? 0 : m->slot * s->Lm + *j];
 }
 
 static void *param(const struct l3d_gpt *m, int t, int l) {

@@ -4,8 +4,8 @@
 # (llm3d compare: losses and gradient norms within 1e-5, the final weights 3e-5 as tests/cli/cp.sh
 # measured for a ring's bias tensors): context parallelism (the EP group inside
 # dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
-# micro-batch's), dropless, with a large load-balancing coefficient (1) so that an f_i of the
-# rank's tokens alone would show.
+# micro-batch's) and pipeline parallelism (1F1B, interleaved, zb-h1, GPipe), dropless, with a
+# large load-balancing coefficient (1) so that an f_i of the rank's tokens alone would show.
 # Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -43,6 +43,43 @@ if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/cp
 else
     ok "compare tells cp 2 from the 2-micro-batch run"
 fi
+
+# pipeline parallelism: the MoE blocks on the stage that holds them, the auxiliary losses in that
+# stage's backward, the statistics summed over the stages (4 layers: two a stage, or one a chunk
+# interleaved; with 2 leading dense layers the first stage has no MoE layer at all)
+P=(--layers 4)
+train ref4_l4 0 2 --grad-accum 4 "${P[@]}" &&
+    train ref4_d2 0 2 --grad-accum 4 "${P[@]}" --moe-dense-layers 2 || true
+train ep2_pp2 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" && same ep2_pp2 ref4_l4
+train ep2_pp2_int 4 2 --pp 2 --pp-schedule interleaved --pp-virtual 2 --ep 2 --grad-accum 2 \
+    "${P[@]}" && same ep2_pp2_int ref4_l4
+train ep2_pp2_zbh1 4 2 --pp 2 --pp-schedule zb-h1 --ep 2 --grad-accum 2 "${P[@]}" &&
+    same ep2_pp2_zbh1 ref4_l4
+train pp2_gpipe_d2 2 2 --pp 2 --pp-schedule gpipe --grad-accum 4 "${P[@]}" --moe-dense-layers 2 &&
+    same pp2_gpipe_d2 ref4_d2
+# ... with accumulation and full recomputation (the exchange re-run inside backward), ZeRO-1
+train ep2_pp2_rc 4 2 --pp 2 --ep 2 --grad-accum 2 --recompute full --zero 1 "${P[@]}" &&
+    same ep2_pp2_rc ref4_l4
+# the reported MoE figures: every layer's load and the drops (counts) as text, the auxiliary
+# losses (sums in another order) within 1e-6
+moe_fields() { grep -o '"moe_dropped.*' "$dir/$1/metrics.jsonl"; }
+moe_losses() { grep -o '"moe_[az]_*[a-z]*_loss":[^,]*' "$dir/$1/metrics.jsonl" | cut -d: -f2; }
+near_all() { # A_LIST B_LIST: equal counts of numbers, each pair within 1e-6 relative
+    paste -d' ' <(echo "$1") <(echo "$2") | awk 'NF != 2 { exit 1 } { d = $1 - $2; d = d < 0 ? -d : d
+        m = $2 < 0 ? -$2 : $2; if (!(d <= 1e-6 * m)) exit 1; n++ } END { exit n == 0 }'
+}
+for run in ep2_pp2 ep2_pp2_int; do
+    if [ -n "$(moe_fields ref4_l4)" ] && [ "$(moe_fields $run)" = "$(moe_fields ref4_l4)" ] &&
+       near_all "$(moe_losses $run)" "$(moe_losses ref4_l4)"; then
+        ok "$run reports one process's MoE losses and loads"
+    else
+        bad "$run's MoE report differs: $(moe_fields $run | head -1) against $(moe_fields ref4_l4 | head -1)"
+    fi
+done
+# ... and the check's negative case: another run's losses
+near_all "$(moe_losses ref4_d2)" "$(moe_losses ref4_l4)" && bad "near_all took other losses" ||
+    ok "near_all tells other losses apart"
+
 train_cmd bad_cp 4 2 --cp 2 --ep 3 --moe-experts 6
 expect_error --once "ep not dividing dp x cp" "--ep 3 does not divide the 4 ranks of data x context" \
     "${CMD[@]}"
