@@ -565,8 +565,7 @@ static void test_spec(void) {
     struct l3d_spec_ctx ctx = {.world = 2, .train = true};
     s.layout.tp = 2;
     s.layout.seq = 32;
-    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK &&
-          says("--moe-experts with --tp 2: not yet supported"));
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK); /* the experts whole on each tp rank */
     s.layout.tp = 1, s.layout.pp = 2; /* a stage's MoE layers: its own (l3d_gpt_tensor_first) */
     CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
     /* context parallelism: the EP group lies in dp x cp (here the ring itself) */

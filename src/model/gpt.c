@@ -1186,8 +1186,11 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
     if (l3d_model_moe_layer(&m->cfg, s->layer_start + l)) { /* the experts instead of the MLP */
+        /* whole on every tp rank, over the group's same N tokens (under SP the gathered ones):
+         * this rank's rows of the output go on its residual */
         l3d_moe_forward(m, l, a->scratch, la->ln2, N, count);
-        l3d_be_residual_forward(m->be, dt, la->res3, la->res2, a->scratch, N * C);
+        l3d_be_residual_forward(m->be, dt, la->res3, la->res2,
+                                el(a->scratch, s->sp_rank * Nl * C, m->es), Nl * C);
         return;
     }
     l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
@@ -1492,10 +1495,14 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     /* MLP: dres holds d(res3) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
     if (defer && !moe) stash(m, l, WS_DMLP, a->dres_full, N * C);
-    if (moe)
+    if (moe) { /* d(ln2) of all N rows, whole on every tp rank: no sum; SP takes its rows */
         l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
-    else
+        if (sp > 1)
+            l3d_be_copy_d2d(m->be, a->dln_local, el(a->dln, s->sp_rank * Nl * C, m->es),
+                            (size_t)(Nl * C) * m->es);
+    } else {
         mlp_backward(m, la, &p, &g, N);
+    }
     if (defer && !moe) stash(m, l, WS_DFCH, a->dfch, N * w.Fm);
     if (defer) stash(m, l, WS_DLN2, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[0], gl[1], a->dln_local, la->res2, p.ln2w, la->ln2_mean,

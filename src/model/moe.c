@@ -237,11 +237,6 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
                          "the CUDA kernels land with GPU parity (--moe-experts %d): use "
                          "L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
     const struct l3d_shard *sh = &m->shard;
-    if (sh->head_count != m->cfg.NH || sh->ffn_count != m->cfg.ffn || sh->sp_size > 1 ||
-        sh->vocab_count != m->cfg.Vp)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with --tp %d: not yet supported (tensor "
-                         "parallelism of MoE layers is not written yet); use --tp 1",
-                         m->cfg.NH / sh->head_count);
     if (!m->params)
         return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
                          "of MoE layers is not written yet); use --zero 0, 1 or 2");

@@ -139,9 +139,6 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
     }
     check_ep(m, l, dp, e);
     if (m->moe.experts == 0) return;
-    if (l->tp > 1)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
-            "parallelism of MoE layers is not written yet); use --tp 1", l->tp);
     if (l->zero >= 3)
         add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
             "layers is not written yet); use --zero 0, 1 or 2");

@@ -4,8 +4,10 @@
 # (llm3d compare: losses and gradient norms within 1e-5, the final weights 3e-5 as tests/cli/cp.sh
 # measured for a ring's bias tensors): context parallelism (the EP group inside
 # dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
-# micro-batch's) and pipeline parallelism (1F1B, interleaved, zb-h1, GPipe), dropless, with a
-# large load-balancing coefficient (1) so that an f_i of the rank's tokens alone would show.
+# micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
+# (with and without SP), with accumulation, full recomputation and ZeRO, and checkpoints moved
+# between them; dropless, with a large load-balancing coefficient (1) so that an f_i of the
+# rank's tokens alone would show.
 # Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -79,6 +81,30 @@ done
 # ... and the check's negative case: another run's losses
 near_all "$(moe_losses ref4_d2)" "$(moe_losses ref4_l4)" && bad "near_all took other losses" ||
     ok "near_all tells other losses apart"
+
+# tensor parallelism: the experts whole on each tp rank, which run the MoE block on the same
+# tokens (under SP the gathered sequence), so its gradients need no sum over tp
+train tp2 2 2 --tp 2 && same tp2 ref1
+train ep2_tp2_sp 4 2 --tp 2 --sequence-parallel --ep 2 && same ep2_tp2_sp ref2
+train ref4_b1 0 1 --grad-accum 4 &&
+    train ep2_tp2_sp_rc 4 1 --tp 2 --sequence-parallel --ep 2 --zero 2 --recompute full \
+        --grad-accum 2 && same ep2_tp2_sp_rc ref4_b1
+
+# a checkpoint moves ep 4 -> ep 2 x tp 2 (SP) -> one process, each the same training as the run
+# that saved it (the experts re-sliced over ep, the dense tensors over tp); ep 2 x pp 2 -> ep 4
+resumed() { # NAME NP B SAVED STEP [flags]: resumes SAVED's step-STEP checkpoint, saving at 3
+    local name=$1 np=$2 b=$3 saved=$4 step=$5
+    shift 5
+    mkdir -p "$dir/$name" && cp "$dir/$saved/metrics.jsonl" "$dir/$name/" &&
+        train "$name" "$np" "$b" --save-every 3 "$@" \
+            --resume "$dir/$saved/checkpoints/step_0000000$step" && same "$name" "$saved"
+}
+# (4 micro-batches of 2 a step throughout)
+train ref4 0 2 --grad-accum 4 && train ck_ep4 4 2 --ep 4 --save-every 2 && same ck_ep4 ref4 &&
+    resumed ck_tp2 4 2 ck_ep4 2 --ep 2 --tp 2 --sequence-parallel --grad-accum 2 &&
+    resumed ck_one 0 2 ck_tp2 3 --grad-accum 4
+train ck_pp2 4 2 --ep 2 --pp 2 --grad-accum 2 --save-every 2 "${P[@]}" &&
+    resumed ck_pp_ep4 4 2 ck_pp2 2 --ep 4 "${P[@]}"
 
 train_cmd bad_cp 4 2 --cp 2 --ep 3 --moe-experts 6
 expect_error --once "ep not dividing dp x cp" "--ep 3 does not divide the 4 ranks of data x context" \
