@@ -237,9 +237,6 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
                          "the CUDA kernels land with GPU parity (--moe-experts %d): use "
                          "L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
     const struct l3d_shard *sh = &m->shard;
-    if (!m->params)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
-                         "of MoE layers is not written yet); use --zero 0, 1 or 2");
     struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
     m->moe = s;
     s->Lm = Lm;

@@ -129,8 +129,9 @@ static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l,
             "that divides %lld", l->ep, dp * cp, dp, cp, (long long)dp * cp);
 }
 
-/* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
- * run on yet, each by name (issue 46: expert parallelism brings tp, pp, cp and ZeRO-3). */
+/* Mixture of experts: its model rules (l3d_moe_spec_check), then expert parallelism's. Every
+ * layout runs MoE layers (tp: the experts whole on each tp rank; cp: the EP group inside dp x cp;
+ * pp: a stage's own; ZeRO-3: over the expert-DP group), so no layout rule beyond ep's. */
 static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                       struct l3d_spec_errors *e) {
     if (l3d_moe_spec_check(m) != L3D_OK) {
@@ -138,10 +139,6 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
         return;
     }
     check_ep(m, l, dp, e);
-    if (m->moe.experts == 0) return;
-    if (l->zero >= 3)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
-            "layers is not written yet); use --zero 0, 1 or 2");
 }
 
 static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {

@@ -5,8 +5,8 @@
 # measured for a ring's bias tensors): context parallelism (the EP group inside
 # dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
 # micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
-# (with and without SP), with accumulation, full recomputation and ZeRO, and checkpoints moved
-# between them; dropless, with a large load-balancing coefficient (1) so that an f_i of the
+# (with and without SP), ZeRO-3, with accumulation, full recomputation and ZeRO-1/2, and
+# checkpoints moved between them; dropless, with a large load-balancing coefficient (1) so that an f_i of the
 # rank's tokens alone would show.
 # Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
@@ -90,6 +90,25 @@ train ref4_b1 0 1 --grad-accum 4 &&
     train ep2_tp2_sp_rc 4 1 --tp 2 --sequence-parallel --ep 2 --zero 2 --recompute full \
         --grad-accum 2 && same ep2_tp2_sp_rc ref4_b1
 
+# ZeRO-3: the parameters sharded over the ranks holding the same experts (a group of one on 2
+# ranks, of two with ep 2 on 4), gathered a layer at a time by each tensor's own layer (a leading
+# dense layer and a shared expert in the second case); in bf16 within mixed.sh's tolerances; a
+# ZeRO-3 checkpoint resumed by one process
+D=(--moe-dense-layers 1 --moe-shared-experts 1)
+train ep2_zero3 2 2 --ep 2 --zero 3 && same ep2_zero3 ref2
+train ref4_d1 0 2 --grad-accum 4 "${D[@]}" &&
+    train ep2_zero3_d1 4 2 --ep 2 --zero 3 "${D[@]}" && same ep2_zero3_d1 ref4_d1
+same16() { # NAME REF: mixed.sh's layout tolerances for 16-bit runs (tests/cli/ep.sh)
+    if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031 "$dir/$1" \
+        "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+        ok "$1 matches $2 within the 16-bit tolerances ($(tr '\n' ' ' < "$dir/$1.cmp"))"
+    else
+        bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
+    fi
+}
+train ref2_bf16 0 2 --grad-accum 2 --precision bf16 &&
+    train ep2_zero3_bf16 2 2 --ep 2 --zero 3 --precision bf16 && same16 ep2_zero3_bf16 ref2_bf16
+
 # a checkpoint moves ep 4 -> ep 2 x tp 2 (SP) -> one process, each the same training as the run
 # that saved it (the experts re-sliced over ep, the dense tensors over tp); ep 2 x pp 2 -> ep 4
 resumed() { # NAME NP B SAVED STEP [flags]: resumes SAVED's step-STEP checkpoint, saving at 3
@@ -103,6 +122,7 @@ resumed() { # NAME NP B SAVED STEP [flags]: resumes SAVED's step-STEP checkpoint
 train ref4 0 2 --grad-accum 4 && train ck_ep4 4 2 --ep 4 --save-every 2 && same ck_ep4 ref4 &&
     resumed ck_tp2 4 2 ck_ep4 2 --ep 2 --tp 2 --sequence-parallel --grad-accum 2 &&
     resumed ck_one 0 2 ck_tp2 3 --grad-accum 4
+train ck_z3 2 2 --ep 2 --zero 3 --save-every 2 && resumed ck_z3_one 0 2 ck_z3 2 --grad-accum 2
 train ck_pp2 4 2 --ep 2 --pp 2 --grad-accum 2 --save-every 2 "${P[@]}" &&
     resumed ck_pp_ep4 4 2 ck_pp2 2 --ep 4 "${P[@]}"
 

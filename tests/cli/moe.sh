@@ -76,8 +76,6 @@ train_cmd bad1 0 2 --moe-top-k 5
 expect_error "top-k above the experts" "--moe-top-k 5 with --moe-experts 4" "${CMD[@]}"
 train_cmd bad2 0 2 --moe-experts 0
 expect_error "top-k without experts" "without --moe-experts" "${CMD[@]}"
-train_cmd bad3 2 4 --zero 3
-expect_error --once "--zero 3" "--moe-experts with --zero 3: not yet supported" "${CMD[@]}"
 expect_error "a Hugging Face folder" "Mixtral/Qwen3-MoE folders land with issue 46 item 4" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
 expect_error "the planner" "the planner does not model mixtures of experts yet" \
