@@ -41,7 +41,7 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
 }
 
 /* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
- * second one, the split (E / ep experts a rank, dp / ep replicas of each). */
+ * second one, the split (E / ep experts a rank, dp cp / ep replicas of each). */
 static void report_experts(const struct l3d_model_spec *m, double N, int ep, int dp) {
     const struct l3d_moe_spec *moe = &m->moe;
     if (moe->experts == 0) return;
@@ -78,7 +78,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
-    report_experts(&tc->model, N, tc->layout.ep, t->topo->layout->dp);
+    report_experts(&tc->model, N, tc->layout.ep, t->topo->layout->dp * t->topo->layout->cp);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";

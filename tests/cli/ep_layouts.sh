@@ -34,6 +34,9 @@ train cp2 2 2 --cp 2 && same cp2 ref1
 train ep2_cp2_np2 2 2 --cp 2 --ep 2 && same ep2_cp2_np2 ref1
 train ep2_cp2 4 2 --cp 2 --ep 2 && same ep2_cp2 ref2
 train ep4_cp2_zero1 4 2 --cp 2 --ep 4 --zero 1 && same ep4_cp2_zero1 ref2
+grep -q "expert parallelism: ep 2, 2 of the 4 experts a rank, 1 replica(s) of each" \
+    "$dir/ep2_cp2_np2.log" && ok "the start-up report counts the ring's ranks in the replicas" ||
+    bad "ep 2 x cp 2 on 2 ranks: no '1 replica(s)' in the start-up report"
 # the aux loss is the micro-batch's: the same reported value as one process
 a1=$(grep -o '"moe_aux_loss":[^,]*' "$dir/ref1/metrics.jsonl" | head -1)
 a2=$(grep -o '"moe_aux_loss":[^,]*' "$dir/cp2/metrics.jsonl" | head -1)
@@ -59,6 +62,12 @@ train ep2_pp2_zbh1 4 2 --pp 2 --pp-schedule zb-h1 --ep 2 --grad-accum 2 "${P[@]}
     same ep2_pp2_zbh1 ref4_l4
 train pp2_gpipe_d2 2 2 --pp 2 --pp-schedule gpipe --grad-accum 4 "${P[@]}" --moe-dense-layers 2 &&
     same pp2_gpipe_d2 ref4_d2
+# a capacity that drops: whole micro-batches on each stage, so the same drops as one process
+train ref4_cf 0 2 --grad-accum 4 "${P[@]}" --moe-capacity-factor 0.5 &&
+    train ep2_pp2_cf 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" --moe-capacity-factor 0.5 &&
+    same ep2_pp2_cf ref4_cf
+grep -q '"moe_dropped":[1-9]' "$dir/ep2_pp2_cf/metrics.jsonl" &&
+    ok "capacity factor 0.5 drops assignments under ep 2 x pp 2" || bad "ep2_pp2_cf dropped nothing"
 # ... with accumulation and full recomputation (the exchange re-run inside backward), ZeRO-1
 train ep2_pp2_rc 4 2 --pp 2 --ep 2 --grad-accum 2 --recompute full --zero 1 "${P[@]}" &&
     same ep2_pp2_rc ref4_l4
