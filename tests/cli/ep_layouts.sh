@@ -117,8 +117,12 @@ same16() { # NAME REF: mixed.sh's layout tolerances for 16-bit runs (tests/cli/e
 }
 train ref2_bf16 0 2 --grad-accum 2 --precision bf16 &&
     train ep2_zero3_bf16 2 2 --ep 2 --zero 3 --precision bf16 && same16 ep2_zero3_bf16 ref2_bf16
-train ep2_tp2_sp_bf16 4 2 --tp 2 --sequence-parallel --ep 2 --precision bf16 &&
-    same16 ep2_tp2_sp_bf16 ref2_bf16
+# (a pipeline: each token's arithmetic as one process's; under tp the attention's row-parallel
+# sums round to bf16 in another order, which moves some tokens to other experts: ep2 x tp2 SP in
+# bf16 measured loss 5.1e-4 and gradient norm 3.1% off, beyond mixed.sh's tolerances)
+train ref4_l4_bf16 0 2 --grad-accum 4 "${P[@]}" --precision bf16 &&
+    train ep2_pp2_bf16 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" --precision bf16 &&
+    same16 ep2_pp2_bf16 ref4_l4_bf16
 
 # a checkpoint moves ep 4 -> ep 2 x tp 2 (SP) -> one process, each the same training as the run
 # that saved it (the experts re-sliced over ep, the dense tensors over tp); ep 2 x pp 2 -> ep 4
