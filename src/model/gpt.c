@@ -1422,9 +1422,6 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
         return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
                          "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
                          "hold: use --zero 0 or 1, or --pp-schedule 1f1b");
-    if (m->recompute == L3D_RECOMPUTE_FULL && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
-        return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
-                         "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);

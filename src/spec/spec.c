@@ -279,10 +279,6 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
     else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->zero >= 2)
         add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 defers weight gradients, which the gradient "
             "slots of --zero %d cannot hold: use --zero 0 or 1, or --pp-schedule 1f1b", l->zero);
-    else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->recompute == L3D_RECOMPUTE_FULL &&
-             m->moe.experts > 0)
-        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 with --recompute full on a MoE model is not "
-            "supported yet: use --recompute selective or --pp-schedule 1f1b");
     else if (l->schedule == L3D_PP_INTERLEAVED && micro > 0 && micro % l->pp != 0)
         add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs the micro-batches (%lld a step) to "
             "be a multiple of --pp %d", (long long)micro, l->pp);

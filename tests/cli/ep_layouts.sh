@@ -60,6 +60,8 @@ train ep2_pp2_int 4 2 --pp 2 --pp-schedule interleaved --pp-virtual 2 --ep 2 --g
     "${P[@]}" && same ep2_pp2_int ref4_l4
 train ep2_pp2_zbh1 4 2 --pp 2 --pp-schedule zb-h1 --ep 2 --grad-accum 2 "${P[@]}" &&
     same ep2_pp2_zbh1 ref4_l4
+train ep2_pp2_zbh1_rc 4 2 --pp 2 --pp-schedule zb-h1 --recompute full --ep 2 --grad-accum 2 \
+    "${P[@]}" && same ep2_pp2_zbh1_rc ref4_l4 # W re-runs the block: the exchange in W too
 train pp2_gpipe_d2 2 2 --pp 2 --pp-schedule gpipe --grad-accum 4 "${P[@]}" --moe-dense-layers 2 &&
     same pp2_gpipe_d2 ref4_d2
 # a capacity that drops: whole micro-batches on each stage, so the same drops as one process
