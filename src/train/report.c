@@ -59,6 +59,30 @@ static void report_experts(const struct l3d_model_spec *m, double N, int ep, int
                dp / ep);
 }
 
+/* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
+ * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
+ * parameter (l3d_param_bytes), ZeRO sharding their state over the dp / ep ranks that hold the
+ * same experts. */
+static void report_expert_memory(const struct l3d_trainer *t) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_moe_spec *moe = &tc->model.moe;
+    if (moe->experts == 0) return;
+    int ep = tc->layout.ep > 1 ? tc->layout.ep : 1, layers = 0;
+    int group = t->topo->layout->dp / ep; /* the ranks holding the same experts */
+    double n = 0;
+    for (int c = 0; c < tc->layout.v; c++) {
+        layers += l3d_shard_moe_layers(&tc->model, &t->chunks[c]->shard);
+        for (int i = 0; i < L3D_NUM_TENSORS; i++)
+            if (l3d_gpt_expert_tensor(i)) n += (double)t->chunks[c]->tensors[i].count;
+    }
+    struct l3d_param_bytes pb;
+    l3d_param_bytes(&tc->precision, tc->layout.zero, group, &pb);
+    printf("expert memory on each rank: %d of the %d experts x %d layer(s) = %.2fM parameters, "
+           "%.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d rank(s) holding "
+           "the same experts)\n", moe->experts / ep, moe->experts, layers, n / 1e6,
+           pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -135,6 +159,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                "and the non-layer tensors)", mem.gather / MiB, tc->layout.zero3_prefetch + 1,
                tc->layout.zero3_prefetch);
     printf("\n");
+    report_expert_memory(t);
     report_transfers(t, v);
     if (mixed)
         printf("products: %s\n",
