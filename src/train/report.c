@@ -40,25 +40,6 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
-/* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
- * second one, the split (E / ep experts a rank, dp / ep replicas of each). */
-static void report_experts(const struct l3d_model_spec *m, double N, int ep, int dp) {
-    const struct l3d_moe_spec *moe = &m->moe;
-    if (moe->experts == 0) return;
-    char cap[48] = "dropless";
-    if (moe->capacity_factor > 0)
-        snprintf(cap, sizeof cap, "capacity factor %g", moe->capacity_factor);
-    printf("experts: layers %d-%d of %d experts (width %lld), top-%d%s, %d shared, %s; %.2fM "
-           "parameters, %.2fM active a token (model FLOPs and MFU count the active ones)\n",
-           moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
-           moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
-           l3d_model_active_param_count(m) / 1e6);
-    if (ep > 1)
-        printf("expert parallelism: ep %d, %d of the %d experts a rank, %d replica(s) of each; "
-               "token rows exchanged by all-to-all\n", ep, moe->experts / ep, moe->experts,
-               dp / ep);
-}
-
 /* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
  * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
  * parameter (l3d_param_bytes), ZeRO sharding their state over the dp / ep ranks that hold the
@@ -83,6 +64,28 @@ static void report_expert_memory(const struct l3d_trainer *t) {
            pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
 }
 
+/* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
+ * second one, the split (E / ep experts a rank, dp / ep replicas of each); then their memory. */
+static void report_experts(const struct l3d_trainer *t, double N) {
+    const struct l3d_model_spec *m = &t->tc->model;
+    const struct l3d_moe_spec *moe = &m->moe;
+    int ep = t->tc->layout.ep, dp = t->topo->layout->dp;
+    if (moe->experts == 0) return;
+    char cap[48] = "dropless";
+    if (moe->capacity_factor > 0)
+        snprintf(cap, sizeof cap, "capacity factor %g", moe->capacity_factor);
+    printf("experts: layers %d-%d of %d experts (width %lld), top-%d%s, %d shared, %s; %.2fM "
+           "parameters, %.2fM active a token (model FLOPs and MFU count the active ones)\n",
+           moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
+           moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
+           l3d_model_active_param_count(m) / 1e6);
+    if (ep > 1)
+        printf("expert parallelism: ep %d, %d of the %d experts a rank, %d replica(s) of each; "
+               "token rows exchanged by all-to-all\n", ep, moe->experts / ep, moe->experts,
+               dp / ep);
+    report_expert_memory(t);
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -102,7 +105,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
-    report_experts(&tc->model, N, tc->layout.ep, t->topo->layout->dp);
+    report_experts(t, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";
@@ -159,7 +162,6 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                "and the non-layer tensors)", mem.gather / MiB, tc->layout.zero3_prefetch + 1,
                tc->layout.zero3_prefetch);
     printf("\n");
-    report_expert_memory(t);
     report_transfers(t, v);
     if (mixed)
         printf("products: %s\n",
