@@ -39,6 +39,14 @@ oracle hostile "$dir/hf1" swap_experts "$dir/swap" > /dev/null
 check "  (negative: the oracle finds two experts exchanged)" sh -c "! python3 '$(dirname "$0")/lib/st_oracle.py' check '$dir/swap' '$model' > /dev/null"
 check "  (negative: ... and llm3d reads them as another model)" sh -c "'$bin' convert '$dir/swap' '$dir/swap.bin' > /dev/null && ! cmp -s '$dir/swap.bin' '$model'"
 
+# --ep 2 on 2 ranks: --out gathers each rank's experts into the folder; the same weights as its
+# model.bin, and the folder reads back as that file
+if train ep2 2 2 --ep 2 && oracle check "$dir/ep2" "$dir/ep2/model.bin" > /dev/null &&
+   "$bin" convert "$dir/ep2" "$dir/ep2.bin" > /dev/null && cmp -s "$dir/ep2.bin" "$dir/ep2/model.bin"; then
+    ok "--ep 2: --out's Mixtral folder holds every rank's experts (the oracle and a round trip agree)"
+else
+    bad "--ep 2's Mixtral folder"
+fi
 # --init-from the folder trains as from model.bin: the same weights after 2 steps
 if train init 0 2 --init-from "$dir/hf1" --steps 2 && train init_bin 0 2 --init-from "$model" --steps 2 &&
    cmp -s "$dir/init/model.bin" "$dir/init_bin/model.bin"; then
