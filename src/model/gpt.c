@@ -113,10 +113,8 @@ int l3d_shard_kv_count(const struct l3d_model_spec *cfg, const struct l3d_shard 
 }
 
 bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
-    /* with experts in every layer the MLP width shapes no tensor (a Mixtral folder has none) */
-    bool no_mlp = a->moe.experts > 0 && a->moe.dense_layers == 0;
     return a->L == b->L && a->C == b->C && a->NH == b->NH && a->V == b->V && a->maxT == b->maxT &&
-           (model_ffn(a) == model_ffn(b) || no_mlp) && a->arch == b->arch &&
+           model_ffn(a) == model_ffn(b) && a->arch == b->arch &&
            l3d_model_kv_heads(a) == l3d_model_kv_heads(b) && a->norm == b->norm &&
            a->mlp == b->mlp && a->pos == b->pos && a->no_bias == b->no_bias &&
            a->untied == b->untied && a->moe.experts == b->moe.experts &&
