@@ -44,14 +44,18 @@ static const struct l3d_arch_tensor gpt2_tensors[] = {
     HEAD("lm_head.weight"),
 };
 
+/* Llama's embedding and each layer's attention with its two norms, which Mixtral shares. */
+#define LLAMA_ATTENTION                                                                        \
+    MAT("model.embed_tokens.weight", "wte", false, 0, V, VP, C, false),                       \
+    VEC("model.layers.%d.input_layernorm.weight", "ln1w", true, C),                           \
+    MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),        \
+    MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),       \
+    MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),    \
+    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),      \
+    VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C)
+
 static const struct l3d_arch_tensor llama_tensors[] = {
-    MAT("model.embed_tokens.weight", "wte", false, 0, V, VP, C, false),
-    VEC("model.layers.%d.input_layernorm.weight", "ln1w", true, C),
-    MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),
-    MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),
-    VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C),
+    LLAMA_ATTENTION,
     DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),
     DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),
     DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F),
@@ -63,13 +67,7 @@ static const struct l3d_arch_tensor llama_tensors[] = {
  * layer a router (block_sparse_moe.gate) and experts whose w1, w3, w2 are SwiGLU's gate, up and
  * down projections, each expert's three in turn. */
 static const struct l3d_arch_tensor mixtral_tensors[] = {
-    MAT("model.embed_tokens.weight", "wte", false, 0, V, VP, C, false),
-    VEC("model.layers.%d.input_layernorm.weight", "ln1w", true, C),
-    MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),
-    MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),
-    VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C),
+    LLAMA_ATTENTION,
     MMAT("model.layers.%d.block_sparse_moe.gate.weight", "router", 0, E, E, C),
     EMAT("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", "expfcw", 0, FE, E2FE, C, 2FE),
     EMAT("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", "expprojw", 0, C, EC, FE, C),
@@ -98,10 +96,14 @@ static const struct l3d_arch_key gpt2_keys[] = {
     {"add_cross_attention", L3D_KEY_BOOL, R, 0, NULL, false, "a decoder without cross-attention"},
 };
 
+/* LlamaConfig's sizes of the attention, which MixtralConfig shares */
+#define LLAMA_SIZES                                                                             \
+    KEY("num_hidden_layers", LAYERS, RW, -1), KEY("hidden_size", CHANNELS, RW, -1),            \
+    KEY("num_attention_heads", HEADS, RW, -1), KEY("num_key_value_heads", KV_HEADS, RW, 0),    \
+    KEY("head_dim", HEAD_DIM, W, 0)
+
 static const struct l3d_arch_key llama_keys[] = {
-    KEY("num_hidden_layers", LAYERS, RW, -1), KEY("hidden_size", CHANNELS, RW, -1),
-    KEY("num_attention_heads", HEADS, RW, -1), KEY("num_key_value_heads", KV_HEADS, RW, 0),
-    KEY("head_dim", HEAD_DIM, W, 0), KEY("intermediate_size", FFN, RW, -1),
+    LLAMA_SIZES, KEY("intermediate_size", FFN, RW, -1),
     KEY("vocab_size", VOCAB, RW, -1), KEY("max_position_embeddings", CONTEXT, RW, -1),
     KEY("rms_norm_eps", EPS, RW, 1e-6), KEY("rope_theta", THETA, RW, 10000.0),
     KEY("tie_word_embeddings", TIED, R, 0),
@@ -115,14 +117,12 @@ static const struct l3d_arch_key llama_keys[] = {
  * always renormalises its top-k (no norm_topk_prob key); router_aux_loss_coef counts when
  * output_router_logits is true, as in MixtralForCausalLM's forward. */
 static const struct l3d_arch_key mixtral_keys[] = {
-    KEY("num_hidden_layers", LAYERS, RW, -1), KEY("hidden_size", CHANNELS, RW, -1),
-    KEY("num_attention_heads", HEADS, RW, -1), KEY("num_key_value_heads", KV_HEADS, RW, 0),
-    KEY("head_dim", HEAD_DIM, W, 0), KEY("intermediate_size", EXPERT_FFN, RW, -1),
+    LLAMA_SIZES, KEY("intermediate_size", EXPERT_FFN, RW, -1),
     KEY("num_local_experts", EXPERTS, RW, -1), KEY("num_experts_per_tok", TOP_K, RW, -1),
+    {"hidden_act", L3D_KEY_STRING, RW, 0, llama_acts, false, "Mixtral's experts are SwiGLU: silu"},
     KEY("vocab_size", VOCAB, RW, -1), KEY("max_position_embeddings", CONTEXT, RW, -1),
     KEY("rms_norm_eps", EPS, RW, 1e-5), KEY("rope_theta", THETA, RW, 1e6),
     KEY("tie_word_embeddings", TIED, R, 0),
-    {"hidden_act", L3D_KEY_STRING, RW, 0, llama_acts, false, "Mixtral's experts are SwiGLU: silu"},
     {"sliding_window", L3D_KEY_NULL, RW, 0, NULL, false, "llm3d's attention is fully causal"},
     {"router_jitter_noise", L3D_KEY_ZERO, RW, 0, NULL, false, "llm3d's router adds no noise"},
     KEY("output_router_logits", ROUTER_LOGITS, RW, 0),
