@@ -3,11 +3,14 @@
  * written here (not llm3d's), against llm3d's counts and the published figures within their
  * rounding; the row a model is written as, and the models no row holds; MixtralConfig's keys to a
  * spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
- * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows). */
+ * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
+ * and read back bit for bit, and refused by the loader when its config counts other experts. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "llm3d/arch.h"
+#include "llm3d/file.h"
 #include "llm3d/hf.h"
 #include "llm3d/spec.h"
 #include "test.h"
@@ -181,10 +184,43 @@ static void test_config(void) {
           strstr(l3d_error_message(), "\"num_local_experts\" is missing"));
 }
 
+static void test_folder(void) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/l3d-test-moe-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
+                                                                              : "/tmp");
+    L3D_ASSERT(mkdtemp(dir));
+    struct l3d_model_spec m = tiny_mixtral(4), back;
+    int64_t n = l3d_gpt_param_count(&m);
+    float *w = l3d_alloc((size_t)n * sizeof(float), "weights");
+    float *r = l3d_alloc((size_t)n * sizeof(float), "weights");
+    for (int64_t i = 0; i < n; i++) w[i] = (float)((i * 7919) % 1000 - 500) / 997.0f;
+    snprintf(path, sizeof path, "%s/mx", dir);
+    CHECK(l3d_hf_save(path, &m, w, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_config_read(path, &back) == L3D_OK && l3d_model_same_shapes(&back, &m));
+    CHECK(l3d_hf_load(path, &m, r) == L3D_OK && memcmp(r, w, (size_t)n * sizeof(float)) == 0);
+    /* the same weights under a config of 3 experts: the loader names the counts */
+    struct l3d_model_spec three = m;
+    three.moe.experts = 3;
+    L3D_ASSERT(l3d_gpt_config_finish(&three) == L3D_OK);
+    char *text = l3d_hf_config_text(&three, L3D_F32), cfg[320];
+    snprintf(cfg, sizeof cfg, "%s/config.json", path);
+    L3D_ASSERT(l3d_write_file(cfg, "config.json", text, strlen(text)) == L3D_OK);
+    l3d_free(text);
+    CHECK(l3d_hf_load(path, &three, r) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "layer 0 holds 4 experts (its last: tensor "
+                 "model.layers.0.block_sparse_moe.experts.3.w1.weight)") &&
+          strstr(l3d_error_message(), "\"num_local_experts\": 3"));
+    CHECK(l3d_hf_config_read(path, &back) == L3D_ERR_FORMAT); /* and before any allocation */
+    l3d_free(w);
+    l3d_free(r);
+    CHECK(test_rm_rf(dir));
+}
+
 int main(void) {
     test_presets();
     test_rows();
     test_map();
     test_config();
+    test_folder();
     return TEST_REPORT();
 }

@@ -691,6 +691,7 @@ static l3d_status hf_load_shard(const char *dir, const struct l3d_model_spec *cf
     if ((rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
     struct l3d_st st;
     rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_experts(&st, cfg, cfgpath);
     if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
     const struct l3d_st_tensor *t;
     for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);
