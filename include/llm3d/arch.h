@@ -138,7 +138,8 @@ const struct l3d_arch_info *l3d_arch_by_llmc_version(int version);
 /* The families' names in enum order (L3D_ARCH_COUNT of them). */
 const char *const *l3d_arch_names(void);
 /* The families' names, "gpt2 or llama" (conj "or"), "gpt2 and llama" (conj "and"), or with hf
- * their model_type values: into buf (cap bytes), which it returns. */
+ * the model_type values of every row, flavours included ("gpt2, llama and mixtral"): into buf
+ * (cap bytes), which it returns. */
 const char *l3d_arch_list(char *buf, size_t cap, const char *conj, bool hf);
 /* A size of the map for spec m. */
 int64_t l3d_arch_dim(const struct l3d_model_spec *m, enum l3d_arch_dim d);

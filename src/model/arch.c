@@ -219,10 +219,11 @@ const char *const *l3d_arch_names(void) {
 
 const char *l3d_arch_list(char *buf, size_t cap, const char *conj, bool hf) {
     size_t k = 0;
+    int n = hf ? NROWS : L3D_ARCH_COUNT; /* the model_type values: the flavours' too */
     buf[0] = 0;
-    for (int i = 0; i < L3D_ARCH_COUNT && k < cap; i++) {
-        const char *sep = i == 0 ? "" : i + 1 < L3D_ARCH_COUNT ? ", " : " ";
-        bool last = i > 0 && i + 1 == L3D_ARCH_COUNT;
+    for (int i = 0; i < n && k < cap; i++) {
+        const char *sep = i == 0 ? "" : i + 1 < n ? ", " : " ";
+        bool last = i > 0 && i + 1 == n;
         k += (size_t)snprintf(buf + k, cap - k, "%s%s%s%s", sep, last ? conj : "",
                               last ? " " : "", hf ? families[i].hf_model_type : families[i].name);
     }
