@@ -281,6 +281,11 @@ static l3d_status tensorboard_step(const struct l3d_trainer *t, int step,
     if (!isnan(s->val_loss)) v[n++] = (struct l3d_tfevents_scalar){"val/loss", s->val_loss};
     if (s->loss_scale > 0)
         v[n++] = (struct l3d_tfevents_scalar){"train/loss_scale", (float)s->loss_scale};
+    if (s->moe_layers > 0) { /* a mixture of experts: the auxiliary losses, the busiest layer */
+        v[n++] = (struct l3d_tfevents_scalar){"moe/aux_loss", (float)s->moe_aux};
+        v[n++] = (struct l3d_tfevents_scalar){"moe/z_loss", (float)s->moe_z};
+        v[n++] = (struct l3d_tfevents_scalar){"moe/load_max", (float)s->moe_load_max};
+    }
     return l3d_tfevents_write(&t->tb, step + 1, v, n);
 }
 

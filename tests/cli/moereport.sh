@@ -3,7 +3,8 @@
 # parameters against counts written here from the sizes alone (python3), model FLOPs a token from
 # the active ones (MFU's count), the start-up line's expert memory on each rank on one process and
 # under --ep 2 (half the experts) with ZeRO-1 over the ranks holding the same experts; each step's
-# auxiliary losses and per-layer loads in metrics.jsonl; llm3d plot's load and auxiliary-loss
+# auxiliary losses and per-layer loads in metrics.jsonl (and TensorBoard's moe/ tags, the same
+# values); llm3d plot's load and auxiliary-loss
 # charts holding those values, none for a dense run; hostile loads refused naming file, line and
 # key. Usage: moereport.sh LLM3D SCRATCH_DIR
 source "$(dirname "$0")/lib/checks.sh"
@@ -15,8 +16,11 @@ AUX="Router auxiliary losses (unweighted)"
 byte_corpus moereport
 TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --steps 5 --warmup 1)
 TRAIN_LOG=check
-train one 0 2 --quiet || exit 1
+train one 0 2 --quiet --tensorboard "$dir/tb" || exit 1
 m=$dir/one/metrics.jsonl
+check "TensorBoard's moe/aux_loss, moe/z_loss and moe/load_max are metrics.jsonl's" \
+    python3 "$(dirname "$0")/tfevents_read.py" compare "$dir/tb" "$m"
+check "  ... three tags a step" test "$(python3 "$(dirname "$0")/tfevents_read.py" dump "$dir"/tb/* | grep -c "moe/")" -eq 15
 
 # moe-tiny: GPT-2's tiny (L 2, C 64, V 256, context 32) with 4 GELU experts of width 128, top-2,
 # biases; the count of each tensor (wte, wpe; ln_1, c_attn, c_proj, ln_2; router, experts; ln_f)
