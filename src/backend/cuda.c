@@ -167,6 +167,15 @@ static void cuda_event_destroy(void *ctx, struct l3d_event *ev) {
     cx->n_events--;
 }
 
+int l3d_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 bool l3d_cuda_is_device_ptr(const void *p) {
     struct cudaPointerAttributes a;
     if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
