@@ -65,6 +65,25 @@ static void test_comm_choice(void) {
     CHECK(l3d_cuda_comm_choice(one_node, devs, 1, &a, &b) == L3D_CUDA_COMM_NCCL);
 }
 
+/* all_to_allv's grouped sends and receives over 4 ranks: uneven and empty blocks, gaps between
+ * blocks, 2-byte elements; negative: an empty block is no transfer and does not widen the span,
+ * even with its displacement past the data */
+static void test_a2a(void) {
+    struct l3d_cuda_xfer x[4];
+    const int64_t cnt[4] = {3, 0, 5, 2}, dis[4] = {0, 99, 4, 10};
+    CHECK(l3d_cuda_a2a_xfers(4, cnt, dis, 2, x) == 3);
+    CHECK(x[0].peer == 0 && x[0].at == 0 && x[0].count == 3);
+    CHECK(x[1].peer == 2 && x[1].at == 8 && x[1].count == 5);
+    CHECK(x[2].peer == 3 && x[2].at == 20 && x[2].count == 2);
+    CHECK(l3d_cuda_blocks_span(4, cnt, dis) == 12); /* not 99: block 1 is empty */
+    const int64_t back[4] = {2, 0, 0, 7}, bdis[4] = {7, 0, 0, 0}; /* blocks in reverse order */
+    CHECK(l3d_cuda_a2a_xfers(4, back, bdis, 4, x) == 2);
+    CHECK(x[0].peer == 0 && x[0].at == 28 && x[1].peer == 3 && x[1].at == 0 && x[1].count == 7);
+    CHECK(l3d_cuda_blocks_span(4, back, bdis) == 9);
+    const int64_t none[4] = {0, 0, 0, 0};
+    CHECK(l3d_cuda_a2a_xfers(4, none, dis, 8, x) == 0 && l3d_cuda_blocks_span(4, none, dis) == 0);
+}
+
 static void test_launch(void) {
     struct l3d_cuda_launch l = l3d_cuda_launch_1d(1000, 256, 4096);
     CHECK(l.blocks == 4 && l.threads == 256);
@@ -509,6 +528,7 @@ static void test_moe_dlogits(struct l3d_backend *be) {
 int main(void) {
     test_local_rank();
     test_comm_choice();
+    test_a2a();
     test_launch();
     test_allocs();
     test_plans();
