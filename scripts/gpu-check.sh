@@ -88,11 +88,13 @@ for part in dense moe; do
     [ $part = moe ] && name="MoE kernels vs CPU (fp32, bf16, fp16)" && extra="routing exact"
     if L3D_KERNEL_TEST_BACKEND=$gpu_be OMP_NUM_THREADS=8 timeout 300 "$build/test_cuda_kernels" \
             $part > "$work/kernels_$part.log" 2>&1; then
-        row "$name" PASS "$(grep -c 'rel diff' "$work/kernels_$part.log") outputs in tolerance, $extra"
+        n=$(grep -c 'rel diff' "$work/kernels_$part.log")
+        row "$name" PASS "$n outputs in tolerance, $extra"
     else
         grep -E 'FAIL|fatal|CHECK|error' "$work/kernels_$part.log" | head -20
         tail -3 "$work/kernels_$part.log"
-        row "$name" FAIL "$(grep -c FAIL "$work/kernels_$part.log") outputs out of tolerance (see above)"
+        n=$(grep -c FAIL "$work/kernels_$part.log")
+        row "$name" FAIL "$n outputs out of tolerance (see above)"
     fi
 done
 
@@ -148,8 +150,9 @@ done
 moe=(--moe-experts 4 --moe-top-k 2 --moe-ffn 256 --moe-aux-loss-coef 0.01 --moe-z-loss-coef 0.001
      --batch 4)
 name="MoE train 20 steps, GPU vs CPU (fp32)"
-if run moe_cpu_fp32 0 cpu "${moe[@]}" --grad-accum 2 && run moe_gpu_fp32 0 $gpu_be "${moe[@]}" --grad-accum 2
-then compare "$name" moe_gpu_fp32 moe_cpu_fp32 1e-3
+if run moe_cpu_fp32 0 cpu "${moe[@]}" --grad-accum 2 &&
+   run moe_gpu_fp32 0 $gpu_be "${moe[@]}" --grad-accum 2; then
+    compare "$name" moe_gpu_fp32 moe_cpu_fp32 1e-3
 else row "$name" FAIL "a run failed"; fi
 # the same global batch of 8 sequences: tp2 8 a rank, dp2 4 a replica (with ZeRO-3 too: the
 # parameters' all-gathers and the gradients' reduce-scatters through the staged communicator),

@@ -100,7 +100,7 @@ __global__ void moe_stats_k(float *stats, const float *probs, const float *lse, 
     if (threadIdx.x == 0) stats[E + b] = (float)part[0];
 }
 
-/* ---- gather, combine ---------------------------------------------------------------------------- */
+/* ---- gather, combine -------------------------------------------------------------------------- */
 
 template <typename T>
 __global__ void moe_permute_k(T *rows, const T *inp, const int32_t *pos, int64_t K, int64_t C,

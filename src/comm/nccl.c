@@ -347,7 +347,8 @@ static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         return;
     }
     struct pending *p = mpi_begin(d, "all-gatherv");
-    void *h = mpi_buf(d, p, recv, nbytes(l3d_cuda_blocks_span(c->size, counts, displs), t), true, true);
+    int64_t span = l3d_cuda_blocks_span(c->size, counts, displs);
+    void *h = mpi_buf(d, p, recv, nbytes(span, t), true, true);
     l3d_comm_all_gatherv(d->mpi, h, counts, displs, t, inner(p, req));
     stage_end(d, p, req);
 }

@@ -406,7 +406,7 @@ static void test_attn_block(struct l3d_backend *be) {
     for (int i = 0; i < 14; i++) free(hb[i]);
 }
 
-/* ---- mixture of experts: the kernels' per-token functions (cuda_moe.h) on the host ---------------
+/* ---- mixture of experts: the kernels' per-token functions (cuda_moe.h) on the host -----------
  * The route kernels' steps replayed on the host with the very functions the device runs
  * (l3d_moe_route_row a token, l3d_moe_offsets, l3d_moe_slot an assignment in token order,
  * l3d_moe_dlogits_row a token), against the CPU backend's MoE kernels: the routing rules are
