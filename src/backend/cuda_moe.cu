@@ -57,8 +57,9 @@ __global__ void moe_offsets_k(int32_t *cnt, float *stats, int64_t E, int64_t cap
     l3d_moe_offsets(cnt, stats, E, capacity);
 }
 
-/* One block (kMoeThreads) an expert: its assignments in token order, ranked by a ballot in each
- * warp and the counts of the warps before it; pos of each = l3d_moe_slot. */
+/* One block (kMoeThreads) an expert: its assignments in token order, a chunk of blockDim at a time,
+ * each ranked by l3d_moe_chunk_rank from its warp's ballot and the counts of the warps before it;
+ * pos of each = l3d_moe_slot. */
 static const int kMoeThreads = 256;
 __global__ void moe_slot_k(int32_t *pos, const int32_t *idx, const int32_t *offsets, int64_t NK,
                            int64_t capacity) {
@@ -69,12 +70,12 @@ __global__ void moe_slot_k(int32_t *pos, const int32_t *idx, const int32_t *offs
     for (int64_t base = 0; base < NK; base += blockDim.x) {
         const int64_t i = base + threadIdx.x;
         const bool mine = i < NK && idx[i] == e;
-        const unsigned m = __ballot_sync(0xffffffffu, mine);
+        const uint32_t m = __ballot_sync(0xffffffffu, mine);
         if (lane == 0) in_warp[wid] = __popc(m);
         __syncthreads();
-        int64_t rank = seen + __popc(m & ((1u << lane) - 1u));
-        for (int k = 0; k < wid; k++) rank += in_warp[k];
-        if (mine) pos[i] = l3d_moe_slot(offsets[e], rank, capacity);
+        if (mine)
+            pos[i] = l3d_moe_slot(offsets[e], l3d_moe_chunk_rank(seen, in_warp, wid, m, lane),
+                                  capacity);
         for (int k = 0; k < nw; k++) seen += in_warp[k];
         __syncthreads();
     }

@@ -75,6 +75,26 @@ L3D_MOE_FN int32_t l3d_moe_slot(int32_t start, int64_t rank, int64_t capacity) {
     return capacity > 0 && rank >= capacity ? -1 : start + (int32_t)rank;
 }
 
+/* The bits set in m: the device's __popc, the host's builtin. */
+L3D_MOE_FN int l3d_moe_popc(uint32_t m) {
+#ifdef __CUDA_ARCH__
+    return __popc(m);
+#else
+    return __builtin_popcount(m);
+#endif
+}
+
+/* The rank (0-based, token order) of the assignment that lane `lane` of warp `wid` holds in a
+ * chunk of an expert's walk over the assignments: `seen` of the expert's in the chunks before, the
+ * counts of the warps before this one (in_warp[0..wid)), and the lanes before this one whose
+ * assignment is the expert's (m: the warp's ballot, bit l for lane l). */
+L3D_MOE_FN int64_t l3d_moe_chunk_rank(int64_t seen, const int32_t *in_warp, int wid, uint32_t m,
+                                      int lane) {
+    int64_t rank = seen;
+    for (int k = 0; k < wid; k++) rank += in_warp[k];
+    return rank + l3d_moe_popc(m & ((1u << lane) - 1u));
+}
+
 /* One token's router-logit gradient dl (E, =) from its top-k weights' gradient dw (K): first the
  * gradient of each probability (the load-balancing loss's aux_scale x stats[e] on every expert,
  * plus the chosen experts' dw, through the renormalisation w_k = p_k / S when norm_topk:

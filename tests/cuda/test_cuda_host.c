@@ -418,7 +418,32 @@ struct moe_ref {
     int32_t idx[MN * MK], pos[MN * MK], off[ME + 1];
 };
 
-static void moe_replay(struct moe_ref *r, const float *x, const float *w, int norm, int64_t cap) {
+/* moe_slot_k's walk for expert e with blocks of `threads`: chunk by chunk, each warp's ballot and
+ * count, then each assignment's rank by l3d_moe_chunk_rank and its row by l3d_moe_slot */
+static void moe_slot_walk(struct moe_ref *r, int32_t e, int64_t cap, int threads) {
+    int32_t in_warp[32];
+    uint32_t m[32];
+    int64_t seen = 0;
+    for (int64_t base = 0; base < MN * MK; base += threads) {
+        for (int w = 0; w < threads / 32; w++) {
+            m[w] = 0;
+            for (int l = 0; l < 32; l++) {
+                int64_t i = base + 32 * w + l;
+                if (i < MN * MK && r->idx[i] == e) m[w] |= 1u << l;
+            }
+            in_warp[w] = l3d_moe_popc(m[w]);
+        }
+        for (int t = 0; t < threads && base + t < MN * MK; t++)
+            if (r->idx[base + t] == e)
+                r->pos[base + t] = l3d_moe_slot(
+                    r->off[e], l3d_moe_chunk_rank(seen, in_warp, t / 32, m[t / 32], t % 32), cap);
+        for (int w = 0; w < threads / 32; w++) seen += in_warp[w];
+    }
+}
+
+/* the route kernels' steps on the host (blocks of `threads` in the slot walk) */
+static void moe_replay(struct moe_ref *r, const float *x, const float *w, int norm, int64_t cap,
+                       int threads) {
     memset(r->off, 0, sizeof r->off);
     for (int64_t n = 0; n < MN; n++) {
         for (int64_t e = 0; e < ME; e++) { /* the CPU's order, so that ties stay ties */
@@ -431,11 +456,7 @@ static void moe_replay(struct moe_ref *r, const float *x, const float *w, int no
         for (int64_t k = 0; k < MK; k++) r->off[r->idx[n * MK + k]]++;
     }
     l3d_moe_offsets(r->off, r->stats, ME, cap);
-    for (int32_t e = 0; e < ME; e++) {
-        int64_t rank = 0;
-        for (int64_t i = 0; i < MN * MK; i++)
-            if (r->idx[i] == e) r->pos[i] = l3d_moe_slot(r->off[e], rank++, cap);
-    }
+    for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads);
     double z = 0.0;
     for (int64_t e = 0; e < ME; e++) {
         double s = 0.0;
@@ -471,7 +492,8 @@ static bool moe_same(const struct moe_ref *a, const struct moe_ref *b) {
 
 /* Token 0 all zeros (every expert equally likely: experts 0 and 1), token 1 along weight row 2,
  * which row 4 repeats (a tie at the top: 2 before 4); dropless and with a capacity of 3, plain
- * and renormalised. Negative: another capacity, or the renormalisation off, is rejected. */
+ * and renormalised; the slot walk in blocks of 32 (two chunks), 64 (two warps) and 256 threads
+ * (the kernel's). Negative: another capacity, or the renormalisation off, is rejected. */
 static void test_moe_route(struct l3d_backend *be) {
     float *x = randn(MN * MC, 21), *w = randn(ME * MC, 22);
     for (int64_t c = 0; c < MC; c++) {
@@ -483,16 +505,18 @@ static void test_moe_route(struct l3d_backend *be) {
     for (int v = 0; v < 4; v++) {
         int norm = v & 1;
         int64_t cap = v & 2 ? 3 : 0;
-        moe_replay(ref, x, w, norm, cap);
         moe_cpu(be, cpu, x, w, norm, cap);
-        CHECK(moe_same(ref, cpu));
+        for (int threads = 32; threads <= 256; threads *= 2) {
+            moe_replay(ref, x, w, norm, cap, threads);
+            CHECK(moe_same(ref, cpu));
+        }
         CHECK(ref->idx[0] == 0 && ref->idx[1] == 1 && ref->idx[2] == 2 && ref->idx[3] == 4);
         /* dropless: every assignment has a row; 46 assignments over 6 experts of 3 rows: drops */
         CHECK(cap ? ref->stats[2 * ME + 1] > 0.0f && ref->off[ME] < MN * MK
                   : ref->stats[2 * ME + 1] == 0.0f && ref->off[ME] == MN * MK);
-        moe_replay(ref, x, w, norm, cap ? 2 : 3);
+        moe_replay(ref, x, w, norm, cap ? 2 : 3, 256);
         CHECK(!moe_same(ref, cpu));
-        moe_replay(ref, x, w, !norm, cap);
+        moe_replay(ref, x, w, !norm, cap, 256);
         CHECK(!moe_same(ref, cpu));
     }
     free(x), free(w), free(ref), free(cpu);
