@@ -22,9 +22,9 @@
 # Measured, two dry runs on a shared 2-core machine with the build reused: 91 and 108 s in all
 # (host arithmetic and kernels 0-1 s, gradient check 4-5 s, GPT-2 training fp32 10-18 s and bf16
 # 6-11 s, Llama 11-13 s and 7 s, tp2 / dp2 / cp2 / cp2 Llama 3-5 s each, each benchmark 16-20 s).
-# With the MoE rows (issue 50: MoE kernels, MoE training, dp2 ZeRO-3, ep2), 2026-12-07: 166 s,
-# and 217 s with the machine's load at 14-17 (GPT-2 fp32 12 and 25 s): the new rows 0 s, 26 s
-# (MoE training: 39 s with experts of width 1024, since cut to 256), 5-6 s and 5-10 s.
+# With the MoE rows (issue 50: MoE kernels, MoE training, dp2 ZeRO-3, ep2), 2026-12-07, the
+# machine's load 10-17: 166, 217 and 187 s (GPT-2 fp32 12, 25 and 32 s); the new rows 0 s, 17-26 s
+# (MoE training: 39 s with experts of width 1024, since cut to 256), 5-6 s and 4-10 s.
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR] (default build-cuda).
 # Env: JOBS (build jobs, 16), BENCH_STEPS (10), GPU_CHECK_LOGS (a directory that keeps every log:
