@@ -187,10 +187,14 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     struct l3d_hf_tensor *map = NULL;
     int nmap = 0;
-    /* agreed: the spec is the same; a MoE model has model.bin only (no folder yet) */
-    bool folder = tc->model.moe.experts == 0;
-    l3d_status st = folder ? l3d_hf_tensors(&tc->model, &map, &nmap) : L3D_OK;
-    if (st != L3D_OK) return st;
+    /* agreed: the spec is the same; a MoE model no Hugging Face family holds (GPT-2's blocks,
+     * shared experts, dense layers) has model.bin only, said below */
+    l3d_status st = l3d_hf_tensors(&tc->model, &map, &nmap);
+    bool folder = st == L3D_OK;
+    char why[512] = "";
+    if (!folder && tc->model.moe.experts == 0) return st;
+    if (!folder) snprintf(why, sizeof why, "%s", l3d_error_message());
+    st = L3D_OK;
     struct out_ctx o = {.t = t, .map = map};
     struct l3d_shard fs = l3d_shard_full(&tc->model);
     l3d_gpt_plan_tensors(&tc->model, &fs, o.ti);
@@ -214,8 +218,7 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
         st = l3d_ckpt_save_llmc_pieces(path, &tc->model, bin_next, &o);
         if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
         if (st == L3D_OK && !folder && !tc->quiet)
-            printf("no Hugging Face folder for a mixture-of-experts model: Mixtral/Qwen3-MoE "
-                   "folders land with issue 46 item 4\n");
+            printf("no Hugging Face folder: %s\n", why);
         struct l3d_tokenizer *tok = st == L3D_OK && folder ? out_tokenizer(tc) : NULL;
         if (st == L3D_OK && folder)
             st = l3d_hf_save_fill_tok(tc->out_dir, &tc->model, hf_fill, &o, tc->save_dtype,
