@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mixture of experts and expert parallelism on the other layouts (README "Mixture of experts";
 # docs/DESIGN.md "Expert parallelism"), each against one process on the same micro-batches
-# (llm3d compare: losses and gradient norms within 1e-5, the final weights 3e-5 as tests/cli/cp.sh
-# measured for a ring's bias tensors): context parallelism (the EP group inside
+# (llm3d compare --rtol 1e-5 as tests/cli/ep.sh; under cp and tp the final weights within 3e-5,
+# as tests/cli/cp.sh measured for a ring's bias tensors): context parallelism (the EP group inside
 # dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
 # micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
 # (with and without SP), ZeRO-3, with accumulation, full recomputation and ZeRO-1/2, and
@@ -15,8 +15,9 @@ start_test "$@"
 byte_corpus epl
 TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-aux-loss-coef 1 --steps 4 --warmup 2 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
-# same NAME REF: losses and norms 1e-5, weights 3e-5 (cp.sh: a ring sums the bias tensors'
-# gradients in another order; measured 1.1-1.3e-5 of ln1b's size here, 8e-6 with one dense ring)
+# same NAME REF (cp and tp; same_run elsewhere): losses and norms 1e-5, weights 3e-5 (cp.sh: a
+# ring sums the bias tensors' gradients in another order; measured 1.1-1.3e-5 of ln1b's size here,
+# 8e-6 with one dense ring; tp 8.8e-6 of expfcb's)
 same() {
     if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/$1" "$dir/$2" \
         > "$dir/$1.cmp" 2>&1; then
@@ -55,24 +56,24 @@ fi
 P=(--layers 4)
 train ref4_l4 0 2 --grad-accum 4 "${P[@]}" &&
     train ref4_d2 0 2 --grad-accum 4 "${P[@]}" --moe-dense-layers 2 || true
-train ep2_pp2 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" && same ep2_pp2 ref4_l4
+train ep2_pp2 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" && same_run ep2_pp2 ref4_l4
 train ep2_pp2_int 4 2 --pp 2 --pp-schedule interleaved --pp-virtual 2 --ep 2 --grad-accum 2 \
-    "${P[@]}" && same ep2_pp2_int ref4_l4
+    "${P[@]}" && same_run ep2_pp2_int ref4_l4
 train ep2_pp2_zbh1 4 2 --pp 2 --pp-schedule zb-h1 --ep 2 --grad-accum 2 "${P[@]}" &&
-    same ep2_pp2_zbh1 ref4_l4
+    same_run ep2_pp2_zbh1 ref4_l4
 train ep2_pp2_zbh1_rc 4 2 --pp 2 --pp-schedule zb-h1 --recompute full --ep 2 --grad-accum 2 \
-    "${P[@]}" && same ep2_pp2_zbh1_rc ref4_l4 # W re-runs the block: the exchange in W too
+    "${P[@]}" && same_run ep2_pp2_zbh1_rc ref4_l4 # W re-runs the block: the exchange in W too
 train pp2_gpipe_d2 2 2 --pp 2 --pp-schedule gpipe --grad-accum 4 "${P[@]}" --moe-dense-layers 2 &&
-    same pp2_gpipe_d2 ref4_d2
+    same_run pp2_gpipe_d2 ref4_d2
 # a capacity that drops: whole micro-batches on each stage, so the same drops as one process
 train ref4_cf 0 2 --grad-accum 4 "${P[@]}" --moe-capacity-factor 0.5 &&
     train ep2_pp2_cf 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" --moe-capacity-factor 0.5 &&
-    same ep2_pp2_cf ref4_cf
+    same_run ep2_pp2_cf ref4_cf
 grep -q '"moe_dropped":[1-9]' "$dir/ep2_pp2_cf/metrics.jsonl" &&
     ok "capacity factor 0.5 drops assignments under ep 2 x pp 2" || bad "ep2_pp2_cf dropped nothing"
 # ... with accumulation and full recomputation (the exchange re-run inside backward), ZeRO-1
 train ep2_pp2_rc 4 2 --pp 2 --ep 2 --grad-accum 2 --recompute full --zero 1 "${P[@]}" &&
-    same ep2_pp2_rc ref4_l4
+    same_run ep2_pp2_rc ref4_l4
 # the reported MoE figures: every layer's load and the drops (counts) as text, the auxiliary
 # losses (sums in another order) within 1e-6
 moe_fields() { grep -o '"moe_dropped.*' "$dir/$1/metrics.jsonl"; }
@@ -106,9 +107,9 @@ train ref4_b1 0 1 --grad-accum 4 &&
 # dense layer and a shared expert in the second case); in bf16 within mixed.sh's tolerances; a
 # ZeRO-3 checkpoint resumed by one process
 D=(--moe-dense-layers 1 --moe-shared-experts 1)
-train ep2_zero3 2 2 --ep 2 --zero 3 && same ep2_zero3 ref2
+train ep2_zero3 2 2 --ep 2 --zero 3 && same_run ep2_zero3 ref2
 train ref4_d1 0 2 --grad-accum 4 "${D[@]}" &&
-    train ep2_zero3_d1 4 2 --ep 2 --zero 3 "${D[@]}" && same ep2_zero3_d1 ref4_d1
+    train ep2_zero3_d1 4 2 --ep 2 --zero 3 "${D[@]}" && same_run ep2_zero3_d1 ref4_d1
 same16() { # NAME REF: mixed.sh's layout tolerances for 16-bit runs (tests/cli/ep.sh)
     if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031 "$dir/$1" \
         "$dir/$2" > "$dir/$1.cmp" 2>&1; then
@@ -136,7 +137,7 @@ resumed() { # NAME NP B SAVED STEP [flags]: resumes SAVED's step-STEP checkpoint
             --resume "$dir/$saved/checkpoints/step_0000000$step" && same "$name" "$saved"
 }
 # (4 micro-batches of 2 a step throughout)
-train ref4 0 2 --grad-accum 4 && train ck_ep4 4 2 --ep 4 --save-every 2 && same ck_ep4 ref4 &&
+train ref4 0 2 --grad-accum 4 && train ck_ep4 4 2 --ep 4 --save-every 2 && same_run ck_ep4 ref4 &&
     resumed ck_tp2 4 2 ck_ep4 2 --ep 2 --tp 2 --sequence-parallel --grad-accum 2 &&
     resumed ck_one 0 2 ck_tp2 3 --grad-accum 4
 train ck_z3 2 2 --ep 2 --zero 3 --save-every 2 && resumed ck_z3_one 0 2 ck_z3 2 --grad-accum 2
