@@ -683,8 +683,8 @@ static void test_backend_refused(struct l3d_backend *cpu) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m = NULL;
     CHECK(l3d_gpt_init(&m, &cfg, &sh, &lacking, 1, 8, L3D_GRADS_FLAT) == L3D_ERR_ARG && !m &&
-          says("MoE layers run on the cpu and check backends; the CUDA kernels land with GPU "
-               "parity"));
+          says("has no MoE kernels (--moe-experts 4): the cpu, check and CUDA "
+               "backends have them"));
     CHECK(l3d_model_preset(&cfg, "tiny") == L3D_OK); /* a dense model builds there */
     CHECK(l3d_gpt_init(&m, &cfg, &sh, &lacking, 1, 8, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_free(m);

@@ -233,9 +233,8 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
     int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
     if (Lm == 0) return L3D_OK;
     if (!l3d_be_has_moe(m->be))
-        return l3d_error(L3D_ERR_ARG, "backend %s: MoE layers run on the cpu and check backends; "
-                         "the CUDA kernels land with GPU parity (--moe-experts %d): use "
-                         "L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
+        return l3d_error(L3D_ERR_ARG, "backend %s has no MoE kernels (--moe-experts %d): "
+                         "the cpu, check and CUDA backends have them; use L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
     const struct l3d_shard *sh = &m->shard;
     struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
     m->moe = s;
