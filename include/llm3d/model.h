@@ -432,21 +432,24 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
 /* The same backward in two calls (zero-bubble pipelines, Qi et al. 2024): B, the input gradient
  * (what the previous stage waits for; the head's, the embedding's and a MoE layer's weight
  * gradients come with it), then, possibly after other micro-batches' passes, W: the transformer
- * layers' weight gradients (dW = x^T dy of each product, the biases', the norms' weights') from
- * the slot's saved activations and the output gradients B stashed in the slot. Both act on the
- * current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves the
- * gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under full
- * recomputation W rebuilds the layer's forward again. grads_ready fires per layer from W.
- * wslot: where B keeps and W reads the stash, 0 .. wslots - 1 (a micro-batch's own until its W:
- * the schedule's micro % wslots, first in first out).
- * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes for wslots W slots): L3D_ERR_OOM;
+ * layers' products' weight gradients (dW = x^T dy of each product, and the biases'; the norms'
+ * weights come with B) from the slot's saved activations and the output gradients B stashed in
+ * the slot, over the activations B read for the last time (no memory beyond the slot's). Both act
+ * on the current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves
+ * the gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under
+ * full recomputation (the slot holds the layer outputs only) W rebuilds the layer's forward again
+ * and the output gradients wait in a stash of wslots W slots: wslot 0 .. wslots - 1 (a
+ * micro-batch's own until its W: the schedule's micro % wslots, first in first out; ignored
+ * otherwise). grads_ready fires per layer from W.
+ * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes, 0 without full recomputation):
+ * L3D_ERR_OOM;
  * L3D_ERR_ARG for the gradient-slot modes (ZeRO-2/3: a layer's slot is reused two layers on) and
  * MoE with full recomputation (W's rebuilt forward would rerun the experts). */
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots);
 void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot);
 void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot);
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_dtype dt);
+                            int T, int wslots, enum l3d_recompute recompute, enum l3d_dtype dt);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */

@@ -1362,10 +1362,18 @@ static void mlp_backward(struct l3d_gpt *m, const struct layer_acts *la,
 
 /* ---- split backward: the stash of W's inputs ------------------------------------------- */
 
-/* What W needs beyond the saved activations: the gradients of each product's and norm's output,
- * in the order B produces them (MLP output, fc output, LayerNorm 2 output, attention output,
- * q|k|v, LayerNorm 1 output). */
-enum { WS_DMLP, WS_DFCH, WS_DLN2, WS_DATT, WS_DQKV, WS_DLN1, WS_N };
+/* What W needs beyond the saved activations: the gradients of its products' outputs, in the order
+ * B produces them (MLP output, fc output, attention output, q|k|v); the norms' weight gradients
+ * come with B (cheap, and their inputs then need not be kept). Without full recomputation B
+ * writes them into the micro-batch's own activation slot, over what B has read for the last time
+ * and W does not read: the layer output res3 (the next layer's B, or the head's, is done), the fc
+ * output fch (the activation's backward is done), res2 (LayerNorm 2's backward is done) and q|k|v
+ * (the attention's backward is done), each of its gradient's size; so a micro-batch between B and
+ * W holds no more than between F and B, and ZB-H1 keeps 1F1B's activation memory (Qi et al.
+ * 2024, sec. 3.1: at most pp micro-batches in flight). The residual gradients are this rank's
+ * rows (W gathers them again under sequence parallelism). Under full recomputation the slot
+ * keeps only res3: they go to a stash of wslots W slots. */
+enum { WS_DMLP, WS_DFCH, WS_DATT, WS_DQKV, WS_N };
 
 /* Elements of each stash entry of one layer for BT rows. */
 static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int64_t BT,
@@ -1373,7 +1381,7 @@ static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shar
     int64_t C = cfg->C, HS = C / cfg->NH, BTl = BT / sh->sp_size;
     int64_t qkv = ((int64_t)sh->head_count + 2 * (int64_t)l3d_shard_kv_count(cfg, sh)) * HS;
     int64_t fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * (int64_t)sh->ffn_count : sh->ffn_count;
-    const int64_t v[WS_N] = {BT * C, BT * fm, BTl * C, BT * C, BT * qkv, BTl * C};
+    const int64_t v[WS_N] = {BTl * C, BT * fm, BTl * C, BT * qkv};
     memcpy(sz, v, sizeof v);
 }
 
@@ -1387,13 +1395,19 @@ static int64_t wstash_layer_bytes(const struct l3d_model_spec *cfg, const struct
 }
 
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_dtype dt) {
+                            int T, int wslots, enum l3d_recompute recompute, enum l3d_dtype dt) {
+    if (recompute != L3D_RECOMPUTE_FULL) return 0; /* in the activation slots */
     int64_t per = wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt));
     return (size_t)(per * sh->layer_count * wslots);
 }
 
-/* Entry i of local layer l's stash in the current W slot. */
-static void *wstash(const struct l3d_gpt *m, int l, int i) {
+/* Entry i of local layer l's stash: in the slot's activations (la, the current slot's), or in
+ * the current W slot of the stash under full recomputation. */
+static void *wstash(const struct l3d_gpt *m, const struct layer_acts *la, int l, int i) {
+    if (m->recompute != L3D_RECOMPUTE_FULL) {
+        void *const in_slot[WS_N] = {la->res3, la->fch, la->res2, la->qkv};
+        return in_slot[i];
+    }
     int64_t sz[WS_N], off = ((int64_t)m->wslot * m->shard.layer_count + l) * m->wstash_layer;
     wstash_sizes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, sz);
     for (int k = 0; k < i; k++) off += (sz[k] * (int64_t)m->es + 63) / 64 * 64;
@@ -1402,7 +1416,17 @@ static void *wstash(const struct l3d_gpt *m, int l, int i) {
 
 /* B keeps entry i of layer l: n elements of src. */
 static void stash(struct l3d_gpt *m, int l, int i, const void *src, int64_t n) {
-    l3d_be_copy_d2d(m->be, wstash(m, l, i), src, (size_t)n * m->es);
+    l3d_be_copy_d2d(m->be, wstash(m, &m->acts->layer[l], l, i), src, (size_t)n * m->es);
+}
+
+/* W's residual gradient (entry i, this rank's rows): all of them, gathered under sequence
+ * parallelism as B had them. */
+static const void *wstash_rows(struct l3d_gpt *m, int l, int i) {
+    const void *mine = wstash(m, &m->acts->layer[l], l, i);
+    if (m->shard.sp_size == 1) return mine;
+    int64_t Nl = (int64_t)m->B * m->T / m->shard.sp_size;
+    m->hooks.tp_all_gather(m->hooks.ctx, mine, m->acts->dres_full, Nl * m->cfg.C, m->dt);
+    return m->acts->dres_full;
 }
 
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
@@ -1416,7 +1440,8 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
     L3D_ASSERT(wslots >= 1 && !m->wstash);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
-    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots, m->dt);
+    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots,
+                                        m->recompute, m->dt);
     if (bytes == 0) return L3D_OK;
     m->wstash = l3d_be_alloc(m->be, bytes, "weight-gradient stash");
     if (!m->wstash)
@@ -1468,7 +1493,9 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     struct layer_params p = layer_params(m, l);
     if (m->grads_nonlayer)
         l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
-    struct layer_grads g = defer ? (struct layer_grads){0} : layer_grads(m, l);
+    struct layer_grads g = layer_grads(m, l);
+    if (defer) /* the products' weight gradients wait for W; the norms' come now */
+        g = (struct layer_grads){.ln1w = g.ln1w, .ln1b = g.ln1b, .ln2w = g.ln2w, .ln2b = g.ln2b};
     const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
         la = &a->rc;
@@ -1482,19 +1509,18 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     norm_grads(m, &g, gl);
     /* MLP: dres holds d(res3) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-    if (defer && !moe) stash(m, l, WS_DMLP, a->dres_full, N * C);
+    if (defer && !moe) stash(m, l, WS_DMLP, a->dres, Nl * C);
     if (moe)
         l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
     else
         mlp_backward(m, la, &p, &g, N);
     if (defer && !moe) stash(m, l, WS_DFCH, a->dfch, N * w.Fm);
-    if (defer) stash(m, l, WS_DLN2, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[0], gl[1], a->dln_local, la->res2, p.ln2w, la->ln2_mean,
                        la->ln2_rstd, Nl, C);
     progress(m);
     /* attention: dres now holds d(res2) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-    if (defer) stash(m, l, WS_DATT, a->dres_full, N * C);
+    if (defer) stash(m, l, WS_DATT, a->dres, Nl * C);
     l3d_be_memset(m->be, a->datty, 0, (size_t)(N * w.Ca) * m->es);
     matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw, N,
                     w.Ca, C);
@@ -1506,10 +1532,9 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     progress(m);
     if (defer) stash(m, l, WS_DQKV, a->dqkv, N * w.QKV);
     column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, w.QKV);
-    if (defer) stash(m, l, WS_DLN1, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[2], gl[3], a->dln_local, x, p.ln1w, la->ln1_mean,
                        la->ln1_rstd, Nl, C);
-    if (!defer) norm_grads_sum(m, &g, gl);
+    norm_grads_sum(m, &g, gl);
     /* dres now holds d(x), the layer's input */
     params_end(m, l, true);
     if (!defer && m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
@@ -1521,40 +1546,34 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
 static void weight_layer(struct l3d_gpt *m, int l) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
-    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, Nl = N / s->sp_size;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C;
     struct widths w = widths(m);
     params_begin(m, l, true);
     struct layer_acts *la = &a->layer[l];
     struct layer_params p = layer_params(m, l);
     struct layer_grads g = layer_grads(m, l);
-    const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
+        const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         la = &a->rc;
         forward_layer(m, l, la, x, m->B, m->T, false);
     }
-    float *gl[4];
-    norm_grads(m, &g, gl);
     if (!l3d_model_moe_layer(&m->cfg, s->layer_start + l)) {
-        matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash(m, l, WS_DMLP), la->fch_gelu,
+        matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash_rows(m, l, WS_DMLP), la->fch_gelu,
                         p.fcprojw, N, w.F, C);
-        matmul_backward(m, NULL, g.fcw, g.fcb, wstash(m, l, WS_DFCH), la->ln2, p.fcw, N, C,
-                        w.Fm);
+        matmul_backward(m, NULL, g.fcw, g.fcb, wstash(m, &a->layer[l], l, WS_DFCH), la->ln2,
+                        p.fcw, N, C, w.Fm);
     }
-    layernorm_backward(m, NULL, gl[0], gl[1], wstash(m, l, WS_DLN2), la->res2, p.ln2w,
-                       la->ln2_mean, la->ln2_rstd, Nl, C);
-    matmul_backward(m, NULL, g.attprojw, g.attprojb, wstash(m, l, WS_DATT), la->atty, p.attprojw,
-                    N, w.Ca, C);
-    matmul_backward(m, NULL, g.qkvw, g.qkvb, wstash(m, l, WS_DQKV), la->ln1, p.qkvw, N, C, w.QKV);
-    layernorm_backward(m, NULL, gl[2], gl[3], wstash(m, l, WS_DLN1), x, p.ln1w, la->ln1_mean,
-                       la->ln1_rstd, Nl, C);
-    norm_grads_sum(m, &g, gl);
+    matmul_backward(m, NULL, g.attprojw, g.attprojb, wstash_rows(m, l, WS_DATT), la->atty,
+                    p.attprojw, N, w.Ca, C);
+    matmul_backward(m, NULL, g.qkvw, g.qkvb, wstash(m, &a->layer[l], l, WS_DQKV), la->ln1, p.qkvw,
+                    N, C, w.QKV);
     params_end(m, l, true);
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
 }
 
 static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act, bool defer) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
-    L3D_ASSERT(!defer || m->wstash || m->shard.layer_count == 0);
+    L3D_ASSERT(!defer || m->wstash_slots > 0); /* l3d_gpt_split_init */
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int B = m->B, T = m->T;

@@ -129,9 +129,11 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
                 l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
             if (a->op == L3D_PP_BWD)
                 l3d_gpt_backward(g, dloss, g->shard.has_head ? NULL : x->grad_buf);
-            else
+            else { /* B writes W's input over its output activation: the send has left */
+                l3d_comm_wait(x->pp_comm, areq);
                 l3d_gpt_backward_input(g, dloss, g->shard.has_head ? NULL : x->grad_buf,
                                        a->micro % g->wstash_slots);
+            }
             double t1 = l3d_time_s();
             x->busy_s += t1 - t0;
             l3d_pp_trace_add(x, L3D_EV_BWD, a->chunk, a->micro, t0, t1);
