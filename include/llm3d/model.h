@@ -354,6 +354,7 @@ struct l3d_gpt {
     /* Split backward (l3d_gpt_split_init): per W slot, each layer's output gradients of its
      * products and norms, kept from l3d_gpt_backward_input to l3d_gpt_backward_weight. */
     void *wstash;
+    void *wnorm;          /* gradient slots (ZeRO-2/3): B's norm weight gradients per W slot */
     int64_t wstash_layer; /* bytes of one layer's stash; a W slot holds layer_count of them */
     int wstash_slots, wslot; /* W slots (micro-batches between B and W at once); current one */
 };
@@ -441,15 +442,19 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
  * and the output gradients wait in a stash of wslots W slots: wslot 0 .. wslots - 1 (a
  * micro-batch's own until its W: the schedule's micro % wslots, first in first out; ignored
  * otherwise). grads_ready fires per layer from W.
- * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes, 0 without full recomputation):
- * L3D_ERR_OOM;
- * L3D_ERR_ARG for the gradient-slot modes (ZeRO-2/3: a layer's slot is reused two layers on) and
- * MoE with full recomputation (W's rebuilt forward would rerun the experts). */
+ * With gradient slots (ZeRO-2/3, grad_slots) B keeps the norms' weight gradients (4 C fp32 a
+ * layer and W slot) and W zeroes the layer's slot, puts them in with the products' and fires
+ * grads_ready, as the fused backward does per micro-batch.
+ * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes, 0 without full recomputation or
+ * gradient slots): L3D_ERR_OOM;
+ * L3D_ERR_ARG for a MoE model with gradient slots (its experts' gradients come in B) or with full
+ * recomputation (W's rebuilt forward would rerun the experts). */
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots);
 void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot);
 void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot);
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_recompute recompute, enum l3d_dtype dt);
+                            int T, int wslots, enum l3d_recompute recompute, bool grad_slots,
+                            enum l3d_dtype dt);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */

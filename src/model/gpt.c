@@ -669,6 +669,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     struct l3d_backend *be = m->be;
     l3d_moe_free(m);
     l3d_be_free(be, m->wstash);
+    l3d_be_free(be, m->wnorm);
     if (m->acts) {
         l3d_be_free(be, m->acts->base);
         l3d_free(m->acts->layer);
@@ -1394,11 +1395,37 @@ static int64_t wstash_layer_bytes(const struct l3d_model_spec *cfg, const struct
     return b;
 }
 
+/* Bytes of one W slot's norm weight gradients (gradient slots: 4 C fp32 a layer, 64-aligned). */
+static int64_t wnorm_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    return ((int64_t)4 * cfg->C * (int64_t)sizeof(float) + 63) / 64 * 64 * sh->layer_count;
+}
+
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_recompute recompute, enum l3d_dtype dt) {
-    if (recompute != L3D_RECOMPUTE_FULL) return 0; /* in the activation slots */
-    int64_t per = wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt));
-    return (size_t)(per * sh->layer_count * wslots);
+                            int T, int wslots, enum l3d_recompute recompute, bool grad_slots,
+                            enum l3d_dtype dt) {
+    int64_t per = recompute == L3D_RECOMPUTE_FULL /* else in the activation slots */
+                      ? wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt)) *
+                            sh->layer_count
+                      : 0;
+    if (grad_slots) per += wnorm_bytes(cfg, sh);
+    return (size_t)(per * wslots);
+}
+
+/* Gradient slots (ZeRO-2/3): the slot of layer l is reused two layers on, so B keeps the norms'
+ * weight gradients of the current W slot here (ln2w ln2b ln1w ln1b, C each) and W puts them into
+ * the layer's gradient slot with the products'. */
+static float *wnorm(const struct l3d_gpt *m, int l) {
+    int64_t per = wnorm_bytes(&m->cfg, &m->shard) / m->shard.layer_count;
+    return (float *)((char *)m->wnorm + ((int64_t)m->wslot * m->shard.layer_count + l) * per);
+}
+
+static struct layer_grads wnorm_grads(const struct l3d_gpt *m, const struct layer_grads *g,
+                                      int l) {
+    float *d = wnorm(m, l);
+    int64_t C = m->cfg.C;
+    return (struct layer_grads){.ln2w = g->ln2w ? d : NULL, .ln2b = g->ln2b ? d + C : NULL,
+                                .ln1w = g->ln1w ? d + 2 * C : NULL,
+                                .ln1b = g->ln1b ? d + 3 * C : NULL};
 }
 
 /* Entry i of local layer l's stash: in the slot's activations (la, the current slot's), or in
@@ -1430,21 +1457,25 @@ static const void *wstash_rows(struct l3d_gpt *m, int l, int i) {
 }
 
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
-    if (m->grads_nonlayer)
-        return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
-                         "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
-                         "hold: use --zero 0 or 1, or --pp-schedule 1f1b");
+    if (m->grads_nonlayer && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
+        return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) on a MoE "
+                         "model computes the experts' gradients in B, which the gradient slots "
+                         "of --zero 2 and 3 cannot hold until W: use --zero 0 or 1, or "
+                         "--pp-schedule 1f1b");
     if (m->recompute == L3D_RECOMPUTE_FULL && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
         return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
                          "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
+    bool slots = m->grads_nonlayer != NULL;
     size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots,
-                                        m->recompute, m->dt);
+                                        m->recompute, slots, m->dt);
+    size_t nb = slots ? (size_t)(wnorm_bytes(&m->cfg, &m->shard) * wslots) : 0;
     if (bytes == 0) return L3D_OK;
-    m->wstash = l3d_be_alloc(m->be, bytes, "weight-gradient stash");
-    if (!m->wstash)
+    if (bytes > nb) m->wstash = l3d_be_alloc(m->be, bytes - nb, "weight-gradient stash");
+    if (nb) m->wnorm = l3d_be_alloc(m->be, nb, "weight-gradient stash");
+    if ((bytes > nb && !m->wstash) || (nb && !m->wnorm))
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the zero-bubble schedule's "
                          "weight-gradient stash: lower --batch or --seq-len, or use "
                          "--pp-schedule 1f1b", (double)bytes / 1048576.0);
@@ -1491,11 +1522,15 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     params_begin(m, l, true); /* a full recomputation below reuses it */
     struct layer_acts *la = &a->layer[l];
     struct layer_params p = layer_params(m, l);
-    if (m->grads_nonlayer)
+    if (m->grads_nonlayer && !defer) /* split: W fills the slot */
         l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
     struct layer_grads g = layer_grads(m, l);
-    if (defer) /* the products' weight gradients wait for W; the norms' come now */
+    if (defer && m->grads_nonlayer) { /* the norms' now, kept for W; the products' in W */
+        g = wnorm_grads(m, &g, l);
+        l3d_be_memset(m->be, wnorm(m, l), 0, 4 * (size_t)m->cfg.C * sizeof(float));
+    } else if (defer) { /* the products' weight gradients wait for W; the norms' come now */
         g = (struct layer_grads){.ln1w = g.ln1w, .ln1b = g.ln1b, .ln2w = g.ln2w, .ln2b = g.ln2b};
+    }
     const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
         la = &a->rc;
@@ -1543,6 +1578,17 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
 /* W of layer l: its weight gradients from the stash and the slot's activations, the same
  * products backward_layer makes (each product's weight gradient independent of its input
  * gradient: the same bits). */
+/* Gradient slots: the layer's slot zeroed as the fused backward has it, then B's norm weight
+ * gradients into it (what the fused backward's += into zeros gives). */
+static void weight_slot_begin(struct l3d_gpt *m, const struct layer_grads *g, int l) {
+    l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
+    struct layer_grads kept = wnorm_grads(m, g, l);
+    float *const to[4] = {g->ln2w, g->ln2b, g->ln1w, g->ln1b};
+    const float *const from[4] = {kept.ln2w, kept.ln2b, kept.ln1w, kept.ln1b};
+    for (int i = 0; i < 4; i++)
+        if (to[i]) l3d_be_copy_d2d(m->be, to[i], from[i], (size_t)m->cfg.C * sizeof(float));
+}
+
 static void weight_layer(struct l3d_gpt *m, int l) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
@@ -1552,6 +1598,8 @@ static void weight_layer(struct l3d_gpt *m, int l) {
     struct layer_acts *la = &a->layer[l];
     struct layer_params p = layer_params(m, l);
     struct layer_grads g = layer_grads(m, l);
+    if (m->grads_nonlayer) /* the layer's gradient slot: B's norm gradients, then the products' */
+        weight_slot_begin(m, &g, l);
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
         const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         la = &a->rc;

@@ -183,7 +183,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) /* W's inputs, B to W */
             mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
                                                              m->maxT, ch[k].wslots,
-                                                             lay->recompute, dt);
+                                                             lay->recompute, lay->zero >= 2, dt);
         /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,

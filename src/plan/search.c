@@ -107,7 +107,7 @@ static void walk_variants(const struct space_walk *w, const struct l3d_layout *b
         if (fixed(fx, L3D_FIX_ZERO) ? z != f->zero : (z > 0 && base->dp == 1)) continue;
         if (z == 3 && !w->sp->zero3) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
         bool zb = base->schedule == L3D_PP_ZBH1; /* l3d_spec_check's refusals */
-        if (zb && z >= 2) continue;
+        if (zb && z >= 2 && w->sp->m->moe.experts > 0) continue;
         for (int rc = 0; rc <= 2; rc++) {
             if (fixed(fx, L3D_FIX_RECOMPUTE) && rc != (int)f->recompute) continue;
             if (zb && rc == L3D_RECOMPUTE_FULL && w->sp->m->moe.experts > 0) continue;

@@ -283,9 +283,10 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
             "--pp-virtual 2 or more (got %d)", l->pp, l->v);
     else if (l->v > 1 && l->schedule != L3D_PP_INTERLEAVED)
         add(e, L3D_ERR_LAYOUT, "--pp-virtual %d needs --pp-schedule interleaved", l->v);
-    else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->zero >= 2)
-        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 defers weight gradients, which the gradient "
-            "slots of --zero %d cannot hold: use --zero 0 or 1, or --pp-schedule 1f1b", l->zero);
+    else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->zero >= 2 && m->moe.experts > 0)
+        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 on a MoE model computes the experts' weight "
+            "gradients with B, which the gradient slots of --zero %d cannot hold until W: use "
+            "--zero 0 or 1, or --pp-schedule 1f1b", l->zero);
     else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->recompute == L3D_RECOMPUTE_FULL &&
              m->moe.experts > 0)
         add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 with --recompute full on a MoE model is not "

@@ -207,7 +207,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
             int ws = t->lay.sched.wslots[topo->pp_rank * v + c];
             st = l3d_gpt_split_init(t->chunks[c], ws);
             size_t b = l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, ws,
-                                            tc->layout.recompute, tc->precision.param);
+                                            tc->layout.recompute, tc->layout.zero >= 2,
+                                            tc->precision.param);
             t->act_formula += b; /* the allocation is in the chunk's act_bytes */
         }
         if (st != L3D_OK) break;

@@ -109,14 +109,20 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_last_1" 2 2 4 --pp 2 --pp-las
 # zero-bubble ZB-H1: each backward split into B and W, W deferred (a layer's DP reduction from the
 # last micro-batch's W); full recomputation rebuilds the layer's forward for W too
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1" 2 2 4 --pp 2 --pp-schedule zb-h1
-expect_error "zb-h1 with ZeRO-2" "zb-h1 defers weight gradients, which the gradient slots of --zero 2" \
-    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --pp 2 --zero 2 --pp-schedule zb-h1 --out "$dir/zbh1_zero2"
+# gradient slots (ZeRO-2 on one replica): B keeps the norms' weight gradients, W fills the slot
+full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zero2_zbh1" 2 2 4 --pp 2 --zero 2 --pp-schedule zb-h1
+expect_error "zb-h1 on a MoE model with ZeRO-2" "zb-h1 on a MoE model computes the experts' weight gradients with B" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --moe-experts 4 --moe-top-k 2 --pp 2 --zero 2 --pp-schedule zb-h1 --out "$dir/zbh1_moe_zero2"
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_zbh1" 4 2 8 --pp 4 --pp-schedule zb-h1
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1_zbh1" 4 2 4 --pp 2 --zero 1 --pp-schedule zb-h1
+    # ZeRO-2/3: each W of a layer reduce-scatters its gradient slot, as each fused backward does
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_zbh1" 4 2 4 --pp 2 --zero 2 --pp-schedule zb-h1
+    L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1" 4 2 8 --pp 2 --zero 3 --pp-schedule zb-h1
+    full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1_recompute_full" 4 2 4 --pp 2 --zero 3 --recompute full --pp-schedule zb-h1
     full && L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1_zbh1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1 --pp-schedule zb-h1
     # Llama 3 405B's shape scaled down: 6 layers on pp4 as 1, 2, 2, 1
     L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1
