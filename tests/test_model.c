@@ -562,7 +562,7 @@ static float *split_run(struct l3d_backend *be, const struct l3d_model_spec *cfg
     struct l3d_shard sh = split_shard(cfg);
     struct l3d_gpt *m;
     CHECK(l3d_gpt_init_ex(&m, cfg, &sh, be, B, T, L3D_GRADS_FLAT, S, rc) == L3D_OK);
-    if (split) CHECK(l3d_gpt_split_init(m, S) == L3D_OK);
+    if (split) CHECK(l3d_gpt_split_init(m, S, false) == L3D_OK);
     l3d_gpt_init_weights(m, 5);
     l3d_gpt_zero_grad(m);
     float *x = malloc((size_t)nx * sizeof(float));
@@ -624,7 +624,7 @@ static void test_split_backward(struct l3d_backend *be) {
     struct l3d_shard sh = split_shard(&moe);
     struct l3d_gpt *m;
     CHECK(l3d_gpt_init_ex(&m, &moe, &sh, be, 2, 6, L3D_GRADS_FLAT, 1, L3D_RECOMPUTE_FULL) == L3D_OK);
-    CHECK(l3d_gpt_split_init(m, 1) == L3D_ERR_ARG);
+    CHECK(l3d_gpt_split_init(m, 1, false) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "--recompute full on a MoE model") != NULL);
     l3d_gpt_free(m);
 }

@@ -78,6 +78,11 @@ struct l3d_pp_schedule {
                                   * 0 without a split backward) */
 };
 
+/* The most micro-batches of chunk `chunk` on stage r between a forward and its backward (its B
+ * when split) in a built schedule: 1 when each backward comes before the next forward (the last
+ * stage under 1F1B and zb-h1, whose head then keeps one micro-batch's activations: slots counts
+ * them to W). */
+int l3d_pp_fb_slots(const struct l3d_pp_schedule *s, int r, int chunk);
 const char *l3d_pp_kind_name(enum l3d_pp_kind kind);
 /* "gpipe", "1f1b", "interleaved" or "zb-h1"; L3D_ERR_ARG naming --pp-schedule otherwise. */
 l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);

@@ -452,17 +452,21 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
             if (keep) TAKE(*layer_act_field(&a->layer[l], i), moe ? 0 : sz[i],
                            layer_act_f32(i) ? F4 : E);
         }
-    if (s->has_head) {
-        TAKE(a->lnf, BTl * C, E);
-        TAKE(a->lnf_full, BTs * C, E);
-        TAKE(a->lnf_mean, BTl, F4);
-        TAKE(a->lnf_rstd, BTl, F4);
-        TAKE(m->logits, BT * Vl, E);
-        TAKE(m->losses, BT, F4);
-        TAKE(a->maxv, BT, F4);
-        TAKE(a->sumexp, BT, F4);
-        TAKE(a->tlogit, BT, F4);
-    }
+    /* the head's: per slot, or once in the shared region (head_once: each forward's backward
+     * comes before the next forward) */
+#define TAKE_HEAD()                          \
+    do {                                     \
+        TAKE(a->lnf, BTl * C, E);            \
+        TAKE(a->lnf_full, BTs * C, E);       \
+        TAKE(a->lnf_mean, BTl, F4);          \
+        TAKE(a->lnf_rstd, BTl, F4);          \
+        TAKE(m->logits, BT * Vl, E);         \
+        TAKE(a->maxv, BT, F4);               \
+        TAKE(a->sumexp, BT, F4);             \
+        TAKE(a->tlogit, BT, F4);             \
+    } while (0)
+    if (s->has_head && !m->head_once) TAKE_HEAD();
+    if (s->has_head) TAKE(m->losses, BT, F4);
     TAKE(m->inputs, BT, F4);
     TAKE(m->targets, BT, F4);
     TAKE(m->dinput_act, BTl * C, E);
@@ -471,6 +475,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     region = base ? (char *)base + total : NULL;
     off = 0;
     /* shared region */
+    if (s->has_head && m->head_once) TAKE_HEAD();
     if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5], F4);
     if (naive_sel) TAKE(a->atty_tmp, BT * Ca, E);
     if (m->recompute == L3D_RECOMPUTE_FULL) {
@@ -491,6 +496,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     TAKE(a->datt, m->attn_naive ? sz[5] : 0, F4);
     TAKE(a->dfch, BT * w.Fm, E);
     TAKE(a->dfch_gelu, BT * F, E);
+#undef TAKE_HEAD
 #undef TAKE
     if (base) {
         a->rc.att = a->att_shared;
@@ -1456,7 +1462,23 @@ static const void *wstash_rows(struct l3d_gpt *m, int l, int i) {
     return m->acts->dres_full;
 }
 
-l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
+/* The head's activations once instead of per slot: the activation region laid out again (at
+ * initialisation, before any pass: nothing in it yet); false when out of memory. */
+static bool share_head(struct l3d_gpt *m) {
+    size_t others = m->act_bytes - (size_t)point_acts(m, NULL, 0); /* the MoE buffers */
+    l3d_be_free(m->be, m->acts->base);
+    m->head_once = true;
+    size_t bytes = (size_t)point_acts(m, NULL, 0);
+    m->acts->base = l3d_be_alloc(m->be, bytes, "activations");
+    if (!m->acts->base) return false;
+    l3d_be_memset(m->be, m->acts->base, 0, bytes);
+    point_acts(m, m->acts->base, 0);
+    m->slot = 0;
+    m->act_bytes = bytes + others;
+    return true;
+}
+
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
     if (m->grads_nonlayer && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
         return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) on a MoE "
                          "model computes the experts' gradients in B, which the gradient slots "
@@ -1466,6 +1488,9 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
         return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
                          "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
+    if (head_once && m->shard.has_head && m->act_slots > 1 && !share_head(m))
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the activations: lower "
+                         "--batch or --seq-len", (double)m->act_bytes / 1048576.0);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
     bool slots = m->grads_nonlayer != NULL;
@@ -1679,11 +1704,19 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
     return l3d_gpt_act_bytes_dt(cfg, sh, B, T, act_slots, recompute, flash, L3D_F32);
 }
 
+size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                              int T, enum l3d_dtype dt) {
+    if (!sh->has_head) return 0;
+    double sb = (double)B * T, p = sh->sp_size, sbh = sb * cfg->C, V = (double)sh->vocab_count;
+    double E = (double)l3d_dtype_size(dt);
+    return (size_t)(E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 3 * sb));
+}
+
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt) {
     double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
-    double p = sh->sp_size, sb = s * b, sbh = s * b * h, V = (double)sh->vocab_count;
+    double p = sh->sp_size, sb = s * b, sbh = s * b * h;
     double E = (double)l3d_dtype_size(dt);
     /* each term in bytes: E for the activations of the model's type, 4 for the fp32 statistics
      * and the int32 tokens. a: this rank's heads, the model's / t. The tiled kernel keeps a
@@ -1704,10 +1737,10 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
-     * LayerNorm (its gathered copy under SP), the logits slice and the loss statistics */
+     * LayerNorm (its gathered copy under SP), the logits slice, the loss statistics and the
+     * per-token losses */
     double slot = sh->layer_count * layer + E * 2 * sbh / p + 4 * 2 * sb;
-    if (sh->has_head)
-        slot += E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 4 * sb);
+    if (sh->has_head) slot += (double)l3d_gpt_head_act_bytes(cfg, sh, B, T, dt) + 4 * sb;
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */

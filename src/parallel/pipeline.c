@@ -109,6 +109,17 @@ static void count_slots(struct l3d_pp_schedule *s, int r) {
     }
 }
 
+int l3d_pp_fb_slots(const struct l3d_pp_schedule *s, int r, int chunk) {
+    int cur = 0, most = 0;
+    for (int i = 0; i < s->n[r]; i++) {
+        const struct l3d_pp_action *a = &s->acts[r][i];
+        if (a->chunk != chunk) continue;
+        if (a->op == L3D_PP_FWD && ++cur > most) most = cur;
+        if (a->op == L3D_PP_BWD || a->op == L3D_PP_BWD_B) cur--;
+    }
+    return most;
+}
+
 /* ZB-H1's order (pipeline.h), from a timeline with unit F, B and W times run on every stage at
  * once: at each tick a stage runs its next F or B of 1F1B's order when its input is there (and,
  * for an F, fewer than min(pp, m) micro-batches wait for their W: 1F1B's peak, its first stage's),

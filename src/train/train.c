@@ -205,11 +205,15 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
                              tc->precision.param);
         if (st == L3D_OK && t->lay.sched.kind == L3D_PP_ZBH1) { /* W's inputs, B to W */
             int ws = t->lay.sched.wslots[topo->pp_rank * v + c];
-            st = l3d_gpt_split_init(t->chunks[c], ws);
+            bool once = l3d_pp_fb_slots(&t->lay.sched, topo->pp_rank, c) == 1;
+            st = l3d_gpt_split_init(t->chunks[c], ws, once);
             size_t b = l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, ws,
                                             tc->layout.recompute, tc->layout.zero >= 2,
                                             tc->precision.param);
             t->act_formula += b; /* the allocation is in the chunk's act_bytes */
+            if (once)
+                t->act_formula -= (slots - 1) * l3d_gpt_head_act_bytes(
+                    &tc->model, &sh, tc->layout.micro_batch, T, tc->precision.param);
         }
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
