@@ -82,7 +82,7 @@ static void test_schedules(void) {
             struct l3d_pp_schedule s;
             struct l3d_pp_sim sim;
             size_t before = l3d_mem_used();
-            CHECK(l3d_pp_schedule_build_forward(&s, pp, v, 5) == L3D_OK);
+            CHECK(l3d_pp_schedule_build_forward(&s, L3D_PP_1F1B, pp, v, 5) == L3D_OK);
             check_closed_form(&s, l3d_mem_used() - before, true);
             l3d_pp_simulate(&s, 1.0, 2.0, &sim);
             CHECK(!sim.deadlock && sim.matched && sim.fifo_ok);
@@ -283,6 +283,73 @@ static void test_zbh1(void) {
     l3d_pp_schedule_free(&s);
 }
 
+/* ZB-V: runs through; rank r holds virtual stages r and 2 pp - 1 - r, and each chunk's actions
+ * talk to the ranks of the stages beside it (rank pp - 1 to itself at the V's turn); at most
+ * min(2 pp, 2 m) chunk micro-batches held to W on a rank (pp whole stages': 1F1B's peak); for
+ * m >= pp the bubble (pp - 1) / (6 m + pp - 1) with unit chunk times, half a ZB-H1's of whole
+ * stages (its F, B, W twice as long), and below it always. */
+static void check_zbv(int pp, int m) {
+    struct l3d_pp_schedule s, h;
+    size_t before = l3d_mem_used();
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, pp, 2, m) == L3D_OK);
+    check_closed_form(&s, l3d_mem_used() - before, false);
+    CHECK(l3d_pp_schedule_build(&h, L3D_PP_ZBH1, pp, 1, m) == L3D_OK);
+    struct l3d_pp_sim sim, ref;
+    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
+    l3d_pp_simulate_bw(&h, 2.0, 2.0, 2.0, &ref);
+    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    int cap = 2 * (pp < m ? pp : m);
+    for (int r = 0; r < pp; r++) {
+        ok = ok && sim.max_held[r] <= cap && sim.max_held[r] == l3d_pp_in_flight(L3D_PP_ZBV, pp, r,
+                                                                                 2, m);
+        for (int i = 0; i < s.n[r]; i++) {
+            const struct l3d_pp_action *a = &s.acts[r][i];
+            int vs = l3d_pp_vstage(L3D_PP_ZBV, pp, r, a->chunk), pr, pc;
+            if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_RECV_GRAD)
+                l3d_pp_vstage_owner(L3D_PP_ZBV, pp, vs + 1, &pr, &pc);
+            else if (a->op == L3D_PP_RECV_ACT || a->op == L3D_PP_SEND_GRAD)
+                l3d_pp_vstage_owner(L3D_PP_ZBV, pp, vs - 1, &pr, &pc);
+            else
+                continue;
+            ok = ok && a->peer == pr && (r != pp - 1 || (pr == r) == (a->chunk == (a->op ==
+                                         L3D_PP_SEND_ACT || a->op == L3D_PP_RECV_GRAD ? 0 : 1)));
+        }
+    }
+    if (m >= pp) ok = ok && fabs(sim.idle_fraction - (pp - 1.0) / (6.0 * m + pp - 1)) < 1e-12;
+    if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
+    ok = ok && fabs(l3d_pp_schedule_bubble(L3D_PP_ZBV, pp, 2, m) - sim.idle_fraction) < 1e-15;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  zbv pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
+                "(zb-h1 %.6f)\n", pp, m, sim.deadlock, sim.order_ok, sim.fifo_ok, sim.matched,
+                sim.idle_fraction, ref.idle_fraction);
+    l3d_pp_schedule_free(&s);
+    l3d_pp_schedule_free(&h);
+}
+
+/* ZB-V at every size; its placement's map and inverse; a send to the interleaved placement's
+ * rank instead of the V's is caught (unmatched); --pp-virtual other than 2 refused by name. */
+static void test_zbv(void) {
+    const int pps[] = {2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
+        for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) check_zbv(pps[i], ms[j]);
+    for (int vs = 0; vs < 8; vs++) {
+        int r, c;
+        l3d_pp_vstage_owner(L3D_PP_ZBV, 4, vs, &r, &c);
+        CHECK(l3d_pp_vstage(L3D_PP_ZBV, 4, r, c) == vs && r == (vs < 4 ? vs : 7 - vs));
+    }
+    struct l3d_pp_schedule s;
+    struct l3d_pp_sim sim;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, 4, 2, 8) == L3D_OK);
+    for (int i = 0; i < s.n[2]; i++) /* rank 2's chunk 1 (stage 5) sends to stage 6: rank 1 */
+        if (s.acts[2][i].op == L3D_PP_SEND_ACT && s.acts[2][i].chunk == 1) s.acts[2][i].peer = 3;
+    l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
+    CHECK(!sim.matched);
+    l3d_pp_schedule_free(&s);
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, 4, 3, 8) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "give --pp-virtual 2") != NULL);
+}
+
 static double stage_cost(const struct l3d_model_spec *cfg, int T, const int *layers, int k, int n) {
     return layers[k] * l3d_pp_layer_cost(cfg, T) + (k == 0 ? 2.0 * cfg->C : 0.0) +
            (k == n - 1 ? l3d_pp_head_cost(cfg) : 0.0);
@@ -350,6 +417,7 @@ int main(void) {
     test_shapes();
     test_broken();
     test_zbh1();
+    test_zbv();
     test_partition();
     return TEST_REPORT();
 }

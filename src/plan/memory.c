@@ -107,7 +107,7 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
-        int vs = k * lay->pp + r;
+        int vs = l3d_pp_vstage(lay->schedule, lay->pp, r, k);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && sched) {
@@ -182,7 +182,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) { /* W's inputs, B to W */
+        if (l3d_pp_split(lay->schedule) && lay->pp > 1) { /* W's inputs, B to W */
             mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
                                                              m->maxT, ch[k].wslots,
                                                              lay->recompute, lay->zero >= 2, dt);

@@ -14,7 +14,7 @@
  * training. */
 /* How the ideal bubble was found: the textbook formula, or zb-h1's simulated timeline. */
 static const char *bubble_formula(enum l3d_pp_kind kind) {
-    return kind == L3D_PP_ZBH1 ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
+    return l3d_pp_split(kind) ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
 }
 
 static void report_transfers(const struct l3d_trainer *t, int v) {
