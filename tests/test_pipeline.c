@@ -210,8 +210,9 @@ static void test_broken(void) {
     l3d_pp_schedule_free(&s);
 }
 
-/* ZB-H1: runs through; 1F1B's in-flight bound forward to B; forward to W (the activations kept)
- * within l3d_pp_in_flight's min(pp, m), reached on the first stage: 1F1B's peak; W slots the
+/* ZB-H1: runs through; 1F1B's in-flight bound forward to B (l3d_pp_fb_slots too: the last
+ * stage 1, its head once); forward to W (the activations kept) within l3d_pp_in_flight's
+ * min(pp, m), reached on the first stage: 1F1B's peak; W slots the
  * most B to W; for m >= pp the paper's bubble (pp - 1) (F + B - W) per stage with unit
  * times, (pp - 1) / (3 m + pp - 1) of the timeline, and below 1F1B's always. */
 static void check_zbh1(int pp, int m) {
@@ -229,7 +230,8 @@ static void check_zbh1(int pp, int m) {
         ok = ok && sim.max_in_flight[r] == bound && sim.max_held[r] <= held &&
              s.slots[r] == sim.max_held[r] && ref.max_held[r] == bound &&
              s.wslots[r] == sim.max_wait[r] && s.wslots[r] >= 1 && s.wslots[r] <= s.slots[r] &&
-             one.wslots[r] == 0;
+             one.wslots[r] == 0 && l3d_pp_fb_slots(&s, r, 0) == bound &&
+             l3d_pp_fb_slots(&one, r, 0) == bound;
     }
     ok = ok && sim.max_held[0] == ref.max_held[0];
     if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;

@@ -109,7 +109,7 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_last_1" 2 2 4 --pp 2 --pp-las
 # zero-bubble ZB-H1: each backward split into B and W, W deferred (a layer's DP reduction from the
 # last micro-batch's W); full recomputation rebuilds the layer's forward for W too
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1" 2 2 4 --pp 2 --pp-schedule zb-h1
-expect_error "zb-h1 on a MoE model with ZeRO-2" "zb-h1 on a MoE model computes the experts' weight gradients with B" \
+expect_error "zb-h1 on a MoE model with ZeRO-2" "zb-h1 or zbv on a MoE model computes the experts' weight gradients with B" \
     "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --moe-experts 4 --moe-top-k 2 --pp 2 --zero 2 --pp-schedule zb-h1 --out "$dir/zbh1_moe_zero2"
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --pp 2 --pp-schedule zb-h1 --recompute full
 # ZB-V: two chunks a rank in a V (rank 0 holds the first and the last layer: the tied embedding's
@@ -127,7 +127,9 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero1_zbv" 4 2 4 --pp 2 --pp-virtual 2 --zero 1 --pp-schedule zbv
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbv" 4 2 4 --pp 2 --pp-virtual 2 --zero 3 --pp-schedule zbv
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --zero 2 --pp-schedule zbv
-    full && L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --tp 2 --pp-schedule zbv
+    # (bit-identical to interleaved 1F1B's pp2 v2 tp2 run: the same chunks; both leave a bias that
+    # is zero in exact arithmetic, fcprojb, 2.1e-5 off as AdamW turns round-off into steps)
+    full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --tp 2 --pp-schedule zbv
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1" 4 2 8 --pp 2 --zero 3 --pp-schedule zb-h1
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1_recompute_full" 4 2 4 --pp 2 --zero 3 --recompute full --pp-schedule zb-h1
     full && L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1_zbh1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1 --pp-schedule zb-h1
