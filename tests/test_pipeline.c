@@ -210,6 +210,21 @@ static void test_broken(void) {
     l3d_pp_schedule_free(&s);
 }
 
+/* A zero-bubble schedule's shared checks, after the caller's (ok): for m >= pp the idle share
+ * (pp - 1) / (per_m m + pp - 1), below the reference's (ref: the schedule it improves on), and
+ * l3d_pp_schedule_bubble's value that of the simulation. */
+static void check_split(enum l3d_pp_kind kind, int v, int pp, int m, double per_m,
+                        const struct l3d_pp_sim *sim, const struct l3d_pp_sim *ref, bool ok) {
+    if (pp > 1) ok = ok && sim->idle_fraction < ref->idle_fraction - 1e-9;
+    if (m >= pp) ok = ok && fabs(sim->idle_fraction - (pp - 1.0) / (per_m * m + pp - 1)) < 1e-12;
+    ok = ok && fabs(l3d_pp_schedule_bubble(kind, pp, v, m) - sim->idle_fraction) < 1e-15;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  %s pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
+                "(reference %.6f)\n", l3d_pp_kind_name(kind), pp, m, sim->deadlock,
+                sim->order_ok, sim->fifo_ok, sim->matched, sim->idle_fraction, ref->idle_fraction);
+}
+
 /* ZB-H1: runs through; 1F1B's in-flight bound forward to B (l3d_pp_fb_slots too: the last
  * stage 1, its head once); forward to W (the activations kept) within l3d_pp_in_flight's
  * min(pp, m), reached on the first stage: 1F1B's peak; W slots the
@@ -234,14 +249,7 @@ static void check_zbh1(int pp, int m) {
              l3d_pp_fb_slots(&one, r, 0) == bound;
     }
     ok = ok && sim.max_held[0] == ref.max_held[0];
-    if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
-    if (m >= pp) ok = ok && fabs(sim.idle_fraction - (pp - 1.0) / (3.0 * m + pp - 1)) < 1e-12;
-    ok = ok && fabs(l3d_pp_schedule_bubble(L3D_PP_ZBH1, pp, 1, m) - sim.idle_fraction) < 1e-15;
-    CHECK(ok);
-    if (!ok)
-        fprintf(stderr, "  zb-h1 pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
-                "(1f1b %.6f)\n", pp, m, sim.deadlock, sim.order_ok, sim.fifo_ok, sim.matched,
-                sim.idle_fraction, ref.idle_fraction);
+    check_split(L3D_PP_ZBH1, 1, pp, m, 3.0, &sim, &ref, ok);
     l3d_pp_schedule_free(&s);
     l3d_pp_schedule_free(&one);
 }
@@ -317,14 +325,7 @@ static void check_zbv(int pp, int m) {
                                          L3D_PP_SEND_ACT || a->op == L3D_PP_RECV_GRAD ? 0 : 1)));
         }
     }
-    if (m >= pp) ok = ok && fabs(sim.idle_fraction - (pp - 1.0) / (6.0 * m + pp - 1)) < 1e-12;
-    if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
-    ok = ok && fabs(l3d_pp_schedule_bubble(L3D_PP_ZBV, pp, 2, m) - sim.idle_fraction) < 1e-15;
-    CHECK(ok);
-    if (!ok)
-        fprintf(stderr, "  zbv pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
-                "(zb-h1 %.6f)\n", pp, m, sim.deadlock, sim.order_ok, sim.fifo_ok, sim.matched,
-                sim.idle_fraction, ref.idle_fraction);
+    check_split(L3D_PP_ZBV, 2, pp, m, 6.0, &sim, &ref, ok);
     l3d_pp_schedule_free(&s);
     l3d_pp_schedule_free(&h);
 }
