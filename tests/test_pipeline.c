@@ -225,6 +225,21 @@ static void check_split(enum l3d_pp_kind kind, int v, int pp, int m, double per_
                 sim->order_ok, sim->fifo_ok, sim->matched, sim->idle_fraction, ref->idle_fraction);
 }
 
+/* A zero-bubble schedule s (kind, v chunks) and its reference (one chunk, rkind), built for pp
+ * stages and m micro-batches, s's bytes and action counts checked, simulated with unit times (the
+ * reference's rt each: its stages are v chunks); whether s runs through, in order, matched. */
+static bool split_and_ref(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int v,
+                          struct l3d_pp_schedule *r, enum l3d_pp_kind rkind, double rt, int pp,
+                          int m, struct l3d_pp_sim *sim, struct l3d_pp_sim *ref) {
+    size_t before = l3d_mem_used();
+    CHECK(l3d_pp_schedule_build(s, kind, pp, v, m) == L3D_OK);
+    check_closed_form(s, l3d_mem_used() - before, false);
+    CHECK(l3d_pp_schedule_build(r, rkind, pp, 1, m) == L3D_OK);
+    l3d_pp_simulate_bw(s, 1.0, 1.0, 1.0, sim);
+    l3d_pp_simulate_bw(r, rt, rt, rt, ref);
+    return !sim->deadlock && sim->order_ok && sim->fifo_ok && sim->matched;
+}
+
 /* ZB-H1: runs through; 1F1B's in-flight bound forward to B (l3d_pp_fb_slots too: the last
  * stage 1, its head once); forward to W (the activations kept) within l3d_pp_in_flight's
  * min(pp, m), reached on the first stage: 1F1B's peak; W slots the
@@ -232,14 +247,8 @@ static void check_split(enum l3d_pp_kind kind, int v, int pp, int m, double per_
  * times, (pp - 1) / (3 m + pp - 1) of the timeline, and below 1F1B's always. */
 static void check_zbh1(int pp, int m) {
     struct l3d_pp_schedule s, one;
-    size_t before = l3d_mem_used();
-    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBH1, pp, 1, m) == L3D_OK);
-    check_closed_form(&s, l3d_mem_used() - before, false);
-    CHECK(l3d_pp_schedule_build(&one, L3D_PP_1F1B, pp, 1, m) == L3D_OK);
     struct l3d_pp_sim sim, ref;
-    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
-    l3d_pp_simulate_bw(&one, 1.0, 1.0, 1.0, &ref);
-    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    bool ok = split_and_ref(&s, L3D_PP_ZBH1, 1, &one, L3D_PP_1F1B, 1.0, pp, m, &sim, &ref);
     for (int r = 0; r < pp; r++) {
         int bound = pp - r < m ? pp - r : m, held = (int)l3d_pp_in_flight(L3D_PP_ZBH1, pp, r, 1, m);
         ok = ok && sim.max_in_flight[r] == bound && sim.max_held[r] <= held &&
@@ -300,14 +309,8 @@ static void test_zbh1(void) {
  * stages (its F, B, W twice as long), and below it always. */
 static void check_zbv(int pp, int m) {
     struct l3d_pp_schedule s, h;
-    size_t before = l3d_mem_used();
-    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, pp, 2, m) == L3D_OK);
-    check_closed_form(&s, l3d_mem_used() - before, false);
-    CHECK(l3d_pp_schedule_build(&h, L3D_PP_ZBH1, pp, 1, m) == L3D_OK);
     struct l3d_pp_sim sim, ref;
-    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
-    l3d_pp_simulate_bw(&h, 2.0, 2.0, 2.0, &ref);
-    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    bool ok = split_and_ref(&s, L3D_PP_ZBV, 2, &h, L3D_PP_ZBH1, 2.0, pp, m, &sim, &ref);
     int cap = 2 * (pp < m ? pp : m);
     for (int r = 0; r < pp; r++) {
         ok = ok && sim.max_held[r] <= cap && sim.max_held[r] == l3d_pp_in_flight(L3D_PP_ZBV, pp, r,
