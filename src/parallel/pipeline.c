@@ -225,34 +225,46 @@ static int zbv_pick(const struct zbv *z, int r, int64_t t, int *c) {
     return z->nw[r] < z->nb[2 * r] + z->nb[2 * r + 1] ? 3 : 0;
 }
 
+/* Rank r's tick t: its pick run and recorded (a B queues its W); false once all its W are done. */
+static bool zbv_step(struct zbv *z, struct builder *b, int r, int64_t t) {
+    const struct l3d_pp_schedule *s = z->s;
+    int pp = s->pp, m = s->m, c = 0;
+    int *q = &z->wq[(int64_t)r * 4 * m]; /* (chunk, micro) of each B in order: W's order */
+    if (z->nw[r] == 2 * m) return false;
+    int op = zbv_pick(z, r, t, &c);
+    if (op == 1 || op == 2) {
+        bool bwd = op == 1;
+        int vs = l3d_pp_vstage(s->kind, pp, r, c), i = (bwd ? z->nb : z->nf)[2 * r + c]++;
+        (bwd ? z->endb : z->endf)[(int64_t)vs * m + i] = t + 1;
+        compute_op(b, bwd ? L3D_PP_BWD_B : L3D_PP_FWD, i, c);
+        if (bwd) {
+            int k = z->nb[2 * r] + z->nb[2 * r + 1] - 1;
+            q[2 * k] = c;
+            q[2 * k + 1] = i;
+        }
+    } else if (op == 3) {
+        int k = z->nw[r]++;
+        compute_op(b, L3D_PP_BWD_W, q[2 * k + 1], q[2 * k]);
+    }
+    return z->nw[r] < 2 * m;
+}
+
 static void build_zbv(struct l3d_pp_schedule *s) {
-    int pp = s->pp, m = s->m, left = pp;
+    int pp = s->pp, m = s->m;
     struct zbv z = {.s = s};
     z.endf = l3d_alloc((size_t)4 * pp * m * sizeof(int64_t), "schedule");
     z.endb = z.endf + (int64_t)2 * pp * m;
-    z.nf = l3d_calloc((size_t)pp * 7 * sizeof(int), "schedule");
-    z.nb = z.nf + 2 * pp, z.nw = z.nf + 4 * pp, z.wq = l3d_alloc((size_t)pp * 4 * m * sizeof(int),
-                                                                "schedule");
+    z.nf = l3d_calloc((size_t)pp * 5 * sizeof(int), "schedule");
+    z.nb = z.nf + 2 * pp;
+    z.nw = z.nf + 4 * pp;
+    z.wq = l3d_alloc((size_t)pp * 4 * m * sizeof(int), "schedule");
     for (int64_t i = 0; i < (int64_t)4 * pp * m; i++) z.endf[i] = INT64_MAX;
     struct builder *b = l3d_calloc((size_t)pp * sizeof(*b), "schedule");
     for (int r = 0; r < pp; r++) b[r] = (struct builder){.s = s, .stage = r, .out = s->acts[r]};
-    for (int64_t t = 0; left > 0; t++) {
+    for (int64_t t = 0, busy = 1; busy; t++) {
         L3D_ASSERT(t <= 16 * ((int64_t)m + pp)); /* every tick some rank moves */
-        for (int r = 0; r < pp; r++) {
-            int c, op = z.nw[r] == 2 * m ? 0 : zbv_pick(&z, r, t, &c);
-            int *q = &z.wq[(int64_t)r * 4 * m];
-            if (op == 1 || op == 2) {
-                int vs = l3d_pp_vstage(s->kind, pp, r, c), i = (op == 1 ? z.nb : z.nf)[2 * r + c]++;
-                (op == 1 ? z.endb : z.endf)[(int64_t)vs * m + i] = t + 1;
-                compute_op(&b[r], op == 1 ? L3D_PP_BWD_B : L3D_PP_FWD, i, c);
-                if (op == 1) q[2 * (z.nb[2 * r] + z.nb[2 * r + 1] - 1)] = c,
-                             q[2 * (z.nb[2 * r] + z.nb[2 * r + 1] - 1) + 1] = i;
-            } else if (op == 3) {
-                int k = z.nw[r]++;
-                compute_op(&b[r], L3D_PP_BWD_W, q[2 * k + 1], q[2 * k]);
-                if (z.nw[r] == 2 * m) left--;
-            }
-        }
+        busy = 0;
+        for (int r = 0; r < pp; r++) busy |= zbv_step(&z, &b[r], r, t);
     }
     for (int r = 0; r < pp; r++) {
         s->n[r] = b[r].n;
