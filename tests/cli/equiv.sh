@@ -116,6 +116,8 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --
 # two gradients summed on the rank), the turn a send to itself
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv_recompute_full_accum8" 2 2 8 --pp 2 --pp-virtual 2 --pp-schedule zbv --recompute full
+# the 126-layer shape scaled down on the V: 6 layers as 1, 2, 2, 1 (rank 0: the ends)
+full && L3D_PP=2 L3D_MODEL="--layers 6" equiv "pp2_zbv_layers_1_2_2_1" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv --pp-layers 1,2,2,1
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4
