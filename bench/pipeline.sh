@@ -11,7 +11,8 @@
 # Then one verdict line per m: zb-h1's bubble below 1F1B's, within 2 points of its ideal; its
 # activations within 2% of 1F1B's; the planner's step within 10% of each measured one.
 # Usage: bench/pipeline.sh [BUILD_DIR] [MODEL] [STEPS] [PROFILE]
-#   (defaults: build d6 6 profiles/local.prof; MS="4 8" in the environment picks the m; the
+#   (defaults: build d6 6 profiles/local.prof; MS="4 8" in the environment picks the m, ZBV=1
+#   adds a zbv line (--pp-virtual 2: two chunks a rank in a V) after each verdict; the
 #   profile is measured first when missing: `llm3d bench --calibrate` on 2 ranks). Timing is
 #   noisy on a shared machine: rerun it quietly for the figures.
 set -eu
@@ -31,9 +32,10 @@ common=(--model "$model" --vocab 256 --context "$T" --seq-len "$T" --batch "$B")
 echo "model $model (V=256), B=$B x T=$T per micro-batch, pp=2 on 2 ranks x 1 thread, $steps steps (median after the first), profile $prof, launcher $mpiexec"
 # run SCHED M: sets ms, bubble, ideal, act, layers, pms (planned step), pbub (planned bubble)
 run() {
-    local s=$1 m=$2 out="$dir/$1_$2"
+    local s=$1 m=$2 out="$dir/$1_$2" v=1
+    [ "$s" = zbv ] && v=2
     OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" train "${common[@]}" --grad-accum "$m" --pp 2 \
-        --pp-schedule "$s" --steps "$steps" --warmup 2 --val-every 0 --peak-gflops 208 \
+        --pp-virtual "$v" --pp-schedule "$s" --steps "$steps" --warmup 2 --val-every 0 --peak-gflops 208 \
         --train "$dir/d/train_*.bin" --out "$out" > "$out.log" 2>&1 ||
         { echo "$s m=$m: the trainer failed: $(tail -1 "$out.log")"; exit 1; }
     ms=$(med ms "$out/metrics.jsonl" 1)
@@ -44,7 +46,7 @@ run() {
     local json
     json=$("$bin" plan --model "$model" --vocab 256 --seq-len "$T" --profile "$prof" --precision fp32 \
         --devices 2 --threads 1 --global-batch $((B * m)) --batch "$B" --tp 1 --pp 2 --zero 0 \
-        --recompute none --pp-virtual 1 --pp-schedule "$s" --json 2>&1 | head -1)
+        --recompute none --pp-virtual "$v" --pp-schedule "$s" --json 2>&1 | head -1)
     pms=$(echo "$json" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
     pbub=$(echo "$json" | sed -n 's/.*"bubble_fraction":\([0-9.e+-]*\).*/\1/p')
     [ -n "$pms" ] || { echo "$s m=$m: plan failed: $json"; exit 1; }
@@ -67,4 +69,9 @@ for m in ${MS:-4 8}; do
             m, below ? "yes" : "NO", 100 * Z[2], 100 * F[2], (near <= 2 && near >= -2) ? "yes" : "NO", near,
             ratio, (ratio <= 1.02 && ratio >= 0.98) ? "yes" : "NO",
             (err[1] <= 0.1 && err[1] >= -0.1) ? "yes" : "NO", (err[2] <= 0.1 && err[2] >= -0.1) ? "yes" : "NO" }'
+    [ "${ZBV:-0}" = 1 ] || continue
+    run zbv "$m"
+    awk -v m="$m" -v l="$layers" -v ms="$ms" -v b="$bubble" -v i="$ideal" -v a="$act" -v p="$pms" -v pb="$pbub" 'BEGIN {
+        printf "m=%2d zbv   (%s): step %.0f ms, planned %.0f ms (%+.1f%%); bubble measured %.1f%%, ideal %.1f%%, planned %.1f%%; activations %d bytes\n",
+            m, l, ms, 1e3 * p, 100 * (1e3 * p - ms) / ms, 100 * b, i, 100 * pb, a }'
 done
