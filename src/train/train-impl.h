@@ -82,8 +82,8 @@ struct l3d_trainer {
     struct l3d_ksplit *kp;
     int kp_first_step;
     double *kp_comm_s;
-    /* mixture of experts: the step's statistics summed over the dp ranks (l3d_gpt_moe_stats_len
-     * doubles) and each MoE layer's load (NULL for a dense model) */
+    /* mixture of experts: the step's statistics summed over the stages and the dp x cp ranks
+     * (l3d_model_moe_stats_len doubles) and each MoE layer's load (NULL for a dense model) */
     double *moe_stats, *moe_load;
     int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
