@@ -48,21 +48,27 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     sh.layer_count = layers[vs];
     sh.has_embedding = vs == 0;
     sh.has_head = vs == S - 1;
+    /* expert parallelism: E / ep of the experts (EP rank 0's; every rank holds as many) */
+    l3d_shard_set_experts(c, &sh, lay->ep, 0);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     ch->sh = sh;
     ch->n_gpt = l3d_gpt_plan_tensors(c, &sh, ti);
-    ch->slot = ch->nonlayer = 0;
-    for (int t = 0; t < L3D_NUM_TENSORS; t++)
+    ch->slot = ch->nonlayer = ch->n_exp = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
         else ch->nonlayer += ti[t].count;
+        if (l3d_gpt_expert_tensor(t)) ch->n_exp += ti[t].count;
+    }
     ch->n = ch->n_gpt;
     /* other blocks in Megatron-LM: its split of them, which replicates a KV head on the ranks of
      * its query heads where tp exceeds the KV heads (llm3d's trainer refuses that layout) */
     if (!l3d_model_gpt2_blocks(m)) {
         struct l3d_plan_counts pc;
-        l3d_plan_param_counts(m, lay->tp, &pc);
-        ch->n = (int64_t)(sh.layer_count * pc.layer + (sh.has_embedding ? pc.embed : 0) +
+        l3d_plan_param_counts(m, lay->tp, lay->ep, &pc);
+        double Lm = l3d_shard_moe_layers(m, &sh), Ld = sh.layer_count - Lm;
+        ch->n = (int64_t)(Ld * pc.layer + Lm * pc.moe_layer + (sh.has_embedding ? pc.embed : 0) +
                           (sh.has_head ? pc.head : 0));
+        ch->n_exp = (int64_t)(Lm * pc.experts);
     }
 }
 
@@ -78,6 +84,7 @@ static void shape_find(const struct l3d_plan_shapes *memo, int layers, int64_t l
             ch->sh.layer_start = (int)layer_start;
             ch->n = memo->e[i].n;
             ch->n_gpt = memo->e[i].n_gpt;
+            ch->n_exp = memo->e[i].n_exp;
             ch->slot = memo->e[i].slot;
             ch->nonlayer = memo->e[i].nonlayer;
         }
@@ -94,6 +101,7 @@ static void shape_keep(struct l3d_plan_shapes *memo, int layers, struct l3d_plan
     memo->e[i].sh = ch->sh;
     memo->e[i].n = ch->n;
     memo->e[i].n_gpt = ch->n_gpt;
+    memo->e[i].n_exp = ch->n_exp;
     memo->e[i].slot = ch->slot;
     memo->e[i].nonlayer = ch->nonlayer;
     ch->shape = i;
@@ -155,9 +163,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     double scratch16 = 0, staging = 0, piece_host = 0, reqs = 0;
     const enum l3d_dtype dt = run->precision.param;
     const double k_opt = run->precision.param == L3D_F32 ? 2 : 3;
+    const int64_t g = l3d_plan_zero_group(lay);
     for (int k = 0; k < lay->v; k++) {
         int64_t n = ch[k].n_gpt;
-        int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
+        int64_t shard = ((n + g - 1) / g + 15) / 16 * 16;
         int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
         if (lay->zero == 3) { /* the shard, the non-layer and prefetch + 1 layer gather buffers */
             double bufs = lay->zero3_prefetch > 0 ? lay->zero3_prefetch + 1 : 1;
@@ -165,7 +174,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                            bufs * (w * (double)ch[k].slot + 64);
             /* each buffer's receive and send requests, a tensor from each other rank
              * (src/parallel/zero3.c, gbuf_reqs) */
-            reqs += (bufs + 1) * 2.0 * L3D_NUM_TENSORS * (lay->dp > 1 ? lay->dp - 1 : 1) *
+            reqs += (bufs + 1) * 2.0 * L3D_NUM_TENSORS * (g > 1 ? g - 1 : 1) *
                     (double)sizeof(l3d_req);
         } else {
             mem->params += w * n;
@@ -235,11 +244,12 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32);
-    double n = 0, acts = 0;
+    double n = 0, n_exp = 0, acts = 0;
     int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
     double per_chunk_layers = 0;
     for (int k = 0; k < lay->v; k++) {
         n += (double)ch[k].n;
+        n_exp += (double)ch[k].n_exp;
         per_chunk_layers += ch[k].sh.layer_count;
     }
     per_chunk_layers /= lay->v;
@@ -247,11 +257,13 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
      * parameters' type */
     struct l3d_precision mp = run->precision;
     mp.grad = mp.param;
-    struct l3d_param_bytes pb;
+    struct l3d_param_bytes pb, pe; /* the experts' state sharded over the dp / ep ranks
+                                    * holding them (Megatron-Core's expert data parallelism) */
     l3d_param_bytes(&mp, lay->zero, lay->dp, &pb);
-    mem->params = pb.params * n;
-    mem->grads = pb.grads * n;
-    mem->optimizer = pb.optimizer * n;
+    l3d_param_bytes(&mp, lay->zero, lay->dp / (lay->ep > 1 ? lay->ep : 1), &pe);
+    mem->params = pb.params * (n - n_exp) + pe.params * n_exp;
+    mem->grads = pb.grads * (n - n_exp) + pe.grads * n_exp;
+    mem->optimizer = pb.optimizer * (n - n_exp) + pe.optimizer * n_exp;
     acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
     /* the layer being recomputed in backward holds its full set once */
     if (lay->recompute != L3D_RECOMPUTE_NONE)
