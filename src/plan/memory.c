@@ -17,7 +17,7 @@
  * inputs), i.e. 4 s b f for an MLP of width f. A fused (flash) attention keeps no s^2 scores, so
  * the 5 a s^2 b term goes; full recomputation keeps the layer's 2 s b h input. */
 static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                           enum l3d_recompute rc, bool flash) {
+                           enum l3d_recompute rc, bool flash, bool moe) {
     double s = m->maxT, b = lay->micro_batch, h = m->C, a = m->NH, t = lay->tp, f = (double)m->ffn;
     double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
@@ -26,7 +26,16 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
      * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
      * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
     double kv = (double)l3d_model_kv_heads(m) / m->NH;
-    double split = (4 + 4 * kv) * sbh + (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f + att;
+    double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f;
+    if (moe) { /* the MLP's tensors for each of the K routed and the shared experts' rows
+                * (width moe.ffn), the K permuted input rows and the experts' outputs (2 s b h
+                * each), and the router's fp32 probabilities (4 s b E) */
+        const struct l3d_moe_spec *q = &m->moe;
+        double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), K = q->top_k;
+        mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + q->shared) +
+              4 * K * sbh + 4 * s * b * q->experts;
+    }
+    double split = (4 + 4 * kv) * sbh + mlp + att;
     return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
 }
 
@@ -244,13 +253,14 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32);
-    double n = 0, n_exp = 0, acts = 0;
+    double n = 0, n_exp = 0, acts = 0, moe_layers = 0;
     int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
     double per_chunk_layers = 0;
     for (int k = 0; k < lay->v; k++) {
         n += (double)ch[k].n;
         n_exp += (double)ch[k].n_exp;
         per_chunk_layers += ch[k].sh.layer_count;
+        moe_layers += l3d_shard_moe_layers(m, &ch[k].sh);
     }
     per_chunk_layers /= lay->v;
     /* the ZeRO paper's 2 + 2 + 12, sharded by the stage: Megatron-LM's gradients are of the
@@ -264,10 +274,14 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
     mem->params = pb.params * (n - n_exp) + pe.params * n_exp;
     mem->grads = pb.grads * (n - n_exp) + pe.grads * n_exp;
     mem->optimizer = pb.optimizer * (n - n_exp) + pe.optimizer * n_exp;
-    acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
+    /* the chunks' MoE layers keep the experts' tensors instead of the MLP's */
+    double moe_frac = per_chunk_layers > 0 ? moe_layers / lay->v / per_chunk_layers : 0.0;
+    double per_layer = (1 - moe_frac) * layer_act_16(m, lay, lay->recompute, run->flash, false) +
+                       moe_frac * layer_act_16(m, lay, lay->recompute, run->flash, true);
+    acts = f * per_chunk_layers * per_layer;
     /* the layer being recomputed in backward holds its full set once */
     if (lay->recompute != L3D_RECOMPUTE_NONE)
-        acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
+        acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash, moe_layers > 0);
     /* Korthikanti et al. 2022, sec. 4.3, beyond the layers: the embedding's dropout mask,
      * s b h bytes a micro-batch (one byte an element, as the 34 of Table 2 counts masks),
      * split along the sequence under SP; the first chunk keeps it for each of its micro-batches
