@@ -7,7 +7,7 @@
  * topo.edp_comm (l3d_dp_expert_comm), the rest over the DP group as without experts.
  *
  *   l3d_shard_set_experts(&cfg, &sh, layout.ep, topo.ep_rank);   // before the model is built
- *   l3d_ep_attach(m, topo.ep_comm);                              // the hook
+ *   l3d_ep_attach(&ep, m, topo.ep_comm);                         // the hook
  *   l3d_dp_expert_comm(&dp, topo.edp_comm);
  */
 #ifndef LLM3D_EP_H
@@ -16,7 +16,16 @@
 #include "llm3d/comm.h"
 #include "llm3d/model.h"
 
-/* Installs the all-to-all hook over ep_comm (NULL: ep = 1, nothing to install). */
-void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm);
+/* The exchange's group and what it measured: seconds inside the all-to-alls and the bytes this
+ * rank sent, for the caller to read and reset (a step's metrics: ep_comm_ms, ep_bytes). */
+struct l3d_ep {
+    struct l3d_comm *comm;
+    double comm_s;
+    int64_t bytes;
+};
+
+/* Installs m's all-to-all hook over ep_comm into ep (ep_comm NULL: ep = 1, nothing to install);
+ * the model chunks of a rank may share one ep. */
+void l3d_ep_attach(struct l3d_ep *ep, struct l3d_gpt *m, struct l3d_comm *ep_comm);
 
 #endif
