@@ -26,6 +26,7 @@ void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value) {
     case L3D_FIX_ZERO: l->zero = value; break;
     case L3D_FIX_RECOMPUTE: l->recompute = (enum l3d_recompute)value; break;
     case L3D_FIX_SP: l->sp = value != 0; break;
+    case L3D_FIX_EP: l->ep = value; break;
     default: L3D_ASSERT(!"one L3D_FIX_ part");
     }
 }
