@@ -298,7 +298,7 @@ static void suggest_one(void *ctx, const struct l3d_layout *lay) {
     c.cost = (l->zero != now->zero) +
              (l->recompute == L3D_RECOMPUTE_SELECTIVE ? 1 : l->recompute == L3D_RECOMPUTE_FULL ? 3 : 0) +
              2 * (l->tp != now->tp) + 2 * (l->pp != now->pp) + 2 * half +
-             (l->ep > 1 ? l->ep : 1) != (now->ep > 1 ? now->ep : 1);
+             ((l->ep > 1 ? l->ep : 1) != (now->ep > 1 ? now->ep : 1));
     if (c.cost == 0) return;
     if (s->least.bytes < 0 || c.bytes < s->least.bytes) s->least = c;
     if (c.bytes <= s->room) s->list[s->n++] = c;
@@ -416,12 +416,13 @@ static l3d_status too_big(const struct l3d_train_config *tc, const struct cand *
     char alt[1024];
     alternatives(tc, now, room, lead, alt, sizeof alt);
     const struct l3d_plan_mem *m = &now->mem;
-    char extra[64] = "";
+    char extra[64] = "", ep[24] = "";
     if (now->gather > 0) snprintf(extra, sizeof extra, ", model.bin %s", human(now->gather).s);
-    return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
+    if (now->lay.ep > 1) snprintf(ep, sizeof ep, " (ep %d)", now->lay.ep);
+    return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d%s, "
                      "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
                      "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s); %s; or "
-                     "--ignore-memory-check to try anyway", now->lay.tp, now->lay.pp, now->lay.dp,
+                     "--ignore-memory-check to try anyway", now->lay.tp, now->lay.pp, now->lay.dp, ep,
                      now->lay.zero, rc_name(now->lay.recompute), now->lay.micro_batch,
                      human(now->bytes).s, rank, human(m->params).s,
                      human(m->grads).s, human(m->optimizer).s, human(m->activations).s,
