@@ -558,6 +558,13 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");
+    if (m->moe.experts > 0) { /* the model FLOPs and MFU count the active parameters */
+        struct l3d_model_spec c = l3d_plan_model_gpt(m);
+        printf("mixture of experts: %d experts of width %lld, top-%d, %d shared, layers %d-%d; "
+               "%.3g parameters active a token (model FLOPs and MFU count those)\n",
+               m->moe.experts, (long long)c.moe.ffn, m->moe.top_k, m->moe.shared,
+               m->moe.dense_layers, m->L - 1, l3d_model_active_param_count(&c));
+    }
     if (run->precision.reduce != L3D_F32)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
                l3d_dtype_name(reduce));
