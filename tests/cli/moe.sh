@@ -80,8 +80,11 @@ train_cmd bad3 2 4 --tp 2
 expect_error --once "--tp 2" "--moe-experts with --tp 2: not yet supported" "${CMD[@]}"
 expect_error "a Hugging Face folder" "Mixtral/Qwen3-MoE folders land with issue 46 item 4" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
-expect_error "the planner" "the planner does not model mixtures of experts yet" \
-    "$bin" plan --model moe-tiny
+# the planner plans it (its terms: tests/cli/plan.sh, test_plan)
+check "llm3d plan: active parameters of the mixture" grep -q \
+    "^mixture of experts: 4 experts of width 128, top-2, 0 shared, layers 0-1; .* parameters active" \
+    <(OMP_NUM_THREADS=1 "$bin" plan --model moe-tiny --profile \
+      "$(dirname "$0")/../data/plan/cpu.prof" --precision fp32 --devices 2 --top 1 2>&1)
 expect_error "generation with the KV cache" "give --no-kv-cache" \
     "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4
 "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4 \
