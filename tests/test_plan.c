@@ -1767,6 +1767,16 @@ static void test_moe(void) {
     CHECK_NEAR(r.model_flops - rd.model_flops, 3 * G * s * L * 2 * h * E, r.model_flops * 1e-12);
     CHECK(r.model_flops < rd.model_flops * 1.01);
     CHECK(r.time.ep_comm == 0.0 && r.time.gemm > 0);
+    /* the optimizer streams every parameter of the rank: AdamW's 28 bytes, the norm's read and
+     * the zeroing, 4 bytes each (the count is the tensor table's, also with a --vocab given
+     * after the preset, whose padded size the plan recomputes; with 2 shared experts) */
+    struct l3d_model_spec mv = m;
+    mv.V = 256;
+    mv.moe.shared = 2;
+    struct l3d_model_spec cv = l3d_plan_model_gpt(&mv);
+    CHECK(evaluate(&mv, &prof, &run, &one, &r2) == L3D_OK);
+    double nv = (double)l3d_gpt_param_count(&cv), bw = 2000e9 * 0.7;
+    CHECK_NEAR(r2.time.optimizer, nv * 28 / bw + 2 * nv * 4 / bw, 1e-12);
     /* ep 2 on 2 ranks: half the experts a rank, ZeRO-1 over dp / ep = 1 rank (nothing sharded) */
     run.devices = 2;
     G = 8;

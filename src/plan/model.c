@@ -54,7 +54,9 @@ int64_t l3d_plan_model_params(const struct l3d_model_spec *m) {
  * whole on every rank. */
 void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
                            struct l3d_plan_counts *o) {
-    double C = m->C, hd = (double)m->C / m->NH, F = (double)m->ffn, Vp = m->Vp > 0 ? m->Vp : m->V;
+    /* the padded vocabulary of the model's V (a --vocab given after a preset leaves its Vp) */
+    double C = m->C, hd = (double)m->C / m->NH, F = (double)m->ffn;
+    double Vp = (double)l3d_plan_model_gpt(m).Vp;
     int kv = l3d_model_kv_heads(m);
     double kv_local = kv >= t ? (double)kv / t : 1.0, q_local = (double)m->NH / t;
     double bias = m->no_bias ? 0.0 : 1.0, norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C;
@@ -69,7 +71,10 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
     double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
     double expert = mul * Fe / t * (C + bias) + Fe / t * C + bias * C;
     o->experts = q->experts > 0 ? (double)q->experts / (ep > 1 ? ep : 1) * expert : 0.0;
-    o->moe_layer = attn + q->experts * C + o->experts + q->shared * expert;
+    double shared = q->shared > 0 ? mul * q->shared * Fe / t * (C + bias) +
+                                        q->shared * Fe / t * C + bias * C
+                                  : 0.0; /* one MLP of width S F */
+    o->moe_layer = attn + q->experts * C + o->experts + shared;
     o->embed = Vp / t * C + (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0);
     o->head = norm + (m->untied ? Vp / t * C : 0.0);
 }
