@@ -93,6 +93,9 @@ check "  ... and ep 1 (no all-to-all)" grep -q '"ep":1,"t_ep":0[,}]' <<< "$json"
 expect_error "--ep 3 of 4 experts" "--ep 3 does not divide --moe-experts 4" \
     "$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
     --devices 3 --global-batch 3 "${moe[@]}" --ep 3
+expect_error "--ep of a dense model" "--ep 2 without --moe-experts" \
+    "$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
+    --devices 2 --global-batch 4 --ep 2
 # the trainer's memory check proposes the experts' split: 2 ranks whose room holds ep 2 (each
 # rank half of the wide experts' state) but not every expert on each rank
 wide=(--moe-experts 4 --moe-top-k 1 --moe-ffn 2048)
