@@ -1793,6 +1793,13 @@ static void test_moe(void) {
     CHECK_NEAR(r2.mem.optimizer, 8 * nh, 0); /* not over the 2 DP ranks: 8 nh / 2 */
     CHECK_NEAR(r2.mem.activations,
                (double)l3d_gpt_act_bytes(&c, &half, 4, 128, 1, L3D_RECOMPUTE_NONE, true), 0);
+    /* Megatron-LM's mixed precision (its own parameter count, here the trainer's table's): 2 +
+     * 2 bytes a parameter, its 12 of optimizer state over the 2 DP ranks for the dense tensors
+     * and over the dp / ep = 1 rank holding the same experts for the experts' */
+    struct l3d_plan_run r16 = run16(2, 8, true);
+    CHECK(evaluate(&m, &prof, &r16, &ep2, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.params, 2 * nh, 1);
+    CHECK_NEAR(r.mem.optimizer, 12 * ((nh - ne) / 2 + ne), 1);
     /* on 4 ranks (dp 4, ep 2): ZeRO-1 over the 2 holding the same experts, 16-element shards */
     run.devices = 4;
     G = 16;
