@@ -16,7 +16,7 @@
 #include "llm3d/comm.h"
 #include "llm3d/ep.h"
 #include "llm3d/model.h"
-#include "test.h"
+#include "mpi/mpi_test.h"
 
 /* Weights std 0.3; LN2's weight 0 and bias 1 (its output all ones), the router's row of expert 0
  * ones and the others 0: every token's logits are C for expert 0 and 0 for the rest. */
@@ -88,20 +88,10 @@ static void check_all_to_one(struct l3d_comm *world, struct l3d_backend *be, dou
 }
 
 int main(int argc, char **argv) {
-    struct l3d_comm *world;
-    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    struct l3d_backend *be = test_backend_init();
-    l3d_comm_use_backend(world, be);
+    struct l3d_backend *be;
+    struct l3d_comm *world = test_mpi_init(&argc, &argv, &be);
+    if (!world) return 1;
     check_all_to_one(world, be, 0.0); /* dropless */
     check_all_to_one(world, be, 1.0); /* capacity N K / E = N / 2 an expert */
-    l3d_comm_use_backend(world, NULL);
-    l3d_backend_free(be);
-    int fails = test_failures;
-    l3d_comm_all_reduce(world, &fails, 1, L3D_I32, L3D_MAX, NULL);
-    int rc = TEST_REPORT();
-    l3d_comm_mpi_finalize(world);
-    return fails ? 1 : rc;
+    return test_mpi_end(world, be);
 }
