@@ -1800,6 +1800,29 @@ static void test_moe(void) {
     CHECK(evaluate(&m, &prof, &r16, &ep2, &r) == L3D_OK);
     CHECK_NEAR(r.mem.params, 2 * nh, 1);
     CHECK_NEAR(r.mem.optimizer, 12 * ((nh - ne) / 2 + ne), 1);
+    /* llm3d's mixed precision: ZeRO-2 over a group of one (each EP rank alone with its experts)
+     * keeps its whole fp32 range (no pieces moved, l3d_dp_fp32_streamed) and reduces nothing in
+     * 16 bits (no staging): the same transients as ZeRO-1; over dp / ep = 2 it has both */
+    struct l3d_plan_run mixed = r16;
+    mixed.llm3d = true;
+    mixed.precision = prec_of(L3D_BF16);
+    mixed.precision.reduce = L3D_BF16;
+    mixed.native16 = true; /* no fp32 copies of a product's operands: the pieces show */
+    struct l3d_plan_result z1, z2;
+    struct l3d_layout ez2 = ep2;
+    ez2.zero = 2;
+    CHECK(evaluate(&m, &prof, &mixed, &ep2, &z1) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &mixed, &ez2, &z2) == L3D_OK);
+    CHECK_NEAR(z2.mem.other, z1.mem.other, 0);
+    mixed.devices = 4;
+    G = 16;
+    ez2.dp = 4;
+    struct l3d_layout ez1 = ez2;
+    ez1.zero = 1;
+    CHECK(evaluate(&m, &prof, &mixed, &ez1, &z1) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &mixed, &ez2, &z2) == L3D_OK);
+    CHECK_NEAR(z2.mem.other - z1.mem.other, 64.0 * 1048576 - L3D_GPT_INIT_BLOCK_BYTES, 0);
+    G = 8;
     /* on 4 ranks (dp 4, ep 2): ZeRO-1 over the 2 holding the same experts, 16-element shards */
     run.devices = 4;
     G = 16;

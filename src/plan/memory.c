@@ -205,8 +205,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,
          * a host one (l3d_dp_fp32_stream_begin; the checkpoint's staging); allocated then freed,
-         * at the peak (they replace a whole fp32 copy: f32 * n) */
-        if ((lay->zero == 2 && dt != L3D_F32) || (lay->zero == 3 && run->files)) {
+         * at the peak (they replace a whole fp32 copy: f32 * n). ZeRO-2 over a group of one
+         * (ep ranks each alone with their experts) keeps the whole range: no pieces */
+        if ((lay->zero == 2 && dt != L3D_F32 && g > 1) || (lay->zero == 3 && run->files)) {
             double piece = f32 * (double)l3d_dp_fp32_piece(n, run->piece_bytes);
             staging += piece;
             if (run->files && piece > piece_host) piece_host = piece;
@@ -223,8 +224,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         scratch16 = most;
     }
     /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
-     * non-layer tensors', in 2 bytes, per chunk; none in a group of one */
-    if ((run->precision.reduce != L3D_F32) && lay->dp > 1)
+     * non-layer tensors', in 2 bytes, per chunk; none in a group of one (with expert parallelism
+     * under ZeRO the group is the dp / ep ranks holding the same experts) */
+    if ((run->precision.reduce != L3D_F32) && g > 1)
         for (int k = 0; k < lay->v; k++)
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
