@@ -207,8 +207,8 @@ static void walk_experts(const struct space_walk *w, int64_t tp, int64_t cp, int
         walk_shape(w, tp, cp, pp, dp, fx->layout.ep);
         return;
     }
-    for (int64_t ep = 1; ep <= dp * cp; ep++)
-        if (ep == 1 || (E > 0 && (dp * cp) % ep == 0 && E % ep == 0))
+    for (int64_t ep = 1; ep <= (E > 0 ? dp * cp : 1); ep++)
+        if (ep == 1 || ((dp * cp) % ep == 0 && E % ep == 0))
             walk_shape(w, tp, cp, pp, dp, (int)ep);
 }
 
