@@ -68,7 +68,8 @@ fuzz:
 # The CUDA backend and NCCL communicator (experimental: not yet run on a GPU), built with -Werror
 # whenever nvcc is there (CI machines have the toolkit in /usr/local/cuda), and its tests that need
 # no GPU run (ctest -L nogpu: device choice, communicator choice, launch shapes, memory accounting,
-# the peak table); the kernel test (label gpu) is scripts/gpu-check.sh's. Without nvcc: one line.
+# the peak table, the MoE routing's host functions, and the kernel comparison on the checking
+# backend); the kernel test on a GPU (label gpu) is scripts/gpu-check.sh's. Without nvcc: one line.
 test-cuda: setup
 	@if [ -x $(NVCC) ]; then \
 	    mkdir -p $(CUDA_BUILD) && \

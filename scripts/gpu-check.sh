@@ -3,11 +3,14 @@
 #   1. every CUDA kernel against the CPU backend, each dtype, tolerance from the format, with a
 #      negative case, and the special values bit for bit (tests/cuda/test_cuda_kernels.c);
 #   2. the whole-model gradient check in fp32 (test_model: finite differences) on the GPU;
+#   1b. the mixture-of-experts kernels (router, top-k and capacity, gather, combine, their
+#      backward) the same way, a row of their own;
 #   3. a GPT-2 and a Llama (RMSNorm, RoPE, SwiGLU, 4 heads over 2 key/value heads) training run on
 #      the GPU against the same run on the CPU (llm3d compare, the precision's tolerance), fp32
-#      and bf16;
-#   4. 2 ranks sharing the GPU (tp2, dp2, and cp2 for GPT-2 and Llama: context parallelism's block
-#      attention; the communicator stages through host memory) against one process on the GPU;
+#      and bf16; a MoE GPT-2 (4 experts, top-2, both router losses) in fp32;
+#   4. 2 ranks sharing the GPU (tp2, dp2, dp2 ZeRO-3, cp2 for GPT-2 and Llama: context
+#      parallelism's block attention; ep2 of the MoE model: the all-to-all; the communicator
+#      stages through host memory) against one process on the GPU;
 #   5. the benchmark: GPT-2 124M (d12) and 350M (d24) in bf16, tokens/s and MFU against the card's
 #      dense bf16 peak, beside `llm3d plan`'s prediction on the matching profile (dgx-h100, h200);
 # and prints one summary table. Designed for < 8 minutes on one H100 (16 cores): the build takes
@@ -19,6 +22,9 @@
 # Measured, two dry runs on a shared 2-core machine with the build reused: 91 and 108 s in all
 # (host arithmetic and kernels 0-1 s, gradient check 4-5 s, GPT-2 training fp32 10-18 s and bf16
 # 6-11 s, Llama 11-13 s and 7 s, tp2 / dp2 / cp2 / cp2 Llama 3-5 s each, each benchmark 16-20 s).
+# With the MoE rows (issue 50: MoE kernels, MoE training, dp2 ZeRO-3, ep2), 2026-12-07, the
+# machine's load 10-17: 166, 217 and 187 s (GPT-2 fp32 12, 25 and 32 s); the new rows 0 s, 17-26 s
+# (MoE training: 39 s with experts of width 1024, since cut to 256), 5-6 s and 4-10 s.
 #
 # Usage: scripts/gpu-check.sh [BUILD_DIR] (default build-cuda).
 # Env: JOBS (build jobs, 16), BENCH_STEPS (10), GPU_CHECK_LOGS (a directory that keeps every log:
@@ -79,15 +85,21 @@ else
     tail -10 "$work/host.log"; row "host arithmetic (test_cuda_host)" FAIL "see above"
 fi
 
-# ---- 1. kernels --------------------------------------------------------------------------------
-name="kernels vs CPU (fp32, bf16, fp16)"
-if L3D_KERNEL_TEST_BACKEND=$gpu_be OMP_NUM_THREADS=8 timeout 300 "$build/test_cuda_kernels" \
-        > "$work/kernels.log" 2>&1; then
-    row "$name" PASS "$(grep -c 'rel diff' "$work/kernels.log") outputs in tolerance, special values exact"
-else
-    grep -E 'FAIL|fatal|CHECK|error' "$work/kernels.log" | head -20; tail -3 "$work/kernels.log"
-    row "$name" FAIL "$(grep -c FAIL "$work/kernels.log") outputs out of tolerance (see above)"
-fi
+# ---- 1. kernels: the dense ones, then the mixture-of-experts ones --------------------------------
+for part in dense moe; do
+    name="kernels vs CPU (fp32, bf16, fp16)"; extra="special values exact"
+    [ $part = moe ] && name="MoE kernels vs CPU (fp32, bf16, fp16)" && extra="routing exact"
+    if L3D_KERNEL_TEST_BACKEND=$gpu_be OMP_NUM_THREADS=8 timeout 300 "$build/test_cuda_kernels" \
+            $part > "$work/kernels_$part.log" 2>&1; then
+        n=$(grep -c 'rel diff' "$work/kernels_$part.log")
+        row "$name" PASS "$n outputs in tolerance, $extra"
+    else
+        grep -E 'FAIL|fatal|CHECK|error' "$work/kernels_$part.log" | head -20
+        tail -3 "$work/kernels_$part.log"
+        n=$(grep -c FAIL "$work/kernels_$part.log")
+        row "$name" FAIL "$n outputs out of tolerance (see above)"
+    fi
+done
 
 # ---- 2. whole-model gradient check, fp32 --------------------------------------------------------
 name="whole-model gradient check (fp32)"
@@ -134,16 +146,32 @@ for arch in gpt llama; do
         else row "$name" FAIL "a run failed"; fi
     done
 done
-# the same global batch of 8 sequences: tp2 8 a rank, dp2 4 a replica, cp2 8 (each rank half of
-# every sequence), for Llama too (grouped-query heads in the ring's blocks)
-for layout in "tp 8 gpt" "dp 4 gpt" "cp 8 gpt" "cp 8 llama"; do
+# MoE: the same sizes with 4 experts of width 256 of which each token takes 2, both router losses
+# (every routing kernel and the router's gradient in play), micro-batches of 4 (the router's
+# losses are per micro-batch: the same ones as the 2 ranks of ep2 below), fp32 (runs' names begin
+# moe_)
+moe=(--moe-experts 4 --moe-top-k 2 --moe-ffn 256 --moe-aux-loss-coef 0.01 --moe-z-loss-coef 0.001
+     --batch 4)
+name="MoE train 20 steps, GPU vs CPU (fp32)"
+if run moe_cpu_fp32 0 cpu "${moe[@]}" --grad-accum 2 &&
+   run moe_gpu_fp32 0 $gpu_be "${moe[@]}" --grad-accum 2; then
+    compare "$name" moe_gpu_fp32 moe_cpu_fp32 1e-3
+else row "$name" FAIL "a run failed"; fi
+# the same global batch of 8 sequences: tp2 8 a rank, dp2 4 a replica (with ZeRO-3 too: the
+# parameters' all-gathers and the gradients' reduce-scatters through the staged communicator),
+# cp2 8 (each rank half of every sequence), for Llama too (grouped-query heads in the ring's
+# blocks), and ep2 of the MoE model (each rank 2 experts and 4 sequences: the all-to-all dispatch
+# and combine)
+for layout in "tp 8 gpt" "dp 4 gpt" "dp 4 gpt --zero 3" "cp 8 gpt" "cp 8 llama" "ep 4 moe"; do
     set -- $layout
-    p=""; flags=(); what="$1 2"
-    [ "$3" = llama ] && p=llama_ && flags=("${llama[@]}") && what="$1 2, Llama"
+    axis=$1 batch=$2 arch=$3; shift 3
+    p=""; flags=("$@"); what="$axis 2${1:+ ZeRO-$2}"; out=${axis}2${2:+_zero$2}
+    [ "$arch" = llama ] && p=llama_ && flags+=("${llama[@]}") && what="$what, Llama"
+    [ "$arch" = moe ] && p=moe_ && flags+=("${moe[@]}") && what="$what, MoE"
     name="2 ranks on one GPU ($what) vs one process"
     if [ ! -d "$work/${p}gpu_fp32" ]; then row "$name" FAIL "no one-process run to compare with"
-    elif run ${p}gpu_${1}2 2 $gpu_be --$1 2 --batch "$2" ${flags[@]+"${flags[@]}"}; then
-        compare "$name" ${p}gpu_${1}2 ${p}gpu_fp32 1e-4
+    elif run ${p}gpu_$out 2 $gpu_be --$axis 2 ${flags[@]+"${flags[@]}"} --batch "$batch"; then
+        compare "$name" ${p}gpu_$out ${p}gpu_fp32 1e-4
     else row "$name" FAIL "the run failed"; fi
 done
 

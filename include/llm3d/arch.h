@@ -26,11 +26,23 @@ enum l3d_arch_dim {
     L3D_DIM_KV,   /* KV hs: one of the key and value blocks */
     L3D_DIM_Q_KV, /* NH hs + KV hs: where the value block starts */
     L3D_DIM_QKV,  /* (NH + 2 KV) hs: the fused q|k|v rows */
+    /* mixture of experts (struct l3d_moe_spec): E experts of width FE */
+    L3D_DIM_E,    /* the experts: the router's rows */
+    L3D_DIM_FE,   /* an expert's width */
+    L3D_DIM_2FE,  /* an expert's gate|up rows of expfcw (SwiGLU) */
+    L3D_DIM_E2FE, /* expfcw's rows: E experts' gate|up blocks */
+    L3D_DIM_EC,   /* expprojw's rows: E experts' (C, FE) blocks */
 };
+
+/* Which layers a per-layer tensor has a copy in: every layer, the dense-MLP layers, the
+ * mixture-of-experts layers (once each, or once for each expert, "%d" twice: layer, expert). */
+enum l3d_arch_part { L3D_PART_ALL, L3D_PART_DENSE, L3D_PART_MOE, L3D_PART_EXPERT };
 
 /* One tensor of a family's Hugging Face checkpoint: rows [row0, row0 + rows) of llm3d's table
  * tensor `table`, which has (table_rows, cols) a layer. A fused tensor (GPT-2's c_attn: q|k|v)
- * takes all its rows; split ones (Llama's q_proj, k_proj, v_proj; gate_proj, up_proj) a block. */
+ * takes all its rows; split ones (Llama's q_proj, k_proj, v_proj; gate_proj, up_proj) a block.
+ * An expert's (part L3D_PART_EXPERT) starts estride rows further for each expert before it:
+ * Mixtral's experts.M.w3 is rows [M 2FE + FE, M 2FE + 2FE) of expfcw. */
 struct l3d_arch_tensor {
     const char *hf;     /* its name; "%d" for the layer in a per-layer one */
     const char *table;  /* llm3d's tensor (struct l3d_tensor_info's name) */
@@ -39,6 +51,8 @@ struct l3d_arch_tensor {
     enum l3d_arch_dim row0, rows, table_rows, cols;
     bool transposed;    /* stored (cols, rows): GPT-2's Conv1D keeps its weights (in, out) */
     bool untied_only;   /* only with an untied head (lm_head) */
+    enum l3d_arch_part part;    /* a per-layer one's layers */
+    enum l3d_arch_dim estride;  /* L3D_PART_EXPERT: rows from one expert to the next */
 };
 
 /* What a key of config.json holds. */
@@ -52,6 +66,17 @@ enum l3d_arch_key_kind {
     L3D_KEY_TIED,     /* tie_word_embeddings, the row's head when absent */
     L3D_KEY_STRING,   /* one of values (the first written) */
     L3D_KEY_BOOL,     /* only the value need */
+    /* mixture of experts */
+    L3D_KEY_EXPERTS,  /* the routed experts, E */
+    L3D_KEY_TOP_K,    /* experts a token */
+    L3D_KEY_EXPERT_FFN, /* an expert's width; a row without an FFN key (Mixtral: no dense MLP)
+                         * reads it as the model's MLP width too */
+    L3D_KEY_NORM_TOPK,  /* a bool: the top-k weights renormalised; a row without one: true */
+    L3D_KEY_AUX_COEF,   /* the load-balancing loss coefficient, honoured (read) and written as
+                         * such when output_router_logits, HF's switch for the loss, is true */
+    L3D_KEY_ROUTER_LOGITS, /* output_router_logits: aux_coef > 0 */
+    L3D_KEY_ZERO,     /* a number llm3d honours only at 0 or null (Mixtral's router_jitter_noise) */
+    L3D_KEY_NULL,     /* a value llm3d honours only as null or absent (sliding_window) */
 };
 
 #define L3D_KEY_READ 1
@@ -74,6 +99,10 @@ struct l3d_arch_info {
     const char *title;           /* "GPT-2": prose */
     const char *hf_model_type;   /* config.json's "model_type" */
     const char *hf_architecture; /* config.json's "architectures" */
+    /* a Hugging Face flavour of the family rather than the family itself: its models have
+     * experts (moe), it reads as the family `arch` with its blocks (a row after the
+     * L3D_ARCH_COUNT families; name, title and llm.c versions unused) */
+    bool moe;
     /* the blocks (l3d_model_set_arch) */
     enum l3d_norm norm;
     enum l3d_mlp mlp;
@@ -93,8 +122,15 @@ struct l3d_arch_info {
 
 /* The row of a family; NULL for a value that is none. */
 const struct l3d_arch_info *l3d_arch_info(enum l3d_arch arch);
-/* The row by llm3d's name, by config.json's model_type, by its architectures entry, by an llm.c
- * file's version; NULL when no family has it. */
+/* The row a Hugging Face folder of model m is written as: its family's, or with experts the
+ * family's mixture-of-experts flavour (Llama: Mixtral); NULL when there is none (GPT-2 with
+ * experts). */
+const struct l3d_arch_info *l3d_arch_hf_row(const struct l3d_model_spec *m);
+/* Whether row a can hold model m (its experts' rules: Mixtral's renormalised top-k, no shared
+ * experts, no dense layers); L3D_ERR_ARG naming the flag otherwise. */
+l3d_status l3d_arch_hf_check(const struct l3d_arch_info *a, const struct l3d_model_spec *m);
+/* The row by llm3d's name, by config.json's model_type, by its architectures entry (families and
+ * flavours), by an llm.c file's version; NULL when no row has it. */
 const struct l3d_arch_info *l3d_arch_by_name(const char *name);
 const struct l3d_arch_info *l3d_arch_by_hf_type(const char *model_type);
 const struct l3d_arch_info *l3d_arch_by_hf_architecture(const char *architecture);
@@ -102,7 +138,8 @@ const struct l3d_arch_info *l3d_arch_by_llmc_version(int version);
 /* The families' names in enum order (L3D_ARCH_COUNT of them). */
 const char *const *l3d_arch_names(void);
 /* The families' names, "gpt2 or llama" (conj "or"), "gpt2 and llama" (conj "and"), or with hf
- * their model_type values: into buf (cap bytes), which it returns. */
+ * the model_type values of every row, flavours included ("gpt2, llama and mixtral"): into buf
+ * (cap bytes), which it returns. */
 const char *l3d_arch_list(char *buf, size_t cap, const char *conj, bool hf);
 /* A size of the map for spec m. */
 int64_t l3d_arch_dim(const struct l3d_model_spec *m, enum l3d_arch_dim d);

@@ -2,9 +2,8 @@
  * llm3d backend: the numeric kernels the model calls, behind one table of function pointers.
  * The CPU backend (src/backend/cpu.c) uses oneDNN for matrix products and OpenMP loops for the
  * rest; the CUDA backend (src/backend/cuda.c, built with -DL3D_CUDA=ON) fills the same table with
- * cuBLASLt products and kernels of its own. It is experimental: compiled and its host arithmetic
- * tested, never yet run on a GPU; it has every kernel but the mixture-of-experts ones (a MoE model
- * is refused on it by name; src/backend/backend.c).
+ * cuBLASLt products and kernels of its own, the mixture-of-experts ones included. It is
+ * experimental: compiled and its host arithmetic tested, never yet run on a GPU.
  *
  *   struct l3d_backend *be = l3d_backend_cpu_init();
  *   l3d_be_matmul_forward(be, L3D_F32, out, inp, w, b, N, C, OC); // out (N,OC) = inp w^T + b

@@ -1,6 +1,7 @@
 /*
  * Hugging Face model folders: config.json and safetensors weights, read and written for every
- * architecture of the model spec (GPT2LMHeadModel and LlamaForCausalLM names).
+ * architecture of the model spec (GPT2LMHeadModel and LlamaForCausalLM names; a Llama model with
+ * experts as MixtralForCausalLM).
  *
  *   struct l3d_model_spec cfg;
  *   l3d_model_file_config("gpt2-hf/", &cfg);       // a folder, or an llm.c file: its sizes
@@ -29,7 +30,10 @@
  * read as zero, written nowhere); lm_head is tied (absent, or ignored when present). Llama:
  * q_proj|k_proj|v_proj are row sections of qkvw, gate_proj|up_proj of fcw, lm_head is lmhead
  * when tie_word_embeddings is false; HF's q and k rows follow the rotate-half RoPE convention of
- * llm3d's kernel, so no permutation.
+ * llm3d's kernel, so no permutation. Mixtral: model.layers.N.block_sparse_moe.gate is the router
+ * (E, C), experts.M.w1 | w3 the gate | up rows of expert M's block of expfcw (rows M 2F ..), w2
+ * its (C, F) block of expprojw (rows M C ..); a folder whose expert count differs from its
+ * config.json's num_local_experts is refused naming the file, the tensor and both counts.
  */
 #ifndef LLM3D_HF_H
 #define LLM3D_HF_H
@@ -135,7 +139,8 @@ struct l3d_hf_tensor {
  * array). Refused when the model's tensor table does not hold what the architecture needs. */
 l3d_status l3d_hf_tensors(const struct l3d_model_spec *cfg, struct l3d_hf_tensor **out, int *n);
 /* The same, bound to the table only when `bound` (unbound: names and shapes from the spec alone,
- * tensor -1; never refused). */
+ * tensor -1; refused only for a model no family's Hugging Face row holds: GPT-2 with experts, or
+ * experts of a kind the row's format has no place for, l3d_arch_hf_check). */
 l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
                              struct l3d_hf_tensor **out, int *n);
 

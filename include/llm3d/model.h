@@ -286,6 +286,14 @@ struct l3d_gpt_hooks {
     void (*ep_all_to_allv)(void *ctx, const void *send, const int64_t *scounts,
                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
                            const int64_t *rdispls, enum l3d_dtype dt);
+    /* The ranks that split each micro-batch's tokens (the context-parallel ring; tok_split of
+     * them, 1: none): the router's per-expert counts of a MoE layer are summed over them
+     * (tok_sum, in place, with tok_ctx), so that Switch's load-balancing loss and its gradient see
+     * the micro-batch's whole f_i as on one rank (Megatron-Core sums tokens_per_expert over its
+     * tp x cp group the same way). A capacity stays per rank: its tokens, in their order. */
+    int tok_split;
+    void *tok_ctx;
+    void (*tok_sum)(void *ctx, float *buf, int64_t n);
 };
 /* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
  * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk
@@ -311,6 +319,7 @@ struct l3d_gpt {
     struct l3d_gpt_hooks hooks;
     int Bmax, Tmax;       /* sizes the activations were planned for */
     int act_slots, slot;  /* micro-batches whose activations can be kept at once; current one */
+    bool head_once;       /* the head's activations once, not per slot (l3d_gpt_split_init) */
     enum l3d_recompute recompute;
     bool attn_naive;      /* L3D_ATTENTION=naive: the materialising kernel (benchmark, oracle) */
     int64_t num_params;   /* elements in this shard */
@@ -354,6 +363,7 @@ struct l3d_gpt {
     /* Split backward (l3d_gpt_split_init): per W slot, each layer's output gradients of its
      * products and norms, kept from l3d_gpt_backward_input to l3d_gpt_backward_weight. */
     void *wstash;
+    void *wnorm;          /* gradient slots (ZeRO-2/3): B's norm weight gradients per W slot */
     int64_t wstash_layer; /* bytes of one layer's stash; a W slot holds layer_count of them */
     int wstash_slots, wslot; /* W slots (micro-batches between B and W at once); current one */
 };
@@ -403,6 +413,10 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
  * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
+/* The head's activations of one slot in closed form (final LayerNorm, its gathered copy under SP,
+ * the logits slice, the loss statistics; not the per-token losses): 0 without the head. */
+size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                              int T, enum l3d_dtype dt);
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt);
@@ -432,21 +446,32 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
 /* The same backward in two calls (zero-bubble pipelines, Qi et al. 2024): B, the input gradient
  * (what the previous stage waits for; the head's, the embedding's and a MoE layer's weight
  * gradients come with it), then, possibly after other micro-batches' passes, W: the transformer
- * layers' weight gradients (dW = x^T dy of each product, the biases', the norms' weights') from
- * the slot's saved activations and the output gradients B stashed in the slot. Both act on the
- * current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves the
- * gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under full
- * recomputation W rebuilds the layer's forward again. grads_ready fires per layer from W.
- * wslot: where B keeps and W reads the stash, 0 .. wslots - 1 (a micro-batch's own until its W:
- * the schedule's micro % wslots, first in first out).
- * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes for wslots W slots): L3D_ERR_OOM;
- * L3D_ERR_ARG for the gradient-slot modes (ZeRO-2/3: a layer's slot is reused two layers on) and
- * MoE with full recomputation (W's rebuilt forward would rerun the experts). */
-l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots);
+ * layers' products' weight gradients (dW = x^T dy of each product, and the biases'; the norms'
+ * weights come with B) from the slot's saved activations and the output gradients B stashed in
+ * the slot, over the activations B read for the last time (no memory beyond the slot's). Both act
+ * on the current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves
+ * the gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under
+ * full recomputation (the slot holds the layer outputs only) W rebuilds the layer's forward again
+ * and the output gradients wait in a stash of wslots W slots: wslot 0 .. wslots - 1 (a
+ * micro-batch's own until its W: the schedule's micro % wslots, first in first out; ignored
+ * otherwise). grads_ready fires per layer from W.
+ * head_once (the schedule runs each micro-batch's B on the head's stage before the next forward:
+ * l3d_pp_fb_slots 1) lays the head's activations out once, not per slot: the stage keeps up to
+ * pp micro-batches to W under ZB-H1 (1F1B: 1), and the logits of each would cost it more than
+ * 1F1B's fullest stage; l3d_gpt_act_bytes_dt less (slots - 1) l3d_gpt_head_act_bytes.
+ * With gradient slots (ZeRO-2/3, grad_slots) B keeps the norms' weight gradients (4 C fp32 a
+ * layer and W slot) and W zeroes the layer's slot, puts them in with the products' and fires
+ * grads_ready, as the fused backward does per micro-batch.
+ * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes, 0 without full recomputation or
+ * gradient slots): L3D_ERR_OOM;
+ * L3D_ERR_ARG for a MoE model with gradient slots (its experts' gradients come in B) or with full
+ * recomputation (W's rebuilt forward would rerun the experts). */
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once);
 void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot);
 void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot);
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_dtype dt);
+                            int T, int wslots, enum l3d_recompute recompute, bool grad_slots,
+                            enum l3d_dtype dt);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */
@@ -483,13 +508,20 @@ bool l3d_gpt_is_layer_tensor(int t);
  * them); -1 when tensor t has no part in that layer. */
 int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
                              int layer);
+/* The index, among the full model's layers of tensor t, of shard sh's first layer of t (0 for a
+ * non-layer tensor; a pipeline stage's MoE tensors count the model's MoE layers, from
+ * moe.dense_layers, and its dense MLP tensors the leading dense ones). */
+int64_t l3d_gpt_tensor_first(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                             int t);
 /* Mixture-of-experts statistics of the forwards since the last take (a full recomputation's
- * forward inside backward not counted), as l3d_gpt_moe_stats_len doubles a rank can sum with its
- * data-parallel peers': per MoE layer of the shard and expert, the assignments routed to it
- * (before any drop; layers x experts), then the sums over forwards and layers of the
- * load-balancing and z losses (unscaled by their coefficients), the assignments dropped and the
- * forwards counted. 0 doubles for a dense model. Take copies them into out and resets. */
-int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m);
+ * forward inside backward not counted), as l3d_model_moe_stats_len doubles laid out for the whole
+ * model, so that a rank can sum them with its data-parallel peers' and the other pipeline
+ * stages': per MoE layer of the model and expert, the assignments routed to it (before any drop;
+ * layers x experts), then the sums over forwards and layers of the load-balancing and z losses
+ * (unscaled by their coefficients), the assignments dropped and the forwards counted (by the
+ * shard holding the model's first MoE layer). 0 doubles for a dense model. Take adds the shard's
+ * into out (its layers' rows; the caller zeroes out once for all its chunks) and resets. */
+int64_t l3d_model_moe_stats_len(const struct l3d_model_spec *cfg);
 void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out);
 /* A stats vector (summed over ranks or not) in words: the mean over layers and forwards of the
  * two losses, the dropped assignments, and each layer's load (its largest expert's assignments

@@ -147,10 +147,15 @@ struct l3d_plot_metrics {
     char path[4200];
     int64_t n, cap, skipped;
     double *step, *tokens, *loss, *lr, *norm, *scale, *val;
+    /* a mixture of experts' (NaN on a line without them): the auxiliary losses, the largest
+     * layer's load and each layer's, load[i * layers + j] (layers 0: a dense run) */
+    double *aux, *zloss, *load_max, *load;
+    int layers;
 };
 /* run: a run folder (its metrics.jsonl) or the file. L3D_ERR_FORMAT names the file, the line,
  * the column and the key at the first line that is not a JSON object, a key of the wrong type
- * (a string where a number belongs), a missing step or loss, or a step that does not increase. */
+ * (a string where a number belongs), a missing step or loss, a step that does not increase, or a
+ * "moe_load" that is not an array of numbers of the first one's length. */
 l3d_status l3d_plot_metrics_read(struct l3d_plot_metrics *m, const char *run);
 void l3d_plot_metrics_free(struct l3d_plot_metrics *m);
 

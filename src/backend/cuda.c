@@ -13,8 +13,9 @@
  *
  * Matrix products are cuBLASLt's (fp32 compute; bf16/fp16 operands on tensor cores; the forward
  * bias fused as its epilogue), every other kernel is ours (cuda_kernels.cu): GPT-2's and Llama's
- * (RMSNorm, RoPE, SwiGLU, grouped-query attention) and context parallelism's block attention. No
- * mixture-of-experts kernels yet: their entries are NULL, and a MoE model is refused by name.
+ * (RMSNorm, RoPE, SwiGLU, grouped-query attention), context parallelism's block attention and
+ * the mixture-of-experts router, gather and combine (cuda_moe.cu; the experts' products are
+ * cuBLASLt's, one an expert's rows, from src/model/moe.c).
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -164,6 +165,15 @@ static void cuda_event_destroy(void *ctx, struct l3d_event *ev) {
     CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev->impl));
     ev->impl = NULL;
     cx->n_events--;
+}
+
+int l3d_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 bool l3d_cuda_is_device_ptr(const void *p) {
@@ -566,6 +576,67 @@ static void cuda_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const
     launched("swiglu_backward");
 }
 
+/* ---- mixture of experts (cuda_moe.cu) ------------------------------------------------------- */
+
+/* the router's sizes the kernels take: K of E experts, int32 rows (N K of them), and E blocks of
+ * the weight gradient's grid in y (65535 at most) */
+static void moe_sizes(int64_t N, int64_t E, int64_t K, const char *kernel) {
+    if (E < 1 || E > 65535 || K < 1 || K > E || N < 0 || N * K > INT32_MAX)
+        l3d_fatal(__FILE__, __LINE__, "backend cuda: %s: %lld tokens choosing %lld of %lld "
+                  "experts: the kernels take 1 to 65535 experts, top-k 1 to E and fewer than "
+                  "2^31 assignments (lower --batch, --seq-len or --moe-top-k)", kernel,
+                  (long long)N, (long long)K, (long long)E);
+}
+static void cuda_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
+                           float *wts, int32_t *pos, int32_t *offsets, float *stats,
+                           int32_t *work, const void *inp, const void *weight, int64_t N,
+                           int64_t C, int64_t E, int64_t K, int norm_topk, int64_t capacity) {
+    struct cuda_ctx *cx = ctx;
+    (void)work; /* the kernels count in offsets themselves */
+    int t = kt(dt, "moe_route");
+    moe_sizes(N, E, K, "moe_route");
+    CUDA_CHECK(cudaMemsetAsync(offsets, 0, (size_t)(E + 1) * sizeof *offsets, cx->stream));
+    l3d_cuk_moe_route(t, probs, lse, idx, wts, pos, offsets, stats, inp, weight, N, C, E, K,
+                      norm_topk, capacity, cx->stream);
+    launched("moe_route");
+}
+static void cuda_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
+                             const int32_t *pos, int64_t N, int64_t K, int64_t C) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_moe_permute(kt(dt, "moe_permute"), rows, inp, pos, N, K, C, cx->stream);
+    launched("moe_permute");
+}
+static void cuda_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
+                             const int32_t *pos, const float *wts, int64_t N, int64_t K,
+                             int64_t C) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_moe_combine(kt(dt, "moe_combine"), out, rows, pos, wts, N, K, C, cx->stream);
+    launched("moe_combine");
+}
+static void cuda_moe_combine_backward(void *ctx, enum l3d_dtype dt, void *drows, float *dwts,
+                                      const void *dout, const void *rows, const int32_t *pos,
+                                      const float *wts, int64_t N, int64_t K, int64_t C) {
+    struct cuda_ctx *cx = ctx;
+    l3d_cuk_moe_combine_backward(kt(dt, "moe_combine_backward"), drows, dwts, dout, rows, pos,
+                                 wts, N, K, C, cx->stream);
+    launched("moe_combine_backward");
+}
+static void cuda_moe_router_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt,
+                                     void *dinp, void *dweight, float *dlogits,
+                                     const float *dwts, const void *inp, const void *weight,
+                                     const float *probs, const float *lse, const int32_t *idx,
+                                     const float *wts, const float *stats, int64_t N, int64_t C,
+                                     int64_t E, int64_t K, int norm_topk, float aux_scale,
+                                     float z_scale) {
+    struct cuda_ctx *cx = ctx;
+    int t = kt(dt, "moe_router_backward"), g = gkt(dt, gdt, "moe_router_backward");
+    moe_sizes(N, E, K, "moe_router_backward");
+    l3d_cuk_moe_router_backward(t, g, dinp, dweight, dlogits, dwts, inp, weight, probs, lse, idx,
+                                wts, stats, N, C, E, K, norm_topk, aux_scale, z_scale,
+                                cx->stream);
+    launched("moe_router_backward");
+}
+
 /* ---- elementwise, cross-entropy --------------------------------------------------------------- */
 
 static void ew(struct cuda_ctx *cx, int op, enum l3d_dtype dt, void *out, const void *a,
@@ -721,6 +792,11 @@ static const struct l3d_backend_i cuda_backend_i = {
     .residual_forward = cuda_residual_forward,
     .add_inplace = cuda_add_inplace,
     .add_bias = cuda_add_bias,
+    .moe_route = cuda_moe_route,
+    .moe_permute = cuda_moe_permute,
+    .moe_combine = cuda_moe_combine,
+    .moe_combine_backward = cuda_moe_combine_backward,
+    .moe_router_backward = cuda_moe_router_backward,
     .xent_max = cuda_xent_max,
     .xent_sumexp = cuda_xent_sumexp,
     .xent_backward = cuda_xent_backward,

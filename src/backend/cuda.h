@@ -22,6 +22,9 @@ int l3d_backend_cuda_device(struct l3d_backend *be);
 /* Moves the backend to device local_rank modulo the visible devices, before anything is allocated
  * (the device world does it when the launcher announced no local rank). */
 void l3d_backend_cuda_rebind(struct l3d_backend *be, int local_rank);
+/* The CUDA devices this process sees; 0 when there is none or the runtime cannot say (no driver):
+ * what a GPU test asks before it starts the backend, to skip where there is no GPU. */
+int l3d_cuda_device_count(void);
 /* whether p is device memory (cudaPointerGetAttributes): host buffers pass to MPI as they are */
 bool l3d_cuda_is_device_ptr(const void *p);
 

@@ -51,6 +51,28 @@ enum l3d_cuda_comm_kind l3d_cuda_comm_choice(const int *node_of, const int *devi
     return L3D_CUDA_COMM_NCCL;
 }
 
+/* ---- the v-collectives' blocks -------------------------------------------------------------- */
+
+int l3d_cuda_a2a_xfers(int p, const int64_t *counts, const int64_t *displs, size_t es,
+                       struct l3d_cuda_xfer *x) {
+    int n = 0;
+    for (int r = 0; r < p; r++) {
+        L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
+        if (counts[r] > 0)
+            x[n++] = (struct l3d_cuda_xfer){r, (size_t)displs[r] * es, (size_t)counts[r]};
+    }
+    return n;
+}
+
+int64_t l3d_cuda_blocks_span(int p, const int64_t *counts, const int64_t *displs) {
+    int64_t span = 0;
+    for (int r = 0; r < p; r++) {
+        L3D_ASSERT(counts[r] >= 0 && displs[r] >= 0);
+        if (counts[r] > 0 && displs[r] + counts[r] > span) span = displs[r] + counts[r];
+    }
+    return span;
+}
+
 /* ---- launch shapes -------------------------------------------------------------------------- */
 
 struct l3d_cuda_launch l3d_cuda_launch_1d(int64_t n, uint32_t threads, uint32_t max_blocks) {

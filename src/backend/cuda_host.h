@@ -42,6 +42,27 @@ enum l3d_cuda_comm_kind {
 enum l3d_cuda_comm_kind l3d_cuda_comm_choice(const int *node_of, const int *device_of, int n,
                                              int *a, int *b);
 
+/* ---- the v-collectives over NCCL: their blocks --------------------------------------------- */
+
+/* One transfer of one side of an all_to_allv: count elements to or from rank peer, `at` bytes
+ * into the send or the receive buffer. */
+struct l3d_cuda_xfer {
+    int peer;
+    size_t at, count;
+};
+/* One side (the sends, or the receives) of an all_to_allv over p ranks as NCCL's grouped sends
+ * and receives take it: a transfer for each rank with a non-zero count, in rank order, block r
+ * displs[r] elements of es bytes in. Zero counts are skipped on both sides alike (rank r's count
+ * for this rank is this rank's for r: the communicator's contract), so every NCCL send meets its
+ * receive. Returns how many were written to x (at most p). A negative count or displacement
+ * aborts (programmer error). */
+int l3d_cuda_a2a_xfers(int p, const int64_t *counts, const int64_t *displs, size_t es,
+                       struct l3d_cuda_xfer *x);
+/* The elements the non-empty blocks of a v-collective reach (the end of the farthest one; 0 when
+ * all are empty): how much of the buffer the staged path copies to the host and back. A zero
+ * count's displacement may point anywhere (past the buffer too), as MPI's extent ignores it. */
+int64_t l3d_cuda_blocks_span(int p, const int64_t *counts, const int64_t *displs);
+
 /* ---- launch shapes: cuda_kernels.h (read by nvcc as well) ----------------------------------- */
 
 /* ---- attention geometry: each attention entry's layout as one struct l3d_cuk_attn ------------ */

@@ -131,6 +131,37 @@ static void read_head_dim(struct cfg_reader *r, const struct l3d_arch_info *a, c
                           l3d_arch_key_of(a, L3D_KEY_HEADS)->key, m->C / m->NH);
 }
 
+/* The load-balancing loss coefficient: counted by Hugging Face only when output_router_logits
+ * is true (MixtralForCausalLM's forward), so read as 0 otherwise; a finite number >= 0. */
+static void read_aux_coef(struct cfg_reader *r, const char *key, double dflt,
+                          struct l3d_model_spec *m) {
+    double x = get_num(r, key, dflt, -INFINITY, INFINITY);
+    if (r->st == L3D_OK && x < 0)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %g: give a coefficient >= 0", r->what,
+                          key, x);
+    m->moe.aux_coef = get_bool(r, "output_router_logits", false) ? x : 0.0;
+}
+
+/* A number llm3d honours only at 0: absent, null or 0. */
+static void want_zero(struct cfg_reader *r, const char *key, const char *why) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    double x = 0;
+    char b[64];
+    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL || (l3d_json_num(v, &x) && x == 0))
+        return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s); give 0",
+                      r->what, key, value_text(v, b, sizeof b), why);
+}
+
+/* A key llm3d honours only as null or absent. */
+static void want_null(struct cfg_reader *r, const char *key, const char *why) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    char b[64];
+    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL) return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s); give null",
+                      r->what, key, value_text(v, b, sizeof b), why);
+}
+
 /* Key k of family a's config.json into m. */
 static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
                      const struct l3d_arch_key *k, struct l3d_model_spec *m) {
@@ -151,6 +182,14 @@ static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
     case L3D_KEY_TIED: m->untied = !get_bool(r, key, !a->untied); break;
     case L3D_KEY_STRING: want_str(r, key, k->values, k->why); break;
     case L3D_KEY_BOOL: want_bool(r, key, k->need, k->why); break;
+    case L3D_KEY_EXPERTS: m->moe.experts = get_int(r, key, dflt, 1 << 16); break;
+    case L3D_KEY_TOP_K: m->moe.top_k = get_int(r, key, dflt, 1 << 16); break;
+    case L3D_KEY_EXPERT_FFN: m->moe.ffn = get_int(r, key, dflt, 16LL * L3D_MAX_CHANNELS); break;
+    case L3D_KEY_NORM_TOPK: m->moe.norm_topk = get_bool(r, key, k->dflt != 0); break;
+    case L3D_KEY_AUX_COEF: read_aux_coef(r, key, k->dflt, m); break;
+    case L3D_KEY_ROUTER_LOGITS: get_bool(r, key, false); break; /* with AUX_COEF */
+    case L3D_KEY_ZERO: want_zero(r, key, k->why); break;
+    case L3D_KEY_NULL: want_null(r, key, k->why); break;
     }
 }
 
@@ -171,6 +210,9 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
         l3d_model_set_arch(cfg, a->arch);
         for (int i = 0; i < a->n_hf_keys; i++)
             if (a->hf_keys[i].io & L3D_KEY_READ) read_key(&r, a, &a->hf_keys[i], cfg);
+        /* Mixtral: the experts' width is the only MLP width; its router always renormalises */
+        if (a->moe && !l3d_arch_key_of(a, L3D_KEY_FFN)) cfg->ffn = cfg->moe.ffn;
+        if (a->moe && !l3d_arch_key_of(a, L3D_KEY_NORM_TOPK)) cfg->moe.norm_topk = true;
     } else if (st == L3D_OK) {
         if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
         r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads %s", what,
@@ -252,12 +294,20 @@ static void write_key(FILE *f, const struct l3d_arch_key *k, const struct l3d_mo
     case L3D_KEY_TIED: fprintf(f, "%s", m->untied ? "false" : "true"); break;
     case L3D_KEY_STRING: fprintf(f, "\"%s\"", k->values[0]); break;
     case L3D_KEY_BOOL: fprintf(f, "%s", k->need ? "true" : "false"); break;
+    case L3D_KEY_EXPERTS: fprintf(f, "%d", m->moe.experts); break;
+    case L3D_KEY_TOP_K: fprintf(f, "%d", m->moe.top_k); break;
+    case L3D_KEY_EXPERT_FFN: fprintf(f, "%lld", (long long)m->moe.ffn); break;
+    case L3D_KEY_NORM_TOPK: fprintf(f, "%s", m->moe.norm_topk ? "true" : "false"); break;
+    case L3D_KEY_AUX_COEF: fprintf(f, "%s", shortest(num, sizeof num, m->moe.aux_coef, false)); break;
+    case L3D_KEY_ROUTER_LOGITS: fprintf(f, "%s", m->moe.aux_coef > 0 ? "true" : "false"); break;
+    case L3D_KEY_ZERO: fprintf(f, "0.0"); break;
+    case L3D_KEY_NULL: fprintf(f, "null"); break;
     }
     fprintf(f, ",\n");
 }
 
 char *l3d_hf_config_text(const struct l3d_model_spec *m, enum l3d_dtype dt) {
-    const struct l3d_arch_info *a = l3d_arch_info(m->arch);
+    const struct l3d_arch_info *a = l3d_arch_hf_row(m); /* l3d_hf_tensors refuses one without */
     char *text = NULL;
     size_t len;
     L3D_ASSERT(a);
@@ -293,10 +343,18 @@ static int table_index(const struct map_builder *b, const char *name) {
     return -1;
 }
 
-/* HF tensor `hf` (a printf pattern of the layer) = rows [row0, row0 + rows) of table tensor
- * `name` (which must have (need_rows, cols) per layer), 1-D or a matrix, transposed or not. */
-static void add(struct map_builder *b, const char *hf, int layer, const char *name, int64_t row0,
-                int64_t rows, int64_t need_rows, int64_t cols, int ndim, bool transposed) {
+/* Where an entry goes: its name's layer and expert, the layer of its table tensor. */
+struct map_at {
+    int layer, expert;
+    int64_t table_layer;
+};
+
+/* HF tensor `hf` (a printf pattern of the layer, then the expert) = rows [row0, row0 + rows) of
+ * table tensor `name` (which must have (need_rows, cols) per layer), 1-D or a matrix, transposed
+ * or not. */
+static void add(struct map_builder *b, const char *hf, struct map_at at, const char *name,
+                int64_t row0, int64_t rows, int64_t need_rows, int64_t cols, int ndim,
+                bool transposed) {
     if (b->n == b->cap) {
         struct l3d_hf_tensor *t = l3d_alloc((size_t)(2 * b->cap + 16) * sizeof *t, "tensor map");
         if (b->n) memcpy(t, b->t, (size_t)b->n * sizeof *t);
@@ -306,10 +364,10 @@ static void add(struct map_builder *b, const char *hf, int layer, const char *na
     }
     struct l3d_hf_tensor *t = &b->t[b->n++];
     memset(t, 0, sizeof *t);
-    snprintf(t->e.name, sizeof t->e.name, hf, layer);
+    snprintf(t->e.name, sizeof t->e.name, hf, at.layer, at.expert);
     t->table = name;
     t->tensor = -1;
-    t->layer = layer;
+    t->layer = at.table_layer;
     t->row0 = row0;
     t->rows = rows;
     t->table_rows = need_rows;
@@ -337,39 +395,58 @@ static l3d_status bind(struct map_builder *b) {
     return L3D_OK;
 }
 
-/* Entry t of the family's map, for layer `layer`. */
-static void add_entry(struct map_builder *b, const struct l3d_arch_tensor *t, int layer) {
+/* Entry t of the family's map, for global layer `layer` (0 for a non-layer one) and expert e:
+ * nothing when the layer has no such tensor (a dense MLP's in a MoE layer, or the reverse). The
+ * table holds the dense MLP's layers first, then the MoE layers (include/llm3d/model.h). */
+static void add_entry(struct map_builder *b, const struct l3d_arch_tensor *t, int layer, int e) {
     const struct l3d_model_spec *m = b->cfg;
+    bool moe = l3d_model_moe_layer(m, layer);
     if (t->untied_only && !m->untied) return;
-    add(b, t->hf, layer, t->table, l3d_arch_dim(m, t->row0), l3d_arch_dim(m, t->rows),
-        l3d_arch_dim(m, t->table_rows), l3d_arch_dim(m, t->cols), t->ndim, t->transposed);
+    if (t->layer && (t->part == L3D_PART_DENSE ? moe : t->part != L3D_PART_ALL && !moe)) return;
+    struct map_at at = {layer, e, layer};
+    if (t->layer && t->part >= L3D_PART_MOE) at.table_layer = layer - m->moe.dense_layers;
+    int64_t row0 = l3d_arch_dim(m, t->row0) + e * l3d_arch_dim(m, t->estride);
+    add(b, t->hf, at, t->table, row0, l3d_arch_dim(m, t->rows), l3d_arch_dim(m, t->table_rows),
+        l3d_arch_dim(m, t->cols), t->ndim, t->transposed);
+}
+
+/* A layer's entries [first, end): an expert's run of them once for each expert, each expert's in
+ * turn (Hugging Face's experts.0.w1, w2, w3, experts.1.w1, ...), the others once. */
+static void map_layer(struct map_builder *b, const struct l3d_arch_tensor *t, int first, int end,
+                      int layer) {
+    for (int i = first, j; i < end; i = j) {
+        for (j = i + 1; t[i].part == L3D_PART_EXPERT && j < end && t[j].part == t[i].part;) j++;
+        int experts = t[i].part == L3D_PART_EXPERT ? b->cfg->moe.experts : 1;
+        for (int e = 0; e < experts; e++)
+            for (int k = i; k < j; k++) add_entry(b, &t[k], layer, e);
+    }
 }
 
 /* The family's map: its entries before the layers', each layer's, those after. */
 static void map_family(struct map_builder *b, const struct l3d_arch_info *a) {
     const struct l3d_arch_tensor *t = a->hf_tensors;
     int n = a->n_hf_tensors, first = 0, end;
-    while (first < n && !t[first].layer) add_entry(b, &t[first++], 0);
+    while (first < n && !t[first].layer) add_entry(b, &t[first++], 0, 0);
     for (end = first; end < n && t[end].layer;) end++;
-    for (int l = 0; l < b->cfg->L; l++)
-        for (int i = first; i < end; i++) add_entry(b, &t[i], l);
-    for (int i = end; i < n; i++) add_entry(b, &t[i], 0);
+    for (int l = 0; l < b->cfg->L; l++) map_layer(b, t, first, end, l);
+    for (int i = end; i < n; i++) add_entry(b, &t[i], 0, 0);
 }
 
 l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
                              struct l3d_hf_tensor **out, int *n) {
-    if (cfg->moe.experts > 0) {
-        *out = NULL;
-        *n = 0;
-        return l3d_error(L3D_ERR_ARG, "a mixture-of-experts model (--moe-experts %d) has no "
-                         "Hugging Face folder yet: Mixtral/Qwen3-MoE folders land with issue 46 "
-                         "item 4; keep llm3d's model.bin or checkpoints", cfg->moe.experts);
-    }
+    const struct l3d_arch_info *a = l3d_arch_hf_row(cfg);
+    *out = NULL;
+    *n = 0;
+    if (!a)
+        return l3d_error(L3D_ERR_ARG, "a %s model with experts (--moe-experts %d) has no Hugging "
+                         "Face folder (Mixtral's are Llama's blocks: --arch llama); keep llm3d's "
+                         "model.bin or checkpoints", l3d_arch_info(cfg->arch)->title,
+                         cfg->moe.experts);
+    l3d_status rc = l3d_arch_hf_check(a, cfg);
+    if (rc != L3D_OK) return rc;
     struct map_builder b = {.cfg = cfg, .st = L3D_OK};
     struct l3d_shard full = l3d_shard_full(cfg);
     l3d_gpt_plan_tensors(cfg, &full, b.ti);
-    const struct l3d_arch_info *a = l3d_arch_info(cfg->arch);
-    L3D_ASSERT(a);
     map_family(&b, a);
     if (bound) b.st = bind(&b);
     if (b.st != L3D_OK) {
@@ -487,6 +564,43 @@ static l3d_status check_extra(const struct l3d_st *st, const struct l3d_hf_tenso
     return L3D_OK;
 }
 
+/* The experts the files hold in each MoE layer (those of the row's first expert tensor, numbered
+ * from 0 without a gap) against config.json's count: a folder of another expert count would
+ * otherwise be reported as a stray or a missing tensor, without the two counts. */
+static l3d_status check_experts(const struct l3d_st *st, const struct l3d_model_spec *cfg,
+                                const char *cfgpath) {
+    const struct l3d_arch_info *a = l3d_arch_hf_row(cfg);
+    const struct l3d_arch_tensor *x = NULL;
+    for (int i = 0; a && !x && i < a->n_hf_tensors; i++)
+        if (a->hf_tensors[i].part == L3D_PART_EXPERT) x = &a->hf_tensors[i];
+    const struct l3d_arch_key *k = a ? l3d_arch_key_of(a, L3D_KEY_EXPERTS) : NULL;
+    const char *at = x ? strstr(strstr(x->hf, "%d") + 2, "%d") : NULL; /* the expert's number */
+    char pre[112], head[112];
+    if (at) snprintf(pre, sizeof pre, "%.*s", (int)(at - x->hf), x->hf); /* "...%d...experts." */
+    for (int l = cfg->moe.dense_layers; at && k && l < cfg->L; l++) {
+        int have = 0;
+        const struct l3d_st_tensor *last = NULL;
+        snprintf(head, sizeof head, pre, l);
+        size_t hn = strlen(head), tn = strlen(at + 2);
+        for (int i = 0; i < st->n; i++) { /* head, digits, tail: the highest number present */
+            const char *nm = st->t[i].name, *d = nm + hn;
+            size_t len = strlen(nm);
+            if (len <= hn + tn || strncmp(nm, head, hn) != 0 || strcmp(nm + len - tn, at + 2) != 0)
+                continue;
+            long e = 0;
+            for (; d < nm + len - tn && *d >= '0' && *d <= '9' && e < (1L << 20); d++)
+                e = e * 10 + (*d - '0');
+            if (d == nm + len - tn && e + 1 > have) have = (int)e + 1, last = &st->t[i];
+        }
+        if (have == cfg->moe.experts) continue;
+        return l3d_error(L3D_ERR_FORMAT, "%s: layer %d holds %d experts (its last: tensor %s) but "
+                         "%s says \"%s\": %d: a config that does not match the weights",
+                         last ? st->files[last->file] : st->files[0], l, have,
+                         last ? last->name : "none", cfgpath, k->key, cfg->moe.experts);
+    }
+    return L3D_OK;
+}
+
 /* config.json's model against the safetensors headers alone, before a caller allocates the model
  * config.json describes (a small folder may claim any vocabulary): every tensor it needs present
  * with its shape and a dtype llm3d reads, every tensor of the files placed. Nothing of the
@@ -495,10 +609,11 @@ static l3d_status check_headers(const char *dir, const struct l3d_model_spec *cf
                                 const char *cfgpath) {
     struct l3d_hf_tensor *map;
     int n;
-    l3d_status rc = l3d_hf_tensors_ex(cfg, false, &map, &n); /* names and shapes: never refused */
+    l3d_status rc = l3d_hf_tensors_ex(cfg, false, &map, &n); /* names and shapes */
     if (rc != L3D_OK) return rc;
     struct l3d_st st;
     rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_experts(&st, cfg, cfgpath);
     if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
     const struct l3d_st_tensor *t;
     for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);
@@ -576,6 +691,7 @@ static l3d_status hf_load_shard(const char *dir, const struct l3d_model_spec *cf
     if ((rc = l3d_hf_tensors(cfg, &map, &n)) != L3D_OK) return rc;
     struct l3d_st st;
     rc = l3d_st_open_dir(&st, dir);
+    if (rc == L3D_OK) rc = check_experts(&st, cfg, cfgpath);
     if (rc == L3D_OK) rc = check_extra(&st, map, n, cfg, cfgpath);
     const struct l3d_st_tensor *t;
     for (int i = 0; rc == L3D_OK && i < n; i++) rc = check_one(&st, &map[i], cfgpath, &t);

@@ -532,7 +532,7 @@ static int inspect_hf(const char *path, bool json) {
         fprintf(stderr, "llm3d inspect: %s\n", l3d_error_message());
         return 1;
     }
-    const char *type = l3d_arch_info(c.arch)->hf_model_type;
+    const char *type = l3d_arch_hf_row(&c)->hf_model_type; /* read: a row holds it */
     int64_t bytes = 0;
     for (int i = 0; i < st.n; i++) bytes += st.t[i].bytes;
     if (json) {
@@ -540,11 +540,13 @@ static int inspect_hf(const char *path, bool json) {
         json_str(path, strlen(path));
         printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"V\":%d,"
                "\"context\":%d,\"ffn\":%lld,\"tied\":%s,\"norm_eps\":%.9g,\"rope_theta\":%.17g,"
-               "\"parameters\":%lld,\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
+               "\"parameters\":%lld,\"experts\":%d,\"top_k\":%d,\"active_parameters\":%.0f,"
+               "\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
                c.NH, l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "false" : "true", (double)c.norm_eps,
                c.pos == L3D_POS_ROPE ? c.rope.theta : 0.0,
-               (long long)l3d_gpt_param_count(&c), st.nfiles, (long long)bytes);
+               (long long)l3d_gpt_param_count(&c), c.moe.experts, c.moe.top_k,
+               l3d_model_active_param_count(&c), st.nfiles, (long long)bytes);
         print_tensors(&st, true);
         printf("]}\n");
     } else {
@@ -554,6 +556,10 @@ static int inspect_hf(const char *path, bool json) {
                "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
                l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "untied" : "tied", l3d_gpt_param_count(&c) / 1e6, c.Vp);
+        if (c.moe.experts > 0)
+            printf("  experts: %d a layer, top-%d%s; %.2fM parameters active a token\n",
+                   c.moe.experts, c.moe.top_k, c.moe.norm_topk ? " renormalised" : "",
+                   l3d_model_active_param_count(&c) / 1e6);
         printf("  tensors: %d; shapes checked against config.json, weights all finite\n", st.n);
         print_tensors(&st, false);
     }

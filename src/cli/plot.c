@@ -60,14 +60,42 @@ static int set_plot(void *ctx, const char *cmd, int id, const char *v) {
 #define MAX_RUNS 8
 /* one run's columns, and the sparse ones gathered: validation points, skipped steps, loss-scale
  * changes (so that a line through them has no gaps between its points) */
+/* a mixture of experts' loads: each layer's line up to this many layers, else the largest and
+ * the mean over the layers */
+#define LOAD_LAYERS 6
 struct run {
     struct l3d_plot_metrics m;
     char name[96], val_name[112], skip_name[128], scale_name[128];
     double *vs, *vt, *vy, *skip, *chg;
     int64_t nv, nskip, nchg;
+    char load_name[LOAD_LAYERS][128], aux_name[2][128];
+    double *load[LOAD_LAYERS]; /* the layers' columns (strided out of m.load), or the mean */
+    int nload;
 };
 
-static void gather(struct run *r) {
+/* The run's load columns: each layer's when it has at most LOAD_LAYERS and the chart has room
+ * for every run's, else the mean. */
+static void gather_loads(struct run *r, int nruns) {
+    const struct l3d_plot_metrics *m = &r->m;
+    int L = m->layers;
+    int cols = L <= LOAD_LAYERS && nruns * (1 + L) <= L3D_PLOT_MAX_SERIES ? L : 1;
+    r->nload = cols;
+    for (int j = 0; j < cols; j++) {
+        r->load[j] = malloc((size_t)(m->n > 0 ? m->n : 1) * sizeof(double));
+        L3D_ASSERT(r->load[j]);
+        for (int64_t i = 0; i < m->n; i++) {
+            double sum = 0;
+            for (int k = 0; k < L; k++) sum += m->load[i * L + k];
+            r->load[j][i] = cols == L ? m->load[i * L + j] : sum / L;
+        }
+        if (cols == L) snprintf(r->load_name[j], sizeof r->load_name[j], "%s: layer %d", r->name, j);
+        else snprintf(r->load_name[j], sizeof r->load_name[j], "%s: mean of %d layers", r->name, L);
+    }
+    snprintf(r->aux_name[0], sizeof r->aux_name[0], "%s: load balancing", r->name);
+    snprintf(r->aux_name[1], sizeof r->aux_name[1], "%s: router z", r->name);
+}
+
+static void gather(struct run *r, int nruns) {
     const struct l3d_plot_metrics *m = &r->m;
     r->vs = malloc(5 * (size_t)m->n * sizeof(double));
     L3D_ASSERT(r->vs);
@@ -83,6 +111,26 @@ static void gather(struct run *r) {
     snprintf(r->skip_name, sizeof r->skip_name, "%s: %lld skipped", r->name,
              (long long)r->nskip);
     snprintf(r->scale_name, sizeof r->scale_name, "%s: loss scale changed", r->name);
+    if (m->layers > 0) gather_loads(r, nruns);
+}
+
+/* A mixture of experts' charts, c[0] the load, c[1] the auxiliary losses (unweighted): run i's
+ * series, the load of the busiest layer solid and the layers' (or their mean) dashed. */
+static void add_moe(struct l3d_plot_chart *c, const struct run *r, int i) {
+    const struct l3d_plot_metrics *m = &r->m;
+    if (m->layers == 0) return;
+    l3d_plot_add(&c[0], (struct l3d_plot_series){.name = r->name, .kind = "load-max", .x = m->step,
+                                                 .y = m->load_max, .n = m->n, .color = i});
+    for (int j = 0; j < r->nload; j++)
+        l3d_plot_add(&c[0], (struct l3d_plot_series){.name = r->load_name[j], .kind = "load",
+                                                     .x = m->step, .y = r->load[j], .n = m->n,
+                                                     .color = i, .dash = 1 + j % 3});
+    l3d_plot_add(&c[1], (struct l3d_plot_series){.name = r->aux_name[0], .kind = "aux",
+                                                 .x = m->step, .y = m->aux, .n = m->n,
+                                                 .color = i});
+    l3d_plot_add(&c[1], (struct l3d_plot_series){.name = r->aux_name[1], .kind = "z",
+                                                 .x = m->step, .y = m->zloss, .n = m->n,
+                                                 .color = i, .dash = 1});
 }
 
 /* The run's series on chart c against x (steps or tokens): y the column, with validation,
@@ -111,27 +159,38 @@ static void add_run(struct l3d_plot_chart *c, const struct run *r, int color, co
                                                   .style = L3D_PLOT_RUG_TOP});
 }
 
+/* The loss curves, and with a mixture of experts in any run a third row: the experts' load
+ * (tokens of the busiest expert over the mean, each layer summed over the ranks, 1 balanced) and
+ * the auxiliary losses. */
 static l3d_status loss_figure(struct run *runs, int n, const struct plot_opts *o) {
-    struct l3d_plot_chart c[4] = {
+    struct l3d_plot_chart c[6] = {
         l3d_plot_chart_init("Loss by step", "step", "loss"),
         l3d_plot_chart_init("Loss by tokens", "tokens", "loss"),
         l3d_plot_chart_init("Learning rate", "step", "learning rate"),
-        l3d_plot_chart_init("Gradient norm (before clipping)", "step", "gradient norm")};
-    for (int k = 0; k < 4; k++) {
+        l3d_plot_chart_init("Gradient norm (before clipping)", "step", "gradient norm"),
+        l3d_plot_chart_init("Expert load (busiest expert / mean; solid: the busiest layer)",
+                            "step", "load"),
+        l3d_plot_chart_init("Router auxiliary losses (unweighted)", "step", "loss")};
+    int charts = 4;
+    for (int i = 0; i < n; i++) charts = runs[i].m.layers > 0 ? 6 : charts;
+    for (int k = 0; k < charts; k++) {
         c[k].x.log = o->logx;
-        c[k].y.log = o->logy && k != 2;
+        c[k].y.log = o->logy && k != 2 && k != 4;
     }
+    if (charts == 6) l3d_plot_add_ref(&c[4], L3D_REF_HLINE, 1.0, "balanced");
     for (int i = 0; i < n; i++) {
         const struct run *r = &runs[i];
         add_run(&c[0], r, i, r->m.step, r->m.loss, r->vs, true);
         add_run(&c[1], r, i, r->m.tokens, r->m.loss, r->vt, false);
         add_run(&c[2], r, i, r->m.step, r->m.lr, NULL, false);
         add_run(&c[3], r, i, r->m.step, r->m.norm, NULL, true);
+        add_moe(&c[4], r, i);
     }
     struct l3d_svg s;
-    l3d_status st = l3d_svg_begin(&s, o->out, 1280, 880, "llm3d training curves");
+    l3d_status st = l3d_svg_begin(&s, o->out, 1280, 440.0 * charts / 2, "llm3d training curves");
     if (st != L3D_OK) return st;
-    for (int k = 0; k < 4; k++) l3d_plot_chart_draw(&s, &c[k], (k % 2) * 640, (k / 2) * 440, 640, 440);
+    for (int k = 0; k < charts; k++)
+        l3d_plot_chart_draw(&s, &c[k], (k % 2) * 640, (k / 2) * 440, 640, 440);
     return l3d_svg_end(&s);
 }
 
@@ -174,13 +233,14 @@ static int plot_runs(char **paths, int n, const struct plot_opts *o) {
         if ((st = l3d_plot_metrics_read(&runs[got].m, paths[got])) != L3D_OK) break;
     if (st == L3D_OK) {
         name_runs(runs, paths, n);
-        for (int i = 0; i < n; i++) gather(&runs[i]);
+        for (int i = 0; i < n; i++) gather(&runs[i], n);
         st = loss_figure(runs, n, o);
     }
     int64_t steps = 0, val = 0, skipped = 0;
     for (int i = 0; i < got; i++) {
         steps += runs[i].m.n, val += runs[i].nv, skipped += runs[i].nskip;
         free(runs[i].vs);
+        for (int j = 0; j < LOAD_LAYERS; j++) free(runs[i].load[j]);
         l3d_plot_metrics_free(&runs[i].m);
     }
     if (st != L3D_OK) return l3d_cli_failed("plot");

@@ -81,9 +81,9 @@ enum {
 
 static const struct l3d_flag init_flags[] = {
     {"init-from", "PATH", T_INIT, "start from an llm.c GPT-2 checkpoint or a Hugging Face "
-                                  "folder (config.json + model.safetensors or its index; gpt2 or "
-                                  "llama) instead of random weights; the model comes from its "
-                                  "header or config.json (flags given must agree)"},
+                                  "folder (config.json + model.safetensors or its index; gpt2, "
+                                  "llama or mixtral) instead of random weights; the model comes "
+                                  "from its header or config.json (flags given must agree)"},
     {NULL, NULL, 0, NULL},
 };
 static const struct l3d_flag data_flags[] = {

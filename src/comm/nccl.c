@@ -330,14 +330,6 @@ static void dev_all_gather(struct l3d_comm *c, void *recv, int64_t n, enum l3d_d
     stage_end(d, p, req);
 }
 
-/* The elements a v-collective's blocks reach: the end of the farthest one. */
-static int64_t span_of(int p, const int64_t *counts, const int64_t *displs) {
-    int64_t span = 0;
-    for (int r = 0; r < p; r++)
-        span = displs[r] + counts[r] > span ? displs[r] + counts[r] : span;
-    return span;
-}
-
 /* NCCL has no all-gatherv: one broadcast per rank's block, grouped into one launch */
 static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *counts,
                             const int64_t *displs, enum l3d_dtype t, l3d_req *req) {
@@ -355,33 +347,42 @@ static void dev_all_gatherv(struct l3d_comm *c, void *recv, const int64_t *count
         return;
     }
     struct pending *p = mpi_begin(d, "all-gatherv");
-    void *h = mpi_buf(d, p, recv, nbytes(span_of(c->size, counts, displs), t), true, true);
+    int64_t span = l3d_cuda_blocks_span(c->size, counts, displs);
+    void *h = mpi_buf(d, p, recv, nbytes(span, t), true, true);
     l3d_comm_all_gatherv(d->mpi, h, counts, displs, t, inner(p, req));
     stage_end(d, p, req);
 }
 
-/* NCCL has no all-to-allv: one send and one receive per peer, grouped into one launch (zero
- * counts skipped on both sides alike, since a peer's count for this rank is this rank's for it) */
+/* NCCL has no all-to-allv: one send and one receive per peer with a non-zero count, grouped into
+ * one launch (l3d_cuda_a2a_xfers: a peer's count for this rank is this rank's for it, so every
+ * send meets its receive; this rank's own block is a send to itself, which NCCL pairs with the
+ * receive in the group). NCCL when both buffers are device memory (or one is, the other NULL
+ * with nothing to move); a host buffer on either side takes MPI, on host copies of any device
+ * one. Every rank passes buffers of the same kind, so every rank takes the same path. */
 static void dev_all_to_allv(struct l3d_comm *c, const void *send, const int64_t *scounts,
                             const int64_t *sdispls, void *recv, const int64_t *rcounts,
                             const int64_t *rdispls, enum l3d_dtype t, l3d_req *req) {
     struct dev_comm *d = dc(c);
-    if (USE_NCCL(d, recv)) {
+    bool dev_s = on_device(send), dev_r = on_device(recv);
+    if (d->nccl && (dev_s || dev_r) && (dev_s || !send) && (dev_r || !recv)) {
         struct pending *p = nccl_begin(d, "all-to-all");
+        struct l3d_cuda_xfer *x = l3d_alloc(2 * (size_t)c->size * sizeof *x, "all-to-all");
+        int ns = l3d_cuda_a2a_xfers(c->size, scounts, sdispls, l3d_dtype_size(t), x);
+        int nr = l3d_cuda_a2a_xfers(c->size, rcounts, rdispls, l3d_dtype_size(t), x + ns);
         NCCL_OK(ncclGroupStart());
-        for (int r = 0; r < c->size; r++) {
-            if (scounts[r] > 0)
-                NCCL_OK(ncclSend((const char *)send + nbytes(sdispls[r], t), (size_t)scounts[r],
-                                 nccl_type(t), r, d->nccl, d->stream));
-            if (rcounts[r] > 0)
-                NCCL_OK(ncclRecv((char *)recv + nbytes(rdispls[r], t), (size_t)rcounts[r],
-                                 nccl_type(t), r, d->nccl, d->stream));
-        }
+        for (int i = 0; i < ns; i++)
+            NCCL_OK(ncclSend((const char *)send + x[i].at, x[i].count, nccl_type(t), x[i].peer,
+                             d->nccl, d->stream));
+        for (int i = ns; i < ns + nr; i++)
+            NCCL_OK(ncclRecv((char *)recv + x[i].at, x[i].count, nccl_type(t), x[i].peer, d->nccl,
+                             d->stream));
         NCCL_OK(ncclGroupEnd());
+        l3d_free(x);
         nccl_end(d, p, req);
         return;
     }
-    int64_t sspan = span_of(c->size, scounts, sdispls), rspan = span_of(c->size, rcounts, rdispls);
+    int64_t sspan = l3d_cuda_blocks_span(c->size, scounts, sdispls);
+    int64_t rspan = l3d_cuda_blocks_span(c->size, rcounts, rdispls);
     struct pending *p = mpi_begin(d, "all-to-all");
     void *hs = mpi_buf(d, p, (void *)send, nbytes(sspan, t), true, false);
     void *hr = mpi_buf(d, p, recv, nbytes(rspan, t), true, true); /* gaps kept */

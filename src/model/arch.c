@@ -8,10 +8,17 @@
 
 #define D(x) L3D_DIM_##x
 /* A vector of cols elements (a layer's when layer), a matrix's row block */
-#define VEC(hf, t, layer, cols) {hf, t, layer, 1, D(0), D(1), D(1), D(cols), false, false}
+#define VEC(hf, t, layer, cols) {hf, t, layer, 1, D(0), D(1), D(1), D(cols), false, false, 0, 0}
 #define MAT(hf, t, layer, r0, rows, trows, cols, tr) \
-    {hf, t, layer, 2, D(r0), D(rows), D(trows), D(cols), tr, false}
-#define HEAD(hf) {hf, "lmhead", false, 2, D(0), D(V), D(VP), D(C), false, true}
+    {hf, t, layer, 2, D(r0), D(rows), D(trows), D(cols), tr, false, 0, 0}
+/* a dense MLP's matrix (the layers without experts), a MoE layer's, an expert's */
+#define DMAT(hf, t, r0, rows, trows, cols) \
+    {hf, t, true, 2, D(r0), D(rows), D(trows), D(cols), false, false, L3D_PART_DENSE, 0}
+#define MMAT(hf, t, r0, rows, trows, cols) \
+    {hf, t, true, 2, D(r0), D(rows), D(trows), D(cols), false, false, L3D_PART_MOE, 0}
+#define EMAT(hf, t, r0, rows, trows, cols, stride) \
+    {hf, t, true, 2, D(r0), D(rows), D(trows), D(cols), false, false, L3D_PART_EXPERT, D(stride)}
+#define HEAD(hf) {hf, "lmhead", false, 2, D(0), D(V), D(VP), D(C), false, true, 0, 0}
 #define KEY(k, kind, io, dflt) {k, L3D_KEY_##kind, io, dflt, NULL, false, NULL}
 #define RW (L3D_KEY_READ | L3D_KEY_WRITE)
 #define R L3D_KEY_READ
@@ -37,17 +44,34 @@ static const struct l3d_arch_tensor gpt2_tensors[] = {
     HEAD("lm_head.weight"),
 };
 
+/* Llama's embedding and each layer's attention with its two norms, which Mixtral shares. */
+#define LLAMA_ATTENTION                                                                        \
+    MAT("model.embed_tokens.weight", "wte", false, 0, V, VP, C, false),                       \
+    VEC("model.layers.%d.input_layernorm.weight", "ln1w", true, C),                           \
+    MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),        \
+    MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),       \
+    MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),    \
+    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),      \
+    VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C)
+
 static const struct l3d_arch_tensor llama_tensors[] = {
-    MAT("model.embed_tokens.weight", "wte", false, 0, V, VP, C, false),
-    VEC("model.layers.%d.input_layernorm.weight", "ln1w", true, C),
-    MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),
-    MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),
-    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),
-    VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C),
-    MAT("model.layers.%d.mlp.gate_proj.weight", "fcw", true, 0, F, 2F, C, false),
-    MAT("model.layers.%d.mlp.up_proj.weight", "fcw", true, F, F, 2F, C, false),
-    MAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", true, 0, C, C, F, false),
+    LLAMA_ATTENTION,
+    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),
+    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),
+    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F),
+    VEC("model.norm.weight", "lnfw", false, C),
+    HEAD("lm_head.weight"),
+};
+
+/* Mixtral (Jiang et al. 2024, Hugging Face's MixtralForCausalLM): Llama's attention, and in every
+ * layer a router (block_sparse_moe.gate) and experts whose w1, w3, w2 are SwiGLU's gate, up and
+ * down projections, each expert's three in turn. */
+static const struct l3d_arch_tensor mixtral_tensors[] = {
+    LLAMA_ATTENTION,
+    MMAT("model.layers.%d.block_sparse_moe.gate.weight", "router", 0, E, E, C),
+    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", "expfcw", 0, FE, E2FE, C, 2FE),
+    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", "expprojw", 0, C, EC, FE, C),
+    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", "expfcw", FE, FE, E2FE, C, 2FE),
     VEC("model.norm.weight", "lnfw", false, C),
     HEAD("lm_head.weight"),
 };
@@ -72,10 +96,14 @@ static const struct l3d_arch_key gpt2_keys[] = {
     {"add_cross_attention", L3D_KEY_BOOL, R, 0, NULL, false, "a decoder without cross-attention"},
 };
 
+/* LlamaConfig's sizes of the attention, which MixtralConfig shares */
+#define LLAMA_SIZES                                                                             \
+    KEY("num_hidden_layers", LAYERS, RW, -1), KEY("hidden_size", CHANNELS, RW, -1),            \
+    KEY("num_attention_heads", HEADS, RW, -1), KEY("num_key_value_heads", KV_HEADS, RW, 0),    \
+    KEY("head_dim", HEAD_DIM, W, 0)
+
 static const struct l3d_arch_key llama_keys[] = {
-    KEY("num_hidden_layers", LAYERS, RW, -1), KEY("hidden_size", CHANNELS, RW, -1),
-    KEY("num_attention_heads", HEADS, RW, -1), KEY("num_key_value_heads", KV_HEADS, RW, 0),
-    KEY("head_dim", HEAD_DIM, W, 0), KEY("intermediate_size", FFN, RW, -1),
+    LLAMA_SIZES, KEY("intermediate_size", FFN, RW, -1),
     KEY("vocab_size", VOCAB, RW, -1), KEY("max_position_embeddings", CONTEXT, RW, -1),
     KEY("rms_norm_eps", EPS, RW, 1e-6), KEY("rope_theta", THETA, RW, 10000.0),
     KEY("tie_word_embeddings", TIED, R, 0),
@@ -85,13 +113,31 @@ static const struct l3d_arch_key llama_keys[] = {
     KEY("head_dim", HEAD_DIM, R, 0), KEY("rope_scaling", ROPE_SCALING, RW, 0),
 };
 
+/* MixtralConfig's keys: intermediate_size is the experts' width (no dense MLP); the router
+ * always renormalises its top-k (no norm_topk_prob key); router_aux_loss_coef counts when
+ * output_router_logits is true, as in MixtralForCausalLM's forward. */
+static const struct l3d_arch_key mixtral_keys[] = {
+    LLAMA_SIZES, KEY("intermediate_size", EXPERT_FFN, RW, -1),
+    KEY("num_local_experts", EXPERTS, RW, -1), KEY("num_experts_per_tok", TOP_K, RW, -1),
+    {"hidden_act", L3D_KEY_STRING, RW, 0, llama_acts, false, "Mixtral's experts are SwiGLU: silu"},
+    KEY("vocab_size", VOCAB, RW, -1), KEY("max_position_embeddings", CONTEXT, RW, -1),
+    KEY("rms_norm_eps", EPS, RW, 1e-5), KEY("rope_theta", THETA, RW, 1e6),
+    KEY("tie_word_embeddings", TIED, R, 0),
+    {"sliding_window", L3D_KEY_NULL, RW, 0, NULL, false, "llm3d's attention is fully causal"},
+    {"router_jitter_noise", L3D_KEY_ZERO, RW, 0, NULL, false, "llm3d's router adds no noise"},
+    KEY("output_router_logits", ROUTER_LOGITS, RW, 0),
+    KEY("router_aux_loss_coef", AUX_COEF, RW, 0.001),
+    KEY("head_dim", HEAD_DIM, R, 0), KEY("rope_scaling", ROPE_SCALING, RW, 0),
+};
+
 static const char *const gpt2_ignored[] = {".attn.bias", ".attn.masked_bias", NULL};
 static const char *const llama_ignored[] = {".rotary_emb.inv_freq", NULL};
 
 #define N(a) (int)(sizeof a / sizeof a[0])
 
 /* The families, in enum order. */
-static const struct l3d_arch_info families[L3D_ARCH_COUNT] = {
+/* The families, in enum order, then their Hugging Face flavours with experts. */
+static const struct l3d_arch_info families[] = {
     {.arch = L3D_ARCH_GPT2, .name = "gpt2", .title = "GPT-2", .hf_model_type = "gpt2",
      .hf_architecture = "GPT2LMHeadModel", .norm = L3D_NORM_LAYERNORM, .mlp = L3D_MLP_GELU,
      .pos = L3D_POS_LEARNED, .no_bias = false, .untied = false, .llmc_fp32 = 3, .llmc_bf16 = 5,
@@ -103,15 +149,44 @@ static const struct l3d_arch_info families[L3D_ARCH_COUNT] = {
      .pos = L3D_POS_ROPE, .no_bias = true, .untied = true, .llmc_fp32 = 0, .llmc_bf16 = 0,
      .hf_keys = llama_keys, .n_hf_keys = N(llama_keys), .hf_tensors = llama_tensors,
      .n_hf_tensors = N(llama_tensors), .hf_prefix_optional = NULL, .hf_ignored = llama_ignored},
+    {.arch = L3D_ARCH_LLAMA, .name = "mixtral", .title = "Mixtral", .hf_model_type = "mixtral",
+     .hf_architecture = "MixtralForCausalLM", .moe = true, .norm = L3D_NORM_RMSNORM,
+     .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true, .untied = true,
+     .hf_keys = mixtral_keys, .n_hf_keys = N(mixtral_keys), .hf_tensors = mixtral_tensors,
+     .n_hf_tensors = N(mixtral_tensors), .hf_prefix_optional = NULL, .hf_ignored = llama_ignored},
 };
+#define NROWS N(families)
 
 const struct l3d_arch_info *l3d_arch_info(enum l3d_arch arch) {
     return (int)arch >= 0 && arch < L3D_ARCH_COUNT ? &families[arch] : NULL;
 }
 
-/* The row whose string at byte offset `field` is s. */
+const struct l3d_arch_info *l3d_arch_hf_row(const struct l3d_model_spec *m) {
+    for (int i = 0; i < NROWS; i++)
+        if (families[i].arch == m->arch && families[i].moe == (m->moe.experts > 0))
+            return &families[i];
+    return NULL;
+}
+
+l3d_status l3d_arch_hf_check(const struct l3d_arch_info *a, const struct l3d_model_spec *m) {
+    const struct l3d_moe_spec *e = &m->moe;
+    if (!a->moe) return L3D_OK;
+    if (e->shared > 0 || e->dense_layers > 0)
+        return l3d_error(L3D_ERR_ARG, "--moe-shared-experts %d, --moe-dense-layers %d: a %s "
+                         "folder has neither shared experts nor dense layers; keep llm3d's "
+                         "model.bin or checkpoints for this model", e->shared, e->dense_layers,
+                         a->title);
+    if (!e->norm_topk && !l3d_arch_key_of(a, L3D_KEY_NORM_TOPK))
+        return l3d_error(L3D_ERR_ARG, "--no-moe-norm-topk: %s's router always renormalises its "
+                         "top-%d weights; train with --moe-norm-topk to write a %s folder",
+                         a->title, e->top_k, a->title);
+    return L3D_OK;
+}
+
+/* The row whose string at byte offset `field` is s (names: the families only). */
 static const struct l3d_arch_info *find(size_t field, const char *s) {
-    for (int i = 0; s && i < L3D_ARCH_COUNT; i++)
+    int n = field == offsetof(struct l3d_arch_info, name) ? L3D_ARCH_COUNT : NROWS;
+    for (int i = 0; s && i < n; i++)
         if (strcmp(*(const char *const *)((const char *)&families[i] + field), s) == 0)
             return &families[i];
     return NULL;
@@ -144,10 +219,11 @@ const char *const *l3d_arch_names(void) {
 
 const char *l3d_arch_list(char *buf, size_t cap, const char *conj, bool hf) {
     size_t k = 0;
+    int n = hf ? NROWS : L3D_ARCH_COUNT; /* the model_type values: the flavours' too */
     buf[0] = 0;
-    for (int i = 0; i < L3D_ARCH_COUNT && k < cap; i++) {
-        const char *sep = i == 0 ? "" : i + 1 < L3D_ARCH_COUNT ? ", " : " ";
-        bool last = i > 0 && i + 1 == L3D_ARCH_COUNT;
+    for (int i = 0; i < n && k < cap; i++) {
+        const char *sep = i == 0 ? "" : i + 1 < n ? ", " : " ";
+        bool last = i > 0 && i + 1 == n;
         k += (size_t)snprintf(buf + k, cap - k, "%s%s%s%s", sep, last ? conj : "",
                               last ? " " : "", hf ? families[i].hf_model_type : families[i].name);
     }
@@ -171,6 +247,11 @@ int64_t l3d_arch_dim(const struct l3d_model_spec *m, enum l3d_arch_dim d) {
     case L3D_DIM_KV: return kv;
     case L3D_DIM_Q_KV: return q + kv;
     case L3D_DIM_QKV: return q + 2 * kv;
+    case L3D_DIM_E: return m->moe.experts;
+    case L3D_DIM_FE: return m->moe.ffn;
+    case L3D_DIM_2FE: return 2 * m->moe.ffn;
+    case L3D_DIM_E2FE: return 2 * m->moe.ffn * m->moe.experts;
+    case L3D_DIM_EC: return C * m->moe.experts;
     }
     return 0;
 }

@@ -26,17 +26,19 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
      * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
      * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
     double kv = (double)l3d_model_kv_heads(m) / m->NH;
-    double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f;
+    double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f, whole = 0.0;
     if (moe) { /* the MLP's tensors for each of the K routed and the shared experts' rows
                 * (width moe.ffn), the K permuted input rows and the experts' outputs (2 s b h
-                * each), and the router's fp32 probabilities (4 s b E) */
+                * each), and the router's fp32 probabilities (4 s b E): whole on every TP rank,
+                * whose experts are whole over the same tokens */
         const struct l3d_moe_spec *q = &m->moe;
         double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), K = q->top_k;
-        mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + q->shared) +
-              4 * K * sbh + 4 * s * b * q->experts;
+        whole = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + q->shared) +
+                4 * K * sbh + 4 * s * b * q->experts;
+        mlp = 0.0;
     }
     double split = (4 + 4 * kv) * sbh + mlp + att;
-    return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
+    return whole + (lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t);
 }
 
 /* The shard and sizes of chunk ch, virtual stage vs of S. */
@@ -124,15 +126,17 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
-        int vs = k * lay->pp + r;
+        int vs = l3d_pp_vstage(lay->schedule, lay->pp, r, k);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && sched) {
             out[k].slots = sched->slots[r * lay->v + k];
             out[k].wslots = sched->wslots[r * lay->v + k];
+            out[k].head_once = l3d_pp_fb_slots(sched, r, k) == 1;
         } else {
             int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
             out[k].slots = out[k].wslots = (f + lay->v - 1) / lay->v;
+            out[k].head_once = lay->schedule == L3D_PP_ZBH1; /* 1F1B's order of F and B */
         }
         shape_find(memo, layers[vs], start[vs], &out[k]);
         if (out[k].shape >= 0) continue;
@@ -198,9 +202,15 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) /* W's inputs, B to W */
+        if (l3d_pp_split(lay->schedule) && lay->pp > 1) { /* W's inputs, B to W */
             mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
-                                                             m->maxT, ch[k].wslots, dt);
+                                                             m->maxT, ch[k].wslots,
+                                                             lay->recompute, lay->zero >= 2, dt);
+            if (ch[k].head_once) /* l3d_gpt_split_init: the head's activations once */
+                mem->activations -= (double)(ch[k].slots - 1) *
+                                    (double)l3d_gpt_head_act_bytes(&c, &ch[k].sh,
+                                                                   lay->micro_batch, m->maxT, dt);
+        }
         /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,

@@ -64,15 +64,16 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
     double up = m->mlp == L3D_MLP_SWIGLU ? 2 * F / t : F / t;
     double attn = 2 * norm + qkv_rows * (C + bias) + q_local * hd * C + bias * C;
     o->layer = attn + up * (C + bias) + F / t * C + bias * C;
-    /* a MoE layer: the router (E rows, whole on every rank) and the rank's E / ep experts and
-     * the shared ones, each an MLP of width moe.ffn split over t as the dense MLP is
-     * (Megatron-Core's expert tensor parallelism at its default, the TP size) */
+    /* a MoE layer: the router (E rows) and the rank's E / ep experts and the shared ones, each
+     * an MLP of width moe.ffn, whole on every TP rank (Megatron-Core's
+     * --expert-tensor-parallel-size 1, as llm3d's trainer: docs/DESIGN.md "MoE on every
+     * layout") */
     const struct l3d_moe_spec *q = &m->moe;
     double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
-    double expert = mul * Fe / t * (C + bias) + Fe / t * C + bias * C;
+    double expert = mul * Fe * (C + bias) + Fe * C + bias * C;
     o->experts = q->experts > 0 ? (double)q->experts / (ep > 1 ? ep : 1) * expert : 0.0;
-    double shared = q->shared > 0 ? mul * q->shared * Fe / t * (C + bias) +
-                                        q->shared * Fe / t * C + bias * C
+    double shared = q->shared > 0 ? mul * q->shared * Fe * (C + bias) + q->shared * Fe * C +
+                                        bias * C
                                   : 0.0; /* one MLP of width S F */
     o->moe_layer = attn + q->experts * C + o->experts + shared;
     o->embed = Vp / t * C + (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0);

@@ -193,18 +193,23 @@ double l3d_plan_all_to_all(const struct l3d_plan_tctx *x, double n) {
     const struct l3d_profile *p = x->prof;
     int64_t ep = x->lay->ep > 1 ? x->lay->ep : 1;
     if (ep == 1) return 0.0;
-    int64_t stride = (int64_t)x->lay->tp * x->cp * x->lay->pp, dpn = p->devices_per_node;
-    /* the group's members on one node: all of them without a network (one node), one a node
-     * when they are a node or more apart */
-    int64_t q = p->inter_bw <= 0 ? ep : stride >= dpn ? 1 : dpn / stride;
-    if (q > ep) q = ep;
+    /* the group: ep consecutive ranks of dp x cp (ring ranks first: tp apart; DP ranks tp cp pp
+     * apart, src/parallel/topo.c), from the first; its members on that one's node (all of them
+     * without a network) and the farthest of each kind */
+    int64_t tp = x->lay->tp, cp = x->cp, pp = x->lay->pp, dpn = p->devices_per_node;
+    int64_t q = 0, near = 0, far = 0;
+    for (int64_t j = 0; j < ep; j++) {
+        int64_t d = j / cp * tp * cp * pp + j % cp * tp;
+        if (p->inter_bw <= 0 || d < dpn) q++, near = d;
+        far = d;
+    }
     double on = 0, off = 0, bw, lat = 0, ilat = 0;
     if (q > 1) {
-        l3d_plan_link(p, 0, (q - 1) * stride, 1, &bw, &ilat);
+        l3d_plan_link(p, 0, near, 1, &bw, &ilat);
         on = (double)(q - 1) / ep * n / bw;
     }
     if (q < ep) {
-        l3d_plan_link(p, 0, (ep - 1) * stride, (int)dpn, &bw, &lat);
+        l3d_plan_link(p, 0, far, (int)dpn, &bw, &lat);
         off = (double)(ep - q) / ep * n / bw;
     }
     return (on > off ? on : off) + (double)(q - 1) * ilat + (double)(ep - q) * lat;
@@ -334,24 +339,28 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
 /* The receives of chunk ch of pipeline rank r, a micro-batch: *prev its input activation from the
  * previous virtual stage, *next its output's gradient from the next one (0 at the ends). Megatron's
  * scatter/gather sends 1/t of it per TP rank in mixed precision, the trainer the whole (B,T,C). */
+/* The transfer from pipeline rank r to rank pr (0 on the same rank: zbv's turn). */
+static double p2p_time(const struct l3d_plan_tctx *x, int r, int pr) {
+    int t = x->lay->tp;
+    double msg = x->ntok * x->m->C * x->e / (x->fp32 ? 1.0 : t), bw, lat;
+    int64_t me = (int64_t)r * t, peer = (int64_t)pr * t;
+    if (pr == r) return 0.0;
+    l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t, &bw,
+                  &lat);
+    return msg / bw + lat;
+}
+
 static void chunk_p2p(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
-                      double *prev, double *next) {
-    int p = x->lay->pp, t = x->lay->tp;
-    double msg = x->ntok * x->m->C * x->e / (x->fp32 ? 1.0 : t);
-    double bw, lat;
-    int64_t me = (int64_t)r * t;
+                      int k, double *prev, double *next) {
+    int p = x->lay->pp, vs = l3d_pp_vstage(x->lay->schedule, p, r, k), pr, c;
     *prev = *next = 0;
     if (!ch->first) {
-        int64_t peer = (int64_t)((r - 1 + p) % p) * t;
-        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
-                      &bw, &lat);
-        *prev = msg / bw + lat;
+        l3d_pp_vstage_owner(x->lay->schedule, p, vs - 1, &pr, &c);
+        *prev = p2p_time(x, r, pr);
     }
     if (!ch->last) {
-        int64_t peer = (int64_t)((r + 1) % p) * t;
-        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
-                      &bw, &lat);
-        *next = msg / bw + lat;
+        l3d_pp_vstage_owner(x->lay->schedule, p, vs + 1, &pr, &c);
+        *next = p2p_time(x, r, pr);
     }
 }
 
@@ -363,7 +372,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
         /* p2p: the rank receives an activation from the previous virtual stage and a gradient
          * from the next one per micro-batch */
         double pp_prev, pp_next;
-        chunk_p2p(x, &ch[k], r, &pp_prev, &pp_next);
+        chunk_p2p(x, &ch[k], r, k, &pp_prev, &pp_next);
         /* the rest once a shape */
         struct l3d_plan_parts cp;
         if (ch[k].shape >= 0 && memo->e[ch[k].shape].timed) {
@@ -376,7 +385,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
             }
         }
         if (vt) {
-            int vs = k * p + r;
+            int vs = l3d_pp_vstage(x->lay->schedule, p, r, k);
             vt[vs] = cp.total - cp.bwd - cp.rec;
             vt[S + vs] = cp.bwd + cp.rec;
             vt[2 * S + vs] = pp_prev;
@@ -384,7 +393,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
             /* zb-h1's W: the weight-gradient products, and under full recomputation the
              * layer's forward again (src/model/gpt.c: B's rebuilt activations are gone), which
              * the backward (B + W) then has twice */
-            bool again = x->lay->schedule == L3D_PP_ZBH1 &&
+            bool again = l3d_pp_split(x->lay->schedule) &&
                          x->lay->recompute == L3D_RECOMPUTE_FULL;
             vt[4 * S + vs] = cp.wgt + (again ? cp.rec : 0.0);
             vt[S + vs] += again ? cp.rec : 0.0;

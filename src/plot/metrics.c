@@ -12,16 +12,21 @@
 static void grow(struct l3d_plot_metrics *m) {
     if (m->n < m->cap) return;
     m->cap = m->cap ? 2 * m->cap : 256;
-    double **cols[] = {&m->step, &m->tokens, &m->loss, &m->lr, &m->norm, &m->scale, &m->val};
+    double **cols[] = {&m->step, &m->tokens, &m->loss, &m->lr, &m->norm, &m->scale, &m->val,
+                       &m->aux, &m->zloss, &m->load_max};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         *cols[i] = realloc(*cols[i], (size_t)m->cap * sizeof(double));
         L3D_ASSERT(*cols[i]);
+    }
+    if (m->layers > 0) {
+        m->load = realloc(m->load, (size_t)(m->cap * m->layers) * sizeof(double));
+        L3D_ASSERT(m->load);
     }
 }
 
 void l3d_plot_metrics_free(struct l3d_plot_metrics *m) {
     free(m->step), free(m->tokens), free(m->loss), free(m->lr), free(m->norm), free(m->scale);
-    free(m->val);
+    free(m->val), free(m->aux), free(m->zloss), free(m->load_max), free(m->load);
     memset(m, 0, sizeof *m);
 }
 
@@ -46,6 +51,32 @@ static l3d_status num(const struct l3d_json *doc, const char *key, bool null_ok,
     if (!l3d_json_num(v, out))
         return bad(path, lineno, line, len, v, key,
                    null_ok ? "expected a number or null" : "expected a number");
+    return L3D_OK;
+}
+
+/* Line i's "moe_load" (every layer's load), an array of numbers; the first one sets the layers
+ * (the lines before it: NaN), a line without one is NaN, one of another length is refused. */
+static l3d_status loads(struct l3d_plot_metrics *m, const struct l3d_json *doc, int64_t i,
+                        const char *path, int64_t lineno, const char *line, size_t len) {
+    const struct l3d_json *v = l3d_json_get(doc, "moe_load");
+    if (v && v->type != L3D_JSON_ARRAY)
+        return bad(path, lineno, line, len, v, "moe_load", "expected an array of numbers");
+    if (v && m->layers == 0 && v->count > 0) { /* the first: the rows so far have none */
+        m->layers = (int)v->count;
+        m->load = malloc((size_t)(m->cap * m->layers) * sizeof(double));
+        L3D_ASSERT(m->load);
+        for (int64_t k = 0; k < i * m->layers; k++) m->load[k] = NAN;
+    }
+    if (v && (int64_t)v->count != m->layers)
+        return l3d_error(L3D_ERR_FORMAT, "%s: line %lld: \"moe_load\" holds %lld layers, the "
+                         "lines before %d (not one run's metrics?)", path, (long long)lineno,
+                         (long long)v->count, m->layers);
+    for (int j = 0; j < m->layers; j++) {
+        double *x = &m->load[i * m->layers + j];
+        *x = NAN;
+        if (v && !l3d_json_num(&v->items[j], x))
+            return bad(path, lineno, line, len, &v->items[j], "moe_load", "expected a number");
+    }
     return L3D_OK;
 }
 
@@ -95,6 +126,11 @@ static l3d_status read_line(struct l3d_plot_metrics *m, const char *path, int64_
         if (st == L3D_OK) st = num(&doc, "val_loss", true, &m->val[i], path, lineno, line, len);
         if (st == L3D_OK)
             st = num(&doc, "loss_scale", false, &m->scale[i], path, lineno, line, len);
+        if (st == L3D_OK) st = num(&doc, "moe_aux_loss", false, &m->aux[i], path, lineno, line, len);
+        if (st == L3D_OK) st = num(&doc, "moe_z_loss", false, &m->zloss[i], path, lineno, line, len);
+        if (st == L3D_OK)
+            st = num(&doc, "moe_load_max", false, &m->load_max[i], path, lineno, line, len);
+        if (st == L3D_OK) st = loads(m, &doc, (int64_t)i, path, lineno, line, len);
         if (st == L3D_OK) {
             /* a skipped step: said so, or its loss null (not finite) */
             if ((sk && sk->boolean) || !isfinite(m->loss[i])) m->loss[i] = NAN, m->skipped++;

@@ -79,14 +79,27 @@ static const struct preset {
  * width (2C), so that a token's two experts cost what the dense MLP does (the issue's benchmark
  * model). */
 static const struct moe_preset {
-    const char *name, *base;
+    const char *name, *base; /* base NULL: the sizes of own */
+    struct preset own;
     struct l3d_moe_spec moe;
 } moe_presets[] = {
-    {"moe-tiny", "tiny", {.experts = 4, .top_k = 2, .ffn = 128, .norm_topk = true,
-                          .aux_coef = 0.01, .z_coef = 0.001}},
-    {"gpt2-moe", "d12", {.experts = 8, .top_k = 2, .ffn = 1536, .norm_topk = true,
-                         .aux_coef = 0.01}},
+    {"moe-tiny", "tiny", {0}, {.experts = 4, .top_k = 2, .ffn = 128, .norm_topk = true,
+                               .aux_coef = 0.01, .z_coef = 0.001}},
+    {"gpt2-moe", "d12", {0}, {.experts = 8, .top_k = 2, .ffn = 1536, .norm_topk = true,
+                              .aux_coef = 0.01}},
+    /* Jiang et al. 2024, "Mixtral of Experts" (arXiv 2401.04088), Table 1, and the released
+     * models' config.json (vocabulary, context, RoPE theta 1e6, router_aux_loss_coef): Llama's
+     * blocks with 8 experts of the MLP's width, top-2 renormalised, in every layer. 46.7B
+     * parameters, 12.9B active (8x7B); 141B, 39B (8x22B; Mistral AI's release notes) */
+    {"mixtral-8x7b", NULL, {"mixtral-8x7b", NULL, NULL, 32, 4096, 32, 32000, 32768,
+                            LLAMA(8, 14336, 1e6)},
+     {.experts = 8, .top_k = 2, .ffn = 14336, .norm_topk = true, .aux_coef = 0.02}},
+    {"mixtral-8x22b", NULL, {"mixtral-8x22b", NULL, NULL, 56, 6144, 48, 32768, 65536,
+                             LLAMA(8, 16384, 1e6)},
+     {.experts = 8, .top_k = 2, .ffn = 16384, .norm_topk = true, .aux_coef = 0.001}},
 };
+
+static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p);
 
 const char *l3d_model_preset_names(void) {
     static char names[2048];
@@ -107,7 +120,7 @@ l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
     for (size_t i = 0; i < sizeof moe_presets / sizeof moe_presets[0]; i++) {
         const struct moe_preset *p = &moe_presets[i];
         if (strcmp(name, p->name) != 0) continue;
-        l3d_status st = l3d_model_preset(m, p->base);
+        l3d_status st = p->base ? l3d_model_preset(m, p->base) : preset_sizes(m, &p->own);
         L3D_ASSERT(st == L3D_OK);
         snprintf(m->name, sizeof m->name, "%s", p->name);
         m->moe = p->moe;
@@ -115,26 +128,31 @@ l3d_status l3d_model_preset(struct l3d_model_spec *m, const char *name) {
     }
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         const struct preset *p = &presets[i];
-        if (strcmp(name, p->name) != 0 && !(p->alias && strcmp(name, p->alias) == 0)) continue;
-        memset(m, 0, sizeof *m);
-        snprintf(m->name, sizeof m->name, "%s", p->name);
-        m->L = p->L;
-        m->C = p->C;
-        m->NH = p->NH;
-        m->V = p->V;
-        m->maxT = p->maxT;
-        if (p->llama.family) {
-            const struct l3d_arch_info *a = l3d_arch_by_name(p->llama.family);
-            L3D_ASSERT(a);
-            l3d_model_set_arch(m, a->arch);
-            m->NKV = p->llama.NKV;
-            m->ffn = p->llama.ffn;
-            m->rope = p->llama.scaling;
-            m->rope.theta = p->llama.theta;
-        }
-        return l3d_gpt_config_finish(m);
+        if (strcmp(name, p->name) == 0 || (p->alias && strcmp(name, p->alias) == 0))
+            return preset_sizes(m, p);
     }
     return l3d_error(L3D_ERR_ARG, "--model '%s' is not a preset: choose one of %s, or give "
                      "--layers, --channels, --heads, --vocab, --context", name,
                      l3d_model_preset_names());
+}
+
+/* A preset's sizes and family into m, finished. */
+static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", p->name);
+    m->L = p->L;
+    m->C = p->C;
+    m->NH = p->NH;
+    m->V = p->V;
+    m->maxT = p->maxT;
+    if (p->llama.family) {
+        const struct l3d_arch_info *a = l3d_arch_by_name(p->llama.family);
+        L3D_ASSERT(a);
+        l3d_model_set_arch(m, a->arch);
+        m->NKV = p->llama.NKV;
+        m->ffn = p->llama.ffn;
+        m->rope = p->llama.scaling;
+        m->rope.theta = p->llama.theta;
+    }
+    return l3d_gpt_config_finish(m);
 }

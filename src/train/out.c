@@ -69,20 +69,21 @@ static void pull(struct out_ctx *o, const struct unit *u) {
     struct l3d_comm *world = t->world;
     const struct l3d_layout *l = &tc->layout;
     int v = l->v;
-    /* the first replica's ranks hold the model; with expert parallelism its first ep dp ranks,
-     * each its experts (the rows of the other tensors come from dp rank 0) */
-    int ep = l->ep > 1 ? l->ep : 1;
-    bool lead = world->rank == 0, first = topo->dp_rank < ep && topo->cp_rank == 0;
+    /* the first replica's ranks hold the model; with expert parallelism its first ep DP x CP
+     * ranks (q = dp_rank cp + cp_rank < ep), each its experts (the rows of the other tensors come
+     * from q = 0) */
+    int ep = l->ep > 1 ? l->ep : 1, q = topo->dp_rank * l->cp + topo->cp_rank;
+    bool lead = world->rank == 0, first = q < ep;
     for (int i = 0; i < l->tp * l->pp * ep; i++) {
         int tp_rank = i % l->tp, pp_rank = i / l->tp % l->pp, ep_rank = i / (l->tp * l->pp);
-        int r = l3d_topo_rank_of(l, tp_rank, 0, pp_rank, ep_rank);
+        int r = l3d_topo_rank_of(l, tp_rank, ep_rank % l->cp, pp_rank, ep_rank / l->cp);
         bool mine = tp_rank == topo->tp_rank && pp_rank == topo->pp_rank &&
-                    ep_rank == topo->dp_rank % ep;
+                    ep_rank == topo->ep_rank;
         if (!lead && !mine) continue;
         if (ep_rank > 0 && !l3d_gpt_expert_tensor(u->t)) continue;
         for (int c = 0; c < v; c++) {
-            struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * l->pp + pp_rank,
-                                                         tp_rank);
+            struct l3d_shard sh = l3d_train_layout_shard(
+                &t->lay, tc, l3d_pp_vstage(tc->layout.schedule, l->pp, pp_rank, c), tp_rank);
             l3d_shard_set_experts(&tc->model, &sh, ep, ep_rank);
             int64_t off, r0, r1;
             if (!l3d_gpt_shard_rows(&tc->model, &sh, u->t, u->layer, u->R0, u->R1, &off, &r0,
@@ -186,10 +187,14 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     struct l3d_hf_tensor *map = NULL;
     int nmap = 0;
-    /* agreed: the spec is the same; a MoE model has model.bin only (no folder yet) */
-    bool folder = tc->model.moe.experts == 0;
-    l3d_status st = folder ? l3d_hf_tensors(&tc->model, &map, &nmap) : L3D_OK;
-    if (st != L3D_OK) return st;
+    /* agreed: the spec is the same; a MoE model no Hugging Face family holds (GPT-2's blocks,
+     * shared experts, dense layers) has model.bin only, said below */
+    l3d_status st = l3d_hf_tensors(&tc->model, &map, &nmap);
+    bool folder = st == L3D_OK;
+    char why[512] = "";
+    if (!folder && tc->model.moe.experts == 0) return st;
+    if (!folder) snprintf(why, sizeof why, "%s", l3d_error_message());
+    st = L3D_OK;
     struct out_ctx o = {.t = t, .map = map};
     struct l3d_shard fs = l3d_shard_full(&tc->model);
     l3d_gpt_plan_tensors(&tc->model, &fs, o.ti);
@@ -213,8 +218,7 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
         st = l3d_ckpt_save_llmc_pieces(path, &tc->model, bin_next, &o);
         if (st == L3D_OK && !tc->quiet) printf("saved %s\n", path);
         if (st == L3D_OK && !folder && !tc->quiet)
-            printf("no Hugging Face folder for a mixture-of-experts model: Mixtral/Qwen3-MoE "
-                   "folders land with issue 46 item 4\n");
+            printf("no Hugging Face folder: %s\n", why);
         struct l3d_tokenizer *tok = st == L3D_OK && folder ? out_tokenizer(tc) : NULL;
         if (st == L3D_OK && folder)
             st = l3d_hf_save_fill_tok(tc->out_dir, &tc->model, hf_fill, &o, tc->save_dtype,

@@ -14,7 +14,7 @@
  * training. */
 /* How the ideal bubble was found: the textbook formula, or zb-h1's simulated timeline. */
 static const char *bubble_formula(enum l3d_pp_kind kind) {
-    return kind == L3D_PP_ZBH1 ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
+    return l3d_pp_split(kind) ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
 }
 
 static void report_transfers(const struct l3d_trainer *t, int v) {
@@ -40,10 +40,36 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
+/* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
+ * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
+ * parameter (l3d_param_bytes), ZeRO sharding their state over the dp cp / ep ranks that hold
+ * the same experts. */
+static void report_expert_memory(const struct l3d_trainer *t) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_moe_spec *moe = &tc->model.moe;
+    if (moe->experts == 0) return;
+    int ep = tc->layout.ep > 1 ? tc->layout.ep : 1, layers = 0;
+    int group = t->topo->layout->dp * t->topo->layout->cp / ep; /* those holding the same experts */
+    double n = 0;
+    for (int c = 0; c < tc->layout.v; c++) {
+        layers += l3d_shard_moe_layers(&tc->model, &t->chunks[c]->shard);
+        for (int i = 0; i < L3D_NUM_TENSORS; i++)
+            if (l3d_gpt_expert_tensor(i)) n += (double)t->chunks[c]->tensors[i].count;
+    }
+    struct l3d_param_bytes pb;
+    l3d_param_bytes(&tc->precision, tc->layout.zero, group, &pb);
+    printf("expert memory on each rank: %d of the %d experts x %d layer(s) = %.2fM parameters, "
+           "%.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d rank(s) holding "
+           "the same experts)\n", moe->experts / ep, moe->experts, layers, n / 1e6,
+           pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
+}
+
 /* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
- * second one, the split (E / ep experts a rank, dp / ep replicas of each). */
-static void report_experts(const struct l3d_model_spec *m, double N, int ep, int dp) {
+ * second one, the split (E / ep experts a rank, dp cp / ep replicas of each); then their memory. */
+static void report_experts(const struct l3d_trainer *t, double N) {
+    const struct l3d_model_spec *m = &t->tc->model;
     const struct l3d_moe_spec *moe = &m->moe;
+    int ep = t->tc->layout.ep, dp = t->topo->layout->dp * t->topo->layout->cp;
     if (moe->experts == 0) return;
     char cap[48] = "dropless";
     if (moe->capacity_factor > 0)
@@ -57,6 +83,7 @@ static void report_experts(const struct l3d_model_spec *m, double N, int ep, int
         printf("expert parallelism: ep %d, %d of the %d experts a rank, %d replica(s) of each; "
                "token rows exchanged by all-to-all\n", ep, moe->experts / ep, moe->experts,
                dp / ep);
+    report_expert_memory(t);
 }
 
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
@@ -78,7 +105,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
            tc->model.C, tc->model.NH, tc->model.V, tc->model.Vp, tc->layout.seq, N / 1e6);
-    report_experts(&tc->model, N, tc->layout.ep, t->topo->layout->dp);
+    report_experts(t, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[64] = "";
@@ -142,9 +169,9 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                    ? "16-bit operands into fp32 sums, in the backend's own 16-bit kernels"
                    : "16-bit operands widened into fp32 copies around fp32 products (the "
                      "device has no 16-bit products, or L3D_DNNL_16BIT=0)");
-    printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
-           "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
-           res->act_bytes_formula / MiB,
+    printf("activations: %.1f MiB on the fullest rank (%.0f bytes; closed form %.1f MiB; "
+           "recompute %s; micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
+           (double)res->act_bytes, res->act_bytes_formula / MiB,
            tc->layout.recompute == L3D_RECOMPUTE_NONE ? "none"
            : tc->layout.recompute == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full");
     for (int c = 0; c < v; c++) printf(" %d", lay->sched.slots[c]);
@@ -257,6 +284,11 @@ static l3d_status tensorboard_step(const struct l3d_trainer *t, int step,
     if (!isnan(s->val_loss)) v[n++] = (struct l3d_tfevents_scalar){"val/loss", s->val_loss};
     if (s->loss_scale > 0)
         v[n++] = (struct l3d_tfevents_scalar){"train/loss_scale", (float)s->loss_scale};
+    if (s->moe_layers > 0) { /* a mixture of experts: the auxiliary losses, the busiest layer */
+        v[n++] = (struct l3d_tfevents_scalar){"moe/aux_loss", (float)s->moe_aux};
+        v[n++] = (struct l3d_tfevents_scalar){"moe/z_loss", (float)s->moe_z};
+        v[n++] = (struct l3d_tfevents_scalar){"moe/load_max", (float)s->moe_load_max};
+    }
     return l3d_tfevents_write(&t->tb, step + 1, v, n);
 }
 

@@ -76,9 +76,7 @@ train_cmd bad1 0 2 --moe-top-k 5
 expect_error "top-k above the experts" "--moe-top-k 5 with --moe-experts 4" "${CMD[@]}"
 train_cmd bad2 0 2 --moe-experts 0
 expect_error "top-k without experts" "without --moe-experts" "${CMD[@]}"
-train_cmd bad3 2 4 --tp 2
-expect_error --once "--tp 2" "--moe-experts with --tp 2: not yet supported" "${CMD[@]}"
-expect_error "a Hugging Face folder" "Mixtral/Qwen3-MoE folders land with issue 46 item 4" \
+expect_error "a Hugging Face folder of GPT-2 blocks with experts" "a GPT-2 model with experts (--moe-experts 4) has no Hugging Face folder" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
 # the planner plans it (its terms: tests/cli/plan.sh, test_plan)
 check "llm3d plan: active parameters of the mixture" grep -q \

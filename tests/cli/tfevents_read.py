@@ -167,7 +167,8 @@ def same(want, got, abs_tol=0.0):
 MIRRORED = {"loss": ("train/loss", 0), "lr": ("train/lr", 0), "grad_norm": ("train/grad_norm", 0),
             "tokens_per_s": ("perf/tokens_per_s", 0), "mfu": ("perf/mfu", 0),
             "ms": ("perf/step_ms", 0.0005), "val_loss": ("val/loss", 0),
-            "loss_scale": ("train/loss_scale", 0)}
+            "loss_scale": ("train/loss_scale", 0), "moe_aux_loss": ("moe/aux_loss", 0),
+            "moe_z_loss": ("moe/z_loss", 0), "moe_load_max": ("moe/load_max", 5e-5)}
 
 
 def compare(dirpath, metrics):

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda_host.h"
+#include "backend/cuda_moe.h"
 #include "llm3d/backend.h"
 #include "test.h"
 
@@ -62,6 +63,25 @@ static void test_comm_choice(void) {
     const int devs[2] = {d0, d1};
     CHECK(l3d_cuda_comm_choice(one_node, devs, 2, &a, &b) == L3D_CUDA_COMM_STAGED);
     CHECK(l3d_cuda_comm_choice(one_node, devs, 1, &a, &b) == L3D_CUDA_COMM_NCCL);
+}
+
+/* all_to_allv's grouped sends and receives over 4 ranks: uneven and empty blocks, gaps between
+ * blocks, 2-byte elements; negative: an empty block is no transfer and does not widen the span,
+ * even with its displacement past the data */
+static void test_a2a(void) {
+    struct l3d_cuda_xfer x[4];
+    const int64_t cnt[4] = {3, 0, 5, 2}, dis[4] = {0, 99, 4, 10};
+    CHECK(l3d_cuda_a2a_xfers(4, cnt, dis, 2, x) == 3);
+    CHECK(x[0].peer == 0 && x[0].at == 0 && x[0].count == 3);
+    CHECK(x[1].peer == 2 && x[1].at == 8 && x[1].count == 5);
+    CHECK(x[2].peer == 3 && x[2].at == 20 && x[2].count == 2);
+    CHECK(l3d_cuda_blocks_span(4, cnt, dis) == 12); /* not 99: block 1 is empty */
+    const int64_t back[4] = {2, 0, 0, 7}, bdis[4] = {7, 0, 0, 0}; /* blocks in reverse order */
+    CHECK(l3d_cuda_a2a_xfers(4, back, bdis, 4, x) == 2);
+    CHECK(x[0].peer == 0 && x[0].at == 28 && x[1].peer == 3 && x[1].at == 0 && x[1].count == 7);
+    CHECK(l3d_cuda_blocks_span(4, back, bdis) == 9);
+    const int64_t none[4] = {0, 0, 0, 0};
+    CHECK(l3d_cuda_a2a_xfers(4, none, dis, 8, x) == 0 && l3d_cuda_blocks_span(4, none, dis) == 0);
 }
 
 static void test_launch(void) {
@@ -386,9 +406,153 @@ static void test_attn_block(struct l3d_backend *be) {
     for (int i = 0; i < 14; i++) free(hb[i]);
 }
 
+/* ---- mixture of experts: the kernels' per-token functions (cuda_moe.h) on the host -----------
+ * The route kernels' steps replayed on the host with the very functions the device runs
+ * (l3d_moe_route_row a token, l3d_moe_offsets, l3d_moe_slot an assignment in token order,
+ * l3d_moe_dlogits_row a token), against the CPU backend's MoE kernels: the routing rules are
+ * proven without a GPU; the device's logits, reductions and ballots are not. */
+
+enum { MN = 23, MC = 16, ME = 6, MK = 2 };
+struct moe_ref {
+    float probs[MN * ME], lse[MN], wts[MN * MK], stats[2 * ME + 2];
+    int32_t idx[MN * MK], pos[MN * MK], off[ME + 1];
+};
+
+/* moe_slot_k's walk for expert e with blocks of `threads`: chunk by chunk, each warp's ballot and
+ * count, then each assignment's rank by l3d_moe_chunk_rank and its row by l3d_moe_slot */
+static void moe_slot_walk(struct moe_ref *r, int32_t e, int64_t cap, int threads) {
+    int32_t in_warp[32];
+    uint32_t m[32];
+    int64_t seen = 0;
+    for (int64_t base = 0; base < MN * MK; base += threads) {
+        for (int w = 0; w < threads / 32; w++) {
+            m[w] = 0;
+            for (int l = 0; l < 32; l++) {
+                int64_t i = base + 32 * w + l;
+                if (i < MN * MK && r->idx[i] == e) m[w] |= 1u << l;
+            }
+            in_warp[w] = l3d_moe_popc(m[w]);
+        }
+        for (int t = 0; t < threads && base + t < MN * MK; t++)
+            if (r->idx[base + t] == e)
+                r->pos[base + t] = l3d_moe_slot(
+                    r->off[e], l3d_moe_chunk_rank(seen, in_warp, t / 32, m[t / 32], t % 32), cap);
+        for (int w = 0; w < threads / 32; w++) seen += in_warp[w];
+    }
+}
+
+/* the route kernels' steps on the host (blocks of `threads` in the slot walk) */
+static void moe_replay(struct moe_ref *r, const float *x, const float *w, int norm, int64_t cap,
+                       int threads) {
+    memset(r->off, 0, sizeof r->off);
+    for (int64_t n = 0; n < MN; n++) {
+        for (int64_t e = 0; e < ME; e++) { /* the CPU's order, so that ties stay ties */
+            float s = 0.0f;
+            for (int64_t c = 0; c < MC; c++) s += x[n * MC + c] * w[e * MC + c];
+            r->probs[n * ME + e] = s;
+        }
+        r->lse[n] = l3d_moe_route_row(r->probs + n * ME, r->idx + n * MK, r->wts + n * MK, ME, MK,
+                                      norm);
+        for (int64_t k = 0; k < MK; k++) r->off[r->idx[n * MK + k]]++;
+    }
+    l3d_moe_offsets(r->off, r->stats, ME, cap);
+    for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads);
+    double z = 0.0;
+    for (int64_t e = 0; e < ME; e++) {
+        double s = 0.0;
+        for (int64_t n = 0; n < MN; n++) s += r->probs[n * ME + e];
+        r->stats[ME + e] = (float)s;
+    }
+    for (int64_t n = 0; n < MN; n++) z += (double)r->lse[n] * r->lse[n];
+    r->stats[2 * ME] = (float)z;
+}
+
+/* the CPU backend's routing of x by w into r (its buffers: floats' size) */
+static void moe_cpu(struct l3d_backend *be, struct moe_ref *r, const float *x, const float *w,
+                    int norm, int64_t cap) {
+    float *d[9];
+    const int64_t n[9] = {MN * ME, MN, MN * MK, MN * MK, MN * MK, ME + 1, 2 * ME + 2, MN * MC,
+                          ME * MC};
+    void *out[7] = {r->probs, r->lse, r->idx, r->wts, r->pos, r->off, r->stats};
+    for (int i = 0; i < 9; i++) d[i] = dev(be, i == 7 ? x : i == 8 ? w : NULL, n[i]);
+    l3d_be_moe_route(be, L3D_F32, d[0], d[1], (int32_t *)d[2], d[3], (int32_t *)d[4],
+                     (int32_t *)d[5], d[6], d[7], d[8], MN, MC, ME, MK, norm, cap);
+    for (int i = 0; i < 7; i++) l3d_be_copy_d2h(be, out[i], d[i], (size_t)n[i] * 4);
+    for (int i = 0; i < 9; i++) l3d_be_free(be, d[i]);
+}
+
+static bool moe_same(const struct moe_ref *a, const struct moe_ref *b) {
+    return memcmp(a->idx, b->idx, sizeof a->idx) == 0 &&
+           memcmp(a->pos, b->pos, sizeof a->pos) == 0 &&
+           memcmp(a->off, b->off, sizeof a->off) == 0 &&
+           max_diff(a->probs, b->probs, MN * ME) < 1e-6 && max_diff(a->lse, b->lse, MN) < 1e-5 &&
+           max_diff(a->wts, b->wts, MN * MK) < 1e-6 &&
+           max_diff(a->stats, b->stats, 2 * ME + 2) < 1e-4;
+}
+
+/* Token 0 all zeros (every expert equally likely: experts 0 and 1), token 1 along weight row 2,
+ * which row 4 repeats (a tie at the top: 2 before 4); dropless and with a capacity of 3, plain
+ * and renormalised; the slot walk in blocks of 32 (two chunks), 64 (two warps) and 256 threads
+ * (the kernel's). Negative: another capacity, or the renormalisation off, is rejected. */
+static void test_moe_route(struct l3d_backend *be) {
+    float *x = randn(MN * MC, 21), *w = randn(ME * MC, 22);
+    for (int64_t c = 0; c < MC; c++) {
+        x[c] = 0.0f;
+        w[4 * MC + c] = w[2 * MC + c];
+        x[MC + c] = w[2 * MC + c];
+    }
+    struct moe_ref *ref = calloc(1, sizeof *ref), *cpu = calloc(1, sizeof *cpu);
+    for (int v = 0; v < 4; v++) {
+        int norm = v & 1;
+        int64_t cap = v & 2 ? 3 : 0;
+        moe_cpu(be, cpu, x, w, norm, cap);
+        for (int threads = 32; threads <= 256; threads *= 2) {
+            moe_replay(ref, x, w, norm, cap, threads);
+            CHECK(moe_same(ref, cpu));
+        }
+        CHECK(ref->idx[0] == 0 && ref->idx[1] == 1 && ref->idx[2] == 2 && ref->idx[3] == 4);
+        /* dropless: every assignment has a row; 46 assignments over 6 experts of 3 rows: drops */
+        CHECK(cap ? ref->stats[2 * ME + 1] > 0.0f && ref->off[ME] < MN * MK
+                  : ref->stats[2 * ME + 1] == 0.0f && ref->off[ME] == MN * MK);
+        moe_replay(ref, x, w, norm, cap ? 2 : 3, 256);
+        CHECK(!moe_same(ref, cpu));
+        moe_replay(ref, x, w, !norm, cap, 256);
+        CHECK(!moe_same(ref, cpu));
+    }
+    free(x), free(w), free(ref), free(cpu);
+}
+
+/* The router's dlogits from the CPU's routing (renormalised, capacity 3) with both auxiliary
+ * losses, l3d_moe_dlogits_row a token against the CPU kernel; negative: another aux_scale, and
+ * the renormalisation off. */
+static void test_moe_dlogits(struct l3d_backend *be) {
+    float *x = randn(MN * MC, 23), *w = randn(ME * MC, 24), *dw = randn(MN * MK, 25);
+    struct moe_ref *r = calloc(1, sizeof *r);
+    moe_cpu(be, r, x, w, 1, 3);
+    const int64_t n[8] = {MN * MK, MN * MC, ME * MC, MN * ME, MN, MN * MK, MN * MK, 2 * ME + 2};
+    const float *src[8] = {dw, x, w, r->probs, r->lse, (const float *)r->idx, r->wts, r->stats};
+    float *d[8], *dl = dev(be, NULL, MN * ME), want[MN * ME], got[MN * ME];
+    for (int i = 0; i < 8; i++) d[i] = dev(be, src[i], n[i]);
+    l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, NULL, NULL, dl, d[0], d[1], d[2], d[3], d[4],
+                               (const int32_t *)d[5], d[6], d[7], MN, MC, ME, MK, 1, 0.05f,
+                               0.01f);
+    l3d_be_copy_d2h(be, want, dl, sizeof want);
+    for (int v = 0; v < 3; v++) {
+        for (int64_t t = 0; t < MN; t++)
+            l3d_moe_dlogits_row(got + t * ME, dw + t * MK, r->probs + t * ME, r->lse[t],
+                                r->idx + t * MK, r->wts + t * MK, r->stats, ME, MK, v != 2,
+                                v == 1 ? 0.04f : 0.05f, 0.01f);
+        CHECK(v == 0 ? max_diff(got, want, MN * ME) < 1e-5 : max_diff(got, want, MN * ME) > 1e-4);
+    }
+    for (int i = 0; i < 8; i++) l3d_be_free(be, d[i]);
+    l3d_be_free(be, dl);
+    free(x), free(w), free(dw), free(r);
+}
+
 int main(void) {
     test_local_rank();
     test_comm_choice();
+    test_a2a();
     test_launch();
     test_allocs();
     test_plans();
@@ -397,6 +561,8 @@ int main(void) {
     test_attn_full(cpu);
     test_attn_cached(cpu);
     test_attn_block(cpu);
+    test_moe_route(cpu);
+    test_moe_dlogits(cpu);
     l3d_backend_free(cpu);
     return TEST_REPORT();
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda.h"
 #include "llm3d/backend.h"
 #include "llm3d/core.h"
 #include "llm3d/model.h"
@@ -22,10 +23,12 @@
 
 enum kind { ACT, GRAD, F32, I32, F64 };        /* a buffer's type: dt, gdt, or fixed */
 /* TOKENS: ints in [0, hi); ROPE_FREQ: Llama 3.1's scaled rotary frequencies of a head of 2n
- * (l3d_rope_inv_freq); LSE: normals, -inf at every i with i % 5 == hi (rows no key reached) */
-enum init { NORMAL, ZERO, POSITIVE, TOKENS, ROPE_FREQ, LSE };
+ * (l3d_rope_inv_freq); LSE: normals, -inf at every i with i % 5 == hi (rows no key reached);
+ * POS: the MoE rows of n assignments, a random permutation of 0..n-1 with -1 (dropped) at every
+ * i with i % 7 == hi */
+enum init { NORMAL, ZERO, POSITIVE, TOKENS, ROPE_FREQ, LSE, POS };
 
-#define MAXB 10
+#define MAXB 16
 struct buf {
     const char *name;
     enum kind kind;
@@ -38,6 +41,7 @@ struct buf {
 struct shape {
     int64_t B, T, C, NH, HS, OC, V, Vl, Vvalid, vstart;
     int64_t NKV; /* key/value heads of the grouped-query cases (dividing NH) */
+    int64_t E, K; /* the MoE cases' experts and top-k */
 };
 
 struct kcase {
@@ -315,11 +319,94 @@ static void llama_cases(struct shape s, struct kcase *k, int *n) {
     *n = i;
 }
 
+/* ---- mixture of experts: N = B T tokens of C channels, E experts, top-K (shape's E, K) ------- */
+
+#define MN(s) ((s)->B * (s)->T)
+#define S const struct shape *s
+/* about half an expert's even share of the N K assignments: some experts drop */
+static int64_t moe_cap(S) { return (MN(s) * s->K + 2 * s->E - 1) / (2 * s->E); }
+static void route(struct l3d_backend *be, enum l3d_dtype dt, void **p, const void *inp,
+                  const void *w, int norm, int64_t cap, S) {
+    l3d_be_moe_route(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], inp, w, MN(s), s->C, s->E,
+                     s->K, norm, cap);
+}
+static void r_moe_route(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                        S) {
+    (void)g;
+    route(be, dt, p, p[7], p[8], 0, 0, s);
+}
+static void r_moe_route_nc(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                           S) {
+    (void)g;
+    route(be, dt, p, p[7], p[8], 1, moe_cap(s), s);
+}
+static void r_moe_perm(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_moe_permute(be, dt, p[0], p[1], p[2], MN(s), s->K, s->C);
+}
+static void r_moe_comb(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_moe_combine(be, dt, p[0], p[1], p[2], p[3], MN(s), s->K, s->C);
+}
+static void r_moe_comb1(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                        S) {
+    (void)g;
+    l3d_be_moe_combine(be, dt, p[0], p[1], p[2], NULL, MN(s), s->K, s->C);
+}
+static void r_moe_comb_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                         S) {
+    (void)g;
+    l3d_be_moe_combine_backward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], MN(s), s->K, s->C);
+}
+/* the routing (renormalised, with a capacity) on the same backend, then the router's backward
+ * with both auxiliary losses */
+static void r_moe_rb(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    route(be, dt, p + 6, p[4], p[5], 1, moe_cap(s), s);
+    l3d_be_moe_router_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                               p[9], p[12], MN(s), s->C, s->E, s->K, 1, 0.01f, 0.001f);
+}
+#undef S
+
+static void moe_cases(struct shape s, struct kcase *k, int *n) {
+    int i = *n;
+    const int64_t N = MN(&s), NK = N * s.K, NC = N * s.C, EC = s.E * s.C;
+    for (int v = 0; v < 2; v++)
+        k[i++] = (struct kcase){v ? "moe_route (norm_topk, capacity)" : "moe_route",
+            {{"probs", F32, N * s.E, ZERO, 0, true}, {"lse", F32, N, ZERO, 0, true},
+             {"idx", I32, NK, ZERO, 0, true}, {"wts", F32, NK, ZERO, 0, true},
+             {"pos", I32, NK, ZERO, 0, true}, {"offsets", I32, s.E + 1, ZERO, 0, true},
+             {"stats", F32, 2 * s.E + 2, ZERO, 0, true}, {"inp", ACT, NC, NORMAL, 0, false},
+             {"weight", ACT, EC, NORMAL, 0, false}}, s.C + N, false, false,
+            v ? r_moe_route_nc : r_moe_route};
+    k[i++] = (struct kcase){"moe_permute", {{"rows", ACT, NK * s.C, NORMAL, 0, true},
+        {"inp", ACT, NC, NORMAL, 0, false}, {"pos", I32, NK, POS, 3, false}}, 1, false, false,
+        r_moe_perm};
+    for (int v = 0; v < 2; v++)
+        k[i++] = (struct kcase){v ? "moe_combine (no weights)" : "moe_combine",
+            {{"out", ACT, NC, NORMAL, 0, true}, {"rows", ACT, NK * s.C, NORMAL, 0, false},
+             {"pos", I32, NK, POS, 3, false}, {"wts", F32, NK, NORMAL, 0, false}}, s.K + 1,
+            false, false, v ? r_moe_comb1 : r_moe_comb};
+    k[i++] = (struct kcase){"moe_combine_backward", {{"drows", ACT, NK * s.C, NORMAL, 0, true},
+        {"dwts", F32, NK, ZERO, 0, true}, {"dout", ACT, NC, NORMAL, 0, false},
+        {"rows", ACT, NK * s.C, NORMAL, 0, false}, {"pos", I32, NK, POS, 5, false},
+        {"wts", F32, NK, NORMAL, 0, false}}, s.C, false, false, r_moe_comb_b};
+    for (int mixed = 0; mixed < 2; mixed++)
+        k[i++] = (struct kcase){mixed ? "moe_router_backward (fp32 grads)" : "moe_router_backward",
+            {{"dinp", ACT, NC, NORMAL, 0, true}, {"dweight", GRAD, EC, NORMAL, 0, true},
+             {"dlogits", F32, N * s.E, ZERO, 0, true}, {"dwts", F32, NK, NORMAL, 0, false},
+             {"inp", ACT, NC, NORMAL, 0, false}, {"weight", ACT, EC, NORMAL, 0, false},
+             {"probs", F32, N * s.E, ZERO, 0, false}, {"lse", F32, N, ZERO, 0, false},
+             {"idx", I32, NK, ZERO, 0, false}, {"wts", F32, NK, ZERO, 0, false},
+             {"pos", I32, NK, ZERO, 0, false}, {"offsets", I32, s.E + 1, ZERO, 0, false},
+             {"stats", F32, 2 * s.E + 2, ZERO, 0, false}}, N + s.C, false, mixed, r_moe_rb};
+    *n = i;
+}
+
 #define NBT (s.B * s.T)
 #define NBTC (s.B * s.T * s.C)
 #define C3 (3 * s.C)
 static struct kcase *cases(struct shape s, int *n) {
-    static struct kcase k[48];
+    static struct kcase k[64];
     int i = 0;
     k[i++] = (struct kcase){"matmul_forward", {{"out", ACT, NBT * s.OC, ZERO, 0, true},
         {"inp", ACT, NBTC, NORMAL, 0, false}, {"weight", ACT, s.OC * s.C, NORMAL, 0, false},
@@ -396,6 +483,8 @@ static struct kcase *cases(struct shape s, int *n) {
     k[i++] = (struct kcase){"unscale", {{"x", ACT, NBTC, NORMAL, 0, true},
         {"found_inf", F32, 1, ZERO, 0, true}}, 1, false, false, r_unscale};
     llama_cases(s, k, &i);
+    moe_cases(s, k, &i);
+    L3D_ASSERT(i <= 64);
     *n = i;
     return k;
 }
@@ -410,6 +499,17 @@ static void fill(const struct buf *b, enum l3d_dtype t, void *h, uint64_t seed) 
         if (b->init == TOKENS) x = (double)(l3d_rng_u64(seed, 0, (uint64_t)i) % (uint64_t)b->hi);
         if (b->init == LSE) x = i % 5 == b->hi ? -INFINITY : l3d_rng_normal(seed, 0, (uint64_t)i);
         set(t, h, i, x);
+    }
+    if (b->init == POS) { /* Fisher-Yates */
+        int32_t *r = h;
+        for (int64_t i = 0; i < b->n; i++) r[i] = (int32_t)i;
+        for (int64_t i = b->n - 1; i > 0; i--) {
+            int64_t j = (int64_t)(l3d_rng_u64(seed, 1, (uint64_t)i) % (uint64_t)(i + 1));
+            int32_t x = r[i];
+            r[i] = r[j], r[j] = x;
+        }
+        for (int64_t i = 0; i < b->n; i++)
+            if (i % 7 == b->hi) r[i] = -1;
     }
     if (b->init == ROPE_FREQ) { /* Llama 3.1 8B's rope settings on a head of 2 n */
         struct l3d_model_spec m = {.C = (int)(2 * b->n), .NH = 1,
@@ -454,8 +554,9 @@ static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const s
     for (int j = 0; j < MAXB && k->b[j].name; j++) {
         if (!k->b[j].out) continue;
         enum l3d_dtype t = kind_type(k->b[j].kind, dt, gdt);
-        /* an fp32 output of 16-bit inputs carries their rounding: the tolerance of dt */
-        double tol = tolerance(unit(t) > unit(dt) ? t : dt, k->K);
+        /* an fp32 output of 16-bit inputs carries their rounding: the tolerance of dt; integer
+         * outputs (the MoE routing) exactly */
+        double tol = t == L3D_I32 ? 0.0 : tolerance(unit(t) > unit(dt) ? t : dt, k->K);
         double d = rel_diff(t, rg[j], rc[j], k->b[j].n);
         printf("%-36s %-5s %-10s rel diff %.3g (tol %.3g)%s\n", k->name, l3d_dtype_name(dt),
                k->b[j].name, d, tol, d <= tol ? "" : "  FAIL");
@@ -466,7 +567,8 @@ static void check_case(struct l3d_backend *cpu, struct l3d_backend *gpu, const s
             if (isfinite(get(t, rc[j], i))) mx = fmax(mx, fabs(get(t, rc[j], i)));
         int64_t at = k->b[j].n / 2;
         while (at + 1 < k->b[j].n && !isfinite(get(t, rc[j], at))) at++;
-        set(t, rg[j], at, get(t, rc[j], at) + 10.0 * tol * (mx > 0 ? mx : 1.0) + 4 * unit(t));
+        double bump = t == L3D_I32 ? 1.0 : 10.0 * tol * (mx > 0 ? mx : 1.0) + 4 * unit(t);
+        set(t, rg[j], at, get(t, rc[j], at) + bump);
         CHECK(!(rel_diff(t, rg[j], rc[j], k->b[j].n) <= tol));
     }
     for (int j = 0; j < MAXB; j++) free(host[j]), free(rc[j]), free(rg[j]);
@@ -529,11 +631,29 @@ static void check_special(struct l3d_backend *cpu, struct l3d_backend *gpu) {
     CHECK(fc == 0.0f && fg == 0.0f);
 }
 
-int main(void) {
+/* whether case k is run: argv[1] "moe" takes the mixture-of-experts kernels only, "dense" the
+ * others, none all (scripts/gpu-check.sh reports the two apart) */
+static bool chosen(const struct kcase *k, const char *only) {
+    bool moe = strncmp(k->name, "moe_", 4) == 0;
+    return !only || (strcmp(only, "moe") == 0 ? moe : !moe);
+}
+
+int main(int argc, char **argv) {
     /* L3D_KERNEL_TEST_BACKEND=check runs the whole comparison on a machine without a GPU (the
      * CPU kernels behind the checking backend): the test's own shapes, buffers and negative
-     * cases are proven before the first GPU run */
+     * cases are proven before the first GPU run (ctest's test_cuda_kernels_check) */
     const char *other = getenv("L3D_KERNEL_TEST_BACKEND");
+    const char *only = argc > 1 ? argv[1] : NULL;
+    if (only && strcmp(only, "moe") != 0 && strcmp(only, "dense") != 0) {
+        fprintf(stderr, "test_cuda_kernels: unknown selection '%s': give moe, dense or nothing "
+                "(all)\n", only);
+        return 2;
+    }
+    if (!(other && *other) && l3d_cuda_device_count() == 0) {
+        printf("test_cuda_kernels: skipped: no CUDA device visible, so the CUDA kernels cannot "
+               "run here (L3D_KERNEL_TEST_BACKEND=check runs the comparison on the CPU kernels)\n");
+        return 77; /* ctest's SKIP_RETURN_CODE */
+    }
     struct l3d_backend *cpu, *gpu;
     if (l3d_backend_init("cpu", &cpu) != L3D_OK ||
         l3d_backend_init(other && *other ? other : "cuda", &gpu) != L3D_OK) {
@@ -542,25 +662,26 @@ int main(void) {
     }
     /* HS 24 (lanes partly empty), a vocabulary slice from 0; HS 64 (GPT-2's), a slice from 50;
      * grouped-query heads 2 to 1 in both, then 6 query heads over 2 key/value heads (3 each:
-     * head h reads h / 3, not h % 2) with HS 16 */
+     * head h reads h / 3, not h % 2) with HS 16; MoE: 8 experts top-2, 6 top-3, 5 top-1 */
     enum { NS = 3 };
-    const struct shape shapes[NS] = {{2, 37, 48, 2, 24, 80, 101, 104, 101, 0, 1},
-                                     {2, 70, 128, 2, 64, 96, 51, 56, 51, 50, 1},
-                                     {1, 29, 96, 6, 16, 40, 77, 80, 77, 0, 2}};
+    const struct shape shapes[NS] = {{2, 37, 48, 2, 24, 80, 101, 104, 101, 0, 1, 8, 2},
+                                     {2, 70, 128, 2, 64, 96, 51, 56, 51, 50, 1, 6, 3},
+                                     {1, 29, 96, 6, 16, 40, 77, 80, 77, 0, 2, 5, 1}};
     const enum l3d_dtype types[3] = {L3D_F32, L3D_BF16, L3D_F16};
     for (int si = 0; si < NS; si++) {
         int n;
         struct kcase *k = cases(shapes[si], &n);
         for (int ti = 0; ti < 3; ti++)
             for (int c = 0; c < n; c++) {
-                if ((k[c].f32_only && types[ti] != L3D_F32) || ((k[c].opt & OPT_MIXED) && types[ti] == L3D_F32))
+                if ((k[c].f32_only && types[ti] != L3D_F32) ||
+                    ((k[c].opt & OPT_MIXED) && types[ti] == L3D_F32) || !chosen(&k[c], only))
                     continue;
                 struct shape sh = shapes[si];
                 if (k[c].opt & OPT_MHA) sh.NKV = sh.NH;
                 check_case(cpu, gpu, &k[c], types[ti], &sh, 1000u * (uint64_t)si + 7);
             }
     }
-    check_special(cpu, gpu);
+    if (!only || strcmp(only, "dense") == 0) check_special(cpu, gpu);
     /* the comparison itself: the same infinity matches; NaN, or an infinity against a finite
      * value or the other infinity, does not */
     const float ninf[2] = {-INFINITY, 1.0f}, fin[2] = {0.0f, 1.0f}, pinf[2] = {INFINITY, 1.0f};

@@ -46,7 +46,7 @@ static void check_all_to_one(struct l3d_comm *world, struct l3d_backend *be, dou
     all_to_one(mf, 7);
     all_to_one(ms, 7);
     struct l3d_ep epc = {0};
-    l3d_ep_attach(&epc, ms, world);
+    l3d_ep_attach(&epc, ms, world, NULL);
     int32_t inp[16], tgt[16];
     for (int i = 0; i < N; i++) {
         inp[i] = (int32_t)(l3d_rng_u64(3, 1, (uint64_t)i) % (uint64_t)cfg.V);

@@ -121,9 +121,17 @@ while IFS= read -r -d '' f; do
 done < <(find "$tree" -type f -print0)
 echo "mutants: $copied file(s) copied into $tree"
 
-echo "mutants: configuring $bld (Release)"
+# the CUDA build (its host tests, tests/cuda) when a chosen mutant is in the CUDA backend's or the
+# NCCL communicator's files and nvcc is there (else their tests are not found: stale)
+cuda=OFF
+for r in "${records[@]}"; do
+    IFS=$US read -r id file _ <<< "$r"
+    if chosen "$id" && [[ $file == src/backend/cuda* || $file == src/comm/nccl* ]] &&
+       [ -x "${NVCC:-/usr/local/cuda/bin/nvcc}" ]; then cuda=ON; fi
+done
+echo "mutants: configuring $bld (Release, CUDA $cuda)"
 cmake -S "$tree" -B "$bld" -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR="${MUTANTS_WERROR:-ON}" \
-    > "$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; die "configure failed ($logs/configure.log)"; }
+    -DL3D_CUDA=$cuda > "$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; die "configure failed ($logs/configure.log)"; }
 
 # tests_of REGEX: the names of the tests it selects; targets_of NAME...: the targets they run
 tests_of() { (cd "$bld" && ctest -N -R "$1") | sed -n 's/^ *Test *#[0-9]*: //p'; }

@@ -4,15 +4,21 @@ only (struct, json, array), from the safetensors format's description (an 8-byte
 header length, a JSON header of {name: {dtype, shape, data_offsets}}, the data) and transformers'
 names: GPT2LMHeadModel's (Conv1D weights stored (in, out); an unpadded vocabulary) and
 LlamaForCausalLM's (q_proj, k_proj, v_proj and gate_proj, up_proj: the row blocks of llm3d's fused
-qkvw and fcw). MODEL.bin: llm.c's GPT-2 file (version 3), or llm3d's file of another architecture
-(version 1003: header words 8.. hold architecture, key/value heads, norm, MLP, positions, biases,
-untied head, MLP width; no wpe, no biases, RMSNorm weights only, lmhead last when untied).
+qkvw and fcw) and MixtralForCausalLM's (block_sparse_moe.gate, the router; experts.M.w1 | w3: the
+gate | up rows of expert M's block of llm3d's expfcw, w2: its block of expprojw). MODEL.bin:
+llm.c's GPT-2 file (version 3), or llm3d's file of another architecture (version 1003: header words
+8.. hold architecture, key/value heads, norm, MLP, positions, biases, untied head, MLP width; words
+26.. the experts, their top-k, width, shared experts, dense layers; no wpe, no biases, RMSNorm
+weights only, lmhead after lnfw when untied, then router, expfcw, expprojw of the MoE layers).
 
   st_oracle.py write MODEL.bin DIR [--dtype F32|BF16|F16] [--shards N]
       the llm.c file's GPT-2 as a folder (config.json, model.safetensors or N shards + index)
   st_oracle.py check DIR MODEL.bin [--dtype F32|BF16|F16]
       exit 0 when DIR holds exactly the llm.c file's weights (rounded to the dtype), else 1 naming
       the first difference; the folder's headers are checked as strictly as a reader must be
+  st_oracle.py names DIR
+      exit 0 when the folder's tensors are exactly the names and shapes its config.json implies
+      (gpt2, llama, mixtral), else 1 naming the first difference
   st_oracle.py hostile DIR KIND OUT
       a copy of folder DIR damaged one way (KIND, see HOSTILE) into OUT
 """
@@ -40,7 +46,10 @@ def read_llmc(path):
     if hdr[1] == 1003:
         if hdr[8] != 1:
             sys.exit(f"{path}: architecture word {hdr[8]}, not Llama's 1")
-        h.update(llama=True, NKV=hdr[9], untied=bool(hdr[14]), ffn=hdr[15])
+        h.update(llama=True, NKV=hdr[9], untied=bool(hdr[14]), ffn=hdr[15], E=hdr[26],
+                 K=hdr[27], Fe=hdr[28])
+        if hdr[26] and (hdr[29] or hdr[30]):
+            sys.exit(f"{path}: shared experts or dense layers: no Mixtral folder holds them")
     return h, data
 
 
@@ -50,11 +59,16 @@ def llmc_tensors(h, data):
     if h["llama"]:
         hs, F = C // h["NH"], h["ffn"]
         qkv = (h["NH"] + 2 * h["NKV"]) * hs
+        Ld = 0 if h["E"] else L  # with experts: every layer's MLP is the experts
         shapes = [("wte", 1, Vp, C), ("ln1w", L, 1, C), ("qkvw", L, qkv, C),
-                  ("attprojw", L, C, C), ("ln2w", L, 1, C), ("fcw", L, 2 * F, C),
-                  ("fcprojw", L, C, F), ("lnfw", 1, 1, C)]
+                  ("attprojw", L, C, C), ("ln2w", L, 1, C), ("fcw", Ld, 2 * F, C),
+                  ("fcprojw", Ld, C, F), ("lnfw", 1, 1, C)]
         if h["untied"]:
             shapes.append(("lmhead", 1, Vp, C))
+        if h["E"]:
+            E, Fe = h["E"], h["Fe"]
+            shapes += [("router", L, E, C), ("expfcw", L, E * 2 * Fe, C),
+                       ("expprojw", L, E * C, Fe)]
     else:
         shapes = [("wte", 1, Vp, C), ("wpe", 1, T, C), ("ln1w", L, 1, C), ("ln1b", L, 1, C),
                   ("qkvw", L, 3 * C, C), ("qkvb", L, 1, 3 * C), ("attprojw", L, C, C),
@@ -79,19 +93,37 @@ def llama_tensors(h, t):
     for l in range(h["L"]):
         p = f"model.layers.{l}."
         w = t["qkvw"][l][0]
-        fc = t["fcw"][l][0]
         res += [(p + "input_layernorm.weight", [C], list(t["ln1w"][l][0])),
                 (p + "self_attn.q_proj.weight", [q, C], list(w[:q * C])),
                 (p + "self_attn.k_proj.weight", [kv, C], list(w[q * C:(q + kv) * C])),
                 (p + "self_attn.v_proj.weight", [kv, C], list(w[(q + kv) * C:])),
                 (p + "self_attn.o_proj.weight", [C, C], list(t["attprojw"][l][0])),
-                (p + "post_attention_layernorm.weight", [C], list(t["ln2w"][l][0])),
-                (p + "mlp.gate_proj.weight", [F, C], list(fc[:F * C])),
+                (p + "post_attention_layernorm.weight", [C], list(t["ln2w"][l][0]))]
+        if h["E"]:
+            res += mixtral_layer(h, t, l, p)
+            continue
+        fc = t["fcw"][l][0]
+        res += [(p + "mlp.gate_proj.weight", [F, C], list(fc[:F * C])),
                 (p + "mlp.up_proj.weight", [F, C], list(fc[F * C:])),
                 (p + "mlp.down_proj.weight", [C, F], list(t["fcprojw"][l][0]))]
     res.append(("model.norm.weight", [C], list(t["lnfw"][0][0])))
     if h["untied"]:
         res.append(("lm_head.weight", [V, C], list(t["lmhead"][0][0][:V * C])))
+    return res
+
+
+def mixtral_layer(h, t, l, p):
+    """Layer l's router and experts under MixtralForCausalLM's names (prefix p)."""
+    C, E, F = h["C"], h["E"], h["Fe"]
+    fc, proj = t["expfcw"][l][0], t["expprojw"][l][0]
+    res = [(p + "block_sparse_moe.gate.weight", [E, C], list(t["router"][l][0]))]
+    for e in range(E):
+        g = fc[e * 2 * F * C:(e * 2 + 1) * F * C]
+        u = fc[(e * 2 + 1) * F * C:(e + 1) * 2 * F * C]
+        q = p + f"block_sparse_moe.experts.{e}."
+        res += [(q + "w1.weight", [F, C], list(g)),
+                (q + "w2.weight", [C, F], list(proj[e * C * F:(e + 1) * C * F])),
+                (q + "w3.weight", [F, C], list(u))]
     return res
 
 
@@ -167,6 +199,10 @@ def cmd_write(llmc, out, dtype="F32", shards=1):
                   "max_position_embeddings": h["maxT"], "rms_norm_eps": 1e-5,
                   "rope_theta": 10000.0, "hidden_act": "silu",
                   "tie_word_embeddings": not h["untied"]}
+    if h["llama"] and h["E"]:  # MixtralConfig: intermediate_size is the experts' width
+        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      intermediate_size=h["Fe"], num_local_experts=h["E"],
+                      num_experts_per_tok=h["K"], sliding_window=None)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f)
     if shards == 1:
@@ -239,6 +275,9 @@ def cmd_check(d, llmc, dtype="F32"):
                 "intermediate_size": h["ffn"], "vocab_size": h["V"],
                 "max_position_embeddings": h["maxT"], "tie_word_embeddings": not h["untied"],
                 "hidden_act": "silu"}
+    if h["llama"] and h["E"]:
+        want.update(model_type="mixtral", intermediate_size=h["Fe"], num_local_experts=h["E"],
+                    num_experts_per_tok=h["K"])
     for k, v in want.items():
         if cfg.get(k) != v:
             print(f"{d}/config.json: {k} is {cfg.get(k)!r}, the llm.c file's {v!r}")
@@ -260,8 +299,66 @@ def cmd_check(d, llmc, dtype="F32"):
     return 0
 
 
+def config_shapes(cfg):
+    """{name: shape} of the tensors a folder of config.json's model holds, from its keys alone."""
+    mt = cfg["model_type"]
+    if mt == "gpt2":
+        C, L, V, T = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"], cfg["n_positions"]
+        F = cfg.get("n_inner") or 4 * C
+        out = {"transformer.wte.weight": [V, C], "transformer.wpe.weight": [T, C],
+               "transformer.ln_f.weight": [C], "transformer.ln_f.bias": [C]}
+        per = {"ln_1.weight": [C], "ln_1.bias": [C], "attn.c_attn.weight": [C, 3 * C],
+               "attn.c_attn.bias": [3 * C], "attn.c_proj.weight": [C, C],
+               "attn.c_proj.bias": [C], "ln_2.weight": [C], "ln_2.bias": [C],
+               "mlp.c_fc.weight": [C, F], "mlp.c_fc.bias": [F], "mlp.c_proj.weight": [F, C],
+               "mlp.c_proj.bias": [C]}
+        out.update({f"transformer.h.{l}.{k}": v for l in range(L) for k, v in per.items()})
+        return out
+    if mt not in ("llama", "mixtral"):
+        sys.exit(f"model_type {mt!r}: the oracle knows gpt2, llama and mixtral")
+    C, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    NH = cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or C // NH
+    kv = (cfg.get("num_key_value_heads") or NH) * hd
+    F = cfg["intermediate_size"]
+    out = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C]}
+    if not cfg.get("tie_word_embeddings", False):  # LlamaConfig's and MixtralConfig's default
+        out["lm_head.weight"] = [V, C]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        out.update({p + "input_layernorm.weight": [C], p + "self_attn.q_proj.weight": [NH * hd, C],
+                    p + "self_attn.k_proj.weight": [kv, C], p + "self_attn.v_proj.weight": [kv, C],
+                    p + "self_attn.o_proj.weight": [C, NH * hd],
+                    p + "post_attention_layernorm.weight": [C]})
+        if mt == "llama":
+            out.update({p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                        p + "mlp.down_proj.weight": [C, F]})
+            continue
+        E = cfg["num_local_experts"]
+        out[p + "block_sparse_moe.gate.weight"] = [E, C]
+        for e in range(E):
+            q = p + f"block_sparse_moe.experts.{e}."
+            out.update({q + "w1.weight": [F, C], q + "w2.weight": [C, F], q + "w3.weight": [F, C]})
+    return out
+
+
+def cmd_names(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    want, got = config_shapes(cfg), read_folder(d)
+    for name in sorted(set(want) | set(got)):
+        if name not in got or name not in want:
+            print(f"{d}: tensor {name} {'missing from the folder' if name not in got else 'not in the model config.json describes'}")
+            return 1
+        if got[name][1] != want[name]:
+            print(f"{d}: tensor {name} has shape {got[name][1]}, config.json implies {want[name]}")
+            return 1
+    print(f"{d}: {len(want)} tensors, names and shapes as config.json ({cfg['model_type']}) implies")
+    return 0
+
+
 HOSTILE = ["header_past_end", "overlap", "out_of_range", "shape", "dtype", "missing_shard",
-           "nan", "swap_kv"]
+           "nan", "swap_kv", "swap_experts"]
 
 
 def rewrite_header(path, edit):
@@ -304,6 +401,10 @@ def cmd_hostile(src, kind, out):
         k, v = (f"model.layers.0.self_attn.{x}_proj.weight" for x in "kv")
         h[k]["data_offsets"], h[v]["data_offsets"] = h[v]["data_offsets"], h[k]["data_offsets"]
 
+    def swap_experts(h, data):  # layer 0's experts 0 and 1 exchange their w1
+        a, b = (f"model.layers.0.block_sparse_moe.experts.{e}.w1.weight" for e in (0, 1))
+        h[a]["data_offsets"], h[b]["data_offsets"] = h[b]["data_offsets"], h[a]["data_offsets"]
+
     if kind == "header_past_end":
         with open(single, "r+b") as f:
             f.write(struct.pack("<Q", os.path.getsize(single)))
@@ -313,11 +414,13 @@ def cmd_hostile(src, kind, out):
     else:
         rewrite_header(single, {"overlap": overlap, "out_of_range": out_of_range,
                                 "shape": shape, "dtype": dtype, "nan": nan,
-                                "swap_kv": swap_kv}[kind])
+                                "swap_kv": swap_kv, "swap_experts": swap_experts}[kind])
     return 0
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "names":
+        return cmd_names(argv[2])
     if len(argv) < 4 or argv[1] not in ("write", "check", "hostile"):
         sys.exit(__doc__)
     opts = dict(zip(argv[4::2], argv[5::2]))

@@ -1,0 +1,226 @@
+/* Mixtral as data (src/model/arch.c's flavour row, src/ckpt/hf.c, src/spec/presets.c): the
+ * published parameter counts of the Mixtral presets derived from their sizes by an exact formula
+ * written here (not llm3d's), against llm3d's counts and the published figures within their
+ * rounding; the row a model is written as, and the models no row holds; MixtralConfig's keys to a
+ * spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
+ * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
+ * and read back bit for bit, and refused by the loader when its config counts other experts. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm3d/arch.h"
+#include "llm3d/file.h"
+#include "llm3d/hf.h"
+#include "llm3d/spec.h"
+#include "test.h"
+
+/* A Llama-blocks model with experts in every layer and an untied head: the count of Jiang et al.
+ * 2024's Table 1 sizes, every tensor named. `active`: K of the E experts. */
+static double mixtral_count(double L, double C, double NH, double KV, double V, double F,
+                            double E, double K, bool active) {
+    double hd = C / NH, embed = 2 * V * C; /* embed_tokens and lm_head */
+    double attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C, norms = 2 * C;
+    double experts = (active ? K : E) * 3 * C * F, router = E * C;
+    return embed + C + L * (norms + attn + router + experts);
+}
+
+/* |x - published| within half the unit of the published figure's last digit. */
+static bool within_rounding(double x, double published, double unit) {
+    return fabs(x - published) <= unit / 2;
+}
+
+static void test_presets(void) {
+    static const struct {
+        const char *name;
+        double L, C, NH, KV, V, F, E, K, total, active, unit;
+    } p[] = {
+        {"mixtral-8x7b", 32, 4096, 32, 8, 32000, 14336, 8, 2, 46.7e9, 12.9e9, 0.1e9},
+        {"mixtral-8x22b", 56, 6144, 48, 8, 32768, 16384, 8, 2, 141e9, 39e9, 1e9},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        struct l3d_model_spec m;
+        CHECK(l3d_model_preset(&m, p[i].name) == L3D_OK);
+        CHECK(m.L == p[i].L && m.C == p[i].C && m.NH == p[i].NH && m.NKV == p[i].KV &&
+              m.V == p[i].V && m.moe.ffn == p[i].F && m.moe.experts == p[i].E &&
+              m.moe.top_k == p[i].K && m.moe.norm_topk && m.moe.dense_layers == 0 &&
+              m.arch == L3D_ARCH_LLAMA && m.untied && m.Vp == m.V);
+        double total = mixtral_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].E,
+                                     p[i].K, false);
+        double active = mixtral_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].E,
+                                      p[i].K, true);
+        CHECK_NEAR(l3d_model_param_count(&m), total, 0.0);
+        CHECK_NEAR(l3d_model_active_param_count(&m), active, 0.0);
+        CHECK(within_rounding(total, p[i].total, p[i].unit));
+        CHECK(within_rounding(active, p[i].active, p[i].unit));
+        printf("%s: %.0f parameters (published %.3g), %.0f active (%.3g)\n", p[i].name, total,
+               p[i].total, active, p[i].active);
+    }
+    /* negative: the formula tells the presets apart, and a count off by one expert fails */
+    CHECK(!within_rounding(mixtral_count(32, 4096, 32, 8, 32000, 14336, 7, 2, false), 46.7e9,
+                           0.1e9));
+    CHECK(!within_rounding(mixtral_count(32, 4096, 32, 8, 32000, 14336, 8, 3, true), 12.9e9,
+                           0.1e9));
+}
+
+/* llama-tiny with E experts in every layer, top-2 renormalised. */
+static struct l3d_model_spec tiny_mixtral(int E) {
+    struct l3d_model_spec m;
+    L3D_ASSERT(l3d_model_preset(&m, "llama-tiny") == L3D_OK);
+    m.moe = (struct l3d_moe_spec){.experts = E, .top_k = 2, .norm_topk = true};
+    L3D_ASSERT(l3d_gpt_config_finish(&m) == L3D_OK);
+    return m;
+}
+
+static void test_rows(void) {
+    struct l3d_model_spec m = tiny_mixtral(4), d, g;
+    const struct l3d_arch_info *a = l3d_arch_hf_row(&m);
+    CHECK(a && a->moe && strcmp(a->hf_model_type, "mixtral") == 0 && a->arch == L3D_ARCH_LLAMA);
+    CHECK(l3d_arch_by_hf_type("mixtral") == a &&
+          l3d_arch_by_hf_architecture("MixtralForCausalLM") == a);
+    CHECK(!l3d_arch_by_name("mixtral")); /* a flavour, not a family: no --arch mixtral */
+    CHECK(l3d_model_preset(&d, "llama-tiny") == L3D_OK && l3d_arch_hf_row(&d) ==
+          l3d_arch_info(L3D_ARCH_LLAMA));
+    CHECK(l3d_arch_hf_check(a, &m) == L3D_OK);
+    CHECK(l3d_model_preset(&g, "moe-tiny") == L3D_OK && !l3d_arch_hf_row(&g));
+    struct l3d_hf_tensor *t = NULL;
+    int n = 0;
+    CHECK(l3d_hf_tensors_ex(&g, false, &t, &n) == L3D_ERR_ARG && !t &&
+          strstr(l3d_error_message(), "a GPT-2 model with experts"));
+    struct l3d_model_spec s = m;
+    s.moe.shared = 1;
+    CHECK(l3d_arch_hf_check(a, &s) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "--moe-shared-experts 1"));
+    s = m;
+    s.moe.dense_layers = 1;
+    CHECK(l3d_hf_tensors(&s, &t, &n) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "--moe-dense-layers 1"));
+    s = m;
+    s.moe.norm_topk = false;
+    CHECK(l3d_arch_hf_check(a, &s) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "always renormalises its top-2"));
+}
+
+static const struct l3d_hf_tensor *find(const struct l3d_hf_tensor *t, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(t[i].e.name, name) == 0) return &t[i];
+    return NULL;
+}
+
+static void test_map(void) {
+    struct l3d_model_spec m = tiny_mixtral(3);
+    m.moe.ffn = 40; /* an expert narrower than the MLP (192): the experts' rows by their width */
+    L3D_ASSERT(l3d_gpt_config_finish(&m) == L3D_OK);
+    struct l3d_hf_tensor *t;
+    int n;
+    CHECK(l3d_hf_tensors(&m, &t, &n) == L3D_OK);
+    /* embed, norm, lm_head; a layer: 2 norms, q k v o, the gate, 3 experts x w1 w2 w3 */
+    CHECK(n == 3 + m.L * (2 + 4 + 1 + 3 * 3));
+    const struct l3d_hf_tensor *g = find(t, n, "model.layers.1.block_sparse_moe.gate.weight");
+    const struct l3d_hf_tensor *w3 = find(t, n, "model.layers.1.block_sparse_moe.experts.2.w3.weight");
+    const struct l3d_hf_tensor *w1 = find(t, n, "model.layers.0.block_sparse_moe.experts.1.w1.weight");
+    const struct l3d_hf_tensor *w2 = find(t, n, "model.layers.0.block_sparse_moe.experts.2.w2.weight");
+    CHECK(g && strcmp(g->table, "router") == 0 && g->layer == 1 && g->e.shape[0] == 3 &&
+          g->e.shape[1] == 64);
+    /* w3: the up rows of expert 2: rows 2 (2 F) + F of expfcw (3 x 2F, C) */
+    CHECK(w3 && strcmp(w3->table, "expfcw") == 0 && w3->layer == 1 && w3->row0 == 2 * 80 + 40 &&
+          w3->rows == 40 && w3->table_rows == 3 * 80 && w3->cols == 64 && !w3->transposed);
+    CHECK(w1 && w1->layer == 0 && w1->row0 == 80 && w1->rows == 40);
+    CHECK(w2 && strcmp(w2->table, "expprojw") == 0 && w2->row0 == 2 * 64 && w2->rows == 64 &&
+          w2->cols == 40 && w2->e.shape[0] == 64 && w2->e.shape[1] == 40);
+    CHECK(!find(t, n, "model.layers.0.mlp.gate_proj.weight")); /* no dense MLP */
+    CHECK(!find(t, n, "model.layers.0.block_sparse_moe.experts.3.w1.weight"));
+    /* each expert's three in turn: experts.0.w1, w2, w3, experts.1.w1 */
+    const struct l3d_hf_tensor *e0 = find(t, n, "model.layers.0.block_sparse_moe.experts.0.w3.weight");
+    CHECK(e0 && strcmp(e0[1].e.name, "model.layers.0.block_sparse_moe.experts.1.w1.weight") == 0);
+    l3d_free(t);
+}
+
+/* config.json of a tiny Mixtral with `extra` keys inserted after the first brace. */
+static l3d_status parse(const char *extra, struct l3d_model_spec *m) {
+    char text[2048];
+    snprintf(text, sizeof text, "{%s\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, "
+             "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+             "\"intermediate_size\": 96, \"num_local_experts\": 4, \"num_experts_per_tok\": 2, "
+             "\"vocab_size\": 256, \"max_position_embeddings\": 32}", extra);
+    return l3d_hf_config_parse(text, strlen(text), "x/config.json", m);
+}
+
+static void test_config(void) {
+    struct l3d_model_spec m, back;
+    CHECK(parse("", &m) == L3D_OK);
+    CHECK(m.arch == L3D_ARCH_LLAMA && m.moe.experts == 4 && m.moe.top_k == 2 &&
+          m.moe.ffn == 96 && m.ffn == 96 && m.moe.norm_topk && m.moe.aux_coef == 0 &&
+          m.untied && m.rope.theta == 1e6 && m.norm_eps == 1e-5f);
+    CHECK(parse("\"router_aux_loss_coef\": 0.02, ", &m) == L3D_OK && m.moe.aux_coef == 0);
+    CHECK(parse("\"router_aux_loss_coef\": 0.02, \"output_router_logits\": true, ", &m) ==
+          L3D_OK && m.moe.aux_coef == 0.02);
+    char *text = l3d_hf_config_text(&m, L3D_BF16);
+    CHECK(strstr(text, "\"MixtralForCausalLM\"") && strstr(text, "\"num_local_experts\": 4") &&
+          strstr(text, "\"output_router_logits\": true") &&
+          strstr(text, "\"router_aux_loss_coef\": 0.02"));
+    CHECK(l3d_hf_config_parse(text, strlen(text), "back", &back) == L3D_OK &&
+          l3d_model_same(&back, &m));
+    l3d_free(text);
+    /* refused, naming the key and the value */
+    CHECK(parse("\"router_jitter_noise\": 0.01, ", &m) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"router_jitter_noise\" is 0.01"));
+    CHECK(parse("\"sliding_window\": 4096, ", &m) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"sliding_window\" is 4096"));
+    CHECK(parse("\"sliding_window\": null, \"router_jitter_noise\": 0.0, ", &m) == L3D_OK);
+    CHECK(parse("\"router_aux_loss_coef\": -1, ", &m) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"router_aux_loss_coef\" is -1"));
+    char text2[512];
+    snprintf(text2, sizeof text2, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, "
+             "\"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 96, "
+             "\"num_local_experts\": 4, \"num_experts_per_tok\": 5, \"vocab_size\": 256, "
+             "\"max_position_embeddings\": 32}");
+    CHECK(l3d_hf_config_parse(text2, strlen(text2), "y", &m) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "--moe-top-k 5 with --moe-experts 4"));
+    snprintf(text2, sizeof text2, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, "
+             "\"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 96, "
+             "\"num_experts_per_tok\": 2, \"vocab_size\": 256, \"max_position_embeddings\": 32}");
+    CHECK(l3d_hf_config_parse(text2, strlen(text2), "z", &m) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"num_local_experts\" is missing"));
+}
+
+static void test_folder(void) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/l3d-test-moe-hf-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR")
+                                                                              : "/tmp");
+    L3D_ASSERT(mkdtemp(dir));
+    struct l3d_model_spec m = tiny_mixtral(4), back;
+    int64_t n = l3d_gpt_param_count(&m);
+    float *w = l3d_alloc((size_t)n * sizeof(float), "weights");
+    float *r = l3d_alloc((size_t)n * sizeof(float), "weights");
+    for (int64_t i = 0; i < n; i++) w[i] = (float)((i * 7919) % 1000 - 500) / 997.0f;
+    snprintf(path, sizeof path, "%s/mx", dir);
+    CHECK(l3d_hf_save(path, &m, w, L3D_F32, L3D_HF_SHARD_BYTES) == L3D_OK);
+    CHECK(l3d_hf_config_read(path, &back) == L3D_OK && l3d_model_same_shapes(&back, &m));
+    CHECK(l3d_hf_load(path, &m, r) == L3D_OK && memcmp(r, w, (size_t)n * sizeof(float)) == 0);
+    /* the same weights under a config of 3 experts: the loader names the counts */
+    struct l3d_model_spec three = m;
+    three.moe.experts = 3;
+    L3D_ASSERT(l3d_gpt_config_finish(&three) == L3D_OK);
+    char *text = l3d_hf_config_text(&three, L3D_F32), cfg[320];
+    snprintf(cfg, sizeof cfg, "%s/config.json", path);
+    L3D_ASSERT(l3d_write_file(cfg, "config.json", text, strlen(text)) == L3D_OK);
+    l3d_free(text);
+    CHECK(l3d_hf_load(path, &three, r) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "layer 0 holds 4 experts (its last: tensor "
+                 "model.layers.0.block_sparse_moe.experts.3.w1.weight)") &&
+          strstr(l3d_error_message(), "\"num_local_experts\": 3"));
+    CHECK(l3d_hf_config_read(path, &back) == L3D_ERR_FORMAT); /* and before any allocation */
+    l3d_free(w);
+    l3d_free(r);
+    CHECK(test_rm_rf(dir));
+}
+
+int main(void) {
+    test_presets();
+    test_rows();
+    test_map();
+    test_config();
+    test_folder();
+    return TEST_REPORT();
+}
