@@ -52,7 +52,7 @@ static void check_all_to_one(struct l3d_comm *world, struct l3d_backend *be, dou
         inp[i] = (int32_t)(l3d_rng_u64(3, 1, (uint64_t)i) % (uint64_t)cfg.V);
         tgt[i] = (int32_t)(l3d_rng_u64(3, 2, (uint64_t)i) % (uint64_t)cfg.V);
     }
-    double sf[2 * 4 + 4], ss[2 * 4 + 4];
+    double sf[2 * 4 + 4] = {0}, ss[2 * 4 + 4] = {0}; /* take adds into them */
     struct l3d_gpt *both[2] = {mf, ms};
     float loss[2];
     double *st[2] = {sf, ss};
