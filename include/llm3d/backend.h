@@ -286,11 +286,14 @@ bool l3d_be_has_moe(const struct l3d_backend *be);
  * the row of assignment (n,k), token order within an expert, or -1 when dropped: with
  * capacity > 0 an expert keeps its first `capacity` assignments in token order. stats (2E+2,
  * fp32) = [assignments each expert was routed before drops (E), its probabilities summed over
- * the tokens (E), the sum over tokens of lse^2, assignments dropped]. */
+ * the tokens (E), the sum over tokens of lse^2, assignments dropped]: the counts are exact integers
+ * in the sort (work), their fp32 copies in stats round above 2^24. work (2E, int32): the caller's
+ * scratch for the counts and each expert's fill (allocated once with the MoE layers' buffers: the
+ * kernel allocates nothing). N K must be below 2^31 (int32 rows). */
 void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
-                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                      int64_t K, int norm_topk, int64_t capacity);
+                      int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
+                      int64_t E, int64_t K, int norm_topk, int64_t capacity);
 /* rows (R,C): row pos[n,k] = inp[n] for each kept assignment (the gather into expert order). */
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);

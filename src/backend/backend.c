@@ -375,11 +375,12 @@ bool l3d_be_has_moe(const struct l3d_backend *be) {
 
 void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
-                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                      int64_t K, int norm_topk, int64_t capacity) {
+                      int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
+                      int64_t E, int64_t K, int norm_topk, int64_t capacity) {
     need(be, (const void *)be->i->moe_route, "moe_route");
-    be->i->moe_route(be->ctx, dt, probs, lse, idx, wts, pos, offsets, stats, inp, weight, N, C, E,
-                     K, norm_topk, capacity);
+    L3D_ASSERT(N * K < INT32_MAX); /* int32 rows and counts */
+    be->i->moe_route(be->ctx, dt, probs, lse, idx, wts, pos, offsets, stats, work, inp, weight, N,
+                     C, E, K, norm_topk, capacity);
 }
 
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,

@@ -252,6 +252,9 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
                       w * 1e3, (long long)b);
     }
+    if (t->epc.comm && n > 0 && n < (int)sizeof line) /* the experts' all-to-alls (this rank's) */
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"ep_comm_ms\":%.3f,\"ep_bytes\":%lld",
+                      t->epc.comm_s * 1e3, (long long)t->epc.bytes);
     if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);

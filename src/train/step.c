@@ -145,6 +145,8 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
+    t->epc.comm_s = 0.0;
+    t->epc.bytes = 0;
     for (int c = 0; c < v && topo->layout->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     /* the MoE statistics count this step's forwards only (not validation's) */
     int64_t nmoe = l3d_model_moe_stats_len(&tc->model);

@@ -18,6 +18,7 @@
 #include "llm3d/data.h"
 #include "llm3d/cp.h"
 #include "llm3d/dp.h"
+#include "llm3d/ep.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
 #include "llm3d/tfevents.h"
@@ -59,6 +60,7 @@ struct l3d_trainer {
     struct l3d_ckpt_pieces *pieces; /* a view without parameters: them a piece at a time */
     int ndp;
     struct l3d_tp tpc;
+    struct l3d_ep epc; /* expert parallelism's exchanges, timed (include/llm3d/ep.h) */
     struct l3d_pp_exec px;
     bool px_up;
     FILE *metrics;                     /* lead rank with --out */
