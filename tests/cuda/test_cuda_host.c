@@ -470,15 +470,15 @@ static void moe_replay(struct moe_ref *r, const float *x, const float *w, int no
 /* the CPU backend's routing of x by w into r (its buffers: floats' size) */
 static void moe_cpu(struct l3d_backend *be, struct moe_ref *r, const float *x, const float *w,
                     int norm, int64_t cap) {
-    float *d[9];
-    const int64_t n[9] = {MN * ME, MN, MN * MK, MN * MK, MN * MK, ME + 1, 2 * ME + 2, MN * MC,
-                          ME * MC};
+    float *d[10];
+    const int64_t n[10] = {MN * ME, MN, MN * MK, MN * MK, MN * MK, ME + 1, 2 * ME + 2, MN * MC,
+                           ME * MC, 2 * ME};
     void *out[7] = {r->probs, r->lse, r->idx, r->wts, r->pos, r->off, r->stats};
-    for (int i = 0; i < 9; i++) d[i] = dev(be, i == 7 ? x : i == 8 ? w : NULL, n[i]);
+    for (int i = 0; i < 10; i++) d[i] = dev(be, i == 7 ? x : i == 8 ? w : NULL, n[i]);
     l3d_be_moe_route(be, L3D_F32, d[0], d[1], (int32_t *)d[2], d[3], (int32_t *)d[4],
-                     (int32_t *)d[5], d[6], d[7], d[8], MN, MC, ME, MK, norm, cap);
+                     (int32_t *)d[5], d[6], (int32_t *)d[9], d[7], d[8], MN, MC, ME, MK, norm, cap);
     for (int i = 0; i < 7; i++) l3d_be_copy_d2h(be, out[i], d[i], (size_t)n[i] * 4);
-    for (int i = 0; i < 9; i++) l3d_be_free(be, d[i]);
+    for (int i = 0; i < 10; i++) l3d_be_free(be, d[i]);
 }
 
 static bool moe_same(const struct moe_ref *a, const struct moe_ref *b) {
