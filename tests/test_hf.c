@@ -340,7 +340,7 @@ static const char *cfg_with(bool llama, const char *key, const char *value) {
 static void test_config_keys(void) {
     const struct cfg_key keys[] = {
         {0, "model_type", NAN, "\"gpt2\"", 0, "\"bert\"", "\"model_type\" is \"bert\": llm3d reads "
-                                                          "gpt2, llama and mixtral"},
+                                                          "gpt2, llama, mixtral, qwen3 and qwen3_moe"},
         {0, "model_type", NAN, NULL, 0, "2", "\"model_type\" is 2"},
         {0, "n_layer", NAN, "3", 3, "0", "\"n_layer\" is 0: give an integer in [1, 65536]"},
         {0, "n_layer", NAN, NULL, 0, "65537", "\"n_layer\" is 65537: give"},
@@ -741,7 +741,7 @@ static void test_arch_table(void) {
         l3d_free(t);
     }
     CHECK(strcmp(l3d_arch_list(list, sizeof list, "or", false), "gpt2 or llama") == 0);
-    CHECK(strcmp(l3d_arch_list(list, sizeof list, "and", true), "gpt2, llama and mixtral") == 0);
+    CHECK(strcmp(l3d_arch_list(list, sizeof list, "and", true), "gpt2, llama, mixtral, qwen3 and qwen3_moe") == 0);
     /* GPT-2's is the family of llm.c's files; Llama has none (llm3d's 1003 / 1005) */
     CHECK(l3d_arch_by_llmc_version(3) == l3d_arch_info(L3D_ARCH_GPT2) &&
           l3d_arch_by_llmc_version(5) == l3d_arch_info(L3D_ARCH_GPT2));
@@ -758,7 +758,7 @@ static void test_arch_table(void) {
     struct l3d_model_spec m;
     const char *cfg = "{\"model_type\": \"LlamaForCausalLM\"}";
     CHECK(refused(l3d_hf_config_parse(cfg, strlen(cfg), "c", &m),
-                  "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2, llama and mixtral"));
+                  "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2, llama, mixtral, qwen3 and qwen3_moe"));
 }
 
 /* The llm.c file of each family: GPT-2's llm.c's own versions (3, 5), Llama's llm3d's (1003, the

@@ -553,10 +553,11 @@ static int inspect_hf(const char *path, bool json) {
     } else {
         printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
                st.nfiles, bytes / 1e6);
-        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head, "
+        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head%s, "
                "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
                l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
-               c.untied ? "untied" : "tied", l3d_gpt_param_count(&c) / 1e6, c.Vp);
+               c.untied ? "untied" : "tied", c.qk_norm ? ", QK-norm" : "",
+               l3d_gpt_param_count(&c) / 1e6, c.Vp);
         if (c.moe.experts > 0)
             printf("  experts: %d a layer, top-%d%s; %.2fM parameters active a token\n",
                    c.moe.experts, c.moe.top_k, c.moe.norm_topk ? " renormalised" : "",
