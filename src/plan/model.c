@@ -62,7 +62,7 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_pla
     double qkv_rows = (q_local + 2 * kv_local) * hd;
     double up = m->mlp == L3D_MLP_SWIGLU ? 2 * F / t : F / t;
     o->layer = 2 * norm + qkv_rows * (C + bias) + q_local * hd * C + bias * C +
-               up * (C + bias) + F / t * C + bias * C;
+               up * (C + bias) + F / t * C + bias * C + (m->qk_norm ? 2 * hd : 0.0);
     o->embed = Vp / t * C + (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0);
     o->head = norm + (m->untied ? Vp / t * C : 0.0);
 }

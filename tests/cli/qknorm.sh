@@ -2,7 +2,8 @@
 # QK-norm (Qwen3's per-head RMSNorm of the queries and keys, --qk-norm) on the layouts: tensor
 # parallelism (its two weights replicated, their gradients summed over the group) with and without
 # sequence parallelism, a two-stage pipeline with 1F1B and with zb-h1 (the norms' gradients come
-# with B), each against one process within 1e-5 (TP's other product shapes: 3e-5, as equiv.sh);
+# with B), each against one process within 1e-5 (TP's other product shapes: 3e-5, as equiv.sh),
+# and bf16 tp2 SP against one bf16 process (mixed.sh's bounds);
 # the flag changes the run (a model without it is DIFFERENT); the manifest keeps it and a resume
 # without it is refused; generation through the KV cache and through the whole forward agree.
 # Usage: qknorm.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC.
@@ -28,6 +29,11 @@ train tp2sp 2 4 --tp 2 --sequence-parallel &&
 train pp2 2 2 --grad-accum 2 --pp 2 && cmp_same "qk-norm pp2 1F1B against one process" pp2 ref 1e-5
 train zb 2 2 --grad-accum 2 --pp 2 --pp-schedule zb-h1 --recompute full &&
     cmp_same "qk-norm pp2 zb-h1 recompute full against one process" zb ref 1e-5
+# 16 bits: tp2 SP against one bf16 process within mixed.sh's bounds (llama.sh's)
+B16=(--precision bf16 --eps 1e-4)
+train b1 0 4 "${B16[@]}" && train b_tp2 2 4 --tp 2 --sequence-parallel "${B16[@]}" &&
+    if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 4.9e-4 --weights-rtol 0.031 "$dir/b_tp2" "$dir/b1" > "$dir/b.cmp" 2>&1
+    then ok "qk-norm bf16 tp2 SP against one bf16 process"; else bad "qk-norm bf16 tp2 SP"; cat "$dir/b.cmp"; fi
 # negative: the same model without QK-norm trains differently
 train plain 0 4 --no-qk-norm
 if "$bin" compare --rtol 1e-5 "$dir/plain" "$dir/ref" > "$dir/plain.cmp" 2>&1
