@@ -54,26 +54,30 @@ static const struct l3d_arch_tensor gpt2_tensors[] = {
     MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),      \
     VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C)
 
-static const struct l3d_arch_tensor llama_tensors[] = {
-    LLAMA_ATTENTION,
-    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),
-    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),
-    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
-};
+/* Llama's dense MLP (SwiGLU's gate, up and down projections), its final norm and untied head,
+ * which Qwen3 shares; a mixture-of-experts layer's router and experts (gate, down, up: each
+ * expert's three in turn), whose names Mixtral and Qwen3-MoE choose */
+#define LLAMA_MLP                                                                              \
+    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),                         \
+    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),                           \
+    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F)
+#define LLAMA_HEAD VEC("model.norm.weight", "lnfw", false, C), HEAD("lm_head.weight")
+#define EXPERTS(router, gate, down, up)                                                        \
+    MMAT(router, "router", 0, E, E, C), EMAT(gate, "expfcw", 0, FE, E2FE, C, 2FE),            \
+    EMAT(down, "expprojw", 0, C, EC, FE, C), EMAT(up, "expfcw", FE, FE, E2FE, C, 2FE)
+
+static const struct l3d_arch_tensor llama_tensors[] = {LLAMA_ATTENTION, LLAMA_MLP, LLAMA_HEAD};
 
 /* Mixtral (Jiang et al. 2024, Hugging Face's MixtralForCausalLM): Llama's attention, and in every
  * layer a router (block_sparse_moe.gate) and experts whose w1, w3, w2 are SwiGLU's gate, up and
- * down projections, each expert's three in turn. */
+ * down projections. */
 static const struct l3d_arch_tensor mixtral_tensors[] = {
     LLAMA_ATTENTION,
-    MMAT("model.layers.%d.block_sparse_moe.gate.weight", "router", 0, E, E, C),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", "expfcw", 0, FE, E2FE, C, 2FE),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", "expprojw", 0, C, EC, FE, C),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", "expfcw", FE, FE, E2FE, C, 2FE),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
+    EXPERTS("model.layers.%d.block_sparse_moe.gate.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w1.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w2.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w3.weight"),
+    LLAMA_HEAD,
 };
 
 /* Qwen3 (Qwen team 2025, Hugging Face's Qwen3ForCausalLM): Llama's blocks with QK-norm, each
@@ -82,27 +86,18 @@ static const struct l3d_arch_tensor mixtral_tensors[] = {
     VEC("model.layers.%d.self_attn.q_norm.weight", "qnormw", true, HS),                       \
     VEC("model.layers.%d.self_attn.k_norm.weight", "knormw", true, HS)
 
-static const struct l3d_arch_tensor qwen3_tensors[] = {
-    LLAMA_ATTENTION,
-    QK_NORM,
-    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),
-    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),
-    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
-};
+static const struct l3d_arch_tensor qwen3_tensors[] = {LLAMA_ATTENTION, QK_NORM, LLAMA_MLP,
+                                                       LLAMA_HEAD};
 
 /* Qwen3-MoE (Hugging Face's Qwen3MoeForCausalLM): Qwen3's attention, and in every layer a router
- * (mlp.gate) and experts whose gate_proj, up_proj, down_proj are SwiGLU's, as Mixtral's w1 w3 w2 */
+ * (mlp.gate) and experts whose gate_proj, up_proj, down_proj are Mixtral's w1, w3, w2 */
 static const struct l3d_arch_tensor qwen3_moe_tensors[] = {
     LLAMA_ATTENTION,
     QK_NORM,
-    MMAT("model.layers.%d.mlp.gate.weight", "router", 0, E, E, C),
-    EMAT("model.layers.%d.mlp.experts.%d.gate_proj.weight", "expfcw", 0, FE, E2FE, C, 2FE),
-    EMAT("model.layers.%d.mlp.experts.%d.up_proj.weight", "expfcw", FE, FE, E2FE, C, 2FE),
-    EMAT("model.layers.%d.mlp.experts.%d.down_proj.weight", "expprojw", 0, C, EC, FE, C),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
+    EXPERTS("model.layers.%d.mlp.gate.weight", "model.layers.%d.mlp.experts.%d.gate_proj.weight",
+            "model.layers.%d.mlp.experts.%d.down_proj.weight",
+            "model.layers.%d.mlp.experts.%d.up_proj.weight"),
+    LLAMA_HEAD,
 };
 
 static const char *const gpt2_acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};

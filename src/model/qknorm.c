@@ -122,72 +122,80 @@ void l3d_qknorm_free(struct l3d_gpt *m) {
     m->qkn = NULL;
 }
 
-/* Layer l's saved set in the current slot: the rows before the norm and the rstd. */
-static void saved(const struct l3d_gpt *m, int l, void **pre, float **rstd) {
+/* One call's sizes and layer l's saved set in the current slot (the rows before the norm, the
+ * rstd): what forward and backward both start from. */
+struct qk_call {
+    struct qk_dims d;
+    void *pre;
+    float *rstd;
+    int64_t R;       /* rows of hd: N H3 */
+    int64_t rows[2]; /* of the query heads, of the key heads: N Hl, N KVl */
+};
+
+static struct qk_call call(const struct l3d_gpt *m, int l, int64_t N) {
     const struct l3d_qknorm_state *q = m->qkn;
     int i = q->nsets == 1 ? 0 : m->slot * m->shard.layer_count + l;
-    struct qk_dims d = dims(&m->cfg, &m->shard);
+    struct qk_call c = {.d = dims(&m->cfg, &m->shard)};
     char *s = (char *)q->base + i * q->set_bytes;
-    *pre = s;
-    *rstd = (float *)(s + align64((int64_t)m->Bmax * m->Tmax * d.QKV * (int64_t)m->es));
+    c.pre = s;
+    c.rstd = (float *)(s + align64((int64_t)m->Bmax * m->Tmax * c.d.QKV * (int64_t)m->es));
+    c.R = N * c.d.H3;
+    c.rows[0] = N * c.d.Hl;
+    c.rows[1] = N * c.d.KVl;
+    return c;
 }
 
 static void *weight(const struct l3d_gpt *m, int b, int l) {
     return l3d_gpt_param_ptr(m, b == BLK_Q ? L3D_T_QNORMW : L3D_T_KNORMW, l);
 }
 
+/* dst (N,QKV) = src's value rows, zero in the query and key rows (which combines then add). */
+static void values_only(struct l3d_gpt *m, const struct qk_call *c, void *dst, const void *src) {
+    struct l3d_qknorm_state *q = m->qkn;
+    l3d_be_memset(m->be, dst, 0, (size_t)(c->R * c->d.HS) * m->es);
+    l3d_be_moe_permute(m->be, m->dt, q->s_in, src, q->pos[BLK_V], c->R, 1, c->d.HS);
+    l3d_be_moe_combine(m->be, m->dt, dst, q->s_in, q->pos[BLK_V], NULL, c->R, 1, c->d.HS);
+}
+
 void l3d_qknorm_forward(struct l3d_gpt *m, int l, void *qkv, int64_t N) {
     struct l3d_qknorm_state *q = m->qkn;
-    struct qk_dims d = dims(&m->cfg, &m->shard);
+    struct qk_call c = call(m, l, N);
     const enum l3d_dtype dt = m->dt;
-    void *pre;
-    float *rstd;
-    saved(m, l, &pre, &rstd);
-    int64_t R = N * d.H3; /* rows of hd */
-    l3d_be_copy_d2d(m->be, pre, qkv, (size_t)(N * d.QKV) * m->es);
-    l3d_be_memset(m->be, qkv, 0, (size_t)(N * d.QKV) * m->es);
-    l3d_be_moe_permute(m->be, dt, q->s_in, pre, q->pos[BLK_V], R, 1, d.HS); /* v as it was */
-    l3d_be_moe_combine(m->be, dt, qkv, q->s_in, q->pos[BLK_V], NULL, R, 1, d.HS);
-    const int64_t rows[2] = {N * d.Hl, N * d.KVl};
+    l3d_be_copy_d2d(m->be, c.pre, qkv, (size_t)(c.R * c.d.HS) * m->es);
+    values_only(m, &c, qkv, c.pre);
     for (int b = BLK_Q; b <= BLK_K; b++) {
-        l3d_be_moe_permute(m->be, dt, q->s_in, pre, q->pos[b], R, 1, d.HS);
-        l3d_be_rmsnorm_forward(m->be, dt, q->s_out, rstd + (b == BLK_K ? rows[0] : 0), q->s_in,
-                               weight(m, b, l), rows[b], d.HS, m->cfg.norm_eps);
-        l3d_be_moe_combine(m->be, dt, qkv, q->s_out, q->pos[b], NULL, R, 1, d.HS);
+        l3d_be_moe_permute(m->be, dt, q->s_in, c.pre, q->pos[b], c.R, 1, c.d.HS);
+        l3d_be_rmsnorm_forward(m->be, dt, q->s_out, c.rstd + (b == BLK_K ? c.rows[0] : 0),
+                               q->s_in, weight(m, b, l), c.rows[b], c.d.HS, m->cfg.norm_eps);
+        l3d_be_moe_combine(m->be, dt, qkv, q->s_out, q->pos[b], NULL, c.R, 1, c.d.HS);
     }
 }
 
 void l3d_qknorm_backward(struct l3d_gpt *m, int l, void *dqkv, int64_t N) {
     struct l3d_qknorm_state *q = m->qkn;
-    struct qk_dims d = dims(&m->cfg, &m->shard);
+    struct qk_call c = call(m, l, N);
     const enum l3d_dtype dt = m->dt;
-    void *pre;
-    float *rstd;
-    saved(m, l, &pre, &rstd);
-    int64_t R = N * d.H3;
+    int64_t HS = c.d.HS;
     /* tensor parallelism: each rank's heads give part of the weights' gradients, summed over
      * the group before they are added (the gradients accumulate over micro-batches) */
     bool tp = m->hooks.tp_all_reduce != NULL;
     float *gw[2] = {l3d_gpt_grad_ptr(m, L3D_T_QNORMW, l), l3d_gpt_grad_ptr(m, L3D_T_KNORMW, l)};
-    if (tp) l3d_be_memset(m->be, q->dw, 0, 2 * (size_t)d.HS * sizeof(float));
-    l3d_be_copy_d2d(m->be, q->s_tmp, dqkv, (size_t)(N * d.QKV) * m->es);
-    l3d_be_memset(m->be, dqkv, 0, (size_t)(N * d.QKV) * m->es);
-    l3d_be_moe_permute(m->be, dt, q->s_in, q->s_tmp, q->pos[BLK_V], R, 1, d.HS); /* dv */
-    l3d_be_moe_combine(m->be, dt, dqkv, q->s_in, q->pos[BLK_V], NULL, R, 1, d.HS);
-    const int64_t rows[2] = {N * d.Hl, N * d.KVl};
+    if (tp) l3d_be_memset(m->be, q->dw, 0, 2 * (size_t)HS * sizeof(float));
+    l3d_be_copy_d2d(m->be, q->s_tmp, dqkv, (size_t)(c.R * HS) * m->es);
+    values_only(m, &c, dqkv, q->s_tmp); /* dv as it was */
     for (int b = BLK_Q; b <= BLK_K; b++) {
-        l3d_be_moe_permute(m->be, dt, q->s_in, pre, q->pos[b], R, 1, d.HS);
-        l3d_be_moe_permute(m->be, dt, q->s_dout, q->s_tmp, q->pos[b], R, 1, d.HS);
-        l3d_be_memset(m->be, q->s_out, 0, (size_t)(rows[b] * d.HS) * m->es);
-        l3d_be_rmsnorm_backward(m->be, dt, L3D_F32, q->s_out, tp ? q->dw + b * d.HS : gw[b],
+        l3d_be_moe_permute(m->be, dt, q->s_in, c.pre, q->pos[b], c.R, 1, HS);
+        l3d_be_moe_permute(m->be, dt, q->s_dout, q->s_tmp, q->pos[b], c.R, 1, HS);
+        l3d_be_memset(m->be, q->s_out, 0, (size_t)(c.rows[b] * HS) * m->es);
+        l3d_be_rmsnorm_backward(m->be, dt, L3D_F32, q->s_out, tp ? q->dw + b * HS : gw[b],
                                 q->s_dout, q->s_in, weight(m, b, l),
-                                rstd + (b == BLK_K ? rows[0] : 0), rows[b], d.HS);
-        l3d_be_moe_combine(m->be, dt, dqkv, q->s_out, q->pos[b], NULL, R, 1, d.HS);
+                                c.rstd + (b == BLK_K ? c.rows[0] : 0), c.rows[b], HS);
+        l3d_be_moe_combine(m->be, dt, dqkv, q->s_out, q->pos[b], NULL, c.R, 1, HS);
     }
     if (!tp) return;
-    m->hooks.tp_all_reduce(m->hooks.ctx, q->dw, 2 * d.HS, L3D_F32);
+    m->hooks.tp_all_reduce(m->hooks.ctx, q->dw, 2 * HS, L3D_F32);
     for (int b = BLK_Q; b <= BLK_K; b++)
-        l3d_be_add_inplace(m->be, L3D_F32, gw[b], q->dw + b * d.HS, d.HS);
+        l3d_be_add_inplace(m->be, L3D_F32, gw[b], q->dw + b * HS, HS);
 }
 
 void l3d_qknorm_rows(const struct l3d_gpt *m, int l, void *qkv, int64_t N, int64_t QKV,
