@@ -234,6 +234,7 @@ static float step(struct l3d_gpt *m, const int32_t *inp, const int32_t *tgt, int
     l3d_gpt_zero_grad(m);
     float loss = l3d_gpt_forward(m, inp, tgt, B, T);
     l3d_gpt_backward(m, 1.0f / (float)(B * T), NULL);
+    memset(st, 0, (size_t)l3d_model_moe_stats_len(&m->cfg) * sizeof(double));
     l3d_gpt_moe_stats_take(m, st);
     return loss;
 }
@@ -279,7 +280,7 @@ static void check_against_reference(struct l3d_backend *be, struct l3d_model_spe
     size_t want = l3d_gpt_act_bytes(&cfg, &m->shard, B, T, 1, L3D_RECOMPUTE_NONE, true);
     CHECK(m->act_bytes >= want && m->act_bytes <= want + 64 * (size_t)(cfg.L * 13 + 40));
     int Lm = l3d_shard_moe_layers(&cfg, &m->shard);
-    int64_t len = l3d_gpt_moe_stats_len(m);
+    int64_t len = l3d_model_moe_stats_len(&m->cfg);
     double *st = dalloc(len), load[64];
     float loss = step(m, inp, tgt, B, T, st);
     struct l3d_moe_summary sum;
@@ -564,14 +565,17 @@ static void test_spec(void) {
     struct l3d_spec_ctx ctx = {.world = 2, .train = true};
     s.layout.tp = 2;
     s.layout.seq = 32;
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK); /* the experts whole on each tp rank */
+    s.layout.tp = 1, s.layout.pp = 2; /* a stage's MoE layers: its own (l3d_gpt_tensor_first) */
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
+    /* context parallelism: the EP group lies in dp x cp (here the ring itself) */
+    s.layout.pp = 1, s.layout.cp = 2, s.layout.ep = 2;
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
+    s.layout.ep = 4;
     CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK &&
-          says("--moe-experts with --tp 2: not yet supported"));
-    s.layout.tp = 1, s.layout.pp = 2;
-    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --pp 2"));
-    s.layout.pp = 1, s.layout.cp = 2;
-    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --cp 2"));
-    s.layout.cp = 1, s.layout.zero = 3;
-    CHECK(l3d_spec_check(&s, &ctx, NULL) != L3D_OK && says("--moe-experts with --zero 3"));
+          says("--ep 4 does not divide the 2 ranks of data x context parallelism (dp 1 x --cp 2)"));
+    s.layout.cp = 1, s.layout.ep = 1, s.layout.zero = 3;
+    CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
     s.layout.zero = 1;
     CHECK(l3d_spec_check(&s, &ctx, NULL) == L3D_OK);
 }
@@ -594,6 +598,20 @@ static void test_counts(void) {
     CHECK_NEAR(l3d_gpt_flops_per_token(&c, 1024) - l3d_gpt_flops_per_token(&d, 1024),
                6.0 * 82944, 1e-3);
     /* moe-tiny's table: the dense MLP in no layer, the MoE tensors in both */
+    /* a pipeline stage's first layer of each tensor, in that tensor's own numbering: 4 layers,
+     * 1 leading dense; the second stage (layers 2-3) holds MoE layers 1-2, no dense MLP */
+    struct l3d_model_spec q;
+    CHECK(l3d_model_preset(&q, "moe-tiny") == L3D_OK);
+    q.L = 4, q.moe.dense_layers = 1;
+    struct l3d_shard st = l3d_shard_full(&q);
+    st.layer_start = 2, st.layer_count = 2;
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_ROUTER) == 1);
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_EXPFCW) == 1);
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_QKVW) == 2);
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_WTE) == 0);
+    st.layer_start = 0; /* the first stage: MoE layer 0 is its layer 1 */
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_ROUTER) == 0);
+    CHECK(l3d_gpt_tensor_first(&q, &st, L3D_T_FCW) == 0);
     struct l3d_model_spec t;
     CHECK(l3d_model_preset(&t, "moe-tiny") == L3D_OK);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
@@ -665,8 +683,8 @@ static void test_backend_refused(struct l3d_backend *cpu) {
     struct l3d_shard sh = l3d_shard_full(&cfg);
     struct l3d_gpt *m = NULL;
     CHECK(l3d_gpt_init(&m, &cfg, &sh, &lacking, 1, 8, L3D_GRADS_FLAT) == L3D_ERR_ARG && !m &&
-          says("MoE layers run on the cpu and check backends; the CUDA kernels land with GPU "
-               "parity"));
+          says("has no MoE kernels (--moe-experts 4): the cpu, check and CUDA "
+               "backends have them"));
     CHECK(l3d_model_preset(&cfg, "tiny") == L3D_OK); /* a dense model builds there */
     CHECK(l3d_gpt_init(&m, &cfg, &sh, &lacking, 1, 8, L3D_GRADS_FLAT) == L3D_OK);
     l3d_gpt_free(m);

@@ -2,8 +2,8 @@
  * src/spec/presets.c): the published parameter counts of the Mixtral presets and of Qwen3-30B-A3B
  * and Qwen3-235B-A22B derived from their sizes by exact formulas written here (not llm3d's),
  * against llm3d's counts and the published figures within their rounding; the rows Qwen3's
- * QK-norm selects; the row a model is written as, and the models no row holds; MixtralConfig's keys to a
- * spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
+ * QK-norm selects; the row a model is written as, and the models no row holds; MixtralConfig's
+ * keys to a spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
  * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
  * and read back bit for bit, and refused by the loader when its config counts other experts. */
 #include <math.h>
@@ -123,7 +123,7 @@ static void test_qwen3_counts(void) {
         "\"intermediate_size\": 6144, \"moe_intermediate_size\": 768, \"num_experts\": 128, "
         "\"num_experts_per_tok\": 8, \"norm_topk_prob\": true, \"vocab_size\": 151936, "
         "\"max_position_embeddings\": 40960}";
-    struct l3d_model_spec q = m; /* the rows: QK-norm with experts is Qwen3-MoE's, without Qwen3's */
+    struct l3d_model_spec q = m; /* QK-norm with experts: Qwen3-MoE's row; without: Qwen3's */
     const struct l3d_arch_info *a = l3d_arch_hf_row(&q);
     CHECK(a && a->moe && a->qk_norm && strcmp(a->hf_model_type, "qwen3_moe") == 0 &&
           l3d_arch_hf_check(a, &q) == L3D_OK); /* an unnormalised top-k: norm_topk_prob false */

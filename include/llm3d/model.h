@@ -294,6 +294,14 @@ struct l3d_gpt_hooks {
     void (*ep_all_to_allv)(void *ctx, const void *send, const int64_t *scounts,
                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
                            const int64_t *rdispls, enum l3d_dtype dt);
+    /* The ranks that split each micro-batch's tokens (the context-parallel ring; tok_split of
+     * them, 1: none): the router's per-expert counts of a MoE layer are summed over them
+     * (tok_sum, in place, with tok_ctx), so that Switch's load-balancing loss and its gradient see
+     * the micro-batch's whole f_i as on one rank (Megatron-Core sums tokens_per_expert over its
+     * tp x cp group the same way). A capacity stays per rank: its tokens, in their order. */
+    int tok_split;
+    void *tok_ctx;
+    void (*tok_sum)(void *ctx, float *buf, int64_t n);
 };
 /* Context parallelism: the position of the first row of chunk k (0 or 1) of the T rows rank
  * cp_rank of cp holds, Megatron-LM's load-balanced causal split: chunk cp_rank and chunk
@@ -493,13 +501,20 @@ bool l3d_gpt_is_layer_tensor(int t);
  * them); -1 when tensor t has no part in that layer. */
 int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int t,
                              int layer);
+/* The index, among the full model's layers of tensor t, of shard sh's first layer of t (0 for a
+ * non-layer tensor; a pipeline stage's MoE tensors count the model's MoE layers, from
+ * moe.dense_layers, and its dense MLP tensors the leading dense ones). */
+int64_t l3d_gpt_tensor_first(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                             int t);
 /* Mixture-of-experts statistics of the forwards since the last take (a full recomputation's
- * forward inside backward not counted), as l3d_gpt_moe_stats_len doubles a rank can sum with its
- * data-parallel peers': per MoE layer of the shard and expert, the assignments routed to it
- * (before any drop; layers x experts), then the sums over forwards and layers of the
- * load-balancing and z losses (unscaled by their coefficients), the assignments dropped and the
- * forwards counted. 0 doubles for a dense model. Take copies them into out and resets. */
-int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m);
+ * forward inside backward not counted), as l3d_model_moe_stats_len doubles laid out for the whole
+ * model, so that a rank can sum them with its data-parallel peers' and the other pipeline
+ * stages': per MoE layer of the model and expert, the assignments routed to it (before any drop;
+ * layers x experts), then the sums over forwards and layers of the load-balancing and z losses
+ * (unscaled by their coefficients), the assignments dropped and the forwards counted (by the
+ * shard holding the model's first MoE layer). 0 doubles for a dense model. Take adds the shard's
+ * into out (its layers' rows; the caller zeroes out once for all its chunks) and resets. */
+int64_t l3d_model_moe_stats_len(const struct l3d_model_spec *cfg);
 void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out);
 /* A stats vector (summed over ranks or not) in words: the mean over layers and forwards of the
  * two losses, the dropped assignments, and each layer's load (its largest expert's assignments

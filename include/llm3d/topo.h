@@ -52,12 +52,13 @@ struct l3d_topo {
                                 * cp_rank: the gradient reduction's and ZeRO's group (the weights
                                 * are replicated over both); dp_comm itself when cp = 1 */
     struct l3d_comm *embed_comm; /* first and last stage of this pipeline; NULL on middle stages */
-    /* Expert parallelism (layout ep > 1, a split of dp_comm): ep_rank = dp_rank % ep. */
+    /* Expert parallelism (layout ep > 1, a split of dpcp_comm): ep_rank = (dp_rank cp + cp_rank)
+     * % ep. */
     int ep_rank;
-    struct l3d_comm *ep_comm;  /* the ep consecutive dp ranks that split the experts (dispatch and
-                                * combine); NULL when ep = 1 */
-    struct l3d_comm *edp_comm; /* the dp / ep ranks holding the same experts (same ep_rank): the
-                                * experts' gradient reduction; dp_comm itself when ep = 1 */
+    struct l3d_comm *ep_comm;  /* the ep consecutive DP x CP ranks that split the experts
+                                * (dispatch and combine); NULL when ep = 1 */
+    struct l3d_comm *edp_comm; /* the dp cp / ep ranks holding the same experts (same ep_rank):
+                                * the experts' gradient reduction; dpcp_comm itself when ep = 1 */
 };
 
 /* The grid with context parallelism: tp fastest, then cp, then pp, then dp,

@@ -272,7 +272,7 @@ static l3d_status ckpt_rows(void *ctx, int t, int64_t layer, int64_t r0, int64_t
         for (int q = 0; q < f; q++) first &= !same_shard(&mf->files[q].shard, sh);
         l3d_gpt_plan_tensors(c, sh, ts);
         const struct l3d_tensor_info *a = &ts[t];
-        int64_t l = layer - (l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0);
+        int64_t l = layer - l3d_gpt_tensor_first(c, sh, t);
         if (!first || a->count == 0 || l < 0 || l >= a->layers) continue;
         int64_t ra = 0, rb, gr, gc;
         for (;; ra++) { /* the shard's rows in [r0, r0 + n): a run (rows only grow) */

@@ -61,7 +61,7 @@ static l3d_status one_layer(const struct l3d_model_spec *cfg, const struct l3d_s
                             int64_t l, const struct l3d_ckpt_rows *src,
                             const struct l3d_ckpt_pieces *q, int64_t strip, float *full,
                             float *out, const char *what, const char *name) {
-    int64_t layer = (l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0) + l;
+    int64_t layer = l3d_gpt_tensor_first(cfg, sh, t) + l;
     int64_t k = strip / tf->cols > 0 ? strip / tf->cols : 1; /* full rows a strip */
     l3d_status st = L3D_OK;
     for (int64_t r = 0, rb; st == L3D_OK && r < ts->rows; r = rb) {

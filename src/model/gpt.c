@@ -291,8 +291,18 @@ int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_
     int g = sh->layer_start + layer, N = cfg->moe.dense_layers;
     bool moe = l3d_model_moe_layer(cfg, g);
     if (t >= L3D_T_FCW && t <= L3D_T_FCPROJB) return moe ? -1 : layer; /* dense layers lead */
-    if (t >= L3D_T_ROUTER && t <= L3D_T_SHPROJB) return moe ? g - (sh->layer_start > N ? sh->layer_start : N) : -1;
+    if (t >= L3D_T_ROUTER && t <= L3D_T_SHPROJB) /* the MoE layers' (QK-norm's: every layer) */
+        return moe ? g - (sh->layer_start > N ? sh->layer_start : N) : -1;
     return layer;
+}
+
+int64_t l3d_gpt_tensor_first(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                             int t) {
+    if (!l3d_gpt_is_layer_tensor(t)) return 0;
+    int N = cfg->moe.dense_layers;
+    if (cfg->moe.experts > 0 && t >= L3D_T_ROUTER) /* the MoE layers' own numbering */
+        return (sh->layer_start > N ? sh->layer_start : N) - N;
+    return sh->layer_start; /* the dense MLP's layers lead, so theirs is the model's */
 }
 
 /* Element i of a buffer of type t. */
@@ -666,7 +676,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
         l3d_gpt_free(m);
         return st;
     }
-    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt);
+    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
     st = l3d_qknorm_init(m);
     if (st != L3D_OK) {
         l3d_gpt_free(m);
@@ -756,7 +766,7 @@ static void shard_copy(const struct l3d_model_spec *cfg, const struct l3d_shard 
     l3d_gpt_plan_tensors(cfg, &fs, tf);
     for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *a = &ts[t], *b = &tf[t];
-        int64_t l0 = l3d_gpt_is_layer_tensor(t) ? sh->layer_start : 0;
+        int64_t l0 = l3d_gpt_tensor_first(cfg, sh, t);
         for (int64_t l = 0; l < a->layers; l++)
             for (int64_t r = 0; r < a->rows; r++)
                 for (int64_t c = 0; c < a->cols; c++) {
@@ -788,7 +798,7 @@ bool l3d_gpt_shard_rows(const struct l3d_model_spec *cfg, const struct l3d_shard
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     l3d_gpt_plan_tensors(cfg, sh, ti);
     const struct l3d_tensor_info *a = &ti[t];
-    int64_t l = l3d_gpt_is_layer_tensor(t) ? layer - sh->layer_start : 0;
+    int64_t l = l3d_gpt_is_layer_tensor(t) ? layer - l3d_gpt_tensor_first(cfg, sh, t) : 0;
     if (a->count == 0 || l < 0 || l >= a->layers) return false;
     /* the local rows whose full rows lie in [R0, R1): an interval, as global_rc's row map is
      * increasing (heads, KV heads, MLP columns and vocabulary rows keep their order) */
@@ -1192,8 +1202,11 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
     if (l3d_model_moe_layer(&m->cfg, s->layer_start + l)) { /* the experts instead of the MLP */
+        /* whole on every tp rank, over the group's same N tokens (under SP the gathered ones):
+         * this rank's rows of the output go on its residual */
         l3d_moe_forward(m, l, a->scratch, la->ln2, N, count);
-        l3d_be_residual_forward(m->be, dt, la->res3, la->res2, a->scratch, N * C);
+        l3d_be_residual_forward(m->be, dt, la->res3, la->res2,
+                                el(a->scratch, s->sp_rank * Nl * C, m->es), Nl * C);
         return;
     }
     l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
@@ -1425,9 +1438,6 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
         return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
                          "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
                          "hold: use --zero 0 or 1, or --pp-schedule 1f1b");
-    if (m->recompute == L3D_RECOMPUTE_FULL && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
-        return l3d_error(L3D_ERR_ARG, "--pp-schedule zb-h1 with --recompute full on a MoE model "
-                         "is not supported yet: use --recompute selective or --pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
@@ -1498,10 +1508,14 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     /* MLP: dres holds d(res3) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
     if (defer && !moe) stash(m, l, WS_DMLP, a->dres_full, N * C);
-    if (moe)
+    if (moe) { /* d(ln2) of all N rows, whole on every tp rank: no sum; SP takes its rows */
         l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
-    else
+        if (sp > 1)
+            l3d_be_copy_d2d(m->be, a->dln_local, el(a->dln, s->sp_rank * Nl * C, m->es),
+                            (size_t)(Nl * C) * m->es);
+    } else {
         mlp_backward(m, la, &p, &g, N);
+    }
     if (defer && !moe) stash(m, l, WS_DFCH, a->dfch, N * w.Fm);
     if (defer) stash(m, l, WS_DLN2, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[0], gl[1], a->dln_local, la->res2, p.ln2w, la->ln2_mean,
@@ -1671,7 +1685,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (recompute != L3D_RECOMPUTE_FULL)
         slot -= l3d_shard_moe_layers(cfg, sh) * E * sb * (double)(fm + f);
     return (size_t)(act_slots * slot + shared) +
-           l3d_moe_act_bytes(cfg, sh, B, T, recompute, dt) +
+           l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt) +
            l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
 }
 

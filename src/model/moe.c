@@ -134,6 +134,7 @@ struct l3d_moe_state {
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
+    float *lcnt;            /* split tokens (hooks.tok_split > 1): this rank's counts (E, host) */
 };
 
 /* The sizes of the block: experts (all, the shard's, its first), choices, widths (expert, its
@@ -205,48 +206,40 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
     return off;
 }
 
-static int moe_sets(const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+/* Saved sets: one per MoE layer and activation slot (a pipeline stage keeps act_slots
+ * micro-batches between their forward and backward), or one under full recomputation (backward
+ * re-runs the block, routing included, just before it needs them). */
+static int moe_sets(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int act_slots,
                     enum l3d_recompute recompute) {
     int Lm = l3d_shard_moe_layers(cfg, sh);
-    return Lm == 0 ? 0 : recompute == L3D_RECOMPUTE_FULL ? 1 : Lm;
+    return Lm == 0 ? 0 : recompute == L3D_RECOMPUTE_FULL ? 1 : Lm * act_slots;
 }
 
 size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                         int T, enum l3d_recompute recompute, enum l3d_dtype dt) {
-    int n = moe_sets(cfg, sh, recompute);
+                         int T, int act_slots, enum l3d_recompute recompute, enum l3d_dtype dt) {
+    int n = moe_sets(cfg, sh, act_slots, recompute);
     if (n == 0) return 0;
     return (size_t)point_moe(NULL, cfg, sh, (int64_t)B * T, n, (int64_t)l3d_dtype_size(dt),
                              NULL);
+}
+
+/* The shard's own statistics: its MoE layers' counts, then the tail. */
+static int64_t shard_stats_len(const struct l3d_gpt *m) {
+    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
+    return Lm == 0 ? 0 : (int64_t)Lm * m->cfg.moe.experts + 4;
 }
 
 l3d_status l3d_moe_init(struct l3d_gpt *m) {
     int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
     if (Lm == 0) return L3D_OK;
     if (!l3d_be_has_moe(m->be))
-        return l3d_error(L3D_ERR_ARG, "backend %s: MoE layers run on the cpu and check backends; "
-                         "the CUDA kernels land with GPU parity (--moe-experts %d): use "
-                         "L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
+        return l3d_error(L3D_ERR_ARG, "backend %s has no MoE kernels (--moe-experts %d): "
+                         "the cpu, check and CUDA backends have them; use L3D_BACKEND=cpu", l3d_backend_name(m->be), m->cfg.moe.experts);
     const struct l3d_shard *sh = &m->shard;
-    if (sh->head_count != m->cfg.NH || sh->ffn_count != m->cfg.ffn || sh->sp_size > 1 ||
-        sh->vocab_count != m->cfg.Vp)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with --tp %d: not yet supported (tensor "
-                         "parallelism of MoE layers is not written yet); use --tp 1",
-                         m->cfg.NH / sh->head_count);
-    if (sh->layer_count != m->cfg.L)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline stage of %d of the %d "
-                         "layers: not yet supported (pipeline parallelism of MoE layers is not "
-                         "written yet); use --pp 1", sh->layer_count, m->cfg.L);
-    if (!m->params)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with --zero 3: not yet supported (ZeRO-3 "
-                         "of MoE layers is not written yet); use --zero 0, 1 or 2");
-    if (m->act_slots != 1)
-        return l3d_error(L3D_ERR_ARG, "--moe-experts with a pipeline's %d activation slots: not "
-                         "yet supported (pipeline parallelism of MoE layers is not written yet); "
-                         "use --pp 1", m->act_slots);
     struct l3d_moe_state *s = l3d_calloc(sizeof *s, "MoE state");
     m->moe = s;
     s->Lm = Lm;
-    s->nsets = moe_sets(&m->cfg, &m->shard, m->recompute);
+    s->nsets = moe_sets(&m->cfg, &m->shard, m->act_slots, m->recompute);
     s->set = l3d_calloc(sizeof *s->set * (size_t)s->nsets, "MoE activation table");
     int64_t N = (int64_t)m->Bmax * m->Tmax, E = m->cfg.moe.experts;
     s->bytes = (size_t)point_moe(s, &m->cfg, sh, N, s->nsets, (int64_t)m->es, NULL);
@@ -263,9 +256,10 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
         s->set[i].seg = l3d_calloc((size_t)(3 * E) * sizeof(int64_t), "MoE segments");
         s->set[i].a2a = l3d_calloc((size_t)(4 * ep + 2 * E) * sizeof(int64_t), "MoE exchange");
     }
-    s->acc = l3d_calloc((size_t)l3d_gpt_moe_stats_len(m) * sizeof(double), "MoE statistics");
+    s->acc = l3d_calloc((size_t)shard_stats_len(m) * sizeof(double), "MoE statistics");
     s->xcnt = l3d_calloc((size_t)(4 * ep) * sizeof(int64_t), "MoE exchange");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
+    s->lcnt = l3d_calloc((size_t)E * sizeof(float), "MoE statistics");
     return L3D_OK;
 }
 
@@ -282,21 +276,29 @@ void l3d_moe_free(struct l3d_gpt *m) {
     l3d_free(s->acc);
     l3d_free(s->xcnt);
     l3d_free(s->hstats);
+    l3d_free(s->lcnt);
     l3d_free(s);
     m->moe = NULL;
 }
 
 /* ---- statistics -------------------------------------------------------------------------- */
 
-int64_t l3d_gpt_moe_stats_len(const struct l3d_gpt *m) {
-    int Lm = l3d_shard_moe_layers(&m->cfg, &m->shard);
-    return Lm == 0 ? 0 : (int64_t)Lm * m->cfg.moe.experts + 4;
+int64_t l3d_model_moe_stats_len(const struct l3d_model_spec *cfg) {
+    int Lm = cfg->moe.experts > 0 ? cfg->L - cfg->moe.dense_layers : 0;
+    return Lm == 0 ? 0 : (int64_t)Lm * cfg->moe.experts + 4;
 }
 
 void l3d_gpt_moe_stats_take(struct l3d_gpt *m, double *out) {
-    int64_t n = l3d_gpt_moe_stats_len(m);
+    int64_t n = shard_stats_len(m), E = m->cfg.moe.experts, Lm = n ? (n - 4) / E : 0;
     if (n == 0) return;
-    memcpy(out, m->moe->acc, (size_t)n * sizeof(double));
+    const double *acc = m->moe->acc, *tail = acc + Lm * E;
+    /* the shard's first MoE layer's index among the model's */
+    int first = m->shard.layer_start - m->cfg.moe.dense_layers;
+    if (first < 0) first = 0;
+    double *all = out + (int64_t)first * E, *otail = out + (l3d_model_moe_stats_len(&m->cfg) - 4);
+    for (int64_t i = 0; i < Lm * E; i++) all[i] += acc[i];
+    for (int k = 0; k < 3; k++) otail[k] += tail[k];
+    if (first == 0) otail[3] += tail[3]; /* the forwards, counted by the model's first MoE layer */
     memset(m->moe->acc, 0, (size_t)n * sizeof(double));
 }
 
@@ -318,21 +320,45 @@ void l3d_moe_summarize(const double *stats, int layers, int experts, double *loa
     }
 }
 
+/* The tokens of the micro-batch the routing's statistics count: N here, times the ranks that
+ * split them (hooks.tok_split: the context-parallel ring). */
+static int64_t split_tokens(const struct l3d_gpt *m, int64_t N) {
+    return m->hooks.tok_split > 1 ? N * m->hooks.tok_split : N;
+}
+
+/* Split tokens: the counts per expert (a->stats' first E, device) summed over the ranks that
+ * split the micro-batch, in place, where the router's backward reads them for Switch's f_i; this
+ * rank's own kept in s->lcnt for the load report. Collective over those ranks, each forward
+ * (a recomputation's too). */
+static void share_counts(struct l3d_gpt *m, struct moe_acts *a) {
+    struct l3d_moe_state *s = m->moe;
+    int64_t E = m->cfg.moe.experts;
+    if (m->hooks.tok_split <= 1) return;
+    l3d_be_copy_d2h(m->be, s->lcnt, a->stats, (size_t)E * sizeof(float));
+    memcpy(s->hstats, s->lcnt, (size_t)E * sizeof(float));
+    m->hooks.tok_sum(m->hooks.tok_ctx, s->hstats, E); /* integers below 2^24: exact in fp32 */
+    l3d_be_copy_h2d(m->be, a->stats, s->hstats, (size_t)E * sizeof(float));
+}
+
 /* A layer's stats (device) into the accumulators: its experts' assignments, its Switch loss
- * E sum_i f_i P_i, its z-loss and its drops. */
+ * E sum_i f_i P_i, its z-loss and its drops. Split tokens: f_i is the micro-batch's (the shared
+ * counts), P_i and the z-loss this rank's sums over the micro-batch's tokens, the assignments its
+ * own, and the micro-batch counted 1 / tok_split here, so that the trainer's sum over the ranks
+ * gives each once. */
 static void count_stats(struct l3d_gpt *m, int j, const struct moe_acts *a, int64_t N) {
     struct l3d_moe_state *s = m->moe;
-    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k, Ng = split_tokens(m, N);
     l3d_be_copy_d2h(m->be, s->hstats, a->stats, (size_t)(2 * E + 2) * sizeof(float));
+    const float *own = m->hooks.tok_split > 1 ? s->lcnt : s->hstats;
     double *tail = s->acc + (int64_t)s->Lm * E, aux = 0.0;
     for (int64_t e = 0; e < E; e++) {
-        s->acc[j * E + e] += s->hstats[e];
-        aux += (s->hstats[e] / ((double)N * K)) * (s->hstats[E + e] / (double)N);
+        s->acc[j * E + e] += own[e];
+        aux += (s->hstats[e] / ((double)Ng * K)) * (s->hstats[E + e] / (double)Ng);
     }
     tail[0] += (double)E * aux;
-    tail[1] += s->hstats[2 * E] / (double)N;
+    tail[1] += s->hstats[2 * E] / (double)Ng;
     tail[2] += s->hstats[2 * E + 1];
-    if (j == 0) tail[3] += 1.0;
+    if (j == 0) tail[3] += 1.0 / (double)(m->hooks.tok_split > 1 ? m->hooks.tok_split : 1);
 }
 
 /* ---- forward and backward ---------------------------------------------------------------- */
@@ -344,8 +370,9 @@ static inline void *elp(const void *p, int64_t i, size_t es) {
 /* The saved set of local layer l, and its index among the shard's MoE layers. */
 static struct moe_acts *layer_set(struct l3d_gpt *m, int l, int *j) {
     *j = (int)l3d_gpt_tensor_layer(&m->cfg, &m->shard, L3D_T_ROUTER, l);
-    L3D_ASSERT(*j >= 0);
-    return &m->moe->set[m->moe->nsets == 1 ? 0 : *j];
+    L3D_ASSERT(*j >= 0 && m->slot >= 0 && m->slot < m->act_slots);
+    const struct l3d_moe_state *s = m->moe;
+    return &s->set[s->nsets == 1 ? 0 : m->slot * s->Lm + *j];
 }
 
 static void *param(const struct l3d_gpt *m, int t, int l) {
@@ -444,6 +471,7 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats, ln,
                      param(m, L3D_T_ROUTER, l), N, C, d.E, d.K, m->cfg.moe.norm_topk,
                      capacity(&m->cfg, N));
+    share_counts(m, a);
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
     l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
@@ -545,7 +573,8 @@ void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, con
      * (dloss is one token's weight); Switch's d/dp[n,e] = coef E f_e / N with f_e = count_e /
      * (N K), and the z-loss's d/dlogit[n,e] = coef 2 lse_n p[n,e] / N */
     const struct l3d_moe_spec *ms = &m->cfg.moe;
-    float aux_scale = (float)((double)dloss * ms->aux_coef * (double)d.E / ((double)N * d.K));
+    float aux_scale = (float)((double)dloss * ms->aux_coef * (double)d.E /
+                              ((double)split_tokens(m, N) * d.K));
     float z_scale = (float)(2.0 * dloss * ms->z_coef);
     l3d_be_moe_router_backward(m->be, dt, L3D_F32, dln, grad(m, L3D_T_ROUTER, l), s->dlogits,
                                s->dwts, ln, param(m, L3D_T_ROUTER, l), a->probs, a->lse, a->idx,

@@ -12,14 +12,15 @@
  * those of the dense MLPs they replace; 0 for a dense model. */
 double l3d_moe_layer_param_delta(const struct l3d_model_spec *m, int experts);
 /* Allocates m->moe (nothing for a dense model): the MoE layers' saved activations, one set per
- * MoE layer of the shard (one shared set under full recomputation) and one layer's backward
- * scratch. L3D_ERR_OOM or L3D_ERR_ARG (a backend without the MoE kernels, or a pipeline's
- * several activation slots) otherwise. */
+ * MoE layer of the shard and activation slot (one shared set under full recomputation) and one
+ * layer's backward scratch. L3D_ERR_OOM or L3D_ERR_ARG (a backend without the MoE kernels, a
+ * layout the block does not run on) otherwise. */
 l3d_status l3d_moe_init(struct l3d_gpt *m);
 void l3d_moe_free(struct l3d_gpt *m);
-/* Bytes l3d_moe_init allocates for micro-batches of (B, T) in precision dt. */
+/* Bytes l3d_moe_init allocates for micro-batches of (B, T) in precision dt, act_slots of them
+ * kept at once. */
 size_t l3d_moe_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                         int T, enum l3d_recompute recompute, enum l3d_dtype dt);
+                         int T, int act_slots, enum l3d_recompute recompute, enum l3d_dtype dt);
 /* Local layer l's MoE block: out (N,C) = the routed experts' weighted sum plus the shared MLP,
  * from the layer's normalised input ln (N,C); counts its statistics when `count` (not in a
  * recomputation). */

@@ -313,7 +313,7 @@ void l3d_dp_expert_groups(struct l3d_dp *dp, struct l3d_comm *ep, struct l3d_com
         dp->ecomm = edp;
         return;
     }
-    L3D_ASSERT(dp->comm == edp && dp->zero < 3);
+    L3D_ASSERT(dp->comm == edp);
     dp->xcomm = ep;
 }
 

@@ -11,7 +11,20 @@ static void ep_all_to_allv(void *ctx, const void *send, const int64_t *scounts,
     l3d_comm_done(c, was);
 }
 
-void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm) {
+static void tok_sum(void *ctx, float *buf, int64_t n) {
+    struct l3d_comm *c = ctx;
+    struct l3d_doing was = l3d_comm_doing(c, "MoE expert counts (all-reduce)", -1, -1);
+    l3d_comm_all_reduce(c, buf, n, L3D_F32, L3D_SUM, NULL);
+    l3d_comm_done(c, was);
+}
+
+void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm, struct l3d_comm *tok_comm) {
+    if (m->cfg.moe.experts == 0) return;
+    if (tok_comm && tok_comm->size > 1) {
+        m->hooks.tok_split = tok_comm->size;
+        m->hooks.tok_ctx = tok_comm;
+        m->hooks.tok_sum = tok_sum;
+    }
     if (!ep_comm) return;
     L3D_ASSERT((int64_t)m->shard.expert_count * ep_comm->size == m->cfg.moe.experts);
     m->hooks.ep_ctx = ep_comm;

@@ -66,19 +66,22 @@ static l3d_status split_cp(struct l3d_topo *t, struct l3d_comm *world) {
     return L3D_OK;
 }
 
-/* The expert-parallel groups (ep > 1): splits of the DP group, ep_comm the ep consecutive dp
- * ranks (ordered by ep_rank), edp_comm those with the same ep_rank (ordered by dp_rank / ep). */
+/* The expert-parallel groups (ep > 1): splits of the DP x CP group (Megatron-Core's expert group
+ * inside data times context parallelism: a MoE layer is per token, whichever rank holds it),
+ * whose rank q = dp_rank cp + cp_rank: ep_comm the ep consecutive q (ordered by ep_rank = q % ep),
+ * edp_comm those with the same ep_rank (ordered by q / ep). dp 2 x cp 2, ep 2: ep_comm {q 0, 1}
+ * = (dp 0, cp 0..1) and {2, 3}; edp_comm {0, 2} and {1, 3}. */
 static l3d_status split_ep(struct l3d_topo *t) {
-    int ep = t->layout->ep > 1 ? t->layout->ep : 1;
-    t->ep_rank = t->dp_rank % ep;
+    int ep = t->layout->ep > 1 ? t->layout->ep : 1, q = t->dp_rank * t->layout->cp + t->cp_rank;
+    t->ep_rank = q % ep;
     if (ep == 1) {
-        t->edp_comm = t->dp_comm;
+        t->edp_comm = t->dpcp_comm;
         return L3D_OK;
     }
-    L3D_ASSERT(t->layout->cp == 1 && t->layout->dp % ep == 0);
-    l3d_status st = l3d_comm_split(t->dp_comm, t->dp_rank / ep, t->ep_rank, &t->ep_comm);
+    L3D_ASSERT(t->dpcp_comm->size % ep == 0 && t->dpcp_comm->rank == q);
+    l3d_status st = l3d_comm_split(t->dpcp_comm, q / ep, t->ep_rank, &t->ep_comm);
     if (st == L3D_OK)
-        st = l3d_comm_split(t->dp_comm, t->ep_rank, t->dp_rank / ep, &t->edp_comm);
+        st = l3d_comm_split(t->dpcp_comm, t->ep_rank, q / ep, &t->edp_comm);
     if (st != L3D_OK) return st;
     L3D_ASSERT(t->ep_comm->size == ep && t->ep_comm->rank == t->ep_rank);
     t->ep_comm->role = "EP";
@@ -136,7 +139,7 @@ void l3d_topo_free(struct l3d_topo *t) {
         t->tp_comm->watch->name = NULL;
         t->tp_comm->watch->name_ctx = NULL;
     }
-    if (t->edp_comm != t->dp_comm) l3d_comm_free(t->edp_comm);
+    if (t->edp_comm != t->dpcp_comm) l3d_comm_free(t->edp_comm);
     l3d_comm_free(t->ep_comm);
     t->edp_comm = t->ep_comm = NULL;
     if (t->dpcp_comm != t->dp_comm) l3d_comm_free(t->dpcp_comm);

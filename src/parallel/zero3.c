@@ -58,8 +58,10 @@ static void post(struct l3d_dp *dp, struct gbuf *b, int layer) {
         const struct l3d_tensor_info *ti = &m->tensors[t];
         if (l3d_gpt_is_layer_tensor(t) != (layer >= 0)) continue;
         int64_t n = layer >= 0 ? ti->rows * ti->cols : ti->count;
-        if (n == 0) continue;
-        int64_t off = ti->offset + (layer >= 0 ? (int64_t)layer * n : 0);
+        /* the tensor's own layer: a MoE layer has no dense MLP, a dense one no experts */
+        int64_t tl = layer >= 0 ? l3d_gpt_tensor_layer(&m->cfg, &m->shard, t, layer) : 0;
+        if (n == 0 || tl < 0) continue;
+        int64_t off = ti->offset + tl * n;
         int64_t base = layer >= 0 ? m->slot_off[t] : m->nonlayer_off[t];
         for (int r = 0; r < d; r++) { /* rank r's part of [off, off + n) */
             int64_t lo = (int64_t)r * S, hi = lo + S < N ? lo + S : N;

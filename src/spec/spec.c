@@ -100,7 +100,7 @@ static void add(struct l3d_spec_errors *e, l3d_status st, const char *fmt, ...) 
 
 /* The sizes (the architecture's rules are l3d_gpt_config_finish's; the trainer builds any MLP
  * width, GELU or SwiGLU). */
-/* Expert parallelism: ep ranks of a DP group split the experts (docs/DESIGN.md "Expert
+/* Expert parallelism: ep ranks of a DP x CP group split the experts (docs/DESIGN.md "Expert
  * parallelism"); dp 0 when the grid did not resolve. */
 static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                      struct l3d_spec_errors *e) {
@@ -118,14 +118,20 @@ static void check_ep(const struct l3d_model_spec *m, const struct l3d_layout *l,
         add(e, L3D_ERR_ARG, "--ep %d does not divide --moe-experts %d: each expert-parallel rank "
             "holds E / ep experts; give an ep that divides %d", l->ep, m->moe.experts,
             m->moe.experts);
-    if (dp > 0 && dp % l->ep != 0)
+    int cp = l->cp > 1 ? l->cp : 1;
+    if (dp > 0 && cp == 1 && dp % l->ep != 0)
         add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d data-parallel replicas: expert "
             "parallelism splits each DP group; give an ep that divides %d (or more ranks)",
             l->ep, dp, dp);
+    else if (dp > 0 && (int64_t)dp * cp % l->ep != 0)
+        add(e, L3D_ERR_LAYOUT, "--ep %d does not divide the %d ranks of data x context "
+            "parallelism (dp %d x --cp %d): expert parallelism splits that group; give an ep "
+            "that divides %lld", l->ep, dp * cp, dp, cp, (long long)dp * cp);
 }
 
-/* Mixture of experts: its model rules (l3d_moe_spec_check), then the layouts its layers do not
- * run on yet, each by name (issue 46: expert parallelism brings tp, pp, cp and ZeRO-3). */
+/* Mixture of experts: its model rules (l3d_moe_spec_check), then expert parallelism's. Every
+ * layout runs MoE layers (tp: the experts whole on each tp rank; cp: the EP group inside dp x cp;
+ * pp: a stage's own; ZeRO-3: over the expert-DP group), so no layout rule beyond ep's. */
 static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l, int dp,
                       struct l3d_spec_errors *e) {
     if (l3d_moe_spec_check(m) != L3D_OK) {
@@ -133,19 +139,6 @@ static void check_moe(const struct l3d_model_spec *m, const struct l3d_layout *l
         return;
     }
     check_ep(m, l, dp, e);
-    if (m->moe.experts == 0) return;
-    if (l->tp > 1)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --tp %d: not yet supported (tensor "
-            "parallelism of MoE layers is not written yet); use --tp 1", l->tp);
-    if (l->pp > 1)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --pp %d: not yet supported (pipeline "
-            "parallelism of MoE layers is not written yet); use --pp 1", l->pp);
-    if (l->cp > 1)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --cp %d: not yet supported (context "
-            "parallelism of MoE layers is not written yet); use --cp 1", l->cp);
-    if (l->zero >= 3)
-        add(e, L3D_ERR_LAYOUT, "--moe-experts with --zero 3: not yet supported (ZeRO-3 of MoE "
-            "layers is not written yet); use --zero 0, 1 or 2");
 }
 
 static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *e) {
@@ -286,10 +279,6 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
     else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->zero >= 2)
         add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 defers weight gradients, which the gradient "
             "slots of --zero %d cannot hold: use --zero 0 or 1, or --pp-schedule 1f1b", l->zero);
-    else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->recompute == L3D_RECOMPUTE_FULL &&
-             m->moe.experts > 0)
-        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 with --recompute full on a MoE model is not "
-            "supported yet: use --recompute selective or --pp-schedule 1f1b");
     else if (l->schedule == L3D_PP_INTERLEAVED && micro > 0 && micro % l->pp != 0)
         add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs the micro-batches (%lld a step) to "
             "be a multiple of --pp %d", (long long)micro, l->pp);

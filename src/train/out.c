@@ -69,15 +69,16 @@ static void pull(struct out_ctx *o, const struct unit *u) {
     struct l3d_comm *world = t->world;
     const struct l3d_layout *l = &tc->layout;
     int v = l->v;
-    /* the first replica's ranks hold the model; with expert parallelism its first ep dp ranks,
-     * each its experts (the rows of the other tensors come from dp rank 0) */
-    int ep = l->ep > 1 ? l->ep : 1;
-    bool lead = world->rank == 0, first = topo->dp_rank < ep && topo->cp_rank == 0;
+    /* the first replica's ranks hold the model; with expert parallelism its first ep DP x CP
+     * ranks (q = dp_rank cp + cp_rank < ep), each its experts (the rows of the other tensors come
+     * from q = 0) */
+    int ep = l->ep > 1 ? l->ep : 1, q = topo->dp_rank * l->cp + topo->cp_rank;
+    bool lead = world->rank == 0, first = q < ep;
     for (int i = 0; i < l->tp * l->pp * ep; i++) {
         int tp_rank = i % l->tp, pp_rank = i / l->tp % l->pp, ep_rank = i / (l->tp * l->pp);
-        int r = l3d_topo_rank_of(l, tp_rank, 0, pp_rank, ep_rank);
+        int r = l3d_topo_rank_of(l, tp_rank, ep_rank % l->cp, pp_rank, ep_rank / l->cp);
         bool mine = tp_rank == topo->tp_rank && pp_rank == topo->pp_rank &&
-                    ep_rank == topo->dp_rank % ep;
+                    ep_rank == topo->ep_rank;
         if (!lead && !mine) continue;
         if (ep_rank > 0 && !l3d_gpt_expert_tensor(u->t)) continue;
         for (int c = 0; c < v; c++) {

@@ -42,14 +42,14 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
 
 /* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
  * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
- * parameter (l3d_param_bytes), ZeRO sharding their state over the dp / ep ranks that hold the
- * same experts. */
+ * parameter (l3d_param_bytes), ZeRO sharding their state over the dp cp / ep ranks that hold
+ * the same experts. */
 static void report_expert_memory(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_moe_spec *moe = &tc->model.moe;
     if (moe->experts == 0) return;
     int ep = tc->layout.ep > 1 ? tc->layout.ep : 1, layers = 0;
-    int group = t->topo->layout->dp / ep; /* the ranks holding the same experts */
+    int group = t->topo->layout->dp * t->topo->layout->cp / ep; /* those holding the same experts */
     double n = 0;
     for (int c = 0; c < tc->layout.v; c++) {
         layers += l3d_shard_moe_layers(&tc->model, &t->chunks[c]->shard);
@@ -65,11 +65,11 @@ static void report_expert_memory(const struct l3d_trainer *t) {
 }
 
 /* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
- * second one, the split (E / ep experts a rank, dp / ep replicas of each); then their memory. */
+ * second one, the split (E / ep experts a rank, dp cp / ep replicas of each); then their memory. */
 static void report_experts(const struct l3d_trainer *t, double N) {
     const struct l3d_model_spec *m = &t->tc->model;
     const struct l3d_moe_spec *moe = &m->moe;
-    int ep = t->tc->layout.ep, dp = t->topo->layout->dp;
+    int ep = t->tc->layout.ep, dp = t->topo->layout->dp * t->topo->layout->cp;
     if (moe->experts == 0) return;
     char cap[48] = "dropless";
     if (moe->capacity_factor > 0)

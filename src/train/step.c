@@ -95,17 +95,19 @@ int l3d_trainer_agree_skip(struct l3d_trainer *t, bool bad, double *stall_s) {
     return v[0] > 0.0 ? size - (int)v[0] : -1;
 }
 
-/* The MoE layers' statistics of the step, summed over the dp ranks (collective over them; pp and
- * tp are refused with experts, so the one chunk holds every layer), into s. */
+/* The MoE layers' statistics of the step, every chunk's layers in the model's rows, summed over
+ * the pipeline's stages and the dp x cp ranks (collective over them), into s. */
 static void moe_step_stats(struct l3d_trainer *t, struct l3d_step_stats *s) {
-    struct l3d_gpt *m = t->chunks[0];
-    int64_t n = l3d_gpt_moe_stats_len(m);
+    const struct l3d_model_spec *cfg = &t->tc->model;
+    int64_t n = l3d_model_moe_stats_len(cfg);
     if (n == 0) return;
-    s->moe_layers = l3d_shard_moe_layers(&m->cfg, &m->shard);
-    l3d_gpt_moe_stats_take(m, t->moe_stats);
+    s->moe_layers = cfg->L - cfg->moe.dense_layers;
+    memset(t->moe_stats, 0, (size_t)n * sizeof(double));
+    for (int c = 0; c < t->tc->layout.v; c++) l3d_gpt_moe_stats_take(t->chunks[c], t->moe_stats);
+    sum_f64(t->topo->pp_comm, t->moe_stats, (int)n);
     sum_f64(t->topo->dpcp_comm, t->moe_stats, (int)n);
     struct l3d_moe_summary sum;
-    l3d_moe_summarize(t->moe_stats, s->moe_layers, m->cfg.moe.experts, t->moe_load, &sum);
+    l3d_moe_summarize(t->moe_stats, s->moe_layers, cfg->moe.experts, t->moe_load, &sum);
     s->moe_aux = sum.aux;
     s->moe_z = sum.z;
     s->moe_dropped = sum.dropped;
@@ -124,12 +126,12 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     t->tpc.bytes = 0;
     for (int c = 0; c < v && topo->layout->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     /* the MoE statistics count this step's forwards only (not validation's) */
-    int64_t nmoe = l3d_gpt_moe_stats_len(t->chunks[0]);
+    int64_t nmoe = l3d_model_moe_stats_len(&tc->model);
     if (nmoe > 0 && !t->moe_stats) {
         t->moe_stats = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
         t->moe_load = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
     }
-    if (nmoe > 0) l3d_gpt_moe_stats_take(t->chunks[0], t->moe_stats);
+    for (int c = 0; c < v && nmoe > 0; c++) l3d_gpt_moe_stats_take(t->chunks[c], t->moe_stats);
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);
     const int32_t *inp, *tgt;
     int T;

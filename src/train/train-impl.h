@@ -76,8 +76,8 @@ struct l3d_trainer {
     /* the medians' samples: rings of the last n_times steps (step % n_times), at most
      * L3D_TRAIN_TIMES_KEPT, so that --steps 2^30 allocates 4 x 32 KiB, not 4 x 8 GiB */
     double *step_s, *opt_s, *comm_s, *bub;
-    /* mixture of experts: the step's statistics summed over the dp ranks (l3d_gpt_moe_stats_len
-     * doubles) and each MoE layer's load (NULL for a dense model) */
+    /* mixture of experts: the step's statistics summed over the stages and the dp x cp ranks
+     * (l3d_model_moe_stats_len doubles) and each MoE layer's load (NULL for a dense model) */
     double *moe_stats, *moe_load;
     int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */

@@ -224,7 +224,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
             break;
-        l3d_ep_attach(t->chunks[c], topo->ep_comm);
+        l3d_ep_attach(t->chunks[c], topo->ep_comm, topo->cp_comm);
         /* the gradients are summed over the replicas and the ring (the weights are the same on
          * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp, or
          * with expert parallelism over the ranks holding the same experts (l3d_dp_expert_groups) */

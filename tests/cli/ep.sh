@@ -113,6 +113,4 @@ expect_error --once "ep not dividing dp" "--ep 3 does not divide the 4 data-para
     "${CMD[@]}"
 train_cmd bad_moe 2 2 --ep 2 --model tiny
 expect_error --once "ep without MoE" "--ep 2 without --moe-experts" "${CMD[@]}"
-train_cmd bad_zero3 2 2 --ep 2 --zero 3
-expect_error --once "ep with ZeRO-3" "--moe-experts with --zero 3: not yet supported" "${CMD[@]}"
 exit $fail

@@ -76,8 +76,6 @@ train_cmd bad1 0 2 --moe-top-k 5
 expect_error "top-k above the experts" "--moe-top-k 5 with --moe-experts 4" "${CMD[@]}"
 train_cmd bad2 0 2 --moe-experts 0
 expect_error "top-k without experts" "without --moe-experts" "${CMD[@]}"
-train_cmd bad3 2 4 --tp 2
-expect_error --once "--tp 2" "--moe-experts with --tp 2: not yet supported" "${CMD[@]}"
 expect_error "a Hugging Face folder of GPT-2 blocks with experts" "a GPT-2 model with experts (--moe-experts 4) has no Hugging Face folder" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
 expect_error "the planner" "the planner does not model mixtures of experts yet" \

@@ -658,39 +658,49 @@ static void test_topo_cp(struct l3d_comm *w) {
             }
 }
 
-/* Expert parallelism: every (tp, pp, ep) of the world with ep dividing dp > 1; the EP group holds
- * the ep consecutive dp ranks of this rank's replica block, the expert-DP group the dp / ep ranks
- * with the same ep_rank; with ep = 1 there is no EP group and the expert-DP group is the DP one. */
+/* Expert parallelism: every (tp, cp, pp, ep) of the world with ep dividing dp cp > 1; the EP group
+ * holds the ep consecutive DP x CP ranks (q = dp_rank cp + cp_rank) of this rank's block, the
+ * expert-DP group the dp cp / ep ranks with the same ep_rank; with ep = 1 there is no EP group and
+ * the expert-DP group is the DP x CP one. */
+static void ep_groups_check(struct l3d_comm *w, int tp, int cp, int pp, int ep) {
+    struct l3d_layout l = grid(tp, cp, pp, 0);
+    l.ep = ep;
+    RCHECK(l3d_layout_resolve(&l, w->size) == L3D_OK && l.ep == ep);
+    struct l3d_topo topo;
+    RCHECK(l3d_topo_init(&topo, w, &l) == L3D_OK);
+    int a = topo.tp_rank, b = topo.pp_rank, n = l.dp * cp;
+    int q = topo.dp_rank * cp + topo.cp_rank;
+    RCHECK(topo.ep_rank == q % ep);
+    int32_t want[64];
+    if (ep == 1) {
+        RCHECK(topo.ep_comm == NULL && topo.edp_comm == topo.dpcp_comm);
+    } else {
+        for (int i = 0; i < ep; i++) {
+            int r = q / ep * ep + i;
+            want[i] = l3d_topo_rank_of(&l, a, r % cp, b, r / cp);
+        }
+        check_group(topo.ep_comm, ep, want, "EP", tp, pp);
+        for (int i = 0; i < n / ep; i++) {
+            int r = i * ep + q % ep;
+            want[i] = l3d_topo_rank_of(&l, a, r % cp, b, r / cp);
+        }
+        check_group(topo.edp_comm, n / ep, want, "expert DP", tp, pp);
+        int32_t s = topo.ep_rank; /* the groups work */
+        l3d_comm_all_reduce(topo.ep_comm, &s, 1, L3D_I32, L3D_SUM, NULL);
+        RCHECK(s == ep * (ep - 1) / 2);
+    }
+    l3d_topo_free(&topo);
+    RCHECK(topo.ep_comm == NULL && topo.edp_comm == NULL && topo.dp_comm == NULL);
+}
+
 static void test_topo_ep(struct l3d_comm *w) {
     int p = w->size;
     for (int tp = 1; tp <= p; tp++)
-        for (int pp = 1; pp <= p / tp; pp++)
-            for (int ep = 1; ep <= p / (tp * pp); ep++) {
-                if (p % (tp * pp) || (p / (tp * pp)) % ep) continue;
-                struct l3d_layout l = grid(tp, 1, pp, 0);
-                l.ep = ep;
-                RCHECK(l3d_layout_resolve(&l, p) == L3D_OK && l.ep == ep);
-                struct l3d_topo topo;
-                RCHECK(l3d_topo_init(&topo, w, &l) == L3D_OK);
-                int a = topo.tp_rank, b = topo.pp_rank, e = topo.dp_rank, d = l.dp;
-                RCHECK(topo.ep_rank == e % ep);
-                int32_t want[64];
-                if (ep == 1) {
-                    RCHECK(topo.ep_comm == NULL && topo.edp_comm == topo.dp_comm);
-                } else {
-                    for (int i = 0; i < ep; i++)
-                        want[i] = l3d_topo_rank_of(&l, a, 0, b, e / ep * ep + i);
-                    check_group(topo.ep_comm, ep, want, "EP", tp, pp);
-                    for (int i = 0; i < d / ep; i++)
-                        want[i] = l3d_topo_rank_of(&l, a, 0, b, i * ep + e % ep);
-                    check_group(topo.edp_comm, d / ep, want, "expert DP", tp, pp);
-                    int32_t s = topo.ep_rank; /* the groups work */
-                    l3d_comm_all_reduce(topo.ep_comm, &s, 1, L3D_I32, L3D_SUM, NULL);
-                    RCHECK(s == ep * (ep - 1) / 2);
-                }
-                l3d_topo_free(&topo);
-                RCHECK(topo.ep_comm == NULL && topo.edp_comm == NULL && topo.dp_comm == NULL);
-            }
+        for (int cp = 1; cp <= p / tp; cp++)
+            for (int pp = 1; pp <= p / (tp * cp); pp++)
+                for (int ep = 1; ep <= p / (tp * pp); ep++)
+                    if (p % (tp * cp * pp) == 0 && (p / (tp * pp)) % ep == 0)
+                        ep_groups_check(w, tp, cp, pp, ep);
 }
 
 /* The worked example of topo.h, 8 ranks as tp = pp = dp = 2, without MPI. */
