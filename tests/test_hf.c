@@ -794,6 +794,31 @@ static void test_arch_llmc(void) {
         }
         free(p);
     }
+    /* QK-norm: header word 38 (1), read back; GPT-2's blocks with it are llm3d's own version
+     * (llm.c's files have no such block); another value refused */
+    for (int i = 0; i < L3D_ARCH_COUNT; i++) {
+        struct l3d_model_spec m = {.L = 2, .C = 64, .NH = 4, .V = 300, .maxT = 32}, back;
+        l3d_model_set_arch(&m, (enum l3d_arch)i);
+        if (m.mlp == L3D_MLP_SWIGLU) m.ffn = 192;
+        m.qk_norm = true;
+        CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+        int64_t n = (int64_t)l3d_gpt_param_count(&m);
+        float *p = calloc((size_t)n, sizeof(float));
+        const char *path = path_of("qknorm.bin");
+        int32_t hdr[39];
+        CHECK(l3d_ckpt_save_llmc_params_dt(path, &m, p, n, L3D_F32) == L3D_OK);
+        FILE *f = fopen(path, "r+b");
+        CHECK(f && fread(hdr, 4, 39, f) == 39);
+        CHECK(hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 && hdr[38] == 1);
+        CHECK(l3d_ckpt_read_llmc_config(path, &back) == L3D_OK && back.qk_norm &&
+              l3d_model_same(&back, &m));
+        int32_t w = 2;
+        CHECK(f && fseek(f, 38 * 4, SEEK_SET) == 0 && fwrite(&w, 4, 1, f) == 1);
+        if (f) fclose(f);
+        CHECK(refused(l3d_ckpt_read_llmc_config(path, &back), "architecture word 38 (qk-norm) "
+                                                              "holds 2"));
+        free(p);
+    }
 }
 
 int main(void) {

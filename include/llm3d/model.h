@@ -416,7 +416,11 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * and with the materialising kernel (flash false: L3D_ATTENTION=naive, the benchmark's oracle)
  * the a s b / t term becomes a s^2 b / t, which selective drops, plus an a s^2 b / t scratch
  * for its backward. Times act_slots micro-batches, plus the stage's input, head and token buffers
- * per slot and one layer's backward (and recomputation) buffers shared by all slots. */
+ * per slot and one layer's backward (and recomputation) buffers shared by all slots. QK-norm adds
+ * (src/model/qknorm.c, l3d_qknorm_act_bytes) per layer and slot (one set under full
+ * recomputation) the product's output before the norm and its rstd, E s b q + 4 s b (a + k) / t
+ * with q the local q|k|v width and k the KV heads (E: the element size), and one layer's four
+ * (s b, q) scratch buffers, its row maps (3 s b (a + 2k) / t int32) and 2 hd fp32. */
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
