@@ -585,7 +585,7 @@ static float *split_run(struct l3d_backend *be, const struct l3d_model_spec *cfg
     struct l3d_shard sh = split_shard(cfg);
     struct l3d_gpt *m;
     CHECK(l3d_gpt_init_ex(&m, cfg, &sh, be, B, T, L3D_GRADS_FLAT, S, rc) == L3D_OK);
-    if (split) CHECK(l3d_gpt_split_init(m, S) == L3D_OK);
+    if (split) CHECK(l3d_gpt_split_init(m, S, false) == L3D_OK);
     l3d_gpt_init_weights(m, 5);
     l3d_gpt_zero_grad(m);
     float *x = malloc((size_t)nx * sizeof(float));

@@ -82,7 +82,7 @@ static void test_schedules(void) {
             struct l3d_pp_schedule s;
             struct l3d_pp_sim sim;
             size_t before = l3d_mem_used();
-            CHECK(l3d_pp_schedule_build_forward(&s, pp, v, 5) == L3D_OK);
+            CHECK(l3d_pp_schedule_build_forward(&s, L3D_PP_1F1B, pp, v, 5) == L3D_OK);
             check_closed_form(&s, l3d_mem_used() - before, true);
             l3d_pp_simulate(&s, 1.0, 2.0, &sim);
             CHECK(!sim.deadlock && sim.matched && sim.fifo_ok);
@@ -210,36 +210,55 @@ static void test_broken(void) {
     l3d_pp_schedule_free(&s);
 }
 
-/* ZB-H1: runs through; 1F1B's in-flight bound forward to B; forward to W (the activations kept)
- * within l3d_pp_in_flight's min(pp, m), reached on the first stage: 1F1B's peak; W slots the
+/* A zero-bubble schedule's shared checks, after the caller's (ok): for m >= pp the idle share
+ * (pp - 1) / (per_m m + pp - 1), below the reference's (ref: the schedule it improves on), and
+ * l3d_pp_schedule_bubble's value that of the simulation. */
+static void check_split(enum l3d_pp_kind kind, int v, int pp, int m, double per_m,
+                        const struct l3d_pp_sim *sim, const struct l3d_pp_sim *ref, bool ok) {
+    if (pp > 1) ok = ok && sim->idle_fraction < ref->idle_fraction - 1e-9;
+    if (m >= pp) ok = ok && fabs(sim->idle_fraction - (pp - 1.0) / (per_m * m + pp - 1)) < 1e-12;
+    ok = ok && fabs(l3d_pp_schedule_bubble(kind, pp, v, m) - sim->idle_fraction) < 1e-15;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "  %s pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
+                "(reference %.6f)\n", l3d_pp_kind_name(kind), pp, m, sim->deadlock,
+                sim->order_ok, sim->fifo_ok, sim->matched, sim->idle_fraction, ref->idle_fraction);
+}
+
+/* A zero-bubble schedule s (kind, v chunks) and its reference (one chunk, rkind), built for pp
+ * stages and m micro-batches, s's bytes and action counts checked, simulated with unit times (the
+ * reference's rt each: its stages are v chunks); whether s runs through, in order, matched. */
+static bool split_and_ref(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int v,
+                          struct l3d_pp_schedule *r, enum l3d_pp_kind rkind, double rt, int pp,
+                          int m, struct l3d_pp_sim *sim, struct l3d_pp_sim *ref) {
+    size_t before = l3d_mem_used();
+    CHECK(l3d_pp_schedule_build(s, kind, pp, v, m) == L3D_OK);
+    check_closed_form(s, l3d_mem_used() - before, false);
+    CHECK(l3d_pp_schedule_build(r, rkind, pp, 1, m) == L3D_OK);
+    l3d_pp_simulate_bw(s, 1.0, 1.0, 1.0, sim);
+    l3d_pp_simulate_bw(r, rt, rt, rt, ref);
+    return !sim->deadlock && sim->order_ok && sim->fifo_ok && sim->matched;
+}
+
+/* ZB-H1: runs through; 1F1B's in-flight bound forward to B (l3d_pp_fb_slots too: the last
+ * stage 1, its head once); forward to W (the activations kept) within l3d_pp_in_flight's
+ * min(pp, m), reached on the first stage: 1F1B's peak; W slots the
  * most B to W; for m >= pp the paper's bubble (pp - 1) (F + B - W) per stage with unit
  * times, (pp - 1) / (3 m + pp - 1) of the timeline, and below 1F1B's always. */
 static void check_zbh1(int pp, int m) {
     struct l3d_pp_schedule s, one;
-    size_t before = l3d_mem_used();
-    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBH1, pp, 1, m) == L3D_OK);
-    check_closed_form(&s, l3d_mem_used() - before, false);
-    CHECK(l3d_pp_schedule_build(&one, L3D_PP_1F1B, pp, 1, m) == L3D_OK);
     struct l3d_pp_sim sim, ref;
-    l3d_pp_simulate_bw(&s, 1.0, 1.0, 1.0, &sim);
-    l3d_pp_simulate_bw(&one, 1.0, 1.0, 1.0, &ref);
-    bool ok = !sim.deadlock && sim.order_ok && sim.fifo_ok && sim.matched;
+    bool ok = split_and_ref(&s, L3D_PP_ZBH1, 1, &one, L3D_PP_1F1B, 1.0, pp, m, &sim, &ref);
     for (int r = 0; r < pp; r++) {
         int bound = pp - r < m ? pp - r : m, held = (int)l3d_pp_in_flight(L3D_PP_ZBH1, pp, r, 1, m);
         ok = ok && sim.max_in_flight[r] == bound && sim.max_held[r] <= held &&
              s.slots[r] == sim.max_held[r] && ref.max_held[r] == bound &&
              s.wslots[r] == sim.max_wait[r] && s.wslots[r] >= 1 && s.wslots[r] <= s.slots[r] &&
-             one.wslots[r] == 0;
+             one.wslots[r] == 0 && l3d_pp_fb_slots(&s, r, 0) == bound &&
+             l3d_pp_fb_slots(&one, r, 0) == bound;
     }
     ok = ok && sim.max_held[0] == ref.max_held[0];
-    if (pp > 1) ok = ok && sim.idle_fraction < ref.idle_fraction - 1e-9;
-    if (m >= pp) ok = ok && fabs(sim.idle_fraction - (pp - 1.0) / (3.0 * m + pp - 1)) < 1e-12;
-    ok = ok && fabs(l3d_pp_schedule_bubble(L3D_PP_ZBH1, pp, 1, m) - sim.idle_fraction) < 1e-15;
-    CHECK(ok);
-    if (!ok)
-        fprintf(stderr, "  zb-h1 pp %d m %d: deadlock %d order %d fifo %d matched %d idle %.6f "
-                "(1f1b %.6f)\n", pp, m, sim.deadlock, sim.order_ok, sim.fifo_ok, sim.matched,
-                sim.idle_fraction, ref.idle_fraction);
+    check_split(L3D_PP_ZBH1, 1, pp, m, 3.0, &sim, &ref, ok);
     l3d_pp_schedule_free(&s);
     l3d_pp_schedule_free(&one);
 }
@@ -281,6 +300,60 @@ static void test_zbh1(void) {
     l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
     CHECK(!sim.order_ok);
     l3d_pp_schedule_free(&s);
+}
+
+/* ZB-V: runs through; rank r holds virtual stages r and 2 pp - 1 - r, and each chunk's actions
+ * talk to the ranks of the stages beside it (rank pp - 1 to itself at the V's turn); at most
+ * min(2 pp, 2 m) chunk micro-batches held to W on a rank (pp whole stages': 1F1B's peak); for
+ * m >= pp the bubble (pp - 1) / (6 m + pp - 1) with unit chunk times, half a ZB-H1's of whole
+ * stages (its F, B, W twice as long), and below it always. */
+static void check_zbv(int pp, int m) {
+    struct l3d_pp_schedule s, h;
+    struct l3d_pp_sim sim, ref;
+    bool ok = split_and_ref(&s, L3D_PP_ZBV, 2, &h, L3D_PP_ZBH1, 2.0, pp, m, &sim, &ref);
+    int cap = 2 * (pp < m ? pp : m);
+    for (int r = 0; r < pp; r++) {
+        ok = ok && sim.max_held[r] <= cap && sim.max_held[r] == l3d_pp_in_flight(L3D_PP_ZBV, pp, r,
+                                                                                 2, m);
+        for (int i = 0; i < s.n[r]; i++) {
+            const struct l3d_pp_action *a = &s.acts[r][i];
+            int vs = l3d_pp_vstage(L3D_PP_ZBV, pp, r, a->chunk), pr, pc;
+            if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_RECV_GRAD)
+                l3d_pp_vstage_owner(L3D_PP_ZBV, pp, vs + 1, &pr, &pc);
+            else if (a->op == L3D_PP_RECV_ACT || a->op == L3D_PP_SEND_GRAD)
+                l3d_pp_vstage_owner(L3D_PP_ZBV, pp, vs - 1, &pr, &pc);
+            else
+                continue;
+            ok = ok && a->peer == pr && (r != pp - 1 || (pr == r) == (a->chunk == (a->op ==
+                                         L3D_PP_SEND_ACT || a->op == L3D_PP_RECV_GRAD ? 0 : 1)));
+        }
+    }
+    check_split(L3D_PP_ZBV, 2, pp, m, 6.0, &sim, &ref, ok);
+    l3d_pp_schedule_free(&s);
+    l3d_pp_schedule_free(&h);
+}
+
+/* ZB-V at every size; its placement's map and inverse; a send to the interleaved placement's
+ * rank instead of the V's is caught (unmatched); --pp-virtual other than 2 refused by name. */
+static void test_zbv(void) {
+    const int pps[] = {2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof pps / sizeof pps[0]; i++)
+        for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) check_zbv(pps[i], ms[j]);
+    for (int vs = 0; vs < 8; vs++) {
+        int r, c;
+        l3d_pp_vstage_owner(L3D_PP_ZBV, 4, vs, &r, &c);
+        CHECK(l3d_pp_vstage(L3D_PP_ZBV, 4, r, c) == vs && r == (vs < 4 ? vs : 7 - vs));
+    }
+    struct l3d_pp_schedule s;
+    struct l3d_pp_sim sim;
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, 4, 2, 8) == L3D_OK);
+    for (int i = 0; i < s.n[2]; i++) /* rank 2's chunk 1 (stage 5) sends to stage 6: rank 1 */
+        if (s.acts[2][i].op == L3D_PP_SEND_ACT && s.acts[2][i].chunk == 1) s.acts[2][i].peer = 3;
+    l3d_pp_simulate_bw(&s, 1, 1, 1, &sim);
+    CHECK(!sim.matched);
+    l3d_pp_schedule_free(&s);
+    CHECK(l3d_pp_schedule_build(&s, L3D_PP_ZBV, 4, 3, 8) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "give --pp-virtual 2") != NULL);
 }
 
 static double stage_cost(const struct l3d_model_spec *cfg, int T, const int *layers, int k, int n) {
@@ -350,6 +423,7 @@ int main(void) {
     test_shapes();
     test_broken();
     test_zbh1();
+    test_zbv();
     test_partition();
     return TEST_REPORT();
 }

@@ -328,6 +328,7 @@ struct l3d_gpt {
     struct l3d_gpt_hooks hooks;
     int Bmax, Tmax;       /* sizes the activations were planned for */
     int act_slots, slot;  /* micro-batches whose activations can be kept at once; current one */
+    bool head_once;       /* the head's activations once, not per slot (l3d_gpt_split_init) */
     enum l3d_recompute recompute;
     bool attn_naive;      /* L3D_ATTENTION=naive: the materialising kernel (benchmark, oracle) */
     int64_t num_params;   /* elements in this shard */
@@ -372,6 +373,7 @@ struct l3d_gpt {
     /* Split backward (l3d_gpt_split_init): per W slot, each layer's output gradients of its
      * products and norms, kept from l3d_gpt_backward_input to l3d_gpt_backward_weight. */
     void *wstash;
+    void *wnorm;          /* gradient slots (ZeRO-2/3): B's norm weight gradients per W slot */
     int64_t wstash_layer; /* bytes of one layer's stash; a W slot holds layer_count of them */
     int wstash_slots, wslot; /* W slots (micro-batches between B and W at once); current one */
 };
@@ -425,6 +427,10 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
  * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
+/* The head's activations of one slot in closed form (final LayerNorm, its gathered copy under SP,
+ * the logits slice, the loss statistics; not the per-token losses): 0 without the head. */
+size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                              int T, enum l3d_dtype dt);
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt);
@@ -454,21 +460,32 @@ void l3d_gpt_backward(struct l3d_gpt *m, float dloss, const void *dout_act);
 /* The same backward in two calls (zero-bubble pipelines, Qi et al. 2024): B, the input gradient
  * (what the previous stage waits for; the head's, the embedding's and a MoE layer's weight
  * gradients come with it), then, possibly after other micro-batches' passes, W: the transformer
- * layers' weight gradients (dW = x^T dy of each product, the biases', the norms' weights') from
- * the slot's saved activations and the output gradients B stashed in the slot. Both act on the
- * current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves the
- * gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under full
- * recomputation W rebuilds the layer's forward again. grads_ready fires per layer from W.
- * wslot: where B keeps and W reads the stash, 0 .. wslots - 1 (a micro-batch's own until its W:
- * the schedule's micro % wslots, first in first out).
- * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes for wslots W slots): L3D_ERR_OOM;
- * L3D_ERR_ARG for the gradient-slot modes (ZeRO-2/3: a layer's slot is reused two layers on) and
- * MoE with full recomputation (W's rebuilt forward would rerun the experts). */
-l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots);
+ * layers' products' weight gradients (dW = x^T dy of each product, and the biases'; the norms'
+ * weights come with B) from the slot's saved activations and the output gradients B stashed in
+ * the slot, over the activations B read for the last time (no memory beyond the slot's). Both act
+ * on the current slot (l3d_gpt_use_slot); W of a slot before its next forward. B then W leaves
+ * the gradients bit for bit as l3d_gpt_backward (the products are the same calls, split). Under
+ * full recomputation (the slot holds the layer outputs only) W rebuilds the layer's forward again
+ * and the output gradients wait in a stash of wslots W slots: wslot 0 .. wslots - 1 (a
+ * micro-batch's own until its W: the schedule's micro % wslots, first in first out; ignored
+ * otherwise). grads_ready fires per layer from W.
+ * head_once (the schedule runs each micro-batch's B on the head's stage before the next forward:
+ * l3d_pp_fb_slots 1) lays the head's activations out once, not per slot: the stage keeps up to
+ * pp micro-batches to W under ZB-H1 (1F1B: 1), and the logits of each would cost it more than
+ * 1F1B's fullest stage; l3d_gpt_act_bytes_dt less (slots - 1) l3d_gpt_head_act_bytes.
+ * With gradient slots (ZeRO-2/3, grad_slots) B keeps the norms' weight gradients (4 C fp32 a
+ * layer and W slot) and W zeroes the layer's slot, puts them in with the products' and fires
+ * grads_ready, as the fused backward does per micro-batch.
+ * l3d_gpt_split_init allocates the stash (l3d_gpt_wstash_bytes, 0 without full recomputation or
+ * gradient slots): L3D_ERR_OOM;
+ * L3D_ERR_ARG for a MoE model with gradient slots (its experts' gradients come in B) or with full
+ * recomputation (W's rebuilt forward would rerun the experts). */
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once);
 void l3d_gpt_backward_input(struct l3d_gpt *m, float dloss, const void *dout_act, int wslot);
 void l3d_gpt_backward_weight(struct l3d_gpt *m, int wslot);
 size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_dtype dt);
+                            int T, int wslots, enum l3d_recompute recompute, bool grad_slots,
+                            enum l3d_dtype dt);
 void l3d_gpt_zero_grad(struct l3d_gpt *m);
 /* Where the gradient of tensor `t`, local layer `layer` (0 for non-layer tensors) lies, holding
  * rows*cols elements for a layer tensor or count for the others. */

@@ -78,6 +78,18 @@ struct l3d_pp_schedule {
                                   * 0 without a split backward) */
 };
 
+/* The most micro-batches of chunk `chunk` on stage r between a forward and its backward (its B
+ * when split) in a built schedule: 1 when each backward comes before the next forward (the last
+ * stage under 1F1B and zb-h1, whose head then keeps one micro-batch's activations: slots counts
+ * them to W). */
+int l3d_pp_fb_slots(const struct l3d_pp_schedule *s, int r, int chunk);
+/* Whether the schedule splits each backward into B and W (zb-h1, zbv). */
+bool l3d_pp_split(enum l3d_pp_kind kind);
+/* The virtual stage of chunk `chunk` on pipeline rank r: chunk pp + r (interleaved: the chunks
+ * loop over the ranks), but zbv's V: chunk 0 is stage r, chunk 1 stage 2 pp - 1 - r (rank 0 holds
+ * the first and the last). l3d_pp_vstage_owner: the rank and chunk of virtual stage vs. */
+int l3d_pp_vstage(enum l3d_pp_kind kind, int pp, int r, int chunk);
+void l3d_pp_vstage_owner(enum l3d_pp_kind kind, int pp, int vs, int *r, int *chunk);
 const char *l3d_pp_kind_name(enum l3d_pp_kind kind);
 /* "gpipe", "1f1b", "interleaved" or "zb-h1"; L3D_ERR_ARG naming --pp-schedule otherwise. */
 l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind);
@@ -88,7 +100,8 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
 /* The checks of l3d_pp_schedule_build alone, so a caller gives its verdict before it builds. */
 l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m);
 /* Forward only (validation): each stage forwards micro-batches in order, chunk by chunk. */
-l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m);
+l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp,
+                                         int v, int m);
 void l3d_pp_schedule_free(struct l3d_pp_schedule *s);
 /* The host bytes a schedule of every stage takes (what the builds allocate: room for 7 actions a
  * (micro, chunk) pair, 3 forward only, on each of the pp stages), before building it: the memory
@@ -175,7 +188,8 @@ struct l3d_pp_event {
 };
 
 struct l3d_pp_exec {
-    struct l3d_gpt **chunks; /* v models: chunk c is virtual stage c pp + pp_rank */
+    struct l3d_gpt **chunks; /* v models: chunk c is virtual stage l3d_pp_vstage(kind, ...) */
+    enum l3d_pp_kind kind;   /* the schedule's (the placement of the chunks; set after init) */
     struct l3d_dp *dp;       /* v data-parallel states, or NULL */
     int v, max_slots;
     struct l3d_comm *pp_comm, *embed_comm;

@@ -31,7 +31,7 @@
 #define L3D_ZERO3_MAX_PREFETCH 64
 
 /* The pipeline schedule (include/llm3d/pipeline.h builds it; --pp-schedule names it) */
-enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED, L3D_PP_ZBH1 };
+enum l3d_pp_kind { L3D_PP_GPIPE, L3D_PP_1F1B, L3D_PP_INTERLEAVED, L3D_PP_ZBH1, L3D_PP_ZBV };
 
 /* How a run is laid out on its ranks and how a step is cut into micro-batches. */
 struct l3d_layout {

@@ -230,9 +230,10 @@ static const struct l3d_flag layout_flags[] = {
                       "data-parallel group, tokens exchanged by all-to-all (1)"},
     {"pp", "N", F_PP, "pipeline-parallel size: contiguous layer ranges per stage (1)"},
     {"dp", "N", F_DP, "data-parallel replicas (default: ranks / (tp x pp))"},
-    {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, interleaved (with --pp-virtual), or "
-                                  "zb-h1 (zero bubble: backward split into B and W)"},
-    {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved schedule (1)"},
+    {"pp-schedule", "S", F_SCHED, "1f1b (default), gpipe, interleaved (with --pp-virtual), "
+                                  "zb-h1 (zero bubble: backward split into B and W) or zbv "
+                                  "(zero bubble, two chunks a rank in a V: --pp-virtual 2)"},
+    {"pp-virtual", "V", F_VIRT, "model chunks per pipeline rank, interleaved or zbv schedule (1)"},
     {"pp-layers", "a,b,..", F_PPLAYERS, "layers of each (virtual) stage (default: balanced by "
                                         "cost)"},
     {"pp-first-layers", "N", F_PPFIRST, "layers of the first (virtual) stage, the middle ones "

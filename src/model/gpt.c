@@ -469,17 +469,21 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
             if (keep) TAKE(*layer_act_field(&a->layer[l], i), moe ? 0 : sz[i],
                            layer_act_f32(i) ? F4 : E);
         }
-    if (s->has_head) {
-        TAKE(a->lnf, BTl * C, E);
-        TAKE(a->lnf_full, BTs * C, E);
-        TAKE(a->lnf_mean, BTl, F4);
-        TAKE(a->lnf_rstd, BTl, F4);
-        TAKE(m->logits, BT * Vl, E);
-        TAKE(m->losses, BT, F4);
-        TAKE(a->maxv, BT, F4);
-        TAKE(a->sumexp, BT, F4);
-        TAKE(a->tlogit, BT, F4);
-    }
+    /* the head's: per slot, or once in the shared region (head_once: each forward's backward
+     * comes before the next forward) */
+#define TAKE_HEAD()                          \
+    do {                                     \
+        TAKE(a->lnf, BTl * C, E);            \
+        TAKE(a->lnf_full, BTs * C, E);       \
+        TAKE(a->lnf_mean, BTl, F4);          \
+        TAKE(a->lnf_rstd, BTl, F4);          \
+        TAKE(m->logits, BT * Vl, E);         \
+        TAKE(a->maxv, BT, F4);               \
+        TAKE(a->sumexp, BT, F4);             \
+        TAKE(a->tlogit, BT, F4);             \
+    } while (0)
+    if (s->has_head && !m->head_once) TAKE_HEAD();
+    if (s->has_head) TAKE(m->losses, BT, F4);
     TAKE(m->inputs, BT, F4);
     TAKE(m->targets, BT, F4);
     TAKE(m->dinput_act, BTl * C, E);
@@ -488,6 +492,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     region = base ? (char *)base + total : NULL;
     off = 0;
     /* shared region */
+    if (s->has_head && m->head_once) TAKE_HEAD();
     if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5], F4);
     if (naive_sel) TAKE(a->atty_tmp, BT * Ca, E);
     if (m->recompute == L3D_RECOMPUTE_FULL) {
@@ -508,6 +513,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     TAKE(a->datt, m->attn_naive ? sz[5] : 0, F4);
     TAKE(a->dfch, BT * w.Fm, E);
     TAKE(a->dfch_gelu, BT * F, E);
+#undef TAKE_HEAD
 #undef TAKE
     if (base) {
         a->rc.att = a->att_shared;
@@ -693,6 +699,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     l3d_moe_free(m);
     l3d_qknorm_free(m);
     l3d_be_free(be, m->wstash);
+    l3d_be_free(be, m->wnorm);
     if (m->acts) {
         l3d_be_free(be, m->acts->base);
         l3d_free(m->acts->layer);
@@ -1390,10 +1397,18 @@ static void mlp_backward(struct l3d_gpt *m, const struct layer_acts *la,
 
 /* ---- split backward: the stash of W's inputs ------------------------------------------- */
 
-/* What W needs beyond the saved activations: the gradients of each product's and norm's output,
- * in the order B produces them (MLP output, fc output, LayerNorm 2 output, attention output,
- * q|k|v, LayerNorm 1 output). */
-enum { WS_DMLP, WS_DFCH, WS_DLN2, WS_DATT, WS_DQKV, WS_DLN1, WS_N };
+/* What W needs beyond the saved activations: the gradients of its products' outputs, in the order
+ * B produces them (MLP output, fc output, attention output, q|k|v); the norms' weight gradients
+ * come with B (cheap, and their inputs then need not be kept). Without full recomputation B
+ * writes them into the micro-batch's own activation slot, over what B has read for the last time
+ * and W does not read: the layer output res3 (the next layer's B, or the head's, is done), the fc
+ * output fch (the activation's backward is done), res2 (LayerNorm 2's backward is done) and q|k|v
+ * (the attention's backward is done), each of its gradient's size; so a micro-batch between B and
+ * W holds no more than between F and B, and ZB-H1 keeps 1F1B's activation memory (Qi et al.
+ * 2024, sec. 3.1: at most pp micro-batches in flight). The residual gradients are this rank's
+ * rows (W gathers them again under sequence parallelism). Under full recomputation the slot
+ * keeps only res3: they go to a stash of wslots W slots. */
+enum { WS_DMLP, WS_DFCH, WS_DATT, WS_DQKV, WS_N };
 
 /* Elements of each stash entry of one layer for BT rows. */
 static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int64_t BT,
@@ -1401,7 +1416,7 @@ static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shar
     int64_t C = cfg->C, HS = C / cfg->NH, BTl = BT / sh->sp_size;
     int64_t qkv = ((int64_t)sh->head_count + 2 * (int64_t)l3d_shard_kv_count(cfg, sh)) * HS;
     int64_t fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * (int64_t)sh->ffn_count : sh->ffn_count;
-    const int64_t v[WS_N] = {BT * C, BT * fm, BTl * C, BT * C, BT * qkv, BTl * C};
+    const int64_t v[WS_N] = {BTl * C, BT * fm, BTl * C, BT * qkv};
     memcpy(sz, v, sizeof v);
 }
 
@@ -1414,14 +1429,46 @@ static int64_t wstash_layer_bytes(const struct l3d_model_spec *cfg, const struct
     return b;
 }
 
-size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
-                            int T, int wslots, enum l3d_dtype dt) {
-    int64_t per = wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt));
-    return (size_t)(per * sh->layer_count * wslots);
+/* Bytes of one W slot's norm weight gradients (gradient slots: 4 C fp32 a layer, 64-aligned). */
+static int64_t wnorm_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh) {
+    return ((int64_t)4 * cfg->C * (int64_t)sizeof(float) + 63) / 64 * 64 * sh->layer_count;
 }
 
-/* Entry i of local layer l's stash in the current W slot. */
-static void *wstash(const struct l3d_gpt *m, int l, int i) {
+size_t l3d_gpt_wstash_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                            int T, int wslots, enum l3d_recompute recompute, bool grad_slots,
+                            enum l3d_dtype dt) {
+    int64_t per = recompute == L3D_RECOMPUTE_FULL /* else in the activation slots */
+                      ? wstash_layer_bytes(cfg, sh, (int64_t)B * T, l3d_dtype_size(dt)) *
+                            sh->layer_count
+                      : 0;
+    if (grad_slots) per += wnorm_bytes(cfg, sh);
+    return (size_t)(per * wslots);
+}
+
+/* Gradient slots (ZeRO-2/3): the slot of layer l is reused two layers on, so B keeps the norms'
+ * weight gradients of the current W slot here (ln2w ln2b ln1w ln1b, C each) and W puts them into
+ * the layer's gradient slot with the products'. */
+static float *wnorm(const struct l3d_gpt *m, int l) {
+    int64_t per = wnorm_bytes(&m->cfg, &m->shard) / m->shard.layer_count;
+    return (float *)((char *)m->wnorm + ((int64_t)m->wslot * m->shard.layer_count + l) * per);
+}
+
+static struct layer_grads wnorm_grads(const struct l3d_gpt *m, const struct layer_grads *g,
+                                      int l) {
+    float *d = wnorm(m, l);
+    int64_t C = m->cfg.C;
+    return (struct layer_grads){.ln2w = g->ln2w ? d : NULL, .ln2b = g->ln2b ? d + C : NULL,
+                                .ln1w = g->ln1w ? d + 2 * C : NULL,
+                                .ln1b = g->ln1b ? d + 3 * C : NULL};
+}
+
+/* Entry i of local layer l's stash: in the slot's activations (la, the current slot's), or in
+ * the current W slot of the stash under full recomputation. */
+static void *wstash(const struct l3d_gpt *m, const struct layer_acts *la, int l, int i) {
+    if (m->recompute != L3D_RECOMPUTE_FULL) {
+        void *const in_slot[WS_N] = {la->res3, la->fch, la->res2, la->qkv};
+        return in_slot[i];
+    }
     int64_t sz[WS_N], off = ((int64_t)m->wslot * m->shard.layer_count + l) * m->wstash_layer;
     wstash_sizes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, sz);
     for (int k = 0; k < i; k++) off += (sz[k] * (int64_t)m->es + 63) / 64 * 64;
@@ -1430,21 +1477,55 @@ static void *wstash(const struct l3d_gpt *m, int l, int i) {
 
 /* B keeps entry i of layer l: n elements of src. */
 static void stash(struct l3d_gpt *m, int l, int i, const void *src, int64_t n) {
-    l3d_be_copy_d2d(m->be, wstash(m, l, i), src, (size_t)n * m->es);
+    l3d_be_copy_d2d(m->be, wstash(m, &m->acts->layer[l], l, i), src, (size_t)n * m->es);
 }
 
-l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots) {
-    if (m->grads_nonlayer)
-        return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) defers "
-                         "weight gradients, which the gradient slots of --zero 2 and 3 cannot "
-                         "hold: use --zero 0 or 1, or --pp-schedule 1f1b");
+/* W's residual gradient (entry i, this rank's rows): all of them, gathered under sequence
+ * parallelism as B had them. */
+static const void *wstash_rows(struct l3d_gpt *m, int l, int i) {
+    const void *mine = wstash(m, &m->acts->layer[l], l, i);
+    if (m->shard.sp_size == 1) return mine;
+    int64_t Nl = (int64_t)m->B * m->T / m->shard.sp_size;
+    m->hooks.tp_all_gather(m->hooks.ctx, mine, m->acts->dres_full, Nl * m->cfg.C, m->dt);
+    return m->acts->dres_full;
+}
+
+/* The head's activations once instead of per slot: the activation region laid out again (at
+ * initialisation, before any pass: nothing in it yet); false when out of memory. */
+static bool share_head(struct l3d_gpt *m) {
+    size_t others = m->act_bytes - (size_t)point_acts(m, NULL, 0); /* the MoE buffers */
+    l3d_be_free(m->be, m->acts->base);
+    m->head_once = true;
+    size_t bytes = (size_t)point_acts(m, NULL, 0);
+    m->acts->base = l3d_be_alloc(m->be, bytes, "activations");
+    if (!m->acts->base) return false;
+    l3d_be_memset(m->be, m->acts->base, 0, bytes);
+    point_acts(m, m->acts->base, 0);
+    m->slot = 0;
+    m->act_bytes = bytes + others;
+    return true;
+}
+
+l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
+    if (m->grads_nonlayer && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
+        return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) on a MoE "
+                         "model computes the experts' gradients in B, which the gradient slots "
+                         "of --zero 2 and 3 cannot hold until W: use --zero 0 or 1, or "
+                         "--pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
+    if (head_once && m->shard.has_head && m->act_slots > 1 && !share_head(m))
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the activations: lower "
+                         "--batch or --seq-len", (double)m->act_bytes / 1048576.0);
     m->wstash_slots = wslots;
     m->wstash_layer = wstash_layer_bytes(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, m->es);
-    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots, m->dt);
+    bool slots = m->grads_nonlayer != NULL;
+    size_t bytes = l3d_gpt_wstash_bytes(&m->cfg, &m->shard, m->Bmax, m->Tmax, wslots,
+                                        m->recompute, slots, m->dt);
+    size_t nb = slots ? (size_t)(wnorm_bytes(&m->cfg, &m->shard) * wslots) : 0;
     if (bytes == 0) return L3D_OK;
-    m->wstash = l3d_be_alloc(m->be, bytes, "weight-gradient stash");
-    if (!m->wstash)
+    if (bytes > nb) m->wstash = l3d_be_alloc(m->be, bytes - nb, "weight-gradient stash");
+    if (nb) m->wnorm = l3d_be_alloc(m->be, nb, "weight-gradient stash");
+    if ((bytes > nb && !m->wstash) || (nb && !m->wnorm))
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the zero-bubble schedule's "
                          "weight-gradient stash: lower --batch or --seq-len, or use "
                          "--pp-schedule 1f1b", (double)bytes / 1048576.0);
@@ -1491,9 +1572,15 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     params_begin(m, l, true); /* a full recomputation below reuses it */
     struct layer_acts *la = &a->layer[l];
     struct layer_params p = layer_params(m, l);
-    if (m->grads_nonlayer)
+    if (m->grads_nonlayer && !defer) /* split: W fills the slot */
         l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
-    struct layer_grads g = defer ? (struct layer_grads){0} : layer_grads(m, l);
+    struct layer_grads g = layer_grads(m, l);
+    if (defer && m->grads_nonlayer) { /* the norms' now, kept for W; the products' in W */
+        g = wnorm_grads(m, &g, l);
+        l3d_be_memset(m->be, wnorm(m, l), 0, 4 * (size_t)m->cfg.C * sizeof(float));
+    } else if (defer) { /* the products' weight gradients wait for W; the norms' come now */
+        g = (struct layer_grads){.ln1w = g.ln1w, .ln1b = g.ln1b, .ln2w = g.ln2w, .ln2b = g.ln2b};
+    }
     const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
         la = &a->rc;
@@ -1507,7 +1594,7 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     norm_grads(m, &g, gl);
     /* MLP: dres holds d(res3) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-    if (defer && !moe) stash(m, l, WS_DMLP, a->dres_full, N * C);
+    if (defer && !moe) stash(m, l, WS_DMLP, a->dres, Nl * C);
     if (moe) { /* d(ln2) of all N rows, whole on every tp rank: no sum; SP takes its rows */
         l3d_moe_backward(m, l, a->dln, a->dres_full, la->ln2, N, dloss);
         if (sp > 1)
@@ -1517,13 +1604,12 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
         mlp_backward(m, la, &p, &g, N);
     }
     if (defer && !moe) stash(m, l, WS_DFCH, a->dfch, N * w.Fm);
-    if (defer) stash(m, l, WS_DLN2, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[0], gl[1], a->dln_local, la->res2, p.ln2w, la->ln2_mean,
                        la->ln2_rstd, Nl, C);
     progress(m);
     /* attention: dres now holds d(res2) */
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->dres, a->dres_full, Nl * C, dt);
-    if (defer) stash(m, l, WS_DATT, a->dres_full, N * C);
+    if (defer) stash(m, l, WS_DATT, a->dres, Nl * C);
     l3d_be_memset(m->be, a->datty, 0, (size_t)(N * w.Ca) * m->es);
     matmul_backward(m, a->datty, g.attprojw, g.attprojb, a->dres_full, la->atty, p.attprojw, N,
                     w.Ca, C);
@@ -1536,10 +1622,9 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     progress(m);
     if (defer) stash(m, l, WS_DQKV, a->dqkv, N * w.QKV);
     column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, w.QKV);
-    if (defer) stash(m, l, WS_DLN1, a->dln_local, Nl * C);
     layernorm_backward(m, a->dres, gl[2], gl[3], a->dln_local, x, p.ln1w, la->ln1_mean,
                        la->ln1_rstd, Nl, C);
-    if (!defer) norm_grads_sum(m, &g, gl);
+    norm_grads_sum(m, &g, gl);
     /* dres now holds d(x), the layer's input */
     params_end(m, l, true);
     if (!defer && m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
@@ -1548,43 +1633,50 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
 /* W of layer l: its weight gradients from the stash and the slot's activations, the same
  * products backward_layer makes (each product's weight gradient independent of its input
  * gradient: the same bits). */
+/* Gradient slots: the layer's slot zeroed as the fused backward has it, then B's norm weight
+ * gradients into it (what the fused backward's += into zeros gives). */
+static void weight_slot_begin(struct l3d_gpt *m, const struct layer_grads *g, int l) {
+    l3d_be_memset(m->be, m->grad_slot[l % 2], 0, (size_t)m->slot_size * sizeof(float));
+    struct layer_grads kept = wnorm_grads(m, g, l);
+    float *const to[4] = {g->ln2w, g->ln2b, g->ln1w, g->ln1b};
+    const float *const from[4] = {kept.ln2w, kept.ln2b, kept.ln1w, kept.ln1b};
+    for (int i = 0; i < 4; i++)
+        if (to[i]) l3d_be_copy_d2d(m->be, to[i], from[i], (size_t)m->cfg.C * sizeof(float));
+}
+
 static void weight_layer(struct l3d_gpt *m, int l) {
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
-    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, Nl = N / s->sp_size;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C;
     struct widths w = widths(m);
     params_begin(m, l, true);
     struct layer_acts *la = &a->layer[l];
     struct layer_params p = layer_params(m, l);
     struct layer_grads g = layer_grads(m, l);
-    const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
+    if (m->grads_nonlayer) /* the layer's gradient slot: B's norm gradients, then the products' */
+        weight_slot_begin(m, &g, l);
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
+        const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         la = &a->rc;
         forward_layer(m, l, la, x, m->B, m->T, false);
     }
-    float *gl[4];
-    norm_grads(m, &g, gl);
     if (!l3d_model_moe_layer(&m->cfg, s->layer_start + l)) {
-        matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash(m, l, WS_DMLP), la->fch_gelu,
+        matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash_rows(m, l, WS_DMLP), la->fch_gelu,
                         p.fcprojw, N, w.F, C);
-        matmul_backward(m, NULL, g.fcw, g.fcb, wstash(m, l, WS_DFCH), la->ln2, p.fcw, N, C,
-                        w.Fm);
+        matmul_backward(m, NULL, g.fcw, g.fcb, wstash(m, &a->layer[l], l, WS_DFCH), la->ln2,
+                        p.fcw, N, C, w.Fm);
     }
-    layernorm_backward(m, NULL, gl[0], gl[1], wstash(m, l, WS_DLN2), la->res2, p.ln2w,
-                       la->ln2_mean, la->ln2_rstd, Nl, C);
-    matmul_backward(m, NULL, g.attprojw, g.attprojb, wstash(m, l, WS_DATT), la->atty, p.attprojw,
-                    N, w.Ca, C);
-    matmul_backward(m, NULL, g.qkvw, g.qkvb, wstash(m, l, WS_DQKV), la->ln1, p.qkvw, N, C, w.QKV);
-    layernorm_backward(m, NULL, gl[2], gl[3], wstash(m, l, WS_DLN1), x, p.ln1w, la->ln1_mean,
-                       la->ln1_rstd, Nl, C);
-    norm_grads_sum(m, &g, gl);
+    matmul_backward(m, NULL, g.attprojw, g.attprojb, wstash_rows(m, l, WS_DATT), la->atty,
+                    p.attprojw, N, w.Ca, C);
+    matmul_backward(m, NULL, g.qkvw, g.qkvb, wstash(m, &a->layer[l], l, WS_DQKV), la->ln1, p.qkvw,
+                    N, C, w.QKV);
     params_end(m, l, true);
     if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.grads_ctx, l);
 }
 
 static void backward_pass(struct l3d_gpt *m, float dloss, const void *dout_act, bool defer) {
     L3D_ASSERT(m->grads || m->grads_nonlayer); /* not an inference-only model */
-    L3D_ASSERT(!defer || m->wstash || m->shard.layer_count == 0);
+    L3D_ASSERT(!defer || m->wstash_slots > 0); /* l3d_gpt_split_init */
     const struct l3d_shard *s = &m->shard;
     struct l3d_gpt_acts *a = m->acts;
     int B = m->B, T = m->T;
@@ -1642,11 +1734,19 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
     return l3d_gpt_act_bytes_dt(cfg, sh, B, T, act_slots, recompute, flash, L3D_F32);
 }
 
+size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
+                              int T, enum l3d_dtype dt) {
+    if (!sh->has_head) return 0;
+    double sb = (double)B * T, p = sh->sp_size, sbh = sb * cfg->C, V = (double)sh->vocab_count;
+    double E = (double)l3d_dtype_size(dt);
+    return (size_t)(E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 3 * sb));
+}
+
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt) {
     double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
-    double p = sh->sp_size, sb = s * b, sbh = s * b * h, V = (double)sh->vocab_count;
+    double p = sh->sp_size, sb = s * b, sbh = s * b * h;
     double E = (double)l3d_dtype_size(dt);
     /* each term in bytes: E for the activations of the model's type, 4 for the fp32 statistics
      * and the int32 tokens. a: this rank's heads, the model's / t. The tiled kernel keeps a
@@ -1667,10 +1767,10 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
-     * LayerNorm (its gathered copy under SP), the logits slice and the loss statistics */
+     * LayerNorm (its gathered copy under SP), the logits slice, the loss statistics and the
+     * per-token losses */
     double slot = sh->layer_count * layer + E * 2 * sbh / p + 4 * 2 * sb;
-    if (sh->has_head)
-        slot += E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 4 * sb);
+    if (sh->has_head) slot += (double)l3d_gpt_head_act_bytes(cfg, sh, B, T, dt) + 4 * sb;
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */

@@ -78,7 +78,7 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
     for (int i = 0; i < n; i++) {
         const struct l3d_pp_action *a = &acts[i];
         struct l3d_gpt *g = x->chunks[a->chunk];
-        int slot = a->micro % g->act_slots, vs = a->chunk * pp + r;
+        int slot = a->micro % g->act_slots, vs = l3d_pp_vstage(x->kind, pp, r, a->chunk);
         int64_t count = BT / g->shard.sp_size * g->cfg.C;
         l3d_req *areq = &x->act_req[a->chunk * x->max_slots + slot];
         l3d_req *greq = &x->grad_req[a->chunk * x->max_slots + slot];
@@ -129,9 +129,11 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
                 l3d_dp_begin_micro(&x->dp[a->chunk], a->micro == m - 1);
             if (a->op == L3D_PP_BWD)
                 l3d_gpt_backward(g, dloss, g->shard.has_head ? NULL : x->grad_buf);
-            else
+            else { /* B writes W's input over its output activation: the send has left */
+                l3d_comm_wait(x->pp_comm, areq);
                 l3d_gpt_backward_input(g, dloss, g->shard.has_head ? NULL : x->grad_buf,
                                        a->micro % g->wstash_slots);
+            }
             double t1 = l3d_time_s();
             x->busy_s += t1 - t0;
             l3d_pp_trace_add(x, L3D_EV_BWD, a->chunk, a->micro, t0, t1);
@@ -162,10 +164,28 @@ double l3d_pp_exec_run(struct l3d_pp_exec *x, const struct l3d_pp_action *acts, 
     return loss;
 }
 
+/* zbv: the first and the last virtual stage on this rank (rank 0), the embedding's and the head's
+ * gradient of the tied wte in two chunks: summed here, into both. */
+static void tied_local(struct l3d_pp_exec *x) {
+    struct l3d_gpt *e = NULL, *h = NULL;
+    for (int c = 0; c < x->v; c++) {
+        if (x->chunks[c]->shard.has_embedding) e = x->chunks[c];
+        if (x->chunks[c]->shard.has_head) h = x->chunks[c];
+    }
+    if (!e || !h || e == h || e->cfg.untied) return;
+    int64_t n = e->tensors[L3D_T_WTE].count;
+    float *ge = l3d_gpt_grad_ptr(e, L3D_T_WTE, 0), *gh = l3d_gpt_grad_ptr(h, L3D_T_WTE, 0);
+    L3D_ASSERT(n == h->tensors[L3D_T_WTE].count);
+    l3d_be_add_inplace(x->be, L3D_F32, ge, gh, n);
+    l3d_be_copy_d2d(x->be, gh, ge, (size_t)n * sizeof(float));
+}
+
 void l3d_pp_exec_finish_grads(struct l3d_pp_exec *x) {
     double t0 = l3d_time_s();
     l3d_comm_doing(x->pp_comm, "tied-embedding gradient sum", -1, -1);
-    if (x->embed_comm && x->embed_comm->size > 1)
+    if (x->kind == L3D_PP_ZBV)
+        tied_local(x);
+    else if (x->embed_comm && x->embed_comm->size > 1)
         for (int c = 0; c < x->v; c++) {
             struct l3d_gpt *g = x->chunks[c];
             const struct l3d_tensor_info *t = &g->tensors[L3D_T_WTE];

@@ -12,18 +12,31 @@ const char *l3d_pp_kind_name(enum l3d_pp_kind kind) {
     case L3D_PP_1F1B: return "1f1b";
     case L3D_PP_INTERLEAVED: return "interleaved";
     case L3D_PP_ZBH1: return "zb-h1";
+    case L3D_PP_ZBV: return "zbv";
     }
     return "?";
 }
 
 l3d_status l3d_pp_kind_parse(const char *name, enum l3d_pp_kind *kind) {
-    for (int k = L3D_PP_GPIPE; k <= L3D_PP_ZBH1; k++)
+    for (int k = L3D_PP_GPIPE; k <= L3D_PP_ZBV; k++)
         if (strcmp(name, l3d_pp_kind_name((enum l3d_pp_kind)k)) == 0) {
             *kind = (enum l3d_pp_kind)k;
             return L3D_OK;
         }
-    return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b, interleaved or zb-h1",
-                     name);
+    return l3d_error(L3D_ERR_ARG, "--pp-schedule %s: choose gpipe, 1f1b, interleaved, zb-h1 or "
+                     "zbv", name);
+}
+
+bool l3d_pp_split(enum l3d_pp_kind kind) { return kind == L3D_PP_ZBH1 || kind == L3D_PP_ZBV; }
+
+int l3d_pp_vstage(enum l3d_pp_kind kind, int pp, int r, int chunk) {
+    if (kind == L3D_PP_ZBV && chunk == 1) return 2 * pp - 1 - r; /* the V's way back */
+    return chunk * pp + r;
+}
+
+void l3d_pp_vstage_owner(enum l3d_pp_kind kind, int pp, int vs, int *r, int *chunk) {
+    *chunk = vs / pp;
+    *r = kind == L3D_PP_ZBV && *chunk == 1 ? 2 * pp - 1 - vs : vs % pp;
 }
 
 int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
@@ -32,6 +45,8 @@ int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
         warm = total;
     else if (kind == L3D_PP_1F1B || kind == L3D_PP_ZBH1)
         warm = pp - r - 1;
+    else if (kind == L3D_PP_ZBV) /* chunk 0's forwards before the stage's first B */
+        warm = 2LL * (pp - r) - 1;
     else
         warm = 2LL * (pp - r - 1) + (int64_t)(v - 1) * pp;
     return warm < total ? warm : total;
@@ -40,6 +55,7 @@ int64_t l3d_pp_warmup(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
 int64_t l3d_pp_in_flight(enum l3d_pp_kind kind, int pp, int r, int v, int64_t m) {
     if (pp == 1) return 1;
     if (kind == L3D_PP_ZBH1) return pp < m ? pp : m; /* held to W: build_zbh1's cap */
+    if (kind == L3D_PP_ZBV) return 2LL * pp < 2 * m ? 2LL * pp : 2 * m; /* build_zbv's cap */
     int64_t f = l3d_pp_warmup(kind, pp, r, v, m) + 1;
     return f < m * v ? f : m * v;
 }
@@ -64,8 +80,10 @@ static void emit(struct builder *b, int op, int micro, int chunk, int peer) {
 /* A computation (L3D_PP_FWD, _BWD, _BWD_B or _BWD_W) with the receive before it and the send
  * after it (a W has neither). */
 static void compute_op(struct builder *b, int op, int micro, int chunk) {
-    int pp = b->s->pp, r = b->stage, vs = chunk * pp + r, last = pp * b->s->v - 1;
-    int prev = (r + pp - 1) % pp, next = (r + 1) % pp;
+    int pp = b->s->pp, vs = l3d_pp_vstage(b->s->kind, pp, b->stage, chunk);
+    int last = pp * b->s->v - 1, prev = -1, next = -1, c;
+    if (vs > 0) l3d_pp_vstage_owner(b->s->kind, pp, vs - 1, &prev, &c);
+    if (vs < last) l3d_pp_vstage_owner(b->s->kind, pp, vs + 1, &next, &c);
     if (op == L3D_PP_FWD) {
         if (vs > 0) emit(b, L3D_PP_RECV_ACT, micro, chunk, prev);
         emit(b, L3D_PP_FWD, micro, chunk, -1);
@@ -107,6 +125,17 @@ static void count_slots(struct l3d_pp_schedule *s, int r) {
         if (a->op == L3D_PP_BWD_B && ++w[a->chunk] > wait[a->chunk]) wait[a->chunk] = w[a->chunk];
         if (a->op == L3D_PP_BWD_W) w[a->chunk]--;
     }
+}
+
+int l3d_pp_fb_slots(const struct l3d_pp_schedule *s, int r, int chunk) {
+    int cur = 0, most = 0;
+    for (int i = 0; i < s->n[r]; i++) {
+        const struct l3d_pp_action *a = &s->acts[r][i];
+        if (a->chunk != chunk) continue;
+        if (a->op == L3D_PP_FWD && ++cur > most) most = cur;
+        if (a->op == L3D_PP_BWD || a->op == L3D_PP_BWD_B) cur--;
+    }
+    return most;
 }
 
 /* ZB-H1's order (pipeline.h), from a timeline with unit F, B and W times run on every stage at
@@ -154,6 +183,97 @@ static void build_zbh1(struct l3d_pp_schedule *s) {
     l3d_free(b);
     l3d_free(k);
     l3d_free(end);
+}
+
+/* ZB-V (Qi et al. 2024, sec. 4: "ZB-V"), two chunks per rank in a V: rank r holds virtual stages r
+ * (chunk 0) and 2 pp - 1 - r (chunk 1), so the first and the last virtual stage share rank 0 and
+ * each rank's two chunks together cost what a 1F1B stage costs. The order comes from a timeline
+ * with unit F, B and W times run on every rank at once, as build_zbh1's: at each tick a rank runs
+ * a B whose gradient has arrived (the oldest micro-batch; chunk 1 first on a tie: the V's way back
+ * feeds every rank after it), else an F whose input has arrived while fewer than min(2 pp, 2 m)
+ * chunk micro-batches wait for their W (1F1B's peak: pp micro-batches of a whole stage; chunk 1
+ * first: it leads to the B's), else its oldest pending W, else waits. */
+struct zbv {
+    struct l3d_pp_schedule *s;
+    int64_t *endf, *endb;       /* [vs * m + i]: the tick the F (B) of micro-batch i ends */
+    int *nf, *nb, *nw, *wq;     /* per rank and chunk: F, B done; per rank: W done, W queue */
+};
+
+static bool zbv_ready(const struct zbv *z, int r, int c, bool fwd, int64_t t) {
+    const struct l3d_pp_schedule *s = z->s;
+    int pp = s->pp, m = s->m, vs = l3d_pp_vstage(s->kind, pp, r, c), i;
+    if (fwd) {
+        i = z->nf[2 * r + c];
+        return i < m && (vs == 0 || z->endf[(int64_t)(vs - 1) * m + i] <= t);
+    }
+    i = z->nb[2 * r + c];
+    if (i >= z->nf[2 * r + c] || z->endf[(int64_t)vs * m + i] > t) return false;
+    return vs == 2 * pp - 1 || z->endb[(int64_t)(vs + 1) * m + i] <= t;
+}
+
+/* Rank r's action at tick t (0 none): 1 B, 2 F (chunk in *c), 3 W. */
+static int zbv_pick(const struct zbv *z, int r, int64_t t, int *c) {
+    int m = z->s->m, held = z->nf[2 * r] + z->nf[2 * r + 1] - z->nw[r];
+    int cap = 2 * (z->s->pp < m ? z->s->pp : m);
+    bool b1 = zbv_ready(z, r, 1, false, t), b0 = zbv_ready(z, r, 0, false, t);
+    if (b1 || b0) {
+        *c = b1 && (!b0 || z->nb[2 * r + 1] <= z->nb[2 * r]) ? 1 : 0;
+        return 1;
+    }
+    for (*c = 1; *c >= 0; (*c)--)
+        if (held < cap && zbv_ready(z, r, *c, true, t)) return 2;
+    return z->nw[r] < z->nb[2 * r] + z->nb[2 * r + 1] ? 3 : 0;
+}
+
+/* Rank r's tick t: its pick run and recorded (a B queues its W); false once all its W are done. */
+static bool zbv_step(struct zbv *z, struct builder *b, int r, int64_t t) {
+    const struct l3d_pp_schedule *s = z->s;
+    int pp = s->pp, m = s->m, c = 0;
+    int *q = &z->wq[(int64_t)r * 4 * m]; /* (chunk, micro) of each B in order: W's order */
+    if (z->nw[r] == 2 * m) return false;
+    int op = zbv_pick(z, r, t, &c);
+    if (op == 1 || op == 2) {
+        bool bwd = op == 1;
+        int vs = l3d_pp_vstage(s->kind, pp, r, c), i = (bwd ? z->nb : z->nf)[2 * r + c]++;
+        (bwd ? z->endb : z->endf)[(int64_t)vs * m + i] = t + 1;
+        compute_op(b, bwd ? L3D_PP_BWD_B : L3D_PP_FWD, i, c);
+        if (bwd) {
+            int k = z->nb[2 * r] + z->nb[2 * r + 1] - 1;
+            q[2 * k] = c;
+            q[2 * k + 1] = i;
+        }
+    } else if (op == 3) {
+        int k = z->nw[r]++;
+        compute_op(b, L3D_PP_BWD_W, q[2 * k + 1], q[2 * k]);
+    }
+    return z->nw[r] < 2 * m;
+}
+
+static void build_zbv(struct l3d_pp_schedule *s) {
+    int pp = s->pp, m = s->m;
+    struct zbv z = {.s = s};
+    z.endf = l3d_alloc((size_t)4 * pp * m * sizeof(int64_t), "schedule");
+    z.endb = z.endf + (int64_t)2 * pp * m;
+    z.nf = l3d_calloc((size_t)pp * 5 * sizeof(int), "schedule");
+    z.nb = z.nf + 2 * pp;
+    z.nw = z.nf + 4 * pp;
+    z.wq = l3d_alloc((size_t)pp * 4 * m * sizeof(int), "schedule");
+    for (int64_t i = 0; i < (int64_t)4 * pp * m; i++) z.endf[i] = INT64_MAX;
+    struct builder *b = l3d_calloc((size_t)pp * sizeof(*b), "schedule");
+    for (int r = 0; r < pp; r++) b[r] = (struct builder){.s = s, .stage = r, .out = s->acts[r]};
+    for (int64_t t = 0, busy = 1; busy; t++) {
+        L3D_ASSERT(t <= 16 * ((int64_t)m + pp)); /* every tick some rank moves */
+        busy = 0;
+        for (int r = 0; r < pp; r++) busy |= zbv_step(&z, &b[r], r, t);
+    }
+    for (int r = 0; r < pp; r++) {
+        s->n[r] = b[r].n;
+        count_slots(s, r);
+    }
+    l3d_free(b);
+    l3d_free(z.wq);
+    l3d_free(z.nf);
+    l3d_free(z.endf);
 }
 
 static void build_stage(struct l3d_pp_schedule *s, int r) {
@@ -219,18 +339,21 @@ int64_t l3d_pp_schedule_actions(enum l3d_pp_kind kind, int pp, int v, int64_t m,
                                 bool fwd_only) {
     int64_t per_micro = 0; /* a pass: the computation, a receive unless first, a send unless last */
     for (int c = 0; c < v; c++) {
-        int vs = c * pp + r;
+        int vs = l3d_pp_vstage(kind, pp, r, c);
         per_micro += 1 + (vs > 0) + (vs < pp * v - 1);
     }
-    return (fwd_only ? 1 : 2) * m * per_micro + (!fwd_only && kind == L3D_PP_ZBH1 ? m * v : 0);
+    return (fwd_only ? 1 : 2) * m * per_micro + (!fwd_only && l3d_pp_split(kind) ? m * v : 0);
 }
 
 l3d_status l3d_pp_schedule_check(enum l3d_pp_kind kind, int pp, int v, int m) {
     if (pp < 1 || m < 1 || v < 1)
         return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
                          "each must be at least 1", pp, m, v);
-    if (v > 1 && kind != L3D_PP_INTERLEAVED)
-        return l3d_error(L3D_ERR_ARG, "--pp-virtual %d needs --pp-schedule interleaved", v);
+    if (kind == L3D_PP_ZBV && v != 2)
+        return l3d_error(L3D_ERR_ARG, "--pp-schedule zbv places two model chunks on each rank, in "
+                         "a V: give --pp-virtual 2 (got %d)", v);
+    if (v > 1 && kind != L3D_PP_INTERLEAVED && kind != L3D_PP_ZBV)
+        return l3d_error(L3D_ERR_ARG, "--pp-virtual %d needs --pp-schedule interleaved or zbv", v);
     if (v > 256)
         return l3d_error(L3D_ERR_ARG, "--pp-virtual %d: at most 256 virtual stages per rank", v);
     if (kind == L3D_PP_INTERLEAVED && (pp < 2 || v < 2))
@@ -262,19 +385,23 @@ l3d_status l3d_pp_schedule_build(struct l3d_pp_schedule *s, enum l3d_pp_kind kin
     if (st != L3D_OK) return st;
     if (kind == L3D_PP_ZBH1)
         build_zbh1(s);
+    else if (kind == L3D_PP_ZBV)
+        build_zbv(s);
     else
         for (int r = 0; r < pp; r++) build_stage(s, r);
     return L3D_OK;
 }
 
-l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, int pp, int v, int m) {
+l3d_status l3d_pp_schedule_build_forward(struct l3d_pp_schedule *s, enum l3d_pp_kind kind, int pp,
+                                         int v, int m) {
     memset(s, 0, sizeof *s);
     if (pp < 1 || m < 1 || v < 1)
         return l3d_error(L3D_ERR_ARG, "pipeline of %d stages, %d micro-batches, %d virtual stages: "
                          "each must be at least 1", pp, m, v);
     l3d_status st = check_cells(v, m, true);
     if (st == L3D_OK)
-        st = alloc_schedule(s, v > 1 ? L3D_PP_INTERLEAVED : L3D_PP_GPIPE, pp, v, m, true);
+        st = alloc_schedule(s, kind == L3D_PP_ZBV ? kind : v > 1 ? L3D_PP_INTERLEAVED
+                                                                 : L3D_PP_GPIPE, pp, v, m, true);
     if (st != L3D_OK) return st;
     for (int r = 0; r < pp; r++) {
         struct builder b = {.s = s, .stage = r, .out = s->acts[r]};
@@ -365,8 +492,10 @@ static bool sim_stage(struct sim *z, int r, int *pos, double *sent, int64_t *pen
         const struct l3d_pp_action *a = &s->acts[r][pos[r]];
         if (a->op == L3D_PP_SEND_ACT || a->op == L3D_PP_SEND_GRAD) {
             bool grad = a->op == L3D_PP_SEND_GRAD;
-            int chunk = a->chunk + (grad ? (r == 0 ? -1 : 0) : (r == pp - 1 ? 1 : 0));
-            int64_t key = msg_key(s, grad, a->micro, chunk, a->peer);
+            int to, chunk, vs = l3d_pp_vstage(s->kind, pp, r, a->chunk);
+            l3d_pp_vstage_owner(s->kind, pp, vs + (grad ? -1 : 1), &to, &chunk);
+            if (to != a->peer) z->out->matched = false; /* sent to another stage */
+            int64_t key = msg_key(s, grad, a->micro, chunk, to);
             if (sent[key] >= 0) z->out->matched = false; /* sent twice */
             sent[key] = z->clock[r];
             (*pending)++;
@@ -434,7 +563,7 @@ l3d_status l3d_pp_simulate(const struct l3d_pp_schedule *s, double t_fwd, double
 }
 
 double l3d_pp_schedule_bubble(enum l3d_pp_kind kind, int pp, int v, int m) {
-    if (kind != L3D_PP_ZBH1) return l3d_pp_bubble(pp, v, m);
+    if (!l3d_pp_split(kind)) return l3d_pp_bubble(pp, v, m);
     struct l3d_pp_schedule s;
     if (l3d_pp_schedule_build(&s, kind, pp, v, m) != L3D_OK) return -1;
     struct l3d_pp_sim sim;

@@ -35,10 +35,11 @@ l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profi
     l3d_status st = l3d_plan_model_check(&ms);
     if (st != L3D_OK) return st;
     if ((st = l3d_plan_zero_check(prof, run, lay->zero)) != L3D_OK) return st;
-    if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1 && !l3d_plan_trainer(run))
-        return l3d_error(L3D_ERR_LAYOUT, "--pp-schedule zb-h1: the plan follows Megatron-LM here "
+    if (l3d_pp_split(lay->schedule) && lay->pp > 1 && !l3d_plan_trainer(run))
+        return l3d_error(L3D_ERR_LAYOUT, "--pp-schedule %s: the plan follows Megatron-LM here "
                          "(--trainer megatron), which has no zero-bubble schedule: give --trainer "
-                         "llm3d to plan this project's, or --pp-schedule 1f1b");
+                         "llm3d to plan this project's, or --pp-schedule 1f1b",
+                         l3d_pp_kind_name(lay->schedule));
     int th = lay->threads;
     if (th < 1)
         return l3d_error(L3D_ERR_LAYOUT, "--threads %d must be at least 1", th);

@@ -107,15 +107,17 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     int S = lay->pp * lay->v;
     for (int k = 0; k < lay->v; k++) {
-        int vs = k * lay->pp + r;
+        int vs = l3d_pp_vstage(lay->schedule, lay->pp, r, k);
         out[k].first = vs == 0;
         out[k].last = vs == S - 1;
         if (fp32 && sched) {
             out[k].slots = sched->slots[r * lay->v + k];
             out[k].wslots = sched->wslots[r * lay->v + k];
+            out[k].head_once = l3d_pp_fb_slots(sched, r, k) == 1;
         } else {
             int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
             out[k].slots = out[k].wslots = (f + lay->v - 1) / lay->v;
+            out[k].head_once = lay->schedule == L3D_PP_ZBH1; /* 1F1B's order of F and B */
         }
         shape_find(memo, layers[vs], start[vs], &out[k]);
         if (out[k].shape >= 0) continue;
@@ -180,9 +182,15 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
-        if (lay->schedule == L3D_PP_ZBH1 && lay->pp > 1) /* W's inputs, B to W */
+        if (l3d_pp_split(lay->schedule) && lay->pp > 1) { /* W's inputs, B to W */
             mem->activations += (double)l3d_gpt_wstash_bytes(&c, &ch[k].sh, lay->micro_batch,
-                                                             m->maxT, ch[k].wslots, dt);
+                                                             m->maxT, ch[k].wslots,
+                                                             lay->recompute, lay->zero >= 2, dt);
+            if (ch[k].head_once) /* l3d_gpt_split_init: the head's activations once */
+                mem->activations -= (double)(ch[k].slots - 1) *
+                                    (double)l3d_gpt_head_act_bytes(&c, &ch[k].sh,
+                                                                   lay->micro_batch, m->maxT, dt);
+        }
         /* ZeRO-2 in mixed precision moves the chunk's fp32 parameters a piece at a time at
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,

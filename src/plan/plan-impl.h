@@ -90,6 +90,7 @@ struct l3d_plan_chunk {
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     int wslots;       /* micro-batches between B and W (zb-h1's stash) */
+    bool head_once;   /* F to B one at a time (l3d_pp_fb_slots 1): a split keeps one head */
     bool first, last; /* first / last virtual stage */
     int shape;        /* its entry in the evaluation's shape memo, -1 if none */
 };

@@ -106,8 +106,8 @@ static void walk_variants(const struct space_walk *w, const struct l3d_layout *b
     for (int z = 0; z <= 3; z++) {
         if (fixed(fx, L3D_FIX_ZERO) ? z != f->zero : (z > 0 && base->dp == 1)) continue;
         if (z == 3 && !w->sp->zero3) continue; /* Megatron-LM's optimizer: ZeRO-1/2 */
-        bool zb = base->schedule == L3D_PP_ZBH1; /* l3d_spec_check's refusals */
-        if (zb && z >= 2) continue;
+        bool zb = l3d_pp_split(base->schedule); /* l3d_spec_check's refusals */
+        if (zb && z >= 2 && w->sp->m->moe.experts > 0) continue;
         for (int rc = 0; rc <= 2; rc++) {
             if (fixed(fx, L3D_FIX_RECOMPUTE) && rc != (int)f->recompute) continue;
             if (zb && rc == L3D_RECOMPUTE_FULL && w->sp->m->moe.experts > 0) continue;
@@ -183,12 +183,14 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
                 .pp_layers = f->pp_layers, .pp_first = f->pp_first, .pp_last = f->pp_last};
             if (w->sp->even_stages && !f->pp_layers && !f->pp_first && !f->pp_last)
                 balance_ends(w->sp->m->L, (int)pp * v, &base);
-            if (f->schedule != L3D_PP_ZBH1) walk_variants(w, &base);
-            /* zero-bubble ZB-H1 beside 1F1B (one chunk a rank) */
-            bool zb = f->schedule == L3D_PP_ZBH1 || (w->sp->zero_bubble && one == L3D_PP_1F1B);
-            if (zb && v == 1 && pp > 1) {
-                base.schedule = L3D_PP_ZBH1;
-                walk_variants(w, &base);
+            if (!l3d_pp_split(f->schedule)) walk_variants(w, &base);
+            /* zero-bubble ZB-H1 beside 1F1B (one chunk a rank), ZB-V beside interleaved (two) */
+            bool any = w->sp->zero_bubble && one == L3D_PP_1F1B;
+            bool zbh = f->schedule == L3D_PP_ZBH1 || (any && f->schedule != L3D_PP_ZBV);
+            bool zbv = f->schedule == L3D_PP_ZBV || (any && f->schedule != L3D_PP_ZBH1);
+            if ((zbh && v == 1) || (zbv && v == 2)) {
+                base.schedule = v == 1 ? L3D_PP_ZBH1 : L3D_PP_ZBV;
+                if (pp > 1) walk_variants(w, &base);
             }
         }
     }

@@ -258,24 +258,28 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
 /* The receives of chunk ch of pipeline rank r, a micro-batch: *prev its input activation from the
  * previous virtual stage, *next its output's gradient from the next one (0 at the ends). Megatron's
  * scatter/gather sends 1/t of it per TP rank in mixed precision, the trainer the whole (B,T,C). */
+/* The transfer from pipeline rank r to rank pr (0 on the same rank: zbv's turn). */
+static double p2p_time(const struct l3d_plan_tctx *x, int r, int pr) {
+    int t = x->lay->tp;
+    double msg = x->ntok * x->m->C * x->e / (x->fp32 ? 1.0 : t), bw, lat;
+    int64_t me = (int64_t)r * t, peer = (int64_t)pr * t;
+    if (pr == r) return 0.0;
+    l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t, &bw,
+                  &lat);
+    return msg / bw + lat;
+}
+
 static void chunk_p2p(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch, int r,
-                      double *prev, double *next) {
-    int p = x->lay->pp, t = x->lay->tp;
-    double msg = x->ntok * x->m->C * x->e / (x->fp32 ? 1.0 : t);
-    double bw, lat;
-    int64_t me = (int64_t)r * t;
+                      int k, double *prev, double *next) {
+    int p = x->lay->pp, vs = l3d_pp_vstage(x->lay->schedule, p, r, k), pr, c;
     *prev = *next = 0;
     if (!ch->first) {
-        int64_t peer = (int64_t)((r - 1 + p) % p) * t;
-        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
-                      &bw, &lat);
-        *prev = msg / bw + lat;
+        l3d_pp_vstage_owner(x->lay->schedule, p, vs - 1, &pr, &c);
+        *prev = p2p_time(x, r, pr);
     }
     if (!ch->last) {
-        int64_t peer = (int64_t)((r + 1) % p) * t;
-        l3d_plan_link(x->prof, me < peer ? me : peer, me < peer ? peer + t - 1 : me + t - 1, t,
-                      &bw, &lat);
-        *next = msg / bw + lat;
+        l3d_pp_vstage_owner(x->lay->schedule, p, vs + 1, &pr, &c);
+        *next = p2p_time(x, r, pr);
     }
 }
 
@@ -287,7 +291,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
         /* p2p: the rank receives an activation from the previous virtual stage and a gradient
          * from the next one per micro-batch */
         double pp_prev, pp_next;
-        chunk_p2p(x, &ch[k], r, &pp_prev, &pp_next);
+        chunk_p2p(x, &ch[k], r, k, &pp_prev, &pp_next);
         /* the rest once a shape */
         struct l3d_plan_parts cp;
         if (ch[k].shape >= 0 && memo->e[ch[k].shape].timed) {
@@ -300,7 +304,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
             }
         }
         if (vt) {
-            int vs = k * p + r;
+            int vs = l3d_pp_vstage(x->lay->schedule, p, r, k);
             vt[vs] = cp.total - cp.bwd - cp.rec;
             vt[S + vs] = cp.bwd + cp.rec;
             vt[2 * S + vs] = pp_prev;
@@ -308,7 +312,7 @@ void l3d_plan_rank_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chu
             /* zb-h1's W: the weight-gradient products, and under full recomputation the
              * layer's forward again (src/model/gpt.c: B's rebuilt activations are gone), which
              * the backward (B + W) then has twice */
-            bool again = x->lay->schedule == L3D_PP_ZBH1 &&
+            bool again = l3d_pp_split(x->lay->schedule) &&
                          x->lay->recompute == L3D_RECOMPUTE_FULL;
             vt[4 * S + vs] = cp.wgt + (again ? cp.rec : 0.0);
             vt[S + vs] += again ? cp.rec : 0.0;

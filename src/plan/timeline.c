@@ -46,7 +46,7 @@ double l3d_plan_pipe_time_w(const struct l3d_pp_schedule *sc, const double *fwd,
             for (int r = 0; r < p; r++) {
                 while (at[r] < sc->n[r]) {
                     const struct l3d_pp_action *a = &sc->acts[r][at[r]];
-                    int vs = a->chunk * p + r;
+                    int vs = l3d_pp_vstage(sc->kind, p, r, a->chunk);
                     int64_t i = (int64_t)vs * m + a->micro;
                     bool to_next = a->op == L3D_PP_SEND_ACT, to_prev = a->op == L3D_PP_SEND_GRAD;
                     if (a->chunk < 0 || a->chunk >= v || a->micro < 0 || a->micro >= m ||

@@ -265,6 +265,9 @@ static void check_ends(const struct l3d_model_spec *m, const struct l3d_layout *
             (long long)first, (long long)last, (long long)rest, (long long)free);
 }
 
+/* The schedules that split each backward into B and W (pipeline.h's l3d_pp_split). */
+static bool zero_bubble(enum l3d_pp_kind k) { return k == L3D_PP_ZBH1 || k == L3D_PP_ZBV; }
+
 static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layout *l,
                            const struct l3d_spec_ctx *ctx, int64_t micro,
                            struct l3d_spec_errors *e) {
@@ -274,11 +277,15 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
     if (l->schedule == L3D_PP_INTERLEAVED && (l->pp < 2 || l->v < 2))
         add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs --pp 2 or more (got %d) and "
             "--pp-virtual 2 or more (got %d)", l->pp, l->v);
-    else if (l->v > 1 && l->schedule != L3D_PP_INTERLEAVED)
-        add(e, L3D_ERR_LAYOUT, "--pp-virtual %d needs --pp-schedule interleaved", l->v);
-    else if (l->schedule == L3D_PP_ZBH1 && l->pp > 1 && l->zero >= 2)
-        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 defers weight gradients, which the gradient "
-            "slots of --zero %d cannot hold: use --zero 0 or 1, or --pp-schedule 1f1b", l->zero);
+    else if (l->schedule == L3D_PP_ZBV && l->v != 2)
+        add(e, L3D_ERR_LAYOUT, "--pp-schedule zbv places two model chunks on each rank, in a V: "
+            "give --pp-virtual 2 (got %d)", l->v);
+    else if (l->v > 1 && l->schedule != L3D_PP_INTERLEAVED && l->schedule != L3D_PP_ZBV)
+        add(e, L3D_ERR_LAYOUT, "--pp-virtual %d needs --pp-schedule interleaved or zbv", l->v);
+    else if (zero_bubble(l->schedule) && l->pp > 1 && l->zero >= 2 && m->moe.experts > 0)
+        add(e, L3D_ERR_LAYOUT, "--pp-schedule zb-h1 or zbv on a MoE model computes the experts' "
+            "weight gradients with B, which the gradient slots of --zero %d cannot hold until W: use "
+            "--zero 0 or 1, or --pp-schedule 1f1b", l->zero);
     else if (l->schedule == L3D_PP_INTERLEAVED && micro > 0 && micro % l->pp != 0)
         add(e, L3D_ERR_LAYOUT, "the interleaved schedule needs the micro-batches (%lld a step) to "
             "be a multiple of --pp %d", (long long)micro, l->pp);

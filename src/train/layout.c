@@ -64,7 +64,8 @@ l3d_status l3d_train_layout_build(struct l3d_train_layout *lay,
     l3d_status st = l3d_pp_schedule_build(&lay->sched, tc->layout.schedule, pp, v,
                                           tc->layout.accum);
     if (st == L3D_OK && tc->val_pattern)
-        st = l3d_pp_schedule_build_forward(&lay->vsched, pp, v, tc->val_batches);
+        st = l3d_pp_schedule_build_forward(&lay->vsched, tc->layout.schedule, pp, v,
+                                               tc->val_batches);
     if (st != L3D_OK) {
         l3d_pp_schedule_free(&lay->sched);
         l3d_pp_schedule_free(&lay->vsched);

@@ -82,8 +82,8 @@ static void pull(struct out_ctx *o, const struct unit *u) {
         if (!lead && !mine) continue;
         if (ep_rank > 0 && !l3d_gpt_expert_tensor(u->t)) continue;
         for (int c = 0; c < v; c++) {
-            struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * l->pp + pp_rank,
-                                                         tp_rank);
+            struct l3d_shard sh = l3d_train_layout_shard(
+                &t->lay, tc, l3d_pp_vstage(tc->layout.schedule, l->pp, pp_rank, c), tp_rank);
             l3d_shard_set_experts(&tc->model, &sh, ep, ep_rank);
             int64_t off, r0, r1;
             if (!l3d_gpt_shard_rows(&tc->model, &sh, u->t, u->layer, u->R0, u->R1, &off, &r0,

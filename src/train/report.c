@@ -14,7 +14,7 @@
  * training. */
 /* How the ideal bubble was found: the textbook formula, or zb-h1's simulated timeline. */
 static const char *bubble_formula(enum l3d_pp_kind kind) {
-    return kind == L3D_PP_ZBH1 ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
+    return l3d_pp_split(kind) ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
 }
 
 static void report_transfers(const struct l3d_trainer *t, int v) {
@@ -169,9 +169,9 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                    ? "16-bit operands into fp32 sums, in the backend's own 16-bit kernels"
                    : "16-bit operands widened into fp32 copies around fp32 products (the "
                      "device has no 16-bit products, or L3D_DNNL_16BIT=0)");
-    printf("activations: %.1f MiB on the fullest rank (closed form %.1f MiB; recompute %s; "
-           "micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
-           res->act_bytes_formula / MiB,
+    printf("activations: %.1f MiB on the fullest rank (%.0f bytes; closed form %.1f MiB; "
+           "recompute %s; micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
+           (double)res->act_bytes, res->act_bytes_formula / MiB,
            tc->layout.recompute == L3D_RECOMPUTE_NONE ? "none"
            : tc->layout.recompute == L3D_RECOMPUTE_SELECTIVE ? "selective" : "full");
     for (int c = 0; c < v; c++) printf(" %d", lay->sched.slots[c]);

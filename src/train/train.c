@@ -195,20 +195,25 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
     t->pieces = l3d_calloc((size_t)v * sizeof *t->pieces, "model chunks");
     t->cps = l3d_calloc((size_t)v * sizeof *t->cps, "model chunks");
     for (int c = 0; c < v && st == L3D_OK; c++) {
-        struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, c * pp + topo->pp_rank,
-                                                     topo->tp_rank);
+        struct l3d_shard sh = l3d_train_layout_shard(
+            &t->lay, tc, l3d_pp_vstage(tc->layout.schedule, pp, topo->pp_rank, c), topo->tp_rank);
         l3d_shard_set_experts(&tc->model, &sh, tc->layout.ep, topo->ep_rank);
         int slots = t->lay.sched.slots[topo->pp_rank * v + c];
         int T = tc->layout.seq / t->tc->layout.cp; /* this rank's rows of each sequence */
         st = l3d_gpt_init_dt(&t->chunks[c], &tc->model, &sh, t->be, tc->layout.micro_batch, T,
                              grad_mode(tc->layout.zero), slots, tc->layout.recompute,
                              tc->precision.param);
-        if (st == L3D_OK && t->lay.sched.kind == L3D_PP_ZBH1) { /* W's inputs, B to W */
+        if (st == L3D_OK && l3d_pp_split(t->lay.sched.kind)) { /* W's inputs, B to W */
             int ws = t->lay.sched.wslots[topo->pp_rank * v + c];
-            st = l3d_gpt_split_init(t->chunks[c], ws);
+            bool once = l3d_pp_fb_slots(&t->lay.sched, topo->pp_rank, c) == 1;
+            st = l3d_gpt_split_init(t->chunks[c], ws, once);
             size_t b = l3d_gpt_wstash_bytes(&tc->model, &sh, tc->layout.micro_batch, T, ws,
+                                            tc->layout.recompute, tc->layout.zero >= 2,
                                             tc->precision.param);
             t->act_formula += b; /* the allocation is in the chunk's act_bytes */
+            if (once)
+                t->act_formula -= (slots - 1) * l3d_gpt_head_act_bytes(
+                    &tc->model, &sh, tc->layout.micro_batch, T, tc->precision.param);
         }
         if (st != L3D_OK) break;
         t->act_bytes += t->chunks[c]->act_bytes;
@@ -391,6 +396,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     }
     l3d_status st = l3d_pp_exec_init(&t->px, t->chunks, v, t->dps, topo->pp_comm,
                                      topo->embed_comm, trace_cap);
+    t->px.kind = t->lay.sched.kind;
     t->px_up = true;
     if ((st = agree(world, st, res)) != L3D_OK) return st;
     t->BT = (int64_t)tc->layout.micro_batch * tc->layout.seq;

@@ -142,6 +142,9 @@ else
     bad "exact resume pp2 x 2 chunks"; cat "$dir/exactV.log" "$dir/exactV.cmp" 2>/dev/null
 fi
 resume_as "pp2 x 2 chunks" V refV 1x1x1_from_v2 0 4 --grad-accum 2
+# into zbv's V: the same 4 stages, rank 0 now holding the first and the last (its chunk 1 cut
+# from the interleaved run's rank 1 chunk 1): it continues as the reference
+resume_as "pp2 x 2 chunks" V refV zbv_from_v2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv --grad-accum 2
 full && resume_as "pp2 x 2 chunks" V refV 2x2x2_v2_from_v2 8 2 --tp 2 --pp 2 --pp-virtual 2 --dp 2 --zero 1 --grad-accum 2
 
 # save-load-save: A's step 5 re-saved as 1x1x1 (no step left to run), then back as tp2 x dp2

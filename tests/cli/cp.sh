@@ -55,6 +55,8 @@ full && L3D_RTOL=3e-5 same cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpi
 full && L3D_RTOL=3e-5 same cp2_pp2_zbh1 2 4 2 2 --cp 2 --pp 2 --pp-schedule zb-h1
 full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
     same cp2_pp2_interleaved 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2
+full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
+    same cp2_pp2_zbv 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2 --pp-schedule zbv
 # checkpoints ignore cp (the ring's ranks are data-parallel ranks of dp x cp to them): one saved
 # under cp 2 with ZeRO-1 resumes on one process, and one process's resumes under cp 2, each
 # continuing as the uninterrupted reference

@@ -63,6 +63,8 @@ train ep2_pp2_zbh1 4 2 --pp 2 --pp-schedule zb-h1 --ep 2 --grad-accum 2 "${P[@]}
     same_run ep2_pp2_zbh1 ref4_l4
 train ep2_pp2_zbh1_rc 4 2 --pp 2 --pp-schedule zb-h1 --recompute full --ep 2 --grad-accum 2 \
     "${P[@]}" && same_run ep2_pp2_zbh1_rc ref4_l4 # W re-runs the block: the exchange in W too
+train ep2_pp2_zbv_rc 4 2 --pp 2 --pp-schedule zbv --pp-virtual 2 --recompute full --ep 2 \
+    --grad-accum 2 "${P[@]}" && same_run ep2_pp2_zbv_rc ref4_l4 # the V: rank 0 holds both ends
 train pp2_gpipe_d2 2 2 --pp 2 --pp-schedule gpipe --grad-accum 4 "${P[@]}" --moe-dense-layers 2 &&
     same_run pp2_gpipe_d2 ref4_d2
 # a capacity that drops: whole micro-batches on each stage, so the same drops as one process

@@ -96,6 +96,10 @@ full && L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_gpipe 2 2 bf16 --pp 2 \
     --pp-schedule gpipe --grad-accum 2
 full && L3D_MODEL="--layers 4" L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_interleaved 2 2 \
     bf16 --pp 2 --pp-virtual 2 --grad-accum 2
+full && L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_zbh1 2 2 bf16 --pp 2 --pp-schedule zb-h1 \
+    --grad-accum 2
+L3D_MODEL="--layers 4" L3D_REF_FLAGS="--grad-accum 2" equiv bf16_pp2_zbv 2 2 bf16 --pp 2 \
+    --pp-virtual 2 --pp-schedule zbv --grad-accum 2
 full && L3D_DP=2 equiv bf16_tp2_dp2_zero1_sp 4 2 bf16 --tp 2 --dp 2 --zero 1 --sequence-parallel
 L3D_REF_FLAGS="${ls16[*]}" equiv fp16_tp2 2 4 fp16 --tp 2 "${ls16[@]}"
 L3D_REF_FLAGS="${ls16[*]}" L3D_DP=2 equiv fp16_dp2_zero2 2 2 fp16 --zero 2 "${ls16[@]}"

@@ -68,6 +68,9 @@ mem tp2_sp_sel 2 2 2  --global-batch 4  --tp 2 --pp 1 --zero 0 --recompute selec
 full && mem pp2_1f1b   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule 1f1b -- --pp 2
 # zb-h1: 1F1B's slots plus the stash of W's inputs (the search would pick it for the layout above)
 mem pp2_zbh1   2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule zb-h1 -- --pp 2 --pp-schedule zb-h1
+# zbv: two chunks a rank in a V (rank 0 the embedding's and the head's)
+mem pp2_zbv    2 2 4  --global-batch 8  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 --pp-schedule zbv -- --pp 2 --pp-virtual 2 --pp-schedule zbv
+full && mem pp2_zbv_zero2_full 2 2 4 --global-batch 8 --tp 1 --pp 2 --zero 2 --recompute full --pp-virtual 2 --pp-schedule zbv -- --pp 2 --pp-virtual 2 --zero 2 --recompute full --pp-schedule zbv
 full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute selective --pp-schedule gpipe -- --pp 2 --pp-schedule gpipe --recompute selective
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
@@ -139,6 +142,15 @@ json=$("$bin" plan --model d12 --profile dgx-h100 --trainer llm3d --devices 8 --
 zb=$(echo "$json" | grep -c '"schedule":"zb-h1"')
 one=$(echo "$json" | grep -c '"schedule":"1f1b"')
 check "the trainer's search tries zb-h1 beside 1F1B ($zb, $one)" test "$zb" -gt 0 -a "$one" -gt 0
+json=$("$bin" plan --model d12 --profile dgx-h100 --trainer llm3d --devices 8 --global-batch 32 \
+    --pp 2 --pp-virtual 2 --top 400 --json)
+zbv=$(echo "$json" | grep -c '"schedule":"zbv"')
+il=$(echo "$json" | grep -c '"schedule":"interleaved"')
+check "  ... and zbv beside interleaved 1F1B at two chunks a rank ($zbv, $il)" test "$zbv" -gt 0 -a "$il" -gt 0
+check "  ... each with its bubble" test "$(echo "$json" | grep '"schedule":"zbv"' | grep -c '"bubble_fraction":0\.[0-9]')" -gt 0
+expect_error "zbv with one chunk a rank" "--pp-schedule zbv places two model chunks on each rank" \
+    "$bin" plan --model d12 --profile dgx-h100 --trainer llm3d --devices 8 --global-batch 32 --tp 1 \
+    --pp 2 --dp 4 --batch 1 --zero 1 --recompute none --pp-virtual 1 --pp-schedule zbv
 expect_error "a schedule needs the whole layout" "--pp-schedule evaluates one layout" \
     "$bin" plan --profile frontier --devices 8 --pp-schedule gpipe
 expect_error "interleaving needs m divisible by pp" "multiple of --pp 4" \
