@@ -430,7 +430,7 @@ void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec) {
 
 int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     /* the preset names belong in --model's help line, written once */
-    static char model_help[640];
+    static char model_help[1024];
     static struct l3d_flag model_table[sizeof model_flags / sizeof model_flags[0]];
     memcpy(model_table, model_flags, sizeof model_flags);
     snprintf(model_help, sizeof model_help, "a preset: %s", l3d_model_preset_names());
