@@ -135,13 +135,16 @@ demo: build
 	    --prompt "The meaning of life is" --max-tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95
 
 # GPT-2 124M at two shapes (2 threads), then a Llama of its size (12 layers, 768 channels, 12 heads, 4 KV heads, SwiGLU 2048),
-# in fp32 and bf16 (model FLOPs: 6N + 12 L C T a token, N without an untied embedding's lookup)
+# in fp32 and bf16 (model FLOPs: 6N + 12 L C T a token, N without an untied embedding's lookup);
+# then its mixture of experts (gpt2-moe: 8 experts, top-2, half-width) against it, fp32 and bf16,
+# and --ep 2 on 2 ranks against one process (bench/moe.sh, a few minutes; docs/BENCHMARKS.md)
 bench: build
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 4 --seq-len 64 --steps 10
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 8 --seq-len 256 --steps 6
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --arch llama --kv-heads 4 --ffn 2048 --batch 8 --seq-len 256 --steps 6
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --batch 8 --seq-len 256 --steps 6 --precision bf16
 	OMP_NUM_THREADS=2 $(BUILD)/llm3d bench --model d12 --arch llama --kv-heads 4 --ffn 2048 --batch 8 --seq-len 256 --steps 6 --precision bf16
+	bash bench/moe.sh $(BUILD)
 
 # Tokenizer throughput per core (GPT-2's vocabulary from tests/data, a 4096-token one learnt from
 # the fortunes) and generation speed with the KV cache against recomputation at 256 tokens.

@@ -275,9 +275,17 @@ int main(void) {
         {1, 512, 2, 2, 32, 1},  /* cp 1: two chunks of 256, several blocks each */
     };
     const enum l3d_dtype types[] = {L3D_F32, L3D_BF16, L3D_F16};
+    setenv("L3D_ATTN_DOT", "1", 1); /* bf16 in dot products where the CPU has them */
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (int t = 0; t < 3; t++) run_case(be, types[t], &shapes[i], 0);
     for (int t = 0; t < 3; t++) run_case(be, types[t], &shapes[0], 1);
+    /* bf16 ran its products in bf16 dot products above where the CPU has AVX512-BF16 (P and dS
+     * rounded to bf16 before their products: within the same 8 u); now the widened fallback
+     * (L3D_ATTN_DOT=0), the default and what AVX2 machines run */
+    setenv("L3D_ATTN_DOT", "0", 1);
+    for (size_t i = 0; i < 2; i++) run_case(be, L3D_BF16, &shapes[i], 0);
+    run_case(be, L3D_BF16, &shapes[0], 1);
+    unsetenv("L3D_ATTN_DOT");
     refuses_key_chunk_after(be);
     l3d_backend_free(be);
     return TEST_REPORT();

@@ -1356,11 +1356,12 @@ static double unit_roundoff(enum l3d_dtype t) {
  * subnormal spacing, for outputs in fp16's subnormal range), and k fp32 operations' worth of
  * the tensor's scale. */
 struct mp_tol {
-    double r, k;
+    double r, k, a; /* a: roundings of the tensor's scale (the bf16 dot products' operands) */
 };
 static double mp_tol_at(enum l3d_dtype t, struct mp_tol tl, double want, double scale) {
     double sub = t == L3D_F16 ? 0x1p-25 : 0.0;
-    return tl.r * (unit_roundoff(t) * fabs(want) + sub) + tl.k * 0x1p-23 * (fabs(want) + scale);
+    return tl.r * (unit_roundoff(t) * fabs(want) + sub) + tl.k * 0x1p-23 * (fabs(want) + scale) +
+           tl.a * unit_roundoff(t) * scale;
 }
 
 /* x rounded to type t in place (exactly representable afterwards) */
@@ -1467,9 +1468,10 @@ static int64_t mp_bad(enum l3d_dtype t, const float *got, const float *want, int
 
 /* got (the 16-bit kernel's output, widened) against want (the fp32 kernel's), then the negative
  * cases: one entry moved by twice its tolerance, and a NaN, must both be rejected. */
-static void mp_check(enum kern kern, enum l3d_dtype t, const char *tag, const char *what,
-                     const float *got, const float *want, int64_t n, double r, double k_ops) {
-    struct mp_tol tl = {r, k_ops};
+static void mp_check_a(enum kern kern, enum l3d_dtype t, const char *tag, const char *what,
+                       const float *got, const float *want, int64_t n, double r, double k_ops,
+                       double a) {
+    struct mp_tol tl = {r, k_ops, a};
     double worst;
     int64_t wi;
     int64_t nbad = mp_bad(t, got, want, n, tl, &worst, &wi);
@@ -1495,6 +1497,10 @@ static void mp_check(enum kern kern, enum l3d_dtype t, const char *tag, const ch
     bad[n - 1] = NAN;
     CHECK(mp_bad(t, bad, want, n, tl, &worst, &dummy) > 0);
     free(bad);
+}
+static void mp_check(enum kern kern, enum l3d_dtype t, const char *tag, const char *what,
+                     const float *got, const float *want, int64_t n, double r, double k_ops) {
+    mp_check_a(kern, t, tag, what, got, want, n, r, k_ops, 0.0);
 }
 
 static const enum l3d_dtype mp_types[2] = {L3D_BF16, L3D_F16};
@@ -1736,6 +1742,18 @@ static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float 
     ms_done(&st);
 }
 
+/* Whether the backend's bf16 attention runs its products in bf16 dot products (the CPU
+ * backend's l3d_fa16_on: HS even, AVX512-BF16, L3D_ATTN_DOT not 0): P and dS are then rounded to
+ * bf16 before their products, which moves an output by at most u sum|terms| (P >= 0 sums to 1
+ * per row: out moves by at most u max|v|); ATTN_DOT_SCALE such roundings of the tensor's
+ * largest entry bound it for these N(0,1) inputs (the worst measured: 0.94 of u max|want|). */
+#define ATTN_DOT_SCALE 2.0
+static bool attn_dot(enum l3d_dtype t, int64_t HS) {
+    const char *e = getenv("L3D_ATTN_DOT"); /* set by test_mixed_precision: "1", then "0" */
+    return t == L3D_BF16 && HS % 2 == 0 && e && strcmp(e, "1") == 0 &&
+           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
 /* Backward's inputs are forward's outputs: both backward runs get the 16-bit kernel's out (exact
  * in fp32) and lse, so that the comparison sees only the backward kernel's own roundings (the
  * rounding of out moves D = rowsum(dO * O), and through it every dS of the row, by far more than
@@ -1757,9 +1775,10 @@ static void mp_attention(struct l3d_backend *be, enum l3d_dtype t, int64_t B, in
     for (int k = 0; k < 2; k++)
         att_run(be, k ? t : L3D_F32, NULL, NULL, dqkv[k], out[1], lse[1], qkv, dout, B, T, NH, NKV,
                 HS);
-    mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], nout, 1, T);
+    const double a = attn_dot(t, HS) ? ATTN_DOT_SCALE : 0.0;
+    mp_check_a(K_ATTENTION, t, tag, "out", out[1], out[0], nout, 1, T, a);
     mp_check(K_ATTENTION, t, tag, "lse", lse[1], lse[0], nlse, 0, T);
-    mp_check(K_ATTENTION, t, tag, "dqkv", dqkv[1], dqkv[0], nqkv, 1, T);
+    mp_check_a(K_ATTENTION, t, tag, "dqkv", dqkv[1], dqkv[0], nqkv, 1, T, a);
     if (threads) { /* the 16-bit kernel is bit-identical for 1, 2 and 3 threads */
         int saved = omp_get_max_threads();
         for (int nth = 2; nth <= 3; nth++) {
@@ -1796,7 +1815,8 @@ static void mp_attention_cached(struct l3d_backend *be, enum l3d_dtype t, int64_
                                 HS, qs, ks);
         ms_done(&st);
     }
-    mp_check(K_ATTENTION, t, tag, "out", out[1], out[0], n * C, 1, T);
+    mp_check_a(K_ATTENTION, t, tag, "out", out[1], out[0], n * C, 1, T,
+               attn_dot(t, HS) ? ATTN_DOT_SCALE : 0.0);
     free(out[0]), free(out[1]), free(q), free(kc), free(vc);
 }
 
@@ -1961,6 +1981,48 @@ static void mp_xent(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t
     free(logits), free(tg);
 }
 
+/* The fused statistics (l3d_be_xent_stats: max, sum of exponentials and target logit in one
+ * pass) against the unfused pair on the same logits: the same bits in every type. Negative: the
+ * same comparison must reject the fused results of logits with one entry raised to the row's
+ * maximum + 1 (every statistic of that row moves). */
+static void xent_stats_run(struct l3d_backend *be, enum l3d_dtype t, bool fused, const float *lg,
+                           const int32_t *tg, float *out, int64_t N, int64_t Vl, int64_t Vvalid,
+                           int64_t vocab_start) {
+    struct mstage st = {.be = be};
+    int32_t *dt = l3d_be_alloc(be, (size_t)N * 4, "test targets");
+    l3d_be_copy_h2d(be, dt, tg, (size_t)N * 4);
+    float *dmx = ms(&st, L3D_F32, out, N, 1), *dse = ms(&st, L3D_F32, out + N, N, 1);
+    float *dtl = ms(&st, L3D_F32, out + 2 * N, N, 1);
+    void *dlg = ms(&st, t, lg, N * Vl, 0);
+    if (fused) {
+        l3d_be_xent_stats(be, t, dmx, dse, dtl, dlg, dt, vocab_start, N, Vl, Vvalid);
+    } else {
+        l3d_be_xent_max(be, t, dmx, dlg, N, Vl, Vvalid);
+        l3d_be_xent_sumexp(be, t, dse, dtl, dlg, dmx, dt, vocab_start, N, Vl, Vvalid);
+    }
+    ms_done(&st);
+    l3d_be_free(be, dt);
+}
+
+static void test_xent_stats(struct l3d_backend *be, enum l3d_dtype t, int64_t N, int64_t Vl,
+                            int64_t Vvalid, int64_t vocab_start, uint64_t s) {
+    char tag[128];
+    snprintf(tag, sizeof tag, "xent_stats %s N=%lld Vl=%lld Vvalid=%lld start %lld",
+             l3d_dtype_name(t), (ll)N, (ll)Vl, (ll)Vvalid, (ll)vocab_start);
+    float *lg = qrand(t, N * Vl, 0, 3, s + 1), *want = fnan(3 * N), *got = fnan(3 * N);
+    int32_t *tg = ialloc(N);
+    ref_fill_tokens(tg, N, 0, (int32_t)(vocab_start + Vl), SEED, s + 2);
+    xent_stats_run(be, t, false, lg, tg, want, N, Vl, Vvalid, vocab_start);
+    xent_stats_run(be, t, true, lg, tg, got, N, Vl, Vvalid, vocab_start);
+    check_all_equal(tag, "fused = max, then sumexp", got, want, 3 * N);
+    lg[(N - 1) * Vl + Vvalid / 2] = want[N - 1] + 1.0f; /* the last row's new maximum */
+    xent_stats_run(be, t, true, lg, tg, got, N, Vl, Vvalid, vocab_start);
+    bool same = true;
+    for (int64_t i = 0; i < 3 * N; i++) same = same && (got[i] == want[i]);
+    CHECK(!same);
+    free(lg), free(want), free(got), free(tg);
+}
+
 /* -- the optimizer step on fp32 master weights, and sumsq of 16-bit gradients -- */
 
 static void mp_adamw(struct l3d_backend *be, enum l3d_dtype t, enum l3d_dtype gt, int64_t n,
@@ -2020,6 +2082,7 @@ static void mp_sumsq(struct l3d_backend *be, enum l3d_dtype t, int64_t n, uint64
 
 static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
     mp_convert(be);
+    setenv("L3D_ATTN_DOT", "1", 1); /* bf16 attention in dot products where the CPU has them */
     for (int k = 0; k < 2; k++) {
         enum l3d_dtype t = mp_types[k];
         mp_unscale(be, L3D_F32, 1000, s += 100);
@@ -2064,6 +2127,21 @@ static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
         mp_sumsq(be, t, 1, s += 100);
         mp_sumsq(be, t, 100003, s += 100);
     }
+    /* bf16 attention at GPT-2's head size (two key blocks, dot products where the CPU has them),
+     * then its fallback on such a CPU (L3D_ATTN_DOT=0, the default: fp32 products of widened
+     * operands, the AVX2 machines' path) under the strict one-rounding tolerance */
+    mp_attention(be, L3D_BF16, 1, 128, 4, 2, 64, 1, s += 100);
+    for (int k = 0; k < 3; k++) {
+        enum l3d_dtype t = k == 0 ? L3D_F32 : mp_types[k - 1];
+        test_xent_stats(be, t, 1, 1, 1, 0, s += 100);
+        test_xent_stats(be, t, 7, 384, 300, 0, s += 100);
+        test_xent_stats(be, t, 5, 1100, 1000, 500, s += 100);
+    }
+    setenv("L3D_ATTN_DOT", "0", 1);
+    mp_attention(be, L3D_BF16, 2, 70, 4, 1, 16, 0, s += 100);
+    mp_attention(be, L3D_BF16, 1, 128, 4, 2, 64, 0, s += 100);
+    mp_attention_cached(be, L3D_BF16, 37, 90, 4, 2, 16, s += 100);
+    unsetenv("L3D_ATTN_DOT");
     printf("mixed precision: worst error as a fraction of the tolerance (bf16, fp16):\n");
     for (int k = 0; k < K_COUNT; k++)
         printf("  %-10s %.3g   %.3g\n", kern_name[k], mp_margin[k][0], mp_margin[k][1]);

@@ -424,6 +424,47 @@ static void test_backends_and_precisions(struct l3d_backend *cpu) {
     l3d_backend_free(chk);
 }
 
+/* The router's counting sort in integers (issue 46's defect: it counted in fp32, exact only
+ * below 2^24, and allocated its counters on every call): 2^24 + 5 assignments to one expert of
+ * two, dropless and with a capacity, against the counts written out; and the route kernel
+ * allocates nothing (the accounted peak stays where it was: the counters are the caller's). */
+static void test_sort_exact(void) {
+    const int64_t n = ((int64_t)1 << 24) + 5;
+    int32_t *idx = malloc((size_t)n * sizeof *idx), *pos = malloc((size_t)n * sizeof *pos);
+    L3D_ASSERT(idx && pos);
+    for (int64_t i = 0; i < n; i++) idx[i] = i == 3 ? 1 : 0; /* expert 1 takes the fourth */
+    int32_t count[2], fill[2], off[3];
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t cap = pass ? ((int64_t)1 << 24) + 2 : 0, kept0 = pass ? cap : n - 1;
+        int64_t dropped = l3d_cpu_moe_sort(idx, n, 2, cap, count, fill, off, pos);
+        CHECK(count[0] == n - 1 && count[1] == 1);
+        CHECK(off[0] == 0 && off[1] == kept0 && off[2] == kept0 + 1);
+        CHECK(dropped == n - 1 - kept0);
+        /* expert 0's rows in token order, expert 1's after them, the overflow dropped */
+        CHECK(pos[0] == 0 && pos[3] == kept0 && pos[4] == 3);
+        CHECK(pos[n - 1] == (pass ? -1 : n - 2) && pos[n - 4] == n - 5);
+        if (pass) CHECK(pos[cap] == kept0 - 1 && pos[cap + 1] == -1); /* the last kept */
+    }
+    free(idx);
+    free(pos);
+
+    struct l3d_backend *cpu;
+    L3D_ASSERT(l3d_backend_init("cpu", &cpu) == L3D_OK);
+    enum { N = 6, C = 3, E = 4, K = 2 };
+    float x[N * C], w[E * C];
+    ref_fill_normal(x, N * C, 0.0f, 1.0f, 5, 1);
+    ref_fill_normal(w, E * C, 0.0f, 1.0f, 5, 2);
+    float probs[N * E], lse[N], wts[N * K], st[2 * E + 2];
+    int32_t ix[N * K], ps[N * K], of[E + 1], work[2 * E];
+    size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
+    l3d_be_moe_route(cpu, L3D_F32, probs, lse, ix, wts, ps, of, st, work, x, w, N, C, E, K, 1, 0);
+    CHECK(l3d_mem_peak() == used); /* nothing allocated inside, not even for a moment */
+    l3d_mem_window_end(before);
+    CHECK(of[E] == N * K && work[0] + work[1] + work[2] + work[3] == N * K);
+    for (int e = 0; e < E; e++) CHECK(st[e] == (float)work[e]);
+    l3d_backend_free(cpu);
+}
+
 /* The router kernels alone against float64: l3d_be_moe_route's probabilities, log-sum-exp, top-k
  * (ties to the lower index: two equal logits made on purpose), weights, the counting sort and
  * its statistics; l3d_be_moe_router_backward's logit gradient against the softmax Jacobian
@@ -441,7 +482,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     float *probs = l3d_be_alloc(be, N * E * fb, "p"), *lse = l3d_be_alloc(be, N * fb, "lse");
     float *wts = l3d_be_alloc(be, N * K * fb, "wts"), *st = l3d_be_alloc(be, (2 * E + 2) * fb, "s");
     int32_t *idx = l3d_be_alloc(be, N * K * 4, "idx"), *pos = l3d_be_alloc(be, N * K * 4, "pos");
-    int32_t *off = l3d_be_alloc(be, (E + 1) * 4, "off");
+    int32_t *off = l3d_be_alloc(be, (E + 1) * 4, "off"), *work = l3d_be_alloc(be, 2 * E * 4, "w");
     float *ddw = l3d_be_alloc(be, N * K * fb, "dw"), *dl = l3d_be_alloc(be, N * E * fb, "dl");
     float *gin = l3d_be_alloc(be, N * C * fb, "gx"), *gw = l3d_be_alloc(be, E * C * fb, "gw");
     l3d_be_copy_h2d(be, dx, x, sizeof x);
@@ -449,7 +490,8 @@ static void test_router_kernels(struct l3d_backend *be) {
     l3d_be_copy_h2d(be, ddw, dw, sizeof dw);
     l3d_be_memset(be, gin, 0, N * C * fb);
     l3d_be_memset(be, gw, 0, E * C * fb);
-    l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, dx, dwt, N, C, E, K, 1, 4);
+    l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, work, dx, dwt, N, C, E, K,
+                     1, 4);
     const float aux = 0.3f, z = 0.2f;
     l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
                                wts, st, N, C, E, K, 1, aux, z);
@@ -529,7 +571,7 @@ static void test_router_kernels(struct l3d_backend *be) {
             }
     for (int i = 0; i < N * C; i++) CHECK_NEAR(hgx[i], gx[i], 1e-5 * gmax * 4);
     for (int i = 0; i < E * C; i++) CHECK_NEAR(hgw[i], gwr[i], 1e-5 * gmax * 8);
-    void *bufs[] = {dx, dwt, probs, lse, wts, st, idx, pos, off, ddw, dl, gin, gw};
+    void *bufs[] = {dx, dwt, probs, lse, wts, st, idx, pos, off, work, ddw, dl, gin, gw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) l3d_be_free(be, bufs[i]);
 }
 
@@ -695,6 +737,7 @@ int main(void) {
     test_spec();
     test_counts();
     test_router_kernels(be);
+    test_sort_exact();
     test_reference(be);
     test_all_to_one(be);
     test_backends_and_precisions(be);

@@ -1739,6 +1739,174 @@ static void test_llama(void) {
           strstr(l3d_error_message(), "16 key/value heads") != NULL);
 }
 
+/* the ep values l3d_plan_layouts enumerates (bit e: ep e seen) */
+static void seen_ep(void *ctx, const struct l3d_layout *lay) {
+    *(unsigned *)ctx |= 1u << (lay->ep > 1 ? lay->ep : 1);
+}
+
+/* Mixtures of experts (issue 46 item 6): a rank's parameters are the trainer's tensor table with
+ * its E / ep experts, ZeRO shards over the dp / ep ranks holding them, the activations are the
+ * model's closed form with the routed rows of its experts; the FLOPs count the router and the K
+ * active experts (not all E); the all-to-alls are four exchanges of the N K routed rows a layer
+ * (and the routing's counts) on the EP group's link, inside a node or across; the search tries
+ * every ep that divides dp and the experts, only 1 for a dense model; the rules refuse what does
+ * not divide. */
+static void test_moe(void) {
+    struct l3d_profile prof;
+    struct l3d_model_spec m, d;
+    good_and_preset(&prof, &m, "gpt2-moe");
+    good_and_preset(&prof, &d, "d12");
+    m.maxT = d.maxT = 128;
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
+    double s = 128, h = 768, L = 12, E = 8, K = 2, F = 1536;
+    struct l3d_plan_run run = l3d_plan_run_default();
+    struct l3d_plan_result r, rd, r2;
+    G = 4;
+    struct l3d_layout one = layout(1, 1, 1, 4, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(evaluate(&m, &prof, &run, &one, &r) == L3D_OK);
+    CHECK(evaluate(&d, &prof, &run, &one, &rd) == L3D_OK);
+    struct l3d_shard sh = l3d_shard_full(&c);
+    CHECK_NEAR(r.mem.params, 4.0 * (double)l3d_gpt_param_count(&c), 0);
+    CHECK_NEAR(r.mem.activations,
+               (double)l3d_gpt_act_bytes(&c, &sh, 4, 128, 1, L3D_RECOMPUTE_NONE, true), 0);
+    /* active FLOPs: K experts of half the dense width cost the dense MLP; the router's 2 h E a
+     * token and layer on top (all E experts would be 4x the MLP) */
+    CHECK_NEAR(r.model_flops - rd.model_flops, 3 * G * s * L * 2 * h * E, r.model_flops * 1e-12);
+    CHECK(r.model_flops < rd.model_flops * 1.01);
+    CHECK(r.time.ep_comm == 0.0 && r.time.gemm > 0);
+    /* the optimizer streams every parameter of the rank: AdamW's 28 bytes, the norm's read and
+     * the zeroing, 4 bytes each (the count is the tensor table's, also with a --vocab given
+     * after the preset, whose padded size the plan recomputes; with 2 shared experts) */
+    struct l3d_model_spec mv = m;
+    mv.V = 256;
+    mv.moe.shared = 2;
+    struct l3d_model_spec cv = l3d_plan_model_gpt(&mv);
+    CHECK(evaluate(&mv, &prof, &run, &one, &r2) == L3D_OK);
+    double nv = (double)l3d_gpt_param_count(&cv), bw = 2000e9 * 0.7;
+    CHECK_NEAR(r2.time.optimizer, nv * 28 / bw + 2 * nv * 4 / bw, 1e-12);
+    /* ep 2 on 2 ranks: half the experts a rank, ZeRO-1 over dp / ep = 1 rank (nothing sharded) */
+    run.devices = 2;
+    G = 8;
+    struct l3d_layout ep2 = layout(1, 1, 2, 4, 1, 1, L3D_RECOMPUTE_NONE, false);
+    ep2.ep = 2;
+    CHECK(evaluate(&m, &prof, &run, &ep2, &r2) == L3D_OK);
+    struct l3d_shard half = sh;
+    l3d_shard_set_experts(&c, &half, 2, 1);
+    struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+    double nh = (double)l3d_gpt_plan_tensors(&c, &half, ti), ne = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) ne += l3d_gpt_expert_tensor(t) ? ti[t].count : 0;
+    CHECK_NEAR(ne, L * E / 2 * (2 * h * F + F + h), 0);
+    CHECK_NEAR(r2.mem.params, 4 * nh, 0);
+    CHECK_NEAR(r2.mem.optimizer, 8 * nh, 0); /* not over the 2 DP ranks: 8 nh / 2 */
+    CHECK_NEAR(r2.mem.activations,
+               (double)l3d_gpt_act_bytes(&c, &half, 4, 128, 1, L3D_RECOMPUTE_NONE, true), 0);
+    /* Megatron-LM's mixed precision (its own parameter count, here the trainer's table's): 2 +
+     * 2 bytes a parameter, its 12 of optimizer state over the 2 DP ranks for the dense tensors
+     * and over the dp / ep = 1 rank holding the same experts for the experts' */
+    struct l3d_plan_run r16 = run16(2, 8, true);
+    CHECK(evaluate(&m, &prof, &r16, &ep2, &r) == L3D_OK);
+    CHECK_NEAR(r.mem.params, 2 * nh, 1);
+    CHECK_NEAR(r.mem.optimizer, 12 * ((nh - ne) / 2 + ne), 1);
+    /* llm3d's mixed precision: ZeRO-2 over a group of one (each EP rank alone with its experts)
+     * keeps its whole fp32 range (no pieces moved, l3d_dp_fp32_streamed) and reduces nothing in
+     * 16 bits (no staging): the same transients as ZeRO-1; over dp / ep = 2 it has both */
+    struct l3d_plan_run mixed = r16;
+    mixed.llm3d = true;
+    mixed.precision = prec_of(L3D_BF16);
+    mixed.precision.reduce = L3D_BF16;
+    mixed.native16 = true; /* no fp32 copies of a product's operands: the pieces show */
+    struct l3d_plan_result z1, z2;
+    struct l3d_layout ez2 = ep2;
+    ez2.zero = 2;
+    CHECK(evaluate(&m, &prof, &mixed, &ep2, &z1) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &mixed, &ez2, &z2) == L3D_OK);
+    CHECK_NEAR(z2.mem.other, z1.mem.other, 0);
+    mixed.devices = 4;
+    G = 16;
+    ez2.dp = 4;
+    struct l3d_layout ez1 = ez2;
+    ez1.zero = 1;
+    CHECK(evaluate(&m, &prof, &mixed, &ez1, &z1) == L3D_OK);
+    CHECK(evaluate(&m, &prof, &mixed, &ez2, &z2) == L3D_OK);
+    CHECK_NEAR(z2.mem.other - z1.mem.other, 64.0 * 1048576 - L3D_GPT_INIT_BLOCK_BYTES, 0);
+    G = 8;
+    /* on 4 ranks (dp 4, ep 2): ZeRO-1 over the 2 holding the same experts, 16-element shards */
+    run.devices = 4;
+    G = 16;
+    struct l3d_layout ep2d4 = ep2;
+    ep2d4.dp = 4;
+    CHECK(evaluate(&m, &prof, &run, &ep2d4, &r2) == L3D_OK);
+    CHECK_NEAR(r2.mem.optimizer, 8 * (double)(((int64_t)nh / 2 + 15) / 16 * 16), 0);
+    /* the exchanges: the two ranks are a pair (pair_bw 200 GB/s, intra_lat 5 us); a micro-batch's
+     * layer dispatches and combines its N K rows forward and backward (each rank keeps half) and
+     * sends its E counts once; 4 / 4 micro-batches a step on a dp 4 rank... here dp 2: G / (b dp) */
+    run.devices = 2;
+    G = 8;
+    CHECK(evaluate(&m, &prof, &run, &ep2, &r2) == L3D_OK);
+    double N = 4 * s, rows = N * K * h * 4, a2a = 0.5 * rows / 200e9 + 5e-6;
+    double counts = 0.5 * E * 8 / 200e9 + 5e-6, mm = 1;
+    CHECK_NEAR(r2.time.ep_comm, mm * L * (4 * a2a + counts), 1e-12);
+    /* full recomputation dispatches and combines again (and counts again) */
+    struct l3d_layout ep2rc = ep2;
+    ep2rc.recompute = L3D_RECOMPUTE_FULL;
+    CHECK(evaluate(&m, &prof, &run, &ep2rc, &r) == L3D_OK);
+    CHECK_NEAR(r.time.ep_comm, mm * L * (6 * a2a + 2 * counts), 1e-12);
+    /* across nodes: 16 experts over 16 ranks of nodes of 8 (half the rows' peers on the other
+     * node, over its NICs shared by 8 devices: 12.5 GB/s) against over the 8 of one node */
+    struct l3d_model_spec m16 = m;
+    m16.moe.experts = 16;
+    run.devices = 16;
+    G = 64;
+    struct l3d_layout e16 = layout(1, 1, 16, 4, 1, 0, L3D_RECOMPUTE_NONE, false), e8 = e16;
+    e16.ep = 16, e8.ep = 8;
+    CHECK(evaluate(&m16, &prof, &run, &e16, &r) == L3D_OK);
+    CHECK(evaluate(&m16, &prof, &run, &e8, &r2) == L3D_OK);
+    double on = 7.0 / 16 * rows / 100e9, off = 8.0 / 16 * rows / 12.5e9;
+    double x16 = (on > off ? on : off) + 7 * 5e-6 + 8 * 10e-6, x8 = 7.0 / 8 * rows / 100e9 + 7 * 5e-6;
+    double c16 = 8.0 / 16 * 128 / 12.5e9 + 7 * 5e-6 + 8 * 10e-6;
+    CHECK_NEAR(r.time.ep_comm, L * (4 * x16 + c16), 1e-9);
+    CHECK(r.time.ep_comm > 3 * r2.time.ep_comm && x16 > 3 * x8);
+    /* the search: ep 1, 2 and 4 of 4 ranks with 8 experts; 1 and 2 with 6 (4 does not divide
+     * them); a dense model only 1; a fixed --ep 3 of dp 4 refused by the rules by name */
+    struct l3d_plan_fixed fx = l3d_plan_fixed_none();
+    fx.layout.global_batch = 16;
+    fx.layout.threads = 1;
+    unsigned eps = 0;
+    l3d_plan_layouts(&(struct l3d_plan_space){.m = &m, .ranks = 4, .zero3 = true, .fx = &fx},
+                     seen_ep, &eps);
+    CHECK(eps == ((1u << 1) | (1u << 2) | (1u << 4)));
+    struct l3d_model_spec m6 = m;
+    m6.moe.experts = 6;
+    eps = 0;
+    l3d_plan_layouts(&(struct l3d_plan_space){.m = &m6, .ranks = 4, .zero3 = true, .fx = &fx},
+                     seen_ep, &eps);
+    CHECK(eps == ((1u << 1) | (1u << 2)));
+    eps = 0;
+    l3d_plan_layouts(&(struct l3d_plan_space){.m = &d, .ranks = 4, .zero3 = true, .fx = &fx},
+                     seen_ep, &eps);
+    CHECK(eps == (1u << 1));
+    run.devices = 4;
+    G = 16;
+    struct l3d_layout ep3 = ep2d4;
+    ep3.ep = 3;
+    CHECK(evaluate(&m6, &prof, &run, &ep3, &r) == L3D_ERR_LAYOUT &&
+          strstr(l3d_error_message(), "--ep 3 does not divide the 4 data-parallel") != NULL);
+    /* the search with --ep fixed keeps it; the best of a free search may split the experts */
+    G = 16;
+    struct l3d_plan_fixed f2 = l3d_plan_fixed_none();
+    l3d_plan_fix(&f2, L3D_FIX_EP, 2);
+    struct l3d_plan_result best[4];
+    int n = 0;
+    struct l3d_plan_search_stats st;
+    CHECK(search(&m, &prof, &run, &f2, best, 4, &n, &st) == L3D_OK && n > 0);
+    for (int i = 0; i < n; i++) CHECK(best[i].layout.ep == 2);
+    /* the model's own rules: top-k above the experts is refused */
+    struct l3d_model_spec bad = m;
+    bad.moe.top_k = 9;
+    CHECK(l3d_plan_model_check(&bad) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "--moe-top-k 9 with --moe-experts 8") != NULL);
+}
+
 int main(void) {
     test_profiles();
     test_llama();
@@ -1761,5 +1929,6 @@ int main(void) {
     test_dp_nics();
     test_context_parallel();
     test_uneven_stages();
+    test_moe();
     return TEST_REPORT();
 }

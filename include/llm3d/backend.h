@@ -85,6 +85,44 @@ void l3d_be_event_free(struct l3d_backend *be, struct l3d_event *ev);
  * has them, else the fp32 peak, as its bf16 products are fp32 products of widened operands; for
  * fp16 the fp32 peak likewise: these CPUs have no fp16 arithmetic). MFU is quoted against it. */
 double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t);
+/* The kernel families of the step's time split (llm3d bench, --trace): every l3d_be_* kernel
+ * belongs to one; the MoE kernels and whatever runs outside the backend count in none. */
+enum l3d_kfam {
+    L3D_KF_PRODUCTS,    /* matmul forward / backward (dense, compute-bound) */
+    L3D_KF_ATTENTION,   /* flash, naive, cached and block attention, the merge */
+    L3D_KF_ELEMENTWISE, /* GELU, SwiGLU, RoPE, residuals, biases, the embedding lookup */
+    L3D_KF_NORMS,       /* LayerNorm, RMSNorm */
+    L3D_KF_XENT,        /* the cross-entropy passes over the logits */
+    L3D_KF_OPTIMIZER,   /* AdamW, the gradient-norm sums, casts, fp16 unscaling */
+    L3D_KF_COPIES,      /* memset and the copies */
+    L3D_KF_N
+};
+const char *l3d_kfam_name(enum l3d_kfam f);
+/* Seconds, calls and bytes moved (the bytes each kernel must read and write at least, counted
+ * for the memory-bound families; 0 for products and attention) per family, summed since the
+ * struct was zeroed. */
+struct l3d_ksplit {
+    double s[L3D_KF_N], bytes[L3D_KF_N];
+    int64_t calls[L3D_KF_N];
+};
+/* The same per family and per kernel (the backend entry's name, a string literal; in the order
+ * of first call, at most L3D_KPROF_KERNELS: later ones count in their family only). */
+#define L3D_KPROF_KERNELS 48
+struct l3d_kstat {
+    const char *name;
+    enum l3d_kfam fam;
+    double s, bytes;
+    int64_t calls;
+};
+struct l3d_kprof {
+    struct l3d_ksplit fam;
+    struct l3d_kstat k[L3D_KPROF_KERNELS];
+    int nk;
+};
+/* From now on every kernel call adds its time to *p (NULL: stop; the default). Each timed call
+ * syncs the device before and after, so asynchronous backends lose their overlap while it is on;
+ * the CPU's kernels are synchronous and pay only two clock reads a call. */
+void l3d_be_profile(struct l3d_backend *be, struct l3d_kprof *p);
 /* Whether the backend's matrix products in dtype t run in t itself, with no fp32 copies of their
  * operands: always for fp32; on the CPU, for bf16 / fp16 where oneDNN's 16-bit matmul runs
  * (AVX512-BF16 / AVX512-FP16 CPUs, unless L3D_DNNL_16BIT=0), else the operands are widened into
@@ -248,11 +286,14 @@ bool l3d_be_has_moe(const struct l3d_backend *be);
  * the row of assignment (n,k), token order within an expert, or -1 when dropped: with
  * capacity > 0 an expert keeps its first `capacity` assignments in token order. stats (2E+2,
  * fp32) = [assignments each expert was routed before drops (E), its probabilities summed over
- * the tokens (E), the sum over tokens of lse^2, assignments dropped]. */
+ * the tokens (E), the sum over tokens of lse^2, assignments dropped]: the counts are exact integers
+ * in the sort (work), their fp32 copies in stats round above 2^24. work (2E, int32): the caller's
+ * scratch for the counts and each expert's fill (allocated once with the MoE layers' buffers: the
+ * kernel allocates nothing). N K must be below 2^31 (int32 rows). */
 void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
-                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                      int64_t K, int norm_topk, int64_t capacity);
+                      int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
+                      int64_t E, int64_t K, int norm_topk, int64_t capacity);
 /* rows (R,C): row pos[n,k] = inp[n] for each kept assignment (the gather into expert order). */
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
@@ -282,6 +323,12 @@ void l3d_be_xent_max(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, con
 void l3d_be_xent_sumexp(struct l3d_backend *be, enum l3d_dtype dt, float *sumexp, float *tlogit,
                         const void *logits, const float *maxv, const int32_t *targets,
                         int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+/* l3d_be_xent_max and l3d_be_xent_sumexp fused: one read of the logits instead of two where the
+ * backend has the fused kernel (the pair otherwise), the same bits; only for logits that hold
+ * the whole vocabulary (a vocabulary-parallel model all-reduces the max between the two). */
+void l3d_be_xent_stats(struct l3d_backend *be, enum l3d_dtype dt, float *maxv, float *sumexp,
+                       float *tlogit, const void *logits, const int32_t *targets,
+                       int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
 void l3d_be_xent_backward(struct l3d_backend *be, enum l3d_dtype dt, void *logits,
                           const float *maxv, const float *sumexp, const int32_t *targets,
                           float dloss, int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);

@@ -8,7 +8,7 @@
  * topo.edp_comm (l3d_dp_expert_groups), the rest over the DP x CP group as without experts.
  *
  *   l3d_shard_set_experts(&cfg, &sh, layout.ep, topo.ep_rank);   // before the model is built
- *   l3d_ep_attach(m, topo.ep_comm, topo.cp_comm);                // the hooks
+ *   l3d_ep_attach(&ep, m, topo.ep_comm, topo.cp_comm);           // the hooks
  *   l3d_dp_expert_groups(&dp, topo.ep_comm, topo.edp_comm);
  */
 #ifndef LLM3D_EP_H
@@ -17,9 +17,19 @@
 #include "llm3d/comm.h"
 #include "llm3d/model.h"
 
-/* Installs the all-to-all hook over ep_comm (NULL: ep = 1, nothing to install), and the sum of
- * the router's expert counts over tok_comm, the ranks that split each micro-batch's tokens (the
- * context-parallel ring; NULL or one rank: none). A dense model: nothing. */
-void l3d_ep_attach(struct l3d_gpt *m, struct l3d_comm *ep_comm, struct l3d_comm *tok_comm);
+/* The exchange's group and what it measured: seconds inside the all-to-alls and the bytes this
+ * rank sent, for the caller to read and reset (a step's metrics: ep_comm_ms, ep_bytes). */
+struct l3d_ep {
+    struct l3d_comm *comm;
+    double comm_s;
+    int64_t bytes;
+};
+
+/* Installs m's all-to-all hook over ep_comm into ep (ep_comm NULL: ep = 1, nothing to install;
+ * the model chunks of a rank may share one ep), and the sum of the router's expert counts over
+ * tok_comm, the ranks that split each micro-batch's tokens (the context-parallel ring; NULL or
+ * one rank: none). A dense model: nothing. */
+void l3d_ep_attach(struct l3d_ep *ep, struct l3d_gpt *m, struct l3d_comm *ep_comm,
+                   struct l3d_comm *tok_comm);
 
 #endif

@@ -178,7 +178,8 @@ struct l3d_dp;
 
 enum l3d_pp_event_kind { L3D_EV_FWD, L3D_EV_BWD, L3D_EV_RECV_ACT, L3D_EV_RECV_GRAD,
                          L3D_EV_EMBED_SYNC, L3D_EV_DP_WAIT, L3D_EV_OPTIMIZER, L3D_EV_STEP,
-                         L3D_EV_WGRAD /* W of a split backward (its B is an L3D_EV_BWD) */ };
+                         L3D_EV_WGRAD /* W of a split backward (its B is an L3D_EV_BWD) */,
+                         L3D_EV_KFAM /* a kernel family's time in a step (chunk: l3d_kfam) */ };
 
 struct l3d_pp_event {
     double t0, t1;   /* seconds since the trace's origin */

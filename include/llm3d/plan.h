@@ -214,6 +214,7 @@ struct l3d_plan_time {     /* seconds per training step */
     double recompute;      /* part of the above spent re-running forwards */
     double tp_comm, pp_p2p, bubble, dp_comm, embed_sync, optimizer;
     double cp_comm;        /* the context-parallel ring's exposed transfers (in the pipeline) */
+    double ep_comm;        /* expert parallelism's all-to-all exchanges (in the pipeline) */
     double step;
     double bubble_frac;    /* bubble / the pipeline phase: its idle share (0 without a pipeline) */
 };
@@ -278,7 +279,7 @@ double l3d_plan_pipe_phase(enum l3d_pp_kind kind, int p, int v, int64_t m, const
 enum {
     L3D_FIX_TP = 1 << 0, L3D_FIX_CP = 1 << 1, L3D_FIX_PP = 1 << 2, L3D_FIX_DP = 1 << 3,
     L3D_FIX_MB = 1 << 4, L3D_FIX_V = 1 << 5, L3D_FIX_ZERO = 1 << 6, L3D_FIX_RECOMPUTE = 1 << 7,
-    L3D_FIX_SP = 1 << 8,
+    L3D_FIX_SP = 1 << 8, L3D_FIX_EP = 1 << 9,
 };
 struct l3d_plan_fixed {
     unsigned mask;             /* L3D_FIX_* */
@@ -297,7 +298,8 @@ struct l3d_plan_fixed l3d_plan_fixed_none(void);
 void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value);
 
 /* Every layout of `ranks` ranks that the fixed parts allow, in the search's order (tp, cp, pp,
- * dp, micro-batch, v, ZeRO, recomputation, SP), each(ctx, layout) for each, before any
+ * dp, ep, micro-batch, v, ZeRO, recomputation, SP; ep only for a mixture of experts, each ep
+ * that divides dp x cp and the experts), each(ctx, layout) for each, before any
  * evaluation: the one enumeration behind l3d_plan_search and the trainer's memory check's
  * suggestions. Every layout has fx->layout's threads, seq, global batch (micro-batches that do not
  * split it are not tried), bucket and ZeRO-3 prefetch. dpn: devices per node (tp beyond it, or

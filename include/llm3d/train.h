@@ -63,6 +63,9 @@ struct l3d_train_config {
      * progress thread (thread, l3d_comm_mpi_init_progress: set when the world is made) */
     enum l3d_progress { L3D_PROGRESS_NONE, L3D_PROGRESS_POLL, L3D_PROGRESS_THREAD } progress;
     const char *trace_path; /* Chrome trace-event JSON of every rank's timeline, or NULL */
+    /* time every kernel by family (l3d_be_profile) and report the median step's split
+     * (res->split); on with trace_path (the families' rows in the trace) and in llm3d bench */
+    bool kernel_split;
     /* checkpoints (ckpt.h): saved under ckpt_dir (NULL: out_dir/checkpoints) every save_every
      * steps (0: never; then also after the last step), the newest keep of them kept; resume "auto"
      * (the latest, or a fresh start when there is none), a step directory, or NULL. SIGTERM and
@@ -102,6 +105,13 @@ struct l3d_train_result {
     int stopped_by;            /* the signal that stopped the run after a checkpoint, else 0 */
     int skipped;               /* steps skipped for a non-finite loss or gradient norm */
     int overflows;             /* of them, fp16 overflows that backed the loss scale off */
+    /* with kernel_split: where the median step (by time) went, per kernel family; its
+     * communication (exposed DP waits, TP and CP collectives) and its whole time */
+    struct l3d_ksplit split;
+    double split_comm_s, split_step_s;
+    /* with kernel_split: every kernel's totals over the steps after the first (kernel_steps) */
+    struct l3d_kprof kernels;
+    int kernel_steps;
 };
 
 /* What the trainer derives from the run spec's resolved layout (tc->layout: tp, cp, pp, dp, v,

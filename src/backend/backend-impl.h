@@ -140,9 +140,9 @@ struct l3d_backend_i {
     /* mixture of experts: see l3d_be_moe_route and the others (include/llm3d/backend.h);
      * optional (NULL: the backend refuses MoE models) */
     void (*moe_route)(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
-                      float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
-                      const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                      int norm_topk, int64_t capacity);
+                      float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
+                      const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                      int64_t K, int norm_topk, int64_t capacity);
     void (*moe_permute)(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
     void (*moe_combine)(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
@@ -167,6 +167,12 @@ struct l3d_backend_i {
     void (*xent_sumexp)(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
                         const void *logits, const float *maxv, const int32_t *targets,
                         int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid);
+    /* optional (NULL: xent_max, then xent_sumexp): both over each row while it is in cache, for
+     * logits with the whole vocabulary (no all-reduce of the max between the two); the same bits
+     * as the pair */
+    void (*xent_stats)(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp, float *tlogit,
+                       const void *logits, const int32_t *targets, int64_t vocab_start,
+                       int64_t N, int64_t Vl, int64_t Vvalid);
     /* In place: logits (N,Vl) becomes dlogits = (softmax - onehot(target)) * dloss; padding 0. */
     void (*xent_backward)(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
                           const float *sumexp, const int32_t *targets, float dloss,
@@ -196,13 +202,20 @@ struct l3d_backend_i {
 struct l3d_backend {
     const struct l3d_backend_i *i;
     void *ctx;
+    struct l3d_kprof *prof; /* l3d_be_profile: NULL when off */
 };
 
 /* The CPU backend's MoE kernels (src/backend/cpu_moe.c), the table entries above. */
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
-                       float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
-                       const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                       int norm_topk, int64_t capacity);
+                       float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
+                       const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                       int64_t K, int norm_topk, int64_t capacity);
+/* Its stable counting sort of the n assignments idx (expert ids, 0 to E-1) into expert order, in
+ * integers: count (E) each expert's assignments, offsets (E+1) where its kept rows start, pos (n)
+ * each assignment's row or -1 (dropped: with capacity > 0 an expert keeps its first `capacity` in
+ * order), fill (E) scratch; returns the assignments dropped. n below 2^31. */
+int64_t l3d_cpu_moe_sort(const int32_t *idx, int64_t n, int64_t E, int64_t capacity,
+                         int32_t *count, int32_t *fill, int32_t *offsets, int32_t *pos);
 void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                          const int32_t *pos, int64_t N, int64_t K, int64_t C);
 void l3d_cpu_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "backend/backend-impl.h"
+#include "backend/cpu_attn16.h"
 #include "llm3d/core.h"
 
 #define L3D_MAX_THREADS 256
@@ -48,34 +49,6 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
         l3d_fatal(__FILE__, __LINE__,
                   "dnnl_sgemm(%c,%c,M=%lld,N=%lld,K=%lld) failed with status %d", ta, tb,
                   (long long)M, (long long)N, (long long)K, (int)st);
-}
-
-/* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
- * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
- * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */
-static inline float fast_expf(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float t = x * 1.44269504088896341f + shifter;
-    float n = t - shifter;
-    float r = x - n * 0.693145751953125f;  /* ln2 high part, exact in float */
-    r = r - n * 1.428606765330187e-06f;    /* ln2 low part */
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    /* 2^n from t's low bits: t = 1.5 * 2^23 + n exactly, so its encoding is 0x4b400000 + n.
-     * Unsigned, so that a NaN x (n NaN: p is NaN, the result NaN) is no undefined behaviour:
-     * (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
 }
 
 /* tanh(u) = 1 - 2 / (exp(2u) + 1); saturates correctly at both ends through the clamp above. */
@@ -909,8 +882,6 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
  * blocks inner, so dQ sums its key blocks ascending and dK, dV their query blocks ascending): the
  * results do not depend on the number of threads or on which thread runs a task.
  */
-#define L3D_FA_BQ 64
-#define L3D_FA_BK 64
 
 /* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
  * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
@@ -934,20 +905,7 @@ static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *
         for (int64_t i = 0; i < nq; i++) {
             float *s = S + i * L3D_FA_BK;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
-            valid = valid > nk ? nk : valid;
-            float mx = m[i];
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < valid; j++) {
-                s[j] = fast_expf(s[j] - mx);
-                sum += s[j];
-            }
-            for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
-            float corr = fast_expf(m[i] - mx); /* 0 on the first block: m = -inf */
-            l[i] = l[i] * corr + sum;
-            m[i] = mx;
+            float corr = l3d_fa_online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
             if (corr != 1.0f) {
                 float *o = out + i * os;
 #pragma omp simd
@@ -982,6 +940,10 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
         fa_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, HS, S);
         return;
     }
+    if (l3d_fa16_on(dt, HS)) { /* bf16 dot products on the tensors themselves */
+        l3d_fa16_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, f);
+        return;
+    }
     float *qf = f, *of = qf + L3D_FA_BQ * HS, *kf = of + L3D_FA_BQ * HS, *vf = kf + (p0 + nq) * HS;
     rows_to_f32(dt, qf, HS, q, qs, nq, HS);
     rows_to_f32(dt, kf, HS, k, ks, p0 + nq, HS);
@@ -991,6 +953,7 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
 }
 /* fp32 scratch per thread of fa_forward_rows for up to nkeys keys: none for fp32 */
 static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS) {
+    if (l3d_fa16_on(dt, HS)) return l3d_fa16_forward_floats(HS);
     return is16(dt) ? (2 * L3D_FA_BQ + 2 * nkeys) * HS : 0;
 }
 
@@ -1145,6 +1108,21 @@ static void fa_backward_group_16(enum l3d_dtype dt, float *f, void *dqkv, const 
     rows_from_f32(dt, at(dt, dqkv, ov), CQ, dv, HS, T, HS);
 }
 
+/* bf16 dot products: one group of one sequence in place (l3d_fa16_backward_span, p0 = 0) */
+static void fa16_group(void *dqkv, const void *qkv, const void *dO, const void *O,
+                       const float *L, int64_t NH, int64_t NKV, int64_t g, int64_t T, int64_t HS,
+                       float *f) {
+    const int64_t rep = NH / NKV, CQ = (NH + 2 * NKV) * HS, C = NH * HS;
+    const int64_t oq = g * rep * HS, ok = (NH + g) * HS, ov = (NH + NKV + g) * HS;
+    const uint16_t *x = qkv, *gO = dO, *pO = O;
+    uint16_t *dx = dqkv;
+    const struct l3d_fa16_span a = {
+        .dq = dx + oq, .dk = dx + ok, .dv = dx + ov, .q = x + oq, .k = x + ok, .v = x + ov,
+        .dO = gO + oq, .O = pO + oq, .L = L, .gqs = CQ, .gks = CQ, .qs = CQ, .ks = CQ, .os = C,
+        .hq = HS, .ho = HS, .hl = T, .rep = rep, .p0 = 0, .nq = T, .nk = T, .HS = HS};
+    l3d_fa16_backward_span(&a, f);
+}
+
 // dqkv (B,T,NH+2*NKV,HS) +=, dout (B,T,NH,HS), qkv, out (B,T,NH,HS), lse (B,NH,T)
 static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
@@ -1153,7 +1131,9 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
     F32_OR_16("attention_backward");
     gqa_check("attention_backward", NH, NKV);
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
-    const int64_t per = is16(dt) ? (4 * rep + 4) * T * HS : 0;
+    const bool dot = l3d_fa16_on(dt, HS);
+    const int64_t per = dot ? l3d_fa16_backward_floats(rep, T, T, HS)
+                            : is16(dt) ? (4 * rep + 4) * T * HS : 0;
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
     /* One task per (batch, KV head) owns the dQ of its query heads and its dK and dV: race-free
      * without atomics or partial sums (FlashAttention-2 parallelises dK/dV over key blocks and
@@ -1171,6 +1151,10 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
             const void *O = at(dt, out, b * T * C);
             void *drow = at(dt, dqkv, b * T * CQ);
             const float *L = lse + (b * NH + g * rep) * T;
+            if (dot) {
+                fa16_group(drow, row, dO, O, L, NH, NKV, g, T, HS, f);
+                continue;
+            }
             if (is16(dt)) {
                 fa_backward_group_16(dt, f, drow, row, dO, O, L, NH, NKV, g, T, HS, P, dS, D);
                 continue;
@@ -1208,6 +1192,7 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
     const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
     const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
     const int64_t per = fa_scratch(dt, g->nk, HS);
+    const bool dot = l3d_fa16_on(dt, HS);
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -1227,6 +1212,11 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
             if (dt == L3D_F32) {
                 fa_forward_block_n(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
                                    nkeys, HS, w.P);
+                continue;
+            }
+            if (dot) {
+                l3d_fa16_forward_block(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
+                                       nkeys, HS, f);
                 continue;
             }
             float *qf = f, *of = qf + L3D_FA_BQ * HS, *kf = of + L3D_FA_BQ * HS;
@@ -1275,6 +1265,22 @@ static void cpu_attention_merge(void *ctx, enum l3d_dtype dt, void *out, float *
     }
 }
 
+/* bf16 dot products: the block's span in place (l3d_fa16_backward_span), a's geometry */
+static void fa16_block_span(const struct fa_span *a, const struct l3d_attn_block *g, void *dq,
+                            void *dk, void *dv, const void *dout, const void *q, const void *k,
+                            const void *v, const void *out, int64_t qo, int64_t kvo, int64_t oo,
+                            float *f) {
+    const uint16_t *q16 = q, *k16 = k, *v16 = v, *g16 = dout, *o16 = out;
+    uint16_t *dq16 = dq, *dk16 = dk, *dv16 = dv;
+    const struct l3d_fa16_span s = {
+        .dq = dq16 + qo, .dk = dk16 + kvo, .dv = dv16 + kvo, .q = q16 + qo, .k = k16 + kvo,
+        .v = v16 + kvo, .dO = g16 + oo, .O = o16 + oo, .L = a->L, .gqs = g->q_rs,
+        .gks = g->kv_rs, .qs = g->q_rs, .ks = g->kv_rs, .os = g->o_rs, .hq = g->HS,
+        .ho = g->HS, .hl = a->hl, .rep = a->rep, .p0 = a->p0, .nq = a->nq, .nk = a->nk,
+        .HS = g->HS};
+    l3d_fa16_backward_span(&s, f);
+}
+
 /* One task per (batch, key/value head) owns its dk and dv and the dq of the query heads it
  * serves (race-free, deterministic, as cpu_attention_backward), one fa_backward_span. 16-bit: the
  * key/value head, its query heads and their gradients widened into the thread's scratch, rounded
@@ -1286,7 +1292,9 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
     (void)ctx;
     F32_OR_16("attention_block_backward");
     const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
-    const int64_t per = is16(dt) ? 4 * KH + 4 * rep * QH : 0;
+    const bool dot = l3d_fa16_on(dt, HS);
+    const int64_t per = dot ? l3d_fa16_backward_floats(rep, g->nq, g->nk, HS)
+                            : is16(dt) ? 4 * KH + 4 * rep * QH : 0;
     float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -1306,6 +1314,10 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
                 a.gqs = a.qs = g->q_rs, a.gks = a.ks = g->kv_rs, a.os = g->o_rs;
                 a.hq = a.ho = HS;
                 fa_backward_span(&a, w.P, w.dS, w.D);
+                continue;
+            }
+            if (dot) {
+                fa16_block_span(&a, g, dq, dk, dv, dout, q, k, v, out, qo, kvo, oo, f);
                 continue;
             }
             /* 16-bit: k v dk dv (nk rows each), then q dq dO O (rep heads of nq rows each) */
@@ -1669,6 +1681,19 @@ static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const 
  * them), each 16-bit row rounded back once. */
 enum xent_pass { XENT_MAX, XENT_SUMEXP, XENT_BACKWARD };
 
+static inline float row_max(const float *l, int64_t n) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = l[j] > mx ? l[j] : mx;
+    return mx;
+}
+static inline float row_sumexp(const float *l, int64_t n, float mx) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) s += fast_expf(l[j] - mx);
+    return s;
+}
+
 static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, float *out,
                       float *tlogit, const float *maxv, const float *sumexp,
                       const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
@@ -1682,17 +1707,10 @@ static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, floa
             void *row = at(dt, logits, n * Vl);
             int64_t t = pass == XENT_MAX ? -1 : (int64_t)targets[n] - vocab_start;
             if (pass == XENT_MAX) {
-                const float *l = row_in(dt, buf, row, Vvalid);
-                float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-                for (int64_t j = 0; j < Vvalid; j++) mx = l[j] > mx ? l[j] : mx;
-                out[n] = mx;
+                out[n] = row_max(row_in(dt, buf, row, Vvalid), Vvalid);
             } else if (pass == XENT_SUMEXP) {
                 const float *l = row_in(dt, buf, row, Vvalid);
-                float mx = maxv[n], s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t j = 0; j < Vvalid; j++) s += fast_expf(l[j] - mx);
-                out[n] = s;
+                out[n] = row_sumexp(l, Vvalid, maxv[n]);
                 tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
             } else { /* logits in place -> dlogits */
                 float *l = row_io(dt, buf, row, Vvalid);
@@ -1724,6 +1742,27 @@ static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *
     F32_OR_16("xent_sumexp");
     xent_rows(XENT_SUMEXP, dt, (void *)logits, sumexp, tlogit, maxv, NULL, targets, 0.0f,
               vocab_start, N, Vl, Vvalid);
+}
+/* the two passes on each row while it is in cache (16-bit: widened once): the bits of the pair */
+static void cpu_xent_stats(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp,
+                           float *tlogit, const void *logits, const int32_t *targets,
+                           int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
+    (void)ctx;
+    F32_OR_16("xent_stats");
+    float *scr = is16(dt) ? thread_scratch(Vl, "cross-entropy scratch") : NULL;
+#pragma omp parallel
+    {
+        float *buf = off(scr, omp_get_thread_num() * Vl);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *l = row_in(dt, buf, at(dt, logits, n * Vl), Vvalid);
+            int64_t t = (int64_t)targets[n] - vocab_start;
+            maxv[n] = row_max(l, Vvalid);
+            sumexp[n] = row_sumexp(l, Vvalid, maxv[n]);
+            tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
+        }
+    }
+    l3d_free(scr);
 }
 // logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
 static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
@@ -2052,6 +2091,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .moe_router_backward = l3d_cpu_moe_router_backward,
     .xent_max = cpu_xent_max,
     .xent_sumexp = cpu_xent_sumexp,
+    .xent_stats = cpu_xent_stats,
     .xent_backward = cpu_xent_backward,
     .xent_loss = cpu_xent_loss,
     .adamw = cpu_adamw,

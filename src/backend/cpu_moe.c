@@ -63,37 +63,44 @@ static float route_token(float *p, int32_t *idx, float *w, const void *x, const 
     return mx + logf(sum);
 }
 
+int64_t l3d_cpu_moe_sort(const int32_t *idx, int64_t n, int64_t E, int64_t capacity,
+                         int32_t *count, int32_t *fill, int32_t *offsets, int32_t *pos) {
+    memset(count, 0, (size_t)E * sizeof *count);
+    memset(fill, 0, (size_t)E * sizeof *fill);
+    for (int64_t i = 0; i < n; i++) count[idx[i]]++;
+    offsets[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t kept = count[e];
+        if (capacity > 0 && kept > capacity) kept = capacity;
+        offsets[e + 1] = offsets[e] + (int32_t)kept;
+    }
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t e = idx[i];
+        if (capacity > 0 && fill[e] >= capacity) {
+            pos[i] = -1;
+            dropped++;
+            continue;
+        }
+        pos[i] = offsets[e] + fill[e]++;
+    }
+    return dropped;
+}
+
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
-                       float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
-                       const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                       int norm_topk, int64_t capacity) {
+                       float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
+                       const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
+                       int64_t K, int norm_topk, int64_t capacity) {
     (void)ctx;
     check_types("moe_route", dt);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         lse[n] = route_token(probs + n * E, idx + n * K, wts + n * K, inp, weight, dt, n, C, E, K,
                              norm_topk);
-    /* the stable counting sort, in token order (sequential: N K integer steps) */
-    memset(stats, 0, (size_t)(2 * E + 2) * sizeof(float));
-    for (int64_t i = 0; i < N * K; i++) stats[idx[i]] += 1.0f;
-    offsets[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t kept = (int64_t)stats[e];
-        if (capacity > 0 && kept > capacity) kept = capacity;
-        offsets[e + 1] = offsets[e] + (int32_t)kept;
-    }
-    int32_t *fill = l3d_calloc((size_t)E * sizeof(int32_t), "moe_route counts");
-    float dropped = 0.0f;
-    for (int64_t i = 0; i < N * K; i++) {
-        int32_t e = idx[i];
-        if (capacity > 0 && fill[e] >= capacity) {
-            pos[i] = -1;
-            dropped += 1.0f;
-            continue;
-        }
-        pos[i] = offsets[e] + fill[e]++;
-    }
-    l3d_free(fill);
+    /* the stable counting sort, in token order (sequential: N K integer steps), its counts in
+     * the caller's workspace: no allocation in the step, exact past fp32's 2^24 */
+    int64_t dropped = l3d_cpu_moe_sort(idx, N * K, E, capacity, work, work + E, offsets, pos);
+    for (int64_t e = 0; e < E; e++) stats[e] = (float)work[e];
     double z = 0.0;
     for (int64_t e = 0; e < E; e++) {
         double s = 0.0;
@@ -102,7 +109,7 @@ void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, i
     }
     for (int64_t n = 0; n < N; n++) z += (double)lse[n] * lse[n];
     stats[2 * E] = (float)z;
-    stats[2 * E + 1] = dropped;
+    stats[2 * E + 1] = (float)dropped;
 }
 
 void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,

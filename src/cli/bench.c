@@ -1,5 +1,6 @@
 /* llm3d bench: this machine's measured peaks and a model's training throughput; with --calibrate,
  * its system profile (src/cli/calibrate.c). */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,88 @@
 #include "llm3d/data.h"
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
+
+/* Where the median step went, per kernel family (the trainer's kernel split), with the
+ * memory-bound families' bytes per second against the measured triad bandwidth bw. */
+static void print_split(const struct l3d_train_result *res, const char *prec, double bw) {
+    const struct l3d_ksplit *k = &res->split;
+    double step = res->split_step_s, kern = 0.0;
+    if (step <= 0) return;
+    printf("\ntime split of the median step (%s, %.1f ms): ms, share, calls; bytes/s of the "
+           "memory-bound families against the triad bandwidth %.1f GB/s\n", prec, step * 1e3,
+           bw / 1e9);
+    for (int f = 0; f < L3D_KF_N; f++) {
+        kern += k->s[f];
+        printf("  %-14s %9.1f ms %5.1f%% %6lld", l3d_kfam_name(f), k->s[f] * 1e3,
+               100.0 * k->s[f] / step, (long long)k->calls[f]);
+        if (k->bytes[f] > 0 && k->s[f] > 0)
+            printf("  %6.1f GB/s (%3.0f%% of triad)", k->bytes[f] / k->s[f] / 1e9,
+                   100.0 * k->bytes[f] / k->s[f] / bw);
+        printf("\n");
+    }
+    double rest = step - kern - res->split_comm_s;
+    printf("  %-14s %9.1f ms %5.1f%%\n", "communication", res->split_comm_s * 1e3,
+           100.0 * res->split_comm_s / step);
+    printf("  %-14s %9.1f ms %5.1f%% (host work between kernels, waits)\n", "idle", rest * 1e3,
+           100.0 * rest / step);
+}
+
+static int by_time(const void *a, const void *b) {
+    double x = ((const struct l3d_kstat *)a)->s, y = ((const struct l3d_kstat *)b)->s;
+    return (x < y) - (x > y);
+}
+
+/* Every kernel's time a step over the steps after the first, slowest first; the memory-bound
+ * ones' bytes per second against the triad bandwidth bw. */
+static void print_kernels(const struct l3d_train_result *res, double bw) {
+    int n = res->kernels.nk, steps = res->kernel_steps;
+    if (steps <= 0 || n == 0) return;
+    struct l3d_kstat k[L3D_KPROF_KERNELS];
+    memcpy(k, res->kernels.k, (size_t)n * sizeof *k);
+    qsort(k, (size_t)n, sizeof *k, by_time);
+    printf("kernels, a step (mean of the %d steps after the first): ms, calls, family\n", steps);
+    for (int i = 0; i < n; i++) {
+        printf("  %-26s %9.2f ms %6.1f  %-13s", k[i].name, k[i].s * 1e3 / steps,
+               (double)k[i].calls / steps, l3d_kfam_name(k[i].fam));
+        if (k[i].bytes > 0 && k[i].s > 0)
+            printf(" %6.1f GB/s (%3.0f%% of triad)", k[i].bytes / k[i].s / 1e9,
+                   100.0 * k[i].bytes / k[i].s / bw);
+        printf("\n");
+    }
+}
+
+/* This machine's measured peaks: the fp32 FMA and bf16 dot-product loops, sgemm on the GPT-2
+ * 124M shapes, the triad bandwidth; returns the best sgemm's FLOP/s. */
+static double print_peaks(double *fma_out, double *bf16_out, double *bw_out) {
+    int threads = omp_get_max_threads();
+    printf("threads: %d\n", threads);
+    double fma = l3d_cpu_fma_peak(1.0), best_gemm = 0.0;
+    printf("fp32 FMA peak:  %7.1f GFLOP/s (%.1f per thread)\n", fma / 1e9, fma / 1e9 / threads);
+    /* sgemm on the GPT-2 124M shapes of a (B*T = 2048)-row micro-batch, and a large square */
+    const struct { const char *what; int64_t M, N, K; } shapes[] = {
+        {"qkv    2048x2304x768 ", 2048, 2304, 768},
+        {"fc     2048x3072x768 ", 2048, 3072, 768},
+        {"fcproj 2048x768x3072 ", 2048, 768, 3072},
+        {"head   2048x50304x768", 2048, 50304, 768},
+        {"square 4096x4096x4096", 4096, 4096, 4096},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double f = l3d_cpu_sgemm_flops(shapes[i].M, shapes[i].N, shapes[i].K, 0.5);
+        if (f > best_gemm) best_gemm = f;
+        printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
+               100.0 * f / fma);
+    }
+    double bf16 = l3d_cpu_bf16_peak(1.0), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
+    if (bf16 > 0)
+        printf("bf16 dot-product peak: %7.1f GFLOP/s (%.2fx the FMA peak)\n", bf16 / 1e9,
+               bf16 / fma);
+    printf("triad bandwidth: %7.1f GB/s\n", bw / 1e9);
+    fflush(stdout);
+    *fma_out = fma;
+    *bf16_out = bf16;
+    *bw_out = bw;
+    return best_gemm;
+}
 
 int l3d_cli_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -34,26 +117,7 @@ int l3d_cli_bench(int argc, char **argv) {
         l3d_runtime_free(rt);
         return 2;
     }
-    int threads = omp_get_max_threads();
-    printf("threads: %d\n", threads);
-    double fma = l3d_cpu_fma_peak(1.0);
-    printf("fp32 FMA peak:  %7.1f GFLOP/s (%.1f per thread)\n", fma / 1e9, fma / 1e9 / threads);
-    /* sgemm on the GPT-2 124M shapes of a (B*T = 2048)-row micro-batch, and a large square */
-    const struct { const char *what; int64_t M, N, K; } shapes[] = {
-        {"qkv    2048x2304x768 ", 2048, 2304, 768},
-        {"fc     2048x3072x768 ", 2048, 3072, 768},
-        {"fcproj 2048x768x3072 ", 2048, 768, 3072},
-        {"head   2048x50304x768", 2048, 50304, 768},
-        {"square 4096x4096x4096", 4096, 4096, 4096},
-    };
-    double best_gemm = 0.0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        double f = l3d_cpu_sgemm_flops(shapes[i].M, shapes[i].N, shapes[i].K, 0.5);
-        if (f > best_gemm) best_gemm = f;
-        printf("sgemm %s %7.1f GFLOP/s (%4.1f%% of FMA peak)\n", shapes[i].what, f / 1e9,
-               100.0 * f / fma);
-    }
-    fflush(stdout);
+    double fma, bf16, bw, best_gemm = print_peaks(&fma, &bf16, &bw);
 
     /* training throughput on random tokens, through the real training loop */
     char dir[] = "/tmp/llm3d-bench-XXXXXX";
@@ -73,6 +137,7 @@ int l3d_cli_bench(int argc, char **argv) {
     free(tok);
     if (st == L3D_OK) {
         tc.train_pattern = path;
+        tc.kernel_split = true;
         tc.val_pattern = NULL;
         tc.out_dir = NULL;
         /* MFU against the peak of the precision the products run in (bf16 dot products where the
@@ -94,6 +159,13 @@ int l3d_cli_bench(int argc, char **argv) {
                    res.median_step_s * 1e3, res.steps, res.tokens_per_s, 100.0 * res.mfu,
                    tc.peak_flops / 1e9, 100.0 * res.mfu * tc.peak_flops / best_gemm,
                    best_gemm / 1e9);
+        double achieved = res.mfu * tc.peak_flops; /* model FLOP/s */
+        if (st == L3D_OK)
+            printf("model FLOP/s %.1f G: %.1f%% of the fp32 FMA peak, %.1f%% of the bf16 peak\n",
+                   achieved / 1e9, 100.0 * achieved / fma,
+                   bf16 > 0 ? 100.0 * achieved / bf16 : NAN);
+        if (st == L3D_OK) print_split(&res, l3d_dtype_name(tc.precision.param), bw);
+        if (st == L3D_OK) print_kernels(&res, bw);
     }
     unlink(path);
     rmdir(dir);

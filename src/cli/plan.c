@@ -70,7 +70,7 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            "\"t_recompute\":%.6g,\"t_tp\":%.6g,\"t_p2p\":%.6g,\"t_bubble\":%.6g,\"t_dp\":%.6g,"
            "\"t_embed\":%.6g,\"t_optimizer\":%.6g,\"step_s\":%.6g,\"tokens_per_s\":%.6g,"
            "\"mfu\":%.5f,\"hfu\":%.5f,\"mem_reserve\":%.0f,\"cp\":%d,\"t_cp\":%.6g,"
-           "\"bubble_fraction\":%.5f%s}\n",
+           "\"bubble_fraction\":%.5f,\"ep\":%d,\"t_ep\":%.6g%s}\n",
            (long long)run->devices, (long long)l->global_batch,
            l3d_precision_name(&run->precision), l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero,
            rc_name(l->recompute), l->sp ? "true" : "false", l3d_pp_kind_name(l->schedule),
@@ -78,7 +78,8 @@ static void print_json(const struct l3d_model_spec *m, const struct l3d_profile 
            mm->total, mm->stage, r->fits ? "true" : "false", t->gemm, t->attention,
            t->elementwise, t->recompute, t->tp_comm, t->pp_p2p, t->bubble, t->dp_comm,
            t->embed_sync, t->optimizer, t->step, r->tokens_per_s, r->mfu, r->hfu,
-           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm, t->bubble_frac, ends);
+           prof->reserve_bytes, l->cp > 1 ? l->cp : 1, t->cp_comm, t->bubble_frac,
+           l->ep > 1 ? l->ep : 1, t->ep_comm, ends);
 }
 
 static const char *mem_unit(const struct l3d_profile *prof, double *scale) {
@@ -102,15 +103,19 @@ static void print_table(const struct l3d_profile *prof, const struct l3d_plan_re
         const struct l3d_plan_mem *m = &r[i].mem;
         double compute = t->gemm + t->attention + t->elementwise;
         /* p2p: the pipeline's and the context-parallel ring's; a ring named after the row */
-        char cp[48] = "";
-        if (l->cp > 1) snprintf(cp, sizeof cp, " (cp %d: ring %.3g s in p2p)", l->cp, t->cp_comm);
+        char cp[96] = "";
+        size_t k = 0;
+        if (l->cp > 1)
+            k = (size_t)snprintf(cp, sizeof cp, " (cp %d: ring %.3g s in p2p)", l->cp, t->cp_comm);
+        if (l->ep > 1 && k < sizeof cp) /* the experts' exchanges, with the TP column's */
+            snprintf(cp + k, sizeof cp - k, " (ep %d: all-to-all %.3g s in TP)", l->ep, t->ep_comm);
         printf("%3d %2d %3d %4d %3d %2d %d %-9s %-2s %-11s %5d | %14.2f %5.2f %5.2f %5.2f %5.2f "
                "%6.2f | %15.4g %6.3g %6.3g %6.3g %6.3g (%4.1f) %6.3g %6.3g %6.4g | %5.3g %4.1f%% "
                "%4.1f%%%s\n",
                i + 1, l->tp, l->pp, l->dp, l->micro_batch, l->v, l->zero, rc_name(l->recompute),
                l->sp ? "y" : "n", l->pp > 1 ? l3d_pp_kind_name(l->schedule) : "-", r[i].m, m->params / sc, m->grads / sc, m->optimizer / sc,
                m->activations / sc, m->other / sc, m->total / sc, compute, t->recompute,
-               t->tp_comm, t->pp_p2p + t->cp_comm, t->bubble, 100 * t->bubble_frac,
+               t->tp_comm + t->ep_comm, t->pp_p2p + t->cp_comm, t->bubble, 100 * t->bubble_frac,
                t->dp_comm + t->embed_sync,
                t->optimizer, t->step, r[i].tokens_per_s, 100 * r[i].mfu, 100 * r[i].hfu, cp);
     }
@@ -487,7 +492,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     static const struct { const char *flag; unsigned bit; } fixes[] = {
         {"tp", L3D_FIX_TP}, {"pp", L3D_FIX_PP}, {"dp", L3D_FIX_DP}, {"cp", L3D_FIX_CP},
         {"batch", L3D_FIX_MB}, {"pp-virtual", L3D_FIX_V}, {"zero", L3D_FIX_ZERO},
-        {"recompute", L3D_FIX_RECOMPUTE}, {"sequence-parallel", L3D_FIX_SP},
+        {"recompute", L3D_FIX_RECOMPUTE}, {"ep", L3D_FIX_EP}, {"sequence-parallel", L3D_FIX_SP},
         {"no-sequence-parallel", L3D_FIX_SP}};
     *fx = l3d_plan_fixed_none();
     fx->layout = *l; /* zero3_prefetch: the trainer's default (1) when not given */
@@ -531,6 +536,7 @@ static l3d_status plan_one(const struct l3d_model_spec *m,
     struct l3d_layout lay = {
         .tp = f->tp, .pp = f->pp, .cp = cp,
         .dp = fx->mask & L3D_FIX_DP ? f->dp : (int)(run->devices / f->threads / f->tp / f->pp / cp),
+        .ep = fx->mask & L3D_FIX_EP ? f->ep : 1,
         .micro_batch = f->micro_batch, .v = fx->mask & L3D_FIX_V ? f->v : 1, .zero = f->zero,
         .zero3_prefetch = f->zero3_prefetch, .recompute = f->recompute,
         .sp = fx->mask & L3D_FIX_SP ? f->sp : false, .schedule = f->schedule,
@@ -552,6 +558,13 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
            (long long)m->ffn, m->V, m->maxT, (double)l3d_plan_model_params(m), prof->name,
            prof->device, (long long)run->devices, (long long)global_batch,
            l3d_precision_name(&run->precision), run->flash ? ", fused attention" : "");
+    if (m->moe.experts > 0) { /* the model FLOPs and MFU count the active parameters */
+        struct l3d_model_spec c = l3d_plan_model_gpt(m);
+        printf("mixture of experts: %d experts of width %lld, top-%d, %d shared, layers %d-%d; "
+               "%.3g parameters active a token (model FLOPs and MFU count those)\n",
+               m->moe.experts, (long long)c.moe.ffn, m->moe.top_k, m->moe.shared,
+               m->moe.dense_layers, m->L - 1, l3d_model_active_param_count(&c));
+    }
     if (run->precision.reduce != L3D_F32)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
                l3d_dtype_name(reduce));
@@ -596,10 +609,13 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     if (b->layout.pp > 1)
         snprintf(sched, sizeof sched, ", --pp-schedule %s (bubble %.1f%% of the pipeline)",
                  l3d_pp_kind_name(b->layout.schedule), 100 * b->time.bubble_frac);
-    printf("\nbest: tp %d, cp %d, pp %d, dp %d, micro-batch %d, %d micro-batches, v %d%s, ZeRO-%d, "
+    char ep[48] = ""; /* the experts' split, for a mixture of experts */
+    if (b->layout.ep > 1)
+        snprintf(ep, sizeof ep, ", ep %d (all-to-all %.3g s)", b->layout.ep, b->time.ep_comm);
+    printf("\nbest: tp %d, cp %d, pp %d, dp %d%s, micro-batch %d, %d micro-batches, v %d%s, ZeRO-%d, "
            "%s%s%s%s%s: %.4g s a step, %.4g tokens/s, MFU %.1f%% (model FLOPs, Narayanan eq. 3), "
            "HFU %.1f%% (recomputation counted), %.2f %s on the fullest device (stage %d)\n",
-           b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp,
+           b->layout.tp, b->layout.cp > 1 ? b->layout.cp : 1, b->layout.pp, b->layout.dp, ep,
            b->layout.micro_batch, b->m, b->layout.v, sched, b->layout.zero,
            b->layout.recompute == L3D_RECOMPUTE_NONE ? "no" : rc_name(b->layout.recompute),
            " recomputation", b->layout.sp ? ", sequence parallel" : "",
@@ -611,7 +627,7 @@ static void print_best(const struct l3d_profile *prof, const struct l3d_plan_res
     const struct l3d_plan_result *other = NULL;
     for (int i = 1; i < n && !other; i++) {
         const struct l3d_layout *x = &res[i].layout, *y = &b->layout;
-        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp ||
+        if (x->tp != y->tp || x->pp != y->pp || x->dp != y->dp || x->ep != y->ep ||
             x->micro_batch != y->micro_batch || x->v != y->v)
             other = &res[i];
     }

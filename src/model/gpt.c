@@ -1312,11 +1312,15 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
     if (!targets) return 0.0f;
     /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit, the
      * statistics fp32 whatever the logits' type */
-    l3d_be_xent_max(m->be, dt, a->maxv, m->logits, N, Vl, Vvalid);
-    if (m->hooks.tp_all_reduce_max)
+    if (m->hooks.tp_all_reduce_max) {
+        l3d_be_xent_max(m->be, dt, a->maxv, m->logits, N, Vl, Vvalid);
         m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N, L3D_F32);
-    l3d_be_xent_sumexp(m->be, dt, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets,
-                       s->vocab_start, N, Vl, Vvalid);
+        l3d_be_xent_sumexp(m->be, dt, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets,
+                           s->vocab_start, N, Vl, Vvalid);
+    } else { /* the whole vocabulary here: one read of the logits (the same bits) */
+        l3d_be_xent_stats(m->be, dt, a->maxv, a->sumexp, a->tlogit, m->logits, m->targets,
+                          s->vocab_start, N, Vl, Vvalid);
+    }
     if (m->hooks.tp_all_reduce) {
         tp_all_reduce(m, a->sumexp, N, L3D_F32);
         tp_all_reduce(m, a->tlogit, N, L3D_F32);

@@ -131,6 +131,7 @@ struct l3d_moe_state {
     /* one layer's backward scratch */
     struct moe_rows d;
     float *dwts, *dlogits;
+    int32_t *work;          /* the router's counting sort's counts and fill (2E, int32) */
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
@@ -202,6 +203,7 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
     off = point_rows(&b->d, &d, C, N, es, base, off);
     TAKE(b->dwts, R, 4);
     TAKE(b->dlogits, N * d.E, 4);
+    TAKE(b->work, 2 * d.E, 4);
 #undef TAKE
     return off;
 }
@@ -468,9 +470,9 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
     int64_t C = m->cfg.C;
-    l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats, ln,
-                     param(m, L3D_T_ROUTER, l), N, C, d.E, d.K, m->cfg.moe.norm_topk,
-                     capacity(&m->cfg, N));
+    l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats,
+                     m->moe->work, ln, param(m, L3D_T_ROUTER, l), N, C, d.E, d.K,
+                     m->cfg.moe.norm_topk, capacity(&m->cfg, N));
     share_counts(m, a);
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));

@@ -17,7 +17,7 @@
  * inputs), i.e. 4 s b f for an MLP of width f. A fused (flash) attention keeps no s^2 scores, so
  * the 5 a s^2 b term goes; full recomputation keeps the layer's 2 s b h input. */
 static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layout *lay,
-                           enum l3d_recompute rc, bool flash) {
+                           enum l3d_recompute rc, bool flash, bool moe) {
     double s = m->maxT, b = lay->micro_batch, h = m->C, a = m->NH, t = lay->tp, f = (double)m->ffn;
     double sbh = s * b * h, att = flash ? 0.0 : 5.0 * a * s * s * b;
     if (rc == L3D_RECOMPUTE_FULL) return lay->sp ? 2 * sbh / t : 2 * sbh;
@@ -26,8 +26,19 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
      * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
      * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
     double kv = (double)l3d_model_kv_heads(m) / m->NH;
-    double split = (4 + 4 * kv) * sbh + (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f + att;
-    return lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t;
+    double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f, whole = 0.0;
+    if (moe) { /* the MLP's tensors for each of the K routed and the shared experts' rows
+                * (width moe.ffn), the K permuted input rows and the experts' outputs (2 s b h
+                * each), and the router's fp32 probabilities (4 s b E): whole on every TP rank,
+                * whose experts are whole over the same tokens */
+        const struct l3d_moe_spec *q = &m->moe;
+        double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), K = q->top_k;
+        whole = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + q->shared) +
+                4 * K * sbh + 4 * s * b * q->experts;
+        mlp = 0.0;
+    }
+    double split = (4 + 4 * kv) * sbh + mlp + att;
+    return whole + (lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t);
 }
 
 /* The shard and sizes of chunk ch, virtual stage vs of S. */
@@ -48,21 +59,27 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     sh.layer_count = layers[vs];
     sh.has_embedding = vs == 0;
     sh.has_head = vs == S - 1;
+    /* expert parallelism: E / ep of the experts (EP rank 0's; every rank holds as many) */
+    l3d_shard_set_experts(c, &sh, lay->ep, 0);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     ch->sh = sh;
     ch->n_gpt = l3d_gpt_plan_tensors(c, &sh, ti);
-    ch->slot = ch->nonlayer = 0;
-    for (int t = 0; t < L3D_NUM_TENSORS; t++)
+    ch->slot = ch->nonlayer = ch->n_exp = 0;
+    for (int t = 0; t < L3D_NUM_TENSORS; t++) {
         if (l3d_gpt_is_layer_tensor(t)) ch->slot += ti[t].rows * ti[t].cols;
         else ch->nonlayer += ti[t].count;
+        if (l3d_gpt_expert_tensor(t)) ch->n_exp += ti[t].count;
+    }
     ch->n = ch->n_gpt;
     /* other blocks in Megatron-LM: its split of them, which replicates a KV head on the ranks of
      * its query heads where tp exceeds the KV heads (llm3d's trainer refuses that layout) */
     if (!l3d_model_gpt2_blocks(m)) {
         struct l3d_plan_counts pc;
-        l3d_plan_param_counts(m, lay->tp, &pc);
-        ch->n = (int64_t)(sh.layer_count * pc.layer + (sh.has_embedding ? pc.embed : 0) +
+        l3d_plan_param_counts(m, lay->tp, lay->ep, &pc);
+        double Lm = l3d_shard_moe_layers(m, &sh), Ld = sh.layer_count - Lm;
+        ch->n = (int64_t)(Ld * pc.layer + Lm * pc.moe_layer + (sh.has_embedding ? pc.embed : 0) +
                           (sh.has_head ? pc.head : 0));
+        ch->n_exp = (int64_t)(Lm * pc.experts);
     }
 }
 
@@ -78,6 +95,7 @@ static void shape_find(const struct l3d_plan_shapes *memo, int layers, int64_t l
             ch->sh.layer_start = (int)layer_start;
             ch->n = memo->e[i].n;
             ch->n_gpt = memo->e[i].n_gpt;
+            ch->n_exp = memo->e[i].n_exp;
             ch->slot = memo->e[i].slot;
             ch->nonlayer = memo->e[i].nonlayer;
         }
@@ -94,6 +112,7 @@ static void shape_keep(struct l3d_plan_shapes *memo, int layers, struct l3d_plan
     memo->e[i].sh = ch->sh;
     memo->e[i].n = ch->n;
     memo->e[i].n_gpt = ch->n_gpt;
+    memo->e[i].n_exp = ch->n_exp;
     memo->e[i].slot = ch->slot;
     memo->e[i].nonlayer = ch->nonlayer;
     ch->shape = i;
@@ -157,9 +176,10 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     double scratch16 = 0, staging = 0, piece_host = 0, reqs = 0;
     const enum l3d_dtype dt = run->precision.param;
     const double k_opt = run->precision.param == L3D_F32 ? 2 : 3;
+    const int64_t g = l3d_plan_zero_group(lay);
     for (int k = 0; k < lay->v; k++) {
         int64_t n = ch[k].n_gpt;
-        int64_t shard = ((n + lay->dp - 1) / lay->dp + 15) / 16 * 16;
+        int64_t shard = ((n + g - 1) / g + 15) / 16 * 16;
         int64_t own = lay->zero > 0 ? (n < shard ? n : shard) : n;
         if (lay->zero == 3) { /* the shard, the non-layer and prefetch + 1 layer gather buffers */
             double bufs = lay->zero3_prefetch > 0 ? lay->zero3_prefetch + 1 : 1;
@@ -167,7 +187,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
                            bufs * (w * (double)ch[k].slot + 64);
             /* each buffer's receive and send requests, a tensor from each other rank
              * (src/parallel/zero3.c, gbuf_reqs) */
-            reqs += (bufs + 1) * 2.0 * L3D_NUM_TENSORS * (lay->dp > 1 ? lay->dp - 1 : 1) *
+            reqs += (bufs + 1) * 2.0 * L3D_NUM_TENSORS * (g > 1 ? g - 1 : 1) *
                     (double)sizeof(l3d_req);
         } else {
             mem->params += w * n;
@@ -195,8 +215,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
          * initialisation and for each save or load, ZeRO-3 when it resumes or saves (run->files;
          * from the seed each rank fills its own range): a device piece per chunk and, with files,
          * a host one (l3d_dp_fp32_stream_begin; the checkpoint's staging); allocated then freed,
-         * at the peak (they replace a whole fp32 copy: f32 * n) */
-        if ((lay->zero == 2 && dt != L3D_F32) || (lay->zero == 3 && run->files)) {
+         * at the peak (they replace a whole fp32 copy: f32 * n). ZeRO-2 over a group of one
+         * (ep ranks each alone with their experts) keeps the whole range: no pieces */
+        if ((lay->zero == 2 && dt != L3D_F32 && g > 1) || (lay->zero == 3 && run->files)) {
             double piece = f32 * (double)l3d_dp_fp32_piece(n, run->piece_bytes);
             staging += piece;
             if (run->files && piece > piece_host) piece_host = piece;
@@ -213,8 +234,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
         scratch16 = most;
     }
     /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
-     * non-layer tensors', in 2 bytes, per chunk; none in a group of one */
-    if ((run->precision.reduce != L3D_F32) && lay->dp > 1)
+     * non-layer tensors', in 2 bytes, per chunk; none in a group of one (with expert parallelism
+     * under ZeRO the group is the dp / ep ranks holding the same experts) */
+    if ((run->precision.reduce != L3D_F32) && g > 1)
         for (int k = 0; k < lay->v; k++)
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
@@ -243,27 +265,35 @@ static void megatron_memory(const struct l3d_model_spec *m, const struct l3d_pla
                             int r, int64_t mm, struct l3d_plan_mem *mem) {
     struct l3d_model_spec c = l3d_plan_model_gpt(m);
     double f32 = l3d_plan_bytes(L3D_F32);
-    double n = 0, acts = 0;
+    double n = 0, n_exp = 0, acts = 0, moe_layers = 0;
     int f = (int)l3d_pp_in_flight(lay->schedule, lay->pp, r, lay->v, mm);
     double per_chunk_layers = 0;
     for (int k = 0; k < lay->v; k++) {
         n += (double)ch[k].n;
+        n_exp += (double)ch[k].n_exp;
         per_chunk_layers += ch[k].sh.layer_count;
+        moe_layers += l3d_shard_moe_layers(m, &ch[k].sh);
     }
     per_chunk_layers /= lay->v;
     /* the ZeRO paper's 2 + 2 + 12, sharded by the stage: Megatron-LM's gradients are of the
      * parameters' type */
     struct l3d_precision mp = run->precision;
     mp.grad = mp.param;
-    struct l3d_param_bytes pb;
+    struct l3d_param_bytes pb, pe; /* the experts' state sharded over the dp / ep ranks
+                                    * holding them (Megatron-Core's expert data parallelism) */
     l3d_param_bytes(&mp, lay->zero, lay->dp, &pb);
-    mem->params = pb.params * n;
-    mem->grads = pb.grads * n;
-    mem->optimizer = pb.optimizer * n;
-    acts = f * per_chunk_layers * layer_act_16(m, lay, lay->recompute, run->flash);
+    l3d_param_bytes(&mp, lay->zero, lay->dp / (lay->ep > 1 ? lay->ep : 1), &pe);
+    mem->params = pb.params * (n - n_exp) + pe.params * n_exp;
+    mem->grads = pb.grads * (n - n_exp) + pe.grads * n_exp;
+    mem->optimizer = pb.optimizer * (n - n_exp) + pe.optimizer * n_exp;
+    /* the chunks' MoE layers keep the experts' tensors instead of the MLP's */
+    double moe_frac = per_chunk_layers > 0 ? moe_layers / lay->v / per_chunk_layers : 0.0;
+    double per_layer = (1 - moe_frac) * layer_act_16(m, lay, lay->recompute, run->flash, false) +
+                       moe_frac * layer_act_16(m, lay, lay->recompute, run->flash, true);
+    acts = f * per_chunk_layers * per_layer;
     /* the layer being recomputed in backward holds its full set once */
     if (lay->recompute != L3D_RECOMPUTE_NONE)
-        acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash);
+        acts += layer_act_16(m, lay, L3D_RECOMPUTE_NONE, run->flash, moe_layers > 0);
     /* Korthikanti et al. 2022, sec. 4.3, beyond the layers: the embedding's dropout mask,
      * s b h bytes a micro-batch (one byte an element, as the 34 of Table 2 counts masks),
      * split along the sequence under SP; the first chunk keeps it for each of its micro-batches

@@ -40,6 +40,14 @@
 void l3d_plan_view(const struct l3d_model_spec *m, const struct l3d_layout *lay,
                    struct l3d_model_spec *ms, struct l3d_layout *lo);
 
+/* The ranks ZeRO shards over, as the trainer builds them (src/train/train.c): the data-parallel
+ * group (dp x cp in a ring rank's layout, l3d_plan_cp_local), or with expert parallelism and
+ * ZeRO >= 1 the dp / ep ranks holding the same experts (the expert-data-parallel group: the other
+ * tensors' slices are summed over the EP group first, include/llm3d/ep.h). */
+static inline int l3d_plan_zero_group(const struct l3d_layout *lay) {
+    return lay->ep > 1 && lay->zero > 0 ? lay->dp / lay->ep : lay->dp;
+}
+
 /* llm3d's own trainer (its allocation plan) rather than Megatron-LM's mixed precision */
 static inline bool l3d_plan_trainer(const struct l3d_plan_run *run) {
     return run->precision.param == L3D_F32 || run->llm3d;
@@ -74,12 +82,14 @@ const struct l3d_profile *l3d_plan_run_profile(const struct l3d_profile *prof,
 
 /* ---- chunks and their shapes (memory.c) --------------------------------------------------- */
 
-/* Parameters a TP rank of t holds: one layer's, the first stage's embeddings, the last stage's
- * final norm and untied head (model.c). */
+/* Parameters a TP rank of t (and EP rank of ep) holds: one dense layer's, one mixture-of-experts
+ * layer's and of those its E / ep experts', the first stage's embeddings, the last stage's final
+ * norm and untied head (model.c). */
 struct l3d_plan_counts {
-    double layer, embed, head;
+    double layer, moe_layer, experts, embed, head;
 };
-void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, struct l3d_plan_counts *o);
+void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
+                           struct l3d_plan_counts *o);
 
 /* One chunk of a pipeline rank: its shard (TP rank 0, the one adding row biases) and how many
  * micro-batches' activations it keeps. */
@@ -87,6 +97,7 @@ struct l3d_plan_chunk {
     struct l3d_shard sh;
     int64_t n;        /* parameters */
     int64_t n_gpt;    /* in the trainer's tensor table (l3d_gpt_plan_tensors) */
+    int64_t n_exp;    /* of which the experts' (this EP rank's E / ep of them) */
     int64_t slot, nonlayer; /* one layer's matrices, the tensors outside the layers */
     int slots;
     int wslots;       /* micro-batches between B and W (zb-h1's stash) */
@@ -99,6 +110,7 @@ struct l3d_plan_chunk {
 struct l3d_plan_parts {
     double gemm, attn, elem, tp, p2p, rec, total;
     double cp;  /* the context-parallel ring's transfers not hidden behind attention */
+    double a2a; /* expert parallelism's all-to-all exchanges (dispatch and combine) */
     double bwd; /* backward part (what DP communication can hide behind) */
     double wgt; /* its weight-gradient products (zb-h1's W; part of bwd) */
 };
@@ -111,6 +123,7 @@ static inline void l3d_plan_parts_add(struct l3d_plan_parts *to,
     to->tp += w * from->tp;
     to->p2p += w * from->p2p;
     to->cp += w * from->cp;
+    to->a2a += w * from->a2a;
     to->rec += w * from->rec;
     to->total += w * from->total;
     to->bwd += w * from->bwd;
@@ -127,7 +140,7 @@ struct l3d_plan_shapes {
         int layers;
         bool first, last, timed;
         struct l3d_shard sh;
-        int64_t n, n_gpt, slot, nonlayer;
+        int64_t n, n_gpt, n_exp, slot, nonlayer;
         struct l3d_plan_parts t; /* without p2p */
     } e[L3D_PLAN_SHAPES];
 };
@@ -186,6 +199,14 @@ void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_p
 /* Sets x's ring (after l3d_plan_tctx_init on the local layout): cp ranks, tp apart. */
 void l3d_plan_tctx_cp(struct l3d_plan_tctx *x, int cp, int tp);
 
+/* One all-to-all of the EP group (x->lay->ep ranks, consecutive DP ranks: tp cp pp apart on the
+ * grid) in which each rank holds n bytes for all of them, its own share staying (time.c). */
+double l3d_plan_all_to_all(const struct l3d_plan_tctx *x, double n);
+
+/* A mixture of experts' forward FLOPs a token in one MoE layer's block: the router (E outputs),
+ * its K experts and the shared ones, each an MLP of width moe.ffn (plan.c). */
+double l3d_plan_moe_flops(const struct l3d_model_spec *m);
+
 /* Ring all-reduce of n bytes over g ranks, and the link between ranks lo and hi (time.c). */
 double l3d_plan_all_reduce(double n, int g, double bw, double lat);
 void l3d_plan_link(const struct l3d_profile *p, int64_t lo, int64_t hi, int senders, double *bw,
@@ -201,6 +222,7 @@ struct l3d_plan_ranks {
     double t_max, t_sum;      /* a micro-batch on the slowest rank; on all of them */
     double bwd_of_max;        /* the backward part of t_max */
     double n_max;             /* parameters of the largest rank */
+    double n_exp;             /* of which its experts' (expert parallelism's own groups) */
     struct l3d_plan_parts worst, all; /* the slowest rank's parts; every rank's summed */
     struct l3d_plan_mem mem;  /* the fullest rank's bytes */
 };

@@ -106,8 +106,11 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
         if (mem.total > o->mem.total) o->mem = mem;
         struct l3d_plan_parts sum;
         l3d_plan_rank_time(x, ev->ch, rr, &memo, vt, &sum);
-        double n_rank = 0;
-        for (int k = 0; k < ev->lay.v; k++) n_rank += (double)ev->ch[k].n;
+        double n_rank = 0, n_exp = 0;
+        for (int k = 0; k < ev->lay.v; k++) {
+            n_rank += (double)ev->ch[k].n;
+            n_exp += (double)ev->ch[k].n_exp;
+        }
         o->t_sum += sum.total;
         l3d_plan_parts_add(&o->all, &sum, 1.0);
         if (sum.total > o->t_max) {
@@ -115,8 +118,18 @@ static void eval_ranks(const struct eval *ev, const struct l3d_model_spec *m,
             o->worst = sum;
             o->bwd_of_max = sum.bwd;
         }
-        if (n_rank > o->n_max) o->n_max = n_rank;
+        if (n_rank > o->n_max) {
+            o->n_max = n_rank;
+            o->n_exp = n_exp;
+        }
     }
+}
+
+double l3d_plan_moe_flops(const struct l3d_model_spec *m) {
+    const struct l3d_moe_spec *q = &m->moe;
+    double h = m->C, F = (double)(q->ffn > 0 ? q->ffn : m->ffn);
+    double expert = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * h * F; /* 2 FLOPs a weight */
+    return 2 * h * q->experts + (q->top_k + q->shared) * expert;
 }
 
 /* The step's FLOPs, throughput and utilisation, from r->time.step. */
@@ -133,11 +146,15 @@ static void eval_flops(const struct l3d_model_spec *m, const struct l3d_profile 
     /* grouped-query attention's K and V products are kv/h of Q's; SwiGLU has three f x h
      * matrices where GELU has two (so Llama's 8h^2 + 6hf + 4sh with kv = h) */
     double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * h * f;
-    double layer_f = 2 * (2 * h * h + 2 * h * kv) + mlp + 4 * s * h, head = 6 * h * c.Vp;
-    r->model_flops = G * s * (3 * L * layer_f + head);
+    /* a mixture of experts: its MoE layers' active FLOPs (router, K experts, shared experts)
+     * in place of the MLP's, the leading dense layers as they are */
+    double Lm = m->moe.experts > 0 ? L - m->moe.dense_layers : 0;
+    double att_f = 2 * (2 * h * h + 2 * h * kv) + 4 * s * h, head = 6 * h * c.Vp;
+    double layers_f = L * att_f + (L - Lm) * mlp + Lm * l3d_plan_moe_flops(m);
+    r->model_flops = G * s * (3 * layers_f + head);
     /* the recomputed forward (chunk_time, time.c): full, a layer's; selective, the attention
      * core's 4 s h a token, none with a fused attention */
-    double extra = lay->recompute == L3D_RECOMPUTE_FULL ? L * layer_f
+    double extra = lay->recompute == L3D_RECOMPUTE_FULL ? layers_f
                    : lay->recompute == L3D_RECOMPUTE_SELECTIVE && !run->flash ? L * 4 * s * h
                                                                               : 0.0;
     r->hw_flops = r->model_flops + G * s * extra;

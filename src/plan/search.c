@@ -26,6 +26,7 @@ void l3d_plan_fix(struct l3d_plan_fixed *fx, unsigned bit, int value) {
     case L3D_FIX_ZERO: l->zero = value; break;
     case L3D_FIX_RECOMPUTE: l->recompute = (enum l3d_recompute)value; break;
     case L3D_FIX_SP: l->sp = value != 0; break;
+    case L3D_FIX_EP: l->ep = value; break;
     default: L3D_ASSERT(!"one L3D_FIX_ part");
     }
 }
@@ -157,9 +158,9 @@ static void balance_ends(int L, int S, struct l3d_layout *l) {
         }
 }
 
-/* Every micro-batch and v of tp x cp x pp x dp ranks. */
+/* Every micro-batch and v of tp x cp x pp x dp ranks, the experts over ep of them. */
 static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64_t pp,
-                       int64_t dp) {
+                       int64_t dp, int ep) {
     const struct l3d_plan_fixed *fx = w->sp->fx;
     const struct l3d_layout *f = &fx->layout;
     int mbs[8], n_mb = micro_batches(fx, mbs);
@@ -176,7 +177,8 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
             enum l3d_pp_kind one = fx->layout.schedule == L3D_PP_GPIPE && pp > 1 ? L3D_PP_GPIPE
                                                                                  : L3D_PP_1F1B;
             struct l3d_layout base = {
-                .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .micro_batch = mb,
+                .tp = (int)tp, .cp = (int)cp, .pp = (int)pp, .dp = (int)dp, .ep = ep,
+                .micro_batch = mb,
                 .v = v, .schedule = v > 1 ? L3D_PP_INTERLEAVED : one,
                 .threads = f->threads > 0 ? f->threads : 1, .seq = f->seq,
                 .global_batch = f->global_batch, .bucket_bytes = f->bucket_bytes,
@@ -196,6 +198,22 @@ static void walk_shape(const struct space_walk *w, int64_t tp, int64_t cp, int64
     }
 }
 
+/* Expert parallelism's sizes: ep divides the ranks a DP group and its ring hold (dp x cp) and
+ * the experts; a dense model's 1, a fixed --ep whatever it divides (the rules refuse it by
+ * name). */
+static void walk_experts(const struct space_walk *w, int64_t tp, int64_t cp, int64_t pp,
+                         int64_t dp) {
+    const struct l3d_plan_fixed *fx = w->sp->fx;
+    int E = w->sp->m->moe.experts;
+    if (fixed(fx, L3D_FIX_EP)) {
+        walk_shape(w, tp, cp, pp, dp, fx->layout.ep);
+        return;
+    }
+    for (int64_t ep = 1; ep <= (E > 0 ? dp * cp : 1); ep++)
+        if (ep == 1 || ((dp * cp) % ep == 0 && E % ep == 0))
+            walk_shape(w, tp, cp, pp, dp, (int)ep);
+}
+
 void l3d_plan_layouts(const struct l3d_plan_space *sp,
                       void (*each)(void *, const struct l3d_layout *), void *ctx) {
     const struct l3d_plan_fixed *fx = sp->fx;
@@ -213,7 +231,7 @@ void l3d_plan_layouts(const struct l3d_plan_space *sp,
                 if (rest % pp || (fixed(fx, L3D_FIX_PP) && pp != f->pp) || pp > m->L) continue;
                 int64_t dp = rest / pp;
                 if (fixed(fx, L3D_FIX_DP) && dp != f->dp) continue;
-                walk_shape(&w, tp, cp, pp, dp);
+                walk_experts(&w, tp, cp, pp, dp);
             }
         }
     }
@@ -316,19 +334,21 @@ void l3d_plan_explain(const struct l3d_plan_result *a, const struct l3d_plan_res
     const char *names[] = {"matrix products", "attention", "element-wise kernels", "recomputation",
                            "TP communication", "pipeline p2p", "pipeline bubble",
                            "DP communication", "embedding sync", "optimizer",
-                           "context-parallel ring"};
+                           "context-parallel ring", "experts' all-to-all"};
     const struct l3d_plan_time *x = &a->time, *y = &b->time;
     const double va[] = {x->gemm - x->recompute, x->attention, x->elementwise, x->recompute,
                          x->tp_comm, x->pp_p2p, x->bubble, x->dp_comm, x->embed_sync,
-                         x->optimizer, x->cp_comm};
+                         x->optimizer, x->cp_comm, x->ep_comm};
     const double vb[] = {y->gemm - y->recompute, y->attention, y->elementwise, y->recompute,
                          y->tp_comm, y->pp_p2p, y->bubble, y->dp_comm, y->embed_sync,
-                         y->optimizer, y->cp_comm};
+                         y->optimizer, y->cp_comm, y->ep_comm};
     int best = 0;
-    for (int i = 1; i < 11; i++)
+    for (int i = 1; i < 12; i++)
         if (vb[i] - va[i] > vb[best] - va[best]) best = i;
-    char cp[16] = "";
-    if (b->layout.cp > 1) snprintf(cp, sizeof cp, " cp %d", b->layout.cp);
+    char cp[32] = "";
+    size_t k = 0;
+    if (b->layout.cp > 1) k = (size_t)snprintf(cp, sizeof cp, " cp %d", b->layout.cp);
+    if (b->layout.ep > 1 && k < sizeof cp) snprintf(cp + k, sizeof cp - k, " ep %d", b->layout.ep);
     snprintf(buf, len, "%.1f%% faster than the best layout of another shape (tp %d%s pp %d dp %d "
              "micro-batch %d v %d, ZeRO-%d, %s%s): %s %.3g s instead of %.3g s a step",
              100.0 * (b->time.step / a->time.step - 1), b->layout.tp, cp, b->layout.pp,

@@ -10,8 +10,9 @@
  * n_max parameters, gb bytes a gradient, what the backward (bwd_of_max a micro-batch) hides of it
  * left out. */
 static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, double bwd_of_max,
-                      int64_t mm) {
+                      int64_t mm, double d) {
     const struct l3d_layout *lay = x->lay;
+    if (d <= 1) return 0.0;
     const struct l3d_profile *prof = x->prof;
     int t = lay->tp, p = lay->pp;
     double pb = lay->zero >= 1 ? x->e : gb;
@@ -30,7 +31,6 @@ static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, do
     if (tpn < dpn && span > dpn && prof->inter_bw > 0 && prof->intra_bw > 0 &&
         bw > prof->intra_bw)
         bw = prof->intra_bw;
-    double d = lay->dp;
     double rs = (d - 1) / d * n_max * gb / bw + (d - 1) * lat;
     double ag = (d - 1) / d * n_max * pb / bw + (d - 1) * lat;
     double comm = lay->zero == 3   ? mm * (rs + 2 * ag)
@@ -54,6 +54,28 @@ static double dp_time(const struct l3d_plan_tctx *x, double gb, double n_max, do
     return comm - prof->dp_overlap * hide;
 }
 
+/* DP communication of the step. With expert parallelism (src/parallel/dp.c): under ZeRO-0 the
+ * experts' gradients are summed over the dp / ep ranks holding the same experts and the rest over
+ * the whole group; under ZeRO-1/2 ZeRO runs over those dp / ep ranks for every tensor, the
+ * other tensors' slices first all-reduced over the EP group (blocking: not hidden), once a step
+ * (ZeRO-1) or every micro-batch (ZeRO-2). */
+static double dp_comm(const struct l3d_plan_tctx *x, double gb, const struct l3d_plan_ranks *rk,
+                      int64_t mm) {
+    const struct l3d_layout *lay = x->lay;
+    int ep = lay->ep > 1 ? lay->ep : 1;
+    if (ep == 1) return dp_time(x, gb, rk->n_max, rk->bwd_of_max, mm, lay->dp);
+    double dense = rk->n_max - rk->n_exp, edp = (double)lay->dp / ep;
+    if (lay->zero == 0)
+        return dp_time(x, gb, dense, rk->bwd_of_max, mm, lay->dp) +
+               dp_time(x, gb, rk->n_exp, rk->bwd_of_max, mm, edp);
+    double bw, lat;
+    int64_t stride = (int64_t)lay->tp * x->cp * lay->pp;
+    l3d_plan_link(x->prof, 0, (ep - 1) * stride, (int)x->prof->devices_per_node, &bw, &lat);
+    double pre = l3d_plan_all_reduce(dense * gb, ep, bw, lat);
+    return dp_time(x, gb, rk->n_max, rk->bwd_of_max, mm, edp) +
+           (lay->zero >= 2 ? (double)mm : 1.0) * pre;
+}
+
 /* The tied embedding's gradient (eb bytes an element) summed between the first and the last
  * stage. */
 static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
@@ -74,7 +96,7 @@ static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
 static double optimizer_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run *run,
                              double eb, double n_max) {
     const struct l3d_layout *lay = x->lay;
-    double n_opt = lay->zero >= 1 ? n_max / lay->dp : n_max;
+    double n_opt = lay->zero >= 1 ? n_max / l3d_plan_zero_group(lay) : n_max;
     double n_zero = lay->zero >= 2 ? n_opt : n_max;
     double opt_bytes = !x->fp32 ? 32.0 : run->llm3d ? 28.0 + x->e : 28.0;
     return n_opt * opt_bytes / x->bw_k[L3D_KERN_ADAMW] +
@@ -107,6 +129,7 @@ void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run
     T->recompute = mm * worst.rec;
     T->tp_comm = mm * worst.tp;
     T->cp_comm = mm * worst.cp;
+    T->ep_comm = mm * worst.a2a;
     T->pp_p2p = mm * worst.p2p;
     T->bubble = pipe - mm * t_max;
     T->bubble_frac = p > 1 && pipe > 0 ? T->bubble / pipe : 0.0;
@@ -117,7 +140,7 @@ void l3d_plan_step_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run
      * optimizer read. */
     double eb = run->llm3d ? l3d_plan_bytes(L3D_F32) : x->e;
     double gb = (run->precision.reduce != L3D_F32) ? l3d_plan_bytes(L3D_BF16) : eb;
-    T->dp_comm = x->lay->dp > 1 ? dp_time(x, gb, rk->n_max, rk->bwd_of_max, mm) : 0.0;
+    T->dp_comm = dp_comm(x, gb, rk, mm);
     T->embed_sync = p > 1 ? embed_sync_time(x, eb) : 0.0;
     T->optimizer = optimizer_time(x, run, eb, rk->n_max);
     T->step = pipe + T->dp_comm + T->embed_sync + T->optimizer;

@@ -185,6 +185,84 @@ static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
                  (tp_all_reduce(x, N * h * e) + 3 * tp_all_reduce(x, N * l3d_plan_bytes(L3D_F32)));
 }
 
+/* One all-to-all of the EP group: each rank sends (ep - 1) / ep of its n bytes, to the group's
+ * members on its node over the node's links and to the others over the NICs, which every device
+ * of the node shares (every rank is in an EP group exchanging at once); the two at once, so the
+ * slower sets the time, with a latency for each of the ep - 1 peers. */
+double l3d_plan_all_to_all(const struct l3d_plan_tctx *x, double n) {
+    const struct l3d_profile *p = x->prof;
+    int64_t ep = x->lay->ep > 1 ? x->lay->ep : 1;
+    if (ep == 1) return 0.0;
+    /* the group: ep consecutive ranks of dp x cp (ring ranks first: tp apart; DP ranks tp cp pp
+     * apart, src/parallel/topo.c), from the first; its members on that one's node (all of them
+     * without a network) and the farthest of each kind */
+    int64_t tp = x->lay->tp, cp = x->cp, pp = x->lay->pp, dpn = p->devices_per_node;
+    int64_t q = 0, near = 0, far = 0;
+    for (int64_t j = 0; j < ep; j++) {
+        int64_t d = j / cp * tp * cp * pp + j % cp * tp;
+        if (p->inter_bw <= 0 || d < dpn) q++, near = d;
+        far = d;
+    }
+    double on = 0, off = 0, bw, lat = 0, ilat = 0;
+    if (q > 1) {
+        l3d_plan_link(p, 0, near, 1, &bw, &ilat);
+        on = (double)(q - 1) / ep * n / bw;
+    }
+    if (q < ep) {
+        l3d_plan_link(p, 0, far, (int)dpn, &bw, &lat);
+        off = (double)(ep - q) / ep * n / bw;
+    }
+    return (on > off ? on : off) + (double)(q - 1) * ilat + (double)(ep - q) * lat;
+}
+
+/* A layer's parts: its products forward (g) and backward (gb), its element-wise passes (el),
+ * and expert parallelism's exchanges forward (af) and backward (ab). */
+struct layer_cost {
+    double g, gb, el, af, ab;
+};
+
+/* The MLP of a dense layer: up (SwiGLU's gate and up fused) and down, column / row parallel, and
+ * its activation (GELU on f/t, SwiGLU reading two f-wide inputs). */
+static void dense_mlp(const struct l3d_plan_tctx *x, struct layer_cost *o) {
+    const struct l3d_model_spec *m = x->m;
+    double t = x->lay->tp, h = m->C, N = x->ntok, f = (double)m->ffn;
+    bool swiglu = m->mlp == L3D_MLP_SWIGLU;
+    linear(x, N, (swiglu ? 2 : 1) * f / t, h, &o->g, &o->gb);
+    linear(x, N, h, f / t, &o->g, &o->gb);
+    o->el += N * x->e * (swiglu ? 3 : 2) * f / t / x->bw_k[L3D_KERN_GELU];
+}
+
+/* The mixture of experts in place of the MLP (src/model/moe.c): the router's product (E outputs),
+ * then the N K routed rows, balanced over the experts (the ideal the load-balancing loss aims
+ * at), through this rank's E / ep experts, each taking ep N K / E rows from the EP group's
+ * ranks, one product per expert and projection; the shared experts on every token; the gather
+ * into expert order and the weighted combine (read + write of N K rows, the combine's output
+ * read and written), backward about twice the traffic; with expert parallelism the rows
+ * dispatched and combined by all-to-all, twice forward (and the routing's counts, a latency) and
+ * twice backward. */
+static void moe_mlp(const struct l3d_plan_tctx *x, struct layer_cost *o) {
+    const struct l3d_model_spec *m = x->m;
+    const struct l3d_moe_spec *q = &m->moe;
+    double h = m->C, N = x->ntok, F = (double)(q->ffn > 0 ? q->ffn : m->ffn);
+    double E = q->experts, K = q->top_k, ep = x->lay->ep > 1 ? x->lay->ep : 1;
+    double mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1, rows = ep * N * K / E;
+    linear(x, N, E, h, &o->g, &o->gb);
+    struct layer_cost e = {0};
+    linear(x, rows, mul * F, h, &e.g, &e.gb);
+    linear(x, rows, h, F, &e.g, &e.gb);
+    o->g += E / ep * e.g;
+    o->gb += E / ep * e.gb;
+    if (q->shared > 0) {
+        linear(x, N, mul * q->shared * F, h, &o->g, &o->gb);
+        linear(x, N, h, q->shared * F, &o->g, &o->gb);
+    }
+    o->el += N * x->e * ((mul + 1) * (K + q->shared) * F / x->bw_k[L3D_KERN_GELU] +
+                         (3 * K * h + 2 * h) / x->bw_k[L3D_KERN_RESIDUAL]);
+    double rows_bytes = N * K * h * x->e;
+    o->ab = 2 * l3d_plan_all_to_all(x, rows_bytes);
+    o->af = o->ab + (ep > 1 ? l3d_plan_all_to_all(x, E * 8.0) : 0.0);
+}
+
 /* Seconds of one micro-batch through one chunk, forward + backward (+ recomputation), split
  * (struct l3d_plan_parts), its p2p left out. */
 static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chunk *ch,
@@ -193,54 +271,57 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     const struct l3d_layout *lay = x->lay;
     double t = lay->tp, h = m->C, N = x->ntok, e = x->e;
     double spdiv = lay->sp ? t : 1.0;
-    double Ll = ch->sh.layer_count;
+    /* the layers: dense ones and mixture-of-experts ones (moe.dense_layers lead) */
+    double Ll = ch->sh.layer_count, Lm = l3d_shard_moe_layers(m, &ch->sh), Ld = Ll - Lm;
     memset(o, 0, sizeof *o);
-    /* per layer: QKV, attention projection, MLP up and down (column / row parallel), each on the
-     * micro-batch's b s tokens (all of them under SP too: the all-gather comes first), forward
-     * and its two backward products */
-    double f = (double)m->ffn, g = 0, gb = 0, kv = l3d_model_kv_heads(m) * (h / m->NH);
-    bool swiglu = m->mlp == L3D_MLP_SWIGLU;
-    linear(x, N, (h + 2 * kv) / t, h, &g, &gb); /* q, k, v: kv = h without grouped queries */
-    linear(x, N, h, h / t, &g, &gb);
-    linear(x, N, (swiglu ? 2 : 1) * f / t, h, &g, &gb); /* SwiGLU's gate and up, fused */
-    linear(x, N, h, f / t, &g, &gb);
+    /* per layer: QKV and the attention projection (column / row parallel) on the micro-batch's
+     * b s tokens (all of them under SP too: the all-gather comes first), forward and its two
+     * backward products; then the MLP, or the experts (dense_mlp, moe_mlp) */
+    double kv = l3d_model_kv_heads(m) * (h / m->NH);
+    struct layer_cost base = {0};
+    linear(x, N, (h + 2 * kv) / t, h, &base.g, &base.gb); /* kv = h without grouped queries */
+    linear(x, N, h, h / t, &base.g, &base.gb);
     /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
     double at, atb, rf, rb;
     attention(x, &at, &atb);
     ring(x, at, atb, &rf, &rb);
-    /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), GELU on
-     * the f/t hidden (2 f/t), each at its own kernel's bandwidth; backward about twice the
+    /* element-wise passes, read + write: 2 LayerNorms (2 h each), 2 residual adds (3 h), each at
+     * its own kernel's bandwidth (the MLP's activation with the MLP); backward about twice the
      * traffic of the same kernels */
-    double el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
-                         6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL] +
-                         (swiglu ? 3 : 2) * f / t / x->bw_k[L3D_KERN_GELU]);
-    /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add; SwiGLU
-     * reads two f-wide inputs where GELU reads one (above) */
-    if (m->pos == L3D_POS_ROPE) el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
+    base.el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
+                       6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL]);
+    /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add */
+    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
+    struct layer_cost d = base, mx = base;
+    dense_mlp(x, &d);
+    if (Lm > 0) moe_mlp(x, &mx);
     /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
      * volume), two backward; the profile's tp_overlap of it hidden behind compute */
     double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e) : 0.0;
-    o->gemm = Ll * (g + gb);
+    double g = Ld * d.g + Lm * mx.g, gb = Ld * d.gb + Lm * mx.gb, el = Ld * d.el + Lm * mx.el;
+    o->gemm = g + gb;
     o->attn = Ll * (at + atb);
-    o->elem = Ll * 3 * el;
+    o->elem = 3 * el;
     o->tp = Ll * 4 * ar;
     o->cp = Ll * (rf + rb);
-    o->bwd = Ll * (gb + atb + 2 * el + 2 * ar + rb);
-    o->wgt = Ll * gb / 2; /* of the two backward products, dW = x^T dy (the head's: with B) */
+    o->a2a = Lm * (mx.af + mx.ab);
+    o->bwd = gb + Ll * (atb + 2 * ar + rb) + 2 * el + Lm * mx.ab;
+    o->wgt = gb / 2; /* of the two backward products, dW = x^T dy (the head's: with B) */
     /* what is recomputed before each layer's backward: full, the whole forward from the layer's
-     * input (its products, attention, element-wise passes and its two TP collectives: Korthikanti
-     * et al. 2022, sec. 5, "full activation recomputation"); selective, the attention core from
-     * QK^T through softmax and dropout to the product with V (their sec. 5, Figure 3), i.e. its
-     * forward, and nothing with a fused attention, which keeps no scores to drop and whose
-     * backward already recomputes them (counted in attn_eff): Megatron-LM checkpoints the core
-     * attention only without flash attention */
+     * input (its products, attention, element-wise passes, its two TP collectives and its
+     * exchanges: Korthikanti et al. 2022, sec. 5, "full activation recomputation"); selective,
+     * the attention core from QK^T through softmax and dropout to the product with V (their
+     * sec. 5, Figure 3), i.e. its forward, and nothing with a fused attention, which keeps no
+     * scores to drop and whose backward already recomputes them (counted in attn_eff):
+     * Megatron-LM checkpoints the core attention only without flash attention */
     if (lay->recompute == L3D_RECOMPUTE_FULL) {
-        o->rec = Ll * (g + at + el + 2 * ar + rf);
-        o->gemm += Ll * g;
+        o->rec = g + Ll * (at + 2 * ar + rf) + el + Lm * mx.af;
+        o->gemm += g;
         o->attn += Ll * at;
-        o->elem += Ll * el;
+        o->elem += el;
         o->tp += Ll * 2 * ar;
         o->cp += Ll * rf;
+        o->a2a += Lm * mx.af;
     } else if (lay->recompute == L3D_RECOMPUTE_SELECTIVE && !x->flash) {
         o->rec = Ll * at;
         o->attn += Ll * at;
@@ -252,7 +333,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
         if (lay->tp > 1)
             o->tp += (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e);
     }
-    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p + o->cp;
+    o->total = o->gemm + o->attn + o->elem + o->tp + o->p2p + o->cp + o->a2a;
 }
 
 /* The receives of chunk ch of pipeline rank r, a micro-batch: *prev its input activation from the

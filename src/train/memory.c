@@ -200,7 +200,7 @@ static double micro_extras(const struct l3d_train_config *tc, const struct cand 
             if (vb > 0) n += (double)l3d_pp_schedule_actions(l->schedule, pp, v, vb, r, true);
             most = n > most ? n : most;
         }
-        double ev = most * tc->steps + 64;
+        double ev = (most + L3D_KF_N) * tc->steps + 64; /* + the kernel families' rows */
         b += (ev < (1 << 22) ? ev : (1 << 22)) * sizeof(struct l3d_pp_event);
     }
     return b;
@@ -261,8 +261,8 @@ static int cmp_cand(const void *a, const void *b) {
 }
 
 /* The layouts the memory check suggests, collected from the planner's enumeration
- * (l3d_plan_layouts): those of the same ranks and global batch that change only tp, pp, ZeRO,
- * recomputation and the micro-batch (halved), keeping v when pp stays, cp, SP where tp allows it
+ * (l3d_plan_layouts): those of the same ranks and global batch that change only tp, pp, ep (a
+ * mixture of experts' split), ZeRO, recomputation and the micro-batch (halved), keeping v when pp stays, cp, SP where tp allows it
  * and the schedule; the least of them all and those that fit in room. */
 struct suggest {
     const struct l3d_train_config *tc;
@@ -283,6 +283,7 @@ static void suggest_one(void *ctx, const struct l3d_layout *lay) {
     struct cand c = {.lay = *now};
     struct l3d_layout *l = &c.lay;
     l->tp = lay->tp, l->pp = lay->pp, l->dp = lay->dp, l->v = lay->v, l->zero = lay->zero;
+    l->ep = lay->ep;
     l->recompute = lay->recompute, l->sp = lay->sp, l->micro_batch = lay->micro_batch;
     /* the same global batch: B accum dp sequences a step */
     l->accum = (int)((int64_t)now->micro_batch * now->accum * now->dp /
@@ -296,7 +297,8 @@ static void suggest_one(void *ctx, const struct l3d_layout *lay) {
     while (now->micro_batch >> half > l->micro_batch) half++;
     c.cost = (l->zero != now->zero) +
              (l->recompute == L3D_RECOMPUTE_SELECTIVE ? 1 : l->recompute == L3D_RECOMPUTE_FULL ? 3 : 0) +
-             2 * (l->tp != now->tp) + 2 * (l->pp != now->pp) + 2 * half;
+             2 * (l->tp != now->tp) + 2 * (l->pp != now->pp) + 2 * half +
+             ((l->ep > 1 ? l->ep : 1) != (now->ep > 1 ? now->ep : 1));
     if (c.cost == 0) return;
     if (s->least.bytes < 0 || c.bytes < s->least.bytes) s->least = c;
     if (c.bytes <= s->room) s->list[s->n++] = c;
@@ -326,10 +328,13 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
     if (s->n == 0) {
         const struct l3d_layout *l = &s->least.lay;
         char least_flags[160] = "";
-        if (s->least.bytes >= 0)
+        if (s->least.bytes >= 0) {
+            char ep[24] = ""; /* a mixture of experts' split, when it has one */
+            if (l->ep > 1) snprintf(ep, sizeof ep, " --ep %d", l->ep);
             snprintf(least_flags, sizeof least_flags,
-                     "--tp %d --pp %d --zero %d --recompute %s --batch %d", l->tp, l->pp, l->zero,
-                     rc_name(l->recompute), l->micro_batch);
+                     "--tp %d --pp %d%s --zero %d --recompute %s --batch %d", l->tp, l->pp, ep,
+                     l->zero, rc_name(l->recompute), l->micro_batch);
+        }
         snprintf(out, cap, "no layout of %d rank(s) fits (the least, %s, with %s): use more nodes "
                  "or a smaller model", world, human(s->least.bytes).s, least_flags);
         l3d_free(s);
@@ -343,6 +348,7 @@ static void alternatives(const struct l3d_train_config *tc, const struct cand *n
 #define ADD(...) f += (size_t)snprintf(flags + f, sizeof flags - f, __VA_ARGS__)
         if (c->tp != nl->tp) ADD(" --tp %d", c->tp);
         if (c->pp != nl->pp) ADD(" --pp %d", c->pp);
+        if ((c->ep > 1 ? c->ep : 1) != (nl->ep > 1 ? nl->ep : 1)) ADD(" --ep %d", c->ep);
         if (c->zero != nl->zero) ADD(" --zero %d", c->zero);
         if (c->recompute != nl->recompute) ADD(" --recompute %s", rc_name(c->recompute));
         if (c->micro_batch != nl->micro_batch)
@@ -410,12 +416,13 @@ static l3d_status too_big(const struct l3d_train_config *tc, const struct cand *
     char alt[1024];
     alternatives(tc, now, room, lead, alt, sizeof alt);
     const struct l3d_plan_mem *m = &now->mem;
-    char extra[64] = "";
+    char extra[64] = "", ep[24] = "";
     if (now->gather > 0) snprintf(extra, sizeof extra, ", model.bin %s", human(now->gather).s);
-    return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d, "
+    if (now->lay.ep > 1) snprintf(ep, sizeof ep, " (ep %d)", now->lay.ep);
+    return l3d_error(L3D_ERR_OOM, "not enough memory: this layout (tp %d x pp %d x dp %d%s, "
                      "ZeRO-%d, recompute %s, batch %d) needs %s on rank %d (parameters %s, "
                      "gradients %s, AdamW %s, activations %s, other %s%s) but has %s (%s); %s; or "
-                     "--ignore-memory-check to try anyway", now->lay.tp, now->lay.pp, now->lay.dp,
+                     "--ignore-memory-check to try anyway", now->lay.tp, now->lay.pp, now->lay.dp, ep,
                      now->lay.zero, rc_name(now->lay.recompute), now->lay.micro_batch,
                      human(now->bytes).s, rank, human(m->params).s,
                      human(m->grads).s, human(m->optimizer).s, human(m->activations).s,

@@ -252,6 +252,9 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
                       w * 1e3, (long long)b);
     }
+    if (t->epc.comm && n > 0 && n < (int)sizeof line) /* the experts' all-to-alls (this rank's) */
+        n += snprintf(line + n, sizeof line - (size_t)n, ",\"ep_comm_ms\":%.3f,\"ep_bytes\":%lld",
+                      t->epc.comm_s * 1e3, (long long)t->epc.bytes);
     if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
         n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);
@@ -333,6 +336,32 @@ static double median(const struct l3d_trainer *t, const double *ring, int start,
     return v[n / 2];
 }
 
+/* The kernel split of the median step itself (the step whose time is the median): the
+ * families' own medians would not add up to one step. */
+static void median_split(const struct l3d_trainer *t, int start, int end,
+                         struct l3d_train_result *res) {
+    if (!t->kp) return;
+    int n = end - start < t->n_times ? end - start : t->n_times;
+    double med = median(t, t->step_s, start, end);
+    for (int i = 0; i < n; i++) {
+        int k = (end - n + i) % t->n_times;
+        if (t->step_s[k] != med) continue;
+        res->split = t->kp[k];
+        res->split_comm_s = t->kp_comm_s[k];
+        res->split_step_s = t->step_s[k];
+        break;
+    }
+    /* every kernel over the steps after the first */
+    res->kernels = t->kp_total;
+    res->kernel_steps = end - 1 - t->kp_first_step;
+    const struct l3d_kprof *f0 = &t->kp_first;
+    for (int i = 0; i < f0->nk && res->kernel_steps > 0; i++) {
+        res->kernels.k[i].s -= f0->k[i].s;
+        res->kernels.k[i].bytes -= f0->k[i].bytes;
+        res->kernels.k[i].calls -= f0->k[i].calls;
+    }
+}
+
 void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
                              struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
@@ -342,6 +371,7 @@ void l3d_train_report_result(struct l3d_trainer *t, int start, int end,
     res->median_optimizer_s = median(t, t->opt_s, start, end);
     res->median_comm_s = median(t, t->comm_s, start, end);
     res->bubble = median(t, t->bub, start, end);
+    median_split(t, start, end, res);
     res->tokens_per_s = (double)t->tokens_step / res->median_step_s;
     res->mfu = res->tokens_per_s * t->flops_tok / t->peak;
     /* The model ran faster than the measured peak: other work held the cores while it was

@@ -115,15 +115,38 @@ static void moe_step_stats(struct l3d_trainer *t, struct l3d_step_stats *s) {
     s->moe_load = t->moe_load;
 }
 
+/* With the kernel split on: this step's share of the running totals into ring slot k, its
+ * communication, and one trace row per family (its time, drawn from the step's start). */
+static void kernel_split_take(struct l3d_trainer *t, const struct l3d_ksplit *before, int step,
+                              int k, double t0, double comm_s) {
+    if (!t->kp) return;
+    struct l3d_ksplit *d = &t->kp[k];
+    const struct l3d_ksplit *now = &t->kp_total.fam;
+    if (t->kp_first_step < 0) { /* the first step (start-up effects) stays out of the totals */
+        t->kp_first = t->kp_total;
+        t->kp_first_step = step;
+    }
+    for (int f = 0; f < L3D_KF_N; f++) {
+        d->s[f] = now->s[f] - before->s[f];
+        d->bytes[f] = now->bytes[f] - before->bytes[f];
+        d->calls[f] = now->calls[f] - before->calls[f];
+        if (d->calls[f] > 0) l3d_pp_trace_add(&t->px, L3D_EV_KFAM, f, step + 1, t0, t0 + d->s[f]);
+    }
+    t->kp_comm_s[k] = comm_s;
+}
+
 void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_topo *topo = t->topo;
     const struct l3d_pp_schedule *sched = &t->lay.sched;
     int v = t->tc->layout.v, pp = t->tc->layout.pp, r = topo->pp_rank;
     double t0 = l3d_time_s();
+    const struct l3d_ksplit kp_before = t->kp_total.fam;
     for (int c = 0; c < v; c++) t->dps[c].comm_wait_s = t->dps[c].gather_wait_s = 0.0;
     t->tpc.comm_s = 0.0;
     t->tpc.bytes = 0;
+    t->epc.comm_s = 0.0;
+    t->epc.bytes = 0;
     for (int c = 0; c < v && topo->layout->cp > 1; c++) t->cps[c].comm_s = 0.0, t->cps[c].bytes = 0;
     /* the MoE statistics count this step's forwards only (not validation's) */
     int64_t nmoe = l3d_model_moe_stats_len(&tc->model);
@@ -203,6 +226,9 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     t->step_s[k] = dt;
     t->opt_s[k] = dt_opt;
     t->comm_s[k] = cw;
+    double tpcp = t->tpc.comm_s;
+    for (int c = 0; c < v && topo->layout->cp > 1; c++) tpcp += t->cps[c].comm_s;
+    kernel_split_take(t, &kp_before, step, k, t0, cw + gw + tpcp);
 }
 
 void l3d_trainer_validate(struct l3d_trainer *t, int step, struct l3d_step_stats *s) {

@@ -9,7 +9,7 @@
 
 static const char *const ev_names[] = {"forward", "backward", "recv activation", "recv gradient",
                                        "tied embedding sum", "data-parallel wait", "optimizer",
-                                       "step", "weight gradient"};
+                                       "step", "weight gradient", "kernels"};
 
 l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *world,
                                  const char *path, int tp_rank, int pp_rank, int dp_rank) {
@@ -58,6 +58,14 @@ l3d_status l3d_train_trace_write(const struct l3d_pp_exec *x, struct l3d_comm *w
             first = false;
             for (int64_t i = 0; i < n; i++) {
                 const struct l3d_pp_event *e = &ev[i];
+                if (e->kind == L3D_EV_KFAM) { /* a row (thread) per family, from tid 2 */
+                    fprintf(f, ",\n{\"name\":\"kernels %s %d\",\"cat\":\"kernels\","
+                            "\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
+                            "\"args\":{\"step\":%d}}",
+                            l3d_kfam_name(e->chunk), e->micro, rk, 2 + e->chunk, e->t0 * 1e6,
+                            (e->t1 - e->t0) * 1e6, e->micro);
+                    continue;
+                }
                 bool mb = e->kind <= L3D_EV_RECV_GRAD || e->kind == L3D_EV_WGRAD;
                 fprintf(f, ",\n{\"name\":\"%s", ev_names[e->kind]);
                 if (mb) fprintf(f, " m%d c%d", e->micro, e->chunk);

@@ -18,6 +18,7 @@
 #include "llm3d/data.h"
 #include "llm3d/cp.h"
 #include "llm3d/dp.h"
+#include "llm3d/ep.h"
 #include "llm3d/pipeline.h"
 #include "llm3d/runtime.h"
 #include "llm3d/tfevents.h"
@@ -59,6 +60,7 @@ struct l3d_trainer {
     struct l3d_ckpt_pieces *pieces; /* a view without parameters: them a piece at a time */
     int ndp;
     struct l3d_tp tpc;
+    struct l3d_ep epc; /* expert parallelism's exchanges, timed (include/llm3d/ep.h) */
     struct l3d_pp_exec px;
     bool px_up;
     FILE *metrics;                     /* lead rank with --out */
@@ -76,6 +78,12 @@ struct l3d_trainer {
     /* the medians' samples: rings of the last n_times steps (step % n_times), at most
      * L3D_TRAIN_TIMES_KEPT, so that --steps 2^30 allocates 4 x 32 KiB, not 4 x 8 GiB */
     double *step_s, *opt_s, *comm_s, *bub;
+    /* with tc->kernel_split: the running totals l3d_be_profile adds to, each step's share of
+     * them (a ring as above) and each step's communication */
+    struct l3d_kprof kp_total, kp_first; /* kp_first: the totals after the run's first step */
+    struct l3d_ksplit *kp;
+    int kp_first_step;
+    double *kp_comm_s;
     /* mixture of experts: the step's statistics summed over the stages and the dp x cp ranks
      * (l3d_model_moe_stats_len doubles) and each MoE layer's load (NULL for a dense model) */
     double *moe_stats, *moe_load;

@@ -229,7 +229,7 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
         if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
             break;
-        l3d_ep_attach(t->chunks[c], topo->ep_comm, topo->cp_comm);
+        l3d_ep_attach(&t->epc, t->chunks[c], topo->ep_comm, topo->cp_comm);
         /* the gradients are summed over the replicas and the ring (the weights are the same on
          * both, each rank's gradient a part of the sequences'): ZeRO shards over dp x cp, or
          * with expert parallelism over the ranks holding the same experts (l3d_dp_expert_groups) */
@@ -281,6 +281,9 @@ static void trainer_free(struct l3d_trainer *t) {
     l3d_free(t->opt_s);
     l3d_free(t->comm_s);
     l3d_free(t->bub);
+    if (t->kp) l3d_be_profile(t->be, NULL);
+    l3d_free(t->kp);
+    l3d_free(t->kp_comm_s);
     l3d_free(t->moe_stats);
     l3d_free(t->moe_load);
     if (t->px_up) l3d_pp_exec_free(&t->px);
@@ -392,6 +395,7 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     if (tc->trace_path) {
         trace_cap = ((int64_t)t->lay.sched.n[topo->pp_rank] + 4) * tc->steps + 64;
         if (t->lay.vsched.n) trace_cap += (int64_t)t->lay.vsched.n[topo->pp_rank] * tc->steps;
+        trace_cap += (int64_t)L3D_KF_N * tc->steps; /* the kernel families' rows */
         if (trace_cap > (1 << 22)) trace_cap = 1 << 22; /* 128 MiB of events at most */
     }
     l3d_status st = l3d_pp_exec_init(&t->px, t->chunks, v, t->dps, topo->pp_comm,
@@ -412,6 +416,12 @@ static l3d_status trainer_prepare(struct l3d_trainer *t, struct l3d_train_result
     t->opt_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
     t->comm_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
     t->bub = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
+    if (tc->kernel_split || tc->trace_path) {
+        t->kp = l3d_calloc((size_t)t->n_times * sizeof *t->kp, "step times");
+        t->kp_comm_s = l3d_calloc((size_t)t->n_times * sizeof(double), "step times");
+        l3d_be_profile(t->be, &t->kp_total);
+        t->kp_first_step = -1;
+    }
 
     /* the peak of one rank's cores, times the ranks: measured on rank 0, shared */
     double peak = tc->peak_flops;

@@ -157,6 +157,7 @@ if train pp2_trace 2 2 --grad-accum 4 --layers 4 --pp 2 --steps 3 --trace "$dir/
    [ "$(grep -c '"name":"forward m' "$dir/trace.json")" -eq 24 ] &&
    [ "$(grep -c '"name":"backward m' "$dir/trace.json")" -eq 24 ] &&
    [ "$(grep -c '"name":"optimizer' "$dir/trace.json")" -eq 6 ] &&
+   [ "$(grep -c '"name":"kernels products [1-3]","cat":"kernels","ph":"X","pid":[01],"tid":2,' "$dir/trace.json")" -eq 6 ] &&
    [ "$(head -n 1 "$dir/trace.json")" = '{"displayTimeUnit":"ms","traceEvents":[' ] &&
    [ "$(tail -n 1 "$dir/trace.json")" = ']}' ] &&
    grep -q "\"bubble\":0\.[0-9]*[1-9]" "$dir/pp2_trace/metrics.jsonl"; then

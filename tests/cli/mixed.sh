@@ -292,6 +292,10 @@ base=(--recompute none)
 mem mem_bf16_one 1 2 1 1 bf16 --tp 1 --pp 1 --zero 0 "${base[@]}" --
 full && mem mem_bf16_dp2_zero1 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 "${base[@]}" -- --zero 1
 mem mem_bf16_dp2_zero2 2 1 3 2 bf16 --tp 1 --pp 1 --zero 2 "${base[@]}" -- --zero 2
+# a mixture of experts over ep 2 of 2 ranks: ZeRO-2 over the one rank holding each half of the
+# experts keeps its whole fp32 range (no pieces) and reduces nothing in 16 bits
+moe=(--moe-experts 4 --moe-top-k 2 --moe-ffn 256 --ep 2)
+mem mem_bf16_moe_ep2_zero2 2 1 2 2 bf16 --tp 1 --pp 1 --zero 2 "${base[@]}" "${moe[@]}" -- --zero 2 "${moe[@]}"
 full && mem mem_bf16_tp2_sp 2 2 1 1 bf16 --tp 2 --pp 1 --zero 0 --sequence-parallel \
     "${base[@]}" -- --tp 2 --sequence-parallel
 # (the trainer's default schedule named: the search would take zb-h1, faster, with more memory)

@@ -78,8 +78,11 @@ train_cmd bad2 0 2 --moe-experts 0
 expect_error "top-k without experts" "without --moe-experts" "${CMD[@]}"
 expect_error "a Hugging Face folder of GPT-2 blocks with experts" "a GPT-2 model with experts (--moe-experts 4) has no Hugging Face folder" \
     "$bin" convert "$dir/base/model.bin" "$dir/hf_out"
-expect_error "the planner" "the planner does not model mixtures of experts yet" \
-    "$bin" plan --model moe-tiny
+# the planner plans it (its terms: tests/cli/plan.sh, test_plan)
+check "llm3d plan: active parameters of the mixture" grep -q \
+    "^mixture of experts: 4 experts of width 128, top-2, 0 shared, layers 0-1; .* parameters active" \
+    <(OMP_NUM_THREADS=1 "$bin" plan --model moe-tiny --profile \
+      "$(dirname "$0")/../data/plan/cpu.prof" --precision fp32 --devices 2 --top 1 2>&1)
 expect_error "generation with the KV cache" "give --no-kv-cache" \
     "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4
 "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row --max-tokens 4 \

@@ -79,6 +79,39 @@ full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recomput
 llama=(--arch llama --kv-heads 2 --ffn 320)
 mem llama_one  1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${llama[@]}" -- "${llama[@]}"
 mem llama_tp2_sp_pp2 4 1 2 --global-batch 2 --tp 2 --pp 2 --zero 0 --recompute selective --sequence-parallel --pp-virtual 1 "${llama[@]}" -- --tp 2 --pp 2 --sequence-parallel --recompute selective "${llama[@]}"
+# Mixtures of experts (issue 46 item 6): 4 experts of width 256, top-2; one process, expert
+# parallelism over 2 ranks (half the experts a rank; ZeRO-1 over the dp / ep = 1 ranks holding
+# them: nothing sharded) and over 4 (ZeRO-2 over 2, full recomputation)
+moe=(--moe-experts 4 --moe-top-k 2 --moe-ffn 256)
+mem moe_one    1 2 1  --global-batch 2  --tp 1 --pp 1 --ep 1 --zero 0 --recompute none "${moe[@]}" -- "${moe[@]}"
+mem moe_ep2_zero1 2 2 1 --global-batch 4 --tp 1 --pp 1 --ep 2 --zero 1 --recompute none "${moe[@]}" -- --ep 2 --zero 1 "${moe[@]}"
+full && mem moe_ep2_dp4_zero2 4 1 2 --global-batch 8 --tp 1 --pp 1 --ep 2 --zero 2 --recompute full "${moe[@]}" -- --ep 2 --zero 2 --recompute full "${moe[@]}"
+# and on the other layouts (experts whole on each TP rank; a pipeline stage's MoE layers; the EP
+# group over dp x cp)
+full && mem moe_tp2 2 2 1 --global-batch 2 --tp 2 --pp 1 --ep 1 --zero 0 --recompute none --no-sequence-parallel "${moe[@]}" -- --tp 2 "${moe[@]}"
+full && mem moe_pp2 2 1 4 --global-batch 4 --tp 1 --pp 2 --ep 1 --zero 0 --recompute none --pp-virtual 1 --pp-schedule 1f1b "${moe[@]}" -- --pp 2 "${moe[@]}"
+mem moe_cp2_ep2_zero1 4 2 1 --global-batch 4 --tp 1 --pp 1 --cp 2 --ep 2 --zero 1 --recompute none "${moe[@]}" -- --cp 2 --ep 2 --zero 1 "${moe[@]}"
+# the search splits the experts (an ep column in --json, its all-to-all time); --ep that does
+# not divide the experts is the validator's sentence
+json=$("$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
+    --devices 2 --global-batch 4 "${moe[@]}" --top 40 --json)
+check "the search tries ep 2 of a mixture of experts (all-to-all time > 0)" \
+    grep -q '"ep":2,"t_ep":0\.0*[1-9]' <<< "$json"
+check "  ... and ep 1 (no all-to-all)" grep -q '"ep":1,"t_ep":0[,}]' <<< "$json"
+expect_error "--ep 3 of 4 experts" "--ep 3 does not divide --moe-experts 4" \
+    "$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
+    --devices 3 --global-batch 3 "${moe[@]}" --ep 3
+expect_error "--ep of a dense model" "--ep 2 without --moe-experts" \
+    "$bin" plan "${model[@]}" --channels 128 --seq-len 64 --profile "$prof" --precision fp32 \
+    --devices 2 --global-batch 4 --ep 2
+# the trainer's memory check proposes the experts' split: 2 ranks whose room holds ep 2 (each
+# rank half of the wide experts' state) but not every expert on each rank
+wide=(--moe-experts 4 --moe-top-k 1 --moe-ffn 2048)
+out=$(L3D_TEST_MEM_AVAILABLE=180000000 bounded env OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" train \
+    "${model[@]}" --channels 128 --context 64 --seq-len 64 --batch 1 --steps 1 --val-every 0 \
+    --train "$dir/data/train_*.bin" "${wide[@]}" 2>&1 < /dev/null)
+check "the memory check's alternatives split the experts (--ep 2)" \
+    grep -q "not enough memory: .*layouts of 2 rank(s) that fit: --ep 2 (" <<< "$out"
 
 # One set of flags, three commands (the run spec's flag table, src/cli/flags.c): a 3-D layout
 # (tp 2 x pp 2 x dp 2) with sequence parallelism, the interleaved schedule and ZeRO-2. train runs

@@ -100,6 +100,26 @@ bench_peak() { # bench_peak PRECISION LABEL: the printed peak labelled LABEL = t
 full && check "bench --precision bf16: the MFU is against the bf16 peak it prints" bench_peak bf16 bf16
 full && check "bench --precision fp32: the MFU is against the FMA peak" bench_peak fp32 "fp32 FMA"
 full && check "  (negative: the fp32 run has no bf16 peak)" sh -c "! grep -q '^bf16 peak' '$dir/bench-fp32.log'"
+# bench's time split of the median step: the seven kernel families, communication and idle
+# adding up to the step (to the 0.1 ms printed), the families within it, products and attention
+# called; negative: the same log with the products' time past the step
+split_ok() {
+    awk '/^time split of the median step/ {
+             match($0, /, [0-9.]+ ms\)/); step = substr($0, RSTART + 2, RLENGTH - 6) + 0
+             in_split = 1; next }
+         in_split && /^  [a-z-]+ +-?[0-9.]+ ms/ {
+             n++; sum += $2; if ($1 != "communication" && $1 != "idle") { kern += $2; if ($2 < 0) bad = 1 }
+             if (($1 == "products" || $1 == "attention") && $5 + 0 < 1) bad = 1
+             if ($1 == "idle") in_split = 0 }
+         END { d = sum - step; if (d < 0) d = -d
+               exit !(n == 9 && step > 0 && !bad && kern <= step * 1.001 + 0.1 && d <= 0.5) }' "$1"
+}
+full && check "bench: the median step's split adds up, products and attention timed" split_ok "$dir/bench-bf16.log"
+split_bad() { # the bf16 log with the products' time past the step
+    sed 's/^\(  products *\)[0-9.]*/\19999999.0/' "$dir/bench-bf16.log" > "$dir/bench-bad.log"
+    ! split_ok "$dir/bench-bad.log"
+}
+full && check "  (negative: products past the step fail it)" split_bad
 check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
 check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
 expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad 0 4 --dp 2

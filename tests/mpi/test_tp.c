@@ -15,7 +15,7 @@
 #include "llm3d/comm.h"
 #include "llm3d/model.h"
 #include "llm3d/tp.h"
-#include "test.h"
+#include "mpi/mpi_test.h"
 
 /* max|a - b| / max|b|, infinite on a NaN or Inf (test.h) */
 static double rel_diff(const float *a, const float *b, int64_t n) { return test_rel_diff(a, b, n); }
@@ -80,13 +80,9 @@ static void check_layout(struct l3d_comm *world, struct l3d_backend *be, int L, 
 }
 
 int main(int argc, char **argv) {
-    struct l3d_comm *world;
-    if (l3d_comm_mpi_init(&argc, &argv, &world) != L3D_OK) {
-        fprintf(stderr, "%s\n", l3d_error_message());
-        return 1;
-    }
-    struct l3d_backend *be = test_backend_init();
-    l3d_comm_use_backend(world, be); /* before the TP group is split from the world */
+    struct l3d_backend *be;
+    struct l3d_comm *world = test_mpi_init(&argc, &argv, &be);
+    if (!world) return 1;
     check_layout(world, be, 1, false, false);
     check_layout(world, be, 2, false, false);
     check_layout(world, be, 2, true, false); /* input-gradient sums overlapped with weight grads */
@@ -103,11 +99,5 @@ int main(int argc, char **argv) {
     CHECK(l3d_tp_shard(&cfg, 3, 0, false, &sh) == L3D_ERR_LAYOUT); /* padded vocabulary 128 */
     CHECK(strstr(l3d_error_message(), "vocabulary") != NULL);
     CHECK(l3d_tp_shard(&cfg, 2, 1, false, &sh) == L3D_OK && sh.head_start == 3 && sh.ffn_start == 60);
-    l3d_comm_use_backend(world, NULL); /* the backend goes; the world stays for the last sum */
-    l3d_backend_free(be);
-    int fails = test_failures;
-    l3d_comm_all_reduce(world, &fails, 1, L3D_I32, L3D_MAX, NULL);
-    int rc = TEST_REPORT();
-    l3d_comm_mpi_finalize(world);
-    return fails ? 1 : rc;
+    return test_mpi_end(world, be);
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Mixture of experts against the dense model of the same active parameters (issue 46): GPT-2
+# small's layers (d12: 12 layers, 768 channels, 12 heads) with 8 experts, top-2, each half the
+# dense MLP's width (the gpt2-moe preset: a token's two experts cost what the dense MLP does)
+# against d12 itself, in fp32 and bf16, one process of 2 threads: the step time ratio. Then
+# --ep 2 on 2 ranks (one thread each, 4 of the 8 experts a rank) against one process on the same
+# global batch (--grad-accum 2), with the share of the step the all-to-alls took (the trainer's
+# ep_comm_ms, rank 0). Each case also gives the planner's prediction of its step time and memory
+# from PROFILE when there is one (`make calibrate` measures profiles/local.prof), and the dense
+# fp32 case runs twice: the spread of the two is the machine's noise, to read the ratios against.
+# Byte tokens (V = 256), B=2 x T=64 a micro-batch, STEPS steps, the median after the first two.
+# Usage: bench/moe.sh [BUILD_DIR] [STEPS] [PROFILE]  (defaults: build 4 profiles/local.prof)
+set -eu
+build=${1:-build}
+steps=${2:-4}
+prof=${3:-profiles/local.prof}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_mpi
+export OMPI_MCA_rmaps_base_oversubscribe=1
+fortunes "$dir/d"
+common=(--vocab 256 --context 64 --seq-len 64 --batch 2 --steps "$steps" --warmup 2
+        --val-every 0 --train "$dir/d/train_*.bin")
+echo "gpt2-moe (d12, 8 experts of width 1536, top-2) against d12 (MLP width 3072), V=256,"
+echo "B=2 x T=64, $steps steps (median after the first two), launcher $mpiexec"
+echo
+echo "| case | precision | ranks x threads | step | planned step | memory | planned memory |"
+echo "|---|---|---|---|---|---|---|"
+
+# run NAME MODEL PRECISION NP [TRAIN FLAGS]: one run; sets ms (median step) and ep (all-to-all)
+run() {
+    local name=$1 model=$2 prec=$3 np=$4
+    shift 4
+    local launch=() th=2 out="$dir/$name"
+    [ "$np" -gt 1 ] && launch=("$mpiexec" -n "$np") && th=1
+    OMP_NUM_THREADS=$th "${launch[@]}" "$bin" train --model "$model" "${common[@]}" \
+        --precision "$prec" --out "$out" "$@" > "$out.log" 2>&1 < /dev/null ||
+        { echo "| $name | the trainer failed: $(tail -1 "$out.log") |"; ms=""; return; }
+    ms=$(med ms "$out/metrics.jsonl")
+    ep=$(med ep_comm_ms "$out/metrics.jsonl")
+    local mem pms="-" pmem="-" json accum=1 ep_flag=(--ep 1)
+    mem=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$out.log")
+    [[ " $* " == *" --grad-accum 2 "* ]] && accum=2
+    [[ " $* " == *" --ep 2 "* ]] && ep_flag=(--ep 2)
+    if [ -f "$prof" ]; then
+        json=$("$bin" plan --model "$model" --vocab 256 --seq-len 64 --profile "$prof" \
+            --precision "$prec" --trainer llm3d --devices 2 --threads "$th" --batch 2 \
+            --global-batch $((2 * accum * np)) --tp 1 --pp 1 --zero 0 --recompute none \
+            "${ep_flag[@]}" --json 2>&1 | head -1)
+        pms=$(echo "$json" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
+        pmem=$(echo "$json" | sed -n 's/.*"mem_total":\([^,]*\),.*/\1/p')
+    fi
+    awk -v n="$name" -v p="$prec" -v np="$np" -v th="$th" -v ms="$ms" -v ps="$pms" -v m="$mem" \
+        -v pm="$pmem" 'BEGIN {
+        printf "| %s | %s | %d x %d | %.0f ms | ", n, p, np, th, ms
+        if (ps != "" && ps != "-") printf "%.0f ms (%+.0f%%) | ", ps * 1e3, 100 * (ps * 1e3 - ms) / ms
+        else printf "- | "
+        printf "%.1f MiB | ", m / 1048576
+        if (pm != "" && pm != "-") printf "%.1f MiB (%+.2f%%) |\n", pm / 1048576, 100 * (pm - m) / m
+        else printf "- |\n" }'
+}
+
+declare -A t
+for prec in fp32 bf16; do
+    run "dense_$prec" d12 "$prec" 1 && t[dense_$prec]=$ms
+    run "moe_$prec" gpt2-moe "$prec" 1 && t[moe_$prec]=$ms
+done
+run dense_fp32_again d12 fp32 1 && t[again]=$ms
+run moe_one_accum2 gpt2-moe fp32 1 --grad-accum 2 && t[one]=$ms
+run moe_ep2 gpt2-moe fp32 2 --ep 2 && t[ep2]=$ms && t[a2a]=$ep
+echo
+awk -v d="${t[dense_fp32]}" -v a="${t[again]}" -v m="${t[moe_fp32]}" -v db="${t[dense_bf16]}" \
+    -v mb="${t[moe_bf16]}" -v one="${t[one]}" -v e="${t[ep2]}" -v x="${t[a2a]}" 'BEGIN {
+    printf "noise: the dense fp32 case twice, %.0f and %.0f ms (%.0f%% apart)\n", d, a,
+        100 * (a > d ? a - d : d - a) / (a < d ? a : d)
+    printf "MoE / dense step time: fp32 %.2fx, bf16 %.2fx\n", m / d, mb / db
+    printf "ep2 on 2 ranks against one process (same global batch): %.0f ms against %.0f ms, %.2fx faster; all-to-all %.0f ms a step, %.1f%% of it\n",
+        e, one, one / e, x, 100 * x / e }'

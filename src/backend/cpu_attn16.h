@@ -1,0 +1,104 @@
+/* The CPU backend's shared inline math and its bf16 dot-product attention (cpu_attn16.c): the
+ * flash kernels of cpu.c with their products in AVX512-BF16 dot products (vdpbf16ps), fp32
+ * accumulation, where the CPU has them. Only src/backend/cpu*.c include this file. */
+#ifndef LLM3D_CPU_ATTN16_H
+#define LLM3D_CPU_ATTN16_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "llm3d/core.h"
+
+/* the flash kernels' blocks: query rows x keys (cpu.c's attention section says why 64) */
+#define L3D_FA_BQ 64
+#define L3D_FA_BK 64
+
+/* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
+ * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
+ * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */
+static inline float fast_expf(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f + shifter;
+    float n = t - shifter;
+    float r = x - n * 0.693145751953125f;  /* ln2 high part, exact in float */
+    r = r - n * 1.428606765330187e-06f;    /* ln2 low part */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    /* 2^n from t's low bits: t = 1.5 * 2^23 + n exactly, so its encoding is 0x4b400000 + n.
+     * Unsigned, so that a NaN x (n NaN: p is NaN, the result NaN) is no undefined behaviour:
+     * (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* One row's online softmax over a block of scores s (valid of nk visible): s becomes the
+ * unnormalised probabilities (zero past valid), the running max m and sum l advance; returns the
+ * factor the row's output is rescaled by. Both flash forwards' (cpu.c, cpu_attn16.c). */
+static inline float l3d_fa_online_row(float *s, int64_t valid, int64_t nk, float *m, float *l) {
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; j++) {
+        s[j] = fast_expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
+    float corr = fast_expf(*m - mx); /* 0 on the first block: m = -inf */
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
+/* Whether the bf16 attention kernels run their products in bf16 dot products: dt bf16, HS even
+ * (the products take element pairs), a CPU with AVX512-BF16 (checked at run time: the fallback is
+ * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT "1" (or unset, with
+ * L3D_ATTN_DOT_DEFAULT 1); "0" is the tests' switch to the fallback on such a CPU. */
+bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS);
+/* Without L3D_ATTN_DOT: whether the dot products run where the CPU has them. Off: on the
+ * AVX512-BF16 VM this was written on, vdpbf16ps measured half the FMA's FLOP/s (104-108 against
+ * 197-217 GFLOP/s a thread, 2026-12-07) and the widened path was faster; L3D_ATTN_DOT=1 turns the
+ * dot products on where they run at twice the FMA peak (docs/BENCHMARKS.md). */
+#define L3D_ATTN_DOT_DEFAULT 0
+
+/* fp32 scratch floats per thread of l3d_fa16_forward_block (with HS even) */
+int64_t l3d_fa16_forward_floats(int64_t HS);
+/* cpu.c's fa_forward_block_n on bf16 tensors: query rows i = 0..nq-1 at positions p0 + i over
+ * keys 0..min(p0 + i, nkv - 1); q (stride qs), k and v (stride ks), out (stride os) bf16, lse (nq)
+ * fp32 or NULL; w: l3d_fa16_forward_floats(HS) floats. Scores and the output accumulate in fp32;
+ * the probabilities are rounded to bf16 for the product with V; out is rounded once. */
+void l3d_fa16_forward_block(uint16_t *out, int64_t os, float *lse, const uint16_t *q, int64_t qs,
+                            const uint16_t *k, const uint16_t *v, int64_t ks, int64_t p0,
+                            int64_t nq, int64_t nkv, int64_t HS, float *w);
+
+/* One key/value head and the rep query heads it serves, bf16 (cpu.c's struct fa_span): query
+ * head r at q + r hq, dq + r hq, dO + r ho, O + r ho, L + r hl; rows of nq queries at positions
+ * p0 + i over nk keys. */
+struct l3d_fa16_span {
+    uint16_t *dq, *dk, *dv;
+    const uint16_t *q, *k, *v, *dO, *O;
+    const float *L;
+    int64_t gqs, gks, qs, ks, os; /* rows: dq; dk and dv; q; k and v; dO and O */
+    int64_t hq, ho, hl;
+    int64_t rep, p0, nq, nk, HS;
+};
+/* fp32 scratch floats per thread of l3d_fa16_backward_span */
+int64_t l3d_fa16_backward_floats(int64_t rep, int64_t nq, int64_t nk, int64_t HS);
+/* dq, dk, dv += the span's gradients (cpu.c's fa_backward_span), accumulated in fp32 scratch w
+ * (widened from the bf16 gradients first, rounded back once at the end); P and dS rounded to bf16
+ * for their products. */
+void l3d_fa16_backward_span(const struct l3d_fa16_span *a, float *w);
+
+#endif
