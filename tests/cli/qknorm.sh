@@ -2,8 +2,8 @@
 # QK-norm (Qwen3's per-head RMSNorm of the queries and keys, --qk-norm) on the layouts: tensor
 # parallelism (its two weights replicated, their gradients summed over the group) with and without
 # sequence parallelism, a two-stage pipeline with 1F1B and with zb-h1 (the norms' gradients come
-# with B), context parallelism, ZeRO-3 and (with experts, Qwen3-MoE's blocks) expert
-# parallelism, each against one process within 1e-5 (TP's other product shapes: 3e-5, as equiv.sh),
+# with B), context parallelism, ZeRO-3 and, with experts (Qwen3-MoE's blocks), expert, tensor and
+# pipeline parallelism, each against one process within 1e-5 (TP's other product shapes: 3e-5, as equiv.sh),
 # and bf16 tp2 SP against one bf16 process (mixed.sh's bounds);
 # the flag changes the run (a model without it is DIFFERENT); the manifest keeps it and a resume
 # without it is refused; generation through the KV cache and through the whole forward agree.
@@ -37,6 +37,10 @@ train zb 2 2 --grad-accum 2 --pp 2 --pp-schedule zb-h1 --recompute full &&
 QMOE=(--moe-experts 4 --moe-top-k 2 --moe-ffn 96)
 train qmoe_ref 0 2 --grad-accum 2 "${QMOE[@]}" && train qmoe_ep2 2 2 --ep 2 "${QMOE[@]}" &&
     cmp_same "qk-norm with experts: ep2 against one process" qmoe_ep2 qmoe_ref 1e-5
+train qmoe_one 0 2 "${QMOE[@]}" && train qmoe_tp2 2 2 --tp 2 "${QMOE[@]}" &&
+    cmp_same "qk-norm with experts: tp2 against one process" qmoe_tp2 qmoe_one 3e-5
+train qmoe_pp2 2 2 --pp 2 "${QMOE[@]}" &&
+    cmp_same "qk-norm with experts: pp2 against one process" qmoe_pp2 qmoe_one 1e-5
 # 16 bits: tp2 SP against one bf16 process within mixed.sh's bounds (llama.sh's)
 B16=(--precision bf16 --eps 1e-4)
 train b1 0 4 "${B16[@]}" && train b_tp2 2 4 --tp 2 --sequence-parallel "${B16[@]}" &&
