@@ -25,6 +25,8 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"vocab", "300", ""}, {"context", "128", ""}, {"ffn", "512", ""},
     {"arch", "llama", "--ffn 512"}, {"kv-heads", "2", "--arch llama --ffn 512"},
     {"rope-theta", "20000", "--arch llama --ffn 512"}, {"norm-eps", "1e-6", ""},
+    {"qk-norm", NULL, "--arch llama --ffn 512"},
+    {"no-qk-norm", NULL, "--arch llama --ffn 512 --qk-norm"},
     {"moe-experts", "8", "--model moe-tiny"}, {"moe-top-k", "1", "--model moe-tiny"},
     {"moe-ffn", "256", "--model moe-tiny"}, {"moe-shared-experts", "1", "--model moe-tiny"},
     {"moe-dense-layers", "1", "--model moe-tiny"},

@@ -340,7 +340,7 @@ static const char *cfg_with(bool llama, const char *key, const char *value) {
 static void test_config_keys(void) {
     const struct cfg_key keys[] = {
         {0, "model_type", NAN, "\"gpt2\"", 0, "\"bert\"", "\"model_type\" is \"bert\": llm3d reads "
-                                                          "gpt2, llama and mixtral"},
+                                                          "gpt2, llama, mixtral, qwen3 and qwen3_moe"},
         {0, "model_type", NAN, NULL, 0, "2", "\"model_type\" is 2"},
         {0, "n_layer", NAN, "3", 3, "0", "\"n_layer\" is 0: give an integer in [1, 65536]"},
         {0, "n_layer", NAN, NULL, 0, "65537", "\"n_layer\" is 65537: give"},
@@ -741,7 +741,7 @@ static void test_arch_table(void) {
         l3d_free(t);
     }
     CHECK(strcmp(l3d_arch_list(list, sizeof list, "or", false), "gpt2 or llama") == 0);
-    CHECK(strcmp(l3d_arch_list(list, sizeof list, "and", true), "gpt2, llama and mixtral") == 0);
+    CHECK(strcmp(l3d_arch_list(list, sizeof list, "and", true), "gpt2, llama, mixtral, qwen3 and qwen3_moe") == 0);
     /* GPT-2's is the family of llm.c's files; Llama has none (llm3d's 1003 / 1005) */
     CHECK(l3d_arch_by_llmc_version(3) == l3d_arch_info(L3D_ARCH_GPT2) &&
           l3d_arch_by_llmc_version(5) == l3d_arch_info(L3D_ARCH_GPT2));
@@ -758,7 +758,7 @@ static void test_arch_table(void) {
     struct l3d_model_spec m;
     const char *cfg = "{\"model_type\": \"LlamaForCausalLM\"}";
     CHECK(refused(l3d_hf_config_parse(cfg, strlen(cfg), "c", &m),
-                  "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2, llama and mixtral"));
+                  "c: \"model_type\" is \"LlamaForCausalLM\": llm3d reads gpt2, llama, mixtral, qwen3 and qwen3_moe"));
 }
 
 /* The llm.c file of each family: GPT-2's llm.c's own versions (3, 5), Llama's llm3d's (1003, the
@@ -792,6 +792,31 @@ static void test_arch_llmc(void) {
             if (f) fclose(f);
             CHECK(refused(l3d_ckpt_read_llmc_config(path, &back), "architecture word 8 holds"));
         }
+        free(p);
+    }
+    /* QK-norm: header word 38 (1), read back; GPT-2's blocks with it are llm3d's own version
+     * (llm.c's files have no such block); another value refused */
+    for (int i = 0; i < L3D_ARCH_COUNT; i++) {
+        struct l3d_model_spec m = {.L = 2, .C = 64, .NH = 4, .V = 300, .maxT = 32}, back;
+        l3d_model_set_arch(&m, (enum l3d_arch)i);
+        if (m.mlp == L3D_MLP_SWIGLU) m.ffn = 192;
+        m.qk_norm = true;
+        CHECK(l3d_gpt_config_finish(&m) == L3D_OK);
+        int64_t n = (int64_t)l3d_gpt_param_count(&m);
+        float *p = calloc((size_t)n, sizeof(float));
+        const char *path = path_of("qknorm.bin");
+        int32_t hdr[39];
+        CHECK(l3d_ckpt_save_llmc_params_dt(path, &m, p, n, L3D_F32) == L3D_OK);
+        FILE *f = fopen(path, "r+b");
+        CHECK(f && fread(hdr, 4, 39, f) == 39);
+        CHECK(hdr[1] == L3D_LLMC_VERSION_ARCH_FP32 && hdr[38] == 1);
+        CHECK(l3d_ckpt_read_llmc_config(path, &back) == L3D_OK && back.qk_norm &&
+              l3d_model_same(&back, &m));
+        int32_t w = 2;
+        CHECK(f && fseek(f, 38 * 4, SEEK_SET) == 0 && fwrite(&w, 4, 1, f) == 1);
+        if (f) fclose(f);
+        CHECK(refused(l3d_ckpt_read_llmc_config(path, &back), "architecture word 38 (qk-norm) "
+                                                              "holds 2"));
         free(p);
     }
 }

@@ -82,6 +82,9 @@ int main(void) {
     CHECK(l3d_gpt_config_finish(&lc) == L3D_OK);
     l3d_gpt_free(check_fp32(be, lc, tok, &full));
     free(full);
+    lc.qk_norm = true; /* Qwen3's QK-norm: each new row's heads normalised before the cache */
+    l3d_gpt_free(check_fp32(be, lc, tok, &full));
+    free(full);
     struct l3d_gpt *m = check_fp32(be, cfg, tok, &full);
     struct l3d_infer *inf;
 

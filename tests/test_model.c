@@ -27,7 +27,8 @@ struct ref_gpt {
     const int32_t *inp, *tgt;
     int B, T;
     double *params;
-    int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE */
+    int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE,
+                 * 3 no QK-norm, 4 QK-norm's query and key weights swapped */
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
@@ -74,6 +75,18 @@ static double ref_gpt_loss(void *ctx) {
  * the reference kernels (tests/support/ref.c), grouped-query attention as multi-head attention on
  * explicitly repeated key/value heads. */
 
+/* QK-norm in place on qkv (N, (NH + 2 NKV) HS): each query head RMSNorm-ed with qw, each key
+ * head with kw (HS each), the values untouched. */
+static void ref_qk_norm(double *qkv, const double *qw, const double *kw, int64_t N, int64_t NH,
+                        int64_t NKV, int64_t HS, double eps) {
+    int64_t QKV = (NH + 2 * NKV) * HS;
+    for (int64_t n = 0; n < N; n++) { /* in place: each row is read before it is written */
+        ref_rmsnorm_forward(qkv + n * QKV, NULL, qkv + n * QKV, qw, NH, HS, eps);
+        ref_rmsnorm_forward(qkv + n * QKV + NH * HS, NULL, qkv + n * QKV + NH * HS, kw, NKV, HS,
+                            eps);
+    }
+}
+
 static double ref_llama_loss(void *ctx) {
     struct ref_gpt *r = ctx;
     const struct l3d_model_spec *c = &r->cfg;
@@ -94,6 +107,10 @@ static double ref_llama_loss(void *ctx) {
     for (int l = 0; l < c->L; l++) {
         ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN1W, l), N, C, c->norm_eps);
         ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), NULL, N, C, QKV);
+        if (c->qk_norm && r->mutant != 3) /* Qwen3: each q and k head's RMSNorm, before RoPE */
+            ref_qk_norm(qkv, P(r->mutant == 4 ? L3D_T_KNORMW : L3D_T_QNORMW, l),
+                        P(r->mutant == 4 ? L3D_T_QNORMW : L3D_T_KNORMW, l), N, NH, NKV, HS,
+                        c->norm_eps);
         if (r->mutant == 2)
             memcpy(rot, qkv, (size_t)(N * QKV) * sizeof(double));
         else
@@ -142,8 +159,8 @@ static void randomize(struct l3d_gpt *m, uint64_t seed) {
         for (int64_t r = m->cfg.V; r < w->rows; r++)
             memset(p + w->offset + r * w->cols, 0, (size_t)w->cols * sizeof(float));
     }
-    const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
-    for (int i = 0; i < 3; i++) {
+    const int lnw[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW, L3D_T_QNORMW, L3D_T_KNORMW};
+    for (int i = 0; i < 5; i++) {
         const struct l3d_tensor_info *t = &m->tensors[lnw[i]];
         for (int64_t k = 0; k < t->count; k++) p[t->offset + k] += 1.0f;
     }
@@ -195,7 +212,7 @@ static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model
     double rloss = ref_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
     if (ref_loss == ref_llama_loss) /* the oracle sees a wrong KV grouping and missing RoPE */
-        for (r.mutant = 1; r.mutant <= 2; r.mutant++) {
+        for (r.mutant = 1; r.mutant <= (cfg.qk_norm ? 4 : 2); r.mutant++) {
             double bad = ref_loss(&r);
             CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
         }
@@ -252,6 +269,12 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     for (int i = 0; i < L3D_NUM_TENSORS; i++) used += ti[i].count > 0;
     CHECK(used == 9 && ti[L3D_T_QKVW].rows == 32 && ti[L3D_T_FCW].rows == 48 &&
           ti[L3D_T_WPE].count == 0 && ti[L3D_T_QKVB].count == 0 && ti[L3D_T_LMHEAD].rows == 128);
+    CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* QK-norm (Qwen3): two more tensors of one head's size a layer, replicated over the heads */
+    c.qk_norm = true;
+    check_forward_and_gradients(be, c, ref_llama_loss);
+    l3d_gpt_plan_tensors(&c, &full, ti);
+    CHECK(ti[L3D_T_QNORMW].count == 2 * 4 && ti[L3D_T_KNORMW].count == 2 * 4);
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
 }
 
@@ -604,8 +627,10 @@ static void test_split_backward(struct l3d_backend *be) {
     struct l3d_model_spec moe = {.L = 3, .C = 16, .NH = 2, .V = 40, .maxT = 8,
                                  .moe = {.experts = 4, .top_k = 2, .dense_layers = 1}};
     L3D_ASSERT(l3d_gpt_config_finish(&moe) == L3D_OK);
-    const struct l3d_model_spec cfgs[3] = {tiny_config(3, 16, 2, 40, 8), llama, moe};
-    for (int k = 0; k < 3; k++)
+    struct l3d_model_spec qwen = llama;
+    qwen.qk_norm = true; /* its norms' weight gradients come with B */
+    const struct l3d_model_spec cfgs[4] = {tiny_config(3, 16, 2, 40, 8), llama, moe, qwen};
+    for (int k = 0; k < 4; k++)
         for (int rc = L3D_RECOMPUTE_NONE; rc <= L3D_RECOMPUTE_FULL; rc += 2) {
             int64_t nx = 2 * 6 * cfgs[k].C;
             float *dx0 = malloc(2 * (size_t)nx * sizeof(float));

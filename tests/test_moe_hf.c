@@ -1,8 +1,9 @@
-/* Mixtral as data (src/model/arch.c's flavour row, src/ckpt/hf.c, src/spec/presets.c): the
- * published parameter counts of the Mixtral presets derived from their sizes by an exact formula
- * written here (not llm3d's), against llm3d's counts and the published figures within their
- * rounding; the row a model is written as, and the models no row holds; MixtralConfig's keys to a
- * spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
+/* Mixtral and Qwen3-MoE as data (src/model/arch.c's flavour rows, src/ckpt/hf.c,
+ * src/spec/presets.c): the published parameter counts of the Mixtral and dense Qwen3 presets and
+ * of Qwen3-30B-A3B and Qwen3-235B-A22B derived from their sizes by exact formulas written here (not llm3d's),
+ * against llm3d's counts and the published figures within their rounding; the rows Qwen3's
+ * QK-norm selects; the row a model is written as, and the models no row holds; MixtralConfig's
+ * keys to a spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
  * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
  * and read back bit for bit, and refused by the loader when its config counts other experts. */
 #include <math.h>
@@ -28,6 +29,12 @@ static double mixtral_count(double L, double C, double NH, double KV, double V, 
 /* |x - published| within half the unit of the published figure's last digit. */
 static bool within_rounding(double x, double published, double unit) {
     return fabs(x - published) <= unit / 2;
+}
+
+/* x truncated to the unit of the published figure's last digit is that figure (the Qwen3 report
+ * truncates: 3.35B activated is its "3.3B"). */
+static bool within_truncation(double x, double published, double unit) {
+    return x >= published && x < published + unit;
 }
 
 static void test_presets(void) {
@@ -61,6 +68,121 @@ static void test_presets(void) {
                            0.1e9));
     CHECK(!within_rounding(mixtral_count(32, 4096, 32, 8, 32000, 14336, 8, 3, true), 12.9e9,
                            0.1e9));
+}
+
+/* Qwen3-MoE (Qwen3MoeForCausalLM): attention of NH query heads of hd (q dim NH hd, which the
+ * published models make 2 C: hd is decoupled from C / NH), QK-norm's two hd vectors a layer,
+ * experts in every layer, untied head. `active`: K of the E experts. */
+static double qwen3_moe_count(double L, double C, double NH, double KV, double hd, double V,
+                              double F, double E, double K, bool active) {
+    double embed = 2 * V * C, attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
+    double norms = 2 * C + 2 * hd, experts = (active ? K : E) * 3 * C * F, router = E * C;
+    return embed + C + L * (norms + attn + router + experts);
+}
+
+/* The Qwen3-MoE models' published counts (Qwen3 technical report, Table 2; their config.json
+ * sizes) from qwen3_moe_count: 30.5B total, 3.3B active; 235B, 22B. llm3d's head size is C / NH,
+ * and these have hd 128 over hidden 2048, 32 heads (and 4096, 64): training them needs the head
+ * size decoupled from C / NH, so they are no presets (yet), and their config.json is refused
+ * naming head_dim. Negative: the coupled head size's count misses the published figure. */
+static void test_qwen3_counts(void) {
+    static const struct {
+        double L, C, NH, KV, hd, V, F, E, K, total, active, unit;
+    } p[] = {
+        {48, 2048, 32, 4, 128, 151936, 768, 128, 8, 30.5e9, 3.3e9, 0.1e9},  /* qwen3-30b-a3b */
+        {94, 4096, 64, 4, 128, 151936, 1536, 128, 8, 235e9, 22e9, 1e9},     /* qwen3-235b-a22b */
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        double total = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
+                                       p[i].E, p[i].K, false);
+        double active = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V,
+                                        p[i].F, p[i].E, p[i].K, true);
+        CHECK(within_truncation(total, p[i].total, p[i].unit));
+        CHECK(within_truncation(active, p[i].active, p[i].unit));
+        printf("qwen3-moe L=%.0f: %.0f parameters (published %.3g), %.0f active (%.3g)\n", p[i].L,
+               total, p[i].total, active, p[i].active);
+        double coupled = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].C / p[i].NH,
+                                         p[i].V, p[i].F, p[i].E, p[i].K, false);
+        CHECK(!within_truncation(coupled, p[i].total, p[i].unit));
+    }
+    /* llm3d's count of the same sizes where hd = C / NH holds: the formula's */
+    struct l3d_model_spec m;
+    L3D_ASSERT(l3d_model_preset(&m, "llama-tiny") == L3D_OK);
+    m.qk_norm = true;
+    m.moe = (struct l3d_moe_spec){.experts = 4, .top_k = 2, .ffn = 40};
+    L3D_ASSERT(l3d_gpt_config_finish(&m) == L3D_OK);
+    double hd = m.C / m.NH;
+    CHECK_NEAR(l3d_model_param_count(&m), qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp, 40, 4,
+                                                          2, false), 0.0);
+    CHECK_NEAR(l3d_model_active_param_count(&m), qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp,
+                                                                 40, 4, 2, true), 0.0);
+    /* the 30B's config.json: refused naming head_dim and the two values */
+    static const char cfg[] =
+        "{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 48, \"hidden_size\": 2048, "
+        "\"num_attention_heads\": 32, \"num_key_value_heads\": 4, \"head_dim\": 128, "
+        "\"intermediate_size\": 6144, \"moe_intermediate_size\": 768, \"num_experts\": 128, "
+        "\"num_experts_per_tok\": 8, \"norm_topk_prob\": true, \"vocab_size\": 151936, "
+        "\"max_position_embeddings\": 40960}";
+    struct l3d_model_spec q = m; /* QK-norm with experts: Qwen3-MoE's row; without: Qwen3's */
+    const struct l3d_arch_info *a = l3d_arch_hf_row(&q);
+    CHECK(a && a->moe && a->qk_norm && strcmp(a->hf_model_type, "qwen3_moe") == 0 &&
+          l3d_arch_hf_check(a, &q) == L3D_OK); /* an unnormalised top-k: norm_topk_prob false */
+    q.moe = (struct l3d_moe_spec){0};
+    a = l3d_arch_hf_row(&q);
+    CHECK(a && !a->moe && strcmp(a->hf_architecture, "Qwen3ForCausalLM") == 0);
+    q.qk_norm = false;
+    CHECK(l3d_arch_hf_row(&q) == l3d_arch_info(L3D_ARCH_LLAMA));
+    CHECK(l3d_hf_config_parse(cfg, strlen(cfg), "c", &q) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"head_dim\" is 128, not hidden_size / "
+                                      "num_attention_heads (64)"));
+}
+
+/* Dense Qwen3 (Qwen3ForCausalLM): Llama's blocks, QK-norm's two hd vectors a layer, a head tied
+ * to the embedding or not; `embed` false: without the embedding and head (the model cards'
+ * "non-embedding" count). */
+static double qwen3_count(double L, double C, double NH, double KV, double V, double F, bool tied,
+                          bool embed) {
+    double hd = C / NH, attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
+    double layer = attn + 3 * C * F + 2 * C + 2 * hd;
+    return (embed ? (tied ? 1 : 2) * V * C : 0.0) + C + L * layer;
+}
+
+/* The dense Qwen3 presets against their model cards' counts, rounded (1.7B / 1.4B without the
+ * embedding, 8.2B / 6.95B, 14.8B / 13.2B); their blocks (QK-norm, RoPE theta 1e6, eps 1e-6, the
+ * 1.7B's tied head). Negative: the 1.7B with an untied head, the 8B with a KV head per query
+ * head: the formula tells them from the cards. */
+static void test_qwen3_presets(void) {
+    static const struct {
+        const char *name;
+        double L, C, NH, KV, V, F;
+        bool tied;
+        double total, body, unit, body_unit;
+    } p[] = {
+        {"qwen3-1.7b", 28, 2048, 16, 8, 151936, 6144, true, 1.7e9, 1.4e9, 0.1e9, 0.1e9},
+        {"qwen3-8b", 36, 4096, 32, 8, 151936, 12288, false, 8.2e9, 6.95e9, 0.1e9, 0.01e9},
+        {"qwen3-14b", 40, 5120, 40, 8, 151936, 17408, false, 14.8e9, 13.2e9, 0.1e9, 0.1e9},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        struct l3d_model_spec m;
+        CHECK(l3d_model_preset(&m, p[i].name) == L3D_OK);
+        CHECK(m.L == p[i].L && m.C == p[i].C && m.NH == p[i].NH && m.NKV == p[i].KV &&
+              m.V == p[i].V && m.ffn == p[i].F && m.qk_norm && m.untied == !p[i].tied &&
+              m.rope.theta == 1e6 && m.norm_eps == 1e-6f && m.Vp == m.V);
+        CHECK(l3d_arch_hf_row(&m) == l3d_arch_by_hf_type("qwen3"));
+        double total = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
+                                   true);
+        double body = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
+                                  false);
+        CHECK_NEAR(l3d_model_param_count(&m), total, 0.0);
+        CHECK(within_rounding(total, p[i].total, p[i].unit));
+        CHECK(within_rounding(body, p[i].body, p[i].body_unit));
+        printf("%s: %.0f parameters (published %.3g), %.0f without the embedding (%.3g)\n",
+               p[i].name, total, p[i].total, body, p[i].body);
+    }
+    CHECK(!within_rounding(qwen3_count(28, 2048, 16, 8, 151936, 6144, false, true), 1.7e9,
+                           0.1e9));
+    CHECK(!within_rounding(qwen3_count(36, 4096, 32, 32, 151936, 12288, false, false), 6.95e9,
+                           0.01e9)); /* a KV head per query head */
 }
 
 /* llama-tiny with E experts in every layer, top-2 renormalised. */
@@ -218,6 +340,8 @@ static void test_folder(void) {
 
 int main(void) {
     test_presets();
+    test_qwen3_counts();
+    test_qwen3_presets();
     test_rows();
     test_map();
     test_config();

@@ -32,6 +32,7 @@ enum l3d_arch_dim {
     L3D_DIM_2FE,  /* an expert's gate|up rows of expfcw (SwiGLU) */
     L3D_DIM_E2FE, /* expfcw's rows: E experts' gate|up blocks */
     L3D_DIM_EC,   /* expprojw's rows: E experts' (C, FE) blocks */
+    L3D_DIM_HS,   /* hd = C / NH: a head's size (QK-norm's weights) */
 };
 
 /* Which layers a per-layer tensor has a copy in: every layer, the dense-MLP layers, the
@@ -77,6 +78,9 @@ enum l3d_arch_key_kind {
     L3D_KEY_ROUTER_LOGITS, /* output_router_logits: aux_coef > 0 */
     L3D_KEY_ZERO,     /* a number llm3d honours only at 0 or null (Mixtral's router_jitter_noise) */
     L3D_KEY_NULL,     /* a value llm3d honours only as null or absent (sliding_window) */
+    L3D_KEY_FIXED,    /* a whole number llm3d honours only at dflt, or absent (Qwen3-MoE's
+                       * decoder_sparse_step 1: every layer has experts) */
+    L3D_KEY_EMPTY,    /* a list llm3d honours only empty, null or absent (mlp_only_layers) */
 };
 
 #define L3D_KEY_READ 1
@@ -103,6 +107,8 @@ struct l3d_arch_info {
      * experts (moe), it reads as the family `arch` with its blocks (a row after the
      * L3D_ARCH_COUNT families; name, title and llm.c versions unused) */
     bool moe;
+    /* a flavour whose attention has QK-norm (Qwen3: the spec's qk_norm) */
+    bool qk_norm;
     /* the blocks (l3d_model_set_arch) */
     enum l3d_norm norm;
     enum l3d_mlp mlp;
@@ -122,9 +128,9 @@ struct l3d_arch_info {
 
 /* The row of a family; NULL for a value that is none. */
 const struct l3d_arch_info *l3d_arch_info(enum l3d_arch arch);
-/* The row a Hugging Face folder of model m is written as: its family's, or with experts the
- * family's mixture-of-experts flavour (Llama: Mixtral); NULL when there is none (GPT-2 with
- * experts). */
+/* The row a Hugging Face folder of model m is written as: its family's, or the family's flavour
+ * of its experts and QK-norm (Llama: Mixtral with experts, Qwen3 with QK-norm, Qwen3-MoE with
+ * both); NULL when there is none (GPT-2 with experts or QK-norm). */
 const struct l3d_arch_info *l3d_arch_hf_row(const struct l3d_model_spec *m);
 /* Whether row a can hold model m (its experts' rules: Mixtral's renormalised top-k, no shared
  * experts, no dense layers); L3D_ERR_ARG naming the flag otherwise. */

@@ -54,9 +54,10 @@
 #define L3D_MAX_CONTEXT (1 << 24)
 #define L3D_MAX_PARAMS ((double)(1LL << 56))
 /* Slots of the tensor table: GPT-2's 16 tensors in llm.c's order, then Llama's untied head, then
- * the mixture-of-experts layers' router, experts and shared MLP (struct l3d_moe_spec). An
+ * the mixture-of-experts layers' router, experts and shared MLP (struct l3d_moe_spec), then the
+ * query and key norms' weights (qk_norm). An
  * architecture leaves the slots it has no tensor for empty (l3d_gpt_tensor_used). */
-#define L3D_NUM_TENSORS 26
+#define L3D_NUM_TENSORS 28
 
 /* The architecture of a model, as data (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023,
  * Dubey et al. 2024). Each enum's zero is GPT-2's choice, so a zeroed spec with sizes is GPT-2. */
@@ -126,6 +127,11 @@ struct l3d_model_spec {
     bool no_bias;    /* no biases in the linear layers and norms (Llama); GPT-2 has them */
     bool untied;     /* a separate output head (lm_head) instead of the token embedding (Llama) */
     struct l3d_moe_spec moe; /* experts 0: dense */
+    /* QK-norm (Qwen3; Dehghani et al. 2023 for ViT-22B, Wortsman et al. 2023): each query and key
+     * head RMSNorm-ed over its hd elements (epsilon norm_eps) after the q|k|v product and before
+     * RoPE, one weight vector qnormw (hd) for every query head and knormw (hd) for every key
+     * head of a layer */
+    bool qk_norm;
 };
 
 /* Checks sizes (C divisible by NH, positive values) and the architecture's rules (NH divisible
@@ -210,6 +216,8 @@ enum l3d_tensor_id {
      * shprojw (Lm,C,S F) shprojb (Lm,1,C) */
     L3D_T_ROUTER, L3D_T_EXPFCW, L3D_T_EXPFCB, L3D_T_EXPPROJW, L3D_T_EXPPROJB, L3D_T_SHFCW,
     L3D_T_SHFCB, L3D_T_SHPROJW, L3D_T_SHPROJB,
+    /* QK-norm (qk_norm): qnormw (L,1,hd), knormw (L,1,hd), replicated over tensor parallelism */
+    L3D_T_QNORMW, L3D_T_KNORMW,
 };
 
 /* Whether tensor t is one of the routed experts' (expfcw, expfcb, expprojw, expprojb). */
@@ -302,6 +310,7 @@ int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T);
 
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
 struct l3d_moe_state; /* the MoE layers' state, private to the model (src/model/moe.c) */
+struct l3d_qknorm_state; /* QK-norm's state, private to the model (src/model/qknorm.c) */
 
 /* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
  * Transformer Models"): keep every layer's activations (none), all but the attention
@@ -344,6 +353,7 @@ struct l3d_gpt {
     int64_t slot_size, slot_off[L3D_NUM_TENSORS], nonlayer_size, nonlayer_off[L3D_NUM_TENSORS];
     struct l3d_gpt_acts *acts;
     struct l3d_moe_state *moe; /* the MoE layers' activations and statistics (src/model/moe.c) */
+    struct l3d_qknorm_state *qkn; /* QK-norm's activations (src/model/qknorm.c); NULL without */
     /* activations of type dt */
     void *input_act;      /* (B,T,C): the stage input when !has_embedding, else the embedding */
     void *dinput_act;     /* (B,T,C): gradient of the stage input after backward */
@@ -408,7 +418,11 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * and with the materialising kernel (flash false: L3D_ATTENTION=naive, the benchmark's oracle)
  * the a s b / t term becomes a s^2 b / t, which selective drops, plus an a s^2 b / t scratch
  * for its backward. Times act_slots micro-batches, plus the stage's input, head and token buffers
- * per slot and one layer's backward (and recomputation) buffers shared by all slots. */
+ * per slot and one layer's backward (and recomputation) buffers shared by all slots. QK-norm adds
+ * (src/model/qknorm.c, l3d_qknorm_act_bytes) per layer and slot (one set under full
+ * recomputation) the product's output before the norm and its rstd, E s b q + 4 s b (a + k) / t
+ * with q the local q|k|v width and k the KV heads (E: the element size), and one layer's four
+ * (s b, q) scratch buffers, its row maps (3 s b (a + 2k) / t int32) and 2 hd fp32. */
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32

@@ -162,6 +162,29 @@ static void want_null(struct cfg_reader *r, const char *key, const char *why) {
                       r->what, key, value_text(v, b, sizeof b), why);
 }
 
+/* A whole number llm3d honours only at `need` (absent: accepted). */
+static void want_fixed(struct cfg_reader *r, const char *key, int64_t need, const char *why) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    int64_t x = need;
+    char b[64];
+    if (r->st != L3D_OK || !v || (l3d_json_int(v, &x) && x == need)) return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s); give %lld",
+                      r->what, key, value_text(v, b, sizeof b), why, (long long)need);
+}
+
+/* A list llm3d honours only empty (absent or null: accepted). */
+static void want_empty(struct cfg_reader *r, const char *key, const char *why) {
+    const struct l3d_json *v = l3d_json_get(r->doc, key);
+    char b[64];
+    if (r->st != L3D_OK || !v || v->type == L3D_JSON_NULL ||
+        (v->type == L3D_JSON_ARRAY && v->count == 0))
+        return;
+    if (v->type == L3D_JSON_ARRAY) snprintf(b, sizeof b, "a list of %zu", v->count);
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %s: llm3d cannot honour it (%s); give []",
+                      r->what, key, v->type == L3D_JSON_ARRAY ? b : value_text(v, b, sizeof b),
+                      why);
+}
+
 /* Key k of family a's config.json into m. */
 static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
                      const struct l3d_arch_key *k, struct l3d_model_spec *m) {
@@ -190,6 +213,8 @@ static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
     case L3D_KEY_ROUTER_LOGITS: get_bool(r, key, false); break; /* with AUX_COEF */
     case L3D_KEY_ZERO: want_zero(r, key, k->why); break;
     case L3D_KEY_NULL: want_null(r, key, k->why); break;
+    case L3D_KEY_FIXED: want_fixed(r, key, dflt, k->why); break;
+    case L3D_KEY_EMPTY: want_empty(r, key, k->why); break;
     }
 }
 
@@ -208,6 +233,7 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
     char b[64], list[128];
     if (st == L3D_OK && a) {
         l3d_model_set_arch(cfg, a->arch);
+        cfg->qk_norm = a->qk_norm; /* a flavour's attention block (Qwen3) */
         for (int i = 0; i < a->n_hf_keys; i++)
             if (a->hf_keys[i].io & L3D_KEY_READ) read_key(&r, a, &a->hf_keys[i], cfg);
         /* Mixtral: the experts' width is the only MLP width; its router always renormalises */
@@ -302,6 +328,8 @@ static void write_key(FILE *f, const struct l3d_arch_key *k, const struct l3d_mo
     case L3D_KEY_ROUTER_LOGITS: fprintf(f, "%s", m->moe.aux_coef > 0 ? "true" : "false"); break;
     case L3D_KEY_ZERO: fprintf(f, "0.0"); break;
     case L3D_KEY_NULL: fprintf(f, "null"); break;
+    case L3D_KEY_FIXED: fprintf(f, "%lld", (long long)k->dflt); break;
+    case L3D_KEY_EMPTY: fprintf(f, "[]"); break;
     }
     fprintf(f, ",\n");
 }
@@ -438,9 +466,11 @@ l3d_status l3d_hf_tensors_ex(const struct l3d_model_spec *cfg, bool bound,
     *out = NULL;
     *n = 0;
     if (!a)
-        return l3d_error(L3D_ERR_ARG, "a %s model with experts (--moe-experts %d) has no Hugging "
-                         "Face folder (Mixtral's are Llama's blocks: --arch llama); keep llm3d's "
-                         "model.bin or checkpoints", l3d_arch_info(cfg->arch)->title,
+        return l3d_error(L3D_ERR_ARG, "a %s model with %s (%s%.0d) has no Hugging Face "
+                         "folder (Mixtral's and Qwen3's are Llama's blocks: --arch llama); keep "
+                         "llm3d's model.bin or checkpoints", l3d_arch_info(cfg->arch)->title,
+                         cfg->moe.experts > 0 ? "experts" : "QK-norm",
+                         cfg->moe.experts > 0 ? "--moe-experts " : "--qk-norm",
                          cfg->moe.experts);
     l3d_status rc = l3d_arch_hf_check(a, cfg);
     if (rc != L3D_OK) return rc;

@@ -24,11 +24,11 @@ static bool is_full_shard(const struct l3d_gpt *m) {
            s->vocab_count == f.vocab_count && s->has_embedding && s->has_head;
 }
 
-/* Header words 8-37 of an architecture file (llm3d's own versions 1003 / 1005, which llm.c does
+/* Header words 8-38 of an architecture file (llm3d's own versions 1003 / 1005, which llm.c does
  * not read): the fields of the model spec beyond GPT-2's sizes, the mixture of experts' included
  * (llm.c's own versions have none: a MoE model is never one of them); reals as their bits
  * (floats one word, doubles two). */
-enum { ARCH_WORD = 8, ARCH_WORDS = 30 };
+enum { ARCH_WORD = 8, ARCH_WORDS = 31 };
 
 static void put_double(int32_t *w, double x) { memcpy(w, &x, sizeof x); }
 static double get_double(const int32_t *w) {
@@ -63,6 +63,7 @@ static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
     put_double(&w[24], e->aux_coef);
     put_double(&w[26], e->z_coef);
     put_double(&w[28], e->capacity_factor);
+    w[30] = c->qk_norm; /* header word 38 (0 in files before QK-norm) */
 }
 
 /* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
@@ -96,6 +97,11 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
     e->aux_coef = get_double(&w[24]);
     e->z_coef = get_double(&w[26]);
     e->capacity_factor = get_double(&w[28]);
+    if (w[30] != 0 && w[30] != 1)
+        return l3d_error(L3D_ERR_FORMAT, "%s: architecture word %d (qk-norm) holds %d, not 0 or "
+                         "1: the file is damaged or from a newer llm3d", path, ARCH_WORD + 30,
+                         w[30]);
+    c->qk_norm = w[30] != 0;
     return L3D_OK;
 }
 

@@ -35,13 +35,15 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
     OUT("step %lld\n", (long long)s->step);
     if (s->run_id) OUT("run %016" PRIx64 "\n", s->run_id);
     OUT("model L %d C %d NH %d V %d Vp %d maxT %d\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT);
-    if (!l3d_model_is_gpt2(c)) /* GPT-2's manifests stay as they were */
+    if (!l3d_model_is_gpt2(c)) { /* GPT-2's manifests stay as they were */
         OUT("arch family %s kv_heads %d rmsnorm %d eps %a swiglu %d ffn %lld rope %d theta %a "
-            "factor %a low %a high %a original %d no_bias %d untied %d\n", l3d_arch_name(c->arch),
+            "factor %a low %a high %a original %d no_bias %d untied %d", l3d_arch_name(c->arch),
             l3d_model_kv_heads(c), c->norm == L3D_NORM_RMSNORM, (double)c->norm_eps,
             c->mlp == L3D_MLP_SWIGLU, (long long)c->ffn, c->pos == L3D_POS_ROPE, c->rope.theta,
             c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
             c->rope.original_context, c->no_bias, c->untied);
+        OUT("%s\n", c->qk_norm ? " qk_norm 1" : ""); /* QK-norm: optional, absent before it */
+    }
     if (c->moe.experts > 0)
         OUT("moe experts %d top_k %d ffn %lld shared %d dense %d norm_topk %d aux %a z %a "
             "capacity %a\n", c->moe.experts, c->moe.top_k, (long long)c->moe.ffn, c->moe.shared,
@@ -291,6 +293,7 @@ static void rec_arch(struct parser *p) {
     c->rope.original_context = get_int(p, "original", 0, FIELD_MAX);
     c->no_bias = get_flag(p, "no_bias");
     c->untied = get_flag(p, "untied");
+    c->qk_norm = has_field(p, "qk_norm") && get_flag(p, "qk_norm"); /* absent before QK-norm */
     if (p->st == L3D_OK && l3d_gpt_config_finish(c) != L3D_OK)
         p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: the architecture is not a valid model "
                           "(%s): the manifest is damaged", mf->path, p->line, l3d_error_message());

@@ -170,7 +170,7 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
-    F_EPS, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
+    F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
     F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
@@ -200,6 +200,9 @@ static const struct l3d_flag model_flags[] = {
                             "default: as many as heads)"},
     {"rope-theta", "X", F_THETA, "RoPE base frequency (llama; 10000, Llama 3: 500000)"},
     {"norm-eps", "X", F_EPS, "normalisation epsilon (1e-5; RMSNorm takes any)"},
+    {"qk-norm", NULL, F_QKN, "RMSNorm each query and key head before RoPE (Qwen3's q_norm, "
+                             "k_norm; a qwen3 preset has it)"},
+    {"no-qk-norm", NULL, F_NO_QKN, "no QK-norm (the default; over a qwen3 preset)"},
     {"moe-experts", "E", F_MOE_E, "mixture of experts: E expert MLPs a layer and a router "
                                   "(0: dense, the default; README \"Mixture of experts\")"},
     {"moe-top-k", "K", F_MOE_K, "experts each token is routed to (1..E)"},
@@ -299,6 +302,7 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
     case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
     case F_EPS: return l3d_arg_float(cmd, "norm-eps", v, 1e-12, 0.5, &cs->norm_eps);
+    case F_QKN: case F_NO_QKN: return 1; /* applied by l3d_cli_spec_arch from `given` */
     case F_MOE_E: return l3d_arg_int(cmd, "moe-experts", v, 0, 1 << 16, &cs->moe.experts);
     case F_MOE_K: return l3d_arg_int(cmd, "moe-top-k", v, 0, 1 << 16, &cs->moe.top_k);
     case F_MOE_FFN: {
@@ -426,7 +430,7 @@ void l3d_cli_spec_init(struct l3d_cli_spec *cs, struct l3d_run_spec *spec) {
 
 int l3d_cli_spec_groups(struct l3d_cli_spec *cs, struct l3d_flag_group *out) {
     /* the preset names belong in --model's help line, written once */
-    static char model_help[640];
+    static char model_help[1024];
     static struct l3d_flag model_table[sizeof model_flags / sizeof model_flags[0]];
     memcpy(model_table, model_flags, sizeof model_flags);
     snprintf(model_help, sizeof model_help, "a preset: %s", l3d_model_preset_names());
@@ -473,6 +477,8 @@ void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) 
     if (cs->NKV) m->NKV = cs->NKV;
     if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
     if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
+    if ((cs->given >> F_QKN) & 1) m->qk_norm = true;
+    if ((cs->given >> F_NO_QKN) & 1) m->qk_norm = false;
     /* GELU's width follows the channels (0: 4C of the sizes now, l3d_gpt_config_finish); a
      * SwiGLU preset keeps its own unless --ffn is given */
     if (cs->ffn || m->mlp == L3D_MLP_GELU) m->ffn = cs->ffn;

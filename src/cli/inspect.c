@@ -114,10 +114,11 @@ static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
     if (!l3d_model_is_gpt2(c))
-        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s\n", l3d_arch_name(c->arch),
-               l3d_model_kv_heads(c), (long long)c->ffn,
+        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s%s\n",
+               l3d_arch_name(c->arch), l3d_model_kv_heads(c), (long long)c->ffn,
                c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
-               c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions");
+               c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions",
+               c->qk_norm ? ", QK-norm" : "");
     if (c->moe.experts > 0)
         printf("  experts:    layers %d-%d: %d of width %lld, top-%d%s, %d shared; %.2fM active "
                "parameters a token\n", c->moe.dense_layers, c->L - 1, c->moe.experts,
@@ -552,10 +553,11 @@ static int inspect_hf(const char *path, bool json) {
     } else {
         printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
                st.nfiles, bytes / 1e6);
-        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head, "
+        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head%s, "
                "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
                l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
-               c.untied ? "untied" : "tied", l3d_gpt_param_count(&c) / 1e6, c.Vp);
+               c.untied ? "untied" : "tied", c.qk_norm ? ", QK-norm" : "",
+               l3d_gpt_param_count(&c) / 1e6, c.Vp);
         if (c.moe.experts > 0)
             printf("  experts: %d a layer, top-%d%s; %.2fM parameters active a token\n",
                    c.moe.experts, c.moe.top_k, c.moe.norm_topk ? " renormalised" : "",

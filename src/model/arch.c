@@ -54,26 +54,50 @@ static const struct l3d_arch_tensor gpt2_tensors[] = {
     MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),      \
     VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C)
 
-static const struct l3d_arch_tensor llama_tensors[] = {
-    LLAMA_ATTENTION,
-    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),
-    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),
-    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
-};
+/* Llama's dense MLP (SwiGLU's gate, up and down projections), its final norm and untied head,
+ * which Qwen3 shares; a mixture-of-experts layer's router and experts (gate, down, up: each
+ * expert's three in turn), whose names Mixtral and Qwen3-MoE choose */
+#define LLAMA_MLP                                                                              \
+    DMAT("model.layers.%d.mlp.gate_proj.weight", "fcw", 0, F, 2F, C),                         \
+    DMAT("model.layers.%d.mlp.up_proj.weight", "fcw", F, F, 2F, C),                           \
+    DMAT("model.layers.%d.mlp.down_proj.weight", "fcprojw", 0, C, C, F)
+#define LLAMA_HEAD VEC("model.norm.weight", "lnfw", false, C), HEAD("lm_head.weight")
+#define EXPERTS(router, gate, down, up)                                                        \
+    MMAT(router, "router", 0, E, E, C), EMAT(gate, "expfcw", 0, FE, E2FE, C, 2FE),            \
+    EMAT(down, "expprojw", 0, C, EC, FE, C), EMAT(up, "expfcw", FE, FE, E2FE, C, 2FE)
+
+static const struct l3d_arch_tensor llama_tensors[] = {LLAMA_ATTENTION, LLAMA_MLP, LLAMA_HEAD};
 
 /* Mixtral (Jiang et al. 2024, Hugging Face's MixtralForCausalLM): Llama's attention, and in every
  * layer a router (block_sparse_moe.gate) and experts whose w1, w3, w2 are SwiGLU's gate, up and
- * down projections, each expert's three in turn. */
+ * down projections. */
 static const struct l3d_arch_tensor mixtral_tensors[] = {
     LLAMA_ATTENTION,
-    MMAT("model.layers.%d.block_sparse_moe.gate.weight", "router", 0, E, E, C),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", "expfcw", 0, FE, E2FE, C, 2FE),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", "expprojw", 0, C, EC, FE, C),
-    EMAT("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", "expfcw", FE, FE, E2FE, C, 2FE),
-    VEC("model.norm.weight", "lnfw", false, C),
-    HEAD("lm_head.weight"),
+    EXPERTS("model.layers.%d.block_sparse_moe.gate.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w1.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w2.weight",
+            "model.layers.%d.block_sparse_moe.experts.%d.w3.weight"),
+    LLAMA_HEAD,
+};
+
+/* Qwen3 (Qwen team 2025, Hugging Face's Qwen3ForCausalLM): Llama's blocks with QK-norm, each
+ * layer's self_attn.q_norm and k_norm (a head's size each) */
+#define QK_NORM                                                                                \
+    VEC("model.layers.%d.self_attn.q_norm.weight", "qnormw", true, HS),                       \
+    VEC("model.layers.%d.self_attn.k_norm.weight", "knormw", true, HS)
+
+static const struct l3d_arch_tensor qwen3_tensors[] = {LLAMA_ATTENTION, QK_NORM, LLAMA_MLP,
+                                                       LLAMA_HEAD};
+
+/* Qwen3-MoE (Hugging Face's Qwen3MoeForCausalLM): Qwen3's attention, and in every layer a router
+ * (mlp.gate) and experts whose gate_proj, up_proj, down_proj are Mixtral's w1, w3, w2 */
+static const struct l3d_arch_tensor qwen3_moe_tensors[] = {
+    LLAMA_ATTENTION,
+    QK_NORM,
+    EXPERTS("model.layers.%d.mlp.gate.weight", "model.layers.%d.mlp.experts.%d.gate_proj.weight",
+            "model.layers.%d.mlp.experts.%d.down_proj.weight",
+            "model.layers.%d.mlp.experts.%d.up_proj.weight"),
+    LLAMA_HEAD,
 };
 
 static const char *const gpt2_acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
@@ -130,6 +154,40 @@ static const struct l3d_arch_key mixtral_keys[] = {
     KEY("head_dim", HEAD_DIM, R, 0), KEY("rope_scaling", ROPE_SCALING, RW, 0),
 };
 
+/* Qwen3Config's keys beyond Llama's sizes: no biases (attention_bias), no sliding window
+ * (use_sliding_window false: sliding_window and max_window_layers are then unused) */
+#define QWEN3_COMMON                                                                            \
+    KEY("vocab_size", VOCAB, RW, -1), KEY("max_position_embeddings", CONTEXT, RW, -1),         \
+    KEY("rms_norm_eps", EPS, RW, 1e-6), KEY("rope_theta", THETA, RW, 10000.0),                 \
+    KEY("tie_word_embeddings", TIED, R, 0),                                                     \
+    {"hidden_act", L3D_KEY_STRING, RW, 0, llama_acts, false, "Qwen3's MLP is SwiGLU: silu"},   \
+    {"attention_bias", L3D_KEY_BOOL, RW, 0, NULL, false, "the model has no biases"},          \
+    {"use_sliding_window", L3D_KEY_BOOL, RW, 0, NULL, false,                                   \
+     "llm3d's attention is fully causal"},                                                     \
+    {"attention_dropout", L3D_KEY_ZERO, RW, 0, NULL, false, "llm3d has no dropout"}
+
+static const struct l3d_arch_key qwen3_keys[] = {
+    LLAMA_SIZES, KEY("intermediate_size", FFN, RW, -1), QWEN3_COMMON,
+    KEY("head_dim", HEAD_DIM, R, 0), KEY("rope_scaling", ROPE_SCALING, RW, 0),
+};
+
+/* Qwen3MoeConfig's: intermediate_size is the dense MLP's (of mlp_only_layers, which llm3d
+ * honours empty: every layer has experts, decoder_sparse_step 1), moe_intermediate_size the
+ * experts'; norm_topk_prob says whether the top-k weights are renormalised (its default false);
+ * router_aux_loss_coef counts when output_router_logits is true, as in Mixtral. */
+static const struct l3d_arch_key qwen3_moe_keys[] = {
+    LLAMA_SIZES, KEY("intermediate_size", FFN, RW, -1),
+    KEY("moe_intermediate_size", EXPERT_FFN, RW, -1), KEY("num_experts", EXPERTS, RW, -1),
+    KEY("num_experts_per_tok", TOP_K, RW, -1), KEY("norm_topk_prob", NORM_TOPK, RW, 0),
+    {"decoder_sparse_step", L3D_KEY_FIXED, RW, 1, NULL, false,
+     "llm3d's MoE layers are every layer after the dense ones"},
+    {"mlp_only_layers", L3D_KEY_EMPTY, RW, 0, NULL, false, "every layer has experts"},
+    QWEN3_COMMON,
+    KEY("output_router_logits", ROUTER_LOGITS, RW, 0),
+    KEY("router_aux_loss_coef", AUX_COEF, RW, 0.001),
+    KEY("head_dim", HEAD_DIM, R, 0), KEY("rope_scaling", ROPE_SCALING, RW, 0),
+};
+
 static const char *const gpt2_ignored[] = {".attn.bias", ".attn.masked_bias", NULL};
 static const char *const llama_ignored[] = {".rotary_emb.inv_freq", NULL};
 
@@ -154,6 +212,17 @@ static const struct l3d_arch_info families[] = {
      .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true, .untied = true,
      .hf_keys = mixtral_keys, .n_hf_keys = N(mixtral_keys), .hf_tensors = mixtral_tensors,
      .n_hf_tensors = N(mixtral_tensors), .hf_prefix_optional = NULL, .hf_ignored = llama_ignored},
+    {.arch = L3D_ARCH_LLAMA, .name = "qwen3", .title = "Qwen3", .hf_model_type = "qwen3",
+     .hf_architecture = "Qwen3ForCausalLM", .qk_norm = true, .norm = L3D_NORM_RMSNORM,
+     .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE, .no_bias = true, .untied = true,
+     .hf_keys = qwen3_keys, .n_hf_keys = N(qwen3_keys), .hf_tensors = qwen3_tensors,
+     .n_hf_tensors = N(qwen3_tensors), .hf_prefix_optional = NULL, .hf_ignored = llama_ignored},
+    {.arch = L3D_ARCH_LLAMA, .name = "qwen3_moe", .title = "Qwen3-MoE",
+     .hf_model_type = "qwen3_moe", .hf_architecture = "Qwen3MoeForCausalLM", .moe = true,
+     .qk_norm = true, .norm = L3D_NORM_RMSNORM, .mlp = L3D_MLP_SWIGLU, .pos = L3D_POS_ROPE,
+     .no_bias = true, .untied = true, .hf_keys = qwen3_moe_keys, .n_hf_keys = N(qwen3_moe_keys),
+     .hf_tensors = qwen3_moe_tensors, .n_hf_tensors = N(qwen3_moe_tensors),
+     .hf_prefix_optional = NULL, .hf_ignored = llama_ignored},
 };
 #define NROWS N(families)
 
@@ -163,7 +232,8 @@ const struct l3d_arch_info *l3d_arch_info(enum l3d_arch arch) {
 
 const struct l3d_arch_info *l3d_arch_hf_row(const struct l3d_model_spec *m) {
     for (int i = 0; i < NROWS; i++)
-        if (families[i].arch == m->arch && families[i].moe == (m->moe.experts > 0))
+        if (families[i].arch == m->arch && families[i].moe == (m->moe.experts > 0) &&
+            families[i].qk_norm == m->qk_norm)
             return &families[i];
     return NULL;
 }
@@ -252,6 +322,7 @@ int64_t l3d_arch_dim(const struct l3d_model_spec *m, enum l3d_arch_dim d) {
     case L3D_DIM_2FE: return 2 * m->moe.ffn;
     case L3D_DIM_E2FE: return 2 * m->moe.ffn * m->moe.experts;
     case L3D_DIM_EC: return C * m->moe.experts;
+    case L3D_DIM_HS: return hs;
     }
     return 0;
 }

@@ -14,6 +14,7 @@
 #include "llm3d/arch.h"
 #include "llm3d/model.h"
 #include "moe.h"
+#include "qknorm.h"
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
@@ -25,7 +26,8 @@ double l3d_model_param_count(const struct l3d_model_spec *m) {
     double attn = C * C + 2 * C * kv + C * C + bias * (C + 2 * kv + C);
     double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
     double Vp = m->Vp > 0 ? m->Vp : m->V;
-    return m->L * (2 * norm + attn + mlp) + Vp * C * (m->untied ? 2 : 1) +
+    double qkn = m->qk_norm ? 2 * hd : 0.0; /* QK-norm's two weight vectors */
+    return m->L * (2 * norm + attn + mlp + qkn) + Vp * C * (m->untied ? 2 : 1) +
            (m->pos == L3D_POS_LEARNED ? (double)m->maxT * C : 0.0) + norm +
            l3d_moe_layer_param_delta(m, m->moe.experts);
 }
@@ -119,7 +121,8 @@ bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_mode
            a->mlp == b->mlp && a->pos == b->pos && a->no_bias == b->no_bias &&
            a->untied == b->untied && a->moe.experts == b->moe.experts &&
            a->moe.top_k == b->moe.top_k && a->moe.ffn == b->moe.ffn &&
-           a->moe.shared == b->moe.shared && a->moe.dense_layers == b->moe.dense_layers;
+           a->moe.shared == b->moe.shared && a->moe.dense_layers == b->moe.dense_layers &&
+           a->qk_norm == b->qk_norm;
 }
 
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
@@ -139,7 +142,8 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     const struct l3d_arch_info *a = l3d_arch_info(m->arch);
     return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
            m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
-           m->untied == a->untied && m->moe.experts == 0; /* llm.c has no experts */
+           m->untied == a->untied && m->moe.experts == 0 && /* llm.c has no experts */
+           !m->qk_norm;
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
@@ -198,6 +202,7 @@ static const char *const tensor_names[L3D_NUM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead",
     "router", "expfcw", "expfcb", "expprojw", "expprojb", "shfcw", "shfcb", "shprojw", "shprojb",
+    "qnormw", "knormw",
 };
 
 bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
@@ -211,6 +216,7 @@ bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
     case L3D_T_SHFCW: case L3D_T_SHPROJW: return c->moe.experts > 0 && c->moe.shared > 0;
     case L3D_T_SHFCB: case L3D_T_SHPROJB:
         return c->moe.experts > 0 && c->moe.shared > 0 && !c->no_bias;
+    case L3D_T_QNORMW: case L3D_T_KNORMW: return c->qk_norm;
     default: return t >= 0 && t < L3D_NUM_TENSORS;
     }
 }
@@ -238,6 +244,7 @@ int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_sh
         {Ld, C, F},     {Ld, 1, C},     {1, 1, Cf},  {1, 1, Cf},  {1, Vh, C},
         {Lm, E, C},     {Lm, El * Fem, C}, {Lm, 1, El * Fem}, {Lm, El * C, Fe}, {Lm, 1, El * C},
         {Lm, SFm, C},   {Lm, 1, SFm},   {Lm, C, SF}, {Lm, 1, C},
+        {Ll, 1, HS},    {Ll, 1, HS},
     };
     int64_t off = 0;
     for (int i = 0; i < L3D_NUM_TENSORS; i++) {
@@ -284,7 +291,8 @@ int64_t l3d_gpt_tensor_layer(const struct l3d_model_spec *cfg, const struct l3d_
     int g = sh->layer_start + layer, N = cfg->moe.dense_layers;
     bool moe = l3d_model_moe_layer(cfg, g);
     if (t >= L3D_T_FCW && t <= L3D_T_FCPROJB) return moe ? -1 : layer; /* dense layers lead */
-    if (t >= L3D_T_ROUTER) return moe ? g - (sh->layer_start > N ? sh->layer_start : N) : -1;
+    if (t >= L3D_T_ROUTER && t <= L3D_T_SHPROJB) /* the MoE layers' (QK-norm's: every layer) */
+        return moe ? g - (sh->layer_start > N ? sh->layer_start : N) : -1;
     return layer;
 }
 
@@ -675,6 +683,12 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
         return st;
     }
     m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
+    st = l3d_qknorm_init(m);
+    if (st != L3D_OK) {
+        l3d_gpt_free(m);
+        return st;
+    }
+    m->act_bytes += l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
     *out = m;
     return L3D_OK;
 }
@@ -683,6 +697,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     if (!m) return;
     struct l3d_backend *be = m->be;
     l3d_moe_free(m);
+    l3d_qknorm_free(m);
     l3d_be_free(be, m->wstash);
     l3d_be_free(be, m->wnorm);
     if (m->acts) {
@@ -888,7 +903,7 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
         }
     }
     for (int64_t k = 0; k < INIT_BLOCK; k++) host[k] = 1.0f;
-    const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW};
+    const int ones[] = {L3D_T_LN1W, L3D_T_LN2W, L3D_T_LNFW, L3D_T_QNORMW, L3D_T_KNORMW};
     for (size_t i = 0; i < sizeof ones / sizeof ones[0]; i++) {
         const struct l3d_tensor_info *ti = &m->tensors[ones[i]];
         int64_t e0, e1;
@@ -1184,6 +1199,7 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, w.QKV);
+    if (m->cfg.qk_norm) l3d_qknorm_forward(m, l, la->qkv, N); /* before RoPE, as Qwen3 */
     if (m->cfg.pos == L3D_POS_ROPE) /* q and k rotated in place: what attention and backward see */
         l3d_be_rope_forward(m->be, dt, la->qkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl, w.KVl,
                             w.HS);
@@ -1606,6 +1622,7 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     if (m->cfg.pos == L3D_POS_ROPE) /* to the gradient of q and k before their rotation */
         l3d_be_rope_backward(m->be, dt, a->dqkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl,
                              w.KVl, w.HS);
+    if (m->cfg.qk_norm) l3d_qknorm_backward(m, l, a->dqkv, N); /* its weights' with B */
     progress(m);
     if (defer) stash(m, l, WS_DQKV, a->dqkv, N * w.QKV);
     column_parallel_backward(m, a->dln, g.qkvw, g.qkvb, a->dqkv, la->ln1, p.qkvw, N, C, w.QKV);
@@ -1772,7 +1789,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (recompute != L3D_RECOMPUTE_FULL)
         slot -= l3d_shard_moe_layers(cfg, sh) * E * sb * (double)(fm + f);
     return (size_t)(act_slots * slot + shared) +
-           l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
+           l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt) +
+           l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 
 #include "llm3d/infer.h"
+#include "qknorm.h"
 
 struct l3d_infer {
     const struct l3d_gpt *m;
@@ -27,6 +28,7 @@ struct l3d_infer {
     int32_t *positions;        /* (maxT) 0..maxT-1: RoPE's positions from pos on */
     void *x, *ln, *qkv, *atty, *proj, *fch, *fchg; /* rows of n <= maxT */
     float *mean, *rstd;
+    void *qkn_tmp; float *qkn_rstd; /* QK-norm's scratch: (NH hd), (NH) */
     void *logits;              /* (Vp) */
     float *logits32;           /* (Vp) fp32, a 16-bit model's logits widened */
     int32_t *tokens;           /* (maxT) */
@@ -69,6 +71,8 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
         {&inf->ln, (size_t)(T * C) * es, "inference activations"},
         {(void **)&inf->mean, (size_t)T * f4, "inference activations"},
         {(void **)&inf->rstd, (size_t)T * f4, "inference activations"},
+        {&inf->qkn_tmp, c->qk_norm ? (size_t)C * es : 0, "inference activations"},
+        {(void **)&inf->qkn_rstd, c->qk_norm ? (size_t)c->NH * f4 : 0, "inference activations"},
         {&inf->qkv, (size_t)(T * inf->QKV) * es, "inference activations"},
         {&inf->atty, (size_t)(T * C) * es, "inference activations"},
         {&inf->proj, (size_t)(T * C) * es, "inference activations"},
@@ -82,6 +86,7 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     bool ok = true;
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         need += bufs[i].bytes;
+        if (bufs[i].bytes == 0) continue; /* a block the model lacks */
         *bufs[i].p = l3d_be_alloc(inf->be, bufs[i].bytes, bufs[i].what);
         ok = ok && *bufs[i].p;
         if (*bufs[i].p) l3d_be_memset(inf->be, *bufs[i].p, 0, bufs[i].bytes); /* first touch */
@@ -105,7 +110,8 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
 void l3d_infer_free(struct l3d_infer *inf) {
     if (!inf) return;
     void *bufs[] = {inf->kv, inf->positions, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty,
-                    inf->proj, inf->fch, inf->fchg, inf->logits, inf->logits32, inf->tokens};
+                    inf->proj, inf->fch, inf->fchg, inf->logits, inf->logits32, inf->tokens,
+                    inf->qkn_tmp, inf->qkn_rstd};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) l3d_be_free(inf->be, bufs[i]);
     l3d_free(inf->logits_host);
     l3d_free(inf);
@@ -150,6 +156,8 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
         norm(inf, inf->x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N);
         l3d_be_matmul_forward(be, dt, inf->qkv, inf->ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C,
                               QKV);
+        if (c->qk_norm) /* each head's RMSNorm, before RoPE and the cache */
+            l3d_qknorm_rows(m, l, inf->qkv, N, QKV, inf->qkn_tmp, inf->qkn_rstd);
         if (c->pos == L3D_POS_ROPE) /* rows at positions pos.. : their keys cached rotated */
             l3d_be_rope_forward(be, dt, inf->qkv, m->rope_inv_freq, inf->positions + pos, 1, N,
                                 NH, NKV, HS);

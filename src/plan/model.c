@@ -62,7 +62,8 @@ void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
     double bias = m->no_bias ? 0.0 : 1.0, norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C;
     double qkv_rows = (q_local + 2 * kv_local) * hd;
     double up = m->mlp == L3D_MLP_SWIGLU ? 2 * F / t : F / t;
-    double attn = 2 * norm + qkv_rows * (C + bias) + q_local * hd * C + bias * C;
+    double attn = 2 * norm + qkv_rows * (C + bias) + q_local * hd * C + bias * C +
+                  (m->qk_norm ? 2 * hd : 0.0); /* QK-norm's two vectors, whole on every rank */
     o->layer = attn + up * (C + bias) + F / t * C + bias * C;
     /* a MoE layer: the router (E rows) and the rank's E / ep experts and the shared ones, each
      * an MLP of width moe.ffn, whole on every TP rank (Megatron-Core's

@@ -15,10 +15,16 @@ struct llama {
     int64_t ffn;
     double theta;
     struct l3d_rope scaling; /* Llama 3.1's frequency scaling, where its release has it */
+    bool qk_norm, tied;      /* Qwen3: QK-norm; its small models tie the head to wte */
+    float eps;               /* the norms' epsilon; 0: the default (1e-5) */
 };
 
 #define LLAMA(kv_heads, mlp_width, rope_theta) \
     {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = rope_theta}
+/* Qwen3's: Llama's blocks with QK-norm, RoPE theta 1e6, epsilon 1e-6 */
+#define QWEN3(kv_heads, mlp_width, tie)                                                        \
+    {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = 1e6, .qk_norm = true,      \
+     .tied = tie, .eps = 1e-6f}
 
 static const struct preset {
     const char *name, *alias, *note;
@@ -71,6 +77,14 @@ static const struct preset {
      {.family = "llama", .NKV = 8, .ffn = 53248, .theta = 500000.0,
       .scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
                   .original_context = 8192}}},
+    /* Qwen team 2025, "Qwen3 Technical Report" (arXiv 2505.09388), Table 1, and the released
+     * models' config.json (MLP widths, vocabulary 151,936, context 40,960): the dense models whose
+     * head size (128) is hidden / heads, which llm3d's attention needs (Qwen3-0.6B, 4B and 32B
+     * have another: no presets). 1.7B parameters, 1.4B without the embedding (tied head); 8.2B,
+     * 6.95B; 14.8B, 13.2B (the model cards) */
+    {"qwen3-1.7b", NULL, NULL, 28, 2048, 16, 151936, 40960, QWEN3(8, 6144, true)},
+    {"qwen3-8b", NULL, NULL, 36, 4096, 32, 151936, 40960, QWEN3(8, 12288, false)},
+    {"qwen3-14b", NULL, NULL, 40, 5120, 40, 151936, 40960, QWEN3(8, 17408, false)},
 };
 
 /* llm3d's mixtures of experts (include/llm3d/model.h, struct l3d_moe_spec), each a preset above
@@ -153,6 +167,9 @@ static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p)
         m->ffn = p->llama.ffn;
         m->rope = p->llama.scaling;
         m->rope.theta = p->llama.theta;
+        m->qk_norm = p->llama.qk_norm;
+        if (p->llama.tied) m->untied = false;
+        m->norm_eps = p->llama.eps;
     }
     return l3d_gpt_config_finish(m);
 }

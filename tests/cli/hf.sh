@@ -127,7 +127,7 @@ cfgbad() { # NAME SED PATTERN
     cp -r "$dir/hf1" "$dir/cfg_$1" && sed -i "$2" "$dir/cfg_$1/config.json"
     expect_error "config: $1" "$3" "$bin" inspect "$dir/cfg_$1"
 }
-cfgbad model_type 's/"gpt2"/"bert"/' "\"model_type\" is \"bert\": llm3d reads gpt2, llama and mixtral"
+cfgbad model_type 's/"gpt2"/"bert"/' "\"model_type\" is \"bert\": llm3d reads gpt2, llama, mixtral, qwen3 and qwen3_moe"
 cfgbad activation 's/"gelu_new"/"relu"/' "\"activation_function\" is \"relu\": llm3d cannot honour it"
 cfgbad layers 's/"n_layer": 2/"n_layer": 3/' "no tensor transformer.h.2.ln_1.weight"
 cfgbad rope 's/"model_type": "gpt2"/"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96, "max_position_embeddings": 32, "rope_scaling": {"rope_type": "yarn", "factor": 4}/' \

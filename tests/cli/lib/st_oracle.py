@@ -5,11 +5,15 @@ header length, a JSON header of {name: {dtype, shape, data_offsets}}, the data) 
 names: GPT2LMHeadModel's (Conv1D weights stored (in, out); an unpadded vocabulary) and
 LlamaForCausalLM's (q_proj, k_proj, v_proj and gate_proj, up_proj: the row blocks of llm3d's fused
 qkvw and fcw) and MixtralForCausalLM's (block_sparse_moe.gate, the router; experts.M.w1 | w3: the
-gate | up rows of expert M's block of llm3d's expfcw, w2: its block of expprojw). MODEL.bin:
+gate | up rows of expert M's block of llm3d's expfcw, w2: its block of expprojw), and Qwen3's
+(Qwen3ForCausalLM: Llama's with self_attn.q_norm and k_norm, a head's size each) and Qwen3-MoE's
+(Qwen3MoeForCausalLM: mlp.gate the router, mlp.experts.M.gate_proj | up_proj | down_proj as
+Mixtral's w1 | w3 | w2). MODEL.bin:
 llm.c's GPT-2 file (version 3), or llm3d's file of another architecture (version 1003: header words
 8.. hold architecture, key/value heads, norm, MLP, positions, biases, untied head, MLP width; words
 26.. the experts, their top-k, width, shared experts, dense layers; no wpe, no biases, RMSNorm
-weights only, lmhead after lnfw when untied, then router, expfcw, expprojw of the MoE layers).
+weights only, lmhead after lnfw when untied, then router, expfcw, expprojw of the MoE layers;
+word 38: QK-norm, whose qnormw and knormw (L, hd) come last).
 
   st_oracle.py write MODEL.bin DIR [--dtype F32|BF16|F16] [--shards N]
       the llm.c file's GPT-2 as a folder (config.json, model.safetensors or N shards + index)
@@ -18,7 +22,7 @@ weights only, lmhead after lnfw when untied, then router, expfcw, expprojw of th
       the first difference; the folder's headers are checked as strictly as a reader must be
   st_oracle.py names DIR
       exit 0 when the folder's tensors are exactly the names and shapes its config.json implies
-      (gpt2, llama, mixtral), else 1 naming the first difference
+      (gpt2, llama, mixtral, qwen3, qwen3_moe), else 1 naming the first difference
   st_oracle.py hostile DIR KIND OUT
       a copy of folder DIR damaged one way (KIND, see HOSTILE) into OUT
 """
@@ -47,7 +51,7 @@ def read_llmc(path):
         if hdr[8] != 1:
             sys.exit(f"{path}: architecture word {hdr[8]}, not Llama's 1")
         h.update(llama=True, NKV=hdr[9], untied=bool(hdr[14]), ffn=hdr[15], E=hdr[26],
-                 K=hdr[27], Fe=hdr[28])
+                 K=hdr[27], Fe=hdr[28], norm_topk=bool(hdr[31]), qk=bool(hdr[38]))
         if hdr[26] and (hdr[29] or hdr[30]):
             sys.exit(f"{path}: shared experts or dense layers: no Mixtral folder holds them")
     return h, data
@@ -69,6 +73,8 @@ def llmc_tensors(h, data):
             E, Fe = h["E"], h["Fe"]
             shapes += [("router", L, E, C), ("expfcw", L, E * 2 * Fe, C),
                        ("expprojw", L, E * C, Fe)]
+        if h["qk"]:
+            shapes += [("qnormw", L, 1, hs), ("knormw", L, 1, hs)]
     else:
         shapes = [("wte", 1, Vp, C), ("wpe", 1, T, C), ("ln1w", L, 1, C), ("ln1b", L, 1, C),
                   ("qkvw", L, 3 * C, C), ("qkvb", L, 1, 3 * C), ("attprojw", L, C, C),
@@ -99,8 +105,12 @@ def llama_tensors(h, t):
                 (p + "self_attn.v_proj.weight", [kv, C], list(w[(q + kv) * C:])),
                 (p + "self_attn.o_proj.weight", [C, C], list(t["attprojw"][l][0])),
                 (p + "post_attention_layernorm.weight", [C], list(t["ln2w"][l][0]))]
+        if h["qk"]:
+            hs = C // h["NH"]
+            res += [(p + "self_attn.q_norm.weight", [hs], list(t["qnormw"][l][0])),
+                    (p + "self_attn.k_norm.weight", [hs], list(t["knormw"][l][0]))]
         if h["E"]:
-            res += mixtral_layer(h, t, l, p)
+            res += (qwen3_moe_layer if h["qk"] else mixtral_layer)(h, t, l, p)
             continue
         fc = t["fcw"][l][0]
         res += [(p + "mlp.gate_proj.weight", [F, C], list(fc[:F * C])),
@@ -124,6 +134,19 @@ def mixtral_layer(h, t, l, p):
         res += [(q + "w1.weight", [F, C], list(g)),
                 (q + "w2.weight", [C, F], list(proj[e * C * F:(e + 1) * C * F])),
                 (q + "w3.weight", [F, C], list(u))]
+    return res
+
+
+def qwen3_moe_layer(h, t, l, p):
+    """Layer l's router and experts under Qwen3MoeForCausalLM's names (prefix p)."""
+    C, E, F = h["C"], h["E"], h["Fe"]
+    fc, proj = t["expfcw"][l][0], t["expprojw"][l][0]
+    res = [(p + "mlp.gate.weight", [E, C], list(t["router"][l][0]))]
+    for e in range(E):
+        q = p + f"mlp.experts.{e}."
+        res += [(q + "gate_proj.weight", [F, C], list(fc[e * 2 * F * C:(e * 2 + 1) * F * C])),
+                (q + "up_proj.weight", [F, C], list(fc[(e * 2 + 1) * F * C:(e + 1) * 2 * F * C])),
+                (q + "down_proj.weight", [C, F], list(proj[e * C * F:(e + 1) * C * F]))]
     return res
 
 
@@ -199,7 +222,13 @@ def cmd_write(llmc, out, dtype="F32", shards=1):
                   "max_position_embeddings": h["maxT"], "rms_norm_eps": 1e-5,
                   "rope_theta": 10000.0, "hidden_act": "silu",
                   "tie_word_embeddings": not h["untied"]}
-    if h["llama"] and h["E"]:  # MixtralConfig: intermediate_size is the experts' width
+    if h["llama"] and h["qk"]:  # Qwen3Config / Qwen3MoeConfig
+        config.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
+        if h["E"]:
+            config.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                          moe_intermediate_size=h["Fe"], num_experts=h["E"],
+                          num_experts_per_tok=h["K"], norm_topk_prob=h["norm_topk"])
+    elif h["llama"] and h["E"]:  # MixtralConfig: intermediate_size is the experts' width
         config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
                       intermediate_size=h["Fe"], num_local_experts=h["E"],
                       num_experts_per_tok=h["K"], sliding_window=None)
@@ -275,7 +304,12 @@ def cmd_check(d, llmc, dtype="F32"):
                 "intermediate_size": h["ffn"], "vocab_size": h["V"],
                 "max_position_embeddings": h["maxT"], "tie_word_embeddings": not h["untied"],
                 "hidden_act": "silu"}
-    if h["llama"] and h["E"]:
+    if h["llama"] and h["qk"]:
+        want.update(model_type="qwen3_moe" if h["E"] else "qwen3")
+        if h["E"]:
+            want.update(moe_intermediate_size=h["Fe"], num_experts=h["E"],
+                        num_experts_per_tok=h["K"])
+    elif h["llama"] and h["E"]:
         want.update(model_type="mixtral", intermediate_size=h["Fe"], num_local_experts=h["E"],
                     num_experts_per_tok=h["K"])
     for k, v in want.items():
@@ -314,8 +348,8 @@ def config_shapes(cfg):
                "mlp.c_proj.bias": [C]}
         out.update({f"transformer.h.{l}.{k}": v for l in range(L) for k, v in per.items()})
         return out
-    if mt not in ("llama", "mixtral"):
-        sys.exit(f"model_type {mt!r}: the oracle knows gpt2, llama and mixtral")
+    if mt not in ("llama", "mixtral", "qwen3", "qwen3_moe"):
+        sys.exit(f"model_type {mt!r}: the oracle knows gpt2, llama, mixtral, qwen3 and qwen3_moe")
     C, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     NH = cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or C // NH
@@ -330,9 +364,19 @@ def config_shapes(cfg):
                     p + "self_attn.k_proj.weight": [kv, C], p + "self_attn.v_proj.weight": [kv, C],
                     p + "self_attn.o_proj.weight": [C, NH * hd],
                     p + "post_attention_layernorm.weight": [C]})
-        if mt == "llama":
+        if mt in ("qwen3", "qwen3_moe"):  # QK-norm: one head's size
+            out.update({p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
+        if mt in ("llama", "qwen3"):
             out.update({p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
                         p + "mlp.down_proj.weight": [C, F]})
+            continue
+        if mt == "qwen3_moe":
+            E, Fe = cfg["num_experts"], cfg["moe_intermediate_size"]
+            out[p + "mlp.gate.weight"] = [E, C]
+            for e in range(E):
+                q = p + f"mlp.experts.{e}."
+                out.update({q + "gate_proj.weight": [Fe, C], q + "up_proj.weight": [Fe, C],
+                            q + "down_proj.weight": [C, Fe]})
             continue
         E = cfg["num_local_experts"]
         out[p + "block_sparse_moe.gate.weight"] = [E, C]
@@ -358,7 +402,7 @@ def cmd_names(d):
 
 
 HOSTILE = ["header_past_end", "overlap", "out_of_range", "shape", "dtype", "missing_shard",
-           "nan", "swap_kv", "swap_experts"]
+           "nan", "swap_kv", "swap_experts", "swap_qk_norm"]
 
 
 def rewrite_header(path, edit):
@@ -405,6 +449,10 @@ def cmd_hostile(src, kind, out):
         a, b = (f"model.layers.0.block_sparse_moe.experts.{e}.w1.weight" for e in (0, 1))
         h[a]["data_offsets"], h[b]["data_offsets"] = h[b]["data_offsets"], h[a]["data_offsets"]
 
+    def swap_qk_norm(h, data):  # layer 0's q_norm and k_norm exchanged
+        q, k = (f"model.layers.0.self_attn.{x}_norm.weight" for x in "qk")
+        h[q]["data_offsets"], h[k]["data_offsets"] = h[k]["data_offsets"], h[q]["data_offsets"]
+
     if kind == "header_past_end":
         with open(single, "r+b") as f:
             f.write(struct.pack("<Q", os.path.getsize(single)))
@@ -414,7 +462,8 @@ def cmd_hostile(src, kind, out):
     else:
         rewrite_header(single, {"overlap": overlap, "out_of_range": out_of_range,
                                 "shape": shape, "dtype": dtype, "nan": nan,
-                                "swap_kv": swap_kv, "swap_experts": swap_experts}[kind])
+                                "swap_kv": swap_kv, "swap_experts": swap_experts,
+                                "swap_qk_norm": swap_qk_norm}[kind])
     return 0
 
 

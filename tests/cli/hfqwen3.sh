@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Qwen3 and Qwen3-MoE Hugging Face folders (include/llm3d/arch.h's qwen3 and qwen3_moe rows): a
+# Llama model with QK-norm is written as Qwen3ForCausalLM (self_attn.q_norm, k_norm), with experts
+# too as Qwen3MoeForCausalLM (mlp.gate, mlp.experts.M.gate_proj | up_proj | down_proj), by --out
+# and convert, and read back bit-identically; the oracle that shares no code with llm3d
+# (lib/st_oracle.py) maps names and shapes to config.json and finds the llm.c file's values;
+# --init-from reads the folder; what llm3d cannot honour (a head_dim other than hidden / heads, a
+# sparse step, MLP-only layers) and a model no folder holds are refused in one line.
+# Usage: hfqwen3.sh LLM3D SCRATCH_DIR
+source "$(dirname "$0")/lib/checks.sh" # ok, bad, check, expect_error, train
+start_test "$@"
+source "$(dirname "$0")/lib/hfedit.sh" # oracle, edit_config
+# roundtrip NAME: the run's folder <-> its model.bin, both ways, bit for bit
+roundtrip() {
+    local r=$dir/$1
+    check "$1: convert folder -> llm.c: bit-identical to --out's model.bin" sh -c "'$bin' convert '$r' '$r.back.bin' > /dev/null && cmp '$r.back.bin' '$r/model.bin'"
+    check "$1: convert llm.c -> folder: the same safetensors bytes and config as --out's" sh -c "'$bin' convert '$r/model.bin' '$r.hf' > /dev/null && cmp '$r.hf/model.safetensors' '$r/model.safetensors' && cmp '$r.hf/config.json' '$r/config.json'"
+    check "$1: the oracle maps its tensor names and shapes to config.json" oracle names "$r"
+    check "$1: ... and finds the llm.c file's weights in it" oracle check "$r" "$r/model.bin"
+    check "$1: the oracle's folder (2 shards) -> llm.c: bit-identical" sh -c "python3 '$(dirname "$0")/lib/st_oracle.py' write '$r/model.bin' '$r.py' --shards 2 && '$bin' convert '$r.py' '$r.py.bin' > /dev/null && cmp '$r.py.bin' '$r/model.bin'"
+}
+
+byte_corpus hfqwen3
+TRAIN_FLAGS=("${TINY[@]}" --model llama-tiny --qk-norm --steps 3 --warmup 1)
+TRAIN_LOG=check
+train dense 0 2 || exit 1
+check "--out writes a Qwen3 folder" grep -q '"model_type": "qwen3"' "$dir/dense/config.json"
+roundtrip dense
+check "bf16 folder, rounded as the oracle rounds" sh -c "'$bin' convert '$dir/dense/model.bin' '$dir/hfb' --precision bf16 > /dev/null && python3 '$(dirname "$0")/lib/st_oracle.py' check '$dir/hfb' '$dir/dense/model.bin' --dtype BF16"
+check "inspect names QK-norm" sh -c "'$bin' inspect '$dir/dense.hf' | grep -q 'untied head, QK-norm'"
+oracle hostile "$dir/dense.hf" swap_qk_norm "$dir/swap" > /dev/null
+check "  (negative: the oracle finds q_norm and k_norm exchanged)" sh -c "! python3 '$(dirname "$0")/lib/st_oracle.py' check '$dir/swap' '$dir/dense/model.bin' > /dev/null"
+check "  (negative: ... and llm3d reads them as another model)" sh -c "'$bin' convert '$dir/swap' '$dir/swap.bin' > /dev/null && ! cmp -s '$dir/swap.bin' '$dir/dense/model.bin'"
+if train init 0 2 --init-from "$dir/dense.hf" --steps 2 && train init_bin 0 2 --init-from "$dir/dense/model.bin" --steps 2 &&
+   cmp -s "$dir/init/model.bin" "$dir/init_bin/model.bin"; then
+    ok "--init-from the Qwen3 folder trains as from model.bin (model.bin identical after 2 steps)"
+else
+    bad "--init-from the Qwen3 folder"
+fi
+edit_config "$dir/dense.hf" head_dim 32 "$dir/hd"
+expect_error "head_dim 32 with hidden 64 over 4 heads" '"head_dim" is 32, not hidden_size / num_attention_heads (16): llm3d cannot honour it' \
+    "$bin" convert "$dir/hd" "$dir/hd.bin"
+edit_config "$dir/dense.hf" use_sliding_window true "$dir/sw"
+expect_error "a sliding window" '"use_sliding_window" is true: llm3d cannot honour it' \
+    "$bin" convert "$dir/sw" "$dir/sw.bin"
+
+# Qwen3-MoE: 4 experts of 96, top-2, unnormalised (norm_topk_prob false, its default)
+train moe 0 2 --moe-experts 4 --moe-top-k 2 --moe-ffn 96 || exit 1
+check "--out writes a Qwen3-MoE folder" grep -q '"model_type": "qwen3_moe"' "$dir/moe/config.json"
+roundtrip moe
+check "  norm_topk_prob false as trained" grep -q '"norm_topk_prob": false' "$dir/moe/config.json"
+edit_config "$dir/moe.hf" norm_topk_prob true "$dir/nt"
+check "norm_topk_prob true reads as a renormalised top-k" sh -c "'$bin' inspect '$dir/nt' | grep -q 'top-2 renormalised'"
+edit_config "$dir/moe.hf" num_experts 3 "$dir/e3"
+expect_error "a config of 3 experts over a folder of 4" \
+    'layer 0 holds 4 experts (its last: tensor model.layers.0.mlp.experts.3.gate_proj.weight) but .*e3/config.json says "num_experts": 3' \
+    "$bin" convert "$dir/e3" "$dir/e3.bin"
+edit_config "$dir/moe.hf" decoder_sparse_step 2 "$dir/step2"
+expect_error "decoder_sparse_step 2" '"decoder_sparse_step" is 2: llm3d cannot honour it .*give 1' \
+    "$bin" convert "$dir/step2" "$dir/step2.bin"
+edit_config "$dir/moe.hf" mlp_only_layers '[0]' "$dir/mlponly"
+expect_error "mlp_only_layers [0]" '"mlp_only_layers" is a list of 1: llm3d cannot honour it .*give \[\]' \
+    "$bin" convert "$dir/mlponly" "$dir/mlponly.bin"
+
+# GPT-2's blocks with QK-norm: no folder holds them
+TRAIN_FLAGS=("${TINY[@]}" --qk-norm --steps 1 --warmup 1 --quiet)
+train g 0 2 > /dev/null
+expect_error "GPT-2 blocks with QK-norm" "a GPT-2 model with QK-norm (--qk-norm) has no Hugging Face folder" \
+    "$bin" convert "$dir/g/model.bin" "$dir/g_hf"
+check "  ... --out wrote model.bin only" sh -c "test -s '$dir/g/model.bin' && test ! -e '$dir/g/config.json'"
+exit $fail
