@@ -449,7 +449,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     l3d_be_copy_h2d(be, ddw, dw, sizeof dw);
     l3d_be_memset(be, gin, 0, N * C * fb);
     l3d_be_memset(be, gw, 0, E * C * fb);
-    l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, dx, dwt, N, C, E, K, 1, 4);
+    l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, dx, dwt, N, C, E, K, 1, 4, NULL, 1);
     const float aux = 0.3f, z = 0.2f;
     l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
                                wts, st, N, C, E, K, 1, aux, z);

@@ -142,7 +142,7 @@ struct l3d_backend_i {
     void (*moe_route)(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                       float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
                       const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                      int norm_topk, int64_t capacity);
+                      int norm_topk, int64_t capacity, const int32_t *fill, int64_t segs);
     void (*moe_permute)(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
     void (*moe_combine)(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
@@ -202,7 +202,7 @@ struct l3d_backend {
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
                        const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                       int norm_topk, int64_t capacity);
+                       int norm_topk, int64_t capacity, const int32_t *fill, int64_t segs);
 void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                          const int32_t *pos, int64_t N, int64_t K, int64_t C);
 void l3d_cpu_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,

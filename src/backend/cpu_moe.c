@@ -63,37 +63,49 @@ static float route_token(float *p, int32_t *idx, float *w, const void *x, const 
     return mx + logf(sum);
 }
 
+/* The stable counting sort of the N K assignments by expert, in token order (sequential: N K
+ * integer steps), the capacity included: segment s (N / segs tokens) starts expert e's count at
+ * fill[s E + e] (NULL: 0), so an assignment is kept while the expert's count before it, those
+ * earlier in the micro-batch on other ranks included, is under the capacity. Two passes: which
+ * are kept (pos = the rank among the expert's kept ones here), then the rows from the offsets. */
+static void place(int32_t *pos, int32_t *offsets, float *stats, const int32_t *idx, int64_t N,
+                  int64_t E, int64_t K, int64_t capacity, const int32_t *fill, int64_t segs) {
+    int32_t *seen = l3d_calloc((size_t)E * 2 * sizeof(int32_t), "moe_route counts");
+    int32_t *kept = seen + E;
+    int64_t per = N / segs * K;
+    float dropped = 0.0f;
+    for (int64_t i = 0; i < N * K; i++) {
+        int32_t e = idx[i];
+        if (i % per == 0)
+            for (int64_t x = 0; x < E; x++) seen[x] = fill ? fill[(i / per) * E + x] : 0;
+        stats[e] += 1.0f;
+        if (capacity > 0 && seen[e]++ >= capacity) {
+            pos[i] = -1;
+            dropped += 1.0f;
+            continue;
+        }
+        pos[i] = kept[e]++;
+    }
+    offsets[0] = 0;
+    for (int64_t e = 0; e < E; e++) offsets[e + 1] = offsets[e] + kept[e];
+    for (int64_t i = 0; i < N * K; i++)
+        if (pos[i] >= 0) pos[i] += offsets[idx[i]];
+    stats[2 * E + 1] = dropped;
+    l3d_free(seen);
+}
+
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, const void *inp,
                        const void *weight, int64_t N, int64_t C, int64_t E, int64_t K,
-                       int norm_topk, int64_t capacity) {
+                       int norm_topk, int64_t capacity, const int32_t *fill, int64_t segs) {
     (void)ctx;
     check_types("moe_route", dt);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         lse[n] = route_token(probs + n * E, idx + n * K, wts + n * K, inp, weight, dt, n, C, E, K,
                              norm_topk);
-    /* the stable counting sort, in token order (sequential: N K integer steps) */
     memset(stats, 0, (size_t)(2 * E + 2) * sizeof(float));
-    for (int64_t i = 0; i < N * K; i++) stats[idx[i]] += 1.0f;
-    offsets[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t kept = (int64_t)stats[e];
-        if (capacity > 0 && kept > capacity) kept = capacity;
-        offsets[e + 1] = offsets[e] + (int32_t)kept;
-    }
-    int32_t *fill = l3d_calloc((size_t)E * sizeof(int32_t), "moe_route counts");
-    float dropped = 0.0f;
-    for (int64_t i = 0; i < N * K; i++) {
-        int32_t e = idx[i];
-        if (capacity > 0 && fill[e] >= capacity) {
-            pos[i] = -1;
-            dropped += 1.0f;
-            continue;
-        }
-        pos[i] = offsets[e] + fill[e]++;
-    }
-    l3d_free(fill);
+    place(pos, offsets, stats, idx, N, E, K, capacity, fill, segs);
     double z = 0.0;
     for (int64_t e = 0; e < E; e++) {
         double s = 0.0;
@@ -102,7 +114,6 @@ void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, i
     }
     for (int64_t n = 0; n < N; n++) z += (double)lse[n] * lse[n];
     stats[2 * E] = (float)z;
-    stats[2 * E + 1] = dropped;
 }
 
 void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,

@@ -328,7 +328,7 @@ static int64_t moe_cap(S) { return (MN(s) * s->K + 2 * s->E - 1) / (2 * s->E); }
 static void route(struct l3d_backend *be, enum l3d_dtype dt, void **p, const void *inp,
                   const void *w, int norm, int64_t cap, S) {
     l3d_be_moe_route(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], inp, w, MN(s), s->C, s->E,
-                     s->K, norm, cap);
+                     s->K, norm, cap, NULL, 1);
 }
 static void r_moe_route(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
                         S) {
