@@ -515,7 +515,7 @@ static void test_moe_route(struct l3d_backend *be) {
         x[MC + c] = w[2 * MC + c];
     }
     int32_t fill[3 * ME];
-    for (int i = 0; i < 3 * ME; i++) fill[i] = (i * 7) % 4;
+    for (int i = 0; i < 3 * ME; i++) fill[i] = (i * 7) % 6; /* some past the capacity of 3 */
     struct moe_ref *ref = calloc(1, sizeof *ref), *cpu = calloc(1, sizeof *cpu);
     for (int v = 0; v < 8; v++) {
         int norm = v & 1;
