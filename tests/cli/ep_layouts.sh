@@ -7,7 +7,7 @@
 # micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
 # (with and without SP), ZeRO-3, with accumulation, full recomputation and ZeRO-1/2, and
 # checkpoints moved between them; dropless, with a large load-balancing coefficient (1) so that an f_i of the
-# rank's tokens alone would show.
+# rank's tokens alone would show, and with a capacity that drops (under cp the micro-batch's).
 # Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
