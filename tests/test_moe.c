@@ -21,6 +21,7 @@
 #include "backend/backend-impl.h"
 #include "llm3d/model.h"
 #include "llm3d/spec.h"
+#include "model/moe.h"
 #include "support/ref.h"
 #include "test.h"
 
@@ -433,11 +434,11 @@ static void test_sort_exact(void) {
     int32_t *idx = malloc((size_t)n * sizeof *idx), *pos = malloc((size_t)n * sizeof *pos);
     L3D_ASSERT(idx && pos);
     for (int64_t i = 0; i < n; i++) idx[i] = i == 3 ? 1 : 0; /* expert 1 takes the fourth */
-    int32_t count[2], fill[2], off[3];
+    int32_t sw[6], off[3]; /* the sort's workspace: counts, running and kept */
     for (int pass = 0; pass < 2; pass++) {
         int64_t cap = pass ? ((int64_t)1 << 24) + 2 : 0, kept0 = pass ? cap : n - 1;
-        int64_t dropped = l3d_cpu_moe_sort(idx, n, 2, cap, count, fill, off, pos);
-        CHECK(count[0] == n - 1 && count[1] == 1);
+        int64_t dropped = l3d_cpu_moe_sort(idx, n, 2, cap, NULL, n, sw, off, pos);
+        CHECK(sw[0] == n - 1 && sw[1] == 1);
         CHECK(off[0] == 0 && off[1] == kept0 && off[2] == kept0 + 1);
         CHECK(dropped == n - 1 - kept0);
         /* expert 0's rows in token order, expert 1's after them, the overflow dropped */
@@ -455,9 +456,10 @@ static void test_sort_exact(void) {
     ref_fill_normal(x, N * C, 0.0f, 1.0f, 5, 1);
     ref_fill_normal(w, E * C, 0.0f, 1.0f, 5, 2);
     float probs[N * E], lse[N], wts[N * K], st[2 * E + 2];
-    int32_t ix[N * K], ps[N * K], of[E + 1], work[2 * E];
+    int32_t ix[N * K], ps[N * K], of[E + 1], work[3 * E];
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
-    l3d_be_moe_route(cpu, L3D_F32, probs, lse, ix, wts, ps, of, st, work, x, w, N, C, E, K, 1, 0);
+    l3d_be_moe_route(cpu, L3D_F32, probs, lse, ix, wts, ps, of, st, work, x, w, N, C, E, K, 1, 0,
+                     NULL, 1);
     CHECK(l3d_mem_peak() == used); /* nothing allocated inside, not even for a moment */
     l3d_mem_window_end(before);
     CHECK(of[E] == N * K && work[0] + work[1] + work[2] + work[3] == N * K);
@@ -482,7 +484,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     float *probs = l3d_be_alloc(be, N * E * fb, "p"), *lse = l3d_be_alloc(be, N * fb, "lse");
     float *wts = l3d_be_alloc(be, N * K * fb, "wts"), *st = l3d_be_alloc(be, (2 * E + 2) * fb, "s");
     int32_t *idx = l3d_be_alloc(be, N * K * 4, "idx"), *pos = l3d_be_alloc(be, N * K * 4, "pos");
-    int32_t *off = l3d_be_alloc(be, (E + 1) * 4, "off"), *work = l3d_be_alloc(be, 2 * E * 4, "w");
+    int32_t *off = l3d_be_alloc(be, (E + 1) * 4, "off"), *work = l3d_be_alloc(be, 3 * E * 4, "w");
     float *ddw = l3d_be_alloc(be, N * K * fb, "dw"), *dl = l3d_be_alloc(be, N * E * fb, "dl");
     float *gin = l3d_be_alloc(be, N * C * fb, "gx"), *gw = l3d_be_alloc(be, E * C * fb, "gw");
     l3d_be_copy_h2d(be, dx, x, sizeof x);
@@ -491,7 +493,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     l3d_be_memset(be, gin, 0, N * C * fb);
     l3d_be_memset(be, gw, 0, E * C * fb);
     l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, work, dx, dwt, N, C, E, K,
-                     1, 4);
+                     1, 4, NULL, 1);
     const float aux = 0.3f, z = 0.2f;
     l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
                                wts, st, N, C, E, K, 1, aux, z);
@@ -732,6 +734,146 @@ static void test_backend_refused(struct l3d_backend *cpu) {
     l3d_gpt_free(m);
 }
 
+/* ---- a capacity on a context-parallel ring (l3d_moe_chunk_counts, l3d_moe_chunk_fills) ------
+ * A micro-batch of RB rows of 2 cp chunks of RH tokens, routed at random (K distinct experts a
+ * token), split over the ring as the trainer does (rank r: chunks r and 2 cp - 1 - r of each row,
+ * row-major); each rank's counts summed (the all-reduce), each rank's fills against a count over
+ * the whole micro-batch in one process's order (b T + t), and the drops those fills give against
+ * one process's. Negative: another rank's fills, and no fills (each rank's own tokens only, the
+ * old per-rank rule), must disagree with one process. */
+enum { RB = 2, RH = 3, RE = 4, RK = 2, RMAXCP = 3 };
+
+/* The fills, and whether rank r's drops equal one process's, at capacity cap. */
+static bool ring_matches(const int32_t *gidx, const int32_t *fill, int cp, int r, int64_t cap,
+                         bool check_fills) {
+    int64_t Tg = 2 * cp * RH, ok = 1;
+    int32_t seen[RE];
+    bool keep_one[RB * 2 * RMAXCP * RH * RK];
+    memset(seen, 0, sizeof seen);
+    for (int64_t i = 0; i < RB * Tg * RK; i++) keep_one[i] = seen[gidx[i]]++ < cap;
+    for (int64_t s = 0; s < 2 * RB; s++) {
+        int64_t b = s / 2, c = l3d_cp_chunk_start(cp, r, (int)(s % 2), 2), g0 = (b * Tg + c * RH);
+        int32_t before[RE] = {0}, in_seg[RE] = {0};
+        for (int64_t i = 0; i < g0 * RK; i++) before[gidx[i]]++;
+        for (int64_t e = 0; e < RE && check_fills; e++) ok &= fill[s * RE + e] == before[e];
+        for (int64_t i = g0 * RK; i < (g0 + RH) * RK; i++) {
+            int32_t e = gidx[i];
+            ok &= (fill[s * RE + e] + in_seg[e]++ < cap) == keep_one[i];
+        }
+    }
+    return ok;
+}
+
+static void test_ring_capacity(void) {
+    uint32_t rng = 12345u;
+    for (int cp = 2; cp <= RMAXCP; cp++) {
+        int64_t Tg = 2 * cp * RH, NL = RB * 2 * RH, G = RB * 2 * cp * RE;
+        int32_t gidx[RB * 2 * RMAXCP * RH * RK], lidx[RB * 2 * RH * RK];
+        for (int64_t n = 0; n < RB * Tg; n++) {
+            rng = rng * 1664525u + 1013904223u;
+            int32_t a = (int32_t)((rng >> 16) % RE);
+            int32_t b = (int32_t)((a + 1 + (rng >> 8) % (RE - 1)) % RE); /* not a */
+            gidx[n * RK] = a, gidx[n * RK + 1] = b;
+        }
+        float tot[RB * 2 * RMAXCP * RE] = {0}, cnt[RB * 2 * RMAXCP * RE];
+        for (int r = 0; r < cp; r++) { /* each rank's tokens in its order, its counts summed */
+            for (int64_t n = 0; n < NL; n++) {
+                int64_t b = n / (2 * RH), k = (n % (2 * RH)) / RH, j = n % RH;
+                int64_t t = l3d_cp_chunk_start(cp, r, (int)k, 2 * RH) + j;
+                for (int64_t q = 0; q < RK; q++) lidx[n * RK + q] = gidx[(b * Tg + t) * RK + q];
+            }
+            l3d_moe_chunk_counts(cnt, lidx, NL, RK, RE, RB, cp, r);
+            for (int64_t i = 0; i < G; i++) tot[i] += cnt[i];
+        }
+        int32_t fill[2 * RB * RE], other[2 * RB * RE], none[2 * RB * RE] = {0};
+        bool none_differs = false;
+        for (int r = 0; r < cp; r++) {
+            memcpy(cnt, tot, sizeof tot);
+            l3d_moe_chunk_fills(fill, cnt, RE, RB, cp, r);
+            memcpy(cnt, tot, sizeof tot);
+            l3d_moe_chunk_fills(other, cnt, RE, RB, cp, (r + 1) % cp);
+            for (int64_t cap = 1; cap <= 8; cap++) {
+                CHECK(ring_matches(gidx, fill, cp, r, cap, true));
+                none_differs |= !ring_matches(gidx, none, cp, r, cap, false);
+            }
+            CHECK(!ring_matches(gidx, other, cp, r, 3, true));
+        }
+        CHECK(none_differs);
+    }
+}
+
+/* The CPU (or check) backend's routing of n tokens x (n,RC) by w (RE,RC) at capacity cap with
+ * starting fills (host, or NULL) over segs segments: idx, pos (n,RK) and stats on the host. */
+enum { RC = 8 };
+static void route_host(struct l3d_backend *be, const float *x, const float *w, int64_t n,
+                       int64_t cap, const int32_t *fill, int64_t segs, int32_t *idx, int32_t *pos,
+                       float *stats) {
+    size_t fb = sizeof(float);
+    float *d[6] = {l3d_be_alloc(be, n * RC * fb, "x"), l3d_be_alloc(be, RE * RC * fb, "w"),
+                   l3d_be_alloc(be, n * RE * fb, "p"), l3d_be_alloc(be, n * fb, "lse"),
+                   l3d_be_alloc(be, n * RK * fb, "wts"), l3d_be_alloc(be, (2 * RE + 2) * fb, "s")};
+    int32_t *di = l3d_be_alloc(be, n * RK * 4, "idx"), *dp = l3d_be_alloc(be, n * RK * 4, "pos");
+    int32_t *off = l3d_be_alloc(be, (RE + 1) * 4, "off"), *df = NULL;
+    int32_t *work = l3d_be_alloc(be, 3 * RE * 4, "work");
+    l3d_be_copy_h2d(be, d[0], x, n * RC * fb);
+    l3d_be_copy_h2d(be, d[1], w, RE * RC * fb);
+    if (fill) {
+        df = l3d_be_alloc(be, segs * RE * 4, "fill");
+        l3d_be_copy_h2d(be, df, fill, segs * RE * 4);
+    }
+    l3d_be_moe_route(be, L3D_F32, d[2], d[3], di, d[4], dp, off, d[5], work, d[0], d[1], n, RC, RE,
+                     RK, 1, cap, df, segs);
+    l3d_be_copy_d2h(be, idx, di, n * RK * 4);
+    l3d_be_copy_d2h(be, pos, dp, n * RK * 4);
+    l3d_be_copy_d2h(be, stats, d[5], (2 * RE + 2) * fb);
+    for (int i = 0; i < 6; i++) l3d_be_free(be, d[i]);
+    l3d_be_free(be, di), l3d_be_free(be, dp), l3d_be_free(be, off), l3d_be_free(be, df);
+    l3d_be_free(be, work);
+}
+
+/* The whole chain on the backend's kernel: one process routes the micro-batch at capacity 3;
+ * each ring rank (cp 2) routes its chunks dropless, its counts are summed with the others', and
+ * it routes again with its fills: every assignment kept or dropped as one process's, the drops
+ * summed as its. Negative: the ranks without fills (each rank's own order) disagree. */
+static void test_ring_route(struct l3d_backend *be) {
+    enum { cp = 2, Tg = 2 * cp * RH, NG = RB * Tg, NL = RB * 2 * RH, G = RB * 2 * cp * RE };
+    float x[NG * RC], w[RE * RC], xl[NL * RC], st[2 * RE + 2], cnt[G], tot[G] = {0};
+    int32_t gidx[NG * RK], gpos[NG * RK], lidx[cp][NL * RK], lpos[NL * RK], fill[2 * RB * RE];
+    ref_fill_normal(x, NG * RC, 0.0f, 1.0f, 41, 1);
+    ref_fill_normal(w, RE * RC, 0.0f, 1.0f, 41, 2);
+    const int64_t cap = 3;
+    route_host(be, x, w, NG, cap, NULL, 1, gidx, gpos, st);
+    float dropped = st[2 * RE + 1], sum = 0.0f;
+    int64_t gof[cp][NL]; /* each rank's tokens' global indices, in its order */
+    for (int r = 0; r < cp; r++) {
+        for (int64_t n = 0; n < NL; n++) {
+            int64_t b = n / (2 * RH), k = (n % (2 * RH)) / RH;
+            gof[r][n] = b * Tg + l3d_cp_chunk_start(cp, r, (int)k, 2 * RH) + n % RH;
+            memcpy(xl + n * RC, x + gof[r][n] * RC, RC * sizeof(float));
+        }
+        route_host(be, xl, w, NL, 0, NULL, 1, lidx[r], lpos, st);
+        l3d_moe_chunk_counts(cnt, lidx[r], NL, RK, RE, RB, cp, r);
+        for (int64_t i = 0; i < G; i++) tot[i] += cnt[i];
+    }
+    bool same = true, alone_same = true;
+    for (int r = 0; r < cp; r++) {
+        for (int64_t n = 0; n < NL; n++) memcpy(xl + n * RC, x + gof[r][n] * RC, RC * 4);
+        memcpy(cnt, tot, sizeof tot);
+        l3d_moe_chunk_fills(fill, cnt, RE, RB, cp, r);
+        route_host(be, xl, w, NL, cap, fill, 2 * RB, lidx[r], lpos, st);
+        sum += st[2 * RE + 1];
+        for (int64_t n = 0; n < NL; n++)
+            for (int64_t q = 0; q < RK; q++)
+                same &= lidx[r][n * RK + q] == gidx[gof[r][n] * RK + q] &&
+                        (lpos[n * RK + q] >= 0) == (gpos[gof[r][n] * RK + q] >= 0);
+        route_host(be, xl, w, NL, cap, NULL, 1, lidx[r], lpos, st);
+        for (int64_t i = 0; i < NL * RK; i++)
+            alone_same &= (lpos[i] >= 0) == (gpos[gof[r][i / RK] * RK + i % RK] >= 0);
+    }
+    CHECK(same && dropped > 0.0f && sum == dropped);
+    CHECK(!alone_same);
+}
+
 int main(void) {
     struct l3d_backend *be = test_backend_init();
     test_spec();
@@ -743,6 +885,8 @@ int main(void) {
     test_backends_and_precisions(be);
     test_expert_shards(be);
     test_backend_refused(be);
+    test_ring_capacity();
+    test_ring_route(be);
     l3d_backend_free(be);
     return TEST_REPORT();
 }

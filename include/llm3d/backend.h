@@ -284,16 +284,21 @@ bool l3d_be_has_moe(const struct l3d_backend *be);
  * probabilities, divided by their sum when norm_topk. Then the assignments (n,k) in expert order,
  * a stable counting sort: offsets (E+1, int32) where each expert's rows start, pos (N,K, int32)
  * the row of assignment (n,k), token order within an expert, or -1 when dropped: with
- * capacity > 0 an expert keeps its first `capacity` assignments in token order. stats (2E+2,
+ * capacity > 0 an expert keeps its first `capacity` assignments in token order. The tokens are
+ * segs equal segments (1: all of them), and with fill (segs,E, int32; NULL: zeros) expert e's
+ * count of segment s starts at fill[s E + e], the assignments before it that live elsewhere (a
+ * context-parallel ring's other chunks), so an assignment is kept while that count plus the
+ * expert's assignments before it in its segment is under the capacity. stats (2E+2,
  * fp32) = [assignments each expert was routed before drops (E), its probabilities summed over
  * the tokens (E), the sum over tokens of lse^2, assignments dropped]: the counts are exact integers
- * in the sort (work), their fp32 copies in stats round above 2^24. work (2E, int32): the caller's
- * scratch for the counts and each expert's fill (allocated once with the MoE layers' buffers: the
+ * in the sort (work), their fp32 copies in stats round above 2^24. work (3E, int32): the caller's
+ * scratch for the counts (allocated once with the MoE layers' buffers: the
  * kernel allocates nothing). N K must be below 2^31 (int32 rows). */
 void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
                       int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
-                      int64_t E, int64_t K, int norm_topk, int64_t capacity);
+                      int64_t E, int64_t K, int norm_topk, int64_t capacity,
+                      const int32_t *fill, int64_t segs);
 /* rows (R,C): row pos[n,k] = inp[n] for each kept assignment (the gather into expert order). */
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);

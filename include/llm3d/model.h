@@ -298,7 +298,8 @@ struct l3d_gpt_hooks {
      * them, 1: none): the router's per-expert counts of a MoE layer are summed over them
      * (tok_sum, in place, with tok_ctx), so that Switch's load-balancing loss and its gradient see
      * the micro-batch's whole f_i as on one rank (Megatron-Core sums tokens_per_expert over its
-     * tp x cp group the same way). A capacity stays per rank: its tokens, in their order. */
+     * tp x cp group the same way); with a capacity, every chunk's counts are summed the same
+     * way for the drop decision's starting fills (src/model/moe.c, ring_fills). */
     int tok_split;
     void *tok_ctx;
     void (*tok_sum)(void *ctx, float *buf, int64_t n);

@@ -142,7 +142,8 @@ struct l3d_backend_i {
     void (*moe_route)(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                       float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                       const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                      int64_t K, int norm_topk, int64_t capacity);
+                      int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
+                      int64_t segs);
     void (*moe_permute)(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
     void (*moe_combine)(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
@@ -209,13 +210,17 @@ struct l3d_backend {
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                        const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                       int64_t K, int norm_topk, int64_t capacity);
+                       int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
+                       int64_t segs);
 /* Its stable counting sort of the n assignments idx (expert ids, 0 to E-1) into expert order, in
- * integers: count (E) each expert's assignments, offsets (E+1) where its kept rows start, pos (n)
- * each assignment's row or -1 (dropped: with capacity > 0 an expert keeps its first `capacity` in
- * order), fill (E) scratch; returns the assignments dropped. n below 2^31. */
+ * integers: work (3E) holds each expert's assignments (first E), offsets (E+1) where its kept
+ * rows start, pos (n) each assignment's row or -1 (dropped: with capacity > 0 an expert keeps an
+ * assignment while its count before it, from start[s E + e] (NULL: 0) at the start of each
+ * segment s of `per` assignments, is under `capacity`); returns the assignments dropped. n below
+ * 2^31. */
 int64_t l3d_cpu_moe_sort(const int32_t *idx, int64_t n, int64_t E, int64_t capacity,
-                         int32_t *count, int32_t *fill, int32_t *offsets, int32_t *pos);
+                         const int32_t *start, int64_t per, int32_t *work, int32_t *offsets,
+                         int32_t *pos);
 void l3d_cpu_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                          const int32_t *pos, int64_t N, int64_t K, int64_t C);
 void l3d_cpu_moe_combine(void *ctx, enum l3d_dtype dt, void *out, const void *rows,

@@ -449,14 +449,16 @@ static void chk_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void 
 static void chk_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                           float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                           const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                          int64_t K, int norm_topk, int64_t capacity) {
+                          int64_t K, int norm_topk, int64_t capacity,
+                          const int32_t *fill, int64_t segs) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "moe_route";
     l3d_be_moe_route(IN(c), dt, D(probs, N * E * 4, k), D(lse, N * 4, k), D(idx, N * K * 4, k),
                      D(wts, N * K * 4, k), D(pos, N * K * 4, k), D(offsets, (E + 1) * 4, k),
-                     D(stats, (2 * E + 2) * 4, k), D(work, 2 * E * 4, k), D(inp, N * C * e, k),
-                     D(weight, E * C * e, k), N, C, E, K, norm_topk, capacity);
+                     D(stats, (2 * E + 2) * 4, k), D(work, 3 * E * 4, k), D(inp, N * C * e, k),
+                     D(weight, E * C * e, k), N, C, E, K, norm_topk, capacity,
+                     fill ? D(fill, segs * E * 4, k) : NULL, segs);
 }
 static void chk_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                             const int32_t *pos, int64_t N, int64_t K, int64_t C) {

@@ -63,43 +63,53 @@ static float route_token(float *p, int32_t *idx, float *w, const void *x, const 
     return mx + logf(sum);
 }
 
+/* The stable counting sort of the n assignments idx (N K, token order) by expert, in integers
+ * (exact past fp32's 2^24), the capacity included: segment s (per assignments each) starts
+ * expert e's count at start[s E + e] (NULL: 0), so an assignment is kept while the expert's count
+ * before it, those earlier in the micro-batch on other ranks included, is under the capacity. Two
+ * passes: which are kept (pos = the rank among the expert's kept ones here), then the rows from
+ * the offsets. work (3E): each expert's assignments (all), its running count, its kept ones. */
 int64_t l3d_cpu_moe_sort(const int32_t *idx, int64_t n, int64_t E, int64_t capacity,
-                         int32_t *count, int32_t *fill, int32_t *offsets, int32_t *pos) {
+                         const int32_t *start, int64_t per, int32_t *work, int32_t *offsets,
+                         int32_t *pos) {
+    int32_t *count = work, *seen = work + E, *kept = work + 2 * E;
     memset(count, 0, (size_t)E * sizeof *count);
-    memset(fill, 0, (size_t)E * sizeof *fill);
-    for (int64_t i = 0; i < n; i++) count[idx[i]]++;
-    offsets[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t kept = count[e];
-        if (capacity > 0 && kept > capacity) kept = capacity;
-        offsets[e + 1] = offsets[e] + (int32_t)kept;
-    }
+    memset(kept, 0, (size_t)E * sizeof *kept);
     int64_t dropped = 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t e = idx[i];
-        if (capacity > 0 && fill[e] >= capacity) {
+        if (i % per == 0)
+            for (int64_t x = 0; x < E; x++) seen[x] = start ? start[(i / per) * E + x] : 0;
+        count[e]++;
+        if (capacity > 0 && seen[e]++ >= capacity) {
             pos[i] = -1;
             dropped++;
             continue;
         }
-        pos[i] = offsets[e] + fill[e]++;
+        pos[i] = kept[e]++;
     }
+    offsets[0] = 0;
+    for (int64_t e = 0; e < E; e++) offsets[e + 1] = offsets[e] + kept[e];
+    for (int64_t i = 0; i < n; i++)
+        if (pos[i] >= 0) pos[i] += offsets[idx[i]];
     return dropped;
 }
 
 void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, int32_t *idx,
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                        const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
-                       int64_t K, int norm_topk, int64_t capacity) {
+                       int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
+                       int64_t segs) {
     (void)ctx;
     check_types("moe_route", dt);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         lse[n] = route_token(probs + n * E, idx + n * K, wts + n * K, inp, weight, dt, n, C, E, K,
                              norm_topk);
-    /* the stable counting sort, in token order (sequential: N K integer steps), its counts in
-     * the caller's workspace: no allocation in the step, exact past fp32's 2^24 */
-    int64_t dropped = l3d_cpu_moe_sort(idx, N * K, E, capacity, work, work + E, offsets, pos);
+    /* the counting sort in token order (sequential: N K integer steps), its counts in the
+     * caller's workspace: no allocation in the step */
+    int64_t dropped = l3d_cpu_moe_sort(idx, N * K, E, capacity, fill, N / segs * K, work, offsets,
+                                       pos);
     for (int64_t e = 0; e < E; e++) stats[e] = (float)work[e];
     double z = 0.0;
     for (int64_t e = 0; e < E; e++) {

@@ -6,11 +6,11 @@
  *
  * The router: its product one warp a token (each expert's dot summed over the lanes in fp32),
  * then one thread a token for the softmax, the top-k and the weights (l3d_moe_route_row, the same
- * function tests/cuda/test_cuda_host.c runs on the host); assignments counted per expert (integer
- * atomics: exact, so the order does not matter), the offsets by one thread (E steps), and each
- * assignment's row by one block an expert walking the assignments in token order (a warp ballot
- * and a block prefix a chunk): the CPU's stable counting sort, capacity included, without a copy
- * to the host. The statistics are a block an expert (its probabilities summed over the tokens, in
+ * function tests/cuda/test_cuda_host.c runs on the host); then one block an expert walks the
+ * assignments in token order, segment by segment (a warp ballot and a block prefix a chunk),
+ * twice: first counting each expert's assignments and the rows it keeps, then, after the offsets
+ * by one thread (E steps), giving each assignment its row: the CPU's stable counting sort,
+ * capacity and starting fills included, without a copy to the host. The statistics are a block an expert (its probabilities summed over the tokens, in
  * double, a fixed tree) and one for the lse^2 sum. Gather, combine and its backward: a thread an
  * element or a warp an assignment, every sum in fp32 in the CPU's order over k. The router's
  * backward: one thread a token for dlogits (l3d_moe_dlogits_row), a thread an element of dinp
@@ -44,40 +44,52 @@ __global__ void moe_logits_k(float *logits, const T *inp, const T *w, int64_t N,
     }
 }
 
-/* one thread a token: softmax, lse, top-k and weights; each assignment counted in cnt[expert] */
-__global__ void moe_route_k(float *probs, float *lse, int32_t *idx, float *wts, int32_t *cnt,
-                            int64_t N, int64_t E, int64_t K, int norm_topk) {
+/* one thread a token: softmax, lse, top-k and weights */
+__global__ void moe_route_k(float *probs, float *lse, int32_t *idx, float *wts, int64_t N,
+                            int64_t E, int64_t K, int norm_topk) {
     GRID_STRIDE(n, N) {
         lse[n] = l3d_moe_route_row(probs + n * E, idx + n * K, wts + n * K, E, K, norm_topk);
-        for (int64_t k = 0; k < K; k++) atomicAdd(&cnt[idx[n * K + k]], 1);
     }
 }
 
-__global__ void moe_offsets_k(int32_t *cnt, float *stats, int64_t E, int64_t capacity) {
-    l3d_moe_offsets(cnt, stats, E, capacity);
+__global__ void moe_offsets_k(int32_t *cnt, float *stats, int64_t E) {
+    l3d_moe_offsets(cnt, stats, E);
 }
 
-/* One block (kMoeThreads) an expert: its assignments in token order, a chunk of blockDim at a time,
- * each ranked by l3d_moe_chunk_rank from its warp's ballot and the counts of the warps before it;
- * pos of each = l3d_moe_slot. */
+/* One block (kMoeThreads) an expert: its assignments in token order, segment by segment (per
+ * assignments each, the count of segment s starting at fill[s E + e], 0 without fill), a chunk
+ * of blockDim at a time, each ranked within its segment by l3d_moe_chunk_rank from its warp's
+ * ballot and the counts of the warps before it. Counting (pos NULL): cnt[e] = the kept rows
+ * (l3d_moe_kept a segment), stats[e] = the assignments; placing: pos of each = l3d_moe_slot. */
 static const int kMoeThreads = 256;
-__global__ void moe_slot_k(int32_t *pos, const int32_t *idx, const int32_t *offsets, int64_t NK,
-                           int64_t capacity) {
+__global__ void moe_slot_k(int32_t *pos, int32_t *cnt, float *stats, const int32_t *idx,
+                           const int32_t *offsets, const int32_t *fill, int64_t NK, int64_t per,
+                           int64_t E, int64_t capacity) {
     __shared__ int32_t in_warp[32];
     const int32_t e = (int32_t)blockIdx.x;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int64_t seen = 0; /* this expert's assignments in the chunks before */
-    for (int64_t base = 0; base < NK; base += blockDim.x) {
-        const int64_t i = base + threadIdx.x;
-        const bool mine = i < NK && idx[i] == e;
-        const uint32_t m = __ballot_sync(0xffffffffu, mine);
-        if (lane == 0) in_warp[wid] = __popc(m);
-        __syncthreads();
-        if (mine)
-            pos[i] = l3d_moe_slot(offsets[e], l3d_moe_chunk_rank(seen, in_warp, wid, m, lane),
-                                  capacity);
-        for (int k = 0; k < nw; k++) seen += in_warp[k];
-        __syncthreads();
+    int64_t row = 0, routed = 0; /* this expert's kept rows and assignments in the segments before */
+    for (int64_t s0 = 0; s0 < NK; s0 += per) {
+        const int32_t f = fill ? fill[(s0 / per) * E + e] : 0;
+        int64_t seen = 0; /* this expert's assignments in the segment's chunks before */
+        for (int64_t base = s0; base < s0 + per; base += blockDim.x) {
+            const int64_t i = base + threadIdx.x;
+            const bool mine = i < s0 + per && idx[i] == e;
+            const uint32_t m = __ballot_sync(0xffffffffu, mine);
+            if (lane == 0) in_warp[wid] = __popc(m);
+            __syncthreads();
+            if (mine && pos)
+                pos[i] = l3d_moe_slot(offsets[e] + (int32_t)row, f,
+                                      l3d_moe_chunk_rank(seen, in_warp, wid, m, lane), capacity);
+            for (int k = 0; k < nw; k++) seen += in_warp[k];
+            __syncthreads();
+        }
+        row += l3d_moe_kept(seen, f, capacity);
+        routed += seen;
+    }
+    if (!pos && threadIdx.x == 0) {
+        cnt[e] = (int32_t)row;
+        stats[e] = (float)routed;
     }
 }
 
@@ -197,18 +209,21 @@ extern "C" {
 void l3d_cuk_moe_route(int dt, float *probs, float *lse, int32_t *idx, float *wts, int32_t *pos,
                        int32_t *offsets, float *stats, const void *inp, const void *weight,
                        int64_t N, int64_t C, int64_t E, int64_t K, int norm_topk,
-                       int64_t capacity, void *stream) {
+                       int64_t capacity, const int32_t *fill, int64_t segs, void *stream) {
     cudaStream_t s = ST(stream);
     struct l3d_cuda_launch R = l3d_cuda_launch_rows(N, 4);
     if (R.blocks > 0) {
         DISPATCH(dt, (moe_logits_k<T><<<R.blocks, R.threads, 0, s>>>(
                          probs, (const T *)inp, (const T *)weight, N, C, E)));
         struct l3d_cuda_launch L = l3d_cuda_launch_1d(N, 128, kMaxBlocks);
-        moe_route_k<<<L.blocks, L.threads, 0, s>>>(probs, lse, idx, wts, offsets, N, E, K,
-                                                   norm_topk);
+        moe_route_k<<<L.blocks, L.threads, 0, s>>>(probs, lse, idx, wts, N, E, K, norm_topk);
     }
-    moe_offsets_k<<<1, 1, 0, s>>>(offsets, stats, E, capacity);
-    moe_slot_k<<<(unsigned)E, kMoeThreads, 0, s>>>(pos, idx, offsets, N * K, capacity);
+    const int64_t per = N / segs * K;
+    moe_slot_k<<<(unsigned)E, kMoeThreads, 0, s>>>(NULL, offsets, stats, idx, NULL, fill, N * K,
+                                                  per, E, capacity);
+    moe_offsets_k<<<1, 1, 0, s>>>(offsets, stats, E);
+    moe_slot_k<<<(unsigned)E, kMoeThreads, 0, s>>>(pos, NULL, NULL, idx, offsets, fill, N * K,
+                                                  per, E, capacity);
     moe_stats_k<<<(unsigned)(E + 1), kMoeThreads, 0, s>>>(stats, probs, lse, N, E);
 }
 

@@ -50,18 +50,24 @@ L3D_MOE_FN float l3d_moe_route_row(float *p, int32_t *idx, float *w, int64_t E, 
     return top + logf(z);
 }
 
-/* The counting sort's offsets, in place: cnt (E+1, int32) holds each expert's assignments in
- * cnt[0..E) and becomes where each expert's rows start (cnt[E]: the rows kept in all). With
- * capacity > 0 an expert keeps at most `capacity` rows. stats[e] = the assignments before drops,
- * stats[2E+1] = the assignments dropped. */
-L3D_MOE_FN void l3d_moe_offsets(int32_t *cnt, float *stats, int64_t E, int64_t capacity) {
+/* The assignments an expert keeps of the `routed` it has in a segment whose count starts at fill
+ * (its assignments before the segment elsewhere in the micro-batch): all when dropless
+ * (capacity <= 0), else what is left of the capacity, at most routed. */
+L3D_MOE_FN int32_t l3d_moe_kept(int64_t routed, int32_t fill, int64_t capacity) {
+    if (capacity <= 0) return (int32_t)routed;
+    int64_t left = capacity - fill;
+    return (int32_t)(left < 0 ? 0 : left < routed ? left : routed);
+}
+
+/* The counting sort's offsets, in place: cnt (E+1, int32) holds each expert's kept assignments
+ * in cnt[0..E) and becomes where each expert's rows start (cnt[E]: the rows kept in all);
+ * stats[e] holds its assignments before drops, and stats[2E+1] becomes the assignments dropped. */
+L3D_MOE_FN void l3d_moe_offsets(int32_t *cnt, float *stats, int64_t E) {
     int32_t row = 0;
     float dropped = 0.0f;
     for (int64_t e = 0; e < E; e++) {
-        int32_t routed = cnt[e];
-        int32_t kept = capacity > 0 && routed > capacity ? (int32_t)capacity : routed;
-        stats[e] = (float)routed;
-        dropped += (float)(routed - kept);
+        int32_t kept = cnt[e];
+        dropped += stats[e] - (float)kept;
         cnt[e] = row;
         row += kept;
     }
@@ -69,10 +75,10 @@ L3D_MOE_FN void l3d_moe_offsets(int32_t *cnt, float *stats, int64_t E, int64_t c
     stats[2 * E + 1] = dropped;
 }
 
-/* The row of an expert's assignment number `rank` (0-based, in token order) when its rows start
- * at `start`: -1 when the capacity (> 0) is spent. */
-L3D_MOE_FN int32_t l3d_moe_slot(int32_t start, int64_t rank, int64_t capacity) {
-    return capacity > 0 && rank >= capacity ? -1 : start + (int32_t)rank;
+/* The row of an expert's assignment number `rank` (0-based, in token order) of a segment whose
+ * count starts at fill and whose kept rows start at row0: -1 when the capacity (> 0) is spent. */
+L3D_MOE_FN int32_t l3d_moe_slot(int32_t row0, int32_t fill, int64_t rank, int64_t capacity) {
+    return capacity > 0 && fill + rank >= capacity ? -1 : row0 + (int32_t)rank;
 }
 
 /* The bits set in m: the device's __popc, the host's builtin. */

@@ -131,7 +131,7 @@ struct l3d_moe_state {
     /* one layer's backward scratch */
     struct moe_rows d;
     float *dwts, *dlogits;
-    int32_t *work;          /* the router's counting sort's counts and fill (2E, int32) */
+    int32_t *work;          /* the router's counting sort's counts, running and kept (3E, int32) */
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
@@ -203,7 +203,7 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
     off = point_rows(&b->d, &d, C, N, es, base, off);
     TAKE(b->dwts, R, 4);
     TAKE(b->dlogits, N * d.E, 4);
-    TAKE(b->work, 2 * d.E, 4);
+    TAKE(b->work, 3 * d.E, 4);
 #undef TAKE
     return off;
 }
@@ -401,7 +401,8 @@ static void act_backward(struct l3d_gpt *m, void *din, const void *dout, const v
         l3d_be_gelu_backward(m->be, m->dt, din, dout, in, n * F);
 }
 
-/* Assignments an expert keeps: ceil(capacity_factor N K / E), or 0 (dropless). */
+/* Assignments an expert keeps: ceil(capacity_factor N K / E), or 0 (dropless); N the
+ * micro-batch's tokens, all the ring's under context parallelism. */
 static int64_t capacity(const struct l3d_model_spec *cfg, int64_t N) {
     const struct l3d_moe_spec *e = &cfg->moe;
     if (e->capacity_factor <= 0.0) return 0;
@@ -463,6 +464,75 @@ static int64_t seg_rows(const struct moe_acts *a) {
     return n;
 }
 
+void l3d_moe_chunk_counts(float *cnt, const int32_t *idx, int64_t N, int64_t K, int64_t E,
+                          int B, int cp, int cp_rank) {
+    int64_t per = N / (2 * B) * K, G = 2 * cp;
+    memset(cnt, 0, (size_t)(B * G * E) * sizeof(float));
+    for (int64_t i = 0; i < N * K; i++) {
+        int64_t s = i / per, b = s / 2;
+        /* the chunk's index among the row's 2 cp: its start in a row of 2 (T / 2 = 1) */
+        int64_t c = l3d_cp_chunk_start(cp, cp_rank, (int)(s % 2), 2);
+        cnt[(b * G + c) * E + idx[i]] += 1.0f;
+    }
+}
+
+void l3d_moe_chunk_fills(int32_t *fill, float *cnt, int64_t E, int B, int cp, int cp_rank) {
+    int64_t G = 2 * cp;
+    for (int64_t e = 0; e < E; e++) { /* exclusive prefix over (row, chunk), the token order */
+        float run = 0.0f;
+        for (int64_t g = 0; g < B * G; g++) {
+            float c = cnt[g * E + e];
+            cnt[g * E + e] = run;
+            run += c;
+        }
+    }
+    for (int64_t s = 0; s < 2 * B; s++) {
+        int64_t c = l3d_cp_chunk_start(cp, cp_rank, (int)(s % 2), 2);
+        for (int64_t e = 0; e < E; e++) fill[s * E + e] = (int32_t)cnt[((s / 2) * G + c) * E + e];
+    }
+}
+
+/* The capacity's starting fills of this ring rank's 2 B chunks (device, in s->dlogits, the
+ * backward's scratch, free during a forward; 2 B E int32 fit its N E floats) from the routing in
+ * a->idx: every rank's per-chunk counts summed over the ring (the model's tok_sum hook, exact:
+ * integers below 2^24), then their exclusive prefix in the micro-batch's token order. */
+static const int32_t *ring_fills(struct l3d_gpt *m, const struct moe_acts *a, int64_t N) {
+    int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    int B = m->B, cp = m->hooks.tok_split, r = m->hooks.cp_rank;
+    L3D_ASSERT(N == (int64_t)B * m->T && m->T % 2 == 0 && cp == m->hooks.cp_size);
+    int32_t *idx = l3d_alloc((size_t)(N * K) * sizeof(int32_t), "MoE ring routing");
+    int32_t *fill = l3d_alloc((size_t)(2 * B * E) * sizeof(int32_t), "MoE ring fills");
+    float *cnt = l3d_alloc((size_t)(2 * cp * B * E) * sizeof(float), "MoE ring counts");
+    l3d_be_copy_d2h(m->be, idx, a->idx, (size_t)(N * K) * sizeof(int32_t));
+    l3d_moe_chunk_counts(cnt, idx, N, K, E, B, cp, r);
+    m->hooks.tok_sum(m->hooks.tok_ctx, cnt, 2 * cp * B * E);
+    l3d_moe_chunk_fills(fill, cnt, E, B, cp, r);
+    l3d_be_copy_h2d(m->be, m->moe->dlogits, fill, (size_t)(2 * B * E) * sizeof(int32_t));
+    l3d_be_sync(m->be); /* before the host copy goes */
+    l3d_free(idx), l3d_free(fill), l3d_free(cnt);
+    return (const int32_t *)m->moe->dlogits;
+}
+
+/* The router and the counting sort. With a capacity on a context-parallel ring the drop decision
+ * needs the assignments of the micro-batch's tokens before each of this rank's chunks: a first
+ * dropless routing gives this rank's, ring_fills the others', and the routing runs again with
+ * those starting fills (the router's product twice, E C a token: small beside the experts'). */
+static void route(struct l3d_gpt *m, struct moe_acts *a, const void *ln, int l, int64_t N) {
+    int64_t C = m->cfg.C, E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    int64_t cap = capacity(&m->cfg, split_tokens(m, N)), segs = 1;
+    const int32_t *fill = NULL;
+    const void *w = param(m, L3D_T_ROUTER, l);
+    if (cap > 0 && m->hooks.tok_split > 1) {
+        l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets,
+                         a->stats, m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, 0, NULL,
+                         1);
+        fill = ring_fills(m, a, N);
+        segs = 2 * m->B;
+    }
+    l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats,
+                     m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, cap, fill, segs);
+}
+
 void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count) {
     int j;
     struct moe_acts *a = layer_set(m, l, &j);
@@ -470,9 +540,7 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
     int64_t C = m->cfg.C;
-    l3d_be_moe_route(m->be, dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats,
-                     m->moe->work, ln, param(m, L3D_T_ROUTER, l), N, C, d.E, d.K,
-                     m->cfg.moe.norm_topk, capacity(&m->cfg, N));
+    route(m, a, ln, l, N);
     share_counts(m, a);
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));

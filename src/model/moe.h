@@ -29,5 +29,14 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
  * (N,C), with the auxiliary losses weighted as the micro-batch's mean loss (dloss N). */
 void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, const void *ln,
                       int64_t N, float dloss);
+/* A micro-batch of B rows split over a context-parallel ring of cp ranks (each row 2 cp chunks,
+ * rank cp_rank holding two, l3d_cp_chunk_start): this rank's N = B T tokens' routing idx (N,K),
+ * row-major with its two chunks in turn, counted into cnt (B, 2 cp, E; =, zeros elsewhere), so
+ * that a sum over the ring gives every chunk's per-expert counts in the micro-batch's order. */
+void l3d_moe_chunk_counts(float *cnt, const int32_t *idx, int64_t N, int64_t K, int64_t E,
+                          int B, int cp, int cp_rank);
+/* From the ring's summed counts cnt (which become their exclusive prefix in token order): fill
+ * (2 B, E) the assignments to each expert before each of this rank's chunks, in its order. */
+void l3d_moe_chunk_fills(int32_t *fill, float *cnt, int64_t E, int B, int cp, int cp_rank);
 
 #endif

@@ -7,7 +7,7 @@
 # micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
 # (with and without SP), ZeRO-3, with accumulation, full recomputation and ZeRO-1/2, and
 # checkpoints moved between them; dropless, with a large load-balancing coefficient (1) so that an f_i of the
-# rank's tokens alone would show.
+# rank's tokens alone would show, and with a capacity that drops (under cp the micro-batch's).
 # Usage: ep_layouts.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -43,6 +43,27 @@ a1=$(grep -o '"moe_aux_loss":[^,]*' "$dir/ref1/metrics.jsonl" | head -1)
 a2=$(grep -o '"moe_aux_loss":[^,]*' "$dir/cp2/metrics.jsonl" | head -1)
 [ -n "$a1" ] && [ "$a1" = "$a2" ] && ok "cp 2 reports one process's load-balancing loss ($a1)" ||
     bad "cp 2's load-balancing loss $a2, one process's $a1"
+# a capacity that drops, the micro-batch's: ceil(X N K / E) of all the ring's tokens, kept in one
+# process's token order (each rank starts each chunk's counts at the assignments before it in
+# the micro-batch, every chunk's counts summed over the ring); on the ring alone, and ep 2 x cp 2
+# x dp 2. The drops (counts, summed over the ranks) as one process's, and not none.
+train ref1_cf 0 2 --moe-capacity-factor 0.5 && train cp2_cf 2 2 --cp 2 --moe-capacity-factor 0.5 &&
+    same_run cp2_cf ref1_cf
+train ref2_cf 0 2 --grad-accum 2 --moe-capacity-factor 0.5 &&
+    train ep2_cp2_cf 4 2 --cp 2 --ep 2 --moe-capacity-factor 0.5 && same_run ep2_cp2_cf ref2_cf
+drops() { grep -o '"moe_dropped":[0-9.e+-]*' "$dir/$1/metrics.jsonl" | tr '\n' ' '; }
+for pair in "cp2_cf ref1_cf" "ep2_cp2_cf ref2_cf"; do
+    read -r run ref <<< "$pair"
+    if [[ $(drops "$ref") == *'"moe_dropped":'[1-9]* ]] && [ "$(drops "$run")" = "$(drops "$ref")" ]; then
+        ok "$run drops one process's assignments ($(drops "$run" | cut -d' ' -f1) ...)"
+    else
+        bad "$run dropped: $(drops "$run"); one process: $(drops "$ref")"
+    fi
+done
+# negative case: the run with drops is not taken for the dropless one
+"$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/cp2_cf" "$dir/ref1" \
+    > /dev/null 2>&1 && bad "compare took cp 2 with drops for the dropless run" ||
+    ok "compare tells cp 2 with drops from the dropless run"
 # negative case of the comparison: cp 2 against the run of other micro-batches
 if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/cp2" "$dir/ref2" > /dev/null 2>&1; then
     bad "compare took cp 2 for the 2-micro-batch run"

@@ -412,38 +412,49 @@ static void test_attn_block(struct l3d_backend *be) {
  * l3d_moe_dlogits_row a token), against the CPU backend's MoE kernels: the routing rules are
  * proven without a GPU; the device's logits, reductions and ballots are not. */
 
-enum { MN = 23, MC = 16, ME = 6, MK = 2 };
+enum { MN = 24, MC = 16, ME = 6, MK = 2 };
 struct moe_ref {
     float probs[MN * ME], lse[MN], wts[MN * MK], stats[2 * ME + 2];
     int32_t idx[MN * MK], pos[MN * MK], off[ME + 1];
 };
 
-/* moe_slot_k's walk for expert e with blocks of `threads`: chunk by chunk, each warp's ballot and
- * count, then each assignment's rank by l3d_moe_chunk_rank and its row by l3d_moe_slot */
-static void moe_slot_walk(struct moe_ref *r, int32_t e, int64_t cap, int threads) {
+/* moe_slot_k's walk for expert e with blocks of `threads`: segment by segment (MN K / segs
+ * assignments, the count starting at fill[s ME + e]), chunk by chunk, each warp's ballot and
+ * count, then each assignment's rank by l3d_moe_chunk_rank and its row by l3d_moe_slot (place),
+ * or the expert's kept rows by l3d_moe_kept into off[e] and its assignments into stats[e] */
+static void moe_slot_walk(struct moe_ref *r, int32_t e, int64_t cap, int threads,
+                          const int32_t *fill, int64_t segs, bool place) {
     int32_t in_warp[32];
     uint32_t m[32];
-    int64_t seen = 0;
-    for (int64_t base = 0; base < MN * MK; base += threads) {
-        for (int w = 0; w < threads / 32; w++) {
-            m[w] = 0;
-            for (int l = 0; l < 32; l++) {
-                int64_t i = base + 32 * w + l;
-                if (i < MN * MK && r->idx[i] == e) m[w] |= 1u << l;
+    int64_t per = MN * MK / segs, row = 0, routed = 0;
+    for (int64_t s0 = 0; s0 < MN * MK; s0 += per) {
+        int32_t f = fill ? fill[(s0 / per) * ME + e] : 0;
+        int64_t seen = 0;
+        for (int64_t base = s0; base < s0 + per; base += threads) {
+            for (int w = 0; w < threads / 32; w++) {
+                m[w] = 0;
+                for (int l = 0; l < 32; l++) {
+                    int64_t i = base + 32 * w + l;
+                    if (i < s0 + per && r->idx[i] == e) m[w] |= 1u << l;
+                }
+                in_warp[w] = l3d_moe_popc(m[w]);
             }
-            in_warp[w] = l3d_moe_popc(m[w]);
+            for (int t = 0; place && t < threads && base + t < s0 + per; t++)
+                if (r->idx[base + t] == e)
+                    r->pos[base + t] = l3d_moe_slot(
+                        r->off[e] + (int32_t)row, f,
+                        l3d_moe_chunk_rank(seen, in_warp, t / 32, m[t / 32], t % 32), cap);
+            for (int w = 0; w < threads / 32; w++) seen += in_warp[w];
         }
-        for (int t = 0; t < threads && base + t < MN * MK; t++)
-            if (r->idx[base + t] == e)
-                r->pos[base + t] = l3d_moe_slot(
-                    r->off[e], l3d_moe_chunk_rank(seen, in_warp, t / 32, m[t / 32], t % 32), cap);
-        for (int w = 0; w < threads / 32; w++) seen += in_warp[w];
+        row += l3d_moe_kept(seen, f, cap);
+        routed += seen;
     }
+    if (!place) r->off[e] = (int32_t)row, r->stats[e] = (float)routed;
 }
 
 /* the route kernels' steps on the host (blocks of `threads` in the slot walk) */
 static void moe_replay(struct moe_ref *r, const float *x, const float *w, int norm, int64_t cap,
-                       int threads) {
+                       int threads, const int32_t *fill, int64_t segs) {
     memset(r->off, 0, sizeof r->off);
     for (int64_t n = 0; n < MN; n++) {
         for (int64_t e = 0; e < ME; e++) { /* the CPU's order, so that ties stay ties */
@@ -453,10 +464,10 @@ static void moe_replay(struct moe_ref *r, const float *x, const float *w, int no
         }
         r->lse[n] = l3d_moe_route_row(r->probs + n * ME, r->idx + n * MK, r->wts + n * MK, ME, MK,
                                       norm);
-        for (int64_t k = 0; k < MK; k++) r->off[r->idx[n * MK + k]]++;
     }
-    l3d_moe_offsets(r->off, r->stats, ME, cap);
-    for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads);
+    for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads, fill, segs, false);
+    l3d_moe_offsets(r->off, r->stats, ME);
+    for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads, fill, segs, true);
     double z = 0.0;
     for (int64_t e = 0; e < ME; e++) {
         double s = 0.0;
@@ -469,14 +480,15 @@ static void moe_replay(struct moe_ref *r, const float *x, const float *w, int no
 
 /* the CPU backend's routing of x by w into r (its buffers: floats' size) */
 static void moe_cpu(struct l3d_backend *be, struct moe_ref *r, const float *x, const float *w,
-                    int norm, int64_t cap) {
+                    int norm, int64_t cap, const int32_t *fill, int64_t segs) {
     float *d[10];
     const int64_t n[10] = {MN * ME, MN, MN * MK, MN * MK, MN * MK, ME + 1, 2 * ME + 2, MN * MC,
-                           ME * MC, 2 * ME};
+                           ME * MC, 3 * ME};
     void *out[7] = {r->probs, r->lse, r->idx, r->wts, r->pos, r->off, r->stats};
     for (int i = 0; i < 10; i++) d[i] = dev(be, i == 7 ? x : i == 8 ? w : NULL, n[i]);
     l3d_be_moe_route(be, L3D_F32, d[0], d[1], (int32_t *)d[2], d[3], (int32_t *)d[4],
-                     (int32_t *)d[5], d[6], (int32_t *)d[9], d[7], d[8], MN, MC, ME, MK, norm, cap);
+                     (int32_t *)d[5], d[6], (int32_t *)d[9], d[7], d[8], MN, MC, ME, MK, norm, cap,
+                     fill, segs);
     for (int i = 0; i < 7; i++) l3d_be_copy_d2h(be, out[i], d[i], (size_t)n[i] * 4);
     for (int i = 0; i < 10; i++) l3d_be_free(be, d[i]);
 }
@@ -492,8 +504,10 @@ static bool moe_same(const struct moe_ref *a, const struct moe_ref *b) {
 
 /* Token 0 all zeros (every expert equally likely: experts 0 and 1), token 1 along weight row 2,
  * which row 4 repeats (a tie at the top: 2 before 4); dropless and with a capacity of 3, plain
- * and renormalised; the slot walk in blocks of 32 (two chunks), 64 (two warps) and 256 threads
- * (the kernel's). Negative: another capacity, or the renormalisation off, is rejected. */
+ * and renormalised, in one segment and in 3 with starting fills (a context-parallel ring's
+ * counts before each chunk); the slot walk in blocks of 32 (two chunks), 64 (two warps) and 256
+ * threads (the kernel's). Negative: another capacity, the renormalisation off, or (with a
+ * capacity) the fills left out, is rejected. */
 static void test_moe_route(struct l3d_backend *be) {
     float *x = randn(MN * MC, 21), *w = randn(ME * MC, 22);
     for (int64_t c = 0; c < MC; c++) {
@@ -501,23 +515,30 @@ static void test_moe_route(struct l3d_backend *be) {
         w[4 * MC + c] = w[2 * MC + c];
         x[MC + c] = w[2 * MC + c];
     }
+    int32_t fill[3 * ME];
+    for (int i = 0; i < 3 * ME; i++) fill[i] = (i * 7) % 6; /* some past the capacity of 3 */
     struct moe_ref *ref = calloc(1, sizeof *ref), *cpu = calloc(1, sizeof *cpu);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 8; v++) {
         int norm = v & 1;
-        int64_t cap = v & 2 ? 3 : 0;
-        moe_cpu(be, cpu, x, w, norm, cap);
+        int64_t cap = v & 2 ? 3 : 0, segs = v & 4 ? 3 : 1;
+        const int32_t *f = v & 4 ? fill : NULL;
+        moe_cpu(be, cpu, x, w, norm, cap, f, segs);
         for (int threads = 32; threads <= 256; threads *= 2) {
-            moe_replay(ref, x, w, norm, cap, threads);
+            moe_replay(ref, x, w, norm, cap, threads, f, segs);
             CHECK(moe_same(ref, cpu));
         }
         CHECK(ref->idx[0] == 0 && ref->idx[1] == 1 && ref->idx[2] == 2 && ref->idx[3] == 4);
-        /* dropless: every assignment has a row; 46 assignments over 6 experts of 3 rows: drops */
+        /* dropless: every assignment has a row; 48 assignments over 6 experts of 3 rows: drops */
         CHECK(cap ? ref->stats[2 * ME + 1] > 0.0f && ref->off[ME] < MN * MK
                   : ref->stats[2 * ME + 1] == 0.0f && ref->off[ME] == MN * MK);
-        moe_replay(ref, x, w, norm, cap ? 2 : 3, 256);
+        moe_replay(ref, x, w, norm, cap ? 2 : 3, 256, f, segs);
         CHECK(!moe_same(ref, cpu));
-        moe_replay(ref, x, w, !norm, cap, 256);
+        moe_replay(ref, x, w, !norm, cap, 256, f, segs);
         CHECK(!moe_same(ref, cpu));
+        if (cap && f) {
+            moe_replay(ref, x, w, norm, cap, 256, NULL, 1);
+            CHECK(!moe_same(ref, cpu));
+        }
     }
     free(x), free(w), free(ref), free(cpu);
 }
@@ -528,7 +549,7 @@ static void test_moe_route(struct l3d_backend *be) {
 static void test_moe_dlogits(struct l3d_backend *be) {
     float *x = randn(MN * MC, 23), *w = randn(ME * MC, 24), *dw = randn(MN * MK, 25);
     struct moe_ref *r = calloc(1, sizeof *r);
-    moe_cpu(be, r, x, w, 1, 3);
+    moe_cpu(be, r, x, w, 1, 3, NULL, 1);
     const int64_t n[8] = {MN * MK, MN * MC, ME * MC, MN * ME, MN, MN * MK, MN * MK, 2 * ME + 2};
     const float *src[8] = {dw, x, w, r->probs, r->lse, (const float *)r->idx, r->wts, r->stats};
     float *d[8], *dl = dev(be, NULL, MN * ME), want[MN * ME], got[MN * ME];

@@ -326,21 +326,27 @@ static void llama_cases(struct shape s, struct kcase *k, int *n) {
 /* about half an expert's even share of the N K assignments: some experts drop */
 static int64_t moe_cap(S) { return (MN(s) * s->K + 2 * s->E - 1) / (2 * s->E); }
 static void route(struct l3d_backend *be, enum l3d_dtype dt, void **p, const void *inp,
-                  const void *w, int norm, int64_t cap, S) {
-    int32_t *work = l3d_be_alloc(be, (size_t)(2 * s->E) * 4, "routing workspace");
+                  const void *w, int norm, int64_t cap, const int32_t *fill, S) {
+    int32_t *work = l3d_be_alloc(be, (size_t)(3 * s->E) * 4, "routing workspace");
     l3d_be_moe_route(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], work, inp, w, MN(s), s->C,
-                     s->E, s->K, norm, cap);
+                     s->E, s->K, norm, cap, fill, fill ? s->B : 1);
     l3d_be_free(be, work);
 }
 static void r_moe_route(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
                         S) {
     (void)g;
-    route(be, dt, p, p[7], p[8], 0, 0, s);
+    route(be, dt, p, p[7], p[8], 0, 0, NULL, s);
 }
 static void r_moe_route_nc(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
                            S) {
     (void)g;
-    route(be, dt, p, p[7], p[8], 1, moe_cap(s), s);
+    route(be, dt, p, p[7], p[8], 1, moe_cap(s), NULL, s);
+}
+/* a segment a sequence, each expert's count starting at a fill in [0, capacity) */
+static void r_moe_route_fill(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
+                             void **p, S) {
+    (void)g;
+    route(be, dt, p, p[7], p[8], 1, moe_cap(s), p[9], s);
 }
 static void r_moe_perm(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
@@ -363,7 +369,7 @@ static void r_moe_comb_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dty
 /* the routing (renormalised, with a capacity) on the same backend, then the router's backward
  * with both auxiliary losses */
 static void r_moe_rb(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
-    route(be, dt, p + 6, p[4], p[5], 1, moe_cap(s), s);
+    route(be, dt, p + 6, p[4], p[5], 1, moe_cap(s), NULL, s);
     l3d_be_moe_router_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
                                p[9], p[12], MN(s), s->C, s->E, s->K, 1, 0.01f, 0.001f);
 }
@@ -372,14 +378,17 @@ static void r_moe_rb(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g
 static void moe_cases(struct shape s, struct kcase *k, int *n) {
     int i = *n;
     const int64_t N = MN(&s), NK = N * s.K, NC = N * s.C, EC = s.E * s.C;
-    for (int v = 0; v < 2; v++)
-        k[i++] = (struct kcase){v ? "moe_route (norm_topk, capacity)" : "moe_route",
+    static const char *const route_name[3] = {"moe_route", "moe_route (norm_topk, capacity)",
+                                               "moe_route (capacity, starting fills)"};
+    for (int v = 0; v < 3; v++)
+        k[i++] = (struct kcase){route_name[v],
             {{"probs", F32, N * s.E, ZERO, 0, true}, {"lse", F32, N, ZERO, 0, true},
              {"idx", I32, NK, ZERO, 0, true}, {"wts", F32, NK, ZERO, 0, true},
              {"pos", I32, NK, ZERO, 0, true}, {"offsets", I32, s.E + 1, ZERO, 0, true},
              {"stats", F32, 2 * s.E + 2, ZERO, 0, true}, {"inp", ACT, NC, NORMAL, 0, false},
-             {"weight", ACT, EC, NORMAL, 0, false}}, s.C + N, false, false,
-            v ? r_moe_route_nc : r_moe_route};
+             {"weight", ACT, EC, NORMAL, 0, false},
+             {"fill", I32, v == 2 ? s.B * s.E : 1, TOKENS, moe_cap(&s), false}}, s.C + N, false,
+            false, v == 2 ? r_moe_route_fill : v ? r_moe_route_nc : r_moe_route};
     k[i++] = (struct kcase){"moe_permute", {{"rows", ACT, NK * s.C, NORMAL, 0, true},
         {"inp", ACT, NC, NORMAL, 0, false}, {"pos", I32, NK, POS, 3, false}}, 1, false, false,
         r_moe_perm};
