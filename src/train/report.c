@@ -224,14 +224,16 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
     /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
-    char line[4096], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char own[4096], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char *line = t->mline ? t->mline : own; /* a MoE model's: its loads too */
+    size_t cap = t->mline ? t->mline_cap : sizeof own;
     char lr[32], tps[32], mfu[32]; /* as float32s: the TensorBoard values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
     json_float(lr, sizeof lr, s->lr);
     json_float(tps, sizeof tps, s->tokens_per_s);
     json_float(mfu, sizeof mfu, s->mfu);
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
+    int n = snprintf(line, cap, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
                      "\"tp_bytes\":%lld,\"tokens_per_s\":%s,"
                      "\"mfu\":%s,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
@@ -240,29 +242,29 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                      t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, tps, mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
-    if (t->tc->layout.zero == 3 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"zero3_gather_wait_ms\":%.3f",
+    if (t->tc->layout.zero == 3 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"zero3_gather_wait_ms\":%.3f",
                       s->gather_wait_s * 1e3);
-    if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
-    if (t->topo->layout->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
+    if (!isnan(s->val_loss) && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (t->topo->layout->cp > 1 && n > 0 && n < (int)cap) { /* the ring's (this rank's) */
         double w = 0;
         int64_t b = 0;
         for (int c = 0; c < t->tc->layout.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
+        n += snprintf(line + n, cap - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
                       w * 1e3, (long long)b);
     }
-    if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
+    if (s->loss_scale > 0 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);
-    if (s->skipped && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"skipped\":true%s",
+    if (s->skipped && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"skipped\":true%s",
                       s->overflow ? ",\"overflow\":true" : "");
-    if (s->stall_s > 0 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
-    n = moe_metrics(line, n, sizeof line, s);
-    if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
-    L3D_ASSERT(n > 0 && n < (int)sizeof line);
+    if (s->stall_s > 0 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
+    n = moe_metrics(line, n, cap, s);
+    if (n > 0 && n < (int)cap) n += snprintf(line + n, cap - (size_t)n, "}\n");
+    L3D_ASSERT(n > 0 && n < (int)cap);
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
 }
 

@@ -84,6 +84,15 @@ train dense 0 2 --quiet --model tiny > /dev/null
 check "a dense run's plot has no load chart" sh -c "'$bin' plot '$dir/dense' --out '$dir/dense.svg' > /dev/null && ! grep -q 'Expert load' '$dir/dense.svg'"
 check "  (negative: the MoE one has)" grep -q "Expert load" "$dir/one.svg"
 
+# many MoE layers: every layer's load on the step's line, beyond the 4 KiB the scalars take
+# (2100 layers of 2 experts, top-2: each load exactly 1, "1," a layer; the line once aborted)
+train many 0 1 --quiet --layers 2100 --channels 8 --heads 1 --moe-experts 2 --moe-ffn 8 \
+    --context 4 --seq-len 4 --steps 1 > /dev/null &&
+    n=$(grep -o '"moe_load":\[[^]]*\]' "$dir/many/metrics.jsonl" | tr ',' '\n' | grep -c .) &&
+    [ "$n" = 2100 ] && ok "2100 MoE layers: the step's line holds 2100 loads" ||
+    bad "2100 MoE layers: the step's line holds ${n:-no} loads"
+check "  and llm3d plot reads it" "$bin" plot "$dir/many" --out "$dir/many.svg"
+
 # hostile loads: one line naming the file, the line and the key
 mkdir -p "$dir/h1" "$dir/h2"
 { head -2 "$m"; sed -n 3p "$m" | sed 's/"moe_load":\[[^]]*\]/"moe_load":[1.5]/'; } > "$dir/h1/metrics.jsonl"
