@@ -115,6 +115,8 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --
 # ZB-V: two chunks a rank in a V (rank 0 holds the first and the last layer: the tied embedding's
 # two gradients summed on the rank), the turn a send to itself
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv
+expect_error "zbv on one pipeline rank" "^llm3d train: --pp-schedule zbv places each rank's two model chunks in a V over the pipeline's ranks: give --pp 2 or more (got 1)$" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --pp-virtual 2 --pp-schedule zbv --out "$dir/zbv_pp1"
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv_recompute_full_accum8" 2 2 8 --pp 2 --pp-virtual 2 --pp-schedule zbv --recompute full
 # the 126-layer shape scaled down on the V: 6 layers as 1, 2, 2, 1 (rank 0: the ends)
 full && L3D_PP=2 L3D_MODEL="--layers 6" equiv "pp2_zbv_layers_1_2_2_1" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv --pp-layers 1,2,2,1
