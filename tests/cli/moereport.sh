@@ -101,4 +101,11 @@ expect_error "a load array of another length" "h1/metrics.jsonl: line 3: \"moe_l
 { head -2 "$m"; sed -n 3p "$m" | sed 's/"moe_load":\[[0-9.]*,/"moe_load":["x",/'; } > "$dir/h2/metrics.jsonl"
 expect_error "a load that is not a number" "h2/metrics.jsonl: line 3, column [0-9]*: \"moe_load\": expected a number, found a string" \
     "$bin" plot "$dir/h2" --out "$dir/h2.svg"
+# more loads than a model has layers: refused before the columns are sized by it (the reader
+# keeps every line's loads: an array of millions sized them at gigabytes)
+mkdir -p "$dir/h3"
+l2=$(sed -n 2p "$m"); post=${l2#*\"moe_load\":\[}
+{ head -1 "$m"; printf '%s"moe_load":[%s]%s\n' "${l2%%\"moe_load\":*}" "$(yes 1 | head -65537 | paste -sd,)" "${post#*]}"; } > "$dir/h3/metrics.jsonl"
+expect_error "a load array longer than a model" "h3/metrics.jsonl: line 2: \"moe_load\" holds 65537 layers, more than a model has (65536" \
+    "$bin" plot "$dir/h3" --out "$dir/h3.svg"
 exit $fail
