@@ -40,28 +40,47 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
-/* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
- * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
- * parameter (l3d_param_bytes), ZeRO sharding their state over the dp cp / ep ranks that hold
- * the same experts. */
+/* Routed experts' parameters and MoE layers pipeline rank r holds (its chunks; every tp rank and
+ * every ep rank of a stage holds as many: E / ep experts of each MoE layer). */
+static double stage_experts(const struct l3d_trainer *t, int r, int *layers) {
+    const struct l3d_train_config *tc = t->tc;
+    double n = 0;
+    *layers = 0;
+    for (int c = 0; c < tc->layout.v; c++) {
+        int vs = l3d_pp_vstage(tc->layout.schedule, t->topo->layout->pp, r, c);
+        struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, vs, 0);
+        l3d_shard_set_experts(&tc->model, &sh, tc->layout.ep > 1 ? tc->layout.ep : 1, 0);
+        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+        l3d_gpt_plan_tensors(&tc->model, &sh, ti);
+        *layers += l3d_shard_moe_layers(&tc->model, &sh);
+        for (int i = 0; i < L3D_NUM_TENSORS; i++)
+            if (l3d_gpt_expert_tensor(i)) n += (double)ti[i].count;
+    }
+    return n;
+}
+
+/* A mixture of experts' memory on the fullest rank: the routed experts' parameters of the
+ * pipeline stage that holds the most (the stages' MoE layers differ: dense leading layers, uneven
+ * splits) at the memory line's bytes a parameter (l3d_param_bytes), ZeRO sharding their state
+ * over the dp cp / ep ranks that hold the same experts. */
 static void report_expert_memory(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_moe_spec *moe = &tc->model.moe;
     if (moe->experts == 0) return;
     int ep = tc->layout.ep > 1 ? tc->layout.ep : 1, layers = 0;
     int group = t->topo->layout->dp * t->topo->layout->cp / ep; /* those holding the same experts */
-    double n = 0;
-    for (int c = 0; c < tc->layout.v; c++) {
-        layers += l3d_shard_moe_layers(&tc->model, &t->chunks[c]->shard);
-        for (int i = 0; i < L3D_NUM_TENSORS; i++)
-            if (l3d_gpt_expert_tensor(i)) n += (double)t->chunks[c]->tensors[i].count;
+    double n = -1;
+    for (int r = 0; r < t->topo->layout->pp; r++) {
+        int lr;
+        double nr = stage_experts(t, r, &lr);
+        if (nr > n) n = nr, layers = lr;
     }
     struct l3d_param_bytes pb;
     l3d_param_bytes(&tc->precision, tc->layout.zero, group, &pb);
-    printf("expert memory on each rank: %d of the %d experts x %d layer(s) = %.2fM parameters, "
-           "%.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d rank(s) holding "
-           "the same experts)\n", moe->experts / ep, moe->experts, layers, n / 1e6,
-           pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
+    printf("expert memory on the fullest rank: %d of the %d experts x %d layer(s) = %.2fM "
+           "parameters, %.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d "
+           "rank(s) holding the same experts)\n", moe->experts / ep, moe->experts, layers,
+           n / 1e6, pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
 }
 
 /* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A mixture of experts' reporting (README "Mixture of experts"): the run record's total and active
 # parameters against counts written here from the sizes alone (python3), model FLOPs a token from
-# the active ones (MFU's count), the start-up line's expert memory on each rank on one process and
+# the active ones (MFU's count), the start-up line's expert memory on the fullest rank on one process and
 # under --ep 2 (half the experts) with ZeRO-1 over the ranks holding the same experts; each step's
 # auxiliary losses and per-layer loads in metrics.jsonl (and TensorBoard's moe/ tags, the same
 # values); llm3d plot's load and auxiliary-loss
@@ -43,7 +43,7 @@ check "  (negative: not from the total)" python3 -c "import sys; sys.exit(abs($f
 check "the start-up line names the active count and says MFU counts it" \
     grep -q "$(python3 -c "print('%.2fM parameters, %.2fM active a token (model FLOPs and MFU count the active ones)' % ($total / 1e6, $active / 1e6))")" "$dir/one.log"
 mem=$(python3 -c "print('4 of the 4 experts x 2 layer(s) = %.2fM parameters, %.1f MiB (16N' % ($expert / 1e6, 16 * $expert / 1048576))")
-check "expert memory on each rank: $mem" grep -q "expert memory on each rank: $mem" "$dir/one.log"
+check "expert memory on the fullest rank: $mem" grep -q "expert memory on the fullest rank: $mem" "$dir/one.log"
 
 # each step: the auxiliary losses, the busiest layer's load and each layer's, a load >= 1 (the
 # busiest expert over the mean) and the largest equal to the layers' maximum
@@ -59,9 +59,14 @@ for s in steps:
 # --ep 2 on 2 ranks: each holds half the experts; ZeRO-1 over the 2 ranks of 4 holding the same
 if train ep2 2 2 --ep 2 && train ep2z 4 2 --ep 2 --zero 1; then
     half=$(python3 -c "print('2 of the 4 experts x 2 layer(s) = %.2fM parameters, %.1f MiB (16N' % ($expert / 2e6, 16 * $expert / 2 / 1048576))")
-    check "--ep 2: $half" grep -q "expert memory on each rank: $half" "$dir/ep2.log"
+    check "--ep 2: $half" grep -q "expert memory on the fullest rank: $half" "$dir/ep2.log"
     z=$(python3 -c "print('= %.2fM parameters, %.1f MiB (12N of weights, gradients and AdamW; ZeRO-1 over the 2 rank(s)' % ($expert / 2e6, 12 * $expert / 2 / 1048576))")
     check "--ep 2 --zero 1 on 4 ranks: $z" grep -q -- "$z" "$dir/ep2z.log"
+fi
+# --pp 2 of 4 layers, the first 2 dense: rank 0 holds no expert, rank 1 the 2 MoE layers' (the
+# line once counted rank 0's chunks alone, "x 0 layer(s)")
+if train pp2 2 2 --pp 2 --layers 4 --moe-dense-layers 2 --steps 1; then
+    check "--pp 2, 2 dense layers first: $mem" grep -q "expert memory on the fullest rank: $mem" "$dir/pp2.log"
 fi
 
 # llm3d plot: the load chart holds the steps and the loads, the auxiliary one the losses
