@@ -310,7 +310,12 @@ static l3d_status open_body(const char *path, const struct l3d_model_spec *want,
         return l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d T=%d, not the "
                          "configured L=%d C=%d NH=%d V=%d T=%d", path, cfg.L, cfg.C, cfg.NH, cfg.V,
                          cfg.maxT, want->L, want->C, want->NH, want->V, want->maxT);
-    if (!l3d_model_same(&cfg, want))
+    /* the routing's training settings (auxiliary losses, capacity) are no part of the weights:
+     * the run's own (--init-from with --moe-capacity-factor, say) */
+    struct l3d_model_spec same = *want;
+    same.moe.aux_coef = cfg.moe.aux_coef, same.moe.z_coef = cfg.moe.z_coef;
+    same.moe.capacity_factor = cfg.moe.capacity_factor;
+    if (!l3d_model_same(&cfg, &same))
         return l3d_error(L3D_ERR_FORMAT, "%s holds a %s model (%d key/value heads, MLP width "
                          "%lld) of these sizes, not the configured %s (%d, %lld): give the "
                          "architecture flags it was trained with", path, l3d_arch_name(cfg.arch),

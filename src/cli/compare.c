@@ -245,11 +245,12 @@ static int compare_weights(const char *a, const char *b, double rtol, bool verbo
     float *wa = read_weights(a, &ca, &na);
     float *wb = wa ? read_weights(b, &cb, &nb) : NULL;
     int rc = wa && wb ? SAME : CANNOT;
-    if (rc == SAME && (ca.L != cb.L || ca.C != cb.C || ca.NH != cb.NH || ca.V != cb.V ||
-                       ca.maxT != cb.maxT)) {
-        printf("weights: different models: %s has L %d C %d NH %d V %d context %d, %s has L %d "
-               "C %d NH %d V %d context %d\n", a, ca.L, ca.C, ca.NH, ca.V, ca.maxT, b, cb.L, cb.C,
-               cb.NH, cb.V, cb.maxT);
+    /* every shape (a MoE model's experts too: the tensors are laid out by them) */
+    if (rc == SAME && (!l3d_model_same_shapes(&ca, &cb) || na != nb)) {
+        printf("weights: different models: %s has L %d C %d NH %d V %d context %d, %d experts, "
+               "%lld parameters; %s has L %d C %d NH %d V %d context %d, %d experts, %lld "
+               "parameters\n", a, ca.L, ca.C, ca.NH, ca.V, ca.maxT, ca.moe.experts, (long long)na,
+               b, cb.L, cb.C, cb.NH, cb.V, cb.maxT, cb.moe.experts, (long long)nb);
         rc = DIFFERENT;
     } else if (rc == SAME) {
         struct l3d_shard sh = l3d_shard_full(&ca);

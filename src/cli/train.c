@@ -294,12 +294,18 @@ static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_
         if (rc >= 0) return rc;
         struct l3d_model_spec want = tc->model; /* the architecture flags must agree too */
         l3d_cli_spec_arch(cs, &want);
+        /* the routing's training settings are no part of the weights: the flags set them (a
+         * Mixtral folder holds the load-balancing coefficient alone, the others read as 0) */
+        struct l3d_moe_spec *fm = &tc->model.moe;
+        fm->aux_coef = want.moe.aux_coef, fm->z_coef = want.moe.z_coef;
+        fm->capacity_factor = want.moe.capacity_factor;
         if (l3d_gpt_config_finish(&want) != L3D_OK || !l3d_model_same(&want, &tc->model)) {
             fprintf(stderr, "llm3d %s: the architecture flags disagree with --init-from %s, whose "
-                    "model is %s with %d key/value heads and an MLP of %lld: drop them (the "
-                    "file's architecture is used)\n", cmd, tc->init_from,
-                    l3d_arch_name(tc->model.arch), l3d_model_kv_heads(&tc->model),
-                    (long long)tc->model.ffn);
+                    "model is %s with %d key/value heads and an MLP of %lld, %d experts a layer "
+                    "(top-%d, %d shared, %d dense layers first): drop them (the file's "
+                    "architecture is used)\n", cmd, tc->init_from, l3d_arch_name(tc->model.arch),
+                    l3d_model_kv_heads(&tc->model), (long long)tc->model.ffn, fm->experts,
+                    fm->top_k, fm->shared, fm->dense_layers);
             return 2;
         }
     } else {

@@ -111,7 +111,6 @@ static void walk_variants(const struct space_walk *w, const struct l3d_layout *b
         if (zb && z >= 2 && w->sp->m->moe.experts > 0) continue;
         for (int rc = 0; rc <= 2; rc++) {
             if (fixed(fx, L3D_FIX_RECOMPUTE) && rc != (int)f->recompute) continue;
-            if (zb && rc == L3D_RECOMPUTE_FULL && w->sp->m->moe.experts > 0) continue;
             for (int sp = 0; sp <= 1; sp++) {
                 if (fixed(fx, L3D_FIX_SP) ? sp != f->sp : (sp && base->tp == 1)) continue;
                 struct l3d_layout lay = *base;

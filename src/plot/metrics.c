@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "llm3d/json.h"
+#include "llm3d/model.h"
 #include "llm3d/plot.h"
 
 static void grow(struct l3d_plot_metrics *m) {
@@ -61,6 +62,10 @@ static l3d_status loads(struct l3d_plot_metrics *m, const struct l3d_json *doc, 
     const struct l3d_json *v = l3d_json_get(doc, "moe_load");
     if (v && v->type != L3D_JSON_ARRAY)
         return bad(path, lineno, line, len, v, "moe_load", "expected an array of numbers");
+    if (v && v->count > L3D_MAX_LAYERS) /* a model's layers at most: each line's held in memory */
+        return l3d_error(L3D_ERR_FORMAT, "%s: line %lld: \"moe_load\" holds %lld layers, more "
+                         "than a model has (%d; not a run's metrics?)", path, (long long)lineno,
+                         (long long)v->count, L3D_MAX_LAYERS);
     if (v && m->layers == 0 && v->count > 0) { /* the first: the rows so far have none */
         m->layers = (int)v->count;
         m->load = malloc((size_t)(m->cap * m->layers) * sizeof(double));

@@ -280,6 +280,9 @@ static void check_pipeline(const struct l3d_model_spec *m, const struct l3d_layo
     else if (l->schedule == L3D_PP_ZBV && l->v != 2)
         add(e, L3D_ERR_LAYOUT, "--pp-schedule zbv places two model chunks on each rank, in a V: "
             "give --pp-virtual 2 (got %d)", l->v);
+    else if (l->schedule == L3D_PP_ZBV && l->pp < 2) /* else reset to 1f1b, v 2 then refused */
+        add(e, L3D_ERR_LAYOUT, "--pp-schedule zbv places each rank's two model chunks in a V "
+            "over the pipeline's ranks: give --pp 2 or more (got %d)", l->pp);
     else if (l->v > 1 && l->schedule != L3D_PP_INTERLEAVED && l->schedule != L3D_PP_ZBV)
         add(e, L3D_ERR_LAYOUT, "--pp-virtual %d needs --pp-schedule interleaved or zbv", l->v);
     else if (zero_bubble(l->schedule) && l->pp > 1 && l->zero >= 2 && m->moe.experts > 0)

@@ -289,7 +289,8 @@ static void suggest_one(void *ctx, const struct l3d_layout *lay) {
     l->accum = (int)((int64_t)now->micro_batch * now->accum * now->dp /
                      ((int64_t)l->micro_batch * l->dp));
     if (l->pp == 1) l->schedule = L3D_PP_1F1B;
-    else if (l->v > 1) l->schedule = L3D_PP_INTERLEAVED;
+    else if (l->v > 1 && now->schedule != L3D_PP_ZBV) /* zbv keeps its V (v 2, same pp) */
+        l->schedule = L3D_PP_INTERLEAVED;
     else if (now->schedule == L3D_PP_INTERLEAVED) l->schedule = L3D_PP_1F1B;
     evaluate(s->tc, &c, s->lead);
     if (c.bytes < 0) return;

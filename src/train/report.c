@@ -40,28 +40,47 @@ static void report_transfers(const struct l3d_trainer *t, int v) {
     }
 }
 
-/* A mixture of experts' memory on each rank: the routed experts' parameters it holds (E / ep
- * experts of each MoE layer of its chunks; every rank holds as many) at the memory line's bytes a
- * parameter (l3d_param_bytes), ZeRO sharding their state over the dp cp / ep ranks that hold
- * the same experts. */
+/* Routed experts' parameters and MoE layers pipeline rank r holds (its chunks; every tp rank and
+ * every ep rank of a stage holds as many: E / ep experts of each MoE layer). */
+static double stage_experts(const struct l3d_trainer *t, int r, int *layers) {
+    const struct l3d_train_config *tc = t->tc;
+    double n = 0;
+    *layers = 0;
+    for (int c = 0; c < tc->layout.v; c++) {
+        int vs = l3d_pp_vstage(tc->layout.schedule, t->topo->layout->pp, r, c);
+        struct l3d_shard sh = l3d_train_layout_shard(&t->lay, tc, vs, 0);
+        l3d_shard_set_experts(&tc->model, &sh, tc->layout.ep > 1 ? tc->layout.ep : 1, 0);
+        struct l3d_tensor_info ti[L3D_NUM_TENSORS];
+        l3d_gpt_plan_tensors(&tc->model, &sh, ti);
+        *layers += l3d_shard_moe_layers(&tc->model, &sh);
+        for (int i = 0; i < L3D_NUM_TENSORS; i++)
+            if (l3d_gpt_expert_tensor(i)) n += (double)ti[i].count;
+    }
+    return n;
+}
+
+/* A mixture of experts' memory on the fullest rank: the routed experts' parameters of the
+ * pipeline stage that holds the most (the stages' MoE layers differ: dense leading layers, uneven
+ * splits) at the memory line's bytes a parameter (l3d_param_bytes), ZeRO sharding their state
+ * over the dp cp / ep ranks that hold the same experts. */
 static void report_expert_memory(const struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_moe_spec *moe = &tc->model.moe;
     if (moe->experts == 0) return;
     int ep = tc->layout.ep > 1 ? tc->layout.ep : 1, layers = 0;
     int group = t->topo->layout->dp * t->topo->layout->cp / ep; /* those holding the same experts */
-    double n = 0;
-    for (int c = 0; c < tc->layout.v; c++) {
-        layers += l3d_shard_moe_layers(&tc->model, &t->chunks[c]->shard);
-        for (int i = 0; i < L3D_NUM_TENSORS; i++)
-            if (l3d_gpt_expert_tensor(i)) n += (double)t->chunks[c]->tensors[i].count;
+    double n = -1;
+    for (int r = 0; r < t->topo->layout->pp; r++) {
+        int lr;
+        double nr = stage_experts(t, r, &lr);
+        if (nr > n) n = nr, layers = lr;
     }
     struct l3d_param_bytes pb;
     l3d_param_bytes(&tc->precision, tc->layout.zero, group, &pb);
-    printf("expert memory on each rank: %d of the %d experts x %d layer(s) = %.2fM parameters, "
-           "%.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d rank(s) holding "
-           "the same experts)\n", moe->experts / ep, moe->experts, layers, n / 1e6,
-           pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
+    printf("expert memory on the fullest rank: %d of the %d experts x %d layer(s) = %.2fM "
+           "parameters, %.1f MiB (%.0fN of weights, gradients and AdamW; ZeRO-%d over the %d "
+           "rank(s) holding the same experts)\n", moe->experts / ep, moe->experts, layers,
+           n / 1e6, pb.total * n / 1048576.0, pb.total, tc->layout.zero, group);
 }
 
 /* A mixture of experts' start-up line: its blocks, total and active parameters; with --ep a
@@ -224,14 +243,16 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
     /* the whole line, then one checked write and flush: a failure (a full disk, a file-size
      * limit) is reported with the path and errno, and the line cut short is taken back, so the
      * file ends with the last complete step */
-    char line[4096], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char own[4096], loss[32], norm[32]; /* JSON has no NaN: a skipped step's may be null */
+    char *line = t->mline ? t->mline : own; /* a MoE model's: its loads too */
+    size_t cap = t->mline ? t->mline_cap : sizeof own;
     char lr[32], tps[32], mfu[32]; /* as float32s: the TensorBoard values (tensorboard_step) */
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->norm);
     json_float(lr, sizeof lr, s->lr);
     json_float(tps, sizeof tps, s->tokens_per_s);
     json_float(mfu, sizeof mfu, s->mfu);
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
+    int n = snprintf(line, cap, "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"ms\":%.3f,\"optimizer_ms\":%.3f,\"comm_wait_ms\":%.3f,\"tp_comm_ms\":%.3f,"
                      "\"tp_bytes\":%lld,\"tokens_per_s\":%s,"
                      "\"mfu\":%s,\"tokens\":%lld,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
@@ -240,32 +261,32 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                      t->tpc.comm_s * 1e3, (long long)t->tpc.bytes, tps, mfu,
                      (long long)t->tokens_step * (step + 1), t->flops_tok, t->peak,
                      t->world->size, l3d_mem_peak(), s->bubble);
-    if (t->tc->layout.zero == 3 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"zero3_gather_wait_ms\":%.3f",
+    if (t->tc->layout.zero == 3 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"zero3_gather_wait_ms\":%.3f",
                       s->gather_wait_s * 1e3);
-    if (!isnan(s->val_loss) && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
-    if (t->topo->layout->cp > 1 && n > 0 && n < (int)sizeof line) { /* the ring's (this rank's) */
+    if (!isnan(s->val_loss) && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"val_loss\":%.9g", s->val_loss);
+    if (t->topo->layout->cp > 1 && n > 0 && n < (int)cap) { /* the ring's (this rank's) */
         double w = 0;
         int64_t b = 0;
         for (int c = 0; c < t->tc->layout.v; c++) w += t->cps[c].comm_s, b += t->cps[c].bytes;
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
+        n += snprintf(line + n, cap - (size_t)n, ",\"cp_wait_ms\":%.3f,\"cp_bytes\":%lld",
                       w * 1e3, (long long)b);
     }
-    if (t->epc.comm && n > 0 && n < (int)sizeof line) /* the experts' all-to-alls (this rank's) */
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"ep_comm_ms\":%.3f,\"ep_bytes\":%lld",
+    if (t->epc.comm && n > 0 && n < (int)cap) /* the experts' all-to-alls (this rank's) */
+        n += snprintf(line + n, cap - (size_t)n, ",\"ep_comm_ms\":%.3f,\"ep_bytes\":%lld",
                       t->epc.comm_s * 1e3, (long long)t->epc.bytes);
-    if (s->loss_scale > 0 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"loss_scale\":%.17g",
+    if (s->loss_scale > 0 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"loss_scale\":%.17g",
                       s->loss_scale);
-    if (s->skipped && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"skipped\":true%s",
+    if (s->skipped && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"skipped\":true%s",
                       s->overflow ? ",\"overflow\":true" : "");
-    if (s->stall_s > 0 && n > 0 && n < (int)sizeof line)
-        n += snprintf(line + n, sizeof line - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
-    n = moe_metrics(line, n, sizeof line, s);
-    if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "}\n");
-    L3D_ASSERT(n > 0 && n < (int)sizeof line);
+    if (s->stall_s > 0 && n > 0 && n < (int)cap)
+        n += snprintf(line + n, cap - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
+    n = moe_metrics(line, n, cap, s);
+    if (n > 0 && n < (int)cap) n += snprintf(line + n, cap - (size_t)n, "}\n");
+    L3D_ASSERT(n > 0 && n < (int)cap);
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
 }
 

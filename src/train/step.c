@@ -153,6 +153,8 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
     if (nmoe > 0 && !t->moe_stats) {
         t->moe_stats = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
         t->moe_load = l3d_calloc((size_t)nmoe * sizeof(double), "MoE statistics");
+        t->mline_cap = 4096 + 16 * (size_t)tc->model.L;
+        t->mline = l3d_alloc(t->mline_cap, "metrics line");
     }
     for (int c = 0; c < v && nmoe > 0; c++) l3d_gpt_moe_stats_take(t->chunks[c], t->moe_stats);
     load_batches(t->ld, tc->layout.accum, t->BT, t->inp, t->tgt);

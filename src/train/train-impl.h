@@ -87,6 +87,11 @@ struct l3d_trainer {
     /* mixture of experts: the step's statistics summed over the stages and the dp x cp ranks
      * (l3d_model_moe_stats_len doubles) and each MoE layer's load (NULL for a dense model) */
     double *moe_stats, *moe_load;
+    /* metrics.jsonl's line for a mixture of experts (allocated with moe_stats): 4 KiB for the
+     * scalars and 16 bytes a MoE layer for its load (%.6g and a comma), so that any layer count
+     * fits; NULL for a dense model, whose line fits the 4 KiB on the stack */
+    char *mline;
+    size_t mline_cap;
     int n_times;
     double agreed_at;                  /* when l3d_trainer_agree_skip last returned */
     struct l3d_loss_scaler ls;         /* fp16 only */

@@ -286,6 +286,7 @@ static void trainer_free(struct l3d_trainer *t) {
     l3d_free(t->kp_comm_s);
     l3d_free(t->moe_stats);
     l3d_free(t->moe_load);
+    l3d_free(t->mline);
     if (t->px_up) l3d_pp_exec_free(&t->px);
     for (int c = 0; c < v && t->opts; c++)
         if (t->opts[c].m) l3d_adamw_free(&t->opts[c]);

@@ -69,6 +69,11 @@ train ref 0 4 --save-every 4
 train again 0 4
 expect "the same run again: SAME" 0 "^SAME" again ref
 expect "  ... the losses of all 8 steps compared" 0 "8 steps compared \(1-8\)" again ref
+# a MoE model of the same sizes (L C NH V context) is another model: its weights are not compared
+# tensor by tensor (they were, over the MoE model's tensors: the dense run's read past their end)
+train moe 0 4 --moe-experts 2 --moe-top-k 1
+expect "a MoE model of the dense one's sizes: different models" 1 \
+    "^weights: different models: .*, 2 experts, [0-9]+ parameters; .*, 0 experts" moe ref
 
 # weights: element 5 of wte (whose largest |w| is below 0.1) made 0.5; then multiplied by 1 + 1e-6
 # (about 10 ulps: within the default tolerance, not within 0)

@@ -115,9 +115,28 @@ full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbh1_recompute_full" 2 2 4 --
 # ZB-V: two chunks a rank in a V (rank 0 holds the first and the last layer: the tied embedding's
 # two gradients summed on the rank), the turn a send to itself
 L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv
+expect_error "zbv on one pipeline rank" "^llm3d train: --pp-schedule zbv places each rank's two model chunks in a V over the pipeline's ranks: give --pp 2 or more (got 1)$" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --layers 4 --pp-virtual 2 --pp-schedule zbv --out "$dir/zbv_pp1"
 full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_zbv_recompute_full_accum8" 2 2 8 --pp 2 --pp-virtual 2 --pp-schedule zbv --recompute full
 # the 126-layer shape scaled down on the V: 6 layers as 1, 2, 2, 1 (rank 0: the ends)
 full && L3D_PP=2 L3D_MODEL="--layers 6" equiv "pp2_zbv_layers_1_2_2_1" 2 2 4 --pp 2 --pp-virtual 2 --pp-schedule zbv --pp-layers 1,2,2,1
+# the memory check's suggestions for a zbv run are zbv's: the least layout it names needs what it
+# says when run (they were planned as the interleaved schedule's, 2.4 MiB where zbv needs 2.8)
+mem_figure() { # mem_figure B ACCUM FLAGS...: the refusal of a tiny pp 2 run on a 1 MB node
+    train_cmd zbv_mem 2 "$1" --layers 4 --pp 2 --pp-virtual 2 --grad-accum "$2" "${@:3}"
+    L3D_TEST_MEM_AVAILABLE=1000000 "${CMD[@]}" < /dev/null 2>&1 | grep '^llm3d'
+}
+least=$(mem_figure 2 4 --pp-schedule zbv | grep -o 'the least, [0-9.]* MiB, with [^)]*')
+read -r -a lf <<< "${least#*, with }"
+mb=$(printf '%s\n' "${lf[@]}" | sed -n '/^--batch$/{n;p}')
+need=$(mem_figure "${mb:-2}" $((8 / ${mb:-2})) --pp-schedule zbv "${lf[@]}" | grep -o 'needs [0-9.]* MiB')
+inter=$(mem_figure "${mb:-2}" $((8 / ${mb:-2})) --pp-schedule interleaved "${lf[@]}" | grep -o 'needs [0-9.]* MiB')
+least=${least%%, with*}
+[ -n "$need" ] && [ "${least#the least, }" = "${need#needs }" ] &&
+    ok "zbv's least layout (${lf[*]}): ${least#the least, } named, $need when run" ||
+    bad "zbv's least layout (${lf[*]}): ${least#the least, } named, '$need' when run"
+[ -n "$inter" ] && [ "$inter" != "$need" ] && ok "  (negative: interleaved's figure differs, $inter)" ||
+    bad "  interleaved's figure '$inter' does not tell the schedules apart"
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     full && L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_gpipe" 4 2 4 --pp 4 --pp-schedule gpipe
     L3D_PP=4 L3D_MODEL="--layers 4" equiv "pp4_1f1b" 4 2 8 --pp 4

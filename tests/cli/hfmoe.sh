@@ -48,6 +48,20 @@ if train init 0 2 --init-from "$dir/hf1" --steps 2 && train init_bin 0 2 --init-
 else
     bad "--init-from the Mixtral folder"
 fi
+# the routing's training settings are the run's, not the weights': a capacity factor (not in the
+# format) over the folder's weights drops assignments, as over model.bin's (both were refused as
+# architecture flags that disagree, naming no expert); another expert count is refused, naming
+# the file's
+dropped() { grep -o '"moe_dropped":[0-9]*' "$dir/$1/metrics.jsonl" | head -1 | cut -d: -f2; }
+if train init_cf 0 2 --init-from "$dir/hf1" --steps 1 --moe-capacity-factor 0.5 &&
+   train init_bin_cf 0 2 --init-from "$model" --steps 1 --moe-capacity-factor 0.5; then
+    d=$(dropped init_cf)
+    [ "${d:-0}" -gt 0 ] && [ "$d" = "$(dropped init_bin_cf)" ] && [ "$(dropped init)" = 0 ] &&
+        ok "--init-from with --moe-capacity-factor 0.5: $d assignments dropped (folder and model.bin; 0 without)" ||
+        bad "--init-from with --moe-capacity-factor 0.5: dropped '$d', '$(dropped init_bin_cf)', without '$(dropped init)'"
+fi
+expect_error "--moe-experts 8 over a folder of 4" "whose model is llama with .*, 4 experts a layer (top-2, 0 shared, 0 dense layers first): drop them" \
+    "$bin" train "${TRAIN_FLAGS[@]}" --init-from "$dir/hf1" --moe-experts 8 --out "$dir/init8"
 # experts narrower than the MLP: the weights go through whole; the header's MLP width, which
 # shapes no tensor of a model with experts in every layer, comes back as the experts' (96)
 if train narrow 0 2 --moe-ffn 96 && "$bin" convert "$dir/narrow/model.bin" "$dir/narrow_hf" > /dev/null &&
