@@ -63,9 +63,11 @@ check "... the user's files kept, the earlier checkpoints gone (left: $left)" \
 check "... its metrics start over" test "$(wc -l < "$o/metrics.jsonl")" -eq 3
 
 # ---- every write checked (a file-size limit: EFBIG) ---------------------------------------
-# (--backend cpu: the checking backend's device arena is a file, which the limit would stop first)
+# (--backend cpu: the checking backend's device arena is a file, which the limit would stop first;
+# 4 KiB: run.yaml, every flag's line, is past 2 KiB since the MoE and QK-norm flags, and the 30
+# steps' metrics.jsonl about 7 KiB)
 o=$dir/w
-(ulimit -f 2; run --backend cpu --steps 30 --out "$o" > /dev/null 2> "$dir/err1")
+(ulimit -f 4; run --backend cpu --steps 30 --out "$o" > /dev/null 2> "$dir/err1")
 rc=$?
 check "metrics.jsonl past the file-size limit: non-zero exit (got $rc)" test "$rc" -ne 0
 check "... one error naming the file and errno" sh -c "one() { [ \"\$(wc -l < \"\$1\")\" -eq 1 ]; };
