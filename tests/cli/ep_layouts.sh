@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mixture of experts and expert parallelism on the other layouts (README "Mixture of experts";
 # docs/DESIGN.md "Expert parallelism"), each against one process on the same micro-batches
-# (llm3d compare --rtol 1e-5 as tests/cli/ep.sh; under cp and tp the final weights within 3e-5,
-# as tests/cli/cp.sh measured for a ring's bias tensors): context parallelism (the EP group inside
+# (llm3d compare --rtol 1e-5 as tests/cli/ep.sh; under cp and tp the final weights within 6e-5,
+# a ring's bias tensors, as tests/cli/cp.sh): context parallelism (the EP group inside
 # dp x cp; the router's expert counts summed over the ring, so the load-balancing loss is the
 # micro-batch's), pipeline parallelism (1F1B, interleaved, zb-h1, GPipe) and tensor parallelism
 # (with and without SP), ZeRO-3, with accumulation, full recomputation and ZeRO-1/2, and
@@ -15,11 +15,13 @@ start_test "$@"
 byte_corpus epl
 TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-aux-loss-coef 1 --steps 4 --warmup 2 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
-# same NAME REF (cp and tp; same_run elsewhere): losses and norms 1e-5, weights 3e-5 (cp.sh: a
-# ring sums the bias tensors' gradients in another order; measured 1.1-1.3e-5 of ln1b's size here,
-# 8e-6 with one dense ring; tp 8.8e-6 of expfcb's)
+# same NAME REF (cp and tp; same_run elsewhere): losses and norms 1e-5, weights 6e-5 (cp.sh: a
+# ring sums the bias tensors' gradients in another order, and AdamW's steps of a bias that starts
+# at 0 carry that round-off whole: measured 1.1-1.3e-5 of ln1b's size in the Release build, 3.27e-5
+# in the sanitized build on the checking backend, whose losses still agree to 4.5e-8; 8e-6 with
+# one dense ring; tp 8.8e-6 of expfcb's)
 same() {
-    if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 3e-5 "$dir/$1" "$dir/$2" \
+    if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 6e-5 "$dir/$1" "$dir/$2" \
         > "$dir/$1.cmp" 2>&1; then
         ok "$1 matches $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
     else
