@@ -84,7 +84,7 @@ test-cuda: setup
 # when ranks outnumber the cores, 40-60x slower, so no 4-rank runs here).
 test-mpich: setup
 	cmake -S . -B $(MPICH_BUILD) -DCMAKE_BUILD_TYPE=Release -DL3D_MPI=mpich -DL3D_WERROR=$(WERROR)
-	cmake --build $(MPICH_BUILD) -j$(JOBS) --target llm3d test_comm test_progress test_tp
+	cmake --build $(MPICH_BUILD) -j$(JOBS) --target llm3d test_comm test_progress test_tp test_ep
 	cd $(MPICH_BUILD) && L3D_EQUIV_NP=2 ctest --output-on-failure -R 'np2|equiv'
 
 # The whole suite again on the checking backend (src/backend/check.c): device memory that host code
