@@ -136,6 +136,8 @@ struct l3d_moe_state {
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
     float *lcnt;            /* split tokens (hooks.tok_split > 1): this rank's counts (E, host) */
+    int32_t *ring_idx, *ring_fill; /* a capacity on a ring (ring_fills): host buffers at Bmax, */
+    float *ring_cnt;               /* made at its first use (the ring is attached after init) */
 };
 
 /* The sizes of the block: experts (all, the shard's, its first), choices, widths (expert, its
@@ -279,6 +281,7 @@ void l3d_moe_free(struct l3d_gpt *m) {
     l3d_free(s->xcnt);
     l3d_free(s->hstats);
     l3d_free(s->lcnt);
+    l3d_free(s->ring_idx), l3d_free(s->ring_fill), l3d_free(s->ring_cnt);
     l3d_free(s);
     m->moe = NULL;
 }
@@ -500,16 +503,21 @@ static const int32_t *ring_fills(struct l3d_gpt *m, const struct moe_acts *a, in
     int64_t E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
     int B = m->B, cp = m->hooks.tok_split, r = m->hooks.cp_rank;
     L3D_ASSERT(N == (int64_t)B * m->T && m->T % 2 == 0 && cp == m->hooks.cp_size);
-    int32_t *idx = l3d_alloc((size_t)(N * K) * sizeof(int32_t), "MoE ring routing");
-    int32_t *fill = l3d_alloc((size_t)(2 * B * E) * sizeof(int32_t), "MoE ring fills");
-    float *cnt = l3d_alloc((size_t)(2 * cp * B * E) * sizeof(float), "MoE ring counts");
+    struct l3d_moe_state *s = m->moe;
+    if (!s->ring_idx) { /* once, at the largest micro-batch: not in every layer's forward */
+        int64_t Bm = m->Bmax;
+        s->ring_idx = l3d_alloc((size_t)(Bm * m->Tmax * K) * sizeof(int32_t), "MoE ring routing");
+        s->ring_fill = l3d_alloc((size_t)(2 * Bm * E) * sizeof(int32_t), "MoE ring fills");
+        s->ring_cnt = l3d_alloc((size_t)(2 * cp * Bm * E) * sizeof(float), "MoE ring counts");
+    }
+    int32_t *idx = s->ring_idx, *fill = s->ring_fill;
+    float *cnt = s->ring_cnt;
     l3d_be_copy_d2h(m->be, idx, a->idx, (size_t)(N * K) * sizeof(int32_t));
     l3d_moe_chunk_counts(cnt, idx, N, K, E, B, cp, r);
     m->hooks.tok_sum(m->hooks.tok_ctx, cnt, 2 * cp * B * E);
     l3d_moe_chunk_fills(fill, cnt, E, B, cp, r);
     l3d_be_copy_h2d(m->be, m->moe->dlogits, fill, (size_t)(2 * B * E) * sizeof(int32_t));
-    l3d_be_sync(m->be); /* before the host copy goes */
-    l3d_free(idx), l3d_free(fill), l3d_free(cnt);
+    l3d_be_sync(m->be); /* before the host buffer is written again */
     return (const int32_t *)m->moe->dlogits;
 }
 
