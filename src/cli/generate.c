@@ -353,7 +353,9 @@ static const float *next_logits(const struct gen_opts *o, struct gen *g, struct 
     s->w = w_next;
     int64_t len = g->seq.n - s->w;
     l3d_gpt_forward(g->m, g->seq.v + s->w, NULL, 1, (int)len);
-    const void *row = (const char *)g->m->logits + (len - 1) * (int64_t)cfg->Vp * g->m->es;
+    /* the logits of the last rows only (a chunk of the head's, l3d_gpt_xent_rows) */
+    const void *row = (const char *)g->m->logits +
+                      (len - 1 - g->m->logits_row0) * (int64_t)cfg->Vp * g->m->es;
     if (s->row32) {
         l3d_be_convert(g->rt->be, L3D_F32, s->row32, o->dt, row, cfg->Vp);
         row = s->row32;
