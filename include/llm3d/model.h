@@ -438,7 +438,9 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
  * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
 /* The head's activations of one slot in closed form (final LayerNorm, its gathered copy under SP,
- * the logits slice, the loss statistics; not the per-token losses): 0 without the head. */
+ * the logits slice when unchunked (l3d_gpt_xent_rows below B x T: one chunk of them in the shared
+ * region instead, which l3d_gpt_act_bytes_dt counts), the loss statistics; not the per-token
+ * losses): 0 without the head. */
 size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                               int T, enum l3d_dtype dt);
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,

@@ -444,11 +444,8 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     int64_t sp = s->sp_size, BTl = BT / sp; /* rows of the LayerNorm and residual regions */
     int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
     struct widths w = widths(m);
-    int64_t Ca = w.Ca, F = w.F;
-    int64_t Vl = s->vocab_count;
-    /* a chunked head's logits (one chunk) live only within a pass: once, in the shared region */
-    const bool chunked = m->xent_rows < BT;
-    int64_t off = 0, sz[13];
+    int64_t Ca = w.Ca, F = w.F, Vl = s->vocab_count, off = 0, sz[13];
+    const bool chunked = m->xent_rows < BT; /* one chunk of logits, used within a pass: shared */
     const int64_t E = (int64_t)m->es, F4 = 4; /* bytes: the model's type; fp32 and int32 */
     /* selective recomputation drops only the materialised probabilities */
     const bool naive_sel = m->attn_naive && m->recompute == L3D_RECOMPUTE_SELECTIVE;
@@ -1852,8 +1849,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
-     * LayerNorm (its gathered copy under SP), the logits slice, the loss statistics and the
-     * per-token losses */
+     * LayerNorm (its gathered copy under SP), the logits slice (unchunked), the loss statistics
+     * and the per-token losses */
     double slot = sh->layer_count * layer + E * 2 * sbh / p + 4 * 2 * sb;
     if (sh->has_head) slot += (double)l3d_gpt_head_act_bytes(cfg, sh, B, T, dt) + 4 * sb;
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
@@ -1864,7 +1861,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
-    int64_t xr = l3d_gpt_xent_rows(sh, B * (int64_t)T, dt); /* a chunked head's logits chunk */
+    /* the chunked cross-entropy's one chunk of logits */
+    int64_t xr = l3d_gpt_xent_rows(sh, B * (int64_t)T, dt);
     if (sh->has_head && xr < B * (int64_t)T) shared += E * (double)xr * (double)sh->vocab_count;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
     /* a MoE layer keeps no dense MLP rows (fch, fch_gelu: the fm + f of each token), and the

@@ -6,9 +6,9 @@
 # (the max all-reduced per chunk), sequence parallelism (the input gradient reduce-scattered),
 # the pipeline's last stage under 1F1B and zb-h1 (the head's activations once), context
 # parallelism, ZeRO-3 with full recomputation, a mixture of experts over ep and bf16; chunks of
-# 7 rows, which divide none of the 32 T B rows. llm3d compare as equiv.sh: losses, gradient norms
-# and final weights within 1e-5 (3e-5 where a tp slice sums otherwise, equiv.sh's). The
-# negative case: a run whose targets differ (another seed's batch order) must not compare equal.
+# 7 rows, which divide none of the runs' B x 32 rows. same_layout (lib/checks.sh): losses and
+# gradient norms within 1e-5, final weights 3e-5, llm3d compare. The negative case: a run of
+# another seed (other weights and batches) must not compare equal.
 # Then the activation memory the trainer reports: one chunk of logits instead of all of them, and
 # --xent-chunk's bad values. Usage: xent.sh LLM3D SCRATCH_DIR.
 source "$(dirname "$0")/lib/checks.sh"
@@ -21,45 +21,25 @@ sanitized && steps=4
 TRAIN_FLAGS=("${TINY[@]}" --steps $steps --warmup 3 --lr 1e-3 --eps 1e-6)
 X=(--xent-chunk 7)
 
-# same NAME REF_B NP B ACCUM [flags]: the chunked layout against one unchunked process with REF_B
-# sequences (L3D_REF_FLAGS: flags for both; L3D_RTOL: the weights' tolerance, 1e-5)
-same() {
-    local name=$1 refb=$2 np=$3 b=$4 accum=$5
-    shift 5
-    local both=(${L3D_REF_FLAGS:-})
-    local ref="ref_b${refb}_a${accum}$(echo "${L3D_REF_FLAGS:-}" | tr -d ' -')"
-    if [ ! -f "$dir/$ref/model.bin" ]; then
-        train "$ref" 0 "$refb" --grad-accum "$accum" "${both[@]}" > "$dir/$ref.log" 2>&1 ||
-            { bad "reference $ref"; cat "$dir/$ref.log"; return; }
-    fi
-    train "$name" "$np" "$b" --grad-accum "$accum" "${both[@]}" "$@" > "$dir/$name.log" 2>&1 ||
-        { bad "$name did not run:"; cat "$dir/$name.log"; return; }
-    if "$bin" compare --loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol "${L3D_RTOL:-1e-5}" \
-        "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1
-    then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-    else bad "$name"; cat "$dir/$name.cmp"
-    fi
-}
-
-same one_chunk7 4 0 4 1 "${X[@]}"
-same one_chunk1_accum 2 0 2 2 --xent-chunk 1 # a row a chunk, two micro-batches
-L3D_RTOL=3e-5 same tp2_chunk7 4 2 4 1 --tp 2 "${X[@]}"
-L3D_RTOL=3e-5 same tp2_sp_chunk7 4 2 4 1 --tp 2 --sequence-parallel "${X[@]}"
-same pp2_1f1b_chunk7 2 2 2 4 --pp 2 "${X[@]}"
-same pp2_zbh1_chunk7 2 2 2 4 --pp 2 --pp-schedule zb-h1 "${X[@]}"
-full && same cp2_chunk7 4 2 4 1 --cp 2 "${X[@]}"
-full && same dp2_zero3_full_chunk7 4 2 2 1 --zero 3 --recompute full "${X[@]}"
+same_layout one_chunk7 4 0 4 1 "${X[@]}"
+same_layout one_chunk1_accum 2 0 2 2 --xent-chunk 1 # a row a chunk, two micro-batches
+same_layout tp2_chunk7 4 2 4 1 --tp 2 "${X[@]}"
+same_layout tp2_sp_chunk7 4 2 4 1 --tp 2 --sequence-parallel "${X[@]}"
+same_layout pp2_1f1b_chunk7 2 2 2 4 --pp 2 "${X[@]}"
+same_layout pp2_zbh1_chunk7 2 2 2 4 --pp 2 --pp-schedule zb-h1 "${X[@]}"
+full && same_layout cp2_chunk7 4 2 4 1 --cp 2 "${X[@]}"
+full && same_layout dp2_zero3_full_chunk7 4 2 2 1 --zero 3 --recompute full "${X[@]}"
 moe=(--moe-experts 4 --moe-top-k 2 --moe-ffn 128)
-L3D_REF_FLAGS="${moe[*]}" same moe_ep2_chunk7 4 2 2 1 --ep 2 "${X[@]}"
+L3D_REF_FLAGS="${moe[*]}" same_layout moe_ep2_chunk7 4 2 2 1 --ep 2 "${X[@]}"
 # bf16 against bf16: the chunk changes no rounding (the logits' rows are the same products)
-L3D_REF_FLAGS="--precision bf16" same bf16_chunk7 4 0 4 1 "${X[@]}"
+L3D_REF_FLAGS="--precision bf16" same_layout bf16_chunk7 4 0 4 1 "${X[@]}"
 
-# the negative case: compare tells a run on other targets apart
+# the negative case: compare tells a run of another seed apart
 train other_data 0 4 "${X[@]}" --seed 2 > "$dir/other_data.log" 2>&1 || bad "other_data did not run"
 if "$bin" compare --rtol 1e-5 "$dir/other_data" "$dir/ref_b4_a1" > "$dir/other_data.cmp" 2>&1; then
-    bad "a run on other targets compared equal: $(cat "$dir/other_data.cmp")"
+    bad "a run of another seed compared equal: $(cat "$dir/other_data.cmp")"
 else
-    ok "a run on other targets differs"
+    ok "a run of another seed differs"
 fi
 
 # the activations the trainer accounts (its start-up line, which --quiet leaves out): one chunk
