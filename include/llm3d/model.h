@@ -456,10 +456,6 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
  * most BT (BT: one chunk, the unchunked head: the logits kept from forward to backward). */
 #define L3D_XENT_CHUNK_BYTES ((int64_t)8 << 20)
 int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt);
-/* The chunk's rows of m set to rows (1 .. Bmax x Tmax; Bmax x Tmax: unchunked), the activations
- * laid out again: before any pass (tests' oracle, inference that keeps all the logits); false
- * when out of memory. */
-bool l3d_gpt_set_xent_rows(struct l3d_gpt *m, int64_t rows);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on

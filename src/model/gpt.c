@@ -1274,12 +1274,17 @@ static void xent_chunk_stats(struct l3d_gpt *m, int64_t r0, int64_t n) {
     }
 }
 
+/* Whether the head runs in chunks (else one chunk of every row: the logits kept whole from
+ * forward to backward). */
+static bool xent_chunked(const struct l3d_gpt *m) {
+    return m->xent_rows < (int64_t)m->Bmax * m->Tmax;
+}
+
 /* The head's logits of rows [r0, r0 + n) into m->logits (at its start when chunked). */
 static void head_logits(struct l3d_gpt *m, int64_t r0, int64_t n) {
     const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
     int64_t C = m->cfg.C, Vl = m->shard.vocab_count;
-    bool chunked = m->xent_rows < (int64_t)m->Bmax * m->Tmax;
-    l3d_be_matmul_forward(m->be, m->dt, el(m->logits, chunked ? 0 : r0 * Vl, m->es),
+    l3d_be_matmul_forward(m->be, m->dt, el(m->logits, xent_chunked(m) ? 0 : r0 * Vl, m->es),
                           el(m->acts->lnf_full, r0 * C, m->es), wte, NULL, n, C, Vl);
 }
 
@@ -1421,7 +1426,7 @@ static void head_backward(struct l3d_gpt *m, float dloss, const void *x_last) {
     float *dlnfb = grad_or_null(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
     L3D_ASSERT(m->has_targets);
-    if (m->xent_rows >= (int64_t)m->Bmax * m->Tmax) { /* unchunked: the forward's logits */
+    if (!xent_chunked(m)) { /* the forward's logits */
         /* logits become dlogits in place */
         l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
                              s->vocab_start, N, Vl, Vvalid);
@@ -1558,13 +1563,12 @@ static const void *wstash_rows(struct l3d_gpt *m, int l, int i) {
     return m->acts->dres_full;
 }
 
-/* The activation region laid out again for the head's layout head_once and xent_rows (at
+/* The head's activations once instead of per slot: the activation region laid out again (at
  * initialisation, before any pass: nothing in it yet); false when out of memory. */
-static bool relayout(struct l3d_gpt *m, bool head_once, int64_t xent_rows) {
+static bool share_head(struct l3d_gpt *m) {
     size_t others = m->act_bytes - (size_t)point_acts(m, NULL, 0); /* the MoE buffers */
     l3d_be_free(m->be, m->acts->base);
-    m->head_once = head_once;
-    m->xent_rows = xent_rows;
+    m->head_once = true;
     size_t bytes = (size_t)point_acts(m, NULL, 0);
     m->acts->base = l3d_be_alloc(m->be, bytes, "activations");
     if (!m->acts->base) return false;
@@ -1581,11 +1585,6 @@ int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype
     return r < 1 ? 1 : r < BT ? r : BT;
 }
 
-bool l3d_gpt_set_xent_rows(struct l3d_gpt *m, int64_t rows) {
-    L3D_ASSERT(rows >= 1 && rows <= (int64_t)m->Bmax * m->Tmax);
-    return relayout(m, m->head_once, rows);
-}
-
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
     if (m->grads_nonlayer && l3d_shard_moe_layers(&m->cfg, &m->shard) > 0)
         return l3d_error(L3D_ERR_ARG, "the zero-bubble schedule (--pp-schedule zb-h1) on a MoE "
@@ -1593,7 +1592,7 @@ l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
                          "of --zero 2 and 3 cannot hold until W: use --zero 0 or 1, or "
                          "--pp-schedule 1f1b");
     L3D_ASSERT(wslots >= 1 && !m->wstash);
-    if (head_once && m->shard.has_head && m->act_slots > 1 && !relayout(m, true, m->xent_rows))
+    if (head_once && m->shard.has_head && m->act_slots > 1 && !share_head(m))
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f MiB for the activations: lower "
                          "--batch or --seq-len", (double)m->act_bytes / 1048576.0);
     m->wstash_slots = wslots;
