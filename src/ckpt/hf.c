@@ -218,6 +218,19 @@ static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
     }
 }
 
+/* The experts a token picks against those a layer has (both at least 1: get_int), named as the
+ * file names them: the model's own rule (l3d_moe_spec_check) names train's flags. */
+static void check_top_k(struct cfg_reader *r, const struct l3d_arch_info *a,
+                        const struct l3d_model_spec *m) {
+    const struct l3d_arch_key *k = l3d_arch_key_of(a, L3D_KEY_TOP_K);
+    const struct l3d_arch_key *e = l3d_arch_key_of(a, L3D_KEY_EXPERTS);
+    if (r->st != L3D_OK || !k || !e || m->moe.top_k <= m->moe.experts) return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %d but \"%s\" is %d: each token picks 1 to "
+                      "%d of a layer's experts; give \"%s\" at most %d in the file", r->what,
+                      k->key, m->moe.top_k, e->key, m->moe.experts, m->moe.experts, k->key,
+                      m->moe.experts);
+}
+
 l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
                                struct l3d_model_spec *cfg) {
     struct l3d_json doc;
@@ -239,6 +252,7 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
         /* Mixtral: the experts' width is the only MLP width; its router always renormalises */
         if (a->moe && !l3d_arch_key_of(a, L3D_KEY_FFN)) cfg->ffn = cfg->moe.ffn;
         if (a->moe && !l3d_arch_key_of(a, L3D_KEY_NORM_TOPK)) cfg->moe.norm_topk = true;
+        check_top_k(&r, a, cfg);
     } else if (st == L3D_OK) {
         if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
         r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads %s", what,

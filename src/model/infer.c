@@ -8,11 +8,16 @@
  * Llama: x = wte[tok]; RMSNorm for LN; q and k rotated at their positions (RoPE) before the keys
  * are cached; the cache holds the NKV key/value heads; SwiGLU for the MLP; the head is lmhead.
  * Attention over the cache is the backend's l3d_be_attention_cached (Vaswani et al. 2017, eq. 1).
+ * Mixture of experts: a MoE layer's MLP is the block of src/model/moe.c over the new rows
+ * (l3d_moe_infer_forward: router softmax, top-k, the experts' products, the shared MLP), dropless
+ * as Hugging Face's Mixtral runs it; the leading dense layers keep the MLP. Its routing and rows
+ * are sized once for the largest step (a prompt of maxT tokens).
  * Every buffer is device memory of the model's backend; the logits come back by one copy.
  */
 #include <stdbool.h>
 
 #include "llm3d/infer.h"
+#include "moe.h"
 #include "qknorm.h"
 
 struct l3d_infer {
@@ -33,6 +38,7 @@ struct l3d_infer {
     float *logits32;           /* (Vp) fp32, a 16-bit model's logits widened */
     int32_t *tokens;           /* (maxT) */
     float *logits_host;        /* (Vp): what l3d_infer_step returns */
+    struct l3d_moe_infer *moe; /* the MoE layers' block; NULL: a dense model */
 };
 
 static inline void *el(const void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
@@ -46,10 +52,9 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
         !s->has_head || s->sp_size != 1)
         return l3d_error(L3D_ERR_LAYOUT, "generation runs on the whole model in one process: "
                          "load the checkpoint without tensor or pipeline parallelism");
-    if (c->moe.experts > 0)
-        return l3d_error(L3D_ERR_ARG, "generation with the KV cache has no mixture-of-experts "
-                         "blocks yet (--moe-experts %d): give --no-kv-cache (each token through "
-                         "the whole model's forward)", c->moe.experts);
+    if (c->moe.experts > 0 && (s->expert_start != 0 || s->expert_count != c->moe.experts))
+        return l3d_error(L3D_ERR_LAYOUT, "generation runs on the whole model in one process: "
+                         "load the checkpoint without expert parallelism (--ep 1)");
     struct l3d_infer *inf = l3d_calloc(sizeof *inf, "inference state");
     inf->m = m;
     inf->be = m->be;
@@ -64,6 +69,8 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     inf->es = m->es;
     int64_t T = inf->maxT, C = inf->C;
     const size_t es = m->es, f4 = sizeof(float);
+    /* the dense MLP's rows: none where every layer has experts */
+    const size_t dense = c->moe.experts == 0 || c->moe.dense_layers > 0;
     struct { void **p; size_t bytes; const char *what; } bufs[] = {
         {&inf->kv, (size_t)(c->L * T * 2 * inf->KV) * es, "KV cache"},
         {(void **)&inf->positions, (size_t)T * sizeof(int32_t), "inference positions"},
@@ -76,8 +83,8 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
         {&inf->qkv, (size_t)(T * inf->QKV) * es, "inference activations"},
         {&inf->atty, (size_t)(T * C) * es, "inference activations"},
         {&inf->proj, (size_t)(T * C) * es, "inference activations"},
-        {&inf->fch, (size_t)(T * inf->Fm) * es, "inference activations"},
-        {&inf->fchg, (size_t)(T * inf->F) * es, "inference activations"},
+        {&inf->fch, dense * (size_t)(T * inf->Fm) * es, "inference activations"},
+        {&inf->fchg, dense * (size_t)(T * inf->F) * es, "inference activations"},
         {&inf->logits, (size_t)inf->Vp * es, "logits"},
         {(void **)&inf->logits32, (size_t)inf->Vp * f4, "logits"},
         {(void **)&inf->tokens, (size_t)T * sizeof(int32_t), "inference tokens"},
@@ -98,6 +105,11 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
                          "buffers (context %lld): use a model with a shorter context",
                          need / 1073741824.0, (long long)T);
     }
+    l3d_status st = l3d_moe_infer_init(&inf->moe, m, T);
+    if (st != L3D_OK) {
+        l3d_infer_free(inf);
+        return st;
+    }
     int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "inference positions");
     for (int64_t t = 0; t < T; t++) p[t] = (int32_t)t;
     l3d_be_copy_h2d(inf->be, inf->positions, p, (size_t)T * sizeof(int32_t));
@@ -114,6 +126,7 @@ void l3d_infer_free(struct l3d_infer *inf) {
                     inf->qkn_tmp, inf->qkn_rstd};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) l3d_be_free(inf->be, bufs[i]);
     l3d_free(inf->logits_host);
+    l3d_moe_infer_free(inf->moe);
     l3d_free(inf);
 }
 
@@ -136,13 +149,33 @@ static void norm(struct l3d_infer *inf, const void *x, const void *w, const void
                                  c->C);
 }
 
+/* inf->proj (n, C) = layer l's MLP of the normalised inf->ln: the MoE block in a MoE layer. */
+static void mlp(struct l3d_infer *inf, int l, int64_t n) {
+    const struct l3d_gpt *m = inf->m;
+    const struct l3d_model_spec *c = &m->cfg;
+    struct l3d_backend *be = inf->be;
+    const enum l3d_dtype dt = inf->dt;
+    if (l3d_model_moe_layer(c, l)) {
+        l3d_moe_infer_forward(inf->moe, m, l, inf->proj, inf->ln, n);
+        return;
+    }
+    l3d_be_matmul_forward(be, dt, inf->fch, inf->ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), n, inf->C,
+                          inf->Fm);
+    if (c->mlp == L3D_MLP_SWIGLU)
+        l3d_be_swiglu_forward(be, dt, inf->fchg, inf->fch, n, inf->F);
+    else
+        l3d_be_gelu_forward(be, dt, inf->fchg, inf->fch, n * inf->F);
+    l3d_be_matmul_forward(be, dt, inf->proj, inf->fchg, P(L3D_T_FCPROJW, l), P(L3D_T_FCPROJB, l),
+                          n, inf->F, inf->C);
+}
+
 const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n) {
     const struct l3d_gpt *m = inf->m;
     L3D_ASSERT(n >= 1 && inf->pos + n <= inf->maxT);
     for (int i = 0; i < n; i++) L3D_ASSERT(tokens[i] >= 0 && tokens[i] < m->cfg.V);
     struct l3d_backend *be = inf->be;
     const struct l3d_model_spec *c = &m->cfg;
-    const int64_t C = inf->C, F = inf->F, T = inf->maxT, N = n, NH = c->NH, HS = C / NH;
+    const int64_t C = inf->C, T = inf->maxT, N = n, NH = c->NH, HS = C / NH;
     const int64_t KV = inf->KV, QKV = inf->QKV, NKV = l3d_model_kv_heads(c);
     const int pos = inf->pos;
     const enum l3d_dtype dt = inf->dt;
@@ -170,14 +203,7 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
                               P(L3D_T_ATTPROJB, l), N, C, C);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
         norm(inf, inf->x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N);
-        l3d_be_matmul_forward(be, dt, inf->fch, inf->ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), N, C,
-                              inf->Fm);
-        if (c->mlp == L3D_MLP_SWIGLU)
-            l3d_be_swiglu_forward(be, dt, inf->fchg, inf->fch, N, F);
-        else
-            l3d_be_gelu_forward(be, dt, inf->fchg, inf->fch, N * F);
-        l3d_be_matmul_forward(be, dt, inf->proj, inf->fchg, P(L3D_T_FCPROJW, l),
-                              P(L3D_T_FCPROJB, l), N, F, C);
+        mlp(inf, l, N);
         l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
     }
     norm(inf, el(inf->x, (N - 1) * C, es), P(L3D_T_LNFW, 0), P(L3D_T_LNFB, 0), 1);

@@ -49,6 +49,11 @@ train moe 0 2 --moe-experts 4 --moe-top-k 2 --moe-ffn 96 || exit 1
 check "--out writes a Qwen3-MoE folder" grep -q '"model_type": "qwen3_moe"' "$dir/moe/config.json"
 roundtrip moe
 check "  norm_topk_prob false as trained" grep -q '"norm_topk_prob": false' "$dir/moe/config.json"
+gen_same "generate from the Qwen3-MoE folder (QK-norm, top-2 unnormalised)" "$dir/moe"
+edit_config "$dir/moe.hf" num_experts_per_tok 5 "$dir/k5"
+expect_error "num_experts_per_tok 5 of 4 experts" \
+    'k5/config.json: "num_experts_per_tok" is 5 but "num_experts" is 4: .*give "num_experts_per_tok" at most 4 in the file' \
+    "$bin" convert "$dir/k5" "$dir/k5.bin"
 edit_config "$dir/moe.hf" norm_topk_prob true "$dir/nt"
 check "norm_topk_prob true reads as a renormalised top-k" sh -c "'$bin' inspect '$dir/nt' | grep -q 'top-2 renormalised'"
 edit_config "$dir/moe.hf" num_experts 3 "$dir/e3"
