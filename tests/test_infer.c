@@ -212,6 +212,13 @@ static void check_moe(struct l3d_backend *be, int32_t *tok) {
         l3d_infer_free(inf);
         free(full);
         l3d_gpt_free(m);
+        /* half the experts (an --ep 2 rank's shard) is refused with a clear error */
+        struct l3d_shard half = l3d_shard_full(&mc);
+        l3d_shard_set_experts(&mc, &half, 2, 1);
+        CHECK(l3d_gpt_init(&m, &mc, &half, be, 1, 2, L3D_GRADS_NONE) == L3D_OK);
+        CHECK(l3d_infer_init(&inf, m) == L3D_ERR_LAYOUT && !inf);
+        CHECK(strstr(l3d_error_message(), "every expert") != NULL);
+        l3d_gpt_free(m);
     }
 }
 

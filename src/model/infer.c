@@ -54,7 +54,7 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
                          "load the checkpoint without tensor or pipeline parallelism");
     if (c->moe.experts > 0 && (s->expert_start != 0 || s->expert_count != c->moe.experts))
         return l3d_error(L3D_ERR_LAYOUT, "generation runs on the whole model in one process: "
-                         "load the checkpoint without expert parallelism (--ep 1)");
+                         "load every expert of the checkpoint (no expert parallelism)");
     struct l3d_infer *inf = l3d_calloc(sizeof *inf, "inference state");
     inf->m = m;
     inf->be = m->be;

@@ -19,6 +19,6 @@ gen_same() {
     local what=$1 p=$2 a b
     shift 2
     a=$(gen_greedy "$p" "$@") && b=$(gen_greedy "$p" --no-kv-cache "$@") && [ "$a" = "$b" ] &&
-        [ ${#a} -gt 3 ] && { ok "$what: KV cache = full forward: $(echo "$a" | head -c 30 | tr '\n' ' ')"; return 0; }
+        [ ${#a} -gt 3 ] && { ok "$what: KV cache = full forward: $(echo "$a" | head -c 30 | tr -c '[:print:]' ' ')"; return 0; }
     bad "$what: KV cache '$a', full forward '$b'"; cat "$dir/gen.log"; return 1
 }
