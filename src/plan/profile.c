@@ -55,10 +55,14 @@ static l3d_status check_whole(const struct l3d_profile *p, const bool *seen, con
             return l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, "
                              "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
                              t, t, t);
-        if (given == 0 && m16->wgrad.n > 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, "
-                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
-                             t, t, t);
+        const char *alone = m16->wgrad.n > 0  ? "gemm_eff_wgrad"
+                            : m16->grid.n > 0  ? "gemm_eff_grid"
+                            : m16->exact.n > 0 ? "gemm_exact"
+                                               : NULL;
+        if (given == 0 && alone)
+            return l3d_error(L3D_ERR_FORMAT, "%s: %s_%s needs gemm_eff_%s, attn_eff_%s, "
+                             "gemm_thread_eff_%s and kernel_bw_eff_%s", what, alone, t, t, t, t,
+                             t);
     }
     if (p->pair_size > p->devices_per_node)
         return l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
