@@ -72,7 +72,7 @@ static int model_shapes(struct l3d_cli_spec *cs, struct l3d_calib *c) {
     }
     c->n_exact = l3d_plan_linear_shapes(&m, &lay, c->exact_shape, L3D_PROFILE_MAX_EXACT);
     snprintf(c->model, sizeof c->model, "model %s (L=%d C=%d NH=%d V=%d), batch %d, sequence %d, "
-             "tp %d, cp %d, ep %d", m.name, m.L, m.C, m.NH, m.V, lay.micro_batch, m.maxT, lay.tp,
+             "tp %d, cp %d, ep %d", cs->preset ? cs->preset : m.name, m.L, m.C, m.NH, m.V, lay.micro_batch, m.maxT, lay.tp,
              lay.cp, lay.ep);
     return -1;
 }
