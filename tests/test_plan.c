@@ -1102,6 +1102,19 @@ static void cpu_flat_text(char *out, size_t n) {
              at + strlen(flat));
 }
 
+/* Each of bad[i][0] (a line) after base is refused, the message holding bad[i][1] */
+static void check_refused(const char *base, const char *const (*bad)[2], size_t n) {
+    char text[4096];
+    struct l3d_profile p;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(text, sizeof text, "%s%s\n", base, bad[i][0]);
+        CHECK(l3d_profile_parse(&p, text, "x.prof") == L3D_ERR_FORMAT);
+        if (!strstr(l3d_error_message(), bad[i][1]))
+            fprintf(stderr, "%s: %s\n", bad[i][0], l3d_error_message());
+        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
+    }
+}
+
 static void test_wgrad_curve(void) {
     char text[4096];
     struct l3d_profile base, w, half, tmp;
@@ -1158,17 +1171,13 @@ static void test_wgrad_curve(void) {
     CHECK(l3d_profile_mixed(&w, L3D_BF16, &tmp) && tmp.wgrad.n == 0);
     /* bad curves name their key: decreasing tokens, a fraction out of range, not tokens:fraction,
      * a type's curve without its four keys */
-    const char *bad[][2] = {
+    const char *const bad[][2] = {
         {"gemm_eff_wgrad = 256:0.5 128:0.6\n", "gemm_eff_wgrad points must have increasing tokens"},
         {"gemm_eff_wgrad = 128:2\n", "gemm_eff_wgrad point '128:2' needs tokens > 0"},
         {"gemm_eff_wgrad = 0.5\n", "gemm_eff_wgrad point '0.5' is not tokens:fraction"},
         {"gemm_eff_wgrad_fp16 = 128:0.5\n", "gemm_eff_wgrad_fp16 needs gemm_eff_fp16"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(text, sizeof text, "%s%s", cpu_flat, bad[i][0]);
-        CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
-        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
-    }
+    check_refused(cpu_flat, bad, sizeof bad / sizeof bad[0]);
 }
 
 /* gemm_eff_grid (issue 47): a product read by its smallest side and FLOPs, so that thin and
@@ -1312,7 +1321,7 @@ static void test_shape_keys(void) {
         CHECK(l3d_profile_find(&p, shipped[i]) == L3D_OK);
         CHECK(p.grid.n == 0 && p.exact.n == 0 && p.n_eff > 0);
     }
-    const char *bad[][2] = {
+    const char *const bad[][2] = {
         {"gemm_eff_grid = 64x64:0.5", "gemm_eff_grid entry '64x64:0.5' is not MxNxK:F"},
         {"gemm_eff_grid = 64x64x64:0", "gemm_eff_grid entry '64x64x64:0' is not MxNxK:F"},
         {"gemm_eff_grid = 64x64x64:1.6", "entry '64x64x64:1.6' is not MxNxK:F (sides from 1"},
@@ -1327,13 +1336,7 @@ static void test_shape_keys(void) {
         {"gemm_exact_bf16 = 64x64x64:0.5/0.5", "gemm_exact_bf16 needs gemm_eff_bf16"},
         {"gemm_eff_grid_fp16 = 64x64x64:0.5", "gemm_eff_grid_fp16 needs gemm_eff_fp16"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(text, sizeof text, "%s%s\n", cpu_flat, bad[i][0]);
-        CHECK(l3d_profile_parse(&p, text, "x.prof") == L3D_ERR_FORMAT);
-        if (!strstr(l3d_error_message(), bad[i][1]))
-            fprintf(stderr, "%s: %s\n", bad[i][0], l3d_error_message());
-        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
-    }
+    check_refused(cpu_flat, bad, sizeof bad / sizeof bad[0]);
 }
 
 static void test_mixed_local(void) {
