@@ -7,7 +7,8 @@
 # global batch (--grad-accum 2), with the share of the step the all-to-alls took (the trainer's
 # ep_comm_ms, rank 0). Each case also gives the planner's prediction of its step time and memory
 # from PROFILE (measured first when missing, with gpt2-moe's shapes; CALIBRATE=0: no plan then),
-# and the dense fp32 case runs twice: the spread of the two is the machine's noise, to read the ratios against.
+# and the dense fp32 case runs twice: the spread of the two is the machine's noise, to read the
+# ratios against.
 # Byte tokens (V = 256), B=2 x T=64 a micro-batch, STEPS steps, the median after the first two.
 # Usage: bench/moe.sh [BUILD_DIR] [STEPS] [PROFILE]  (defaults: build 4 profiles/local.prof)
 set -eu

@@ -28,7 +28,8 @@ common=(--model "$model" --vocab 256 --context "$T" --seq-len "$T" --batch "$B")
 if [ ! -f "$prof" ]; then
     # with the model's flags: its own linear layers measured too (gemm_exact), as plan times them
     echo "no $prof: measuring this machine first, with $model's linear layers"
-    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate "${common[@]}" --out "$prof" > /dev/null
+    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate "${common[@]}" --out "$prof" \
+        > /dev/null
 fi
 fortunes "$dir/d"
 echo "model $model (V=256), B=$B x T=$T per micro-batch, pp=2 on 2 ranks x 1 thread, $steps steps (median after the first), profile $prof, launcher $mpiexec"

@@ -17,8 +17,8 @@
  * The order of l3d_calib_measure (src/plan/calibrate.c says why):
  *   1. rank 0 on all cores, the others asleep: STREAM triad, the backend's element-wise kernels,
  *      one product on all cores (for gemm_thread_eff);
- *   2. every rank on its own core at once: the FMA peak, the linear layer's ladder, attention,
- *      the same products on one core; rank 0's figures are written;
+ *   2. every rank on its own core at once: the FMA peak, the linear layer's grid of shapes (and
+ *      --model's), attention, the same products on one core; rank 0's figures are written;
  *   3. the all-reduces (one node: among all ranks; several: inside each node and between them).
  */
 #ifndef LLM3D_CALIBRATE_H

@@ -89,8 +89,9 @@ struct l3d_profile_wgrad {
 };
 
 /* Matrix products by their shape (issue 47): efficiency is not a function of the FLOPs alone
- * (on a CPU a product with a side of 64 ran at 0.46 of the peak and a 256 x 1536 x 384 one of
- * the same FLOPs at 0.65). Optional keys gemm_eff_grid[_T]: `MxNxK:fraction` entries, the
+ * (on the quiet AVX-512 core d6's products, M 256 and N, K 384..1536, ran at about 0.65 of the
+ * FMA peak where a curve by FLOPs, whose buckets mixed in products with a side of 64, said
+ * 0.46-0.53). Optional keys gemm_eff_grid[_T]: `MxNxK:fraction` entries, the
  * forward and input-gradient products of a linear layer of M tokens, K inputs, N outputs
  * measured on a grid of shapes, read by the smallest side and the FLOPs
  * (l3d_profile_gemm_eff_shape). gemm_exact[_T]: `MxNxK:F/W` entries, one model's own linear

@@ -56,7 +56,13 @@ static int set_calib(void *ctx, const char *cmd, int id, const char *v) {
 /* --model and the layout's flags: the model's linear shapes as the planner plans them
  * (l3d_plan_linear_shapes) into c, and what they are of; none without a model flag */
 static int model_shapes(struct l3d_cli_spec *cs, struct l3d_calib *c) {
-    if (cs->given == 0) return -1;
+    bool model = cs->preset || cs->L || cs->C || cs->NH || cs->V || cs->maxT || cs->ffn;
+    if (!model && cs->given != 0) {
+        fprintf(stderr, "llm3d " CMD ": the layout and precision flags pick a model's linear "
+                "layers to measure: give --model NAME with them, or leave them out\n");
+        return 2;
+    }
+    if (!model) return -1;
     struct l3d_model_spec m;
     if (l3d_cli_plan_model(cs, &m) != L3D_OK) {
         fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
@@ -72,8 +78,8 @@ static int model_shapes(struct l3d_cli_spec *cs, struct l3d_calib *c) {
     }
     c->n_exact = l3d_plan_linear_shapes(&m, &lay, c->exact_shape, L3D_PROFILE_MAX_EXACT);
     snprintf(c->model, sizeof c->model, "model %s (L=%d C=%d NH=%d V=%d), batch %d, sequence %d, "
-             "tp %d, cp %d, ep %d", cs->preset ? cs->preset : m.name, m.L, m.C, m.NH, m.V, lay.micro_batch, m.maxT, lay.tp,
-             lay.cp, lay.ep);
+             "tp %d, cp %d, ep %d", cs->preset ? cs->preset : m.name, m.L, m.C, m.NH, m.V,
+             lay.micro_batch, m.maxT, lay.tp, lay.cp, lay.ep);
     return -1;
 }
 

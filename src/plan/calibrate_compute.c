@@ -277,14 +277,16 @@ static void grid_curve(const struct l3d_calib *c, const double *rate, int *n_eff
 /* Linear layers (layer_rates) on one thread by shape: the grid l3d_calib_grid (rows of one
  * smallest side, M the tokens, from 64 to 2048; N = K from the side to 3072), its forward and
  * input-gradient FLOP/s into rate[], and gemm_eff's curve from them (grid_curve). Bucketed by
- * FLOPs alone, as the ladder before it was, a bucket mixed thin products (a side of 64: 0.46 of
- * the peak) with square ones (0.65), and d6's 256 x 1536 x 384 came out 15% slow. The weight
- * gradient has a curve of its own, by tokens: its reduction runs over the M rows, and a backend
- * that accumulates it into an fp32 main_grad may depend on M alone (oneDNN's bf16 product here:
- * 0.39-0.43 of the peak at M = 128 for every weight out of cache, docs/BENCHMARKS.md), so a
- * point of wg is M and the median FLOP/s of the weight-gradient product alone at GPT-2 small's
- * two weights, 768 x 768 and 3072 x 768 (out of every core's cache, as a model's weights are;
- * the grid's small weights stay in cache). Fractions of the peak: the caller's. */
+ * FLOPs alone, as the ladder before it was, a bucket mixed thin products (a side of 64) with
+ * square ones: d6's products (M 256, N and K 384..1536) ran at about 0.65 of the FMA peak on the
+ * quiet machine, their buckets said 0.46-0.53, and the plan's products came out 15% slow. The
+ * weight gradient has a curve of its own, by tokens: its reduction runs over the M rows, and a
+ * backend that accumulates it into an fp32 main_grad may depend on M alone (oneDNN's bf16
+ * product here: 0.39-0.43 of the peak at M = 128 for every weight out of cache,
+ * docs/BENCHMARKS.md), so a point of wg is M and the median FLOP/s of the weight-gradient product
+ * alone at GPT-2 small's two weights, 768 x 768 and 3072 x 768 (out of every core's cache, as a
+ * model's weights are; the grid's small weights stay in cache). Fractions of the peak: the
+ * caller's. */
 static void measure_gemm(struct l3d_backend *be, struct l3d_calib *c, enum l3d_dtype dt,
                          double *rate, int *n_eff, double *eff_flops, double *eff, int *n_wg,
                          double *wg_tok, double *wg_eff) {
@@ -386,7 +388,7 @@ void l3d_calib_all_cores(struct l3d_calib *c, l3d_calib_report_fn report, void *
 /* The peak is at least the fastest rate measured: a slowed FMA loop (a sanitizer build, a core
  * taken away during its rounds) must not give fractions above 1, which plan rejects. A type whose
  * products run natively has a peak of its own, raised the same way. Then every rate of the
- * ladder, the weight gradient and attention becomes a fraction of its peak. */
+ * grid, the model's shapes, the weight gradient and attention becomes a fraction of its peak. */
 void l3d_calib_fractions(struct l3d_calib *c) {
     const double attn_flops = 12.0 * 4 * 256 * 256 * 768;
     const double attn_rate = attn_flops / (c->attn_fwd_s + c->attn_bwd_s);
@@ -469,7 +471,8 @@ void l3d_calib_thread_again(struct l3d_calib *c) {
 /* Every rank at once, one thread each on its own core, so that each core is measured with its
  * neighbours busy, as in a run that uses every core (a core alone clocks higher and has the
  * memory to itself): the FMA peak before, between and after the products (the highest: the
- * clock and the neighbours vary), the linear layers of the ladder, the attention kernels. */
+ * clock and the neighbours vary), the linear layers of the grid (and the model's), the
+ * attention kernels. */
 void l3d_calib_one_core(struct l3d_calib *c) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     omp_set_num_threads(1);

@@ -19,6 +19,8 @@ expect_error "unknown flag" "unknown flag, or a flag without its value: '--frobn
 expect_error "--out without a value" "a flag without its value: '--out'" "$bin" bench --calibrate --out
 expect_error "a model that --tp does not split" "--tp 5, --cp 1, --ep 1, --batch 4 do not split model" \
     "$bin" bench --calibrate --model d6 --tp 5 --out "$dir/tp5.prof"
+expect_error "layout flags without a model" "give --model NAME with them" \
+    "$bin" bench --calibrate --tp 2 --out "$dir/m.prof"
 expect_error "an unknown --model" "--model" "$bin" bench --calibrate --model d999 --out "$dir/m.prof"
 expect_error "unwritable --out" "cannot create the --out profile $dir/nowhere/x.prof (a temporary file in $dir/nowhere): No such file" \
     "$bin" bench --calibrate --out "$dir/nowhere/x.prof"
@@ -137,7 +139,7 @@ check "$g: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fraction
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
 done
-# the weight-gradient products by tokens: the micro-batch rows the ladder ran (64..2048; --quick
+# the weight-gradient products by tokens: the micro-batch rows measured (64..2048; --quick
 # runs one shape a bucket, which leaves out some)
 for g in gemm_eff_wgrad gemm_eff_wgrad_bf16 gemm_eff_wgrad_fp16; do
 check "$g: 4+ points, strictly increasing tokens within 64..2048, fractions in (0, 1]" \
