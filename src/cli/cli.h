@@ -216,6 +216,10 @@ void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
  * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
 int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);
+/* The planner's model (llm3d plan, and bench --calibrate --model): the --model preset (d12
+ * without one), then the sizes given; its maxT is the sequence planned: --seq-len, else
+ * --context, else the preset's context. */
+l3d_status l3d_cli_plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* l3d_spec_check: -1 when the spec holds, else 2 after one line holding every violated rule
  * ("; " between them). */
 int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,
