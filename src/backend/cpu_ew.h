@@ -1,0 +1,21 @@
+/* The CPU backend's GELU in explicit SIMD (cpu_ew.c): AVX-512 or AVX2 with FMA, chosen at run
+ * time, else scalar, the same operations in the same order on every path, so all three give
+ * the same bits (tests/test_gelu_simd.c checks it on each path the CPU has). Only
+ * src/backend/cpu*.c and the tests include this file. */
+#ifndef LLM3D_CPU_EW_H
+#define LLM3D_CPU_EW_H
+
+#include <stdint.h>
+
+enum l3d_simd { L3D_SIMD_SCALAR, L3D_SIMD_AVX2, L3D_SIMD_AVX512 };
+
+/* The widest path this CPU runs (AVX-512F; else AVX2 with FMA; else scalar), asked once. */
+enum l3d_simd l3d_cpu_simd(void);
+
+/* GELU, tanh form (Hendrycks & Gimpel 2016), as x sigmoid(2u) with u = sqrt(2/pi) (x + 0.044715
+ * x^3) (0.5 (1 + tanh u) = sigmoid(2u)): dy NULL: y (n) = gelu(x); else y (n) += gelu'(x) dy.
+ * y may be x (forward). isa must be at most l3d_cpu_simd(). Max error against the float64 tanh
+ * form over [-12, 12]: see docs/DESIGN.md ("Fused element-wise kernels"). */
+void l3d_cpu_gelu_rows(enum l3d_simd isa, float *y, const float *x, const float *dy, int64_t n);
+
+#endif
