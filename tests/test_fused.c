@@ -23,6 +23,16 @@
 
 typedef long long ll;
 
+static float widen(enum l3d_dtype t, const void *p, int64_t i) {
+    if (t == L3D_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == L3D_BF16 ? l3d_bf16_to_f32(h) : l3d_f16_to_f32(h);
+}
+static void narrow(enum l3d_dtype t, void *p, int64_t i, float v) {
+    if (t == L3D_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_f32_to_bf16(v) : l3d_f32_to_f16(v);
+}
+
 /* ---- GELU ------------------------------------------------------------------------------------ */
 
 static double ref_gelu(double x, double *dx) {
@@ -50,7 +60,7 @@ static bool same_bits(const void *a, const void *b, size_t bytes) { return !memc
 static void gelu_run(enum l3d_simd isa, float *y, const float *x, const float *dy, int64_t n) {
     if (dy)
         for (int64_t i = 0; i < n; i++) y[i] = 0.25f;
-    l3d_cpu_gelu_rows(isa, y, x, dy, n);
+    l3d_cpu_gelu_rows(isa, L3D_F32, y, x, dy, n);
 }
 
 static void test_gelu_paths(void) {
@@ -93,6 +103,50 @@ static void test_gelu_paths(void) {
     }
 }
 
+/* 16-bit rows: every path against the oracle, the fp32 scalar rows on the widened values with
+ * each output rounded once (what the kernel did with 16-bit blocks widened on the stack), at
+ * every tail length; backward accumulating into a 16-bit y. Negative: a y rounded twice (through
+ * a 16-bit dy product) fails. */
+static void test_gelu_16(enum l3d_dtype t) {
+    const int64_t n = 77;
+    float xf[77], df[77], yf[77];
+    uint16_t x[77], dy[77], y0[77], y[77], want[77];
+    for (int64_t i = 0; i < n; i++) {
+        narrow(t, x, i, 5.0f * l3d_rng_normal(9, 1, (uint64_t)i));
+        narrow(t, dy, i, l3d_rng_normal(9, 2, (uint64_t)i));
+        narrow(t, y0, i, l3d_rng_normal(9, 3, (uint64_t)i));
+        xf[i] = widen(t, x, i), df[i] = widen(t, dy, i);
+    }
+    x[n - 1] = t == L3D_BF16 ? 0x7fc1 : 0x7e01; /* a NaN: kept */
+    xf[n - 1] = widen(t, x, n - 1);
+    for (int back = 0; back < 2; back++)
+        for (int64_t len = 1; len <= n; len += len < 40 ? 1 : 18) {
+            for (int64_t i = 0; i < len; i++) yf[i] = widen(t, y0, i);
+            l3d_cpu_gelu_rows(L3D_SIMD_SCALAR, L3D_F32, yf, xf, back ? df : NULL, len);
+            for (int64_t i = 0; i < len; i++) narrow(t, want, i, yf[i]);
+            for (int isa = 0; isa <= (int)l3d_cpu_simd(); isa++) {
+                memcpy(y, y0, sizeof y);
+                l3d_cpu_gelu_rows((enum l3d_simd)isa, t, y, x, back ? dy : NULL, len);
+                bool ok = same_bits(y, want, (size_t)len * 2) &&
+                          same_bits(y + len, y0 + len, (size_t)(n - len) * 2); /* untouched */
+                if (!ok)
+                    fprintf(stderr, "gelu %s %s len %lld: path %d differs from the oracle\n",
+                            l3d_dtype_name(t), back ? "backward" : "forward", (ll)len, isa);
+                CHECK(ok);
+            }
+        }
+    memcpy(y, y0, sizeof y); /* negative: the product dy gelu' rounded to 16 bits first */
+    l3d_cpu_gelu_rows(l3d_cpu_simd(), t, y, x, dy, n);
+    for (int64_t i = 0; i < n; i++) {
+        float g = 0.0f;
+        uint16_t d;
+        l3d_cpu_gelu_rows(L3D_SIMD_SCALAR, L3D_F32, &g, &xf[i], &df[i], 1);
+        narrow(t, &d, 0, g);
+        narrow(t, want, i, widen(t, y0, i) + widen(t, &d, 0));
+    }
+    CHECK(!same_bits(y, want, (size_t)n * 2));
+}
+
 /* Over a dense grid of [-12, 12]: gelu within 3e-7 max(1, |x|), gelu' within 3e-7 (measured
  * over 24M points: 5.2e-7 absolute at x = 4.67, one unit in the last place of 4.67; gelu'
  * 2.1e-7 at 1.12), on the widest path (the others give the same bits). Negative: 1e-5 added to
@@ -101,13 +155,13 @@ static void test_gelu_accuracy(void) {
     const int64_t n = 480001;
     float *x = malloc(n * 4), *y = malloc(n * 4), *one = malloc(n * 4);
     for (int64_t i = 0; i < n; i++) x[i] = -12.0f + 24.0f * (float)i / (float)(n - 1), one[i] = 1;
-    l3d_cpu_gelu_rows(l3d_cpu_simd(), y, x, NULL, n);
+    l3d_cpu_gelu_rows(l3d_cpu_simd(), L3D_F32, y, x, NULL, n);
     double ef = gelu_err(x, y, n, false);
     CHECK(ef <= 3e-7);
     y[n / 3] += 1e-5f;
     CHECK(!(gelu_err(x, y, n, false) <= 3e-7));
     memset(y, 0, n * 4);
-    l3d_cpu_gelu_rows(l3d_cpu_simd(), y, x, one, n);
+    l3d_cpu_gelu_rows(l3d_cpu_simd(), L3D_F32, y, x, one, n);
     double eb = gelu_err(x, y, n, true);
     CHECK(eb <= 3e-7);
     y[n / 2] += 1e-5f;
@@ -117,16 +171,6 @@ static void test_gelu_accuracy(void) {
 }
 
 /* ---- residual + norm --------------------------------------------------------------------------- */
-
-static float widen(enum l3d_dtype t, const void *p, int64_t i) {
-    if (t == L3D_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == L3D_BF16 ? l3d_bf16_to_f32(h) : l3d_f16_to_f32(h);
-}
-static void narrow(enum l3d_dtype t, void *p, int64_t i, float v) {
-    if (t == L3D_F32) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_f32_to_bf16(v) : l3d_f32_to_f16(v);
-}
 
 /* device buffers of one case: a, b, weight, bias in; res, out, mean, rstd out */
 struct rn {
@@ -292,6 +336,8 @@ static void residual_norm_suite(struct l3d_backend *be) {
 int main(void) {
     test_gelu_paths();
     test_gelu_accuracy();
+    test_gelu_16(L3D_BF16);
+    test_gelu_16(L3D_F16);
     struct l3d_backend *be = test_backend_init();
     residual_norm_suite(be);
     l3d_backend_free(be);

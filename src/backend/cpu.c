@@ -1443,31 +1443,31 @@ static void attention_naive_backward_f32(void *ctx, float *dqkv, float *datt, co
 
 /* ---- GELU, residual --------------------------------------------------------------------- */
 
-/* GELU, tanh form (Hendrycks & Gimpel 2016): the rows in cpu_ew.c, in AVX-512 / AVX2 where the
- * CPU has them (the same bits on every path). */
-
-/* Elementwise kernels: y (N) = gelu(a), y += gelu'(a) * b (b = dout), or y = a + b. */
-enum ew_op { EW_GELU, EW_GELU_BACKWARD, EW_ADD };
-
-static inline void ew_rows(enum ew_op op, float *y, const float *a, const float *b, int64_t n) {
-    switch (op) {
-    case EW_GELU:
-        l3d_cpu_gelu_rows(l3d_cpu_simd(), y, a, NULL, n);
-        break;
-    case EW_GELU_BACKWARD:
-        l3d_cpu_gelu_rows(l3d_cpu_simd(), y, a, b, n);
-        break;
-    case EW_ADD:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-        break;
+/* GELU, tanh form (Hendrycks & Gimpel 2016): each thread its static chunk of the N elements
+ * through cpu_ew.c's rows, in AVX-512 / AVX2 where the CPU has them (the same bits on every
+ * path), 16-bit elements widened and rounded in registers. dy NULL: y = gelu(x); else
+ * y += gelu'(x) dy. */
+static void gelu_par(enum l3d_dtype dt, void *y, const void *x, const void *dy, int64_t N) {
+    const enum l3d_simd isa = l3d_cpu_simd();
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo)
+            l3d_cpu_gelu_rows(isa, dt, at(dt, y, lo), at(dt, x, lo), dy ? at(dt, dy, lo) : NULL,
+                              hi - lo);
     }
+}
+
+/* Elementwise y (N) = a + b (y may be a: add_inplace). */
+static inline void ew_add(float *y, const float *a, const float *b, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
 /* Each thread its static chunk of the N elements: fp32 in place, 16-bit in blocks of L3D_BLK
  * widened on the stack, each output rounded once. y may be a (add_inplace). */
-static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const void *b,
-               int64_t N) {
+static void ew(enum l3d_dtype dt, void *y, const void *a, const void *b, int64_t N) {
 #pragma omp parallel
     {
         const struct span sp = thread_span(dt, N);
@@ -1475,9 +1475,8 @@ static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const v
             int64_t n = span_len(sp, i0);
             float yb[L3D_BLK], ab[L3D_BLK], bb[L3D_BLK];
             void *yp = at(dt, y, i0);
-            float *yf = op == EW_GELU_BACKWARD ? row_io(dt, yb, yp, n) : row_out(dt, yb, yp);
-            ew_rows(op, yf, row_in(dt, ab, at(dt, a, i0), n),
-                    op == EW_GELU ? NULL : row_in(dt, bb, at(dt, b, i0), n), n);
+            float *yf = row_out(dt, yb, yp);
+            ew_add(yf, row_in(dt, ab, at(dt, a, i0), n), row_in(dt, bb, at(dt, b, i0), n), n);
             row_done(dt, yp, yf, n);
         }
     }
@@ -1487,24 +1486,24 @@ static void cpu_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void
                              int64_t N) {
     (void)ctx;
     F32_OR_16("gelu_forward");
-    ew(EW_GELU, dt, out, inp, NULL, N);
+    gelu_par(dt, out, inp, NULL, N);
 }
 static void cpu_gelu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
                               const void *inp, int64_t N) {
     (void)ctx;
     F32_OR_16("gelu_backward");
-    ew(EW_GELU_BACKWARD, dt, dinp, inp, dout, N);
+    gelu_par(dt, dinp, inp, dout, N);
 }
 static void cpu_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const void *a,
                                  const void *b, int64_t N) {
     (void)ctx;
     F32_OR_16("residual_forward");
-    ew(EW_ADD, dt, out, a, b, N);
+    ew(dt, out, a, b, N);
 }
 static void cpu_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
     (void)ctx;
     F32_OR_16("add_inplace");
-    ew(EW_ADD, dt, dst, dst, src, N);
+    ew(dt, dst, dst, src, N);
 }
 
 // out (N,C) += bias (C) on every row

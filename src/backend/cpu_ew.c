@@ -24,6 +24,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu_ew.h"
@@ -38,15 +39,21 @@
 #define SHIFTER 12582912.0f        /* 1.5 * 2^23: adding it rounds to an integer */
 #define LN2_HI 0.693145751953125f  /* exact in float */
 #define LN2_LO 1.428606765330187e-06f
+/* the paths' instruction sets: AVX-512 with its 16-bit loads and stores (BW, VL); AVX2 with FMA
+ * and F16C (every AVX2 CPU has F16C) */
+#define T512 "avx512f,avx512bw,avx512vl"
+#define T256 "avx2,fma,f16c"
 
 enum l3d_simd l3d_cpu_simd(void) {
     static int known = -1; /* atomic: threads may ask at once */
     int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
     if (k < 0) {
         __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx512f")                                    ? L3D_SIMD_AVX512
-            : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? L3D_SIMD_AVX2
-                                                                                : L3D_SIMD_SCALAR;
+        bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+        bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+        k = avx512 ? L3D_SIMD_AVX512 : avx2 ? L3D_SIMD_AVX2 : L3D_SIMD_SCALAR;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
     return (enum l3d_simd)k;
@@ -78,23 +85,35 @@ static inline float s_exp(float a) {
     return p * scale;
 }
 
-static void gelu_scalar(float *y, const float *x, const float *dy, int64_t n) {
+static inline float s_ld(enum l3d_dtype t, const void *p, int64_t i) {
+    if (t == L3D_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == L3D_BF16 ? l3d_bf16_widen(h) : l3d_f16_to_f32(h);
+}
+static inline void s_st(enum l3d_dtype t, void *p, int64_t i, float v) {
+    if (t == L3D_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_bf16_narrow(v) : l3d_f32_to_f16(v);
+}
+
+static void gelu_scalar(enum l3d_dtype t, void *y, const void *xp, const void *dy, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float xc = s_min(GX_MAX, s_max(-GX_MAX, x[i])), x2 = xc * xc;
+        float x = s_ld(t, xp, i), xc = s_min(GX_MAX, s_max(-GX_MAX, x)), x2 = xc * xc;
         float u2 = xc * fmaf(x2, GK2C, GK2);
         float e = s_exp(-u2), s = 1.0f / (1.0f + e);
         if (!dy) {
-            y[i] = x[i] * s;
+            s_st(t, y, i, x * s);
             continue;
         }
         float d = fmaf(xc * (e * s * s), fmaf(x2, GK6C, GK2), s);
-        y[i] = fmaf(d, dy[i], y[i]);
+        s_st(t, y, i, fmaf(d, s_ld(t, dy, i), s_ld(t, y, i)));
     }
 }
 
 /* ---- AVX-512 ------------------------------------------------------------------------------ */
 
-__attribute__((target("avx512f"))) static inline __m512 v16_exp(__m512 a) {
+__attribute__((target(T512))) static inline __m512 v16_exp(__m512 a) {
     a = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), a));
     __m512 t = _mm512_fmadd_ps(a, _mm512_set1_ps(LOG2E), _mm512_set1_ps(SHIFTER));
     __m512 nn = _mm512_sub_ps(t, _mm512_set1_ps(SHIFTER));
@@ -114,7 +133,7 @@ __attribute__((target("avx512f"))) static inline __m512 v16_exp(__m512 a) {
 }
 
 /* 16 lanes: the forward's y, or the backward's y + gelu'(x) dy */
-__attribute__((target("avx512f"))) static inline __m512 v16_gelu(__m512 x, __m512 dy, __m512 y,
+__attribute__((target(T512))) static inline __m512 v16_gelu(__m512 x, __m512 dy, __m512 y,
                                                                  int back) {
     __m512 xc = _mm512_min_ps(_mm512_set1_ps(GX_MAX), _mm512_max_ps(_mm512_set1_ps(-GX_MAX), x));
     __m512 x2 = _mm512_mul_ps(xc, xc);
@@ -128,21 +147,50 @@ __attribute__((target("avx512f"))) static inline __m512 v16_gelu(__m512 x, __m51
     return _mm512_fmadd_ps(d, dy, y);
 }
 
-__attribute__((target("avx512f"))) static void gelu_avx512(float *y, const float *x,
-                                                          const float *dy, int64_t n) {
+/* 16 elements of type t at p + i (masked: the others read as 0), widened exactly */
+__attribute__((target(T512))) static inline __m512 v16_ld(enum l3d_dtype t, const void *p,
+                                                          int64_t i, __mmask16 m) {
+    if (t == L3D_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (t == L3D_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/* stored rounded to nearest even: fp16 by vcvtps2ph, bf16 as l3d_bf16_narrow (NaN kept quiet) */
+__attribute__((target(T512))) static inline void v16_st(enum l3d_dtype t, void *p, int64_t i,
+                                                        __mmask16 m, __m512 v) {
+    if (t == L3D_F32) {
+        _mm512_mask_storeu_ps((float *)p + i, m, v);
+        return;
+    }
+    __m256i h;
+    if (t == L3D_F16) {
+        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else {
+        __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+        __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                     _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(
+            nan, _mm512_srli_epi32(r, 16), _mm512_or_si512(hi, _mm512_set1_epi32(0x40))));
+    }
+    _mm256_mask_storeu_epi16((uint16_t *)p + i, m, h);
+}
+
+__attribute__((target(T512))) static void gelu_avx512(enum l3d_dtype t, void *y, const void *x,
+                                                     const void *dy, int64_t n) {
     const int back = dy != NULL;
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 dv = back ? _mm512_maskz_loadu_ps(m, dy + i) : xv;
-        __m512 yv = back ? _mm512_maskz_loadu_ps(m, y + i) : xv;
-        _mm512_mask_storeu_ps(y + i, m, v16_gelu(xv, dv, yv, back));
+        __m512 xv = v16_ld(t, x, i, m);
+        __m512 dv = back ? v16_ld(t, dy, i, m) : xv, yv = back ? v16_ld(t, y, i, m) : xv;
+        v16_st(t, y, i, m, v16_gelu(xv, dv, yv, back));
     }
 }
 
 /* ---- AVX2 + FMA ---------------------------------------------------------------------------- */
 
-__attribute__((target("avx2,fma"))) static inline __m256 v8_exp(__m256 a) {
+__attribute__((target(T256))) static inline __m256 v8_exp(__m256 a) {
     a = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), a));
     __m256 t = _mm256_fmadd_ps(a, _mm256_set1_ps(LOG2E), _mm256_set1_ps(SHIFTER));
     __m256 nn = _mm256_sub_ps(t, _mm256_set1_ps(SHIFTER));
@@ -161,7 +209,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 v8_exp(__m256 a) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-__attribute__((target("avx2,fma"))) static inline __m256 v8_gelu(__m256 x, __m256 dy, __m256 y,
+__attribute__((target(T256))) static inline __m256 v8_gelu(__m256 x, __m256 dy, __m256 y,
                                                                  int back) {
     __m256 xc = _mm256_min_ps(_mm256_set1_ps(GX_MAX), _mm256_max_ps(_mm256_set1_ps(-GX_MAX), x));
     __m256 x2 = _mm256_mul_ps(xc, xc);
@@ -175,31 +223,62 @@ __attribute__((target("avx2,fma"))) static inline __m256 v8_gelu(__m256 x, __m25
     return _mm256_fmadd_ps(d, dy, y);
 }
 
-/* The tail (under 8 elements) through the same vector code on zero-padded copies. */
-__attribute__((target("avx2,fma"))) static void gelu_avx2(float *y, const float *x,
-                                                         const float *dy, int64_t n) {
-    const int back = dy != NULL;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_loadu_ps(x + i);
-        __m256 dv = back ? _mm256_loadu_ps(dy + i) : xv, yv = back ? _mm256_loadu_ps(y + i) : xv;
-        _mm256_storeu_ps(y + i, v8_gelu(xv, dv, yv, back));
+__attribute__((target(T256))) static inline __m256 v8_ld(enum l3d_dtype t, const void *p) {
+    if (t == L3D_F32) return _mm256_loadu_ps(p);
+    __m128i h = _mm_loadu_si128(p);
+    if (t == L3D_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* as v16_st: the bits of l3d_bf16_narrow, of vcvtps2ph */
+__attribute__((target(T256))) static inline void v8_st(enum l3d_dtype t, void *p, __m256 v) {
+    if (t == L3D_F32) {
+        _mm256_storeu_ps(p, v);
+        return;
     }
-    if (i == n) return;
-    float xb[8] = {0}, db[8] = {0}, yb[8] = {0};
-    size_t k = (size_t)(n - i) * sizeof(float);
-    memcpy(xb, x + i, k);
-    if (back) memcpy(db, dy + i, k), memcpy(yb, y + i, k);
-    _mm256_storeu_ps(yb, v8_gelu(_mm256_loadu_ps(xb), _mm256_loadu_ps(db), _mm256_loadu_ps(yb),
-                                 back));
-    memcpy(y + i, yb, k);
+    if (t == L3D_F16) {
+        _mm_storeu_si128(p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+    }
+    __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                                   _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+                                  16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000)); /* both sides positive */
+    __m256i b = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    /* 8 values below 2^16 to 16 bits: packus packs within 128-bit lanes; the permute joins them */
+    __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08);
+    _mm_storeu_si128(p, _mm256_castsi256_si128(pk));
 }
 
-void l3d_cpu_gelu_rows(enum l3d_simd isa, float *y, const float *x, const float *dy, int64_t n) {
+/* The tail (under 8 elements) through the same vector code on zero-padded copies. */
+__attribute__((target(T256))) static void gelu_avx2(enum l3d_dtype t, void *y, const void *x,
+                                                   const void *dy, int64_t n) {
+    const int back = dy != NULL;
+    const int64_t es = t == L3D_F32 ? 4 : 2;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        char *yp = (char *)y + i * es;
+        const char *xp = (const char *)x + i * es;
+        __m256 xv = v8_ld(t, xp);
+        __m256 dv = back ? v8_ld(t, (const char *)dy + i * es) : xv, yv = back ? v8_ld(t, yp) : xv;
+        v8_st(t, yp, v8_gelu(xv, dv, yv, back));
+    }
+    if (i == n) return;
+    _Alignas(32) char xb[32] = {0}, db[32] = {0}, yb[32] = {0};
+    size_t k = (size_t)((n - i) * es);
+    memcpy(xb, (const char *)x + i * es, k);
+    if (back) memcpy(db, (const char *)dy + i * es, k), memcpy(yb, (char *)y + i * es, k);
+    v8_st(t, yb, v8_gelu(v8_ld(t, xb), v8_ld(t, db), v8_ld(t, yb), back));
+    memcpy((char *)y + i * es, yb, k);
+}
+
+void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void *x,
+                       const void *dy, int64_t n) {
     if (isa == L3D_SIMD_AVX512)
-        gelu_avx512(y, x, dy, n);
+        gelu_avx512(t, y, x, dy, n);
     else if (isa == L3D_SIMD_AVX2)
-        gelu_avx2(y, x, dy, n);
+        gelu_avx2(t, y, x, dy, n);
     else
-        gelu_scalar(y, x, dy, n);
+        gelu_scalar(t, y, x, dy, n);
 }
