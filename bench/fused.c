@@ -11,24 +11,29 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu_ew.h"
 #include "llm3d/backend.h"
 #include "llm3d/core.h"
 
+/* A device buffer of n elements of type t, normal(mu, sd), each rounded once on the host. */
 static void *filled(struct l3d_backend *be, enum l3d_dtype t, int64_t n, float mu, float sd,
                     uint64_t s) {
-    float *h = l3d_alloc((size_t)n * sizeof(float), "bench host");
-    for (int64_t i = 0; i < n; i++) h[i] = mu + sd * l3d_rng_normal(s, 0, (uint64_t)i);
-    float *d32 = l3d_be_alloc(be, (size_t)n * sizeof(float), "bench");
-    void *d = l3d_be_alloc(be, (size_t)n * l3d_dtype_size(t), "bench");
-    if (!d32 || !d) {
-        fprintf(stderr, "l3d_bench_fused: out of memory\n");
+    size_t es = l3d_dtype_size(t);
+    char *h = l3d_alloc((size_t)n * es, "bench host");
+    for (int64_t i = 0; i < n; i++) {
+        float v = mu + sd * l3d_rng_normal(s, 0, (uint64_t)i);
+        uint16_t r = t == L3D_BF16 ? l3d_f32_to_bf16(v) : t == L3D_F16 ? l3d_f32_to_f16(v) : 0;
+        memcpy(h + (size_t)i * es, t == L3D_F32 ? (const void *)&v : (const void *)&r, es);
+    }
+    void *d = l3d_be_alloc(be, (size_t)n * es, "bench");
+    if (!d) {
+        fprintf(stderr, "l3d_bench_fused: out of memory for %lld elements (use a smaller N, C "
+                        "or F)\n", (long long)n);
         exit(1);
     }
-    l3d_be_copy_h2d(be, d32, h, (size_t)n * sizeof(float));
-    l3d_be_convert(be, t, d, L3D_F32, d32, n);
-    l3d_be_free(be, d32);
+    l3d_be_copy_h2d(be, d, h, (size_t)n * es);
     l3d_free(h);
     return d;
 }

@@ -111,41 +111,45 @@ static void gelu_scalar(enum l3d_dtype t, void *y, const void *xp, const void *d
     }
 }
 
+/* ---- vectors: fast_expf's steps and GELU's, as s_exp and gelu_scalar ----------------------
+ * One definition for both widths: W the lanes (16, 8), ATTR its target, V the float vector, P
+ * the intrinsics' prefix (_mm512, _mm256), SI the integer vector's name (si512, si256).
+ * vW_gelu: the forward's gelu(x), or the backward's y + gelu'(x) dy. */
+#define DEF_VGELU(W, ATTR, V, P, SI)                                                            \
+    __attribute__((target(ATTR))) static inline V v##W##_exp(V a) {                             \
+        a = P##_min_ps(P##_set1_ps(EXP_HI), P##_max_ps(P##_set1_ps(EXP_LO), a));               \
+        V t = P##_fmadd_ps(a, P##_set1_ps(LOG2E), P##_set1_ps(SHIFTER));                       \
+        V nn = P##_sub_ps(t, P##_set1_ps(SHIFTER));                                             \
+        V r = P##_fmadd_ps(nn, P##_set1_ps(-LN2_HI), a);                                        \
+        r = P##_fmadd_ps(nn, P##_set1_ps(-LN2_LO), r);                                          \
+        V p = P##_set1_ps(1.0f / 720.0f);                                                       \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 120.0f));                                     \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 24.0f));                                      \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 6.0f));                                       \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(0.5f));                                              \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                              \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                              \
+        return P##_mul_ps(p, P##_cast##SI##_ps(P##_slli_epi32(                                  \
+                                 P##_add_epi32(P##_castps_##SI(t),                              \
+                                               P##_set1_epi32((int)(127u - 0x4b400000u))),      \
+                                 23)));                                                         \
+    }                                                                                           \
+    __attribute__((target(ATTR))) static inline V v##W##_gelu(V x, V dy, V y, int back) {      \
+        V xc = P##_min_ps(P##_set1_ps(GX_MAX), P##_max_ps(P##_set1_ps(-GX_MAX), x));           \
+        V x2 = P##_mul_ps(xc, xc), one = P##_set1_ps(1.0f);                                     \
+        V u2 = P##_mul_ps(xc, P##_fmadd_ps(x2, P##_set1_ps(GK2C), P##_set1_ps(GK2)));          \
+        V e = v##W##_exp(P##_sub_ps(P##_setzero_ps(), u2));                                     \
+        V s = P##_div_ps(one, P##_add_ps(one, e));                                              \
+        if (!back) return P##_mul_ps(x, s);                                                     \
+        V d = P##_fmadd_ps(P##_mul_ps(xc, P##_mul_ps(P##_mul_ps(e, s), s)),                     \
+                           P##_fmadd_ps(x2, P##_set1_ps(GK6C), P##_set1_ps(GK2)), s);           \
+        return P##_fmadd_ps(d, dy, y);                                                          \
+    }
+
+DEF_VGELU(16, T512, __m512, _mm512, si512)
+DEF_VGELU(8, T256, __m256, _mm256, si256)
+
 /* ---- AVX-512 ------------------------------------------------------------------------------ */
-
-__attribute__((target(T512))) static inline __m512 v16_exp(__m512 a) {
-    a = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), a));
-    __m512 t = _mm512_fmadd_ps(a, _mm512_set1_ps(LOG2E), _mm512_set1_ps(SHIFTER));
-    __m512 nn = _mm512_sub_ps(t, _mm512_set1_ps(SHIFTER));
-    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_HI), a);
-    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_LO), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32((int)(127u - 0x4b400000u))),
-        23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
-/* 16 lanes: the forward's y, or the backward's y + gelu'(x) dy */
-__attribute__((target(T512))) static inline __m512 v16_gelu(__m512 x, __m512 dy, __m512 y,
-                                                                 int back) {
-    __m512 xc = _mm512_min_ps(_mm512_set1_ps(GX_MAX), _mm512_max_ps(_mm512_set1_ps(-GX_MAX), x));
-    __m512 x2 = _mm512_mul_ps(xc, xc);
-    __m512 u2 = _mm512_mul_ps(xc, _mm512_fmadd_ps(x2, _mm512_set1_ps(GK2C), _mm512_set1_ps(GK2)));
-    __m512 one = _mm512_set1_ps(1.0f);
-    __m512 e = v16_exp(_mm512_sub_ps(_mm512_setzero_ps(), u2));
-    __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
-    if (!back) return _mm512_mul_ps(x, s);
-    __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(xc, _mm512_mul_ps(_mm512_mul_ps(e, s), s)),
-                               _mm512_fmadd_ps(x2, _mm512_set1_ps(GK6C), _mm512_set1_ps(GK2)), s);
-    return _mm512_fmadd_ps(d, dy, y);
-}
 
 /* 16 elements of type t at p + i (masked: the others read as 0), widened exactly */
 __attribute__((target(T512))) static inline __m512 v16_ld(enum l3d_dtype t, const void *p,
@@ -189,39 +193,6 @@ __attribute__((target(T512))) static void gelu_avx512(enum l3d_dtype t, void *y,
 }
 
 /* ---- AVX2 + FMA ---------------------------------------------------------------------------- */
-
-__attribute__((target(T256))) static inline __m256 v8_exp(__m256 a) {
-    a = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), a));
-    __m256 t = _mm256_fmadd_ps(a, _mm256_set1_ps(LOG2E), _mm256_set1_ps(SHIFTER));
-    __m256 nn = _mm256_sub_ps(t, _mm256_set1_ps(SHIFTER));
-    __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_HI), a);
-    r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_LO), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32((int)(127u - 0x4b400000u))),
-        23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-__attribute__((target(T256))) static inline __m256 v8_gelu(__m256 x, __m256 dy, __m256 y,
-                                                                 int back) {
-    __m256 xc = _mm256_min_ps(_mm256_set1_ps(GX_MAX), _mm256_max_ps(_mm256_set1_ps(-GX_MAX), x));
-    __m256 x2 = _mm256_mul_ps(xc, xc);
-    __m256 u2 = _mm256_mul_ps(xc, _mm256_fmadd_ps(x2, _mm256_set1_ps(GK2C), _mm256_set1_ps(GK2)));
-    __m256 one = _mm256_set1_ps(1.0f);
-    __m256 e = v8_exp(_mm256_sub_ps(_mm256_setzero_ps(), u2));
-    __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e));
-    if (!back) return _mm256_mul_ps(x, s);
-    __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(xc, _mm256_mul_ps(_mm256_mul_ps(e, s), s)),
-                               _mm256_fmadd_ps(x2, _mm256_set1_ps(GK6C), _mm256_set1_ps(GK2)), s);
-    return _mm256_fmadd_ps(d, dy, y);
-}
 
 __attribute__((target(T256))) static inline __m256 v8_ld(enum l3d_dtype t, const void *p) {
     if (t == L3D_F32) return _mm256_loadu_ps(p);
