@@ -10,12 +10,11 @@
  * With one thread the times are the thread's CPU time (other processes' time slices on a shared
  * machine left out), else wall-clock time.
  *   l3d_bench_fused [N] [C] [F] [ROUNDS]     (defaults 2048 768 3072 7: GPT-2 124M at B*T 2048) */
-
 #include <omp.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu_ew.h"
 #include "llm3d/backend.h"
