@@ -75,7 +75,8 @@ static void round_(struct l3d_backend *be, struct bufs *u, int64_t N, int64_t C,
     TIME(K_TRIAD, l3d_cpu_triad_pass(u->tf[0], u->tf[1], u->tf[2], n3));
     for (int isa = 0; isa <= (int)l3d_cpu_simd(); isa++) {
         TIME(K_SIMD0 + 2 * isa, l3d_cpu_gelu_rows(isa, L3D_F32, u->tf[0], u->tf[1], NULL, n3));
-        TIME(K_SIMD0 + 2 * isa + 1, l3d_cpu_gelu_rows(isa, L3D_F32, u->tf[0], u->tf[1], u->tf[2], n3));
+        TIME(K_SIMD0 + 2 * isa + 1,
+             l3d_cpu_gelu_rows(isa, L3D_F32, u->tf[0], u->tf[1], u->tf[2], n3));
     }
     for (int k = 0; k < 3; k++) {
         enum l3d_dtype t = ty[k];

@@ -170,7 +170,7 @@ static void test_gelu_accuracy(void) {
     free(x), free(y), free(one);
 }
 
-/* ---- residual + norm --------------------------------------------------------------------------- */
+/* ---- residual + norm ------------------------------------------------------------------------ */
 
 /* device buffers of one case: a, b, weight, bias in; res, out, mean, rstd out */
 struct rn {
@@ -276,7 +276,8 @@ static bool rn_near_ref(const struct rn *r, const char *h) {
             big = fmax(big, fabs(o[c]));
         }
         double tol = 2 * (r->t == L3D_F32 ? 1e-6 : u) * big + 1e-6;
-        for (int64_t c = 0; c < C; c++) ok = ok && fabs(widen(r->t, h + nc, n * C + c) - o[c]) <= tol;
+        for (int64_t c = 0; c < C; c++)
+            ok = ok && fabs(widen(r->t, h + nc, n * C + c) - o[c]) <= tol;
         free(o);
     }
     free(a), free(b), free(w), free(bs);

@@ -716,7 +716,8 @@ static const float *residual_row(enum l3d_dtype dt, void *res, const void *inp, 
                                  int64_t n, int64_t C, float *x, float *y) {
     void *rp = at(dt, res, n * C);
     float *r = row_out(dt, x, rp);
-    const float *a = row_in(dt, x, at(dt, inp, n * C), C), *b = row_in(dt, y, at(dt, add, n * C), C);
+    const float *a = row_in(dt, x, at(dt, inp, n * C), C);
+    const float *b = row_in(dt, y, at(dt, add, n * C), C);
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) r[c] = a[c] + b[c];
     if (dt == L3D_F32) return r;

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "backend/cpu_attn16.h"
 #include "backend/cpu_ew.h"
 
 #define GK2 1.5957691216057308f    /* 2 sqrt(2/pi) */
@@ -85,29 +86,17 @@ static inline float s_exp(float a) {
     return p * scale;
 }
 
-static inline float s_ld(enum l3d_dtype t, const void *p, int64_t i) {
-    if (t == L3D_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == L3D_BF16 ? l3d_bf16_widen(h) : l3d_f16_to_f32(h);
-}
-static inline void s_st(enum l3d_dtype t, void *p, int64_t i, float v) {
-    if (t == L3D_F32)
-        ((float *)p)[i] = v;
-    else
-        ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_bf16_narrow(v) : l3d_f32_to_f16(v);
-}
-
 static void gelu_scalar(enum l3d_dtype t, void *y, const void *xp, const void *dy, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float x = s_ld(t, xp, i), xc = s_min(GX_MAX, s_max(-GX_MAX, x)), x2 = xc * xc;
+        float x = l3d_cpu_ld(t, xp, i), xc = s_min(GX_MAX, s_max(-GX_MAX, x)), x2 = xc * xc;
         float u2 = xc * fmaf(x2, GK2C, GK2);
         float e = s_exp(-u2), s = 1.0f / (1.0f + e);
         if (!dy) {
-            s_st(t, y, i, x * s);
+            l3d_cpu_st(t, y, i, x * s);
             continue;
         }
         float d = fmaf(xc * (e * s * s), fmaf(x2, GK6C, GK2), s);
-        s_st(t, y, i, fmaf(d, s_ld(t, dy, i), s_ld(t, y, i)));
+        l3d_cpu_st(t, y, i, fmaf(d, l3d_cpu_ld(t, dy, i), l3d_cpu_ld(t, y, i)));
     }
 }
 

@@ -205,7 +205,8 @@ static void r_rms_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
     l3d_be_rmsnorm_forward(be, dt, p[6], p[5], p[3], p[4], s->B * s->T, s->C, 1e-5f);
     l3d_be_rmsnorm_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C);
 }
-/* the residual add and the norm after it in one pass (res, out, [mean,] rstd, a, b, weight[, bias]) */
+/* the residual add and the norm after it in one pass: res, out, [mean,] rstd, a, b, weight
+ * [, bias] */
 static void r_res_ln(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_residual_layernorm_forward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
