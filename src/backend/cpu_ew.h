@@ -1,6 +1,6 @@
 /* The CPU backend's GELU in explicit SIMD (cpu_ew.c): AVX-512 or AVX2 with FMA, chosen at run
  * time, else scalar, the same operations in the same order on every path, so all three give
- * the same bits (tests/test_gelu_simd.c checks it on each path the CPU has). Only
+ * the same bits (tests/test_fused.c checks it on each path the CPU has). Only
  * src/backend/cpu*.c and the tests include this file. */
 #ifndef LLM3D_CPU_EW_H
 #define LLM3D_CPU_EW_H
