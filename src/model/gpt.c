@@ -1026,6 +1026,30 @@ static void norm_forward(struct l3d_gpt *m, void *out, float *mean, float *rstd,
         l3d_be_layernorm_forward(m->be, m->dt, out, mean, rstd, inp, weight, bias, N, m->cfg.C);
 }
 
+/* The norm that follows a residual add, fused into it (residual_norm): where it writes (out,
+ * mean, rstd) and its parameters (w, b). */
+struct norm_after {
+    void *out;
+    float *mean, *rstd;
+    const void *w, *b;
+};
+
+/* res_out (rows,C) = res_in + add, then, with nx, the norm of res_out into nx->out in the same
+ * pass (l3d_be_residual_layernorm_forward / _rmsnorm_forward: the bits of the pair). The norm's
+ * backward needs nothing fused: it accumulates its input gradient into dres, the residual's. */
+static void residual_norm(struct l3d_gpt *m, void *res_out, const void *res_in, const void *add,
+                          int64_t rows, const struct norm_after *nx) {
+    int64_t C = m->cfg.C;
+    if (!nx)
+        l3d_be_residual_forward(m->be, m->dt, res_out, res_in, add, rows * C);
+    else if (m->cfg.norm == L3D_NORM_RMSNORM)
+        l3d_be_residual_rmsnorm_forward(m->be, m->dt, res_out, nx->out, nx->rstd, res_in, add,
+                                        nx->w, rows, C, m->cfg.norm_eps);
+    else
+        l3d_be_residual_layernorm_forward(m->be, m->dt, res_out, nx->out, nx->mean, nx->rstd,
+                                          res_in, add, nx->w, nx->b, rows, C);
+}
+
 static void layernorm_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int64_t N, int64_t C) {
@@ -1069,10 +1093,11 @@ static int64_t local_valid_vocab(const struct l3d_gpt *m) {
 }
 
 /* Row-parallel matrix product followed by the residual add:
- * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group. */
+ * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group; with nx
+ * the norm after it too, on the same (this rank's) rows (residual_norm). */
 static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *res_in,
                                   const void *inp, const void *w, const void *b, int64_t N,
-                                  int64_t Cin) {
+                                  int64_t Cin, const struct norm_after *nx) {
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
     void *out = m->acts->scratch;
     const enum l3d_dtype dt = m->dt;
@@ -1082,7 +1107,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
         /* the bias once: on the rows this rank keeps */
         if (b) l3d_be_add_bias(m->be, dt, el(out, r0 * C, m->es), b, Nl, C);
         m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C, dt);
-        l3d_be_residual_forward(m->be, dt, res_out, res_in, m->acts->scratch_local, Nl * C);
+        residual_norm(m, res_out, res_in, m->acts->scratch_local, Nl, nx);
         return;
     }
     if (m->hooks.tp_all_reduce) {
@@ -1092,7 +1117,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     } else {
         l3d_be_matmul_forward(m->be, dt, out, inp, w, b, N, Cin, C);
     }
-    l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
+    residual_norm(m, res_out, res_in, out, N, nx);
 }
 
 int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
@@ -1186,9 +1211,33 @@ static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const v
         }
 }
 
-/* One transformer layer's forward from its input x into la (res3 is its output). */
-static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
-                          int T, bool count) {
+/* Where the norm after local layer l's output goes when it is fused into the layer's last
+ * residual add: the next layer's first norm, or after the stage's last layer the final norm
+ * (the head's). Only in the forward pass proper (count) and with the parameters resident: under
+ * ZeRO-3 the next layer's weights are not gathered yet, and a recomputation rebuilds one layer
+ * from its input, its own first norm included. false: the next layer norms its input itself. */
+static bool next_norm(struct l3d_gpt *m, int l, bool count, struct norm_after *nx) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    if (!count || !m->params) return false;
+    if (l + 1 < s->layer_count) {
+        struct layer_acts *nl = &a->layer[l + 1];
+        struct layer_params p = layer_params(m, l + 1);
+        *nx = (struct norm_after){s->sp_size > 1 ? a->ln_local : nl->ln1, nl->ln1_mean,
+                                  nl->ln1_rstd, p.ln1w, p.ln1b};
+        return true;
+    }
+    if (!s->has_head) return false; /* the next stage's rank norms it */
+    *nx = (struct norm_after){a->lnf, a->lnf_mean, a->lnf_rstd,
+                              l3d_gpt_param_ptr(m, L3D_T_LNFW, 0), param_or_null(m, L3D_T_LNFB, 0)};
+    return true;
+}
+
+/* One transformer layer's forward from its input x into la (res3 is its output). normed: its
+ * first norm was computed with the previous layer's last residual add (next_norm); returns
+ * whether the norm after its own output was (the next layer's first, or the final norm). */
+static bool forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
+                          int T, bool count, bool normed) {
     struct l3d_gpt_acts *a = m->acts;
     const struct l3d_shard *s = &m->shard;
     const enum l3d_dtype dt = m->dt;
@@ -1196,7 +1245,7 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     struct widths w = widths(m);
     struct layer_params p = layer_params(m, l);
     void *lnout = sp > 1 ? a->ln_local : la->ln1;
-    norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
+    if (!normed) norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, w.QKV);
     if (m->cfg.qk_norm) l3d_qknorm_forward(m, l, la->qkv, N); /* before RoPE, as Qwen3 */
@@ -1204,24 +1253,28 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
         l3d_be_rope_forward(m->be, dt, la->qkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl, w.KVl,
                             w.HS);
     attention_forward(m, la, B, T, &w);
-    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca);
-    lnout = sp > 1 ? a->ln_local : la->ln2;
-    norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
+    lnout = sp > 1 ? a->ln_local : la->ln2; /* ln2 with the residual add before it */
+    const struct norm_after n2 = {lnout, la->ln2_mean, la->ln2_rstd, p.ln2w, p.ln2b};
+    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca, &n2);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
+    struct norm_after nx;
+    bool fuse = next_norm(m, l, count, &nx);
     if (l3d_model_moe_layer(&m->cfg, s->layer_start + l)) { /* the experts instead of the MLP */
         /* whole on every tp rank, over the group's same N tokens (under SP the gathered ones):
          * this rank's rows of the output go on its residual */
         l3d_moe_forward(m, l, a->scratch, la->ln2, N, count);
-        l3d_be_residual_forward(m->be, dt, la->res3, la->res2,
-                                el(a->scratch, s->sp_rank * Nl * C, m->es), Nl * C);
-        return;
+        residual_norm(m, la->res3, la->res2, el(a->scratch, s->sp_rank * Nl * C, m->es), Nl,
+                      fuse ? &nx : NULL);
+        return fuse;
     }
     l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
     if (m->cfg.mlp == L3D_MLP_SWIGLU)
         l3d_be_swiglu_forward(m->be, dt, la->fch_gelu, la->fch, N, w.F);
     else
         l3d_be_gelu_forward(m->be, dt, la->fch_gelu, la->fch, N * w.F);
-    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, w.F);
+    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, w.F,
+                          fuse ? &nx : NULL);
+    return fuse;
 }
 
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
@@ -1294,9 +1347,10 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
         }
     }
     const void *x = m->input_act;
+    bool normed = false; /* x's norm done with the residual add that made it (next_norm) */
     for (int l = 0; l < s->layer_count; l++) {
         params_begin(m, l, false);
-        forward_layer(m, l, &a->layer[l], x, B, T, true);
+        normed = forward_layer(m, l, &a->layer[l], x, B, T, true, normed);
         params_end(m, l, false);
         x = a->layer[l].res3;
     }
@@ -1306,7 +1360,7 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
     const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
     const void *lnfb = param_or_null(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
+    if (!normed) norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
@@ -1588,7 +1642,7 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
         la = &a->rc;
-        forward_layer(m, l, la, x, B, T, false);
+        forward_layer(m, l, la, x, B, T, false, false);
     } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
         /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
         l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, w.Hl,
@@ -1662,7 +1716,7 @@ static void weight_layer(struct l3d_gpt *m, int l) {
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
         const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         la = &a->rc;
-        forward_layer(m, l, la, x, m->B, m->T, false);
+        forward_layer(m, l, la, x, m->B, m->T, false, false);
     }
     if (!l3d_model_moe_layer(&m->cfg, s->layer_start + l)) {
         matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash_rows(m, l, WS_DMLP), la->fch_gelu,

@@ -169,6 +169,19 @@ static void mlp(struct l3d_infer *inf, int l, int64_t n) {
                           n, inf->F, inf->C);
 }
 
+/* inf->x (n, C) += add, then inf->ln its normalisation, in one pass over the rows
+ * (l3d_be_residual_*norm_forward: the bits of the add, then norm). */
+static void add_norm(struct l3d_infer *inf, const void *add, const void *w, const void *b,
+                     int64_t n) {
+    const struct l3d_model_spec *c = &inf->m->cfg;
+    if (c->norm == L3D_NORM_RMSNORM)
+        l3d_be_residual_rmsnorm_forward(inf->be, inf->dt, inf->x, inf->ln, inf->rstd, inf->x, add,
+                                        w, n, c->C, c->norm_eps);
+    else
+        l3d_be_residual_layernorm_forward(inf->be, inf->dt, inf->x, inf->ln, inf->mean,
+                                          inf->rstd, inf->x, add, w, b, n, c->C);
+}
+
 const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n) {
     const struct l3d_gpt *m = inf->m;
     L3D_ASSERT(n >= 1 && inf->pos + n <= inf->maxT);
@@ -186,7 +199,8 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
                            wpe ? el(wpe, (int64_t)pos * C, es) : NULL, 0, inf->Vp, 1, N, C);
     for (int l = 0; l < c->L; l++) {
         void *kv = el(inf->kv, (int64_t)l * T * 2 * KV, es);
-        norm(inf, inf->x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N);
+        if (l == 0) /* the later layers' with the residual add before it (add_norm) */
+            norm(inf, inf->x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N);
         l3d_be_matmul_forward(be, dt, inf->qkv, inf->ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C,
                               QKV);
         if (c->qk_norm) /* each head's RMSNorm, before RoPE and the cache */
@@ -201,10 +215,12 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
                                 HS, QKV, 2 * KV);
         l3d_be_matmul_forward(be, dt, inf->proj, inf->atty, P(L3D_T_ATTPROJW, l),
                               P(L3D_T_ATTPROJB, l), N, C, C);
-        l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
-        norm(inf, inf->x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N);
+        add_norm(inf, inf->proj, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N);
         mlp(inf, l, N);
-        l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
+        if (l + 1 < c->L) /* the final norm reads the last row only: a plain add before it */
+            add_norm(inf, inf->proj, P(L3D_T_LN1W, l + 1), P(L3D_T_LN1B, l + 1), N);
+        else
+            l3d_be_add_inplace(be, dt, inf->x, inf->proj, N * C);
     }
     norm(inf, el(inf->x, (N - 1) * C, es), P(L3D_T_LNFW, 0), P(L3D_T_LNFB, 0), 1);
     l3d_be_matmul_forward(be, dt, inf->logits, inf->ln,

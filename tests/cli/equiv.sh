@@ -149,8 +149,10 @@ case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbv" 4 2 4 --pp 2 --pp-virtual 2 --zero 3 --pp-schedule zbv
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --zero 2 --pp-schedule zbv
     # (bit-identical to interleaved 1F1B's pp2 v2 tp2 run: the same chunks; both leave a bias that
-    # is zero in exact arithmetic, fcprojb, 2.1e-5 off as AdamW turns round-off into steps)
-    full && L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --tp 2 --pp-schedule zbv
+    # is zero in exact arithmetic, fcprojb, 2.1e-5 off as AdamW turns round-off into steps; 3.1e-5
+    # since GELU's SIMD form of 2026-12-07, whose other round-off moves that noise (the form itself
+    # is closer to float64: mean error 2e-8 against 3e-8, gelu' 1e-8 against 1e-7); losses 3e-8)
+    full && L3D_RTOL=4e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="--layers 4" equiv "pp2_tp2_zbv" 4 2 4 --pp 2 --pp-virtual 2 --tp 2 --pp-schedule zbv
     L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1" 4 2 8 --pp 2 --zero 3 --pp-schedule zb-h1
     full && L3D_PP=2 L3D_MODEL="--layers 4" equiv "pp2_dp2_zero3_zbh1_recompute_full" 4 2 4 --pp 2 --zero 3 --recompute full --pp-schedule zb-h1
     full && L3D_PP=4 L3D_MODEL="--layers 6" equiv "pp4_ends_1_2_2_1_zbh1" 4 2 4 --pp 4 --pp-first-layers 1 --pp-last-layers 1 --pp-schedule zb-h1
