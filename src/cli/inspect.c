@@ -114,8 +114,9 @@ static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
     if (!l3d_model_is_gpt2(c))
-        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s%s\n",
-               l3d_arch_name(c->arch), l3d_model_kv_heads(c), (long long)c->ffn,
+        printf("  blocks:     %s: %d key/value heads of %d, MLP %lld, %s, %s%s\n",
+               l3d_arch_name(c->arch), l3d_model_kv_heads(c), l3d_model_head_dim(c),
+               (long long)c->ffn,
                c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
                c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions",
                c->qk_norm ? ", QK-norm" : "");

@@ -99,13 +99,14 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
     const struct l3d_model_spec *m = x->m;
     /* s: the rank's query rows; sk: the keys they see (context parallelism: the whole
      * sequence's, the ring's blocks each rank's 1/cp of the causal work) */
-    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, h = m->C, t = x->lay->tp;
+    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, t = x->lay->tp;
+    double q = (double)m->NH * l3d_model_head_dim(m); /* the attention's channels: h for GPT-2 */
     if (x->flash) {
-        *f = 4 * b * s * sk * h / t / (x->rate * x->prof->attn_eff);
+        *f = 4 * b * s * sk * q / t / (x->rate * x->prof->attn_eff);
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * sk;
+    double heads = b * m->NH / t, d = l3d_model_head_dim(m), sc = heads * s * sk;
     double qk = gemm_batched(x, heads, s, sk, d), pv = gemm_batched(x, heads, s, d, sk), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
@@ -277,10 +278,10 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     /* per layer: QKV and the attention projection (column / row parallel) on the micro-batch's
      * b s tokens (all of them under SP too: the all-gather comes first), forward and its two
      * backward products; then the MLP, or the experts (dense_mlp, moe_mlp) */
-    double kv = l3d_model_kv_heads(m) * (h / m->NH);
+    double hd = l3d_model_head_dim(m), q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd;
     struct layer_cost base = {0};
-    linear(x, N, (h + 2 * kv) / t, h, &base.g, &base.gb); /* kv = h without grouped queries */
-    linear(x, N, h, h / t, &base.g, &base.gb);
+    linear(x, N, (q + 2 * kv) / t, h, &base.g, &base.gb); /* q = kv = h: GPT-2's */
+    linear(x, N, h, q / t, &base.g, &base.gb);
     /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
     double at, atb, rf, rb;
     attention(x, &at, &atb);
@@ -291,7 +292,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     base.el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
                        6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL]);
     /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add */
-    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
+    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (q + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
     struct layer_cost d = base, mx = base;
     dense_mlp(x, &d);
     if (Lm > 0) moe_mlp(x, &mx);

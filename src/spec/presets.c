@@ -17,6 +17,7 @@ struct llama {
     struct l3d_rope scaling; /* Llama 3.1's frequency scaling, where its release has it */
     bool qk_norm, tied;      /* Qwen3: QK-norm; its small models tie the head to wte */
     float eps;               /* the norms' epsilon; 0: the default (1e-5) */
+    int head_dim;            /* a head's size; 0: hidden / heads */
 };
 
 #define LLAMA(kv_heads, mlp_width, rope_theta) \
@@ -25,6 +26,10 @@ struct llama {
 #define QWEN3(kv_heads, mlp_width, tie)                                                        \
     {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = 1e6, .qk_norm = true,      \
      .tied = tie, .eps = 1e-6f}
+/* Qwen3-MoE's: Qwen3's blocks with heads of 128 whatever the hidden size, untied */
+#define QWEN3_MOE(kv_heads, mlp_width)                                                         \
+    {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = 1e6, .qk_norm = true,      \
+     .eps = 1e-6f, .head_dim = 128}
 
 static const struct preset {
     const char *name, *alias, *note;
@@ -111,6 +116,17 @@ static const struct moe_preset {
     {"mixtral-8x22b", NULL, {"mixtral-8x22b", NULL, NULL, 56, 6144, 48, 32768, 65536,
                              LLAMA(8, 16384, 1e6)},
      {.experts = 8, .top_k = 2, .ffn = 16384, .norm_topk = true, .aux_coef = 0.001}},
+    /* Qwen team 2025, "Qwen3 Technical Report" (arXiv 2505.09388), Table 2, and the released
+     * models' config.json (head_dim 128 apart from hidden / heads, moe_intermediate_size,
+     * intermediate_size, vocabulary 151,936, context 40,960, norm_topk_prob true,
+     * router_aux_loss_coef 0.001): 128 experts, top-8 renormalised, in every layer. 30.5B
+     * parameters, 3.3B active (30B-A3B); 235B, 22B (235B-A22B) */
+    {"qwen3-30b-a3b", NULL, {"qwen3-30b-a3b", NULL, NULL, 48, 2048, 32, 151936, 40960,
+                             QWEN3_MOE(4, 6144)},
+     {.experts = 128, .top_k = 8, .ffn = 768, .norm_topk = true, .aux_coef = 0.001}},
+    {"qwen3-235b-a22b", NULL, {"qwen3-235b-a22b", NULL, NULL, 94, 4096, 64, 151936, 40960,
+                               QWEN3_MOE(4, 12288)},
+     {.experts = 128, .top_k = 8, .ffn = 1536, .norm_topk = true, .aux_coef = 0.001}},
 };
 
 static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p);
@@ -170,6 +186,7 @@ static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p)
         m->qk_norm = p->llama.qk_norm;
         if (p->llama.tied) m->untied = false;
         m->norm_eps = p->llama.eps;
+        m->head_dim = p->llama.head_dim;
     }
     return l3d_gpt_config_finish(m);
 }

@@ -50,7 +50,7 @@ fi
 from one "$(step_dir A 5)" 0 4 && cmp_same "tp2 resumed by one process" one ref --rtol 3e-5
 from pp2 "$(step_dir A 5)" 2 2 --grad-accum 2 --pp 2 && cmp_same "tp2 resumed as pp2" pp2 ref --rtol 3e-5
 # the architecture is part of the model: GPT-2's blocks of the same sizes are refused
-TRAIN_LOG= expect_error "a Llama checkpoint resumed as GPT-2" "holds a model .*(llama, 2 key/value heads, MLP 192), not the configured .*(gpt2" \
+TRAIN_LOG= expect_error "a Llama checkpoint resumed as GPT-2" "holds a model .*(llama, 2 key/value heads of 16, MLP 192), not the configured .*(gpt2" \
     train gpt 0 4 --resume "$(step_dir A 5)" --arch gpt2 --kv-heads 4 --ffn 256
 TRAIN_LOG= expect_error "a Llama model.bin loaded as GPT-2" "disagree with --init-from .*model.bin, whose model is llama with 2 key/value heads and an MLP of 192" \
     train gpt 0 4 --init-from "$dir/ref/model.bin" --arch gpt2 --kv-heads 4 --ffn 256
