@@ -28,29 +28,38 @@ struct ref_gpt {
     int B, T;
     double *params;
     int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE,
-                 * 3 no QK-norm, 4 QK-norm's query and key weights swapped */
+                 * 3 no QK-norm, 4 QK-norm's query and key weights swapped; either
+                 * reference: 5 a head's size taken as C / NH where head_dim sets it apart */
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+
+/* A head's size as the spec says it (head_dim, else C / NH), read here rather than through
+ * l3d_model_head_dim so that the reference does not share the model's reading of it. */
+static int64_t ref_head_dim(const struct ref_gpt *r) {
+    const struct l3d_model_spec *c = &r->cfg;
+    return c->head_dim > 0 && r->mutant != 5 ? c->head_dim : c->C / c->NH;
+}
 
 /* Mean loss of the full model over (B,T), params in llm.c's layout. */
 static double ref_gpt_loss(void *ctx) {
     struct ref_gpt *r = ctx;
     const struct l3d_model_spec *c = &r->cfg;
-    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, Vp = c->Vp;
+    int64_t HS = ref_head_dim(r), Q = NH * HS; /* the attention's channels: C unless head_dim */
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
 #define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
     double *x = dalloc(N * C), *ln = dalloc(N * C), *mean = dalloc(N), *rstd = dalloc(N);
-    double *qkv = dalloc(N * 3 * C), *atty = dalloc(N * C), *att = dalloc(B * NH * T * T);
+    double *qkv = dalloc(N * 3 * Q), *atty = dalloc(N * Q), *att = dalloc(B * NH * T * T);
     double *tmp = dalloc(N * C), *fch = dalloc(N * 4 * C), *gel = dalloc(N * 4 * C);
     double *logits = dalloc(N * Vp), *loss = dalloc(N);
     ref_encoder_forward(x, r->inp, P(L3D_T_WTE, 0), P(L3D_T_WPE, 0), 0, Vp, B, T, C);
     for (int l = 0; l < c->L; l++) {
         ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N, C);
-        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C, 3 * C);
+        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C, 3 * Q);
         ref_attention_forward(atty, att, qkv, B, T, NH, HS);
-        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), P(L3D_T_ATTPROJB, l), N, C, C);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), P(L3D_T_ATTPROJB, l), N, Q, C);
         ref_residual_forward(x, x, tmp, N * C);
         ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N, C);
         ref_matmul_forward(fch, ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), N, C, 4 * C);
@@ -90,13 +99,13 @@ static void ref_qk_norm(double *qkv, const double *qw, const double *kw, int64_t
 static double ref_llama_loss(void *ctx) {
     struct ref_gpt *r = ctx;
     const struct l3d_model_spec *c = &r->cfg;
-    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
-    int64_t NKV = l3d_model_kv_heads(c), QKV = (NH + 2 * NKV) * HS, F = c->ffn;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = ref_head_dim(r), Vp = c->Vp;
+    int64_t NKV = l3d_model_kv_heads(c), QKV = (NH + 2 * NKV) * HS, F = c->ffn, Q = NH * HS;
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
 #define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
     double *x = dalloc(N * C), *ln = dalloc(N * C), *qkv = dalloc(N * QKV), *rot = dalloc(N * QKV);
-    double *full = dalloc(N * 3 * C), *atty = dalloc(N * C), *tmp = dalloc(N * C);
+    double *full = dalloc(N * 3 * Q), *atty = dalloc(N * Q), *tmp = dalloc(N * C);
     double *gu = dalloc(N * 2 * F), *h = dalloc(N * F), *logits = dalloc(N * Vp), *loss = dalloc(N);
     double inv[64];
     int32_t pos[64];
@@ -123,7 +132,7 @@ static double ref_llama_loss(void *ctx) {
             }
         ref_gqa_expand(full, rot, B, T, NH, NKV, HS);
         ref_attention_forward(atty, NULL, full, B, T, NH, HS);
-        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, C, C);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, Q, C);
         ref_residual_forward(x, x, tmp, N * C);
         ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN2W, l), N, C, c->norm_eps);
         ref_matmul_forward(gu, ln, P(L3D_T_FCW, l), NULL, N, C, 2 * F);
@@ -211,11 +220,15 @@ static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model
     ref_to_double(r.params, params, m->num_params);
     double rloss = ref_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
-    if (ref_loss == ref_llama_loss) /* the oracle sees a wrong KV grouping and missing RoPE */
-        for (r.mutant = 1; r.mutant <= (cfg.qk_norm ? 4 : 2); r.mutant++) {
-            double bad = ref_loss(&r);
-            CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
-        }
+    /* the oracle sees a wrong KV grouping, missing RoPE or QK-norm, and a coupled head size */
+    for (r.mutant = 1; r.mutant <= 5; r.mutant++) {
+        bool llama = ref_loss == ref_llama_loss;
+        if ((r.mutant <= 2 && !llama) || ((r.mutant == 3 || r.mutant == 4) && !cfg.qk_norm) ||
+            (r.mutant == 5 && cfg.head_dim == 0))
+            continue;
+        double bad = ref_loss(&r);
+        CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
+    }
     r.mutant = 0;
 
     /* every parameter of every tensor: |analytic - numeric| small against the tensor's scale */
@@ -276,6 +289,23 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     l3d_gpt_plan_tensors(&c, &full, ti);
     CHECK(ti[L3D_T_QNORMW].count == 2 * 4 && ti[L3D_T_KNORMW].count == 2 * 4);
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* a head's size apart from C / NH (Qwen3's head_dim): 4 heads of 6 over 16 channels, q|k|v
+     * (4 + 2 x 2) x 6 = 48 rows, the projection (16, 24), QK-norm's vectors of 6 */
+    c.head_dim = 6;
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK && c.head_dim == 6);
+    check_forward_and_gradients(be, c, ref_llama_loss);
+    l3d_gpt_plan_tensors(&c, &full, ti);
+    CHECK(ti[L3D_T_QKVW].rows == 48 && ti[L3D_T_QKVW].cols == 16 &&
+          ti[L3D_T_ATTPROJW].rows == 16 && ti[L3D_T_ATTPROJW].cols == 24 &&
+          ti[L3D_T_QNORMW].count == 2 * 6);
+    CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* GPT-2's blocks (biases, learned positions, MHA) with heads of 10 over 16 channels */
+    struct l3d_model_spec g = tiny_config(2, 16, 2, 50, 8);
+    g.head_dim = 10;
+    L3D_ASSERT(l3d_gpt_config_finish(&g) == L3D_OK);
+    check_forward_and_gradients(be, g, ref_gpt_loss);
+    CHECK((double)l3d_gpt_param_count(&g) == l3d_model_param_count(&g) &&
+          !l3d_model_gpt2_blocks(&g)); /* llm.c's files cannot hold it */
 }
 
 static void test_initial_loss(struct l3d_backend *be) {
@@ -690,6 +720,18 @@ static void test_errors(struct l3d_backend *be) {
     struct l3d_model_spec cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "divisible") != NULL);
+    cfg.head_dim = 8; /* a head size given: the channels need not split into the heads */
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK && l3d_model_head_dim(&cfg) == 8);
+    cfg.head_dim = 7; /* RoPE turns pairs: an odd head size refused, naming the flag */
+    cfg.ffn = 64;
+    l3d_model_set_arch(&cfg, L3D_ARCH_LLAMA);
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "even head size, not 7 (--head-dim)") != NULL);
+    cfg.head_dim = -1;
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--head-dim -1") != NULL);
+    cfg = (struct l3d_model_spec){.L = 2, .C = 32, .NH = 4, .V = 100, .maxT = 8, .head_dim = 8};
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK && cfg.head_dim == 0); /* C / NH: one spelling */
     CHECK(l3d_model_preset(&cfg, "nope") == L3D_ERR_ARG);
     cfg = tiny_config(2, 16, 2, 50, 8);
     struct l3d_shard sh = l3d_shard_full(&cfg);
