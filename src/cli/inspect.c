@@ -540,12 +540,12 @@ static int inspect_hf(const char *path, bool json) {
     if (json) {
         printf("{\"kind\":\"hf_folder\",\"path\":");
         json_str(path, strlen(path));
-        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"V\":%d,"
+        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"head_dim\":%d,\"V\":%d,"
                "\"context\":%d,\"ffn\":%lld,\"tied\":%s,\"norm_eps\":%.9g,\"rope_theta\":%.17g,"
                "\"parameters\":%lld,\"experts\":%d,\"top_k\":%d,\"active_parameters\":%.0f,"
                "\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
-               c.NH, l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
-               c.untied ? "false" : "true", (double)c.norm_eps,
+               c.NH, l3d_model_kv_heads(&c), l3d_model_head_dim(&c), c.V, c.maxT,
+               (long long)c.ffn, c.untied ? "false" : "true", (double)c.norm_eps,
                c.pos == L3D_POS_ROPE ? c.rope.theta : 0.0,
                (long long)l3d_gpt_param_count(&c), c.moe.experts, c.moe.top_k,
                l3d_model_active_param_count(&c), st.nfiles, (long long)bytes);
@@ -554,9 +554,9 @@ static int inspect_hf(const char *path, bool json) {
     } else {
         printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
                st.nfiles, bytes / 1e6);
-        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head%s, "
-               "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
-               l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
+        printf("  model:   L=%d C=%d NH=%d KV heads %d, heads of %d, V=%d context %d, MLP %lld, "
+               "%s head%s, %.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C,
+               c.NH, l3d_model_kv_heads(&c), l3d_model_head_dim(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "untied" : "tied", c.qk_norm ? ", QK-norm" : "",
                l3d_gpt_param_count(&c) / 1e6, c.Vp);
         if (c.moe.experts > 0)
