@@ -268,7 +268,7 @@ static void test_config(void) {
                                  "\"hidden_act\""), &back), "\"attention_bias\" is true"));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"mlp_bias\": true, "
                                  "\"hidden_act\""), &back), "\"mlp_bias\" is true"));
-    /* a head size apart from hidden / heads (Qwen3's head_dim): read (tests/cli/hfqwen3.sh writes one) */
+    /* a head size apart from hidden / heads (Qwen3's head_dim): read (hfqwen3.sh writes one) */
     CHECK(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"head_dim\": 32, \"hidden_act\""),
                     &back) == L3D_OK && l3d_model_head_dim(&back) == 32);
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"num_key_value_heads\": 2",

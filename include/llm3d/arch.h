@@ -16,7 +16,8 @@
 
 #include "llm3d/model.h"
 
-/* A size in a family's tensor map, from the spec: hs = l3d_model_head_dim, F = ffn, KV = key/value heads. */
+/* A size in a family's tensor map, from the spec: hs = l3d_model_head_dim, F = ffn, KV = key/value
+ * heads. */
 enum l3d_arch_dim {
     L3D_DIM_0, L3D_DIM_1, L3D_DIM_C, L3D_DIM_3C, L3D_DIM_F, L3D_DIM_2F,
     L3D_DIM_V,    /* the vocabulary (a file's rows) */

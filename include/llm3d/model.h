@@ -180,7 +180,8 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m);
  * an MLP of 4 C and epsilon 1e-5), which llm.c's files and the manifests of earlier versions
  * describe without an architecture record. */
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m);
-/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = l3d_model_head_dim, host memory):
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = l3d_model_head_dim, host
+ * memory):
  * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
  * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
 void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);

@@ -211,7 +211,8 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
 /* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
  * status after one line. */
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
-/* The architecture flags given (--arch, --kv-heads, --head-dim, --ffn, --rope-theta, --norm-eps) applied to m
+/* The architecture flags given (--arch, --kv-heads, --head-dim, --ffn, --rope-theta, --norm-eps)
+ * applied to m
  * (unfinished: l3d_gpt_config_finish follows). */
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies

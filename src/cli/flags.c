@@ -169,9 +169,9 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 /* ---- the run spec's flags ---------------------------------------------------------------- */
 
 enum {
-    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_HEAD_DIM, F_THETA,
-    F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
-    F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
+    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_HEAD_DIM,
+    F_THETA, F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE,
+    F_MOE_NORM, F_MOE_NO_NORM, F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,

@@ -540,7 +540,8 @@ static int inspect_hf(const char *path, bool json) {
     if (json) {
         printf("{\"kind\":\"hf_folder\",\"path\":");
         json_str(path, strlen(path));
-        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"head_dim\":%d,\"V\":%d,"
+        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"head_dim\":%d,"
+               "\"V\":%d,"
                "\"context\":%d,\"ffn\":%lld,\"tied\":%s,\"norm_eps\":%.9g,\"rope_theta\":%.17g,"
                "\"parameters\":%lld,\"experts\":%d,\"top_k\":%d,\"active_parameters\":%.0f,"
                "\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,

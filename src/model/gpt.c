@@ -1767,7 +1767,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     double Ca = (double)ca, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
     /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 ca and
-     * 4 ca + 4 ca (ca: this rank's attention channels, h / t unless head_dim sets hd apart; GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
+     * 4 ca + 4 ca (ca: this rank's attention channels, h / t unless head_dim sets hd apart;
+     * GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
      * and RMSNorm's missing mean (of both norms) */
     int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * hd;
     int64_t f = sh->ffn_count, fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * f : f;

@@ -145,7 +145,8 @@ const float *l3d_infer_step(struct l3d_infer *inf, const int32_t *tokens, int n)
     struct l3d_backend *be = inf->be;
     const struct l3d_model_spec *c = &m->cfg;
     const int64_t C = inf->C, F = inf->F, T = inf->maxT, N = n, NH = c->NH;
-    const int64_t HS = l3d_model_head_dim(c), Q = inf->Q, KV = inf->KV, QKV = inf->QKV, NKV = l3d_model_kv_heads(c);
+    const int64_t HS = l3d_model_head_dim(c), Q = inf->Q, KV = inf->KV, QKV = inf->QKV;
+    const int64_t NKV = l3d_model_kv_heads(c);
     const int pos = inf->pos;
     const enum l3d_dtype dt = inf->dt;
     const size_t es = inf->es;
