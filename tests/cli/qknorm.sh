@@ -53,7 +53,7 @@ then bad "a run without --qk-norm compares SAME"; else ok "a run without --qk-no
 
 ck=$(printf '%s/ref/checkpoints/step_%08d' "$dir" 3)
 check "the manifest records qk_norm" grep -q "^arch family llama .* qk_norm 1$" "$ck/manifest"
-TRAIN_LOG= expect_error "a qk-norm checkpoint resumed without it" "MLP 192, qk-norm), not the configured .*(llama, 2, 192): give" \
+TRAIN_LOG= expect_error "a qk-norm checkpoint resumed without it" "MLP 192, qk-norm), not the configured .*(llama, 2 of 16, 192): give" \
     train again 0 4 --resume "$ck" --no-qk-norm
 
 # generation: the KV cache's incremental path against the whole forward, greedy
