@@ -1739,6 +1739,50 @@ static void test_llama(void) {
           strstr(l3d_error_message(), "16 key/value heads") != NULL);
 }
 
+/* A head's size apart from h / heads (Qwen3's head_dim: q = heads x hd columns, not h): Qwen3-8B
+ * with heads of 64 (32 x 64 = 2048 = h / 2) planned as test_llama's closed forms with q for the
+ * attention's channels: parameters (the trainer's count), the tp 8 split, the model FLOPs (the
+ * scores and weighted sum 4 s q a token) and the activations; and the Qwen3-MoE presets' counts
+ * (test_moe_hf derives them from their published sizes) the trainer's. */
+static void test_head_dim(void) {
+    struct l3d_profile prof;
+    struct l3d_model_spec m;
+    good_and_preset(&prof, &m, "qwen3-8b");
+    m.head_dim = 64;
+    CHECK(l3d_plan_model_check(&m) == L3D_OK);
+    double s = m.maxT, h = m.C, L = m.L, f = (double)m.ffn, q = 32 * 64, kv = 8 * 64, V = 151936;
+    double N = L * (2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + 2 * 64) + 2 * V * h + h;
+    CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
+    CHECK((double)l3d_gpt_param_count(&c) == N);
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(8, 8, true);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
+    double n = L * ((2 * h * q + 2 * h * kv + 3 * h * f) / 8 + 2 * h + 2 * 64) + 2 * V * h / 8 + h;
+    CHECK_NEAR(r.mem.params / 2, n, 0.5);
+    double per_token = 2 * (L * (2 * h * q + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * q;
+    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
+    double per = s * (10 * h + (4 * q + 4 * kv + 6 * f) / 8);
+    double ends = s * h + 4 * s * h + 4 * s * V / 8;
+    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+    /* negative: the coupled head size's (q = h) figures are not these */
+    struct l3d_model_spec coupled = m;
+    coupled.head_dim = 0;
+    CHECK(evaluate(&coupled, &prof, &run, &lay, &r) == L3D_OK &&
+          fabs(r.mem.params / 2 - n) > 1e6);
+    /* an odd head size cannot rotate: refused naming the flag */
+    m.head_dim = 63;
+    CHECK(l3d_plan_model_check(&m) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "even head size, not 63: give an even --head-dim"));
+    static const char *const moe[] = {"qwen3-30b-a3b", "qwen3-235b-a22b"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(l3d_model_preset(&m, moe[i]) == L3D_OK);
+        c = l3d_plan_model_gpt(&m);
+        CHECK(l3d_plan_model_params(&m) == l3d_gpt_param_count(&c));
+    }
+}
+
 /* the ep values l3d_plan_layouts enumerates (bit e: ep e seen) */
 static void seen_ep(void *ctx, const struct l3d_layout *lay) {
     *(unsigned *)ctx |= 1u << (lay->ep > 1 ? lay->ep : 1);
@@ -1910,6 +1954,7 @@ static void test_moe(void) {
 int main(void) {
     test_profiles();
     test_llama();
+    test_head_dim();
     test_memory_mixed();
     test_korthikanti();
     test_memory_trainer();
