@@ -172,49 +172,55 @@ static void test_qwen3_counts(void) {
 /* Dense Qwen3 (Qwen3ForCausalLM): Llama's blocks, QK-norm's two hd vectors a layer, a head tied
  * to the embedding or not; `embed` false: without the embedding and head (the model cards'
  * "non-embedding" count). */
-static double qwen3_count(double L, double C, double NH, double KV, double V, double F, bool tied,
-                          bool embed) {
-    double hd = C / NH, attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
+static double qwen3_count(double L, double C, double NH, double KV, double hd, double V, double F,
+                          bool tied, bool embed) {
+    double attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
     double layer = attn + 3 * C * F + 2 * C + 2 * hd;
     return (embed ? (tied ? 1 : 2) * V * C : 0.0) + C + L * layer;
 }
 
-/* The dense Qwen3 presets against their model cards' counts, rounded (1.7B / 1.4B without the
- * embedding, 8.2B / 6.95B, 14.8B / 13.2B); their blocks (QK-norm, RoPE theta 1e6, eps 1e-6, the
- * 1.7B's tied head). Negative: the 1.7B with an untied head, the 8B with a KV head per query
- * head: the formula tells them from the cards. */
+/* The dense Qwen3 presets against their model cards' counts, rounded (0.6B / 0.44B without the
+ * embedding, 1.7B / 1.4B, 4.0B / 3.6B, 8.2B / 6.95B, 14.8B / 13.2B, 32.8B / 31.2B; heads of 128,
+ * apart from hidden / heads in 0.6B, 4B and 32B); their blocks (QK-norm, RoPE theta 1e6, eps 1e-6,
+ * the small models' tied head). Negative: the 1.7B with an untied head, the 8B with a KV head per
+ * query head, the 32B with heads of hidden / heads: the formula tells them from the cards. */
 static void test_qwen3_presets(void) {
     static const struct {
         const char *name;
-        double L, C, NH, KV, V, F;
+        double L, C, NH, KV, hd, V, F;
         bool tied;
         double total, body, unit, body_unit;
     } p[] = {
-        {"qwen3-1.7b", 28, 2048, 16, 8, 151936, 6144, true, 1.7e9, 1.4e9, 0.1e9, 0.1e9},
-        {"qwen3-8b", 36, 4096, 32, 8, 151936, 12288, false, 8.2e9, 6.95e9, 0.1e9, 0.01e9},
-        {"qwen3-14b", 40, 5120, 40, 8, 151936, 17408, false, 14.8e9, 13.2e9, 0.1e9, 0.1e9},
+        {"qwen3-0.6b", 28, 1024, 16, 8, 128, 151936, 3072, true, 0.6e9, 0.44e9, 0.1e9, 0.01e9},
+        {"qwen3-1.7b", 28, 2048, 16, 8, 128, 151936, 6144, true, 1.7e9, 1.4e9, 0.1e9, 0.1e9},
+        {"qwen3-4b", 36, 2560, 32, 8, 128, 151936, 9728, true, 4.0e9, 3.6e9, 0.1e9, 0.1e9},
+        {"qwen3-8b", 36, 4096, 32, 8, 128, 151936, 12288, false, 8.2e9, 6.95e9, 0.1e9, 0.01e9},
+        {"qwen3-14b", 40, 5120, 40, 8, 128, 151936, 17408, false, 14.8e9, 13.2e9, 0.1e9, 0.1e9},
+        {"qwen3-32b", 64, 5120, 64, 8, 128, 151936, 25600, false, 32.8e9, 31.2e9, 0.1e9, 0.1e9},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         struct l3d_model_spec m;
         CHECK(l3d_model_preset(&m, p[i].name) == L3D_OK);
         CHECK(m.L == p[i].L && m.C == p[i].C && m.NH == p[i].NH && m.NKV == p[i].KV &&
-              m.V == p[i].V && m.ffn == p[i].F && m.qk_norm && m.untied == !p[i].tied &&
+              l3d_model_head_dim(&m) == p[i].hd && m.V == p[i].V && m.ffn == p[i].F && m.qk_norm && m.untied == !p[i].tied &&
               m.rope.theta == 1e6 && m.norm_eps == 1e-6f && m.Vp == m.V);
         CHECK(l3d_arch_hf_row(&m) == l3d_arch_by_hf_type("qwen3"));
-        double total = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
-                                   true);
-        double body = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
-                                  false);
+        double total = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
+                                   p[i].tied, true);
+        double body = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
+                                  p[i].tied, false);
         CHECK_NEAR(l3d_model_param_count(&m), total, 0.0);
         CHECK(within_rounding(total, p[i].total, p[i].unit));
         CHECK(within_rounding(body, p[i].body, p[i].body_unit));
         printf("%s: %.0f parameters (published %.3g), %.0f without the embedding (%.3g)\n",
                p[i].name, total, p[i].total, body, p[i].body);
     }
-    CHECK(!within_rounding(qwen3_count(28, 2048, 16, 8, 151936, 6144, false, true), 1.7e9,
+    CHECK(!within_rounding(qwen3_count(28, 2048, 16, 8, 128, 151936, 6144, false, true), 1.7e9,
                            0.1e9));
-    CHECK(!within_rounding(qwen3_count(36, 4096, 32, 32, 151936, 12288, false, false), 6.95e9,
+    CHECK(!within_rounding(qwen3_count(36, 4096, 32, 32, 128, 151936, 12288, false, false), 6.95e9,
                            0.01e9)); /* a KV head per query head */
+    CHECK(!within_rounding(qwen3_count(64, 5120, 64, 8, 80, 151936, 25600, false, false), 31.2e9,
+                           0.1e9)); /* the 32B's heads of hidden / heads (80), not 128 */
 }
 
 /* llama-tiny with E experts in every layer, top-2 renormalised. */
