@@ -16,12 +16,6 @@ byte_corpus headdim
 HD=(--arch llama --kv-heads 2 --ffn 192 --qk-norm --layers 4 --head-dim 24)
 TRAIN_FLAGS=("${TINY[@]}" "${HD[@]}" --steps 6 --warmup 2 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
-# cmp_same NAME RUN REF RTOL: llm3d compare says SAME
-cmp_same() {
-    if "$bin" compare --rtol "$4" "$dir/$2" "$dir/$3" > "$dir/$1.cmp" 2>&1
-    then ok "$1 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
-    else bad "$1"; cat "$dir/$1.cmp"; fi
-}
 step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
 
 train ref 0 4 --save-every 3 || exit 1
@@ -40,23 +34,15 @@ then bad "a run with heads of 16 compares SAME"; else ok "a run with heads of 16
 # measured 3.4e-5 of attprojw's size after 6, so the tp2 run is its own reference)
 train ck_tp2 2 4 --tp 2 --save-every 3 &&
     train tp2_on_one 0 4 --resume "$(step_dir ck_tp2 3)" &&
-    cmp_same "a tp2 checkpoint resumed on one process" tp2_on_one ck_tp2 3e-5
+    cmp_same "a tp2 checkpoint resumed on one process" tp2_on_one ck_tp2 --rtol 3e-5
 train one_on_pp2_tp2 4 2 --grad-accum 2 --resume "$ck" --pp 2 --tp 2 &&
-    cmp_same "one process's checkpoint resumed over pp2 x tp2" one_on_pp2_tp2 ref 3e-5
+    cmp_same "one process's checkpoint resumed over pp2 x tp2" one_on_pp2_tp2 ref --rtol 3e-5
 TRAIN_LOG= expect_error "a head_dim 24 checkpoint resumed with heads of 32" \
     "2 key/value heads of 24, MLP 192, qk-norm), not the configured .*(llama, 2 of 32, 192, qk-norm): give" \
     train again 0 4 --resume "$ck" --head-dim 32
 
 # generation: the KV cache's incremental path against the whole forward, greedy
-gen() {
-    "$bin" generate --checkpoint "$dir/ref/model.bin" --tokenizer bytes --prompt "row 1" \
-        --max-tokens 16 --temperature 0 "$@" 2> "$dir/gen.log"
-}
-if a=$(gen) && b=$(gen --no-kv-cache) && [ "$a" = "$b" ] && [ ${#a} -ge 16 ]; then
-    ok "generate with the KV cache = without it: $(echo "$a" | head -c 40 | tr '\n' ' ')"
-else
-    bad "generate with and without the KV cache: '$a' vs '$b'"; cat "$dir/gen.log"
-fi
+kv_cache_agrees "$dir/ref/model.bin"
 
 # the presets: planned with their published counts and head size
 for p in "qwen3-30b-a3b 3.05e+10 3.35e+09" "qwen3-235b-a22b 2.35e+11 2.22e+10"; do

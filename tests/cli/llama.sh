@@ -15,14 +15,6 @@ LLAMA=(--arch llama --kv-heads 2 --ffn 192)
 TRAIN_FLAGS=("${TINY[@]}" "${LLAMA[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
 step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
-# cmp_same NAME RUN REF [compare flags]: llm3d compare says SAME
-cmp_same() {
-    local name=$1 run=$2 ref=$3
-    shift 3
-    if "$bin" compare "$@" "$dir/$run" "$dir/$ref" > "$dir/$name.cmp" 2>&1
-    then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-    else bad "$name"; cat "$dir/$name.cmp"; fi
-}
 # from NAME STEP_DIR NP B [flags]: continues a run from a checkpoint in its own output directory,
 # starting from the uninterrupted run's metrics (the resume trims them to the checkpoint's step)
 from() {
