@@ -3,9 +3,10 @@
 # is in equiv.sh and cp.sh, the planner's memory in plan.sh): the flag changes the run (a model
 # without it is DIFFERENT); the manifest and run.yaml keep it; a checkpoint saved under tp2 resumes
 # on one process and one saved by one process under pp2 x tp2 (resharded), each continuing as its
-# uninterrupted run; a resume with another head size is refused naming both; generation through
-# the KV cache and through the whole forward agree; the presets qwen3-30b-a3b and qwen3-235b-a22b
-# are planned with their published counts; what cannot be is refused in one line.
+# uninterrupted run; bf16 tp2 SP as one bf16 process; a resume with another head size is refused
+# naming both; generation through the KV cache and through the whole forward agree; the presets
+# qwen3-30b-a3b and qwen3-235b-a22b are planned with their published counts; what cannot be is
+# refused in one line.
 # Usage: headdim.sh LLM3D SCRATCH_DIR; ctest sets L3D_MPIEXEC.
 source "$(dirname "$0")/lib/checks.sh"
 start_test "$@"
@@ -40,6 +41,12 @@ train one_on_pp2_tp2 4 2 --grad-accum 2 --resume "$ck" --pp 2 --tp 2 &&
 TRAIN_LOG= expect_error "a head_dim 24 checkpoint resumed with heads of 32" \
     "2 key/value heads of 24, MLP 192, qk-norm), not the configured .*(llama, 2 of 32, 192, qk-norm): give" \
     train again 0 4 --resume "$ck" --head-dim 32
+
+# 16 bits (the tiled bf16 attention on heads of 24): tp2 SP against one bf16 process within
+# mixed.sh's bounds (qknorm.sh's)
+B16=(--precision bf16 --eps 1e-4)
+train b1 0 4 "${B16[@]}" && train b_tp2 2 4 --tp 2 --sequence-parallel "${B16[@]}" &&
+    cmp_same "bf16 tp2 SP against one bf16 process" b_tp2 b1 --loss-rtol 4.9e-4 --norm-rtol 4.9e-4 --weights-rtol 0.031
 
 # generation: the KV cache's incremental path against the whole forward, greedy
 kv_cache_agrees "$dir/ref/model.bin"
