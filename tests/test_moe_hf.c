@@ -1,8 +1,8 @@
 /* Mixtral and Qwen3-MoE as data (src/model/arch.c's flavour rows, src/ckpt/hf.c,
  * src/spec/presets.c): the published parameter counts of the Mixtral, dense Qwen3 and Qwen3-MoE
  * (30B-A3B, 235B-A22B: heads of 128 apart from hidden / heads) presets derived from their sizes
- * by exact formulas written here (not llm3d's),
- * against llm3d's counts and the published figures within their rounding; the rows Qwen3's
+ * by exact formulas written here (not llm3d's), against llm3d's counts and the published figures
+ * within their rounding; Qwen3-MoE's config.json read with its head_dim; the rows Qwen3's
  * QK-norm selects; the row a model is written as, and the models no row holds; MixtralConfig's
  * keys to a spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
  * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
