@@ -299,6 +299,12 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
           ti[L3D_T_ATTPROJW].rows == 16 && ti[L3D_T_ATTPROJW].cols == 24 &&
           ti[L3D_T_QNORMW].count == 2 * 6);
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* the activations' closed form at 64 rows, where the attention's 24 channels (not C = 16)
+     * outweigh the allocations' alignment */
+    struct l3d_gpt *big = full_model(be, &c, 8, 8);
+    size_t want = l3d_gpt_act_bytes(&c, &full, 8, 8, 1, L3D_RECOMPUTE_NONE, true);
+    CHECK(big->act_bytes >= want && big->act_bytes <= want + 64 * (size_t)(c.L * 13 + 40));
+    l3d_gpt_free(big);
     /* GPT-2's blocks (biases, learned positions, MHA) with heads of 10 over 16 channels */
     struct l3d_model_spec g = tiny_config(2, 16, 2, 50, 8);
     g.head_dim = 10;
@@ -505,6 +511,49 @@ static void test_slice_init(struct l3d_backend *be) {
     l3d_gpt_free(ms);
 }
 
+/* The same with heads of 6 over 16 channels (head_dim apart from C / NH) and grouped key/value
+ * heads: the slice of heads 2-3 (key/value head 1) holds the full model's q rows 12-23, k rows
+ * 24 + 6-11, v rows 36 + 6-11 and attprojw's columns 12-23; every q|k|v row of the full model is
+ * drawn at its own global row (no two rows alike: a k or v row read at a q row's index would
+ * repeat it). */
+static void test_slice_init_head_dim(struct l3d_backend *be) {
+    struct l3d_model_spec cfg = {.L = 2, .C = 16, .NH = 4, .NKV = 2, .V = 50, .maxT = 8, .ffn = 24,
+                                 .head_dim = 6};
+    l3d_model_set_arch(&cfg, L3D_ARCH_LLAMA);
+    L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
+    const int64_t C = 16, HS = 6, Q = 24, KV = 12, R = Q + 2 * KV;
+    struct l3d_shard full = l3d_shard_full(&cfg), s = full;
+    s.head_start = 2;
+    s.head_count = 2;
+    struct l3d_gpt *mf, *ms;
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&ms, &cfg, &s, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
+    l3d_gpt_init_weights(mf, 5);
+    l3d_gpt_init_weights(ms, 5);
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *ps = test_to_host(be, ms->params, ms->num_params);
+    int mism = 0, alike = 0;
+    for (int l = 0; l < 2; l++) {
+        const float *fq = pf + mf->tensors[L3D_T_QKVW].offset + l * R * C;
+        const float *sq = ps + ms->tensors[L3D_T_QKVW].offset + l * (2 * HS + 2 * HS) * C;
+        const int64_t at[3][2] = {{0, 2 * HS}, {2 * HS, Q + HS}, {3 * HS, Q + KV + HS}};
+        for (int part = 0; part < 3; part++) /* q: 2 heads; k, v: 1 head */
+            for (int64_t r = 0; r < (part ? HS : 2 * HS); r++)
+                mism += memcmp(sq + (at[part][0] + r) * C, fq + (at[part][1] + r) * C,
+                               (size_t)C * 4) != 0;
+        for (int64_t a = 0; a < R; a++)
+            for (int64_t b = a + 1; b < R; b++)
+                alike += memcmp(fq + a * C, fq + b * C, (size_t)C * 4) == 0;
+        const float *fp = pf + mf->tensors[L3D_T_ATTPROJW].offset + l * C * Q;
+        const float *sp = ps + ms->tensors[L3D_T_ATTPROJW].offset + l * C * 2 * HS;
+        for (int64_t r = 0; r < C; r++)
+            mism += memcmp(sp + r * 2 * HS, fp + r * Q + 2 * HS, (size_t)(2 * HS) * 4) != 0;
+    }
+    CHECK(mism == 0 && alike == 0);
+    free(pf), free(ps);
+    l3d_gpt_free(mf);
+    l3d_gpt_free(ms);
+}
 /* Activation slots and recomputation: two micro-batches forwarded into two slots before either
  * backward (what a pipeline stage does), under each recomputation mode, give bit-identical
  * gradients to one micro-batch at a time with everything kept; the activation bytes match the
@@ -749,6 +798,7 @@ int main(void) {
     test_overfit_and_determinism(be);
     test_layer_shards(be);
     test_slice_init(be);
+    test_slice_init_head_dim(be);
     test_slots_and_recompute(be);
     test_split_backward(be);
     test_errors(be);
