@@ -1864,38 +1864,49 @@ static void test_pipe_closed_form(void) {
 
 /* Llama blocks (Megatron-LM's mixed precision): parameters, memory and FLOPs of llama3-70b derived
  * here from the architecture, independently of the planner's code paths. */
+/* A Llama-blocks model m of V tokens planned at tp 8 (8 KV heads or a multiple), its attention
+ * q = heads x hd channels (h unless head_dim sets hd apart) and kv = KV heads x hd, `whole` the
+ * parameters of a layer every rank keeps (the norms): the rank's parameters, the model FLOPs and
+ * the activations against their closed forms. */
+static void check_tp8(const struct l3d_model_spec *m, const struct l3d_profile *prof, double q,
+                      double kv, double whole, double V) {
+    double s = m->maxT, h = m->C, L = m->L, f = (double)m->ffn;
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(8, 8, true);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(evaluate(m, prof, &run, &lay, &r) == L3D_OK);
+    /* every matrix split 8 ways, the norms whole */
+    double n = L * ((2 * h * q + 2 * h * kv + 3 * h * f) / 8 + whole) + 2 * V * h / 8 + h;
+    CHECK_NEAR(r.mem.params / 2, n, 0.5);
+    /* forward FLOPs a token: 2 per multiply-add of every matrix but the embedding, and the
+     * attention's 4 s q; three passes */
+    double per_token = 2 * (L * (2 * h * q + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * q;
+    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
+    /* activations (Korthikanti et al. Table 2 with TP, no scores with fused attention): 10 s b h
+     * whole, and split by 8: q and the projection's input 4 s b q, k and v 4 s b kv, SwiGLU's
+     * gate, up and product 6 s b f */
+    double per = s * (10 * h + (4 * q + 4 * kv + 6 * f) / 8);
+    double ends = s * h + 4 * s * h + 4 * s * V / 8;
+    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+}
+
 static void test_llama(void) {
     struct l3d_profile prof;
     struct l3d_model_spec m;
     good_and_preset(&prof, &m, "llama3-70b");
-    double s = m.maxT, h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
+    double h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
     /* 70.55B (Dubey et al. 2024 call it 70B): 80 layers of q, o (h^2), k, v (h kv), three h x f
      * matrices and two norms, embedding and head (V h each), the final norm */
     double N = L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 2 * V * h + h;
     CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
     CHECK_NEAR(N, 70553706496.0, 0.5);
-    struct l3d_plan_result r;
-    struct l3d_plan_run run = run16(8, 8, true);
-    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    /* tp 8 = KV heads: every matrix split 8 ways, the norms whole */
-    double n = L * ((2 * h * h + 2 * h * kv + 3 * h * f) / 8 + 2 * h) + 2 * V * h / 8 + h;
-    CHECK_NEAR(r.mem.params / 2, n, 0.5);
-    /* forward FLOPs a token: 2 per multiply-add of every matrix but the embedding, and the
-     * attention's 4 s h; three passes */
-    double per_token = 2 * (L * (2 * h * h + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * h;
-    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
-    /* activations (Korthikanti et al. Table 2 with TP, no scores with fused attention): 10 s b h
-     * whole, and split by 8: q and the projection's input 4 s b h, k and v 4 s b kv, SwiGLU's
-     * gate, up and product 6 s b f */
-    double per = s * (10 * h + (4 * h + 4 * kv + 6 * f) / 8);
-    double ends = s * h + 4 * s * h + 4 * s * V / 8;
-    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+    check_tp8(&m, &prof, h, kv, 2 * h, V); /* tp 8 = KV heads */
     /* tp 16 > 8 KV heads: each KV head on two ranks (k, v rows of one head each) */
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(16, 16, true);
     struct l3d_layout lay16 = layout(16, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    run = run16(16, 16, true);
     CHECK(evaluate(&m, &prof, &run, &lay16, &r) == L3D_OK);
-    n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
+    double n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
     CHECK_NEAR(r.mem.params / 2, n, 0.5);
     /* tp 32 over 16 KV heads (a multiple): accepted; 48 query heads and 16 KV heads over tp 24,
      * which divides the query heads but neither divides nor is a multiple of the KV heads:
@@ -1911,6 +1922,39 @@ static void test_llama(void) {
     run = run16(24, 24, true);
     CHECK(evaluate(&odd, &prof, &run, &lay24, &r) != L3D_OK &&
           strstr(l3d_error_message(), "16 key/value heads") != NULL);
+}
+
+/* A head's size apart from h / heads (Qwen3's head_dim: q = heads x hd columns, not h): Qwen3-8B
+ * with heads of 64 (32 x 64 = 2048 = h / 2) planned as test_llama's closed forms with q for the
+ * attention's channels: parameters (the trainer's count), the tp 8 split, the model FLOPs (the
+ * scores and weighted sum 4 s q a token) and the activations; and the Qwen3-MoE presets' counts
+ * (test_moe_hf derives them from their published sizes) the trainer's. */
+static void test_head_dim(void) {
+    struct l3d_profile prof;
+    struct l3d_model_spec m;
+    good_and_preset(&prof, &m, "qwen3-8b");
+    m.head_dim = 64;
+    CHECK(l3d_plan_model_check(&m) == L3D_OK);
+    double h = m.C, L = m.L, f = (double)m.ffn, q = 32 * 64, kv = 8 * 64, V = 151936;
+    double N = L * (2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + 2 * 64) + 2 * V * h + h;
+    CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
+    CHECK((double)l3d_gpt_param_count(&c) == N);
+    check_tp8(&m, &prof, q, kv, 2 * h + 2 * 64, V); /* QK-norm's two vectors whole too */
+    /* negative: the coupled head size's (q = h) parameters are not these */
+    struct l3d_model_spec coupled = m;
+    coupled.head_dim = 0;
+    CHECK(fabs((double)l3d_plan_model_params(&coupled) - N) > 1e6);
+    /* an odd head size cannot rotate: refused naming the flag */
+    m.head_dim = 63;
+    CHECK(l3d_plan_model_check(&m) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "even head size, not 63: give an even --head-dim"));
+    static const char *const moe[] = {"qwen3-30b-a3b", "qwen3-235b-a22b"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(l3d_model_preset(&m, moe[i]) == L3D_OK);
+        c = l3d_plan_model_gpt(&m);
+        CHECK(l3d_plan_model_params(&m) == l3d_gpt_param_count(&c));
+    }
 }
 
 /* the ep values l3d_plan_layouts enumerates (bit e: ep e seen) */
@@ -2084,6 +2128,7 @@ static void test_moe(void) {
 int main(void) {
     test_profiles();
     test_llama();
+    test_head_dim();
     test_memory_mixed();
     test_korthikanti();
     test_memory_trainer();

@@ -197,6 +197,7 @@ struct l3d_cli_spec {
     const char *preset;        /* --model */
     int L, C, NH, V, maxT, ffn; /* explicit sizes; 0: not given */
     int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
+    int head_dim;              /* --head-dim (0: not given) */
     double rope_theta;         /* 0: not given */
     float norm_eps;            /* 0: not given */
     struct l3d_moe_spec moe;   /* the --moe-* flags' values (each applied when given) */
@@ -210,7 +211,8 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
 /* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
  * status after one line. */
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
-/* The architecture flags given (--arch, --kv-heads, --ffn, --rope-theta, --norm-eps) applied to m
+/* The architecture flags given (--arch, --kv-heads, --head-dim, --ffn, --rope-theta, --norm-eps)
+ * applied to m
  * (unfinished: l3d_gpt_config_finish follows). */
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies

@@ -548,8 +548,10 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    char kv[32] = "";
+    char kv[48] = "";
     if (l3d_model_kv_heads(m) != m->NH) snprintf(kv, sizeof kv, " kv-heads=%d", m->NKV);
+    if (m->head_dim > 0) /* set apart from h / heads (Qwen3) */
+        snprintf(kv + strlen(kv), sizeof kv - strlen(kv), " head-dim=%d", m->head_dim);
     printf("model %s: %s blocks, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; "
            "profile %s (%s), %lld devices, global batch %lld, %s%s\n", m->name,
            l3d_arch_info(m->arch)->title, m->L, m->C, m->NH, kv,

@@ -20,10 +20,11 @@
 
 /* Parameters of the whole model (doubles: the checks run before the sizes are known to fit). */
 double l3d_model_param_count(const struct l3d_model_spec *m) {
-    double C = m->C, hd = (double)m->C / m->NH, kv = l3d_model_kv_heads(m) * hd;
+    double C = m->C, hd = l3d_model_head_dim(m), kv = l3d_model_kv_heads(m) * hd;
+    double q = m->NH * hd; /* the attention's channels: C unless head_dim sets hd apart */
     double F = m->ffn > 0 ? (double)m->ffn : 4.0 * C, bias = m->no_bias ? 0.0 : 1.0;
     double norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C; /* LayerNorm: weight and bias */
-    double attn = C * C + 2 * C * kv + C * C + bias * (C + 2 * kv + C);
+    double attn = C * q + 2 * C * kv + q * C + bias * (q + 2 * kv + C);
     double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
     double Vp = m->Vp > 0 ? m->Vp : m->V;
     double qkn = m->qk_norm ? 2 * hd : 0.0; /* QK-norm's two weight vectors */
@@ -46,9 +47,10 @@ static l3d_status arch_check(struct l3d_model_spec *cfg) {
         return l3d_error(L3D_ERR_ARG, "a SwiGLU MLP needs its hidden size (ffn, "
                          "intermediate_size): give it");
     if (cfg->pos == L3D_POS_ROPE) {
-        if ((cfg->C / cfg->NH) % 2 != 0)
+        if (l3d_model_head_dim(cfg) % 2 != 0)
             return l3d_error(L3D_ERR_ARG, "rotary positions need an even head size, not %d "
-                             "(channels %d / heads %d)", cfg->C / cfg->NH, cfg->C, cfg->NH);
+                             "(%s): give an even --head-dim", l3d_model_head_dim(cfg),
+                             cfg->head_dim > 0 ? "--head-dim" : "channels / heads");
         struct l3d_rope *r = &cfg->rope;
         if (r->theta == 0.0) r->theta = 10000.0;
         if (!(r->theta > 1.0) || !(r->factor >= 0.0))
@@ -67,9 +69,14 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
                          "%d, vocabulary %d, context %d)", cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);
-    if (cfg->C % cfg->NH != 0)
-        return l3d_error(L3D_ERR_ARG, "channels (%d) must be divisible by heads (%d)", cfg->C,
-                         cfg->NH);
+    if (cfg->head_dim < 0 || cfg->head_dim > L3D_MAX_CHANNELS)
+        return l3d_error(L3D_ERR_ARG, "--head-dim %d: give 1 to %d (0: channels / heads)",
+                         cfg->head_dim, L3D_MAX_CHANNELS);
+    if (cfg->head_dim == 0 && cfg->C % cfg->NH != 0)
+        return l3d_error(L3D_ERR_ARG, "channels (%d) must be divisible by heads (%d), or give "
+                         "the head size (--head-dim)", cfg->C, cfg->NH);
+    /* a head size of channels / heads is the default's: one spelling for one model */
+    if ((int64_t)cfg->head_dim * cfg->NH == cfg->C) cfg->head_dim = 0;
     if (cfg->V > (1 << 30))
         return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
     /* sane limits (far above any GPT): every count and byte size below then fits an int64_t */
@@ -122,7 +129,7 @@ bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_mode
            a->untied == b->untied && a->moe.experts == b->moe.experts &&
            a->moe.top_k == b->moe.top_k && a->moe.ffn == b->moe.ffn &&
            a->moe.shared == b->moe.shared && a->moe.dense_layers == b->moe.dense_layers &&
-           a->qk_norm == b->qk_norm;
+           a->qk_norm == b->qk_norm && l3d_model_head_dim(a) == l3d_model_head_dim(b);
 }
 
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
@@ -143,7 +150,7 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
            m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
            m->untied == a->untied && m->moe.experts == 0 && /* llm.c has no experts */
-           !m->qk_norm;
+           !m->qk_norm && (int64_t)l3d_model_head_dim(m) * m->NH == m->C;
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
@@ -223,7 +230,7 @@ bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
 
 int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_shard *s,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]) {
-    int64_t C = c->C, Ll = s->layer_count, HS = C / c->NH;
+    int64_t C = c->C, Ll = s->layer_count, HS = l3d_model_head_dim(c);
     int64_t Ca = (int64_t)s->head_count * HS; /* local attention channels */
     int64_t QKV = Ca + 2 * (int64_t)l3d_shard_kv_count(c, s) * HS; /* local q|k|v rows */
     int64_t F = s->ffn_count, Fm = c->mlp == L3D_MLP_SWIGLU ? 2 * F : F; /* fcw rows */
@@ -400,7 +407,7 @@ struct widths {
 
 static struct widths widths(const struct l3d_gpt *m) {
     const struct l3d_shard *s = &m->shard;
-    struct widths w = {.HS = m->cfg.C / m->cfg.NH, .Hl = s->head_count,
+    struct widths w = {.HS = l3d_model_head_dim(&m->cfg), .Hl = s->head_count,
                        .KVl = l3d_shard_kv_count(&m->cfg, s), .F = s->ffn_count};
     w.Ca = w.Hl * w.HS;
     w.QKV = w.Ca + 2 * w.KVl * w.HS;
@@ -541,7 +548,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
 /* RoPE's frequencies (l3d_rope_inv_freq, Llama 3.1 scaling included) and the positions 0..Tmax-1
  * of a sequence's rows, on the device; false when out of memory. */
 static bool rope_init(struct l3d_gpt *m) {
-    int64_t half = m->cfg.C / m->cfg.NH / 2, T = m->Tmax;
+    int64_t half = l3d_model_head_dim(&m->cfg) / 2, T = m->Tmax;
     m->rope_inv_freq = l3d_be_alloc(m->be, (size_t)half * sizeof(float), "rope frequencies");
     m->rope_pos = l3d_be_alloc(m->be, (size_t)T * sizeof(int32_t), "rope positions");
     float *f = l3d_alloc((size_t)half * sizeof(float), "rope frequencies");
@@ -721,12 +728,12 @@ void l3d_gpt_free(struct l3d_gpt *m) {
 /* Full q|k|v row of local row r of a shard's qkvw: the q block, then the local heads; the k
  * block, then the local key/value heads; the v block likewise. */
 static int64_t qkv_row(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int64_t r) {
-    int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
+    int64_t HS = l3d_model_head_dim(cfg), Q = cfg->NH * HS, Ca = (int64_t)s->head_count * HS;
     int64_t KV = (int64_t)l3d_model_kv_heads(cfg) * HS, Ka = l3d_shard_kv_count(cfg, s) * HS;
     int64_t k0 = l3d_shard_kv_start(cfg, s) * HS;
     if (r < Ca) return (int64_t)s->head_start * HS + r;
-    if (r < Ca + Ka) return C + k0 + (r - Ca);
-    return C + KV + k0 + (r - Ca - Ka);
+    if (r < Ca + Ka) return Q + k0 + (r - Ca);
+    return Q + KV + k0 + (r - Ca - Ka);
 }
 
 /* Full MLP row of local row r of a shard's fcw: its columns of the gate block, then (SwiGLU) the
@@ -739,7 +746,7 @@ static int64_t ffn_row(const struct l3d_model_spec *cfg, const struct l3d_shard 
 /* Global (row, col) in the full llm.c tensor of a local (row, col) of a shard's tensor t. */
 static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t, int64_t r,
                       int64_t c, int64_t *gr, int64_t *gc) {
-    int64_t HS = cfg->C / cfg->NH, h0 = (int64_t)s->head_start * HS;
+    int64_t HS = l3d_model_head_dim(cfg), h0 = (int64_t)s->head_start * HS;
     int64_t efm = (cfg->mlp == L3D_MLP_SWIGLU ? 2 : 1) * cfg->moe.ffn; /* an expert's fcw rows */
     *gr = r;
     *gc = c;
@@ -848,8 +855,8 @@ static void init_span(const struct l3d_tensor_info *ti, int64_t lo, int64_t n, i
 void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
                                 float *dst) {
     const struct l3d_model_spec *cfg = &m->cfg;
-    int64_t C = cfg->C, HS = C / cfg->NH, F = cfg->ffn;
-    int64_t QKV = C + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
+    int64_t C = cfg->C, HS = l3d_model_head_dim(cfg), F = cfg->ffn, Q = cfg->NH * HS;
+    int64_t QKV = Q + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
     int64_t Fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * F : F;
     int64_t E = cfg->moe.experts, Fe = cfg->moe.ffn, Fem = Fm / F * Fe, S = cfg->moe.shared;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally (a
@@ -858,7 +865,7 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
         {L3D_T_WTE, cfg->Vp, C, 0.02f},
         {L3D_T_WPE, cfg->maxT, C, 0.02f},
         {L3D_T_QKVW, QKV, C, 0.02f},
-        {L3D_T_ATTPROJW, C, C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_ATTPROJW, C, Q, 0.02f / sqrtf(2.0f * (float)cfg->L)},
         {L3D_T_FCW, Fm, C, 0.02f},
         {L3D_T_FCPROJW, C, F, 0.02f / sqrtf(2.0f * (float)cfg->L)},
         {L3D_T_LMHEAD, cfg->Vp, C, 0.02f},
@@ -1471,7 +1478,7 @@ enum { WS_DMLP, WS_DFCH, WS_DATT, WS_DQKV, WS_N };
 /* Elements of each stash entry of one layer for BT rows. */
 static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int64_t BT,
                          int64_t sz[WS_N]) {
-    int64_t C = cfg->C, HS = C / cfg->NH, BTl = BT / sh->sp_size;
+    int64_t C = cfg->C, HS = l3d_model_head_dim(cfg), BTl = BT / sh->sp_size;
     int64_t qkv = ((int64_t)sh->head_count + 2 * (int64_t)l3d_shard_kv_count(cfg, sh)) * HS;
     int64_t fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * (int64_t)sh->ffn_count : sh->ffn_count;
     const int64_t v[WS_N] = {BTl * C, BT * fm, BTl * C, BT * qkv};
@@ -1803,24 +1810,26 @@ size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt) {
-    double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
+    double s = T, b = B, h = cfg->C, a = sh->head_count;
     double p = sh->sp_size, sb = s * b, sbh = s * b * h;
     double E = (double)l3d_dtype_size(dt);
     /* each term in bytes: E for the activations of the model's type, 4 for the fp32 statistics
-     * and the int32 tokens. a: this rank's heads, the model's / t. The tiled kernel keeps a
+     * and the int32 tokens. a: this rank's heads. The tiled kernel keeps a
      * log-sum-exp per query row (a s b), the materialising one the probabilities (a s^2 b) and a
      * scratch of that size (both fp32) */
-    double Ca = h / t, att = 4 * (flash ? a * s * b : a * s * s * b);
+    int64_t hd = l3d_model_head_dim(cfg), ca = (int64_t)sh->head_count * hd;
+    double Ca = (double)ca, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
-    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 h/t and
-     * 4 h/t + 4 h/t (GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
+    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 ca and
+     * 4 ca + 4 ca (ca: this rank's attention channels, h / t unless head_dim sets hd apart;
+     * GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
      * and RMSNorm's missing mean (of both norms) */
-    int64_t ca = (int64_t)sh->head_count * (cfg->C / cfg->NH);
-    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * (cfg->C / cfg->NH);
+    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * hd;
     int64_t f = sh->ffn_count, fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * f : f;
     double dw = (double)((qkv - 3 * ca) + (fm + f - 8 * ca));
     double dstat = cfg->norm == L3D_NORM_RMSNORM ? -4 * (2 * sb / p) : 0.0;
-    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p) + E * sb * dw + dstat;
+    double layer_all = E * sbh * (2 + 2 / p) + E * sb * 12 * Ca + att + 4 * (4 * sb / p) +
+                       E * sb * dw + dstat;
     double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
@@ -1832,7 +1841,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
-    double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sbh / t + sbh) +
+    double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sb * Ca + sbh) +
                     (flash ? 0 : att) + E * sb * dw;
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
@@ -1863,5 +1872,5 @@ double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T) {
     double active = (double)l3d_gpt_param_count(cfg) - l3d_model_param_count(cfg) +
                     l3d_model_active_param_count(cfg);
     double n = active - wpe - wte;
-    return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
+    return 6.0 * n + 12.0 * cfg->L * (double)cfg->NH * l3d_model_head_dim(cfg) * T;
 }

@@ -102,9 +102,10 @@ static void linear(const struct l3d_plan_tctx *x, const struct lin *l, double *f
  * N tokens under SP too (the all-gather comes first); kv = h without grouped queries */
 static int attn_lins(const struct l3d_model_spec *m, const struct l3d_layout *lay, double N,
                      struct lin *o) {
-    double t = lay->tp, h = m->C, kv = l3d_model_kv_heads(m) * (h / m->NH);
-    o[0] = (struct lin){N, (h + 2 * kv) / t, h, 1};
-    o[1] = (struct lin){N, h, h / t, 1};
+    double t = lay->tp, h = m->C, hd = l3d_model_head_dim(m);
+    double q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd; /* q = kv = h: GPT-2's */
+    o[0] = (struct lin){N, (q + 2 * kv) / t, h, 1};
+    o[1] = (struct lin){N, h, q / t, 1};
     return 2;
 }
 
@@ -186,13 +187,14 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
     const struct l3d_model_spec *m = x->m;
     /* s: the rank's query rows; sk: the keys they see (context parallelism: the whole
      * sequence's, the ring's blocks each rank's 1/cp of the causal work) */
-    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, h = m->C, t = x->lay->tp;
+    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, t = x->lay->tp;
+    double q = (double)m->NH * l3d_model_head_dim(m); /* the attention's channels: h for GPT-2 */
     if (x->flash) {
-        *f = 4 * b * s * sk * h / t / (x->rate * x->prof->attn_eff);
+        *f = 4 * b * s * sk * q / t / (x->rate * x->prof->attn_eff);
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * sk;
+    double heads = b * m->NH / t, d = l3d_model_head_dim(m), sc = heads * s * sk;
     double qk = gemm_batched(x, heads, s, sk, d), pv = gemm_batched(x, heads, s, d, sk), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
@@ -353,7 +355,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     /* per layer: QKV and the attention projection (column / row parallel) on the micro-batch's
      * b s tokens (all of them under SP too: the all-gather comes first), forward and its two
      * backward products; then the MLP, or the experts (dense_mlp, moe_mlp) */
-    double kv = l3d_model_kv_heads(m) * (h / m->NH);
+    double hd = l3d_model_head_dim(m), q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd;
     struct layer_cost base = {0};
     struct lin al[2];
     for (int i = 0, n = attn_lins(m, lay, N, al); i < n; i++) linear(x, &al[i], &base.g, &base.gb);
@@ -367,7 +369,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     base.el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
                        6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL]);
     /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add */
-    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
+    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (q + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
     struct layer_cost d = base, mx = base;
     dense_mlp(x, &d);
     if (Lm > 0) moe_mlp(x, &mx);

@@ -232,6 +232,14 @@ L3D_MODEL="$LLAMA" equiv "llama_dp2_zero3" 2 2 1 --zero 3
 full && L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_gpipe" 2 2 4 --pp 2 --pp-schedule gpipe
 L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_1f1b_recompute_full" 2 2 4 --pp 2 --pp-schedule 1f1b --recompute full
 L3D_PP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_interleaved_v2_recompute_selective" 2 2 4 --pp 2 --pp-virtual 2 --recompute selective
+# heads of 24 over 64 channels and 4 heads (--head-dim, Qwen3's head_dim apart from C / NH): TP
+# splits q|k|v's (4 + 2 x 2) x 24 rows and the projection's 96 columns by heads; a pipeline's
+# stages pass (B, T, C) whatever the head size (TP's other product shapes: 3e-5, as the QK-norm
+# cases of qknorm.sh)
+HD="$LLAMA --head-dim 24 --qk-norm"
+L3D_RTOL=3e-5 L3D_TP=2 L3D_MODEL="$HD" equiv "llama_hd24_tp2_sp" 2 4 1 --tp 2 --sequence-parallel
+L3D_PP=2 L3D_MODEL="$HD --layers 4" equiv "llama_hd24_pp2_1f1b" 2 2 4 --pp 2
+L3D_RTOL=3e-5 L3D_MODEL="$HD" equiv "llama_hd24_dp2_zero3" 2 2 1 --zero 3
 case " ${L3D_EQUIV_NP:-2 4} " in *" 4 "*)
     L3D_RTOL=3e-5 L3D_PP=2 L3D_TP=2 L3D_MODEL="$LLAMA --layers 4" equiv "llama_pp2_tp2_sp" 4 2 2 --pp 2 --tp 2 --sequence-parallel
     full && L3D_TP=2 L3D_MODEL="$LLAMA" equiv "llama_tp2_dp2_zero2_accum" 4 1 2 --tp 2 --zero 2 ;;
