@@ -168,14 +168,14 @@ static void check_no_targets(struct l3d_backend *be, const struct l3d_model_spec
     l3d_gpt_free(m0);
 }
 
-/* The chunk's rows: the shard's, else L3D_XENT_CHUNK_BYTES of logits, within 1 .. BT. */
+/* The chunk's rows: the shard's, within 1 .. BT; 0 (the default) all BT rows, unchunked. */
 static void check_rows(const struct l3d_model_spec *cfg) {
     struct l3d_shard sh = l3d_shard_full(cfg);
     sh.vocab_count = 50304;
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == L3D_XENT_CHUNK_BYTES / (50304 * 4));
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_BF16) == L3D_XENT_CHUNK_BYTES / (50304 * 2));
+    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 2048);
+    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_BF16) == 2048);
     CHECK(l3d_gpt_xent_rows(&sh, 8, L3D_F32) == 8);
-    sh.vocab_count = L3D_XENT_CHUNK_BYTES; /* wider than the chunk: one row */
+    sh.xent_rows = 1;
     CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 1);
     sh.xent_rows = 100;
     CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 100 && l3d_gpt_xent_rows(&sh, 64, L3D_F32) == 64);

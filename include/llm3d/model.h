@@ -201,8 +201,8 @@ struct l3d_shard {
     /* Expert parallelism: the MoE experts [expert_start, expert_start + expert_count) this rank
      * holds (l3d_shard_set_experts; all of them otherwise); the router keeps all E rows. */
     int expert_start, expert_count;
-    /* Rows of the head's chunked cross-entropy (--xent-chunk, l3d_gpt_xent_rows): 0 for as many
-     * as fill L3D_XENT_CHUNK_BYTES of logits. */
+    /* Rows of the head's chunked cross-entropy (--xent-chunk, l3d_gpt_xent_rows): 0 for all of
+     * them, the unchunked head. */
     int64_t xent_rows;
 };
 
@@ -455,14 +455,14 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt);
 
-/* The cross-entropy chunk: the head's logits are computed L3D_XENT_CHUNK_BYTES of them at a time
- * (of the model's type), the loss statistics and, in backward, the dlogits and both products'
+/* The cross-entropy chunk: the head's logits are computed a chunk of rows at a time, the loss
+ * statistics and, in backward, the dlogits and both products'
  * gradients of one chunk of rows before the next (Liger-kernel's fused linear cross-entropy, over
  * rows: each row's whole local vocabulary is in its chunk, the tp statistics combine per chunk).
  * l3d_gpt_xent_rows: the rows of a chunk for a shard and Bmax x Tmax = BT rows: the shard's
- * xent_rows (--xent-chunk), or with 0 as many as fill L3D_XENT_CHUNK_BYTES, at least one and at
- * most BT (BT: one chunk, the unchunked head: the logits kept from forward to backward). */
-#define L3D_XENT_CHUNK_BYTES ((int64_t)8 << 20)
+ * xent_rows (--xent-chunk), at most BT; 0 (the default) is BT: one chunk, the unchunked head, the
+ * logits kept from forward to backward. Chunks trade the logits' memory for the head's forward
+ * product once more, and thin products ran 2-3x slower here (docs/BENCHMARKS.md): opt-in. */
 int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),

@@ -60,7 +60,7 @@ struct l3d_layout {
     bool sp;                  /* sequence parallelism over the TP group (Korthikanti et al. 2022) */
     enum l3d_recompute recompute;
     int xent_chunk;           /* rows of the head's chunked cross-entropy (--xent-chunk; 0: the
-                               * default, L3D_XENT_CHUNK_BYTES of logits) */
+                               * default, unchunked) */
     int threads;              /* OpenMP threads per rank (CPU); 0: the default */
     size_t bucket_bytes;      /* data-parallel gradient reduction pieces */
 };

@@ -258,8 +258,9 @@ static const struct l3d_flag layout_flags[] = {
     {"recompute", "MODE", F_RECOMPUTE, "none (default), selective (attention scores), full "
                                        "(layers)"},
     {"xent-chunk", "ROWS", F_XENT, "rows of the head's logits computed at once, the loss and "
-                                   "its gradients a chunk at a time (0: as many as fill 8 MiB; "
-                                   "batch x seq-len or more: unchunked, the logits kept)"},
+                                   "its gradients a chunk at a time, the head's product run "
+                                   "again in backward (0, the default, or batch x seq-len or "
+                                   "more: unchunked, the logits kept)"},
     {"threads", "N", F_THREADS, "OpenMP threads per rank (train: OMP_NUM_THREADS or all cores; "
                                 "plan: 1)"},
     {"bucket-mb", "M", F_BUCKET, "gradient reduction pieces in MiB (4)"},

@@ -1641,9 +1641,9 @@ static bool share_head(struct l3d_gpt *m) {
 }
 
 int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt) {
-    int64_t row = (sh->vocab_count > 0 ? sh->vocab_count : 1) * (int64_t)l3d_dtype_size(dt);
-    int64_t r = sh->xent_rows > 0 ? sh->xent_rows : L3D_XENT_CHUNK_BYTES / row;
-    return r < 1 ? 1 : r < BT ? r : BT;
+    (void)dt; /* the rows alone set it; the chunk's bytes follow from them and the type */
+    int64_t r = sh->xent_rows > 0 ? sh->xent_rows : BT;
+    return r < BT ? r : BT;
 }
 
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
