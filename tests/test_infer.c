@@ -186,7 +186,7 @@ static void check_moe(struct l3d_backend *be, int32_t *tok) {
         check_block_allocs(m);
         struct l3d_infer *inf;
         CHECK(l3d_infer_init(&inf, m) == L3D_OK);
-        if (v == 2) { /* GPT-2's whole step (the CPU backend's RoPE makes its table each call) */
+        { /* the whole step, Llama's RoPE included (the CPU backend keeps its table's memory) */
             l3d_infer_step(inf, tok, 7);
             size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
             for (int p = 7; p < mc.maxT; p++) l3d_infer_step(inf, &tok[p], 1);

@@ -4,7 +4,8 @@
  * forward, backward, the gradient norm, AdamW) after the first allocates nothing, not even for a
  * moment (l3d_mem_peak over the step stays at l3d_mem_used), for a Llama model (RoPE, RMSNorm,
  * SwiGLU, grouped KV heads), a Llama mixture of experts and GPT-2, in fp32, fp16 and bf16 with
- * oneDNN's 16-bit kernels off (the backend's fp32 products around widened operands).
+ * oneDNN's 16-bit kernels off (the backend's fp32 products around widened operands); QK-norm
+ * under selective recomputation and the experts under full recomputation in fp16.
  * Negative case: the window sees an allocation made inside it.
  *
  * The CPU backend's RoPE table is kept between calls (src/backend/cpu.c, rope_table): a rotation
@@ -30,13 +31,14 @@ struct trainer {
 };
 
 /* A model of cfg in precision dt with random weights (its master weights too, in 16 bits). */
-static void trainer_init(struct trainer *t, struct l3d_backend *be, const struct l3d_model_spec *cfg,
-                         enum l3d_dtype dt) {
+static void trainer_init(struct trainer *t, struct l3d_backend *be,
+                         const struct l3d_model_spec *cfg, enum l3d_dtype dt,
+                         enum l3d_recompute rc) {
     t->B = 2;
     t->T = 16;
     struct l3d_shard sh = l3d_shard_full(cfg);
-    L3D_ASSERT(l3d_gpt_init_dt(&t->m, cfg, &sh, be, t->B, t->T, L3D_GRADS_FLAT, 1, L3D_RECOMPUTE_NONE,
-                               dt) == L3D_OK);
+    L3D_ASSERT(l3d_gpt_init_dt(&t->m, cfg, &sh, be, t->B, t->T, L3D_GRADS_FLAT, 1, rc, dt) ==
+               L3D_OK);
     struct l3d_gpt *m = t->m;
     struct l3d_adamw_hparams hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                    .weight_decay = 0.1f, .grad_clip = 1.0f};
@@ -78,10 +80,10 @@ static void trainer_free(struct trainer *t) {
 
 /* The second and third steps allocate nothing; the loss stays finite. */
 static void check_steps(struct l3d_backend *be, const struct l3d_model_spec *cfg,
-                        enum l3d_dtype dt, const char *what) {
+                        enum l3d_dtype dt, enum l3d_recompute rc, const char *what) {
     fprintf(stderr, "%s, %s:\n", what, l3d_dtype_name(dt));
     struct trainer t;
-    trainer_init(&t, be, cfg, dt);
+    trainer_init(&t, be, cfg, dt, rc);
     float first = trainer_step(&t);
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
     float loss = trainer_step(&t);
@@ -97,9 +99,9 @@ static void check_steps(struct l3d_backend *be, const struct l3d_model_spec *cfg
     trainer_free(&t);
 }
 
-static struct l3d_model_spec llama_config(bool moe) {
+static struct l3d_model_spec llama_config(bool moe, bool qk_norm) {
     struct l3d_model_spec c = {.L = 2, .C = 32, .NH = 4, .NKV = 2, .V = 100, .maxT = 16,
-                               .ffn = 48};
+                               .ffn = 48, .qk_norm = qk_norm};
     l3d_model_set_arch(&c, L3D_ARCH_LLAMA);
     if (moe)
         c.moe = (struct l3d_moe_spec){.experts = 4, .top_k = 2, .ffn = 24, .shared = 1,
@@ -109,15 +111,18 @@ static struct l3d_model_spec llama_config(bool moe) {
 }
 
 static void test_steps(struct l3d_backend *be) {
-    struct l3d_model_spec llama = llama_config(false), moe = llama_config(true);
+    struct l3d_model_spec llama = llama_config(false, false), moe = llama_config(true, false);
+    struct l3d_model_spec qwen = llama_config(false, true);
     struct l3d_model_spec gpt2 = {.L = 2, .C = 32, .NH = 4, .V = 100, .maxT = 16};
     L3D_ASSERT(l3d_gpt_config_finish(&gpt2) == L3D_OK);
     const enum l3d_dtype dts[3] = {L3D_F32, L3D_F16, L3D_BF16};
     for (int i = 0; i < 3; i++) {
-        check_steps(be, &llama, dts[i], "llama");
-        check_steps(be, &moe, dts[i], "llama with experts");
+        check_steps(be, &llama, dts[i], L3D_RECOMPUTE_NONE, "llama");
+        check_steps(be, &moe, dts[i], L3D_RECOMPUTE_NONE, "llama with experts");
     }
-    check_steps(be, &gpt2, L3D_F16, "gpt2");
+    check_steps(be, &gpt2, L3D_F16, L3D_RECOMPUTE_NONE, "gpt2");
+    check_steps(be, &qwen, L3D_F16, L3D_RECOMPUTE_SELECTIVE, "llama, QK-norm, selective");
+    check_steps(be, &moe, L3D_F16, L3D_RECOMPUTE_FULL, "llama with experts, full recompute");
 }
 
 /* x (T rows of NH + 2 NKV heads of HS) rotated in double: the query and key heads. */
