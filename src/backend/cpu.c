@@ -510,8 +510,8 @@ static void matmul_forward_f32(void *ctx, float *out, const float *inp, const fl
 /* dbias (OC, type gdt) += column sums of dout (N,OC, type dt): each thread owns a block of
  * columns and walks all rows in order (bit-identical for any thread count); an fp32 kernel adds
  * each row into dbias, a 16-bit one sums in fp32 and adds once (acc_begin). */
-static void bias_grad(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias, const void *dout,
-                      int64_t N, int64_t OC) {
+static void bias_grad(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias,
+                      const void *dout, int64_t N, int64_t OC) {
     float *scr = is16(dt) ? thread_scratch(cx, 2 * OC, "bias gradient scratch") : NULL;
 #pragma omp parallel
     {
@@ -754,9 +754,9 @@ static inline void rms_backward_row(float *di, const float *x, const float *d,
 /* The rows of a normalisation over threads: LayerNorm (mean not NULL; bias bf) or RMSNorm (mean
  * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
  * and rounded back once. */
-static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, float *mean, float *rstd,
-                              const void *inp, const float *wf, const float *bf, int64_t N,
-                              int64_t C, float eps) {
+static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, float *mean,
+                              float *rstd, const void *inp, const float *wf, const float *bf,
+                              int64_t N, int64_t C, float eps) {
     float *scr = is16(dt) ? thread_scratch(cx, C, "normalisation scratch") : NULL;
 #pragma omp parallel
     {
@@ -870,10 +870,10 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
 
 /* LayerNorm's backward, or RMSNorm's (mean and dbias NULL); 16-bit: per-thread scratch of 4C
  * floats (3C for RMSNorm). */
-static void norm_backward(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp, void *dweight,
-                         void *dbias, const void *dout, const void *inp, const void *weight,
-                         const float *mean, const float *rstd, int64_t N, int64_t C,
-                         const char *kernel) {
+static void norm_backward(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                          void *dweight, void *dbias, const void *dout, const void *inp,
+                          const void *weight, const float *mean, const float *rstd, int64_t N,
+                          int64_t C, const char *kernel) {
     F32_OR_16(kernel);
     GRAD_TYPE(kernel);
     const int64_t per = (mean ? 4 : 3) * C;
@@ -1737,8 +1737,8 @@ static inline float row_sumexp(const float *l, int64_t n, float mx) {
     return s;
 }
 
-static void xent_rows(struct cpu_ctx *cx, enum xent_pass pass, enum l3d_dtype dt, void *logits, float *out,
-                      float *tlogit, const float *maxv, const float *sumexp,
+static void xent_rows(struct cpu_ctx *cx, enum xent_pass pass, enum l3d_dtype dt, void *logits,
+                      float *out, float *tlogit, const float *maxv, const float *sumexp,
                       const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
                       int64_t Vl, int64_t Vvalid) {
     float *scr = is16(dt) ? thread_scratch(cx, Vl, "cross-entropy scratch") : NULL;
