@@ -240,6 +240,18 @@ int main(void) {
     lc.qk_norm = true; /* Qwen3's QK-norm: each new row's heads normalised before the cache */
     l3d_gpt_free(check_fp32(be, lc, tok, &full));
     free(full);
+    /* heads of 24 over 64 channels (Qwen3's head_dim apart from C / NH): q|k|v rows of
+     * (4 + 2 x 2) x 24, the cache 2 x 24 a key/value head, the projection's 96 columns; and
+     * GPT-2's blocks (learned positions, biases) with heads of 10 */
+    lc.head_dim = 24;
+    CHECK(l3d_gpt_config_finish(&lc) == L3D_OK && l3d_model_head_dim(&lc) == 24);
+    l3d_gpt_free(check_fp32(be, lc, tok, &full));
+    free(full);
+    struct l3d_model_spec gh = cfg;
+    gh.head_dim = 10;
+    CHECK(l3d_gpt_config_finish(&gh) == L3D_OK);
+    l3d_gpt_free(check_fp32(be, gh, tok, &full));
+    free(full);
     struct l3d_gpt *m = check_fp32(be, cfg, tok, &full);
     struct l3d_infer *inf;
 
