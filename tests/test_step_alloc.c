@@ -6,7 +6,8 @@
  * SwiGLU, grouped KV heads), a Llama mixture of experts and GPT-2, in fp32, fp16 and bf16 with
  * oneDNN's 16-bit kernels off (the backend's fp32 products around widened operands); QK-norm
  * under selective recomputation and the experts under full recomputation in fp16.
- * Negative case: the window sees an allocation made inside it.
+ * Negative case: the window sees an allocation made inside it. Generation in fp16: the steps
+ * after the first allocate nothing while the KV cache grows.
  *
  * The CPU backend's RoPE table is kept between calls (src/backend/cpu.c, rope_table): a rotation
  * after the values of inv_freq or of the positions changed under the same pointers is the fresh
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "llm3d/backend.h"
+#include "llm3d/infer.h"
 #include "llm3d/model.h"
 #include "llm3d/optim.h"
 #include "support/ref.h"
@@ -125,6 +127,32 @@ static void test_steps(struct l3d_backend *be) {
     check_steps(be, &moe, L3D_F16, L3D_RECOMPUTE_FULL, "llama with experts, full recompute");
 }
 
+/* Generation in fp16 (a Llama with RoPE and the KV cache): the steps after the first allocate
+ * nothing, though the cache the attention reads grows by a row each step (the backend's widened
+ * keys: sized at l3d_infer_init). Run before anything else on the backend, so that no earlier
+ * kernel has grown its scratch already. */
+static void test_generation(struct l3d_backend *be) {
+    struct l3d_model_spec c = llama_config(false, false);
+    c.maxT = 48;
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
+    struct l3d_shard sh = l3d_shard_full(&c);
+    struct l3d_gpt *m;
+    L3D_ASSERT(l3d_gpt_init_dt(&m, &c, &sh, be, 1, c.maxT, L3D_GRADS_NONE, 1,
+                               L3D_RECOMPUTE_NONE, L3D_F16) == L3D_OK);
+    l3d_be_memset(be, m->params, 0, (size_t)m->num_params * m->es);
+    struct l3d_infer *inf;
+    CHECK(l3d_infer_init(&inf, m) == L3D_OK);
+    int32_t tok[48];
+    ref_fill_tokens(tok, c.maxT, 0, c.V, 9, 1);
+    l3d_infer_step(inf, tok, 1);
+    size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
+    for (int p = 1; p < c.maxT; p++) l3d_infer_step(inf, &tok[p], 1);
+    CHECK(l3d_mem_peak() == used);
+    l3d_mem_window_end(before);
+    l3d_infer_free(inf);
+    l3d_gpt_free(m);
+}
+
 /* x (T rows of NH + 2 NKV heads of HS) rotated in double: the query and key heads. */
 static void ref_rope(double *y, const float *x, const float *f, const int32_t *pos, int64_t T,
                      int64_t heads, int64_t HS) {
@@ -190,6 +218,7 @@ static void test_rope_table(struct l3d_backend *be) {
 int main(void) {
     setenv("L3D_DNNL_16BIT", "0", 1); /* 16-bit products through the fp32 ones, on any CPU */
     struct l3d_backend *be = test_backend_init();
+    test_generation(be);
     test_steps(be);
     test_rope_table(be);
     l3d_backend_free(be);
