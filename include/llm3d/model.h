@@ -386,6 +386,7 @@ struct l3d_gpt {
      * context parallelism writes others), device memory; NULL without RoPE. */
     float *rope_inv_freq;
     int32_t *rope_pos;
+    int rope_cp_T; /* the T whose context-parallel positions rope_pos holds (0: none yet) */
     bool has_targets;
     int B, T;             /* sizes of the last forward */
     /* Split backward (l3d_gpt_split_init): per W slot, each layer's output gradients of its

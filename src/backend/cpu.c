@@ -190,13 +190,6 @@ static void rows_from_f32(enum l3d_dtype t, void *dst, int64_t ds, const float *
     for (int64_t r = 0; r < rows; r++) from_f32(t, at(t, dst, r * ds), src + r * ss, cols);
 }
 
-/* fp32 scratch of `per` floats for each thread of the next parallel region (accounted), freed
- * with l3d_free; thread tid uses base + tid * per. */
-static float *thread_scratch(int64_t per, const char *what) {
-    int64_t nth = omp_get_max_threads();
-    return l3d_alloc((size_t)(nth * per) * sizeof(float), what);
-}
-
 static bool is16(enum l3d_dtype t) { return t == L3D_BF16 || t == L3D_F16; }
 
 static dnnl_data_type_t dnnl_type(enum l3d_dtype t) {
@@ -278,16 +271,6 @@ static inline void acc_done(enum l3d_dtype dt, enum l3d_dtype gdt, void *g, cons
     row_done(gdt, g, gf, n);
 }
 
-/* A parameter vector (n) as fp32: p itself, or an accounted fp32 copy returned in *copy as well
- * (l3d_free it; NULL for fp32). */
-static const float *param_f32(enum l3d_dtype t, const void *p, int64_t n, float **copy) {
-    *copy = NULL;
-    if (t == L3D_F32) return p;
-    *copy = l3d_alloc((size_t)n * sizeof(float), "fp32 copy of 16-bit parameters");
-    to_f32(t, *copy, p, n);
-    return *copy;
-}
-
 /* The types each kernel takes; anything else aborts with a message naming kernel and type. */
 #define F32_ONLY(kernel)                                                            \
     do {                                                                            \
@@ -331,6 +314,34 @@ struct mm_entry {
     dnnl_memory_t src, wei, bia, dst;
 };
 
+/* Scratch the kernels keep between calls. The project's rule: memory is allocated and touched
+ * once at start-up, never inside the step loop (the first touch of a fresh page costs ~12 us per
+ * 4 KiB here). Each kind of scratch is one buffer of the backend, grown to the largest size asked
+ * (the first training step asks every kernel's) and freed with the backend. Like the oneDNN
+ * primitive cache, it makes a backend a single caller's: kernels run one at a time, on the thread
+ * that calls them (no kernel runs on the progress or checkpoint threads). */
+enum scr_kind {
+    SCR_THREAD,   /* per-thread rows of a parallel region (thread_scratch) */
+    SCR_PARAM_W,  /* fp32 copies of 16-bit parameter vectors (param_f32) */
+    SCR_PARAM_B,
+    SCR_MM16,     /* fp32 operands of a 16-bit product without oneDNN's 16-bit kernels */
+    SCR_TOKORDER, /* encoder_backward's (token, position) order */
+    SCR_ROPE,     /* RoPE's cos/sin table (rope_table) */
+    SCR_KINDS
+};
+struct scratch {
+    void *p;
+    size_t bytes;
+};
+/* What the RoPE table holds: cos and sin of pos[t] inv_freq[i] for these T positions and H2
+ * frequencies, kept as copies of their values (a pointer can keep its address and change its
+ * contents: the model's positions under context parallelism, the KV cache's). T -1: none. */
+struct rope_key {
+    int64_t T, H2;
+    float *inv_freq; /* H2 values, in scr[SCR_ROPE] after the table */
+    int32_t *pos;    /* T values, after inv_freq */
+};
+
 struct cpu_ctx {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
@@ -340,7 +351,39 @@ struct cpu_ctx {
      * CPU with AVX512-BF16; $L3D_DNNL_16BIT=0 turns both off, =1 both on (fp16 is opt-in: no
      * machine of this project has had AVX512-FP16) */
     bool dnnl16[2];
+    struct scratch scr[SCR_KINDS];
+    struct rope_key rope; /* what the table in scr[SCR_ROPE] holds */
 };
+
+/* Scratch of kind k, at least `bytes`: the kept buffer, grown (and touched) when a call needs more
+ * than any before. Its contents are the last call's: a kernel writes before it reads. */
+static void *scratch(struct cpu_ctx *cx, enum scr_kind k, size_t bytes, const char *what) {
+    struct scratch *s = &cx->scr[k];
+    if (bytes > s->bytes) {
+        l3d_free(s->p);
+        s->p = l3d_alloc(bytes, what);
+        memset(s->p, 0, bytes); /* the pages touched now, not in the kernel's loop */
+        s->bytes = bytes;
+    }
+    return s->p;
+}
+
+/* fp32 scratch of `per` floats for each thread of the next parallel region (kept in cx); thread
+ * tid uses base + tid * per. */
+static float *thread_scratch(struct cpu_ctx *cx, int64_t per, const char *what) {
+    int64_t nth = omp_get_max_threads();
+    return scratch(cx, SCR_THREAD, (size_t)(nth * per) * sizeof(float), what);
+}
+
+/* A parameter vector (n) as fp32: p itself, or its fp32 copy in scratch k (SCR_PARAM_W or _B: a
+ * kernel may need two at once). */
+static const float *param_f32(struct cpu_ctx *cx, enum scr_kind k, enum l3d_dtype t,
+                              const void *p, int64_t n) {
+    if (t == L3D_F32) return p;
+    float *c = scratch(cx, k, (size_t)n * sizeof(float), "fp32 copy of 16-bit parameters");
+    to_f32(t, c, p, n);
+    return c;
+}
 
 #define DNNL_CHECK(call)                                                                     \
     do {                                                                                     \
@@ -465,9 +508,9 @@ static void matmul_forward_f32(void *ctx, float *out, const float *inp, const fl
 /* dbias (OC, type gdt) += column sums of dout (N,OC, type dt): each thread owns a block of
  * columns and walks all rows in order (bit-identical for any thread count); an fp32 kernel adds
  * each row into dbias, a 16-bit one sums in fp32 and adds once (acc_begin). */
-static void bias_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias, const void *dout,
-                      int64_t N, int64_t OC) {
-    float *scr = is16(dt) ? thread_scratch(2 * OC, "bias gradient scratch") : NULL;
+static void bias_grad(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias,
+                      const void *dout, int64_t N, int64_t OC) {
+    float *scr = is16(dt) ? thread_scratch(cx, 2 * OC, "bias gradient scratch") : NULL;
 #pragma omp parallel
     {
         int64_t lo, hi;
@@ -482,7 +525,6 @@ static void bias_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dbias, const 
             acc_done(dt, gdt, g, a, row, w);
         }
     }
-    l3d_free(scr);
 }
 
 // dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC), inp (N,C), weight (OC,C)
@@ -492,7 +534,7 @@ static void matmul_backward_f32(void *ctx, float *dinp, float *dweight, float *d
     (void)ctx;
     if (dinp) sgemm('N', 'N', N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight) sgemm('T', 'N', OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias) bias_grad(L3D_F32, L3D_F32, dbias, dout, N, OC);
+    if (dbias) bias_grad(ctx, L3D_F32, L3D_F32, dbias, dout, N, OC);
 }
 
 /* Matrix products in 16 bits: oneDNN's matmul with 16-bit source and weights and fp32
@@ -508,8 +550,8 @@ static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
         mm_run(cx, e, out, inp, weight, bias);
         return;
     }
-    float *fi = l3d_alloc((size_t)(N * C + OC * C + OC + N * OC) * sizeof(float),
-                          "fp32 operands of a 16-bit matmul");
+    float *fi = scratch(cx, SCR_MM16, (size_t)(N * C + OC * C + OC + N * OC) * sizeof(float),
+                        "fp32 operands of a 16-bit matmul");
     float *fw = fi + N * C, *fb = fw + OC * C, *fo = fb + OC;
     struct cvt_job in[3] = {{dt, fi, (void *)inp, N * C, true},
                             {dt, fw, (void *)weight, OC * C, true},
@@ -517,7 +559,6 @@ static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
     cvt_par(in, 3);
     matmul_forward_f32(cx, fo, fi, fw, bias ? fb : NULL, N, C, OC);
     cvt_par(&(struct cvt_job){dt, fo, out, N * OC, false}, 1);
-    l3d_free(fi);
 }
 
 /* dinp (N,C) += dout (N,OC) x weight (OC,C) */
@@ -544,7 +585,8 @@ static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_d
     if (fi || fw) { /* fp32 around the fp32 products (sgemm, as matmul_backward_f32) */
         int64_t n = N * OC + (fi ? OC * C + N * C : 0) + (fw ? N * C : 0) +
                     (fw && gdt != L3D_F32 ? OC * C : 0);
-        float *fo = l3d_alloc((size_t)n * sizeof(float), "fp32 operands of a 16-bit matmul");
+        float *fo = scratch(cx, SCR_MM16, (size_t)n * sizeof(float),
+                            "fp32 operands of a 16-bit matmul");
         /* fo: dout; then fi: weight, dinp; fw: inp, dweight unless it is fp32 already */
         float *fwt = fo + N * OC, *fdi = fwt + (fi ? OC * C : 0);
         float *fin = fdi + (fi ? N * C : 0), *fdw = gdt == L3D_F32 ? dweight : fin + N * C;
@@ -560,9 +602,8 @@ static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_d
         struct cvt_job back[2] = {{dt, fdi, dinp, fi ? N * C : 0, false},
                                   {gdt, fdw, dweight, cw ? OC * C : 0, false}};
         cvt_par(back, 2);
-        l3d_free(fo);
     }
-    if (dbias) bias_grad(dt, gdt, dbias, dout, N, OC);
+    if (dbias) bias_grad(cx, dt, gdt, dbias, dout, N, OC);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -614,7 +655,7 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
                                  void *dwpe, const void *dout, const int32_t *tokens,
                                  int64_t vocab_start, int64_t vocab_count, int64_t B, int64_t T,
                                  int64_t C) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("encoder_backward");
     GRAD_TYPE("encoder_backward");
     /* the rows in the order of the first pass: 16-bit, the sorted pairs tp (the rows of dwte's
@@ -623,7 +664,8 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
     struct tok_pos *tp = NULL;
     int64_t nrow = dwte || fused ? B * T : 0;
     if (dwte && is16(dt)) {
-        tp = l3d_alloc((size_t)(B * T) * sizeof *tp, "encoder gradient token order");
+        tp = scratch(cx, SCR_TOKORDER, (size_t)(B * T) * sizeof *tp,
+                     "encoder gradient token order");
         nrow = 0;
         for (int64_t bt = 0; bt < B * T; bt++) {
             int64_t v = (int64_t)tokens[bt] - vocab_start;
@@ -631,7 +673,7 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
         }
         qsort(tp, (size_t)nrow, sizeof *tp, tok_pos_cmp);
     }
-    float *scr = is16(dt) ? thread_scratch(3 * C, "encoder gradient scratch") : NULL;
+    float *scr = is16(dt) ? thread_scratch(cx, 3 * C, "encoder gradient scratch") : NULL;
 #pragma omp parallel
     {
         int64_t lo, hi;
@@ -659,8 +701,6 @@ static void cpu_encoder_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
             acc_done(dt, gdt, gt, a, g, w);
         }
     }
-    l3d_free(scr);
-    l3d_free(tp);
 }
 
 /* ---- layernorm -------------------------------------------------------------------------- */
@@ -730,11 +770,11 @@ static const float *residual_row(enum l3d_dtype dt, void *res, const void *inp, 
  * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
  * and rounded back once. With add (not NULL) the rows normalised are res = inp + add, written
  * first (residual_row): the residual add and the norm in one pass over the rows. */
-static void norm_forward_rows(enum l3d_dtype dt, void *out, float *mean, float *rstd,
-                              const void *inp, const float *wf, const float *bf, int64_t N,
-                              int64_t C, float eps, void *res, const void *add) {
+static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, float *mean,
+                              float *rstd, const void *inp, const float *wf, const float *bf,
+                              int64_t N, int64_t C, float eps, void *res, const void *add) {
     const int64_t per = add ? 2 * C : C;
-    float *scr = is16(dt) ? thread_scratch(per, "normalisation scratch") : NULL;
+    float *scr = is16(dt) ? thread_scratch(cx, per, "normalisation scratch") : NULL;
 #pragma omp parallel
     {
         float *x = off(scr, omp_get_thread_num() * per); /* 16-bit: the row, in place */
@@ -751,20 +791,17 @@ static void norm_forward_rows(enum l3d_dtype dt, void *out, float *mean, float *
             row_done(dt, op, o, C);
         }
     }
-    l3d_free(scr);
 }
 
 // out (N,C), mean (N), rstd (N) fp32, inp (N,C), weight (C), bias (C)
 static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *mean,
                                   float *rstd, const void *inp, const void *weight,
                                   const void *bias, int64_t N, int64_t C) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("layernorm_forward");
-    float *wc, *bc;
-    const float *wf = param_f32(dt, weight, C, &wc), *bf = param_f32(dt, bias, C, &bc);
-    norm_forward_rows(dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS, NULL, NULL);
-    l3d_free(bc);
-    l3d_free(wc);
+    const float *wf = param_f32(cx, SCR_PARAM_W, dt, weight, C);
+    const float *bf = param_f32(cx, SCR_PARAM_B, dt, bias, C);
+    norm_forward_rows(cx, dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS, NULL, NULL);
 }
 
 /* One row of dinp (C) += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight. */
@@ -851,22 +888,19 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
 
 /* LayerNorm's backward, or RMSNorm's (mean and dbias NULL); 16-bit: per-thread scratch of 4C
  * floats (3C for RMSNorm). */
-static void norm_backward(enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp, void *dweight,
-                         void *dbias, const void *dout, const void *inp, const void *weight,
-                         const float *mean, const float *rstd, int64_t N, int64_t C,
-                         const char *kernel) {
+static void norm_backward(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
+                          void *dweight, void *dbias, const void *dout, const void *inp,
+                          const void *weight, const float *mean, const float *rstd, int64_t N,
+                          int64_t C, const char *kernel) {
     F32_OR_16(kernel);
     GRAD_TYPE(kernel);
     const int64_t per = (mean ? 4 : 3) * C;
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    float *scr = is16(dt) ? thread_scratch(per, mean ? "layernorm scratch" : "rmsnorm scratch")
+    const float *wf = param_f32(cx, SCR_PARAM_W, dt, weight, C);
+    float *scr = is16(dt) ? thread_scratch(cx, per, mean ? "layernorm scratch" : "rmsnorm scratch")
                           : NULL;
     if (dinp) norm_dinp_rows(dt, dinp, dout, inp, wf, mean, rstd, N, C, scr, per);
     if (dweight || dbias)
         norm_weight_grad(dt, gdt, dweight, dbias, dout, inp, mean, rstd, N, C, scr, per);
-    l3d_free(scr);
-    l3d_free(wc);
 }
 
 // dinp (N,C), dweight (C), dbias (C), dout (N,C), inp (N,C), weight (C), mean (N), rstd (N)
@@ -874,8 +908,8 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
                                    void *dweight, void *dbias, const void *dout, const void *inp,
                                    const void *weight, const float *mean, const float *rstd,
                                    int64_t N, int64_t C) {
-    (void)ctx;
-    norm_backward(dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+    struct cpu_ctx *cx = ctx;
+    norm_backward(cx, dt, gdt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                   "layernorm_backward");
 }
 
@@ -990,13 +1024,13 @@ static void gqa_check(const char *kernel, int64_t NH, int64_t NKV) {
 static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                   const void *qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                   int64_t HS) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_forward");
     gqa_check("attention_forward", NH, NKV);
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
     const int64_t per = fa_scratch(dt, T, HS);
-    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+    float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
     /* tasks (b, h, query block), the longest rows (last blocks) first so the static partition
      * over threads is less lopsided */
 #pragma omp parallel
@@ -1014,7 +1048,6 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
                             at(dt, row, (NH + NKV + g) * HS), CQ, i0, nq, HS, S);
         }
     }
-    l3d_free(scr);
 }
 
 /* The operands of fa_backward_span: one key/value head and the rep query heads it serves (query
@@ -1145,14 +1178,14 @@ static void fa16_group(void *dqkv, const void *qkv, const void *dO, const void *
 static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *dout,
                                    const void *qkv, const void *out, const float *lse, int64_t B,
                                    int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_backward");
     gqa_check("attention_backward", NH, NKV);
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const bool dot = l3d_fa16_on(dt, HS);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, T, T, HS)
                             : is16(dt) ? (4 * rep + 4) * T * HS : 0;
-    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+    float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
     /* One task per (batch, KV head) owns the dQ of its query heads and its dK and dV: race-free
      * without atomics or partial sums (FlashAttention-2 parallelises dK/dV over key blocks and
      * adds dQ atomically, which is not deterministic). */
@@ -1183,7 +1216,6 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
                               at(dt, dO, oq), at(dt, O, oq), C, HS, L, rep, T, HS, P, dS, D);
         }
     }
-    l3d_free(scr);
 }
 
 /* ---- block attention (context parallelism) ----------------------------------------------
@@ -1205,13 +1237,13 @@ struct fa_tile {
 static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse,
                                         const void *q, const void *k, const void *v,
                                         const struct l3d_attn_block *g) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_block_forward");
     const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
     const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
     const int64_t per = fa_scratch(dt, g->nk, HS);
     const bool dot = l3d_fa16_on(dt, HS);
-    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+    float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
         struct fa_tile w; /* the score block in w.P */
@@ -1246,7 +1278,6 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
             rows_from_f32(dt, op, g->o_rs, of, HS, nq, HS);
         }
     }
-    l3d_free(scr);
 }
 
 /* row by row: the two log-sum-exps combined in fp32 (expf / logf, not the fast exponential: the
@@ -1307,13 +1338,13 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
                                          void *dv, const void *dout, const void *q,
                                          const void *k, const void *v, const void *out,
                                          const float *lse, const struct l3d_attn_block *g) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_block_backward");
     const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
     const bool dot = l3d_fa16_on(dt, HS);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, g->nq, g->nk, HS)
                             : is16(dt) ? 4 * KH + 4 * rep * QH : 0;
-    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+    float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
         struct fa_tile w; /* this thread's score block, its gradient, the rows' D */
@@ -1361,7 +1392,6 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
             rows_from_f32(dt, at(dt, dv, kvo), g->kv_rs, dvf, HS, g->nk, HS);
         }
     }
-    l3d_free(scr);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -1532,12 +1562,10 @@ static void cpu_add_bias(void *ctx, enum l3d_dtype dt, void *out, const void *bi
 static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *rstd,
                                 const void *inp, const void *weight, int64_t N, int64_t C,
                                 float eps) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("rmsnorm_forward");
-    float *wc;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    norm_forward_rows(dt, out, NULL, rstd, inp, wf, NULL, N, C, eps, NULL, NULL);
-    l3d_free(wc);
+    const float *wf = param_f32(cx, SCR_PARAM_W, dt, weight, C);
+    norm_forward_rows(cx, dt, out, NULL, rstd, inp, wf, NULL, N, C, eps, NULL, NULL);
 }
 
 /* res (N,C) = a + b, then out (N,C) = LayerNorm(res) (mean not NULL; weight, bias) or
@@ -1547,22 +1575,19 @@ static void cpu_residual_norm_forward(void *ctx, enum l3d_dtype dt, void *res, v
                                       float *mean, float *rstd, const void *a, const void *b,
                                       const void *weight, const void *bias, int64_t N, int64_t C,
                                       float eps) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("residual_norm_forward");
-    float *wc, *bc = NULL;
-    const float *wf = param_f32(dt, weight, C, &wc);
-    const float *bf = mean ? param_f32(dt, bias, C, &bc) : NULL;
-    norm_forward_rows(dt, out, mean, rstd, a, wf, bf, N, C, mean ? L3D_LN_EPS : eps, res, b);
-    l3d_free(bc);
-    l3d_free(wc);
+    const float *wf = param_f32(cx, SCR_PARAM_W, dt, weight, C);
+    const float *bf = mean ? param_f32(cx, SCR_PARAM_B, dt, bias, C) : NULL;
+    norm_forward_rows(cx, dt, out, mean, rstd, a, wf, bf, N, C, mean ? L3D_LN_EPS : eps, res, b);
 }
 
 // dinp (N,C), dweight (C), dout (N,C), inp (N,C), weight (C), rstd (N)
 static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *dinp,
                                  void *dweight, const void *dout, const void *inp,
                                  const void *weight, const float *rstd, int64_t N, int64_t C) {
-    (void)ctx;
-    norm_backward(dt, gdt, dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C,
+    struct cpu_ctx *cx = ctx;
+    norm_backward(cx, dt, gdt, dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C,
                   "rmsnorm_backward");
 }
 
@@ -1574,26 +1599,45 @@ static void cpu_rmsnorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
  * the angle in fp32, which at position 10^5 is off by ~4e-3 rad; the table is the exact angle's
  * rounding). The rows are then rotated in place, each thread its rows (no reduction: the same
  * bits for any thread count); the value heads are not touched. */
-static void rope_apply(enum l3d_dtype dt, void *qkv, const float *inv_freq, const int32_t *pos,
-                       int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, float sign,
-                       const char *kernel) {
+
+/* The cos/sin table of (inv_freq, pos): T rows of H2 cosines then H2 sines. Kept in the
+ * backend and made again only when the values differ from the last table's (compared, not the
+ * pointers: every layer's forward and backward of a step share one table; the KV cache's
+ * positions move each step). Forward and backward share it: the sign is applied by the caller. */
+static const float *rope_table(struct cpu_ctx *cx, const float *inv_freq, const int32_t *pos,
+                               int64_t T, int64_t H2) {
+    struct rope_key *k = &cx->rope;
+    if (k->T == T && k->H2 == H2 && memcmp(k->inv_freq, inv_freq, (size_t)H2 * 4) == 0 &&
+        memcmp(k->pos, pos, (size_t)T * 4) == 0)
+        return cx->scr[SCR_ROPE].p;
+    size_t nt = (size_t)(2 * T * H2) * sizeof(float);
+    float *tab = scratch(cx, SCR_ROPE, nt + (size_t)(H2 + T) * 4, "rope cos/sin table");
+    *k = (struct rope_key){T, H2, (float *)((char *)tab + nt), (int32_t *)((char *)tab + nt) + H2};
+    memcpy(k->inv_freq, inv_freq, (size_t)H2 * 4);
+    memcpy(k->pos, pos, (size_t)T * 4);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < H2; i++) {
+            double a = (double)pos[t] * (double)inv_freq[i];
+            tab[(2 * t) * H2 + i] = (float)cos(a);
+            tab[(2 * t + 1) * H2 + i] = (float)sin(a);
+        }
+    return tab;
+}
+
+static void rope_apply(struct cpu_ctx *cx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
+                       const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                       int64_t HS, float sign, const char *kernel) {
     F32_OR_16(kernel);
     gqa_check(kernel, NH, NKV);
     if (HS % 2 != 0)
         l3d_fatal(__FILE__, __LINE__, "backend cpu: %s: head size %lld is odd (rotary pairs "
                   "need an even one)", kernel, (long long)HS);
     const int64_t H2 = HS / 2, CQ = (NH + 2 * NKV) * HS, CR = (NH + NKV) * HS;
-    float *tab = l3d_alloc((size_t)(2 * T * H2) * sizeof(float), "rope cos/sin table");
-    float *scr = is16(dt) ? thread_scratch(CR, "rope scratch") : NULL;
+    float *scr = is16(dt) ? thread_scratch(cx, CR, "rope scratch") : NULL;
+    const float *tab = rope_table(cx, inv_freq, pos, T, H2);
 #pragma omp parallel
     {
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < H2; i++) {
-                double a = (double)pos[t] * (double)inv_freq[i];
-                tab[(2 * t) * H2 + i] = (float)cos(a);
-                tab[(2 * t + 1) * H2 + i] = sign * (float)sin(a);
-            }
         float *buf = off(scr, omp_get_thread_num() * CR);
 #pragma omp for schedule(static)
         for (int64_t bt = 0; bt < B * T; bt++) {
@@ -1604,31 +1648,27 @@ static void rope_apply(enum l3d_dtype dt, void *qkv, const float *inv_freq, cons
                 float *lo = x + h * HS, *hi = lo + H2;
 #pragma omp simd
                 for (int64_t i = 0; i < H2; i++) {
-                    float a = lo[i], b = hi[i];
-                    lo[i] = a * cs[i] - b * sn[i];
-                    hi[i] = b * cs[i] + a * sn[i];
+                    float a = lo[i], b = hi[i], s = sign * sn[i]; /* exact: sign is +-1 */
+                    lo[i] = a * cs[i] - b * s;
+                    hi[i] = b * cs[i] + a * s;
                 }
             }
             row_done(dt, rp, x, CR);
         }
     }
-    l3d_free(scr);
-    l3d_free(tab);
 }
 
 // qkv (B,T,NH+2*NKV,HS) in place, inv_freq (HS/2), pos (T)
 static void cpu_rope_forward(void *ctx, enum l3d_dtype dt, void *qkv, const float *inv_freq,
                              const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                              int64_t HS) {
-    (void)ctx;
-    rope_apply(dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 1.0f, "rope_forward");
+    rope_apply(ctx, dt, qkv, inv_freq, pos, B, T, NH, NKV, HS, 1.0f, "rope_forward");
 }
 // dqkv (B,T,NH+2*NKV,HS) in place
 static void cpu_rope_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const float *inv_freq,
                               const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                               int64_t HS) {
-    (void)ctx;
-    rope_apply(dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, -1.0f, "rope_backward");
+    rope_apply(ctx, dt, dqkv, inv_freq, pos, B, T, NH, NKV, HS, -1.0f, "rope_backward");
 }
 
 /* SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer", eq. 5 with Swish_1 = SiLU):
@@ -1715,11 +1755,11 @@ static inline float row_sumexp(const float *l, int64_t n, float mx) {
     return s;
 }
 
-static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, float *out,
-                      float *tlogit, const float *maxv, const float *sumexp,
+static void xent_rows(struct cpu_ctx *cx, enum xent_pass pass, enum l3d_dtype dt, void *logits,
+                      float *out, float *tlogit, const float *maxv, const float *sumexp,
                       const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
                       int64_t Vl, int64_t Vvalid) {
-    float *scr = is16(dt) ? thread_scratch(Vl, "cross-entropy scratch") : NULL;
+    float *scr = is16(dt) ? thread_scratch(cx, Vl, "cross-entropy scratch") : NULL;
 #pragma omp parallel
     {
         float *buf = off(scr, omp_get_thread_num() * Vl);
@@ -1744,7 +1784,6 @@ static void xent_rows(enum xent_pass pass, enum l3d_dtype dt, void *logits, floa
             }
         }
     }
-    l3d_free(scr);
 }
 
 // maxv (N), logits (N,Vl)
@@ -1752,7 +1791,7 @@ static void cpu_xent_max(void *ctx, enum l3d_dtype dt, float *maxv, const void *
                          int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_max");
-    xent_rows(XENT_MAX, dt, (void *)logits, maxv, NULL, NULL, NULL, NULL, 0.0f, 0, N, Vl,
+    xent_rows(ctx, XENT_MAX, dt, (void *)logits, maxv, NULL, NULL, NULL, NULL, 0.0f, 0, N, Vl,
               Vvalid);
 }
 // sumexp (N), tlogit (N), logits (N,Vl), maxv (N), targets (N)
@@ -1761,16 +1800,16 @@ static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *
                             int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_sumexp");
-    xent_rows(XENT_SUMEXP, dt, (void *)logits, sumexp, tlogit, maxv, NULL, targets, 0.0f,
+    xent_rows(ctx, XENT_SUMEXP, dt, (void *)logits, sumexp, tlogit, maxv, NULL, targets, 0.0f,
               vocab_start, N, Vl, Vvalid);
 }
 /* the two passes on each row while it is in cache (16-bit: widened once): the bits of the pair */
 static void cpu_xent_stats(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp,
                            float *tlogit, const void *logits, const int32_t *targets,
                            int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("xent_stats");
-    float *scr = is16(dt) ? thread_scratch(Vl, "cross-entropy scratch") : NULL;
+    float *scr = is16(dt) ? thread_scratch(cx, Vl, "cross-entropy scratch") : NULL;
 #pragma omp parallel
     {
         float *buf = off(scr, omp_get_thread_num() * Vl);
@@ -1783,7 +1822,6 @@ static void cpu_xent_stats(void *ctx, enum l3d_dtype dt, float *maxv, float *sum
             tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
         }
     }
-    l3d_free(scr);
 }
 // logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
 static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
@@ -1791,7 +1829,7 @@ static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const 
                               int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_backward");
-    xent_rows(XENT_BACKWARD, dt, logits, NULL, NULL, maxv, sumexp, targets, dloss, vocab_start,
+    xent_rows(ctx, XENT_BACKWARD, dt, logits, NULL, NULL, maxv, sumexp, targets, dloss, vocab_start,
               N, Vl, Vvalid);
 }
 
@@ -1940,12 +1978,12 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
-    (void)ctx;
+    struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_cached");
     gqa_check("attention_cached", NH, NKV);
     const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ, rep = NH / NKV;
     const int64_t per = fa_scratch(dt, pos + n, HS);
-    float *scr = per ? thread_scratch(per, "attention fp32 scratch") : NULL;
+    float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
         _Alignas(64) float S[L3D_FA_BQ * L3D_FA_BK];
@@ -1959,7 +1997,6 @@ static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const 
                             at(dt, v, h / rep * HS), kv_stride, pos + i0, nq, HS, S);
         }
     }
-    l3d_free(scr);
 }
 
 /* ---- the table: the kernels that differ by type dispatch here; the others take dt -------- */
@@ -2060,6 +2097,7 @@ static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
 static void cpu_free(void *ctx) {
     struct cpu_ctx *cx = ctx;
     for (int i = 0; i < cx->mm_count; i++) mm_entry_destroy(&cx->mm[i]);
+    for (int k = 0; k < SCR_KINDS; k++) l3d_free(cx->scr[k].p);
     dnnl_stream_destroy(cx->stream);
     dnnl_engine_destroy(cx->engine);
     l3d_free(cx);
@@ -2129,6 +2167,7 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     bool on = d16 && strcmp(d16, "1") == 0, off = d16 && strcmp(d16, "0") == 0;
     cx->dnnl16[0] = on || (!off && __builtin_cpu_supports("avx512bf16"));
     cx->dnnl16[1] = on;
+    cx->rope.T = -1; /* no table yet */
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));
     return l3d_backend_make(&cpu_backend_i, cx);

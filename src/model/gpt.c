@@ -1137,8 +1137,11 @@ int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
 }
 
 /* RoPE's positions of this rank's T rows under context parallelism: its two chunks' (as encode
- * gives learned positions); without it they stay 0..Tmax-1 (rope_init). */
+ * gives learned positions); without it they stay 0..Tmax-1 (rope_init). Written when T changes
+ * only (the first forward): they depend on T, the CP size and rank, fixed for the model. */
 static void rope_cp_positions(struct l3d_gpt *m, int T) {
+    if (m->rope_cp_T == T) return;
+    m->rope_cp_T = T;
     int32_t *p = l3d_alloc((size_t)T * sizeof(int32_t), "rope positions");
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < T / 2; i++)

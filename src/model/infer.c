@@ -117,6 +117,12 @@ l3d_status l3d_infer_init(struct l3d_infer **out, const struct l3d_gpt *m) {
     l3d_be_copy_h2d(inf->be, inf->positions, p, (size_t)T * sizeof(int32_t));
     l3d_be_sync(inf->be); /* before the host copy goes */
     l3d_free(p);
+    /* the attention over the longest cache once, on the zeroed buffers (its output unused): a
+     * backend's scratch that grows with the cache (the CPU one widens 16-bit keys into it) is
+     * made now, not in a generation step */
+    l3d_be_attention_cached(inf->be, inf->dt, inf->atty, inf->qkv, inf->kv,
+                            el(inf->kv, inf->KV, es), T - 1, 1, c->NH, l3d_model_kv_heads(c),
+                            l3d_model_head_dim(c), inf->QKV, 2 * inf->KV);
     *out = inf;
     return L3D_OK;
 }
