@@ -237,6 +237,12 @@ static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, 
     return layer_rates(be, dt, M, N, K, secs, min_n, false).all;
 }
 
+double l3d_calib_product_rate(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
+                              int64_t K, double secs) {
+    struct layer_rate r = layer_rates(be, dt, M, N, K, secs, 3, false);
+    return fmax(r.fwd_dx, r.wgrad);
+}
+
 /* Linear layers (layer_rates) on one thread at GPT shapes: rows M of a micro-batch (B*T), N x K
  * from the layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by the
  * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point of eff is the
