@@ -1869,11 +1869,12 @@ static void cpu_adamw_zero(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, voi
         adamw_any(L3D_F32, L3D_F32, NULL, param, m, v, grad, true, N, h);
 }
 
-/* s += x[i]^2 over n, in double. SUMSQ_LANES independent partial sums: one sum's chain of
- * widening multiply-adds (4 cycles each, 4 doubles a 256-bit vector) ran at about half the
- * triad's bandwidth; eight vectors of them keep up with memory. The lanes are added to s in
- * lane order, then the tail: a fixed order for a given n. */
-enum { SUMSQ_LANES = 32 };
+/* s += x[i]^2 over n, in double. SUMSQ_LANES independent partial sums: the single sum's chain
+ * of widening multiply-adds (4-cycle latency, two 256-bit vectors of 4 doubles in flight) capped
+ * a core at 2 elements a cycle, 28 GB/s from L2 on the Xeon of docs/BENCHMARKS.md; four vectors
+ * of sums run at 37 GB/s there (the conversions' throughput). The lanes are added to s in lane
+ * order, then the tail: a fixed order for a given n. */
+enum { SUMSQ_LANES = 16 };
 static inline double sumsq_acc(double s, const float *x, int64_t n) {
     double a[SUMSQ_LANES] = {0};
     int64_t i = 0;
