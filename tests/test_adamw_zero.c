@@ -60,7 +60,8 @@ enum run_kind { FUSED, UNFUSED, NO_ZERO };
 static void run(struct l3d_backend *be, enum run_kind k, enum l3d_dtype pdt, enum l3d_dtype gdt,
                 struct st *a, int64_t n) {
     size_t f = (size_t)n * 4, gb = (size_t)n * l3d_dtype_size(gdt), wb = (size_t)n * 2;
-    float *p = l3d_be_alloc(be, f, "t"), *m = l3d_be_alloc(be, f, "t"), *v = l3d_be_alloc(be, f, "t");
+    float *p = l3d_be_alloc(be, f, "t"), *m = l3d_be_alloc(be, f, "t");
+    float *v = l3d_be_alloc(be, f, "t");
     void *g = l3d_be_alloc(be, gb, "t"), *w = pdt == L3D_F32 ? NULL : l3d_be_alloc(be, wb, "t");
     l3d_be_copy_h2d(be, p, a->p, f), l3d_be_copy_h2d(be, m, a->m, f);
     l3d_be_copy_h2d(be, v, a->v, f), l3d_be_copy_h2d(be, g, a->g, gb);

@@ -1831,7 +1831,8 @@ static void adamw_any(enum l3d_dtype dt, enum l3d_dtype gdt, void *param, float 
                 adamw_block(p, mm, vv, g, (float *)grad + i0, n, h);
             else
                 adamw_block(p, mm, vv, g, NULL, n, h);
-            if (zero && gdt != L3D_F32) memset(at(gdt, grad, i0), 0, (size_t)n * l3d_dtype_size(gdt));
+            if (zero && gdt != L3D_F32) /* the block just widened, still in cache */
+                memset(at(gdt, grad, i0), 0, (size_t)n * l3d_dtype_size(gdt));
             if (param) from_f32(dt, at(dt, param, i0), p, n);
         }
     }
