@@ -2046,22 +2046,9 @@ static void cpu_dfree(void *ctx, void *p) {
     (void)ctx;
     l3d_free(p);
 }
-/* Large buffers (the gradient buffers, activation gradients) on every thread: one core's stores
- * reached about a third of the triad's bandwidth. Chunks of whole cache lines. */
 static void cpu_memset(void *ctx, void *dst, int value, size_t bytes) {
     (void)ctx;
-    if (bytes < ((size_t)1 << 18) || omp_get_max_threads() == 1) {
-        memset(dst, value, bytes);
-        return;
-    }
-    int64_t lines = (int64_t)((bytes + 63) / 64);
-#pragma omp parallel
-    {
-        int64_t lo, hi;
-        chunk(lines, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        size_t b0 = (size_t)lo * 64, b1 = (size_t)hi * 64 < bytes ? (size_t)hi * 64 : bytes;
-        if (b0 < b1) memset((char *)dst + b0, value, b1 - b0);
-    }
+    memset(dst, value, bytes);
 }
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     (void)ctx;
