@@ -178,7 +178,8 @@ void l3d_dp_finish(struct l3d_dp *dp);
  * TP group (replicated tensors once) and both over the pipeline stages. */
 void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool skip_wte);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are
- * all-gathered; gradients are zeroed for the next step. */
+ * all-gathered; gradients are zeroed for the next step (the range AdamW reads in its own pass,
+ * l3d_adamw_step_zero; the rest by memset). */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale);
 /* A skipped step (a non-finite loss or gradient norm, agreed by every rank): no update, no

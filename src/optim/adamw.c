@@ -92,7 +92,8 @@ void l3d_adamw_step_shard(struct l3d_adamw *opt, struct l3d_backend *be, void *s
 }
 
 /* The elements of [s0, s1) no tensor covers (alignment gaps, the padding at a shard's end),
- * zeroed: what the fused step does not read. The tensors' ranges sorted by offset first. */
+ * zeroed: what the fused step does not read. The covered ranges are found in offset order, one
+ * scan of the (short) table each. */
 static void zero_uncovered(struct l3d_backend *be, float *grads, int64_t s0, int64_t s1,
                            const struct l3d_tensor_info *tensors, int ntensors) {
     int64_t at = s0;
