@@ -90,14 +90,12 @@ static double bf16_peak(double dot, const char **what) {
         if (f > best) best = f, *what = "the fastest bf16 product, above the dot-product loop";
     }
     l3d_backend_free(be);
-    printf("bf16 peak:  %7.1f GFLOP/s (%s: bench --calibrate's rule for peak_tflops_bf16)\n",
-           best / 1e9, *what);
     return best;
 }
 
 /* This machine's measured peaks: the fp32 FMA loop, sgemm on the shapes above, the bf16 peak
  * (bf16_peak), the triad bandwidth; returns the best sgemm's FLOP/s. */
-static double print_peaks(double *fma_out, double *bf16_out, double *bw_out) {
+static double print_peaks(double *fma_out, double *bf16_out, const char **what, double *bw_out) {
     int threads = omp_get_max_threads();
     printf("threads: %d\n", threads);
     double fma = l3d_cpu_fma_peak(1.0), best_gemm = 0.0;
@@ -112,8 +110,10 @@ static double print_peaks(double *fma_out, double *bf16_out, double *bw_out) {
     if (dot > 0)
         printf("bf16 dot-product loop: %7.1f GFLOP/s (%.2fx the FMA peak)\n", dot / 1e9,
                dot / fma);
-    const char *what;
-    double bf16 = bf16_peak(dot, &what), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
+    double bf16 = bf16_peak(dot, what), bw = l3d_cpu_triad_bw((size_t)256 << 20, 0.5);
+    if (bf16 > 0)
+        printf("the bf16 peak (bench --calibrate's rule for peak_tflops_bf16): %7.1f GFLOP/s, "
+               "%s\n", bf16 / 1e9, *what);
     printf("triad bandwidth: %7.1f GB/s\n", bw / 1e9);
     fflush(stdout);
     *fma_out = fma;
@@ -152,7 +152,8 @@ int l3d_cli_bench(int argc, char **argv) {
         l3d_runtime_free(rt);
         return 2;
     }
-    double fma, bf16, bw, best_gemm = print_peaks(&fma, &bf16, &bw);
+    const char *bf16_what;
+    double fma, bf16, bw, best_gemm = print_peaks(&fma, &bf16, &bf16_what, &bw);
 
     /* training throughput on random tokens, through the real training loop */
     char dir[] = "/tmp/llm3d-bench-XXXXXX";
@@ -181,7 +182,8 @@ int l3d_cli_bench(int argc, char **argv) {
         if (tc.peak_flops <= 0 && tc.precision.param == L3D_BF16 && bf16 > 0 &&
             host_backend(ro.backend)) {
             tc.peak_flops = bf16;
-            printf("bf16 peak:  %7.1f GFLOP/s (the MFU's denominator, as above)\n", bf16 / 1e9);
+            printf("bf16 peak:  %7.1f GFLOP/s (the MFU's denominator: %s, as bench --calibrate "
+                   "sets peak_tflops_bf16)\n", bf16 / 1e9, bf16_what);
         }
         if (tc.peak_flops <= 0) {
             tc.peak_flops = l3d_be_peak_flops(rt->be, tc.precision.param);
