@@ -1870,21 +1870,29 @@ static void cpu_adamw_zero(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, voi
         adamw_any(L3D_F32, L3D_F32, NULL, param, m, v, grad, true, N, h);
 }
 
-/* s += x[i]^2 over n, in double. SUMSQ_LANES independent partial sums: the single sum's chain
- * of widening multiply-adds (4-cycle latency, two 256-bit vectors of 4 doubles in flight) capped
- * a core at 2 elements a cycle, 28 GB/s from L2 on the Xeon of docs/BENCHMARKS.md; four vectors
- * of sums run at 37 GB/s there (the conversions' throughput). The lanes are added to s in lane
- * order, then the tail: a fixed order for a given n. */
-enum { SUMSQ_LANES = 16 };
+/* s += x[i]^2 over n, in double, reading the four quarters of x side by side (SUMSQ_STREAMS
+ * sequential streams, SUMSQ_LANES partial sums each). One stream a core kept too few lines in
+ * flight: the old single loop read DRAM at half the triad's bytes/s on one thread and on two
+ * (whose three streams a core keep more misses outstanding), while its compute ceiling, one chain
+ * of widening multiply-adds, was 28 GB/s a core from L2, four times that. Four streams measured
+ * about 1.3x the single loop from DRAM on a shared machine (docs/BENCHMARKS.md) and as fast as
+ * independent lanes from L2 (38 GB/s). The sums are added to s stream by stream, lane by lane,
+ * then the tail: a fixed order for a given n. */
+enum { SUMSQ_STREAMS = 4, SUMSQ_LANES = 8 };
 static inline double sumsq_acc(double s, const float *x, int64_t n) {
-    double a[SUMSQ_LANES] = {0};
-    int64_t i = 0;
-    for (; i + SUMSQ_LANES <= n; i += SUMSQ_LANES) {
+    const int64_t q = n / SUMSQ_STREAMS / SUMSQ_LANES * SUMSQ_LANES; /* each stream's length */
+    double a[SUMSQ_STREAMS][SUMSQ_LANES] = {{0}};
+    for (int64_t i = 0; i < q; i += SUMSQ_LANES)
+        for (int k = 0; k < SUMSQ_STREAMS; k++) {
 #pragma omp simd
-        for (int j = 0; j < SUMSQ_LANES; j++) a[j] += (double)x[i + j] * (double)x[i + j];
-    }
-    for (int j = 0; j < SUMSQ_LANES; j++) s += a[j];
-    for (; i < n; i++) s += (double)x[i] * (double)x[i];
+            for (int j = 0; j < SUMSQ_LANES; j++) {
+                double v = x[k * q + i + j];
+                a[k][j] += v * v;
+            }
+        }
+    for (int k = 0; k < SUMSQ_STREAMS; k++)
+        for (int j = 0; j < SUMSQ_LANES; j++) s += a[k][j];
+    for (int64_t i = SUMSQ_STREAMS * q; i < n; i++) s += (double)x[i] * (double)x[i];
     return s;
 }
 
