@@ -1875,7 +1875,7 @@ static void cpu_adamw_zero(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, voi
  * flight: the old single loop read DRAM at half the triad's bytes/s on one thread and on two
  * (whose three streams a core keep more misses outstanding), while its compute ceiling, one chain
  * of widening multiply-adds, was 28 GB/s a core from L2, four times that. Four streams measured
- * about 1.3x the single loop from DRAM on a shared machine (docs/BENCHMARKS.md) and as fast as
+ * 1.3-1.5x the single loop from DRAM on a shared machine (docs/BENCHMARKS.md) and as fast as
  * independent lanes from L2 (38 GB/s). The sums are added to s stream by stream, lane by lane,
  * then the tail: a fixed order for a given n. */
 enum { SUMSQ_STREAMS = 4, SUMSQ_LANES = 8 };
