@@ -6,8 +6,9 @@
 # --ep 2 on 2 ranks (one thread each, 4 of the 8 experts a rank) against one process on the same
 # global batch (--grad-accum 2), with the share of the step the all-to-alls took (the trainer's
 # ep_comm_ms, rank 0). Each case also gives the planner's prediction of its step time and memory
-# from PROFILE when there is one (`make calibrate` measures profiles/local.prof), and the dense
-# fp32 case runs twice: the spread of the two is the machine's noise, to read the ratios against.
+# from PROFILE (measured first when missing, with gpt2-moe's shapes; CALIBRATE=0: no plan then),
+# and the dense fp32 case runs twice: the spread of the two is the machine's noise, to read the
+# ratios against.
 # Byte tokens (V = 256), B=2 x T=64 a micro-batch, STEPS steps, the median after the first two.
 # Usage: bench/moe.sh [BUILD_DIR] [STEPS] [PROFILE]  (defaults: build 4 profiles/local.prof)
 set -eu
@@ -17,6 +18,14 @@ prof=${3:-profiles/local.prof}
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_mpi
 export OMPI_MCA_rmaps_base_oversubscribe=1
+if [ ! -f "$prof" ] && [ "${CALIBRATE:-1}" = 1 ]; then
+    # with gpt2-moe's flags: its own linear layers measured too (gemm_exact: the experts' thin
+    # products of B T top_k / E = 32 rows, which the grid reads at a side of 32), as plan times
+    # them; d12's dense MLP is read from the grid
+    echo "no $prof: measuring this machine first, with gpt2-moe's linear layers (CALIBRATE=0: none)"
+    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --model gpt2-moe --vocab 256 \
+        --context 64 --seq-len 64 --batch 2 --out "$prof" > /dev/null
+fi
 fortunes "$dir/d"
 common=(--vocab 256 --context 64 --seq-len 64 --batch 2 --steps "$steps" --warmup 2
         --val-every 0 --train "$dir/d/train_*.bin")

@@ -13,7 +13,8 @@
 # Usage: bench/pipeline.sh [BUILD_DIR] [MODEL] [STEPS] [PROFILE]
 #   (defaults: build d6 6 profiles/local.prof; MS="4 8" in the environment picks the m, ZBV=1
 #   adds a zbv line (--pp-virtual 2: two chunks a rank in a V) after each verdict; the
-#   profile is measured first when missing: `llm3d bench --calibrate` on 2 ranks). Timing is
+#   profile is measured first when missing: `llm3d bench --calibrate` on 2 ranks with the
+#   model's flags, which measures its linear layers' own shapes too). Timing is
 #   noisy on a shared machine: rerun it quietly for the figures.
 set -eu
 build=${1:-build}
@@ -22,13 +23,15 @@ steps=${3:-6}
 prof=${4:-profiles/local.prof}
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_mpi
-if [ ! -f "$prof" ]; then
-    echo "no $prof: measuring this machine first"
-    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --out "$prof" > /dev/null
-fi
-fortunes "$dir/d"
 B=2 T=128
 common=(--model "$model" --vocab 256 --context "$T" --seq-len "$T" --batch "$B")
+if [ ! -f "$prof" ]; then
+    # with the model's flags: its own linear layers measured too (gemm_exact), as plan times them
+    echo "no $prof: measuring this machine first, with $model's linear layers"
+    OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate "${common[@]}" --out "$prof" \
+        > /dev/null
+fi
+fortunes "$dir/d"
 echo "model $model (V=256), B=$B x T=$T per micro-batch, pp=2 on 2 ranks x 1 thread, $steps steps (median after the first), profile $prof, launcher $mpiexec"
 # run SCHED M: sets ms, bubble, ideal, act, layers, pms (planned step), pbub (planned bubble)
 run() {

@@ -50,6 +50,19 @@ static void plausible(struct l3d_calib *c) {
         for (int i = 0; i < L3D_KERN_N; i++) c->k_bw16[t][i] = 8e9;
     }
     c->native16[0] = true, c->peak16[0] = 160e9;
+    /* the grid by shape (--quick: each row's first and last) and a model's two shapes */
+    for (int i = 0; i < L3D_CALIB_GRID; i++) {
+        c->grid_eff[i] = 0.3 + 0.02 * i;
+        c->grid16_eff[0][i] = c->grid16_eff[1][i] = 0.2 + 0.01 * i;
+    }
+    c->n_exact = 2;
+    const int64_t shapes[2][3] = {{256, 1152, 384}, {256, 256, 384}};
+    memcpy(c->exact_shape, shapes, sizeof shapes);
+    snprintf(c->model, sizeof c->model, "model d6");
+    for (int i = 0; i < 2; i++) {
+        c->exact_eff[i] = 0.6 + 0.1 * i, c->exact_wg[i] = 0.5;
+        for (int t = 0; t < 2; t++) c->exact16_eff[t][i] = 0.4, c->exact16_wg[t][i] = 0.3 + 0.1 * i;
+    }
 }
 
 /* The file l3d_calib_write gives for c and p (malloc'd) */
@@ -71,6 +84,13 @@ static void test_round_trip(void) {
     char *text = written(&c, &p);
     CHECK(l3d_profile_parse(&back, text, "written") == L3D_OK);
     CHECK(strstr(text, "not as measured") == NULL);
+    /* the grid's measured shapes (--quick: 2 of each of its 6 rows), the model's two */
+    CHECK(back.grid.n == 12 && back.grid.M[0] == 64 && back.grid.K[11] == 3072);
+    CHECK_NEAR(back.grid.eff[1], 0.3 + 0.02 * 3, 1e-9); /* 64x3072x3072, the grid's 4th */
+    CHECK(back.exact.n == 2 && back.exact.N[0] == 1152 && back.exact.N[1] == 256);
+    CHECK(back.exact.eff[1] == 0.7 && back.exact.wgrad[1] == 0.5);
+    CHECK(back.mixed[1].exact.n == 2 && back.mixed[1].exact.wgrad[1] == 0.4);
+    CHECK(back.mixed[0].grid.n == 12 && strstr(text, "--model, model d6: its linear layers"));
     CHECK(strcmp(back.name, "local") == 0 && back.devices_per_node == 2 && back.pair_size == 1);
     CHECK_NEAR(back.peak_fp32, 80e9, 1e6);
     CHECK_NEAR(back.peak_bf16, 160e9, 1e6);

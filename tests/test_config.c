@@ -24,6 +24,7 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"model", "d12", ""}, {"layers", "3", ""}, {"channels", "192", ""}, {"heads", "2", ""},
     {"vocab", "300", ""}, {"context", "128", ""}, {"ffn", "512", ""},
     {"arch", "llama", "--ffn 512"}, {"kv-heads", "2", "--arch llama --ffn 512"},
+    {"head-dim", "32", "--arch llama --ffn 512"},
     {"rope-theta", "20000", "--arch llama --ffn 512"}, {"norm-eps", "1e-6", ""},
     {"qk-norm", NULL, "--arch llama --ffn 512"},
     {"no-qk-norm", NULL, "--arch llama --ffn 512 --qk-norm"},

@@ -268,8 +268,9 @@ static void test_config(void) {
                                  "\"hidden_act\""), &back), "\"attention_bias\" is true"));
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"mlp_bias\": true, "
                                  "\"hidden_act\""), &back), "\"mlp_bias\" is true"));
-    CHECK(refused(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"head_dim\": 32, "
-                                 "\"hidden_act\""), &back), "\"head_dim\""));
+    /* a head size apart from hidden / heads (Qwen3's head_dim): read (hfqwen3.sh writes one) */
+    CHECK(parse_cfg(edit(llama_cfg, "\"hidden_act\"", "\"head_dim\": 32, \"hidden_act\""),
+                    &back) == L3D_OK && l3d_model_head_dim(&back) == 32);
     CHECK(refused(parse_cfg(edit(llama_cfg, "\"num_key_value_heads\": 2",
                                  "\"num_key_value_heads\": 3"), &back), "key/value heads (3)"));
 }
@@ -307,6 +308,7 @@ static double field(const struct l3d_model_spec *m, const char *key) {
         {"layer_norm_epsilon", "rms_norm_eps", "eps"}, {"tie_word_embeddings", "", "tied"},
         {"num_key_value_heads", "", "KV"}, {"rope_theta", "", "theta"},
         {"head_dim", "", "hs"}, {"rope_scaling", "", "factor"}};
+    /* hs: a head's size, read apart from the spec's reading (head_dim, else C / NH) */
     const char *f = "";
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(key, names[i][0]) == 0 || strcmp(key, names[i][1]) == 0) f = names[i][2];
@@ -314,7 +316,7 @@ static double field(const struct l3d_model_spec *m, const char *key) {
          : !strcmp(f, "V") ? m->V : !strcmp(f, "T") ? m->maxT : !strcmp(f, "F") ? (double)m->ffn
          : !strcmp(f, "eps") ? m->norm_eps : !strcmp(f, "tied") ? !m->untied
          : !strcmp(f, "KV") ? l3d_model_kv_heads(m) : !strcmp(f, "theta") ? m->rope.theta
-         : !strcmp(f, "hs") ? m->C / m->NH : !strcmp(f, "factor") ? m->rope.factor : 0.0;
+         : !strcmp(f, "hs") ? (m->head_dim ? m->head_dim : m->C / m->NH) : !strcmp(f, "factor") ? m->rope.factor : 0.0;
 }
 
 /* The base config of the architecture with `key` set to `value` (NULL: removed). */
@@ -388,8 +390,7 @@ static void test_config_keys(void) {
         {1, "hidden_act", 0, "\"silu\"", 0, "\"gelu\"", "\"hidden_act\" is \"gelu\""},
         {1, "attention_bias", 0, "false", 0, "true", "\"attention_bias\" is true"},
         {1, "mlp_bias", 0, "false", 0, "true", "\"mlp_bias\" is true"},
-        {1, "head_dim", 16, "16", 16, "32", "\"head_dim\" is 32, not hidden_size / "
-                                           "num_attention_heads (16)"},
+        {1, "head_dim", 16, "32", 32, "15", "rotary positions need an even head size, not 15"},
         {1, "head_dim", 16, "null", 16, "0", "\"head_dim\" is 0: give"},
         {1, "rope_scaling", 0, LLAMA3 "}", 8, "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
          "\"rope_scaling\" of type yarn: llm3d implements Llama 3.1's"},

@@ -28,29 +28,38 @@ struct ref_gpt {
     int B, T;
     double *params;
     int mutant; /* the Llama reference, wrong on purpose: 1 key heads swapped, 2 no RoPE,
-                 * 3 no QK-norm, 4 QK-norm's query and key weights swapped */
+                 * 3 no QK-norm, 4 QK-norm's query and key weights swapped; either
+                 * reference: 5 a head's size taken as C / NH where head_dim sets it apart */
 };
 
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+
+/* A head's size as the spec says it (head_dim, else C / NH), read here rather than through
+ * l3d_model_head_dim so that the reference does not share the model's reading of it. */
+static int64_t ref_head_dim(const struct ref_gpt *r) {
+    const struct l3d_model_spec *c = &r->cfg;
+    return c->head_dim > 0 && r->mutant != 5 ? c->head_dim : c->C / c->NH;
+}
 
 /* Mean loss of the full model over (B,T), params in llm.c's layout. */
 static double ref_gpt_loss(void *ctx) {
     struct ref_gpt *r = ctx;
     const struct l3d_model_spec *c = &r->cfg;
-    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, Vp = c->Vp;
+    int64_t HS = ref_head_dim(r), Q = NH * HS; /* the attention's channels: C unless head_dim */
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
 #define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
     double *x = dalloc(N * C), *ln = dalloc(N * C), *mean = dalloc(N), *rstd = dalloc(N);
-    double *qkv = dalloc(N * 3 * C), *atty = dalloc(N * C), *att = dalloc(B * NH * T * T);
+    double *qkv = dalloc(N * 3 * Q), *atty = dalloc(N * Q), *att = dalloc(B * NH * T * T);
     double *tmp = dalloc(N * C), *fch = dalloc(N * 4 * C), *gel = dalloc(N * 4 * C);
     double *logits = dalloc(N * Vp), *loss = dalloc(N);
     ref_encoder_forward(x, r->inp, P(L3D_T_WTE, 0), P(L3D_T_WPE, 0), 0, Vp, B, T, C);
     for (int l = 0; l < c->L; l++) {
         ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN1W, l), P(L3D_T_LN1B, l), N, C);
-        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C, 3 * C);
+        ref_matmul_forward(qkv, ln, P(L3D_T_QKVW, l), P(L3D_T_QKVB, l), N, C, 3 * Q);
         ref_attention_forward(atty, att, qkv, B, T, NH, HS);
-        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), P(L3D_T_ATTPROJB, l), N, C, C);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), P(L3D_T_ATTPROJB, l), N, Q, C);
         ref_residual_forward(x, x, tmp, N * C);
         ref_layernorm_forward(ln, mean, rstd, x, P(L3D_T_LN2W, l), P(L3D_T_LN2B, l), N, C);
         ref_matmul_forward(fch, ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), N, C, 4 * C);
@@ -90,13 +99,13 @@ static void ref_qk_norm(double *qkv, const double *qw, const double *kw, int64_t
 static double ref_llama_loss(void *ctx) {
     struct ref_gpt *r = ctx;
     const struct l3d_model_spec *c = &r->cfg;
-    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = C / NH, Vp = c->Vp;
-    int64_t NKV = l3d_model_kv_heads(c), QKV = (NH + 2 * NKV) * HS, F = c->ffn;
+    int64_t B = r->B, T = r->T, C = c->C, N = B * T, NH = c->NH, HS = ref_head_dim(r), Vp = c->Vp;
+    int64_t NKV = l3d_model_kv_heads(c), QKV = (NH + 2 * NKV) * HS, F = c->ffn, Q = NH * HS;
     const double *p = r->params;
     const struct l3d_tensor_info *t = r->t;
 #define P(id, l) (p + t[id].offset + (int64_t)(l) * t[id].rows * t[id].cols)
     double *x = dalloc(N * C), *ln = dalloc(N * C), *qkv = dalloc(N * QKV), *rot = dalloc(N * QKV);
-    double *full = dalloc(N * 3 * C), *atty = dalloc(N * C), *tmp = dalloc(N * C);
+    double *full = dalloc(N * 3 * Q), *atty = dalloc(N * Q), *tmp = dalloc(N * C);
     double *gu = dalloc(N * 2 * F), *h = dalloc(N * F), *logits = dalloc(N * Vp), *loss = dalloc(N);
     double inv[64];
     int32_t pos[64];
@@ -123,7 +132,7 @@ static double ref_llama_loss(void *ctx) {
             }
         ref_gqa_expand(full, rot, B, T, NH, NKV, HS);
         ref_attention_forward(atty, NULL, full, B, T, NH, HS);
-        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, C, C);
+        ref_matmul_forward(tmp, atty, P(L3D_T_ATTPROJW, l), NULL, N, Q, C);
         ref_residual_forward(x, x, tmp, N * C);
         ref_rmsnorm_forward(ln, NULL, x, P(L3D_T_LN2W, l), N, C, c->norm_eps);
         ref_matmul_forward(gu, ln, P(L3D_T_FCW, l), NULL, N, C, 2 * F);
@@ -211,11 +220,15 @@ static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model
     ref_to_double(r.params, params, m->num_params);
     double rloss = ref_loss(&r);
     CHECK_NEAR(loss, rloss, 2e-6 * fabs(rloss));
-    if (ref_loss == ref_llama_loss) /* the oracle sees a wrong KV grouping and missing RoPE */
-        for (r.mutant = 1; r.mutant <= (cfg.qk_norm ? 4 : 2); r.mutant++) {
-            double bad = ref_loss(&r);
-            CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
-        }
+    /* the oracle sees a wrong KV grouping, missing RoPE or QK-norm, and a coupled head size */
+    for (r.mutant = 1; r.mutant <= 5; r.mutant++) {
+        bool llama = ref_loss == ref_llama_loss;
+        if ((r.mutant <= 2 && !llama) || ((r.mutant == 3 || r.mutant == 4) && !cfg.qk_norm) ||
+            (r.mutant == 5 && cfg.head_dim == 0))
+            continue;
+        double bad = ref_loss(&r);
+        CHECK(!(fabs(loss - bad) <= 100 * 2e-6 * fabs(bad)));
+    }
     r.mutant = 0;
 
     /* every parameter of every tensor: |analytic - numeric| small against the tensor's scale */
@@ -276,6 +289,29 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     l3d_gpt_plan_tensors(&c, &full, ti);
     CHECK(ti[L3D_T_QNORMW].count == 2 * 4 && ti[L3D_T_KNORMW].count == 2 * 4);
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* a head's size apart from C / NH (Qwen3's head_dim): 4 heads of 6 over 16 channels, q|k|v
+     * (4 + 2 x 2) x 6 = 48 rows, the projection (16, 24), QK-norm's vectors of 6 */
+    c.head_dim = 6;
+    L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK && c.head_dim == 6);
+    check_forward_and_gradients(be, c, ref_llama_loss);
+    l3d_gpt_plan_tensors(&c, &full, ti);
+    CHECK(ti[L3D_T_QKVW].rows == 48 && ti[L3D_T_QKVW].cols == 16 &&
+          ti[L3D_T_ATTPROJW].rows == 16 && ti[L3D_T_ATTPROJW].cols == 24 &&
+          ti[L3D_T_QNORMW].count == 2 * 6);
+    CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
+    /* the activations' closed form at 64 rows, where the attention's 24 channels (not C = 16)
+     * outweigh the allocations' alignment */
+    struct l3d_gpt *big = full_model(be, &c, 8, 8);
+    size_t want = l3d_gpt_act_bytes(&c, &full, 8, 8, 1, L3D_RECOMPUTE_NONE, true);
+    CHECK(big->act_bytes >= want && big->act_bytes <= want + 64 * (size_t)(c.L * 13 + 40));
+    l3d_gpt_free(big);
+    /* GPT-2's blocks (biases, learned positions, MHA) with heads of 10 over 16 channels */
+    struct l3d_model_spec g = tiny_config(2, 16, 2, 50, 8);
+    g.head_dim = 10;
+    L3D_ASSERT(l3d_gpt_config_finish(&g) == L3D_OK);
+    check_forward_and_gradients(be, g, ref_gpt_loss);
+    CHECK((double)l3d_gpt_param_count(&g) == l3d_model_param_count(&g) &&
+          !l3d_model_gpt2_blocks(&g)); /* llm.c's files cannot hold it */
 }
 
 static void test_initial_loss(struct l3d_backend *be) {
@@ -475,6 +511,49 @@ static void test_slice_init(struct l3d_backend *be) {
     l3d_gpt_free(ms);
 }
 
+/* The same with heads of 6 over 16 channels (head_dim apart from C / NH) and grouped key/value
+ * heads: the slice of heads 2-3 (key/value head 1) holds the full model's q rows 12-23, k rows
+ * 24 + 6-11, v rows 36 + 6-11 and attprojw's columns 12-23; every q|k|v row of the full model is
+ * drawn at its own global row (no two rows alike: a k or v row read at a q row's index would
+ * repeat it). */
+static void test_slice_init_head_dim(struct l3d_backend *be) {
+    struct l3d_model_spec cfg = {.L = 2, .C = 16, .NH = 4, .NKV = 2, .V = 50, .maxT = 8, .ffn = 24,
+                                 .head_dim = 6};
+    l3d_model_set_arch(&cfg, L3D_ARCH_LLAMA);
+    L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
+    const int64_t C = 16, HS = 6, Q = 24, KV = 12, R = Q + 2 * KV;
+    struct l3d_shard full = l3d_shard_full(&cfg), s = full;
+    s.head_start = 2;
+    s.head_count = 2;
+    struct l3d_gpt *mf, *ms;
+    CHECK(l3d_gpt_init(&mf, &cfg, &full, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(l3d_gpt_init(&ms, &cfg, &s, be, 1, 4, L3D_GRADS_FLAT) == L3D_OK);
+    l3d_gpt_init_weights(mf, 5);
+    l3d_gpt_init_weights(ms, 5);
+    float *pf = test_to_host(be, mf->params, mf->num_params);
+    float *ps = test_to_host(be, ms->params, ms->num_params);
+    int mism = 0, alike = 0;
+    for (int l = 0; l < 2; l++) {
+        const float *fq = pf + mf->tensors[L3D_T_QKVW].offset + l * R * C;
+        const float *sq = ps + ms->tensors[L3D_T_QKVW].offset + l * (2 * HS + 2 * HS) * C;
+        const int64_t at[3][2] = {{0, 2 * HS}, {2 * HS, Q + HS}, {3 * HS, Q + KV + HS}};
+        for (int part = 0; part < 3; part++) /* q: 2 heads; k, v: 1 head */
+            for (int64_t r = 0; r < (part ? HS : 2 * HS); r++)
+                mism += memcmp(sq + (at[part][0] + r) * C, fq + (at[part][1] + r) * C,
+                               (size_t)C * 4) != 0;
+        for (int64_t a = 0; a < R; a++)
+            for (int64_t b = a + 1; b < R; b++)
+                alike += memcmp(fq + a * C, fq + b * C, (size_t)C * 4) == 0;
+        const float *fp = pf + mf->tensors[L3D_T_ATTPROJW].offset + l * C * Q;
+        const float *sp = ps + ms->tensors[L3D_T_ATTPROJW].offset + l * C * 2 * HS;
+        for (int64_t r = 0; r < C; r++)
+            mism += memcmp(sp + r * 2 * HS, fp + r * Q + 2 * HS, (size_t)(2 * HS) * 4) != 0;
+    }
+    CHECK(mism == 0 && alike == 0);
+    free(pf), free(ps);
+    l3d_gpt_free(mf);
+    l3d_gpt_free(ms);
+}
 /* Activation slots and recomputation: two micro-batches forwarded into two slots before either
  * backward (what a pipeline stage does), under each recomputation mode, give bit-identical
  * gradients to one micro-batch at a time with everything kept; the activation bytes match the
@@ -690,6 +769,18 @@ static void test_errors(struct l3d_backend *be) {
     struct l3d_model_spec cfg = {.L = 2, .C = 30, .NH = 4, .V = 100, .maxT = 8};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
     CHECK(strstr(l3d_error_message(), "divisible") != NULL);
+    cfg.head_dim = 8; /* a head size given: the channels need not split into the heads */
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK && l3d_model_head_dim(&cfg) == 8);
+    cfg.head_dim = 7; /* RoPE turns pairs: an odd head size refused, naming the flag */
+    cfg.ffn = 64;
+    l3d_model_set_arch(&cfg, L3D_ARCH_LLAMA);
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "even head size, not 7 (--head-dim)") != NULL);
+    cfg.head_dim = -1;
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_ERR_ARG);
+    CHECK(strstr(l3d_error_message(), "--head-dim -1") != NULL);
+    cfg = (struct l3d_model_spec){.L = 2, .C = 32, .NH = 4, .V = 100, .maxT = 8, .head_dim = 8};
+    CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK && cfg.head_dim == 0); /* C / NH: one spelling */
     CHECK(l3d_model_preset(&cfg, "nope") == L3D_ERR_ARG);
     cfg = tiny_config(2, 16, 2, 50, 8);
     struct l3d_shard sh = l3d_shard_full(&cfg);
@@ -707,6 +798,7 @@ int main(void) {
     test_overfit_and_determinism(be);
     test_layer_shards(be);
     test_slice_init(be);
+    test_slice_init_head_dim(be);
     test_slots_and_recompute(be);
     test_split_backward(be);
     test_errors(be);

@@ -1,7 +1,8 @@
 /* Mixtral and Qwen3-MoE as data (src/model/arch.c's flavour rows, src/ckpt/hf.c,
- * src/spec/presets.c): the published parameter counts of the Mixtral and dense Qwen3 presets and
- * of Qwen3-30B-A3B and Qwen3-235B-A22B derived from their sizes by exact formulas written here (not llm3d's),
- * against llm3d's counts and the published figures within their rounding; the rows Qwen3's
+ * src/spec/presets.c): the published parameter counts of the Mixtral, dense Qwen3 and Qwen3-MoE
+ * (30B-A3B, 235B-A22B: heads of 128 apart from hidden / heads) presets derived from their sizes
+ * by exact formulas written here (not llm3d's), against llm3d's counts and the published figures
+ * within their rounding; Qwen3-MoE's config.json read with its head_dim; the rows Qwen3's
  * QK-norm selects; the row a model is written as, and the models no row holds; MixtralConfig's
  * keys to a spec and back (router_aux_loss_coef counted only with output_router_logits) and the values
  * refused; the tensor map of a tiny Mixtral (names, shapes, each expert's rows); a folder written
@@ -80,50 +81,56 @@ static double qwen3_moe_count(double L, double C, double NH, double KV, double h
     return embed + C + L * (norms + attn + router + experts);
 }
 
-/* The Qwen3-MoE models' published counts (Qwen3 technical report, Table 2; their config.json
- * sizes) from qwen3_moe_count: 30.5B total, 3.3B active; 235B, 22B. llm3d's head size is C / NH,
- * and these have hd 128 over hidden 2048, 32 heads (and 4096, 64): training them needs the head
- * size decoupled from C / NH, so they are no presets (yet), and their config.json is refused
- * naming head_dim. Negative: the coupled head size's count misses the published figure. */
+/* The Qwen3-MoE presets (Qwen3 technical report, Table 2; their config.json sizes, checked
+ * here field by field) counted by qwen3_moe_count from the preset's own fields: 30.5B total,
+ * 3.3B active; 235B, 22B; llm3d's counts of the preset the same. Their head size (128) is set
+ * apart from hidden / heads (2048 / 32, 4096 / 64). Negative: the coupled head size's count
+ * misses the published figure. */
 static void test_qwen3_counts(void) {
     static const struct {
-        double L, C, NH, KV, hd, V, F, E, K, total, active, unit;
+        const char *name;
+        int L, C, NH, KV, hd, V, F, E, K;
+        double total, active, unit;
     } p[] = {
-        {48, 2048, 32, 4, 128, 151936, 768, 128, 8, 30.5e9, 3.3e9, 0.1e9},  /* qwen3-30b-a3b */
-        {94, 4096, 64, 4, 128, 151936, 1536, 128, 8, 235e9, 22e9, 1e9},     /* qwen3-235b-a22b */
+        {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 151936, 768, 128, 8, 30.5e9, 3.3e9, 0.1e9},
+        {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 151936, 1536, 128, 8, 235e9, 22e9, 1e9},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
-        double total = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
-                                       p[i].E, p[i].K, false);
-        double active = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V,
-                                        p[i].F, p[i].E, p[i].K, true);
+        struct l3d_model_spec m;
+        CHECK(l3d_model_preset(&m, p[i].name) == L3D_OK);
+        CHECK(m.L == p[i].L && m.C == p[i].C && m.NH == p[i].NH && m.NKV == p[i].KV &&
+              l3d_model_head_dim(&m) == p[i].hd && m.V == p[i].V && m.Vp == p[i].V &&
+              m.moe.ffn == p[i].F && m.moe.experts == p[i].E && m.moe.top_k == p[i].K &&
+              m.moe.norm_topk && m.qk_norm && m.untied && m.rope.theta == 1e6);
+        double hd = l3d_model_head_dim(&m), total, active;
+        total = qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp, (double)m.moe.ffn,
+                                m.moe.experts, m.moe.top_k, false);
+        active = qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp, (double)m.moe.ffn,
+                                 m.moe.experts, m.moe.top_k, true);
         CHECK(within_truncation(total, p[i].total, p[i].unit));
         CHECK(within_truncation(active, p[i].active, p[i].unit));
-        printf("qwen3-moe L=%.0f: %.0f parameters (published %.3g), %.0f active (%.3g)\n", p[i].L,
-               total, p[i].total, active, p[i].active);
-        double coupled = qwen3_moe_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].C / p[i].NH,
-                                         p[i].V, p[i].F, p[i].E, p[i].K, false);
+        CHECK_NEAR(l3d_model_param_count(&m), total, 0.0);
+        CHECK_NEAR(l3d_model_active_param_count(&m), active, 0.0);
+        CHECK((double)l3d_gpt_param_count(&m) == total);
+        printf("%s: %.0f parameters (published %.3g), %.0f active (%.3g)\n", p[i].name, total,
+               p[i].total, active, p[i].active);
+        double coupled = qwen3_moe_count(m.L, m.C, m.NH, m.NKV, (double)m.C / m.NH, m.Vp,
+                                         (double)m.moe.ffn, m.moe.experts, m.moe.top_k, false);
         CHECK(!within_truncation(coupled, p[i].total, p[i].unit));
     }
-    /* llm3d's count of the same sizes where hd = C / NH holds: the formula's */
     struct l3d_model_spec m;
     L3D_ASSERT(l3d_model_preset(&m, "llama-tiny") == L3D_OK);
     m.qk_norm = true;
     m.moe = (struct l3d_moe_spec){.experts = 4, .top_k = 2, .ffn = 40};
     L3D_ASSERT(l3d_gpt_config_finish(&m) == L3D_OK);
-    double hd = m.C / m.NH;
-    CHECK_NEAR(l3d_model_param_count(&m), qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp, 40, 4,
-                                                          2, false), 0.0);
-    CHECK_NEAR(l3d_model_active_param_count(&m), qwen3_moe_count(m.L, m.C, m.NH, m.NKV, hd, m.Vp,
-                                                                 40, 4, 2, true), 0.0);
-    /* the 30B's config.json: refused naming head_dim and the two values */
+    /* the 30B's config.json: read with its head size, the preset's shapes */
     static const char cfg[] =
         "{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 48, \"hidden_size\": 2048, "
         "\"num_attention_heads\": 32, \"num_key_value_heads\": 4, \"head_dim\": 128, "
         "\"intermediate_size\": 6144, \"moe_intermediate_size\": 768, \"num_experts\": 128, "
         "\"num_experts_per_tok\": 8, \"norm_topk_prob\": true, \"vocab_size\": 151936, "
         "\"max_position_embeddings\": 40960}";
-    struct l3d_model_spec q = m; /* QK-norm with experts: Qwen3-MoE's row; without: Qwen3's */
+    struct l3d_model_spec q = m, pre; /* QK-norm with experts: Qwen3-MoE's row; without: Qwen3's */
     const struct l3d_arch_info *a = l3d_arch_hf_row(&q);
     CHECK(a && a->moe && a->qk_norm && strcmp(a->hf_model_type, "qwen3_moe") == 0 &&
           l3d_arch_hf_check(a, &q) == L3D_OK); /* an unnormalised top-k: norm_topk_prob false */
@@ -132,57 +139,88 @@ static void test_qwen3_counts(void) {
     CHECK(a && !a->moe && strcmp(a->hf_architecture, "Qwen3ForCausalLM") == 0);
     q.qk_norm = false;
     CHECK(l3d_arch_hf_row(&q) == l3d_arch_info(L3D_ARCH_LLAMA));
-    CHECK(l3d_hf_config_parse(cfg, strlen(cfg), "c", &q) == L3D_ERR_FORMAT &&
-          strstr(l3d_error_message(), "\"head_dim\" is 128, not hidden_size / "
-                                      "num_attention_heads (64)"));
+    CHECK(l3d_hf_config_parse(cfg, strlen(cfg), "c", &q) == L3D_OK);
+    CHECK(l3d_model_preset(&pre, "qwen3-30b-a3b") == L3D_OK && l3d_model_same_shapes(&q, &pre) &&
+          q.head_dim == 128);
+    /* negative: without head_dim the 2048 channels make heads of 64, another model */
+    static const char coupled[] =
+        "{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 48, \"hidden_size\": 2048, "
+        "\"num_attention_heads\": 32, \"num_key_value_heads\": 4, "
+        "\"intermediate_size\": 6144, \"moe_intermediate_size\": 768, \"num_experts\": 128, "
+        "\"num_experts_per_tok\": 8, \"norm_topk_prob\": true, \"vocab_size\": 151936, "
+        "\"max_position_embeddings\": 40960}";
+    CHECK(l3d_hf_config_parse(coupled, strlen(coupled), "c", &q) == L3D_OK &&
+          l3d_model_head_dim(&q) == 64 && !l3d_model_same_shapes(&q, &pre));
+    /* channels that do not split into the heads need head_dim; an odd one cannot rotate */
+    static const char uneven[] =
+        "{\"model_type\": \"qwen3\", \"num_hidden_layers\": 2, \"hidden_size\": 100, "
+        "\"num_attention_heads\": 8, \"intermediate_size\": 64, \"vocab_size\": 300, "
+        "\"max_position_embeddings\": 64%s}";
+    char text[512];
+    snprintf(text, sizeof text, uneven, "");
+    CHECK(l3d_hf_config_parse(text, strlen(text), "c", &q) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "\"head_dim\" missing, and 100 channels do not split "
+                                      "into 8 heads"));
+    snprintf(text, sizeof text, uneven, ", \"head_dim\": 16");
+    CHECK(l3d_hf_config_parse(text, strlen(text), "c", &q) == L3D_OK && q.head_dim == 16 &&
+          l3d_gpt_param_count(&q) == (int64_t)l3d_model_param_count(&q));
+    snprintf(text, sizeof text, uneven, ", \"head_dim\": 15");
+    CHECK(l3d_hf_config_parse(text, strlen(text), "c", &q) == L3D_ERR_FORMAT &&
+          strstr(l3d_error_message(), "even head size, not 15"));
 }
 
 /* Dense Qwen3 (Qwen3ForCausalLM): Llama's blocks, QK-norm's two hd vectors a layer, a head tied
  * to the embedding or not; `embed` false: without the embedding and head (the model cards'
  * "non-embedding" count). */
-static double qwen3_count(double L, double C, double NH, double KV, double V, double F, bool tied,
-                          bool embed) {
-    double hd = C / NH, attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
+static double qwen3_count(double L, double C, double NH, double KV, double hd, double V, double F,
+                          bool tied, bool embed) {
+    double attn = C * NH * hd + 2 * C * KV * hd + NH * hd * C;
     double layer = attn + 3 * C * F + 2 * C + 2 * hd;
     return (embed ? (tied ? 1 : 2) * V * C : 0.0) + C + L * layer;
 }
 
-/* The dense Qwen3 presets against their model cards' counts, rounded (1.7B / 1.4B without the
- * embedding, 8.2B / 6.95B, 14.8B / 13.2B); their blocks (QK-norm, RoPE theta 1e6, eps 1e-6, the
- * 1.7B's tied head). Negative: the 1.7B with an untied head, the 8B with a KV head per query
- * head: the formula tells them from the cards. */
+/* The dense Qwen3 presets against their model cards' counts, rounded (0.6B / 0.44B without the
+ * embedding, 1.7B / 1.4B, 4.0B / 3.6B, 8.2B / 6.95B, 14.8B / 13.2B, 32.8B / 31.2B; heads of 128,
+ * apart from hidden / heads in 0.6B, 4B and 32B); their blocks (QK-norm, RoPE theta 1e6, eps 1e-6,
+ * the small models' tied head). Negative: the 1.7B with an untied head, the 8B with a KV head per
+ * query head, the 32B with heads of hidden / heads: the formula tells them from the cards. */
 static void test_qwen3_presets(void) {
     static const struct {
         const char *name;
-        double L, C, NH, KV, V, F;
+        double L, C, NH, KV, hd, V, F;
         bool tied;
         double total, body, unit, body_unit;
     } p[] = {
-        {"qwen3-1.7b", 28, 2048, 16, 8, 151936, 6144, true, 1.7e9, 1.4e9, 0.1e9, 0.1e9},
-        {"qwen3-8b", 36, 4096, 32, 8, 151936, 12288, false, 8.2e9, 6.95e9, 0.1e9, 0.01e9},
-        {"qwen3-14b", 40, 5120, 40, 8, 151936, 17408, false, 14.8e9, 13.2e9, 0.1e9, 0.1e9},
+        {"qwen3-0.6b", 28, 1024, 16, 8, 128, 151936, 3072, true, 0.6e9, 0.44e9, 0.1e9, 0.01e9},
+        {"qwen3-1.7b", 28, 2048, 16, 8, 128, 151936, 6144, true, 1.7e9, 1.4e9, 0.1e9, 0.1e9},
+        {"qwen3-4b", 36, 2560, 32, 8, 128, 151936, 9728, true, 4.0e9, 3.6e9, 0.1e9, 0.1e9},
+        {"qwen3-8b", 36, 4096, 32, 8, 128, 151936, 12288, false, 8.2e9, 6.95e9, 0.1e9, 0.01e9},
+        {"qwen3-14b", 40, 5120, 40, 8, 128, 151936, 17408, false, 14.8e9, 13.2e9, 0.1e9, 0.1e9},
+        {"qwen3-32b", 64, 5120, 64, 8, 128, 151936, 25600, false, 32.8e9, 31.2e9, 0.1e9, 0.1e9},
     };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         struct l3d_model_spec m;
         CHECK(l3d_model_preset(&m, p[i].name) == L3D_OK);
         CHECK(m.L == p[i].L && m.C == p[i].C && m.NH == p[i].NH && m.NKV == p[i].KV &&
-              m.V == p[i].V && m.ffn == p[i].F && m.qk_norm && m.untied == !p[i].tied &&
+              l3d_model_head_dim(&m) == p[i].hd && m.V == p[i].V && m.ffn == p[i].F && m.qk_norm && m.untied == !p[i].tied &&
               m.rope.theta == 1e6 && m.norm_eps == 1e-6f && m.Vp == m.V);
         CHECK(l3d_arch_hf_row(&m) == l3d_arch_by_hf_type("qwen3"));
-        double total = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
-                                   true);
-        double body = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].V, p[i].F, p[i].tied,
-                                  false);
+        double total = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
+                                   p[i].tied, true);
+        double body = qwen3_count(p[i].L, p[i].C, p[i].NH, p[i].KV, p[i].hd, p[i].V, p[i].F,
+                                  p[i].tied, false);
         CHECK_NEAR(l3d_model_param_count(&m), total, 0.0);
         CHECK(within_rounding(total, p[i].total, p[i].unit));
         CHECK(within_rounding(body, p[i].body, p[i].body_unit));
         printf("%s: %.0f parameters (published %.3g), %.0f without the embedding (%.3g)\n",
                p[i].name, total, p[i].total, body, p[i].body);
     }
-    CHECK(!within_rounding(qwen3_count(28, 2048, 16, 8, 151936, 6144, false, true), 1.7e9,
+    CHECK(!within_rounding(qwen3_count(28, 2048, 16, 8, 128, 151936, 6144, false, true), 1.7e9,
                            0.1e9));
-    CHECK(!within_rounding(qwen3_count(36, 4096, 32, 32, 151936, 12288, false, false), 6.95e9,
+    CHECK(!within_rounding(qwen3_count(36, 4096, 32, 32, 128, 151936, 12288, false, false), 6.95e9,
                            0.01e9)); /* a KV head per query head */
+    CHECK(!within_rounding(qwen3_count(64, 5120, 64, 8, 80, 151936, 25600, false, false), 31.2e9,
+                           0.1e9)); /* the 32B's heads of hidden / heads (80), not 128 */
 }
 
 /* llama-tiny with E experts in every layer, top-2 renormalised. */
@@ -297,8 +335,10 @@ static void test_config(void) {
              "\"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 96, "
              "\"num_local_experts\": 4, \"num_experts_per_tok\": 5, \"vocab_size\": 256, "
              "\"max_position_embeddings\": 32}");
+    /* named as the file names them, not as train's flags (--moe-top-k: issue 46) */
     CHECK(l3d_hf_config_parse(text2, strlen(text2), "y", &m) == L3D_ERR_FORMAT &&
-          strstr(l3d_error_message(), "--moe-top-k 5 with --moe-experts 4"));
+          strstr(l3d_error_message(), "y: \"num_experts_per_tok\" is 5 but \"num_local_experts\" "
+                 "is 4: each token picks 1 to 4") && !strstr(l3d_error_message(), "--moe"));
     snprintf(text2, sizeof text2, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, "
              "\"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 96, "
              "\"num_experts_per_tok\": 2, \"vocab_size\": 256, \"max_position_embeddings\": 32}");

@@ -16,6 +16,7 @@
 #include "llm3d/pipeline.h"
 #include "llm3d/cp.h"
 #include "llm3d/plan.h"
+#include "plan/profile-impl.h"
 #include "test.h"
 
 /* The global batch and the threads a rank (CPU) of the layouts the tests plan: each test sets them
@@ -1091,16 +1092,34 @@ static void d12_local_three(const struct l3d_profile *pa, const struct l3d_profi
 /* gemm_eff_wgrad: the weight-gradient product's efficiency by the tokens it reduces over, in
  * place of the FLOPs curve for that product only (bf16 into an fp32 main_grad on this CPU: 0.45
  * of the peak at 128 tokens where the forward reaches 0.8) */
+/* cpu_prof with a flat gemm_eff of 0.5, so that every product's time is its FLOPs over one
+ * rate */
+static void cpu_flat_text(char *out, size_t n) {
+    const char *flat = "gemm_eff = 1e6:0.5 1e8:0.8 1e10:0.85\n";
+    const char *at = strstr(cpu_prof, flat);
+    CHECK(at != NULL);
+    snprintf(out, n, "%.*sgemm_eff = 1e3:0.5 1e13:0.5\n%s", (int)(at - cpu_prof), cpu_prof,
+             at + strlen(flat));
+}
+
+/* Each of bad[i][0] (a line) after base is refused, the message holding bad[i][1] */
+static void check_refused(const char *base, const char *const (*bad)[2], size_t n) {
+    char text[4096];
+    struct l3d_profile p;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(text, sizeof text, "%s%s\n", base, bad[i][0]);
+        CHECK(l3d_profile_parse(&p, text, "x.prof") == L3D_ERR_FORMAT);
+        if (!strstr(l3d_error_message(), bad[i][1]))
+            fprintf(stderr, "%s: %s\n", bad[i][0], l3d_error_message());
+        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
+    }
+}
+
 static void test_wgrad_curve(void) {
     char text[4096];
     struct l3d_profile base, w, half, tmp;
-    /* flat curves, so that every product's time is its FLOPs over one rate */
-    const char *flat = "gemm_eff = 1e6:0.5 1e8:0.8 1e10:0.85\n";
     char cpu_flat[2048];
-    const char *at = strstr(cpu_prof, flat);
-    CHECK(at != NULL);
-    snprintf(cpu_flat, sizeof cpu_flat, "%.*sgemm_eff = 1e3:0.5 1e13:0.5\n%s",
-             (int)(at - cpu_prof), cpu_prof, at + strlen(flat));
+    cpu_flat_text(cpu_flat, sizeof cpu_flat);
     CHECK(l3d_profile_parse(&base, cpu_flat, "cpu") == L3D_OK && base.wgrad.n == 0);
     snprintf(text, sizeof text, "%sgemm_eff_wgrad = 128:0.25 1024:0.5\n", cpu_flat);
     CHECK(l3d_profile_parse(&w, text, "cpu") == L3D_OK && w.wgrad.n == 2);
@@ -1152,17 +1171,172 @@ static void test_wgrad_curve(void) {
     CHECK(l3d_profile_mixed(&w, L3D_BF16, &tmp) && tmp.wgrad.n == 0);
     /* bad curves name their key: decreasing tokens, a fraction out of range, not tokens:fraction,
      * a type's curve without its four keys */
-    const char *bad[][2] = {
+    const char *const bad[][2] = {
         {"gemm_eff_wgrad = 256:0.5 128:0.6\n", "gemm_eff_wgrad points must have increasing tokens"},
         {"gemm_eff_wgrad = 128:2\n", "gemm_eff_wgrad point '128:2' needs tokens > 0"},
         {"gemm_eff_wgrad = 0.5\n", "gemm_eff_wgrad point '0.5' is not tokens:fraction"},
         {"gemm_eff_wgrad_fp16 = 128:0.5\n", "gemm_eff_wgrad_fp16 needs gemm_eff_fp16"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(text, sizeof text, "%s%s", cpu_flat, bad[i][0]);
-        CHECK(l3d_profile_parse(&tmp, text, "x.prof") == L3D_ERR_FORMAT);
-        CHECK(strstr(l3d_error_message(), bad[i][1]) != NULL);
+    check_refused(cpu_flat, bad, sizeof bad / sizeof bad[0]);
+}
+
+/* gemm_eff_grid (issue 47): a product read by its smallest side and FLOPs, so that thin and
+ * square products of the same FLOPs differ; hand-interpolated values */
+static void test_shape_grid(void) {
+    char text[4096], cpu_flat[2048];
+    struct l3d_profile base, g;
+    cpu_flat_text(cpu_flat, sizeof cpu_flat);
+    CHECK(l3d_profile_parse(&base, cpu_flat, "cpu") == L3D_OK && base.grid.n == 0);
+    snprintf(text, sizeof text, "%sgemm_eff_grid = 64x4096x4096:0.5 64x64x64:0.4 "
+             "256x256x256:0.6 256x4096x4096:0.8\n", cpu_flat);
+    CHECK(l3d_profile_parse(&g, text, "cpu") == L3D_OK && g.grid.n == 4);
+    /* an entry's own shape: its figure */
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 256, 256, 256), 0.6, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 64, 4096, 4096), 0.5, 1e-12);
+    /* 1.34e8 FLOPs three ways: a side of 64 (row 64 at 2/3 of its log-FLOPs span: 0.4667), a
+     * square-ish 256 x 512 x 512 (row 256 at 1/4: 0.65), a side of 128 (halfway in log side) */
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 64, 1024, 1024), 0.4 + 0.1 * 2 / 3, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 1024, 64, 1024), 0.4 + 0.1 * 2 / 3, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 256, 512, 512), 0.65, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 128, 1024, 512),
+               (0.4 + 0.1 * 2 / 3 + 0.65) / 2, 1e-12);
+    /* flat beyond the ends: below the smallest side, above the largest FLOPs */
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 16, 64, 64), 0.4, 1e-12);
+    CHECK_NEAR(l3d_profile_gemm_eff_shape(&g, 4096, 8192, 8192), 0.8, 1e-12);
+    /* negative: the FLOPs curve alone gives the three the same figure */
+    CHECK(l3d_profile_gemm_eff_shape(&base, 64, 1024, 1024) ==
+          l3d_profile_gemm_eff_shape(&base, 256, 512, 512));
+    /* the planner takes it: d12 at 512 tokens, every product in row 256..4096 or beyond, not at
+     * the flat 0.5 */
+    struct l3d_plan_result a, b, c;
+    d12_local_three(&base, &g, &base, &a, &b, &c);
+    CHECK(b.time.gemm < a.time.gemm && b.time.attention == a.time.attention);
+}
+
+/* The profile's d12_local shapes (l3d_plan_linear_shapes) as gemm_exact entries at f/w, after
+ * text; skip: the index of a shape left out (-1: none) */
+static void exact_text(char *out, size_t n, const char *text, const char *key, double f, double w,
+                       int skip) {
+    struct l3d_model_spec m;
+    struct l3d_plan_run run;
+    struct l3d_layout lay;
+    d12_local(&m, &run, &lay);
+    int64_t sh[L3D_PROFILE_MAX_EXACT][3];
+    int k = l3d_plan_linear_shapes(&m, &lay, sh, L3D_PROFILE_MAX_EXACT);
+    CHECK(k == 5);
+    size_t len = (size_t)snprintf(out, n, "%s%s =", text, key);
+    for (int i = 0; i < k && len < n; i++)
+        if (i != skip)
+            len += (size_t)snprintf(out + len, n - len, " %lldx%lldx%lld:%g/%g",
+                                    (long long)sh[i][0], (long long)sh[i][1], (long long)sh[i][2],
+                                    f, w);
+    if (len < n) snprintf(out + len, n - len, "\n");
+}
+
+/* gemm_exact (issue 47): a model's own linear layers, taken first for products of exactly their
+ * shape; the planned products change by exactly the ratio of the efficiencies */
+static void test_shape_exact(void) {
+    char text[4096], cpu_flat[2048];
+    struct l3d_profile base, x, one, tmp;
+    cpu_flat_text(cpu_flat, sizeof cpu_flat);
+    CHECK(l3d_profile_parse(&base, cpu_flat, "cpu") == L3D_OK);
+    /* d12 on 512 tokens: QKV, projection, the MLP's two, the head (V 256) */
+    struct l3d_model_spec m;
+    struct l3d_plan_run run;
+    struct l3d_layout lay;
+    d12_local(&m, &run, &lay);
+    int64_t sh[8][3];
+    CHECK(l3d_plan_linear_shapes(&m, &lay, sh, 8) == 5);
+    CHECK(sh[0][0] == 512 && sh[0][1] == 2304 && sh[0][2] == 768 && sh[2][1] == 3072 &&
+          sh[3][2] == 3072 && sh[4][1] == 256);
+    /* every shape at 0.25 against the flat 0.5: every product twice as long, nothing else */
+    exact_text(text, sizeof text, cpu_flat, "gemm_exact", 0.25, 0.25, -1);
+    CHECK(l3d_profile_parse(&x, text, "cpu") == L3D_OK && x.exact.n == 5);
+    /* the MLP's up projection alone at 0.25/0.25: its three products of each of 12 layers
+     * twice as long, 12 x 3 x 2 M N K / (peak x 0.5) more */
+    snprintf(text, sizeof text, "%sgemm_exact = 512x3072x768:0.25/0.25\n", cpu_flat);
+    CHECK(l3d_profile_parse(&one, text, "cpu") == L3D_OK);
+    struct l3d_plan_result a, b, c;
+    d12_local_three(&base, &x, &one, &a, &b, &c);
+    CHECK_NEAR(b.time.gemm, 2 * a.time.gemm, a.time.gemm * 1e-12);
+    CHECK(b.time.attention == a.time.attention && b.time.elementwise == a.time.elementwise);
+    double up = 12 * 3 * 2.0 * 512 * 3072 * 768 / (0.1e12 * 0.5);
+    CHECK_NEAR(c.time.gemm - a.time.gemm, up, up * 1e-9);
+    /* the weight gradient's figure on its own: W 0.125 adds the 12 up projections' dW again */
+    snprintf(text, sizeof text, "%sgemm_exact = 512x3072x768:0.5/0.125\n", cpu_flat);
+    CHECK(l3d_profile_parse(&one, text, "cpu") == L3D_OK);
+    d12_local_three(&base, &one, &base, &a, &b, &c);
+    CHECK_NEAR(b.time.gemm - a.time.gemm, up, up * 1e-9);
+    /* negative: a shape one off matches nothing; another model's shapes change nothing */
+    snprintf(text, sizeof text, "%sgemm_exact = 512x3072x769:0.25/0.25 256x2304x768:0.1/0.1\n",
+             cpu_flat);
+    CHECK(l3d_profile_parse(&one, text, "cpu") == L3D_OK);
+    d12_local_three(&base, &one, &base, &a, &b, &c);
+    CHECK(b.time.gemm == a.time.gemm);
+    /* the 16-bit type's own entries for that type only */
+    exact_text(text, sizeof text, cpu_flat, "gemm_exact_bf16", 0.2, 0.2, -1);
+    snprintf(text + strlen(text), sizeof text - strlen(text), "%s", bf16_keys);
+    CHECK(l3d_profile_parse(&x, text, "cpu") == L3D_OK && x.exact.n == 0);
+    CHECK(l3d_profile_mixed(&x, L3D_BF16, &tmp) && tmp.exact.n == 5);
+    CHECK(!l3d_profile_mixed(&x, L3D_F32, &tmp) && tmp.exact.n == 0);
+    /* MoE: each expert's products on one EP rank's N K / E rows (the trainer multiplies each
+     * (sending rank, expert) segment alone), 512 x 2 / 8 = 128 at ep 1 and 2, never ep x 128 */
+    struct l3d_model_spec e;
+    CHECK(l3d_model_preset(&e, "gpt2-moe") == L3D_OK && e.moe.experts == 8 && e.moe.top_k == 2);
+    e.maxT = 128;
+    for (int ep = 1; ep <= 2; ep++) {
+        lay.ep = ep;
+        int k = l3d_plan_linear_shapes(&e, &lay, sh, 8), hits = 0, wide = 0;
+        for (int i = 0; i < k; i++) {
+            hits += sh[i][0] == 128 && sh[i][1] == e.moe.ffn && sh[i][2] == 768;
+            wide += sh[i][0] == 256;
+        }
+        CHECK(hits == 1 && wide == 0);
     }
+}
+
+/* The new keys' text: written as read (a round trip), the shipped profiles without them, and
+ * every malformed entry refused naming the key and the entry */
+static void test_shape_keys(void) {
+    char text[4096], cpu_flat[2048], val[1024], note[512];
+    struct l3d_profile p, q;
+    cpu_flat_text(cpu_flat, sizeof cpu_flat);
+    snprintf(text, sizeof text, "%sgemm_eff_grid = 64x64x64:0.4 2048x3072x3072:0.812\n"
+             "gemm_exact = 256x1152x384:0.65/0.5 256x256x384:0.7/1.2\n", cpu_flat);
+    CHECK(l3d_profile_parse(&p, text, "cpu") == L3D_OK);
+    snprintf(text, sizeof text, "%s", cpu_flat);
+    const char *keys[] = {"gemm_eff_grid", "gemm_exact"};
+    for (int i = 0; i < 2; i++) {
+        const struct l3d_profile_key *k = l3d_profile_key_find(keys[i]);
+        CHECK(k != NULL && !l3d_profile_key_format(&p, k, NULL, val, sizeof val, note,
+                                                   sizeof note));
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s = %s\n", keys[i], val);
+    }
+    CHECK(strstr(text, "gemm_exact = 256x1152x384:0.650/0.500 256x256x384:0.700/1.200\n"));
+    CHECK(l3d_profile_parse(&q, text, "cpu") == L3D_OK);
+    CHECK(memcmp(&p.grid, &q.grid, sizeof p.grid) == 0);
+    CHECK(memcmp(&p.exact, &q.exact, sizeof p.exact) == 0);
+    const char *shipped[] = {"frontier", "dgx-a100", "dgx-h100", "h200"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(l3d_profile_find(&p, shipped[i]) == L3D_OK);
+        CHECK(p.grid.n == 0 && p.exact.n == 0 && p.n_eff > 0);
+    }
+    const char *const bad[][2] = {
+        {"gemm_eff_grid = 64x64:0.5", "gemm_eff_grid entry '64x64:0.5' is not MxNxK:F"},
+        {"gemm_eff_grid = 64x64x64:0", "gemm_eff_grid entry '64x64x64:0' is not MxNxK:F"},
+        {"gemm_eff_grid = 64x64x64:1.6", "entry '64x64x64:1.6' is not MxNxK:F (sides from 1"},
+        {"gemm_eff_grid = 0x64x64:0.5", "gemm_eff_grid entry '0x64x64:0.5'"},
+        {"gemm_eff_grid = 64x64x64:0.5x", "gemm_eff_grid entry '64x64x64:0.5x'"},
+        {"gemm_eff_grid = 64x64x99999999:0.5", "entry '64x64x99999999:0.5'"},
+        {"gemm_eff_grid = 64x64x64:0.5 64x64x64:0.6", "gemm_eff_grid gives 64x64x64 twice"},
+        {"gemm_eff_grid = ", "gemm_eff_grid has no entries"},
+        {"gemm_exact = 64x64x64:0.5", "gemm_exact entry '64x64x64:0.5' is not MxNxK:F/W"},
+        {"gemm_exact = 64x64x64:0.5/nan", "gemm_exact entry '64x64x64:0.5/nan' is not"},
+        {"gemm_exact = 64x64x64:0.5/0.5/0.5", "gemm_exact entry '64x64x64:0.5/0.5/0.5'"},
+        {"gemm_exact_bf16 = 64x64x64:0.5/0.5", "gemm_exact_bf16 needs gemm_eff_bf16"},
+        {"gemm_eff_grid_fp16 = 64x64x64:0.5", "gemm_eff_grid_fp16 needs gemm_eff_fp16"},
+    };
+    check_refused(cpu_flat, bad, sizeof bad / sizeof bad[0]);
 }
 
 static void test_mixed_local(void) {
@@ -1690,38 +1864,49 @@ static void test_pipe_closed_form(void) {
 
 /* Llama blocks (Megatron-LM's mixed precision): parameters, memory and FLOPs of llama3-70b derived
  * here from the architecture, independently of the planner's code paths. */
+/* A Llama-blocks model m of V tokens planned at tp 8 (8 KV heads or a multiple), its attention
+ * q = heads x hd channels (h unless head_dim sets hd apart) and kv = KV heads x hd, `whole` the
+ * parameters of a layer every rank keeps (the norms): the rank's parameters, the model FLOPs and
+ * the activations against their closed forms. */
+static void check_tp8(const struct l3d_model_spec *m, const struct l3d_profile *prof, double q,
+                      double kv, double whole, double V) {
+    double s = m->maxT, h = m->C, L = m->L, f = (double)m->ffn;
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(8, 8, true);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(evaluate(m, prof, &run, &lay, &r) == L3D_OK);
+    /* every matrix split 8 ways, the norms whole */
+    double n = L * ((2 * h * q + 2 * h * kv + 3 * h * f) / 8 + whole) + 2 * V * h / 8 + h;
+    CHECK_NEAR(r.mem.params / 2, n, 0.5);
+    /* forward FLOPs a token: 2 per multiply-add of every matrix but the embedding, and the
+     * attention's 4 s q; three passes */
+    double per_token = 2 * (L * (2 * h * q + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * q;
+    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
+    /* activations (Korthikanti et al. Table 2 with TP, no scores with fused attention): 10 s b h
+     * whole, and split by 8: q and the projection's input 4 s b q, k and v 4 s b kv, SwiGLU's
+     * gate, up and product 6 s b f */
+    double per = s * (10 * h + (4 * q + 4 * kv + 6 * f) / 8);
+    double ends = s * h + 4 * s * h + 4 * s * V / 8;
+    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+}
+
 static void test_llama(void) {
     struct l3d_profile prof;
     struct l3d_model_spec m;
     good_and_preset(&prof, &m, "llama3-70b");
-    double s = m.maxT, h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
+    double h = m.C, L = m.L, f = (double)m.ffn, kv = 8 * (h / 64), V = 128256;
     /* 70.55B (Dubey et al. 2024 call it 70B): 80 layers of q, o (h^2), k, v (h kv), three h x f
      * matrices and two norms, embedding and head (V h each), the final norm */
     double N = L * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 2 * V * h + h;
     CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
     CHECK_NEAR(N, 70553706496.0, 0.5);
-    struct l3d_plan_result r;
-    struct l3d_plan_run run = run16(8, 8, true);
-    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    CHECK(evaluate(&m, &prof, &run, &lay, &r) == L3D_OK);
-    /* tp 8 = KV heads: every matrix split 8 ways, the norms whole */
-    double n = L * ((2 * h * h + 2 * h * kv + 3 * h * f) / 8 + 2 * h) + 2 * V * h / 8 + h;
-    CHECK_NEAR(r.mem.params / 2, n, 0.5);
-    /* forward FLOPs a token: 2 per multiply-add of every matrix but the embedding, and the
-     * attention's 4 s h; three passes */
-    double per_token = 2 * (L * (2 * h * h + 2 * h * kv + 3 * h * f) + V * h) + L * 4 * s * h;
-    CHECK_NEAR(r.model_flops, 3 * per_token * 8 * s, r.model_flops * 1e-12);
-    /* activations (Korthikanti et al. Table 2 with TP, no scores with fused attention): 10 s b h
-     * whole, and split by 8: q and the projection's input 4 s b h, k and v 4 s b kv, SwiGLU's
-     * gate, up and product 6 s b f */
-    double per = s * (10 * h + (4 * h + 4 * kv + 6 * f) / 8);
-    double ends = s * h + 4 * s * h + 4 * s * V / 8;
-    CHECK_NEAR(r.mem.activations, L * per + ends, 1);
+    check_tp8(&m, &prof, h, kv, 2 * h, V); /* tp 8 = KV heads */
     /* tp 16 > 8 KV heads: each KV head on two ranks (k, v rows of one head each) */
+    struct l3d_plan_result r;
+    struct l3d_plan_run run = run16(16, 16, true);
     struct l3d_layout lay16 = layout(16, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
-    run = run16(16, 16, true);
     CHECK(evaluate(&m, &prof, &run, &lay16, &r) == L3D_OK);
-    n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
+    double n = L * ((2 * h * h + 3 * h * f) / 16 + 2 * h * (h / 64) + 2 * h) + 2 * V * h / 16 + h;
     CHECK_NEAR(r.mem.params / 2, n, 0.5);
     /* tp 32 over 16 KV heads (a multiple): accepted; 48 query heads and 16 KV heads over tp 24,
      * which divides the query heads but neither divides nor is a multiple of the KV heads:
@@ -1737,6 +1922,39 @@ static void test_llama(void) {
     run = run16(24, 24, true);
     CHECK(evaluate(&odd, &prof, &run, &lay24, &r) != L3D_OK &&
           strstr(l3d_error_message(), "16 key/value heads") != NULL);
+}
+
+/* A head's size apart from h / heads (Qwen3's head_dim: q = heads x hd columns, not h): Qwen3-8B
+ * with heads of 64 (32 x 64 = 2048 = h / 2) planned as test_llama's closed forms with q for the
+ * attention's channels: parameters (the trainer's count), the tp 8 split, the model FLOPs (the
+ * scores and weighted sum 4 s q a token) and the activations; and the Qwen3-MoE presets' counts
+ * (test_moe_hf derives them from their published sizes) the trainer's. */
+static void test_head_dim(void) {
+    struct l3d_profile prof;
+    struct l3d_model_spec m;
+    good_and_preset(&prof, &m, "qwen3-8b");
+    m.head_dim = 64;
+    CHECK(l3d_plan_model_check(&m) == L3D_OK);
+    double h = m.C, L = m.L, f = (double)m.ffn, q = 32 * 64, kv = 8 * 64, V = 151936;
+    double N = L * (2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + 2 * 64) + 2 * V * h + h;
+    CHECK_NEAR((double)l3d_plan_model_params(&m), N, 0.5);
+    struct l3d_model_spec c = l3d_plan_model_gpt(&m);
+    CHECK((double)l3d_gpt_param_count(&c) == N);
+    check_tp8(&m, &prof, q, kv, 2 * h + 2 * 64, V); /* QK-norm's two vectors whole too */
+    /* negative: the coupled head size's (q = h) parameters are not these */
+    struct l3d_model_spec coupled = m;
+    coupled.head_dim = 0;
+    CHECK(fabs((double)l3d_plan_model_params(&coupled) - N) > 1e6);
+    /* an odd head size cannot rotate: refused naming the flag */
+    m.head_dim = 63;
+    CHECK(l3d_plan_model_check(&m) == L3D_ERR_ARG &&
+          strstr(l3d_error_message(), "even head size, not 63: give an even --head-dim"));
+    static const char *const moe[] = {"qwen3-30b-a3b", "qwen3-235b-a22b"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(l3d_model_preset(&m, moe[i]) == L3D_OK);
+        c = l3d_plan_model_gpt(&m);
+        CHECK(l3d_plan_model_params(&m) == l3d_gpt_param_count(&c));
+    }
 }
 
 /* the ep values l3d_plan_layouts enumerates (bit e: ep e seen) */
@@ -1910,6 +2128,7 @@ static void test_moe(void) {
 int main(void) {
     test_profiles();
     test_llama();
+    test_head_dim();
     test_memory_mixed();
     test_korthikanti();
     test_memory_trainer();
@@ -1923,6 +2142,9 @@ int main(void) {
     test_pipe_closed_form();
     test_mixed_local();
     test_wgrad_curve();
+    test_shape_grid();
+    test_shape_exact();
+    test_shape_keys();
     test_kernels_one_by_one();
     test_cpu_ranks();
     test_attention_unfused();

@@ -16,7 +16,8 @@
 
 #include "llm3d/model.h"
 
-/* A size in a family's tensor map, from the spec: hs = C / NH, F = ffn, KV = key/value heads. */
+/* A size in a family's tensor map, from the spec: hs = l3d_model_head_dim, F = ffn, KV = key/value
+ * heads. */
 enum l3d_arch_dim {
     L3D_DIM_0, L3D_DIM_1, L3D_DIM_C, L3D_DIM_3C, L3D_DIM_F, L3D_DIM_2F,
     L3D_DIM_V,    /* the vocabulary (a file's rows) */
@@ -32,7 +33,7 @@ enum l3d_arch_dim {
     L3D_DIM_2FE,  /* an expert's gate|up rows of expfcw (SwiGLU) */
     L3D_DIM_E2FE, /* expfcw's rows: E experts' gate|up blocks */
     L3D_DIM_EC,   /* expprojw's rows: E experts' (C, FE) blocks */
-    L3D_DIM_HS,   /* hd = C / NH: a head's size (QK-norm's weights) */
+    L3D_DIM_HS,   /* hd: a head's size (QK-norm's weights) */
 };
 
 /* Which layers a per-layer tensor has a copy in: every layer, the dense-MLP layers, the
@@ -60,7 +61,7 @@ struct l3d_arch_tensor {
 enum l3d_arch_key_kind {
     L3D_KEY_LAYERS, L3D_KEY_CHANNELS, L3D_KEY_HEADS,
     L3D_KEY_KV_HEADS, /* absent or null: as many as the heads */
-    L3D_KEY_HEAD_DIM, /* must be channels / heads */
+    L3D_KEY_HEAD_DIM, /* a head's size; absent or null: channels / heads */
     L3D_KEY_FFN,      /* with dflt 0, null for GPT-2's 4C */
     L3D_KEY_VOCAB, L3D_KEY_CONTEXT, L3D_KEY_EPS, L3D_KEY_THETA,
     L3D_KEY_ROPE_SCALING, /* null, or Llama 3.1's */

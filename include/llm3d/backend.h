@@ -270,6 +270,21 @@ void l3d_be_residual_forward(struct l3d_backend *be, enum l3d_dtype dt, void *ou
                              const void *b, int64_t N);
 void l3d_be_add_inplace(struct l3d_backend *be, enum l3d_dtype dt, void *dst, const void *src,
                         int64_t N);
+/* The residual add and the normalisation after it in one pass over the rows (the backends'
+ * fused kernel; residual_forward then the norm where a backend has none): res (N,C) = a + b,
+ * rounded to dt, then out (N,C) = LayerNorm(res) with mean, rstd (N) fp32 saved (layernorm), or
+ * RMSNorm(res) with rstd (rmsnorm), exactly as l3d_be_residual_forward followed by
+ * l3d_be_layernorm_forward / l3d_be_rmsnorm_forward on res compute them (the same bits; the
+ * pair stays, the tests' oracle). res may be a; out is neither. Its backward needs no fused
+ * kernel: the norm's backward accumulates (+=) into the residual's gradient. */
+void l3d_be_residual_layernorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *res,
+                                       void *out, float *mean, float *rstd, const void *a,
+                                       const void *b, const void *weight, const void *bias,
+                                       int64_t N, int64_t C);
+void l3d_be_residual_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *res,
+                                     void *out, float *rstd, const void *a, const void *b,
+                                     const void *weight, int64_t N, int64_t C, float eps);
+
 /* out (N,C) += bias (C) on every row. */
 void l3d_be_add_bias(struct l3d_backend *be, enum l3d_dtype dt, void *out, const void *bias,
                      int64_t N, int64_t C);

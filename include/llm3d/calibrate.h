@@ -17,8 +17,8 @@
  * The order of l3d_calib_measure (src/plan/calibrate.c says why):
  *   1. rank 0 on all cores, the others asleep: STREAM triad, the backend's element-wise kernels,
  *      one product on all cores (for gemm_thread_eff);
- *   2. every rank on its own core at once: the FMA peak, the linear layer's ladder, attention,
- *      the same products on one core; rank 0's figures are written;
+ *   2. every rank on its own core at once: the FMA peak, the linear layer's grid of shapes (and
+ *      --model's), attention, the same products on one core; rank 0's figures are written;
  *   3. the all-reduces (one node: among all ranks; several: inside each node and between them).
  */
 #ifndef LLM3D_CALIBRATE_H
@@ -39,6 +39,11 @@
  * against the same on one core (gemm_thread_eff) */
 #define L3D_CALIB_THREAD_SHAPES 4
 extern const int64_t l3d_calib_thread_shapes[L3D_CALIB_THREAD_SHAPES][3];
+/* The grid of linear-layer shapes M x N x K (gemm_eff_grid): rows of one smallest side, M, from
+ * 64 to 2048 tokens, N = K from the side to 3072 (the first and last of each row under --quick);
+ * gemm_eff is its measurements bucketed by FLOPs */
+#define L3D_CALIB_GRID 18
+extern const int64_t l3d_calib_grid[L3D_CALIB_GRID][3];
 /* The element-wise kernels in the order of enum l3d_kern, by the backend's names (fp32; the
  * 16-bit AdamW is adamw_mixed) */
 extern const char *const l3d_calib_kern_names[L3D_KERN_N];
@@ -49,6 +54,11 @@ struct l3d_calib {
     bool quick;                      /* shorter measurements, the same figures, noisier */
     bool thread; /* the world has the progress thread (launched across nodes): the pieces
                   * progress by it, else by tests between the products (the trainer's defaults) */
+    /* --model: that model's linear layers (l3d_plan_linear_shapes), measured as they are into
+     * gemm_exact[_T]; n_exact 0: none. model: what they are of, for the file's comment */
+    int n_exact;
+    int64_t exact_shape[L3D_PROFILE_MAX_EXACT][3];
+    char model[200];
     /* the measurements (rank 0's are written) */
     int cores;                       /* devices: cores this process may run on */
     double fma;                      /* fp32 FMA peak of one thread, FLOP/s */
@@ -59,9 +69,13 @@ struct l3d_calib {
     double thr_one_r[L3D_CALIB_MAX_ROUNDS][4], thr_one16_r[2][L3D_CALIB_MAX_ROUNDS][4];
     double bw_one, bw_all;           /* triad, bytes/s: one thread; all cores together */
     size_t triad_bytes;
-    int n_eff;                       /* gemm ladder: flops, fraction of fma, shapes per point */
+    int n_eff;                       /* gemm curve: flops, fraction of fma (from the grid) */
     double eff_flops[L3D_CALIB_MAX_POINTS], eff[L3D_CALIB_MAX_POINTS];
-    int eff_shapes;
+    int eff_shapes;                  /* shapes of the grid measured (l3d_calib_grid) */
+    double grid_eff[L3D_CALIB_GRID], grid16_eff[2][L3D_CALIB_GRID]; /* fraction, by shape */
+    /* the model's shapes: forward + input gradient, weight gradient (fractions) */
+    double exact_eff[L3D_PROFILE_MAX_EXACT], exact_wg[L3D_PROFILE_MAX_EXACT];
+    double exact16_eff[2][L3D_PROFILE_MAX_EXACT], exact16_wg[2][L3D_PROFILE_MAX_EXACT];
     int n_wg;                        /* weight-gradient product: tokens, fraction of fma */
     double wg_tok[L3D_CALIB_MAX_POINTS], wg_eff[L3D_CALIB_MAX_POINTS];
     double k_bw[L3D_KERN_N];         /* element-wise kernels, bytes/s on all cores */

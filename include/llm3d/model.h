@@ -29,8 +29,9 @@
  *   attprojb (L,C) ln2w ln2b (L,C) fcw (L,4C,C) fcb (L,4C) fcprojw (L,C,4C) fcprojb (L,C)
  *   lnfw lnfb (C)
  * restricted to the shard's slice (qkvw keeps its q|k|v blocks, each with the local heads).
- * Llama's (Touvron et al. 2023) take the same names, no biases, no wpe (RoPE), hd = C / NH:
- *   wte (Vp,C) ln1w (L,C) qkvw (L,(NH+2 NKV) hd,C) attprojw (L,C,C) ln2w (L,C)
+ * Llama's (Touvron et al. 2023) take the same names, no biases, no wpe (RoPE), hd a head's size
+ * (l3d_model_head_dim: C / NH unless head_dim sets it apart):
+ *   wte (Vp,C) ln1w (L,C) qkvw (L,(NH+2 NKV) hd,C) attprojw (L,C,NH hd) ln2w (L,C)
  *   fcw (L,2 ffn,C) fcprojw (L,C,ffn) lnfw (C) lmhead (Vp,C) (untied only)
  * qkvw's rows are the q heads, then the k heads, then the v heads (each block restricted to the
  * shard's heads), fcw's the gate rows then the up rows (each restricted to the shard's columns).
@@ -132,6 +133,10 @@ struct l3d_model_spec {
      * RoPE, one weight vector qnormw (hd) for every query head and knormw (hd) for every key
      * head of a layer */
     bool qk_norm;
+    /* A head's size hd (Qwen3 sets it apart from the channels: hidden 2048, 32 heads of 128);
+     * 0: C / NH. The q|k|v product has (NH + 2 NKV) hd rows, the attention output NH hd
+     * channels and the output projection (C, NH hd). Read it through l3d_model_head_dim. */
+    int head_dim;
 };
 
 /* Checks sizes (C divisible by NH, positive values) and the architecture's rules (NH divisible
@@ -141,6 +146,8 @@ struct l3d_model_spec {
 l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg);
 /* Key/value heads: NKV, or NH when NKV is 0. */
 int l3d_model_kv_heads(const struct l3d_model_spec *m);
+/* A head's size: head_dim, or C / NH when head_dim is 0 (0 when NH is). */
+int l3d_model_head_dim(const struct l3d_model_spec *m);
 /* Parameters of the whole model (every tensor, the padded vocabulary's rows included). */
 double l3d_model_param_count(const struct l3d_model_spec *m);
 /* The parameters one token uses: the whole model's but the (experts - top_k) experts of each MoE
@@ -173,7 +180,8 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m);
  * an MLP of 4 C and epsilon 1e-5), which llm.c's files and the manifests of earlier versions
  * describe without an architecture record. */
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m);
-/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = C / NH, host memory):
+/* The rotary embedding's inverse frequencies, out (HS/2 floats, HS = l3d_model_head_dim, host
+ * memory):
  * theta^(-2i/HS) for pair i, with Llama 3.1's scaling when rope.factor > 0 (src/model/rope.c gives
  * the formula and its source); theta 0 means 10000. The table l3d_be_rope_forward takes. */
 void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out);

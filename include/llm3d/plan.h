@@ -88,6 +88,29 @@ struct l3d_profile_wgrad {
     double tokens[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF];
 };
 
+/* Matrix products by their shape (issue 47): efficiency is not a function of the FLOPs alone
+ * (on the quiet AVX-512 core d6's products, M 256 and N, K 384..1536, ran at about 0.65 of the
+ * FMA peak where a curve by FLOPs, whose buckets mixed in products with a side of 64, said
+ * 0.46-0.53). Optional keys gemm_eff_grid[_T]: `MxNxK:fraction` entries, the
+ * forward and input-gradient products of a linear layer of M tokens, K inputs, N outputs
+ * measured on a grid of shapes, read by the smallest side and the FLOPs
+ * (l3d_profile_gemm_eff_shape). gemm_exact[_T]: `MxNxK:F/W` entries, one model's own linear
+ * layers (llm3d bench --calibrate --model), F of the forward and input gradient, W of the
+ * weight gradient, used in place of every curve for a linear layer of exactly that shape
+ * (l3d_profile_exact). n 0: not given. */
+#define L3D_PROFILE_MAX_GRID 48
+#define L3D_PROFILE_MAX_EXACT 32
+struct l3d_profile_grid {
+    int n;
+    double M[L3D_PROFILE_MAX_GRID], N[L3D_PROFILE_MAX_GRID], K[L3D_PROFILE_MAX_GRID];
+    double eff[L3D_PROFILE_MAX_GRID];
+};
+struct l3d_profile_exact {
+    int n;
+    double M[L3D_PROFILE_MAX_EXACT], N[L3D_PROFILE_MAX_EXACT], K[L3D_PROFILE_MAX_EXACT];
+    double eff[L3D_PROFILE_MAX_EXACT], wgrad[L3D_PROFILE_MAX_EXACT];
+};
+
 struct l3d_profile_16 {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* of the run's peak */
@@ -96,6 +119,8 @@ struct l3d_profile_16 {
     bool native; /* optional gemm_native_T = yes: the products run in 16-bit kernels, with no
                   * fp32 copies of their operands (l3d_be_matmul_native) */
     struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad_T (with the four above) */
+    struct l3d_profile_grid grid;   /* optional gemm_eff_grid_T (with the four above) */
+    struct l3d_profile_exact exact; /* optional gemm_exact_T (with the four above) */
 };
 
 struct l3d_profile {
@@ -111,6 +136,8 @@ struct l3d_profile {
     int n_eff;
     double eff_flops[L3D_PROFILE_MAX_EFF], eff[L3D_PROFILE_MAX_EFF]; /* GEMM efficiency curve */
     struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad */
+    struct l3d_profile_grid grid;   /* optional gemm_eff_grid: products by shape */
+    struct l3d_profile_exact exact; /* optional gemm_exact: one model's linear layers */
     double attn_eff, kernel_bw_eff;
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs, by enum l3d_kern; all 0: the median
                                   * kernel_bw_eff for each (l3d_profile_kern_eff) */
@@ -147,7 +174,11 @@ double l3d_profile_gemm_eff(const struct l3d_profile *p, double flops);
  * waves ceil(tiles / compute_units); 1 without compute_units, and for outputs of at most one wave
  * (there the libraries use smaller tiles or split K: the curve's small sizes cover them). */
 double l3d_profile_gemm_waves(const struct l3d_profile *p, double M, double N);
-/* Compute efficiency of an M x N x K product (M x K times K x N) by its shape: the gemm_eff curve
+/* Compute efficiency of an M x N x K product (M x K times K x N) by its shape. With a
+ * gemm_eff_grid: its entries grouped into rows of one smallest side (min(M, N, K)), each row
+ * interpolated linearly in log(FLOPs), the two rows around the product's smallest side then
+ * linearly in log(side); flat beyond the ends; times the shape's wave quantization (each entry's
+ * own divided out). Else the gemm_eff curve
  * at its FLOPs with each measured cube's own wave quantization taken out, times the shape's; at a
  * cube of a gemm_eff point, exactly that point (unless a larger point is less efficient without
  * its quantization: that one's bounds it). Without compute_units, the curve at its FLOPs. The
@@ -158,12 +189,18 @@ double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double 
  * linearly in log(tokens), flat beyond the ends) times the K x N output's wave quantization;
  * without that curve, l3d_profile_gemm_eff_shape(p, K, N, M). */
 double l3d_profile_wgrad_eff(const struct l3d_profile *p, double M, double N, double K);
+/* A gemm_exact entry for a linear layer of M tokens, K inputs, N outputs (each rounded to an
+ * integer): true and *fwd (its forward and input-gradient efficiency), *wgrad (its weight
+ * gradient's), as measured at that shape; false when the profile has none. */
+bool l3d_profile_exact(const struct l3d_profile *p, double M, double N, double K, double *fwd,
+                       double *wgrad);
 /* Fraction of mem_bw that element-wise kernel k reaches: its kernel_bw_effs entry, else
  * kernel_bw_eff. */
 double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k);
 /* The profile as llm3d's trainer runs precision `prec` on it: for bf16 / fp16 with that type's
  * 16-bit keys in the profile, *out is p with gemm_eff, gemm_eff_wgrad (none when the type has
- * none), attn_eff, gemm_thread_eff and kernel_bw_eff replaced by them, and true is returned; else *out is p, false. */
+ * none), attn_eff, gemm_thread_eff and kernel_bw_eff replaced by them (gemm_eff_grid and gemm_exact
+ * by the type's, none when it has none), and true is returned; else *out is p, false. */
 bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_dtype prec, struct l3d_profile *out);
 
 /* ---- one layout ----------------------------------------------------------------------- */
@@ -236,6 +273,14 @@ struct l3d_plan_result {
  * profile's checks (threads a node, the peak) are left out (l3d_plan_memory). */
 l3d_status l3d_plan_check(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                           const struct l3d_plan_run *run, const struct l3d_layout *lay);
+/* The distinct linear-layer shapes a rank of layout lay multiplies for model m (the planner's:
+ * maxT the sequence planned), as the planner times them: M tokens (a micro-batch's, b s / cp; a
+ * MoE expert's balanced share of the routed rows, b s top_k / experts), N outputs, K inputs,
+ * the widths divided by tp: QKV, the attention projection, the MLP's two (dense, or the router,
+ * the experts' and the shared experts'), the LM head. Into out[0..max); returns their number.
+ * `llm3d bench --calibrate --model` measures them (gemm_exact). */
+int l3d_plan_linear_shapes(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                           int64_t (*out)[3], int max);
 l3d_status l3d_plan_evaluate(const struct l3d_model_spec *m, const struct l3d_profile *prof,
                              const struct l3d_plan_run *run, const struct l3d_layout *lay,
                              struct l3d_plan_result *r);

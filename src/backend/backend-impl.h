@@ -132,6 +132,12 @@ struct l3d_backend_i {
     /* out (N) = a + b. Its backward is add_inplace twice. */
     void (*residual_forward)(void *ctx, enum l3d_dtype dt, void *out, const void *a, const void *b,
                              int64_t N);
+    /* optional (NULL: residual_forward, then the norm): res (N,C) = a + b, then out (N,C) the
+     * norm of res, LayerNorm (mean not NULL; weight, bias) or RMSNorm (mean NULL, bias NULL;
+     * weight, eps), in one pass; the same bits as the pair. res may be a, not out. */
+    void (*residual_norm_forward)(void *ctx, enum l3d_dtype dt, void *res, void *out, float *mean,
+                                  float *rstd, const void *a, const void *b, const void *weight,
+                                  const void *bias, int64_t N, int64_t C, float eps);
     /* dst (N) += src. */
     void (*add_inplace)(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N);
     /* out (N,C) += bias (C) on every row. */

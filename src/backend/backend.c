@@ -356,6 +356,37 @@ void l3d_be_residual_forward(struct l3d_backend *be, enum l3d_dtype dt, void *ou
           be->i->residual_forward(be->ctx, dt, out, a, b, N));
 }
 
+/* The fused kernel where the backend has one, counted as a norm reading a and b and writing res
+ * and out; else the unfused pair, each counted as itself. */
+void l3d_be_residual_layernorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *res,
+                                       void *out, float *mean, float *rstd, const void *a,
+                                       const void *b, const void *weight, const void *bias,
+                                       int64_t N, int64_t C) {
+    L3D_ASSERT(mean && out != res && out != a);
+    if (!be->i->residual_norm_forward) {
+        l3d_be_residual_forward(be, dt, res, a, b, N * C);
+        l3d_be_layernorm_forward(be, dt, out, mean, rstd, res, weight, bias, N, C);
+        return;
+    }
+    KCALL(L3D_KF_NORMS, "residual_layernorm_forward", (double)N * C * 4 * esz(dt),
+          be->i->residual_norm_forward(be->ctx, dt, res, out, mean, rstd, a, b, weight, bias, N,
+                                       C, 0.0f));
+}
+
+void l3d_be_residual_rmsnorm_forward(struct l3d_backend *be, enum l3d_dtype dt, void *res,
+                                     void *out, float *rstd, const void *a, const void *b,
+                                     const void *weight, int64_t N, int64_t C, float eps) {
+    L3D_ASSERT(out != res && out != a);
+    if (!be->i->residual_norm_forward) {
+        l3d_be_residual_forward(be, dt, res, a, b, N * C);
+        l3d_be_rmsnorm_forward(be, dt, out, rstd, res, weight, N, C, eps);
+        return;
+    }
+    KCALL(L3D_KF_NORMS, "residual_rmsnorm_forward", (double)N * C * 4 * esz(dt),
+          be->i->residual_norm_forward(be->ctx, dt, res, out, NULL, rstd, a, b, weight, NULL, N,
+                                       C, eps));
+}
+
 void l3d_be_add_inplace(struct l3d_backend *be, enum l3d_dtype dt, void *dst, const void *src,
                         int64_t N) {
     KCALL(L3D_KF_ELEMENTWISE, "add_inplace", (double)N * 3 * esz(dt),

@@ -440,6 +440,23 @@ static void chk_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const 
     const char *k = "residual_forward";
     l3d_be_residual_forward(IN(c), dt, D(out, n, k), D(a, n, k), D(b, n, k), N);
 }
+/* the fused kernel of the backend behind, its extents checked as the pair's would be */
+static void chk_residual_norm_forward(void *ctx, enum l3d_dtype dt, void *res, void *out,
+                                      float *mean, float *rstd, const void *a, const void *b,
+                                      const void *weight, const void *bias, int64_t N, int64_t C,
+                                      float eps) {
+    struct chk *c = ctx;
+    size_t e = l3d_dtype_size(dt), n = (size_t)(N * C) * e;
+    const char *k = mean ? "residual_layernorm_forward" : "residual_rmsnorm_forward";
+    void *r = D(res, n, k), *o = D(out, n, k);
+    const void *x = D(a, n, k), *y = D(b, n, k), *w = D(weight, C * e, k);
+    float *sd = D(rstd, N * 4, k);
+    if (mean)
+        l3d_be_residual_layernorm_forward(IN(c), dt, r, o, D(mean, N * 4, k), sd, x, y, w,
+                                          D(bias, C * e, k), N, C);
+    else
+        l3d_be_residual_rmsnorm_forward(IN(c), dt, r, o, sd, x, y, w, N, C, eps);
+}
 static void chk_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
     struct chk *c = ctx;
     size_t n = (size_t)N * l3d_dtype_size(dt);
@@ -638,6 +655,7 @@ static const struct l3d_backend_i check_backend_i = {
     .gelu_forward = chk_gelu_forward,
     .gelu_backward = chk_gelu_backward,
     .residual_forward = chk_residual_forward,
+    .residual_norm_forward = chk_residual_norm_forward,
     .add_inplace = chk_add_inplace,
     .add_bias = chk_add_bias,
     .moe_route = chk_moe_route,

@@ -24,6 +24,7 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu_attn16.h"
+#include "backend/cpu_ew.h"
 #include "llm3d/core.h"
 
 #define L3D_MAX_THREADS 256
@@ -50,9 +51,6 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha
                   "dnnl_sgemm(%c,%c,M=%lld,N=%lld,K=%lld) failed with status %d", ta, tb,
                   (long long)M, (long long)N, (long long)K, (int)st);
 }
-
-/* tanh(u) = 1 - 2 / (exp(2u) + 1); saturates correctly at both ends through the clamp above. */
-static inline float fast_tanhf(float u) { return 1.0f - 2.0f / (fast_expf(2.0f * u) + 1.0f); }
 
 /* [lo, hi) of n items for thread tid of nth: the fixed static partition reductions rely on. */
 static inline void chunk(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
@@ -711,21 +709,41 @@ static inline void rms_backward_row(float *di, const float *x, const float *d,
     for (int64_t c = 0; c < C; c++) di[c] += r * (d[c] * weight[c] - x[c] * r * sgx);
 }
 
+/* Row n's residual sum res = inp + add (=, rounded to dt), the row the norm then reads: the
+ * 16-bit sum widened back from its rounding, so that the norm sees what the unfused pair's
+ * residual_forward stored (the same bits). fp32: res itself; 16-bit: x (C floats) and y (C). */
+static const float *residual_row(enum l3d_dtype dt, void *res, const void *inp, const void *add,
+                                 int64_t n, int64_t C, float *x, float *y) {
+    void *rp = at(dt, res, n * C);
+    float *r = row_out(dt, x, rp);
+    const float *a = row_in(dt, x, at(dt, inp, n * C), C);
+    const float *b = row_in(dt, y, at(dt, add, n * C), C);
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) r[c] = a[c] + b[c];
+    if (dt == L3D_F32) return r;
+    row_done(dt, rp, r, C);
+    to_f32(dt, x, rp, C);
+    return x;
+}
+
 /* The rows of a normalisation over threads: LayerNorm (mean not NULL; bias bf) or RMSNorm (mean
  * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
- * and rounded back once. */
+ * and rounded back once. With add (not NULL) the rows normalised are res = inp + add, written
+ * first (residual_row): the residual add and the norm in one pass over the rows. */
 static void norm_forward_rows(enum l3d_dtype dt, void *out, float *mean, float *rstd,
                               const void *inp, const float *wf, const float *bf, int64_t N,
-                              int64_t C, float eps) {
-    float *scr = is16(dt) ? thread_scratch(C, "normalisation scratch") : NULL;
+                              int64_t C, float eps, void *res, const void *add) {
+    const int64_t per = add ? 2 * C : C;
+    float *scr = is16(dt) ? thread_scratch(per, "normalisation scratch") : NULL;
 #pragma omp parallel
     {
-        float *x = off(scr, omp_get_thread_num() * C); /* 16-bit: the row, in place */
+        float *x = off(scr, omp_get_thread_num() * per); /* 16-bit: the row, in place */
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             void *op = at(dt, out, n * C);
             float *o = row_out(dt, x, op);
-            const float *xi = row_in(dt, x, at(dt, inp, n * C), C);
+            const float *xi = add ? residual_row(dt, res, inp, add, n, C, x, off(x, C))
+                                  : row_in(dt, x, at(dt, inp, n * C), C);
             if (mean)
                 ln_forward_row(o, mean + n, rstd + n, xi, wf, bf, C);
             else
@@ -744,7 +762,7 @@ static void cpu_layernorm_forward(void *ctx, enum l3d_dtype dt, void *out, float
     F32_OR_16("layernorm_forward");
     float *wc, *bc;
     const float *wf = param_f32(dt, weight, C, &wc), *bf = param_f32(dt, bias, C, &bc);
-    norm_forward_rows(dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS);
+    norm_forward_rows(dt, out, mean, rstd, inp, wf, bf, N, C, L3D_LN_EPS, NULL, NULL);
     l3d_free(bc);
     l3d_free(wc);
 }
@@ -1426,44 +1444,31 @@ static void attention_naive_backward_f32(void *ctx, float *dqkv, float *datt, co
 
 /* ---- GELU, residual --------------------------------------------------------------------- */
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-
-static inline float gelu_f(float x) {
-    float u = GELU_K * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + fast_tanhf(u));
-}
-/* d gelu(x) / dx */
-static inline float gelu_df(float x) {
-    float u = GELU_K * (x + 0.044715f * x * x * x);
-    float th = fast_tanhf(u);
-    float sech2 = 1.0f - th * th;
-    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
-/* Elementwise kernels: y (N) = gelu(a), y += gelu'(a) * b (b = dout), or y = a + b. */
-enum ew_op { EW_GELU, EW_GELU_BACKWARD, EW_ADD };
-
-static inline void ew_rows(enum ew_op op, float *y, const float *a, const float *b, int64_t n) {
-    switch (op) {
-    case EW_GELU:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) y[i] = gelu_f(a[i]);
-        break;
-    case EW_GELU_BACKWARD:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) y[i] += gelu_df(a[i]) * b[i];
-        break;
-    case EW_ADD:
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-        break;
+/* GELU, tanh form (Hendrycks & Gimpel 2016): each thread its static chunk of the N elements
+ * through cpu_ew.c's rows, in AVX-512 / AVX2 where the CPU has them (the same bits on every
+ * path), 16-bit elements widened and rounded in registers. dy NULL: y = gelu(x); else
+ * y += gelu'(x) dy. */
+static void gelu_par(enum l3d_dtype dt, void *y, const void *x, const void *dy, int64_t N) {
+    const enum l3d_simd isa = l3d_cpu_simd();
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        chunk(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo)
+            l3d_cpu_gelu_rows(isa, dt, at(dt, y, lo), at(dt, x, lo), dy ? at(dt, dy, lo) : NULL,
+                              hi - lo);
     }
+}
+
+/* Elementwise y (N) = a + b (y may be a: add_inplace). */
+static inline void ew_add(float *y, const float *a, const float *b, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
 /* Each thread its static chunk of the N elements: fp32 in place, 16-bit in blocks of L3D_BLK
  * widened on the stack, each output rounded once. y may be a (add_inplace). */
-static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const void *b,
-               int64_t N) {
+static void ew(enum l3d_dtype dt, void *y, const void *a, const void *b, int64_t N) {
 #pragma omp parallel
     {
         const struct span sp = thread_span(dt, N);
@@ -1471,9 +1476,8 @@ static void ew(enum ew_op op, enum l3d_dtype dt, void *y, const void *a, const v
             int64_t n = span_len(sp, i0);
             float yb[L3D_BLK], ab[L3D_BLK], bb[L3D_BLK];
             void *yp = at(dt, y, i0);
-            float *yf = op == EW_GELU_BACKWARD ? row_io(dt, yb, yp, n) : row_out(dt, yb, yp);
-            ew_rows(op, yf, row_in(dt, ab, at(dt, a, i0), n),
-                    op == EW_GELU ? NULL : row_in(dt, bb, at(dt, b, i0), n), n);
+            float *yf = row_out(dt, yb, yp);
+            ew_add(yf, row_in(dt, ab, at(dt, a, i0), n), row_in(dt, bb, at(dt, b, i0), n), n);
             row_done(dt, yp, yf, n);
         }
     }
@@ -1483,24 +1487,24 @@ static void cpu_gelu_forward(void *ctx, enum l3d_dtype dt, void *out, const void
                              int64_t N) {
     (void)ctx;
     F32_OR_16("gelu_forward");
-    ew(EW_GELU, dt, out, inp, NULL, N);
+    gelu_par(dt, out, inp, NULL, N);
 }
 static void cpu_gelu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const void *dout,
                               const void *inp, int64_t N) {
     (void)ctx;
     F32_OR_16("gelu_backward");
-    ew(EW_GELU_BACKWARD, dt, dinp, inp, dout, N);
+    gelu_par(dt, dinp, inp, dout, N);
 }
 static void cpu_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const void *a,
                                  const void *b, int64_t N) {
     (void)ctx;
     F32_OR_16("residual_forward");
-    ew(EW_ADD, dt, out, a, b, N);
+    ew(dt, out, a, b, N);
 }
 static void cpu_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src, int64_t N) {
     (void)ctx;
     F32_OR_16("add_inplace");
-    ew(EW_ADD, dt, dst, dst, src, N);
+    ew(dt, dst, dst, src, N);
 }
 
 // out (N,C) += bias (C) on every row
@@ -1532,7 +1536,24 @@ static void cpu_rmsnorm_forward(void *ctx, enum l3d_dtype dt, void *out, float *
     F32_OR_16("rmsnorm_forward");
     float *wc;
     const float *wf = param_f32(dt, weight, C, &wc);
-    norm_forward_rows(dt, out, NULL, rstd, inp, wf, NULL, N, C, eps);
+    norm_forward_rows(dt, out, NULL, rstd, inp, wf, NULL, N, C, eps, NULL, NULL);
+    l3d_free(wc);
+}
+
+/* res (N,C) = a + b, then out (N,C) = LayerNorm(res) (mean not NULL; weight, bias) or
+ * RMSNorm(res) (mean NULL; weight, eps): the residual add and the next norm in one pass, the
+ * same bits as residual_forward then the norm. */
+static void cpu_residual_norm_forward(void *ctx, enum l3d_dtype dt, void *res, void *out,
+                                      float *mean, float *rstd, const void *a, const void *b,
+                                      const void *weight, const void *bias, int64_t N, int64_t C,
+                                      float eps) {
+    (void)ctx;
+    F32_OR_16("residual_norm_forward");
+    float *wc, *bc = NULL;
+    const float *wf = param_f32(dt, weight, C, &wc);
+    const float *bf = mean ? param_f32(dt, bias, C, &bc) : NULL;
+    norm_forward_rows(dt, out, mean, rstd, a, wf, bf, N, C, mean ? L3D_LN_EPS : eps, res, b);
+    l3d_free(bc);
     l3d_free(wc);
 }
 
@@ -2140,6 +2161,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
+    .residual_norm_forward = cpu_residual_norm_forward,
     .add_inplace = cpu_add_inplace,
     .add_bias = cpu_add_bias,
     .moe_route = l3d_cpu_moe_route,

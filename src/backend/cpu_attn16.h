@@ -14,6 +14,20 @@
 #define L3D_FA_BQ 64
 #define L3D_FA_BK 64
 
+/* Element i of a buffer of type t (fp32, bf16, fp16) read as fp32 (exact), or written from fp32
+ * rounded to nearest even (bf16 as l3d_bf16_narrow, NaN kept quiet). */
+static inline float l3d_cpu_ld(enum l3d_dtype t, const void *p, int64_t i) {
+    if (t == L3D_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == L3D_BF16 ? l3d_bf16_widen(h) : l3d_f16_to_f32(h);
+}
+static inline void l3d_cpu_st(enum l3d_dtype t, void *p, int64_t i, float v) {
+    if (t == L3D_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_bf16_narrow(v) : l3d_f32_to_f16(v);
+}
+
 /* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
  * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
  * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */

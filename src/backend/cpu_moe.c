@@ -11,19 +11,11 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "backend/cpu_attn16.h"
 
-static inline float ld(enum l3d_dtype t, const void *p, int64_t i) {
-    if (t == L3D_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == L3D_BF16 ? l3d_bf16_widen(h) : l3d_f16_to_f32(h);
-}
-
-static inline void st(enum l3d_dtype t, void *p, int64_t i, float v) {
-    if (t == L3D_F32)
-        ((float *)p)[i] = v;
-    else
-        ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_f32_to_bf16(v) : l3d_f32_to_f16(v);
-}
+/* one element as fp32, and back rounded once (cpu_attn16.h), under short names */
+#define ld l3d_cpu_ld
+#define st l3d_cpu_st
 
 static void check_types(const char *kernel, enum l3d_dtype dt) {
     if (dt != L3D_F32 && dt != L3D_BF16 && dt != L3D_F16)

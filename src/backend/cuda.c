@@ -657,6 +657,16 @@ static void cuda_residual_forward(void *ctx, enum l3d_dtype dt, void *out, const
                                   const void *b, int64_t N) {
     ew(ctx, 2, dt, out, a, b, N, "residual_forward");
 }
+static void cuda_residual_norm_forward(void *ctx, enum l3d_dtype dt, void *res, void *out,
+                                       float *mean, float *rstd, const void *a, const void *b,
+                                       const void *weight, const void *bias, int64_t N, int64_t C,
+                                       float eps) {
+    struct cuda_ctx *cx = ctx;
+    const char *k = mean ? "residual_layernorm_forward" : "residual_rmsnorm_forward";
+    l3d_cuk_residual_norm_forward(kt(dt, k), res, out, mean, rstd, a, b, weight, bias, N, C, eps,
+                                  cx->stream);
+    launched(k);
+}
 static void cuda_add_inplace(void *ctx, enum l3d_dtype dt, void *dst, const void *src,
                              int64_t N) {
     ew(ctx, 2, dt, dst, dst, src, N, "add_inplace");
@@ -808,6 +818,7 @@ static const struct l3d_backend_i cuda_backend_i = {
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,
     .residual_forward = cuda_residual_forward,
+    .residual_norm_forward = cuda_residual_norm_forward,
     .add_inplace = cuda_add_inplace,
     .add_bias = cuda_add_bias,
     .moe_route = cuda_moe_route,

@@ -103,13 +103,24 @@ __global__ void encoder_backward_wpe_k(G *dwpe, const T *dout, int64_t B, int64_
 
 #define LN_EPS 1e-5f
 
+/* With add (not NULL): res's row = inp's + add's, rounded to T, and the row normalised is res's
+ * (the residual add and the norm in one pass; each lane reads back only what it wrote). */
+template <typename T>
+__device__ const T *residual_row(T *res, const T *inp, const T *add, int64_t row, int64_t C,
+                                 int lane) {
+    if (!add) return inp + row * C;
+    for (int64_t c = lane; c < C; c += 32)
+        st(res + row * C + c, ld(inp + row * C + c) + ld(add + row * C + c));
+    return res + row * C;
+}
+
 template <typename T>
 __global__ void layernorm_forward_k(T *out, float *mean, float *rstd, const T *inp, const T *w,
-                                    const T *b, int64_t N, int64_t C) {
+                                    const T *b, int64_t N, int64_t C, T *res, const T *add) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= N) return;
-    const T *x = inp + row * C;
+    const T *x = residual_row(res, inp, add, row, C, lane);
     float s = 0.0f;
     for (int64_t c = lane; c < C; c += 32) s += ld(x + c);
     float m = warp_sum(s) / (float)C;
@@ -177,11 +188,11 @@ __global__ void colsum_k(G *g, const T *x, const T *inp, const float *mean, cons
 
 template <typename T>
 __global__ void rmsnorm_forward_k(T *out, float *rstd, const T *inp, const T *w, int64_t N,
-                                  int64_t C, float eps) {
+                                  int64_t C, float eps, T *res, const T *add) {
     const int64_t row = warp_row();
     const int lane = warp_lane();
     if (row >= N) return;
-    const T *x = inp + row * C;
+    const T *x = residual_row(res, inp, add, row, C, lane);
     float s = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
         float a = ld(x + c);
@@ -669,7 +680,24 @@ void l3d_cuk_layernorm_forward(int dt, void *out, float *mean, float *rstd, cons
     if (L.blocks == 0) return;
     DISPATCH(dt, (layernorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
                      (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N,
-                     C)));
+                     C, (T *)NULL, (const T *)NULL)));
+}
+
+void l3d_cuk_residual_norm_forward(int dt, void *res, void *out, float *mean, float *rstd,
+                                   const void *a, const void *b, const void *weight,
+                                   const void *bias, int64_t N, int64_t C, float eps,
+                                   void *stream) {
+    struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
+    if (L.blocks == 0) return;
+    if (mean) {
+        DISPATCH(dt, (layernorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                         (T *)out, mean, rstd, (const T *)a, (const T *)weight, (const T *)bias,
+                         N, C, (T *)res, (const T *)b)));
+    } else {
+        DISPATCH(dt, (rmsnorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
+                         (T *)out, rstd, (const T *)a, (const T *)weight, N, C, eps, (T *)res,
+                         (const T *)b)));
+    }
 }
 
 static void colsum(int mode, int dt, int gdt, void *g, const void *x, const void *inp,
@@ -745,7 +773,8 @@ void l3d_cuk_rmsnorm_forward(int dt, void *out, float *rstd, const void *inp, co
     struct l3d_cuda_launch L = l3d_cuda_launch_rows(N, kRowWarps);
     if (L.blocks == 0) return;
     DISPATCH(dt, (rmsnorm_forward_k<T><<<L.blocks, L.threads, 0, ST(stream)>>>(
-                     (T *)out, rstd, (const T *)inp, (const T *)weight, N, C, eps)));
+                     (T *)out, rstd, (const T *)inp, (const T *)weight, N, C, eps, (T *)NULL,
+                     (const T *)NULL)));
 }
 
 void l3d_cuk_rmsnorm_backward(int dt, int gdt, void *dinp, void *dweight, const void *dout,

@@ -53,6 +53,12 @@ void l3d_cuk_encoder_backward_wpe(int dt, int gdt, void *dwpe, const void *dout,
 void l3d_cuk_layernorm_forward(int dt, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int64_t N, int64_t C,
                                void *stream);
+/* res (N,C) = a + b, then out its LayerNorm (mean not NULL) or RMSNorm (mean NULL, eps): one
+ * warp a row, the pair's arithmetic */
+void l3d_cuk_residual_norm_forward(int dt, void *res, void *out, float *mean, float *rstd,
+                                   const void *a, const void *b, const void *weight,
+                                   const void *bias, int64_t N, int64_t C, float eps,
+                                   void *stream);
 void l3d_cuk_layernorm_backward(int dt, int gdt, void *dinp, void *dweight, void *dbias,
                                 const void *dout, const void *inp, const void *weight,
                                 const float *mean, const float *rstd, int64_t N, int64_t C,

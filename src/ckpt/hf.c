@@ -120,15 +120,15 @@ static void read_rope_scaling(struct cfg_reader *r, struct l3d_model_spec *m) {
     r->st = sub.st;
 }
 
-/* The check of head_dim, which must be channels / heads. */
-static void read_head_dim(struct cfg_reader *r, const struct l3d_arch_info *a, const char *key,
-                          const struct l3d_model_spec *m) {
-    if (r->st == L3D_OK && m->NH > 0 && get_int(r, key, m->C / m->NH, 1 << 20) != m->C / m->NH &&
-        r->st == L3D_OK)
-        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %d, not %s / %s (%d): llm3d cannot "
-                          "honour it", r->what, key, get_int(r, key, 1, 1 << 20),
-                          l3d_arch_key_of(a, L3D_KEY_CHANNELS)->key,
-                          l3d_arch_key_of(a, L3D_KEY_HEADS)->key, m->C / m->NH);
+/* head_dim: a head's size, channels / heads when absent or null (Qwen3 sets it apart: 128 over
+ * hidden 2048 and 32 heads); kept 0 when it is channels / heads, as a spec without it. */
+static void read_head_dim(struct cfg_reader *r, const char *key, struct l3d_model_spec *m) {
+    if (r->st != L3D_OK || m->NH <= 0) return;
+    int hd = get_int(r, key, m->C % m->NH == 0 ? m->C / m->NH : 0, 1 << 20);
+    if (r->st == L3D_OK && hd < 1)
+        r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" missing, and %d channels do not split "
+                          "into %d heads: give the head size", r->what, key, m->C, m->NH);
+    m->head_dim = (int64_t)hd * m->NH == m->C ? 0 : hd;
 }
 
 /* The load-balancing loss coefficient: counted by Hugging Face only when output_router_logits
@@ -195,7 +195,7 @@ static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
     case L3D_KEY_CHANNELS: m->C = get_int(r, key, dflt, L3D_MAX_CHANNELS); break;
     case L3D_KEY_HEADS: m->NH = get_int(r, key, dflt, 1 << 16); break;
     case L3D_KEY_KV_HEADS: m->NKV = get_int(r, key, m->NH, 1 << 16); break;
-    case L3D_KEY_HEAD_DIM: read_head_dim(r, a, key, m); break;
+    case L3D_KEY_HEAD_DIM: read_head_dim(r, key, m); break;
     case L3D_KEY_FFN: m->ffn = get_int(r, key, dflt, 16LL * L3D_MAX_CHANNELS); break;
     case L3D_KEY_VOCAB: m->V = get_int(r, key, dflt, 1 << 30); break;
     case L3D_KEY_CONTEXT: m->maxT = get_int(r, key, dflt, L3D_MAX_CONTEXT); break;
@@ -216,6 +216,19 @@ static void read_key(struct cfg_reader *r, const struct l3d_arch_info *a,
     case L3D_KEY_FIXED: want_fixed(r, key, dflt, k->why); break;
     case L3D_KEY_EMPTY: want_empty(r, key, k->why); break;
     }
+}
+
+/* The experts a token picks against those a layer has (both at least 1: get_int), named as the
+ * file names them: the model's own rule (l3d_moe_spec_check) names train's flags. */
+static void check_top_k(struct cfg_reader *r, const struct l3d_arch_info *a,
+                        const struct l3d_model_spec *m) {
+    const struct l3d_arch_key *k = l3d_arch_key_of(a, L3D_KEY_TOP_K);
+    const struct l3d_arch_key *e = l3d_arch_key_of(a, L3D_KEY_EXPERTS);
+    if (r->st != L3D_OK || !k || !e || m->moe.top_k <= m->moe.experts) return;
+    r->st = l3d_error(L3D_ERR_FORMAT, "%s: \"%s\" is %d but \"%s\" is %d: each token picks 1 to "
+                      "%d of a layer's experts; give \"%s\" at most %d in the file", r->what,
+                      k->key, m->moe.top_k, e->key, m->moe.experts, m->moe.experts, k->key,
+                      m->moe.experts);
 }
 
 l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
@@ -239,6 +252,7 @@ l3d_status l3d_hf_config_parse(const char *text, size_t len, const char *what,
         /* Mixtral: the experts' width is the only MLP width; its router always renormalises */
         if (a->moe && !l3d_arch_key_of(a, L3D_KEY_FFN)) cfg->ffn = cfg->moe.ffn;
         if (a->moe && !l3d_arch_key_of(a, L3D_KEY_NORM_TOPK)) cfg->moe.norm_topk = true;
+        check_top_k(&r, a, cfg);
     } else if (st == L3D_OK) {
         if (type) snprintf(b, sizeof b, "\"%.40s\"", type);
         r.st = l3d_error(L3D_ERR_FORMAT, "%s: \"model_type\" is %s: llm3d reads %s", what,
@@ -307,7 +321,7 @@ static void write_key(FILE *f, const struct l3d_arch_key *k, const struct l3d_mo
     case L3D_KEY_CHANNELS: fprintf(f, "%d", m->C); break;
     case L3D_KEY_HEADS: fprintf(f, "%d", m->NH); break;
     case L3D_KEY_KV_HEADS: fprintf(f, "%d", l3d_model_kv_heads(m)); break;
-    case L3D_KEY_HEAD_DIM: fprintf(f, "%d", m->C / m->NH); break;
+    case L3D_KEY_HEAD_DIM: fprintf(f, "%d", l3d_model_head_dim(m)); break;
     case L3D_KEY_FFN: /* null: the default width 4C of an optional key */
         if (k->dflt == 0 && m->ffn == 4LL * m->C) fprintf(f, "null");
         else fprintf(f, "%lld", (long long)m->ffn);

@@ -28,7 +28,7 @@ static bool is_full_shard(const struct l3d_gpt *m) {
  * not read): the fields of the model spec beyond GPT-2's sizes, the mixture of experts' included
  * (llm.c's own versions have none: a MoE model is never one of them); reals as their bits
  * (floats one word, doubles two). */
-enum { ARCH_WORD = 8, ARCH_WORDS = 31 };
+enum { ARCH_WORD = 8, ARCH_WORDS = 32 };
 
 static void put_double(int32_t *w, double x) { memcpy(w, &x, sizeof x); }
 static double get_double(const int32_t *w) {
@@ -64,6 +64,7 @@ static void arch_to_header(const struct l3d_model_spec *c, int32_t *w) {
     put_double(&w[26], e->z_coef);
     put_double(&w[28], e->capacity_factor);
     w[30] = c->qk_norm; /* header word 38 (0 in files before QK-norm) */
+    w[31] = c->head_dim; /* header word 39: 0 for channels / heads (and in files before it) */
 }
 
 /* The architecture words into cfg (its sizes set), each enum checked before it is stored. */
@@ -102,6 +103,11 @@ static l3d_status arch_from_header(const int32_t *w, const char *path, struct l3
                          "1: the file is damaged or from a newer llm3d", path, ARCH_WORD + 30,
                          w[30]);
     c->qk_norm = w[30] != 0;
+    if (w[31] < 0 || w[31] > L3D_MAX_CHANNELS)
+        return l3d_error(L3D_ERR_FORMAT, "%s: architecture word %d (head size) holds %d, not 0 "
+                         "to %d: the file is damaged or from a newer llm3d", path, ARCH_WORD + 31,
+                         w[31], L3D_MAX_CHANNELS);
+    c->head_dim = w[31];
     return L3D_OK;
 }
 

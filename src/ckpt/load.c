@@ -439,12 +439,13 @@ l3d_status l3d_ckpt_load(const char *dir, struct l3d_comm *world,
     const struct l3d_model_spec *a = &mf.cfg, *b = &m[0]->cfg;
     if (st == L3D_OK && !same_config(a, b))
         st = l3d_error(L3D_ERR_FORMAT, "%s holds a model L=%d C=%d NH=%d V=%d context=%d (%s, "
-                       "%d key/value heads, MLP %lld%s), not the configured L=%d C=%d NH=%d V=%d "
-                       "context=%d (%s, %d, %lld%s): give the model flags it was trained with",
-                       mf.path, a->L, a->C, a->NH, a->V, a->maxT, l3d_arch_name(a->arch),
-                       l3d_model_kv_heads(a), (long long)a->ffn, a->qk_norm ? ", qk-norm" : "",
-                       b->L, b->C, b->NH, b->V, b->maxT, l3d_arch_name(b->arch),
-                       l3d_model_kv_heads(b), (long long)b->ffn, b->qk_norm ? ", qk-norm" : "");
+                       "%d key/value heads of %d, MLP %lld%s), not the configured L=%d C=%d NH=%d "
+                       "V=%d context=%d (%s, %d of %d, %lld%s): give the model flags it was "
+                       "trained with", mf.path, a->L, a->C, a->NH, a->V, a->maxT,
+                       l3d_arch_name(a->arch), l3d_model_kv_heads(a), l3d_model_head_dim(a),
+                       (long long)a->ffn, a->qk_norm ? ", qk-norm" : "", b->L, b->C, b->NH, b->V,
+                       b->maxT, l3d_arch_name(b->arch), l3d_model_kv_heads(b),
+                       l3d_model_head_dim(b), (long long)b->ffn, b->qk_norm ? ", qk-norm" : "");
     if (st == L3D_OK)
         st = check_dtypes(&mf, l3d_ckpt_params_dtype(m[0]), L3D_CKPT_MOMENTS_DTYPE,
                           "this run keeps",

@@ -42,7 +42,9 @@ void l3d_ckpt_manifest_print(char *buf, size_t cap, const struct l3d_model_spec 
             c->mlp == L3D_MLP_SWIGLU, (long long)c->ffn, c->pos == L3D_POS_ROPE, c->rope.theta,
             c->rope.factor, c->rope.low_freq_factor, c->rope.high_freq_factor,
             c->rope.original_context, c->no_bias, c->untied);
-        OUT("%s\n", c->qk_norm ? " qk_norm 1" : ""); /* QK-norm: optional, absent before it */
+        OUT("%s", c->qk_norm ? " qk_norm 1" : ""); /* QK-norm: optional, absent before it */
+        if (c->head_dim > 0) OUT(" head_dim %d", c->head_dim); /* absent: channels / heads */
+        OUT("\n");
     }
     if (c->moe.experts > 0)
         OUT("moe experts %d top_k %d ffn %lld shared %d dense %d norm_topk %d aux %a z %a "
@@ -294,6 +296,7 @@ static void rec_arch(struct parser *p) {
     c->no_bias = get_flag(p, "no_bias");
     c->untied = get_flag(p, "untied");
     c->qk_norm = has_field(p, "qk_norm") && get_flag(p, "qk_norm"); /* absent before QK-norm */
+    c->head_dim = has_field(p, "head_dim") ? get_int(p, "head_dim", 1, FIELD_MAX) : 0;
     if (p->st == L3D_OK && l3d_gpt_config_finish(c) != L3D_OK)
         p->st = l3d_error(L3D_ERR_FORMAT, "%s line %d: the architecture is not a valid model "
                           "(%s): the manifest is damaged", mf->path, p->line, l3d_error_message());

@@ -7,64 +7,101 @@
  * The command's flags and what it prints; the measurements and the file are the library's
  * (include/llm3d/calibrate.h, src/plan/calibrate*.c).
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "llm3d/calibrate.h"
 #include "llm3d/comm.h"
+#include "llm3d/plan.h"
+#include "llm3d/spec.h"
 
 #define CMD "bench"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate [--out FILE] [--quick]\n\n"
+            "usage: OMP_NUM_THREADS=1 mpiexec -n 2 llm3d bench --calibrate [--out FILE] [--quick]\n"
+            "       [--model NAME [model flags] [--batch B] [--seq-len T] [--tp N] [--cp N] "
+            "[--ep N]]\n\n"
             "Measures this machine (a device is one core) and writes its system profile for llm3d "
-            "plan\n(profiles/README.md): FMA peak, linear-layer efficiency against size, memory and "
+            "plan\n(profiles/README.md): FMA peak, linear-layer efficiency by shape, memory and "
             "element-wise\nkernel bandwidth, attention efficiency, MPI all-reduce bandwidth and "
             "latency between the ranks;\nlaunched on several nodes with as many ranks each, "
-            "also between the nodes (a two-level profile).\n"
-            "  --out FILE   where to write it (default: local.prof in this directory)\n"
-            "  --quick      shorter measurements (about a fifth of the time; noisier figures)\n");
+            "also between the nodes (a two-level profile).\nWith a model (--model or its size "
+            "flags), also that model's own linear layers as llm3d plan\nplans them for the "
+            "layout's --batch, --seq-len, --tp, --cp and --ep (gemm_exact: the planner takes\n"
+            "them first for products of those shapes). The other layout and precision flags are "
+            "read and\nchange nothing: every precision is measured.\n");
 }
 
-/* --out FILE and --quick into *out and c; -1 to go on, else the exit status */
-static int parse_flags(int argc, char **argv, const char **out, struct l3d_calib *c) {
-    static const struct option opts[] = {
-        {"calibrate", no_argument, NULL, 'c'}, {"out", required_argument, NULL, 'o'},
-        {"quick", no_argument, NULL, 'q'},     {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int o;
-    optind = 1;
-    opterr = 0;
-    while ((o = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c': break;
-        case 'o': *out = optarg; break;
-        case 'q': c->quick = true; break;
-        case 'h': usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "llm3d " CMD ": %s needs a value (see llm3d bench --calibrate --help)\n",
-                    argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "llm3d " CMD ": --calibrate takes only --out FILE and --quick, not '%s'"
-                    " (it measures the machine, not a model)\n", argv[optind - 1]);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "llm3d " CMD ": unexpected argument '%s' (flags only; see llm3d bench "
-                "--calibrate --help)\n", argv[optind]);
+enum { C_CALIBRATE, C_OUT, C_QUICK };
+static const struct l3d_flag calib_flags[] = {
+    {"calibrate", NULL, C_CALIBRATE, "measure this machine and write its profile"},
+    {"out", "FILE", C_OUT, "where to write it (default: local.prof in this directory)"},
+    {"quick", NULL, C_QUICK, "shorter measurements (about a fifth of the time; noisier figures)"},
+    {NULL, NULL, 0, NULL},
+};
+struct calib_opts {
+    const char *out;
+    struct l3d_calib *c;
+};
+static int set_calib(void *ctx, const char *cmd, int id, const char *v) {
+    struct calib_opts *o = ctx;
+    (void)cmd;
+    if (id == C_OUT) o->out = v;
+    if (id == C_QUICK) o->c->quick = true;
+    return 1;
+}
+
+/* --model and the layout's flags: the model's linear shapes as the planner plans them
+ * (l3d_plan_linear_shapes) into c, and what they are of; none without a model flag */
+static int model_shapes(struct l3d_cli_spec *cs, struct l3d_calib *c) {
+    bool model = cs->preset || cs->L || cs->C || cs->NH || cs->V || cs->maxT || cs->ffn;
+    if (!model && cs->given != 0) {
+        fprintf(stderr, "llm3d " CMD ": the layout and precision flags pick a model's linear "
+                "layers to measure: give --model NAME with them, or leave them out\n");
         return 2;
     }
+    if (!model) return -1;
+    struct l3d_model_spec m;
+    if (l3d_cli_plan_model(cs, &m) != L3D_OK) {
+        fprintf(stderr, "llm3d " CMD ": %s\n", l3d_error_message());
+        return 2;
+    }
+    struct l3d_layout lay = cs->spec->layout;
+    if (lay.tp < 1 || lay.cp < 1 || lay.ep < 1 || lay.micro_batch < 1 || m.C % lay.tp != 0 ||
+        m.maxT % lay.cp != 0 || (m.moe.experts > 0 && m.moe.experts % lay.ep != 0)) {
+        fprintf(stderr, "llm3d " CMD ": --tp %d, --cp %d, --ep %d, --batch %d do not split model "
+                "%s (channels %d, sequence %d, experts %d): give divisors of them\n", lay.tp,
+                lay.cp, lay.ep, lay.micro_batch, m.name, m.C, m.maxT, m.moe.experts);
+        return 2;
+    }
+    c->n_exact = l3d_plan_linear_shapes(&m, &lay, c->exact_shape, L3D_PROFILE_MAX_EXACT);
+    snprintf(c->model, sizeof c->model, "model %s (L=%d C=%d NH=%d V=%d), batch %d, sequence %d, "
+             "tp %d, cp %d, ep %d", cs->preset ? cs->preset : m.name, m.L, m.C, m.NH, m.V,
+             lay.micro_batch, m.maxT, lay.tp, lay.cp, lay.ep);
+    return -1;
+}
+
+/* The flags into *out and c; -1 to go on, else the exit status */
+static int parse_flags(int argc, char **argv, const char **out, struct l3d_calib *c) {
+    struct l3d_run_spec spec;
+    l3d_run_spec_defaults(&spec);
+    struct l3d_cli_spec cs;
+    l3d_cli_spec_init(&cs, &spec);
+    struct calib_opts o = {.out = *out, .c = c};
+    struct l3d_flag_group g[4];
+    g[0] = (struct l3d_flag_group){"calibration", calib_flags, set_calib, &o};
+    int n = 1 + l3d_cli_spec_groups(&cs, g + 1);
+    int rc = l3d_flags_parse(CMD, argc, argv, g, n, usage, NULL);
+    if (rc < 0) rc = l3d_cli_spec_flags_done(CMD, &cs);
+    if (rc >= 0) return rc;
+    *out = o.out;
     if (!**out) {
         fprintf(stderr, "llm3d " CMD ": --out is empty; give a file name\n");
         return 2;
     }
-    return -1;
+    return model_shapes(&cs, c);
 }
 
 static void print_compute(const struct l3d_calib *c) {
@@ -75,6 +112,17 @@ static void print_compute(const struct l3d_calib *c) {
                "on an idle machine with a release build)\n", c->fma_loop / 1e9);
     printf("linear layer forward + input gradient, one core (fraction of the FMA peak):");
     for (int i = 0; i < c->n_eff; i++) printf(" %.2g:%.2f", c->eff_flops[i], c->eff[i]);
+    printf("\nby shape (M x N x K:fraction):");
+    for (int i = 0; i < L3D_CALIB_GRID; i++)
+        if (c->grid_eff[i] > 0)
+            printf(" %lldx%lldx%lld:%.2f", (long long)l3d_calib_grid[i][0],
+                   (long long)l3d_calib_grid[i][1], (long long)l3d_calib_grid[i][2],
+                   c->grid_eff[i]);
+    if (c->n_exact > 0) printf("\n%s (forward and input gradient / weight gradient):", c->model);
+    for (int i = 0; i < c->n_exact; i++)
+        printf(" %lldx%lldx%lld:%.2f/%.2f", (long long)c->exact_shape[i][0],
+               (long long)c->exact_shape[i][1], (long long)c->exact_shape[i][2], c->exact_eff[i],
+               c->exact_wg[i]);
     printf("\nweight gradient by tokens:");
     for (int i = 0; i < c->n_wg; i++) printf(" %.0f:%.2f", c->wg_tok[i], c->wg_eff[i]);
     printf("\n");

@@ -197,6 +197,7 @@ struct l3d_cli_spec {
     const char *preset;        /* --model */
     int L, C, NH, V, maxT, ffn; /* explicit sizes; 0: not given */
     int arch, NKV;             /* --arch (-1: not given), --kv-heads (0: not given) */
+    int head_dim;              /* --head-dim (0: not given) */
     double rope_theta;         /* 0: not given */
     float norm_eps;            /* 0: not given */
     struct l3d_moe_spec moe;   /* the --moe-* flags' values (each applied when given) */
@@ -210,12 +211,17 @@ bool l3d_cli_spec_given(const struct l3d_cli_spec *cs, const char *flag);
 /* The model: the --model preset (when given), then the explicit sizes, checked. -1 or the exit
  * status after one line. */
 int l3d_cli_spec_model(const char *cmd, struct l3d_cli_spec *cs);
-/* The architecture flags given (--arch, --kv-heads, --ffn, --rope-theta, --norm-eps) applied to m
+/* The architecture flags given (--arch, --kv-heads, --head-dim, --ffn, --rope-theta, --norm-eps)
+ * applied to m
  * (unfinished: l3d_gpt_config_finish follows). */
 void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* Rules between the flags themselves (--grad-accum with --global-batch) and what one implies
  * (--pp-virtual > 1: the interleaved schedule unless --pp-schedule says otherwise). -1 or 2. */
 int l3d_cli_spec_flags_done(const char *cmd, struct l3d_cli_spec *cs);
+/* The planner's model (llm3d plan, and bench --calibrate --model): the --model preset (d12
+ * without one), then the sizes given; its maxT is the sequence planned: --seq-len, else
+ * --context, else the preset's context. */
+l3d_status l3d_cli_plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spec *m);
 /* l3d_spec_check: -1 when the spec holds, else 2 after one line holding every violated rule
  * ("; " between them). */
 int l3d_cli_spec_report(const char *cmd, const struct l3d_run_spec *s,

@@ -169,9 +169,9 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 /* ---- the run spec's flags ---------------------------------------------------------------- */
 
 enum {
-    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_THETA,
-    F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE, F_MOE_NORM, F_MOE_NO_NORM,
-    F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
+    F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_HEAD_DIM,
+    F_THETA, F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE,
+    F_MOE_NORM, F_MOE_NO_NORM, F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
@@ -198,6 +198,9 @@ static const struct l3d_flag model_flags[] = {
                              "head) or llama (RMSNorm, RoPE, SwiGLU, no biases, untied head)"},
     {"kv-heads", "N", F_KV, "key/value heads, dividing the heads (grouped-query attention; "
                             "default: as many as heads)"},
+    {"head-dim", "N", F_HEAD_DIM, "a head's size (default: channels / heads; Qwen3 sets it "
+                                  "apart: q|k|v of (heads + 2 kv-heads) x N rows, an output "
+                                  "projection of heads x N columns)"},
     {"rope-theta", "X", F_THETA, "RoPE base frequency (llama; 10000, Llama 3: 500000)"},
     {"norm-eps", "X", F_EPS, "normalisation epsilon (1e-5; RMSNorm takes any)"},
     {"qk-norm", NULL, F_QKN, "RMSNorm each query and key head before RoPE (Qwen3's q_norm, "
@@ -300,6 +303,7 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
                               l3d_arch_list(list, sizeof list, "or", false));
     }
     case F_KV: return l3d_arg_int(cmd, "kv-heads", v, 1, 1 << 16, &cs->NKV);
+    case F_HEAD_DIM: return l3d_arg_int(cmd, "head-dim", v, 1, L3D_MAX_CHANNELS, &cs->head_dim);
     case F_THETA: return l3d_arg_double(cmd, "rope-theta", v, 1.0, 1e12, &cs->rope_theta);
     case F_EPS: return l3d_arg_float(cmd, "norm-eps", v, 1e-12, 0.5, &cs->norm_eps);
     case F_QKN: case F_NO_QKN: return 1; /* applied by l3d_cli_spec_arch from `given` */
@@ -475,6 +479,7 @@ void l3d_cli_spec_arch(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) 
         if (m->mlp != was) m->ffn = 0; /* a GPT-2 preset's 4C is no SwiGLU width: --ffn says it */
     }
     if (cs->NKV) m->NKV = cs->NKV;
+    if (cs->head_dim) m->head_dim = cs->head_dim;
     if (cs->rope_theta > 0) m->rope.theta = cs->rope_theta;
     if (cs->norm_eps > 0) m->norm_eps = cs->norm_eps;
     if ((cs->given >> F_QKN) & 1) m->qk_norm = true;

@@ -11,7 +11,9 @@
  * sees each window's tokens at positions 0.., so the cached and the recomputed paths compute the
  * same thing for every token, at the cache's speed between slides (one slide per context/2
  * tokens). A recompute over the last `context` tokens at every token would change the positions of
- * every cached key each step: no cache could follow it. Sampling: logits / temperature, then
+ * every cached key each step: no cache could follow it. A mixture of experts runs in one process
+ * (a checkpoint trained with --ep loads whole) and routes dropless, whatever capacity factor it
+ * was trained with. Sampling: logits / temperature, then
  * the top-k most likely, then the smallest set of those whose probability reaches top-p (Holtzman
  * et al. 2020, nucleus sampling), renormalised; temperature 0 is greedy. Generation stops after
  * --max-tokens or at an end-of-text token. */
@@ -308,6 +310,10 @@ static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***
     if (rc != 0) return rc;
     struct l3d_runtime_opts ro = {.cmd = "generate", .no_world = true, .backend = o->backend};
     if (l3d_runtime_init(argc, argv, &ro, &g->rt) != L3D_OK) return 1; /* said there */
+    /* a mixture of experts routes dropless at inference, as Hugging Face's Mixtral does: the
+     * full forward of --no-kv-cache as the cache's (a capacity would drop a prompt's
+     * assignments that a one-token step keeps) */
+    g->cfg.moe.capacity_factor = 0.0;
     struct l3d_shard sh = l3d_shard_full(&g->cfg);
     if (l3d_gpt_init_dt(&g->m, &g->cfg, &sh, g->rt->be, 1, o->no_cache ? g->cfg.maxT : 1,
                         L3D_GRADS_NONE, 1, L3D_RECOMPUTE_NONE, o->dt) != L3D_OK ||

@@ -114,8 +114,9 @@ static void text_model(const struct l3d_model_spec *c) {
     printf("  model:      L=%d C=%d NH=%d V=%d (padded %d) context %d, %.2fM parameters\n", c->L,
            c->C, c->NH, c->V, c->Vp, c->maxT, l3d_gpt_param_count(c) / 1e6);
     if (!l3d_model_is_gpt2(c))
-        printf("  blocks:     %s: %d key/value heads, MLP %lld, %s, %s%s\n",
-               l3d_arch_name(c->arch), l3d_model_kv_heads(c), (long long)c->ffn,
+        printf("  blocks:     %s: %d key/value heads of %d, MLP %lld, %s, %s%s\n",
+               l3d_arch_name(c->arch), l3d_model_kv_heads(c), l3d_model_head_dim(c),
+               (long long)c->ffn,
                c->norm == L3D_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
                c->pos == L3D_POS_ROPE ? "RoPE" : "learned positions",
                c->qk_norm ? ", QK-norm" : "");
@@ -539,12 +540,13 @@ static int inspect_hf(const char *path, bool json) {
     if (json) {
         printf("{\"kind\":\"hf_folder\",\"path\":");
         json_str(path, strlen(path));
-        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"V\":%d,"
+        printf(",\"model_type\":\"%s\",\"L\":%d,\"C\":%d,\"NH\":%d,\"NKV\":%d,\"head_dim\":%d,"
+               "\"V\":%d,"
                "\"context\":%d,\"ffn\":%lld,\"tied\":%s,\"norm_eps\":%.9g,\"rope_theta\":%.17g,"
                "\"parameters\":%lld,\"experts\":%d,\"top_k\":%d,\"active_parameters\":%.0f,"
                "\"files\":%d,\"bytes\":%lld,\"tensors\":[", type, c.L, c.C,
-               c.NH, l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
-               c.untied ? "false" : "true", (double)c.norm_eps,
+               c.NH, l3d_model_kv_heads(&c), l3d_model_head_dim(&c), c.V, c.maxT,
+               (long long)c.ffn, c.untied ? "false" : "true", (double)c.norm_eps,
                c.pos == L3D_POS_ROPE ? c.rope.theta : 0.0,
                (long long)l3d_gpt_param_count(&c), c.moe.experts, c.moe.top_k,
                l3d_model_active_param_count(&c), st.nfiles, (long long)bytes);
@@ -553,9 +555,9 @@ static int inspect_hf(const char *path, bool json) {
     } else {
         printf("%s: Hugging Face folder, %s, %d safetensors file(s), %.2f MB\n", path, type,
                st.nfiles, bytes / 1e6);
-        printf("  model:   L=%d C=%d NH=%d KV heads %d V=%d context %d, MLP %lld, %s head%s, "
-               "%.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C, c.NH,
-               l3d_model_kv_heads(&c), c.V, c.maxT, (long long)c.ffn,
+        printf("  model:   L=%d C=%d NH=%d KV heads %d, heads of %d, V=%d context %d, MLP %lld, "
+               "%s head%s, %.2fM parameters (llm3d's, vocabulary padded to %d)\n", c.L, c.C,
+               c.NH, l3d_model_kv_heads(&c), l3d_model_head_dim(&c), c.V, c.maxT, (long long)c.ffn,
                c.untied ? "untied" : "tied", c.qk_norm ? ", QK-norm" : "",
                l3d_gpt_param_count(&c) / 1e6, c.Vp);
         if (c.moe.experts > 0)

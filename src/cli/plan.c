@@ -419,9 +419,7 @@ static int set_plan(void *ctx, const char *cmd, int id, const char *v) {
     return 0;
 }
 
-/* The planner's model: the --model preset (d12 without one), then the sizes given; its maxT is
- * the sequence planned: --seq-len, else --context, else the preset's context. */
-static l3d_status plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
+l3d_status l3d_cli_plan_model(const struct l3d_cli_spec *cs, struct l3d_model_spec *m) {
     l3d_status st = l3d_model_preset(m, cs->preset ? cs->preset : "d12");
     if (st != L3D_OK) return st;
     const struct l3d_layout *l = &cs->spec->layout;
@@ -499,7 +497,7 @@ static l3d_status plan_run(const struct l3d_cli_spec *cs, const struct plan_opts
     for (size_t i = 0; i < sizeof fixes / sizeof fixes[0]; i++)
         if (l3d_cli_spec_given(cs, fixes[i].flag)) fx->mask |= fixes[i].bit;
     fx->layout.threads = threads;
-    fx->layout.seq = 0; /* the model's maxT, which plan_model made the sequence planned */
+    fx->layout.seq = 0; /* the model's maxT, which l3d_cli_plan_model made the sequence planned */
     /* the planner's bucket (PyTorch DDP's 25 MB) unless --bucket-mb gives the trainer's */
     if (!l3d_cli_spec_given(cs, "bucket-mb")) fx->layout.bucket_bytes = 0;
     fx->layout.global_batch = l->global_batch > 0 ? l->global_batch : 8;
@@ -550,8 +548,10 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
                          const struct l3d_plan_search_stats *stats) {
     double sc;
     const char *u = mem_unit(prof, &sc);
-    char kv[32] = "";
+    char kv[48] = "";
     if (l3d_model_kv_heads(m) != m->NH) snprintf(kv, sizeof kv, " kv-heads=%d", m->NKV);
+    if (m->head_dim > 0) /* set apart from h / heads (Qwen3) */
+        snprintf(kv + strlen(kv), sizeof kv - strlen(kv), " head-dim=%d", m->head_dim);
     printf("model %s: %s blocks, L=%d h=%d heads=%d%s ffn=%lld V=%d s=%d, %.3g parameters; "
            "profile %s (%s), %lld devices, global batch %lld, %s%s\n", m->name,
            l3d_arch_info(m->arch)->title, m->L, m->C, m->NH, kv,
@@ -694,7 +694,7 @@ int l3d_cli_plan(int argc, char **argv) {
     struct l3d_profile prof;
     struct l3d_plan_run run;
     struct l3d_plan_fixed fx;
-    l3d_status st = plan_model(&cs, &m);
+    l3d_status st = l3d_cli_plan_model(&cs, &m);
     if (st == L3D_OK) st = l3d_profile_find(&prof, o.profile);
     if (st == L3D_OK) st = plan_run(&cs, &o, &prof, &run, &fx);
     if (st != L3D_OK) return plan_fail(st, l3d_error_message(), o.json);

@@ -39,6 +39,11 @@ struct mpi_comm {
     int64_t max_count;       /* largest count of one blocking MPI call (see below) */
     struct mpi_types *types; /* bf16/fp16 datatype and reductions: the world's, shared by splits */
     bool is_world;           /* MPI_COMM_WORLD: released by l3d_comm_mpi_finalize only */
+    /* a non-blocking all_to_allv's counts and displacements as MPI takes them (4 size ints, made
+     * with the communicator: MPI reads them until completion), busy while one is in flight (a
+     * second at once brings its own) */
+    int *a2a_counts;
+    bool a2a_busy;
 };
 
 static inline double l3d_mpi_now_s(void) {

@@ -190,6 +190,7 @@ static struct mpi_comm *comm_new(MPI_Comm comm, int world_rank, int64_t max_coun
     m->base.world_rank = world_rank;
     L3D_MPI_CHECK(MPI_Comm_rank(comm, &m->base.rank));
     L3D_MPI_CHECK(MPI_Comm_size(comm, &m->base.size));
+    m->a2a_counts = l3d_alloc(4 * (size_t)m->base.size * sizeof(int), "all_to_allv counts");
     return m;
 }
 
@@ -319,7 +320,10 @@ static struct mpi_req req_load(const l3d_req *req) {
 
 static void req_done(struct mpi_comm *m, l3d_req *req, struct mpi_req *q) {
     progress_ended(m);
-    l3d_free(q->scratch);
+    if (q->scratch && q->scratch == m->a2a_counts) /* the communicator's own: kept */
+        m->a2a_busy = false;
+    else
+        l3d_free(q->scratch);
     memset(req->opaque, 0, sizeof req->opaque);
     req->active = false;
 }
@@ -385,6 +389,7 @@ static void mpi_free(struct l3d_comm *c) {
     struct mpi_comm *m = mc(c);
     if (m->is_world) return; /* l3d_comm_mpi_finalize releases the world */
     L3D_MPI_CHECK(MPI_Comm_free(&m->comm));
+    l3d_free(m->a2a_counts);
     l3d_free(m);
 }
 
@@ -568,7 +573,10 @@ static void mpi_all_to_allv(struct l3d_comm *c, const void *send, const int64_t 
     /* non-blocking: one MPI call, its counts and displacements must fit an int */
     L3D_ASSERT(blocks_fit(p, scounts, sdispls, INT_MAX) &&
                blocks_fit(p, rcounts, rdispls, INT_MAX));
-    int *ic = l3d_alloc(4 * (size_t)p * sizeof *ic, "all_to_allv counts");
+    /* the communicator's arrays: no allocation per call (req_done frees them for the next) */
+    int *ic = m->a2a_busy ? l3d_alloc(4 * (size_t)p * sizeof *ic, "all_to_allv counts")
+                          : m->a2a_counts;
+    m->a2a_busy = true;
     for (int r = 0; r < p; r++) {
         ic[r] = (int)scounts[r];
         ic[p + r] = (int)sdispls[r];
@@ -918,6 +926,7 @@ void l3d_comm_mpi_finalize(struct l3d_comm *world) {
     progress_free(m->prog);
     types_free(m->types);
     l3d_mpi_watch_free(m->watch);
+    l3d_free(m->a2a_counts);
     l3d_free(m);
     /* After MPI_Finalize no MPI call (MPI_Abort included) is allowed: back to the default hook,
      * and MPI_Finalize's own status is not checked (there is nothing left to abort). */

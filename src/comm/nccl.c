@@ -59,6 +59,8 @@ struct dev_comm {
     cudaEvent_t ready;    /* recorded on the backend's stream before each operation */
     struct p2p *queue;    /* sends and receives waiting for flush_p2p */
     int nq, capq;
+    struct l3d_cuda_xfer *a2a; /* all_to_allv's sends and receives (2 size), made with it: read
+                                * only while they are enqueued */
 };
 
 /* A pending operation (l3d_req.opaque[0]): an MPI request of the inner communicator, with the
@@ -366,7 +368,7 @@ static void dev_all_to_allv(struct l3d_comm *c, const void *send, const int64_t 
     bool dev_s = on_device(send), dev_r = on_device(recv);
     if (d->nccl && (dev_s || dev_r) && (dev_s || !send) && (dev_r || !recv)) {
         struct pending *p = nccl_begin(d, "all-to-all");
-        struct l3d_cuda_xfer *x = l3d_alloc(2 * (size_t)c->size * sizeof *x, "all-to-all");
+        struct l3d_cuda_xfer *x = d->a2a; /* no allocation per call */
         int ns = l3d_cuda_a2a_xfers(c->size, scounts, sdispls, l3d_dtype_size(t), x);
         int nr = l3d_cuda_a2a_xfers(c->size, rcounts, rdispls, l3d_dtype_size(t), x + ns);
         NCCL_OK(ncclGroupStart());
@@ -377,7 +379,6 @@ static void dev_all_to_allv(struct l3d_comm *c, const void *send, const int64_t 
             NCCL_OK(ncclRecv((char *)recv + x[i].at, x[i].count, nccl_type(t), x[i].peer, d->nccl,
                              d->stream));
         NCCL_OK(ncclGroupEnd());
-        l3d_free(x);
         nccl_end(d, p, req);
         return;
     }
@@ -530,6 +531,7 @@ static int dev_node(struct l3d_comm *c) {
 static struct dev_comm *wrap(struct l3d_comm *m, struct l3d_backend *be, bool use_nccl) {
     struct dev_comm *d = l3d_calloc(sizeof *d, "device communicator");
     d->mpi = m;
+    d->a2a = l3d_alloc(2 * (size_t)m->size * sizeof *d->a2a, "all-to-all transfers");
     d->base = (struct l3d_comm){.i = &dev_comm_i, .ctx = d, .rank = m->rank, .size = m->size,
                                 .world_rank = m->world_rank, .be = be, .watch = m->watch,
                                 .role = m->role};
@@ -563,6 +565,7 @@ static void dev_free(struct l3d_comm *c) {
     struct dev_comm *d = dc(c);
     L3D_ASSERT(d->nq == 0); /* every send and receive was waited on */
     l3d_free(d->queue);
+    l3d_free(d->a2a);
     if (d->nccl) NCCL_OK(ncclCommDestroy(d->nccl));
     cudaEventDestroy(d->ready);
     cudaStreamDestroy(d->stream);

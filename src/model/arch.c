@@ -51,7 +51,7 @@ static const struct l3d_arch_tensor gpt2_tensors[] = {
     MAT("model.layers.%d.self_attn.q_proj.weight", "qkvw", true, 0, Q, QKV, C, false),        \
     MAT("model.layers.%d.self_attn.k_proj.weight", "qkvw", true, Q, KV, QKV, C, false),       \
     MAT("model.layers.%d.self_attn.v_proj.weight", "qkvw", true, Q_KV, KV, QKV, C, false),    \
-    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, C, false),      \
+    MAT("model.layers.%d.self_attn.o_proj.weight", "attprojw", true, 0, C, C, Q, false),      \
     VEC("model.layers.%d.post_attention_layernorm.weight", "ln2w", true, C)
 
 /* Llama's dense MLP (SwiGLU's gate, up and down projections), its final norm and untied head,
@@ -240,6 +240,11 @@ const struct l3d_arch_info *l3d_arch_hf_row(const struct l3d_model_spec *m) {
 
 l3d_status l3d_arch_hf_check(const struct l3d_arch_info *a, const struct l3d_model_spec *m) {
     const struct l3d_moe_spec *e = &m->moe;
+    int hd = l3d_model_head_dim(m);
+    if ((int64_t)hd * m->NH != m->C && !l3d_arch_key_of(a, L3D_KEY_HEAD_DIM))
+        return l3d_error(L3D_ERR_ARG, "--head-dim %d: a %s folder's head size is the channels / "
+                         "heads (%d / %d); keep llm3d's model.bin or checkpoints for this model",
+                         hd, a->title, m->C, m->NH);
     if (!a->moe) return L3D_OK;
     if (e->shared > 0 || e->dense_layers > 0)
         return l3d_error(L3D_ERR_ARG, "--moe-shared-experts %d, --moe-dense-layers %d: a %s "
@@ -301,7 +306,7 @@ const char *l3d_arch_list(char *buf, size_t cap, const char *conj, bool hf) {
 }
 
 int64_t l3d_arch_dim(const struct l3d_model_spec *m, enum l3d_arch_dim d) {
-    int64_t C = m->C, F = m->ffn, hs = m->NH > 0 ? C / m->NH : 0;
+    int64_t C = m->C, F = m->ffn, hs = l3d_model_head_dim(m);
     int64_t q = m->NH * hs, kv = l3d_model_kv_heads(m) * hs;
     switch (d) {
     case L3D_DIM_0: return 0;
@@ -359,4 +364,8 @@ bool l3d_arch_parse(const char *name, enum l3d_arch *out) {
 /* The blocks' key/value heads (include/llm3d/model.h): here with the family rows that read it. */
 int l3d_model_kv_heads(const struct l3d_model_spec *m) {
     return m->NKV > 0 ? m->NKV : m->NH;
+}
+
+int l3d_model_head_dim(const struct l3d_model_spec *m) {
+    return m->head_dim > 0 ? m->head_dim : m->NH > 0 ? m->C / m->NH : 0;
 }

@@ -20,10 +20,11 @@
 
 /* Parameters of the whole model (doubles: the checks run before the sizes are known to fit). */
 double l3d_model_param_count(const struct l3d_model_spec *m) {
-    double C = m->C, hd = (double)m->C / m->NH, kv = l3d_model_kv_heads(m) * hd;
+    double C = m->C, hd = l3d_model_head_dim(m), kv = l3d_model_kv_heads(m) * hd;
+    double q = m->NH * hd; /* the attention's channels: C unless head_dim sets hd apart */
     double F = m->ffn > 0 ? (double)m->ffn : 4.0 * C, bias = m->no_bias ? 0.0 : 1.0;
     double norm = m->norm == L3D_NORM_LAYERNORM ? 2 * C : C; /* LayerNorm: weight and bias */
-    double attn = C * C + 2 * C * kv + C * C + bias * (C + 2 * kv + C);
+    double attn = C * q + 2 * C * kv + q * C + bias * (q + 2 * kv + C);
     double mlp = m->mlp == L3D_MLP_SWIGLU ? 3 * C * F + bias * (2 * F + C) : 2 * C * F + bias * (F + C);
     double Vp = m->Vp > 0 ? m->Vp : m->V;
     double qkn = m->qk_norm ? 2 * hd : 0.0; /* QK-norm's two weight vectors */
@@ -46,9 +47,10 @@ static l3d_status arch_check(struct l3d_model_spec *cfg) {
         return l3d_error(L3D_ERR_ARG, "a SwiGLU MLP needs its hidden size (ffn, "
                          "intermediate_size): give it");
     if (cfg->pos == L3D_POS_ROPE) {
-        if ((cfg->C / cfg->NH) % 2 != 0)
+        if (l3d_model_head_dim(cfg) % 2 != 0)
             return l3d_error(L3D_ERR_ARG, "rotary positions need an even head size, not %d "
-                             "(channels %d / heads %d)", cfg->C / cfg->NH, cfg->C, cfg->NH);
+                             "(%s): give an even --head-dim", l3d_model_head_dim(cfg),
+                             cfg->head_dim > 0 ? "--head-dim" : "channels / heads");
         struct l3d_rope *r = &cfg->rope;
         if (r->theta == 0.0) r->theta = 10000.0;
         if (!(r->theta > 1.0) || !(r->factor >= 0.0))
@@ -67,9 +69,14 @@ l3d_status l3d_gpt_config_finish(struct l3d_model_spec *cfg) {
     if (cfg->L < 1 || cfg->C < 1 || cfg->NH < 1 || cfg->V < 2 || cfg->maxT < 1)
         return l3d_error(L3D_ERR_ARG, "model sizes must be positive (layers %d, channels %d, heads "
                          "%d, vocabulary %d, context %d)", cfg->L, cfg->C, cfg->NH, cfg->V, cfg->maxT);
-    if (cfg->C % cfg->NH != 0)
-        return l3d_error(L3D_ERR_ARG, "channels (%d) must be divisible by heads (%d)", cfg->C,
-                         cfg->NH);
+    if (cfg->head_dim < 0 || cfg->head_dim > L3D_MAX_CHANNELS)
+        return l3d_error(L3D_ERR_ARG, "--head-dim %d: give 1 to %d (0: channels / heads)",
+                         cfg->head_dim, L3D_MAX_CHANNELS);
+    if (cfg->head_dim == 0 && cfg->C % cfg->NH != 0)
+        return l3d_error(L3D_ERR_ARG, "channels (%d) must be divisible by heads (%d), or give "
+                         "the head size (--head-dim)", cfg->C, cfg->NH);
+    /* a head size of channels / heads is the default's: one spelling for one model */
+    if ((int64_t)cfg->head_dim * cfg->NH == cfg->C) cfg->head_dim = 0;
     if (cfg->V > (1 << 30))
         return l3d_error(L3D_ERR_ARG, "vocabulary size %d is too large", cfg->V);
     /* sane limits (far above any GPT): every count and byte size below then fits an int64_t */
@@ -122,7 +129,7 @@ bool l3d_model_same_shapes(const struct l3d_model_spec *a, const struct l3d_mode
            a->untied == b->untied && a->moe.experts == b->moe.experts &&
            a->moe.top_k == b->moe.top_k && a->moe.ffn == b->moe.ffn &&
            a->moe.shared == b->moe.shared && a->moe.dense_layers == b->moe.dense_layers &&
-           a->qk_norm == b->qk_norm;
+           a->qk_norm == b->qk_norm && l3d_model_head_dim(a) == l3d_model_head_dim(b);
 }
 
 bool l3d_model_same(const struct l3d_model_spec *a, const struct l3d_model_spec *b) {
@@ -143,7 +150,7 @@ bool l3d_model_gpt2_blocks(const struct l3d_model_spec *m) {
     return a && a->llmc_fp32 && l3d_model_kv_heads(m) == m->NH && m->norm == a->norm &&
            m->mlp == a->mlp && m->pos == a->pos && m->no_bias == a->no_bias &&
            m->untied == a->untied && m->moe.experts == 0 && /* llm.c has no experts */
-           !m->qk_norm;
+           !m->qk_norm && (int64_t)l3d_model_head_dim(m) * m->NH == m->C;
 }
 
 bool l3d_model_is_gpt2(const struct l3d_model_spec *m) {
@@ -223,7 +230,7 @@ bool l3d_gpt_tensor_used(const struct l3d_model_spec *c, int t) {
 
 int64_t l3d_gpt_plan_tensors(const struct l3d_model_spec *c, const struct l3d_shard *s,
                              struct l3d_tensor_info tensors[L3D_NUM_TENSORS]) {
-    int64_t C = c->C, Ll = s->layer_count, HS = C / c->NH;
+    int64_t C = c->C, Ll = s->layer_count, HS = l3d_model_head_dim(c);
     int64_t Ca = (int64_t)s->head_count * HS; /* local attention channels */
     int64_t QKV = Ca + 2 * (int64_t)l3d_shard_kv_count(c, s) * HS; /* local q|k|v rows */
     int64_t F = s->ffn_count, Fm = c->mlp == L3D_MLP_SWIGLU ? 2 * F : F; /* fcw rows */
@@ -400,7 +407,7 @@ struct widths {
 
 static struct widths widths(const struct l3d_gpt *m) {
     const struct l3d_shard *s = &m->shard;
-    struct widths w = {.HS = m->cfg.C / m->cfg.NH, .Hl = s->head_count,
+    struct widths w = {.HS = l3d_model_head_dim(&m->cfg), .Hl = s->head_count,
                        .KVl = l3d_shard_kv_count(&m->cfg, s), .F = s->ffn_count};
     w.Ca = w.Hl * w.HS;
     w.QKV = w.Ca + 2 * w.KVl * w.HS;
@@ -541,7 +548,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
 /* RoPE's frequencies (l3d_rope_inv_freq, Llama 3.1 scaling included) and the positions 0..Tmax-1
  * of a sequence's rows, on the device; false when out of memory. */
 static bool rope_init(struct l3d_gpt *m) {
-    int64_t half = m->cfg.C / m->cfg.NH / 2, T = m->Tmax;
+    int64_t half = l3d_model_head_dim(&m->cfg) / 2, T = m->Tmax;
     m->rope_inv_freq = l3d_be_alloc(m->be, (size_t)half * sizeof(float), "rope frequencies");
     m->rope_pos = l3d_be_alloc(m->be, (size_t)T * sizeof(int32_t), "rope positions");
     float *f = l3d_alloc((size_t)half * sizeof(float), "rope frequencies");
@@ -721,12 +728,12 @@ void l3d_gpt_free(struct l3d_gpt *m) {
 /* Full q|k|v row of local row r of a shard's qkvw: the q block, then the local heads; the k
  * block, then the local key/value heads; the v block likewise. */
 static int64_t qkv_row(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int64_t r) {
-    int64_t C = cfg->C, HS = C / cfg->NH, Ca = (int64_t)s->head_count * HS;
+    int64_t HS = l3d_model_head_dim(cfg), Q = cfg->NH * HS, Ca = (int64_t)s->head_count * HS;
     int64_t KV = (int64_t)l3d_model_kv_heads(cfg) * HS, Ka = l3d_shard_kv_count(cfg, s) * HS;
     int64_t k0 = l3d_shard_kv_start(cfg, s) * HS;
     if (r < Ca) return (int64_t)s->head_start * HS + r;
-    if (r < Ca + Ka) return C + k0 + (r - Ca);
-    return C + KV + k0 + (r - Ca - Ka);
+    if (r < Ca + Ka) return Q + k0 + (r - Ca);
+    return Q + KV + k0 + (r - Ca - Ka);
 }
 
 /* Full MLP row of local row r of a shard's fcw: its columns of the gate block, then (SwiGLU) the
@@ -739,7 +746,7 @@ static int64_t ffn_row(const struct l3d_model_spec *cfg, const struct l3d_shard 
 /* Global (row, col) in the full llm.c tensor of a local (row, col) of a shard's tensor t. */
 static void global_rc(const struct l3d_model_spec *cfg, const struct l3d_shard *s, int t, int64_t r,
                       int64_t c, int64_t *gr, int64_t *gc) {
-    int64_t HS = cfg->C / cfg->NH, h0 = (int64_t)s->head_start * HS;
+    int64_t HS = l3d_model_head_dim(cfg), h0 = (int64_t)s->head_start * HS;
     int64_t efm = (cfg->mlp == L3D_MLP_SWIGLU ? 2 : 1) * cfg->moe.ffn; /* an expert's fcw rows */
     *gr = r;
     *gc = c;
@@ -848,8 +855,8 @@ static void init_span(const struct l3d_tensor_info *ti, int64_t lo, int64_t n, i
 void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t lo, int64_t n,
                                 float *dst) {
     const struct l3d_model_spec *cfg = &m->cfg;
-    int64_t C = cfg->C, HS = C / cfg->NH, F = cfg->ffn;
-    int64_t QKV = C + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
+    int64_t C = cfg->C, HS = l3d_model_head_dim(cfg), F = cfg->ffn, Q = cfg->NH * HS;
+    int64_t QKV = Q + 2 * (int64_t)l3d_model_kv_heads(cfg) * HS;
     int64_t Fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * F : F;
     int64_t E = cfg->moe.experts, Fe = cfg->moe.ffn, Fem = Fm / F * Fe, S = cfg->moe.shared;
     /* full (rows, cols) of each normal-initialised matrix, to index its elements globally (a
@@ -858,7 +865,7 @@ void l3d_gpt_init_weights_range(const struct l3d_gpt *m, uint64_t seed, int64_t 
         {L3D_T_WTE, cfg->Vp, C, 0.02f},
         {L3D_T_WPE, cfg->maxT, C, 0.02f},
         {L3D_T_QKVW, QKV, C, 0.02f},
-        {L3D_T_ATTPROJW, C, C, 0.02f / sqrtf(2.0f * (float)cfg->L)},
+        {L3D_T_ATTPROJW, C, Q, 0.02f / sqrtf(2.0f * (float)cfg->L)},
         {L3D_T_FCW, Fm, C, 0.02f},
         {L3D_T_FCPROJW, C, F, 0.02f / sqrtf(2.0f * (float)cfg->L)},
         {L3D_T_LMHEAD, cfg->Vp, C, 0.02f},
@@ -1026,6 +1033,30 @@ static void norm_forward(struct l3d_gpt *m, void *out, float *mean, float *rstd,
         l3d_be_layernorm_forward(m->be, m->dt, out, mean, rstd, inp, weight, bias, N, m->cfg.C);
 }
 
+/* The norm that follows a residual add, fused into it (residual_norm): where it writes (out,
+ * mean, rstd) and its parameters (w, b). */
+struct norm_after {
+    void *out;
+    float *mean, *rstd;
+    const void *w, *b;
+};
+
+/* res_out (rows,C) = res_in + add, then, with nx, the norm of res_out into nx->out in the same
+ * pass (l3d_be_residual_layernorm_forward / _rmsnorm_forward: the bits of the pair). The norm's
+ * backward needs nothing fused: it accumulates its input gradient into dres, the residual's. */
+static void residual_norm(struct l3d_gpt *m, void *res_out, const void *res_in, const void *add,
+                          int64_t rows, const struct norm_after *nx) {
+    int64_t C = m->cfg.C;
+    if (!nx)
+        l3d_be_residual_forward(m->be, m->dt, res_out, res_in, add, rows * C);
+    else if (m->cfg.norm == L3D_NORM_RMSNORM)
+        l3d_be_residual_rmsnorm_forward(m->be, m->dt, res_out, nx->out, nx->rstd, res_in, add,
+                                        nx->w, rows, C, m->cfg.norm_eps);
+    else
+        l3d_be_residual_layernorm_forward(m->be, m->dt, res_out, nx->out, nx->mean, nx->rstd,
+                                          res_in, add, nx->w, nx->b, rows, C);
+}
+
 static void layernorm_backward(struct l3d_gpt *m, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int64_t N, int64_t C) {
@@ -1069,10 +1100,11 @@ static int64_t local_valid_vocab(const struct l3d_gpt *m) {
 }
 
 /* Row-parallel matrix product followed by the residual add:
- * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group. */
+ * res_out = res_in + all_reduce(inp @ w^T) + b, the bias added once across the TP group; with nx
+ * the norm after it too, on the same (this rank's) rows (residual_norm). */
 static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *res_in,
                                   const void *inp, const void *w, const void *b, int64_t N,
-                                  int64_t Cin) {
+                                  int64_t Cin, const struct norm_after *nx) {
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
     void *out = m->acts->scratch;
     const enum l3d_dtype dt = m->dt;
@@ -1082,7 +1114,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
         /* the bias once: on the rows this rank keeps */
         if (b) l3d_be_add_bias(m->be, dt, el(out, r0 * C, m->es), b, Nl, C);
         m->hooks.tp_reduce_scatter(m->hooks.ctx, out, m->acts->scratch_local, Nl * C, dt);
-        l3d_be_residual_forward(m->be, dt, res_out, res_in, m->acts->scratch_local, Nl * C);
+        residual_norm(m, res_out, res_in, m->acts->scratch_local, Nl, nx);
         return;
     }
     if (m->hooks.tp_all_reduce) {
@@ -1092,7 +1124,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     } else {
         l3d_be_matmul_forward(m->be, dt, out, inp, w, b, N, Cin, C);
     }
-    l3d_be_residual_forward(m->be, dt, res_out, res_in, out, N * C);
+    residual_norm(m, res_out, res_in, out, N, nx);
 }
 
 int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T) {
@@ -1186,9 +1218,33 @@ static void encode_backward(struct l3d_gpt *m, float *dwte, float *dwpe, const v
         }
 }
 
-/* One transformer layer's forward from its input x into la (res3 is its output). */
-static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
-                          int T, bool count) {
+/* Where the norm after local layer l's output goes when it is fused into the layer's last
+ * residual add: the next layer's first norm, or after the stage's last layer the final norm
+ * (the head's). Only in the forward pass proper (count) and with the parameters resident: under
+ * ZeRO-3 the next layer's weights are not gathered yet, and a recomputation rebuilds one layer
+ * from its input, its own first norm included. false: the next layer norms its input itself. */
+static bool next_norm(struct l3d_gpt *m, int l, bool count, struct norm_after *nx) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    if (!count || !m->params) return false;
+    if (l + 1 < s->layer_count) {
+        struct layer_acts *nl = &a->layer[l + 1];
+        struct layer_params p = layer_params(m, l + 1);
+        *nx = (struct norm_after){s->sp_size > 1 ? a->ln_local : nl->ln1, nl->ln1_mean,
+                                  nl->ln1_rstd, p.ln1w, p.ln1b};
+        return true;
+    }
+    if (!s->has_head) return false; /* the next stage's rank norms it */
+    *nx = (struct norm_after){a->lnf, a->lnf_mean, a->lnf_rstd,
+                              l3d_gpt_param_ptr(m, L3D_T_LNFW, 0), param_or_null(m, L3D_T_LNFB, 0)};
+    return true;
+}
+
+/* One transformer layer's forward from its input x into la (res3 is its output). normed: its
+ * first norm was computed with the previous layer's last residual add (next_norm); returns
+ * whether the norm after its own output was (the next layer's first, or the final norm). */
+static bool forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const void *x, int B,
+                          int T, bool count, bool normed) {
     struct l3d_gpt_acts *a = m->acts;
     const struct l3d_shard *s = &m->shard;
     const enum l3d_dtype dt = m->dt;
@@ -1196,7 +1252,7 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
     struct widths w = widths(m);
     struct layer_params p = layer_params(m, l);
     void *lnout = sp > 1 ? a->ln_local : la->ln1;
-    norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
+    if (!normed) norm_forward(m, lnout, la->ln1_mean, la->ln1_rstd, x, p.ln1w, p.ln1b, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln1, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, la->qkv, la->ln1, p.qkvw, p.qkvb, N, C, w.QKV);
     if (m->cfg.qk_norm) l3d_qknorm_forward(m, l, la->qkv, N); /* before RoPE, as Qwen3 */
@@ -1204,24 +1260,28 @@ static void forward_layer(struct l3d_gpt *m, int l, struct layer_acts *la, const
         l3d_be_rope_forward(m->be, dt, la->qkv, m->rope_inv_freq, m->rope_pos, B, T, w.Hl, w.KVl,
                             w.HS);
     attention_forward(m, la, B, T, &w);
-    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca);
-    lnout = sp > 1 ? a->ln_local : la->ln2;
-    norm_forward(m, lnout, la->ln2_mean, la->ln2_rstd, la->res2, p.ln2w, p.ln2b, Nl);
+    lnout = sp > 1 ? a->ln_local : la->ln2; /* ln2 with the residual add before it */
+    const struct norm_after n2 = {lnout, la->ln2_mean, la->ln2_rstd, p.ln2w, p.ln2b};
+    row_parallel_residual(m, la->res2, x, la->atty, p.attprojw, p.attprojb, N, w.Ca, &n2);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, lnout, la->ln2, Nl * C, dt);
+    struct norm_after nx;
+    bool fuse = next_norm(m, l, count, &nx);
     if (l3d_model_moe_layer(&m->cfg, s->layer_start + l)) { /* the experts instead of the MLP */
         /* whole on every tp rank, over the group's same N tokens (under SP the gathered ones):
          * this rank's rows of the output go on its residual */
         l3d_moe_forward(m, l, a->scratch, la->ln2, N, count);
-        l3d_be_residual_forward(m->be, dt, la->res3, la->res2,
-                                el(a->scratch, s->sp_rank * Nl * C, m->es), Nl * C);
-        return;
+        residual_norm(m, la->res3, la->res2, el(a->scratch, s->sp_rank * Nl * C, m->es), Nl,
+                      fuse ? &nx : NULL);
+        return fuse;
     }
     l3d_be_matmul_forward(m->be, dt, la->fch, la->ln2, p.fcw, p.fcb, N, C, w.Fm);
     if (m->cfg.mlp == L3D_MLP_SWIGLU)
         l3d_be_swiglu_forward(m->be, dt, la->fch_gelu, la->fch, N, w.F);
     else
         l3d_be_gelu_forward(m->be, dt, la->fch_gelu, la->fch, N * w.F);
-    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, w.F);
+    row_parallel_residual(m, la->res3, la->res2, la->fch_gelu, p.fcprojw, p.fcprojb, N, w.F,
+                          fuse ? &nx : NULL);
+    return fuse;
 }
 
 void l3d_gpt_use_slot(struct l3d_gpt *m, int slot) {
@@ -1294,9 +1354,10 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
         }
     }
     const void *x = m->input_act;
+    bool normed = false; /* x's norm done with the residual add that made it (next_norm) */
     for (int l = 0; l < s->layer_count; l++) {
         params_begin(m, l, false);
-        forward_layer(m, l, &a->layer[l], x, B, T, true);
+        normed = forward_layer(m, l, &a->layer[l], x, B, T, true, normed);
         params_end(m, l, false);
         x = a->layer[l].res3;
     }
@@ -1306,7 +1367,7 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
     const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
     const void *lnfb = param_or_null(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
+    if (!normed) norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
     if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
     l3d_be_matmul_forward(m->be, dt, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
     if (!targets) return 0.0f;
@@ -1417,7 +1478,7 @@ enum { WS_DMLP, WS_DFCH, WS_DATT, WS_DQKV, WS_N };
 /* Elements of each stash entry of one layer for BT rows. */
 static void wstash_sizes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int64_t BT,
                          int64_t sz[WS_N]) {
-    int64_t C = cfg->C, HS = C / cfg->NH, BTl = BT / sh->sp_size;
+    int64_t C = cfg->C, HS = l3d_model_head_dim(cfg), BTl = BT / sh->sp_size;
     int64_t qkv = ((int64_t)sh->head_count + 2 * (int64_t)l3d_shard_kv_count(cfg, sh)) * HS;
     int64_t fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * (int64_t)sh->ffn_count : sh->ffn_count;
     const int64_t v[WS_N] = {BTl * C, BT * fm, BTl * C, BT * qkv};
@@ -1588,7 +1649,7 @@ static void backward_layer(struct l3d_gpt *m, int l, float dloss, bool defer) {
     const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* the layer's forward again, from its input */
         la = &a->rc;
-        forward_layer(m, l, la, x, B, T, false);
+        forward_layer(m, l, la, x, B, T, false, false);
     } else if (m->recompute == L3D_RECOMPUTE_SELECTIVE && m->attn_naive) {
         /* the attention probabilities (the tiled kernel keeps none: nothing to rebuild) */
         l3d_be_attention_naive_forward(m->be, dt, a->atty_tmp, la->att, la->qkv, B, T, w.Hl,
@@ -1662,7 +1723,7 @@ static void weight_layer(struct l3d_gpt *m, int l) {
     if (m->recompute == L3D_RECOMPUTE_FULL) { /* B's rebuilt activations are gone: again */
         const void *x = l > 0 ? a->layer[l - 1].res3 : m->input_act;
         la = &a->rc;
-        forward_layer(m, l, la, x, m->B, m->T, false);
+        forward_layer(m, l, la, x, m->B, m->T, false, false);
     }
     if (!l3d_model_moe_layer(&m->cfg, s->layer_start + l)) {
         matmul_backward(m, NULL, g.fcprojw, g.fcprojb, wstash_rows(m, l, WS_DMLP), la->fch_gelu,
@@ -1749,24 +1810,26 @@ size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt) {
-    double s = T, b = B, h = cfg->C, a = sh->head_count, t = (double)cfg->NH / sh->head_count;
+    double s = T, b = B, h = cfg->C, a = sh->head_count;
     double p = sh->sp_size, sb = s * b, sbh = s * b * h;
     double E = (double)l3d_dtype_size(dt);
     /* each term in bytes: E for the activations of the model's type, 4 for the fp32 statistics
-     * and the int32 tokens. a: this rank's heads, the model's / t. The tiled kernel keeps a
+     * and the int32 tokens. a: this rank's heads. The tiled kernel keeps a
      * log-sum-exp per query row (a s b), the materialising one the probabilities (a s^2 b) and a
      * scratch of that size (both fp32) */
-    double Ca = h / t, att = 4 * (flash ? a * s * b : a * s * s * b);
+    int64_t hd = l3d_model_head_dim(cfg), ca = (int64_t)sh->head_count * hd;
+    double Ca = (double)ca, att = 4 * (flash ? a * s * b : a * s * s * b);
     bool naive_sel = !flash && recompute == L3D_RECOMPUTE_SELECTIVE;
-    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 h/t and
-     * 4 h/t + 4 h/t (GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
+    /* other blocks than GPT-2's: the q|k|v and MLP widths' excess over GPT-2's 3 ca and
+     * 4 ca + 4 ca (ca: this rank's attention channels, h / t unless head_dim sets hd apart;
+     * GQA: fewer k and v rows; SwiGLU: gate|up and its product; 0 for GPT-2),
      * and RMSNorm's missing mean (of both norms) */
-    int64_t ca = (int64_t)sh->head_count * (cfg->C / cfg->NH);
-    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * (cfg->C / cfg->NH);
+    int64_t qkv = ca + 2 * (int64_t)l3d_shard_kv_count(cfg, sh) * hd;
     int64_t f = sh->ffn_count, fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * f : f;
     double dw = (double)((qkv - 3 * ca) + (fm + f - 8 * ca));
     double dstat = cfg->norm == L3D_NORM_RMSNORM ? -4 * (2 * sb / p) : 0.0;
-    double layer_all = E * sbh * (2 + 12 / t + 2 / p) + att + 4 * (4 * sb / p) + E * sb * dw + dstat;
+    double layer_all = E * sbh * (2 + 2 / p) + E * sb * 12 * Ca + att + 4 * (4 * sb / p) +
+                       E * sb * dw + dstat;
     double layer = recompute == L3D_RECOMPUTE_NONE ? layer_all
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
@@ -1778,7 +1841,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
      * attention output, probabilities, MLP gradients) and the row-parallel output; SP adds the
      * gathered and scattered copies; recomputation adds what it rebuilds */
-    double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sbh / t + sbh) +
+    double shared = E * (sbh / p + sbh + 3 * sb * Ca + sb * Ca + 8 * sb * Ca + sbh) +
                     (flash ? 0 : att) + E * sb * dw;
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
@@ -1809,5 +1872,5 @@ double l3d_gpt_flops_per_token(const struct l3d_model_spec *cfg, int T) {
     double active = (double)l3d_gpt_param_count(cfg) - l3d_model_param_count(cfg) +
                     l3d_model_active_param_count(cfg);
     double n = active - wpe - wte;
-    return 6.0 * n + 12.0 * cfg->L * (double)cfg->C * T;
+    return 6.0 * n + 12.0 * cfg->L * (double)cfg->NH * l3d_model_head_dim(cfg) * T;
 }

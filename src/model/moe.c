@@ -179,36 +179,54 @@ static int64_t point_rows(struct moe_rows *r, const struct moe_dims *d, int64_t 
     return off;
 }
 
+#define TAKE(ptr, n, esz)                                           \
+    do {                                                            \
+        if (base) (ptr) = (void *)(base + off);                     \
+        off += ((int64_t)(n) * (esz) + 63) / 64 * 64;               \
+    } while (0)
+
+/* One saved set of N tokens at offset off of base (NULL: only counted): the routing, then the
+ * rows. The offset after it. */
+static int64_t point_set(struct moe_acts *a, const struct moe_dims *d, int64_t C, int64_t N,
+                         int64_t es, char *base, int64_t off) {
+    int64_t R = N * d->K;
+    TAKE(a->probs, N * d->E, 4);
+    TAKE(a->lse, N, 4);
+    TAKE(a->wts, R, 4);
+    TAKE(a->stats, 2 * d->E + 2, 4);
+    TAKE(a->idx, R, 4);
+    TAKE(a->pos, R, 4);
+    TAKE(a->offsets, d->E + 1, 4);
+    return point_rows(&a->r, d, C, N, es, base, off);
+}
+
 /* Walks the buffers (base NULL: only counts), as gpt.c's point_acts does: the sets, then the
  * backward scratch. Returns the bytes. */
 static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *cfg,
                          const struct l3d_shard *sh, int64_t N, int nsets, int64_t es, char *base) {
     struct moe_dims d = moe_dims(cfg, sh);
     int64_t C = cfg->C, R = N * d.K, off = 0;
-#define TAKE(ptr, n, esz)                                           \
-    do {                                                            \
-        if (base) (ptr) = (void *)(base + off);                     \
-        off += ((int64_t)(n) * (esz) + 63) / 64 * 64;               \
-    } while (0)
     for (int i = 0; i < nsets; i++) {
-        struct moe_acts tmp, *a = base ? &s->set[i] : &tmp;
-        TAKE(a->probs, N * d.E, 4);
-        TAKE(a->lse, N, 4);
-        TAKE(a->wts, R, 4);
-        TAKE(a->stats, 2 * d.E + 2, 4);
-        TAKE(a->idx, R, 4);
-        TAKE(a->pos, R, 4);
-        TAKE(a->offsets, d.E + 1, 4);
-        off = point_rows(&a->r, &d, C, N, es, base, off);
+        struct moe_acts tmp;
+        off = point_set(base ? &s->set[i] : &tmp, &d, C, N, es, base, off);
     }
     struct l3d_moe_state tmp, *b = base ? s : &tmp;
     off = point_rows(&b->d, &d, C, N, es, base, off);
     TAKE(b->dwts, R, 4);
     TAKE(b->dlogits, N * d.E, 4);
     TAKE(b->work, 3 * d.E, 4);
-#undef TAKE
     return off;
 }
+
+/* Generation's workspace (l3d_moe_infer_init): one set of N tokens and the sort's counts. */
+static int64_t point_infer(struct moe_acts *a, int32_t **work, const struct l3d_model_spec *cfg,
+                           const struct l3d_shard *sh, int64_t N, int64_t es, char *base) {
+    struct moe_dims d = moe_dims(cfg, sh);
+    int64_t off = point_set(a, &d, cfg->C, N, es, base, 0);
+    TAKE(*work, 3 * d.E, 4);
+    return off;
+}
+#undef TAKE
 
 /* Saved sets: one per MoE layer and activation slot (a pipeline stage keeps act_slots
  * micro-batches between their forward and backward), or one under full recomputation (backward
@@ -389,7 +407,7 @@ static float *grad(const struct l3d_gpt *m, int t, int l) {
 }
 
 /* The MLP's activation over n rows: SwiGLU from [gate | up] (width 2F), or GELU. */
-static void act_forward(struct l3d_gpt *m, void *out, const void *in, int64_t n, int64_t F) {
+static void act_forward(const struct l3d_gpt *m, void *out, const void *in, int64_t n, int64_t F) {
     if (m->cfg.mlp == L3D_MLP_SWIGLU)
         l3d_be_swiglu_forward(m->be, m->dt, out, in, n, F);
     else
@@ -419,7 +437,7 @@ static int64_t capacity(const struct l3d_model_spec *cfg, int64_t N) {
  * all-to-all of E integers); the rows arrive grouped by the rank that sent them, each group in
  * expert order, so a segment is (sending rank, expert), and a->a2a records the rows sent to and
  * received from each rank for the dispatch and the combine. */
-static void plan_segments(struct l3d_gpt *m, struct moe_acts *a, const struct moe_dims *d) {
+static void plan_segments(const struct l3d_gpt *m, struct moe_acts *a, const struct moe_dims *d) {
     a->nseg = 0;
     if (d->ep == 1) {
         for (int64_t e = 0; e < d->E; e++) {
@@ -450,7 +468,7 @@ static void plan_segments(struct l3d_gpt *m, struct moe_acts *a, const struct mo
 
 /* The EP all-to-all of rows of C elements: the dispatch (forward true: this rank's rows in expert
  * order out to their experts' ranks, from x to xe) or the combine (from ye back to y). */
-static void exchange(struct l3d_gpt *m, const struct moe_acts *a, const struct moe_dims *d,
+static void exchange(const struct l3d_gpt *m, const struct moe_acts *a, const struct moe_dims *d,
                      void *to, const void *from, bool dispatch) {
     int64_t ep = d->ep, C = m->cfg.C, *n = m->moe->xcnt;
     const int64_t *v = a->a2a; /* sc, sd, rc, rd in rows: in elements */
@@ -541,15 +559,15 @@ static void route(struct l3d_gpt *m, struct moe_acts *a, const void *ln, int l, 
                      m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, cap, fill, segs);
 }
 
-void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count) {
-    int j;
-    struct moe_acts *a = layer_set(m, l, &j);
+/* The block after the routing in a (its offsets, positions and weights): the rows gathered in
+ * expert order (sent to their experts' ranks with expert parallelism), each expert's MLP over its
+ * rows, and out (N,C) = the shared MLP's output (or zeros) plus the rows' weighted sum. */
+static void experts_forward(const struct l3d_gpt *m, int l, struct moe_acts *a, void *out,
+                            const void *ln, int64_t N) {
     struct moe_dims d = moe_dims(&m->cfg, &m->shard);
     const enum l3d_dtype dt = m->dt;
     const size_t es = m->es;
     int64_t C = m->cfg.C;
-    route(m, a, ln, l, N);
-    share_counts(m, a);
     /* each expert's row count decides its product's shape: on the host */
     l3d_be_copy_d2h(m->be, a->hoff, a->offsets, (size_t)(d.E + 1) * sizeof(int32_t));
     l3d_be_moe_permute(m->be, dt, a->r.x, ln, a->pos, N, d.K, C);
@@ -582,6 +600,14 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
         l3d_be_memset(m->be, out, 0, (size_t)(N * C) * es);
     }
     l3d_be_moe_combine(m->be, dt, out, a->r.y, a->pos, a->wts, N, d.K, C);
+}
+
+void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_t N, bool count) {
+    int j;
+    struct moe_acts *a = layer_set(m, l, &j);
+    route(m, a, ln, l, N);
+    share_counts(m, a);
+    experts_forward(m, l, a, out, ln, N);
     if (count) count_stats(m, j, a, N);
 }
 
@@ -658,4 +684,63 @@ void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, con
                                s->dwts, ln, param(m, L3D_T_ROUTER, l), a->probs, a->lse, a->idx,
                                a->wts, a->stats, N, C, d.E, d.K, ms->norm_topk, aux_scale,
                                z_scale);
+}
+
+/* ---- generation (src/model/infer.c) ------------------------------------------------------ */
+
+struct l3d_moe_infer {
+    struct l3d_backend *be;
+    int64_t Nmax;
+    void *base;      /* device: the set's routing and rows, then work */
+    struct moe_acts a;
+    int32_t *work;   /* the router's counting sort's counts (3E) */
+};
+
+l3d_status l3d_moe_infer_init(struct l3d_moe_infer **out, const struct l3d_gpt *m, int64_t Nmax) {
+    *out = NULL;
+    const struct l3d_model_spec *c = &m->cfg;
+    if (l3d_shard_moe_layers(c, &m->shard) == 0) return L3D_OK;
+    if (!l3d_be_has_moe(m->be))
+        return l3d_error(L3D_ERR_ARG, "backend %s has no MoE kernels (--moe-experts %d): "
+                         "the cpu, check and CUDA backends have them; use L3D_BACKEND=cpu",
+                         l3d_backend_name(m->be), c->moe.experts);
+    L3D_ASSERT(m->shard.expert_start == 0 && m->shard.expert_count == c->moe.experts);
+    struct l3d_moe_infer *w = l3d_calloc(sizeof *w, "MoE generation state");
+    w->be = m->be;
+    w->Nmax = Nmax;
+    int64_t E = c->moe.experts;
+    size_t bytes = (size_t)point_infer(&w->a, &w->work, c, &m->shard, Nmax, (int64_t)m->es, NULL);
+    w->base = l3d_be_alloc(m->be, bytes, "MoE generation buffers");
+    w->a.hoff = l3d_try_alloc((size_t)(E + 1) * sizeof(int32_t), "MoE offsets");
+    w->a.seg = l3d_try_alloc((size_t)(3 * E) * sizeof(int64_t), "MoE segments");
+    if (!w->base || !w->a.hoff || !w->a.seg) {
+        l3d_moe_infer_free(w);
+        return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for the MoE layers' generation "
+                         "buffers (%lld tokens a step, %lld experts): use a model with a shorter "
+                         "context", (double)bytes / 1073741824.0, (long long)Nmax, (long long)E);
+    }
+    l3d_be_memset(m->be, w->base, 0, bytes); /* first touch */
+    point_infer(&w->a, &w->work, c, &m->shard, Nmax, (int64_t)m->es, w->base);
+    *out = w;
+    return L3D_OK;
+}
+
+void l3d_moe_infer_free(struct l3d_moe_infer *w) {
+    if (!w) return;
+    l3d_be_free(w->be, w->base);
+    l3d_free(w->a.hoff);
+    l3d_free(w->a.seg);
+    l3d_free(w);
+}
+
+void l3d_moe_infer_forward(struct l3d_moe_infer *w, const struct l3d_gpt *m, int l, void *out,
+                           const void *ln, int64_t N) {
+    const struct l3d_model_spec *c = &m->cfg;
+    struct moe_acts *a = &w->a;
+    L3D_ASSERT(N >= 1 && N <= w->Nmax && l3d_model_moe_layer(c, m->shard.layer_start + l));
+    /* dropless (capacity 0) whatever the training's capacity factor: every assignment kept */
+    l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets,
+                     a->stats, w->work, ln, param(m, L3D_T_ROUTER, l), N, c->C, c->moe.experts,
+                     c->moe.top_k, c->moe.norm_topk, 0, NULL, 1);
+    experts_forward(m, l, a, out, ln, N);
 }

@@ -29,6 +29,17 @@ void l3d_moe_forward(struct l3d_gpt *m, int l, void *out, const void *ln, int64_
  * (N,C), with the auxiliary losses weighted as the micro-batch's mean loss (dloss N). */
 void l3d_moe_backward(struct l3d_gpt *m, int l, void *dln, const void *dout, const void *ln,
                       int64_t N, float dloss);
+/* Generation's MoE block (src/model/infer.c): one set of routing and rows for steps of up to Nmax
+ * new tokens, made once (*out NULL for a model without MoE layers); the whole model in one
+ * process. L3D_ERR_OOM or L3D_ERR_ARG (a backend without the MoE kernels) otherwise. */
+struct l3d_moe_infer;
+l3d_status l3d_moe_infer_init(struct l3d_moe_infer **out, const struct l3d_gpt *m, int64_t Nmax);
+void l3d_moe_infer_free(struct l3d_moe_infer *w);
+/* Layer l's block over N <= Nmax rows, as l3d_moe_forward computes it but dropless (no capacity:
+ * Hugging Face's Mixtral and Qwen3-MoE keep every assignment) and counting nothing: out (N,C)
+ * from the normalised ln (N,C). Allocates nothing. */
+void l3d_moe_infer_forward(struct l3d_moe_infer *w, const struct l3d_gpt *m, int l, void *out,
+                           const void *ln, int64_t N);
 /* A micro-batch of B rows split over a context-parallel ring of cp ranks (each row 2 cp chunks,
  * rank cp_rank holding two, l3d_cp_chunk_start): this rank's N = B T tokens' routing idx (N,K),
  * row-major with its two chunks in turn, counted into cnt (B, 2 cp, E; =, zeros elsewhere), so

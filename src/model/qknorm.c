@@ -36,7 +36,7 @@ struct qk_dims {
 };
 
 static struct qk_dims dims(const struct l3d_model_spec *c, const struct l3d_shard *sh) {
-    struct qk_dims d = {.HS = c->C / c->NH, .Hl = sh->head_count,
+    struct qk_dims d = {.HS = l3d_model_head_dim(c), .Hl = sh->head_count,
                         .KVl = l3d_shard_kv_count(c, sh)};
     d.H3 = d.Hl + 2 * d.KVl;
     d.QKV = d.H3 * d.HS;
@@ -201,7 +201,7 @@ void l3d_qknorm_backward(struct l3d_gpt *m, int l, void *dqkv, int64_t N) {
 void l3d_qknorm_rows(const struct l3d_gpt *m, int l, void *qkv, int64_t N, int64_t QKV,
                      void *tmp, float *rstd) {
     const struct l3d_model_spec *c = &m->cfg;
-    int64_t HS = c->C / c->NH, NKV = l3d_model_kv_heads(c);
+    int64_t HS = l3d_model_head_dim(c), NKV = l3d_model_kv_heads(c);
     const int64_t heads[2] = {c->NH, NKV}, at[2] = {0, c->NH * HS};
     for (int64_t n = 0; n < N; n++) /* a row's query heads, then its key heads: each contiguous */
         for (int b = BLK_Q; b <= BLK_K; b++) {

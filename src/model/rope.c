@@ -17,7 +17,7 @@
 #include "llm3d/model.h"
 
 void l3d_rope_inv_freq(const struct l3d_model_spec *m, float *out) {
-    const int HS = m->C / m->NH;
+    const int HS = l3d_model_head_dim(m);
     const struct l3d_rope *r = &m->rope;
     const double theta = r->theta > 0.0 ? r->theta : 10000.0, pi = 3.14159265358979323846;
     for (int i = 0; i < HS / 2; i++) {

@@ -180,7 +180,7 @@ l3d_status l3d_cp_attach(struct l3d_cp *cp, struct l3d_gpt *m, struct l3d_comm *
     if (m->attn_naive)
         return l3d_error(L3D_ERR_ARG, "L3D_ATTENTION=naive with --cp %d: the ring runs the tiled "
                          "kernel's blocks; unset L3D_ATTENTION", cp_comm->size);
-    int64_t B = m->Bmax, T = m->Tmax, NH = m->shard.head_count, HS = m->cfg.C / m->cfg.NH;
+    int64_t B = m->Bmax, T = m->Tmax, NH = m->shard.head_count, HS = l3d_model_head_dim(&m->cfg);
     int64_t NKV = NH; /* GPT-2: a key/value head per head */
     cp->cap = B * T * 2 * NKV * HS;
     size_t e = l3d_dtype_size(m->dt), kvb = (size_t)cp->cap * e;

@@ -37,6 +37,10 @@ bool l3d_calib_thread_in_range(const struct l3d_calib *c);
 void l3d_calib_thread_again(struct l3d_calib *c);
 void l3d_calib_fractions(struct l3d_calib *c);
 
+/* Whether grid shape i (l3d_calib_grid) is measured: all of them, or under --quick each row's
+ * first and last */
+bool l3d_calib_grid_measured(const struct l3d_calib *c, int i);
+
 /* gemm_thread_eff above this is measured again, and written as this if still above (the file
  * says what was measured): one product on k threads beats k single cores only by what k cores'
  * caches hold together; the 4 shapes' 2-thread ratios spread 0.76-1.28 on the idle 2-core

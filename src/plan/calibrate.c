@@ -16,7 +16,7 @@
  *      thread (printed), and one product on all cores (gemm_thread_eff's numerator);
  *   2. every rank on its own core, one thread each, at once (each core measured with its
  *      neighbours busy, as in a run that uses every core): the FMA peak, the trainer's linear layer
- *      (forward + backward) on a ladder of GPT shapes, the backend's
+ *      (forward + backward) on a grid of shapes (and with --model that model's own), the backend's
  *      attention forward + backward at a GPT-2 small shape; rank 0's figures are written;
  *   3. the all-reduces; rank 0 writes the file (FILE.tmp, fsync, rename).
  * During each phase rank 0 reads the busy time of its cores from /proc/stat (steal included) and

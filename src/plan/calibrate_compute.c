@@ -243,53 +243,69 @@ double l3d_calib_product_rate(struct l3d_backend *be, enum l3d_dtype dt, int64_t
     return fmax(r.fwd_dx, r.wgrad);
 }
 
-/* Linear layers (layer_rates) on one thread at GPT shapes: rows M of a micro-batch (B*T), N x K
- * from the layers' weights (C, 3C, 4C for C up to 768) and the head dimension, bucketed by the
- * FLOPs of one product (2 M N K) in half decades from 1e6 to 1e11; a point of eff is the
- * geometric mean of its bucket's FLOPs and the median of its layers' forward and input-gradient
- * FLOP/s. The weight gradient has a curve of its own, by tokens: its reduction runs over the M
- * rows, and a backend that accumulates it into an fp32 main_grad may depend on M alone (oneDNN's
- * bf16 product here: 0.39-0.43 of the peak at M = 128 for every weight out of cache,
- * docs/BENCHMARKS.md), so a point of wg is M and the median FLOP/s of the weight-gradient product
- * alone at GPT-2 small's two weights, 768 x 768 and 3072 x 768 (out of every core's cache, as a
- * model's weights are; the ladder's small weights stay in cache). Fractions of the peak: the
- * caller's. */
-static void measure_gemm(struct l3d_backend *be, struct l3d_calib *c, enum l3d_dtype dt, int *n_eff,
-                         double *eff_flops, double *eff, int *n_wg, double *wg_tok,
-                         double *wg_eff) {
-    static const int64_t Ms[] = {64, 256, 1024, 2048};
-    static const int64_t NKs[] = {64, 192, 256, 768, 1024, 2304, 3072};
-    const int per_bucket = c->quick ? 1 : 3;
-    const double secs = c->quick ? 0.02 : 0.3;
+const int64_t l3d_calib_grid[L3D_CALIB_GRID][3] = {
+    {64, 64, 64},       {64, 256, 256},     {64, 768, 768},     {64, 3072, 3072},
+    {128, 128, 128},    {128, 768, 768},    {128, 3072, 3072},  {256, 256, 256},
+    {256, 768, 768},    {256, 1536, 1536},  {256, 3072, 3072},  {512, 512, 512},
+    {512, 1536, 1536},  {1024, 1024, 1024}, {1024, 2048, 2048}, {1024, 3072, 3072},
+    {2048, 2048, 2048}, {2048, 3072, 3072}};
+
+bool l3d_calib_grid_measured(const struct l3d_calib *c, int i) {
+    const int64_t(*g)[3] = l3d_calib_grid;
+    bool first = i == 0 || g[i - 1][0] != g[i][0];
+    bool last = i == L3D_CALIB_GRID - 1 || g[i + 1][0] != g[i][0];
+    return !c->quick || first || last;
+}
+
+/* gemm_eff from the grid's rates (for planners that read no grid): the shapes bucketed by the
+ * FLOPs of one product (2 M N K) in half decades from 1e5 to 1e11, a point the geometric mean of
+ * its bucket's FLOPs and the median of its rates */
+static void grid_curve(const struct l3d_calib *c, const double *rate, int *n_eff,
+                       double *eff_flops, double *eff) {
     *n_eff = 0;
-    c->eff_shapes = 0;
-    for (int k = 12; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
-        double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0);
-        int64_t shape[128][3];
+    for (int k = 10; k < 22; k++) { /* bucket [10^(k/2), 10^((k+1)/2)) */
+        double lo = pow(10.0, k / 2.0), hi = pow(10.0, (k + 1) / 2.0), v[L3D_CALIB_GRID];
+        double logf = 0.0;
         int n = 0;
-        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
-            for (size_t j = 0; j < sizeof NKs / sizeof NKs[0]; j++)
-                for (size_t l = 0; l < sizeof NKs / sizeof NKs[0]; l++) {
-                    double f = 2.0 * Ms[i] * NKs[j] * NKs[l];
-                    if (f >= lo && f < hi && n < 128)
-                        shape[n][0] = Ms[i], shape[n][1] = NKs[j], shape[n][2] = NKs[l], n++;
-                }
-        if (n == 0) continue;
-        int take = n < per_bucket ? n : per_bucket;
-        double frac[8], logf = 0.0;
-        for (int s = 0; s < take; s++) {
-            /* spread over the bucket's list (M slowest): different aspect ratios */
-            int idx = take == 1 ? n / 2 : s * (n - 1) / (take - 1);
-            const int64_t *sh = shape[idx];
-            double f = 2.0 * sh[0] * sh[1] * sh[2];
-            frac[s] = layer_rates(be, dt, sh[0], sh[1], sh[2], secs, passes(c), false).fwd_dx;
+        for (int i = 0; i < L3D_CALIB_GRID; i++) {
+            const int64_t *g = l3d_calib_grid[i];
+            double f = 2.0 * g[0] * g[1] * g[2];
+            if (!l3d_calib_grid_measured(c, i) || f < lo || f >= hi) continue;
+            v[n++] = rate[i];
             logf += log(f);
         }
-        eff_flops[*n_eff] = exp(logf / take);
-        eff[*n_eff] = l3d_calib_median(frac, take);
-        (*n_eff)++;
-        c->eff_shapes += take;
+        if (n == 0) continue;
+        eff_flops[*n_eff] = exp(logf / n);
+        eff[(*n_eff)++] = l3d_calib_median(v, n);
     }
+}
+
+/* Linear layers (layer_rates) on one thread by shape: the grid l3d_calib_grid (rows of one
+ * smallest side, M the tokens, from 64 to 2048; N = K from the side to 3072), its forward and
+ * input-gradient FLOP/s into rate[], and gemm_eff's curve from them (grid_curve). Bucketed by
+ * FLOPs alone, as the ladder before it was, a bucket mixed thin products (a side of 64) with
+ * square ones: d6's products (M 256, N and K 384..1536) ran at about 0.65 of the FMA peak on the
+ * quiet machine, their buckets said 0.46-0.53, and the plan's products came out 15% slow. The
+ * weight gradient has a curve of its own, by tokens: its reduction runs over the M rows, and a
+ * backend that accumulates it into an fp32 main_grad may depend on M alone (oneDNN's bf16
+ * product here: 0.39-0.43 of the peak at M = 128 for every weight out of cache,
+ * docs/BENCHMARKS.md), so a point of wg is M and the median FLOP/s of the weight-gradient product
+ * alone at GPT-2 small's two weights, 768 x 768 and 3072 x 768 (out of every core's cache, as a
+ * model's weights are; the grid's small weights stay in cache). Fractions of the peak: the
+ * caller's. */
+static void measure_gemm(struct l3d_backend *be, struct l3d_calib *c, enum l3d_dtype dt,
+                         double *rate, int *n_eff, double *eff_flops, double *eff, int *n_wg,
+                         double *wg_tok, double *wg_eff) {
+    const double secs = c->quick ? 0.02 : 0.3;
+    c->eff_shapes = 0;
+    for (int i = 0; i < L3D_CALIB_GRID; i++) {
+        const int64_t *g = l3d_calib_grid[i];
+        rate[i] = 0.0;
+        if (!l3d_calib_grid_measured(c, i)) continue;
+        rate[i] = layer_rates(be, dt, g[0], g[1], g[2], secs, passes(c), false).fwd_dx;
+        c->eff_shapes++;
+    }
+    grid_curve(c, rate, n_eff, eff_flops, eff);
     static const int64_t toks[] = {64, 128, 256, 512, 1024, 2048};
     static const int64_t weights[2][2] = {{768, 768}, {3072, 768}}; /* N outputs x K inputs */
     *n_wg = 0;
@@ -300,6 +316,19 @@ static void measure_gemm(struct l3d_backend *be, struct l3d_calib *c, enum l3d_d
                                true).wgrad;
         wg_tok[*n_wg] = (double)toks[i];
         wg_eff[(*n_wg)++] = l3d_calib_median(r, 2);
+    }
+}
+
+/* --model: the model's own linear layers (c->exact_shape), each as the trainer runs it: the
+ * forward and input-gradient FLOP/s into fwd[], the weight gradient's into wg[] */
+static void measure_exact(struct l3d_backend *be, const struct l3d_calib *c, enum l3d_dtype dt,
+                          double *fwd, double *wg) {
+    for (int i = 0; i < c->n_exact; i++) {
+        const int64_t *s = c->exact_shape[i];
+        struct layer_rate r = layer_rates(be, dt, s[0], s[1], s[2], c->quick ? 0.02 : 0.3,
+                                          passes(c), false);
+        fwd[i] = r.fwd_dx;
+        wg[i] = r.wgrad;
     }
 }
 
@@ -365,30 +394,38 @@ void l3d_calib_all_cores(struct l3d_calib *c, l3d_calib_report_fn report, void *
 /* The peak is at least the fastest rate measured: a slowed FMA loop (a sanitizer build, a core
  * taken away during its rounds) must not give fractions above 1, which plan rejects. A type whose
  * products run natively has a peak of its own, raised the same way. Then every rate of the
- * ladder, the weight gradient and attention becomes a fraction of its peak. */
+ * grid, the model's shapes, the weight gradient and attention becomes a fraction of its peak. */
 void l3d_calib_fractions(struct l3d_calib *c) {
     const double attn_flops = 12.0 * 4 * 256 * 256 * 768;
     const double attn_rate = attn_flops / (c->attn_fwd_s + c->attn_bwd_s);
     double top = attn_rate, top16[2] = {0, 0};
-    for (int i = 0; i < c->n_eff; i++) top = fmax(top, c->eff[i]);
+    for (int i = 0; i < L3D_CALIB_GRID; i++) top = fmax(top, c->grid_eff[i]);
+    for (int i = 0; i < c->n_exact; i++) top = fmax(top, fmax(c->exact_eff[i], c->exact_wg[i]));
     for (int i = 0; i < c->n_wg; i++) top = fmax(top, c->wg_eff[i]);
     for (int i = 0; i < 4; i++) top = fmax(top, c->thr_one[i]);
     for (int t = 0; t < 2; t++) {
         double *tp = c->native16[t] ? &top16[t] : &top;
         *tp = fmax(*tp, attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]));
-        for (int i = 0; i < c->n_eff16[t]; i++) *tp = fmax(*tp, c->eff16[t][i]);
+        for (int i = 0; i < L3D_CALIB_GRID; i++) *tp = fmax(*tp, c->grid16_eff[t][i]);
+        for (int i = 0; i < c->n_exact; i++)
+            *tp = fmax(*tp, fmax(c->exact16_eff[t][i], c->exact16_wg[t][i]));
         for (int i = 0; i < c->n_wg16[t]; i++) *tp = fmax(*tp, c->wg16_eff[t][i]);
         for (int i = 0; i < 4; i++) *tp = fmax(*tp, c->thr_one16[t][i]);
     }
     c->fma_loop = 0.0;
     if (top > c->fma) c->fma_loop = c->fma, c->fma = top;
     for (int i = 0; i < c->n_eff; i++) c->eff[i] /= c->fma;
+    for (int i = 0; i < L3D_CALIB_GRID; i++) c->grid_eff[i] /= c->fma;
+    for (int i = 0; i < c->n_exact; i++) c->exact_eff[i] /= c->fma, c->exact_wg[i] /= c->fma;
     for (int i = 0; i < c->n_wg; i++) c->wg_eff[i] /= c->fma;
     c->attn_eff = attn_rate / c->fma;
     for (int t = 0; t < 2; t++) {
         if (c->native16[t]) c->peak16[t] = fmax(c->peak16[t], top16[t]);
         double peak = c->native16[t] ? c->peak16[t] : c->fma;
         for (int i = 0; i < c->n_eff16[t]; i++) c->eff16[t][i] /= peak;
+        for (int i = 0; i < L3D_CALIB_GRID; i++) c->grid16_eff[t][i] /= peak;
+        for (int i = 0; i < c->n_exact; i++)
+            c->exact16_eff[t][i] /= peak, c->exact16_wg[t][i] /= peak;
         for (int i = 0; i < c->n_wg16[t]; i++) c->wg16_eff[t][i] /= peak;
         c->attn_eff16[t] = attn_flops / (c->attn16_s[t][0] + c->attn16_s[t][1]) / peak;
     }
@@ -440,14 +477,16 @@ void l3d_calib_thread_again(struct l3d_calib *c) {
 /* Every rank at once, one thread each on its own core, so that each core is measured with its
  * neighbours busy, as in a run that uses every core (a core alone clocks higher and has the
  * memory to itself): the FMA peak before, between and after the products (the highest: the
- * clock and the neighbours vary), the linear layers of the ladder, the attention kernels. */
+ * clock and the neighbours vary), the linear layers of the grid (and the model's), the
+ * attention kernels. */
 void l3d_calib_one_core(struct l3d_calib *c) {
     struct l3d_backend *be = l3d_backend_cpu_init();
     omp_set_num_threads(1);
     double wall0 = l3d_time_s(), cpu0 = l3d_calib_cpu_s();
     c->fma = l3d_cpu_fma_peak(1.0);
-    measure_gemm(be, c, L3D_F32, &c->n_eff, c->eff_flops, c->eff, &c->n_wg, c->wg_tok,
-                 c->wg_eff);
+    measure_gemm(be, c, L3D_F32, c->grid_eff, &c->n_eff, c->eff_flops, c->eff, &c->n_wg,
+                 c->wg_tok, c->wg_eff);
+    measure_exact(be, c, L3D_F32, c->exact_eff, c->exact_wg);
     c->fma = fmax(c->fma, l3d_cpu_fma_peak(1.0));
     measure_attention(be, c, L3D_F32, &c->attn_fwd_s, &c->attn_bwd_s);
     thread_rates(be, c, L3D_F32, c->thr_one);
@@ -457,9 +496,11 @@ void l3d_calib_one_core(struct l3d_calib *c) {
         c->native16[t] = l3d_be_matmul_native(be, l3d_calib_types16[t]);
         c->peak16[t] = c->native16[t] ? l3d_be_peak_flops(be, l3d_calib_types16[t]) : 0.0;
         int shapes = c->eff_shapes;
-        measure_gemm(be, c, l3d_calib_types16[t], &c->n_eff16[t], c->eff16_flops[t], c->eff16[t],
-                     &c->n_wg16[t], c->wg16_tok[t], c->wg16_eff[t]);
+        measure_gemm(be, c, l3d_calib_types16[t], c->grid16_eff[t], &c->n_eff16[t],
+                     c->eff16_flops[t], c->eff16[t], &c->n_wg16[t], c->wg16_tok[t],
+                     c->wg16_eff[t]);
         c->eff_shapes = shapes;
+        measure_exact(be, c, l3d_calib_types16[t], c->exact16_eff[t], c->exact16_wg[t]);
         measure_attention(be, c, l3d_calib_types16[t], &c->attn16_s[t][0], &c->attn16_s[t][1]);
         thread_rates(be, c, l3d_calib_types16[t], c->thr_one16[t]);
     }

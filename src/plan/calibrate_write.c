@@ -32,6 +32,26 @@ static void cpu_model(char *out, size_t n) {
     fclose(f);
 }
 
+/* The measured grid (fractions fr, of l3d_calib_grid) into g, and the model's shapes (fwd, wg)
+ * into x */
+static void shape_entries(const struct l3d_calib *c, const double *fr, const double *fwd,
+                          const double *wg, struct l3d_profile_grid *g,
+                          struct l3d_profile_exact *x) {
+    g->n = 0;
+    for (int i = 0; i < L3D_CALIB_GRID && g->n < L3D_PROFILE_MAX_GRID; i++) {
+        if (!l3d_calib_grid_measured(c, i)) continue;
+        const int64_t *s = l3d_calib_grid[i];
+        g->M[g->n] = (double)s[0], g->N[g->n] = (double)s[1], g->K[g->n] = (double)s[2];
+        g->eff[g->n++] = fr[i];
+    }
+    x->n = c->n_exact;
+    for (int i = 0; i < c->n_exact; i++) {
+        const int64_t *s = c->exact_shape[i];
+        x->M[i] = (double)s[0], x->N[i] = (double)s[1], x->K[i] = (double)s[2];
+        x->eff[i] = fwd[i], x->wgrad[i] = wg[i];
+    }
+}
+
 void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
     memset(p, 0, sizeof *p);
     char model[160];
@@ -51,6 +71,7 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
     p->n_eff = c->n_eff;
     memcpy(p->eff_flops, c->eff_flops, sizeof c->eff_flops);
     memcpy(p->eff, c->eff, sizeof c->eff);
+    shape_entries(c, c->grid_eff, c->exact_eff, c->exact_wg, &p->grid, &p->exact);
     p->wgrad.n = c->n_wg;
     memcpy(p->wgrad.tokens, c->wg_tok, sizeof c->wg_tok);
     memcpy(p->wgrad.eff, c->wg_eff, sizeof c->wg_eff);
@@ -64,6 +85,8 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
         m->n_eff = c->n_eff16[t];
         memcpy(m->eff_flops, c->eff16_flops[t], sizeof c->eff16_flops[t]);
         memcpy(m->eff, c->eff16[t], sizeof c->eff16[t]);
+        shape_entries(c, c->grid16_eff[t], c->exact16_eff[t], c->exact16_wg[t], &m->grid,
+                      &m->exact);
         m->wgrad.n = c->n_wg16[t];
         memcpy(m->wgrad.tokens, c->wg16_tok[t], sizeof c->wg16_tok[t]);
         memcpy(m->wgrad.eff, c->wg16_eff[t], sizeof c->wg16_eff[t]);
@@ -217,11 +240,19 @@ static void kern_figures(struct text *t, const char *const *names, const double 
 /* The compute figures of one core, fp32 */
 static void write_compute(FILE *f, const struct l3d_calib *c, const struct l3d_profile *p,
                           const char *by) {
-    put(f, p, "gemm_eff", false, "\n%s: the backend's linear layer, its forward and input-gradient "
-        "products (4 M N K FLOPs), on one core (every core busy with the same), %d GPT shapes (M "
-        "in 64..2048, N and K in 64..3072), buffers rotating over 64 MiB, median pass each, "
-        "bucketed by the FLOPs of one product (2 M N K) in half decades: geometric-mean FLOPs, "
-        "median fraction of the FMA peak", by, c->eff_shapes);
+    put(f, p, "gemm_eff_grid", false, "\n%s: the backend's linear layer of M tokens, K inputs, "
+        "N outputs, its forward and input-gradient products (4 M N K FLOPs), on one core (every "
+        "core busy with the same), %d shapes in rows of one smallest side (M 64..2048, N = K up "
+        "to 3072), buffers rotating over 64 MiB, median pass each: fraction of the FMA peak. "
+        "The planner reads it by a product's smallest side and FLOPs", by, c->eff_shapes);
+    put(f, p, "gemm_eff", false, "%s: gemm_eff_grid's shapes bucketed by the FLOPs of one "
+        "product (2 M N K) in half decades: geometric-mean FLOPs, median fraction (for planners "
+        "that read no grid)", by);
+    if (c->n_exact > 0)
+        put(f, p, "gemm_exact", false, "%s: with --model, %s: its linear layers M x N x K as the "
+            "trainer runs them: F the forward and input-gradient products, W the weight "
+            "gradient, each as gemm_eff_grid measures a shape; the planner takes them first for "
+            "products of exactly these shapes", by, c->model);
     put(f, p, "gemm_eff_wgrad", false, "%s: the linear layer's weight-gradient product alone (2 M "
         "N K FLOPs, accumulated into the gradient), by the tokens M it reduces over, at GPT-2 "
         "small's weights 768x768 and 3072x768 (out of cache), buffers rotating over 64 MiB, "
@@ -265,6 +296,9 @@ static void write_16(FILE *f, const struct l3d_calib *c, const struct l3d_profil
     static const char *const stem[7] = {"gemm_native", "gemm_eff", "gemm_eff_wgrad", "attn_eff",
                                         "gemm_thread_eff", "kernel_bw_eff", "kernel_bw_effs"};
     for (int i = 0; i < 7; i++) snprintf(key[i], sizeof key[i], "%s_%s", stem[i], n);
+    char grid[32], exact[32];
+    snprintf(grid, sizeof grid, "gemm_eff_grid_%s", n);
+    snprintf(exact, sizeof exact, "gemm_exact_%s", n);
     fprintf(f, "\n# llm3d's %s kernels (--precision %s: 16-bit activations and weights, fp32 "
                "main_grad), %s\n", n, n,
             c->native16[t] ? "products in oneDNN's own 16-bit kernels (fp32 sums)"
@@ -275,6 +309,8 @@ static void write_16(FILE *f, const struct l3d_calib *c, const struct l3d_profil
     put(f, p, key[1], false, "%s: the linear layer as gemm_eff, in %s through the backend "
         "(forward and input gradient), the same shapes and buckets; fraction of %s%s", by, n,
         c->native16[t] ? "peak_tflops_" : "the fp32 FMA peak", c->native16[t] ? n : "");
+    put(f, p, grid, false, "%s: as gemm_eff_grid, in %s", by, n);
+    if (c->n_exact > 0) put(f, p, exact, false, "%s: as gemm_exact, in %s", by, n);
     put(f, p, key[2], false, "%s: the weight gradient as gemm_eff_wgrad, in %s (into the fp32 "
         "main_grad)", by, n);
     put(f, p, key[3], false, "%s: the attention as attn_eff, in %s (%.1f + %.1f ms)", by, n,

@@ -25,19 +25,19 @@ static double layer_act_16(const struct l3d_model_spec *m, const struct l3d_layo
     /* their 8 s b h of attention is Q, K, V and the projection's input, 2 s b h each: with
      * grouped-query attention K and V are kv/h of it; SwiGLU keeps its two f-wide inputs and the
      * f-wide product (6 s b f) where GELU keeps input and output (4 s b f) */
-    double kv = (double)l3d_model_kv_heads(m) / m->NH;
+    double hd = l3d_model_head_dim(m), q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd;
     double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * f, whole = 0.0;
     if (moe) { /* the MLP's tensors for each of the K routed and the shared experts' rows
                 * (width moe.ffn), the K permuted input rows and the experts' outputs (2 s b h
                 * each), and the router's fp32 probabilities (4 s b E): whole on every TP rank,
                 * whose experts are whole over the same tokens */
-        const struct l3d_moe_spec *q = &m->moe;
-        double Fe = (double)(q->ffn > 0 ? q->ffn : m->ffn), K = q->top_k;
-        whole = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + q->shared) +
-                4 * K * sbh + 4 * s * b * q->experts;
+        const struct l3d_moe_spec *mo = &m->moe;
+        double Fe = (double)(mo->ffn > 0 ? mo->ffn : m->ffn), K = mo->top_k;
+        whole = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * s * b * Fe * (K + mo->shared) +
+                4 * K * sbh + 4 * s * b * mo->experts;
         mlp = 0.0;
     }
-    double split = (4 + 4 * kv) * sbh + mlp + att;
+    double split = (4 * q + 4 * kv) * s * b + mlp + att; /* q = kv = h: Megatron-LM's 8 s b h */
     return whole + (lay->sp ? (10 * sbh + split) / t : 10 * sbh + split / t);
 }
 
@@ -154,7 +154,7 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
                                    const struct l3d_plan_chunk *ch) {
     const struct l3d_shard *sh = &ch->sh;
     double N = (double)lay->micro_batch * m->maxT, C = (double)m->C;
-    double Ca = (double)sh->head_count * (m->C / m->NH), F = (double)sh->ffn_count;
+    double Ca = (double)sh->head_count * l3d_model_head_dim(m), F = (double)sh->ffn_count;
     double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
     double best = 0;
     for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
@@ -330,7 +330,7 @@ void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_p
                              const struct l3d_layout *lay, const struct l3d_plan_chunk *ch,
                              int cp, struct l3d_plan_mem *mem) {
     for (int k = 0; k < lay->v && cp > 1; k++) { /* each chunk's ring (l3d_cp_attach) */
-        int64_t heads = ch[k].sh.head_count, HS = mc->C / mc->NH;
+        int64_t heads = ch[k].sh.head_count, HS = l3d_model_head_dim(mc);
         double ring = (double)l3d_cp_bytes(lay->micro_batch, mc->maxT, heads, heads, HS,
                                            run->precision.param);
         mem->other += ring;

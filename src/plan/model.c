@@ -13,9 +13,15 @@ l3d_status l3d_plan_model_check(const struct l3d_model_spec *m) {
                          "--heads %d, --vocab %d, --seq-len %d)", m->L, m->C, m->NH, m->V, m->maxT);
     if (m->ffn < 1 || m->ffn > (int64_t)1 << 24)
         return l3d_error(L3D_ERR_ARG, "--ffn %lld must be from 1 to 2^24", (long long)m->ffn);
-    if (m->C % m->NH != 0)
-        return l3d_error(L3D_ERR_ARG, "--channels %d must be divisible by --heads %d", m->C,
-                         m->NH);
+    if (m->head_dim < 0 || m->head_dim > 1 << 20)
+        return l3d_error(L3D_ERR_ARG, "--head-dim %d: give 1 to 2^20 (0: channels / heads)",
+                         m->head_dim);
+    if (m->head_dim == 0 && m->C % m->NH != 0)
+        return l3d_error(L3D_ERR_ARG, "--channels %d must be divisible by --heads %d, or give "
+                         "--head-dim", m->C, m->NH);
+    if (m->pos == L3D_POS_ROPE && l3d_model_head_dim(m) % 2 != 0)
+        return l3d_error(L3D_ERR_ARG, "rotary positions need an even head size, not %d: give an "
+                         "even --head-dim", l3d_model_head_dim(m));
     if (m->V > 1 << 30 || m->C > 1 << 20 || m->L > 1 << 16 || m->maxT > 1 << 22)
         return l3d_error(L3D_ERR_ARG, "model sizes out of range (vocabulary <= 2^30, channels <= "
                          "2^20, layers <= 65536, sequence <= 2^22)");
@@ -55,7 +61,7 @@ int64_t l3d_plan_model_params(const struct l3d_model_spec *m) {
 void l3d_plan_param_counts(const struct l3d_model_spec *m, int t, int ep,
                            struct l3d_plan_counts *o) {
     /* the padded vocabulary of the model's V (a --vocab given after a preset leaves its Vp) */
-    double C = m->C, hd = (double)m->C / m->NH, F = (double)m->ffn;
+    double C = m->C, hd = l3d_model_head_dim(m), F = (double)m->ffn;
     double Vp = (double)l3d_plan_model_gpt(m).Vp;
     int kv = l3d_model_kv_heads(m);
     double kv_local = kv >= t ? (double)kv / t : 1.0, q_local = (double)m->NH / t;

@@ -142,14 +142,15 @@ static void eval_flops(const struct l3d_model_spec *m, const struct l3d_profile 
     /* Narayanan et al. 2021, eq. 3: 72 B s L h^2 (1 + s/6h) + 6 B s h V per step without
      * recomputation (3 passes); the full recomputation's extra forward makes it 96. A layer's
      * forward per token: 24 h^2 = 2 (3h^2 + h^2 + 2 h f) with f = 4h, plus attention's 4 s h */
-    double f = (double)m->ffn, kv = l3d_model_kv_heads(m) * (h / m->NH);
+    double f = (double)m->ffn, hd = l3d_model_head_dim(m), q = m->NH * hd;
+    double kv = l3d_model_kv_heads(m) * hd; /* q = kv = h: GPT-2's */
     /* grouped-query attention's K and V products are kv/h of Q's; SwiGLU has three f x h
      * matrices where GELU has two (so Llama's 8h^2 + 6hf + 4sh with kv = h) */
     double mlp = (m->mlp == L3D_MLP_SWIGLU ? 6 : 4) * h * f;
     /* a mixture of experts: its MoE layers' active FLOPs (router, K experts, shared experts)
      * in place of the MLP's, the leading dense layers as they are */
     double Lm = m->moe.experts > 0 ? L - m->moe.dense_layers : 0;
-    double att_f = 2 * (2 * h * h + 2 * h * kv) + 4 * s * h, head = 6 * h * c.Vp;
+    double att_f = 2 * (2 * h * q + 2 * h * kv) + 4 * s * q, head = 6 * h * c.Vp;
     double layers_f = L * att_f + (L - Lm) * mlp + Lm * l3d_plan_moe_flops(m);
     r->model_flops = G * s * (3 * layers_f + head);
     /* the recomputed forward (chunk_time, time.c): full, a layer's; selective, the attention

@@ -27,6 +27,8 @@ enum l3d_profile_kind {
     L3D_PK_WGRAD, /* tokens:fraction points, increasing tokens */
     L3D_PK_TILE,  /* MxN, each from 1 to hi */
     L3D_PK_KERN,  /* layernorm:F gelu:F residual:F adamw:F, each fraction in (0, hi] */
+    L3D_PK_GRID,  /* MxNxK:fraction entries, each shape once (products by shape) */
+    L3D_PK_EXACT, /* MxNxK:F/W entries, each shape once (a model's linear layers) */
 };
 
 /* The range of a number in the file's units: above 0 (positive) or from 0, at most hi. The
@@ -36,7 +38,8 @@ struct l3d_profile_key {
     const char *name;
     enum l3d_profile_kind kind;
     size_t off;        /* where the value lives in struct l3d_profile (for the curves of
-                        * L3D_PK_EFF, the struct l3d_profile_16 it starts; 0: the fp32 curve) */
+                        * L3D_PK_EFF, the struct l3d_profile_16 it starts; 0: the fp32 curve;
+                        * L3D_PK_GRID, _EXACT: their struct) */
     double scale;      /* L3D_PK_NUM: SI units of one file unit */
     bool positive;     /* must be > 0 (else >= 0) */
     double hi;         /* largest value, in the file's unit; L3D_PK_TEXT: the field's size */

@@ -55,10 +55,14 @@ static l3d_status check_whole(const struct l3d_profile *p, const bool *seen, con
             return l3d_error(L3D_ERR_FORMAT, "%s: kernel_bw_effs_%s needs gemm_eff_%s, "
                              "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
                              t, t, t);
-        if (given == 0 && m16->wgrad.n > 0)
-            return l3d_error(L3D_ERR_FORMAT, "%s: gemm_eff_wgrad_%s needs gemm_eff_%s, "
-                             "attn_eff_%s, gemm_thread_eff_%s and kernel_bw_eff_%s", what, t, t,
-                             t, t, t);
+        const char *alone = m16->wgrad.n > 0  ? "gemm_eff_wgrad"
+                            : m16->grid.n > 0  ? "gemm_eff_grid"
+                            : m16->exact.n > 0 ? "gemm_exact"
+                                               : NULL;
+        if (given == 0 && alone)
+            return l3d_error(L3D_ERR_FORMAT, "%s: %s_%s needs gemm_eff_%s, attn_eff_%s, "
+                             "gemm_thread_eff_%s and kernel_bw_eff_%s", what, alone, t, t, t, t,
+                             t);
     }
     if (p->pair_size > p->devices_per_node)
         return l3d_error(L3D_ERR_FORMAT, "%s: pair_size %d exceeds devices_per_node %d", what,
@@ -217,8 +221,49 @@ static double point_free(const struct l3d_profile *p, int i) {
     return best;
 }
 
+/* Row `side` of the grid (its entries whose smallest side is `side`) at `flops`: linear in
+ * log(flops) between the row's two entries around it (each without its own wave quantization),
+ * flat beyond the row's ends. The entries need not be sorted. */
+static double grid_row(const struct l3d_profile *p, const struct l3d_profile_grid *g, double side,
+                       double flops) {
+    int lo = -1, hi = -1;
+    double flo = 0, fhi = 0;
+    for (int i = 0; i < g->n; i++) {
+        if (fmin(g->M[i], fmin(g->N[i], g->K[i])) != side) continue;
+        double f = 2 * g->M[i] * g->N[i] * g->K[i];
+        if (f <= flops && (lo < 0 || f > flo)) lo = i, flo = f;
+        if (f >= flops && (hi < 0 || f < fhi)) hi = i, fhi = f;
+    }
+    double elo = lo < 0 ? 0 : g->eff[lo] / l3d_profile_gemm_waves(p, g->M[lo], g->N[lo]);
+    double ehi = hi < 0 ? 0 : g->eff[hi] / l3d_profile_gemm_waves(p, g->M[hi], g->N[hi]);
+    if (lo < 0) return ehi;
+    if (hi < 0 || fhi == flo) return elo;
+    double w = (log(flops) - log(flo)) / (log(fhi) - log(flo));
+    return elo + w * (ehi - elo);
+}
+
+/* The grid at a product's smallest side and FLOPs: the rows (sides) just below and above it,
+ * each at the FLOPs (grid_row), linear in log(side) between them; flat beyond the ends. Thin
+ * products (a side of 64: a few tokens, a head's width) and square ones of the same FLOPs stay
+ * apart, which a curve by FLOPs alone averages. */
+static double grid_eff(const struct l3d_profile *p, double M, double N, double K) {
+    const struct l3d_profile_grid *g = &p->grid;
+    double side = fmin(M, fmin(N, K)), flops = 2 * M * N * K, below = 0, above = 0;
+    for (int i = 0; i < g->n; i++) {
+        double s = fmin(g->M[i], fmin(g->N[i], g->K[i]));
+        if (s <= side && s > below) below = s;
+        if (s >= side && (above == 0 || s < above)) above = s;
+    }
+    if (below == 0) return grid_row(p, g, above, flops);
+    if (above == 0 || above == below) return grid_row(p, g, below, flops);
+    double w = (log(side) - log(below)) / (log(above) - log(below));
+    double e0 = grid_row(p, g, below, flops), e1 = grid_row(p, g, above, flops);
+    return e0 + w * (e1 - e0);
+}
+
 double l3d_profile_gemm_eff_shape(const struct l3d_profile *p, double M, double N, double K) {
     double flops = 2 * M * N * K, q = l3d_profile_gemm_waves(p, M, N);
+    if (p->grid.n > 0) return grid_eff(p, M, N, K) * q;
     if (p->n_eff == 0) return q;
     if (flops <= p->eff_flops[0]) return point_free(p, 0) * q;
     for (int i = 1; i < p->n_eff; i++)
@@ -245,6 +290,20 @@ double l3d_profile_wgrad_eff(const struct l3d_profile *p, double M, double N, do
     return w->eff[w->n - 1] * q;
 }
 
+bool l3d_profile_exact(const struct l3d_profile *p, double M, double N, double K, double *fwd,
+                       double *wgrad) {
+    const struct l3d_profile_exact *x = &p->exact;
+    for (int i = 0; i < x->n; i++)
+        if (x->M[i] == round(M) && x->N[i] == round(N) && x->K[i] == round(K)) {
+            /* measured on this CPU, where there are no waves; a GPU profile's entries would have
+             * them in already */
+            *fwd = x->eff[i];
+            *wgrad = x->wgrad[i];
+            return true;
+        }
+    return false;
+}
+
 double l3d_profile_kern_eff(const struct l3d_profile *p, enum l3d_kern k) {
     return p->kern_eff[k] > 0 ? p->kern_eff[k] : p->kernel_bw_eff;
 }
@@ -258,6 +317,8 @@ bool l3d_profile_mixed(const struct l3d_profile *p, enum l3d_dtype prec, struct 
     memcpy(out->eff_flops, m16->eff_flops, sizeof out->eff_flops);
     memcpy(out->eff, m16->eff, sizeof out->eff);
     out->wgrad = m16->wgrad; /* none: the type's gemm_eff_T covers the weight gradient too */
+    out->grid = m16->grid;   /* the type's own shapes, or none (its gemm_eff_T) */
+    out->exact = m16->exact;
     out->attn_eff = m16->attn_eff;
     out->gemm_thread_eff = m16->gemm_thread_eff;
     out->kernel_bw_eff = m16->kernel_bw_eff;

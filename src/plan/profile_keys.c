@@ -39,6 +39,8 @@ const struct l3d_profile_key l3d_profile_keys[] = {
     {"compute_units", L3D_PK_INT, OFF(compute_units), 0, true, 1e6, true, NULL},
     {"gemm_tile", L3D_PK_TILE, OFF(tile_m), 0, true, 65536, true, NULL},
     {"tp_overlap", L3D_PK_NUM, OFF(tp_overlap), 1, false, 1, true, "%.3f"},
+    {"gemm_eff_grid", L3D_PK_GRID, OFF(grid), 0, true, 1.5, true, "%.3f"},
+    {"gemm_exact", L3D_PK_EXACT, OFF(exact), 0, true, 1.5, true, "%.3f"},
     /* llm3d's 16-bit kernels (struct l3d_profile_16): all four of a type or none */
 #define MIXED(T, i)                                                                                \
     {"gemm_native_" T, L3D_PK_BOOL, OFF(mixed[i].native), 0, false, 0, true, NULL},               \
@@ -47,7 +49,9 @@ const struct l3d_profile_key l3d_profile_keys[] = {
     {"attn_eff_" T, L3D_PK_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true, "%.3f"},              \
     {"gemm_thread_eff_" T, L3D_PK_NUM, OFF(mixed[i].gemm_thread_eff), 1, true, 1.5, true, "%.3f"}, \
     {"kernel_bw_eff_" T, L3D_PK_NUM, OFF(mixed[i].kernel_bw_eff), 1, true, 2.5, true, "%.3f"},    \
-    {"kernel_bw_effs_" T, L3D_PK_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true, "%.3f"}
+    {"kernel_bw_effs_" T, L3D_PK_KERN, OFF(mixed[i].kern_eff), 1, true, 2.5, true, "%.3f"},    \
+    {"gemm_eff_grid_" T, L3D_PK_GRID, OFF(mixed[i].grid), 0, true, 1.5, true, "%.3f"},          \
+    {"gemm_exact_" T, L3D_PK_EXACT, OFF(mixed[i].exact), 0, true, 1.5, true, "%.3f"}
     MIXED("bf16", 0), MIXED("fp16", 1),
 #undef MIXED
 #undef TEXT
@@ -138,6 +142,74 @@ static l3d_status parse_eff(int *n, double *fl, double *ef, const char *key, cha
 }
 
 
+/* The largest side of a product a shape entry may name: beyond any layer (2^24), and small
+ * enough that 2 M N K stays exact in a double */
+#define SIDE_MAX 16777216.0
+
+/* One fraction of a shape entry: in (0, hi]; false if not */
+static bool shape_frac(const char *s, double hi, double *out, char **end) {
+    errno = 0;
+    *out = strtod(s, end);
+    return !errno && *end != s && isfinite(*out) && *out > 0 && *out <= hi;
+}
+
+/* Entries `MxNxK:F` (gemm_eff_grid[_T]) or `MxNxK:F/W` (gemm_exact[_T], exact true) into their
+ * struct: each side an integer from 1 to SIDE_MAX, each fraction in (0, hi], each shape once, at
+ * most cap of them. The error names the key and the entry. */
+static l3d_status parse_shapes(double *M, double *N, double *K, double *F, double *W, int *n,
+                               int cap, bool exact, const char *key, char *val, double hi,
+                               const char *what, int line) {
+    *n = 0;
+    const char *form = exact ? "MxNxK:F/W (sides from 1 to 16777216, fractions in (0, %g])"
+                             : "MxNxK:F (sides from 1 to 16777216, a fraction in (0, %g])";
+    char fmt[96];
+    snprintf(fmt, sizeof fmt, form, hi);
+    char *save = NULL;
+    for (char *tok = strtok_r(val, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+        double side[3], f = 0, w = 0;
+        char *s = tok, *end = NULL;
+        bool ok = true;
+        for (int d = 0; d < 3 && ok; d++) {
+            errno = 0;
+            long v = strtol(s, &end, 10);
+            ok = !errno && end != s && v >= 1 && v <= SIDE_MAX && *end == (d < 2 ? 'x' : ':');
+            side[d] = (double)v;
+            s = end + 1;
+        }
+        ok = ok && shape_frac(s, hi, &f, &end);
+        if (ok && exact) ok = *end == '/' && shape_frac(end + 1, hi, &w, &end);
+        ok = ok && *end == '\0';
+        if (!ok)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s entry '%s' is not %s", what, line, key,
+                             tok, fmt);
+        for (int i = 0; i < *n; i++)
+            if (M[i] == side[0] && N[i] == side[1] && K[i] == side[2])
+                return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s gives %.0fx%.0fx%.0f twice", what,
+                                 line, key, side[0], side[1], side[2]);
+        if (*n == cap)
+            return l3d_error(L3D_ERR_FORMAT, "%s line %d: more than %d %s entries", what, line,
+                             cap, key);
+        M[*n] = side[0], N[*n] = side[1], K[*n] = side[2], F[*n] = f;
+        if (W) W[*n] = w;
+        (*n)++;
+    }
+    if (*n == 0)
+        return l3d_error(L3D_ERR_FORMAT, "%s line %d: %s has no entries", what, line, key);
+    return L3D_OK;
+}
+
+static l3d_status read_shapes(struct l3d_profile *p, const struct l3d_profile_key *k, char *val,
+                              const char *what, int line) {
+    if (k->kind == L3D_PK_GRID) {
+        struct l3d_profile_grid *g = (struct l3d_profile_grid *)((char *)p + k->off);
+        return parse_shapes(g->M, g->N, g->K, g->eff, NULL, &g->n, L3D_PROFILE_MAX_GRID, false,
+                            k->name, val, k->hi, what, line);
+    }
+    struct l3d_profile_exact *x = (struct l3d_profile_exact *)((char *)p + k->off);
+    return parse_shapes(x->M, x->N, x->K, x->eff, x->wgrad, &x->n, L3D_PROFILE_MAX_EXACT, true,
+                        k->name, val, k->hi, what, line);
+}
+
 /* A curve key's points in p: their count, x (flops or tokens) and fractions */
 struct curve {
     int *n;
@@ -183,6 +255,8 @@ l3d_status l3d_profile_key_read(struct l3d_profile *p, const struct l3d_profile_
     }
     case L3D_PK_TILE: return read_tile(p, k, val, what, line);
     case L3D_PK_KERN: return parse_kern((double *)base, key, val, k->hi, what, line);
+    case L3D_PK_GRID:
+    case L3D_PK_EXACT: return read_shapes(p, k, val, what, line);
     case L3D_PK_BOOL:
         if (strcmp(val, "1") == 0 || strcmp(val, "yes") == 0) *(bool *)base = true;
         else if (strcmp(val, "0") == 0 || strcmp(val, "no") == 0) *(bool *)base = false;
@@ -302,6 +376,43 @@ static void put_curve(struct line *val, struct line *note, const struct l3d_prof
     }
 }
 
+/* Shape entries (gemm_eff_grid, gemm_exact): the sides as integers, each fraction by put_num;
+ * an entry whose shape is out of range or given before is left out (the reader refuses it) */
+static void put_shapes(struct line *val, struct line *note, const struct l3d_profile *p,
+                       const struct l3d_profile_key *k) {
+    const char *base = (const char *)p + k->off;
+    bool exact = k->kind == L3D_PK_EXACT;
+    const struct l3d_profile_grid *g = (const struct l3d_profile_grid *)base;
+    const struct l3d_profile_exact *x = (const struct l3d_profile_exact *)base;
+    int n = exact ? x->n : g->n, cap = exact ? L3D_PROFILE_MAX_EXACT : L3D_PROFILE_MAX_GRID;
+    char what[96];
+    for (int i = 0; i < n && i < cap; i++) {
+        double M = exact ? x->M[i] : g->M[i], N = exact ? x->N[i] : g->N[i];
+        double K = exact ? x->K[i] : g->K[i];
+        bool dup = false;
+        for (int j = 0; j < i; j++)
+            dup = dup || ((exact ? x->M[j] : g->M[j]) == M && (exact ? x->N[j] : g->N[j]) == N &&
+                          (exact ? x->K[j] : g->K[j]) == K);
+        if (dup || !(M >= 1 && N >= 1 && K >= 1 && M <= SIDE_MAX && N <= SIDE_MAX &&
+                     K <= SIDE_MAX) || M != round(M) || N != round(N) || K != round(K)) {
+            add(note, "%sentry %d (%gx%gx%g) left out: %s", note->len > note->base ? "; " : "",
+                i + 1, M, N, K, dup ? "given before" : "not a shape");
+            continue;
+        }
+        add(val, "%s%.0fx%.0fx%.0f:", val->len ? " " : "", M, N, K);
+        snprintf(what, sizeof what, "%.0fx%.0fx%.0f", M, N, K);
+        put_num(val, note, what, k->fmt, exact ? x->eff[i] : g->eff[i], true, k->hi);
+        if (!exact) continue;
+        add(val, "/");
+        put_num(val, note, what, k->fmt, x->wgrad[i], true, k->hi);
+    }
+    if (val->len == 0) { /* the reader needs an entry: the least efficiency, the least shape */
+        add(val, "1x1x1:%.3f", L3D_PROFILE_FLOOR);
+        if (exact) add(val, "/%.3f", L3D_PROFILE_FLOOR);
+        add(note, "%sno entry left, written as %s", note->len > note->base ? "; " : "", val->s);
+    }
+}
+
 /* Text to the line's end: a '#' would start a comment, a line break end the line */
 static void put_text(struct line *val, struct line *note, const char *text) {
     size_t start = val->len;
@@ -352,6 +463,8 @@ bool l3d_profile_key_format(const struct l3d_profile *p, const struct l3d_profil
         break;
     case L3D_PK_EFF:
     case L3D_PK_WGRAD: put_curve(&v, &t, p, k); break;
+    case L3D_PK_GRID:
+    case L3D_PK_EXACT: put_shapes(&v, &t, p, k); break;
     }
     if (t.len > t.base) return true;
     note[0] = '\0';

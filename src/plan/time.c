@@ -1,6 +1,7 @@
 /* Time of one micro-batch on a pipeline rank: each chunk's matrix products at their own shapes'
  * efficiency, its attention, element-wise kernels, recomputation, TP collectives and p2p
  * receives (l3d_plan_rank_time), from the rates of the layout's ranks (l3d_plan_tctx_init). */
+#include <math.h>
 #include <string.h>
 
 #include "plan-impl.h"
@@ -71,15 +72,102 @@ static double gemm_batched(const struct l3d_plan_tctx *x, double c, double M, do
     return c * gemm_at(x, M, N, K, l3d_profile_gemm_eff_shape(x->prof, c * M, N, K));
 }
 
-/* Forward and backward of a linear layer on M tokens, K inputs, N outputs: y = x W (M x N x K);
- * backward dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens,
- * at the profile's weight-gradient efficiency by tokens where it has one (gemm_eff_wgrad: on this
- * CPU the bf16 weight gradient into the fp32 main_grad runs at half the forward's rate at 128
- * tokens, whatever the weight's shape). */
-static void linear(const struct l3d_plan_tctx *x, double M, double N, double K, double *fwd,
-                   double *bwd) {
-    *fwd += gemm(x, M, N, K);
-    *bwd += gemm(x, M, K, N) + gemm_at(x, K, N, M, l3d_profile_wgrad_eff(x->prof, M, N, K));
+/* `count` linear layers of a rank, each on M tokens, K inputs, N outputs: the shapes the planner
+ * times (linear) and `llm3d bench --calibrate --model` measures (l3d_plan_linear_shapes), from
+ * the same functions below, so that a model's gemm_exact entries are the shapes planned. */
+struct lin {
+    double M, N, K, count;
+};
+
+/* Forward and backward of a linear layer (or l->count alike): y = x W (M x N x K); backward
+ * dx = dy W^T (M x K x N) and dW = x^T dy (K x N x M), the reduction over the tokens. A
+ * gemm_exact entry of the profile at this shape, measured as the trainer runs the layer, comes
+ * first (l3d_profile_exact); else each product by its shape (gemm), the weight gradient at the
+ * profile's efficiency by tokens where it has one (gemm_eff_wgrad: on this CPU the bf16 weight
+ * gradient into the fp32 main_grad runs at half the forward's rate at 128 tokens, whatever the
+ * weight's shape). */
+static void linear(const struct l3d_plan_tctx *x, const struct lin *l, double *fwd, double *bwd) {
+    double M = l->M, N = l->N, K = l->K, ef, ew;
+    if (l3d_profile_exact(x->prof, M, N, K, &ef, &ew)) {
+        *fwd += l->count * gemm_at(x, M, N, K, ef);
+        *bwd += l->count * (gemm_at(x, M, K, N, ef) + gemm_at(x, K, N, M, ew));
+        return;
+    }
+    *fwd += l->count * gemm(x, M, N, K);
+    *bwd += l->count *
+            (gemm(x, M, K, N) + gemm_at(x, K, N, M, l3d_profile_wgrad_eff(x->prof, M, N, K)));
+}
+
+/* A layer's attention linears on N tokens: QKV and the projection (column / row parallel), all
+ * N tokens under SP too (the all-gather comes first); kv = h without grouped queries */
+static int attn_lins(const struct l3d_model_spec *m, const struct l3d_layout *lay, double N,
+                     struct lin *o) {
+    double t = lay->tp, h = m->C, hd = l3d_model_head_dim(m);
+    double q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd; /* q = kv = h: GPT-2's */
+    o[0] = (struct lin){N, (q + 2 * kv) / t, h, 1};
+    o[1] = (struct lin){N, h, q / t, 1};
+    return 2;
+}
+
+/* A dense MLP's: up (SwiGLU's gate and up fused) and down, column / row parallel */
+static int dense_lins(const struct l3d_model_spec *m, const struct l3d_layout *lay, double N,
+                      struct lin *o) {
+    double t = lay->tp, h = m->C, f = (double)m->ffn;
+    double mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    o[0] = (struct lin){N, mul * f / t, h, 1};
+    o[1] = (struct lin){N, h, f / t, 1};
+    return 2;
+}
+
+/* The mixture of experts' (src/model/moe.c): the router (E outputs); the N K routed rows,
+ * balanced over the experts (the ideal the load-balancing loss aims at), through this rank's
+ * E / ep experts, one product per expert and projection on each EP rank's N K / E rows (the
+ * trainer multiplies each (sending rank, expert) segment on its own: E products of N K / E
+ * rows, not E / ep of ep N K / E); the shared experts on every token */
+static int moe_lins(const struct l3d_model_spec *m, double N, struct lin *o) {
+    const struct l3d_moe_spec *q = &m->moe;
+    double h = m->C, F = (double)(q->ffn > 0 ? q->ffn : m->ffn), E = q->experts;
+    double mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1, rows = N * q->top_k / E;
+    int n = 0;
+    o[n++] = (struct lin){N, E, h, 1};
+    o[n++] = (struct lin){rows, mul * F, h, E};
+    o[n++] = (struct lin){rows, h, F, E};
+    if (q->shared > 0) {
+        o[n++] = (struct lin){N, mul * q->shared * F, h, 1};
+        o[n++] = (struct lin){N, h, q->shared * F, 1};
+    }
+    return n;
+}
+
+/* The LM head's (vocabulary-parallel) */
+static int head_lins(const struct l3d_model_spec *m, const struct l3d_layout *lay, double N,
+                     struct lin *o) {
+    struct l3d_model_spec c = l3d_plan_model_gpt(m);
+    o[0] = (struct lin){N, (double)c.Vp / lay->tp, m->C, 1};
+    return 1;
+}
+
+/* adds shape s to out[0..*n) unless there (or out is full) */
+static void add_shape(int64_t (*out)[3], int *n, int max, const struct lin *s) {
+    int64_t v[3] = {llround(s->M), llround(s->N), llround(s->K)};
+    for (int i = 0; i < *n; i++)
+        if (out[i][0] == v[0] && out[i][1] == v[1] && out[i][2] == v[2]) return;
+    if (*n < max) memcpy(out[(*n)++], v, sizeof v);
+}
+
+int l3d_plan_linear_shapes(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                           int64_t (*out)[3], int max) {
+    struct l3d_model_spec mc;
+    struct l3d_layout lo;
+    l3d_plan_cp_local(m, lay, &mc, &lo);
+    double N = (double)lay->micro_batch * mc.maxT;
+    struct lin l[8];
+    int n = 0, k = attn_lins(&mc, lay, N, l);
+    if (mc.moe.experts == 0 || mc.moe.dense_layers > 0) k += dense_lins(&mc, lay, N, l + k);
+    if (mc.moe.experts > 0) k += moe_lins(&mc, N, l + k);
+    k += head_lins(&mc, lay, N, l + k);
+    for (int i = 0; i < k; i++) add_shape(out, &n, max, &l[i]);
+    return n;
 }
 
 /* The attention core of one layer on one micro-batch and rank (a/t heads): forward *f, backward
@@ -99,13 +187,14 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
     const struct l3d_model_spec *m = x->m;
     /* s: the rank's query rows; sk: the keys they see (context parallelism: the whole
      * sequence's, the ring's blocks each rank's 1/cp of the causal work) */
-    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, h = m->C, t = x->lay->tp;
+    double b = x->lay->micro_batch, s = m->maxT, sk = s * x->cp, t = x->lay->tp;
+    double q = (double)m->NH * l3d_model_head_dim(m); /* the attention's channels: h for GPT-2 */
     if (x->flash) {
-        *f = 4 * b * s * sk * h / t / (x->rate * x->prof->attn_eff);
+        *f = 4 * b * s * sk * q / t / (x->rate * x->prof->attn_eff);
         *bw = 2 * *f;
         return;
     }
-    double heads = b * m->NH / t, d = h / m->NH, sc = heads * s * sk;
+    double heads = b * m->NH / t, d = l3d_model_head_dim(m), sc = heads * s * sk;
     double qk = gemm_batched(x, heads, s, sk, d), pv = gemm_batched(x, heads, s, d, sk), e = x->e;
     double pf = sc * 2 * e, pb = sc * 3 * e; /* softmax */
     if (x->dropout) {
@@ -167,12 +256,13 @@ static double tp_all_reduce(const struct l3d_plan_tctx *x, double n) {
 static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
     const struct l3d_model_spec *m = x->m;
     const struct l3d_layout *lay = x->lay;
-    double t = lay->tp, h = m->C, N = x->ntok, e = x->e;
+    double h = m->C, N = x->ntok, e = x->e;
     /* LM head (vocabulary-parallel) and cross-entropy on fp32 logits: max, sum-exp, gradient */
-    struct l3d_model_spec c = l3d_plan_model_gpt(m);
-    double Vl = (double)c.Vp / t;
+    struct lin hl;
+    head_lins(m, lay, N, &hl);
+    double Vl = hl.N;
     double hg = 0, hgb = 0;
-    linear(x, N, Vl, h, &hg, &hgb);
+    linear(x, &hl, &hg, &hgb);
     /* the trainer keeps the logits in its own type (16 bits in mixed precision); Megatron-LM
      * casts them to fp32 for the loss (Korthikanti et al. 2022, sec. 4.3: 4 s b v bytes) */
     double le = x->fp32 ? e : l3d_plan_bytes(L3D_F32);
@@ -221,41 +311,29 @@ struct layer_cost {
     double g, gb, el, af, ab;
 };
 
-/* The MLP of a dense layer: up (SwiGLU's gate and up fused) and down, column / row parallel, and
- * its activation (GELU on f/t, SwiGLU reading two f-wide inputs). */
+/* The MLP of a dense layer (dense_lins) and its activation (GELU on f/t, SwiGLU reading two
+ * f-wide inputs). */
 static void dense_mlp(const struct l3d_plan_tctx *x, struct layer_cost *o) {
     const struct l3d_model_spec *m = x->m;
-    double t = x->lay->tp, h = m->C, N = x->ntok, f = (double)m->ffn;
-    bool swiglu = m->mlp == L3D_MLP_SWIGLU;
-    linear(x, N, (swiglu ? 2 : 1) * f / t, h, &o->g, &o->gb);
-    linear(x, N, h, f / t, &o->g, &o->gb);
-    o->el += N * x->e * (swiglu ? 3 : 2) * f / t / x->bw_k[L3D_KERN_GELU];
+    double t = x->lay->tp, N = x->ntok, f = (double)m->ffn;
+    struct lin l[2];
+    for (int i = 0, n = dense_lins(m, x->lay, N, l); i < n; i++) linear(x, &l[i], &o->g, &o->gb);
+    o->el += N * x->e * (m->mlp == L3D_MLP_SWIGLU ? 3 : 2) * f / t / x->bw_k[L3D_KERN_GELU];
 }
 
-/* The mixture of experts in place of the MLP (src/model/moe.c): the router's product (E outputs),
- * then the N K routed rows, balanced over the experts (the ideal the load-balancing loss aims
- * at), through this rank's E / ep experts, each taking ep N K / E rows from the EP group's
- * ranks, one product per expert and projection; the shared experts on every token; the gather
- * into expert order and the weighted combine (read + write of N K rows, the combine's output
- * read and written), backward about twice the traffic; with expert parallelism the rows
- * dispatched and combined by all-to-all, twice forward (and the routing's counts, a latency) and
- * twice backward. */
+/* The mixture of experts in place of the MLP: its products (moe_lins); the gather into expert
+ * order and the weighted combine (read + write of N K rows, the combine's output read and
+ * written), backward about twice the traffic; with expert parallelism the rows dispatched and
+ * combined by all-to-all, twice forward (and the routing's counts, a latency) and twice
+ * backward. */
 static void moe_mlp(const struct l3d_plan_tctx *x, struct layer_cost *o) {
     const struct l3d_model_spec *m = x->m;
     const struct l3d_moe_spec *q = &m->moe;
     double h = m->C, N = x->ntok, F = (double)(q->ffn > 0 ? q->ffn : m->ffn);
     double E = q->experts, K = q->top_k, ep = x->lay->ep > 1 ? x->lay->ep : 1;
-    double mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1, rows = ep * N * K / E;
-    linear(x, N, E, h, &o->g, &o->gb);
-    struct layer_cost e = {0};
-    linear(x, rows, mul * F, h, &e.g, &e.gb);
-    linear(x, rows, h, F, &e.g, &e.gb);
-    o->g += E / ep * e.g;
-    o->gb += E / ep * e.gb;
-    if (q->shared > 0) {
-        linear(x, N, mul * q->shared * F, h, &o->g, &o->gb);
-        linear(x, N, h, q->shared * F, &o->g, &o->gb);
-    }
+    double mul = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    struct lin l[5];
+    for (int i = 0, n = moe_lins(m, N, l); i < n; i++) linear(x, &l[i], &o->g, &o->gb);
     o->el += N * x->e * ((mul + 1) * (K + q->shared) * F / x->bw_k[L3D_KERN_GELU] +
                          (3 * K * h + 2 * h) / x->bw_k[L3D_KERN_RESIDUAL]);
     double rows_bytes = N * K * h * x->e;
@@ -277,10 +355,10 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     /* per layer: QKV and the attention projection (column / row parallel) on the micro-batch's
      * b s tokens (all of them under SP too: the all-gather comes first), forward and its two
      * backward products; then the MLP, or the experts (dense_mlp, moe_mlp) */
-    double kv = l3d_model_kv_heads(m) * (h / m->NH);
+    double hd = l3d_model_head_dim(m), q = m->NH * hd, kv = l3d_model_kv_heads(m) * hd;
     struct layer_cost base = {0};
-    linear(x, N, (h + 2 * kv) / t, h, &base.g, &base.gb); /* kv = h without grouped queries */
-    linear(x, N, h, h / t, &base.g, &base.gb);
+    struct lin al[2];
+    for (int i = 0, n = attn_lins(m, lay, N, al); i < n; i++) linear(x, &al[i], &base.g, &base.gb);
     /* the attention core (attention(): fused at attn_eff, or its products and score passes) */
     double at, atb, rf, rb;
     attention(x, &at, &atb);
@@ -291,7 +369,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     base.el = N * e * (4 * h / spdiv / x->bw_k[L3D_KERN_LAYERNORM] +
                        6 * h / spdiv / x->bw_k[L3D_KERN_RESIDUAL]);
     /* RoPE rotates q and k in place (read + write), a streaming pass like a residual add */
-    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (h + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
+    if (m->pos == L3D_POS_ROPE) base.el += N * e * 2 * (q + kv) / t / x->bw_k[L3D_KERN_RESIDUAL];
     struct layer_cost d = base, mx = base;
     dense_mlp(x, &d);
     if (Lm > 0) moe_mlp(x, &mx);

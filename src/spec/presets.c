@@ -17,14 +17,18 @@ struct llama {
     struct l3d_rope scaling; /* Llama 3.1's frequency scaling, where its release has it */
     bool qk_norm, tied;      /* Qwen3: QK-norm; its small models tie the head to wte */
     float eps;               /* the norms' epsilon; 0: the default (1e-5) */
+    int head_dim;            /* a head's size; 0: hidden / heads */
 };
 
 #define LLAMA(kv_heads, mlp_width, rope_theta) \
     {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = rope_theta}
-/* Qwen3's: Llama's blocks with QK-norm, RoPE theta 1e6, epsilon 1e-6 */
+/* Qwen3's: Llama's blocks with QK-norm, RoPE theta 1e6, epsilon 1e-6, heads of 128 whatever the
+ * hidden size */
 #define QWEN3(kv_heads, mlp_width, tie)                                                        \
     {.family = "llama", .NKV = kv_heads, .ffn = mlp_width, .theta = 1e6, .qk_norm = true,      \
-     .tied = tie, .eps = 1e-6f}
+     .tied = tie, .eps = 1e-6f, .head_dim = 128}
+/* Qwen3-MoE's: Qwen3's blocks, untied */
+#define QWEN3_MOE(kv_heads, mlp_width) QWEN3(kv_heads, mlp_width, false)
 
 static const struct preset {
     const char *name, *alias, *note;
@@ -78,13 +82,16 @@ static const struct preset {
       .scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
                   .original_context = 8192}}},
     /* Qwen team 2025, "Qwen3 Technical Report" (arXiv 2505.09388), Table 1, and the released
-     * models' config.json (MLP widths, vocabulary 151,936, context 40,960): the dense models whose
-     * head size (128) is hidden / heads, which llm3d's attention needs (Qwen3-0.6B, 4B and 32B
-     * have another: no presets). 1.7B parameters, 1.4B without the embedding (tied head); 8.2B,
-     * 6.95B; 14.8B, 13.2B (the model cards) */
+     * models' config.json (MLP widths, vocabulary 151,936, context 40,960, head_dim 128: hidden /
+     * heads for 1.7B, 8B and 14B, apart from it for 0.6B, 4B and 32B). 0.6B parameters, 0.44B
+     * without the embedding (tied head); 1.7B, 1.4B (tied); 4.0B, 3.6B (tied); 8.2B, 6.95B;
+     * 14.8B, 13.2B; 32.8B, 31.2B (the model cards) */
+    {"qwen3-0.6b", NULL, NULL, 28, 1024, 16, 151936, 40960, QWEN3(8, 3072, true)},
     {"qwen3-1.7b", NULL, NULL, 28, 2048, 16, 151936, 40960, QWEN3(8, 6144, true)},
+    {"qwen3-4b", NULL, NULL, 36, 2560, 32, 151936, 40960, QWEN3(8, 9728, true)},
     {"qwen3-8b", NULL, NULL, 36, 4096, 32, 151936, 40960, QWEN3(8, 12288, false)},
     {"qwen3-14b", NULL, NULL, 40, 5120, 40, 151936, 40960, QWEN3(8, 17408, false)},
+    {"qwen3-32b", NULL, NULL, 64, 5120, 64, 151936, 40960, QWEN3(8, 25600, false)},
 };
 
 /* llm3d's mixtures of experts (include/llm3d/model.h, struct l3d_moe_spec), each a preset above
@@ -111,6 +118,17 @@ static const struct moe_preset {
     {"mixtral-8x22b", NULL, {"mixtral-8x22b", NULL, NULL, 56, 6144, 48, 32768, 65536,
                              LLAMA(8, 16384, 1e6)},
      {.experts = 8, .top_k = 2, .ffn = 16384, .norm_topk = true, .aux_coef = 0.001}},
+    /* Qwen team 2025, "Qwen3 Technical Report" (arXiv 2505.09388), Table 2, and the released
+     * models' config.json (head_dim 128 apart from hidden / heads, moe_intermediate_size,
+     * intermediate_size, vocabulary 151,936, context 40,960, norm_topk_prob true,
+     * router_aux_loss_coef 0.001): 128 experts, top-8 renormalised, in every layer. 30.5B
+     * parameters, 3.3B active (30B-A3B); 235B, 22B (235B-A22B) */
+    {"qwen3-30b-a3b", NULL, {"qwen3-30b-a3b", NULL, NULL, 48, 2048, 32, 151936, 40960,
+                             QWEN3_MOE(4, 6144)},
+     {.experts = 128, .top_k = 8, .ffn = 768, .norm_topk = true, .aux_coef = 0.001}},
+    {"qwen3-235b-a22b", NULL, {"qwen3-235b-a22b", NULL, NULL, 94, 4096, 64, 151936, 40960,
+                               QWEN3_MOE(4, 12288)},
+     {.experts = 128, .top_k = 8, .ffn = 1536, .norm_topk = true, .aux_coef = 0.001}},
 };
 
 static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p);
@@ -170,6 +188,7 @@ static l3d_status preset_sizes(struct l3d_model_spec *m, const struct preset *p)
         m->qk_norm = p->llama.qk_norm;
         if (p->llama.tied) m->untied = false;
         m->norm_eps = p->llama.eps;
+        m->head_dim = p->llama.head_dim;
     }
     return l3d_gpt_config_finish(m);
 }

@@ -148,9 +148,9 @@ static void check_model(const struct l3d_model_spec *m, struct l3d_spec_errors *
             m->NH, m->V, m->maxT);
         return;
     }
-    if (m->C % m->NH != 0)
+    if (m->head_dim == 0 && m->C % m->NH != 0)
         add(e, L3D_ERR_ARG, "--channels %d does not divide into --heads %d: choose heads that "
-            "divide the channels", m->C, m->NH);
+            "divide the channels, or give the head size (--head-dim)", m->C, m->NH);
 }
 
 /* tp x cp x pp x dp (x threads) against the world; dp resolved into *dp (0 when it cannot be). */

@@ -187,12 +187,13 @@ l3d_status l3d_train_save_out(struct l3d_trainer *t) {
     const struct l3d_train_config *tc = t->tc;
     struct l3d_hf_tensor *map = NULL;
     int nmap = 0;
-    /* agreed: the spec is the same; a MoE or QK-norm model no Hugging Face family holds (GPT-2's
-     * blocks, shared experts, dense layers) has model.bin only, said below */
+    /* agreed: the spec is the same; a MoE, QK-norm or head_dim model no Hugging Face family
+     * holds (GPT-2's blocks, shared experts, dense layers) has model.bin only, said below */
     l3d_status st = l3d_hf_tensors(&tc->model, &map, &nmap);
     bool folder = st == L3D_OK;
     char why[512] = "";
-    if (!folder && tc->model.moe.experts == 0 && !tc->model.qk_norm) return st;
+    if (!folder && tc->model.moe.experts == 0 && !tc->model.qk_norm && tc->model.head_dim == 0)
+        return st;
     if (!folder) snprintf(why, sizeof why, "%s", l3d_error_message());
     st = L3D_OK;
     struct out_ctx o = {.t = t, .map = map};

@@ -14,8 +14,14 @@ expect_error "one rank: names the mpiexec command" "mpiexec -n 2 llm3d bench --c
 "$bin" bench --calibrate --out "$dir/one.prof" > /dev/null 2>&1
 check "  ... with exit status 2" test $? -eq 2
 check "  ... and writes nothing" test ! -e "$dir/one.prof" -a -z "$(ls -a "$dir" | grep l3d-tmp)"
-expect_error "unknown flag" "not '--model'" "$bin" bench --calibrate --model d12
-expect_error "--out without a value" "--out needs a value" "$bin" bench --calibrate --out
+expect_error "unknown flag" "unknown flag, or a flag without its value: '--frobnicate'" \
+    "$bin" bench --calibrate --frobnicate
+expect_error "--out without a value" "a flag without its value: '--out'" "$bin" bench --calibrate --out
+expect_error "a model that --tp does not split" "--tp 5, --cp 1, --ep 1, --batch 4 do not split model" \
+    "$bin" bench --calibrate --model d6 --tp 5 --out "$dir/tp5.prof"
+expect_error "layout flags without a model" "give --model NAME with them" \
+    "$bin" bench --calibrate --tp 2 --out "$dir/m.prof"
+expect_error "an unknown --model" "--model" "$bin" bench --calibrate --model d999 --out "$dir/m.prof"
 expect_error "unwritable --out" "cannot create the --out profile $dir/nowhere/x.prof (a temporary file in $dir/nowhere): No such file" \
     "$bin" bench --calibrate --out "$dir/nowhere/x.prof"
 expect_error "--out a directory" "is a directory" "$bin" bench --calibrate --out "$dir"
@@ -23,7 +29,9 @@ expect_error "--out a directory" "is a directory" "$bin" bench --calibrate --out
 # the measurement, on 2 ranks of one OpenMP thread
 prof="$dir/local.prof"
 echo "stale" > "$prof"
-OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --quick --out "$prof" > "$dir/log" 2>&1
+# with a model: d6 on byte tokens, 2 x 128 tokens a micro-batch, its linear layers measured too
+d6=(--model d6 --vocab 256 --context 128 --seq-len 128 --batch 2)
+OMP_NUM_THREADS=1 "$mpiexec" -n 2 "$bin" bench --calibrate --quick "${d6[@]}" --out "$prof" > "$dir/log" 2>&1
 rc=$?
 check "mpiexec -n 2 bench --calibrate --quick" test $rc -eq 0
 [ $rc -eq 0 ] || cat "$dir/log"
@@ -35,8 +43,8 @@ check "  ... replaced the old file, no temporary left" test -z "$(ls -a "$(dirna
 keys=$(grep '^| `' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' | tr -d '`')
 optional=$(grep '^| `[^|]*` | optional' "$readme" | cut -d'|' -f2 | grep -o '`[a-z0-9_]*`' |
     tr -d '`')
-check "the README's table names 40 keys, 21 of them optional" \
-    test "$(echo "$keys" | wc -l)" -eq 40 -a "$(echo "$optional" | wc -l)" -eq 21
+check "the README's table names 46 keys, 27 of them optional" \
+    test "$(echo "$keys" | wc -l)" -eq 46 -a "$(echo "$optional" | wc -l)" -eq 27
 for k in $keys; do
     n=$(grep -c "^$k = " "$prof")
     if echo "$optional" | grep -qx "$k"; then
@@ -131,7 +139,7 @@ check "$g: 6+ points, strictly increasing FLOPs from <= 3e6 to >= 1e10, fraction
         }
         exit !(first <= 3e6 && prev >= 1e10) }'
 done
-# the weight-gradient products by tokens: the micro-batch rows the ladder ran (64..2048; --quick
+# the weight-gradient products by tokens: the micro-batch rows measured (64..2048; --quick
 # runs one shape a bucket, which leaves out some)
 for g in gemm_eff_wgrad gemm_eff_wgrad_bf16 gemm_eff_wgrad_fp16; do
 check "$g: 4+ points, strictly increasing tokens within 64..2048, fractions in (0, 1]" \
@@ -145,6 +153,40 @@ check "$g: 4+ points, strictly increasing tokens within 64..2048, fractions in (
         }
         exit 0 }'
 done
+# the products by shape: the grid (--quick: each row's first and last, 12 shapes) and d6's five
+# linear layers (QKV 256x1152x384, projection 256x384x384, the MLP's 256x1536x384 and 256x384x1536,
+# the head 256x256x384), each entry MxNxK:F (the grid) or MxNxK:F/W, fractions in (0, 1]
+shapes_ok() { # KEY WANT N: N entries of the key's form, in range; WANT (if not "") the shapes
+    awk -v pts="$(val "$1")" -v want="$2" -v n="$3" -v exact="$4" 'BEGIN {
+        if (split(pts, p, " ") != n) exit 1
+        for (i = 1; i <= n; i++) {
+            if (split(p[i], se, ":") != 2 || split(se[1], s, "x") != 3) exit 1
+            k = split(se[2], fw, "/"); if (k != (exact ? 2 : 1)) exit 1
+            for (j = 1; j <= k; j++) if (!(fw[j] + 0 > 0 && fw[j] + 0 <= 1)) exit 1
+            got = got (i > 1 ? " " : "") se[1]
+        }
+        exit !(want == "" || got == want) }'
+}
+d6_shapes="256x1152x384 256x384x384 256x1536x384 256x384x1536 256x256x384"
+for t in "" _bf16 _fp16; do
+    check "gemm_eff_grid$t: 12 shapes MxNxK:F in (0, 1]" shapes_ok gemm_eff_grid$t "" 12 0
+    check "gemm_exact$t: d6's five linear layers MxNxK:F/W in (0, 1]" \
+        shapes_ok gemm_exact$t "$d6_shapes" 5 1
+done
+shapes_reject() { ! shapes_ok "$@"; }
+check "  ... and the check rejects another model's shapes" shapes_reject gemm_exact \
+    "256x1152x384 256x384x384 256x1536x384 256x384x1536 256x512x384" 5 1
+check "gemm_exact's comment names the model" grep -q \
+    "^# measured by .*: with --model, model d6 (L=6 C=384 NH=6 V=256), batch 2, sequence 128, tp 1" "$prof"
+# the planner takes the exact entries: d6's plan with them against without (the line removed)
+plan_d6() {
+    "$bin" plan "${d6[@]}" --grad-accum 1 --dp 1 --tp 1 --pp 1 --threads 1 --recompute none --profile "$1" --json | head -1 |
+        sed -n 's/.*"t_gemm":\([^,]*\),.*/\1/p'
+}
+grep -v '^gemm_exact = ' "$prof" > "$dir/noexact.prof"
+with=$(plan_d6 "$prof") without=$(plan_d6 "$dir/noexact.prof")
+check "plan's products with gemm_exact ($with s) differ from without ($without s)" \
+    awk -v a="$with" -v b="$without" 'BEGIN { exit !(a + 0 > 0 && b + 0 > 0 && a != b) }'
 # the element-wise kernels one by one: all four named, in the order calibrate measures them, and
 # their median is the file's kernel_bw_eff (to the 3 decimals written)
 for t in "" _bf16 _fp16; do

@@ -45,6 +45,8 @@ same cp4 2 4 2 1 --cp 4
 same cp2_tp2_sp 2 4 2 1 --cp 2 --tp 2 --sequence-parallel
 # Llama's blocks: RoPE at each chunk's positions, 4 query heads over 2 key/value heads in the ring
 L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192" same llama_cp2 2 2 2 1 --cp 2
+# ... with heads of 24 over 64 channels (--head-dim): the ring passes K|V blocks of 2 x 2 x 24
+L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192 --head-dim 24" same llama_hd24_cp2 2 2 2 1 --cp 2
 # dp x cp = 4 gradient sums in another order: fcb's update (tiny gradients AdamW normalises)
 # measured 1.2e-5 of its size with 5 steps, losses and norms 5e-8 (equiv.sh's TP cases: 3e-5)
 L3D_RTOL=3e-5 same cp2_dp2_zero1 4 4 2 1 --cp 2 --zero 1

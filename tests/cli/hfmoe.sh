@@ -28,18 +28,29 @@ check "sharded folder (3 files) -> llm.c: bit-identical" sh -c "'$bin' convert '
 check "the oracle's folder -> llm.c: bit-identical" sh -c "python3 '$(dirname "$0")/lib/st_oracle.py' write '$model' '$dir/py' --shards 2 && '$bin' convert '$dir/py' '$dir/py.bin' > /dev/null && cmp '$dir/py.bin' '$model'"
 check "bf16 folder, rounded as the oracle rounds" sh -c "'$bin' convert '$model' '$dir/hfb' --precision bf16 > /dev/null && python3 '$(dirname "$0")/lib/st_oracle.py' check '$dir/hfb' '$model' --dtype BF16"
 check "inspect names the experts" sh -c "'$bin' inspect '$dir/hf1' | grep -q 'experts: 4 a layer, top-2 renormalised'"
+# generation from the folder through the KV cache, in fp32 and bf16: the full forward's greedy
+# tokens, and model.bin's; two experts exchanged (below) generate another text
+for prec in fp32 bf16; do gen_same "generate --precision $prec from the Mixtral folder" "$dir/hf1" --precision $prec; done
+check "  ... the same tokens as from model.bin" sh -c "$(declare -f gen_greedy); bin='$bin' dir='$dir'; [ \"\$(gen_greedy '$dir/hf1')\" = \"\$(gen_greedy '$model')\" ]"
 # negative cases of the oracle: two experts exchanged is a well-formed, different model
 oracle hostile "$dir/hf1" swap_experts "$dir/swap" > /dev/null
 check "  (negative: the oracle finds two experts exchanged)" sh -c "! python3 '$(dirname "$0")/lib/st_oracle.py' check '$dir/swap' '$model' > /dev/null"
 check "  (negative: ... and llm3d reads them as another model)" sh -c "'$bin' convert '$dir/swap' '$dir/swap.bin' > /dev/null && ! cmp -s '$dir/swap.bin' '$model'"
+check "  (negative: ... which generates another text)" sh -c "$(declare -f gen_greedy); bin='$bin' dir='$dir'; [ \"\$(gen_greedy '$dir/swap')\" != \"\$(gen_greedy '$dir/hf1')\" ]"
 
 # --ep 2 on 2 ranks: --out gathers each rank's experts into the folder; the same weights as its
 # model.bin, and the folder reads back as that file
-if train ep2 2 2 --ep 2 && oracle check "$dir/ep2" "$dir/ep2/model.bin" > /dev/null &&
+if train ep2 2 2 --ep 2 --save-every 3 && oracle check "$dir/ep2" "$dir/ep2/model.bin" > /dev/null &&
    "$bin" convert "$dir/ep2" "$dir/ep2.bin" > /dev/null && cmp -s "$dir/ep2.bin" "$dir/ep2/model.bin"; then
     ok "--ep 2: --out's Mixtral folder holds every rank's experts (the oracle and a round trip agree)"
 else
     bad "--ep 2's Mixtral folder"
+fi
+# trained with --ep 2, generated in one process (the experts gathered whole); its checkpoint,
+# resharded to one process by convert, generates the same tokens
+if gen_same "generate from the --ep 2 run's folder" "$dir/ep2/model.bin" &&
+   "$bin" convert "$dir/ep2/checkpoints/step_00000003" "$dir/ep2ck.bin" > /dev/null; then
+    check "  ... and from its --ep 2 checkpoint (convert): the same tokens" sh -c "$(declare -f gen_greedy); bin='$bin' dir='$dir'; [ \"\$(gen_greedy '$dir/ep2ck.bin')\" = \"\$(gen_greedy '$dir/ep2')\" ]"
 fi
 # --init-from the folder trains as from model.bin: the same weights after 2 steps
 if train init 0 2 --init-from "$dir/hf1" --steps 2 && train init_bin 0 2 --init-from "$model" --steps 2 &&
@@ -82,6 +93,10 @@ check "  (the oracle refuses it too)" sh -c "! python3 '$(dirname "$0")/lib/st_o
 edit_config "$dir/hf1" num_local_experts 5 "$dir/e5"
 expect_error "a config of 5 experts over a folder of 4" \
     'layer 0 holds 4 experts .* says "num_local_experts": 5' "$bin" inspect "$dir/e5"
+edit_config "$dir/hf1" num_experts_per_tok 5 "$dir/k5"
+expect_error "num_experts_per_tok 5 of 4 experts, named as the file names them" \
+    'k5/config.json: "num_experts_per_tok" is 5 but "num_local_experts" is 4: .*give "num_experts_per_tok" at most 4 in the file' \
+    "$bin" generate --checkpoint "$dir/k5" --tokenizer bytes
 edit_config "$dir/hf1" router_jitter_noise 0.1 "$dir/jit"
 expect_error "router_jitter_noise" '"router_jitter_noise" is 0.1: llm3d cannot honour it' \
     "$bin" convert "$dir/jit" "$dir/jit.bin"

@@ -15,14 +15,6 @@ LLAMA=(--arch llama --kv-heads 2 --ffn 192)
 TRAIN_FLAGS=("${TINY[@]}" "${LLAMA[@]}" --steps 10 --warmup 3 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
 step_dir() { printf '%s/%s/checkpoints/step_%08d' "$dir" "$1" "$2"; }
-# cmp_same NAME RUN REF [compare flags]: llm3d compare says SAME
-cmp_same() {
-    local name=$1 run=$2 ref=$3
-    shift 3
-    if "$bin" compare "$@" "$dir/$run" "$dir/$ref" > "$dir/$name.cmp" 2>&1
-    then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-    else bad "$name"; cat "$dir/$name.cmp"; fi
-}
 # from NAME STEP_DIR NP B [flags]: continues a run from a checkpoint in its own output directory,
 # starting from the uninterrupted run's metrics (the resume trims them to the checkpoint's step)
 from() {
@@ -50,7 +42,7 @@ fi
 from one "$(step_dir A 5)" 0 4 && cmp_same "tp2 resumed by one process" one ref --rtol 3e-5
 from pp2 "$(step_dir A 5)" 2 2 --grad-accum 2 --pp 2 && cmp_same "tp2 resumed as pp2" pp2 ref --rtol 3e-5
 # the architecture is part of the model: GPT-2's blocks of the same sizes are refused
-TRAIN_LOG= expect_error "a Llama checkpoint resumed as GPT-2" "holds a model .*(llama, 2 key/value heads, MLP 192), not the configured .*(gpt2" \
+TRAIN_LOG= expect_error "a Llama checkpoint resumed as GPT-2" "holds a model .*(llama, 2 key/value heads of 16, MLP 192), not the configured .*(gpt2" \
     train gpt 0 4 --resume "$(step_dir A 5)" --arch gpt2 --kv-heads 4 --ffn 256
 TRAIN_LOG= expect_error "a Llama model.bin loaded as GPT-2" "disagree with --init-from .*model.bin, whose model is llama with 2 key/value heads and an MLP of 192" \
     train gpt 0 4 --init-from "$dir/ref/model.bin" --arch gpt2 --kv-heads 4 --ffn 256

@@ -79,6 +79,12 @@ full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recomput
 llama=(--arch llama --kv-heads 2 --ffn 320)
 mem llama_one  1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${llama[@]}" -- "${llama[@]}"
 mem llama_tp2_sp_pp2 4 1 2 --global-batch 2 --tp 2 --pp 2 --zero 0 --recompute selective --sequence-parallel --pp-virtual 1 "${llama[@]}" -- --tp 2 --pp 2 --sequence-parallel --recompute selective "${llama[@]}"
+# heads of 48 over 128 channels and 4 heads (--head-dim, Qwen3's head_dim apart from h / heads:
+# q|k|v of (4 + 2 x 2) x 48 rows, the projection's 192 columns) with QK-norm; TP + SP + PP, and CP
+hd=(--arch llama --kv-heads 2 --ffn 320 --head-dim 48 --qk-norm)
+mem hd_one     1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${hd[@]}" -- "${hd[@]}"
+mem hd_tp2_sp_pp2 4 1 2 --global-batch 2 --tp 2 --pp 2 --zero 0 --recompute selective --sequence-parallel --pp-virtual 1 "${hd[@]}" -- --tp 2 --pp 2 --sequence-parallel --recompute selective "${hd[@]}"
+mem hd_cp2_zero1 2 2 1 --global-batch 2 --tp 1 --pp 1 --cp 2 --zero 1 --recompute none "${hd[@]}" -- --cp 2 --zero 1 "${hd[@]}"
 # Mixtures of experts (issue 46 item 6): 4 experts of width 256, top-2; one process, expert
 # parallelism over 2 ranks (half the experts a rank; ZeRO-1 over the dp / ep = 1 ranks holding
 # them: nothing sharded) and over 4 (ZeRO-2 over 2, full recomputation)

@@ -51,9 +51,12 @@ run tp2_dp2 4 2 1 --layers 2 --zero 3 --tp 2 && same tp2_dp2 ref 3e-5
 run tp2_sp_dp2_accum 4 1 2 --layers 2 --zero 3 --tp 2 --sequence-parallel &&
     same tp2_sp_dp2_accum ref_a2 3e-5
 # PP: every stage's forward and backward of every micro-batch gathers its layers
-run pp2_dp2 4 1 4 --layers 4 --zero 3 --pp 2 && same pp2_dp2 ref_l4_a4
+# 2e-5: since GELU's SIMD form (2026-12-07) the key run's fcb is 1.1e-5 off at this seed (3.8e-6
+# with the old form), round-off that AdamW's eps turns into steps: at seeds 7 and 11 the same runs
+# are 1.3e-6 and 2.5e-6 off with the new form, 1.4e-6 and 1.6e-6 with the old; losses 1e-8
+run pp2_dp2 4 1 4 --layers 4 --zero 3 --pp 2 && same pp2_dp2 ref_l4_a4 2e-5
 run pp2_dp2_recompute_v2 4 1 4 --layers 4 --zero 3 --pp 2 --pp-virtual 2 --recompute full &&
-    same pp2_dp2_recompute_v2 ref_l4_a4
+    same pp2_dp2_recompute_v2 ref_l4_a4 2e-5
 # mixed precision: the gathers move bf16; the one-process bf16 run trains the same model up to
 # the order of the gradient sums (2e-3, mixed.sh's bound for 16-bit layouts)
 run ref_bf16 0 4 1 --layers 2 --precision bf16

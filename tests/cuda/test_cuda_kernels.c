@@ -216,6 +216,18 @@ static void r_rms_b(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g,
     l3d_be_rmsnorm_forward(be, dt, p[6], p[5], p[3], p[4], s->B * s->T, s->C, 1e-5f);
     l3d_be_rmsnorm_backward(be, dt, g, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T, s->C);
 }
+/* the residual add and the norm after it in one pass: res, out, [mean,] rstd, a, b, weight
+ * [, bias] */
+static void r_res_ln(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_residual_layernorm_forward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
+                                      s->B * s->T, s->C);
+}
+static void r_res_rms(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_residual_rmsnorm_forward(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], s->B * s->T,
+                                    s->C, 1e-5f);
+}
 /* rope_forward on qkv, rope_backward on dqkv (each in place) */
 static void r_rope(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
@@ -295,6 +307,15 @@ static void llama_cases(struct shape s, struct kcase *k, int *n) {
              {"dout", ACT, X, NORMAL, 0, false}, {"inp", ACT, X, NORMAL, 0, false},
              {"weight", ACT, s.C, NORMAL, 0, false}, {"rstd", F32, NBT_, ZERO, 0, false},
              {"rms_out", ACT, X, ZERO, 0, false}}, NBT_, false, mixed, r_rms_b};
+    k[i++] = (struct kcase){"residual_rmsnorm_forward", {{"res", ACT, X, ZERO, 0, true},
+        {"out", ACT, X, ZERO, 0, true}, {"rstd", F32, NBT_, ZERO, 0, true},
+        {"a", ACT, X, NORMAL, 0, false}, {"b", ACT, X, NORMAL, 0, false},
+        {"weight", ACT, s.C, NORMAL, 0, false}}, s.C, false, false, r_res_rms};
+    k[i++] = (struct kcase){"residual_layernorm_forward", {{"res", ACT, X, ZERO, 0, true},
+        {"out", ACT, X, ZERO, 0, true}, {"mean", F32, NBT_, ZERO, 0, true},
+        {"rstd", F32, NBT_, ZERO, 0, true}, {"a", ACT, X, NORMAL, 0, false},
+        {"b", ACT, X, NORMAL, 0, false}, {"weight", ACT, s.C, NORMAL, 0, false},
+        {"bias", ACT, s.C, NORMAL, 0, false}}, s.C, false, false, r_res_ln};
     /* positions up to Llama 3.1's 131072: large angles, every band of the frequency scaling */
     k[i++] = (struct kcase){"rope_forward, rope_backward", {{"qkv", ACT, Q, NORMAL, 0, true},
         {"inv_freq", F32, s.HS / 2, ROPE_FREQ, 0, false},

@@ -201,6 +201,37 @@ static int64_t a2a_bad(const int32_t *recv, int64_t total, const int64_t *displs
     return bad;
 }
 
+/* Repeated all_to_allv calls, blocking and not, allocate nothing (the non-blocking one's int
+ * counts are the communicator's, made with it); negative case: two in flight at once, the second
+ * brings its own (the window sees it), and both deliver. */
+static void test_all_to_allv_allocs(struct l3d_comm *c, const int32_t *send, const int64_t *sc,
+                                    const int64_t *sd, int32_t *recv, const int64_t *rc,
+                                    const int64_t *rd, int64_t rtot, int64_t scale) {
+    int32_t *recv2 = malloc((size_t)(rtot + 1) * sizeof *recv2);
+    l3d_req r, r2;
+    for (int i = 0; i < 2; i++) { /* the first call's pages, MPI's included, settled */
+        l3d_comm_all_to_allv(c, send, sc, sd, recv, rc, rd, L3D_I32, pick(&r, 1));
+        finish(c, &r, 0);
+    }
+    size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
+    for (int i = 0; i < 3; i++) {
+        l3d_comm_all_to_allv(c, send, sc, sd, recv, rc, rd, L3D_I32, pick(&r, i != 1));
+        finish(c, i != 1 ? &r : NULL, i);
+    }
+    RCHECK(l3d_mem_peak() == used);
+    for (int64_t i = 0; i < rtot; i++) recv[i] = recv2[i] = -7;
+    l3d_comm_all_to_allv(c, send, sc, sd, recv, rc, rd, L3D_I32, pick(&r, 1));
+    l3d_comm_all_to_allv(c, send, sc, sd, recv2, rc, rd, L3D_I32, pick(&r2, 1));
+    RCHECK(l3d_mem_peak() > used); /* (negative: the second's own counts) */
+    finish(c, &r2, 0);
+    finish(c, &r, 1);
+    RCHECK(l3d_mem_used() == used); /* freed at its completion */
+    l3d_mem_window_end(before);
+    RCHECK(a2a_bad(recv, rtot, rd, c->size, c->rank, scale) == 0 &&
+           a2a_bad(recv2, rtot, rd, c->size, c->rank, scale) == 0);
+    free(recv2);
+}
+
 /* Every rank sends a different amount to each rank, some pieces empty, from a send buffer with
  * the pieces in reverse rank order and into a receive buffer with gaps that must stay untouched;
  * the checker then rejects one flipped element. */
@@ -238,6 +269,7 @@ static void test_all_to_allv(struct l3d_comm *c, int64_t scale) {
             break;
         }
     RCHECK(a2a_bad(recv, rtot, rd, p, me, scale) == want);
+    test_all_to_allv_allocs(c, send, sc, sd, recv, rc, rd, rtot, scale);
     free(send), free(recv);
 }
 

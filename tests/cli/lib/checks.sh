@@ -110,6 +110,26 @@ same_run() {
         bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
     fi
 }
+# cmp_same NAME RUN REF [compare flags]: llm3d compare says runs RUN and REF are the SAME
+cmp_same() {
+    local name=$1 run=$2 ref=$3
+    shift 3
+    if "$bin" compare "$@" "$dir/$run" "$dir/$ref" > "$dir/$name.cmp" 2>&1
+    then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
+    else bad "$name"; cat "$dir/$name.cmp"; fi
+}
+# kv_cache_agrees MODEL: greedy generation from MODEL (byte tokens) through the KV cache's
+# incremental path gives the text the whole forward gives (--no-kv-cache), 16 bytes or more.
+kv_cache_agrees() {
+    local a b g=("$bin" generate --checkpoint "$1" --tokenizer bytes --prompt "row 1"
+                 --max-tokens 16 --temperature 0)
+    if a=$("${g[@]}" 2> "$dir/gen.log") && b=$("${g[@]}" --no-kv-cache 2>> "$dir/gen.log") &&
+       [ "$a" = "$b" ] && [ ${#a} -ge 16 ]; then
+        ok "generate with the KV cache = without it: $(echo "$a" | head -c 40 | tr '\n' ' ')"
+    else
+        bad "generate with and without the KV cache: '$a' vs '$b'"; cat "$dir/gen.log"
+    fi
+}
 # is_number X: X is a finite decimal number. less_than A B: A < B, both finite. awk alone passes
 # what is not a number: mawk compares a loss printed as "-nan" with another as strings, and
 # "-nan" < "5.4" holds; "-inf" is less than anything.

@@ -13,7 +13,8 @@ llm.c's GPT-2 file (version 3), or llm3d's file of another architecture (version
 8.. hold architecture, key/value heads, norm, MLP, positions, biases, untied head, MLP width; words
 26.. the experts, their top-k, width, shared experts, dense layers; no wpe, no biases, RMSNorm
 weights only, lmhead after lnfw when untied, then router, expfcw, expprojw of the MoE layers;
-word 38: QK-norm, whose qnormw and knormw (L, hd) come last).
+word 38: QK-norm, whose qnormw and knormw (L, hd) come last; word 39: a head's size hd, 0 for
+C / NH: q|k|v of (NH + 2 NKV) hd rows, attprojw (C, NH hd)).
 
   st_oracle.py write MODEL.bin DIR [--dtype F32|BF16|F16] [--shards N]
       the llm.c file's GPT-2 as a folder (config.json, model.safetensors or N shards + index)
@@ -51,7 +52,8 @@ def read_llmc(path):
         if hdr[8] != 1:
             sys.exit(f"{path}: architecture word {hdr[8]}, not Llama's 1")
         h.update(llama=True, NKV=hdr[9], untied=bool(hdr[14]), ffn=hdr[15], E=hdr[26],
-                 K=hdr[27], Fe=hdr[28], norm_topk=bool(hdr[31]), qk=bool(hdr[38]))
+                 K=hdr[27], Fe=hdr[28], norm_topk=bool(hdr[31]), qk=bool(hdr[38]),
+                 hd=hdr[39] or C // NH)
         if hdr[26] and (hdr[29] or hdr[30]):
             sys.exit(f"{path}: shared experts or dense layers: no Mixtral folder holds them")
     return h, data
@@ -61,11 +63,11 @@ def llmc_tensors(h, data):
     """The file's tensors as (name, [layers], rows, cols) slices of data, in its order."""
     L, C, Vp, T = h["L"], h["C"], h["Vp"], h["maxT"]
     if h["llama"]:
-        hs, F = C // h["NH"], h["ffn"]
+        hs, F = h["hd"], h["ffn"]
         qkv = (h["NH"] + 2 * h["NKV"]) * hs
         Ld = 0 if h["E"] else L  # with experts: every layer's MLP is the experts
         shapes = [("wte", 1, Vp, C), ("ln1w", L, 1, C), ("qkvw", L, qkv, C),
-                  ("attprojw", L, C, C), ("ln2w", L, 1, C), ("fcw", Ld, 2 * F, C),
+                  ("attprojw", L, C, h["NH"] * hs), ("ln2w", L, 1, C), ("fcw", Ld, 2 * F, C),
                   ("fcprojw", Ld, C, F), ("lnfw", 1, 1, C)]
         if h["untied"]:
             shapes.append(("lmhead", 1, Vp, C))
@@ -94,7 +96,7 @@ def llmc_tensors(h, data):
 def llama_tensors(h, t):
     """LlamaForCausalLM's names, shapes and values."""
     C, V, F = h["C"], h["V"], h["ffn"]
-    q, kv = C, h["NKV"] * (C // h["NH"])
+    q, kv = h["NH"] * h["hd"], h["NKV"] * h["hd"]
     res = [("model.embed_tokens.weight", [V, C], list(t["wte"][0][0][:V * C]))]
     for l in range(h["L"]):
         p = f"model.layers.{l}."
@@ -103,10 +105,10 @@ def llama_tensors(h, t):
                 (p + "self_attn.q_proj.weight", [q, C], list(w[:q * C])),
                 (p + "self_attn.k_proj.weight", [kv, C], list(w[q * C:(q + kv) * C])),
                 (p + "self_attn.v_proj.weight", [kv, C], list(w[(q + kv) * C:])),
-                (p + "self_attn.o_proj.weight", [C, C], list(t["attprojw"][l][0])),
+                (p + "self_attn.o_proj.weight", [C, q], list(t["attprojw"][l][0])),
                 (p + "post_attention_layernorm.weight", [C], list(t["ln2w"][l][0]))]
         if h["qk"]:
-            hs = C // h["NH"]
+            hs = h["hd"]
             res += [(p + "self_attn.q_norm.weight", [hs], list(t["qnormw"][l][0])),
                     (p + "self_attn.k_norm.weight", [hs], list(t["knormw"][l][0]))]
         if h["E"]:
@@ -221,7 +223,7 @@ def cmd_write(llmc, out, dtype="F32", shards=1):
                   "intermediate_size": h["ffn"], "vocab_size": h["V"],
                   "max_position_embeddings": h["maxT"], "rms_norm_eps": 1e-5,
                   "rope_theta": 10000.0, "hidden_act": "silu",
-                  "tie_word_embeddings": not h["untied"]}
+                  "tie_word_embeddings": not h["untied"], "head_dim": h["hd"]}
     if h["llama"] and h["qk"]:  # Qwen3Config / Qwen3MoeConfig
         config.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
         if h["E"]:
@@ -304,6 +306,8 @@ def cmd_check(d, llmc, dtype="F32"):
                 "intermediate_size": h["ffn"], "vocab_size": h["V"],
                 "max_position_embeddings": h["maxT"], "tie_word_embeddings": not h["untied"],
                 "hidden_act": "silu"}
+        if cfg.get("head_dim") is not None or h["hd"] != h["C"] // h["NH"]:
+            want["head_dim"] = h["hd"]  # absent: hidden_size / num_attention_heads
     if h["llama"] and h["qk"]:
         want.update(model_type="qwen3_moe" if h["E"] else "qwen3")
         if h["E"]:

@@ -1,0 +1,27 @@
+/* The CPU backend's GELU in explicit SIMD (cpu_ew.c): AVX-512 or AVX2 with FMA, chosen at run
+ * time, else scalar, the same operations in the same order on every path, so all three give
+ * the same bits (tests/test_fused.c checks it on each path the CPU has). Only
+ * src/backend/cpu*.c and the tests include this file. */
+#ifndef LLM3D_CPU_EW_H
+#define LLM3D_CPU_EW_H
+
+#include <stdint.h>
+
+#include "llm3d/core.h"
+
+enum l3d_simd { L3D_SIMD_SCALAR, L3D_SIMD_AVX2, L3D_SIMD_AVX512 };
+
+/* The widest path this CPU runs (AVX-512 F, BW, VL; else AVX2 with FMA and F16C; else scalar),
+ * asked once. */
+enum l3d_simd l3d_cpu_simd(void);
+
+/* GELU, tanh form (Hendrycks & Gimpel 2016), as x sigmoid(2u) with u = sqrt(2/pi) (x + 0.044715
+ * x^3) (0.5 (1 + tanh u) = sigmoid(2u)): dy NULL: y (n) = gelu(x); else y (n) += gelu'(x) dy;
+ * y, x, dy of type t (fp32, bf16, fp16), the 16-bit ones widened in registers and each output
+ * rounded once to nearest even (the bits of l3d_bf16_narrow / l3d_f32_to_f16). y may be x
+ * (forward). isa must be at most l3d_cpu_simd(). Max error against the float64 tanh form over
+ * [-12, 12]: see docs/DESIGN.md ("Fused element-wise kernels"). */
+void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void *x,
+                       const void *dy, int64_t n);
+
+#endif
