@@ -195,12 +195,16 @@ static void fill_batch(int32_t *inp, int32_t *tgt, int64_t n, int32_t V, uint64_
 }
 
 /* The model's loss and every tensor's gradient against the double reference `loss` (GPT-2's or
- * Llama's) and its central finite differences. */
+ * Llama's) and its central finite differences; the head's cross-entropy xent_rows rows at a time
+ * (0: the default, all 10 rows at these sizes). */
 static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model_spec cfg,
-                                        double (*ref_loss)(void *ctx)) {
+                                        double (*ref_loss)(void *ctx), int64_t xent_rows) {
     int B = 2, T = 5;
-    struct l3d_gpt *m = full_model(be, &cfg, B, T);
-    const struct l3d_shard sh = m->shard;
+    struct l3d_shard sh = l3d_shard_full(&cfg);
+    sh.xent_rows = xent_rows;
+    struct l3d_gpt *m;
+    L3D_ASSERT(l3d_gpt_init(&m, &cfg, &sh, be, B, T, L3D_GRADS_FLAT) == L3D_OK);
+    CHECK(m->xent_rows == (xent_rows ? xent_rows : B * T));
     randomize(m, 7);
     int32_t inp[10], tgt[10];
     fill_batch(inp, tgt, B * T, cfg.V, 3);
@@ -267,13 +271,16 @@ static void check_forward_and_gradients(struct l3d_backend *be, struct l3d_model
 }
 
 static void test_forward_and_gradients(struct l3d_backend *be) {
-    check_forward_and_gradients(be, tiny_config(2, 16, 2, 50, 8), ref_gpt_loss); /* Vp 128 */
+    check_forward_and_gradients(be, tiny_config(2, 16, 2, 50, 8), ref_gpt_loss, 0); /* Vp 128 */
+    /* the chunked cross-entropy: chunks of 3 of the 10 rows (the last one short), tied head */
+    check_forward_and_gradients(be, tiny_config(2, 16, 2, 50, 8), ref_gpt_loss, 3);
     /* Llama: 4 query heads over 2 key/value heads of 4 channels, SwiGLU of 24, untied head */
     struct l3d_model_spec c = {.L = 2, .C = 16, .NH = 4, .NKV = 2, .V = 50, .maxT = 8, .ffn = 24,
                                .norm_eps = 1e-6f};
     l3d_model_set_arch(&c, L3D_ARCH_LLAMA);
     L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK);
-    check_forward_and_gradients(be, c, ref_llama_loss);
+    check_forward_and_gradients(be, c, ref_llama_loss, 0);
+    check_forward_and_gradients(be, c, ref_llama_loss, 4); /* chunked, the untied head */
     /* the tensor table: Llama's 9 tensors, none of GPT-2's biases or wpe */
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
     struct l3d_shard full = l3d_shard_full(&c);
@@ -285,7 +292,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
     /* QK-norm (Qwen3): two more tensors of one head's size a layer, replicated over the heads */
     c.qk_norm = true;
-    check_forward_and_gradients(be, c, ref_llama_loss);
+    check_forward_and_gradients(be, c, ref_llama_loss, 0);
     l3d_gpt_plan_tensors(&c, &full, ti);
     CHECK(ti[L3D_T_QNORMW].count == 2 * 4 && ti[L3D_T_KNORMW].count == 2 * 4);
     CHECK((double)l3d_gpt_param_count(&c) == l3d_model_param_count(&c));
@@ -293,7 +300,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
      * (4 + 2 x 2) x 6 = 48 rows, the projection (16, 24), QK-norm's vectors of 6 */
     c.head_dim = 6;
     L3D_ASSERT(l3d_gpt_config_finish(&c) == L3D_OK && c.head_dim == 6);
-    check_forward_and_gradients(be, c, ref_llama_loss);
+    check_forward_and_gradients(be, c, ref_llama_loss, 0);
     l3d_gpt_plan_tensors(&c, &full, ti);
     CHECK(ti[L3D_T_QKVW].rows == 48 && ti[L3D_T_QKVW].cols == 16 &&
           ti[L3D_T_ATTPROJW].rows == 16 && ti[L3D_T_ATTPROJW].cols == 24 &&
@@ -309,7 +316,7 @@ static void test_forward_and_gradients(struct l3d_backend *be) {
     struct l3d_model_spec g = tiny_config(2, 16, 2, 50, 8);
     g.head_dim = 10;
     L3D_ASSERT(l3d_gpt_config_finish(&g) == L3D_OK);
-    check_forward_and_gradients(be, g, ref_gpt_loss);
+    check_forward_and_gradients(be, g, ref_gpt_loss, 0);
     CHECK((double)l3d_gpt_param_count(&g) == l3d_model_param_count(&g) &&
           !l3d_model_gpt2_blocks(&g)); /* llm.c's files cannot hold it */
 }

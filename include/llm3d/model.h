@@ -201,6 +201,9 @@ struct l3d_shard {
     /* Expert parallelism: the MoE experts [expert_start, expert_start + expert_count) this rank
      * holds (l3d_shard_set_experts; all of them otherwise); the router keeps all E rows. */
     int expert_start, expert_count;
+    /* Rows of the head's chunked cross-entropy (--xent-chunk, l3d_gpt_xent_rows): 0 for all of
+     * them, the unchunked head. */
+    int64_t xent_rows;
 };
 
 /* The experts of EP rank ep_rank of ep (ep divides moe.experts, 0 reads as 1; a dense model:
@@ -367,7 +370,13 @@ struct l3d_gpt {
     void *input_act;      /* (B,T,C): the stage input when !has_embedding, else the embedding */
     void *dinput_act;     /* (B,T,C): gradient of the stage input after backward */
     float *losses;        /* (B,T) per-token loss of the last forward with targets */
-    void *logits;         /* (B,T,Vl): local vocabulary slice of the logits of the last forward */
+    /* The local vocabulary slice of the logits: (B,T,Vl) of the last forward when xent_rows
+     * covers Bmax x Tmax (unchunked), else one chunk of xent_rows rows, which the head's forward
+     * and backward fill and reuse a chunk at a time (l3d_gpt_xent_rows); after a forward
+     * without targets it holds the rows from logits_row0 to the last (all, or the last chunk). */
+    void *logits;
+    int64_t xent_rows;    /* rows of logits at once (the cross-entropy chunk) */
+    int64_t logits_row0;  /* the first row m->logits holds after a forward without targets */
     size_t act_bytes;     /* bytes of activations and backward scratch */
     int32_t *inputs;      /* (B,T) copy of the last forward's tokens, for backward */
     int32_t *targets;     /* (B,T) copy of its targets */
@@ -437,12 +446,24 @@ size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shar
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32
  * statistics (LayerNorm mean and rstd, log-sum-exp, loss terms) and the tokens 4 (as above). */
 /* The head's activations of one slot in closed form (final LayerNorm, its gathered copy under SP,
- * the logits slice, the loss statistics; not the per-token losses): 0 without the head. */
+ * the logits slice when unchunked (l3d_gpt_xent_rows below B x T: one chunk of them in the shared
+ * region instead, which l3d_gpt_act_bytes_dt counts), the loss statistics; not the per-token
+ * losses): 0 without the head. */
 size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                               int T, enum l3d_dtype dt);
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                             int T, int act_slots, enum l3d_recompute recompute, bool flash,
                             enum l3d_dtype dt);
+
+/* The cross-entropy chunk: the head's logits are computed a chunk of rows at a time, the loss
+ * statistics and, in backward, the dlogits and both products'
+ * gradients of one chunk of rows before the next (Liger-kernel's fused linear cross-entropy, over
+ * rows: each row's whole local vocabulary is in its chunk, the tp statistics combine per chunk).
+ * l3d_gpt_xent_rows: the rows of a chunk for a shard and Bmax x Tmax = BT rows: the shard's
+ * xent_rows (--xent-chunk), at most BT; 0 (the default) is BT: one chunk, the unchunked head, the
+ * logits kept from forward to backward. Chunks trade the logits' memory for the head's forward
+ * product once more, and thin products ran 2-3x slower here (docs/BENCHMARKS.md): opt-in. */
+int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on

@@ -59,6 +59,8 @@ struct l3d_layout {
     bool zero3_prefetch_set;  /* --zero3-prefetch given (refused without --zero 3) */
     bool sp;                  /* sequence parallelism over the TP group (Korthikanti et al. 2022) */
     enum l3d_recompute recompute;
+    int xent_chunk;           /* rows of the head's chunked cross-entropy (--xent-chunk; 0: the
+                               * default, unchunked) */
     int threads;              /* OpenMP threads per rank (CPU); 0: the default */
     size_t bucket_bytes;      /* data-parallel gradient reduction pieces */
 };

@@ -174,7 +174,7 @@ enum {
     F_MOE_NORM, F_MOE_NO_NORM, F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
-    F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_THREADS, F_BUCKET,
+    F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_XENT, F_THREADS, F_BUCKET,
     F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
 };
@@ -257,6 +257,10 @@ static const struct l3d_flag layout_flags[] = {
     {"no-sequence-parallel", NULL, F_NO_SP, "no sequence parallelism (the default)"},
     {"recompute", "MODE", F_RECOMPUTE, "none (default), selective (attention scores), full "
                                        "(layers)"},
+    {"xent-chunk", "ROWS", F_XENT, "rows of the head's logits computed at once, the loss and "
+                                   "its gradients a chunk at a time, the head's product run "
+                                   "again in backward (0, the default, or batch x seq-len or "
+                                   "more: unchunked, the logits kept)"},
     {"threads", "N", F_THREADS, "OpenMP threads per rank (train: OMP_NUM_THREADS or all cores; "
                                 "plan: 1)"},
     {"bucket-mb", "M", F_BUCKET, "gradient reduction pieces in MiB (4)"},
@@ -378,6 +382,7 @@ static int set_layout(void *ctx, const char *cmd, int id, const char *v) {
         l->recompute = (enum l3d_recompute)m;
         return 1;
     }
+    case F_XENT: return l3d_arg_int(cmd, "xent-chunk", v, 0, 1 << 30, &l->xent_chunk);
     case F_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &l->threads);
     case F_BUCKET: {
         double mb = 0;

@@ -315,6 +315,7 @@ static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***
      * assignments that a one-token step keeps) */
     g->cfg.moe.capacity_factor = 0.0;
     struct l3d_shard sh = l3d_shard_full(&g->cfg);
+    sh.xent_rows = 1; /* --no-kv-cache samples the last row's logits only: one row of them */
     if (l3d_gpt_init_dt(&g->m, &g->cfg, &sh, g->rt->be, 1, o->no_cache ? g->cfg.maxT : 1,
                         L3D_GRADS_NONE, 1, L3D_RECOMPUTE_NONE, o->dt) != L3D_OK ||
         load_model(o->ckpt, g->m) != L3D_OK ||
@@ -359,7 +360,9 @@ static const float *next_logits(const struct gen_opts *o, struct gen *g, struct 
     s->w = w_next;
     int64_t len = g->seq.n - s->w;
     l3d_gpt_forward(g->m, g->seq.v + s->w, NULL, 1, (int)len);
-    const void *row = (const char *)g->m->logits + (len - 1) * (int64_t)cfg->Vp * g->m->es;
+    /* the logits of the last row only (a chunk of one row, l3d_gpt_xent_rows) */
+    const void *row = (const char *)g->m->logits +
+                      (len - 1 - g->m->logits_row0) * (int64_t)cfg->Vp * g->m->es;
     if (s->row32) {
         l3d_be_convert(g->rt->be, L3D_F32, s->row32, o->dt, row, cfg->Vp);
         row = s->row32;

@@ -537,7 +537,7 @@ static l3d_status plan_one(const struct l3d_model_spec *m,
         .ep = fx->mask & L3D_FIX_EP ? f->ep : 1,
         .micro_batch = f->micro_batch, .v = fx->mask & L3D_FIX_V ? f->v : 1, .zero = f->zero,
         .zero3_prefetch = f->zero3_prefetch, .recompute = f->recompute,
-        .sp = fx->mask & L3D_FIX_SP ? f->sp : false, .schedule = f->schedule,
+        .xent_chunk = f->xent_chunk, .sp = fx->mask & L3D_FIX_SP ? f->sp : false, .schedule = f->schedule,
         .threads = f->threads, .seq = f->seq, .global_batch = f->global_batch,
         .bucket_bytes = f->bucket_bytes};
     return l3d_plan_evaluate(m, prof, run, &lay, r);

@@ -451,9 +451,8 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     int64_t sp = s->sp_size, BTl = BT / sp; /* rows of the LayerNorm and residual regions */
     int64_t BTs = sp > 1 ? BT : 0, BTls = sp > 1 ? BTl : 0; /* buffers only SP needs */
     struct widths w = widths(m);
-    int64_t Ca = w.Ca, F = w.F;
-    int64_t Vl = s->vocab_count;
-    int64_t off = 0, sz[13];
+    int64_t Ca = w.Ca, F = w.F, Vl = s->vocab_count, off = 0, sz[13];
+    const bool chunked = m->xent_rows < BT; /* one chunk of logits, used within a pass: shared */
     const int64_t E = (int64_t)m->es, F4 = 4; /* bytes: the model's type; fp32 and int32 */
     /* selective recomputation drops only the materialised probabilities */
     const bool naive_sel = m->attn_naive && m->recompute == L3D_RECOMPUTE_SELECTIVE;
@@ -478,16 +477,16 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
         }
     /* the head's: per slot, or once in the shared region (head_once: each forward's backward
      * comes before the next forward) */
-#define TAKE_HEAD()                          \
-    do {                                     \
-        TAKE(a->lnf, BTl * C, E);            \
-        TAKE(a->lnf_full, BTs * C, E);       \
-        TAKE(a->lnf_mean, BTl, F4);          \
-        TAKE(a->lnf_rstd, BTl, F4);          \
-        TAKE(m->logits, BT * Vl, E);         \
-        TAKE(a->maxv, BT, F4);               \
-        TAKE(a->sumexp, BT, F4);             \
-        TAKE(a->tlogit, BT, F4);             \
+#define TAKE_HEAD()                                 \
+    do {                                            \
+        TAKE(a->lnf, BTl * C, E);                   \
+        TAKE(a->lnf_full, BTs * C, E);              \
+        TAKE(a->lnf_mean, BTl, F4);                 \
+        TAKE(a->lnf_rstd, BTl, F4);                 \
+        if (!chunked) TAKE(m->logits, BT * Vl, E);  \
+        TAKE(a->maxv, BT, F4);                      \
+        TAKE(a->sumexp, BT, F4);                    \
+        TAKE(a->tlogit, BT, F4);                    \
     } while (0)
     if (s->has_head && !m->head_once) TAKE_HEAD();
     if (s->has_head) TAKE(m->losses, BT, F4);
@@ -500,6 +499,7 @@ static int64_t point_acts(struct l3d_gpt *m, void *base, int slot) {
     off = 0;
     /* shared region */
     if (s->has_head && m->head_once) TAKE_HEAD();
+    if (s->has_head && chunked) TAKE(m->logits, m->xent_rows * Vl, E);
     if (naive_sel || m->recompute == L3D_RECOMPUTE_FULL) TAKE(a->att_shared, sz[5], F4);
     if (naive_sel) TAKE(a->atty_tmp, BT * Ca, E);
     if (m->recompute == L3D_RECOMPUTE_FULL) {
@@ -639,6 +639,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     m->acts = l3d_calloc(sizeof *m->acts, "activation table");
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
                                 "activation table");
+    m->xent_rows = l3d_gpt_xent_rows(sh, (int64_t)B * T, dt);
     m->act_bytes = (size_t)point_acts(m, NULL, 0);
     const size_t gs = sizeof(float); /* gradients: fp32 */
     size_t pbytes = (size_t)m->num_params * m->es, gflat = (size_t)m->num_params * gs;
@@ -1313,6 +1314,74 @@ static void params_end(struct l3d_gpt *m, int l, bool backward) {
         m->gathered_layer = NULL;
 }
 
+/* The cross-entropy statistics of rows [r0, r0 + n) from their logits in m->logits:
+ * vocabulary-parallel (Megatron-LM), max, then sum-exp and target logit, fp32 whatever the
+ * logits' type; the max over the tp group here, per chunk (the sum-exp is relative to it), the
+ * sums after the last chunk (head_forward). */
+static void xent_chunk_stats(struct l3d_gpt *m, int64_t r0, int64_t n) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    const enum l3d_dtype dt = m->dt;
+    int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
+    if (m->hooks.tp_all_reduce_max) {
+        l3d_be_xent_max(m->be, dt, a->maxv + r0, m->logits, n, Vl, Vvalid);
+        m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv + r0, n, L3D_F32);
+        l3d_be_xent_sumexp(m->be, dt, a->sumexp + r0, a->tlogit + r0, m->logits, a->maxv + r0,
+                           m->targets + r0, s->vocab_start, n, Vl, Vvalid);
+    } else { /* the whole vocabulary here: one read of the logits (the same bits) */
+        l3d_be_xent_stats(m->be, dt, a->maxv + r0, a->sumexp + r0, a->tlogit + r0, m->logits,
+                          m->targets + r0, s->vocab_start, n, Vl, Vvalid);
+    }
+}
+
+/* Whether the head runs in chunks (else one chunk of every row: the logits kept whole from
+ * forward to backward). */
+static bool xent_chunked(const struct l3d_gpt *m) {
+    return m->xent_rows < (int64_t)m->Bmax * m->Tmax;
+}
+
+/* The head's logits of rows [r0, r0 + n) into m->logits (at its start when chunked). */
+static void head_logits(struct l3d_gpt *m, int64_t r0, int64_t n) {
+    const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
+    int64_t C = m->cfg.C, Vl = m->shard.vocab_count;
+    l3d_be_matmul_forward(m->be, m->dt, el(m->logits, xent_chunked(m) ? 0 : r0 * Vl, m->es),
+                          el(m->acts->lnf_full, r0 * C, m->es), wte, NULL, n, C, Vl);
+}
+
+/* The final norm (unless normed: done with the last residual add), the head and (with targets)
+ * the mean loss, a chunk of xent_rows rows at a time: the logits of a chunk, its statistics; the loss from all rows' statistics at the end.
+ * Without targets the logits of the last chunk's rows stay (logits_row0 on). */
+static float head_forward(struct l3d_gpt *m, const void *x, bool targets, bool normed) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    const enum l3d_dtype dt = m->dt;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, sp = s->sp_size, Nl = N / sp;
+    const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
+    const void *lnfb = param_or_null(m, L3D_T_LNFB, 0);
+    if (!normed) norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
+    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
+    int64_t rows = m->xent_rows;
+    m->logits_row0 = N > rows ? N - rows : 0;
+    if (!targets) {
+        head_logits(m, m->logits_row0, N - m->logits_row0);
+        return 0.0f;
+    }
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        int64_t n = N - r0 < rows ? N - r0 : rows;
+        head_logits(m, r0, n);
+        xent_chunk_stats(m, r0, n);
+    }
+    if (m->hooks.tp_all_reduce) {
+        tp_all_reduce(m, a->sumexp, N, L3D_F32);
+        tp_all_reduce(m, a->tlogit, N, L3D_F32);
+    }
+    double total = 0.0;
+    l3d_be_memset(m->be, m->loss_sum, 0, sizeof(double));
+    l3d_be_xent_loss(m->be, m->losses, m->loss_sum, a->maxv, a->sumexp, a->tlogit, N);
+    l3d_be_copy_d2h(m->be, &total, m->loss_sum, sizeof total);
+    return (float)(total / (double)N);
+}
+
 static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
                           int T) {
     L3D_ASSERT(B >= 1 && B <= m->Bmax && T >= 1 && T <= m->Tmax);
@@ -1362,35 +1431,7 @@ static float forward_pass(struct l3d_gpt *m, const int32_t *inputs, const int32_
         x = a->layer[l].res3;
     }
     if (!s->has_head) return 0.0f;
-
-    const void *wte = l3d_gpt_param_ptr(m, head_tensor(m), 0);
-    const void *lnfw = l3d_gpt_param_ptr(m, L3D_T_LNFW, 0);
-    const void *lnfb = param_or_null(m, L3D_T_LNFB, 0);
-    int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    if (!normed) norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, x, lnfw, lnfb, Nl);
-    if (sp > 1) m->hooks.tp_all_gather(m->hooks.ctx, a->lnf, a->lnf_full, Nl * C, dt);
-    l3d_be_matmul_forward(m->be, dt, m->logits, a->lnf_full, wte, NULL, N, C, Vl);
-    if (!targets) return 0.0f;
-    /* vocabulary-parallel cross-entropy (Megatron-LM): max, then sum-exp and target logit, the
-     * statistics fp32 whatever the logits' type */
-    if (m->hooks.tp_all_reduce_max) {
-        l3d_be_xent_max(m->be, dt, a->maxv, m->logits, N, Vl, Vvalid);
-        m->hooks.tp_all_reduce_max(m->hooks.ctx, a->maxv, N, L3D_F32);
-        l3d_be_xent_sumexp(m->be, dt, a->sumexp, a->tlogit, m->logits, a->maxv, m->targets,
-                           s->vocab_start, N, Vl, Vvalid);
-    } else { /* the whole vocabulary here: one read of the logits (the same bits) */
-        l3d_be_xent_stats(m->be, dt, a->maxv, a->sumexp, a->tlogit, m->logits, m->targets,
-                          s->vocab_start, N, Vl, Vvalid);
-    }
-    if (m->hooks.tp_all_reduce) {
-        tp_all_reduce(m, a->sumexp, N, L3D_F32);
-        tp_all_reduce(m, a->tlogit, N, L3D_F32);
-    }
-    double total = 0.0;
-    l3d_be_memset(m->be, m->loss_sum, 0, sizeof(double));
-    l3d_be_xent_loss(m->be, m->losses, m->loss_sum, a->maxv, a->sumexp, a->tlogit, N);
-    l3d_be_copy_d2h(m->be, &total, m->loss_sum, sizeof total);
-    return (float)(total / (double)N);
+    return head_forward(m, x, targets != NULL, normed);
 }
 
 float l3d_gpt_forward(struct l3d_gpt *m, const int32_t *inputs, const int32_t *targets, int B,
@@ -1408,6 +1449,30 @@ const void *l3d_gpt_output_act(const struct l3d_gpt *m) {
 
 /* ---- backward --------------------------------------------------------------------------- */
 
+/* The chunked head's backward: per chunk of rows its logits again (forward kept only their
+ * statistics), dlogits in place from the forward's full-vocabulary normaliser (maxv, sumexp:
+ * summed over the tp group in forward, so no collective here), its rows of d(lnf) = dlogits W
+ * and dW += dlogits^T lnf; then d(lnf) summed over the tp group (column-parallel) once. */
+static void head_chunks_backward(struct l3d_gpt *m, float dloss, float *dwte, const void *wte) {
+    const struct l3d_shard *s = &m->shard;
+    struct l3d_gpt_acts *a = m->acts;
+    int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, sp = s->sp_size, rows = m->xent_rows;
+    int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
+    l3d_be_memset(m->be, a->dln, 0, (size_t)(N * C) * m->es);
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        int64_t n = N - r0 < rows ? N - r0 : rows;
+        head_logits(m, r0, n);
+        l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv + r0, a->sumexp + r0,
+                             m->targets + r0, dloss, s->vocab_start, n, Vl, Vvalid);
+        matmul_backward(m, el(a->dln, r0 * C, m->es), dwte, NULL, m->logits,
+                        el(a->lnf_full, r0 * C, m->es), wte, n, C, Vl);
+    }
+    if (sp > 1) /* sequence parallel: the sum reduce-scattered to this rank's rows */
+        m->hooks.tp_reduce_scatter(m->hooks.ctx, a->dln, a->dln_local, N / sp * C, m->dt);
+    else
+        tp_all_reduce(m, a->dln, N * C, m->dt);
+}
+
 /* The LM head's and final LayerNorm's backward (the last stage): dlogits from the loss, the head's
  * gradients, and d(x_last) into a->dres. */
 static void head_backward(struct l3d_gpt *m, float dloss, const void *x_last) {
@@ -1421,12 +1486,16 @@ static void head_backward(struct l3d_gpt *m, float dloss, const void *x_last) {
     float *dlnfw = l3d_gpt_grad_ptr(m, L3D_T_LNFW, 0);
     float *dlnfb = grad_or_null(m, L3D_T_LNFB, 0);
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    /* logits become dlogits in place */
     L3D_ASSERT(m->has_targets);
-    l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
-                         s->vocab_start, N, Vl, Vvalid);
-    /* the head is column-parallel over the vocabulary */
-    column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
+    if (!xent_chunked(m)) { /* the forward's logits */
+        /* logits become dlogits in place */
+        l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv, a->sumexp, m->targets, dloss,
+                             s->vocab_start, N, Vl, Vvalid);
+        /* the head is column-parallel over the vocabulary */
+        column_parallel_backward(m, a->dln, dwte, NULL, m->logits, a->lnf_full, wte, N, C, Vl);
+    } else {
+        head_chunks_backward(m, dloss, dwte, wte);
+    }
     l3d_be_memset(m->be, a->dres, 0, bytes_l);
     if (sp > 1) { /* this rank's part of the final LayerNorm's weight gradients, summed */
         l3d_be_memset(m->be, a->dlnw, 0, 2 * (size_t)C * sizeof(float));
@@ -1569,6 +1638,12 @@ static bool share_head(struct l3d_gpt *m) {
     m->slot = 0;
     m->act_bytes = bytes + others;
     return true;
+}
+
+int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt) {
+    (void)dt; /* the rows alone set it; the chunk's bytes follow from them and the type */
+    int64_t r = sh->xent_rows > 0 ? sh->xent_rows : BT;
+    return r < BT ? r : BT;
 }
 
 l3d_status l3d_gpt_split_init(struct l3d_gpt *m, int wslots, bool head_once) {
@@ -1804,7 +1879,9 @@ size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d
     if (!sh->has_head) return 0;
     double sb = (double)B * T, p = sh->sp_size, sbh = sb * cfg->C, V = (double)sh->vocab_count;
     double E = (double)l3d_dtype_size(dt);
-    return (size_t)(E * (sbh / p + (p > 1 ? sbh : 0) + sb * V) + 4 * (2 * sb / p + 3 * sb));
+    /* the logits only when unchunked (else one chunk of them, shared: l3d_gpt_act_bytes_dt) */
+    double logits = l3d_gpt_xent_rows(sh, (int64_t)B * T, dt) < (int64_t)B * T ? 0 : sb * V;
+    return (size_t)(E * (sbh / p + (p > 1 ? sbh : 0) + logits) + 4 * (2 * sb / p + 3 * sb));
 }
 
 size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
@@ -1834,8 +1911,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
                    : recompute == L3D_RECOMPUTE_SELECTIVE ? (naive_sel ? layer_all - att : layer_all)
                                                           : E * sbh / p;
     /* per slot: the stage input and its gradient, the tokens, and on the last stage the final
-     * LayerNorm (its gathered copy under SP), the logits slice, the loss statistics and the
-     * per-token losses */
+     * LayerNorm (its gathered copy under SP), the logits slice (unchunked), the loss statistics
+     * and the per-token losses */
     double slot = sh->layer_count * layer + E * 2 * sbh / p + 4 * 2 * sb;
     if (sh->has_head) slot += (double)l3d_gpt_head_act_bytes(cfg, sh, B, T, dt) + 4 * sb;
     /* shared: the backward of one layer (residual gradient, LayerNorm-output gradient, q|k|v,
@@ -1846,6 +1923,9 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (p > 1) shared += E * (2 * sbh / p + sbh + sbh / p) + 4 * 4 * h;
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
+    /* the chunked cross-entropy's one chunk of logits */
+    int64_t xr = l3d_gpt_xent_rows(sh, B * (int64_t)T, dt);
+    if (sh->has_head && xr < B * (int64_t)T) shared += E * (double)xr * (double)sh->vocab_count;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
     /* a MoE layer keeps no dense MLP rows (fch, fch_gelu: the fm + f of each token), and the
      * MoE buffers come on top (src/model/moe.c) */

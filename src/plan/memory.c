@@ -59,6 +59,7 @@ static void chunk_size(const struct l3d_model_spec *c, const struct l3d_model_sp
     sh.layer_count = layers[vs];
     sh.has_embedding = vs == 0;
     sh.has_head = vs == S - 1;
+    sh.xent_rows = lay->xent_chunk;
     /* expert parallelism: E / ep of the experts (EP rank 0's; every rank holds as many) */
     l3d_shard_set_experts(c, &sh, lay->ep, 0);
     struct l3d_tensor_info ti[L3D_NUM_TENSORS];
@@ -151,14 +152,16 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
  * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is). */
 static double mixed_matmul_scratch(const struct l3d_model_spec *m,
                                    const struct l3d_layout *lay,
-                                   const struct l3d_plan_chunk *ch) {
+                                   const struct l3d_plan_chunk *ch, enum l3d_dtype dt) {
     const struct l3d_shard *sh = &ch->sh;
-    double N = (double)lay->micro_batch * m->maxT, C = (double)m->C;
+    double Nall = (double)lay->micro_batch * m->maxT, C = (double)m->C;
+    /* the head's product a chunk of rows at a time (l3d_gpt_xent_rows) */
+    double Nh = (double)l3d_gpt_xent_rows(sh, lay->micro_batch * (int64_t)m->maxT, dt);
     double Ca = (double)sh->head_count * l3d_model_head_dim(m), F = (double)sh->ffn_count;
     double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
     double best = 0;
     for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
-        double cin = prod[i][0], oc = prod[i][1];
+        double cin = prod[i][0], oc = prod[i][1], N = i == 4 ? Nh : Nall;
         double fwd = N * cin + oc * cin + oc + N * oc, bwd = N * oc + oc * cin + 2 * N * cin;
         best = fmax(best, fmax(fwd, bwd));
     }
@@ -228,7 +231,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     if (dt != L3D_F32 && !run->native16) {
         double most = 0;
         for (int k = 0; k < lay->v; k++) {
-            double x = mixed_matmul_scratch(m, lay, &ch[k]);
+            double x = mixed_matmul_scratch(m, lay, &ch[k], dt);
             most = x > most ? x : most;
         }
         scratch16 = most;

@@ -118,6 +118,7 @@ static void walk_variants(const struct space_walk *w, const struct l3d_layout *b
                 lay.zero3_prefetch = f->zero3_prefetch;
                 lay.recompute = (enum l3d_recompute)rc;
                 lay.sp = sp;
+                lay.xent_chunk = f->xent_chunk; /* the run's, never searched */
                 w->each(w->ctx, &lay);
             }
         }

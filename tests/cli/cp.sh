@@ -14,51 +14,28 @@ steps=6
 sanitized && steps=4
 # AdamW eps 1e-6 for the reason equiv.sh gives (round-off in gradients zero in exact arithmetic)
 TRAIN_FLAGS=("${TINY[@]}" --steps $steps --warmup 3 --lr 1e-3 --eps 1e-6)
+# same_layout (tests/cli/lib/checks.sh): each layout against one process
 
-# same NAME REF NP B ACCUM [flags]: the layout (NP ranks, B sequences a rank) against one process
-# with REF_B sequences (REF named ref_bREF_B_aACCUM[_extra]; L3D_REF_FLAGS: flags for both, e.g.
-# the precision); L3D_RTOL overrides 1e-5, L3D_COMPARE the whole of compare's tolerances.
-same() {
-    local name=$1 refb=$2 np=$3 b=$4 accum=$5
-    shift 5
-    local both=(${L3D_REF_FLAGS:-})
-    local ref="ref_b${refb}_a${accum}$(echo "${L3D_REF_FLAGS:-}" | tr -d ' -')"
-    if [ ! -f "$dir/$ref/model.bin" ]; then
-        train "$ref" 0 "$refb" --grad-accum "$accum" "${both[@]}" > "$dir/$ref.log" 2>&1 ||
-            { bad "reference $ref"; cat "$dir/$ref.log"; return; }
-    fi
-    train "$name" "$np" "$b" --grad-accum "$accum" "${both[@]}" "$@" > "$dir/$name.log" 2>&1 ||
-        { bad "$name did not run:"; cat "$dir/$name.log"; return; }
-    # losses and norms 1e-5; the final weights 3e-5 unless L3D_RTOL says otherwise: the sanitized
-    # build (other vectorisation) measured bias tensors at 1.06-1.17e-5 of their size for cp2 with
-    # accumulation, cp4 and cp2 x tp2 SP (losses and norms 1e-8 there), as equiv.sh's TP cases
-    local tol=(${L3D_COMPARE:---loss-rtol ${L3D_RTOL:-1e-5} --norm-rtol ${L3D_RTOL:-1e-5} --weights-rtol ${L3D_RTOL:-3e-5}})
-    if "$bin" compare "${tol[@]}" "$dir/$name" "$dir/$ref" > "$dir/$name.cmp" 2>&1
-    then ok "$name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
-    else bad "$name"; cat "$dir/$name.cmp"
-    fi
-}
-
-same cp2 2 2 2 1 --cp 2
-same cp2_accum_recompute 1 2 1 3 --cp 2 --recompute full
-same cp4 2 4 2 1 --cp 4
-same cp2_tp2_sp 2 4 2 1 --cp 2 --tp 2 --sequence-parallel
+same_layout cp2 2 2 2 1 --cp 2
+same_layout cp2_accum_recompute 1 2 1 3 --cp 2 --recompute full
+same_layout cp4 2 4 2 1 --cp 4
+same_layout cp2_tp2_sp 2 4 2 1 --cp 2 --tp 2 --sequence-parallel
 # Llama's blocks: RoPE at each chunk's positions, 4 query heads over 2 key/value heads in the ring
-L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192" same llama_cp2 2 2 2 1 --cp 2
+L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192" same_layout llama_cp2 2 2 2 1 --cp 2
 # ... with heads of 24 over 64 channels (--head-dim): the ring passes K|V blocks of 2 x 2 x 24
-L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192 --head-dim 24" same llama_hd24_cp2 2 2 2 1 --cp 2
+L3D_REF_FLAGS="--arch llama --kv-heads 2 --ffn 192 --head-dim 24" same_layout llama_hd24_cp2 2 2 2 1 --cp 2
 # dp x cp = 4 gradient sums in another order: fcb's update (tiny gradients AdamW normalises)
 # measured 1.2e-5 of its size with 5 steps, losses and norms 5e-8 (equiv.sh's TP cases: 3e-5)
-L3D_RTOL=3e-5 same cp2_dp2_zero1 4 4 2 1 --cp 2 --zero 1
-L3D_RTOL=3e-5 same cp2_dp2_zero2_accum 4 4 2 2 --cp 2 --zero 2
-L3D_RTOL=3e-5 same cp2_zero3 2 2 2 1 --cp 2 --zero 3
-L3D_RTOL=3e-5 same cp2_pp2 2 4 2 2 --cp 2 --pp 2
-full && L3D_RTOL=3e-5 same cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpipe
-full && L3D_RTOL=3e-5 same cp2_pp2_zbh1 2 4 2 2 --cp 2 --pp 2 --pp-schedule zb-h1
+L3D_RTOL=3e-5 same_layout cp2_dp2_zero1 4 4 2 1 --cp 2 --zero 1
+L3D_RTOL=3e-5 same_layout cp2_dp2_zero2_accum 4 4 2 2 --cp 2 --zero 2
+L3D_RTOL=3e-5 same_layout cp2_zero3 2 2 2 1 --cp 2 --zero 3
+L3D_RTOL=3e-5 same_layout cp2_pp2 2 4 2 2 --cp 2 --pp 2
+full && L3D_RTOL=3e-5 same_layout cp2_pp2_gpipe 2 4 2 2 --cp 2 --pp 2 --pp-schedule gpipe
+full && L3D_RTOL=3e-5 same_layout cp2_pp2_zbh1 2 4 2 2 --cp 2 --pp 2 --pp-schedule zb-h1
 full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
-    same cp2_pp2_interleaved 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2
+    same_layout cp2_pp2_interleaved 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2
 full && L3D_REF_FLAGS="--layers 4" L3D_RTOL=3e-5 \
-    same cp2_pp2_zbv 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2 --pp-schedule zbv
+    same_layout cp2_pp2_zbv 2 4 2 2 --cp 2 --pp 2 --pp-virtual 2 --pp-schedule zbv
 # checkpoints ignore cp (the ring's ranks are data-parallel ranks of dp x cp to them): one saved
 # under cp 2 with ZeRO-1 resumes on one process, and one process's resumes under cp 2, each
 # continuing as the uninterrupted reference
@@ -81,7 +58,7 @@ fi
 # and norms within mixed.sh's 4u = 7.8e-3 (measured 3e-5 and 4e-4), the weights not compared
 # (rtol 1: AdamW turns the different roundings of near-zero gradients into steps of size lr)
 L3D_REF_FLAGS="--precision bf16" L3D_COMPARE="--loss-rtol 7.8e-3 --norm-rtol 7.8e-3 --weights-rtol 1" \
-    same cp2_bf16 2 2 2 1 --cp 2
+    same_layout cp2_bf16 2 2 2 1 --cp 2
 
 # the negative case: the model's positions of the two chunks swapped must change the result
 L3D_TEST_CP_SWAP_CHUNKS=1 train swapped 2 2 --cp 2 > "$dir/swapped.log" 2>&1

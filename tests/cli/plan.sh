@@ -75,6 +75,13 @@ full && mem pp2_gpipe  2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompu
 mem pp2_v2     2 1 4  --global-batch 4  --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 2 -- --pp 2 --pp-virtual 2 --pp-schedule interleaved
 full && mem tp2_dp2_zero2 4 1 2 --global-batch 4 --tp 2 --pp 1 --zero 2 --recompute full --no-sequence-parallel -- --tp 2 --zero 2 --recompute full
 full && mem tp2_pp2_dp2 8 1 4 --global-batch 8 --tp 2 --pp 2 --zero 1 --recompute selective --no-sequence-parallel --pp-virtual 1 -- --tp 2 --pp 2 --zero 1 --recompute selective
+# the chunked cross-entropy (--xent-chunk): one chunk of 9 rows' logits in the shared region, not
+# every row's in each slot (a vocabulary of 8192: the logits 4 MiB of a micro-batch unchunked);
+# on one rank, a tp slice of the vocabulary with SP, and zb-h1's head once
+xv=(--vocab 8192 --xent-chunk 9)
+mem xent_one   1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${xv[@]}" -- "${xv[@]}"
+mem xent_tp2_sp 2 2 1 --global-batch 2  --tp 2 --pp 1 --zero 0 --recompute none --sequence-parallel "${xv[@]}" -- --tp 2 --sequence-parallel "${xv[@]}"
+mem xent_pp2_zbh1 2 2 4 --global-batch 8 --tp 1 --pp 2 --zero 0 --recompute none --pp-virtual 1 --pp-schedule zb-h1 "${xv[@]}" -- --pp 2 --pp-schedule zb-h1 "${xv[@]}"
 # Llama blocks (RMSNorm, RoPE, grouped-query attention with 2 KV heads, SwiGLU, untied head)
 llama=(--arch llama --kv-heads 2 --ffn 320)
 mem llama_one  1 2 1  --global-batch 2  --tp 1 --pp 1 --zero 0 --recompute none "${llama[@]}" -- "${llama[@]}"
