@@ -402,6 +402,15 @@ void l3d_be_adamw_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtyp
                         void *param, float *master, float *m, float *v, const void *grad,
                         float grad_scale, int64_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2);
+/* The optimizer's step and the next step's gradient zeroing in one pass: with master NULL,
+ * l3d_be_adamw (dt = gdt = L3D_F32, param the fp32 weights), else l3d_be_adamw_mixed; then
+ * grad (n, type gdt) = 0, each element written as soon as it is read (ZeRO's and the pipeline's
+ * optimizer ranges zero the rest of the gradient buffer with l3d_be_memset). Bit-identical to
+ * the pair of kernels and the memset, which is what a backend without the fused kernel runs. */
+void l3d_be_adamw_zero(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                       float *master, float *m, float *v, void *grad, float grad_scale, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                       float bc2);
 /* dst (n, type dst_t) = src (n, type src_t), for fp32, bf16, fp16: to 16 bits rounded to nearest
  * even (fp16: Inf from 65520 up), to fp32 exact. The buffers must not overlap unless equal. */
 void l3d_be_convert(struct l3d_backend *be, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,

@@ -124,6 +124,14 @@ enum l3d_calib_phase {
 typedef void (*l3d_calib_report_fn)(enum l3d_calib_phase phase, const struct l3d_calib *c,
                                     void *arg);
 
+/* A linear layer's products at M x K input, N x K weight in dt through be (a host-memory backend:
+ * cpu or check) with the current thread count, as the calibration's ladder times them: the
+ * faster of the forward and input-gradient pair and the weight gradient, in FLOP/s (the median
+ * pass of those in about secs, at least 3). The rates a 16-bit peak is raised to
+ * (l3d_calib_fractions: peak_tflops_bf16 is at least the fastest product measured). */
+double l3d_calib_product_rate(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
+                              int64_t K, double secs);
+
 /* Can `path` be written? Creates and removes path.tmp, as l3d_calib_save will; L3D_ERR_ARG for
  * a directory, L3D_ERR_IO when it cannot be written, each naming --out. */
 l3d_status l3d_calib_check_out(const char *path);

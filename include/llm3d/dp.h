@@ -178,7 +178,8 @@ void l3d_dp_finish(struct l3d_dp *dp);
  * TP group (replicated tensors once) and both over the pipeline stages. */
 void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool skip_wte);
 /* AdamW on this rank's range with the clipping factor, then (ZeRO >= 1) the parameters are
- * all-gathered; gradients are zeroed for the next step. */
+ * all-gathered; gradients are zeroed for the next step (the range AdamW reads in its own pass,
+ * l3d_adamw_step_zero; the rest by memset). */
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale);
 /* A skipped step (a non-finite loss or gradient norm, agreed by every rank): no update, no
@@ -187,6 +188,11 @@ void l3d_dp_skip_step(struct l3d_dp *dp);
 /* Test hook (L3D_TEST_NAN_AT_STEP, src/train/step.c): sets the last gradient of this rank's
  * range to NaN, after the reduction, so that only this rank sees it. */
 void l3d_dp_test_poison(struct l3d_dp *dp);
+/* Test hook: the gradient buffer the next step accumulates into that holds a nonzero element
+ * ("gradients", "non-layer gradients", "gradient shard"), copied to the host to look; NULL when
+ * all are zero, as l3d_dp_step and l3d_dp_skip_step leave them. poison: 1.0 written into the last
+ * element of the first of them first (the check's negative case). */
+const char *l3d_dp_test_grads_nonzero(struct l3d_dp *dp, bool poison);
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt);
 /* The chunk's parameters in fp32 (num_params, device memory), for initialisation, checkpoints and
  * llm.c files in every precision where a rank holds them whole (l3d_dp_fp32_streamed false): the

@@ -67,6 +67,13 @@ void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
 void l3d_adamw_step_shard(struct l3d_adamw *opt, struct l3d_backend *be, void *shard,
                           const float *grads, float grad_scale,
                           const struct l3d_tensor_info *tensors, int ntensors, float lr);
+/* l3d_adamw_step (shard: l3d_adamw_step_shard) with the next step's gradient zeroing folded in:
+ * afterwards grads[0 .. n) are all zero, each element the step reads written 0 in the same pass
+ * (the rest, gaps no tensor covers, by memset). For a caller whose gradients are not read after
+ * the step; a skipped step zeroes them itself. */
+void l3d_adamw_step_zero(struct l3d_adamw *opt, struct l3d_backend *be, void *params, bool shard,
+                         float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
+                         int ntensors, float lr);
 
 struct l3d_lr_schedule {
     float max_lr;

@@ -200,6 +200,12 @@ struct l3d_backend_i {
                         float *master, float *m, float *v, const void *grad, float grad_scale,
                         int64_t n, float lr, float beta1, float beta2, float eps, float wd,
                         float bc1, float bc2);
+    /* see l3d_be_adamw_zero: adamw (master NULL) or adamw_mixed, then grad = 0, one pass; NULL:
+     * the two kernels and a memset */
+    void (*adamw_zero)(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                       float *master, float *m, float *v, void *grad, float grad_scale, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                       float bc2);
     void (*convert)(void *ctx, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
                     const void *src, int64_t n);
     void (*unscale)(void *ctx, enum l3d_dtype dt, float *found_inf, void *x, float inv_scale,

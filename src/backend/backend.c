@@ -515,6 +515,28 @@ void l3d_be_adamw_mixed(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtyp
                              beta2, eps, wd, bc1, bc2));
 }
 
+void l3d_be_adamw_zero(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                       float *master, float *m, float *v, void *grad, float grad_scale, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                       float bc2) {
+    L3D_ASSERT(master || (dt == L3D_F32 && gdt == L3D_F32));
+    if (!be->i->adamw_zero) { /* the unfused pair */
+        if (master)
+            l3d_be_adamw_mixed(be, dt, gdt, param, master, m, v, grad, grad_scale, n, lr, beta1,
+                               beta2, eps, wd, bc1, bc2);
+        else
+            l3d_be_adamw(be, dt, param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, wd, bc1,
+                         bc2);
+        l3d_be_memset(be, grad, 0, (size_t)n * l3d_dtype_size(gdt));
+        return;
+    }
+    /* the adamw or adamw_mixed traffic and the zeros written over the gradient */
+    double bytes = master ? esz(dt) + 2 * esz(gdt) + 24 : 3 * esz(dt) + 16 + esz(gdt);
+    KCALL(L3D_KF_OPTIMIZER, master ? "adamw_mixed_zero" : "adamw_zero", (double)n * bytes,
+          be->i->adamw_zero(be->ctx, dt, gdt, param, master, m, v, grad, grad_scale, n, lr, beta1,
+                            beta2, eps, wd, bc1, bc2));
+}
+
 void l3d_be_convert(struct l3d_backend *be, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
                     const void *src, int64_t n) {
     KCALL(L3D_KF_OPTIMIZER, "convert", (double)n * (esz(dst_t) + esz(src_t)),

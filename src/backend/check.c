@@ -583,6 +583,24 @@ static void chk_adamw_mixed(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, vo
                        D(m, n * 4, k), D(v, n * 4, k), D(grad, n * l3d_dtype_size(gdt), k),
                        grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
 }
+/* The fused step's oracle: the unfused kernels, adamw (master NULL) or adamw_mixed, then the
+ * gradient zeroed by a memset of its own (bit-identical to the CPU's fused pass) */
+static void chk_adamw_zero(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                           float *master, float *m, float *v, void *grad, float grad_scale,
+                           int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                           float bc1, float bc2) {
+    struct chk *c = ctx;
+    const char *k = "adamw_zero";
+    size_t pe = l3d_dtype_size(dt), ge = l3d_dtype_size(gdt);
+    void *g = D(grad, n * ge, k), *p = D(param, n * pe, k);
+    float *mm = D(m, n * 4, k), *vv = D(v, n * 4, k);
+    if (master)
+        l3d_be_adamw_mixed(IN(c), dt, gdt, p, D(master, n * 4, k), mm, vv, g, grad_scale, n, lr,
+                           beta1, beta2, eps, wd, bc1, bc2);
+    else
+        l3d_be_adamw(IN(c), dt, p, mm, vv, g, grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2);
+    l3d_be_memset(IN(c), g, 0, (size_t)n * ge);
+}
 static void chk_convert(void *ctx, enum l3d_dtype dst_t, void *dst, enum l3d_dtype src_t,
                         const void *src, int64_t n) {
     struct chk *c = ctx;
@@ -652,6 +670,7 @@ static const struct l3d_backend_i check_backend_i = {
     .adamw = chk_adamw,
     .sumsq = chk_sumsq,
     .adamw_mixed = chk_adamw_mixed,
+    .adamw_zero = chk_adamw_zero,
     .convert = chk_convert,
     .unscale = chk_unscale,
 };

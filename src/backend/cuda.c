@@ -716,8 +716,8 @@ static void cuda_adamw(void *ctx, enum l3d_dtype dt, void *param, float *m, floa
     struct cuda_ctx *cx = ctx;
     if (dt != L3D_F32) l3d_backend_no_variant("cuda", "adamw", dt);
     /* fp32: the parameters are their own master weights */
-    l3d_cuk_adamw(L3D_CUK_F32, L3D_CUK_F32, NULL, param, m, v, grad, grad_scale, n, lr, beta1,
-                  beta2, eps, wd, bc1, bc2, cx->stream);
+    l3d_cuk_adamw(L3D_CUK_F32, L3D_CUK_F32, NULL, param, m, v, (void *)grad, false, grad_scale,
+                  n, lr, beta1, beta2, eps, wd, bc1, bc2, cx->stream);
     launched("adamw");
 }
 static void cuda_adamw_mixed(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
@@ -725,9 +725,26 @@ static void cuda_adamw_mixed(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, v
                              float grad_scale, int64_t n, float lr, float beta1, float beta2,
                              float eps, float wd, float bc1, float bc2) {
     struct cuda_ctx *cx = ctx;
-    l3d_cuk_adamw(kt(dt, "adamw_mixed"), gkt(dt, gdt, "adamw_mixed"), param, master, m, v, grad,
-                  grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2, cx->stream);
+    l3d_cuk_adamw(kt(dt, "adamw_mixed"), gkt(dt, gdt, "adamw_mixed"), param, master, m, v,
+                  (void *)grad, false, grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2,
+                  cx->stream);
     launched("adamw_mixed");
+}
+/* adamw (master NULL) or adamw_mixed with the gradient zeroed in the same kernel (compiled, not
+ * yet run on a GPU: no GPU was at hand when it was written) */
+static void cuda_adamw_zero(void *ctx, enum l3d_dtype dt, enum l3d_dtype gdt, void *param,
+                            float *master, float *m, float *v, void *grad, float grad_scale,
+                            int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                            float bc1, float bc2) {
+    struct cuda_ctx *cx = ctx;
+    if (!master && (dt != L3D_F32 || gdt != L3D_F32)) l3d_backend_no_variant("cuda", "adamw", dt);
+    if (master)
+        l3d_cuk_adamw(kt(dt, "adamw_zero"), gkt(dt, gdt, "adamw_zero"), param, master, m, v, grad,
+                      true, grad_scale, n, lr, beta1, beta2, eps, wd, bc1, bc2, cx->stream);
+    else /* fp32: the parameters are their own master weights */
+        l3d_cuk_adamw(L3D_CUK_F32, L3D_CUK_F32, NULL, param, m, v, grad, true, grad_scale, n, lr,
+                      beta1, beta2, eps, wd, bc1, bc2, cx->stream);
+    launched("adamw_zero");
 }
 static void cuda_sumsq(void *ctx, enum l3d_dtype dt, double *acc, const void *x, int64_t n) {
     struct cuda_ctx *cx = ctx;
@@ -816,6 +833,7 @@ static const struct l3d_backend_i cuda_backend_i = {
     .adamw = cuda_adamw,
     .sumsq = cuda_sumsq,
     .adamw_mixed = cuda_adamw_mixed,
+    .adamw_zero = cuda_adamw_zero,
     .convert = cuda_convert,
     .unscale = cuda_unscale,
 };

@@ -542,12 +542,15 @@ __global__ void xent_sum_k(double *loss_sum, const float *losses, int64_t n) {
 
 /* ---- optimizer, norms, conversions ------------------------------------------------------------ */
 
+/* zero: the gradient written 0 once read, the next step's zeroing in this pass (not yet run on
+ * a GPU: tests/cuda/test_cuda_kernels.c compares it with the unfused pair where one exists) */
 template <typename T, typename G>
-__global__ void adamw_k(T *param, float *master, float *m, float *v, const G *grad, float gs,
+__global__ void adamw_k(T *param, float *master, float *m, float *v, G *grad, bool zero, float gs,
                         int64_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
                         float bc2) {
     GRID_STRIDE(i, n) {
         float g = ld(grad + i) * gs;
+        if (zero) st(grad + i, 0.0f);
         float mi = b1 * m[i] + (1.0f - b1) * g, vi = b2 * v[i] + (1.0f - b2) * g * g;
         m[i] = mi;
         v[i] = vi;
@@ -831,12 +834,12 @@ void l3d_cuk_xent_loss(float *losses, double *loss_sum, const float *maxv, const
     xent_sum_k<<<1, 1, 0, ST(stream)>>>(loss_sum, losses, N);
 }
 
-void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v,
-                   const void *grad, float grad_scale, int64_t n, float lr, float beta1,
-                   float beta2, float eps, float wd, float bc1, float bc2, void *stream) {
+void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v, void *grad,
+                   bool zero, float grad_scale, int64_t n, float lr, float beta1, float beta2,
+                   float eps, float wd, float bc1, float bc2, void *stream) {
     LAUNCH_1D(n, 256);
     DISPATCH_G(dt, gdt, (adamw_k<T, G><<<L.blocks, L.threads, 0, ST(stream)>>>(
-                            (T *)param, master, m, v, (const G *)grad, grad_scale, n, lr, beta1,
+                            (T *)param, master, m, v, (G *)grad, zero, grad_scale, n, lr, beta1,
                             beta2, eps, wd, bc1, bc2)));
 }
 

@@ -8,6 +8,7 @@
 #ifndef LLM3D_BACKEND_CUDA_KERNELS_H
 #define LLM3D_BACKEND_CUDA_KERNELS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -109,10 +110,11 @@ void l3d_cuk_xent(int pass, int dt, void *logits, float *out, float *tlogit, con
                   int64_t N, int64_t Vl, int64_t Vvalid, void *stream);
 void l3d_cuk_xent_loss(float *losses, double *loss_sum, const float *maxv, const float *sumexp,
                        const float *tlogit, int64_t N, void *stream);
-/* param (type dt, or NULL) = master after the update; grad of type gdt */
-void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v,
-                   const void *grad, float grad_scale, int64_t n, float lr, float beta1,
-                   float beta2, float eps, float wd, float bc1, float bc2, void *stream);
+/* param (type dt, or NULL) = master after the update; grad of type gdt, written 0 as it is read
+ * when zero */
+void l3d_cuk_adamw(int dt, int gdt, void *param, float *master, float *m, float *v, void *grad,
+                   bool zero, float grad_scale, int64_t n, float lr, float beta1, float beta2,
+                   float eps, float wd, float bc1, float bc2, void *stream);
 void l3d_cuk_sumsq(int dt, double *acc, const void *x, int64_t n, double *partials,
                    void *stream);
 void l3d_cuk_convert(int dst_t, void *dst, int src_t, const void *src, int64_t n, void *stream);

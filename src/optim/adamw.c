@@ -45,44 +45,76 @@ void l3d_adamw_free(struct l3d_adamw *opt) {
 }
 
 /* The step with params holding parameter p0 at its start (0: the whole flat buffer; start: the
- * range only, ZeRO-3's shard). */
+ * range only, ZeRO-3's shard); zero: each gradient written 0 in the kernel that reads it. */
 static void adamw_step_at(struct l3d_adamw *opt, struct l3d_backend *be, void *params, int64_t p0,
-                          const float *grads, float grad_scale,
+                          const float *grads, bool zero, float grad_scale,
                           const struct l3d_tensor_info *tensors, int ntensors, float lr) {
     const struct l3d_adamw_hparams *hp = &opt->hp;
     opt->t++;
     float bc1 = 1.0f - powf(hp->beta1, (float)opt->t);
     float bc2 = 1.0f - powf(hp->beta2, (float)opt->t);
     int64_t s0 = opt->start, s1 = opt->start + opt->n;
+    const size_t pes = l3d_dtype_size(opt->pdt);
     for (int i = 0; i < ntensors; i++) {
         const struct l3d_tensor_info *t = &tensors[i];
         int64_t lo = t->offset > s0 ? t->offset : s0;
         int64_t hi = t->offset + t->count < s1 ? t->offset + t->count : s1;
         if (lo >= hi) continue;
         float wd = t->decay ? hp->weight_decay : 0.0f;
-        if (opt->master) /* the fp32 master weights, then the model's 16-bit copy */
-            l3d_be_adamw_mixed(be, opt->pdt, L3D_F32,
-                               (char *)params + (lo - p0) * (int64_t)l3d_dtype_size(opt->pdt),
-                               opt->master + (lo - s0), opt->m + (lo - s0), opt->v + (lo - s0),
-                               grads + (lo - s0), grad_scale, hi - lo, lr, hp->beta1, hp->beta2,
-                               hp->eps, wd, bc1, bc2);
+        /* fp32: the parameters are their own master weights; else the fp32 master weights, then
+         * the model's 16-bit copy */
+        void *p = (char *)params + (size_t)(lo - p0) * pes;
+        float *master = opt->master ? opt->master + (lo - s0) : NULL;
+        float *m = opt->m + (lo - s0), *v = opt->v + (lo - s0);
+        float *g = (float *)grads + (lo - s0);
+        if (zero)
+            l3d_be_adamw_zero(be, opt->pdt, L3D_F32, p, master, m, v, g, grad_scale, hi - lo, lr,
+                              hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
+        else if (master)
+            l3d_be_adamw_mixed(be, opt->pdt, L3D_F32, p, master, m, v, g, grad_scale, hi - lo, lr,
+                               hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
         else
-            l3d_be_adamw(be, L3D_F32, (float *)params + (lo - p0), opt->m + (lo - s0),
-                         opt->v + (lo - s0), grads + (lo - s0), grad_scale, hi - lo, lr,
-                         hp->beta1, hp->beta2, hp->eps, wd, bc1, bc2);
+            l3d_be_adamw(be, L3D_F32, p, m, v, g, grad_scale, hi - lo, lr, hp->beta1, hp->beta2,
+                         hp->eps, wd, bc1, bc2);
     }
 }
 
 void l3d_adamw_step(struct l3d_adamw *opt, struct l3d_backend *be, void *params,
                     const float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
                     int ntensors, float lr) {
-    adamw_step_at(opt, be, params, 0, grads, grad_scale, tensors, ntensors, lr);
+    adamw_step_at(opt, be, params, 0, grads, false, grad_scale, tensors, ntensors, lr);
 }
 
 void l3d_adamw_step_shard(struct l3d_adamw *opt, struct l3d_backend *be, void *shard,
                           const float *grads, float grad_scale,
                           const struct l3d_tensor_info *tensors, int ntensors, float lr) {
-    adamw_step_at(opt, be, shard, opt->start, grads, grad_scale, tensors, ntensors, lr);
+    adamw_step_at(opt, be, shard, opt->start, grads, false, grad_scale, tensors, ntensors, lr);
+}
+
+/* The elements of [s0, s1) no tensor covers (alignment gaps, the padding at a shard's end),
+ * zeroed: what the fused step does not read. The covered ranges are found in offset order, one
+ * scan of the (short) table each. */
+static void zero_uncovered(struct l3d_backend *be, float *grads, int64_t s0, int64_t s1,
+                           const struct l3d_tensor_info *tensors, int ntensors) {
+    int64_t at = s0;
+    for (;;) { /* the next covered range that starts at or after `at`, or overlaps it */
+        int64_t lo = s1, hi = s1;
+        for (int i = 0; i < ntensors; i++) {
+            int64_t a = tensors[i].offset, b = tensors[i].offset + tensors[i].count;
+            if (tensors[i].count > 0 && b > at && a < lo) lo = a, hi = b;
+        }
+        if (lo > at) l3d_be_memset(be, grads + (at - s0), 0, (size_t)(lo - at) * sizeof(float));
+        if (hi >= s1) return;
+        at = hi > at ? hi : at;
+    }
+}
+
+void l3d_adamw_step_zero(struct l3d_adamw *opt, struct l3d_backend *be, void *params, bool shard,
+                         float *grads, float grad_scale, const struct l3d_tensor_info *tensors,
+                         int ntensors, float lr) {
+    adamw_step_at(opt, be, params, shard ? opt->start : 0, grads, true, grad_scale, tensors,
+                  ntensors, lr);
+    zero_uncovered(be, grads, opt->start, opt->start + opt->n, tensors, ntensors);
 }
 
 float l3d_lr_at(const struct l3d_lr_schedule *s, int step) {

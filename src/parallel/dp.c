@@ -330,6 +330,11 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
     L3D_ASSERT(sq->n >= 2);
     const float *g = own_grads(dp);
     int64_t s0 = dp->own_start, s1 = dp->own_start + dp->own_count;
+    /* runs of tensors adjacent in the flat buffer with the same accumulator: one call each (a
+     * fixed order for a given layout: the runs in tensor order, each summed as l3d_be_sumsq
+     * sums) */
+    int64_t run_lo = 0, run_hi = 0;
+    int run_a = -1;
     for (int t = skip_wte ? 1 : 0; t < L3D_NUM_TENSORS; t++) {
         const struct l3d_tensor_info *ti = &dp->m->tensors[t];
         int64_t lo = ti->offset > s0 ? ti->offset : s0;
@@ -339,8 +344,18 @@ void l3d_dp_grad_sumsq_add(const struct l3d_dp *dp, struct l3d_sumsq *sq, bool s
                 : l3d_tp_tensor_split(t)                          ? 0
                                                                   : 1;
         L3D_ASSERT(a < sq->n);
-        if (lo < hi) l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + a, g + (lo - s0), hi - lo);
+        if (lo >= hi) continue;
+        if (a == run_a && lo == run_hi) {
+            run_hi = hi;
+            continue;
+        }
+        if (run_a >= 0)
+            l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + run_a, g + (run_lo - s0),
+                         run_hi - run_lo);
+        run_a = a, run_lo = lo, run_hi = hi;
     }
+    if (run_a >= 0)
+        l3d_be_sumsq(sq->be, dp->grad_dtype, sq->acc + run_a, g + (run_lo - s0), run_hi - run_lo);
 }
 
 /* All-gathers every rank's range of buf (num_params elements of type dt) over the DP group, in
@@ -372,23 +387,38 @@ static void gather_ranges(struct l3d_dp *dp, void *buf, enum l3d_dtype dt, const
     dp->comm_wait_s += l3d_time_s() - t0;
 }
 
+/* The next step's gradient zeroing where the fused optimizer step did not reach: under ZeRO-2/3
+ * the model's buffers (the optimizer read the shard), else the flat buffer outside this rank's
+ * range (ZeRO-1's other ranks' ranges). */
+static void zero_rest(struct l3d_dp *dp) {
+    struct l3d_gpt *m = dp->m;
+    if (dp->zero >= 2 || !m->grads) {
+        l3d_gpt_zero_grad(m);
+        return;
+    }
+    int64_t end = dp->own_start + dp->own_count;
+    l3d_be_memset(m->be, m->grads, 0, (size_t)dp->own_start * sizeof(float));
+    l3d_be_memset(m->be, m->grads + end, 0, (size_t)(m->num_params - end) * sizeof(float));
+}
+
 void l3d_dp_step(struct l3d_dp *dp, struct l3d_adamw *opt, struct l3d_backend *be, float lr,
                  float grad_scale) {
     struct l3d_gpt *m = dp->m;
+    L3D_ASSERT(opt->start == dp->own_start && opt->n == dp->own_count);
+    /* the step zeroes the gradients it reads (this rank's range, ZeRO-2's shard) as it reads
+     * them: one pass over them instead of two */
+    float *g = (float *)own_grads(dp);
     if (dp->zero == 3) /* the shard is the parameters: nothing to gather until the next pass */
-        l3d_adamw_step_shard(opt, be, dp->param_shard, own_grads(dp), grad_scale, m->tensors,
-                             L3D_NUM_TENSORS, lr);
+        l3d_adamw_step_zero(opt, be, dp->param_shard, true, g, grad_scale, m->tensors,
+                            L3D_NUM_TENSORS, lr);
     else
-        l3d_adamw_step(opt, be, m->params, own_grads(dp), grad_scale, m->tensors,
-                       L3D_NUM_TENSORS, lr);
+        l3d_adamw_step_zero(opt, be, m->params, false, g, grad_scale, m->tensors,
+                            L3D_NUM_TENSORS, lr);
     /* the updated ranges, in the model's type (16-bit in mixed precision, as Megatron-LM's
      * distributed optimizer gathers them) */
     if ((dp->zero == 1 || dp->zero == 2) && dp->comm->size > 1)
         gather_ranges(dp, m->params, dp->param_dtype, "ZeRO parameter all-gather");
-    if (dp->zero >= 2)
-        l3d_be_memset(m->be, dp->grad_shard, 0,
-                      (size_t)dp->own_count * l3d_dtype_size(dp->grad_dtype));
-    l3d_gpt_zero_grad(m);
+    zero_rest(dp);
 }
 
 void l3d_dp_skip_step(struct l3d_dp *dp) {
@@ -408,6 +438,39 @@ void l3d_dp_test_poison(struct l3d_dp *dp) {
     if (dp->own_count > 0)
         l3d_be_copy_h2d(dp->m->be, (char *)own_grads(dp) + (size_t)(dp->own_count - 1) * es,
                         f32 ? (const void *)&nan : &half_nan, es);
+}
+
+/* Whether n floats of device memory at g are all zero, in pieces through a host buffer. */
+static bool device_zero(struct l3d_backend *be, const float *g, int64_t n) {
+    enum { PIECE = 1 << 16 };
+    float *h = l3d_alloc(PIECE * sizeof(float), "gradient check");
+    bool zero = true;
+    for (int64_t i = 0; i < n && zero; i += PIECE) {
+        int64_t k = n - i < PIECE ? n - i : PIECE;
+        l3d_be_copy_d2h(be, h, g + i, (size_t)k * sizeof(float));
+        for (int64_t j = 0; j < k; j++) zero = zero && h[j] == 0.0f; /* NaN is not zero */
+    }
+    l3d_free(h);
+    return zero;
+}
+
+const char *l3d_dp_test_grads_nonzero(struct l3d_dp *dp, bool poison) {
+    struct l3d_gpt *m = dp->m;
+    const struct { float *g; int64_t n; const char *what; } bufs[] = {
+        {m->grads, m->grads ? m->num_params : 0, "gradients"},
+        {m->grads_nonlayer, m->grads_nonlayer ? m->nonlayer_size : 0, "non-layer gradients"},
+        {dp->grad_shard, dp->grad_shard ? dp->own_count : 0, "gradient shard"},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (bufs[i].n <= 0) continue;
+        if (poison) {
+            const float one = 1.0f;
+            l3d_be_copy_h2d(m->be, bufs[i].g + bufs[i].n - 1, &one, sizeof one);
+            poison = false;
+        }
+        if (!device_zero(m->be, bufs[i].g, bufs[i].n)) return bufs[i].what;
+    }
+    return NULL;
 }
 
 struct l3d_dp_memory l3d_dp_memory(const struct l3d_dp *dp, const struct l3d_adamw *opt) {

@@ -237,6 +237,12 @@ static double layer_flops(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, 
     return layer_rates(be, dt, M, N, K, secs, min_n, false).all;
 }
 
+double l3d_calib_product_rate(struct l3d_backend *be, enum l3d_dtype dt, int64_t M, int64_t N,
+                              int64_t K, double secs) {
+    struct layer_rate r = layer_rates(be, dt, M, N, K, secs, 3, false);
+    return fmax(r.fwd_dx, r.wgrad);
+}
+
 const int64_t l3d_calib_grid[L3D_CALIB_GRID][3] = {
     {64, 64, 64},       {64, 256, 256},     {64, 768, 768},     {64, 3072, 3072},
     {128, 128, 128},    {128, 768, 768},    {128, 3072, 3072},  {256, 256, 256},

@@ -40,6 +40,21 @@ static void sum_f64(struct l3d_comm *c, double *v, int n) {
     if (c && c->size > 1) l3d_comm_all_reduce(c, v, n, L3D_F64, L3D_SUM, NULL);
 }
 
+/* Test hook: L3D_TEST_ZERO_GRADS=1 checks after every optimizer step (taken or skipped) that the
+ * gradient buffers the next step accumulates into are zero, and stops the run naming the rank
+ * and the buffer where one is not; =poison makes one nonzero first (the check's negative case). */
+static void test_zero_grads(struct l3d_trainer *t, int step) {
+    const char *e = getenv("L3D_TEST_ZERO_GRADS");
+    if (!e || !*e) return;
+    for (int c = 0; c < t->tc->layout.v; c++) {
+        const char *bad = l3d_dp_test_grads_nonzero(&t->dps[c], strcmp(e, "poison") == 0);
+        if (bad)
+            l3d_fatal(__FILE__, __LINE__, "L3D_TEST_ZERO_GRADS: rank %d, model chunk %d: the %s "
+                      "are not zero after the optimizer of step %d", t->world->rank, c, bad,
+                      step + 1);
+    }
+}
+
 /* Test hook: L3D_TEST_NAN_AT_STEP=S:R (or S1-S2:R) poisons world rank R's gradients after their
  * reduction at step S (1-based; every step from S1 to S2), where only R sees the NaN: the skip
  * decision must still be the same on every rank. */
@@ -198,6 +213,7 @@ void l3d_trainer_step(struct l3d_trainer *t, int step, struct l3d_step_stats *s)
             l3d_dp_skip_step(&t->dps[c]);
         else
             l3d_dp_step(&t->dps[c], &t->opts[c], t->be, lr, (float)(clip / scale));
+    test_zero_grads(t, step);
     /* an fp16 overflow: the loss is finite (the same on every rank: summed) but a gradient is
      * not on some rank; every rank updates its scaler from the same agreed facts */
     bool overflow = t->ls.on && skip && isfinite(loss);

@@ -85,8 +85,9 @@ expect_error "  ... and so does --init-from" "nan.bin: 1 of its .* not finite" \
 
 # help texts and conventions
 check "bench --help prints bench's usage" sh -c "'$bin' bench --help | head -1 | grep -q '^usage: llm3d bench'"
-# bench's MFU is against the peak of the precision that runs: bf16's dot-product peak for
-# --precision bf16 (it was the fp32 FMA peak, an MFU over 100% on an AVX512-BF16 CPU), fp32's FMA
+# bench's MFU is against the peak of the precision that runs: for --precision bf16 the bf16 peak
+# by bench --calibrate's rule (the dot-product loop, or the fastest bf16 product where higher: it
+# was the fp32 FMA peak, then the loop alone, each an MFU over 100% on an AMX CPU), fp32's FMA
 # peak for fp32. The result line's denominator is the peak bench printed for that precision.
 bench_peak() { # bench_peak PRECISION LABEL: the printed peak labelled LABEL = the result's denominator
     local log="$dir/bench-$1.log"
@@ -100,6 +101,18 @@ bench_peak() { # bench_peak PRECISION LABEL: the printed peak labelled LABEL = t
 full && check "bench --precision bf16: the MFU is against the bf16 peak it prints" bench_peak bf16 bf16
 full && check "bench --precision fp32: the MFU is against the FMA peak" bench_peak fp32 "fp32 FMA"
 full && check "  (negative: the fp32 run has no bf16 peak)" sh -c "! grep -q '^bf16 peak' '$dir/bench-fp32.log'"
+# the bf16 peak is the largest of the dot-product loop and the bf16 products printed (where the
+# CPU has bf16 dot products); negative: the same log with the peak lowered below the loop
+not() { ! "$@"; }
+rule_peak() { # rule_peak LOG: the MFU's bf16 denominator = max(loop, products)
+    awk '/^bf16 dot-product loop:/ { m = $4 } /^bf16 product / { if ($(NF-5) + 0 > m) m = $(NF-5) + 0 }
+         /^bf16 peak:/ { p = $3 } END { exit !(m == "" || p + 0 == m + 0) }' "$1"
+}
+full && check "bench bf16: the peak is the dot-product loop or the fastest product, as calibrate's" \
+    rule_peak "$dir/bench-bf16.log"
+sed 's/^bf16 peak: *[0-9.]*/bf16 peak: 0.5/' "$dir/bench-bf16.log" > "$dir/bench-bf16-low.log"
+full && grep -q '^bf16 dot-product loop:' "$dir/bench-bf16.log" &&
+    check "  (negative: a peak below the loop is rejected)" not rule_peak "$dir/bench-bf16-low.log"
 # bench's time split of the median step: the seven kernel families, communication and idle
 # adding up to the step (to the 0.1 ms printed), the families within it, products and attention
 # called; negative: the same log with the products' time past the step

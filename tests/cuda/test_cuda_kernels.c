@@ -179,6 +179,17 @@ static void r_adamw_m(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype 
     l3d_be_adamw_mixed(be, dt, g, p[0], p[1], p[2], p[3], p[4], 0.5f, BTC, 1e-2f, 0.9f, 0.95f,
                        1e-8f, 0.1f, 0.1f, 0.05f);
 }
+/* the step with the gradient zeroed in the same pass: the gradient an output, all zero */
+static void r_adamw_z(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
+    (void)g;
+    l3d_be_adamw_zero(be, dt, dt, p[0], NULL, p[1], p[2], p[3], 0.5f, BTC, 1e-2f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, 0.1f, 0.05f);
+}
+static void r_adamw_mz(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,
+                       S) {
+    l3d_be_adamw_zero(be, dt, g, p[0], p[1], p[2], p[3], p[4], 0.5f, BTC, 1e-2f, 0.9f, 0.95f,
+                      1e-8f, 0.1f, 0.1f, 0.05f);
+}
 static void r_sumsq(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p, S) {
     (void)g;
     l3d_be_sumsq(be, dt, p[0], p[1], BTC);
@@ -499,14 +510,22 @@ static struct kcase *cases(struct shape s, int *n) {
          {"targets", I32, NBT, TOKENS, s.vstart + s.Vvalid + 7, false},
          {"losses", F32, NBT, ZERO, 0, true}, {"loss_sum", F64, 1, POSITIVE, 0, true}},
         s.Vl + NBT, false, false, r_xent};
-    k[i++] = (struct kcase){"adamw", {{"param", ACT, NBTC, NORMAL, 0, true},
-        {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
-        {"grad", ACT, NBTC, NORMAL, 0, false}}, 1, true, false, r_adamw};
-    for (int mixed = 0; mixed < 2; mixed++)
-        k[i++] = (struct kcase){mixed ? "adamw_mixed (fp32 grads)" : "adamw_mixed",
-            {{"param", ACT, NBTC, ZERO, 0, true}, {"master", F32, NBTC, NORMAL, 0, true},
-             {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
-             {"grad", GRAD, NBTC, NORMAL, 0, false}}, 1, false, mixed, r_adamw_m};
+    /* z: the step with the gradient zeroed in the same pass (l3d_be_adamw_zero), the gradient
+     * one of the outputs */
+    static const char *const names[2][3] = {
+        {"adamw", "adamw_mixed", "adamw_mixed (fp32 grads)"},
+        {"adamw_zero", "adamw_zero mixed", "adamw_zero mixed (fp32 grads)"}};
+    for (int z = 0; z < 2; z++) {
+        k[i++] = (struct kcase){names[z][0], {{"param", ACT, NBTC, NORMAL, 0, true},
+            {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
+            {"grad", ACT, NBTC, NORMAL, 0, z == 1}}, 1, true, false, z ? r_adamw_z : r_adamw};
+        for (int mixed = 0; mixed < 2; mixed++)
+            k[i++] = (struct kcase){names[z][1 + mixed],
+                {{"param", ACT, NBTC, ZERO, 0, true}, {"master", F32, NBTC, NORMAL, 0, true},
+                 {"m", F32, NBTC, NORMAL, 0, true}, {"v", F32, NBTC, POSITIVE, 0, true},
+                 {"grad", GRAD, NBTC, NORMAL, 0, z == 1}}, 1, false, mixed,
+                z ? r_adamw_mz : r_adamw_m};
+    }
     k[i++] = (struct kcase){"sumsq", {{"acc", F64, 1, POSITIVE, 0, true},
         {"x", ACT, NBTC, NORMAL, 0, false}}, NBTC, false, false, r_sumsq};
     k[i++] = (struct kcase){"convert", {{"half", ACT, NBTC, ZERO, 0, true},
