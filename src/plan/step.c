@@ -92,13 +92,19 @@ static double embed_sync_time(const struct l3d_plan_tctx *x, double eb) {
  * l3d_be_adamw_mixed), Megatron-LM's (32, as counted before). Two streaming passes over the
  * gradients (eb bytes an element), timed as a residual add is: the global norm reads the shard's
  * (the rank's range under ZeRO, l3d_dp_grad_sumsq_add), and the gradient buffer is zeroed for the
- * next step (the whole buffer; ZeRO-2's shard: l3d_dp_step, Megatron-LM's zero_grad_buffer) */
+ * next step (the whole buffer; ZeRO-2's shard: l3d_dp_step, Megatron-LM's zero_grad_buffer);
+ * llm3d zeroes the optimizer's range inside its AdamW pass (l3d_be_adamw_zero) */
 static double optimizer_time(const struct l3d_plan_tctx *x, const struct l3d_plan_run *run,
                              double eb, double n_max) {
     const struct l3d_layout *lay = x->lay;
     double n_opt = lay->zero >= 1 ? n_max / l3d_plan_zero_group(lay) : n_max;
     double n_zero = lay->zero >= 2 ? n_opt : n_max;
-    double opt_bytes = !x->fp32 ? 32.0 : run->llm3d ? 28.0 + x->e : 28.0;
+    /* llm3d: the 16-bit copy only where the weights are 16-bit (fp32 weights are the master) */
+    double opt_bytes = !x->fp32 ? 32.0 : run->llm3d && x->e < 4 ? 28.0 + x->e : 28.0;
+    if (run->llm3d) /* l3d_be_adamw_zero: the range's gradients zeroed in the AdamW pass (written
+                     * once more there), the memset only for the rest of the buffer */
+        return n_opt * (opt_bytes + eb) / x->bw_k[L3D_KERN_ADAMW] +
+               (n_opt + fmax(n_zero - n_opt, 0.0)) * eb / x->bw_k[L3D_KERN_RESIDUAL];
     return n_opt * opt_bytes / x->bw_k[L3D_KERN_ADAMW] +
            (n_opt + n_zero) * eb / x->bw_k[L3D_KERN_RESIDUAL];
 }
