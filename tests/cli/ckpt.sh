@@ -116,9 +116,11 @@ resume_as() {
         bad "resume $what as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
     fi
 }
-# NAME NP B [flags]; 3e-5 as for pp2 x tp2 in equiv.sh: the first 5 steps ran under tp x pp (qkvb
-# measured 1.58e-5 of its scale, losses within 5e-8)
-reshard3d() { RTOL=3e-5 resume_as "tp2 x pp2 x dp2 ZeRO-1" P ref4 "$@"; }
+# NAME NP B [flags]; 4e-5 as for pp2 x tp2 x zbv in equiv.sh: the first 5 steps ran under tp x pp
+# (qkvb, the key bias whose gradient is round-off alone, measured 1.58e-5 of its scale, then
+# 3.22e-5 after the vectorised GELU and the 4-stream gradient norm moved the trajectory; losses
+# identical, norms within 8e-8)
+reshard3d() { RTOL=4e-5 resume_as "tp2 x pp2 x dp2 ZeRO-1" P ref4 "$@"; }
 reshard3d 1x1x1_from_3d 0 4
 full && reshard3d 4x1x2_from_3d 8 2 --tp 4 --dp 2 --zero 1
 reshard3d 1x4x1_from_3d 4 4 --pp 4

@@ -79,7 +79,7 @@ refused "generate: a header larger than the file" "short.bin: 5024 bytes, but it
 # a message that wraps another (l3d_error around l3d_error_message) is not garbled
 llmc "$dir/odd.bin" 32 256 2 2 9 256
 refused "generate: channels not divisible by heads, message intact" \
-    "^llm3d generate: .*odd.bin: channels (9) must be divisible by heads (2)$" \
+    "^llm3d generate: .*odd.bin: channels (9) must be divisible by heads (2), or give the head size (--head-dim)$" \
     "$bin" generate --checkpoint "$dir/odd.bin" --tokenizer bytes --prompt hi
 # all-NaN weights: refused, not sampled from
 n=$(python3 -c "import os; print((os.path.getsize('$dir/run/model.bin') - 1024) // 4)")
