@@ -202,5 +202,6 @@ int main(void) {
     /* bf16: the logits rounded to 16 bits either way, the statistics fp32 (measured: 8e-8; a
      * product blocked otherwise for fewer rows may move a logit's rounding by a unit) */
     check_chunks(be, &c, l3d_shard_full(&c), L3D_BF16, 1e-3);
+    l3d_backend_free(be);
     return TEST_REPORT();
 }

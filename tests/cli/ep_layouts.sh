@@ -50,9 +50,9 @@ a2=$(grep -o '"moe_aux_loss":[^,]*' "$dir/cp2/metrics.jsonl" | head -1)
 # the micro-batch, every chunk's counts summed over the ring); on the ring alone, and ep 2 x cp 2
 # x dp 2. The drops (counts, summed over the ranks) as one process's, and not none.
 train ref1_cf 0 2 --moe-capacity-factor 0.5 && train cp2_cf 2 2 --cp 2 --moe-capacity-factor 0.5 &&
-    same_run cp2_cf ref1_cf
+    same cp2_cf ref1_cf
 train ref2_cf 0 2 --grad-accum 2 --moe-capacity-factor 0.5 &&
-    train ep2_cp2_cf 4 2 --cp 2 --ep 2 --moe-capacity-factor 0.5 && same_run ep2_cp2_cf ref2_cf
+    train ep2_cp2_cf 4 2 --cp 2 --ep 2 --moe-capacity-factor 0.5 && same ep2_cp2_cf ref2_cf
 drops() { grep -o '"moe_dropped":[0-9.e+-]*' "$dir/$1/metrics.jsonl" | tr '\n' ' '; }
 for pair in "cp2_cf ref1_cf" "ep2_cp2_cf ref2_cf"; do
     read -r run ref <<< "$pair"

@@ -60,8 +60,9 @@ done
 # the update then depends on the norm's value, so a norm of another scale trains another model,
 # and the clipping factor must come from the global norm (every replica and TP slice).
 # L3D_MODEL passes the flag to the reference too; 3e-5 with TP as for pp2_tp2 below (measured:
-# qkvb 1.25e-5, losses and norms 5e-8).
-L3D_MODEL="--grad-clip 2.5" equiv "dp2_clip" 2 2 1
+# qkvb 1.25e-5, losses and norms 5e-8). dp2_clip at 2e-5 as dp4 below: the checking backend
+# measured qkvb (the key bias) 1.36e-5 after the 4-stream gradient norm, losses 5e-8.
+L3D_RTOL=2e-5 L3D_MODEL="--grad-clip 2.5" equiv "dp2_clip" 2 2 1
 # dp4 at one sequence a replica: 2e-5 (measured on an AVX-512 machine, 2026-12-06, with the code
 # before and after issue 51's changes alike: qkvb 1.31e-5, the key bias, whose gradient is
 # round-off (the softmax is invariant to it); losses and norms 5e-8)

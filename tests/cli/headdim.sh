@@ -43,10 +43,11 @@ TRAIN_LOG= expect_error "a head_dim 24 checkpoint resumed with heads of 32" \
     train again 0 4 --resume "$ck" --head-dim 32
 
 # 16 bits (the tiled bf16 attention on heads of 24): tp2 SP against one bf16 process within
-# mixed.sh's bounds (qknorm.sh's)
+# mixed.sh's bounds (qknorm.sh's), the gradient norm within u/2 = 2e-3 (the checking backend
+# measured 1.29e-3 at step 3, its losses 1.1e-4: each rank's bf16-rounded partial sums)
 B16=(--precision bf16 --eps 1e-4)
 train b1 0 4 "${B16[@]}" && train b_tp2 2 4 --tp 2 --sequence-parallel "${B16[@]}" &&
-    cmp_same "bf16 tp2 SP against one bf16 process" b_tp2 b1 --loss-rtol 4.9e-4 --norm-rtol 4.9e-4 --weights-rtol 0.031
+    cmp_same "bf16 tp2 SP against one bf16 process" b_tp2 b1 --loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031
 
 # generation: the KV cache's incremental path against the whole forward, greedy
 kv_cache_agrees "$dir/ref/model.bin"
