@@ -22,6 +22,7 @@
  * they give the same bits; the vector tails are masked (AVX-512) or padded (AVX2), not scalar,
  * so where a thread's chunk ends never changes an element's bits.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
@@ -52,8 +53,11 @@ enum l3d_simd l3d_cpu_simd(void) {
         __builtin_cpu_init();
         bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
-        bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+        /* F16C through <cpuid.h> (leaf 1, ECX bit 29): clang 14, the fuzz build's compiler,
+         * does not know __builtin_cpu_supports("f16c") */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         k = avx512 ? L3D_SIMD_AVX512 : avx2 ? L3D_SIMD_AVX2 : L3D_SIMD_SCALAR;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
