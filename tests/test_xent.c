@@ -172,13 +172,13 @@ static void check_no_targets(struct l3d_backend *be, const struct l3d_model_spec
 static void check_rows(const struct l3d_model_spec *cfg) {
     struct l3d_shard sh = l3d_shard_full(cfg);
     sh.vocab_count = 50304;
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 2048);
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_BF16) == 2048);
-    CHECK(l3d_gpt_xent_rows(&sh, 8, L3D_F32) == 8);
+    CHECK(l3d_gpt_xent_rows(&sh, 2048) == 2048);
+    CHECK(l3d_gpt_xent_rows(&sh, 2047) == 2047);
+    CHECK(l3d_gpt_xent_rows(&sh, 8) == 8);
     sh.xent_rows = 1;
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 1);
+    CHECK(l3d_gpt_xent_rows(&sh, 2048) == 1);
     sh.xent_rows = 100;
-    CHECK(l3d_gpt_xent_rows(&sh, 2048, L3D_F32) == 100 && l3d_gpt_xent_rows(&sh, 64, L3D_F32) == 64);
+    CHECK(l3d_gpt_xent_rows(&sh, 2048) == 100 && l3d_gpt_xent_rows(&sh, 64) == 64);
 }
 
 int main(void) {

@@ -464,7 +464,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
  * xent_rows (--xent-chunk), at most BT; 0 (the default) is BT: one chunk, the unchunked head, the
  * logits kept from forward to backward. Chunks trade the logits' memory for the head's forward
  * product once more, and thin products ran 2-3x slower here (docs/BENCHMARKS.md): opt-in. */
-int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt);
+int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT);
 
 /* Normal(0, 0.02) matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, sec. 2.3),
  * LayerNorm weights 1, biases 0, padding rows of wte 0. Each element's value depends only on

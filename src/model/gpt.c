@@ -639,7 +639,7 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     m->acts = l3d_calloc(sizeof *m->acts, "activation table");
     m->acts->layer = l3d_calloc(sizeof(struct layer_acts) * (size_t)(sh->layer_count + 1),
                                 "activation table");
-    m->xent_rows = l3d_gpt_xent_rows(sh, (int64_t)B * T, dt);
+    m->xent_rows = l3d_gpt_xent_rows(sh, (int64_t)B * T);
     m->act_bytes = (size_t)point_acts(m, NULL, 0);
     const size_t gs = sizeof(float); /* gradients: fp32 */
     size_t pbytes = (size_t)m->num_params * m->es, gflat = (size_t)m->num_params * gs;
@@ -1643,8 +1643,7 @@ static bool share_head(struct l3d_gpt *m) {
     return true;
 }
 
-int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT, enum l3d_dtype dt) {
-    (void)dt; /* the rows alone set it; the chunk's bytes follow from them and the type */
+int64_t l3d_gpt_xent_rows(const struct l3d_shard *sh, int64_t BT) {
     int64_t r = sh->xent_rows > 0 ? sh->xent_rows : BT;
     return r < BT ? r : BT;
 }
@@ -1883,7 +1882,7 @@ size_t l3d_gpt_head_act_bytes(const struct l3d_model_spec *cfg, const struct l3d
     double sb = (double)B * T, p = sh->sp_size, sbh = sb * cfg->C, V = (double)sh->vocab_count;
     double E = (double)l3d_dtype_size(dt);
     /* the logits only when unchunked (else one chunk of them, shared: l3d_gpt_act_bytes_dt) */
-    double logits = l3d_gpt_xent_rows(sh, (int64_t)B * T, dt) < (int64_t)B * T ? 0 : sb * V;
+    double logits = l3d_gpt_xent_rows(sh, (int64_t)B * T) < (int64_t)B * T ? 0 : sb * V;
     return (size_t)(E * (sbh / p + (p > 1 ? sbh : 0) + logits) + 4 * (2 * sb / p + 3 * sb));
 }
 
@@ -1927,7 +1926,7 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
     if (naive_sel || recompute == L3D_RECOMPUTE_FULL) shared += att;
     if (naive_sel) shared += E * sb * Ca;
     /* the chunked cross-entropy's one chunk of logits */
-    int64_t xr = l3d_gpt_xent_rows(sh, B * (int64_t)T, dt);
+    int64_t xr = l3d_gpt_xent_rows(sh, B * (int64_t)T);
     if (sh->has_head && xr < B * (int64_t)T) shared += E * (double)xr * (double)sh->vocab_count;
     if (recompute == L3D_RECOMPUTE_FULL) shared += layer_all - att;
     /* a MoE layer keeps no dense MLP rows (fch, fch_gelu: the fm + f of each token), and the

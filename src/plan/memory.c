@@ -149,14 +149,15 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
 /* The CPU backend's 16-bit matrix products without oneDNN's 16-bit kernels (the default on every
  * CPU, docs/DESIGN.md) run as fp32 products on fp32 copies of their operands, allocated for the
  * call: the largest such set of a chunk's products, forward (input, weight, bias, output) or
- * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is). */
+ * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is);
+ * the backend keeps that set between calls (its scratch grows to the largest once). */
 static double mixed_matmul_scratch(const struct l3d_model_spec *m,
                                    const struct l3d_layout *lay,
-                                   const struct l3d_plan_chunk *ch, enum l3d_dtype dt) {
+                                   const struct l3d_plan_chunk *ch) {
     const struct l3d_shard *sh = &ch->sh;
     double Nall = (double)lay->micro_batch * m->maxT, C = (double)m->C;
     /* the head's product a chunk of rows at a time (l3d_gpt_xent_rows) */
-    double Nh = (double)l3d_gpt_xent_rows(sh, lay->micro_batch * (int64_t)m->maxT, dt);
+    double Nh = (double)l3d_gpt_xent_rows(sh, lay->micro_batch * (int64_t)m->maxT);
     double Ca = (double)sh->head_count * l3d_model_head_dim(m), F = (double)sh->ffn_count;
     double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
     double best = 0;
@@ -231,7 +232,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     if (dt != L3D_F32 && !run->native16) {
         double most = 0;
         for (int k = 0; k < lay->v; k++) {
-            double x = mixed_matmul_scratch(m, lay, &ch[k], dt);
+            double x = mixed_matmul_scratch(m, lay, &ch[k]);
             most = x > most ? x : most;
         }
         scratch16 = most;
