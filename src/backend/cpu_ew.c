@@ -26,6 +26,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu_attn16.h"
@@ -59,6 +60,11 @@ enum l3d_simd l3d_cpu_simd(void) {
         bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
         bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         k = avx512 ? L3D_SIMD_AVX512 : avx2 ? L3D_SIMD_AVX2 : L3D_SIMD_SCALAR;
+        /* $L3D_SIMD=avx2|scalar caps the path below what the CPU has (never above it): an
+         * AVX-512 machine then runs what an AVX2-only one runs (bench/avx2.sh) */
+        const char *cap = getenv("L3D_SIMD");
+        if (cap && strcmp(cap, "avx2") == 0 && k > L3D_SIMD_AVX2) k = L3D_SIMD_AVX2;
+        if (cap && strcmp(cap, "scalar") == 0) k = L3D_SIMD_SCALAR;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
     return (enum l3d_simd)k;
