@@ -131,9 +131,11 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     if (t->topo->layout->cp > 1)
         snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->layout->cp,
                  2 * t->topo->layout->cp);
-    printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->layout->dp, tc->layout.zero,
-           tc->dp_blocking ? "blocking" : "overlapped",
+    /* --tp-reduce-dtype fp32 where it acts: tp > 1 in 16-bit precision (src/model/tpsum.c) */
+    bool tp32 = tp > 1 && tc->precision.tp_reduce_fp32 && tc->precision.param != L3D_F32;
+    printf("layout: %d rank(s) = tp %d%s%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, "
+           "%s, %d thread(s) per rank\n", t->world->size, tp, tp32 ? " (sums in fp32)" : "", cp,
+           pp, t->topo->layout->dp, tc->layout.zero, tc->dp_blocking ? "blocking" : "overlapped",
            tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
     if (pp > 1) {
