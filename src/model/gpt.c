@@ -1085,7 +1085,7 @@ static void column_parallel_backward(struct l3d_gpt *m, void *dinp, float *dweig
                                      const void *dout, const void *inp, const void *weight,
                                      int64_t N, int64_t C, int64_t OC) {
     int64_t sp = m->shard.sp_size;
-    if (l3d_tpsum_on(m)) { /* made, summed and rounded in fp32 (src/model/tpsum.c) */
+    if (l3d_tpsum_on(m)) { /* the gradient made, summed, rounded in fp32 (src/model/tpsum.c) */
         l3d_tpsum_zero(m, N);
         l3d_tpsum_dinp(m, 0, N, dout, weight, C, OC, true);
         l3d_tpsum_reduce(m, sp > 1 ? m->acts->dln_local : dinp, N);
@@ -1124,7 +1124,7 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
     void *out = m->acts->scratch;
     const enum l3d_dtype dt = m->dt;
-    if (l3d_tpsum_on(m)) { /* made, summed and rounded in fp32 (src/model/tpsum.c) */
+    if (l3d_tpsum_on(m)) { /* the output made, summed, rounded in fp32 (src/model/tpsum.c) */
         out = sp > 1 ? m->acts->scratch_local : out;
         l3d_tpsum_row_forward(m, out, inp, w, b, N, Cin);
         residual_norm(m, res_out, res_in, out, N / sp, nx);
