@@ -601,6 +601,24 @@ static l3d_status check_init(const struct l3d_model_spec *cfg, const struct l3d_
     return L3D_OK;
 }
 
+/* The parts with buffers of their own (the MoE layers, QK-norm, the fp32 TP sums), their bytes
+ * added to the activations'. */
+static l3d_status init_parts(struct l3d_gpt *m) {
+    const struct l3d_model_spec *c = &m->cfg;
+    const struct l3d_shard *sh = &m->shard;
+    int B = m->Bmax, T = m->Tmax;
+    l3d_status st = l3d_moe_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_moe_act_bytes(c, sh, B, T, m->act_slots, m->recompute, m->dt);
+    st = l3d_qknorm_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_qknorm_act_bytes(c, sh, B, T, m->act_slots, m->recompute, m->dt);
+    st = l3d_tpsum_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_tpsum_act_bytes(c, sh, B, T, m->dt);
+    return L3D_OK;
+}
+
 l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
@@ -686,24 +704,11 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     l3d_be_memset(be, m->acts->base, 0, m->act_bytes);
     l3d_be_memset(be, m->loss_sum, 0, sizeof(double));
     point_acts(m, m->acts->base, 0);
-    st = l3d_moe_init(m);
+    st = init_parts(m);
     if (st != L3D_OK) {
         l3d_gpt_free(m);
         return st;
     }
-    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
-    st = l3d_qknorm_init(m);
-    if (st != L3D_OK) {
-        l3d_gpt_free(m);
-        return st;
-    }
-    m->act_bytes += l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
-    st = l3d_tpsum_init(m);
-    if (st != L3D_OK) {
-        l3d_gpt_free(m);
-        return st;
-    }
-    m->act_bytes += l3d_tpsum_act_bytes(cfg, sh, B, T, dt);
     *out = m;
     return L3D_OK;
 }

@@ -105,13 +105,10 @@ static void report_experts(const struct l3d_trainer *t, double N) {
     report_expert_memory(t);
 }
 
-void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
-    const struct l3d_train_config *tc = t->tc;
-    const struct l3d_train_layout *lay = &t->lay;
-    int v = tc->layout.v, tp = tc->layout.tp, pp = tc->layout.pp;
-    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
+/* The data-parallel state's bytes over the rank's chunks. */
+static struct l3d_dp_memory dp_memory_sum(const struct l3d_trainer *t) {
     struct l3d_dp_memory mem = {0};
-    for (int c = 0; c < v; c++) {
+    for (int c = 0; c < t->tc->layout.v; c++) {
         struct l3d_dp_memory mc = l3d_dp_memory(&t->dps[c], &t->opts[c]);
         mem.params += mc.params;
         mem.grads += mc.grads;
@@ -120,6 +117,15 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         mem.reduce_staging += mc.reduce_staging;
         mem.gather += mc.gather;
     }
+    return mem;
+}
+
+void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_train_layout *lay = &t->lay;
+    int v = tc->layout.v, tp = tc->layout.tp, pp = tc->layout.pp;
+    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
+    struct l3d_dp_memory mem = dp_memory_sum(t);
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
