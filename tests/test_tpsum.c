@@ -90,6 +90,25 @@ static struct l3d_gpt *shell(struct l3d_backend *be, const struct l3d_model_spec
     return m;
 }
 
+/* part (rows, C) = b + sum_k a[r0 + r, k] w(c, k) in double, the operands bf16 with K columns
+ * of a; w(c, k) at w[c sc + k sk]; b may be NULL. */
+static void ref_sum(double *part, const uint16_t *a, const uint16_t *w, const uint16_t *b,
+                    int64_t r0, int64_t rows, int64_t C, int64_t K, int64_t sc, int64_t sk) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < C; c++) {
+            double s = b ? l3d_bf16_to_f32(b[c]) : 0.0;
+            for (int64_t k = 0; k < K; k++)
+                s += (double)l3d_bf16_to_f32(a[(r0 + r) * K + k]) *
+                     l3d_bf16_to_f32(w[c * sc + k * sk]);
+            part[r * C + c] = s;
+        }
+}
+
+/* The other ranks' partial: n multiples of 1/256 in [-off/256, off/256]. */
+static void fill_other(float *x, int64_t n, int mul, int off) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(i * mul % (2 * off + 1)) - off) / 256.0f;
+}
+
 /* Counts of the rows (this rank's) where got differs from round(exact) and where the default's
  * two roundings round(round(part) + round(other)) do; part and other fp32 (exact), n elements. */
 static void compare(const uint16_t *got, const double *part, const float *other, int64_t n,
@@ -104,66 +123,63 @@ static void compare(const uint16_t *got, const double *part, const float *other,
     }
 }
 
+/* The n bf16 results at dev against round(part + other), bit for bit, and the default's rounding
+ * against the same (it must differ: the comparison can fail). */
+static void check_out(struct l3d_backend *be, const void *dev, const double *part,
+                      const float *other, int64_t n, const char *what) {
+    uint16_t *out = malloc((size_t)n * 2);
+    l3d_be_copy_d2h(be, out, dev, (size_t)n * 2);
+    l3d_be_sync(be);
+    int bad, dflt;
+    compare(out, part, other, n, &bad, &dflt);
+    fprintf(stderr, "%s: %d of %lld elements off; the default's rounding: %d\n", what, bad,
+            (long long)n, dflt);
+    CHECK(bad == 0);
+    CHECK(dflt > 0); /* negative: the comparison tells the two roundings apart */
+    free(out);
+}
+
 /* Row-parallel: out = round(inp w^T + b + other), N or (SP) N / 2 rows; without SP the bias
  * only where the rank adds the row biases (under SP each rank on its own rows). */
 static void test_row(struct l3d_backend *be, const struct l3d_model_spec *cfg, int sp,
                      bool adds_bias) {
     const int64_t C = cfg->C, Cin = cfg->ffn, rows = N / sp, r0 = (sp - 1) * rows;
-    uint16_t *inp = malloc(N * Cin * 2), *w = malloc(C * Cin * 2), *out = malloc(N * C * 2);
+    uint16_t *inp = malloc(N * Cin * 2), *w = malloc(C * Cin * 2);
     uint16_t b[64];
     float *other = malloc(rows * C * sizeof(float));
     double *part = malloc(rows * C * sizeof(double));
     fill8(inp, N * Cin, 1);
     fill8(w, C * Cin, 2);
     fill8(b, C, 3);
-    for (int64_t i = 0; i < rows * C; i++) other[i] = (float)((int)(i * 37 % 41) - 20) / 256.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < C; c++) {
-            double s = adds_bias || sp > 1 ? l3d_bf16_to_f32(b[c]) : 0.0;
-            for (int64_t k = 0; k < Cin; k++)
-                s += (double)l3d_bf16_to_f32(inp[(r0 + r) * Cin + k]) *
-                     l3d_bf16_to_f32(w[c * Cin + k]);
-            part[r * C + c] = s;
-        }
+    fill_other(other, rows * C, 37, 20);
+    ref_sum(part, inp, w, adds_bias || sp > 1 ? b : NULL, r0, rows, C, Cin, Cin, 1);
     struct fake_tp f = {.be = be, .other = other, .sp_rank = sp - 1};
     struct l3d_gpt *m = shell(be, cfg, sp, sp - 1, adds_bias, &f);
     void *di = dev16(be, inp, N * Cin), *dw = dev16(be, w, C * Cin), *db = dev16(be, b, C);
     void *dout = l3d_be_alloc(be, (size_t)(rows * C) * 2, "test");
     l3d_tpsum_row_forward(m, dout, di, dw, db, N, Cin);
-    l3d_be_copy_d2h(be, out, dout, (size_t)(rows * C) * 2);
-    l3d_be_sync(be);
-    int bad, dflt;
-    compare(out, part, other, rows * C, &bad, &dflt);
-    fprintf(stderr, "row-parallel, sp %d, bias %d: %d of %lld elements off; the default's "
-            "rounding: %d\n", sp, adds_bias, bad, (long long)(rows * C), dflt);
+    char what[64];
+    snprintf(what, sizeof what, "row-parallel, sp %d, bias %d", sp, adds_bias);
+    check_out(be, dout, part, other, rows * C, what);
     CHECK(f.calls == 1 && f.seen == L3D_F32);
-    CHECK(bad == 0);
-    CHECK(dflt > 0); /* negative: the comparison tells the two roundings apart */
     void *bufs[4] = {di, dw, db, dout};
     for (int i = 0; i < 4; i++) l3d_be_free(be, bufs[i]);
     l3d_tpsum_free(m);
     free(m);
-    free(inp), free(w), free(out), free(other), free(part);
+    free(inp), free(w), free(other), free(part);
 }
 
 /* Column-parallel: dinp = round(dout w + other), in two chunks of rows; twice, the second pass
  * on the first's buffers (it starts from a zeroed sum). */
 static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, int sp) {
     const int64_t C = cfg->C, OC = 3 * C, rows = N / sp, r0 = (sp - 1) * rows, n1 = 6;
-    uint16_t *dout = malloc(N * OC * 2), *w = malloc(OC * C * 2), *out = malloc(N * C * 2);
+    uint16_t *dout = malloc(N * OC * 2), *w = malloc(OC * C * 2);
     float *other = malloc(rows * C * sizeof(float));
     double *part = malloc(rows * C * sizeof(double));
     fill8(dout, N * OC, 4);
     fill8(w, OC * C, 5);
-    for (int64_t i = 0; i < rows * C; i++) other[i] = (float)((int)(i * 29 % 43) - 21) / 256.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < C; c++) {
-            double s = 0;
-            for (int64_t o = 0; o < OC; o++)
-                s += (double)l3d_bf16_to_f32(dout[(r0 + r) * OC + o]) *
-                     l3d_bf16_to_f32(w[o * C + c]);
-            part[r * C + c] = s;
-        }
+    fill_other(other, rows * C, 29, 21);
+    ref_sum(part, dout, w, NULL, r0, rows, C, OC, 1, C);
     struct fake_tp f = {.be = be, .other = other, .sp_rank = sp - 1};
     struct l3d_gpt *m = shell(be, cfg, sp, sp - 1, false, &f);
     void *dd = dev16(be, dout, N * OC), *dw = dev16(be, w, OC * C);
@@ -173,22 +189,17 @@ static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
         l3d_tpsum_dinp(m, 0, n1, dd, dw, C, OC, true);
         l3d_tpsum_dinp(m, n1, N - n1, (const uint16_t *)dd + n1 * OC, dw, C, OC, false);
         l3d_tpsum_reduce(m, dinp, N);
-        l3d_be_copy_d2h(be, out, dinp, (size_t)(rows * C) * 2);
-        l3d_be_sync(be);
-        int bad, dflt;
-        compare(out, part, other, rows * C, &bad, &dflt);
-        fprintf(stderr, "column-parallel, sp %d, pass %d: %d of %lld elements off; the default's "
-                "rounding: %d\n", sp, pass, bad, (long long)(rows * C), dflt);
+        char what[64];
+        snprintf(what, sizeof what, "column-parallel, sp %d, pass %d", sp, pass);
+        check_out(be, dinp, part, other, rows * C, what);
         CHECK(f.calls == pass + 1 && f.seen == L3D_F32);
-        CHECK(bad == 0);
-        CHECK(dflt > 0);
     }
     l3d_be_free(be, dd);
     l3d_be_free(be, dw);
     l3d_be_free(be, dinp);
     l3d_tpsum_free(m);
     free(m);
-    free(dout), free(w), free(out), free(other), free(part);
+    free(dout), free(w), free(other), free(part);
 }
 
 /* The buffers' bytes: none in fp32 or without the flag; in the model's closed form. */
