@@ -829,8 +829,8 @@ static void test_gemm_shape(void) {
  * half of each (the all-gathers stay 16-bit); the embedding's lookup sum stays 16-bit. Latency 0,
  * so the times are the bytes': L layers, X one 16-bit sum, none (4 L + 2) X, fp32 sums
  * (8 L + 3) X, with SP (6 L + 2.5) X. The trainer's fp32 buffers join llm3d's activations: the
- * widened operand (N rows of the widest local product, here the head's vocabulary slice), the
- * widened weight, the (N, C) sum and the bias. Negative cases: fp32 training and tp 1 change
+ * widened operand (N rows of the widest local product, at least C: here C), the widened
+ * weight (C by the widest, here the head's vocabulary slice), the (N, C) sum and the bias. Negative cases: fp32 training and tp 1 change
  * nothing. */
 static void test_tp_reduce_fp32(void) {
     struct l3d_profile prof;
@@ -852,7 +852,7 @@ static void test_tp_reduce_fp32(void) {
         /* (the head's three fp32 statistics sums: 12 of its 6144 x 2 bytes a row, 1e-5) */
         CHECK_NEAR(b.time.tp_comm / a.time.tp_comm, want, 1e-4 * want);
         double N = m.maxT, C = m.C, Vl = (double)((m.Vp + 7) / 8), wide = C / 2;
-        double fl = N * fmax(Vl, wide) + C * fmax(Vl, wide) + N * C + (sp ? N / 8 * C : 0) + C;
+        double fl = N * fmax(C, wide) + C * fmax(Vl, wide) + N * C + (sp ? N / 8 * C : 0) + C;
         CHECK_NEAR(b.mem.activations - a.mem.activations, 4 * fl, 4 * 16 * 5);
     }
     r32 = run;

@@ -170,9 +170,11 @@ static void test_row(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
 }
 
 /* Column-parallel: dinp = round(dout w + other), in two chunks of rows; twice, the second pass
- * on the first's buffers (it starts from a zeroed sum). */
-static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, int sp) {
-    const int64_t C = cfg->C, OC = 3 * C, rows = N / sp, r0 = (sp - 1) * rows, n1 = 6;
+ * on the first's buffers (it starts from a zeroed sum). OC: q|k|v's 3 C, or the head's
+ * vocabulary, wider than the widened operand's N rows hold (blocks of a few rows). */
+static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, int sp,
+                     int64_t OC) {
+    const int64_t C = cfg->C, rows = N / sp, r0 = (sp - 1) * rows, n1 = 6;
     uint16_t *dout = malloc(N * OC * 2), *w = malloc(OC * C * 2);
     float *other = malloc(rows * C * sizeof(float));
     double *part = malloc(rows * C * sizeof(double));
@@ -190,7 +192,8 @@ static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
         l3d_tpsum_dinp(m, n1, N - n1, (const uint16_t *)dd + n1 * OC, dw, C, OC, false);
         l3d_tpsum_reduce(m, dinp, N);
         char what[64];
-        snprintf(what, sizeof what, "column-parallel, sp %d, pass %d", sp, pass);
+        snprintf(what, sizeof what, "column-parallel, OC %lld, sp %d, pass %d", (long long)OC,
+                 sp, pass);
         check_out(be, dinp, part, other, rows * C, what);
         CHECK(f.calls == pass + 1 && f.seen == L3D_F32);
     }
@@ -219,13 +222,15 @@ static void test_bytes(const struct l3d_model_spec *cfg) {
 
 int main(void) {
     struct l3d_backend *be = test_backend_init();
-    struct l3d_model_spec cfg = {.L = 1, .C = 32, .NH = 4, .V = 100, .maxT = T};
+    /* a vocabulary of 1000: the head's gradient passes the widened operand in blocks of 2 rows */
+    struct l3d_model_spec cfg = {.L = 1, .C = 32, .NH = 4, .V = 1000, .maxT = T};
     L3D_ASSERT(l3d_gpt_config_finish(&cfg) == L3D_OK);
     test_bytes(&cfg);
     for (int sp = 1; sp <= 2; sp++) {
         test_row(be, &cfg, sp, true);
         if (sp == 1) test_row(be, &cfg, sp, false);
-        test_col(be, &cfg, sp);
+        test_col(be, &cfg, sp, 3 * cfg.C);
+        test_col(be, &cfg, sp, cfg.Vp);
     }
     l3d_backend_free(be);
     return TEST_REPORT();

@@ -450,8 +450,8 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * with q the local q|k|v width and k the KV heads (E: the element size), and one layer's four
  * (s b, q) scratch buffers, its row maps (3 s b (a + 2k) / t int32) and 2 hd fp32. The fp32 TP
  * sums (the shard's tp_reduce_f32 in 16 bits; src/model/tpsum.c, l3d_tpsum_act_bytes) add 4 bytes
- * times: s b by the widest local product (or the head's chunk by its vocabulary slice), h by the
- * same width, s b h, s b h / p under SP, and h. */
+ * times: s b by the widest local product of the layers (at least h), h by that width or the
+ * vocabulary slice, s b h, s b h / p under SP, and h. */
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32

@@ -12,9 +12,10 @@
  * No new kernel: l3d_be_convert and the fp32 products, which every backend has.
  *
  * One allocation at start-up (m->tp32), its regions in floats, N = B T rows:
- *   xa     the widened left operand: N max(q|k|v, MLP first-product width, attention channels,
- *          MLP width) of the layers, the head's chunk of rows x its local vocabulary
- *   wa     the widened weight: C times the largest of those widths
+ *   xa     the widened left operand: N rows of the widest local product of the layers (q|k|v,
+ *          the MLP's first product; at least C), through which the head's input gradient
+ *          passes a block of rows at a time (its local vocabulary is wider)
+ *   wa     the widened weight: C times the widest product's width, the head's vocabulary slice
  *   sum    (N, C) the partial, then summed, product
  *   local  (N / sp, C) this rank's rows of the sum (sequence parallelism only)
  *   bias   (C) the widened row-parallel bias
@@ -24,6 +25,7 @@
 struct l3d_tpsum_state {
     void *base;
     float *xa, *wa, *sum, *local, *bias;
+    int64_t xa_floats; /* the widened operand's room: rows of a block = xa_floats / width */
 };
 
 enum { R_XA, R_WA, R_SUM, R_LOCAL, R_BIAS, R_N };
@@ -40,9 +42,8 @@ static void regions(const struct l3d_model_spec *cfg, const struct l3d_shard *sh
     bool dense = l3d_shard_moe_layers(cfg, sh) < sh->layer_count; /* a layer with an MLP */
     int64_t F = dense ? sh->ffn_count : 0, Fm = cfg->mlp == L3D_MLP_SWIGLU ? 2 * F : F;
     int64_t wide = sh->layer_count > 0 ? max64(qkv, Fm) : 0; /* >= Ca, F: their inputs' widths */
-    int64_t xa = N * wide, V = sh->has_head ? sh->vocab_count : 0;
-    if (sh->has_head) xa = max64(xa, l3d_gpt_xent_rows(sh, N) * V);
-    r[R_XA] = xa;
+    int64_t V = sh->has_head ? sh->vocab_count : 0;
+    r[R_XA] = max64(N * max64(wide, C), V); /* a row of the head's gradient at least */
     r[R_WA] = C * max64(wide, V);
     r[R_SUM] = N * C;
     r[R_LOCAL] = sh->sp_size > 1 ? N / sh->sp_size * C : 0;
@@ -72,6 +73,7 @@ l3d_status l3d_tpsum_init(struct l3d_gpt *m) {
     l3d_be_memset(m->be, s->base, 0, bytes); /* first touch now, not in the step */
     int64_t r[R_N], off = 0;
     regions(&m->cfg, &m->shard, (int64_t)m->Bmax * m->Tmax, r);
+    s->xa_floats = r[R_XA];
     float **const at[R_N] = {&s->xa, &s->wa, &s->sum, &s->local, &s->bias};
     for (int i = 0; i < R_N; i++) {
         *at[i] = (float *)s->base + off;
@@ -130,9 +132,14 @@ void l3d_tpsum_dinp(struct l3d_gpt *m, int64_t r0, int64_t n, const void *dout, 
                     int64_t C, int64_t OC, bool widen_w) {
     struct l3d_tpsum_state *s = m->tp32;
     if (widen_w) l3d_be_convert(m->be, L3D_F32, s->wa, m->dt, w, OC * C);
-    l3d_be_convert(m->be, L3D_F32, s->xa, m->dt, dout, n * OC);
-    l3d_be_matmul_backward(m->be, L3D_F32, s->sum + r0 * C, NULL, NULL, s->xa, NULL, s->wa, n, C,
-                           OC);
+    int64_t rows = s->xa_floats / OC; /* >= 1 (regions); n at once but for the head's */
+    for (int64_t b0 = 0; b0 < n; b0 += rows) {
+        int64_t nb = n - b0 < rows ? n - b0 : rows;
+        const char *d = (const char *)dout + (size_t)(b0 * OC) * m->es;
+        l3d_be_convert(m->be, L3D_F32, s->xa, m->dt, d, nb * OC);
+        l3d_be_matmul_backward(m->be, L3D_F32, s->sum + (r0 + b0) * C, NULL, NULL, s->xa, NULL,
+                               s->wa, nb, C, OC);
+    }
 }
 
 void l3d_tpsum_reduce(struct l3d_gpt *m, void *dinp, int64_t N) { sum_round(m, dinp, N); }

@@ -31,7 +31,8 @@ bool l3d_tpsum_on(const struct l3d_gpt *m);
 void l3d_tpsum_row_forward(struct l3d_gpt *m, void *out, const void *inp, const void *w,
                            const void *b, int64_t N, int64_t Cin);
 /* Column-parallel input gradient: the fp32 sum's N rows zeroed; then rows [r0, r0 + n) of it
- * += dout (n,OC) w (OC,C) (w widened when widen_w: the first chunk of a weight); then dinp (dt)
+ * += dout (n,OC) w (OC,C) (w widened when widen_w: the first chunk of a weight; dout widened a
+ * block of rows at a time when OC is wider than the layers' products: the head); then dinp (dt)
  * = round(sum over TP), this rank's N / sp rows with sequence parallelism, else all N. */
 void l3d_tpsum_zero(struct l3d_gpt *m, int64_t N);
 void l3d_tpsum_dinp(struct l3d_gpt *m, int64_t r0, int64_t n, const void *dout, const void *w,
