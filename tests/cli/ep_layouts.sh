@@ -152,9 +152,9 @@ train ref4_l4_bf16 0 2 --grad-accum 4 "${P[@]}" --precision bf16 &&
 # Under tp the row-parallel sums (attention's output projection) round each rank's partial to
 # bf16 and then their sum, which moves the router's input by bf16 round-off and some tokens to
 # other experts: ep2 x tp2 SP in bf16 measured loss 4.6e-5 to 5.1e-4, gradient norms 1.7-3.1% and
-# weights 17% off, beyond mixed.sh's tolerances. With --tp-reduce-dtype fp32 (src/model/tpsum.c)
-# each sum is made in fp32 and rounded once, as one process rounds it: measured loss 4.6e-8,
-# norms 9e-9, weights 5.6e-7. tp2 alone with AdamW eps 1e-4 (mixed.sh: with 1e-6 a bias whose
+# weights 17-97% off (this corpus: 4.2e-4, 2.6%, 97%), beyond mixed.sh's tolerances. With
+# --tp-reduce-dtype fp32 (src/model/tpsum.c) each sum is made in fp32 and rounded once, as one
+# process rounds it: measured loss 0 to 4.6e-8, norms 0 to 9e-9, weights 1.2e-7 to 5.6e-7. tp2 alone with AdamW eps 1e-4 (mixed.sh: with 1e-6 a bias whose
 # gradient is round-off takes full steps of its sign, ln1b 4% off with fp32 sums, 15% without):
 # fp32 sums measured losses 0 at step 1, norms 1.6e-6, weights 1.8e-5; bf16 sums losses 1.1e-4,
 # norms 0.45%, weights 13%. The default's difference under ep2 x tp2 SP is the negative case.
