@@ -24,7 +24,7 @@ enum { B = 2, T = 8, N = B * T };
 struct fake_tp {
     struct l3d_backend *be;
     const float *other;
-    int sp_rank, calls;
+    int sp_rank, calls, open; /* open: begun and not yet ended */
     enum l3d_dtype seen;
 };
 
@@ -43,6 +43,14 @@ static void fake_sum(void *ctx, void *buf, int64_t n, enum l3d_dtype dt) {
     f->calls++;
     if (dt == L3D_F32) fake_add(f, buf, f->other, n);
 }
+
+/* The non-blocking form: the sum at begin, nothing left for end (which must come once). */
+static void fake_begin(void *ctx, void *buf, int64_t n, enum l3d_dtype dt) {
+    fake_sum(ctx, buf, n, dt);
+    ((struct fake_tp *)ctx)->open++;
+}
+
+static void fake_end(void *ctx) { ((struct fake_tp *)ctx)->open--; }
 
 static void fake_scatter(void *ctx, const void *full, void *local, int64_t n, enum l3d_dtype dt) {
     struct fake_tp *f = ctx;
@@ -85,6 +93,8 @@ static struct l3d_gpt *shell(struct l3d_backend *be, const struct l3d_model_spec
     m->dt = L3D_BF16;
     m->es = 2;
     m->hooks = (struct l3d_gpt_hooks){.ctx = f, .tp_all_reduce = fake_sum,
+                                      .tp_all_reduce_begin = fake_begin,
+                                      .tp_all_reduce_end = fake_end,
                                       .tp_reduce_scatter = fake_scatter};
     L3D_ASSERT(l3d_tpsum_init(m) == L3D_OK && l3d_tpsum_on(m));
     return m;
@@ -170,8 +180,9 @@ static void test_row(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
 }
 
 /* Column-parallel: dinp = round(dout w + other), in two chunks of rows; twice, the second pass
- * on the first's buffers (it starts from a zeroed sum). OC: q|k|v's 3 C, or the head's
- * vocabulary, wider than the widened operand's N rows hold (blocks of a few rows). */
+ * on the first's buffers (it starts from a zeroed sum), its sum begun and ended (without SP).
+ * OC: q|k|v's 3 C, or the head's vocabulary, wider than the widened operand's N rows hold
+ * (blocks of a few rows). */
 static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, int sp,
                      int64_t OC) {
     const int64_t C = cfg->C, rows = N / sp, r0 = (sp - 1) * rows, n1 = 6;
@@ -190,7 +201,11 @@ static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
         l3d_tpsum_zero(m, N);
         l3d_tpsum_dinp(m, 0, n1, dd, dw, C, OC, true);
         l3d_tpsum_dinp(m, n1, N - n1, (const uint16_t *)dd + n1 * OC, dw, C, OC, false);
-        l3d_tpsum_reduce(m, dinp, N);
+        if (pass == 0 || !l3d_tpsum_reduce_begin(m, N)) /* pass 1: the non-blocking form */
+            l3d_tpsum_reduce(m, dinp, N);
+        else
+            l3d_tpsum_reduce_end(m, dinp, N);
+        CHECK(f.open == 0);
         char what[64];
         snprintf(what, sizeof what, "column-parallel, OC %lld, sp %d, pass %d", (long long)OC,
                  sp, pass);

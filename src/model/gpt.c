@@ -1091,10 +1091,13 @@ static void column_parallel_backward(struct l3d_gpt *m, void *dinp, float *dweig
                                      int64_t N, int64_t C, int64_t OC) {
     int64_t sp = m->shard.sp_size;
     if (l3d_tpsum_on(m)) { /* the gradient made, summed, rounded in fp32 (src/model/tpsum.c) */
+        void *to = sp > 1 ? m->acts->dln_local : dinp;
         l3d_tpsum_zero(m, N);
         l3d_tpsum_dinp(m, 0, N, dout, weight, C, OC, true);
-        l3d_tpsum_reduce(m, sp > 1 ? m->acts->dln_local : dinp, N);
+        bool begun = l3d_tpsum_reduce_begin(m, N); /* behind the weight gradient's product */
+        if (!begun) l3d_tpsum_reduce(m, to, N);
         matmul_backward(m, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+        if (begun) l3d_tpsum_reduce_end(m, to, N);
         return;
     }
     l3d_be_memset(m->be, dinp, 0, (size_t)(N * C) * m->es);

@@ -143,3 +143,14 @@ void l3d_tpsum_dinp(struct l3d_gpt *m, int64_t r0, int64_t n, const void *dout, 
 }
 
 void l3d_tpsum_reduce(struct l3d_gpt *m, void *dinp, int64_t N) { sum_round(m, dinp, N); }
+
+bool l3d_tpsum_reduce_begin(struct l3d_gpt *m, int64_t N) {
+    if (m->shard.sp_size > 1 || !m->hooks.tp_all_reduce_begin) return false;
+    m->hooks.tp_all_reduce_begin(m->hooks.ctx, m->tp32->sum, N * m->cfg.C, L3D_F32);
+    return true;
+}
+
+void l3d_tpsum_reduce_end(struct l3d_gpt *m, void *dinp, int64_t N) {
+    m->hooks.tp_all_reduce_end(m->hooks.ctx);
+    l3d_be_convert(m->be, m->dt, dinp, L3D_F32, m->tp32->sum, N * m->cfg.C);
+}

@@ -38,5 +38,10 @@ void l3d_tpsum_zero(struct l3d_gpt *m, int64_t N);
 void l3d_tpsum_dinp(struct l3d_gpt *m, int64_t r0, int64_t n, const void *dout, const void *w,
                     int64_t C, int64_t OC, bool widen_w);
 void l3d_tpsum_reduce(struct l3d_gpt *m, void *dinp, int64_t N);
+/* l3d_tpsum_reduce in two halves, the sum running behind other work (the weight gradient's
+ * product) through the hooks' non-blocking all-reduce: begin returns false, having begun
+ * nothing, under SP or without that hook (then l3d_tpsum_reduce); end waits, then rounds. */
+bool l3d_tpsum_reduce_begin(struct l3d_gpt *m, int64_t N);
+void l3d_tpsum_reduce_end(struct l3d_gpt *m, void *dinp, int64_t N);
 
 #endif
