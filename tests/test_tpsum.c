@@ -167,6 +167,7 @@ static void test_row(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
     struct l3d_gpt *m = shell(be, cfg, sp, sp - 1, adds_bias, &f);
     void *di = dev16(be, inp, N * Cin), *dw = dev16(be, w, C * Cin), *db = dev16(be, b, C);
     void *dout = l3d_be_alloc(be, (size_t)(rows * C) * 2, "test");
+    l3d_be_memset(be, dout, 0xff, (size_t)(rows * C) * 2); /* NaN: what is not written */
     l3d_tpsum_row_forward(m, dout, di, dw, db, N, Cin);
     char what[64];
     snprintf(what, sizeof what, "row-parallel, sp %d, bias %d", sp, adds_bias);
@@ -198,6 +199,7 @@ static void test_col(struct l3d_backend *be, const struct l3d_model_spec *cfg, i
     void *dd = dev16(be, dout, N * OC), *dw = dev16(be, w, OC * C);
     void *dinp = l3d_be_alloc(be, (size_t)(rows * C) * 2, "test");
     for (int pass = 0; pass < 2; pass++) {
+        l3d_be_memset(be, dinp, 0xff, (size_t)(rows * C) * 2); /* NaN: what is not written */
         l3d_tpsum_zero(m, N);
         l3d_tpsum_dinp(m, 0, n1, dd, dw, C, OC, true);
         l3d_tpsum_dinp(m, n1, N - n1, (const uint16_t *)dd + n1 * OC, dw, C, OC, false);
