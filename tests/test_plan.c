@@ -824,6 +824,53 @@ static void test_gemm_shape(void) {
 }
 
 /* Recomputation costs what is recomputed, and TP overlap is the profile's. */
+/* --tp-reduce-dtype fp32 (src/model/tpsum.c): the TP sums of a 16-bit run travel in fp32, twice
+ * the bytes: without SP each layer's four all-reduces and the head's, with SP the reduce-scatter
+ * half of each (the all-gathers stay 16-bit); the embedding's lookup sum stays 16-bit. Latency 0,
+ * so the times are the bytes': L layers, X one 16-bit sum, none (4 L + 2) X, fp32 sums
+ * (8 L + 3) X, with SP (6 L + 2.5) X. The trainer's fp32 buffers join llm3d's activations: the
+ * widened operand (N rows of the widest local product, at least C: here C), the widened
+ * weight (C by the widest, here the head's vocabulary slice), the (N, C) sum and the bias. Negative cases: fp32 training and tp 1 change
+ * nothing. */
+static void test_tp_reduce_fp32(void) {
+    struct l3d_profile prof;
+    struct l3d_model_spec m;
+    good_and_preset(&prof, &m, "megatron-18b");
+    CHECK(parse_with("intra_lat_us = 5\n", "intra_lat_us = 0\n", &prof) == L3D_OK);
+    struct l3d_plan_run run = run16(8, 16, true), r32;
+    run.precision = prec_of(L3D_BF16);
+    run.llm3d = true;
+    struct l3d_plan_result a, b;
+    for (int sp = 0; sp < 2; sp++) {
+        struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, sp == 1);
+        run.precision.tp_reduce_fp32 = false;
+        CHECK(evaluate(&m, &prof, &run, &lay, &a) == L3D_OK);
+        run.precision.tp_reduce_fp32 = true;
+        CHECK(evaluate(&m, &prof, &run, &lay, &b) == L3D_OK);
+        double L = m.L, want = sp ? (6 * L + 2.5) / (4 * L + 2) : (8 * L + 3) / (4 * L + 2);
+        CHECK(a.time.tp_comm > 0);
+        /* (the head's three fp32 statistics sums: 12 of its 6144 x 2 bytes a row, 1e-5) */
+        CHECK_NEAR(b.time.tp_comm / a.time.tp_comm, want, 1e-4 * want);
+        double N = m.maxT, C = m.C, Vl = (double)((m.Vp + 7) / 8), wide = C / 2;
+        double fl = N * fmax(C, wide) + C * fmax(Vl, wide) + N * C + (sp ? N / 8 * C : 0) + C;
+        CHECK_NEAR(b.mem.activations - a.mem.activations, 4 * fl, 4 * 16 * 5);
+    }
+    r32 = run;
+    r32.precision = prec_of(L3D_F32);
+    struct l3d_layout lay = layout(8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    CHECK(evaluate(&m, &prof, &r32, &lay, &a) == L3D_OK);
+    r32.precision.tp_reduce_fp32 = true;
+    CHECK(evaluate(&m, &prof, &r32, &lay, &b) == L3D_OK);
+    CHECK(b.time.tp_comm == a.time.tp_comm && b.mem.activations == a.mem.activations);
+    run.devices = 1; /* tp 1: no sums */
+    lay = layout(1, 1, 1, 1, 1, 0, L3D_RECOMPUTE_NONE, false);
+    run.precision.tp_reduce_fp32 = false;
+    CHECK(evaluate(&m, &prof, &run, &lay, &a) == L3D_OK);
+    run.precision.tp_reduce_fp32 = true;
+    CHECK(evaluate(&m, &prof, &run, &lay, &b) == L3D_OK);
+    CHECK(b.mem.activations == a.mem.activations && b.time.step == a.time.step);
+}
+
 static void test_recompute_and_overlap(void) {
     struct l3d_profile prof;
     struct l3d_model_spec m;
@@ -2138,6 +2185,7 @@ int main(void) {
     test_checks_and_search();
     test_gemm_shape();
     test_recompute_and_overlap();
+    test_tp_reduce_fp32();
     test_pipe_time();
     test_pipe_closed_form();
     test_mixed_local();

@@ -227,6 +227,11 @@ static void test_precision_rules(void) {
     passes(&s, &(struct l3d_spec_ctx){.world = 8});
     one(&s, &train8, "accumulates them in fp32");
     CHECK(!l3d_precision_llm3d(&s.precision));
+    /* fp32 TP sums: llm3d's trainer's (passes with its fp32 gradients), not Megatron-LM's */
+    s.precision.tp_reduce_fp32 = true;
+    one(&s, &(struct l3d_spec_ctx){.world = 8}, "--tp-reduce-dtype fp32: for llm3d's trainer");
+    s.precision.grad = L3D_F32;
+    passes(&s, &train8);
 }
 
 /* several rules broken at once: each said, in one message each */

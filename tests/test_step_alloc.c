@@ -5,7 +5,8 @@
  * moment (l3d_mem_peak over the step stays at l3d_mem_used), for a Llama model (RoPE, RMSNorm,
  * SwiGLU, grouped KV heads), a Llama mixture of experts and GPT-2, in fp32, fp16 and bf16 with
  * oneDNN's 16-bit kernels off (the backend's fp32 products around widened operands); QK-norm
- * under selective recomputation and the experts under full recomputation in fp16.
+ * under selective recomputation and the experts under full recomputation in fp16; the fp32 TP
+ * sums (--tp-reduce-dtype fp32) in bf16 (GPT-2) and fp16 (Llama, full recomputation).
  * Negative case: the window sees an allocation made inside it. Generation in fp16: the steps
  * after the first allocate nothing while the KV cache grows.
  *
@@ -32,13 +33,16 @@ struct trainer {
     int B, T;
 };
 
-/* A model of cfg in precision dt with random weights (its master weights too, in 16 bits). */
+/* A model of cfg in precision dt with random weights (its master weights too, in 16 bits);
+ * tp32: its row-parallel outputs and column-parallel input gradients through the fp32 TP sums'
+ * buffers (--tp-reduce-dtype fp32, src/model/tpsum.c; one process: nothing to sum). */
 static void trainer_init(struct trainer *t, struct l3d_backend *be,
                          const struct l3d_model_spec *cfg, enum l3d_dtype dt,
-                         enum l3d_recompute rc) {
+                         enum l3d_recompute rc, bool tp32) {
     t->B = 2;
     t->T = 16;
     struct l3d_shard sh = l3d_shard_full(cfg);
+    sh.tp_reduce_f32 = tp32;
     L3D_ASSERT(l3d_gpt_init_dt(&t->m, cfg, &sh, be, t->B, t->T, L3D_GRADS_FLAT, 1, rc, dt) ==
                L3D_OK);
     struct l3d_gpt *m = t->m;
@@ -82,10 +86,10 @@ static void trainer_free(struct trainer *t) {
 
 /* The second and third steps allocate nothing; the loss stays finite. */
 static void check_steps(struct l3d_backend *be, const struct l3d_model_spec *cfg,
-                        enum l3d_dtype dt, enum l3d_recompute rc, const char *what) {
+                        enum l3d_dtype dt, enum l3d_recompute rc, const char *what, bool tp32) {
     fprintf(stderr, "%s, %s:\n", what, l3d_dtype_name(dt));
     struct trainer t;
-    trainer_init(&t, be, cfg, dt, rc);
+    trainer_init(&t, be, cfg, dt, rc, tp32);
     float first = trainer_step(&t);
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
     float loss = trainer_step(&t);
@@ -119,12 +123,16 @@ static void test_steps(struct l3d_backend *be) {
     L3D_ASSERT(l3d_gpt_config_finish(&gpt2) == L3D_OK);
     const enum l3d_dtype dts[3] = {L3D_F32, L3D_F16, L3D_BF16};
     for (int i = 0; i < 3; i++) {
-        check_steps(be, &llama, dts[i], L3D_RECOMPUTE_NONE, "llama");
-        check_steps(be, &moe, dts[i], L3D_RECOMPUTE_NONE, "llama with experts");
+        check_steps(be, &llama, dts[i], L3D_RECOMPUTE_NONE, "llama", false);
+        check_steps(be, &moe, dts[i], L3D_RECOMPUTE_NONE, "llama with experts", false);
     }
-    check_steps(be, &gpt2, L3D_F16, L3D_RECOMPUTE_NONE, "gpt2");
-    check_steps(be, &qwen, L3D_F16, L3D_RECOMPUTE_SELECTIVE, "llama, QK-norm, selective");
-    check_steps(be, &moe, L3D_F16, L3D_RECOMPUTE_FULL, "llama with experts, full recompute");
+    check_steps(be, &gpt2, L3D_F16, L3D_RECOMPUTE_NONE, "gpt2", false);
+    check_steps(be, &qwen, L3D_F16, L3D_RECOMPUTE_SELECTIVE, "llama, QK-norm, selective", false);
+    check_steps(be, &moe, L3D_F16, L3D_RECOMPUTE_FULL, "llama with experts, full recompute",
+                false);
+    check_steps(be, &gpt2, L3D_BF16, L3D_RECOMPUTE_NONE, "gpt2, fp32 TP sums", true);
+    check_steps(be, &llama, L3D_F16, L3D_RECOMPUTE_FULL, "llama, fp32 TP sums, full recompute",
+                true);
 }
 
 /* Generation in fp16 (a Llama with RoPE and the KV cache): the steps after the first allocate

@@ -204,6 +204,10 @@ struct l3d_shard {
     /* Rows of the head's chunked cross-entropy (--xent-chunk, l3d_gpt_xent_rows): 0 for all of
      * them, the unchunked head. */
     int64_t xent_rows;
+    /* The TP group's partial sums in fp32 (--tp-reduce-dtype fp32; src/model/tpsum.c): the
+     * row-parallel outputs and column-parallel input gradients made, summed and only then
+     * rounded to a 16-bit model's type. Nothing in fp32 or without TP (set only with tp > 1). */
+    bool tp_reduce_f32;
 };
 
 /* The experts of EP rank ep_rank of ep (ep divides moe.experts, 0 reads as 1; a dense model:
@@ -323,6 +327,7 @@ int64_t l3d_cp_chunk_start(int cp, int cp_rank, int k, int64_t T);
 struct l3d_gpt_acts; /* activation pointer table, private to the model */
 struct l3d_moe_state; /* the MoE layers' state, private to the model (src/model/moe.c) */
 struct l3d_qknorm_state; /* QK-norm's state, private to the model (src/model/qknorm.c) */
+struct l3d_tpsum_state; /* the fp32 TP sums' buffers, private to the model (src/model/tpsum.c) */
 
 /* Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
  * Transformer Models"): keep every layer's activations (none), all but the attention
@@ -366,6 +371,8 @@ struct l3d_gpt {
     struct l3d_gpt_acts *acts;
     struct l3d_moe_state *moe; /* the MoE layers' activations and statistics (src/model/moe.c) */
     struct l3d_qknorm_state *qkn; /* QK-norm's activations (src/model/qknorm.c); NULL without */
+    struct l3d_tpsum_state *tp32; /* fp32 TP sums (src/model/tpsum.c); NULL unless shard's
+                                   * tp_reduce_f32 in 16-bit precision */
     /* activations of type dt */
     void *input_act;      /* (B,T,C): the stage input when !has_embedding, else the embedding */
     void *dinput_act;     /* (B,T,C): gradient of the stage input after backward */
@@ -441,7 +448,10 @@ void l3d_gpt_free(struct l3d_gpt *m);
  * (src/model/qknorm.c, l3d_qknorm_act_bytes) per layer and slot (one set under full
  * recomputation) the product's output before the norm and its rstd, E s b q + 4 s b (a + k) / t
  * with q the local q|k|v width and k the KV heads (E: the element size), and one layer's four
- * (s b, q) scratch buffers, its row maps (3 s b (a + 2k) / t int32) and 2 hd fp32. */
+ * (s b, q) scratch buffers, its row maps (3 s b (a + 2k) / t int32) and 2 hd fp32. The fp32 TP
+ * sums (the shard's tp_reduce_f32 in 16 bits; src/model/tpsum.c, l3d_tpsum_act_bytes) add 4 bytes
+ * times: s b by the widest local product of the layers (at least h), h by that width or the
+ * vocabulary slice, s b h, s b h / p under SP, and h. */
 size_t l3d_gpt_act_bytes(const struct l3d_model_spec *cfg, const struct l3d_shard *sh, int B,
                          int T, int act_slots, enum l3d_recompute recompute, bool flash);
 /* The same in precision dt: the activations of type dt take l3d_dtype_size(dt) bytes, the fp32

@@ -96,6 +96,9 @@ struct l3d_precision {
     enum l3d_dtype act;       /* activations and the TP / PP messages (= param in llm3d) */
     enum l3d_dtype grad;      /* gradient accumulation over micro-batches */
     enum l3d_dtype reduce;    /* what the DP gradient reduction moves */
+    /* --tp-reduce-dtype fp32: with a 16-bit param, the TP partial sums made, summed and rounded
+     * in fp32 (src/model/tpsum.c); false (model): in param, as Megatron-LM */
+    bool tp_reduce_fp32;
     struct l3d_loss_scaling ls;
 };
 

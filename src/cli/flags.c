@@ -175,7 +175,7 @@ enum {
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_XENT, F_THREADS, F_BUCKET,
-    F_PREC, F_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
+    F_PREC, F_REDUCE, F_TP_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
 };
 
@@ -274,6 +274,11 @@ static const struct l3d_flag precision_flags[] = {
     {"grad-reduce-dtype", "T", F_REDUCE, "fp32 (default) or bf16, or fp16 with --precision fp16: "
                                          "the type data-parallel gradient sums travel in (half "
                                          "the bytes; gradients still accumulate in fp32)"},
+    {"tp-reduce-dtype", "T", F_TP_REDUCE, "model (default: the model's type, as Megatron-LM) or "
+                                          "fp32: the type tensor parallelism's partial sums "
+                                          "are made, summed and rounded in with --precision "
+                                          "bf16|fp16 (twice the TP bytes; one rounding, as one "
+                                          "process)"},
     {"initial-loss-scale", "S", F_LS_INIT, "fp16 dynamic loss scaling, Megatron-LM's defaults: "
                                            "the first scale (2^32)"},
     {"min-loss-scale", "S", F_LS_MIN, "the scale's floor (1)"},
@@ -419,6 +424,15 @@ static int set_precision(void *ctx, const char *cmd, int id, const char *v) {
         fprintf(stderr, "llm3d %s: --grad-reduce-dtype '%s': choose fp32 (the default), bf16, or "
                 "fp16 (with --precision fp16)\n", cmd, v);
         return 0;
+    }
+    case F_TP_REDUCE: {
+        static const char *const kinds[] = {"model", "fp32"};
+        int k = 0;
+        if (!l3d_arg_choice(cmd, "tp-reduce-dtype", v, kinds, 2, &k,
+                            "model (the default: the model's type) or fp32"))
+            return 0;
+        p->tp_reduce_fp32 = k == 1;
+        return 1;
     }
     case F_LS: return l3d_arg_double(cmd, "loss-scale", v, 0, 1e30, &ls->fixed);
     case F_LS_INIT: return l3d_arg_double(cmd, "initial-loss-scale", v, 1e-30, 1e30, &ls->init);

@@ -568,6 +568,9 @@ static void print_header(const struct l3d_model_spec *m, const struct l3d_profil
     if (run->precision.reduce != L3D_F32)
         printf("data-parallel gradient sums in %s (2 bytes an element; 16-bit staging)\n",
                l3d_dtype_name(reduce));
+    if (run->precision.tp_reduce_fp32 && run->precision.param != L3D_F32)
+        printf("tensor-parallel partial sums in fp32 (--tp-reduce-dtype fp32: twice the bytes; "
+               "their fp32 buffers in the activations)\n");
     if (run->llm3d && run->precision.param != L3D_F32) {
         struct l3d_profile p16;
         const char *t = l3d_precision_name(&run->precision);

@@ -15,6 +15,7 @@
 #include "llm3d/model.h"
 #include "moe.h"
 #include "qknorm.h"
+#include "tpsum.h"
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
@@ -600,6 +601,24 @@ static l3d_status check_init(const struct l3d_model_spec *cfg, const struct l3d_
     return L3D_OK;
 }
 
+/* The parts with buffers of their own (the MoE layers, QK-norm, the fp32 TP sums), their bytes
+ * added to the activations'. */
+static l3d_status init_parts(struct l3d_gpt *m) {
+    const struct l3d_model_spec *c = &m->cfg;
+    const struct l3d_shard *sh = &m->shard;
+    int B = m->Bmax, T = m->Tmax;
+    l3d_status st = l3d_moe_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_moe_act_bytes(c, sh, B, T, m->act_slots, m->recompute, m->dt);
+    st = l3d_qknorm_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_qknorm_act_bytes(c, sh, B, T, m->act_slots, m->recompute, m->dt);
+    st = l3d_tpsum_init(m);
+    if (st != L3D_OK) return st;
+    m->act_bytes += l3d_tpsum_act_bytes(c, sh, B, T, m->dt);
+    return L3D_OK;
+}
+
 l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cfg,
                            const struct l3d_shard *sh, struct l3d_backend *be, int B, int T,
                            enum l3d_grad_mode grads, int act_slots, enum l3d_recompute recompute,
@@ -685,18 +704,11 @@ l3d_status l3d_gpt_init_dt(struct l3d_gpt **out, const struct l3d_model_spec *cf
     l3d_be_memset(be, m->acts->base, 0, m->act_bytes);
     l3d_be_memset(be, m->loss_sum, 0, sizeof(double));
     point_acts(m, m->acts->base, 0);
-    st = l3d_moe_init(m);
+    st = init_parts(m);
     if (st != L3D_OK) {
         l3d_gpt_free(m);
         return st;
     }
-    m->act_bytes += l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
-    st = l3d_qknorm_init(m);
-    if (st != L3D_OK) {
-        l3d_gpt_free(m);
-        return st;
-    }
-    m->act_bytes += l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
     *out = m;
     return L3D_OK;
 }
@@ -706,6 +718,7 @@ void l3d_gpt_free(struct l3d_gpt *m) {
     struct l3d_backend *be = m->be;
     l3d_moe_free(m);
     l3d_qknorm_free(m);
+    l3d_tpsum_free(m);
     l3d_be_free(be, m->wstash);
     l3d_be_free(be, m->wnorm);
     if (m->acts) {
@@ -1077,6 +1090,16 @@ static void column_parallel_backward(struct l3d_gpt *m, void *dinp, float *dweig
                                      const void *dout, const void *inp, const void *weight,
                                      int64_t N, int64_t C, int64_t OC) {
     int64_t sp = m->shard.sp_size;
+    if (l3d_tpsum_on(m)) { /* the gradient made, summed, rounded in fp32 (src/model/tpsum.c) */
+        void *to = sp > 1 ? m->acts->dln_local : dinp;
+        l3d_tpsum_zero(m, N);
+        l3d_tpsum_dinp(m, 0, N, dout, weight, C, OC, true);
+        bool begun = l3d_tpsum_reduce_begin(m, N); /* behind the weight gradient's product */
+        if (!begun) l3d_tpsum_reduce(m, to, N);
+        matmul_backward(m, NULL, dweight, dbias, dout, inp, weight, N, C, OC);
+        if (begun) l3d_tpsum_reduce_end(m, to, N);
+        return;
+    }
     l3d_be_memset(m->be, dinp, 0, (size_t)(N * C) * m->es);
     if (sp > 1) { /* sequence parallel: the sum is reduce-scattered to this rank's rows */
         matmul_backward(m, dinp, NULL, NULL, dout, inp, weight, N, C, OC);
@@ -1109,6 +1132,12 @@ static void row_parallel_residual(struct l3d_gpt *m, void *res_out, const void *
     int64_t C = m->cfg.C, sp = m->shard.sp_size;
     void *out = m->acts->scratch;
     const enum l3d_dtype dt = m->dt;
+    if (l3d_tpsum_on(m)) { /* the output made, summed, rounded in fp32 (src/model/tpsum.c) */
+        out = sp > 1 ? m->acts->scratch_local : out;
+        l3d_tpsum_row_forward(m, out, inp, w, b, N, Cin);
+        residual_norm(m, res_out, res_in, out, N / sp, nx);
+        return;
+    }
     if (sp > 1) { /* sequence parallel: reduce-scatter instead of all-reduce */
         int64_t Nl = N / sp, r0 = m->shard.sp_rank * Nl;
         l3d_be_matmul_forward(m->be, dt, out, inp, w, NULL, N, Cin, C);
@@ -1461,16 +1490,23 @@ static void head_chunks_backward(struct l3d_gpt *m, float dloss, float *dwte, co
     struct l3d_gpt_acts *a = m->acts;
     int64_t N = (int64_t)m->B * m->T, C = m->cfg.C, sp = s->sp_size, rows = m->xent_rows;
     int64_t Vl = s->vocab_count, Vvalid = local_valid_vocab(m);
-    l3d_be_memset(m->be, a->dln, 0, (size_t)(N * C) * m->es);
+    bool f32 = l3d_tpsum_on(m); /* d(lnf) made, summed and rounded in fp32 (src/model/tpsum.c) */
+    if (f32)
+        l3d_tpsum_zero(m, N);
+    else
+        l3d_be_memset(m->be, a->dln, 0, (size_t)(N * C) * m->es);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         int64_t n = N - r0 < rows ? N - r0 : rows;
         head_logits(m, r0, n);
         l3d_be_xent_backward(m->be, m->dt, m->logits, a->maxv + r0, a->sumexp + r0,
                              m->targets + r0, dloss, s->vocab_start, n, Vl, Vvalid);
-        matmul_backward(m, el(a->dln, r0 * C, m->es), dwte, NULL, m->logits,
+        if (f32) l3d_tpsum_dinp(m, r0, n, m->logits, wte, C, Vl, r0 == 0);
+        matmul_backward(m, f32 ? NULL : el(a->dln, r0 * C, m->es), dwte, NULL, m->logits,
                         el(a->lnf_full, r0 * C, m->es), wte, n, C, Vl);
     }
-    if (sp > 1) /* sequence parallel: the sum reduce-scattered to this rank's rows */
+    if (f32)
+        l3d_tpsum_reduce(m, sp > 1 ? a->dln_local : a->dln, N);
+    else if (sp > 1) /* sequence parallel: the sum reduce-scattered to this rank's rows */
         m->hooks.tp_reduce_scatter(m->hooks.ctx, a->dln, a->dln_local, N / sp * C, m->dt);
     else
         tp_all_reduce(m, a->dln, N * C, m->dt);
@@ -1935,7 +1971,8 @@ size_t l3d_gpt_act_bytes_dt(const struct l3d_model_spec *cfg, const struct l3d_s
         slot -= l3d_shard_moe_layers(cfg, sh) * E * sb * (double)(fm + f);
     return (size_t)(act_slots * slot + shared) +
            l3d_moe_act_bytes(cfg, sh, B, T, act_slots, recompute, dt) +
-           l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt);
+           l3d_qknorm_act_bytes(cfg, sh, B, T, act_slots, recompute, dt) +
+           l3d_tpsum_act_bytes(cfg, sh, B, T, dt);
 }
 
 /* ---- counts ----------------------------------------------------------------------------- */

@@ -203,7 +203,9 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
             mem->grads += f32 * n;
         }
         mem->optimizer += k_opt * f32 * own; /* AdamW m and v (and the master weights) */
-        mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &ch[k].sh, lay->micro_batch, m->maxT,
+        struct l3d_shard sh = ch[k].sh; /* with the trainer's fp32 TP sums (src/model/tpsum.c) */
+        sh.tp_reduce_f32 = run->precision.tp_reduce_fp32 && lay->tp > 1;
+        mem->activations += (double)l3d_gpt_act_bytes_dt(&c, &sh, lay->micro_batch, m->maxT,
                                                          ch[k].slots, lay->recompute,
                                                          run->flash, dt);
         if (l3d_pp_split(lay->schedule) && lay->pp > 1) { /* W's inputs, B to W */

@@ -171,6 +171,7 @@ struct l3d_plan_tctx {
                      * the head's loss, the embedding) */
     double bw_k[L3D_KERN_N]; /* bytes/s of one rank in each measured element-wise kernel */
     double e;       /* bytes per activation element */
+    double tp_e;    /* bytes per element of the TP partial sums: e, or 4 (--tp-reduce-dtype fp32) */
     double ntok;    /* tokens in a micro-batch, b s */
     double cal;     /* the profile's gemm_calibration when the run asks for it, else 1 */
     double share;   /* of a device a rank's thread has: < 1 on an oversubscribed node */

@@ -25,6 +25,8 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
         x->bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay->threads *
                      share;
     x->e = l3d_plan_bytes(run->precision.param);
+    /* --tp-reduce-dtype fp32: the partial sums travel in fp32, twice a 16-bit model's bytes */
+    x->tp_e = run->precision.tp_reduce_fp32 ? l3d_plan_bytes(L3D_F32) : x->e;
     x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
     x->cp = 1;
@@ -252,6 +254,14 @@ static double tp_all_reduce(const struct l3d_plan_tctx *x, double n) {
     return l3d_plan_all_reduce(n, x->lay->tp, x->tp_bw, x->tp_lat);
 }
 
+/* The TP sum of n elements of partial activations or input gradients: an all-reduce, or under
+ * SP an all-gather and a reduce-scatter of the same bus volume, only the sum's half of it in
+ * tp_e (--tp-reduce-dtype fp32; the gather moves the model's type). */
+static double tp_sum(const struct l3d_plan_tctx *x, double n) {
+    double ar = tp_all_reduce(x, n * x->tp_e);
+    return x->lay->sp ? (ar + tp_all_reduce(x, n * x->e)) / 2 : ar;
+}
+
 /* What the last chunk adds to o. */
 static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
     const struct l3d_model_spec *m = x->m;
@@ -272,7 +282,7 @@ static void head_time(const struct l3d_plan_tctx *x, struct l3d_plan_parts *o) {
     o->bwd += hgb;
     if (lay->tp > 1)
         o->tp += (1 - x->prof->tp_overlap) *
-                 (tp_all_reduce(x, N * h * e) + 3 * tp_all_reduce(x, N * l3d_plan_bytes(L3D_F32)));
+                 (tp_sum(x, N * h) + 3 * tp_all_reduce(x, N * l3d_plan_bytes(L3D_F32)));
 }
 
 /* One all-to-all of the EP group: each rank sends (ep - 1) / ep of its n bytes, to the group's
@@ -375,7 +385,7 @@ static void chunk_time(const struct l3d_plan_tctx *x, const struct l3d_plan_chun
     if (Lm > 0) moe_mlp(x, &mx);
     /* two all-reduces forward (with SP an all-gather and a reduce-scatter each, the same bus
      * volume), two backward; the profile's tp_overlap of it hidden behind compute */
-    double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) * tp_all_reduce(x, N * h * e) : 0.0;
+    double ar = lay->tp > 1 ? (1 - x->prof->tp_overlap) * tp_sum(x, N * h) : 0.0;
     double g = Ld * d.g + Lm * mx.g, gb = Ld * d.gb + Lm * mx.gb, el = Ld * d.el + Lm * mx.el;
     o->gemm = g + gb;
     o->attn = Ll * (at + atb);

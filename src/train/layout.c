@@ -80,6 +80,7 @@ struct l3d_shard l3d_train_layout_shard(const struct l3d_train_layout *lay,
     L3D_ASSERT(l3d_layout_stage_shard(&tc->model, lay->layers, lay->stages, vs, tc->layout.tp,
                                       tp_rank, tc->layout.sp, &sh) == L3D_OK);
     sh.xent_rows = tc->layout.xent_chunk;
+    sh.tp_reduce_f32 = tc->precision.tp_reduce_fp32 && tc->layout.tp > 1;
     return sh;
 }
 

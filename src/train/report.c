@@ -105,13 +105,10 @@ static void report_experts(const struct l3d_trainer *t, double N) {
     report_expert_memory(t);
 }
 
-void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
-    const struct l3d_train_config *tc = t->tc;
-    const struct l3d_train_layout *lay = &t->lay;
-    int v = tc->layout.v, tp = tc->layout.tp, pp = tc->layout.pp;
-    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
+/* The data-parallel state's bytes over the rank's chunks. */
+static struct l3d_dp_memory dp_memory_sum(const struct l3d_trainer *t) {
     struct l3d_dp_memory mem = {0};
-    for (int c = 0; c < v; c++) {
+    for (int c = 0; c < t->tc->layout.v; c++) {
         struct l3d_dp_memory mc = l3d_dp_memory(&t->dps[c], &t->opts[c]);
         mem.params += mc.params;
         mem.grads += mc.grads;
@@ -120,6 +117,15 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
         mem.reduce_staging += mc.reduce_staging;
         mem.gather += mc.gather;
     }
+    return mem;
+}
+
+void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
+    const struct l3d_train_config *tc = t->tc;
+    const struct l3d_train_layout *lay = &t->lay;
+    int v = tc->layout.v, tp = tc->layout.tp, pp = tc->layout.pp;
+    if (!t->lead) return; /* also with --quiet: the start-up summary and the final line stay */
+    struct l3d_dp_memory mem = dp_memory_sum(t);
     double N = (double)l3d_gpt_param_count(&tc->model), Nl = (double)t->n_local;
     double d = t->topo->layout->dp, MiB = 1048576.0;
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) T=%d, %.2fM parameters\n", tc->model.L,
@@ -131,9 +137,11 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     if (t->topo->layout->cp > 1)
         snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->layout->cp,
                  2 * t->topo->layout->cp);
-    printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
-           "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->layout->dp, tc->layout.zero,
-           tc->dp_blocking ? "blocking" : "overlapped",
+    /* --tp-reduce-dtype fp32 where it acts: tp > 1 in 16-bit precision (src/model/tpsum.c) */
+    bool tp32 = tp > 1 && tc->precision.tp_reduce_fp32 && tc->precision.param != L3D_F32;
+    printf("layout: %d rank(s) = tp %d%s%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, "
+           "%s, %d thread(s) per rank\n", t->world->size, tp, tp32 ? " (sums in fp32)" : "", cp,
+           pp, t->topo->layout->dp, tc->layout.zero, tc->dp_blocking ? "blocking" : "overlapped",
            tc->dp_blocking ? "" : progress[tc->progress], l3d_dtype_name(tc->precision.reduce),
            t->comm_name, omp_get_max_threads());
     if (pp > 1) {
