@@ -1790,7 +1790,7 @@ static void test_context_parallel(void) {
     CHECK(evaluate(&m2048, &prof, &r1, &one, &d2) == L3D_OK);
     CHECK_NEAR(c.mem.params - d2.mem.params, 2048.0 * m.C * 2, 0); /* fp16, no ZeRO-3 */
     CHECK_NEAR(c.mem.activations, d2.mem.activations, 0);
-    double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16);
+    double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16, false);
     CHECK_NEAR(b.mem.other - c.mem.other, ring, 1);
     CHECK(b.mem.activations < 0.55 * a.mem.activations);
     struct l3d_plan_mem mem;

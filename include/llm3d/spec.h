@@ -96,6 +96,10 @@ struct l3d_precision {
     enum l3d_dtype act;       /* activations and the TP / PP messages (= param in llm3d) */
     enum l3d_dtype grad;      /* gradient accumulation over micro-batches */
     enum l3d_dtype reduce;    /* what the DP gradient reduction moves */
+    /* --cp-reduce-dtype fp32: with 16-bit activations the context-parallel ring's partial
+     * outputs, their merges and the dK|dV sums (and what travels for them) in fp32, rounded to
+     * the model's type once (src/parallel/cp.c); false ("model"): in the model's type */
+    bool cp_fp32;
     struct l3d_loss_scaling ls;
 };
 

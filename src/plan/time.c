@@ -25,6 +25,7 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
         x->bw_k[k] = prof->mem_bw * l3d_profile_kern_eff(prof, (enum l3d_kern)k) * lay->threads *
                      share;
     x->e = l3d_plan_bytes(run->precision.param);
+    x->cp_e = run->precision.cp_fp32 ? 4.0 : x->e; /* the ring in fp32: K|V and dK|dV widened */
     x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
     x->cp = 1;
@@ -213,7 +214,7 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
 static void ring(const struct l3d_plan_tctx *x, double at, double atb, double *fwd, double *bwd) {
     *fwd = *bwd = 0;
     if (x->cp <= 1) return;
-    double msg = x->ntok * 2 * x->m->C / x->lay->tp * x->e / x->cp_bw + x->cp_lat;
+    double msg = x->ntok * 2 * x->m->C / x->lay->tp * x->cp_e / x->cp_bw + x->cp_lat;
     double f = msg - at / x->cp, b = 2 * msg - atb / x->cp;
     *fwd = (x->cp - 1) * (f > 0 ? f : 0);
     *bwd = (x->cp - 1) * (b > 0 ? b : 0) + msg;
