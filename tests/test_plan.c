@@ -1791,6 +1791,7 @@ static void test_context_parallel(void) {
     CHECK_NEAR(c.mem.params - d2.mem.params, 2048.0 * m.C * 2, 0); /* fp16, no ZeRO-3 */
     CHECK_NEAR(c.mem.activations, d2.mem.activations, 0);
     double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16, false);
+    CHECK_NEAR(ring, 11.0 * 2048 * m.C * 2 + 2048.0 * m.NH * 4, 0); /* 5 K|V, 1 out, the lse */
     CHECK_NEAR(b.mem.other - c.mem.other, ring, 1);
     CHECK(b.mem.activations < 0.55 * a.mem.activations);
     struct l3d_plan_mem mem;
@@ -1801,6 +1802,22 @@ static void test_context_parallel(void) {
     double hop = 2048.0 * 2 * m.C * 2 / 200e9 + 5e-6;
     CHECK(a.time.cp_comm == 0);
     CHECK_NEAR(b.time.cp_comm, m.L * hop, m.L * hop * 1e-9);
+    /* --cp-reduce-dtype fp32: the ring's messages in 4 bytes (at least the last hop exposed, at
+     * twice fp16's bytes; on the slow link, where nearly all of it is exposed, twice the time),
+     * its 11 buffers of B T C elements (5 K|V of 2 C a row, the partial output) fp32 and q|k|v
+     * (3 C), their gradients and the output widened beside them: 18 x 4 bytes a row and channel
+     * against 11 x 2, 50 B T C bytes more */
+    struct l3d_plan_run rf = run;
+    rf.precision.cp_fp32 = true;
+    struct l3d_plan_result e, e_slow, b_slow;
+    CHECK(evaluate(&m, &prof, &rf, &cp2, &e) == L3D_OK);
+    double hop4 = 2048.0 * 2 * m.C * 4 / 200e9 + 5e-6;
+    CHECK(e.time.cp_comm >= m.L * hop4 * (1 - 1e-9));
+    CHECK_NEAR(e.mem.other - b.mem.other, 50.0 * 2048 * m.C, 1);
+    CHECK(evaluate(&m, &slow, &rf, &cp2, &e_slow) == L3D_OK);
+    CHECK(evaluate(&m, &slow, &run, &cp2, &b_slow) == L3D_OK);
+    CHECK(e_slow.time.cp_comm > 1.99 * b_slow.time.cp_comm &&
+          e_slow.time.cp_comm < 2.01 * b_slow.time.cp_comm); /* measured 2.001 */
     struct l3d_plan_result d;
     CHECK(evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
     CHECK(d.time.cp_comm > 0 && d.time.step > b.time.step + 0.5 * d.time.cp_comm);
