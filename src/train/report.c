@@ -127,10 +127,11 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     report_experts(t, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
-    char cp[64] = "";
-    if (t->topo->layout->cp > 1)
-        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->layout->cp,
-                 2 * t->topo->layout->cp);
+    char cp[96] = "";
+    if (t->topo->layout->cp > 1) /* the ring's type: --cp-reduce-dtype (src/parallel/cp.c) */
+        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks, the ring in %s)",
+                 t->topo->layout->cp, 2 * t->topo->layout->cp,
+                 l3d_dtype_name(tc->precision.cp_fp32 ? L3D_F32 : tc->precision.param));
     printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
            "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->layout->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",

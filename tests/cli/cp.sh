@@ -73,6 +73,9 @@ if train bf16_ref1 0 2 --precision bf16 --steps 1 > "$dir/bf16_ref1.log" 2>&1 &&
     "$bin" compare "${f32[@]}" "$dir/bf16_cp2_model" "$dir/bf16_ref1" > "$dir/bf16_cp2_model.cmp" 2>&1 &&
         bad "the bf16 ring passed for the fp32 one" ||
         ok "the bf16 ring is told apart ($(grep norms "$dir/bf16_cp2_model.cmp"))"
+    grep -q "cp 2 (each sequence in 4 chunks, the ring in fp32)" "$dir/bf16_cp2_f32.log" &&
+        grep -q "the ring in bf16)" "$dir/bf16_cp2_model.log" &&
+        ok "the start-up line names the ring's type" || bad "no ring type in the start-up lines"
 else
     bad "bf16 runs"; cat "$dir"/bf16_*.log
 fi
