@@ -105,6 +105,14 @@ static void report_experts(const struct l3d_trainer *t, double N) {
     report_expert_memory(t);
 }
 
+/* the layout line's ring: " x cp N (each sequence in 2N chunks, the ring in T)", T the type of
+ * its partial sums (--cp-reduce-dtype, src/parallel/cp.c); nothing for cp 1 */
+static void ring_words(char *buf, size_t cap, int cp, const struct l3d_precision *p) {
+    if (cp > 1)
+        snprintf(buf, cap, " x cp %d (each sequence in %d chunks, the ring in %s)", cp, 2 * cp,
+                 l3d_dtype_name(p->cp_fp32 ? L3D_F32 : p->param));
+}
+
 void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_result *res) {
     const struct l3d_train_config *tc = t->tc;
     const struct l3d_train_layout *lay = &t->lay;
@@ -128,10 +136,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
     char cp[96] = "";
-    if (t->topo->layout->cp > 1) /* the ring's type: --cp-reduce-dtype (src/parallel/cp.c) */
-        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks, the ring in %s)",
-                 t->topo->layout->cp, 2 * t->topo->layout->cp,
-                 l3d_dtype_name(tc->precision.cp_fp32 ? L3D_F32 : tc->precision.param));
+    ring_words(cp, sizeof cp, t->topo->layout->cp, &tc->precision);
     printf("layout: %d rank(s) = tp %d%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, %s, "
            "%d thread(s) per rank\n", t->world->size, tp, cp, pp, t->topo->layout->dp, tc->layout.zero,
            tc->dp_blocking ? "blocking" : "overlapped",
