@@ -227,6 +227,11 @@ static void test_precision_rules(void) {
     passes(&s, &(struct l3d_spec_ctx){.world = 8});
     one(&s, &train8, "accumulates them in fp32");
     CHECK(!l3d_precision_llm3d(&s.precision));
+    /* the ring's fp32 partial sums (--cp-reduce-dtype fp32) are llm3d's option */
+    s.precision.cp_fp32 = true;
+    one(&s, &(struct l3d_spec_ctx){.world = 8}, "--cp-reduce-dtype fp32: for llm3d's trainer");
+    CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK && s.precision.cp_fp32);
+    passes(&s, &train8);
 }
 
 /* several rules broken at once: each said, in one message each */

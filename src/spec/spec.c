@@ -417,6 +417,10 @@ static void check_precision(const struct l3d_precision *p, const struct l3d_spec
         add(e, L3D_ERR_ARG, "--grad-reduce-dtype %s: for llm3d's trainer (--trainer llm3d); "
             "Megatron-LM's %s gradients are reduced in %s already", l3d_dtype_name(p->reduce),
             l3d_dtype_name(p->grad), l3d_dtype_name(p->grad));
+    if (p->cp_fp32 && p->grad != L3D_F32)
+        add(e, L3D_ERR_ARG, "--cp-reduce-dtype fp32: for llm3d's trainer (--trainer llm3d); the "
+            "planner models Megatron-LM's context-parallel ring in %s, as it runs it; drop the "
+            "flag", l3d_dtype_name(p->param));
     check_loss_scaling(p, e);
 }
 

@@ -253,6 +253,8 @@ expect_error "fp16 gradient sums without fp16" "--grad-reduce-dtype fp16: fp16 s
     "$bin" train --model tiny --precision bf16 --grad-reduce-dtype fp16 --train "$dir/data/train_*.bin"
 expect_error "plan: 16-bit sums are llm3d's option" "--grad-reduce-dtype bf16: for llm3d's trainer" \
     "$bin" plan --profile dgx-a100 --trainer megatron --precision bf16 --grad-reduce-dtype bf16
+expect_error "plan: the fp32 ring is llm3d's option" "--cp-reduce-dtype fp32: for llm3d's trainer" \
+    "$bin" plan --profile dgx-a100 --trainer megatron --precision bf16 --cp-reduce-dtype fp32
 expect_error "generate --precision fp8" "--precision 'fp8': choose fp32 (the default), bf16 or fp16" \
     "$bin" generate --checkpoint "$dir/v5.bin" --tokenizer bytes --precision fp8
 
