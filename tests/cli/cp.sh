@@ -90,8 +90,9 @@ else
 fi
 
 cpu_backend || sanitized || { echo "(layout errors: not on the checking backend)"; exit $fail; }
-expect_error "--cp-reduce-dtype bf16" "--cp-reduce-dtype 'bf16': choose model (the default) or fp32" \
-    "$bin" train "${TRAIN_FLAGS[@]}" --cp-reduce-dtype bf16
+train_cmd bad 2 2 --cp 2 --cp-reduce-dtype bf16
+expect_error --once "--cp-reduce-dtype bf16" "--cp-reduce-dtype 'bf16': choose model (the default) or fp32" \
+    "${CMD[@]}"
 train_cmd bad 2 2 --cp 2 --seq-len 30
 expect_error --once "seq-len not a multiple of 2 cp" "--seq-len 30 is not a multiple of 4" \
     "${CMD[@]}"
