@@ -1802,11 +1802,12 @@ static void test_context_parallel(void) {
     double hop = 2048.0 * 2 * m.C * 2 / 200e9 + 5e-6;
     CHECK(a.time.cp_comm == 0);
     CHECK_NEAR(b.time.cp_comm, m.L * hop, m.L * hop * 1e-9);
-    /* --cp-reduce-dtype fp32: the ring's messages in 4 bytes (at least the last hop exposed, at
-     * twice fp16's bytes; on the slow link, where nearly all of it is exposed, twice the time),
-     * its 11 buffers of B T C elements (5 K|V of 2 C a row, the partial output) fp32 and q|k|v
-     * (3 C), their gradients and the output widened beside them: 18 x 4 bytes a row and channel
-     * against 11 x 2, 50 B T C bytes more */
+    /* --cp-reduce-dtype fp32: the dK|dV sums travel in 4 bytes, K|V in the model's 2 (at least
+     * the last hop exposed, a sum at twice fp16's bytes; on the slow link, where nearly all of it
+     * is exposed, a layer's K|V, K|V + sum, sum of 1 + 3 + 1 messages against 1 + 2 + 1: 1.5 times
+     * the time). Memory: of B T C elements, the 2 K|V blocks (2 C a row) in fp16, the 3 sums and
+     * the partial output fp32, and the widened block, q|k|v (3 C), their gradients and the
+     * output: 8 + 28 x 4 bytes a row and channel against 11 x 2, 50 B T C bytes more */
     struct l3d_plan_run rf = run;
     rf.precision.cp_fp32 = true;
     struct l3d_plan_result e, e_slow, b_slow;
@@ -1816,8 +1817,8 @@ static void test_context_parallel(void) {
     CHECK_NEAR(e.mem.other - b.mem.other, 50.0 * 2048 * m.C, 1);
     CHECK(evaluate(&m, &slow, &rf, &cp2, &e_slow) == L3D_OK);
     CHECK(evaluate(&m, &slow, &run, &cp2, &b_slow) == L3D_OK);
-    CHECK(e_slow.time.cp_comm > 1.99 * b_slow.time.cp_comm &&
-          e_slow.time.cp_comm < 2.01 * b_slow.time.cp_comm); /* measured 2.001 */
+    CHECK(e_slow.time.cp_comm > 1.49 * b_slow.time.cp_comm &&
+          e_slow.time.cp_comm < 1.51 * b_slow.time.cp_comm);
     struct l3d_plan_result d;
     CHECK(evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
     CHECK(d.time.cp_comm > 0 && d.time.step > b.time.step + 0.5 * d.time.cp_comm);

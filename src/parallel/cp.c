@@ -17,18 +17,29 @@ static struct l3d_attn_block pair(const struct l3d_cp *cp, int64_t B, int64_t T,
         .kv_bs = T * KW, .o_rs = C, .o_bs = T * C, .lse_hs = T, .lse_bs = NH * T};
 }
 
-/* element i of a ring buffer (or of the tensors the ring reads: widened ones under fp32) */
-static void *off(const struct l3d_cp *cp, const void *p, int64_t i) {
-    return (char *)p + i * (int64_t)l3d_dtype_size(cp->rdt);
+static void *elem(enum l3d_dtype t, const void *p, int64_t i) {
+    return (char *)p + i * (int64_t)l3d_dtype_size(t);
 }
+/* element i of a tensor the block kernels read or write (the ring's type: widened under fp32) */
+static void *off(const struct l3d_cp *cp, const void *p, int64_t i) { return elem(cp->rdt, p, i); }
 
-/* this rank's K|V rows, packed: the block that starts round the ring */
+/* this rank's K|V rows of qkv (the model's type), packed: the block that starts round the ring,
+ * which travels in the model's type (its values are; the ring's type only for sums) */
 static void pack(struct l3d_cp *cp, void *kv, const void *qkv, int64_t rows, int64_t NH,
                  int64_t NKV, int64_t HS) {
     int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS;
-    size_t bytes = (size_t)KW * l3d_dtype_size(cp->rdt);
+    size_t bytes = (size_t)KW * l3d_dtype_size(cp->dt);
     for (int64_t i = 0; i < rows; i++)
-        l3d_be_copy_d2d(cp->be, off(cp, kv, i * KW), off(cp, qkv, i * W + NH * HS), bytes);
+        l3d_be_copy_d2d(cp->be, elem(cp->dt, kv, i * KW), elem(cp->dt, qkv, i * W + NH * HS),
+                        bytes);
+}
+
+/* the K|V block cur (cnt elements of the model's type) as the block kernels read it: widened
+ * into kvw under fp32, cur itself otherwise */
+static const void *keys(struct l3d_cp *cp, const void *cur, int64_t cnt) {
+    if (cp->rdt == cp->dt) return cur;
+    l3d_be_convert(cp->be, cp->rdt, cp->kvw, cp->dt, cur, cnt);
+    return cp->kvw;
 }
 
 /* L3D_CP_SERIAL=1 (benchmarks): every transfer waited for as soon as it is posted, before the
@@ -54,31 +65,33 @@ static void poll(struct l3d_cp *cp, l3d_req *rq, int n) {
 }
 
 /* the next block's K|V (or dK|dV sum) on its way: sent to ring rank + 1, received from - 1 */
-static void pass(struct l3d_cp *cp, const void *send, void *recv, int64_t n, int tag,
-                 l3d_req rq[2]) {
+static void pass(struct l3d_cp *cp, enum l3d_dtype t, const void *send, void *recv, int64_t n,
+                 int tag, l3d_req rq[2]) {
     int size = cp->comm->size, r = cp->comm->rank;
     l3d_be_sync(cp->be); /* the sent buffer is complete before MPI reads it */
-    l3d_comm_send(cp->comm, send, n, cp->rdt, (r + 1) % size, tag, &rq[0]);
-    l3d_comm_recv(cp->comm, recv, n, cp->rdt, (r + size - 1) % size, tag, &rq[1]);
-    cp->bytes += n * (int64_t)l3d_dtype_size(cp->rdt);
+    l3d_comm_send(cp->comm, send, n, t, (r + 1) % size, tag, &rq[0]);
+    l3d_comm_recv(cp->comm, recv, n, t, (r + size - 1) % size, tag, &rq[1]);
+    cp->bytes += n * (int64_t)l3d_dtype_size(t);
     if (serial()) wait2(cp, rq);
 }
 
-/* The ring's forward in its type cp->rdt: out, qkv of that type */
-static void forward_in(struct l3d_cp *cp, void *out, float *lse, const void *qkv, int64_t B,
-                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+/* The ring's forward in its type cp->rdt: out, qkv of that type; the K|V blocks from qkv16, the
+ * same tensor in the model's type */
+static void forward_in(struct l3d_cp *cp, void *out, float *lse, const void *qkv,
+                       const void *qkv16, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                       int64_t HS) {
     enum l3d_dtype dt = cp->rdt;
     int n = cp->comm->size, r = cp->comm->rank;
     int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, C = NH * HS, c = T / 2, cnt = B * T * KW;
     L3D_ASSERT(T % 2 == 0 && cnt <= cp->cap);
-    pack(cp, cp->kv[0], qkv, B * T, NH, NKV, HS);
+    pack(cp, cp->kv[0], qkv16, B * T, NH, NKV, HS);
     bool have[2] = {false, false}; /* a query chunk's first block writes out and lse */
     for (int s = 0; s < n; s++) {
         int src = (r - s + n) % n;
-        void *cur = cp->kv[s % 2];
         l3d_req rq[2];
         memset(rq, 0, sizeof rq);
-        if (s < n - 1) pass(cp, cur, cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
+        if (s < n - 1) pass(cp, cp->dt, cp->kv[s % 2], cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
+        const void *cur = keys(cp, cp->kv[s % 2], cnt);
         for (int qc = 0; qc < 2; qc++)
             for (int kc = 0; kc < 2; kc++) {
                 struct l3d_attn_block g = pair(cp, B, T, NH, NKV, HS, qc, src, kc);
@@ -112,12 +125,12 @@ static void ring_forward(void *ctx, enum l3d_dtype dt, void *out, float *lse, co
     struct l3d_cp *cp = ctx;
     L3D_ASSERT(dt == cp->dt);
     if (cp->rdt == dt) {
-        forward_in(cp, out, lse, qkv, B, T, NH, NKV, HS);
+        forward_in(cp, out, lse, qkv, qkv, B, T, NH, NKV, HS);
         return;
     }
     int64_t W = (NH + 2 * NKV) * HS, C = NH * HS;
     l3d_be_convert(cp->be, cp->rdt, cp->wqkv, dt, qkv, B * T * W);
-    forward_in(cp, cp->wout, lse, cp->wqkv, B, T, NH, NKV, HS);
+    forward_in(cp, cp->wout, lse, cp->wqkv, qkv, B, T, NH, NKV, HS);
     l3d_be_convert(cp->be, dt, out, cp->rdt, cp->wout, B * T * C);
 }
 
@@ -141,28 +154,28 @@ static void backward_block(struct l3d_cp *cp, void *dqkv, void *dkv, const void 
         }
 }
 
-/* The ring's backward in its type cp->rdt (all tensors of that type): dkv[part] holds this
- * step's block gradients; the running sum of the block arrives in dkv[in] while they compute,
- * then takes them and travels on (cp.h). */
+/* The ring's backward in its type cp->rdt (all tensors of that type; the K|V blocks from qkv16,
+ * as forward_in): dkv[part] holds this step's block gradients; the running sum of the block
+ * arrives in dkv[in] while they compute, then takes them and travels on (cp.h). */
 static void backward_in(struct l3d_cp *cp, void *dqkv, const void *dout, const void *qkv,
-                        const void *out, const float *lse, int64_t B, int64_t T, int64_t NH,
-                        int64_t NKV, int64_t HS) {
+                        const void *qkv16, const void *out, const float *lse, int64_t B,
+                        int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     enum l3d_dtype dt = cp->rdt;
     int n = cp->comm->size, r = cp->comm->rank;
     int64_t W = (NH + 2 * NKV) * HS, KW = 2 * NKV * HS, cnt = B * T * KW;
     size_t bytes = (size_t)cnt * l3d_dtype_size(dt);
     L3D_ASSERT(T % 2 == 0 && cnt <= cp->cap);
-    pack(cp, cp->kv[0], qkv, B * T, NH, NKV, HS);
+    pack(cp, cp->kv[0], qkv16, B * T, NH, NKV, HS);
     int part = 0, acc = -1, in = -1;
     for (int s = 0; s < n; s++) {
-        void *cur = cp->kv[s % 2];
         l3d_req rq[4], *rd = rq + 2; /* K|V, then the dK|dV sum */
         memset(rq, 0, sizeof rq);
-        if (s < n - 1) pass(cp, cur, cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
+        if (s < n - 1) pass(cp, cp->dt, cp->kv[s % 2], cp->kv[(s + 1) % 2], cnt, L3D_TAG_CP_KV, rq);
         if (s > 0) {
             in = 3 - part - acc; /* the buffer neither computed into nor in flight */
-            pass(cp, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
+            pass(cp, dt, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
         }
+        const void *cur = keys(cp, cp->kv[s % 2], cnt);
         l3d_be_memset(cp->be, cp->dkv[part], 0, bytes);
         backward_block(cp, dqkv, cp->dkv[part], dout, qkv, cur, out, lse, (r - s + n) % n, B, T,
                        NH, NKV, HS, rq);
@@ -180,7 +193,7 @@ static void backward_in(struct l3d_cp *cp, void *dqkv, const void *dout, const v
     in = 3 - part - acc;
     l3d_req rd[2];
     memset(rd, 0, sizeof rd);
-    pass(cp, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
+    pass(cp, dt, cp->dkv[acc], cp->dkv[in], cnt, L3D_TAG_CP_DKV, rd);
     wait2(cp, rd);
     for (int64_t i = 0; i < B * T; i++)
         l3d_be_add_inplace(cp->be, dt, off(cp, dqkv, i * W + NH * HS), off(cp, cp->dkv[in], i * KW),
@@ -196,7 +209,7 @@ static void ring_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *
     struct l3d_cp *cp = ctx;
     L3D_ASSERT(dt == cp->dt);
     if (cp->rdt == dt) {
-        backward_in(cp, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
+        backward_in(cp, dqkv, dout, qkv, qkv, out, lse, B, T, NH, NKV, HS);
         return;
     }
     int64_t W = (NH + 2 * NKV) * HS, C = NH * HS;
@@ -204,7 +217,7 @@ static void ring_backward(void *ctx, enum l3d_dtype dt, void *dqkv, const void *
     l3d_be_convert(cp->be, cp->rdt, cp->wdqkv, dt, dqkv, B * T * W);
     l3d_be_convert(cp->be, cp->rdt, cp->part, dt, dout, B * T * C);
     l3d_be_convert(cp->be, cp->rdt, cp->wout, dt, out, B * T * C);
-    backward_in(cp, cp->wdqkv, cp->part, cp->wqkv, cp->wout, lse, B, T, NH, NKV, HS);
+    backward_in(cp, cp->wdqkv, cp->part, cp->wqkv, qkv, cp->wout, lse, B, T, NH, NKV, HS);
     l3d_be_convert(cp->be, dt, dqkv, cp->rdt, cp->wdqkv, B * T * W);
 }
 
@@ -218,8 +231,10 @@ size_t l3d_cp_bytes(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, e
     enum l3d_dtype rdt = ring_type(dt, fp32);
     int64_t KV = B * T * 2 * NKV * HS, O = B * T * NH * HS, W = KV + O;
     size_t e = l3d_dtype_size(rdt);
-    size_t wide = rdt != dt ? (size_t)(2 * W + O) * e : 0; /* qkv, dqkv, out widened */
-    return (size_t)(5 * KV + O) * e + (size_t)(B * NH * T) * 4 + wide;
+    /* the K|V block widened, qkv, dqkv and out widened */
+    size_t wide = rdt != dt ? (size_t)(KV + 2 * W + O) * e : 0;
+    return (size_t)(2 * KV) * l3d_dtype_size(dt) + (size_t)(3 * KV + O) * e +
+           (size_t)(B * NH * T) * 4 + wide;
 }
 
 /* the ring's buffers (l3d_cp_bytes), false when one does not fit */
@@ -227,12 +242,14 @@ static bool alloc_ring(struct l3d_cp *cp, int64_t B, int64_t T, int64_t NH, int6
     struct l3d_backend *be = cp->be;
     size_t e = l3d_dtype_size(cp->rdt), kvb = (size_t)cp->cap * e;
     size_t ob = (size_t)(B * T * NH * HS) * e, wb = kvb + ob;
+    size_t kv16 = (size_t)cp->cap * l3d_dtype_size(cp->dt); /* K|V travel in the model's type */
     bool ok = true;
-    for (int i = 0; i < 2; i++) ok = ok && (cp->kv[i] = l3d_be_alloc(be, kvb, "CP ring K|V"));
+    for (int i = 0; i < 2; i++) ok = ok && (cp->kv[i] = l3d_be_alloc(be, kv16, "CP ring K|V"));
     for (int i = 0; i < 3; i++) ok = ok && (cp->dkv[i] = l3d_be_alloc(be, kvb, "CP ring dK|dV"));
     ok = ok && (cp->part = l3d_be_alloc(be, ob, "CP partial out"));
     ok = ok && (cp->part_lse = l3d_be_alloc(be, (size_t)(B * NH * T) * 4, "CP partial lse"));
     if (cp->rdt == cp->dt) return ok;
+    ok = ok && (cp->kvw = l3d_be_alloc(be, kvb, "CP fp32 K|V"));
     ok = ok && (cp->wqkv = l3d_be_alloc(be, wb, "CP fp32 qkv"));
     ok = ok && (cp->wdqkv = l3d_be_alloc(be, wb, "CP fp32 dqkv"));
     return ok && (cp->wout = l3d_be_alloc(be, ob, "CP fp32 out"));
@@ -273,6 +290,7 @@ void l3d_cp_detach(struct l3d_cp *cp) {
     for (int i = 0; i < 3; i++) l3d_be_free(cp->be, cp->dkv[i]);
     l3d_be_free(cp->be, cp->part);
     l3d_be_free(cp->be, cp->part_lse);
+    l3d_be_free(cp->be, cp->kvw);
     l3d_be_free(cp->be, cp->wqkv);
     l3d_be_free(cp->be, cp->wdqkv);
     l3d_be_free(cp->be, cp->wout);
