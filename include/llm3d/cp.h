@@ -32,7 +32,7 @@ struct l3d_cp {
     struct l3d_comm *comm;    /* the ring */
     struct l3d_backend *be;
     enum l3d_dtype dt;        /* the model's activations */
-    enum l3d_dtype rdt;       /* the ring's: fp32 with --cp-reduce-dtype fp32 under 16 bits, else dt */
+    enum l3d_dtype rdt;       /* the ring's sums: fp32 (--cp-reduce-dtype fp32, 16 bits), else dt */
     int64_t cap;              /* elements of each K|V buffer */
     void *kv[2];              /* this step's K|V block and the next one's (B, T, 2 NKV HS), dt */
     void *kvw;                /* rdt != dt: this step's block widened, as the kernels read it */
@@ -51,8 +51,9 @@ struct l3d_cp {
  * l3d_cp_bytes). fp32 (--cp-reduce-dtype fp32) with 16-bit activations: the ring runs in fp32 on
  * widened q, k, v (the K|V blocks travel in the model's type, widened on arrival), its partial
  * outputs, merges and dK|dV sums (which travel) fp32, each result rounded to the model's type
- * once (a no-op for fp32 models). Nothing when cp_comm has one rank. L3D_ERR_OOM when the buffers do not fit;
- * L3D_ERR_ARG under L3D_ATTENTION=naive (the ring runs the tiled kernel's blocks). */
+ * once (a no-op for fp32 models). Nothing when cp_comm has one rank. L3D_ERR_OOM when the
+ * buffers do not fit; L3D_ERR_ARG under L3D_ATTENTION=naive (the ring runs the tiled kernel's
+ * blocks). */
 l3d_status l3d_cp_attach(struct l3d_cp *cp, struct l3d_gpt *m, struct l3d_comm *cp_comm,
                           bool fp32);
 void l3d_cp_detach(struct l3d_cp *cp);
