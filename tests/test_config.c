@@ -50,6 +50,7 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"xent-chunk", "64", ""}, {"threads", "1", ""}, {"bucket-mb", "8", ""},
     {"precision", "bf16", ""},
     {"grad-reduce-dtype", "bf16", ""}, {"tp-reduce-dtype", "fp32", "--precision bf16 --tp 2"},
+    {"cp-reduce-dtype", "fp32", ""},
     {"initial-loss-scale", "1024", "--precision fp16"},
     {"min-loss-scale", "2", "--precision fp16"}, {"loss-scale-window", "100", "--precision fp16"},
     {"hysteresis", "3", "--precision fp16"}, {"loss-scale-backoff", "0.25", "--precision fp16"},

@@ -1837,7 +1837,8 @@ static void test_context_parallel(void) {
     CHECK(evaluate(&m2048, &prof, &r1, &one, &d2) == L3D_OK);
     CHECK_NEAR(c.mem.params - d2.mem.params, 2048.0 * m.C * 2, 0); /* fp16, no ZeRO-3 */
     CHECK_NEAR(c.mem.activations, d2.mem.activations, 0);
-    double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16);
+    double ring = (double)l3d_cp_bytes(1, 2048, m.NH, m.NH, m.C / m.NH, L3D_F16, false);
+    CHECK_NEAR(ring, 11.0 * 2048 * m.C * 2 + 2048.0 * m.NH * 4, 0); /* 5 K|V, 1 out, the lse */
     CHECK_NEAR(b.mem.other - c.mem.other, ring, 1);
     CHECK(b.mem.activations < 0.55 * a.mem.activations);
     struct l3d_plan_mem mem;
@@ -1848,6 +1849,23 @@ static void test_context_parallel(void) {
     double hop = 2048.0 * 2 * m.C * 2 / 200e9 + 5e-6;
     CHECK(a.time.cp_comm == 0);
     CHECK_NEAR(b.time.cp_comm, m.L * hop, m.L * hop * 1e-9);
+    /* --cp-reduce-dtype fp32: the dK|dV sums travel in 4 bytes, K|V in the model's 2 (at least
+     * the last hop exposed, a sum at twice fp16's bytes; on the slow link, where nearly all of it
+     * is exposed, a layer's K|V, K|V + sum, sum of 1 + 3 + 1 messages against 1 + 2 + 1: 1.5 times
+     * the time). Memory: of B T C elements, the 2 K|V blocks (2 C a row) in fp16, the 3 sums and
+     * the partial output fp32, and the widened block, q|k|v (3 C), their gradients and the
+     * output: 8 + 28 x 4 bytes a row and channel against 11 x 2, 50 B T C bytes more */
+    struct l3d_plan_run rf = run;
+    rf.precision.cp_fp32 = true;
+    struct l3d_plan_result e, e_slow, b_slow;
+    CHECK(evaluate(&m, &prof, &rf, &cp2, &e) == L3D_OK);
+    double hop4 = 2048.0 * 2 * m.C * 4 / 200e9 + 5e-6;
+    CHECK(e.time.cp_comm >= m.L * hop4 * (1 - 1e-9));
+    CHECK_NEAR(e.mem.other - b.mem.other, 50.0 * 2048 * m.C, 1);
+    CHECK(evaluate(&m, &slow, &rf, &cp2, &e_slow) == L3D_OK);
+    CHECK(evaluate(&m, &slow, &run, &cp2, &b_slow) == L3D_OK);
+    CHECK(e_slow.time.cp_comm > 1.49 * b_slow.time.cp_comm &&
+          e_slow.time.cp_comm < 1.51 * b_slow.time.cp_comm);
     struct l3d_plan_result d;
     CHECK(evaluate(&m, &slow, &run, &cp2, &d) == L3D_OK);
     CHECK(d.time.cp_comm > 0 && d.time.step > b.time.step + 0.5 * d.time.cp_comm);

@@ -230,7 +230,13 @@ static void test_precision_rules(void) {
     /* fp32 TP sums: llm3d's trainer's (passes with its fp32 gradients), not Megatron-LM's */
     s.precision.tp_reduce_fp32 = true;
     one(&s, &(struct l3d_spec_ctx){.world = 8}, "--tp-reduce-dtype fp32: for llm3d's trainer");
-    s.precision.grad = L3D_F32;
+    s.precision.tp_reduce_fp32 = false;
+    /* the ring's fp32 partial sums (--cp-reduce-dtype fp32) are llm3d's option too */
+    s.precision.cp_fp32 = true;
+    one(&s, &(struct l3d_spec_ctx){.world = 8}, "--cp-reduce-dtype fp32: for llm3d's trainer");
+    s.precision.tp_reduce_fp32 = true;
+    CHECK(l3d_precision_parse("bf16", &s.precision) == L3D_OK && s.precision.cp_fp32 &&
+          s.precision.tp_reduce_fp32 && s.precision.grad == L3D_F32);
     passes(&s, &train8);
 }
 

@@ -31,25 +31,39 @@
 struct l3d_cp {
     struct l3d_comm *comm;    /* the ring */
     struct l3d_backend *be;
-    enum l3d_dtype dt;
+    enum l3d_dtype dt;        /* the model's activations */
+    enum l3d_dtype rdt;       /* the ring's sums: fp32 (--cp-reduce-dtype fp32, 16 bits), else dt */
     int64_t cap;              /* elements of each K|V buffer */
-    void *kv[2];              /* this step's K|V block and the next one's (B, T, 2 NKV HS) */
-    void *dkv[3];             /* backward: the running dK|dV sums, in flight and computed */
-    void *part;               /* forward: one block's partial output (B, T, NH HS) */
+    void *kv[2];              /* this step's K|V block and the next one's (B, T, 2 NKV HS), dt */
+    void *kvw;                /* rdt != dt: this step's block widened, as the kernels read it */
+    void *dkv[3];             /* backward: the running dK|dV sums, in flight and computed (rdt) */
+    void *part;               /* forward: one block's partial output (B, T, NH HS); backward with
+                               * rdt != dt: dout widened */
     float *part_lse;          /* ... and its log-sum-exp (B, NH, T) */
+    void *wqkv, *wdqkv;       /* rdt != dt: qkv and dqkv widened to rdt (B, T, NH + 2 NKV, HS) */
+    void *wout;               /* ... and the output (forward's, accumulated; backward's, read) */
     double comm_s;            /* time waiting for the ring's transfers (exposed), to read */
     int64_t bytes;            /* bytes sent round the ring */
 };
 
 /* Installs m's context-parallel hooks (cp_size, cp_rank, the attention hooks) over cp_comm and
  * allocates the ring's buffers for m's largest micro-batch (device memory of m's backend,
- * l3d_cp_bytes). Nothing when cp_comm has one rank. L3D_ERR_OOM when the buffers do not fit;
- * L3D_ERR_ARG under L3D_ATTENTION=naive (the ring runs the tiled kernel's blocks). */
-l3d_status l3d_cp_attach(struct l3d_cp *cp, struct l3d_gpt *m, struct l3d_comm *cp_comm);
+ * l3d_cp_bytes). fp32 (--cp-reduce-dtype fp32) with 16-bit activations: the ring runs in fp32 on
+ * widened q, k, v (the K|V blocks travel in the model's type, widened on arrival), its partial
+ * outputs, merges and dK|dV sums (which travel) fp32, each result rounded to the model's type
+ * once (a no-op for fp32 models). Nothing when cp_comm has one rank. L3D_ERR_OOM when the
+ * buffers do not fit; L3D_ERR_ARG under L3D_ATTENTION=naive (the ring runs the tiled kernel's
+ * blocks). */
+l3d_status l3d_cp_attach(struct l3d_cp *cp, struct l3d_gpt *m, struct l3d_comm *cp_comm,
+                          bool fp32);
 void l3d_cp_detach(struct l3d_cp *cp);
 /* Bytes of the ring's buffers for a micro-batch of B sequences of T rows (this rank's: the
- * sequence length / cp) with NH query and NKV key/value heads of HS in type dt: 5 K|V-sized and
- * one output-sized buffer and a log-sum-exp (the memory check and the planner count them). */
-size_t l3d_cp_bytes(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, enum l3d_dtype dt);
+ * sequence length / cp) with NH query and NKV key/value heads of HS, activations of type dt:
+ * 2 K|V-sized buffers in dt (the blocks travel in the model's type), 3 K|V-sized (the dK|dV sums)
+ * and one output-sized buffer in the ring's type (fp32 with fp32 and 16-bit dt, else dt) and a
+ * log-sum-exp; with fp32 under 16 bits also the block, qkv, dqkv and the output widened (the
+ * memory check and the planner count them). */
+size_t l3d_cp_bytes(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, enum l3d_dtype dt,
+                    bool fp32);
 
 #endif

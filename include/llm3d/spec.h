@@ -99,6 +99,10 @@ struct l3d_precision {
     /* --tp-reduce-dtype fp32: with a 16-bit param, the TP partial sums made, summed and rounded
      * in fp32 (src/model/tpsum.c); false (model): in param, as Megatron-LM */
     bool tp_reduce_fp32;
+    /* --cp-reduce-dtype fp32: with 16-bit activations the context-parallel ring's partial
+     * outputs, their merges and the dK|dV sums (and what travels for them) in fp32, rounded to
+     * the model's type once (src/parallel/cp.c); false ("model"): in the model's type */
+    bool cp_fp32;
     struct l3d_loss_scaling ls;
 };
 

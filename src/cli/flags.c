@@ -175,7 +175,8 @@ enum {
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_XENT, F_THREADS, F_BUCKET,
-    F_PREC, F_REDUCE, F_TP_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST, F_LS_BACKOFF,
+    F_PREC, F_REDUCE, F_TP_REDUCE, F_CP_REDUCE, F_LS, F_LS_INIT, F_LS_MIN, F_LS_WINDOW, F_LS_HYST,
+    F_LS_BACKOFF,
     F_OLD_HIDDEN, F_OLD_MICRO_BATCH,
 };
 
@@ -279,6 +280,10 @@ static const struct l3d_flag precision_flags[] = {
                                           "are made, summed and rounded in with --precision "
                                           "bf16|fp16 (twice the TP bytes; one rounding, as one "
                                           "process)"},
+    {"cp-reduce-dtype", "T", F_CP_REDUCE, "model (default) or fp32: the type of the context-"
+                                          "parallel ring's partial attention outputs, their "
+                                          "merges and dK|dV sums with --precision bf16|fp16 "
+                                          "(fp32: rounded once, as one process's attention)"},
     {"initial-loss-scale", "S", F_LS_INIT, "fp16 dynamic loss scaling, Megatron-LM's defaults: "
                                            "the first scale (2^32)"},
     {"min-loss-scale", "S", F_LS_MIN, "the scale's floor (1)"},
@@ -432,6 +437,14 @@ static int set_precision(void *ctx, const char *cmd, int id, const char *v) {
                             "model (the default: the model's type) or fp32"))
             return 0;
         p->tp_reduce_fp32 = k == 1;
+        return 1;
+    }
+    case F_CP_REDUCE: {
+        int m = 0;
+        static const char *const modes[] = {"model", "fp32"};
+        if (!l3d_arg_choice(cmd, "cp-reduce-dtype", v, modes, 2, &m, "model (the default) or fp32"))
+            return 0;
+        p->cp_fp32 = m == 1;
         return 1;
     }
     case F_LS: return l3d_arg_double(cmd, "loss-scale", v, 0, 1e30, &ls->fixed);

@@ -338,7 +338,7 @@ void l3d_plan_cp_ring_memory(const struct l3d_model_spec *mc, const struct l3d_p
     for (int k = 0; k < lay->v && cp > 1; k++) { /* each chunk's ring (l3d_cp_attach) */
         int64_t heads = ch[k].sh.head_count, HS = l3d_model_head_dim(mc);
         double ring = (double)l3d_cp_bytes(lay->micro_batch, mc->maxT, heads, heads, HS,
-                                           run->precision.param);
+                                           run->precision.param, run->precision.cp_fp32);
         mem->other += ring;
         mem->total += ring;
     }

@@ -178,6 +178,7 @@ struct l3d_plan_tctx {
     double tp_bw, tp_lat; /* the link of a TP group */
     int cp;         /* context parallelism: m's maxT is a rank's T / cp rows (l3d_plan_cp_local) */
     double cp_bw, cp_lat; /* the link between ring neighbours (tp ranks apart) */
+    double cp_e;    /* bytes per element of the ring's dK|dV sums (4 with --cp-reduce-dtype fp32) */
     bool fp32;      /* llm3d's trainer (l3d_plan_trainer) */
     bool flash;     /* fused attention */
     bool dropout;   /* attention dropout (Megatron-LM's core attention; not llm3d's trainer) */

@@ -27,6 +27,7 @@ void l3d_plan_tctx_init(struct l3d_plan_tctx *x, const struct l3d_model_spec *m,
     x->e = l3d_plan_bytes(run->precision.param);
     /* --tp-reduce-dtype fp32: the partial sums travel in fp32, twice a 16-bit model's bytes */
     x->tp_e = run->precision.tp_reduce_fp32 ? l3d_plan_bytes(L3D_F32) : x->e;
+    x->cp_e = run->precision.cp_fp32 ? 4.0 : x->e; /* the ring's dK|dV sums in fp32 */
     x->ntok = (double)lay->micro_batch * m->maxT;
     if (lay->tp > 1) l3d_plan_link(prof, 0, lay->tp - 1, lay->tp, &x->tp_bw, &x->tp_lat);
     x->cp = 1;
@@ -208,17 +209,19 @@ static void attention(const struct l3d_plan_tctx *x, double *f, double *bw) {
 }
 
 /* The ring's transfers of one layer not hidden behind its attention (context parallelism,
- * src/parallel/cp.c): forward, cp - 1 steps each passing the rank's K|V (b s 2h/t elements) while
- * a block computes (at / cp of the attention); backward, cp - 1 steps passing K|V and a dK|dV sum
- * at once (two messages on the link) behind atb / cp, then the last dK|dV hop, not hidden. The
- * part of a step's transfer longer than its block is exposed. *fwd, *bwd: seconds. */
+ * src/parallel/cp.c): forward, cp - 1 steps each passing the rank's K|V (b s 2h/t elements of the
+ * model's type) while a block computes (at / cp of the attention); backward, cp - 1 steps passing
+ * K|V and a dK|dV sum at once (two messages on the link; the sum in the ring's type, cp_e bytes
+ * an element) behind atb / cp, then the last dK|dV hop, not hidden. The part of a step's transfer
+ * longer than its block is exposed. *fwd, *bwd: seconds. */
 static void ring(const struct l3d_plan_tctx *x, double at, double atb, double *fwd, double *bwd) {
     *fwd = *bwd = 0;
     if (x->cp <= 1) return;
-    double msg = x->ntok * 2 * x->m->C / x->lay->tp * x->e / x->cp_bw + x->cp_lat;
-    double f = msg - at / x->cp, b = 2 * msg - atb / x->cp;
+    double n = x->ntok * 2 * x->m->C / x->lay->tp / x->cp_bw;
+    double kv = n * x->e + x->cp_lat, sum = n * x->cp_e + x->cp_lat;
+    double f = kv - at / x->cp, b = kv + sum - atb / x->cp;
     *fwd = (x->cp - 1) * (f > 0 ? f : 0);
-    *bwd = (x->cp - 1) * (b > 0 ? b : 0) + msg;
+    *bwd = (x->cp - 1) * (b > 0 ? b : 0) + sum;
 }
 
 /* Ring all-reduce of n bytes over g ranks with bus bandwidth bw and per-message latency lat:

@@ -421,6 +421,10 @@ static void check_precision(const struct l3d_precision *p, const struct l3d_spec
         add(e, L3D_ERR_ARG, "--tp-reduce-dtype fp32: for llm3d's trainer (--trainer llm3d); "
             "Megatron-LM sums its tensor-parallel partials in its %s activations; drop the flag",
             l3d_dtype_name(p->act));
+    if (p->cp_fp32 && p->grad != L3D_F32)
+        add(e, L3D_ERR_ARG, "--cp-reduce-dtype fp32: for llm3d's trainer (--trainer llm3d); the "
+            "planner models Megatron-LM's context-parallel ring in %s, as it runs it; drop the "
+            "flag", l3d_dtype_name(p->param));
     check_loss_scaling(p, e);
 }
 

@@ -105,6 +105,14 @@ static void report_experts(const struct l3d_trainer *t, double N) {
     report_expert_memory(t);
 }
 
+/* the layout line's ring: " x cp N (each sequence in 2N chunks, the ring in T)", T the type of
+ * its partial sums (--cp-reduce-dtype, src/parallel/cp.c); nothing for cp 1 */
+static void ring_words(char *buf, size_t cap, int cp, const struct l3d_precision *p) {
+    if (cp > 1)
+        snprintf(buf, cap, " x cp %d (each sequence in %d chunks, the ring in %s)", cp, 2 * cp,
+                 l3d_dtype_name(p->cp_fp32 ? L3D_F32 : p->param));
+}
+
 /* The data-parallel state's bytes over the rank's chunks. */
 static struct l3d_dp_memory dp_memory_sum(const struct l3d_trainer *t) {
     struct l3d_dp_memory mem = {0};
@@ -133,10 +141,8 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
     report_experts(t, N);
     static const char *const progress[] = {"", " (polled between kernels)",
                                            " (progress thread)"};
-    char cp[64] = "";
-    if (t->topo->layout->cp > 1)
-        snprintf(cp, sizeof cp, " x cp %d (each sequence in %d chunks)", t->topo->layout->cp,
-                 2 * t->topo->layout->cp);
+    char cp[96] = "";
+    ring_words(cp, sizeof cp, t->topo->layout->cp, &tc->precision);
     /* --tp-reduce-dtype fp32 where it acts: tp > 1 in 16-bit precision (src/model/tpsum.c) */
     bool tp32 = tp > 1 && tc->precision.tp_reduce_fp32 && tc->precision.param != L3D_F32;
     printf("layout: %d rank(s) = tp %d%s%s x pp %d x dp %d, ZeRO-%d, %s gradient pieces%s in %s, "

@@ -227,7 +227,8 @@ static l3d_status build_chunks(struct l3d_trainer *t) {
         if (!through_views(tc)) st = init_one(t, c, t->chunks[c]);
         if (st != L3D_OK) break;
         l3d_tp_attach(&t->tpc, t->chunks[c], topo->tp_comm, !tc->dp_blocking);
-        if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm)))
+        if (topo->layout->cp > 1 && (st = l3d_cp_attach(&t->cps[c], t->chunks[c], topo->cp_comm,
+                                                             tc->precision.cp_fp32)))
             break;
         l3d_ep_attach(&t->epc, t->chunks[c], topo->ep_comm, topo->cp_comm);
         /* the gradients are summed over the replicas and the ring (the weights are the same on

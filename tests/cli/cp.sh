@@ -59,6 +59,26 @@ fi
 # (rtol 1: AdamW turns the different roundings of near-zero gradients into steps of size lr)
 L3D_REF_FLAGS="--precision bf16" L3D_COMPARE="--loss-rtol 7.8e-3 --norm-rtol 7.8e-3 --weights-rtol 1" \
     same_layout cp2_bf16 2 2 2 1 --cp 2
+# --cp-reduce-dtype fp32 (bf16): the ring's partial outputs, merges and dK|dV sums in fp32 on the
+# widened q|k|v, rounded once as one process's attention: one step's loss and gradient norm as
+# one process's (measured: both identical, the weights after the step 9.6e-4 of qkvb's size, AdamW's
+# first step of near-zero gradients summed over the ring in another order); the ring in bf16 is
+# the negative case (gradient norm 2.2e-4 off, the weights 0.19 of fcb's)
+f32=(--loss-rtol 1e-6 --norm-rtol 2e-5 --weights-rtol 0.01)
+if train bf16_ref1 0 2 --precision bf16 --steps 1 > "$dir/bf16_ref1.log" 2>&1 &&
+   train bf16_cp2_f32 2 2 --cp 2 --precision bf16 --cp-reduce-dtype fp32 --steps 1 \
+       > "$dir/bf16_cp2_f32.log" 2>&1 &&
+   train bf16_cp2_model 2 2 --cp 2 --precision bf16 --steps 1 > "$dir/bf16_cp2_model.log" 2>&1; then
+    cmp_same bf16_cp2_f32 bf16_cp2_f32 bf16_ref1 "${f32[@]}"
+    "$bin" compare "${f32[@]}" "$dir/bf16_cp2_model" "$dir/bf16_ref1" > "$dir/bf16_cp2_model.cmp" 2>&1 &&
+        bad "the bf16 ring passed for the fp32 one" ||
+        ok "the bf16 ring is told apart ($(grep norms "$dir/bf16_cp2_model.cmp"))"
+    grep -q "cp 2 (each sequence in 4 chunks, the ring in fp32)" "$dir/bf16_cp2_f32.log" &&
+        grep -q "the ring in bf16)" "$dir/bf16_cp2_model.log" &&
+        ok "the start-up line names the ring's type" || bad "no ring type in the start-up lines"
+else
+    bad "bf16 runs"; cat "$dir"/bf16_*.log
+fi
 
 # the negative case: the model's positions of the two chunks swapped must change the result
 L3D_TEST_CP_SWAP_CHUNKS=1 train swapped 2 2 --cp 2 > "$dir/swapped.log" 2>&1
@@ -70,6 +90,9 @@ else
 fi
 
 cpu_backend || sanitized || { echo "(layout errors: not on the checking backend)"; exit $fail; }
+train_cmd bad 2 2 --cp 2 --cp-reduce-dtype bf16
+expect_error --once "--cp-reduce-dtype bf16" "--cp-reduce-dtype 'bf16': choose model (the default) or fp32" \
+    "${CMD[@]}"
 train_cmd bad 2 2 --cp 2 --seq-len 30
 expect_error --once "seq-len not a multiple of 2 cp" "--seq-len 30 is not a multiple of 4" \
     "${CMD[@]}"

@@ -135,9 +135,9 @@ D=(--moe-dense-layers 1 --moe-shared-experts 1)
 train ep2_zero3 2 2 --ep 2 --zero 3 && same_run ep2_zero3 ref2
 train ref4_d1 0 2 --grad-accum 4 "${D[@]}" &&
     train ep2_zero3_d1 4 2 --ep 2 --zero 3 "${D[@]}" && same_run ep2_zero3_d1 ref4_d1
+tol16=(--loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031)
 same16() { # NAME REF: mixed.sh's layout tolerances for 16-bit runs (tests/cli/ep.sh)
-    if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031 "$dir/$1" \
-        "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+    if "$bin" compare "${tol16[@]}" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
         ok "$1 matches $2 within the 16-bit tolerances ($(tr '\n' ' ' < "$dir/$1.cmp"))"
     else
         bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
@@ -145,6 +145,19 @@ same16() { # NAME REF: mixed.sh's layout tolerances for 16-bit runs (tests/cli/e
 }
 train ref2_bf16 0 2 --grad-accum 2 --precision bf16 &&
     train ep2_zero3_bf16 2 2 --ep 2 --zero 3 --precision bf16 && same16 ep2_zero3_bf16 ref2_bf16
+# ep 2 x cp 2 in bf16: the ring's partial outputs and dK|dV sums in fp32 (--cp-reduce-dtype fp32)
+# round the attention once, as one process (measured: losses 4.4e-8, norms 4.2e-9, weights
+# 4.6e-5; the sanitized build on the checking backend 2.8e-6, 1.0e-4, 4.6e-3); in bf16 (the
+# negative case) every merge and sum rounds, and some tokens move to other experts (measured loss
+# 2.1e-5, gradient norm 2.0e-2, weights 0.38; sanitized 4.2e-5, 1.1e-3, 0.076: the weights beyond)
+train ep2_cp2_bf16 4 2 --cp 2 --ep 2 --precision bf16 --cp-reduce-dtype fp32 &&
+    same16 ep2_cp2_bf16 ref2_bf16
+if train ep2_cp2_bf16_model 4 2 --cp 2 --ep 2 --precision bf16; then
+    "$bin" compare "${tol16[@]}" "$dir/ep2_cp2_bf16_model" "$dir/ref2_bf16" \
+        > "$dir/ep2_cp2_bf16_model.cmp" 2>&1 &&
+        bad "ep 2 x cp 2 with the ring in bf16 passed for the fp32 ring" ||
+        ok "ep 2 x cp 2 with the ring in bf16 is told apart ($(grep norms "$dir/ep2_cp2_bf16_model.cmp"))"
+fi
 # (a pipeline: each token's arithmetic as one process's)
 train ref4_l4_bf16 0 2 --grad-accum 4 "${P[@]}" --precision bf16 &&
     train ep2_pp2_bf16 4 2 --pp 2 --ep 2 --grad-accum 2 "${P[@]}" --precision bf16 &&

@@ -291,6 +291,8 @@ expect_error "plan: fp32 TP sums are llm3d's option" "--tp-reduce-dtype fp32: fo
     "$bin" plan --profile dgx-a100 --trainer megatron --precision bf16 --tp-reduce-dtype fp32
 expect_error "--tp-reduce-dtype bf16" "--tp-reduce-dtype 'bf16': choose model (the default: the" \
     "$bin" train --model tiny --tp-reduce-dtype bf16 --train "$dir/data/train_*.bin"
+expect_error "plan: the fp32 ring is llm3d's option" "--cp-reduce-dtype fp32: for llm3d's trainer" \
+    "$bin" plan --profile dgx-a100 --trainer megatron --precision bf16 --cp-reduce-dtype fp32
 expect_error "generate --precision fp8" "--precision 'fp8': choose fp32 (the default), bf16 or fp16" \
     "$bin" generate --checkpoint "$dir/v5.bin" --tokenizer bytes --precision fp8
 
@@ -345,6 +347,10 @@ full && mem mem_fp16_pp2 2 2 4 1 fp16 --tp 1 --pp 2 --zero 0 --pp-virtual 1 --pp
 # the 16-bit sums' staging (two layers' and the non-layer gradients in 2 bytes: 5% here)
 mem mem_bf16_dp2_zero1_r16 2 2 1 2 bf16 --tp 1 --pp 1 --zero 1 --grad-reduce-dtype bf16 \
     "${base[@]}" -- --zero 1 --grad-reduce-dtype bf16
+# the context-parallel ring in fp32 (--cp-reduce-dtype fp32): its buffers in 4 bytes and q|k|v,
+# their gradients and the output widened (0.4 MiB here, 2.5% of the peak)
+mem mem_bf16_cp2_f32 2 2 1 1 bf16 --tp 1 --pp 1 --cp 2 --zero 0 --cp-reduce-dtype fp32 \
+    "${base[@]}" -- --cp 2 --cp-reduce-dtype fp32
 # negative cases: a plan of another run misses the measured one by more than 1%
 # miss DESCRIPTION LOG NP PLAN_FLAGS: the plan of the model of mem() on NP ranks, micro-batch 2
 miss() {
@@ -367,6 +373,9 @@ miss "the plan without the fp32 TP sums' buffers" mem_bf16_tp2_sp_t32 2 --profil
     --precision bf16 --tp 2 --sequence-parallel --global-batch 2 --zero 0
 miss "the plan without the 16-bit sums' staging" mem_bf16_dp2_zero1_r16 2 --precision bf16 \
     --zero 1 --profile "$(native "$dir/mem_bf16_dp2_zero1_r16.log" && echo "$dir/native_bf16.prof" || echo "$prof")"
+miss "the plan of the ring in bf16" mem_bf16_cp2_f32 2 \
+    --profile "$(native "$dir/mem_bf16_cp2_f32.log" && echo "$dir/native_bf16.prof" || echo "$prof")" \
+    --precision bf16 --cp 2 --zero 0 --global-batch 2
 # the other product path's plan: fp32 copies of the operands (4% here) where there are none, or none
 # where there are
 if native "$dir/mem_bf16_one.log"; then
