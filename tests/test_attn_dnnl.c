@@ -304,9 +304,12 @@ int main(void) {
     struct l3d_backend *wide = l3d_backend_cpu_init();
     unsetenv("L3D_ATTN_DNNL");
     /* B, T, NH, NKV, HS: one row; odd T over two blocks, GPT-2's heads; Qwen3's head size 128
-     * with grouped heads over three blocks; multi-query; odd T past four blocks, HS 24; even T */
-    const struct shape sh[] = {{1, 1, 1, 1, 64},  {2, 65, 4, 4, 64},  {1, 130, 6, 2, 128},
-                               {2, 70, 4, 1, 16}, {1, 257, 3, 3, 24}, {2, 128, 4, 2, 64}};
+     * with grouped heads over three blocks; multi-query; odd T past four blocks, HS 24; even T;
+     * 18 groups: a chunk of 16 ending inside batch 5, one of 2 (1024 rows a call:
+     * cpu_attnd.c's ad_geo); 6 query heads a group, chunks of 2 groups over 3 batches */
+    const struct shape sh[] = {{1, 1, 1, 1, 64},   {2, 65, 4, 4, 64},  {1, 130, 6, 2, 128},
+                               {2, 70, 4, 1, 16},  {1, 257, 3, 3, 24}, {2, 128, 4, 2, 64},
+                               {6, 70, 3, 3, 16},  {3, 100, 12, 2, 32}};
     uint64_t seed = 1;
     for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) test_shape(be, wide, on, sh[k], seed += 10);
     test_threads(be, (struct shape){2, 130, 4, 2, 64}, seed += 10);

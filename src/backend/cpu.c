@@ -2156,6 +2156,9 @@ static bool cpu_matmul_native(void *ctx, enum l3d_dtype t) {
         if (!mm_get(cx, &k[i])->ok) return false;
     return true;
 }
+static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
+    return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
+}
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
     (void)bytes;
@@ -2186,6 +2189,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .event_wait = NULL,
     .peak_flops = cpu_peak_flops,
     .matmul_native = cpu_matmul_native,
+    .attention_native = cpu_attention_native,
     .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,

@@ -63,7 +63,8 @@ struct ad_prim {
     int64_t G, M, K, N;
     bool ok;
     dnnl_primitive_t prim;
-    dnnl_memory_t src, wei, dst;
+    dnnl_memory_t src, wei, dst, pad; /* pad: the primitive's scratchpad, in l3d_attnd's */
+    size_t pad_bytes;
 };
 
 struct l3d_attnd {
@@ -71,8 +72,8 @@ struct l3d_attnd {
     dnnl_stream_t stream;
     struct ad_prim p[AD_CACHE];
     int count, next;
-    void *scr;
-    size_t bytes;
+    void *scr, *pad; /* the kernels' scratch; the primitives' scratchpad (one at a time) */
+    size_t bytes, pad_bytes;
     bool on;
     char rule[96];
 };
@@ -83,6 +84,7 @@ static void ad_prim_destroy(struct ad_prim *e) {
         dnnl_memory_destroy(e->src);
         dnnl_memory_destroy(e->wei);
         dnnl_memory_destroy(e->dst);
+        dnnl_memory_destroy(e->pad);
     }
     memset(e, 0, sizeof *e);
 }
@@ -101,10 +103,12 @@ static void ad_prim_create(struct l3d_attnd *ad, struct ad_prim *e, const char *
     AD_CHECK(dnnl_memory_desc_init_by_strides(&dst, 3, dd, dnnl_f32, ds));
     dnnl_matmul_desc_t md;
     AD_CHECK(dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst));
-    dnnl_primitive_attr_t attr = NULL;
+    /* the scratchpad is ours (allocated once): oneDNN's own would be allocated at each call */
+    dnnl_primitive_attr_t attr;
+    AD_CHECK(dnnl_primitive_attr_create(&attr));
+    AD_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     if (e->kind != AD_QK) { /* += : oneDNN's sum post-op, the old dst read in fp32 */
         dnnl_post_ops_t po;
-        AD_CHECK(dnnl_primitive_attr_create(&attr));
         AD_CHECK(dnnl_post_ops_create(&po));
         AD_CHECK(dnnl_post_ops_append_sum(po, 1.0f));
         AD_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
@@ -112,7 +116,7 @@ static void ad_prim_create(struct l3d_attnd *ad, struct ad_prim *e, const char *
     }
     dnnl_primitive_desc_t pd;
     dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, ad->engine, NULL);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+    dnnl_primitive_attr_destroy(attr);
     e->ok = false;
     if (st == dnnl_unimplemented) return;
     AD_CHECK(st);
@@ -124,6 +128,9 @@ static void ad_prim_create(struct l3d_attnd *ad, struct ad_prim *e, const char *
         AD_CHECK(dnnl_memory_create(&e->src, &src, ad->engine, DNNL_MEMORY_NONE));
         AD_CHECK(dnnl_memory_create(&e->wei, &wei, ad->engine, DNNL_MEMORY_NONE));
         AD_CHECK(dnnl_memory_create(&e->dst, &dst, ad->engine, DNNL_MEMORY_NONE));
+        const dnnl_memory_desc_t *pad = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->pad_bytes = dnnl_memory_desc_get_size(pad);
+        AD_CHECK(dnnl_memory_create(&e->pad, pad, ad->engine, DNNL_MEMORY_NONE));
         e->ok = true;
     }
     dnnl_primitive_desc_destroy(pd);
@@ -147,6 +154,12 @@ static struct ad_prim *ad_get(struct l3d_attnd *ad, enum ad_kind kind, int64_t G
     }
     *e = (struct ad_prim){.kind = kind, .G = G, .M = M, .K = K, .N = N};
     ad_prim_create(ad, e, NULL);
+    if (e->ok && e->pad_bytes > ad->pad_bytes) { /* grown with a new shape, then kept */
+        l3d_free(ad->pad);
+        ad->pad = l3d_alloc(e->pad_bytes, "attention oneDNN scratchpad");
+        memset(ad->pad, 0, e->pad_bytes);
+        ad->pad_bytes = e->pad_bytes;
+    }
     if (!e->ok)
         l3d_fatal(__FILE__, __LINE__, "backend cpu: oneDNN has no bf16 matmul for attention's "
                   "(%lld x %lld x %lld) x %lld products on this CPU; run with L3D_ATTN_DNNL=0",
@@ -159,9 +172,12 @@ static void ad_run(struct l3d_attnd *ad, struct ad_prim *e, float *dst, const bf
     AD_CHECK(dnnl_memory_set_data_handle(e->src, (void *)src));
     AD_CHECK(dnnl_memory_set_data_handle(e->wei, (void *)wei));
     AD_CHECK(dnnl_memory_set_data_handle(e->dst, dst));
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, e->src}, {DNNL_ARG_WEIGHTS, e->wei}, {DNNL_ARG_DST, e->dst}};
-    AD_CHECK(dnnl_primitive_execute(e->prim, ad->stream, 3, args));
+    AD_CHECK(dnnl_memory_set_data_handle(e->pad, ad->pad));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->src},
+                               {DNNL_ARG_WEIGHTS, e->wei},
+                               {DNNL_ARG_DST, e->dst},
+                               {DNNL_ARG_SCRATCHPAD, e->pad}};
+    AD_CHECK(dnnl_primitive_execute(e->prim, ad->stream, 4, args));
     AD_CHECK(dnnl_stream_wait(ad->stream));
 }
 
@@ -191,6 +207,7 @@ void l3d_attnd_free(struct l3d_attnd *ad) {
     if (!ad) return;
     for (int i = 0; i < ad->count; i++) ad_prim_destroy(&ad->p[i]);
     l3d_free(ad->scr);
+    l3d_free(ad->pad);
     dnnl_stream_destroy(ad->stream);
     dnnl_engine_destroy(ad->engine);
     l3d_free(ad);
@@ -204,8 +221,9 @@ const char *l3d_attnd_rule(const struct l3d_attnd *ad) { return ad->rule; }
 
 /* ---- the call's geometry and scratch ------------------------------------------------------ */
 
+/* A call's shape; the groups run in chunks of G (those from g0), Gall in all */
 struct ad_geo {
-    int64_t B, T, NH, NKV, HS, rep, G, M, nb, CQ, C;
+    int64_t B, T, NH, NKV, HS, rep, Gall, g0, G, M, nb, CQ, C;
     float scale;
 };
 
@@ -214,8 +232,14 @@ static struct ad_geo ad_geo(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64
         l3d_fatal(__FILE__, __LINE__, "backend cpu: attention: %lld query heads are not a "
                   "multiple of %lld key/value heads", (long long)NH, (long long)NKV);
     struct ad_geo g = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .rep = NH / NKV};
-    g.G = B * NKV;
+    g.Gall = B * NKV;
     g.M = g.rep * BQ;
+    /* groups a call: 1024 rows, so that a key block's scores (256 KiB) and a query block's
+     * output stay in L2 between the products and the row passes (all groups at once streamed
+     * them through memory: the products ran at a fifth of their speed), while a call stays large
+     * (8 MFLOP at HS 64) beside oneDNN's overhead */
+    g.G = 1024 / g.M > 0 ? 1024 / g.M : 1;
+    g.G = g.G < g.Gall ? g.G : g.Gall;
     g.nb = (T + BQ - 1) / BQ;
     g.CQ = (NH + 2 * NKV) * HS;
     g.C = NH * HS;
@@ -241,35 +265,62 @@ static char *ad_scratch(struct l3d_attnd *ad, size_t bytes) {
     return ad->scr;
 }
 
-/* Kb (nb, G, BQ, HS) from the key (or value) heads of qkv at element offset `head` (NH or
- * NH + NKV heads in), zero past T */
-static void gather_kv(bf16 *Kb, const bf16 *qkv, int64_t head, const struct ad_geo *g) {
-    const int64_t HS = g->HS, rows = g->nb * g->G * BQ;
+/* d = s (n elements), or zeros for s NULL: a loop, inlined (memcpy's call on 128-byte rows
+ * measured slower than the copy) */
+static inline void copy_row(bf16 *restrict d, const bf16 *restrict s, int64_t n) {
+    if (!s) {
+        memset(d, 0, (size_t)n * sizeof *d);
+        return;
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) d[c] = s[c];
+}
+
+/* The chunk's batches b0.. b0 + nbat - 1 and, of batch b, its key/value heads [*k0, *k1): the
+ * row loops below walk qkv's rows in memory order (by head, a row 3C apart, every read missed the
+ * cache: the gathers took longer than the products) */
+static int64_t chunk_b0(const struct ad_geo *g) { return g->g0 / g->NKV; }
+static int64_t chunk_nbat(const struct ad_geo *g) {
+    return (g->g0 + g->G - 1) / g->NKV - g->g0 / g->NKV + 1;
+}
+static void chunk_heads(const struct ad_geo *g, int64_t b, int64_t *k0, int64_t *k1) {
+    int64_t lo = g->g0 - b * g->NKV, hi = g->g0 + g->G - b * g->NKV;
+    *k0 = lo > 0 ? lo : 0;
+    *k1 = hi < g->NKV ? hi : g->NKV;
+}
+/* the row of a query block (G, M, HS) of query head kvh rep + r of batch b, query row i */
+static int64_t q_row(const struct ad_geo *g, int64_t b, int64_t kvh, int64_t r, int64_t i) {
+    return (b * g->NKV + kvh - g->g0) * g->M + r * BQ + i;
+}
+
+/* Kb and Vb (nb, G, BQ, HS) from the chunk's key and value heads of qkv, zero past T */
+static void gather_kv(bf16 *Kb, bf16 *Vb, const bf16 *qkv, const struct ad_geo *g) {
+    const int64_t b0 = chunk_b0(g), Tp = g->nb * BQ, HS = g->HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t i = r % BQ, grp = r / BQ % g->G, kb = r / BQ / g->G;
-        int64_t b = grp / g->NKV, kvh = grp % g->NKV, t = kb * BQ + i;
-        bf16 *d = Kb + r * HS;
-        if (t < g->T)
-            memcpy(d, qkv + (b * g->T + t) * g->CQ + (head + kvh) * HS, (size_t)HS * sizeof *d);
-        else
-            memset(d, 0, (size_t)HS * sizeof *d);
+    for (int64_t task = 0; task < chunk_nbat(g) * Tp; task++) {
+        int64_t b = b0 + task / Tp, t = task % Tp, k0, k1;
+        chunk_heads(g, b, &k0, &k1);
+        const bf16 *row = t < g->T ? qkv + (b * g->T + t) * g->CQ : NULL;
+        for (int64_t kvh = k0; kvh < k1; kvh++) {
+            int64_t at = ((t / BQ * g->G + b * g->NKV + kvh - g->g0) * BQ + t % BQ) * HS;
+            copy_row(Kb + at, row ? row + (g->NH + kvh) * HS : NULL, HS);
+            copy_row(Vb + at, row ? row + (g->NH + g->NKV + kvh) * HS : NULL, HS);
+        }
     }
 }
 
-/* Qb (G, M, HS): query block qb of x (rows of stride rs, query heads from element 0), row
- * (grp, r BQ + i) = query head kvh rep + r at position qb BQ + i, zero past T */
+/* Qb (G, M, HS): query block qb of x (rows of stride rs, query heads from element 0), zero past T */
 static void gather_q(bf16 *Qb, const bf16 *x, int64_t rs, int64_t qb, const struct ad_geo *g) {
-    const int64_t HS = g->HS, rows = g->G * g->M;
+    const int64_t b0 = chunk_b0(g), HS = g->HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; row++) {
-        int64_t grp = row / g->M, r = row % g->M / BQ, i = row % BQ, t = qb * BQ + i;
-        int64_t b = grp / g->NKV, h = grp % g->NKV * g->rep + r;
-        bf16 *d = Qb + row * HS;
-        if (t < g->T)
-            memcpy(d, x + (b * g->T + t) * rs + h * HS, (size_t)HS * sizeof *d);
-        else
-            memset(d, 0, (size_t)HS * sizeof *d);
+    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
+        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
+        chunk_heads(g, b, &k0, &k1);
+        const bf16 *row = t < g->T ? x + (b * g->T + t) * rs : NULL;
+        for (int64_t kvh = k0; kvh < k1; kvh++)
+            for (int64_t r = 0; r < g->rep; r++)
+                copy_row(Qb + q_row(g, b, kvh, r, i) * HS,
+                         row ? row + (kvh * g->rep + r) * HS : NULL, HS);
     }
 }
 
@@ -282,19 +333,10 @@ static int64_t visible(int64_t qb, int64_t kb, int64_t i, int64_t T) {
 
 /* the lse index (b, h, t) of row `row` of query block qb, -1 past T */
 static int64_t lse_at(int64_t row, int64_t qb, const struct ad_geo *g) {
-    int64_t grp = row / g->M, r = row % g->M / BQ, t = qb * BQ + row % BQ;
+    int64_t grp = g->g0 + row / g->M, r = row % g->M / BQ, t = qb * BQ + row % BQ;
     if (t >= g->T) return -1;
     int64_t b = grp / g->NKV, h = grp % g->NKV * g->rep + r;
     return (b * g->NH + h) * g->T + t;
-}
-
-/* element offset in a (B, T, heads, HS) tensor of row stride rs of row `row` of query block qb
- * (its query head), -1 past T */
-static int64_t row_at(int64_t row, int64_t qb, int64_t rs, const struct ad_geo *g) {
-    int64_t grp = row / g->M, r = row % g->M / BQ, t = qb * BQ + row % BQ;
-    if (t >= g->T) return -1;
-    int64_t b = grp / g->NKV, h = grp % g->NKV * g->rep + r;
-    return (b * g->T + t) * rs + h * g->HS;
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -311,8 +353,10 @@ static void fwd_stats(float *S, float *lse, int64_t qb, const struct ad_geo *g) 
         for (int64_t kb = 0; kb <= qb; kb++) {
             float *s = S + kb * blk + row * BQ;
             int64_t n = visible(qb, kb, i, g->T);
+            const float scale = g->scale;
+#pragma omp simd reduction(max : mx)
             for (int64_t j = 0; j < n; j++) {
-                s[j] *= g->scale;
+                s[j] *= scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
         }
@@ -344,13 +388,19 @@ static void fwd_probs(bf16 *P, const float *S, const float *lse, int64_t qb, int
 
 /* out's rows of query block qb = O rounded once */
 static void fwd_store(bf16 *out, const float *O, int64_t qb, const struct ad_geo *g) {
-    const int64_t rows = g->G * g->M, HS = g->HS;
+    const int64_t b0 = chunk_b0(g), HS = g->HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; row++) {
-        int64_t o = row_at(row, qb, g->C, g);
-        if (o < 0) continue;
+    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
+        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
+        if (t >= g->T) continue;
+        chunk_heads(g, b, &k0, &k1);
+        for (int64_t kvh = k0; kvh < k1; kvh++)
+            for (int64_t r = 0; r < g->rep; r++) {
+                bf16 *d = out + (b * g->T + t) * g->C + (kvh * g->rep + r) * HS;
+                const float *o = O + q_row(g, b, kvh, r, i) * HS;
 #pragma omp simd
-        for (int64_t d = 0; d < HS; d++) out[o + d] = l3d_bf16_narrow(O[row * HS + d]);
+                for (int64_t c = 0; c < HS; c++) d[c] = l3d_bf16_narrow(o[c]);
+            }
     }
 }
 
@@ -372,16 +422,16 @@ static size_t fwd_layout(struct fwd_buf *f, char *base, const struct ad_geo *g) 
     return at;
 }
 
-void l3d_attnd_forward(struct l3d_attnd *ad, bf16 *out, float *lse, const bf16 *qkv, int64_t B,
-                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    const struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
-    struct fwd_buf f;
-    fwd_layout(&f, ad_scratch(ad, fwd_layout(&f, NULL, &g)), &g);
+/* the groups g0.. g0 + G - 1 */
+static void fwd_chunk(struct l3d_attnd *ad, const struct fwd_buf *fb, bf16 *out, float *lse,
+                      const bf16 *qkv, const struct ad_geo *gp) {
+    const struct ad_geo g = *gp;
+    const struct fwd_buf f = *fb;
+    const int64_t HS = g.HS;
     struct ad_prim *qk = ad_get(ad, AD_QK, g.G, g.M, HS, BQ);
     struct ad_prim *pv = ad_get(ad, AD_PV, g.G, g.M, BQ, HS);
     const int64_t kvblk = g.G * BQ * HS, blk = g.G * g.M * BQ;
-    gather_kv(f.Kb, qkv, NH, &g);
-    gather_kv(f.Vb, qkv, NH + NKV, &g);
+    gather_kv(f.Kb, f.Vb, qkv, &g);
     for (int64_t qb = 0; qb < g.nb; qb++) {
         gather_q(f.Qb, qkv, g.CQ, qb, &g);
         for (int64_t kb = 0; kb <= qb; kb++) ad_run(ad, qk, f.S + kb * blk, f.Qb, f.Kb + kb * kvblk);
@@ -395,20 +445,37 @@ void l3d_attnd_forward(struct l3d_attnd *ad, bf16 *out, float *lse, const bf16 *
     }
 }
 
+void l3d_attnd_forward(struct l3d_attnd *ad, bf16 *out, float *lse, const bf16 *qkv, int64_t B,
+                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
+    struct fwd_buf f;
+    fwd_layout(&f, ad_scratch(ad, fwd_layout(&f, NULL, &g)), &g);
+    const int64_t Gc = g.G;
+    for (g.g0 = 0; g.g0 < g.Gall; g.g0 += Gc) {
+        g.G = g.Gall - g.g0 < Gc ? g.Gall - g.g0 : Gc;
+        fwd_chunk(ad, &f, out, lse, qkv, &g);
+    }
+}
+
 /* ---- backward ----------------------------------------------------------------------------- */
 
 /* D (G M) = rowsum(dO * O) of query block qb's rows in fp32, zero past T */
 static void bwd_rowdot(float *D, const bf16 *dout, const bf16 *out, int64_t qb,
                        const struct ad_geo *g) {
-    const int64_t rows = g->G * g->M, HS = g->HS;
+    const int64_t b0 = chunk_b0(g), HS = g->HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; row++) {
-        int64_t o = row_at(row, qb, g->C, g);
-        float d = 0.0f;
+    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
+        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
+        chunk_heads(g, b, &k0, &k1);
+        for (int64_t kvh = k0; kvh < k1; kvh++)
+            for (int64_t r = 0; r < g->rep; r++) {
+                int64_t o = (b * g->T + t) * g->C + (kvh * g->rep + r) * HS;
+                float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-        for (int64_t c = 0; c < (o < 0 ? 0 : HS); c++)
-            d += l3d_bf16_widen(dout[o + c]) * l3d_bf16_widen(out[o + c]);
-        D[row] = d;
+                for (int64_t c = 0; c < (t < g->T ? HS : 0); c++)
+                    d += l3d_bf16_widen(dout[o + c]) * l3d_bf16_widen(out[o + c]);
+                D[q_row(g, b, kvh, r, i)] = d;
+            }
     }
 }
 
@@ -436,30 +503,40 @@ static void bwd_probs(bf16 *P, bf16 *dS, const float *S, const float *dP, const 
 
 /* dqkv's query rows of block qb += dQ, rounded once */
 static void bwd_add_q(bf16 *dqkv, const float *dQ, int64_t qb, const struct ad_geo *g) {
-    const int64_t rows = g->G * g->M, HS = g->HS;
+    const int64_t b0 = chunk_b0(g), HS = g->HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; row++) {
-        int64_t o = row_at(row, qb, g->CQ, g);
-        if (o < 0) continue;
-        bf16 *d = dqkv + o;
+    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
+        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
+        if (t >= g->T) continue;
+        chunk_heads(g, b, &k0, &k1);
+        for (int64_t kvh = k0; kvh < k1; kvh++)
+            for (int64_t r = 0; r < g->rep; r++) {
+                bf16 *d = dqkv + (b * g->T + t) * g->CQ + (kvh * g->rep + r) * HS;
+                const float *a = dQ + q_row(g, b, kvh, r, i) * HS;
 #pragma omp simd
-        for (int64_t c = 0; c < HS; c++)
-            d[c] = l3d_bf16_narrow(l3d_bf16_widen(d[c]) + dQ[row * HS + c]);
+                for (int64_t c = 0; c < HS; c++)
+                    d[c] = l3d_bf16_narrow(l3d_bf16_widen(d[c]) + a[c]);
+            }
     }
 }
 
-/* dqkv's key (head NH) or value (head NH + NKV) heads += acc (nb, G, BQ, HS), rounded once */
-static void bwd_add_kv(bf16 *dqkv, const float *acc, int64_t head, const struct ad_geo *g) {
-    const int64_t HS = g->HS, rows = g->nb * g->G * BQ;
+/* dqkv's key and value heads += dK and dV (nb, G, BQ, HS), rounded once */
+static void bwd_add_kv(bf16 *dqkv, const float *dK, const float *dV, const struct ad_geo *g) {
+    const int64_t b0 = chunk_b0(g), HS = g->HS, T = g->T;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t i = r % BQ, grp = r / BQ % g->G, kb = r / BQ / g->G, t = kb * BQ + i;
-        if (t >= g->T) continue;
-        int64_t b = grp / g->NKV, kvh = grp % g->NKV;
-        bf16 *d = dqkv + (b * g->T + t) * g->CQ + (head + kvh) * HS;
+    for (int64_t task = 0; task < chunk_nbat(g) * T; task++) {
+        int64_t b = b0 + task / T, t = task % T, k0, k1;
+        chunk_heads(g, b, &k0, &k1);
+        bf16 *row = dqkv + (b * T + t) * g->CQ;
+        for (int64_t kvh = k0; kvh < k1; kvh++) {
+            int64_t at = ((t / BQ * g->G + b * g->NKV + kvh - g->g0) * BQ + t % BQ) * HS;
+            bf16 *dk = row + (g->NH + kvh) * HS, *dv = row + (g->NH + g->NKV + kvh) * HS;
 #pragma omp simd
-        for (int64_t c = 0; c < HS; c++)
-            d[c] = l3d_bf16_narrow(l3d_bf16_widen(d[c]) + acc[r * HS + c]);
+            for (int64_t c = 0; c < HS; c++) {
+                dk[c] = l3d_bf16_narrow(l3d_bf16_widen(dk[c]) + dK[at + c]);
+                dv[c] = l3d_bf16_narrow(l3d_bf16_widen(dv[c]) + dV[at + c]);
+            }
+        }
     }
 }
 
@@ -487,18 +564,18 @@ static size_t bwd_layout(struct bwd_buf *w, char *base, const struct ad_geo *g) 
     return at;
 }
 
-void l3d_attnd_backward(struct l3d_attnd *ad, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
-                        const bf16 *out, const float *lse, int64_t B, int64_t T, int64_t NH,
-                        int64_t NKV, int64_t HS) {
-    const struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
-    struct bwd_buf w;
-    bwd_layout(&w, ad_scratch(ad, bwd_layout(&w, NULL, &g)), &g);
+/* the groups g0.. g0 + G - 1 */
+static void bwd_chunk(struct l3d_attnd *ad, const struct bwd_buf *wb, bf16 *dqkv,
+                      const bf16 *dout, const bf16 *qkv, const bf16 *out, const float *lse,
+                      const struct ad_geo *gp) {
+    const struct ad_geo g = *gp;
+    const struct bwd_buf w = *wb;
+    const int64_t HS = g.HS;
     struct ad_prim *qk = ad_get(ad, AD_QK, g.G, g.M, HS, BQ);
     struct ad_prim *pv = ad_get(ad, AD_PV, g.G, g.M, BQ, HS);
     struct ad_prim *tn = ad_get(ad, AD_TN, g.G, BQ, g.M, HS);
     const int64_t kvblk = g.G * BQ * HS, kv = g.nb * kvblk;
-    gather_kv(w.Kb, qkv, NH, &g);
-    gather_kv(w.Vb, qkv, NH + NKV, &g);
+    gather_kv(w.Kb, w.Vb, qkv, &g);
     memset(w.dK, 0, (size_t)kv * sizeof(float));
     memset(w.dV, 0, (size_t)kv * sizeof(float));
     for (int64_t qb = 0; qb < g.nb; qb++) {
@@ -517,6 +594,18 @@ void l3d_attnd_backward(struct l3d_attnd *ad, bf16 *dqkv, const bf16 *dout, cons
         }
         bwd_add_q(dqkv, w.dQ, qb, &g);
     }
-    bwd_add_kv(dqkv, w.dK, NH, &g);
-    bwd_add_kv(dqkv, w.dV, NH + NKV, &g);
+    bwd_add_kv(dqkv, w.dK, w.dV, &g);
+}
+
+void l3d_attnd_backward(struct l3d_attnd *ad, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+                        const bf16 *out, const float *lse, int64_t B, int64_t T, int64_t NH,
+                        int64_t NKV, int64_t HS) {
+    struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
+    struct bwd_buf w;
+    bwd_layout(&w, ad_scratch(ad, bwd_layout(&w, NULL, &g)), &g);
+    const int64_t Gc = g.G;
+    for (g.g0 = 0; g.g0 < g.Gall; g.g0 += Gc) {
+        g.G = g.Gall - g.g0 < Gc ? g.Gall - g.g0 : Gc;
+        bwd_chunk(ad, &w, dqkv, dout, qkv, out, lse, &g);
+    }
 }

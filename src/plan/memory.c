@@ -169,6 +169,23 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
     return 4.0 * best;
 }
 
+/* The CPU backend's bf16 attention as batched oneDNN matmuls (src/backend/cpu_attnd.c, its
+ * fwd_layout and bwd_layout): one scratch kept for the run, the larger of the two sets, every
+ * piece rounded up to 64 bytes. G = B NKV groups, M = rep 64 rows of a query block, nb key
+ * blocks of 64: keys and values (nb, G, 64, HS) in bf16, and in fp32 for the backward's dK, dV
+ * sums; a query block (G, M, HS); a block of probabilities (G, M, 64); the forward's scores of a
+ * whole row (nb blocks of them). */
+static double attnd_scratch(double B, double T, double NH, double NKV, double HS) {
+    double G = B * NKV, M = NH / NKV * 64, nb = ceil(T / 64), kv = nb * G * 64 * HS;
+    double q = G * M * HS, blk = G * M * 64;
+#define R64(x) (ceil((x) / 64) * 64)
+    double fwd = 2 * R64(2 * kv) + R64(2 * q) + R64(2 * blk) + R64(4 * nb * blk) + R64(4 * q);
+    double bwd = 2 * R64(2 * kv) + 2 * R64(2 * q) + 2 * R64(2 * blk) + 2 * R64(4 * blk) +
+                 R64(4 * q) + R64(4 * G * M) + 2 * R64(4 * kv);
+#undef R64
+    return fwd > bwd ? fwd : bwd;
+}
+
 /* llm3d's trainer: exactly what it allocates (l3d_gpt_init_dt, l3d_dp_init, l3d_adamw_init_dt); in
  * mixed precision 16-bit parameters and activations, fp32 gradients, and the fp32 master weights
  * with the moments. Returns the bytes of its transients (not at once: the larger). */
@@ -243,6 +260,18 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
     if ((run->precision.reduce != L3D_F32) && g > 1)
         for (int k = 0; k < lay->v; k++)
             mem->other += 2.0 * (2.0 * (double)ch[k].slot + (double)ch[k].nonlayer) + 3 * 64;
+    /* bf16 attention through oneDNN (attn_native_bf16): its scratch, for the chunk with the
+     * most heads, made in the first step (beside the products' copies above; not with the
+     * initialisation's staging); the context-parallel ring's block kernels keep their own */
+    if (run->attn_native16 && lay->cp == 1) {
+        double most = 0, rep = m->NH / l3d_model_kv_heads(m);
+        for (int k = 0; k < lay->v; k++)
+            if (ch[k].sh.layer_count > 0)
+                most = fmax(most, attnd_scratch(lay->micro_batch, (double)m->maxT,
+                                                ch[k].sh.head_count, ch[k].sh.head_count / rep,
+                                                l3d_model_head_dim(m)));
+        scratch16 += most;
+    }
     /* the token ids (inputs and targets) of a step's micro-batches, or of the validation
      * batches (--val-batches, 8 by default) when more */
     mem->other +=
