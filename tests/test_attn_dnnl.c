@@ -305,8 +305,8 @@ int main(void) {
     unsetenv("L3D_ATTN_DNNL");
     /* B, T, NH, NKV, HS: one row; odd T over two blocks, GPT-2's heads; Qwen3's head size 128
      * with grouped heads over three blocks; multi-query; odd T past four blocks, HS 24; even T;
-     * 18 groups: a chunk of 16 ending inside batch 5, one of 2 (1024 rows a call:
-     * cpu_attnd.c's ad_geo); 6 query heads a group, chunks of 2 groups over 3 batches */
+     * 18 groups: two chunks of 8 ending inside batches 2 and 5, one of 2 (512 rows a call:
+     * cpu_attnd.c's ad_geo); 6 query heads a group (384 rows), a group a call */
     const struct shape sh[] = {{1, 1, 1, 1, 64},   {2, 65, 4, 4, 64},  {1, 130, 6, 2, 128},
                                {2, 70, 4, 1, 16},  {1, 257, 3, 3, 24}, {2, 128, 4, 2, 64},
                                {6, 70, 3, 3, 16},  {3, 100, 12, 2, 32}};

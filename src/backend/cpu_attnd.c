@@ -3,8 +3,8 @@
  * cpu.c's flash kernels multiply 64 x 64 blocks one task at a time (fp32 sgemm around widened
  * operands, or cpu_attn16.c's vdpbf16ps); a oneDNN call per such block would cost more in its
  * overhead (a few us) than the block's product (0.5 MFLOP). Here every product is one call over
- * all (batch, key/value head) groups at once: G = B NKV matrices of one shape, so the call is
- * large (tens of MFLOP) and oneDNN's brgemm runs it on AMX tiles. Its kernels take only dense
+ * G (batch, key/value head) groups at once, G matrices of one shape, so the call is large (4
+ * MFLOP and more) and oneDNN's brgemm runs it on AMX tiles. Its kernels take only dense
  * tensors (a row stride past the row, as a view into qkv is, sends oneDNN 2.6 to its slower
  * gemm:jit or reference code, measured), so the operands are gathered into dense blocks:
  *
@@ -26,10 +26,12 @@
  * summed over the query blocks in fp32 scratch and added to dqkv once at the end (old + new,
  * rounded once).
  *
- * Memory (one scratch, grown to the largest call and kept; nothing is allocated in a step):
- * forward 2 G Tp HS bf16 + B NH BQ Tp fp32 (the rows' scores) + B NH BQ (HS + BQ / 2) fp32;
- * backward 2 G Tp HS (bf16 + fp32) + 2 B NH BQ (HS + BQ) fp32-sized blocks, Tp = T rounded up to
- * BQ. GPT-2 124M at B 8 x T 256: 6.3 + 1.6 MB forward, 18.9 + 1.6 MB backward.
+ * The groups run G at a time (512 rows of query blocks a call), so that the blocks between a
+ * product and the row pass reading it stay in L2. Memory (one scratch, grown to the largest call
+ * and kept; nothing is allocated in a step), for a chunk of G groups: forward 2 G Tp HS bf16
+ * (keys, values) + G M Tp fp32 (a query block's scores over all keys) + (G, M, 64 or HS) blocks;
+ * backward 2 G Tp HS (bf16 + fp32 sums) + the blocks, Tp = T rounded up to 64: GPT-2 124M at
+ * B 8 x T 256 (G = 8 of 96) 1.3 MB forward, 2.2 MB backward; independent of B.
  */
 #include <dnnl.h>
 #include <math.h>
@@ -234,11 +236,11 @@ static struct ad_geo ad_geo(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64
     struct ad_geo g = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .rep = NH / NKV};
     g.Gall = B * NKV;
     g.M = g.rep * BQ;
-    /* groups a call: 1024 rows, so that a key block's scores (256 KiB) and a query block's
+    /* groups a call: 512 rows, so that a key block's scores (128 KiB) and a query block's
      * output stay in L2 between the products and the row passes (all groups at once streamed
      * them through memory: the products ran at a fifth of their speed), while a call stays large
-     * (8 MFLOP at HS 64) beside oneDNN's overhead */
-    g.G = 1024 / g.M > 0 ? 1024 / g.M : 1;
+     * (4 MFLOP at HS 64) beside oneDNN's overhead (1024 and 2048 rows measured 5-10% slower) */
+    g.G = 512 / g.M > 0 ? 512 / g.M : 1;
     g.G = g.G < g.Gall ? g.G : g.Gall;
     g.nb = (T + BQ - 1) / BQ;
     g.CQ = (NH + 2 * NKV) * HS;

@@ -171,12 +171,13 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
 
 /* The CPU backend's bf16 attention as batched oneDNN matmuls (src/backend/cpu_attnd.c, its
  * fwd_layout and bwd_layout): one scratch kept for the run, the larger of the two sets, every
- * piece rounded up to 64 bytes. G = B NKV groups, M = rep 64 rows of a query block, nb key
- * blocks of 64: keys and values (nb, G, 64, HS) in bf16, and in fp32 for the backward's dK, dV
+ * piece rounded up to 64 bytes. G groups a call (512 / M of the B NKV, at least 1), M = rep 64
+ * rows of a query block, nb key blocks of 64: keys and values (nb, G, 64, HS) in bf16, and in fp32 for the backward's dK, dV
  * sums; a query block (G, M, HS); a block of probabilities (G, M, 64); the forward's scores of a
  * whole row (nb blocks of them). */
 static double attnd_scratch(double B, double T, double NH, double NKV, double HS) {
-    double G = B * NKV, M = NH / NKV * 64, nb = ceil(T / 64), kv = nb * G * 64 * HS;
+    double M = NH / NKV * 64, G = fmin(fmax(1, floor(512 / M)), B * NKV);
+    double nb = ceil(T / 64), kv = nb * G * 64 * HS;
     double q = G * M * HS, blk = G * M * 64;
 #define R64(x) (ceil((x) / 64) * 64)
     double fwd = 2 * R64(2 * kv) + R64(2 * q) + R64(2 * blk) + R64(4 * nb * blk) + R64(4 * q);
