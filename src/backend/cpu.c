@@ -387,13 +387,7 @@ static const float *param_f32(struct cpu_ctx *cx, enum scr_kind k, enum l3d_dtyp
     return c;
 }
 
-#define DNNL_CHECK(call)                                                                     \
-    do {                                                                                     \
-        dnnl_status_t st_ = (call);                                                          \
-        if (st_ != dnnl_success)                                                             \
-            l3d_fatal(__FILE__, __LINE__, "oneDNN call %s failed with status %d", #call,     \
-                      (int)st_);                                                             \
-    } while (0)
+#define DNNL_CHECK L3D_DNNL_CHECK
 
 static void mm_entry_destroy(struct mm_entry *e) {
     if (e->ok) {

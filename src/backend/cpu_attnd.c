@@ -47,13 +47,7 @@ typedef uint16_t bf16;
 #define BQ 64
 #define AD_CACHE 12
 
-#define AD_CHECK(call)                                                                       \
-    do {                                                                                     \
-        dnnl_status_t st_ = (call);                                                          \
-        if (st_ != dnnl_success)                                                             \
-            l3d_fatal(__FILE__, __LINE__, "oneDNN call %s failed with status %d", #call,     \
-                      (int)st_);                                                             \
-    } while (0)
+#define AD_CHECK L3D_DNNL_CHECK
 
 /* QK: dst (G,M,N) = src (G,M,K) x wei^T with wei stored (G,N,K);
  * PV: dst (G,M,N) += src (G,M,K) x wei (G,K,N);
@@ -311,18 +305,55 @@ static void gather_kv(bf16 *Kb, bf16 *Vb, const bf16 *qkv, const struct ad_geo *
     }
 }
 
-/* Qb (G, M, HS): query block qb of x (rows of stride rs, query heads from element 0), zero past T */
-static void gather_q(bf16 *Qb, const bf16 *x, int64_t rs, int64_t qb, const struct ad_geo *g) {
+/* What a pass over a query block's rows does with each row of x (a (B, T, heads, HS) tensor of
+ * row stride rs, the query heads first) and its row of the block (G, M, HS) */
+enum q_op {
+    Q_GATHER, /* b16 row = x row, zero past T */
+    Q_STORE,  /* x row = b32 row rounded once */
+    Q_ADD,    /* x row += b32 row, rounded once */
+    Q_DOT,    /* b32[row] = rowsum(x row * y row) in fp32, zero past T */
+};
+struct q_pass {
+    enum q_op op;
+    bf16 *x;
+    const bf16 *y;
+    bf16 *b16;
+    float *b32;
+    int64_t rs;
+};
+
+static void q_row_op(const struct q_pass *a, int64_t o, int64_t row, int64_t HS) {
+    bf16 *x = o < 0 ? NULL : a->x + o;
+    const float *f = a->b32 ? a->b32 + row * HS : NULL;
+    if (a->op == Q_GATHER) {
+        copy_row(a->b16 + row * HS, x, HS);
+    } else if (a->op == Q_DOT) {
+        float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+        for (int64_t c = 0; c < (x ? HS : 0); c++)
+            d += l3d_bf16_widen(x[c]) * l3d_bf16_widen(a->y[o + c]);
+        a->b32[row] = d;
+    } else if (x && a->op == Q_STORE) {
+#pragma omp simd
+        for (int64_t c = 0; c < HS; c++) x[c] = l3d_bf16_narrow(f[c]);
+    } else if (x) {
+#pragma omp simd
+        for (int64_t c = 0; c < HS; c++) x[c] = l3d_bf16_narrow(l3d_bf16_widen(x[c]) + f[c]);
+    }
+}
+
+/* a->op on every row of query block qb of the chunk, in x's memory order */
+static void q_pass(const struct q_pass *a, int64_t qb, const struct ad_geo *g) {
     const int64_t b0 = chunk_b0(g), HS = g->HS;
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
         int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
         chunk_heads(g, b, &k0, &k1);
-        const bf16 *row = t < g->T ? x + (b * g->T + t) * rs : NULL;
         for (int64_t kvh = k0; kvh < k1; kvh++)
-            for (int64_t r = 0; r < g->rep; r++)
-                copy_row(Qb + q_row(g, b, kvh, r, i) * HS,
-                         row ? row + (kvh * g->rep + r) * HS : NULL, HS);
+            for (int64_t r = 0; r < g->rep; r++) {
+                int64_t o = t < g->T ? (b * g->T + t) * a->rs + (kvh * g->rep + r) * HS : -1;
+                q_row_op(a, o, q_row(g, b, kvh, r, i), HS);
+            }
     }
 }
 
@@ -340,6 +371,48 @@ static int64_t lse_at(int64_t row, int64_t qb, const struct ad_geo *g) {
     int64_t b = grp / g->NKV, h = grp % g->NKV * g->rep + r;
     return (b * g->NH + h) * g->T + t;
 }
+
+/* The scratch of a chunk: keys, values and a query block in bf16 (both passes); the forward's
+ * scores of a whole row and output block, or the backward's dO block, score and dP blocks, dQ,
+ * D and the dK, dV sums */
+struct ad_buf {
+    bf16 *Kb, *Vb, *Qb, *P, *dOb, *dS;
+    float *S, *O, *dP, *dQ, *D, *dK, *dV;
+};
+
+static size_t ad_layout(struct ad_buf *w, char *base, const struct ad_geo *g, bool bwd) {
+    const size_t kv = (size_t)(g->nb * g->G * BQ * g->HS), q = (size_t)(g->G * g->M * g->HS);
+    const size_t blk = (size_t)(g->G * g->M * BQ);
+    size_t at = 0;
+    memset(w, 0, sizeof *w);
+    w->Kb = carve(base, &at, kv * sizeof(bf16));
+    w->Vb = carve(base, &at, kv * sizeof(bf16));
+    w->Qb = carve(base, &at, q * sizeof(bf16));
+    w->P = carve(base, &at, blk * sizeof(bf16));
+    if (!bwd) {
+        w->S = carve(base, &at, (size_t)g->nb * blk * sizeof(float));
+        w->O = carve(base, &at, q * sizeof(float));
+        return at;
+    }
+    w->dOb = carve(base, &at, q * sizeof(bf16));
+    w->dS = carve(base, &at, blk * sizeof(bf16));
+    w->S = carve(base, &at, blk * sizeof(float));
+    w->dP = carve(base, &at, blk * sizeof(float));
+    w->dQ = carve(base, &at, q * sizeof(float));
+    w->D = carve(base, &at, (size_t)(g->G * g->M) * sizeof(float));
+    w->dK = carve(base, &at, kv * sizeof(float));
+    w->dV = carve(base, &at, kv * sizeof(float));
+    return at;
+}
+
+/* a call's tensors: the forward's out and lse from qkv, or the backward's dqkv += from dout,
+ * qkv, out and lse */
+struct ad_args {
+    bf16 *y; /* out, or dqkv */
+    float *lse;
+    const float *lse_in;
+    const bf16 *qkv, *dout, *out;
+};
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
@@ -388,54 +461,24 @@ static void fwd_probs(bf16 *P, const float *S, const float *lse, int64_t qb, int
     }
 }
 
-/* out's rows of query block qb = O rounded once */
-static void fwd_store(bf16 *out, const float *O, int64_t qb, const struct ad_geo *g) {
-    const int64_t b0 = chunk_b0(g), HS = g->HS;
-#pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
-        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
-        if (t >= g->T) continue;
-        chunk_heads(g, b, &k0, &k1);
-        for (int64_t kvh = k0; kvh < k1; kvh++)
-            for (int64_t r = 0; r < g->rep; r++) {
-                bf16 *d = out + (b * g->T + t) * g->C + (kvh * g->rep + r) * HS;
-                const float *o = O + q_row(g, b, kvh, r, i) * HS;
-#pragma omp simd
-                for (int64_t c = 0; c < HS; c++) d[c] = l3d_bf16_narrow(o[c]);
-            }
-    }
-}
 
-struct fwd_buf {
-    bf16 *Kb, *Vb, *Qb, *P;
-    float *S, *O;
-};
-
-static size_t fwd_layout(struct fwd_buf *f, char *base, const struct ad_geo *g) {
-    const size_t kv = (size_t)(g->nb * g->G * BQ * g->HS), q = (size_t)(g->G * g->M * g->HS);
-    const size_t blk = (size_t)(g->G * g->M * BQ);
-    size_t at = 0;
-    f->Kb = carve(base, &at, kv * sizeof(bf16));
-    f->Vb = carve(base, &at, kv * sizeof(bf16));
-    f->Qb = carve(base, &at, q * sizeof(bf16));
-    f->P = carve(base, &at, blk * sizeof(bf16));
-    f->S = carve(base, &at, (size_t)g->nb * blk * sizeof(float));
-    f->O = carve(base, &at, q * sizeof(float));
-    return at;
-}
 
 /* the groups g0.. g0 + G - 1 */
-static void fwd_chunk(struct l3d_attnd *ad, const struct fwd_buf *fb, bf16 *out, float *lse,
-                      const bf16 *qkv, const struct ad_geo *gp) {
+static void fwd_chunk(struct l3d_attnd *ad, const struct ad_buf *fb, const struct ad_args *a,
+                      const struct ad_geo *gp) {
     const struct ad_geo g = *gp;
-    const struct fwd_buf f = *fb;
+    const struct ad_buf f = *fb;
+    bf16 *out = a->y;
+    float *lse = a->lse;
+    const bf16 *qkv = a->qkv;
     const int64_t HS = g.HS;
     struct ad_prim *qk = ad_get(ad, AD_QK, g.G, g.M, HS, BQ);
     struct ad_prim *pv = ad_get(ad, AD_PV, g.G, g.M, BQ, HS);
     const int64_t kvblk = g.G * BQ * HS, blk = g.G * g.M * BQ;
     gather_kv(f.Kb, f.Vb, qkv, &g);
     for (int64_t qb = 0; qb < g.nb; qb++) {
-        gather_q(f.Qb, qkv, g.CQ, qb, &g);
+        q_pass(&(struct q_pass){.op = Q_GATHER, .x = (bf16 *)qkv, .b16 = f.Qb, .rs = g.CQ}, qb,
+               &g);
         for (int64_t kb = 0; kb <= qb; kb++) ad_run(ad, qk, f.S + kb * blk, f.Qb, f.Kb + kb * kvblk);
         fwd_stats(f.S, lse, qb, &g);
         memset(f.O, 0, (size_t)(g.G * g.M * HS) * sizeof(float));
@@ -443,43 +486,13 @@ static void fwd_chunk(struct l3d_attnd *ad, const struct fwd_buf *fb, bf16 *out,
             fwd_probs(f.P, f.S + kb * blk, lse, qb, kb, &g);
             ad_run(ad, pv, f.O, f.P, f.Vb + kb * kvblk);
         }
-        fwd_store(out, f.O, qb, &g);
+        q_pass(&(struct q_pass){.op = Q_STORE, .x = out, .b32 = f.O, .rs = g.C}, qb, &g);
     }
 }
 
-void l3d_attnd_forward(struct l3d_attnd *ad, bf16 *out, float *lse, const bf16 *qkv, int64_t B,
-                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
-    struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
-    struct fwd_buf f;
-    fwd_layout(&f, ad_scratch(ad, fwd_layout(&f, NULL, &g)), &g);
-    const int64_t Gc = g.G;
-    for (g.g0 = 0; g.g0 < g.Gall; g.g0 += Gc) {
-        g.G = g.Gall - g.g0 < Gc ? g.Gall - g.g0 : Gc;
-        fwd_chunk(ad, &f, out, lse, qkv, &g);
-    }
-}
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-/* D (G M) = rowsum(dO * O) of query block qb's rows in fp32, zero past T */
-static void bwd_rowdot(float *D, const bf16 *dout, const bf16 *out, int64_t qb,
-                       const struct ad_geo *g) {
-    const int64_t b0 = chunk_b0(g), HS = g->HS;
-#pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
-        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
-        chunk_heads(g, b, &k0, &k1);
-        for (int64_t kvh = k0; kvh < k1; kvh++)
-            for (int64_t r = 0; r < g->rep; r++) {
-                int64_t o = (b * g->T + t) * g->C + (kvh * g->rep + r) * HS;
-                float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-                for (int64_t c = 0; c < (t < g->T ? HS : 0); c++)
-                    d += l3d_bf16_widen(dout[o + c]) * l3d_bf16_widen(out[o + c]);
-                D[q_row(g, b, kvh, r, i)] = d;
-            }
-    }
-}
 
 /* P = exp(scale s - lse) and dS = P (dP - D) scale of key block kb, rounded to bf16 (zero where
  * masked) */
@@ -503,24 +516,6 @@ static void bwd_probs(bf16 *P, bf16 *dS, const float *S, const float *dP, const 
     }
 }
 
-/* dqkv's query rows of block qb += dQ, rounded once */
-static void bwd_add_q(bf16 *dqkv, const float *dQ, int64_t qb, const struct ad_geo *g) {
-    const int64_t b0 = chunk_b0(g), HS = g->HS;
-#pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < chunk_nbat(g) * BQ; task++) {
-        int64_t b = b0 + task / BQ, i = task % BQ, t = qb * BQ + i, k0, k1;
-        if (t >= g->T) continue;
-        chunk_heads(g, b, &k0, &k1);
-        for (int64_t kvh = k0; kvh < k1; kvh++)
-            for (int64_t r = 0; r < g->rep; r++) {
-                bf16 *d = dqkv + (b * g->T + t) * g->CQ + (kvh * g->rep + r) * HS;
-                const float *a = dQ + q_row(g, b, kvh, r, i) * HS;
-#pragma omp simd
-                for (int64_t c = 0; c < HS; c++)
-                    d[c] = l3d_bf16_narrow(l3d_bf16_widen(d[c]) + a[c]);
-            }
-    }
-}
 
 /* dqkv's key and value heads += dK and dV (nb, G, BQ, HS), rounded once */
 static void bwd_add_kv(bf16 *dqkv, const float *dK, const float *dV, const struct ad_geo *g) {
@@ -542,36 +537,15 @@ static void bwd_add_kv(bf16 *dqkv, const float *dK, const float *dV, const struc
     }
 }
 
-struct bwd_buf {
-    bf16 *Kb, *Vb, *Qb, *dOb, *P, *dS;
-    float *S, *dP, *dQ, *D, *dK, *dV;
-};
-
-static size_t bwd_layout(struct bwd_buf *w, char *base, const struct ad_geo *g) {
-    const size_t kv = (size_t)(g->nb * g->G * BQ * g->HS), q = (size_t)(g->G * g->M * g->HS);
-    const size_t blk = (size_t)(g->G * g->M * BQ);
-    size_t at = 0;
-    w->Kb = carve(base, &at, kv * sizeof(bf16));
-    w->Vb = carve(base, &at, kv * sizeof(bf16));
-    w->Qb = carve(base, &at, q * sizeof(bf16));
-    w->dOb = carve(base, &at, q * sizeof(bf16));
-    w->P = carve(base, &at, blk * sizeof(bf16));
-    w->dS = carve(base, &at, blk * sizeof(bf16));
-    w->S = carve(base, &at, blk * sizeof(float));
-    w->dP = carve(base, &at, blk * sizeof(float));
-    w->dQ = carve(base, &at, q * sizeof(float));
-    w->D = carve(base, &at, (size_t)(g->G * g->M) * sizeof(float));
-    w->dK = carve(base, &at, kv * sizeof(float));
-    w->dV = carve(base, &at, kv * sizeof(float));
-    return at;
-}
 
 /* the groups g0.. g0 + G - 1 */
-static void bwd_chunk(struct l3d_attnd *ad, const struct bwd_buf *wb, bf16 *dqkv,
-                      const bf16 *dout, const bf16 *qkv, const bf16 *out, const float *lse,
+static void bwd_chunk(struct l3d_attnd *ad, const struct ad_buf *wb, const struct ad_args *a,
                       const struct ad_geo *gp) {
     const struct ad_geo g = *gp;
-    const struct bwd_buf w = *wb;
+    const struct ad_buf w = *wb;
+    bf16 *dqkv = a->y;
+    const bf16 *dout = a->dout, *qkv = a->qkv, *out = a->out;
+    const float *lse = a->lse_in;
     const int64_t HS = g.HS;
     struct ad_prim *qk = ad_get(ad, AD_QK, g.G, g.M, HS, BQ);
     struct ad_prim *pv = ad_get(ad, AD_PV, g.G, g.M, BQ, HS);
@@ -581,9 +555,12 @@ static void bwd_chunk(struct l3d_attnd *ad, const struct bwd_buf *wb, bf16 *dqkv
     memset(w.dK, 0, (size_t)kv * sizeof(float));
     memset(w.dV, 0, (size_t)kv * sizeof(float));
     for (int64_t qb = 0; qb < g.nb; qb++) {
-        gather_q(w.Qb, qkv, g.CQ, qb, &g);
-        gather_q(w.dOb, dout, g.C, qb, &g);
-        bwd_rowdot(w.D, dout, out, qb, &g);
+        q_pass(&(struct q_pass){.op = Q_GATHER, .x = (bf16 *)qkv, .b16 = w.Qb, .rs = g.CQ}, qb,
+               &g);
+        q_pass(&(struct q_pass){.op = Q_GATHER, .x = (bf16 *)dout, .b16 = w.dOb, .rs = g.C}, qb,
+               &g);
+        q_pass(&(struct q_pass){.op = Q_DOT, .x = (bf16 *)dout, .y = out, .b32 = w.D, .rs = g.C},
+               qb, &g);
         memset(w.dQ, 0, (size_t)(g.G * g.M * HS) * sizeof(float));
         for (int64_t kb = 0; kb <= qb; kb++) {
             const bf16 *K = w.Kb + kb * kvblk, *V = w.Vb + kb * kvblk;
@@ -594,20 +571,31 @@ static void bwd_chunk(struct l3d_attnd *ad, const struct bwd_buf *wb, bf16 *dqkv
             ad_run(ad, tn, w.dK + kb * kvblk, w.dS, w.Qb);
             ad_run(ad, tn, w.dV + kb * kvblk, w.P, w.dOb);
         }
-        bwd_add_q(dqkv, w.dQ, qb, &g);
+        q_pass(&(struct q_pass){.op = Q_ADD, .x = dqkv, .b32 = w.dQ, .rs = g.CQ}, qb, &g);
     }
     bwd_add_kv(dqkv, w.dK, w.dV, &g);
+}
+
+/* the call, chunk by chunk, in one scratch */
+static void ad_call(struct l3d_attnd *ad, const struct ad_args *a, struct ad_geo g, bool bwd) {
+    struct ad_buf w;
+    ad_layout(&w, ad_scratch(ad, ad_layout(&w, NULL, &g, bwd)), &g, bwd);
+    const int64_t Gc = g.G;
+    for (g.g0 = 0; g.g0 < g.Gall; g.g0 += Gc) {
+        g.G = g.Gall - g.g0 < Gc ? g.Gall - g.g0 : Gc;
+        (bwd ? bwd_chunk : fwd_chunk)(ad, &w, a, &g);
+    }
+}
+
+void l3d_attnd_forward(struct l3d_attnd *ad, bf16 *out, float *lse, const bf16 *qkv, int64_t B,
+                       int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const struct ad_args a = {.y = out, .lse = lse, .qkv = qkv};
+    ad_call(ad, &a, ad_geo(B, T, NH, NKV, HS), false);
 }
 
 void l3d_attnd_backward(struct l3d_attnd *ad, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
                         const bf16 *out, const float *lse, int64_t B, int64_t T, int64_t NH,
                         int64_t NKV, int64_t HS) {
-    struct ad_geo g = ad_geo(B, T, NH, NKV, HS);
-    struct bwd_buf w;
-    bwd_layout(&w, ad_scratch(ad, bwd_layout(&w, NULL, &g)), &g);
-    const int64_t Gc = g.G;
-    for (g.g0 = 0; g.g0 < g.Gall; g.g0 += Gc) {
-        g.G = g.Gall - g.g0 < Gc ? g.Gall - g.g0 : Gc;
-        bwd_chunk(ad, &w, dqkv, dout, qkv, out, lse, &g);
-    }
+    const struct ad_args a = {.y = dqkv, .lse_in = lse, .qkv = qkv, .dout = dout, .out = out};
+    ad_call(ad, &a, ad_geo(B, T, NH, NKV, HS), true);
 }

@@ -15,6 +15,15 @@
 
 #include "llm3d/core.h"
 
+/* a oneDNN call that must succeed (cpu.c's and cpu_attnd.c's) */
+#define L3D_DNNL_CHECK(call)                                                                 \
+    do {                                                                                     \
+        dnnl_status_t st_ = (call);                                                          \
+        if (st_ != dnnl_success)                                                             \
+            l3d_fatal(__FILE__, __LINE__, "oneDNN call %s failed with status %d", #call,     \
+                      (int)st_);                                                             \
+    } while (0)
+
 struct l3d_attnd;
 
 /* The path's context (its own oneDNN engine, primitive cache and scratch), with the choice made
