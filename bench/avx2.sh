@@ -4,7 +4,7 @@
 # for x86-64-v3 (AVX2, FMA, F16C: -DL3D_NATIVE=OFF -march=x86-64-v3), run with what such a machine
 # would pick: oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2), no 16-bit oneDNN products
 # (L3D_DNNL_16BIT=0: they need AVX512-BF16), llm3d's element-wise paths capped at AVX2
-# (L3D_SIMD=avx2) and no bf16 dot-product attention (L3D_ATTN_DOT=0). It emulates the instruction
+# (L3D_SIMD=avx2) and no bf16 dot-product or AMX attention (L3D_ATTN_DOT=0, L3D_ATTN_DNNL=0). It emulates the instruction
 # set, not the other machine's cores, caches or memory: a regression in what the code does shows,
 # a microarchitecture's taste does not.
 # GPT-2 124M (d12) and a Llama of its size at B=4 T=64 (and B=8 T=256 with LARGE=1), fp32 and
@@ -32,7 +32,8 @@ if [ ! -x "$work/ref/llm3d" ]; then
 fi
 build "$root" "$work/new"
 
-export ONEDNN_MAX_CPU_ISA=AVX2 L3D_DNNL_16BIT=0 L3D_SIMD=avx2 L3D_ATTN_DOT=0 OMP_NUM_THREADS=2
+export ONEDNN_MAX_CPU_ISA=AVX2 L3D_DNNL_16BIT=0 L3D_SIMD=avx2 L3D_ATTN_DOT=0 L3D_ATTN_DNNL=0
+export OMP_NUM_THREADS=2
 llama=(--arch llama --kv-heads 4 --ffn 2048)
 cases=("gpt2_b4_t64|--batch 4 --seq-len 64 --steps 6" "llama_b4_t64|${llama[*]} --batch 4 --seq-len 64 --steps 6")
 [ "${LARGE:-0}" = 1 ] && cases+=("gpt2_b8_t256|--batch 8 --seq-len 256 --steps 3")

@@ -128,6 +128,10 @@ void l3d_be_profile(struct l3d_backend *be, struct l3d_kprof *p);
  * (AVX512-BF16 / AVX512-FP16 CPUs, unless L3D_DNNL_16BIT=0), else the operands are widened into
  * fp32 copies around the fp32 product (which llm3d plan counts in memory). */
 bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t);
+/* Whether attention (l3d_be_attention_forward / backward) in t runs its products as batched
+ * 16-bit matmuls with their kept scratch (the CPU backend: bf16 through oneDNN where it picks AMX,
+ * or L3D_ATTN_DNNL=1; src/backend/cpu_attnd.c), which llm3d plan counts in memory. */
+bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t);
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the
  * device's memory is not reachable so (a GPU without a GPU-aware MPI). */

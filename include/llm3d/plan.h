@@ -118,6 +118,8 @@ struct l3d_profile_16 {
     double kern_eff[L3D_KERN_N]; /* optional kernel_bw_effs_T; all 0: kernel_bw_eff for each */
     bool native; /* optional gemm_native_T = yes: the products run in 16-bit kernels, with no
                   * fp32 copies of their operands (l3d_be_matmul_native) */
+    bool attn_native; /* optional attn_native_T = yes: attention's products run as batched
+                       * 16-bit matmuls with their kept scratch (l3d_be_attention_native) */
     struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad_T (with the four above) */
     struct l3d_profile_grid grid;   /* optional gemm_eff_grid_T (with the four above) */
     struct l3d_profile_exact exact; /* optional gemm_exact_T (with the four above) */
@@ -221,6 +223,9 @@ struct l3d_plan_run {
      * (l3d_be_matmul_native); l3d_plan_evaluate and the search also take it from the profile
      * (gemm_native_bf16 / _fp16 = yes). false: those copies are counted, once */
     bool native16;
+    /* llm3d's bf16 attention runs as batched oneDNN matmuls, whose scratch (kept for the run)
+     * the plan counts; also from the profile (attn_native_bf16 = yes) */
+    bool attn_native16;
     /* llm3d's ZeRO-3, and ZeRO-2 in mixed precision, hold no whole fp32 copy of the parameters:
      * they move a piece of at most piece_bytes at a time (include/llm3d/dp.h; 64 MiB, the
      * checkpoint's staging, l3d_ckpt_stage_bytes): one device piece per chunk when the run reads

@@ -39,6 +39,8 @@ struct l3d_backend_i {
     double (*peak_flops)(void *ctx, enum l3d_dtype t);
     /* whether products in t run in t itself (no fp32 copies of their operands) */
     bool (*matmul_native)(void *ctx, enum l3d_dtype t);
+    /* optional (NULL: no): whether attention in t runs its products as t's own matmuls */
+    bool (*attention_native)(void *ctx, enum l3d_dtype t);
     /* host-accessible address of device memory (NULL: not reachable from the host) */
     void *(*host_view)(void *ctx, const void *p, size_t bytes);
 

@@ -126,6 +126,9 @@ double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t) {
 bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t) {
     return be->i->matmul_native(be->ctx, t);
 }
+bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t) {
+    return be->i->attention_native && be->i->attention_native(be->ctx, t);
+}
 void *l3d_be_host_view(struct l3d_backend *be, const void *p, size_t bytes) {
     return be->i->host_view(be->ctx, p, bytes);
 }

@@ -184,6 +184,9 @@ static double chk_peak_flops(void *ctx, enum l3d_dtype t) {
 static bool chk_matmul_native(void *ctx, enum l3d_dtype t) {
     return l3d_be_matmul_native(((struct chk *)ctx)->inner, t);
 }
+static bool chk_attention_native(void *ctx, enum l3d_dtype t) {
+    return l3d_be_attention_native(((struct chk *)ctx)->inner, t);
+}
 static void *chk_host_view(void *ctx, const void *p, size_t bytes) {
     struct chk *c = ctx;
     return find(c, p) ? dev(c, p, bytes, "host_view", "buffer") : (void *)p;
@@ -631,6 +634,7 @@ static const struct l3d_backend_i check_backend_i = {
     .event_wait = NULL,
     .peak_flops = chk_peak_flops,
     .matmul_native = chk_matmul_native,
+    .attention_native = chk_attention_native,
     .host_view = chk_host_view,
     .matmul_forward = chk_matmul_forward,
     .matmul_backward = chk_matmul_backward,

@@ -24,6 +24,7 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu_attn16.h"
+#include "backend/cpu_attnd.h"
 #include "backend/cpu_ew.h"
 #include "llm3d/core.h"
 
@@ -353,6 +354,7 @@ struct cpu_ctx {
     bool dnnl16[2];
     struct scratch scr[SCR_KINDS];
     struct rope_key rope; /* what the table in scr[SCR_ROPE] holds */
+    struct l3d_attnd *attnd; /* bf16 attention's products as oneDNN matmuls (cpu_attnd.c) */
 };
 
 /* Scratch of kind k, at least `bytes`: the kept buffer, grown (and touched) when a call needs more
@@ -385,13 +387,7 @@ static const float *param_f32(struct cpu_ctx *cx, enum scr_kind k, enum l3d_dtyp
     return c;
 }
 
-#define DNNL_CHECK(call)                                                                     \
-    do {                                                                                     \
-        dnnl_status_t st_ = (call);                                                          \
-        if (st_ != dnnl_success)                                                             \
-            l3d_fatal(__FILE__, __LINE__, "oneDNN call %s failed with status %d", #call,     \
-                      (int)st_);                                                             \
-    } while (0)
+#define DNNL_CHECK L3D_DNNL_CHECK
 
 static void mm_entry_destroy(struct mm_entry *e) {
     if (e->ok) {
@@ -1027,6 +1023,10 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
     struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_forward");
     gqa_check("attention_forward", NH, NKV);
+    if (l3d_attnd_on(cx->attnd, dt)) { /* oneDNN's bf16 matmuls (AMX) */
+        l3d_attnd_forward(cx->attnd, out, lse, qkv, B, T, NH, NKV, HS);
+        return;
+    }
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
     const int64_t per = fa_scratch(dt, T, HS);
@@ -1181,6 +1181,10 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
     struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_backward");
     gqa_check("attention_backward", NH, NKV);
+    if (l3d_attnd_on(cx->attnd, dt)) { /* oneDNN's bf16 matmuls (AMX) */
+        l3d_attnd_backward(cx->attnd, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
+        return;
+    }
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const bool dot = l3d_fa16_on(dt, HS);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, T, T, HS)
@@ -2146,6 +2150,9 @@ static bool cpu_matmul_native(void *ctx, enum l3d_dtype t) {
         if (!mm_get(cx, &k[i])->ok) return false;
     return true;
 }
+static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
+    return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
+}
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
     (void)bytes;
@@ -2156,6 +2163,7 @@ static void cpu_free(void *ctx) {
     struct cpu_ctx *cx = ctx;
     for (int i = 0; i < cx->mm_count; i++) mm_entry_destroy(&cx->mm[i]);
     for (int k = 0; k < SCR_KINDS; k++) l3d_free(cx->scr[k].p);
+    l3d_attnd_free(cx->attnd);
     dnnl_stream_destroy(cx->stream);
     dnnl_engine_destroy(cx->engine);
     l3d_free(cx);
@@ -2175,6 +2183,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .event_wait = NULL,
     .peak_flops = cpu_peak_flops,
     .matmul_native = cpu_matmul_native,
+    .attention_native = cpu_attention_native,
     .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
@@ -2229,5 +2238,6 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     cx->rope.T = -1; /* no table yet */
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));
+    cx->attnd = l3d_attnd_init();
     return l3d_backend_make(&cpu_backend_i, cx);
 }

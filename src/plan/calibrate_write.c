@@ -95,6 +95,7 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
         m->kernel_bw_eff = c->kernel_bw_eff16[t];
         for (int i = 0; i < L3D_KERN_N; i++) m->kern_eff[i] = c->k_bw16[t][i] / c->bw_all;
         m->native = c->native16[t];
+        m->attn_native = c->attn_native16[t];
     }
 }
 
@@ -306,6 +307,10 @@ static void write_16(FILE *f, const struct l3d_calib *c, const struct l3d_profil
                              "conversions included");
     put(f, p, key[0], false, "%s: whether the products run in 16-bit kernels (no fp32 copies of "
         "their operands: the planner's memory leaves those out)", by);
+    char attn[32];
+    snprintf(attn, sizeof attn, "attn_native_%s", n);
+    put(f, p, attn, false, "%s: whether attention's products run as batched 16-bit matmuls "
+        "(oneDNN, AMX), with a scratch the planner's memory counts", by);
     put(f, p, key[1], false, "%s: the linear layer as gemm_eff, in %s through the backend "
         "(forward and input gradient), the same shapes and buckets; fraction of %s%s", by, n,
         c->native16[t] ? "peak_tflops_" : "the fp32 FMA peak", c->native16[t] ? n : "");

@@ -169,6 +169,47 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
     return 4.0 * best;
 }
 
+/* The CPU backend's bf16 attention as batched oneDNN matmuls (src/backend/cpu_attnd.c, its
+ * fwd_layout and bwd_layout): one scratch kept for the run, the larger of the two sets, every
+ * piece rounded up to 64 bytes. G groups a call (512 / M of the B NKV, at least 1), M = rep 64
+ * rows of a query block, nb key blocks of 64: keys and values (nb, G, 64, HS) in bf16, and in fp32 for the backward's dK, dV
+ * sums; a query block (G, M, HS); a block of probabilities (G, M, 64); the forward's scores of a
+ * whole row (nb blocks of them). */
+static double attnd_scratch(double B, double T, double NH, double NKV, double HS) {
+    double M = NH / NKV * 64, G = fmin(fmax(1, floor(512 / M)), B * NKV);
+    double nb = ceil(T / 64), kv = nb * G * 64 * HS;
+    double q = G * M * HS, blk = G * M * 64;
+#define R64(x) (ceil((x) / 64) * 64)
+    double fwd = 2 * R64(2 * kv) + R64(2 * q) + R64(2 * blk) + R64(4 * nb * blk) + R64(4 * q);
+    double bwd = 2 * R64(2 * kv) + 2 * R64(2 * q) + 2 * R64(2 * blk) + 2 * R64(4 * blk) +
+                 R64(4 * q) + R64(4 * G * M) + 2 * R64(4 * kv);
+#undef R64
+    return fwd > bwd ? fwd : bwd;
+}
+
+/* The 16-bit products' and attention's kept scratch: the fp32 operands of the largest 16-bit
+ * product, once (freed after each product), unless the profile says the products run in 16-bit
+ * kernels (gemm_native_T); and bf16 attention through oneDNN (attn_native_bf16): its scratch, for
+ * the chunk with the most heads, made in the first step (beside the products' copies; not with
+ * the initialisation's staging); the context-parallel ring's block kernels keep their own. */
+static double products16_scratch(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
+                                 const struct l3d_layout *lay, const struct l3d_plan_chunk *ch) {
+    double scratch16 = 0;
+    if (run->precision.param != L3D_F32 && !run->native16)
+        for (int k = 0; k < lay->v; k++)
+            scratch16 = fmax(scratch16, mixed_matmul_scratch(m, lay, &ch[k]));
+    if (run->attn_native16 && lay->cp == 1) {
+        double most = 0, rep = m->NH / l3d_model_kv_heads(m);
+        for (int k = 0; k < lay->v; k++)
+            if (ch[k].sh.layer_count > 0)
+                most = fmax(most, attnd_scratch(lay->micro_batch, (double)m->maxT,
+                                                ch[k].sh.head_count, ch[k].sh.head_count / rep,
+                                                l3d_model_head_dim(m)));
+        scratch16 += most;
+    }
+    return scratch16;
+}
+
 /* llm3d's trainer: exactly what it allocates (l3d_gpt_init_dt, l3d_dp_init, l3d_adamw_init_dt); in
  * mixed precision 16-bit parameters and activations, fp32 gradients, and the fp32 master weights
  * with the moments. Returns the bytes of its transients (not at once: the larger). */
@@ -229,16 +270,7 @@ static double trainer_memory(const struct l3d_model_spec *m, const struct l3d_pl
             if (run->files && piece > piece_host) piece_host = piece;
         }
     }
-    /* the fp32 operands of the largest 16-bit product, once (freed after each product),
-     * unless the profile says the products run in 16-bit kernels (gemm_native_T) */
-    if (dt != L3D_F32 && !run->native16) {
-        double most = 0;
-        for (int k = 0; k < lay->v; k++) {
-            double x = mixed_matmul_scratch(m, lay, &ch[k]);
-            most = x > most ? x : most;
-        }
-        scratch16 = most;
-    }
+    scratch16 = products16_scratch(m, run, lay, ch);
     /* the 16-bit DP reduction's staging (l3d_dp_reduce_in): two layers' gradients and the
      * non-layer tensors', in 2 bytes, per chunk; none in a group of one (with expert parallelism
      * under ZeRO the group is the dp / ep ranks holding the same experts) */

@@ -61,6 +61,8 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
     if (run->llm3d && run->precision.param != L3D_F32 &&
         prof->mixed[run->precision.param == L3D_BF16 ? 0 : 1].native)
         ev->run.native16 = true;
+    if (run->llm3d && run->precision.param == L3D_BF16 && prof->mixed[0].attn_native)
+        ev->run.attn_native16 = true;
     l3d_plan_view(m, lay_in, &ev->ms, &ev->lay);
     l3d_status st = l3d_plan_check(m, prof, &ev->run, &ev->lay);
     if (st != L3D_OK) return st;

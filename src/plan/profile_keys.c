@@ -44,6 +44,7 @@ const struct l3d_profile_key l3d_profile_keys[] = {
     /* llm3d's 16-bit kernels (struct l3d_profile_16): all four of a type or none */
 #define MIXED(T, i)                                                                                \
     {"gemm_native_" T, L3D_PK_BOOL, OFF(mixed[i].native), 0, false, 0, true, NULL},               \
+    {"attn_native_" T, L3D_PK_BOOL, OFF(mixed[i].attn_native), 0, false, 0, true, NULL},          \
     {"gemm_eff_" T, L3D_PK_EFF, OFF(mixed[i]), 0, true, 1.5, true, "%.3f"},                       \
     {"gemm_eff_wgrad_" T, L3D_PK_WGRAD, OFF(mixed[i].wgrad), 0, true, 1.5, true, "%.3f"},         \
     {"attn_eff_" T, L3D_PK_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true, "%.3f"},              \

@@ -17,6 +17,18 @@ static const char *bubble_formula(enum l3d_pp_kind kind) {
     return l3d_pp_split(kind) ? "(timeline with F = B = W)" : "(p-1)/(v m+p-1)";
 }
 
+/* which path the 16-bit products of type dt take: the linear layers', then attention's */
+static void report_paths(const struct l3d_trainer *t, enum l3d_dtype dt) {
+    static const char *const path[2][3] = {
+        {"products", "16-bit operands into fp32 sums, in the backend's own 16-bit kernels",
+         "16-bit operands widened into fp32 copies around fp32 products (the device has no "
+         "16-bit products, or L3D_DNNL_16BIT=0)"},
+        {"attention products", "16-bit matmuls in the backend's own kernels (oneDNN, AMX)",
+         "the flash kernels' fp32 (or bf16 dot) products (no AMX, fp16, or L3D_ATTN_DNNL=0)"}};
+    bool native[2] = {l3d_be_matmul_native(t->be, dt), l3d_be_attention_native(t->be, dt)};
+    for (int k = 0; k < 2; k++) printf("%s: %s\n", path[k][0], path[k][native[k] ? 1 : 2]);
+}
+
 static void report_transfers(const struct l3d_trainer *t, int v) {
     const struct l3d_train_config *tc = t->tc;
     const double MiB = 1048576.0;
@@ -196,12 +208,7 @@ void l3d_train_report_start(const struct l3d_trainer *t, const struct l3d_train_
                tc->layout.zero3_prefetch);
     printf("\n");
     report_transfers(t, v);
-    if (mixed)
-        printf("products: %s\n",
-               l3d_be_matmul_native(t->be, tc->precision.param)
-                   ? "16-bit operands into fp32 sums, in the backend's own 16-bit kernels"
-                   : "16-bit operands widened into fp32 copies around fp32 products (the "
-                     "device has no 16-bit products, or L3D_DNNL_16BIT=0)");
+    if (mixed) report_paths(t, tc->precision.param);
     printf("activations: %.1f MiB on the fullest rank (%.0f bytes; closed form %.1f MiB; "
            "recompute %s; micro-batches kept per chunk on rank 0:", res->act_bytes / MiB,
            (double)res->act_bytes, res->act_bytes_formula / MiB,

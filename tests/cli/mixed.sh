@@ -303,6 +303,11 @@ prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
 # profile with gemm_native_T = yes, as calibrate writes it on such a machine
 for t in bf16 fp16; do { cat "$prof"; echo "gemm_native_$t = yes"; } > "$dir/native_$t.prof"; done
 native() { grep -q "^products: 16-bit operands into fp32 sums, in the backend's own" "$1"; }
+# and a run whose bf16 attention runs as oneDNN matmuls (AMX; its start-up line) keeps their
+# scratch: attn_native_bf16 = yes
+{ cat "$dir/native_bf16.prof"; echo "attn_native_bf16 = yes"; } > "$dir/native_attn_bf16.prof"
+{ cat "$prof"; echo "attn_native_bf16 = yes"; } > "$dir/attn_bf16.prof"
+attn_native() { grep -q "^attention products: 16-bit matmuls" "$1"; }
 # mem NAME NP B ACCUM DP PRECISION PLAN_FLAGS -- TRAIN_FLAGS: within 1%
 mem() {
     local name=$1 np=$2 b=$3 accum=$4 dp=$5 prec=$6
@@ -318,6 +323,7 @@ mem() {
         { bad "$name: the trainer failed"; cat "$dir/$name.log"; return; }
     local measured predicted p=$prof
     native "$dir/$name.log" && p=$dir/native_$prec.prof
+    attn_native "$dir/$name.log" && p=$dir/native_attn_$prec.prof
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
     predicted=$("$bin" plan "${mdl[@]}" --channels 128 --seq-len 64 --profile "$p" \
         --precision "$prec" --devices "$np" --batch "$b" \
@@ -378,8 +384,14 @@ miss "the plan of the ring in bf16" mem_bf16_cp2_f32 2 \
     --precision bf16 --cp 2 --zero 0 --global-batch 2
 # the other product path's plan: fp32 copies of the operands (4% here) where there are none, or none
 # where there are
+# the attention's scratch (oneDNN path) left out where the run keeps it
+if attn_native "$dir/mem_bf16_one.log"; then
+    miss "the plan without the oneDNN attention's scratch" mem_bf16_one 1 \
+        --profile "$dir/native_bf16.prof" --precision bf16 --zero 0
+fi
 if native "$dir/mem_bf16_one.log"; then
-    miss "the plan with the widened products' fp32 copies" mem_bf16_one 1 --precision bf16 --zero 0
+    miss "the plan with the widened products' fp32 copies" mem_bf16_one 1 --precision bf16 \
+        --zero 0 --profile "$(attn_native "$dir/mem_bf16_one.log" && echo "$dir/attn_bf16.prof" || echo "$prof")"
 else
     miss "the plan of 16-bit kernels (gemm_native_bf16 = yes)" mem_bf16_one 1 \
         --profile "$dir/native_bf16.prof" --precision bf16 --zero 0
