@@ -459,7 +459,7 @@ static void test_sort_exact(void) {
     int32_t ix[N * K], ps[N * K], of[E + 1], work[3 * E];
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
     l3d_be_moe_route(cpu, L3D_F32, probs, lse, ix, wts, ps, of, st, work, x, w, N, C, E, K, 1, 0,
-                     NULL, 1);
+                     NULL, 1, NULL);
     CHECK(l3d_mem_peak() == used); /* nothing allocated inside, not even for a moment */
     l3d_mem_window_end(before);
     CHECK(of[E] == N * K && work[0] + work[1] + work[2] + work[3] == N * K);
@@ -493,7 +493,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     l3d_be_memset(be, gin, 0, N * C * fb);
     l3d_be_memset(be, gw, 0, E * C * fb);
     l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, work, dx, dwt, N, C, E, K,
-                     1, 4, NULL, 1);
+                     1, 4, NULL, 1, NULL);
     const float aux = 0.3f, z = 0.2f;
     l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
                                wts, st, N, C, E, K, 1, aux, z);
@@ -822,7 +822,7 @@ static void route_host(struct l3d_backend *be, const float *x, const float *w, i
         l3d_be_copy_h2d(be, df, fill, segs * RE * 4);
     }
     l3d_be_moe_route(be, L3D_F32, d[2], d[3], di, d[4], dp, off, d[5], work, d[0], d[1], n, RC, RE,
-                     RK, 1, cap, df, segs);
+                     RK, 1, cap, df, segs, NULL);
     l3d_be_copy_d2h(be, idx, di, n * RK * 4);
     l3d_be_copy_d2h(be, pos, dp, n * RK * 4);
     l3d_be_copy_d2h(be, stats, d[5], (2 * RE + 2) * fb);
