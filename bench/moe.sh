@@ -53,10 +53,11 @@ run() {
         { echo "| $name | the trainer failed: $(tail -1 "$out.log") |"; ms=""; return; }
     ms=$(med ms "$out/metrics.jsonl")
     ep=$(med ep_comm_ms "$out/metrics.jsonl")
-    local mem pms="-" pmem="-" json accum=1 ep_flag=(--ep 1) routing=- load=-
+    local mem pms="-" pmem="-" json accum=1 ep_flag=(--ep 1) routing=- load=- force=()
     if [ "$model" != d12 ]; then
         routing=natural
-        [[ " $* " == *" --moe-force-balance "* ]] && routing=balanced
+        [[ " $* " == *" --moe-force-balance "* ]] && routing=balanced &&
+            force=(--moe-force-balance) # its index buffer in the planned memory
         load=$(med moe_load_max "$out/metrics.jsonl")
     fi
     mem=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$out.log")
@@ -66,7 +67,7 @@ run() {
         json=$("$bin" plan --model "$model" --vocab 256 --seq-len 64 --profile "$prof" \
             --precision "$prec" --trainer llm3d --devices 2 --threads "$th" --batch 2 \
             --global-batch $((2 * accum * np)) --tp 1 --pp 1 --zero 0 --recompute none \
-            "${ep_flag[@]}" --json 2>&1 | head -1)
+            "${ep_flag[@]}" ${force[@]+"${force[@]}"} --json 2>&1 | head -1)
         pms=$(echo "$json" | sed -n 's/.*"step_s":\([^,]*\),.*/\1/p')
         pmem=$(echo "$json" | sed -n 's/.*"mem_total":\([^,]*\),.*/\1/p')
     fi
