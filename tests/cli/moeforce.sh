@@ -47,8 +47,11 @@ TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-aux-loss-coef 1 --steps 3 --war
 train natural 0 2
 TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-force-balance --moe-aux-loss-coef 1 --steps 3
              --warmup 1 --lr 1e-3 --eps 1e-6)
-! balanced natural && ok "  (negative: the router's own routing is not balanced)" ||
-    bad "the run without --moe-force-balance reads as balanced"
+loads=$(grep -o '"moe_load_max":[0-9.e+-]*' "$dir/natural/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')
+! balanced natural && awk -v l="$loads" 'BEGIN { n = split(l, a, " "); for (i = 1; i <= n; i++)
+    if (a[i] > 1) exit 0; exit 1 }' &&
+    ok "  (negative: the router's own routing is not balanced: loads $loads)" ||
+    bad "the run without --moe-force-balance reads as balanced (loads $loads)"
 "$bin" compare --rtol 1e-5 "$dir/natural" "$dir/ref1" > /dev/null 2>&1 &&
     bad "compare took the router's routing for the forced one" ||
     ok "  (negative: compare tells the forced run from the router's)"
@@ -60,6 +63,8 @@ train tp2 2 2 --tp 2 && same tp2 ref1
 train cp2 2 2 --cp 2 && same cp2 ref1 && check "cp 2: load 1, marked forced" balanced cp2
 train ep2_cp2_cf 2 2 --cp 2 --ep 2 --moe-capacity-factor 0.75 &&
     train ref1_cf 0 2 --moe-capacity-factor 0.75 && same ep2_cp2_cf ref1_cf
+# (the capacity, ceil(0.75 N K / E) = 24 of each expert's 32 forced rows, still drops)
+check "  ... with the capacity's drops" grep -q '"moe_dropped":[1-9]' "$dir/ep2_cp2_cf/metrics.jsonl"
 train ep2_zero3_rc 2 2 --ep 2 --zero 3 --recompute full && same_run ep2_zero3_rc ref2
 P=(--layers 4)
 train ref4_l4 0 2 --grad-accum 4 "${P[@]}" &&
@@ -79,6 +84,8 @@ train dense 0 2
 train_cmd dense_forced 0 2 --moe-force-balance
 expect_error "--moe-force-balance on a dense model" "llm3d train: --moe-force-balance on a dense model" \
     "${CMD[@]}"
+train_cmd dense_forced_np2 2 2 --moe-force-balance --tp 2
+expect_error --once "  ... under mpiexec, said once" "--moe-force-balance on a dense model" "${CMD[@]}"
 expect_error "generate --moe-force-balance on a dense checkpoint" \
     "llm3d generate: --moe-force-balance: .* is a dense model" \
     "$bin" generate --checkpoint "$dir/dense/model.bin" --tokenizer bytes --moe-force-balance
