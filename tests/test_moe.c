@@ -360,12 +360,13 @@ static void test_force_reference(struct l3d_backend *be) {
     check_against_reference(be, moe_config(false, c), false);
 }
 
-/* l3d_moe_force_rows, one layout against another: a sequence of 8 rows, E 4, K 3 (T K = 24: each
- * expert 6 a sequence), layer 5. A context-parallel ring of 2 (rank r's 4 rows: chunks r and
+/* l3d_moe_force_rows, one layout against another: a sequence of 8 rows, E 8, K 3 (T K = 24: each
+ * expert 3 a sequence; a ring rank's 4 rows take 12, not a multiple of E, so a rule that took the
+ * rank's rows for the sequence would start the second sequence elsewhere), layer 5. A context-parallel ring of 2 (rank r's 4 rows: chunks r and
  * 3 - r of 2 rows, written out here) gives each of its rows the full sequence's row at that
  * position; generation's one row at a time (pos0) the same; the chunks swapped must not. */
 static void test_force_rows(void) {
-    enum { B = 2, T = 8, E = 4, K = 3, L = 5 };
+    enum { B = 2, T = 8, E = 8, K = 3, L = 5 };
     int32_t full[B * T * K], ring[B * (T / 2) * K], one[K];
     l3d_moe_force_rows(full, E, K, L, B, T, 1, 0, 0);
     for (int b = 0; b < B; b++) {
