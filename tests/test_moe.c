@@ -15,7 +15,8 @@
  *   - --moe-force-balance (the selection fixed by position, benchmarking only): the model against
  *     the reference routing by the rule written out here (loss, losses, loads of 1, every
  *     gradient through the router), the rule shifted by one or left to the top-k must not match;
- *     l3d_moe_force_rows the same on a context-parallel ring's chunks and generation's rows;
+ *     l3d_moe_force_rows the same on a context-parallel ring's chunks and generation's rows; the
+ *     route kernel's forced input bit for bit as the CUDA backend's row function (on the host);
  *   - the spec's rules, the parameter counts (total and active), the tensor table.
  */
 #include <math.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "backend/backend-impl.h"
+#include "backend/cuda_moe.h"
 #include "llm3d/model.h"
 #include "llm3d/spec.h"
 #include "model/moe.h"
@@ -358,6 +360,54 @@ static void test_force_reference(struct l3d_backend *be) {
     struct l3d_moe_spec c = {.experts = 4, .top_k = 1, .ffn = 8, .norm_topk = true,
                              .capacity_factor = 1.0, .force_balance = true};
     check_against_reference(be, moe_config(false, c), false);
+}
+
+/* The route kernel's forced input: the backend's idx is the forced experts and its weights their
+ * probabilities renormalised, bit for bit as the CUDA backend's row function (cuda_moe.h, run here
+ * on the host) gives them from the same fp32 logits; without forced both take the top-k, which
+ * is not the forced choice (the negative case). */
+static void test_force_kernel(struct l3d_backend *be) {
+    enum { N = 6, C = 5, E = 4, K = 2 };
+    float x[N * C], w[E * C], hp[N * E], hw[N * K], hl[N], p[E], rw[K], rl;
+    int32_t forced[N * K], hi[N * K], ri[K];
+    ref_fill_normal(x, N * C, 0.0f, 1.0f, 41, 1);
+    ref_fill_normal(w, E * C, 0.0f, 1.0f, 41, 2);
+    l3d_moe_force_rows(forced, E, K, 3, 1, N, 1, 0, 0);
+    void *d[9];
+    const size_t sz[9] = {N * C * 4, E * C * 4, N * E * 4, N * 4, N * K * 4, N * K * 4,
+                          N * K * 4, (E + 1) * 4, (2 * E + 2) * 4};
+    for (int i = 0; i < 9; i++) d[i] = l3d_be_alloc(be, sz[i], "test");
+    int32_t *work = l3d_be_alloc(be, 3 * E * 4, "test"), *df = l3d_be_alloc(be, sizeof forced, "f");
+    l3d_be_copy_h2d(be, d[0], x, sizeof x);
+    l3d_be_copy_h2d(be, d[1], w, sizeof w);
+    l3d_be_copy_h2d(be, df, forced, sizeof forced);
+    for (int pass = 0; pass < 2; pass++) { /* forced, then the top-k */
+        const int32_t *f = pass == 0 ? df : NULL;
+        l3d_be_moe_route(be, L3D_F32, d[2], d[3], d[4], d[5], d[6], d[7], d[8], work, d[0], d[1],
+                         N, C, E, K, 1, 0, NULL, 1, f);
+        l3d_be_copy_d2h(be, hp, d[2], sizeof hp);
+        l3d_be_copy_d2h(be, hl, d[3], sizeof hl);
+        l3d_be_copy_d2h(be, hi, d[4], sizeof hi);
+        l3d_be_copy_d2h(be, hw, d[5], sizeof hw);
+        int same_as_forced = 1;
+        for (int n = 0; n < N; n++) {
+            for (int e = 0; e < E; e++) { /* the CPU kernel's fp32 logits, in its order */
+                float s = 0.0f;
+                for (int c = 0; c < C; c++) s += x[n * C + c] * w[e * C + c];
+                p[e] = s;
+            }
+            rl = l3d_moe_route_row(p, ri, rw, pass == 0 ? forced + n * K : NULL, E, K, 1);
+            CHECK(rl == hl[n] && memcmp(p, hp + n * E, sizeof p) == 0);
+            CHECK(memcmp(ri, hi + n * K, sizeof ri) == 0 && memcmp(rw, hw + n * K, sizeof rw) == 0);
+            CHECK_NEAR(rw[0] + rw[1], 1.0f, 1e-6);
+            CHECK_NEAR(rw[0] * (p[ri[1]]), rw[1] * (p[ri[0]]), 1e-7); /* p's ratio kept */
+            same_as_forced &= memcmp(hi + n * K, forced + n * K, sizeof ri) == 0;
+        }
+        CHECK(same_as_forced == (pass == 0));
+    }
+    for (int i = 0; i < 9; i++) l3d_be_free(be, d[i]);
+    l3d_be_free(be, work);
+    l3d_be_free(be, df);
 }
 
 /* l3d_moe_force_rows, one layout against another: a sequence of 8 rows, E 8, K 3 (T K = 24: each
@@ -956,6 +1006,7 @@ int main(void) {
     test_reference(be);
     test_force_reference(be);
     test_force_rows();
+    test_force_kernel(be);
     test_all_to_one(be);
     test_backends_and_precisions(be);
     test_expert_shards(be);
