@@ -36,6 +36,7 @@ static const struct { const char *flag, *val, *with; } values[] = {
     {"moe-aux-loss-coef", "0.5", "--model moe-tiny"},
     {"moe-z-loss-coef", "0.5", "--model moe-tiny"},
     {"moe-capacity-factor", "1.25", "--model moe-tiny"},
+    {"moe-force-balance", NULL, "--model moe-tiny"},
     {"init-from", "@init", ""}, {"train", "a dir/train_*.bin", ""}, {"val", "v\"q\".bin", ""},
     {"sequential", NULL, ""}, {"steps", "7", ""}, {"lr", "1e-3", ""}, {"min-lr", "1e-5", ""},
     {"warmup", "3", ""}, {"weight-decay", "0.2", ""}, {"beta1", "0.8", ""},

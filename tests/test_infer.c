@@ -154,10 +154,10 @@ static void check_block_allocs(const struct l3d_gpt *m) {
     float *h = malloc((size_t)(T * C) * sizeof(float));
     for (int64_t i = 0; i < T * C; i++) h[i] = l3d_rng_normal(7, 0, (uint64_t)i);
     l3d_be_copy_h2d(m->be, ln, h, (size_t)(T * C) * sizeof(float));
-    l3d_moe_infer_forward(w, m, 1, out, ln, T); /* the backend's first products set up */
+    l3d_moe_infer_forward(w, m, 1, out, ln, T, 0); /* the backend's first products set up */
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
-    l3d_moe_infer_forward(w, m, 1, out, ln, T);
-    for (int64_t i = 0; i < 8; i++) l3d_moe_infer_forward(w, m, 1, out, ln + i * C, 1);
+    l3d_moe_infer_forward(w, m, 1, out, ln, T, 0);
+    for (int64_t i = 0; i < 8; i++) l3d_moe_infer_forward(w, m, 1, out, ln + i * C, 1, i);
     CHECK(l3d_mem_peak() == used);
     l3d_free(l3d_alloc(64, "test")); /* (negative: the window sees it) */
     CHECK(l3d_mem_peak() > used);

@@ -12,6 +12,11 @@
  *     rule applied (and the tie rule: the second choice is the lowest other expert);
  *   - the check backend against the cpu backend in fp32, bf16 and fp16 (bit-identical: the check
  *     backend runs the cpu kernels behind its pointer checks), and 16-bit against fp32;
+ *   - --moe-force-balance (the selection fixed by position, benchmarking only): the model against
+ *     the reference routing by the rule written out here (loss, losses, loads of 1, every
+ *     gradient through the router), the rule shifted by one or left to the top-k must not match;
+ *     l3d_moe_force_rows the same on a context-parallel ring's chunks and generation's rows; the
+ *     route kernel's forced input bit for bit as the CUDA backend's row function (on the host);
  *   - the spec's rules, the parameter counts (total and active), the tensor table.
  */
 #include <math.h>
@@ -19,6 +24,7 @@
 #include <string.h>
 
 #include "backend/backend-impl.h"
+#include "backend/cuda_moe.h"
 #include "llm3d/model.h"
 #include "llm3d/spec.h"
 #include "model/moe.h"
@@ -35,7 +41,8 @@ struct ref_model {
     const int32_t *inp, *tgt;
     int B, T;
     double *params;
-    /* 0: right; 1: top-k takes k - 1 experts; 2: no renormalisation; 3: experts 0 and 1 swapped */
+    /* 0: right; 1: top-k takes k - 1 experts; 2: no renormalisation; 3: experts 0 and 1 swapped;
+     * forced routing: 4 the rule shifted by one expert, 5 the top-k instead */
     int mutant;
     /* the last evaluation's: LM loss, auxiliary losses summed over MoE layers, drops, loads */
     double lm, aux, z, dropped, load[64];
@@ -66,9 +73,10 @@ static void ref_mlp(double *out, const double *x, const double *w1, const double
 }
 
 /* One token's router: p (E) the softmax of its logits, *lse, idx and w (K) its top-k (the most
- * probable first; ties: the lower expert index first), w renormalised when asked. */
+ * probable first; ties: the lower expert index first) or the experts of forced (NULL: none), w
+ * renormalised when asked. */
 static void ref_route(const struct ref_model *r, const double *x, const double *router, double *p,
-                      double *lse, int *idx, double *w, int K) {
+                      double *lse, int *idx, double *w, int K, const int *forced) {
     const struct l3d_moe_spec *ms = &r->cfg.moe;
     int64_t C = r->cfg.C, E = ms->experts;
     double mx = -INFINITY, s = 0.0, ws = 0.0;
@@ -80,8 +88,8 @@ static void ref_route(const struct ref_model *r, const double *x, const double *
     for (int64_t e = 0; e < E; e++) p[e] /= s;
     *lse = mx + log(s);
     for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
+        int best = forced ? forced[k] : -1;
+        for (int e = 0; !forced && e < E; e++) {
             bool taken = false;
             for (int j = 0; j < k; j++) taken |= idx[j] == e;
             if (!taken && (best < 0 || p[e] > p[best])) best = e;
@@ -115,7 +123,13 @@ static void ref_moe(struct ref_model *r, double *out, const double *x, int64_t N
     double zsum = 0.0;
     for (int64_t n = 0; n < N; n++) {
         double lse;
-        ref_route(r, x + n * C, rw, p, &lse, idx, w, Kr);
+        /* --moe-force-balance: row n is position n % T of sequence n / T, so its global row in
+         * the micro-batch is n itself: experts (layer + n K + k) mod E */
+        int forced[64], layer = j + r->cfg.moe.dense_layers;
+        for (int k = 0; k < Kr; k++)
+            forced[k] = (int)((layer + n * K + k + (r->mutant == 4)) % E);
+        bool force = ms->force_balance && r->mutant != 5;
+        ref_route(r, x + n * C, rw, p, &lse, idx, w, Kr, force ? forced : NULL);
         zsum += lse * lse;
         for (int64_t e = 0; e < E; e++) psum[e] += p[e];
         for (int k = 0; k < Kr; k++) {
@@ -296,7 +310,10 @@ static void check_against_reference(struct l3d_backend *be, struct l3d_model_spe
     CHECK_NEAR(sum.z, r.z / Lm, 1e-5 * fabs(r.z / Lm));
     CHECK(sum.dropped == r.dropped && (sum.dropped > 0) == expect_drops);
     for (int j = 0; j < Lm; j++) CHECK_NEAR(load[j], r.load[j], 1e-12);
-    for (r.mutant = 1; r.mutant <= 3; r.mutant++) { /* a wrong block must not pass */
+    if (cfg.moe.force_balance) /* T K a multiple of E here: every expert N K / E rows */
+        CHECK(sum.load_max == 1.0);
+    for (r.mutant = 1; r.mutant <= (cfg.moe.force_balance ? 5 : 3); r.mutant++) {
+        /* a wrong block must not pass */
         ref_objective(&r);
         if (r.mutant == 2 && !cfg.moe.norm_topk) continue; /* nothing to leave out */
         CHECK(!(fabs(loss - r.lm) <= 100 * 2e-6 * fabs(r.lm)));
@@ -326,6 +343,109 @@ static void test_reference(struct l3d_backend *be) {
     struct l3d_moe_spec c = {.experts = 4, .top_k = 1, .ffn = 8, .norm_topk = true,
                              .capacity_factor = 1.0};
     check_against_reference(be, moe_config(false, c), true);
+}
+
+/* --moe-force-balance against the reference's rule, in the three configurations above (T K = 12
+ * a multiple of E = 4 and 3: every load 1): renormalised and plain weights, the capacity still
+ * dropping (b: ceil(0.5 x 12 x 2 / 3) = 4 of an expert's 8), top-1 (c: no drops, each expert
+ * exactly its capacity). The mutants: the rule shifted by one, the router's top-k. */
+static void test_force_reference(struct l3d_backend *be) {
+    struct l3d_moe_spec a = {.experts = 4, .top_k = 2, .ffn = 12, .shared = 1, .dense_layers = 1,
+                             .norm_topk = true, .aux_coef = 0.1, .z_coef = 0.05,
+                             .force_balance = true};
+    check_against_reference(be, moe_config(false, a), false);
+    struct l3d_moe_spec b = {.experts = 3, .top_k = 2, .ffn = 8, .aux_coef = 0.05,
+                             .z_coef = 0.01, .capacity_factor = 0.5, .force_balance = true};
+    check_against_reference(be, moe_config(true, b), true);
+    struct l3d_moe_spec c = {.experts = 4, .top_k = 1, .ffn = 8, .norm_topk = true,
+                             .capacity_factor = 1.0, .force_balance = true};
+    check_against_reference(be, moe_config(false, c), false);
+}
+
+/* The route kernel's forced input: the backend's idx is the forced experts and its weights their
+ * probabilities renormalised, bit for bit as the CUDA backend's row function (cuda_moe.h, run here
+ * on the host) gives them from the same fp32 logits; without forced both take the top-k, which
+ * is not the forced choice (the negative case). */
+static void test_force_kernel(struct l3d_backend *be) {
+    enum { N = 6, C = 5, E = 4, K = 2 };
+    float x[N * C], w[E * C], hp[N * E], hw[N * K], hl[N], p[E], rw[K], rl;
+    int32_t forced[N * K], hi[N * K], ri[K];
+    ref_fill_normal(x, N * C, 0.0f, 1.0f, 41, 1);
+    ref_fill_normal(w, E * C, 0.0f, 1.0f, 41, 2);
+    l3d_moe_force_rows(forced, E, K, 3, 1, N, 1, 0, 0);
+    void *d[9];
+    const size_t sz[9] = {N * C * 4, E * C * 4, N * E * 4, N * 4, N * K * 4, N * K * 4,
+                          N * K * 4, (E + 1) * 4, (2 * E + 2) * 4};
+    for (int i = 0; i < 9; i++) d[i] = l3d_be_alloc(be, sz[i], "test");
+    int32_t *work = l3d_be_alloc(be, 3 * E * 4, "test"), *df = l3d_be_alloc(be, sizeof forced, "f");
+    l3d_be_copy_h2d(be, d[0], x, sizeof x);
+    l3d_be_copy_h2d(be, d[1], w, sizeof w);
+    l3d_be_copy_h2d(be, df, forced, sizeof forced);
+    for (int pass = 0; pass < 2; pass++) { /* forced, then the top-k */
+        const int32_t *f = pass == 0 ? df : NULL;
+        l3d_be_moe_route(be, L3D_F32, d[2], d[3], d[4], d[5], d[6], d[7], d[8], work, d[0], d[1],
+                         N, C, E, K, 1, 0, NULL, 1, f);
+        l3d_be_copy_d2h(be, hp, d[2], sizeof hp);
+        l3d_be_copy_d2h(be, hl, d[3], sizeof hl);
+        l3d_be_copy_d2h(be, hi, d[4], sizeof hi);
+        l3d_be_copy_d2h(be, hw, d[5], sizeof hw);
+        int same_as_forced = 1;
+        for (int n = 0; n < N; n++) {
+            for (int e = 0; e < E; e++) { /* the CPU kernel's fp32 logits, in its order */
+                float s = 0.0f;
+                for (int c = 0; c < C; c++) s += x[n * C + c] * w[e * C + c];
+                p[e] = s;
+            }
+            rl = l3d_moe_route_row(p, ri, rw, pass == 0 ? forced + n * K : NULL, E, K, 1);
+            CHECK(rl == hl[n] && memcmp(p, hp + n * E, sizeof p) == 0);
+            CHECK(memcmp(ri, hi + n * K, sizeof ri) == 0 && memcmp(rw, hw + n * K, sizeof rw) == 0);
+            CHECK_NEAR(rw[0] + rw[1], 1.0f, 1e-6);
+            CHECK_NEAR(rw[0] * (p[ri[1]]), rw[1] * (p[ri[0]]), 1e-7); /* p's ratio kept */
+            same_as_forced &= memcmp(hi + n * K, forced + n * K, sizeof ri) == 0;
+        }
+        CHECK(same_as_forced == (pass == 0));
+    }
+    for (int i = 0; i < 9; i++) l3d_be_free(be, d[i]);
+    l3d_be_free(be, work);
+    l3d_be_free(be, df);
+}
+
+/* l3d_moe_force_rows, one layout against another: a sequence of 8 rows, E 8, K 3 (T K = 24: each
+ * expert 3 a sequence; a ring rank's 4 rows take 12, not a multiple of E, so a rule that took the
+ * rank's rows for the sequence would start the second sequence elsewhere), layer 5. A context-parallel ring of 2 (rank r's 4 rows: chunks r and
+ * 3 - r of 2 rows, written out here) gives each of its rows the full sequence's row at that
+ * position; generation's one row at a time (pos0) the same; the chunks swapped must not. */
+static void test_force_rows(void) {
+    enum { B = 2, T = 8, E = 8, K = 3, L = 5 };
+    int32_t full[B * T * K], ring[B * (T / 2) * K], one[K];
+    l3d_moe_force_rows(full, E, K, L, B, T, 1, 0, 0);
+    for (int b = 0; b < B; b++) {
+        int cnt[E] = {0};
+        for (int i = 0; i < T * K; i++) cnt[full[b * T * K + i]]++;
+        for (int e = 0; e < E; e++) CHECK(cnt[e] == T * K / E);
+        for (int t = 0; t < T; t++) /* K distinct experts a row */
+            for (int j = 0; j < K; j++)
+                for (int i = 0; i < j; i++)
+                    CHECK(full[(b * T + t) * K + i] != full[(b * T + t) * K + j]);
+    }
+    for (int r = 0; r < 2; r++) {
+        l3d_moe_force_rows(ring, E, K, L, B, T / 2, 2, r, 0);
+        int same = 1, swapped = 1;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T / 2; t++) {
+                int c = t < 2 ? r : 3 - r, cs = t < 2 ? 3 - r : r;
+                const int32_t *got = ring + (b * (T / 2) + t) * K;
+                same &= memcmp(got, full + (b * T + c * 2 + t % 2) * K, K * 4) == 0;
+                swapped &= memcmp(got, full + (b * T + cs * 2 + t % 2) * K, K * 4) == 0;
+            }
+        CHECK(same && !swapped);
+    }
+    for (int t = 0; t < T; t++) {
+        l3d_moe_force_rows(one, E, K, L, 1, 1, 1, 0, t);
+        CHECK(memcmp(one, full + t * K, sizeof one) == 0);
+        l3d_moe_force_rows(one, E, K, L + 1, 1, 1, 1, 0, t); /* another layer: another start */
+        CHECK(memcmp(one, full + t * K, sizeof one) != 0);
+    }
 }
 
 /* Every token to expert 0: the second LayerNorm's output made the same for every token (weight 0,
@@ -459,7 +579,7 @@ static void test_sort_exact(void) {
     int32_t ix[N * K], ps[N * K], of[E + 1], work[3 * E];
     size_t before = l3d_mem_window_begin(), used = l3d_mem_used();
     l3d_be_moe_route(cpu, L3D_F32, probs, lse, ix, wts, ps, of, st, work, x, w, N, C, E, K, 1, 0,
-                     NULL, 1);
+                     NULL, 1, NULL);
     CHECK(l3d_mem_peak() == used); /* nothing allocated inside, not even for a moment */
     l3d_mem_window_end(before);
     CHECK(of[E] == N * K && work[0] + work[1] + work[2] + work[3] == N * K);
@@ -493,7 +613,7 @@ static void test_router_kernels(struct l3d_backend *be) {
     l3d_be_memset(be, gin, 0, N * C * fb);
     l3d_be_memset(be, gw, 0, E * C * fb);
     l3d_be_moe_route(be, L3D_F32, probs, lse, idx, wts, pos, off, st, work, dx, dwt, N, C, E, K,
-                     1, 4, NULL, 1);
+                     1, 4, NULL, 1, NULL);
     const float aux = 0.3f, z = 0.2f;
     l3d_be_moe_router_backward(be, L3D_F32, L3D_F32, gin, gw, dl, ddw, dx, dwt, probs, lse, idx,
                                wts, st, N, C, E, K, 1, aux, z);
@@ -521,8 +641,8 @@ static void test_router_kernels(struct l3d_backend *be) {
     for (int n = 0; n < N; n++) {
         double p[E], l, wk[K], wp[K];
         int id[K], idp[K];
-        ref_route(&r, xd + n * C, wd, p, &l, id, wk, K);
-        ref_route(&r_plain, xd + n * C, wd, p, &l, idp, wp, K);
+        ref_route(&r, xd + n * C, wd, p, &l, id, wk, K, NULL);
+        ref_route(&r_plain, xd + n * C, wd, p, &l, idp, wp, K, NULL);
         zsum += l * l;
         CHECK_NEAR(hl[n], l, 1e-5 * fabs(l) + 1e-6);
         for (int e = 0; e < E; e++) {
@@ -601,6 +721,9 @@ static void test_spec(void) {
     CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && says("--moe-capacity-factor"));
     bad = c, bad.moe.ffn = -1;
     CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && says("--moe-ffn"));
+    CHECK(l3d_model_preset(&bad, "tiny") == L3D_OK);
+    bad.moe.force_balance = true; /* a dense model has no selection to force */
+    CHECK(l3d_gpt_config_finish(&bad) == L3D_ERR_ARG && says("--moe-force-balance on a dense"));
     bad = c;
     CHECK(l3d_gpt_config_finish(&bad) == L3D_OK); /* the preset itself holds */
     struct l3d_run_spec s;
@@ -822,7 +945,7 @@ static void route_host(struct l3d_backend *be, const float *x, const float *w, i
         l3d_be_copy_h2d(be, df, fill, segs * RE * 4);
     }
     l3d_be_moe_route(be, L3D_F32, d[2], d[3], di, d[4], dp, off, d[5], work, d[0], d[1], n, RC, RE,
-                     RK, 1, cap, df, segs);
+                     RK, 1, cap, df, segs, NULL);
     l3d_be_copy_d2h(be, idx, di, n * RK * 4);
     l3d_be_copy_d2h(be, pos, dp, n * RK * 4);
     l3d_be_copy_d2h(be, stats, d[5], (2 * RE + 2) * fb);
@@ -881,6 +1004,9 @@ int main(void) {
     test_router_kernels(be);
     test_sort_exact();
     test_reference(be);
+    test_force_reference(be);
+    test_force_rows();
+    test_force_kernel(be);
     test_all_to_one(be);
     test_backends_and_precisions(be);
     test_expert_shards(be);

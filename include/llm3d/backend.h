@@ -312,12 +312,15 @@ bool l3d_be_has_moe(const struct l3d_backend *be);
  * the tokens (E), the sum over tokens of lse^2, assignments dropped]: the counts are exact integers
  * in the sort (work), their fp32 copies in stats round above 2^24. work (3E, int32): the caller's
  * scratch for the counts (allocated once with the MoE layers' buffers: the
- * kernel allocates nothing). N K must be below 2^31 (int32 rows). */
+ * kernel allocates nothing). N K must be below 2^31 (int32 rows). forced (N,K, int32, device;
+ * NULL: the top-k) replaces the selection (--moe-force-balance, benchmarking only): idx = forced,
+ * K distinct experts in 0..E-1 a token, the weights still the router's probabilities at them
+ * (renormalised when norm_topk); probs, lse, the sort, the capacity and stats as above. */
 void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, float *lse,
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
                       int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
                       int64_t E, int64_t K, int norm_topk, int64_t capacity,
-                      const int32_t *fill, int64_t segs);
+                      const int32_t *fill, int64_t segs, const int32_t *forced);
 /* rows (R,C): row pos[n,k] = inp[n] for each kept assignment (the gather into expert order). */
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);

@@ -106,6 +106,7 @@ struct l3d_moe_spec {
     double aux_coef;     /* load-balancing loss coefficient (0: none) */
     double z_coef;       /* router z-loss coefficient (0: none) */
     double capacity_factor; /* 0: dropless */
+    bool force_balance;  /* benchmarking only: a fixed balanced selection (l3d_moe_force_rows) */
 };
 
 /* The model of a run spec (include/llm3d/spec.h): sizes and architecture. */

@@ -151,7 +151,7 @@ struct l3d_backend_i {
                       float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                       const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
                       int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
-                      int64_t segs);
+                      int64_t segs, const int32_t *forced);
     void (*moe_permute)(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                         const int32_t *pos, int64_t N, int64_t K, int64_t C);
     void (*moe_combine)(void *ctx, enum l3d_dtype dt, void *out, const void *rows,
@@ -225,7 +225,7 @@ void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, i
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                        const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
                        int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
-                       int64_t segs);
+                       int64_t segs, const int32_t *forced);
 /* Its stable counting sort of the n assignments idx (expert ids, 0 to E-1) into expert order, in
  * integers: work (3E) holds each expert's assignments (first E), offsets (E+1) where its kept
  * rows start, pos (n) each assignment's row or -1 (dropped: with capacity > 0 an expert keeps an

@@ -411,7 +411,7 @@ void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, f
                       int32_t *idx, float *wts, int32_t *pos, int32_t *offsets, float *stats,
                       int32_t *work, const void *inp, const void *weight, int64_t N, int64_t C,
                       int64_t E, int64_t K, int norm_topk, int64_t capacity,
-                      const int32_t *fill, int64_t segs) {
+                      const int32_t *fill, int64_t segs, const int32_t *forced) {
     need(be, (const void *)be->i->moe_route, "moe_route");
     L3D_ASSERT(N * K < INT32_MAX); /* int32 rows and counts */
     if (segs < 1 || N % segs != 0)
@@ -419,7 +419,7 @@ void l3d_be_moe_route(struct l3d_backend *be, enum l3d_dtype dt, float *probs, f
                   "segments (the capacity's starting fills; a caller's error)", (long long)N,
                   (long long)segs);
     be->i->moe_route(be->ctx, dt, probs, lse, idx, wts, pos, offsets, stats, work, inp, weight, N,
-                     C, E, K, norm_topk, capacity, fill, segs);
+                     C, E, K, norm_topk, capacity, fill, segs, forced);
 }
 
 void l3d_be_moe_permute(struct l3d_backend *be, enum l3d_dtype dt, void *rows, const void *inp,

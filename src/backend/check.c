@@ -470,7 +470,7 @@ static void chk_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse
                           float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                           const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
                           int64_t K, int norm_topk, int64_t capacity,
-                          const int32_t *fill, int64_t segs) {
+                          const int32_t *fill, int64_t segs, const int32_t *forced) {
     struct chk *c = ctx;
     size_t e = l3d_dtype_size(dt);
     const char *k = "moe_route";
@@ -478,7 +478,8 @@ static void chk_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse
                      D(wts, N * K * 4, k), D(pos, N * K * 4, k), D(offsets, (E + 1) * 4, k),
                      D(stats, (2 * E + 2) * 4, k), D(work, 3 * E * 4, k), D(inp, N * C * e, k),
                      D(weight, E * C * e, k), N, C, E, K, norm_topk, capacity,
-                     fill ? D(fill, segs * E * 4, k) : NULL, segs);
+                     fill ? D(fill, segs * E * 4, k) : NULL, segs,
+                     forced ? D(forced, N * K * 4, k) : NULL);
 }
 static void chk_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,
                             const int32_t *pos, int64_t N, int64_t K, int64_t C) {

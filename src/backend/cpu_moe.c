@@ -24,10 +24,11 @@ static void check_types(const char *kernel, enum l3d_dtype dt) {
 
 /* One token's router: logits (fp32 sums of the dt operands), softmax into p (E), its log-sum-exp,
  * and the K largest probabilities' experts (largest first; ties: the lower expert index first,
- * as the strict > below keeps the earlier one) with their weights, renormalised when asked. */
-static float route_token(float *p, int32_t *idx, float *w, const void *x, const void *weight,
-                         enum l3d_dtype dt, int64_t n, int64_t C, int64_t E, int64_t K,
-                         int norm_topk) {
+ * as the strict > below keeps the earlier one), or the K of forced (NULL: none; the softmax is
+ * the same, the selection alone is replaced), with their weights, renormalised when asked. */
+static float route_token(float *p, int32_t *idx, float *w, const int32_t *forced, const void *x,
+                         const void *weight, enum l3d_dtype dt, int64_t n, int64_t C, int64_t E,
+                         int64_t K, int norm_topk) {
     float mx = -INFINITY;
     for (int64_t e = 0; e < E; e++) {
         float s = 0.0f;
@@ -40,12 +41,13 @@ static float route_token(float *p, int32_t *idx, float *w, const void *x, const 
     for (int64_t e = 0; e < E; e++) p[e] /= sum;
     float wsum = 0.0f;
     for (int64_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int64_t e = 0; e < E; e++) {
+        int32_t best = forced ? forced[k] : -1;
+        for (int64_t e = 0; !forced && e < E; e++) {
             bool taken = false;
             for (int64_t j = 0; j < k; j++) taken |= idx[j] == e;
             if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
         }
+        L3D_ASSERT(best >= 0 && best < E); /* a forced expert out of range: the caller's error */
         idx[k] = best;
         w[k] = p[best];
         wsum += w[k];
@@ -91,12 +93,13 @@ void l3d_cpu_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *lse, i
                        float *wts, int32_t *pos, int32_t *offsets, float *stats, int32_t *work,
                        const void *inp, const void *weight, int64_t N, int64_t C, int64_t E,
                        int64_t K, int norm_topk, int64_t capacity, const int32_t *fill,
-                       int64_t segs) {
+                       int64_t segs, const int32_t *forced) {
     (void)ctx;
     check_types("moe_route", dt);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
-        lse[n] = route_token(probs + n * E, idx + n * K, wts + n * K, inp, weight, dt, n, C, E, K,
+        lse[n] = route_token(probs + n * E, idx + n * K, wts + n * K,
+                             forced ? forced + n * K : NULL, inp, weight, dt, n, C, E, K,
                              norm_topk);
     /* the counting sort in token order (sequential: N K integer steps), its counts in the
      * caller's workspace: no allocation in the step */

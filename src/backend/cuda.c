@@ -591,14 +591,14 @@ static void cuda_moe_route(void *ctx, enum l3d_dtype dt, float *probs, float *ls
                            float *wts, int32_t *pos, int32_t *offsets, float *stats,
                            int32_t *work, const void *inp, const void *weight, int64_t N,
                            int64_t C, int64_t E, int64_t K, int norm_topk, int64_t capacity,
-                           const int32_t *fill, int64_t segs) {
+                           const int32_t *fill, int64_t segs, const int32_t *forced) {
     struct cuda_ctx *cx = ctx;
     (void)work; /* the kernels count in offsets themselves */
     int t = kt(dt, "moe_route");
     moe_sizes(N, E, K, "moe_route");
     CUDA_CHECK(cudaMemsetAsync(offsets, 0, (size_t)(E + 1) * sizeof *offsets, cx->stream));
     l3d_cuk_moe_route(t, probs, lse, idx, wts, pos, offsets, stats, inp, weight, N, C, E, K,
-                      norm_topk, capacity, fill, segs, cx->stream);
+                      norm_topk, capacity, fill, segs, forced, cx->stream);
     launched("moe_route");
 }
 static void cuda_moe_permute(void *ctx, enum l3d_dtype dt, void *rows, const void *inp,

@@ -125,7 +125,8 @@ void l3d_cuk_unscale(int dt, float *found_inf, void *x, float inv_scale, int64_t
 void l3d_cuk_moe_route(int dt, float *probs, float *lse, int32_t *idx, float *wts, int32_t *pos,
                        int32_t *offsets, float *stats, const void *inp, const void *weight,
                        int64_t N, int64_t C, int64_t E, int64_t K, int norm_topk,
-                       int64_t capacity, const int32_t *fill, int64_t segs, void *stream);
+                       int64_t capacity, const int32_t *fill, int64_t segs,
+                       const int32_t *forced, void *stream);
 void l3d_cuk_moe_permute(int dt, void *rows, const void *inp, const int32_t *pos, int64_t N,
                          int64_t K, int64_t C, void *stream);
 void l3d_cuk_moe_combine(int dt, void *out, const void *rows, const int32_t *pos,

@@ -44,11 +44,13 @@ __global__ void moe_logits_k(float *logits, const T *inp, const T *w, int64_t N,
     }
 }
 
-/* one thread a token: softmax, lse, top-k and weights */
-__global__ void moe_route_k(float *probs, float *lse, int32_t *idx, float *wts, int64_t N,
-                            int64_t E, int64_t K, int norm_topk) {
+/* one thread a token: softmax, lse, top-k (or the forced experts) and weights */
+__global__ void moe_route_k(float *probs, float *lse, int32_t *idx, float *wts,
+                            const int32_t *forced, int64_t N, int64_t E, int64_t K,
+                            int norm_topk) {
     GRID_STRIDE(n, N) {
-        lse[n] = l3d_moe_route_row(probs + n * E, idx + n * K, wts + n * K, E, K, norm_topk);
+        lse[n] = l3d_moe_route_row(probs + n * E, idx + n * K, wts + n * K,
+                                   forced ? forced + n * K : NULL, E, K, norm_topk);
     }
 }
 
@@ -209,14 +211,16 @@ extern "C" {
 void l3d_cuk_moe_route(int dt, float *probs, float *lse, int32_t *idx, float *wts, int32_t *pos,
                        int32_t *offsets, float *stats, const void *inp, const void *weight,
                        int64_t N, int64_t C, int64_t E, int64_t K, int norm_topk,
-                       int64_t capacity, const int32_t *fill, int64_t segs, void *stream) {
+                       int64_t capacity, const int32_t *fill, int64_t segs,
+                       const int32_t *forced, void *stream) {
     cudaStream_t s = ST(stream);
     struct l3d_cuda_launch R = l3d_cuda_launch_rows(N, 4);
     if (R.blocks > 0) {
         DISPATCH(dt, (moe_logits_k<T><<<R.blocks, R.threads, 0, s>>>(
                          probs, (const T *)inp, (const T *)weight, N, C, E)));
         struct l3d_cuda_launch L = l3d_cuda_launch_1d(N, 128, kMaxBlocks);
-        moe_route_k<<<L.blocks, L.threads, 0, s>>>(probs, lse, idx, wts, N, E, K, norm_topk);
+        moe_route_k<<<L.blocks, L.threads, 0, s>>>(probs, lse, idx, wts, forced, N, E, K,
+                                                   norm_topk);
     }
     const int64_t per = N / segs * K;
     moe_slot_k<<<(unsigned)E, kMoeThreads, 0, s>>>(NULL, offsets, stats, idx, NULL, fill, N * K,

@@ -23,9 +23,10 @@
  * place): idx (K) the K most probable experts, most probable first, a tie going to the lower
  * expert index (an expert replaces the running best only when strictly more probable, and the
  * experts are visited in index order); w (K) their probabilities, divided by their sum when
- * norm_topk. Returns the logits' log-sum-exp. K <= E. */
-L3D_MOE_FN float l3d_moe_route_row(float *p, int32_t *idx, float *w, int64_t E, int64_t K,
-                                   int norm_topk) {
+ * norm_topk. forced (K; NULL: the top-k) replaces the selection (--moe-force-balance): idx =
+ * forced, the weights the probabilities there. Returns the logits' log-sum-exp. K <= E. */
+L3D_MOE_FN float l3d_moe_route_row(float *p, int32_t *idx, float *w, const int32_t *forced,
+                                   int64_t E, int64_t K, int norm_topk) {
     float top = p[0];
     for (int64_t e = 1; e < E; e++) top = p[e] > top ? p[e] : top;
     float z = 0.0f;
@@ -36,8 +37,8 @@ L3D_MOE_FN float l3d_moe_route_row(float *p, int32_t *idx, float *w, int64_t E, 
     for (int64_t e = 0; e < E; e++) p[e] = p[e] / z;
     float chosen = 0.0f;
     for (int64_t k = 0; k < K; k++) {
-        int32_t pick = -1;
-        for (int64_t e = 0; e < E; e++) {
+        int32_t pick = forced ? forced[k] : -1;
+        for (int64_t e = 0; !forced && e < E; e++) {
             int64_t j = 0;
             while (j < k && idx[j] != e) j++;
             if (j == k && (pick < 0 || p[e] > p[pick])) pick = (int32_t)e;

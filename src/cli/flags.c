@@ -171,7 +171,7 @@ void l3d_flags_unexpected(const char *cmd, const char *arg) {
 enum {
     F_MODEL, F_LAYERS, F_CHANNELS, F_HEADS, F_VOCAB, F_CONTEXT, F_FFN, F_ARCH, F_KV, F_HEAD_DIM,
     F_THETA, F_EPS, F_QKN, F_NO_QKN, F_MOE_E, F_MOE_K, F_MOE_FFN, F_MOE_SHARED, F_MOE_DENSE,
-    F_MOE_NORM, F_MOE_NO_NORM, F_MOE_AUX, F_MOE_Z, F_MOE_CAP,
+    F_MOE_NORM, F_MOE_NO_NORM, F_MOE_AUX, F_MOE_Z, F_MOE_CAP, F_MOE_FORCE,
     F_TP, F_CP, F_PP, F_DP, F_EP, F_SCHED, F_VIRT, F_PPLAYERS, F_PPFIRST, F_PPLAST, F_BATCH, F_SEQ,
     F_ACCUM, F_GLOBAL,
     F_ZERO, F_ZERO3_PREFETCH, F_SP, F_NO_SP, F_RECOMPUTE, F_XENT, F_THREADS, F_BUCKET,
@@ -223,6 +223,10 @@ static const struct l3d_flag model_flags[] = {
     {"moe-z-loss-coef", "X", F_MOE_Z, "router z-loss (ST-MoE) coefficient (0)"},
     {"moe-capacity-factor", "X", F_MOE_CAP, "0: dropless (default); > 0: an expert keeps "
                                             "ceil(X N K / E) assignments in token order"},
+    {"moe-force-balance", NULL, F_MOE_FORCE, "benchmarking only: each row's experts are fixed "
+                                             "by its position, (layer + (b T + t) K + j) mod E, "
+                                             "exactly balanced; the router's softmax still "
+                                             "weighs them and trains"},
     {"hidden", "H", F_OLD_HIDDEN, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -339,6 +343,7 @@ static int set_model(void *ctx, const char *cmd, int id, const char *v) {
     case F_MOE_Z: return l3d_arg_double(cmd, "moe-z-loss-coef", v, 0.0, 1e6, &cs->moe.z_coef);
     case F_MOE_CAP: return l3d_arg_double(cmd, "moe-capacity-factor", v, 0.0, 1e6,
                                           &cs->moe.capacity_factor);
+    case F_MOE_FORCE: cs->moe.force_balance = true; return 1;
     case F_OLD_HIDDEN: return renamed(cmd, "hidden", "channels");
     }
     return 0;
@@ -501,6 +506,7 @@ static void moe_flags(const struct l3d_cli_spec *cs, struct l3d_moe_spec *o) {
     if (GIVEN(F_MOE_AUX)) o->aux_coef = f->aux_coef;
     if (GIVEN(F_MOE_Z)) o->z_coef = f->z_coef;
     if (GIVEN(F_MOE_CAP)) o->capacity_factor = f->capacity_factor;
+    if (GIVEN(F_MOE_FORCE)) o->force_balance = true;
 #undef GIVEN
 }
 

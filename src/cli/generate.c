@@ -151,6 +151,7 @@ struct gen_opts {
     int max_tokens, threads;
     enum l3d_doc_token doc_token;
     bool no_cache;      /* --no-kv-cache: the full forward over the window for every token */
+    bool force_balance; /* --moe-force-balance: the training's fixed routing (benchmarks) */
     enum l3d_dtype dt;  /* --precision's parameters and activations */
     uint64_t seed;
     struct sampler smp; /* temperature, top-k, top-p; its candidates are the loop's */
@@ -158,7 +159,7 @@ struct gen_opts {
 
 enum {
     G_CKPT, G_TOK, G_PROMPT, G_MAX, G_TEMP, G_TOPK, G_TOPP, G_SEED, G_NO_CACHE, G_OLD_RECOMPUTE,
-    G_THREADS, G_BACKEND, G_PREC, G_DOCTOK,
+    G_THREADS, G_BACKEND, G_PREC, G_DOCTOK, G_FORCE,
 };
 
 static const struct l3d_flag model_flags[] = {
@@ -190,6 +191,9 @@ static const struct l3d_flag run_flags[] = {
                                       "each token instead of the KV cache: the reference the "
                                       "cache is checked against"},
     {"recompute", NULL, G_OLD_RECOMPUTE, NULL},
+    {"moe-force-balance", NULL, G_FORCE, "route as train --moe-force-balance does (benchmarking "
+                                         "only): position t's experts fixed, not the router's "
+                                         "top-k"},
     {"threads", "N", G_THREADS, "OpenMP threads (1: a step is one row per matrix, where more "
                                 "threads mostly wait on each other and on memory)"},
     {"backend", "NAME", G_BACKEND, "the device: cpu, check (the CPU kernels on a checked "
@@ -233,6 +237,7 @@ static int set_gen(void *ctx, const char *cmd, int id, const char *v) {
     case G_THREADS: return l3d_arg_int(cmd, "threads", v, 1, 4096, &o->threads);
     case G_BACKEND: o->backend = v; return 1;
     case G_PREC: return l3d_arg_precision(cmd, v, &o->dt);
+    case G_FORCE: o->force_balance = true; return 1;
     }
     return 0;
 }
@@ -303,6 +308,11 @@ static int gen_tokenizer(const struct gen_opts *o, struct gen *g) {
  * the tokenizer and the prompt's tokens before it. 0, or the exit status after one line. */
 static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***argv) {
     if (l3d_model_file_config(o->ckpt, &g->cfg) != L3D_OK) return l3d_cli_failed("generate");
+    if (o->force_balance && g->cfg.moe.experts == 0) {
+        fprintf(stderr, "llm3d generate: --moe-force-balance: %s is a dense model (no experts, "
+                "no router to force); drop the flag\n", o->ckpt);
+        return 2;
+    }
     int rc = gen_tokenizer(o, g);
     if (rc == 0)
         rc = encode_prompt(g->tok, o->tokspec ? o->tokspec : "gpt2", o->prompt, o->doc_token,
@@ -314,6 +324,7 @@ static int gen_open(const struct gen_opts *o, struct gen *g, int *argc, char ***
      * full forward of --no-kv-cache as the cache's (a capacity would drop a prompt's
      * assignments that a one-token step keeps) */
     g->cfg.moe.capacity_factor = 0.0;
+    g->cfg.moe.force_balance = o->force_balance;
     struct l3d_shard sh = l3d_shard_full(&g->cfg);
     sh.xent_rows = 1; /* --no-kv-cache samples the last row's logits only: one row of them */
     if (l3d_gpt_init_dt(&g->m, &g->cfg, &sh, g->rt->be, 1, o->no_cache ? g->cfg.maxT : 1,

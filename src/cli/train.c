@@ -299,6 +299,7 @@ static int train_model(const char *cmd, struct l3d_train_config *tc, struct l3d_
         struct l3d_moe_spec *fm = &tc->model.moe;
         fm->aux_coef = want.moe.aux_coef, fm->z_coef = want.moe.z_coef;
         fm->capacity_factor = want.moe.capacity_factor;
+        fm->force_balance = want.moe.force_balance;
         if (l3d_gpt_config_finish(&want) != L3D_OK || !l3d_model_same(&want, &tc->model)) {
             fprintf(stderr, "llm3d %s: the architecture flags disagree with --init-from %s, whose "
                     "model is %s with %d key/value heads and an MLP of %lld, %d experts a layer "

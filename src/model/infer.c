@@ -164,7 +164,7 @@ static void mlp(struct l3d_infer *inf, int l, int64_t n) {
     struct l3d_backend *be = inf->be;
     const enum l3d_dtype dt = inf->dt;
     if (l3d_model_moe_layer(c, l)) {
-        l3d_moe_infer_forward(inf->moe, m, l, inf->proj, inf->ln, n);
+        l3d_moe_infer_forward(inf->moe, m, l, inf->proj, inf->ln, n, inf->pos);
         return;
     }
     l3d_be_matmul_forward(be, dt, inf->fch, inf->ln, P(L3D_T_FCW, l), P(L3D_T_FCB, l), n, inf->C,

@@ -45,6 +45,10 @@ l3d_status l3d_moe_spec_check(const struct l3d_model_spec *m) {
     if (e->experts < 0)
         return l3d_error(L3D_ERR_ARG, "--moe-experts %d: give 0 (a dense model) or more experts",
                          e->experts);
+    if (e->experts == 0 && e->force_balance)
+        return l3d_error(L3D_ERR_ARG, "--moe-force-balance on a dense model (--moe-experts 0): "
+                         "it forces a router's selection and a dense model has none; drop "
+                         "the flag or give --moe-experts E");
     if (e->experts == 0) {
         if (e->top_k || e->ffn || e->shared || e->dense_layers || e->aux_coef != 0.0 ||
             e->z_coef != 0.0 || e->capacity_factor != 0.0)
@@ -132,6 +136,7 @@ struct l3d_moe_state {
     struct moe_rows d;
     float *dwts, *dlogits;
     int32_t *work;          /* the router's counting sort's counts, running and kept (3E, int32) */
+    int32_t *forced, *hforced; /* --moe-force-balance: the assignments (N,K), device and host */
     double *acc;            /* l3d_gpt_moe_stats_len doubles (host) */
     int64_t *xcnt;          /* expert parallelism: 4 ep counts and displacements (host) */
     float *hstats;          /* host copy of a layer's stats */
@@ -215,15 +220,18 @@ static int64_t point_moe(struct l3d_moe_state *s, const struct l3d_model_spec *c
     TAKE(b->dwts, R, 4);
     TAKE(b->dlogits, N * d.E, 4);
     TAKE(b->work, 3 * d.E, 4);
+    TAKE(b->forced, cfg->moe.force_balance ? R : 0, 4);
     return off;
 }
 
 /* Generation's workspace (l3d_moe_infer_init): one set of N tokens and the sort's counts. */
-static int64_t point_infer(struct moe_acts *a, int32_t **work, const struct l3d_model_spec *cfg,
-                           const struct l3d_shard *sh, int64_t N, int64_t es, char *base) {
+static int64_t point_infer(struct moe_acts *a, int32_t **work, int32_t **forced,
+                           const struct l3d_model_spec *cfg, const struct l3d_shard *sh,
+                           int64_t N, int64_t es, char *base) {
     struct moe_dims d = moe_dims(cfg, sh);
     int64_t off = point_set(a, &d, cfg->C, N, es, base, 0);
     TAKE(*work, 3 * d.E, 4);
+    TAKE(*forced, cfg->moe.force_balance ? N * d.K : 0, 4);
     return off;
 }
 #undef TAKE
@@ -282,6 +290,9 @@ l3d_status l3d_moe_init(struct l3d_gpt *m) {
     s->xcnt = l3d_calloc((size_t)(4 * ep) * sizeof(int64_t), "MoE exchange");
     s->hstats = l3d_calloc((size_t)(2 * E + 2) * sizeof(float), "MoE statistics");
     s->lcnt = l3d_calloc((size_t)E * sizeof(float), "MoE statistics");
+    if (m->cfg.moe.force_balance)
+        s->hforced = l3d_alloc((size_t)(N * m->cfg.moe.top_k) * sizeof(int32_t),
+                               "MoE forced routing");
     return L3D_OK;
 }
 
@@ -299,6 +310,7 @@ void l3d_moe_free(struct l3d_gpt *m) {
     l3d_free(s->xcnt);
     l3d_free(s->hstats);
     l3d_free(s->lcnt);
+    l3d_free(s->hforced);
     l3d_free(s->ring_idx), l3d_free(s->ring_fill), l3d_free(s->ring_cnt);
     l3d_free(s);
     m->moe = NULL;
@@ -513,6 +525,36 @@ void l3d_moe_chunk_fills(int32_t *fill, float *cnt, int64_t E, int B, int cp, in
     }
 }
 
+void l3d_moe_force_rows(int32_t *idx, int64_t E, int64_t K, int layer, int B, int64_t T,
+                        int cp, int cp_rank, int64_t pos0) {
+    L3D_ASSERT(K >= 1 && K <= E && (cp <= 1 || T % 2 == 0));
+    int64_t seq = cp > 1 ? T * cp : T, half = T / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            /* the row's position in its sequence: the ring's two chunks (l3d_cp_chunk_start, as
+             * the embedding's positions), or pos0 on */
+            int64_t p = cp > 1 ? l3d_cp_chunk_start(cp, cp_rank, (int)(t / half), T) + t % half
+                               : pos0 + t;
+            int64_t g = (b * seq + p) * K + layer;
+            for (int64_t j = 0; j < K; j++) idx[(b * T + t) * K + j] = (int32_t)((g + j) % E);
+        }
+}
+
+/* --moe-force-balance: local layer l's forced assignments of the micro-batch's N = B T rows
+ * (device, s->forced), or NULL when the router picks. Copied each forward: a layer's differ. */
+static const int32_t *forced_rows(struct l3d_gpt *m, int l, int64_t N) {
+    struct l3d_moe_state *s = m->moe;
+    if (!m->cfg.moe.force_balance) return NULL;
+    L3D_ASSERT(N == (int64_t)m->B * m->T);
+    int cp = m->hooks.cp_size > 1 ? m->hooks.cp_size : 1;
+    l3d_moe_force_rows(s->hforced, m->cfg.moe.experts, m->cfg.moe.top_k,
+                       m->shard.layer_start + l, m->B, m->T, cp, m->hooks.cp_rank, 0);
+    l3d_be_copy_h2d(m->be, s->forced, s->hforced,
+                    (size_t)(N * m->cfg.moe.top_k) * sizeof(int32_t));
+    l3d_be_sync(m->be); /* before the host buffer is written again */
+    return s->forced;
+}
+
 /* The capacity's starting fills of this ring rank's 2 B chunks (device, in s->dlogits, the
  * backward's scratch, free during a forward; 2 B E int32 fit its N E floats) from the routing in
  * a->idx: every rank's per-chunk counts summed over the ring (the model's tok_sum hook, exact:
@@ -546,17 +588,18 @@ static const int32_t *ring_fills(struct l3d_gpt *m, const struct moe_acts *a, in
 static void route(struct l3d_gpt *m, struct moe_acts *a, const void *ln, int l, int64_t N) {
     int64_t C = m->cfg.C, E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
     int64_t cap = capacity(&m->cfg, split_tokens(m, N)), segs = 1;
-    const int32_t *fill = NULL;
+    const int32_t *fill = NULL, *forced = forced_rows(m, l, N);
     const void *w = param(m, L3D_T_ROUTER, l);
     if (cap > 0 && m->hooks.tok_split > 1) {
         l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets,
                          a->stats, m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, 0, NULL,
-                         1);
+                         1, forced);
         fill = ring_fills(m, a, N);
         segs = 2 * m->B;
     }
     l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets, a->stats,
-                     m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, cap, fill, segs);
+                     m->moe->work, ln, w, N, C, E, K, m->cfg.moe.norm_topk, cap, fill, segs,
+                     forced);
 }
 
 /* The block after the routing in a (its offsets, positions and weights): the rows gathered in
@@ -694,6 +737,7 @@ struct l3d_moe_infer {
     void *base;      /* device: the set's routing and rows, then work */
     struct moe_acts a;
     int32_t *work;   /* the router's counting sort's counts (3E) */
+    int32_t *forced, *hforced; /* --moe-force-balance: the assignments (Nmax,K), device, host */
 };
 
 l3d_status l3d_moe_infer_init(struct l3d_moe_infer **out, const struct l3d_gpt *m, int64_t Nmax) {
@@ -709,18 +753,22 @@ l3d_status l3d_moe_infer_init(struct l3d_moe_infer **out, const struct l3d_gpt *
     w->be = m->be;
     w->Nmax = Nmax;
     int64_t E = c->moe.experts;
-    size_t bytes = (size_t)point_infer(&w->a, &w->work, c, &m->shard, Nmax, (int64_t)m->es, NULL);
+    size_t bytes = (size_t)point_infer(&w->a, &w->work, &w->forced, c, &m->shard, Nmax,
+                                       (int64_t)m->es, NULL);
     w->base = l3d_be_alloc(m->be, bytes, "MoE generation buffers");
     w->a.hoff = l3d_try_alloc((size_t)(E + 1) * sizeof(int32_t), "MoE offsets");
     w->a.seg = l3d_try_alloc((size_t)(3 * E) * sizeof(int64_t), "MoE segments");
-    if (!w->base || !w->a.hoff || !w->a.seg) {
+    if (c->moe.force_balance)
+        w->hforced = l3d_try_alloc((size_t)(Nmax * c->moe.top_k) * sizeof(int32_t),
+                                   "MoE forced routing");
+    if (!w->base || !w->a.hoff || !w->a.seg || (c->moe.force_balance && !w->hforced)) {
         l3d_moe_infer_free(w);
         return l3d_error(L3D_ERR_OOM, "cannot allocate %.2f GiB for the MoE layers' generation "
                          "buffers (%lld tokens a step, %lld experts): use a model with a shorter "
                          "context", (double)bytes / 1073741824.0, (long long)Nmax, (long long)E);
     }
     l3d_be_memset(m->be, w->base, 0, bytes); /* first touch */
-    point_infer(&w->a, &w->work, c, &m->shard, Nmax, (int64_t)m->es, w->base);
+    point_infer(&w->a, &w->work, &w->forced, c, &m->shard, Nmax, (int64_t)m->es, w->base);
     *out = w;
     return L3D_OK;
 }
@@ -730,17 +778,26 @@ void l3d_moe_infer_free(struct l3d_moe_infer *w) {
     l3d_be_free(w->be, w->base);
     l3d_free(w->a.hoff);
     l3d_free(w->a.seg);
+    l3d_free(w->hforced);
     l3d_free(w);
 }
 
 void l3d_moe_infer_forward(struct l3d_moe_infer *w, const struct l3d_gpt *m, int l, void *out,
-                           const void *ln, int64_t N) {
+                           const void *ln, int64_t N, int64_t pos0) {
     const struct l3d_model_spec *c = &m->cfg;
     struct moe_acts *a = &w->a;
     L3D_ASSERT(N >= 1 && N <= w->Nmax && l3d_model_moe_layer(c, m->shard.layer_start + l));
+    const int32_t *forced = NULL;
+    if (c->moe.force_balance) { /* the rows are positions pos0.. of the one sequence */
+        l3d_moe_force_rows(w->hforced, c->moe.experts, c->moe.top_k, m->shard.layer_start + l, 1,
+                           N, 1, 0, pos0);
+        l3d_be_copy_h2d(m->be, w->forced, w->hforced, (size_t)(N * c->moe.top_k) * 4);
+        l3d_be_sync(m->be);
+        forced = w->forced;
+    }
     /* dropless (capacity 0) whatever the training's capacity factor: every assignment kept */
     l3d_be_moe_route(m->be, m->dt, a->probs, a->lse, a->idx, a->wts, a->pos, a->offsets,
                      a->stats, w->work, ln, param(m, L3D_T_ROUTER, l), N, c->C, c->moe.experts,
-                     c->moe.top_k, c->moe.norm_topk, 0, NULL, 1);
+                     c->moe.top_k, c->moe.norm_topk, 0, NULL, 1, forced);
     experts_forward(m, l, a, out, ln, N);
 }

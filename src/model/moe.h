@@ -39,7 +39,16 @@ void l3d_moe_infer_free(struct l3d_moe_infer *w);
  * Hugging Face's Mixtral and Qwen3-MoE keep every assignment) and counting nothing: out (N,C)
  * from the normalised ln (N,C). Allocates nothing. */
 void l3d_moe_infer_forward(struct l3d_moe_infer *w, const struct l3d_gpt *m, int l, void *out,
-                           const void *ln, int64_t N);
+                           const void *ln, int64_t N, int64_t pos0);
+/* --moe-force-balance's rule (benchmarking only; include/llm3d/model.h, struct l3d_moe_spec):
+ * idx (B T, K) the experts of the B x T rows of a micro-batch in MoE layer `layer` (the model's
+ * index): the row at position t of sequence b goes to experts (layer + (b S + t) K + j) mod E,
+ * j = 0..K-1, S the sequences' length: T, or T cp on a context-parallel ring, whose rank cp_rank
+ * holds two chunks of T / 2 rows (l3d_cp_chunk_start); pos0 the first row's position (generation's
+ * cache; 0 otherwise, and with cp > 1). So the micro-batch's rows in token order take the experts
+ * in turn, whatever the layout: exactly balanced in a sequence when T K is a multiple of E. */
+void l3d_moe_force_rows(int32_t *idx, int64_t E, int64_t K, int layer, int B, int64_t T,
+                        int cp, int cp_rank, int64_t pos0);
 /* A micro-batch of B rows split over a context-parallel ring of cp ranks (each row 2 cp chunks,
  * rank cp_rank holding two, l3d_cp_chunk_start): this rank's N = B T tokens' routing idx (N,K),
  * row-major with its two chunks in turn, counted into cnt (B, 2 cp, E; =, zeros elsewhere), so

@@ -110,6 +110,11 @@ static void report_experts(const struct l3d_trainer *t, double N) {
            moe->dense_layers, m->L - 1, moe->experts, (long long)moe->ffn, moe->top_k,
            moe->norm_topk ? " renormalised" : "", moe->shared, cap, N / 1e6,
            l3d_model_active_param_count(m) / 1e6);
+    if (moe->force_balance) /* nobody should take a benchmark's routing for a trained one */
+        printf("routing: FORCED balanced (--moe-force-balance, benchmarking only): each row's %d "
+               "experts are fixed by its position, (layer + (b T + t) K + j) mod E, not the "
+               "router's top-%d; the router's softmax still weighs them and trains\n",
+               moe->top_k, moe->top_k);
     if (ep > 1)
         printf("expert parallelism: ep %d, %d of the %d experts a rank, %d replica(s) of each; "
                "token rows exchanged by all-to-all\n", ep, moe->experts / ep, moe->experts,
@@ -246,12 +251,15 @@ static void json_float(char *buf, size_t n, double v) {
 }
 
 /* A mixture of experts' part of a metrics.jsonl line, appended at line + n (cap bytes in all):
- * the auxiliary losses, the drops and every layer's load; the new length. */
-static int moe_metrics(char *line, int n, size_t cap, const struct l3d_step_stats *s) {
+ * the auxiliary losses, the drops, whether the routing was forced (--moe-force-balance: a
+ * benchmark's, not the router's) and every layer's load; the new length. */
+static int moe_metrics(char *line, int n, size_t cap, const struct l3d_step_stats *s,
+                       bool forced) {
     if (s->moe_layers > 0 && n > 0 && n < (int)cap)
         n += snprintf(line + n, cap - (size_t)n, ",\"moe_aux_loss\":%.9g,"
-                      "\"moe_z_loss\":%.9g,\"moe_dropped\":%.0f,\"moe_load_max\":%.6g,"
-                      "\"moe_load\":[", s->moe_aux, s->moe_z, s->moe_dropped, s->moe_load_max);
+                      "\"moe_z_loss\":%.9g,\"moe_dropped\":%.0f,\"moe_load_max\":%.6g,%s"
+                      "\"moe_load\":[", s->moe_aux, s->moe_z, s->moe_dropped, s->moe_load_max,
+                      forced ? "\"moe_routing\":\"forced\"," : "");
     for (int j = 0; j < s->moe_layers && n > 0 && n < (int)cap; j++)
         n += snprintf(line + n, cap - (size_t)n, "%s%.6g", j ? "," : "", s->moe_load[j]);
     if (s->moe_layers > 0 && n > 0 && n < (int)cap) n += snprintf(line + n, cap - (size_t)n, "]");
@@ -305,7 +313,7 @@ static l3d_status metrics_line(const struct l3d_trainer *t, int step,
                       s->overflow ? ",\"overflow\":true" : "");
     if (s->stall_s > 0 && n > 0 && n < (int)cap)
         n += snprintf(line + n, cap - (size_t)n, ",\"stall_s\":%.3f", s->stall_s);
-    n = moe_metrics(line, n, cap, s);
+    n = moe_metrics(line, n, cap, s, t->tc->model.moe.force_balance);
     if (n > 0 && n < (int)cap) n += snprintf(line + n, cap - (size_t)n, "}\n");
     L3D_ASSERT(n > 0 && n < (int)cap);
     return l3d_train_metrics_write(t->metrics, t->metrics_path, line);
@@ -344,7 +352,8 @@ l3d_status l3d_train_report_step(const struct l3d_trainer *t, int step,
                s->tokens_per_s, 100.0 * s->mfu);
         if (pp > 1) printf(" | bubble %4.1f%%", 100.0 * s->bubble);
         if (s->moe_layers > 0) /* the largest layer's load; per layer in metrics.jsonl */
-            printf(" | aux %.4f | load %.2f", s->moe_aux, s->moe_load_max);
+            printf(" | aux %.4f | load %.2f%s", s->moe_aux, s->moe_load_max,
+                   tc->model.moe.force_balance ? " (forced)" : "");
         if (s->moe_layers > 0 && tc->model.moe.capacity_factor > 0)
             printf(" | dropped %.0f", s->moe_dropped);
         if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);

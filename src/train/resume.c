@@ -181,13 +181,13 @@ l3d_status l3d_train_ckpt_open_metrics(const struct l3d_train_config *tc, int st
     if (st == L3D_OK) st = l3d_open_log(path, "metrics file", start_step > 0, out);
     if (st == L3D_OK && start_step == 0) { /* the first record: the run */
         const struct l3d_model_spec *c = &tc->model;
-        char line[384];
+        char line[416];
         /* the parameters, and those a token uses (the count model FLOPs and MFU are quoted on) */
         snprintf(line, sizeof line, "{\"run\":\"%016llx\",\"model\":{\"L\":%d,\"C\":%d,\"NH\":%d,"
-                 "\"V\":%d,\"maxT\":%d,\"params\":%.0f,\"active_params\":%.0f,\"experts\":%d},"
+                 "\"V\":%d,\"maxT\":%d,\"params\":%.0f,\"active_params\":%.0f,\"experts\":%d%s},"
                  "\"seq_len\":%d}\n", (unsigned long long)run_id, c->L, c->C, c->NH, c->V, c->maxT,
                  l3d_model_param_count(c), l3d_model_active_param_count(c), c->moe.experts,
-                 tc->layout.seq);
+                 c->moe.force_balance ? ",\"moe_routing\":\"forced\"" : "", tc->layout.seq);
         st = l3d_train_metrics_write(*out, path, line);
     }
     return st;

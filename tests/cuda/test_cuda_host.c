@@ -462,8 +462,8 @@ static void moe_replay(struct moe_ref *r, const float *x, const float *w, int no
             for (int64_t c = 0; c < MC; c++) s += x[n * MC + c] * w[e * MC + c];
             r->probs[n * ME + e] = s;
         }
-        r->lse[n] = l3d_moe_route_row(r->probs + n * ME, r->idx + n * MK, r->wts + n * MK, ME, MK,
-                                      norm);
+        r->lse[n] = l3d_moe_route_row(r->probs + n * ME, r->idx + n * MK, r->wts + n * MK, NULL, ME,
+                                      MK, norm);
     }
     for (int32_t e = 0; e < ME; e++) moe_slot_walk(r, e, cap, threads, fill, segs, false);
     l3d_moe_offsets(r->off, r->stats, ME);
@@ -488,7 +488,7 @@ static void moe_cpu(struct l3d_backend *be, struct moe_ref *r, const float *x, c
     for (int i = 0; i < 10; i++) d[i] = dev(be, i == 7 ? x : i == 8 ? w : NULL, n[i]);
     l3d_be_moe_route(be, L3D_F32, d[0], d[1], (int32_t *)d[2], d[3], (int32_t *)d[4],
                      (int32_t *)d[5], d[6], (int32_t *)d[9], d[7], d[8], MN, MC, ME, MK, norm, cap,
-                     fill, segs);
+                     fill, segs, NULL);
     for (int i = 0; i < 7; i++) l3d_be_copy_d2h(be, out[i], d[i], (size_t)n[i] * 4);
     for (int i = 0; i < 10; i++) l3d_be_free(be, d[i]);
 }

@@ -361,7 +361,7 @@ static void route(struct l3d_backend *be, enum l3d_dtype dt, void **p, const voi
                   const void *w, int norm, int64_t cap, const int32_t *fill, S) {
     int32_t *work = l3d_be_alloc(be, (size_t)(3 * s->E) * 4, "routing workspace");
     l3d_be_moe_route(be, dt, p[0], p[1], p[2], p[3], p[4], p[5], p[6], work, inp, w, MN(s), s->C,
-                     s->E, s->K, norm, cap, fill, fill ? s->B : 1);
+                     s->E, s->K, norm, cap, fill, fill ? s->B : 1, NULL);
     l3d_be_free(be, work);
 }
 static void r_moe_route(struct l3d_backend *be, enum l3d_dtype dt, enum l3d_dtype g, void **p,

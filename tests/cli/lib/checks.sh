@@ -102,9 +102,11 @@ expect_error() {
     fi
 }
 # same_run NAME REF: run NAME trains the same model as run REF (llm3d compare --rtol 1e-5:
-# losses, gradient norms and model.bin); the comparison's lines in the ok or bad line.
+# losses, gradient norms and model.bin; L3D_COMPARE: compare's tolerances instead); the
+# comparison's lines in the ok or bad line.
 same_run() {
-    if "$bin" compare --rtol 1e-5 "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+    local tol=(${L3D_COMPARE:---rtol 1e-5})
+    if "$bin" compare "${tol[@]}" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
         ok "$1 matches $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
     else
         bad "$1 against $2"; cat "$dir/$1.cmp"; return 1
