@@ -181,20 +181,25 @@ struct l3d_attnd *l3d_attnd_init(void) {
     struct l3d_attnd *ad = l3d_calloc(sizeof *ad, "attention oneDNN context");
     AD_CHECK(dnnl_engine_create(&ad->engine, dnnl_cpu, 0));
     AD_CHECK(dnnl_stream_create(&ad->stream, ad->engine, dnnl_stream_default_flags));
+    /* opt-in (L3D_ATTN_DNNL=1): rounding P to bf16 for its product, as FlashAttention-2 does,
+     * makes this path's results differ by bf16 round-off from the flash kernels that the KV
+     * cache and the context-parallel ring run, so generation with and without the cache and cp
+     * against one process would no longer agree as the rest of the trainer's layouts do; off
+     * (unset or 0), bf16 attention keeps the flash kernels everywhere */
     const char *e = getenv("L3D_ATTN_DNNL");
-    if (e && strcmp(e, "0") == 0) {
-        snprintf(ad->rule, sizeof ad->rule, "off (L3D_ATTN_DNNL=0)");
+    if (!e || strcmp(e, "1") != 0) {
+        snprintf(ad->rule, sizeof ad->rule, "off (%s; L3D_ATTN_DNNL=1 for oneDNN's matmuls)",
+                 e ? "L3D_ATTN_DNNL=0" : "the default");
         return ad;
     }
-    /* the rule: AMX kernels for the score product at GPT-2's head size, or forced */
+    /* asked for: wherever oneDNN has a bf16 matmul for the score product (AMX or not) */
     struct ad_prim probe = {.kind = AD_QK, .G = 1, .M = BQ, .K = 64, .N = BQ};
     const char *impl = "none";
     ad_prim_create(ad, &probe, &impl);
     bool amx = probe.ok && strstr(impl, "amx") != NULL;
-    bool force = e && strcmp(e, "1") == 0;
-    ad->on = probe.ok && (amx || force);
-    snprintf(ad->rule, sizeof ad->rule, "%s %s (%s)", ad->on ? "oneDNN" : "off: oneDNN", impl,
-             amx ? "AMX" : force ? "L3D_ATTN_DNNL=1" : "no AMX");
+    ad->on = probe.ok;
+    snprintf(ad->rule, sizeof ad->rule, "%s %s (L3D_ATTN_DNNL=1%s)",
+             ad->on ? "oneDNN" : "off: oneDNN", impl, amx ? ", AMX" : ", no AMX");
     ad_prim_destroy(&probe);
     return ad;
 }

@@ -2,7 +2,7 @@
  * AMX, oneDNN's brgemm kernels multiply bf16 tiles at ~3.5x the fp32 FMA rate. Only cpu.c
  * includes this file.
  *
- *   struct l3d_attnd *ad = l3d_attnd_init();          // decides once: AMX, or L3D_ATTN_DNNL
+ *   struct l3d_attnd *ad = l3d_attnd_init();          // decides once: on with L3D_ATTN_DNNL=1
  *   if (l3d_attnd_on(ad, dt)) l3d_attnd_forward(ad, out, lse, qkv, B, T, NH, NKV, HS);
  *   ...
  *   l3d_attnd_free(ad);
@@ -27,13 +27,14 @@
 struct l3d_attnd;
 
 /* The path's context (its own oneDNN engine, primitive cache and scratch), with the choice made
- * once: $L3D_ATTN_DNNL "0" off, "1" on wherever oneDNN has non-reference bf16 matmuls, unset on
- * where oneDNN picks its AMX kernels for the attention products (l3d_attnd_rule says which). */
+ * once: opt-in, $L3D_ATTN_DNNL "1" on wherever oneDNN has non-reference bf16 matmuls (AMX or
+ * not), unset or "0" off (l3d_attnd_init says why; l3d_attnd_rule says which). */
 struct l3d_attnd *l3d_attnd_init(void);
 void l3d_attnd_free(struct l3d_attnd *ad);
 /* whether tensors of type dt take this path (bf16 only, and the choice above) */
 bool l3d_attnd_on(const struct l3d_attnd *ad, enum l3d_dtype dt);
-/* the choice in words, e.g. "oneDNN brg:avx512_core_amx_bf16 (AMX)" or "off (L3D_ATTN_DNNL=0)" */
+/* the choice in words, e.g. "oneDNN brg:avx512_core_amx_bf16 (L3D_ATTN_DNNL=1, AMX)" or
+ * "off (the default; ...)" */
 const char *l3d_attnd_rule(const struct l3d_attnd *ad);
 
 // out (B,T,NH,HS), lse (B,NH,T), qkv (B,T,NH+2*NKV,HS), all bf16 but lse (fp32)
