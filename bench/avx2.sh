@@ -32,6 +32,7 @@ if [ ! -x "$work/ref/llm3d" ]; then
 fi
 build "$root" "$work/new"
 
+rm -f "$work"/*.fp32.ref "$work"/*.fp32.new "$work"/*.bf16.ref "$work"/*.bf16.new # this run's alone
 export ONEDNN_MAX_CPU_ISA=AVX2 L3D_DNNL_16BIT=0 L3D_SIMD=avx2 L3D_ATTN_DOT=0 L3D_ATTN_DNNL=0
 export OMP_NUM_THREADS=2
 llama=(--arch llama --kv-heads 4 --ffn 2048)
