@@ -249,6 +249,13 @@ void l3d_cpu_moe_router_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype gd
                                  const float *stats, int64_t N, int64_t C, int64_t E, int64_t K,
                                  int norm_topk, float aux_scale, float z_scale);
 
+/* The CPU backend's implementation of one linear-layer product in dt (be: a cpu backend), `which`
+ * 'f' forward, 'i' d(inp), 'w' d(weight) into fp32, for tests: oneDNN's name (e.g.
+ * "brg:avx512_core_amx_bf16", "gemm:jit") or "widened" (fp32 products around converted
+ * operands). Creates the primitive if the shape has none yet. */
+const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dtype dt, int64_t N,
+                                int64_t C, int64_t OC);
+
 /* For backends: wraps a filled table and context into a handle (freed by l3d_backend_free). */
 struct l3d_backend *l3d_backend_make(const struct l3d_backend_i *i, void *ctx);
 /* Aborts: `kernel` of backend `be_name` has no variant for dtype dt. */

@@ -306,11 +306,13 @@ struct mm_key {
     int64_t M, K, N, ss0, ss1, ws0, ws1;
     dnnl_data_type_t st, dt; /* src/weights/bias type, dst type */
     bool bias, acc;
+    bool gemm; /* a backward product that takes oneDNN's gemm-based kernels over AMX brgemm */
 };
 
 struct mm_entry {
     struct mm_key k;
     bool ok; /* false: oneDNN has no implementation for these types on this CPU */
+    char impl[48]; /* oneDNN's implementation (l3d_cpu_matmul_impl) */
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, bia, dst;
 };
@@ -352,6 +354,8 @@ struct cpu_ctx {
      * CPU with AVX512-BF16; $L3D_DNNL_16BIT=0 turns both off, =1 both on (fp16 is opt-in: no
      * machine of this project has had AVX512-FP16) */
     bool dnnl16[2];
+    bool mm_gemm; /* keys with gemm set take oneDNN's gemm kernels where AMX brgemm is first:
+                   * on unless $L3D_MM_GEMM=0 (mm_pick) */
     struct scratch scr[SCR_KINDS];
     struct rope_key rope; /* what the table in scr[SCR_ROPE] holds */
     struct l3d_attnd *attnd; /* bf16 attention's products as oneDNN matmuls (cpu_attnd.c) */
@@ -403,7 +407,43 @@ static void mm_entry_destroy(struct mm_entry *e) {
 static bool mm_key_eq(const struct mm_key *a, const struct mm_key *b) {
     return a->M == b->M && a->K == b->K && a->N == b->N && a->ss0 == b->ss0 &&
            a->ss1 == b->ss1 && a->ws0 == b->ws0 && a->ws1 == b->ws1 && a->st == b->st &&
-           a->dt == b->dt && a->bias == b->bias && a->acc == b->acc;
+           a->dt == b->dt && a->bias == b->bias && a->acc == b->acc && a->gemm == b->gemm;
+}
+
+/* The implementation a product runs: oneDNN's first (its own preference), except for the
+ * backward products marked gemm where that first is the AMX brgemm kernel. There oneDNN 2.6's
+ * gemm-based bf16 kernels (also AMX, "gemm:jit") measured faster on every GPT-2 shape where
+ * brgemm reads its operand transposed or its K is long (quiet, 2 threads, N = 2048 rows,
+ * GFLOP/s brgemm -> gemm: dW 1007-1174 -> 1247-1308 (768 x 2304), 866-903 -> 1077-1117 (the head);
+ * d(inp) over K = 2304 / 3072: 1090-1182 -> 1399-1486, over the head's K = 50304: 595-626 ->
+ * 1306-1361; docs/BENCHMARKS.md) and slower where K <= N (d(inp) 768 -> 3072: 1456-1532 ->
+ * 1125-1183), so mm_key_dinp marks only K > N. The choice is a rule of the shape, never a
+ * timing, so a run is repeatable. Returns the descriptor to create (the caller destroys it). */
+static dnnl_primitive_desc_t mm_pick(struct cpu_ctx *cx, const struct mm_key *k,
+                                     const dnnl_matmul_desc_t *md, dnnl_primitive_attr_t attr,
+                                     dnnl_status_t *st) {
+    dnnl_primitive_desc_iterator_t it;
+    *st = dnnl_primitive_desc_iterator_create(&it, md, attr, cx->engine, NULL);
+    if (*st != dnnl_success) return NULL;
+    dnnl_primitive_desc_t first = dnnl_primitive_desc_iterator_fetch(it), pick = NULL;
+    const char *impl = "";
+    DNNL_CHECK(dnnl_primitive_desc_query(first, dnnl_query_impl_info_str, 0, &impl));
+    if (k->gemm && cx->mm_gemm && strstr(impl, "amx") && strncmp(impl, "brg", 3) == 0) {
+        while (!pick && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
+            dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
+            DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
+            if (strncmp(impl, "gemm:", 5) == 0)
+                pick = pd;
+            else
+                dnnl_primitive_desc_destroy(pd);
+        }
+    }
+    if (pick)
+        dnnl_primitive_desc_destroy(first);
+    else
+        pick = first;
+    dnnl_primitive_desc_iterator_destroy(it);
+    return pick;
 }
 
 /* The cached primitive for k, created on first use; e->ok false when oneDNN answers
@@ -444,8 +484,8 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
         DNNL_CHECK(dnnl_post_ops_append_sum(po, 1.0f));
         DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
     }
-    dnnl_primitive_desc_t pd;
-    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &md, attr, cx->engine, NULL);
+    dnnl_status_t st;
+    dnnl_primitive_desc_t pd = mm_pick(cx, k, &md, attr, &st);
     if (po) dnnl_post_ops_destroy(po);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (st == dnnl_unimplemented) {
@@ -462,6 +502,7 @@ static struct mm_entry *mm_get(struct cpu_ctx *cx, const struct mm_key *k) {
         e->ok = false;
         return e;
     }
+    snprintf(e->impl, sizeof e->impl, "%s", impl);
     DNNL_CHECK(dnnl_primitive_create(&e->prim, pd));
     dnnl_primitive_desc_destroy(pd);
     DNNL_CHECK(dnnl_memory_create(&e->src, &src, cx->engine, DNNL_MEMORY_NONE));
@@ -557,16 +598,18 @@ static void matmul_forward_16(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
     cvt_par(&(struct cvt_job){dt, fo, out, N * OC, false}, 1);
 }
 
-/* dinp (N,C) += dout (N,OC) x weight (OC,C) */
+/* dinp (N,C) += dout (N,OC) x weight (OC,C); bf16 over K = OC > C in the gemm kernels (mm_pick) */
 static struct mm_key mm_key_dinp(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt) {
     return (struct mm_key){.M = N, .K = OC, .N = C, .ss0 = OC, .ss1 = 1, .ws0 = C, .ws1 = 1,
-                           .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true};
+                           .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true,
+                           .gemm = dt == L3D_BF16 && OC > C};
 }
-/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt */
+/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt; bf16 in the gemm kernels */
 static struct mm_key mm_key_dweight(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt,
                                     enum l3d_dtype gdt) {
     return (struct mm_key){.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
-                           .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true};
+                           .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true,
+                           .gemm = dt == L3D_BF16};
 }
 
 static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
@@ -2150,6 +2193,15 @@ static bool cpu_matmul_native(void *ctx, enum l3d_dtype t) {
         if (!mm_get(cx, &k[i])->ok) return false;
     return true;
 }
+const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dtype dt, int64_t N,
+                                int64_t C, int64_t OC) {
+    struct cpu_ctx *cx = be->ctx;
+    struct mm_key k = which == 'f'   ? mm_key_forward(N, C, OC, dnnl_type(dt), false)
+                      : which == 'i' ? mm_key_dinp(N, C, OC, dt)
+                                     : mm_key_dweight(N, C, OC, dt, L3D_F32);
+    struct mm_entry *e = mm_get(cx, &k);
+    return e->ok ? e->impl : "widened";
+}
 static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
 }
@@ -2235,6 +2287,8 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     bool on = d16 && strcmp(d16, "1") == 0, off = d16 && strcmp(d16, "0") == 0;
     cx->dnnl16[0] = on || (!off && __builtin_cpu_supports("avx512bf16"));
     cx->dnnl16[1] = on;
+    const char *mg = getenv("L3D_MM_GEMM");
+    cx->mm_gemm = !(mg && strcmp(mg, "0") == 0);
     cx->rope.T = -1; /* no table yet */
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));
