@@ -25,14 +25,6 @@
 
 typedef long long ll;
 
-static uint16_t *bf16_rand(int64_t n, float stdv, uint64_t seed) {
-    float *f = malloc((size_t)n * sizeof *f);
-    uint16_t *h = malloc((size_t)n * sizeof *h);
-    ref_fill_normal(f, n, 0.0f, stdv, seed, 1);
-    for (int64_t i = 0; i < n; i++) h[i] = l3d_f32_to_bf16(f[i]);
-    free(f);
-    return h;
-}
 static double w16(const uint16_t *h, int64_t i) { return l3d_bf16_widen(h[i]); }
 
 struct prod {
@@ -80,8 +72,8 @@ static void run(struct l3d_backend *be, const struct prod *p, uint16_t *dinp, fl
 
 static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, int64_t N, int64_t C,
                        int64_t OC, uint64_t seed) {
-    struct prod p = {N, C, OC, bf16_rand(N * OC, 1.0f, seed), bf16_rand(N * C, 1.0f, seed + 1),
-                     bf16_rand(OC * C, 0.05f, seed + 2), bf16_rand(N * C, 2.0f, seed + 3),
+    struct prod p = {N, C, OC, ref_bf16_normal(N * OC, 1.0f, seed), ref_bf16_normal(N * C, 1.0f, seed + 1),
+                     ref_bf16_normal(OC * C, 0.05f, seed + 2), ref_bf16_normal(N * C, 2.0f, seed + 3),
                      malloc((size_t)(OC * C) * sizeof(float))};
     ref_fill_normal(p.dw0, OC * C, 0.0f, 4.0f, seed + 4, 1);
     uint16_t *di[3];

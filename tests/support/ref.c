@@ -162,6 +162,15 @@ void ref_fill_normal(float *x, int64_t n, float mean, float std, uint64_t seed, 
     for (int64_t i = 0; i < n; i++) x[i] = mean + std * l3d_rng_normal(seed, stream, (uint64_t)i);
 }
 
+uint16_t *ref_bf16_normal(int64_t n, float std, uint64_t seed) {
+    float *f = malloc((size_t)n * sizeof *f);
+    uint16_t *h = malloc((size_t)n * sizeof *h);
+    ref_fill_normal(f, n, 0.0f, std, seed, 1);
+    for (int64_t i = 0; i < n; i++) h[i] = l3d_f32_to_bf16(f[i]);
+    free(f);
+    return h;
+}
+
 void ref_fill_tokens(int32_t *x, int64_t n, int32_t lo, int32_t hi, uint64_t seed, uint64_t stream) {
     L3D_ASSERT(hi > lo);
     for (int64_t i = 0; i < n; i++)

@@ -94,6 +94,8 @@ void ref_to_double(double *dst, const float *src, int64_t n);
 void ref_to_float(float *dst, const double *src, int64_t n);
 /* x[i] = mean + std * l3d_rng_normal(seed, stream, i). */
 void ref_fill_normal(float *x, int64_t n, float mean, float std, uint64_t seed, uint64_t stream);
+/* n bf16 values (malloc'd), ref_fill_normal's (mean 0, std, stream 1) rounded to nearest even. */
+uint16_t *ref_bf16_normal(int64_t n, float std, uint64_t seed);
 /* x[i] uniform in [lo, hi), from l3d_rng_u64(seed, stream, i). */
 void ref_fill_tokens(int32_t *x, int64_t n, int32_t lo, int32_t hi, uint64_t seed, uint64_t stream);
 
