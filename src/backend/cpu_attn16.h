@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #include "llm3d/core.h"
@@ -55,6 +56,36 @@ static inline float fast_expf(float x) {
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
 }
+
+/* bf16 attention's probabilities (cpu_attnd.c, and cpu.c's flash kernels wherever they take its
+ * numerics: the ring's blocks, the KV cache). With t = s log2(e) of a scaled score s and m an
+ * integer offset (the row's ceil(max t) or, in an online softmax, the running one), p = 2^(t - m)
+ * is formed as 2^f 2^(n - m), n = trunc(t) and f = t - n both exact: bf16(p) = bf16(2^f) 2^(n - m)
+ * for EVERY integer m (a power-of-two scale commutes with rounding), so a block of keys that sees
+ * only part of a row, or a row whose running max grows, rounds each (query, key) probability to
+ * the same bf16 value as the whole row does; only the fp32 sums differ in order. 0 below 2^-126
+ * relative to the offset (where a normal number would end). */
+#define L3D_LOG2E 1.44269504088896341f
+#define L3D_LN2 0.693147180559945309f
+static inline float l3d_attn_p(float t, float m) {
+    float n = truncf(t), f = t - n;
+    float e = fast_expf(f * L3D_LN2); /* 2^f in (1/2, 2) */
+    float k = n - m;
+    k = k < -127.0f ? -127.0f : (k > 127.0f ? 127.0f : k); /* -127: the encoding of zero */
+    /* 2^k from the bits, as fast_expf's 2^n (unsigned: NaN stays defined, the result NaN) */
+    float tk = k + 12582912.0f;
+    uint32_t tb;
+    memcpy(&tb, &tk, sizeof tb);
+    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return e * scale;
+}
+/* p rounded to bf16 (and read back as fp32) */
+static inline float l3d_attn_p16(float p) { return l3d_bf16_widen(l3d_bf16_narrow(p)); }
+/* the integer offset of a row whose scaled scores' max is mx: ceil(mx log2(e)) (x log2(e) is
+ * monotone in x, so the max of the t's is the t of the max) */
+static inline float l3d_attn_m(float mx) { return ceilf(mx * L3D_LOG2E); }
 
 /* One row's online softmax over a block of scores s (valid of nk visible): s becomes the
  * unnormalised probabilities (zero past valid), the running max m and sum l advance; returns the
