@@ -5,7 +5,8 @@
  * it: each query chunk's diagonal block merged with every key chunk before it, the backward over
  * the same blocks with the final out and lse) in bf16 and in fp32 on the widened values with
  * p16 (cp.c's --cp-reduce-dtype fp32), and the KV cache (l3d_be_attention_cached, one row at a
- * time), all through the CPU backend.
+ * time), all through the CPU backend with L3D_ATTN_DNNL=1 (the flash kernels everywhere where
+ * oneDNN has no bf16 matmul: then the same comparisons hold, without the negative case's premise).
  *
  * Every path rounds each probability P to the same bf16 value (2^(s log2 e - m) for any integer
  * offset m: l3d_attn_p), so they differ only by the order of their fp32 sums and by where they
@@ -228,7 +229,6 @@ static void test_shape(struct l3d_backend *be, bool amx, const struct shape *s, 
     printf("B=%lld T=%lld NH=%lld NKV=%lld HS=%lld cp chunks %lld: outputs other than the whole "
            "sequence's: fp32 ring %.4f, KV cache %.4f, fp32 ring without p16 %.4f\n", (ll)s->B,
            (ll)s->T, (ll)s->NH, (ll)s->NKV, (ll)s->HS, (ll)s->nc, f32, fkv, fraw);
-    { double mx=0, d2=0, dm=0; for (int64_t i=0;i<nq;i++){ double g=r32.dqkv[i]-pre[i], h=w.dqkv[i]-pre[i]; mx=fmax(mx,fabs(h)); d2+=(g-h)*(g-h); dm=fmax(dm,fabs(g-h)); } double l=0; for (int64_t i=0;i<s->B*s->NH*s->T;i++) l=fmax(l,fabs(r32.lse[i]-w.lse[i])); printf("PROBE grad maxdiff/max %.3g rms %.3g lse maxdiff %.3g\n", dm/mx, sqrt(d2/nq)/mx, l); }
     CHECK(f32 <= 0.01 && in32);
     CHECK(fkv <= 0.01 && inkv);
     if (amx) CHECK(fraw > 0.02); /* negative: the unrounded P is told apart */
@@ -247,7 +247,8 @@ static void test_shape(struct l3d_backend *be, bool amx, const struct shape *s, 
 }
 
 int main(void) {
-    setenv("L3D_ATTN_DOT", "0", 1); /* the flash kernels' widened path where AMX is absent */
+    setenv("L3D_ATTN_DOT", "0", 1); /* the flash kernels' widened path where oneDNN is absent */
+    setenv("L3D_ATTN_DNNL", "1", 1); /* oneDNN's matmuls for the whole sequence where it has them */
     struct l3d_backend *be = l3d_backend_cpu_init();
     bool amx = l3d_be_attention_native(be, L3D_BF16);
     printf("bf16 attention through oneDNN's matmuls: %s\n", amx ? "yes" : "no (flash kernels)");
