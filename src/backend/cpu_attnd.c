@@ -191,7 +191,7 @@ struct l3d_attnd *l3d_attnd_init(void) {
      * elements; not the default because a mixture of experts with bf16 routing turns even those
      * into other experts' tokens: tests/cli/ep_layouts.sh's ep 2 x cp 2 with the fp32 ring
      * against one process measured a 0.96% gradient norm at step 4 (bound 0.2%) where the flash
-     * kernels agree to 4e-9 (docs/DESIGN.md, "bf16 attention on AMX") */
+     * kernels agree to 4e-9 (docs/DESIGN.md, "bf16 attention as oneDNN matmuls on AMX") */
     const char *e = getenv("L3D_ATTN_DNNL");
     if (e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
         l3d_fatal(__FILE__, __LINE__, "backend cpu: L3D_ATTN_DNNL is \"%s\"; set it to 1 (bf16 "

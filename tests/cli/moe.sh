@@ -88,7 +88,7 @@ check "llm3d plan: active parameters of the mixture" grep -q \
 # blanks) and sampled at temperature 1 (the same seed draws the same tokens from the same logits)
 # (GPT-2 blocks with experts; Mixtral and Qwen3-MoE folders: hfmoe.sh, hfqwen3.sh). bf16 also
 # with L3D_ATTN_DNNL=1 (oneDNN's matmuls where it has them: the KV cache then rounds P as the
-# full forward does, docs/DESIGN.md "bf16 attention on AMX")
+# full forward does, docs/DESIGN.md "bf16 attention as oneDNN matmuls on AMX")
 for prec in fp32 bf16 bf16_dnnl; do
     for temp in 0 1; do
         gen() { L3D_ATTN_DNNL=$([ $prec = bf16_dnnl ] && echo 1 || echo 0) "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row \
