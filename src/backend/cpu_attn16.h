@@ -29,6 +29,18 @@ static inline void l3d_cpu_st(enum l3d_dtype t, void *p, int64_t i, float v) {
         ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_bf16_narrow(v) : l3d_f32_to_f16(v);
 }
 
+/* 2^n from t = 1.5 * 2^23 + n (n an integer in [-127, 127]; -127 gives 0): t's encoding is
+ * 0x4b400000 + n. Unsigned, so that a NaN t (the caller's result then NaN) is no undefined
+ * behaviour: (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
+static inline float l3d_pow2_shifted(float t) {
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return scale;
+}
+
 /* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
  * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
  * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */
@@ -46,15 +58,7 @@ static inline float fast_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    /* 2^n from t's low bits: t = 1.5 * 2^23 + n exactly, so its encoding is 0x4b400000 + n.
-     * Unsigned, so that a NaN x (n NaN: p is NaN, the result NaN) is no undefined behaviour:
-     * (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return p * l3d_pow2_shifted(t);
 }
 
 /* bf16 attention's probabilities (cpu_attnd.c, and cpu.c's flash kernels wherever they take its
@@ -72,14 +76,7 @@ static inline float l3d_attn_p(float t, float m) {
     float e = fast_expf(f * L3D_LN2); /* 2^f in (1/2, 2) */
     float k = n - m;
     k = k < -127.0f ? -127.0f : (k > 127.0f ? 127.0f : k); /* -127: the encoding of zero */
-    /* 2^k from the bits, as fast_expf's 2^n (unsigned: NaN stays defined, the result NaN) */
-    float tk = k + 12582912.0f;
-    uint32_t tb;
-    memcpy(&tb, &tk, sizeof tb);
-    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return e * scale;
+    return e * l3d_pow2_shifted(k + 12582912.0f);
 }
 /* p rounded to bf16 (and read back as fp32) */
 static inline float l3d_attn_p16(float p) { return l3d_bf16_widen(l3d_bf16_narrow(p)); }
