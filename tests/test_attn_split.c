@@ -5,7 +5,7 @@
  * it: each query chunk's diagonal block merged with every key chunk before it, the backward over
  * the same blocks with the final out and lse) in bf16 and in fp32 on the widened values with
  * p16 (cp.c's --cp-reduce-dtype fp32), and the KV cache (l3d_be_attention_cached, one row at a
- * time), all through the CPU backend with L3D_ATTN_DNNL=1 (the flash kernels everywhere where
+ * time), all through the CPU backend ($L3D_BACKEND: also under the checking one) with L3D_ATTN_DNNL=1 (the flash kernels everywhere where
  * oneDNN has no bf16 matmul: then the same comparisons hold, without the negative case's premise).
  *
  * Every path rounds each probability P to the same bf16 value (2^(s log2 e - m) for any integer
@@ -46,25 +46,34 @@ struct run {
 
 static int64_t n_qkv(const struct shape *s) { return s->B * s->T * (s->NH + 2 * s->NKV) * s->HS; }
 static int64_t n_out(const struct shape *s) { return s->B * s->T * s->NH * s->HS; }
+static int64_t n_lse(const struct shape *s) { return s->B * s->NH * s->T; }
 
 static float r16(float x) { return l3d_bf16_widen(l3d_bf16_narrow(x)); }
 
-/* a device tensor of type dt from host floats, or host floats from one */
+/* a device tensor of type dt from host floats (bf16: the values are bf16's), or host floats from
+ * one, through host staging (the checking backend's device memory is not the host's) */
 static void *up(struct l3d_backend *be, enum l3d_dtype dt, const float *h, int64_t n) {
     size_t e = l3d_dtype_size(dt);
-    void *d = l3d_be_alloc(be, (size_t)n * e, "test tensor");
-    if (dt == L3D_F32) l3d_be_copy_h2d(be, d, h, (size_t)n * e);
-    else l3d_be_convert(be, dt, d, L3D_F32, h, n); /* the CPU backend: host memory */
+    void *d = l3d_be_alloc(be, (size_t)n * e, "test tensor"), *tmp = malloc((size_t)n * e);
+    for (int64_t i = 0; i < n; i++)
+        if (dt == L3D_F32) ((float *)tmp)[i] = h[i];
+        else ((uint16_t *)tmp)[i] = l3d_bf16_narrow(h[i]);
+    l3d_be_copy_h2d(be, d, tmp, (size_t)n * e);
+    free(tmp);
     return d;
 }
 static void down(struct l3d_backend *be, enum l3d_dtype dt, float *h, const void *d, int64_t n) {
-    if (dt == L3D_F32) l3d_be_copy_d2h(be, h, d, (size_t)n * sizeof(float));
-    else l3d_be_convert(be, L3D_F32, h, dt, d, n);
+    size_t e = l3d_dtype_size(dt);
+    void *tmp = malloc((size_t)n * e);
+    l3d_be_copy_d2h(be, tmp, d, (size_t)n * e);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = dt == L3D_F32 ? ((float *)tmp)[i] : l3d_bf16_widen(((uint16_t *)tmp)[i]);
+    free(tmp);
 }
 
 static void run_alloc(struct run *r, const struct shape *s) {
     r->out = malloc((size_t)n_out(s) * sizeof(float));
-    r->lse = malloc((size_t)(s->B * s->NH * s->T) * sizeof(float));
+    r->lse = calloc((size_t)n_lse(s), sizeof(float));
     r->dqkv = malloc((size_t)n_qkv(s) * sizeof(float));
 }
 static void run_free(struct run *r) { free(r->out), free(r->lse), free(r->dqkv); }
@@ -75,11 +84,14 @@ static void whole(struct l3d_backend *be, struct run *r, const struct shape *s, 
     const int64_t nq = n_qkv(s), no = n_out(s);
     void *x = up(be, L3D_BF16, qkv, nq), *g = up(be, L3D_BF16, dout, no);
     void *d = up(be, L3D_BF16, pre, nq), *o = up(be, L3D_BF16, dout, no);
-    l3d_be_attention_forward(be, L3D_BF16, o, r->lse, x, s->B, s->T, s->NH, s->NKV, s->HS);
-    l3d_be_attention_backward(be, L3D_BF16, d, g, x, o, r->lse, s->B, s->T, s->NH, s->NKV, s->HS);
+    float *L = up(be, L3D_F32, r->lse, n_lse(s)); /* (its values overwritten) */
+    l3d_be_attention_forward(be, L3D_BF16, o, L, x, s->B, s->T, s->NH, s->NKV, s->HS);
+    l3d_be_attention_backward(be, L3D_BF16, d, g, x, o, L, s->B, s->T, s->NH, s->NKV, s->HS);
     down(be, L3D_BF16, r->out, o, no);
     down(be, L3D_BF16, r->dqkv, d, nq);
+    down(be, L3D_F32, r->lse, L, n_lse(s));
     l3d_be_free(be, x), l3d_be_free(be, g), l3d_be_free(be, d), l3d_be_free(be, o);
+    l3d_be_free(be, L);
 }
 
 /* (query chunk qi, key chunk ki) of chunk length c, q|k|v in one (B, T, W) tensor */
@@ -126,13 +138,14 @@ static void ring(struct l3d_backend *be, enum l3d_dtype dt, bool p16, struct run
     const int64_t C = s->NH * s->HS;
     char *x = up(be, dt, qkv, nq), *g = up(be, dt, dout, no), *d = up(be, dt, pre, nq);
     char *o = up(be, dt, dout, no), *part = up(be, dt, dout, no);
-    float *lse2 = malloc((size_t)(s->B * s->NH * s->T) * sizeof(float));
-    ring_forward(be, dt, p16, s, x, o, r->lse, part, lse2);
+    float *L = up(be, L3D_F32, r->lse, n_lse(s)), *L2 = up(be, L3D_F32, r->lse, n_lse(s));
+    ring_forward(be, dt, p16, s, x, o, L, part, L2);
     down(be, dt, r->out, o, no);
     if (dt == L3D_F32) { /* the backward reads the output in the model's type, as cp.c's */
         float *o16 = malloc((size_t)no * sizeof(float));
         for (int64_t i = 0; i < no; i++) o16[i] = r16(r->out[i]);
-        l3d_be_copy_h2d(be, o, o16, (size_t)no * sizeof(float));
+        l3d_be_free(be, o);
+        o = up(be, dt, o16, no);
         free(o16);
     }
     for (int64_t qi = 0; qi < s->nc; qi++)
@@ -143,12 +156,12 @@ static void ring(struct l3d_backend *be, enum l3d_dtype dt, bool p16, struct run
                 be, dt, d + qkv_at(s, c, qi, 0) * e, d + qkv_at(s, c, ki, 1) * e,
                 d + qkv_at(s, c, ki, 2) * e, g + oo, x + qkv_at(s, c, qi, 0) * e,
                 x + qkv_at(s, c, ki, 1) * e, x + qkv_at(s, c, ki, 2) * e, o + oo,
-                r->lse + qi * c, &b);
+                L + qi * c, &b);
         }
     down(be, dt, r->dqkv, d, nq);
+    down(be, L3D_F32, r->lse, L, n_lse(s));
     l3d_be_free(be, x), l3d_be_free(be, g), l3d_be_free(be, d), l3d_be_free(be, o);
-    l3d_be_free(be, part);
-    free(lse2);
+    l3d_be_free(be, part), l3d_be_free(be, L), l3d_be_free(be, L2);
 }
 
 /* the KV cache's forward, one row at a time per sequence (generation's steps) */
@@ -263,7 +276,7 @@ static void test_shape(struct l3d_backend *be, bool amx, const struct shape *s, 
 int main(void) {
     setenv("L3D_ATTN_DOT", "0", 1); /* the flash kernels' widened path where oneDNN is absent */
     setenv("L3D_ATTN_DNNL", "1", 1); /* oneDNN's matmuls for the whole sequence where it has them */
-    struct l3d_backend *be = l3d_backend_cpu_init();
+    struct l3d_backend *be = test_backend_init();
     bool amx = l3d_be_attention_native(be, L3D_BF16);
     printf("bf16 attention through oneDNN's matmuls: %s\n", amx ? "yes" : "no (flash kernels)");
     /* B, T, NH, NKV, HS, chunks: GPT-2's heads over 4 chunks of 64; grouped heads, chunks of 100
