@@ -64,7 +64,7 @@ static inline float fast_expf(float x) {
 /* bf16 attention's probabilities (cpu_attnd.c, and cpu.c's flash kernels wherever they take its
  * numerics: the ring's blocks, the KV cache). With t = s log2(e) of a scaled score s and m an
  * integer offset (the row's ceil(max t) or, in an online softmax, the running one), p = 2^(t - m)
- * is formed as 2^f 2^(n - m), n = trunc(t) and f = t - n both exact: bf16(p) = bf16(2^f) 2^(n - m)
+ * is formed as 2^f 2^(n - m), n = round(t) and f = t - n both exact: bf16(p) = bf16(2^f) 2^(n - m)
  * for EVERY integer m (a power-of-two scale commutes with rounding), so a block of keys that sees
  * only part of a row, or a row whose running max grows, rounds each (query, key) probability to
  * the same bf16 value as the whole row does; only the fp32 sums differ in order. 0 below 2^-126
@@ -72,8 +72,10 @@ static inline float fast_expf(float x) {
 #define L3D_LOG2E 1.44269504088896341f
 #define L3D_LN2 0.693147180559945309f
 static inline float l3d_attn_p(float t, float m) {
-    float n = truncf(t), f = t - n;
-    float e = fast_expf(f * L3D_LN2); /* 2^f in (1/2, 2) */
+    /* n the integer nearest t (adding 1.5 * 2^23 rounds, for |t| < 2^22), f = t - n exact
+     * (Sterbenz: n and t within a factor 2 when n != 0); truncf would not vectorise here */
+    float n = (t + 12582912.0f) - 12582912.0f, f = t - n;
+    float e = fast_expf(f * L3D_LN2); /* 2^f in [2^-1/2, 2^1/2] */
     float k = n - m;
     k = k < -127.0f ? -127.0f : (k > 127.0f ? 127.0f : k); /* -127: the encoding of zero */
     return e * l3d_pow2_shifted(k + 12582912.0f);
