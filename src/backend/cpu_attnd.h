@@ -27,15 +27,15 @@
 struct l3d_attnd;
 
 /* The path's context (its own oneDNN engine, primitive cache and scratch), with the choice made
- * once: by default on where oneDNN's bf16 matmul runs on AMX; $L3D_ATTN_DNNL "1" on wherever
- * oneDNN has non-reference bf16 matmuls (AMX or not), "0" off, any other value a fatal error
- * (l3d_attnd_init says why; l3d_attnd_rule says which). */
+ * once: opt-in, $L3D_ATTN_DNNL "1" on wherever oneDNN has non-reference bf16 matmuls (AMX or
+ * not), unset, empty or "0" off, any other value a fatal error (l3d_attnd_init says why;
+ * l3d_attnd_rule says which). */
 struct l3d_attnd *l3d_attnd_init(void);
 void l3d_attnd_free(struct l3d_attnd *ad);
 /* whether tensors of type dt take this path (bf16 only, and the choice above) */
 bool l3d_attnd_on(const struct l3d_attnd *ad, enum l3d_dtype dt);
-/* the choice in words, e.g. "oneDNN brg:avx512_core_amx_bf16 (the default, AMX)" or
- * "off (L3D_ATTN_DNNL=0)" */
+/* the choice in words, e.g. "oneDNN brg:avx512_core_amx_bf16 (L3D_ATTN_DNNL=1, AMX)" or
+ * "off (the default; ...)" */
 const char *l3d_attnd_rule(const struct l3d_attnd *ad);
 
 // out (B,T,NH,HS), lse (B,NH,T), qkv (B,T,NH+2*NKV,HS), all bf16 but lse (fp32)

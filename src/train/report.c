@@ -23,10 +23,9 @@ static void report_paths(const struct l3d_trainer *t, enum l3d_dtype dt) {
         {"products", "16-bit operands into fp32 sums, in the backend's own 16-bit kernels",
          "16-bit operands widened into fp32 copies around fp32 products (the device has no "
          "16-bit products, or L3D_DNNL_16BIT=0)"},
-        {"attention products", "16-bit matmuls in the backend's own kernels (oneDNN: AMX by "
-                               "default, or L3D_ATTN_DNNL=1; =0 for the flash kernels)",
-         "the flash kernels' fp32 (or bf16 dot) products (L3D_ATTN_DNNL=0, or no AMX: =1 for "
-         "oneDNN's bf16 matmuls)"}};
+        {"attention products", "16-bit matmuls in the backend's own kernels (oneDNN, "
+                               "L3D_ATTN_DNNL=1)",
+         "the flash kernels' fp32 (or bf16 dot) products (L3D_ATTN_DNNL=1 for oneDNN's)"}};
     bool native[2] = {l3d_be_matmul_native(t->be, dt), l3d_be_attention_native(t->be, dt)};
     for (int k = 0; k < 2; k++) printf("%s: %s\n", path[k][0], path[k][native[k] ? 1 : 2]);
 }
