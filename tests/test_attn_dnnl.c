@@ -24,6 +24,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend/cpu_attnd.h"
 #include "llm3d/backend.h"
@@ -273,8 +275,9 @@ static void test_threads(struct l3d_backend *be, struct shape s, uint64_t seed) 
     free(qkv), free(dO), free(d0);
 }
 
-/* the choice: L3D_ATTN_DNNL=0 turns the path off, =1 on wherever oneDNN has bf16 kernels;
- * never for fp32 or fp16. Returns whether =1 turned it on. */
+/* the choice: L3D_ATTN_DNNL=0 turns the path off, =1 on wherever oneDNN has bf16 kernels, unset
+ * or empty off; never for fp32 or fp16; another value is refused. Returns whether =1 turned it
+ * on. */
 static bool test_rule(void) {
     setenv("L3D_ATTN_DNNL", "0", 1);
     struct l3d_attnd *off = l3d_attnd_init();
@@ -287,10 +290,28 @@ static bool test_rule(void) {
     CHECK(!l3d_attnd_on(ad, L3D_F32) && !l3d_attnd_on(ad, L3D_F16));
     printf("bf16 attention, L3D_ATTN_DNNL=1: %s\n", l3d_attnd_rule(ad));
     l3d_attnd_free(ad);
+    /* the default, unset or empty: off (opt-in, cpu_attnd.c says why) */
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("L3D_ATTN_DNNL", "", 1);
+        else unsetenv("L3D_ATTN_DNNL");
+        ad = l3d_attnd_init();
+        printf("bf16 attention by default: %s\n", l3d_attnd_rule(ad));
+        CHECK(!l3d_attnd_on(ad, L3D_BF16));
+        CHECK(strstr(l3d_attnd_rule(ad), "the default") != NULL);
+        l3d_attnd_free(ad);
+    }
     unsetenv("L3D_ATTN_DNNL");
-    ad = l3d_attnd_init();
-    printf("bf16 attention by default: %s\n", l3d_attnd_rule(ad));
-    l3d_attnd_free(ad);
+    /* any other value: one error naming the variable (the child process dies) */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("L3D_ATTN_DNNL", "yes", 1);
+        l3d_attnd_free(l3d_attnd_init());
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
     return on;
 }
 
