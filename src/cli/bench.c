@@ -22,8 +22,8 @@ static void print_floor(const struct l3d_ksplit *k, double flops, double peak, d
     for (int f = 0; f < L3D_KF_N; f++) bytes += k->bytes[f];
     if (!(flops > 0 && peak > 0 && bw > 0)) return;
     double tc = flops / peak, tm = bytes / bw;
-    printf("  floor (roofline): the model's FLOPs at the peak %.1f ms + the memory-bound "
-           "families' %.0f MB at the triad %.1f ms = %.1f ms: MFU at most %.1f%%\n", tc * 1e3,
+    printf("  floor (roofline): the model's FLOPs at the peak %.3f ms + the memory-bound "
+           "families' %.0f MB at the triad %.3f ms = %.3f ms: MFU at most %.1f%%\n", tc * 1e3,
            bytes / 1e6, tm * 1e3, (tc + tm) * 1e3, 100.0 * tc / (tc + tm));
 }
 
