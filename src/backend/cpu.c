@@ -1817,7 +1817,9 @@ static void xent_rows(const struct xent_args *a) {
         if (a->pass == XENT_SUMEXP || a->pass == XENT_STATS) {
             float mx = a->pass == XENT_STATS ? a->out[n] : a->maxv[n];
             float *se = a->pass == XENT_STATS ? a->out2 : a->out;
-            se[n] = l3d_cpu_xent_sumexp(isa, dt, row, Vv, mx);
+            /* the next row of this thread's chunk (static schedule) fetched meanwhile */
+            const void *next = n + 1 < a->N ? at(dt, a->logits, (n + 1) * a->Vl) : NULL;
+            se[n] = l3d_cpu_xent_sumexp(isa, dt, row, Vv, mx, next);
             a->tlogit[n] = (t >= 0 && t < Vv) ? l3d_cpu_ld(dt, row, t) : 0.0f;
         }
         if (a->pass == XENT_BACKWARD) /* logits in place -> dlogits */

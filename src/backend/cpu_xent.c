@@ -27,6 +27,22 @@
 
 #define XL L3D_XENT_LANES
 
+/* Prefetch PF_BYTES ahead of byte b of row: the hardware prefetchers of the machine this was
+ * written on left the in-place gradient bound by memory latency (bf16, 1024 GPT-2 rows, one
+ * thread: 61 ms without, 22 ms with). Through an integer: a prefetch past the row's end (into the
+ * next row, or unmapped) never faults, but the pointer arithmetic would be out of bounds. */
+#ifndef PF_BYTES
+#define PF_BYTES 4096
+#endif
+static inline void ahead(const void *row, int64_t b) {
+    _mm_prefetch((const char *)((uintptr_t)row + (uintptr_t)(b + PF_BYTES)), _MM_HINT_T0);
+}
+/* ahead, and byte b of next into L2 (NULL: none) */
+static inline void ahead2(const void *row, const void *next, int64_t b) {
+    ahead(row, b);
+    if (next) _mm_prefetch((const char *)next + b, _MM_HINT_T1);
+}
+
 /* a[0] = the lanes of a (XL) combined pairwise, halves first: the one order of every path */
 static float lane_tree(float *a, bool max) {
     for (int w = XL / 2; w > 0; w /= 2)
@@ -38,10 +54,12 @@ static float lane_tree(float *a, bool max) {
 
 /* max (the row's maximum) or the sum of exp(x - mx): s_max(x, acc) is maxps(x, acc), which keeps
  * acc when x is NaN */
-static float red_scalar(enum l3d_dtype t, const void *row, int64_t n, float mx, bool max) {
+static float red_scalar(enum l3d_dtype t, const void *row, int64_t n, float mx, bool max,
+                        const void *next) {
     float a[XL];
     for (int i = 0; i < XL; i++) a[i] = max ? -INFINITY : 0.0f;
     for (int64_t j = 0; j < n; j++) {
+        if (j % 16 == 0) ahead2(row, next, j * (t == L3D_F32 ? 4 : 2));
         float x = l3d_cpu_ld(t, row, j);
         a[j % XL] = max ? s_max(x, a[j % XL]) : a[j % XL] + s_exp(x - mx);
     }
@@ -49,7 +67,10 @@ static float red_scalar(enum l3d_dtype t, const void *row, int64_t n, float mx, 
 }
 
 static void grad_scalar(enum l3d_dtype t, void *row, int64_t n, float mx, float k) {
-    for (int64_t j = 0; j < n; j++) l3d_cpu_st(t, row, j, s_exp(l3d_cpu_ld(t, row, j) - mx) * k);
+    for (int64_t j = 0; j < n; j++) {
+        if (j % 16 == 0) ahead(row, j * (t == L3D_F32 ? 4 : 2));
+        l3d_cpu_st(t, row, j, s_exp(l3d_cpu_ld(t, row, j) - mx) * k);
+    }
 }
 
 /* ---- AVX-512: 16 lanes, masked tails ------------------------------------------------------- */
@@ -61,12 +82,15 @@ __attribute__((target(T512))) static inline __m512 v16_red(__m512 acc, __mmask16
 }
 
 __attribute__((target(T512))) static float red_avx512(enum l3d_dtype t, const void *row,
-                                                      int64_t n, float mx, bool max) {
+                                                      int64_t n, float mx, bool max,
+                                                      const void *next) {
+    const int64_t es = t == L3D_F32 ? 4 : 2;
     const __m512 mxv = _mm512_set1_ps(mx);
     __m512 a0 = _mm512_set1_ps(max ? -INFINITY : 0.0f), a1 = a0;
     const __mmask16 all = 0xFFFF;
     int64_t j = 0;
     for (; j + XL <= n; j += XL) {
+        ahead2(row, next, j * es), ahead2(row, next, (j + 16) * es);
         a0 = v16_red(a0, all, v16_ld(t, row, j, all), mxv, max);
         a1 = v16_red(a1, all, v16_ld(t, row, j + 16, all), mxv, max);
     }
@@ -86,6 +110,7 @@ __attribute__((target(T512))) static void grad_avx512(enum l3d_dtype t, void *ro
     const __m512 mxv = _mm512_set1_ps(mx), kv = _mm512_set1_ps(k);
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
+        ahead(row, j * (t == L3D_F32 ? 4 : 2));
         __m512 e = v16_exp(_mm512_sub_ps(v16_ld(t, row, j, m), mxv));
         v16_st(t, row, j, m, _mm512_mul_ps(e, kv));
     }
@@ -101,15 +126,18 @@ __attribute__((target(T256))) static inline __m256 v8_red(__m256 acc, __m256 m, 
 }
 
 __attribute__((target(T256))) static float red_avx2(enum l3d_dtype t, const void *row, int64_t n,
-                                                    float mx, bool max) {
+                                                    float mx, bool max, const void *next) {
     const int64_t es = t == L3D_F32 ? 4 : 2;
     const __m256 mxv = _mm256_set1_ps(mx), all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     __m256 a[XL / 8];
     for (int v = 0; v < XL / 8; v++) a[v] = _mm256_set1_ps(max ? -INFINITY : 0.0f);
     int64_t j = 0;
-    for (; j + XL <= n; j += XL)
-        for (int v = 0; v < XL / 8; v++)
+    for (; j + XL <= n; j += XL) {
+        for (int v = 0; v < XL / 8; v++) {
+            ahead2(row, next, (j + 8 * v) * es);
             a[v] = v8_red(a[v], all, v8_ld(t, (const char *)row + (j + 8 * v) * es), mxv, max);
+        }
+    }
     if (j < n) { /* the tail: a zero-padded copy, its lanes past n blended out */
         _Alignas(32) char pad[XL * 4] = {0};
         memcpy(pad, (const char *)row + j * es, (size_t)((n - j) * es));
@@ -137,6 +165,7 @@ __attribute__((target(T256))) static void grad_avx2(enum l3d_dtype t, void *row,
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         char *p = (char *)row + j * es;
+        ahead(row, j * es);
         v8_st(t, p, v8_grad(v8_ld(t, p), mxv, kv));
     }
     if (j == n) return;
@@ -150,19 +179,19 @@ __attribute__((target(T256))) static void grad_avx2(enum l3d_dtype t, void *row,
 /* ---- the entry points ---------------------------------------------------------------------- */
 
 static float reduce(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n, float mx,
-                    bool max) {
-    if (isa == L3D_SIMD_AVX512) return red_avx512(t, row, n, mx, max);
-    if (isa == L3D_SIMD_AVX2) return red_avx2(t, row, n, mx, max);
-    return red_scalar(t, row, n, mx, max);
+                    bool max, const void *next) {
+    if (isa == L3D_SIMD_AVX512) return red_avx512(t, row, n, mx, max, next);
+    if (isa == L3D_SIMD_AVX2) return red_avx2(t, row, n, mx, max, next);
+    return red_scalar(t, row, n, mx, max, next);
 }
 
 float l3d_cpu_xent_max(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n) {
-    return reduce(isa, t, row, n, 0.0f, true);
+    return reduce(isa, t, row, n, 0.0f, true, NULL);
 }
 
 float l3d_cpu_xent_sumexp(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n,
-                          float mx) {
-    return reduce(isa, t, row, n, mx, false);
+                          float mx, const void *next) {
+    return reduce(isa, t, row, n, mx, false, next);
 }
 
 void l3d_cpu_xent_grad(enum l3d_simd isa, enum l3d_dtype t, void *row, int64_t n, int64_t Vl,

@@ -6,7 +6,7 @@
  * the thread count. Only src/backend/cpu*.c and the tests include this file.
  *
  *   float mx = l3d_cpu_xent_max(isa, L3D_BF16, row, Vvalid);
- *   float se = l3d_cpu_xent_sumexp(isa, L3D_BF16, row, Vvalid, mx);
+ *   float se = l3d_cpu_xent_sumexp(isa, L3D_BF16, row, Vvalid, mx, NULL);
  *   l3d_cpu_xent_grad(isa, L3D_BF16, row, Vvalid, Vl, mx, dloss / se, target, dloss);
  */
 #ifndef LLM3D_CPU_XENT_H
@@ -22,9 +22,10 @@
 
 /* max of row (n) of type t, NaN skipped (-inf for n = 0 or a row of NaN and -inf) */
 float l3d_cpu_xent_max(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n);
-/* sum over row (n) of exp(row[j] - mx), fast_expf's polynomial (cpu_vec.h's s_exp) */
+/* sum over row (n) of exp(row[j] - mx), fast_expf's polynomial (cpu_vec.h's s_exp); next: n
+ * elements fetched into cache meanwhile (the next row, whose max then reads from cache), or NULL */
 float l3d_cpu_xent_sumexp(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n,
-                          float mx);
+                          float mx, const void *next);
 /* row (Vl) in place -> dlogits: exp(row[j] - mx) k for j < n, 0 for n <= j < Vl, and dloss
  * subtracted at tgt when 0 <= tgt < n (k = dloss / sumexp); each 16-bit element rounded once */
 void l3d_cpu_xent_grad(enum l3d_simd isa, enum l3d_dtype t, void *row, int64_t n, int64_t Vl,
