@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu_attn16.h"
 #include "backend/cpu_xent.h"
 #include "llm3d/backend.h"
 #include "llm3d/core.h"
@@ -27,15 +28,9 @@
 typedef long long ll;
 enum { GUARD = 4 }; /* elements past Vl that must stay untouched */
 
-static float widen(enum l3d_dtype t, const void *p, int64_t i) {
-    if (t == L3D_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == L3D_BF16 ? l3d_bf16_to_f32(h) : l3d_f16_to_f32(h);
-}
-static void narrow(enum l3d_dtype t, void *p, int64_t i, float v) {
-    if (t == L3D_F32) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_f32_to_bf16(v) : l3d_f32_to_f16(v);
-}
+/* element i of a row of type t, widened; or written, rounded once to nearest even */
+static float widen(enum l3d_dtype t, const void *p, int64_t i) { return l3d_cpu_ld(t, p, i); }
+static void narrow(enum l3d_dtype t, void *p, int64_t i, float v) { l3d_cpu_st(t, p, i, v); }
 static bool same_float(float a, float b) { return (isnan(a) && isnan(b)) || !memcmp(&a, &b, 4); }
 
 /* one row's results: max, sumexp, and the gradient row (Vl + GUARD elements of type t) */

@@ -178,32 +178,26 @@ __attribute__((target(T256))) static void grad_avx2(enum l3d_dtype t, void *row,
 
 /* ---- the entry points ---------------------------------------------------------------------- */
 
-static float reduce(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n, float mx,
-                    bool max, const void *next) {
-    if (isa == L3D_SIMD_AVX512) return red_avx512(t, row, n, mx, max, next);
-    if (isa == L3D_SIMD_AVX2) return red_avx2(t, row, n, mx, max, next);
-    return red_scalar(t, row, n, mx, max, next);
-}
+/* the paths by enum l3d_simd (scalar 0, AVX2 1, AVX-512 2) */
+static float (*const red_path[])(enum l3d_dtype, const void *, int64_t, float, bool,
+                                 const void *) = {red_scalar, red_avx2, red_avx512};
+static void (*const grad_path[])(enum l3d_dtype, void *, int64_t, float, float) = {
+    grad_scalar, grad_avx2, grad_avx512};
 
 float l3d_cpu_xent_max(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n) {
-    return reduce(isa, t, row, n, 0.0f, true, NULL);
+    return red_path[isa](t, row, n, 0.0f, true, NULL);
 }
 
 float l3d_cpu_xent_sumexp(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n,
                           float mx, const void *next) {
-    return reduce(isa, t, row, n, mx, false, next);
+    return red_path[isa](t, row, n, mx, false, next);
 }
 
 void l3d_cpu_xent_grad(enum l3d_simd isa, enum l3d_dtype t, void *row, int64_t n, int64_t Vl,
                        float mx, float k, int64_t tgt, float dloss) {
     const bool has_t = tgt >= 0 && tgt < n;
     const float xt = has_t ? l3d_cpu_ld(t, row, tgt) : 0.0f; /* before the row is overwritten */
-    if (isa == L3D_SIMD_AVX512)
-        grad_avx512(t, row, n, mx, k);
-    else if (isa == L3D_SIMD_AVX2)
-        grad_avx2(t, row, n, mx, k);
-    else
-        grad_scalar(t, row, n, mx, k);
+    grad_path[isa](t, row, n, mx, k);
     const size_t es = t == L3D_F32 ? 4 : 2;
     if (Vl > n) memset((char *)row + (size_t)n * es, 0, (size_t)(Vl - n) * es); /* +0 bits */
     if (has_t) l3d_cpu_st(t, row, tgt, s_exp(xt - mx) * k - dloss);
