@@ -1784,7 +1784,7 @@ static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const 
 
 /* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
 
-/* The three passes over the logits (N,Vl) of type dt, Vvalid valid columns, a row per step of
+/* The passes over the logits (N,Vl) of type dt, Vvalid valid columns, a row per step of
  * the static loop, each row by cpu_xent.c's SIMD rows (no scratch: 16-bit rows are widened in
  * registers). A row's results depend only on the row (fixed lanes and order within it), so they
  * are bit-identical for any thread count and on every SIMD path. out (N): maxv (XENT_MAX) or
