@@ -39,7 +39,7 @@ one() {
     echo "$name: $tps tokens/s, peak memory $mem MiB${mfu32:+, MFU $mfu32% of the FMA peak, $mfu16% of the bf16 peak}"
     echo "$tps $mem ${mfu32:-nan} ${mfu16:-nan}" >> "$out/$name"
     echo "$log" | sed -n '/^fp32 FMA peak/p; /^bf16 dot-product loop/p; /^the bf16 peak/p; /^triad/p' >> "$out/peaks"
-    echo "$log" | sed -n '/^time split/,/^  idle/p' > "$out/$name.split"
+    echo "$log" | sed -n '/^time split/,/^  idle/p; /^  floor (roofline)/p' > "$out/$name.split"
 }
 # bench (one process) by default; the 2-rank runs train on a byte corpus (llm3d bench is one process)
 cmd=(bench)

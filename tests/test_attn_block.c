@@ -267,6 +267,9 @@ static void refuses_key_chunk_after(struct l3d_backend *be) {
 }
 
 int main(void) {
+    /* the flash kernels' block paths (fp32, widened, dot products); oneDNN's numerics on the
+     * blocks (the default on AMX): tests/test_attn_split.c */
+    setenv("L3D_ATTN_DNNL", "0", 1);
     struct l3d_backend *be = test_backend_init();
     const struct shape shapes[] = {
         {2, 64, 2, 2, 16, 2},   /* GPT-2's heads, one block per chunk */

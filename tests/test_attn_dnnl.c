@@ -24,6 +24,8 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend/cpu_attnd.h"
 #include "llm3d/backend.h"
@@ -44,14 +46,6 @@ static int64_t n_qkv(const struct shape *s) { return s->B * s->T * (s->NH + 2 * 
 static int64_t n_out(const struct shape *s) { return s->B * s->T * s->NH * s->HS; }
 static int64_t n_lse(const struct shape *s) { return s->B * s->NH * s->T; }
 
-static uint16_t *bf16_rand(int64_t n, float stdv, uint64_t seed) {
-    float *f = malloc((size_t)n * sizeof *f);
-    uint16_t *h = malloc((size_t)n * sizeof *h);
-    ref_fill_normal(f, n, 0.0f, stdv, seed, 1);
-    for (int64_t i = 0; i < n; i++) h[i] = l3d_f32_to_bf16(f[i]);
-    free(f);
-    return h;
-}
 static double w(const uint16_t *h, int64_t i) { return l3d_bf16_widen(h[i]); }
 
 /* one query row's exact probabilities P (t + 1) and lse; returns max_j |s_j| */
@@ -222,8 +216,8 @@ static void negative_cases(struct l3d_backend *be, const struct ref *r, const ui
 static void test_shape(struct l3d_backend *be, struct l3d_backend *wide, bool on,
                        struct shape s, uint64_t seed) {
     const int64_t nq = n_qkv(&s), no = n_out(&s), nl = n_lse(&s);
-    uint16_t *qkv = bf16_rand(nq, 1.0f, seed), *dO = bf16_rand(no, 1.0f, seed + 1);
-    uint16_t *d0 = bf16_rand(nq, 0.5f, seed + 2);
+    uint16_t *qkv = ref_bf16_normal(nq, 1.0f, seed), *dO = ref_bf16_normal(no, 1.0f, seed + 1);
+    uint16_t *d0 = ref_bf16_normal(nq, 0.5f, seed + 2);
     struct run x, y;
     run_path(be, &x, NULL, qkv, dO, d0, &s);
     run_path(wide, &y, &x, qkv, dO, d0, &s); /* backward on the new path's out and lse */
@@ -257,8 +251,8 @@ static void test_shape(struct l3d_backend *be, struct l3d_backend *wide, bool on
 /* the path's results for 1 and 2 threads: bit for bit (one task per output element in oneDNN's
  * brgemm, fixed-order fp32 loops here) */
 static void test_threads(struct l3d_backend *be, struct shape s, uint64_t seed) {
-    uint16_t *qkv = bf16_rand(n_qkv(&s), 1.0f, seed), *dO = bf16_rand(n_out(&s), 1.0f, seed + 1);
-    uint16_t *d0 = bf16_rand(n_qkv(&s), 0.5f, seed + 2);
+    uint16_t *qkv = ref_bf16_normal(n_qkv(&s), 1.0f, seed), *dO = ref_bf16_normal(n_out(&s), 1.0f, seed + 1);
+    uint16_t *d0 = ref_bf16_normal(n_qkv(&s), 0.5f, seed + 2);
     int saved = omp_get_max_threads();
     struct run x[2];
     for (int k = 0; k < 2; k++) {
@@ -273,8 +267,9 @@ static void test_threads(struct l3d_backend *be, struct shape s, uint64_t seed) 
     free(qkv), free(dO), free(d0);
 }
 
-/* the choice: L3D_ATTN_DNNL=0 turns the path off, =1 on wherever oneDNN has bf16 kernels;
- * never for fp32 or fp16. Returns whether =1 turned it on. */
+/* the choice: L3D_ATTN_DNNL=0 turns the path off, =1 on wherever oneDNN has bf16 kernels, unset
+ * or empty off; never for fp32 or fp16; another value is refused. Returns whether =1 turned it
+ * on. */
 static bool test_rule(void) {
     setenv("L3D_ATTN_DNNL", "0", 1);
     struct l3d_attnd *off = l3d_attnd_init();
@@ -287,10 +282,28 @@ static bool test_rule(void) {
     CHECK(!l3d_attnd_on(ad, L3D_F32) && !l3d_attnd_on(ad, L3D_F16));
     printf("bf16 attention, L3D_ATTN_DNNL=1: %s\n", l3d_attnd_rule(ad));
     l3d_attnd_free(ad);
+    /* the default, unset or empty: off (opt-in, cpu_attnd.c says why) */
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("L3D_ATTN_DNNL", "", 1);
+        else unsetenv("L3D_ATTN_DNNL");
+        ad = l3d_attnd_init();
+        printf("bf16 attention by default: %s\n", l3d_attnd_rule(ad));
+        CHECK(!l3d_attnd_on(ad, L3D_BF16));
+        CHECK(strstr(l3d_attnd_rule(ad), "the default") != NULL);
+        l3d_attnd_free(ad);
+    }
     unsetenv("L3D_ATTN_DNNL");
-    ad = l3d_attnd_init();
-    printf("bf16 attention by default: %s\n", l3d_attnd_rule(ad));
-    l3d_attnd_free(ad);
+    /* any other value: one error naming the variable (the child process dies) */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("L3D_ATTN_DNNL", "yes", 1);
+        l3d_attnd_free(l3d_attnd_init());
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
     return on;
 }
 

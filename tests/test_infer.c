@@ -228,10 +228,10 @@ static void check_moe(struct l3d_backend *be, int32_t *tok) {
 }
 
 int main(void) {
-    /* the KV cache's kernel (the flash kernels' products) against the full forward's: the same
-     * path, so that they round at the same points (bf16 attention through oneDNN rounds P before
-     * P V: test_attn_dnnl; generation's attention_cached keeps the flash kernels) */
-    setenv("L3D_ATTN_DNNL", "0", 1);
+    /* the KV cache's kernel against the full forward's with bf16 attention through oneDNN's
+     * matmuls where it has them (L3D_ATTN_DNNL=1: the cache then rounds P as that path does;
+     * elsewhere both run the flash kernels) */
+    setenv("L3D_ATTN_DNNL", "1", 1);
     struct l3d_model_spec cfg = {.L = 3, .C = 64, .NH = 4, .V = 300, .maxT = 40};
     CHECK(l3d_gpt_config_finish(&cfg) == L3D_OK);
     struct l3d_backend *be = test_backend_init();

@@ -1800,6 +1800,44 @@ static void test_uneven_stages(void) {
               best[i].layout.pp_last == 7);
 }
 
+/* bf16 attention through oneDNN (profile attn_native_bf16) keeps its scratch on one process, not
+ * under cp, where the ring's block kernels replace it: evaluate (the profile's word) and
+ * l3d_plan_memory (the run's) count the same; negative: at cp 1 the scratch shows. */
+static void test_attn_scratch_cp(void) {
+    struct l3d_profile prof, nat;
+    struct l3d_model_spec m;
+    good_and_preset(&prof, &m, "d12");
+    m.maxT = 256;
+    nat = prof;
+    nat.mixed[0].attn_native = true;
+    struct l3d_plan_run run = l3d_plan_run_default(), run_nat;
+    run.devices = 2;
+    run.llm3d = true;
+    run.precision = prec_of(L3D_BF16);
+    run_nat = run;
+    run_nat.attn_native16 = true;
+    G = 2;
+    struct l3d_layout one = layout(1, 1, 2, 1, 1, 0, L3D_RECOMPUTE_NONE, false), cp2 = one;
+    cp2.dp = 1;
+    cp2.cp = 2;
+    struct l3d_plan_result a, b;
+    struct l3d_plan_mem ma, mb;
+    for (int k = 0; k < 2; k++) {
+        const struct l3d_layout *l = k ? &cp2 : &one;
+        G = k ? 1 : 2;
+        CHECK(evaluate(&m, &prof, &run, l, &a) == L3D_OK);
+        CHECK(evaluate(&m, &nat, &run, l, &b) == L3D_OK);
+        CHECK(memory_at(&m, &run, l, &ma) == L3D_OK);
+        CHECK(memory_at(&m, &run_nat, l, &mb) == L3D_OK);
+        if (k) {
+            CHECK_NEAR(b.mem.total, a.mem.total, 0);
+            CHECK_NEAR(mb.total, ma.total, 0);
+        } else {
+            CHECK(b.mem.total > a.mem.total && mb.total > ma.total);
+        }
+    }
+}
+
 static void test_context_parallel(void) {
     struct l3d_profile prof, slow;
     CHECK(l3d_profile_parse(&prof, good, "good") == L3D_OK);
@@ -2191,6 +2229,7 @@ static void test_moe(void) {
 }
 
 int main(void) {
+    test_attn_scratch_cp();
     test_profiles();
     test_llama();
     test_head_dim();

@@ -218,6 +218,9 @@ struct l3d_attn_block {
     int64_t kv_rs, kv_bs;     /* k, v, dk, dv */
     int64_t o_rs, o_bs;       /* out, dout, out2 */
     int64_t lse_hs, lse_bs;   /* lse (and lse2): head and sequence strides; row i at + i */
+    bool p16;                 /* the numerics of the backend's bf16 attention where it rounds P
+                               * and dS to bf16 (l3d_be_attention_native(bf16)), also in an fp32
+                               * kernel: the fp32 ring of a bf16 model (cp.c) */
 };
 /* out (B,nq,NH,HS) = softmax over the visible keys of q k^T / sqrt(HS), times v; lse (B,NH,nq)
  * the log-sum-exp of each row's visible scaled scores (FlashAttention's forward on one block). */

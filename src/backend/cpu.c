@@ -975,14 +975,36 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
  * results do not depend on the number of threads or on which thread runs a task.
  */
 
+/* l3d_fa_online_row on bf16 attention's numerics (cpu_attnd.c, l3d_attn_p): the running offset
+ * m an integer (log2 units), s becomes 2^(s log2 e - m) rounded to bf16 (the value the full
+ * row's path rounds it to, whatever m), l sums them unrounded; the rescale 2^(m_old - m) is exact */
+static inline float fa_online_row16(float *s, int64_t valid, int64_t nk, float *m, float *l) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
+    float mn = l3d_attn_m(mx) > *m ? l3d_attn_m(mx) : *m, sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; j++) {
+        float p = l3d_attn_p(s[j] * L3D_LOG2E, mn);
+        sum += p;
+        s[j] = l3d_attn_p16(p);
+    }
+    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
+    float corr = *m == -INFINITY ? 0.0f : l3d_attn_p(*m, mn); /* 2^(m_old - m), exact */
+    *l = *l * corr + sum;
+    *m = mn;
+    return corr;
+}
+
 /* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
  * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
  * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
  * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
- * always unmasked for every row, so the running max is finite from the start. */
+ * always unmasked for every row, so the running max is finite from the start. p16: bf16
+ * attention's numerics (fa_online_row16: P rounded to bf16 for P V, as cpu_attnd.c). */
 static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *q, int64_t qs,
                                const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
-                               int64_t nkv, int64_t HS, float *S) {
+                               int64_t nkv, int64_t HS, float *S, bool p16) {
     const float scale = 1.0f / sqrtf((float)HS);
     float m[L3D_FA_BQ], l[L3D_FA_BQ];
     for (int64_t i = 0; i < nq; i++) {
@@ -997,7 +1019,9 @@ static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *
         for (int64_t i = 0; i < nq; i++) {
             float *s = S + i * L3D_FA_BK;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
-            float corr = l3d_fa_online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
+            int64_t vis = valid > nk ? nk : valid;
+            float corr = p16 ? fa_online_row16(s, vis, nk, &m[i], &l[i])
+                             : l3d_fa_online_row(s, vis, nk, &m[i], &l[i]);
             if (corr != 1.0f) {
                 float *o = out + i * os;
 #pragma omp simd
@@ -1010,29 +1034,34 @@ static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *
         float inv = 1.0f / l[i], *o = out + i * os;
 #pragma omp simd
         for (int64_t d = 0; d < HS; d++) o[d] *= inv;
-        if (lse) lse[i] = m[i] + logf(l[i]);
+        if (lse) lse[i] = (p16 ? m[i] * L3D_LN2 : m[i]) + logf(l[i]);
     }
 }
 /* The same over keys 0..p0 + i of a sequence: its first p0 + nq keys */
 static void fa_forward_block(float *out, int64_t os, float *lse, const float *q, int64_t qs,
                              const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
-                             int64_t HS, float *S) {
-    fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S);
+                             int64_t HS, float *S, bool p16) {
+    fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S, p16);
+}
+/* Whether 16-bit attention runs cpu_attn16.c's dot products: not on bf16 attention's numerics
+ * (p16), which the widened path reproduces */
+static bool fa_dot(enum l3d_dtype dt, int64_t HS, bool p16) {
+    return !p16 && l3d_fa16_on(dt, HS);
 }
 
 
 /* fa_forward_block on tensors of type dt. fp32: on the tensors. 16-bit: the query block and its
  * keys and values widened into the thread's fp32 scratch f (fa_scratch floats: 2 (p0 + nq) HS
  * elements converted for ~4 (p0 + nq) nq HS FLOPs, 1/(2 nq) of a conversion per FLOP), the
- * output rows rounded once. */
+ * output rows rounded once. p16 as fa_forward_block_n. */
 static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, float *lse,
                             const void *q, int64_t qs, const void *k, const void *v, int64_t ks,
-                            int64_t p0, int64_t nq, int64_t HS, float *S) {
+                            int64_t p0, int64_t nq, int64_t HS, float *S, bool p16) {
     if (dt == L3D_F32) {
-        fa_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, HS, S);
+        fa_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, HS, S, p16);
         return;
     }
-    if (l3d_fa16_on(dt, HS)) { /* bf16 dot products on the tensors themselves */
+    if (fa_dot(dt, HS, p16)) { /* bf16 dot products on the tensors themselves */
         l3d_fa16_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, f);
         return;
     }
@@ -1040,12 +1069,12 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
     rows_to_f32(dt, qf, HS, q, qs, nq, HS);
     rows_to_f32(dt, kf, HS, k, ks, p0 + nq, HS);
     rows_to_f32(dt, vf, HS, v, ks, p0 + nq, HS);
-    fa_forward_block(of, HS, lse, qf, HS, kf, vf, HS, p0, nq, HS, S);
+    fa_forward_block(of, HS, lse, qf, HS, kf, vf, HS, p0, nq, HS, S, p16);
     rows_from_f32(dt, out, os, of, HS, nq, HS);
 }
 /* fp32 scratch per thread of fa_forward_rows for up to nkeys keys: none for fp32 */
-static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS) {
-    if (l3d_fa16_on(dt, HS)) return l3d_fa16_forward_floats(HS);
+static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS, bool p16) {
+    if (fa_dot(dt, HS, p16)) return l3d_fa16_forward_floats(HS);
     return is16(dt) ? (2 * L3D_FA_BQ + 2 * nkeys) * HS : 0;
 }
 
@@ -1073,7 +1102,7 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
     }
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
-    const int64_t per = fa_scratch(dt, T, HS);
+    const int64_t per = fa_scratch(dt, T, HS, false);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
     /* tasks (b, h, query block), the longest rows (last blocks) first so the static partition
      * over threads is less lopsided */
@@ -1089,7 +1118,7 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
             const void *row = at(dt, qkv, b * T * CQ);
             fa_forward_rows(dt, f, at(dt, out, (b * T + i0) * C + h * HS), C, lse + bh * T + i0,
                             at(dt, row, i0 * CQ + h * HS), CQ, at(dt, row, (NH + g) * HS),
-                            at(dt, row, (NH + NKV + g) * HS), CQ, i0, nq, HS, S);
+                            at(dt, row, (NH + NKV + g) * HS), CQ, i0, nq, HS, S, false);
         }
     }
 }
@@ -1104,7 +1133,17 @@ struct fa_span {
     int64_t gqs, gks, qs, ks, os; /* rows: dq; dk and dv; q; k and v; dO and O */
     int64_t hq, ho, hl;
     int64_t rep, p0, nq, nk, HS;
+    bool p16; /* bf16 attention's numerics: P and dS rounded to bf16 for their products */
 };
+
+/* p and ds (n each) rounded to bf16 in place, as cpu_attnd.c rounds P and dS */
+static void fa_round16(float *p, float *ds, int64_t n) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = l3d_attn_p16(p[j]);
+        ds[j] = l3d_attn_p16(ds[j]);
+    }
+}
 
 /* dq, dk, dv += the span's gradients from q, k, v, dO, O and L; P, dS (L3D_FA_BQ x L3D_FA_BK) and
  * D (L3D_FA_BQ) scratch. Per pair (query block i, key block j) with a visible key, each query head:
@@ -1147,6 +1186,7 @@ static void fa_backward_span(const struct fa_span *a, float *P, float *dS, float
                         p[j] = fast_expf(p[j] - Li);
                         ds[j] = p[j] * (ds[j] - Di) * scale;
                     }
+                    if (a->p16) fa_round16(p, ds, valid);
                     for (int64_t j = valid; j < nk; j++) p[j] = ds[j] = 0.0f;
                 }
                 sgemm('T', 'N', nk, HS, nq, 1.0f, P, L3D_FA_BK, dOh + i0 * os, os, 1.0f,
@@ -1273,7 +1313,14 @@ static void cpu_attention_backward(void *ctx, enum l3d_dtype dt, void *dqkv, con
  * the offset of the first query row into the key chunk (0: the diagonal chunk, causal; >= nk: a
  * chunk entirely before, unmasked). Grouped-query heads: query head h reads key/value head
  * h / (NH / NKV). 16-bit tensors are widened into per-thread fp32 scratch and rounded back once,
- * as in cpu_attention_forward / backward. */
+ * as in cpu_attention_forward / backward. On bf16 attention's numerics (block_p16: bf16 tensors
+ * where cpu_attnd.c runs the full sequence's attention, or g->p16, the fp32 ring of a bf16 model)
+ * P and dS are rounded to bf16 as that path rounds them, so a split of a sequence into blocks
+ * gives the full path's result up to the order of fp32 sums. */
+
+static bool block_p16(const struct cpu_ctx *cx, enum l3d_dtype dt, const struct l3d_attn_block *g) {
+    return g->p16 || l3d_attnd_on(cx->attnd, dt);
+}
 
 struct fa_tile {
     _Alignas(64) float P[L3D_FA_BQ * L3D_FA_BK];
@@ -1289,8 +1336,8 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
     F32_OR_16("attention_block_forward");
     const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
     const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
-    const int64_t per = fa_scratch(dt, g->nk, HS);
-    const bool dot = l3d_fa16_on(dt, HS);
+    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS, p16);
+    const int64_t per = fa_scratch(dt, g->nk, HS, p16);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -1309,7 +1356,7 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
             float *lp = lse + b * g->lse_bs + h * g->lse_hs + i0;
             if (dt == L3D_F32) {
                 fa_forward_block_n(op, g->o_rs, lp, qp, g->q_rs, kp, vp, g->kv_rs, p0 + i0, nq,
-                                   nkeys, HS, w.P);
+                                   nkeys, HS, w.P, p16);
                 continue;
             }
             if (dot) {
@@ -1322,7 +1369,7 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
             rows_to_f32(dt, qf, HS, qp, g->q_rs, nq, HS);
             rows_to_f32(dt, kf, HS, kp, g->kv_rs, nkeys, HS);
             rows_to_f32(dt, vf, HS, vp, g->kv_rs, nkeys, HS);
-            fa_forward_block_n(of, HS, lp, qf, HS, kf, vf, HS, p0 + i0, nq, nkeys, HS, w.P);
+            fa_forward_block_n(of, HS, lp, qf, HS, kf, vf, HS, p0 + i0, nq, nkeys, HS, w.P, p16);
             rows_from_f32(dt, op, g->o_rs, of, HS, nq, HS);
         }
     }
@@ -1389,7 +1436,7 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
     struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_block_backward");
     const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
-    const bool dot = l3d_fa16_on(dt, HS);
+    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS, p16);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, g->nq, g->nk, HS)
                             : is16(dt) ? 4 * KH + 4 * rep * QH : 0;
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
@@ -1403,7 +1450,7 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
             int64_t qo = b * g->q_bs + kvh * rep * HS, oo = b * g->o_bs + kvh * rep * HS;
             const float *L = lse + b * g->lse_bs + kvh * rep * g->lse_hs;
             struct fa_span a = {.L = L, .hl = g->lse_hs, .rep = rep, .p0 = g->q_pos - g->k_pos,
-                                .nq = g->nq, .nk = g->nk, .HS = HS};
+                                .nq = g->nq, .nk = g->nk, .HS = HS, .p16 = p16};
             if (dt == L3D_F32) {
                 a.dq = at(dt, dq, qo), a.dk = at(dt, dk, kvo), a.dv = at(dt, dv, kvo);
                 a.q = at(dt, q, qo), a.k = at(dt, k, kvo), a.v = at(dt, v, kvo);
@@ -2069,7 +2116,9 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
 /* The training kernel's forward block (fa_forward_rows) with the queries of the n new rows and
  * the keys and values of the cache: one new row is a query block of one. Tasks (head, query
  * block) over threads. The same code and key blocks as cpu_attention_forward; only oneDNN may
- * round a one-row product differently from a 64-row one. */
+ * round a one-row product differently from a 64-row one. Where bf16 attention runs cpu_attnd.c,
+ * on its numerics (P rounded to bf16 as it rounds them, fa_online_row16), so that cached
+ * generation chooses the tokens of the uncached forward. */
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
                                  int64_t NKV, int64_t HS, int64_t q_stride, int64_t kv_stride) {
@@ -2077,7 +2126,8 @@ static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const 
     F32_OR_16("attention_cached");
     gqa_check("attention_cached", NH, NKV);
     const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ, rep = NH / NKV;
-    const int64_t per = fa_scratch(dt, pos + n, HS);
+    const bool p16 = l3d_attnd_on(cx->attnd, dt); /* the uncached forward's numerics */
+    const int64_t per = fa_scratch(dt, pos + n, HS, p16);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -2089,7 +2139,7 @@ static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const 
             int64_t nq = n - i0 < L3D_FA_BQ ? n - i0 : L3D_FA_BQ;
             fa_forward_rows(dt, f, at(dt, out, i0 * C + h * HS), C, NULL,
                             at(dt, q, i0 * q_stride + h * HS), q_stride, at(dt, k, h / rep * HS),
-                            at(dt, v, h / rep * HS), kv_stride, pos + i0, nq, HS, S);
+                            at(dt, v, h / rep * HS), kv_stride, pos + i0, nq, HS, S, p16);
         }
     }
 }

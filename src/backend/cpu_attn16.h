@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #include "llm3d/core.h"
@@ -28,6 +29,18 @@ static inline void l3d_cpu_st(enum l3d_dtype t, void *p, int64_t i, float v) {
         ((uint16_t *)p)[i] = t == L3D_BF16 ? l3d_bf16_narrow(v) : l3d_f32_to_f16(v);
 }
 
+/* 2^n from t = 1.5 * 2^23 + n (n an integer in [-127, 127]; -127 gives 0): t's encoding is
+ * 0x4b400000 + n. Unsigned, so that a NaN t (the caller's result then NaN) is no undefined
+ * behaviour: (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
+static inline float l3d_pow2_shifted(float t) {
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return scale;
+}
+
 /* exp(x) with only arithmetic and bit operations, so loops calling it vectorise (glibc's expf
  * does not without -ffast-math). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the
  * degree-6 Taylor polynomial of e^r (truncation error < 1.3e-7 relative), times 2^n. */
@@ -45,16 +58,33 @@ static inline float fast_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    /* 2^n from t's low bits: t = 1.5 * 2^23 + n exactly, so its encoding is 0x4b400000 + n.
-     * Unsigned, so that a NaN x (n NaN: p is NaN, the result NaN) is no undefined behaviour:
-     * (int32_t)NaN and a left shift of a negative int are (UBSan stopped on both). */
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return p * l3d_pow2_shifted(t);
 }
+
+/* bf16 attention's probabilities (cpu_attnd.c, and cpu.c's flash kernels wherever they take its
+ * numerics: the ring's blocks, the KV cache). With t = s log2(e) of a scaled score s and m an
+ * integer offset (the row's ceil(max t) or, in an online softmax, the running one), p = 2^(t - m)
+ * is formed as 2^f 2^(n - m), n = round(t) and f = t - n both exact: bf16(p) = bf16(2^f) 2^(n - m)
+ * for EVERY integer m (a power-of-two scale commutes with rounding), so a block of keys that sees
+ * only part of a row, or a row whose running max grows, rounds each (query, key) probability to
+ * the same bf16 value as the whole row does; only the fp32 sums differ in order. 0 below 2^-126
+ * relative to the offset (where a normal number would end). */
+#define L3D_LOG2E 1.44269504088896341f
+#define L3D_LN2 0.693147180559945309f
+static inline float l3d_attn_p(float t, float m) {
+    /* n the integer nearest t (adding 1.5 * 2^23 rounds, for |t| < 2^22), f = t - n exact
+     * (Sterbenz: n and t within a factor 2 when n != 0); truncf would not vectorise here */
+    float n = (t + 12582912.0f) - 12582912.0f, f = t - n;
+    float e = fast_expf(f * L3D_LN2); /* 2^f in [2^-1/2, 2^1/2] */
+    float k = n - m;
+    k = k < -127.0f ? -127.0f : (k > 127.0f ? 127.0f : k); /* -127: the encoding of zero */
+    return e * l3d_pow2_shifted(k + 12582912.0f);
+}
+/* p rounded to bf16 (and read back as fp32) */
+static inline float l3d_attn_p16(float p) { return l3d_bf16_widen(l3d_bf16_narrow(p)); }
+/* the integer offset of a row whose scaled scores' max is mx: ceil(mx log2(e)) (x log2(e) is
+ * monotone in x, so the max of the t's is the t of the max) */
+static inline float l3d_attn_m(float mx) { return ceilf(mx * L3D_LOG2E); }
 
 /* One row's online softmax over a block of scores s (valid of nk visible): s becomes the
  * unnormalised probabilities (zero past valid), the running max m and sum l advance; returns the

@@ -28,7 +28,8 @@ struct l3d_attnd;
 
 /* The path's context (its own oneDNN engine, primitive cache and scratch), with the choice made
  * once: opt-in, $L3D_ATTN_DNNL "1" on wherever oneDNN has non-reference bf16 matmuls (AMX or
- * not), unset or "0" off (l3d_attnd_init says why; l3d_attnd_rule says which). */
+ * not), unset, empty or "0" off, any other value a fatal error (l3d_attnd_init says why;
+ * l3d_attnd_rule says which). */
 struct l3d_attnd *l3d_attnd_init(void);
 void l3d_attnd_free(struct l3d_attnd *ad);
 /* whether tensors of type dt take this path (bf16 only, and the choice above) */

@@ -13,9 +13,25 @@
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
+/* The step's floor on this machine, a roofline: the model's FLOPs (flops) at the MFU's peak, plus
+ * the bytes the memory-bound kernel families moved at the triad bandwidth bw (as this
+ * implementation moves them: fusing kernels lowers it), and the MFU that floor allows. Products
+ * and attention count as compute, communication and idle as nothing. */
+static void print_floor(const struct l3d_ksplit *k, double flops, double peak, double bw) {
+    double bytes = 0.0;
+    for (int f = 0; f < L3D_KF_N; f++) bytes += k->bytes[f];
+    if (!(flops > 0 && peak > 0 && bw > 0)) return;
+    double tc = flops / peak, tm = bytes / bw;
+    printf("  floor (roofline): the model's FLOPs at the peak %.1f ms + the memory-bound "
+           "families' %.0f MB at the triad %.1f ms = %.1f ms: MFU at most %.1f%%\n", tc * 1e3,
+           bytes / 1e6, tm * 1e3, (tc + tm) * 1e3, 100.0 * tc / (tc + tm));
+}
+
 /* Where the median step went, per kernel family (the trainer's kernel split), with the
- * memory-bound families' bytes per second against the measured triad bandwidth bw. */
-static void print_split(const struct l3d_train_result *res, const char *prec, double bw) {
+ * memory-bound families' bytes per second against the measured triad bandwidth bw; then the
+ * floor (print_floor) of a step of the model's flops at the peak. */
+static void print_split(const struct l3d_train_result *res, const char *prec, double bw,
+                        double flops, double peak) {
     const struct l3d_ksplit *k = &res->split;
     double step = res->split_step_s, kern = 0.0;
     if (step <= 0) return;
@@ -36,6 +52,7 @@ static void print_split(const struct l3d_train_result *res, const char *prec, do
            100.0 * res->split_comm_s / step);
     printf("  %-14s %9.1f ms %5.1f%% (host work between kernels, waits)\n", "idle", rest * 1e3,
            100.0 * rest / step);
+    print_floor(k, flops, peak, bw);
 }
 
 static int by_time(const void *a, const void *b) {
@@ -206,7 +223,9 @@ int l3d_cli_bench(int argc, char **argv) {
             printf("model FLOP/s %.1f G: %.1f%% of the fp32 FMA peak, %.1f%% of the bf16 peak\n",
                    achieved / 1e9, 100.0 * achieved / fma,
                    bf16 > 0 ? 100.0 * achieved / bf16 : NAN);
-        if (st == L3D_OK) print_split(&res, l3d_dtype_name(tc.precision.param), bw);
+        if (st == L3D_OK) /* the model's FLOPs of the split's step */
+            print_split(&res, l3d_dtype_name(tc.precision.param), bw,
+                        achieved * res.median_step_s, tc.peak_flops);
         if (st == L3D_OK) print_kernels(&res, bw);
     }
     unlink(path);

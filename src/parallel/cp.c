@@ -14,7 +14,8 @@ static struct l3d_attn_block pair(const struct l3d_cp *cp, int64_t B, int64_t T,
         .B = B, .NH = NH, .NKV = NKV, .HS = HS, .nq = T / 2, .nk = T / 2,
         .q_pos = l3d_cp_chunk_start(n, cp->comm->rank, qc, T),
         .k_pos = l3d_cp_chunk_start(n, src, kc, T), .q_rs = W, .q_bs = T * W, .kv_rs = KW,
-        .kv_bs = T * KW, .o_rs = C, .o_bs = T * C, .lse_hs = T, .lse_bs = NH * T};
+        .kv_bs = T * KW, .o_rs = C, .o_bs = T * C, .lse_hs = T, .lse_bs = NH * T,
+        .p16 = cp->dt == L3D_BF16 && l3d_be_attention_native(cp->be, L3D_BF16)};
 }
 
 static void *elem(enum l3d_dtype t, const void *p, int64_t i) {

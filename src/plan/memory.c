@@ -198,7 +198,7 @@ static double products16_scratch(const struct l3d_model_spec *m, const struct l3
     if (run->precision.param != L3D_F32 && !run->native16)
         for (int k = 0; k < lay->v; k++)
             scratch16 = fmax(scratch16, mixed_matmul_scratch(m, lay, &ch[k]));
-    if (run->attn_native16 && lay->cp == 1) {
+    if (run->attn_native16) {
         double most = 0, rep = m->NH / l3d_model_kv_heads(m);
         for (int k = 0; k < lay->v; k++)
             if (ch[k].sh.layer_count > 0)
@@ -392,6 +392,10 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
     struct l3d_model_spec mc;
     struct l3d_layout checked = lay;
     int cp = l3d_plan_cp_local(&ms, &checked, &mc, &lay);
+    /* under cp the ring's block kernels (cpu.c's flash kernels, their scratch the ring's) replace
+     * the whole sequence's attention: no oneDNN attention scratch (lay is the local, cp 1, one) */
+    struct l3d_plan_run rl = *run;
+    if (cp > 1) rl.attn_native16 = false;
     int *layers = malloc(sizeof(int) * (size_t)S);
     int64_t *start = malloc(sizeof(int64_t) * (size_t)(S + 1));
     struct l3d_plan_chunk *ch = malloc(sizeof(struct l3d_plan_chunk) * (size_t)v);
@@ -417,7 +421,7 @@ l3d_status l3d_plan_memory(const struct l3d_model_spec *m, const struct l3d_plan
         struct l3d_plan_mem mem;
         l3d_plan_rank_chunks(&mt, &lay, layers, start, r, have_sched ? &sched : NULL, mm,
                              fp32, &memo, ch);
-        l3d_plan_rank_memory(&mc, run, &lay, ch, r, mm, &mem);
+        l3d_plan_rank_memory(&mc, &rl, &lay, ch, r, mm, &mem);
         l3d_plan_cp_ring_memory(&mc, run, &lay, ch, cp, &mem);
         if (mem.total > worst->total) *worst = mem;
     }

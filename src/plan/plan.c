@@ -72,6 +72,9 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
     r->m = (int)ev->mm;
     struct l3d_layout checked = ev->lay;
     ev->cp = l3d_plan_cp_local(&ev->ms, &checked, &ev->mc, &ev->lay);
+    /* under cp the ring's block kernels replace the whole sequence's attention: no oneDNN
+     * attention scratch (l3d_plan_memory's rule) */
+    if (ev->cp > 1) ev->run.attn_native16 = false;
     /* a ring rank holds the whole position table, of the model's context rows (as
      * l3d_plan_memory counts it; this counted T / cp rows) */
     ev->mt = ev->mc;

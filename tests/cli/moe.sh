@@ -86,13 +86,14 @@ check "llm3d plan: active parameters of the mixture" grep -q \
 # generation through the KV cache (the MoE block over each step's new rows) = the full forward
 # (--no-kv-cache), in fp32 and bf16: greedy (the argmax at each position: this model's are mostly
 # blanks) and sampled at temperature 1 (the same seed draws the same tokens from the same logits)
-# (GPT-2 blocks with experts; Mixtral and Qwen3-MoE folders: hfmoe.sh, hfqwen3.sh). The KV
-# cache's attention keeps the flash kernels; L3D_ATTN_DNNL=0 puts the full forward's bf16 attention
-# on them too (on an AMX CPU it would round P to bf16, docs/DESIGN.md: a token can then differ)
-for prec in fp32 bf16; do
+# (GPT-2 blocks with experts; Mixtral and Qwen3-MoE folders: hfmoe.sh, hfqwen3.sh). bf16 on the
+# flash kernels (the default) and with L3D_ATTN_DNNL=1 (oneDNN's matmuls where it has them: the
+# KV cache then rounds P as the full forward does, docs/DESIGN.md "bf16 attention's numerics on
+# every path")
+for prec in fp32 bf16 bf16_dnnl; do
     for temp in 0 1; do
-        gen() { L3D_ATTN_DNNL=0 "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row \
-            --max-tokens 32 --temperature $temp --seed 7 --precision $prec "$@" 2> "$dir/gen.log"; }
+        gen() { L3D_ATTN_DNNL=$([ $prec = bf16_dnnl ] && echo 1 || echo "${L3D_ATTN_DNNL:-}") "$bin" generate --checkpoint "$dir/base/model.bin" --tokenizer bytes --prompt row \
+            --max-tokens 32 --temperature $temp --seed 7 --precision ${prec%_dnnl} "$@" 2> "$dir/gen.log"; }
         a=$(gen) && b=$(gen --no-kv-cache) && [ "$a" = "$b" ] && [ ${#a} -gt 3 ] &&
             ok "generate --precision $prec --temperature $temp: the KV cache's tokens = the full forward's: $(echo "$a" | head -c 30 | tr -c '[:print:]' ' ')" ||
             { bad "generate --precision $prec --temperature $temp with and without the KV cache: '$a' vs '$b'"; cat "$dir/gen.log"; }

@@ -133,6 +133,25 @@ split_bad() { # the bf16 log with the products' time past the step
     ! split_ok "$dir/bench-bad.log"
 }
 full && check "  (negative: products past the step fail it)" split_bad
+# the floor line: its two parts add up to it and its MFU is the compute part's share of it
+floor_ok() {
+    awk '/^  floor \(roofline\)/ { n++
+             match($0, /peak [0-9.]+ ms/); c = substr($0, RSTART + 5, RLENGTH - 8) + 0
+             match($0, /triad [0-9.]+ ms/); m = substr($0, RSTART + 6, RLENGTH - 9) + 0
+             match($0, /= [0-9.]+ ms/); f = substr($0, RSTART + 2, RLENGTH - 5) + 0
+             match($0, /at most [0-9.]+%/); u = substr($0, RSTART + 8, RLENGTH - 9) + 0
+             d = c + m - f; if (d < 0) d = -d; e = 100 * c / f - u; if (e < 0) e = -e
+             if (!(c > 0 && m > 0 && d <= 0.15 && e <= 0.15)) bad = 1 }
+         END { exit !(n == 1 && !bad) }' "$1"
+}
+full && check "bench: the roofline floor adds up" floor_ok "$dir/bench-bf16.log"
+floor_bad() { # the floor's MFU moved by 5 points
+    awk '/^  floor/ { match($0, /at most [0-9.]+%/); u = substr($0, RSTART + 8, RLENGTH - 9) + 5
+                      sub(/at most [0-9.]+%/, "at most " u "%") } { print }' \
+        "$dir/bench-bf16.log" > "$dir/bench-floor.log"
+    ! floor_ok "$dir/bench-floor.log"
+}
+full && check "  (negative: a floor whose MFU does not follow fails it)" floor_bad
 check "train --help: step k's loss is measured before update k" sh -c "'$bin' train --help | grep -q \"Step k's loss is measured before update k\""
 check "  ... and so does the README" grep -q "Step k's loss is measured before update k" "$(dirname "$0")/../../README.md"
 expect_error "a layout that does not fit the world: no --dp 0 advice" "leave out --dp" train bad 0 4 --dp 2
