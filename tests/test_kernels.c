@@ -2122,6 +2122,8 @@ static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
         mp_xent(be, t, 3, 10, 10, 0, 10, 1, s += 100);
         mp_xent(be, t, 7, 40, 33, 48, 100, 3, s += 100);
         mp_xent(be, t, 4, 1100, 1000, 0, 1000, 10, s += 100);
+        /* rows of 61 valid of 67 columns (no multiple of a vector), logits up to ~100 */
+        mp_xent(be, t, 9, 67, 61, 0, 61, 30, s += 100);
         mp_adamw(be, t, t, 1037, s += 100);
         mp_adamw(be, t, L3D_F32, 1037, s += 100);
         mp_sumsq(be, t, 1, s += 100);
@@ -2136,6 +2138,7 @@ static void test_mixed_precision(struct l3d_backend *be, uint64_t s) {
         test_xent_stats(be, t, 1, 1, 1, 0, s += 100);
         test_xent_stats(be, t, 7, 384, 300, 0, s += 100);
         test_xent_stats(be, t, 5, 1100, 1000, 500, s += 100);
+        test_xent_stats(be, t, 9, 67, 61, 0, s += 100);
     }
     setenv("L3D_ATTN_DOT", "0", 1);
     mp_attention(be, L3D_BF16, 2, 70, 4, 1, 16, 0, s += 100);

@@ -26,6 +26,7 @@
 #include "backend/cpu_attn16.h"
 #include "backend/cpu_attnd.h"
 #include "backend/cpu_ew.h"
+#include "backend/cpu_xent.h"
 #include "llm3d/core.h"
 
 #define L3D_MAX_THREADS 256
@@ -1830,53 +1831,47 @@ static void cpu_swiglu_backward(void *ctx, enum l3d_dtype dt, void *dinp, const 
 
 /* ---- softmax cross-entropy over a vocabulary slice ------------------------------------- */
 
-/* The three passes over the logits (N,Vl) of type dt, Vvalid valid columns, a row at a time:
- * fp32 rows in place, 16-bit rows widened into per-thread fp32 scratch. out (N): maxv (XENT_MAX)
- * or sumexp (XENT_SUMEXP, with tlogit); XENT_BACKWARD overwrites the logits (only it writes
- * them), each 16-bit row rounded back once. */
-enum xent_pass { XENT_MAX, XENT_SUMEXP, XENT_BACKWARD };
+/* The passes over the logits (N,Vl) of type dt, Vvalid valid columns, a row per step of
+ * the static loop, each row by cpu_xent.c's SIMD rows (no scratch: 16-bit rows are widened in
+ * registers). A row's results depend only on the row (fixed lanes and order within it), so they
+ * are bit-identical for any thread count and on every SIMD path. out (N): maxv (XENT_MAX) or
+ * sumexp (XENT_SUMEXP, with tlogit); XENT_BACKWARD overwrites the logits (only it writes them).
+ * XENT_STATS: the max, then the sum of exponentials and the target logit on the row while it is
+ * in cache (out maxv, out2 sumexp): the bits of XENT_MAX then XENT_SUMEXP. */
+enum xent_pass { XENT_MAX, XENT_SUMEXP, XENT_STATS, XENT_BACKWARD };
 
-static inline float row_max(const float *l, int64_t n) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; j++) mx = l[j] > mx ? l[j] : mx;
-    return mx;
-}
-static inline float row_sumexp(const float *l, int64_t n, float mx) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < n; j++) s += fast_expf(l[j] - mx);
-    return s;
-}
+struct xent_args {
+    enum xent_pass pass;
+    enum l3d_dtype dt;
+    void *logits;
+    float *out, *out2, *tlogit;
+    const float *maxv, *sumexp;
+    const int32_t *targets;
+    float dloss;
+    int64_t vocab_start, N, Vl, Vvalid;
+};
 
-static void xent_rows(struct cpu_ctx *cx, enum xent_pass pass, enum l3d_dtype dt, void *logits,
-                      float *out, float *tlogit, const float *maxv, const float *sumexp,
-                      const int32_t *targets, float dloss, int64_t vocab_start, int64_t N,
-                      int64_t Vl, int64_t Vvalid) {
-    float *scr = is16(dt) ? thread_scratch(cx, Vl, "cross-entropy scratch") : NULL;
-#pragma omp parallel
-    {
-        float *buf = off(scr, omp_get_thread_num() * Vl);
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            void *row = at(dt, logits, n * Vl);
-            int64_t t = pass == XENT_MAX ? -1 : (int64_t)targets[n] - vocab_start;
-            if (pass == XENT_MAX) {
-                out[n] = row_max(row_in(dt, buf, row, Vvalid), Vvalid);
-            } else if (pass == XENT_SUMEXP) {
-                const float *l = row_in(dt, buf, row, Vvalid);
-                out[n] = row_sumexp(l, Vvalid, maxv[n]);
-                tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
-            } else { /* logits in place -> dlogits */
-                float *l = row_io(dt, buf, row, Vvalid);
-                float mx = maxv[n], k = dloss / sumexp[n];
-#pragma omp simd
-                for (int64_t j = 0; j < Vvalid; j++) l[j] = fast_expf(l[j] - mx) * k;
-                for (int64_t j = Vvalid; j < Vl; j++) l[j] = 0.0f;
-                if (t >= 0 && t < Vvalid) l[t] -= dloss;
-                row_done(dt, row, l, Vl);
-            }
+static void xent_rows(const struct xent_args *a) {
+    const enum l3d_simd isa = l3d_cpu_simd();
+    const enum l3d_dtype dt = a->dt;
+    const int64_t Vv = a->Vvalid;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < a->N; n++) {
+        void *row = at(dt, a->logits, n * a->Vl);
+        int64_t t = a->pass == XENT_MAX ? -1 : (int64_t)a->targets[n] - a->vocab_start;
+        if (a->pass == XENT_MAX || a->pass == XENT_STATS)
+            a->out[n] = l3d_cpu_xent_max(isa, dt, row, Vv);
+        if (a->pass == XENT_SUMEXP || a->pass == XENT_STATS) {
+            float mx = a->pass == XENT_STATS ? a->out[n] : a->maxv[n];
+            float *se = a->pass == XENT_STATS ? a->out2 : a->out;
+            /* the next row of this thread's chunk (static schedule) fetched meanwhile */
+            const void *next = n + 1 < a->N ? at(dt, a->logits, (n + 1) * a->Vl) : NULL;
+            se[n] = l3d_cpu_xent_sumexp(isa, dt, row, Vv, mx, next);
+            a->tlogit[n] = (t >= 0 && t < Vv) ? l3d_cpu_ld(dt, row, t) : 0.0f;
         }
+        if (a->pass == XENT_BACKWARD) /* logits in place -> dlogits */
+            l3d_cpu_xent_grad(isa, dt, row, Vv, a->Vl, a->maxv[n], a->dloss / a->sumexp[n], t,
+                              a->dloss);
     }
 }
 
@@ -1885,8 +1880,8 @@ static void cpu_xent_max(void *ctx, enum l3d_dtype dt, float *maxv, const void *
                          int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_max");
-    xent_rows(ctx, XENT_MAX, dt, (void *)logits, maxv, NULL, NULL, NULL, NULL, 0.0f, 0, N, Vl,
-              Vvalid);
+    xent_rows(&(struct xent_args){.pass = XENT_MAX, .dt = dt, .logits = (void *)logits,
+                                  .out = maxv, .N = N, .Vl = Vl, .Vvalid = Vvalid});
 }
 // sumexp (N), tlogit (N), logits (N,Vl), maxv (N), targets (N)
 static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *tlogit,
@@ -1894,28 +1889,21 @@ static void cpu_xent_sumexp(void *ctx, enum l3d_dtype dt, float *sumexp, float *
                             int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_sumexp");
-    xent_rows(ctx, XENT_SUMEXP, dt, (void *)logits, sumexp, tlogit, maxv, NULL, targets, 0.0f,
-              vocab_start, N, Vl, Vvalid);
+    xent_rows(&(struct xent_args){.pass = XENT_SUMEXP, .dt = dt, .logits = (void *)logits,
+                                  .out = sumexp, .tlogit = tlogit, .maxv = maxv,
+                                  .targets = targets, .vocab_start = vocab_start, .N = N,
+                                  .Vl = Vl, .Vvalid = Vvalid});
 }
-/* the two passes on each row while it is in cache (16-bit: widened once): the bits of the pair */
+/* the two passes on each row while it is in cache: the bits of the pair */
 static void cpu_xent_stats(void *ctx, enum l3d_dtype dt, float *maxv, float *sumexp,
                            float *tlogit, const void *logits, const int32_t *targets,
                            int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
-    struct cpu_ctx *cx = ctx;
+    (void)ctx;
     F32_OR_16("xent_stats");
-    float *scr = is16(dt) ? thread_scratch(cx, Vl, "cross-entropy scratch") : NULL;
-#pragma omp parallel
-    {
-        float *buf = off(scr, omp_get_thread_num() * Vl);
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const float *l = row_in(dt, buf, at(dt, logits, n * Vl), Vvalid);
-            int64_t t = (int64_t)targets[n] - vocab_start;
-            maxv[n] = row_max(l, Vvalid);
-            sumexp[n] = row_sumexp(l, Vvalid, maxv[n]);
-            tlogit[n] = (t >= 0 && t < Vvalid) ? l[t] : 0.0f;
-        }
-    }
+    xent_rows(&(struct xent_args){.pass = XENT_STATS, .dt = dt, .logits = (void *)logits,
+                                  .out = maxv, .out2 = sumexp, .tlogit = tlogit,
+                                  .targets = targets, .vocab_start = vocab_start, .N = N,
+                                  .Vl = Vl, .Vvalid = Vvalid});
 }
 // logits (N,Vl) in place -> dlogits, maxv (N), sumexp (N), targets (N)
 static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const float *maxv,
@@ -1923,8 +1911,10 @@ static void cpu_xent_backward(void *ctx, enum l3d_dtype dt, void *logits, const 
                               int64_t vocab_start, int64_t N, int64_t Vl, int64_t Vvalid) {
     (void)ctx;
     F32_OR_16("xent_backward");
-    xent_rows(ctx, XENT_BACKWARD, dt, logits, NULL, NULL, maxv, sumexp, targets, dloss, vocab_start,
-              N, Vl, Vvalid);
+    xent_rows(&(struct xent_args){.pass = XENT_BACKWARD, .dt = dt, .logits = logits,
+                                  .maxv = maxv, .sumexp = sumexp, .targets = targets,
+                                  .dloss = dloss, .vocab_start = vocab_start, .N = N, .Vl = Vl,
+                                  .Vvalid = Vvalid});
 }
 
 /* losses (N), *loss_sum += sum in token order (sequential: bit-identical for any thread count) */
