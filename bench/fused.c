@@ -42,7 +42,7 @@ static void *filled(struct l3d_backend *be, enum l3d_dtype t, int64_t n, float m
     return d;
 }
 
-enum { K_TRIAD, K_SIMD0, K_SIMD_END = K_SIMD0 + 6, K_GELU_F = K_SIMD_END, K_GELU_B = K_GELU_F + 3,
+enum { K_TRIAD, K_SIMD0, K_SIMD_END = K_SIMD0 + 8, K_GELU_F = K_SIMD_END, K_GELU_B = K_GELU_F + 3,
        K_PAIR_LN = K_GELU_B + 3, K_FUSED_LN = K_PAIR_LN + 3, K_PAIR_RMS = K_FUSED_LN + 3,
        K_FUSED_RMS = K_PAIR_RMS + 3, K_LN_BWD = K_FUSED_RMS + 3, K_N = K_LN_BWD + 3 };
 
@@ -104,7 +104,7 @@ static void round_(struct l3d_backend *be, struct bufs *u, int64_t N, int64_t C,
 }
 
 static void report(const double *best, int64_t N, int64_t C, int64_t F) {
-    const char *tn[3] = {"fp32", "bf16", "fp16"}, *isa[3] = {"scalar", "avx2", "avx512"};
+    const char *tn[3] = {"fp32", "bf16", "fp16"}, *isa[4] = {"scalar", "avx2", "avx512", "avx512bf"};
     const double es[3] = {4, 2, 2}, n3 = (double)(N * F / 3);
     printf("triad                      %8.2f ms  %6.2f GB/s\n", best[K_TRIAD] * 1e3,
            12 * n3 / best[K_TRIAD] / 1e9);

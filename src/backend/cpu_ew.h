@@ -9,10 +9,13 @@
 
 #include "llm3d/core.h"
 
-enum l3d_simd { L3D_SIMD_SCALAR, L3D_SIMD_AVX2, L3D_SIMD_AVX512 };
+/* AVX512BF16: the AVX-512 path with bf16 outputs rounded by vcvtneps2bf16 (AVX512_BF16), the
+ * same bits as AVX-512's integer rounding (a vector holding a subnormal, which the instruction
+ * would flush to zero, is rounded the integer way). */
+enum l3d_simd { L3D_SIMD_SCALAR, L3D_SIMD_AVX2, L3D_SIMD_AVX512, L3D_SIMD_AVX512BF16 };
 
-/* The widest path this CPU runs (AVX-512 F, BW, VL; else AVX2 with FMA and F16C; else scalar),
- * asked once. */
+/* The widest path this CPU runs (AVX-512 F, BW, VL, with AVX512_BF16 or without; else AVX2 with
+ * FMA and F16C; else scalar), asked once; $L3D_SIMD=avx512|avx2|scalar caps it. */
 enum l3d_simd l3d_cpu_simd(void);
 
 /* GELU, tanh form (Hendrycks & Gimpel 2016), as x sigmoid(2u) with u = sqrt(2/pi) (x + 0.044715
