@@ -112,9 +112,7 @@ static bool has_f16c(void) {
 /* dst (n fp32) = src (n of type t: fp32, bf16 or fp16); serial. */
 static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
     if (t == L3D_BF16) {
-        const uint16_t *s = src;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_widen(s[i]);
+        l3d_cpu_bf16_to_f32(l3d_cpu_simd(), dst, src, n);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f16_to_f32_f16c(dst, src, n);
@@ -131,9 +129,7 @@ static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
 /* dst (n of type t) = src (n fp32) rounded to nearest even; serial. */
 static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
     if (t == L3D_BF16) {
-        uint16_t *d = dst;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) d[i] = l3d_bf16_narrow(src[i]);
+        l3d_cpu_f32_to_bf16(l3d_cpu_simd(), dst, src, n);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f32_to_f16_f16c(dst, src, n);

@@ -222,6 +222,38 @@ __attribute__((target(T512B))) static void gelu_avx512(enum l3d_dtype t, bool ne
     }
 }
 
+/* bf16 rows to fp32 and back, 16 lanes with masked tails: the 16-bit kernels of cpu.c widen
+ * their rows into fp32 scratch and round them back (to_f32 / from_f32), and GCC vectorised those
+ * loops at 8 lanes (its tuning for these CPUs) with the narrowing's integer rounding spelled
+ * out: here the rounding is one vcvtneps2bf16 where the CPU has AVX512_BF16 (v16_st). */
+__attribute__((target(T512B))) static void bf16_rows_avx512(bool ne, float *f, uint16_t *h,
+                                                           int64_t n, bool in) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        _mm_prefetch((const char *)(h + i) + PF_AHEAD, _MM_HINT_T0);
+        if (in)
+            _mm512_mask_storeu_ps(f + i, m, v16_ld(L3D_BF16, h, i, m));
+        else
+            v16_st(L3D_BF16, ne, h, i, m, _mm512_maskz_loadu_ps(m, f + i));
+    }
+}
+
+void l3d_cpu_bf16_to_f32(enum l3d_simd isa, float *dst, const uint16_t *src, int64_t n) {
+    if (isa >= L3D_SIMD_AVX512) {
+        bf16_rows_avx512(false, dst, (uint16_t *)src, n, true);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_widen(src[i]);
+}
+
+void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int64_t n) {
+    if (isa >= L3D_SIMD_AVX512) {
+        bf16_rows_avx512(isa == L3D_SIMD_AVX512BF16, (float *)src, dst, n, false);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_narrow(src[i]);
+}
+
 /* ---- AVX2 + FMA ---------------------------------------------------------------------------- */
 
 __attribute__((target(T256))) static inline __m256 v8_ld(enum l3d_dtype t, const void *p) {

@@ -27,4 +27,10 @@ enum l3d_simd l3d_cpu_simd(void);
 void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void *x,
                        const void *dy, int64_t n);
 
+/* dst (n fp32) = src (n bf16), exactly; and dst (n bf16) = src (n fp32) rounded to nearest
+ * even, the bits of l3d_bf16_narrow (NaN kept quiet); in AVX-512 where isa has it, else the
+ * scalar loops; serial. */
+void l3d_cpu_bf16_to_f32(enum l3d_simd isa, float *dst, const uint16_t *src, int64_t n);
+void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int64_t n);
+
 #endif
