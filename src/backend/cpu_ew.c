@@ -254,6 +254,137 @@ void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int
     for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_narrow(src[i]);
 }
 
+/* ---- LayerNorm rows in AVX-512 ----------------------------------------------------------
+ * cpu.c's LayerNorm rows (ln_forward_row, ln_backward_row) as GCC vectorised them ran at 8 lanes
+ * with one accumulator per sum (a chain of dependent adds, 4 cycles each 8 elements), on rows
+ * widened into fp32 scratch and rounded back in passes of their own: a bf16 row was slower than
+ * an fp32 one with half its bytes. Here 16 lanes, four accumulators, the 16-bit elements widened
+ * and rounded in registers (v16_ld, v16_st), the same formulas in the same order per element
+ * (no fused multiply-add where the portable rows have none); only the sums' association
+ * differs. */
+
+#define MASK16(n, i) ((n) - (i) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (i))) - 1u))
+
+/* The rows' memory latency is exposed (each row's first pass waits on its loads): each first
+ * pass prefetches the next row, p + C + i, 128 bytes of it per 32 elements. */
+static inline void pf_next(enum l3d_dtype t, const void *p, int64_t i, int64_t C) {
+    const char *q = (const char *)p + (C + i) * (t == L3D_F32 ? 4 : 2);
+    _mm_prefetch(q, _MM_HINT_T0);
+    _mm_prefetch(q + 64, _MM_HINT_T0);
+}
+
+/* sum over c of f(x[c]): mode 0 x, mode 1 (x - m)^2; four accumulators, masked tail */
+__attribute__((target(T512))) static float v16_row_sum(enum l3d_dtype t, const void *x, int64_t C,
+                                                       int mode, float m) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    const __m512 mv = _mm512_set1_ps(m);
+    for (int64_t i = 0, k = 0; i < C; i += 16, k = (k + 1) & 3) {
+        if (!mode && !(k & 1)) pf_next(t, x, i, C);
+        __m512 v = v16_ld(t, x, i, MASK16(C, i));
+        if (mode) { /* a masked lane is 0 - m: zeroed again */
+            v = _mm512_maskz_sub_ps(MASK16(C, i), v, mv);
+            v = _mm512_mul_ps(v, v);
+        }
+        acc[k] = _mm512_add_ps(acc[k], v);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]),
+                                              _mm512_add_ps(acc[2], acc[3])));
+}
+
+__attribute__((target(T512B))) static void ln_forward_avx512(enum l3d_dtype t, bool ne, void *out,
+                                                            float *mean, float *rstd,
+                                                            const void *x, const float *w,
+                                                            const float *b, int64_t C,
+                                                            float eps) {
+    float m = v16_row_sum(t, x, C, 0, 0.0f) / (float)C;
+    float v = v16_row_sum(t, x, C, 1, m);
+    float r = 1.0f / sqrtf(v / (float)C + eps);
+    const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < C; i += 16) {
+        __mmask16 k = MASK16(C, i);
+        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(v16_ld(t, x, i, k), mv), rv);
+        __m512 o = _mm512_add_ps(_mm512_mul_ps(xh, _mm512_maskz_loadu_ps(k, w + i)),
+                                 _mm512_maskz_loadu_ps(k, b + i));
+        v16_st(t, ne, out, i, k, o);
+    }
+    *mean = m;
+    *rstd = r;
+}
+
+/* res (C) = a + b, rounded to t (the bits of the unfused residual_forward) */
+__attribute__((target(T512B))) static void add_avx512(enum l3d_dtype t, bool ne, void *res,
+                                                     const void *a, const void *b, int64_t C) {
+    for (int64_t i = 0; i < C; i += 16) {
+        __mmask16 k = MASK16(C, i);
+        if (!(i & 31)) pf_next(t, a, i, C), pf_next(t, b, i, C), pf_next(t, res, i, C);
+        v16_st(t, ne, res, i, k, _mm512_add_ps(v16_ld(t, a, i, k), v16_ld(t, b, i, k)));
+    }
+}
+
+void l3d_cpu_ln_forward_row(enum l3d_simd isa, enum l3d_dtype t, void *out, float *mean,
+                            float *rstd, void *res, const void *x, const void *add,
+                            const float *w, const float *b, int64_t C, float eps) {
+    L3D_ASSERT(isa >= L3D_SIMD_AVX512);
+    const bool ne = isa == L3D_SIMD_AVX512BF16;
+    if (add) {
+        add_avx512(t, ne, res, x, add, C);
+        x = res; /* the norm reads the sum as stored */
+    }
+    ln_forward_avx512(t, ne, out, mean, rstd, x, w, b, C, eps);
+}
+
+/* sg = sum of g, sgx = sum of g xhat, g = d w, xhat = (x - m) r; two accumulators each */
+__attribute__((target(T512))) static void ln_backward_sums(enum l3d_dtype t, const void *dinp,
+                                                           const void *x, const void *d,
+                                                           const float *w,
+                                                           float m, float r, int64_t C,
+                                                           float *sg, float *sgx) {
+    __m512 g0 = _mm512_setzero_ps(), g1 = g0, h0 = g0, h1 = g0;
+    const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < C; i += 32) {
+        __mmask16 k0 = MASK16(C, i), k1 = i + 16 < C ? MASK16(C, i + 16) : 0;
+        pf_next(t, x, i, C), pf_next(t, d, i, C), pf_next(t, dinp, i, C);
+        __m512 ga = _mm512_mul_ps(v16_ld(t, d, i, k0), _mm512_maskz_loadu_ps(k0, w + i));
+        __m512 gb = _mm512_mul_ps(v16_ld(t, d, i + 16, k1), _mm512_maskz_loadu_ps(k1, w + i + 16));
+        g0 = _mm512_add_ps(g0, ga);
+        g1 = _mm512_add_ps(g1, gb);
+        /* masked lanes: g is 0, so g * xhat is 0 whatever xhat */
+        __m512 xa = _mm512_sub_ps(v16_ld(t, x, i, k0), mv);
+        __m512 xb = _mm512_sub_ps(v16_ld(t, x, i + 16, k1), mv);
+        h0 = _mm512_add_ps(h0, _mm512_mul_ps(_mm512_mul_ps(ga, xa), rv));
+        h1 = _mm512_add_ps(h1, _mm512_mul_ps(_mm512_mul_ps(gb, xb), rv));
+    }
+    *sg = _mm512_reduce_add_ps(_mm512_add_ps(g0, g1));
+    *sgx = _mm512_reduce_add_ps(_mm512_add_ps(h0, h1));
+}
+
+/* dinp (C) += r (g - mean(g) - xhat mean(g xhat)), as cpu.c's ln_backward_row */
+__attribute__((target(T512B))) static void ln_backward_avx512(enum l3d_dtype t, bool ne,
+                                                             void *dinp, const void *x,
+                                                             const void *d, const float *w,
+                                                             float m, float r, int64_t C) {
+    float sg, sgx;
+    ln_backward_sums(t, dinp, x, d, w, m, r, C, &sg, &sgx);
+    sg /= (float)C;
+    sgx /= (float)C;
+    const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
+    const __m512 sgv = _mm512_set1_ps(sg), sgxv = _mm512_set1_ps(sgx);
+    for (int64_t i = 0; i < C; i += 16) {
+        __mmask16 k = MASK16(C, i);
+        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(v16_ld(t, x, i, k), mv), rv);
+        __m512 g = _mm512_mul_ps(v16_ld(t, d, i, k), _mm512_maskz_loadu_ps(k, w + i));
+        __m512 u = _mm512_sub_ps(_mm512_sub_ps(g, sgv), _mm512_mul_ps(xh, sgxv));
+        v16_st(t, ne, dinp, i, k, _mm512_add_ps(v16_ld(t, dinp, i, k), _mm512_mul_ps(rv, u)));
+    }
+}
+
+void l3d_cpu_ln_backward_row(enum l3d_simd isa, enum l3d_dtype t, void *dinp, const void *x,
+                             const void *d, const float *w, float m, float r, int64_t C) {
+    L3D_ASSERT(isa >= L3D_SIMD_AVX512);
+    ln_backward_avx512(t, isa == L3D_SIMD_AVX512BF16, dinp, x, d, w, m, r, C);
+}
+
 /* ---- AVX2 + FMA ---------------------------------------------------------------------------- */
 
 __attribute__((target(T256))) static inline __m256 v8_ld(enum l3d_dtype t, const void *p) {
