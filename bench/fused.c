@@ -104,7 +104,8 @@ static void round_(struct l3d_backend *be, struct bufs *u, int64_t N, int64_t C,
 }
 
 static void report(const double *best, int64_t N, int64_t C, int64_t F) {
-    const char *tn[3] = {"fp32", "bf16", "fp16"}, *isa[4] = {"scalar", "avx2", "avx512", "avx512bf"};
+    const char *tn[3] = {"fp32", "bf16", "fp16"};
+    const char *isa[4] = {"scalar", "avx2", "avx512", "avx512bf"};
     const double es[3] = {4, 2, 2}, n3 = (double)(N * F / 3);
     printf("triad                      %8.2f ms  %6.2f GB/s\n", best[K_TRIAD] * 1e3,
            12 * n3 / best[K_TRIAD] / 1e9);

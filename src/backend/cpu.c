@@ -906,6 +906,7 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
 static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight, void *dbias,
                              const void *dout, const void *inp, const float *mean,
                              const float *rstd, int64_t N, int64_t C, float *scr, int64_t per) {
+    const enum l3d_simd isa = l3d_cpu_simd();
 #pragma omp parallel
     {
         int64_t lo, hi;
@@ -918,7 +919,10 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
             void *gb = dbias ? at(gdt, dbias, lo) : NULL;
             float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
             float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
-            for (int64_t n = 0; n < N; n++) {
+            for (int64_t n = 0; n < N && isa >= L3D_SIMD_AVX512; n++) /* as below (cpu_ew.c) */
+                l3d_cpu_norm_wgrad_row(isa, dt, sw, sb, at(dt, inp, n * C + lo),
+                                       at(dt, dout, n * C + lo), mean ? mean[n] : 0.0f, rstd[n], w);
+            for (int64_t n = 0; n < N && isa < L3D_SIMD_AVX512; n++) {
                 const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
                 const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
                 float r = rstd[n];

@@ -385,6 +385,30 @@ void l3d_cpu_ln_backward_row(enum l3d_simd isa, enum l3d_dtype t, void *dinp, co
     ln_backward_avx512(t, isa == L3D_SIMD_AVX512BF16, dinp, x, d, w, m, r, C);
 }
 
+/* sw (w) += d (x - m) r, sb (w) += d (either NULL): one row's terms of a norm's weight
+ * gradients, in the order of cpu.c's column loops (each element's sum the same bits) */
+__attribute__((target(T512))) static void wgrad_avx512(enum l3d_dtype t, float *sw, float *sb,
+                                                       const void *x, const void *d, float m,
+                                                       float r, int64_t w) {
+    const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < w; i += 16) {
+        __mmask16 k = MASK16(w, i);
+        __m512 dv = v16_ld(t, d, i, k);
+        if (sw) {
+            __m512 g = _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_sub_ps(v16_ld(t, x, i, k), mv)), rv);
+            _mm512_mask_storeu_ps(sw + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, sw + i), g));
+        }
+        if (sb)
+            _mm512_mask_storeu_ps(sb + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, sb + i), dv));
+    }
+}
+
+void l3d_cpu_norm_wgrad_row(enum l3d_simd isa, enum l3d_dtype t, float *sw, float *sb,
+                            const void *x, const void *d, float m, float r, int64_t w) {
+    L3D_ASSERT(isa >= L3D_SIMD_AVX512);
+    wgrad_avx512(t, sw, sb, x, d, m, r, w);
+}
+
 /* ---- AVX2 + FMA ---------------------------------------------------------------------------- */
 
 __attribute__((target(T256))) static inline __m256 v8_ld(enum l3d_dtype t, const void *p) {

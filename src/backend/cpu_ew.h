@@ -44,5 +44,10 @@ void l3d_cpu_ln_forward_row(enum l3d_simd isa, enum l3d_dtype t, void *out, floa
                             const float *w, const float *b, int64_t C, float eps);
 void l3d_cpu_ln_backward_row(enum l3d_simd isa, enum l3d_dtype t, void *dinp, const void *x,
                              const void *d, const float *w, float m, float r, int64_t C);
+/* One row's terms of a norm's weight gradients in AVX-512 (isa at least L3D_SIMD_AVX512):
+ * sw (w) += d (x - m) r, sb (w) += d (either NULL; m = 0 for RMSNorm: x - 0 is x), x and d (w)
+ * of type t, each element's terms the bits of cpu.c's portable column loops. */
+void l3d_cpu_norm_wgrad_row(enum l3d_simd isa, enum l3d_dtype t, float *sw, float *sb,
+                            const void *x, const void *d, float m, float r, int64_t w);
 
 #endif
