@@ -171,6 +171,9 @@ __attribute__((target(T512))) static inline __m512 v16_ld(enum l3d_dtype t, cons
     if (t == L3D_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+/* the lanes of a 16-wide step at i of n elements: all, or the tail's */
+#define MASK16(n, i) ((n) - (i) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (i))) - 1u))
+
 /* bf16 to nearest even as l3d_bf16_narrow (NaN kept quiet), in integer steps */
 __attribute__((target(T512))) static inline __m256i v16_bf16(__m512 v) {
     __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
@@ -212,7 +215,7 @@ __attribute__((target(T512B))) static void gelu_avx512(enum l3d_dtype t, bool ne
     const int back = dy != NULL;
     const int64_t es = t == L3D_F32 ? 4 : 2;
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = MASK16(n, i);
         _mm_prefetch((const char *)x + i * es + PF_AHEAD, _MM_HINT_T0);
         _mm_prefetch((const char *)y + i * es + PF_AHEAD, _MM_HINT_T0);
         if (back) _mm_prefetch((const char *)dy + i * es + PF_AHEAD, _MM_HINT_T0);
@@ -229,7 +232,7 @@ __attribute__((target(T512B))) static void gelu_avx512(enum l3d_dtype t, bool ne
 __attribute__((target(T512B))) static void bf16_rows_avx512(bool ne, float *f, uint16_t *h,
                                                            int64_t n, bool in) {
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = MASK16(n, i);
         _mm_prefetch((const char *)(h + i) + PF_AHEAD, _MM_HINT_T0);
         if (in)
             _mm512_mask_storeu_ps(f + i, m, v16_ld(L3D_BF16, h, i, m));
@@ -263,7 +266,6 @@ void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int
  * (no fused multiply-add where the portable rows have none); only the sums' association
  * differs. */
 
-#define MASK16(n, i) ((n) - (i) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (i))) - 1u))
 
 /* The rows' memory latency is exposed (each row's first pass waits on its loads): each first
  * pass prefetches the next row, p + C + i, 128 bytes of it per 32 elements. */
