@@ -46,15 +46,17 @@
 /* the paths' instruction sets: AVX-512 with its 16-bit loads and stores (BW, VL); AVX2 with FMA
  * and F16C (every AVX2 CPU has F16C) */
 #define T512 "avx512f,avx512bw,avx512vl"
-#define T512B T512 ",avx512bf16"
+#define T512B T512 ",avx512dq,avx512bf16"
 #define T256 "avx2,fma,f16c"
 
 /* AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5): vcvtneps2bf16 rounds fp32 to bf16 to
- * nearest even in one instruction. Asked through <cpuid.h>: clang 14 (the fuzz build) does not
- * know __builtin_cpu_supports("avx512bf16"). */
+ * nearest even in one instruction; with AVX512DQ's vfpclassps beside it (v16_st). Asked
+ * through <cpuid.h>: clang 14 (the fuzz build) does not know
+ * __builtin_cpu_supports("avx512bf16"). */
 static bool has_avx512bf16(void) {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+    return __builtin_cpu_supports("avx512dq") && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+           (a & (1u << 5));
 }
 
 enum l3d_simd l3d_cpu_simd(void) {
