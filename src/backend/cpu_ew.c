@@ -46,7 +46,7 @@
 /* the paths' instruction sets: AVX-512 with its 16-bit loads and stores (BW, VL); AVX2 with FMA
  * and F16C (every AVX2 CPU has F16C) */
 #define T512 "avx512f,avx512bw,avx512vl"
-#define T512B T512 ",avx512dq,avx512bf16"
+#define T512B T512 ",avx512dq"
 #define T256 "avx2,fma,f16c"
 
 /* AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5): vcvtneps2bf16 rounds fp32 to bf16 to
@@ -199,7 +199,9 @@ __attribute__((target(T512B))) static inline void v16_st(enum l3d_dtype t, bool 
     if (t == L3D_F16)
         h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     else if (ne && !_mm512_fpclass_ps_mask(v, 0x20))
-        h = (__m256i)_mm512_cvtneps_pbh(v);
+        /* volatile asm, not the intrinsic: the compiler may not compute it ahead of the test
+         * of ne (an AVX-512 CPU without AVX512_BF16 would fault on it) */
+        __asm__ volatile("vcvtneps2bf16 %g1, %t0" : "=v"(h) : "v"(v));
     else
         h = v16_bf16(v);
     _mm256_mask_storeu_epi16((uint16_t *)p + i, m, h);
