@@ -249,6 +249,7 @@ void l3d_cpu_bf16_to_f32(enum l3d_simd isa, float *dst, const uint16_t *src, int
         bf16_rows_avx512(false, dst, (uint16_t *)src, n, true);
         return;
     }
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_widen(src[i]);
 }
 
@@ -257,6 +258,7 @@ void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int
         bf16_rows_avx512(isa == L3D_SIMD_AVX512BF16, (float *)src, dst, n, false);
         return;
     }
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_narrow(src[i]);
 }
 
@@ -453,6 +455,9 @@ __attribute__((target(T256))) static void gelu_avx2(enum l3d_dtype t, void *y, c
     for (; i + 8 <= n; i += 8) {
         char *yp = (char *)y + i * es;
         const char *xp = (const char *)x + i * es;
+        _mm_prefetch(xp + PF_AHEAD, _MM_HINT_T0); /* as gelu_avx512 */
+        _mm_prefetch(yp + PF_AHEAD, _MM_HINT_T0);
+        if (back) _mm_prefetch((const char *)dy + i * es + PF_AHEAD, _MM_HINT_T0);
         __m256 xv = v8_ld(t, xp);
         __m256 dv = back ? v8_ld(t, (const char *)dy + i * es) : xv, yv = back ? v8_ld(t, yp) : xv;
         v8_st(t, yp, v8_gelu(xv, dv, yv, back));
