@@ -371,29 +371,32 @@ static bool ln_near(enum l3d_dtype t, const void *got, const double *ref, int64_
     return ok;
 }
 
-/* float64 LayerNorm of the C values of x (type t): out, and its mean and rstd */
+/* float64 LayerNorm of the C values of x (type t): out, and its mean and rstd; rms: RMSNorm
+ * (mean 0, no bias) */
 static double ref_ln(enum l3d_dtype t, const void *x, const float *w, const float *b, int64_t C,
-                     double *out, double *m, double *r) {
+                     bool rms, double *out, double *m, double *r) {
     double s = 0, v = 0, mx = 0;
     for (int64_t c = 0; c < C; c++) s += widen(t, x, c);
-    *m = s / (double)C;
+    *m = rms ? 0.0 : s / (double)C;
     for (int64_t c = 0; c < C; c++) v += (widen(t, x, c) - *m) * (widen(t, x, c) - *m);
     *r = 1.0 / sqrt(v / (double)C + 1e-5);
-    for (int64_t c = 0; c < C; c++)
-        out[c] = (widen(t, x, c) - *m) * *r * w[c] + b[c], mx = fmax(mx, fabs(out[c]));
+    for (int64_t c = 0; c < C; c++) {
+        out[c] = (widen(t, x, c) - *m) * *r * w[c] + (rms ? 0.0 : b[c]);
+        mx = fmax(mx, fabs(out[c]));
+    }
     return mx;
 }
 
 /* float64 dinp (C) = di0 + r (g - mean(g) - xhat mean(g xhat)), g = d w, xhat = (x - m) r, with
- * the kernel's fp32 m and r; returns the scale of its terms */
+ * the kernel's fp32 m and r (rms: RMSNorm, m 0 and no mean(g)); returns the scale of its terms */
 static double ref_ln_back(enum l3d_dtype t, const void *di0, const void *x, const void *d,
-                          const float *w, float m, float r, int64_t C, double *out) {
+                          const float *w, float m, float r, int64_t C, bool rms, double *out) {
     double sg = 0, sgx = 0, mx = 0;
     for (int64_t c = 0; c < C; c++) {
         double g = widen(t, d, c) * w[c];
         sg += g, sgx += g * (widen(t, x, c) - m) * r;
     }
-    sg /= (double)C, sgx /= (double)C;
+    sg = rms ? 0.0 : sg / (double)C, sgx /= (double)C;
     for (int64_t c = 0; c < C; c++) {
         double g = widen(t, d, c) * w[c], xh = (widen(t, x, c) - m) * r;
         out[c] = widen(t, di0, c) + r * (g - sg - xh * sgx);
@@ -412,7 +415,8 @@ static void moved(enum l3d_dtype t, void *p, int64_t i) {
  * float64, the norm's weight-gradient terms bit for bit against the portable column loop, and
  * the same row's norm without the add giving the same bits; outputs appended to keep (the paths
  * are compared by the caller). Negative: an output moved by 5% (at least 0.01) fails. */
-static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, uint64_t s, char *keep) {
+static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, bool rms, uint64_t s,
+                        char *keep) {
     const size_t es = l3d_dtype_size(t), rb = (size_t)C * es;
     char *a = malloc(rb), *add = malloc(rb), *d = malloc(rb), *di = malloc(rb), *di0 = malloc(rb);
     char *res = malloc(rb), *out = malloc(rb), *out2 = malloc(rb);
@@ -427,8 +431,8 @@ static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, uint64_t
         w[c] = 1.0f + 0.2f * l3d_rng_normal(s, 5, (uint64_t)c), b[c] = 0.1f * (float)(c % 7);
         sw[c] = ew[c] = l3d_rng_normal(s, 6, (uint64_t)c), sb[c] = eb[c] = (float)c;
     }
-    float m, r, m2, r2;
-    l3d_cpu_ln_forward_row(isa, t, out, &m, &r, res, a, add, w, b, C, 1e-5f);
+    float m = 0.0f, r, m2 = 0.0f, r2; /* RMSNorm: m stays 0 */
+    l3d_cpu_ln_forward_row(isa, t, out, rms ? NULL : &m, &r, res, a, add, w, b, C, 1e-5f);
     bool ok = true;
     for (int64_t c = 0; c < C; c++) { /* the residual as residual_forward rounds it */
         char want[4];
@@ -436,17 +440,17 @@ static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, uint64_t
         ok = ok && !memcmp(res + (size_t)c * es, want, es);
     }
     CHECK(ok);
-    double rm, rr, mx = ref_ln(t, res, w, b, C, ref, &rm, &rr);
+    double rm, rr, mx = ref_ln(t, res, w, b, C, rms, ref, &rm, &rr);
     CHECK(ln_near(t, out, ref, C, mx));
     CHECK(fabs(m - rm) <= 1e-5 && fabs(r - rr) <= 1e-5 * rr);
     memcpy(out2, out, rb); /* negative: one output moved */
     moved(t, out2, C / 2);
     CHECK(!ln_near(t, out2, ref, C, mx));
-    l3d_cpu_ln_forward_row(isa, t, out2, &m2, &r2, NULL, res, NULL, w, b, C, 1e-5f);
+    l3d_cpu_ln_forward_row(isa, t, out2, rms ? NULL : &m2, &r2, NULL, res, NULL, w, b, C, 1e-5f);
     CHECK(same_bits(out, out2, rb) && m == m2 && r == r2); /* the pair's bits */
     memcpy(di, di0, rb);
-    l3d_cpu_ln_backward_row(isa, t, di, res, d, w, m, r, C);
-    mx = ref_ln_back(t, di0, res, d, w, m, r, C, ref);
+    l3d_cpu_ln_backward_row(isa, t, di, res, d, w, rms ? NULL : &m, r, C);
+    mx = ref_ln_back(t, di0, res, d, w, m, r, C, rms, ref);
     CHECK(ln_near(t, di, ref, C, mx));
     memcpy(out2, di, rb); /* negative: one output moved */
     moved(t, out2, C / 2);
@@ -464,8 +468,9 @@ static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, uint64_t
     free(w), free(b), free(sw), free(sb), free(ew), free(eb), free(ref);
 }
 
-/* Every row width against float64 on each AVX-512 path the CPU has, the paths bit for bit. */
-static void test_ln_rows(enum l3d_dtype t) {
+/* Every row width against float64 on each AVX-512 path the CPU has, the paths bit for bit;
+ * LayerNorm, or RMSNorm (rms). */
+static void test_ln_rows(enum l3d_dtype t, bool rms) {
     const enum l3d_simd top = l3d_cpu_simd();
     const int64_t sizes[] = {1, 5, 16, 17, 33, 64, 100, 771};
     if (top < L3D_SIMD_AVX512) {
@@ -478,7 +483,7 @@ static void test_ln_rows(enum l3d_dtype t) {
         char *k0 = malloc(kb), *k1 = malloc(kb);
         for (int isa = L3D_SIMD_AVX512; isa <= (int)top; isa++) {
             char *kp = isa == L3D_SIMD_AVX512 ? k0 : k1;
-            ln_row_case((enum l3d_simd)isa, t, C, 300 + (uint64_t)C, kp);
+            ln_row_case((enum l3d_simd)isa, t, C, rms, 300 + (uint64_t)C + 7 * rms, kp);
             if (isa > L3D_SIMD_AVX512) CHECK(same_bits(k0, k1, kb));
         }
         free(k0), free(k1);
@@ -490,9 +495,11 @@ int main(void) {
     test_gelu_accuracy();
     test_gelu_16(L3D_BF16);
     test_gelu_16(L3D_F16);
-    test_ln_rows(L3D_F32);
-    test_ln_rows(L3D_BF16);
-    test_ln_rows(L3D_F16);
+    for (int rms = 0; rms < 2; rms++) {
+        test_ln_rows(L3D_F32, rms);
+        test_ln_rows(L3D_BF16, rms);
+        test_ln_rows(L3D_F16, rms);
+    }
     struct l3d_backend *be = test_backend_init();
     residual_norm_suite(be);
     l3d_backend_free(be);

@@ -809,10 +809,10 @@ static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
                               float *rstd, const void *inp, const float *wf, const float *bf,
                               int64_t N, int64_t C, float eps, void *res, const void *add) {
     const enum l3d_simd isa = l3d_cpu_simd();
-    if (mean && isa >= L3D_SIMD_AVX512) { /* LayerNorm in AVX-512, no scratch (cpu_ew.c) */
+    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; n++)
-            l3d_cpu_ln_forward_row(isa, dt, at(dt, out, n * C), mean + n, rstd + n,
+            l3d_cpu_ln_forward_row(isa, dt, at(dt, out, n * C), mean ? mean + n : NULL, rstd + n,
                                    add ? at(dt, res, n * C) : NULL, at(dt, inp, n * C),
                                    add ? at(dt, add, n * C) : NULL, wf, bf, C, eps);
         return;
@@ -874,11 +874,11 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
                            const float *wf, const float *mean, const float *rstd, int64_t N,
                            int64_t C, float *scr, int64_t per) {
     const enum l3d_simd isa = l3d_cpu_simd();
-    if (mean && isa >= L3D_SIMD_AVX512) { /* LayerNorm in AVX-512, no scratch (cpu_ew.c) */
+    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; n++)
             l3d_cpu_ln_backward_row(isa, dt, at(dt, dinp, n * C), at(dt, inp, n * C),
-                                    at(dt, dout, n * C), wf, mean[n], rstd[n], C);
+                                    at(dt, dout, n * C), wf, mean ? mean + n : NULL, rstd[n], C);
         return;
     }
 #pragma omp parallel

@@ -287,7 +287,7 @@ __attribute__((target(T512))) static float v16_row_sum(enum l3d_dtype t, const v
                      _mm512_setzero_ps()};
     const __m512 mv = _mm512_set1_ps(m);
     for (int64_t i = 0, k = 0; i < C; i += 16, k = (k + 1) & 3) {
-        if (!mode && !(k & 1)) pf_next(t, x, i, C);
+        if (!(k & 1)) pf_next(t, x, i, C); /* the first pass's, again in the second (cheap) */
         __m512 v = v16_ld(t, x, i, MASK16(C, i));
         if (mode) { /* a masked lane is 0 - m: zeroed again */
             v = _mm512_maskz_sub_ps(MASK16(C, i), v, mv);
@@ -304,18 +304,19 @@ __attribute__((target(T512B))) static void ln_forward_avx512(enum l3d_dtype t, b
                                                             const void *x, const float *w,
                                                             const float *b, int64_t C,
                                                             float eps) {
-    float m = v16_row_sum(t, x, C, 0, 0.0f) / (float)C;
+    /* RMSNorm (mean NULL): m = 0, so x - m is x and (x - m)^2 is x x, bit for bit */
+    float m = mean ? v16_row_sum(t, x, C, 0, 0.0f) / (float)C : 0.0f;
     float v = v16_row_sum(t, x, C, 1, m);
     float r = 1.0f / sqrtf(v / (float)C + eps);
     const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
     for (int64_t i = 0; i < C; i += 16) {
         __mmask16 k = MASK16(C, i);
         __m512 xh = _mm512_mul_ps(_mm512_sub_ps(v16_ld(t, x, i, k), mv), rv);
-        __m512 o = _mm512_add_ps(_mm512_mul_ps(xh, _mm512_maskz_loadu_ps(k, w + i)),
-                                 _mm512_maskz_loadu_ps(k, b + i));
+        __m512 o = _mm512_mul_ps(xh, _mm512_maskz_loadu_ps(k, w + i));
+        if (mean) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(k, b + i));
         v16_st(t, ne, out, i, k, o);
     }
-    *mean = m;
+    if (mean) *mean = m;
     *rstd = r;
 }
 
@@ -367,13 +368,13 @@ __attribute__((target(T512))) static void ln_backward_sums(enum l3d_dtype t, con
 }
 
 /* dinp (C) += r (g - mean(g) - xhat mean(g xhat)), as cpu.c's ln_backward_row */
-__attribute__((target(T512B))) static void ln_backward_avx512(enum l3d_dtype t, bool ne,
+__attribute__((target(T512B))) static void ln_backward_avx512(enum l3d_dtype t, bool ne, bool rms,
                                                              void *dinp, const void *x,
                                                              const void *d, const float *w,
                                                              float m, float r, int64_t C) {
     float sg, sgx;
     ln_backward_sums(t, dinp, x, d, w, m, r, C, &sg, &sgx);
-    sg /= (float)C;
+    sg = rms ? 0.0f : sg / (float)C; /* RMSNorm: no mean term (g - 0 is g), m = 0 */
     sgx /= (float)C;
     const __m512 mv = _mm512_set1_ps(m), rv = _mm512_set1_ps(r);
     const __m512 sgv = _mm512_set1_ps(sg), sgxv = _mm512_set1_ps(sgx);
@@ -387,9 +388,11 @@ __attribute__((target(T512B))) static void ln_backward_avx512(enum l3d_dtype t, 
 }
 
 void l3d_cpu_ln_backward_row(enum l3d_simd isa, enum l3d_dtype t, void *dinp, const void *x,
-                             const void *d, const float *w, float m, float r, int64_t C) {
+                             const void *d, const float *w, const float *mean, float r,
+                             int64_t C) {
     L3D_ASSERT(isa >= L3D_SIMD_AVX512);
-    ln_backward_avx512(t, isa == L3D_SIMD_AVX512BF16, dinp, x, d, w, m, r, C);
+    ln_backward_avx512(t, isa == L3D_SIMD_AVX512BF16, !mean, dinp, x, d, w, mean ? *mean : 0.0f,
+                       r, C);
 }
 
 /* sw (w) += d (x - m) r, sb (w) += d (either NULL): one row's terms of a norm's weight

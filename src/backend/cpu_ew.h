@@ -33,17 +33,20 @@ void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void 
 void l3d_cpu_bf16_to_f32(enum l3d_simd isa, float *dst, const uint16_t *src, int64_t n);
 void l3d_cpu_f32_to_bf16(enum l3d_simd isa, uint16_t *dst, const float *src, int64_t n);
 
-/* LayerNorm rows in AVX-512 (isa at least L3D_SIMD_AVX512), on rows of type t (fp32, bf16,
- * fp16) read and written in place, 16-bit ones widened and rounded in registers; fp32 weights.
- * Forward: out (C) = (x - mean) rstd w + b, *mean and *rstd its statistics (eps inside the
- * square root); with add not NULL, res (C) = x + add rounded to t first, and the norm of res
- * as stored. Backward: dinp (C) += rstd (g - mean(g) - xhat mean(g xhat)), g = d w, xhat =
- * (x - mean) rstd. The formulas of cpu.c's portable rows, the sums associated differently. */
+/* LayerNorm and RMSNorm rows in AVX-512 (isa at least L3D_SIMD_AVX512), on rows of type t
+ * (fp32, bf16, fp16) read and written in place, 16-bit ones widened and rounded in registers;
+ * fp32 weights. Forward: out (C) = (x - mean) rstd w + b, *mean and *rstd its statistics (eps
+ * inside the square root); mean NULL: RMSNorm, out = x rstd w (b not read); with add not NULL,
+ * res (C) = x + add rounded to t first, and the norm of res as stored. Backward: dinp (C) +=
+ * rstd (g - mean(g) - xhat mean(g xhat)), g = d w, xhat = (x - *mean) rstd; mean NULL: RMSNorm,
+ * xhat = x rstd and no mean(g). The formulas of cpu.c's portable rows, the sums associated
+ * differently. */
 void l3d_cpu_ln_forward_row(enum l3d_simd isa, enum l3d_dtype t, void *out, float *mean,
                             float *rstd, void *res, const void *x, const void *add,
                             const float *w, const float *b, int64_t C, float eps);
 void l3d_cpu_ln_backward_row(enum l3d_simd isa, enum l3d_dtype t, void *dinp, const void *x,
-                             const void *d, const float *w, float m, float r, int64_t C);
+                             const void *d, const float *w, const float *mean, float r,
+                             int64_t C);
 /* One row's terms of a norm's weight gradients in AVX-512 (isa at least L3D_SIMD_AVX512):
  * sw (w) += d (x - m) r, sb (w) += d (either NULL; m = 0 for RMSNorm: x - 0 is x), x and d (w)
  * of type t, each element's terms the bits of cpu.c's portable column loops. */
