@@ -10,6 +10,11 @@
  *     checking backend: the same bits as the unfused oracle residual_forward then the norm, in
  *     fp32, bf16 and fp16, at odd sizes, and within rounding of the float64 norm of the float64
  *     sum. Negative: a perturbed residual element or weight must make the comparison fail.
+ *   - the AVX-512 norm rows (l3d_cpu_ln_forward_row, _backward_row, l3d_cpu_norm_wgrad_row;
+ *     LayerNorm and RMSNorm) on each AVX-512 path the CPU has, the paths bit for bit: within
+ *     rounding of float64, the residual and the weight-gradient terms bit for bit. Negative: an
+ *     output moved 5% fails, a gradient term one unit in the last place off fails; 16-bit GELU
+ *     inputs include subnormals, whose rounding vcvtneps2bf16 alone would flush.
  */
 #include <math.h>
 #include <stdint.h>

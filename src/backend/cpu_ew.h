@@ -1,7 +1,8 @@
 /* The CPU backend's GELU in explicit SIMD (cpu_ew.c): AVX-512 or AVX2 with FMA, chosen at run
  * time, else scalar, the same operations in the same order on every path, so all three give
- * the same bits (tests/test_fused.c checks it on each path the CPU has). Only
- * src/backend/cpu*.c and the tests include this file. */
+ * the same bits (tests/test_fused.c checks it on each path the CPU has); and, in AVX-512 only,
+ * the bf16 row conversions and the LayerNorm / RMSNorm rows of cpu.c's 16-bit and fp32 norms.
+ * Only src/backend/cpu*.c, bench/fused.c and the tests include this file. */
 #ifndef LLM3D_CPU_EW_H
 #define LLM3D_CPU_EW_H
 
