@@ -6,6 +6,7 @@
  *     (scalar, AVX2, AVX-512: src/backend/cpu_ew.c), and through the backend in fp32, bf16, fp16;
  *   - residual + LayerNorm and residual + RMSNorm over N x C: the fused kernel against the pair
  *     (residual_forward, then the norm), in fp32, bf16, fp16;
+ *   - layernorm_backward over N x C (dinp accumulated, the weight gradients in an fp32 main_grad);
  *   - STREAM's triad over the same bytes, the bandwidth they are measured against.
  * With one thread the times are the thread's CPU time (other processes' time slices on a shared
  * machine left out), else wall-clock time.
@@ -41,13 +42,13 @@ static void *filled(struct l3d_backend *be, enum l3d_dtype t, int64_t n, float m
     return d;
 }
 
-enum { K_TRIAD, K_SIMD0, K_SIMD_END = K_SIMD0 + 6, K_GELU_F = K_SIMD_END, K_GELU_B = K_GELU_F + 3,
+enum { K_TRIAD, K_SIMD0, K_SIMD_END = K_SIMD0 + 8, K_GELU_F = K_SIMD_END, K_GELU_B = K_GELU_F + 3,
        K_PAIR_LN = K_GELU_B + 3, K_FUSED_LN = K_PAIR_LN + 3, K_PAIR_RMS = K_FUSED_LN + 3,
-       K_FUSED_RMS = K_PAIR_RMS + 3, K_N = K_FUSED_RMS + 3 };
+       K_FUSED_RMS = K_PAIR_RMS + 3, K_LN_BWD = K_FUSED_RMS + 3, K_N = K_LN_BWD + 3 };
 
 struct bufs {
     void *x[3], *y[3], *d[3], *a[3], *b[3], *res[3], *out[3], *w[3], *bias[3];
-    float *mean, *rstd, *tf[3];
+    float *mean, *rstd, *tf[3], *gw, *gb;
 };
 
 /* the thread's CPU time with one thread, else the wall clock */
@@ -94,11 +95,17 @@ static void round_(struct l3d_backend *be, struct bufs *u, int64_t N, int64_t C,
         TIME(K_FUSED_RMS + k,
              l3d_be_residual_rmsnorm_forward(be, t, u->res[k], u->out[k], u->rstd, u->a[k],
                                              u->b[k], u->w[k], N, C, 1e-6f));
+        /* the model's call: dinp in the storage type, the weight gradients in an fp32
+         * main_grad (the dout buffer a is read, res the input, dinp out accumulated) */
+        TIME(K_LN_BWD + k, l3d_be_layernorm_backward_mixed(be, t, L3D_F32, u->out[k], u->gw, u->gb,
+                                                           u->a[k], u->res[k], u->w[k], u->mean,
+                                                           u->rstd, N, C));
     }
 }
 
 static void report(const double *best, int64_t N, int64_t C, int64_t F) {
-    const char *tn[3] = {"fp32", "bf16", "fp16"}, *isa[3] = {"scalar", "avx2", "avx512"};
+    const char *tn[3] = {"fp32", "bf16", "fp16"};
+    const char *isa[4] = {"scalar", "avx2", "avx512", "avx512bf"};
     const double es[3] = {4, 2, 2}, n3 = (double)(N * F / 3);
     printf("triad                      %8.2f ms  %6.2f GB/s\n", best[K_TRIAD] * 1e3,
            12 * n3 / best[K_TRIAD] / 1e9);
@@ -119,6 +126,9 @@ static void report(const double *best, int64_t N, int64_t C, int64_t F) {
                tn[k], best[K_PAIR_RMS + k] * 1e3, best[K_FUSED_RMS + k] * 1e3,
                4 * es[k] * nc / best[K_FUSED_RMS + k] / 1e9,
                best[K_PAIR_RMS + k] / best[K_FUSED_RMS + k]);
+        /* bytes: dout and inp read, dinp read and written */
+        printf("layernorm_backward %s          %7.2f ms %6.2f GB/s\n", tn[k],
+               best[K_LN_BWD + k] * 1e3, 4 * es[k] * nc / best[K_LN_BWD + k] / 1e9);
     }
 }
 
@@ -148,7 +158,9 @@ int main(int argc, char **argv) {
         u.tf[k] = filled(be, L3D_F32, N * F / 3, 0.0f, 2.0f, 10 + (uint64_t)k);
     }
     u.mean = filled(be, L3D_F32, N, 0, 1, 20);
-    u.rstd = filled(be, L3D_F32, N, 0, 1, 21);
+    u.rstd = filled(be, L3D_F32, N, 1, 0.1f, 21);
+    u.gw = filled(be, L3D_F32, C, 0, 1, 22);
+    u.gb = filled(be, L3D_F32, C, 0, 1, 23);
     double best[K_N];
     for (int i = 0; i < K_N; i++) best[i] = 1e30;
     for (int r = 0; r < rounds; r++) round_(be, &u, N, C, F, best);

@@ -10,6 +10,11 @@
  *     checking backend: the same bits as the unfused oracle residual_forward then the norm, in
  *     fp32, bf16 and fp16, at odd sizes, and within rounding of the float64 norm of the float64
  *     sum. Negative: a perturbed residual element or weight must make the comparison fail.
+ *   - the AVX-512 norm rows (l3d_cpu_ln_forward_row, _backward_row, l3d_cpu_norm_wgrad_row;
+ *     LayerNorm and RMSNorm) on each AVX-512 path the CPU has, the paths bit for bit: within
+ *     rounding of float64, the residual and the weight-gradient terms bit for bit. Negative: an
+ *     output moved 5% fails, a gradient term one unit in the last place off fails; 16-bit GELU
+ *     inputs include subnormals, whose rounding vcvtneps2bf16 alone would flush.
  */
 #include <math.h>
 #include <stdint.h>
@@ -75,7 +80,10 @@ static void test_gelu_paths(void) {
     const int64_t sizes[] = {1, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1001};
     enum l3d_simd top = l3d_cpu_simd();
     printf("gelu: paths up to %s\n",
-           top == L3D_SIMD_AVX512 ? "avx512" : top == L3D_SIMD_AVX2 ? "avx2" : "scalar");
+           top == L3D_SIMD_AVX512BF16 ? "avx512bf16"
+           : top == L3D_SIMD_AVX512   ? "avx512"
+           : top == L3D_SIMD_AVX2     ? "avx2"
+                                      : "scalar");
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int64_t n = sizes[k];
         float *x = malloc((size_t)n * 4), *dy = malloc((size_t)n * 4);
@@ -126,7 +134,11 @@ static void test_gelu_16(enum l3d_dtype t) {
         xf[i] = widen(t, x, i), df[i] = widen(t, dy, i);
     }
     x[n - 1] = t == L3D_BF16 ? 0x7fc1 : 0x7e01; /* a NaN: kept */
-    xf[n - 1] = widen(t, x, n - 1);
+    /* subnormals, whose GELU (about x / 2) is subnormal: vcvtneps2bf16 would flush them to
+     * zero, so the AVX512BF16 path must round those vectors the integer way; one in the first
+     * 16 (the masked tail of the short lengths) and one among the last */
+    x[3] = 0x0005, x[n - 5] = 0x8003;
+    for (int64_t i = 0; i < n; i++) xf[i] = widen(t, x, i);
     for (int back = 0; back < 2; back++)
         for (int64_t len = 1; len <= n; len += len < 40 ? 1 : 18) {
             for (int64_t i = 0; i < len; i++) yf[i] = widen(t, y0, i);
@@ -143,6 +155,12 @@ static void test_gelu_16(enum l3d_dtype t) {
                 CHECK(ok);
             }
         }
+    /* the subnormal outputs are there (else the flushing would go unnoticed): the forward's
+     * rounding of gelu(x[3]) is a nonzero subnormal, which flushed to zero differs */
+    float g3 = 0.0f;
+    l3d_cpu_gelu_rows(L3D_SIMD_SCALAR, L3D_F32, &g3, &xf[3], NULL, 1);
+    narrow(t, want, 0, g3);
+    CHECK((want[0] & 0x7fff) != 0 && (want[0] & (t == L3D_BF16 ? 0x7f80 : 0x7c00)) == 0);
     memcpy(y, y0, sizeof y); /* negative: the product dy gelu' rounded to 16 bits first */
     l3d_cpu_gelu_rows(l3d_cpu_simd(), t, y, x, dy, n);
     for (int64_t i = 0; i < n; i++) {
@@ -342,11 +360,151 @@ static void residual_norm_suite(struct l3d_backend *be) {
                 test_residual_norm(be, types[ti], shapes[k][0], shapes[k][1], rms, s += 10);
 }
 
+/* ---- LayerNorm rows in AVX-512 (cpu_ew.c) ------------------------------------------------- */
+
+/* |got - ref| within r u |ref| + sub + k 2^-23 (|ref| + scale) for every element (the 16-bit
+ * rounding of test_kernels' bound, u the unit roundoff, sub fp16's subnormal step, k the longest
+ * fp32 sum); NaN-aware: a NaN fails */
+static bool ln_near(enum l3d_dtype t, const void *got, const double *ref, int64_t C, double scale) {
+    const double u = t == L3D_BF16 ? 0x1p-8 : t == L3D_F16 ? 0x1p-11 : 0.0;
+    const double sub = t == L3D_F16 ? 0x1p-25 : 0.0, k = (double)C + 8;
+    bool ok = true;
+    for (int64_t c = 0; c < C; c++) {
+        double e = fabs(widen(t, got, c) - ref[c]);
+        ok = ok && e <= u * fabs(ref[c]) + sub + k * 0x1p-23 * (fabs(ref[c]) + scale);
+    }
+    return ok;
+}
+
+/* float64 LayerNorm of the C values of x (type t): out, and its mean and rstd; rms: RMSNorm
+ * (mean 0, no bias) */
+static double ref_ln(enum l3d_dtype t, const void *x, const float *w, const float *b, int64_t C,
+                     bool rms, double *out, double *m, double *r) {
+    double s = 0, v = 0, mx = 0;
+    for (int64_t c = 0; c < C; c++) s += widen(t, x, c);
+    *m = rms ? 0.0 : s / (double)C;
+    for (int64_t c = 0; c < C; c++) v += (widen(t, x, c) - *m) * (widen(t, x, c) - *m);
+    *r = 1.0 / sqrt(v / (double)C + 1e-5);
+    for (int64_t c = 0; c < C; c++) {
+        out[c] = (widen(t, x, c) - *m) * *r * w[c] + (rms ? 0.0 : b[c]);
+        mx = fmax(mx, fabs(out[c]));
+    }
+    return mx;
+}
+
+/* float64 dinp (C) = di0 + r (g - mean(g) - xhat mean(g xhat)), g = d w, xhat = (x - m) r, with
+ * the kernel's fp32 m and r (rms: RMSNorm, m 0 and no mean(g)); returns the scale of its terms */
+static double ref_ln_back(enum l3d_dtype t, const void *di0, const void *x, const void *d,
+                          const float *w, float m, float r, int64_t C, bool rms, double *out) {
+    double sg = 0, sgx = 0, mx = 0;
+    for (int64_t c = 0; c < C; c++) {
+        double g = widen(t, d, c) * w[c];
+        sg += g, sgx += g * (widen(t, x, c) - m) * r;
+    }
+    sg = rms ? 0.0 : sg / (double)C, sgx /= (double)C;
+    for (int64_t c = 0; c < C; c++) {
+        double g = widen(t, d, c) * w[c], xh = (widen(t, x, c) - m) * r;
+        out[c] = widen(t, di0, c) + r * (g - sg - xh * sgx);
+        mx = fmax(mx, fabs(out[c]) + fabs(r * g) + fabs(widen(t, di0, c)));
+    }
+    return mx;
+}
+
+/* element i of the host row p (type t) moved by 5% of its value, at least 0.01 */
+static void moved(enum l3d_dtype t, void *p, int64_t i) {
+    float v = widen(t, p, i);
+    narrow(t, p, i, v + fmaxf(0.05f * fabsf(v), 0.01f));
+}
+
+/* One row of C through path isa: the residual add's bits, the forward and the backward against
+ * float64, the norm's weight-gradient terms bit for bit against the portable column loop, and
+ * the same row's norm without the add giving the same bits; outputs appended to keep (the paths
+ * are compared by the caller). Negative: an output moved by 5% (at least 0.01) fails. */
+static void ln_row_case(enum l3d_simd isa, enum l3d_dtype t, int64_t C, bool rms, uint64_t s,
+                        char *keep) {
+    const size_t es = l3d_dtype_size(t), rb = (size_t)C * es;
+    char *a = malloc(rb), *add = malloc(rb), *d = malloc(rb), *di = malloc(rb), *di0 = malloc(rb);
+    char *res = malloc(rb), *out = malloc(rb), *out2 = malloc(rb);
+    float *w = malloc((size_t)C * 4), *b = malloc((size_t)C * 4), *sw = malloc((size_t)C * 4);
+    float *sb = malloc((size_t)C * 4), *ew = malloc((size_t)C * 4), *eb = malloc((size_t)C * 4);
+    double *ref = malloc((size_t)C * 8);
+    for (int64_t c = 0; c < C; c++) {
+        narrow(t, a, c, 0.3f + 1.5f * l3d_rng_normal(s, 1, (uint64_t)c));
+        narrow(t, add, c, l3d_rng_normal(s, 2, (uint64_t)c));
+        narrow(t, d, c, l3d_rng_normal(s, 3, (uint64_t)c));
+        narrow(t, di0, c, 0.5f * l3d_rng_normal(s, 4, (uint64_t)c));
+        w[c] = 1.0f + 0.2f * l3d_rng_normal(s, 5, (uint64_t)c), b[c] = 0.1f * (float)(c % 7);
+        sw[c] = ew[c] = l3d_rng_normal(s, 6, (uint64_t)c), sb[c] = eb[c] = (float)c;
+    }
+    float m = 0.0f, r, m2 = 0.0f, r2; /* RMSNorm: m stays 0 */
+    l3d_cpu_ln_forward_row(isa, t, out, rms ? NULL : &m, &r, res, a, add, w, b, C, 1e-5f);
+    bool ok = true;
+    for (int64_t c = 0; c < C; c++) { /* the residual as residual_forward rounds it */
+        char want[4];
+        narrow(t, want, 0, widen(t, a, c) + widen(t, add, c));
+        ok = ok && !memcmp(res + (size_t)c * es, want, es);
+    }
+    CHECK(ok);
+    double rm, rr, mx = ref_ln(t, res, w, b, C, rms, ref, &rm, &rr);
+    CHECK(ln_near(t, out, ref, C, mx));
+    CHECK(fabs(m - rm) <= 1e-5 && fabs(r - rr) <= 1e-5 * rr);
+    memcpy(out2, out, rb); /* negative: one output moved */
+    moved(t, out2, C / 2);
+    CHECK(!ln_near(t, out2, ref, C, mx));
+    l3d_cpu_ln_forward_row(isa, t, out2, rms ? NULL : &m2, &r2, NULL, res, NULL, w, b, C, 1e-5f);
+    CHECK(same_bits(out, out2, rb) && m == m2 && r == r2); /* the pair's bits */
+    memcpy(di, di0, rb);
+    l3d_cpu_ln_backward_row(isa, t, di, res, d, w, rms ? NULL : &m, r, C);
+    mx = ref_ln_back(t, di0, res, d, w, m, r, C, rms, ref);
+    CHECK(ln_near(t, di, ref, C, mx));
+    memcpy(out2, di, rb); /* negative: one output moved */
+    moved(t, out2, C / 2);
+    CHECK(!ln_near(t, out2, ref, C, mx));
+    l3d_cpu_norm_wgrad_row(isa, t, sw, sb, res, d, m, r, C);
+    for (int64_t c = 0; c < C; c++) { /* cpu.c's column loops, element by element */
+        float dv = widen(t, d, c), g = dv * (widen(t, res, c) - m);
+        ew[c] += g * r, eb[c] += dv;
+    }
+    CHECK(same_bits(sw, ew, (size_t)C * 4) && same_bits(sb, eb, (size_t)C * 4));
+    ew[C - 1] = nextafterf(ew[C - 1], INFINITY);
+    CHECK(!same_bits(sw, ew, (size_t)C * 4)); /* negative: one unit in the last place */
+    memcpy(keep, out, rb), memcpy(keep + rb, di, rb), memcpy(keep + 2 * rb, sw, (size_t)C * 4);
+    free(a), free(add), free(d), free(di), free(di0), free(res), free(out), free(out2);
+    free(w), free(b), free(sw), free(sb), free(ew), free(eb), free(ref);
+}
+
+/* Every row width against float64 on each AVX-512 path the CPU has, the paths bit for bit;
+ * LayerNorm, or RMSNorm (rms). */
+static void test_ln_rows(enum l3d_dtype t, bool rms) {
+    const enum l3d_simd top = l3d_cpu_simd();
+    const int64_t sizes[] = {1, 5, 16, 17, 33, 64, 100, 771};
+    if (top < L3D_SIMD_AVX512) {
+        printf("layernorm rows: no AVX-512 here, skipped\n");
+        return;
+    }
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const int64_t C = sizes[k];
+        const size_t kb = (size_t)C * (2 * l3d_dtype_size(t) + 4);
+        char *k0 = malloc(kb), *k1 = malloc(kb);
+        for (int isa = L3D_SIMD_AVX512; isa <= (int)top; isa++) {
+            char *kp = isa == L3D_SIMD_AVX512 ? k0 : k1;
+            ln_row_case((enum l3d_simd)isa, t, C, rms, 300 + (uint64_t)C + 7 * rms, kp);
+            if (isa > L3D_SIMD_AVX512) CHECK(same_bits(k0, k1, kb));
+        }
+        free(k0), free(k1);
+    }
+}
+
 int main(void) {
     test_gelu_paths();
     test_gelu_accuracy();
     test_gelu_16(L3D_BF16);
     test_gelu_16(L3D_F16);
+    for (int rms = 0; rms < 2; rms++) {
+        test_ln_rows(L3D_F32, rms);
+        test_ln_rows(L3D_BF16, rms);
+        test_ln_rows(L3D_F16, rms);
+    }
     struct l3d_backend *be = test_backend_init();
     residual_norm_suite(be);
     l3d_backend_free(be);

@@ -214,7 +214,7 @@ static void test_threads(void) {
 int main(void) {
     enum l3d_simd top = l3d_cpu_simd();
     printf("xent rows: paths up to %s\n",
-           top == L3D_SIMD_AVX512 ? "avx512" : top == L3D_SIMD_AVX2 ? "avx2" : "scalar");
+           top >= L3D_SIMD_AVX512 ? "avx512" : top == L3D_SIMD_AVX2 ? "avx2" : "scalar");
     const enum l3d_dtype ty[3] = {L3D_F32, L3D_BF16, L3D_F16};
     for (int k = 0; k < 3; k++) {
         test_shapes(ty[k]);

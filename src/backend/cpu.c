@@ -113,9 +113,7 @@ static bool has_f16c(void) {
 /* dst (n fp32) = src (n of type t: fp32, bf16 or fp16); serial. */
 static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
     if (t == L3D_BF16) {
-        const uint16_t *s = src;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) dst[i] = l3d_bf16_widen(s[i]);
+        l3d_cpu_bf16_to_f32(l3d_cpu_simd(), dst, src, n);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f16_to_f32_f16c(dst, src, n);
@@ -132,9 +130,7 @@ static void to_f32(enum l3d_dtype t, float *dst, const void *src, int64_t n) {
 /* dst (n of type t) = src (n fp32) rounded to nearest even; serial. */
 static void from_f32(enum l3d_dtype t, void *dst, const float *src, int64_t n) {
     if (t == L3D_BF16) {
-        uint16_t *d = dst;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) d[i] = l3d_bf16_narrow(src[i]);
+        l3d_cpu_f32_to_bf16(l3d_cpu_simd(), dst, src, n);
     } else if (t == L3D_F16) {
         if (has_f16c()) {
             f32_to_f16_f16c(dst, src, n);
@@ -813,6 +809,15 @@ static const float *residual_row(enum l3d_dtype dt, void *res, const void *inp, 
 static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, float *mean,
                               float *rstd, const void *inp, const float *wf, const float *bf,
                               int64_t N, int64_t C, float eps, void *res, const void *add) {
+    const enum l3d_simd isa = l3d_cpu_simd();
+    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            l3d_cpu_ln_forward_row(isa, dt, at(dt, out, n * C), mean ? mean + n : NULL, rstd + n,
+                                   add ? at(dt, res, n * C) : NULL, at(dt, inp, n * C),
+                                   add ? at(dt, add, n * C) : NULL, wf, bf, C, eps);
+        return;
+    }
     const int64_t per = add ? 2 * C : C;
     float *scr = is16(dt) ? thread_scratch(cx, per, "normalisation scratch") : NULL;
 #pragma omp parallel
@@ -869,6 +874,14 @@ static inline void ln_backward_row(float *di, const float *x, const float *d,
 static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, const void *inp,
                            const float *wf, const float *mean, const float *rstd, int64_t N,
                            int64_t C, float *scr, int64_t per) {
+    const enum l3d_simd isa = l3d_cpu_simd();
+    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            l3d_cpu_ln_backward_row(isa, dt, at(dt, dinp, n * C), at(dt, inp, n * C),
+                                    at(dt, dout, n * C), wf, mean ? mean + n : NULL, rstd[n], C);
+        return;
+    }
 #pragma omp parallel
     {
         float *xb = off(scr, omp_get_thread_num() * per), *db = off(xb, C), *ib = off(db, C);
@@ -894,6 +907,7 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
 static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweight, void *dbias,
                              const void *dout, const void *inp, const float *mean,
                              const float *rstd, int64_t N, int64_t C, float *scr, int64_t per) {
+    const enum l3d_simd isa = l3d_cpu_simd();
 #pragma omp parallel
     {
         int64_t lo, hi;
@@ -906,7 +920,10 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
             void *gb = dbias ? at(gdt, dbias, lo) : NULL;
             float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
             float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
-            for (int64_t n = 0; n < N; n++) {
+            for (int64_t n = 0; n < N && isa >= L3D_SIMD_AVX512; n++) /* as below (cpu_ew.c) */
+                l3d_cpu_norm_wgrad_row(isa, dt, sw, sb, at(dt, inp, n * C + lo),
+                                       at(dt, dout, n * C + lo), mean ? mean[n] : 0.0f, rstd[n], w);
+            for (int64_t n = 0; n < N && isa < L3D_SIMD_AVX512; n++) {
                 const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
                 const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
                 float r = rstd[n];

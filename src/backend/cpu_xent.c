@@ -176,11 +176,19 @@ __attribute__((target(T256))) static void grad_avx2(enum l3d_dtype t, void *row,
 
 /* ---- the entry points ---------------------------------------------------------------------- */
 
-/* the paths by enum l3d_simd (scalar 0, AVX2 1, AVX-512 2) */
+/* the paths by enum l3d_simd; AVX512_BF16 takes the AVX-512 path (its stores round in integer
+ * steps: the same bits) */
 static float (*const red_path[])(enum l3d_dtype, const void *, int64_t, float, bool,
-                                 const void *) = {red_scalar, red_avx2, red_avx512};
+                                 const void *) = {[L3D_SIMD_SCALAR] = red_scalar,
+                                                  [L3D_SIMD_AVX2] = red_avx2,
+                                                  [L3D_SIMD_AVX512] = red_avx512,
+                                                  [L3D_SIMD_AVX512BF16] = red_avx512};
 static void (*const grad_path[])(enum l3d_dtype, void *, int64_t, float, float) = {
-    grad_scalar, grad_avx2, grad_avx512};
+    [L3D_SIMD_SCALAR] = grad_scalar, [L3D_SIMD_AVX2] = grad_avx2,
+    [L3D_SIMD_AVX512] = grad_avx512, [L3D_SIMD_AVX512BF16] = grad_avx512};
+_Static_assert(sizeof red_path / sizeof red_path[0] == L3D_SIMD_AVX512BF16 + 1 &&
+                   sizeof grad_path / sizeof grad_path[0] == L3D_SIMD_AVX512BF16 + 1,
+               "a path for every enum l3d_simd");
 
 float l3d_cpu_xent_max(enum l3d_simd isa, enum l3d_dtype t, const void *row, int64_t n) {
     return red_path[isa](t, row, n, 0.0f, true, NULL);
