@@ -13,23 +13,24 @@
 #include "llm3d/runtime.h"
 #include "llm3d/train.h"
 
-/* The step's floor on this machine, a roofline: the model's FLOPs (flops) at the MFU's peak, plus
- * the bytes the memory-bound kernel families moved at the triad bandwidth bw (as this
- * implementation moves them: fusing kernels lowers it), and the MFU that floor allows. Products
- * and attention count as compute, communication and idle as nothing. */
+/* The step's floor on this machine, a roofline: the model's FLOPs (flops) at the precision's
+ * measured peak, plus the bytes the memory-bound kernel families moved at the triad bandwidth bw
+ * (as this implementation moves them: fusing kernels lowers it), and the MFU that floor allows.
+ * Products and attention count as compute, communication and idle as nothing. */
 static void print_floor(const struct l3d_ksplit *k, double flops, double peak, double bw) {
     double bytes = 0.0;
     for (int f = 0; f < L3D_KF_N; f++) bytes += k->bytes[f];
     if (!(flops > 0 && peak > 0 && bw > 0)) return;
     double tc = flops / peak, tm = bytes / bw;
     printf("  floor (roofline): the model's FLOPs at the peak %.3f ms + the memory-bound "
-           "families' %.0f MB at the triad %.3f ms = %.3f ms: MFU at most %.1f%%\n", tc * 1e3,
+           "families' %.0f MB at the triad %.3f ms = %.3f ms: MFU at most %.1f%% of that peak\n",
+           tc * 1e3,
            bytes / 1e6, tm * 1e3, (tc + tm) * 1e3, 100.0 * tc / (tc + tm));
 }
 
 /* Where the median step went, per kernel family (the trainer's kernel split), with the
  * memory-bound families' bytes per second against the measured triad bandwidth bw; then the
- * floor (print_floor) of a step of the model's flops at the peak. */
+ * floor (print_floor) of a step of the model's flops at the precision's measured peak. */
 static void print_split(const struct l3d_train_result *res, const char *prec, double bw,
                         double flops, double peak) {
     const struct l3d_ksplit *k = &res->split;
@@ -223,9 +224,14 @@ int l3d_cli_bench(int argc, char **argv) {
             printf("model FLOP/s %.1f G: %.1f%% of the fp32 FMA peak, %.1f%% of the bf16 peak\n",
                    achieved / 1e9, 100.0 * achieved / fma,
                    bf16 > 0 ? 100.0 * achieved / bf16 : NAN);
+        /* the floor at the precision's measured peak (the FMA loop for fp32, the bf16 peak for
+         * bf16), whatever --peak-gflops gave the MFU */
+        double floor_peak = tc.precision.param == L3D_F32                   ? fma
+                            : tc.precision.param == L3D_BF16 && bf16 > 0 ? bf16
+                                                                         : tc.peak_flops;
         if (st == L3D_OK) /* the model's FLOPs of the split's step */
             print_split(&res, l3d_dtype_name(tc.precision.param), bw,
-                        achieved * res.median_step_s, tc.peak_flops);
+                        achieved * res.median_step_s, floor_peak);
         if (st == L3D_OK) print_kernels(&res, bw);
     }
     unlink(path);
