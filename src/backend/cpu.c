@@ -409,12 +409,11 @@ static bool mm_key_eq(const struct mm_key *a, const struct mm_key *b) {
 
 /* The implementation a product runs: oneDNN's first (its own preference), except for the
  * backward products marked gemm where that first is the AMX brgemm kernel. There oneDNN 2.6's
- * gemm-based bf16 kernels (also AMX, "gemm:jit") measured faster on every GPT-2 shape where
- * brgemm reads its operand transposed or its K is long (quiet, 2 threads, N = 2048 rows,
- * GFLOP/s brgemm -> gemm: dW 1007-1174 -> 1247-1308 (768 x 2304), 866-903 -> 1077-1117 (the head);
- * d(inp) over K = 2304 / 3072: 1090-1182 -> 1399-1486, over the head's K = 50304: 595-626 ->
- * 1306-1361; docs/BENCHMARKS.md) and slower where K <= N (d(inp) 768 -> 3072: 1456-1532 ->
- * 1125-1183), so mm_key_dinp marks only K > N. The choice is a rule of the shape, never a
+ * gemm-based bf16 kernels (also AMX, "gemm:jit") measured faster for d(inp) over a long K
+ * (quiet, 2 threads, N = 2048 rows, GFLOP/s brgemm -> gemm: K = 2304 / 3072: 1090-1182 ->
+ * 1399-1486, the head's K = 50304: 595-626 -> 1306-1361; docs/BENCHMARKS.md) and slower where
+ * K <= N (768 -> 3072: 1456-1532 -> 1125-1183), so mm_key_dinp marks only K > N. (dW measured
+ * 1.1-1.25x faster too, but see mm_key_dweight.) The choice is a rule of the shape, never a
  * timing, so a run is repeatable. Returns the descriptor to create (the caller destroys it). */
 static dnnl_primitive_desc_t mm_pick(struct cpu_ctx *cx, const struct mm_key *k,
                                      const dnnl_matmul_desc_t *md, dnnl_primitive_attr_t attr,
@@ -601,12 +600,15 @@ static struct mm_key mm_key_dinp(int64_t N, int64_t C, int64_t OC, enum l3d_dtyp
                            .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true,
                            .gemm = dt == L3D_BF16 && OC > C};
 }
-/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt; bf16 in the gemm kernels */
+/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt. Not in the gemm kernels
+ * (mm_pick), though faster there: they accumulate the product onto dweight's old value (beta 1)
+ * instead of adding the whole product to it, so g + P1 + P2 over micro-batches would no longer
+ * be P1 + P2 summed over data-parallel ranks (cli_moe's bf16 dp2 against one process). */
 static struct mm_key mm_key_dweight(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt,
                                     enum l3d_dtype gdt) {
     return (struct mm_key){.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
                            .st = dnnl_type(dt), .dt = dnnl_type(gdt), .bias = false, .acc = true,
-                           .gemm = dt == L3D_BF16};
+                           .gemm = false};
 }
 
 static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
