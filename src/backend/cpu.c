@@ -804,6 +804,14 @@ static const float *residual_row(enum l3d_dtype dt, void *res, const void *inp, 
     return x;
 }
 
+/* Whether a normalisation's rows run cpu_ew.c's AVX-512 rows: 16-bit types on an AVX-512 CPU.
+ * fp32 keeps the portable loops: the AVX-512 rows sum in another order and measured no faster in
+ * fp32, and with them the fp32 MoE layouts on the checking backend moved past their 1e-5 bounds
+ * against one process (cli_ep_layouts: cp2 7.3e-5 against 6e-5, ep2 x pp2 1.3e-5 against 1e-5). */
+static bool norm_rows512(enum l3d_simd isa, enum l3d_dtype dt) {
+    return isa >= L3D_SIMD_AVX512 && is16(dt);
+}
+
 /* The rows of a normalisation over threads: LayerNorm (mean not NULL; bias bf) or RMSNorm (mean
  * NULL, eps) on fp32 weights wf; fp32 rows in place, 16-bit rows widened into per-thread scratch
  * and rounded back once. With add (not NULL) the rows normalised are res = inp + add, written
@@ -812,7 +820,7 @@ static void norm_forward_rows(struct cpu_ctx *cx, enum l3d_dtype dt, void *out, 
                               float *rstd, const void *inp, const float *wf, const float *bf,
                               int64_t N, int64_t C, float eps, void *res, const void *add) {
     const enum l3d_simd isa = l3d_cpu_simd();
-    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
+    if (norm_rows512(isa, dt)) { /* in AVX-512, no scratch (cpu_ew.c) */
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; n++)
             l3d_cpu_ln_forward_row(isa, dt, at(dt, out, n * C), mean ? mean + n : NULL, rstd + n,
@@ -877,7 +885,7 @@ static void norm_dinp_rows(enum l3d_dtype dt, void *dinp, const void *dout, cons
                            const float *wf, const float *mean, const float *rstd, int64_t N,
                            int64_t C, float *scr, int64_t per) {
     const enum l3d_simd isa = l3d_cpu_simd();
-    if (isa >= L3D_SIMD_AVX512) { /* in AVX-512, no scratch (cpu_ew.c) */
+    if (norm_rows512(isa, dt)) { /* in AVX-512, no scratch (cpu_ew.c) */
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < N; n++)
             l3d_cpu_ln_backward_row(isa, dt, at(dt, dinp, n * C), at(dt, inp, n * C),
@@ -922,10 +930,10 @@ static void norm_weight_grad(enum l3d_dtype dt, enum l3d_dtype gdt, void *dweigh
             void *gb = dbias ? at(gdt, dbias, lo) : NULL;
             float *sw = gw ? acc_begin(dt, aw, gw, w) : NULL;
             float *sb = gb ? acc_begin(dt, ab, gb, w) : NULL;
-            for (int64_t n = 0; n < N && isa >= L3D_SIMD_AVX512; n++) /* as below (cpu_ew.c) */
+            for (int64_t n = 0; n < N && norm_rows512(isa, dt); n++) /* as below (cpu_ew.c) */
                 l3d_cpu_norm_wgrad_row(isa, dt, sw, sb, at(dt, inp, n * C + lo),
                                        at(dt, dout, n * C + lo), mean ? mean[n] : 0.0f, rstd[n], w);
-            for (int64_t n = 0; n < N && isa < L3D_SIMD_AVX512; n++) {
+            for (int64_t n = 0; n < N && !norm_rows512(isa, dt); n++) {
                 const float *x = row_in(dt, xb, at(dt, inp, n * C + lo), w);
                 const float *d = row_in(dt, db, at(dt, dout, n * C + lo), w);
                 float r = rstd[n];
