@@ -1878,25 +1878,55 @@ struct xent_args {
     int64_t vocab_start, N, Vl, Vvalid;
 };
 
+/* fp32 rows in the loops GCC vectorises (as before cpu_xent.c): the bits the fp32 layout
+ * comparisons were measured with. cpu_xent.c's rows (32-lane sums, their exp) moved zero-started
+ * biases of fp32 layouts past those bounds: cli_ckpt and cli_equiv 1.1-1.4e-5 against 1e-5 on
+ * the sanitized checking build; with these sums but cpu_xent.c's gradient, moeforce.sh's
+ * ep2 x cp2 with drops 7.1e-5 against 6e-5 in Release. The price: fp32's xent rows at their old
+ * speed (docs/DESIGN.md, "Cross-entropy rows in explicit SIMD"). */
+static inline float f32_row_max(const float *l, int64_t n) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; j++) mx = l[j] > mx ? l[j] : mx;
+    return mx;
+}
+static inline float f32_row_sumexp(const float *l, int64_t n, float mx) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < n; j++) s += fast_expf(l[j] - mx);
+    return s;
+}
+static void f32_row_grad(float *l, int64_t Vv, int64_t Vl, float mx, float k, int64_t t,
+                         float dloss) {
+#pragma omp simd
+    for (int64_t j = 0; j < Vv; j++) l[j] = fast_expf(l[j] - mx) * k;
+    for (int64_t j = Vv; j < Vl; j++) l[j] = 0.0f;
+    if (t >= 0 && t < Vv) l[t] -= dloss;
+}
+
 static void xent_rows(const struct xent_args *a) {
     const enum l3d_simd isa = l3d_cpu_simd();
     const enum l3d_dtype dt = a->dt;
     const int64_t Vv = a->Vvalid;
+    const bool f32 = dt == L3D_F32;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < a->N; n++) {
         void *row = at(dt, a->logits, n * a->Vl);
         int64_t t = a->pass == XENT_MAX ? -1 : (int64_t)a->targets[n] - a->vocab_start;
         if (a->pass == XENT_MAX || a->pass == XENT_STATS)
-            a->out[n] = l3d_cpu_xent_max(isa, dt, row, Vv);
+            a->out[n] = f32 ? f32_row_max(row, Vv) : l3d_cpu_xent_max(isa, dt, row, Vv);
         if (a->pass == XENT_SUMEXP || a->pass == XENT_STATS) {
             float mx = a->pass == XENT_STATS ? a->out[n] : a->maxv[n];
             float *se = a->pass == XENT_STATS ? a->out2 : a->out;
             /* the next row of this thread's chunk (static schedule) fetched meanwhile */
             const void *next = n + 1 < a->N ? at(dt, a->logits, (n + 1) * a->Vl) : NULL;
-            se[n] = l3d_cpu_xent_sumexp(isa, dt, row, Vv, mx, next);
+            se[n] = f32 ? f32_row_sumexp(row, Vv, mx)
+                        : l3d_cpu_xent_sumexp(isa, dt, row, Vv, mx, next);
             a->tlogit[n] = (t >= 0 && t < Vv) ? l3d_cpu_ld(dt, row, t) : 0.0f;
         }
-        if (a->pass == XENT_BACKWARD) /* logits in place -> dlogits */
+        if (a->pass == XENT_BACKWARD && f32) /* logits in place -> dlogits */
+            f32_row_grad(row, Vv, a->Vl, a->maxv[n], a->dloss / a->sumexp[n], t, a->dloss);
+        else if (a->pass == XENT_BACKWARD)
             l3d_cpu_xent_grad(isa, dt, row, Vv, a->Vl, a->maxv[n], a->dloss / a->sumexp[n], t,
                               a->dloss);
     }

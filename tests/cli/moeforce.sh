@@ -15,9 +15,9 @@ byte_corpus moeforce
 TRAIN_FLAGS=("${TINY[@]}" --model moe-tiny --moe-force-balance --moe-aux-loss-coef 1 --steps 3
              --warmup 1 --lr 1e-3 --eps 1e-6)
 TRAIN_LOG=check
-# same NAME REF: ep_layouts.sh's tolerances under cp and tp (losses and norms 1e-5, weights
-# 1.5e-4: a ring's and tp's bias sums in another order; ep_layouts.sh says why)
-same() { L3D_COMPARE="--loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 1.5e-4" same_run "$@"; }
+# same NAME REF: ep_layouts.sh's tolerances under cp and tp (losses and norms 1e-5, weights 6e-5:
+# a ring's and tp's bias sums in another order)
+same() { L3D_COMPARE="--loss-rtol 1e-5 --norm-rtol 1e-5 --weights-rtol 6e-5" same_run "$@"; }
 # balanced RUN: every step's every layer's load is 1 and each record says forced
 balanced() {
     python3 - "$dir/$1/metrics.jsonl" <<'EOF'
