@@ -1,9 +1,11 @@
 /*
  * The bf16 backward products of a linear layer (src/backend/cpu.c, mm_pick): where oneDNN's first
  * choice is its AMX brgemm kernel, d(inp) over K = OC > C runs in its gemm-based kernels (faster
- * there, docs/BENCHMARKS.md); d(weight) stays on brgemm, which adds the whole product to the old
- * gradient (the gemm kernels accumulate onto it, which would make micro-batches' sums differ from
- * data-parallel ranks' sums); $L3D_MM_GEMM=0 keeps brgemm everywhere. Checked:
+ * there, docs/BENCHMARKS.md), and d(weight) too, in blocks of rows computed whole into fp32
+ * scratch and then added to the old gradient (dweight_gemm: the gemm kernels' own accumulation
+ * would make micro-batches' sums differ from data-parallel ranks' sums); $L3D_MM_GEMM=0 keeps
+ * brgemm everywhere. A third backend with $L3D_MM_DW_BLOCK_KB=16 runs d(weight) in many blocks of
+ * 64 rows and a shorter last one. Checked:
  *  - the rule: which implementation each product takes on this CPU, and that L3D_MM_GEMM=0 changes
  *    it (skipped, and said, on a CPU whose first choice is not AMX brgemm);
  *  - the numerics of both choices against a float64 reference, element by element: d(inp) (bf16,
@@ -11,7 +13,8 @@
  *      |got - want| <= 2^-8 (|want| + E) + E,   E = (K + 1) 2^-24 (|dinp0| + sum_k |a_k b_k|)
  *    (fp32 accumulation of K + 1 terms, Higham 3.1, then one rounding to bf16, unit roundoff 2^-8),
  *    d(weight) (fp32 main_grad, accumulated into a non-zero one) within E + 2^-24 |want| over the
- *    N rows; shapes odd, K long and short, both sides of the OC > C rule;
+ *    N rows; shapes odd, K long and short, both sides of the OC > C rule; for the blocked backend
+ *    too, and its d(weight) bit for bit the default's (a block's sums are the whole product's);
  *  - d(weight) into g0 is exactly g0 + (d(weight) into 0), bit for bit: the data-parallel
  *    equivalence (a rank's gradient summed with the others' equals one process accumulating the
  *    micro-batches) rests on it;
@@ -67,6 +70,10 @@ static int64_t misses(const struct prod *p, const uint16_t *dout, const uint16_t
     return bad;
 }
 
+static bool starts(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
 /* d(inp) and d(weight) of p through be, into fresh copies of dinp0 and dw0 */
 static void run(struct l3d_backend *be, const struct prod *p, uint16_t *dinp, float *dw) {
     memcpy(dinp, p->dinp0, (size_t)(p->N * p->C) * sizeof *dinp);
@@ -75,27 +82,31 @@ static void run(struct l3d_backend *be, const struct prod *p, uint16_t *dinp, fl
                                  p->N, p->C, p->OC);
 }
 
-static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, int64_t N, int64_t C,
-                       int64_t OC, uint64_t seed) {
+static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, struct l3d_backend *blk,
+                       int64_t N, int64_t C, int64_t OC, uint64_t seed) {
     struct prod p = {N, C, OC, ref_bf16_normal(N * OC, 1.0f, seed), ref_bf16_normal(N * C, 1.0f, seed + 1),
                      ref_bf16_normal(OC * C, 0.05f, seed + 2), ref_bf16_normal(N * C, 2.0f, seed + 3),
                      malloc((size_t)(OC * C) * sizeof(float))};
     ref_fill_normal(p.dw0, OC * C, 0.0f, 4.0f, seed + 4, 1);
-    uint16_t *di[3];
-    float *dw[3];
-    for (int k = 0; k < 3; k++) { /* 0, 1: be twice; 2: brgemm kept */
+    uint16_t *di[4];
+    float *dw[4];
+    for (int k = 0; k < 4; k++) { /* 0, 1: be twice; 2: brgemm kept; 3: d(weight) in blocks */
         di[k] = malloc((size_t)(N * C) * sizeof **di);
         dw[k] = malloc((size_t)(OC * C) * sizeof **dw);
-        run(k == 2 ? brg : be, &p, di[k], dw[k]);
+        run(k == 2 ? brg : k == 3 ? blk : be, &p, di[k], dw[k]);
     }
     int64_t bad = misses(&p, p.dout, di[0], dw[0]), bad_brg = misses(&p, p.dout, di[2], dw[2]);
-    if (bad || bad_brg)
-        fprintf(stderr, "N=%lld C=%lld OC=%lld: %lld outside the bound (%s), %lld (L3D_MM_GEMM=0)\n",
-                (ll)N, (ll)C, (ll)OC, (ll)bad, l3d_cpu_matmul_impl(be, 'w', L3D_BF16, N, C, OC),
-                (ll)bad_brg);
+    int64_t bad_blk = misses(&p, p.dout, di[3], dw[3]);
+    if (bad || bad_brg || bad_blk)
+        fprintf(stderr, "N=%lld C=%lld OC=%lld: %lld outside the bound (%s), %lld (L3D_MM_GEMM=0), "
+                "%lld (blocks)\n", (ll)N, (ll)C, (ll)OC, (ll)bad,
+                l3d_cpu_matmul_impl(be, 'w', L3D_BF16, N, C, OC), (ll)bad_brg, (ll)bad_blk);
     CHECK(bad == 0);
     CHECK(bad_brg == 0);
+    CHECK(bad_blk == 0);
     CHECK(memcmp(di[0], di[1], (size_t)(N * C) * sizeof **di) == 0);
+    if (starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, N, C, OC), "gemm:"))
+        CHECK(memcmp(dw[0], dw[3], (size_t)(OC * C) * sizeof **dw) == 0);
     { /* d(weight) into g0 == g0 + d(weight) into 0, bit for bit */
         float *z = malloc((size_t)(OC * C) * sizeof *z), *save = p.dw0;
         uint16_t *dz = malloc((size_t)(N * C) * sizeof *dz);
@@ -117,28 +128,26 @@ static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, int64_t 
     pert[(N / 2) * OC + OC / 3] = l3d_f32_to_bf16((float)w16(pert, (N / 2) * OC + OC / 3) + 1.0f);
     CHECK(misses(&p, pert, di[0], dw[0]) > 0);
     free(pert);
-    for (int k = 0; k < 3; k++) free(di[k]), free(dw[k]);
+    for (int k = 0; k < 4; k++) free(di[k]), free(dw[k]);
     free(p.dout), free(p.inp), free(p.wt), free(p.dinp0), free(p.dw0);
 }
 
-static bool starts(const char *s, const char *prefix) {
-    return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-/* the rule where oneDNN's first choice is AMX brgemm: d(weight) always, d(inp) when OC > C */
+/* the rule where oneDNN's first choice is AMX brgemm: gemm for d(weight) always, for d(inp) when
+ * OC > C */
 static void test_rule(struct l3d_backend *be, struct l3d_backend *brg) {
     const char *fw = l3d_cpu_matmul_impl(be, 'f', L3D_BF16, 64, 96, 400);
     if (!(starts(fw, "brg") && strstr(fw, "amx"))) {
         printf("the bf16 forward runs in %s here, not AMX brgemm: the rule is not exercised\n", fw);
         return;
     }
-    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 96, 400), "brg"));
-    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 400, 96), "brg"));
+    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 96, 400), "gemm:"));
+    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 400, 96), "gemm:"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 96, 400), "gemm:"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 400, 96), "brg"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'f', L3D_BF16, 64, 400, 96), "brg"));
     /* L3D_MM_GEMM=0: brgemm everywhere */
     CHECK(starts(l3d_cpu_matmul_impl(brg, 'i', L3D_BF16, 64, 96, 400), "brg"));
+    CHECK(starts(l3d_cpu_matmul_impl(brg, 'w', L3D_BF16, 64, 96, 400), "brg"));
     printf("bf16 products: forward %s, d(weight) %s, d(inp) %s (OC > C) and %s\n", fw,
            l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 96, 400),
            l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 96, 400),
@@ -151,12 +160,16 @@ int main(void) {
     setenv("L3D_MM_GEMM", "0", 1);
     struct l3d_backend *brg = l3d_backend_cpu_init();
     unsetenv("L3D_MM_GEMM");
+    setenv("L3D_MM_DW_BLOCK_KB", "16", 1);
+    struct l3d_backend *blk = l3d_backend_cpu_init();
+    unsetenv("L3D_MM_DW_BLOCK_KB");
     test_rule(be, brg);
     const int64_t shapes[][3] = {{64, 96, 400}, {33, 48, 1000}, {128, 64, 72}, {7, 13, 29},
                                  {200, 40, 40}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        test_shape(be, brg, shapes[i][0], shapes[i][1], shapes[i][2], 1000 + 10 * i);
+        test_shape(be, brg, blk, shapes[i][0], shapes[i][1], shapes[i][2], 1000 + 10 * i);
     l3d_backend_free(be);
     l3d_backend_free(brg);
+    l3d_backend_free(blk);
     return TEST_REPORT();
 }

@@ -132,6 +132,18 @@ bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t);
  * 16-bit matmuls with their kept scratch (the CPU backend: bf16 through oneDNN where it picks AMX,
  * or L3D_ATTN_DNNL=1; src/backend/cpu_attnd.c), which llm3d plan counts in memory. */
 bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t);
+/* The bytes of fp32 scratch in which the backend's products in t compute a weight gradient, a
+ * block of rows at a time, before adding it to the gradient (the CPU backend: bf16 in oneDNN's
+ * gemm kernels where it picks AMX, unless L3D_MM_GEMM=0; src/backend/cpu.c, dweight_gemm); 0:
+ * none. llm3d plan counts it in memory, with the rows of l3d_wgrad_block_rows. */
+int64_t l3d_be_matmul_wgrad_block(struct l3d_backend *be, enum l3d_dtype t);
+/* The rows of a weight gradient (OC, C) such a block holds: block bytes of fp32 rows, rounded
+ * down to a multiple of 64 rows, at least 64, at most OC. */
+static inline int64_t l3d_wgrad_block_rows(int64_t block, int64_t C, int64_t OC) {
+    int64_t r = block / (C * 4) / 64 * 64;
+    r = r < 64 ? 64 : r;
+    return r < OC ? r : OC;
+}
 /* The address at which host code such as an MPI library may access [p, p + bytes) of device
  * memory, after l3d_be_sync; p itself when p is not device memory of this backend; NULL when the
  * device's memory is not reachable so (a GPU without a GPU-aware MPI). */

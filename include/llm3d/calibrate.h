@@ -105,6 +105,7 @@ struct l3d_calib {
      * which the type's fractions are; else 0 and fractions of the fp32 FMA peak */
     bool native16[2];
     bool attn_native16[2]; /* l3d_be_attention_native of bf16 and fp16 */
+    int64_t wgrad_block16[2]; /* l3d_be_matmul_wgrad_block of bf16 and fp16 (bytes) */
     double peak16[2];
     /* the links' all-reduce stream: its bytes and rounds; on the DP link, the fraction hidden
      * behind the products, its round's times (s) and the products' count */

@@ -120,6 +120,8 @@ struct l3d_profile_16 {
                   * fp32 copies of their operands (l3d_be_matmul_native) */
     bool attn_native; /* optional attn_native_T = yes: attention's products run as batched
                        * 16-bit matmuls with their kept scratch (l3d_be_attention_native) */
+    double wgrad_block; /* optional gemm_wgrad_block_T (MiB in the file): the bytes of fp32
+                         * scratch of the weight gradients' blocks (l3d_be_matmul_wgrad_block) */
     struct l3d_profile_wgrad wgrad; /* optional gemm_eff_wgrad_T (with the four above) */
     struct l3d_profile_grid grid;   /* optional gemm_eff_grid_T (with the four above) */
     struct l3d_profile_exact exact; /* optional gemm_exact_T (with the four above) */
@@ -226,6 +228,10 @@ struct l3d_plan_run {
     /* llm3d's bf16 attention runs as batched oneDNN matmuls, whose scratch (kept for the run)
      * the plan counts; also from the profile (attn_native_bf16 = yes) */
     bool attn_native16;
+    /* with native16: the bytes of fp32 scratch in which llm3d's bf16 weight gradients run a block
+     * of rows at a time (l3d_be_matmul_wgrad_block); also from the profile
+     * (gemm_wgrad_block_bf16); 0: none */
+    double wgrad_block16;
     /* llm3d's ZeRO-3, and ZeRO-2 in mixed precision, hold no whole fp32 copy of the parameters:
      * they move a piece of at most piece_bytes at a time (include/llm3d/dp.h; 64 MiB, the
      * checkpoint's staging, l3d_ckpt_stage_bytes): one device piece per chunk when the run reads

@@ -126,6 +126,9 @@ double l3d_be_peak_flops(struct l3d_backend *be, enum l3d_dtype t) {
 bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t) {
     return be->i->matmul_native(be->ctx, t);
 }
+int64_t l3d_be_matmul_wgrad_block(struct l3d_backend *be, enum l3d_dtype t) {
+    return be->i->matmul_wgrad_block ? be->i->matmul_wgrad_block(be->ctx, t) : 0;
+}
 bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t) {
     return be->i->attention_native && be->i->attention_native(be->ctx, t);
 }

@@ -184,6 +184,9 @@ static double chk_peak_flops(void *ctx, enum l3d_dtype t) {
 static bool chk_matmul_native(void *ctx, enum l3d_dtype t) {
     return l3d_be_matmul_native(((struct chk *)ctx)->inner, t);
 }
+static int64_t chk_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
+    return l3d_be_matmul_wgrad_block(((struct chk *)ctx)->inner, t);
+}
 static bool chk_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_be_attention_native(((struct chk *)ctx)->inner, t);
 }
@@ -636,6 +639,7 @@ static const struct l3d_backend_i check_backend_i = {
     .peak_flops = chk_peak_flops,
     .matmul_native = chk_matmul_native,
     .attention_native = chk_attention_native,
+    .matmul_wgrad_block = chk_matmul_wgrad_block,
     .host_view = chk_host_view,
     .matmul_forward = chk_matmul_forward,
     .matmul_backward = chk_matmul_backward,

@@ -295,6 +295,8 @@ static inline void acc_done(enum l3d_dtype dt, enum l3d_dtype gdt, void *g, cons
  * backward products stay on dnnl_sgemm, faster there. Primitives are created once per shape and
  * kept in a small cache in the backend context. */
 #define L3D_MM_CACHE 48
+/* the d(weight) rows the gemm kernels write at once (dweight_gemm); planner's memory.c counts it */
+#define L3D_MM_DW_BLOCK_BYTES ((int64_t)8 << 20)
 
 /* A product dst (M,N) (+)= src (M,K) x wei (K,N) (+ bias (1,N)), src and wei read with the
  * given strides (so a transpose is a stride), dst row-major. acc adds to dst (oneDNN's sum
@@ -327,6 +329,7 @@ enum scr_kind {
     SCR_MM16,     /* fp32 operands of a 16-bit product without oneDNN's 16-bit kernels */
     SCR_TOKORDER, /* encoder_backward's (token, position) order */
     SCR_ROPE,     /* RoPE's cos/sin table (rope_table) */
+    SCR_DW,       /* a block of d(weight) rows from the gemm kernels (dweight_gemm) */
     SCR_KINDS
 };
 struct scratch {
@@ -353,6 +356,8 @@ struct cpu_ctx {
     bool dnnl16[2];
     bool mm_gemm; /* keys with gemm set take oneDNN's gemm kernels where AMX brgemm is first:
                    * on unless $L3D_MM_GEMM=0 (mm_pick) */
+    int64_t dw_block; /* bytes of d(weight) rows a gemm product writes at once (dweight_gemm):
+                       * L3D_MM_DW_BLOCK_BYTES, $L3D_MM_DW_BLOCK_KB for tests */
     struct scratch scr[SCR_KINDS];
     struct rope_key rope; /* what the table in scr[SCR_ROPE] holds */
     struct l3d_attnd *attnd; /* bf16 attention's products as oneDNN matmuls (cpu_attnd.c) */
@@ -413,7 +418,7 @@ static bool mm_key_eq(const struct mm_key *a, const struct mm_key *b) {
  * (quiet, 2 threads, N = 2048 rows, GFLOP/s brgemm -> gemm: K = 2304 / 3072: 1090-1182 ->
  * 1399-1486, the head's K = 50304: 595-626 -> 1306-1361; docs/BENCHMARKS.md) and slower where
  * K <= N (768 -> 3072: 1456-1532 -> 1125-1183), so mm_key_dinp marks only K > N. (dW measured
- * 1.1-1.25x faster too, but see mm_key_dweight.) The choice is a rule of the shape, never a
+ * 1.1-1.25x faster too: dweight_gemm marks them.) The choice is a rule of the shape, never a
  * timing, so a run is repeatable. Returns the descriptor to create (the caller destroys it). */
 static dnnl_primitive_desc_t mm_pick(struct cpu_ctx *cx, const struct mm_key *k,
                                      const dnnl_matmul_desc_t *md, dnnl_primitive_attr_t attr,
@@ -600,10 +605,8 @@ static struct mm_key mm_key_dinp(int64_t N, int64_t C, int64_t OC, enum l3d_dtyp
                            .st = dnnl_type(dt), .dt = dnnl_type(dt), .bias = false, .acc = true,
                            .gemm = dt == L3D_BF16 && OC > C};
 }
-/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt. Not in the gemm kernels
- * (mm_pick), though faster there: they accumulate the product onto dweight's old value (beta 1)
- * instead of adding the whole product to it, so g + P1 + P2 over micro-batches would no longer
- * be P1 + P2 summed over data-parallel ranks (cli_moe's bf16 dp2 against one process). */
+/* dweight (OC,C) += dout^T (OC,N) x inp (N,C), accumulated in gdt, in one product (brgemm's sum
+ * post-op adds the whole product to the old gradient): where dweight_gemm does not run. */
 static struct mm_key mm_key_dweight(int64_t N, int64_t C, int64_t OC, enum l3d_dtype dt,
                                     enum l3d_dtype gdt) {
     return (struct mm_key){.M = OC, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
@@ -611,11 +614,66 @@ static struct mm_key mm_key_dweight(int64_t N, int64_t C, int64_t OC, enum l3d_d
                            .gemm = false};
 }
 
+/* d(weight) rows o0.. o0+rows-1 of a bf16 product in oneDNN's gemm kernels, into fp32 scratch
+ * (beta 0): dout^T's rows are dout's columns from o0 (strides 1, OC). */
+static struct mm_key mm_key_dweight_rows(int64_t N, int64_t C, int64_t OC, int64_t rows,
+                                         enum l3d_dtype dt) {
+    return (struct mm_key){.M = rows, .K = N, .N = C, .ss0 = 1, .ss1 = OC, .ws0 = C, .ws1 = 1,
+                           .st = dnnl_type(dt), .dt = dnnl_f32, .bias = false, .acc = false,
+                           .gemm = true};
+}
+
+/* g (n, type gdt) += s (n, fp32), each element rounded once; in blocks over the threads */
+static void grad_add(enum l3d_dtype gdt, void *g, const float *s, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > ((int64_t)1 << 16))
+    for (int64_t i0 = 0; i0 < n; i0 += L3D_BLK) {
+        int64_t m = n - i0 < L3D_BLK ? n - i0 : L3D_BLK;
+        float buf[L3D_BLK];
+        float *gf = row_io(gdt, buf, at(gdt, g, i0), m);
+        vadd(gf, s + i0, m);
+        row_done(gdt, at(gdt, g, i0), gf, m);
+    }
+}
+
+/* dweight += dout^T x inp in oneDNN's gemm kernels where mm_pick gives them (bf16, AMX brgemm
+ * first, $L3D_MM_GEMM not 0): measured 1.1-1.25x brgemm's rate on GPT-2's d(weight) shapes
+ * (docs/BENCHMARKS.md). Their accumulating form adds the product onto the old gradient inside
+ * the sum (beta 1), so g + P1 + P2 over two micro-batches would differ from P1 + P2 summed over
+ * two data-parallel ranks (cli_moe's bf16 dp2 against one process failed at 4e-5): here each
+ * block of rows is computed whole into fp32 scratch (beta 0) and then added, each gradient
+ * element rounded once, as brgemm's sum post-op does. The blocks (cx->dw_block bytes, a multiple
+ * of 64 rows, the last one shorter) bound the scratch: a whole head's d(weight) in fp32 is 154 MB
+ * at GPT-2's vocabulary, 2.1 GB at Llama 3's. Returns false (nothing done) where the gemm kernels
+ * are not picked: the caller runs the one brgemm product. */
+static struct mm_entry *dweight_gemm_entry(struct cpu_ctx *cx, enum l3d_dtype dt, int64_t N,
+                                           int64_t C, int64_t OC, int64_t *rows) {
+    if (dt != L3D_BF16 || !cx->mm_gemm) return NULL;
+    *rows = l3d_wgrad_block_rows(cx->dw_block, C, OC);
+    struct mm_key k = mm_key_dweight_rows(N, C, OC, *rows, dt);
+    struct mm_entry *e = mm_get(cx, &k);
+    return e->ok && strncmp(e->impl, "gemm:", 5) == 0 ? e : NULL;
+}
+static bool dweight_gemm(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
+                         void *dweight, const void *dout, const void *inp, int64_t N, int64_t C,
+                         int64_t OC) {
+    int64_t rows;
+    if (!dweight_gemm_entry(cx, dt, N, C, OC, &rows)) return false;
+    float *s = scratch(cx, SCR_DW, (size_t)(rows * C) * sizeof(float), "d(weight) rows");
+    for (int64_t o0 = 0; o0 < OC; o0 += rows) {
+        int64_t r = OC - o0 < rows ? OC - o0 : rows;
+        struct mm_key kr = mm_key_dweight_rows(N, C, OC, r, dt);
+        mm_run(cx, mm_get(cx, &kr), s, at(dt, dout, o0), inp, NULL);
+        grad_add(gdt, at(gdt, dweight, o0 * C), s, r * C);
+    }
+    return true;
+}
+
 static void matmul_backward_16(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype gdt,
                                void *dinp, void *dweight, void *dbias, const void *dout,
                                const void *inp, const void *weight, int64_t N, int64_t C,
                                int64_t OC) {
     struct mm_key ki = mm_key_dinp(N, C, OC, dt), kw = mm_key_dweight(N, C, OC, dt, gdt);
+    if (dweight && dweight_gemm(cx, dt, gdt, dweight, dout, inp, N, C, OC)) dweight = NULL;
     struct mm_entry *ei = dinp ? mm_get(cx, &ki) : NULL, *ew = dweight ? mm_get(cx, &kw) : NULL;
     if (ei && ei->ok) mm_run(cx, ei, dinp, dout, weight, NULL);
     if (ew && ew->ok) mm_run(cx, ew, dweight, dout, inp, NULL);
@@ -2293,11 +2351,19 @@ static bool cpu_matmul_native(void *ctx, enum l3d_dtype t) {
 const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dtype dt, int64_t N,
                                 int64_t C, int64_t OC) {
     struct cpu_ctx *cx = be->ctx;
+    int64_t rows;
+    struct mm_entry *g = which == 'w' ? dweight_gemm_entry(cx, dt, N, C, OC, &rows) : NULL;
+    if (g) return g->impl;
     struct mm_key k = which == 'f'   ? mm_key_forward(N, C, OC, dnnl_type(dt), false)
                       : which == 'i' ? mm_key_dinp(N, C, OC, dt)
                                      : mm_key_dweight(N, C, OC, dt, L3D_F32);
     struct mm_entry *e = mm_get(cx, &k);
     return e->ok ? e->impl : "widened";
+}
+static int64_t cpu_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
+    struct cpu_ctx *cx = ctx;
+    int64_t rows;
+    return dweight_gemm_entry(cx, t, 64, 64, 64, &rows) ? cx->dw_block : 0;
 }
 static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
@@ -2333,6 +2399,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .peak_flops = cpu_peak_flops,
     .matmul_native = cpu_matmul_native,
     .attention_native = cpu_attention_native,
+    .matmul_wgrad_block = cpu_matmul_wgrad_block,
     .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
@@ -2386,6 +2453,8 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     cx->dnnl16[1] = on;
     const char *mg = getenv("L3D_MM_GEMM");
     cx->mm_gemm = !(mg && strcmp(mg, "0") == 0);
+    const char *db = getenv("L3D_MM_DW_BLOCK_KB");
+    cx->dw_block = db && atoll(db) > 0 ? atoll(db) * 1024 : L3D_MM_DW_BLOCK_BYTES;
     cx->rope.T = -1; /* no table yet */
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));

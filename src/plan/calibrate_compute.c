@@ -495,6 +495,7 @@ void l3d_calib_one_core(struct l3d_calib *c) {
     for (int t = 0; t < 2; t++) {
         c->native16[t] = l3d_be_matmul_native(be, l3d_calib_types16[t]);
         c->attn_native16[t] = l3d_be_attention_native(be, l3d_calib_types16[t]);
+        c->wgrad_block16[t] = l3d_be_matmul_wgrad_block(be, l3d_calib_types16[t]);
         c->peak16[t] = c->native16[t] ? l3d_be_peak_flops(be, l3d_calib_types16[t]) : 0.0;
         int shapes = c->eff_shapes;
         measure_gemm(be, c, l3d_calib_types16[t], c->grid16_eff[t], &c->n_eff16[t],

@@ -96,6 +96,7 @@ void l3d_calib_profile(const struct l3d_calib *c, struct l3d_profile *p) {
         for (int i = 0; i < L3D_KERN_N; i++) m->kern_eff[i] = c->k_bw16[t][i] / c->bw_all;
         m->native = c->native16[t];
         m->attn_native = c->attn_native16[t];
+        m->wgrad_block = (double)c->wgrad_block16[t];
     }
 }
 
@@ -311,6 +312,11 @@ static void write_16(FILE *f, const struct l3d_calib *c, const struct l3d_profil
     snprintf(attn, sizeof attn, "attn_native_%s", n);
     put(f, p, attn, false, "%s: whether attention's products run as batched 16-bit matmuls "
         "(oneDNN, AMX), with a scratch the planner's memory counts", by);
+    char wblk[40];
+    snprintf(wblk, sizeof wblk, "gemm_wgrad_block_%s", n);
+    put(f, p, wblk, false, "%s: MiB of fp32 scratch in which the weight gradients' products run a "
+        "block of rows at a time before their sum into the gradient (oneDNN's gemm kernels, "
+        "AMX), which the planner's memory counts; 0: none", by);
     put(f, p, key[1], false, "%s: the linear layer as gemm_eff, in %s through the backend "
         "(forward and input gradient), the same shapes and buckets; fraction of %s%s", by, n,
         c->native16[t] ? "peak_tflops_" : "the fp32 FMA peak", c->native16[t] ? n : "");

@@ -169,6 +169,30 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
     return 4.0 * best;
 }
 
+/* The CPU backend's bf16 weight gradients in oneDNN's gemm kernels (src/backend/cpu.c,
+ * dweight_gemm): a block of fp32 rows of the largest of a chunk's weight gradients (OC, C), kept
+ * for the run (l3d_wgrad_block_rows: block bytes of rows, at least 64, at most OC). */
+static double wgrad_block_scratch(const struct l3d_model_spec *m, const struct l3d_plan_chunk *ch,
+                                  double block) {
+    const struct l3d_shard *sh = &ch->sh;
+    const struct l3d_moe_spec *mo = &m->moe;
+    double C = (double)m->C, hd = l3d_model_head_dim(m), Ca = (double)sh->head_count * hd;
+    double kv = Ca * l3d_model_kv_heads(m) / m->NH, g = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    double F = (double)sh->ffn_count, Fe = (double)(mo->ffn > 0 ? mo->ffn : m->ffn);
+    double Fs = Fe * mo->shared; /* experts are whole on every TP rank */
+    double prod[9][2] = {{C, (double)sh->vocab_count}, {C, Ca + 2 * kv}, {Ca, C},
+                         {C, g * F}, {F, C}, {C, g * Fe}, {Fe, C}, {C, g * Fs}, {Fs, C}};
+    int n = sh->layer_count > 0 ? (mo->experts > 0 ? 9 : 5) : 1;
+    double most = 0;
+    for (int i = ch->last ? 0 : 1; i < n; i++) {
+        double cin = prod[i][0], oc = prod[i][1];
+        if (cin < 1 || oc < 1) continue;
+        most = fmax(most, (double)l3d_wgrad_block_rows((int64_t)block, (int64_t)cin,
+                                                        (int64_t)oc) * cin * 4);
+    }
+    return most;
+}
+
 /* The CPU backend's bf16 attention as batched oneDNN matmuls (src/backend/cpu_attnd.c, its
  * fwd_layout and bwd_layout): one scratch kept for the run, the larger of the two sets, every
  * piece rounded up to 64 bytes. G groups a call (512 / M of the B NKV, at least 1), M = rep 64
@@ -198,6 +222,9 @@ static double products16_scratch(const struct l3d_model_spec *m, const struct l3
     if (run->precision.param != L3D_F32 && !run->native16)
         for (int k = 0; k < lay->v; k++)
             scratch16 = fmax(scratch16, mixed_matmul_scratch(m, lay, &ch[k]));
+    if (run->precision.param == L3D_BF16 && run->native16 && run->wgrad_block16 > 0)
+        for (int k = 0; k < lay->v; k++)
+            scratch16 = fmax(scratch16, wgrad_block_scratch(m, &ch[k], run->wgrad_block16));
     if (run->attn_native16) {
         double most = 0, rep = m->NH / l3d_model_kv_heads(m);
         for (int k = 0; k < lay->v; k++)

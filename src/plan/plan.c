@@ -63,6 +63,8 @@ static l3d_status eval_begin(struct eval *ev, const struct l3d_model_spec *m,
         ev->run.native16 = true;
     if (run->llm3d && run->precision.param == L3D_BF16 && prof->mixed[0].attn_native)
         ev->run.attn_native16 = true;
+    if (run->llm3d && run->precision.param == L3D_BF16 && prof->mixed[0].wgrad_block > 0)
+        ev->run.wgrad_block16 = prof->mixed[0].wgrad_block;
     l3d_plan_view(m, lay_in, &ev->ms, &ev->lay);
     l3d_status st = l3d_plan_check(m, prof, &ev->run, &ev->lay);
     if (st != L3D_OK) return st;

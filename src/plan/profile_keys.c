@@ -45,6 +45,8 @@ const struct l3d_profile_key l3d_profile_keys[] = {
 #define MIXED(T, i)                                                                                \
     {"gemm_native_" T, L3D_PK_BOOL, OFF(mixed[i].native), 0, false, 0, true, NULL},               \
     {"attn_native_" T, L3D_PK_BOOL, OFF(mixed[i].attn_native), 0, false, 0, true, NULL},          \
+    {"gemm_wgrad_block_" T, L3D_PK_NUM, OFF(mixed[i].wgrad_block), 1048576, false, 65536, true,    \
+     "%.6g"},                                                                                      \
     {"gemm_eff_" T, L3D_PK_EFF, OFF(mixed[i]), 0, true, 1.5, true, "%.3f"},                       \
     {"gemm_eff_wgrad_" T, L3D_PK_WGRAD, OFF(mixed[i].wgrad), 0, true, 1.5, true, "%.3f"},         \
     {"attn_eff_" T, L3D_PK_NUM, OFF(mixed[i].attn_eff), 1, true, 1.5, true, "%.3f"},              \

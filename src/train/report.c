@@ -28,6 +28,11 @@ static void report_paths(const struct l3d_trainer *t, enum l3d_dtype dt) {
          "the flash kernels' fp32 (or bf16 dot) products (L3D_ATTN_DNNL=1 for oneDNN's)"}};
     bool native[2] = {l3d_be_matmul_native(t->be, dt), l3d_be_attention_native(t->be, dt)};
     for (int k = 0; k < 2; k++) printf("%s: %s\n", path[k][0], path[k][native[k] ? 1 : 2]);
+    int64_t blk = native[0] ? l3d_be_matmul_wgrad_block(t->be, dt) : 0;
+    if (blk > 0) /* the planner's memory counts it (gemm_wgrad_block_T) */
+        printf("weight gradients: blocks of rows into %.6g MiB of fp32 scratch in oneDNN's gemm "
+               "kernels, each added to the gradient (L3D_MM_GEMM=0: one brgemm product)\n",
+               blk / 1048576.0);
 }
 
 static void report_transfers(const struct l3d_trainer *t, int v) {

@@ -332,6 +332,9 @@ prof=$(cd "$(dirname "$0")/../.." && pwd)/tests/data/plan/cpu.prof
 # profile with gemm_native_T = yes, as calibrate writes it on such a machine
 for t in bf16 fp16; do { cat "$prof"; echo "gemm_native_$t = yes"; } > "$dir/native_$t.prof"; done
 native() { grep -q "^products: 16-bit operands into fp32 sums, in the backend's own" "$1"; }
+# a run whose bf16 weight gradients run in blocks of fp32 rows (its start-up line, AMX) keeps that
+# scratch: gemm_wgrad_block_bf16 = its MiB, in each native_bf16 profile (mem adds it)
+wgrad_block() { sed -n 's/^weight gradients: blocks of rows into \([0-9.]*\) MiB.*/\1/p' "$1"; }
 # and a run whose bf16 attention runs as oneDNN matmuls (AMX; its start-up line) keeps their
 # scratch: attn_native_bf16 = yes
 { cat "$dir/native_bf16.prof"; echo "attn_native_bf16 = yes"; } > "$dir/native_attn_bf16.prof"
@@ -353,6 +356,12 @@ mem() {
     local measured predicted p=$prof
     native "$dir/$name.log" && p=$dir/native_$prec.prof
     attn_native "$dir/$name.log" && p=$dir/native_attn_$prec.prof
+    local wb
+    wb=$(wgrad_block "$dir/$name.log")
+    if [ -n "$wb" ]; then
+        { cat "$p"; echo "gemm_wgrad_block_$prec = $wb"; } > "$dir/$name.prof"
+        p=$dir/$name.prof
+    fi
     measured=$(sed -n 's/.*peak host memory .* MiB (\([0-9]*\) bytes.*/\1/p' "$dir/$name.log")
     predicted=$("$bin" plan "${mdl[@]}" --channels 128 --seq-len 64 --profile "$p" \
         --precision "$prec" --devices "$np" --batch "$b" \
@@ -417,6 +426,12 @@ miss "the plan of the ring in bf16" mem_bf16_cp2_f32 2 \
 if attn_native "$dir/mem_bf16_one.log"; then
     miss "the plan without the oneDNN attention's scratch" mem_bf16_one 1 \
         --profile "$dir/native_bf16.prof" --precision bf16 --zero 0
+fi
+# the weight gradients' blocks left out where the run keeps them (256 KiB here, 1.4%)
+if [ -n "$(wgrad_block "$dir/mem_bf16_one.log")" ]; then
+    miss "the plan without the weight gradients' blocks" mem_bf16_one 1 \
+        --profile "$(attn_native "$dir/mem_bf16_one.log" && echo "$dir/native_attn_bf16.prof" || echo "$dir/native_bf16.prof")" \
+        --precision bf16 --zero 0
 fi
 if native "$dir/mem_bf16_one.log"; then
     miss "the plan with the widened products' fp32 copies" mem_bf16_one 1 --precision bf16 \
