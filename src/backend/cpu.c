@@ -1936,28 +1936,33 @@ struct xent_args {
     int64_t vocab_start, N, Vl, Vvalid;
 };
 
-/* fp32 rows in the loops GCC vectorises (as before cpu_xent.c): the bits the fp32 layout
- * comparisons were measured with. cpu_xent.c's rows (32-lane sums, their exp) moved zero-started
- * biases of fp32 layouts past those bounds: cli_ckpt and cli_equiv 1.1-1.4e-5 against 1e-5 on
- * the sanitized checking build; with these sums but cpu_xent.c's gradient, moeforce.sh's
- * ep2 x cp2 with drops 7.1e-5 against 6e-5 in Release. The price: fp32's xent rows at their old
- * speed (docs/DESIGN.md, "Cross-entropy rows in explicit SIMD"). */
-static inline float f32_row_max(const float *l, int64_t n) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < n; j++) mx = l[j] > mx ? l[j] : mx;
-    return mx;
-}
+/* fp32 rows keep the bits the fp32 layout comparisons were measured with (before cpu_xent.c):
+ * cpu_xent.c's 32-lane sums and its exp moved zero-started biases of fp32 layouts past those
+ * bounds (cli_ckpt and cli_equiv 1.1-1.4e-5 against 1e-5 on the sanitized checking build; with
+ * the old sums but cpu_xent.c's gradient, moeforce.sh's ep2 x cp2 with drops 7.1e-5 against 6e-5
+ * in Release). The max is exact in any order (NaN skipped by both), so it takes cpu_xent.c's
+ * prefetched rows; the sum of exponentials stays the loop GCC vectorises, and the gradient that
+ * loop's element-wise bits with a prefetch (docs/DESIGN.md, "Cross-entropy rows in explicit
+ * SIMD"). */
 static inline float f32_row_sumexp(const float *l, int64_t n, float mx) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < n; j++) s += fast_expf(l[j] - mx);
     return s;
 }
+/* The gradient's row in chunks of 1024 (4 KB), the chunk after next prefetched first: the loop
+ * is element-wise, so its bits are the unchunked loop's; without the prefetch it was bound by
+ * memory latency (cpu_xent.c's figures). */
 static void f32_row_grad(float *l, int64_t Vv, int64_t Vl, float mx, float k, int64_t t,
                          float dloss) {
+    enum { CH = 1024 };
+    for (int64_t j0 = 0; j0 < Vv; j0 += CH) {
+        int64_t j1 = Vv - j0 < CH ? Vv : j0 + CH;
+        for (int64_t p = j0 + 2 * CH; p < j1 + 2 * CH && p < Vv; p += 16)
+            _mm_prefetch((const char *)(l + p), _MM_HINT_T0);
 #pragma omp simd
-    for (int64_t j = 0; j < Vv; j++) l[j] = fast_expf(l[j] - mx) * k;
+        for (int64_t j = j0; j < j1; j++) l[j] = fast_expf(l[j] - mx) * k;
+    }
     for (int64_t j = Vv; j < Vl; j++) l[j] = 0.0f;
     if (t >= 0 && t < Vv) l[t] -= dloss;
 }
@@ -1972,7 +1977,7 @@ static void xent_rows(const struct xent_args *a) {
         void *row = at(dt, a->logits, n * a->Vl);
         int64_t t = a->pass == XENT_MAX ? -1 : (int64_t)a->targets[n] - a->vocab_start;
         if (a->pass == XENT_MAX || a->pass == XENT_STATS)
-            a->out[n] = f32 ? f32_row_max(row, Vv) : l3d_cpu_xent_max(isa, dt, row, Vv);
+            a->out[n] = l3d_cpu_xent_max(isa, dt, row, Vv);
         if (a->pass == XENT_SUMEXP || a->pass == XENT_STATS) {
             float mx = a->pass == XENT_STATS ? a->out[n] : a->maxv[n];
             float *se = a->pass == XENT_STATS ? a->out2 : a->out;
