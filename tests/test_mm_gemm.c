@@ -4,8 +4,10 @@
  * there, docs/BENCHMARKS.md), and d(weight) too, in blocks of rows computed whole into fp32
  * scratch and then added to the old gradient (dweight_gemm: the gemm kernels' own accumulation
  * would make micro-batches' sums differ from data-parallel ranks' sums); $L3D_MM_GEMM=0 keeps
- * brgemm everywhere. A third backend with $L3D_MM_DW_BLOCK_KB=16 runs d(weight) in many blocks of
- * 64 rows and a shorter last one. Checked:
+ * brgemm everywhere. d(weight) of fewer than L3D_WGRAD_BLOCK_MIN_ROWS (2048) rows keeps brgemm (the
+ * add would cost more than the kernel gains); a third backend with $L3D_MM_DW_MIN_ROWS=1 and
+ * $L3D_MM_DW_BLOCK_KB=16 runs every d(weight) in blocks of 64 rows and a shorter last one.
+ * Checked:
  *  - the rule: which implementation each product takes on this CPU, and that L3D_MM_GEMM=0 changes
  *    it (skipped, and said, on a CPU whose first choice is not AMX brgemm);
  *  - the numerics of both choices against a float64 reference, element by element: d(inp) (bf16,
@@ -13,8 +15,9 @@
  *      |got - want| <= 2^-8 (|want| + E) + E,   E = (K + 1) 2^-24 (|dinp0| + sum_k |a_k b_k|)
  *    (fp32 accumulation of K + 1 terms, Higham 3.1, then one rounding to bf16, unit roundoff 2^-8),
  *    d(weight) (fp32 main_grad, accumulated into a non-zero one) within E + 2^-24 |want| over the
- *    N rows; shapes odd, K long and short, both sides of the OC > C rule; for the blocked backend
- *    too, and its d(weight) bit for bit the default's (a block's sums are the whole product's);
+ *    N rows; shapes odd, K long and short, both sides of the OC > C rule, N = 2048 (the default
+ *    backend's blocks); the blocked backend too (its sums may differ from a whole product's in
+ *    the last bits: gemm:jit's order over K depends on M at N = 2048);
  *  - d(weight) into g0 is exactly g0 + (d(weight) into 0), bit for bit: the data-parallel
  *    equivalence (a rank's gradient summed with the others' equals one process accumulating the
  *    micro-batches) rests on it;
@@ -105,8 +108,6 @@ static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, struct l
     CHECK(bad_brg == 0);
     CHECK(bad_blk == 0);
     CHECK(memcmp(di[0], di[1], (size_t)(N * C) * sizeof **di) == 0);
-    if (starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, N, C, OC), "gemm:"))
-        CHECK(memcmp(dw[0], dw[3], (size_t)(OC * C) * sizeof **dw) == 0);
     { /* d(weight) into g0 == g0 + d(weight) into 0, bit for bit */
         float *z = malloc((size_t)(OC * C) * sizeof *z), *save = p.dw0;
         uint16_t *dz = malloc((size_t)(N * C) * sizeof *dz);
@@ -132,24 +133,26 @@ static void test_shape(struct l3d_backend *be, struct l3d_backend *brg, struct l
     free(p.dout), free(p.inp), free(p.wt), free(p.dinp0), free(p.dw0);
 }
 
-/* the rule where oneDNN's first choice is AMX brgemm: gemm for d(weight) always, for d(inp) when
- * OC > C */
-static void test_rule(struct l3d_backend *be, struct l3d_backend *brg) {
+/* the rule where oneDNN's first choice is AMX brgemm: gemm for d(weight) of at least 2048 rows,
+ * for d(inp) when OC > C */
+static void test_rule(struct l3d_backend *be, struct l3d_backend *brg, struct l3d_backend *blk) {
     const char *fw = l3d_cpu_matmul_impl(be, 'f', L3D_BF16, 64, 96, 400);
     if (!(starts(fw, "brg") && strstr(fw, "amx"))) {
         printf("the bf16 forward runs in %s here, not AMX brgemm: the rule is not exercised\n", fw);
         return;
     }
-    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 96, 400), "gemm:"));
-    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 400, 96), "gemm:"));
+    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 2048, 96, 400), "gemm:"));
+    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 2048, 400, 96), "gemm:"));
+    CHECK(starts(l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 2047, 96, 400), "brg"));
+    CHECK(starts(l3d_cpu_matmul_impl(blk, 'w', L3D_BF16, 64, 96, 400), "gemm:"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 96, 400), "gemm:"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 400, 96), "brg"));
     CHECK(starts(l3d_cpu_matmul_impl(be, 'f', L3D_BF16, 64, 400, 96), "brg"));
     /* L3D_MM_GEMM=0: brgemm everywhere */
     CHECK(starts(l3d_cpu_matmul_impl(brg, 'i', L3D_BF16, 64, 96, 400), "brg"));
-    CHECK(starts(l3d_cpu_matmul_impl(brg, 'w', L3D_BF16, 64, 96, 400), "brg"));
+    CHECK(starts(l3d_cpu_matmul_impl(brg, 'w', L3D_BF16, 2048, 96, 400), "brg"));
     printf("bf16 products: forward %s, d(weight) %s, d(inp) %s (OC > C) and %s\n", fw,
-           l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 64, 96, 400),
+           l3d_cpu_matmul_impl(be, 'w', L3D_BF16, 2048, 96, 400),
            l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 96, 400),
            l3d_cpu_matmul_impl(be, 'i', L3D_BF16, 64, 400, 96));
 }
@@ -161,11 +164,13 @@ int main(void) {
     struct l3d_backend *brg = l3d_backend_cpu_init();
     unsetenv("L3D_MM_GEMM");
     setenv("L3D_MM_DW_BLOCK_KB", "16", 1);
+    setenv("L3D_MM_DW_MIN_ROWS", "1", 1);
     struct l3d_backend *blk = l3d_backend_cpu_init();
     unsetenv("L3D_MM_DW_BLOCK_KB");
-    test_rule(be, brg);
+    unsetenv("L3D_MM_DW_MIN_ROWS");
+    test_rule(be, brg, blk);
     const int64_t shapes[][3] = {{64, 96, 400}, {33, 48, 1000}, {128, 64, 72}, {7, 13, 29},
-                                 {200, 40, 40}};
+                                 {200, 40, 40}, {2048, 40, 150}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_shape(be, brg, blk, shapes[i][0], shapes[i][1], shapes[i][2], 1000 + 10 * i);
     l3d_backend_free(be);

@@ -137,6 +137,11 @@ bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t);
  * gemm kernels where it picks AMX, unless L3D_MM_GEMM=0; src/backend/cpu.c, dweight_gemm); 0:
  * none. llm3d plan counts it in memory, with the rows of l3d_wgrad_block_rows. */
 int64_t l3d_be_matmul_wgrad_block(struct l3d_backend *be, enum l3d_dtype t);
+/* The fewest rows (tokens, the product's K) a weight gradient runs in those blocks with: below,
+ * the add's pass over the gradient costs more than the faster kernel gains (GPT-2 124M bf16 on an
+ * AMX Xeon: backward products 2-8% slower at 1024 rows, 25-60% at 256, 6% faster at 2048;
+ * docs/BENCHMARKS.md). */
+#define L3D_WGRAD_BLOCK_MIN_ROWS 2048
 /* The rows of a weight gradient (OC, C) such a block holds: block bytes of fp32 rows, rounded
  * down to a multiple of 64 rows, at least 64, at most OC. */
 static inline int64_t l3d_wgrad_block_rows(int64_t block, int64_t C, int64_t OC) {

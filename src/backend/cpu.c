@@ -358,6 +358,8 @@ struct cpu_ctx {
                    * on unless $L3D_MM_GEMM=0 (mm_pick) */
     int64_t dw_block; /* bytes of d(weight) rows a gemm product writes at once (dweight_gemm):
                        * L3D_MM_DW_BLOCK_BYTES, $L3D_MM_DW_BLOCK_KB for tests */
+    int64_t dw_min_rows; /* the fewest rows dweight_gemm runs with: L3D_WGRAD_BLOCK_MIN_ROWS,
+                          * $L3D_MM_DW_MIN_ROWS for tests */
     struct scratch scr[SCR_KINDS];
     struct rope_key rope; /* what the table in scr[SCR_ROPE] holds */
     struct l3d_attnd *attnd; /* bf16 attention's products as oneDNN matmuls (cpu_attnd.c) */
@@ -643,8 +645,9 @@ static void grad_add(enum l3d_dtype gdt, void *g, const float *s, int64_t n) {
  * block of rows is computed whole into fp32 scratch (beta 0) and then added, each gradient
  * element rounded once, as brgemm's sum post-op does. The blocks (cx->dw_block bytes, a multiple
  * of 64 rows, the last one shorter) bound the scratch: a whole head's d(weight) in fp32 is 154 MB
- * at GPT-2's vocabulary, 2.1 GB at Llama 3's. Returns false (nothing done) where the gemm kernels
- * are not picked: the caller runs the one brgemm product. */
+ * at GPT-2's vocabulary, 2.1 GB at Llama 3's. Products of fewer than cx->dw_min_rows rows
+ * (tokens) keep brgemm: there the add costs more than the faster kernel gains. Returns false
+ * (nothing done) where the gemm kernels are not picked: the caller runs the one brgemm product. */
 static struct mm_entry *dweight_gemm_entry(struct cpu_ctx *cx, enum l3d_dtype dt, int64_t N,
                                            int64_t C, int64_t OC, int64_t *rows) {
     if (dt != L3D_BF16 || !cx->mm_gemm) return NULL;
@@ -657,7 +660,7 @@ static bool dweight_gemm(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype g
                          void *dweight, const void *dout, const void *inp, int64_t N, int64_t C,
                          int64_t OC) {
     int64_t rows;
-    if (!dweight_gemm_entry(cx, dt, N, C, OC, &rows)) return false;
+    if (N < cx->dw_min_rows || !dweight_gemm_entry(cx, dt, N, C, OC, &rows)) return false;
     float *s = scratch(cx, SCR_DW, (size_t)(rows * C) * sizeof(float), "d(weight) rows");
     for (int64_t o0 = 0; o0 < OC; o0 += rows) {
         int64_t r = OC - o0 < rows ? OC - o0 : rows;
@@ -2357,7 +2360,9 @@ const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dty
                                 int64_t C, int64_t OC) {
     struct cpu_ctx *cx = be->ctx;
     int64_t rows;
-    struct mm_entry *g = which == 'w' ? dweight_gemm_entry(cx, dt, N, C, OC, &rows) : NULL;
+    struct mm_entry *g = which == 'w' && N >= cx->dw_min_rows
+                             ? dweight_gemm_entry(cx, dt, N, C, OC, &rows)
+                             : NULL;
     if (g) return g->impl;
     struct mm_key k = which == 'f'   ? mm_key_forward(N, C, OC, dnnl_type(dt), false)
                       : which == 'i' ? mm_key_dinp(N, C, OC, dt)
@@ -2460,6 +2465,8 @@ struct l3d_backend *l3d_backend_cpu_init(void) {
     cx->mm_gemm = !(mg && strcmp(mg, "0") == 0);
     const char *db = getenv("L3D_MM_DW_BLOCK_KB");
     cx->dw_block = db && atoll(db) > 0 ? atoll(db) * 1024 : L3D_MM_DW_BLOCK_BYTES;
+    const char *dm = getenv("L3D_MM_DW_MIN_ROWS");
+    cx->dw_min_rows = dm && atoll(dm) > 0 ? atoll(dm) : L3D_WGRAD_BLOCK_MIN_ROWS;
     cx->rope.T = -1; /* no table yet */
     DNNL_CHECK(dnnl_engine_create(&cx->engine, dnnl_cpu, 0));
     DNNL_CHECK(dnnl_stream_create(&cx->stream, cx->engine, dnnl_stream_default_flags));

@@ -218,13 +218,15 @@ static double attnd_scratch(double B, double T, double NH, double NKV, double HS
  * the initialisation's staging); the context-parallel ring's block kernels keep their own. */
 static double products16_scratch(const struct l3d_model_spec *m, const struct l3d_plan_run *run,
                                  const struct l3d_layout *lay, const struct l3d_plan_chunk *ch) {
-    double scratch16 = 0;
+    double scratch16 = 0, most_block = 0;
     if (run->precision.param != L3D_F32 && !run->native16)
         for (int k = 0; k < lay->v; k++)
             scratch16 = fmax(scratch16, mixed_matmul_scratch(m, lay, &ch[k]));
-    if (run->precision.param == L3D_BF16 && run->native16 && run->wgrad_block16 > 0)
+    if (run->precision.param == L3D_BF16 && run->native16 && run->wgrad_block16 > 0 &&
+        (double)lay->micro_batch * m->maxT / lay->cp >= L3D_WGRAD_BLOCK_MIN_ROWS)
         for (int k = 0; k < lay->v; k++)
-            scratch16 = fmax(scratch16, wgrad_block_scratch(m, &ch[k], run->wgrad_block16));
+            most_block = fmax(most_block, wgrad_block_scratch(m, &ch[k], run->wgrad_block16));
+    scratch16 += most_block; /* kept beside the products' copies and attention's scratch */
     if (run->attn_native16) {
         double most = 0, rep = m->NH / l3d_model_kv_heads(m);
         for (int k = 0; k < lay->v; k++)

@@ -31,8 +31,9 @@ static void report_paths(const struct l3d_trainer *t, enum l3d_dtype dt) {
     int64_t blk = native[0] ? l3d_be_matmul_wgrad_block(t->be, dt) : 0;
     if (blk > 0) /* the planner's memory counts it (gemm_wgrad_block_T) */
         printf("weight gradients: blocks of rows into %.6g MiB of fp32 scratch in oneDNN's gemm "
-               "kernels, each added to the gradient (L3D_MM_GEMM=0: one brgemm product)\n",
-               blk / 1048576.0);
+               "kernels, each added to the gradient, for products of at least %d tokens "
+               "(L3D_MM_GEMM=0: one brgemm product)\n", blk / 1048576.0,
+               L3D_WGRAD_BLOCK_MIN_ROWS);
 }
 
 static void report_transfers(const struct l3d_trainer *t, int v) {
