@@ -146,23 +146,47 @@ void l3d_plan_rank_chunks(const struct l3d_model_spec *m, const struct l3d_layou
     }
 }
 
-/* The CPU backend's 16-bit matrix products without oneDNN's 16-bit kernels (the default on every
- * CPU, docs/DESIGN.md) run as fp32 products on fp32 copies of their operands, allocated for the
- * call: the largest such set of a chunk's products, forward (input, weight, bias, output) or
- * backward (output gradient, weight, input gradient, input; the fp32 main_grad is used as is);
- * the backend keeps that set between calls (its scratch grows to the largest once). */
+/* The linear layers' products of a chunk, (in, out, rows) each, for micro-batches of N tokens
+ * a rank (after the context-parallel split): on the last stage the vocabulary-parallel head, a
+ * chunk of rows at a time (l3d_gpt_xent_rows); with layers q|k|v (grouped-query: Ca + 2 kv rows
+ * of weights) and the attention's output, the dense layers' MLP (SwiGLU's gate and up in one
+ * product of 2 F), the MoE layers' experts (whole on every TP rank; an expert's rows at most
+ * one per token of each of its ep ranks: the most one product can take) and shared experts.
+ * Returns the count (at most 9). */
+static int chunk_products(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                          const struct l3d_plan_chunk *ch, double prod[9][3]) {
+    const struct l3d_shard *sh = &ch->sh;
+    const struct l3d_moe_spec *mo = &m->moe;
+    double C = (double)m->C, hd = l3d_model_head_dim(m), Ca = (double)sh->head_count * hd;
+    double kv = Ca * l3d_model_kv_heads(m) / m->NH, g = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
+    double F = (double)sh->ffn_count, Fe = (double)(mo->ffn > 0 ? mo->ffn : m->ffn);
+    double Fs = Fe * mo->shared, Lm = (double)l3d_shard_moe_layers(m, sh);
+    double N = (double)lay->micro_batch * m->maxT / lay->cp, Ne = N * (lay->ep > 1 ? lay->ep : 1);
+    int n = 0;
+#define PUT(i, o, r) (prod[n][0] = (i), prod[n][1] = (o), prod[n][2] = (r), n++)
+    if (ch->last) PUT(C, (double)sh->vocab_count, (double)l3d_gpt_xent_rows(sh, (int64_t)N));
+    if (sh->layer_count > 0) {
+        PUT(C, Ca + 2 * kv, N);
+        PUT(Ca, C, N);
+        if (Lm < sh->layer_count) PUT(C, g * F, N), PUT(F, C, N);
+        if (Lm > 0 && mo->experts > 0) PUT(C, g * Fe, Ne), PUT(Fe, C, Ne);
+        if (Lm > 0 && Fs > 0) PUT(C, g * Fs, N), PUT(Fs, C, N);
+    }
+#undef PUT
+    return n;
+}
+
+/* The fp32 operands of a chunk's largest 16-bit product where the products widen (the CPU
+ * backend's matmul_forward and matmul_backward on fp32 copies, scratch SCR_MM16): forward
+ * input, weight, bias and output; backward output gradient, weight, input gradient and input */
 static double mixed_matmul_scratch(const struct l3d_model_spec *m,
                                    const struct l3d_layout *lay,
                                    const struct l3d_plan_chunk *ch) {
-    const struct l3d_shard *sh = &ch->sh;
-    double Nall = (double)lay->micro_batch * m->maxT, C = (double)m->C;
-    /* the head's product a chunk of rows at a time (l3d_gpt_xent_rows) */
-    double Nh = (double)l3d_gpt_xent_rows(sh, lay->micro_batch * (int64_t)m->maxT);
-    double Ca = (double)sh->head_count * l3d_model_head_dim(m), F = (double)sh->ffn_count;
-    double prod[5][2] = {{C, 3 * Ca}, {Ca, C}, {C, F}, {F, C}, {C, (double)sh->vocab_count}};
-    double best = 0;
-    for (int i = sh->layer_count > 0 ? 0 : 4; i < (ch->last ? 5 : 4); i++) {
-        double cin = prod[i][0], oc = prod[i][1], N = i == 4 ? Nh : Nall;
+    double prod[9][3], best = 0;
+    int n = chunk_products(m, lay, ch, prod);
+    for (int i = 0; i < n; i++) {
+        double cin = prod[i][0], oc = prod[i][1], N = prod[i][2];
+        if (cin < 1 || oc < 1) continue;
         double fwd = N * cin + oc * cin + oc + N * oc, bwd = N * oc + oc * cin + 2 * N * cin;
         best = fmax(best, fmax(fwd, bwd));
     }
@@ -172,19 +196,11 @@ static double mixed_matmul_scratch(const struct l3d_model_spec *m,
 /* The CPU backend's bf16 weight gradients in oneDNN's gemm kernels (src/backend/cpu.c,
  * dweight_gemm): a block of fp32 rows of the largest of a chunk's weight gradients (OC, C), kept
  * for the run (l3d_wgrad_block_rows: block bytes of rows, at least 64, at most OC). */
-static double wgrad_block_scratch(const struct l3d_model_spec *m, const struct l3d_plan_chunk *ch,
-                                  double block) {
-    const struct l3d_shard *sh = &ch->sh;
-    const struct l3d_moe_spec *mo = &m->moe;
-    double C = (double)m->C, hd = l3d_model_head_dim(m), Ca = (double)sh->head_count * hd;
-    double kv = Ca * l3d_model_kv_heads(m) / m->NH, g = m->mlp == L3D_MLP_SWIGLU ? 2 : 1;
-    double F = (double)sh->ffn_count, Fe = (double)(mo->ffn > 0 ? mo->ffn : m->ffn);
-    double Fs = Fe * mo->shared; /* experts are whole on every TP rank */
-    double prod[9][2] = {{C, (double)sh->vocab_count}, {C, Ca + 2 * kv}, {Ca, C},
-                         {C, g * F}, {F, C}, {C, g * Fe}, {Fe, C}, {C, g * Fs}, {Fs, C}};
-    int n = sh->layer_count > 0 ? (mo->experts > 0 ? 9 : 5) : 1;
-    double most = 0;
-    for (int i = ch->last ? 0 : 1; i < n; i++) {
+static double wgrad_block_scratch(const struct l3d_model_spec *m, const struct l3d_layout *lay,
+                                  const struct l3d_plan_chunk *ch, double block) {
+    double prod[9][3], most = 0;
+    int n = chunk_products(m, lay, ch, prod);
+    for (int i = 0; i < n; i++) {
         double cin = prod[i][0], oc = prod[i][1];
         if (cin < 1 || oc < 1) continue;
         most = fmax(most, (double)l3d_wgrad_block_rows((int64_t)block, (int64_t)cin,
@@ -225,7 +241,7 @@ static double products16_scratch(const struct l3d_model_spec *m, const struct l3
     if (run->precision.param == L3D_BF16 && run->native16 && run->wgrad_block16 > 0 &&
         (double)lay->micro_batch * m->maxT / lay->cp >= L3D_WGRAD_BLOCK_MIN_ROWS)
         for (int k = 0; k < lay->v; k++)
-            most_block = fmax(most_block, wgrad_block_scratch(m, &ch[k], run->wgrad_block16));
+            most_block = fmax(most_block, wgrad_block_scratch(m, lay, &ch[k], run->wgrad_block16));
     scratch16 += most_block; /* kept beside the products' copies and attention's scratch */
     if (run->attn_native16) {
         double most = 0, rep = m->NH / l3d_model_kv_heads(m);
