@@ -27,6 +27,28 @@ static float *dev_alloc(struct l3d_backend *be, int64_t n, const char *what) {
 
 /* ---- the interface, on any backend ---------------------------------------------------------- */
 
+/* A fill of a large range at an odd offset and length (the CPU backend's 1 MiB pieces over the
+ * threads from 4 MiB, the last one short): exactly the range, every byte */
+static void test_large_fill(struct l3d_backend *be) {
+    const size_t big = ((size_t)32 << 20) + 37, all = big + 200, at = 5;
+    unsigned char *d = l3d_be_alloc(be, all, "large fill");
+    L3D_ASSERT(d != NULL);
+    unsigned char *h = l3d_alloc(all, "large fill, host");
+    for (int value = 0xa5; value >= 0; value -= 0xa5) { /* 0xa5, then 0 */
+        l3d_be_memset(be, d, 0x11, all);
+        l3d_be_memset(be, d + at, value, big);
+        l3d_be_copy_d2h(be, h, d, all);
+        size_t bad = 0;
+        for (size_t i = 0; i < all; i++)
+            bad += h[i] != (i >= at && i < at + big ? (unsigned char)value : 0x11);
+        printf("large fill of %zu bytes at offset %zu with 0x%02x: %zu wrong bytes\n", big, at,
+               value, bad);
+        CHECK(bad == 0);
+    }
+    l3d_free(h);
+    l3d_be_free(be, d);
+}
+
 static void test_memory(struct l3d_backend *be) {
     size_t bytes = N * sizeof(float);
     l3d_be_free(be, dev_alloc(be, 1, "warm-up")); /* a backend's own bookkeeping, made once */
@@ -304,6 +326,7 @@ static void test_check_refusals(void) {
 int main(void) {
     struct l3d_backend *be = test_backend_init();
     test_memory(be);
+    test_large_fill(be);
     test_device_scalar(be);
     test_events(be);
     struct death dz = {.be = be};
