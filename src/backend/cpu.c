@@ -1882,9 +1882,23 @@ static inline void swiglu_cols(float *o, float *dg, float *du, const float *d, c
 static void swiglu_rows(enum l3d_dtype dt, void *out, void *dinp, const void *dout,
                         const void *inp, int64_t N, int64_t H) {
     const int64_t bl = span_blk(dt, H), nb = (H + bl - 1) / bl;
+    const enum l3d_simd isa = l3d_cpu_simd();
+    /* 16-bit rows in AVX-512 where the CPU has it (cpu_ew.c: widened in registers, no stack
+     * copies); fp32 keeps the portable rows' bits */
+    const bool v512 = is16(dt) && isa >= L3D_SIMD_AVX512;
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < N * nb; task++) {
         int64_t r = task / nb, c0 = task % nb * bl, n = H - c0 < bl ? H - c0 : bl;
+        if (v512) {
+            const void *g = at(dt, inp, r * 2 * H + c0), *u = at(dt, inp, r * 2 * H + H + c0);
+            if (out)
+                l3d_cpu_swiglu_rows(isa, dt, at(dt, out, r * H + c0), NULL, NULL, NULL, g, u, n);
+            else
+                l3d_cpu_swiglu_rows(isa, dt, NULL, at(dt, dinp, r * 2 * H + c0),
+                                    at(dt, dinp, r * 2 * H + H + c0), at(dt, dout, r * H + c0),
+                                    g, u, n);
+            continue;
+        }
         float gb[L3D_BLK], ub[L3D_BLK], ob[L3D_BLK], db[L3D_BLK], eb[L3D_BLK];
         const float *g = row_in(dt, gb, at(dt, inp, r * 2 * H + c0), n);
         const float *u = row_in(dt, ub, at(dt, inp, r * 2 * H + H + c0), n);

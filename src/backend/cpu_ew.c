@@ -1,5 +1,5 @@
 /*
- * GELU forward and backward in explicit SIMD (cpu_ew.h). GCC vectorised the portable loop at
+ * GELU forward and backward in explicit SIMD (cpu_ew.h), and SwiGLU's 16-bit rows (below). GCC vectorised the portable loop at
  * 8 lanes (its tuning for these CPUs prefers 256-bit vectors), a tanh through exp and a
  * division each element: gelu_backward ran at a quarter of the memory bandwidth, bound by the
  * arithmetic (docs/BENCHMARKS.md, "Fused element-wise kernels"). Here:
@@ -387,6 +387,48 @@ __attribute__((target(T256))) static void gelu_avx2(enum l3d_dtype t, void *y, c
     if (back) memcpy(db, (const char *)dy + i * es, k), memcpy(yb, (char *)y + i * es, k);
     v8_st(t, yb, v8_gelu(v8_ld(t, xb), v8_ld(t, db), v8_ld(t, yb), back));
     memcpy((char *)y + i * es, yb, k);
+}
+
+/* ---- SwiGLU in AVX-512 -------------------------------------------------------------------
+ * cpu.c's portable swiglu_cols, operation for operation: s = 1 / (1 + exp(-g)) (the exp of
+ * cpu_vec.h), out = (g s) u; dg += ((d u) s) (1 + g (1 - s)), du += (d g) s, the sums fused as
+ * GCC contracts the portable loop. 16 lanes, masked tails. */
+__attribute__((target(T512))) static inline __m512 v16_sig(__m512 g) {
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 e = v16_exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_div_ps(one, _mm512_add_ps(one, e));
+}
+
+__attribute__((target(T512B))) static void swiglu_avx512(enum l3d_dtype t, bool ne, void *o,
+                                                        void *dg, void *du, const void *d,
+                                                        const void *g, const void *u,
+                                                        int64_t n) {
+    const int64_t es = t == L3D_F32 ? 4 : 2;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = MASK16(n, i);
+        _mm_prefetch((const char *)g + i * es + PF_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)u + i * es + PF_AHEAD, _MM_HINT_T0);
+        __m512 gv = v16_ld(t, g, i, m), uv = v16_ld(t, u, i, m), s = v16_sig(gv);
+        if (o) {
+            v16_stn(t, ne, o, i, m, _mm512_mul_ps(_mm512_mul_ps(gv, s), uv));
+            continue;
+        }
+        _mm_prefetch((const char *)d + i * es + PF_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)dg + i * es + PF_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)du + i * es + PF_AHEAD, _MM_HINT_T0);
+        __m512 dv = v16_ld(t, d, i, m);
+        __m512 a = _mm512_mul_ps(_mm512_mul_ps(dv, uv), s);
+        __m512 b = _mm512_fmadd_ps(gv, _mm512_sub_ps(one, s), one);
+        v16_stn(t, ne, dg, i, m, _mm512_fmadd_ps(a, b, v16_ld(t, dg, i, m)));
+        v16_stn(t, ne, du, i, m, _mm512_fmadd_ps(_mm512_mul_ps(dv, gv), s, v16_ld(t, du, i, m)));
+    }
+}
+
+void l3d_cpu_swiglu_rows(enum l3d_simd isa, enum l3d_dtype t, void *out, void *dg, void *du,
+                         const void *d, const void *g, const void *u, int64_t n) {
+    L3D_ASSERT(isa >= L3D_SIMD_AVX512);
+    swiglu_avx512(t, isa == L3D_SIMD_AVX512BF16, out, dg, du, d, g, u, n);
 }
 
 void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void *x,

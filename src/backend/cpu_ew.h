@@ -28,6 +28,13 @@ enum l3d_simd l3d_cpu_simd(void);
 void l3d_cpu_gelu_rows(enum l3d_simd isa, enum l3d_dtype t, void *y, const void *x,
                        const void *dy, int64_t n);
 
+/* SwiGLU rows in AVX-512 (isa at least L3D_SIMD_AVX512), on n elements of type t: the gate g and
+ * up u halves; out not NULL: out = g sigmoid(g) u; else dg, du += the gradients from d. 16-bit
+ * elements widened and rounded in registers, each output once; the operations and their order of
+ * cpu.c's portable rows (swiglu_cols). */
+void l3d_cpu_swiglu_rows(enum l3d_simd isa, enum l3d_dtype t, void *out, void *dg, void *du,
+                         const void *d, const void *g, const void *u, int64_t n);
+
 /* dst (n fp32) = src (n bf16), exactly; and dst (n bf16) = src (n fp32) rounded to nearest
  * even, the bits of l3d_bf16_narrow (NaN kept quiet); in AVX-512 where isa has it, else the
  * scalar loops; serial. */
