@@ -15,6 +15,9 @@
  *     rounding of float64, the residual and the weight-gradient terms bit for bit. Negative: an
  *     output moved 5% fails, a gradient term one unit in the last place off fails; 16-bit GELU
  *     inputs include subnormals, whose rounding vcvtneps2bf16 alone would flush.
+ *   - SwiGLU's 16-bit rows in AVX-512 (l3d_cpu_swiglu_rows): the portable element's bits at every
+ *     tail length and on special gates, over a million elements (a product fused into its sum
+ *     changes about one element in 40000). Negative: a reference one unit off fails.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +26,7 @@
 
 #include "llm3d/backend.h"
 #include "llm3d/core.h"
+#include "backend/cpu_attn16.h"
 #include "backend/cpu_ew.h"
 #include "test.h"
 
@@ -495,11 +499,86 @@ static void test_ln_rows(enum l3d_dtype t, bool rms) {
     }
 }
 
+/* ---- SwiGLU's 16-bit rows in AVX-512 -------------------------------------------------------- */
+
+/* cpu.c's portable SwiGLU element (swiglu_cols), each operation its own statement so that no
+ * compiler fuses a product into a sum (the ISO C build's portable loop fuses none): o, or dg and
+ * du advanced from their values */
+static void swiglu_ref(float g, float u, float d, float *o, float *dg, float *du) {
+    float ng = -g, e = fast_expf(ng), den = 1.0f + e, s = 1.0f / den;
+    if (o) {
+        float gs = g * s;
+        *o = gs * u;
+        return;
+    }
+    float du_ = d * u, a = du_ * s, oms = 1.0f - s, gm = g * oms, b = 1.0f + gm, ab = a * b;
+    *dg = *dg + ab;
+    float dg_ = d * g, c = dg_ * s;
+    *du = *du + c;
+}
+
+/* 16-bit values a and b (n) agree bit for bit, a NaN matching any NaN */
+static bool same16(enum l3d_dtype t, const uint16_t *a, const uint16_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i] && !(isnan(widen(t, a, i)) && isnan(widen(t, b, i)))) return false;
+    return true;
+}
+
+/* l3d_cpu_swiglu_rows on this CPU's AVX-512 path: the portable element's bits (swiglu_ref) at
+ * every tail length, with NaN, infinities, signed zeros, subnormals and exp's clamps among the
+ * gates. Negative: a reference one unit in the last place off must fail the comparison. */
+static void test_swiglu_rows(enum l3d_dtype t) {
+    enum l3d_simd isa = l3d_cpu_simd();
+    if (isa < L3D_SIMD_AVX512) {
+        printf("swiglu rows %s: no AVX-512 here, the portable rows run (nothing to compare)\n",
+               l3d_dtype_name(t));
+        return;
+    }
+    const int64_t lens[] = {1, 15, 16, 17, 1029, (1 << 20) + 3}; /* the last: rare differences show */
+    const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 100.0f, -100.0f, 1e-39f,
+                             87.5f, -87.5f};
+    bool all = true;
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        int64_t n = lens[k];
+        uint16_t *g = calloc((size_t)n, 2), *u = calloc((size_t)n, 2), *d = calloc((size_t)n, 2);
+        uint16_t *o = calloc((size_t)n, 2), *dg = calloc((size_t)n, 2), *du = calloc((size_t)n, 2);
+        uint16_t *ro = calloc((size_t)n, 2), *rdg = calloc((size_t)n, 2), *rdu = calloc((size_t)n, 2);
+        for (int64_t i = 0; i < n; i++) {
+            float gv = 12.0f * (2.0f * l3d_rng_uniform(71, (uint64_t)k, (uint64_t)i) - 1.0f);
+            if (i % 7 == 3) gv = special[(i / 7) % (sizeof special / sizeof special[0])];
+            narrow(t, g, i, gv);
+            narrow(t, u, i, 4.0f * (2.0f * l3d_rng_uniform(72, (uint64_t)k, (uint64_t)i) - 1.0f));
+            narrow(t, d, i, 2.0f * l3d_rng_uniform(73, (uint64_t)k, (uint64_t)i) - 1.0f);
+            narrow(t, dg, i, 2.0f * l3d_rng_uniform(74, (uint64_t)k, (uint64_t)i) - 1.0f);
+            narrow(t, du, i, 2.0f * l3d_rng_uniform(75, (uint64_t)k, (uint64_t)i) - 1.0f);
+            float fo, fdg = widen(t, dg, i), fdu = widen(t, du, i);
+            swiglu_ref(widen(t, g, i), widen(t, u, i), widen(t, d, i), &fo, NULL, NULL);
+            swiglu_ref(widen(t, g, i), widen(t, u, i), widen(t, d, i), NULL, &fdg, &fdu);
+            narrow(t, ro, i, fo), narrow(t, rdg, i, fdg), narrow(t, rdu, i, fdu);
+        }
+        l3d_cpu_swiglu_rows(isa, t, o, NULL, NULL, NULL, g, u, n);
+        l3d_cpu_swiglu_rows(isa, t, NULL, dg, du, d, g, u, n);
+        bool ok = same16(t, o, ro, n) && same16(t, dg, rdg, n) && same16(t, du, rdu, n);
+        if (!ok) printf("swiglu rows %s n=%lld: not the portable bits\n", l3d_dtype_name(t), (ll)n);
+        all = all && ok;
+        if (n == 1029) { /* negative: one reference element moved by a unit in the last place */
+            rdg[517] ^= 1;
+            CHECK(!same16(t, dg, rdg, n));
+        }
+        free(g), free(u), free(d), free(o), free(dg), free(du), free(ro), free(rdg), free(rdu);
+    }
+    printf("swiglu rows %s: AVX-512 against the portable element, every length: %s\n",
+           l3d_dtype_name(t), all ? "the same bits" : "DIFFERENT");
+    CHECK(all);
+}
+
 int main(void) {
     test_gelu_paths();
     test_gelu_accuracy();
     test_gelu_16(L3D_BF16);
     test_gelu_16(L3D_F16);
+    test_swiglu_rows(L3D_BF16);
+    test_swiglu_rows(L3D_F16);
     for (int rms = 0; rms < 2; rms++) {
         test_ln_rows(L3D_F32, rms);
         test_ln_rows(L3D_BF16, rms);

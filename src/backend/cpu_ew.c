@@ -390,13 +390,40 @@ __attribute__((target(T256))) static void gelu_avx2(enum l3d_dtype t, void *y, c
 }
 
 /* ---- SwiGLU in AVX-512 -------------------------------------------------------------------
- * cpu.c's portable swiglu_cols, operation for operation: s = 1 / (1 + exp(-g)) (the exp of
- * cpu_vec.h), out = (g s) u; dg += ((d u) s) (1 + g (1 - s)), du += (d g) s, the sums fused as
- * GCC contracts the portable loop. 16 lanes, masked tails. */
+ * cpu.c's portable swiglu_cols, operation for operation and with its bits: s = 1 / (1 + exp(-g))
+ * (fast_expf), out = (g s) u; dg += ((d u) s) (1 + g (1 - s)), du += (d g) s, every product
+ * rounded before its sum, as the ISO C build (-std=c11: no contraction) computes the portable
+ * loop. 16 lanes, masked tails. */
+/* fast_expf (cpu_attn16.h) lane by lane with its bits: its steps as the ISO C build compiles
+ * them, each product rounded before its sum (cpu_vec.h's v16_exp fuses them, other bits) */
+__attribute__((target(T512))) static inline __m512 v16_exp_nf(__m512 x) {
+#define M_(a, b) _mm512_mul_ps(a, b)
+#define C_(v) _mm512_set1_ps(v)
+    x = _mm512_min_ps(C_(EXP_HI), _mm512_max_ps(C_(EXP_LO), x)); /* NaN kept, as its ternaries */
+    __m512 t = _mm512_add_ps(M_(x, C_(LOG2E)), C_(SHIFTER));
+    __m512 n = _mm512_sub_ps(t, C_(SHIFTER));
+    __m512 r = _mm512_sub_ps(x, M_(n, C_(LN2_HI)));
+    r = _mm512_sub_ps(r, M_(n, C_(LN2_LO)));
+    __m512 p = C_(1.0f / 720.0f);
+    p = _mm512_add_ps(M_(p, r), C_(1.0f / 120.0f));
+    p = _mm512_add_ps(M_(p, r), C_(1.0f / 24.0f));
+    p = _mm512_add_ps(M_(p, r), C_(1.0f / 6.0f));
+    p = _mm512_add_ps(M_(p, r), C_(0.5f));
+    p = _mm512_add_ps(M_(p, r), C_(1.0f));
+    p = _mm512_add_ps(M_(p, r), C_(1.0f));
+    return M_(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                     _mm512_add_epi32(_mm512_castps_si512(t),
+                                      _mm512_set1_epi32((int)(127u - 0x4b400000u))),
+                     23)));
+#undef M_
+#undef C_
+}
+/* sigmoid_f of cpu.c: 1 / (1 + fast_expf(-g)), -g by the sign bit as C's negation */
 __attribute__((target(T512))) static inline __m512 v16_sig(__m512 g) {
     __m512 one = _mm512_set1_ps(1.0f);
-    __m512 e = v16_exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    return _mm512_div_ps(one, _mm512_add_ps(one, e));
+    __m512 ng = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000u)));
+    return _mm512_div_ps(one, _mm512_add_ps(one, v16_exp_nf(ng)));
 }
 
 __attribute__((target(T512B))) static void swiglu_avx512(enum l3d_dtype t, bool ne, void *o,
@@ -419,9 +446,10 @@ __attribute__((target(T512B))) static void swiglu_avx512(enum l3d_dtype t, bool 
         _mm_prefetch((const char *)du + i * es + PF_AHEAD, _MM_HINT_T0);
         __m512 dv = v16_ld(t, d, i, m);
         __m512 a = _mm512_mul_ps(_mm512_mul_ps(dv, uv), s);
-        __m512 b = _mm512_fmadd_ps(gv, _mm512_sub_ps(one, s), one);
-        v16_stn(t, ne, dg, i, m, _mm512_fmadd_ps(a, b, v16_ld(t, dg, i, m)));
-        v16_stn(t, ne, du, i, m, _mm512_fmadd_ps(_mm512_mul_ps(dv, gv), s, v16_ld(t, du, i, m)));
+        __m512 b = _mm512_add_ps(one, _mm512_mul_ps(gv, _mm512_sub_ps(one, s)));
+        v16_stn(t, ne, dg, i, m, _mm512_add_ps(v16_ld(t, dg, i, m), _mm512_mul_ps(a, b)));
+        __m512 c = _mm512_mul_ps(_mm512_mul_ps(dv, gv), s);
+        v16_stn(t, ne, du, i, m, _mm512_add_ps(v16_ld(t, du, i, m), c));
     }
 }
 
