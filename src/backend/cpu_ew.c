@@ -1,6 +1,7 @@
 /*
- * GELU forward and backward in explicit SIMD (cpu_ew.h), and SwiGLU's 16-bit rows (below). GCC vectorised the portable loop at
- * 8 lanes (its tuning for these CPUs prefers 256-bit vectors), a tanh through exp and a
+ * GELU forward and backward in explicit SIMD (cpu_ew.h), and SwiGLU's 16-bit rows (below). GCC
+ * vectorised the portable GELU loop at 8 lanes (its tuning for these CPUs prefers 256-bit
+ * vectors), a tanh through exp and a
  * division each element: gelu_backward ran at a quarter of the memory bandwidth, bound by the
  * arithmetic (docs/BENCHMARKS.md, "Fused element-wise kernels"). Here:
  *
