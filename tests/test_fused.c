@@ -534,7 +534,7 @@ static void test_swiglu_rows(enum l3d_dtype t) {
                l3d_dtype_name(t));
         return;
     }
-    /* the last: differences one element in 40000 has show */
+    /* the last long enough for a one-in-40000 difference to show */
     const int64_t lens[] = {1, 15, 16, 17, 1029, (1 << 20) + 3};
     const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 100.0f, -100.0f, 1e-39f,
                              87.5f, -87.5f};
