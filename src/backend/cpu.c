@@ -650,7 +650,7 @@ static void grad_add(enum l3d_dtype gdt, void *g, const float *s, int64_t n) {
  * (nothing done) where the gemm kernels are not picked: the caller runs the one brgemm product. */
 static struct mm_entry *dweight_gemm_entry(struct cpu_ctx *cx, enum l3d_dtype dt, int64_t N,
                                            int64_t C, int64_t OC, int64_t *rows) {
-    if (dt != L3D_BF16 || !cx->mm_gemm) return NULL;
+    if (dt != L3D_BF16 || !cx->mm_gemm || N < cx->dw_min_rows) return NULL;
     *rows = l3d_wgrad_block_rows(cx->dw_block, C, OC);
     struct mm_key k = mm_key_dweight_rows(N, C, OC, *rows, dt);
     struct mm_entry *e = mm_get(cx, &k);
@@ -660,7 +660,7 @@ static bool dweight_gemm(struct cpu_ctx *cx, enum l3d_dtype dt, enum l3d_dtype g
                          void *dweight, const void *dout, const void *inp, int64_t N, int64_t C,
                          int64_t OC) {
     int64_t rows;
-    if (N < cx->dw_min_rows || !dweight_gemm_entry(cx, dt, N, C, OC, &rows)) return false;
+    if (!dweight_gemm_entry(cx, dt, N, C, OC, &rows)) return false;
     float *s = scratch(cx, SCR_DW, (size_t)(rows * C) * sizeof(float), "d(weight) rows");
     for (int64_t o0 = 0; o0 < OC; o0 += rows) {
         int64_t r = OC - o0 < rows ? OC - o0 : rows;
@@ -2385,9 +2385,7 @@ const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dty
                                 int64_t C, int64_t OC) {
     struct cpu_ctx *cx = be->ctx;
     int64_t rows;
-    struct mm_entry *g = which == 'w' && N >= cx->dw_min_rows
-                             ? dweight_gemm_entry(cx, dt, N, C, OC, &rows)
-                             : NULL;
+    struct mm_entry *g = which == 'w' ? dweight_gemm_entry(cx, dt, N, C, OC, &rows) : NULL;
     if (g) return g->impl;
     struct mm_key k = which == 'f'   ? mm_key_forward(N, C, OC, dnnl_type(dt), false)
                       : which == 'i' ? mm_key_dinp(N, C, OC, dt)
@@ -2398,7 +2396,7 @@ const char *l3d_cpu_matmul_impl(struct l3d_backend *be, char which, enum l3d_dty
 static int64_t cpu_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
     struct cpu_ctx *cx = ctx;
     int64_t rows;
-    return dweight_gemm_entry(cx, t, 64, 64, 64, &rows) ? cx->dw_block : 0;
+    return dweight_gemm_entry(cx, t, cx->dw_min_rows, 64, 64, &rows) ? cx->dw_block : 0;
 }
 static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
