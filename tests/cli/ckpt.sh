@@ -77,10 +77,14 @@ else
 fi
 
 # reshard NAME NP B [flags]: resume A's step 5 under another layout; matches the reference run
+# within 3e-5, equiv.sh's bound for TP layouts: A's first five steps ran under tp 2, whose other
+# product shapes round otherwise (an AMD EPYC machine, 2026-12-07: ln2b 1.22e-5 after every
+# resume here; A's layout for all ten steps against one process at seeds 1-7: 3e-6 to 2.2e-5,
+# losses 5e-8; a layout that lost a shard or a moment differs by 1e-3 or more)
 reshard() {
     local name=$1 np=$2 b=$3
     shift 3
-    if resumed "$name" "$(step_dir A 5)" "$np" "$b" "$@" && compare "$name" 1e-5; then
+    if resumed "$name" "$(step_dir A 5)" "$np" "$b" "$@" && compare "$name" 3e-5; then
         ok "resume tp2 x dp2 ZeRO-1 as $name ($(tr '\n' ' ' < "$dir/$name.cmp"))"
     else
         bad "resume as $name"; cat "$dir/$name.log" "$dir/$name.cmp" 2>/dev/null
@@ -158,7 +162,7 @@ if resumed rt1 "$(step_dir A 5)" 0 4 --steps 5 --save-every 5 &&
 else
     bad "save-load-save round trip"; cat "$dir/rt1.log" "$dir/rt2.log"
 fi
-if resumed rt3 "$(step_dir rt1 5)" 2 2 --zero 1 && compare rt3 1e-5; then
+if resumed rt3 "$(step_dir rt1 5)" 2 2 --zero 1 && compare rt3 3e-5; then # A's tp 2 (reshard)
     ok "re-saved 1x1x1 copy resumes as dp2 ZeRO-1 ($(tr '\n' ' ' < "$dir/rt3.cmp"))"
 else
     bad "re-saved copy resumes"; cat "$dir/rt3.log" "$dir/rt3.cmp"

@@ -24,11 +24,12 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^l3dc[0-9]+-
     kill -0 "$pid" 2>/dev/null || ip netns delete "$ns" 2>/dev/null
 done
 cleanup() { # the processes left in this run's namespaces (a failed launch), then the namespaces
-    local ns p
+    local rc=$? ns p
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$name-"); do
         for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     done
     "$cluster" down "$name" 2>/dev/null
+    scratch_done "$rc" # (checks.sh: the scratch directory, where the status is 0)
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP

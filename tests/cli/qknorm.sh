@@ -36,10 +36,12 @@ train qmoe_one 0 2 "${QMOE[@]}" && train qmoe_tp2 2 2 --tp 2 "${QMOE[@]}" &&
 train qmoe_pp2 2 2 --pp 2 "${QMOE[@]}" &&
     cmp_same "qk-norm with experts: pp2 against one process" qmoe_pp2 qmoe_one --rtol 1e-5
 # 16 bits: tp2 SP against one bf16 process within mixed.sh's bounds (llama.sh's; the gradient
-# norm measured 3.7e-4 off, 3.4e-4 with L3D_ATTN_DNNL=1, whose attention rounds P to bf16)
+# norm measured 3.7e-4 off, 3.4e-4 with L3D_ATTN_DNNL=1, whose attention rounds P to bf16, on an
+# Intel AMX machine; 5.2e-4 on an AMD EPYC one (AVX512-BF16, no AMX: oneDNN's other bf16
+# kernels), 2026-12-07, weights 7.0e-3: so the norms at mixed.sh's 2e-3, not the losses' bound)
 B16=(--precision bf16 --eps 1e-4)
 train b1 0 4 "${B16[@]}" && train b_tp2 2 4 --tp 2 --sequence-parallel "${B16[@]}" &&
-    if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 4.9e-4 --weights-rtol 0.031 "$dir/b_tp2" "$dir/b1" > "$dir/b.cmp" 2>&1
+    if "$bin" compare --loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031 "$dir/b_tp2" "$dir/b1" > "$dir/b.cmp" 2>&1
     then ok "qk-norm bf16 tp2 SP against one bf16 process"; else bad "qk-norm bf16 tp2 SP"; cat "$dir/b.cmp"; fi
 # negative: the same model without QK-norm trains differently
 train plain 0 4 --no-qk-norm

@@ -14,9 +14,12 @@ fail=0
 steps=6
 TRAIN_FLAGS=("${TINY[@]}" --steps $steps --warmup 2 --lr 1e-3 --eps 1e-6)
 
-# same NAME REF [rtol]: the run NAME trained the model of REF (llm3d compare)
+# same NAME REF [RTOL or "compare's tolerance flags"]: the run NAME trained the model of REF
+# (llm3d compare; --rtol 1e-5 by default)
 same() {
-    if "$bin" compare --rtol "${3:-1e-5}" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
+    local tol=(${3:-1e-5})
+    [ "${#tol[@]}" = 1 ] && tol=(--rtol "${tol[0]}")
+    if "$bin" compare "${tol[@]}" "$dir/$1" "$dir/$2" > "$dir/$1.cmp" 2>&1; then
         ok "$1 = $2 ($(tr '\n' ' ' < "$dir/$1.cmp"))"
     else
         bad "$1 differs from $2:"; cat "$dir/$1.cmp"
@@ -58,9 +61,13 @@ run pp2_dp2 4 1 4 --layers 4 --zero 3 --pp 2 && same pp2_dp2 ref_l4_a4 2e-5
 run pp2_dp2_recompute_v2 4 1 4 --layers 4 --zero 3 --pp 2 --pp-virtual 2 --recompute full &&
     same pp2_dp2_recompute_v2 ref_l4_a4 2e-5
 # mixed precision: the gathers move bf16; the one-process bf16 run trains the same model up to
-# the order of the gradient sums (2e-3, mixed.sh's bound for 16-bit layouts)
+# the order of the gradient sums: mixed.sh's bounds for 16-bit layouts (losses 4.9e-4, norms
+# 2e-3, weights 0.031; a single 2e-3 until an AMD EPYC machine (AVX512-BF16, no AMX), 2026-12-07,
+# measured the weights 4.6e-3 off, qkvb, the key bias that is round-off only; losses 3.4e-5,
+# norms 2.1e-5)
 run ref_bf16 0 4 1 --layers 2 --precision bf16
-run dp2_bf16 2 2 1 --layers 2 --zero 3 --precision bf16 && same dp2_bf16 ref_bf16 2e-3
+run dp2_bf16 2 2 1 --layers 2 --zero 3 --precision bf16 &&
+    same dp2_bf16 ref_bf16 "--loss-rtol 4.9e-4 --norm-rtol 2e-3 --weights-rtol 0.031"
 
 # the negative case: layer 0's first LayerNorm weights zeroed in one rank's gathered buffer must
 # show, by far (measured: losses 2.7e-3 apart, norms 3.9e-2, weights 0.75, against 1e-5; one

@@ -7,12 +7,24 @@ fail=0
 # start_test LLM3D SCRATCH_DIR: the arguments ctest gives every script (CMakeLists.txt). Sets bin
 # (the llm3d binary), dir (the scratch directory, emptied) and mpiexec (the launcher of the MPI the
 # binary was built with: ctest sets L3D_MPIEXEC), and makes an unset variable an error (set -u).
+# The scratch directory is removed when the script exits 0 (scratch_done) and kept when it fails,
+# for a look at what it wrote, or always with L3D_KEEP_SCRATCH=1: the scripts write 1.5 GB in all,
+# and a CI machine once ran out of disk with them kept (`make test` builds five trees).
 start_test() {
     set -u
     bin=${1:?usage: $0 LLM3D SCRATCH_DIR}
     dir=${2:?usage: $0 LLM3D SCRATCH_DIR}
     mpiexec=${L3D_MPIEXEC:-mpiexec}
     rm -rf "$dir" && mkdir -p "$dir" || exit 1
+    trap scratch_done EXIT
+}
+# scratch_done [STATUS]: the EXIT trap (a script with a trap of its own calls it from there with
+# the status the trap began with): the scratch directory removed where the script's status is 0
+# and L3D_KEEP_SCRATCH is not 1
+scratch_done() {
+    local rc=${1:-$?}
+    if [ "$rc" = 0 ] && [ "${L3D_KEEP_SCRATCH:-0}" != 1 ]; then rm -rf "$dir"; fi
+    return "$rc"
 }
 ok() { echo "ok: $1"; }
 bad() { echo "FAIL: $1"; fail=1; }
