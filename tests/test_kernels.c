@@ -1743,14 +1743,16 @@ static void att_run(struct l3d_backend *be, enum l3d_dtype a, float *out, float 
 }
 
 /* Whether the backend's bf16 attention runs its products in bf16 dot products (the CPU
- * backend's l3d_fa16_on: HS even, AVX512-BF16, L3D_ATTN_DOT not 0): P and dS are then rounded to
+ * backend's l3d_fa16_on: HS even, AVX512-BF16, L3D_ATTN_DOT "1", or unset on an AMD CPU,
+ * l3d_fa16_default's rule, mirrored here): P and dS are then rounded to
  * bf16 before their products, which moves an output by at most u sum|terms| (P >= 0 sums to 1
  * per row: out moves by at most u max|v|); ATTN_DOT_SCALE such roundings of the tensor's
  * largest entry bound it for these N(0,1) inputs (the worst measured: 0.94 of u max|want|). */
 #define ATTN_DOT_SCALE 2.0
 static bool attn_dot(enum l3d_dtype t, int64_t HS) {
     const char *e = getenv("L3D_ATTN_DOT"); /* set by test_mixed_precision: "1", then "0" */
-    return t == L3D_BF16 && HS % 2 == 0 && e && strcmp(e, "1") == 0 &&
+    bool want = e && *e ? strcmp(e, "0") != 0 : __builtin_cpu_is("amd");
+    return t == L3D_BF16 && HS % 2 == 0 && want &&
            __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 }
 

@@ -132,6 +132,11 @@ bool l3d_be_matmul_native(struct l3d_backend *be, enum l3d_dtype t);
  * 16-bit matmuls with their kept scratch (the CPU backend: bf16 through oneDNN where it picks AMX,
  * or L3D_ATTN_DNNL=1; src/backend/cpu_attnd.c), which llm3d plan counts in memory. */
 bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t);
+/* Whether attention in t of head size HS rounds P and dS to bf16 on bf16 attention's numerics
+ * (each probability to the value the whole row's softmax rounds it to: the CPU backend's oneDNN
+ * attention and its AVX512-BF16 dot products), which the fp32 ring of a bf16 model then follows
+ * (l3d_attn_block's p16) to give one process's attention up to the order of fp32 sums. */
+bool l3d_be_attention_p16(struct l3d_backend *be, enum l3d_dtype t, int64_t HS);
 /* The bytes of fp32 scratch in which the backend's products in t compute a weight gradient, a
  * block of rows at a time, before adding it to the gradient (the CPU backend: bf16 in oneDNN's
  * gemm kernels where it picks AMX, unless L3D_MM_GEMM=0; src/backend/cpu.c, dweight_gemm); 0:
@@ -236,7 +241,7 @@ struct l3d_attn_block {
     int64_t o_rs, o_bs;       /* out, dout, out2 */
     int64_t lse_hs, lse_bs;   /* lse (and lse2): head and sequence strides; row i at + i */
     bool p16;                 /* the numerics of the backend's bf16 attention where it rounds P
-                               * and dS to bf16 (l3d_be_attention_native(bf16)), also in an fp32
+                               * and dS to bf16 (l3d_be_attention_p16(bf16)), also in an fp32
                                * kernel: the fp32 ring of a bf16 model (cp.c) */
 };
 /* out (B,nq,NH,HS) = softmax over the visible keys of q k^T / sqrt(HS), times v; lse (B,NH,nq)

@@ -41,6 +41,8 @@ struct l3d_backend_i {
     bool (*matmul_native)(void *ctx, enum l3d_dtype t);
     /* optional (NULL: no): whether attention in t runs its products as t's own matmuls */
     bool (*attention_native)(void *ctx, enum l3d_dtype t);
+    /* optional (NULL: no): l3d_be_attention_p16 */
+    bool (*attention_p16)(void *ctx, enum l3d_dtype t, int64_t HS);
     /* optional (NULL: 0): l3d_be_matmul_wgrad_block */
     int64_t (*matmul_wgrad_block)(void *ctx, enum l3d_dtype t);
     /* host-accessible address of device memory (NULL: not reachable from the host) */

@@ -132,6 +132,9 @@ int64_t l3d_be_matmul_wgrad_block(struct l3d_backend *be, enum l3d_dtype t) {
 bool l3d_be_attention_native(struct l3d_backend *be, enum l3d_dtype t) {
     return be->i->attention_native && be->i->attention_native(be->ctx, t);
 }
+bool l3d_be_attention_p16(struct l3d_backend *be, enum l3d_dtype t, int64_t HS) {
+    return be->i->attention_p16 && be->i->attention_p16(be->ctx, t, HS);
+}
 void *l3d_be_host_view(struct l3d_backend *be, const void *p, size_t bytes) {
     return be->i->host_view(be->ctx, p, bytes);
 }

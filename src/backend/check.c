@@ -190,6 +190,9 @@ static int64_t chk_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
 static bool chk_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_be_attention_native(((struct chk *)ctx)->inner, t);
 }
+static bool chk_attention_p16(void *ctx, enum l3d_dtype t, int64_t HS) {
+    return l3d_be_attention_p16(((struct chk *)ctx)->inner, t, HS);
+}
 static void *chk_host_view(void *ctx, const void *p, size_t bytes) {
     struct chk *c = ctx;
     return find(c, p) ? dev(c, p, bytes, "host_view", "buffer") : (void *)p;
@@ -639,6 +642,7 @@ static const struct l3d_backend_i check_backend_i = {
     .peak_flops = chk_peak_flops,
     .matmul_native = chk_matmul_native,
     .attention_native = chk_attention_native,
+    .attention_p16 = chk_attention_p16,
     .matmul_wgrad_block = chk_matmul_wgrad_block,
     .host_view = chk_host_view,
     .matmul_forward = chk_matmul_forward,

@@ -1063,33 +1063,12 @@ static void cpu_layernorm_backward(void *ctx, enum l3d_dtype dt, enum l3d_dtype 
  * results do not depend on the number of threads or on which thread runs a task.
  */
 
-/* l3d_fa_online_row on bf16 attention's numerics (cpu_attnd.c, l3d_attn_p): the running offset
- * m an integer (log2 units), s becomes 2^(s log2 e - m) rounded to bf16 (the value the full
- * row's path rounds it to, whatever m), l sums them unrounded; the rescale 2^(m_old - m) is exact */
-static inline float fa_online_row16(float *s, int64_t valid, int64_t nk, float *m, float *l) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
-    float mn = l3d_attn_m(mx) > *m ? l3d_attn_m(mx) : *m, sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < valid; j++) {
-        float p = l3d_attn_p(s[j] * L3D_LOG2E, mn);
-        sum += p;
-        s[j] = l3d_attn_p16(p);
-    }
-    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
-    float corr = *m == -INFINITY ? 0.0f : l3d_attn_p(*m, mn); /* 2^(m_old - m), exact */
-    *l = *l * corr + sum;
-    *m = mn;
-    return corr;
-}
-
 /* One query block: rows i = 0..nq-1 at positions p0 + i attend over keys 0..p0 + i (and below
  * nkv: a key chunk of nkv keys; p0 >= nkv is a chunk entirely before the queries, unmasked).
  * q (nq rows, stride qs), k and v (p0 + nq rows, stride ks), out (nq rows, stride os), all at the
  * head's offset; lse (nq) or NULL. S is (L3D_FA_BQ x L3D_FA_BK) scratch. The first key block is
  * always unmasked for every row, so the running max is finite from the start. p16: bf16
- * attention's numerics (fa_online_row16: P rounded to bf16 for P V, as cpu_attnd.c). */
+ * attention's numerics (l3d_fa_online_row16: P rounded to bf16 for P V, as cpu_attnd.c). */
 static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *q, int64_t qs,
                                const float *k, const float *v, int64_t ks, int64_t p0, int64_t nq,
                                int64_t nkv, int64_t HS, float *S, bool p16) {
@@ -1108,7 +1087,7 @@ static void fa_forward_block_n(float *out, int64_t os, float *lse, const float *
             float *s = S + i * L3D_FA_BK;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
             int64_t vis = valid > nk ? nk : valid;
-            float corr = p16 ? fa_online_row16(s, vis, nk, &m[i], &l[i])
+            float corr = p16 ? l3d_fa_online_row16(s, vis, nk, &m[i], &l[i])
                              : l3d_fa_online_row(s, vis, nk, &m[i], &l[i]);
             if (corr != 1.0f) {
                 float *o = out + i * os;
@@ -1131,10 +1110,11 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
                              int64_t HS, float *S, bool p16) {
     fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S, p16);
 }
-/* Whether 16-bit attention runs cpu_attn16.c's dot products: not on bf16 attention's numerics
- * (p16), which the widened path reproduces */
-static bool fa_dot(enum l3d_dtype dt, int64_t HS, bool p16) {
-    return !p16 && l3d_fa16_on(dt, HS);
+/* Whether 16-bit attention runs cpu_attn16.c's dot products, which are on bf16 attention's
+ * numerics (p16) always: where they run, every bf16 attention path takes them (the whole
+ * sequence's, the ring's blocks, the KV cache) */
+static bool fa_dot(enum l3d_dtype dt, int64_t HS) {
+    return l3d_fa16_on(dt, HS);
 }
 
 
@@ -1149,7 +1129,7 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
         fa_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, HS, S, p16);
         return;
     }
-    if (fa_dot(dt, HS, p16)) { /* bf16 dot products on the tensors themselves */
+    if (fa_dot(dt, HS)) { /* bf16 dot products on the tensors themselves */
         l3d_fa16_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, f);
         return;
     }
@@ -1161,8 +1141,8 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
     rows_from_f32(dt, out, os, of, HS, nq, HS);
 }
 /* fp32 scratch per thread of fa_forward_rows for up to nkeys keys: none for fp32 */
-static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS, bool p16) {
-    if (fa_dot(dt, HS, p16)) return l3d_fa16_forward_floats(HS);
+static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS) {
+    if (fa_dot(dt, HS)) return l3d_fa16_forward_floats(HS);
     return is16(dt) ? (2 * L3D_FA_BQ + 2 * nkeys) * HS : 0;
 }
 
@@ -1190,7 +1170,7 @@ static void cpu_attention_forward(void *ctx, enum l3d_dtype dt, void *out, float
     }
     const int64_t C = NH * HS, CQ = (NH + 2 * NKV) * HS, rep = NH / NKV;
     const int64_t nb = (T + L3D_FA_BQ - 1) / L3D_FA_BQ;
-    const int64_t per = fa_scratch(dt, T, HS, false);
+    const int64_t per = fa_scratch(dt, T, HS);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
     /* tasks (b, h, query block), the longest rows (last blocks) first, handed out one at a time
      * (a contiguous static partition gave the first thread the long blocks: 70% of the causal
@@ -1425,8 +1405,8 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
     F32_OR_16("attention_block_forward");
     const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
     const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
-    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS, p16);
-    const int64_t per = fa_scratch(dt, g->nk, HS, p16);
+    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS);
+    const int64_t per = fa_scratch(dt, g->nk, HS);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -1525,7 +1505,7 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
     struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_block_backward");
     const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
-    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS, p16);
+    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, g->nq, g->nk, HS)
                             : is16(dt) ? 4 * KH + 4 * rep * QH : 0;
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
@@ -2255,7 +2235,7 @@ static void unscale_cpu(void *ctx, enum l3d_dtype dt, float *found_inf, void *x,
  * the keys and values of the cache: one new row is a query block of one. Tasks (head, query
  * block) over threads. The same code and key blocks as cpu_attention_forward; only oneDNN may
  * round a one-row product differently from a 64-row one. Where bf16 attention runs cpu_attnd.c,
- * on its numerics (P rounded to bf16 as it rounds them, fa_online_row16), so that cached
+ * on its numerics (P rounded to bf16 as it rounds them, l3d_fa_online_row16), so that cached
  * generation chooses the tokens of the uncached forward. */
 static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const void *q,
                                  const void *k, const void *v, int64_t pos, int64_t n, int64_t NH,
@@ -2265,7 +2245,7 @@ static void cpu_attention_cached(void *ctx, enum l3d_dtype dt, void *out, const 
     gqa_check("attention_cached", NH, NKV);
     const int64_t C = NH * HS, nb = (n + L3D_FA_BQ - 1) / L3D_FA_BQ, rep = NH / NKV;
     const bool p16 = l3d_attnd_on(cx->attnd, dt); /* the uncached forward's numerics */
-    const int64_t per = fa_scratch(dt, pos + n, HS, p16);
+    const int64_t per = fa_scratch(dt, pos + n, HS);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
     {
@@ -2401,6 +2381,10 @@ static int64_t cpu_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
 static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
 }
+/* oneDNN's attention (cpu_attnd.c) and the dot products (cpu_attn16.c, fa_dot) */
+static bool cpu_attention_p16(void *ctx, enum l3d_dtype t, int64_t HS) {
+    return cpu_attention_native(ctx, t) || (t == L3D_BF16 && fa_dot(t, HS));
+}
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
     (void)bytes;
@@ -2432,6 +2416,7 @@ static const struct l3d_backend_i cpu_backend_i = {
     .peak_flops = cpu_peak_flops,
     .matmul_native = cpu_matmul_native,
     .attention_native = cpu_attention_native,
+    .attention_p16 = cpu_attention_p16,
     .matmul_wgrad_block = cpu_matmul_wgrad_block,
     .host_view = cpu_host_view,
     .matmul_forward = cpu_matmul_forward,

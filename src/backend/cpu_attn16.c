@@ -23,8 +23,12 @@ typedef uint16_t bf16;
 bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS) {
     if (dt != L3D_BF16 || HS % 2 != 0) return false;
     const char *e = getenv("L3D_ATTN_DOT");
-    bool want = e && *e ? strcmp(e, "0") != 0 : L3D_ATTN_DOT_DEFAULT;
+    bool want = e && *e ? strcmp(e, "0") != 0 : l3d_fa16_default();
     return want && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
+bool l3d_fa16_default(void) {
+    return __builtin_cpu_is("amd");
 }
 
 static inline uint32_t pair_at(const bf16 *p) {
@@ -154,7 +158,7 @@ void l3d_fa16_forward_block(bf16 *out, int64_t os, float *lse, const bf16 *q, in
         for (int64_t i = 0; i < nq; i++) {
             float *s = S + i * L3D_FA_BK, *o = O + i * HS;
             int64_t valid = p0 + i - j0 + 1; /* keys j0.. j0+valid-1 are visible to row i */
-            float corr = l3d_fa_online_row(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
+            float corr = l3d_fa_online_row16(s, valid > nk ? nk : valid, nk, &m[i], &l[i]);
             if (corr != 1.0f)
                 for (int64_t d = 0; d < HS; d++) o[d] *= corr;
             to_bf16(Pb + i * L3D_FA_BK, s, nk, 2 * nk2);
@@ -165,7 +169,7 @@ void l3d_fa16_forward_block(bf16 *out, int64_t os, float *lse, const bf16 *q, in
         float inv = 1.0f / l[i], *o = O + i * HS;
         for (int64_t d = 0; d < HS; d++) o[d] *= inv;
         to_bf16(out + i * os, o, HS, HS);
-        if (lse) lse[i] = m[i] + logf(l[i]);
+        if (lse) lse[i] = m[i] * L3D_LN2 + logf(l[i]);
     }
 }
 

@@ -106,23 +106,53 @@ static inline float l3d_fa_online_row(float *s, int64_t valid, int64_t nk, float
     return corr;
 }
 
+/* l3d_fa_online_row on bf16 attention's numerics (cpu_attnd.c, l3d_attn_p): the running offset
+ * m an integer (log2 units), s becomes 2^(s log2 e - m) rounded to bf16 (the value the full
+ * row's path rounds it to, whatever m), l sums them unrounded; the rescale 2^(m_old - m) is exact;
+ * the row's log-sum-exp is then m ln 2 + log(l). cpu.c's flash forward on those numerics and the
+ * dot-product forward (cpu_attn16.c) share it. */
+static inline float l3d_fa_online_row16(float *s, int64_t valid, int64_t nk, float *m,
+                                        float *l) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; j++) mx = s[j] > mx ? s[j] : mx;
+    float mn = l3d_attn_m(mx) > *m ? l3d_attn_m(mx) : *m, sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; j++) {
+        float p = l3d_attn_p(s[j] * L3D_LOG2E, mn);
+        sum += p;
+        s[j] = l3d_attn_p16(p);
+    }
+    for (int64_t j = valid < 0 ? 0 : valid; j < nk; j++) s[j] = 0.0f;
+    float corr = *m == -INFINITY ? 0.0f : l3d_attn_p(*m, mn); /* 2^(m_old - m), exact */
+    *l = *l * corr + sum;
+    *m = mn;
+    return corr;
+}
+
 /* Whether the bf16 attention kernels run their products in bf16 dot products: dt bf16, HS even
  * (the products take element pairs), a CPU with AVX512-BF16 (checked at run time: the fallback is
- * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT "1" (or unset, with
- * L3D_ATTN_DOT_DEFAULT 1); "0" is the tests' switch to the fallback on such a CPU. */
+ * cpu.c's fp32 path, which widens the operands) and L3D_ATTN_DOT "1", or unset on a CPU where
+ * l3d_fa16_default says so; "0" is the tests' switch to the fallback on such a CPU. */
 bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS);
-/* Without L3D_ATTN_DOT: whether the dot products run where the CPU has them. Off: on the
- * AVX512-BF16 VM this was written on, vdpbf16ps measured half the FMA's FLOP/s (104-108 against
- * 197-217 GFLOP/s a thread, 2026-12-07) and the widened path was faster; L3D_ATTN_DOT=1 turns the
- * dot products on where they run at twice the FMA peak (docs/BENCHMARKS.md). */
-#define L3D_ATTN_DOT_DEFAULT 0
+/* Without L3D_ATTN_DOT: whether the dot products run where the CPU has them, by the CPU's maker,
+ * never by a timing (two runs of one job would take different paths and differ in their bits).
+ * On: AMD's (Zen 4, Zen 5: vdpbf16ps at twice the FMA's FLOP/s; the Zen 5 VM measured the
+ * attention 1.6x faster than the widened path, a GPT-2 bf16 step 4-9% shorter, 2026-12-07). Off:
+ * Intel's with AMX (Sapphire Rapids on: vdpbf16ps at half the FMA's FLOP/s, 104-108 against
+ * 197-217 GFLOP/s a thread, 2026-12-07, where the widened path was faster) and the others, not
+ * measured (docs/BENCHMARKS.md). */
+bool l3d_fa16_default(void);
 
 /* fp32 scratch floats per thread of l3d_fa16_forward_block (with HS even) */
 int64_t l3d_fa16_forward_floats(int64_t HS);
 /* cpu.c's fa_forward_block_n on bf16 tensors: query rows i = 0..nq-1 at positions p0 + i over
  * keys 0..min(p0 + i, nkv - 1); q (stride qs), k and v (stride ks), out (stride os) bf16, lse (nq)
  * fp32 or NULL; w: l3d_fa16_forward_floats(HS) floats. Scores and the output accumulate in fp32;
- * the probabilities are rounded to bf16 for the product with V; out is rounded once. */
+ * the probabilities are rounded to bf16 for the product with V on bf16 attention's numerics
+ * (l3d_fa_online_row16: each rounds to the value the whole row's softmax rounds it to, so that
+ * the ring's blocks, cpu.c's widened kernels on those numerics and the KV cache agree with it up
+ * to the order of fp32 sums); out is rounded once. */
 void l3d_fa16_forward_block(uint16_t *out, int64_t os, float *lse, const uint16_t *q, int64_t qs,
                             const uint16_t *k, const uint16_t *v, int64_t ks, int64_t p0,
                             int64_t nq, int64_t nkv, int64_t HS, float *w);

@@ -15,7 +15,7 @@ static struct l3d_attn_block pair(const struct l3d_cp *cp, int64_t B, int64_t T,
         .q_pos = l3d_cp_chunk_start(n, cp->comm->rank, qc, T),
         .k_pos = l3d_cp_chunk_start(n, src, kc, T), .q_rs = W, .q_bs = T * W, .kv_rs = KW,
         .kv_bs = T * KW, .o_rs = C, .o_bs = T * C, .lse_hs = T, .lse_bs = NH * T,
-        .p16 = cp->dt == L3D_BF16 && l3d_be_attention_native(cp->be, L3D_BF16)};
+        .p16 = cp->dt == L3D_BF16 && l3d_be_attention_p16(cp->be, L3D_BF16, HS)};
 }
 
 static void *elem(enum l3d_dtype t, const void *p, int64_t i) {
