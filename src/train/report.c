@@ -25,9 +25,17 @@ static void report_paths(const struct l3d_trainer *t, enum l3d_dtype dt) {
          "16-bit products, or L3D_DNNL_16BIT=0)"},
         {"attention products", "16-bit matmuls in the backend's own kernels (oneDNN, "
                                "L3D_ATTN_DNNL=1)",
-         "the flash kernels' fp32 (or bf16 dot) products (L3D_ATTN_DNNL=1 for oneDNN's)"}};
+         "the flash kernels' fp32 products of widened operands (L3D_ATTN_DOT=1: bf16 dot "
+         "products where the CPU has AVX512-BF16; L3D_ATTN_DNNL=1: oneDNN's)"}};
     bool native[2] = {l3d_be_matmul_native(t->be, dt), l3d_be_attention_native(t->be, dt)};
-    for (int k = 0; k < 2; k++) printf("%s: %s\n", path[k][0], path[k][native[k] ? 1 : 2]);
+    for (int k = 0; k < 2; k++) {
+        bool dot = k == 1 && !native[1] &&
+                   l3d_be_attention_p16(t->be, dt, l3d_model_head_dim(&t->tc->model));
+        printf("%s: %s\n", path[k][0],
+               dot ? "the flash kernels in bf16 dot products, P rounded to bf16 (AVX512-BF16: "
+                     "by default on AMD CPUs; L3D_ATTN_DOT=0 for fp32 products)"
+                   : path[k][native[k] ? 1 : 2]);
+    }
     int64_t blk = native[0] ? l3d_be_matmul_wgrad_block(t->be, dt) : 0;
     if (blk > 0) /* the planner's memory counts it (gemm_wgrad_block_T) */
         printf("weight gradients: blocks of rows into %.6g MiB of fp32 scratch in oneDNN's gemm "

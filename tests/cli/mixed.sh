@@ -466,4 +466,26 @@ else
         --profile "$dir/native_bf16.prof" --precision bf16 --zero 0
 fi
 
+# bf16 attention's path by default, as the start-up line says: the flash kernels in AVX512-BF16
+# dot products on an AMD CPU that has them (Zen 4, Zen 5), the widened fp32 products elsewhere
+# (cpu_attn16.h, l3d_fa16_default), unless oneDNN's attention runs; L3D_ATTN_DOT=0 widens
+path_line() { sed -n 's/^attention products: //p' "$dir/$1.log"; }
+path_run() { # NAME [VAR=VALUE]: one bf16 step of the tiny model
+    env -u L3D_ATTN_DOT ${2:+"$2"} OMP_NUM_THREADS=1 "$bin" train "${TINY[@]}" --steps 1 \
+        --precision bf16 --out "$dir/$1" > "$dir/$1.log" 2>&1
+}
+path_run path_default
+path_run path_0 L3D_ATTN_DOT=0
+if ! attn_native "$dir/path_default.log"; then
+    if grep -q "^vendor_id.*AuthenticAMD" /proc/cpuinfo && grep -qw avx512_bf16 /proc/cpuinfo; then
+        want="the flash kernels in bf16 dot products"
+    else
+        want="the flash kernels' fp32 products"
+    fi
+    check "bf16 attention by default: $want ($(path_line path_default))" \
+        sh -c "grep -q \"^attention products: $want\" '$dir/path_default.log'"
+    check "  ... and with L3D_ATTN_DOT=0 the widened fp32 products ($(path_line path_0))" \
+        grep -q "^attention products: the flash kernels' fp32 products" "$dir/path_0.log"
+fi
+
 exit $fail
