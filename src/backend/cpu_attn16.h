@@ -137,11 +137,11 @@ static inline float l3d_fa_online_row16(float *s, int64_t valid, int64_t nk, flo
 bool l3d_fa16_on(enum l3d_dtype dt, int64_t HS);
 /* Without L3D_ATTN_DOT: whether the dot products run where the CPU has them, by the CPU's maker,
  * never by a timing (two runs of one job would take different paths and differ in their bits).
- * On: AMD's (Zen 4, Zen 5: vdpbf16ps at twice the FMA's FLOP/s; the Zen 5 VM measured the
- * attention 1.6x faster than the widened path, a GPT-2 bf16 step 4-9% shorter, 2026-12-07). Off:
- * Intel's with AMX (Sapphire Rapids on: vdpbf16ps at half the FMA's FLOP/s, 104-108 against
- * 197-217 GFLOP/s a thread, 2026-12-07, where the widened path was faster) and the others, not
- * measured (docs/BENCHMARKS.md). */
+ * On: AMD's (measured on a Zen 5 VM: vdpbf16ps at twice the FMA's FLOP/s, the attention 1.6x
+ * faster than the widened path, a GPT-2 bf16 step 4-9% shorter, 2026-12-07). Off: Intel's (an
+ * AMX Xeon VM measured vdpbf16ps at half the FMA's FLOP/s, 104-108 against 197-217 GFLOP/s a
+ * thread, 2026-12-07, and the widened path faster there) and the others, not measured
+ * (docs/BENCHMARKS.md). */
 bool l3d_fa16_default(void);
 
 /* fp32 scratch floats per thread of l3d_fa16_forward_block (with HS even) */
