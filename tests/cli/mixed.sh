@@ -467,7 +467,7 @@ else
 fi
 
 # bf16 attention's path by default, as the start-up line says: the flash kernels in AVX512-BF16
-# dot products on an AMD CPU that has them (Zen 4, Zen 5), the widened fp32 products elsewhere
+# dot products on an AMD CPU that has them, the widened fp32 products elsewhere
 # (cpu_attn16.h, l3d_fa16_default), unless oneDNN's attention runs; L3D_ATTN_DOT=0 widens
 path_line() { sed -n 's/^attention products: //p' "$dir/$1.log"; }
 path_run() { # NAME [VAR=VALUE]: one bf16 step of the tiny model
