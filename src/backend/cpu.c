@@ -1110,12 +1110,9 @@ static void fa_forward_block(float *out, int64_t os, float *lse, const float *q,
                              int64_t HS, float *S, bool p16) {
     fa_forward_block_n(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, S, p16);
 }
-/* Whether 16-bit attention runs cpu_attn16.c's dot products, which are on bf16 attention's
- * numerics (p16) always: where they run, every bf16 attention path takes them (the whole
+/* Where l3d_fa16_on says so, 16-bit attention runs cpu_attn16.c's dot products, which are on bf16
+ * attention's numerics (p16) always: every bf16 attention path then takes them (the whole
  * sequence's, the ring's blocks, the KV cache) */
-static bool fa_dot(enum l3d_dtype dt, int64_t HS) {
-    return l3d_fa16_on(dt, HS);
-}
 
 
 /* fa_forward_block on tensors of type dt. fp32: on the tensors. 16-bit: the query block and its
@@ -1129,7 +1126,7 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
         fa_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, HS, S, p16);
         return;
     }
-    if (fa_dot(dt, HS)) { /* bf16 dot products on the tensors themselves */
+    if (l3d_fa16_on(dt, HS)) { /* bf16 dot products on the tensors themselves */
         l3d_fa16_forward_block(out, os, lse, q, qs, k, v, ks, p0, nq, p0 + nq, HS, f);
         return;
     }
@@ -1142,7 +1139,7 @@ static void fa_forward_rows(enum l3d_dtype dt, float *f, void *out, int64_t os, 
 }
 /* fp32 scratch per thread of fa_forward_rows for up to nkeys keys: none for fp32 */
 static int64_t fa_scratch(enum l3d_dtype dt, int64_t nkeys, int64_t HS) {
-    if (fa_dot(dt, HS)) return l3d_fa16_forward_floats(HS);
+    if (l3d_fa16_on(dt, HS)) return l3d_fa16_forward_floats(HS);
     return is16(dt) ? (2 * L3D_FA_BQ + 2 * nkeys) * HS : 0;
 }
 
@@ -1405,7 +1402,7 @@ static void cpu_attention_block_forward(void *ctx, enum l3d_dtype dt, void *out,
     F32_OR_16("attention_block_forward");
     const int64_t HS = g->HS, grp = g->NH / g->NKV, p0 = g->q_pos - g->k_pos;
     const int64_t nb = (g->nq + L3D_FA_BQ - 1) / L3D_FA_BQ, BH = g->B * g->NH;
-    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS);
+    const bool p16 = block_p16(cx, dt, g), dot = l3d_fa16_on(dt, HS);
     const int64_t per = fa_scratch(dt, g->nk, HS);
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
 #pragma omp parallel
@@ -1505,7 +1502,7 @@ static void cpu_attention_block_backward(void *ctx, enum l3d_dtype dt, void *dq,
     struct cpu_ctx *cx = ctx;
     F32_OR_16("attention_block_backward");
     const int64_t HS = g->HS, rep = g->NH / g->NKV, KH = g->nk * HS, QH = g->nq * HS;
-    const bool p16 = block_p16(cx, dt, g), dot = fa_dot(dt, HS);
+    const bool p16 = block_p16(cx, dt, g), dot = l3d_fa16_on(dt, HS);
     const int64_t per = dot ? l3d_fa16_backward_floats(rep, g->nq, g->nk, HS)
                             : is16(dt) ? 4 * KH + 4 * rep * QH : 0;
     float *scr = per ? thread_scratch(cx, per, "attention fp32 scratch") : NULL;
@@ -2381,9 +2378,9 @@ static int64_t cpu_matmul_wgrad_block(void *ctx, enum l3d_dtype t) {
 static bool cpu_attention_native(void *ctx, enum l3d_dtype t) {
     return l3d_attnd_on(((struct cpu_ctx *)ctx)->attnd, t);
 }
-/* oneDNN's attention (cpu_attnd.c) and the dot products (cpu_attn16.c, fa_dot) */
+/* oneDNN's attention (cpu_attnd.c) and the dot products (cpu_attn16.c, l3d_fa16_on) */
 static bool cpu_attention_p16(void *ctx, enum l3d_dtype t, int64_t HS) {
-    return cpu_attention_native(ctx, t) || (t == L3D_BF16 && fa_dot(t, HS));
+    return cpu_attention_native(ctx, t) || (t == L3D_BF16 && l3d_fa16_on(t, HS));
 }
 static void *cpu_host_view(void *ctx, const void *p, size_t bytes) {
     (void)ctx;
